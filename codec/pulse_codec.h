@@ -1,0 +1,271 @@
+/* pulse_codec.h - change detection, state digests and the patch format.
+ *
+ * Thread-safety: functions are reentrant; a pulse_patch may be read from
+ * several threads at once. Errors: a non-OK pulse_status, with details in
+ * pulse_error_detail(). Nothing here prints to stdout. */
+#ifndef PULSE_CODEC_H
+#define PULSE_CODEC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "pulse_status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------------ types */
+
+/* Element types. Values are part of the patch format: never renumber. */
+typedef enum {
+  PULSE_DTYPE_INVALID = 0,
+  PULSE_DTYPE_BF16 = 1,
+  PULSE_DTYPE_F32 = 2,
+  PULSE_DTYPE_F16 = 3
+} pulse_dtype;
+
+#define PULSE_MAX_DIMS 8
+#define PULSE_MAX_NAME 1024 /* bytes, excluding the terminating NUL */
+
+/** Bytes per element of a dtype, 0 for an invalid one. */
+size_t pulse_dtype_size(pulse_dtype dtype);
+
+/** "BF16", "F32", "F16" (safetensors spelling), or "?" */
+const char *pulse_dtype_name(pulse_dtype dtype);
+
+/** Product of the shape, or PULSE_ERR_OVERFLOW. */
+pulse_status pulse_shape_numel(const uint64_t *shape, uint32_t ndim,
+                               uint64_t *numel);
+
+/* Additive 128-bit digest of one BF16 tensor (pulse_elem.h, FORMAT.md). */
+typedef struct {
+  uint64_t a, b;
+} pulse_tensor_digest;
+
+/* SHA-256 over the tensor table and its tensor digests (FORMAT.md). */
+typedef struct {
+  uint8_t bytes[32];
+} pulse_state_digest;
+
+/* ------------------------------------------------------------ change list */
+
+/* Changes of one tensor: strictly increasing positions with the old and new
+ * BF16 bits at each. Owned by the struct; free with pulse_changes_free. */
+typedef struct {
+  uint64_t count;
+  uint64_t capacity;
+  uint64_t *pos;
+  uint16_t *old_bits;
+  uint16_t *new_bits;
+} pulse_changes;
+
+#define PULSE_CHANGES_INIT {0, 0, NULL, NULL, NULL}
+
+/** Ensures room for `capacity` changes, keeping the current ones. */
+pulse_status pulse_changes_reserve(pulse_changes *c, uint64_t capacity);
+
+/** Appends one change (positions must keep increasing; not checked here). */
+pulse_status pulse_changes_push(pulse_changes *c, uint64_t pos,
+                                uint16_t old_bits, uint16_t new_bits);
+
+/** Releases the arrays and resets the struct. NULL is fine. */
+void pulse_changes_free(pulse_changes *c);
+
+/* ------------------------------------------------------- change detection */
+
+/** Reference change detection (the specification): a plain loop over
+ * pulse_elem.h. `cur` holds n elements of `cur_dtype` (PULSE_DTYPE_F32 master
+ * weights, cast by the one rounding, or PULSE_DTYPE_BF16); `snapshot` holds n
+ * BF16 values. Appends every i where the BF16 of cur[i] differs in bits from
+ * snapshot[i] to `out` (old = snapshot, new = BF16 of cur), in increasing
+ * order; when `update_snapshot` is non-zero also stores the new bits into
+ * snapshot. On error `out` may hold a prefix and the snapshot is unchanged. */
+pulse_status pulse_detect_ref(const void *cur, pulse_dtype cur_dtype,
+                              uint16_t *snapshot, uint64_t n, int update_snapshot,
+                              pulse_changes *out);
+
+/** Fast change detection: SIMD (AVX2 when the CPU has it) over `threads`
+ * threads (0 = one per core). Same contract, and bit-identical output, as
+ * pulse_detect_ref. */
+pulse_status pulse_detect_fast(const void *cur, pulse_dtype cur_dtype,
+                               uint16_t *snapshot, uint64_t n,
+                               int update_snapshot, int threads,
+                               pulse_changes *out);
+
+/* ---------------------------------------------------------------- digests */
+
+/** Digest of n BF16 values (full pass). */
+pulse_tensor_digest pulse_digest_bf16(const uint16_t *bits, uint64_t n);
+
+/** Updates a digest for one element whose bits change from old to new. */
+void pulse_digest_replace(pulse_tensor_digest *d, uint64_t index,
+                          uint16_t old_bits, uint16_t new_bits);
+
+/** Digest after applying a change list to a tensor with digest `base`. */
+pulse_tensor_digest pulse_digest_apply_changes(pulse_tensor_digest base,
+                                               const pulse_changes *changes);
+
+/* What the state digest covers of each tensor. */
+typedef struct {
+  const char *name;
+  pulse_dtype dtype; /* dtype of the stored (BF16) state */
+  uint32_t ndim;
+  uint64_t shape[PULSE_MAX_DIMS];
+} pulse_tensor_info;
+
+/** State digest of a whole tensor table, in table order. */
+pulse_status pulse_state_digest_compute(const pulse_tensor_info *infos,
+                                        const pulse_tensor_digest *digests,
+                                        size_t count, pulse_state_digest *out);
+
+/** Lower-case hex of a state digest into `hex` (65 bytes with the NUL). */
+void pulse_state_digest_hex(const pulse_state_digest *d, char hex[65]);
+
+/* ----------------------------------------------------------- patch format */
+
+#define PULSE_PATCH_VERSION 1
+
+/* Position models (FORMAT.md). Values are part of the format. */
+typedef enum {
+  /* Positions as gaps in storage order; decodes without the base weights
+   * (except to turn deltas into new bits) in time proportional to changes. */
+  PULSE_POS_PLAIN = 0,
+  /* Positions as ranks within the class of the old exponent; about 30%
+   * fewer position bytes, decoding reads the whole base tensor. */
+  PULSE_POS_CLASS = 1
+} pulse_pos_model;
+
+/* Encoder options; start from PULSE_ENCODE_OPTS_INIT. */
+typedef struct {
+  uint32_t struct_version; /* PULSE_ENCODE_OPTS_VERSION */
+  uint64_t step;           /* step of the target state */
+  uint64_t base_step;      /* step of the base state */
+  pulse_pos_model pos_model;
+  uint32_t chunk_log2; /* elements per chunk = 2^chunk_log2, 10..30 */
+  int threads;         /* 0 = one per core */
+} pulse_encode_opts;
+
+#define PULSE_ENCODE_OPTS_VERSION 1u
+#define PULSE_CHUNK_LOG2_DEFAULT 20u
+#define PULSE_ENCODE_OPTS_INIT                                                 \
+  {PULSE_ENCODE_OPTS_VERSION, 1, 0, PULSE_POS_CLASS, PULSE_CHUNK_LOG2_DEFAULT, 1}
+
+/* One tensor given to the encoder. */
+typedef struct {
+  pulse_tensor_info info;       /* dtype must be PULSE_DTYPE_BF16 */
+  const uint16_t *base;         /* base BF16 bits, numel(shape) elements */
+  const pulse_changes *changes; /* changes from base to target (may be NULL
+                                   or empty); old bits must equal base */
+  const pulse_tensor_digest *base_digest; /* NULL: computed from base */
+} pulse_encode_tensor;
+
+/* A heap buffer owned by the caller after a successful call. */
+typedef struct {
+  uint8_t *data;
+  size_t size;
+} pulse_buffer;
+
+void pulse_buffer_free(pulse_buffer *buf); /* NULL is fine */
+
+/** Encodes one patch from base to target for a whole tensor table (table
+ * order is kept). On success `out` holds the patch; on error it is empty.
+ * The target digests are derived from the base digests and the changes. */
+pulse_status pulse_patch_encode(const pulse_encode_opts *opts,
+                                const pulse_encode_tensor *tensors,
+                                size_t count, pulse_buffer *out);
+
+/* A parsed patch: header and tensor table checked, sections not yet decoded.
+ * Borrows the bytes given to pulse_patch_open: they must outlive it. */
+typedef struct pulse_patch pulse_patch;
+
+/** Parses and checks the header and tensor table of `size` bytes. Every
+ * length, count and offset is checked against the buffer. */
+pulse_status pulse_patch_open(const uint8_t *bytes, size_t size,
+                              pulse_patch **out);
+void pulse_patch_free(pulse_patch *patch); /* NULL is fine */
+
+uint64_t pulse_patch_step(const pulse_patch *patch);
+uint64_t pulse_patch_base_step(const pulse_patch *patch);
+pulse_pos_model pulse_patch_pos_model(const pulse_patch *patch);
+uint32_t pulse_patch_chunk_log2(const pulse_patch *patch);
+const pulse_state_digest *pulse_patch_base_digest(const pulse_patch *patch);
+const pulse_state_digest *pulse_patch_target_digest(const pulse_patch *patch);
+size_t pulse_patch_tensor_count(const pulse_patch *patch);
+uint64_t pulse_patch_total_changed(const pulse_patch *patch);
+
+/* Table entry of one tensor; pointers borrow from the patch. */
+typedef struct {
+  pulse_tensor_info info;
+  uint64_t numel;
+  uint64_t changed;
+  uint64_t section_size; /* coded bytes of this tensor */
+  uint32_t chunk_count;
+  pulse_tensor_digest base_digest;
+  pulse_tensor_digest target_digest;
+} pulse_patch_tensor;
+
+/** Table entry i (0 <= i < tensor_count), or PULSE_ERR_ARG. */
+pulse_status pulse_patch_tensor_get(const pulse_patch *patch, size_t i,
+                                    pulse_patch_tensor *out);
+
+/** Index of the tensor named `name`, or PULSE_ERR_NOT_FOUND. */
+pulse_status pulse_patch_tensor_find(const pulse_patch *patch, const char *name,
+                                     size_t *index);
+
+/** Decodes the changes of tensor i against its base bits (numel elements).
+ * `out` is cleared first and receives positions, old and new bits. Checks
+ * every count and position; does not check digests. */
+pulse_status pulse_patch_decode_tensor(const pulse_patch *patch, size_t i,
+                                       const uint16_t *base, uint64_t numel,
+                                       pulse_changes *out);
+
+/* A BF16 tensor in host memory that apply may modify. */
+typedef struct {
+  const char *name;
+  uint16_t *data;
+  uint64_t numel;
+  /* In: the tensor's current digest when known (skips a full pass over the
+   * data); NULL computes it. */
+  const pulse_tensor_digest *digest;
+} pulse_host_tensor;
+
+/* Apply options; start from PULSE_APPLY_OPTS_INIT. */
+typedef struct {
+  uint32_t struct_version; /* PULSE_APPLY_OPTS_VERSION */
+  int threads;             /* 0 = one per core */
+  /* 0: every tensor of the patch table must be among the targets, and the
+   * base and target state digests are checked too. 1: the targets may be a
+   * subset (a shard holder); only their per-tensor digests are checked.
+   * Targets the patch does not name are never touched. */
+  int partial_table;
+} pulse_apply_opts;
+
+#define PULSE_APPLY_OPTS_VERSION 1u
+#define PULSE_APPLY_OPTS_INIT {PULSE_APPLY_OPTS_VERSION, 1, 0}
+
+/** Applies a patch transactionally: every target's base digest is checked,
+ * every section fully decoded and the target digests checked before the first
+ * element is written. On any error nothing is written and the status says
+ * why. `targets` are matched to the table by name. */
+pulse_status pulse_patch_apply(const pulse_patch *patch,
+                               pulse_host_tensor *targets, size_t count,
+                               const pulse_apply_opts *opts);
+
+/** Merges consecutive patches (patches[i+1] based on patches[i]'s target)
+ * into one patch from the first base to the last target, without the full
+ * weights of any later state: with PULSE_POS_PLAIN patches and output no
+ * weights are read at all (`base` may be NULL); PULSE_POS_CLASS decodes
+ * against the old exponents, so it needs each tensor's first base (`base`,
+ * in the first patch's table order) and keeps one tensor's scratch copy at a
+ * time. All patches must share one tensor table. opts->step and base_step are
+ * taken from the patches; pos_model, chunk_log2 and threads from opts. */
+pulse_status pulse_patch_squash(const pulse_patch *const *patches, size_t count,
+                                const uint16_t *const *base,
+                                const pulse_encode_opts *opts,
+                                pulse_buffer *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* PULSE_CODEC_H */

@@ -1,0 +1,42 @@
+/* pulse_status.c - status messages and the per-thread error detail. */
+#include "pulse_status.h"
+#include "status_impl.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+
+static _Thread_local char error_detail[512];
+
+const char *pulse_status_str(pulse_status status) {
+  switch (status) {
+#define PULSE_STATUS_MSG_(name, num, msg)                                      \
+  case name:                                                                   \
+    return msg;
+    PULSE_STATUS_LIST(PULSE_STATUS_MSG_)
+#undef PULSE_STATUS_MSG_
+  }
+  return "unknown status";
+}
+
+const char *pulse_status_name(pulse_status status) {
+  switch (status) {
+#define PULSE_STATUS_NAME_(name, num, msg)                                     \
+  case name:                                                                   \
+    return #name;
+    PULSE_STATUS_LIST(PULSE_STATUS_NAME_)
+#undef PULSE_STATUS_NAME_
+  }
+  return "PULSE_ERR_UNKNOWN";
+}
+
+const char *pulse_error_detail(void) { return error_detail; }
+
+pulse_status pulse_fail(pulse_status status, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(error_detail, sizeof error_detail, fmt, ap);
+  va_end(ap);
+  return status;
+}
+
+void pulse_error_clear(void) { error_detail[0] = '\0'; }
