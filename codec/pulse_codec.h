@@ -93,6 +93,12 @@ pulse_status pulse_detect_fast(const void *cur, pulse_dtype cur_dtype,
                                int update_snapshot, int threads,
                                pulse_changes *out);
 
+/** Casts n FP32 values to BF16 bits with the one rounding
+ * (pulse_bf16_from_f32_bits: ties to even, every NaN -> 0x7FC0), SIMD when
+ * the CPU has it. `src` and `dst` need only their natural alignment and must
+ * not overlap; both may be NULL when n is 0. Single-threaded. */
+void pulse_bf16_cast_f32(const float *src, uint16_t *dst, uint64_t n);
+
 /* ---------------------------------------------------------------- digests */
 
 /** Digest of n BF16 values (full pass). */

@@ -1,0 +1,395 @@
+/* chunk_coder.c - entropy coding of one chunk (FORMAT.md, "Chunk streams").
+ *
+ * A chunk's changes are coded class by class: for every position class the
+ * number of changed elements, then for each change the gap to the previous
+ * one counted in elements of that class (Golomb-binarized, adaptive), and the
+ * zig-zag of the bit delta (adaptive, conditioned on the class). With one
+ * class (PULSE_POS_PLAIN) ranks are plain positions. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "chunk_impl.h"
+#include "pulse_elem.h"
+#include "rangecoder_impl.h"
+#include "status_impl.h"
+
+#define QUOTIENT_MAX 24u  /* unary quotient length before the escape */
+#define QUOTIENT_CTX 12u
+#define VALUE_LEN_MAX 15u /* w + 1 <= 65533 has at most 16 bits */
+
+/* All adaptive probabilities of one chunk; reset at the start of each chunk
+ * so chunks decode independently. */
+typedef struct {
+  pulse_prob count_zero[65];
+  pulse_prob count_len[65];
+  pulse_prob quotient[QUOTIENT_CTX];
+  pulse_prob remainder[32][4];
+  pulse_prob value_big[PULSE_CLASS_COUNT];
+  pulse_prob value_sign[PULSE_CLASS_COUNT];
+  pulse_prob value_len[PULSE_CLASS_COUNT][VALUE_LEN_MAX];
+} chunk_models;
+
+static void models_reset(chunk_models *m) {
+  pulse_prob *p = (pulse_prob *)m;
+  for (size_t i = 0; i < sizeof *m / sizeof *p; i++)
+    p[i] = PULSE_RC_PROB_INIT;
+}
+
+static unsigned bit_length(uint64_t v) {
+  return v ? 64u - (unsigned)__builtin_clzll(v) : 0u;
+}
+
+/* Golomb parameter for a class of n elements with k changed: M = 2^m close
+ * to ln 2 times the mean gap, the optimum for geometric gaps. */
+static unsigned golomb_log2(uint64_t n, uint64_t k) {
+  uint64_t ratio = (n / k) * 11u / 16u;
+  unsigned m = ratio ? bit_length(ratio) - 1u : 0u;
+  return m > 31u ? 31u : m;
+}
+
+/* ------------------------------------------------------------- classify */
+
+void pulse_chunk_classify(const uint16_t *base, uint32_t n, const uint32_t *pos,
+                          uint32_t k, uint32_t *hist, uint32_t *rank,
+                          uint8_t *cls) {
+  /* Four partial histograms break the store-to-load chain when neighbours
+   * share a class; a change needs the exact running count, so it sums them. */
+  uint32_t h4[4][PULSE_CLASS_COUNT];
+  memset(h4, 0, sizeof h4);
+  uint32_t i = 0;
+  for (uint32_t j = 0; j <= k; j++) {
+    uint32_t stop = j < k ? pos[j] : n;
+    for (; i + 4 <= stop; i += 4) {
+      h4[0][pulse_bf16_class(base[i])]++;
+      h4[1][pulse_bf16_class(base[i + 1])]++;
+      h4[2][pulse_bf16_class(base[i + 2])]++;
+      h4[3][pulse_bf16_class(base[i + 3])]++;
+    }
+    for (; i < stop; i++)
+      h4[0][pulse_bf16_class(base[i])]++;
+    if (j == k)
+      break;
+    unsigned c = pulse_bf16_class(base[i]);
+    rank[j] = h4[0][c] + h4[1][c] + h4[2][c] + h4[3][c];
+    cls[j] = (uint8_t)c;
+    h4[0][c]++;
+    i++;
+  }
+  for (unsigned c = 0; c < PULSE_CLASS_COUNT; c++)
+    hist[c] = h4[0][c] + h4[1][c] + h4[2][c] + h4[3][c];
+}
+
+static void histogram(const uint16_t *base, uint32_t n, uint32_t *hist) {
+  uint32_t h4[4][PULSE_CLASS_COUNT];
+  memset(h4, 0, sizeof h4);
+  uint32_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    h4[0][pulse_bf16_class(base[i])]++;
+    h4[1][pulse_bf16_class(base[i + 1])]++;
+    h4[2][pulse_bf16_class(base[i + 2])]++;
+    h4[3][pulse_bf16_class(base[i + 3])]++;
+  }
+  for (; i < n; i++)
+    h4[0][pulse_bf16_class(base[i])]++;
+  for (unsigned c = 0; c < PULSE_CLASS_COUNT; c++)
+    hist[c] = h4[0][c] + h4[1][c] + h4[2][c] + h4[3][c];
+}
+
+/* ------------------------------------------------------------ encoding */
+
+static void put_count(pulse_rc_enc *e, chunk_models *m, uint64_t n, uint64_t k) {
+  unsigned ln = bit_length(n);
+  pulse_rc_enc_bit(e, &m->count_zero[ln], k != 0);
+  if (k == 0)
+    return;
+  /* bit length of k in truncated unary (k <= n bounds it), then the bits
+   * below the leading one. */
+  unsigned lk = bit_length(k);
+  for (unsigned i = 1; i < ln; i++) {
+    pulse_rc_enc_bit(e, &m->count_len[i], lk > i);
+    if (lk <= i)
+      break;
+  }
+  pulse_rc_enc_direct(e, k, lk - 1u);
+}
+
+static void put_gap(pulse_rc_enc *e, chunk_models *m, uint64_t gap, unsigned mlog) {
+  uint64_t q = gap >> mlog;
+  unsigned unary = q < QUOTIENT_MAX ? (unsigned)q : QUOTIENT_MAX;
+  for (unsigned i = 0; i < unary; i++)
+    pulse_rc_enc_bit(e, &m->quotient[i < QUOTIENT_CTX ? i : QUOTIENT_CTX - 1], 1);
+  if (q < QUOTIENT_MAX) {
+    pulse_rc_enc_bit(e, &m->quotient[unary < QUOTIENT_CTX ? unary : QUOTIENT_CTX - 1], 0);
+  } else {
+    uint64_t rest = q - QUOTIENT_MAX + 1u; /* >= 1 */
+    unsigned len = bit_length(rest);
+    pulse_rc_enc_direct(e, len, 7);
+    pulse_rc_enc_direct(e, rest, len - 1u);
+  }
+  if (mlog == 0)
+    return;
+  uint64_t r = gap & ((1ull << mlog) - 1u);
+  unsigned b1 = (unsigned)(r >> (mlog - 1u)) & 1u;
+  pulse_rc_enc_bit(e, &m->remainder[mlog][1], b1);
+  if (mlog == 1)
+    return;
+  unsigned b2 = (unsigned)(r >> (mlog - 2u)) & 1u;
+  pulse_rc_enc_bit(e, &m->remainder[mlog][2 + b1], b2);
+  pulse_rc_enc_direct(e, r, mlog - 2u);
+}
+
+static void put_value(pulse_rc_enc *e, chunk_models *m, unsigned vc, uint16_t delta) {
+  uint32_t v = pulse_zigzag16(delta) - 1u; /* delta != 0, so zig-zag >= 1 */
+  pulse_rc_enc_bit(e, &m->value_big[vc], v >= 2u);
+  if (v < 2u) {
+    pulse_rc_enc_bit(e, &m->value_sign[vc], v);
+    return;
+  }
+  uint32_t w1 = v - 1u; /* (v - 2) + 1 >= 1 */
+  unsigned len = bit_length(w1) - 1u;
+  for (unsigned i = 0; i < VALUE_LEN_MAX; i++) {
+    pulse_rc_enc_bit(e, &m->value_len[vc][i], len > i);
+    if (len <= i)
+      break;
+  }
+  pulse_rc_enc_direct(e, w1, len);
+}
+
+pulse_status pulse_chunk_encode(pulse_pos_model model, const uint16_t *base,
+                                uint32_t n, const uint32_t *pos,
+                                const uint16_t *delta, uint32_t k,
+                                pulse_bytebuf *out) {
+  chunk_models *m = malloc(sizeof *m);
+  uint32_t *rank = NULL, *order = NULL;
+  uint8_t *cls = NULL;
+  if (m == NULL)
+    return pulse_fail(PULSE_ERR_NOMEM, "chunk encode: models");
+  models_reset(m);
+  pulse_rc_enc e;
+  pulse_rc_enc_init(&e, out);
+
+  if (model == PULSE_POS_PLAIN) {
+    uint64_t prev = 0;
+    unsigned mlog = golomb_log2(n, k);
+    for (uint32_t j = 0; j < k; j++) {
+      put_gap(&e, m, pos[j] - prev, mlog);
+      put_value(&e, m, 0, delta[j]);
+      prev = (uint64_t)pos[j] + 1u;
+    }
+  } else {
+    uint32_t hist[PULSE_CLASS_COUNT], kc[PULSE_CLASS_COUNT] = {0};
+    uint32_t start[PULSE_CLASS_COUNT + 1];
+    rank = malloc((size_t)k * sizeof *rank);
+    order = malloc((size_t)k * sizeof *order);
+    cls = malloc((size_t)k);
+    if (rank == NULL || order == NULL || cls == NULL) {
+      free(m), free(rank), free(order), free(cls);
+      return pulse_fail(PULSE_ERR_NOMEM, "chunk encode: %u changes", k);
+    }
+    pulse_chunk_classify(base, n, pos, k, hist, rank, cls);
+    for (uint32_t j = 0; j < k; j++)
+      kc[cls[j]]++;
+    start[0] = 0;
+    for (unsigned c = 0; c < PULSE_CLASS_COUNT; c++)
+      start[c + 1] = start[c] + kc[c];
+    uint32_t fill[PULSE_CLASS_COUNT];
+    memcpy(fill, start, sizeof fill);
+    for (uint32_t j = 0; j < k; j++) /* stable: ranks stay increasing */
+      order[fill[cls[j]]++] = j;
+    for (unsigned c = 0; c < PULSE_CLASS_COUNT; c++)
+      if (hist[c] != 0)
+        put_count(&e, m, hist[c], kc[c]);
+    for (unsigned c = 0; c < PULSE_CLASS_COUNT; c++) {
+      if (kc[c] == 0)
+        continue;
+      unsigned mlog = golomb_log2(hist[c], kc[c]);
+      uint64_t prev = 0;
+      for (uint32_t t = start[c]; t < start[c + 1]; t++) {
+        uint32_t j = order[t];
+        put_gap(&e, m, rank[j] - prev, mlog);
+        put_value(&e, m, c, delta[j]);
+        prev = (uint64_t)rank[j] + 1u;
+      }
+    }
+  }
+  pulse_rc_enc_flush(&e);
+  free(m), free(rank), free(order), free(cls);
+  if (out->failed)
+    return pulse_fail(PULSE_ERR_NOMEM, "chunk encode: output buffer");
+  return PULSE_OK;
+}
+
+/* ------------------------------------------------------------ decoding */
+
+static int get_count(pulse_rc_dec *d, chunk_models *m, uint64_t n, uint64_t *k) {
+  unsigned ln = bit_length(n);
+  if (!pulse_rc_dec_bit(d, &m->count_zero[ln])) {
+    *k = 0;
+    return 1;
+  }
+  unsigned lk = 1;
+  while (lk < ln && pulse_rc_dec_bit(d, &m->count_len[lk]))
+    lk++;
+  uint64_t v = (1ull << (lk - 1u)) | pulse_rc_dec_direct(d, lk - 1u);
+  *k = v;
+  return v <= n;
+}
+
+/* Reads one gap; 0 when it cannot fit below `room` (the gap must be < room). */
+static int get_gap(pulse_rc_dec *d, chunk_models *m, unsigned mlog, uint64_t room,
+                   uint64_t *gap) {
+  uint64_t q = 0;
+  while (q < QUOTIENT_MAX &&
+         pulse_rc_dec_bit(d, &m->quotient[q < QUOTIENT_CTX ? q : QUOTIENT_CTX - 1]))
+    q++;
+  if (q == QUOTIENT_MAX) {
+    unsigned len = (unsigned)pulse_rc_dec_direct(d, 7);
+    if (len == 0 || len > 64)
+      return 0;
+    uint64_t rest = (len == 64 ? 0 : (1ull << (len - 1u))) | pulse_rc_dec_direct(d, len - 1u);
+    if (len == 64)
+      rest |= 1ull << 63;
+    if (rest > UINT64_MAX - (QUOTIENT_MAX - 1u))
+      return 0;
+    q = rest + QUOTIENT_MAX - 1u;
+  }
+  if (q > (room >> mlog))
+    return 0;
+  uint64_t r = 0;
+  if (mlog >= 1) {
+    unsigned b1 = pulse_rc_dec_bit(d, &m->remainder[mlog][1]);
+    r = b1;
+    if (mlog >= 2) {
+      unsigned b2 = pulse_rc_dec_bit(d, &m->remainder[mlog][2 + b1]);
+      r = (r << 1) | b2;
+      r = (r << (mlog - 2u)) | pulse_rc_dec_direct(d, mlog - 2u);
+    }
+  }
+  uint64_t g = (q << mlog) | r;
+  if (g >= room)
+    return 0;
+  *gap = g;
+  return 1;
+}
+
+static int get_value(pulse_rc_dec *d, chunk_models *m, unsigned vc, uint16_t *delta) {
+  uint32_t v;
+  if (!pulse_rc_dec_bit(d, &m->value_big[vc])) {
+    v = pulse_rc_dec_bit(d, &m->value_sign[vc]);
+  } else {
+    unsigned len = 0;
+    while (len < VALUE_LEN_MAX && pulse_rc_dec_bit(d, &m->value_len[vc][len]))
+      len++;
+    uint32_t w1 = (1u << len) | (uint32_t)pulse_rc_dec_direct(d, len);
+    v = w1 + 1u;
+  }
+  uint32_t z = v + 1u;
+  if (z > 0xFFFFu)
+    return 0;
+  *delta = pulse_unzigzag16(z);
+  return 1;
+}
+
+pulse_status pulse_chunk_decode(pulse_pos_model model, const uint16_t *base,
+                                uint32_t n, const uint8_t *stream, size_t size,
+                                uint32_t k, uint64_t first, uint64_t *pos,
+                                uint16_t *delta) {
+  if (k == 0 || k > n)
+    return pulse_fail(PULSE_ERR_CORRUPT, "chunk: %u changes in %u elements", k, n);
+  if (model == PULSE_POS_CLASS && base == NULL)
+    return pulse_fail(PULSE_ERR_ARG, "chunk: the class model needs the base");
+  pulse_rc_dec d;
+  if (!pulse_rc_dec_init(&d, stream, size))
+    return pulse_fail(PULSE_ERR_CORRUPT, "chunk: not a range-coder stream");
+  chunk_models *m = malloc(sizeof *m);
+  if (m == NULL)
+    return pulse_fail(PULSE_ERR_NOMEM, "chunk decode: models");
+  models_reset(m);
+  pulse_status st = PULSE_OK;
+  uint32_t *rank = NULL;
+  uint16_t *cdelta = NULL;
+
+  if (model == PULSE_POS_PLAIN) {
+    unsigned mlog = golomb_log2(n, k);
+    uint64_t next = 0;
+    for (uint32_t j = 0; j < k; j++) {
+      uint64_t gap;
+      if (!get_gap(&d, m, mlog, n - next, &gap) || !get_value(&d, m, 0, &delta[j])) {
+        st = pulse_fail(PULSE_ERR_POSITION, "chunk: change %u of %u out of range", j, k);
+        goto done;
+      }
+      pos[j] = first + next + gap;
+      next += gap + 1u;
+    }
+  } else {
+    uint32_t hist[PULSE_CLASS_COUNT];
+    uint64_t kc[PULSE_CLASS_COUNT] = {0}, total = 0;
+    histogram(base, n, hist);
+    for (unsigned c = 0; c < PULSE_CLASS_COUNT; c++) {
+      if (hist[c] == 0)
+        continue;
+      if (!get_count(&d, m, hist[c], &kc[c])) {
+        st = pulse_fail(PULSE_ERR_CORRUPT, "chunk: class %u count exceeds its %u elements", c, hist[c]);
+        goto done;
+      }
+      total += kc[c];
+    }
+    if (total != k) {
+      st = pulse_fail(PULSE_ERR_CORRUPT, "chunk: classes hold %llu changes, table says %u",
+                      (unsigned long long)total, k);
+      goto done;
+    }
+    rank = malloc((size_t)k * sizeof *rank);
+    cdelta = malloc((size_t)k * sizeof *cdelta);
+    if (rank == NULL || cdelta == NULL) {
+      st = pulse_fail(PULSE_ERR_NOMEM, "chunk decode: %u changes", k);
+      goto done;
+    }
+    /* Ranks and deltas class by class, then one pass over the base turns
+     * (class, rank) back into storage positions. */
+    uint32_t start[PULSE_CLASS_COUNT + 1];
+    start[0] = 0;
+    for (unsigned c = 0; c < PULSE_CLASS_COUNT; c++) {
+      start[c + 1] = start[c] + (uint32_t)kc[c];
+      if (kc[c] == 0)
+        continue;
+      unsigned mlog = golomb_log2(hist[c], kc[c]);
+      uint64_t next = 0;
+      for (uint32_t t = start[c]; t < start[c + 1]; t++) {
+        uint64_t gap;
+        if (!get_gap(&d, m, mlog, hist[c] - next, &gap) || !get_value(&d, m, c, &cdelta[t])) {
+          st = pulse_fail(PULSE_ERR_POSITION, "chunk: class %u change out of range", c);
+          goto done;
+        }
+        rank[t] = (uint32_t)(next + gap);
+        next += gap + 1u;
+      }
+    }
+    /* want[c]: the class rank of the next change of class c (or never). */
+    uint32_t seen[PULSE_CLASS_COUNT] = {0}, cursor[PULSE_CLASS_COUNT], want[PULSE_CLASS_COUNT];
+    for (unsigned c = 0; c < PULSE_CLASS_COUNT; c++) {
+      cursor[c] = start[c];
+      want[c] = kc[c] ? rank[start[c]] : UINT32_MAX;
+    }
+    uint32_t out = 0;
+    for (uint32_t i = 0; i < n && out < k; i++) {
+      unsigned c = pulse_bf16_class(base[i]);
+      if (seen[c]++ == want[c]) {
+        pos[out] = first + i;
+        delta[out] = cdelta[cursor[c]];
+        out++;
+        cursor[c]++;
+        want[c] = cursor[c] < start[c + 1] ? rank[cursor[c]] : UINT32_MAX;
+      }
+    }
+    if (out != k) { /* unreachable: every rank was checked against hist */
+      st = pulse_fail(PULSE_ERR_INTERNAL, "chunk: located %u of %u changes", out, k);
+      goto done;
+    }
+  }
+  if (!pulse_rc_dec_finished_exactly(&d))
+    st = pulse_fail(PULSE_ERR_CORRUPT, "chunk: stream length does not match its content");
+done:
+  free(m), free(rank), free(cdelta);
+  return st;
+}

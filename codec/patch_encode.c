@@ -1,0 +1,290 @@
+/* patch_encode.c - writes a patch (FORMAT.md): checks the input, derives the
+ * digests, codes the chunks in parallel and lays out header, table and body. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "bytebuf_impl.h"
+#include "chunk_impl.h"
+#include "parallel_impl.h"
+#include "patch_impl.h"
+#include "pulse_elem.h"
+#include "status_impl.h"
+
+typedef struct {
+  size_t tensor;
+  uint64_t chunk;
+  uint64_t first_change; /* index into the tensor's change list */
+  uint32_t changes;
+} encode_item;
+
+typedef struct {
+  pulse_pos_model model;
+  uint32_t chunk_log2;
+  const pulse_encode_tensor *tensors;
+  const uint64_t *numel;
+  encode_item *items;
+  pulse_bytebuf *streams;
+  pulse_status *status;
+  char (*detail)[160];
+} encode_job;
+
+static void encode_one(void *ctx, size_t i) {
+  encode_job *job = ctx;
+  const encode_item *it = &job->items[i];
+  const pulse_encode_tensor *t = &job->tensors[it->tensor];
+  const pulse_changes *ch = t->changes;
+  uint64_t first = it->chunk << job->chunk_log2;
+  uint64_t left = job->numel[it->tensor] - first;
+  uint32_t n = (uint32_t)(left < (1ull << job->chunk_log2) ? left : (1ull << job->chunk_log2));
+  uint32_t *pos = malloc((size_t)it->changes * sizeof *pos);
+  uint16_t *delta = malloc((size_t)it->changes * sizeof *delta);
+  pulse_status st;
+  if (pos == NULL || delta == NULL) {
+    st = pulse_fail(PULSE_ERR_NOMEM, "encode: chunk of %u changes", it->changes);
+  } else {
+    for (uint32_t j = 0; j < it->changes; j++) {
+      uint64_t c = it->first_change + j;
+      pos[j] = (uint32_t)(ch->pos[c] - first);
+      delta[j] = pulse_bf16_delta(ch->old_bits[c], ch->new_bits[c]);
+    }
+    st = pulse_chunk_encode(job->model, t->base ? t->base + first : NULL, n, pos,
+                            delta, it->changes, &job->streams[i]);
+  }
+  job->status[i] = st;
+  if (st != PULSE_OK)
+    memcpy(job->detail[i], pulse_error_detail(), sizeof job->detail[i] - 1);
+  free(pos);
+  free(delta);
+}
+
+typedef struct {
+  const pulse_encode_tensor *tensors;
+  const uint64_t *numel;
+  pulse_tensor_digest *digest;
+} digest_job;
+
+static void digest_one(void *ctx, size_t i) {
+  digest_job *job = ctx;
+  const pulse_encode_tensor *t = &job->tensors[i];
+  job->digest[i] = t->base_digest ? *t->base_digest : pulse_digest_bf16(t->base, job->numel[i]);
+}
+
+static int name_cmp(const void *a, const void *b) {
+  return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* Rejects what would make a patch that no decoder accepts. */
+static pulse_status check_tensor(const pulse_encode_tensor *t, size_t i,
+                                 pulse_pos_model model, uint64_t *numel) {
+  const char *name = t->info.name;
+  if (name == NULL || name[0] == '\0' || strlen(name) > PULSE_MAX_NAME)
+    return pulse_fail(PULSE_ERR_ARG, "encode: tensor %zu: name empty or longer than %d bytes",
+                      i, PULSE_MAX_NAME);
+  if (t->info.dtype != PULSE_DTYPE_BF16)
+    return pulse_fail(PULSE_ERR_DTYPE, "encode: tensor '%s': patches carry BF16 state, not %s",
+                      name, pulse_dtype_name(t->info.dtype));
+  if (t->info.ndim > PULSE_MAX_DIMS)
+    return pulse_fail(PULSE_ERR_ARG, "encode: tensor '%s': %u dimensions", name, t->info.ndim);
+  PULSE_TRY(pulse_shape_numel(t->info.shape, t->info.ndim, numel));
+  const pulse_changes *ch = t->changes;
+  uint64_t k = ch ? ch->count : 0;
+  if ((t->base == NULL && *numel > 0 && (model == PULSE_POS_CLASS || t->base_digest == NULL)))
+    return pulse_fail(PULSE_ERR_ARG, "encode: tensor '%s': no base", name);
+  for (uint64_t j = 0; j < k; j++) {
+    if (ch->pos[j] >= *numel || (j > 0 && ch->pos[j] <= ch->pos[j - 1]))
+      return pulse_fail(PULSE_ERR_POSITION, "encode: tensor '%s': change %llu at %llu",
+                        name, (unsigned long long)j, (unsigned long long)ch->pos[j]);
+    if (ch->old_bits[j] == ch->new_bits[j])
+      return pulse_fail(PULSE_ERR_ARG, "encode: tensor '%s': change at %llu keeps its bits",
+                        name, (unsigned long long)ch->pos[j]);
+    if (t->base != NULL && t->base[ch->pos[j]] != ch->old_bits[j])
+      return pulse_fail(PULSE_ERR_BASE_DIGEST,
+                        "encode: tensor '%s': old bits at %llu are not the base's", name,
+                        (unsigned long long)ch->pos[j]);
+  }
+  return PULSE_OK;
+}
+
+pulse_status pulse_patch_encode(const pulse_encode_opts *opts,
+                                const pulse_encode_tensor *tensors,
+                                size_t count, pulse_buffer *out) {
+  return patch_encode_digests(opts, tensors, count, NULL, out);
+}
+
+pulse_status patch_encode_digests(const pulse_encode_opts *opts,
+                                  const pulse_encode_tensor *tensors, size_t count,
+                                  const pulse_tensor_digest *target_digests,
+                                  pulse_buffer *out) {
+  if (out == NULL)
+    return pulse_fail(PULSE_ERR_ARG, "encode: NULL output");
+  out->data = NULL;
+  out->size = 0;
+  if (opts == NULL || opts->struct_version != PULSE_ENCODE_OPTS_VERSION)
+    return pulse_fail(PULSE_ERR_ARG, "encode: options missing or of another version");
+  if (opts->pos_model != PULSE_POS_PLAIN && opts->pos_model != PULSE_POS_CLASS)
+    return pulse_fail(PULSE_ERR_ARG, "encode: unknown position model %d", (int)opts->pos_model);
+  if (opts->chunk_log2 < PULSE_CHUNK_LOG2_MIN || opts->chunk_log2 > PULSE_CHUNK_LOG2_MAX)
+    return pulse_fail(PULSE_ERR_ARG, "encode: chunk_log2 %u outside %u..%u", opts->chunk_log2,
+                      PULSE_CHUNK_LOG2_MIN, PULSE_CHUNK_LOG2_MAX);
+  if (count > 0 && tensors == NULL)
+    return pulse_fail(PULSE_ERR_ARG, "encode: NULL tensors");
+
+  pulse_status st = PULSE_OK;
+  uint64_t *numel = calloc(count + 1, sizeof *numel);
+  pulse_tensor_info *infos = calloc(count + 1, sizeof *infos);
+  pulse_tensor_digest *base_d = calloc(count + 1, sizeof *base_d);
+  pulse_tensor_digest *target_d = calloc(count + 1, sizeof *target_d);
+  const char **names = calloc(count + 1, sizeof *names);
+  encode_item *items = NULL;
+  pulse_bytebuf *streams = NULL;
+  pulse_status *item_st = NULL;
+  char(*detail)[160] = NULL;
+  size_t item_count = 0;
+  pulse_bytebuf buf = PULSE_BYTEBUF_INIT;
+  if (!numel || !infos || !base_d || !target_d || !names) {
+    st = pulse_fail(PULSE_ERR_NOMEM, "encode: table of %zu tensors", count);
+    goto done;
+  }
+  uint64_t total_changed = 0, chunk_entries = 0;
+  for (size_t i = 0; i < count; i++) {
+    st = check_tensor(&tensors[i], i, opts->pos_model, &numel[i]);
+    if (st != PULSE_OK)
+      goto done;
+    infos[i] = tensors[i].info;
+    names[i] = tensors[i].info.name;
+    uint64_t k = tensors[i].changes ? tensors[i].changes->count : 0;
+    total_changed += k;
+    if (k > 0)
+      chunk_entries += ((numel[i] - 1) >> opts->chunk_log2) + 1;
+  }
+  qsort(names, count, sizeof *names, name_cmp);
+  for (size_t i = 1; i < count; i++)
+    if (strcmp(names[i - 1], names[i]) == 0) {
+      st = pulse_fail(PULSE_ERR_DUPLICATE, "encode: tensor name '%s' appears twice", names[i]);
+      goto done;
+    }
+
+  digest_job dj = {tensors, numel, base_d};
+  pulse_parallel_for(opts->threads, count, digest_one, &dj);
+  for (size_t i = 0; i < count; i++)
+    target_d[i] = target_digests ? target_digests[i]
+                                 : pulse_digest_apply_changes(base_d[i], tensors[i].changes);
+
+  /* One work item per chunk that holds changes. */
+  items = calloc(chunk_entries + 1, sizeof *items);
+  if (items == NULL) {
+    st = pulse_fail(PULSE_ERR_NOMEM, "encode: %llu chunks", (unsigned long long)chunk_entries);
+    goto done;
+  }
+  for (size_t i = 0; i < count; i++) {
+    const pulse_changes *ch = tensors[i].changes;
+    uint64_t k = ch ? ch->count : 0;
+    for (uint64_t j = 0; j < k;) {
+      uint64_t chunk = ch->pos[j] >> opts->chunk_log2;
+      uint64_t e = j;
+      while (e < k && (ch->pos[e] >> opts->chunk_log2) == chunk)
+        e++;
+      items[item_count++] = (encode_item){i, chunk, j, (uint32_t)(e - j)};
+      j = e;
+    }
+  }
+  streams = calloc(item_count + 1, sizeof *streams);
+  item_st = calloc(item_count + 1, sizeof *item_st);
+  detail = calloc(item_count + 1, sizeof *detail);
+  if (!streams || !item_st || !detail) {
+    st = pulse_fail(PULSE_ERR_NOMEM, "encode: %zu chunk streams", item_count);
+    goto done;
+  }
+  encode_job job = {opts->pos_model, opts->chunk_log2, tensors, numel,
+                    items, streams, item_st, detail};
+  pulse_parallel_for(opts->threads, item_count, encode_one, &job);
+  for (size_t i = 0; i < item_count; i++)
+    if (item_st[i] != PULSE_OK) {
+      st = pulse_fail(item_st[i], "%s", detail[i]);
+      goto done;
+    }
+
+  pulse_state_digest base_state, target_state;
+  st = pulse_state_digest_compute(infos, base_d, count, &base_state);
+  if (st == PULSE_OK)
+    st = pulse_state_digest_compute(infos, target_d, count, &target_state);
+  if (st != PULSE_OK)
+    goto done;
+
+  /* Table. */
+  pulse_bytebuf table = PULSE_BYTEBUF_INIT;
+  uint64_t body_size = 0;
+  size_t next_item = 0;
+  for (size_t i = 0; i < count; i++) {
+    const pulse_tensor_info *info = &tensors[i].info;
+    size_t name_len = strlen(info->name);
+    pulse_bytebuf_varint(&table, name_len);
+    pulse_bytebuf_put(&table, info->name, name_len);
+    pulse_bytebuf_byte(&table, (uint8_t)info->dtype);
+    pulse_bytebuf_byte(&table, (uint8_t)info->ndim);
+    for (uint32_t d = 0; d < info->ndim; d++)
+      pulse_bytebuf_varint(&table, info->shape[d]);
+    uint64_t k = tensors[i].changes ? tensors[i].changes->count : 0;
+    pulse_bytebuf_varint(&table, k);
+    uint64_t section = 0;
+    for (size_t it = next_item; it < item_count && items[it].tensor == i; it++)
+      section += streams[it].size;
+    pulse_bytebuf_varint(&table, section);
+    pulse_bytebuf_u64(&table, base_d[i].a);
+    pulse_bytebuf_u64(&table, base_d[i].b);
+    pulse_bytebuf_u64(&table, target_d[i].a);
+    pulse_bytebuf_u64(&table, target_d[i].b);
+    if (k > 0) {
+      uint64_t chunks = ((numel[i] - 1) >> opts->chunk_log2) + 1;
+      for (uint64_t c = 0; c < chunks; c++) {
+        if (next_item < item_count && items[next_item].tensor == i && items[next_item].chunk == c) {
+          pulse_bytebuf_varint(&table, items[next_item].changes);
+          pulse_bytebuf_varint(&table, streams[next_item].size);
+          next_item++;
+        } else {
+          pulse_bytebuf_varint(&table, 0);
+          pulse_bytebuf_varint(&table, 0);
+        }
+      }
+    }
+    body_size += section;
+  }
+  if (table.failed || table.size > UINT32_MAX) {
+    pulse_bytebuf_free(&table);
+    st = pulse_fail(PULSE_ERR_NOMEM, "encode: tensor table");
+    goto done;
+  }
+
+  /* Header, table, body. */
+  pulse_bytebuf_put(&buf, PULSE_PATCH_MAGIC, 8);
+  pulse_bytebuf_u16(&buf, PULSE_PATCH_VERSION);
+  pulse_bytebuf_byte(&buf, (uint8_t)opts->pos_model);
+  pulse_bytebuf_byte(&buf, (uint8_t)opts->chunk_log2);
+  pulse_bytebuf_u32(&buf, (uint32_t)table.size);
+  pulse_bytebuf_u64(&buf, opts->step);
+  pulse_bytebuf_u64(&buf, opts->base_step);
+  pulse_bytebuf_put(&buf, base_state.bytes, 32);
+  pulse_bytebuf_put(&buf, target_state.bytes, 32);
+  pulse_bytebuf_u64(&buf, (uint64_t)count);
+  pulse_bytebuf_u64(&buf, total_changed);
+  pulse_bytebuf_u64(&buf, body_size);
+  pulse_bytebuf_put(&buf, table.data, table.size);
+  pulse_bytebuf_free(&table);
+  for (size_t i = 0; i < item_count; i++)
+    pulse_bytebuf_put(&buf, streams[i].data, streams[i].size);
+  if (buf.failed) {
+    st = pulse_fail(PULSE_ERR_NOMEM, "encode: patch of %zu bytes", buf.size);
+    goto done;
+  }
+  out->data = buf.data;
+  out->size = buf.size;
+  buf = (pulse_bytebuf)PULSE_BYTEBUF_INIT;
+
+done:
+  pulse_bytebuf_free(&buf);
+  for (size_t i = 0; streams && i < item_count; i++)
+    pulse_bytebuf_free(&streams[i]);
+  free(streams), free(item_st), free(detail), free(items);
+  free(numel), free(infos), free(base_d), free(target_d), free(names);
+  return st;
+}

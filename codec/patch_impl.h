@@ -1,0 +1,65 @@
+/* patch_impl.h - the parsed form of a patch (FORMAT.md). */
+#ifndef PULSE_PATCH_IMPL_H
+#define PULSE_PATCH_IMPL_H
+
+#include "pulse_codec.h"
+
+#define PULSE_PATCH_MAGIC "PULSEPCH"
+#define PULSE_PATCH_FIXED_HEADER 120u
+#define PULSE_CHUNK_LOG2_MIN 10u
+#define PULSE_CHUNK_LOG2_MAX 30u
+
+typedef struct {
+  pulse_tensor_info info; /* info.name points into pulse_patch.names */
+  uint64_t numel;
+  uint64_t changed;
+  uint64_t section_offset; /* from the start of the patch */
+  uint64_t section_size;
+  uint64_t chunk_count;
+  uint64_t chunk_first; /* index of its first chunk in the chunk arrays
+                           (only when changed > 0) */
+  pulse_tensor_digest base_digest, target_digest;
+} patch_tensor;
+
+struct pulse_patch {
+  const uint8_t *bytes;
+  size_t size;
+  uint64_t step, base_step;
+  pulse_pos_model model;
+  uint32_t chunk_log2;
+  pulse_state_digest base_digest, target_digest;
+  uint64_t total_changed;
+  size_t count;
+  patch_tensor *tensors;
+  char *names;             /* NUL-terminated copies of every name */
+  uint64_t chunks;         /* entries in the chunk arrays */
+  uint32_t *chunk_changed; /* changes in each chunk */
+  uint64_t *chunk_offset;  /* from the start of the patch */
+  uint64_t *chunk_size;
+  uint64_t *chunk_before;  /* changes in earlier chunks of the same tensor */
+};
+
+/* Elements in chunk j of tensor t. */
+static inline uint32_t patch_chunk_elems(const struct pulse_patch *p,
+                                         const patch_tensor *t, uint64_t j) {
+  uint64_t first = j << p->chunk_log2;
+  uint64_t left = t->numel - first;
+  uint64_t full = 1ull << p->chunk_log2;
+  return (uint32_t)(left < full ? left : full);
+}
+
+/* Decodes chunk j of tensor t into pos/delta (the chunk's slots of the
+ * tensor's arrays). base: the tensor's base bits, or NULL for PULSE_POS_PLAIN
+ * patches decoded without weights. */
+pulse_status patch_decode_chunk(const struct pulse_patch *p, size_t t,
+                                uint64_t j, const uint16_t *base, uint64_t *pos,
+                                uint16_t *delta);
+
+/* pulse_patch_encode with the target digests given rather than derived
+ * (squash knows them from the last patch but may not know the old bits). */
+pulse_status patch_encode_digests(const pulse_encode_opts *opts,
+                                  const pulse_encode_tensor *tensors, size_t count,
+                                  const pulse_tensor_digest *target_digests,
+                                  pulse_buffer *out);
+
+#endif

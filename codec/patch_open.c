@@ -1,0 +1,320 @@
+/* patch_open.c - parses and checks a patch's header and tensor table.
+ * Everything here reads untrusted bytes: every length, count and offset is
+ * checked against the buffer before it is used, and allocations grow only
+ * with bytes actually read. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "bytebuf_impl.h"
+#include "patch_impl.h"
+#include "status_impl.h"
+
+typedef struct {
+  void *data;
+  size_t count, capacity, elem;
+} grow_array;
+
+static int grow_push(grow_array *a, const void *v) {
+  if (a->count == a->capacity) {
+    size_t cap = a->capacity ? a->capacity * 2 : 16;
+    void *p = realloc(a->data, cap * a->elem);
+    if (p == NULL)
+      return 0;
+    a->data = p;
+    a->capacity = cap;
+  }
+  memcpy((char *)a->data + a->count * a->elem, v, a->elem);
+  a->count++;
+  return 1;
+}
+
+static int name_cmp(const void *a, const void *b) {
+  const patch_tensor *x = *(const patch_tensor *const *)a;
+  const patch_tensor *y = *(const patch_tensor *const *)b;
+  return strcmp(x->info.name, y->info.name);
+}
+
+void pulse_patch_free(pulse_patch *p) {
+  if (p == NULL)
+    return;
+  free(p->tensors);
+  free(p->names);
+  free(p->chunk_changed);
+  free(p->chunk_offset);
+  free(p->chunk_size);
+  free(p->chunk_before);
+  free(p);
+}
+
+static pulse_status parse_table(pulse_patch *p, const uint8_t *table, size_t table_size,
+                                uint64_t body_offset, uint64_t body_size) {
+  pulse_reader r = pulse_reader_make(table, table_size);
+  /* A tensor entry takes at least 38 bytes, so the count is bounded by the
+   * table before anything is allocated for it. */
+  if (p->count > table_size / 38)
+    return pulse_fail(PULSE_ERR_TRUNCATED, "patch: %zu tensors cannot fit a %zu-byte table",
+                      p->count, table_size);
+  p->tensors = calloc(p->count + 1, sizeof *p->tensors);
+  p->names = malloc(table_size + 1); /* names are shorter than the table */
+  if (p->tensors == NULL || p->names == NULL)
+    return pulse_fail(PULSE_ERR_NOMEM, "patch: table of %zu tensors", p->count);
+  size_t names_used = 0;
+  grow_array changed = {NULL, 0, 0, sizeof(uint32_t)}, size = {NULL, 0, 0, sizeof(uint64_t)};
+  pulse_status st = PULSE_OK;
+  uint64_t section_at = body_offset, total_changed = 0;
+
+  for (size_t i = 0; i < p->count; i++) {
+    patch_tensor *t = &p->tensors[i];
+    uint64_t name_len = pulse_reader_varint(&r);
+    const uint8_t *name = r.ok && name_len <= PULSE_MAX_NAME ? pulse_reader_span(&r, (size_t)name_len) : NULL;
+    if (!r.ok || name == NULL) {
+      st = pulse_fail(r.ok ? PULSE_ERR_CORRUPT : PULSE_ERR_TRUNCATED,
+                      "patch: tensor %zu: name missing or longer than %d bytes", i, PULSE_MAX_NAME);
+      goto fail;
+    }
+    if (name_len == 0 || memchr(name, 0, (size_t)name_len) != NULL) {
+      st = pulse_fail(PULSE_ERR_CORRUPT, "patch: tensor %zu: empty name or NUL in name", i);
+      goto fail;
+    }
+    memcpy(p->names + names_used, name, (size_t)name_len);
+    p->names[names_used + name_len] = '\0';
+    t->info.name = (const char *)(uintptr_t)names_used; /* fixed up below */
+    names_used += (size_t)name_len + 1;
+
+    uint8_t dtype = pulse_reader_u8(&r), ndim = pulse_reader_u8(&r);
+    if (r.ok && dtype != PULSE_DTYPE_BF16) {
+      st = pulse_fail(PULSE_ERR_DTYPE, "patch: tensor %zu: dtype %u (v1 carries BF16 only)", i, dtype);
+      goto fail;
+    }
+    if (r.ok && ndim > PULSE_MAX_DIMS) {
+      st = pulse_fail(PULSE_ERR_CORRUPT, "patch: tensor %zu: %u dimensions", i, ndim);
+      goto fail;
+    }
+    t->info.dtype = PULSE_DTYPE_BF16;
+    t->info.ndim = ndim;
+    for (unsigned d = 0; d < ndim; d++)
+      t->info.shape[d] = pulse_reader_varint(&r);
+    t->changed = pulse_reader_varint(&r);
+    t->section_size = pulse_reader_varint(&r);
+    t->base_digest.a = pulse_reader_le(&r, 8);
+    t->base_digest.b = pulse_reader_le(&r, 8);
+    t->target_digest.a = pulse_reader_le(&r, 8);
+    t->target_digest.b = pulse_reader_le(&r, 8);
+    if (!r.ok) {
+      st = pulse_fail(PULSE_ERR_TRUNCATED, "patch: tensor table ends inside tensor %zu", i);
+      goto fail;
+    }
+    if (pulse_shape_numel(t->info.shape, ndim, &t->numel) != PULSE_OK) {
+      st = pulse_fail(PULSE_ERR_OVERFLOW, "patch: tensor %zu: element count overflows", i);
+      goto fail;
+    }
+    if (t->changed > t->numel) {
+      st = pulse_fail(PULSE_ERR_OVERFLOW, "patch: tensor %zu: %llu changes in %llu elements", i,
+                      (unsigned long long)t->changed, (unsigned long long)t->numel);
+      goto fail;
+    }
+    if (t->section_size > body_size - (section_at - body_offset)) {
+      st = pulse_fail(PULSE_ERR_OVERFLOW, "patch: tensor %zu: section runs past the body", i);
+      goto fail;
+    }
+    t->section_offset = section_at;
+    section_at += t->section_size;
+    total_changed += t->changed; /* <= sum of numel; overflow checked below */
+    if (total_changed < t->changed) {
+      st = pulse_fail(PULSE_ERR_OVERFLOW, "patch: total change count overflows");
+      goto fail;
+    }
+    t->chunk_count = t->numel ? ((t->numel - 1) >> p->chunk_log2) + 1 : 0;
+    t->chunk_first = changed.count;
+    if (t->changed == 0) {
+      if (t->section_size != 0) {
+        st = pulse_fail(PULSE_ERR_CORRUPT, "patch: tensor %zu: bytes but no changes", i);
+        goto fail;
+      }
+      continue;
+    }
+    /* Chunk entries: every one is read (so a claimed count must be backed
+     * by bytes) before its arrays grow. */
+    uint64_t k_sum = 0, bytes_sum = 0;
+    for (uint64_t c = 0; c < t->chunk_count; c++) {
+      uint64_t k = pulse_reader_varint(&r), bytes = pulse_reader_varint(&r);
+      if (!r.ok) {
+        st = pulse_fail(PULSE_ERR_TRUNCATED, "patch: tensor %zu: chunk table truncated", i);
+        goto fail;
+      }
+      uint32_t elems = (uint32_t)(((t->numel - (c << p->chunk_log2)) < (1ull << p->chunk_log2))
+                                      ? t->numel - (c << p->chunk_log2)
+                                      : (1ull << p->chunk_log2));
+      if (k > elems || (k == 0) != (bytes == 0) || bytes > t->section_size - bytes_sum) {
+        st = pulse_fail(PULSE_ERR_CORRUPT, "patch: tensor %zu chunk %llu: %llu changes in %llu bytes",
+                        i, (unsigned long long)c, (unsigned long long)k, (unsigned long long)bytes);
+        goto fail;
+      }
+      uint32_t k32 = (uint32_t)k;
+      if (!grow_push(&changed, &k32) || !grow_push(&size, &bytes)) {
+        st = pulse_fail(PULSE_ERR_NOMEM, "patch: chunk table");
+        goto fail;
+      }
+      k_sum += k;
+      bytes_sum += bytes;
+    }
+    if (k_sum != t->changed || bytes_sum != t->section_size) {
+      st = pulse_fail(PULSE_ERR_CORRUPT,
+                      "patch: tensor %zu: chunks hold %llu changes in %llu bytes, table says %llu in %llu",
+                      i, (unsigned long long)k_sum, (unsigned long long)bytes_sum,
+                      (unsigned long long)t->changed, (unsigned long long)t->section_size);
+      goto fail;
+    }
+  }
+  if (r.left != 0) {
+    st = pulse_fail(PULSE_ERR_TRAILING, "patch: %zu bytes after the tensor table", r.left);
+    goto fail;
+  }
+  if (section_at - body_offset != body_size) {
+    st = pulse_fail(PULSE_ERR_CORRUPT, "patch: sections cover %llu of %llu body bytes",
+                    (unsigned long long)(section_at - body_offset), (unsigned long long)body_size);
+    goto fail;
+  }
+  if (total_changed != p->total_changed) {
+    st = pulse_fail(PULSE_ERR_CORRUPT, "patch: tensors hold %llu changes, header says %llu",
+                    (unsigned long long)total_changed, (unsigned long long)p->total_changed);
+    goto fail;
+  }
+  p->chunks = changed.count;
+  p->chunk_changed = changed.data;
+  p->chunk_size = size.data;
+  changed.data = size.data = NULL;
+  p->chunk_offset = calloc(p->chunks + 1, sizeof *p->chunk_offset);
+  p->chunk_before = calloc(p->chunks + 1, sizeof *p->chunk_before);
+  if (p->chunk_offset == NULL || p->chunk_before == NULL)
+    return pulse_fail(PULSE_ERR_NOMEM, "patch: chunk offsets");
+  for (size_t i = 0; i < p->count; i++) {
+    patch_tensor *t = &p->tensors[i];
+    t->info.name = p->names + (uintptr_t)t->info.name;
+    if (t->changed == 0)
+      continue;
+    uint64_t at = t->section_offset, before = 0;
+    for (uint64_t c = 0; c < t->chunk_count; c++) {
+      p->chunk_offset[t->chunk_first + c] = at;
+      p->chunk_before[t->chunk_first + c] = before;
+      at += p->chunk_size[t->chunk_first + c];
+      before += p->chunk_changed[t->chunk_first + c];
+    }
+  }
+  return PULSE_OK;
+fail:
+  free(changed.data);
+  free(size.data);
+  return st;
+}
+
+static pulse_status check_unique_names(pulse_patch *p) {
+  if (p->count < 2)
+    return PULSE_OK;
+  const patch_tensor **sorted = malloc(p->count * sizeof *sorted);
+  if (sorted == NULL)
+    return pulse_fail(PULSE_ERR_NOMEM, "patch: name index");
+  for (size_t i = 0; i < p->count; i++)
+    sorted[i] = &p->tensors[i];
+  qsort(sorted, p->count, sizeof *sorted, name_cmp);
+  pulse_status st = PULSE_OK;
+  for (size_t i = 1; i < p->count && st == PULSE_OK; i++)
+    if (strcmp(sorted[i - 1]->info.name, sorted[i]->info.name) == 0)
+      st = pulse_fail(PULSE_ERR_DUPLICATE, "patch: tensor '%s' appears twice", sorted[i]->info.name);
+  free(sorted);
+  return st;
+}
+
+pulse_status pulse_patch_open(const uint8_t *bytes, size_t size, pulse_patch **out) {
+  if (out == NULL || (bytes == NULL && size > 0))
+    return pulse_fail(PULSE_ERR_ARG, "patch: NULL argument");
+  *out = NULL;
+  pulse_reader r = pulse_reader_make(bytes, size);
+  const uint8_t *magic = pulse_reader_span(&r, 8);
+  if (magic == NULL)
+    return pulse_fail(PULSE_ERR_TRUNCATED, "patch: %zu bytes, shorter than the magic", size);
+  if (memcmp(magic, PULSE_PATCH_MAGIC, 8) != 0)
+    return pulse_fail(PULSE_ERR_MAGIC, "patch: bad magic (not a pulse patch)");
+  uint16_t version = (uint16_t)pulse_reader_le(&r, 2);
+  if (r.ok && version != PULSE_PATCH_VERSION)
+    return pulse_fail(PULSE_ERR_VERSION, "patch: format version %u, this decoder knows %u",
+                      version, PULSE_PATCH_VERSION);
+  pulse_patch *p = calloc(1, sizeof *p);
+  if (p == NULL)
+    return pulse_fail(PULSE_ERR_NOMEM, "patch: handle");
+  p->bytes = bytes;
+  p->size = size;
+  uint8_t model = pulse_reader_u8(&r);
+  p->chunk_log2 = pulse_reader_u8(&r);
+  uint64_t table_size = pulse_reader_le(&r, 4);
+  p->step = pulse_reader_le(&r, 8);
+  p->base_step = pulse_reader_le(&r, 8);
+  pulse_reader_take(&r, p->base_digest.bytes, 32);
+  pulse_reader_take(&r, p->target_digest.bytes, 32);
+  uint64_t count = pulse_reader_le(&r, 8);
+  p->total_changed = pulse_reader_le(&r, 8);
+  uint64_t body_size = pulse_reader_le(&r, 8);
+  pulse_status st = PULSE_OK;
+  if (!r.ok) {
+    st = pulse_fail(PULSE_ERR_TRUNCATED, "patch: %zu bytes, shorter than the %u-byte header",
+                    size, PULSE_PATCH_FIXED_HEADER);
+  } else if (model != PULSE_POS_PLAIN && model != PULSE_POS_CLASS) {
+    st = pulse_fail(PULSE_ERR_VERSION, "patch: unknown position model %u", model);
+  } else if (p->chunk_log2 < PULSE_CHUNK_LOG2_MIN || p->chunk_log2 > PULSE_CHUNK_LOG2_MAX) {
+    st = pulse_fail(PULSE_ERR_CORRUPT, "patch: chunk size 2^%u outside 2^%u..2^%u", p->chunk_log2,
+                    PULSE_CHUNK_LOG2_MIN, PULSE_CHUNK_LOG2_MAX);
+  } else if (table_size > r.left || body_size != r.left - table_size) {
+    st = pulse_fail(table_size + body_size > r.left ? PULSE_ERR_TRUNCATED : PULSE_ERR_TRAILING,
+                    "patch: header says %llu table + %llu body bytes, %zu follow",
+                    (unsigned long long)table_size, (unsigned long long)body_size, r.left);
+  } else if (count > SIZE_MAX / sizeof(patch_tensor)) {
+    st = pulse_fail(PULSE_ERR_OVERFLOW, "patch: tensor count %llu", (unsigned long long)count);
+  }
+  if (st == PULSE_OK) {
+    p->model = (pulse_pos_model)model;
+    p->count = (size_t)count;
+    st = parse_table(p, r.p, (size_t)table_size, PULSE_PATCH_FIXED_HEADER + table_size, body_size);
+  }
+  if (st == PULSE_OK)
+    st = check_unique_names(p);
+  if (st != PULSE_OK) {
+    pulse_patch_free(p);
+    return st;
+  }
+  *out = p;
+  return PULSE_OK;
+}
+
+uint64_t pulse_patch_step(const pulse_patch *p) { return p->step; }
+uint64_t pulse_patch_base_step(const pulse_patch *p) { return p->base_step; }
+pulse_pos_model pulse_patch_pos_model(const pulse_patch *p) { return p->model; }
+uint32_t pulse_patch_chunk_log2(const pulse_patch *p) { return p->chunk_log2; }
+const pulse_state_digest *pulse_patch_base_digest(const pulse_patch *p) { return &p->base_digest; }
+const pulse_state_digest *pulse_patch_target_digest(const pulse_patch *p) { return &p->target_digest; }
+size_t pulse_patch_tensor_count(const pulse_patch *p) { return p->count; }
+uint64_t pulse_patch_total_changed(const pulse_patch *p) { return p->total_changed; }
+
+pulse_status pulse_patch_tensor_get(const pulse_patch *p, size_t i, pulse_patch_tensor *out) {
+  if (p == NULL || out == NULL || i >= p->count)
+    return pulse_fail(PULSE_ERR_ARG, "patch: no tensor %zu", i);
+  const patch_tensor *t = &p->tensors[i];
+  out->info = t->info;
+  out->numel = t->numel;
+  out->changed = t->changed;
+  out->section_size = t->section_size;
+  out->chunk_count = (uint32_t)(t->changed ? t->chunk_count : 0);
+  out->base_digest = t->base_digest;
+  out->target_digest = t->target_digest;
+  return PULSE_OK;
+}
+
+pulse_status pulse_patch_tensor_find(const pulse_patch *p, const char *name, size_t *index) {
+  if (p == NULL || name == NULL || index == NULL)
+    return pulse_fail(PULSE_ERR_ARG, "patch: NULL argument");
+  for (size_t i = 0; i < p->count; i++)
+    if (strcmp(p->tensors[i].info.name, name) == 0) {
+      *index = i;
+      return PULSE_OK;
+    }
+  return pulse_fail(PULSE_ERR_NOT_FOUND, "patch: no tensor '%s'", name);
+}
