@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs the Debian packages pulse needs to build, test and fuzz, only when
+# some are missing. Run as root on Debian 12 (or with sudo available).
+set -euo pipefail
+
+packages=(
+  build-essential cmake pkg-config git
+  libzstd-dev zstd libssl-dev libcurl4-openssl-dev libmicrohttpd-dev
+  libcriterion-dev
+  clang libclang-rt-14-dev   # the libFuzzer targets and sanitizer runs
+  curl python3-numpy         # integration tests and data tools
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+echo "install-deps: installing ${missing[*]}" >&2
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# The two quick-start commands (README.md):
+#   tools/run.sh demo   install what is missing, build, run the main job
+#   tools/run.sh test   install what is missing, build, pass every test
+# Environment: PULSE_BUILD (build folder, default build), PULSE_JOBS,
+# PULSE_FUZZ_SECONDS (per fuzz target in `test`, default 30; 0 skips),
+# PULSE_SANITIZE_TESTS (1 = also run the suites under ASan+UBSan; default 1).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+mode=${1:-}
+build=${PULSE_BUILD:-build}
+jobs=${PULSE_JOBS:-$(nproc)}
+
+bash tools/install-deps.sh
+
+configure_and_build() { # dir, extra cmake args...
+  local dir=$1; shift
+  cmake -S "$root" -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@" >/dev/null
+  cmake --build "$dir" -j "$jobs" >/dev/null
+}
+
+case "$mode" in
+demo)
+  configure_and_build "$build"
+  # The main job until the end-to-end demo lands: the codec benchmark on a
+  # synthetic RL trajectory, with the bandwidth reduction it measures.
+  "$build/tools/pulse-bench" codec --params 20000000 --steps 5 "${@:2}"
+  ;;
+test)
+  configure_and_build "$build" -DPULSE_WERROR=ON
+  (cd "$build" && ctest --output-on-failure -j 1)
+  if [ "${PULSE_SANITIZE_TESTS:-1}" = 1 ]; then
+    echo "== the suites again under AddressSanitizer + UndefinedBehaviorSanitizer"
+    configure_and_build "$build-asan" -DPULSE_WERROR=ON -DPULSE_CUDA=OFF -DPULSE_SANITIZE=address,undefined
+    (cd "$build-asan" && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j 1)
+  fi
+  fuzz_seconds=${PULSE_FUZZ_SECONDS:-30}
+  if [ "$fuzz_seconds" != 0 ]; then
+    echo "== libFuzzer, ${fuzz_seconds}s per decoder"
+    CC=clang configure_and_build "$build-fuzz" -DPULSE_FUZZ=ON -DPULSE_TESTS=OFF -DPULSE_CUDA=OFF \
+      -DCMAKE_C_FLAGS=-fsanitize=fuzzer-no-link,address,undefined
+    for fuzzer in "$build-fuzz"/tests/fuzz_*; do
+      name=$(basename "$fuzzer"); name=${name#fuzz_}
+      corpus=$(mktemp -d)
+      cp -r tests/fuzz/corpus/"$name"/. "$corpus"/ 2>/dev/null || true
+      "$fuzzer" -max_total_time="$fuzz_seconds" -max_len=65536 -rss_limit_mb=2048 \
+        -artifact_prefix="$corpus/" "$corpus" 2>"$corpus.log" || {
+        tail -40 "$corpus.log"; echo "fuzz_$name found a failure (artifacts in $corpus)"; exit 1; }
+      grep -E "^#[0-9]+ +DONE" "$corpus.log" | sed "s/^/fuzz_$name: /" || true
+      rm -rf "$corpus" "$corpus.log"
+    done
+  fi
+  echo "all tests passed"
+  ;;
+*)
+  echo "usage: tools/run.sh demo|test" >&2
+  exit 2
+  ;;
+esac
