@@ -264,7 +264,9 @@ pulse_status pulse_patch_open(const uint8_t *bytes, size_t size, pulse_patch **o
     st = pulse_fail(PULSE_ERR_CORRUPT, "patch: chunk size 2^%u outside 2^%u..2^%u", p->chunk_log2,
                     PULSE_CHUNK_LOG2_MIN, PULSE_CHUNK_LOG2_MAX);
   } else if (table_size > r.left || body_size != r.left - table_size) {
-    st = pulse_fail(table_size + body_size > r.left ? PULSE_ERR_TRUNCATED : PULSE_ERR_TRAILING,
+    /* Compared without adding, so a size near 2^64 cannot wrap. */
+    int truncated = table_size > r.left || body_size > r.left - table_size;
+    st = pulse_fail(truncated ? PULSE_ERR_TRUNCATED : PULSE_ERR_TRAILING,
                     "patch: header says %llu table + %llu body bytes, %zu follow",
                     (unsigned long long)table_size, (unsigned long long)body_size, r.left);
   } else if (count > SIZE_MAX / sizeof(patch_tensor)) {

@@ -1,0 +1,149 @@
+#!/usr/bin/env bash
+# `pulse-bench codec` on a small synthetic trajectory: exits 0, prints one
+# JSON object per step with the required keys, finds changes, beats the
+# int32 + BF16 + zstd-1 baseline, verifies every patch, is deterministic for
+# a seed, and rejects bad usage. Needs only bash, grep and awk.
+# usage: bash tests/cli/bench_codec.sh BIN_DIR
+set -u
+BIN_DIR="${1:?usage: bench_codec.sh BIN_DIR}"
+BENCH="$BIN_DIR/pulse-bench"
+TMP="$(mktemp -d)"
+trap 'rm -rf "$TMP"' EXIT
+failures=0
+
+fail() {
+  echo "FAIL: $*" >&2
+  failures=$((failures + 1))
+}
+
+[ -x "$BENCH" ] || { echo "FAIL: $BENCH is not an executable" >&2; exit 1; }
+
+# Value of a numeric JSON key in one line (empty when absent).
+json_num() {
+  awk -v key="\"$2\":" '{
+    i = index($0, key)
+    if (i == 0) exit
+    s = substr($0, i + length(key))
+    if (match(s, /^-?[0-9][0-9.eE+-]*/)) print substr(s, RSTART, RLENGTH)
+  }' <<<"$1"
+}
+
+run_json() { # seed outfile
+  "$BENCH" codec --params 200000 --steps 3 --reps 1 --seed "$1" --json \
+    >"$2" 2>"$TMP/stderr"
+}
+
+# 1. A run succeeds and prints three step objects and a summary.
+if ! run_json 1 "$TMP/a.json"; then
+  fail "pulse-bench codec exited non-zero: $(cat "$TMP/stderr")"
+fi
+steps=$(grep -c '^{"step":' "$TMP/a.json")
+[ "$steps" -eq 3 ] || fail "expected 3 step objects, got $steps"
+grep -q '^{"summary":true' "$TMP/a.json" || fail "no summary object"
+
+required="step params changed bytes_v1 bytes_int32_bf16_zstd bound_bytes
+encode_bytes_per_s memcpy_bytes_per_s apply_changed_per_s bytes_v1_plain
+bytes_dense bytes_dense_zstd bytes_int32_bf16 bytes_delta_abs_zstd
+bound_positions_bytes bound_values_bytes patch_encode_s density"
+n=0
+while IFS= read -r line; do
+  n=$((n + 1))
+  for key in $required; do
+    [ -n "$(json_num "$line" "$key")" ] || fail "step $n: key $key missing"
+  done
+  grep -q '"verify":"ok"' <<<"$line" || fail "step $n: not verified"
+  [ "$(json_num "$line" step)" -eq "$n" ] || fail "step $n: wrong step number"
+  changed=$(json_num "$line" changed)
+  v1=$(json_num "$line" bytes_v1)
+  base=$(json_num "$line" bytes_int32_bf16_zstd)
+  [ "${changed:-0}" -gt 0 ] || fail "step $n: no changes"
+  [ "${v1:-0}" -gt 0 ] || fail "step $n: empty v1 patch"
+  [ "${v1:-0}" -lt "${base:-0}" ] ||
+    fail "step $n: v1 ($v1 B) not smaller than int32+BF16+zstd-1 ($base B)"
+  awk -v a="$(json_num "$line" apply_changed_per_s)" \
+    -v e="$(json_num "$line" encode_bytes_per_s)" \
+    'BEGIN { exit !(a > 0 && e > 0) }' || fail "step $n: zero throughput"
+done < <(grep '^{"step":' "$TMP/a.json")
+
+# 2. Deterministic for a seed: the same sizes twice, other sizes for another
+# seed (timings differ, so compare only the size fields).
+sizes() {
+  grep '^{"step":' "$1" | while IFS= read -r line; do
+    echo "$(json_num "$line" changed) $(json_num "$line" bytes_v1)" \
+      "$(json_num "$line" bytes_v1_plain) $(json_num "$line" bound_bytes)"
+  done
+}
+run_json 1 "$TMP/b.json" || fail "second run exited non-zero"
+run_json 2 "$TMP/c.json" || fail "run with seed 2 exited non-zero"
+[ "$(sizes "$TMP/a.json")" = "$(sizes "$TMP/b.json")" ] ||
+  fail "two runs with seed 1 differ"
+[ "$(sizes "$TMP/a.json")" != "$(sizes "$TMP/c.json")" ] ||
+  fail "seeds 1 and 2 give identical trajectories"
+
+# 3. The readable table names the encodings and ends with a verified summary.
+"$BENCH" codec --params 50000 --steps 2 --reps 1 >"$TMP/text" 2>&1 ||
+  fail "text run exited non-zero"
+for word in "v1, class positions" "entropy bound" "int32 index" "summary" \
+  "v1 / bound" "verify OK"; do
+  grep -q "$word" "$TMP/text" || fail "text output lacks '$word'"
+done
+
+# 4. Bad usage is refused with status 2 and a message on stderr.
+for args in "nosuchmode" "codec --bogus" "codec --params 10" \
+  "codec --steps 0" "codec --snapshots only_one.safetensors" \
+  "codec --params 200000 --snapshots a.safetensors b.safetensors"; do
+  # shellcheck disable=SC2086
+  "$BENCH" $args >"$TMP/out" 2>"$TMP/err"
+  rc=$?
+  [ "$rc" -eq 2 ] || fail "'pulse-bench $args' exited $rc, expected 2"
+  [ -s "$TMP/err" ] || fail "'pulse-bench $args' printed no error"
+  [ ! -s "$TMP/out" ] || fail "'pulse-bench $args' printed to stdout"
+done
+"$BENCH" --help >"$TMP/out" || fail "--help exited non-zero"
+grep -q "codec" "$TMP/out" || fail "--help does not list the codec mode"
+"$BENCH" codec --help >"$TMP/out" || fail "codec --help exited non-zero"
+grep -q -- "--snapshots" "$TMP/out" || fail "codec --help lacks --snapshots"
+
+# 5. Snapshot input: two tiny safetensors files written byte by byte (BF16
+# base, F32 new state cast by the one rounding), two changes.
+write_st() { # file header-json data-bytes-as-\x-escapes
+  local header="$2"
+  while [ $((${#header} % 8)) -ne 0 ]; do # keep the data 8-aligned
+    header="$header "
+  done
+  local n=${#header} le="" i
+  for i in 0 1 2 3 4 5 6 7; do
+    le="$le$(printf '\\x%02x' $(((n >> (8 * i)) & 255)))"
+  done
+  printf "$le%s$3" "$header" >"$1"
+}
+write_st "$TMP/s3.safetensors" \
+  '{"__metadata__":{"step":"3"},"w":{"dtype":"BF16","shape":[2,2],"data_offsets":[0,8]}}' \
+  '\x80\x3f\x00\x40\x80\xbf\x00\x3f'
+# 1.0, 0x40010000, -1.0, 0x3F010000 as F32: elements 1 and 3 change
+write_st "$TMP/s4.safetensors" \
+  '{"__metadata__":{"step":"4"},"w":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]}}' \
+  '\x00\x00\x80\x3f\x00\x00\x01\x40\x00\x00\x80\xbf\x00\x00\x01\x3f'
+if "$BENCH" codec --json --reps 1 --snapshots "$TMP/s3.safetensors" \
+  "$TMP/s4.safetensors" >"$TMP/st.json" 2>"$TMP/err"; then
+  line=$(grep '^{"step":' "$TMP/st.json")
+  [ "$(json_num "$line" step)" = 4 ] || fail "snapshots: step is not 4"
+  [ "$(json_num "$line" base_step)" = 3 ] || fail "snapshots: base is not 3"
+  [ "$(json_num "$line" params)" = 4 ] || fail "snapshots: params is not 4"
+  [ "$(json_num "$line" changed)" = 2 ] || fail "snapshots: changed is not 2"
+  grep -q '"verify":"ok"' <<<"$line" || fail "snapshots: not verified"
+else
+  fail "snapshots run exited non-zero: $(cat "$TMP/err")"
+fi
+
+# 6. A missing snapshot file is an error (status 1), not a crash.
+"$BENCH" codec --snapshots "$TMP/none0.safetensors" \
+  "$TMP/none1.safetensors" >/dev/null 2>"$TMP/err"
+rc=$?
+[ "$rc" -eq 1 ] || fail "missing snapshots exited $rc, expected 1"
+
+if [ "$failures" -ne 0 ]; then
+  echo "bench_codec.sh: $failures failure(s)" >&2
+  exit 1
+fi
+echo "bench_codec.sh: OK"

@@ -1,0 +1,892 @@
+/* bench_codec.c - `pulse-bench codec`: per step, change density, patch sizes
+ * of format v1 against the baselines and the entropy bound, throughputs of
+ * change detection, patch encoding and decode+apply, and a bit-exact check
+ * that applying the patch rebuilds the new BF16 state.
+ *
+ * Inputs: a synthetic trajectory (toolkit_synth) or consecutive safetensors
+ * snapshots. Timed work runs on one thread; each figure is the median of
+ * --reps repetitions. */
+#include "bench_impl.h"
+
+#include "pulse_safetensors.h"
+#include "toolkit_args.h"
+#include "toolkit_synth.h"
+#include "toolkit_time.h"
+
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define PROG "pulse-bench codec"
+#define MAX_REPS 1000
+
+typedef struct {
+  uint64_t params, steps, seed;
+  double lr;
+  int threads, reps, json;
+  int synth_opts_given; /* any of --params --steps --lr --seed */
+  char **snapshots;
+  int snapshot_count;
+} codec_args;
+
+/* Everything measured on one step. */
+typedef struct {
+  uint64_t step, base_step, params, changed;
+  uint64_t bytes_v1, bytes_v1_plain;
+  bench_baseline_bytes base;
+  bench_entropy_bits ent;
+  uint64_t weight_bytes, snapshot_bytes; /* what detection reads */
+  double detect_s, memcpy_s, patch_encode_s, patch_encode_plain_s, apply_s,
+      apply_plain_s;
+  double generate_s; /* synthetic: time of the optimizer step; else 0 */
+} step_result;
+
+/* Buffers shared by the steps. */
+typedef struct {
+  bench_table table;
+  uint16_t *old_bf16; /* base state (table.total values) */
+  uint16_t *work;     /* apply target */
+  uint8_t *copy_dst;  /* memcpy destination */
+  size_t copy_cap;
+  pulse_changes *changes;       /* per tensor */
+  pulse_tensor_digest *digests; /* per tensor, of old_bf16 */
+  pulse_encode_tensor *enc;     /* per tensor */
+  pulse_host_tensor *targets;
+  const void **cur;       /* per tensor: new weights as detection reads them */
+  pulse_dtype *cur_dtype; /* per tensor */
+} codec_ctx;
+
+void bench_codec_usage(FILE *out) {
+  fprintf(
+      out,
+      "usage: pulse-bench codec [options]\n"
+      "  Patch sizes of format v1 (class and plain positions) against\n"
+      "  dense, int32+BF16, varint-gap baselines and the empirical\n"
+      "  entropy bound; throughputs of change detection, patch encode,\n"
+      "  decode+apply and memcpy; bit-exact check of every patch.\n"
+      "input (one of):\n"
+      "  synthetic trajectory (default):\n"
+      "    --params N     parameters (default 10000000; 1e7, 10M work)\n"
+      "    --steps S      optimizer steps (default 5)\n"
+      "    --lr X         Adam learning rate (default 2e-6)\n"
+      "    --seed N       generator seed (default 1)\n"
+      "    --threads T    generator threads (default: one per core)\n"
+      "  --snapshots A.safetensors B.safetensors ...\n"
+      "                 one model per step (BF16 or F32 tensors, file,\n"
+      "                 shard index or folder); consecutive pairs are\n"
+      "                 steps\n"
+      "options:\n"
+      "  --reps R       repetitions of each timing, median kept "
+      "(default 5)\n"
+      "  --json         one JSON object per step, then a summary object\n"
+      "  --help         this text\n"
+      "Timed work runs on one thread. Exit status: 0 ok, 1 failure or\n"
+      "a patch that does not rebuild the new state bit for bit, 2 usage.\n");
+}
+
+/* ---------------------------------------------------------------- helpers */
+
+static int fail_status(const char *what, pulse_status st) {
+  const char *detail = pulse_error_detail();
+  fprintf(stderr, PROG ": %s: %s%s%s%s\n", what, pulse_status_str(st),
+          detail[0] ? " (" : "", detail, detail[0] ? ")" : "");
+  return 1;
+}
+
+/* Decimal with thousands separators, into buf (32 bytes). */
+static const char *fmt_u64(uint64_t v, char *buf) {
+  char tmp[32];
+  int n = snprintf(tmp, sizeof tmp, "%" PRIu64, v);
+  int out = 0;
+  for (int i = 0; i < n; i++) {
+    if (i > 0 && (n - i) % 3 == 0)
+      buf[out++] = ',';
+    buf[out++] = tmp[i];
+  }
+  buf[out] = '\0';
+  return buf;
+}
+
+static double per(double num, double den) {
+  return den > 0 ? num / den : 0.0;
+}
+
+static void ctx_free(codec_ctx *c) {
+  free(c->old_bf16);
+  free(c->work);
+  free(c->copy_dst);
+  if (c->changes != NULL)
+    for (size_t i = 0; i < c->table.count; i++)
+      pulse_changes_free(&c->changes[i]);
+  free(c->changes);
+  free(c->digests);
+  free(c->enc);
+  free(c->targets);
+  free(c->cur);
+  free(c->cur_dtype);
+}
+
+/* Allocates the per-tensor and per-state buffers once the table is known. */
+static int ctx_alloc(codec_ctx *c) {
+  size_t n = c->table.count;
+  uint64_t total = c->table.total;
+  c->old_bf16 = malloc((size_t)total * 2 + 1);
+  c->work = malloc((size_t)total * 2 + 1);
+  c->changes = calloc(n, sizeof *c->changes);
+  c->digests = calloc(n, sizeof *c->digests);
+  c->enc = calloc(n, sizeof *c->enc);
+  c->targets = calloc(n, sizeof *c->targets);
+  c->cur = calloc(n, sizeof *c->cur);
+  c->cur_dtype = calloc(n, sizeof *c->cur_dtype);
+  /* memcpy destination: up to F32 weights plus the BF16 snapshot */
+  c->copy_cap = (size_t)total * 6 + 1;
+  c->copy_dst = malloc(c->copy_cap);
+  if (c->old_bf16 == NULL || c->work == NULL || c->changes == NULL ||
+      c->digests == NULL || c->enc == NULL || c->targets == NULL ||
+      c->cur == NULL || c->cur_dtype == NULL || c->copy_dst == NULL) {
+    fprintf(stderr, PROG ": out of memory for %" PRIu64 " parameters\n", total);
+    return 1;
+  }
+  /* Touch the pages now so the first timing does not pay for faults. */
+  memset(c->copy_dst, 0, c->copy_cap);
+  memset(c->work, 0, (size_t)total * 2);
+  for (size_t i = 0; i < n; i++)
+    c->changes[i] = (pulse_changes)PULSE_CHANGES_INIT;
+  return 0;
+}
+
+/* ------------------------------------------------------------ one step */
+
+static int encode_patch(codec_ctx *c, const step_result *r,
+                        pulse_pos_model model, int reps, double *secs,
+                        pulse_buffer *out) {
+  pulse_encode_opts opts = PULSE_ENCODE_OPTS_INIT;
+  opts.step = r->step;
+  opts.base_step = r->base_step;
+  opts.pos_model = model;
+  opts.threads = 1;
+  double t[MAX_REPS];
+  for (int k = 0; k < reps; k++) {
+    pulse_buffer_free(out);
+    double t0 = pulse_tk_now();
+    pulse_status st = pulse_patch_encode(&opts, c->enc, c->table.count, out);
+    t[k] = pulse_tk_since(t0);
+    if (st != PULSE_OK)
+      return fail_status(model == PULSE_POS_CLASS ? "patch encode (class)"
+                                                  : "patch encode (plain)",
+                         st);
+  }
+  *secs = pulse_tk_median(t, (size_t)reps);
+  return 0;
+}
+
+/* Opens and applies `patch` to a copy of the base, `reps` times; checks
+ * that the result equals new_bf16 bit for bit. */
+static int apply_patch(codec_ctx *c, const step_result *r,
+                       const pulse_buffer *patch, const char *label,
+                       const uint16_t *new_bf16, int reps, double *secs) {
+  const bench_table *tb = &c->table;
+  pulse_apply_opts opts = PULSE_APPLY_OPTS_INIT;
+  opts.threads = 1;
+  double t[MAX_REPS];
+  for (int k = 0; k < reps; k++) {
+    memcpy(c->work, c->old_bf16, (size_t)tb->total * 2);
+    for (size_t i = 0; i < tb->count; i++) {
+      c->targets[i].name = tb->info[i].name;
+      c->targets[i].data = c->work + tb->offset[i];
+      c->targets[i].numel = tb->numel[i];
+      c->targets[i].digest = &c->digests[i];
+    }
+    pulse_patch *p = NULL;
+    double t0 = pulse_tk_now();
+    pulse_status st = pulse_patch_open(patch->data, patch->size, &p);
+    if (st == PULSE_OK)
+      st = pulse_patch_apply(p, c->targets, tb->count, &opts);
+    t[k] = pulse_tk_since(t0);
+    uint64_t total_changed = p ? pulse_patch_total_changed(p) : 0;
+    pulse_patch_free(p);
+    if (st != PULSE_OK) {
+      char what[64];
+      snprintf(what, sizeof what, "step %" PRIu64 ": apply (%s)", r->step,
+               label);
+      return fail_status(what, st);
+    }
+    if (total_changed != r->changed) {
+      fprintf(stderr,
+              PROG ": step %" PRIu64 ": patch (%s) says %" PRIu64
+                   " changes, detection found %" PRIu64 "\n",
+              r->step, label, total_changed, r->changed);
+      return 1;
+    }
+  }
+  *secs = pulse_tk_median(t, (size_t)reps);
+  if (memcmp(c->work, new_bf16, (size_t)tb->total * 2) != 0) {
+    uint64_t first = 0;
+    while (c->work[first] == new_bf16[first])
+      first++;
+    fprintf(stderr,
+            PROG ": step %" PRIu64 ": verify FAILED (%s): the applied state "
+                 "differs from the new BF16 state, first at element %" PRIu64
+                 " (0x%04x, expected 0x%04x)\n",
+            r->step, label, first, c->work[first], new_bf16[first]);
+    return 1;
+  }
+  return 0;
+}
+
+/* Measures one step: the base state is c->old_bf16, the new weights are
+ * c->cur / c->cur_dtype per tensor, and their BF16 state is new_bf16. */
+static int measure_step(codec_ctx *c, const codec_args *a,
+                        const uint16_t *new_bf16, step_result *r) {
+  const bench_table *tb = &c->table;
+  pulse_status st;
+  r->params = tb->total;
+  r->snapshot_bytes = tb->total * 2;
+  r->weight_bytes = 0;
+  for (size_t i = 0; i < tb->count; i++) {
+    c->digests[i] =
+        pulse_digest_bf16(c->old_bf16 + tb->offset[i], tb->numel[i]);
+    r->weight_bytes += tb->numel[i] * pulse_dtype_size(c->cur_dtype[i]);
+  }
+
+  /* Change detection against the snapshot, one thread; the snapshot is left
+   * alone so every repetition does the same work. */
+  double t[MAX_REPS];
+  for (int k = 0; k < a->reps; k++) {
+    double t0 = pulse_tk_now();
+    for (size_t i = 0; i < tb->count; i++) {
+      c->changes[i].count = 0;
+      st = pulse_detect_fast(c->cur[i], c->cur_dtype[i],
+                             c->old_bf16 + tb->offset[i], tb->numel[i], 0, 1,
+                             &c->changes[i]);
+      if (st != PULSE_OK)
+        return fail_status("change detection", st);
+    }
+    t[k] = pulse_tk_since(t0);
+  }
+  r->detect_s = pulse_tk_median(t, (size_t)a->reps);
+  r->changed = 0;
+  for (size_t i = 0; i < tb->count; i++)
+    r->changed += c->changes[i].count;
+
+  /* memcpy of the same bytes, for scale. */
+  for (int k = 0; k < a->reps; k++) {
+    double t0 = pulse_tk_now();
+    uint8_t *dst = c->copy_dst;
+    for (size_t i = 0; i < tb->count; i++) {
+      size_t n = (size_t)(tb->numel[i] * pulse_dtype_size(c->cur_dtype[i]));
+      memcpy(dst, c->cur[i], n);
+      dst += n;
+    }
+    memcpy(dst, c->old_bf16, (size_t)tb->total * 2);
+    t[k] = pulse_tk_since(t0);
+  }
+  r->memcpy_s = pulse_tk_median(t, (size_t)a->reps);
+
+  /* Format v1, both position models. */
+  for (size_t i = 0; i < tb->count; i++) {
+    c->enc[i].info = tb->info[i];
+    c->enc[i].base = c->old_bf16 + tb->offset[i];
+    c->enc[i].changes = &c->changes[i];
+    c->enc[i].base_digest = &c->digests[i];
+  }
+  pulse_buffer v1 = {NULL, 0}, plain = {NULL, 0};
+  int rc =
+      encode_patch(c, r, PULSE_POS_CLASS, a->reps, &r->patch_encode_s, &v1);
+  if (rc == 0)
+    rc = encode_patch(c, r, PULSE_POS_PLAIN, a->reps, &r->patch_encode_plain_s,
+                      &plain);
+  if (rc == 0) {
+    r->bytes_v1 = v1.size;
+    r->bytes_v1_plain = plain.size;
+    rc = apply_patch(c, r, &v1, "v1 class", new_bf16, a->reps, &r->apply_s);
+  }
+  if (rc == 0)
+    rc = apply_patch(c, r, &plain, "v1 plain", new_bf16, a->reps,
+                     &r->apply_plain_s);
+  pulse_buffer_free(&v1);
+  pulse_buffer_free(&plain);
+  if (rc != 0)
+    return rc;
+
+  st = bench_baselines_compute(tb, c->changes, new_bf16, &r->base);
+  if (st != PULSE_OK)
+    return fail_status("baselines", st);
+  st = bench_entropy_compute(tb, c->old_bf16, c->changes, &r->ent);
+  if (st != PULSE_OK)
+    return fail_status("entropy", st);
+  return 0;
+}
+
+/* ------------------------------------------------------------- output */
+
+static double bound_bytes(const bench_entropy_bits *e) {
+  return (e->positions_class_bits + e->values_bits) / 8.0;
+}
+
+typedef struct {
+  const char *label;
+  double bytes;
+} row;
+
+static void print_rows(const step_result *r, double divide) {
+  row rows[] = {
+      {"v1, class positions (default)", (double)r->bytes_v1},
+      {"v1, plain positions", (double)r->bytes_v1_plain},
+      {"entropy bound (positions|class + values)", bound_bytes(&r->ent)},
+      {"  positions | tensor, old exponent class",
+       r->ent.positions_class_bits / 8.0},
+      {"  positions | tensor only", r->ent.positions_tensor_bits / 8.0},
+      {"  values (zig-zag delta)", r->ent.values_bits / 8.0},
+      {"  values | old exponent class", r->ent.values_class_bits / 8.0},
+      {"dense BF16", (double)r->base.dense},
+      {"dense BF16 + zstd-1", (double)r->base.dense_zstd},
+      {"int32 index + BF16 value", (double)r->base.int32_bf16},
+      {"int32 index + BF16 value + zstd-1", (double)r->base.int32_bf16_zstd},
+      {"varint gap + abs BF16 + zstd-1 (prod.)",
+       (double)r->base.delta_abs_zstd},
+      {"varint gap + XOR planes + zstd-1", (double)r->base.gap_xor_zstd},
+  };
+  printf("  %-42s %14s %10s\n", "encoding", "bytes", "B/changed");
+  for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+    char b[32];
+    printf("  %-42s %14s %10.3f\n", rows[i].label,
+           fmt_u64((uint64_t)(rows[i].bytes / divide + 0.5), b),
+           per(rows[i].bytes, (double)r->changed));
+  }
+}
+
+static void print_speeds(const step_result *r) {
+  double moved = (double)(r->weight_bytes + r->snapshot_bytes);
+  printf("  detect   %.1f MB (weights + snapshot) in %.2f ms = %.2f GB/s; "
+         "memcpy %.2f GB/s\n",
+         moved / 1e6, r->detect_s * 1e3, per(moved, r->detect_s) / 1e9,
+         per(moved, r->memcpy_s) / 1e9);
+  printf("  encode   patch %.2f ms (class), %.2f ms (plain)\n",
+         r->patch_encode_s * 1e3, r->patch_encode_plain_s * 1e3);
+  printf("  apply    open + apply %.2f ms = %.1f M changed/s (class); "
+         "%.2f ms = %.1f M changed/s (plain)\n",
+         r->apply_s * 1e3, per((double)r->changed, r->apply_s) / 1e6,
+         r->apply_plain_s * 1e3,
+         per((double)r->changed, r->apply_plain_s) / 1e6);
+}
+
+static void print_step_text(const step_result *r) {
+  char b1[32], b2[32];
+  printf("\nstep %" PRIu64 " (base %" PRIu64 "): %s of %s changed (%.3f%%), "
+         "verify OK",
+         r->step, r->base_step, fmt_u64(r->changed, b1), fmt_u64(r->params, b2),
+         100.0 * per((double)r->changed, (double)r->params));
+  if (r->generate_s > 0)
+    printf(" (generated in %.2f s)", r->generate_s);
+  printf("\n");
+  print_rows(r, 1.0);
+  print_speeds(r);
+}
+
+static void print_step_json(const step_result *r) {
+  double moved = (double)(r->weight_bytes + r->snapshot_bytes);
+  printf("{\"step\":%" PRIu64 ",\"base_step\":%" PRIu64 ",\"params\":%" PRIu64
+         ",\"changed\":%" PRIu64 ",\"density\":%.6g",
+         r->step, r->base_step, r->params, r->changed,
+         per((double)r->changed, (double)r->params));
+  printf(",\"bytes_v1\":%" PRIu64 ",\"bytes_v1_plain\":%" PRIu64
+         ",\"bytes_dense\":%" PRIu64 ",\"bytes_dense_zstd\":%" PRIu64
+         ",\"bytes_int32_bf16\":%" PRIu64 ",\"bytes_int32_bf16_zstd\":%" PRIu64
+         ",\"bytes_delta_abs_zstd\":%" PRIu64
+         ",\"bytes_gap_xor_zstd\":%" PRIu64,
+         r->bytes_v1, r->bytes_v1_plain, r->base.dense, r->base.dense_zstd,
+         r->base.int32_bf16, r->base.int32_bf16_zstd, r->base.delta_abs_zstd,
+         r->base.gap_xor_zstd);
+  printf(",\"bound_bytes\":%.1f,\"bound_positions_bytes\":%.1f"
+         ",\"bound_positions_tensor_bytes\":%.1f,\"bound_values_bytes\":%.1f"
+         ",\"bound_values_class_bytes\":%.1f",
+         bound_bytes(&r->ent), r->ent.positions_class_bits / 8.0,
+         r->ent.positions_tensor_bits / 8.0, r->ent.values_bits / 8.0,
+         r->ent.values_class_bits / 8.0);
+  printf(",\"weight_bytes\":%" PRIu64 ",\"snapshot_bytes\":%" PRIu64
+         ",\"detect_s\":%.6g,\"encode_bytes_per_s\":%.6g"
+         ",\"memcpy_bytes_per_s\":%.6g,\"patch_encode_s\":%.6g"
+         ",\"patch_encode_plain_s\":%.6g,\"apply_s\":%.6g"
+         ",\"apply_changed_per_s\":%.6g,\"apply_plain_s\":%.6g"
+         ",\"apply_plain_changed_per_s\":%.6g,\"verify\":\"ok\"}\n",
+         r->weight_bytes, r->snapshot_bytes, r->detect_s,
+         per(moved, r->detect_s), per(moved, r->memcpy_s), r->patch_encode_s,
+         r->patch_encode_plain_s, r->apply_s,
+         per((double)r->changed, r->apply_s), r->apply_plain_s,
+         per((double)r->changed, r->apply_plain_s));
+}
+
+/* Sums sizes over steps; throughputs are averaged per step. */
+typedef struct {
+  step_result sum;
+  double encode_bps, memcpy_bps, apply_cps, apply_plain_cps;
+  uint64_t steps;
+} summary;
+
+static void summary_add(summary *s, const step_result *r) {
+  step_result *t = &s->sum;
+  double moved = (double)(r->weight_bytes + r->snapshot_bytes);
+  t->params += r->params;
+  t->changed += r->changed;
+  t->bytes_v1 += r->bytes_v1;
+  t->bytes_v1_plain += r->bytes_v1_plain;
+  t->base.dense += r->base.dense;
+  t->base.dense_zstd += r->base.dense_zstd;
+  t->base.int32_bf16 += r->base.int32_bf16;
+  t->base.int32_bf16_zstd += r->base.int32_bf16_zstd;
+  t->base.delta_abs_zstd += r->base.delta_abs_zstd;
+  t->base.gap_xor_zstd += r->base.gap_xor_zstd;
+  t->ent.positions_class_bits += r->ent.positions_class_bits;
+  t->ent.positions_tensor_bits += r->ent.positions_tensor_bits;
+  t->ent.values_bits += r->ent.values_bits;
+  t->ent.values_class_bits += r->ent.values_class_bits;
+  t->patch_encode_s += r->patch_encode_s;
+  t->patch_encode_plain_s += r->patch_encode_plain_s;
+  s->encode_bps += per(moved, r->detect_s);
+  s->memcpy_bps += per(moved, r->memcpy_s);
+  s->apply_cps += per((double)r->changed, r->apply_s);
+  s->apply_plain_cps += per((double)r->changed, r->apply_plain_s);
+  s->steps++;
+}
+
+static void print_summary_text(const summary *s) {
+  const step_result *t = &s->sum;
+  double n = (double)(s->steps ? s->steps : 1);
+  char b1[32];
+  printf("\nsummary over %" PRIu64 " steps: %.3f%% changed on average; "
+         "bytes are per step, B/changed is total bytes / total changed\n",
+         s->steps, 100.0 * per((double)t->changed, (double)t->params));
+  print_rows(t, n);
+  double v1 = (double)t->bytes_v1;
+  printf("  v1 / int32+BF16+zstd-1 = %.3f   v1 / gap+abs+zstd-1 (prod.) = "
+         "%.3f   v1 / bound = %.3f   plain / bound = %.3f\n",
+         per(v1, (double)t->base.int32_bf16_zstd),
+         per(v1, (double)t->base.delta_abs_zstd), per(v1, bound_bytes(&t->ent)),
+         per((double)t->bytes_v1_plain, bound_bytes(&t->ent)));
+  printf("  mean per step: detect %.2f GB/s, memcpy %.2f GB/s, patch encode "
+         "%.2f ms (class) %.2f ms (plain), apply %.1f M changed/s (class) "
+         "%.1f M changed/s (plain)\n",
+         s->encode_bps / n / 1e9, s->memcpy_bps / n / 1e9,
+         t->patch_encode_s / n * 1e3, t->patch_encode_plain_s / n * 1e3,
+         s->apply_cps / n / 1e6, s->apply_plain_cps / n / 1e6);
+  printf("  verify OK: %s changes over %" PRIu64 " steps rebuilt bit for bit\n",
+         fmt_u64(t->changed, b1), s->steps);
+}
+
+static void print_summary_json(const summary *s, const char *source) {
+  const step_result *t = &s->sum;
+  double n = (double)(s->steps ? s->steps : 1);
+  double c = (double)t->changed;
+  printf("{\"summary\":true,\"source\":\"%s\",\"bound_model\":\"%s\""
+         ",\"steps\":%" PRIu64 ",\"params_total\":%" PRIu64
+         ",\"changed_total\":%" PRIu64 ",\"density\":%.6g",
+         source, BENCH_BOUND_MODEL, s->steps, t->params, t->changed,
+         per(c, (double)t->params));
+  printf(",\"v1_per_changed\":%.6g,\"v1_plain_per_changed\":%.6g"
+         ",\"bound_per_changed\":%.6g,\"dense_per_changed\":%.6g"
+         ",\"dense_zstd_per_changed\":%.6g,\"int32_bf16_per_changed\":%.6g"
+         ",\"int32_bf16_zstd_per_changed\":%.6g"
+         ",\"delta_abs_zstd_per_changed\":%.6g"
+         ",\"gap_xor_zstd_per_changed\":%.6g",
+         per((double)t->bytes_v1, c), per((double)t->bytes_v1_plain, c),
+         per(bound_bytes(&t->ent), c), per((double)t->base.dense, c),
+         per((double)t->base.dense_zstd, c), per((double)t->base.int32_bf16, c),
+         per((double)t->base.int32_bf16_zstd, c),
+         per((double)t->base.delta_abs_zstd, c),
+         per((double)t->base.gap_xor_zstd, c));
+  printf(",\"ratio_v1_int32_bf16_zstd\":%.6g,\"ratio_v1_delta_abs_zstd\":%.6g"
+         ",\"ratio_v1_bound\":%.6g,\"ratio_v1_plain_bound\":%.6g",
+         per((double)t->bytes_v1, (double)t->base.int32_bf16_zstd),
+         per((double)t->bytes_v1, (double)t->base.delta_abs_zstd),
+         per((double)t->bytes_v1, bound_bytes(&t->ent)),
+         per((double)t->bytes_v1_plain, bound_bytes(&t->ent)));
+  printf(",\"encode_bytes_per_s\":%.6g,\"memcpy_bytes_per_s\":%.6g"
+         ",\"patch_encode_s\":%.6g,\"patch_encode_plain_s\":%.6g"
+         ",\"apply_changed_per_s\":%.6g,\"apply_plain_changed_per_s\":%.6g"
+         ",\"verify\":\"ok\"}\n",
+         s->encode_bps / n, s->memcpy_bps / n, t->patch_encode_s / n,
+         t->patch_encode_plain_s / n, s->apply_cps / n, s->apply_plain_cps / n);
+}
+
+static void report_step(const codec_args *a, summary *s, const step_result *r) {
+  summary_add(s, r);
+  if (a->json)
+    print_step_json(r);
+  else
+    print_step_text(r);
+  fflush(stdout);
+}
+
+/* ------------------------------------------------------- synthetic input */
+
+static int run_synthetic(const codec_args *a) {
+  pulse_synth_opts so = PULSE_SYNTH_OPTS_INIT;
+  so.params = a->params;
+  so.seed = a->seed;
+  so.lr = a->lr;
+  so.threads = a->threads;
+  pulse_synth *syn = NULL;
+  double t0 = pulse_tk_now();
+  pulse_status st = pulse_synth_create(&so, &syn);
+  if (st != PULSE_OK)
+    return fail_status("synthetic trajectory", st);
+  double create_s = pulse_tk_since(t0);
+
+  codec_ctx c;
+  memset(&c, 0, sizeof c);
+  bench_table *tb = &c.table;
+  tb->count = pulse_synth_tensor_count(syn);
+  tb->total = pulse_synth_param_count(syn);
+  tb->info = calloc(tb->count, sizeof *tb->info);
+  tb->numel = calloc(tb->count, sizeof *tb->numel);
+  tb->offset = calloc(tb->count, sizeof *tb->offset);
+  int rc = 1;
+  if (tb->info == NULL || tb->numel == NULL || tb->offset == NULL) {
+    fprintf(stderr, PROG ": out of memory\n");
+    goto done;
+  }
+  for (size_t i = 0; i < tb->count; i++) {
+    const pulse_synth_tensor *t = pulse_synth_tensor_get(syn, i);
+    tb->info[i] = t->info;
+    tb->numel[i] = t->numel;
+    tb->offset[i] = t->offset;
+  }
+  if (ctx_alloc(&c) != 0)
+    goto done;
+  const float *master = pulse_synth_master(syn);
+  const uint16_t *bf16 = pulse_synth_bf16(syn);
+  for (size_t i = 0; i < tb->count; i++) {
+    c.cur[i] = master + tb->offset[i];
+    c.cur_dtype[i] = PULSE_DTYPE_F32;
+  }
+  memcpy(c.old_bf16, bf16, (size_t)tb->total * 2);
+
+  char source[256];
+  snprintf(source, sizeof source,
+           "synthetic (toolkit_synth): %" PRIu64 " params in %zu tensors, "
+           "Adam lr %g, seed %" PRIu64,
+           tb->total, tb->count, a->lr, a->seed);
+  if (!a->json) {
+    printf(PROG ": %s, %" PRIu64 " steps from a fresh optimizer (generated "
+                "in %.2f s)\n",
+           source, a->steps, create_s);
+    printf("entropy bound model: %s\n", BENCH_BOUND_MODEL);
+    printf("timings: one thread, median of %d repetitions; detection reads "
+           "FP32 master weights + the BF16 snapshot\n",
+           a->reps);
+  }
+
+  summary sum;
+  memset(&sum, 0, sizeof sum);
+  for (uint64_t k = 1; k <= a->steps; k++) {
+    step_result r;
+    memset(&r, 0, sizeof r);
+    t0 = pulse_tk_now();
+    st = pulse_synth_step(syn);
+    if (st != PULSE_OK) {
+      fail_status("synthetic step", st);
+      goto done;
+    }
+    r.generate_s = pulse_tk_since(t0);
+    r.step = k;
+    r.base_step = k - 1;
+    if (measure_step(&c, a, bf16, &r) != 0)
+      goto done;
+    report_step(a, &sum, &r);
+    memcpy(c.old_bf16, bf16, (size_t)tb->total * 2);
+  }
+  if (a->json)
+    print_summary_json(&sum, source);
+  else
+    print_summary_text(&sum);
+  rc = 0;
+done:
+  ctx_free(&c);
+  free(tb->info);
+  free(tb->numel);
+  free(tb->offset);
+  pulse_synth_free(syn);
+  return rc;
+}
+
+/* ------------------------------------------------------ snapshot input */
+
+/* Owned copies of one snapshot, in the table's layout. */
+typedef struct {
+  uint16_t *bf16; /* the BF16 state (F32 tensors cast by the one rounding) */
+  float *f32;     /* F32 tensors as stored (NULL when there are none) */
+  pulse_dtype *dtype; /* per tensor, as stored */
+  uint64_t step;
+  int has_step;
+} snapshot;
+
+static void snapshot_free(snapshot *s) {
+  free(s->bf16);
+  free(s->f32);
+  free(s->dtype);
+  memset(s, 0, sizeof *s);
+}
+
+static int same_shape(const pulse_tensor_info *a, const pulse_st_tensor *b) {
+  if (a->ndim != b->ndim)
+    return 0;
+  for (uint32_t d = 0; d < a->ndim; d++)
+    if (a->shape[d] != b->shape[d])
+      return 0;
+  return 1;
+}
+
+/* Builds the table from the first model (names are copied). */
+static int table_from_model(const pulse_st_model *m, const char *path,
+                            bench_table *tb) {
+  tb->count = pulse_st_model_tensor_count(m);
+  tb->info = calloc(tb->count ? tb->count : 1, sizeof *tb->info);
+  tb->numel = calloc(tb->count ? tb->count : 1, sizeof *tb->numel);
+  tb->offset = calloc(tb->count ? tb->count : 1, sizeof *tb->offset);
+  if (tb->info == NULL || tb->numel == NULL || tb->offset == NULL) {
+    fprintf(stderr, PROG ": out of memory\n");
+    return 1;
+  }
+  uint64_t total = 0;
+  for (size_t i = 0; i < tb->count; i++) {
+    pulse_st_tensor t;
+    pulse_status st = pulse_st_model_tensor_get(m, i, &t);
+    if (st != PULSE_OK)
+      return fail_status(path, st);
+    char *name = strdup(t.name);
+    if (name == NULL) {
+      fprintf(stderr, PROG ": out of memory\n");
+      return 1;
+    }
+    tb->info[i].name = name;
+    tb->info[i].dtype = PULSE_DTYPE_BF16;
+    tb->info[i].ndim = t.ndim;
+    memcpy(tb->info[i].shape, t.shape, sizeof t.shape);
+    tb->numel[i] = t.numel;
+    tb->offset[i] = total;
+    total += t.numel;
+  }
+  tb->total = total;
+  if (total == 0) {
+    fprintf(stderr, PROG ": %s: no parameters\n", path);
+    return 1;
+  }
+  return 0;
+}
+
+/* Reads one snapshot into `out` (allocated here) in the table's layout. */
+static int snapshot_load(const char *path, const bench_table *tb,
+                         const pulse_st_model *m, snapshot *out) {
+  size_t n = pulse_st_model_tensor_count(m);
+  if (n != tb->count) {
+    fprintf(stderr, PROG ": %s: %zu tensors, the first snapshot has %zu\n",
+            path, n, tb->count);
+    return 1;
+  }
+  out->bf16 = malloc((size_t)tb->total * 2);
+  out->dtype = calloc(tb->count, sizeof *out->dtype);
+  if (out->bf16 == NULL || out->dtype == NULL) {
+    fprintf(stderr, PROG ": out of memory\n");
+    return 1;
+  }
+  const char *step = pulse_st_model_metadata_get(m, "step");
+  out->has_step = step != NULL && pulse_tk_parse_u64(step, &out->step) == 0;
+  for (size_t i = 0; i < tb->count; i++) {
+    pulse_st_tensor t;
+    pulse_status st = pulse_st_model_tensor_find(m, tb->info[i].name, &t);
+    if (st != PULSE_OK) {
+      fprintf(stderr, PROG ": %s: tensor %s: %s\n", path, tb->info[i].name,
+              pulse_status_str(st));
+      return 1;
+    }
+    if (!same_shape(&tb->info[i], &t)) {
+      fprintf(stderr, PROG ": %s: tensor %s changes shape\n", path, t.name);
+      return 1;
+    }
+    uint16_t *dst = out->bf16 + tb->offset[i];
+    out->dtype[i] = t.dtype;
+    if (t.dtype == PULSE_DTYPE_BF16) {
+      memcpy(dst, t.data, (size_t)t.nbytes);
+    } else if (t.dtype == PULSE_DTYPE_F32) {
+      if (out->f32 == NULL) {
+        out->f32 = malloc((size_t)tb->total * 4);
+        if (out->f32 == NULL) {
+          fprintf(stderr, PROG ": out of memory\n");
+          return 1;
+        }
+      }
+      /* Copy first: the mapping may leave F32 data unaligned. */
+      float *f = out->f32 + tb->offset[i];
+      memcpy(f, t.data, (size_t)t.nbytes);
+      pulse_bf16_cast_f32(f, dst, t.numel);
+    } else {
+      fprintf(stderr,
+              PROG ": %s: tensor %s is %s; snapshots must be BF16 or F32\n",
+              path, t.name, pulse_dtype_name(t.dtype));
+      return 1;
+    }
+  }
+  return 0;
+}
+
+static int open_and_load(const char *path, bench_table *tb, snapshot *out) {
+  pulse_st_model *m = NULL;
+  pulse_status st = pulse_st_model_open(path, &m);
+  if (st != PULSE_OK)
+    return fail_status(path, st);
+  int rc = 0;
+  if (tb->info == NULL)
+    rc = table_from_model(m, path, tb);
+  if (rc == 0)
+    rc = snapshot_load(path, tb, m, out);
+  pulse_st_model_close(m);
+  return rc;
+}
+
+static int run_snapshots(const codec_args *a) {
+  codec_ctx c;
+  memset(&c, 0, sizeof c);
+  bench_table *tb = &c.table;
+  snapshot prev, next;
+  memset(&prev, 0, sizeof prev);
+  memset(&next, 0, sizeof next);
+  int rc = open_and_load(a->snapshots[0], tb, &prev);
+  if (rc == 0)
+    rc = ctx_alloc(&c);
+  if (rc != 0)
+    goto done;
+  rc = 1;
+  memcpy(c.old_bf16, prev.bf16, (size_t)tb->total * 2);
+  uint64_t prev_step = prev.has_step ? prev.step : 0;
+
+  char source[512];
+  snprintf(source, sizeof source,
+           "snapshots: %d files from %.300s, %" PRIu64 " params in %zu tensors",
+           a->snapshot_count, a->snapshots[0], tb->total, tb->count);
+  for (char *p = source; *p; p++)
+    if (*p == '"' || *p == '\\' || (unsigned char)*p < 0x20)
+      *p = '_'; /* keep the JSON string plain */
+  if (!a->json) {
+    printf(PROG ": %s\n", source);
+    printf("entropy bound model: %s\n", BENCH_BOUND_MODEL);
+    printf("timings: one thread, median of %d repetitions; detection reads "
+           "the new weights as stored + the BF16 snapshot\n",
+           a->reps);
+  }
+
+  summary sum;
+  memset(&sum, 0, sizeof sum);
+  for (int f = 1; f < a->snapshot_count; f++) {
+    if (open_and_load(a->snapshots[f], tb, &next) != 0)
+      goto done;
+    step_result r;
+    memset(&r, 0, sizeof r);
+    r.base_step = prev_step;
+    r.step = next.has_step ? next.step : (uint64_t)f;
+    for (size_t i = 0; i < tb->count; i++) {
+      c.cur_dtype[i] = next.dtype[i];
+      if (next.dtype[i] == PULSE_DTYPE_F32)
+        c.cur[i] = next.f32 + tb->offset[i];
+      else
+        c.cur[i] = next.bf16 + tb->offset[i];
+    }
+    if (measure_step(&c, a, next.bf16, &r) != 0)
+      goto done;
+    report_step(a, &sum, &r);
+    memcpy(c.old_bf16, next.bf16, (size_t)tb->total * 2);
+    prev_step = r.step;
+    snapshot_free(&prev);
+    prev = next;
+    memset(&next, 0, sizeof next);
+  }
+  if (a->json)
+    print_summary_json(&sum, source);
+  else
+    print_summary_text(&sum);
+  rc = 0;
+done:
+  snapshot_free(&prev);
+  snapshot_free(&next);
+  ctx_free(&c);
+  if (tb->info != NULL)
+    for (size_t i = 0; i < tb->count; i++)
+      free((char *)tb->info[i].name);
+  free(tb->info);
+  free(tb->numel);
+  free(tb->offset);
+  return rc;
+}
+
+/* ------------------------------------------------------------ arguments */
+
+static int usage_error(const char *fmt, const char *arg) {
+  fprintf(stderr, PROG ": ");
+  fprintf(stderr, fmt, arg);
+  fprintf(stderr, "\n(try: pulse-bench codec --help)\n");
+  return 2;
+}
+
+int bench_codec_main(int argc, char **argv) {
+  codec_args a = {.params = 10000000,
+                  .steps = 5,
+                  .seed = 1,
+                  .lr = 2e-6,
+                  .threads = 0,
+                  .reps = 5};
+  for (int i = 1; i < argc; i++) {
+    const char *arg = argv[i], *v = NULL;
+    int m;
+    if (pulse_tk_opt_flag(arg, "--help") || pulse_tk_opt_flag(arg, "-h")) {
+      bench_codec_usage(stdout);
+      return 0;
+    } else if (pulse_tk_opt_flag(arg, "--json")) {
+      a.json = 1;
+    } else if ((m = pulse_tk_opt_value(argc, argv, &i, "--params", &v)) != 0) {
+      if (m < 0 || pulse_tk_parse_u64(v, &a.params) != 0)
+        return usage_error("--params needs a count, got '%s'", m < 0 ? "" : v);
+      a.synth_opts_given = 1;
+    } else if ((m = pulse_tk_opt_value(argc, argv, &i, "--steps", &v)) != 0) {
+      if (m < 0 || pulse_tk_parse_u64(v, &a.steps) != 0 || a.steps == 0 ||
+          a.steps > 1000000)
+        return usage_error("--steps needs a count from 1, got '%s'",
+                           m < 0 ? "" : v);
+      a.synth_opts_given = 1;
+    } else if ((m = pulse_tk_opt_value(argc, argv, &i, "--lr", &v)) != 0) {
+      if (m < 0 || pulse_tk_parse_double(v, &a.lr) != 0 || a.lr < 0)
+        return usage_error("--lr needs a non-negative number, got '%s'",
+                           m < 0 ? "" : v);
+      a.synth_opts_given = 1;
+    } else if ((m = pulse_tk_opt_value(argc, argv, &i, "--seed", &v)) != 0) {
+      if (m < 0 || pulse_tk_parse_u64(v, &a.seed) != 0)
+        return usage_error("--seed needs an integer, got '%s'", m < 0 ? "" : v);
+      a.synth_opts_given = 1;
+    } else if ((m = pulse_tk_opt_value(argc, argv, &i, "--threads", &v)) != 0) {
+      if (m < 0 || pulse_tk_parse_int(v, 0, 4096, &a.threads) != 0)
+        return usage_error("--threads needs 0..4096, got '%s'", m < 0 ? "" : v);
+    } else if ((m = pulse_tk_opt_value(argc, argv, &i, "--reps", &v)) != 0) {
+      if (m < 0 || pulse_tk_parse_int(v, 1, MAX_REPS, &a.reps) != 0)
+        return usage_error("--reps needs 1..1000, got '%s'", m < 0 ? "" : v);
+    } else if (pulse_tk_opt_flag(arg, "--snapshots")) {
+      a.snapshots = argv + i + 1;
+      while (i + 1 < argc && strncmp(argv[i + 1], "--", 2) != 0) {
+        i++;
+        a.snapshot_count++;
+      }
+      if (a.snapshot_count < 2)
+        return usage_error("%s needs at least two files", arg);
+    } else {
+      return usage_error("unknown option '%s'", arg);
+    }
+  }
+  if (a.snapshots != NULL && a.synth_opts_given)
+    return usage_error("%s: --params, --steps, --lr and --seed describe the "
+                       "synthetic input, not snapshots",
+                       "--snapshots");
+  if (a.snapshots == NULL && a.params < PULSE_SYNTH_MIN_PARAMS) {
+    char msg[64];
+    snprintf(msg, sizeof msg, "%u", PULSE_SYNTH_MIN_PARAMS);
+    return usage_error("--params must be at least %s", msg);
+  }
+  return a.snapshots != NULL ? run_snapshots(&a) : run_synthetic(&a);
+}
