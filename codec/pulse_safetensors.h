@@ -160,8 +160,8 @@ pulse_status pulse_st_serialize(const pulse_st_write_tensor *tensors,
  * of the directory. Tensor data is streamed, not copied. On failure no file
  * at `path` is created or changed and the temporary file is removed; the one
  * exception is a failing directory fsync after the rename, reported as
- * PULSE_ERR_IO with the new file already in place. A new file gets mode
- * 0666 less the umask.
+ * PULSE_ERR_IO with the new file already in place. The file gets mode 0666
+ * less the umask, also when it replaces one with another mode.
  * @return as pulse_st_serialize, plus PULSE_ERR_IO (with the path and
  * errno text). */
 pulse_status pulse_st_write(const char *path,

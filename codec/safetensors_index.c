@@ -32,10 +32,15 @@ struct pulse_st_model {
   model_kv *meta; /* strcmp order of keys; owned copies */
 };
 
+/* Re-raises the current detail, less its "safetensors: ", after a prefix
+ * made from fmt, a and b. */
 static pulse_status fail_prefixed(pulse_status st, const char *fmt,
                                   const char *a, const char *b) {
   char inner[512];
-  snprintf(inner, sizeof inner, "%s", pulse_error_detail());
+  const char *d = pulse_error_detail();
+  if (strncmp(d, "safetensors: ", 13) == 0)
+    d += 13;
+  snprintf(inner, sizeof inner, "%s", d);
   char prefix[512];
   snprintf(prefix, sizeof prefix, fmt, a, b);
   return pulse_fail(st, "%s%s", prefix, inner);

@@ -41,11 +41,15 @@ static uint64_t le64(const uint8_t *p) {
   return v;
 }
 
-/* Re-raises the current detail with a prefix (the detail buffer is the
- * destination, so it is copied first). */
+/* Re-raises the current detail after a prefix that starts with
+ * "safetensors: " (the detail buffer is the destination, so it is copied
+ * first, less its own "safetensors: "). */
 static pulse_status fail_prefixed(pulse_status st, const char *prefix) {
   char inner[512];
-  snprintf(inner, sizeof inner, "%s", pulse_error_detail());
+  const char *d = pulse_error_detail();
+  if (strncmp(d, "safetensors: ", 13) == 0)
+    d += 13;
+  snprintf(inner, sizeof inner, "%s", d);
   return pulse_fail(st, "%s%s", prefix, inner);
 }
 
@@ -424,7 +428,7 @@ pulse_status pulse_st_open(const char *path, pulse_st_file **out) {
   if (st != PULSE_OK) {
     munmap(map, size);
     char prefix[256];
-    snprintf(prefix, sizeof prefix, "%s: ", path);
+    snprintf(prefix, sizeof prefix, "safetensors: %s: ", path);
     return fail_prefixed(st, prefix);
   }
   f->map = map;

@@ -47,7 +47,7 @@ test)
       "$fuzzer" -max_total_time="$fuzz_seconds" -max_len=65536 -rss_limit_mb=2048 \
         -artifact_prefix="$corpus/" "$corpus" 2>"$corpus.log" || {
         tail -40 "$corpus.log"; echo "fuzz_$name found a failure (artifacts in $corpus)"; exit 1; }
-      grep -E "^#[0-9]+ +DONE" "$corpus.log" | sed "s/^/fuzz_$name: /" || true
+      grep -E "^Done [0-9]+ runs" "$corpus.log" | sed "s/^/fuzz_$name: /" || true
       rm -rf "$corpus" "$corpus.log"
     done
   fi

@@ -397,16 +397,21 @@ Test(patch, malformed_varints_are_rejected) {
   fixture_make(&f, PULSE_POS_PLAIN, 9);
   const size_t at = PT_HEADER_SIZE; /* name_len of the first tensor: 0x01 */
   cr_assert_eq(f.buf.data[at], 1);
-  for (int variant = 0; variant < 2; variant++) {
-    /* 0x81 0x00 (non-minimal 1), or eleven 0xFF bytes then 0x01. */
-    size_t grow = variant == 0 ? 1 : 11;
+  for (int variant = 0; variant < 3; variant++) {
+    /* 0x81 0x00 (non-minimal 1); eleven 0xFF bytes then 0x01 (too long);
+     * 0x81, eight 0x80, 0x02 (1 plus bit 64: accepted only if bits past 64
+     * were dropped). */
+    size_t grow = variant == 0 ? 1 : variant == 1 ? 11 : 9;
     uint8_t *b = pt_alloc(f.buf.size + grow);
     memcpy(b, f.buf.data, at);
     if (variant == 0) {
       b[at] = 0x81, b[at + 1] = 0x00;
+    } else if (variant == 1) {
+      memset(b + at, 0xFF, grow);
+      b[at + grow] = 0x01;
     } else {
-      memset(b + at, 0xFF, 11);
-      b[at + 11] = 0x01;
+      memset(b + at, 0x80, grow);
+      b[at] = 0x81, b[at + grow] = 0x02;
     }
     memcpy(b + at + grow + 1, f.buf.data + at + 1, f.buf.size - at - 1);
     pt_put_le(b, PT_OFF_TABLE_SIZE, f.raw.table_size + grow, 4);
