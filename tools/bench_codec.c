@@ -472,6 +472,9 @@ static void print_summary_text(const summary *s) {
          s->apply_cps / n / 1e6, s->apply_plain_cps / n / 1e6);
   printf("  verify OK: %s changes over %" PRIu64 " steps rebuilt bit for bit\n",
          fmt_u64(t->changed, b1), s->steps);
+  printf("  bandwidth: a pulse patch is %.1fx smaller than dense BF16 "
+         "(%.1fx smaller than dense BF16 + zstd-1)\n",
+         per((double)t->base.dense, v1), per((double)t->base.dense_zstd, v1));
 }
 
 static void print_summary_json(const summary *s, const char *source) {
