@@ -76,8 +76,7 @@ static const uint16_t pt_edge_bits[] = {
 static inline uint16_t pt_normal_bf16(uint64_t *s, double scale) {
   double u1 = ((double)(pt_next(s) >> 11) + 1.0) * 0x1p-53;
   double u2 = (double)(pt_next(s) >> 11) * 0x1p-53;
-  float f = (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2) *
-                    scale);
+  float f = (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2) * scale);
   uint32_t u;
   memcpy(&u, &f, sizeof u);
   return pulse_bf16_from_f32_bits(u);
@@ -199,10 +198,9 @@ static inline void pt_tensor_shape(pt_tensor *t, const char *name,
 
 /* A tensor of `numel` elements (1-D) or any shape, with base weights of
  * `kind`, changes at `density` and the target they make. */
-static inline void pt_tensor_make(pt_tensor *t, const char *name,
-                                  uint32_t ndim, const uint64_t *shape,
-                                  pt_weights kind, double density, int edges,
-                                  uint64_t seed) {
+static inline void pt_tensor_make(pt_tensor *t, const char *name, uint32_t ndim,
+                                  const uint64_t *shape, pt_weights kind,
+                                  double density, int edges, uint64_t seed) {
   pt_tensor_shape(t, name, ndim, shape);
   uint64_t s = seed * 0x100000001B3ull + t->numel;
   t->base = pt_alloc((size_t)t->numel * sizeof *t->base);

@@ -9,7 +9,7 @@
 #include <criterion/criterion.h>
 
 static const double densities[] = {0.0, 0.001, 0.01, 0.1, 0.5, 1.0};
-static const uint64_t sizes[] = {0, 1, 2, 7, 1023, 1024, 1025, 3 * 1024 + 7,
+static const uint64_t sizes[] = {0,   1, 2, 7, 1023, 1024, 1025, 3 * 1024 + 7,
                                  5000};
 static const pulse_pos_model models[] = {PULSE_POS_PLAIN, PULSE_POS_CLASS};
 static const char *const model_names[] = {"plain", "class"};
@@ -55,9 +55,8 @@ static pulse_buffer check_roundtrip(const pulse_encode_opts *o,
     cr_assert_eq(e.numel, t->numel, "%s: '%s' numel", label, t->name);
     cr_assert_eq(e.changed, t->changes.count, "%s: '%s' changed", label,
                  t->name);
-    uint64_t chunks = t->changes.count
-                          ? ((t->numel - 1) >> o->chunk_log2) + 1
-                          : 0;
+    uint64_t chunks =
+        t->changes.count ? ((t->numel - 1) >> o->chunk_log2) + 1 : 0;
     cr_assert_eq(e.chunk_count, chunks, "%s: '%s' chunks", label, t->name);
     cr_assert(e.base_digest.a == bd[i].a && e.base_digest.b == bd[i].b,
               "%s: '%s' base digest", label, t->name);
@@ -94,8 +93,8 @@ static pulse_buffer check_roundtrip(const pulse_encode_opts *o,
   pulse_apply_opts ao = PULSE_APPLY_OPTS_INIT;
   ao.threads = o->threads;
   st = pulse_patch_apply(p, h, n, &ao);
-  cr_assert_eq(st, PULSE_OK, "%s: apply: %s (%s)", label,
-               pulse_status_name(st), pulse_error_detail());
+  cr_assert_eq(st, PULSE_OK, "%s: apply: %s (%s)", label, pulse_status_name(st),
+               pulse_error_detail());
   for (size_t i = 0; i < n; i++) {
     uint64_t bad = pt_first_diff(ts[i].target, h[i].data, ts[i].numel);
     cr_assert_eq(bad, PT_NONE, "%s: apply '%s': element %llu", label,
@@ -145,8 +144,8 @@ Test(patch, roundtrip_single_tensor_around_chunk_boundaries) {
     for (size_t di = 0; di < PT_COUNT_OF(densities); di++)
       for (uint64_t seed = 0; seed < 3; seed++) {
         pt_tensor t;
-        pt_tensor_make1(&t, "w", sizes[k], PT_WEIGHTS_NORMAL, densities[di],
-                        1, seed + 1000 * k);
+        pt_tensor_make1(&t, "w", sizes[k], PT_WEIGHTS_NORMAL, densities[di], 1,
+                        seed + 1000 * k);
         for (int m = 0; m < 2; m++) {
           char label[128];
           snprintf(label, sizeof label, "size %llu density %g seed %llu %s",
@@ -263,7 +262,8 @@ Test(patch, roundtrip_edge_values_and_every_delta) {
   for (uint64_t i = 0; i < 65535; i++) {
     uint64_t at = i + (i > 40000 ? 17 : 0); /* an unchanged run too */
     uint16_t old = deltas.base[at];
-    pt_push(&deltas.changes, at, old, pulse_bf16_undelta(old, (uint16_t)(i + 1)));
+    pt_push(&deltas.changes, at, old,
+            pulse_bf16_undelta(old, (uint16_t)(i + 1)));
   }
   pt_apply_changes(deltas.target, &deltas.changes);
 
@@ -280,8 +280,8 @@ Test(patch, roundtrip_edge_values_and_every_delta) {
 
 Test(patch, roundtrip_realistic_weights_use_many_classes) {
   pt_tensor t;
-  pt_tensor_make1(&t, "mlp.up_proj.weight", 100000, PT_WEIGHTS_NORMAL, 0.01,
-                  0, 77);
+  pt_tensor_make1(&t, "mlp.up_proj.weight", 100000, PT_WEIGHTS_NORMAL, 0.01, 0,
+                  77);
   int seen[256] = {0}, classes = 0;
   for (uint64_t j = 0; j < t.changes.count; j++)
     if (!seen[pulse_bf16_class(t.changes.old_bits[j])]++)
@@ -567,9 +567,8 @@ Test(patch, apply_wrong_base_fails_and_writes_nothing) {
         pulse_apply_opts ao = PULSE_APPLY_OPTS_INIT;
         ao.partial_table = partial;
         ao.threads = 3;
-        cr_assert_eq(pulse_patch_apply(f.p, f.h, 3, &ao),
-                     PULSE_ERR_BASE_DIGEST, "%s partial %d tensor %d",
-                     model_names[m], partial, which);
+        cr_assert_eq(pulse_patch_apply(f.p, f.h, 3, &ao), PULSE_ERR_BASE_DIGEST,
+                     "%s partial %d tensor %d", model_names[m], partial, which);
         fixture_assert_untouched(&f, "wrong base");
         fixture_free(&f);
       }
@@ -618,7 +617,9 @@ Test(patch, apply_partial_table_updates_only_the_given_targets) {
     cr_assert_eq(other_bits[4], 5, "unnamed target untouched");
     cr_assert_eq(pulse_patch_apply(f.p, NULL, 0, &ao), PULSE_OK, "no target");
     /* The full table too, with a stranger among the targets. */
-    pulse_host_tensor all[4] = {f.h[0], f.h[1], {"x", other_bits, 5, NULL},
+    pulse_host_tensor all[4] = {f.h[0],
+                                f.h[1],
+                                {"x", other_bits, 5, NULL},
                                 {"c", f.ts[2].target, f.ts[2].numel, NULL}};
     all[3].data = pt_copy(f.ts[2].base, f.ts[2].numel);
     ao.partial_table = 0;
@@ -765,15 +766,33 @@ Test(digest, state_digest_covers_name_shape_dtype_and_order) {
     memcpy(vd, dg, sizeof vd);
     size_t count = 2;
     switch (k) {
-    case 0: v[0].name = "ax"; break;
-    case 1: v[0].shape[0] = 3, v[0].shape[1] = 2; break;
-    case 2: v[1].ndim = 2, v[1].shape[1] = 1; break;
-    case 3: v[1].dtype = PULSE_DTYPE_F32; break;
-    case 4: vd[1].b ^= 1; break;
-    case 5: v[0] = info[1], v[1] = info[0], vd[0] = dg[1], vd[1] = dg[0]; break;
-    case 6: v[0].name = "a", v[1].name = "bc"; break; /* same bytes, new split */
-    case 7: count = 1; break;
-    default: vd[0].a ^= 1ull << 63; break;
+    case 0:
+      v[0].name = "ax";
+      break;
+    case 1:
+      v[0].shape[0] = 3, v[0].shape[1] = 2;
+      break;
+    case 2:
+      v[1].ndim = 2, v[1].shape[1] = 1;
+      break;
+    case 3:
+      v[1].dtype = PULSE_DTYPE_F32;
+      break;
+    case 4:
+      vd[1].b ^= 1;
+      break;
+    case 5:
+      v[0] = info[1], v[1] = info[0], vd[0] = dg[1], vd[1] = dg[0];
+      break;
+    case 6:
+      v[0].name = "a", v[1].name = "bc";
+      break; /* same bytes, new split */
+    case 7:
+      count = 1;
+      break;
+    default:
+      vd[0].a ^= 1ull << 63;
+      break;
     }
     cr_assert_eq(pulse_state_digest_compute(v, vd, count, &d), PULSE_OK);
     cr_assert(memcmp(d.bytes, ref.bytes, 32) != 0, "variant %d collides", k);

@@ -98,8 +98,8 @@ static pulse_status try_patch(const pt_tensor *ts, size_t n,
     uint64_t bad = pt_first_diff(want, h[i].data, ts[i].numel);
     cr_assert_eq(bad, PT_NONE,
                  "apply %s but tensor '%s' differs from its %s at %llu",
-                 pulse_status_name(st), ts[i].name,
-                 reached ? "target" : "base", (unsigned long long)bad);
+                 pulse_status_name(st), ts[i].name, reached ? "target" : "base",
+                 (unsigned long long)bad);
   }
   pt_hosts_free(h, n);
   pulse_patch_free(p);
@@ -139,7 +139,8 @@ Test(patch, layout_matches_the_format_text) {
     for (size_t i = 0; i < 3; i++) {
       sum += r->tensors[i].changed;
       pulse_tensor_digest d = pulse_digest_bf16(f.ts[i].base, f.ts[i].numel);
-      cr_assert(r->tensors[i].digest[0] == d.a && r->tensors[i].digest[1] == d.b);
+      cr_assert(r->tensors[i].digest[0] == d.a &&
+                r->tensors[i].digest[1] == d.b);
     }
     cr_assert_eq(r->total_changed, sum);
     pulse_buffer again = pt_raw_write(r);
@@ -159,8 +160,8 @@ Test(patch, short_buffers_are_truncated) {
   cr_assert_eq(open_status(NULL, 0), PULSE_ERR_TRUNCATED);
   cr_assert_eq(open_status(&one, 0), PULSE_ERR_TRUNCATED);
   for (size_t len = 1; len < PT_HEADER_SIZE; len++)
-    cr_assert_eq(open_status(f.buf.data, len), PULSE_ERR_TRUNCATED,
-                 "%zu bytes", len);
+    cr_assert_eq(open_status(f.buf.data, len), PULSE_ERR_TRUNCATED, "%zu bytes",
+                 len);
   pulse_patch *p = NULL;
   cr_assert_eq(pulse_patch_open(NULL, 5, &p), PULSE_ERR_ARG);
   cr_assert_eq(pulse_patch_open(f.buf.data, f.buf.size, NULL), PULSE_ERR_ARG);
@@ -255,8 +256,8 @@ Test(patch, huge_tensor_count_is_rejected_without_allocating) {
   hostile_fixture f;
   fixture_make(&f, PULSE_POS_CLASS, 6);
   uint8_t *b = pt_alloc(f.buf.size);
-  static const uint64_t counts[] = {1ull << 20, 1ull << 32, 1ull << 40,
-                                    1ull << 56, 1ull << 57, 1ull << 62,
+  static const uint64_t counts[] = {1ull << 20,     1ull << 32, 1ull << 40,
+                                    1ull << 56,     1ull << 57, 1ull << 62,
                                     UINT64_MAX / 2, UINT64_MAX};
   for (size_t k = 0; k < PT_COUNT_OF(counts); k++) {
     memcpy(b, f.buf.data, f.buf.size);
@@ -447,10 +448,9 @@ Test(patch, flipping_any_byte_never_yields_a_wrong_result) {
         else
           failed++;
         cr_assert(st == PULSE_OK || st == PULSE_ERR_CORRUPT ||
-                        st == PULSE_ERR_POSITION ||
-                        st == PULSE_ERR_TARGET_DIGEST,
-                    "%s: body byte %zu ^ 0x%02X: %s", model_names[m], at,
-                    masks[k], pulse_status_name(st));
+                      st == PULSE_ERR_POSITION || st == PULSE_ERR_TARGET_DIGEST,
+                  "%s: body byte %zu ^ 0x%02X: %s", model_names[m], at,
+                  masks[k], pulse_status_name(st));
       }
     /* A body flip can only succeed through slack in the last bytes of a
      * stream (and then with the right result): most must fail. */
@@ -484,7 +484,8 @@ Test(patch, random_bodies_fail_without_writing) {
       pulse_status st = try_patch(f.ts, 3, b, f.buf.size, round & 2, 3);
       cr_assert(st == PULSE_ERR_CORRUPT || st == PULSE_ERR_POSITION ||
                     st == PULSE_ERR_TARGET_DIGEST,
-                "%s round %d: %s", model_names[m], round, pulse_status_name(st));
+                "%s round %d: %s", model_names[m], round,
+                pulse_status_name(st));
     }
     memset(b + body_at, 0, f.buf.size - body_at);
     cr_assert_neq(try_patch(f.ts, 3, b, f.buf.size, 0, 1), PULSE_OK, "zeros");
@@ -510,7 +511,8 @@ Test(patch, chunk_stream_length_must_match_its_content) {
           pt_raw_patch r = f.raw;
           pt_raw_tensor *tensors = pt_alloc(3 * sizeof *tensors);
           memcpy(tensors, f.raw.tensors, 3 * sizeof *tensors);
-          pt_raw_chunk *chunks = pt_alloc(tensors[t].chunk_count * sizeof *chunks);
+          pt_raw_chunk *chunks =
+              pt_alloc(tensors[t].chunk_count * sizeof *chunks);
           memcpy(chunks, tensors[t].chunks,
                  tensors[t].chunk_count * sizeof *chunks);
           tensors[t].chunks = chunks;
@@ -525,8 +527,8 @@ Test(patch, chunk_stream_length_must_match_its_content) {
           r.body = body;
           r.body_len = keep + f.raw.body_len - at;
           chunks[c].bytes = longer ? len + 1 : len - 1;
-          tensors[t].section_size = f.raw.tensors[t].section_size + r.body_len -
-                                    f.raw.body_len;
+          tensors[t].section_size =
+              f.raw.tensors[t].section_size + r.body_len - f.raw.body_len;
           if (chunks[c].bytes > 0) {
             pt_raw_fix_sizes(&r);
             pulse_status st = try_raw(&f, &r);

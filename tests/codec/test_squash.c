@@ -58,7 +58,8 @@ static void trajectory_make(trajectory *tr, size_t steps, uint64_t seed,
       for (uint64_t i = 0; i < n; i++) {
         if (older && older[i] != prev[i] && pt_below(&s, 2) == 0)
           cur[i] = older[i];
-        else if (pt_below(&s, 8) == 0 && (uint16_t)(prev[i] - (older ? older[i] : prev[i])) == 0x8000)
+        else if (pt_below(&s, 8) == 0 &&
+                 (uint16_t)(prev[i] - (older ? older[i] : prev[i])) == 0x8000)
           cur[i] = (uint16_t)(prev[i] + 0x8000);
         else if (pt_unit(&s) < density)
           cur[i] = pt_new_bits(&s, prev[i], 1);
@@ -73,9 +74,9 @@ static void trajectory_make(trajectory *tr, size_t steps, uint64_t seed,
     o.base_step = first_step + k - 1;
     o.step = first_step + k;
     cr_assert_eq(pt_encode(&o, ts, TENSORS, &tr->buf[k]), PULSE_OK);
-    cr_assert_eq(pulse_patch_open(tr->buf[k].data, tr->buf[k].size,
-                                  &tr->patch[k]),
-                 PULSE_OK);
+    cr_assert_eq(
+        pulse_patch_open(tr->buf[k].data, tr->buf[k].size, &tr->patch[k]),
+        PULSE_OK);
     for (size_t t = 0; t < TENSORS; t++)
       pulse_changes_free(&ts[t].changes);
   }
@@ -108,8 +109,7 @@ static void check_squash(const trajectory *tr, size_t from, size_t to,
   cr_assert_eq(st, PULSE_OK, "%s: squash: %s (%s)", label,
                pulse_status_name(st), pulse_error_detail());
   pulse_patch *p = NULL;
-  cr_assert_eq(pulse_patch_open(out.data, out.size, &p), PULSE_OK, "%s",
-               label);
+  cr_assert_eq(pulse_patch_open(out.data, out.size, &p), PULSE_OK, "%s", label);
   cr_assert_eq(pulse_patch_base_step(p), first_step + from - 1, "%s", label);
   cr_assert_eq(pulse_patch_step(p), first_step + to, "%s", label);
   cr_assert_eq(pulse_patch_pos_model(p), out_model, "%s", label);
@@ -135,8 +135,8 @@ static void check_squash(const trajectory *tr, size_t from, size_t to,
     cr_assert_eq(pulse_patch_decode_tensor(p, t, a, n, &got), PULSE_OK, "%s",
                  label);
     uint64_t bad = pt_changes_diff(&direct[t].changes, &got);
-    cr_assert_eq(bad, PT_NONE, "%s: '%s' change %llu", label,
-                 tr->shape[t].name, (unsigned long long)bad);
+    cr_assert_eq(bad, PT_NONE, "%s: '%s' change %llu", label, tr->shape[t].name,
+                 (unsigned long long)bad);
     pulse_changes_free(&got);
   }
   cr_assert_eq(pulse_patch_total_changed(p), net, "%s: net changes", label);
@@ -184,8 +184,7 @@ Test(squash, equals_sequential_apply_over_random_chains) {
     for (int mix = 0; mix < 3; mix++) {
       pulse_pos_model models[MAX_STEPS];
       for (size_t k = 0; k < MAX_STEPS; k++)
-        models[k] = mix == 2 ? (pulse_pos_model)(k % 2)
-                             : (pulse_pos_model)mix;
+        models[k] = mix == 2 ? (pulse_pos_model)(k % 2) : (pulse_pos_model)mix;
       trajectory tr;
       trajectory_make(&tr, MAX_STEPS, seed * 3 + (uint64_t)mix, models,
                       seed % 2 ? 0.05 : 0.3);
@@ -308,9 +307,9 @@ Test(squash, plain_chain_of_a_huge_tensor_without_weights) {
   cr_assert_eq(pulse_patch_tensor_get(p[0], 0, &pe), PULSE_OK);
   cr_assert_eq(pe.numel, n);
   cr_assert_eq(pe.chunk_count, 1024);
-  cr_assert_eq(pulse_patch_squash((const pulse_patch *const *)p, 2, NULL, &o,
-                                  &out),
-               PULSE_OK, "%s", pulse_error_detail());
+  cr_assert_eq(
+      pulse_patch_squash((const pulse_patch *const *)p, 2, NULL, &o, &out),
+      PULSE_OK, "%s", pulse_error_detail());
   o.base_step = 7;
   e.base_digest = &d0, e.changes = &net;
   cr_assert_eq(pulse_patch_encode(&o, &e, 1, &want), PULSE_OK);
@@ -339,8 +338,8 @@ Test(squash, refuses_broken_chains_and_missing_weights) {
 #define SQUASH(want, b, ...)                                                   \
   do {                                                                         \
     const pulse_patch *chain_[] = {__VA_ARGS__};                               \
-    pulse_status st_ = pulse_patch_squash(chain_, PT_COUNT_OF(chain_), b, &o,  \
-                                          &out);                               \
+    pulse_status st_ =                                                         \
+        pulse_patch_squash(chain_, PT_COUNT_OF(chain_), b, &o, &out);          \
     cr_assert_eq(st_, want, "%s: got %s (%s)", #__VA_ARGS__,                   \
                  pulse_status_name(st_), pulse_error_detail());                \
     if (st_ != PULSE_OK)                                                       \

@@ -25,7 +25,7 @@ typedef struct {
   int given;      /* small enough to get a base */
   uint16_t *base; /* pristine deterministic base */
   uint64_t numel;
-  int decoded;    /* decode_tensor succeeded */
+  int decoded; /* decode_tensor succeeded */
   pulse_changes changes;
 } tensor_state;
 
@@ -60,7 +60,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     pulse_patch_tensor e;
     CHECK(pulse_patch_tensor_get(p, i, &e) == PULSE_OK);
     size_t idx = SIZE_MAX;
-    CHECK(pulse_patch_tensor_find(p, e.info.name, &idx) == PULSE_OK && idx == i);
+    CHECK(pulse_patch_tensor_find(p, e.info.name, &idx) == PULSE_OK &&
+          idx == i);
     CHECK(e.changed <= e.numel);
     changed_sum += e.changed;
     if (e.numel > MAX_NUMEL || total + e.numel > MAX_TOTAL)

@@ -192,7 +192,8 @@ static void write_rejects(void) {
     r.tensors[2].dims[d] = d ? 1 : 4;
   reject_raw("PULSE_ERR_CORRUPT--nine-dimensions.bin", &r, 1);
   r = raw_of(PULSE_POS_PLAIN);
-  r.tensors[2].ndim = 2, r.tensors[2].dims[0] = r.tensors[2].dims[1] = 1ull << 32;
+  r.tensors[2].ndim = 2,
+  r.tensors[2].dims[0] = r.tensors[2].dims[1] = 1ull << 32;
   reject_raw("PULSE_ERR_OVERFLOW--dims-product-overflows.bin", &r, 1);
   r = raw_of(PULSE_POS_PLAIN);
   r.tensors[1].changed = 16; /* 15 elements */
