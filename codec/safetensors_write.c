@@ -1,17 +1,13 @@
 /* safetensors_write.c - serializing tensors, and atomic file writes. */
 #include "json_impl.h"
 #include "pulse_safetensors.h"
+#include "pulse_file.h"
 #include "status_impl.h"
 
-#include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-#include <unistd.h>
 
 #define QUOTE_MAX 200
 
@@ -278,83 +274,6 @@ pulse_status pulse_st_serialize(const pulse_st_write_tensor *tensors,
   return PULSE_OK;
 }
 
-/* ------------------------------------------------------------ file writes */
-
-static int write_all(int fd, const void *data, uint64_t n) {
-  const uint8_t *p = data;
-  while (n > 0) {
-    size_t chunk = n > ((size_t)1 << 30) ? ((size_t)1 << 30) : (size_t)n;
-    ssize_t w = write(fd, p, chunk);
-    if (w < 0) {
-      if (errno == EINTR)
-        continue;
-      return -1;
-    }
-    p += w;
-    n -= (uint64_t)w;
-  }
-  return 0;
-}
-
-/* Opens a new temporary file next to `path`; *tmp_out is malloc'd. */
-static pulse_status create_temp(const char *path, char **tmp_out, int *fd_out) {
-  static atomic_uint counter;
-  const char *slash = strrchr(path, '/');
-  size_t dir_len = slash == NULL ? 0 : (size_t)(slash - path) + 1;
-  const char *base = path + dir_len;
-  size_t cap = strlen(path) + 64;
-  char *tmp = malloc(cap);
-  if (tmp == NULL)
-    return pulse_fail(PULSE_ERR_NOMEM, "safetensors: temporary name");
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  for (int attempt = 0; attempt < 100; attempt++) {
-    unsigned c = atomic_fetch_add(&counter, 1u);
-    /* A hidden name, so globs for *.safetensors never see a partial file. */
-    snprintf(tmp, cap, "%.*s.%s.tmp-%ld-%u-%lx", (int)dir_len, path, base,
-             (long)getpid(), c, (unsigned long)ts.tv_nsec);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-    if (fd >= 0) {
-      *tmp_out = tmp;
-      *fd_out = fd;
-      return PULSE_OK;
-    }
-    if (errno != EEXIST) {
-      pulse_status st =
-          pulse_fail(PULSE_ERR_IO, "safetensors: %s: %s", tmp, strerror(errno));
-      free(tmp);
-      return st;
-    }
-  }
-  free(tmp);
-  return pulse_fail(PULSE_ERR_IO, "safetensors: %s: no free temporary name",
-                    path);
-}
-
-static pulse_status fsync_dir_of(const char *path) {
-  const char *slash = strrchr(path, '/');
-  char *dir;
-  if (slash == NULL) {
-    dir = strdup(".");
-  } else {
-    size_t n = slash == path ? 1 : (size_t)(slash - path);
-    dir = strndup(path, n);
-  }
-  if (dir == NULL)
-    return pulse_fail(PULSE_ERR_NOMEM, "safetensors: directory name");
-  pulse_status st = PULSE_OK;
-  int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0 || (fsync(fd) != 0 && errno != EINVAL))
-    st = pulse_fail(PULSE_ERR_IO,
-                    "safetensors: %s: fsync of the directory after the "
-                    "rename: %s",
-                    dir, strerror(errno));
-  if (fd >= 0)
-    close(fd);
-  free(dir);
-  return st;
-}
-
 pulse_status pulse_st_write(const char *path,
                             const pulse_st_write_tensor *tensors, size_t count,
                             const pulse_st_kv *meta, size_t meta_count) {
@@ -369,45 +288,21 @@ pulse_status pulse_st_write(const char *path,
     free(head.data);
     return st;
   }
-  char *tmp = NULL;
-  int fd = -1;
-  st = create_temp(path, &tmp, &fd);
-  if (st != PULSE_OK) {
-    free(head.data);
-    return st;
-  }
-  const char *what = "write";
-  int ok = write_all(fd, head.data, head.len) == 0;
-  for (size_t i = 0; ok && i < count; i++) {
+  (void)data_size;
+  pulse_atomic_file *file = NULL;
+  st = pulse_atomic_file_create(path, &file);
+  if (st == PULSE_OK)
+    st = pulse_atomic_file_write(file, head.data, head.len);
+  free(head.data);
+  for (size_t i = 0; st == PULSE_OK && i < count; i++) {
     uint64_t numel;
     (void)pulse_shape_numel(tensors[i].shape, tensors[i].ndim, &numel);
-    uint64_t n = numel * pulse_dtype_size(tensors[i].dtype);
-    ok = write_all(fd, tensors[i].data, n) == 0;
+    st = pulse_atomic_file_write(file, tensors[i].data,
+                                 numel * pulse_dtype_size(tensors[i].dtype));
   }
-  free(head.data);
-  if (ok) {
-    what = "fsync";
-    ok = fsync(fd) == 0;
-  }
-  int e = errno;
-  if (close(fd) != 0 && ok) {
-    e = errno;
-    what = "close";
-    ok = 0;
-  }
-  if (ok) {
-    what = "rename";
-    ok = rename(tmp, path) == 0;
-    e = errno;
-  }
-  if (!ok) {
-    unlink(tmp);
-    st = pulse_fail(PULSE_ERR_IO, "safetensors: %s: %s: %s", path, what,
-                    strerror(e));
-    free(tmp);
+  if (st != PULSE_OK) {
+    pulse_atomic_file_abort(file);
     return st;
   }
-  free(tmp);
-  (void)data_size;
-  return fsync_dir_of(path);
+  return pulse_atomic_file_commit(file);
 }

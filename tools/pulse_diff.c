@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "pulse_codec.h"
+#include "pulse_file.h"
 #include "pulse_safetensors.h"
 #include "toolkit_args.h"
 #include "toolkit_files.h"
@@ -170,10 +171,9 @@ int main(int argc, char **argv) {
     rc = fail("encode", st);
     goto done;
   }
-  st = pulse_tk_write_file_atomic(out_path, patch.data, patch.size);
+  st = pulse_file_write_atomic(out_path, patch.data, patch.size);
   if (st != PULSE_OK) {
-    fprintf(stderr, "pulse-diff: cannot write '%s'\n", out_path);
-    rc = 1;
+    rc = fail(out_path, st);
   } else {
     double dense = (double)total * 2.0;
     printf("pulse-diff: step %" PRIu64 " <- %" PRIu64 ": %" PRIu64 " of %" PRIu64

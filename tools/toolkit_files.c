@@ -3,7 +3,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <libgen.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -48,50 +47,6 @@ pulse_status pulse_tk_read_file(const char *path, pulse_buffer *out) {
   out->data = data;
   out->size = size;
   return PULSE_OK;
-}
-
-pulse_status pulse_tk_write_file_atomic(const char *path, const void *data, size_t size) {
-  size_t len = strlen(path);
-  char *tmp = malloc(len + 32), *dir_copy = strdup(path);
-  if (tmp == NULL || dir_copy == NULL) {
-    free(tmp), free(dir_copy);
-    return PULSE_ERR_NOMEM;
-  }
-  snprintf(tmp, len + 32, "%s.tmp.%ld", path, (long)getpid());
-  pulse_status st = PULSE_OK;
-  int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    st = PULSE_ERR_IO;
-  } else {
-    const uint8_t *p = data;
-    size_t left = size;
-    while (left > 0 && st == PULSE_OK) {
-      ssize_t n = write(fd, p, left);
-      if (n < 0 && errno == EINTR)
-        continue;
-      if (n <= 0)
-        st = PULSE_ERR_IO;
-      else
-        p += n, left -= (size_t)n;
-    }
-    if (st == PULSE_OK && fsync(fd) != 0)
-      st = PULSE_ERR_IO;
-    if (close(fd) != 0)
-      st = PULSE_ERR_IO;
-    if (st == PULSE_OK && rename(tmp, path) != 0)
-      st = PULSE_ERR_IO;
-    if (st != PULSE_OK)
-      unlink(tmp);
-  }
-  if (st == PULSE_OK) {
-    int dfd = open(dirname(dir_copy), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd >= 0) {
-      fsync(dfd);
-      close(dfd);
-    }
-  }
-  free(tmp), free(dir_copy);
-  return st;
 }
 
 void pulse_tk_state_free(pulse_tk_state *s) {

@@ -12,11 +12,6 @@
 /** Reads a whole regular file into a new buffer (pulse_buffer_free). */
 pulse_status pulse_tk_read_file(const char *path, pulse_buffer *out);
 
-/** Writes `size` bytes to `path` atomically: a temporary file in the same
- * directory, fsync, rename, fsync of the directory. On failure `path` is
- * untouched and the temporary file removed. */
-pulse_status pulse_tk_write_file_atomic(const char *path, const void *data, size_t size);
-
 /* A model's tensors as BF16 state, in the model's order (storage order, or
  * shard then storage order). */
 typedef struct {
