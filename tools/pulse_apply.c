@@ -20,11 +20,7 @@ static void usage(FILE *f) {
              "  OUT     the target checkpoint (one BF16 safetensors file, written atomically)\n");
 }
 
-static int fail(const char *what, pulse_status st) {
-  fprintf(stderr, "pulse-apply: %s: %s (%s)%s%s\n", what, pulse_status_str(st), pulse_status_name(st),
-          pulse_error_detail()[0] ? ": " : "", pulse_error_detail());
-  return 1;
-}
+static int fail(const char *what, pulse_status st) { return pulse_tk_fail("pulse-apply", what, st); }
 
 int main(int argc, char **argv) {
   const char *paths[2] = {NULL, NULL}, *out_path = NULL, *v;

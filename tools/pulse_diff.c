@@ -27,11 +27,7 @@ static void usage(FILE *f) {
              "  --threads N      threads (default: one per core)\n");
 }
 
-static int fail(const char *what, pulse_status st) {
-  fprintf(stderr, "pulse-diff: %s: %s (%s)%s%s\n", what, pulse_status_str(st), pulse_status_name(st),
-          pulse_error_detail()[0] ? ": " : "", pulse_error_detail());
-  return 1;
-}
+static int fail(const char *what, pulse_status st) { return pulse_tk_fail("pulse-diff", what, st); }
 
 int main(int argc, char **argv) {
   const char *paths[2] = {NULL, NULL}, *out_path = NULL, *v;

@@ -21,9 +21,9 @@ static void usage(FILE *f) {
 }
 
 static int fail(const char *what, pulse_status st) {
-  fprintf(stderr, "pulse-inspect: %s: invalid: %s (%s)%s%s\n", what, pulse_status_str(st),
-          pulse_status_name(st), pulse_error_detail()[0] ? ": " : "", pulse_error_detail());
-  return 1;
+  char invalid[4096];
+  snprintf(invalid, sizeof invalid, "%s: invalid", what);
+  return pulse_tk_fail("pulse-inspect", invalid, st);
 }
 
 static void print_shape(const pulse_tensor_info *info) {

@@ -3,8 +3,11 @@
 
 #include <errno.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "pulse_status.h"
 
 int pulse_tk_opt_value(int argc, char **argv, int *i, const char *name,
                        const char **value) {
@@ -97,4 +100,12 @@ int pulse_tk_parse_int(const char *s, int min, int max, int *out) {
     return -1;
   *out = (int)v;
   return 0;
+}
+
+int pulse_tk_fail(const char *prog, const char *what, int status) {
+  pulse_status st = (pulse_status)status;
+  const char *detail = pulse_error_detail();
+  fprintf(stderr, "%s: %s: %s (%s)%s%s\n", prog, what, pulse_status_str(st), pulse_status_name(st),
+          detail[0] ? ": " : "", detail);
+  return 1;
 }

@@ -34,6 +34,11 @@ int pulse_tk_parse_double(const char *s, double *out);
 /** Parses a decimal int within [min, max]. */
 int pulse_tk_parse_int(const char *s, int min, int max, int *out);
 
+/** Prints "PROG: WHAT: message (NAME): detail" for a failed pulse call to
+ * stderr, the detail being pulse_error_detail(). @return 1, the exit status
+ * of a program that stops on it. */
+int pulse_tk_fail(const char *prog, const char *what, int status);
+
 #ifdef __cplusplus
 }
 #endif
