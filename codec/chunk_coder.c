@@ -79,21 +79,6 @@ void pulse_chunk_classify(const uint16_t *base, uint32_t n, const uint32_t *pos,
     hist[c] = h4[0][c] + h4[1][c] + h4[2][c] + h4[3][c];
 }
 
-static void histogram(const uint16_t *base, uint32_t n, uint32_t *hist) {
-  uint32_t h4[4][PULSE_CLASS_COUNT];
-  memset(h4, 0, sizeof h4);
-  uint32_t i = 0;
-  for (; i + 4 <= n; i += 4) {
-    h4[0][pulse_bf16_class(base[i])]++;
-    h4[1][pulse_bf16_class(base[i + 1])]++;
-    h4[2][pulse_bf16_class(base[i + 2])]++;
-    h4[3][pulse_bf16_class(base[i + 3])]++;
-  }
-  for (; i < n; i++)
-    h4[0][pulse_bf16_class(base[i])]++;
-  for (unsigned c = 0; c < PULSE_CLASS_COUNT; c++)
-    hist[c] = h4[0][c] + h4[1][c] + h4[2][c] + h4[3][c];
-}
 
 /* ------------------------------------------------------------ encoding */
 
@@ -324,7 +309,7 @@ pulse_status pulse_chunk_decode(pulse_pos_model model, const uint16_t *base,
   } else {
     uint32_t hist[PULSE_CLASS_COUNT];
     uint64_t kc[PULSE_CLASS_COUNT] = {0}, total = 0;
-    histogram(base, n, hist);
+    pulse_chunk_classify(base, n, NULL, 0, hist, NULL, NULL); /* counts only */
     for (unsigned c = 0; c < PULSE_CLASS_COUNT; c++) {
       if (hist[c] == 0)
         continue;

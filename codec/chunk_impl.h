@@ -10,7 +10,8 @@
 
 /* Counts the base elements of each position class (hist[PULSE_CLASS_COUNT])
  * and gives each changed position (pos, strictly increasing, < n) its class
- * and its rank among the elements of that class. */
+ * and its rank among the elements of that class. With k = 0 it only counts
+ * (pos, rank and cls may then be NULL). */
 void pulse_chunk_classify(const uint16_t *base, uint32_t n, const uint32_t *pos,
                           uint32_t k, uint32_t *hist, uint32_t *rank,
                           uint8_t *cls);

@@ -155,13 +155,10 @@ pulse_status pulse_patch_apply(const pulse_patch *p, pulse_host_tensor *targets,
     }
   }
   pulse_tensor_info *infos = NULL;
-  pulse_tensor_digest *table_d = NULL;
   if (!opts->partial_table) {
     infos = calloc(n + 1, sizeof *infos);
-    table_d = calloc(n + 1, sizeof *table_d);
     pulse_state_digest sd;
-    if (!infos || !table_d) {
-      free(infos), free(table_d);
+    if (!infos) {
       st = pulse_fail(PULSE_ERR_NOMEM, "apply: state digest");
       goto done;
     }
@@ -172,7 +169,7 @@ pulse_status pulse_patch_apply(const pulse_patch *p, pulse_host_tensor *targets,
       st = pulse_fail(PULSE_ERR_BASE_DIGEST, "apply: the base state is not the patch's base (step %llu)",
                       (unsigned long long)p->base_step);
     if (st != PULSE_OK) {
-      free(infos), free(table_d);
+      free(infos);
       goto done;
     }
   }
@@ -215,7 +212,7 @@ pulse_status pulse_patch_apply(const pulse_patch *p, pulse_host_tensor *targets,
       st = pulse_fail(PULSE_ERR_TARGET_DIGEST, "apply: the result would not match the target state of step %llu",
                       (unsigned long long)p->step);
   }
-  free(infos), free(table_d);
+  free(infos);
   if (st != PULSE_OK)
     goto done;
 
