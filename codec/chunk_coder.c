@@ -140,13 +140,12 @@ static void put_value(pulse_rc_enc *e, chunk_models *m, unsigned vc, uint16_t de
   pulse_rc_enc_direct(e, w1, len);
 }
 
-pulse_status pulse_chunk_encode(pulse_pos_model model, const uint16_t *base,
-                                uint32_t n, const uint32_t *pos,
-                                const uint16_t *delta, uint32_t k,
-                                pulse_bytebuf *out) {
+pulse_status pulse_chunk_encode_ranks(pulse_pos_model model, const uint32_t *hist,
+                                      uint32_t n, uint32_t k, const uint8_t *cls,
+                                      const uint32_t *rank, const uint16_t *delta,
+                                      pulse_bytebuf *out) {
   chunk_models *m = malloc(sizeof *m);
-  uint32_t *rank = NULL, *order = NULL;
-  uint8_t *cls = NULL;
+  uint32_t *order = NULL;
   if (m == NULL)
     return pulse_fail(PULSE_ERR_NOMEM, "chunk encode: models");
   models_reset(m);
@@ -157,21 +156,17 @@ pulse_status pulse_chunk_encode(pulse_pos_model model, const uint16_t *base,
     uint64_t prev = 0;
     unsigned mlog = golomb_log2(n, k);
     for (uint32_t j = 0; j < k; j++) {
-      put_gap(&e, m, pos[j] - prev, mlog);
+      put_gap(&e, m, rank[j] - prev, mlog);
       put_value(&e, m, 0, delta[j]);
-      prev = (uint64_t)pos[j] + 1u;
+      prev = (uint64_t)rank[j] + 1u;
     }
   } else {
-    uint32_t hist[PULSE_CLASS_COUNT], kc[PULSE_CLASS_COUNT] = {0};
-    uint32_t start[PULSE_CLASS_COUNT + 1];
-    rank = malloc((size_t)k * sizeof *rank);
+    uint32_t kc[PULSE_CLASS_COUNT] = {0}, start[PULSE_CLASS_COUNT + 1];
     order = malloc((size_t)k * sizeof *order);
-    cls = malloc((size_t)k);
-    if (rank == NULL || order == NULL || cls == NULL) {
-      free(m), free(rank), free(order), free(cls);
+    if (order == NULL) {
+      free(m);
       return pulse_fail(PULSE_ERR_NOMEM, "chunk encode: %u changes", k);
     }
-    pulse_chunk_classify(base, n, pos, k, hist, rank, cls);
     for (uint32_t j = 0; j < k; j++)
       kc[cls[j]]++;
     start[0] = 0;
@@ -198,10 +193,30 @@ pulse_status pulse_chunk_encode(pulse_pos_model model, const uint16_t *base,
     }
   }
   pulse_rc_enc_flush(&e);
-  free(m), free(rank), free(order), free(cls);
+  free(m), free(order);
   if (out->failed)
     return pulse_fail(PULSE_ERR_NOMEM, "chunk encode: output buffer");
   return PULSE_OK;
+}
+
+pulse_status pulse_chunk_encode(pulse_pos_model model, const uint16_t *base,
+                                uint32_t n, const uint32_t *pos,
+                                const uint16_t *delta, uint32_t k,
+                                pulse_bytebuf *out) {
+  if (model == PULSE_POS_PLAIN)
+    return pulse_chunk_encode_ranks(model, NULL, n, k, NULL, pos, delta, out);
+  uint32_t hist[PULSE_CLASS_COUNT];
+  uint32_t *rank = malloc((size_t)k * sizeof *rank);
+  uint8_t *cls = malloc((size_t)k);
+  pulse_status st;
+  if (rank == NULL || cls == NULL) {
+    st = pulse_fail(PULSE_ERR_NOMEM, "chunk encode: %u changes", k);
+  } else {
+    pulse_chunk_classify(base, n, pos, k, hist, rank, cls);
+    st = pulse_chunk_encode_ranks(model, hist, n, k, cls, rank, delta, out);
+  }
+  free(rank), free(cls);
+  return st;
 }
 
 /* ------------------------------------------------------------ decoding */
@@ -275,14 +290,14 @@ static int get_value(pulse_rc_dec *d, chunk_models *m, unsigned vc, uint16_t *de
   return 1;
 }
 
-pulse_status pulse_chunk_decode(pulse_pos_model model, const uint16_t *base,
-                                uint32_t n, const uint8_t *stream, size_t size,
-                                uint32_t k, uint64_t first, uint64_t *pos,
-                                uint16_t *delta) {
+pulse_status pulse_chunk_decode_ranks(pulse_pos_model model, const uint32_t *hist,
+                                      uint32_t n, const uint8_t *stream, size_t size,
+                                      uint32_t k, uint32_t *start, uint32_t *rank,
+                                      uint16_t *delta) {
   if (k == 0 || k > n)
     return pulse_fail(PULSE_ERR_CORRUPT, "chunk: %u changes in %u elements", k, n);
-  if (model == PULSE_POS_CLASS && base == NULL)
-    return pulse_fail(PULSE_ERR_ARG, "chunk: the class model needs the base");
+  if (model == PULSE_POS_CLASS && hist == NULL)
+    return pulse_fail(PULSE_ERR_ARG, "chunk: the class model needs the base's class counts");
   pulse_rc_dec d;
   if (!pulse_rc_dec_init(&d, stream, size))
     return pulse_fail(PULSE_ERR_CORRUPT, "chunk: not a range-coder stream");
@@ -291,8 +306,6 @@ pulse_status pulse_chunk_decode(pulse_pos_model model, const uint16_t *base,
     return pulse_fail(PULSE_ERR_NOMEM, "chunk decode: models");
   models_reset(m);
   pulse_status st = PULSE_OK;
-  uint32_t *rank = NULL;
-  uint16_t *cdelta = NULL;
 
   if (model == PULSE_POS_PLAIN) {
     unsigned mlog = golomb_log2(n, k);
@@ -303,13 +316,11 @@ pulse_status pulse_chunk_decode(pulse_pos_model model, const uint16_t *base,
         st = pulse_fail(PULSE_ERR_POSITION, "chunk: change %u of %u out of range", j, k);
         goto done;
       }
-      pos[j] = first + next + gap;
+      rank[j] = (uint32_t)(next + gap);
       next += gap + 1u;
     }
   } else {
-    uint32_t hist[PULSE_CLASS_COUNT];
     uint64_t kc[PULSE_CLASS_COUNT] = {0}, total = 0;
-    pulse_chunk_classify(base, n, NULL, 0, hist, NULL, NULL); /* counts only */
     for (unsigned c = 0; c < PULSE_CLASS_COUNT; c++) {
       if (hist[c] == 0)
         continue;
@@ -324,15 +335,6 @@ pulse_status pulse_chunk_decode(pulse_pos_model model, const uint16_t *base,
                       (unsigned long long)total, k);
       goto done;
     }
-    rank = malloc((size_t)k * sizeof *rank);
-    cdelta = malloc((size_t)k * sizeof *cdelta);
-    if (rank == NULL || cdelta == NULL) {
-      st = pulse_fail(PULSE_ERR_NOMEM, "chunk decode: %u changes", k);
-      goto done;
-    }
-    /* Ranks and deltas class by class, then one pass over the base turns
-     * (class, rank) back into storage positions. */
-    uint32_t start[PULSE_CLASS_COUNT + 1];
     start[0] = 0;
     for (unsigned c = 0; c < PULSE_CLASS_COUNT; c++) {
       start[c + 1] = start[c] + (uint32_t)kc[c];
@@ -342,7 +344,7 @@ pulse_status pulse_chunk_decode(pulse_pos_model model, const uint16_t *base,
       uint64_t next = 0;
       for (uint32_t t = start[c]; t < start[c + 1]; t++) {
         uint64_t gap;
-        if (!get_gap(&d, m, mlog, hist[c] - next, &gap) || !get_value(&d, m, c, &cdelta[t])) {
+        if (!get_gap(&d, m, mlog, hist[c] - next, &gap) || !get_value(&d, m, c, &delta[t])) {
           st = pulse_fail(PULSE_ERR_POSITION, "chunk: class %u change out of range", c);
           goto done;
         }
@@ -350,31 +352,65 @@ pulse_status pulse_chunk_decode(pulse_pos_model model, const uint16_t *base,
         next += gap + 1u;
       }
     }
-    /* want[c]: the class rank of the next change of class c (or never). */
-    uint32_t seen[PULSE_CLASS_COUNT] = {0}, cursor[PULSE_CLASS_COUNT], want[PULSE_CLASS_COUNT];
-    for (unsigned c = 0; c < PULSE_CLASS_COUNT; c++) {
-      cursor[c] = start[c];
-      want[c] = kc[c] ? rank[start[c]] : UINT32_MAX;
-    }
-    uint32_t out = 0;
-    for (uint32_t i = 0; i < n && out < k; i++) {
-      unsigned c = pulse_bf16_class(base[i]);
-      if (seen[c]++ == want[c]) {
-        pos[out] = first + i;
-        delta[out] = cdelta[cursor[c]];
-        out++;
-        cursor[c]++;
-        want[c] = cursor[c] < start[c + 1] ? rank[cursor[c]] : UINT32_MAX;
-      }
-    }
-    if (out != k) { /* unreachable: every rank was checked against hist */
-      st = pulse_fail(PULSE_ERR_INTERNAL, "chunk: located %u of %u changes", out, k);
-      goto done;
-    }
   }
   if (!pulse_rc_dec_finished_exactly(&d))
     st = pulse_fail(PULSE_ERR_CORRUPT, "chunk: stream length does not match its content");
 done:
-  free(m), free(rank), free(cdelta);
+  free(m);
+  return st;
+}
+
+void pulse_chunk_locate(const uint16_t *base, uint32_t n, uint32_t k, const uint32_t *start,
+                        const uint32_t *rank, const uint16_t *cdelta, uint64_t first,
+                        uint64_t *pos, uint16_t *delta) {
+  /* want[c]: the class rank of the next change of class c (or never). */
+  uint32_t seen[PULSE_CLASS_COUNT] = {0}, cursor[PULSE_CLASS_COUNT], want[PULSE_CLASS_COUNT];
+  for (unsigned c = 0; c < PULSE_CLASS_COUNT; c++) {
+    cursor[c] = start[c];
+    want[c] = start[c] < start[c + 1] ? rank[start[c]] : UINT32_MAX;
+  }
+  uint32_t out = 0;
+  for (uint32_t i = 0; i < n && out < k; i++) {
+    unsigned c = pulse_bf16_class(base[i]);
+    if (seen[c]++ == want[c]) {
+      pos[out] = first + i;
+      delta[out] = cdelta[cursor[c]];
+      out++;
+      cursor[c]++;
+      want[c] = cursor[c] < start[c + 1] ? rank[cursor[c]] : UINT32_MAX;
+    }
+  }
+}
+
+pulse_status pulse_chunk_decode(pulse_pos_model model, const uint16_t *base,
+                                uint32_t n, const uint8_t *stream, size_t size,
+                                uint32_t k, uint64_t first, uint64_t *pos,
+                                uint16_t *delta) {
+  if (model == PULSE_POS_PLAIN) {
+    uint32_t *rank = malloc((size_t)k * sizeof *rank + 4);
+    if (rank == NULL)
+      return pulse_fail(PULSE_ERR_NOMEM, "chunk decode: %u changes", k);
+    pulse_status st = pulse_chunk_decode_ranks(model, NULL, n, stream, size, k, NULL, rank, delta);
+    for (uint32_t j = 0; st == PULSE_OK && j < k; j++)
+      pos[j] = first + rank[j];
+    free(rank);
+    return st;
+  }
+  if (base == NULL)
+    return pulse_fail(PULSE_ERR_ARG, "chunk: the class model needs the base");
+  uint32_t hist[PULSE_CLASS_COUNT], start[PULSE_CLASS_COUNT + 1];
+  uint32_t *rank = malloc((size_t)k * sizeof *rank + 4);
+  uint16_t *cdelta = malloc((size_t)k * sizeof *cdelta + 2);
+  pulse_status st;
+  if (rank == NULL || cdelta == NULL) {
+    st = pulse_fail(PULSE_ERR_NOMEM, "chunk decode: %u changes", k);
+  } else {
+    pulse_chunk_classify(base, n, NULL, 0, hist, NULL, NULL); /* counts only */
+    st = pulse_chunk_decode_ranks(model, hist, n, stream, size, k, start, rank, cdelta);
+    /* Every rank was checked against its class count, so all k are found. */
+    if (st == PULSE_OK)
+      pulse_chunk_locate(base, n, k, start, rank, cdelta, first, pos, delta);
+  }
+  free(rank), free(cdelta);
   return st;
 }
