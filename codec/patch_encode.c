@@ -28,6 +28,31 @@ typedef struct {
   char (*detail)[160];
 } encode_job;
 
+/* A rank form that no decoder could invert is refused here, not shipped:
+ * class counts must cover the chunk, ranks fit their class and increase. */
+static pulse_status check_rank_form(const pulse_encode_tensor *t, const encode_item *it,
+                                    uint32_t n) {
+  const uint32_t *hist = t->chunk_hist + it->chunk * PULSE_CLASS_COUNT;
+  uint64_t total = 0;
+  for (unsigned c = 0; c < PULSE_CLASS_COUNT; c++)
+    total += hist[c];
+  if (total != n)
+    return pulse_fail(PULSE_ERR_ARG, "encode: tensor '%s' chunk %llu: class counts cover %llu of %u",
+                      t->info.name, (unsigned long long)it->chunk, (unsigned long long)total, n);
+  int64_t last[PULSE_CLASS_COUNT];
+  for (unsigned c = 0; c < PULSE_CLASS_COUNT; c++)
+    last[c] = -1;
+  for (uint32_t j = 0; j < it->changes; j++) {
+    unsigned c = t->change_class[it->first_change + j];
+    uint32_t r = t->change_rank[it->first_change + j];
+    if (r >= hist[c] || (int64_t)r <= last[c])
+      return pulse_fail(PULSE_ERR_ARG, "encode: tensor '%s' chunk %llu: rank %u of class %u is not valid",
+                        t->info.name, (unsigned long long)it->chunk, r, c);
+    last[c] = r;
+  }
+  return PULSE_OK;
+}
+
 static void encode_one(void *ctx, size_t i) {
   encode_job *job = ctx;
   const encode_item *it = &job->items[i];
@@ -38,7 +63,7 @@ static void encode_one(void *ctx, size_t i) {
   uint32_t n = (uint32_t)(left < (1ull << job->chunk_log2) ? left : (1ull << job->chunk_log2));
   uint32_t *pos = malloc((size_t)it->changes * sizeof *pos);
   uint16_t *delta = malloc((size_t)it->changes * sizeof *delta);
-  pulse_status st;
+  pulse_status st = PULSE_OK;
   if (pos == NULL || delta == NULL) {
     st = pulse_fail(PULSE_ERR_NOMEM, "encode: chunk of %u changes", it->changes);
   } else {
@@ -47,8 +72,14 @@ static void encode_one(void *ctx, size_t i) {
       pos[j] = (uint32_t)(ch->pos[c] - first);
       delta[j] = pulse_bf16_delta(ch->old_bits[c], ch->new_bits[c]);
     }
-    st = pulse_chunk_encode(job->model, t->base ? t->base + first : NULL, n, pos,
-                            delta, it->changes, &job->streams[i]);
+    int rank_form = t->base == NULL && job->model == PULSE_POS_CLASS;
+    if (!rank_form)
+      st = pulse_chunk_encode(job->model, t->base ? t->base + first : NULL, n, pos, delta,
+                              it->changes, &job->streams[i]);
+    else if ((st = check_rank_form(t, it, n)) == PULSE_OK)
+      st = pulse_chunk_encode_ranks(job->model, t->chunk_hist + it->chunk * PULSE_CLASS_COUNT, n,
+                                    it->changes, t->change_class + it->first_change,
+                                    t->change_rank + it->first_change, delta, &job->streams[i]);
   }
   job->status[i] = st;
   if (st != PULSE_OK)
@@ -88,8 +119,11 @@ static pulse_status check_tensor(const pulse_encode_tensor *t, size_t i,
   PULSE_TRY(pulse_shape_numel(t->info.shape, t->info.ndim, numel));
   const pulse_changes *ch = t->changes;
   uint64_t k = ch ? ch->count : 0;
-  if ((t->base == NULL && *numel > 0 && (model == PULSE_POS_CLASS || t->base_digest == NULL)))
-    return pulse_fail(PULSE_ERR_ARG, "encode: tensor '%s': no base", name);
+  int rank_form = t->chunk_hist != NULL && t->change_class != NULL && t->change_rank != NULL;
+  if (t->base == NULL && *numel > 0 &&
+      ((model == PULSE_POS_CLASS && !rank_form) || t->base_digest == NULL))
+    return pulse_fail(PULSE_ERR_ARG, "encode: tensor '%s': no base (nor its digest and rank form)",
+                      name);
   for (uint64_t j = 0; j < k; j++) {
     if (ch->pos[j] >= *numel || (j > 0 && ch->pos[j] <= ch->pos[j - 1]))
       return pulse_fail(PULSE_ERR_POSITION, "encode: tensor '%s': change %llu at %llu",

@@ -164,6 +164,14 @@ typedef struct {
   const pulse_changes *changes; /* changes from base to target (may be NULL
                                    or empty); old bits must equal base */
   const pulse_tensor_digest *base_digest; /* NULL: computed from base */
+  /* Rank form, for a base that is not in host memory (a device tensor whose
+   * classes a kernel counted): base NULL, base_digest given, and for
+   * PULSE_POS_CLASS the class counts of every chunk's base
+   * (chunk_hist[chunk * PULSE_CLASS_COUNT + class]) and each change's class
+   * and rank within its class in its chunk (change order). NULL otherwise. */
+  const uint32_t *chunk_hist;
+  const uint8_t *change_class;
+  const uint32_t *change_rank;
 } pulse_encode_tensor;
 
 /* A heap buffer owned by the caller after a successful call. */
