@@ -1,14 +1,37 @@
 /* pulse_cuda.h - CUDA entry points, callable from C. Never includes CUDA
- * headers: streams travel as void *. When pulse is built without CUDA every
- * function exists and returns PULSE_ERR_NOT_BUILT (or 0 for the query). */
+ * headers: streams travel as void * (a cudaStream_t; NULL is the default
+ * stream) and device pointers end in _d.
+ *
+ * Builds: with CUDA (nvcc found, PULSE_CUDA=AUTO/ON) every function below
+ * runs its kernels; with no usable device it returns PULSE_ERR_CUDA ("no
+ * CUDA device") after checking its arguments. Without CUDA (PULSE_CUDA=OFF)
+ * every function that needs a device returns PULSE_ERR_NOT_BUILT; the CPU
+ * references (pulse_loco_gate_ref) work in both builds.
+ *
+ * Results are bit-identical to the CPU reference in codec/: kernels call the
+ * same PULSE_HD element functions (pulse_elem.h, pulse_loco_elem.h).
+ *
+ * Errors: a pulse_status, details in pulse_error_detail(). Nothing aborts the
+ * process or prints. Synchronization: a function that returns sizes, digests
+ * or a status computed on the device synchronizes `stream` before returning
+ * (each says so); the work it queued is then complete.
+ *
+ * Thread-safety: functions are reentrant; a workspace or class index is used
+ * by one thread at a time. */
 #ifndef PULSE_CUDA_H
 #define PULSE_CUDA_H
 
+#include <stddef.h>
+#include <stdint.h>
+
+#include "pulse_codec.h"
 #include "pulse_status.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* ------------------------------------------------------------ the device */
 
 /** Non-zero when pulse was built with CUDA and at least one device is usable
  * now. Cheap after the first call. */
@@ -18,7 +41,272 @@ int pulse_cuda_available(void);
  * CUDA", ...), or "" when a device is available. Static storage. */
 const char *pulse_cuda_unavailable_reason(void);
 
+/** cudaMalloc of `bytes` (0 gives NULL and PULSE_OK) into *out_d. */
+pulse_status pulse_cuda_alloc(void **out_d, size_t bytes);
+
+/** cudaFree; NULL is fine. */
+void pulse_cuda_free(void *ptr_d);
+
+/** Copies host -> device; returns when the copy is complete. */
+pulse_status pulse_cuda_upload(void *dst_d, const void *src, size_t bytes,
+                               void *stream);
+
+/** Copies device -> host; returns when the copy is complete. */
+pulse_status pulse_cuda_download(void *dst, const void *src_d, size_t bytes,
+                                 void *stream);
+
+/** Queues a device -> device copy on `stream` (asynchronous). */
+pulse_status pulse_cuda_copy(void *dst_d, const void *src_d, size_t bytes,
+                             void *stream);
+
+/** Fills `bytes` of device memory with `byte`, asynchronously on `stream`. */
+pulse_status pulse_cuda_fill(void *dst_d, int byte, size_t bytes, void *stream);
+
+/** Waits for everything queued on `stream`; reports a pending CUDA error. */
+pulse_status pulse_cuda_sync(void *stream);
+
+/* --------------------------------------------------------------- scratch */
+
+/* Device scratch (tile counts, scans, staging) kept between calls so that a
+ * steady-state call does no cudaMalloc. Grows on demand, never shrinks.
+ * Every function taking one accepts NULL: it then uses a temporary one. */
+typedef struct pulse_cuda_workspace pulse_cuda_workspace;
+
+pulse_status pulse_cuda_workspace_create(pulse_cuda_workspace **out);
+void pulse_cuda_workspace_free(pulse_cuda_workspace *ws); /* NULL is fine */
+
+/* ------------------------------------------------- encode: detect changes */
+
+/* One tensor of the trainer's table: its current weights and the BF16
+ * snapshot of the last published step (the patch's base). */
+typedef struct {
+  const void *cur_d;     /* numel values of cur_dtype, aligned to it */
+  pulse_dtype cur_dtype; /* PULSE_DTYPE_F32 (master) or PULSE_DTYPE_BF16 */
+  uint16_t *snapshot_d;  /* numel BF16 bits, 2-byte aligned */
+  uint64_t numel;
+} pulse_cuda_detect_tensor;
+
+/* Where pulse_cuda_detect writes, all device arrays owned by the caller.
+ * Changes are laid out as the CPU encoder lists them: tensor after tensor in
+ * table order, positions increasing within each tensor. */
+typedef struct {
+  uint64_t capacity; /* changes each array below can hold */
+  uint64_t *pos_d;   /* position within its tensor */
+  uint16_t *old_d;   /* the snapshot's bits (base) */
+  uint16_t *new_d;   /* pulse_bf16_from_f32_bits(cur) or the BF16 cur */
+  /* The rank form of PULSE_POS_CLASS (pulse_encode_tensor): each change's
+   * class (pulse_bf16_class of its old bits) and rank among the elements of
+   * that class in its chunk, and the class counts of every chunk of the base
+   * (chunk_hist_d[chunk * PULSE_CLASS_COUNT + class], chunks numbered across
+   * the table: tensor after tensor, see pulse_cuda_chunk_count). All three
+   * NULL to skip the rank form. */
+  uint8_t *class_d;
+  uint32_t *rank_d;
+  uint32_t *chunk_hist_d;
+  uint64_t chunk_capacity; /* chunks chunk_hist_d can hold */
+} pulse_cuda_changes;
+
+/* Detection options; start from PULSE_CUDA_DETECT_OPTS_INIT. */
+typedef struct {
+  uint32_t struct_version; /* PULSE_CUDA_DETECT_OPTS_VERSION */
+  uint32_t chunk_log2;     /* chunk of the rank form, 10..30 */
+  int update_snapshot;     /* non-zero: snapshot_d takes the new bits */
+} pulse_cuda_detect_opts;
+
+#define PULSE_CUDA_DETECT_OPTS_VERSION 1u
+#define PULSE_CUDA_DETECT_OPTS_INIT                                            \
+  { PULSE_CUDA_DETECT_OPTS_VERSION, PULSE_CHUNK_LOG2_DEFAULT, 0 }
+
+/** Chunks of 2^chunk_log2 elements over a table (a tensor of numel elements
+ * has ceil(numel / 2^chunk_log2); chunks never span tensors). Host only.
+ * @return PULSE_OK, or PULSE_ERR_ARG for a NULL table or chunk_log2 outside
+ * 10..30. */
+pulse_status pulse_cuda_chunk_count(const pulse_cuda_detect_tensor *table,
+                                    size_t count, uint32_t chunk_log2,
+                                    uint64_t *chunks);
+
+/** Change detection on the device for a whole table, bit-identical to
+ * pulse_detect_ref on each tensor (and, for the rank form, to
+ * pulse_chunk_classify on each chunk): a fixed number of kernel launches
+ * whatever the tensor count (count, scan, chunk counts, write).
+ *
+ * `out` NULL is a size query: nothing is written. Otherwise, when the changes
+ * exceed out->capacity the call fails with PULSE_ERR_OVERFLOW, writes no
+ * change and leaves every snapshot as it was (chunk_hist_d may have been
+ * written); `total` (may be NULL) receives the number of changes and
+ * `tensor_changes` (may be NULL) each tensor's count, in both cases. A rank
+ * form whose chunks exceed chunk_capacity fails with PULSE_ERR_OVERFLOW
+ * before anything runs (total 0). Synchronizes `stream`.
+ * @return PULSE_OK; PULSE_ERR_ARG (NULL pointers, misaligned tensors, bad
+ * options, a dtype other than F32/BF16 -> PULSE_ERR_DTYPE); PULSE_ERR_OVERFLOW;
+ * PULSE_ERR_NOMEM (scratch); PULSE_ERR_CUDA. */
+pulse_status pulse_cuda_detect(pulse_cuda_workspace *ws,
+                               const pulse_cuda_detect_tensor *table,
+                               size_t count, const pulse_cuda_detect_opts *opts,
+                               const pulse_cuda_changes *out,
+                               uint64_t *tensor_changes, uint64_t *total,
+                               void *stream);
+
+/* ------------------------------------------- apply: digests and scatter */
+
+/* A BF16 tensor in device memory. */
+typedef struct {
+  uint16_t *data_d; /* numel BF16 bits, 2-byte aligned */
+  uint64_t numel;
+} pulse_cuda_bf16_tensor;
+
+/** The additive digest (FORMAT.md) of every tensor of a table, equal to
+ * pulse_digest_bf16 on each, into digests[count] (host). One launch for the
+ * table; no weights leave the device. Synchronizes `stream`. */
+pulse_status pulse_cuda_digest(pulse_cuda_workspace *ws,
+                               const pulse_cuda_bf16_tensor *table,
+                               size_t count, pulse_tensor_digest *digests,
+                               void *stream);
+
+/** How a change list moves each tensor's digest: moves[t] (host, count
+ * entries) gets, lane by lane modulo 2^64, the sum over tensor t's changes of
+ * lane(pos << 16 | new) - lane(pos << 16 | old); a digest after the changes is
+ * the digest before plus this (pulse_digest_apply_changes gives the same).
+ * Tensor t's changes are entries tensor_first[t] .. tensor_first[t + 1] - 1
+ * (host array of count + 1, non-decreasing, from 0) of the device arrays.
+ * Synchronizes `stream`. */
+pulse_status pulse_cuda_changes_digest(
+    pulse_cuda_workspace *ws, const uint64_t *tensor_first, size_t count,
+    const uint64_t *pos_d, const uint16_t *old_d, const uint16_t *new_d,
+    pulse_tensor_digest *moves, void *stream);
+
+/** Writes new_d[j] at position pos_d[j] of its tensor (entries laid out as
+ * for pulse_cuda_changes_digest) with one launch. Positions must be distinct
+ * within a tensor. An entry at or past its tensor's numel is skipped and
+ * reported as PULSE_ERR_POSITION after the others were written (the patch
+ * apply checks positions before it scatters). Synchronizes `stream`. */
+pulse_status pulse_cuda_scatter(pulse_cuda_workspace *ws,
+                                const pulse_cuda_bf16_tensor *table,
+                                size_t count, const uint64_t *tensor_first,
+                                const uint64_t *pos_d, const uint16_t *new_d,
+                                void *stream);
+
+/* ------------------------------------ apply: class-rank positions -> positions
+ */
+
+/* The class counts of a device base, per chunk and per tile, that decoding
+ * a PULSE_POS_CLASS patch needs (FORMAT.md, "Position classes"). Valid while
+ * the base tensors keep their bits. */
+typedef struct pulse_cuda_class_index pulse_cuda_class_index;
+
+/** Counts the classes of every chunk of a table of device tensors (the
+ * receiver's base). Synchronizes `stream`. The table is copied; the tensors
+ * are borrowed and must outlive the index unchanged. */
+pulse_status pulse_cuda_class_index_build(const pulse_cuda_bf16_tensor *table,
+                                          size_t count, uint32_t chunk_log2,
+                                          void *stream,
+                                          pulse_cuda_class_index **out);
+
+void pulse_cuda_class_index_free(
+    pulse_cuda_class_index *idx); /* NULL is fine */
+
+/** The class counts of every chunk (host memory owned by the index:
+ * hist[chunk * PULSE_CLASS_COUNT + class], chunks tensor after tensor), equal
+ * to pulse_chunk_classify on each chunk; *chunks gets their number. */
+const uint32_t *pulse_cuda_class_index_hist(const pulse_cuda_class_index *idx,
+                                            uint64_t *chunks);
+
+/** Turns class-rank entries back into positions (what pulse_chunk_locate does
+ * on the host). Chunk g's entries are entries chunk_first[g] ..
+ * chunk_first[g + 1] - 1 (host array of chunks + 1, non-decreasing, from 0),
+ * each a class cls[j] and a rank rank[j] (host arrays), in the order
+ * pulse_chunk_decode_ranks gives them: increasing class, then increasing
+ * rank; every rank below its class count. pos_d[j] (device) receives entry
+ * j's position within its tensor. The entries are checked on the host first.
+ * Synchronizes `stream`.
+ * @return PULSE_OK; PULSE_ERR_POSITION for entries out of order or past
+ * their class; PULSE_ERR_CUDA; PULSE_ERR_NOMEM. */
+pulse_status pulse_cuda_locate(pulse_cuda_class_index *idx,
+                               const uint64_t *chunk_first, const uint8_t *cls,
+                               const uint32_t *rank, uint64_t *pos_d,
+                               void *stream);
+
+/* ---------------------------------------------- patches from/to the device */
+
+/* One tensor given to pulse_cuda_patch_encode. */
+typedef struct {
+  pulse_tensor_info info; /* name, dtype PULSE_DTYPE_BF16 (the state), shape */
+  const void *cur_d; /* numel(shape) values of cur_dtype: the step's weights */
+  pulse_dtype cur_dtype; /* PULSE_DTYPE_F32 or PULSE_DTYPE_BF16 */
+  uint16_t *snapshot_d;  /* numel BF16 bits: the base (last published step) */
+  /* The snapshot's digest when known; NULL computes it on the device. */
+  const pulse_tensor_digest *base_digest;
+} pulse_cuda_encode_tensor;
+
+/** pulse_patch_encode for weights in device memory: detects the changes on
+ * the device (one pass for the whole table), brings only the change lists,
+ * their rank form and the chunk class counts to the host, and codes them.
+ * The bytes equal those of pulse_patch_encode on host copies of the same
+ * snapshots and changes. When the patch is made and `update_snapshot` is
+ * non-zero, each snapshot then takes the new bits (on failure no snapshot
+ * changes). `target_digests` (host, count entries; may be NULL) receives the
+ * tensors' digests after the step. Synchronizes `stream`.
+ * @return what pulse_patch_encode returns, PULSE_ERR_CUDA, PULSE_ERR_NOMEM. */
+pulse_status pulse_cuda_patch_encode(pulse_cuda_workspace *ws,
+                                     const pulse_encode_opts *opts,
+                                     const pulse_cuda_encode_tensor *tensors,
+                                     size_t count, int update_snapshot,
+                                     void *stream, pulse_buffer *out,
+                                     pulse_tensor_digest *target_digests);
+
+/* A BF16 tensor in device memory that pulse_cuda_patch_apply may modify. */
+typedef struct {
+  const char *name;
+  uint16_t *data_d;
+  uint64_t numel;
+  /* In: the tensor's current digest when known (skips a full pass over it on
+   * the device); NULL computes it. */
+  const pulse_tensor_digest *digest;
+} pulse_cuda_target;
+
+/** pulse_patch_apply for device tensors, with the same checks and the same
+ * transaction: base digests (and the base state digest unless
+ * opts->partial_table), every chunk decoded (the class model against class
+ * counts taken on the device), positions found and old bits gathered on the
+ * device, the target digests checked, and only then the new bits scattered.
+ * On any error no target is written. `digests` (host, count entries, in
+ * targets order; may be NULL) receives each target's digest after the call
+ * (the base digest for targets the patch does not change). Synchronizes
+ * `stream`.
+ * @return what pulse_patch_apply returns, PULSE_ERR_CUDA, PULSE_ERR_NOMEM. */
+pulse_status pulse_cuda_patch_apply(pulse_cuda_workspace *ws,
+                                    const pulse_patch *patch,
+                                    const pulse_cuda_target *targets,
+                                    size_t count, const pulse_apply_opts *opts,
+                                    void *stream, pulse_tensor_digest *digests);
+
+/* ------------------------------------------------ PULSELoCo gate (DESIGN.md)
+ */
+
+/** CPU reference of the LoCo gate over n FP32 elements (a plain loop over
+ * pulse_loco_elem.h): s = e + (theta_g - theta_r); where bf16(theta_g) !=
+ * bf16(theta_g - s) the element is sent, (pos, s) appended in increasing
+ * position to pos/value, and e becomes 0; elsewhere e becomes s. When more
+ * than `capacity` elements would be sent it fails with PULSE_ERR_OVERFLOW
+ * and leaves e unchanged; `sent` (may be NULL) receives the count in both
+ * cases. pos and value may be NULL when capacity is 0 (then a call with
+ * anything to send is a size query that changes nothing). Works in every
+ * build. */
+pulse_status pulse_loco_gate_ref(const float *theta_g, const float *theta_r,
+                                 float *e, uint64_t n, uint64_t capacity,
+                                 uint64_t *pos, float *value, uint64_t *sent);
+
+/** The same gate on device arrays, bit-identical to pulse_loco_gate_ref
+ * (same contract; pos_d and value_d are device arrays). Synchronizes
+ * `stream`. */
+pulse_status pulse_cuda_loco_gate(pulse_cuda_workspace *ws,
+                                  const float *theta_g_d,
+                                  const float *theta_r_d, float *e_d,
+                                  uint64_t n, uint64_t capacity,
+                                  uint64_t *pos_d, float *value_d,
+                                  uint64_t *sent, void *stream);
+
 #ifdef __cplusplus
 }
 #endif
-#endif
+#endif /* PULSE_CUDA_H */

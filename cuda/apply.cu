@@ -1,0 +1,642 @@
+/* apply.cu - the receiver's side on the device: tensor digests, digest moves
+ * of change lists, gather (old bits, new = old + delta) and scatter of change
+ * lists, and the class index that turns class-rank positions of the class
+ * model back into positions without copying the base to the host. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "apply.cuh"
+#include "encode.cuh"
+
+/* ------------------------------------------------------------ kernels */
+
+/* One warp per tile: lane sums of the tile's element hashes, one atomic add
+ * per lane and tile (the sum is order-free, so any split gives the bits of
+ * pulse_digest_bf16). */
+static __global__ void __launch_bounds__(PULSE_TILE_THREADS)
+    digest_kernel(pulse_dev_table tab, uint64_t *sums) {
+  const unsigned lane = pulse_lane(), warp = threadIdx.x / 32u;
+  const uint64_t tile = (uint64_t)blockIdx.x * PULSE_TILE_WARPS + warp;
+  if (tile >= tab.tiles)
+    return;
+  const pulse_tile tl = pulse_tile_at(tab, tile);
+  const uint16_t *base = pulse_tab_base(tab, tl.t);
+  uint64_t a = 0, b = 0;
+  for (uint32_t s0 = 0; s0 < tl.n; s0 += 32u * PULSE_TILE_UNROLL) {
+    uint16_t bits[PULSE_TILE_UNROLL];
+#pragma unroll
+    for (int u = 0; u < PULSE_TILE_UNROLL; u++) {
+      const uint32_t i = s0 + (uint32_t)u * 32u + lane;
+      bits[u] = i < tl.n ? base[tl.first + i] : 0;
+    }
+#pragma unroll
+    for (int u = 0; u < PULSE_TILE_UNROLL; u++) {
+      const uint32_t i = s0 + (uint32_t)u * 32u + lane;
+      if (i < tl.n) {
+        const uint64_t x = pulse_digest_key(tl.first + i, bits[u]);
+        a += pulse_digest_lane_a(x);
+        b += pulse_digest_lane_b(x);
+      }
+    }
+  }
+  a = pulse_warp_sum(a);
+  b = pulse_warp_sum(b);
+  if (lane == 0) {
+    pulse_atomic_add_u64(&sums[2 * (uint64_t)tl.t], a);
+    pulse_atomic_add_u64(&sums[2 * (uint64_t)tl.t + 1], b);
+  }
+}
+
+/* Digest move of one change. */
+__device__ static inline void change_move(uint64_t pos, uint16_t old_bits,
+                                          uint16_t new_bits, uint64_t *a,
+                                          uint64_t *b) {
+  const uint64_t xo = pulse_digest_key(pos, old_bits),
+                 xn = pulse_digest_key(pos, new_bits);
+  *a = pulse_digest_lane_a(xn) - pulse_digest_lane_a(xo);
+  *b = pulse_digest_lane_b(xn) - pulse_digest_lane_b(xo);
+}
+
+/* One warp per 32 * PULSE_DIGEST_PER_LANE consecutive entries: summed in
+ * the warp when they all belong to one tensor (the usual case), else one
+ * atomic add per entry. */
+static __global__ void changes_digest_kernel(pulse_dev_table tab,
+                                             const uint64_t *pos,
+                                             const uint16_t *old_bits,
+                                             const uint16_t *new_bits,
+                                             uint64_t *sums) {
+  const unsigned lane = pulse_lane();
+  const uint64_t warp = ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32u;
+  const uint64_t span = 32u * PULSE_DIGEST_PER_LANE;
+  const uint64_t e0 = warp * span;
+  if (e0 >= tab.entries)
+    return;
+  const uint64_t e1 = tab.entries - e0 < span ? tab.entries : e0 + span;
+  const uint32_t t0 = pulse_find(tab.entry_first, tab.count, e0);
+  const uint32_t t1 = pulse_find(tab.entry_first, tab.count, e1 - 1);
+  if (t0 == t1) {
+    uint64_t a = 0, b = 0;
+    for (uint64_t e = e0 + lane; e < e1; e += 32u) {
+      uint64_t ma, mb;
+      change_move(pos[e], old_bits[e], new_bits[e], &ma, &mb);
+      a += ma;
+      b += mb;
+    }
+    a = pulse_warp_sum(a);
+    b = pulse_warp_sum(b);
+    if (lane == 0) {
+      pulse_atomic_add_u64(&sums[2 * (uint64_t)t0], a);
+      pulse_atomic_add_u64(&sums[2 * (uint64_t)t0 + 1], b);
+    }
+  } else {
+    for (uint64_t e = e0 + lane; e < e1; e += 32u) {
+      const uint32_t t = pulse_find(tab.entry_first, tab.count, e);
+      uint64_t ma, mb;
+      change_move(pos[e], old_bits[e], new_bits[e], &ma, &mb);
+      pulse_atomic_add_u64(&sums[2 * (uint64_t)t], ma);
+      pulse_atomic_add_u64(&sums[2 * (uint64_t)t + 1], mb);
+    }
+  }
+}
+
+/* Grid-stride over the entries of a change list. */
+#define FOR_EACH_ENTRY(e, tab)                                                 \
+  for (uint64_t e = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;           \
+       e < (tab).entries; e += (uint64_t)gridDim.x * blockDim.x)
+
+static __global__ void scatter_kernel(pulse_dev_table tab, const uint64_t *pos,
+                                      const uint16_t *new_bits, unsigned *bad) {
+  FOR_EACH_ENTRY(e, tab) {
+    const uint32_t t = pulse_find(tab.entry_first, tab.count, e);
+    const uint64_t p = pos[e];
+    if (p < tab.numel[t])
+      pulse_tab_base(tab, t)[p] = new_bits[e];
+    else
+      atomicOr(bad, 1u);
+  }
+}
+
+static __global__ void gather_kernel(pulse_dev_table tab, const uint64_t *pos,
+                                     const uint16_t *delta, uint16_t *old_bits,
+                                     uint16_t *new_bits, unsigned *bad) {
+  FOR_EACH_ENTRY(e, tab) {
+    const uint32_t t = pulse_find(tab.entry_first, tab.count, e);
+    const uint64_t p = pos[e];
+    uint16_t old = 0;
+    if (p < tab.numel[t])
+      old = pulse_tab_base(tab, t)[p];
+    else
+      atomicOr(bad, 1u);
+    old_bits[e] = old;
+    new_bits[e] = pulse_bf16_undelta(old, delta[e]);
+  }
+}
+
+/* One warp per tile of a class index whose chunk has entries. Entry keys
+ * are class << 32 | rank, increasing within a chunk. The warp walks its tile
+ * as the detect write pass does, keeping each class's running rank (hist,
+ * from the tile's prefix) and a cursor: the first entry of the class at or
+ * past that rank. In a step, the lanes of class c hold ranks r0 .. r0 + g - 1
+ * in lane order; the lowest of them takes every entry with a key below
+ * c << 32 | (r0 + g), whose rank r names the (r - r0)-th of those lanes. */
+static __global__ void __launch_bounds__(PULSE_TILE_THREADS)
+    locate_kernel(pulse_dev_table tab, const uint32_t *tile_prefix,
+                  const uint64_t *chunk_entry, const uint64_t *keys,
+                  uint64_t *pos, uint64_t *located) {
+  __shared__ uint32_t hist_s[PULSE_TILE_WARPS][PULSE_CLASS_COUNT];
+  __shared__ uint64_t cursor_s[PULSE_TILE_WARPS][PULSE_CLASS_COUNT];
+  const unsigned lane = pulse_lane(), warp = threadIdx.x / 32u;
+  const uint64_t tile = (uint64_t)blockIdx.x * PULSE_TILE_WARPS + warp;
+  if (tile >= tab.tiles)
+    return;
+  const pulse_tile tl = pulse_tile_at(tab, tile);
+  const uint64_t e_begin = chunk_entry[tl.chunk],
+                 e_end = chunk_entry[tl.chunk + 1];
+  if (e_begin == e_end)
+    return;
+  const uint64_t unset = UINT64_MAX;
+  uint32_t *hist = hist_s[warp];
+  uint64_t *cursor = cursor_s[warp];
+  for (unsigned c = lane; c < PULSE_CLASS_COUNT; c += 32u) {
+    hist[c] = tile_prefix[tile * PULSE_CLASS_COUNT + c];
+    cursor[c] = unset;
+  }
+  __syncwarp();
+  const uint16_t *base = pulse_tab_base(tab, tl.t);
+  uint64_t found = 0;
+  for (uint32_t s0 = 0; s0 < tl.n; s0 += 32u * PULSE_TILE_UNROLL) {
+    uint16_t bits[PULSE_TILE_UNROLL];
+#pragma unroll
+    for (int u = 0; u < PULSE_TILE_UNROLL; u++) {
+      const uint32_t i = s0 + (uint32_t)u * 32u + lane;
+      bits[u] = i < tl.n ? base[tl.first + i] : 0;
+    }
+#pragma unroll
+    for (int u = 0; u < PULSE_TILE_UNROLL; u++) {
+      const uint32_t step = s0 + (uint32_t)u * 32u;
+      const int valid = step + lane < tl.n;
+      const unsigned c = valid ? pulse_bf16_class(bits[u]) : PULSE_CLASS_COUNT;
+      const unsigned same = __match_any_sync(PULSE_FULL_MASK, c);
+      if (valid && lane == pulse_first_lane(same)) {
+        const uint32_t r0 = hist[c], g = (uint32_t)__popc(same);
+        const uint64_t lo = (uint64_t)c << 32 | r0,
+                       hi = (uint64_t)c << 32 | (r0 + g);
+        uint64_t k = cursor[c];
+        if (k == unset)
+          k = pulse_lower_bound(keys, e_begin, e_end, lo);
+        for (; k < e_end && keys[k] < hi; k++) {
+          if (keys[k] < lo)
+            continue; /* out of order: left unlocated, so the count fails */
+          const unsigned l = pulse_nth_lane(same, (uint32_t)keys[k] - r0);
+          pos[k] = tl.first + step + l;
+          found++;
+        }
+        cursor[c] = k;
+        hist[c] = r0 + g;
+      }
+      __syncwarp(); /* the next step's leaders see hist and cursor */
+    }
+  }
+  found = pulse_warp_sum(found);
+  if (lane == 0)
+    pulse_atomic_add_u64(located, found);
+}
+
+/* ------------------------------------------------------------ helpers */
+
+pulse_status pulse_check_ranges(const uint64_t *first, size_t count,
+                                const char *what) {
+  if (first == NULL)
+    return pulse_fail(PULSE_ERR_ARG, "%s: NULL ranges", what);
+  if (first[0] != 0)
+    return pulse_fail(PULSE_ERR_ARG, "%s: ranges start at %llu, not 0", what,
+                      (unsigned long long)first[0]);
+  for (size_t t = 0; t < count; t++)
+    if (first[t + 1] < first[t])
+      return pulse_fail(PULSE_ERR_ARG, "%s: range %zu ends before it starts",
+                        what, t);
+  return PULSE_OK;
+}
+
+static pulse_status check_bf16_table(const pulse_cuda_bf16_tensor *table,
+                                     size_t count, const char *what) {
+  if (count > 0 && table == NULL)
+    return pulse_fail(PULSE_ERR_ARG, "%s: NULL table", what);
+  if (count >= UINT32_MAX)
+    return pulse_fail(PULSE_ERR_ARG, "%s: %zu tensors", what, count);
+  for (size_t t = 0; t < count; t++) {
+    if (table[t].numel == 0)
+      continue;
+    if (table[t].data_d == NULL || (uintptr_t)table[t].data_d % 2 != 0)
+      return pulse_fail(PULSE_ERR_ARG,
+                        "%s: tensor %zu: NULL or misaligned data", what, t);
+    if (table[t].numel > (UINT64_MAX >> 16))
+      return pulse_fail(PULSE_ERR_OVERFLOW, "%s: tensor %zu: %llu elements",
+                        what, t, (unsigned long long)table[t].numel);
+  }
+  return PULSE_OK;
+}
+
+/* Uploads a BF16 table (with change-list ranges when first is not NULL; a
+ * NULL table gives tensors of no elements, for the ranges alone). */
+static pulse_status bf16_table(pulse_cuda_workspace *ws,
+                               const pulse_cuda_bf16_tensor *table,
+                               size_t count, const uint64_t *first,
+                               uint32_t chunk_log2, void *stream,
+                               pulse_dev_table *tab) {
+  pulse_status st = PULSE_OK;
+  const uint16_t **base = (const uint16_t **)calloc(count + 1, sizeof *base);
+  uint64_t *numel = (uint64_t *)calloc(count + 1, sizeof *numel);
+  pulse_table_desc desc;
+  memset(&desc, 0, sizeof desc);
+  if (base == NULL || numel == NULL) {
+    st = pulse_fail(PULSE_ERR_NOMEM, "table of %zu tensors", count);
+    goto cleanup;
+  }
+  for (size_t t = 0; table != NULL && t < count; t++) {
+    base[t] = table[t].data_d;
+    numel[t] = table[t].numel;
+  }
+  desc.count = count;
+  desc.base = base;
+  desc.numel = numel;
+  desc.entry_first = first;
+  desc.chunk_log2 = chunk_log2;
+  st = pulse_table_upload(ws, &desc, stream, tab);
+cleanup:
+  free(base), free(numel);
+  return st;
+}
+
+/* Blocks for a grid-stride pass over n entries. */
+static unsigned list_blocks(uint64_t n) {
+  uint64_t blocks = (n + PULSE_LIST_THREADS - 1) / PULSE_LIST_THREADS;
+  const uint64_t cap = 1u << 20;
+  return (unsigned)(blocks == 0 ? 1 : blocks < cap ? blocks : cap);
+}
+
+/* ------------------------------------------------------------ digests */
+
+extern "C" pulse_status
+pulse_cuda_digest(pulse_cuda_workspace *ws, const pulse_cuda_bf16_tensor *table,
+                  size_t count, pulse_tensor_digest *digests, void *stream) {
+  pulse_status st = PULSE_OK;
+  cudaStream_t s = (cudaStream_t)stream;
+  pulse_cuda_workspace *temp = NULL;
+  pulse_dev_table tab;
+  void *sums = NULL;
+  uint64_t *host = NULL;
+  uint64_t blocks = 0;
+  if (count > 0 && digests == NULL)
+    return pulse_fail(PULSE_ERR_ARG, "cuda digest: NULL output");
+  PULSE_TRY(check_bf16_table(table, count, "cuda digest"));
+  PULSE_TRY(pulse_cuda_require_("cuda digest"));
+  if (ws == NULL) {
+    PULSE_TRY(pulse_cuda_workspace_create(&temp));
+    ws = temp;
+  }
+  host = (uint64_t *)calloc(2 * count + 1, sizeof *host);
+  if (host == NULL) {
+    st = pulse_fail(PULSE_ERR_NOMEM, "cuda digest: %zu tensors", count);
+    goto cleanup;
+  }
+  PULSE_CHECK(
+      bf16_table(ws, table, count, NULL, PULSE_TILE_LOG2, stream, &tab));
+  PULSE_CHECK(pulse_cuda_ws_get_(ws, PULSE_WS_SMALL,
+                                 (2 * count + 1) * sizeof(uint64_t), &sums));
+  PULSE_CUDA_CHECK(
+      cudaMemsetAsync(sums, 0, (2 * count + 1) * sizeof(uint64_t), s));
+  blocks = pulse_tile_blocks(tab.tiles);
+  if (blocks > PULSE_GRID_MAX) {
+    st = pulse_fail(PULSE_ERR_OVERFLOW, "cuda digest: %llu tiles",
+                    (unsigned long long)tab.tiles);
+    goto cleanup;
+  }
+  if (blocks > 0) {
+    PULSE_LAUNCH(digest_kernel, (unsigned)blocks, PULSE_TILE_THREADS, s, tab,
+                 (uint64_t *)sums);
+    PULSE_CUDA_CHECK(cudaGetLastError());
+  }
+  PULSE_CUDA_CHECK(cudaMemcpyAsync(host, sums,
+                                   (2 * count + 1) * sizeof(uint64_t),
+                                   cudaMemcpyDeviceToHost, s));
+  PULSE_CUDA_CHECK(cudaStreamSynchronize(s));
+  for (size_t t = 0; t < count; t++) {
+    digests[t].a = host[2 * t];
+    digests[t].b = host[2 * t + 1];
+  }
+cleanup:
+  free(host);
+  pulse_cuda_workspace_free(temp);
+  return st;
+}
+
+extern "C" pulse_status pulse_cuda_changes_digest(
+    pulse_cuda_workspace *ws, const uint64_t *tensor_first, size_t count,
+    const uint64_t *pos_d, const uint16_t *old_d, const uint16_t *new_d,
+    pulse_tensor_digest *moves, void *stream) {
+  pulse_status st = PULSE_OK;
+  cudaStream_t s = (cudaStream_t)stream;
+  pulse_cuda_workspace *temp = NULL;
+  pulse_dev_table tab;
+  void *sums = NULL;
+  uint64_t *host = NULL;
+  uint64_t warps = 0, blocks = 0;
+  const uint64_t per_block = PULSE_LIST_THREADS / 32u;
+  if (count >= UINT32_MAX || (count > 0 && moves == NULL))
+    return pulse_fail(PULSE_ERR_ARG,
+                      "cuda changes digest: bad table or NULL output");
+  PULSE_TRY(pulse_check_ranges(tensor_first, count, "cuda changes digest"));
+  if (tensor_first[count] > 0 &&
+      (pos_d == NULL || old_d == NULL || new_d == NULL))
+    return pulse_fail(PULSE_ERR_ARG, "cuda changes digest: NULL change arrays");
+  PULSE_TRY(pulse_cuda_require_("cuda changes digest"));
+  if (ws == NULL) {
+    PULSE_TRY(pulse_cuda_workspace_create(&temp));
+    ws = temp;
+  }
+  host = (uint64_t *)calloc(2 * count + 1, sizeof *host);
+  if (host == NULL) {
+    st = pulse_fail(PULSE_ERR_NOMEM, "cuda changes digest: %zu tensors", count);
+    goto cleanup;
+  }
+  PULSE_CHECK(
+      bf16_table(ws, NULL, count, tensor_first, PULSE_TILE_LOG2, stream, &tab));
+  PULSE_CHECK(pulse_cuda_ws_get_(ws, PULSE_WS_SMALL,
+                                 (2 * count + 1) * sizeof(uint64_t), &sums));
+  PULSE_CUDA_CHECK(
+      cudaMemsetAsync(sums, 0, (2 * count + 1) * sizeof(uint64_t), s));
+  warps = (tab.entries + 32u * PULSE_DIGEST_PER_LANE - 1) /
+          (32u * PULSE_DIGEST_PER_LANE);
+  blocks = (warps + per_block - 1) / per_block;
+  if (blocks > PULSE_GRID_MAX) {
+    st = pulse_fail(PULSE_ERR_OVERFLOW, "cuda changes digest: %llu entries",
+                    (unsigned long long)tab.entries);
+    goto cleanup;
+  }
+  if (blocks > 0) {
+    PULSE_LAUNCH(changes_digest_kernel, (unsigned)blocks, PULSE_LIST_THREADS, s,
+                 tab, pos_d, old_d, new_d, (uint64_t *)sums);
+    PULSE_CUDA_CHECK(cudaGetLastError());
+  }
+  PULSE_CUDA_CHECK(cudaMemcpyAsync(host, sums,
+                                   (2 * count + 1) * sizeof(uint64_t),
+                                   cudaMemcpyDeviceToHost, s));
+  PULSE_CUDA_CHECK(cudaStreamSynchronize(s));
+  for (size_t t = 0; t < count; t++) {
+    moves[t].a = host[2 * t];
+    moves[t].b = host[2 * t + 1];
+  }
+cleanup:
+  free(host);
+  pulse_cuda_workspace_free(temp);
+  return st;
+}
+
+/* ----------------------------------------------------- gather, scatter */
+
+/* Runs gather (delta_d != NULL) or scatter over a change list; *bad gets
+ * whether a position was out of range. */
+static pulse_status run_list(pulse_cuda_workspace *ws,
+                             const pulse_cuda_bf16_tensor *table, size_t count,
+                             const uint64_t *tensor_first,
+                             const uint64_t *pos_d, const uint16_t *delta_d,
+                             uint16_t *old_d, uint16_t *new_d, void *stream,
+                             unsigned *bad) {
+  pulse_status st = PULSE_OK;
+  cudaStream_t s = (cudaStream_t)stream;
+  pulse_dev_table tab;
+  void *flag = NULL;
+  *bad = 0;
+  PULSE_CHECK(bf16_table(ws, table, count, tensor_first, PULSE_TILE_LOG2,
+                         stream, &tab));
+  PULSE_CHECK(pulse_cuda_ws_get_(ws, PULSE_WS_SMALL, sizeof(unsigned), &flag));
+  PULSE_CUDA_CHECK(cudaMemsetAsync(flag, 0, sizeof(unsigned), s));
+  if (tab.entries > 0) {
+    if (delta_d != NULL)
+      PULSE_LAUNCH(gather_kernel, list_blocks(tab.entries), PULSE_LIST_THREADS,
+                   s, tab, pos_d, delta_d, old_d, new_d, (unsigned *)flag);
+    else
+      PULSE_LAUNCH(scatter_kernel, list_blocks(tab.entries), PULSE_LIST_THREADS,
+                   s, tab, pos_d, (const uint16_t *)new_d, (unsigned *)flag);
+    PULSE_CUDA_CHECK(cudaGetLastError());
+  }
+  PULSE_CUDA_CHECK(
+      cudaMemcpyAsync(bad, flag, sizeof(unsigned), cudaMemcpyDeviceToHost, s));
+  PULSE_CUDA_CHECK(cudaStreamSynchronize(s));
+cleanup:
+  return st;
+}
+
+static pulse_status check_list(const pulse_cuda_bf16_tensor *table,
+                               size_t count, const uint64_t *tensor_first,
+                               const uint64_t *pos_d, const void *a_d,
+                               const void *b_d, const char *what) {
+  PULSE_TRY(check_bf16_table(table, count, what));
+  PULSE_TRY(pulse_check_ranges(tensor_first, count, what));
+  if (tensor_first[count] > 0 && (pos_d == NULL || a_d == NULL || b_d == NULL))
+    return pulse_fail(PULSE_ERR_ARG, "%s: NULL change arrays", what);
+  return PULSE_OK;
+}
+
+extern "C" pulse_status
+pulse_cuda_scatter(pulse_cuda_workspace *ws,
+                   const pulse_cuda_bf16_tensor *table, size_t count,
+                   const uint64_t *tensor_first, const uint64_t *pos_d,
+                   const uint16_t *new_d, void *stream) {
+  pulse_status st = PULSE_OK;
+  pulse_cuda_workspace *temp = NULL;
+  unsigned bad = 0;
+  PULSE_TRY(check_list(table, count, tensor_first, pos_d, new_d, new_d,
+                       "cuda scatter"));
+  PULSE_TRY(pulse_cuda_require_("cuda scatter"));
+  if (ws == NULL) {
+    PULSE_TRY(pulse_cuda_workspace_create(&temp));
+    ws = temp;
+  }
+  PULSE_CHECK(run_list(ws, table, count, tensor_first, pos_d, NULL, NULL,
+                       (uint16_t *)new_d, stream, &bad));
+  if (bad)
+    st = pulse_fail(PULSE_ERR_POSITION,
+                    "cuda scatter: a position is past its tensor");
+cleanup:
+  pulse_cuda_workspace_free(temp);
+  return st;
+}
+
+extern "C" pulse_status pulse_cuda_gather_(
+    pulse_cuda_workspace *ws, const pulse_cuda_bf16_tensor *table, size_t count,
+    const uint64_t *tensor_first, const uint64_t *pos_d,
+    const uint16_t *delta_d, uint16_t *old_d, uint16_t *new_d, void *stream) {
+  pulse_status st = PULSE_OK;
+  unsigned bad = 0;
+  PULSE_TRY(check_list(table, count, tensor_first, pos_d, old_d, new_d,
+                       "cuda gather"));
+  if (tensor_first[count] > 0 && delta_d == NULL)
+    return pulse_fail(PULSE_ERR_ARG, "cuda gather: NULL deltas");
+  PULSE_TRY(pulse_cuda_require_("cuda gather"));
+  PULSE_CHECK(run_list(ws, table, count, tensor_first, pos_d, delta_d, old_d,
+                       new_d, stream, &bad));
+  if (bad)
+    st = pulse_fail(PULSE_ERR_POSITION,
+                    "cuda gather: a position is past its tensor");
+cleanup:
+  return st;
+}
+
+/* -------------------------------------------------------- class index */
+
+struct pulse_cuda_class_index {
+  pulse_cuda_workspace *ws; /* its table, tile prefixes, and locate's scratch */
+  pulse_dev_table tab;
+  uint32_t *hist; /* host: chunks * PULSE_CLASS_COUNT */
+  uint32_t *tile_hist_d;
+};
+
+extern "C" void pulse_cuda_class_index_free(pulse_cuda_class_index *idx) {
+  if (idx == NULL)
+    return;
+  pulse_cuda_workspace_free(idx->ws);
+  free(idx->hist);
+  free(idx);
+}
+
+extern "C" pulse_status
+pulse_cuda_class_index_build(const pulse_cuda_bf16_tensor *table, size_t count,
+                             uint32_t chunk_log2, void *stream,
+                             pulse_cuda_class_index **out) {
+  pulse_status st = PULSE_OK;
+  cudaStream_t s = (cudaStream_t)stream;
+  pulse_cuda_class_index *idx = NULL;
+  void *tile_hist = NULL, *chunk_hist = NULL;
+  size_t hist_bytes = 0;
+  if (out == NULL)
+    return pulse_fail(PULSE_ERR_ARG, "cuda class index: NULL output");
+  *out = NULL;
+  PULSE_TRY(check_bf16_table(table, count, "cuda class index"));
+  if (chunk_log2 < 10 || chunk_log2 > 30)
+    return pulse_fail(PULSE_ERR_ARG,
+                      "cuda class index: chunk_log2 %u outside 10..30",
+                      chunk_log2);
+  PULSE_TRY(pulse_cuda_require_("cuda class index"));
+  idx = (pulse_cuda_class_index *)calloc(1, sizeof *idx);
+  if (idx == NULL)
+    return pulse_fail(PULSE_ERR_NOMEM, "cuda class index");
+  PULSE_CHECK(pulse_cuda_workspace_create(&idx->ws));
+  PULSE_CHECK(
+      bf16_table(idx->ws, table, count, NULL, chunk_log2, stream, &idx->tab));
+  hist_bytes = idx->tab.chunks * PULSE_CLASS_COUNT * sizeof(uint32_t);
+  idx->hist = (uint32_t *)malloc(hist_bytes + sizeof(uint32_t));
+  if (idx->hist == NULL) {
+    st = pulse_fail(PULSE_ERR_NOMEM, "cuda class index: %llu chunks",
+                    (unsigned long long)idx->tab.chunks);
+    goto cleanup;
+  }
+  PULSE_CHECK(pulse_cuda_ws_get_(
+      idx->ws, PULSE_WS_TILE_HIST,
+      idx->tab.tiles * PULSE_CLASS_COUNT * sizeof(uint32_t), &tile_hist));
+  PULSE_CHECK(
+      pulse_cuda_ws_get_(idx->ws, PULSE_WS_X_HIST, hist_bytes, &chunk_hist));
+  idx->tile_hist_d = (uint32_t *)tile_hist;
+  PULSE_CHECK(pulse_launch_tally(idx->tab, idx->tile_hist_d, NULL, s));
+  PULSE_CHECK(pulse_launch_chunk_prefix(idx->tab, idx->tile_hist_d,
+                                        (uint32_t *)chunk_hist, s));
+  if (hist_bytes > 0)
+    PULSE_CUDA_CHECK(cudaMemcpyAsync(idx->hist, chunk_hist, hist_bytes,
+                                     cudaMemcpyDeviceToHost, s));
+  PULSE_CUDA_CHECK(cudaStreamSynchronize(s));
+  *out = idx;
+  idx = NULL;
+cleanup:
+  pulse_cuda_class_index_free(idx);
+  return st;
+}
+
+extern "C" const uint32_t *
+pulse_cuda_class_index_hist(const pulse_cuda_class_index *idx,
+                            uint64_t *chunks) {
+  if (chunks != NULL)
+    *chunks = idx ? idx->tab.chunks : 0;
+  return idx ? idx->hist : NULL;
+}
+
+/* Checks class-rank entries against the index's class counts and turns them
+ * into keys: every chunk's keys strictly increasing, every rank inside its
+ * class. Then each entry has exactly one element to find. */
+static pulse_status make_keys(const pulse_cuda_class_index *idx,
+                              const uint64_t *chunk_first, const uint8_t *cls,
+                              const uint32_t *rank, uint64_t *keys) {
+  for (uint64_t g = 0; g < idx->tab.chunks; g++) {
+    const uint32_t *hist = idx->hist + g * PULSE_CLASS_COUNT;
+    for (uint64_t j = chunk_first[g]; j < chunk_first[g + 1]; j++) {
+      if (rank[j] >= hist[cls[j]])
+        return pulse_fail(PULSE_ERR_POSITION,
+                          "cuda locate: chunk %llu: rank %u past class %u",
+                          (unsigned long long)g, rank[j], cls[j]);
+      keys[j] = (uint64_t)cls[j] << 32 | rank[j];
+      if (j > chunk_first[g] && keys[j] <= keys[j - 1])
+        return pulse_fail(PULSE_ERR_POSITION,
+                          "cuda locate: chunk %llu: entries out of order",
+                          (unsigned long long)g);
+    }
+  }
+  return PULSE_OK;
+}
+
+extern "C" pulse_status pulse_cuda_locate(pulse_cuda_class_index *idx,
+                                          const uint64_t *chunk_first,
+                                          const uint8_t *cls,
+                                          const uint32_t *rank, uint64_t *pos_d,
+                                          void *stream) {
+  pulse_status st = PULSE_OK;
+  cudaStream_t s = (cudaStream_t)stream;
+  uint64_t entries = 0, located = 0, chunks = 0, blocks = 0;
+  uint64_t *keys = NULL;
+  void *keys_d = NULL, *small = NULL;
+  uint64_t *located_d = NULL;
+  if (idx == NULL)
+    return pulse_fail(PULSE_ERR_ARG, "cuda locate: NULL index");
+  chunks = idx->tab.chunks;
+  PULSE_TRY(pulse_check_ranges(chunk_first, (size_t)chunks, "cuda locate"));
+  entries = chunk_first[chunks];
+  if (entries > 0 && (cls == NULL || rank == NULL || pos_d == NULL))
+    return pulse_fail(PULSE_ERR_ARG, "cuda locate: NULL entries or output");
+  if (entries == 0)
+    return PULSE_OK;
+  keys = (uint64_t *)malloc(entries * sizeof *keys);
+  if (keys == NULL)
+    return pulse_fail(PULSE_ERR_NOMEM, "cuda locate: %llu entries",
+                      (unsigned long long)entries);
+  PULSE_CHECK(make_keys(idx, chunk_first, cls, rank, keys));
+  PULSE_CHECK(pulse_cuda_ws_get_(idx->ws, PULSE_WS_X_RANK,
+                                 entries * sizeof *keys, &keys_d));
+  PULSE_CHECK(pulse_cuda_ws_get_(idx->ws, PULSE_WS_SMALL,
+                                 (chunks + 2) * sizeof(uint64_t), &small));
+  located_d = (uint64_t *)small + chunks + 1;
+  PULSE_CUDA_CHECK(cudaMemcpyAsync(keys_d, keys, entries * sizeof *keys,
+                                   cudaMemcpyHostToDevice, s));
+  PULSE_CUDA_CHECK(cudaMemcpyAsync(small, chunk_first,
+                                   (chunks + 1) * sizeof(uint64_t),
+                                   cudaMemcpyHostToDevice, s));
+  PULSE_CUDA_CHECK(cudaMemsetAsync(located_d, 0, sizeof(uint64_t), s));
+  blocks = pulse_tile_blocks(idx->tab.tiles);
+  if (blocks > PULSE_GRID_MAX) {
+    st = pulse_fail(PULSE_ERR_OVERFLOW, "cuda locate: %llu tiles",
+                    (unsigned long long)idx->tab.tiles);
+    goto cleanup;
+  }
+  PULSE_LAUNCH(locate_kernel, (unsigned)blocks, PULSE_TILE_THREADS, s, idx->tab,
+               (const uint32_t *)idx->tile_hist_d, (const uint64_t *)small,
+               (const uint64_t *)keys_d, pos_d, located_d);
+  PULSE_CUDA_CHECK(cudaGetLastError());
+  PULSE_CUDA_CHECK(cudaMemcpyAsync(&located, located_d, sizeof located,
+                                   cudaMemcpyDeviceToHost, s));
+  PULSE_CUDA_CHECK(cudaStreamSynchronize(s));
+  if (located != entries)
+    st = pulse_fail(PULSE_ERR_INTERNAL,
+                    "cuda locate: found %llu of %llu entries",
+                    (unsigned long long)located, (unsigned long long)entries);
+cleanup:
+  free(keys);
+  return st;
+}
