@@ -30,6 +30,11 @@ demo)
 test)
   configure_and_build "$build" -DPULSE_WERROR=ON
   (cd "$build" && ctest --output-on-failure -j 1)
+  if [ -f tests/cuda/emu/run.sh ]; then
+    # No GPU here: the real kernels on the CPU emulator, against the reference.
+    echo "== the CUDA kernels on the CPU emulator (tests/cuda/emu)"
+    PULSE_EMU_BUILD="$build-emu" bash tests/cuda/emu/run.sh
+  fi
   if [ "${PULSE_SANITIZE_TESTS:-1}" = 1 ]; then
     echo "== the suites again under AddressSanitizer + UndefinedBehaviorSanitizer"
     configure_and_build "$build-asan" -DPULSE_WERROR=ON -DPULSE_CUDA=OFF -DPULSE_SANITIZE=address,undefined
