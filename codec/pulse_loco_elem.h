@@ -23,10 +23,17 @@ PULSE_HD static inline uint32_t pulse_f32_bits(float f) {
   return u;
 }
 
-/* The error-fed pseudo-gradient s = e + (theta_g - theta_r). */
+/* The error-fed pseudo-gradient s = e + (theta_g - theta_r). A NaN result
+ * is made the canonical quiet NaN: x86 and NVIDIA GPUs propagate different
+ * NaN bits, and host and device must agree bit for bit. */
 PULSE_HD static inline float pulse_loco_signal(float theta_g, float theta_r, float e) {
   float delta = theta_g - theta_r;
-  return e + delta;
+  float s = e + delta;
+  if (s != s) {
+    uint32_t canonical = 0x7FC00000u;
+    memcpy(&s, &canonical, sizeof s);
+  }
+  return s;
 }
 
 /* 1 when applying s to theta_g would change its BF16 value: only then is the
