@@ -1,0 +1,76 @@
+/* http_impl.h - private to loco/: the small HTTP pieces of the trainer
+ * exchange. A blob server (libmicrohttpd, 127.0.0.1 only) that serves
+ * immutable byte strings by path and hands POSTs to a callback, and
+ * libcurl fetches (one URL, or many at once with a deadline).
+ *
+ * trainer_side/ is writing the project's HTTP server at the same time;
+ * this one is deliberately minimal and is to be merged into it later. */
+#ifndef PULSE_LOCO_HTTP_IMPL_H
+#define PULSE_LOCO_HTTP_IMPL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "bytebuf_impl.h"
+#include "pulse_status.h"
+
+/* ----------------------------------------------------------------- server */
+
+typedef struct loco_server loco_server;
+
+/* Called on the server thread for each POST (empty body) with its path and
+ * its "id" and "url" query values (NULL when absent). Writes up to cap - 1
+ * bytes of reply text; returns the HTTP status. */
+typedef unsigned (*loco_post_fn)(void *user, const char *path, const char *id,
+                                 const char *url, char *reply, size_t cap);
+
+/* Starts a server on 127.0.0.1 with a kernel-chosen port. */
+pulse_status loco_server_start(loco_post_fn on_post, void *user,
+                               loco_server **out);
+void loco_server_stop(loco_server *s); /* NULL is fine */
+uint16_t loco_server_port(const loco_server *s);
+
+/* Publishes (a copy of) bytes under path, replacing what was there. */
+pulse_status loco_server_put(loco_server *s, const char *path, const void *data,
+                             size_t size);
+
+/* Removes every blob whose path starts with prefix and whose number right
+ * after the prefix is below `below` ("/v1/loco/round/" and 7 drops rounds
+ * 0..6), and the exact path when below is 0. */
+void loco_server_drop(loco_server *s, const char *prefix, uint64_t below);
+
+/* Bytes served so far (bodies of 200 responses). */
+uint64_t loco_server_bytes_served(const loco_server *s);
+
+/* ---------------------------------------------------------------- fetches */
+
+/* Monotonic milliseconds. */
+uint64_t loco_now_ms(void);
+void loco_sleep_ms(unsigned ms);
+
+/* One GET (or POST with an empty body) of at most max_bytes; *status gets
+ * the HTTP status (0 when no response came). Fails only for local errors
+ * (NOMEM); transport errors give status 0. */
+pulse_status loco_http_get(const char *url, unsigned timeout_ms,
+                           size_t max_bytes, pulse_bytebuf *body, long *status);
+pulse_status loco_http_post(const char *url, unsigned timeout_ms, long *status);
+
+/* GETs url until it answers 200 or timeout_ms passes (retrying 404s and
+ * transport errors every few ms). @return PULSE_OK, PULSE_ERR_IO on timeout. */
+pulse_status loco_http_wait(const char *url, unsigned timeout_ms,
+                            size_t max_bytes, pulse_bytebuf *body);
+
+/* Many GETs at once (libcurl multi): each target is retried until it
+ * answers 200 or the deadline (loco_now_ms() value) passes. On return
+ * done[i] says which arrived; bodies[i] holds them. */
+typedef struct {
+  const char *url;
+  size_t max_bytes;
+  pulse_bytebuf body;
+  int done;
+} loco_fetch;
+
+pulse_status loco_http_gather(loco_fetch *targets, size_t count,
+                              uint64_t deadline_ms);
+
+#endif

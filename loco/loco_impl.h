@@ -1,0 +1,42 @@
+/* loco_impl.h - private to loco/: the context's fields and helpers shared by
+ * its files. */
+#ifndef PULSE_LOCO_IMPL_H
+#define PULSE_LOCO_IMPL_H
+
+#include <stdint.h>
+
+#include "pulse_loco.h"
+
+struct pulse_loco {
+  pulse_loco_opts opts;
+  uint64_t n;
+  uint64_t round;
+  float *theta_g;
+  float *e;
+  float *b;
+  uint16_t *theta_bf16; /* bf16 of theta_g, refreshed when theta_g changes */
+  uint64_t digest;      /* pulse_loco_digest_f32(theta_g) */
+
+  /* The prepared round (prepared != 0): s for every element, the entries
+   * sent (positions and values) and the encoded payload. */
+  int prepared;
+  int need_state; /* abandoned: refuse to prepare until a state import */
+  float *s;
+  uint64_t *sent_pos;
+  float *sent_val;
+  uint64_t sent_count;
+  uint64_t samples;
+  pulse_buffer payload;
+};
+
+/* Refreshes theta_bf16 and digest after theta_g changed. */
+void pulse_loco_refresh_(pulse_loco *ctx);
+
+/* Checks one payload against the context as finish does; on success `hdr`
+ * and `entries` hold it (entries owned by the caller). */
+pulse_status pulse_loco_check_decode_(const pulse_loco *ctx,
+                                      const uint8_t *data, size_t size,
+                                      pulse_loco_payload_header *hdr,
+                                      pulse_loco_entries *entries);
+
+#endif

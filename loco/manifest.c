@@ -1,0 +1,187 @@
+/* manifest.c - JSON of round manifests and membership views
+ * (manifest_impl.h), parsed with codec's strict JSON parser. */
+#include <openssl/evp.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "json_impl.h"
+#include "manifest_impl.h"
+#include "status_impl.h"
+
+int loco_parse_id(const char *s, uint32_t *id) {
+  if (s == NULL || s[0] < '0' || s[0] > '9' || (s[0] == '0' && s[1] != '\0'))
+    return 0;
+  uint64_t v = 0;
+  for (const char *p = s; *p; p++) {
+    if (*p < '0' || *p > '9' || p - s >= 10)
+      return 0;
+    v = v * 10u + (uint64_t)(*p - '0');
+  }
+  if (v > UINT32_MAX)
+    return 0;
+  *id = (uint32_t)v;
+  return 1;
+}
+
+int loco_url_valid(const char *url) {
+  static const char prefix[] = "http://127.0.0.1:";
+  if (url == NULL || strncmp(url, prefix, sizeof prefix - 1) != 0)
+    return 0;
+  uint32_t port;
+  return loco_parse_id(url + sizeof prefix - 1, &port) && port >= 1 &&
+         port <= 65535;
+}
+
+void loco_sha256(const uint8_t *data, size_t size, uint8_t out[32]) {
+  unsigned len = 32;
+  if (!EVP_Digest(data, size, out, &len, EVP_sha256(), NULL))
+    memset(out, 0, 32);
+}
+
+static void put_text(pulse_bytebuf *b, const char *fmt, ...)
+    PULSE_PRINTF_(2, 3);
+
+static void put_text(pulse_bytebuf *b, const char *fmt, ...) {
+  char tmp[160];
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
+  va_end(ap);
+  if (n > 0)
+    pulse_bytebuf_put(b, tmp,
+                      (size_t)n < sizeof tmp ? (size_t)n : sizeof tmp - 1);
+}
+
+pulse_status loco_manifest_write(const loco_manifest *m, pulse_bytebuf *out) {
+  put_text(out, "{\"round\":%llu,\"coordinator\":%u",
+           (unsigned long long)m->round, m->coordinator);
+  if (m->has_contributors) {
+    pulse_bytebuf_put(out, ",\"contributors\":[", 17);
+    for (size_t i = 0; i < m->ncontrib; i++) {
+      put_text(out, "%s{\"id\":%u,\"bytes\":%llu,\"sha256\":\"", i ? "," : "",
+               m->contrib[i].id, (unsigned long long)m->contrib[i].bytes);
+      char hex[65];
+      for (int k = 0; k < 32; k++)
+        snprintf(hex + 2 * k, 3, "%02x", m->contrib[i].sha256[k]);
+      pulse_bytebuf_put(out, hex, 64);
+      pulse_bytebuf_put(out, "\"}", 2);
+    }
+    pulse_bytebuf_byte(out, ']');
+  }
+  pulse_bytebuf_put(out, ",\"members\":[", 12);
+  for (size_t i = 0; i < m->nmembers; i++) {
+    /* URLs are checked (loco_url_valid): nothing in them needs escaping. */
+    put_text(out, "%s{\"id\":%u,\"url\":\"%s\"}", i ? "," : "",
+             m->members[i].id, m->members[i].url);
+  }
+  pulse_bytebuf_put(out, "]}", 2);
+  if (out->failed)
+    return pulse_fail(PULSE_ERR_NOMEM, "loco manifest: output");
+  return PULSE_OK;
+}
+
+void loco_manifest_free(loco_manifest *m) {
+  if (m == NULL)
+    return;
+  free(m->contrib);
+  free(m->members);
+  memset(m, 0, sizeof *m);
+}
+
+static int get_u64(const pulse_json *obj, const char *key, uint64_t *v) {
+  const pulse_json *x = pulse_json_get(obj, key);
+  return x != NULL && pulse_json_u64(x, v) == PULSE_OK;
+}
+
+static int hex_nibble(char c) {
+  return c >= '0' && c <= '9'   ? c - '0'
+         : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                                : -1;
+}
+
+static pulse_status parse_tree(const pulse_json *root, loco_manifest *m) {
+  uint64_t round, coord;
+  if (root->type != PULSE_JSON_OBJECT || !get_u64(root, "round", &round) ||
+      !get_u64(root, "coordinator", &coord) || coord > UINT32_MAX)
+    return pulse_fail(PULSE_ERR_CORRUPT,
+                      "loco manifest: round or coordinator missing");
+  m->round = round;
+  m->coordinator = (uint32_t)coord;
+  const pulse_json *mem = pulse_json_get(root, "members");
+  if (mem == NULL || mem->type != PULSE_JSON_ARRAY ||
+      pulse_json_count(mem) > LOCO_MAX_MEMBERS)
+    return pulse_fail(PULSE_ERR_CORRUPT,
+                      "loco manifest: members missing or too many");
+  size_t n = pulse_json_count(mem);
+  m->members = calloc(n ? n : 1, sizeof *m->members);
+  if (m->members == NULL)
+    return pulse_fail(PULSE_ERR_NOMEM, "loco manifest: members");
+  for (size_t i = 0; i < n; i++) {
+    const pulse_json *it = pulse_json_at(mem, i);
+    uint64_t id;
+    const char *url;
+    size_t len;
+    if (it->type != PULSE_JSON_OBJECT || !get_u64(it, "id", &id) ||
+        id > UINT32_MAX ||
+        !pulse_json_string(pulse_json_get(it, "url"), &url, &len) ||
+        len >= sizeof m->members[i].url || strlen(url) != len ||
+        !loco_url_valid(url) || (i > 0 && id <= m->members[i - 1].id))
+      return pulse_fail(PULSE_ERR_CORRUPT,
+                        "loco manifest: member %zu is malformed", i);
+    m->members[i].id = (uint32_t)id;
+    memcpy(m->members[i].url, url, len + 1);
+  }
+  m->nmembers = n;
+  const pulse_json *con = pulse_json_get(root, "contributors");
+  if (con == NULL)
+    return PULSE_OK;
+  if (con->type != PULSE_JSON_ARRAY || pulse_json_count(con) > LOCO_MAX_MEMBERS)
+    return pulse_fail(PULSE_ERR_CORRUPT,
+                      "loco manifest: contributors malformed");
+  n = pulse_json_count(con);
+  m->has_contributors = 1;
+  m->contrib = calloc(n ? n : 1, sizeof *m->contrib);
+  if (m->contrib == NULL)
+    return pulse_fail(PULSE_ERR_NOMEM, "loco manifest: contributors");
+  for (size_t i = 0; i < n; i++) {
+    const pulse_json *it = pulse_json_at(con, i);
+    uint64_t id, bytes;
+    const char *hex;
+    size_t len;
+    if (it->type != PULSE_JSON_OBJECT || !get_u64(it, "id", &id) ||
+        id > UINT32_MAX || !get_u64(it, "bytes", &bytes) ||
+        !pulse_json_string(pulse_json_get(it, "sha256"), &hex, &len) ||
+        len != 64 || (i > 0 && id <= m->contrib[i - 1].id))
+      return pulse_fail(PULSE_ERR_CORRUPT,
+                        "loco manifest: contributor %zu is malformed", i);
+    for (int k = 0; k < 32; k++) {
+      int hi = hex_nibble(hex[2 * k]), lo = hex_nibble(hex[2 * k + 1]);
+      if (hi < 0 || lo < 0)
+        return pulse_fail(PULSE_ERR_CORRUPT,
+                          "loco manifest: bad hash of contributor %zu", i);
+      m->contrib[i].sha256[k] = (uint8_t)(hi << 4 | lo);
+    }
+    m->contrib[i].id = (uint32_t)id;
+    m->contrib[i].bytes = bytes;
+  }
+  m->ncontrib = n;
+  return PULSE_OK;
+}
+
+pulse_status loco_manifest_parse(const uint8_t *data, size_t size,
+                                 loco_manifest *m) {
+  memset(m, 0, sizeof *m);
+  pulse_json_doc *doc = NULL;
+  pulse_json_limits lim = {8, 1u << 22};
+  pulse_status st = pulse_json_parse((const char *)data, size, &lim, &doc);
+  if (st != PULSE_OK)
+    return pulse_fail(PULSE_ERR_CORRUPT, "loco manifest: %s",
+                      pulse_error_detail());
+  st = parse_tree(pulse_json_doc_root(doc), m);
+  pulse_json_doc_free(doc);
+  if (st != PULSE_OK)
+    loco_manifest_free(m);
+  return st;
+}

@@ -1,0 +1,50 @@
+/* manifest_impl.h - private to loco/: the JSON documents of the exchange
+ * (PAYLOAD.md, "Exchange"): a round's manifest, decided by its coordinator
+ * (who contributed, with sizes and SHA-256 of their payloads, and the
+ * members of the next round), and a node's view of the membership. */
+#ifndef PULSE_LOCO_MANIFEST_IMPL_H
+#define PULSE_LOCO_MANIFEST_IMPL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "bytebuf_impl.h"
+#include "pulse_loco.h"
+
+#define LOCO_MAX_MEMBERS 1024u
+
+typedef struct {
+  uint32_t id;
+  uint64_t bytes;
+  uint8_t sha256[32];
+} loco_contrib_ref;
+
+/* A manifest (contributors present) or a membership view (none). */
+typedef struct {
+  uint64_t round; /* manifest: the round decided; view: the next round */
+  uint32_t coordinator;
+  int has_contributors;
+  loco_contrib_ref *contrib; /* increasing ids */
+  size_t ncontrib;
+  pulse_loco_member *members; /* manifest: of round + 1; increasing ids */
+  size_t nmembers;
+} loco_manifest;
+
+/* "http://127.0.0.1:PORT" with PORT 1..65535 written plainly. */
+int loco_url_valid(const char *url);
+
+/* Strict decimal id (no sign, no leading zeros, <= UINT32_MAX). */
+int loco_parse_id(const char *s, uint32_t *id);
+
+void loco_sha256(const uint8_t *data, size_t size, uint8_t out[32]);
+
+pulse_status loco_manifest_write(const loco_manifest *m, pulse_bytebuf *out);
+
+/* Parses untrusted JSON; every id, count, URL and hash is checked (ids
+ * strictly increasing, at most LOCO_MAX_MEMBERS). m owns its arrays on
+ * success; free with loco_manifest_free. */
+pulse_status loco_manifest_parse(const uint8_t *data, size_t size,
+                                 loco_manifest *m);
+void loco_manifest_free(loco_manifest *m);
+
+#endif

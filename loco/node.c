@@ -1,0 +1,779 @@
+/* node.c - a trainer's side of the PULSELoCo exchange over HTTP
+ * (pulse_loco.h, PAYLOAD.md "Exchange"). One round, for the members M of
+ * round r and coordinator c = min(M):
+ *
+ *   every member   prepares its payload and serves it at /v1/loco/round/r
+ *   c              fetches the others' payloads until the deadline; the
+ *                  contributor set C is c plus every valid payload that
+ *                  arrived; publishes relays and the manifest (C with sizes
+ *                  and SHA-256, and the members of round r + 1)
+ *   the others     fetch the manifest, then each listed payload (from its
+ *                  sender, else from c's relay), check the hashes
+ *   every member   finishes with exactly C, so every theta_g stays the same
+ *                  bits; a member left out of C keeps all of s in e
+ *
+ * Joins and leaves take effect between rounds through the manifest. */
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "http_impl.h"
+#include "loco_impl.h"
+#include "manifest_impl.h"
+#include "payload_impl.h"
+#include "pulse_log.h"
+#include "status_impl.h"
+
+typedef struct {
+  uint64_t round;
+  uint32_t id;
+} ack;
+
+struct pulse_loco_node {
+  pulse_loco_node_opts opts;
+  pulse_loco *ctx;
+  loco_server *srv;
+  char url[64];
+  uint32_t id;
+  pulse_loco_member
+      members[LOCO_MAX_MEMBERS]; /* of the context's round, by id */
+  uint32_t misses[LOCO_MAX_MEMBERS];
+  size_t nmembers;
+  uint64_t fetched; /* bytes of bodies fetched this round */
+  /* The last round this node coordinated, and who must acknowledge it. */
+  int coordinated;
+  uint64_t coordinated_round;
+  pulse_loco_member owed[LOCO_MAX_MEMBERS];
+  size_t nowed;
+
+  /* Written by the server thread (POSTs), read by the node: under lock. */
+  pthread_mutex_t lock;
+  pulse_loco_member pending[LOCO_MAX_MEMBERS];
+  size_t npending;
+  uint32_t leaving[LOCO_MAX_MEMBERS];
+  size_t nleaving;
+  ack acks[4 * LOCO_MAX_MEMBERS];
+  size_t nacks;
+};
+
+/* ---------------------------------------------------------- POST handler */
+
+static unsigned on_post(void *user, const char *path, const char *id_text,
+                        const char *url, char *reply, size_t cap) {
+  pulse_loco_node *n = user;
+  uint32_t id;
+  if (!loco_parse_id(id_text, &id)) {
+    snprintf(reply, cap, "{\"error\":\"id missing or malformed\"}");
+    return 400;
+  }
+  unsigned status = 200;
+  pthread_mutex_lock(&n->lock);
+  if (strcmp(path, "/v1/loco/join") == 0) {
+    if (!loco_url_valid(url) || strlen(url) >= sizeof n->pending[0].url) {
+      snprintf(reply, cap, "{\"error\":\"url must be http://127.0.0.1:PORT\"}");
+      status = 400;
+    } else if (n->npending == LOCO_MAX_MEMBERS) {
+      snprintf(reply, cap, "{\"error\":\"too many pending joins\"}");
+      status = 503;
+    } else {
+      size_t i = 0;
+      while (i < n->npending && n->pending[i].id != id)
+        i++;
+      n->pending[i].id = id;
+      snprintf(n->pending[i].url, sizeof n->pending[i].url, "%s", url);
+      n->npending += i == n->npending;
+      snprintf(reply, cap, "{\"pending\":true}");
+      status = 202;
+    }
+  } else if (strcmp(path, "/v1/loco/leave") == 0) {
+    if (n->nleaving < LOCO_MAX_MEMBERS)
+      n->leaving[n->nleaving++] = id;
+    snprintf(reply, cap, "{\"ok\":true}");
+  } else if (strncmp(path, "/v1/loco/round/", 15) == 0) {
+    char *end;
+    unsigned long long r = strtoull(path + 15, &end, 10);
+    if (end == path + 15 || strcmp(end, "/done") != 0) {
+      snprintf(reply, cap, "{\"error\":\"no such endpoint\"}");
+      status = 404;
+    } else {
+      if (n->nacks == sizeof n->acks / sizeof n->acks[0])
+        n->nacks = 0; /* only the latest rounds matter */
+      n->acks[n->nacks++] = (ack){r, id};
+      snprintf(reply, cap, "{\"ok\":true}");
+    }
+  } else {
+    snprintf(reply, cap, "{\"error\":\"no such endpoint\"}");
+    status = 404;
+  }
+  pthread_mutex_unlock(&n->lock);
+  return status;
+}
+
+/* ---------------------------------------------------------------- helpers */
+
+static size_t payload_cap(const pulse_loco *ctx) {
+  uint64_t chunks = (ctx->n >> LOCO_CHUNK_LOG2_MIN) + 1u;
+  return (size_t)(LOCO_HEADER_SIZE + 32u * chunks + 16u * ctx->n + 1024u);
+}
+
+static size_t state_cap(const pulse_loco *ctx) {
+  return (size_t)(64u + 8u * ctx->n);
+}
+
+#define MANIFEST_CAP ((size_t)LOCO_MAX_MEMBERS * 256u + 4096u)
+
+static int find_member(const pulse_loco_member *m, size_t n, uint32_t id) {
+  for (size_t i = 0; i < n; i++)
+    if (m[i].id == id)
+      return (int)i;
+  return -1;
+}
+
+static int by_id(const void *a, const void *b) {
+  uint32_t x = ((const pulse_loco_member *)a)->id,
+           y = ((const pulse_loco_member *)b)->id;
+  return (x > y) - (x < y);
+}
+
+static void set_members(pulse_loco_node *n, const pulse_loco_member *m,
+                        size_t count) {
+  uint32_t misses[LOCO_MAX_MEMBERS];
+  for (size_t i = 0; i < count; i++) {
+    int old = find_member(n->members, n->nmembers, m[i].id);
+    misses[i] = old >= 0 ? n->misses[old] : 0;
+  }
+  memmove(n->members, m, count * sizeof *m);
+  memcpy(n->misses, misses, count * sizeof *misses);
+  n->nmembers = count;
+}
+
+static pulse_status publish_view(pulse_loco_node *n) {
+  loco_manifest v = {0};
+  v.round = pulse_loco_round(n->ctx);
+  v.coordinator = n->nmembers ? n->members[0].id : n->id;
+  v.members = n->members;
+  v.nmembers = n->nmembers;
+  pulse_bytebuf b = PULSE_BYTEBUF_INIT;
+  pulse_status st = loco_manifest_write(&v, &b);
+  if (st == PULSE_OK)
+    st = loco_server_put(n->srv, "/v1/loco/members", b.data, b.size);
+  pulse_bytebuf_free(&b);
+  return st;
+}
+
+static pulse_status publish_state(pulse_loco_node *n) {
+  pulse_buffer st = {NULL, 0};
+  PULSE_TRY(pulse_loco_state_export(n->ctx, &st));
+  char path[64];
+  uint64_t r = pulse_loco_round(n->ctx);
+  snprintf(path, sizeof path, "/v1/loco/state/%llu", (unsigned long long)r);
+  pulse_status s = loco_server_put(n->srv, path, st.data, st.size);
+  pulse_buffer_free(&st);
+  /* Keep the previous state too: a member re-syncing from round r - 1
+   * may ask after this node moved on. */
+  loco_server_drop(n->srv, "/v1/loco/state/", r > 0 ? r - 1 : 0);
+  return s;
+}
+
+/* base URL + formatted path */
+static void url_fmt(char *dst, size_t cap, const char *base, const char *fmt,
+                    ...) PULSE_PRINTF_(4, 5);
+
+static void url_fmt(char *dst, size_t cap, const char *base, const char *fmt,
+                    ...) {
+  int k = snprintf(dst, cap, "%s", base);
+  if (k < 0 || (size_t)k >= cap)
+    return;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(dst + k, cap - (size_t)k, fmt, ap);
+  va_end(ap);
+}
+
+/* ------------------------------------------------------------ create/free */
+
+pulse_status pulse_loco_node_create(const pulse_loco_node_opts *opts,
+                                    pulse_loco *ctx, pulse_loco_node **out) {
+  if (out == NULL)
+    return pulse_fail(PULSE_ERR_ARG, "loco node: NULL output");
+  *out = NULL;
+  if (opts == NULL || opts->struct_version != PULSE_LOCO_NODE_OPTS_VERSION ||
+      ctx == NULL || opts->deadline_ms == 0 || opts->manifest_timeout_ms == 0 ||
+      opts->max_misses == 0 ||
+      !(opts->drop_rate >= 0.0 && opts->drop_rate <= 1.0))
+    return pulse_fail(PULSE_ERR_ARG, "loco node: bad options");
+  pulse_loco_node *n = calloc(1, sizeof *n);
+  if (n == NULL)
+    return pulse_fail(PULSE_ERR_NOMEM, "loco node");
+  n->opts = *opts;
+  n->ctx = ctx;
+  n->id = pulse_loco_trainer_id(ctx);
+  pthread_mutex_init(&n->lock, NULL);
+  pulse_status st = loco_server_start(on_post, n, &n->srv);
+  if (st != PULSE_OK) {
+    pthread_mutex_destroy(&n->lock);
+    free(n);
+    return st;
+  }
+  snprintf(n->url, sizeof n->url, "http://127.0.0.1:%u",
+           (unsigned)loco_server_port(n->srv));
+  *out = n;
+  return PULSE_OK;
+}
+
+void pulse_loco_node_free(pulse_loco_node *n) {
+  if (n == NULL)
+    return;
+  loco_server_stop(n->srv);
+  pthread_mutex_destroy(&n->lock);
+  free(n);
+}
+
+const char *pulse_loco_node_url(const pulse_loco_node *n) {
+  return n->url;
+}
+
+void pulse_loco_node_members(const pulse_loco_node *n, pulse_loco_member *m,
+                             size_t max, size_t *count) {
+  for (size_t i = 0; i < n->nmembers && i < max; i++)
+    m[i] = n->members[i];
+  if (count)
+    *count = n->nmembers;
+}
+
+pulse_status pulse_loco_node_start(pulse_loco_node *n,
+                                   const pulse_loco_member *members,
+                                   size_t count) {
+  if (n == NULL || members == NULL || count == 0 || count > LOCO_MAX_MEMBERS)
+    return pulse_fail(PULSE_ERR_ARG, "loco node: 1..%u founding members",
+                      LOCO_MAX_MEMBERS);
+  pulse_loco_member sorted[LOCO_MAX_MEMBERS];
+  memcpy(sorted, members, count * sizeof *members);
+  qsort(sorted, count, sizeof *sorted, by_id);
+  for (size_t i = 0; i < count; i++)
+    if (!loco_url_valid(sorted[i].url) ||
+        (i > 0 && sorted[i].id == sorted[i - 1].id))
+      return pulse_fail(PULSE_ERR_ARG,
+                        "loco node: member %u: bad URL or duplicate id",
+                        sorted[i].id);
+  if (find_member(sorted, count, n->id) < 0)
+    return pulse_fail(PULSE_ERR_ARG,
+                      "loco node: this node (%u) is not a member", n->id);
+  set_members(n, sorted, count);
+  PULSE_TRY(publish_state(n));
+  return publish_view(n);
+}
+
+/* ------------------------------------------------------------------- join */
+
+static pulse_status get_json(const char *url, unsigned timeout_ms,
+                             loco_manifest *m, uint64_t *fetched) {
+  pulse_bytebuf b = PULSE_BYTEBUF_INIT;
+  pulse_status st = loco_http_wait(url, timeout_ms, MANIFEST_CAP, &b);
+  if (st == PULSE_OK) {
+    *fetched += b.size;
+    st = loco_manifest_parse(b.data, b.size, m);
+  }
+  pulse_bytebuf_free(&b);
+  return st;
+}
+
+static unsigned left_ms(uint64_t end) {
+  uint64_t now = loco_now_ms();
+  return now >= end ? 1u : (unsigned)(end - now);
+}
+
+/* Registers with the coordinator named by `seed`'s view and loads the
+ * state of the first round the coordinator admits this node to. */
+static pulse_status join_via(pulse_loco_node *n, const char *seed,
+                             float *theta_r, uint64_t end) {
+  char url[160];
+  loco_manifest view;
+  url_fmt(url, sizeof url, seed, "/v1/loco/members");
+  PULSE_TRY(get_json(url, left_ms(end), &view, &n->fetched));
+  int c = find_member(view.members, view.nmembers, view.coordinator);
+  char coord[64];
+  if (c < 0) {
+    loco_manifest_free(&view);
+    return pulse_fail(PULSE_ERR_CORRUPT,
+                      "loco join: the coordinator is not a member");
+  }
+  snprintf(coord, sizeof coord, "%s", view.members[c].url);
+  loco_manifest_free(&view);
+  snprintf(url, sizeof url, "%s/v1/loco/join?id=%u&url=%s", coord, n->id,
+           n->url);
+  long status;
+  PULSE_TRY(loco_http_post(url, left_ms(end), &status));
+  if (status != 202)
+    return pulse_fail(PULSE_ERR_IO, "loco join: %s answered %ld", coord,
+                      status);
+  url_fmt(url, sizeof url, coord, "/v1/loco/join/%u", n->id);
+  pulse_bytebuf b = PULSE_BYTEBUF_INIT;
+  pulse_status st = loco_http_wait(url, left_ms(end), 256, &b);
+  uint64_t round = 0;
+  if (st == PULSE_OK) {
+    char text[64];
+    size_t k = b.size < sizeof text - 1 ? b.size : sizeof text - 1;
+    memcpy(text, b.data, k);
+    text[k] = '\0';
+    if (sscanf(text, "{\"round\":%llu}", (unsigned long long *)&round) != 1 ||
+        round == 0)
+      st = pulse_fail(PULSE_ERR_CORRUPT, "loco join: bad admission");
+  }
+  if (st == PULSE_OK) {
+    url_fmt(url, sizeof url, coord, "/v1/loco/state/%llu",
+            (unsigned long long)round);
+    st = loco_http_wait(url, left_ms(end), state_cap(n->ctx), &b);
+  }
+  if (st == PULSE_OK) {
+    n->fetched += b.size;
+    st = pulse_loco_state_import(n->ctx, b.data, b.size, theta_r);
+  }
+  pulse_bytebuf_free(&b);
+  if (st != PULSE_OK)
+    return st;
+  /* The manifest that admitted this node names the members of its round. */
+  url_fmt(url, sizeof url, coord, "/v1/loco/round/%llu/manifest",
+          (unsigned long long)(round - 1));
+  loco_manifest man;
+  PULSE_TRY(get_json(url, left_ms(end), &man, &n->fetched));
+  if (man.round != round - 1 ||
+      find_member(man.members, man.nmembers, n->id) < 0) {
+    loco_manifest_free(&man);
+    return pulse_fail(PULSE_ERR_CORRUPT,
+                      "loco join: the manifest does not admit this node");
+  }
+  set_members(n, man.members, man.nmembers);
+  loco_manifest_free(&man);
+  url_fmt(url, sizeof url, coord, "/v1/loco/round/%llu/done?id=%u",
+          (unsigned long long)(round - 1), n->id);
+  loco_http_post(url, left_ms(end), &status);
+  PULSE_TRY(publish_state(n));
+  return publish_view(n);
+}
+
+pulse_status pulse_loco_node_join(pulse_loco_node *n, const char *seed_url,
+                                  float *theta_r, uint32_t timeout_ms) {
+  if (n == NULL || seed_url == NULL || !loco_url_valid(seed_url))
+    return pulse_fail(PULSE_ERR_ARG,
+                      "loco join: seed must be http://127.0.0.1:PORT");
+  uint64_t end = loco_now_ms() + timeout_ms;
+  pulse_status st;
+  do {
+    st = join_via(n, seed_url, theta_r, end);
+    if (st == PULSE_OK)
+      return st;
+    loco_sleep_ms(5);
+  } while (loco_now_ms() < end);
+  return st;
+}
+
+/* ------------------------------------------------------------------ round */
+
+/* Uniform in [0, 1) from (seed, round, sender): a simulated loss. */
+static double drop_draw(uint64_t seed, uint64_t round, uint32_t sender) {
+  uint64_t z =
+      seed ^ (round * 0x9E3779B97F4A7C15ull) ^ ((uint64_t)sender << 40);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  return (double)(z >> 11) * 0x1p-53;
+}
+
+static int acked_by_all(pulse_loco_node *n, uint64_t round,
+                        const pulse_loco_member *m, size_t count) {
+  pthread_mutex_lock(&n->lock);
+  size_t have = 0;
+  for (size_t i = 0; i < count; i++) {
+    int seen = m[i].id == n->id;
+    for (size_t a = 0; a < n->nacks && !seen; a++)
+      seen = n->acks[a].round == round && n->acks[a].id == m[i].id;
+    have += seen;
+  }
+  pthread_mutex_unlock(&n->lock);
+  return have == count;
+}
+
+pulse_status pulse_loco_node_linger(pulse_loco_node *n, uint32_t timeout_ms) {
+  if (n == NULL || !n->coordinated)
+    return PULSE_OK;
+  uint64_t end = loco_now_ms() + timeout_ms;
+  while (!acked_by_all(n, n->coordinated_round, n->owed, n->nowed)) {
+    if (loco_now_ms() >= end)
+      return pulse_fail(
+          PULSE_ERR_IO,
+          "loco node: members still fetching round %llu after %u ms",
+          (unsigned long long)n->coordinated_round, timeout_ms);
+    loco_sleep_ms(2);
+  }
+  return PULSE_OK;
+}
+
+static pulse_status coordinate(pulse_loco_node *n, uint64_t r,
+                               const uint8_t *own, size_t own_size, int leaving,
+                               float *theta_r, pulse_loco_step_info *info) {
+  size_t M = n->nmembers;
+  loco_fetch *t = calloc(M, sizeof *t);
+  char(*urls)[160] = calloc(M, sizeof *urls);
+  pulse_loco_contribution *set = calloc(M, sizeof *set);
+  loco_contrib_ref *refs = calloc(M, sizeof *refs);
+  pulse_status st = PULSE_OK;
+  if (!t || !urls || !set || !refs) {
+    st = pulse_fail(PULSE_ERR_NOMEM, "loco node: round %llu",
+                    (unsigned long long)r);
+    goto done;
+  }
+  for (size_t j = 0; j < M; j++) {
+    url_fmt(urls[j], sizeof urls[j], n->members[j].url, "/v1/loco/round/%llu",
+            (unsigned long long)r);
+    t[j].url = urls[j];
+    t[j].max_bytes = payload_cap(n->ctx);
+    t[j].body = (pulse_bytebuf)PULSE_BYTEBUF_INIT;
+  }
+  /* Gather everyone else's payload until the deadline. */
+  loco_fetch *others = t + 1; /* members[0] is this node (lowest id) */
+  st = loco_http_gather(others, M - 1, loco_now_ms() + n->opts.deadline_ms);
+  if (st != PULSE_OK)
+    goto done;
+  size_t c = 0;
+  set[c] = (pulse_loco_contribution){own, own_size};
+  refs[c].id = n->id;
+  refs[c].bytes = own_size;
+  loco_sha256(own, own_size, refs[c].sha256);
+  c++;
+  for (size_t j = 1; j < M; j++) {
+    uint32_t id = n->members[j].id;
+    pulse_loco_payload_header h;
+    int ok = t[j].done;
+    if (ok)
+      n->fetched += t[j].body.size;
+    if (ok && n->opts.drop_rate > 0.0 &&
+        drop_draw(n->opts.drop_seed, r, id) < n->opts.drop_rate)
+      ok = 0; /* simulated loss */
+    if (ok &&
+        (pulse_loco_payload_peek(t[j].body.data, t[j].body.size, &h) !=
+             PULSE_OK ||
+         h.sender != id ||
+         pulse_loco_check(n->ctx, t[j].body.data, t[j].body.size) != PULSE_OK))
+      ok = 0; /* a payload that does not check is as good as lost */
+    n->misses[j] = ok ? 0 : n->misses[j] + 1;
+    if (!ok) {
+      PULSE_LOG_AT(PULSE_LOG_INFO, "loco round %llu: trainer %u left out (%s)",
+                   (unsigned long long)r, id,
+                   t[j].done ? "lost or invalid" : "deadline");
+      continue;
+    }
+    set[c] = (pulse_loco_contribution){t[j].body.data, t[j].body.size};
+    refs[c].id = id;
+    refs[c].bytes = t[j].body.size;
+    loco_sha256(t[j].body.data, t[j].body.size, refs[c].sha256);
+    c++;
+  }
+  /* Members of the next round: minus leavers and the long silent, plus the
+   * pending joiners. */
+  pulse_loco_member next[LOCO_MAX_MEMBERS];
+  pulse_loco_member admitted[LOCO_MAX_MEMBERS];
+  size_t nn = 0, na = 0;
+  pthread_mutex_lock(&n->lock);
+  for (size_t j = 0; j < M; j++) {
+    uint32_t id = n->members[j].id;
+    int leaves = (id == n->id && leaving) ||
+                 (id != n->id && n->misses[j] >= n->opts.max_misses);
+    for (size_t k = 0; k < n->nleaving && !leaves; k++)
+      leaves = n->leaving[k] == id;
+    if (!leaves)
+      next[nn++] = n->members[j];
+    else
+      PULSE_LOG_AT(PULSE_LOG_INFO,
+                   "loco round %llu: trainer %u leaves the group",
+                   (unsigned long long)r, id);
+  }
+  n->nleaving = 0;
+  for (size_t k = 0; k < n->npending && nn < LOCO_MAX_MEMBERS; k++)
+    if (find_member(next, nn, n->pending[k].id) < 0 &&
+        n->pending[k].id != n->id) {
+      next[nn++] = n->pending[k];
+      admitted[na++] = n->pending[k];
+      PULSE_LOG_AT(
+          PULSE_LOG_INFO, "loco round %llu: trainer %u joins from round %llu",
+          (unsigned long long)r, n->pending[k].id, (unsigned long long)(r + 1));
+    }
+  n->npending = 0;
+  pthread_mutex_unlock(&n->lock);
+  qsort(next, nn, sizeof *next, by_id);
+
+  /* Relays, admissions, then the manifest: once it is visible, all it
+   * names can be fetched. */
+  char path[96];
+  for (size_t k = 0; k < c && st == PULSE_OK; k++) {
+    snprintf(path, sizeof path, "/v1/loco/round/%llu/from/%u",
+             (unsigned long long)r, refs[k].id);
+    st = loco_server_put(n->srv, path, set[k].data, set[k].size);
+  }
+  for (size_t k = 0; k < na && st == PULSE_OK; k++) {
+    char text[64];
+    int len = snprintf(text, sizeof text, "{\"round\":%llu}",
+                       (unsigned long long)(r + 1));
+    snprintf(path, sizeof path, "/v1/loco/join/%u", admitted[k].id);
+    st = loco_server_put(n->srv, path, text, (size_t)len);
+  }
+  loco_manifest man = {r, n->id, 1, refs, c, next, nn};
+  pulse_bytebuf mb = PULSE_BYTEBUF_INIT;
+  if (st == PULSE_OK)
+    st = loco_manifest_write(&man, &mb);
+  if (st == PULSE_OK) {
+    snprintf(path, sizeof path, "/v1/loco/round/%llu/manifest",
+             (unsigned long long)r);
+    st = loco_server_put(n->srv, path, mb.data, mb.size);
+  }
+  pulse_bytebuf_free(&mb);
+  pulse_loco_finish_info fi;
+  if (st == PULSE_OK)
+    st = pulse_loco_finish(n->ctx, set, c, theta_r, &fi);
+  if (st != PULSE_OK)
+    goto done;
+  info->contributors = (uint32_t)c;
+  info->self_included = 1;
+  n->coordinated = 1;
+  n->coordinated_round = r;
+  memcpy(n->owed, next, nn * sizeof *next);
+  n->nowed = nn;
+  set_members(n, next, nn);
+  st = publish_state(n);
+  if (st == PULSE_OK)
+    st = publish_view(n);
+  if (st == PULSE_OK && leaving) /* the others still need this round's data */
+    pulse_loco_node_linger(n, n->opts.manifest_timeout_ms);
+done:
+  for (size_t j = 0; t && j < M; j++)
+    pulse_bytebuf_free(&t[j].body);
+  free(t), free(urls), free(set), free(refs);
+  return st;
+}
+
+/* A member's round: the manifest, then the payloads it lists. */
+static pulse_status follow(pulse_loco_node *n, uint64_t r, const uint8_t *own,
+                           size_t own_size, int leaving, float *theta_r,
+                           pulse_loco_step_info *info) {
+  /* A copy: the members (and so members[0]) change when the round ends. */
+  char coord[sizeof n->members[0].url];
+  snprintf(coord, sizeof coord, "%s", n->members[0].url);
+  char url[160];
+  long status;
+  if (leaving) {
+    snprintf(url, sizeof url, "%s/v1/loco/leave?id=%u", coord, n->id);
+    loco_http_post(url, n->opts.manifest_timeout_ms, &status);
+  }
+  url_fmt(url, sizeof url, coord, "/v1/loco/round/%llu/manifest",
+          (unsigned long long)r);
+  loco_manifest man;
+  memset(&man, 0, sizeof man);
+  pulse_status st =
+      get_json(url, n->opts.manifest_timeout_ms, &man, &n->fetched);
+  if (st == PULSE_OK &&
+      (man.round != r || man.coordinator != n->members[0].id ||
+       !man.has_contributors || man.ncontrib == 0))
+    st = pulse_fail(PULSE_ERR_CORRUPT,
+                    "loco node: manifest of round %llu does not fit",
+                    (unsigned long long)r);
+  for (size_t k = 0; st == PULSE_OK && k < man.ncontrib; k++)
+    if (find_member(n->members, n->nmembers, man.contrib[k].id) < 0 ||
+        man.contrib[k].bytes > payload_cap(n->ctx))
+      st = pulse_fail(PULSE_ERR_CORRUPT,
+                      "loco node: manifest lists a non-member or an "
+                      "oversized payload");
+  if (st != PULSE_OK) {
+    /* No usable manifest: nobody can say whether this payload was used.
+     * The caller abandons the round, keeping all of s (a coordinator that
+     * crashes is not survived: PAYLOAD.md). */
+    loco_manifest_free(&man);
+    return st;
+  }
+  size_t C = man.ncontrib;
+  loco_fetch *t = calloc(C, sizeof *t);
+  char(*urls)[160] = calloc(C, sizeof *urls);
+  pulse_loco_contribution *set = calloc(C, sizeof *set);
+  int self_included = 0;
+  if (!t || !urls || !set) {
+    st = pulse_fail(PULSE_ERR_NOMEM, "loco node: round %llu",
+                    (unsigned long long)r);
+    goto done;
+  }
+  /* From each sender first, then from the coordinator's relay. */
+  for (int pass = 0; pass < 2 && st == PULSE_OK; pass++) {
+    size_t want = 0;
+    for (size_t k = 0; k < C; k++) {
+      if (man.contrib[k].id == n->id) {
+        self_included = 1;
+        t[k].done = 1;
+        continue;
+      }
+      if (t[k].done)
+        continue;
+      int m = find_member(n->members, n->nmembers, man.contrib[k].id);
+      if (pass == 0)
+        url_fmt(urls[k], sizeof urls[k], n->members[m].url,
+                "/v1/loco/round/%llu", (unsigned long long)r);
+      else
+        url_fmt(urls[k], sizeof urls[k], coord, "/v1/loco/round/%llu/from/%u",
+                (unsigned long long)r, man.contrib[k].id);
+      t[k].url = urls[k];
+      t[k].max_bytes = (size_t)man.contrib[k].bytes;
+      want++;
+    }
+    if (want == 0)
+      break;
+    /* The pending ones only: a gather over a compacted copy. */
+    loco_fetch *w = calloc(want, sizeof *w);
+    size_t *idx = calloc(want, sizeof *idx);
+    if (!w || !idx) {
+      free(w), free(idx);
+      st = pulse_fail(PULSE_ERR_NOMEM, "loco node: fetch list");
+      break;
+    }
+    size_t q = 0;
+    for (size_t k = 0; k < C; k++)
+      if (!t[k].done) {
+        w[q] = t[k];
+        w[q].body = (pulse_bytebuf)PULSE_BYTEBUF_INIT;
+        idx[q++] = k;
+      }
+    unsigned budget =
+        pass == 0 ? n->opts.deadline_ms : n->opts.manifest_timeout_ms;
+    st = loco_http_gather(w, want, loco_now_ms() + budget);
+    for (size_t a = 0; a < want; a++) {
+      size_t k = idx[a];
+      uint8_t sha[32];
+      if (w[a].done) {
+        n->fetched += w[a].body.size;
+        loco_sha256(w[a].body.data, w[a].body.size, sha);
+      }
+      if (w[a].done && w[a].body.size == man.contrib[k].bytes &&
+          memcmp(sha, man.contrib[k].sha256, 32) == 0) {
+        pulse_bytebuf_free(&t[k].body);
+        t[k].body = w[a].body;
+        t[k].done = 1;
+      } else {
+        pulse_bytebuf_free(&w[a].body);
+      }
+    }
+    free(w), free(idx);
+  }
+  size_t have = 0;
+  for (size_t k = 0; k < C; k++) {
+    if (!t[k].done)
+      continue;
+    if (man.contrib[k].id == n->id)
+      set[have++] = (pulse_loco_contribution){own, own_size};
+    else
+      set[have++] = (pulse_loco_contribution){t[k].body.data, t[k].body.size};
+  }
+  info->contributors = (uint32_t)C;
+  info->self_included = self_included;
+  if (st == PULSE_OK && have == C)
+    st = pulse_loco_finish(n->ctx, set, C, theta_r, NULL);
+  if (st == PULSE_OK && have == C) {
+    set_members(n, man.members, man.nmembers);
+  } else {
+    /* Not every payload: re-sync from the coordinator's state of r + 1
+     * after applying the error-feedback rule. */
+    if (n->ctx->prepared)
+      pulse_loco_abandon(n->ctx, self_included);
+    url_fmt(url, sizeof url, coord, "/v1/loco/state/%llu",
+            (unsigned long long)(r + 1));
+    pulse_bytebuf b = PULSE_BYTEBUF_INIT;
+    st =
+        loco_http_wait(url, n->opts.manifest_timeout_ms, state_cap(n->ctx), &b);
+    if (st == PULSE_OK) {
+      n->fetched += b.size;
+      st = pulse_loco_state_import(n->ctx, b.data, b.size, theta_r);
+    }
+    pulse_bytebuf_free(&b);
+    if (st == PULSE_OK) {
+      set_members(n, man.members, man.nmembers);
+      info->resynced = 1;
+      PULSE_LOG_AT(PULSE_LOG_WARN,
+                   "loco round %llu: trainer %u missed payloads, re-synced",
+                   (unsigned long long)r, n->id);
+    }
+  }
+  if (st == PULSE_OK)
+    st = publish_state(n); /* for joiners that ask this member */
+  if (st == PULSE_OK) {
+    url_fmt(url, sizeof url, coord, "/v1/loco/round/%llu/done?id=%u",
+            (unsigned long long)r, n->id);
+    loco_http_post(url, n->opts.manifest_timeout_ms, &status);
+  }
+done:
+  for (size_t k = 0; t && k < C; k++)
+    pulse_bytebuf_free(&t[k].body);
+  free(t), free(urls), free(set);
+  loco_manifest_free(&man);
+  return st;
+}
+
+pulse_status pulse_loco_node_step(pulse_loco_node *n, float *theta_r,
+                                  uint64_t samples, int leaving,
+                                  pulse_loco_step_info *info) {
+  if (n == NULL || theta_r == NULL)
+    return pulse_fail(PULSE_ERR_ARG, "loco node: NULL argument");
+  if (n->nmembers == 0 || find_member(n->members, n->nmembers, n->id) < 0)
+    return pulse_fail(PULSE_ERR_ARG,
+                      "loco node: not a member (start or join first)");
+  pulse_loco_step_info local;
+  if (info == NULL)
+    info = &local;
+  memset(info, 0, sizeof *info);
+  uint64_t r = pulse_loco_round(n->ctx);
+  info->round = r;
+  info->members = (uint32_t)n->nmembers;
+  info->coordinator = n->members[0].id;
+  n->fetched = 0;
+  const uint8_t *payload;
+  size_t size;
+  pulse_loco_prepare_info pi;
+  PULSE_TRY(pulse_loco_prepare(n->ctx, theta_r, samples,
+                               leaving ? PULSE_LOCO_LEAVING : 0, &payload,
+                               &size, &pi));
+  info->sent = pi.sent;
+  info->payload_bytes = size;
+  char path[64];
+  snprintf(path, sizeof path, "/v1/loco/round/%llu", (unsigned long long)r);
+  pulse_status st = loco_server_put(n->srv, path, payload, size);
+  if (st != PULSE_OK) {
+    pulse_loco_abandon(n->ctx, 0);
+    return st;
+  }
+  /* The payload buffer is the context's until finish: keep a copy to hand
+   * back to finish as this node's own contribution. */
+  uint8_t *own = malloc(size);
+  if (own == NULL) {
+    pulse_loco_abandon(n->ctx, 0);
+    return pulse_fail(PULSE_ERR_NOMEM, "loco node: payload copy");
+  }
+  memcpy(own, payload, size);
+  char coord_url[64];
+  snprintf(coord_url, sizeof coord_url, "%s", n->members[0].url);
+  n->coordinated = 0;
+  if (n->members[0].id == n->id)
+    st = coordinate(n, r, own, size, leaving, theta_r, info);
+  else
+    st = follow(n, r, own, size, leaving, theta_r, info);
+  free(own);
+  info->fetched_bytes = n->fetched;
+  if (n->ctx->prepared)
+    pulse_loco_abandon(n->ctx, 0); /* failed before finishing: keep all of s */
+  loco_server_drop(n->srv, "/v1/loco/round/", r > 0 ? r - 1 : 0);
+  if (st != PULSE_OK || leaving)
+    return st;
+  /* Dropped after missed rounds while alive: join again (the context
+   * refuses to prepare until the state of the admitting round is in). */
+  if (find_member(n->members, n->nmembers, n->id) < 0) {
+    n->ctx->need_state = 1;
+    return pulse_loco_node_join(n, n->nmembers ? n->members[0].url : coord_url,
+                                theta_r, n->opts.manifest_timeout_ms);
+  }
+  return publish_view(n);
+}

@@ -1,0 +1,386 @@
+/* pulse_loco.h - PULSELoCo: DiLoCo between trainers with BF16-gated sparse
+ * pseudo-gradients and FP32 error feedback (DESIGN.md, "PULSELoCo").
+ *
+ * One pulse_loco context per trainer holds, over a flat vector of P FP32
+ * parameters, the global copy theta_g (identical on every trainer, bit for
+ * bit), the error-feedback residual e and the outer Nesterov momentum b. A
+ * round is two calls around an exchange:
+ *
+ *   pulse_loco_prepare(ctx, theta_r)   s = e + (theta_g - theta_r); the gate
+ *                                      picks the entries that would change
+ *                                      bf16(theta_g); they become this
+ *                                      trainer's payload (PAYLOAD.md)
+ *   ... exchange: every trainer must end up with the same contributor set
+ *       (pulse_loco_node does it over HTTP; tests and simulations in memory)
+ *   pulse_loco_finish(ctx, set, theta_r)  avg = sample-weighted mean of the
+ *                                      contributions; Nesterov outer step;
+ *                                      e = s minus what got through;
+ *                                      theta_r = theta_g
+ *
+ * Error feedback rule: when this trainer's own payload is in the contributor
+ * set, e = s where not sent and 0 where sent; when it is not (it missed the
+ * deadline), e = s everywhere. Each entry of s goes wholly to one side, so
+ * sent + kept = s exactly: nothing is lost, only delayed.
+ *
+ * The per-element arithmetic is codec/pulse_loco_elem.h (shared with the
+ * CUDA kernels); this library is its CPU reference.
+ *
+ * Thread-safety: a context is used by one thread at a time; distinct
+ * contexts are independent. Errors: a non-OK pulse_status, with details in
+ * pulse_error_detail(). Nothing here prints to stdout. No libcurl or
+ * libmicrohttpd type appears in this header. */
+#ifndef PULSE_LOCO_H
+#define PULSE_LOCO_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "pulse_codec.h" /* pulse_buffer, pulse_pos_model */
+#include "pulse_status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------- context */
+
+typedef struct pulse_loco pulse_loco;
+
+/* Which entries a trainer sends. */
+typedef enum {
+  /* PULSELoCo: only entries where bf16(theta_g) != bf16(theta_g - s). */
+  PULSE_LOCO_GATE_BF16 = 0,
+  /* Dense DiLoCo: every entry, nothing kept (the baseline). */
+  PULSE_LOCO_GATE_NONE = 1
+} pulse_loco_gate_mode;
+
+/* How a payload codes its FP32 values (PAYLOAD.md). Part of the format. */
+typedef enum {
+  PULSE_LOCO_VALUES_RAW = 0,    /* 4 bytes little-endian each */
+  PULSE_LOCO_VALUES_MODELED = 1 /* sign/exponent modeled, range coded */
+} pulse_loco_value_coding;
+
+/* Position model choice for payloads: one of pulse_pos_model, or AUTO to
+ * code both and keep the smaller. */
+#define PULSE_LOCO_POS_AUTO 255u
+
+/* Context options; start from PULSE_LOCO_OPTS_INIT. */
+typedef struct {
+  uint32_t struct_version; /* PULSE_LOCO_OPTS_VERSION */
+  uint64_t param_count;    /* P >= 1, at most PULSE_LOCO_MAX_PARAMS */
+  uint32_t trainer_id;     /* unique among the trainers of one run */
+  float alpha;             /* outer learning rate (0.7) */
+  float mu;                /* outer Nesterov momentum (0.9) */
+  pulse_loco_gate_mode gate;
+  pulse_loco_value_coding values;
+  uint32_t
+      pos_model; /* PULSE_POS_PLAIN, PULSE_POS_CLASS or PULSE_LOCO_POS_AUTO */
+  uint32_t chunk_log2; /* payload chunk = 2^chunk_log2 parameters, 10..30 */
+} pulse_loco_opts;
+
+#define PULSE_LOCO_OPTS_VERSION 1u
+#define PULSE_LOCO_MAX_PARAMS (1ull << 36)
+#define PULSE_LOCO_OPTS_INIT                                                   \
+  {                                                                            \
+    PULSE_LOCO_OPTS_VERSION, 0, 0, 0.7f, 0.9f, PULSE_LOCO_GATE_BF16,           \
+        PULSE_LOCO_VALUES_MODELED, PULSE_LOCO_POS_AUTO, 20                     \
+  }
+
+/** Creates a context at round 0 with theta_g = theta_init (P floats,
+ * copied), e = 0 and b = 0. theta_init may be NULL for zeros (a joiner that
+ * imports the state next).
+ * @return PULSE_OK; PULSE_ERR_ARG for a bad option (version, P, alpha or mu
+ * not finite, unknown mode, chunk_log2); PULSE_ERR_NOMEM. */
+pulse_status pulse_loco_create(const pulse_loco_opts *opts,
+                               const float *theta_init, pulse_loco **out);
+
+/** Frees a context. NULL is fine. */
+void pulse_loco_free(pulse_loco *ctx);
+
+uint64_t pulse_loco_param_count(const pulse_loco *ctx);
+uint32_t pulse_loco_trainer_id(const pulse_loco *ctx);
+
+/** The round the next pulse_loco_prepare builds (rounds finished so far,
+ * counted from the state's origin). */
+uint64_t pulse_loco_round(const pulse_loco *ctx);
+
+/** The global parameters theta_g, error feedback e and momentum b (P floats
+ * each). Borrowed: valid until the next finish, import or free. */
+const float *pulse_loco_global(const pulse_loco *ctx);
+const float *pulse_loco_residual(const pulse_loco *ctx);
+const float *pulse_loco_momentum(const pulse_loco *ctx);
+
+/** 64-bit digest of theta_g's bits (pulse_loco_digest_f32): equal on every
+ * trainer of a run, and carried in every payload as its base. */
+uint64_t pulse_loco_global_digest(const pulse_loco *ctx);
+
+/** Additive 64-bit digest of n floats' bits: the sum modulo 2^64 of a mixed
+ * hash of (index, bits), so -0.0 and +0.0, or two NaNs, differ. */
+uint64_t pulse_loco_digest_f32(const float *x, uint64_t n);
+
+/* Flags of pulse_loco_prepare. */
+#define PULSE_LOCO_LEAVING                                                     \
+  1u /* last round of this trainer: send every                                 \
+        non-zero entry of s (flush, no gate) */
+
+/* What pulse_loco_prepare did (may be NULL). */
+typedef struct {
+  uint64_t round;
+  uint64_t sent;          /* entries in the payload */
+  uint64_t payload_bytes; /* its encoded size */
+} pulse_loco_prepare_info;
+
+/** Starts round pulse_loco_round(ctx): computes s from the local parameters
+ * theta_r (P floats, read only), gates it and encodes the payload. Nothing
+ * of the context's state changes until finish or abandon. `samples` (>= 1)
+ * weights this trainer's contribution in the mean. The payload is borrowed
+ * from the context: valid until finish, abandon or free.
+ * @return PULSE_OK; PULSE_ERR_ARG when a round is already prepared, the
+ * context waits for a state import (after abandon) or samples is 0;
+ * PULSE_ERR_NOMEM. */
+pulse_status pulse_loco_prepare(pulse_loco *ctx, const float *theta_r,
+                                uint64_t samples, uint32_t flags,
+                                const uint8_t **payload, size_t *size,
+                                pulse_loco_prepare_info *info);
+
+/* One contribution to a round: a payload's bytes (borrowed). */
+typedef struct {
+  const uint8_t *data;
+  size_t size;
+} pulse_loco_contribution;
+
+/* What pulse_loco_finish did (may be NULL). */
+typedef struct {
+  uint64_t round;        /* the round just finished */
+  uint32_t contributors; /* payloads averaged */
+  int self_included;     /* this trainer's payload was among them */
+  uint64_t samples;      /* sum of their sample counts */
+  uint64_t entries;      /* sum of their entry counts */
+} pulse_loco_finish_info;
+
+/** Finishes the prepared round with the agreed contributor set (count >= 1
+ * payloads, any order; this trainer's own counts when its sender id is
+ * there, and must then be byte-identical to the prepared payload). Every
+ * payload is decoded and checked (round, parameter count, base digest,
+ * distinct senders, PAYLOAD.md rules) before anything changes; then
+ * avg[i] = (sum over senders in increasing id of samples * value) / (sum of
+ * samples), accumulated in double and rounded once to float (0 where nobody
+ * sent i); Nesterov step on every element; error feedback as above; round
+ * + 1; theta_r (P floats, may be NULL) = theta_g.
+ * @return PULSE_OK; PULSE_ERR_ARG (no prepared round, count 0);
+ * PULSE_ERR_BASE_STEP (a payload of another round); PULSE_ERR_BASE_DIGEST
+ * (built on another theta_g); PULSE_ERR_DUPLICATE (two payloads of one
+ * sender, or a foreign payload under this trainer's id); a decode error;
+ * PULSE_ERR_NOMEM. On error the round stays prepared and nothing changed. */
+pulse_status pulse_loco_finish(pulse_loco *ctx,
+                               const pulse_loco_contribution *set, size_t count,
+                               float *theta_r, pulse_loco_finish_info *info);
+
+/** Checks one payload as finish would (round, size, digest, decode) without
+ * using it: what a coordinator does before admitting it to the set.
+ * @return PULSE_OK or the error finish would give. */
+pulse_status pulse_loco_check(const pulse_loco *ctx, const uint8_t *data,
+                              size_t size);
+
+/** Ends the prepared round without an outer step (this trainer could not
+ * get the whole contributor set): the error feedback rule is applied as if
+ * finished, with self_included saying whether the others used its payload.
+ * The context then refuses to prepare until pulse_loco_state_import. */
+pulse_status pulse_loco_abandon(pulse_loco *ctx, int self_included);
+
+/** Serializes the global state a joiner needs (round, alpha, mu, theta_g, b;
+ * PAYLOAD.md "State") into out (owned by the caller). Not while a round is
+ * prepared. @return PULSE_OK, PULSE_ERR_ARG or PULSE_ERR_NOMEM. */
+pulse_status pulse_loco_state_export(const pulse_loco *ctx, pulse_buffer *out);
+
+/** Replaces theta_g, b and the round with a state from pulse_loco_state_export
+ * (untrusted bytes: every field checked, digests verified); e is kept (the
+ * mass it holds is still owed). theta_r (P floats, may be NULL) = theta_g.
+ * Not while a round is prepared (abandon it first).
+ * @return PULSE_OK; PULSE_ERR_MAGIC, PULSE_ERR_VERSION, PULSE_ERR_TRUNCATED,
+ * PULSE_ERR_TRAILING, PULSE_ERR_SIZE_MISMATCH (other P), PULSE_ERR_CORRUPT
+ * (other alpha/mu, digest mismatch); nothing changes on error. */
+pulse_status pulse_loco_state_import(pulse_loco *ctx, const uint8_t *data,
+                                     size_t size, float *theta_r);
+
+/* ------------------------------------------------------------ payloads */
+
+#define PULSE_LOCO_PAYLOAD_VERSION 1u
+#define PULSE_LOCO_STATE_VERSION 1u
+
+/* Payload flags (PAYLOAD.md). */
+#define PULSE_LOCO_PAYLOAD_GATED 1u   /* every entry passed the BF16 gate */
+#define PULSE_LOCO_PAYLOAD_LEAVING 2u /* the sender's last round */
+
+/* The fixed header of a payload. */
+typedef struct {
+  uint32_t version;   /* PULSE_LOCO_PAYLOAD_VERSION */
+  uint32_t flags;     /* PULSE_LOCO_PAYLOAD_* */
+  uint32_t pos_model; /* pulse_pos_model */
+  uint32_t values;    /* pulse_loco_value_coding */
+  uint32_t chunk_log2;
+  uint32_t sender;
+  uint64_t round;
+  uint64_t samples;     /* >= 1 */
+  uint64_t param_count; /* P */
+  uint64_t base_digest; /* pulse_loco_digest_f32(theta_g) */
+  uint64_t count;       /* entries, <= P */
+} pulse_loco_payload_header;
+
+/* Decoded entries: strictly increasing positions and their FP32 values. */
+typedef struct {
+  uint64_t count;
+  uint64_t *pos;
+  float *val;
+} pulse_loco_entries;
+
+#define PULSE_LOCO_ENTRIES_INIT                                                \
+  { 0, NULL, NULL }
+
+/** Releases the arrays and resets the struct. NULL is fine. */
+void pulse_loco_entries_free(pulse_loco_entries *e);
+
+/** Encodes k entries against the base theta_g (P floats; its BF16 bits
+ * theta_bf16 may be given, else NULL and computed). hdr gives version-
+ * independent fields (flags, pos_model or PULSE_LOCO_POS_AUTO, values,
+ * chunk_log2, sender, round, samples, base_digest); count and param_count
+ * come from k and P. Positions must increase strictly and be < P; with
+ * PULSE_LOCO_PAYLOAD_GATED every entry must pass the gate, and values must
+ * be finite. out is owned by the caller on success.
+ * @return PULSE_OK, PULSE_ERR_ARG (a broken precondition), PULSE_ERR_NOMEM. */
+pulse_status pulse_loco_payload_encode(const pulse_loco_payload_header *hdr,
+                                       const float *theta_g,
+                                       const uint16_t *theta_bf16, uint64_t P,
+                                       const uint64_t *pos, const float *val,
+                                       uint64_t k, pulse_buffer *out);
+
+/** Reads and checks the fixed header only (magic, version, flags, models,
+ * counts within limits). Untrusted bytes.
+ * @return PULSE_OK, PULSE_ERR_TRUNCATED, PULSE_ERR_MAGIC, PULSE_ERR_VERSION,
+ * PULSE_ERR_CORRUPT, PULSE_ERR_OVERFLOW. */
+pulse_status pulse_loco_payload_peek(const uint8_t *data, size_t size,
+                                     pulse_loco_payload_header *hdr);
+
+/** Decodes a whole payload against the receiver's theta_g (P floats, and
+ * optionally its BF16 bits, else NULL). Untrusted bytes: every count, size,
+ * position and value is checked, the streams must be consumed exactly,
+ * values must be finite, a gated payload's entries must pass the gate, and
+ * the header's P must equal P. Does not compare base_digest (the caller
+ * knows its own). out is cleared first and owns its arrays on success
+ * (empty on error).
+ * @return PULSE_OK or a decode error (see pulse_status.h). */
+pulse_status pulse_loco_payload_decode(const uint8_t *data, size_t size,
+                                       const float *theta_g,
+                                       const uint16_t *theta_bf16, uint64_t P,
+                                       pulse_loco_payload_header *hdr,
+                                       pulse_loco_entries *out);
+
+/* ------------------------------------------------------------ HTTP node */
+
+/* A trainer's side of the exchange over HTTP (PAYLOAD.md, "Exchange"):
+ * a libmicrohttpd server on 127.0.0.1 (port 0: the kernel picks) that serves
+ * this trainer's round payloads, the state, and, on the round's coordinator
+ * (the lowest member id), the round manifest; and libcurl fetches from peers
+ * with a per-round deadline. The node borrows the context: both live on one
+ * thread; the server thread reads only copies. */
+typedef struct pulse_loco_node pulse_loco_node;
+
+/* Node options; start from PULSE_LOCO_NODE_OPTS_INIT. */
+typedef struct {
+  uint32_t struct_version; /* PULSE_LOCO_NODE_OPTS_VERSION */
+  /* How long the coordinator waits for the members' payloads, counted from
+   * when its own is ready; a member late past it is left out of the round. */
+  uint32_t deadline_ms;
+  /* How long a member waits for the coordinator's manifest (and then for
+   * each listed payload) before it gives the round up. */
+  uint32_t manifest_timeout_ms;
+  /* Consecutive missed rounds after which the coordinator drops a member
+   * (it re-joins by itself if it is still alive). */
+  uint32_t max_misses;
+  /* Simulated loss, for tests and benchmarks: the coordinator treats each
+   * fetched payload as lost with this probability (deterministic in seed,
+   * round and sender). 0 in production. */
+  double drop_rate;
+  uint64_t drop_seed;
+} pulse_loco_node_opts;
+
+#define PULSE_LOCO_NODE_OPTS_VERSION 1u
+#define PULSE_LOCO_NODE_OPTS_INIT                                              \
+  { PULSE_LOCO_NODE_OPTS_VERSION, 2000, 10000, 3, 0.0, 0 }
+
+/* One member: id and base URL ("http://127.0.0.1:PORT"). */
+typedef struct {
+  uint32_t id;
+  char url[64];
+} pulse_loco_member;
+
+/** Starts the node's HTTP server for ctx (borrowed; must outlive the node)
+ * on 127.0.0.1, port chosen by the kernel.
+ * @return PULSE_OK; PULSE_ERR_IO (the server could not start);
+ * PULSE_ERR_NOMEM. */
+pulse_status pulse_loco_node_create(const pulse_loco_node_opts *opts,
+                                    pulse_loco *ctx, pulse_loco_node **out);
+
+/** Stops the server and frees the node (not the context). NULL is fine. */
+void pulse_loco_node_free(pulse_loco_node *node);
+
+/** This node's base URL, "http://127.0.0.1:PORT" (valid for its life). */
+const char *pulse_loco_node_url(const pulse_loco_node *node);
+
+/** Sets the founding members of the run (this node among them), all
+ * starting at the context's current round with the same theta_g. */
+pulse_status pulse_loco_node_start(pulse_loco_node *node,
+                                   const pulse_loco_member *members,
+                                   size_t count);
+
+/** Joins a running group through any member's URL: registers with the
+ * coordinator, waits until a manifest admits this node, and imports the
+ * state of the round it starts at (theta_g, b, round; e is kept), setting
+ * theta_r (P floats) = theta_g. Waits at most timeout_ms.
+ * @return PULSE_OK; PULSE_ERR_IO (no answer in time); a state error. */
+pulse_status pulse_loco_node_join(pulse_loco_node *node, const char *seed_url,
+                                  float *theta_r, uint32_t timeout_ms);
+
+/* What one pulse_loco_node_step did. */
+typedef struct {
+  uint64_t round;
+  uint32_t members;      /* of this round */
+  uint32_t contributors; /* payloads averaged */
+  uint32_t coordinator;  /* id */
+  int self_included;
+  int resynced;  /* could not get every payload: state re-imported */
+  uint64_t sent; /* entries in this node's payload */
+  uint64_t payload_bytes;
+  uint64_t fetched_bytes; /* HTTP bodies downloaded this round */
+} pulse_loco_step_info;
+
+/** One outer step over HTTP: prepare, publish, exchange (coordinator:
+ * gather with the deadline and publish the manifest; others: fetch the
+ * manifest and the listed payloads), finish, theta_r = theta_g. With
+ * `leaving` set this is the node's last round: it flushes its residual,
+ * tells the coordinator, and returns once the others no longer need it.
+ * A node the manifest no longer lists (dropped after missed rounds) joins
+ * again by itself.
+ * @return PULSE_OK; PULSE_ERR_IO (no coordinator, timeouts); a context
+ * error. */
+pulse_status pulse_loco_node_step(pulse_loco_node *node, float *theta_r,
+                                  uint64_t samples, int leaving,
+                                  pulse_loco_step_info *info);
+
+/** Before freeing a node whose peers may still fetch from it (the end of a
+ * run): when this node coordinated the last round, waits until every member
+ * of the next round acknowledged it, at most timeout_ms. Returns at once
+ * otherwise. A leaving node does this inside its last step.
+ * @return PULSE_OK, or PULSE_ERR_IO when some member did not acknowledge. */
+pulse_status pulse_loco_node_linger(pulse_loco_node *node, uint32_t timeout_ms);
+
+/** Current members (of the next round) into members (capacity max);
+ * *count gets the number of members (may exceed max). */
+void pulse_loco_node_members(const pulse_loco_node *node,
+                             pulse_loco_member *members, size_t max,
+                             size_t *count);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* PULSE_LOCO_H */

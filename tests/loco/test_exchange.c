@@ -1,0 +1,304 @@
+/* test_exchange.c - PULSELoCo over HTTP between trainers in threads of this
+ * process (each with its own server on 127.0.0.1, port 0): the result
+ * equals the in-process run bit for bit, a late joiner and a leaver keep
+ * every replica identical, lost payloads leave replicas identical and the
+ * mean unbiased, and hostile manifests or joins are refused. */
+#include <pthread.h>
+#include <stdio.h>
+#include <time.h>
+
+#include "loco_testutil.h"
+#include "pulse_loco_problem.h"
+
+#define MAX_T 6
+
+static uint64_t loco_test_now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+static void loco_test_sleep(void) {
+  struct timespec ts = {0, 2000000};
+  nanosleep(&ts, NULL);
+}
+
+typedef struct {
+  const pulse_loco_problem *p;
+  uint32_t id;
+  uint32_t rounds; /* run until the context reaches this round */
+  uint32_t inner;
+  int join_after; /* -1: founding member; else wait for this many rounds of
+                     trainer 0 */
+  int leave_at;   /* -1: never; else leave in this round */
+  double drop_rate;
+  pulse_loco *ctx;
+  pulse_loco_node *node;
+  pulse_loco_member *founders;
+  size_t nfounders;
+  const char *seed_url;
+  volatile uint64_t *progress; /* the pacer's round, for joiners */
+  int pacer;
+  pulse_status st;
+  char detail[256];
+  uint32_t contributors_min, rounds_done, resynced;
+} trainer;
+
+static void *run_trainer(void *arg) {
+  trainer *t = arg;
+  uint64_t P = pulse_loco_problem_param_count(t->p);
+  float *local = malloc(P * sizeof *local);
+  pulse_loco_learner *l = NULL;
+  t->st = pulse_loco_learner_create(t->p, t->id, &l);
+  t->contributors_min = UINT32_MAX;
+  if (t->st == PULSE_OK && t->join_after < 0) {
+    memcpy(local, pulse_loco_global(t->ctx), P * sizeof *local);
+    t->st = pulse_loco_node_start(t->node, t->founders, t->nfounders);
+  } else if (t->st == PULSE_OK) {
+    while (*t->progress < (uint64_t)t->join_after)
+      loco_test_sleep();
+    t->st = pulse_loco_node_join(t->node, t->seed_url, local, 20000);
+  }
+  while (t->st == PULSE_OK && pulse_loco_round(t->ctx) < t->rounds) {
+    for (uint32_t h = 0; h < t->inner; h++)
+      pulse_loco_learner_step(l, local);
+    int leaving = (int)pulse_loco_round(t->ctx) == t->leave_at;
+    pulse_loco_step_info info;
+    t->st =
+        pulse_loco_node_step(t->node, local, 32u * t->inner, leaving, &info);
+    if (t->st != PULSE_OK)
+      break;
+    t->rounds_done++;
+    t->resynced += info.resynced;
+    if (info.contributors < t->contributors_min)
+      t->contributors_min = info.contributors;
+    if (t->pacer)
+      *t->progress = pulse_loco_round(t->ctx);
+    if (leaving)
+      break;
+  }
+  if (t->st == PULSE_OK)
+    t->st = pulse_loco_node_linger(t->node, 30000);
+  if (t->st != PULSE_OK)
+    snprintf(t->detail, sizeof t->detail, "%s", pulse_error_detail());
+  pulse_loco_learner_free(l);
+  free(local);
+  return NULL;
+}
+
+static pulse_loco_problem *small_problem(uint32_t hidden) {
+  pulse_loco_problem_opts po = PULSE_LOCO_PROBLEM_OPTS_INIT;
+  po.hidden = hidden;
+  pulse_loco_problem *p;
+  cr_assert_eq(pulse_loco_problem_create(&po, &p), PULSE_OK);
+  return p;
+}
+
+/* Starts n trainers (contexts and nodes); founders are those with
+ * join_after < 0. */
+static void setup(trainer *t, size_t n, const pulse_loco_problem *p,
+                  pulse_loco_member *members, size_t *nmembers,
+                  volatile uint64_t *progress, double drop_rate) {
+  uint64_t P = pulse_loco_problem_param_count(p);
+  float *init = malloc(P * sizeof *init);
+  pulse_loco_problem_init(p, init);
+  *nmembers = 0;
+  for (size_t i = 0; i < n; i++) {
+    t[i].p = p;
+    t[i].progress = progress;
+    t[i].ctx = lt_ctx(P, t[i].id, t[i].join_after < 0 ? init : NULL);
+    pulse_loco_node_opts no = PULSE_LOCO_NODE_OPTS_INIT;
+    no.deadline_ms = 8000;
+    no.manifest_timeout_ms = 30000;
+    no.drop_rate = drop_rate;
+    no.drop_seed = 99;
+    cr_assert_eq(pulse_loco_node_create(&no, t[i].ctx, &t[i].node), PULSE_OK);
+    const char *url = pulse_loco_node_url(t[i].node);
+    cr_assert(strncmp(url, "http://127.0.0.1:", 17) == 0, "%s", url);
+    if (t[i].join_after < 0) {
+      members[*nmembers].id = t[i].id;
+      snprintf(members[*nmembers].url, sizeof members[0].url, "%s", url);
+      (*nmembers)++;
+    }
+  }
+  t[0].pacer = 1;
+  for (size_t i = 0; i < n; i++) {
+    t[i].founders = members;
+    t[i].nfounders = *nmembers;
+  }
+  free(init);
+}
+
+static void run_all(trainer *t, size_t n) {
+  pthread_t th[MAX_T];
+  for (size_t i = 0; i < n; i++)
+    pthread_create(&th[i], NULL, run_trainer, &t[i]);
+  for (size_t i = 0; i < n; i++)
+    pthread_join(th[i], NULL);
+  for (size_t i = 0; i < n; i++)
+    cr_assert_eq(t[i].st, PULSE_OK, "trainer %u: %s (%s)", t[i].id,
+                 pulse_status_name(t[i].st), t[i].detail);
+}
+
+static void teardown(trainer *t, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    pulse_loco_node_free(t[i].node);
+    pulse_loco_free(t[i].ctx);
+  }
+}
+
+Test(loco, http_run_equals_the_in_process_run_bit_for_bit, .timeout = 300) {
+  pulse_loco_problem *p = small_problem(48);
+  uint64_t P = pulse_loco_problem_param_count(p);
+  trainer t[3];
+  memset(t, 0, sizeof t);
+  for (uint32_t i = 0; i < 3; i++) {
+    t[i].id = i;
+    t[i].rounds = 6;
+    t[i].inner = 4;
+    t[i].join_after = -1;
+    t[i].leave_at = -1;
+  }
+  pulse_loco_member members[MAX_T];
+  size_t nm;
+  volatile uint64_t progress = 0;
+  setup(t, 3, p, members, &nm, &progress, 0.0);
+  run_all(t, 3);
+  for (uint32_t i = 0; i < 3; i++) {
+    cr_assert_eq(t[i].contributors_min, 3u,
+                 "a deadline was missed: the comparison needs all");
+    cr_assert_eq(
+        memcmp(pulse_loco_global(t[i].ctx), pulse_loco_global(t[0].ctx), P * 4),
+        0);
+  }
+  /* The same rounds in one process. */
+  pulse_loco_sim_opts so = PULSE_LOCO_SIM_OPTS_INIT;
+  so.trainers = 3;
+  so.rounds = 6;
+  so.inner = 4;
+  float *want = malloc(P * 4);
+  cr_assert_eq(pulse_loco_sim_run(p, &so, NULL, NULL, want), PULSE_OK);
+  cr_assert_eq(memcmp(want, pulse_loco_global(t[0].ctx), P * 4), 0,
+               "HTTP and in-process runs differ");
+  free(want);
+  teardown(t, 3);
+  pulse_loco_problem_free(p);
+}
+
+Test(loco, late_joiner_over_http_ends_with_the_same_global_weights,
+     .timeout = 300) {
+  pulse_loco_problem *p = small_problem(32);
+  uint64_t P = pulse_loco_problem_param_count(p);
+  trainer t[5];
+  memset(t, 0, sizeof t);
+  for (uint32_t i = 0; i < 5; i++) {
+    t[i].id = i * 10 + 5; /* ids need not be dense */
+    t[i].rounds = 12;
+    t[i].inner = 3;
+    t[i].join_after = -1;
+    t[i].leave_at = -1;
+  }
+  t[3].join_after = 3; /* joins once trainer 0 finished round 3 */
+  t[4].join_after = 5;
+  t[4].id = 1;       /* the lowest id: becomes the coordinator */
+  t[1].leave_at = 7; /* a founder leaves */
+  pulse_loco_member members[MAX_T];
+  size_t nm;
+  volatile uint64_t progress = 0;
+  setup(t, 5, p, members, &nm, &progress, 0.0);
+  t[3].seed_url = pulse_loco_node_url(t[2].node);
+  t[4].seed_url = pulse_loco_node_url(t[0].node);
+  run_all(t, 5);
+  cr_assert(t[3].rounds_done >= 3 && t[3].rounds_done < 12,
+            "joiner ran %u rounds", t[3].rounds_done);
+  cr_assert(t[4].rounds_done >= 3, "second joiner ran %u rounds",
+            t[4].rounds_done);
+  cr_assert_eq(pulse_loco_round(t[1].ctx), 8u,
+               "the leaver stops after its round");
+  for (size_t i = 0; i < 5; i++) {
+    if (i == 1)
+      continue;
+    cr_assert_eq(pulse_loco_round(t[i].ctx), 12u);
+    cr_assert_eq(
+        memcmp(pulse_loco_global(t[i].ctx), pulse_loco_global(t[0].ctx), P * 4),
+        0, "trainer %u's global weights differ", t[i].id);
+    cr_assert_eq(memcmp(pulse_loco_momentum(t[i].ctx),
+                        pulse_loco_momentum(t[0].ctx), P * 4),
+                 0);
+  }
+  size_t count;
+  pulse_loco_member now[MAX_T];
+  pulse_loco_node_members(t[0].node, now, MAX_T, &count);
+  cr_assert_eq(count, 4u,
+               "members at the end: 4 (3 founders - 1 leaver + 2 joiners)");
+  cr_assert_eq(now[0].id, 1u);
+  teardown(t, 5);
+  pulse_loco_problem_free(p);
+}
+
+Test(loco, lost_payloads_keep_replicas_identical, .timeout = 300) {
+  pulse_loco_problem *p = small_problem(32);
+  uint64_t P = pulse_loco_problem_param_count(p);
+  trainer t[4];
+  memset(t, 0, sizeof t);
+  for (uint32_t i = 0; i < 4; i++) {
+    t[i].id = i;
+    t[i].rounds = 10;
+    t[i].inner = 3;
+    t[i].join_after = -1;
+    t[i].leave_at = -1;
+  }
+  pulse_loco_member members[MAX_T];
+  size_t nm;
+  volatile uint64_t progress = 0;
+  setup(t, 4, p, members, &nm, &progress, 0.4);
+  run_all(t, 4);
+  uint32_t fewest = UINT32_MAX;
+  for (uint32_t i = 0; i < 4; i++) {
+    cr_assert_eq(
+        memcmp(pulse_loco_global(t[i].ctx), pulse_loco_global(t[0].ctx), P * 4),
+        0);
+    fewest = t[i].contributors_min < fewest ? t[i].contributors_min : fewest;
+  }
+  cr_assert(fewest < 4, "40%% loss never dropped a payload");
+  teardown(t, 4);
+  pulse_loco_problem_free(p);
+}
+
+Test(loco, coordinator_that_leaves_hands_over_without_stalling,
+     .timeout = 300) {
+  pulse_loco_problem *p = small_problem(32);
+  uint64_t P = pulse_loco_problem_param_count(p);
+  trainer t[3];
+  memset(t, 0, sizeof t);
+  for (uint32_t i = 0; i < 3; i++) {
+    t[i].id = i;
+    t[i].rounds = 7;
+    t[i].inner = 3;
+    t[i].join_after = -1;
+    t[i].leave_at = -1;
+  }
+  t[0].leave_at = 3; /* the coordinator (lowest id) leaves */
+  pulse_loco_member members[MAX_T];
+  size_t nm;
+  volatile uint64_t progress = 0;
+  setup(t, 3, p, members, &nm, &progress, 0.0);
+  uint64_t start = loco_test_now_ms();
+  run_all(t, 3);
+  /* Every member acknowledged to the leaving coordinator: no time-out. */
+  cr_assert(loco_test_now_ms() - start < 15000,
+            "the hand-over waited for a time-out");
+  cr_assert_eq(pulse_loco_round(t[0].ctx), 4u);
+  for (uint32_t i = 1; i < 3; i++)
+    cr_assert_eq(pulse_loco_round(t[i].ctx), 7u);
+  cr_assert_eq(
+      memcmp(pulse_loco_global(t[1].ctx), pulse_loco_global(t[2].ctx), P * 4),
+      0);
+  size_t count;
+  pulse_loco_member now[MAX_T];
+  pulse_loco_node_members(t[1].node, now, MAX_T, &count);
+  cr_assert_eq(count, 2u);
+  cr_assert_eq(now[0].id, 1u, "trainer 1 coordinates after trainer 0 left");
+  teardown(t, 3);
+  pulse_loco_problem_free(p);
+}

@@ -1,0 +1,203 @@
+/* test_gate.c - the BF16 visibility gate and the error feedback: the gate
+ * against its definition on edge values, and mass conservation, bit for
+ * bit, through real rounds of a context. */
+#include "loco_testutil.h"
+#include "pulse_loco_elem.h"
+
+static const uint32_t edge_bits[] = {
+    0x00000000u, 0x80000000u,                           /* +-0 */
+    0x00000001u, 0x80000001u, 0x007FFFFFu, 0x807FFFFFu, /* subnormals */
+    0x00008000u, 0x00018000u, 0x00010000u,              /* subnormal ties */
+    0x00800000u, 0x80800000u,                           /* FLT_MIN */
+    0x3F800000u, 0xBF800000u,                           /* +-1 */
+    0x3F808000u, 0x3F818000u, 0x3F807FFFu, 0x3F808001u, /* ties around 1 */
+    0x3B800000u, 0x3B000000u, 0xBB800000u,              /* 2^-8, 2^-9 */
+    0x3C000000u, 0x3BFFFFFFu,                           /* 2^-7 */
+    0x7F7F7FFFu, 0x7F7F8000u, 0x7F7FFFFFu, 0xFF7FFFFFu, /* near overflow */
+    0x7F800000u, 0xFF800000u,                           /* +-inf */
+    0x7FC00000u, 0xFFC00000u, 0x7F800001u, 0x7FBFFFFFu, /* NaNs */
+    0x3E99999Au, 0xC2F6E979u, 0x42280000u,              /* ordinary */
+};
+#define EDGE_COUNT (sizeof edge_bits / sizeof edge_bits[0])
+
+Test(loco, gate_matches_its_definition_on_edge_values) {
+  for (size_t i = 0; i < EDGE_COUNT; i++)
+    for (size_t j = 0; j < EDGE_COUNT; j++) {
+      float t = lt_float(edge_bits[i]), s = lt_float(edge_bits[j]);
+      cr_assert_eq(pulse_loco_gate(t, s), lt_ref_gate(t, s),
+                   "gate(0x%08x, 0x%08x): %d, definition says %d", edge_bits[i],
+                   edge_bits[j], pulse_loco_gate(t, s), lt_ref_gate(t, s));
+    }
+}
+
+Test(loco, gate_on_hand_computed_cases) {
+  /* 1 + 2^-8 is the tie between 1.0 and 1.0078125: even is 1.0, no change. */
+  cr_assert_eq(pulse_loco_gate(1.0f, -0x1p-8f), 0);
+  /* 1 + 3*2^-8 ties between odd 0x3F81 and even 0x3F82: changes. */
+  cr_assert_eq(pulse_loco_gate(1.0f, -0x3p-8f), 1);
+  /* Just past the tie changes, just short does not. */
+  cr_assert_eq(pulse_loco_gate(1.0f, -(0x1p-8f + 0x1p-23f)), 1);
+  cr_assert_eq(pulse_loco_gate(1.0f, -(0x1p-8f - 0x1p-23f)), 0);
+  /* Below 1.0 the BF16 ulp halves: 1 - 2^-9 ties to even 1.0. */
+  cr_assert_eq(pulse_loco_gate(1.0f, 0x1p-9f), 0);
+  cr_assert_eq(pulse_loco_gate(1.0f, 0x1p-9f + 0x1p-24f), 1);
+  /* +0 - (+0) is +0: no change; +0 - (-0)... is +0 too; -0 - (+0) is -0. */
+  cr_assert_eq(pulse_loco_gate(0.0f, 0.0f), 0);
+  cr_assert_eq(pulse_loco_gate(-0.0f, 0.0f), 0);
+  /* -0 - (-0) = +0: the sign bit changes, and a change is a change of bits. */
+  cr_assert_eq(pulse_loco_gate(-0.0f, -0.0f), 1);
+  /* Any s on a NaN theta: NaN stays the canonical NaN, no change. */
+  cr_assert_eq(pulse_loco_gate(NAN, 1.0f), 0);
+  /* A NaN s turns a number into NaN: a change. */
+  cr_assert_eq(pulse_loco_gate(1.0f, NAN), 1);
+  /* Infinite theta absorbs finite s; inf - inf is NaN. */
+  cr_assert_eq(pulse_loco_gate(INFINITY, 1e30f), 0);
+  cr_assert_eq(pulse_loco_gate(INFINITY, INFINITY), 1);
+  /* FLT_MAX rounds to inf in BF16 already; so does FLT_MAX - 1e30. */
+  cr_assert_eq(pulse_loco_gate(FLT_MAX, 1e30f), 0);
+  /* The smallest subnormal step is far below a BF16 ulp of FLT_MIN... */
+  cr_assert_eq(pulse_loco_gate(FLT_MIN, 0x1p-149f), 0);
+  /* ...but subnormal theta lives on a 2^-133 grid: 2^-133 moves it. */
+  cr_assert_eq(pulse_loco_gate(0x1p-140f, -0x1p-133f), 1);
+}
+
+Test(loco, gate_matches_its_definition_on_random_values) {
+  uint64_t seed = 7;
+  for (int i = 0; i < 200000; i++) {
+    float t = lt_float((uint32_t)lt_next(&seed));
+    /* s near the scale of a BF16 ulp of t, so both answers are common. */
+    float s = lt_normal(&seed) * fabsf(t) * 0x1p-8f;
+    if (i % 3 == 0)
+      s = lt_float((uint32_t)lt_next(&seed));
+    cr_assert_eq(pulse_loco_gate(t, s), lt_ref_gate(t, s),
+                 "gate(0x%08x, 0x%08x)", lt_bits(t), lt_bits(s));
+  }
+}
+
+/* The signal is one subtraction then one addition, as the design says. */
+Test(loco, signal_is_e_plus_theta_g_minus_theta_r) {
+  for (size_t i = 0; i < EDGE_COUNT; i++)
+    for (size_t j = 0; j < EDGE_COUNT; j++)
+      for (size_t k = 0; k < EDGE_COUNT; k += 3) {
+        float g = lt_float(edge_bits[i]), r = lt_float(edge_bits[j]),
+              e = lt_float(edge_bits[k]);
+        volatile float delta = g - r;
+        volatile float want = e + delta;
+        float got = pulse_loco_signal(g, r, e);
+        cr_assert(lt_bits(got) == lt_bits(want) || (isnan(got) && isnan(want)));
+      }
+}
+
+/* One round of a context; checks that every entry of s = e_old + delta went
+ * wholly to one side: sent (in the payload) or kept (the new e). */
+static void check_round(pulse_loco *ctx, const float *theta_r, int included,
+                        uint64_t *sent) {
+  uint64_t P = pulse_loco_param_count(ctx);
+  float *s = malloc(P * sizeof *s), *theta_g = malloc(P * sizeof *theta_g);
+  const float *e_old = pulse_loco_residual(ctx);
+  memcpy(theta_g, pulse_loco_global(ctx), P * sizeof *theta_g);
+  for (uint64_t i = 0; i < P; i++) {
+    volatile float delta = theta_g[i] - theta_r[i];
+    s[i] = e_old[i] + delta;
+  }
+  const uint8_t *payload;
+  size_t size;
+  cr_assert_eq(pulse_loco_prepare(ctx, theta_r, 1, 0, &payload, &size, NULL),
+               PULSE_OK, "%s", pulse_error_detail());
+  pulse_loco_payload_header h;
+  pulse_loco_entries got = PULSE_LOCO_ENTRIES_INIT;
+  cr_assert_eq(
+      pulse_loco_payload_decode(payload, size, theta_g, NULL, P, &h, &got),
+      PULSE_OK, "%s", pulse_error_detail());
+  uint8_t *copy = malloc(size);
+  memcpy(copy, payload, size);
+  if (included) {
+    pulse_loco_contribution c = {copy, size};
+    cr_assert_eq(pulse_loco_finish(ctx, &c, 1, NULL, NULL), PULSE_OK, "%s",
+                 pulse_error_detail());
+  } else {
+    cr_assert_eq(pulse_loco_abandon(ctx, 0), PULSE_OK);
+  }
+  const float *e_new = pulse_loco_residual(ctx);
+  uint64_t j = 0;
+  for (uint64_t i = 0; i < P; i++) {
+    int is_sent = j < got.count && got.pos[j] == i;
+    cr_assert_eq(is_sent, lt_ref_gate(theta_g[i], s[i]),
+                 "entry %llu: sent %d vs the gate", (unsigned long long)i,
+                 is_sent);
+    if (is_sent) {
+      cr_assert_eq(lt_bits(got.val[j]), lt_bits(s[i]), "entry %llu: sent value",
+                   (unsigned long long)i);
+      j++;
+    }
+    if (is_sent && included)
+      cr_assert_eq(lt_bits(e_new[i]), 0u, "entry %llu: sent, yet kept",
+                   (unsigned long long)i);
+    else
+      cr_assert_eq(lt_bits(e_new[i]), lt_bits(s[i]),
+                   "entry %llu: kept 0x%08x, s 0x%08x", (unsigned long long)i,
+                   lt_bits(e_new[i]), lt_bits(s[i]));
+  }
+  cr_assert_eq(j, got.count);
+  *sent += got.count;
+  pulse_loco_entries_free(&got);
+  free(copy), free(s), free(theta_g);
+}
+
+Test(loco, error_feedback_conserves_mass_bit_exactly) {
+  const uint64_t P = 50000;
+  float *theta = malloc(P * sizeof *theta), *local = malloc(P * sizeof *local);
+  lt_fill_weights(theta, P, 11, 0.5f);
+  pulse_loco *ctx = lt_ctx(P, 0, theta);
+  uint64_t seed = 12, sent = 0;
+  for (int round = 0; round < 6; round++) {
+    const float *g = pulse_loco_global(ctx);
+    for (uint64_t i = 0; i < P; i++) {
+      /* Local steps of a few BF16 ulps and less, plus edge values. */
+      float step = lt_normal(&seed) * fabsf(g[i]) * 0x1p-9f;
+      uint64_t pick = lt_next(&seed) % 64;
+      if (pick == 0)
+        step = 0.0f;
+      else if (pick == 1)
+        step = -0.0f;
+      else if (pick == 2)
+        step = 0x1p-149f;
+      else if (pick == 3)
+        step = 1e-38f;
+      local[i] = g[i] - step;
+    }
+    check_round(ctx, local, 1, &sent);
+  }
+  cr_assert(sent > P / 100 && sent < 6 * P, "the gate sent %llu entries",
+            (unsigned long long)sent);
+  pulse_loco_free(ctx);
+  free(theta), free(local);
+}
+
+Test(loco, excluded_trainer_keeps_its_whole_signal) {
+  const uint64_t P = 20000;
+  float *theta = malloc(P * sizeof *theta), *local = malloc(P * sizeof *local);
+  lt_fill_weights(theta, P, 3, 1.0f);
+  pulse_loco *ctx = lt_ctx(P, 4, theta);
+  uint64_t seed = 5, sent = 0;
+  for (uint64_t i = 0; i < P; i++)
+    local[i] = theta[i] + lt_normal(&seed) * 0.01f;
+  check_round(ctx, local, 0, &sent);
+  cr_assert(sent > 0);
+  /* Abandoned: the context refuses a new round until a state import. */
+  cr_assert_eq(pulse_loco_prepare(ctx, local, 1, 0, NULL, NULL, NULL),
+               PULSE_ERR_ARG);
+  pulse_loco_free(ctx);
+  free(theta), free(local);
+}
+
+Test(loco, non_finite_pseudo_gradient_is_refused) {
+  float theta[4] = {1.0f, 2.0f, 3.0f, 4.0f}, local[4] = {1.0f, NAN, 3.0f, 4.0f};
+  pulse_loco *ctx = lt_ctx(4, 0, theta);
+  cr_assert_eq(pulse_loco_prepare(ctx, local, 1, 0, NULL, NULL, NULL),
+               PULSE_ERR_ARG);
+  local[1] = 2.0f;
+  cr_assert_eq(pulse_loco_prepare(ctx, local, 1, 0, NULL, NULL, NULL),
+               PULSE_OK);
+  pulse_loco_free(ctx);
+}
