@@ -9,6 +9,7 @@ packages=(
   libcriterion-dev
   clang libclang-rt-14-dev   # the libFuzzer targets and sanitizer runs
   curl python3-numpy         # integration tests and data tools
+  nginx                      # pulse-bench serve: the reference file server
 )
 
 missing=()

@@ -18,6 +18,8 @@ static const bench_mode modes[] = {
      bench_codec_main, bench_codec_usage},
     {"trajectory", "write a synthetic RL trajectory as safetensors checkpoints",
      bench_trajectory_main, bench_trajectory_usage},
+    {"serve", "serving throughput vs nginx, long-poll wake-up, commit vs encoder",
+     bench_serve_main, bench_serve_usage},
     {"loco", "DDP vs DiLoCo vs PULSELoCo trainers over HTTP: bytes and loss", bench_loco_main,
      bench_loco_usage},
     {"gpu", "device encode and apply against a device-to-device copy", bench_gpu_main,

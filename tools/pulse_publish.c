@@ -1,0 +1,463 @@
+/* pulse-publish --store DIR CKPT...: publishes a sequence of checkpoints
+ * (safetensors: BF16, or FP32 master weights cast by the one rounding) into
+ * a pulse store as consecutive steps, as a trainer's publisher would after
+ * each optimizer step; optionally serves the store while it does
+ * (--listen). `--verify` checks a store instead. */
+#include <inttypes.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "pulse_publisher.h"
+#include "pulse_safetensors.h"
+#include "pulse_server.h"
+#include "pulse_sign.h"
+#include "pulse_store.h"
+#include "toolkit_args.h"
+
+static void usage(FILE *f) {
+  fprintf(
+      f,
+      "usage: pulse-publish --store DIR [options] CKPT...\n"
+      "       pulse-publish --store DIR --verify [--key KEY.pem]\n"
+      "  CKPT                 safetensors checkpoints (file, index.json or "
+      "folder), published\n"
+      "                       in order as consecutive steps after the store's "
+      "head\n"
+      "  --store DIR          the store folder (created when missing; resumed "
+      "when not)\n"
+      "  --listen HOST:PORT   serve the store meanwhile (port 0: a free one, "
+      "printed), and\n"
+      "                       afterwards until SIGINT/SIGTERM\n"
+      "  --exit-after-publish with --listen: stop once every checkpoint is "
+      "published\n"
+      "  --anchor-every K     anchor (whole state) every K steps (default 16; "
+      "0: first only)\n"
+      "  --keep M             keep at least the last M patches (default 32)\n"
+      "  --keep-anchors A     anchors kept: the oldest needed, the next, and "
+      "the newest\n"
+      "                       A - 2 (A >= 2, default 3)\n"
+      "  --key KEY.pem        sign heads with this Ed25519 key (PKCS#8 PEM)\n"
+      "  --new-key            make a new key at --key's path, or at "
+      "DIR/signing-key.pem\n"
+      "                       (default without --key: DIR/signing-key.pem, "
+      "made when missing;\n"
+      "                       the server never serves it, keep it out of "
+      "mirrors)\n"
+      "  --unsigned           write unsigned heads\n"
+      "  --first-step N       step of the first checkpoint of a new store "
+      "(default: its\n"
+      "                       metadata 'step', else 0)\n"
+      "  --interval-ms N      pause between checkpoints, like a trainer's step "
+      "time\n"
+      "  --plain              plain position model (larger, squashes without "
+      "weights)\n"
+      "  --sync-anchors       write anchors within the commit, not in the "
+      "background\n"
+      "  --threads N          threads (default: one per core)\n"
+      "  --json               one JSON object per step instead of text\n"
+      "  --verify             check the store: signature, every object's size "
+      "and SHA-256,\n"
+      "                       the whole patch chain against the head's "
+      "digest\n");
+}
+
+static int fail(const char *what, pulse_status st) {
+  return pulse_tk_fail("pulse-publish", what, st);
+}
+
+/* The table of the first checkpoint, in its order. */
+typedef struct {
+  pulse_st_model *model;
+  pulse_tensor_info *info;
+  size_t count;
+} table_src;
+
+/* Fills t[] (table order) from a checkpoint; copies misaligned tensors into
+ * `copies` (freed by the caller). */
+static int load_step(const char *path, const pulse_tensor_info *info, size_t n,
+                     pulse_st_model *m, pulse_pub_tensor *t, void **copies) {
+  if (pulse_st_model_tensor_count(m) != n) {
+    fprintf(stderr,
+            "pulse-publish: %s has %zu tensors, the store %zu: not the same "
+            "model\n",
+            path, pulse_st_model_tensor_count(m), n);
+    return 1;
+  }
+  for (size_t i = 0; i < n; i++) {
+    pulse_st_tensor x;
+    if (pulse_st_model_tensor_find(m, info[i].name, &x) != PULSE_OK) {
+      fprintf(stderr, "pulse-publish: %s has no tensor '%s'\n", path,
+              info[i].name);
+      return 1;
+    }
+    if (x.ndim != info[i].ndim ||
+        memcmp(x.shape, info[i].shape, x.ndim * sizeof x.shape[0]) != 0) {
+      fprintf(stderr, "pulse-publish: %s: tensor '%s' has another shape\n",
+              path, info[i].name);
+      return 1;
+    }
+    if (x.dtype != PULSE_DTYPE_F32 && x.dtype != PULSE_DTYPE_BF16) {
+      fprintf(stderr,
+              "pulse-publish: %s: tensor '%s' is %s: publish BF16 or F32\n",
+              path, info[i].name, pulse_dtype_name(x.dtype));
+      return 1;
+    }
+    t[i].data = x.data;
+    t[i].dtype = x.dtype;
+    t[i].memory = PULSE_PUB_HOST;
+    if ((uintptr_t)x.data % pulse_dtype_size(x.dtype) != 0) {
+      copies[i] = malloc(x.nbytes + 4);
+      if (copies[i] == NULL)
+        return fail("memory", PULSE_ERR_NOMEM);
+      memcpy(copies[i], x.data, x.nbytes);
+      t[i].data = copies[i];
+    }
+  }
+  return 0;
+}
+
+static void print_figures(const pulse_pub_figures *f, int json) {
+  if (json) {
+    printf("{\"step\":%" PRIu64 ",\"base_step\":%" PRIu64 ",\"params\":%" PRIu64
+           ",\"changed\":%" PRIu64 ",\"patch_bytes\":%" PRIu64
+           ",\"anchor_bytes\":%" PRIu64
+           ",\"anchor_started\":%d,\"flush\":%d,\"detect_s\":%.6f,\"encode_s\":"
+           "%.6f,\"write_s\":%.6f"
+           ",\"total_s\":%.6f,\"state_digest\":\"%s\"}\n",
+           f->step, f->base_step, f->params, f->changed, f->patch_bytes,
+           f->anchor_bytes, f->anchor_started, f->flush, f->detect_seconds,
+           f->encode_seconds, f->write_seconds, f->total_seconds,
+           f->state_digest);
+  } else if (f->flush) {
+    printf("pulse-publish: step %" PRIu64 ": anchor named (%" PRIu64
+           " bytes)\n",
+           f->step, f->anchor_bytes);
+  } else if (f->step == f->base_step) {
+    printf("pulse-publish: step %" PRIu64 ": first state, anchor %" PRIu64
+           " bytes (%" PRIu64 " parameters), %.1f ms, state %s\n",
+           f->step, f->anchor_bytes, f->params, f->total_seconds * 1e3,
+           f->state_digest);
+  } else {
+    printf("pulse-publish: step %" PRIu64 " <- %" PRIu64 ": %" PRIu64
+           " of %" PRIu64 " changed (%.3f%%), patch %" PRIu64
+           " bytes (%.2f B/changed)%s, detect %.1f ms, "
+           "encode %.1f ms, write %.1f ms, total %.1f ms, state %s\n",
+           f->step, f->base_step, f->changed, f->params,
+           f->params ? 100.0 * (double)f->changed / (double)f->params : 0.0,
+           f->patch_bytes,
+           f->changed ? (double)f->patch_bytes / (double)f->changed : 0.0,
+           f->anchor_started ? ", anchor started"
+                             : (f->anchor_bytes ? ", anchor named" : ""),
+           f->detect_seconds * 1e3, f->encode_seconds * 1e3,
+           f->write_seconds * 1e3, f->total_seconds * 1e3, f->state_digest);
+  }
+  fflush(stdout);
+}
+
+static int verify(const char *store, const char *key_path) {
+  uint8_t pinned[PULSE_SIGN_PUBLIC_BYTES];
+  const uint8_t *pin = NULL;
+  if (key_path != NULL) {
+    pulse_sign_key *k = NULL;
+    pulse_status st = pulse_sign_key_load(key_path, &k);
+    if (st != PULSE_OK)
+      return fail(key_path, st);
+    pulse_sign_key_public(k, pinned);
+    pulse_sign_key_free(k);
+    pin = pinned;
+  }
+  pulse_store_report r;
+  pulse_status st = pulse_store_verify(
+      store, PULSE_STORE_VERIFY_HASHES | PULSE_STORE_VERIFY_STATE, pin, &r);
+  if (st != PULSE_OK)
+    return fail(store, st);
+  printf("pulse-publish: %s is consistent: head step %" PRIu64
+         ", retained steps %" PRIu64 "..%" PRIu64
+         ", %zu patches, %zu anchors, %" PRIu64 " bytes, %s, %zu stray files, "
+         "state %s\n",
+         store, r.head_step, r.oldest_step, r.head_step, r.patches, r.anchors,
+         r.object_bytes, r.head_signed ? "signed" : "unsigned", r.strays,
+         r.state_digest_hex);
+  return 0;
+}
+
+static pulse_status get_key(const char *store, const char *key_path,
+                            int new_key, int unsigned_, pulse_sign_key **key) {
+  *key = NULL;
+  if (unsigned_)
+    return PULSE_OK;
+  char def[4096];
+  snprintf(def, sizeof def, "%s/signing-key.pem", store);
+  const char *path = key_path ? key_path : def;
+  if (!new_key) {
+    pulse_status st = pulse_sign_key_load(path, key);
+    if (st != PULSE_ERR_NOT_FOUND || key_path != NULL)
+      return st;
+  }
+  pulse_status st = pulse_sign_key_generate(key);
+  if (st == PULSE_OK)
+    st = pulse_sign_key_save(*key, path);
+  if (st != PULSE_OK) {
+    pulse_sign_key_free(*key);
+    *key = NULL;
+    return st;
+  }
+  fprintf(stderr, "pulse-publish: new signing key %s\n", path);
+  return PULSE_OK;
+}
+
+static void sleep_ms(unsigned ms) {
+  struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
+  nanosleep(&ts, NULL);
+}
+
+int main(int argc, char **argv) {
+  const char *store = NULL, *listen = NULL, *key_path = NULL, *v;
+  int new_key = 0, unsigned_ = 0, exit_after = 0, json = 0, do_verify = 0,
+      threads = 0;
+  int interval_ms = 0, have_first = 0;
+  uint64_t first_step = 0;
+  pulse_pub_opts o = PULSE_PUB_OPTS_INIT;
+  /* Checkpoints are gathered at the front of argv (after argv[0]): they
+   * are never more than the arguments already read. */
+  char **ckpts = argv + 1;
+  size_t nckpts = 0;
+  for (int i = 1; i < argc; i++) {
+    int r;
+    uint64_t u;
+    if (pulse_tk_opt_flag(argv[i], "--help") ||
+        pulse_tk_opt_flag(argv[i], "-h")) {
+      usage(stdout);
+      return 0;
+    } else if ((r = pulse_tk_opt_value(argc, argv, &i, "--store", &v)) != 0) {
+      if (r < 0)
+        return usage(stderr), 2;
+      store = v;
+    } else if ((r = pulse_tk_opt_value(argc, argv, &i, "--listen", &v)) != 0) {
+      if (r < 0)
+        return usage(stderr), 2;
+      listen = v;
+    } else if ((r = pulse_tk_opt_value(argc, argv, &i, "--key", &v)) != 0) {
+      if (r < 0)
+        return usage(stderr), 2;
+      key_path = v;
+    } else if ((r = pulse_tk_opt_value(argc, argv, &i, "--anchor-every", &v)) !=
+               0) {
+      if (r < 0 || pulse_tk_parse_u64(v, &o.anchor_every) != 0)
+        return fprintf(stderr,
+                       "pulse-publish: --anchor-every needs an integer\n"),
+               2;
+    } else if ((r = pulse_tk_opt_value(argc, argv, &i, "--keep", &v)) != 0) {
+      if (r < 0 || pulse_tk_parse_u64(v, &u) != 0 || u < 1)
+        return fprintf(stderr, "pulse-publish: --keep needs an integer >= 1\n"),
+               2;
+      o.keep_patches = u;
+    } else if ((r = pulse_tk_opt_value(argc, argv, &i, "--keep-anchors", &v)) !=
+               0) {
+      if (r < 0 || pulse_tk_parse_u64(v, &u) != 0 || u < 2)
+        return fprintf(stderr,
+                       "pulse-publish: --keep-anchors needs an integer >= 2\n"),
+               2;
+      o.keep_anchors = u;
+    } else if ((r = pulse_tk_opt_value(argc, argv, &i, "--first-step", &v)) !=
+               0) {
+      if (r < 0 || pulse_tk_parse_u64(v, &first_step) != 0)
+        return fprintf(stderr,
+                       "pulse-publish: --first-step needs an integer\n"),
+               2;
+      have_first = 1;
+    } else if ((r = pulse_tk_opt_value(argc, argv, &i, "--interval-ms", &v)) !=
+               0) {
+      if (r < 0 || pulse_tk_parse_int(v, 0, 3600000, &interval_ms) != 0)
+        return fprintf(stderr,
+                       "pulse-publish: --interval-ms needs 0..3600000\n"),
+               2;
+    } else if ((r = pulse_tk_opt_value(argc, argv, &i, "--threads", &v)) != 0) {
+      if (r < 0 || pulse_tk_parse_int(v, 0, 256, &threads) != 0)
+        return fprintf(stderr, "pulse-publish: --threads needs 0..256\n"), 2;
+    } else if (pulse_tk_opt_flag(argv[i], "--new-key")) {
+      new_key = 1;
+    } else if (pulse_tk_opt_flag(argv[i], "--unsigned")) {
+      unsigned_ = 1;
+    } else if (pulse_tk_opt_flag(argv[i], "--exit-after-publish")) {
+      exit_after = 1;
+    } else if (pulse_tk_opt_flag(argv[i], "--plain")) {
+      o.pos_model = PULSE_POS_PLAIN;
+    } else if (pulse_tk_opt_flag(argv[i], "--sync-anchors")) {
+      o.anchor_sync = 1;
+    } else if (pulse_tk_opt_flag(argv[i], "--json")) {
+      json = 1;
+    } else if (pulse_tk_opt_flag(argv[i], "--verify")) {
+      do_verify = 1;
+    } else if (argv[i][0] == '-' && argv[i][1] != '\0') {
+      fprintf(stderr, "pulse-publish: unknown option '%s'\n", argv[i]);
+      return usage(stderr), 2;
+    } else {
+      ckpts[nckpts++] = argv[i];
+    }
+  }
+  if (store == NULL || (new_key && unsigned_) || (do_verify && nckpts > 0) ||
+      (!do_verify && nckpts == 0 && listen == NULL))
+    return usage(stderr), 2;
+  if (do_verify)
+    return verify(store, key_path);
+  o.threads = threads;
+
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGINT);
+  sigaddset(&stop, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop, NULL);
+  signal(SIGPIPE, SIG_IGN);
+
+  int rc = 0;
+  pulse_sign_key *key = NULL;
+  pulse_pub *pub = NULL;
+  pulse_server *srv = NULL;
+  pulse_st_model *first = NULL;
+  pulse_tensor_info *info = NULL;
+  pulse_status st = pulse_store_recover(store, NULL); /* creates the folder */
+  if (st == PULSE_OK)
+    st = get_key(store, key_path, new_key, unsigned_, &key);
+  if (st != PULSE_OK) {
+    rc = fail(key_path ? key_path : store, st);
+    goto done;
+  }
+  o.key = key;
+  /* A new store takes its table from the first checkpoint. */
+  pulse_store_head *head = NULL;
+  int fresh = pulse_store_head_load(store, &head) == PULSE_ERR_NOT_FOUND;
+  pulse_store_head_free(head);
+  if (fresh && nckpts > 0) {
+    if ((st = pulse_st_model_open(ckpts[0], &first)) != PULSE_OK) {
+      rc = fail(ckpts[0], st);
+      goto done;
+    }
+    size_t n = pulse_st_model_tensor_count(first);
+    info = calloc(n + 1, sizeof *info);
+    if (info == NULL) {
+      rc = fail("memory", PULSE_ERR_NOMEM);
+      goto done;
+    }
+    for (size_t i = 0; i < n; i++) {
+      pulse_st_tensor t;
+      pulse_st_model_tensor_get(first, i, &t);
+      info[i].name = t.name;
+      info[i].dtype = PULSE_DTYPE_BF16;
+      info[i].ndim = t.ndim;
+      memcpy(info[i].shape, t.shape, sizeof t.shape);
+    }
+    o.tensors = info;
+    o.tensor_count = n;
+    if (!have_first) {
+      const char *s = pulse_st_model_metadata_get(first, "step");
+      if (s == NULL || pulse_tk_parse_u64(s, &first_step) != 0)
+        first_step = 0;
+    }
+  }
+  if (listen != NULL)
+    o.on_head = pulse_server_on_head;
+  /* The server exists before the publisher so that every head is notified;
+   * the publisher takes it as its hook's context. */
+  if (listen != NULL) {
+    char host[256];
+    pulse_server_opts so = PULSE_SERVER_OPTS_INIT;
+    if ((st = pulse_server_parse_listen(listen, host, sizeof host, &so.port)) !=
+        PULSE_OK) {
+      rc = fail("--listen", st);
+      goto done;
+    }
+    so.host = host;
+    so.store_dir = store;
+    so.key = key;
+    so.watch = 0; /* this process is the only writer: it notifies */
+    if ((st = pulse_server_create(&so, &srv)) != PULSE_OK) {
+      rc = fail(listen, st);
+      goto done;
+    }
+    o.on_head_ctx = srv;
+    printf("pulse-publish: serving %s on http://%s:%u\n", store,
+           host[0] ? host : "0.0.0.0", (unsigned)pulse_server_port(srv));
+    fflush(stdout);
+  }
+  if ((st = pulse_pub_create(store, &o, &pub)) != PULSE_OK) {
+    rc = fail(store, st);
+    goto done;
+  }
+  size_t n = pulse_pub_tensor_count(pub);
+  pulse_pub_tensor *t = calloc(n + 1, sizeof *t);
+  void **copies = calloc(n + 1, sizeof *copies);
+  if (t == NULL || copies == NULL) {
+    free(t), free(copies);
+    rc = fail("memory", PULSE_ERR_NOMEM);
+    goto done;
+  }
+  /* The publisher's copy of the table: the first checkpoint's names are
+   * gone once it is closed. */
+  pulse_tensor_info *own = calloc(n + 1, sizeof *own);
+  for (size_t i = 0; own && i < n; i++)
+    own[i] = *pulse_pub_tensor_info(pub, i);
+  const pulse_tensor_info *table = own;
+  int stopped = 0;
+  for (size_t k = 0; k < nckpts && rc == 0 && table != NULL; k++) {
+    pulse_st_model *m = NULL;
+    if (k == 0 && first != NULL) {
+      m = first;
+      first = NULL;
+    } else if ((st = pulse_st_model_open(ckpts[k], &m)) != PULSE_OK) {
+      rc = fail(ckpts[k], st);
+      break;
+    }
+    uint64_t head_step = 0, step;
+    step = pulse_pub_head_step(pub, &head_step) ? head_step + 1 : first_step;
+    rc = load_step(ckpts[k], table, n, m, t, copies);
+    pulse_pub_figures f;
+    if (rc == 0 && (st = pulse_pub_commit(pub, step, t, n, &f)) != PULSE_OK)
+      rc = fail(ckpts[k], st);
+    if (rc == 0)
+      print_figures(&f, json);
+    for (size_t i = 0; i < n; i++) {
+      free(copies[i]);
+      copies[i] = NULL;
+    }
+    pulse_st_model_close(m);
+    /* A stop signal between steps ends publishing cleanly. */
+    sigset_t pending;
+    sigpending(&pending);
+    if (sigismember(&pending, SIGINT) || sigismember(&pending, SIGTERM)) {
+      int sig;
+      sigwait(&stop, &sig);
+      stopped = 1;
+      break;
+    }
+    if (interval_ms > 0 && k + 1 < nckpts)
+      sleep_ms((unsigned)interval_ms);
+  }
+  free(t), free(copies), free(own);
+  if (table == NULL && rc == 0)
+    rc = fail("memory", PULSE_ERR_NOMEM);
+  pulse_pub_figures f;
+  if ((st = pulse_pub_flush(pub, &f)) != PULSE_OK && rc == 0)
+    rc = fail("final anchor", st);
+  else if (f.flush)
+    print_figures(&f, json);
+  if (rc == 0 && srv != NULL && !exit_after && !stopped) {
+    fprintf(stderr,
+            "pulse-publish: published; serving until SIGINT or SIGTERM\n");
+    int sig;
+    sigwait(&stop, &sig);
+  }
+done:
+  /* The server goes first: the publisher's last hook call was the flush. */
+  pulse_server_free(srv);
+  pulse_pub_free(pub);
+  pulse_st_model_close(first);
+  free(info);
+  pulse_sign_key_free(key);
+  return rc;
+}

@@ -1,0 +1,187 @@
+/* pulse_publisher.h - the trainer's side of pulse: publish each step's BF16
+ * weights into a store (pulse_store.h) as a patch against the previous step,
+ * with an anchor (the whole state) every few steps, a signed head that moves
+ * atomically, and retention of old objects.
+ *
+ *   pulse_pub_opts o = PULSE_PUB_OPTS_INIT;
+ *   o.tensors = table; o.tensor_count = n; o.key = key;
+ *   pulse_pub *pub;
+ *   pulse_pub_create("/data/store", &o, &pub);      // resumes an existing
+ * store for (;;) {                                      // after each optimizer
+ * step pulse_pub_tensor t[n] = {{master[0], PULSE_DTYPE_F32, PULSE_PUB_HOST},
+ * ...}; pulse_pub_figures fig; pulse_pub_commit(pub, step, t, n, &fig);
+ *   }
+ *   pulse_pub_free(pub);
+ *
+ * The publisher keeps the published BF16 state (the snapshot, 2 bytes per
+ * parameter of host memory) and its per-tensor digests, kept current in
+ * O(changes) per step. A commit finds the changed BF16 values (FP32 master
+ * weights are cast by the one rounding), encodes the patch, writes it
+ * durably, moves the head, then drops what retention no longer keeps. A
+ * failed commit changes nothing: the snapshot, the head and every object the
+ * head names are as before, and the next commit may retry.
+ *
+ * Crash safety: objects and the head are written with temporary file, fsync,
+ * rename (pulse_file.h). Reopening a store after a crash (pulse_pub_create)
+ * removes what an interrupted commit left, rebuilds the snapshot from the
+ * newest anchor and the patches after it, checks it against the head's state
+ * digest, and continues from the head.
+ *
+ * Thread-safety: one publisher is driven by one thread at a time; it starts
+ * a background thread of its own for anchors. The only writer of a store is
+ * its one publisher; any number of servers may read the store meanwhile. */
+#ifndef PULSE_PUBLISHER_H
+#define PULSE_PUBLISHER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "pulse_codec.h"
+#include "pulse_sign.h"
+#include "pulse_status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Where a tensor given to a commit lives. */
+typedef enum {
+  PULSE_PUB_HOST = 0,
+  /* CUDA device memory: not available yet (the device encoder belongs to
+   * cuda/); a commit with device tensors fails with PULSE_ERR_NOT_BUILT when
+   * pulse is built without CUDA, PULSE_ERR_UNSUPPORTED otherwise. */
+  PULSE_PUB_DEVICE = 1
+} pulse_pub_memory;
+
+/* One tensor of a step, in table order. Borrowed for the call. */
+typedef struct {
+  /* numel elements of dtype, aligned to the dtype. */
+  const void *data;
+  /* PULSE_DTYPE_F32 (master weights, cast to BF16 by the one rounding) or
+   * PULSE_DTYPE_BF16. Tensors of one step may mix both. */
+  pulse_dtype dtype;
+  pulse_pub_memory memory;
+} pulse_pub_tensor;
+
+/* What a commit did. Times are wall-clock seconds. */
+typedef struct {
+  uint64_t step;
+  uint64_t base_step;    /* the previous head; == step for a store's first */
+  uint64_t params;       /* parameters in the table */
+  uint64_t changed;      /* BF16 values that changed (0 for the first) */
+  uint64_t patch_bytes;  /* 0 for the first commit (an anchor only) */
+  uint64_t anchor_bytes; /* bytes of the anchor this commit named, if any */
+  int anchor_started;    /* an anchor of this step is being written in the
+                            background (a later head names it) */
+  int flush;             /* 1: no new step, the head only names an anchor
+                            finished in the background */
+  double detect_seconds; /* change detection */
+  double encode_seconds; /* patch encoding */
+  double write_seconds;  /* hashing and durable writes, head included */
+  double total_seconds;  /* the whole call */
+  char state_digest[65]; /* hex state digest of the step (FORMAT.md) */
+} pulse_pub_figures;
+
+/* Called on the committing thread each time the head has moved (after the
+ * rename, before the commit returns): the hook an in-process server uses to
+ * wake long-polls (pulse_server_head_moved). Must not call the publisher. */
+typedef void (*pulse_pub_head_fn)(void *ctx, const pulse_pub_figures *figures);
+
+/* Publisher options; start from PULSE_PUB_OPTS_INIT. */
+typedef struct {
+  uint32_t struct_version; /* PULSE_PUB_OPTS_VERSION */
+  /* Anchor when the step is at least this far past the last anchor
+   * (0: only the first state). The first commit is always an anchor. */
+  uint64_t anchor_every;
+  /* Retention (PROTOCOL.md): at least the newest keep_patches (>= 1)
+   * patches stay, extended back to the newest anchor at or below the oldest
+   * one's base (the floor) so that every retained step can be rebuilt; of
+   * the anchors, the floor, the first one above it (the next floor) and the
+   * newest keep_anchors - 2 (keep_anchors >= 2) stay. */
+  uint64_t keep_patches;
+  uint64_t keep_anchors;
+  /* Signs every head; borrowed, must outlive the publisher. NULL writes
+   * unsigned heads (clients then rely on digests alone). */
+  const pulse_sign_key *key;
+  /* The tensor table in the trainer's order (dtype is ignored: the published
+   * state is BF16). Copied. Required for a new store; for an existing one it
+   * may be NULL (taken from the store) or must equal the store's. */
+  const pulse_tensor_info *tensors;
+  size_t tensor_count;
+  pulse_pos_model pos_model; /* default PULSE_POS_CLASS */
+  uint32_t chunk_log2;       /* default PULSE_CHUNK_LOG2_DEFAULT */
+  int threads;               /* detection, encoding, rebuild; 0 = per core */
+  /* 0 (default): anchors are written by a background thread from the
+   * snapshot while the next step trains, and named by the next head (or by
+   * pulse_pub_flush); 1: within the commit that makes them due. */
+  int anchor_sync;
+  pulse_pub_head_fn on_head;
+  void *on_head_ctx;
+} pulse_pub_opts;
+
+#define PULSE_PUB_OPTS_VERSION 1u
+#define PULSE_PUB_OPTS_INIT                                                    \
+  {                                                                            \
+    PULSE_PUB_OPTS_VERSION, 16, 32, 3, NULL, NULL, 0, PULSE_POS_CLASS,         \
+        PULSE_CHUNK_LOG2_DEFAULT, 0, 0, NULL, NULL                             \
+  }
+
+typedef struct pulse_pub pulse_pub;
+
+/** Opens the store folder `dir` (created when missing) for publishing.
+ * Recovers it (pulse_store_recover) and, when it has a head, rebuilds the
+ * snapshot at the head and checks it against the head's state digest.
+ * @return PULSE_OK and *out (free with pulse_pub_free); PULSE_ERR_ARG (bad
+ * options; a new store without a table); PULSE_ERR_SIZE_MISMATCH (a table
+ * that differs from the store's); any error of pulse_store_recover and
+ * pulse_store_state_rebuild; PULSE_ERR_NOMEM. */
+pulse_status pulse_pub_create(const char *dir, const pulse_pub_opts *opts,
+                              pulse_pub **out);
+
+/** Waits for a background anchor, writes the head naming it (see
+ * pulse_pub_figures.flush), and frees the publisher. NULL is fine. Errors
+ * are logged; call pulse_pub_flush first to see them. */
+void pulse_pub_free(pulse_pub *pub);
+
+/** Publishes the state of `step` (above the head's; steps may skip). The
+ * first commit of a new store writes an anchor only. `tensors` holds
+ * tensor_count entries in table order. `figures` may be NULL.
+ * @return PULSE_OK; PULSE_ERR_ARG (count, NULL data, misaligned data);
+ * PULSE_ERR_BASE_STEP (step not above the head); PULSE_ERR_DTYPE;
+ * PULSE_ERR_NOT_BUILT / PULSE_ERR_UNSUPPORTED (device tensors);
+ * PULSE_ERR_IO (a write failed: nothing changed); PULSE_ERR_NOMEM. */
+pulse_status pulse_pub_commit(pulse_pub *pub, uint64_t step,
+                              const pulse_pub_tensor *tensors, size_t count,
+                              pulse_pub_figures *figures);
+
+/** Waits for a background anchor and, when it succeeded, writes a head that
+ * names it (same step). `figures` (may be NULL) says what was written;
+ * without a pending anchor nothing happens.
+ * @return PULSE_OK, or the anchor's or the head's write error (the head then
+ * stays as it was). */
+pulse_status pulse_pub_flush(pulse_pub *pub, pulse_pub_figures *figures);
+
+/** 1 and the head step in *step when the store has a head, else 0. */
+int pulse_pub_head_step(const pulse_pub *pub, uint64_t *step);
+
+/** State digest of the head (NULL before the first commit). Borrowed until
+ * the next commit. */
+const pulse_state_digest *pulse_pub_state_digest(const pulse_pub *pub);
+
+/** Number of tensors in the table. */
+size_t pulse_pub_tensor_count(const pulse_pub *pub);
+
+/** Table entry i (NULL when out of range), borrowed from the publisher. */
+const pulse_tensor_info *pulse_pub_tensor_info(const pulse_pub *pub, size_t i);
+
+/** The published BF16 bits of tensor i (NULL before the first commit or out
+ * of range), borrowed: valid until the next commit. */
+const uint16_t *pulse_pub_snapshot(const pulse_pub *pub, size_t i);
+
+/** The store folder (as given to create), borrowed. */
+const char *pulse_pub_dir(const pulse_pub *pub);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* PULSE_PUBLISHER_H */

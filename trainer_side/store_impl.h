@@ -1,0 +1,71 @@
+/* store_impl.h - private to pulse_trainer: the head's in-memory form, its
+ * canonical serialization and JSON writer, hex and SHA-256 helpers, and
+ * path building for the store layout (PROTOCOL.md). */
+#ifndef PULSE_STORE_IMPL_H
+#define PULSE_STORE_IMPL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "pulse_codec.h"
+#include "pulse_sign.h"
+#include "pulse_store.h"
+
+struct pulse_store_head {
+  uint8_t *bytes; /* the JSON as parsed or written */
+  size_t size;
+  uint64_t step;
+  pulse_state_digest digest;
+  int is_signed;
+  uint8_t pub[PULSE_SIGN_PUBLIC_BYTES];
+  uint8_t sig[PULSE_SIGN_SIGNATURE_BYTES];
+  pulse_store_object *patches;
+  size_t npatches;
+  pulse_store_object *anchors;
+  size_t nanchors;
+};
+
+/* The fields a new head is made of (borrowed). */
+typedef struct {
+  uint64_t step;
+  pulse_state_digest digest;
+  const pulse_store_object *patches;
+  size_t npatches;
+  const pulse_store_object *anchors;
+  size_t nanchors;
+} store_head_fields;
+
+/** Serializes a head as JSON, signed by `key` when it is not NULL. The
+ * fields are not checked here: pulse_store_head_parse of the result is how
+ * a writer proves them (the publisher does so before writing). */
+pulse_status store_head_serialize(const store_head_fields *f,
+                                  const pulse_sign_key *key, pulse_buffer *out);
+
+/** The canonical byte string a head signature covers (PROTOCOL.md). */
+pulse_status store_head_canonical(const store_head_fields *f,
+                                  const uint8_t *pub, pulse_buffer *out);
+
+/** Sets obj->path from its kind and hash. */
+void store_object_set_path(pulse_store_object *obj);
+
+/** Lower-case hex of n bytes into out (2n + 1 bytes with the NUL). */
+void store_hex(const uint8_t *bytes, size_t n, char *out);
+
+/** Parses exactly 2n lower-case hex digits. @return 0, or -1. */
+int store_unhex(const char *s, size_t len, uint8_t *out, size_t n);
+
+/** SHA-256 of a buffer. */
+void store_sha256(const void *data, size_t n, uint8_t out[32]);
+
+/** "DIR/REL" into buf. @return 0, or -1 when it does not fit. */
+int store_join(char *buf, size_t cap, const char *dir, const char *rel);
+
+/** 1 when `name` is a temporary file of pulse_file.h (".X.tmp-..."). */
+int store_is_temp_name(const char *name);
+
+/** Parses an object file name "<64 hex>.pulse" / ".safetensors": 1 and the
+ * kind and hash when it is one, else 0. */
+int store_parse_object_name(const char *name, pulse_store_kind *kind,
+                            uint8_t sha256[32]);
+
+#endif /* PULSE_STORE_IMPL_H */
