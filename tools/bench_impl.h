@@ -16,12 +16,13 @@ int bench_codec_main(int argc, char **argv);
 int bench_trajectory_main(int argc, char **argv);
 void bench_trajectory_usage(FILE *out);
 void bench_codec_usage(FILE *out);
+int bench_sync_main(int argc, char **argv); void bench_sync_usage(FILE *out);
+int bench_demo_main(int argc, char **argv);
+void bench_demo_usage(FILE *out);
 int bench_serve_main(int argc, char **argv);
 void bench_serve_usage(FILE *out);
-int bench_loco_main(int argc, char **argv);
-void bench_loco_usage(FILE *out);
-int bench_gpu_main(int argc, char **argv);
-void bench_gpu_usage(FILE *out);
+int bench_loco_main(int argc, char **argv); void bench_loco_usage(FILE *out);
+int bench_gpu_main(int argc, char **argv); void bench_gpu_usage(FILE *out);
 
 /* ---------------------------------------------------------- tensor table */
 

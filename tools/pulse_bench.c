@@ -14,16 +14,17 @@ typedef struct {
 } bench_mode;
 
 static const bench_mode modes[] = {
+    {"demo", "the main job: a trainer publishes, pullers follow over HTTP, bytes vs dense",
+     bench_demo_main, bench_demo_usage},
     {"codec", "patch sizes vs baselines and entropy bound, codec throughput",
      bench_codec_main, bench_codec_usage},
     {"trajectory", "write a synthetic RL trajectory as safetensors checkpoints",
      bench_trajectory_main, bench_trajectory_usage},
+    {"sync", "per-step sync time and bytes, dense vs pulse, loopback and rate-limited links", bench_sync_main, bench_sync_usage},
     {"serve", "serving throughput vs nginx, long-poll wake-up, commit vs encoder",
      bench_serve_main, bench_serve_usage},
-    {"loco", "DDP vs DiLoCo vs PULSELoCo trainers over HTTP: bytes and loss", bench_loco_main,
-     bench_loco_usage},
-    {"gpu", "device encode and apply against a device-to-device copy", bench_gpu_main,
-     bench_gpu_usage},
+    {"loco", "DDP vs DiLoCo vs PULSELoCo trainers over HTTP: bytes and loss", bench_loco_main, bench_loco_usage},
+    {"gpu", "device encode and apply against a device-to-device copy", bench_gpu_main, bench_gpu_usage},
 };
 
 #define MODE_COUNT (sizeof modes / sizeof modes[0])

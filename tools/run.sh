@@ -23,9 +23,9 @@ configure_and_build() { # dir, extra cmake args...
 case "$mode" in
 demo)
   configure_and_build "$build"
-  # The main job until the end-to-end demo lands: the codec benchmark on a
-  # synthetic RL trajectory, with the bandwidth reduction it measures.
-  "$build/tools/pulse-bench" codec --params 20000000 --steps 5 "${@:2}"
+  # The main job: a trainer publishes a synthetic RL trajectory into a local
+  # store served over HTTP on 127.0.0.1; two inference pullers follow it.
+  "$build/tools/pulse-bench" demo "${@:2}"
   ;;
 test)
   configure_and_build "$build" -DPULSE_WERROR=ON

@@ -1,0 +1,314 @@
+/* pulse_subscriber.h - the inference side of pulse: follow a publisher over
+ * HTTP(S) (trainer_side/PROTOCOL.md) and keep BF16 target tensors equal, bit
+ * for bit, to the trainer's newest published step.
+ *
+ *   static const char *urls[] = {"https://trainer.example:8080"};
+ *   pulse_sub_opts o = PULSE_SUB_OPTS_INIT;
+ *   o.urls = urls; o.url_count = 1;
+ *   o.cache_dir = "/var/cache/pulse"; o.public_key = pinned_key;  // 32 bytes
+ *   pulse_sub *sub;
+ *   pulse_sub_create(&o, &sub);
+ *   pulse_sub_attach_host(sub, "layer.0.weight", 2, shape, weights_bf16);
+ *   ...                                            // or pulse_sub_attach_file
+ *   pulse_sub_sync(sub);                           // up to the newest step
+ *   pulse_sub_follow(sub);                         // until pulse_sub_stop
+ *   pulse_sub_free(sub);
+ *
+ * What a sync does: fetch the head and check its Ed25519 signature against
+ * the pinned key; choose the route to the head that downloads the fewest
+ * bytes (the retained patch chain from the targets' step, one squashed
+ * catch-up patch, or the newest anchor plus the patches after it); download
+ * what it needs into the cache folder, resuming partial downloads with Range
+ * requests (also after a restart) and retrying network errors and 5xx
+ * answers with exponential backoff and jitter; check every object's SHA-256
+ * and size against the signed head before reading it; then apply each step
+ * transactionally: every patch is decoded and checked against the base and
+ * target digests before the first target element is written, and an anchor
+ * is checked against its state digest before anything is copied. A patch
+ * whose base does not match the targets is never applied: the sync then takes
+ * the anchor route. Whatever fails, the targets either hold exactly the
+ * trainer's weights of a step or keep their previous step, and the status and
+ * pulse_sub_error() say why.
+ *
+ * The cache folder is laid out as a store (PROTOCOL.md): objects/<sha256>.*
+ * as downloaded and verified, head.json as fetched with its signature intact,
+ * so a pulse server can re-serve it (a relay; see opts.mirror). Partial
+ * downloads live in objects/.<sha256>.part* and survive restarts. Also kept
+ * there: trusted-key (the publisher key trusted on first use when no key is
+ * pinned).
+ *
+ * Readers: a reader that holds pulse_sub_read_lock sees one whole step; the
+ * subscriber writes target memory only while no reader holds it.
+ *
+ * Thread-safety: create, attach, sync, follow and free are called from one
+ * thread at a time (the syncing thread). pulse_sub_stop, pulse_sub_step,
+ * pulse_sub_figures_get, pulse_sub_read_lock/unlock and pulse_sub_tensor may be
+ * called from any thread at any time. Nothing here prints to stdout; errors
+ * are pulse_status codes with the detail in pulse_error_detail() (on the
+ * calling thread) and pulse_sub_error() (on the handle). */
+#ifndef PULSE_SUBSCRIBER_H
+#define PULSE_SUBSCRIBER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "pulse_codec.h"
+#include "pulse_status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* A step that is not known (no state yet, or a state that failed a check). */
+#define PULSE_SUB_NO_STEP UINT64_MAX
+#define PULSE_SUB_KEY_BYTES 32
+
+/* How a sync reached the head. */
+typedef enum {
+  PULSE_SUB_ROUTE_NONE = 0,    /* already at the head */
+  PULSE_SUB_ROUTE_CHAIN = 1,   /* retained patches, one after the other */
+  PULSE_SUB_ROUTE_CATCHUP = 2, /* one squashed patch from the server */
+  PULSE_SUB_ROUTE_ANCHOR = 3   /* the newest suitable anchor, then patches */
+} pulse_sub_route;
+
+/** "none", "chain", "catchup", "anchor". */
+const char *pulse_sub_route_name(pulse_sub_route route);
+
+/* What happens during a sync, for progress bars and logs. */
+typedef enum {
+  PULSE_SUB_EV_HEAD = 1,  /* a head was verified: head_step */
+  PULSE_SUB_EV_PLAN,      /* route chosen: route, from_step -> head_step, bytes
+                             still to download */
+  PULSE_SUB_EV_DOWNLOAD,  /* an object download starts: object, total,
+                             resumed (bytes already on disk) */
+  PULSE_SUB_EV_PROGRESS,  /* object, bytes held so far of total (a few per
+                             second at most) */
+  PULSE_SUB_EV_OBJECT,    /* an object was verified: object, total */
+  PULSE_SUB_EV_RETRY,     /* a request failed and is retried after delay_ms:
+                             attempt, status, detail */
+  PULSE_SUB_EV_REJECTED,  /* a head, object or base failed a check: status,
+                             detail (nothing was applied from it) */
+  PULSE_SUB_EV_APPLIED,   /* the targets moved to step */
+  PULSE_SUB_EV_SYNCED,    /* a sync ended at the head: step */
+  PULSE_SUB_EV_ERROR,     /* a sync failed: status, detail; step is what the
+                             targets still hold */
+  PULSE_SUB_EV_WARNING,   /* detail (trust on first use, a stale head, ...) */
+  PULSE_SUB_EV_HEAD_SAVED /* the cache's head.json moved to head_step (a
+                             server over the cache may wake its long-polls) */
+} pulse_sub_event_type;
+
+/* One event. Pointers are valid during the callback only. */
+typedef struct {
+  pulse_sub_event_type type;
+  uint64_t step;      /* the targets' step now (PULSE_SUB_NO_STEP: none) */
+  uint64_t head_step; /* the newest verified head (PULSE_SUB_NO_STEP: none) */
+  uint64_t from_step; /* PLAN: where the route starts */
+  pulse_sub_route route;
+  const char *object; /* "objects/<sha>.pulse", "catchup/<from>", ... */
+  uint64_t bytes;     /* PLAN: to download; PROGRESS: held of total */
+  uint64_t total;     /* object size */
+  uint64_t resumed;   /* DOWNLOAD: bytes found on disk, not downloaded again */
+  unsigned attempt;   /* RETRY */
+  unsigned delay_ms;  /* RETRY */
+  pulse_status status;
+  const char *detail;
+} pulse_sub_event;
+
+/* Called on the syncing thread. Must not call the subscriber, except
+ * pulse_sub_step, pulse_sub_figures_get and pulse_sub_stop. */
+typedef void (*pulse_sub_event_fn)(void *ctx, const pulse_sub_event *event);
+
+/* Subscriber options; start from PULSE_SUB_OPTS_INIT. Strings and arrays are
+ * copied by pulse_sub_create. */
+typedef struct {
+  uint32_t struct_version; /* PULSE_SUB_OPTS_VERSION */
+  /* Base URLs of pulse servers ("http://host:port" or "https://..."; a path
+   * prefix is kept), tried in order: the first is the primary, the others
+   * serve when it fails or sends something that does not verify. */
+  const char *const *urls;
+  size_t url_count;
+  const char *cache_dir; /* required; created when missing */
+  /* The publisher's Ed25519 public key (32 bytes). NULL: trust on first use:
+   * the key of the first head is kept in cache_dir/trusted-key and required
+   * from then on (a PULSE_SUB_EV_WARNING says so). */
+  const uint8_t *public_key;
+  int allow_unsigned;            /* accept unsigned heads (no authenticity) */
+  int allow_unsigned_catchup;    /* use catch-ups a server did not sign
+                                    (protected by digests only) */
+  uint32_t connect_timeout_ms;   /* default 10000 */
+  uint32_t request_timeout_ms;   /* heads and catch-up probes; default 30000 */
+  uint32_t low_speed_bytes;      /* a transfer slower than this many bytes/s */
+  uint32_t low_speed_seconds;    /* for this long fails (and is retried) */
+  unsigned retries;              /* after the first attempt; default 6 */
+  uint32_t backoff_ms;           /* first retry delay, doubled each time,
+                                    with jitter; default 200 */
+  uint32_t backoff_max_ms;       /* default 5000 */
+  unsigned parallel;             /* range requests at once for one large
+                                    object; default 4 */
+  uint64_t parallel_min_bytes;   /* objects at least this large are split;
+                                    default 32 MiB */
+  uint64_t max_recv_bytes_per_s; /* per request; 0: no limit */
+  int use_catchup;               /* consider /v1/catchup; default 1 */
+  /* Download every object the head names, not only what the targets need,
+   * so that a pulse server over cache_dir serves the whole store. */
+  int mirror;
+  int threads;              /* decode and digest threads; 0: per core */
+  uint32_t poll_timeout_ms; /* long-poll length for follow; default 30000 */
+  void *cuda_stream;        /* stream for device targets (NULL: default) */
+  pulse_sub_event_fn on_event;
+  void *on_event_ctx;
+} pulse_sub_opts;
+
+#define PULSE_SUB_OPTS_VERSION 1u
+#define PULSE_SUB_OPTS_INIT                                                    \
+  {                                                                            \
+    PULSE_SUB_OPTS_VERSION, NULL, 0, NULL, NULL, 0, 0, 10000, 30000, 1024, 30, \
+        6, 200, 5000, 4, (uint64_t)32 << 20, 0, 1, 0, 0, 30000, NULL, NULL,    \
+        NULL                                                                   \
+  }
+
+typedef struct pulse_sub pulse_sub;
+
+/** Creates a subscriber. Nothing is fetched yet. Reads cache_dir/head.json
+ * (the newest head seen: the subscriber never goes back to an older one) and
+ * cache_dir/trusted-key when present.
+ * @return PULSE_OK and *out (free with pulse_sub_free); PULSE_ERR_ARG (no
+ * URL, a URL that is not http(s), no cache_dir, bad options, unsigned heads
+ * allowed together with a pinned key); PULSE_ERR_IO (cache_dir cannot be
+ * made); PULSE_ERR_NOMEM. */
+pulse_status pulse_sub_create(const pulse_sub_opts *opts, pulse_sub **out);
+
+/** Stops and frees a subscriber; target memory attached by the caller is
+ * left as it is. NULL is fine. */
+void pulse_sub_free(pulse_sub *sub);
+
+/** Attaches a BF16 tensor in host memory: `data` holds numel(shape) elements
+ * that the subscriber keeps equal to the trainer's tensor `name` (names are
+ * matched with the publisher's table; its shape must be this one). The
+ * memory is borrowed until pulse_sub_free and must not be written by anyone
+ * else; it is read once here (its digest). Targets may be a subset of the
+ * table (a shard). Until pulse_sub_assume_step the contents are unknown, so
+ * the first sync takes the anchor route.
+ * @return PULSE_OK; PULSE_ERR_ARG (NULL, bad shape, a name attached twice,
+ * after pulse_sub_attach_file or device targets); PULSE_ERR_OVERFLOW;
+ * PULSE_ERR_NOMEM. */
+pulse_status pulse_sub_attach_host(pulse_sub *sub, const char *name,
+                                   uint32_t ndim, const uint64_t *shape,
+                                   uint16_t *data);
+
+/** Attaches a BF16 tensor in CUDA device memory (data_d, 2-byte aligned),
+ * applied with the CUDA kernels on opts.cuda_stream. Same contract as
+ * pulse_sub_attach_host; host and device targets do not mix.
+ * @return as pulse_sub_attach_host, plus PULSE_ERR_NOT_BUILT (pulse built
+ * without CUDA) and PULSE_ERR_CUDA (no usable device). */
+pulse_status pulse_sub_attach_device(pulse_sub *sub, const char *name,
+                                     uint32_t ndim, const uint64_t *shape,
+                                     uint16_t *data_d);
+
+/** Keeps the safetensors file `path` equal to the trainer's state: the
+ * subscriber holds every tensor of the table in host memory and, after each
+ * sync that moved, replaces the file atomically (pulse_st_write) with the
+ * tensors in table order and metadata {"step", "state_digest"}, like an
+ * anchor. An existing file is read now: when its data matches its metadata's
+ * state digest (or it has none) and names a step, the subscriber resumes
+ * from that step (checked against the publisher's digests before any patch
+ * is applied); otherwise it starts from the anchor route. The file's
+ * tensors are then readable through pulse_sub_tensor.
+ * @return PULSE_OK (also for a missing file, or one that is replaced later:
+ * a warning event says why); PULSE_ERR_ARG (other targets attached);
+ * PULSE_ERR_NOMEM. */
+pulse_status pulse_sub_attach_file(pulse_sub *sub, const char *path);
+
+/** Declares that the attached host or device targets hold step `step`. It
+ * is checked against the publisher's digests before it is relied upon; a
+ * wrong claim leads to the anchor route, never to a wrong state.
+ * @return PULSE_OK or PULSE_ERR_ARG (no targets, or a file target). */
+pulse_status pulse_sub_assume_step(pulse_sub *sub, uint64_t step);
+
+/** Brings the targets to the newest step the publisher has (with no target
+ * attached: only verifies the head and, with opts.mirror, mirrors the
+ * store). Returns when the targets hold the head's step or on an error
+ * (after the retries): the targets then hold the last step they reached
+ * (an older step, never a mix).
+ * @return PULSE_OK; PULSE_ERR_IO (network or cache I/O failure, or
+ * interrupted by pulse_sub_stop); PULSE_ERR_NOT_FOUND (the server has no
+ * head, or lost an object the head names); PULSE_ERR_CORRUPT (a head,
+ * signature or object that does not verify, from every URL); PULSE_ERR_*
+ * of the codec for a state that cannot be brought to the head (e.g.
+ * PULSE_ERR_SIZE_MISMATCH: a target's shape differs from the publisher's);
+ * PULSE_ERR_CUDA; PULSE_ERR_NOMEM. */
+pulse_status pulse_sub_sync(pulse_sub *sub);
+
+/** Syncs, then waits for new steps with long-polls and syncs each, until
+ * pulse_sub_stop. Failures are reported as PULSE_SUB_EV_ERROR events and
+ * retried with backoff; only argument and memory errors end it.
+ * @return PULSE_OK when stopped; PULSE_ERR_ARG; PULSE_ERR_NOMEM. */
+pulse_status pulse_sub_follow(pulse_sub *sub);
+
+/** Asks a sync or follow running on another thread to stop soon (transfers
+ * are aborted, partial downloads kept for the next run). Thread-safe. */
+void pulse_sub_stop(pulse_sub *sub);
+
+/** The step the targets hold (PULSE_SUB_NO_STEP when none). Thread-safe. */
+uint64_t pulse_sub_step(const pulse_sub *sub);
+
+/* Counters since create and the split of the last sync. */
+typedef struct {
+  uint64_t step;         /* the targets' step, PULSE_SUB_NO_STEP: none */
+  uint64_t head_step;    /* newest verified head, PULSE_SUB_NO_STEP */
+  char state_digest[65]; /* hex state digest of step ("" when unknown) */
+  uint64_t syncs;        /* sync calls that ended at the head */
+  uint64_t sync_failures;
+  uint64_t bytes_downloaded; /* response bodies received, every request */
+  uint64_t bytes_resumed;    /* object bytes found on disk, not downloaded */
+  uint64_t objects_fetched;  /* objects downloaded and verified */
+  uint64_t requests;
+  uint64_t retries;
+  uint64_t rejected; /* heads, objects, catch-ups or bases refused */
+  uint64_t patches_applied;
+  uint64_t anchors_applied;
+  uint64_t catchups_applied;
+  /* The last sync that ended at the head (or failed). */
+  pulse_sub_route last_route;
+  pulse_status last_status;
+  uint64_t last_from_step;
+  uint64_t last_bytes;    /* bytes downloaded by it */
+  double last_transfer_s; /* waiting for the network */
+  double last_verify_s;   /* signatures, SHA-256, digests */
+  double last_decode_s;   /* decoding patches, reading anchors */
+  double last_apply_s;    /* writing targets (and the file target) */
+  double last_total_s;
+} pulse_sub_figures;
+
+/** Copies the current figures. Thread-safe. */
+void pulse_sub_figures_get(const pulse_sub *sub, pulse_sub_figures *out);
+
+/** Detailed text of the handle's last error ("" when none). Valid until the
+ * next call on the handle. */
+const char *pulse_sub_error(const pulse_sub *sub);
+
+/** Takes the readers' side of the targets' lock: until pulse_sub_read_unlock
+ * the targets hold one whole step (*step, may be NULL) and are not written.
+ * Hold it briefly (a forward pass): a sync waits for it before it commits.
+ * Must not be held by the syncing thread when it calls sync or follow.
+ * Thread-safe; readers do not block each other. */
+void pulse_sub_read_lock(pulse_sub *sub, uint64_t *step);
+void pulse_sub_read_unlock(pulse_sub *sub);
+
+/** With a file target: tensor `name` as held in memory (data valid while
+ * the caller holds the read lock, or until the next sync on the syncing
+ * thread). Host targets answer with the caller's own buffer.
+ * @return PULSE_OK; PULSE_ERR_NOT_FOUND (no such tensor, or no state yet);
+ * PULSE_ERR_UNSUPPORTED (device targets); PULSE_ERR_ARG. */
+pulse_status pulse_sub_tensor(pulse_sub *sub, const char *name,
+                              const uint16_t **data, uint64_t *numel);
+
+/** Parses 64 hex digits into a 32-byte public key.
+ * @return PULSE_OK or PULSE_ERR_ARG. */
+pulse_status pulse_sub_key_from_hex(const char *hex,
+                                    uint8_t key[PULSE_SUB_KEY_BYTES]);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* PULSE_SUBSCRIBER_H */

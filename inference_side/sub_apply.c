@@ -1,0 +1,481 @@
+/* sub_apply.c - moving the targets one step, transactionally.
+ *
+ * A patch (host targets): the targets' kept digests are compared with the
+ * patch's base digests (and the base state digest when the targets hold the
+ * whole table), every changed tensor is decoded into staging while readers
+ * may still read, the digests the staged changes lead to are compared with
+ * the patch's target digests, and only then, under the writers' lock, are
+ * the new bits written: a reader holding the read lock sees step k or k+1.
+ * Device targets go through pulse_cuda_patch_apply, which runs the same
+ * transaction on the device. An anchor is opened, every tensor's digest and
+ * the state digest are computed and compared with its metadata (and with the
+ * head's when it is the head's step) before anything is copied.
+ *
+ * The targets' digests are kept current in O(changes) per step, so checking
+ * a base never reads the whole model again. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "parallel_impl.h"
+#include "pulse_log.h"
+#include "pulse_safetensors.h"
+#include "status_impl.h"
+#include "sub_impl.h"
+
+static int same_digest(pulse_tensor_digest a, pulse_tensor_digest b) {
+  return a.a == b.a && a.b == b.b;
+}
+
+static int same_shape(const sub_target *t, const pulse_tensor_info *info) {
+  if (t->ndim != info->ndim)
+    return 0;
+  for (uint32_t d = 0; d < t->ndim; d++)
+    if (t->shape[d] != info->shape[d])
+      return 0;
+  return 1;
+}
+
+static void shape_text(uint32_t ndim, const uint64_t *shape, char *out,
+                       size_t cap) {
+  size_t at = (size_t)snprintf(out, cap, "[");
+  for (uint32_t d = 0; d < ndim && at < cap; d++)
+    at += (size_t)snprintf(out + at, cap - at, d ? ", %" PRIu64 : "%" PRIu64,
+                           shape[d]);
+  if (at < cap)
+    snprintf(out + at, cap - at, "]");
+}
+
+static pulse_status shape_mismatch(const sub_target *t,
+                                   const pulse_tensor_info *info) {
+  char mine[200], theirs[200];
+  shape_text(t->ndim, t->shape, mine, sizeof mine);
+  shape_text(info->ndim, info->shape, theirs, sizeof theirs);
+  return pulse_fail(PULSE_ERR_SIZE_MISMATCH,
+                    "target '%s' has shape %s, the publisher's %s", t->name,
+                    mine, theirs);
+}
+
+/* --------------------------------------------------------------- patches */
+
+typedef struct {
+  const pulse_patch *p;
+  sub_target **tg;       /* per patch tensor: its target, or NULL */
+  pulse_changes *staged; /* per patch tensor */
+  pulse_status *status;
+  char (*detail)[256];
+} stage_job;
+
+static void decode_one(void *ctx, size_t i) {
+  stage_job *j = ctx;
+  if (j->tg[i] == NULL)
+    return;
+  pulse_status st = pulse_patch_decode_tensor(j->p, i, j->tg[i]->data,
+                                              j->tg[i]->numel, &j->staged[i]);
+  j->status[i] = st;
+  if (st != PULSE_OK)
+    snprintf(j->detail[i], sizeof j->detail[i], "%s", pulse_error_detail());
+}
+
+/* Matches the targets to the patch table; *full: they hold all of it. */
+static pulse_status match(pulse_sub *sub, const pulse_patch *p, sub_target **tg,
+                          int *full) {
+  size_t n = pulse_patch_tensor_count(p), matched = 0;
+  for (size_t k = 0; k < sub->ntargets; k++) {
+    sub_target *t = &sub->targets[k];
+    size_t i;
+    if (pulse_patch_tensor_find(p, t->name, &i) != PULSE_OK)
+      return pulse_fail(PULSE_ERR_NOT_FOUND,
+                        "target '%s' is not in the publisher's table", t->name);
+    pulse_patch_tensor pt;
+    PULSE_TRY(pulse_patch_tensor_get(p, i, &pt));
+    if (pt.numel != t->numel || !same_shape(t, &pt.info))
+      return shape_mismatch(t, &pt.info);
+    if (tg[i] == NULL)
+      matched++;
+    tg[i] = t;
+  }
+  *full = matched == n;
+  return PULSE_OK;
+}
+
+/* State digest of the targets in the patch's table order. */
+static pulse_status state_of(const pulse_patch *p, sub_target **tg,
+                             const pulse_tensor_digest *d,
+                             pulse_state_digest *out) {
+  size_t n = pulse_patch_tensor_count(p);
+  pulse_tensor_info *info = calloc(n + 1, sizeof *info);
+  pulse_tensor_digest *dig = calloc(n + 1, sizeof *dig);
+  pulse_status st =
+      info && dig ? PULSE_OK : pulse_fail(PULSE_ERR_NOMEM, "state digest");
+  for (size_t i = 0; st == PULSE_OK && i < n; i++) {
+    pulse_patch_tensor pt;
+    st = pulse_patch_tensor_get(p, i, &pt);
+    info[i] = pt.info;
+    dig[i] = d != NULL ? d[i] : tg[i]->digest;
+  }
+  if (st == PULSE_OK)
+    st = pulse_state_digest_compute(info, dig, n, out);
+  free(info);
+  free(dig);
+  return st;
+}
+
+static pulse_status apply_device(pulse_sub *sub, const pulse_patch *p,
+                                 sub_target **tg) {
+  /* Same transaction as the host path, run by the CUDA entry point: base
+   * digests, decode, target digests, then the scatter. */
+  size_t n = pulse_patch_tensor_count(p), k = 0;
+  pulse_cuda_target *ct = calloc(n + 1, sizeof *ct);
+  pulse_tensor_digest *d = calloc(n + 1, sizeof *d);
+  sub_target **order = calloc(n + 1, sizeof *order);
+  if (ct == NULL || d == NULL || order == NULL) {
+    free(ct), free(d), free(order);
+    return pulse_fail(PULSE_ERR_NOMEM, "device apply");
+  }
+  int full = 1;
+  for (size_t i = 0; i < n; i++) {
+    if (tg[i] == NULL) {
+      full = 0;
+      continue;
+    }
+    ct[k].name = tg[i]->name;
+    ct[k].data_d = tg[i]->data_d;
+    ct[k].numel = tg[i]->numel;
+    ct[k].digest = &tg[i]->digest;
+    order[k++] = tg[i];
+  }
+  pulse_apply_opts ao = PULSE_APPLY_OPTS_INIT;
+  ao.threads = sub->opts.threads;
+  ao.partial_table = !full;
+  double t0 = sub_now();
+  pthread_rwlock_wrlock(&sub->rw);
+  pulse_status st =
+      pulse_cuda_patch_apply(sub->ws, p, ct, k, &ao, sub->opts.cuda_stream, d);
+  if (st == PULSE_OK) {
+    for (size_t i = 0; i < k; i++)
+      order[i]->digest = d[i];
+    sub_set_step(sub, pulse_patch_step(p),
+                 full ? pulse_patch_target_digest(p) : NULL);
+  }
+  pthread_rwlock_unlock(&sub->rw);
+  sub->t_apply += sub_now() - t0;
+  free(ct), free(d), free(order);
+  return st;
+}
+
+pulse_status sub_apply_patch(pulse_sub *sub, const pulse_patch *p) {
+  if (sub->step != PULSE_SUB_NO_STEP && pulse_patch_base_step(p) != sub->step)
+    return pulse_fail(PULSE_ERR_BASE_STEP,
+                      "the patch to step %" PRIu64 " applies to step %" PRIu64
+                      ", the targets hold step %" PRIu64,
+                      pulse_patch_step(p), pulse_patch_base_step(p), sub->step);
+  size_t n = pulse_patch_tensor_count(p);
+  if (sub->nstage < n) {
+    pulse_changes *more = realloc(sub->stage, n * sizeof *more);
+    if (more == NULL)
+      return pulse_fail(PULSE_ERR_NOMEM, "staging a patch of %zu tensors", n);
+    for (size_t i = sub->nstage; i < n; i++)
+      more[i] = (pulse_changes)PULSE_CHANGES_INIT;
+    sub->stage = more;
+    sub->nstage = n;
+  }
+  pulse_changes *staged = sub->stage;
+  sub_target **tg = calloc(n + 1, sizeof *tg);
+  pulse_status *status = calloc(n + 1, sizeof *status);
+  char(*detail)[256] = calloc(n + 1, sizeof *detail);
+  pulse_tensor_digest *next = calloc(n + 1, sizeof *next);
+  pulse_status st = PULSE_OK;
+  int full = 0;
+  if (tg == NULL || status == NULL || detail == NULL || next == NULL) {
+    st = pulse_fail(PULSE_ERR_NOMEM, "staging a patch of %zu tensors", n);
+    goto done;
+  }
+  if ((st = match(sub, p, tg, &full)) != PULSE_OK)
+    goto done;
+
+  /* The base must be the patch's base: a wrong base is never decoded. */
+  double t0 = sub_now();
+  for (size_t i = 0; i < n && st == PULSE_OK; i++) {
+    pulse_patch_tensor pt;
+    if (tg[i] == NULL)
+      continue;
+    pulse_patch_tensor_get(p, i, &pt);
+    if (!same_digest(tg[i]->digest, pt.base_digest))
+      st = pulse_fail(
+          PULSE_ERR_BASE_DIGEST,
+          "target '%s' is not the base of the patch to step %" PRIu64
+          " (step %" PRIu64 ")",
+          tg[i]->name, pulse_patch_step(p), pulse_patch_base_step(p));
+  }
+  if (st == PULSE_OK && full) {
+    pulse_state_digest sd;
+    st = state_of(p, tg, NULL, &sd);
+    if (st == PULSE_OK &&
+        memcmp(sd.bytes, pulse_patch_base_digest(p)->bytes, 32) != 0)
+      st = pulse_fail(
+          PULSE_ERR_BASE_DIGEST,
+          "the targets' state is not the base of the patch to step %" PRIu64,
+          pulse_patch_step(p));
+  }
+  sub->t_verify += sub_now() - t0;
+  if (st != PULSE_OK)
+    goto done;
+
+  if (sub->mem == SUB_MEM_DEVICE) {
+    st = apply_device(sub, p, tg);
+    goto committed;
+  }
+
+  /* Decode into staging (readers may still read the targets). */
+  t0 = sub_now();
+  stage_job job = {p, tg, staged, status, detail};
+  pulse_parallel_for(sub->opts.threads, n, decode_one, &job);
+  sub->t_decode += sub_now() - t0;
+  for (size_t i = 0; i < n && st == PULSE_OK; i++)
+    if (status[i] != PULSE_OK)
+      st = pulse_fail(status[i], "patch to step %" PRIu64 ": %s",
+                      pulse_patch_step(p), detail[i]);
+  if (st != PULSE_OK)
+    goto done;
+
+  /* The result must be the patch's target before anything is written. */
+  t0 = sub_now();
+  for (size_t i = 0; i < n && st == PULSE_OK; i++) {
+    if (tg[i] == NULL)
+      continue;
+    pulse_patch_tensor pt;
+    pulse_patch_tensor_get(p, i, &pt);
+    next[i] = pulse_digest_apply_changes(tg[i]->digest, &staged[i]);
+    if (!same_digest(next[i], pt.target_digest))
+      st = pulse_fail(PULSE_ERR_TARGET_DIGEST,
+                      "target '%s' would not be step %" PRIu64
+                      "'s: nothing applied",
+                      tg[i]->name, pulse_patch_step(p));
+  }
+  if (st == PULSE_OK && full) {
+    pulse_state_digest sd;
+    st = state_of(p, tg, next, &sd);
+    if (st == PULSE_OK &&
+        memcmp(sd.bytes, pulse_patch_target_digest(p)->bytes, 32) != 0)
+      st = pulse_fail(PULSE_ERR_TARGET_DIGEST,
+                      "the result would not be the state of step %" PRIu64
+                      ": nothing applied",
+                      pulse_patch_step(p));
+  }
+  sub->t_verify += sub_now() - t0;
+  if (st != PULSE_OK)
+    goto done;
+
+  /* Commit: nothing can fail from here. */
+  t0 = sub_now();
+  pthread_rwlock_wrlock(&sub->rw);
+  for (size_t i = 0; i < n; i++) {
+    if (tg[i] == NULL)
+      continue;
+    uint16_t *data = tg[i]->data;
+    const pulse_changes *c = &staged[i];
+    for (uint64_t k = 0; k < c->count; k++)
+      data[c->pos[k]] = c->new_bits[k];
+    tg[i]->digest = next[i];
+  }
+  sub_set_step(sub, pulse_patch_step(p),
+               full ? pulse_patch_target_digest(p) : NULL);
+  pthread_rwlock_unlock(&sub->rw);
+  sub->t_apply += sub_now() - t0;
+
+committed:
+  if (st == PULSE_OK)
+    sub->file_dirty = sub->mem == SUB_MEM_FILE;
+done:
+  for (size_t i = 0; i < n; i++)
+    staged[i].count = 0;
+  free(tg), free(status), free(detail), free(next);
+  return st;
+}
+
+/* --------------------------------------------------------------- anchors */
+
+typedef struct {
+  pulse_st_tensor *t;
+  pulse_tensor_digest *d;
+} anchor_job;
+
+static void anchor_digest_one(void *ctx, size_t i) {
+  anchor_job *j = ctx;
+  j->d[i] = pulse_digest_bf16(j->t[i].data, j->t[i].numel);
+}
+
+/* The file target takes the anchor's table: reuses its buffers when the
+ * table is the same, else makes new ones (swapped in by the caller). */
+static pulse_status file_table(pulse_sub *sub, const pulse_st_tensor *t,
+                               size_t n, sub_target **out, int *fresh) {
+  int same = sub->ntargets == n;
+  for (size_t i = 0; same && i < n; i++) {
+    pulse_tensor_info info = {t[i].name, PULSE_DTYPE_BF16, t[i].ndim, {0}};
+    memcpy(info.shape, t[i].shape, sizeof info.shape);
+    same = strcmp(sub->targets[i].name, t[i].name) == 0 &&
+           same_shape(&sub->targets[i], &info);
+  }
+  *fresh = !same;
+  if (same) {
+    *out = sub->targets;
+    return PULSE_OK;
+  }
+  sub_target *nt = calloc(n + 1, sizeof *nt);
+  if (nt == NULL)
+    return pulse_fail(PULSE_ERR_NOMEM, "file target of %zu tensors", n);
+  for (size_t i = 0; i < n; i++) {
+    nt[i].name = strdup(t[i].name);
+    nt[i].ndim = t[i].ndim;
+    memcpy(nt[i].shape, t[i].shape, sizeof nt[i].shape);
+    nt[i].numel = t[i].numel;
+    nt[i].data = malloc(t[i].nbytes ? t[i].nbytes : 2);
+    if (nt[i].name == NULL || nt[i].data == NULL) {
+      for (size_t k = 0; k <= i; k++)
+        free(nt[k].name), free(nt[k].data);
+      free(nt);
+      return pulse_fail(PULSE_ERR_NOMEM,
+                        "file target: %" PRIu64 " bytes for '%s'", t[i].nbytes,
+                        t[i].name);
+    }
+  }
+  *out = nt;
+  return PULSE_OK;
+}
+
+pulse_status sub_apply_anchor(pulse_sub *sub, const pulse_store_object *o) {
+  char path[4096];
+  sub_object_path(sub, o, path, sizeof path);
+  double t0 = sub_now();
+  pulse_st_file *f = NULL;
+  pulse_status st = pulse_st_open(path, &f);
+  if (st != PULSE_OK)
+    return pulse_fail(st, "anchor %s: %s", o->path, pulse_error_detail());
+  size_t n = pulse_st_tensor_count(f);
+  pulse_st_tensor *t = calloc(n + 1, sizeof *t);
+  pulse_tensor_digest *d = calloc(n + 1, sizeof *d);
+  pulse_tensor_info *info = calloc(n + 1, sizeof *info);
+  size_t *from = calloc(sub->ntargets + n + 1, sizeof *from);
+  sub_target *table = NULL;
+  int fresh = 0;
+  if (t == NULL || d == NULL || info == NULL || from == NULL) {
+    st = pulse_fail(PULSE_ERR_NOMEM, "anchor of %zu tensors", n);
+    goto done;
+  }
+  const char *meta_step = pulse_st_metadata_get(f, "step");
+  const char *meta_digest = pulse_st_metadata_get(f, "state_digest");
+  char want[65];
+  if (meta_step == NULL || strtoull(meta_step, NULL, 10) != o->step ||
+      meta_digest == NULL) {
+    st = pulse_fail(PULSE_ERR_CORRUPT,
+                    "anchor %s: its metadata does not name step %" PRIu64
+                    " and a state digest",
+                    o->path, o->step);
+    goto done;
+  }
+  for (size_t i = 0; i < n && st == PULSE_OK; i++) {
+    st = pulse_st_tensor_get(f, i, &t[i]);
+    if (st == PULSE_OK && t[i].dtype != PULSE_DTYPE_BF16)
+      st = pulse_fail(PULSE_ERR_DTYPE, "anchor %s: tensor '%s' is %s, not BF16",
+                      o->path, t[i].name, pulse_dtype_name(t[i].dtype));
+    if (st == PULSE_OK && (uintptr_t)t[i].data % 2 != 0)
+      st = pulse_fail(PULSE_ERR_UNSUPPORTED,
+                      "anchor %s: tensor '%s' is not aligned", o->path,
+                      t[i].name);
+    info[i].name = t[i].name;
+    info[i].dtype = PULSE_DTYPE_BF16;
+    info[i].ndim = t[i].ndim;
+    memcpy(info[i].shape, t[i].shape, sizeof info[i].shape);
+  }
+  sub->t_decode += sub_now() - t0;
+  if (st != PULSE_OK)
+    goto done;
+
+  /* Its state digest, from its bytes, must be the one it names (which its
+   * signed hash vouches for) and, at the head's step, the head's. */
+  t0 = sub_now();
+  anchor_job job = {t, d};
+  pulse_parallel_for(sub->opts.threads, n, anchor_digest_one, &job);
+  pulse_state_digest sd;
+  st = pulse_state_digest_compute(info, d, n, &sd);
+  pulse_state_digest_hex(&sd, want);
+  if (st == PULSE_OK && strcmp(want, meta_digest) != 0)
+    st = pulse_fail(PULSE_ERR_CORRUPT,
+                    "anchor %s: its tensors have state digest %s, it names %s",
+                    o->path, want, meta_digest);
+  if (st == PULSE_OK && sub->head != NULL &&
+      o->step == pulse_store_head_step(sub->head) &&
+      memcmp(sd.bytes, pulse_store_head_state_digest(sub->head)->bytes, 32) !=
+          0)
+    st = pulse_fail(PULSE_ERR_CORRUPT, "anchor %s is not the head's state",
+                    o->path);
+  sub->t_verify += sub_now() - t0;
+  if (st != PULSE_OK)
+    goto done;
+
+  /* Which anchor tensor each target takes, all checked before any copy. */
+  if (sub->mem == SUB_MEM_FILE) {
+    st = file_table(sub, t, n, &table, &fresh);
+    for (size_t i = 0; i < n; i++)
+      from[i] = i;
+  } else {
+    table = sub->targets;
+    for (size_t k = 0; k < sub->ntargets && st == PULSE_OK; k++) {
+      size_t i = 0;
+      while (i < n && strcmp(t[i].name, table[k].name) != 0)
+        i++;
+      if (i == n)
+        st = pulse_fail(PULSE_ERR_NOT_FOUND,
+                        "target '%s' is not in the publisher's table",
+                        table[k].name);
+      else if (t[i].numel != table[k].numel || !same_shape(&table[k], &info[i]))
+        st = shape_mismatch(&table[k], &info[i]);
+      from[k] = i;
+    }
+  }
+  if (st != PULSE_OK)
+    goto done;
+  size_t count = sub->mem == SUB_MEM_FILE ? n : sub->ntargets;
+  int full = sub->mem == SUB_MEM_FILE || count == n;
+
+  t0 = sub_now();
+  pthread_rwlock_wrlock(&sub->rw);
+  if (fresh) { /* the file target takes the anchor's table */
+    for (size_t k = 0; k < sub->ntargets; k++)
+      free(sub->targets[k].name), free(sub->targets[k].data);
+    free(sub->targets);
+    sub->targets = table;
+    sub->ntargets = sub->cap = n;
+  }
+  for (size_t k = 0; k < count && st == PULSE_OK; k++) {
+    sub_target *tt = &sub->targets[k];
+    const pulse_st_tensor *src = &t[from[k]];
+    if (sub->mem == SUB_MEM_DEVICE)
+      st = pulse_cuda_upload(tt->data_d, src->data, (size_t)src->nbytes,
+                             sub->opts.cuda_stream);
+    else
+      memcpy(tt->data, src->data, (size_t)src->nbytes);
+    tt->digest = d[from[k]];
+  }
+  /* A device copy that failed halfway leaves no known step. */
+  sub_set_step(sub, st == PULSE_OK ? o->step : PULSE_SUB_NO_STEP,
+               st == PULSE_OK && full ? &sd : NULL);
+  pthread_rwlock_unlock(&sub->rw);
+  sub->t_apply += sub_now() - t0;
+  if (st != PULSE_OK)
+    goto done;
+  sub->file_dirty = sub->mem == SUB_MEM_FILE;
+  fresh = 0;
+
+done:
+  if (fresh && table != NULL) {
+    for (size_t k = 0; k < n; k++)
+      free(table[k].name), free(table[k].data);
+    free(table);
+  }
+  pulse_st_close(f);
+  free(t), free(d), free(info), free(from);
+  return st;
+}

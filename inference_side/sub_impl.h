@@ -1,0 +1,199 @@
+/* sub_impl.h - private to pulse_inference: the subscriber's state and the
+ * functions its files share. Module map:
+ *   subscriber.c   create/free, options, figures, events, the readers' lock
+ *   sub_targets.c  attaching host and device targets, pulse_sub_tensor
+ *   sub_file.c     the safetensors file target (load, save)
+ *   sub_http.c     the libcurl transfer engine and retry policy
+ *   sub_object.c   object downloads: resume, parallel ranges, verify, install
+ *   sub_head.c     fetching and trusting heads, long-polls
+ *   sub_cache.c    the cache folder as a store: head.json, pruning
+ *   sub_plan.c     choosing the route to the head
+ *   sub_apply.c    staged, transactional application of patches and anchors
+ *   sub_sync.c     sync and follow
+ *   sub_util.c     hex, SHA-256 of files, clocks */
+#ifndef PULSE_SUB_IMPL_H
+#define PULSE_SUB_IMPL_H
+
+#include <curl/curl.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "pulse_codec.h"
+#include "pulse_cuda.h"
+#include "pulse_store.h"
+#include "pulse_subscriber.h"
+
+#define SUB_POOL 16 /* easy handles kept for reuse */
+
+typedef enum {
+  SUB_MEM_NONE = 0,
+  SUB_MEM_HOST,
+  SUB_MEM_DEVICE,
+  SUB_MEM_FILE
+} sub_mem;
+
+/* One target tensor. */
+typedef struct {
+  char *name;
+  uint32_t ndim;
+  uint64_t shape[PULSE_MAX_DIMS];
+  uint64_t numel;
+  uint16_t *data;   /* host memory (the caller's, or owned for a file) */
+  uint16_t *data_d; /* device memory (the caller's) */
+  pulse_tensor_digest digest; /* of the current contents, kept current */
+} sub_target;
+
+/* A route to the head (sub_plan.c). */
+typedef struct {
+  pulse_sub_route route;
+  uint64_t from; /* the targets' step, or PULSE_SUB_NO_STEP */
+  const pulse_store_object *anchor; /* ANCHOR */
+  size_t first_patch;               /* index of the first head patch to apply */
+  size_t patch_count;               /* patches from first_patch on */
+  uint64_t bytes;                   /* still to download */
+  /* CATCHUP: what the probe said */
+  uint64_t catchup_size;
+} sub_plan;
+
+struct pulse_sub {
+  pulse_sub_opts opts; /* urls, cache_dir, public_key point at copies */
+  char **urls;
+  size_t nurls;
+  char *cache_dir;
+  uint8_t key[PULSE_SUB_KEY_BYTES];
+  int have_key;   /* key is the one to require (pinned or trusted) */
+  int key_pinned; /* given in the options */
+
+  /* HTTP */
+  CURLM *multi;
+  CURL *pool[SUB_POOL];
+  int pool_busy[SUB_POOL];
+  atomic_int stop;
+  uint64_t rng;
+
+  /* heads */
+  pulse_store_head *head;   /* newest verified head (owned) */
+  uint64_t cache_head_step; /* step of cache_dir/head.json, or NO_STEP */
+  char head_etag[100];      /* of the head's bytes, for If-None-Match */
+  uint8_t (*verified)[32];  /* cached objects hashed by this process */
+  size_t nverified, verified_cap;
+
+  /* targets */
+  sub_mem mem;
+  sub_target *targets;
+  size_t ntargets, cap;
+  char *file_path;
+  int file_dirty; /* the file lags the memory state */
+  pulse_cuda_workspace *ws;
+  uint64_t step;            /* PULSE_SUB_NO_STEP: unknown */
+  int step_claimed;         /* step not yet checked against the publisher */
+  pulse_state_digest state; /* of step, when have_state */
+  int have_state;
+  pthread_rwlock_t rw;  /* readers vs commits */
+  pulse_changes *stage; /* staging per patch tensor, kept between
+                           steps (no allocation or page faults in
+                           the steady state) */
+  size_t nstage;
+
+  /* figures, read from any thread */
+  pthread_mutex_t fig_lock;
+  pulse_sub_figures fig;
+  char err[512];
+
+  /* the running sync's clocks */
+  double t_transfer, t_verify, t_decode, t_apply;
+  uint64_t sync_bytes_start;
+};
+
+/* ---------------------------------------------------------- subscriber.c */
+
+/** Sends an event (fills step and head_step). */
+void sub_emit(pulse_sub *sub, pulse_sub_event *ev);
+void sub_emit_simple(pulse_sub *sub, pulse_sub_event_type type, pulse_status st,
+                     const char *detail);
+/** Records the targets' step (state: its digest when the targets hold the
+ * whole table, else NULL). Called with the writers' lock held, so that a
+ * reader sees the step with the data. */
+void sub_set_step(pulse_sub *sub, uint64_t step,
+                  const pulse_state_digest *state);
+/** The targets hold no known step any more (takes the writers' lock). */
+void sub_forget_step(pulse_sub *sub);
+/** Adds to a counter of the figures under their lock. */
+void sub_count(pulse_sub *sub, uint64_t *field, uint64_t n);
+/** Keeps the detail of a failed call in sub->err and returns st. */
+pulse_status sub_keep_error(pulse_sub *sub, pulse_status st);
+
+/* ----------------------------------------------------------- sub_file.c */
+
+/** Loads the file target's contents (attach time). */
+pulse_status sub_file_load(pulse_sub *sub);
+/** Writes the file target when it lags the memory state. */
+pulse_status sub_file_save(pulse_sub *sub);
+
+/* ---------------------------------------------------------- sub_object.c */
+
+/** Path of the cache copy of an object. */
+void sub_object_path(const pulse_sub *sub, const pulse_store_object *o,
+                     char *out, size_t cap);
+/** Bytes of the object already in the cache (whole or partial). */
+uint64_t sub_object_have(const pulse_sub *sub, const pulse_store_object *o);
+/** Makes sure the object is in the cache, verified: downloads what is
+ * missing (resuming, in parallel ranges when large, from each URL in turn
+ * when one fails or sends bytes that do not verify). */
+pulse_status sub_object_fetch(pulse_sub *sub, const pulse_store_object *o);
+/** Forgets verified objects the head no longer names. */
+void sub_object_forget(pulse_sub *sub);
+/** Reads a cached object into memory and checks its size and SHA-256
+ * (a cache can rot). */
+pulse_status sub_object_read(pulse_sub *sub, const pulse_store_object *o,
+                             pulse_buffer *out);
+
+/* ------------------------------------------------------------ sub_head.c */
+
+/** Fetches and verifies the head (from the first URL that gives a good
+ * one) and makes it sub->head. *moved is set when its step is above the
+ * previous head's. */
+pulse_status sub_head_fetch(pulse_sub *sub, int *moved);
+/** Verifies head bytes fetched from anywhere; on success *out is the
+ * parsed head. */
+pulse_status sub_head_verify(pulse_sub *sub, const uint8_t *bytes, size_t n,
+                             pulse_store_head **out);
+/** Long-polls for a head above `after`; *got is 1 when sub->head moved. */
+pulse_status sub_head_poll(pulse_sub *sub, uint64_t after, int *got);
+
+/* ----------------------------------------------------------- sub_cache.c */
+
+pulse_status sub_cache_open(pulse_sub *sub);
+/** Writes the head into the cache (atomically) and removes what it no
+ * longer names. */
+pulse_status sub_cache_save_head(pulse_sub *sub);
+
+/* ------------------------------------------------------------ sub_plan.c */
+
+/** Chooses the cheapest route from the targets' step to the head. */
+pulse_status sub_plan_make(pulse_sub *sub, sub_plan *out);
+
+/* ----------------------------------------------------------- sub_apply.c */
+
+/** Applies a patch (opened, from verified bytes) to the targets: staged,
+ * checked, then committed under the writers' lock. */
+pulse_status sub_apply_patch(pulse_sub *sub, const pulse_patch *p);
+/** Applies a verified anchor file (in the cache) to the targets. */
+pulse_status sub_apply_anchor(pulse_sub *sub, const pulse_store_object *o);
+
+/* ------------------------------------------------------------ sub_util.c */
+
+void sub_hex(const uint8_t *bytes, size_t n, char *out);
+int sub_unhex(const char *s, size_t len, uint8_t *out, size_t n);
+void sub_sha256(const void *data, size_t n, uint8_t out[32]);
+/** SHA-256 and size of a file. */
+pulse_status sub_sha256_file(const char *path, uint8_t out[32], uint64_t *size);
+double sub_now(void);
+/** mkdir -p of one level (EEXIST is fine). */
+pulse_status sub_mkdir(const char *path);
+/** fsync of a folder. */
+void sub_fsync_dir(const char *path);
+
+#endif /* PULSE_SUB_IMPL_H */

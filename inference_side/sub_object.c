@@ -1,0 +1,517 @@
+/* sub_object.c - downloading objects into the cache: resumable, in parallel
+ * ranges when large, verified before they get their name.
+ *
+ * An object of n bytes is cut into segments (one, or opts.parallel for
+ * objects of at least opts.parallel_min_bytes); segment k is downloaded into
+ * objects/.<sha>.part (k = 0) or objects/.<sha>.part-<offset>, appending, so
+ * a file's size is how much of its segment is held: a restart, a retry or
+ * another URL continues with a Range request from there (objects are named
+ * by their content, so bytes from any URL fit). When every segment is whole
+ * the others are appended to the first, its size and SHA-256 are checked
+ * against the signed head, and only then is it fsynced and renamed to
+ * objects/<sha>.<ext>. Bytes that do not verify are deleted and fetched
+ * again once, then from the next URL. */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "pulse_log.h"
+#include "status_impl.h"
+#include "sub_http_impl.h"
+#include "sub_impl.h"
+
+#define SEG_MAX 16
+#define SEG_ALIGN ((uint64_t)1 << 20)
+
+typedef struct {
+  uint64_t origin, len; /* object bytes [origin, origin + len) */
+  uint64_t have;        /* bytes held in the file */
+  int fd;
+  char path[4096];
+  sub_xfer x;
+} seg;
+
+typedef struct {
+  pulse_sub *sub;
+  const pulse_store_object *o;
+  seg segs[SEG_MAX];
+  size_t n;
+  double last_emit;
+} fetch_ctx;
+
+static void sha_hex(const pulse_store_object *o, char hex[65]) {
+  sub_hex(o->sha256, 32, hex);
+}
+
+void sub_object_path(const pulse_sub *sub, const pulse_store_object *o,
+                     char *out, size_t cap) {
+  snprintf(out, cap, "%s/%s", sub->cache_dir, o->path);
+}
+
+static void seg_path(const pulse_sub *sub, const pulse_store_object *o,
+                     uint64_t origin, char *out, size_t cap) {
+  char hex[65];
+  sha_hex(o, hex);
+  if (origin == 0)
+    snprintf(out, cap, "%s/" PULSE_STORE_OBJECTS_DIR "/.%s.part",
+             sub->cache_dir, hex);
+  else
+    snprintf(out, cap, "%s/" PULSE_STORE_OBJECTS_DIR "/.%s.part-%" PRIu64,
+             sub->cache_dir, hex, origin);
+}
+
+/* Cuts an object into segments. */
+static size_t seg_plan(const pulse_sub *sub, uint64_t size, uint64_t *origin,
+                       uint64_t *len) {
+  size_t n = 1;
+  if (sub->opts.parallel > 1 && size >= sub->opts.parallel_min_bytes &&
+      size > SEG_ALIGN)
+    n = sub->opts.parallel < SEG_MAX ? sub->opts.parallel : SEG_MAX;
+  uint64_t step = (size + n - 1) / n;
+  if (n > 1)
+    step = (step + SEG_ALIGN - 1) / SEG_ALIGN * SEG_ALIGN;
+  size_t k = 0;
+  for (uint64_t at = 0; k == 0 || at < size; at += step, k++) {
+    origin[k] = at;
+    len[k] = size - at < step ? size - at : step;
+  }
+  return k;
+}
+
+static uint64_t file_size(const char *path) {
+  struct stat sb;
+  return stat(path, &sb) == 0 && S_ISREG(sb.st_mode) ? (uint64_t)sb.st_size : 0;
+}
+
+uint64_t sub_object_have(const pulse_sub *sub, const pulse_store_object *o) {
+  char path[4096];
+  sub_object_path(sub, o, path, sizeof path);
+  if (file_size(path) == o->size)
+    return o->size;
+  uint64_t origin[SEG_MAX], len[SEG_MAX], have = 0;
+  size_t n = seg_plan(sub, o->size, origin, len);
+  for (size_t k = 0; k < n; k++) {
+    seg_path(sub, o, origin[k], path, sizeof path);
+    uint64_t h = file_size(path);
+    have += h < len[k] ? h : len[k];
+  }
+  return have;
+}
+
+/* Removes every partial file of an object, also those of another plan. */
+static void remove_parts(const pulse_sub *sub, const pulse_store_object *o) {
+  char dir[4096], prefix[80], hex[65];
+  sha_hex(o, hex);
+  snprintf(prefix, sizeof prefix, ".%s.part", hex);
+  snprintf(dir, sizeof dir, "%s/" PULSE_STORE_OBJECTS_DIR, sub->cache_dir);
+  DIR *d = opendir(dir);
+  if (d == NULL)
+    return;
+  for (struct dirent *e; (e = readdir(d)) != NULL;)
+    if (strncmp(e->d_name, prefix, strlen(prefix)) == 0)
+      unlinkat(dirfd(d), e->d_name, 0);
+  closedir(d);
+}
+
+/* Removes partial files of this object that the current plan does not use
+ * (a restart with another --parallel). */
+static void remove_stray_parts(const fetch_ctx *c) {
+  char dir[4096], prefix[80], hex[65];
+  sha_hex(c->o, hex);
+  snprintf(prefix, sizeof prefix, ".%s.part-", hex);
+  snprintf(dir, sizeof dir, "%s/" PULSE_STORE_OBJECTS_DIR, c->sub->cache_dir);
+  DIR *d = opendir(dir);
+  if (d == NULL)
+    return;
+  for (struct dirent *e; (e = readdir(d)) != NULL;) {
+    if (strncmp(e->d_name, prefix, strlen(prefix)) != 0)
+      continue;
+    uint64_t at = strtoull(e->d_name + strlen(prefix), NULL, 10);
+    int used = 0;
+    for (size_t k = 1; k < c->n; k++)
+      used |= c->segs[k].origin == at;
+    if (!used)
+      unlinkat(dirfd(d), e->d_name, 0);
+  }
+  closedir(d);
+}
+
+static void close_segs(fetch_ctx *c) {
+  for (size_t k = 0; k < c->n; k++)
+    if (c->segs[k].fd >= 0) {
+      close(c->segs[k].fd);
+      c->segs[k].fd = -1;
+    }
+}
+
+static pulse_status open_segs(fetch_ctx *c) {
+  uint64_t origin[SEG_MAX], len[SEG_MAX];
+  c->n = seg_plan(c->sub, c->o->size, origin, len);
+  for (size_t k = 0; k < c->n; k++) {
+    seg *s = &c->segs[k];
+    s->origin = origin[k];
+    s->len = len[k];
+    s->fd = -1;
+  }
+  remove_stray_parts(c);
+  for (size_t k = 0; k < c->n; k++) {
+    seg *s = &c->segs[k];
+    seg_path(c->sub, c->o, s->origin, s->path, sizeof s->path);
+    s->fd = open(s->path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (s->fd < 0) {
+      close_segs(c);
+      return pulse_fail(PULSE_ERR_IO, "%s: %s", s->path, strerror(errno));
+    }
+    struct stat sb;
+    s->have = fstat(s->fd, &sb) == 0 ? (uint64_t)sb.st_size : 0;
+    /* Longer than its segment: an interrupted assembly appended the others
+     * to the first; its own prefix is still good. */
+    if (s->have > s->len) {
+      if (ftruncate(s->fd, (off_t)s->len) != 0) {
+        close_segs(c);
+        return pulse_fail(PULSE_ERR_IO, "%s: %s", s->path, strerror(errno));
+      }
+      s->have = s->len;
+    }
+  }
+  return PULSE_OK;
+}
+
+static void on_progress(pulse_sub *sub, sub_xfer *x) {
+  fetch_ctx *c = x->progress_ctx;
+  double now = sub_now();
+  if (sub->opts.on_event == NULL || now - c->last_emit < 0.25)
+    return;
+  c->last_emit = now;
+  uint64_t held = 0;
+  for (size_t k = 0; k < c->n; k++)
+    held += c->segs[k].have +
+            (c->segs[k].x.easy != NULL ? c->segs[k].x.received : 0);
+  pulse_sub_event ev = {0};
+  ev.type = PULSE_SUB_EV_PROGRESS;
+  ev.object = c->o->path;
+  ev.bytes = held;
+  ev.total = c->o->size;
+  sub_emit(sub, &ev);
+}
+
+/* Downloads every missing segment byte from URL `url`, with retries. */
+static pulse_status download(fetch_ctx *c, size_t url) {
+  pulse_sub *sub = c->sub;
+  char objurl[2048], rel[PULSE_STORE_PATH_MAX + 8];
+  snprintf(rel, sizeof rel, "v1/%s",
+           c->o->path); /* from the signed path, never `url` */
+  sub_url(sub, url, rel, objurl, sizeof objurl);
+  unsigned attempt = 0;
+  for (;;) {
+    sub_xfer *run[SEG_MAX];
+    size_t nrun = 0;
+    for (size_t k = 0; k < c->n; k++) {
+      seg *s = &c->segs[k];
+      if (s->have >= s->len)
+        continue;
+      sub_xfer_init(&s->x, objurl);
+      s->x.fd = s->fd;
+      s->x.fd_origin = s->origin;
+      s->x.expect_total = c->o->size;
+      s->x.low_speed = 1;
+      s->x.progress_ctx = c;
+      if (!(c->n == 1 && s->have == 0)) {
+        s->x.ranged = 1;
+        s->x.range_from = s->origin + s->have;
+        s->x.range_to = s->origin + s->len - 1;
+      }
+      run[nrun++] = &s->x;
+    }
+    if (nrun == 0)
+      return PULSE_OK;
+    PULSE_TRY(sub_http_run(sub, run, nrun, on_progress));
+    pulse_status st = PULSE_OK;
+    int progressed = 0, retry = 1;
+    for (size_t k = 0; k < c->n; k++) {
+      seg *s = &c->segs[k];
+      if (s->have >= s->len)
+        continue;
+      s->have += s->x.received;
+      progressed |= s->x.received > 0;
+      if (sub_xfer_ok(&s->x) && s->have >= s->len)
+        continue;
+      if (s->x.status == 416)
+        /* The server's object ends before the head says it does. */
+        st = pulse_fail(PULSE_ERR_CORRUPT,
+                        "%s: range %" PRIu64
+                        "- refused (416): not the object the head names",
+                        objurl, s->origin + s->have);
+      else if (sub_xfer_ok(&s->x))
+        st = pulse_fail(PULSE_ERR_IO, "%s: the answer ended early", objurl);
+      else
+        st = sub_xfer_fail(&s->x, c->o->path);
+      retry &= s->x.status != 416 &&
+               (sub_xfer_ok(&s->x) || sub_xfer_retryable(&s->x));
+    }
+    if (st == PULSE_OK)
+      return PULSE_OK;
+    if (progressed)
+      attempt = 0; /* a flaky link that moves forward is not given up */
+    if (!retry || attempt >= sub->opts.retries)
+      return st;
+    pulse_sub_event ev = {0};
+    ev.type = PULSE_SUB_EV_RETRY;
+    ev.attempt = attempt + 1;
+    ev.delay_ms = sub_backoff_ms(sub, attempt);
+    ev.status = st;
+    ev.detail = pulse_error_detail();
+    ev.object = c->o->path;
+    sub_count(sub, &sub->fig.retries, 1);
+    PULSE_LOG_AT(PULSE_LOG_INFO, "subscriber: %s; retry %u in %u ms", ev.detail,
+                 ev.attempt, ev.delay_ms);
+    sub_emit(sub, &ev);
+    attempt++;
+    if (sub_sleep_ms(sub, ev.delay_ms) != 0)
+      return pulse_fail(PULSE_ERR_IO, "%s: stopped", c->o->path);
+  }
+}
+
+/* Appends segment k's file to the first one. */
+static pulse_status append_seg(fetch_ctx *c, size_t k) {
+  seg *s = &c->segs[k], *first = &c->segs[0];
+  off_t in = 0, out = (off_t)s->origin;
+  uint64_t left = s->len;
+  while (left > 0) {
+    ssize_t n = copy_file_range(s->fd, &in, first->fd, &out, (size_t)left, 0);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n <= 0)
+      break;
+    left -= (uint64_t)n;
+  }
+  if (left > 0) { /* no copy_file_range here: copy by hand */
+    static const size_t cap = (size_t)1 << 20;
+    char *buf = malloc(cap);
+    if (buf == NULL)
+      return pulse_fail(PULSE_ERR_NOMEM, "assembling %s", c->o->path);
+    while (left > 0) {
+      size_t want = left < cap ? (size_t)left : cap;
+      ssize_t r = pread(s->fd, buf, want, in);
+      if (r <= 0 || pwrite(first->fd, buf, (size_t)r, out) != r) {
+        free(buf);
+        return pulse_fail(PULSE_ERR_IO, "assembling %s: %s", c->o->path,
+                          strerror(errno));
+      }
+      in += r, out += r, left -= (uint64_t)r;
+    }
+    free(buf);
+  }
+  return PULSE_OK;
+}
+
+/* Assembles, checks and names the object. PULSE_ERR_CORRUPT: the bytes are
+ * not the object (every partial file is then removed). */
+static pulse_status install(fetch_ctx *c) {
+  pulse_sub *sub = c->sub;
+  for (size_t k = 1; k < c->n; k++)
+    PULSE_TRY(append_seg(c, k));
+  if (fsync(c->segs[0].fd) != 0)
+    return pulse_fail(PULSE_ERR_IO, "%s: fsync: %s", c->segs[0].path,
+                      strerror(errno));
+  double t0 = sub_now();
+  uint8_t sha[32];
+  uint64_t size = 0;
+  pulse_status st = sub_sha256_file(c->segs[0].path, sha, &size);
+  sub->t_verify += sub_now() - t0;
+  if (st != PULSE_OK)
+    return st;
+  close_segs(c);
+  if (size != c->o->size || memcmp(sha, c->o->sha256, 32) != 0) {
+    remove_parts(sub, c->o);
+    char got[65];
+    sub_hex(sha, 32, got);
+    return pulse_fail(PULSE_ERR_CORRUPT,
+                      "%s: the bytes received hash to %s (%" PRIu64
+                      " bytes), not to the signed name (%" PRIu64
+                      " bytes): refused",
+                      c->o->path, got, size, c->o->size);
+  }
+  char final[4096], dir[4096];
+  sub_object_path(sub, c->o, final, sizeof final);
+  if (rename(c->segs[0].path, final) != 0)
+    return pulse_fail(PULSE_ERR_IO, "%s: %s", final, strerror(errno));
+  for (size_t k = 1; k < c->n; k++)
+    unlink(c->segs[k].path);
+  snprintf(dir, sizeof dir, "%s/" PULSE_STORE_OBJECTS_DIR, sub->cache_dir);
+  sub_fsync_dir(dir);
+  return PULSE_OK;
+}
+
+static void reject(pulse_sub *sub, const char *object, pulse_status st) {
+  sub_count(sub, &sub->fig.rejected, 1);
+  pulse_sub_event ev = {0};
+  ev.type = PULSE_SUB_EV_REJECTED;
+  ev.object = object;
+  ev.status = st;
+  ev.detail = pulse_error_detail();
+  PULSE_LOG_AT(PULSE_LOG_WARN, "subscriber: %s", ev.detail);
+  sub_emit(sub, &ev);
+}
+
+static int verified(const pulse_sub *sub, const uint8_t sha[32]) {
+  for (size_t i = 0; i < sub->nverified; i++)
+    if (memcmp(sub->verified[i], sha, 32) == 0)
+      return 1;
+  return 0;
+}
+
+static void remember(pulse_sub *sub, const uint8_t sha[32]) {
+  if (verified(sub, sha))
+    return;
+  if (sub->nverified == sub->verified_cap) {
+    size_t cap = sub->verified_cap ? 2 * sub->verified_cap : 64;
+    uint8_t(*v)[32] = realloc(sub->verified, cap * sizeof *v);
+    if (v == NULL)
+      return; /* only costs a hash later */
+    sub->verified = v;
+    sub->verified_cap = cap;
+  }
+  memcpy(sub->verified[sub->nverified++], sha, 32);
+}
+
+static int named(const pulse_store_head *h, const uint8_t sha[32]) {
+  for (size_t i = 0; i < pulse_store_head_patch_count(h); i++)
+    if (memcmp(pulse_store_head_patch(h, i)->sha256, sha, 32) == 0)
+      return 1;
+  for (size_t i = 0; i < pulse_store_head_anchor_count(h); i++)
+    if (memcmp(pulse_store_head_anchor(h, i)->sha256, sha, 32) == 0)
+      return 1;
+  return 0;
+}
+
+void sub_object_forget(pulse_sub *sub) {
+  size_t k = 0;
+  for (size_t i = 0; i < sub->nverified; i++)
+    if (sub->head != NULL && named(sub->head, sub->verified[i]))
+      memmove(sub->verified[k++], sub->verified[i], 32);
+  sub->nverified = k;
+}
+
+pulse_status sub_object_fetch(pulse_sub *sub, const pulse_store_object *o) {
+  char final[4096];
+  sub_object_path(sub, o, final, sizeof final);
+  if (file_size(final) == o->size && access(final, R_OK) == 0) {
+    if (verified(sub, o->sha256))
+      return PULSE_OK;
+    /* Checked when it was named; hashed again once per process, since a
+     * cache can rot or be tampered with between runs. */
+    uint8_t sha[32];
+    uint64_t size;
+    double t0 = sub_now();
+    pulse_status st = sub_sha256_file(final, sha, &size);
+    sub->t_verify += sub_now() - t0;
+    if (st == PULSE_OK && size == o->size && memcmp(sha, o->sha256, 32) == 0) {
+      remember(sub, o->sha256);
+      return PULSE_OK;
+    }
+    pulse_fail(PULSE_ERR_CORRUPT,
+               "%s in the cache does not match its name: fetched again", final);
+    reject(sub, o->path, PULSE_ERR_CORRUPT);
+    unlink(final);
+  }
+  fetch_ctx *c = calloc(1, sizeof *c);
+  if (c == NULL)
+    return pulse_fail(PULSE_ERR_NOMEM, "download of %s", o->path);
+  c->sub = sub;
+  c->o = o;
+  pulse_status st = open_segs(c);
+  if (st == PULSE_OK) {
+    uint64_t resumed = 0;
+    for (size_t k = 0; k < c->n; k++)
+      resumed += c->segs[k].have;
+    sub_count(sub, &sub->fig.bytes_resumed, resumed);
+    pulse_sub_event ev = {0};
+    ev.type = PULSE_SUB_EV_DOWNLOAD;
+    ev.object = o->path;
+    ev.total = o->size;
+    ev.resumed = resumed;
+    sub_emit(sub, &ev);
+  }
+  for (size_t u = 0; u < sub->nurls && st == PULSE_OK; u++) {
+    for (int again = 0; again < 2; again++) {
+      st = download(c, u);
+      if (st == PULSE_OK)
+        st = install(c);
+      if (st == PULSE_OK) {
+        remember(sub, o->sha256);
+        sub_count(sub, &sub->fig.objects_fetched, 1);
+        pulse_sub_event ev = {0};
+        ev.type = PULSE_SUB_EV_OBJECT;
+        ev.object = o->path;
+        ev.total = o->size;
+        sub_emit(sub, &ev);
+        close_segs(c);
+        free(c);
+        return PULSE_OK;
+      }
+      if (st != PULSE_ERR_CORRUPT)
+        break;
+      reject(sub, o->path, st);
+      if (open_segs(c) != PULSE_OK)
+        break;
+    }
+    if (atomic_load(&sub->stop))
+      break;
+    if (u + 1 < sub->nurls) {
+      PULSE_LOG_AT(PULSE_LOG_INFO, "subscriber: %s; trying %s",
+                   pulse_error_detail(), sub->urls[u + 1]);
+      st = PULSE_OK;
+    }
+  }
+  close_segs(c);
+  free(c);
+  return st;
+}
+
+pulse_status sub_object_read(pulse_sub *sub, const pulse_store_object *o,
+                             pulse_buffer *out) {
+  char path[4096];
+  sub_object_path(sub, o, path, sizeof path);
+  out->data = NULL;
+  out->size = 0;
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return pulse_fail(PULSE_ERR_NOT_FOUND, "%s: %s", path, strerror(errno));
+  uint8_t *data = malloc(o->size ? o->size : 1);
+  uint64_t got = 0;
+  while (data != NULL && got < o->size) {
+    ssize_t r = pread(fd, data + got, (size_t)(o->size - got), (off_t)got);
+    if (r < 0 && errno == EINTR)
+      continue;
+    if (r <= 0)
+      break;
+    got += (uint64_t)r;
+  }
+  close(fd);
+  if (data == NULL)
+    return pulse_fail(PULSE_ERR_NOMEM, "reading %s", path);
+  double t0 = sub_now();
+  uint8_t sha[32];
+  sub_sha256(data, got, sha);
+  sub->t_verify += sub_now() - t0;
+  if (got != o->size || memcmp(sha, o->sha256, 32) != 0) {
+    free(data);
+    unlink(path);
+    for (size_t i = 0; i < sub->nverified; i++)
+      if (memcmp(sub->verified[i], o->sha256, 32) == 0)
+        memmove(sub->verified[i], sub->verified[--sub->nverified], 32);
+    return pulse_fail(PULSE_ERR_CORRUPT,
+                      "%s changed in the cache since it was checked: removed",
+                      path);
+  }
+  out->data = data;
+  out->size = o->size;
+  return PULSE_OK;
+}

@@ -1,0 +1,407 @@
+/* sub_sync.c - one sync (head, route, downloads, transactional steps) and
+ * following a publisher with long-polls. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pulse_log.h"
+#include "pulse_sign.h"
+#include "status_impl.h"
+#include "sub_http_impl.h"
+#include "sub_impl.h"
+
+static void rejected(pulse_sub *sub, const char *object, pulse_status st) {
+  sub_count(sub, &sub->fig.rejected, 1);
+  pulse_sub_event ev = {0};
+  ev.type = PULSE_SUB_EV_REJECTED;
+  ev.object = object;
+  ev.status = st;
+  ev.detail = pulse_error_detail();
+  PULSE_LOG_AT(PULSE_LOG_WARN, "subscriber: %s", ev.detail);
+  sub_emit(sub, &ev);
+}
+
+static int is_wrong_base(pulse_status st) {
+  return st == PULSE_ERR_BASE_DIGEST || st == PULSE_ERR_BASE_STEP;
+}
+
+/* Opens a verified patch object; its header must say what the head says. */
+static pulse_status open_patch(pulse_sub *sub, const pulse_store_object *o,
+                               pulse_buffer *b, pulse_patch **p) {
+  *p = NULL;
+  PULSE_TRY(sub_object_read(sub, o, b));
+  double t0 = sub_now();
+  pulse_status st = pulse_patch_open(b->data, b->size, p);
+  sub->t_decode += sub_now() - t0;
+  if (st == PULSE_OK && (pulse_patch_step(*p) != o->step ||
+                         pulse_patch_base_step(*p) != o->base_step)) {
+    uint64_t from = pulse_patch_base_step(*p), to = pulse_patch_step(*p);
+    pulse_patch_free(*p);
+    *p = NULL;
+    st = pulse_fail(PULSE_ERR_CORRUPT,
+                    "%s: the patch goes %" PRIu64 " -> %" PRIu64
+                    ", the head says %" PRIu64 " -> %" PRIu64,
+                    o->path, from, to, o->base_step, o->step);
+  }
+  if (st != PULSE_OK)
+    pulse_buffer_free(b);
+  return st;
+}
+
+static void applied(pulse_sub *sub, pulse_sub_route route, uint64_t *counter) {
+  sub_count(sub, counter, 1);
+  pulse_sub_event ev = {0};
+  ev.type = PULSE_SUB_EV_APPLIED;
+  ev.route = route;
+  sub_emit(sub, &ev);
+}
+
+static pulse_status apply_patches(pulse_sub *sub, size_t first) {
+  size_t np = pulse_store_head_patch_count(sub->head);
+  for (size_t i = first; i < np; i++) {
+    const pulse_store_object *o = pulse_store_head_patch(sub->head, i);
+    pulse_buffer b = {NULL, 0};
+    pulse_patch *p = NULL;
+    PULSE_TRY(open_patch(sub, o, &b, &p));
+    pulse_status st = sub_apply_patch(sub, p);
+    pulse_patch_free(p);
+    pulse_buffer_free(&b);
+    if (st != PULSE_OK)
+      return st;
+    applied(sub, PULSE_SUB_ROUTE_CHAIN, &sub->fig.patches_applied);
+  }
+  return PULSE_OK;
+}
+
+/* A catch-up patch: its headers must name our step, the head's step and
+ * state digest, and carry the publisher's signature over its hash (unless
+ * unsigned catch-ups are allowed); then it is applied like any patch. */
+static pulse_status run_catchup(pulse_sub *sub, const sub_plan *plan) {
+  char rel[64], v[200], what[80];
+  snprintf(rel, sizeof rel, "v1/catchup/%" PRIu64, plan->from);
+  snprintf(what, sizeof what, "catchup/%" PRIu64, plan->from);
+  uint64_t head = pulse_store_head_step(sub->head);
+  char digest[65];
+  pulse_state_digest_hex(pulse_store_head_state_digest(sub->head), digest);
+  sub_xfer x;
+  sub_xfer_init(&x, NULL);
+  x.max_bytes = plan->catchup_size + ((uint64_t)1 << 20);
+  x.low_speed = 1;
+  pulse_sub_event ev = {0};
+  ev.type = PULSE_SUB_EV_DOWNLOAD;
+  ev.object = what;
+  ev.total = plan->catchup_size;
+  sub_emit(sub, &ev);
+  pulse_status st = sub_fetch_mem(sub, 0, rel, &x, "catch-up");
+  if (st == PULSE_OK && x.status != 200)
+    st = pulse_fail(PULSE_ERR_IO, "catch-up: HTTP %ld", x.status);
+  double t0 = sub_now();
+  if (st == PULSE_OK) {
+    uint64_t from = 0, to = 0;
+    char d[80] = "";
+    if (sub_xfer_header(&x, "X-Pulse-From-Step", v, sizeof v))
+      from = strtoull(v, NULL, 10);
+    if (sub_xfer_header(&x, "X-Pulse-To-Step", v, sizeof v))
+      to = strtoull(v, NULL, 10);
+    sub_xfer_header(&x, "X-Pulse-State-Digest", d, sizeof d);
+    if (from != plan->from || to != head || strcmp(d, digest) != 0)
+      st = pulse_fail(PULSE_ERR_CORRUPT,
+                      "catch-up from %" PRIu64 ": it says %" PRIu64
+                      " -> %" PRIu64 " (state %s), the head is %" PRIu64
+                      " (state %s)",
+                      plan->from, from, to, d, head, digest);
+  }
+  if (st == PULSE_OK) {
+    uint8_t sha[32], sig[64], pub[32];
+    char hex[65], pub_hex[80] = "", sig_hex[200] = "";
+    sub_sha256(x.mem, x.mem_len, sha);
+    sub_hex(sha, 32, hex);
+    int has_sig =
+        sub_xfer_header(&x, "X-Pulse-Signature", sig_hex, sizeof sig_hex) &&
+        sub_xfer_header(&x, "X-Pulse-Public-Key", pub_hex, sizeof pub_hex) &&
+        sub_unhex(sig_hex, strlen(sig_hex), sig, 64) == 0 &&
+        sub_unhex(pub_hex, strlen(pub_hex), pub, 32) == 0;
+    if (has_sig && sub->have_key) {
+      char canon[512];
+      int len =
+          snprintf(canon, sizeof canon,
+                   "pulse-catchup-signature/1\nfrom %" PRIu64 "\nto %" PRIu64
+                   "\nstate_digest %s\nsha256 %s\nsize %zu\n",
+                   plan->from, head, digest, hex, x.mem_len);
+      if (memcmp(pub, sub->key, 32) != 0)
+        st = pulse_fail(PULSE_ERR_CORRUPT,
+                        "catch-up from %" PRIu64 ": signed by another key",
+                        plan->from);
+      else if (pulse_sign_verify(pub, canon, (size_t)len, sig) != PULSE_OK)
+        st = pulse_fail(PULSE_ERR_CORRUPT,
+                        "catch-up from %" PRIu64
+                        ": the signature does not verify",
+                        plan->from);
+    } else if (!sub->opts.allow_unsigned_catchup) {
+      st = pulse_fail(PULSE_ERR_CORRUPT,
+                      "catch-up from %" PRIu64 ": not signed by the publisher",
+                      plan->from);
+    }
+  }
+  pulse_patch *p = NULL;
+  if (st == PULSE_OK)
+    st = pulse_patch_open(x.mem, x.mem_len, &p);
+  if (st == PULSE_OK &&
+      (pulse_patch_step(p) != head || pulse_patch_base_step(p) != plan->from ||
+       memcmp(pulse_patch_target_digest(p)->bytes,
+              pulse_store_head_state_digest(sub->head)->bytes, 32) != 0))
+    st = pulse_fail(PULSE_ERR_CORRUPT,
+                    "catch-up from %" PRIu64
+                    ": its header does not lead to the head",
+                    plan->from);
+  sub->t_verify += sub_now() - t0;
+  if (st == PULSE_ERR_CORRUPT)
+    rejected(sub, what, st);
+  if (st == PULSE_OK)
+    st = sub_apply_patch(sub, p);
+  if (st == PULSE_OK)
+    applied(sub, PULSE_SUB_ROUTE_CATCHUP, &sub->fig.catchups_applied);
+  pulse_patch_free(p);
+  sub_xfer_release(&x);
+  return st;
+}
+
+/* A step the targets were said to hold (a file's metadata, or
+ * pulse_sub_assume_step) is checked before anything relies on it. At the
+ * head's step it is checked here; below it, by the base digests of the
+ * first patch applied. */
+static pulse_status check_claim(pulse_sub *sub) {
+  if (!sub->step_claimed)
+    return PULSE_OK;
+  uint64_t head = pulse_store_head_step(sub->head);
+  if (sub->step < head)
+    return PULSE_OK;
+  int ok = 0, full = sub->have_state;
+  if (sub->step == head && sub->have_state) {
+    ok = memcmp(sub->state.bytes,
+                pulse_store_head_state_digest(sub->head)->bytes, 32) == 0;
+  } else if (sub->step == head && pulse_store_head_patch_count(sub->head) > 0) {
+    /* The per-tensor digests of the head's patch. */
+    const pulse_store_object *o = pulse_store_head_patch(
+        sub->head, pulse_store_head_patch_count(sub->head) - 1);
+    pulse_buffer b = {NULL, 0};
+    pulse_patch *p = NULL;
+    PULSE_TRY(sub_object_fetch(sub, o));
+    PULSE_TRY(open_patch(sub, o, &b, &p));
+    ok = 1;
+    for (size_t k = 0; k < sub->ntargets && ok; k++) {
+      size_t i;
+      pulse_patch_tensor pt;
+      ok = pulse_patch_tensor_find(p, sub->targets[k].name, &i) == PULSE_OK &&
+           pulse_patch_tensor_get(p, i, &pt) == PULSE_OK &&
+           pt.target_digest.a == sub->targets[k].digest.a &&
+           pt.target_digest.b == sub->targets[k].digest.b;
+    }
+    full = sub->ntargets == pulse_patch_tensor_count(p);
+    pulse_patch_free(p);
+    pulse_buffer_free(&b);
+  }
+  if (ok) {
+    pthread_rwlock_wrlock(&sub->rw);
+    sub_set_step(sub, head,
+                 full ? pulse_store_head_state_digest(sub->head) : NULL);
+    pthread_rwlock_unlock(&sub->rw);
+    return PULSE_OK;
+  }
+  pulse_fail(PULSE_ERR_BASE_DIGEST,
+             "the targets do not hold step %" PRIu64
+             " as the publisher has it (wrong base): taking an anchor",
+             sub->step);
+  rejected(sub, "targets", PULSE_ERR_BASE_DIGEST);
+  sub_forget_step(sub);
+  return PULSE_OK;
+}
+
+static pulse_status mirror_all(pulse_sub *sub) {
+  for (size_t i = 0; i < pulse_store_head_anchor_count(sub->head); i++)
+    PULSE_TRY(sub_object_fetch(sub, pulse_store_head_anchor(sub->head, i)));
+  for (size_t i = 0; i < pulse_store_head_patch_count(sub->head); i++)
+    PULSE_TRY(sub_object_fetch(sub, pulse_store_head_patch(sub->head, i)));
+  return PULSE_OK;
+}
+
+/* Downloads what a route needs, then applies it. */
+static pulse_status run_route(pulse_sub *sub, const sub_plan *plan) {
+  size_t np = pulse_store_head_patch_count(sub->head);
+  if (plan->route == PULSE_SUB_ROUTE_NONE)
+    return PULSE_OK;
+  if (plan->route == PULSE_SUB_ROUTE_CATCHUP)
+    return run_catchup(sub, plan);
+  if (plan->route == PULSE_SUB_ROUTE_ANCHOR)
+    PULSE_TRY(sub_object_fetch(sub, plan->anchor));
+  for (size_t i = plan->first_patch; i < np; i++)
+    PULSE_TRY(sub_object_fetch(sub, pulse_store_head_patch(sub->head, i)));
+  if (plan->route == PULSE_SUB_ROUTE_ANCHOR) {
+    PULSE_TRY(sub_apply_anchor(sub, plan->anchor));
+    applied(sub, PULSE_SUB_ROUTE_ANCHOR, &sub->fig.anchors_applied);
+  }
+  return apply_patches(sub, plan->first_patch);
+}
+
+static void emit_plan(pulse_sub *sub, const sub_plan *plan) {
+  pulse_sub_event ev = {0};
+  ev.type = PULSE_SUB_EV_PLAN;
+  ev.route = plan->route;
+  ev.from_step = plan->from;
+  ev.bytes = plan->bytes;
+  if (plan->route == PULSE_SUB_ROUTE_ANCHOR)
+    ev.object = plan->anchor->path;
+  sub_emit(sub, &ev);
+}
+
+static pulse_status sync_once(pulse_sub *sub, int head_ready, sub_plan *plan) {
+  memset(plan, 0, sizeof *plan);
+  plan->from = sub->step;
+  if (!head_ready || sub->head == NULL)
+    PULSE_TRY(sub_head_fetch(sub, NULL));
+  if (sub->opts.mirror) {
+    PULSE_TRY(mirror_all(sub));
+    PULSE_TRY(sub_cache_save_head(sub));
+  }
+  if (sub->ntargets == 0 && sub->mem != SUB_MEM_FILE)
+    return sub_cache_save_head(sub);
+  PULSE_TRY(check_claim(sub));
+  int use_catchup = sub->opts.use_catchup;
+  pulse_status st;
+  for (int round = 0;; round++) {
+    st = sub_plan_make(sub, plan);
+    sub->opts.use_catchup = use_catchup;
+    if (st != PULSE_OK)
+      return st;
+    emit_plan(sub, plan);
+    st = run_route(sub, plan);
+    if (st == PULSE_OK || round >= 2 || atomic_load(&sub->stop))
+      break;
+    if (is_wrong_base(st) && plan->route != PULSE_SUB_ROUTE_ANCHOR) {
+      /* Never applied: the targets are not what the publisher had at their
+       * step. Start again from an anchor. */
+      char why[512];
+      snprintf(why, sizeof why, "%s", pulse_error_detail());
+      pulse_fail(st,
+                 "the targets are not step %" PRIu64
+                 " as the publisher has it (wrong base: %s): "
+                 "taking an anchor",
+                 plan->from, why);
+      rejected(sub, "targets", st);
+      sub_forget_step(sub);
+      continue;
+    }
+    if (plan->route == PULSE_SUB_ROUTE_CATCHUP && st != PULSE_ERR_IO) {
+      sub->opts.use_catchup = 0; /* this once: the patches instead */
+      continue;
+    }
+    break;
+  }
+  if (st != PULSE_OK)
+    return st;
+  if (sub->step != pulse_store_head_step(sub->head))
+    return pulse_fail(PULSE_ERR_BASE_STEP,
+                      "the targets hold step %" PRIu64
+                      ", newer than the head (%" PRIu64 "): a stale server",
+                      sub->step, pulse_store_head_step(sub->head));
+  return sub_cache_save_head(sub);
+}
+
+static pulse_status sync_run(pulse_sub *sub, int head_ready) {
+  sub->t_transfer = sub->t_verify = sub->t_decode = sub->t_apply = 0;
+  double t0 = sub_now();
+  pulse_sub_figures before;
+  pulse_sub_figures_get(sub, &before);
+  sub_plan plan;
+  pulse_status st = PULSE_ERR_NOT_FOUND;
+  for (int tries = 0; tries < 3; tries++) {
+    st = sync_once(sub, head_ready && tries == 0, &plan);
+    /* An object that vanished: the head moved on, fetch it again. */
+    if (st != PULSE_ERR_NOT_FOUND || atomic_load(&sub->stop))
+      break;
+  }
+  char detail[1024];
+  snprintf(detail, sizeof detail, "%s", pulse_error_detail());
+  pulse_status fst =
+      sub_file_save(sub); /* also after a failure: a consistent step */
+  if (st == PULSE_OK && fst != PULSE_OK) {
+    st = fst;
+    snprintf(detail, sizeof detail, "%s", pulse_error_detail());
+  }
+  pthread_mutex_lock(&sub->fig_lock);
+  if (st == PULSE_OK)
+    sub->fig.syncs++;
+  else
+    sub->fig.sync_failures++;
+  sub->fig.last_route = plan.route;
+  sub->fig.last_status = st;
+  sub->fig.last_from_step = plan.from;
+  sub->fig.last_bytes = sub->fig.bytes_downloaded - before.bytes_downloaded;
+  sub->fig.last_transfer_s = sub->t_transfer;
+  sub->fig.last_verify_s = sub->t_verify;
+  sub->fig.last_decode_s = sub->t_decode;
+  sub->fig.last_apply_s = sub->t_apply;
+  sub->fig.last_total_s = sub_now() - t0;
+  pthread_mutex_unlock(&sub->fig_lock);
+  pulse_sub_event ev = {0};
+  ev.type = st == PULSE_OK ? PULSE_SUB_EV_SYNCED : PULSE_SUB_EV_ERROR;
+  ev.status = st;
+  ev.route = plan.route;
+  ev.from_step = plan.from;
+  ev.detail = st == PULSE_OK ? "" : detail;
+  sub_emit(sub, &ev);
+  if (st != PULSE_OK)
+    pulse_fail(st, "%s", detail);
+  return sub_keep_error(sub, st);
+}
+
+pulse_status pulse_sub_sync(pulse_sub *sub) {
+  if (sub == NULL)
+    return pulse_fail(PULSE_ERR_ARG, "sync: NULL subscriber");
+  pulse_status st = sync_run(sub, 0);
+  atomic_store(&sub->stop, 0);
+  return st;
+}
+
+pulse_status pulse_sub_follow(pulse_sub *sub) {
+  if (sub == NULL)
+    return pulse_fail(PULSE_ERR_ARG, "follow: NULL subscriber");
+  int need_sync = 1, head_ready = 0;
+  unsigned failures = 0;
+  pulse_status st = PULSE_OK;
+  while (!atomic_load(&sub->stop)) {
+    if (need_sync) {
+      st = sync_run(sub, head_ready);
+      head_ready = 0;
+      if (st == PULSE_ERR_ARG || st == PULSE_ERR_NOMEM)
+        break;
+      if (st != PULSE_OK) {
+        sub_sleep_ms(sub, sub_backoff_ms(sub, failures < 16 ? failures : 16));
+        failures++;
+        continue;
+      }
+      failures = 0;
+      need_sync = 0;
+    }
+    int got = 0;
+    uint64_t after = sub->head != NULL ? pulse_store_head_step(sub->head) : 0;
+    st = sub_head_poll(sub, after, &got);
+    if (st != PULSE_OK) {
+      if (atomic_load(&sub->stop))
+        break;
+      sub_keep_error(sub, st);
+      sub_emit_simple(sub, PULSE_SUB_EV_ERROR, st, pulse_error_detail());
+      sub_sleep_ms(sub, sub_backoff_ms(sub, failures < 16 ? failures : 16));
+      failures++;
+      need_sync = 1; /* the head may have moved while the server was away */
+      continue;
+    }
+    if (got) {
+      need_sync = 1;
+      head_ready = 1;
+    }
+  }
+  atomic_store(&sub->stop, 0);
+  return st == PULSE_ERR_ARG || st == PULSE_ERR_NOMEM ? st : PULSE_OK;
+}

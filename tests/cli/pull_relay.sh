@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# Relays, real processes on 127.0.0.1: `pulse-pull --serve --follow`
+# mirrors the origin's store into its cache and re-serves it; pullers behind
+# it end bit-identical to the trainer, follow it as it moves, and verify
+# every object themselves: an object corrupted in the relay's store is
+# refused (nothing applied, no file written), and with the origin as a
+# second URL the pull still succeeds. Usage: pull_relay.sh BIN_DIR
+set -u
+bin=$1
+work=$(mktemp -d)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null && wait "$p" 2>/dev/null; done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+failures=0
+pass=0
+ok() { pass=$((pass + 1)); }
+bad() { echo "FAIL: $*"; failures=$((failures + 1)); }
+expect() { if [ "$2" = "$3" ]; then ok; else bad "$1: expected '$2', got '$3'"; fi; }
+digest_of() { "$bin/pulse-inspect" "$1" 2>/dev/null | awk '/BF16 state digest/ {print $NF}'; }
+wait_port() {
+  for _ in $(seq 1 200); do
+    if grep -q 'on http://' "$1" 2>/dev/null; then sed -n 's|.*on http://[^ ]*:\([0-9]*\)$|\1|p' "$1" | head -1; return 0; fi
+    sleep 0.05
+  done
+  return 1
+}
+wait_json_url() {
+  for _ in $(seq 1 200); do
+    if grep -q '"event":"serving"' "$1" 2>/dev/null; then sed -n 's|.*"url":"\(http://[^"]*\)".*|\1|p' "$1" | head -1; return 0; fi
+    sleep 0.05
+  done
+  return 1
+}
+head_step() { sed -n 's/.*"step":\([0-9]*\),.*/\1/p' "$1/head.json" 2>/dev/null | head -1; }
+wait_head() { # store, step
+  for _ in $(seq 1 200); do [ "$(head_step "$1")" = "$2" ] && return 0; sleep 0.05; done
+  return 1
+}
+ck() { printf '%s/traj/step%04d.safetensors' "$work" "$1"; }
+publish() { "$bin/pulse-publish" --store "$work/store" --anchor-every 3 --sync-anchors "$@" >>"$work/pub.out" 2>&1 || bad "publish $*"; }
+
+"$bin/pulse-bench" trajectory --out "$work/traj" --params 200000 --steps 7 --seed 4 >/dev/null || exit 1
+publish --new-key "$(ck 0)" "$(ck 1)" "$(ck 2)" "$(ck 3)" "$(ck 4)"
+"$bin/pulse-serve" --store "$work/store" --listen 127.0.0.1:0 >"$work/serve.out" 2>"$work/serve.err" &
+pids+=($!)
+port=$(wait_port "$work/serve.out") || { echo "FAIL: pulse-serve did not start"; cat "$work/serve.err"; exit 1; }
+origin=http://127.0.0.1:$port
+key=$(sed -n 's/.*"public_key":"\([0-9a-f]*\)".*/\1/p' "$work/store/head.json")
+
+# --- the relay
+"$bin/pulse-pull" "$origin" --cache "$work/relay" --serve 127.0.0.1:0 --follow --key "$key" --json \
+  >"$work/relay.json" 2>"$work/relay.err" &
+rpid=$!
+pids+=($rpid)
+relay=$(wait_json_url "$work/relay.json") || { echo "FAIL: the relay did not start"; cat "$work/relay.err"; exit 1; }
+wait_head "$work/relay" 4 || bad "the relay never held step 4"
+"$bin/pulse-publish" --store "$work/relay" --verify --key "$work/store/signing-key.pem" >/dev/null 2>&1 \
+  && ok || bad "the relay's cache is a whole, consistent store"
+[ ! -e "$work/relay/signing-key.pem" ] && ok || bad "no key in the relay"
+
+# --- a puller behind the relay
+"$bin/pulse-pull" "$relay" --out "$work/d.safetensors" --key "$key" --json >"$work/d1.json" 2>&1
+expect "behind the relay: exits 0" 0 "$?"
+expect "behind the relay: step 4 bit for bit" "$(digest_of "$(ck 4)")" "$(digest_of "$work/d.safetensors")"
+# ... following it while the origin moves
+"$bin/pulse-pull" "$relay" --out "$work/d.safetensors" --key "$key" --follow --json >"$work/df.json" 2>&1 &
+dpid=$!
+pids+=($dpid)
+publish "$(ck 5)" "$(ck 6)"
+want=$(digest_of "$(ck 6)")
+got=""
+for _ in $(seq 1 200); do
+  got=$(grep '"event":"synced"' "$work/df.json" | tail -1 | sed -n 's/.*"state_digest":"\([0-9a-f]*\)".*/\1/p')
+  [ "$got" = "$want" ] && break
+  sleep 0.05
+done
+expect "follows through the relay to step 6" "$want" "$got"
+kill -TERM "$dpid"; wait "$dpid"; expect "the follower stops cleanly" 0 "$?"
+expect "the follower's file is step 6" "$want" "$(digest_of "$work/d.safetensors")"
+
+# --- a corrupted object in the relay's store
+wait_head "$work/relay" 6 || bad "the relay never held step 6"
+for f in "$work"/relay/objects/*.safetensors; do
+  printf '\x5a' | dd of="$f" bs=1 seek=200 conv=notrunc status=none
+done
+"$bin/pulse-pull" "$relay" --out "$work/e.safetensors" --key "$key" --retries 1 --json >"$work/e.json" 2>&1
+expect "corrupt relay only: exit 1" 1 "$?"
+[ ! -e "$work/e.safetensors" ] && ok || bad "corrupt relay: a file was written"
+grep -q '"event":"rejected".*"status":"PULSE_ERR_CORRUPT"' "$work/e.json" && ok || bad "corrupt relay: no rejection reported"
+"$bin/pulse-pull" "$relay" "$origin" --out "$work/e.safetensors" --key "$key" --json >"$work/e2.json" 2>&1
+expect "relay then origin: exits 0" 0 "$?"
+expect "relay then origin: step 6 bit for bit" "$want" "$(digest_of "$work/e.safetensors")"
+grep -q '"event":"rejected"' "$work/e2.json" && ok || bad "relay then origin: the relay's bytes were not refused"
+
+kill -TERM "$rpid"; wait "$rpid"; expect "the relay stops cleanly" 0 "$?"
+
+echo "pull_relay: $pass passed, $failures failed"
+[ "$failures" -eq 0 ]

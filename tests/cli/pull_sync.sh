@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# pulse-pull against pulse-serve + pulse-publish, real processes on
+# 127.0.0.1: a puller from the start, the chain on the next sync, a late
+# joiner after retention (anchor route), --follow through long-polls, a
+# pinned key that does not match, and usage errors. Every puller's --out
+# must end with the trainer checkpoint's state digest. Usage:
+# pull_sync.sh BIN_DIR
+set -u
+bin=$1
+work=$(mktemp -d)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null && wait "$p" 2>/dev/null; done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+failures=0
+pass=0
+ok() { pass=$((pass + 1)); }
+bad() { echo "FAIL: $*"; failures=$((failures + 1)); }
+expect() { if [ "$2" = "$3" ]; then ok; else bad "$1: expected '$2', got '$3'"; fi; }
+digest_of() { "$bin/pulse-inspect" "$1" 2>/dev/null | awk '/BF16 state digest/ {print $NF}'; }
+wait_port() {
+  for _ in $(seq 1 200); do
+    if grep -q 'on http://' "$1" 2>/dev/null; then sed -n 's|.*on http://[^ ]*:\([0-9]*\)$|\1|p' "$1" | head -1; return 0; fi
+    sleep 0.05
+  done
+  return 1
+}
+publish() { "$bin/pulse-publish" --store "$work/store" --anchor-every 3 --keep 2 --sync-anchors "$@" >>"$work/pub.out" 2>&1 || bad "publish $*"; }
+ck() { printf '%s/traj/step%04d.safetensors' "$work" "$1"; }
+jfield() { grep "\"event\":\"$2\"" "$1" | tail -1 | sed -n "s/.*\"$3\":\"\\{0,1\\}\([^,\"}]*\).*/\1/p"; }
+
+"$bin/pulse-bench" trajectory --out "$work/traj" --params 200000 --steps 14 --seed 3 >/dev/null || exit 1
+publish --new-key "$(ck 0)" "$(ck 1)" "$(ck 2)" "$(ck 3)"
+"$bin/pulse-serve" --store "$work/store" --listen 127.0.0.1:0 >"$work/serve.out" 2>"$work/serve.err" &
+pids+=($!)
+port=$(wait_port "$work/serve.out") || { echo "FAIL: pulse-serve did not start"; cat "$work/serve.err"; exit 1; }
+u=http://127.0.0.1:$port
+key=$(sed -n 's/.*"public_key":"\([0-9a-f]*\)".*/\1/p' "$work/store/head.json")
+[ ${#key} -eq 64 ] && ok || bad "the head names its key"
+
+# --- a puller from the start
+"$bin/pulse-pull" "$u" --out "$work/a.safetensors" --key "$key" --json >"$work/a1.json" 2>"$work/a1.err"
+expect "first pull exits 0" 0 "$?"
+expect "first pull: step 3 bit for bit" "$(digest_of "$(ck 3)")" "$(digest_of "$work/a.safetensors")"
+expect "first pull takes an anchor" anchor "$(jfield "$work/a1.json" synced route)"
+[ -d "$work/a.safetensors.pulse-cache/objects" ] && ok || bad "default cache next to --out"
+
+# --- the next steps come as patches (or one signed catch-up)
+publish "$(ck 4)" "$(ck 5)"
+"$bin/pulse-pull" "$u" --out "$work/a.safetensors" --key "$key" --json --no-catchup >"$work/a2.json" 2>&1
+expect "second pull exits 0" 0 "$?"
+expect "second pull: step 5" "$(digest_of "$(ck 5)")" "$(digest_of "$work/a.safetensors")"
+expect "second pull walks the chain" chain "$(jfield "$work/a2.json" synced route)"
+expect "second pull resumed from step 3" 3 "$(jfield "$work/a2.json" synced from_step)"
+grep -q '"event":"download".*safetensors' "$work/a2.json" && bad "second pull downloaded an anchor" || ok
+
+# --- a late joiner after retention moved on: the newest anchor
+publish "$(ck 6)" "$(ck 7)" "$(ck 8)" "$(ck 9)" "$(ck 10)"
+"$bin/pulse-pull" "$u" --out "$work/b.safetensors" --key "$key" --json >"$work/b.json" 2>&1
+expect "late joiner exits 0" 0 "$?"
+expect "late joiner: step 10" "$(digest_of "$(ck 10)")" "$(digest_of "$work/b.safetensors")"
+expect "late joiner takes an anchor" anchor "$(jfield "$work/b.json" synced route)"
+expect "late joiner: the newest anchor (9), then one patch" 2 "$(grep -c '"event":"applied"' "$work/b.json")"
+# The first puller fell behind retention (step 5 is gone): anchor again.
+"$bin/pulse-pull" "$u" --out "$work/a.safetensors" --key "$key" --json >"$work/a3.json" 2>&1
+expect "behind retention: step 10" "$(digest_of "$(ck 10)")" "$(digest_of "$work/a.safetensors")"
+expect "behind retention: anchor" anchor "$(jfield "$work/a3.json" synced route)"
+
+# --- --follow: long-polls bring each new step
+"$bin/pulse-pull" "$u" --out "$work/a.safetensors" --key "$key" --follow --json >"$work/f.json" 2>"$work/f.err" &
+fpid=$!
+pids+=($fpid)
+for _ in $(seq 1 100); do grep -q '"event":"synced"' "$work/f.json" && break; sleep 0.05; done
+publish "$(ck 11)"
+publish "$(ck 12)"
+want=$(digest_of "$(ck 12)")
+got=""
+for _ in $(seq 1 100); do
+  got=$(grep '"event":"synced"' "$work/f.json" | tail -1 | sed -n 's/.*"state_digest":"\([0-9a-f]*\)".*/\1/p')
+  [ "$got" = "$want" ] && break
+  sleep 0.1
+done
+expect "--follow reaches step 12" "$want" "$got"
+expect "--follow's file is step 12" "$want" "$(digest_of "$work/a.safetensors")"
+kill -TERM "$fpid"; wait "$fpid"; expect "--follow stops cleanly on SIGTERM" 0 "$?"
+grep -q '"event":"exit","code":0' "$work/f.json" && ok || bad "--follow reports its exit"
+
+# --- refusals: another key, no server, usage
+other=$(printf '%064d' 1)
+"$bin/pulse-pull" "$u" --out "$work/c.safetensors" --key "$other" --retries 0 >/dev/null 2>"$work/c.err"
+expect "a head signed by another key fails" 1 "$?"
+[ ! -e "$work/c.safetensors" ] && ok || bad "nothing written on a refused head"
+grep -q "signed by" "$work/c.err" && ok || bad "the refusal says why"
+"$bin/pulse-pull" "$u" --out "$work/d.safetensors" --json >"$work/d.json" 2>&1
+expect "trust on first use works" "$(digest_of "$(ck 12)")" "$(digest_of "$work/d.safetensors")"
+grep -q '"event":"warning".*first use' "$work/d.json" && ok || bad "trust on first use warns"
+"$bin/pulse-pull" "http://127.0.0.1:1" --out "$work/e.safetensors" --retries 1 >/dev/null 2>&1
+expect "no server: exit 1" 1 "$?"
+"$bin/pulse-pull" --out "$work/e.safetensors" >/dev/null 2>&1
+expect "no URL: usage" 2 "$?"
+"$bin/pulse-pull" "$u" >/dev/null 2>&1
+expect "no --out: usage" 2 "$?"
+"$bin/pulse-pull" "$u" --out x --key abc >/dev/null 2>&1
+expect "bad key: usage" 2 "$?"
+
+echo "pull_sync: $pass passed, $failures failed"
+[ "$failures" -eq 0 ]

@@ -1,0 +1,434 @@
+/* Downloads: bytes flipped in transit are refused and nothing is applied;
+ * a second URL serves when the first one lies; partial downloads resume
+ * with Range (also in parallel ranges); garbage in a partial file or a
+ * rotten cached object is caught by the hash; a dead server fails cleanly
+ * after the retries; a server restarted mid-download is resumed; a stale
+ * head is refused. */
+#include <inttypes.h>
+#include <pthread.h>
+#include <time.h>
+
+#include "flip_proxy.h"
+#include "inf_testutil.h"
+
+static const pulse_store_object *head_anchor(const char *store,
+                                             pulse_store_head **h) {
+  cr_assert_eq(pulse_store_head_load(store, h), PULSE_OK);
+  size_t n = pulse_store_head_anchor_count(*h);
+  return pulse_store_head_anchor(*h, n - 1);
+}
+
+static int all_zero(const uint16_t *d, uint64_t n) {
+  for (uint64_t i = 0; i < n; i++)
+    if (d[i] != 0)
+      return 0;
+  return 1;
+}
+
+static int named_objects(const char *cache) {
+  char dir[4096];
+  snprintf(dir, sizeof dir, "%s/objects", cache);
+  DIR *d = opendir(dir);
+  int n = 0;
+  for (struct dirent *e; d != NULL && (e = readdir(d)) != NULL;)
+    n += e->d_name[0] != '.';
+  if (d)
+    closedir(d);
+  return n;
+}
+
+Test(inference_side, a_byte_flipped_in_transit_is_refused_and_nothing_applied) {
+  it_trainer t;
+  it_trainer_up(&t, 100, 32, 2);
+  it_trainer_run(&t, 0, 3, 0.01);
+  flip_proxy *px = flip_proxy_start(t.port, 1);
+  cr_assert_not_null(px);
+  char url[64];
+  snprintf(url, sizeof url, "http://127.0.0.1:%u",
+           (unsigned)flip_proxy_port(px));
+  char *cache = it_make_dir();
+  const char *urls[2];
+  pulse_sub_opts o = it_sub_opts(&t, cache, urls);
+  urls[0] = url;
+  pulse_sub *sub;
+  it_targets tg;
+  cr_assert_eq(pulse_sub_create(&o, &sub), PULSE_OK);
+  it_targets_attach(&tg, &t, sub);
+  cr_assert_eq(pulse_sub_sync(sub), PULSE_ERR_CORRUPT);
+  cr_assert(strstr(pulse_sub_error(sub), "refused") != NULL, "%s",
+            pulse_sub_error(sub));
+  cr_assert_geq(flip_proxy_flips(px), 1);
+  cr_assert_eq(pulse_sub_step(sub), PULSE_SUB_NO_STEP);
+  for (int i = 0; i < IT_TENSORS; i++)
+    cr_assert(all_zero(tg.data[i], t.m.numel[i]), "tensor %d was written", i);
+  cr_assert_eq(named_objects(cache), 0,
+               "a corrupt object got its name in the cache");
+  pulse_sub_figures fig;
+  pulse_sub_figures_get(sub, &fig);
+  cr_assert_geq(fig.rejected, 2, "refused, fetched again, refused again");
+
+  /* A worker at step 3 stays at step 3 when the next patches are corrupt. */
+  urls[0] = t.url;
+  pulse_sub_free(sub);
+  cr_assert_eq(pulse_sub_create(&o, &sub), PULSE_OK);
+  it_targets_free(&tg);
+  it_targets_attach(&tg, &t, sub);
+  cr_assert_eq(pulse_sub_sync(sub), PULSE_OK, "%s", pulse_sub_error(sub));
+  cr_assert(it_targets_equal(&tg, &t, 3));
+  pulse_sub_free(sub);
+  it_trainer_run(&t, 4, 5, 0.01);
+  urls[0] = url;
+  o.use_catchup = 0;
+  cr_assert_eq(pulse_sub_create(&o, &sub), PULSE_OK);
+  for (int i = 0; i < IT_TENSORS; i++)
+    cr_assert_eq(pulse_sub_attach_host(sub, t.m.info[i].name, t.m.info[i].ndim,
+                                       t.m.info[i].shape, tg.data[i]),
+                 PULSE_OK);
+  cr_assert_eq(pulse_sub_assume_step(sub, 3), PULSE_OK);
+  cr_assert_eq(pulse_sub_sync(sub), PULSE_ERR_CORRUPT);
+  cr_assert(it_targets_equal(&tg, &t, 3),
+            "the targets moved on corrupt patches");
+  cr_assert_eq(pulse_sub_step(sub), 3);
+  pulse_sub_free(sub);
+  it_targets_free(&tg);
+  flip_proxy_stop(px);
+  it_trainer_down(&t);
+  it_rm_rf(cache);
+}
+
+Test(inference_side, the_next_url_serves_when_the_first_one_corrupts) {
+  it_trainer t;
+  it_trainer_up(&t, 100, 32, 2);
+  it_trainer_run(&t, 0, 3, 0.01);
+  flip_proxy *px = flip_proxy_start(t.port, 1);
+  char url[64];
+  snprintf(url, sizeof url, "http://127.0.0.1:%u",
+           (unsigned)flip_proxy_port(px));
+  char *cache = it_make_dir();
+  const char *urls[2];
+  pulse_sub_opts o = it_sub_opts(&t, cache, urls);
+  urls[0] = url;
+  urls[1] = t.url;
+  o.url_count = 2;
+  pulse_sub *sub;
+  it_targets tg;
+  cr_assert_eq(pulse_sub_create(&o, &sub), PULSE_OK);
+  it_targets_attach(&tg, &t, sub);
+  cr_assert_eq(pulse_sub_sync(sub), PULSE_OK, "%s", pulse_sub_error(sub));
+  cr_assert(it_targets_equal(&tg, &t, 3));
+  pulse_sub_figures fig;
+  pulse_sub_figures_get(sub, &fig);
+  cr_assert_geq(fig.rejected, 1);
+  cr_assert_geq(flip_proxy_flips(px), 1);
+  pulse_sub_free(sub);
+  it_targets_free(&tg);
+  flip_proxy_stop(px);
+  it_trainer_down(&t);
+  it_rm_rf(cache);
+}
+
+/* Writes the first `n` bytes of a store object as a partial download. */
+static void plant_part(const char *store, const char *cache,
+                       const pulse_store_object *o, const char *suffix,
+                       uint64_t from, uint64_t n, int garbage) {
+  char path[4096], hex[65];
+  snprintf(path, sizeof path, "%s/%s", store, o->path);
+  size_t size = 0;
+  uint8_t *bytes = it_read(path, &size);
+  cr_assert_not_null(bytes);
+  if (garbage)
+    memset(bytes + from, 0x42, n);
+  for (int i = 0; i < 32; i++)
+    snprintf(hex + 2 * i, 3, "%02x", o->sha256[i]);
+  snprintf(path, sizeof path, "%s/objects", cache);
+  mkdir(path, 0755);
+  snprintf(path, sizeof path, "%s/objects/.%s.part%s", cache, hex, suffix);
+  cr_assert_eq(it_write(path, bytes + from, n), 0);
+  free(bytes);
+}
+
+Test(inference_side, a_partial_download_resumes_with_a_range_request) {
+  it_trainer t;
+  it_trainer_up(&t, 100, 32, 20);
+  it_trainer_run(&t, 0, 1, 0.01);
+  pulse_store_head *h;
+  const pulse_store_object *a = head_anchor(t.dir, &h);
+  char *cache = it_make_dir();
+  uint64_t half = a->size / 2;
+  plant_part(t.dir, cache, a, "", 0, half, 0);
+  const char *urls[1];
+  pulse_sub_opts o = it_sub_opts(&t, cache, urls);
+  o.parallel = 1;
+  pulse_sub *sub;
+  it_targets tg;
+  cr_assert_eq(pulse_sub_create(&o, &sub), PULSE_OK);
+  it_targets_attach(&tg, &t, sub);
+  cr_assert_eq(pulse_sub_sync(sub), PULSE_OK, "%s", pulse_sub_error(sub));
+  cr_assert(it_targets_equal(&tg, &t, 1));
+  pulse_sub_figures fig;
+  pulse_sub_figures_get(sub, &fig);
+  cr_assert_eq(fig.bytes_resumed, half);
+  cr_assert_lt(fig.bytes_downloaded, a->size,
+               "%" PRIu64 " bytes downloaded for an object of %" PRIu64
+               " of which %" PRIu64 " were on disk",
+               fig.bytes_downloaded, a->size, half);
+  pulse_sub_free(sub);
+  it_targets_free(&tg);
+  pulse_store_head_free(h);
+  it_trainer_down(&t);
+  it_rm_rf(cache);
+}
+
+Test(inference_side, garbage_in_a_partial_download_is_caught_by_the_hash) {
+  it_trainer t;
+  it_trainer_up(&t, 100, 32, 20);
+  it_trainer_run(&t, 0, 1, 0.01);
+  pulse_store_head *h;
+  const pulse_store_object *a = head_anchor(t.dir, &h);
+  char *cache = it_make_dir();
+  plant_part(t.dir, cache, a, "", 0, a->size / 3, 1);
+  const char *urls[1];
+  pulse_sub_opts o = it_sub_opts(&t, cache, urls);
+  o.parallel = 1;
+  pulse_sub *sub;
+  it_targets tg;
+  cr_assert_eq(pulse_sub_create(&o, &sub), PULSE_OK);
+  it_targets_attach(&tg, &t, sub);
+  cr_assert_eq(pulse_sub_sync(sub), PULSE_OK, "%s", pulse_sub_error(sub));
+  cr_assert(it_targets_equal(&tg, &t, 1));
+  pulse_sub_figures fig;
+  pulse_sub_figures_get(sub, &fig);
+  cr_assert_eq(fig.rejected, 1, "the bad partial file, then a clean download");
+  pulse_sub_free(sub);
+  it_targets_free(&tg);
+  pulse_store_head_free(h);
+  it_trainer_down(&t);
+  it_rm_rf(cache);
+}
+
+Test(inference_side, large_objects_come_in_parallel_ranges_that_resume) {
+  it_trainer t;
+  it_trainer_up(&t, 100, 32, 200); /* 1.4 M parameters: a 2.8 MB anchor */
+  it_trainer_run(&t, 0, 1, 0.01);
+  pulse_store_head *h;
+  const pulse_store_object *a = head_anchor(t.dir, &h);
+  cr_assert_gt(a->size, (uint64_t)2 << 20);
+  char *cache = it_make_dir();
+  /* Segments of 1 MiB (4 ranges asked, aligned to 1 MiB): the second
+   * segment is partly on disk already. */
+  plant_part(t.dir, cache, a, "-1048576", 1 << 20, 300000, 0);
+  const char *urls[1];
+  pulse_sub_opts o = it_sub_opts(&t, cache, urls);
+  o.parallel = 4;
+  o.parallel_min_bytes = 1 << 20;
+  pulse_sub *sub;
+  it_targets tg;
+  cr_assert_eq(pulse_sub_create(&o, &sub), PULSE_OK);
+  it_targets_attach(&tg, &t, sub);
+  cr_assert_eq(pulse_sub_sync(sub), PULSE_OK, "%s", pulse_sub_error(sub));
+  cr_assert(it_targets_equal(&tg, &t, 1));
+  pulse_sub_figures fig;
+  pulse_sub_figures_get(sub, &fig);
+  cr_assert_eq(fig.bytes_resumed, 300000);
+  cr_assert_geq(fig.requests, 1 + 3 + 1,
+                "head, three ranges for the anchor, one patch");
+  char path[4096];
+  snprintf(path, sizeof path, "%s/%s", cache, a->path);
+  uint8_t sha[32];
+  uint64_t size;
+  cr_assert_eq(pulse_store_file_sha256(path, sha, &size), PULSE_OK);
+  cr_assert(size == a->size && memcmp(sha, a->sha256, 32) == 0);
+  cr_assert_eq(named_objects(cache), 2,
+               "the anchor and the patch, no partial file left");
+  pulse_sub_free(sub);
+  it_targets_free(&tg);
+  pulse_store_head_free(h);
+  it_trainer_down(&t);
+  it_rm_rf(cache);
+}
+
+Test(inference_side, a_rotten_object_in_the_cache_is_fetched_again) {
+  it_trainer t;
+  it_trainer_up(&t, 100, 32, 2);
+  it_trainer_run(&t, 0, 2, 0.01);
+  char *cache = it_make_dir();
+  const char *urls[1];
+  pulse_sub_opts o = it_sub_opts(&t, cache, urls);
+  pulse_sub *sub;
+  it_targets tg;
+  cr_assert_eq(pulse_sub_create(&o, &sub), PULSE_OK);
+  it_targets_attach(&tg, &t, sub);
+  cr_assert_eq(pulse_sub_sync(sub), PULSE_OK);
+  pulse_sub_free(sub);
+  it_targets_free(&tg);
+  pulse_store_head *h;
+  const pulse_store_object *a = head_anchor(t.dir, &h);
+  char path[4096];
+  snprintf(path, sizeof path, "%s/%s", cache, a->path);
+  cr_assert_eq(it_flip(path, 200), 0);
+  cr_assert_eq(pulse_sub_create(&o, &sub), PULSE_OK);
+  it_targets_attach(&tg, &t, sub);
+  cr_assert_eq(pulse_sub_sync(sub), PULSE_OK, "%s", pulse_sub_error(sub));
+  cr_assert(it_targets_equal(&tg, &t, 2));
+  pulse_sub_figures fig;
+  pulse_sub_figures_get(sub, &fig);
+  cr_assert_eq(fig.rejected, 1);
+  cr_assert_geq(fig.objects_fetched, 1);
+  pulse_sub_free(sub);
+  it_targets_free(&tg);
+  pulse_store_head_free(h);
+  it_trainer_down(&t);
+  it_rm_rf(cache);
+}
+
+/* The servers here are reached through a proxy that can be cut and brought
+ * back (a server or link that dies), since a server stopped in-process
+ * closes gracefully. */
+Test(inference_side, a_dead_server_fails_cleanly_after_the_retries) {
+  it_trainer t;
+  it_trainer_up(&t, 100, 32, 2);
+  it_trainer_run(&t, 0, 2, 0.01);
+  flip_proxy *px = flip_proxy_start(t.port, 0);
+  char url[64];
+  snprintf(url, sizeof url, "http://127.0.0.1:%u",
+           (unsigned)flip_proxy_port(px));
+  char *cache = it_make_dir();
+  const char *urls[1];
+  pulse_sub_opts o = it_sub_opts(&t, cache, urls);
+  urls[0] = url;
+  pulse_sub *sub;
+  it_targets tg;
+  cr_assert_eq(pulse_sub_create(&o, &sub), PULSE_OK);
+  it_targets_attach(&tg, &t, sub);
+  cr_assert_eq(pulse_sub_sync(sub), PULSE_OK);
+  flip_proxy_stop(px);
+  it_trainer_run(&t, 3, 4, 0.01);
+  cr_assert_eq(pulse_sub_sync(sub), PULSE_ERR_IO);
+  cr_assert_eq(pulse_sub_step(sub), 2);
+  cr_assert(it_targets_equal(&tg, &t, 2));
+  pulse_sub_figures fig;
+  pulse_sub_figures_get(sub, &fig);
+  cr_assert_eq(fig.retries, o.retries);
+  cr_assert_eq(fig.sync_failures, 1);
+  cr_assert_eq(fig.last_status, PULSE_ERR_IO);
+  pulse_sub_free(sub);
+  it_targets_free(&tg);
+  it_trainer_down(&t);
+  it_rm_rf(cache);
+}
+
+/* Cuts the proxy after a while and brings it back on its port later. */
+typedef struct {
+  flip_proxy *px;
+  uint16_t upstream, port;
+  int down_ms, up_ms;
+} bounce_arg;
+
+static void sleep_ms(int ms) {
+  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+  nanosleep(&ts, NULL);
+}
+
+static void *bounce(void *arg) {
+  bounce_arg *b = arg;
+  sleep_ms(b->down_ms);
+  flip_proxy_stop(b->px);
+  b->px = NULL;
+  sleep_ms(b->up_ms);
+  for (int i = 0;
+       i < 50 && (b->px = flip_proxy_start_at(b->upstream, 0, b->port)) == NULL;
+       i++)
+    sleep_ms(20);
+  if (b->px != NULL)
+    flip_proxy_set_rate(b->px, 1 << 20);
+  return NULL;
+}
+
+Test(inference_side, a_server_restarted_mid_download_is_resumed,
+     .timeout = 60) {
+  it_trainer t;
+  it_trainer_up(&t, 100, 32, 60); /* about 0.4 M parameters: 0.8 MB anchor */
+  it_trainer_run(&t, 0, 1, 0.01);
+  pulse_store_head *h;
+  const pulse_store_object *a = head_anchor(t.dir, &h);
+  bounce_arg b = {flip_proxy_start(t.port, 0), t.port, 0, 300, 400};
+  cr_assert_not_null(b.px);
+  flip_proxy_set_rate(b.px, 1 << 20); /* ~0.8 s for the anchor */
+  b.port = flip_proxy_port(b.px);
+  char url[64];
+  snprintf(url, sizeof url, "http://127.0.0.1:%u", (unsigned)b.port);
+  char *cache = it_make_dir();
+  const char *urls[1];
+  pulse_sub_opts o = it_sub_opts(&t, cache, urls);
+  urls[0] = url;
+  o.parallel = 1;
+  o.retries = 8;
+  o.backoff_ms = 100;
+  o.backoff_max_ms = 400;
+  pulse_sub *sub;
+  it_targets tg;
+  cr_assert_eq(pulse_sub_create(&o, &sub), PULSE_OK);
+  it_targets_attach(&tg, &t, sub);
+  pthread_t th;
+  pthread_create(&th, NULL, bounce, &b);
+  pulse_status st = pulse_sub_sync(sub);
+  pthread_join(th, NULL);
+  cr_assert_eq(st, PULSE_OK, "%s", pulse_sub_error(sub));
+  cr_assert(it_targets_equal(&tg, &t, 1));
+  pulse_sub_figures fig;
+  pulse_sub_figures_get(sub, &fig);
+  cr_assert_geq(fig.retries, 1, "the server was away");
+  cr_assert_lt(fig.bytes_downloaded, a->size + a->size / 2,
+               "%" PRIu64 " bytes for a %" PRIu64 "-byte anchor: not resumed",
+               fig.bytes_downloaded, a->size);
+  pulse_sub_free(sub);
+  flip_proxy_stop(b.px);
+  it_targets_free(&tg);
+  pulse_store_head_free(h);
+  it_trainer_down(&t);
+  it_rm_rf(cache);
+}
+
+Test(inference_side, a_stale_head_never_moves_a_worker_back) {
+  it_trainer t;
+  it_trainer_up(&t, 100, 32, 2);
+  it_trainer_run(&t, 0, 3, 0.01);
+  /* A copy of the store at step 3, served by an old mirror. */
+  char *old = it_make_dir(), cmd[8192];
+  snprintf(cmd, sizeof cmd, "cp -r %s/. %s/", t.dir, old);
+  cr_assert_eq(system(cmd), 0);
+  pulse_server_opts so = PULSE_SERVER_OPTS_INIT;
+  so.store_dir = old;
+  so.threads = 2;
+  pulse_server *mirror;
+  cr_assert_eq(pulse_server_create(&so, &mirror), PULSE_OK);
+  char murl[64];
+  snprintf(murl, sizeof murl, "http://127.0.0.1:%u",
+           (unsigned)pulse_server_port(mirror));
+  it_trainer_run(&t, 4, 6, 0.01);
+  char *cache = it_make_dir();
+  const char *urls[1];
+  pulse_sub_opts o = it_sub_opts(&t, cache, urls);
+  pulse_sub *sub;
+  it_targets tg;
+  cr_assert_eq(pulse_sub_create(&o, &sub), PULSE_OK);
+  it_targets_attach(&tg, &t, sub);
+  cr_assert_eq(pulse_sub_sync(sub), PULSE_OK);
+  cr_assert_eq(pulse_sub_step(sub), 6);
+  pulse_sub_free(sub);
+  urls[0] = murl;
+  cr_assert_eq(pulse_sub_create(&o, &sub), PULSE_OK);
+  cr_assert_eq(pulse_sub_attach_host(sub, t.m.info[0].name, t.m.info[0].ndim,
+                                     t.m.info[0].shape, tg.data[0]),
+               PULSE_OK);
+  cr_assert_eq(pulse_sub_sync(sub), PULSE_ERR_BASE_STEP);
+  cr_assert(strstr(pulse_sub_error(sub), "older") != NULL, "%s",
+            pulse_sub_error(sub));
+  cr_assert(memcmp(tg.data[0], t.bits[6][0], t.m.numel[0] * 2) == 0);
+  pulse_sub_free(sub);
+  pulse_server_free(mirror);
+  it_targets_free(&tg);
+  it_trainer_down(&t);
+  it_rm_rf(cache);
+  it_rm_rf(old);
+}

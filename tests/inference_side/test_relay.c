@@ -1,0 +1,124 @@
+/* Relays: a subscriber that mirrors the store into its cache, with a pulse
+ * server over that cache, serves other subscribers, which verify every
+ * object themselves: a corrupted object in the relay's store is refused
+ * downstream, and the origin (a second URL) serves instead. */
+#include <inttypes.h>
+
+#include "inf_testutil.h"
+
+typedef struct {
+  it_trainer t;
+  char *relay_cache, *down_cache;
+  pulse_sub *relay;
+  pulse_server *relay_srv;
+  char relay_url[64];
+  const char *urls[2];
+} fx;
+
+static void fx_up(fx *f, uint64_t steps) {
+  memset(f, 0, sizeof *f);
+  it_trainer_up(&f->t, 4, 32, 2);
+  it_trainer_run(&f->t, 0, steps, 0.01);
+  f->relay_cache = it_make_dir();
+  f->down_cache = it_make_dir();
+  const char *urls[1];
+  pulse_sub_opts o = it_sub_opts(&f->t, f->relay_cache, urls);
+  o.mirror = 1;
+  cr_assert_eq(pulse_sub_create(&o, &f->relay), PULSE_OK);
+  pulse_server_opts so = PULSE_SERVER_OPTS_INIT;
+  so.store_dir = f->relay_cache;
+  so.threads = 2;
+  so.watch = 1;
+  cr_assert_eq(pulse_server_create(&so, &f->relay_srv), PULSE_OK);
+  snprintf(f->relay_url, sizeof f->relay_url, "http://127.0.0.1:%u",
+           (unsigned)pulse_server_port(f->relay_srv));
+}
+
+static void relay_sync(fx *f) {
+  cr_assert_eq(pulse_sub_sync(f->relay), PULSE_OK, "%s",
+               pulse_sub_error(f->relay));
+  pulse_server_notify(f->relay_srv, -1);
+}
+
+static void fx_down(fx *f) {
+  pulse_server_free(f->relay_srv);
+  pulse_sub_free(f->relay);
+  it_trainer_down(&f->t);
+  it_rm_rf(f->relay_cache);
+  it_rm_rf(f->down_cache);
+}
+
+Test(inference_side, a_relay_re_serves_what_it_holds) {
+  fx f;
+  fx_up(&f, 5);
+  relay_sync(&f);
+  /* The relay's cache is a whole store. */
+  cr_assert_eq(
+      pulse_store_verify(f.relay_cache,
+                         PULSE_STORE_VERIFY_HASHES | PULSE_STORE_VERIFY_STATE,
+                         f.t.pub, NULL),
+      PULSE_OK, "%s", pulse_error_detail());
+  pulse_sub_opts o = it_sub_opts(&f.t, f.down_cache, f.urls);
+  f.urls[0] = f.relay_url;
+  pulse_sub *down;
+  it_targets tg;
+  cr_assert_eq(pulse_sub_create(&o, &down), PULSE_OK);
+  it_targets_attach(&tg, &f.t, down);
+  cr_assert_eq(pulse_sub_sync(down), PULSE_OK, "%s", pulse_sub_error(down));
+  cr_assert(it_targets_equal(&tg, &f.t, 5));
+  it_trainer_run(&f.t, 6, 9, 0.01);
+  relay_sync(&f);
+  cr_assert_eq(pulse_sub_sync(down), PULSE_OK, "%s", pulse_sub_error(down));
+  cr_assert(it_targets_equal(&tg, &f.t, 9));
+  pulse_sub_figures fig;
+  pulse_sub_figures_get(down, &fig);
+  /* The relay holds no signing key: its catch-ups are not trusted. */
+  cr_assert_eq(fig.last_route, PULSE_SUB_ROUTE_CHAIN);
+  cr_assert_eq(fig.rejected, 0);
+  pulse_sub_free(down);
+  it_targets_free(&tg);
+  fx_down(&f);
+}
+
+Test(inference_side, a_corrupted_object_in_a_relay_is_refused_downstream) {
+  fx f;
+  fx_up(&f, 5);
+  relay_sync(&f);
+  pulse_store_head *h;
+  cr_assert_eq(pulse_store_head_load(f.relay_cache, &h), PULSE_OK);
+  const pulse_store_object *a =
+      pulse_store_head_anchor(h, pulse_store_head_anchor_count(h) - 1);
+  char path[4096];
+  snprintf(path, sizeof path, "%s/%s", f.relay_cache, a->path);
+  cr_assert_eq(it_flip(path, 100), 0);
+
+  /* Only the relay: refused, nothing applied. */
+  pulse_sub_opts o = it_sub_opts(&f.t, f.down_cache, f.urls);
+  f.urls[0] = f.relay_url;
+  pulse_sub *down;
+  it_targets tg;
+  cr_assert_eq(pulse_sub_create(&o, &down), PULSE_OK);
+  it_targets_attach(&tg, &f.t, down);
+  cr_assert_eq(pulse_sub_sync(down), PULSE_ERR_CORRUPT);
+  cr_assert_eq(pulse_sub_step(down), PULSE_SUB_NO_STEP);
+  for (int i = 0; i < IT_TENSORS; i++)
+    for (uint64_t k = 0; k < f.t.m.numel[i]; k++)
+      cr_assert_eq(tg.data[i][k], 0);
+  pulse_sub_free(down);
+
+  /* The relay, then the origin: the origin's bytes verify. */
+  f.urls[1] = f.t.url;
+  o.url_count = 2;
+  cr_assert_eq(pulse_sub_create(&o, &down), PULSE_OK);
+  it_targets_free(&tg);
+  it_targets_attach(&tg, &f.t, down);
+  cr_assert_eq(pulse_sub_sync(down), PULSE_OK, "%s", pulse_sub_error(down));
+  cr_assert(it_targets_equal(&tg, &f.t, 5));
+  pulse_sub_figures fig;
+  pulse_sub_figures_get(down, &fig);
+  cr_assert_geq(fig.rejected, 1);
+  pulse_sub_free(down);
+  it_targets_free(&tg);
+  pulse_store_head_free(h);
+  fx_down(&f);
+}

@@ -1,0 +1,357 @@
+/* bench_demo.c - `pulse-bench demo`, the main job: a trainer publishes a
+ * synthetic RL trajectory into a local store served by the built-in HTTP
+ * server while inference pullers follow it over loopback; a live table shows
+ * what each step cost on the wire against dense BF16, how long the pullers
+ * took, and that every puller holds the trainer's weights bit for bit. */
+#define _XOPEN_SOURCE 700
+#include <ftw.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "bench_impl.h"
+#include "pulse_publisher.h"
+#include "pulse_server.h"
+#include "pulse_sign.h"
+#include "pulse_subscriber.h"
+#include "toolkit_args.h"
+#include "toolkit_synth.h"
+#include "toolkit_time.h"
+
+#define PROG "pulse-bench demo"
+#define MAX_PULLERS 16
+
+void bench_demo_usage(FILE *out) {
+  fprintf(out, "usage: pulse-bench demo [options]\n"
+               "  a trainer publishes a synthetic RL trajectory (local store, built-in HTTP\n"
+               "  server on 127.0.0.1) while inference pullers follow it; prints per step the\n"
+               "  bytes on the wire against dense BF16, the sync time and a bit-for-bit check\n"
+               "  --params N    parameters (default 10M)\n"
+               "  --steps S     optimizer steps after the initial state (default 10)\n"
+               "  --pullers P   inference pullers (default 2, at most 16)\n"
+               "  --lr X        Adam learning rate (default 1e-6: about 1-2%% of BF16\n"
+               "                weights change per step, as DESIGN.md reports for RL runs)\n"
+               "  --seed N      trajectory seed (default 1)\n"
+               "  --keep DIR    keep the store and the pullers' caches in DIR\n"
+               "  --json        one JSON object per step, then a summary object\n");
+}
+
+typedef struct {
+  pulse_sub *sub;
+  pthread_t thread;
+  uint16_t **bufs;
+  int started;
+} puller;
+
+static void *follow_main(void *arg) {
+  puller *p = arg;
+  pulse_sub_follow(p->sub);
+  return NULL;
+}
+
+static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
+  (void)st, (void)flag, (void)ftw;
+  return remove(path);
+}
+
+static int fail(const char *what, pulse_status st) { return pulse_tk_fail(PROG, what, st); }
+
+typedef struct {
+  uint64_t params, steps, seed;
+  unsigned pullers;
+  double lr;
+  const char *keep;
+  int json;
+} demo_args;
+
+static int parse(int argc, char **argv, demo_args *a) {
+  const char *v;
+  for (int i = 1; i < argc; i++) {
+    int r;
+    uint64_t u;
+    if (pulse_tk_opt_flag(argv[i], "--help")) {
+      bench_demo_usage(stdout);
+      exit(0);
+    } else if ((r = pulse_tk_opt_value(argc, argv, &i, "--params", &v)) != 0) {
+      if (r < 0 || pulse_tk_parse_u64(v, &a->params) != 0 || a->params < PULSE_SYNTH_MIN_PARAMS)
+        return fprintf(stderr, PROG ": --params needs an integer >= %u\n", PULSE_SYNTH_MIN_PARAMS), -1;
+    } else if ((r = pulse_tk_opt_value(argc, argv, &i, "--steps", &v)) != 0) {
+      if (r < 0 || pulse_tk_parse_u64(v, &a->steps) != 0 || a->steps < 1 || a->steps > 10000)
+        return fprintf(stderr, PROG ": --steps needs an integer in 1..10000\n"), -1;
+    } else if ((r = pulse_tk_opt_value(argc, argv, &i, "--pullers", &v)) != 0) {
+      if (r < 0 || pulse_tk_parse_u64(v, &u) != 0 || u < 1 || u > MAX_PULLERS)
+        return fprintf(stderr, PROG ": --pullers needs an integer in 1..%d\n", MAX_PULLERS), -1;
+      a->pullers = (unsigned)u;
+    } else if ((r = pulse_tk_opt_value(argc, argv, &i, "--lr", &v)) != 0) {
+      if (r < 0 || pulse_tk_parse_double(v, &a->lr) != 0 || !(a->lr > 0))
+        return fprintf(stderr, PROG ": --lr needs a positive number\n"), -1;
+    } else if ((r = pulse_tk_opt_value(argc, argv, &i, "--seed", &v)) != 0) {
+      if (r < 0 || pulse_tk_parse_u64(v, &a->seed) != 0)
+        return fprintf(stderr, PROG ": --seed needs an integer\n"), -1;
+    } else if ((r = pulse_tk_opt_value(argc, argv, &i, "--keep", &v)) != 0) {
+      if (r < 0)
+        return -1;
+      a->keep = v;
+    } else if (pulse_tk_opt_flag(argv[i], "--json")) {
+      a->json = 1;
+    } else {
+      return fprintf(stderr, PROG ": unknown argument '%s'\n", argv[i]), -1;
+    }
+  }
+  return 0;
+}
+
+/* Waits until every puller holds `step`; the seconds it took, or < 0. */
+static double wait_synced(puller *p, unsigned n, uint64_t step, double since, double limit_s) {
+  for (;;) {
+    unsigned at = 0;
+    for (unsigned k = 0; k < n; k++)
+      at += pulse_sub_step(p[k].sub) == step;
+    if (at == n)
+      return pulse_tk_since(since);
+    if (pulse_tk_since(since) > limit_s)
+      return -1.0;
+    usleep(200);
+  }
+}
+
+/* 1 when every puller's tensors equal the publisher's snapshot bit for bit. */
+static int all_identical(puller *p, unsigned n, pulse_pub *pub, const pulse_synth *syn) {
+  int same = 1;
+  size_t count = pulse_synth_tensor_count(syn);
+  for (unsigned k = 0; k < n; k++) {
+    uint64_t step;
+    pulse_sub_read_lock(p[k].sub, &step);
+    for (size_t i = 0; i < count; i++) {
+      const pulse_synth_tensor *t = pulse_synth_tensor_get(syn, i);
+      same &= memcmp(p[k].bufs[i], pulse_pub_snapshot(pub, i), t->numel * 2) == 0;
+      /* The trainer's own BF16 view must be what was published, too. */
+      same &= memcmp(pulse_pub_snapshot(pub, i), pulse_synth_bf16(syn) + t->offset, t->numel * 2) == 0;
+    }
+    pulse_sub_read_unlock(p[k].sub);
+  }
+  return same;
+}
+
+int bench_demo_main(int argc, char **argv) {
+  demo_args a = {10000000, 10, 1, 2, 1e-6, NULL, 0};
+  if (parse(argc, argv, &a) != 0)
+    return bench_demo_usage(stderr), 2;
+
+  char root[4096];
+  if (a.keep != NULL) {
+    snprintf(root, sizeof root, "%s", a.keep);
+    mkdir(root, 0755);
+  } else {
+    snprintf(root, sizeof root, "/tmp/pulse-demo-XXXXXX");
+    if (mkdtemp(root) == NULL)
+      return fprintf(stderr, PROG ": cannot make a temporary folder\n"), 1;
+  }
+  char store[4200];
+  snprintf(store, sizeof store, "%s/store", root);
+  mkdir(store, 0755);
+
+  int rc = 1;
+  pulse_synth *syn = NULL;
+  pulse_sign_key *key = NULL;
+  pulse_server *server = NULL;
+  pulse_pub *pub = NULL;
+  puller pl[MAX_PULLERS];
+  memset(pl, 0, sizeof pl);
+  pulse_tensor_info *infos = NULL;
+  pulse_pub_tensor *pt = NULL;
+  size_t count = 0;
+  pulse_status st;
+
+  pulse_synth_opts so = PULSE_SYNTH_OPTS_INIT;
+  so.params = a.params;
+  so.lr = a.lr;
+  so.seed = a.seed;
+  if ((st = pulse_synth_create(&so, &syn)) != PULSE_OK) {
+    fail("trajectory", st);
+    goto done;
+  }
+  count = pulse_synth_tensor_count(syn);
+  uint64_t params = pulse_synth_param_count(syn);
+  infos = calloc(count, sizeof *infos);
+  pt = calloc(count, sizeof *pt);
+  if (infos == NULL || pt == NULL) {
+    fail("memory", PULSE_ERR_NOMEM);
+    goto done;
+  }
+  for (size_t i = 0; i < count; i++)
+    infos[i] = pulse_synth_tensor_get(syn, i)->info;
+
+  if ((st = pulse_sign_key_generate(&key)) != PULSE_OK) {
+    fail("signing key", st);
+    goto done;
+  }
+  pulse_server_opts sv = PULSE_SERVER_OPTS_INIT;
+  sv.store_dir = store;
+  sv.key = key;
+  if ((st = pulse_server_create(&sv, &server)) != PULSE_OK) {
+    fail("server", st);
+    goto done;
+  }
+  pulse_pub_opts po = PULSE_PUB_OPTS_INIT;
+  po.key = key;
+  po.tensors = infos;
+  po.tensor_count = count;
+  po.anchor_sync = 1;
+  po.on_head = pulse_server_on_head;
+  po.on_head_ctx = server;
+  if ((st = pulse_pub_create(store, &po, &pub)) != PULSE_OK) {
+    fail("publisher", st);
+    goto done;
+  }
+
+  char url[64];
+  snprintf(url, sizeof url, "http://127.0.0.1:%u", (unsigned)pulse_server_port(server));
+  const char *urls[1] = {url};
+  uint8_t public_key[PULSE_SIGN_PUBLIC_BYTES];
+  pulse_sign_key_public(key, public_key);
+  for (unsigned k = 0; k < a.pullers; k++) {
+    char cache[4300];
+    snprintf(cache, sizeof cache, "%s/puller%u", root, k);
+    pulse_sub_opts o = PULSE_SUB_OPTS_INIT;
+    o.urls = urls;
+    o.url_count = 1;
+    o.cache_dir = cache;
+    o.public_key = public_key;
+    o.threads = 1;
+    o.poll_timeout_ms = 2000;
+    if ((st = pulse_sub_create(&o, &pl[k].sub)) != PULSE_OK) {
+      fail("puller", st);
+      goto done;
+    }
+    pl[k].bufs = calloc(count, sizeof *pl[k].bufs);
+    if (pl[k].bufs == NULL) {
+      fail("memory", PULSE_ERR_NOMEM);
+      goto done;
+    }
+    for (size_t i = 0; i < count; i++) {
+      const pulse_synth_tensor *t = pulse_synth_tensor_get(syn, i);
+      pl[k].bufs[i] = calloc(t->numel ? t->numel : 1, 2);
+      if (pl[k].bufs[i] == NULL) {
+        fail("memory", PULSE_ERR_NOMEM);
+        goto done;
+      }
+      if ((st = pulse_sub_attach_host(pl[k].sub, t->info.name, t->info.ndim, t->info.shape,
+                                      pl[k].bufs[i])) != PULSE_OK) {
+        fail("puller target", st);
+        goto done;
+      }
+    }
+    if (pthread_create(&pl[k].thread, NULL, follow_main, &pl[k]) != 0) {
+      fprintf(stderr, PROG ": cannot start a puller thread\n");
+      goto done;
+    }
+    pl[k].started = 1;
+  }
+
+  if (!a.json)
+    printf("pulse demo: trainer -> store %s -> %s -> %u puller(s); %" PRIu64
+           " parameters in %zu tensors, Adam lr %g\n\n"
+           "%5s %10s %8s %14s %14s %10s %9s %10s\n",
+           store, url, a.pullers, params, count, a.lr, "step", "changed", "density",
+           "bytes/puller", "dense BF16", "reduction", "sync ms", "identical");
+  uint64_t dense = params * 2, sum_wire = 0, sum_dense = 0, prev_dl[MAX_PULLERS] = {0};
+  int every_identical = 1;
+  double sum_sync = 0;
+  for (uint64_t step = 0; step <= a.steps; step++) {
+    if (step > 0 && (st = pulse_synth_step(syn)) != PULSE_OK) {
+      fail("trajectory step", st);
+      goto done;
+    }
+    const float *master = pulse_synth_master(syn);
+    for (size_t i = 0; i < count; i++)
+      pt[i] = (pulse_pub_tensor){master + pulse_synth_tensor_get(syn, i)->offset, PULSE_DTYPE_F32,
+                                 PULSE_PUB_HOST};
+    pulse_pub_figures fig;
+    if ((st = pulse_pub_commit(pub, step, pt, count, &fig)) != PULSE_OK) {
+      fail("commit", st);
+      goto done;
+    }
+    double since = pulse_tk_now();
+    double sync = wait_synced(pl, a.pullers, step, since, 120.0);
+    if (sync < 0) {
+      fprintf(stderr, PROG ": step %" PRIu64 ": the pullers did not reach it within 120 s", step);
+      for (unsigned k = 0; k < a.pullers; k++)
+        fprintf(stderr, "%s puller %u at %" PRIu64 " (%s)", k ? "," : ":", k,
+                pulse_sub_step(pl[k].sub), pulse_sub_error(pl[k].sub));
+      fprintf(stderr, "\n");
+      goto done;
+    }
+    int same = all_identical(pl, a.pullers, pub, syn);
+    every_identical &= same;
+    /* Bytes each puller received for this step (response bodies: head,
+     * patch, or the anchor for the first state), averaged. */
+    uint64_t wire = 0;
+    for (unsigned k = 0; k < a.pullers; k++) {
+      pulse_sub_figures f;
+      pulse_sub_figures_get(pl[k].sub, &f);
+      wire += f.bytes_downloaded - prev_dl[k];
+      prev_dl[k] = f.bytes_downloaded;
+    }
+    wire /= a.pullers;
+    double reduction = wire ? (double)dense / (double)wire : 0.0;
+    if (step > 0) {
+      sum_wire += wire;
+      sum_dense += dense;
+      sum_sync += sync;
+    }
+    if (a.json)
+      printf("{\"step\":%" PRIu64 ",\"params\":%" PRIu64 ",\"changed\":%" PRIu64
+             ",\"patch_bytes\":%" PRIu64 ",\"bytes_per_puller\":%" PRIu64
+             ",\"bytes_dense\":%" PRIu64 ",\"reduction\":%.2f,\"sync_seconds\":%.6f"
+             ",\"commit_seconds\":%.6f,\"identical\":%s}\n",
+             step, params, fig.changed, fig.patch_bytes, wire, dense, reduction, sync,
+             fig.total_seconds, same ? "true" : "false");
+    else if (step == 0)
+      printf("%5" PRIu64 " %10s %8s %14" PRIu64 " %14" PRIu64 " %10s %9.1f %10s   (join: anchor)\n",
+             step, "-", "-", wire, dense, "1x", sync * 1e3, same ? "yes" : "NO");
+    else
+      printf("%5" PRIu64 " %10" PRIu64 " %7.3f%% %14" PRIu64 " %14" PRIu64 " %9.1fx %9.1f %10s\n",
+             step, fig.changed, 100.0 * (double)fig.changed / (double)params, wire, dense,
+             reduction, sync * 1e3, same ? "yes" : "NO");
+    fflush(stdout);
+  }
+  double total_reduction = sum_wire ? (double)sum_dense / (double)sum_wire : 0.0;
+  if (a.json)
+    printf("{\"summary\":true,\"params\":%" PRIu64 ",\"steps\":%" PRIu64 ",\"pullers\":%u"
+           ",\"bytes_dense\":%" PRIu64 ",\"bytes_pulse\":%" PRIu64 ",\"reduction\":%.2f"
+           ",\"mean_sync_seconds\":%.6f,\"identical\":%s}\n",
+           params, a.steps, a.pullers, sum_dense, sum_wire, total_reduction,
+           sum_sync / (double)a.steps, every_identical ? "true" : "false");
+  else
+    printf("\nsummary: %" PRIu64 " steps, %u puller(s): %" PRIu64 " bytes per puller instead of %" PRIu64
+           " dense BF16: %.1fx less on the wire; mean sync %.1f ms; every puller bit-identical "
+           "to the trainer: %s\n",
+           a.steps, a.pullers, sum_wire, sum_dense, total_reduction, 1e3 * sum_sync / (double)a.steps,
+           every_identical ? "yes" : "NO");
+  rc = every_identical ? 0 : 1;
+
+done:
+  for (unsigned k = 0; k < MAX_PULLERS; k++) {
+    if (pl[k].started) {
+      pulse_sub_stop(pl[k].sub);
+      pthread_join(pl[k].thread, NULL);
+    }
+    pulse_sub_free(pl[k].sub);
+    for (size_t i = 0; pl[k].bufs && i < count; i++)
+      free(pl[k].bufs[i]);
+    free(pl[k].bufs);
+  }
+  pulse_pub_free(pub);
+  pulse_server_free(server);
+  pulse_sign_key_free(key);
+  pulse_synth_free(syn);
+  free(infos), free(pt);
+  if (a.keep == NULL)
+    nftw(root, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+  return rc;
+}

@@ -1,0 +1,460 @@
+/* pulse-pull URL... --out FILE: keeps a local safetensors checkpoint
+ * bit-identical to a publisher's head (pulse_subscriber.h), once or
+ * following each new step (--follow), and optionally re-serves what it
+ * holds to other pullers (--serve: a relay; every receiver still verifies
+ * every object). Events go to stdout as text (with a progress bar on a
+ * terminal) or as JSON lines (--json). */
+#include <inttypes.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "json_impl.h"
+#include "pulse_log.h"
+#include "pulse_server.h"
+#include "pulse_subscriber.h"
+#include "toolkit_args.h"
+
+static void usage(FILE *f) {
+  fprintf(
+      f,
+      "usage: pulse-pull URL [URL...] --out FILE [options]\n"
+      "       pulse-pull URL [URL...] --cache DIR --serve HOST:PORT [options]\n"
+      "  URL                 a pulse server (http:// or https://, e.g. "
+      "http://trainer:8080);\n"
+      "                      further URLs serve when one fails or sends bytes "
+      "that do not verify\n"
+      "  --out FILE          safetensors file kept bit-identical to the "
+      "publisher's head\n"
+      "                      (replaced atomically; resumed from the step it "
+      "names)\n"
+      "  --cache DIR         downloads and partial downloads, laid out as a "
+      "store\n"
+      "                      (default FILE.pulse-cache)\n"
+      "  --key HEX           the publisher's Ed25519 public key (64 hex "
+      "digits, the head's\n"
+      "                      \"public_key\"); without it the first key seen is "
+      "trusted and kept\n"
+      "                      in the cache (a warning says so)\n"
+      "  --follow            keep syncing each new step (long-polls) until "
+      "SIGINT/SIGTERM\n"
+      "  --serve HOST:PORT   re-serve the cache with the pulse server (port 0: "
+      "a free one,\n"
+      "                      printed); mirrors every object the head names; "
+      "until SIGINT/SIGTERM\n"
+      "  --json              one JSON object per event on stdout\n"
+      "  --timeout S         seconds for head requests, and for a transfer "
+      "that stalls\n"
+      "                      (default 30)\n"
+      "  --retries N         retries on network errors and 5xx, with backoff "
+      "(default 6)\n"
+      "  --parallel N        range requests at once for large objects (default "
+      "4)\n"
+      "  --limit-rate BYTES  download at most BYTES per second per request "
+      "(e.g. 2M)\n"
+      "  --no-catchup        never use the server's squashed catch-up patches\n"
+      "  --insecure-unsigned accept heads that are not signed (no "
+      "authenticity)\n"
+      "  --threads N         decode threads (default: one per core)\n"
+      "Exit status: 0 synced (or stopped cleanly), 1 error, 2 usage.\n");
+}
+
+typedef struct {
+  int json, tty, bar_shown;
+  pulse_server *srv;
+  pulse_sub *sub;
+} out_ctx;
+
+static void json_str(const char *key, const char *s) {
+  size_t n = strlen(s);
+  char *e = malloc(6 * n + 1);
+  if (e == NULL)
+    return;
+  size_t m = pulse_json_escape(e, s, n);
+  printf(",\"%s\":\"%.*s\"", key, (int)m, e);
+  free(e);
+}
+
+static void json_step(const char *key, uint64_t s) {
+  if (s == PULSE_SUB_NO_STEP)
+    printf(",\"%s\":null", key);
+  else
+    printf(",\"%s\":%" PRIu64, key, s);
+}
+
+static const char *ev_name(pulse_sub_event_type t) {
+  switch (t) {
+  case PULSE_SUB_EV_HEAD:
+    return "head";
+  case PULSE_SUB_EV_PLAN:
+    return "plan";
+  case PULSE_SUB_EV_DOWNLOAD:
+    return "download";
+  case PULSE_SUB_EV_PROGRESS:
+    return "progress";
+  case PULSE_SUB_EV_OBJECT:
+    return "object";
+  case PULSE_SUB_EV_RETRY:
+    return "retry";
+  case PULSE_SUB_EV_REJECTED:
+    return "rejected";
+  case PULSE_SUB_EV_APPLIED:
+    return "applied";
+  case PULSE_SUB_EV_SYNCED:
+    return "synced";
+  case PULSE_SUB_EV_ERROR:
+    return "error";
+  case PULSE_SUB_EV_WARNING:
+    return "warning";
+  case PULSE_SUB_EV_HEAD_SAVED:
+    return "head_saved";
+  }
+  return "?";
+}
+
+static void print_figures_json(const pulse_sub_figures *f) {
+  printf(",\"state_digest\":\"%s\",\"route\":\"%s\",\"bytes\":%" PRIu64
+         ",\"bytes_downloaded\":%" PRIu64 ",\"bytes_resumed\":%" PRIu64
+         ",\"objects_fetched\":%" PRIu64 ",\"retries\":%" PRIu64
+         ",\"rejected\":%" PRIu64
+         ",\"transfer_s\":%.6f,\"verify_s\":%.6f,\"decode_s\":%.6f"
+         ",\"apply_s\":%.6f,\"total_s\":%.6f",
+         f->state_digest, pulse_sub_route_name(f->last_route), f->last_bytes,
+         f->bytes_downloaded, f->bytes_resumed, f->objects_fetched, f->retries,
+         f->rejected, f->last_transfer_s, f->last_verify_s, f->last_decode_s,
+         f->last_apply_s, f->last_total_s);
+}
+
+static void clear_bar(out_ctx *c) {
+  if (c->bar_shown) {
+    printf("\r\033[K");
+    c->bar_shown = 0;
+  }
+}
+
+static void bar(out_ctx *c, const char *object, uint64_t have, uint64_t total) {
+  if (!c->tty || c->json || total == 0)
+    return;
+  int width = 30, fill = (int)((double)have / (double)total * width);
+  if (fill > width)
+    fill = width;
+  char b[64];
+  for (int i = 0; i < width; i++)
+    b[i] = i < fill ? '#' : '.';
+  b[width] = '\0';
+  const char *name = strrchr(object, '/');
+  name = name ? name + 1 : object;
+  printf("\r\033[K[%s] %3.0f%% %.16s... %.1f/%.1f MB", b,
+         100.0 * (double)have / (double)total, name, (double)have / 1e6,
+         (double)total / 1e6);
+  fflush(stdout);
+  c->bar_shown = 1;
+}
+
+static void on_event(void *ctx, const pulse_sub_event *ev) {
+  out_ctx *c = ctx;
+  if (ev->type == PULSE_SUB_EV_HEAD_SAVED && c->srv != NULL)
+    pulse_server_notify(c->srv, -1.0); /* downstream long-polls wake now */
+  if (c->json) {
+    if (ev->type == PULSE_SUB_EV_PROGRESS && !c->tty)
+      return; /* too chatty for scripts, but for the last one of each object */
+    printf("{\"event\":\"%s\"", ev_name(ev->type));
+    json_step("step", ev->step);
+    json_step("head_step", ev->head_step);
+    switch (ev->type) {
+    case PULSE_SUB_EV_PLAN:
+      printf(",\"route\":\"%s\"", pulse_sub_route_name(ev->route));
+      json_step("from_step", ev->from_step);
+      printf(",\"bytes\":%" PRIu64, ev->bytes);
+      break;
+    case PULSE_SUB_EV_DOWNLOAD:
+      json_str("object", ev->object);
+      printf(",\"total\":%" PRIu64 ",\"resumed\":%" PRIu64, ev->total,
+             ev->resumed);
+      break;
+    case PULSE_SUB_EV_PROGRESS:
+      json_str("object", ev->object);
+      printf(",\"bytes\":%" PRIu64 ",\"total\":%" PRIu64, ev->bytes, ev->total);
+      break;
+    case PULSE_SUB_EV_OBJECT:
+      json_str("object", ev->object);
+      printf(",\"total\":%" PRIu64, ev->total);
+      break;
+    case PULSE_SUB_EV_RETRY:
+      json_str("object", ev->object ? ev->object : "");
+      printf(",\"attempt\":%u,\"delay_ms\":%u", ev->attempt, ev->delay_ms);
+      json_str("detail", ev->detail ? ev->detail : "");
+      break;
+    case PULSE_SUB_EV_REJECTED:
+      json_str("object", ev->object ? ev->object : "");
+      printf(",\"status\":\"%s\"", pulse_status_name(ev->status));
+      json_str("detail", ev->detail ? ev->detail : "");
+      break;
+    case PULSE_SUB_EV_APPLIED:
+      printf(",\"route\":\"%s\"", pulse_sub_route_name(ev->route));
+      break;
+    case PULSE_SUB_EV_SYNCED: {
+      pulse_sub_figures f;
+      pulse_sub_figures_get(c->sub, &f);
+      json_step("from_step", ev->from_step);
+      print_figures_json(&f);
+      break;
+    }
+    case PULSE_SUB_EV_ERROR:
+    case PULSE_SUB_EV_WARNING:
+      if (ev->type == PULSE_SUB_EV_ERROR)
+        printf(",\"status\":\"%s\"", pulse_status_name(ev->status));
+      json_str("detail", ev->detail ? ev->detail : "");
+      break;
+    default:
+      break;
+    }
+    printf("}\n");
+    fflush(stdout);
+    return;
+  }
+  switch (ev->type) {
+  case PULSE_SUB_EV_DOWNLOAD:
+    bar(c, ev->object, ev->resumed, ev->total);
+    break;
+  case PULSE_SUB_EV_PROGRESS:
+    bar(c, ev->object, ev->bytes, ev->total);
+    break;
+  case PULSE_SUB_EV_OBJECT:
+    clear_bar(c);
+    break;
+  case PULSE_SUB_EV_REJECTED:
+  case PULSE_SUB_EV_WARNING:
+  case PULSE_SUB_EV_RETRY:
+  case PULSE_SUB_EV_ERROR:
+    clear_bar(c);
+    fflush(stdout);
+    fprintf(stderr, "pulse-pull: %s: %s\n", ev_name(ev->type),
+            ev->detail ? ev->detail : "");
+    break;
+  case PULSE_SUB_EV_SYNCED: {
+    clear_bar(c);
+    pulse_sub_figures f;
+    pulse_sub_figures_get(c->sub, &f);
+    char from[32] = "none";
+    if (ev->from_step != PULSE_SUB_NO_STEP)
+      snprintf(from, sizeof from, "%" PRIu64, ev->from_step);
+    printf("pulse-pull: step %" PRIu64
+           " (%s route from %s, %.3f MB in %.3f s: transfer %.3f s, "
+           "verify %.3f s, decode %.3f s, apply %.3f s), state %s\n",
+           ev->step, pulse_sub_route_name(f.last_route), from,
+           (double)f.last_bytes / 1e6, f.last_total_s, f.last_transfer_s,
+           f.last_verify_s, f.last_decode_s, f.last_apply_s, f.state_digest);
+    fflush(stdout);
+    break;
+  }
+  default:
+    break;
+  }
+}
+
+/* ------------------------------------------------------------- signals */
+
+typedef struct {
+  sigset_t set;
+  pulse_sub *sub;
+  atomic_int stopped;
+  pthread_t thread;
+  int running;
+} stopper;
+
+static void *stop_wait(void *arg) {
+  stopper *s = arg;
+  int sig = 0;
+  sigwait(&s->set, &sig);
+  if (sig != SIGUSR1) /* SIGUSR1: the program ends anyway */
+    atomic_store(&s->stopped, 1);
+  pulse_sub_stop(s->sub);
+  return NULL;
+}
+
+int main(int argc, char **argv) {
+  const char *out = NULL, *cache = NULL, *key_hex = NULL, *serve = NULL, *v;
+  int follow = 0, json = 0, unsigned_ = 0, no_catchup = 0, threads = 0,
+      retries = 6, parallel = 4, timeout_s = 30;
+  uint64_t rate = 0;
+  const char *urls[64];
+  size_t nurls = 0;
+  for (int i = 1; i < argc; i++) {
+    int r;
+    if (pulse_tk_opt_flag(argv[i], "--help") ||
+        pulse_tk_opt_flag(argv[i], "-h")) {
+      usage(stdout);
+      return 0;
+    } else if ((r = pulse_tk_opt_value(argc, argv, &i, "--out", &v)) != 0) {
+      if (r < 0)
+        return usage(stderr), 2;
+      out = v;
+    } else if ((r = pulse_tk_opt_value(argc, argv, &i, "--cache", &v)) != 0) {
+      if (r < 0)
+        return usage(stderr), 2;
+      cache = v;
+    } else if ((r = pulse_tk_opt_value(argc, argv, &i, "--key", &v)) != 0) {
+      if (r < 0)
+        return usage(stderr), 2;
+      key_hex = v;
+    } else if ((r = pulse_tk_opt_value(argc, argv, &i, "--serve", &v)) != 0) {
+      if (r < 0)
+        return usage(stderr), 2;
+      serve = v;
+    } else if ((r = pulse_tk_opt_value(argc, argv, &i, "--timeout", &v)) != 0) {
+      if (r < 0 || pulse_tk_parse_int(v, 1, 86400, &timeout_s) != 0)
+        return fprintf(stderr,
+                       "pulse-pull: --timeout needs 1..86400 seconds\n"),
+               2;
+    } else if ((r = pulse_tk_opt_value(argc, argv, &i, "--retries", &v)) != 0) {
+      if (r < 0 || pulse_tk_parse_int(v, 0, 1000, &retries) != 0)
+        return fprintf(stderr, "pulse-pull: --retries needs 0..1000\n"), 2;
+    } else if ((r = pulse_tk_opt_value(argc, argv, &i, "--parallel", &v)) !=
+               0) {
+      if (r < 0 || pulse_tk_parse_int(v, 1, 16, &parallel) != 0)
+        return fprintf(stderr, "pulse-pull: --parallel needs 1..16\n"), 2;
+    } else if ((r = pulse_tk_opt_value(argc, argv, &i, "--threads", &v)) != 0) {
+      if (r < 0 || pulse_tk_parse_int(v, 0, 256, &threads) != 0)
+        return fprintf(stderr, "pulse-pull: --threads needs 0..256\n"), 2;
+    } else if ((r = pulse_tk_opt_value(argc, argv, &i, "--limit-rate", &v)) !=
+               0) {
+      if (r < 0 || pulse_tk_parse_u64(v, &rate) != 0)
+        return fprintf(
+                   stderr,
+                   "pulse-pull: --limit-rate needs a byte count (e.g. 2M)\n"),
+               2;
+    } else if (pulse_tk_opt_flag(argv[i], "--follow")) {
+      follow = 1;
+    } else if (pulse_tk_opt_flag(argv[i], "--json")) {
+      json = 1;
+    } else if (pulse_tk_opt_flag(argv[i], "--no-catchup")) {
+      no_catchup = 1;
+    } else if (pulse_tk_opt_flag(argv[i], "--insecure-unsigned")) {
+      unsigned_ = 1;
+    } else if (argv[i][0] == '-' && argv[i][1] != '\0') {
+      fprintf(stderr, "pulse-pull: unknown option '%s'\n", argv[i]);
+      return usage(stderr), 2;
+    } else if (nurls == sizeof urls / sizeof urls[0]) {
+      return fprintf(stderr, "pulse-pull: at most 64 URLs\n"), 2;
+    } else {
+      urls[nurls++] = argv[i];
+    }
+  }
+  if (nurls == 0 || (out == NULL && serve == NULL) ||
+      (out == NULL && cache == NULL) || (key_hex != NULL && unsigned_))
+    return usage(stderr), 2;
+  uint8_t key[PULSE_SUB_KEY_BYTES];
+  if (key_hex != NULL && pulse_sub_key_from_hex(key_hex, key) != PULSE_OK)
+    return fprintf(stderr, "pulse-pull: --key needs 64 hex digits\n"), 2;
+  char cache_buf[4096];
+  if (cache == NULL) {
+    snprintf(cache_buf, sizeof cache_buf, "%s.pulse-cache", out);
+    cache = cache_buf;
+  }
+  if (getenv("PULSE_LOG") == NULL)
+    pulse_log_level_set(PULSE_LOG_ERROR); /* events say it all */
+
+  /* Stop signals go to one thread; every thread inherits the mask. */
+  stopper stop;
+  memset(&stop, 0, sizeof stop);
+  sigemptyset(&stop.set);
+  sigaddset(&stop.set, SIGINT);
+  sigaddset(&stop.set, SIGTERM);
+  sigaddset(&stop.set, SIGUSR1);
+  pthread_sigmask(SIG_BLOCK, &stop.set, NULL);
+  signal(SIGPIPE, SIG_IGN);
+
+  out_ctx oc = {json, isatty(STDOUT_FILENO), 0, NULL, NULL};
+  pulse_sub_opts o = PULSE_SUB_OPTS_INIT;
+  o.urls = urls;
+  o.url_count = nurls;
+  o.cache_dir = cache;
+  o.public_key = key_hex ? key : NULL;
+  o.allow_unsigned = unsigned_;
+  o.request_timeout_ms = (uint32_t)timeout_s * 1000u;
+  o.low_speed_seconds = (uint32_t)timeout_s;
+  o.retries = (unsigned)retries;
+  o.parallel = (unsigned)parallel;
+  o.max_recv_bytes_per_s = rate;
+  o.use_catchup = !no_catchup;
+  o.mirror = serve != NULL;
+  o.threads = threads;
+  o.on_event = on_event;
+  o.on_event_ctx = &oc;
+  int rc = 0;
+  pulse_sub *sub = NULL;
+  pulse_status st = pulse_sub_create(&o, &sub);
+  if (st != PULSE_OK)
+    return pulse_tk_fail("pulse-pull", cache, st);
+  oc.sub = sub;
+  stop.sub = sub;
+  if (out != NULL && (st = pulse_sub_attach_file(sub, out)) != PULSE_OK) {
+    rc = pulse_tk_fail("pulse-pull", out, st);
+    goto done;
+  }
+  if (serve != NULL) {
+    char host[256];
+    pulse_server_opts so = PULSE_SERVER_OPTS_INIT;
+    if ((st = pulse_server_parse_listen(serve, host, sizeof host, &so.port)) !=
+        PULSE_OK) {
+      fprintf(stderr, "pulse-pull: --serve needs HOST:PORT\n");
+      rc = 2;
+      goto done;
+    }
+    so.host = host;
+    so.store_dir = cache;
+    so.watch = 1;
+    if ((st = pulse_server_create(&so, &oc.srv)) != PULSE_OK) {
+      rc = pulse_tk_fail("pulse-pull", serve, st);
+      goto done;
+    }
+    if (json)
+      printf("{\"event\":\"serving\",\"url\":\"http://%s:%u\"}\n",
+             host[0] ? host : "0.0.0.0", (unsigned)pulse_server_port(oc.srv));
+    else
+      printf("pulse-pull: serving %s on http://%s:%u\n", cache,
+             host[0] ? host : "0.0.0.0", (unsigned)pulse_server_port(oc.srv));
+    fflush(stdout);
+  }
+  stop.running = pthread_create(&stop.thread, NULL, stop_wait, &stop) == 0;
+  if (follow) {
+    st = pulse_sub_follow(sub);
+  } else {
+    st = pulse_sub_sync(sub);
+    if (st == PULSE_OK && serve != NULL && !atomic_load(&stop.stopped)) {
+      if (!json)
+        fprintf(stderr,
+                "pulse-pull: synced; serving until SIGINT or SIGTERM\n");
+      if (stop.running)
+        pthread_join(stop.thread, NULL);
+      stop.running = 0;
+    }
+  }
+  if (st != PULSE_OK && !(atomic_load(&stop.stopped) && follow))
+    rc = 1;
+  if (st != PULSE_OK && !json)
+    fprintf(stderr, "pulse-pull: %s (%s): %s\n", pulse_status_str(st),
+            pulse_status_name(st), pulse_sub_error(sub));
+  if (stop.running) {
+    pthread_kill(stop.thread, SIGUSR1);
+    pthread_join(stop.thread, NULL);
+  }
+  if (json) {
+    pulse_sub_figures f;
+    pulse_sub_figures_get(sub, &f);
+    printf("{\"event\":\"exit\",\"code\":%d", rc);
+    json_step("step", f.step);
+    json_step("head_step", f.head_step);
+    print_figures_json(&f);
+    printf("}\n");
+  }
+done:
+  pulse_server_free(oc.srv);
+  pulse_sub_free(sub);
+  return rc;
+}
