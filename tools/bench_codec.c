@@ -10,6 +10,7 @@
 
 #include "pulse_safetensors.h"
 #include "toolkit_args.h"
+#include "toolkit_report.h"
 #include "toolkit_synth.h"
 #include "toolkit_time.h"
 
@@ -27,6 +28,9 @@ typedef struct {
   int synth_opts_given; /* any of --params --steps --lr --seed */
   char **snapshots;
   int snapshot_count;
+  const char *report;       /* --report DIR */
+  pulse_report_table *rt;   /* its per-step table, or NULL */
+  struct summary *rep_sum;  /* the summary so far, for the report */
 } codec_args;
 
 /* Everything measured on one step. */
@@ -79,6 +83,8 @@ void bench_codec_usage(FILE *out) {
       "  --reps R       repetitions of each timing, median kept "
       "(default 5)\n"
       "  --json         one JSON object per step, then a summary object\n"
+      "  --report DIR   also write DIR/steps.csv, DIR/per_changed.csv and\n"
+      "                 DIR/report.html (charts)\n"
       "  --help         this text\n"
       "Timed work runs on one thread. Exit status: 0 ok, 1 failure or\n"
       "a patch that does not rebuild the new state bit for bit, 2 usage.\n");
@@ -418,7 +424,7 @@ static void print_step_json(const step_result *r) {
 }
 
 /* Sums sizes over steps; throughputs are averaged per step. */
-typedef struct {
+typedef struct summary {
   step_result sum;
   double encode_bps, memcpy_bps, apply_cps, apply_plain_cps;
   uint64_t steps;
@@ -514,6 +520,18 @@ static void print_summary_json(const summary *s, const char *source) {
 
 static void report_step(const codec_args *a, summary *s, const step_result *r) {
   summary_add(s, r);
+  if (a->rt != NULL) {
+    const double v[] = {(double)r->step, (double)r->changed,
+                        100.0 * per((double)r->changed, (double)r->params), (double)r->bytes_v1,
+                        (double)r->bytes_v1_plain, bound_bytes(&r->ent), (double)r->base.dense,
+                        (double)r->base.dense_zstd, (double)r->base.int32_bf16,
+                        (double)r->base.int32_bf16_zstd, (double)r->base.delta_abs_zstd,
+                        (double)r->base.gap_xor_zstd};
+    pulse_report_row(a->rt);
+    for (size_t i = 0; i < sizeof v / sizeof v[0]; i++)
+      pulse_report_num(a->rt, v[i]);
+    *a->rep_sum = *s;
+  }
   if (a->json)
     print_step_json(r);
   else
@@ -821,6 +839,57 @@ done:
   return rc;
 }
 
+/* ------------------------------------------------------------- report */
+
+static const char *const report_cols[] = {
+    "step",         "changed",        "density_pct",  "v1_class",         "v1_plain",
+    "entropy_bound", "dense_bf16",    "dense_zstd1",  "int32_bf16",       "int32_bf16_zstd1",
+    "gap_abs_zstd1", "gap_xor_zstd1"};
+#define REPORT_COLS (sizeof report_cols / sizeof report_cols[0])
+
+/* Runs the benchmark collecting --report tables, then writes the report. */
+static int run_with_report(codec_args *a, int argc, char **argv) {
+  pulse_report *rep = NULL;
+  if (pulse_report_create(a->report, "codec", argc, argv, &rep) != PULSE_OK)
+    return fprintf(stderr, PROG ": --report: cannot make %s\n", a->report), 1;
+  summary sum;
+  memset(&sum, 0, sizeof sum);
+  a->rep_sum = &sum;
+  a->rt = pulse_report_table_add(rep, "steps", report_cols, REPORT_COLS);
+  int rc = a->snapshots != NULL ? run_snapshots(a) : run_synthetic(a);
+  /* B/changed over the whole run, one row per encoding (steps columns 3..) */
+  static const char *const pc_cols[] = {"encoding", "bytes_per_changed"};
+  pulse_report_table *pc = pulse_report_table_add(rep, "per_changed", pc_cols, 2);
+  const step_result *t = &sum.sum;
+  const double tot[] = {(double)t->bytes_v1, (double)t->bytes_v1_plain, bound_bytes(&t->ent),
+                        (double)t->base.dense, (double)t->base.dense_zstd,
+                        (double)t->base.int32_bf16, (double)t->base.int32_bf16_zstd,
+                        (double)t->base.delta_abs_zstd, (double)t->base.gap_xor_zstd};
+  for (size_t i = 0; i < sizeof tot / sizeof tot[0]; i++) {
+    pulse_report_row(pc);
+    pulse_report_text(pc, report_cols[3 + i]);
+    pulse_report_num(pc, per(tot[i], (double)t->changed));
+  }
+  static const char *const density[] = {"density_pct"};
+  static const char *const pcy[] = {"bytes_per_changed"};
+  pulse_report_chart_spec c1 = {PULSE_REPORT_LINE, "steps", "Density: share of weights changed per step",
+                                "step", "optimizer step", "changed weights (% of parameters)",
+                                density, 1, 0, 0};
+  pulse_report_chart_spec c2 = {PULSE_REPORT_LINE, "steps", "Bytes per step by encoding", "step",
+                                "optimizer step", "bytes per step (B)", report_cols + 3,
+                                REPORT_COLS - 3, 0, 1};
+  pulse_report_chart_spec c3 = {PULSE_REPORT_BAR, "per_changed",
+                                "Bytes per changed weight by encoding (whole run)", "encoding",
+                                "encoding", "bytes per changed weight (B)", pcy, 1, 0, 1};
+  pulse_report_chart(rep, &c1), pulse_report_chart(rep, &c2), pulse_report_chart(rep, &c3);
+  char why[512];
+  if (pulse_report_close(rep, why, sizeof why) != PULSE_OK) {
+    fprintf(stderr, PROG ": --report: %s\n", why);
+    rc = 1;
+  }
+  return rc;
+}
+
 /* ------------------------------------------------------------ arguments */
 
 static int usage_error(const char *fmt, const char *arg) {
@@ -845,6 +914,10 @@ int bench_codec_main(int argc, char **argv) {
       return 0;
     } else if (pulse_tk_opt_flag(arg, "--json")) {
       a.json = 1;
+    } else if ((m = pulse_tk_opt_value(argc, argv, &i, "--report", &v)) != 0) {
+      if (m < 0)
+        return usage_error("--report needs a folder%s", "");
+      a.report = v;
     } else if ((m = pulse_tk_opt_value(argc, argv, &i, "--params", &v)) != 0) {
       if (m < 0 || pulse_tk_parse_u64(v, &a.params) != 0)
         return usage_error("--params needs a count, got '%s'", m < 0 ? "" : v);
@@ -891,5 +964,7 @@ int bench_codec_main(int argc, char **argv) {
     snprintf(msg, sizeof msg, "%u", PULSE_SYNTH_MIN_PARAMS);
     return usage_error("--params must be at least %s", msg);
   }
-  return a.snapshots != NULL ? run_snapshots(&a) : run_synthetic(&a);
+  if (a.report == NULL)
+    return a.snapshots != NULL ? run_snapshots(&a) : run_synthetic(&a);
+  return run_with_report(&a, argc, argv);
 }

@@ -6,6 +6,7 @@
 #define _XOPEN_SOURCE 700
 #include <ftw.h>
 #include <inttypes.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,6 +20,7 @@
 #include "pulse_sign.h"
 #include "pulse_subscriber.h"
 #include "toolkit_args.h"
+#include "toolkit_report.h"
 #include "toolkit_synth.h"
 #include "toolkit_time.h"
 
@@ -37,7 +39,8 @@ void bench_demo_usage(FILE *out) {
                "                weights change per step, as DESIGN.md reports for RL runs)\n"
                "  --seed N      trajectory seed (default 1)\n"
                "  --keep DIR    keep the store and the pullers' caches in DIR\n"
-               "  --json        one JSON object per step, then a summary object\n");
+               "  --json        one JSON object per step, then a summary object\n"
+               "  --report DIR  also write DIR/steps.csv and DIR/report.html (charts)\n");
 }
 
 typedef struct {
@@ -66,6 +69,7 @@ typedef struct {
   double lr;
   const char *keep;
   int json;
+  const char *report;
 } demo_args;
 
 static int parse(int argc, char **argv, demo_args *a) {
@@ -96,6 +100,10 @@ static int parse(int argc, char **argv, demo_args *a) {
       if (r < 0)
         return -1;
       a->keep = v;
+    } else if ((r = pulse_tk_opt_value(argc, argv, &i, "--report", &v)) != 0) {
+      if (r < 0)
+        return -1;
+      a->report = v;
     } else if (pulse_tk_opt_flag(argv[i], "--json")) {
       a->json = 1;
     } else {
@@ -138,9 +146,18 @@ static int all_identical(puller *p, unsigned n, pulse_pub *pub, const pulse_synt
 }
 
 int bench_demo_main(int argc, char **argv) {
-  demo_args a = {10000000, 10, 1, 2, 1e-6, NULL, 0};
+  demo_args a = {10000000, 10, 1, 2, 1e-6, NULL, 0, NULL};
   if (parse(argc, argv, &a) != 0)
     return bench_demo_usage(stderr), 2;
+  pulse_report *rep = NULL;
+  pulse_report_table *rt = NULL;
+  if (a.report != NULL) {
+    if (pulse_report_create(a.report, "demo", argc, argv, &rep) != PULSE_OK)
+      return fprintf(stderr, PROG ": --report: cannot make %s\n", a.report), 1;
+    static const char *const cols[] = {"step", "changed", "density_pct", "pulse_bytes_per_puller",
+                                       "dense_bf16_bytes", "reduction_x", "sync_ms"};
+    rt = pulse_report_table_add(rep, "steps", cols, 7);
+  }
 
   char root[4096];
   if (a.keep != NULL) {
@@ -319,6 +336,14 @@ int bench_demo_main(int argc, char **argv) {
              step, fig.changed, 100.0 * (double)fig.changed / (double)params, wire, dense,
              reduction, sync * 1e3, same ? "yes" : "NO");
     fflush(stdout);
+    pulse_report_row(rt);
+    pulse_report_num(rt, (double)step);
+    pulse_report_num(rt, step ? (double)fig.changed : NAN);
+    pulse_report_num(rt, step ? 100.0 * (double)fig.changed / (double)params : NAN);
+    pulse_report_num(rt, (double)wire);
+    pulse_report_num(rt, (double)dense);
+    pulse_report_num(rt, reduction);
+    pulse_report_num(rt, sync * 1e3);
   }
   double total_reduction = sum_wire ? (double)sum_dense / (double)sum_wire : 0.0;
   if (a.json)
@@ -334,8 +359,29 @@ int bench_demo_main(int argc, char **argv) {
            a.steps, a.pullers, sum_wire, sum_dense, total_reduction, 1e3 * sum_sync / (double)a.steps,
            every_identical ? "yes" : "NO");
   rc = every_identical ? 0 : 1;
+  if (rep != NULL) {
+    static const char *const density[] = {"density_pct"};
+    static const char *const bytes[] = {"pulse_bytes_per_puller", "dense_bf16_bytes"};
+    static const char *const sync_y[] = {"sync_ms"};
+    pulse_report_chart_spec c1 = {PULSE_REPORT_LINE, "steps", "Density: share of weights changed per step",
+                                  "step", "optimizer step", "changed weights (% of parameters)",
+                                  density, 1, 0, 0};
+    pulse_report_chart_spec c2 = {PULSE_REPORT_LINE, "steps",
+                                  "Bytes per step: pulse vs dense BF16 (step 0 = anchor)", "step",
+                                  "optimizer step", "bytes per puller (B)", bytes, 2, 0, 1};
+    pulse_report_chart_spec c3 = {PULSE_REPORT_LINE, "steps", "Sync time per step (all pullers)",
+                                  "step", "optimizer step", "sync time (ms)", sync_y, 1, 0, 0};
+    pulse_report_chart(rep, &c1), pulse_report_chart(rep, &c2), pulse_report_chart(rep, &c3);
+  }
 
 done:
+  if (rep != NULL) {
+    char why[512];
+    if (pulse_report_close(rep, why, sizeof why) != PULSE_OK) {
+      fprintf(stderr, PROG ": --report: %s\n", why);
+      rc = 1;
+    }
+  }
   for (unsigned k = 0; k < MAX_PULLERS; k++) {
     if (pl[k].started) {
       pulse_sub_stop(pl[k].sub);

@@ -21,6 +21,7 @@
 #include "pulse_cuda.h"
 #include "pulse_elem.h"
 #include "toolkit_args.h"
+#include "toolkit_report.h"
 #include "toolkit_time.h"
 
 #define PROG "pulse-bench gpu"
@@ -37,7 +38,8 @@ void bench_gpu_usage(FILE *out) {
       "  --tensors T   tensors they are split into (default 64)\n"
       "  --density D   share of elements changed (default 0.01)\n"
       "  --reps R      timed repetitions, median reported (default 5)\n"
-      "  --no-e2e      skip the end-to-end patch encode/apply (host coder)\n");
+      "  --no-e2e      skip the end-to-end patch encode/apply (host coder)\n"
+      "  --report DIR  also write DIR/timings.csv and DIR/report.html (charts)\n");
 }
 
 typedef struct {
@@ -45,7 +47,31 @@ typedef struct {
   uint32_t tensors;
   double density;
   int reps, e2e;
+  const char *report; /* --report DIR */
 } gpu_args;
+
+/* --report: one row per timed operation (NULL table: no report). */
+static pulse_report_table *gpu_rt;
+
+static void gpu_row(const char *what, double seconds) {
+  pulse_report_row(gpu_rt);
+  pulse_report_text(gpu_rt, what);
+  pulse_report_num(gpu_rt, seconds * 1e3);
+}
+
+/* Adds the chart and writes the report; rc, or 1 when it cannot. */
+static int gpu_report_close(pulse_report *rep, int rc) {
+  if (rep == NULL)
+    return rc;
+  static const char *const y[] = {"ms"};
+  pulse_report_chart_spec c = {PULSE_REPORT_BAR, "timings", "Device operations (median)",
+                               "operation", "operation", "time (ms)", y, 1, 0, 1};
+  pulse_report_chart(rep, &c);
+  char why[512];
+  if (pulse_report_close(rep, why, sizeof why) != PULSE_OK)
+    return fprintf(stderr, PROG ": --report: %s\n", why), 1;
+  return rc;
+}
 
 /* ------------------------------------------------------------ the data */
 
@@ -109,6 +135,10 @@ static int parse(int argc, char **argv, gpu_args *a) {
       return 0;
     } else if (pulse_tk_opt_flag(argv[i], "--no-e2e")) {
       a->e2e = 0;
+    } else if ((r = pulse_tk_opt_value(argc, argv, &i, "--report", &v)) != 0) {
+      if (r < 0)
+        return fprintf(stderr, PROG ": --report needs a folder\n"), 2;
+      a->report = v;
     } else if ((r = pulse_tk_opt_value(argc, argv, &i, "--params", &v)) != 0) {
       if (r < 0 || pulse_tk_parse_u64(v, &a->params) != 0 || a->params < 1024)
         return fprintf(stderr, PROG ": --params needs an integer >= 1024\n"), 2;
@@ -173,17 +203,27 @@ static int class_major(const uint64_t *tensor_changes, const uint64_t *numel,
 }
 
 int bench_gpu_main(int argc, char **argv) {
-  gpu_args a = {1000000000ull, 64, 0.01, 5, 1};
+  gpu_args a = {1000000000ull, 64, 0.01, 5, 1, NULL};
   int pr = parse(argc, argv, &a);
   if (pr >= 0)
     return pr;
+  pulse_report *rep = NULL;
+  if (a.report != NULL) {
+    if (pulse_report_create(a.report, "gpu", argc, argv, &rep) != PULSE_OK)
+      return fprintf(stderr, PROG ": --report: cannot make %s\n", a.report), 1;
+    static const char *const cols[] = {"operation", "ms"};
+    gpu_rt = pulse_report_table_add(rep, "timings", cols, 2);
+  }
   if (!pulse_cuda_available()) {
     const char *why = pulse_cuda_unavailable_reason();
+    char line[300];
     if (strcmp(why, "no CUDA device") == 0)
-      printf("gpu: no CUDA device\n");
+      snprintf(line, sizeof line, "gpu: no CUDA device");
     else
-      printf("gpu: no CUDA device (%s)\n", why);
-    return 0;
+      snprintf(line, sizeof line, "gpu: no CUDA device (%.200s)", why);
+    printf("%s\n", line);
+    pulse_report_note(rep, line);
+    return gpu_report_close(rep, 0);
   }
   const uint64_t N = a.params;
   const uint32_t T = a.tensors < N ? a.tensors : (uint32_t)N;
@@ -258,6 +298,7 @@ int bench_gpu_main(int argc, char **argv) {
     samples[r] = pulse_tk_since(t0);
   }
   double copy6 = median(samples + 1, a.reps);
+  gpu_row("D2D copy (FP32 + BF16)", copy6);
   printf("gpu: copy: %.2f GB D2D in %.3f ms = %.1f GB/s\n", 6e-9 * (double)N,
          1e3 * copy6, 6e-9 * (double)N / copy6);
 
@@ -293,6 +334,7 @@ int bench_gpu_main(int argc, char **argv) {
     samples[r] = pulse_tk_since(t0);
   }
   double detect = median(samples + 1, a.reps);
+  gpu_row("detect (rank form)", detect);
   printf("gpu: encode: detect %" PRIu64
          " changes (rank form) in %.3f ms = %.1f GB/s read, "
          "%.1f%% of the copy (target >= 80%%)\n",
@@ -366,6 +408,8 @@ int bench_gpu_main(int argc, char **argv) {
     samples[r] = pulse_tk_since(t0);
   }
   double locate = median(samples + 1, a.reps);
+  gpu_row("apply: scatter", scatter), gpu_row("D2D copy (BF16)", copy2);
+  gpu_row("class counts", index), gpu_row("locate", locate), gpu_row("digest moves", moves);
   printf("gpu: apply: scatter of %" PRIu64
          " changes in %.3f ms (target < 2 ms for 1%% of 10^9); "
          "D2D copy of the %.2f GB of BF16 weights %.3f ms\n",
@@ -394,6 +438,7 @@ int bench_gpu_main(int argc, char **argv) {
               "patch encode"))
       goto done;
     double e2e_enc = pulse_tk_since(t0);
+    gpu_row("encode end to end", e2e_enc);
     printf("gpu: encode end to end (pulse_cuda_patch_encode, host coder on all "
            "cores): %.3f s, "
            "patch %.2f MB = %.3f bytes/change\n",
@@ -413,6 +458,7 @@ int bench_gpu_main(int argc, char **argv) {
               "patch apply"))
       goto done;
     double e2e_apply = pulse_tk_since(t0);
+    gpu_row("apply end to end", e2e_apply);
     printf("gpu: apply end to end (pulse_cuda_patch_apply, host decoder on all "
            "cores): %.3f s\n",
            e2e_apply);
@@ -435,5 +481,5 @@ done:
       free(digests);
   free(pos), free(cls), free(rank), free(cm_cls), free(cm_rank),
       free(chunk_first);
-  return rc;
+  return gpu_report_close(rep, rc);
 }

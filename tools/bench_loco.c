@@ -27,6 +27,7 @@
 #include "pulse_loco.h"
 #include "pulse_loco_problem.h"
 #include "toolkit_args.h"
+#include "toolkit_report.h"
 
 #define PROG "pulse-bench loco"
 #define MAX_TRAINERS 64
@@ -40,6 +41,7 @@ typedef struct {
                       none */
   int leave_round; /* the last founder leaves in this round; -1 none */
   int json;
+  const char *report; /* --report DIR */
 } loco_args;
 
 void bench_loco_usage(FILE *out) {
@@ -73,6 +75,7 @@ void bench_loco_usage(FILE *out) {
       "  --join-round J   one more trainer joins once J rounds are done\n"
       "  --leave-round L  the last founding trainer leaves in round L\n"
       "  --json           one JSON object per round, then a summary object\n"
+      "  --report DIR     also write DIR/rounds.csv and DIR/report.html (charts)\n"
       "Bytes are what trainers send: DDP 4*P per trainer per inner step, "
       "DiLoCo\n"
       "4*P per trainer per round, PULSELoCo the encoded payloads "
@@ -539,6 +542,39 @@ static int usage_error(const char *fmt, const char *arg) {
   return 2;
 }
 
+/* --report: the rows report() printed, as a table and charts. */
+static int write_report(const bench *b, int argc, char **argv) {
+  pulse_report *rep = NULL;
+  if (pulse_report_create(b->a.report, "loco", argc, argv, &rep) != PULSE_OK)
+    return fprintf(stderr, PROG ": --report: cannot make %s\n", b->a.report), 1;
+  static const char *const cols[] = {
+      "round",     "loss_DDP",         "loss_DiLoCo",         "loss_PULSELoCo",
+      "bytes_DDP", "bytes_DiLoCo",     "bytes_PULSELoCo",     "cumulative_bytes_DDP",
+      "cumulative_bytes_DiLoCo",       "cumulative_bytes_PULSELoCo"};
+  pulse_report_table *t = pulse_report_table_add(rep, "rounds", cols, 10);
+  double cum[3] = {0, 0, 0};
+  for (uint32_t r = 1; r <= b->a.rounds; r++) {
+    const round_row *w = &b->rows[r];
+    cum[0] += (double)w->bytes_ddp, cum[1] += (double)w->bytes_diloco,
+        cum[2] += (double)w->bytes_pl;
+    const double v[] = {r, w->loss_ddp, w->loss_diloco, w->loss_pl, (double)w->bytes_ddp,
+                        (double)w->bytes_diloco, (double)w->bytes_pl, cum[0], cum[1], cum[2]};
+    pulse_report_row(t);
+    for (size_t k = 0; k < sizeof v / sizeof v[0]; k++)
+      pulse_report_num(t, v[k]);
+  }
+  pulse_report_chart_spec c1 = {PULSE_REPORT_LINE, "rounds",
+                                "Cumulative bytes sent by all trainers", "round", "round",
+                                "cumulative bytes (B)", cols + 7, 3, 0, 1};
+  pulse_report_chart_spec c2 = {PULSE_REPORT_LINE, "rounds", "Held-out loss per round", "round",
+                                "round", "loss (nats)", cols + 1, 3, 0, 0};
+  pulse_report_chart(rep, &c1), pulse_report_chart(rep, &c2);
+  char why[512];
+  if (pulse_report_close(rep, why, sizeof why) != PULSE_OK)
+    return fprintf(stderr, PROG ": --report: %s\n", why), 1;
+  return 0;
+}
+
 static int parse(int argc, char **argv, loco_args *a) {
   for (int i = 1; i < argc; i++) {
     const char *arg = argv[i], *v = NULL;
@@ -549,6 +585,10 @@ static int parse(int argc, char **argv, loco_args *a) {
       return 0;
     } else if (pulse_tk_opt_flag(arg, "--json")) {
       a->json = 1;
+    } else if ((m = pulse_tk_opt_value(argc, argv, &i, "--report", &v)) != 0) {
+      if (m < 0)
+        return usage_error("--report needs a folder%s", "");
+      a->report = v;
     } else if ((m = pulse_tk_opt_value(argc, argv, &i, "--trainers", &v)) !=
                0) {
       if (m < 0 || pulse_tk_parse_int(v, 1, MAX_TRAINERS - 1, &k) != 0)
@@ -615,7 +655,7 @@ static int parse(int argc, char **argv, loco_args *a) {
 int bench_loco_main(int argc, char **argv) {
   static bench b; /* large: kept off the stack */
   memset(&b, 0, sizeof b);
-  b.a = (loco_args){3, 50, 20, 2000, 70000, 1, 0.0, 2e-5, -1, -1, 0};
+  b.a = (loco_args){3, 50, 20, 2000, 70000, 1, 0.0, 2e-5, -1, -1, 0, NULL};
   int rc = parse(argc, argv, &b.a);
   if (rc >= 0)
     return rc;
@@ -675,6 +715,7 @@ int bench_loco_main(int argc, char **argv) {
     return 1;
   }
   report(&b, seconds, identical && finished > 0);
+  int report_rc = b.a.report != NULL ? write_report(&b, argc, argv) : 0;
   free(b.rows);
-  return identical ? 0 : 1;
+  return identical && report_rc == 0 ? 0 : 1;
 }

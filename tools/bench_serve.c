@@ -22,6 +22,7 @@
 #include <fcntl.h>
 #include <ftw.h>
 #include <inttypes.h>
+#include <math.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -41,6 +42,7 @@
 #include "pulse_sign.h"
 #include "pulse_store.h"
 #include "toolkit_args.h"
+#include "toolkit_report.h"
 #include "toolkit_synth.h"
 #include "toolkit_time.h"
 
@@ -62,6 +64,7 @@ typedef struct {
   int commit_threads;
   int json;
   int skip_throughput, skip_poll, skip_commit;
+  const char *report; /* --report DIR */
 } serve_args;
 
 void bench_serve_usage(FILE *out) {
@@ -91,7 +94,9 @@ void bench_serve_usage(FILE *out) {
       "  --commit-threads T  detection/encoding threads (default: one per "
       "core)\n"
       "  --only throughput|poll|commit\n"
-      "  --json            one JSON object\n");
+      "  --json            one JSON object\n"
+      "  --report DIR      also write DIR/throughput.csv, DIR/longpoll.csv,\n"
+      "                    DIR/commit.csv and DIR/report.html (charts)\n");
 }
 
 /* ------------------------------------------------------------- utilities */
@@ -810,6 +815,10 @@ static int parse_args(int argc, char **argv, serve_args *a) {
       a->skip_commit = strcmp(v, "commit") != 0;
     } else if (pulse_tk_opt_flag(argv[i], "--json")) {
       a->json = 1;
+    } else if ((r = pulse_tk_opt_value(argc, argv, &i, "--report", &v)) != 0) {
+      if (r < 0)
+        return -1;
+      a->report = v;
     } else {
       fprintf(stderr, PROG ": unknown argument '%s'\n", argv[i]);
       return -1;
@@ -1058,6 +1067,63 @@ int bench_serve_main(int argc, char **argv) {
            cr.write_median_s,
            cr.bare_median_s > 0 ? cr.commit_median_s / cr.bare_median_s : 0,
            cr.ratio_median, cr.ratio_max, cr.anchor_steps_ratio_max);
+  }
+  if (a.report != NULL) {
+    pulse_report *rep = NULL;
+    if (pulse_report_create(a.report, "serve", argc, argv, &rep) != PULSE_OK) {
+      fprintf(stderr, PROG ": --report: cannot make %s\n", a.report);
+      rc = 1;
+      goto out;
+    }
+    static const char *const tcols[] = {"clients", "pulse_MBps", "nginx_MBps", "pulse_errors",
+                                        "nginx_errors"};
+    pulse_report_table *tt = pulse_report_table_add(rep, "throughput", tcols, 5);
+    for (int c = 0; !a.skip_throughput && c < a.nclients; c++) {
+      pulse_report_row(tt);
+      pulse_report_num(tt, a.clients[c]);
+      pulse_report_num(tt, pulse_tp[c].mbps);
+      pulse_report_num(tt, have_nginx ? nginx_tp[c].mbps : NAN);
+      pulse_report_num(tt, pulse_tp[c].errors);
+      pulse_report_num(tt, have_nginx ? nginx_tp[c].errors : NAN);
+    }
+    if (!a.skip_throughput && !have_nginx)
+      pulse_report_note(rep, "nginx not found: throughput measured for pulse only");
+    static const char *const lcols[] = {"server", "median_ms", "p90_ms", "max_ms"};
+    pulse_report_table *lt = pulse_report_table_add(rep, "longpoll", lcols, 4);
+    const poll_result *pr[2] = {&notify_r, &watch_r};
+    static const char *const pname[2] = {"notify (hook)", "watch (inotify)"};
+    for (int k = 0; !a.skip_poll && k < 2; k++) {
+      pulse_report_row(lt);
+      pulse_report_text(lt, pname[k]);
+      pulse_report_num(lt, pr[k]->median_ms);
+      pulse_report_num(lt, pr[k]->p90_ms);
+      pulse_report_num(lt, pr[k]->max_ms);
+    }
+    static const char *const ccols[] = {"params", "bare_median_ms", "commit_median_ms",
+                                        "write_median_ms", "ratio_median", "ratio_max"};
+    pulse_report_table *ct = pulse_report_table_add(rep, "commit", ccols, 6);
+    if (!a.skip_commit) {
+      const double v[] = {(double)cr.params, cr.bare_median_s * 1e3, cr.commit_median_s * 1e3,
+                          cr.write_median_s * 1e3, cr.ratio_median, cr.ratio_max};
+      pulse_report_row(ct);
+      for (size_t k = 0; k < sizeof v / sizeof v[0]; k++)
+        pulse_report_num(ct, v[k]);
+    }
+    pulse_report_chart_spec c1 = {PULSE_REPORT_BAR, "throughput",
+                                  "Serving throughput per client count: pulse vs nginx",
+                                  "clients", "concurrent clients", "throughput (MB/s)", tcols + 1,
+                                  2, 0, 0};
+    pulse_report_chart_spec c2 = {PULSE_REPORT_BAR, "longpoll",
+                                  "Long-poll wake-up latency: rename of head.json to client",
+                                  "server", "server", "latency (ms)", lcols + 1, 3, 0, 0};
+    pulse_report_chart_spec c3 = {PULSE_REPORT_BAR, "commit", "Commit vs bare encoder (median)",
+                                  "params", "parameters", "time per step (ms)", ccols + 1, 3, 0, 0};
+    pulse_report_chart(rep, &c1), pulse_report_chart(rep, &c2), pulse_report_chart(rep, &c3);
+    char why[512];
+    if (pulse_report_close(rep, why, sizeof why) != PULSE_OK) {
+      fprintf(stderr, PROG ": --report: %s\n", why);
+      rc = 1;
+    }
   }
 out:
   rm_rf(work);

@@ -45,6 +45,7 @@
 #include "pulse_store.h"
 #include "pulse_subscriber.h"
 #include "toolkit_args.h"
+#include "toolkit_report.h"
 #include "toolkit_time.h"
 
 void bench_sync_usage(FILE *out) {
@@ -77,7 +78,9 @@ void bench_sync_usage(FILE *out) {
                "  --json             one JSON object per link: params, "
                "density, link, bytes_dense,\n"
                "                     bytes_pulse, seconds_dense, "
-               "seconds_pulse, and the split\n");
+               "seconds_pulse, and the split\n"
+               "  --report DIR       also write DIR/links.csv and DIR/report.html "
+               "(charts)\n");
 }
 
 /* ------------------------------------------------------------------ model */
@@ -358,6 +361,7 @@ int bench_sync_main(int argc, char **argv) {
   double density = 0.01;
   int json = 0, threads = 0, plain = 0;
   const char *links_spec = "loopback,100mbit,1gbit", *burst = "64kb", *v;
+  const char *report = NULL;
   for (int i = 1; i < argc; i++) {
     int r;
     if (pulse_tk_opt_flag(argv[i], "--help")) {
@@ -407,6 +411,10 @@ int bench_sync_main(int argc, char **argv) {
       plain = 1;
     } else if (pulse_tk_opt_flag(argv[i], "--json")) {
       json = 1;
+    } else if ((r = pulse_tk_opt_value(argc, argv, &i, "--report", &v)) != 0) {
+      if (r < 0)
+        return bench_sync_usage(stderr), 2;
+      report = v;
     } else {
       fprintf(stderr, "pulse-bench sync: unknown argument '%s'\n", argv[i]);
       return bench_sync_usage(stderr), 2;
@@ -420,6 +428,16 @@ int bench_sync_main(int argc, char **argv) {
            2;
   if (getenv("PULSE_LOG") == NULL)
     pulse_log_level_set(PULSE_LOG_ERROR);
+  pulse_report *rep = NULL;
+  pulse_report_table *rt = NULL;
+  if (report != NULL) {
+    if (pulse_report_create(report, "sync", argc, argv, &rep) != PULSE_OK)
+      return fprintf(stderr, "pulse-bench sync: --report: cannot make %s\n", report), 1;
+    static const char *const cols[] = {"link", "link_bits_per_s", "bytes_dense", "bytes_pulse",
+                                       "seconds_dense", "seconds_pulse", "transfer_s",
+                                       "verify_s", "decode_s", "apply_s"};
+    rt = pulse_report_table_add(rep, "links", cols, 10);
+  }
 
   /* Stop signals: to one thread, which stops the sync; cleanup follows. */
   sigset_t set;
@@ -468,6 +486,8 @@ int bench_sync_main(int argc, char **argv) {
     want_netns |= links[i].rate[0] != '\0';
   if (want_netns)
     netns_ok = netns_setup();
+  if (want_netns && netns_ok != 0)
+    pulse_report_note(rep, "rate-limited links skipped (they need root, `ip netns` and tc)");
   if (want_netns && netns_ok != 0 && !json)
     printf("pulse-bench sync: rate-limited links skipped (they need root, `ip "
            "netns` and tc)\n");
@@ -682,6 +702,12 @@ int bench_sync_main(int argc, char **argv) {
              extrapolated ? "*" : " ", sp, seconds_dense / sp, tr, ve, de, ap);
     }
     fflush(stdout);
+    pulse_report_row(rt);
+    pulse_report_text(rt, lk->name);
+    pulse_report_num(rt, limited ? rate_bps(lk->rate) : NAN);
+    const double cells[] = {(double)bd, (double)bp, seconds_dense, sp, tr, ve, de, ap};
+    for (size_t k = 0; k < sizeof cells / sizeof cells[0]; k++)
+      pulse_report_num(rt, cells[k]);
   }
   if (!json && netns_ok == 0)
     printf("* dense timed on the first %" PRIu64
@@ -691,6 +717,22 @@ int bench_sync_main(int argc, char **argv) {
            dense_sample);
   free(pt);
 done:
+  if (rep != NULL) {
+    static const char *const secs[] = {"seconds_dense", "seconds_pulse"};
+    static const char *const bytes[] = {"bytes_dense", "bytes_pulse"};
+    pulse_report_chart_spec c1 = {PULSE_REPORT_LINE, "links",
+                                  "Sync time per step vs link: dense BF16 vs pulse", "link",
+                                  "link (loopback, then rate-limited links)", "seconds per step (s)",
+                                  secs, 2, 0, 1};
+    pulse_report_chart_spec c2 = {PULSE_REPORT_BAR, "links", "Bytes per step: dense BF16 vs pulse",
+                                  "link", "link", "bytes per step (B)", bytes, 2, 0, 1};
+    pulse_report_chart(rep, &c1), pulse_report_chart(rep, &c2);
+    char why[512];
+    if (pulse_report_close(rep, why, sizeof why) != PULSE_OK) {
+      fprintf(stderr, "pulse-bench sync: --report: %s\n", why);
+      rc = 1;
+    }
+  }
   atomic_store(&bs_current, NULL);
   pulse_sub_free(sub);
   if (root_ns >= 0)
