@@ -1,6 +1,7 @@
 /* patch_decode.c - decoding sections and the transactional host apply. */
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "chunk_impl.h"
 #include "parallel_impl.h"
@@ -99,25 +100,67 @@ static void decode_one(void *ctx, size_t i) {
   record(job, i, st);
 }
 
-pulse_status pulse_patch_apply(const pulse_patch *p, pulse_host_tensor *targets, size_t count,
-                               const pulse_apply_opts *opts) {
+struct pulse_patch_staged {
+  const pulse_patch *p;
+  pulse_host_tensor **target; /* per patch tensor, NULL when absent */
+  pulse_changes *staged;      /* per patch tensor */
+  pulse_patch_stage_times times;
+};
+
+void pulse_patch_staged_free(pulse_patch_staged *s) {
+  if (s == NULL)
+    return;
+  for (size_t i = 0; s->staged && i < s->p->count; i++)
+    pulse_changes_free(&s->staged[i]);
+  free(s->target), free(s->staged), free(s);
+}
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* The table's infos, for state digests. */
+static pulse_status state_digest_of(const pulse_patch *p, const pulse_tensor_digest *d,
+                                    pulse_state_digest *out) {
+  pulse_tensor_info *infos = calloc(p->count + 1, sizeof *infos);
+  if (infos == NULL)
+    return pulse_fail(PULSE_ERR_NOMEM, "apply: state digest");
+  for (size_t i = 0; i < p->count; i++)
+    infos[i] = p->tensors[i].info;
+  pulse_status st = pulse_state_digest_compute(infos, d, p->count, out);
+  free(infos);
+  return st;
+}
+
+pulse_status pulse_patch_stage(const pulse_patch *p, pulse_host_tensor *targets, size_t count,
+                               const pulse_apply_opts *opts, pulse_patch_staged **out) {
   pulse_apply_opts defaults = PULSE_APPLY_OPTS_INIT;
   if (opts == NULL)
     opts = &defaults;
-  if (p == NULL || (targets == NULL && count > 0) || opts->struct_version != PULSE_APPLY_OPTS_VERSION)
+  if (out == NULL || p == NULL || (targets == NULL && count > 0) ||
+      opts->struct_version != PULSE_APPLY_OPTS_VERSION)
     return pulse_fail(PULSE_ERR_ARG, "apply: NULL patch or targets, or options of another version");
+  *out = NULL;
   size_t n = p->count;
-  pulse_host_tensor **target = calloc(n + 1, sizeof *target);
-  pulse_changes *staged = calloc(n + 1, sizeof *staged);
+  pulse_patch_staged *s = calloc(1, sizeof *s);
   pulse_tensor_digest *digest = calloc(n + 1, sizeof *digest);
   uint64_t(*items)[2] = calloc(p->chunks + 1, sizeof *items);
   pulse_status *item_st = calloc(p->chunks + 1, sizeof *item_st);
   char(*detail)[200] = calloc(p->chunks + 1, sizeof *detail);
   pulse_status st = PULSE_OK;
-  if (!target || !staged || !digest || !items || !item_st || !detail) {
+  if (s != NULL) {
+    s->p = p;
+    s->target = calloc(n + 1, sizeof *s->target);
+    s->staged = calloc(n + 1, sizeof *s->staged);
+  }
+  if (!s || !s->target || !s->staged || !digest || !items || !item_st || !detail) {
     st = pulse_fail(PULSE_ERR_NOMEM, "apply: staging for %zu tensors", n);
     goto done;
   }
+  pulse_host_tensor **target = s->target;
+  double t0 = now_s();
 
   /* Match targets to the table. */
   for (size_t i = 0; i < n; i++) {
@@ -143,7 +186,7 @@ pulse_status pulse_patch_apply(const pulse_patch *p, pulse_host_tensor *targets,
   }
 
   /* The base must be the patch's base. */
-  apply_job job = {p, target, staged, digest, items, item_st, detail};
+  apply_job job = {p, target, s->staged, digest, items, item_st, detail};
   pulse_parallel_for(opts->threads, n, digest_one, &job);
   for (size_t i = 0; i < n; i++) {
     if (target[i] == NULL)
@@ -154,33 +197,25 @@ pulse_status pulse_patch_apply(const pulse_patch *p, pulse_host_tensor *targets,
       goto done;
     }
   }
-  pulse_tensor_info *infos = NULL;
   if (!opts->partial_table) {
-    infos = calloc(n + 1, sizeof *infos);
     pulse_state_digest sd;
-    if (!infos) {
-      st = pulse_fail(PULSE_ERR_NOMEM, "apply: state digest");
-      goto done;
-    }
-    for (size_t i = 0; i < n; i++)
-      infos[i] = p->tensors[i].info;
-    st = pulse_state_digest_compute(infos, digest, n, &sd);
+    st = state_digest_of(p, digest, &sd);
     if (st == PULSE_OK && memcmp(sd.bytes, p->base_digest.bytes, 32) != 0)
       st = pulse_fail(PULSE_ERR_BASE_DIGEST, "apply: the base state is not the patch's base (step %llu)",
                       (unsigned long long)p->base_step);
-    if (st != PULSE_OK) {
-      free(infos);
+    if (st != PULSE_OK)
       goto done;
-    }
   }
+  s->times.verify_seconds = now_s() - t0;
 
   /* Decode everything into staging, in parallel over chunks. */
+  t0 = now_s();
   size_t item_count = 0;
   for (size_t i = 0; i < n && st == PULSE_OK; i++) {
     const patch_tensor *t = &p->tensors[i];
     if (target[i] == NULL || t->changed == 0)
       continue;
-    st = pulse_changes_reserve(&staged[i], t->changed);
+    st = pulse_changes_reserve(&s->staged[i], t->changed);
     for (uint64_t j = 0; j < t->chunk_count; j++)
       if (p->chunk_changed[t->chunk_first + j] != 0) {
         items[item_count][0] = i;
@@ -194,40 +229,58 @@ pulse_status pulse_patch_apply(const pulse_patch *p, pulse_host_tensor *targets,
       if (item_st[i] != PULSE_OK)
         st = pulse_fail(item_st[i], "apply: %s", detail[i]);
   }
+  s->times.decode_seconds = now_s() - t0;
+  if (st != PULSE_OK)
+    goto done;
 
   /* The result must be the patch's target, before anything is written. */
+  t0 = now_s();
   for (size_t i = 0; i < n && st == PULSE_OK; i++) {
     if (target[i] == NULL)
       continue;
-    staged[i].count = p->tensors[i].changed;
-    digest[i] = pulse_digest_apply_changes(digest[i], &staged[i]);
+    s->staged[i].count = p->tensors[i].changed;
+    digest[i] = pulse_digest_apply_changes(digest[i], &s->staged[i]);
     if (digest[i].a != p->tensors[i].target_digest.a || digest[i].b != p->tensors[i].target_digest.b)
       st = pulse_fail(PULSE_ERR_TARGET_DIGEST, "apply: tensor '%s' would not match the target of step %llu",
                       p->tensors[i].info.name, (unsigned long long)p->step);
   }
   if (st == PULSE_OK && !opts->partial_table) {
     pulse_state_digest sd;
-    st = pulse_state_digest_compute(infos, digest, n, &sd);
+    st = state_digest_of(p, digest, &sd);
     if (st == PULSE_OK && memcmp(sd.bytes, p->target_digest.bytes, 32) != 0)
       st = pulse_fail(PULSE_ERR_TARGET_DIGEST, "apply: the result would not match the target state of step %llu",
                       (unsigned long long)p->step);
   }
-  free(infos);
-  if (st != PULSE_OK)
-    goto done;
+  s->times.verify_seconds += now_s() - t0;
 
-  /* Commit: from here nothing can fail. */
-  for (size_t i = 0; i < n; i++) {
-    if (target[i] == NULL)
+done:
+  free(digest), free(items), free(item_st), free(detail);
+  if (st != PULSE_OK) {
+    pulse_patch_staged_free(s);
+    return st;
+  }
+  *out = s;
+  return PULSE_OK;
+}
+
+void pulse_patch_staged_commit(pulse_patch_staged *s) {
+  for (size_t i = 0; i < s->p->count; i++) {
+    if (s->target[i] == NULL)
       continue;
-    uint16_t *data = target[i]->data;
-    const pulse_changes *c = &staged[i];
+    uint16_t *data = s->target[i]->data;
+    const pulse_changes *c = &s->staged[i];
     for (uint64_t j = 0; j < c->count; j++)
       data[c->pos[j]] = c->new_bits[j];
   }
-done:
-  for (size_t i = 0; staged && i < n; i++)
-    pulse_changes_free(&staged[i]);
-  free(target), free(staged), free(digest), free(items), free(item_st), free(detail);
-  return st;
+}
+
+pulse_patch_stage_times pulse_patch_staged_times(const pulse_patch_staged *s) { return s->times; }
+
+pulse_status pulse_patch_apply(const pulse_patch *p, pulse_host_tensor *targets, size_t count,
+                               const pulse_apply_opts *opts) {
+  pulse_patch_staged *s = NULL;
+  PULSE_TRY(pulse_patch_stage(p, targets, count, opts, &s));
+  pulse_patch_staged_commit(s);
+  pulse_patch_staged_free(s);
+  return PULSE_OK;
 }

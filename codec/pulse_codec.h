@@ -266,6 +266,33 @@ pulse_status pulse_patch_apply(const pulse_patch *patch,
                                pulse_host_tensor *targets, size_t count,
                                const pulse_apply_opts *opts);
 
+/* The same transaction in two halves, for a caller that lets readers read
+ * the targets while a patch is decoded and locks them only to write. */
+typedef struct pulse_patch_staged pulse_patch_staged;
+
+typedef struct {
+  double verify_seconds; /* base and target digest checks */
+  double decode_seconds; /* decoding every section into staging */
+} pulse_patch_stage_times;
+
+/** Every check and decode of pulse_patch_apply, nothing written: on success
+ * *out holds the changes, and the targets' data must not change until it is
+ * committed or freed (the patch and the targets array must outlive it).
+ * @return as pulse_patch_apply. */
+pulse_status pulse_patch_stage(const pulse_patch *patch, pulse_host_tensor *targets,
+                               size_t count, const pulse_apply_opts *opts,
+                               pulse_patch_staged **out);
+
+/** Writes the staged changes into the targets (cannot fail). Afterwards
+ * each target holds the patch's target; its digest is the table's
+ * target_digest (pulse_patch_tensor_get). */
+void pulse_patch_staged_commit(pulse_patch_staged *staged);
+
+pulse_patch_stage_times pulse_patch_staged_times(const pulse_patch_staged *staged);
+
+/** Frees staged changes, committed or not. NULL is fine. */
+void pulse_patch_staged_free(pulse_patch_staged *staged);
+
 /** Merges consecutive patches (patches[i+1] based on patches[i]'s target)
  * into one patch from the first base to the last target, without the full
  * weights of any later state: with PULSE_POS_PLAIN patches and output no

@@ -59,25 +59,6 @@ static pulse_status shape_mismatch(const sub_target *t,
 
 /* --------------------------------------------------------------- patches */
 
-typedef struct {
-  const pulse_patch *p;
-  sub_target **tg;       /* per patch tensor: its target, or NULL */
-  pulse_changes *staged; /* per patch tensor */
-  pulse_status *status;
-  char (*detail)[256];
-} stage_job;
-
-static void decode_one(void *ctx, size_t i) {
-  stage_job *j = ctx;
-  if (j->tg[i] == NULL)
-    return;
-  pulse_status st = pulse_patch_decode_tensor(j->p, i, j->tg[i]->data,
-                                              j->tg[i]->numel, &j->staged[i]);
-  j->status[i] = st;
-  if (st != PULSE_OK)
-    snprintf(j->detail[i], sizeof j->detail[i], "%s", pulse_error_detail());
-}
-
 /* Matches the targets to the patch table; *full: they hold all of it. */
 static pulse_status match(pulse_sub *sub, const pulse_patch *p, sub_target **tg,
                           int *full) {
@@ -98,28 +79,6 @@ static pulse_status match(pulse_sub *sub, const pulse_patch *p, sub_target **tg,
   }
   *full = matched == n;
   return PULSE_OK;
-}
-
-/* State digest of the targets in the patch's table order. */
-static pulse_status state_of(const pulse_patch *p, sub_target **tg,
-                             const pulse_tensor_digest *d,
-                             pulse_state_digest *out) {
-  size_t n = pulse_patch_tensor_count(p);
-  pulse_tensor_info *info = calloc(n + 1, sizeof *info);
-  pulse_tensor_digest *dig = calloc(n + 1, sizeof *dig);
-  pulse_status st =
-      info && dig ? PULSE_OK : pulse_fail(PULSE_ERR_NOMEM, "state digest");
-  for (size_t i = 0; st == PULSE_OK && i < n; i++) {
-    pulse_patch_tensor pt;
-    st = pulse_patch_tensor_get(p, i, &pt);
-    info[i] = pt.info;
-    dig[i] = d != NULL ? d[i] : tg[i]->digest;
-  }
-  if (st == PULSE_OK)
-    st = pulse_state_digest_compute(info, dig, n, out);
-  free(info);
-  free(dig);
-  return st;
 }
 
 static pulse_status apply_device(pulse_sub *sub, const pulse_patch *p,
@@ -172,126 +131,79 @@ pulse_status sub_apply_patch(pulse_sub *sub, const pulse_patch *p) {
                       ", the targets hold step %" PRIu64,
                       pulse_patch_step(p), pulse_patch_base_step(p), sub->step);
   size_t n = pulse_patch_tensor_count(p);
-  if (sub->nstage < n) {
-    pulse_changes *more = realloc(sub->stage, n * sizeof *more);
-    if (more == NULL)
-      return pulse_fail(PULSE_ERR_NOMEM, "staging a patch of %zu tensors", n);
-    for (size_t i = sub->nstage; i < n; i++)
-      more[i] = (pulse_changes)PULSE_CHANGES_INIT;
-    sub->stage = more;
-    sub->nstage = n;
-  }
-  pulse_changes *staged = sub->stage;
   sub_target **tg = calloc(n + 1, sizeof *tg);
-  pulse_status *status = calloc(n + 1, sizeof *status);
-  char(*detail)[256] = calloc(n + 1, sizeof *detail);
-  pulse_tensor_digest *next = calloc(n + 1, sizeof *next);
+  pulse_host_tensor *ht = calloc(n + 1, sizeof *ht);
   pulse_status st = PULSE_OK;
   int full = 0;
-  if (tg == NULL || status == NULL || detail == NULL || next == NULL) {
+  if (tg == NULL || ht == NULL) {
     st = pulse_fail(PULSE_ERR_NOMEM, "staging a patch of %zu tensors", n);
     goto done;
   }
   if ((st = match(sub, p, tg, &full)) != PULSE_OK)
     goto done;
 
-  /* The base must be the patch's base: a wrong base is never decoded. */
-  double t0 = sub_now();
-  for (size_t i = 0; i < n && st == PULSE_OK; i++) {
-    pulse_patch_tensor pt;
-    if (tg[i] == NULL)
-      continue;
-    pulse_patch_tensor_get(p, i, &pt);
-    if (!same_digest(tg[i]->digest, pt.base_digest))
-      st = pulse_fail(
-          PULSE_ERR_BASE_DIGEST,
-          "target '%s' is not the base of the patch to step %" PRIu64
-          " (step %" PRIu64 ")",
-          tg[i]->name, pulse_patch_step(p), pulse_patch_base_step(p));
-  }
-  if (st == PULSE_OK && full) {
-    pulse_state_digest sd;
-    st = state_of(p, tg, NULL, &sd);
-    if (st == PULSE_OK &&
-        memcmp(sd.bytes, pulse_patch_base_digest(p)->bytes, 32) != 0)
-      st = pulse_fail(
-          PULSE_ERR_BASE_DIGEST,
-          "the targets' state is not the base of the patch to step %" PRIu64,
-          pulse_patch_step(p));
-  }
-  sub->t_verify += sub_now() - t0;
-  if (st != PULSE_OK)
-    goto done;
-
   if (sub->mem == SUB_MEM_DEVICE) {
-    st = apply_device(sub, p, tg);
+    /* The base digests first, so a wrong base is never sent to the device. */
+    double t0 = sub_now();
+    for (size_t i = 0; i < n && st == PULSE_OK; i++) {
+      pulse_patch_tensor pt;
+      if (tg[i] == NULL)
+        continue;
+      pulse_patch_tensor_get(p, i, &pt);
+      if (!same_digest(tg[i]->digest, pt.base_digest))
+        st = pulse_fail(PULSE_ERR_BASE_DIGEST,
+                        "target '%s' is not the base of the patch to step %" PRIu64
+                        " (step %" PRIu64 ")",
+                        tg[i]->name, pulse_patch_step(p), pulse_patch_base_step(p));
+    }
+    sub->t_verify += sub_now() - t0;
+    if (st == PULSE_OK)
+      st = apply_device(sub, p, tg);
     goto committed;
   }
 
-  /* Decode into staging (readers may still read the targets). */
-  t0 = sub_now();
-  stage_job job = {p, tg, staged, status, detail};
-  pulse_parallel_for(sub->opts.threads, n, decode_one, &job);
-  sub->t_decode += sub_now() - t0;
-  for (size_t i = 0; i < n && st == PULSE_OK; i++)
-    if (status[i] != PULSE_OK)
-      st = pulse_fail(status[i], "patch to step %" PRIu64 ": %s",
-                      pulse_patch_step(p), detail[i]);
-  if (st != PULSE_OK)
+  /* Check and decode into staging while readers may still read the
+   * targets (the codec's transaction, first half); the targets' digests are
+   * kept current, so no tensor is hashed again. */
+  size_t k = 0;
+  for (size_t i = 0; i < n; i++)
+    if (tg[i] != NULL)
+      ht[k++] = (pulse_host_tensor){tg[i]->name, tg[i]->data, tg[i]->numel, &tg[i]->digest};
+  pulse_apply_opts ao = PULSE_APPLY_OPTS_INIT;
+  ao.threads = sub->opts.threads;
+  ao.partial_table = !full;
+  pulse_patch_staged *staged = NULL;
+  st = pulse_patch_stage(p, ht, k, &ao, &staged);
+  if (st != PULSE_OK) {
+    st = pulse_fail(st, "patch to step %" PRIu64 ": %s: nothing applied", pulse_patch_step(p),
+                    pulse_error_detail());
     goto done;
-
-  /* The result must be the patch's target before anything is written. */
-  t0 = sub_now();
-  for (size_t i = 0; i < n && st == PULSE_OK; i++) {
-    if (tg[i] == NULL)
-      continue;
-    pulse_patch_tensor pt;
-    pulse_patch_tensor_get(p, i, &pt);
-    next[i] = pulse_digest_apply_changes(tg[i]->digest, &staged[i]);
-    if (!same_digest(next[i], pt.target_digest))
-      st = pulse_fail(PULSE_ERR_TARGET_DIGEST,
-                      "target '%s' would not be step %" PRIu64
-                      "'s: nothing applied",
-                      tg[i]->name, pulse_patch_step(p));
   }
-  if (st == PULSE_OK && full) {
-    pulse_state_digest sd;
-    st = state_of(p, tg, next, &sd);
-    if (st == PULSE_OK &&
-        memcmp(sd.bytes, pulse_patch_target_digest(p)->bytes, 32) != 0)
-      st = pulse_fail(PULSE_ERR_TARGET_DIGEST,
-                      "the result would not be the state of step %" PRIu64
-                      ": nothing applied",
-                      pulse_patch_step(p));
-  }
-  sub->t_verify += sub_now() - t0;
-  if (st != PULSE_OK)
-    goto done;
+  pulse_patch_stage_times times = pulse_patch_staged_times(staged);
+  sub->t_verify += times.verify_seconds;
+  sub->t_decode += times.decode_seconds;
 
-  /* Commit: nothing can fail from here. */
-  t0 = sub_now();
+  /* Second half, under the writers' lock: nothing can fail from here. */
+  double t0 = sub_now();
   pthread_rwlock_wrlock(&sub->rw);
+  pulse_patch_staged_commit(staged);
   for (size_t i = 0; i < n; i++) {
+    pulse_patch_tensor pt;
     if (tg[i] == NULL)
       continue;
-    uint16_t *data = tg[i]->data;
-    const pulse_changes *c = &staged[i];
-    for (uint64_t k = 0; k < c->count; k++)
-      data[c->pos[k]] = c->new_bits[k];
-    tg[i]->digest = next[i];
+    pulse_patch_tensor_get(p, i, &pt);
+    tg[i]->digest = pt.target_digest;
   }
-  sub_set_step(sub, pulse_patch_step(p),
-               full ? pulse_patch_target_digest(p) : NULL);
+  sub_set_step(sub, pulse_patch_step(p), full ? pulse_patch_target_digest(p) : NULL);
   pthread_rwlock_unlock(&sub->rw);
   sub->t_apply += sub_now() - t0;
+  pulse_patch_staged_free(staged);
 
 committed:
   if (st == PULSE_OK)
     sub->file_dirty = sub->mem == SUB_MEM_FILE;
 done:
-  for (size_t i = 0; i < n; i++)
-    staged[i].count = 0;
-  free(tg), free(status), free(detail), free(next);
+  free(tg), free(ht);
   return st;
 }
 

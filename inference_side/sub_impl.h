@@ -92,10 +92,6 @@ struct pulse_sub {
   pulse_state_digest state; /* of step, when have_state */
   int have_state;
   pthread_rwlock_t rw;  /* readers vs commits */
-  pulse_changes *stage; /* staging per patch tensor, kept between
-                           steps (no allocation or page faults in
-                           the steady state) */
-  size_t nstage;
 
   /* figures, read from any thread */
   pthread_mutex_t fig_lock;

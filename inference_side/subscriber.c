@@ -144,9 +144,6 @@ void pulse_sub_free(pulse_sub *sub) {
       free(sub->targets[i].data);
   }
   free(sub->targets);
-  for (size_t i = 0; i < sub->nstage; i++)
-    pulse_changes_free(&sub->stage[i]);
-  free(sub->stage);
   pulse_cuda_workspace_free(sub->ws);
   pulse_store_head_free(sub->head);
   for (size_t i = 0; i < sub->nurls; i++)
