@@ -140,10 +140,10 @@ static void put_value(pulse_rc_enc *e, chunk_models *m, unsigned vc, uint16_t de
   pulse_rc_enc_direct(e, w1, len);
 }
 
-pulse_status pulse_chunk_encode_ranks(pulse_pos_model model, const uint32_t *hist,
-                                      uint32_t n, uint32_t k, const uint8_t *cls,
-                                      const uint32_t *rank, const uint16_t *delta,
-                                      pulse_bytebuf *out) {
+static pulse_status v1_encode_ranks(pulse_pos_model model, const uint32_t *hist,
+                                    uint32_t n, uint32_t k, const uint8_t *cls,
+                                    const uint32_t *rank, const uint16_t *delta,
+                                    pulse_bytebuf *out) {
   chunk_models *m = malloc(sizeof *m);
   uint32_t *order = NULL;
   if (m == NULL)
@@ -199,12 +199,23 @@ pulse_status pulse_chunk_encode_ranks(pulse_pos_model model, const uint32_t *his
   return PULSE_OK;
 }
 
-pulse_status pulse_chunk_encode(pulse_pos_model model, const uint16_t *base,
+pulse_status pulse_chunk_encode_ranks(unsigned version, pulse_pos_model model,
+                                      const uint32_t *hist, uint32_t n, uint32_t k,
+                                      const uint8_t *cls, const uint32_t *rank,
+                                      const uint16_t *delta, pulse_bytebuf *out) {
+  if (version == 2)
+    return pulse_chunk2_encode_ranks(model, n, k, cls, rank, delta, out);
+  if (version != 1)
+    return pulse_fail(PULSE_ERR_VERSION, "chunk encode: no format version %u", version);
+  return v1_encode_ranks(model, hist, n, k, cls, rank, delta, out);
+}
+
+pulse_status pulse_chunk_encode(unsigned version, pulse_pos_model model, const uint16_t *base,
                                 uint32_t n, const uint32_t *pos,
                                 const uint16_t *delta, uint32_t k,
                                 pulse_bytebuf *out) {
   if (model == PULSE_POS_PLAIN)
-    return pulse_chunk_encode_ranks(model, NULL, n, k, NULL, pos, delta, out);
+    return pulse_chunk_encode_ranks(version, model, NULL, n, k, NULL, pos, delta, out);
   uint32_t hist[PULSE_CLASS_COUNT];
   uint32_t *rank = malloc((size_t)k * sizeof *rank);
   uint8_t *cls = malloc((size_t)k);
@@ -213,7 +224,7 @@ pulse_status pulse_chunk_encode(pulse_pos_model model, const uint16_t *base,
     st = pulse_fail(PULSE_ERR_NOMEM, "chunk encode: %u changes", k);
   } else {
     pulse_chunk_classify(base, n, pos, k, hist, rank, cls);
-    st = pulse_chunk_encode_ranks(model, hist, n, k, cls, rank, delta, out);
+    st = pulse_chunk_encode_ranks(version, model, hist, n, k, cls, rank, delta, out);
   }
   free(rank), free(cls);
   return st;
@@ -290,10 +301,10 @@ static int get_value(pulse_rc_dec *d, chunk_models *m, unsigned vc, uint16_t *de
   return 1;
 }
 
-pulse_status pulse_chunk_decode_ranks(pulse_pos_model model, const uint32_t *hist,
-                                      uint32_t n, const uint8_t *stream, size_t size,
-                                      uint32_t k, uint32_t *start, uint32_t *rank,
-                                      uint16_t *delta) {
+static pulse_status v1_decode_ranks(pulse_pos_model model, const uint32_t *hist,
+                                    uint32_t n, const uint8_t *stream, size_t size,
+                                    uint32_t k, uint32_t *start, uint32_t *rank,
+                                    uint16_t *delta) {
   if (k == 0 || k > n)
     return pulse_fail(PULSE_ERR_CORRUPT, "chunk: %u changes in %u elements", k, n);
   if (model == PULSE_POS_CLASS && hist == NULL)
@@ -360,9 +371,20 @@ done:
   return st;
 }
 
-void pulse_chunk_locate(const uint16_t *base, uint32_t n, uint32_t k, const uint32_t *start,
-                        const uint32_t *rank, const uint16_t *cdelta, uint64_t first,
-                        uint64_t *pos, uint16_t *delta) {
+pulse_status pulse_chunk_decode_ranks(unsigned version, pulse_pos_model model,
+                                      const uint32_t *hist, uint32_t n, const uint8_t *stream,
+                                      size_t size, uint32_t k, uint32_t *start, uint32_t *rank,
+                                      uint16_t *delta) {
+  if (version == 2)
+    return pulse_chunk2_decode_ranks(model, hist, n, stream, size, k, start, rank, delta);
+  if (version != 1)
+    return pulse_fail(PULSE_ERR_VERSION, "chunk decode: no format version %u", version);
+  return v1_decode_ranks(model, hist, n, stream, size, k, start, rank, delta);
+}
+
+uint32_t pulse_chunk_locate(const uint16_t *base, uint32_t n, uint32_t k, const uint32_t *start,
+                            const uint32_t *rank, const uint16_t *cdelta, uint64_t first,
+                            uint64_t *pos, uint16_t *delta) {
   /* want[c]: the class rank of the next change of class c (or never). */
   uint32_t seen[PULSE_CLASS_COUNT] = {0}, cursor[PULSE_CLASS_COUNT], want[PULSE_CLASS_COUNT];
   for (unsigned c = 0; c < PULSE_CLASS_COUNT; c++) {
@@ -380,17 +402,21 @@ void pulse_chunk_locate(const uint16_t *base, uint32_t n, uint32_t k, const uint
       want[c] = cursor[c] < start[c + 1] ? rank[cursor[c]] : UINT32_MAX;
     }
   }
+  return out;
 }
 
-pulse_status pulse_chunk_decode(pulse_pos_model model, const uint16_t *base,
+pulse_status pulse_chunk_decode(unsigned version, pulse_pos_model model, const uint16_t *base,
                                 uint32_t n, const uint8_t *stream, size_t size,
                                 uint32_t k, uint64_t first, uint64_t *pos,
                                 uint16_t *delta) {
+  if (model == PULSE_POS_PLAIN && version == 2)
+    return pulse_chunk2_decode_plain(base, n, stream, size, k, first, pos, delta);
   if (model == PULSE_POS_PLAIN) {
     uint32_t *rank = malloc((size_t)k * sizeof *rank + 4);
     if (rank == NULL)
       return pulse_fail(PULSE_ERR_NOMEM, "chunk decode: %u changes", k);
-    pulse_status st = pulse_chunk_decode_ranks(model, NULL, n, stream, size, k, NULL, rank, delta);
+    pulse_status st =
+        pulse_chunk_decode_ranks(version, model, NULL, n, stream, size, k, NULL, rank, delta);
     for (uint32_t j = 0; st == PULSE_OK && j < k; j++)
       pos[j] = first + rank[j];
     free(rank);
@@ -404,12 +430,18 @@ pulse_status pulse_chunk_decode(pulse_pos_model model, const uint16_t *base,
   pulse_status st;
   if (rank == NULL || cdelta == NULL) {
     st = pulse_fail(PULSE_ERR_NOMEM, "chunk decode: %u changes", k);
-  } else {
+  } else if (version == 1) {
     pulse_chunk_classify(base, n, NULL, 0, hist, NULL, NULL); /* counts only */
-    st = pulse_chunk_decode_ranks(model, hist, n, stream, size, k, start, rank, cdelta);
+    st = pulse_chunk_decode_ranks(version, model, hist, n, stream, size, k, start, rank, cdelta);
     /* Every rank was checked against its class count, so all k are found. */
     if (st == PULSE_OK)
       pulse_chunk_locate(base, n, k, start, rank, cdelta, first, pos, delta);
+  } else {
+    /* Version 2 needs no class counts to decode: a rank past its class is
+     * caught by locate, which then finds fewer than k. */
+    st = pulse_chunk_decode_ranks(version, model, NULL, n, stream, size, k, start, rank, cdelta);
+    if (st == PULSE_OK && pulse_chunk_locate(base, n, k, start, rank, cdelta, first, pos, delta) != k)
+      st = pulse_fail(PULSE_ERR_POSITION, "chunk: a class rank is past the end of its class");
   }
   free(rank), free(cdelta);
   return st;

@@ -1,5 +1,7 @@
 /* chunk_impl.h - coding of one chunk of one tensor (FORMAT.md, "Chunk
- * streams"): the class-rank transform and the entropy coder. */
+ * streams"): the class-rank transform and the two coders, version 1's
+ * adaptive range coder (chunk_coder.c) and version 2's static codes
+ * (chunk_fast.c). `version` is the patch format version (1 or 2). */
 #ifndef PULSE_CHUNK_IMPL_H
 #define PULSE_CHUNK_IMPL_H
 
@@ -19,7 +21,7 @@ void pulse_chunk_classify(const uint16_t *base, uint32_t n, const uint32_t *pos,
 /* Encodes k changes (chunk-relative positions, strictly increasing, and
  * non-zero deltas) of a chunk of n elements, appending the stream to out.
  * base (the chunk's base bits) is read only by PULSE_POS_CLASS. k > 0. */
-pulse_status pulse_chunk_encode(pulse_pos_model model, const uint16_t *base,
+pulse_status pulse_chunk_encode(unsigned version, pulse_pos_model model, const uint16_t *base,
                                 uint32_t n, const uint32_t *pos,
                                 const uint16_t *delta, uint32_t k,
                                 pulse_bytebuf *out);
@@ -28,34 +30,52 @@ pulse_status pulse_chunk_encode(pulse_pos_model model, const uint16_t *base,
  * changes in position order with each one's class (cls, ignored and may be
  * NULL for PULSE_POS_PLAIN) and rank within it (plain: the chunk position),
  * and hist the class counts of the base (plain: NULL). */
-pulse_status pulse_chunk_encode_ranks(pulse_pos_model model, const uint32_t *hist,
-                                      uint32_t n, uint32_t k, const uint8_t *cls,
-                                      const uint32_t *rank, const uint16_t *delta,
-                                      pulse_bytebuf *out);
+pulse_status pulse_chunk_encode_ranks(unsigned version, pulse_pos_model model,
+                                      const uint32_t *hist, uint32_t n, uint32_t k,
+                                      const uint8_t *cls, const uint32_t *rank,
+                                      const uint16_t *delta, pulse_bytebuf *out);
 
 /* Decodes a stream to the rank form, class-major: the changes of class c are
  * entries start[c]..start[c+1]-1 (start has PULSE_CLASS_COUNT + 1 entries;
  * unused by PULSE_POS_PLAIN, whose entries are in position order), with
- * increasing ranks, each checked to be below its class count. */
-pulse_status pulse_chunk_decode_ranks(pulse_pos_model model, const uint32_t *hist,
-                                      uint32_t n, const uint8_t *stream, size_t size,
-                                      uint32_t k, uint32_t *start, uint32_t *rank,
+ * increasing ranks, each checked to be below its class count (hist, the
+ * base's class counts; version 2 accepts NULL and then checks ranks only
+ * against n, leaving the rest to pulse_chunk_locate). */
+pulse_status pulse_chunk_decode_ranks(unsigned version, pulse_pos_model model,
+                                      const uint32_t *hist, uint32_t n, const uint8_t *stream,
+                                      size_t size, uint32_t k, uint32_t *start, uint32_t *rank,
                                       uint16_t *delta);
 
 /* Turns the class-major rank form back into positions (first + chunk
- * position) in storage order with one pass over the chunk's base. The ranks
- * must come from pulse_chunk_decode_ranks with this base's class counts. */
-void pulse_chunk_locate(const uint16_t *base, uint32_t n, uint32_t k, const uint32_t *start,
-                        const uint32_t *rank, const uint16_t *cdelta, uint64_t first,
-                        uint64_t *pos, uint16_t *delta);
+ * position) in storage order with one pass over the chunk's base. Returns
+ * how many it found: k when every rank is inside its class, which ranks
+ * checked against this base's class counts always are. */
+uint32_t pulse_chunk_locate(const uint16_t *base, uint32_t n, uint32_t k, const uint32_t *start,
+                            const uint32_t *rank, const uint16_t *cdelta, uint64_t first,
+                            uint64_t *pos, uint16_t *delta);
 
 /* Decodes a chunk stream that the table says holds k changes into pos and
  * delta (k entries each, storage order; pos[j] = first + chunk position).
  * base is required by PULSE_POS_CLASS and ignored by PULSE_POS_PLAIN. Every
  * count, gap and value is checked; the stream must be consumed exactly. */
-pulse_status pulse_chunk_decode(pulse_pos_model model, const uint16_t *base,
+pulse_status pulse_chunk_decode(unsigned version, pulse_pos_model model, const uint16_t *base,
                                 uint32_t n, const uint8_t *stream, size_t size,
                                 uint32_t k, uint64_t first, uint64_t *pos,
                                 uint16_t *delta);
+
+/* The version 2 coder behind the two functions above (chunk_fast.c). */
+pulse_status pulse_chunk2_encode_ranks(pulse_pos_model model, uint32_t n, uint32_t k,
+                                       const uint8_t *cls, const uint32_t *rank,
+                                       const uint16_t *delta, pulse_bytebuf *out);
+pulse_status pulse_chunk2_decode_ranks(pulse_pos_model model, const uint32_t *hist,
+                                       uint32_t n, const uint8_t *stream, size_t size,
+                                       uint32_t k, uint32_t *start, uint32_t *rank,
+                                       uint16_t *delta);
+/* Plain model straight to positions (pos[j] = first + chunk position).
+ * base (the chunk's base bits, or NULL) is only prefetched at each change,
+ * for a caller that reads the old bits next. */
+pulse_status pulse_chunk2_decode_plain(const uint16_t *base, uint32_t n, const uint8_t *stream,
+                                       size_t size, uint32_t k, uint64_t first, uint64_t *pos,
+                                       uint16_t *delta);
 
 #endif

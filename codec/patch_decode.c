@@ -17,7 +17,7 @@ pulse_status patch_decode_chunk(const pulse_patch *p, size_t t, uint64_t j,
   if (k == 0)
     return PULSE_OK;
   uint64_t first = j << p->chunk_log2;
-  pulse_status st = pulse_chunk_decode(p->model, base ? base + first : NULL,
+  pulse_status st = pulse_chunk_decode(p->version, p->model, base ? base + first : NULL,
                                        patch_chunk_elems(p, tt, j), p->bytes + p->chunk_offset[c],
                                        (size_t)p->chunk_size[c], k, first, pos, delta);
   if (st != PULSE_OK)
@@ -67,6 +67,7 @@ typedef struct {
   pulse_changes *staged;            /* per patch tensor */
   pulse_tensor_digest *digest;      /* per patch tensor: actual base digest */
   uint64_t (*items)[2];             /* (tensor, chunk) */
+  pulse_tensor_digest *item_delta;  /* per item: digest change of its changes */
   pulse_status *status;
   char (*detail)[200];
 } apply_job;
@@ -95,8 +96,20 @@ static void decode_one(void *ctx, size_t i) {
   pulse_changes *c = &job->staged[t];
   const uint16_t *base = job->target[t]->data;
   pulse_status st = patch_decode_chunk(job->p, t, j, base, c->pos + at, c->new_bits + at);
-  if (st == PULSE_OK)
+  if (st == PULSE_OK) {
+    /* Old and new bits: a loop of loads alone, so many cache misses on the
+     * base are in flight at once. Then the digest change of the chunk while
+     * its staging is in cache (the tensor's is the sum over its chunks). */
     resolve_bits(base, c, at, at + k);
+    uint64_t da = 0, db = 0;
+    for (uint64_t e = at; e < at + k; e++) {
+      uint64_t xo = pulse_digest_key(c->pos[e], c->old_bits[e]);
+      uint64_t xn = pulse_digest_key(c->pos[e], c->new_bits[e]);
+      da += pulse_digest_lane_a(xn) - pulse_digest_lane_a(xo);
+      db += pulse_digest_lane_b(xn) - pulse_digest_lane_b(xo);
+    }
+    job->item_delta[i] = (pulse_tensor_digest){da, db};
+  }
   record(job, i, st);
 }
 
@@ -147,6 +160,7 @@ pulse_status pulse_patch_stage(const pulse_patch *p, pulse_host_tensor *targets,
   pulse_patch_staged *s = calloc(1, sizeof *s);
   pulse_tensor_digest *digest = calloc(n + 1, sizeof *digest);
   uint64_t(*items)[2] = calloc(p->chunks + 1, sizeof *items);
+  pulse_tensor_digest *item_delta = calloc(p->chunks + 1, sizeof *item_delta);
   pulse_status *item_st = calloc(p->chunks + 1, sizeof *item_st);
   char(*detail)[200] = calloc(p->chunks + 1, sizeof *detail);
   pulse_status st = PULSE_OK;
@@ -155,7 +169,7 @@ pulse_status pulse_patch_stage(const pulse_patch *p, pulse_host_tensor *targets,
     s->target = calloc(n + 1, sizeof *s->target);
     s->staged = calloc(n + 1, sizeof *s->staged);
   }
-  if (!s || !s->target || !s->staged || !digest || !items || !item_st || !detail) {
+  if (!s || !s->target || !s->staged || !digest || !items || !item_delta || !item_st || !detail) {
     st = pulse_fail(PULSE_ERR_NOMEM, "apply: staging for %zu tensors", n);
     goto done;
   }
@@ -186,7 +200,7 @@ pulse_status pulse_patch_stage(const pulse_patch *p, pulse_host_tensor *targets,
   }
 
   /* The base must be the patch's base. */
-  apply_job job = {p, target, s->staged, digest, items, item_st, detail};
+  apply_job job = {p, target, s->staged, digest, items, item_delta, item_st, detail};
   pulse_parallel_for(opts->threads, n, digest_one, &job);
   for (size_t i = 0; i < n; i++) {
     if (target[i] == NULL)
@@ -235,11 +249,15 @@ pulse_status pulse_patch_stage(const pulse_patch *p, pulse_host_tensor *targets,
 
   /* The result must be the patch's target, before anything is written. */
   t0 = now_s();
+  for (size_t i = 0; i < item_count; i++) {
+    pulse_tensor_digest *d = &digest[items[i][0]];
+    d->a += item_delta[i].a;
+    d->b += item_delta[i].b;
+  }
   for (size_t i = 0; i < n && st == PULSE_OK; i++) {
     if (target[i] == NULL)
       continue;
     s->staged[i].count = p->tensors[i].changed;
-    digest[i] = pulse_digest_apply_changes(digest[i], &s->staged[i]);
     if (digest[i].a != p->tensors[i].target_digest.a || digest[i].b != p->tensors[i].target_digest.b)
       st = pulse_fail(PULSE_ERR_TARGET_DIGEST, "apply: tensor '%s' would not match the target of step %llu",
                       p->tensors[i].info.name, (unsigned long long)p->step);
@@ -254,7 +272,7 @@ pulse_status pulse_patch_stage(const pulse_patch *p, pulse_host_tensor *targets,
   s->times.verify_seconds += now_s() - t0;
 
 done:
-  free(digest), free(items), free(item_st), free(detail);
+  free(digest), free(items), free(item_delta), free(item_st), free(detail);
   if (st != PULSE_OK) {
     pulse_patch_staged_free(s);
     return st;

@@ -18,6 +18,7 @@ typedef struct {
 } encode_item;
 
 typedef struct {
+  unsigned version;
   pulse_pos_model model;
   uint32_t chunk_log2;
   const pulse_encode_tensor *tensors;
@@ -74,10 +75,10 @@ static void encode_one(void *ctx, size_t i) {
     }
     int rank_form = t->base == NULL && job->model == PULSE_POS_CLASS;
     if (!rank_form)
-      st = pulse_chunk_encode(job->model, t->base ? t->base + first : NULL, n, pos, delta,
+      st = pulse_chunk_encode(job->version, job->model, t->base ? t->base + first : NULL, n, pos, delta,
                               it->changes, &job->streams[i]);
     else if ((st = check_rank_form(t, it, n)) == PULSE_OK)
-      st = pulse_chunk_encode_ranks(job->model, t->chunk_hist + it->chunk * PULSE_CLASS_COUNT, n,
+      st = pulse_chunk_encode_ranks(job->version, job->model, t->chunk_hist + it->chunk * PULSE_CLASS_COUNT, n,
                                     it->changes, t->change_class + it->first_change,
                                     t->change_rank + it->first_change, delta, &job->streams[i]);
   }
@@ -157,6 +158,10 @@ pulse_status patch_encode_digests(const pulse_encode_opts *opts,
     return pulse_fail(PULSE_ERR_ARG, "encode: options missing or of another version");
   if (opts->pos_model != PULSE_POS_PLAIN && opts->pos_model != PULSE_POS_CLASS)
     return pulse_fail(PULSE_ERR_ARG, "encode: unknown position model %d", (int)opts->pos_model);
+  unsigned version = opts->format_version ? opts->format_version : PULSE_PATCH_VERSION;
+  if (version < PULSE_PATCH_VERSION_MIN || version > PULSE_PATCH_VERSION)
+    return pulse_fail(PULSE_ERR_ARG, "encode: no format version %u (this library writes %u..%u)",
+                      version, PULSE_PATCH_VERSION_MIN, PULSE_PATCH_VERSION);
   if (opts->chunk_log2 < PULSE_CHUNK_LOG2_MIN || opts->chunk_log2 > PULSE_CHUNK_LOG2_MAX)
     return pulse_fail(PULSE_ERR_ARG, "encode: chunk_log2 %u outside %u..%u", opts->chunk_log2,
                       PULSE_CHUNK_LOG2_MIN, PULSE_CHUNK_LOG2_MAX);
@@ -229,7 +234,7 @@ pulse_status patch_encode_digests(const pulse_encode_opts *opts,
     st = pulse_fail(PULSE_ERR_NOMEM, "encode: %zu chunk streams", item_count);
     goto done;
   }
-  encode_job job = {opts->pos_model, opts->chunk_log2, tensors, numel,
+  encode_job job = {version, opts->pos_model, opts->chunk_log2, tensors, numel,
                     items, streams, item_st, detail};
   pulse_parallel_for(opts->threads, item_count, encode_one, &job);
   for (size_t i = 0; i < item_count; i++)
@@ -291,7 +296,7 @@ pulse_status patch_encode_digests(const pulse_encode_opts *opts,
 
   /* Header, table, body. */
   pulse_bytebuf_put(&buf, PULSE_PATCH_MAGIC, 8);
-  pulse_bytebuf_u16(&buf, PULSE_PATCH_VERSION);
+  pulse_bytebuf_u16(&buf, (uint16_t)version);
   pulse_bytebuf_byte(&buf, (uint8_t)opts->pos_model);
   pulse_bytebuf_byte(&buf, (uint8_t)opts->chunk_log2);
   pulse_bytebuf_u32(&buf, (uint32_t)table.size);

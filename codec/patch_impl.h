@@ -25,6 +25,7 @@ struct pulse_patch {
   const uint8_t *bytes;
   size_t size;
   uint64_t step, base_step;
+  unsigned version; /* format version, PULSE_PATCH_VERSION_MIN.. */
   pulse_pos_model model;
   uint32_t chunk_log2;
   pulse_state_digest base_digest, target_digest;

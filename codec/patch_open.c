@@ -236,14 +236,15 @@ pulse_status pulse_patch_open(const uint8_t *bytes, size_t size, pulse_patch **o
   if (memcmp(magic, PULSE_PATCH_MAGIC, 8) != 0)
     return pulse_fail(PULSE_ERR_MAGIC, "patch: bad magic (not a pulse patch)");
   uint16_t version = (uint16_t)pulse_reader_le(&r, 2);
-  if (r.ok && version != PULSE_PATCH_VERSION)
-    return pulse_fail(PULSE_ERR_VERSION, "patch: format version %u, this decoder knows %u",
-                      version, PULSE_PATCH_VERSION);
+  if (r.ok && (version < PULSE_PATCH_VERSION_MIN || version > PULSE_PATCH_VERSION))
+    return pulse_fail(PULSE_ERR_VERSION, "patch: format version %u, this decoder knows %u..%u",
+                      version, PULSE_PATCH_VERSION_MIN, PULSE_PATCH_VERSION);
   pulse_patch *p = calloc(1, sizeof *p);
   if (p == NULL)
     return pulse_fail(PULSE_ERR_NOMEM, "patch: handle");
   p->bytes = bytes;
   p->size = size;
+  p->version = version;
   uint8_t model = pulse_reader_u8(&r);
   p->chunk_log2 = pulse_reader_u8(&r);
   uint64_t table_size = pulse_reader_le(&r, 4);
@@ -289,6 +290,7 @@ pulse_status pulse_patch_open(const uint8_t *bytes, size_t size, pulse_patch **o
 
 uint64_t pulse_patch_step(const pulse_patch *p) { return p->step; }
 uint64_t pulse_patch_base_step(const pulse_patch *p) { return p->base_step; }
+unsigned pulse_patch_format_version(const pulse_patch *p) { return p->version; }
 pulse_pos_model pulse_patch_pos_model(const pulse_patch *p) { return p->model; }
 uint32_t pulse_patch_chunk_log2(const pulse_patch *p) { return p->chunk_log2; }
 const pulse_state_digest *pulse_patch_base_digest(const pulse_patch *p) { return &p->base_digest; }

@@ -252,7 +252,7 @@ static void decode_one(void *ctx, size_t i) {
   } else {
     uint32_t start[PULSE_CLASS_COUNT + 1];
     st = pulse_chunk_decode_ranks(
-        PULSE_POS_CLASS, job->hist + it->hist_at * PULSE_CLASS_COUNT,
+        job->p->version, PULSE_POS_CLASS, job->hist + it->hist_at * PULSE_CLASS_COUNT,
         patch_chunk_elems(job->p, tt, it->chunk),
         job->p->bytes + job->p->chunk_offset[c], (size_t)job->p->chunk_size[c],
         k, start, job->rank + it->at, job->delta + it->at);

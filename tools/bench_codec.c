@@ -1,5 +1,6 @@
 /* bench_codec.c - `pulse-bench codec`: per step, change density, patch sizes
- * of format v1 against the baselines and the entropy bound, throughputs of
+ * of both format versions (class and plain positions) against the
+ * baselines and the entropy bound, throughputs of
  * change detection, patch encoding and decode+apply, and a bit-exact check
  * that applying the patch rebuilds the new BF16 state.
  *
@@ -21,6 +22,21 @@
 #define PROG "pulse-bench codec"
 #define MAX_REPS 1000
 
+/* The codings measured: both position models in both format versions;
+ * the first is the default. */
+enum { CODINGS = 4 };
+static const struct {
+  unsigned version;
+  pulse_pos_model model;
+  const char *label; /* text tables */
+  const char *key;   /* JSON keys and report columns */
+} codings[CODINGS] = {
+    {2, PULSE_POS_CLASS, "v2, class positions (default)", "v2"},
+    {2, PULSE_POS_PLAIN, "v2, plain positions", "v2_plain"},
+    {1, PULSE_POS_CLASS, "v1, class positions (range coder)", "v1"},
+    {1, PULSE_POS_PLAIN, "v1, plain positions (range coder)", "v1_plain"},
+};
+
 typedef struct {
   uint64_t params, steps, seed;
   double lr;
@@ -36,12 +52,11 @@ typedef struct {
 /* Everything measured on one step. */
 typedef struct {
   uint64_t step, base_step, params, changed;
-  uint64_t bytes_v1, bytes_v1_plain;
+  uint64_t bytes[CODINGS];
   bench_baseline_bytes base;
   bench_entropy_bits ent;
   uint64_t weight_bytes, snapshot_bytes; /* what detection reads */
-  double detect_s, memcpy_s, patch_encode_s, patch_encode_plain_s, apply_s,
-      apply_plain_s;
+  double detect_s, memcpy_s, encode_s[CODINGS], apply_s[CODINGS];
   double generate_s; /* synthetic: time of the optimizer step; else 0 */
 } step_result;
 
@@ -64,8 +79,8 @@ void bench_codec_usage(FILE *out) {
   fprintf(
       out,
       "usage: pulse-bench codec [options]\n"
-      "  Patch sizes of format v1 (class and plain positions) against\n"
-      "  dense, int32+BF16, varint-gap baselines and the empirical\n"
+      "  Patch sizes of format versions 2 and 1 (class and plain positions)\n"
+      "  against dense, int32+BF16, varint-gap baselines and the empirical\n"
       "  entropy bound; throughputs of change detection, patch encode,\n"
       "  decode+apply and memcpy; bit-exact check of every patch.\n"
       "input (one of):\n"
@@ -163,13 +178,13 @@ static int ctx_alloc(codec_ctx *c) {
 
 /* ------------------------------------------------------------ one step */
 
-static int encode_patch(codec_ctx *c, const step_result *r,
-                        pulse_pos_model model, int reps, double *secs,
-                        pulse_buffer *out) {
+static int encode_patch(codec_ctx *c, const step_result *r, int coding, int reps,
+                        double *secs, pulse_buffer *out) {
   pulse_encode_opts opts = PULSE_ENCODE_OPTS_INIT;
   opts.step = r->step;
   opts.base_step = r->base_step;
-  opts.pos_model = model;
+  opts.pos_model = codings[coding].model;
+  opts.format_version = codings[coding].version;
   opts.threads = 1;
   double t[MAX_REPS];
   for (int k = 0; k < reps; k++) {
@@ -178,9 +193,7 @@ static int encode_patch(codec_ctx *c, const step_result *r,
     pulse_status st = pulse_patch_encode(&opts, c->enc, c->table.count, out);
     t[k] = pulse_tk_since(t0);
     if (st != PULSE_OK)
-      return fail_status(model == PULSE_POS_CLASS ? "patch encode (class)"
-                                                  : "patch encode (plain)",
-                         st);
+      return fail_status(codings[coding].label, st);
   }
   *secs = pulse_tk_median(t, (size_t)reps);
   return 0;
@@ -289,31 +302,23 @@ static int measure_step(codec_ctx *c, const codec_args *a,
   }
   r->memcpy_s = pulse_tk_median(t, (size_t)a->reps);
 
-  /* Format v1, both position models. */
+  /* Every coding: encode, then apply and check. */
   for (size_t i = 0; i < tb->count; i++) {
     c->enc[i].info = tb->info[i];
     c->enc[i].base = c->old_bf16 + tb->offset[i];
     c->enc[i].changes = &c->changes[i];
     c->enc[i].base_digest = &c->digests[i];
   }
-  pulse_buffer v1 = {NULL, 0}, plain = {NULL, 0};
-  int rc =
-      encode_patch(c, r, PULSE_POS_CLASS, a->reps, &r->patch_encode_s, &v1);
-  if (rc == 0)
-    rc = encode_patch(c, r, PULSE_POS_PLAIN, a->reps, &r->patch_encode_plain_s,
-                      &plain);
-  if (rc == 0) {
-    r->bytes_v1 = v1.size;
-    r->bytes_v1_plain = plain.size;
-    rc = apply_patch(c, r, &v1, "v1 class", new_bf16, a->reps, &r->apply_s);
+  for (int k = 0; k < CODINGS; k++) {
+    pulse_buffer patch = {NULL, 0};
+    int rc = encode_patch(c, r, k, a->reps, &r->encode_s[k], &patch);
+    r->bytes[k] = patch.size;
+    if (rc == 0)
+      rc = apply_patch(c, r, &patch, codings[k].label, new_bf16, a->reps, &r->apply_s[k]);
+    pulse_buffer_free(&patch);
+    if (rc != 0)
+      return rc;
   }
-  if (rc == 0)
-    rc = apply_patch(c, r, &plain, "v1 plain", new_bf16, a->reps,
-                     &r->apply_plain_s);
-  pulse_buffer_free(&v1);
-  pulse_buffer_free(&plain);
-  if (rc != 0)
-    return rc;
 
   st = bench_baselines_compute(tb, c->changes, new_bf16, &r->base);
   if (st != PULSE_OK)
@@ -337,8 +342,10 @@ typedef struct {
 
 static void print_rows(const step_result *r, double divide) {
   row rows[] = {
-      {"v1, class positions (default)", (double)r->bytes_v1},
-      {"v1, plain positions", (double)r->bytes_v1_plain},
+      {codings[0].label, (double)r->bytes[0]},
+      {codings[1].label, (double)r->bytes[1]},
+      {codings[2].label, (double)r->bytes[2]},
+      {codings[3].label, (double)r->bytes[3]},
       {"entropy bound (positions|class + values)", bound_bytes(&r->ent)},
       {"  positions | tensor, old exponent class",
        r->ent.positions_class_bits / 8.0},
@@ -368,13 +375,11 @@ static void print_speeds(const step_result *r) {
          "memcpy %.2f GB/s\n",
          moved / 1e6, r->detect_s * 1e3, per(moved, r->detect_s) / 1e9,
          per(moved, r->memcpy_s) / 1e9);
-  printf("  encode   patch %.2f ms (class), %.2f ms (plain)\n",
-         r->patch_encode_s * 1e3, r->patch_encode_plain_s * 1e3);
-  printf("  apply    open + apply %.2f ms = %.1f M changed/s (class); "
-         "%.2f ms = %.1f M changed/s (plain)\n",
-         r->apply_s * 1e3, per((double)r->changed, r->apply_s) / 1e6,
-         r->apply_plain_s * 1e3,
-         per((double)r->changed, r->apply_plain_s) / 1e6);
+  printf("  %-42s %12s %12s %14s\n", "coding (one thread)", "encode ms", "apply ms",
+         "M changed/s");
+  for (int k = 0; k < CODINGS; k++)
+    printf("  %-42s %12.2f %12.2f %14.1f\n", codings[k].label, r->encode_s[k] * 1e3,
+           r->apply_s[k] * 1e3, per((double)r->changed, r->apply_s[k]) / 1e6);
 }
 
 static void print_step_text(const step_result *r) {
@@ -396,12 +401,13 @@ static void print_step_json(const step_result *r) {
          ",\"changed\":%" PRIu64 ",\"density\":%.6g",
          r->step, r->base_step, r->params, r->changed,
          per((double)r->changed, (double)r->params));
-  printf(",\"bytes_v1\":%" PRIu64 ",\"bytes_v1_plain\":%" PRIu64
-         ",\"bytes_dense\":%" PRIu64 ",\"bytes_dense_zstd\":%" PRIu64
+  for (int k = 0; k < CODINGS; k++)
+    printf(",\"bytes_%s\":%" PRIu64, codings[k].key, r->bytes[k]);
+  printf(",\"bytes_dense\":%" PRIu64 ",\"bytes_dense_zstd\":%" PRIu64
          ",\"bytes_int32_bf16\":%" PRIu64 ",\"bytes_int32_bf16_zstd\":%" PRIu64
          ",\"bytes_delta_abs_zstd\":%" PRIu64
          ",\"bytes_gap_xor_zstd\":%" PRIu64,
-         r->bytes_v1, r->bytes_v1_plain, r->base.dense, r->base.dense_zstd,
+         r->base.dense, r->base.dense_zstd,
          r->base.int32_bf16, r->base.int32_bf16_zstd, r->base.delta_abs_zstd,
          r->base.gap_xor_zstd);
   printf(",\"bound_bytes\":%.1f,\"bound_positions_bytes\":%.1f"
@@ -412,21 +418,25 @@ static void print_step_json(const step_result *r) {
          r->ent.values_class_bits / 8.0);
   printf(",\"weight_bytes\":%" PRIu64 ",\"snapshot_bytes\":%" PRIu64
          ",\"detect_s\":%.6g,\"encode_bytes_per_s\":%.6g"
-         ",\"memcpy_bytes_per_s\":%.6g,\"patch_encode_s\":%.6g"
-         ",\"patch_encode_plain_s\":%.6g,\"apply_s\":%.6g"
-         ",\"apply_changed_per_s\":%.6g,\"apply_plain_s\":%.6g"
-         ",\"apply_plain_changed_per_s\":%.6g,\"verify\":\"ok\"}\n",
+         ",\"memcpy_bytes_per_s\":%.6g",
          r->weight_bytes, r->snapshot_bytes, r->detect_s,
-         per(moved, r->detect_s), per(moved, r->memcpy_s), r->patch_encode_s,
-         r->patch_encode_plain_s, r->apply_s,
-         per((double)r->changed, r->apply_s), r->apply_plain_s,
-         per((double)r->changed, r->apply_plain_s));
+         per(moved, r->detect_s), per(moved, r->memcpy_s));
+  for (int k = 0; k < CODINGS; k++)
+    printf(",\"patch_encode_%s_s\":%.6g,\"apply_%s_s\":%.6g"
+           ",\"apply_%s_changed_per_s\":%.6g",
+           codings[k].key, r->encode_s[k], codings[k].key, r->apply_s[k],
+           codings[k].key, per((double)r->changed, r->apply_s[k]));
+  /* The default coding under the plain names. */
+  printf(",\"patch_encode_s\":%.6g,\"apply_s\":%.6g,\"apply_changed_per_s\":%.6g"
+         ",\"apply_plain_changed_per_s\":%.6g,\"verify\":\"ok\"}\n",
+         r->encode_s[0], r->apply_s[0], per((double)r->changed, r->apply_s[0]),
+         per((double)r->changed, r->apply_s[1]));
 }
 
 /* Sums sizes over steps; throughputs are averaged per step. */
 typedef struct summary {
   step_result sum;
-  double encode_bps, memcpy_bps, apply_cps, apply_plain_cps;
+  double encode_bps, memcpy_bps, apply_cps[CODINGS];
   uint64_t steps;
 } summary;
 
@@ -435,8 +445,11 @@ static void summary_add(summary *s, const step_result *r) {
   double moved = (double)(r->weight_bytes + r->snapshot_bytes);
   t->params += r->params;
   t->changed += r->changed;
-  t->bytes_v1 += r->bytes_v1;
-  t->bytes_v1_plain += r->bytes_v1_plain;
+  for (int k = 0; k < CODINGS; k++) {
+    t->bytes[k] += r->bytes[k];
+    t->encode_s[k] += r->encode_s[k];
+    s->apply_cps[k] += per((double)r->changed, r->apply_s[k]);
+  }
   t->base.dense += r->base.dense;
   t->base.dense_zstd += r->base.dense_zstd;
   t->base.int32_bf16 += r->base.int32_bf16;
@@ -447,12 +460,8 @@ static void summary_add(summary *s, const step_result *r) {
   t->ent.positions_tensor_bits += r->ent.positions_tensor_bits;
   t->ent.values_bits += r->ent.values_bits;
   t->ent.values_class_bits += r->ent.values_class_bits;
-  t->patch_encode_s += r->patch_encode_s;
-  t->patch_encode_plain_s += r->patch_encode_plain_s;
   s->encode_bps += per(moved, r->detect_s);
   s->memcpy_bps += per(moved, r->memcpy_s);
-  s->apply_cps += per((double)r->changed, r->apply_s);
-  s->apply_plain_cps += per((double)r->changed, r->apply_plain_s);
   s->steps++;
 }
 
@@ -464,23 +473,22 @@ static void print_summary_text(const summary *s) {
          "bytes are per step, B/changed is total bytes / total changed\n",
          s->steps, 100.0 * per((double)t->changed, (double)t->params));
   print_rows(t, n);
-  double v1 = (double)t->bytes_v1;
-  printf("  v1 / int32+BF16+zstd-1 = %.3f   v1 / gap+abs+zstd-1 (prod.) = "
-         "%.3f   v1 / bound = %.3f   plain / bound = %.3f\n",
-         per(v1, (double)t->base.int32_bf16_zstd),
-         per(v1, (double)t->base.delta_abs_zstd), per(v1, bound_bytes(&t->ent)),
-         per((double)t->bytes_v1_plain, bound_bytes(&t->ent)));
-  printf("  mean per step: detect %.2f GB/s, memcpy %.2f GB/s, patch encode "
-         "%.2f ms (class) %.2f ms (plain), apply %.1f M changed/s (class) "
-         "%.1f M changed/s (plain)\n",
-         s->encode_bps / n / 1e9, s->memcpy_bps / n / 1e9,
-         t->patch_encode_s / n * 1e3, t->patch_encode_plain_s / n * 1e3,
-         s->apply_cps / n / 1e6, s->apply_plain_cps / n / 1e6);
+  double def = (double)t->bytes[0], bound = bound_bytes(&t->ent);
+  printf("  v2 / int32+BF16+zstd-1 = %.3f   v2 / gap+abs+zstd-1 (prod.) = %.3f\n",
+         per(def, (double)t->base.int32_bf16_zstd), per(def, (double)t->base.delta_abs_zstd));
+  printf("  to the bound: v2 %.3f, v2 plain %.3f, v1 %.3f, v1 plain %.3f\n", per(def, bound),
+         per((double)t->bytes[1], bound), per((double)t->bytes[2], bound),
+         per((double)t->bytes[3], bound));
+  printf("  mean per step: detect %.2f GB/s, memcpy %.2f GB/s\n", s->encode_bps / n / 1e9,
+         s->memcpy_bps / n / 1e9);
+  for (int k = 0; k < CODINGS; k++)
+    printf("  %-42s encode %8.2f ms, apply %7.1f M changed/s\n", codings[k].label,
+           t->encode_s[k] / n * 1e3, s->apply_cps[k] / n / 1e6);
   printf("  verify OK: %s changes over %" PRIu64 " steps rebuilt bit for bit\n",
          fmt_u64(t->changed, b1), s->steps);
   printf("  bandwidth: a pulse patch is %.1fx smaller than dense BF16 "
          "(%.1fx smaller than dense BF16 + zstd-1)\n",
-         per((double)t->base.dense, v1), per((double)t->base.dense_zstd, v1));
+         per((double)t->base.dense, def), per((double)t->base.dense_zstd, def));
 }
 
 static void print_summary_json(const summary *s, const char *source) {
@@ -492,38 +500,40 @@ static void print_summary_json(const summary *s, const char *source) {
          ",\"changed_total\":%" PRIu64 ",\"density\":%.6g",
          source, BENCH_BOUND_MODEL, s->steps, t->params, t->changed,
          per(c, (double)t->params));
-  printf(",\"v1_per_changed\":%.6g,\"v1_plain_per_changed\":%.6g"
-         ",\"bound_per_changed\":%.6g,\"dense_per_changed\":%.6g"
+  double bound = bound_bytes(&t->ent);
+  for (int k = 0; k < CODINGS; k++)
+    printf(",\"%s_per_changed\":%.6g,\"ratio_%s_bound\":%.6g"
+           ",\"ratio_%s_int32_bf16_zstd\":%.6g,\"ratio_%s_delta_abs_zstd\":%.6g"
+           ",\"patch_encode_%s_s\":%.6g,\"apply_%s_changed_per_s\":%.6g",
+           codings[k].key, per((double)t->bytes[k], c), codings[k].key,
+           per((double)t->bytes[k], bound), codings[k].key,
+           per((double)t->bytes[k], (double)t->base.int32_bf16_zstd), codings[k].key,
+           per((double)t->bytes[k], (double)t->base.delta_abs_zstd), codings[k].key,
+           t->encode_s[k] / n, codings[k].key, s->apply_cps[k] / n);
+  printf(",\"bound_per_changed\":%.6g,\"dense_per_changed\":%.6g"
          ",\"dense_zstd_per_changed\":%.6g,\"int32_bf16_per_changed\":%.6g"
          ",\"int32_bf16_zstd_per_changed\":%.6g"
          ",\"delta_abs_zstd_per_changed\":%.6g"
          ",\"gap_xor_zstd_per_changed\":%.6g",
-         per((double)t->bytes_v1, c), per((double)t->bytes_v1_plain, c),
-         per(bound_bytes(&t->ent), c), per((double)t->base.dense, c),
+         per(bound, c), per((double)t->base.dense, c),
          per((double)t->base.dense_zstd, c), per((double)t->base.int32_bf16, c),
          per((double)t->base.int32_bf16_zstd, c),
          per((double)t->base.delta_abs_zstd, c),
          per((double)t->base.gap_xor_zstd, c));
-  printf(",\"ratio_v1_int32_bf16_zstd\":%.6g,\"ratio_v1_delta_abs_zstd\":%.6g"
-         ",\"ratio_v1_bound\":%.6g,\"ratio_v1_plain_bound\":%.6g",
-         per((double)t->bytes_v1, (double)t->base.int32_bf16_zstd),
-         per((double)t->bytes_v1, (double)t->base.delta_abs_zstd),
-         per((double)t->bytes_v1, bound_bytes(&t->ent)),
-         per((double)t->bytes_v1_plain, bound_bytes(&t->ent)));
   printf(",\"encode_bytes_per_s\":%.6g,\"memcpy_bytes_per_s\":%.6g"
-         ",\"patch_encode_s\":%.6g,\"patch_encode_plain_s\":%.6g"
-         ",\"apply_changed_per_s\":%.6g,\"apply_plain_changed_per_s\":%.6g"
-         ",\"verify\":\"ok\"}\n",
-         s->encode_bps / n, s->memcpy_bps / n, t->patch_encode_s / n,
-         t->patch_encode_plain_s / n, s->apply_cps / n, s->apply_plain_cps / n);
+         ",\"patch_encode_s\":%.6g,\"apply_changed_per_s\":%.6g"
+         ",\"apply_plain_changed_per_s\":%.6g,\"verify\":\"ok\"}\n",
+         s->encode_bps / n, s->memcpy_bps / n, t->encode_s[0] / n, s->apply_cps[0] / n,
+         s->apply_cps[1] / n);
 }
 
 static void report_step(const codec_args *a, summary *s, const step_result *r) {
   summary_add(s, r);
   if (a->rt != NULL) {
     const double v[] = {(double)r->step, (double)r->changed,
-                        100.0 * per((double)r->changed, (double)r->params), (double)r->bytes_v1,
-                        (double)r->bytes_v1_plain, bound_bytes(&r->ent), (double)r->base.dense,
+                        100.0 * per((double)r->changed, (double)r->params), (double)r->bytes[0],
+                        (double)r->bytes[1], (double)r->bytes[2], (double)r->bytes[3],
+                        bound_bytes(&r->ent), (double)r->base.dense,
                         (double)r->base.dense_zstd, (double)r->base.int32_bf16,
                         (double)r->base.int32_bf16_zstd, (double)r->base.delta_abs_zstd,
                         (double)r->base.gap_xor_zstd};
@@ -842,7 +852,8 @@ done:
 /* ------------------------------------------------------------- report */
 
 static const char *const report_cols[] = {
-    "step",         "changed",        "density_pct",  "v1_class",         "v1_plain",
+    "step",         "changed",        "density_pct",  "v2_class",         "v2_plain",
+    "v1_class",      "v1_plain",
     "entropy_bound", "dense_bf16",    "dense_zstd1",  "int32_bf16",       "int32_bf16_zstd1",
     "gap_abs_zstd1", "gap_xor_zstd1"};
 #define REPORT_COLS (sizeof report_cols / sizeof report_cols[0])
@@ -861,7 +872,8 @@ static int run_with_report(codec_args *a, int argc, char **argv) {
   static const char *const pc_cols[] = {"encoding", "bytes_per_changed"};
   pulse_report_table *pc = pulse_report_table_add(rep, "per_changed", pc_cols, 2);
   const step_result *t = &sum.sum;
-  const double tot[] = {(double)t->bytes_v1, (double)t->bytes_v1_plain, bound_bytes(&t->ent),
+  const double tot[] = {(double)t->bytes[0], (double)t->bytes[1], (double)t->bytes[2],
+                        (double)t->bytes[3], bound_bytes(&t->ent),
                         (double)t->base.dense, (double)t->base.dense_zstd,
                         (double)t->base.int32_bf16, (double)t->base.int32_bf16_zstd,
                         (double)t->base.delta_abs_zstd, (double)t->base.gap_xor_zstd};

@@ -43,7 +43,7 @@ static int inspect_patch(const char *path, const pulse_buffer *bytes, const char
   pulse_state_digest_hex(pulse_patch_base_digest(p), base_hex);
   pulse_state_digest_hex(pulse_patch_target_digest(p), target_hex);
   if (!quiet) {
-    printf("pulse patch v%d, %zu bytes\n", PULSE_PATCH_VERSION, bytes->size);
+    printf("pulse patch v%u, %zu bytes\n", pulse_patch_format_version(p), bytes->size);
     printf("  step %" PRIu64 " <- base step %" PRIu64 "\n", pulse_patch_step(p), pulse_patch_base_step(p));
     printf("  position model %s, chunks of 2^%u elements\n",
            pulse_patch_pos_model(p) == PULSE_POS_CLASS ? "class (old exponent)" : "plain",

@@ -43,6 +43,7 @@ grep -q '^{"summary":true' "$TMP/a.json" || fail "no summary object"
 
 required="step params changed bytes_v1 bytes_int32_bf16_zstd bound_bytes
 encode_bytes_per_s memcpy_bytes_per_s apply_changed_per_s bytes_v1_plain
+bytes_v2 bytes_v2_plain apply_v2_changed_per_s apply_v1_changed_per_s
 bytes_dense bytes_dense_zstd bytes_int32_bf16 bytes_delta_abs_zstd
 bound_positions_bytes bound_values_bytes patch_encode_s density"
 n=0
@@ -54,12 +55,14 @@ while IFS= read -r line; do
   grep -q '"verify":"ok"' <<<"$line" || fail "step $n: not verified"
   [ "$(json_num "$line" step)" -eq "$n" ] || fail "step $n: wrong step number"
   changed=$(json_num "$line" changed)
-  v1=$(json_num "$line" bytes_v1)
   base=$(json_num "$line" bytes_int32_bf16_zstd)
   [ "${changed:-0}" -gt 0 ] || fail "step $n: no changes"
-  [ "${v1:-0}" -gt 0 ] || fail "step $n: empty v1 patch"
-  [ "${v1:-0}" -lt "${base:-0}" ] ||
-    fail "step $n: v1 ($v1 B) not smaller than int32+BF16+zstd-1 ($base B)"
+  for v in v1 v2; do
+    b=$(json_num "$line" "bytes_$v")
+    [ "${b:-0}" -gt 0 ] || fail "step $n: empty $v patch"
+    [ "${b:-0}" -lt "${base:-0}" ] ||
+      fail "step $n: $v ($b B) not smaller than int32+BF16+zstd-1 ($base B)"
+  done
   awk -v a="$(json_num "$line" apply_changed_per_s)" \
     -v e="$(json_num "$line" encode_bytes_per_s)" \
     'BEGIN { exit !(a > 0 && e > 0) }' || fail "step $n: zero throughput"
@@ -70,7 +73,8 @@ done < <(grep '^{"step":' "$TMP/a.json")
 sizes() {
   grep '^{"step":' "$1" | while IFS= read -r line; do
     echo "$(json_num "$line" changed) $(json_num "$line" bytes_v1)" \
-      "$(json_num "$line" bytes_v1_plain) $(json_num "$line" bound_bytes)"
+      "$(json_num "$line" bytes_v1_plain) $(json_num "$line" bytes_v2)" \
+      "$(json_num "$line" bytes_v2_plain) $(json_num "$line" bound_bytes)"
   done
 }
 run_json 1 "$TMP/b.json" || fail "second run exited non-zero"
@@ -83,8 +87,8 @@ run_json 2 "$TMP/c.json" || fail "run with seed 2 exited non-zero"
 # 3. The readable table names the encodings and ends with a verified summary.
 "$BENCH" codec --params 50000 --steps 2 --reps 1 >"$TMP/text" 2>&1 ||
   fail "text run exited non-zero"
-for word in "v1, class positions" "entropy bound" "int32 index" "summary" \
-  "v1 / bound" "verify OK"; do
+for word in "v2, class positions" "v1, class positions" "entropy bound" \
+  "int32 index" "summary" "to the bound" "verify OK"; do
   grep -q "$word" "$TMP/text" || fail "text output lacks '$word'"
 done
 

@@ -14,6 +14,17 @@ static const uint64_t sizes[] = {0,   1, 2, 7, 1023, 1024, 1025, 3 * 1024 + 7,
 static const pulse_pos_model models[] = {PULSE_POS_PLAIN, PULSE_POS_CLASS};
 static const char *const model_names[] = {"plain", "class"};
 
+/* The round trips run over every coding: both position models in both
+ * format versions. */
+enum { CODINGS = 4 };
+static const char *const coding_names[CODINGS] = {"plain", "class", "plain v1", "class v1"};
+
+static pulse_encode_opts coding_opts(int coding, uint32_t chunk_log2, int threads) {
+  pulse_encode_opts o = pt_opts(models[coding % 2], chunk_log2, threads);
+  o.format_version = coding < 2 ? PULSE_PATCH_VERSION : 1;
+  return o;
+}
+
 /* Everything a valid patch promises, checked against the tensors it was
  * encoded from: header, table, state digests, decode_tensor (exactly the
  * change list) and apply (exactly the targets). Returns the patch bytes. */
@@ -126,13 +137,13 @@ Test(patch, roundtrip_is_bit_exact_over_seeds_densities_and_sizes) {
         pt_tensor_make1(&ts[k], name, sizes[k], kind, densities[di], 0,
                         seed * 131 + di * 17 + k);
       }
-      for (int m = 0; m < 2; m++)
+      for (int m = 0; m < CODINGS; m++)
         for (int threads = 1; threads <= 3; threads += 2) {
           char label[128];
           snprintf(label, sizeof label, "seed %llu density %g %s threads %d",
-                   (unsigned long long)seed, densities[di], model_names[m],
+                   (unsigned long long)seed, densities[di], coding_names[m],
                    threads);
-          pulse_encode_opts o = pt_opts(models[m], 10, threads);
+          pulse_encode_opts o = coding_opts(m, 10, threads);
           roundtrip_free(&o, ts, N, label);
         }
       pt_tensors_free(ts, N);
@@ -146,12 +157,12 @@ Test(patch, roundtrip_single_tensor_around_chunk_boundaries) {
         pt_tensor t;
         pt_tensor_make1(&t, "w", sizes[k], PT_WEIGHTS_NORMAL, densities[di], 1,
                         seed + 1000 * k);
-        for (int m = 0; m < 2; m++) {
+        for (int m = 0; m < CODINGS; m++) {
           char label[128];
           snprintf(label, sizeof label, "size %llu density %g seed %llu %s",
                    (unsigned long long)sizes[k], densities[di],
-                   (unsigned long long)seed, model_names[m]);
-          pulse_encode_opts o = pt_opts(models[m], 10, 1);
+                   (unsigned long long)seed, coding_names[m]);
+          pulse_encode_opts o = coding_opts(m, 10, 1);
           roundtrip_free(&o, &t, 1, label);
         }
         pt_tensor_free(&t);
@@ -175,10 +186,10 @@ Test(patch, roundtrip_changes_at_chunk_edges) {
         pt_push(&t.changes, i, t.base[i], pt_new_bits(&s, t.base[i], 1));
     }
     pt_apply_changes(t.target, &t.changes);
-    for (int m = 0; m < 2; m++) {
+    for (int m = 0; m < CODINGS; m++) {
       char label[64];
-      snprintf(label, sizeof label, "variant %d %s", variant, model_names[m]);
-      pulse_encode_opts o = pt_opts(models[m], 10, 3);
+      snprintf(label, sizeof label, "variant %d %s", variant, coding_names[m]);
+      pulse_encode_opts o = coding_opts(m, 10, 3);
       roundtrip_free(&o, &t, 1, label);
     }
     pt_tensor_free(&t);
@@ -196,11 +207,11 @@ Test(patch, roundtrip_two_hundred_small_tensors) {
     double density = densities[pt_below(&s, PT_COUNT_OF(densities))];
     pt_tensor_make1(&ts[k], name, numel, PT_WEIGHTS_EDGE, density, 1, k);
   }
-  for (int m = 0; m < 2; m++)
+  for (int m = 0; m < CODINGS; m++)
     for (int threads = 1; threads <= 3; threads += 2) {
       char label[64];
-      snprintf(label, sizeof label, "%s threads %d", model_names[m], threads);
-      pulse_encode_opts o = pt_opts(models[m], 10, threads);
+      snprintf(label, sizeof label, "%s threads %d", coding_names[m], threads);
+      pulse_encode_opts o = coding_opts(m, 10, threads);
       roundtrip_free(&o, ts, N, label);
     }
   pt_tensors_free(ts, N);
@@ -229,11 +240,11 @@ Test(patch, roundtrip_multidimensional_shapes) {
       pt_tensor_make(&ts[k], name, shapes[k].ndim, shapes[k].shape,
                      PT_WEIGHTS_NORMAL, 0.2, 1, seed * 7 + k);
     }
-    for (int m = 0; m < 2; m++) {
+    for (int m = 0; m < CODINGS; m++) {
       char label[64];
       snprintf(label, sizeof label, "seed %llu %s", (unsigned long long)seed,
-               model_names[m]);
-      pulse_encode_opts o = pt_opts(models[m], 10, 3);
+               coding_names[m]);
+      pulse_encode_opts o = coding_opts(m, 10, 3);
       roundtrip_free(&o, ts, N, label);
     }
     pt_tensors_free(ts, N);
@@ -268,11 +279,11 @@ Test(patch, roundtrip_edge_values_and_every_delta) {
   pt_apply_changes(deltas.target, &deltas.changes);
 
   pt_tensor both[2] = {pairs, deltas};
-  for (int m = 0; m < 2; m++)
+  for (int m = 0; m < CODINGS; m++)
     for (uint32_t log2 = 10; log2 <= 16; log2 += 6) {
       char label[64];
-      snprintf(label, sizeof label, "%s chunk 2^%u", model_names[m], log2);
-      pulse_encode_opts o = pt_opts(models[m], log2, 3);
+      snprintf(label, sizeof label, "%s chunk 2^%u", coding_names[m], log2);
+      pulse_encode_opts o = coding_opts(m, log2, 3);
       roundtrip_free(&o, both, 2, label);
     }
   pt_tensors_free(both, 2);
@@ -288,11 +299,11 @@ Test(patch, roundtrip_realistic_weights_use_many_classes) {
       classes++;
   cr_assert_geq(classes, 12, "normal*0.02 weights: only %d classes changed",
                 classes);
-  for (int m = 0; m < 2; m++)
+  for (int m = 0; m < CODINGS; m++)
     for (uint32_t log2 = 10; log2 <= 30; log2 += 10) {
       char label[64];
-      snprintf(label, sizeof label, "%s chunk 2^%u", model_names[m], log2);
-      pulse_encode_opts o = pt_opts(models[m], log2, 3);
+      snprintf(label, sizeof label, "%s chunk 2^%u", coding_names[m], log2);
+      pulse_encode_opts o = coding_opts(m, log2, 3);
       roundtrip_free(&o, &t, 1, label);
     }
   pt_tensor_free(&t);
@@ -303,9 +314,9 @@ Test(patch, roundtrip_default_chunk_size_over_two_chunks) {
   pt_tensor_make1(&t, "big", (1u << 20) + 3, PT_WEIGHTS_NORMAL, 0.01, 1, 3);
   pt_push(&t.changes, (1u << 20) + 2, t.base[(1u << 20) + 2], 0x7FC1);
   t.target[(1u << 20) + 2] = 0x7FC1;
-  for (int m = 0; m < 2; m++) {
-    pulse_encode_opts o = pt_opts(models[m], PULSE_CHUNK_LOG2_DEFAULT, 3);
-    roundtrip_free(&o, &t, 1, model_names[m]);
+  for (int m = 0; m < CODINGS; m++) {
+    pulse_encode_opts o = coding_opts(m, PULSE_CHUNK_LOG2_DEFAULT, 3);
+    roundtrip_free(&o, &t, 1, coding_names[m]);
   }
   pt_tensor_free(&t);
 }
@@ -326,9 +337,9 @@ Test(patch, decode_tensor_returns_exactly_the_given_changes) {
   free(t.target);
   t.target = pt_copy(t.base, t.numel);
   pt_apply_changes(t.target, &t.changes);
-  for (int m = 0; m < 2; m++) {
-    pulse_encode_opts o = pt_opts(models[m], 10, 1);
-    pulse_buffer b = check_roundtrip(&o, &t, 1, model_names[m]);
+  for (int m = 0; m < CODINGS; m++) {
+    pulse_encode_opts o = coding_opts(m, 10, 1);
+    pulse_buffer b = check_roundtrip(&o, &t, 1, coding_names[m]);
     pulse_patch *p = NULL;
     cr_assert_eq(pulse_patch_open(b.data, b.size, &p), PULSE_OK);
     pulse_changes got = PULSE_CHANGES_INIT;
@@ -338,10 +349,10 @@ Test(patch, decode_tensor_returns_exactly_the_given_changes) {
                  PULSE_OK);
     cr_assert_eq(got.count, PT_COUNT_OF(at));
     for (size_t j = 0; j < PT_COUNT_OF(at); j++) {
-      cr_assert_eq(got.pos[j], at[j], "%s: position %zu", model_names[m], j);
+      cr_assert_eq(got.pos[j], at[j], "%s: position %zu", coding_names[m], j);
       cr_assert_eq(got.old_bits[j], t.base[at[j]], "%s: old %zu",
-                   model_names[m], j);
-      cr_assert_eq(got.new_bits[j], news[j], "%s: new %zu", model_names[m], j);
+                   coding_names[m], j);
+      cr_assert_eq(got.new_bits[j], news[j], "%s: new %zu", coding_names[m], j);
     }
     cr_assert_eq(pulse_patch_decode_tensor(p, 0, t.base, t.numel - 1, &got),
                  PULSE_ERR_SIZE_MISMATCH);
@@ -361,8 +372,8 @@ Test(patch, decode_tensor_returns_exactly_the_given_changes) {
 }
 
 Test(patch, empty_table_roundtrips) {
-  for (int m = 0; m < 2; m++) {
-    pulse_encode_opts o = pt_opts(models[m], 10, 1);
+  for (int m = 0; m < CODINGS; m++) {
+    pulse_encode_opts o = coding_opts(m, 10, 1);
     pulse_buffer b = {NULL, 0};
     cr_assert_eq(pulse_patch_encode(&o, NULL, 0, &b), PULSE_OK);
     cr_assert_eq(b.size, PT_HEADER_SIZE, "no table, no body");
@@ -382,18 +393,18 @@ Test(patch, encoder_is_deterministic_for_any_thread_count) {
   pt_tensor_make1(&ts[0], "a", 50000, PT_WEIGHTS_NORMAL, 0.05, 1, 1);
   pt_tensor_make1(&ts[1], "b", 3 * 1024 + 7, PT_WEIGHTS_EDGE, 0.5, 1, 2);
   pt_tensor_make1(&ts[2], "c", 1, PT_WEIGHTS_ANY, 1.0, 1, 3);
-  for (int m = 0; m < 2; m++) {
-    pulse_encode_opts o = pt_opts(models[m], 10, 1);
-    pulse_buffer ref = check_roundtrip(&o, ts, 3, model_names[m]);
+  for (int m = 0; m < CODINGS; m++) {
+    pulse_encode_opts o = coding_opts(m, 10, 1);
+    pulse_buffer ref = check_roundtrip(&o, ts, 3, coding_names[m]);
     static const int threads[] = {1, 2, 3, 4, 0, 1};
     for (size_t k = 0; k < PT_COUNT_OF(threads); k++) {
       o.threads = threads[k];
       pulse_buffer b = {NULL, 0};
       cr_assert_eq(pt_encode(&o, ts, 3, &b), PULSE_OK);
-      cr_assert_eq(b.size, ref.size, "%s threads %d: size", model_names[m],
+      cr_assert_eq(b.size, ref.size, "%s threads %d: size", coding_names[m],
                    threads[k]);
       cr_assert_arr_eq(b.data, ref.data, ref.size, "%s threads %d: bytes",
-                       model_names[m], threads[k]);
+                       coding_names[m], threads[k]);
       pulse_buffer_free(&b);
     }
     pulse_buffer_free(&ref);
@@ -476,8 +487,12 @@ Test(patch, encoder_rejects_inconsistent_input) {
   o.pos_model = (pulse_pos_model)2;
   cr_assert_eq(encode_one(&t, &o), PULSE_ERR_ARG, "model 2");
   o.pos_model = PULSE_POS_CLASS;
-  o.struct_version = 2;
+  o.struct_version = PULSE_ENCODE_OPTS_VERSION - 1;
   cr_assert_eq(encode_one(&t, &o), PULSE_ERR_ARG, "opts version");
+  o.struct_version = PULSE_ENCODE_OPTS_VERSION;
+  o.format_version = PULSE_PATCH_VERSION + 1;
+  cr_assert_eq(encode_one(&t, &o), PULSE_ERR_ARG, "format version");
+  o.format_version = 0;
   o.struct_version = PULSE_ENCODE_OPTS_VERSION;
   cr_assert_eq(pt_encode(&o, &t, 1, NULL), PULSE_ERR_ARG, "NULL out");
 

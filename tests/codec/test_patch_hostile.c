@@ -121,7 +121,7 @@ Test(patch, layout_matches_the_format_text) {
     fixture_make(&f, models[m], 1);
     const pt_raw_patch *r = &f.raw;
     cr_assert_arr_eq(r->magic, "PULSEPCH", 8);
-    cr_assert_eq(r->version, 1);
+    cr_assert_eq(r->version, PULSE_PATCH_VERSION);
     cr_assert_eq(r->model, (uint8_t)models[m]);
     cr_assert_eq(r->chunk_log2, 10);
     cr_assert_eq(r->step, 8);
@@ -200,7 +200,7 @@ Test(patch, header_fields_out_of_range) {
   for (size_t k = 0; k < 8; k++)
     EDIT(k, f.buf.data[k] ^ 0x20u, 1, PULSE_ERR_MAGIC);
   EDIT(PT_OFF_VERSION, 0, 2, PULSE_ERR_VERSION);
-  EDIT(PT_OFF_VERSION, 2, 2, PULSE_ERR_VERSION);
+  EDIT(PT_OFF_VERSION, PULSE_PATCH_VERSION + 1, 2, PULSE_ERR_VERSION);
   EDIT(PT_OFF_VERSION, 0x100, 2, PULSE_ERR_VERSION);
   EDIT(PT_OFF_VERSION, 0xFFFF, 2, PULSE_ERR_VERSION);
   EDIT(PT_OFF_MODEL, 2, 1, PULSE_ERR_VERSION);

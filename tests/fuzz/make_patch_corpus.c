@@ -12,6 +12,7 @@
 #include "patch_testutil.h"
 
 static const char *seed_dir, *reject_dir;
+static unsigned format_version; /* of the patches written; 0: the default */
 
 static void write_file(const char *dir, const char *name, const uint8_t *data,
                        size_t size) {
@@ -45,6 +46,7 @@ static void fuzz_tensor(pt_tensor *t, size_t index, const char *name,
 static void seed(const char *name, pulse_pos_model model, pt_tensor *ts,
                  size_t n) {
   pulse_encode_opts o = pt_opts(model, 10, 1);
+  o.format_version = format_version;
   pulse_buffer b = {NULL, 0};
   if (pt_encode(&o, ts, n, &b) != PULSE_OK) {
     fprintf(stderr, "%s: %s\n", name, pulse_error_detail());
@@ -56,9 +58,11 @@ static void seed(const char *name, pulse_pos_model model, pt_tensor *ts,
 }
 
 static void write_seeds(void) {
-  for (int m = 0; m < 2; m++) {
-    pulse_pos_model model = m ? PULSE_POS_CLASS : PULSE_POS_PLAIN;
-    const char *tag = m ? "class" : "plain";
+  for (int m = 0; m < 4; m++) {
+    pulse_pos_model model = m % 2 ? PULSE_POS_CLASS : PULSE_POS_PLAIN;
+    static const char *const tags[] = {"plain", "class", "v1-plain", "v1-class"};
+    const char *tag = tags[m];
+    format_version = m < 2 ? 0 : 1;
     char name[64];
     pt_tensor ts[3];
     uint64_t w = 1500, b[2] = {2, 3}, e = 0;
@@ -84,6 +88,7 @@ static void write_seeds(void) {
     snprintf(name, sizeof name, "seed-%s-edges.bin", tag);
     seed(name, model, ts, 2);
   }
+  format_version = 0;
   seed("seed-empty-table.bin", PULSE_POS_CLASS, NULL, 0);
 }
 
@@ -109,6 +114,7 @@ static pulse_buffer zero_base_patch(pulse_pos_model model, int nonzero_base) {
     pt_apply_changes(ts[i].target, &ts[i].changes);
   }
   pulse_encode_opts o = pt_opts(model, 10, 1);
+  o.format_version = format_version;
   pulse_buffer b = {NULL, 0};
   if (pt_encode(&o, ts, 3, &b) != PULSE_OK)
     exit(1);
@@ -161,7 +167,7 @@ static void write_rejects(void) {
   pulse_buffer_free(&b);
 
   reject_header("PULSE_ERR_MAGIC--bad-magic.bin", 0, 0x50554C5345504348ull, 8);
-  reject_header("PULSE_ERR_VERSION--version-2.bin", PT_OFF_VERSION, 2, 2);
+  reject_header("PULSE_ERR_VERSION--version-3.bin", PT_OFF_VERSION, 3, 2);
   reject_header("PULSE_ERR_VERSION--position-model-2.bin", PT_OFF_MODEL, 2, 1);
   reject_header("PULSE_ERR_CORRUPT--chunk-log2-9.bin", PT_OFF_CHUNK_LOG2, 9, 1);
   reject_header("PULSE_ERR_CORRUPT--chunk-log2-31.bin", PT_OFF_CHUNK_LOG2, 31,
@@ -211,9 +217,19 @@ static void write_rejects(void) {
   r = raw_of(PULSE_POS_CLASS);
   r.tensors[0].digest[2] ^= 1;
   reject_raw("PULSE_ERR_TARGET_DIGEST--tensor-target-digest-wrong.bin", &r, 1);
+  format_version = 1;
   r = raw_of(PULSE_POS_PLAIN);
   r.body[0] = 1; /* a range-coder stream starts with 0 */
-  reject_raw("PULSE_ERR_CORRUPT--stream-first-byte-not-zero.bin", &r, 1);
+  reject_raw("PULSE_ERR_CORRUPT--v1-stream-first-byte-not-zero.bin", &r, 1);
+  format_version = 0;
+  r = raw_of(PULSE_POS_PLAIN);
+  {
+    /* The last byte of the last stream of "v" with its top (padding) bit
+     * set: "v" is plain, 15 elements, so its few changes never fill a
+     * whole byte to the top. */
+    r.body[r.body_len - 1] |= 0x80;
+  }
+  reject_raw("PULSE_ERR_CORRUPT--v2-padding-bit-set.bin", &r, 1);
   r = raw_of(PULSE_POS_CLASS);
   {
     /* One zero byte appended to the first stream of "w". */

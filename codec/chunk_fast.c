@@ -1,0 +1,533 @@
+/* chunk_fast.c - the version 2 chunk streams (FORMAT.md, "Version 2 chunk
+ * streams"): the same class-rank transform as version 1, coded with static
+ * codes a decoder reads with a few table lookups per change instead of one
+ * adaptive binary decision per bit.
+ *
+ * Per class: its count, a Golomb parameter M chosen by the encoder from the
+ * class's own gaps (so a decoder needs no class counts), and a value code
+ * (default, constant, or canonical prefix code of at most 8 bits). Gaps are
+ * Golomb codes (unary quotient, truncated binary remainder): the optimal
+ * prefix code for geometric gaps, which is what rank gaps within a class
+ * are when changes are independent given the exponent. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "bitio_impl.h"
+#include "chunk_impl.h"
+#include "pulse_elem.h"
+#include "status_impl.h"
+
+#define QUOTIENT_MAX 24u  /* unary quotient length before the escape */
+#define GAMMA_MAX 33u     /* longest gamma prefix any field needs */
+#define TOKENS 16u        /* value tokens: 0..14 literal, 15 escape */
+#define TOKEN_ESCAPE 15u
+#define CODE_LEN_MAX 8u   /* longest value codeword */
+#define M_MAX (1ull << 31)
+
+enum { VALUE_CODE_DEFAULT = 0, VALUE_CODE_CUSTOM = 1, VALUE_CODE_CONSTANT = 2 };
+
+/* The default value code: zig-zag deltas 1, 2 (tokens 0, 1) most likely,
+ * halving every two tokens; a complete code (Kraft sum exactly 1). */
+static const uint8_t default_lengths[TOKENS] = {2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7, 8, 8, 8, 8};
+
+static unsigned bit_length(uint64_t v) {
+  return v ? 64u - (unsigned)__builtin_clzll(v) : 0u;
+}
+
+static unsigned reverse_bits(unsigned v, unsigned n) {
+  unsigned r = 0;
+  for (unsigned i = 0; i < n; i++)
+    r |= ((v >> i) & 1u) << (n - 1u - i);
+  return r;
+}
+
+/* Canonical codewords (bit-reversed, as the reader sees them) for lengths. */
+static void canonical_codes(const uint8_t len[TOKENS], uint16_t code[TOKENS]) {
+  unsigned count[CODE_LEN_MAX + 1] = {0}, next[CODE_LEN_MAX + 2];
+  for (unsigned t = 0; t < TOKENS; t++)
+    count[len[t]]++;
+  count[0] = 0;
+  unsigned c = 0;
+  for (unsigned l = 1; l <= CODE_LEN_MAX; l++) {
+    c = (c + count[l - 1]) << 1;
+    next[l] = c;
+  }
+  for (unsigned t = 0; t < TOKENS; t++)
+    code[t] = len[t] ? (uint16_t)reverse_bits(next[len[t]]++, len[t]) : 0;
+}
+
+/* ------------------------------------------------------------ encoding */
+
+static void put_gamma(pulse_bitwriter *w, uint64_t v) { /* v >= 1 */
+  unsigned l = bit_length(v) - 1u;
+  pulse_bw_ones(w, l);
+  pulse_bw_put(w, 0, 1);
+  if (l > 32) {
+    pulse_bw_put(w, v, 32);
+    pulse_bw_put(w, v >> 32, l - 32u);
+  } else {
+    pulse_bw_put(w, v, l);
+  }
+}
+
+/* Golomb parameter from the gaps: round(ln 2 * mean gap), the optimum for
+ * geometric gaps; 0 when every gap is 0 (nothing to code). */
+static uint64_t choose_m(uint64_t gap_sum, uint64_t k) {
+  if (gap_sum == 0)
+    return 0;
+  uint64_t m = (gap_sum * 45426u / k + 32768u) >> 16; /* 45426 / 2^16 = ln 2 */
+  if (m < 1)
+    m = 1;
+  return m > M_MAX ? M_MAX : m;
+}
+
+static void put_gap(pulse_bitwriter *w, uint64_t gap, uint64_t m, unsigned b, uint64_t u) {
+  uint64_t q = gap / m, r = gap - q * m;
+  if (q < QUOTIENT_MAX) {
+    pulse_bw_ones(w, (unsigned)q);
+    pulse_bw_put(w, 0, 1);
+  } else {
+    pulse_bw_ones(w, QUOTIENT_MAX);
+    put_gamma(w, q - QUOTIENT_MAX + 1u);
+  }
+  if (m < 2)
+    return;
+  if (r < u) {
+    pulse_bw_put(w, r, b - 1u);
+  } else {
+    uint64_t x = r + u;
+    pulse_bw_put(w, x >> 1, b - 1u);
+    pulse_bw_put(w, x & 1u, 1);
+  }
+}
+
+static unsigned value_token(uint16_t delta) {
+  uint32_t v = pulse_zigzag16(delta) - 1u; /* delta != 0 */
+  return v < TOKEN_ESCAPE ? v : TOKEN_ESCAPE;
+}
+
+/* Huffman code lengths for the token counts, at most CODE_LEN_MAX bits
+ * (counts are halved until the tree is shallow enough). */
+static void huffman_lengths(const uint64_t count_in[TOKENS], uint8_t len[TOKENS]) {
+  uint64_t count[TOKENS];
+  memcpy(count, count_in, sizeof count);
+  for (;;) {
+    uint64_t weight[2 * TOKENS];
+    int parent[2 * TOKENS], alive[2 * TOKENS];
+    unsigned nodes = 0, used = 0;
+    for (unsigned t = 0; t < TOKENS; t++) {
+      weight[t] = count[t];
+      parent[t] = -1;
+      alive[t] = count[t] > 0;
+      used += count[t] > 0;
+    }
+    nodes = TOKENS;
+    memset(len, 0, TOKENS);
+    if (used < 2) { /* a lone token still needs one bit in a prefix code */
+      for (unsigned t = 0; t < TOKENS; t++)
+        if (count[t] > 0)
+          len[t] = 1;
+      return;
+    }
+    for (unsigned merges = 0; merges + 1 < used; merges++) {
+      int a = -1, b = -1;
+      for (unsigned i = 0; i < nodes; i++) {
+        if (!alive[i])
+          continue;
+        if (a < 0 || weight[i] < weight[a]) {
+          b = a;
+          a = (int)i;
+        } else if (b < 0 || weight[i] < weight[b]) {
+          b = (int)i;
+        }
+      }
+      weight[nodes] = weight[a] + weight[b];
+      parent[nodes] = -1;
+      alive[nodes] = 1;
+      alive[a] = alive[b] = 0;
+      parent[a] = parent[b] = (int)nodes;
+      nodes++;
+    }
+    unsigned deepest = 0;
+    for (unsigned t = 0; t < TOKENS; t++) {
+      if (count[t] == 0)
+        continue;
+      unsigned d = 0;
+      for (int x = (int)t; parent[x] >= 0; x = parent[x])
+        d++;
+      len[t] = (uint8_t)d;
+      deepest = d > deepest ? d : deepest;
+    }
+    if (deepest <= CODE_LEN_MAX)
+      return;
+    for (unsigned t = 0; t < TOKENS; t++)
+      if (count[t] > 0)
+        count[t] = (count[t] >> 1) | 1u;
+  }
+}
+
+/* Chooses and writes the value code of one class; fills its codewords. */
+static void put_value_code(pulse_bitwriter *w, const uint64_t count[TOKENS], uint8_t len[TOKENS],
+                           uint16_t code[TOKENS], unsigned *constant) {
+  unsigned used = 0, last = 0, only = 0;
+  for (unsigned t = 0; t < TOKENS; t++)
+    if (count[t] > 0) {
+      used++;
+      last = t;
+      only = t;
+    }
+  *constant = TOKENS;
+  if (used == 1) {
+    pulse_bw_put(w, VALUE_CODE_CONSTANT, 2);
+    pulse_bw_put(w, only, 4);
+    *constant = only;
+    return;
+  }
+  uint8_t huff[TOKENS];
+  huffman_lengths(count, huff);
+  uint64_t cost_default = 0, cost_custom = 4u + 4u * (last + 1u);
+  for (unsigned t = 0; t < TOKENS; t++) {
+    cost_default += count[t] * default_lengths[t];
+    cost_custom += count[t] * huff[t];
+  }
+  if (cost_custom < cost_default) {
+    pulse_bw_put(w, VALUE_CODE_CUSTOM, 2);
+    pulse_bw_put(w, last, 4);
+    for (unsigned t = 0; t <= last; t++)
+      pulse_bw_put(w, huff[t], 4);
+    memcpy(len, huff, TOKENS);
+  } else {
+    pulse_bw_put(w, VALUE_CODE_DEFAULT, 2);
+    memcpy(len, default_lengths, TOKENS);
+  }
+  canonical_codes(len, code);
+}
+
+/* Codes the changes of one class: ranks increasing (rank[order[t]]). */
+static void put_class(pulse_bitwriter *w, const uint32_t *rank, const uint16_t *delta,
+                      const uint32_t *order, uint32_t k) {
+  uint64_t gap_sum = 0, prev = 0, count[TOKENS] = {0};
+  for (uint32_t t = 0; t < k; t++) {
+    uint32_t j = order ? order[t] : t;
+    gap_sum += rank[j] - prev;
+    prev = (uint64_t)rank[j] + 1u;
+    count[value_token(delta[j])]++;
+  }
+  uint64_t m = choose_m(gap_sum, k);
+  put_gamma(w, m + 1u);
+  uint8_t len[TOKENS];
+  uint16_t code[TOKENS];
+  unsigned constant;
+  put_value_code(w, count, len, code, &constant);
+  unsigned b = m >= 2 ? bit_length(m - 1u) : 0u;
+  uint64_t u = m >= 2 ? (1ull << b) - m : 0u;
+  prev = 0;
+  for (uint32_t t = 0; t < k; t++) {
+    uint32_t j = order ? order[t] : t;
+    if (m > 0)
+      put_gap(w, rank[j] - prev, m, b, u);
+    prev = (uint64_t)rank[j] + 1u;
+    uint32_t v = pulse_zigzag16(delta[j]) - 1u;
+    unsigned tok = v < TOKEN_ESCAPE ? v : TOKEN_ESCAPE;
+    if (constant == TOKENS)
+      pulse_bw_put(w, code[tok], len[tok]);
+    if (tok == TOKEN_ESCAPE)
+      put_gamma(w, v - TOKEN_ESCAPE + 1u);
+  }
+}
+
+pulse_status pulse_chunk2_encode_ranks(pulse_pos_model model, uint32_t n, uint32_t k,
+                                       const uint8_t *cls, const uint32_t *rank,
+                                       const uint16_t *delta, pulse_bytebuf *out) {
+  (void)n;
+  pulse_bitwriter w;
+  pulse_bw_init(&w, out);
+  if (model == PULSE_POS_PLAIN) {
+    put_class(&w, rank, delta, NULL, k);
+  } else {
+    uint32_t kc[PULSE_CLASS_COUNT] = {0}, start[PULSE_CLASS_COUNT + 1];
+    uint32_t *order = malloc((size_t)k * sizeof *order);
+    if (order == NULL)
+      return pulse_fail(PULSE_ERR_NOMEM, "chunk encode: %u changes", k);
+    unsigned active = 0;
+    for (uint32_t j = 0; j < k; j++)
+      active += kc[cls[j]]++ == 0;
+    start[0] = 0;
+    for (unsigned c = 0; c < PULSE_CLASS_COUNT; c++)
+      start[c + 1] = start[c] + kc[c];
+    uint32_t fill[PULSE_CLASS_COUNT];
+    memcpy(fill, start, sizeof fill);
+    for (uint32_t j = 0; j < k; j++) /* stable: ranks stay increasing */
+      order[fill[cls[j]]++] = j;
+    put_gamma(&w, active);
+    unsigned prev = 0;
+    for (unsigned c = 0; c < PULSE_CLASS_COUNT; c++) {
+      if (kc[c] == 0)
+        continue;
+      put_gamma(&w, c + 1u - prev);
+      prev = c + 1u;
+      put_gamma(&w, kc[c]);
+      put_class(&w, rank, delta, order + start[c], kc[c]);
+    }
+    free(order);
+  }
+  pulse_bw_flush(&w);
+  if (out->failed)
+    return pulse_fail(PULSE_ERR_NOMEM, "chunk encode: output buffer");
+  return PULSE_OK;
+}
+
+/* ------------------------------------------------------------ decoding */
+
+/* 0 when the prefix is longer than any field may be. */
+static int get_gamma(pulse_bitreader *r, uint64_t *out) {
+  pulse_br_refill(r);
+  unsigned l = (unsigned)__builtin_ctzll(~r->buf | (1ull << GAMMA_MAX));
+  if (l >= GAMMA_MAX)
+    return 0;
+  pulse_br_skip(r, l + 1u);
+  pulse_br_refill(r);
+  *out = (1ull << l) | pulse_br_peek(r, l);
+  pulse_br_skip(r, l);
+  return 1;
+}
+
+typedef struct {
+  uint8_t token, len; /* len 0: no codeword starts with these bits */
+} value_entry;
+
+typedef struct {
+  unsigned bits;      /* table index width (longest codeword) */
+  unsigned constant;  /* the token of a constant code, else TOKENS */
+  value_entry table[1u << CODE_LEN_MAX];
+} value_code;
+
+static int get_value_code(pulse_bitreader *r, value_code *vc) {
+  pulse_br_refill(r);
+  unsigned kind = (unsigned)pulse_br_peek(r, 2);
+  pulse_br_skip(r, 2);
+  uint8_t len[TOKENS] = {0};
+  vc->constant = TOKENS;
+  if (kind == VALUE_CODE_CONSTANT) {
+    vc->constant = (unsigned)pulse_br_peek(r, 4);
+    pulse_br_skip(r, 4);
+    vc->bits = 0;
+    return 1;
+  }
+  if (kind == VALUE_CODE_DEFAULT) {
+    memcpy(len, default_lengths, TOKENS);
+  } else if (kind == VALUE_CODE_CUSTOM) {
+    unsigned last = (unsigned)pulse_br_peek(r, 4);
+    pulse_br_skip(r, 4);
+    for (unsigned t = 0; t <= last; t++) {
+      pulse_br_refill(r);
+      len[t] = (uint8_t)pulse_br_peek(r, 4);
+      pulse_br_skip(r, 4);
+      if (len[t] > CODE_LEN_MAX)
+        return 0;
+    }
+  } else {
+    return 0;
+  }
+  /* Kraft: the codewords must fit (an incomplete code leaves entries that
+   * no codeword reaches; reading one is an error). */
+  unsigned kraft = 0, longest = 0;
+  for (unsigned t = 0; t < TOKENS; t++)
+    if (len[t]) {
+      kraft += 1u << (CODE_LEN_MAX - len[t]);
+      longest = len[t] > longest ? len[t] : longest;
+    }
+  if (longest == 0 || kraft > (1u << CODE_LEN_MAX))
+    return 0;
+  uint16_t code[TOKENS];
+  canonical_codes(len, code);
+  vc->bits = longest;
+  memset(vc->table, 0, sizeof(value_entry) << longest);
+  for (unsigned t = 0; t < TOKENS; t++)
+    if (len[t])
+      for (unsigned i = code[t]; i < (1u << longest); i += 1u << len[t])
+        vc->table[i] = (value_entry){(uint8_t)t, len[t]};
+  return 1;
+}
+
+/* Decodes k changes of one class into delta and, ranks below `limit`, either
+ * rank or (pos non-NULL) pos = first + rank.
+ *
+ * The hot loop keeps the bit reader in locals (the struct is synced around
+ * the rare slow paths: the last 8 bytes, escapes) and reads the truncated
+ * binary remainder without a branch: which of its two lengths a remainder
+ * has is a coin flip the branch predictor would lose half the time. */
+static inline int get_class(pulse_bitreader *r, value_code *vc, uint64_t limit, uint32_t k,
+                            uint32_t *rank, uint64_t *pos, uint64_t first, uint16_t *delta,
+                            const uint16_t *prefetch) {
+  uint64_t m1;
+  if (!get_gamma(r, &m1) || m1 - 1u > M_MAX || !get_value_code(r, vc))
+    return 0;
+  const uint64_t m = m1 - 1u;
+  /* Remainder: short codewords of b1 bits for values below u, else b1 + 1
+   * bits. m == 1 has no remainder: b1 = 0 and u = 1 make it read 0 bits. */
+  const unsigned b1 = m >= 2 ? bit_length(m - 1u) - 1u : 0u;
+  const uint64_t u = m >= 2 ? (2ull << b1) - m : 1u;
+  const uint64_t lomask = (1ull << b1) - 1u;
+  const value_entry *table = vc->table;
+  const uint64_t vmask = (1ull << vc->bits) - 1u;
+  const unsigned constant = vc->constant;
+  const uint8_t *const end = r->end;
+  uint64_t buf = r->buf, next = 0;
+  unsigned bits = r->bits;
+  const uint8_t *p = r->p;
+#define SAVE_STATE() (r->buf = buf, r->bits = bits, r->p = p)
+#define LOAD_STATE() (buf = r->buf, bits = r->bits, p = r->p)
+#define REFILL()                                                               \
+  do {                                                                         \
+    if (end - p >= 8) {                                                        \
+      buf |= pulse_load_le64(p) << bits;                                       \
+      p += (63u - bits) >> 3;                                                  \
+      bits |= 56u;                                                             \
+    } else {                                                                   \
+      SAVE_STATE();                                                            \
+      pulse_br_refill(r);                                                      \
+      LOAD_STATE();                                                            \
+    }                                                                          \
+  } while (0)
+  int ok = 0;
+  for (uint32_t t = 0; t < k; t++) {
+    uint64_t gap = 0;
+    if (m > 0) {
+      REFILL();
+      unsigned q = (unsigned)__builtin_ctzll(~buf | (1ull << QUOTIENT_MAX));
+      uint64_t quot = q;
+      if (__builtin_expect(q < QUOTIENT_MAX, 1)) {
+        buf >>= q + 1u;
+        bits -= q + 1u;
+      } else {
+        buf >>= QUOTIENT_MAX;
+        bits -= QUOTIENT_MAX;
+        uint64_t rest;
+        SAVE_STATE();
+        int good = get_gamma(r, &rest);
+        if (good)
+          pulse_br_refill(r);
+        LOAD_STATE();
+        if (!good)
+          goto out;
+        quot = rest + QUOTIENT_MAX - 1u;
+      }
+      if (quot >= limit) /* also keeps quot * m from overflowing */
+        goto out;
+      uint64_t lo = buf & lomask;
+      uint64_t big = lo >= u;
+      uint64_t hi = (buf >> b1) & 1u;
+      uint64_t rem = big ? ((lo << 1) | hi) - u : lo;
+      buf >>= b1 + big;
+      bits -= b1 + (unsigned)big;
+      gap = quot * m + rem;
+    }
+    if (gap >= limit - next)
+      goto out;
+    next += gap;
+    if (pos)
+      pos[t] = first + next;
+    else
+      rank[t] = (uint32_t)next;
+    if (prefetch) /* the caller reads the old bits next: start the miss now */
+      __builtin_prefetch(prefetch + next);
+    next++;
+    unsigned tok = constant;
+    if (tok == TOKENS) {
+      REFILL();
+      value_entry e = table[buf & vmask];
+      if (e.len == 0)
+        goto out;
+      buf >>= e.len;
+      bits -= e.len;
+      tok = e.token;
+    }
+    uint32_t v = tok;
+    if (__builtin_expect(tok == TOKEN_ESCAPE, 0)) {
+      uint64_t rest;
+      SAVE_STATE();
+      int good = get_gamma(r, &rest);
+      LOAD_STATE();
+      if (!good || rest > 0xFFFFu - TOKEN_ESCAPE)
+        goto out;
+      v = (uint32_t)(rest + TOKEN_ESCAPE - 1u);
+    }
+    delta[t] = pulse_unzigzag16(v + 1u);
+  }
+  ok = 1;
+out:
+  SAVE_STATE();
+  return ok;
+#undef SAVE_STATE
+#undef LOAD_STATE
+#undef REFILL
+}
+
+pulse_status pulse_chunk2_decode_ranks(pulse_pos_model model, const uint32_t *hist,
+                                       uint32_t n, const uint8_t *stream, size_t size,
+                                       uint32_t k, uint32_t *start, uint32_t *rank,
+                                       uint16_t *delta) {
+  if (k == 0 || k > n)
+    return pulse_fail(PULSE_ERR_CORRUPT, "chunk: %u changes in %u elements", k, n);
+  value_code code, *vc = &code;
+  pulse_bitreader r;
+  pulse_br_init(&r, stream, size);
+  pulse_status st = PULSE_OK;
+  if (model == PULSE_POS_PLAIN) {
+    if (!get_class(&r, vc, n, k, rank, NULL, 0, delta, NULL))
+      st = pulse_fail(PULSE_ERR_POSITION, "chunk: a change is out of range or badly coded");
+  } else {
+    uint64_t active, total = 0;
+    if (!get_gamma(&r, &active) || active > PULSE_CLASS_COUNT) {
+      st = pulse_fail(PULSE_ERR_CORRUPT, "chunk: bad class count");
+      goto done;
+    }
+    uint64_t c_next = 0;
+    for (unsigned c = 0; c <= PULSE_CLASS_COUNT; c++)
+      start[c] = 0;
+    for (uint64_t a = 0; a < active; a++) {
+      uint64_t step, kc;
+      if (!get_gamma(&r, &step) || step > PULSE_CLASS_COUNT - c_next || !get_gamma(&r, &kc) ||
+          kc > k - total) {
+        st = pulse_fail(PULSE_ERR_CORRUPT, "chunk: bad class or class count");
+        goto done;
+      }
+      unsigned c = (unsigned)(c_next + step - 1u);
+      c_next = c + 1u;
+      uint64_t limit = hist ? hist[c] : n;
+      if (!get_class(&r, vc, limit, (uint32_t)kc, rank + total, NULL, 0, delta + total, NULL)) {
+        st = pulse_fail(PULSE_ERR_POSITION, "chunk: class %u change out of range or badly coded", c);
+        goto done;
+      }
+      start[c + 1] = (uint32_t)kc; /* counts for now, prefix sums below */
+      total += kc;
+    }
+    if (total != k) {
+      st = pulse_fail(PULSE_ERR_CORRUPT, "chunk: classes hold %llu changes, table says %u",
+                      (unsigned long long)total, k);
+      goto done;
+    }
+    for (unsigned c = 0; c < PULSE_CLASS_COUNT; c++)
+      start[c + 1] += start[c];
+  }
+  if (st == PULSE_OK && !pulse_br_finished_exactly(&r))
+    st = pulse_fail(PULSE_ERR_CORRUPT, "chunk: stream length does not match its content");
+done:
+  return st;
+}
+
+pulse_status pulse_chunk2_decode_plain(const uint16_t *base, uint32_t n, const uint8_t *stream,
+                                       size_t size, uint32_t k, uint64_t first, uint64_t *pos,
+                                       uint16_t *delta) {
+  if (k == 0 || k > n)
+    return pulse_fail(PULSE_ERR_CORRUPT, "chunk: %u changes in %u elements", k, n);
+  value_code code;
+  pulse_bitreader r;
+  pulse_br_init(&r, stream, size);
+  if (!get_class(&r, &code, n, k, NULL, pos, first, delta, base))
+    return pulse_fail(PULSE_ERR_POSITION, "chunk: a change is out of range or badly coded");
+  if (!pulse_br_finished_exactly(&r))
+    return pulse_fail(PULSE_ERR_CORRUPT, "chunk: stream length does not match its content");
+  return PULSE_OK;
+}
