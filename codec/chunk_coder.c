@@ -440,7 +440,8 @@ pulse_status pulse_chunk_decode(unsigned version, pulse_pos_model model, const u
     /* Version 2 needs no class counts to decode: a rank past its class is
      * caught by locate, which then finds fewer than k. */
     st = pulse_chunk_decode_ranks(version, model, NULL, n, stream, size, k, start, rank, cdelta);
-    if (st == PULSE_OK && pulse_chunk_locate(base, n, k, start, rank, cdelta, first, pos, delta) != k)
+    if (st == PULSE_OK &&
+        pulse_chunk_locate(base, n, k, start, rank, cdelta, first, pos, delta) != k)
       st = pulse_fail(PULSE_ERR_POSITION, "chunk: a class rank is past the end of its class");
   }
   free(rank), free(cdelta);

@@ -204,8 +204,8 @@ static void put_value_code(pulse_bitwriter *w, const uint64_t count[TOKENS], uin
 }
 
 /* Codes the changes of one class: ranks increasing (rank[order[t]]). */
-static void put_class(pulse_bitwriter *w, const uint32_t *rank, const uint16_t *delta,
-                      const uint32_t *order, uint32_t k) {
+static void put_class(pulse_bitwriter *w, pulse_bitwriter *wv, const uint32_t *rank,
+                      const uint16_t *delta, const uint32_t *order, uint32_t k) {
   uint64_t gap_sum = 0, prev = 0, count[TOKENS] = {0};
   for (uint32_t t = 0; t < k; t++) {
     uint32_t j = order ? order[t] : t;
@@ -230,9 +230,9 @@ static void put_class(pulse_bitwriter *w, const uint32_t *rank, const uint16_t *
     uint32_t v = pulse_zigzag16(delta[j]) - 1u;
     unsigned tok = v < TOKEN_ESCAPE ? v : TOKEN_ESCAPE;
     if (constant == TOKENS)
-      pulse_bw_put(w, code[tok], len[tok]);
+      pulse_bw_put(wv, code[tok], len[tok]);
     if (tok == TOKEN_ESCAPE)
-      put_gamma(w, v - TOKEN_ESCAPE + 1u);
+      put_gamma(wv, v - TOKEN_ESCAPE + 1u);
   }
 }
 
@@ -240,15 +240,22 @@ pulse_status pulse_chunk2_encode_ranks(pulse_pos_model model, uint32_t n, uint32
                                        const uint8_t *cls, const uint32_t *rank,
                                        const uint16_t *delta, pulse_bytebuf *out) {
   (void)n;
-  pulse_bitwriter w;
-  pulse_bw_init(&w, out);
+  /* Two parts, so a decoder reads positions and values as two independent
+   * chains: part A (class headers, gaps) and part B (value tokens). */
+  pulse_bytebuf part_a = {0}, part_b = {0};
+  pulse_bitwriter w, wv;
+  pulse_bw_init(&w, &part_a);
+  pulse_bw_init(&wv, &part_b);
+  pulse_status st = PULSE_OK;
   if (model == PULSE_POS_PLAIN) {
-    put_class(&w, rank, delta, NULL, k);
+    put_class(&w, &wv, rank, delta, NULL, k);
   } else {
     uint32_t kc[PULSE_CLASS_COUNT] = {0}, start[PULSE_CLASS_COUNT + 1];
     uint32_t *order = malloc((size_t)k * sizeof *order);
-    if (order == NULL)
+    if (order == NULL) {
+      pulse_bytebuf_free(&part_a), pulse_bytebuf_free(&part_b);
       return pulse_fail(PULSE_ERR_NOMEM, "chunk encode: %u changes", k);
+    }
     unsigned active = 0;
     for (uint32_t j = 0; j < k; j++)
       active += kc[cls[j]]++ == 0;
@@ -267,14 +274,21 @@ pulse_status pulse_chunk2_encode_ranks(pulse_pos_model model, uint32_t n, uint32
       put_gamma(&w, c + 1u - prev);
       prev = c + 1u;
       put_gamma(&w, kc[c]);
-      put_class(&w, rank, delta, order + start[c], kc[c]);
+      put_class(&w, &wv, rank, delta, order + start[c], kc[c]);
     }
     free(order);
   }
   pulse_bw_flush(&w);
-  if (out->failed)
-    return pulse_fail(PULSE_ERR_NOMEM, "chunk encode: output buffer");
-  return PULSE_OK;
+  pulse_bw_flush(&wv);
+  pulse_bytebuf_varint(out, part_a.size);
+  if (part_a.size)
+    pulse_bytebuf_put(out, part_a.data, part_a.size);
+  if (part_b.size)
+    pulse_bytebuf_put(out, part_b.data, part_b.size);
+  if (out->failed || part_a.failed || part_b.failed)
+    st = pulse_fail(PULSE_ERR_NOMEM, "chunk encode: output buffer");
+  pulse_bytebuf_free(&part_a), pulse_bytebuf_free(&part_b);
+  return st;
 }
 
 /* ------------------------------------------------------------ decoding */
@@ -351,17 +365,19 @@ static int get_value_code(pulse_bitreader *r, value_code *vc) {
 }
 
 /* Decodes k changes of one class into delta and, ranks below `limit`, either
- * rank or (pos non-NULL) pos = first + rank.
+ * rank or (pos non-NULL) pos = first + rank. The class header and the gaps
+ * come from part A (ra), the values from part B (rb).
  *
- * The hot loop keeps the bit reader in locals (the struct is synced around
- * the rare slow paths: the last 8 bytes, escapes) and reads the truncated
- * binary remainder without a branch: which of its two lengths a remainder
- * has is a coin flip the branch predictor would lose half the time. */
-static inline int get_class(pulse_bitreader *r, value_code *vc, uint64_t limit, uint32_t k,
-                            uint32_t *rank, uint64_t *pos, uint64_t first, uint16_t *delta,
-                            const uint16_t *prefetch) {
+ * The hot loop keeps both bit readers in locals (the structs are synced
+ * around the rare slow paths: the last 8 bytes of a part, escapes); the two
+ * readers are independent chains the CPU runs side by side. The truncated
+ * binary remainder is read without a branch: which of its two lengths a
+ * remainder has is a coin flip the branch predictor would lose. */
+static inline int get_class(pulse_bitreader *ra, pulse_bitreader *rb, value_code *vc,
+                            uint64_t limit, uint32_t k, uint32_t *rank, uint64_t *pos,
+                            uint64_t first, uint16_t *delta, const uint16_t *prefetch) {
   uint64_t m1;
-  if (!get_gamma(r, &m1) || m1 - 1u > M_MAX || !get_value_code(r, vc))
+  if (!get_gamma(ra, &m1) || m1 - 1u > M_MAX || !get_value_code(ra, vc))
     return 0;
   const uint64_t m = m1 - 1u;
   /* Remainder: short codewords of b1 bits for values below u, else b1 + 1
@@ -372,29 +388,31 @@ static inline int get_class(pulse_bitreader *r, value_code *vc, uint64_t limit, 
   const value_entry *table = vc->table;
   const uint64_t vmask = (1ull << vc->bits) - 1u;
   const unsigned constant = vc->constant;
-  const uint8_t *const end = r->end;
-  uint64_t buf = r->buf, next = 0;
-  unsigned bits = r->bits;
-  const uint8_t *p = r->p;
-#define SAVE_STATE() (r->buf = buf, r->bits = bits, r->p = p)
-#define LOAD_STATE() (buf = r->buf, bits = r->bits, p = r->p)
-#define REFILL()                                                               \
+  const uint8_t *const end_a = ra->end, *const end_b = rb->end;
+  uint64_t buf = ra->buf, vbuf = rb->buf, next = 0;
+  unsigned bits = ra->bits, vbits = rb->bits;
+  const uint8_t *p = ra->p, *vp = rb->p;
+#define SAVE_A() (ra->buf = buf, ra->bits = bits, ra->p = p)
+#define LOAD_A() (buf = ra->buf, bits = ra->bits, p = ra->p)
+#define SAVE_B() (rb->buf = vbuf, rb->bits = vbits, rb->p = vp)
+#define LOAD_B() (vbuf = rb->buf, vbits = rb->bits, vp = rb->p)
+#define REFILL(B, BITS, P, END, SAVE, LOAD, R)                                 \
   do {                                                                         \
-    if (end - p >= 8) {                                                        \
-      buf |= pulse_load_le64(p) << bits;                                       \
-      p += (63u - bits) >> 3;                                                  \
-      bits |= 56u;                                                             \
+    if ((END) - (P) >= 8) {                                                    \
+      B |= pulse_load_le64(P) << (BITS);                                       \
+      P += (63u - (BITS)) >> 3;                                                \
+      BITS |= 56u;                                                             \
     } else {                                                                   \
-      SAVE_STATE();                                                            \
-      pulse_br_refill(r);                                                      \
-      LOAD_STATE();                                                            \
+      SAVE;                                                                    \
+      pulse_br_refill(R);                                                      \
+      LOAD;                                                                    \
     }                                                                          \
   } while (0)
   int ok = 0;
   for (uint32_t t = 0; t < k; t++) {
     uint64_t gap = 0;
     if (m > 0) {
-      REFILL();
+      REFILL(buf, bits, p, end_a, SAVE_A(), LOAD_A(), ra);
       unsigned q = (unsigned)__builtin_ctzll(~buf | (1ull << QUOTIENT_MAX));
       uint64_t quot = q;
       if (__builtin_expect(q < QUOTIENT_MAX, 1)) {
@@ -404,11 +422,11 @@ static inline int get_class(pulse_bitreader *r, value_code *vc, uint64_t limit, 
         buf >>= QUOTIENT_MAX;
         bits -= QUOTIENT_MAX;
         uint64_t rest;
-        SAVE_STATE();
-        int good = get_gamma(r, &rest);
+        SAVE_A();
+        int good = get_gamma(ra, &rest);
         if (good)
-          pulse_br_refill(r);
-        LOAD_STATE();
+          pulse_br_refill(ra);
+        LOAD_A();
         if (!good)
           goto out;
         quot = rest + QUOTIENT_MAX - 1u;
@@ -435,20 +453,20 @@ static inline int get_class(pulse_bitreader *r, value_code *vc, uint64_t limit, 
     next++;
     unsigned tok = constant;
     if (tok == TOKENS) {
-      REFILL();
-      value_entry e = table[buf & vmask];
+      REFILL(vbuf, vbits, vp, end_b, SAVE_B(), LOAD_B(), rb);
+      value_entry e = table[vbuf & vmask];
       if (e.len == 0)
         goto out;
-      buf >>= e.len;
-      bits -= e.len;
+      vbuf >>= e.len;
+      vbits -= e.len;
       tok = e.token;
     }
     uint32_t v = tok;
     if (__builtin_expect(tok == TOKEN_ESCAPE, 0)) {
       uint64_t rest;
-      SAVE_STATE();
-      int good = get_gamma(r, &rest);
-      LOAD_STATE();
+      SAVE_B();
+      int good = get_gamma(rb, &rest);
+      LOAD_B();
       if (!good || rest > 0xFFFFu - TOKEN_ESCAPE)
         goto out;
       v = (uint32_t)(rest + TOKEN_ESCAPE - 1u);
@@ -457,11 +475,38 @@ static inline int get_class(pulse_bitreader *r, value_code *vc, uint64_t limit, 
   }
   ok = 1;
 out:
-  SAVE_STATE();
+  SAVE_A();
+  SAVE_B();
   return ok;
-#undef SAVE_STATE
-#undef LOAD_STATE
+#undef SAVE_A
+#undef LOAD_A
+#undef SAVE_B
+#undef LOAD_B
 #undef REFILL
+}
+
+/* Splits a stream into its two parts: a minimal varint, the size of part A
+ * (at least 1 byte), then part A, then part B (the rest). */
+static int open_parts(const uint8_t *stream, size_t size, pulse_bitreader *ra,
+                      pulse_bitreader *rb) {
+  uint64_t a = 0;
+  size_t i = 0;
+  for (unsigned shift = 0;; shift += 7) {
+    if (i >= size || shift > 28)
+      return 0;
+    uint8_t byte = stream[i++];
+    a |= (uint64_t)(byte & 0x7Fu) << shift;
+    if (!(byte & 0x80u)) {
+      if (byte == 0 && i > 1) /* not the shortest form */
+        return 0;
+      break;
+    }
+  }
+  if (a == 0 || a > size - i)
+    return 0;
+  pulse_br_init(ra, stream + i, (size_t)a);
+  pulse_br_init(rb, stream + i + a, size - i - (size_t)a);
+  return 1;
 }
 
 pulse_status pulse_chunk2_decode_ranks(pulse_pos_model model, const uint32_t *hist,
@@ -471,11 +516,12 @@ pulse_status pulse_chunk2_decode_ranks(pulse_pos_model model, const uint32_t *hi
   if (k == 0 || k > n)
     return pulse_fail(PULSE_ERR_CORRUPT, "chunk: %u changes in %u elements", k, n);
   value_code code, *vc = &code;
-  pulse_bitreader r;
-  pulse_br_init(&r, stream, size);
+  pulse_bitreader r, rv;
+  if (!open_parts(stream, size, &r, &rv))
+    return pulse_fail(PULSE_ERR_CORRUPT, "chunk: bad part sizes");
   pulse_status st = PULSE_OK;
   if (model == PULSE_POS_PLAIN) {
-    if (!get_class(&r, vc, n, k, rank, NULL, 0, delta, NULL))
+    if (!get_class(&r, &rv, vc, n, k, rank, NULL, 0, delta, NULL))
       st = pulse_fail(PULSE_ERR_POSITION, "chunk: a change is out of range or badly coded");
   } else {
     uint64_t active, total = 0;
@@ -496,7 +542,8 @@ pulse_status pulse_chunk2_decode_ranks(pulse_pos_model model, const uint32_t *hi
       unsigned c = (unsigned)(c_next + step - 1u);
       c_next = c + 1u;
       uint64_t limit = hist ? hist[c] : n;
-      if (!get_class(&r, vc, limit, (uint32_t)kc, rank + total, NULL, 0, delta + total, NULL)) {
+      if (!get_class(&r, &rv, vc, limit, (uint32_t)kc, rank + total, NULL, 0, delta + total,
+                     NULL)) {
         st = pulse_fail(PULSE_ERR_POSITION, "chunk: class %u change out of range or badly coded", c);
         goto done;
       }
@@ -511,7 +558,7 @@ pulse_status pulse_chunk2_decode_ranks(pulse_pos_model model, const uint32_t *hi
     for (unsigned c = 0; c < PULSE_CLASS_COUNT; c++)
       start[c + 1] += start[c];
   }
-  if (st == PULSE_OK && !pulse_br_finished_exactly(&r))
+  if (st == PULSE_OK && (!pulse_br_finished_exactly(&r) || !pulse_br_finished_exactly(&rv)))
     st = pulse_fail(PULSE_ERR_CORRUPT, "chunk: stream length does not match its content");
 done:
   return st;
@@ -523,11 +570,12 @@ pulse_status pulse_chunk2_decode_plain(const uint16_t *base, uint32_t n, const u
   if (k == 0 || k > n)
     return pulse_fail(PULSE_ERR_CORRUPT, "chunk: %u changes in %u elements", k, n);
   value_code code;
-  pulse_bitreader r;
-  pulse_br_init(&r, stream, size);
-  if (!get_class(&r, &code, n, k, NULL, pos, first, delta, base))
+  pulse_bitreader r, rv;
+  if (!open_parts(stream, size, &r, &rv))
+    return pulse_fail(PULSE_ERR_CORRUPT, "chunk: bad part sizes");
+  if (!get_class(&r, &rv, &code, n, k, NULL, pos, first, delta, base))
     return pulse_fail(PULSE_ERR_POSITION, "chunk: a change is out of range or badly coded");
-  if (!pulse_br_finished_exactly(&r))
+  if (!pulse_br_finished_exactly(&r) || !pulse_br_finished_exactly(&rv))
     return pulse_fail(PULSE_ERR_CORRUPT, "chunk: stream length does not match its content");
   return PULSE_OK;
 }
