@@ -34,7 +34,8 @@ size_t pulse_dtype_size(pulse_dtype dtype);
 /** "BF16", "F32", "F16" (safetensors spelling), or "?" */
 const char *pulse_dtype_name(pulse_dtype dtype);
 
-/** Product of the shape, or PULSE_ERR_OVERFLOW. */
+/** Product of the shape; PULSE_ERR_OVERFLOW when the product of its non-zero
+ * dimensions does not fit 64 bits (even if another dimension is 0). */
 pulse_status pulse_shape_numel(const uint64_t *shape, uint32_t ndim,
                                uint64_t *numel);
 

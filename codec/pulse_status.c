@@ -4,6 +4,7 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 static _Thread_local char error_detail[512];
 
@@ -32,10 +33,15 @@ const char *pulse_status_name(pulse_status status) {
 const char *pulse_error_detail(void) { return error_detail; }
 
 pulse_status pulse_fail(pulse_status status, const char *fmt, ...) {
+  /* Formatted aside first: callers often wrap the previous detail
+   * (pulse_fail(st, "tensor '%s': %s", name, pulse_error_detail())), and
+   * formatting in place would read what it is overwriting. */
+  char detail[sizeof error_detail];
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(error_detail, sizeof error_detail, fmt, ap);
+  vsnprintf(detail, sizeof detail, fmt, ap);
   va_end(ap);
+  memcpy(error_detail, detail, sizeof detail);
   return status;
 }
 

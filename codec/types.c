@@ -33,13 +33,21 @@ pulse_status pulse_shape_numel(const uint64_t *shape, uint32_t ndim,
                                uint64_t *numel) {
   if (ndim > PULSE_MAX_DIMS || (ndim > 0 && shape == NULL) || numel == NULL)
     return pulse_fail(PULSE_ERR_ARG, "shape: ndim %u", ndim);
+  /* The product of the non-zero dimensions must fit whatever their order
+   * and whether another dimension is 0, so a shape is valid or not as a
+   * whole ([0, 2^40, 2^40] is refused like [2^40, 2^40, 0]). */
   uint64_t n = 1;
+  int empty = 0;
   for (uint32_t i = 0; i < ndim; i++) {
-    if (shape[i] != 0 && n > UINT64_MAX / shape[i])
+    if (shape[i] == 0) {
+      empty = 1;
+      continue;
+    }
+    if (n > UINT64_MAX / shape[i])
       return pulse_fail(PULSE_ERR_OVERFLOW, "shape: element count overflows");
     n *= shape[i];
   }
-  *numel = n;
+  *numel = empty ? 0 : n;
   return PULSE_OK;
 }
 
