@@ -42,6 +42,12 @@ check "plain model round trip" "$bin/pulse-diff" "$b/step0001.safetensors" "$b/s
 check "plain patch decodes without a base" "$bin/pulse-inspect" "$work/plain.pulse"
 check "plain patch applies" "$bin/pulse-apply" "$b/step0001.safetensors" "$work/plain.pulse" -o "$work/plain.safetensors"
 check "plain result bit for bit" test "$(digest_of "$work/plain.safetensors")" = "$(digest_of "$b/step0002.safetensors")"
+check "format 1 patch" "$bin/pulse-diff" "$b/step0001.safetensors" "$b/step0002.safetensors" --format 1 -o "$work/v1.pulse"
+check "inspect says version 1" grep -q "pulse patch v1" <("$bin/pulse-inspect" "$work/v1.pulse")
+check "default patch is version 2" grep -q "pulse patch v2" <("$bin/pulse-inspect" "$work/p2.pulse")
+check "format 1 patch applies" "$bin/pulse-apply" "$b/step0001.safetensors" "$work/v1.pulse" -o "$work/v1.safetensors"
+check "format 1 result bit for bit" test "$(digest_of "$work/v1.safetensors")" = "$(digest_of "$b/step0002.safetensors")"
+refuse "format 3 is refused" "$bin/pulse-diff" "$b/step0001.safetensors" "$b/step0002.safetensors" --format 3 -o "$work/v3.pulse"
 
 # Refusals: exit non-zero, say why, and write nothing.
 refuse "apply to the wrong base" "$bin/pulse-apply" "$b/step0001.safetensors" "$work/p1.pulse" -o "$work/bad1.safetensors"
