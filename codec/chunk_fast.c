@@ -373,9 +373,12 @@ static int get_value_code(pulse_bitreader *r, value_code *vc) {
  * readers are independent chains the CPU runs side by side. The truncated
  * binary remainder is read without a branch: which of its two lengths a
  * remainder has is a coin flip the branch predictor would lose. */
-static inline int get_class(pulse_bitreader *ra, pulse_bitreader *rb, value_code *vc,
-                            uint64_t limit, uint32_t k, uint32_t *rank, uint64_t *pos,
-                            uint64_t first, uint16_t *delta, const uint16_t *prefetch) {
+/* Inlined into each caller, so the NULL arguments of each call remove their
+ * branches from the loop (measured: 166 -> 190 M changes/s, class model). */
+__attribute__((always_inline)) static inline int
+get_class(pulse_bitreader *ra, pulse_bitreader *rb, value_code *vc, uint64_t limit, uint32_t k,
+          uint32_t *rank, uint64_t *pos, uint64_t first, uint16_t *delta,
+          const uint16_t *prefetch) {
   uint64_t m1;
   if (!get_gamma(ra, &m1) || m1 - 1u > M_MAX || !get_value_code(ra, vc))
     return 0;
@@ -433,10 +436,12 @@ static inline int get_class(pulse_bitreader *ra, pulse_bitreader *rb, value_code
       }
       if (quot >= limit) /* also keeps quot * m from overflowing */
         goto out;
+      /* rem = lo, or 2 lo + hi - u for a long codeword: by mask, as
+       * compilers turn a ternary here back into the branch. */
       uint64_t lo = buf & lomask;
       uint64_t big = lo >= u;
       uint64_t hi = (buf >> b1) & 1u;
-      uint64_t rem = big ? ((lo << 1) | hi) - u : lo;
+      uint64_t rem = lo + ((0u - big) & (lo + hi - u));
       buf >>= b1 + big;
       bits -= b1 + (unsigned)big;
       gap = quot * m + rem;
