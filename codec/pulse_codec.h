@@ -241,6 +241,16 @@ pulse_status pulse_patch_decode_tensor(const pulse_patch *patch, size_t i,
                                        const uint16_t *base, uint64_t numel,
                                        pulse_changes *out);
 
+/** Decodes every chunk stream without the base weights and checks what can
+ * be checked without them: counts, classes, ranks against the chunk size
+ * and (plain model) the exact positions, values, exact stream lengths. Not
+ * the digests, and not class ranks against the base's class counts (apply
+ * does both). Version 1 class-model streams cannot be decoded without the
+ * base: PULSE_ERR_UNSUPPORTED. This is also the coder's share of a device
+ * apply (pulse_cuda_patch_apply), where a GPU turns ranks into positions.
+ * threads: 0 = one per core. */
+pulse_status pulse_patch_check_streams(const pulse_patch *patch, int threads);
+
 /* A BF16 tensor in host memory that apply may modify. */
 typedef struct {
   const char *name;

@@ -57,6 +57,7 @@ typedef struct {
   bench_entropy_bits ent;
   uint64_t weight_bytes, snapshot_bytes; /* what detection reads */
   double detect_s, memcpy_s, encode_s[CODINGS], apply_s[CODINGS];
+  double decode_s[CODINGS]; /* streams alone, no base; 0 when impossible (v1 class) */
   double generate_s; /* synthetic: time of the optimizer step; else 0 */
 } step_result;
 
@@ -199,6 +200,29 @@ static int encode_patch(codec_ctx *c, const step_result *r, int coding, int reps
   return 0;
 }
 
+/* Decodes every stream of `patch` without the base (the coder alone, what a
+ * receiver's host does for a GPU target), `reps` times; 0 s when the coding
+ * cannot be decoded without the base. */
+static int decode_streams(const pulse_buffer *patch, const char *label, int reps, double *secs) {
+  double t[MAX_REPS];
+  *secs = 0;
+  for (int k = 0; k < reps; k++) {
+    pulse_patch *p = NULL;
+    pulse_status st = pulse_patch_open(patch->data, patch->size, &p);
+    double t0 = pulse_tk_now();
+    if (st == PULSE_OK)
+      st = pulse_patch_check_streams(p, 1);
+    t[k] = pulse_tk_since(t0);
+    pulse_patch_free(p);
+    if (st == PULSE_ERR_UNSUPPORTED)
+      return 0;
+    if (st != PULSE_OK)
+      return fail_status(label, st);
+  }
+  *secs = pulse_tk_median(t, (size_t)reps);
+  return 0;
+}
+
 /* Opens and applies `patch` to a copy of the base, `reps` times; checks
  * that the result equals new_bf16 bit for bit. */
 static int apply_patch(codec_ctx *c, const step_result *r,
@@ -315,6 +339,8 @@ static int measure_step(codec_ctx *c, const codec_args *a,
     r->bytes[k] = patch.size;
     if (rc == 0)
       rc = apply_patch(c, r, &patch, codings[k].label, new_bf16, a->reps, &r->apply_s[k]);
+    if (rc == 0)
+      rc = decode_streams(&patch, codings[k].label, a->reps, &r->decode_s[k]);
     pulse_buffer_free(&patch);
     if (rc != 0)
       return rc;
@@ -375,11 +401,16 @@ static void print_speeds(const step_result *r) {
          "memcpy %.2f GB/s\n",
          moved / 1e6, r->detect_s * 1e3, per(moved, r->detect_s) / 1e9,
          per(moved, r->memcpy_s) / 1e9);
-  printf("  %-42s %12s %12s %14s\n", "coding (one thread)", "encode ms", "apply ms",
-         "M changed/s");
-  for (int k = 0; k < CODINGS; k++)
-    printf("  %-42s %12.2f %12.2f %14.1f\n", codings[k].label, r->encode_s[k] * 1e3,
-           r->apply_s[k] * 1e3, per((double)r->changed, r->apply_s[k]) / 1e6);
+  printf("  %-36s %10s %10s %12s %14s\n", "coding (one thread)", "encode ms", "apply ms",
+         "M changed/s", "decode M/s (*)");
+  for (int k = 0; k < CODINGS; k++) {
+    char dec[32] = "-";
+    if (r->decode_s[k] > 0)
+      snprintf(dec, sizeof dec, "%.1f", per((double)r->changed, r->decode_s[k]) / 1e6);
+    printf("  %-36s %10.2f %10.2f %12.1f %14s\n", codings[k].label, r->encode_s[k] * 1e3,
+           r->apply_s[k] * 1e3, per((double)r->changed, r->apply_s[k]) / 1e6, dec);
+  }
+  printf("  (*) streams alone, without the base: the host's share of a GPU apply\n");
 }
 
 static void print_step_text(const step_result *r) {
@@ -423,9 +454,10 @@ static void print_step_json(const step_result *r) {
          per(moved, r->detect_s), per(moved, r->memcpy_s));
   for (int k = 0; k < CODINGS; k++)
     printf(",\"patch_encode_%s_s\":%.6g,\"apply_%s_s\":%.6g"
-           ",\"apply_%s_changed_per_s\":%.6g",
+           ",\"apply_%s_changed_per_s\":%.6g,\"decode_%s_changed_per_s\":%.6g",
            codings[k].key, r->encode_s[k], codings[k].key, r->apply_s[k],
-           codings[k].key, per((double)r->changed, r->apply_s[k]));
+           codings[k].key, per((double)r->changed, r->apply_s[k]), codings[k].key,
+           per((double)r->changed, r->decode_s[k]));
   /* The default coding under the plain names. */
   printf(",\"patch_encode_s\":%.6g,\"apply_s\":%.6g,\"apply_changed_per_s\":%.6g"
          ",\"apply_plain_changed_per_s\":%.6g,\"verify\":\"ok\"}\n",
@@ -436,7 +468,7 @@ static void print_step_json(const step_result *r) {
 /* Sums sizes over steps; throughputs are averaged per step. */
 typedef struct summary {
   step_result sum;
-  double encode_bps, memcpy_bps, apply_cps[CODINGS];
+  double encode_bps, memcpy_bps, apply_cps[CODINGS], decode_cps[CODINGS];
   uint64_t steps;
 } summary;
 
@@ -449,6 +481,7 @@ static void summary_add(summary *s, const step_result *r) {
     t->bytes[k] += r->bytes[k];
     t->encode_s[k] += r->encode_s[k];
     s->apply_cps[k] += per((double)r->changed, r->apply_s[k]);
+    s->decode_cps[k] += per((double)r->changed, r->decode_s[k]);
   }
   t->base.dense += r->base.dense;
   t->base.dense_zstd += r->base.dense_zstd;
@@ -481,9 +514,13 @@ static void print_summary_text(const summary *s) {
          per((double)t->bytes[3], bound));
   printf("  mean per step: detect %.2f GB/s, memcpy %.2f GB/s\n", s->encode_bps / n / 1e9,
          s->memcpy_bps / n / 1e9);
-  for (int k = 0; k < CODINGS; k++)
-    printf("  %-42s encode %8.2f ms, apply %7.1f M changed/s\n", codings[k].label,
+  for (int k = 0; k < CODINGS; k++) {
+    printf("  %-36s encode %8.2f ms, apply %7.1f M changed/s", codings[k].label,
            t->encode_s[k] / n * 1e3, s->apply_cps[k] / n / 1e6);
+    if (s->decode_cps[k] > 0)
+      printf(", decode alone %7.1f M/s", s->decode_cps[k] / n / 1e6);
+    printf("\n");
+  }
   printf("  verify OK: %s changes over %" PRIu64 " steps rebuilt bit for bit\n",
          fmt_u64(t->changed, b1), s->steps);
   printf("  bandwidth: a pulse patch is %.1fx smaller than dense BF16 "
@@ -504,12 +541,14 @@ static void print_summary_json(const summary *s, const char *source) {
   for (int k = 0; k < CODINGS; k++)
     printf(",\"%s_per_changed\":%.6g,\"ratio_%s_bound\":%.6g"
            ",\"ratio_%s_int32_bf16_zstd\":%.6g,\"ratio_%s_delta_abs_zstd\":%.6g"
-           ",\"patch_encode_%s_s\":%.6g,\"apply_%s_changed_per_s\":%.6g",
+           ",\"patch_encode_%s_s\":%.6g,\"apply_%s_changed_per_s\":%.6g"
+           ",\"decode_%s_changed_per_s\":%.6g",
            codings[k].key, per((double)t->bytes[k], c), codings[k].key,
            per((double)t->bytes[k], bound), codings[k].key,
            per((double)t->bytes[k], (double)t->base.int32_bf16_zstd), codings[k].key,
            per((double)t->bytes[k], (double)t->base.delta_abs_zstd), codings[k].key,
-           t->encode_s[k] / n, codings[k].key, s->apply_cps[k] / n);
+           t->encode_s[k] / n, codings[k].key, s->apply_cps[k] / n, codings[k].key,
+           s->decode_cps[k] / n);
   printf(",\"bound_per_changed\":%.6g,\"dense_per_changed\":%.6g"
          ",\"dense_zstd_per_changed\":%.6g,\"int32_bf16_per_changed\":%.6g"
          ",\"int32_bf16_zstd_per_changed\":%.6g"

@@ -1,6 +1,7 @@
 /* pulse-inspect FILE: describes and checks a patch or a safetensors model.
- * Exit status 0 only when the file is valid. A patch's sections are decoded
- * (plain model) or, with --base, applied to a copy of the base and checked
+ * Exit status 0 only when the file is valid. A patch's streams are decoded
+ * (all but version 1 class-model ones) or, with --base, the patch is
+ * applied to a copy of the base and checked
  * against every digest. */
 #include <inttypes.h>
 #include <stdio.h>
@@ -62,18 +63,16 @@ static int inspect_patch(const char *path, const pulse_buffer *bytes, const char
       printf(" changed %" PRIu64 " (%.3f%%) in %" PRIu64 " bytes\n", t.changed,
              t.numel ? 100.0 * (double)t.changed / (double)t.numel : 0.0, t.section_size);
     }
-    /* Without weights only the plain model can be decoded. */
-    if (base_path == NULL && pulse_patch_pos_model(p) == PULSE_POS_PLAIN && t.changed > 0) {
-      uint16_t *zero = calloc(t.numel + 1, 2);
-      pulse_changes c = PULSE_CHANGES_INIT;
-      st = zero ? pulse_patch_decode_tensor(p, i, zero, t.numel, &c) : PULSE_ERR_NOMEM;
-      pulse_changes_free(&c);
-      free(zero);
-      if (st != PULSE_OK) {
-        rc = fail(path, st);
-        break;
-      }
-    }
+  }
+  /* Without weights: every stream that decodes without them (all but
+   * version 1 class-model ones). */
+  int streams_checked = 0;
+  if (rc == 0 && base_path == NULL) {
+    st = pulse_patch_check_streams(p, 0);
+    if (st == PULSE_OK)
+      streams_checked = 1;
+    else if (st != PULSE_ERR_UNSUPPORTED)
+      rc = fail(path, st);
   }
   uint64_t total = pulse_patch_total_changed(p);
   if (rc == 0 && !quiet)
@@ -101,8 +100,10 @@ static int inspect_patch(const char *path, const pulse_buffer *bytes, const char
       free(tg);
       pulse_tk_state_free(&base);
     }
-  } else if (rc == 0 && !quiet && pulse_patch_pos_model(p) == PULSE_POS_CLASS) {
-    printf("  (header and tables checked; pass --base BASE to decode and check every digest)\n");
+  } else if (rc == 0 && !quiet) {
+    printf("  (%s; pass --base BASE to apply it and check every digest)\n",
+           streams_checked ? "header, tables and every stream checked"
+                           : "header and tables checked");
   }
   if (rc == 0 && !quiet)
     printf("valid\n");

@@ -11,8 +11,13 @@
 #include <criterion/criterion.h>
 #include <dirent.h>
 
-static const pulse_pos_model models[] = {PULSE_POS_PLAIN, PULSE_POS_CLASS};
-static const char *const model_names[] = {"plain", "class"};
+/* Every hostile case runs over both position models in both format
+ * versions. */
+enum { CODING_PLAIN = 0, CODING_CLASS = 1, CODINGS = 4 }; /* the first two: default version */
+static const pulse_pos_model models[CODINGS] = {PULSE_POS_PLAIN, PULSE_POS_CLASS,
+                                                PULSE_POS_PLAIN, PULSE_POS_CLASS};
+static const unsigned versions[CODINGS] = {PULSE_PATCH_VERSION, PULSE_PATCH_VERSION, 1, 1};
+static const char *const model_names[CODINGS] = {"plain", "class", "plain v1", "class v1"};
 
 /* A small valid patch: "w" (3000 elements, 3 chunks of 2^10), "v" (7) and
  * "z" (no changes). */
@@ -22,12 +27,12 @@ typedef struct {
   pt_raw_patch raw;
 } hostile_fixture;
 
-static void fixture_make(hostile_fixture *f, pulse_pos_model model,
-                         uint64_t seed) {
+static void fixture_make(hostile_fixture *f, int coding, uint64_t seed) {
   pt_tensor_make1(&f->ts[0], "w", 3000, PT_WEIGHTS_NORMAL, 0.02, 1, seed);
   pt_tensor_make1(&f->ts[1], "v", 7, PT_WEIGHTS_EDGE, 0.6, 1, seed + 1);
   pt_tensor_make1(&f->ts[2], "z", 40, PT_WEIGHTS_NORMAL, 0.0, 0, seed + 2);
-  pulse_encode_opts o = pt_opts(model, 10, 1);
+  pulse_encode_opts o = pt_opts(models[coding], 10, 1);
+  o.format_version = versions[coding];
   cr_assert_eq(pt_encode(&o, f->ts, 3, &f->buf), PULSE_OK);
   cr_assert(pt_raw_parse(f->buf.data, f->buf.size, &f->raw),
             "the hand-written reader parses the encoder's output");
@@ -116,12 +121,12 @@ static pulse_status try_raw(const hostile_fixture *f, const pt_raw_patch *raw) {
 /* ---------------------------------------------------- the hand-written view */
 
 Test(patch, layout_matches_the_format_text) {
-  for (int m = 0; m < 2; m++) {
+  for (int m = 0; m < CODINGS; m++) {
     hostile_fixture f;
-    fixture_make(&f, models[m], 1);
+    fixture_make(&f, m, 1);
     const pt_raw_patch *r = &f.raw;
     cr_assert_arr_eq(r->magic, "PULSEPCH", 8);
-    cr_assert_eq(r->version, PULSE_PATCH_VERSION);
+    cr_assert_eq(r->version, versions[m]);
     cr_assert_eq(r->model, (uint8_t)models[m]);
     cr_assert_eq(r->chunk_log2, 10);
     cr_assert_eq(r->step, 8);
@@ -155,7 +160,7 @@ Test(patch, layout_matches_the_format_text) {
 
 Test(patch, short_buffers_are_truncated) {
   hostile_fixture f;
-  fixture_make(&f, PULSE_POS_CLASS, 2);
+  fixture_make(&f, CODING_CLASS, 2);
   uint8_t one = 'P';
   cr_assert_eq(open_status(NULL, 0), PULSE_ERR_TRUNCATED);
   cr_assert_eq(open_status(&one, 0), PULSE_ERR_TRUNCATED);
@@ -169,9 +174,9 @@ Test(patch, short_buffers_are_truncated) {
 }
 
 Test(patch, every_truncation_fails_cleanly) {
-  for (int m = 0; m < 2; m++) {
+  for (int m = 0; m < CODINGS; m++) {
     hostile_fixture f;
-    fixture_make(&f, models[m], 3);
+    fixture_make(&f, m, 3);
     for (size_t len = 0; len < f.buf.size; len++) {
       uint8_t *copy = pt_alloc(len);
       memcpy(copy, f.buf.data, len); /* exact-size copy: ASan sees overreads */
@@ -185,7 +190,7 @@ Test(patch, every_truncation_fails_cleanly) {
 
 Test(patch, header_fields_out_of_range) {
   hostile_fixture f;
-  fixture_make(&f, PULSE_POS_CLASS, 4);
+  fixture_make(&f, CODING_CLASS, 4);
   uint8_t *b = pt_alloc(f.buf.size + 1);
   const size_t n = f.buf.size;
   const uint32_t table = f.raw.table_size;
@@ -235,7 +240,7 @@ Test(patch, header_fields_out_of_range) {
  * having trailing bytes rather than as truncated. */
 Test(patch, body_size_near_u64_max_is_truncated) {
   hostile_fixture f;
-  fixture_make(&f, PULSE_POS_PLAIN, 5);
+  fixture_make(&f, CODING_PLAIN, 5);
   uint8_t *b = pt_alloc(f.buf.size);
   static const uint64_t sizes[] = {UINT64_MAX, UINT64_MAX - 7, 1ull << 63};
   for (size_t k = 0; k < PT_COUNT_OF(sizes); k++) {
@@ -254,7 +259,7 @@ Test(patch, body_size_near_u64_max_is_truncated) {
  * (under ASan a huge calloc would abort the test). */
 Test(patch, huge_tensor_count_is_rejected_without_allocating) {
   hostile_fixture f;
-  fixture_make(&f, PULSE_POS_CLASS, 6);
+  fixture_make(&f, CODING_CLASS, 6);
   uint8_t *b = pt_alloc(f.buf.size);
   static const uint64_t counts[] = {1ull << 20,     1ull << 32, 1ull << 40,
                                     1ull << 56,     1ull << 57, 1ull << 62,
@@ -275,7 +280,7 @@ Test(patch, huge_tensor_count_is_rejected_without_allocating) {
 
 Test(patch, table_fields_out_of_range) {
   hostile_fixture f;
-  fixture_make(&f, PULSE_POS_CLASS, 7);
+  fixture_make(&f, CODING_CLASS, 7);
   pt_raw_patch *r = &f.raw;
   pt_raw_tensor *w = &r->tensors[0], *v = &r->tensors[1], *z = &r->tensors[2];
   const pt_raw_tensor w0 = *w, v0 = *v, z0 = *z;
@@ -333,9 +338,9 @@ Test(patch, table_fields_out_of_range) {
 }
 
 Test(patch, chunk_entries_inconsistent_with_the_tensor) {
-  for (int m = 0; m < 2; m++) {
+  for (int m = 0; m < CODINGS; m++) {
     hostile_fixture f;
-    fixture_make(&f, models[m], 8);
+    fixture_make(&f, m, 8);
     pt_raw_patch *r = &f.raw;
     pt_raw_tensor *w = &r->tensors[0];
     cr_assert_eq(w->chunk_count, 3);
@@ -395,7 +400,7 @@ Test(patch, chunk_entries_inconsistent_with_the_tensor) {
 /* Varints must be minimal and fit 64 bits. */
 Test(patch, malformed_varints_are_rejected) {
   hostile_fixture f;
-  fixture_make(&f, PULSE_POS_PLAIN, 9);
+  fixture_make(&f, CODING_PLAIN, 9);
   const size_t at = PT_HEADER_SIZE; /* name_len of the first tensor: 0x01 */
   cr_assert_eq(f.buf.data[at], 1);
   for (int variant = 0; variant < 3; variant++) {
@@ -429,9 +434,9 @@ Test(patch, malformed_varints_are_rejected) {
  * apply either fails with the targets untouched or reaches exactly the
  * intended targets (try_patch checks both). */
 Test(patch, flipping_any_byte_never_yields_a_wrong_result) {
-  for (int m = 0; m < 2; m++) {
+  for (int m = 0; m < CODINGS; m++) {
     hostile_fixture f;
-    fixture_make(&f, models[m], 10);
+    fixture_make(&f, m, 10);
     uint8_t *b = pt_alloc(f.buf.size);
     size_t ok = 0, failed = 0; /* body flips */
     static const uint8_t masks[] = {0x01, 0x80, 0xFF};
@@ -462,9 +467,9 @@ Test(patch, flipping_any_byte_never_yields_a_wrong_result) {
 }
 
 Test(patch, random_bodies_fail_without_writing) {
-  for (int m = 0; m < 2; m++) {
+  for (int m = 0; m < CODINGS; m++) {
     hostile_fixture f;
-    fixture_make(&f, models[m], 11);
+    fixture_make(&f, m, 11);
     const size_t body_at = PT_HEADER_SIZE + f.raw.table_size;
     uint8_t *b = pt_alloc(f.buf.size);
     uint64_t s = 12345;
@@ -497,10 +502,10 @@ Test(patch, random_bodies_fail_without_writing) {
 /* A chunk stream one byte short or long, the sizes adjusted to match: the
  * stream must be consumed exactly. */
 Test(patch, chunk_stream_length_must_match_its_content) {
-  for (int m = 0; m < 2; m++)
+  for (int m = 0; m < CODINGS; m++)
     for (int longer = 0; longer < 2; longer++) {
       hostile_fixture f;
-      fixture_make(&f, models[m], 12);
+      fixture_make(&f, m, 12);
       size_t tested = 0, at = 0;
       for (size_t t = 0; t < 3; t++)
         for (size_t c = 0; c < f.raw.tensors[t].chunk_count; c++) {
