@@ -24,7 +24,11 @@
  * and size against the signed head before reading it; then apply each step
  * transactionally: every patch is decoded and checked against the base and
  * target digests before the first target element is written, and an anchor
- * is checked against its state digest before anything is copied. A patch
+ * is checked against its state digest before anything is copied. Host
+ * patches are decoded while they download (each chunk as soon as its bytes
+ * are there, on opts.threads threads, into staging only) and committed once
+ * the whole object matched its signed SHA-256 and the staged changes the
+ * target digests; opts.no_streaming turns this off. A patch
  * whose base does not match the targets is never applied: the sync then takes
  * the anchor route. Whatever fails, the targets either hold exactly the
  * trainer's weights of a step or keep their previous step, and the status and
@@ -157,6 +161,10 @@ typedef struct {
   void *cuda_stream;        /* stream for device targets (NULL: default) */
   pulse_sub_event_fn on_event;
   void *on_event_ctx;
+  /* 0 (default): a patch is decoded while it downloads, on `threads`
+   * threads, each chunk as soon as its bytes are there, and committed once
+   * the whole object verified; 1: each patch is downloaded whole first. */
+  int no_streaming;
 } pulse_sub_opts;
 
 #define PULSE_SUB_OPTS_VERSION 1u
@@ -164,7 +172,7 @@ typedef struct {
   {                                                                            \
     PULSE_SUB_OPTS_VERSION, NULL, 0, NULL, NULL, 0, 0, 10000, 30000, 1024, 30, \
         6, 200, 5000, 4, (uint64_t)32 << 20, 0, 1, 0, 0, 30000, NULL, NULL,    \
-        NULL                                                                   \
+        NULL, 0                                                                \
   }
 
 typedef struct pulse_sub pulse_sub;
@@ -275,9 +283,13 @@ typedef struct {
   uint64_t last_bytes;    /* bytes downloaded by it */
   double last_transfer_s; /* waiting for the network */
   double last_verify_s;   /* signatures, SHA-256, digests */
-  double last_decode_s;   /* decoding patches, reading anchors */
+  double last_decode_s;   /* decoding patches, reading anchors: the part
+                             not hidden behind downloads */
   double last_apply_s;    /* writing targets (and the file target) */
   double last_total_s;
+  /* Decoding (wall time) that ran while patches were still downloading,
+   * hidden behind the transfer and not in last_decode_s. */
+  double last_decode_overlap_s;
 } pulse_sub_figures;
 
 /** Copies the current figures. Thread-safe. */

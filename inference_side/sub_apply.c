@@ -59,9 +59,8 @@ static pulse_status shape_mismatch(const sub_target *t,
 
 /* --------------------------------------------------------------- patches */
 
-/* Matches the targets to the patch table; *full: they hold all of it. */
-static pulse_status match(pulse_sub *sub, const pulse_patch *p, sub_target **tg,
-                          int *full) {
+pulse_status sub_apply_match(pulse_sub *sub, const pulse_patch *p, sub_target **tg,
+                             int *full) {
   size_t n = pulse_patch_tensor_count(p), matched = 0;
   for (size_t k = 0; k < sub->ntargets; k++) {
     sub_target *t = &sub->targets[k];
@@ -124,6 +123,28 @@ static pulse_status apply_device(pulse_sub *sub, const pulse_patch *p,
   return st;
 }
 
+void sub_apply_commit(pulse_sub *sub, const pulse_patch *p, sub_target **tg, int full,
+                      pulse_patch_staged *staged, pulse_patch_stream *stream) {
+  /* Second half, under the writers' lock: nothing can fail from here. */
+  double t0 = sub_now();
+  pthread_rwlock_wrlock(&sub->rw);
+  if (staged != NULL)
+    pulse_patch_staged_commit(staged);
+  else
+    pulse_patch_stream_commit(stream);
+  for (size_t i = 0; i < pulse_patch_tensor_count(p); i++) {
+    pulse_patch_tensor pt;
+    if (tg[i] == NULL)
+      continue;
+    pulse_patch_tensor_get(p, i, &pt);
+    tg[i]->digest = pt.target_digest;
+  }
+  sub_set_step(sub, pulse_patch_step(p), full ? pulse_patch_target_digest(p) : NULL);
+  pthread_rwlock_unlock(&sub->rw);
+  sub->t_apply += sub_now() - t0;
+  sub->file_dirty = sub->mem == SUB_MEM_FILE;
+}
+
 pulse_status sub_apply_patch(pulse_sub *sub, const pulse_patch *p) {
   if (sub->step != PULSE_SUB_NO_STEP && pulse_patch_base_step(p) != sub->step)
     return pulse_fail(PULSE_ERR_BASE_STEP,
@@ -139,7 +160,7 @@ pulse_status sub_apply_patch(pulse_sub *sub, const pulse_patch *p) {
     st = pulse_fail(PULSE_ERR_NOMEM, "staging a patch of %zu tensors", n);
     goto done;
   }
-  if ((st = match(sub, p, tg, &full)) != PULSE_OK)
+  if ((st = sub_apply_match(sub, p, tg, &full)) != PULSE_OK)
     goto done;
 
   if (sub->mem == SUB_MEM_DEVICE) {
@@ -183,20 +204,7 @@ pulse_status sub_apply_patch(pulse_sub *sub, const pulse_patch *p) {
   sub->t_verify += times.verify_seconds;
   sub->t_decode += times.decode_seconds;
 
-  /* Second half, under the writers' lock: nothing can fail from here. */
-  double t0 = sub_now();
-  pthread_rwlock_wrlock(&sub->rw);
-  pulse_patch_staged_commit(staged);
-  for (size_t i = 0; i < n; i++) {
-    pulse_patch_tensor pt;
-    if (tg[i] == NULL)
-      continue;
-    pulse_patch_tensor_get(p, i, &pt);
-    tg[i]->digest = pt.target_digest;
-  }
-  sub_set_step(sub, pulse_patch_step(p), full ? pulse_patch_target_digest(p) : NULL);
-  pthread_rwlock_unlock(&sub->rw);
-  sub->t_apply += sub_now() - t0;
+  sub_apply_commit(sub, p, tg, full, staged, NULL);
   pulse_patch_staged_free(staged);
 
 committed:

@@ -31,6 +31,11 @@ typedef struct sub_xfer {
   uint64_t max_bytes;    /* memory sink: refuse longer bodies */
   uint8_t *mem;
   size_t mem_len, mem_cap;
+  /* File sink only: every body byte kept is also copied to
+   * copy[object offset] (a buffer of expect_total bytes), and on_data is
+   * called after each piece of the body (both optional). */
+  uint8_t *copy;
+  void (*on_data)(struct sub_xfer *x);
   /* ---- answer */
   CURLcode cc;
   long status;

@@ -9,6 +9,7 @@
  *   sub_cache.c    the cache folder as a store: head.json, pruning
  *   sub_plan.c     choosing the route to the head
  *   sub_apply.c    staged, transactional application of patches and anchors
+ *   sub_stream.c   applying a patch while it downloads
  *   sub_sync.c     sync and follow
  *   sub_util.c     hex, SHA-256 of files, clocks */
 #ifndef PULSE_SUB_IMPL_H
@@ -21,6 +22,7 @@
 #include <stdint.h>
 
 #include "pulse_codec.h"
+#include "pulse_codec_stream.h"
 #include "pulse_cuda.h"
 #include "pulse_store.h"
 #include "pulse_subscriber.h"
@@ -100,6 +102,9 @@ struct pulse_sub {
 
   /* the running sync's clocks */
   double t_transfer, t_verify, t_decode, t_apply;
+  double t_decode_overlap; /* decoding that ran while downloads went on */
+  double t_cb; /* spent in download callbacks (hashing, opening, feeding
+                  a streamed patch): not counted as transfer */
   uint64_t sync_bytes_start;
 };
 
@@ -139,6 +144,28 @@ uint64_t sub_object_have(const pulse_sub *sub, const pulse_store_object *o);
  * missing (resuming, in parallel ranges when large, from each URL in turn
  * when one fails or sends bytes that do not verify). */
 pulse_status sub_object_fetch(pulse_sub *sub, const pulse_store_object *o);
+/* Takes an object's bytes while they are downloaded. */
+typedef struct sub_sink {
+  uint8_t *buf; /* the object's size (at least 1 byte), the caller's */
+  /* Bytes [0, prefix) of buf are the object's as received: not verified
+   * yet. Called on the syncing thread, from download callbacks. */
+  void (*on_prefix)(struct sub_sink *sink, uint64_t prefix);
+  /* buf is filled again from the start (bytes that did not verify were
+   * dropped): forget what was made of it. */
+  void (*on_restart)(struct sub_sink *sink);
+  /* Optional: buf holds the whole object and its SHA-256 matched the signed
+   * head; called before the cache copy is made durable and named, so the
+   * bytes can be used at once. */
+  void (*on_verified)(struct sub_sink *sink);
+} sub_sink;
+
+/** sub_object_fetch that also assembles the object in sink->buf as it
+ * arrives (bytes already on disk first, or a whole cached copy) and hashes
+ * it as its contiguous prefix grows, so it is not read back to be checked.
+ * On PULSE_OK buf holds the verified object and the last on_prefix call
+ * had its whole size. */
+pulse_status sub_object_fetch_sink(pulse_sub *sub, const pulse_store_object *o,
+                                   sub_sink *sink);
 /** Forgets verified objects the head no longer names. */
 void sub_object_forget(pulse_sub *sub);
 /** Reads a cached object into memory and checks its size and SHA-256
@@ -176,6 +203,20 @@ pulse_status sub_plan_make(pulse_sub *sub, sub_plan *out);
 /** Applies a patch (opened, from verified bytes) to the targets: staged,
  * checked, then committed under the writers' lock. */
 pulse_status sub_apply_patch(pulse_sub *sub, const pulse_patch *p);
+/** Matches the targets to a patch's table (tg: per table entry, NULL when
+ * no target has it); *full: they hold the whole table. */
+pulse_status sub_apply_match(pulse_sub *sub, const pulse_patch *p,
+                             sub_target **tg, int *full);
+/** The writers' half of a host patch: commit (staged or streamed), new
+ * digests and step, under the writers' lock. Cannot fail. */
+void sub_apply_commit(pulse_sub *sub, const pulse_patch *p, sub_target **tg,
+                      int full, pulse_patch_staged *staged,
+                      pulse_patch_stream *stream);
+/** Applies a patch object while it downloads (host targets): decoded as its
+ * bytes arrive, committed only once the object verified and its target
+ * digests matched. */
+pulse_status sub_apply_patch_streamed(pulse_sub *sub,
+                                      const pulse_store_object *o);
 /** Applies a verified anchor file (in the cache) to the targets. */
 pulse_status sub_apply_anchor(pulse_sub *sub, const pulse_store_object *o);
 

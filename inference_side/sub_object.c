@@ -15,6 +15,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <openssl/evp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,6 +44,11 @@ typedef struct {
   seg segs[SEG_MAX];
   size_t n;
   double last_emit;
+  /* With a sink: the object is also assembled in sink->buf and hashed as
+   * its contiguous prefix grows. */
+  sub_sink *sink;
+  EVP_MD_CTX *md;
+  uint64_t hashed; /* bytes of buf hashed so far (the prefix fed) */
 } fetch_ctx;
 
 static void sha_hex(const pulse_store_object *o, char hex[65]) {
@@ -201,6 +207,64 @@ static void on_progress(pulse_sub *sub, sub_xfer *x) {
   sub_emit(sub, &ev);
 }
 
+/* ----------------------------------------------------------------- sink */
+
+/* Bytes held from the start of the object without a gap. During a run a
+ * segment holds what it had plus what its transfer kept so far. */
+static uint64_t sink_prefix(const fetch_ctx *c) {
+  for (size_t k = 0; k < c->n; k++) {
+    const seg *s = &c->segs[k];
+    uint64_t held = s->have + (s->x.easy != NULL ? s->x.received : 0);
+    if (held < s->len)
+      return s->origin + held;
+  }
+  return c->o->size;
+}
+
+/* Hashes what the prefix gained and tells the sink. */
+static void sink_advance(fetch_ctx *c) {
+  uint64_t prefix = sink_prefix(c);
+  if (prefix <= c->hashed && !(prefix == 0 && c->o->size == 0))
+    return;
+  double t0 = sub_now();
+  EVP_DigestUpdate(c->md, c->sink->buf + c->hashed,
+                   (size_t)(prefix - c->hashed));
+  c->hashed = prefix;
+  double dt = sub_now() - t0;
+  c->sub->t_verify += dt;
+  c->sub->t_cb += dt;
+  c->sink->on_prefix(c->sink, prefix);
+}
+
+static void sink_on_data(sub_xfer *x) {
+  sink_advance(x->progress_ctx);
+}
+
+/* Starts the sink over: the bytes the partial files hold, hashed. */
+static pulse_status sink_restart(fetch_ctx *c, int tell) {
+  if (tell)
+    c->sink->on_restart(c->sink);
+  c->hashed = 0;
+  if (EVP_DigestInit_ex(c->md, EVP_sha256(), NULL) != 1)
+    return pulse_fail(PULSE_ERR_INTERNAL, "sha256 of %s", c->o->path);
+  for (size_t k = 0; k < c->n; k++) {
+    seg *s = &c->segs[k];
+    uint64_t got = 0;
+    while (got < s->have) {
+      ssize_t r = pread(s->fd, c->sink->buf + s->origin + got,
+                        (size_t)(s->have - got), (off_t)got);
+      if (r < 0 && errno == EINTR)
+        continue;
+      if (r <= 0)
+        break;
+      got += (uint64_t)r;
+    }
+    s->have = got; /* a short read: fetched again from there */
+  }
+  sink_advance(c);
+  return PULSE_OK;
+}
+
 /* Downloads every missing segment byte from URL `url`, with retries. */
 static pulse_status download(fetch_ctx *c, size_t url) {
   pulse_sub *sub = c->sub;
@@ -222,6 +286,10 @@ static pulse_status download(fetch_ctx *c, size_t url) {
       s->x.expect_total = c->o->size;
       s->x.low_speed = 1;
       s->x.progress_ctx = c;
+      if (c->sink != NULL) {
+        s->x.copy = c->sink->buf;
+        s->x.on_data = sink_on_data;
+      }
       if (!(c->n == 1 && s->have == 0)) {
         s->x.ranged = 1;
         s->x.range_from = s->origin + s->have;
@@ -240,6 +308,7 @@ static pulse_status download(fetch_ctx *c, size_t url) {
         continue;
       s->have += s->x.received;
       progressed |= s->x.received > 0;
+      s->x.received = 0; /* counted in have now (sink_prefix) */
       if (sub_xfer_ok(&s->x) && s->have >= s->len)
         continue;
       if (s->x.status == 416)
@@ -255,6 +324,8 @@ static pulse_status download(fetch_ctx *c, size_t url) {
       retry &= s->x.status != 416 &&
                (sub_xfer_ok(&s->x) || sub_xfer_retryable(&s->x));
     }
+    if (c->sink != NULL)
+      sink_advance(c);
     if (st == PULSE_OK)
       return PULSE_OK;
     if (progressed)
@@ -311,33 +382,29 @@ static pulse_status append_seg(fetch_ctx *c, size_t k) {
   return PULSE_OK;
 }
 
-/* Assembles, checks and names the object. PULSE_ERR_CORRUPT: the bytes are
- * not the object (every partial file is then removed). */
-static pulse_status install(fetch_ctx *c) {
+/* Bytes that are not the object: every partial file is removed. */
+static pulse_status refuse(fetch_ctx *c, const uint8_t sha[32], uint64_t size) {
+  close_segs(c);
+  remove_parts(c->sub, c->o);
+  char got[65];
+  sub_hex(sha, 32, got);
+  return pulse_fail(PULSE_ERR_CORRUPT,
+                    "%s: the bytes received hash to %s (%" PRIu64
+                    " bytes), not to the signed name (%" PRIu64
+                    " bytes): refused",
+                    c->o->path, got, size, c->o->size);
+}
+
+/* Gives checked bytes their name: segments appended to the first, fsync,
+ * rename. */
+static pulse_status name_object(fetch_ctx *c, int assembled) {
   pulse_sub *sub = c->sub;
-  for (size_t k = 1; k < c->n; k++)
+  for (size_t k = 1; k < c->n && !assembled; k++)
     PULSE_TRY(append_seg(c, k));
-  if (fsync(c->segs[0].fd) != 0)
+  if (!assembled && fsync(c->segs[0].fd) != 0)
     return pulse_fail(PULSE_ERR_IO, "%s: fsync: %s", c->segs[0].path,
                       strerror(errno));
-  double t0 = sub_now();
-  uint8_t sha[32];
-  uint64_t size = 0;
-  pulse_status st = sub_sha256_file(c->segs[0].path, sha, &size);
-  sub->t_verify += sub_now() - t0;
-  if (st != PULSE_OK)
-    return st;
   close_segs(c);
-  if (size != c->o->size || memcmp(sha, c->o->sha256, 32) != 0) {
-    remove_parts(sub, c->o);
-    char got[65];
-    sub_hex(sha, 32, got);
-    return pulse_fail(PULSE_ERR_CORRUPT,
-                      "%s: the bytes received hash to %s (%" PRIu64
-                      " bytes), not to the signed name (%" PRIu64
-                      " bytes): refused",
-                      c->o->path, got, size, c->o->size);
-  }
   char final[4096], dir[4096];
   sub_object_path(sub, c->o, final, sizeof final);
   if (rename(c->segs[0].path, final) != 0)
@@ -347,6 +414,46 @@ static pulse_status install(fetch_ctx *c) {
   snprintf(dir, sizeof dir, "%s/" PULSE_STORE_OBJECTS_DIR, sub->cache_dir);
   sub_fsync_dir(dir);
   return PULSE_OK;
+}
+
+/* Assembles, checks and names the object. PULSE_ERR_CORRUPT: the bytes are
+ * not the object (every partial file is then removed). With a sink whose
+ * buffer was hashed as it arrived (it holds exactly the bytes written to
+ * the files, those found on disk having been read from them), the hash is
+ * checked first and the sink told at once, before the file is assembled
+ * and made durable. */
+static pulse_status install(fetch_ctx *c) {
+  pulse_sub *sub = c->sub;
+  uint8_t sha[32];
+  if (c->sink != NULL && c->hashed == c->o->size) {
+    double t0 = sub_now();
+    unsigned len = 32;
+    int ok = EVP_DigestFinal_ex(c->md, sha, &len) == 1;
+    EVP_DigestInit_ex(c->md, EVP_sha256(), NULL);
+    c->hashed = 0;
+    sub->t_verify += sub_now() - t0;
+    if (!ok)
+      return pulse_fail(PULSE_ERR_INTERNAL, "sha256 of %s", c->o->path);
+    if (memcmp(sha, c->o->sha256, 32) != 0)
+      return refuse(c, sha, c->o->size);
+    if (c->sink->on_verified != NULL)
+      c->sink->on_verified(c->sink);
+    return name_object(c, 0);
+  }
+  for (size_t k = 1; k < c->n; k++)
+    PULSE_TRY(append_seg(c, k));
+  if (fsync(c->segs[0].fd) != 0)
+    return pulse_fail(PULSE_ERR_IO, "%s: fsync: %s", c->segs[0].path,
+                      strerror(errno));
+  double t0 = sub_now();
+  uint64_t size = 0;
+  pulse_status st = sub_sha256_file(c->segs[0].path, sha, &size);
+  sub->t_verify += sub_now() - t0;
+  if (st != PULSE_OK)
+    return st;
+  if (size != c->o->size || memcmp(sha, c->o->sha256, 32) != 0)
+    return refuse(c, sha, size);
+  return name_object(c, 1);
 }
 
 static void reject(pulse_sub *sub, const char *object, pulse_status st) {
@@ -399,9 +506,32 @@ void sub_object_forget(pulse_sub *sub) {
   sub->nverified = k;
 }
 
-pulse_status sub_object_fetch(pulse_sub *sub, const pulse_store_object *o) {
+/* A whole cached object into the sink (checked again: a cache can rot). */
+static pulse_status sink_from_cache(pulse_sub *sub, const pulse_store_object *o,
+                                    sub_sink *sink) {
+  pulse_buffer b = {NULL, 0};
+  PULSE_TRY(sub_object_read(sub, o, &b));
+  if (b.size > 0)
+    memcpy(sink->buf, b.data, b.size);
+  pulse_buffer_free(&b);
+  sink->on_prefix(sink, o->size);
+  return PULSE_OK;
+}
+
+static pulse_status fetch(pulse_sub *sub, const pulse_store_object *o,
+                          sub_sink *sink) {
   char final[4096];
   sub_object_path(sub, o, final, sizeof final);
+  if (sink != NULL && file_size(final) == o->size && access(final, R_OK) == 0) {
+    pulse_status st = sink_from_cache(sub, o, sink);
+    if (st == PULSE_OK) {
+      remember(sub, o->sha256);
+      return PULSE_OK;
+    }
+    if (st != PULSE_ERR_CORRUPT)
+      return st;
+    reject(sub, o->path, PULSE_ERR_CORRUPT); /* removed: fetched again */
+  }
   if (file_size(final) == o->size && access(final, R_OK) == 0) {
     if (verified(sub, o->sha256))
       return PULSE_OK;
@@ -426,7 +556,13 @@ pulse_status sub_object_fetch(pulse_sub *sub, const pulse_store_object *o) {
     return pulse_fail(PULSE_ERR_NOMEM, "download of %s", o->path);
   c->sub = sub;
   c->o = o;
+  c->sink = sink;
   pulse_status st = open_segs(c);
+  if (st == PULSE_OK && sink != NULL) {
+    c->md = EVP_MD_CTX_new();
+    st = c->md != NULL ? sink_restart(c, 0)
+                       : pulse_fail(PULSE_ERR_NOMEM, "sha256 of %s", o->path);
+  }
   if (st == PULSE_OK) {
     uint64_t resumed = 0;
     for (size_t k = 0; k < c->n; k++)
@@ -453,6 +589,7 @@ pulse_status sub_object_fetch(pulse_sub *sub, const pulse_store_object *o) {
         ev.total = o->size;
         sub_emit(sub, &ev);
         close_segs(c);
+        EVP_MD_CTX_free(c->md);
         free(c);
         return PULSE_OK;
       }
@@ -460,6 +597,8 @@ pulse_status sub_object_fetch(pulse_sub *sub, const pulse_store_object *o) {
         break;
       reject(sub, o->path, st);
       if (open_segs(c) != PULSE_OK)
+        break;
+      if (sink != NULL && sink_restart(c, 1) != PULSE_OK)
         break;
     }
     if (atomic_load(&sub->stop))
@@ -471,8 +610,18 @@ pulse_status sub_object_fetch(pulse_sub *sub, const pulse_store_object *o) {
     }
   }
   close_segs(c);
+  EVP_MD_CTX_free(c->md);
   free(c);
   return st;
+}
+
+pulse_status sub_object_fetch(pulse_sub *sub, const pulse_store_object *o) {
+  return fetch(sub, o, NULL);
+}
+
+pulse_status sub_object_fetch_sink(pulse_sub *sub, const pulse_store_object *o,
+                                   sub_sink *sink) {
+  return fetch(sub, o, sink);
 }
 
 pulse_status sub_object_read(pulse_sub *sub, const pulse_store_object *o,

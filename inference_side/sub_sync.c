@@ -57,12 +57,28 @@ static void applied(pulse_sub *sub, pulse_sub_route route, uint64_t *counter) {
   sub_emit(sub, &ev);
 }
 
+/* Patches are decoded while they download (sub_stream.c) unless turned
+ * off or the targets are on a device (applied by the CUDA transaction). */
+static int streaming(const pulse_sub *sub) {
+  return !sub->opts.no_streaming && sub->mem != SUB_MEM_DEVICE;
+}
+
+/* Applies the head's patches from `first` on, in order. When streaming,
+ * each one not yet in the cache is downloaded and decoded at once;
+ * otherwise every one was fetched before. */
 static pulse_status apply_patches(pulse_sub *sub, size_t first) {
   size_t np = pulse_store_head_patch_count(sub->head);
   for (size_t i = first; i < np; i++) {
     const pulse_store_object *o = pulse_store_head_patch(sub->head, i);
+    if (streaming(sub) && sub_object_have(sub, o) < o->size) {
+      PULSE_TRY(sub_apply_patch_streamed(sub, o));
+      applied(sub, PULSE_SUB_ROUTE_CHAIN, &sub->fig.patches_applied);
+      continue;
+    }
     pulse_buffer b = {NULL, 0};
     pulse_patch *p = NULL;
+    if (streaming(sub))
+      PULSE_TRY(sub_object_fetch(sub, o));
     PULSE_TRY(open_patch(sub, o, &b, &p));
     pulse_status st = sub_apply_patch(sub, p);
     pulse_patch_free(p);
@@ -235,7 +251,7 @@ static pulse_status run_route(pulse_sub *sub, const sub_plan *plan) {
     return run_catchup(sub, plan);
   if (plan->route == PULSE_SUB_ROUTE_ANCHOR)
     PULSE_TRY(sub_object_fetch(sub, plan->anchor));
-  for (size_t i = plan->first_patch; i < np; i++)
+  for (size_t i = plan->first_patch; i < np && !streaming(sub); i++)
     PULSE_TRY(sub_object_fetch(sub, pulse_store_head_patch(sub->head, i)));
   if (plan->route == PULSE_SUB_ROUTE_ANCHOR) {
     PULSE_TRY(sub_apply_anchor(sub, plan->anchor));
@@ -310,6 +326,7 @@ static pulse_status sync_once(pulse_sub *sub, int head_ready, sub_plan *plan) {
 
 static pulse_status sync_run(pulse_sub *sub, int head_ready) {
   sub->t_transfer = sub->t_verify = sub->t_decode = sub->t_apply = 0;
+  sub->t_decode_overlap = sub->t_cb = 0;
   double t0 = sub_now();
   pulse_sub_figures before;
   pulse_sub_figures_get(sub, &before);
@@ -341,6 +358,7 @@ static pulse_status sync_run(pulse_sub *sub, int head_ready) {
   sub->fig.last_transfer_s = sub->t_transfer;
   sub->fig.last_verify_s = sub->t_verify;
   sub->fig.last_decode_s = sub->t_decode;
+  sub->fig.last_decode_overlap_s = sub->t_decode_overlap;
   sub->fig.last_apply_s = sub->t_apply;
   sub->fig.last_total_s = sub_now() - t0;
   pthread_mutex_unlock(&sub->fig_lock);

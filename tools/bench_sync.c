@@ -73,6 +73,10 @@ void bench_sync_usage(FILE *out) {
                "                     to the whole checkpoint (default 64M)\n"
                "  --plain            plain position model (decodes in time "
                "proportional to changes)\n"
+               "  --no-stream        download each patch whole before decoding "
+               "it (the subscriber\n"
+               "                     otherwise decodes chunks while the patch "
+               "downloads)\n"
                "  --threads N        threads (default: one per core)\n"
                "  --seed N           generator seed (default 1)\n"
                "  --json             one JSON object per link: params, "
@@ -283,7 +287,7 @@ static double bs_dense_get(const char *url, uint64_t bytes) {
 /* ---------------------------------------------------------------- main */
 
 typedef struct {
-  double seconds, transfer, verify, decode, apply;
+  double seconds, transfer, verify, decode, apply, overlap;
   uint64_t bytes, patch_bytes, changed;
 } bs_sample;
 
@@ -359,7 +363,7 @@ int bench_sync_main(int argc, char **argv) {
   uint64_t params = 100000000, steps = 3, seed = 1,
            dense_sample = (uint64_t)64 << 20;
   double density = 0.01;
-  int json = 0, threads = 0, plain = 0;
+  int json = 0, threads = 0, plain = 0, no_stream = 0;
   const char *links_spec = "loopback,100mbit,1gbit", *burst = "64kb", *v;
   const char *report = NULL;
   for (int i = 1; i < argc; i++) {
@@ -409,6 +413,8 @@ int bench_sync_main(int argc, char **argv) {
                2;
     } else if (pulse_tk_opt_flag(argv[i], "--plain")) {
       plain = 1;
+    } else if (pulse_tk_opt_flag(argv[i], "--no-stream")) {
+      no_stream = 1;
     } else if (pulse_tk_opt_flag(argv[i], "--json")) {
       json = 1;
     } else if ((r = pulse_tk_opt_value(argc, argv, &i, "--report", &v)) != 0) {
@@ -435,8 +441,9 @@ int bench_sync_main(int argc, char **argv) {
       return fprintf(stderr, "pulse-bench sync: --report: cannot make %s\n", report), 1;
     static const char *const cols[] = {"link", "link_bits_per_s", "bytes_dense", "bytes_pulse",
                                        "seconds_dense", "seconds_pulse", "transfer_s",
-                                       "verify_s", "decode_s", "apply_s"};
-    rt = pulse_report_table_add(rep, "links", cols, 10);
+                                       "verify_s", "decode_s", "apply_s",
+                                       "decode_overlap_s"};
+    rt = pulse_report_table_add(rep, "links", cols, 11);
   }
 
   /* Stop signals: to one thread, which stops the sync; cleanup follows. */
@@ -568,6 +575,7 @@ int bench_sync_main(int argc, char **argv) {
   o.use_catchup = 0;
   o.threads = threads;
   o.parallel = 4;
+  o.no_streaming = no_stream;
   for (size_t i = 0; targets && i < m.count; i++)
     targets[i] = calloc(m.numel[i], 2);
   t0 = pulse_tk_now();
@@ -601,7 +609,8 @@ int bench_sync_main(int argc, char **argv) {
   if (!json)
     printf("%-10s %12s %12s %7s %10s %10s %7s   %s\n", "link", "bytes dense",
            "bytes pulse", "ratio", "s dense", "s pulse", "ratio",
-           "pulse split: transfer / verify / decode / apply (s)");
+           "pulse split: transfer / verify / decode / apply (s)   "
+           "(+decode hidden behind the transfer)");
   for (size_t l = 0; l < nlinks && rc == 0 && !atomic_load(&bs_stop); l++) {
     bs_link *lk = &links[l];
     int limited = lk->rate[0] != '\0';
@@ -657,6 +666,7 @@ int bench_sync_main(int argc, char **argv) {
       s[ns].verify = f.last_verify_s;
       s[ns].decode = f.last_decode_s;
       s[ns].apply = f.last_apply_s;
+      s[ns].overlap = f.last_decode_overlap_s;
       s[ns].bytes = f.last_bytes;
       s[ns].patch_bytes = pf.patch_bytes;
       s[ns].changed = pf.changed;
@@ -676,6 +686,7 @@ int bench_sync_main(int argc, char **argv) {
     double ve = median_of(s, ns, offsetof(bs_sample, verify));
     double de = median_of(s, ns, offsetof(bs_sample, decode));
     double ap = median_of(s, ns, offsetof(bs_sample, apply));
+    double ov = median_of(s, ns, offsetof(bs_sample, overlap));
     uint64_t bp = median_u64(s, ns, offsetof(bs_sample, bytes));
     uint64_t pb = median_u64(s, ns, offsetof(bs_sample, patch_bytes));
     uint64_t ch = median_u64(s, ns, offsetof(bs_sample, changed));
@@ -690,22 +701,26 @@ int bench_sync_main(int argc, char **argv) {
              "extrapolated\":%s"
              ",\"dense_sample_bytes\":%" PRIu64
              ",\"transfer_s\":%.6f,\"verify_s\":%.6f"
-             ",\"decode_s\":%.6f,\"apply_s\":%.6f,\"steps\":%zu,\"positions\":"
+             ",\"decode_s\":%.6f,\"apply_s\":%.6f,\"decode_overlap_s\":%.6f"
+             ",\"streamed\":%s,\"steps\":%zu,\"positions\":"
              "\"%s\"}\n",
              m.total, dens, lk->name, limited ? rate_bps(lk->rate) : 0.0, bd,
              bp, pb, seconds_dense, sp, extrapolated ? "true" : "false", sample,
-             tr, ve, de, ap, ns, plain ? "plain" : "class");
+             tr, ve, de, ap, ov, no_stream ? "false" : "true", ns,
+             plain ? "plain" : "class");
     } else {
       printf("%-10s %12" PRIu64 " %12" PRIu64
-             " %6.0fx %9.3f%s %10.4f %6.0fx   %.4f / %.4f / %.4f / %.4f\n",
+             " %6.0fx %9.3f%s %10.4f %6.0fx   %.4f / %.4f / %.4f / %.4f"
+             "   (+%.4f)\n",
              lk->name, bd, bp, (double)bd / (double)bp, seconds_dense,
-             extrapolated ? "*" : " ", sp, seconds_dense / sp, tr, ve, de, ap);
+             extrapolated ? "*" : " ", sp, seconds_dense / sp, tr, ve, de, ap,
+             ov);
     }
     fflush(stdout);
     pulse_report_row(rt);
     pulse_report_text(rt, lk->name);
     pulse_report_num(rt, limited ? rate_bps(lk->rate) : NAN);
-    const double cells[] = {(double)bd, (double)bp, seconds_dense, sp, tr, ve, de, ap};
+    const double cells[] = {(double)bd, (double)bp, seconds_dense, sp, tr, ve, de, ap, ov};
     for (size_t k = 0; k < sizeof cells / sizeof cells[0]; k++)
       pulse_report_num(rt, cells[k]);
   }
@@ -715,6 +730,11 @@ int bench_sync_main(int argc, char **argv) {
            "  (dense = transfer only, no verify or apply; pulse bytes include "
            "the head)\n",
            dense_sample);
+  if (!json)
+    printf("decode = decoding not hidden behind the download; (+x) = "
+           "decoding that ran while the patch\n"
+           "  was still downloading (%s)\n",
+           no_stream ? "none: --no-stream" : "streamed apply");
   free(pt);
 done:
   if (rep != NULL) {

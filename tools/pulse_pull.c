@@ -60,6 +60,9 @@ static void usage(FILE *f) {
       "  --insecure-unsigned accept heads that are not signed (no "
       "authenticity)\n"
       "  --threads N         decode threads (default: one per core)\n"
+      "  --no-stream         download each patch whole before decoding it "
+      "(default: decode\n"
+      "                      while it downloads, commit once it verified)\n"
       "Exit status: 0 synced (or stopped cleanly), 1 error, 2 usage.\n");
 }
 
@@ -280,7 +283,7 @@ static void *stop_wait(void *arg) {
 int main(int argc, char **argv) {
   const char *out = NULL, *cache = NULL, *key_hex = NULL, *serve = NULL, *v;
   int follow = 0, json = 0, unsigned_ = 0, no_catchup = 0, threads = 0,
-      retries = 6, parallel = 4, timeout_s = 30;
+      no_stream = 0, retries = 6, parallel = 4, timeout_s = 30;
   uint64_t rate = 0;
   const char *urls[64];
   size_t nurls = 0;
@@ -334,6 +337,8 @@ int main(int argc, char **argv) {
       json = 1;
     } else if (pulse_tk_opt_flag(argv[i], "--no-catchup")) {
       no_catchup = 1;
+    } else if (pulse_tk_opt_flag(argv[i], "--no-stream")) {
+      no_stream = 1;
     } else if (pulse_tk_opt_flag(argv[i], "--insecure-unsigned")) {
       unsigned_ = 1;
     } else if (argv[i][0] == '-' && argv[i][1] != '\0') {
@@ -384,6 +389,7 @@ int main(int argc, char **argv) {
   o.use_catchup = !no_catchup;
   o.mirror = serve != NULL;
   o.threads = threads;
+  o.no_streaming = no_stream;
   o.on_event = on_event;
   o.on_event_ctx = &oc;
   int rc = 0;

@@ -1,0 +1,427 @@
+/* patch_stream.c - staging a patch while its bytes arrive
+ * (pulse_codec_stream.h).
+ *
+ * The same transaction as pulse_patch_stage (patch_decode.c), cut where the
+ * bytes arrive: begin checks the base, decode threads take the chunks in
+ * body order and wait until feed says a chunk's last byte is there, and
+ * finish checks the target digests. Each decode thread also folds its
+ * chunk's changes into a per-chunk digest difference (the tensor digest is
+ * additive), so finish only adds them up. */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "parallel_impl.h"
+#include "patch_impl.h"
+#include "pulse_codec_stream.h"
+#include "pulse_elem.h"
+#include "status_impl.h"
+
+#define STREAM_MAX_THREADS 64
+#ifdef PULSE_PATCH_VERSION_MIN
+#define STREAM_VERSION_MIN PULSE_PATCH_VERSION_MIN
+#else
+#define STREAM_VERSION_MIN PULSE_PATCH_VERSION
+#endif
+
+typedef struct {
+  size_t tensor;
+  uint64_t chunk;
+  uint64_t end; /* offset just past the chunk's bytes */
+} stream_item;
+
+typedef struct {
+  pulse_tensor_digest delta; /* digest change of the chunk's changes */
+  pulse_status st;
+  double seconds;
+  char detail[200];
+} item_result;
+
+struct pulse_patch_stream {
+  const pulse_patch *p;
+  int partial_table;
+  pulse_host_tensor **target; /* per patch tensor, NULL when absent */
+  pulse_changes *staged;      /* per patch tensor */
+  pulse_tensor_digest
+      *digest;        /* per patch tensor: the base's, then the result's */
+  stream_item *items; /* chunks with changes of targeted tensors, body order */
+  item_result *result;
+  size_t nitems;
+
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  size_t avail; /* bytes there */
+  size_t next;  /* next item to take */
+  size_t done;  /* items decoded (or failed) */
+  int stop;     /* free: threads leave */
+  int failed;   /* an item failed: the rest is not decoded */
+  double t_begin, t_last_byte, t_done;
+  pthread_t tid[STREAM_MAX_THREADS];
+  int nthreads;
+  int threads;  /* asked for (0: one per core), also for commit */
+  int finished; /* 1: finish returned PULSE_OK */
+  pulse_patch_stream_times times;
+};
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+pulse_status pulse_patch_stream_need(const uint8_t *bytes, size_t avail,
+                                     size_t *need) {
+  if (need == NULL || (bytes == NULL && avail > 0))
+    return pulse_fail(PULSE_ERR_ARG, "patch stream: NULL argument");
+  size_t magic = avail < 8 ? avail : 8;
+  if (memcmp(bytes, PULSE_PATCH_MAGIC, magic) != 0)
+    return pulse_fail(PULSE_ERR_MAGIC, "patch: bad magic (not a pulse patch)");
+  if (avail >= 10) {
+    unsigned version = (unsigned)bytes[8] | (unsigned)bytes[9] << 8;
+    if (version < STREAM_VERSION_MIN || version > PULSE_PATCH_VERSION)
+      return pulse_fail(PULSE_ERR_VERSION,
+                        "patch: format version %u, this decoder knows %u..%u",
+                        version, (unsigned)STREAM_VERSION_MIN,
+                        (unsigned)PULSE_PATCH_VERSION);
+  }
+  if (avail < PULSE_PATCH_FIXED_HEADER) {
+    *need = PULSE_PATCH_FIXED_HEADER;
+    return PULSE_OK;
+  }
+  uint64_t table = (uint64_t)bytes[12] | (uint64_t)bytes[13] << 8 |
+                   (uint64_t)bytes[14] << 16 | (uint64_t)bytes[15] << 24;
+  *need = (size_t)(PULSE_PATCH_FIXED_HEADER + table);
+  return PULSE_OK;
+}
+
+/* The table's infos, for state digests. */
+static pulse_status state_digest_of(const pulse_patch *p,
+                                    const pulse_tensor_digest *d,
+                                    pulse_state_digest *out) {
+  pulse_tensor_info *infos = calloc(p->count + 1, sizeof *infos);
+  if (infos == NULL)
+    return pulse_fail(PULSE_ERR_NOMEM, "patch stream: state digest");
+  for (size_t i = 0; i < p->count; i++)
+    infos[i] = p->tensors[i].info;
+  pulse_status st = pulse_state_digest_compute(infos, d, p->count, out);
+  free(infos);
+  return st;
+}
+
+/* Decodes item i into staging; its changes' digest difference on the side. */
+static void decode_item(pulse_patch_stream *s, size_t i) {
+  double t0 = now_s();
+  const pulse_patch *p = s->p;
+  const stream_item *it = &s->items[i];
+  item_result *r = &s->result[i];
+  const patch_tensor *t = &p->tensors[it->tensor];
+  uint64_t c = t->chunk_first + it->chunk;
+  uint64_t at = p->chunk_before[c], k = p->chunk_changed[c];
+  pulse_changes *ch = &s->staged[it->tensor];
+  const uint16_t *base = s->target[it->tensor]->data;
+  r->st = patch_decode_chunk(p, it->tensor, it->chunk, base, ch->pos + at,
+                             ch->new_bits + at);
+  if (r->st != PULSE_OK) {
+    strncpy(r->detail, pulse_error_detail(), sizeof r->detail - 1);
+  } else {
+    uint64_t da = 0, db = 0;
+    for (uint64_t e = at; e < at + k; e++) {
+      uint64_t pos = ch->pos[e];
+      uint16_t old = base[pos], nw = pulse_bf16_undelta(old, ch->new_bits[e]);
+      ch->old_bits[e] = old;
+      ch->new_bits[e] = nw;
+      uint64_t xo = pulse_digest_key(pos, old), xn = pulse_digest_key(pos, nw);
+      da += pulse_digest_lane_a(xn) - pulse_digest_lane_a(xo);
+      db += pulse_digest_lane_b(xn) - pulse_digest_lane_b(xo);
+    }
+    r->delta.a = da;
+    r->delta.b = db;
+  }
+  r->seconds = now_s() - t0;
+}
+
+/* Takes items in body order, each once its bytes are there. */
+static void *stream_worker(void *arg) {
+  pulse_patch_stream *s = arg;
+  pthread_mutex_lock(&s->mu);
+  while (!s->stop && !s->failed && s->next < s->nitems) {
+    size_t i = s->next;
+    if (s->items[i].end > s->avail) {
+      pthread_cond_wait(&s->cv, &s->mu);
+      continue;
+    }
+    s->next++;
+    pthread_mutex_unlock(&s->mu);
+    decode_item(s, i);
+    pthread_mutex_lock(&s->mu);
+    s->failed |= s->result[i].st != PULSE_OK;
+    if (++s->done == s->nitems)
+      s->t_done = now_s();
+  }
+  pthread_mutex_unlock(&s->mu);
+  return NULL;
+}
+
+static void stop_threads(pulse_patch_stream *s, int stop) {
+  pthread_mutex_lock(&s->mu);
+  s->stop |= stop;
+  pthread_cond_broadcast(&s->cv);
+  pthread_mutex_unlock(&s->mu);
+  for (int k = 0; k < s->nthreads; k++)
+    pthread_join(s->tid[k], NULL);
+  s->nthreads = 0;
+}
+
+void pulse_patch_stream_free(pulse_patch_stream *s) {
+  if (s == NULL)
+    return;
+  stop_threads(s, 1);
+  pthread_cond_destroy(&s->cv);
+  pthread_mutex_destroy(&s->mu);
+  for (size_t i = 0; s->staged != NULL && i < s->p->count; i++)
+    pulse_changes_free(&s->staged[i]);
+  free(s->target), free(s->staged), free(s->digest), free(s->items),
+      free(s->result);
+  free(s);
+}
+
+static void digest_one(void *ctx, size_t i) {
+  pulse_patch_stream *s = ctx;
+  pulse_host_tensor *tg = s->target[i];
+  if (tg != NULL)
+    s->digest[i] =
+        tg->digest ? *tg->digest : pulse_digest_bf16(tg->data, tg->numel);
+}
+
+/* Matches the targets to the table and checks that they are the patch's
+ * base, as pulse_patch_stage does. */
+static pulse_status check_base(pulse_patch_stream *s,
+                               pulse_host_tensor *targets, size_t count,
+                               const pulse_apply_opts *opts) {
+  const pulse_patch *p = s->p;
+  for (size_t i = 0; i < p->count; i++) {
+    const patch_tensor *t = &p->tensors[i];
+    for (size_t j = 0; j < count; j++)
+      if (targets[j].name != NULL &&
+          strcmp(targets[j].name, t->info.name) == 0) {
+        s->target[i] = &targets[j];
+        break;
+      }
+    if (s->target[i] == NULL) {
+      if (!opts->partial_table)
+        return pulse_fail(PULSE_ERR_NOT_FOUND,
+                          "apply: the patch changes tensor '%s', which is not "
+                          "among the targets",
+                          t->info.name);
+      continue;
+    }
+    if (s->target[i]->numel != t->numel ||
+        (s->target[i]->data == NULL && t->numel > 0))
+      return pulse_fail(PULSE_ERR_SIZE_MISMATCH,
+                        "apply: tensor '%s' has %llu elements in the patch, "
+                        "%llu in the target",
+                        t->info.name, (unsigned long long)t->numel,
+                        (unsigned long long)s->target[i]->numel);
+  }
+  pulse_parallel_for(opts->threads, p->count, digest_one, s);
+  for (size_t i = 0; i < p->count; i++) {
+    if (s->target[i] == NULL)
+      continue;
+    if (s->digest[i].a != p->tensors[i].base_digest.a ||
+        s->digest[i].b != p->tensors[i].base_digest.b)
+      return pulse_fail(
+          PULSE_ERR_BASE_DIGEST,
+          "apply: tensor '%s' is not the patch's base (step %llu)",
+          p->tensors[i].info.name, (unsigned long long)p->base_step);
+  }
+  if (!opts->partial_table) {
+    pulse_state_digest sd;
+    PULSE_TRY(state_digest_of(p, s->digest, &sd));
+    if (memcmp(sd.bytes, p->base_digest.bytes, 32) != 0)
+      return pulse_fail(
+          PULSE_ERR_BASE_DIGEST,
+          "apply: the base state is not the patch's base (step %llu)",
+          (unsigned long long)p->base_step);
+  }
+  return PULSE_OK;
+}
+
+pulse_status pulse_patch_stream_begin(const pulse_patch *p,
+                                      pulse_host_tensor *targets, size_t count,
+                                      const pulse_apply_opts *opts,
+                                      pulse_patch_stream **out) {
+  pulse_apply_opts defaults = PULSE_APPLY_OPTS_INIT;
+  if (opts == NULL)
+    opts = &defaults;
+  if (out == NULL || p == NULL || (targets == NULL && count > 0) ||
+      opts->struct_version != PULSE_APPLY_OPTS_VERSION)
+    return pulse_fail(
+        PULSE_ERR_ARG,
+        "patch stream: NULL patch or targets, or options of another version");
+  *out = NULL;
+  size_t n = p->count;
+  pulse_patch_stream *s = calloc(1, sizeof *s);
+  if (s == NULL)
+    return pulse_fail(PULSE_ERR_NOMEM, "patch stream");
+  s->p = p;
+  s->partial_table = opts->partial_table;
+  s->threads = opts->threads;
+  pthread_mutex_init(&s->mu, NULL);
+  pthread_cond_init(&s->cv, NULL);
+  s->t_begin = now_s();
+  s->target = calloc(n + 1, sizeof *s->target);
+  s->staged = calloc(n + 1, sizeof *s->staged);
+  s->digest = calloc(n + 1, sizeof *s->digest);
+  s->items = calloc(p->chunks + 1, sizeof *s->items);
+  s->result = calloc(p->chunks + 1, sizeof *s->result);
+  pulse_status st = PULSE_OK;
+  if (!s->target || !s->staged || !s->digest || !s->items || !s->result)
+    st =
+        pulse_fail(PULSE_ERR_NOMEM, "patch stream: staging for %zu tensors", n);
+  if (st == PULSE_OK)
+    st = check_base(s, targets, count, opts);
+  s->times.verify_seconds = now_s() - s->t_begin;
+
+  /* Staging, and the chunks to decode in body order (the table's order). */
+  for (size_t i = 0; i < n && st == PULSE_OK; i++) {
+    const patch_tensor *t = &p->tensors[i];
+    if (s->target[i] == NULL || t->changed == 0)
+      continue;
+    st = pulse_changes_reserve(&s->staged[i], t->changed);
+    for (uint64_t j = 0; j < t->chunk_count && st == PULSE_OK; j++) {
+      uint64_t c = t->chunk_first + j;
+      if (p->chunk_changed[c] == 0)
+        continue;
+      stream_item *it = &s->items[s->nitems++];
+      it->tensor = i;
+      it->chunk = j;
+      it->end = p->chunk_offset[c] + p->chunk_size[c];
+    }
+  }
+  if (st != PULSE_OK) {
+    pulse_patch_stream_free(s);
+    return st;
+  }
+  int threads = opts->threads > 0 ? opts->threads : pulse_cpu_count();
+  if (threads > STREAM_MAX_THREADS)
+    threads = STREAM_MAX_THREADS;
+  if ((size_t)threads > s->nitems)
+    threads = (int)s->nitems;
+  if (s->nitems == 0)
+    s->t_done = s->t_begin;
+  /* When no thread starts, finish decodes on the caller's thread. */
+  for (int k = 0; k < threads; k++) {
+    if (pthread_create(&s->tid[s->nthreads], NULL, stream_worker, s) != 0)
+      break;
+    s->nthreads++;
+  }
+  *out = s;
+  return PULSE_OK;
+}
+
+void pulse_patch_stream_feed(pulse_patch_stream *s, size_t avail) {
+  if (s == NULL)
+    return;
+  pthread_mutex_lock(&s->mu);
+  if (avail > s->p->size)
+    avail = s->p->size;
+  if (avail > s->avail) {
+    s->avail = avail;
+    if (avail == s->p->size)
+      s->t_last_byte = now_s();
+    pthread_cond_broadcast(&s->cv);
+  }
+  pthread_mutex_unlock(&s->mu);
+}
+
+pulse_status pulse_patch_stream_finish(pulse_patch_stream *s) {
+  if (s == NULL || s->finished)
+    return pulse_fail(PULSE_ERR_ARG, "patch stream: NULL or already finished");
+  const pulse_patch *p = s->p;
+  pthread_mutex_lock(&s->mu);
+  size_t avail = s->avail;
+  pthread_mutex_unlock(&s->mu);
+  if (avail < p->size)
+    return pulse_fail(PULSE_ERR_TRUNCATED,
+                      "patch stream: %zu of %zu bytes arrived", avail, p->size);
+  if (s->nthreads == 0)
+    stream_worker(s); /* no decode thread could start */
+  else
+    stop_threads(s, 0); /* every byte is there: they run out of items */
+  double t0 = now_s();
+  for (size_t i = 0; i < s->nitems; i++)
+    s->times.decode_seconds += s->result[i].seconds;
+  /* After a failure the items not yet taken stay undecoded; the first
+   * failed one (in body order) is reported. */
+  for (size_t i = 0; s->failed && i < s->nitems; i++)
+    if (s->result[i].st != PULSE_OK)
+      return pulse_fail(s->result[i].st, "apply: %s", s->result[i].detail);
+  s->times.decode_wall_seconds = s->t_done - s->t_begin;
+  s->times.tail_seconds =
+      s->t_done > s->t_last_byte ? s->t_done - s->t_last_byte : 0;
+
+  /* The result must be the patch's target, before anything is written. */
+  for (size_t i = 0; i < s->nitems; i++) {
+    pulse_tensor_digest *d = &s->digest[s->items[i].tensor];
+    d->a += s->result[i].delta.a;
+    d->b += s->result[i].delta.b;
+  }
+  pulse_status st = PULSE_OK;
+  for (size_t i = 0; i < p->count && st == PULSE_OK; i++) {
+    if (s->target[i] == NULL)
+      continue;
+    s->staged[i].count = p->tensors[i].changed;
+    if (s->digest[i].a != p->tensors[i].target_digest.a ||
+        s->digest[i].b != p->tensors[i].target_digest.b)
+      st = pulse_fail(
+          PULSE_ERR_TARGET_DIGEST,
+          "apply: tensor '%s' would not match the target of step %llu",
+          p->tensors[i].info.name, (unsigned long long)p->step);
+  }
+  if (st == PULSE_OK && !s->partial_table) {
+    pulse_state_digest sd;
+    st = state_digest_of(p, s->digest, &sd);
+    if (st == PULSE_OK && memcmp(sd.bytes, p->target_digest.bytes, 32) != 0)
+      st = pulse_fail(
+          PULSE_ERR_TARGET_DIGEST,
+          "apply: the result would not match the target state of step %llu",
+          (unsigned long long)p->step);
+  }
+  s->times.verify_seconds += now_s() - t0;
+  if (st != PULSE_OK) {
+    s->failed = 1;
+    return st;
+  }
+  s->finished = 1;
+  return PULSE_OK;
+}
+
+/* Writes the changes of item i (one chunk). */
+static void commit_item(void *ctx, size_t i) {
+  pulse_patch_stream *s = ctx;
+  const stream_item *it = &s->items[i];
+  const patch_tensor *t = &s->p->tensors[it->tensor];
+  uint64_t c = t->chunk_first + it->chunk;
+  uint64_t at = s->p->chunk_before[c], k = s->p->chunk_changed[c];
+  uint16_t *data = s->target[it->tensor]->data;
+  const pulse_changes *ch = &s->staged[it->tensor];
+  for (uint64_t j = at; j < at + k; j++)
+    data[ch->pos[j]] = ch->new_bits[j];
+}
+
+void pulse_patch_stream_commit(pulse_patch_stream *s) {
+  if (s == NULL || !s->finished)
+    return;
+  /* Callers hold readers off while this runs: chunks are written in
+   * parallel (disjoint positions) when there are enough changes. */
+  int threads = s->p->total_changed >= ((uint64_t)1 << 16) ? s->threads : 1;
+  pulse_parallel_for(threads, s->nitems, commit_item, s);
+  s->finished = 2; /* committed: a second commit writes the same bits */
+}
+
+pulse_patch_stream_times
+pulse_patch_stream_times_get(const pulse_patch_stream *s) {
+  pulse_patch_stream_times none = {0, 0, 0, 0};
+  return s != NULL ? s->times : none;
+}
