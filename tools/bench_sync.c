@@ -39,6 +39,7 @@
 #include <unistd.h>
 
 #include "bench_impl.h"
+#include "pulse_cuda.h"
 #include "pulse_log.h"
 #include "pulse_publisher.h"
 #include "pulse_server.h"
@@ -78,6 +79,9 @@ void bench_sync_usage(FILE *out) {
                "                     otherwise decodes chunks while the patch "
                "downloads)\n"
                "  --threads N        threads (default: one per core)\n"
+               "  --device           targets in GPU memory: the host decodes the streams,\n"
+               "                     the GPU places and writes the changes (without a CUDA\n"
+               "                     device: says so and exits 0)\n"
                "  --seed N           generator seed (default 1)\n"
                "  --json             one JSON object per link: params, "
                "density, link, bytes_dense,\n"
@@ -363,7 +367,7 @@ int bench_sync_main(int argc, char **argv) {
   uint64_t params = 100000000, steps = 3, seed = 1,
            dense_sample = (uint64_t)64 << 20;
   double density = 0.01;
-  int json = 0, threads = 0, plain = 0, no_stream = 0;
+  int json = 0, threads = 0, plain = 0, no_stream = 0, device = 0;
   const char *links_spec = "loopback,100mbit,1gbit", *burst = "64kb", *v;
   const char *report = NULL;
   for (int i = 1; i < argc; i++) {
@@ -415,6 +419,8 @@ int bench_sync_main(int argc, char **argv) {
       plain = 1;
     } else if (pulse_tk_opt_flag(argv[i], "--no-stream")) {
       no_stream = 1;
+    } else if (pulse_tk_opt_flag(argv[i], "--device")) {
+      device = 1;
     } else if (pulse_tk_opt_flag(argv[i], "--json")) {
       json = 1;
     } else if ((r = pulse_tk_opt_value(argc, argv, &i, "--report", &v)) != 0) {
@@ -432,6 +438,10 @@ int bench_sync_main(int argc, char **argv) {
     return fprintf(stderr, "pulse-bench sync: --links takes loopback and tc "
                            "rates (100mbit)\n"),
            2;
+  if (device && !pulse_cuda_available()) {
+    printf("pulse-bench sync: --device: no CUDA device (%s)\n", pulse_cuda_unavailable_reason());
+    return 0;
+  }
   if (getenv("PULSE_LOG") == NULL)
     pulse_log_level_set(PULSE_LOG_ERROR);
   pulse_report *rep = NULL;
@@ -467,6 +477,7 @@ int bench_sync_main(int argc, char **argv) {
   bs_servers servers = {{NULL, NULL}};
   pulse_sub *sub = NULL;
   uint16_t **targets = NULL;
+  uint16_t **dtargets = NULL; /* --device: the targets in GPU memory */
   pulse_status st;
   if (dir == NULL) {
     fprintf(stderr, "pulse-bench sync: cannot make a folder in /tmp\n");
@@ -595,6 +606,22 @@ int bench_sync_main(int argc, char **argv) {
   }
   pulse_sub_free(sub);
   sub = NULL;
+  if (device) { /* the state the host targets reached, now in GPU memory */
+    dtargets = calloc(m.count, sizeof *dtargets);
+    st = dtargets ? PULSE_OK : PULSE_ERR_NOMEM;
+    for (size_t i = 0; st == PULSE_OK && i < m.count; i++) {
+      st = pulse_cuda_alloc((void **)&dtargets[i], m.numel[i] * 2 + 2);
+      if (st == PULSE_OK)
+        st = pulse_cuda_upload(dtargets[i], targets[i], m.numel[i] * 2, NULL);
+    }
+    if (st == PULSE_OK)
+      st = pulse_cuda_sync(NULL);
+    if (st != PULSE_OK) {
+      rc = bs_fail("device targets", st);
+      free(pt);
+      goto done;
+    }
+  }
   if (!json)
     printf("pulse-bench sync: anchor %" PRIu64
            " bytes published and synced over loopback in %.1f s\n",
@@ -640,8 +667,8 @@ int bench_sync_main(int argc, char **argv) {
     urls[0] = base;
     st = pulse_sub_create(&o, &sub);
     for (size_t i = 0; st == PULSE_OK && i < m.count; i++)
-      st = pulse_sub_attach_host(sub, m.info[i].name, 2, m.info[i].shape,
-                                 targets[i]);
+      st = device ? pulse_sub_attach_device(sub, m.info[i].name, 2, m.info[i].shape, dtargets[i])
+                  : pulse_sub_attach_host(sub, m.info[i].name, 2, m.info[i].shape, targets[i]);
     if (st == PULSE_OK)
       st = pulse_sub_assume_step(sub, step);
     atomic_store(&bs_current, sub);
@@ -703,11 +730,11 @@ int bench_sync_main(int argc, char **argv) {
              ",\"transfer_s\":%.6f,\"verify_s\":%.6f"
              ",\"decode_s\":%.6f,\"apply_s\":%.6f,\"decode_overlap_s\":%.6f"
              ",\"streamed\":%s,\"steps\":%zu,\"positions\":"
-             "\"%s\"}\n",
+             "\"%s\",\"targets\":\"%s\"}\n",
              m.total, dens, lk->name, limited ? rate_bps(lk->rate) : 0.0, bd,
              bp, pb, seconds_dense, sp, extrapolated ? "true" : "false", sample,
              tr, ve, de, ap, ov, no_stream ? "false" : "true", ns,
-             plain ? "plain" : "class");
+             plain ? "plain" : "class", device ? "device" : "host");
     } else {
       printf("%-10s %12" PRIu64 " %12" PRIu64
              " %6.0fx %9.3f%s %10.4f %6.0fx   %.4f / %.4f / %.4f / %.4f"
@@ -766,6 +793,9 @@ done:
   for (size_t i = 0; targets && i < m.count; i++)
     free(targets[i]);
   free(targets);
+  for (size_t i = 0; dtargets && i < m.count; i++)
+    pulse_cuda_free(dtargets[i]);
+  free(dtargets);
   bs_model_free(&m);
   if (dir != NULL)
     run("rm -rf '%s'", dir);
