@@ -52,6 +52,7 @@ typedef struct {
 /* Everything measured on one step. */
 typedef struct {
   uint64_t step, base_step, params, changed;
+  uint64_t tensors; /* in the table: the bound allows 96 B of overhead each */
   uint64_t bytes[CODINGS];
   bench_baseline_bytes base;
   bench_entropy_bits ent;
@@ -309,6 +310,7 @@ static int measure_step(codec_ctx *c, const codec_args *a,
   }
   r->detect_s = pulse_tk_median(t, (size_t)a->reps);
   r->changed = 0;
+  r->tensors = tb->count;
   for (size_t i = 0; i < tb->count; i++)
     r->changed += c->changes[i].count;
 
@@ -359,6 +361,11 @@ static int measure_step(codec_ctx *c, const codec_args *a,
 
 static double bound_bytes(const bench_entropy_bits *e) {
   return (e->positions_class_bits + e->values_bits) / 8.0;
+}
+
+/* The size target: within 5% of the bound plus 96 bytes per tensor. */
+static double allowance_bytes(const step_result *r) {
+  return 1.05 * bound_bytes(&r->ent) + 96.0 * (double)r->tensors;
 }
 
 typedef struct {
@@ -441,6 +448,8 @@ static void print_step_json(const step_result *r) {
          r->base.dense, r->base.dense_zstd,
          r->base.int32_bf16, r->base.int32_bf16_zstd, r->base.delta_abs_zstd,
          r->base.gap_xor_zstd);
+  printf(",\"tensors\":%" PRIu64 ",\"bound_allowance_bytes\":%.1f", r->tensors,
+         allowance_bytes(r));
   printf(",\"bound_bytes\":%.1f,\"bound_positions_bytes\":%.1f"
          ",\"bound_positions_tensor_bytes\":%.1f,\"bound_values_bytes\":%.1f"
          ",\"bound_values_class_bytes\":%.1f",
@@ -469,6 +478,7 @@ static void print_step_json(const step_result *r) {
 typedef struct summary {
   step_result sum;
   double encode_bps, memcpy_bps, apply_cps[CODINGS], decode_cps[CODINGS];
+  uint64_t within[CODINGS]; /* steps inside the bound's allowance */
   uint64_t steps;
 } summary;
 
@@ -482,6 +492,7 @@ static void summary_add(summary *s, const step_result *r) {
     t->encode_s[k] += r->encode_s[k];
     s->apply_cps[k] += per((double)r->changed, r->apply_s[k]);
     s->decode_cps[k] += per((double)r->changed, r->decode_s[k]);
+    s->within[k] += (double)r->bytes[k] <= allowance_bytes(r);
   }
   t->base.dense += r->base.dense;
   t->base.dense_zstd += r->base.dense_zstd;
@@ -512,6 +523,9 @@ static void print_summary_text(const summary *s) {
   printf("  to the bound: v2 %.3f, v2 plain %.3f, v1 %.3f, v1 plain %.3f\n", per(def, bound),
          per((double)t->bytes[1], bound), per((double)t->bytes[2], bound),
          per((double)t->bytes[3], bound));
+  printf("  steps within 5%% + 96 B/tensor of the bound: v2 %" PRIu64 "/%" PRIu64
+         ", v2 plain %" PRIu64 ", v1 %" PRIu64 ", v1 plain %" PRIu64 "\n",
+         s->within[0], s->steps, s->within[1], s->within[2], s->within[3]);
   printf("  mean per step: detect %.2f GB/s, memcpy %.2f GB/s\n", s->encode_bps / n / 1e9,
          s->memcpy_bps / n / 1e9);
   for (int k = 0; k < CODINGS; k++) {
@@ -549,6 +563,8 @@ static void print_summary_json(const summary *s, const char *source) {
            per((double)t->bytes[k], (double)t->base.delta_abs_zstd), codings[k].key,
            t->encode_s[k] / n, codings[k].key, s->apply_cps[k] / n, codings[k].key,
            s->decode_cps[k] / n);
+  for (int k = 0; k < CODINGS; k++)
+    printf(",\"steps_within_bound_allowance_%s\":%" PRIu64, codings[k].key, s->within[k]);
   printf(",\"bound_per_changed\":%.6g,\"dense_per_changed\":%.6g"
          ",\"dense_zstd_per_changed\":%.6g,\"int32_bf16_per_changed\":%.6g"
          ",\"int32_bf16_zstd_per_changed\":%.6g"
