@@ -36,6 +36,22 @@ static void resolve_bits(const uint16_t *base, pulse_changes *c, uint64_t from, 
   }
 }
 
+pulse_tensor_digest patch_resolve_chunk(const uint16_t *base, pulse_changes *c, uint64_t from,
+                                        uint64_t to) {
+  /* Old and new bits first: a loop of loads alone, so many cache misses on
+   * the base are in flight at once (fused with the digest's arithmetic it
+   * ran at half the speed). Then the digest change, the staging in cache. */
+  resolve_bits(base, c, from, to);
+  uint64_t da = 0, db = 0;
+  for (uint64_t e = from; e < to; e++) {
+    uint64_t xo = pulse_digest_key(c->pos[e], c->old_bits[e]);
+    uint64_t xn = pulse_digest_key(c->pos[e], c->new_bits[e]);
+    da += pulse_digest_lane_a(xn) - pulse_digest_lane_a(xo);
+    db += pulse_digest_lane_b(xn) - pulse_digest_lane_b(xo);
+  }
+  return (pulse_tensor_digest){da, db};
+}
+
 pulse_status pulse_patch_decode_tensor(const pulse_patch *p, size_t i, const uint16_t *base,
                                        uint64_t numel, pulse_changes *out) {
   if (p == NULL || out == NULL || i >= p->count)
@@ -96,20 +112,8 @@ static void decode_one(void *ctx, size_t i) {
   pulse_changes *c = &job->staged[t];
   const uint16_t *base = job->target[t]->data;
   pulse_status st = patch_decode_chunk(job->p, t, j, base, c->pos + at, c->new_bits + at);
-  if (st == PULSE_OK) {
-    /* Old and new bits: a loop of loads alone, so many cache misses on the
-     * base are in flight at once. Then the digest change of the chunk while
-     * its staging is in cache (the tensor's is the sum over its chunks). */
-    resolve_bits(base, c, at, at + k);
-    uint64_t da = 0, db = 0;
-    for (uint64_t e = at; e < at + k; e++) {
-      uint64_t xo = pulse_digest_key(c->pos[e], c->old_bits[e]);
-      uint64_t xn = pulse_digest_key(c->pos[e], c->new_bits[e]);
-      da += pulse_digest_lane_a(xn) - pulse_digest_lane_a(xo);
-      db += pulse_digest_lane_b(xn) - pulse_digest_lane_b(xo);
-    }
-    job->item_delta[i] = (pulse_tensor_digest){da, db};
-  }
+  if (st == PULSE_OK)
+    job->item_delta[i] = patch_resolve_chunk(base, c, at, at + k);
   record(job, i, st);
 }
 

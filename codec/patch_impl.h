@@ -56,6 +56,12 @@ pulse_status patch_decode_chunk(const struct pulse_patch *p, size_t t,
                                 uint64_t j, const uint16_t *base, uint64_t *pos,
                                 uint16_t *delta);
 
+/* Fills entries [from, to) of c with their old bits (from base) and new
+ * bits (c->new_bits holds the decoded deltas on entry) and returns their
+ * digest change: what one decoded chunk adds to its tensor's digest. */
+pulse_tensor_digest patch_resolve_chunk(const uint16_t *base, pulse_changes *c, uint64_t from,
+                                        uint64_t to);
+
 /* pulse_patch_encode with the target digests given rather than derived
  * (squash knows them from the last patch but may not know the old bits). */
 pulse_status patch_encode_digests(const pulse_encode_opts *opts,

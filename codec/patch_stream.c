@@ -122,22 +122,10 @@ static void decode_item(pulse_patch_stream *s, size_t i) {
   const uint16_t *base = s->target[it->tensor]->data;
   r->st = patch_decode_chunk(p, it->tensor, it->chunk, base, ch->pos + at,
                              ch->new_bits + at);
-  if (r->st != PULSE_OK) {
+  if (r->st != PULSE_OK)
     strncpy(r->detail, pulse_error_detail(), sizeof r->detail - 1);
-  } else {
-    uint64_t da = 0, db = 0;
-    for (uint64_t e = at; e < at + k; e++) {
-      uint64_t pos = ch->pos[e];
-      uint16_t old = base[pos], nw = pulse_bf16_undelta(old, ch->new_bits[e]);
-      ch->old_bits[e] = old;
-      ch->new_bits[e] = nw;
-      uint64_t xo = pulse_digest_key(pos, old), xn = pulse_digest_key(pos, nw);
-      da += pulse_digest_lane_a(xn) - pulse_digest_lane_a(xo);
-      db += pulse_digest_lane_b(xn) - pulse_digest_lane_b(xo);
-    }
-    r->delta.a = da;
-    r->delta.b = db;
-  }
+  else
+    r->delta = patch_resolve_chunk(base, ch, at, at + k);
   r->seconds = now_s() - t0;
 }
 
