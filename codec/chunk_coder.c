@@ -82,6 +82,21 @@ void pulse_chunk_classify(const uint16_t *base, uint32_t n, const uint32_t *pos,
 
 /* ------------------------------------------------------------ encoding */
 
+unsigned pulse_chunk_class_order(uint32_t k, const uint8_t *cls, uint32_t *kc, uint32_t *start,
+                                 uint32_t *order) {
+  unsigned active = 0;
+  for (uint32_t j = 0; j < k; j++)
+    active += kc[cls[j]]++ == 0;
+  start[0] = 0;
+  for (unsigned c = 0; c < PULSE_CLASS_COUNT; c++)
+    start[c + 1] = start[c] + kc[c];
+  uint32_t fill[PULSE_CLASS_COUNT];
+  memcpy(fill, start, sizeof fill);
+  for (uint32_t j = 0; j < k; j++) /* stable: ranks stay increasing */
+    order[fill[cls[j]]++] = j;
+  return active;
+}
+
 static void put_count(pulse_rc_enc *e, chunk_models *m, uint64_t n, uint64_t k) {
   unsigned ln = bit_length(n);
   pulse_rc_enc_bit(e, &m->count_zero[ln], k != 0);
@@ -167,15 +182,7 @@ static pulse_status v1_encode_ranks(pulse_pos_model model, const uint32_t *hist,
       free(m);
       return pulse_fail(PULSE_ERR_NOMEM, "chunk encode: %u changes", k);
     }
-    for (uint32_t j = 0; j < k; j++)
-      kc[cls[j]]++;
-    start[0] = 0;
-    for (unsigned c = 0; c < PULSE_CLASS_COUNT; c++)
-      start[c + 1] = start[c] + kc[c];
-    uint32_t fill[PULSE_CLASS_COUNT];
-    memcpy(fill, start, sizeof fill);
-    for (uint32_t j = 0; j < k; j++) /* stable: ranks stay increasing */
-      order[fill[cls[j]]++] = j;
+    pulse_chunk_class_order(k, cls, kc, start, order);
     for (unsigned c = 0; c < PULSE_CLASS_COUNT; c++)
       if (hist[c] != 0)
         put_count(&e, m, hist[c], kc[c]);

@@ -256,16 +256,7 @@ pulse_status pulse_chunk2_encode_ranks(pulse_pos_model model, uint32_t n, uint32
       pulse_bytebuf_free(&part_a), pulse_bytebuf_free(&part_b);
       return pulse_fail(PULSE_ERR_NOMEM, "chunk encode: %u changes", k);
     }
-    unsigned active = 0;
-    for (uint32_t j = 0; j < k; j++)
-      active += kc[cls[j]]++ == 0;
-    start[0] = 0;
-    for (unsigned c = 0; c < PULSE_CLASS_COUNT; c++)
-      start[c + 1] = start[c] + kc[c];
-    uint32_t fill[PULSE_CLASS_COUNT];
-    memcpy(fill, start, sizeof fill);
-    for (uint32_t j = 0; j < k; j++) /* stable: ranks stay increasing */
-      order[fill[cls[j]]++] = j;
+    unsigned active = pulse_chunk_class_order(k, cls, kc, start, order);
     put_gamma(&w, active);
     unsigned prev = 0;
     for (unsigned c = 0; c < PULSE_CLASS_COUNT; c++) {

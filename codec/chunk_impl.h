@@ -18,6 +18,14 @@ void pulse_chunk_classify(const uint16_t *base, uint32_t n, const uint32_t *pos,
                           uint32_t k, uint32_t *hist, uint32_t *rank,
                           uint8_t *cls);
 
+/* Groups k changes by class (cls[j], in position order) for coding class
+ * by class: kc (zeroed by the caller, PULSE_CLASS_COUNT entries) gets each
+ * class's count, start (PULSE_CLASS_COUNT + 1) its first entry, order the
+ * change indices class-major with ranks still increasing. Returns the
+ * number of classes with changes. */
+unsigned pulse_chunk_class_order(uint32_t k, const uint8_t *cls, uint32_t *kc, uint32_t *start,
+                                 uint32_t *order);
+
 /* Encodes k changes (chunk-relative positions, strictly increasing, and
  * non-zero deltas) of a chunk of n elements, appending the stream to out.
  * base (the chunk's base bits) is read only by PULSE_POS_CLASS. k > 0. */

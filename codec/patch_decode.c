@@ -139,7 +139,7 @@ static double now_s(void) {
 }
 
 /* The table's infos, for state digests. */
-static pulse_status state_digest_of(const pulse_patch *p, const pulse_tensor_digest *d,
+pulse_status patch_state_digest_of(const pulse_patch *p, const pulse_tensor_digest *d,
                                     pulse_state_digest *out) {
   pulse_tensor_info *infos = calloc(p->count + 1, sizeof *infos);
   if (infos == NULL)
@@ -217,7 +217,7 @@ pulse_status pulse_patch_stage(const pulse_patch *p, pulse_host_tensor *targets,
   }
   if (!opts->partial_table) {
     pulse_state_digest sd;
-    st = state_digest_of(p, digest, &sd);
+    st = patch_state_digest_of(p, digest, &sd);
     if (st == PULSE_OK && memcmp(sd.bytes, p->base_digest.bytes, 32) != 0)
       st = pulse_fail(PULSE_ERR_BASE_DIGEST, "apply: the base state is not the patch's base (step %llu)",
                       (unsigned long long)p->base_step);
@@ -268,7 +268,7 @@ pulse_status pulse_patch_stage(const pulse_patch *p, pulse_host_tensor *targets,
   }
   if (st == PULSE_OK && !opts->partial_table) {
     pulse_state_digest sd;
-    st = state_digest_of(p, digest, &sd);
+    st = patch_state_digest_of(p, digest, &sd);
     if (st == PULSE_OK && memcmp(sd.bytes, p->target_digest.bytes, 32) != 0)
       st = pulse_fail(PULSE_ERR_TARGET_DIGEST, "apply: the result would not match the target state of step %llu",
                       (unsigned long long)p->step);

@@ -56,6 +56,10 @@ pulse_status patch_decode_chunk(const struct pulse_patch *p, size_t t,
                                 uint64_t j, const uint16_t *base, uint64_t *pos,
                                 uint16_t *delta);
 
+/* The state digest of the patch's table with tensor digests d. */
+pulse_status patch_state_digest_of(const struct pulse_patch *p, const pulse_tensor_digest *d,
+                                   pulse_state_digest *out);
+
 /* Fills entries [from, to) of c with their old bits (from base) and new
  * bits (c->new_bits holds the decoded deltas on entry) and returns their
  * digest change: what one decoded chunk adds to its tensor's digest. */

@@ -95,20 +95,6 @@ pulse_status pulse_patch_stream_need(const uint8_t *bytes, size_t avail,
   return PULSE_OK;
 }
 
-/* The table's infos, for state digests. */
-static pulse_status state_digest_of(const pulse_patch *p,
-                                    const pulse_tensor_digest *d,
-                                    pulse_state_digest *out) {
-  pulse_tensor_info *infos = calloc(p->count + 1, sizeof *infos);
-  if (infos == NULL)
-    return pulse_fail(PULSE_ERR_NOMEM, "patch stream: state digest");
-  for (size_t i = 0; i < p->count; i++)
-    infos[i] = p->tensors[i].info;
-  pulse_status st = pulse_state_digest_compute(infos, d, p->count, out);
-  free(infos);
-  return st;
-}
-
 /* Decodes item i into staging; its changes' digest difference on the side. */
 static void decode_item(pulse_patch_stream *s, size_t i) {
   double t0 = now_s();
@@ -225,7 +211,7 @@ static pulse_status check_base(pulse_patch_stream *s,
   }
   if (!opts->partial_table) {
     pulse_state_digest sd;
-    PULSE_TRY(state_digest_of(p, s->digest, &sd));
+    PULSE_TRY(patch_state_digest_of(p, s->digest, &sd));
     if (memcmp(sd.bytes, p->base_digest.bytes, 32) != 0)
       return pulse_fail(
           PULSE_ERR_BASE_DIGEST,
@@ -369,7 +355,7 @@ pulse_status pulse_patch_stream_finish(pulse_patch_stream *s) {
   }
   if (st == PULSE_OK && !s->partial_table) {
     pulse_state_digest sd;
-    st = state_digest_of(p, s->digest, &sd);
+    st = patch_state_digest_of(p, s->digest, &sd);
     if (st == PULSE_OK && memcmp(sd.bytes, p->target_digest.bytes, 32) != 0)
       st = pulse_fail(
           PULSE_ERR_TARGET_DIGEST,
