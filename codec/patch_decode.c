@@ -140,7 +140,7 @@ static double now_s(void) {
 
 /* The table's infos, for state digests. */
 pulse_status patch_state_digest_of(const pulse_patch *p, const pulse_tensor_digest *d,
-                                    pulse_state_digest *out) {
+                                   pulse_state_digest *out) {
   pulse_tensor_info *infos = calloc(p->count + 1, sizeof *infos);
   if (infos == NULL)
     return pulse_fail(PULSE_ERR_NOMEM, "apply: state digest");
