@@ -655,6 +655,11 @@ static commit_result bench_commit(const serve_args *a, const char *work) {
         if (pulse_pub_commit(pub, (uint64_t)k, pt, n, &f) != PULSE_OK)
           r.errors++;
         c = pulse_tk_now() - t0;
+        /* Untimed: once the head has moved, the publisher moves its
+         * snapshot to the step, removes dropped objects and writes anchors
+         * in the background (while a trainer computes its next step); let
+         * that finish so that it never runs beside the bare encoder. */
+        pulse_pub_wait(pub);
         continue;
       }
       double t0 = pulse_tk_now();
@@ -832,7 +837,12 @@ int bench_serve_main(int argc, char **argv) {
   if (parse_args(argc, argv, &a) != 0)
     return bench_serve_usage(stderr), 2;
   signal(SIGPIPE, SIG_IGN);
-  char work[] = "/tmp/pulse-bench-serve-XXXXXX";
+  /* $TMPDIR picks the file system (fsync costs differ widely). */
+  const char *tmp = getenv("TMPDIR");
+  if (tmp == NULL || tmp[0] == '\0' || strlen(tmp) > 512)
+    tmp = "/tmp";
+  char work[600];
+  snprintf(work, sizeof work, "%s/pulse-bench-serve-XXXXXX", tmp);
   if (mkdtemp(work) == NULL)
     return fprintf(stderr, PROG ": mkdtemp: %s\n", strerror(errno)), 1;
   chmod(work, 0755);

@@ -78,6 +78,7 @@ static pulse_status resume(pulse_pub *pub) {
   if (st == PULSE_OK) {
     pub->snap = s.bits; /* take the arrays over */
     s.bits = NULL;
+    pub->host_current = 1; /* the device copy is made at a device commit */
   }
   if (st == PULSE_OK) {
     memcpy(pub->digests, s.digests, s.count * sizeof *s.digests);
@@ -112,6 +113,8 @@ pulse_status pulse_pub_create(const char *dir, const pulse_pub_opts *opts,
     free(pub);
     return pulse_fail(PULSE_ERR_NOMEM, "publisher");
   }
+  pthread_mutex_init(&pub->moved_mu, NULL);
+  pthread_cond_init(&pub->moved_cv, NULL);
   pub->opts = *opts;
   pulse_status st = pulse_store_recover(dir, NULL);
   if (st == PULSE_OK) {
@@ -143,6 +146,7 @@ void pulse_pub_free(pulse_pub *pub) {
     PULSE_LOG_AT(PULSE_LOG_WARN, "publisher: %s: final anchor not named: %s",
                  pub->dir, pulse_error_detail());
   pub_anchor_join(pub);
+  pub_device_free(pub);
   for (size_t i = 0; i < pub->count; i++) {
     if (pub->info)
       free((char *)pub->info[i].name);
@@ -156,8 +160,15 @@ void pulse_pub_free(pulse_pub *pub) {
   pub_remove_garbage(pub);
   free(pub->garbage);
   pulse_store_head_free(pub->head);
+  pthread_mutex_destroy(&pub->moved_mu);
+  pthread_cond_destroy(&pub->moved_cv);
   free(pub->dir);
   free(pub);
+}
+
+void pulse_pub_wait(pulse_pub *pub) {
+  if (pub != NULL)
+    pub_anchor_join(pub);
 }
 
 int pulse_pub_head_step(const pulse_pub *pub, uint64_t *step) {
@@ -181,8 +192,14 @@ const pulse_tensor_info *pulse_pub_tensor_info(const pulse_pub *pub, size_t i) {
 }
 
 const uint16_t *pulse_pub_snapshot(const pulse_pub *pub, size_t i) {
-  return pub != NULL && pub->snap != NULL && i < pub->count ? pub->snap[i]
-                                                            : NULL;
+  if (pub == NULL || pub->snap == NULL || i >= pub->count)
+    return NULL;
+  /* The host copy catches up here (the background move of the last host
+   * commit, a download after device commits): the publisher is not const
+   * underneath, and one thread drives it. */
+  if (pub_host_current((pulse_pub *)pub) != PULSE_OK)
+    return NULL;
+  return pub->snap[i];
 }
 
 const char *pulse_pub_dir(const pulse_pub *pub) {

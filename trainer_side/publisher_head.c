@@ -10,7 +10,6 @@
 
 #include "fail_impl.h"
 #include "publisher_impl.h"
-#include "pulse_file.h"
 #include "pulse_log.h"
 #include "pulse_safetensors.h"
 #include "status_impl.h"
@@ -76,27 +75,82 @@ pulse_status pub_anchor_write(const char *dir, const pulse_tensor_info *info,
   return PULSE_OK;
 }
 
+/* Removes objects a head stopped naming. A reader that has one open keeps
+ * reading; a crash before this point leaves an unnamed object that the next
+ * recovery removes. (Removing a whole anchor can take milliseconds.) */
+static void remove_objects(const char *dir, const pulse_store_object *list,
+                           size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    char path[4096];
+    if (store_join(path, sizeof path, dir, list[i].path) != 0)
+      continue;
+    if (unlink(path) != 0 && errno != ENOENT)
+      PULSE_LOG_AT(PULSE_LOG_WARN, "publisher: removing %s: %s", path,
+                   strerror(errno));
+  }
+}
+
 static void *anchor_main(void *arg) {
   pub_anchor_job *job = arg;
   pulse_pub *pub = job->pub;
-  double t0 = now_s();
-  job->status = pub_anchor_write(pub->dir, pub->info, pub->count, pub->snap,
-                                 job->step, &job->digest, &job->obj);
-  job->seconds = now_s() - t0;
-  snprintf(job->detail, sizeof job->detail, "%s", pulse_error_detail());
+  if (job->move) {
+    pub_snapshot_move(pub, 0);
+    pthread_mutex_lock(&pub->moved_mu);
+    job->moved = 1;
+    pthread_cond_broadcast(&pub->moved_cv);
+    pthread_mutex_unlock(&pub->moved_mu);
+  }
+  remove_objects(pub->dir, job->garbage, job->ngarbage);
+  free(job->garbage);
+  job->garbage = NULL;
+  job->ngarbage = 0;
+  if (job->anchor) {
+    double t0 = now_s();
+    job->status = pub_anchor_write(pub->dir, pub->info, pub->count, pub->snap,
+                                   job->step, &job->digest, &job->obj);
+    job->seconds = now_s() - t0;
+    snprintf(job->detail, sizeof job->detail, "%s", pulse_error_detail());
+  }
   return NULL;
 }
 
-pulse_status pub_anchor_start(pulse_pub *pub, uint64_t step) {
+pulse_status pub_anchor_start(pulse_pub *pub, uint64_t step, int move,
+                              int anchor) {
+  if (!move && !anchor && pub->ngarbage == 0)
+    return PULSE_OK;
   memset(&pub->job, 0, sizeof pub->job);
   pub->job.pub = pub;
   pub->job.step = step;
+  pub->job.move = move;
+  pub->job.anchor = anchor;
+  pub->job.moved = !move;
   pub->job.digest = pub->state_digest;
-  if (pthread_create(&pub->anchor_thread, NULL, anchor_main, &pub->job) != 0)
+  /* The job takes the garbage list; the next head queues into a new one. */
+  pub->job.garbage = pub->garbage;
+  pub->job.ngarbage = pub->ngarbage;
+  pub->garbage = NULL;
+  pub->ngarbage = pub->garbage_cap = 0;
+  if (pthread_create(&pub->anchor_thread, NULL, anchor_main, &pub->job) != 0) {
+    if (move)
+      pub_snapshot_move(pub, 0);
+    pub->job.moved = 1;
+    remove_objects(pub->dir, pub->job.garbage, pub->job.ngarbage);
+    free(pub->job.garbage);
+    pub->job.garbage = NULL;
     return pulse_fail(PULSE_ERR_NOMEM,
-                      "publisher: cannot start the anchor thread");
+                      "publisher: cannot start the background thread");
+  }
   pub->anchor_running = 1;
   return PULSE_OK;
+}
+
+void pub_snapshot_wait(pulse_pub *pub) {
+  if (!pub->anchor_running)
+    return;
+  pthread_mutex_lock(&pub->moved_mu);
+  while (!pub->job.moved)
+    pthread_cond_wait(&pub->moved_cv, &pub->moved_mu);
+  pthread_mutex_unlock(&pub->moved_mu);
 }
 
 void pub_anchor_join(pulse_pub *pub) {
@@ -104,6 +158,8 @@ void pub_anchor_join(pulse_pub *pub) {
     return;
   pthread_join(pub->anchor_thread, NULL);
   pub->anchor_running = 0;
+  if (!pub->job.anchor)
+    return;
   if (pub->job.status == PULSE_OK) {
     pub->pending = pub->job.obj;
     pub->pending_ready = 1;
@@ -180,25 +236,22 @@ static void queue_unnamed(pulse_pub *pub, const pulse_store_object *list,
   }
 }
 
+void pub_garbage_add(pulse_pub *pub, const pulse_store_object *obj) {
+  queue_unnamed(pub, obj, 1, pub->head);
+}
+
 void pub_remove_garbage(pulse_pub *pub) {
-  for (size_t i = 0; i < pub->ngarbage; i++) {
-    char path[4096];
-    if (store_join(path, sizeof path, pub->dir, pub->garbage[i].path) != 0)
-      continue;
-    /* A reader that has it open keeps reading; a crash before this point
-     * leaves an unnamed object that the next recovery removes. */
-    if (unlink(path) != 0 && errno != ENOENT)
-      PULSE_LOG_AT(PULSE_LOG_WARN, "publisher: removing %s: %s", path,
-                   strerror(errno));
-  }
+  remove_objects(pub->dir, pub->garbage, pub->ngarbage);
   pub->ngarbage = 0;
 }
 
-pulse_status pub_head_write(pulse_pub *pub, uint64_t step,
-                            const pulse_state_digest *digest,
-                            const pulse_store_object *patches, size_t npatches,
-                            const pulse_store_object *anchors,
-                            size_t nanchors) {
+pulse_status pub_head_prepare(pulse_pub *pub, uint64_t step,
+                              const pulse_state_digest *digest,
+                              const pulse_store_object *patches,
+                              size_t npatches,
+                              const pulse_store_object *anchors,
+                              size_t nanchors, pub_head_txn *txn) {
+  memset(txn, 0, sizeof *txn);
   pulse_store_object *p = malloc((npatches + 1) * sizeof *p);
   pulse_store_object *a = malloc((nanchors + 1) * sizeof *a);
   if (p == NULL || a == NULL) {
@@ -212,32 +265,70 @@ pulse_status pub_head_write(pulse_pub *pub, uint64_t step,
   size_t kp = npatches, ka = nanchors;
   retain(&pub->opts, step, p, &kp, a, &ka);
   store_head_fields f = {step, *digest, p, kp, a, ka};
-  pulse_buffer json = {NULL, 0};
-  pulse_store_head *head = NULL;
-  pulse_status st = store_head_serialize(&f, pub->opts.key, &json);
+  pulse_status st = store_head_serialize(&f, pub->opts.key, &txn->json);
   free(p), free(a);
+  if (st != PULSE_OK)
+    return st;
+  /* The bytes go to disk (under a temporary name) while they are checked. */
+  txn->job.folder = pub->dir;
+  txn->job.hint = PULSE_STORE_HEAD_FILE;
+  txn->job.data = txn->json.data;
+  txn->job.size = txn->json.size;
+  pub_stage_start(&txn->job, 0);
+  txn->started = 1;
   /* Parse what is about to be written: a head this code would refuse to
-   * read must never reach the disk. */
-  if (st == PULSE_OK) {
-    st = pulse_store_head_parse(json.data, json.size, &head);
-    if (st != PULSE_OK)
-      st = pulse_fail_context(PULSE_ERR_INTERNAL,
-                              "publisher: the new head does not check");
+   * read must never become head.json. */
+  st = pulse_store_head_parse(txn->json.data, txn->json.size, &txn->head);
+  if (st != PULSE_OK) {
+    st = pulse_fail_context(PULSE_ERR_INTERNAL,
+                            "publisher: the new head does not check");
+    pub_head_abort(txn);
   }
+  return st;
+}
+
+void pub_head_abort(pub_head_txn *txn) {
+  if (txn->started)
+    pub_stage_cancel(&txn->job);
+  txn->started = 0;
+  pub_staged_drop(&txn->job.staged);
+  pulse_buffer_free(&txn->json);
+  pulse_store_head_free(txn->head);
+  txn->head = NULL;
+}
+
+pulse_status pub_head_publish(pulse_pub *pub, pub_head_txn *txn,
+                              const pulse_store_object *patches,
+                              size_t npatches,
+                              const pulse_store_object *anchors,
+                              size_t nanchors) {
   char path[4096];
+  int renamed = 0;
+  pulse_status st = pub_stage_finish(&txn->job);
+  txn->started = 0;
   if (st == PULSE_OK &&
       store_join(path, sizeof path, pub->dir, PULSE_STORE_HEAD_FILE) != 0)
     st = pulse_fail(PULSE_ERR_ARG, "publisher: folder name too long");
   if (st == PULSE_OK)
-    st = pulse_file_write_atomic(path, json.data, json.size);
-  pulse_buffer_free(&json);
+    st = pub_staged_publish(&txn->job.staged, path, &renamed);
   if (st != PULSE_OK) {
-    pulse_store_head_free(head);
+    /* After a rename whose fsync failed, the new head is on disk but may not
+     * survive a crash: the publisher keeps the previous one, and a retry of
+     * the step writes the same head again. */
+    if (renamed)
+      st = pulse_fail_context(st,
+                              "publisher: the head of step %" PRIu64
+                              " was renamed but may not be durable",
+                              pulse_store_head_step(txn->head));
+    pub_head_abort(txn);
     return st;
   }
+  pulse_buffer_free(&txn->json);
   /* Everything the old head or the given lists named that retention has
    * dropped goes once the head's hook has run (pub_remove_garbage): waking
    * readers comes before housekeeping. */
+  pulse_store_head *head = txn->head;
+  txn->head = NULL;
   if (pub->head != NULL) {
     queue_unnamed(pub, pub->head->patches, pub->head->npatches, head);
     queue_unnamed(pub, pub->head->anchors, pub->head->nanchors, head);
@@ -247,6 +338,17 @@ pulse_status pub_head_write(pulse_pub *pub, uint64_t step,
   pulse_store_head_free(pub->head);
   pub->head = head;
   return PULSE_OK;
+}
+
+pulse_status pub_head_write(pulse_pub *pub, uint64_t step,
+                            const pulse_state_digest *digest,
+                            const pulse_store_object *patches, size_t npatches,
+                            const pulse_store_object *anchors,
+                            size_t nanchors) {
+  pub_head_txn txn;
+  PULSE_TRY(pub_head_prepare(pub, step, digest, patches, npatches, anchors,
+                             nanchors, &txn));
+  return pub_head_publish(pub, &txn, patches, npatches, anchors, nanchors);
 }
 
 pulse_status pulse_pub_flush(pulse_pub *pub, pulse_pub_figures *figures) {

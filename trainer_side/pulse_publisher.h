@@ -21,15 +21,37 @@
  * failed commit changes nothing: the snapshot, the head and every object the
  * head names are as before, and the next commit may retry.
  *
- * Crash safety: objects and the head are written with temporary file, fsync,
- * rename (pulse_file.h). Reopening a store after a crash (pulse_pub_create)
+ * Device tensors (CUDA builds): a commit whose tensors are in GPU memory
+ * (PULSE_PUB_DEVICE) detects and encodes on the device against a second copy
+ * of the snapshot kept in device memory (2 bytes per parameter, allocated and
+ * uploaded from the host copy at the first device commit, after
+ * pulse_pub_create too), so that only the change lists cross the bus
+ * (pulse_cuda_patch_encode); the patch bytes are those a host commit of the
+ * same weights writes. The host copy is then stale until something needs it:
+ * an anchor (written from a download of the device copy), a host commit or
+ * pulse_pub_snapshot, which download it once. Tensors of one commit may mix
+ * host and device memory: the host ones are uploaded to device staging kept
+ * for the next commits. Device memory is read on the legacy default stream
+ * of the current device: synchronize other streams that write the tensors
+ * before committing, and keep to one device for the publisher's life.
+ *
+ * Crash safety: objects and the head are written with temporary file,
+ * fdatasync, rename, fsync of the folder; the patch's data and the head's go
+ * to disk at the same time, the patch is renamed (and its folder synced)
+ * before the head. Reopening a store after a crash (pulse_pub_create)
  * removes what an interrupted commit left, rebuilds the snapshot from the
  * newest anchor and the patches after it, checks it against the head's state
  * digest, and continues from the head.
  *
  * Thread-safety: one publisher is driven by one thread at a time; it starts
- * a background thread of its own for anchors. The only writer of a store is
- * its one publisher; any number of servers may read the store meanwhile. */
+ * threads of its own: two that stage the patch and the head while the commit
+ * hashes and checks them, and a background one that, once a commit has
+ * moved the head and run its hook, moves the host snapshot to the step,
+ * removes the objects the head stopped naming and writes anchors (the next
+ * commit, pulse_pub_snapshot, pulse_pub_wait, pulse_pub_flush and
+ * pulse_pub_free wait for what they need of it). The only writer of a store
+ * is its one publisher; any number of servers may read the store meanwhile.
+ * */
 #ifndef PULSE_PUBLISHER_H
 #define PULSE_PUBLISHER_H
 
@@ -47,9 +69,10 @@ extern "C" {
 /* Where a tensor given to a commit lives. */
 typedef enum {
   PULSE_PUB_HOST = 0,
-  /* CUDA device memory: not available yet (the device encoder belongs to
-   * cuda/); a commit with device tensors fails with PULSE_ERR_NOT_BUILT when
-   * pulse is built without CUDA, PULSE_ERR_UNSUPPORTED otherwise. */
+  /* CUDA device memory (cudaMalloc'd, or managed), see the top of this
+   * file. A commit with device tensors fails with PULSE_ERR_NOT_BUILT when
+   * pulse is built without CUDA, with PULSE_ERR_CUDA when no device is
+   * usable at run time. */
   PULSE_PUB_DEVICE = 1
 } pulse_pub_memory;
 
@@ -75,9 +98,13 @@ typedef struct {
                             background (a later head names it) */
   int flush;             /* 1: no new step, the head only names an anchor
                             finished in the background */
-  double detect_seconds; /* change detection */
-  double encode_seconds; /* patch encoding */
-  double write_seconds;  /* hashing and durable writes, head included */
+  double detect_seconds; /* change detection (0 for a device commit) */
+  double encode_seconds; /* patch encoding (device commits: detection,
+                            encoding and the device snapshot's update, one
+                            call) */
+  double write_seconds;  /* hashing and durable writes, head included (the
+                            host snapshot moves after the call, in the
+                            background) */
   double total_seconds;  /* the whole call */
   char state_digest[65]; /* hex state digest of the step (FORMAT.md) */
 } pulse_pub_figures;
@@ -144,12 +171,17 @@ pulse_status pulse_pub_create(const char *dir, const pulse_pub_opts *opts,
 void pulse_pub_free(pulse_pub *pub);
 
 /** Publishes the state of `step` (above the head's; steps may skip). The
- * first commit of a new store writes an anchor only. `tensors` holds
- * tensor_count entries in table order. `figures` may be NULL.
- * @return PULSE_OK; PULSE_ERR_ARG (count, NULL data, misaligned data);
- * PULSE_ERR_BASE_STEP (step not above the head); PULSE_ERR_DTYPE;
- * PULSE_ERR_NOT_BUILT / PULSE_ERR_UNSUPPORTED (device tensors);
- * PULSE_ERR_IO (a write failed: nothing changed); PULSE_ERR_NOMEM. */
+ * first commit of a new store writes an anchor only (from device tensors
+ * too: they are copied to the host for it). `tensors` holds tensor_count
+ * entries in table order, in host or device memory (PULSE_PUB_DEVICE: see
+ * the top of this file). `figures` may be NULL.
+ * @return PULSE_OK; PULSE_ERR_ARG (count, NULL data, misaligned data, an
+ * unknown memory kind); PULSE_ERR_BASE_STEP (step not above the head);
+ * PULSE_ERR_DTYPE; PULSE_ERR_NOT_BUILT (device tensors, pulse built without
+ * CUDA); PULSE_ERR_CUDA (device tensors and no usable device, or a CUDA
+ * error); PULSE_ERR_IO (a write failed: nothing changed; after a device
+ * commit failed late the next commit takes the head's state from the host
+ * copy or, when that is stale, from the store); PULSE_ERR_NOMEM. */
 pulse_status pulse_pub_commit(pulse_pub *pub, uint64_t step,
                               const pulse_pub_tensor *tensors, size_t count,
                               pulse_pub_figures *figures);
@@ -160,6 +192,14 @@ pulse_status pulse_pub_commit(pulse_pub *pub, uint64_t step,
  * @return PULSE_OK, or the anchor's or the head's write error (the head then
  * stays as it was). */
 pulse_status pulse_pub_flush(pulse_pub *pub, pulse_pub_figures *figures);
+
+/** Waits for the background work of the last commit: the host snapshot's
+ * move to the step, the removal of objects its head stopped naming, and an
+ * anchor being written (named by the next head, or at once by
+ * pulse_pub_flush). A trainer never needs it: the next commit waits for
+ * what it depends on. For tests and benchmarks that count files or time
+ * other work alone. NULL is fine. */
+void pulse_pub_wait(pulse_pub *pub);
 
 /** 1 and the head step in *step when the store has a head, else 0. */
 int pulse_pub_head_step(const pulse_pub *pub, uint64_t *step);
@@ -175,7 +215,9 @@ size_t pulse_pub_tensor_count(const pulse_pub *pub);
 const pulse_tensor_info *pulse_pub_tensor_info(const pulse_pub *pub, size_t i);
 
 /** The published BF16 bits of tensor i (NULL before the first commit or out
- * of range), borrowed: valid until the next commit. */
+ * of range), borrowed: valid until the next commit. Waits for the snapshot's
+ * background move; after device commits, downloads the device copy first
+ * (NULL and pulse_error_detail() if that fails). */
 const uint16_t *pulse_pub_snapshot(const pulse_pub *pub, size_t i);
 
 /** The store folder (as given to create), borrowed. */

@@ -5,7 +5,10 @@
 #      (PULSE_GPU_LARGE=1): device results byte-identical to the CPU reference,
 #   3. runs the suite again (default sizes) under compute-sanitizer memcheck,
 #      and a small part of it under racecheck and synccheck,
-#   4. benchmarks encode and apply against a device-to-device copy of the
+#   4. runs the publisher's device commits (test_trainer_side, suite
+#      publisher_device: device and host commits write the same bytes), also
+#      under compute-sanitizer memcheck,
+#   5. benchmarks encode and apply against a device-to-device copy of the
 #      same bytes (pulse-bench gpu),
 # and writes a short summary to stdout and, when $OUT is set, to
 # $OUT/gpu-summary.txt (with the logs beside it). Exit status 0 when the
@@ -65,7 +68,7 @@ t=$(date +%s)
 rm -rf "$build"
 if cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DPULSE_CUDA=ON \
      -DCMAKE_CUDA_COMPILER="$nvcc" > "$logs/build.log" 2>&1 &&
-   cmake --build "$build" -j "$jobs" --target test_cuda pulse-bench >> "$logs/build.log" 2>&1; then
+   cmake --build "$build" -j "$jobs" --target test_cuda test_trainer_side pulse-bench >> "$logs/build.log" 2>&1; then
   say "build: OK ($(elapsed "$t") s, $("$nvcc" --version | tail -n 1))"
 else
   say "build: FAIL ($(elapsed "$t") s):"
@@ -74,6 +77,7 @@ else
   finish
 fi
 tests=$build/tests/test_cuda
+publisher_tests=$build/tests/test_trainer_side
 bench=$build/tools/pulse-bench
 
 # Criterion's synthesis line: "Tested: N | Passing: P | Failing: F | Crashing: C".
@@ -130,6 +134,37 @@ else
   # Shared-memory hazards and barrier misuse on a small part of the suite.
   sanitize racecheck 150 --tool racecheck -- --filter 'cuda_detect/tables*'
   sanitize synccheck 150 --tool synccheck -- --filter 'cuda_patch/a_failed*'
+fi
+
+# ----------------------------------------------- the publisher on the device
+t=$(date +%s)
+timeout 300 "$publisher_tests" --jobs 1 --verbose --filter 'publisher_device/*' \
+  > "$logs/publisher.log" 2>&1
+rc=$?
+no_device=$(grep -c 'no CUDA device' "$logs/publisher.log")
+line="publisher device commits: $(synthesis "$logs/publisher.log")"
+if [ "$rc" = 0 ] && [ "$no_device" = 0 ] && [ "$(tested "$logs/publisher.log")" != 0 ]; then
+  say "$line: OK ($(elapsed "$t") s)"
+else
+  [ "$no_device" != 0 ] && line="$line, $no_device saw no CUDA device"
+  [ "$rc" = 124 ] && line="$line, timed out"
+  say "$line: FAIL ($(elapsed "$t") s)"
+  say "$(grep -E '^\[FAIL\]|Assertion|^\[----\]   ' "$logs/publisher.log" | head -n 12)"
+  failed=1
+fi
+if [ -n "$sanitizer" ]; then
+  t=$(date +%s)
+  timeout 300 "$sanitizer" --target-processes all --error-exitcode 3 --tool memcheck \
+    "$publisher_tests" --jobs 1 --filter 'publisher_device/*' > "$logs/publisher-memcheck.log" 2>&1
+  rc=$?
+  errors=$(grep -Eo 'ERROR SUMMARY: [0-9]+' "$logs/publisher-memcheck.log" | awk '{s += $3} END {print s + 0}')
+  line="publisher memcheck: $errors errors, tests $(synthesis "$logs/publisher-memcheck.log")"
+  if [ "$rc" = 0 ] && [ "$errors" = 0 ]; then
+    say "$line: OK ($(elapsed "$t") s)"
+  else
+    say "$line: FAIL ($(elapsed "$t") s)"
+    failed=1
+  fi
 fi
 
 # ------------------------------------------------------------------ bench

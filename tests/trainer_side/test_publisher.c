@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <inttypes.h>
 
+#include "pulse_cuda.h"
 #include "pulse_publisher.h"
 #include "pulse_store.h"
 #include "trainer_testutil.h"
@@ -224,14 +225,19 @@ Test(publisher, bad_commits_are_refused_and_change_nothing) {
                PULSE_ERR_BASE_STEP);
   cr_assert_eq(pulse_pub_commit(pub, 4, t, TT_TENSORS, NULL),
                PULSE_ERR_BASE_STEP);
+  /* Device tensors without a device (test_publisher_device.c has the
+   * rest; host memory must never reach a device encoder). */
   t[2].memory = PULSE_PUB_DEVICE;
 #ifdef PULSE_HAVE_CUDA
-  cr_assert_eq(pulse_pub_commit(pub, 6, t, TT_TENSORS, NULL),
-               PULSE_ERR_UNSUPPORTED);
+  if (!pulse_cuda_available())
+    cr_assert_eq(pulse_pub_commit(pub, 6, t, TT_TENSORS, NULL), PULSE_ERR_CUDA);
 #else
   cr_assert_eq(pulse_pub_commit(pub, 6, t, TT_TENSORS, NULL),
                PULSE_ERR_NOT_BUILT);
 #endif
+  t[2].memory = (pulse_pub_memory)7;
+  cr_assert_eq(pulse_pub_commit(pub, 6, t, TT_TENSORS, NULL), PULSE_ERR_ARG,
+               "unknown memory kind");
   t[2].memory = PULSE_PUB_HOST;
   t[1].dtype = PULSE_DTYPE_F16;
   cr_assert_eq(pulse_pub_commit(pub, 6, t, TT_TENSORS, NULL), PULSE_ERR_DTYPE);
@@ -323,6 +329,7 @@ static void retention_run(int sync) {
     cr_assert_geq(np, s < 3 ? s : 3, "step %" PRIu64, s);
     cr_assert_leq(np, 3 + 4 + 4, "step %" PRIu64 ": %zu patches", s, np);
     cr_assert_leq(na, 3);
+    pulse_pub_wait(pub); /* dropped objects go in the background */
     int files = tt_count(objs);
     cr_assert_geq(files, (int)(np + na));
     cr_assert_leq(files, (int)(np + na) + 1, "a background anchor at most");
@@ -451,6 +458,7 @@ Test(publisher, retention_stays_bounded_when_every_step_is_an_anchor) {
     cr_assert_leq(np, 2 * 4 + 1, "step %" PRIu64 ": %zu patches", s, np);
     cr_assert_geq(np, s < 4 ? s : 4);
     cr_assert_leq(na, 2);
+    pulse_pub_wait(pub); /* dropped objects go in the background */
     cr_assert_eq(tt_count(objs), (int)(np + na));
     pulse_store_head_free(h);
   }

@@ -5,6 +5,10 @@
 # It checks the kernels' logic (results bit for bit against the CPU
 # reference, barriers, out-of-bounds accesses); it says nothing about
 # speed or the real compiler, which tests/gpu/check.sh covers on a GPU.
+# Then the publisher's device commits (tests/trainer_side/
+# test_publisher_device.c, trainer_side without its HTTP server) run on the
+# same emulated kernels, and once more with the device hidden
+# (PULSE_EMU_NO_DEVICE=1) for the "no CUDA device" error.
 #   tests/cuda/emu/run.sh [criterion options, e.g. --filter 'cuda_detect/*']
 # Environment: PULSE_EMU_BUILD (build folder, default build-emu), PULSE_JOBS,
 # PULSE_EMU_SEED (the order the emulator runs threads in between barriers).
@@ -49,6 +53,14 @@ for src in "$out/obj/bench_gpu_main.c" "$root"/tools/bench_gpu.c "$root"/tools/t
   obj="$out/obj/tool_$(basename "$src").o"; tool_objs+=("$obj")
   compile "$obj" gcc -std=c11 -DPULSE_HAVE_CUDA=1 $common $inc -I"$root/tools" -c "$src"
 done
+# The publisher (no HTTP server: the device commits need none of it).
+trainer_objs=()
+for src in "$root"/trainer_side/*.c "$root"/tests/trainer_side/test_publisher_device.c; do
+  case "$(basename "$src")" in server*) continue ;; esac
+  obj="$out/obj/trainer_$(basename "$src").o"; trainer_objs+=("$obj")
+  compile "$obj" gcc -std=c11 -DPULSE_HAVE_CUDA=1 $common $inc -I"$root/trainer_side" \
+    -I"$root/tests/trainer_side" -c "$src"
+done
 for pid in "${pids[@]}"; do wait "$pid"; done
 
 libs="$out/lib/codec/libpulse_codec.a $(pkg-config --libs libzstd libcrypto) -lpthread -lm"
@@ -58,9 +70,16 @@ for obj in "${objs[@]}"; do
 done
 g++ $san -o "$out/test_cuda_emu" "${objs[@]}" $libs $(pkg-config --libs criterion)
 g++ $san -o "$out/pulse-bench-emu" "${lib_objs[@]}" "${tool_objs[@]}" $libs
+g++ $san -o "$out/test_publisher_emu" "${lib_objs[@]}" "${trainer_objs[@]}" $libs \
+  $(pkg-config --libs criterion)
 
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1}
 echo "== pulse-bench gpu on a small table (emulated: the figures mean nothing)"
 "$out/pulse-bench-emu" gpu --params 300000 --tensors 7 --reps 1
 echo "== the CUDA suite on the emulator"
 "$out/test_cuda_emu" --jobs "$jobs" "$@"
+echo "== the publisher's device commits on the emulator"
+"$out/test_publisher_emu" --jobs "$jobs" "$@"
+echo "== the same without a device (PULSE_EMU_NO_DEVICE=1)"
+PULSE_EMU_NO_DEVICE=1 "$out/test_publisher_emu" --jobs "$jobs" \
+  --filter 'publisher_device/device_tensors_without_a_device_are_refused'
