@@ -10,6 +10,8 @@
 #      under compute-sanitizer memcheck,
 #   5. benchmarks encode and apply against a device-to-device copy of the
 #      same bytes (pulse-bench gpu),
+#   6. syncs 10^9 parameters at 1% density into GPU targets over loopback and
+#      a 1 Gbit/s link (pulse-bench sync --device; PULSE_GPU_SYNC_PARAMS),
 # and writes a short summary to stdout and, when $OUT is set, to
 # $OUT/gpu-summary.txt (with the logs beside it). Exit status 0 when the
 # build, every test and every sanitizer run passed; the speed targets are
@@ -184,6 +186,30 @@ if timeout 300 "$bench" gpu ${PULSE_GPU_BENCH_ARGS:-} > "$logs/bench.log" 2>&1; 
 else
   say "bench: FAIL ($(elapsed "$t") s):"
   say "$(tail -n 5 "$logs/bench.log")"
+  failed=1
+fi
+
+# ------------------------------------------------------- sync, GPU targets
+# Issue "Inference side": decode + verify + apply at most 10% of the
+# transfer at 1 Gbit/s; device targets (host decodes, GPU places). The
+# rate-limited links need root and `ip netns`; without them only loopback.
+t=$(date +%s)
+# shellcheck disable=SC2086
+if timeout 400 "$bench" sync --device --params ${PULSE_GPU_SYNC_PARAMS:-1e9} --steps 3 \
+  --links loopback,1gbit --json > "$logs/sync.log" 2>&1; then
+  say "sync --device ($(elapsed "$t") s):"
+  while IFS= read -r l; do
+    say "  $(sed -E 's/.*"link":"([^"]*)".*"seconds_dense":([0-9.]+),"seconds_pulse":([0-9.]+).*"transfer_s":([0-9.]+),"verify_s":([0-9.]+),"decode_s":([0-9.]+),"apply_s":([0-9.]+).*/\1: dense \2 s, pulse \3 s; transfer \4, verify \5, decode \6, apply \7/' <<<"$l")"
+    if grep -q '"link":"1gbit"' <<<"$l"; then
+      share=$(sed -E 's/.*"transfer_s":([0-9.]+),"verify_s":([0-9.]+),"decode_s":([0-9.]+),"apply_s":([0-9.]+).*/\1 \2 \3 \4/' <<<"$l" |
+        awk '{ if ($1 > 0) printf "%.1f", 100 * ($2 + $3 + $4) / $1 }')
+      [ -n "$share" ] && say "target decode+verify+apply <= 10% of transfer at 1 Gbit/s: ${share}% $(awk -v s="$share" 'BEGIN {print (s <= 10) ? "MET" : "MISSED"}')"
+    fi
+  done < <(grep '^{"params"' "$logs/sync.log")
+  grep -q 'no CUDA device' "$logs/sync.log" && say "  $(head -1 "$logs/sync.log")"
+else
+  say "sync --device: FAIL ($(elapsed "$t") s):"
+  say "$(tail -n 5 "$logs/sync.log")"
   failed=1
 fi
 finish
