@@ -10,7 +10,7 @@
 #      under compute-sanitizer memcheck,
 #   5. benchmarks encode and apply against a device-to-device copy of the
 #      same bytes (pulse-bench gpu),
-#   6. syncs 10^9 parameters at 1% density into GPU targets over loopback and
+#   6. syncs 10^8 parameters (the ratios are those of 10^9) at 1% density into GPU targets over loopback and
 #      a 1 Gbit/s link (pulse-bench sync --device; PULSE_GPU_SYNC_PARAMS),
 # and writes a short summary to stdout and, when $OUT is set, to
 # $OUT/gpu-summary.txt (with the logs beside it). Exit status 0 when the
@@ -195,7 +195,7 @@ fi
 # rate-limited links need root and `ip netns`; without them only loopback.
 t=$(date +%s)
 # shellcheck disable=SC2086
-if timeout 400 "$bench" sync --device --params ${PULSE_GPU_SYNC_PARAMS:-1e9} --steps 3 \
+if timeout 300 "$bench" sync --device --params ${PULSE_GPU_SYNC_PARAMS:-1e8} --steps 3 \
   --links loopback,1gbit --json > "$logs/sync.log" 2>&1; then
   say "sync --device ($(elapsed "$t") s):"
   while IFS= read -r l; do
