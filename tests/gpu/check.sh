@@ -10,8 +10,9 @@
 #      under compute-sanitizer memcheck,
 #   5. benchmarks encode and apply against a device-to-device copy of the
 #      same bytes (pulse-bench gpu),
-#   6. syncs 10^8 parameters (the ratios are those of 10^9) at 1% density into GPU targets over loopback and
-#      a 1 Gbit/s link (pulse-bench sync --device; PULSE_GPU_SYNC_PARAMS),
+#   6. syncs 10^8 parameters at 1% density into GPU targets over loopback
+#      and a 1 Gbit/s link (pulse-bench sync --device; the 10^9 with
+#      PULSE_GPU_SYNC_PARAMS=1e9, which takes longer),
 # and writes a short summary to stdout and, when $OUT is set, to
 # $OUT/gpu-summary.txt (with the logs beside it). Exit status 0 when the
 # build, every test and every sanitizer run passed; the speed targets are
