@@ -46,8 +46,9 @@ while [ $rounds -lt 40 ] && [ $SECONDS -lt $deadline ]; do
   "$bin/pulse-publish" --store "$store" --key "$key" --anchor-every 3 --keep 4 --keep-anchors 2 \
     --threads 1 "${mode[@]}" "${args[@]}" >"$work/run.out" 2>&1 &
   pid=$!
-  # Somewhere in the first few commits (a commit here takes tens of ms).
-  sleep "0.$(printf %03d $((10 + RANDOM % 90)))"
+  # Somewhere in the first few commits (a commit here takes 10-50 ms on a
+  # 2-core machine, less on a faster one: short waits keep kills landing).
+  sleep "0.0$(printf %02d $((5 + RANDOM % 60)))"
   if kill -9 "$pid" 2>/dev/null; then killed=$((killed + 1)); fi
   wait "$pid" 2>/dev/null
   pid=
