@@ -43,8 +43,8 @@ test)
   fuzz_seconds=${PULSE_FUZZ_SECONDS:-30}
   if [ "$fuzz_seconds" != 0 ]; then
     echo "== libFuzzer, ${fuzz_seconds}s per decoder"
-    CC=clang configure_and_build "$build-fuzz" -DPULSE_FUZZ=ON -DPULSE_TESTS=OFF -DPULSE_CUDA=OFF \
-      -DCMAKE_C_FLAGS=-fsanitize=fuzzer-no-link,address,undefined
+    # PULSE_FUZZ instruments every library for coverage and the sanitizers.
+    CC=clang configure_and_build "$build-fuzz" -DPULSE_FUZZ=ON -DPULSE_TESTS=OFF -DPULSE_CUDA=OFF
     for fuzzer in "$build-fuzz"/tests/fuzz_*; do
       name=$(basename "$fuzzer"); name=${name#fuzz_}
       corpus=$(mktemp -d)
