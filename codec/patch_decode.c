@@ -4,6 +4,7 @@
 #include <time.h>
 
 #include "chunk_impl.h"
+#include "digest_impl.h"
 #include "parallel_impl.h"
 #include "patch_impl.h"
 #include "pulse_elem.h"
@@ -42,14 +43,7 @@ pulse_tensor_digest patch_resolve_chunk(const uint16_t *base, pulse_changes *c, 
    * the base are in flight at once (fused with the digest's arithmetic it
    * ran at half the speed). Then the digest change, the staging in cache. */
   resolve_bits(base, c, from, to);
-  uint64_t da = 0, db = 0;
-  for (uint64_t e = from; e < to; e++) {
-    uint64_t xo = pulse_digest_key(c->pos[e], c->old_bits[e]);
-    uint64_t xn = pulse_digest_key(c->pos[e], c->new_bits[e]);
-    da += pulse_digest_lane_a(xn) - pulse_digest_lane_a(xo);
-    db += pulse_digest_lane_b(xn) - pulse_digest_lane_b(xo);
-  }
-  return (pulse_tensor_digest){da, db};
+  return pulse_digest_change_sum(c->pos + from, c->old_bits + from, c->new_bits + from, to - from);
 }
 
 pulse_status pulse_patch_decode_tensor(const pulse_patch *p, size_t i, const uint16_t *base,
