@@ -63,6 +63,16 @@ DIGEST_AVX512 static inline __m512i lane_b8(__m512i x) {
   return _mm512_xor_si512(x, _mm512_srli_epi64(x, 33));
 }
 
+/* Lane sum modulo 2^64 (GCC's _mm512_reduce_add_epi64 adds as signed long
+ * long, which overflows: undefined behaviour, and UBSan says so). */
+DIGEST_AVX512 static inline uint64_t sum8(__m512i v) {
+  uint64_t lane[8], sum = 0;
+  _mm512_storeu_si512((void *)lane, v);
+  for (int i = 0; i < 8; i++)
+    sum += lane[i];
+  return sum;
+}
+
 DIGEST_AVX512 static inline __m512i keys8(__m512i index, const uint16_t *bits) {
   __m512i v = _mm512_cvtepu16_epi64(_mm_loadu_si128((const __m128i *)(const void *)bits));
   return _mm512_or_si512(_mm512_slli_epi64(index, 16), v);
@@ -87,8 +97,7 @@ DIGEST_AVX512 static pulse_tensor_digest digest_bf16_avx512(const uint16_t *bits
     rest.b += pulse_digest_lane_b(x);
   }
   return (pulse_tensor_digest){
-      (uint64_t)_mm512_reduce_add_epi64(_mm512_add_epi64(a0, a1)) + rest.a,
-      (uint64_t)_mm512_reduce_add_epi64(_mm512_add_epi64(b0, b1)) + rest.b};
+      sum8(_mm512_add_epi64(a0, a1)) + rest.a, sum8(_mm512_add_epi64(b0, b1)) + rest.b};
 }
 
 DIGEST_AVX512 static pulse_tensor_digest change_sum_avx512(const uint64_t *pos,
@@ -104,8 +113,7 @@ DIGEST_AVX512 static pulse_tensor_digest change_sum_avx512(const uint64_t *pos,
   }
   pulse_tensor_digest rest = pulse_digest_change_sum_scalar(pos + j, old_bits + j, new_bits + j,
                                                             n - j);
-  return (pulse_tensor_digest){(uint64_t)_mm512_reduce_add_epi64(a) + rest.a,
-                               (uint64_t)_mm512_reduce_add_epi64(b) + rest.b};
+  return (pulse_tensor_digest){sum8(a) + rest.a, sum8(b) + rest.b};
 }
 
 static int have_avx512(void) {
