@@ -46,7 +46,7 @@ Test(inference_side, a_byte_flipped_in_transit_is_refused_and_nothing_applied) {
   char url[64];
   snprintf(url, sizeof url, "http://127.0.0.1:%u",
            (unsigned)flip_proxy_port(px));
-  char *cache = it_make_dir();
+  char *cache = tu_make_dir();
   const char *urls[2];
   pulse_sub_opts o = it_sub_opts(&t, cache, urls);
   urls[0] = url;
@@ -59,7 +59,7 @@ Test(inference_side, a_byte_flipped_in_transit_is_refused_and_nothing_applied) {
             pulse_sub_error(sub));
   cr_assert_geq(flip_proxy_flips(px), 1);
   cr_assert_eq(pulse_sub_step(sub), PULSE_SUB_NO_STEP);
-  for (int i = 0; i < IT_TENSORS; i++)
+  for (int i = 0; i < TU_TENSORS; i++)
     cr_assert(all_zero(tg.data[i], t.m.numel[i]), "tensor %d was written", i);
   cr_assert_eq(named_objects(cache), 0,
                "a corrupt object got its name in the cache");
@@ -80,7 +80,7 @@ Test(inference_side, a_byte_flipped_in_transit_is_refused_and_nothing_applied) {
   urls[0] = url;
   o.use_catchup = 0;
   cr_assert_eq(pulse_sub_create(&o, &sub), PULSE_OK);
-  for (int i = 0; i < IT_TENSORS; i++)
+  for (int i = 0; i < TU_TENSORS; i++)
     cr_assert_eq(pulse_sub_attach_host(sub, t.m.info[i].name, t.m.info[i].ndim,
                                        t.m.info[i].shape, tg.data[i]),
                  PULSE_OK);
@@ -93,7 +93,7 @@ Test(inference_side, a_byte_flipped_in_transit_is_refused_and_nothing_applied) {
   it_targets_free(&tg);
   flip_proxy_stop(px);
   it_trainer_down(&t);
-  it_rm_rf(cache);
+  tu_rm_rf(cache);
 }
 
 Test(inference_side, the_next_url_serves_when_the_first_one_corrupts) {
@@ -104,7 +104,7 @@ Test(inference_side, the_next_url_serves_when_the_first_one_corrupts) {
   char url[64];
   snprintf(url, sizeof url, "http://127.0.0.1:%u",
            (unsigned)flip_proxy_port(px));
-  char *cache = it_make_dir();
+  char *cache = tu_make_dir();
   const char *urls[2];
   pulse_sub_opts o = it_sub_opts(&t, cache, urls);
   urls[0] = url;
@@ -124,7 +124,7 @@ Test(inference_side, the_next_url_serves_when_the_first_one_corrupts) {
   it_targets_free(&tg);
   flip_proxy_stop(px);
   it_trainer_down(&t);
-  it_rm_rf(cache);
+  tu_rm_rf(cache);
 }
 
 /* Writes the first `n` bytes of a store object as a partial download. */
@@ -134,7 +134,7 @@ static void plant_part(const char *store, const char *cache,
   char path[4096], hex[65];
   snprintf(path, sizeof path, "%s/%s", store, o->path);
   size_t size = 0;
-  uint8_t *bytes = it_read(path, &size);
+  uint8_t *bytes = tu_read(path, &size);
   cr_assert_not_null(bytes);
   if (garbage)
     memset(bytes + from, 0x42, n);
@@ -143,7 +143,7 @@ static void plant_part(const char *store, const char *cache,
   snprintf(path, sizeof path, "%s/objects", cache);
   mkdir(path, 0755);
   snprintf(path, sizeof path, "%s/objects/.%s.part%s", cache, hex, suffix);
-  cr_assert_eq(it_write(path, bytes + from, n), 0);
+  cr_assert_eq(tu_write(path, bytes + from, n), 0);
   free(bytes);
 }
 
@@ -153,7 +153,7 @@ Test(inference_side, a_partial_download_resumes_with_a_range_request) {
   it_trainer_run(&t, 0, 1, 0.01);
   pulse_store_head *h;
   const pulse_store_object *a = head_anchor(t.dir, &h);
-  char *cache = it_make_dir();
+  char *cache = tu_make_dir();
   uint64_t half = a->size / 2;
   plant_part(t.dir, cache, a, "", 0, half, 0);
   const char *urls[1];
@@ -176,7 +176,7 @@ Test(inference_side, a_partial_download_resumes_with_a_range_request) {
   it_targets_free(&tg);
   pulse_store_head_free(h);
   it_trainer_down(&t);
-  it_rm_rf(cache);
+  tu_rm_rf(cache);
 }
 
 Test(inference_side, garbage_in_a_partial_download_is_caught_by_the_hash) {
@@ -185,7 +185,7 @@ Test(inference_side, garbage_in_a_partial_download_is_caught_by_the_hash) {
   it_trainer_run(&t, 0, 1, 0.01);
   pulse_store_head *h;
   const pulse_store_object *a = head_anchor(t.dir, &h);
-  char *cache = it_make_dir();
+  char *cache = tu_make_dir();
   plant_part(t.dir, cache, a, "", 0, a->size / 3, 1);
   const char *urls[1];
   pulse_sub_opts o = it_sub_opts(&t, cache, urls);
@@ -203,7 +203,7 @@ Test(inference_side, garbage_in_a_partial_download_is_caught_by_the_hash) {
   it_targets_free(&tg);
   pulse_store_head_free(h);
   it_trainer_down(&t);
-  it_rm_rf(cache);
+  tu_rm_rf(cache);
 }
 
 Test(inference_side, large_objects_come_in_parallel_ranges_that_resume) {
@@ -213,7 +213,7 @@ Test(inference_side, large_objects_come_in_parallel_ranges_that_resume) {
   pulse_store_head *h;
   const pulse_store_object *a = head_anchor(t.dir, &h);
   cr_assert_gt(a->size, (uint64_t)2 << 20);
-  char *cache = it_make_dir();
+  char *cache = tu_make_dir();
   /* Segments of 1 MiB (4 ranges asked, aligned to 1 MiB): the second
    * segment is partly on disk already. */
   plant_part(t.dir, cache, a, "-1048576", 1 << 20, 300000, 0);
@@ -244,14 +244,14 @@ Test(inference_side, large_objects_come_in_parallel_ranges_that_resume) {
   it_targets_free(&tg);
   pulse_store_head_free(h);
   it_trainer_down(&t);
-  it_rm_rf(cache);
+  tu_rm_rf(cache);
 }
 
 Test(inference_side, a_rotten_object_in_the_cache_is_fetched_again) {
   it_trainer t;
   it_trainer_up(&t, 100, 32, 2);
   it_trainer_run(&t, 0, 2, 0.01);
-  char *cache = it_make_dir();
+  char *cache = tu_make_dir();
   const char *urls[1];
   pulse_sub_opts o = it_sub_opts(&t, cache, urls);
   pulse_sub *sub;
@@ -265,7 +265,7 @@ Test(inference_side, a_rotten_object_in_the_cache_is_fetched_again) {
   const pulse_store_object *a = head_anchor(t.dir, &h);
   char path[4096];
   snprintf(path, sizeof path, "%s/%s", cache, a->path);
-  cr_assert_eq(it_flip(path, 200), 0);
+  cr_assert_eq(tu_flip(path, 200), 0);
   cr_assert_eq(pulse_sub_create(&o, &sub), PULSE_OK);
   it_targets_attach(&tg, &t, sub);
   cr_assert_eq(pulse_sub_sync(sub), PULSE_OK, "%s", pulse_sub_error(sub));
@@ -278,7 +278,7 @@ Test(inference_side, a_rotten_object_in_the_cache_is_fetched_again) {
   it_targets_free(&tg);
   pulse_store_head_free(h);
   it_trainer_down(&t);
-  it_rm_rf(cache);
+  tu_rm_rf(cache);
 }
 
 /* The servers here are reached through a proxy that can be cut and brought
@@ -292,7 +292,7 @@ Test(inference_side, a_dead_server_fails_cleanly_after_the_retries) {
   char url[64];
   snprintf(url, sizeof url, "http://127.0.0.1:%u",
            (unsigned)flip_proxy_port(px));
-  char *cache = it_make_dir();
+  char *cache = tu_make_dir();
   const char *urls[1];
   pulse_sub_opts o = it_sub_opts(&t, cache, urls);
   urls[0] = url;
@@ -314,7 +314,7 @@ Test(inference_side, a_dead_server_fails_cleanly_after_the_retries) {
   pulse_sub_free(sub);
   it_targets_free(&tg);
   it_trainer_down(&t);
-  it_rm_rf(cache);
+  tu_rm_rf(cache);
 }
 
 /* Cuts the proxy after a while and brings it back on its port later. */
@@ -357,7 +357,7 @@ Test(inference_side, a_server_restarted_mid_download_is_resumed,
   b.port = flip_proxy_port(b.px);
   char url[64];
   snprintf(url, sizeof url, "http://127.0.0.1:%u", (unsigned)b.port);
-  char *cache = it_make_dir();
+  char *cache = tu_make_dir();
   const char *urls[1];
   pulse_sub_opts o = it_sub_opts(&t, cache, urls);
   urls[0] = url;
@@ -386,7 +386,7 @@ Test(inference_side, a_server_restarted_mid_download_is_resumed,
   it_targets_free(&tg);
   pulse_store_head_free(h);
   it_trainer_down(&t);
-  it_rm_rf(cache);
+  tu_rm_rf(cache);
 }
 
 Test(inference_side, a_stale_head_never_moves_a_worker_back) {
@@ -394,7 +394,7 @@ Test(inference_side, a_stale_head_never_moves_a_worker_back) {
   it_trainer_up(&t, 100, 32, 2);
   it_trainer_run(&t, 0, 3, 0.01);
   /* A copy of the store at step 3, served by an old mirror. */
-  char *old = it_make_dir(), cmd[8192];
+  char *old = tu_make_dir(), cmd[8192];
   snprintf(cmd, sizeof cmd, "cp -r %s/. %s/", t.dir, old);
   cr_assert_eq(system(cmd), 0);
   pulse_server_opts so = PULSE_SERVER_OPTS_INIT;
@@ -406,7 +406,7 @@ Test(inference_side, a_stale_head_never_moves_a_worker_back) {
   snprintf(murl, sizeof murl, "http://127.0.0.1:%u",
            (unsigned)pulse_server_port(mirror));
   it_trainer_run(&t, 4, 6, 0.01);
-  char *cache = it_make_dir();
+  char *cache = tu_make_dir();
   const char *urls[1];
   pulse_sub_opts o = it_sub_opts(&t, cache, urls);
   pulse_sub *sub;
@@ -429,6 +429,6 @@ Test(inference_side, a_stale_head_never_moves_a_worker_back) {
   pulse_server_free(mirror);
   it_targets_free(&tg);
   it_trainer_down(&t);
-  it_rm_rf(cache);
-  it_rm_rf(old);
+  tu_rm_rf(cache);
+  tu_rm_rf(old);
 }

@@ -19,14 +19,14 @@ static void fx_up(fx *f, uint64_t steps) {
   memset(f, 0, sizeof *f);
   it_trainer_up(&f->t, 100, 32, 2);
   it_trainer_run(&f->t, 0, steps, 0.01);
-  f->work = it_make_dir();
+  f->work = tu_make_dir();
   snprintf(f->cache, sizeof f->cache, "%s/cache", f->work);
   snprintf(f->out, sizeof f->out, "%s/model.safetensors", f->work);
 }
 
 static void fx_down(fx *f) {
   it_trainer_down(&f->t);
-  it_rm_rf(f->work);
+  tu_rm_rf(f->work);
 }
 
 static pulse_sub *fx_sub(fx *f, int use_catchup) {
@@ -50,8 +50,8 @@ static void expect_file(fx *f, uint64_t step) {
   cr_assert_str_eq(pulse_st_metadata_get(sf, "step"), s);
   cr_assert_str_eq(pulse_st_metadata_get(sf, "state_digest"),
                    f->t.digest[step]);
-  cr_assert_eq(pulse_st_tensor_count(sf), IT_TENSORS);
-  for (size_t i = 0; i < IT_TENSORS; i++) {
+  cr_assert_eq(pulse_st_tensor_count(sf), TU_TENSORS);
+  for (size_t i = 0; i < TU_TENSORS; i++) {
     pulse_st_tensor x;
     cr_assert_eq(pulse_st_tensor_get(sf, i, &x), PULSE_OK);
     cr_assert_str_eq(x.name, f->t.m.info[i].name, "table order");
@@ -98,7 +98,7 @@ Test(inference_side, a_damaged_file_is_replaced_from_an_anchor) {
   pulse_sub *sub = fx_sub(&f, 0);
   cr_assert_eq(pulse_sub_sync(sub), PULSE_OK);
   pulse_sub_free(sub);
-  cr_assert_eq(it_flip(f.out, -10), 0); /* inside the last tensor */
+  cr_assert_eq(tu_flip(f.out, -10), 0); /* inside the last tensor */
   it_trainer_run(&f.t, 4, 4, 0.01);
   sub = fx_sub(&f, 0);
   cr_assert_eq(pulse_sub_step(sub), PULSE_SUB_NO_STEP,
@@ -116,8 +116,8 @@ Test(inference_side, a_file_that_claims_another_step_is_never_patched) {
   fx f;
   fx_up(&f, 5);
   /* Step 3's weights, labelled step 2, without a state digest. */
-  pulse_st_write_tensor w[IT_TENSORS];
-  for (int i = 0; i < IT_TENSORS; i++) {
+  pulse_st_write_tensor w[TU_TENSORS];
+  for (int i = 0; i < TU_TENSORS; i++) {
     w[i].name = f.t.m.info[i].name;
     w[i].dtype = PULSE_DTYPE_BF16;
     w[i].ndim = f.t.m.info[i].ndim;
@@ -125,7 +125,7 @@ Test(inference_side, a_file_that_claims_another_step_is_never_patched) {
     w[i].data = f.t.bits[3][i];
   }
   pulse_st_kv meta[1] = {{"step", "2"}};
-  cr_assert_eq(pulse_st_write(f.out, w, IT_TENSORS, meta, 1), PULSE_OK);
+  cr_assert_eq(pulse_st_write(f.out, w, TU_TENSORS, meta, 1), PULSE_OK);
   pulse_sub *sub = fx_sub(&f, 0);
   cr_assert_eq(pulse_sub_step(sub), 2);
   cr_assert_eq(pulse_sub_sync(sub), PULSE_OK, "%s", pulse_sub_error(sub));
@@ -145,7 +145,7 @@ Test(inference_side, a_failed_sync_leaves_the_file_as_it_was) {
   cr_assert_eq(pulse_sub_sync(sub), PULSE_OK);
   pulse_sub_free(sub);
   size_t n0 = 0, n1 = 0;
-  uint8_t *before = it_read(f.out, &n0);
+  uint8_t *before = tu_read(f.out, &n0);
   it_trainer_run(&f.t, 4, 6, 0.01);
   flip_proxy *px = flip_proxy_start(f.t.port, 1);
   char url[64];
@@ -158,7 +158,7 @@ Test(inference_side, a_failed_sync_leaves_the_file_as_it_was) {
   cr_assert_eq(pulse_sub_attach_file(sub, f.out), PULSE_OK);
   cr_assert_eq(pulse_sub_sync(sub), PULSE_ERR_CORRUPT);
   cr_assert_eq(pulse_sub_step(sub), 3);
-  uint8_t *after = it_read(f.out, &n1);
+  uint8_t *after = tu_read(f.out, &n1);
   cr_assert(n0 == n1 && memcmp(before, after, n0) == 0, "the file changed");
   free(before), free(after);
   pulse_sub_free(sub);

@@ -41,7 +41,7 @@ Test(inference_side, follow_keeps_up_with_new_steps_through_long_polls,
   it_trainer t;
   it_trainer_up(&t, 4, 32, 2);
   it_trainer_run(&t, 0, 0, 0.01);
-  char *cache = it_make_dir();
+  char *cache = tu_make_dir();
   const char *urls[1];
   pulse_sub_opts o = it_sub_opts(&t, cache, urls);
   o.poll_timeout_ms = 20000;
@@ -55,7 +55,7 @@ Test(inference_side, follow_keeps_up_with_new_steps_through_long_polls,
   double worst = 0;
   for (uint64_t s = 1; s <= 8; s++) {
     sleep_ms(30); /* let the follower reach its long-poll */
-    it_model_step(&t.m, 0.01);
+    tu_model_step(&t.m, 0.01);
     it_trainer_commit(&t, s);
     double t0 = now_s();
     cr_assert(wait_step(sub, s, 10), "step %" PRIu64 " never arrived", s);
@@ -76,7 +76,7 @@ Test(inference_side, follow_keeps_up_with_new_steps_through_long_polls,
   pulse_sub_free(sub);
   it_targets_free(&tg);
   it_trainer_down(&t);
-  it_rm_rf(cache);
+  tu_rm_rf(cache);
 }
 
 /* A reader that records, under the read lock, the step and the state digest
@@ -97,11 +97,11 @@ static void *read_loop(void *arg) {
     uint64_t step;
     pulse_sub_read_lock(r->sub, &step);
     if (step != PULSE_SUB_NO_STEP) {
-      pulse_tensor_digest d[IT_TENSORS];
-      for (int i = 0; i < IT_TENSORS; i++)
+      pulse_tensor_digest d[TU_TENSORS];
+      for (int i = 0; i < TU_TENSORS; i++)
         d[i] = pulse_digest_bf16(r->tg->data[i], r->t->m.numel[i]);
       pulse_state_digest sd;
-      pulse_state_digest_compute(r->t->m.info, d, IT_TENSORS, &sd);
+      pulse_state_digest_compute(r->t->m.info, d, TU_TENSORS, &sd);
       r->steps[r->n] = step;
       pulse_state_digest_hex(&sd, r->digests[r->n]);
       r->n++;
@@ -115,7 +115,7 @@ Test(inference_side, readers_never_see_a_mix_of_two_steps, .timeout = 60) {
   it_trainer t;
   it_trainer_up(&t, 5, 32, 20); /* larger tensors: a commit takes a while */
   it_trainer_run(&t, 0, 0, 0.05);
-  char *cache = it_make_dir();
+  char *cache = tu_make_dir();
   const char *urls[1];
   pulse_sub_opts o = it_sub_opts(&t, cache, urls);
   pulse_sub *sub;
@@ -131,7 +131,7 @@ Test(inference_side, readers_never_see_a_mix_of_two_steps, .timeout = 60) {
   pthread_create(&rth, NULL, read_loop, r);
   for (uint64_t s = 1; s <= 12; s++) {
     sleep_ms(15);
-    it_model_step(&t.m, 0.05);
+    tu_model_step(&t.m, 0.05);
     it_trainer_commit(&t, s);
   }
   cr_assert(wait_step(sub, 12, 10));
@@ -155,14 +155,14 @@ Test(inference_side, readers_never_see_a_mix_of_two_steps, .timeout = 60) {
   pulse_sub_free(sub);
   it_targets_free(&tg);
   it_trainer_down(&t);
-  it_rm_rf(cache);
+  tu_rm_rf(cache);
 }
 
 Test(inference_side, stop_ends_a_waiting_long_poll_at_once) {
   it_trainer t;
   it_trainer_up(&t, 4, 32, 2);
   it_trainer_run(&t, 0, 1, 0.01);
-  char *cache = it_make_dir();
+  char *cache = tu_make_dir();
   const char *urls[1];
   pulse_sub_opts o = it_sub_opts(&t, cache, urls);
   o.poll_timeout_ms = 30000;
@@ -183,5 +183,5 @@ Test(inference_side, stop_ends_a_waiting_long_poll_at_once) {
   pulse_sub_free(sub);
   it_targets_free(&tg);
   it_trainer_down(&t);
-  it_rm_rf(cache);
+  tu_rm_rf(cache);
 }

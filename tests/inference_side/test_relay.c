@@ -19,8 +19,8 @@ static void fx_up(fx *f, uint64_t steps) {
   memset(f, 0, sizeof *f);
   it_trainer_up(&f->t, 4, 32, 2);
   it_trainer_run(&f->t, 0, steps, 0.01);
-  f->relay_cache = it_make_dir();
-  f->down_cache = it_make_dir();
+  f->relay_cache = tu_make_dir();
+  f->down_cache = tu_make_dir();
   const char *urls[1];
   pulse_sub_opts o = it_sub_opts(&f->t, f->relay_cache, urls);
   o.mirror = 1;
@@ -44,8 +44,8 @@ static void fx_down(fx *f) {
   pulse_server_free(f->relay_srv);
   pulse_sub_free(f->relay);
   it_trainer_down(&f->t);
-  it_rm_rf(f->relay_cache);
-  it_rm_rf(f->down_cache);
+  tu_rm_rf(f->relay_cache);
+  tu_rm_rf(f->down_cache);
 }
 
 Test(inference_side, a_relay_re_serves_what_it_holds) {
@@ -90,7 +90,7 @@ Test(inference_side, a_corrupted_object_in_a_relay_is_refused_downstream) {
       pulse_store_head_anchor(h, pulse_store_head_anchor_count(h) - 1);
   char path[4096];
   snprintf(path, sizeof path, "%s/%s", f.relay_cache, a->path);
-  cr_assert_eq(it_flip(path, 100), 0);
+  cr_assert_eq(tu_flip(path, 100), 0);
 
   /* Only the relay: refused, nothing applied. */
   pulse_sub_opts o = it_sub_opts(&f.t, f.down_cache, f.urls);
@@ -101,7 +101,7 @@ Test(inference_side, a_corrupted_object_in_a_relay_is_refused_downstream) {
   it_targets_attach(&tg, &f.t, down);
   cr_assert_eq(pulse_sub_sync(down), PULSE_ERR_CORRUPT);
   cr_assert_eq(pulse_sub_step(down), PULSE_SUB_NO_STEP);
-  for (int i = 0; i < IT_TENSORS; i++)
+  for (int i = 0; i < TU_TENSORS; i++)
     for (uint64_t k = 0; k < f.t.m.numel[i]; k++)
       cr_assert_eq(tg.data[i][k], 0);
   pulse_sub_free(down);

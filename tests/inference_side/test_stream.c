@@ -16,7 +16,7 @@ static void plant(const char *store, const char *cache,
   char path[4096], hex[65];
   snprintf(path, sizeof path, "%s/%s", store, o->path);
   size_t size = 0;
-  uint8_t *bytes = it_read(path, &size);
+  uint8_t *bytes = tu_read(path, &size);
   cr_assert_not_null(bytes);
   cr_assert_leq(from + n, size);
   if (garbage)
@@ -26,7 +26,7 @@ static void plant(const char *store, const char *cache,
   snprintf(path, sizeof path, "%s/objects", cache);
   mkdir(path, 0755);
   snprintf(path, sizeof path, "%s/objects/.%s.part%s", cache, hex, suffix);
-  cr_assert_eq(it_write(path, bytes + from, n), 0);
+  cr_assert_eq(tu_write(path, bytes + from, n), 0);
   free(bytes);
 }
 
@@ -58,7 +58,7 @@ Test(inference_side, streamed_and_whole_patches_reach_the_same_state) {
   it_trainer_run(&t, 0, 5, 0.02);
   for (int whole = 0; whole < 2; whole++)
     for (int threads = 1; threads <= 3; threads += 2) {
-      char *cache = it_make_dir();
+      char *cache = tu_make_dir();
       const char *urls[1];
       pulse_sub_opts o = it_sub_opts(&t, cache, urls);
       o.use_catchup = 0;
@@ -91,7 +91,7 @@ Test(inference_side, streamed_and_whole_patches_reach_the_same_state) {
       cr_assert_eq(f.objects_fetched, 0, "everything came from the cache");
       pulse_sub_free(sub);
       it_targets_free(&tg);
-      it_rm_rf(cache);
+      tu_rm_rf(cache);
     }
   it_trainer_down(&t);
 }
@@ -100,7 +100,7 @@ Test(inference_side, a_partial_patch_download_resumes_and_streams) {
   it_trainer t;
   it_trainer_up(&t, 100, 32, 40);
   it_trainer_run(&t, 0, 1, 0.05);
-  char *cache = it_make_dir();
+  char *cache = tu_make_dir();
   const char *urls[1];
   pulse_sub_opts o;
   it_targets tg;
@@ -138,14 +138,14 @@ Test(inference_side, a_partial_patch_download_resumes_and_streams) {
   pulse_sub_free(sub);
   it_targets_free(&tg);
   it_trainer_down(&t);
-  it_rm_rf(cache);
+  tu_rm_rf(cache);
 }
 
 Test(inference_side, a_large_patch_streams_from_parallel_ranges_that_resume) {
   it_trainer t;
   it_trainer_up(&t, 100, 32, 800); /* 5.6 M parameters */
   it_trainer_run(&t, 0, 0, 0.0);
-  char *cache = it_make_dir();
+  char *cache = tu_make_dir();
   const char *urls[1];
   pulse_sub_opts o;
   it_targets tg;
@@ -162,7 +162,7 @@ Test(inference_side, a_large_patch_streams_from_parallel_ranges_that_resume) {
   o.parallel = 4;
   o.parallel_min_bytes = 1 << 20;
   cr_assert_eq(pulse_sub_create(&o, &sub), PULSE_OK);
-  for (int i = 0; i < IT_TENSORS; i++)
+  for (int i = 0; i < TU_TENSORS; i++)
     cr_assert_eq(pulse_sub_attach_host(sub, t.m.info[i].name, t.m.info[i].ndim,
                                        t.m.info[i].shape, tg.data[i]),
                  PULSE_OK);
@@ -178,14 +178,14 @@ Test(inference_side, a_large_patch_streams_from_parallel_ranges_that_resume) {
   pulse_sub_free(sub);
   it_targets_free(&tg);
   it_trainer_down(&t);
-  it_rm_rf(cache);
+  tu_rm_rf(cache);
 }
 
 Test(inference_side, a_wrong_base_found_while_streaming_leads_to_an_anchor) {
   it_trainer t;
   it_trainer_up(&t, 100, 32, 20);
   it_trainer_run(&t, 0, 2, 0.02);
-  char *cache = it_make_dir();
+  char *cache = tu_make_dir();
   const char *urls[1];
   pulse_sub_opts o = it_sub_opts(&t, cache, urls);
   o.use_catchup = 0;
@@ -194,12 +194,12 @@ Test(inference_side, a_wrong_base_found_while_streaming_leads_to_an_anchor) {
   cr_assert_eq(pulse_sub_create(&o, &sub), PULSE_OK);
   it_targets_attach(&tg, &t, sub);
   /* Step 0's weights with one element off, claimed to be step 0. */
-  for (int i = 0; i < IT_TENSORS; i++)
+  for (int i = 0; i < TU_TENSORS; i++)
     memcpy(tg.data[i], t.bits[0][i], t.m.numel[i] * 2);
   tg.data[1][5] ^= 1;
   pulse_sub_free(sub);
   cr_assert_eq(pulse_sub_create(&o, &sub), PULSE_OK);
-  for (int i = 0; i < IT_TENSORS; i++)
+  for (int i = 0; i < TU_TENSORS; i++)
     cr_assert_eq(pulse_sub_attach_host(sub, t.m.info[i].name, t.m.info[i].ndim,
                                        t.m.info[i].shape, tg.data[i]),
                  PULSE_OK);
@@ -214,5 +214,5 @@ Test(inference_side, a_wrong_base_found_while_streaming_leads_to_an_anchor) {
   pulse_sub_free(sub);
   it_targets_free(&tg);
   it_trainer_down(&t);
-  it_rm_rf(cache);
+  tu_rm_rf(cache);
 }

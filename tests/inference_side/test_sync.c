@@ -19,7 +19,7 @@ static void fx_up(fx *f, uint64_t anchor_every, uint64_t keep, uint64_t steps) {
   memset(f, 0, sizeof *f);
   it_trainer_up(&f->t, anchor_every, keep, 2);
   it_trainer_run(&f->t, 0, steps, 0.01);
-  f->cache = it_make_dir();
+  f->cache = tu_make_dir();
 }
 
 static void fx_sub(fx *f, pulse_sub_opts *o) {
@@ -32,7 +32,7 @@ static void fx_down(fx *f) {
   pulse_sub_free(f->sub);
   it_targets_free(&f->tg);
   it_trainer_down(&f->t);
-  it_rm_rf(f->cache);
+  tu_rm_rf(f->cache);
 }
 
 static void expect_at(fx *f, uint64_t step) {
@@ -66,9 +66,9 @@ Test(inference_side, first_sync_takes_an_anchor_and_matches_bit_for_bit) {
   char path[4096];
   snprintf(path, sizeof path, "%s/head.json", f.cache);
   size_t a = 0, b = 0;
-  uint8_t *mine = it_read(path, &a);
+  uint8_t *mine = tu_read(path, &a);
   snprintf(path, sizeof path, "%s/head.json", f.t.dir);
-  uint8_t *theirs = it_read(path, &b);
+  uint8_t *theirs = tu_read(path, &b);
   cr_assert(mine != NULL && a == b && memcmp(mine, theirs, a) == 0);
   free(mine), free(theirs);
   /* Nothing new: nothing downloaded but the head. */
@@ -155,8 +155,8 @@ Test(inference_side, wrong_base_is_never_applied_and_leads_to_an_anchor) {
   o.use_catchup = 0;
   cr_assert_eq(pulse_sub_create(&o, &f.sub), PULSE_OK);
   /* The buffers hold step 3 but the worker claims step 2. */
-  for (int i = 0; i < IT_TENSORS; i++) {
-    f.tg.data[i] = it_alloc(f.t.m.numel[i] * 2);
+  for (int i = 0; i < TU_TENSORS; i++) {
+    f.tg.data[i] = tu_alloc(f.t.m.numel[i] * 2);
     memcpy(f.tg.data[i], f.t.bits[3][i], f.t.m.numel[i] * 2);
     cr_assert_eq(pulse_sub_attach_host(f.sub, f.t.m.info[i].name,
                                        f.t.m.info[i].ndim, f.t.m.info[i].shape,
@@ -181,8 +181,8 @@ Test(inference_side, right_claim_resumes_without_an_anchor) {
   pulse_sub_opts o = it_sub_opts(&f.t, f.cache, f.urls);
   o.use_catchup = 0;
   cr_assert_eq(pulse_sub_create(&o, &f.sub), PULSE_OK);
-  for (int i = 0; i < IT_TENSORS; i++) {
-    f.tg.data[i] = it_alloc(f.t.m.numel[i] * 2);
+  for (int i = 0; i < TU_TENSORS; i++) {
+    f.tg.data[i] = tu_alloc(f.t.m.numel[i] * 2);
     memcpy(f.tg.data[i], f.t.bits[3][i], f.t.m.numel[i] * 2);
     cr_assert_eq(pulse_sub_attach_host(f.sub, f.t.m.info[i].name,
                                        f.t.m.info[i].ndim, f.t.m.info[i].shape,
@@ -199,7 +199,7 @@ Test(inference_side, right_claim_resumes_without_an_anchor) {
   /* A claim of the head's own step is checked against the head too. */
   pulse_sub_free(f.sub);
   cr_assert_eq(pulse_sub_create(&o, &f.sub), PULSE_OK);
-  for (int i = 0; i < IT_TENSORS; i++)
+  for (int i = 0; i < TU_TENSORS; i++)
     cr_assert_eq(pulse_sub_attach_host(f.sub, f.t.m.info[i].name,
                                        f.t.m.info[i].ndim, f.t.m.info[i].shape,
                                        f.tg.data[i]),
@@ -218,7 +218,7 @@ Test(inference_side, a_shard_of_the_table_is_kept_current) {
   fx_up(&f, 100, 32, 3);
   pulse_sub_opts o = it_sub_opts(&f.t, f.cache, f.urls);
   cr_assert_eq(pulse_sub_create(&o, &f.sub), PULSE_OK);
-  f.tg.data[1] = it_alloc(f.t.m.numel[1] * 2);
+  f.tg.data[1] = tu_alloc(f.t.m.numel[1] * 2);
   cr_assert_eq(pulse_sub_attach_host(f.sub, f.t.m.info[1].name,
                                      f.t.m.info[1].ndim, f.t.m.info[1].shape,
                                      f.tg.data[1]),
@@ -242,7 +242,7 @@ Test(inference_side, a_target_of_another_shape_is_refused_and_untouched) {
   cr_assert_eq(pulse_sub_create(&o, &f.sub), PULSE_OK);
   uint64_t shape[2] = {f.t.m.info[0].shape[1],
                        f.t.m.info[0].shape[0]}; /* transposed */
-  f.tg.data[0] = it_alloc(f.t.m.numel[0] * 2);
+  f.tg.data[0] = tu_alloc(f.t.m.numel[0] * 2);
   memset(f.tg.data[0], 0x11, f.t.m.numel[0] * 2);
   cr_assert_eq(
       pulse_sub_attach_host(f.sub, f.t.m.info[0].name, 2, shape, f.tg.data[0]),
@@ -295,7 +295,7 @@ Test(inference_side, key_is_trusted_on_first_use_and_then_required) {
   char path[4096], hex[65];
   snprintf(path, sizeof path, "%s/trusted-key", f.cache);
   size_t n = 0;
-  uint8_t *kept = it_read(path, &n);
+  uint8_t *kept = tu_read(path, &n);
   cr_assert_not_null(kept);
   for (int i = 0; i < 32; i++)
     snprintf(hex + 2 * i, 3, "%02x", f.t.pub[i]);
@@ -341,7 +341,7 @@ Test(inference_side, options_are_checked) {
 }
 
 Test(inference_side, device_targets_report_what_is_missing) {
-  char *cache = it_make_dir();
+  char *cache = tu_make_dir();
   const char *urls[] = {"http://127.0.0.1:1"};
   pulse_sub_opts o = PULSE_SUB_OPTS_INIT;
   o.urls = urls;
@@ -366,5 +366,5 @@ Test(inference_side, device_targets_report_what_is_missing) {
                st == PULSE_OK ? PULSE_ERR_ARG : PULSE_OK);
   cr_assert_eq(pulse_sub_attach_file(sub, "/tmp/x.safetensors"), PULSE_ERR_ARG);
   pulse_sub_free(sub);
-  it_rm_rf(cache);
+  tu_rm_rf(cache);
 }

@@ -9,12 +9,12 @@
 #include "pulse_store.h"
 #include "trainer_testutil.h"
 
-static pulse_pub *open_pub(const char *dir, tt_model *m, uint64_t anchor_every,
+static pulse_pub *open_pub(const char *dir, tu_model *m, uint64_t anchor_every,
                            uint64_t keep, int sync) {
   pulse_pub_opts o = PULSE_PUB_OPTS_INIT;
   if (m != NULL) {
     o.tensors = m->info;
-    o.tensor_count = TT_TENSORS;
+    o.tensor_count = TU_TENSORS;
   }
   o.anchor_every = anchor_every;
   o.keep_patches = keep;
@@ -26,18 +26,18 @@ static pulse_pub *open_pub(const char *dir, tt_model *m, uint64_t anchor_every,
   return pub;
 }
 
-static void commit(pulse_pub *pub, tt_model *m, uint64_t step,
+static void commit(pulse_pub *pub, tu_model *m, uint64_t step,
                    pulse_pub_figures *f) {
-  pulse_pub_tensor t[TT_TENSORS];
+  pulse_pub_tensor t[TU_TENSORS];
   tt_model_tensors(m, t);
-  cr_assert_eq(pulse_pub_commit(pub, step, t, TT_TENSORS, f), PULSE_OK,
+  cr_assert_eq(pulse_pub_commit(pub, step, t, TU_TENSORS, f), PULSE_OK,
                "step %" PRIu64 ": %s", step, pulse_error_detail());
 }
 
-static void assert_snapshot_is_model(const pulse_pub *pub, const tt_model *m) {
+static void assert_snapshot_is_model(const pulse_pub *pub, const tu_model *m) {
   uint64_t total;
   uint16_t *want = tt_model_bf16(m, &total), *at = want;
-  for (size_t i = 0; i < TT_TENSORS; i++) {
+  for (size_t i = 0; i < TU_TENSORS; i++) {
     cr_assert_eq(memcmp(pulse_pub_snapshot(pub, i), at, m->numel[i] * 2), 0,
                  "tensor %zu", i);
     at += m->numel[i];
@@ -48,9 +48,9 @@ static void assert_snapshot_is_model(const pulse_pub *pub, const tt_model *m) {
 }
 
 Test(publisher, first_commit_writes_an_anchor_only) {
-  char *dir = tt_make_dir(), objs[512];
-  tt_model m;
-  tt_model_init(&m, 1, 1);
+  char *dir = tu_make_dir(), objs[512];
+  tu_model m;
+  tu_model_init(&m, 1, 1);
   pulse_pub *pub = open_pub(dir, &m, 4, 8, 0);
   cr_assert_eq(pulse_pub_head_step(pub, NULL), 0);
   cr_assert_null(pulse_pub_state_digest(pub));
@@ -68,8 +68,8 @@ Test(publisher, first_commit_writes_an_anchor_only) {
   tt_path(objs, sizeof objs, dir, "objects");
   cr_assert_eq(tt_count(objs), 1);
   pulse_pub_free(pub);
-  tt_model_free(&m);
-  tt_rm_rf(dir);
+  tu_model_free(&m);
+  tu_rm_rf(dir);
 }
 
 static void on_head(void *ctx, const pulse_pub_figures *f) {
@@ -79,12 +79,12 @@ static void on_head(void *ctx, const pulse_pub_figures *f) {
 }
 
 Test(publisher, commits_track_the_trainer_bit_for_bit_and_report_figures) {
-  char *dir = tt_make_dir();
-  tt_model m;
-  tt_model_init(&m, 2, 2);
+  char *dir = tu_make_dir();
+  tu_model m;
+  tu_model_init(&m, 2, 2);
   pulse_pub_opts o = PULSE_PUB_OPTS_INIT;
   o.tensors = m.info;
-  o.tensor_count = TT_TENSORS;
+  o.tensor_count = TU_TENSORS;
   uint64_t seen[2] = {0, 0};
   o.on_head = on_head;
   o.on_head_ctx = seen;
@@ -92,7 +92,7 @@ Test(publisher, commits_track_the_trainer_bit_for_bit_and_report_figures) {
   cr_assert_eq(pulse_pub_create(dir, &o, &pub), PULSE_OK);
   commit(pub, &m, 0, NULL);
   for (uint64_t s = 1; s <= 6; s++) {
-    tt_model_step(&m, 0.01 * (double)s);
+    tu_model_step(&m, 0.01 * (double)s);
     pulse_pub_figures f;
     commit(pub, &m, s, &f);
     cr_assert_eq(f.base_step, s - 1);
@@ -116,23 +116,23 @@ Test(publisher, commits_track_the_trainer_bit_for_bit_and_report_figures) {
                    dir, PULSE_STORE_VERIFY_HASHES | PULSE_STORE_VERIFY_STATE,
                    NULL, NULL),
                PULSE_OK, "%s", pulse_error_detail());
-  tt_model_free(&m);
-  tt_rm_rf(dir);
+  tu_model_free(&m);
+  tu_rm_rf(dir);
 }
 
 Test(publisher, bf16_and_f32_inputs_publish_the_same_state) {
-  char *d1 = tt_make_dir(), *d2 = tt_make_dir();
-  tt_model m;
-  tt_model_init(&m, 4, 1);
+  char *d1 = tu_make_dir(), *d2 = tu_make_dir();
+  tu_model m;
+  tu_model_init(&m, 4, 1);
   pulse_pub *a = open_pub(d1, &m, 3, 8, 1), *b = open_pub(d2, &m, 3, 8, 1);
   for (uint64_t s = 0; s < 3; s++) {
     if (s)
-      tt_model_step(&m, 0.03);
+      tu_model_step(&m, 0.03);
     commit(a, &m, s, NULL);
     uint64_t total;
     uint16_t *bits = tt_model_bf16(&m, &total), *at = bits;
-    pulse_pub_tensor t[TT_TENSORS];
-    for (int i = 0; i < TT_TENSORS; i++) {
+    pulse_pub_tensor t[TU_TENSORS];
+    for (int i = 0; i < TU_TENSORS; i++) {
       t[i].data = at;
       t[i].dtype = i == 1 ? PULSE_DTYPE_F32 : PULSE_DTYPE_BF16; /* mixed */
       if (i == 1)
@@ -140,26 +140,26 @@ Test(publisher, bf16_and_f32_inputs_publish_the_same_state) {
       t[i].memory = PULSE_PUB_HOST;
       at += m.numel[i];
     }
-    cr_assert_eq(pulse_pub_commit(b, s, t, TT_TENSORS, NULL), PULSE_OK);
+    cr_assert_eq(pulse_pub_commit(b, s, t, TU_TENSORS, NULL), PULSE_OK);
     free(bits);
     cr_assert_eq(
         memcmp(pulse_pub_state_digest(a), pulse_pub_state_digest(b), 32), 0);
   }
   pulse_pub_free(a);
   pulse_pub_free(b);
-  tt_model_free(&m);
-  tt_rm_rf(d1);
-  tt_rm_rf(d2);
+  tu_model_free(&m);
+  tu_rm_rf(d1);
+  tu_rm_rf(d2);
 }
 
 Test(publisher, reopening_resumes_from_the_head_and_continues) {
-  char *dir = tt_make_dir();
-  tt_model m;
-  tt_model_init(&m, 5, 2);
+  char *dir = tu_make_dir();
+  tu_model m;
+  tu_model_init(&m, 5, 2);
   pulse_pub *pub = open_pub(dir, &m, 3, 16, 0);
   for (uint64_t s = 0; s <= 4; s++) {
     if (s)
-      tt_model_step(&m, 0.02);
+      tu_model_step(&m, 0.02);
     commit(pub, &m, s, NULL);
   }
   pulse_pub_free(pub);
@@ -168,11 +168,11 @@ Test(publisher, reopening_resumes_from_the_head_and_continues) {
   uint64_t step;
   cr_assert_eq(pulse_pub_head_step(pub, &step), 1);
   cr_assert_eq(step, 4);
-  cr_assert_eq(pulse_pub_tensor_count(pub), TT_TENSORS);
+  cr_assert_eq(pulse_pub_tensor_count(pub), TU_TENSORS);
   cr_assert_str_eq(pulse_pub_tensor_info(pub, 1)->name, m.info[1].name);
   assert_snapshot_is_model(pub, &m);
   for (uint64_t s = 5; s <= 8; s++) {
-    tt_model_step(&m, 0.02);
+    tu_model_step(&m, 0.02);
     commit(pub, &m, s, NULL);
   }
   assert_snapshot_is_model(pub, &m);
@@ -185,65 +185,65 @@ Test(publisher, reopening_resumes_from_the_head_and_continues) {
                    dir, PULSE_STORE_VERIFY_HASHES | PULSE_STORE_VERIFY_STATE,
                    NULL, NULL),
                PULSE_OK, "%s", pulse_error_detail());
-  tt_model_free(&m);
-  tt_rm_rf(dir);
+  tu_model_free(&m);
+  tu_rm_rf(dir);
 }
 
 Test(publisher, a_store_of_another_model_is_refused) {
-  char *dir = tt_make_dir();
-  tt_model m, other;
-  tt_model_init(&m, 5, 1);
-  tt_model_init(&other, 5, 2); /* other shapes */
+  char *dir = tu_make_dir();
+  tu_model m, other;
+  tu_model_init(&m, 5, 1);
+  tu_model_init(&other, 5, 2); /* other shapes */
   pulse_pub *pub = open_pub(dir, &m, 3, 16, 0);
   commit(pub, &m, 0, NULL);
   pulse_pub_free(pub);
   pulse_pub_opts o = PULSE_PUB_OPTS_INIT;
   o.tensors = other.info;
-  o.tensor_count = TT_TENSORS;
+  o.tensor_count = TU_TENSORS;
   cr_assert_eq(pulse_pub_create(dir, &o, &pub), PULSE_ERR_SIZE_MISMATCH);
   cr_assert_null(pub);
   o.tensor_count = 2;
   cr_assert_eq(pulse_pub_create(dir, &o, &pub), PULSE_ERR_SIZE_MISMATCH);
-  tt_model_free(&m);
-  tt_model_free(&other);
-  tt_rm_rf(dir);
+  tu_model_free(&m);
+  tu_model_free(&other);
+  tu_rm_rf(dir);
 }
 
 Test(publisher, bad_commits_are_refused_and_change_nothing) {
-  char *dir = tt_make_dir();
-  tt_model m;
-  tt_model_init(&m, 6, 1);
+  char *dir = tu_make_dir();
+  tu_model m;
+  tu_model_init(&m, 6, 1);
   pulse_pub *pub = open_pub(dir, &m, 3, 16, 0);
-  pulse_pub_tensor t[TT_TENSORS];
+  pulse_pub_tensor t[TU_TENSORS];
   tt_model_tensors(&m, t);
-  cr_assert_eq(pulse_pub_commit(pub, 5, t, TT_TENSORS - 1, NULL),
+  cr_assert_eq(pulse_pub_commit(pub, 5, t, TU_TENSORS - 1, NULL),
                PULSE_ERR_ARG);
   cr_assert_eq(pulse_pub_head_step(pub, NULL), 0, "nothing published");
   commit(pub, &m, 5, NULL);
-  tt_model_step(&m, 0.05);
-  cr_assert_eq(pulse_pub_commit(pub, 5, t, TT_TENSORS, NULL),
+  tu_model_step(&m, 0.05);
+  cr_assert_eq(pulse_pub_commit(pub, 5, t, TU_TENSORS, NULL),
                PULSE_ERR_BASE_STEP);
-  cr_assert_eq(pulse_pub_commit(pub, 4, t, TT_TENSORS, NULL),
+  cr_assert_eq(pulse_pub_commit(pub, 4, t, TU_TENSORS, NULL),
                PULSE_ERR_BASE_STEP);
   /* Device tensors without a device (test_publisher_device.c has the
    * rest; host memory must never reach a device encoder). */
   t[2].memory = PULSE_PUB_DEVICE;
 #ifdef PULSE_HAVE_CUDA
   if (!pulse_cuda_available())
-    cr_assert_eq(pulse_pub_commit(pub, 6, t, TT_TENSORS, NULL), PULSE_ERR_CUDA);
+    cr_assert_eq(pulse_pub_commit(pub, 6, t, TU_TENSORS, NULL), PULSE_ERR_CUDA);
 #else
-  cr_assert_eq(pulse_pub_commit(pub, 6, t, TT_TENSORS, NULL),
+  cr_assert_eq(pulse_pub_commit(pub, 6, t, TU_TENSORS, NULL),
                PULSE_ERR_NOT_BUILT);
 #endif
   t[2].memory = (pulse_pub_memory)7;
-  cr_assert_eq(pulse_pub_commit(pub, 6, t, TT_TENSORS, NULL), PULSE_ERR_ARG,
+  cr_assert_eq(pulse_pub_commit(pub, 6, t, TU_TENSORS, NULL), PULSE_ERR_ARG,
                "unknown memory kind");
   t[2].memory = PULSE_PUB_HOST;
   t[1].dtype = PULSE_DTYPE_F16;
-  cr_assert_eq(pulse_pub_commit(pub, 6, t, TT_TENSORS, NULL), PULSE_ERR_DTYPE);
+  cr_assert_eq(pulse_pub_commit(pub, 6, t, TU_TENSORS, NULL), PULSE_ERR_DTYPE);
   t[1].dtype = PULSE_DTYPE_F32;
   t[0].data = (const char *)m.w[0] + 1;
-  cr_assert_eq(pulse_pub_commit(pub, 6, t, TT_TENSORS, NULL), PULSE_ERR_ARG,
+  cr_assert_eq(pulse_pub_commit(pub, 6, t, TU_TENSORS, NULL), PULSE_ERR_ARG,
                "misaligned");
   t[0].data = m.w[0];
   uint64_t step;
@@ -252,28 +252,28 @@ Test(publisher, bad_commits_are_refused_and_change_nothing) {
   commit(pub, &m, 6, NULL);
   assert_snapshot_is_model(pub, &m);
   pulse_pub_free(pub);
-  tt_model_free(&m);
-  tt_rm_rf(dir);
+  tu_model_free(&m);
+  tu_rm_rf(dir);
 }
 
 Test(publisher, failed_writes_leave_the_publisher_and_store_as_they_were) {
-  char *dir = tt_make_dir(), objs[512], moved[512], head[512], headdir[600];
-  tt_model m;
-  tt_model_init(&m, 7, 1);
+  char *dir = tu_make_dir(), objs[512], moved[512], head[512], headdir[600];
+  tu_model m;
+  tu_model_init(&m, 7, 1);
   pulse_pub *pub = open_pub(dir, &m, 100, 16, 0);
   commit(pub, &m, 0, NULL);
-  tt_model_step(&m, 0.03);
+  tu_model_step(&m, 0.03);
   commit(pub, &m, 1, NULL);
   pulse_state_digest before = *pulse_pub_state_digest(pub);
-  tt_model_step(&m, 0.03);
-  pulse_pub_tensor t[TT_TENSORS];
+  tu_model_step(&m, 0.03);
+  pulse_pub_tensor t[TU_TENSORS];
   tt_model_tensors(&m, t);
   /* The patch cannot be written: objects/ is a file for a moment. */
   tt_path(objs, sizeof objs, dir, "objects");
   tt_path(moved, sizeof moved, dir, "objects.away");
   cr_assert_eq(rename(objs, moved), 0);
-  cr_assert_eq(tt_write(objs, "x", 1), 0);
-  cr_assert_eq(pulse_pub_commit(pub, 2, t, TT_TENSORS, NULL), PULSE_ERR_IO);
+  cr_assert_eq(tu_write(objs, "x", 1), 0);
+  cr_assert_eq(pulse_pub_commit(pub, 2, t, TU_TENSORS, NULL), PULSE_ERR_IO);
   cr_assert_eq(memcmp(pulse_pub_state_digest(pub), &before, 32), 0);
   unlink(objs);
   cr_assert_eq(rename(moved, objs), 0);
@@ -283,8 +283,8 @@ Test(publisher, failed_writes_leave_the_publisher_and_store_as_they_were) {
   cr_assert_eq(rename(head, moved), 0);
   cr_assert_eq(mkdir(head, 0755), 0);
   tt_path(headdir, sizeof headdir, head, "x");
-  cr_assert_eq(tt_write(headdir, "x", 1), 0);
-  cr_assert_eq(pulse_pub_commit(pub, 2, t, TT_TENSORS, NULL), PULSE_ERR_IO);
+  cr_assert_eq(tu_write(headdir, "x", 1), 0);
+  cr_assert_eq(pulse_pub_commit(pub, 2, t, TU_TENSORS, NULL), PULSE_ERR_IO);
   cr_assert_eq(memcmp(pulse_pub_state_digest(pub), &before, 32), 0,
                "rolled back");
   unlink(headdir);
@@ -305,20 +305,20 @@ Test(publisher, failed_writes_leave_the_publisher_and_store_as_they_were) {
                    dir, PULSE_STORE_VERIFY_HASHES | PULSE_STORE_VERIFY_STATE,
                    NULL, NULL),
                PULSE_OK, "%s", pulse_error_detail());
-  tt_model_free(&m);
-  tt_rm_rf(dir);
+  tu_model_free(&m);
+  tu_rm_rf(dir);
 }
 
 /* Parameterized over sync / background anchors. */
 static void retention_run(int sync) {
-  char *dir = tt_make_dir(), objs[512];
-  tt_model m;
-  tt_model_init(&m, 8, 1);
+  char *dir = tu_make_dir(), objs[512];
+  tu_model m;
+  tu_model_init(&m, 8, 1);
   pulse_pub *pub = open_pub(dir, &m, 4, 3, sync);
   tt_path(objs, sizeof objs, dir, "objects");
   for (uint64_t s = 0; s <= 21; s++) {
     if (s)
-      tt_model_step(&m, 0.02);
+      tu_model_step(&m, 0.02);
     commit(pub, &m, s, NULL);
     pulse_store_head *h = NULL;
     cr_assert_eq(pulse_store_head_load(dir, &h), PULSE_OK);
@@ -349,8 +349,8 @@ static void retention_run(int sync) {
                    dir, PULSE_STORE_VERIFY_HASHES | PULSE_STORE_VERIFY_STATE,
                    NULL, NULL),
                PULSE_OK, "%s", pulse_error_detail());
-  tt_model_free(&m);
-  tt_rm_rf(dir);
+  tu_model_free(&m);
+  tu_rm_rf(dir);
 }
 
 Test(publisher,
@@ -362,20 +362,20 @@ Test(publisher, retention_keeps_a_rebuildable_window_with_background_anchors) {
 }
 
 Test(publisher, background_anchors_are_named_by_the_next_head_or_a_flush) {
-  char *dir = tt_make_dir();
-  tt_model m;
-  tt_model_init(&m, 9, 1);
+  char *dir = tu_make_dir();
+  tu_model m;
+  tu_model_init(&m, 9, 1);
   pulse_pub *pub = open_pub(dir, &m, 2, 16, 0);
   pulse_pub_figures f;
   commit(pub, &m, 0, &f);
-  tt_model_step(&m, 0.02);
+  tu_model_step(&m, 0.02);
   commit(pub, &m, 1, &f);
   cr_assert_eq(f.anchor_started, 0);
-  tt_model_step(&m, 0.02);
+  tu_model_step(&m, 0.02);
   commit(pub, &m, 2, &f);
   cr_assert_eq(f.anchor_started, 1);
   cr_assert_eq(f.anchor_bytes, 0);
-  tt_model_step(&m, 0.02);
+  tu_model_step(&m, 0.02);
   commit(pub, &m, 3, &f);
   cr_assert_gt(f.anchor_bytes, 0, "step 2's anchor is named by step 3's head");
   pulse_store_head *h = NULL;
@@ -383,7 +383,7 @@ Test(publisher, background_anchors_are_named_by_the_next_head_or_a_flush) {
   cr_assert_eq(pulse_store_head_anchor_count(h), 2);
   cr_assert_eq(pulse_store_head_anchor(h, 1)->step, 2);
   pulse_store_head_free(h);
-  tt_model_step(&m, 0.02);
+  tu_model_step(&m, 0.02);
   commit(pub, &m, 4, &f);
   cr_assert_eq(f.anchor_started, 1);
   cr_assert_eq(pulse_pub_flush(pub, &f), PULSE_OK);
@@ -398,20 +398,20 @@ Test(publisher, background_anchors_are_named_by_the_next_head_or_a_flush) {
       pulse_store_head_anchor(h, pulse_store_head_anchor_count(h) - 1)->step,
       4);
   pulse_store_head_free(h);
-  tt_model_free(&m);
-  tt_rm_rf(dir);
+  tu_model_free(&m);
+  tu_rm_rf(dir);
 }
 
 Test(publisher, bad_options_are_refused) {
-  char *dir = tt_make_dir();
+  char *dir = tu_make_dir();
   pulse_pub_opts o = PULSE_PUB_OPTS_INIT;
   pulse_pub *pub = NULL;
   cr_assert_eq(pulse_pub_create(dir, &o, &pub), PULSE_ERR_ARG,
                "a new store needs a table");
-  tt_model m;
-  tt_model_init(&m, 1, 1);
+  tu_model m;
+  tu_model_init(&m, 1, 1);
   o.tensors = m.info;
-  o.tensor_count = TT_TENSORS;
+  o.tensor_count = TU_TENSORS;
   o.keep_patches = 0;
   cr_assert_eq(pulse_pub_create(dir, &o, &pub), PULSE_ERR_ARG);
   o.keep_patches = 4;
@@ -428,17 +428,17 @@ Test(publisher, bad_options_are_refused) {
   cr_assert_eq(pulse_pub_create(dir, &o, &pub), PULSE_ERR_DUPLICATE);
   cr_assert_null(pub);
   pulse_pub_free(NULL);
-  tt_model_free(&m);
-  tt_rm_rf(dir);
+  tu_model_free(&m);
+  tu_rm_rf(dir);
 }
 
 Test(publisher, retention_stays_bounded_when_every_step_is_an_anchor) {
-  char *dir = tt_make_dir(), objs[512];
-  tt_model m;
-  tt_model_init(&m, 10, 1);
+  char *dir = tu_make_dir(), objs[512];
+  tu_model m;
+  tu_model_init(&m, 10, 1);
   pulse_pub_opts o = PULSE_PUB_OPTS_INIT;
   o.tensors = m.info;
-  o.tensor_count = TT_TENSORS;
+  o.tensor_count = TU_TENSORS;
   o.anchor_every = 1;
   o.keep_patches = 4;
   o.keep_anchors = 2;
@@ -449,7 +449,7 @@ Test(publisher, retention_stays_bounded_when_every_step_is_an_anchor) {
   tt_path(objs, sizeof objs, dir, "objects");
   for (uint64_t s = 0; s <= 40; s++) {
     if (s)
-      tt_model_step(&m, 0.02);
+      tu_model_step(&m, 0.02);
     commit(pub, &m, s, NULL);
     pulse_store_head *h = NULL;
     cr_assert_eq(pulse_store_head_load(dir, &h), PULSE_OK);
@@ -465,6 +465,6 @@ Test(publisher, retention_stays_bounded_when_every_step_is_an_anchor) {
   pulse_pub_free(pub);
   cr_assert_eq(pulse_store_verify(dir, PULSE_STORE_VERIFY_STATE, NULL, NULL),
                PULSE_OK, "%s", pulse_error_detail());
-  tt_model_free(&m);
-  tt_rm_rf(dir);
+  tu_model_free(&m);
+  tu_rm_rf(dir);
 }

@@ -35,25 +35,25 @@ typedef enum { ALL_HOST, ALL_DEVICE, MIXED } placement;
 /* The model's tensors on the device: tensors 0 and 1 as FP32 master
  * weights, 2 and 3 as BF16 (cast on the host, the one rounding). */
 typedef struct {
-  void *d[TT_TENSORS];
-  uint16_t *bf16[TT_TENSORS]; /* host BF16 of tensors 2, 3 */
+  void *d[TU_TENSORS];
+  uint16_t *bf16[TU_TENSORS]; /* host BF16 of tensors 2, 3 */
 } dev_model;
 
 static pulse_dtype dtype_of(int i) {
   return i < 2 ? PULSE_DTYPE_F32 : PULSE_DTYPE_BF16;
 }
 
-static void dev_init(dev_model *dm, const tt_model *m) {
+static void dev_init(dev_model *dm, const tu_model *m) {
   memset(dm, 0, sizeof *dm);
-  for (int i = 0; i < TT_TENSORS; i++) {
+  for (int i = 0; i < TU_TENSORS; i++) {
     OK(pulse_cuda_alloc(&dm->d[i], m->numel[i] * 4));
-    dm->bf16[i] = tt_alloc(m->numel[i] * 2);
+    dm->bf16[i] = tu_alloc(m->numel[i] * 2);
   }
 }
 
 /* Uploads the model's current weights. */
-static void dev_sync(dev_model *dm, const tt_model *m) {
-  for (int i = 0; i < TT_TENSORS; i++) {
+static void dev_sync(dev_model *dm, const tu_model *m) {
+  for (int i = 0; i < TU_TENSORS; i++) {
     pulse_bf16_cast_f32(m->w[i], dm->bf16[i], m->numel[i]);
     if (dtype_of(i) == PULSE_DTYPE_F32)
       OK(pulse_cuda_upload(dm->d[i], m->w[i], m->numel[i] * 4, NULL));
@@ -63,7 +63,7 @@ static void dev_sync(dev_model *dm, const tt_model *m) {
 }
 
 static void dev_free(dev_model *dm) {
-  for (int i = 0; i < TT_TENSORS; i++) {
+  for (int i = 0; i < TU_TENSORS; i++) {
     pulse_cuda_free(dm->d[i]);
     free(dm->bf16[i]);
   }
@@ -71,9 +71,9 @@ static void dev_free(dev_model *dm) {
 
 /* The step's tensors: the same dtypes wherever they are, so that host and
  * device commits see the same inputs. */
-static void tensors_of(const tt_model *m, const dev_model *dm, placement where,
+static void tensors_of(const tu_model *m, const dev_model *dm, placement where,
                        pulse_pub_tensor *t) {
-  for (int i = 0; i < TT_TENSORS; i++) {
+  for (int i = 0; i < TU_TENSORS; i++) {
     int dev = where == ALL_DEVICE || (where == MIXED && i % 2 == 1);
     t[i].dtype = dtype_of(i);
     t[i].memory = dev ? PULSE_PUB_DEVICE : PULSE_PUB_HOST;
@@ -85,13 +85,13 @@ static void tensors_of(const tt_model *m, const dev_model *dm, placement where,
   }
 }
 
-static pulse_pub *open_pub(const char *dir, const tt_model *m,
+static pulse_pub *open_pub(const char *dir, const tu_model *m,
                            uint64_t anchor_every, int sync,
                            pulse_pos_model model) {
   pulse_pub_opts o = PULSE_PUB_OPTS_INIT;
   if (m != NULL) {
     o.tensors = m->info;
-    o.tensor_count = TT_TENSORS;
+    o.tensor_count = TU_TENSORS;
   }
   o.anchor_every = anchor_every;
   o.keep_patches = 4;
@@ -104,11 +104,11 @@ static pulse_pub *open_pub(const char *dir, const tt_model *m,
   return pub;
 }
 
-static void commit(pulse_pub *pub, const tt_model *m, const dev_model *dm,
+static void commit(pulse_pub *pub, const tu_model *m, const dev_model *dm,
                    placement where, uint64_t step, pulse_pub_figures *f) {
-  pulse_pub_tensor t[TT_TENSORS];
+  pulse_pub_tensor t[TU_TENSORS];
   tensors_of(m, dm, where, t);
-  cr_assert_eq(pulse_pub_commit(pub, step, t, TT_TENSORS, f), PULSE_OK,
+  cr_assert_eq(pulse_pub_commit(pub, step, t, TU_TENSORS, f), PULSE_OK,
                "step %" PRIu64 " (placement %d): %s", step, (int)where,
                pulse_error_detail());
 }
@@ -120,7 +120,7 @@ static void assert_same_heads(const char *d1, const char *d2, uint64_t step) {
   size_t n1 = 0, n2 = 0;
   tt_path(p1, sizeof p1, d1, "head.json");
   tt_path(p2, sizeof p2, d2, "head.json");
-  uint8_t *h1 = tt_read(p1, &n1), *h2 = tt_read(p2, &n2);
+  uint8_t *h1 = tu_read(p1, &n1), *h2 = tu_read(p2, &n2);
   cr_assert_not_null(h1);
   cr_assert_not_null(h2);
   cr_assert(n1 == n2 && memcmp(h1, h2, n1) == 0,
@@ -129,10 +129,10 @@ static void assert_same_heads(const char *d1, const char *d2, uint64_t step) {
   free(h1), free(h2);
 }
 
-static void assert_snapshot_is_model(const pulse_pub *pub, const tt_model *m) {
+static void assert_snapshot_is_model(const pulse_pub *pub, const tu_model *m) {
   uint64_t total;
   uint16_t *want = tt_model_bf16(m, &total), *at = want;
-  for (size_t i = 0; i < TT_TENSORS; i++) {
+  for (size_t i = 0; i < TU_TENSORS; i++) {
     const uint16_t *snap = pulse_pub_snapshot(pub, i);
     cr_assert_not_null(snap, "%s", pulse_error_detail());
     cr_assert_eq(memcmp(snap, at, m->numel[i] * 2), 0, "tensor %zu", i);
@@ -153,16 +153,16 @@ static void assert_verifies(const char *dir) {
 /* A trajectory published from the host into one store and from `where`
  * into another, step by step: the same heads, the same figures. */
 static void same_trajectory(placement where, int sync, pulse_pos_model model) {
-  char *d1 = tt_make_dir(), *d2 = tt_make_dir();
-  tt_model m;
-  tt_model_init(&m, 11 + (uint64_t)sync, 2);
+  char *d1 = tu_make_dir(), *d2 = tu_make_dir();
+  tu_model m;
+  tu_model_init(&m, 11 + (uint64_t)sync, 2);
   dev_model dm;
   dev_init(&dm, &m);
   pulse_pub *host = open_pub(d1, &m, 3, sync, model);
   pulse_pub *dev = open_pub(d2, &m, 3, sync, model);
   for (uint64_t s = 0; s <= 8; s++) {
     if (s > 0 && s != 5) /* step 5: nothing changed */
-      tt_model_step(&m, s == 7 ? 0.6 : 0.01 * (double)s);
+      tu_model_step(&m, s == 7 ? 0.6 : 0.01 * (double)s);
     dev_sync(&dm, &m);
     pulse_pub_figures fh, fd;
     commit(host, &m, &dm, ALL_HOST, s * 10, &fh);
@@ -189,9 +189,9 @@ static void same_trajectory(placement where, int sync, pulse_pos_model model) {
   pulse_pub_free(dev);
   assert_verifies(d2);
   dev_free(&dm);
-  tt_model_free(&m);
-  tt_rm_rf(d1);
-  tt_rm_rf(d2);
+  tu_model_free(&m);
+  tu_rm_rf(d1);
+  tu_rm_rf(d2);
 }
 
 Test(publisher_device, device_commits_write_the_host_commits_bytes) {
@@ -216,9 +216,9 @@ Test(publisher_device, mixed_host_and_device_tensors_in_one_commit) {
 
 Test(publisher_device, commits_may_move_between_host_and_device) {
   DEVICE_TEST_START();
-  char *d1 = tt_make_dir(), *d2 = tt_make_dir();
-  tt_model m;
-  tt_model_init(&m, 21, 1);
+  char *d1 = tu_make_dir(), *d2 = tu_make_dir();
+  tu_model m;
+  tu_model_init(&m, 21, 1);
   dev_model dm;
   dev_init(&dm, &m);
   pulse_pub *host = open_pub(d1, &m, 4, 0, PULSE_POS_CLASS);
@@ -228,7 +228,7 @@ Test(publisher_device, commits_may_move_between_host_and_device) {
                                     ALL_DEVICE, ALL_HOST,   ALL_DEVICE};
   for (uint64_t s = 0; s < sizeof order / sizeof order[0]; s++) {
     if (s > 0)
-      tt_model_step(&m, 0.03);
+      tu_model_step(&m, 0.03);
     dev_sync(&dm, &m);
     commit(host, &m, &dm, ALL_HOST, s, NULL);
     commit(pub, &m, &dm, order[s], s, NULL);
@@ -241,23 +241,23 @@ Test(publisher_device, commits_may_move_between_host_and_device) {
   assert_same_heads(d1, d2, 99);
   assert_verifies(d2);
   dev_free(&dm);
-  tt_model_free(&m);
-  tt_rm_rf(d1);
-  tt_rm_rf(d2);
+  tu_model_free(&m);
+  tu_rm_rf(d1);
+  tu_rm_rf(d2);
 }
 
 Test(publisher_device, reopening_a_store_continues_on_the_device) {
   DEVICE_TEST_START();
-  char *d1 = tt_make_dir(), *d2 = tt_make_dir();
-  tt_model m;
-  tt_model_init(&m, 31, 1);
+  char *d1 = tu_make_dir(), *d2 = tu_make_dir();
+  tu_model m;
+  tu_model_init(&m, 31, 1);
   dev_model dm;
   dev_init(&dm, &m);
   pulse_pub *host = open_pub(d1, &m, 3, 1, PULSE_POS_CLASS);
   pulse_pub *pub = open_pub(d2, &m, 3, 1, PULSE_POS_CLASS);
   for (uint64_t s = 0; s <= 12; s++) {
     if (s > 0)
-      tt_model_step(&m, 0.02);
+      tu_model_step(&m, 0.02);
     dev_sync(&dm, &m);
     commit(host, &m, &dm, ALL_HOST, s, NULL);
     commit(pub, &m, &dm, ALL_DEVICE, s, NULL);
@@ -277,39 +277,39 @@ Test(publisher_device, reopening_a_store_continues_on_the_device) {
   pulse_pub_free(pub);
   assert_verifies(d2);
   dev_free(&dm);
-  tt_model_free(&m);
-  tt_rm_rf(d1);
-  tt_rm_rf(d2);
+  tu_model_free(&m);
+  tu_rm_rf(d1);
+  tu_rm_rf(d2);
 }
 
 Test(publisher_device, failed_device_commits_change_nothing) {
   DEVICE_TEST_START();
-  char *d1 = tt_make_dir(), *d2 = tt_make_dir(), objs[512], moved[512],
+  char *d1 = tu_make_dir(), *d2 = tu_make_dir(), objs[512], moved[512],
        head[512], headdir[600];
-  tt_model m;
-  tt_model_init(&m, 41, 1);
+  tu_model m;
+  tu_model_init(&m, 41, 1);
   dev_model dm;
   dev_init(&dm, &m);
   pulse_pub *host = open_pub(d1, &m, 100, 0, PULSE_POS_CLASS);
   pulse_pub *pub = open_pub(d2, &m, 100, 0, PULSE_POS_CLASS);
   for (uint64_t s = 0; s <= 1; s++) {
     if (s > 0)
-      tt_model_step(&m, 0.03);
+      tu_model_step(&m, 0.03);
     dev_sync(&dm, &m);
     commit(host, &m, &dm, ALL_HOST, s, NULL);
     commit(pub, &m, &dm, ALL_DEVICE, s, NULL);
   }
   pulse_state_digest before = *pulse_pub_state_digest(pub);
-  tt_model_step(&m, 0.03);
+  tu_model_step(&m, 0.03);
   dev_sync(&dm, &m);
-  pulse_pub_tensor t[TT_TENSORS];
+  pulse_pub_tensor t[TU_TENSORS];
   tensors_of(&m, &dm, ALL_DEVICE, t);
   /* The patch cannot be written: objects/ is a file for a moment. */
   tt_path(objs, sizeof objs, d2, "objects");
   tt_path(moved, sizeof moved, d2, "objects.away");
   cr_assert_eq(rename(objs, moved), 0);
-  cr_assert_eq(tt_write(objs, "x", 1), 0);
-  cr_assert_eq(pulse_pub_commit(pub, 2, t, TT_TENSORS, NULL), PULSE_ERR_IO);
+  cr_assert_eq(tu_write(objs, "x", 1), 0);
+  cr_assert_eq(pulse_pub_commit(pub, 2, t, TU_TENSORS, NULL), PULSE_ERR_IO);
   cr_assert_eq(memcmp(pulse_pub_state_digest(pub), &before, 32), 0);
   unlink(objs);
   cr_assert_eq(rename(moved, objs), 0);
@@ -321,8 +321,8 @@ Test(publisher_device, failed_device_commits_change_nothing) {
   cr_assert_eq(rename(head, moved), 0);
   cr_assert_eq(mkdir(head, 0755), 0);
   tt_path(headdir, sizeof headdir, head, "x");
-  cr_assert_eq(tt_write(headdir, "x", 1), 0);
-  cr_assert_eq(pulse_pub_commit(pub, 2, t, TT_TENSORS, NULL), PULSE_ERR_IO);
+  cr_assert_eq(tu_write(headdir, "x", 1), 0);
+  cr_assert_eq(pulse_pub_commit(pub, 2, t, TU_TENSORS, NULL), PULSE_ERR_IO);
   cr_assert_eq(memcmp(pulse_pub_state_digest(pub), &before, 32), 0);
   unlink(headdir);
   rmdir(head);
@@ -334,14 +334,14 @@ Test(publisher_device, failed_device_commits_change_nothing) {
   /* And once more after a failure while the host copy was current (the
    * retry uploads it instead). */
   assert_snapshot_is_model(pub, &m); /* downloads: the host copy current */
-  tt_model_step(&m, 0.03);
+  tu_model_step(&m, 0.03);
   dev_sync(&dm, &m);
   tensors_of(&m, &dm, ALL_DEVICE, t);
   tt_path(head, sizeof head, d2, "head.json");
   cr_assert_eq(rename(head, moved), 0);
   cr_assert_eq(mkdir(head, 0755), 0);
-  cr_assert_eq(tt_write(headdir, "x", 1), 0);
-  cr_assert_eq(pulse_pub_commit(pub, 3, t, TT_TENSORS, NULL), PULSE_ERR_IO);
+  cr_assert_eq(tu_write(headdir, "x", 1), 0);
+  cr_assert_eq(pulse_pub_commit(pub, 3, t, TU_TENSORS, NULL), PULSE_ERR_IO);
   unlink(headdir);
   rmdir(head);
   cr_assert_eq(rename(moved, head), 0);
@@ -357,36 +357,36 @@ Test(publisher_device, failed_device_commits_change_nothing) {
   cr_assert_eq(rec.temporaries, 0);
   assert_verifies(d2);
   dev_free(&dm);
-  tt_model_free(&m);
-  tt_rm_rf(d1);
-  tt_rm_rf(d2);
+  tu_model_free(&m);
+  tu_rm_rf(d1);
+  tu_rm_rf(d2);
 }
 
 Test(publisher_device, bad_device_tensors_are_refused) {
   DEVICE_TEST_START();
-  char *dir = tt_make_dir();
-  tt_model m;
-  tt_model_init(&m, 51, 1);
+  char *dir = tu_make_dir();
+  tu_model m;
+  tu_model_init(&m, 51, 1);
   dev_model dm;
   dev_init(&dm, &m);
   dev_sync(&dm, &m);
   pulse_pub *pub = open_pub(dir, &m, 3, 0, PULSE_POS_CLASS);
-  pulse_pub_tensor t[TT_TENSORS];
+  pulse_pub_tensor t[TU_TENSORS];
   tensors_of(&m, &dm, ALL_DEVICE, t);
   t[1].data = (const char *)dm.d[1] + 2; /* FP32, misaligned */
-  cr_assert_eq(pulse_pub_commit(pub, 0, t, TT_TENSORS, NULL), PULSE_ERR_ARG);
+  cr_assert_eq(pulse_pub_commit(pub, 0, t, TU_TENSORS, NULL), PULSE_ERR_ARG);
   t[1].data = NULL;
-  cr_assert_eq(pulse_pub_commit(pub, 0, t, TT_TENSORS, NULL), PULSE_ERR_ARG);
+  cr_assert_eq(pulse_pub_commit(pub, 0, t, TU_TENSORS, NULL), PULSE_ERR_ARG);
   tensors_of(&m, &dm, ALL_DEVICE, t);
   t[3].dtype = PULSE_DTYPE_F16;
-  cr_assert_eq(pulse_pub_commit(pub, 0, t, TT_TENSORS, NULL), PULSE_ERR_DTYPE);
+  cr_assert_eq(pulse_pub_commit(pub, 0, t, TU_TENSORS, NULL), PULSE_ERR_DTYPE);
   cr_assert_eq(pulse_pub_head_step(pub, NULL), 0, "nothing published");
   commit(pub, &m, &dm, ALL_DEVICE, 0, NULL);
   assert_snapshot_is_model(pub, &m);
   pulse_pub_free(pub);
   dev_free(&dm);
-  tt_model_free(&m);
-  tt_rm_rf(dir);
+  tu_model_free(&m);
+  tu_rm_rf(dir);
 }
 
 /* Without a usable device (or without CUDA), device tensors are refused
@@ -395,22 +395,22 @@ Test(publisher_device, bad_device_tensors_are_refused) {
 Test(publisher_device, device_tensors_without_a_device_are_refused) {
   if (pulse_cuda_available())
     cr_skip_test("a CUDA device is present");
-  char *dir = tt_make_dir();
-  tt_model m;
-  tt_model_init(&m, 61, 1);
+  char *dir = tu_make_dir();
+  tu_model m;
+  tu_model_init(&m, 61, 1);
   pulse_pub *pub = open_pub(dir, &m, 3, 0, PULSE_POS_CLASS);
-  pulse_pub_tensor t[TT_TENSORS];
+  pulse_pub_tensor t[TU_TENSORS];
   tt_model_tensors(&m, t);
   int fake = 0;
   t[2].memory = PULSE_PUB_DEVICE;
   t[2].data = &fake; /* never read: refused first */
   t[2].dtype = PULSE_DTYPE_F32;
 #ifdef PULSE_HAVE_CUDA
-  cr_assert_eq(pulse_pub_commit(pub, 0, t, TT_TENSORS, NULL), PULSE_ERR_CUDA);
+  cr_assert_eq(pulse_pub_commit(pub, 0, t, TU_TENSORS, NULL), PULSE_ERR_CUDA);
   cr_assert_not_null(strstr(pulse_error_detail(), "no CUDA device"), "%s",
                      pulse_error_detail());
 #else
-  cr_assert_eq(pulse_pub_commit(pub, 0, t, TT_TENSORS, NULL),
+  cr_assert_eq(pulse_pub_commit(pub, 0, t, TU_TENSORS, NULL),
                PULSE_ERR_NOT_BUILT);
   cr_assert_not_null(strstr(pulse_error_detail(), "without CUDA"), "%s",
                      pulse_error_detail());
@@ -419,8 +419,8 @@ Test(publisher_device, device_tensors_without_a_device_are_refused) {
   cr_assert_eq(pulse_pub_head_step(pub, NULL), 0, "nothing published");
   /* The host path is unaffected. */
   tt_model_tensors(&m, t);
-  cr_assert_eq(pulse_pub_commit(pub, 0, t, TT_TENSORS, NULL), PULSE_OK);
+  cr_assert_eq(pulse_pub_commit(pub, 0, t, TU_TENSORS, NULL), PULSE_OK);
   pulse_pub_free(pub);
-  tt_model_free(&m);
-  tt_rm_rf(dir);
+  tu_model_free(&m);
+  tu_rm_rf(dir);
 }

@@ -103,7 +103,7 @@ static const char *header(const reply *r, const char *name, char *out,
 /* A store with steps 0..steps, a publisher (kept open) and a server. */
 typedef struct {
   char *dir;
-  tt_model m;
+  tu_model m;
   pulse_sign_key *key;
   pulse_pub *pub;
   pulse_server *srv;
@@ -112,8 +112,8 @@ typedef struct {
 
 static void fixture_up(fixture *f, int steps, int wired, int watch) {
   memset(f, 0, sizeof *f);
-  f->dir = tt_make_dir();
-  tt_model_init(&f->m, 21, 2);
+  f->dir = tu_make_dir();
+  tu_model_init(&f->m, 21, 2);
   cr_assert_eq(pulse_sign_key_generate(&f->key), PULSE_OK);
   pulse_server_opts so = PULSE_SERVER_OPTS_INIT;
   so.store_dir = f->dir;
@@ -127,7 +127,7 @@ static void fixture_up(fixture *f, int steps, int wired, int watch) {
   cr_assert_gt(f->port, 0);
   pulse_pub_opts o = PULSE_PUB_OPTS_INIT;
   o.tensors = f->m.info;
-  o.tensor_count = TT_TENSORS;
+  o.tensor_count = TU_TENSORS;
   o.key = f->key;
   o.anchor_every = 3;
   o.anchor_sync = 1;
@@ -138,12 +138,12 @@ static void fixture_up(fixture *f, int steps, int wired, int watch) {
   }
   cr_assert_eq(pulse_pub_create(f->dir, &o, &f->pub), PULSE_OK, "%s",
                pulse_error_detail());
-  pulse_pub_tensor t[TT_TENSORS];
+  pulse_pub_tensor t[TU_TENSORS];
   tt_model_tensors(&f->m, t);
   for (int s = 0; s <= steps; s++) {
     if (s)
-      tt_model_step(&f->m, 0.02);
-    cr_assert_eq(pulse_pub_commit(f->pub, (uint64_t)s, t, TT_TENSORS, NULL),
+      tu_model_step(&f->m, 0.02);
+    cr_assert_eq(pulse_pub_commit(f->pub, (uint64_t)s, t, TU_TENSORS, NULL),
                  PULSE_OK);
   }
   if (!wired)
@@ -154,15 +154,15 @@ static void fixture_down(fixture *f) {
   pulse_server_free(f->srv);
   pulse_pub_free(f->pub);
   pulse_sign_key_free(f->key);
-  tt_model_free(&f->m);
-  tt_rm_rf(f->dir);
+  tu_model_free(&f->m);
+  tu_rm_rf(f->dir);
 }
 
 static void commit_next(fixture *f, uint64_t step) {
-  tt_model_step(&f->m, 0.02);
-  pulse_pub_tensor t[TT_TENSORS];
+  tu_model_step(&f->m, 0.02);
+  pulse_pub_tensor t[TU_TENSORS];
   tt_model_tensors(&f->m, t);
-  cr_assert_eq(pulse_pub_commit(f->pub, step, t, TT_TENSORS, NULL), PULSE_OK,
+  cr_assert_eq(pulse_pub_commit(f->pub, step, t, TU_TENSORS, NULL), PULSE_OK,
                "%s", pulse_error_detail());
 }
 
@@ -211,7 +211,7 @@ Test(server, objects_are_immutable_with_ranges_and_conditionals) {
   snprintf(url, sizeof url, "/v1/%s", o->path);
   tt_path(file, sizeof file, f.dir, o->path);
   size_t n = 0;
-  uint8_t *want = tt_read(file, &n);
+  uint8_t *want = tu_read(file, &n);
   reply r = get(f.port, url, NULL, NULL);
   cr_assert_eq(r.status, 200);
   cr_assert_eq(r.size, n);
@@ -281,7 +281,7 @@ Test(server, no_request_can_leave_the_store) {
   fixture_up(&f, 1, 1, 0);
   char secret[600];
   tt_path(secret, sizeof secret, f.dir, "signing-key.pem");
-  cr_assert_eq(tt_write(secret, "secret", 6), 0);
+  cr_assert_eq(tu_write(secret, "secret", 6), 0);
   static const struct {
     const char *path;
     long status;
@@ -473,7 +473,7 @@ static void check_catchup(fixture *f, uint64_t from) {
   cr_assert_eq(pulse_patch_open((uint8_t *)r.body, r.size, &p), PULSE_OK);
   cr_assert_eq(pulse_patch_base_step(p), from);
   cr_assert_eq(pulse_patch_step(p), pulse_store_head_step(h));
-  pulse_host_tensor t[TT_TENSORS];
+  pulse_host_tensor t[TU_TENSORS];
   for (size_t i = 0; i < s.count; i++) {
     t[i].name = s.info[i].name;
     t[i].data = s.bits[i];
@@ -533,7 +533,7 @@ Test(server, catchups_from_every_retained_step_reach_the_head_bit_for_bit) {
 }
 
 Test(server, an_empty_store_serves_404_until_its_first_head) {
-  char *dir = tt_make_dir();
+  char *dir = tu_make_dir();
   pulse_server_opts so = PULSE_SERVER_OPTS_INIT;
   so.store_dir = dir;
   so.threads = 2;
@@ -551,27 +551,27 @@ Test(server, an_empty_store_serves_404_until_its_first_head) {
   pthread_t th;
   pthread_create(&th, NULL, poll_main, &j);
   wait_waiters(srv, 1);
-  tt_model m;
-  tt_model_init(&m, 1, 1);
+  tu_model m;
+  tu_model_init(&m, 1, 1);
   pulse_pub_opts o = PULSE_PUB_OPTS_INIT;
   o.tensors = m.info;
-  o.tensor_count = TT_TENSORS;
+  o.tensor_count = TU_TENSORS;
   o.on_head = pulse_server_on_head;
   o.on_head_ctx = srv;
   pulse_pub *pub = NULL;
   cr_assert_eq(pulse_pub_create(dir, &o, &pub), PULSE_OK);
-  pulse_pub_tensor t[TT_TENSORS];
+  pulse_pub_tensor t[TU_TENSORS];
   tt_model_tensors(&m, t);
-  cr_assert_eq(pulse_pub_commit(pub, 0, t, TT_TENSORS, NULL), PULSE_OK);
-  tt_model_step(&m, 0.02);
-  cr_assert_eq(pulse_pub_commit(pub, 1, t, TT_TENSORS, NULL), PULSE_OK);
+  cr_assert_eq(pulse_pub_commit(pub, 0, t, TU_TENSORS, NULL), PULSE_OK);
+  tu_model_step(&m, 0.02);
+  cr_assert_eq(pulse_pub_commit(pub, 1, t, TU_TENSORS, NULL), PULSE_OK);
   pthread_join(th, NULL);
   cr_assert_eq(j.r.status, 200);
   free_reply(&j.r);
   pulse_server_free(srv);
   pulse_pub_free(pub);
-  tt_model_free(&m);
-  tt_rm_rf(dir);
+  tu_model_free(&m);
+  tu_rm_rf(dir);
 }
 
 Test(server, a_damaged_head_file_is_not_served_and_the_last_good_one_stays) {
@@ -580,8 +580,8 @@ Test(server, a_damaged_head_file_is_not_served_and_the_last_good_one_stays) {
   char head[600];
   tt_path(head, sizeof head, f.dir, "head.json");
   size_t n = 0;
-  uint8_t *good = tt_read(head, &n);
-  cr_assert_eq(tt_write(head, good, n / 2), 0);
+  uint8_t *good = tu_read(head, &n);
+  cr_assert_eq(tu_write(head, good, n / 2), 0);
   pulse_server_notify(f.srv, -1);
   reply r = get(f.port, "/v1/head", NULL, NULL);
   cr_assert_eq(r.status, 200);
@@ -675,7 +675,7 @@ Test(server, bad_options_and_listen_specs_are_refused) {
   cr_assert_eq(pulse_server_parse_listen("host", host, sizeof host, &port),
                PULSE_ERR_ARG);
   /* Two servers cannot share a port. */
-  char *dir = tt_make_dir();
+  char *dir = tu_make_dir();
   so.store_dir = dir;
   pulse_server *a = NULL, *b = NULL;
   cr_assert_eq(pulse_server_create(&so, &a), PULSE_OK);
@@ -683,7 +683,7 @@ Test(server, bad_options_and_listen_specs_are_refused) {
   cr_assert_eq(pulse_server_create(&so, &b), PULSE_ERR_IO);
   pulse_server_free(a);
   pulse_server_free(NULL);
-  tt_rm_rf(dir);
+  tu_rm_rf(dir);
 }
 
 Test(server, catchups_of_a_store_it_cannot_write_are_kept_in_memory) {
@@ -691,8 +691,8 @@ Test(server, catchups_of_a_store_it_cannot_write_are_kept_in_memory) {
   fixture_up(&f, 4, 1, 0);
   char cache[600];
   tt_path(cache, sizeof cache, f.dir, "catchup");
-  tt_rm_rf(strdup(cache));
-  cr_assert_eq(tt_write(cache, "not a folder", 12),
+  tu_rm_rf(strdup(cache));
+  cr_assert_eq(tu_write(cache, "not a folder", 12),
                0); /* every cache write fails */
   check_catchup(&f, 1);
   check_catchup(&f, 1);

@@ -11,12 +11,12 @@
 #include "trainer_testutil.h"
 
 /* A store with `steps` commits after the first state. */
-static char *make_store(int steps, const pulse_sign_key *key, tt_model *m) {
-  char *dir = tt_make_dir();
-  tt_model_init(m, 11, 2);
+static char *make_store(int steps, const pulse_sign_key *key, tu_model *m) {
+  char *dir = tu_make_dir();
+  tu_model_init(m, 11, 2);
   pulse_pub_opts o = PULSE_PUB_OPTS_INIT;
   o.tensors = m->info;
-  o.tensor_count = TT_TENSORS;
+  o.tensor_count = TU_TENSORS;
   o.key = key;
   o.anchor_every = 3;
   o.anchor_sync = 1;
@@ -24,12 +24,12 @@ static char *make_store(int steps, const pulse_sign_key *key, tt_model *m) {
   pulse_pub *pub = NULL;
   cr_assert_eq(pulse_pub_create(dir, &o, &pub), PULSE_OK, "%s",
                pulse_error_detail());
-  pulse_pub_tensor t[TT_TENSORS];
+  pulse_pub_tensor t[TU_TENSORS];
   tt_model_tensors(m, t);
   for (int s = 0; s <= steps; s++) {
     if (s > 0)
-      tt_model_step(m, 0.02);
-    cr_assert_eq(pulse_pub_commit(pub, (uint64_t)s, t, TT_TENSORS, NULL),
+      tu_model_step(m, 0.02);
+    cr_assert_eq(pulse_pub_commit(pub, (uint64_t)s, t, TU_TENSORS, NULL),
                  PULSE_OK, "%s", pulse_error_detail());
   }
   pulse_pub_free(pub);
@@ -39,7 +39,7 @@ static char *make_store(int steps, const pulse_sign_key *key, tt_model *m) {
 static uint8_t *head_bytes(const char *dir, size_t *n) {
   char path[512];
   tt_path(path, sizeof path, dir, "head.json");
-  uint8_t *b = tt_read(path, n);
+  uint8_t *b = tu_read(path, n);
   cr_assert_not_null(b);
   return b;
 }
@@ -48,7 +48,7 @@ static uint8_t *head_bytes(const char *dir, size_t *n) {
  * parses the result. */
 static pulse_status parse_edited(const uint8_t *bytes, size_t n,
                                  const char *from, const char *to) {
-  char *text = tt_alloc(n + strlen(to) + 1);
+  char *text = tu_alloc(n + strlen(to) + 1);
   memcpy(text, bytes, n);
   char *at = strstr(text, from);
   cr_assert_not_null(at, "'%s' not in the head", from);
@@ -66,7 +66,7 @@ static pulse_status parse_edited(const uint8_t *bytes, size_t n,
 Test(store, signed_head_parses_and_names_its_signer) {
   pulse_sign_key *key = NULL;
   cr_assert_eq(pulse_sign_key_generate(&key), PULSE_OK);
-  tt_model m;
+  tu_model m;
   char *dir = make_store(5, key, &m);
   pulse_store_head *h = NULL;
   cr_assert_eq(pulse_store_head_load(dir, &h), PULSE_OK, "%s",
@@ -90,14 +90,14 @@ Test(store, signed_head_parses_and_names_its_signer) {
   cr_assert_not(pulse_store_head_has_step(h, 6));
   pulse_store_head_free(h);
   pulse_sign_key_free(key);
-  tt_model_free(&m);
-  tt_rm_rf(dir);
+  tu_model_free(&m);
+  tu_rm_rf(dir);
 }
 
 Test(store, any_edit_of_a_signed_field_breaks_the_signature) {
   pulse_sign_key *key = NULL;
   cr_assert_eq(pulse_sign_key_generate(&key), PULSE_OK);
-  tt_model m;
+  tu_model m;
   char *dir = make_store(2, key, &m);
   size_t n;
   uint8_t *b = head_bytes(dir, &n);
@@ -127,12 +127,12 @@ Test(store, any_edit_of_a_signed_field_breaks_the_signature) {
   pulse_store_head_free(h);
   free(b);
   pulse_sign_key_free(key);
-  tt_model_free(&m);
-  tt_rm_rf(dir);
+  tu_model_free(&m);
+  tu_rm_rf(dir);
 }
 
 Test(store, hostile_heads_are_refused_with_clear_errors) {
-  tt_model m;
+  tu_model m;
   char *dir = make_store(2, NULL, &m); /* unsigned: structure checks alone */
   size_t n;
   uint8_t *b = head_bytes(dir, &n);
@@ -178,9 +178,9 @@ Test(store, hostile_heads_are_refused_with_clear_errors) {
   }
   uint64_t seed = 5;
   for (int k = 0; k < 2000; k++) {
-    uint8_t *c = tt_alloc(n);
+    uint8_t *c = tu_alloc(n);
     memcpy(c, b, n);
-    c[tt_rand(&seed) % n] ^= (uint8_t)(1u << (tt_rand(&seed) % 8));
+    c[tu_rand(&seed) % n] ^= (uint8_t)(1u << (tu_rand(&seed) % 8));
     pulse_store_head *x = NULL;
     if (pulse_store_head_parse(c, n, &x) == PULSE_OK)
       cr_assert_not_null(x);
@@ -191,26 +191,26 @@ Test(store, hostile_heads_are_refused_with_clear_errors) {
   cr_assert_eq(pulse_store_head_parse(NULL, 0, &h), PULSE_ERR_JSON);
   cr_assert_eq(pulse_store_head_parse(NULL, 5, &h), PULSE_ERR_ARG);
   free(b);
-  tt_model_free(&m);
-  tt_rm_rf(dir);
+  tu_model_free(&m);
+  tu_rm_rf(dir);
 }
 
 Test(store, recovery_removes_temporaries_and_unnamed_objects_only) {
-  tt_model m;
+  tu_model m;
   char *dir = make_store(4, NULL, &m);
   char objs[512], p[600];
   tt_path(objs, sizeof objs, dir, "objects");
   int named = tt_count(objs);
   snprintf(p, sizeof p, "%s/.%064d.pulse.tmp-1-2-3", objs, 0);
-  cr_assert_eq(tt_write(p, "partial", 7), 0);
+  cr_assert_eq(tu_write(p, "partial", 7), 0);
   snprintf(p, sizeof p, "%s/%064d.pulse", objs, 7);
-  cr_assert_eq(tt_write(p, "an unnamed object", 17), 0);
+  cr_assert_eq(tu_write(p, "an unnamed object", 17), 0);
   snprintf(p, sizeof p, "%s/.head.json.tmp-9-9-9", dir);
-  cr_assert_eq(tt_write(p, "{", 1), 0);
+  cr_assert_eq(tu_write(p, "{", 1), 0);
   snprintf(p, sizeof p, "%s/catchup/%064d.pulse", dir, 1);
-  cr_assert_eq(tt_write(p, "x", 1), 0);
+  cr_assert_eq(tu_write(p, "x", 1), 0);
   snprintf(p, sizeof p, "%s/README", objs);
-  cr_assert_eq(tt_write(p, "not an object name", 18), 0);
+  cr_assert_eq(tu_write(p, "not an object name", 18), 0);
   pulse_store_report r;
   cr_assert_eq(pulse_store_verify(dir, 0, NULL, &r), PULSE_OK, "%s",
                pulse_error_detail());
@@ -229,20 +229,20 @@ Test(store, recovery_removes_temporaries_and_unnamed_objects_only) {
       PULSE_OK, "%s", pulse_error_detail());
   cr_assert_eq(r.strays, 0);
   cr_assert_eq(r.head_step, 4);
-  tt_model_free(&m);
-  tt_rm_rf(dir);
+  tu_model_free(&m);
+  tu_rm_rf(dir);
 }
 
 Test(store,
      a_missing_or_resized_named_object_stops_recovery_before_any_removal) {
-  tt_model m;
+  tu_model m;
   char *dir = make_store(3, NULL, &m);
   pulse_store_head *h = NULL;
   cr_assert_eq(pulse_store_head_load(dir, &h), PULSE_OK);
   char p[600], orphan[600];
   tt_path(p, sizeof p, dir, pulse_store_head_patch(h, 1)->path);
   snprintf(orphan, sizeof orphan, "%s/objects/%064d.pulse", dir, 3);
-  cr_assert_eq(tt_write(orphan, "x", 1), 0);
+  cr_assert_eq(tu_write(orphan, "x", 1), 0);
   FILE *f = fopen(p, "ab");
   fputc(0, f);
   fclose(f);
@@ -253,12 +253,12 @@ Test(store,
   cr_assert_eq(pulse_store_recover(dir, NULL), PULSE_ERR_CORRUPT);
   cr_assert_eq(pulse_store_verify(dir, 0, NULL, NULL), PULSE_ERR_NOT_FOUND);
   pulse_store_head_free(h);
-  tt_model_free(&m);
-  tt_rm_rf(dir);
+  tu_model_free(&m);
+  tu_rm_rf(dir);
 }
 
 Test(store, verify_finds_a_flipped_byte_in_any_object) {
-  tt_model m;
+  tu_model m;
   char *dir = make_store(4, NULL, &m);
   pulse_store_head *h = NULL;
   cr_assert_eq(pulse_store_head_load(dir, &h), PULSE_OK);
@@ -266,7 +266,7 @@ Test(store, verify_finds_a_flipped_byte_in_any_object) {
                PULSE_OK);
   char p[600];
   tt_path(p, sizeof p, dir, pulse_store_head_patch(h, 1)->path); /* step 2 */
-  tt_flip(p, -3);
+  tu_flip(p, -3);
   cr_assert_eq(pulse_store_verify(dir, 0, NULL, NULL), PULSE_OK,
                "same size: only hashes see it");
   cr_assert_eq(pulse_store_verify(dir, PULSE_STORE_VERIFY_HASHES, NULL, NULL),
@@ -276,37 +276,37 @@ Test(store, verify_finds_a_flipped_byte_in_any_object) {
   pulse_store_state s = PULSE_STORE_STATE_INIT;
   cr_assert_eq(pulse_store_state_rebuild(dir, h, 2, 1, &s), PULSE_ERR_CORRUPT);
   cr_assert_eq(s.count, 0);
-  tt_flip(p, -3);
+  tu_flip(p, -3);
   /* An anchor's tensors: digest check on rebuild. */
   tt_path(p, sizeof p, dir, pulse_store_head_anchor(h, 0)->path);
-  tt_flip(p, -5);
+  tu_flip(p, -5);
   cr_assert_eq(pulse_store_state_rebuild(dir, h, 1, 1, &s), PULSE_ERR_CORRUPT);
   cr_assert_eq(pulse_store_verify(dir, PULSE_STORE_VERIFY_HASHES, NULL, NULL),
                PULSE_ERR_CORRUPT);
   pulse_store_head_free(h);
-  tt_model_free(&m);
-  tt_rm_rf(dir);
+  tu_model_free(&m);
+  tu_rm_rf(dir);
 }
 
 Test(store, every_retained_step_rebuilds_bit_for_bit) {
-  char *dir = tt_make_dir();
-  tt_model m;
-  tt_model_init(&m, 3, 2);
+  char *dir = tu_make_dir();
+  tu_model m;
+  tu_model_init(&m, 3, 2);
   pulse_pub_opts o = PULSE_PUB_OPTS_INIT;
   o.tensors = m.info;
-  o.tensor_count = TT_TENSORS;
+  o.tensor_count = TU_TENSORS;
   o.anchor_every = 2;
   o.anchor_sync = 1;
   o.threads = 1;
   pulse_pub *pub = NULL;
   cr_assert_eq(pulse_pub_create(dir, &o, &pub), PULSE_OK);
-  pulse_pub_tensor t[TT_TENSORS];
+  pulse_pub_tensor t[TU_TENSORS];
   tt_model_tensors(&m, t);
   pulse_state_digest want[7];
   for (int s = 0; s < 7; s++) {
     if (s)
-      tt_model_step(&m, 0.05);
-    cr_assert_eq(pulse_pub_commit(pub, (uint64_t)(10 + s), t, TT_TENSORS, NULL),
+      tu_model_step(&m, 0.05);
+    cr_assert_eq(pulse_pub_commit(pub, (uint64_t)(10 + s), t, TU_TENSORS, NULL),
                  PULSE_OK);
     want[s] = tt_model_digest(&m);
   }
@@ -337,12 +337,12 @@ Test(store, every_retained_step_rebuilds_bit_for_bit) {
                PULSE_ERR_NOT_FOUND);
   free(last);
   pulse_store_head_free(h);
-  tt_model_free(&m);
-  tt_rm_rf(dir);
+  tu_model_free(&m);
+  tu_rm_rf(dir);
 }
 
 Test(store, keys_round_trip_through_pem_and_verify_only_their_messages) {
-  char *dir = tt_make_dir(), path[512], bad[512];
+  char *dir = tu_make_dir(), path[512], bad[512];
   tt_path(path, sizeof path, dir, "key.pem");
   pulse_sign_key *k = NULL, *k2 = NULL;
   cr_assert_eq(pulse_sign_key_generate(&k), PULSE_OK);
@@ -367,7 +367,7 @@ Test(store, keys_round_trip_through_pem_and_verify_only_their_messages) {
   cr_assert_eq(pulse_sign_verify(p1, "hello", 5, sig), PULSE_ERR_CORRUPT);
   tt_path(bad, sizeof bad, dir, "bad.pem");
   cr_assert_eq(
-      tt_write(bad,
+      tu_write(bad,
                "-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n",
                58),
       0);
@@ -379,14 +379,14 @@ Test(store, keys_round_trip_through_pem_and_verify_only_their_messages) {
   pulse_sign_key_free(k);
   pulse_sign_key_free(k2);
   pulse_sign_key_free(NULL);
-  tt_rm_rf(dir);
+  tu_rm_rf(dir);
 }
 
 Test(store, verify_with_a_pinned_key_refuses_other_signers) {
   pulse_sign_key *k = NULL, *other = NULL;
   cr_assert_eq(pulse_sign_key_generate(&k), PULSE_OK);
   cr_assert_eq(pulse_sign_key_generate(&other), PULSE_OK);
-  tt_model m;
+  tu_model m;
   char *dir = make_store(1, k, &m);
   uint8_t pk[32], po[32];
   pulse_sign_key_public(k, pk);
@@ -395,6 +395,6 @@ Test(store, verify_with_a_pinned_key_refuses_other_signers) {
   cr_assert_eq(pulse_store_verify(dir, 0, po, NULL), PULSE_ERR_CORRUPT);
   pulse_sign_key_free(k);
   pulse_sign_key_free(other);
-  tt_model_free(&m);
-  tt_rm_rf(dir);
+  tu_model_free(&m);
+  tu_rm_rf(dir);
 }

@@ -59,7 +59,7 @@ for src in "$root"/trainer_side/*.c "$root"/tests/trainer_side/test_publisher_de
   case "$(basename "$src")" in server*) continue ;; esac
   obj="$out/obj/trainer_$(basename "$src").o"; trainer_objs+=("$obj")
   compile "$obj" gcc -std=c11 -DPULSE_HAVE_CUDA=1 $common $inc -I"$root/trainer_side" \
-    -I"$root/tests/trainer_side" -c "$src"
+    -I"$root/tests/trainer_side" -I"$root/tests/common" -c "$src"
 done
 for pid in "${pids[@]}"; do wait "$pid"; done
 
