@@ -211,7 +211,7 @@ pulse_status pulse_chunk_encode_ranks(unsigned version, pulse_pos_model model,
                                       const uint8_t *cls, const uint32_t *rank,
                                       const uint16_t *delta, pulse_bytebuf *out) {
   if (version == 2)
-    return pulse_chunk2_encode_ranks(model, n, k, cls, rank, delta, out);
+    return pulse_chunk2_encode_ranks(model, k, cls, rank, delta, out);
   if (version != 1)
     return pulse_fail(PULSE_ERR_VERSION, "chunk encode: no format version %u", version);
   return v1_encode_ranks(model, hist, n, k, cls, rank, delta, out);

@@ -227,19 +227,17 @@ static void put_class(pulse_bitwriter *w, pulse_bitwriter *wv, const uint32_t *r
     if (m > 0)
       put_gap(w, rank[j] - prev, m, b, u);
     prev = (uint64_t)rank[j] + 1u;
-    uint32_t v = pulse_zigzag16(delta[j]) - 1u;
-    unsigned tok = v < TOKEN_ESCAPE ? v : TOKEN_ESCAPE;
+    unsigned tok = value_token(delta[j]);
     if (constant == TOKENS)
       pulse_bw_put(wv, code[tok], len[tok]);
-    if (tok == TOKEN_ESCAPE)
-      put_gamma(wv, v - TOKEN_ESCAPE + 1u);
+    if (tok == TOKEN_ESCAPE) /* the zig-zag beyond the literal tokens */
+      put_gamma(wv, pulse_zigzag16(delta[j]) - TOKEN_ESCAPE);
   }
 }
 
-pulse_status pulse_chunk2_encode_ranks(pulse_pos_model model, uint32_t n, uint32_t k,
-                                       const uint8_t *cls, const uint32_t *rank,
-                                       const uint16_t *delta, pulse_bytebuf *out) {
-  (void)n;
+pulse_status pulse_chunk2_encode_ranks(pulse_pos_model model, uint32_t k, const uint8_t *cls,
+                                       const uint32_t *rank, const uint16_t *delta,
+                                       pulse_bytebuf *out) {
   /* Two parts, so a decoder reads positions and values as two independent
    * chains: part A (class headers, gaps) and part B (value tokens). */
   pulse_bytebuf part_a = {0}, part_b = {0};

@@ -72,9 +72,9 @@ pulse_status pulse_chunk_decode(unsigned version, pulse_pos_model model, const u
                                 uint16_t *delta);
 
 /* The version 2 coder behind the two functions above (chunk_fast.c). */
-pulse_status pulse_chunk2_encode_ranks(pulse_pos_model model, uint32_t n, uint32_t k,
-                                       const uint8_t *cls, const uint32_t *rank,
-                                       const uint16_t *delta, pulse_bytebuf *out);
+pulse_status pulse_chunk2_encode_ranks(pulse_pos_model model, uint32_t k, const uint8_t *cls,
+                                       const uint32_t *rank, const uint16_t *delta,
+                                       pulse_bytebuf *out);
 pulse_status pulse_chunk2_decode_ranks(pulse_pos_model model, const uint32_t *hist,
                                        uint32_t n, const uint8_t *stream, size_t size,
                                        uint32_t k, uint32_t *start, uint32_t *rank,
