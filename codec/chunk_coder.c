@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "chunk_impl.h"
+#include "class_index_impl.h"
 #include "pulse_elem.h"
 #include "rangecoder_impl.h"
 #include "status_impl.h"
@@ -451,6 +452,28 @@ pulse_status pulse_chunk_decode(unsigned version, pulse_pos_model model, const u
         pulse_chunk_locate(base, n, k, start, rank, cdelta, first, pos, delta) != k)
       st = pulse_fail(PULSE_ERR_POSITION, "chunk: a class rank is past the end of its class");
   }
+  free(rank), free(cdelta);
+  return st;
+}
+
+pulse_status pulse_chunk_decode_indexed(unsigned version, const pulse_class_index *ix,
+                                        uint64_t first, uint32_t n, const uint8_t *stream,
+                                        size_t size, uint32_t k, uint64_t *pos,
+                                        uint16_t *delta) {
+  uint32_t hist[PULSE_CLASS_COUNT], start[PULSE_CLASS_COUNT + 1];
+  uint32_t *rank = malloc((size_t)k * sizeof *rank + 4);
+  uint16_t *cdelta = malloc((size_t)k * sizeof *cdelta + 2);
+  pulse_status st = PULSE_OK;
+  if (rank == NULL || cdelta == NULL)
+    st = pulse_fail(PULSE_ERR_NOMEM, "chunk decode: %u changes", k);
+  if (st == PULSE_OK && version == 1)
+    pulse_class_index_hist(ix, first, n, hist); /* version 1 codes with the counts */
+  if (st == PULSE_OK)
+    st = pulse_chunk_decode_ranks(version, PULSE_POS_CLASS, version == 1 ? hist : NULL, n,
+                                  stream, size, k, start, rank, cdelta);
+  if (st == PULSE_OK &&
+      pulse_class_index_locate(ix, first, n, k, start, rank, cdelta, pos, delta) != k)
+    st = pulse_fail(PULSE_ERR_POSITION, "chunk: a class rank is past the end of its class");
   free(rank), free(cdelta);
   return st;
 }

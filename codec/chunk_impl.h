@@ -71,6 +71,16 @@ pulse_status pulse_chunk_decode(unsigned version, pulse_pos_model model, const u
                                 uint32_t k, uint64_t first, uint64_t *pos,
                                 uint16_t *delta);
 
+/* pulse_chunk_decode of a PULSE_POS_CLASS stream through a receiver's class
+ * index (class_index_impl.h) instead of a pass over the base: the chunk of
+ * n elements starts at tensor position `first`, a multiple of the index's
+ * block size. Positions (first + chunk position) come out class-major, not
+ * in storage order. */
+pulse_status pulse_chunk_decode_indexed(unsigned version, const pulse_class_index *ix,
+                                        uint64_t first, uint32_t n, const uint8_t *stream,
+                                        size_t size, uint32_t k, uint64_t *pos,
+                                        uint16_t *delta);
+
 /* The version 2 coder behind the two functions above (chunk_fast.c). */
 pulse_status pulse_chunk2_encode_ranks(pulse_pos_model model, uint32_t k, const uint8_t *cls,
                                        const uint32_t *rank, const uint16_t *delta,

@@ -4,23 +4,34 @@
 #include <time.h>
 
 #include "chunk_impl.h"
+#include "class_index_impl.h"
 #include "digest_impl.h"
 #include "parallel_impl.h"
 #include "patch_impl.h"
 #include "pulse_elem.h"
 #include "status_impl.h"
 
+int patch_can_use_index(const pulse_patch *p) {
+  return p->model == PULSE_POS_CLASS && p->chunk_log2 >= PULSE_CLASS_BLOCK_LOG2;
+}
+
 pulse_status patch_decode_chunk(const pulse_patch *p, size_t t, uint64_t j,
-                                const uint16_t *base, uint64_t *pos, uint16_t *delta) {
+                                const uint16_t *base, const pulse_class_index *ix,
+                                uint64_t *pos, uint16_t *delta) {
   const patch_tensor *tt = &p->tensors[t];
   uint64_t c = tt->chunk_first + j;
   uint32_t k = p->chunk_changed[c];
   if (k == 0)
     return PULSE_OK;
   uint64_t first = j << p->chunk_log2;
-  pulse_status st = pulse_chunk_decode(p->version, p->model, base ? base + first : NULL,
-                                       patch_chunk_elems(p, tt, j), p->bytes + p->chunk_offset[c],
-                                       (size_t)p->chunk_size[c], k, first, pos, delta);
+  const uint8_t *stream = p->bytes + p->chunk_offset[c];
+  size_t size = (size_t)p->chunk_size[c];
+  uint32_t n = patch_chunk_elems(p, tt, j);
+  pulse_status st =
+      ix != NULL && patch_can_use_index(p)
+          ? pulse_chunk_decode_indexed(p->version, ix, first, n, stream, size, k, pos, delta)
+          : pulse_chunk_decode(p->version, p->model, base ? base + first : NULL, n, stream, size,
+                               k, first, pos, delta);
   if (st != PULSE_OK)
     return pulse_fail(st, "tensor '%s' chunk %llu: %s", tt->info.name, (unsigned long long)j,
                       pulse_error_detail());
@@ -62,7 +73,7 @@ pulse_status pulse_patch_decode_tensor(const pulse_patch *p, size_t i, const uin
   PULSE_TRY(pulse_changes_reserve(out, t->changed));
   for (uint64_t j = 0; j < t->chunk_count; j++) {
     uint64_t at = p->chunk_before[t->chunk_first + j];
-    PULSE_TRY(patch_decode_chunk(p, i, j, base, out->pos + at, out->new_bits + at));
+    PULSE_TRY(patch_decode_chunk(p, i, j, base, NULL, out->pos + at, out->new_bits + at));
   }
   out->count = t->changed;
   resolve_bits(base, out, 0, out->count);
@@ -76,6 +87,7 @@ typedef struct {
   pulse_host_tensor *const *target; /* per patch tensor, NULL when absent */
   pulse_changes *staged;            /* per patch tensor */
   pulse_tensor_digest *digest;      /* per patch tensor: actual base digest */
+  pulse_class_index **index;        /* per patch tensor: a valid index or NULL */
   uint64_t (*items)[2];             /* (tensor, chunk) */
   pulse_tensor_digest *item_delta;  /* per item: digest change of its changes */
   pulse_status *status;
@@ -105,7 +117,8 @@ static void decode_one(void *ctx, size_t i) {
   uint64_t k = job->p->chunk_changed[tt->chunk_first + j];
   pulse_changes *c = &job->staged[t];
   const uint16_t *base = job->target[t]->data;
-  pulse_status st = patch_decode_chunk(job->p, t, j, base, c->pos + at, c->new_bits + at);
+  pulse_status st =
+      patch_decode_chunk(job->p, t, j, base, job->index[t], c->pos + at, c->new_bits + at);
   if (st == PULSE_OK)
     job->item_delta[i] = patch_resolve_chunk(base, c, at, at + k);
   record(job, i, st);
@@ -115,6 +128,8 @@ struct pulse_patch_staged {
   const pulse_patch *p;
   pulse_host_tensor **target; /* per patch tensor, NULL when absent */
   pulse_changes *staged;      /* per patch tensor */
+  pulse_class_index **index;  /* per patch tensor: its target's index when
+                                 that describes the base, else NULL */
   pulse_patch_stage_times times;
 };
 
@@ -123,7 +138,7 @@ void pulse_patch_staged_free(pulse_patch_staged *s) {
     return;
   for (size_t i = 0; s->staged && i < s->p->count; i++)
     pulse_changes_free(&s->staged[i]);
-  free(s->target), free(s->staged), free(s);
+  free(s->target), free(s->staged), free(s->index), free(s);
 }
 
 static double now_s(void) {
@@ -166,8 +181,9 @@ pulse_status pulse_patch_stage(const pulse_patch *p, pulse_host_tensor *targets,
     s->p = p;
     s->target = calloc(n + 1, sizeof *s->target);
     s->staged = calloc(n + 1, sizeof *s->staged);
+    s->index = calloc(n + 1, sizeof *s->index);
   }
-  if (!s || !s->target || !s->staged || !digest || !items || !item_delta || !item_st || !detail) {
+  if (!s || !s->target || !s->staged || !s->index || !digest || !items || !item_delta || !item_st || !detail) {
     st = pulse_fail(PULSE_ERR_NOMEM, "apply: staging for %zu tensors", n);
     goto done;
   }
@@ -198,7 +214,7 @@ pulse_status pulse_patch_stage(const pulse_patch *p, pulse_host_tensor *targets,
   }
 
   /* The base must be the patch's base. */
-  apply_job job = {p, target, s->staged, digest, items, item_delta, item_st, detail};
+  apply_job job = {p, target, s->staged, digest, s->index, items, item_delta, item_st, detail};
   pulse_parallel_for(opts->threads, n, digest_one, &job);
   for (size_t i = 0; i < n; i++) {
     if (target[i] == NULL)
@@ -218,6 +234,10 @@ pulse_status pulse_patch_stage(const pulse_patch *p, pulse_host_tensor *targets,
     if (st != PULSE_OK)
       goto done;
   }
+  for (size_t i = 0; i < n; i++)
+    if (target[i] != NULL &&
+        pulse_class_index_matches(target[i]->class_index, target[i]->numel, digest[i]))
+      s->index[i] = target[i]->class_index;
   s->times.verify_seconds = now_s() - t0;
 
   /* Decode everything into staging, in parallel over chunks. */
@@ -285,6 +305,11 @@ void pulse_patch_staged_commit(pulse_patch_staged *s) {
       continue;
     uint16_t *data = s->target[i]->data;
     const pulse_changes *c = &s->staged[i];
+    if (s->index[i] != NULL) {
+      pulse_class_index_write(s->index[i], data, c->pos, c->old_bits, c->new_bits, c->count);
+      s->index[i]->digest = s->p->tensors[i].target_digest;
+      continue;
+    }
     for (uint64_t j = 0; j < c->count; j++)
       data[c->pos[j]] = c->new_bits[j];
   }

@@ -51,10 +51,17 @@ static inline uint32_t patch_chunk_elems(const struct pulse_patch *p,
 
 /* Decodes chunk j of tensor t into pos/delta (the chunk's slots of the
  * tensor's arrays). base: the tensor's base bits, or NULL for PULSE_POS_PLAIN
- * patches decoded without weights. */
+ * patches decoded without weights. ix: NULL, or a class index of the base
+ * (checked by the caller to describe it), used when patch_can_use_index;
+ * positions then come out class-major rather than in storage order. */
 pulse_status patch_decode_chunk(const struct pulse_patch *p, size_t t,
-                                uint64_t j, const uint16_t *base, uint64_t *pos,
+                                uint64_t j, const uint16_t *base,
+                                const pulse_class_index *ix, uint64_t *pos,
                                 uint16_t *delta);
+
+/* Whether a class index speeds up this patch: a class-model patch whose
+ * chunks are whole index blocks. */
+int patch_can_use_index(const struct pulse_patch *p);
 
 /* The state digest of the patch's table with tensor digests d. */
 pulse_status patch_state_digest_of(const struct pulse_patch *p, const pulse_tensor_digest *d,

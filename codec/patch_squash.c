@@ -69,7 +69,7 @@ static pulse_status decode_deltas(const pulse_patch *p, size_t t, const uint16_t
     return pulse_fail(PULSE_ERR_NOMEM, "squash: tensor '%s'", tt->info.name);
   for (uint64_t j = 0; j < tt->chunk_count && tt->changed > 0; j++) {
     uint64_t at = p->chunk_before[tt->chunk_first + j];
-    PULSE_TRY(patch_decode_chunk(p, t, j, base, out->pos + at, out->delta + at));
+    PULSE_TRY(patch_decode_chunk(p, t, j, base, NULL, out->pos + at, out->delta + at));
   }
   out->count = tt->changed;
   return PULSE_OK;

@@ -12,6 +12,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "class_index_impl.h"
 #include "parallel_impl.h"
 #include "patch_impl.h"
 #include "pulse_codec_stream.h"
@@ -43,6 +44,8 @@ struct pulse_patch_stream {
   int partial_table;
   pulse_host_tensor **target; /* per patch tensor, NULL when absent */
   pulse_changes *staged;      /* per patch tensor */
+  pulse_class_index **index;  /* per patch tensor: its target's index when
+                                 that describes the base, else NULL */
   pulse_tensor_digest
       *digest;        /* per patch tensor: the base's, then the result's */
   stream_item *items; /* chunks with changes of targeted tensors, body order */
@@ -106,7 +109,8 @@ static void decode_item(pulse_patch_stream *s, size_t i) {
   uint64_t at = p->chunk_before[c], k = p->chunk_changed[c];
   pulse_changes *ch = &s->staged[it->tensor];
   const uint16_t *base = s->target[it->tensor]->data;
-  r->st = patch_decode_chunk(p, it->tensor, it->chunk, base, ch->pos + at,
+  r->st = patch_decode_chunk(p, it->tensor, it->chunk, base,
+                             s->index[it->tensor], ch->pos + at,
                              ch->new_bits + at);
   if (r->st != PULSE_OK)
     strncpy(r->detail, pulse_error_detail(), sizeof r->detail - 1);
@@ -155,8 +159,8 @@ void pulse_patch_stream_free(pulse_patch_stream *s) {
   pthread_mutex_destroy(&s->mu);
   for (size_t i = 0; s->staged != NULL && i < s->p->count; i++)
     pulse_changes_free(&s->staged[i]);
-  free(s->target), free(s->staged), free(s->digest), free(s->items),
-      free(s->result);
+  free(s->target), free(s->staged), free(s->index), free(s->digest),
+      free(s->items), free(s->result);
   free(s);
 }
 
@@ -218,6 +222,11 @@ static pulse_status check_base(pulse_patch_stream *s,
           "apply: the base state is not the patch's base (step %llu)",
           (unsigned long long)p->base_step);
   }
+  for (size_t i = 0; i < p->count; i++)
+    if (s->target[i] != NULL &&
+        pulse_class_index_matches(s->target[i]->class_index,
+                                  s->target[i]->numel, s->digest[i]))
+      s->index[i] = s->target[i]->class_index;
   return PULSE_OK;
 }
 
@@ -246,11 +255,13 @@ pulse_status pulse_patch_stream_begin(const pulse_patch *p,
   s->t_begin = now_s();
   s->target = calloc(n + 1, sizeof *s->target);
   s->staged = calloc(n + 1, sizeof *s->staged);
+  s->index = calloc(n + 1, sizeof *s->index);
   s->digest = calloc(n + 1, sizeof *s->digest);
   s->items = calloc(p->chunks + 1, sizeof *s->items);
   s->result = calloc(p->chunks + 1, sizeof *s->result);
   pulse_status st = PULSE_OK;
-  if (!s->target || !s->staged || !s->digest || !s->items || !s->result)
+  if (!s->target || !s->staged || !s->index || !s->digest || !s->items ||
+      !s->result)
     st =
         pulse_fail(PULSE_ERR_NOMEM, "patch stream: staging for %zu tensors", n);
   if (st == PULSE_OK)
@@ -380,6 +391,11 @@ static void commit_item(void *ctx, size_t i) {
   uint64_t at = s->p->chunk_before[c], k = s->p->chunk_changed[c];
   uint16_t *data = s->target[it->tensor]->data;
   const pulse_changes *ch = &s->staged[it->tensor];
+  if (s->index[it->tensor] != NULL) {
+    pulse_class_index_write(s->index[it->tensor], data, ch->pos + at,
+                            ch->old_bits + at, ch->new_bits + at, k);
+    return;
+  }
   for (uint64_t j = at; j < at + k; j++)
     data[ch->pos[j]] = ch->new_bits[j];
 }
@@ -390,7 +406,15 @@ void pulse_patch_stream_commit(pulse_patch_stream *s) {
   /* Callers hold readers off while this runs: chunks are written in
    * parallel (disjoint positions) when there are enough changes. */
   int threads = s->p->total_changed >= ((uint64_t)1 << 16) ? s->threads : 1;
+  /* An index is updated per block: chunks smaller than a block share one. */
+  int shared_blocks = s->p->chunk_log2 < PULSE_CLASS_BLOCK_LOG2;
+  for (size_t i = 0; i < s->p->count && shared_blocks; i++)
+    if (s->index[i] != NULL)
+      threads = 1;
   pulse_parallel_for(threads, s->nitems, commit_item, s);
+  for (size_t i = 0; i < s->p->count; i++)
+    if (s->index[i] != NULL)
+      s->index[i]->digest = s->p->tensors[i].target_digest;
   s->finished = 2; /* committed: a second commit writes the same bits */
 }
 

@@ -247,7 +247,7 @@ static void decode_one(void *ctx, size_t i) {
   const uint32_t k = job->p->chunk_changed[c];
   pulse_status st;
   if (job->p->model == PULSE_POS_PLAIN) {
-    st = patch_decode_chunk(job->p, it->tensor, it->chunk, NULL,
+    st = patch_decode_chunk(job->p, it->tensor, it->chunk, NULL, NULL,
                             job->pos + it->at, job->delta + it->at);
   } else {
     uint32_t start[PULSE_CLASS_COUNT + 1];

@@ -165,6 +165,10 @@ typedef struct {
    * threads, each chunk as soon as its bytes are there, and committed once
    * the whole object verified; 1: each patch is downloaded whole first. */
   int no_streaming;
+  /* 0 (default): host targets keep a class index (pulse_class_index, about
+   * 2.1 bytes per element, built before the first class-model patch) so
+   * that patches decode without a pass over the weights; 1: no index. */
+  int no_class_index;
 } pulse_sub_opts;
 
 #define PULSE_SUB_OPTS_VERSION 1u
@@ -172,7 +176,7 @@ typedef struct {
   {                                                                            \
     PULSE_SUB_OPTS_VERSION, NULL, 0, NULL, NULL, 0, 0, 10000, 30000, 1024, 30, \
         6, 200, 5000, 4, (uint64_t)32 << 20, 0, 1, 0, 0, 30000, NULL, NULL,    \
-        NULL, 0                                                                \
+        NULL, 0, 0                                                             \
   }
 
 typedef struct pulse_sub pulse_sub;

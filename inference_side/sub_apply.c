@@ -186,10 +186,12 @@ pulse_status sub_apply_patch(pulse_sub *sub, const pulse_patch *p) {
   /* Check and decode into staging while readers may still read the
    * targets (the codec's transaction, first half); the targets' digests are
    * kept current, so no tensor is hashed again. */
+  sub_targets_index(sub, p, tg, n);
   size_t k = 0;
   for (size_t i = 0; i < n; i++)
     if (tg[i] != NULL)
-      ht[k++] = (pulse_host_tensor){tg[i]->name, tg[i]->data, tg[i]->numel, &tg[i]->digest};
+      ht[k++] = (pulse_host_tensor){tg[i]->name, tg[i]->data, tg[i]->numel, &tg[i]->digest,
+                                    tg[i]->index};
   pulse_apply_opts ao = PULSE_APPLY_OPTS_INIT;
   ao.threads = sub->opts.threads;
   ao.partial_table = !full;
@@ -364,7 +366,8 @@ pulse_status sub_apply_anchor(pulse_sub *sub, const pulse_store_object *o) {
   pthread_rwlock_wrlock(&sub->rw);
   if (fresh) { /* the file target takes the anchor's table */
     for (size_t k = 0; k < sub->ntargets; k++)
-      free(sub->targets[k].name), free(sub->targets[k].data);
+      free(sub->targets[k].name), free(sub->targets[k].data),
+          pulse_class_index_free(sub->targets[k].index);
     free(sub->targets);
     sub->targets = table;
     sub->ntargets = sub->cap = n;

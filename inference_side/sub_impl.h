@@ -45,6 +45,8 @@ typedef struct {
   uint16_t *data;   /* host memory (the caller's, or owned for a file) */
   uint16_t *data_d; /* device memory (the caller's) */
   pulse_tensor_digest digest; /* of the current contents, kept current */
+  pulse_class_index *index;   /* host targets: class index (sub_targets.c),
+                                 rebuilt when its digest is not `digest` */
 } sub_target;
 
 /* A route to the head (sub_plan.c). */
@@ -203,6 +205,13 @@ pulse_status sub_plan_make(pulse_sub *sub, sub_plan *out);
 /** Applies a patch (opened, from verified bytes) to the targets: staged,
  * checked, then committed under the writers' lock. */
 pulse_status sub_apply_patch(pulse_sub *sub, const pulse_patch *p);
+
+/* Before a host-target patch: builds the class index of each target in tg
+ * (n entries, NULL where absent) that lacks a current one, when the patch
+ * can use it and opts.no_class_index is off. Failing to build only costs
+ * speed (a warning event says so). */
+void sub_targets_index(pulse_sub *sub, const pulse_patch *p, sub_target *const *tg,
+                       size_t n);
 /** Matches the targets to a patch's table (tg: per table entry, NULL when
  * no target has it); *full: they hold the whole table. */
 pulse_status sub_apply_match(pulse_sub *sub, const pulse_patch *p,

@@ -83,11 +83,13 @@ static pulse_status ps_open(patch_sink *ps) {
   if (ps->tg == NULL || ps->ht == NULL)
     return pulse_fail(PULSE_ERR_NOMEM, "streaming a patch of %zu tensors", n);
   PULSE_TRY(sub_apply_match(sub, ps->p, ps->tg, &ps->full));
+  sub_targets_index(sub, ps->p, ps->tg, n);
   size_t k = 0;
   for (size_t i = 0; i < n; i++)
     if (ps->tg[i] != NULL)
       ps->ht[k++] = (pulse_host_tensor){ps->tg[i]->name, ps->tg[i]->data,
-                                        ps->tg[i]->numel, &ps->tg[i]->digest};
+                                        ps->tg[i]->numel, &ps->tg[i]->digest,
+                                        ps->tg[i]->index};
   pulse_apply_opts ao = PULSE_APPLY_OPTS_INIT;
   ao.threads = sub->opts.threads;
   ao.partial_table = !ps->full;

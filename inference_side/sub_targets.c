@@ -141,3 +141,31 @@ pulse_status pulse_sub_tensor(pulse_sub *sub, const char *name,
     }
   return pulse_fail(PULSE_ERR_NOT_FOUND, "no tensor '%s' held", name);
 }
+
+void sub_targets_index(pulse_sub *sub, const pulse_patch *p, sub_target *const *tg,
+                       size_t n) {
+  /* Only class-model patches whose chunks are whole index blocks use it
+   * (the codec's rule); a plain-model publisher never costs the memory. */
+  if (sub->opts.no_class_index || sub->mem == SUB_MEM_DEVICE ||
+      pulse_patch_pos_model(p) != PULSE_POS_CLASS || pulse_patch_chunk_log2(p) < 12)
+    return;
+  double t0 = sub_now();
+  for (size_t i = 0; i < n; i++) {
+    sub_target *t = tg[i];
+    if (t == NULL || t->data == NULL) /* NULL data: an empty tensor */
+      continue;
+    pulse_tensor_digest have = pulse_class_index_digest(t->index);
+    if (t->index != NULL && have.a == t->digest.a && have.b == t->digest.b)
+      continue;
+    pulse_class_index_free(t->index);
+    t->index = NULL;
+    pulse_status st = pulse_class_index_build(t->data, t->numel, sub->opts.threads, &t->index);
+    if (st != PULSE_OK) {
+      char msg[PULSE_MAX_NAME + 96];
+      snprintf(msg, sizeof msg, "no class index for '%s' (%s): patches decode slower", t->name,
+               pulse_status_str(st));
+      sub_emit_simple(sub, PULSE_SUB_EV_WARNING, PULSE_OK, msg);
+    }
+  }
+  sub->t_decode += sub_now() - t0;
+}

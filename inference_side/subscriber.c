@@ -140,6 +140,7 @@ void pulse_sub_free(pulse_sub *sub) {
     curl_multi_cleanup(sub->multi);
   for (size_t i = 0; i < sub->ntargets; i++) {
     free(sub->targets[i].name);
+    pulse_class_index_free(sub->targets[i].index);
     if (sub->mem == SUB_MEM_FILE)
       free(sub->targets[i].data);
   }

@@ -59,6 +59,12 @@ typedef struct {
   uint64_t weight_bytes, snapshot_bytes; /* what detection reads */
   double detect_s, memcpy_s, encode_s[CODINGS], apply_s[CODINGS];
   double decode_s[CODINGS]; /* streams alone, no base; 0 when impossible (v1 class) */
+  /* Class codings applied through a receiver's class index (built before
+   * the timing, as a receiver holds it from the previous step; the commit's
+   * index upkeep is timed); 0 for plain codings. */
+  double apply_indexed_s[CODINGS];
+  double index_build_s;  /* building the indexes of the base, one thread */
+  uint64_t index_bytes;  /* the indexes' memory */
   double generate_s; /* synthetic: time of the optimizer step; else 0 */
 } step_result;
 
@@ -224,11 +230,20 @@ static int decode_streams(const pulse_buffer *patch, const char *label, int reps
   return 0;
 }
 
+static void free_indexes(codec_ctx *c) {
+  for (size_t i = 0; i < c->table.count; i++) {
+    pulse_class_index_free(c->targets[i].class_index);
+    c->targets[i].class_index = NULL;
+  }
+}
+
 /* Opens and applies `patch` to a copy of the base, `reps` times; checks
- * that the result equals new_bf16 bit for bit. */
-static int apply_patch(codec_ctx *c, const step_result *r,
+ * that the result equals new_bf16 bit for bit. indexed: through class
+ * indexes of the base, built before each timed apply (r->index_build_s and
+ * r->index_bytes get the build's figures). */
+static int apply_patch(codec_ctx *c, step_result *r,
                        const pulse_buffer *patch, const char *label,
-                       const uint16_t *new_bf16, int reps, double *secs) {
+                       const uint16_t *new_bf16, int reps, int indexed, double *secs) {
   const bench_table *tb = &c->table;
   pulse_apply_opts opts = PULSE_APPLY_OPTS_INIT;
   opts.threads = 1;
@@ -241,6 +256,21 @@ static int apply_patch(codec_ctx *c, const step_result *r,
       c->targets[i].numel = tb->numel[i];
       c->targets[i].digest = &c->digests[i];
     }
+    free_indexes(c);
+    if (indexed) {
+      double b0 = pulse_tk_now();
+      r->index_bytes = 0;
+      for (size_t i = 0; i < tb->count; i++) {
+        pulse_status st = pulse_class_index_build(c->targets[i].data, c->targets[i].numel, 1,
+                                                  &c->targets[i].class_index);
+        if (st != PULSE_OK) {
+          free_indexes(c);
+          return fail_status("class index", st);
+        }
+        r->index_bytes += pulse_class_index_bytes(c->targets[i].class_index);
+      }
+      r->index_build_s = pulse_tk_since(b0);
+    }
     pulse_patch *p = NULL;
     double t0 = pulse_tk_now();
     pulse_status st = pulse_patch_open(patch->data, patch->size, &p);
@@ -249,6 +279,11 @@ static int apply_patch(codec_ctx *c, const step_result *r,
     t[k] = pulse_tk_since(t0);
     uint64_t total_changed = p ? pulse_patch_total_changed(p) : 0;
     pulse_patch_free(p);
+    if (indexed && st == PULSE_OK) /* the commits kept each index exact */
+      for (size_t i = 0; i < tb->count && st == PULSE_OK; i++)
+        st = pulse_class_index_check(c->targets[i].class_index, c->targets[i].data,
+                                     c->targets[i].numel);
+    free_indexes(c);
     if (st != PULSE_OK) {
       char what[64];
       snprintf(what, sizeof what, "step %" PRIu64 ": apply (%s)", r->step,
@@ -340,7 +375,11 @@ static int measure_step(codec_ctx *c, const codec_args *a,
     int rc = encode_patch(c, r, k, a->reps, &r->encode_s[k], &patch);
     r->bytes[k] = patch.size;
     if (rc == 0)
-      rc = apply_patch(c, r, &patch, codings[k].label, new_bf16, a->reps, &r->apply_s[k]);
+      rc = apply_patch(c, r, &patch, codings[k].label, new_bf16, a->reps, 0, &r->apply_s[k]);
+    r->apply_indexed_s[k] = 0;
+    if (rc == 0 && codings[k].model == PULSE_POS_CLASS)
+      rc = apply_patch(c, r, &patch, codings[k].label, new_bf16, a->reps, 1,
+                       &r->apply_indexed_s[k]);
     if (rc == 0)
       rc = decode_streams(&patch, codings[k].label, a->reps, &r->decode_s[k]);
     pulse_buffer_free(&patch);
@@ -408,15 +447,20 @@ static void print_speeds(const step_result *r) {
          "memcpy %.2f GB/s\n",
          moved / 1e6, r->detect_s * 1e3, per(moved, r->detect_s) / 1e9,
          per(moved, r->memcpy_s) / 1e9);
-  printf("  %-36s %10s %10s %12s %14s\n", "coding (one thread)", "encode ms", "apply ms",
-         "M changed/s", "decode M/s (*)");
+  printf("  %-36s %10s %10s %12s %14s %14s\n", "coding (one thread)", "encode ms", "apply ms",
+         "M changed/s", "indexed M/s (+)", "decode M/s (*)");
   for (int k = 0; k < CODINGS; k++) {
-    char dec[32] = "-";
+    char dec[32] = "-", ix[32] = "-";
     if (r->decode_s[k] > 0)
       snprintf(dec, sizeof dec, "%.1f", per((double)r->changed, r->decode_s[k]) / 1e6);
-    printf("  %-36s %10.2f %10.2f %12.1f %14s\n", codings[k].label, r->encode_s[k] * 1e3,
-           r->apply_s[k] * 1e3, per((double)r->changed, r->apply_s[k]) / 1e6, dec);
+    if (r->apply_indexed_s[k] > 0)
+      snprintf(ix, sizeof ix, "%.1f", per((double)r->changed, r->apply_indexed_s[k]) / 1e6);
+    printf("  %-36s %10.2f %10.2f %12.1f %14s %14s\n", codings[k].label, r->encode_s[k] * 1e3,
+           r->apply_s[k] * 1e3, per((double)r->changed, r->apply_s[k]) / 1e6, ix, dec);
   }
+  printf("  (+) through a receiver's class index (%.2f B/param, built in %.1f ms), its upkeep "
+         "included\n",
+         per((double)r->index_bytes, (double)r->params), r->index_build_s * 1e3);
   printf("  (*) streams alone, without the base: the host's share of a GPU apply\n");
 }
 
@@ -467,6 +511,12 @@ static void print_step_json(const step_result *r) {
            codings[k].key, r->encode_s[k], codings[k].key, r->apply_s[k],
            codings[k].key, per((double)r->changed, r->apply_s[k]), codings[k].key,
            per((double)r->changed, r->decode_s[k]));
+  for (int k = 0; k < CODINGS; k++)
+    if (codings[k].model == PULSE_POS_CLASS)
+      printf(",\"apply_%s_indexed_changed_per_s\":%.6g", codings[k].key,
+             per((double)r->changed, r->apply_indexed_s[k]));
+  printf(",\"class_index_bytes\":%" PRIu64 ",\"class_index_build_s\":%.6g", r->index_bytes,
+         r->index_build_s);
   /* The default coding under the plain names. */
   printf(",\"patch_encode_s\":%.6g,\"apply_s\":%.6g,\"apply_changed_per_s\":%.6g"
          ",\"apply_plain_changed_per_s\":%.6g,\"verify\":\"ok\"}\n",
@@ -478,6 +528,7 @@ static void print_step_json(const step_result *r) {
 typedef struct summary {
   step_result sum;
   double encode_bps, memcpy_bps, apply_cps[CODINGS], decode_cps[CODINGS];
+  double indexed_cps[CODINGS];
   uint64_t within[CODINGS]; /* steps inside the bound's allowance */
   uint64_t steps;
 } summary;
@@ -492,6 +543,7 @@ static void summary_add(summary *s, const step_result *r) {
     t->encode_s[k] += r->encode_s[k];
     s->apply_cps[k] += per((double)r->changed, r->apply_s[k]);
     s->decode_cps[k] += per((double)r->changed, r->decode_s[k]);
+    s->indexed_cps[k] += per((double)r->changed, r->apply_indexed_s[k]);
     s->within[k] += (double)r->bytes[k] <= allowance_bytes(r);
   }
   t->base.dense += r->base.dense;
@@ -531,6 +583,8 @@ static void print_summary_text(const summary *s) {
   for (int k = 0; k < CODINGS; k++) {
     printf("  %-36s encode %8.2f ms, apply %7.1f M changed/s", codings[k].label,
            t->encode_s[k] / n * 1e3, s->apply_cps[k] / n / 1e6);
+    if (s->indexed_cps[k] > 0)
+      printf(", indexed %7.1f M/s", s->indexed_cps[k] / n / 1e6);
     if (s->decode_cps[k] > 0)
       printf(", decode alone %7.1f M/s", s->decode_cps[k] / n / 1e6);
     printf("\n");
@@ -565,6 +619,10 @@ static void print_summary_json(const summary *s, const char *source) {
            s->decode_cps[k] / n);
   for (int k = 0; k < CODINGS; k++)
     printf(",\"steps_within_bound_allowance_%s\":%" PRIu64, codings[k].key, s->within[k]);
+  for (int k = 0; k < CODINGS; k++)
+    if (codings[k].model == PULSE_POS_CLASS)
+      printf(",\"apply_%s_indexed_changed_per_s\":%.6g", codings[k].key,
+             s->indexed_cps[k] / n);
   printf(",\"bound_per_changed\":%.6g,\"dense_per_changed\":%.6g"
          ",\"dense_zstd_per_changed\":%.6g,\"int32_bf16_per_changed\":%.6g"
          ",\"int32_bf16_zstd_per_changed\":%.6g"

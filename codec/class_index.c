@@ -1,0 +1,248 @@
+/* class_index.c - a receiver's index of its weights by position class.
+ *
+ * Class-model patches code each change as a rank among the base elements of
+ * its class (FORMAT.md, "Positions"). Without help a decoder finds positions
+ * with a pass over every base element of a changed chunk: at RL densities
+ * (1-3%) that pass, not the entropy decode, sets the speed. A receiver that
+ * applies patch after patch can keep this index instead: it is derived from
+ * the base weights alone (nothing the patches do not already assume) and a
+ * commit updates it in O(changes), because few changes alter an exponent. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "class_index_impl.h"
+#include "digest_impl.h"
+#include "parallel_impl.h"
+#include "status_impl.h"
+
+static inline uint16_t *block_runs(const pulse_class_index *ix, uint64_t b) {
+  return ix->run + b * PULSE_CLASS_RUNS;
+}
+
+static inline uint32_t block_size(const pulse_class_index *ix, uint64_t b) {
+  uint64_t left = ix->numel - (b << PULSE_CLASS_BLOCK_LOG2);
+  return left < PULSE_CLASS_BLOCK ? (uint32_t)left : PULSE_CLASS_BLOCK;
+}
+
+typedef struct {
+  pulse_class_index *ix;
+  const uint16_t *data;
+} build_job;
+
+/* A counting sort of one block's offsets by class. */
+static void build_block(void *ctx, size_t b) {
+  build_job *job = ctx;
+  pulse_class_index *ix = job->ix;
+  uint32_t n = block_size(ix, b);
+  const uint16_t *bits = job->data + ((uint64_t)b << PULSE_CLASS_BLOCK_LOG2);
+  uint16_t *off = ix->offset + ((uint64_t)b << PULSE_CLASS_BLOCK_LOG2);
+  uint16_t *run = block_runs(ix, b);
+  uint32_t count[PULSE_CLASS_COUNT] = {0};
+  for (uint32_t i = 0; i < n; i++)
+    count[pulse_bf16_class(bits[i])]++;
+  uint32_t at = 0, next[PULSE_CLASS_COUNT];
+  for (unsigned c = 0; c < PULSE_CLASS_COUNT; c++) {
+    run[c] = (uint16_t)at;
+    next[c] = at;
+    at += count[c];
+  }
+  run[PULSE_CLASS_COUNT] = (uint16_t)at; /* the block size: at most 4096 */
+  for (uint32_t i = 0; i < n; i++)
+    off[next[pulse_bf16_class(bits[i])]++] = (uint16_t)i;
+}
+
+/* Blocks per parallel item: enough work to be worth handing out. */
+#define BUILD_GROUP 64u
+
+static void build_group(void *ctx, size_t g) {
+  build_job *job = ctx;
+  uint64_t from = (uint64_t)g * BUILD_GROUP, to = from + BUILD_GROUP;
+  if (to > job->ix->blocks)
+    to = job->ix->blocks;
+  for (uint64_t b = from; b < to; b++)
+    build_block(ctx, (size_t)b);
+}
+
+pulse_status pulse_class_index_build(const uint16_t *data, uint64_t numel, int threads,
+                                     pulse_class_index **out) {
+  if (out != NULL)
+    *out = NULL;
+  if (out == NULL || (data == NULL && numel > 0))
+    return pulse_fail(PULSE_ERR_ARG, "class index: NULL data or output");
+  uint64_t blocks = (numel + PULSE_CLASS_BLOCK - 1) >> PULSE_CLASS_BLOCK_LOG2;
+  if (numel > ((uint64_t)1 << 48))
+    return pulse_fail(PULSE_ERR_OVERFLOW, "class index: %llu elements",
+                      (unsigned long long)numel);
+  pulse_class_index *ix = calloc(1, sizeof *ix);
+  if (ix != NULL) {
+    ix->offset = malloc((size_t)numel * sizeof *ix->offset + 2);
+    ix->run = malloc((size_t)blocks * PULSE_CLASS_RUNS * sizeof *ix->run + 2);
+  }
+  if (ix == NULL || ix->offset == NULL || ix->run == NULL) {
+    pulse_class_index_free(ix);
+    return pulse_fail(PULSE_ERR_NOMEM, "class index: %llu elements", (unsigned long long)numel);
+  }
+  ix->numel = numel;
+  ix->blocks = blocks;
+  build_job job = {ix, data};
+  pulse_parallel_for(threads, (size_t)((blocks + BUILD_GROUP - 1) / BUILD_GROUP), build_group,
+                     &job);
+  ix->digest = pulse_digest_bf16(data, numel);
+  *out = ix;
+  return PULSE_OK;
+}
+
+void pulse_class_index_free(pulse_class_index *ix) {
+  if (ix == NULL)
+    return;
+  free(ix->offset), free(ix->run), free(ix);
+}
+
+pulse_tensor_digest pulse_class_index_digest(const pulse_class_index *ix) {
+  pulse_tensor_digest none = {0, 0};
+  return ix != NULL ? ix->digest : none;
+}
+
+size_t pulse_class_index_bytes(const pulse_class_index *ix) {
+  if (ix == NULL)
+    return 0;
+  return sizeof *ix + (size_t)ix->numel * sizeof *ix->offset +
+         (size_t)ix->blocks * PULSE_CLASS_RUNS * sizeof *ix->run;
+}
+
+pulse_status pulse_class_index_check(const pulse_class_index *ix, const uint16_t *data,
+                                     uint64_t numel) {
+  if (ix == NULL || (data == NULL && numel > 0))
+    return pulse_fail(PULSE_ERR_ARG, "class index check: NULL index or data");
+  if (ix->numel != numel)
+    return pulse_fail(PULSE_ERR_SIZE_MISMATCH, "class index: %llu elements, data %llu",
+                      (unsigned long long)ix->numel, (unsigned long long)numel);
+  pulse_tensor_digest d = pulse_digest_bf16(data, numel);
+  if (d.a != ix->digest.a || d.b != ix->digest.b)
+    return pulse_fail(PULSE_ERR_CORRUPT, "class index: describes other data (digest)");
+  for (uint64_t b = 0; b < ix->blocks; b++) {
+    const uint16_t *run = block_runs(ix, b);
+    const uint16_t *off = ix->offset + (b << PULSE_CLASS_BLOCK_LOG2);
+    const uint16_t *bits = data + (b << PULSE_CLASS_BLOCK_LOG2);
+    if (run[0] != 0 || run[PULSE_CLASS_COUNT] != block_size(ix, b))
+      return pulse_fail(PULSE_ERR_CORRUPT, "class index: block %llu: bad run table",
+                        (unsigned long long)b);
+    for (unsigned c = 0; c < PULSE_CLASS_COUNT; c++) {
+      if (run[c] > run[c + 1])
+        return pulse_fail(PULSE_ERR_CORRUPT, "class index: block %llu: runs out of order",
+                          (unsigned long long)b);
+      for (uint32_t r = run[c]; r < run[c + 1]; r++) {
+        /* Every offset in its class's run, increasing: the runs then hold
+         * each offset exactly once, since their sizes add up to the block. */
+        if (off[r] >= block_size(ix, b) || pulse_bf16_class(bits[off[r]]) != c ||
+            (r > run[c] && off[r] <= off[r - 1]))
+          return pulse_fail(PULSE_ERR_CORRUPT, "class index: block %llu class %u: entry %u",
+                            (unsigned long long)b, c, r);
+      }
+    }
+  }
+  return PULSE_OK;
+}
+
+void pulse_class_index_hist(const pulse_class_index *ix, uint64_t first, uint32_t n,
+                            uint32_t *hist) {
+  memset(hist, 0, PULSE_CLASS_COUNT * sizeof *hist);
+  uint64_t b = first >> PULSE_CLASS_BLOCK_LOG2;
+  uint64_t end = (first + n + PULSE_CLASS_BLOCK - 1) >> PULSE_CLASS_BLOCK_LOG2;
+  for (; b < end; b++) {
+    const uint16_t *run = block_runs(ix, b);
+    for (unsigned c = 0; c < PULSE_CLASS_COUNT; c++)
+      hist[c] += (uint32_t)(run[c + 1] - run[c]);
+  }
+}
+
+uint32_t pulse_class_index_locate(const pulse_class_index *ix, uint64_t first, uint32_t n,
+                                  uint32_t k, const uint32_t *start, const uint32_t *rank,
+                                  const uint16_t *cdelta, uint64_t *pos, uint16_t *delta) {
+  uint64_t b0 = first >> PULSE_CLASS_BLOCK_LOG2;
+  uint64_t end = (first + n + PULSE_CLASS_BLOCK - 1) >> PULSE_CLASS_BLOCK_LOG2;
+  uint32_t out = 0;
+  for (unsigned c = 0; c < PULSE_CLASS_COUNT && out < k; c++) {
+    if (start[c] == start[c + 1])
+      continue;
+    /* Walk the blocks once per class: `before` counts the class's elements
+     * in the blocks passed, so rank - before indexes the current run. */
+    uint64_t b = b0;
+    const uint16_t *run = block_runs(ix, b);
+    uint32_t before = 0, size = (uint32_t)(run[c + 1] - run[c]);
+    for (uint32_t j = start[c]; j < start[c + 1]; j++) {
+      uint32_t r = rank[j];
+      while (r - before >= size) {
+        before += size;
+        if (++b == end)
+          return out; /* the rank is past the end of its class */
+        run = block_runs(ix, b);
+        size = (uint32_t)(run[c + 1] - run[c]);
+      }
+      /* For now the slot in the offsets (its block is the slot's block). */
+      pos[out] = (b << PULSE_CLASS_BLOCK_LOG2) + run[c] + (r - before);
+      delta[out] = cdelta[j];
+      out++;
+    }
+  }
+  /* The offsets' loads in a loop of their own, without the walk's branches:
+   * they miss the cache (a class's entries are sparse in its runs), and so
+   * many are in flight at once. */
+  const uint64_t block_mask = ~(uint64_t)(PULSE_CLASS_BLOCK - 1);
+  for (uint32_t j = 0; j < out; j++)
+    pos[j] = (pos[j] & block_mask) + ix->offset[pos[j]];
+  return out;
+}
+
+/* Moves offset o of a block from class a's run to class b's, keeping each
+ * run sorted. */
+static void move_offset(uint16_t *off, uint16_t *run, uint16_t o, unsigned a, unsigned b) {
+  /* Where o is in run a, and where it goes in run b (binary searches). */
+  uint32_t lo = run[a], hi = run[a + 1];
+  while (lo < hi) {
+    uint32_t mid = (lo + hi) / 2;
+    if (off[mid] < o)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  uint32_t from = lo;
+  lo = run[b], hi = run[b + 1];
+  while (lo < hi) {
+    uint32_t mid = (lo + hi) / 2;
+    if (off[mid] < o)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  uint32_t to = lo; /* o goes before entry `to` of the present array */
+  if (a < b) {
+    /* Runs a+1..b shift down one place; o ends at the end of b's prefix. */
+    memmove(off + from, off + from + 1, (size_t)(to - from - 1) * sizeof *off);
+    off[to - 1] = o;
+    for (unsigned c = a + 1; c <= b; c++)
+      run[c]--;
+  } else {
+    memmove(off + to + 1, off + to, (size_t)(from - to) * sizeof *off);
+    off[to] = o;
+    for (unsigned c = b + 1; c <= a; c++)
+      run[c]++;
+  }
+}
+
+void pulse_class_index_write(pulse_class_index *ix, uint16_t *data, const uint64_t *pos,
+                             const uint16_t *old_bits, const uint16_t *new_bits, uint64_t k) {
+  for (uint64_t j = 0; j < k; j++) {
+    uint64_t p = pos[j];
+    unsigned a = pulse_bf16_class(old_bits[j]), b = pulse_bf16_class(new_bits[j]);
+    /* Most writes keep the class: plain stores, which do not wait for the
+     * line. A class change is moved only if the element still has its old
+     * class, so writing the same changes twice moves it once. */
+    if (a != b && pulse_bf16_class(data[p]) == a) {
+      uint64_t blk = p >> PULSE_CLASS_BLOCK_LOG2;
+      move_offset(ix->offset + (blk << PULSE_CLASS_BLOCK_LOG2), block_runs(ix, blk),
+                  (uint16_t)(p & (PULSE_CLASS_BLOCK - 1)), a, b);
+    }
+    data[p] = new_bits[j];
+  }
+}
