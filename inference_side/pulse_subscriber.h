@@ -280,6 +280,8 @@ typedef struct {
   uint64_t patches_applied;
   uint64_t anchors_applied;
   uint64_t catchups_applied;
+  uint64_t class_index_builds; /* class indexes built (opts.no_class_index) */
+  uint64_t class_index_bytes;  /* memory the targets' class indexes hold */
   /* The last sync that ended at the head (or failed). */
   pulse_sub_route last_route;
   pulse_status last_status;

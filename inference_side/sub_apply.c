@@ -371,6 +371,9 @@ pulse_status sub_apply_anchor(pulse_sub *sub, const pulse_store_object *o) {
     free(sub->targets);
     sub->targets = table;
     sub->ntargets = sub->cap = n;
+    pthread_mutex_lock(&sub->fig_lock);
+    sub->fig.class_index_bytes = 0; /* the new table has none yet */
+    pthread_mutex_unlock(&sub->fig_lock);
   }
   for (size_t k = 0; k < count && st == PULSE_OK; k++) {
     sub_target *tt = &sub->targets[k];

@@ -150,6 +150,7 @@ void sub_targets_index(pulse_sub *sub, const pulse_patch *p, sub_target *const *
       pulse_patch_pos_model(p) != PULSE_POS_CLASS || pulse_patch_chunk_log2(p) < 12)
     return;
   double t0 = sub_now();
+  int built = 0;
   for (size_t i = 0; i < n; i++) {
     sub_target *t = tg[i];
     if (t == NULL || t->data == NULL) /* NULL data: an empty tensor */
@@ -160,6 +161,7 @@ void sub_targets_index(pulse_sub *sub, const pulse_patch *p, sub_target *const *
     pulse_class_index_free(t->index);
     t->index = NULL;
     pulse_status st = pulse_class_index_build(t->data, t->numel, sub->opts.threads, &t->index);
+    built += st == PULSE_OK;
     if (st != PULSE_OK) {
       char msg[PULSE_MAX_NAME + 96];
       snprintf(msg, sizeof msg, "no class index for '%s' (%s): patches decode slower", t->name,
@@ -168,4 +170,13 @@ void sub_targets_index(pulse_sub *sub, const pulse_patch *p, sub_target *const *
     }
   }
   sub->t_decode += sub_now() - t0;
+  if (built == 0)
+    return;
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < sub->ntargets; i++)
+    bytes += pulse_class_index_bytes(sub->targets[i].index);
+  pthread_mutex_lock(&sub->fig_lock);
+  sub->fig.class_index_builds += (uint64_t)built;
+  sub->fig.class_index_bytes = bytes;
+  pthread_mutex_unlock(&sub->fig_lock);
 }

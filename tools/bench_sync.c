@@ -72,8 +72,12 @@ void bench_sync_usage(FILE *out) {
                "  --dense-sample B   bytes of the dense download timed on a "
                "rate-limited link, scaled\n"
                "                     to the whole checkpoint (default 64M)\n"
-               "  --plain            plain position model (decodes in time "
-               "proportional to changes)\n"
+               "  --plain            plain position model (about 40%% more bytes on "
+               "real\n"
+               "                     trajectories; decodes without a class index)\n"
+               "  --no-index         the subscriber keeps no class index (class-model "
+               "patches\n"
+               "                     then decode with a pass over the weights)\n"
                "  --no-stream        download each patch whole before decoding "
                "it (the subscriber\n"
                "                     otherwise decodes chunks while the patch "
@@ -367,7 +371,7 @@ int bench_sync_main(int argc, char **argv) {
   uint64_t params = 100000000, steps = 3, seed = 1,
            dense_sample = (uint64_t)64 << 20;
   double density = 0.01;
-  int json = 0, threads = 0, plain = 0, no_stream = 0, device = 0;
+  int json = 0, threads = 0, plain = 0, no_stream = 0, no_index = 0, device = 0;
   const char *links_spec = "loopback,100mbit,1gbit", *burst = "64kb", *v;
   const char *report = NULL;
   for (int i = 1; i < argc; i++) {
@@ -419,6 +423,8 @@ int bench_sync_main(int argc, char **argv) {
       plain = 1;
     } else if (pulse_tk_opt_flag(argv[i], "--no-stream")) {
       no_stream = 1;
+    } else if (pulse_tk_opt_flag(argv[i], "--no-index")) {
+      no_index = 1;
     } else if (pulse_tk_opt_flag(argv[i], "--device")) {
       device = 1;
     } else if (pulse_tk_opt_flag(argv[i], "--json")) {
@@ -587,6 +593,7 @@ int bench_sync_main(int argc, char **argv) {
   o.threads = threads;
   o.parallel = 4;
   o.no_streaming = no_stream;
+  o.no_class_index = no_index;
   for (size_t i = 0; targets && i < m.count; i++)
     targets[i] = calloc(m.numel[i], 2);
   t0 = pulse_tk_now();

@@ -63,6 +63,9 @@ static void usage(FILE *f) {
       "  --no-stream         download each patch whole before decoding it "
       "(default: decode\n"
       "                      while it downloads, commit once it verified)\n"
+      "  --no-class-index    keep no class index of the weights (saves about 2.1\n"
+      "                      bytes per parameter of memory; class-model patches\n"
+      "                      then decode with a pass over the weights, ~3x slower)\n"
       "Exit status: 0 synced (or stopped cleanly), 1 error, 2 usage.\n");
 }
 
@@ -283,7 +286,7 @@ static void *stop_wait(void *arg) {
 int main(int argc, char **argv) {
   const char *out = NULL, *cache = NULL, *key_hex = NULL, *serve = NULL, *v;
   int follow = 0, json = 0, unsigned_ = 0, no_catchup = 0, threads = 0,
-      no_stream = 0, retries = 6, parallel = 4, timeout_s = 30;
+      no_stream = 0, no_index = 0, retries = 6, parallel = 4, timeout_s = 30;
   uint64_t rate = 0;
   const char *urls[64];
   size_t nurls = 0;
@@ -339,6 +342,8 @@ int main(int argc, char **argv) {
       no_catchup = 1;
     } else if (pulse_tk_opt_flag(argv[i], "--no-stream")) {
       no_stream = 1;
+    } else if (pulse_tk_opt_flag(argv[i], "--no-class-index")) {
+      no_index = 1;
     } else if (pulse_tk_opt_flag(argv[i], "--insecure-unsigned")) {
       unsigned_ = 1;
     } else if (argv[i][0] == '-' && argv[i][1] != '\0') {
@@ -390,6 +395,7 @@ int main(int argc, char **argv) {
   o.mirror = serve != NULL;
   o.threads = threads;
   o.no_streaming = no_stream;
+  o.no_class_index = no_index;
   o.on_event = on_event;
   o.on_event_ctx = &oc;
   int rc = 0;

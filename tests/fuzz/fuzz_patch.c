@@ -2,12 +2,14 @@
  * the input; when it opens, every tensor up to a size bound gets the
  * deterministic base of patch_testutil.h (the corpus seeds are encoded
  * against it), then decode_tensor, apply (partial table, and the full
- * table when every tensor is small) and a one-patch squash run on copies.
+ * table when every tensor is small), apply through class indexes, and a
+ * one-patch squash run on copies.
  *
  * Besides memory errors (ASan/UBSan) it traps on broken promises: a decoded
  * change list out of range or not increasing, a failed apply that wrote, a
- * successful apply whose result differs from the decoded changes, a squash
- * output that does not open. */
+ * successful apply whose result differs from the decoded changes, an
+ * indexed apply that ends otherwise than the plain one or leaves an index
+ * that does not describe the weights, a squash output that does not open. */
 #include "../codec/patch_testutil.h"
 
 #define MAX_NUMEL (1ull << 22) /* per tensor */
@@ -105,6 +107,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   for (size_t k = 0; k < nh; k++)
     all_decoded &= hs[k].decoded;
 
+  pulse_status st_partial = PULSE_OK;
   for (int partial = 1; partial >= 0; partial--) {
     if (!partial && nh != n)
       break;
@@ -112,6 +115,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     ao.partial_table = partial;
     ao.threads = partial ? 1 : 2;
     pulse_status st = pulse_patch_apply(p, h, nh, &ao);
+    if (partial)
+      st_partial = st;
     if (st == PULSE_OK) {
       CHECK(all_decoded);
       CHECK(all_equal(h, hs, nh, 1));
@@ -122,6 +127,21 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
   }
 
+  /* Through class indexes of the bases: the same status and result, and
+   * the indexes still describe the weights, whichever they are. */
+  for (size_t k = 0; k < nh; k++)
+    CHECK(pulse_class_index_build(h[k].data, h[k].numel, 1, &h[k].class_index) == PULSE_OK);
+  pulse_apply_opts iao = PULSE_APPLY_OPTS_INIT;
+  iao.partial_table = 1;
+  pulse_status ist = pulse_patch_apply(p, h, nh, &iao);
+  CHECK(ist == st_partial);
+  CHECK(all_equal(h, hs, nh, ist == PULSE_OK));
+  for (size_t k = 0; k < nh; k++) {
+    CHECK(pulse_class_index_check(h[k].class_index, h[k].data, h[k].numel) == PULSE_OK);
+    pulse_class_index_free(h[k].class_index);
+    h[k].class_index = NULL;
+    memcpy(h[k].data, hs[k].base, (size_t)hs[k].numel * 2);
+  }
   /* A chain of one: decodes every section and encodes it again. */
   if (nh == n) {
     const uint16_t **base = pt_alloc((n + 1) * sizeof *base);

@@ -43,9 +43,9 @@ static void fuzz_tensor(pt_tensor *t, size_t index, const char *name,
   pt_apply_changes(t->target, &t->changes);
 }
 
-static void seed(const char *name, pulse_pos_model model, pt_tensor *ts,
-                 size_t n) {
-  pulse_encode_opts o = pt_opts(model, 10, 1);
+static void seed_chunks(const char *name, pulse_pos_model model, pt_tensor *ts, size_t n,
+                        uint32_t chunk_log2) {
+  pulse_encode_opts o = pt_opts(model, chunk_log2, 1);
   o.format_version = format_version;
   pulse_buffer b = {NULL, 0};
   if (pt_encode(&o, ts, n, &b) != PULSE_OK) {
@@ -55,6 +55,10 @@ static void seed(const char *name, pulse_pos_model model, pt_tensor *ts,
   write_file(seed_dir, name, b.data, b.size);
   pulse_buffer_free(&b);
   pt_tensors_free(ts, n);
+}
+
+static void seed(const char *name, pulse_pos_model model, pt_tensor *ts, size_t n) {
+  seed_chunks(name, model, ts, n, 10);
 }
 
 static void write_seeds(void) {
@@ -87,6 +91,12 @@ static void write_seeds(void) {
     fuzz_tensor(&ts[1], 1, "scalar", 0, NULL, 1.0, 1, 9);
     snprintf(name, sizeof name, "seed-%s-edges.bin", tag);
     seed(name, model, ts, 2);
+
+    /* Chunks of whole class-index blocks (4096): applied through an index. */
+    uint64_t blocks = 9000;
+    fuzz_tensor(&ts[0], 0, "blocks", 1, &blocks, 0.02, 1, 10 + (uint64_t)m);
+    snprintf(name, sizeof name, "seed-%s-index-blocks.bin", tag);
+    seed_chunks(name, model, ts, 1, 12);
   }
   format_version = 0;
   seed("seed-empty-table.bin", PULSE_POS_CLASS, NULL, 0);

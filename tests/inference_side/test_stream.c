@@ -96,6 +96,61 @@ Test(inference_side, streamed_and_whole_patches_reach_the_same_state) {
   it_trainer_down(&t);
 }
 
+/* Host targets keep class indexes between patches (built once, kept by
+ * every commit, rebuilt after an anchor rewrote the weights); with or
+ * without them, streamed or whole, every step is bit-identical. */
+Test(inference_side, class_indexes_are_kept_across_patches_and_anchors) {
+  for (int no_index = 0; no_index < 2; no_index++)
+    for (int whole = 0; whole < 2; whole++) {
+      it_trainer t;
+      it_trainer_up(&t, 3, 2, 20); /* anchors every 3 steps, 2 patches kept */
+      it_trainer_run(&t, 0, 2, 0.02);
+      char *cache = tu_make_dir();
+      const char *urls[1];
+      pulse_sub_opts o = it_sub_opts(&t, cache, urls);
+      o.use_catchup = 0;
+      o.no_streaming = whole;
+      o.no_class_index = no_index;
+      pulse_sub *sub;
+      it_targets tg;
+      cr_assert_eq(pulse_sub_create(&o, &sub), PULSE_OK);
+      for (int i = 0; i < TU_TENSORS; i++) { /* the worker holds step 0 */
+        tg.data[i] = tu_alloc(t.m.numel[i] * 2);
+        memcpy(tg.data[i], t.bits[0][i], t.m.numel[i] * 2);
+        cr_assert_eq(pulse_sub_attach_host(sub, t.m.info[i].name, t.m.info[i].ndim,
+                                           t.m.info[i].shape, tg.data[i]),
+                     PULSE_OK);
+      }
+      cr_assert_eq(pulse_sub_assume_step(sub, 0), PULSE_OK);
+      cr_assert_eq(pulse_sub_sync(sub), PULSE_OK, "%s", pulse_sub_error(sub));
+      cr_assert(it_targets_equal(&tg, &t, t.step), "no_index %d whole %d", no_index, whole);
+      pulse_sub_figures f;
+      pulse_sub_figures_get(sub, &f);
+      cr_assert_eq(f.patches_applied, t.step);
+      cr_assert_eq(f.anchors_applied, 0);
+      uint64_t builds = no_index ? 0 : TU_TENSORS;
+      cr_assert_eq(f.class_index_builds, builds, "one build per tensor, kept by the commits");
+      cr_assert_eq(f.class_index_bytes > 0, !no_index);
+      /* Past the retained patches: an anchor rewrites the weights, and the
+       * next patch rebuilds the indexes (the old ones no longer match). */
+      uint64_t from = t.step + 1;
+      it_trainer_run(&t, from, from + 6, 0.02);
+      cr_assert_eq(pulse_sub_sync(sub), PULSE_OK, "%s", pulse_sub_error(sub));
+      cr_assert(it_targets_equal(&tg, &t, t.step));
+      pulse_sub_figures_get(sub, &f);
+      cr_assert_eq(f.anchors_applied, 1);
+      it_trainer_run(&t, t.step + 1, t.step + 2, 0.02);
+      cr_assert_eq(pulse_sub_sync(sub), PULSE_OK, "%s", pulse_sub_error(sub));
+      cr_assert(it_targets_equal(&tg, &t, t.step));
+      pulse_sub_figures_get(sub, &f);
+      cr_assert_eq(f.class_index_builds, 2 * builds, "rebuilt once after the anchor");
+      pulse_sub_free(sub);
+      it_targets_free(&tg);
+      tu_rm_rf(cache);
+      it_trainer_down(&t);
+    }
+}
+
 Test(inference_side, a_partial_patch_download_resumes_and_streams) {
   it_trainer t;
   it_trainer_up(&t, 100, 32, 40);
