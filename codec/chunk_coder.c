@@ -457,9 +457,9 @@ pulse_status pulse_chunk_decode(unsigned version, pulse_pos_model model, const u
 }
 
 pulse_status pulse_chunk_decode_indexed(unsigned version, const pulse_class_index *ix,
-                                        uint64_t first, uint32_t n, const uint8_t *stream,
-                                        size_t size, uint32_t k, uint64_t *pos,
-                                        uint16_t *delta) {
+                                        const uint16_t *data, uint64_t first, uint32_t n,
+                                        const uint8_t *stream, size_t size, uint32_t k,
+                                        uint64_t *pos, uint16_t *delta) {
   uint32_t hist[PULSE_CLASS_COUNT], start[PULSE_CLASS_COUNT + 1];
   uint32_t *rank = malloc((size_t)k * sizeof *rank + 4);
   uint16_t *cdelta = malloc((size_t)k * sizeof *cdelta + 2);
@@ -472,7 +472,7 @@ pulse_status pulse_chunk_decode_indexed(unsigned version, const pulse_class_inde
     st = pulse_chunk_decode_ranks(version, PULSE_POS_CLASS, version == 1 ? hist : NULL, n,
                                   stream, size, k, start, rank, cdelta);
   if (st == PULSE_OK &&
-      pulse_class_index_locate(ix, first, n, k, start, rank, cdelta, pos, delta) != k)
+      pulse_class_index_locate(ix, first, n, k, start, rank, cdelta, data, pos, delta) != k)
     st = pulse_fail(PULSE_ERR_POSITION, "chunk: a class rank is past the end of its class");
   free(rank), free(cdelta);
   return st;

@@ -75,11 +75,12 @@ pulse_status pulse_chunk_decode(unsigned version, pulse_pos_model model, const u
  * index (class_index_impl.h) instead of a pass over the base: the chunk of
  * n elements starts at tensor position `first`, a multiple of the index's
  * block size. Positions (first + chunk position) come out class-major, not
- * in storage order. */
+ * in storage order. data (the whole tensor the index describes, or NULL)
+ * is only prefetched at each change, for a caller that reads it next. */
 pulse_status pulse_chunk_decode_indexed(unsigned version, const pulse_class_index *ix,
-                                        uint64_t first, uint32_t n, const uint8_t *stream,
-                                        size_t size, uint32_t k, uint64_t *pos,
-                                        uint16_t *delta);
+                                        const uint16_t *data, uint64_t first, uint32_t n,
+                                        const uint8_t *stream, size_t size, uint32_t k,
+                                        uint64_t *pos, uint16_t *delta);
 
 /* The version 2 coder behind the two functions above (chunk_fast.c). */
 pulse_status pulse_chunk2_encode_ranks(pulse_pos_model model, uint32_t k, const uint8_t *cls,

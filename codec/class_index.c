@@ -158,7 +158,8 @@ void pulse_class_index_hist(const pulse_class_index *ix, uint64_t first, uint32_
 
 uint32_t pulse_class_index_locate(const pulse_class_index *ix, uint64_t first, uint32_t n,
                                   uint32_t k, const uint32_t *start, const uint32_t *rank,
-                                  const uint16_t *cdelta, uint64_t *pos, uint16_t *delta) {
+                                  const uint16_t *cdelta, const uint16_t *prefetch,
+                                  uint64_t *pos, uint16_t *delta) {
   uint64_t b0 = first >> PULSE_CLASS_BLOCK_LOG2;
   uint64_t end = (first + n + PULSE_CLASS_BLOCK - 1) >> PULSE_CLASS_BLOCK_LOG2;
   uint32_t out = 0;
@@ -189,8 +190,15 @@ uint32_t pulse_class_index_locate(const pulse_class_index *ix, uint64_t first, u
    * they miss the cache (a class's entries are sparse in its runs), and so
    * many are in flight at once. */
   const uint64_t block_mask = ~(uint64_t)(PULSE_CLASS_BLOCK - 1);
-  for (uint32_t j = 0; j < out; j++)
+  if (prefetch == NULL) {
+    for (uint32_t j = 0; j < out; j++)
+      pos[j] = (pos[j] & block_mask) + ix->offset[pos[j]];
+    return out;
+  }
+  for (uint32_t j = 0; j < out; j++) {
     pos[j] = (pos[j] & block_mask) + ix->offset[pos[j]];
+    __builtin_prefetch(prefetch + pos[j]); /* the old bits are read next */
+  }
   return out;
 }
 

@@ -36,6 +36,16 @@ static inline int pulse_class_index_matches(const pulse_class_index *ix, uint64_
   return ix != NULL && ix->numel == numel && ix->digest.a == d.a && ix->digest.b == d.b;
 }
 
+/* Apply options of these versions are accepted (1 has no class_index). */
+static inline int pulse_apply_opts_known(const pulse_apply_opts *opts) {
+  return opts->struct_version >= 1 && opts->struct_version <= PULSE_APPLY_OPTS_VERSION;
+}
+
+/* The options' class index for targets[j], or NULL. */
+static inline pulse_class_index *pulse_apply_opts_index(const pulse_apply_opts *opts, size_t j) {
+  return opts->struct_version >= 2 && opts->class_index != NULL ? opts->class_index[j] : NULL;
+}
+
 /* The class counts of the n elements from `first` (a multiple of the block
  * size): hist[PULSE_CLASS_COUNT]. */
 void pulse_class_index_hist(const pulse_class_index *ix, uint64_t first, uint32_t n,
@@ -44,11 +54,13 @@ void pulse_class_index_hist(const pulse_class_index *ix, uint64_t first, uint32_
 /* pulse_chunk_locate through the index: the class-major rank form of the
  * chunk of n elements from `first` (a multiple of the block size) to
  * positions (first + chunk position) and deltas, class-major rather than in
- * storage order. Returns how many it found: k when every rank is inside its
- * class. */
+ * storage order. prefetch (the tensor's data, or NULL) is prefetched at each
+ * position found. Returns how many it found: k when every rank is inside
+ * its class. */
 uint32_t pulse_class_index_locate(const pulse_class_index *ix, uint64_t first, uint32_t n,
                                   uint32_t k, const uint32_t *start, const uint32_t *rank,
-                                  const uint16_t *cdelta, uint64_t *pos, uint16_t *delta);
+                                  const uint16_t *cdelta, const uint16_t *prefetch,
+                                  uint64_t *pos, uint16_t *delta);
 
 /* Writes new bits at k distinct positions of data, whose old bits are
  * old_bits, and moves each element whose class changes to its new run. The

@@ -29,7 +29,8 @@ pulse_status patch_decode_chunk(const pulse_patch *p, size_t t, uint64_t j,
   uint32_t n = patch_chunk_elems(p, tt, j);
   pulse_status st =
       ix != NULL && patch_can_use_index(p)
-          ? pulse_chunk_decode_indexed(p->version, ix, first, n, stream, size, k, pos, delta)
+          ? pulse_chunk_decode_indexed(p->version, ix, base, first, n, stream, size, k, pos,
+                                       delta)
           : pulse_chunk_decode(p->version, p->model, base ? base + first : NULL, n, stream, size,
                                k, first, pos, delta);
   if (st != PULSE_OK)
@@ -166,7 +167,7 @@ pulse_status pulse_patch_stage(const pulse_patch *p, pulse_host_tensor *targets,
   if (opts == NULL)
     opts = &defaults;
   if (out == NULL || p == NULL || (targets == NULL && count > 0) ||
-      opts->struct_version != PULSE_APPLY_OPTS_VERSION)
+      !pulse_apply_opts_known(opts))
     return pulse_fail(PULSE_ERR_ARG, "apply: NULL patch or targets, or options of another version");
   *out = NULL;
   size_t n = p->count;
@@ -234,10 +235,11 @@ pulse_status pulse_patch_stage(const pulse_patch *p, pulse_host_tensor *targets,
     if (st != PULSE_OK)
       goto done;
   }
-  for (size_t i = 0; i < n; i++)
-    if (target[i] != NULL &&
-        pulse_class_index_matches(target[i]->class_index, target[i]->numel, digest[i]))
-      s->index[i] = target[i]->class_index;
+  for (size_t i = 0; i < n; i++) {
+    pulse_class_index *ix = target[i] ? pulse_apply_opts_index(opts, (size_t)(target[i] - targets)) : NULL;
+    if (pulse_class_index_matches(ix, target[i] ? target[i]->numel : 0, digest[i]))
+      s->index[i] = ix;
+  }
   s->times.verify_seconds = now_s() - t0;
 
   /* Decode everything into staging, in parallel over chunks. */

@@ -222,11 +222,14 @@ static pulse_status check_base(pulse_patch_stream *s,
           "apply: the base state is not the patch's base (step %llu)",
           (unsigned long long)p->base_step);
   }
-  for (size_t i = 0; i < p->count; i++)
-    if (s->target[i] != NULL &&
-        pulse_class_index_matches(s->target[i]->class_index,
-                                  s->target[i]->numel, s->digest[i]))
-      s->index[i] = s->target[i]->class_index;
+  for (size_t i = 0; i < p->count; i++) {
+    if (s->target[i] == NULL)
+      continue;
+    pulse_class_index *ix =
+        pulse_apply_opts_index(opts, (size_t)(s->target[i] - targets));
+    if (pulse_class_index_matches(ix, s->target[i]->numel, s->digest[i]))
+      s->index[i] = ix;
+  }
   return PULSE_OK;
 }
 
@@ -238,7 +241,7 @@ pulse_status pulse_patch_stream_begin(const pulse_patch *p,
   if (opts == NULL)
     opts = &defaults;
   if (out == NULL || p == NULL || (targets == NULL && count > 0) ||
-      opts->struct_version != PULSE_APPLY_OPTS_VERSION)
+      !pulse_apply_opts_known(opts))
     return pulse_fail(
         PULSE_ERR_ARG,
         "patch stream: NULL patch or targets, or options of another version");

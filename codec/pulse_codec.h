@@ -291,12 +291,6 @@ typedef struct {
   /* In: the tensor's current digest when known (skips a full pass over the
    * data); NULL computes it. */
   const pulse_tensor_digest *digest;
-  /* In/out, optional: an index of `data` (pulse_class_index_build). Apply
-   * decodes class-model patches through it and a commit updates it with the
-   * data. An index built over other data (its digest differs) is ignored,
-   * never trusted, so a caller that changed `data` loses only speed; it is
-   * then stale until rebuilt. NULL: a pass over each changed chunk's base. */
-  pulse_class_index *class_index;
 } pulse_host_tensor;
 
 /* Apply options; start from PULSE_APPLY_OPTS_INIT. */
@@ -308,10 +302,19 @@ typedef struct {
    * subset (a shard holder); only their per-tensor digests are checked.
    * Targets the patch does not name are never touched. */
   int partial_table;
+  /* Version 2. NULL, or one entry per target (parallel to `targets`; NULL
+   * entries for none): an index of that target's data
+   * (pulse_class_index_build). Apply decodes class-model patches through it
+   * and a commit updates it with the data. An index of other data (its
+   * digest is not the target's) is ignored, never trusted: a caller that
+   * changed the data loses only speed, and the index stays stale until
+   * rebuilt. Without one, a pass over each changed chunk's base. */
+  pulse_class_index *const *class_index;
 } pulse_apply_opts;
 
-#define PULSE_APPLY_OPTS_VERSION 1u
-#define PULSE_APPLY_OPTS_INIT {PULSE_APPLY_OPTS_VERSION, 1, 0}
+#define PULSE_APPLY_OPTS_VERSION 2u
+#define PULSE_APPLY_OPTS_INIT {PULSE_APPLY_OPTS_VERSION, 1, 0, NULL}
+
 
 /** Applies a patch transactionally: every target's base digest is checked,
  * every section fully decoded and the target digests checked before the first

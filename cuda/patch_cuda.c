@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "chunk_impl.h"
+#include "class_index_impl.h"
 #include "cuda_impl.h"
 #include "parallel_impl.h"
 #include "patch_impl.h"
@@ -301,7 +302,7 @@ pulse_status pulse_cuda_patch_apply(pulse_cuda_workspace *ws,
   if (opts == NULL)
     opts = &defaults;
   if (p == NULL || (targets == NULL && count > 0) ||
-      opts->struct_version != PULSE_APPLY_OPTS_VERSION)
+      !pulse_apply_opts_known(opts)) /* class_index: host targets only */
     return pulse_fail(
         PULSE_ERR_ARG,
         "cuda apply: NULL patch or targets, or options of another version");

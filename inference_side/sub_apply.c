@@ -154,9 +154,10 @@ pulse_status sub_apply_patch(pulse_sub *sub, const pulse_patch *p) {
   size_t n = pulse_patch_tensor_count(p);
   sub_target **tg = calloc(n + 1, sizeof *tg);
   pulse_host_tensor *ht = calloc(n + 1, sizeof *ht);
+  pulse_class_index **ix = calloc(n + 1, sizeof *ix);
   pulse_status st = PULSE_OK;
   int full = 0;
-  if (tg == NULL || ht == NULL) {
+  if (tg == NULL || ht == NULL || ix == NULL) {
     st = pulse_fail(PULSE_ERR_NOMEM, "staging a patch of %zu tensors", n);
     goto done;
   }
@@ -189,12 +190,14 @@ pulse_status sub_apply_patch(pulse_sub *sub, const pulse_patch *p) {
   sub_targets_index(sub, p, tg, n);
   size_t k = 0;
   for (size_t i = 0; i < n; i++)
-    if (tg[i] != NULL)
-      ht[k++] = (pulse_host_tensor){tg[i]->name, tg[i]->data, tg[i]->numel, &tg[i]->digest,
-                                    tg[i]->index};
+    if (tg[i] != NULL) {
+      ix[k] = tg[i]->index;
+      ht[k++] = (pulse_host_tensor){tg[i]->name, tg[i]->data, tg[i]->numel, &tg[i]->digest};
+    }
   pulse_apply_opts ao = PULSE_APPLY_OPTS_INIT;
   ao.threads = sub->opts.threads;
   ao.partial_table = !full;
+  ao.class_index = ix;
   pulse_patch_staged *staged = NULL;
   st = pulse_patch_stage(p, ht, k, &ao, &staged);
   if (st != PULSE_OK) {
@@ -213,7 +216,7 @@ committed:
   if (st == PULSE_OK)
     sub->file_dirty = sub->mem == SUB_MEM_FILE;
 done:
-  free(tg), free(ht);
+  free(tg), free(ht), free(ix);
   return st;
 }
 

@@ -84,19 +84,25 @@ static pulse_status ps_open(patch_sink *ps) {
     return pulse_fail(PULSE_ERR_NOMEM, "streaming a patch of %zu tensors", n);
   PULSE_TRY(sub_apply_match(sub, ps->p, ps->tg, &ps->full));
   sub_targets_index(sub, ps->p, ps->tg, n);
+  pulse_class_index **ix = calloc(n + 1, sizeof *ix); /* read by begin only */
+  if (ix == NULL)
+    return pulse_fail(PULSE_ERR_NOMEM, "streaming a patch of %zu tensors", n);
   size_t k = 0;
   for (size_t i = 0; i < n; i++)
-    if (ps->tg[i] != NULL)
+    if (ps->tg[i] != NULL) {
+      ix[k] = ps->tg[i]->index;
       ps->ht[k++] = (pulse_host_tensor){ps->tg[i]->name, ps->tg[i]->data,
-                                        ps->tg[i]->numel, &ps->tg[i]->digest,
-                                        ps->tg[i]->index};
+                                        ps->tg[i]->numel, &ps->tg[i]->digest};
+    }
   pulse_apply_opts ao = PULSE_APPLY_OPTS_INIT;
   ao.threads = sub->opts.threads;
   ao.partial_table = !ps->full;
+  ao.class_index = ix;
   /* Mostly the base digest checks (the rest starts the decode threads). */
   t0 = sub_now();
   st = pulse_patch_stream_begin(ps->p, ps->ht, k, &ao, &ps->s);
   sub->t_verify += sub_now() - t0;
+  free(ix);
   return st;
 }
 

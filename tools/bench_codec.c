@@ -79,6 +79,7 @@ typedef struct {
   pulse_tensor_digest *digests; /* per tensor, of old_bf16 */
   pulse_encode_tensor *enc;     /* per tensor */
   pulse_host_tensor *targets;
+  pulse_class_index **index; /* per tensor, for indexed applies */
   const void **cur;       /* per tensor: new weights as detection reads them */
   pulse_dtype *cur_dtype; /* per tensor */
 } codec_ctx;
@@ -151,6 +152,7 @@ static void ctx_free(codec_ctx *c) {
   free(c->digests);
   free(c->enc);
   free(c->targets);
+  free(c->index);
   free(c->cur);
   free(c->cur_dtype);
 }
@@ -165,13 +167,14 @@ static int ctx_alloc(codec_ctx *c) {
   c->digests = calloc(n, sizeof *c->digests);
   c->enc = calloc(n, sizeof *c->enc);
   c->targets = calloc(n, sizeof *c->targets);
+  c->index = calloc(n + 1, sizeof *c->index);
   c->cur = calloc(n, sizeof *c->cur);
   c->cur_dtype = calloc(n, sizeof *c->cur_dtype);
   /* memcpy destination: up to F32 weights plus the BF16 snapshot */
   c->copy_cap = (size_t)total * 6 + 1;
   c->copy_dst = malloc(c->copy_cap);
   if (c->old_bf16 == NULL || c->work == NULL || c->changes == NULL ||
-      c->digests == NULL || c->enc == NULL || c->targets == NULL ||
+      c->digests == NULL || c->enc == NULL || c->targets == NULL || c->index == NULL ||
       c->cur == NULL || c->cur_dtype == NULL || c->copy_dst == NULL) {
     fprintf(stderr, PROG ": out of memory for %" PRIu64 " parameters\n", total);
     return 1;
@@ -232,8 +235,8 @@ static int decode_streams(const pulse_buffer *patch, const char *label, int reps
 
 static void free_indexes(codec_ctx *c) {
   for (size_t i = 0; i < c->table.count; i++) {
-    pulse_class_index_free(c->targets[i].class_index);
-    c->targets[i].class_index = NULL;
+    pulse_class_index_free(c->index[i]);
+    c->index[i] = NULL;
   }
 }
 
@@ -247,6 +250,7 @@ static int apply_patch(codec_ctx *c, step_result *r,
   const bench_table *tb = &c->table;
   pulse_apply_opts opts = PULSE_APPLY_OPTS_INIT;
   opts.threads = 1;
+  opts.class_index = c->index; /* NULL entries unless indexed */
   double t[MAX_REPS];
   for (int k = 0; k < reps; k++) {
     memcpy(c->work, c->old_bf16, (size_t)tb->total * 2);
@@ -261,13 +265,13 @@ static int apply_patch(codec_ctx *c, step_result *r,
       double b0 = pulse_tk_now();
       r->index_bytes = 0;
       for (size_t i = 0; i < tb->count; i++) {
-        pulse_status st = pulse_class_index_build(c->targets[i].data, c->targets[i].numel, 1,
-                                                  &c->targets[i].class_index);
+        pulse_status st =
+            pulse_class_index_build(c->targets[i].data, c->targets[i].numel, 1, &c->index[i]);
         if (st != PULSE_OK) {
           free_indexes(c);
           return fail_status("class index", st);
         }
-        r->index_bytes += pulse_class_index_bytes(c->targets[i].class_index);
+        r->index_bytes += pulse_class_index_bytes(c->index[i]);
       }
       r->index_build_s = pulse_tk_since(b0);
     }
@@ -281,8 +285,7 @@ static int apply_patch(codec_ctx *c, step_result *r,
     pulse_patch_free(p);
     if (indexed && st == PULSE_OK) /* the commits kept each index exact */
       for (size_t i = 0; i < tb->count && st == PULSE_OK; i++)
-        st = pulse_class_index_check(c->targets[i].class_index, c->targets[i].data,
-                                     c->targets[i].numel);
+        st = pulse_class_index_check(c->index[i], c->targets[i].data, c->targets[i].numel);
     free_indexes(c);
     if (st != PULSE_OK) {
       char what[64];

@@ -83,7 +83,7 @@ int main(int argc, char **argv) {
       rc = 1;
       goto done;
     }
-    targets[i] = (pulse_host_tensor){base.info[i].name, base.bits[i], base.numel[i], NULL, NULL};
+    targets[i] = (pulse_host_tensor){base.info[i].name, base.bits[i], base.numel[i], NULL};
   }
   pulse_apply_opts opts = PULSE_APPLY_OPTS_INIT;
   opts.threads = threads;

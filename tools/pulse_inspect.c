@@ -89,7 +89,7 @@ static int inspect_patch(const char *path, const pulse_buffer *bytes, const char
     } else {
       pulse_host_tensor *tg = calloc(base.count + 1, sizeof *tg);
       for (size_t i = 0; tg && i < base.count; i++)
-        tg[i] = (pulse_host_tensor){base.info[i].name, base.bits[i], base.numel[i], NULL, NULL};
+        tg[i] = (pulse_host_tensor){base.info[i].name, base.bits[i], base.numel[i], NULL};
       pulse_apply_opts o = PULSE_APPLY_OPTS_INIT;
       o.threads = 0;
       st = tg ? pulse_patch_apply(p, tg, base.count, &o) : PULSE_ERR_NOMEM;

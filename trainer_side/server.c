@@ -155,10 +155,13 @@ void pulse_server_free(pulse_server *srv) {
   pthread_mutex_unlock(&srv->lock);
   if (srv->daemon != NULL) {
     /* Suspended connections must be resumed before the daemon stops; they
-     * answer with the current head. Give them a moment to be answered. */
+     * answer with the current head. Give them a moment to be answered.
+     * The daemon keeps accepting meanwhile (a long poll that arrives now
+     * returns at once, as stopping is set): MHD_quiesce_daemon would stop
+     * that, but with a thread pool on epoll it races the workers' own
+     * removal of the listen socket and can abort the process ("Failed to
+     * remove listen FD from epoll set", seen once under ASan). */
     srv_wake_all(srv);
-    /* Ours to close, once the daemon's threads are gone. */
-    MHD_socket listen_fd = MHD_quiesce_daemon(srv->daemon);
     for (int i = 0; i < 200; i++) {
       pthread_mutex_lock(&srv->lock);
       size_t n = srv->nwaiters + srv->resumed;
@@ -168,9 +171,7 @@ void pulse_server_free(pulse_server *srv) {
       srv_wake_all(srv);
       usleep(5000);
     }
-    MHD_stop_daemon(srv->daemon);
-    if (listen_fd != MHD_INVALID_SOCKET)
-      close(listen_fd);
+    MHD_stop_daemon(srv->daemon); /* closes the listen socket too */
   }
   srv_watcher_stop(srv);
   srv_catchup_free(srv);

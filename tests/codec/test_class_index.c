@@ -8,6 +8,8 @@
 #include "patch_testutil.h"
 #include "pulse_codec_stream.h"
 
+#include <stddef.h>
+
 #include <criterion/criterion.h>
 
 /* Codings: the class model in both versions (the index's users) and plain,
@@ -104,16 +106,17 @@ static uint64_t class_moves(const trajectory_step *st) {
   return moves;
 }
 
-/* Applies bytes to h (with their indexes) staged (streamed = 0) or
- * streamed in one feed. */
-static pulse_status apply_bytes(const pulse_buffer *buf, pulse_host_tensor *h, size_t n,
-                                int streamed) {
+/* Applies bytes to h through the indexes ix (parallel to h, or NULL),
+ * staged (streamed = 0) or streamed in one feed. */
+static pulse_status apply_bytes(const pulse_buffer *buf, pulse_host_tensor *h,
+                                pulse_class_index *const *ix, size_t n, int streamed) {
   pulse_patch *p = NULL;
   pulse_status st = pulse_patch_open(buf->data, buf->size, &p);
   if (st != PULSE_OK)
     return st;
   pulse_apply_opts ao = PULSE_APPLY_OPTS_INIT;
   ao.threads = 2;
+  ao.class_index = ix;
   if (!streamed) {
     st = pulse_patch_apply(p, h, n, &ao);
   } else {
@@ -142,6 +145,7 @@ Test(class_index, applying_through_it_is_bit_exact_and_keeps_it_current) {
         uint64_t s = 1000u * (uint64_t)coding + 10u * c + (uint64_t)streamed;
         uint16_t *cur[3];
         pulse_host_tensor with[3] = {{0}}, without[3] = {{0}};
+        pulse_class_index *wix[3] = {NULL, NULL, NULL};
         for (size_t i = 0; i < 3; i++) {
           cur[i] = pt_alloc(numel[i] * 2);
           for (uint64_t e = 0; e < numel[i]; e++)
@@ -163,12 +167,11 @@ Test(class_index, applying_through_it_is_bit_exact_and_keeps_it_current) {
             with[i].data = cur[i];
             if (without[i].data == NULL)
               without[i].data = pt_copy(cur[i], numel[i]);
-            if (with[i].class_index == NULL) /* built once, kept by commits */
-              cr_assert_eq(pulse_class_index_build(cur[i], numel[i], 1, &with[i].class_index),
-                           PULSE_OK);
+            if (wix[i] == NULL) /* built once, kept by commits */
+              cr_assert_eq(pulse_class_index_build(cur[i], numel[i], 1, &wix[i]), PULSE_OK);
           }
-          pulse_status a = apply_bytes(&buf, with, 3, streamed);
-          pulse_status b = apply_bytes(&buf, without, 3, streamed);
+          pulse_status a = apply_bytes(&buf, with, wix, 3, streamed);
+          pulse_status b = apply_bytes(&buf, without, NULL, 3, streamed);
           cr_assert_eq(a, PULSE_OK, "%s: with the index: %s", label, pulse_error_detail());
           cr_assert_eq(b, PULSE_OK, "%s: without: %s", label, pulse_error_detail());
           for (size_t i = 0; i < 3; i++) {
@@ -176,13 +179,13 @@ Test(class_index, applying_through_it_is_bit_exact_and_keeps_it_current) {
                          "%s: '%s' through the index", label, st.ts[i].name);
             cr_assert_eq(pt_first_diff(st.ts[i].target, without[i].data, numel[i]), PT_NONE,
                          "%s: '%s' without", label, st.ts[i].name);
-            assert_index_describes(with[i].class_index, with[i].data, numel[i], label);
+            assert_index_describes(wix[i], with[i].data, numel[i], label);
           }
           pulse_buffer_free(&buf);
           pt_tensors_free(st.ts, 3);
         }
         for (size_t i = 0; i < 3; i++) {
-          pulse_class_index_free(with[i].class_index);
+          pulse_class_index_free(wix[i]);
           free(cur[i]), free(without[i].data);
         }
       }
@@ -195,6 +198,7 @@ typedef struct {
   pt_tensor t;
   pulse_buffer buf;
   pulse_host_tensor h;
+  pulse_class_index *ix;
 } one_fixture;
 
 static void one_make(one_fixture *f, int coding, uint64_t numel, uint32_t chunk_log2,
@@ -203,11 +207,12 @@ static void one_make(one_fixture *f, int coding, uint64_t numel, uint32_t chunk_
   pulse_encode_opts o = coding_opts(coding, chunk_log2);
   f->buf = (pulse_buffer){NULL, 0};
   cr_assert_eq(pt_encode(&o, &f->t, 1, &f->buf), PULSE_OK);
-  f->h = (pulse_host_tensor){f->t.name, pt_copy(f->t.base, numel), numel, NULL, NULL};
+  f->h = (pulse_host_tensor){f->t.name, pt_copy(f->t.base, numel), numel, NULL};
+  f->ix = NULL;
 }
 
 static void one_free(one_fixture *f) {
-  pulse_class_index_free(f->h.class_index);
+  pulse_class_index_free(f->ix);
   free(f->h.data);
   pulse_buffer_free(&f->buf);
   pt_tensor_free(&f->t);
@@ -222,25 +227,50 @@ Test(class_index, an_index_of_other_data_is_ignored_and_stays_stale) {
     uint16_t *other = pt_copy(f.t.base, f.t.numel);
     for (uint64_t i = 0; i < f.t.numel; i += 3)
       other[i] ^= 0x0100;
-    cr_assert_eq(pulse_class_index_build(other, f.t.numel, 1, &f.h.class_index), PULSE_OK);
-    pulse_tensor_digest stale = pulse_class_index_digest(f.h.class_index);
-    cr_assert_eq(apply_bytes(&f.buf, &f.h, 1, coding == 0), PULSE_OK, "%s: %s",
+    cr_assert_eq(pulse_class_index_build(other, f.t.numel, 1, &f.ix), PULSE_OK);
+    pulse_tensor_digest stale = pulse_class_index_digest(f.ix);
+    cr_assert_eq(apply_bytes(&f.buf, &f.h, &f.ix, 1, coding == 0), PULSE_OK, "%s: %s",
                  coding_names[coding], pulse_error_detail());
     cr_assert_eq(pt_first_diff(f.t.target, f.h.data, f.t.numel), PT_NONE, "%s: target",
                  coding_names[coding]);
-    pulse_tensor_digest after = pulse_class_index_digest(f.h.class_index);
+    pulse_tensor_digest after = pulse_class_index_digest(f.ix);
     cr_assert(after.a == stale.a && after.b == stale.b, "%s: the stale index was not touched",
               coding_names[coding]);
-    assert_index_describes(f.h.class_index, other, f.t.numel, "the stale index");
+    assert_index_describes(f.ix, other, f.t.numel, "the stale index");
     free(other);
     one_free(&f);
   }
   /* An index of another size is ignored too. */
   one_fixture f;
   one_make(&f, 0, 9000, 12, 9);
-  cr_assert_eq(pulse_class_index_build(f.t.base, 8999, 1, &f.h.class_index), PULSE_OK);
-  cr_assert_eq(apply_bytes(&f.buf, &f.h, 1, 0), PULSE_OK, "%s", pulse_error_detail());
+  cr_assert_eq(pulse_class_index_build(f.t.base, 8999, 1, &f.ix), PULSE_OK);
+  cr_assert_eq(apply_bytes(&f.buf, &f.h, &f.ix, 1, 0), PULSE_OK, "%s", pulse_error_detail());
   cr_assert_eq(pt_first_diff(f.t.target, f.h.data, f.t.numel), PT_NONE);
+  one_free(&f);
+}
+
+/* Options of version 1 (before class_index) are still taken, and read no
+ * further than their own fields. */
+Test(class_index, apply_options_of_version_1_are_accepted) {
+  one_fixture f;
+  one_make(&f, 0, 9000, 12, 13);
+  /* A caller built against version 1 has no room for class_index (ASan
+   * sees a read past this allocation). */
+  struct {
+    uint32_t struct_version;
+    int threads, partial_table;
+  } *old = pt_alloc(offsetof(pulse_apply_opts, class_index));
+  old->struct_version = 1;
+  old->threads = 1;
+  pulse_apply_opts *v1 = (pulse_apply_opts *)(void *)old;
+  pulse_patch *p = NULL;
+  cr_assert_eq(pulse_patch_open(f.buf.data, f.buf.size, &p), PULSE_OK);
+  cr_assert_eq(pulse_patch_apply(p, &f.h, 1, v1), PULSE_OK, "%s", pulse_error_detail());
+  cr_assert_eq(pt_first_diff(f.t.target, f.h.data, f.t.numel), PT_NONE);
+  old->struct_version = 3;
+  cr_assert_eq(pulse_patch_apply(p, &f.h, 1, v1), PULSE_ERR_ARG, "an unknown version");
+  pulse_patch_free(p);
+  free(v1);
   one_free(&f);
 }
 
@@ -260,13 +290,13 @@ Test(class_index, flipped_bytes_fail_alike_and_leave_weights_and_index_alone) {
         memcpy(b, f.buf.data, f.buf.size);
         b[at] ^= masks[k];
         pulse_buffer flipped = {b, f.buf.size};
-        pulse_host_tensor with = {"w", pt_copy(f.t.base, f.t.numel), f.t.numel, NULL, NULL};
-        pulse_host_tensor without = {"w", pt_copy(f.t.base, f.t.numel), f.t.numel, NULL, NULL};
-        cr_assert_eq(pulse_class_index_build(with.data, f.t.numel, 1, &with.class_index),
-                     PULSE_OK);
+        pulse_host_tensor with = {"w", pt_copy(f.t.base, f.t.numel), f.t.numel, NULL};
+        pulse_host_tensor without = {"w", pt_copy(f.t.base, f.t.numel), f.t.numel, NULL};
+        pulse_class_index *wix = NULL;
+        cr_assert_eq(pulse_class_index_build(with.data, f.t.numel, 1, &wix), PULSE_OK);
         int streamed = (int)(at & 1);
-        pulse_status a = apply_bytes(&flipped, &with, 1, streamed);
-        pulse_status e = apply_bytes(&flipped, &without, 1, streamed);
+        pulse_status a = apply_bytes(&flipped, &with, &wix, 1, streamed);
+        pulse_status e = apply_bytes(&flipped, &without, NULL, 1, streamed);
         cr_assert_eq(a, e, "%s: byte %zu ^ 0x%02X: %s with the index, %s without",
                      coding_names[coding], at, masks[k], pulse_status_name(a),
                      pulse_status_name(e));
@@ -277,10 +307,10 @@ Test(class_index, flipped_bytes_fail_alike_and_leave_weights_and_index_alone) {
           cr_assert_eq(pt_first_diff(f.t.base, with.data, f.t.numel), PT_NONE,
                        "%s: byte %zu: untouched", coding_names[coding], at);
         }
-        cr_assert_eq(pulse_class_index_check(with.class_index, with.data, f.t.numel), PULSE_OK,
+        cr_assert_eq(pulse_class_index_check(wix, with.data, f.t.numel), PULSE_OK,
                      "%s: byte %zu ^ 0x%02X: index: %s", coding_names[coding], at, masks[k],
                      pulse_error_detail());
-        pulse_class_index_free(with.class_index);
+        pulse_class_index_free(wix);
         free(with.data), free(without.data);
       }
     cr_assert_gt(failed, f.buf.size, "%s: most flips fail", coding_names[coding]);

@@ -626,7 +626,7 @@ Test(patch, apply_partial_table_updates_only_the_given_targets) {
     apply_fixture f;
     fixture_make(&f, models[m]);
     uint16_t other_bits[5] = {1, 2, 3, 4, 5};
-    pulse_host_tensor sub[2] = {f.h[2], {"not.in.patch", other_bits, 5, NULL, NULL}};
+    pulse_host_tensor sub[2] = {f.h[2], {"not.in.patch", other_bits, 5, NULL}};
     pulse_apply_opts ao = PULSE_APPLY_OPTS_INIT;
     ao.partial_table = 1;
     cr_assert_eq(pulse_patch_apply(f.p, sub, 2, &ao), PULSE_OK, "%s: %s",
@@ -640,8 +640,8 @@ Test(patch, apply_partial_table_updates_only_the_given_targets) {
     /* The full table too, with a stranger among the targets. */
     pulse_host_tensor all[4] = {f.h[0],
                                 f.h[1],
-                                {"x", other_bits, 5, NULL, NULL},
-                                {"c", f.ts[2].target, f.ts[2].numel, NULL, NULL}};
+                                {"x", other_bits, 5, NULL},
+                                {"c", f.ts[2].target, f.ts[2].numel, NULL}};
     all[3].data = pt_copy(f.ts[2].base, f.ts[2].numel);
     ao.partial_table = 0;
     cr_assert_eq(pulse_patch_apply(f.p, all, 4, &ao), PULSE_OK, "%s",

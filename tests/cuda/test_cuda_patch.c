@@ -219,7 +219,7 @@ static void check_apply(pulse_cuda_workspace *ws, apply_case *ac,
     memcpy(copy, ac->base.snap[t], (size_t)ac->base.numel[t] * 2);
     given[m] = pulse_digest_bf16(copy, ac->base.numel[t]);
     host[m] =
-        (pulse_host_tensor){ac->base.name[t], copy, ac->base.numel[t], NULL, NULL};
+        (pulse_host_tensor){ac->base.name[t], copy, ac->base.numel[t], NULL};
     dev[m] = (pulse_cuda_target){ac->base.name[t], ac->base.snap_d[t],
                                  ac->base.numel[t],
                                  give_digests && t % 2 ? &given[m] : NULL};
@@ -343,7 +343,7 @@ Test(cuda_patch, a_failed_apply_writes_nothing) {
         for (size_t t = 0; t < n; t++) {
           host[t] = (pulse_host_tensor){
               ac.base.name[t], tu_alloc((size_t)ac.base.numel[t] * 2 + 2),
-              ac.base.numel[t], NULL, NULL};
+              ac.base.numel[t], NULL};
           memcpy(host[t].data, ac.base.snap[t], (size_t)ac.base.numel[t] * 2);
         }
         pulse_status cpu = pulse_patch_apply(ac.patch, host, n, NULL);

@@ -129,19 +129,21 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
 
   /* Through class indexes of the bases: the same status and result, and
    * the indexes still describe the weights, whichever they are. */
+  pulse_class_index **ix = pt_alloc((nh + 1) * sizeof *ix);
   for (size_t k = 0; k < nh; k++)
-    CHECK(pulse_class_index_build(h[k].data, h[k].numel, 1, &h[k].class_index) == PULSE_OK);
+    CHECK(pulse_class_index_build(h[k].data, h[k].numel, 1, &ix[k]) == PULSE_OK);
   pulse_apply_opts iao = PULSE_APPLY_OPTS_INIT;
   iao.partial_table = 1;
+  iao.class_index = ix;
   pulse_status ist = pulse_patch_apply(p, h, nh, &iao);
   CHECK(ist == st_partial);
   CHECK(all_equal(h, hs, nh, ist == PULSE_OK));
   for (size_t k = 0; k < nh; k++) {
-    CHECK(pulse_class_index_check(h[k].class_index, h[k].data, h[k].numel) == PULSE_OK);
-    pulse_class_index_free(h[k].class_index);
-    h[k].class_index = NULL;
+    CHECK(pulse_class_index_check(ix[k], h[k].data, h[k].numel) == PULSE_OK);
+    pulse_class_index_free(ix[k]);
     memcpy(h[k].data, hs[k].base, (size_t)hs[k].numel * 2);
   }
+  free(ix);
   /* A chain of one: decodes every section and encodes it again. */
   if (nh == n) {
     const uint16_t **base = pt_alloc((n + 1) * sizeof *base);
