@@ -4,9 +4,10 @@
  *
  * In one process: a publisher and the HTTP server (trainer side) and a
  * subscriber with host targets (inference side). The model is a table of
- * 4096-wide BF16 matrices; each step moves a uniform random `density` of
- * its weights by 1-3 BF16 ulps (positions uniform: no help for the class
- * model, so the bytes are a conservative figure). Each link runs `steps`
+ * 4096-wide BF16 matrices; each step moves a `density` of its weights by
+ * 1-3 BF16 ulps, each weight with a probability that falls with its
+ * exponent as under Adam (bs_model_calibrate; --uniform: every weight
+ * alike, which gives the class model nothing to use). Each link runs `steps`
  * steps: the publisher commits, the subscriber syncs (head, patch,
  * verify, decode, apply; its own split of the time), and the dense figure
  * is the download of the whole BF16 checkpoint (the anchor) over the same
@@ -75,6 +76,11 @@ void bench_sync_usage(FILE *out) {
                "  --plain            plain position model (about 40%% more bytes on "
                "real\n"
                "                     trajectories; decodes without a class index)\n"
+               "  --uniform          every weight changes with the same probability "
+               "(default: by\n"
+               "                     exponent, as under Adam; uniform leaves the class "
+               "model\n"
+               "                     nothing to use)\n"
                "  --no-index         the subscriber keeps no class index (class-model "
                "patches\n"
                "                     then decode with a pass over the weights)\n"
@@ -105,6 +111,8 @@ typedef struct {
   uint16_t **bits;
   uint64_t total;
   uint64_t rng;
+  double p[256]; /* change probability by exponent field */
+  double p_max;  /* the largest of them */
 } bs_model;
 
 static uint64_t bs_rand(uint64_t *s) {
@@ -157,9 +165,47 @@ static int bs_model_init(bs_model *m, uint64_t params, uint64_t seed) {
   return 0;
 }
 
-/* Moves a uniform `density` of the weights by 1-3 ulps (O(changes)). */
-static void bs_model_step(bs_model *m, double density) {
-  double lq = log1p(-density);
+/* Under Adam a step moves a weight by about the learning rate, and the move
+ * shows in BF16 when it crosses an ulp, about |w|/128: a weight changes
+ * with a probability about proportional to 2^-exponent. So p[e] =
+ * min(cap, c 2^-e), c set by bisection so that they average to `density`
+ * over the model's exponents (sampled from its first tensor), and the
+ * smallest weights capped at 8x the density. The real AdamW trajectory has
+ * this shape: there class-conditioned positions take 30% fewer bytes.
+ * uniform: p[e] = density for every e. */
+static void bs_model_calibrate(bs_model *m, double density, int uniform) {
+  double hist[256] = {0}, n = 0;
+  uint64_t sample = m->numel[0] < ((uint64_t)1 << 20) ? m->numel[0] : (uint64_t)1 << 20;
+  for (uint64_t k = 0; k < sample; k++, n++)
+    hist[(m->bits[0][k] >> 7) & 0xFF]++;
+  double cap = 8 * density < 1 ? 8 * density : 1;
+  double lo = -200, hi = 200; /* log2 c */
+  for (int it = 0; it < 200 && !uniform; it++) {
+    double mid = (lo + hi) / 2, mean = 0;
+    for (int e = 0; e < 256; e++) {
+      double q = exp2(mid - e);
+      mean += hist[e] * (q < cap ? q : cap);
+    }
+    if (mean / n < density)
+      lo = mid;
+    else
+      hi = mid;
+  }
+  m->p_max = 0;
+  for (int e = 0; e < 256; e++) {
+    double q = exp2(lo - e);
+    m->p[e] = uniform ? density : (q < cap ? q : cap);
+    if (hist[e] > 0 && m->p[e] > m->p_max)
+      m->p_max = m->p[e];
+  }
+  if (m->p_max <= 0)
+    m->p_max = density;
+}
+
+/* Moves weights by 1-3 ulps, each with its probability p[exponent]:
+ * geometric skips at p_max, each stop taken with p / p_max (O(changes)). */
+static void bs_model_step(bs_model *m) {
+  double lq = log1p(-(m->p_max < 1 ? m->p_max : 0.999999));
   for (size_t i = 0; i < m->count; i++) {
     uint64_t pos = 0;
     for (;;) {
@@ -168,6 +214,11 @@ static void bs_model_step(bs_model *m, double density) {
       if (pos >= m->numel[i])
         break;
       uint64_t r = bs_rand(&m->rng);
+      double take = m->p[(m->bits[i][pos] >> 7) & 0xFF] / m->p_max;
+      if (take < 1 && (double)(bs_rand(&m->rng) >> 11) * 0x1p-53 >= take) {
+        pos++;
+        continue;
+      }
       int delta = (int)(r % 3) + 1;
       m->bits[i][pos] =
           (uint16_t)(m->bits[i][pos] + ((r >> 8) & 1 ? delta : -delta));
@@ -371,7 +422,8 @@ int bench_sync_main(int argc, char **argv) {
   uint64_t params = 100000000, steps = 3, seed = 1,
            dense_sample = (uint64_t)64 << 20;
   double density = 0.01;
-  int json = 0, threads = 0, plain = 0, no_stream = 0, no_index = 0, device = 0;
+  int json = 0, threads = 0, plain = 0, no_stream = 0, no_index = 0, device = 0,
+      uniform = 0;
   const char *links_spec = "loopback,100mbit,1gbit", *burst = "64kb", *v;
   const char *report = NULL;
   for (int i = 1; i < argc; i++) {
@@ -425,6 +477,8 @@ int bench_sync_main(int argc, char **argv) {
       no_stream = 1;
     } else if (pulse_tk_opt_flag(argv[i], "--no-index")) {
       no_index = 1;
+    } else if (pulse_tk_opt_flag(argv[i], "--uniform")) {
+      uniform = 1;
     } else if (pulse_tk_opt_flag(argv[i], "--device")) {
       device = 1;
     } else if (pulse_tk_opt_flag(argv[i], "--json")) {
@@ -497,12 +551,14 @@ int bench_sync_main(int argc, char **argv) {
     rc = bs_fail("model", PULSE_ERR_NOMEM);
     goto done;
   }
+  bs_model_calibrate(&m, density, uniform);
   if (!json)
     printf("pulse-bench sync: %" PRIu64
-           " parameters in %zu tensors, density %.2f%%, %" PRIu64
+           " parameters in %zu tensors, density %.2f%% (%s), %" PRIu64
            " steps per link, %s positions (model made in %.1f s)\n",
-           m.total, m.count, density * 100, steps, plain ? "plain" : "class",
-           pulse_tk_since(t0));
+           m.total, m.count, density * 100,
+           uniform ? "every weight alike" : "by exponent, as under Adam", steps,
+           plain ? "plain" : "class", pulse_tk_since(t0));
 
   /* Trainer side: servers (loopback; the veth address when there is one). */
   int want_netns = 0;
@@ -685,7 +741,7 @@ int bench_sync_main(int argc, char **argv) {
     size_t ns = 0;
     for (uint64_t k = 0; k < steps && st == PULSE_OK && !atomic_load(&bs_stop);
          k++) {
-      bs_model_step(&m, density);
+      bs_model_step(&m);
       step++;
       st = pulse_pub_commit(pub, step, pt, m.count, &pf);
       if (st != PULSE_OK)
