@@ -238,19 +238,14 @@ static void move_offset(uint16_t *off, uint16_t *run, uint16_t o, unsigned a, un
   }
 }
 
-void pulse_class_index_write(pulse_class_index *ix, uint16_t *data, const uint64_t *pos,
-                             const uint16_t *old_bits, const uint16_t *new_bits, uint64_t k) {
+void pulse_class_index_move(pulse_class_index *ix, const uint64_t *pos, const uint16_t *old_bits,
+                            const uint16_t *new_bits, uint64_t k) {
   for (uint64_t j = 0; j < k; j++) {
-    uint64_t p = pos[j];
     unsigned a = pulse_bf16_class(old_bits[j]), b = pulse_bf16_class(new_bits[j]);
-    /* Most writes keep the class: plain stores, which do not wait for the
-     * line. A class change is moved only if the element still has its old
-     * class, so writing the same changes twice moves it once. */
-    if (a != b && pulse_bf16_class(data[p]) == a) {
-      uint64_t blk = p >> PULSE_CLASS_BLOCK_LOG2;
+    if (a != b) {
+      uint64_t p = pos[j], blk = p >> PULSE_CLASS_BLOCK_LOG2;
       move_offset(ix->offset + (blk << PULSE_CLASS_BLOCK_LOG2), block_runs(ix, blk),
                   (uint16_t)(p & (PULSE_CLASS_BLOCK - 1)), a, b);
     }
-    data[p] = new_bits[j];
   }
 }

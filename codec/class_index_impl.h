@@ -62,12 +62,12 @@ uint32_t pulse_class_index_locate(const pulse_class_index *ix, uint64_t first, u
                                   const uint16_t *cdelta, const uint16_t *prefetch,
                                   uint64_t *pos, uint16_t *delta);
 
-/* Writes new bits at k distinct positions of data, whose old bits are
- * old_bits, and moves each element whose class changes to its new run. The
- * index describes data before the first such write; writing the same
- * changes again changes nothing. Calls for positions in different blocks
- * may run concurrently. */
-void pulse_class_index_write(pulse_class_index *ix, uint16_t *data, const uint64_t *pos,
-                             const uint16_t *old_bits, const uint16_t *new_bits, uint64_t k);
+/* Follows k changes at distinct positions (old bits to new bits) that the
+ * data the index describes has taken or will take: each element whose class
+ * changes moves to its new run. Once per change: the index does not look
+ * at the data. Calls for positions in different blocks may run
+ * concurrently; the caller sets ix->digest afterwards. */
+void pulse_class_index_move(pulse_class_index *ix, const uint64_t *pos, const uint16_t *old_bits,
+                            const uint16_t *new_bits, uint64_t k);
 
 #endif

@@ -131,6 +131,7 @@ struct pulse_patch_staged {
   pulse_changes *staged;      /* per patch tensor */
   pulse_class_index **index;  /* per patch tensor: its target's index when
                                  that describes the base, else NULL */
+  int indexes_done;           /* the indexes follow the commit */
   pulse_patch_stage_times times;
 };
 
@@ -301,20 +302,33 @@ done:
   return PULSE_OK;
 }
 
-void pulse_patch_staged_commit(pulse_patch_staged *s) {
+void pulse_patch_staged_commit_data(pulse_patch_staged *s) {
   for (size_t i = 0; i < s->p->count; i++) {
     if (s->target[i] == NULL)
       continue;
     uint16_t *data = s->target[i]->data;
     const pulse_changes *c = &s->staged[i];
-    if (s->index[i] != NULL) {
-      pulse_class_index_write(s->index[i], data, c->pos, c->old_bits, c->new_bits, c->count);
-      s->index[i]->digest = s->p->tensors[i].target_digest;
-      continue;
-    }
     for (uint64_t j = 0; j < c->count; j++)
       data[c->pos[j]] = c->new_bits[j];
   }
+}
+
+void pulse_patch_staged_commit_indexes(pulse_patch_staged *s) {
+  if (s->indexes_done)
+    return; /* the index moves, unlike the writes, must happen once */
+  s->indexes_done = 1;
+  for (size_t i = 0; i < s->p->count; i++) {
+    if (s->index[i] == NULL)
+      continue;
+    const pulse_changes *c = &s->staged[i];
+    pulse_class_index_move(s->index[i], c->pos, c->old_bits, c->new_bits, c->count);
+    s->index[i]->digest = s->p->tensors[i].target_digest;
+  }
+}
+
+void pulse_patch_staged_commit(pulse_patch_staged *s) {
+  pulse_patch_staged_commit_data(s);
+  pulse_patch_staged_commit_indexes(s);
 }
 
 pulse_patch_stage_times pulse_patch_staged_times(const pulse_patch_staged *s) { return s->times; }

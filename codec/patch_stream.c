@@ -63,7 +63,8 @@ struct pulse_patch_stream {
   pthread_t tid[STREAM_MAX_THREADS];
   int nthreads;
   int threads;  /* asked for (0: one per core), also for commit */
-  int finished; /* 1: finish returned PULSE_OK */
+  int finished; /* 1: finish returned PULSE_OK, 2: data committed */
+  int indexes_done; /* the class indexes follow the commit */
   pulse_patch_stream_times times;
 };
 
@@ -394,31 +395,52 @@ static void commit_item(void *ctx, size_t i) {
   uint64_t at = s->p->chunk_before[c], k = s->p->chunk_changed[c];
   uint16_t *data = s->target[it->tensor]->data;
   const pulse_changes *ch = &s->staged[it->tensor];
-  if (s->index[it->tensor] != NULL) {
-    pulse_class_index_write(s->index[it->tensor], data, ch->pos + at,
-                            ch->old_bits + at, ch->new_bits + at, k);
-    return;
-  }
   for (uint64_t j = at; j < at + k; j++)
     data[ch->pos[j]] = ch->new_bits[j];
 }
 
-void pulse_patch_stream_commit(pulse_patch_stream *s) {
+/* Moves the changes of item i (one chunk) in its tensor's class index. */
+static void index_item(void *ctx, size_t i) {
+  pulse_patch_stream *s = ctx;
+  const stream_item *it = &s->items[i];
+  pulse_class_index *ix = s->index[it->tensor];
+  if (ix == NULL)
+    return;
+  const patch_tensor *t = &s->p->tensors[it->tensor];
+  uint64_t c = t->chunk_first + it->chunk;
+  uint64_t at = s->p->chunk_before[c], k = s->p->chunk_changed[c];
+  const pulse_changes *ch = &s->staged[it->tensor];
+  pulse_class_index_move(ix, ch->pos + at, ch->old_bits + at,
+                         ch->new_bits + at, k);
+}
+
+void pulse_patch_stream_commit_data(pulse_patch_stream *s) {
   if (s == NULL || !s->finished)
     return;
   /* Callers hold readers off while this runs: chunks are written in
    * parallel (disjoint positions) when there are enough changes. */
   int threads = s->p->total_changed >= ((uint64_t)1 << 16) ? s->threads : 1;
-  /* An index is updated per block: chunks smaller than a block share one. */
-  int shared_blocks = s->p->chunk_log2 < PULSE_CLASS_BLOCK_LOG2;
-  for (size_t i = 0; i < s->p->count && shared_blocks; i++)
-    if (s->index[i] != NULL)
-      threads = 1;
   pulse_parallel_for(threads, s->nitems, commit_item, s);
+  s->finished = 2; /* committed: a second commit writes the same bits */
+}
+
+void pulse_patch_stream_commit_indexes(pulse_patch_stream *s) {
+  if (s == NULL || s->finished != 2 || s->indexes_done)
+    return; /* after the data; the moves, unlike the writes, happen once */
+  s->indexes_done = 1;
+  int threads = s->p->total_changed >= ((uint64_t)1 << 16) ? s->threads : 1;
+  /* An index is updated per block: chunks smaller than a block share one. */
+  if (s->p->chunk_log2 < PULSE_CLASS_BLOCK_LOG2)
+    threads = 1;
+  pulse_parallel_for(threads, s->nitems, index_item, s);
   for (size_t i = 0; i < s->p->count; i++)
     if (s->index[i] != NULL)
       s->index[i]->digest = s->p->tensors[i].target_digest;
-  s->finished = 2; /* committed: a second commit writes the same bits */
+}
+
+void pulse_patch_stream_commit(pulse_patch_stream *s) {
+  pulse_patch_stream_commit_data(s);
+  pulse_patch_stream_commit_indexes(s);
 }
 
 pulse_patch_stream_times

@@ -346,6 +346,15 @@ pulse_status pulse_patch_stage(const pulse_patch *patch, pulse_host_tensor *targ
  * target_digest (pulse_patch_tensor_get). */
 void pulse_patch_staged_commit(pulse_patch_staged *staged);
 
+/** The two halves of pulse_patch_staged_commit, for a caller that holds
+ * readers off only while the weights change: commit_data writes the staged
+ * changes (it may be called again: it writes the same bits), then
+ * commit_indexes brings the options' class indexes up to the new weights
+ * (once; later calls do nothing). Between the two an index no longer
+ * describes its target, and no patch may be applied with it. */
+void pulse_patch_staged_commit_data(pulse_patch_staged *staged);
+void pulse_patch_staged_commit_indexes(pulse_patch_staged *staged);
+
 pulse_patch_stage_times pulse_patch_staged_times(const pulse_patch_staged *staged);
 
 /** Frees staged changes, committed or not. NULL is fine. */

@@ -91,6 +91,14 @@ pulse_status pulse_patch_stream_finish(pulse_patch_stream *s);
  * target_digest. */
 void pulse_patch_stream_commit(pulse_patch_stream *s);
 
+/** The two halves of pulse_patch_stream_commit, for a caller that holds
+ * readers off only while the weights change: commit_data writes (again
+ * harmless), then commit_indexes brings the options' class indexes up to
+ * the new weights (once; only after commit_data). Between the two an index
+ * no longer describes its target, and no patch may be applied with it. */
+void pulse_patch_stream_commit_data(pulse_patch_stream *s);
+void pulse_patch_stream_commit_indexes(pulse_patch_stream *s);
+
 typedef struct {
   double verify_seconds;      /* base and target digest checks (wall) */
   double decode_seconds;      /* decoding, summed over chunks (CPU work) */

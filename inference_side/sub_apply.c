@@ -129,9 +129,9 @@ void sub_apply_commit(pulse_sub *sub, const pulse_patch *p, sub_target **tg, int
   double t0 = sub_now();
   pthread_rwlock_wrlock(&sub->rw);
   if (staged != NULL)
-    pulse_patch_staged_commit(staged);
+    pulse_patch_staged_commit_data(staged);
   else
-    pulse_patch_stream_commit(stream);
+    pulse_patch_stream_commit_data(stream);
   for (size_t i = 0; i < pulse_patch_tensor_count(p); i++) {
     pulse_patch_tensor pt;
     if (tg[i] == NULL)
@@ -141,6 +141,12 @@ void sub_apply_commit(pulse_sub *sub, const pulse_patch *p, sub_target **tg, int
   }
   sub_set_step(sub, pulse_patch_step(p), full ? pulse_patch_target_digest(p) : NULL);
   pthread_rwlock_unlock(&sub->rw);
+  /* The class indexes follow with readers back in: only the next patch
+   * reads them, and it is applied on this thread. */
+  if (staged != NULL)
+    pulse_patch_staged_commit_indexes(staged);
+  else
+    pulse_patch_stream_commit_indexes(stream);
   sub->t_apply += sub_now() - t0;
   sub->file_dirty = sub->mem == SUB_MEM_FILE;
 }

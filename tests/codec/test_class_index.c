@@ -318,3 +318,52 @@ Test(class_index, flipped_bytes_fail_alike_and_leave_weights_and_index_alone) {
     one_free(&f);
   }
 }
+
+/* The commit in two halves (data under the readers' lock, then the
+ * indexes): each half may be called again without harm, the index moves
+ * happen once, and the indexes end describing the new weights. */
+Test(class_index, commit_halves_repeat_harmlessly) {
+  for (int streamed = 0; streamed < 2; streamed++) {
+    one_fixture f;
+    one_make(&f, 0, 30000, 12, 31 + (uint64_t)streamed);
+    uint64_t moves = 0;
+    for (uint64_t j = 0; j < f.t.changes.count; j++)
+      moves += pulse_bf16_class(f.t.changes.old_bits[j]) !=
+               pulse_bf16_class(f.t.changes.new_bits[j]);
+    cr_assert_gt(moves, 0, "some changes move between classes");
+    cr_assert_eq(pulse_class_index_build(f.h.data, f.t.numel, 1, &f.ix), PULSE_OK);
+    pulse_patch *p = NULL;
+    cr_assert_eq(pulse_patch_open(f.buf.data, f.buf.size, &p), PULSE_OK);
+    pulse_apply_opts ao = PULSE_APPLY_OPTS_INIT;
+    ao.class_index = &f.ix;
+    if (!streamed) {
+      pulse_patch_staged *s = NULL;
+      cr_assert_eq(pulse_patch_stage(p, &f.h, 1, &ao, &s), PULSE_OK, "%s",
+                   pulse_error_detail());
+      pulse_patch_staged_commit_data(s);
+      pulse_patch_staged_commit_data(s);
+      pulse_patch_staged_commit_indexes(s);
+      pulse_patch_staged_commit_indexes(s);
+      pulse_patch_staged_commit(s);
+      pulse_patch_staged_free(s);
+    } else {
+      pulse_patch_stream *s = NULL;
+      cr_assert_eq(pulse_patch_stream_begin(p, &f.h, 1, &ao, &s), PULSE_OK);
+      pulse_patch_stream_commit_indexes(s); /* before finish: nothing */
+      pulse_patch_stream_feed(s, f.buf.size);
+      cr_assert_eq(pulse_patch_stream_finish(s), PULSE_OK, "%s", pulse_error_detail());
+      pulse_patch_stream_commit_indexes(s); /* before the data: nothing */
+      assert_index_describes(f.ix, f.t.base, f.t.numel, "before the data");
+      pulse_patch_stream_commit_data(s);
+      pulse_patch_stream_commit_data(s);
+      pulse_patch_stream_commit_indexes(s);
+      pulse_patch_stream_commit_indexes(s);
+      pulse_patch_stream_commit(s);
+      pulse_patch_stream_free(s);
+    }
+    cr_assert_eq(pt_first_diff(f.t.target, f.h.data, f.t.numel), PT_NONE);
+    assert_index_describes(f.ix, f.h.data, f.t.numel, streamed ? "streamed" : "staged");
+    pulse_patch_free(p);
+    one_free(&f);
+  }
+}
