@@ -7,11 +7,11 @@
  * finish checks the target digests. Each decode thread also folds its
  * chunk's changes into a per-chunk digest difference (the tensor digest is
  * additive), so finish only adds them up. */
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "chunk_feed_impl.h"
 #include "class_index_impl.h"
 #include "parallel_impl.h"
 #include "patch_impl.h"
@@ -19,7 +19,6 @@
 #include "pulse_elem.h"
 #include "status_impl.h"
 
-#define STREAM_MAX_THREADS 64
 #ifdef PULSE_PATCH_VERSION_MIN
 #define STREAM_VERSION_MIN PULSE_PATCH_VERSION_MIN
 #else
@@ -29,7 +28,6 @@
 typedef struct {
   size_t tensor;
   uint64_t chunk;
-  uint64_t end; /* offset just past the chunk's bytes */
 } stream_item;
 
 typedef struct {
@@ -49,19 +47,12 @@ struct pulse_patch_stream {
   pulse_tensor_digest
       *digest;        /* per patch tensor: the base's, then the result's */
   stream_item *items; /* chunks with changes of targeted tensors, body order */
+  uint64_t *end;      /* per item: offset just past its bytes */
   item_result *result;
   size_t nitems;
-
-  pthread_mutex_t mu;
-  pthread_cond_t cv;
-  size_t avail; /* bytes there */
-  size_t next;  /* next item to take */
-  size_t done;  /* items decoded (or failed) */
-  int stop;     /* free: threads leave */
-  int failed;   /* an item failed: the rest is not decoded */
-  double t_begin, t_last_byte, t_done;
-  pthread_t tid[STREAM_MAX_THREADS];
-  int nthreads;
+  pulse_chunk_feed *feed; /* the decode threads */
+  double t_begin;
+  int failed; /* finish failed: the stream can only be freed */
   int threads;  /* asked for (0: one per core), also for commit */
   int finished; /* 1: finish returned PULSE_OK, 2: data committed */
   int indexes_done; /* the class indexes follow the commit */
@@ -100,7 +91,8 @@ pulse_status pulse_patch_stream_need(const uint8_t *bytes, size_t avail,
 }
 
 /* Decodes item i into staging; its changes' digest difference on the side. */
-static void decode_item(pulse_patch_stream *s, size_t i) {
+static int decode_item(void *ctx, size_t i) {
+  pulse_patch_stream *s = ctx;
   double t0 = now_s();
   const pulse_patch *p = s->p;
   const stream_item *it = &s->items[i];
@@ -118,50 +110,17 @@ static void decode_item(pulse_patch_stream *s, size_t i) {
   else
     r->delta = patch_resolve_chunk(base, ch, at, at + k);
   r->seconds = now_s() - t0;
-}
-
-/* Takes items in body order, each once its bytes are there. */
-static void *stream_worker(void *arg) {
-  pulse_patch_stream *s = arg;
-  pthread_mutex_lock(&s->mu);
-  while (!s->stop && !s->failed && s->next < s->nitems) {
-    size_t i = s->next;
-    if (s->items[i].end > s->avail) {
-      pthread_cond_wait(&s->cv, &s->mu);
-      continue;
-    }
-    s->next++;
-    pthread_mutex_unlock(&s->mu);
-    decode_item(s, i);
-    pthread_mutex_lock(&s->mu);
-    s->failed |= s->result[i].st != PULSE_OK;
-    if (++s->done == s->nitems)
-      s->t_done = now_s();
-  }
-  pthread_mutex_unlock(&s->mu);
-  return NULL;
-}
-
-static void stop_threads(pulse_patch_stream *s, int stop) {
-  pthread_mutex_lock(&s->mu);
-  s->stop |= stop;
-  pthread_cond_broadcast(&s->cv);
-  pthread_mutex_unlock(&s->mu);
-  for (int k = 0; k < s->nthreads; k++)
-    pthread_join(s->tid[k], NULL);
-  s->nthreads = 0;
+  return r->st == PULSE_OK;
 }
 
 void pulse_patch_stream_free(pulse_patch_stream *s) {
   if (s == NULL)
     return;
-  stop_threads(s, 1);
-  pthread_cond_destroy(&s->cv);
-  pthread_mutex_destroy(&s->mu);
+  pulse_chunk_feed_free(s->feed);
   for (size_t i = 0; s->staged != NULL && i < s->p->count; i++)
     pulse_changes_free(&s->staged[i]);
   free(s->target), free(s->staged), free(s->index), free(s->digest),
-      free(s->items), free(s->result);
+      free(s->items), free(s->end), free(s->result);
   free(s);
 }
 
@@ -254,18 +213,17 @@ pulse_status pulse_patch_stream_begin(const pulse_patch *p,
   s->p = p;
   s->partial_table = opts->partial_table;
   s->threads = opts->threads;
-  pthread_mutex_init(&s->mu, NULL);
-  pthread_cond_init(&s->cv, NULL);
   s->t_begin = now_s();
   s->target = calloc(n + 1, sizeof *s->target);
   s->staged = calloc(n + 1, sizeof *s->staged);
   s->index = calloc(n + 1, sizeof *s->index);
   s->digest = calloc(n + 1, sizeof *s->digest);
   s->items = calloc(p->chunks + 1, sizeof *s->items);
+  s->end = calloc(p->chunks + 1, sizeof *s->end);
   s->result = calloc(p->chunks + 1, sizeof *s->result);
   pulse_status st = PULSE_OK;
   if (!s->target || !s->staged || !s->index || !s->digest || !s->items ||
-      !s->result)
+      !s->end || !s->result)
     st =
         pulse_fail(PULSE_ERR_NOMEM, "patch stream: staging for %zu tensors", n);
   if (st == PULSE_OK)
@@ -282,73 +240,50 @@ pulse_status pulse_patch_stream_begin(const pulse_patch *p,
       uint64_t c = t->chunk_first + j;
       if (p->chunk_changed[c] == 0)
         continue;
-      stream_item *it = &s->items[s->nitems++];
-      it->tensor = i;
-      it->chunk = j;
-      it->end = p->chunk_offset[c] + p->chunk_size[c];
+      s->items[s->nitems].tensor = i;
+      s->items[s->nitems].chunk = j;
+      s->end[s->nitems++] = p->chunk_offset[c] + p->chunk_size[c];
     }
   }
+  if (st == PULSE_OK)
+    st = pulse_chunk_feed_start(s->nitems, s->end, p->size, opts->threads,
+                                decode_item, s, &s->feed);
   if (st != PULSE_OK) {
     pulse_patch_stream_free(s);
     return st;
-  }
-  int threads = opts->threads > 0 ? opts->threads : pulse_cpu_count();
-  if (threads > STREAM_MAX_THREADS)
-    threads = STREAM_MAX_THREADS;
-  if ((size_t)threads > s->nitems)
-    threads = (int)s->nitems;
-  if (s->nitems == 0)
-    s->t_done = s->t_begin;
-  /* When no thread starts, finish decodes on the caller's thread. */
-  for (int k = 0; k < threads; k++) {
-    if (pthread_create(&s->tid[s->nthreads], NULL, stream_worker, s) != 0)
-      break;
-    s->nthreads++;
   }
   *out = s;
   return PULSE_OK;
 }
 
 void pulse_patch_stream_feed(pulse_patch_stream *s, size_t avail) {
-  if (s == NULL)
-    return;
-  pthread_mutex_lock(&s->mu);
-  if (avail > s->p->size)
-    avail = s->p->size;
-  if (avail > s->avail) {
-    s->avail = avail;
-    if (avail == s->p->size)
-      s->t_last_byte = now_s();
-    pthread_cond_broadcast(&s->cv);
-  }
-  pthread_mutex_unlock(&s->mu);
+  if (s != NULL)
+    pulse_chunk_feed_bytes(s->feed, avail);
 }
 
 pulse_status pulse_patch_stream_finish(pulse_patch_stream *s) {
-  if (s == NULL || s->finished)
-    return pulse_fail(PULSE_ERR_ARG, "patch stream: NULL or already finished");
+  if (s == NULL || s->finished || s->failed)
+    return pulse_fail(PULSE_ERR_ARG, "patch stream: NULL, already finished or failed");
   const pulse_patch *p = s->p;
-  pthread_mutex_lock(&s->mu);
-  size_t avail = s->avail;
-  pthread_mutex_unlock(&s->mu);
+  uint64_t avail = pulse_chunk_feed_fed(s->feed);
   if (avail < p->size)
     return pulse_fail(PULSE_ERR_TRUNCATED,
-                      "patch stream: %zu of %zu bytes arrived", avail, p->size);
-  if (s->nthreads == 0)
-    stream_worker(s); /* no decode thread could start */
-  else
-    stop_threads(s, 0); /* every byte is there: they run out of items */
+                      "patch stream: %llu of %zu bytes arrived",
+                      (unsigned long long)avail, p->size);
+  int all = pulse_chunk_feed_wait(s->feed);
   double t0 = now_s();
   for (size_t i = 0; i < s->nitems; i++)
     s->times.decode_seconds += s->result[i].seconds;
   /* After a failure the items not yet taken stay undecoded; the first
    * failed one (in body order) is reported. */
-  for (size_t i = 0; s->failed && i < s->nitems; i++)
-    if (s->result[i].st != PULSE_OK)
+  for (size_t i = 0; !all && i < s->nitems; i++)
+    if (s->result[i].st != PULSE_OK) {
+      s->failed = 1;
       return pulse_fail(s->result[i].st, "apply: %s", s->result[i].detail);
-  s->times.decode_wall_seconds = s->t_done - s->t_begin;
-  s->times.tail_seconds =
-      s->t_done > s->t_last_byte ? s->t_done - s->t_last_byte : 0;
+    }
+  pulse_chunk_feed_times ft = pulse_chunk_feed_times_get(s->feed);
+  s->times.decode_wall_seconds = ft.done - s->t_begin;
+  s->times.tail_seconds = ft.done > ft.last_byte ? ft.done - ft.last_byte : 0;
 
   /* The result must be the patch's target, before anything is written. */
   for (size_t i = 0; i < s->nitems; i++) {
