@@ -42,6 +42,11 @@ enum {
 pulse_status pulse_cuda_ws_get_(pulse_cuda_workspace *ws, unsigned slot,
                                 size_t bytes, void **out_d);
 
+/** pulse_cuda_ws_get_ for n elements of `size` bytes (PULSE_ERR_OVERFLOW
+ * when that does not fit a size_t). */
+pulse_status pulse_cuda_ws_slot_(pulse_cuda_workspace *ws, unsigned slot,
+                                 uint64_t n, size_t size, void **out_d);
+
 /** PULSE_OK when built with CUDA and a device is usable, else
  * PULSE_ERR_CUDA ("no CUDA device"). */
 pulse_status pulse_cuda_require_(const char *what);

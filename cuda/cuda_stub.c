@@ -164,6 +164,33 @@ pulse_status pulse_cuda_patch_apply(pulse_cuda_workspace *ws,
   return NOT_BUILT("cuda apply");
 }
 
+pulse_status pulse_cuda_patch_stream_begin(pulse_cuda_workspace *ws, const pulse_patch *patch,
+                                           const pulse_cuda_target *targets, size_t count,
+                                           const pulse_apply_opts *opts, void *stream,
+                                           pulse_cuda_patch_stream **out) {
+  (void)ws, (void)patch, (void)targets, (void)count, (void)opts, (void)stream;
+  if (out != NULL)
+    *out = NULL;
+  return NOT_BUILT("cuda apply");
+}
+
+void pulse_cuda_patch_stream_feed(pulse_cuda_patch_stream *s, size_t avail) {
+  (void)s, (void)avail;
+}
+
+pulse_status pulse_cuda_patch_stream_finish(pulse_cuda_patch_stream *s) {
+  (void)s;
+  return NOT_BUILT("cuda apply");
+}
+
+pulse_status pulse_cuda_patch_stream_commit(pulse_cuda_patch_stream *s,
+                                            pulse_tensor_digest *digests) {
+  (void)s, (void)digests;
+  return NOT_BUILT("cuda apply");
+}
+
+void pulse_cuda_patch_stream_free(pulse_cuda_patch_stream *s) { (void)s; }
+
 pulse_status pulse_cuda_loco_gate(pulse_cuda_workspace *ws,
                                   const float *theta_g_d,
                                   const float *theta_r_d, float *e_d,

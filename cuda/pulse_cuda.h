@@ -280,6 +280,51 @@ pulse_status pulse_cuda_patch_apply(pulse_cuda_workspace *ws,
                                     size_t count, const pulse_apply_opts *opts,
                                     void *stream, pulse_tensor_digest *digests);
 
+/* pulse_cuda_patch_apply while the patch's bytes arrive, as
+ * pulse_patch_stream_* (pulse_codec_stream.h) does for host tensors: the
+ * patch is opened over a buffer of the object's full size once its header
+ * and table are there; begin checks the targets and their base digests and
+ * takes the class counts on the device; each chunk's streams are decoded on
+ * the host (opts->threads threads) once feed says its bytes are there;
+ * finish (every byte fed, the object verified by the caller) finds the
+ * positions, gathers the old bits and checks the target digests on the
+ * device; commit scatters the new bits. Bytes decoded early are untrusted:
+ * they only reach host and device staging, never a target. The patch, its
+ * bytes, the targets array and the device tensors must outlive the stream,
+ * and the targets must not change until it is committed or freed. */
+typedef struct pulse_cuda_patch_stream pulse_cuda_patch_stream;
+
+/** @return PULSE_OK and *out (free with pulse_cuda_patch_stream_free); the
+ * errors of pulse_cuda_patch_apply's checks, nothing started. */
+pulse_status pulse_cuda_patch_stream_begin(pulse_cuda_workspace *ws,
+                                           const pulse_patch *patch,
+                                           const pulse_cuda_target *targets,
+                                           size_t count,
+                                           const pulse_apply_opts *opts,
+                                           void *stream,
+                                           pulse_cuda_patch_stream **out);
+
+/** Bytes [0, avail) of the patch's buffer are final (only grows). Cheap;
+ * any one thread at a time. */
+void pulse_cuda_patch_stream_feed(pulse_cuda_patch_stream *s, size_t avail);
+
+/** Waits for the decodes and does the device half of the checks; nothing
+ * is written. @return PULSE_OK: ready to commit; PULSE_ERR_TRUNCATED (not
+ * every byte fed: may be called again later); a chunk's decode error;
+ * PULSE_ERR_POSITION, PULSE_ERR_TARGET_DIGEST, PULSE_ERR_CUDA. After any
+ * other error the stream can only be freed. */
+pulse_status pulse_cuda_patch_stream_finish(pulse_cuda_patch_stream *s);
+
+/** Scatters the new bits (after a successful finish). `digests` as for
+ * pulse_cuda_patch_apply. @return PULSE_OK; PULSE_ERR_CUDA (a device
+ * failure: the targets' contents are then unknown); PULSE_ERR_ARG before a
+ * successful finish. */
+pulse_status pulse_cuda_patch_stream_commit(pulse_cuda_patch_stream *s,
+                                            pulse_tensor_digest *digests);
+
+/** Stops the decode threads and frees the stream. NULL is fine. */
+void pulse_cuda_patch_stream_free(pulse_cuda_patch_stream *s);
+
 /* ------------------------------------------------ PULSELoCo gate (DESIGN.md)
  */
 

@@ -3,9 +3,10 @@
  * position models, F32 and BF16 weights, edge values, densities 0..100%,
  * multi-tensor tables) and updates the snapshots only once the patch exists;
  * pulse_cuda_patch_apply gives the tensors of pulse_patch_apply, and on any
- * error writes nothing. */
+ * error writes nothing; so does the streamed apply, fed in random slices. */
 #include "cuda_testutil.h"
 #include "parallel_impl.h"
+#include "pulse_codec_stream.h"
 
 /* A trainer's table: current weights and snapshots, host and device. */
 typedef struct {
@@ -174,14 +175,15 @@ typedef struct {
   pulse_patch *patch;
 } apply_case;
 
-static apply_case apply_make(uint64_t seed, size_t count, const uint64_t *numel,
-                             tu_values kind, double density,
-                             pulse_pos_model model, uint32_t chunk_log2) {
+static apply_case apply_make_version(uint64_t seed, size_t count, const uint64_t *numel,
+                                     tu_values kind, double density, pulse_pos_model model,
+                                     uint32_t chunk_log2, unsigned version) {
   apply_case ac;
   ac.base = pt_make(seed, count, numel, kind, density, 0);
   pulse_encode_opts o = PULSE_ENCODE_OPTS_INIT;
   o.pos_model = model;
   o.chunk_log2 = chunk_log2;
+  o.format_version = version;
   o.threads = 0;
   cpu_patch cp;
   cpu_encode(&ac.base, &o, 0, &ac.bytes, &cp);
@@ -190,6 +192,12 @@ static apply_case apply_make(uint64_t seed, size_t count, const uint64_t *numel,
   for (size_t t = 0; t < count; t++)
     ac.base.snap_d[t] = dev_upload(ac.base.snap[t], (size_t)numel[t] * 2);
   return ac;
+}
+
+static apply_case apply_make(uint64_t seed, size_t count, const uint64_t *numel,
+                             tu_values kind, double density,
+                             pulse_pos_model model, uint32_t chunk_log2) {
+  return apply_make_version(seed, count, numel, kind, density, model, chunk_log2, 0);
 }
 
 static void apply_free(apply_case *ac) {
@@ -370,6 +378,137 @@ Test(cuda_patch, a_failed_apply_writes_nothing) {
         pulse_cuda_patch_apply(NULL, ac.patch, &none, 1, NULL, NULL, NULL),
         PULSE_ERR_NOT_FOUND);
     free(claimed);
+    apply_free(&ac);
+  }
+}
+
+/* ----------------------------------------------------------- streamed apply */
+
+/* The CPU's result (or status) for `bytes` on host copies of the base. */
+static pulse_status cpu_result(apply_case *ac, const uint8_t *bytes, uint16_t **out) {
+  size_t n = ac->base.count;
+  pulse_host_tensor *host = tu_alloc((n + 1) * sizeof *host);
+  for (size_t t = 0; t < n; t++) {
+    out[t] = tu_alloc((size_t)ac->base.numel[t] * 2 + 2);
+    memcpy(out[t], ac->base.snap[t], (size_t)ac->base.numel[t] * 2);
+    host[t] = (pulse_host_tensor){ac->base.name[t], out[t], ac->base.numel[t], NULL};
+  }
+  pulse_patch *p = NULL;
+  pulse_status st = pulse_patch_open(bytes, ac->bytes.size, &p);
+  if (st == PULSE_OK)
+    st = pulse_patch_apply(p, host, n, NULL);
+  pulse_patch_free(p);
+  free(host);
+  return st;
+}
+
+/* Streams `bytes` into the device targets: they arrive in random slices
+ * into a buffer holding garbage past them, the patch opens once its table
+ * is there, and finish is tried once before the last byte. */
+static pulse_status stream_to_device(apply_case *ac, const uint8_t *bytes, uint64_t seed) {
+  size_t n = ac->base.count, size = ac->bytes.size;
+  pulse_cuda_target *dev = tu_alloc((n + 1) * sizeof *dev);
+  for (size_t t = 0; t < n; t++)
+    dev[t] = (pulse_cuda_target){ac->base.name[t], ac->base.snap_d[t], ac->base.numel[t], NULL};
+  uint8_t *buf = tu_alloc(size + 1);
+  memset(buf, 0xA5, size);
+  pulse_patch *p = NULL;
+  pulse_cuda_patch_stream *s = NULL;
+  pulse_status st = PULSE_OK;
+  size_t avail = 0, need = 0;
+  int early_finish = 0;
+  pulse_apply_opts o = PULSE_APPLY_OPTS_INIT;
+  o.threads = 1 + (int)(seed % 3);
+  while (st == PULSE_OK && avail < size) {
+    size_t slice = 1 + (size_t)(tu_next(&seed) % 700);
+    if (slice > size - avail)
+      slice = size - avail;
+    memcpy(buf + avail, bytes + avail, slice);
+    avail += slice;
+    if (p == NULL) {
+      st = pulse_patch_stream_need(buf, avail, &need);
+      if (st == PULSE_OK && avail >= need) {
+        st = pulse_patch_open(buf, size, &p);
+        if (st == PULSE_OK)
+          st = pulse_cuda_patch_stream_begin(NULL, p, dev, n, &o, NULL, &s);
+      }
+    }
+    if (s != NULL)
+      pulse_cuda_patch_stream_feed(s, avail);
+    if (s != NULL && !early_finish && avail < size) {
+      early_finish = 1;
+      cr_assert_eq(pulse_cuda_patch_stream_finish(s), PULSE_ERR_TRUNCATED);
+    }
+  }
+  if (st == PULSE_OK)
+    st = pulse_cuda_patch_stream_finish(s);
+  if (st == PULSE_OK)
+    st = pulse_cuda_patch_stream_commit(s, NULL);
+  pulse_cuda_patch_stream_free(s);
+  pulse_patch_free(p);
+  free(buf), free(dev);
+  return st;
+}
+
+/* Back to the base on the device. */
+static void reset_device(apply_case *ac) {
+  for (size_t t = 0; t < ac->base.count; t++)
+    OK(pulse_cuda_upload(ac->base.snap_d[t], ac->base.snap[t], (size_t)ac->base.numel[t] * 2,
+                         NULL));
+}
+
+/* Streamed, the device ends where the CPU does, for both position models
+ * and both format versions; a flipped byte anywhere fails where the CPU
+ * fails, writing nothing, and otherwise ends where the CPU ends. */
+Test(cuda_patch, streamed_apply_gives_the_cpu_result_and_refuses_what_it_refuses) {
+  GPU_TEST_START();
+  static const char *const names[] = {"plain", "class", "class v1"};
+  for (int coding = 0; coding < 3; coding++) {
+    apply_case ac = apply_make_version(
+        1300 + (uint64_t)coding, COUNT_OF(apply_sizes), apply_sizes, TU_NORMAL, 0.03,
+        coding ? PULSE_POS_CLASS : PULSE_POS_PLAIN, 10, coding == 2 ? 1 : 0);
+    size_t n = ac.base.count;
+    uint16_t **want = tu_alloc((n + 1) * sizeof *want);
+    OK(cpu_result(&ac, ac.bytes.data, want));
+    OK(stream_to_device(&ac, ac.bytes.data, 7 + (uint64_t)coding));
+    for (size_t t = 0; t < n; t++) {
+      uint16_t *got = dev_download(ac.base.snap_d[t], (size_t)ac.base.numel[t] * 2);
+      cr_assert_eq(tu_memdiff(got, want[t], (size_t)ac.base.numel[t] * 2), -1,
+                   "%s: tensor %zu", names[coding], t);
+      free(got), free(want[t]);
+    }
+    reset_device(&ac);
+    uint8_t *flipped = tu_alloc(ac.bytes.size + 1);
+    uint64_t r = 99 + (uint64_t)coding;
+    size_t refused = 0;
+    for (int k = 0; k < 40; k++) {
+      size_t at = (size_t)(tu_next(&r) % ac.bytes.size);
+      memcpy(flipped, ac.bytes.data, ac.bytes.size);
+      flipped[at] ^= (uint8_t)(1u << (k % 8));
+      pulse_status cpu = cpu_result(&ac, flipped, want);
+      pulse_status gpu = stream_to_device(&ac, flipped, r);
+      /* The statuses may differ (the device checks class ranks against the
+       * class counts as it decodes, the CPU's version 2 decoder later). */
+      cr_assert_eq(gpu == PULSE_OK, cpu == PULSE_OK,
+                   "%s: byte %zu: %s on the device, %s on the CPU", names[coding], at,
+                   pulse_status_name(gpu), pulse_status_name(cpu));
+      if (gpu != PULSE_OK) {
+        refused++;
+        check_untouched(&ac, "a refused streamed patch");
+      } else {
+        for (size_t t = 0; t < n; t++) {
+          uint16_t *got = dev_download(ac.base.snap_d[t], (size_t)ac.base.numel[t] * 2);
+          cr_assert_eq(tu_memdiff(got, want[t], (size_t)ac.base.numel[t] * 2), -1,
+                       "%s: byte %zu: tensor %zu", names[coding], at, t);
+          free(got);
+        }
+        reset_device(&ac);
+      }
+      for (size_t t = 0; t < n; t++)
+        free(want[t]);
+    }
+    cr_assert_gt(refused, 20, "%s: most flips are refused", names[coding]);
+    free(flipped), free(want);
     apply_free(&ac);
   }
 }

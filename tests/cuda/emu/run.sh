@@ -40,7 +40,7 @@ for src in "$root"/cuda/*.cu; do
 done
 obj="$out/obj/emu_runtime.o"; objs+=("$obj")
 compile "$obj" g++ -std=c++17 $common $inc -c "$root/tests/cuda/emu/emu_runtime.cc"
-for src in "$root"/cuda/patch_cuda.c "$root"/cuda/loco_ref.c "$root"/cuda/chunks.c "$root"/tests/cuda/*.c; do
+for src in "$root"/cuda/patch_cuda.c "$root"/cuda/patch_cuda_apply.c "$root"/cuda/loco_ref.c "$root"/cuda/chunks.c "$root"/tests/cuda/*.c; do
   obj="$out/obj/$(basename "$src").o"; objs+=("$obj")
   compile "$obj" gcc -std=c11 -DPULSE_HAVE_CUDA=1 $common $inc -c "$src"
 done
