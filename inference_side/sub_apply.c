@@ -123,6 +123,28 @@ static pulse_status apply_device(pulse_sub *sub, const pulse_patch *p,
   return st;
 }
 
+pulse_status sub_apply_commit_device(pulse_sub *sub, const pulse_patch *p, sub_target **tg,
+                                     int full, pulse_cuda_patch_stream *cs) {
+  double t0 = sub_now();
+  pthread_rwlock_wrlock(&sub->rw);
+  pulse_status st = pulse_cuda_patch_stream_commit(cs, NULL);
+  if (st == PULSE_OK) {
+    for (size_t i = 0; i < pulse_patch_tensor_count(p); i++) {
+      pulse_patch_tensor pt;
+      if (tg[i] == NULL)
+        continue;
+      pulse_patch_tensor_get(p, i, &pt);
+      tg[i]->digest = pt.target_digest;
+    }
+    sub_set_step(sub, pulse_patch_step(p), full ? pulse_patch_target_digest(p) : NULL);
+  } else {
+    sub_set_step(sub, PULSE_SUB_NO_STEP, NULL); /* contents unknown */
+  }
+  pthread_rwlock_unlock(&sub->rw);
+  sub->t_apply += sub_now() - t0;
+  return st;
+}
+
 void sub_apply_commit(pulse_sub *sub, const pulse_patch *p, sub_target **tg, int full,
                       pulse_patch_staged *staged, pulse_patch_stream *stream) {
   /* Second half, under the writers' lock: nothing can fail from here. */

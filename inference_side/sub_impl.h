@@ -218,6 +218,11 @@ pulse_status sub_apply_match(pulse_sub *sub, const pulse_patch *p,
                              sub_target **tg, int *full);
 /** The writers' half of a host patch: commit (staged or streamed), new
  * digests and step, under the writers' lock. Cannot fail. */
+/* The device stream's commit under the writers' lock: the scatter, then
+ * the digests and step. A failed scatter leaves no known step. */
+pulse_status sub_apply_commit_device(pulse_sub *sub, const pulse_patch *p, sub_target **tg,
+                                     int full, pulse_cuda_patch_stream *cs);
+
 void sub_apply_commit(pulse_sub *sub, const pulse_patch *p, sub_target **tg,
                       int full, pulse_patch_staged *staged,
                       pulse_patch_stream *stream);

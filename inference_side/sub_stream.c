@@ -29,9 +29,11 @@ typedef struct {
   pulse_status st; /* of opening and beginning */
   char detail[512];
   pulse_patch *p;
-  pulse_patch_stream *s;
+  pulse_patch_stream *s;        /* host targets */
+  pulse_cuda_patch_stream *cs;  /* device targets */
   sub_target **tg;
   pulse_host_tensor *ht;
+  pulse_cuda_target *ct;
   int full;
   int finished;     /* finish ran (and commit, when it passed) */
   pulse_status fst; /* of finishing */
@@ -39,8 +41,10 @@ typedef struct {
 
 static void ps_reset(patch_sink *ps) {
   pulse_patch_stream_free(ps->s);
+  pulse_cuda_patch_stream_free(ps->cs);
   pulse_patch_free(ps->p);
   ps->s = NULL;
+  ps->cs = NULL;
   ps->p = NULL;
   ps->need = 0;
   ps->opened = 0;
@@ -51,6 +55,25 @@ static void ps_reset(patch_sink *ps) {
 
 static void ps_on_restart(sub_sink *k) {
   ps_reset((patch_sink *)k);
+}
+
+/* Device targets: the CUDA stream over them (base digests checked against
+ * the kept ones, class counts taken on the device). */
+static pulse_status ps_open_device(patch_sink *ps, size_t n) {
+  pulse_sub *sub = ps->sub;
+  size_t k = 0;
+  for (size_t i = 0; i < n; i++)
+    if (ps->tg[i] != NULL)
+      ps->ct[k++] = (pulse_cuda_target){ps->tg[i]->name, ps->tg[i]->data_d,
+                                        ps->tg[i]->numel, &ps->tg[i]->digest};
+  pulse_apply_opts ao = PULSE_APPLY_OPTS_INIT;
+  ao.threads = sub->opts.threads;
+  ao.partial_table = !ps->full;
+  double t0 = sub_now();
+  pulse_status st = pulse_cuda_patch_stream_begin(
+      sub->ws, ps->p, ps->ct, k, &ao, sub->opts.cuda_stream, &ps->cs);
+  sub->t_verify += sub_now() - t0;
+  return st;
 }
 
 /* Opens the patch from its first bytes and starts the stream. */
@@ -77,12 +100,15 @@ static pulse_status ps_open(patch_sink *ps) {
                       pulse_patch_step(ps->p), pulse_patch_base_step(ps->p),
                       sub->step);
   size_t n = pulse_patch_tensor_count(ps->p);
-  free(ps->tg), free(ps->ht);
+  free(ps->tg), free(ps->ht), free(ps->ct);
   ps->tg = calloc(n + 1, sizeof *ps->tg);
   ps->ht = calloc(n + 1, sizeof *ps->ht);
-  if (ps->tg == NULL || ps->ht == NULL)
+  ps->ct = calloc(n + 1, sizeof *ps->ct);
+  if (ps->tg == NULL || ps->ht == NULL || ps->ct == NULL)
     return pulse_fail(PULSE_ERR_NOMEM, "streaming a patch of %zu tensors", n);
   PULSE_TRY(sub_apply_match(sub, ps->p, ps->tg, &ps->full));
+  if (sub->mem == SUB_MEM_DEVICE)
+    return ps_open_device(ps, n);
   sub_targets_index(sub, ps->p, ps->tg, n);
   pulse_class_index **ix = calloc(n + 1, sizeof *ix); /* read by begin only */
   if (ix == NULL)
@@ -125,10 +151,13 @@ static void ps_on_prefix(sub_sink *k, uint64_t prefix) {
       ps->st = st;
       snprintf(ps->detail, sizeof ps->detail, "%s", pulse_error_detail());
       pulse_patch_stream_free(ps->s);
+      pulse_cuda_patch_stream_free(ps->cs);
       ps->s = NULL;
+      ps->cs = NULL;
     }
   }
   pulse_patch_stream_feed(ps->s, (size_t)prefix);
+  pulse_cuda_patch_stream_feed(ps->cs, (size_t)prefix);
   ps->sub->t_cb += sub_now() - t0;
 }
 
@@ -138,6 +167,19 @@ static void ps_finish(patch_sink *ps) {
   pulse_sub *sub = ps->sub;
   ps->finished = 1;
   double t0 = sub_now();
+  if (ps->cs != NULL) {
+    /* Device targets: the decodes' tail and the device checks. */
+    pulse_status st = pulse_cuda_patch_stream_finish(ps->cs);
+    sub->t_decode += sub_now() - t0;
+    if (st == PULSE_OK)
+      st = sub_apply_commit_device(sub, ps->p, ps->tg, ps->full, ps->cs);
+    if (st != PULSE_OK) {
+      ps->fst = pulse_fail(st, "patch to step %" PRIu64 ": %s", ps->o->step,
+                           pulse_error_detail());
+      snprintf(ps->detail, sizeof ps->detail, "%s", pulse_error_detail());
+    }
+    return;
+  }
   double v0 = pulse_patch_stream_times_get(ps->s).verify_seconds;
   pulse_status st = pulse_patch_stream_finish(ps->s);
   pulse_patch_stream_times t = pulse_patch_stream_times_get(ps->s);
@@ -165,7 +207,8 @@ static void ps_finish(patch_sink *ps) {
  * being made durable. */
 static void ps_on_verified(sub_sink *k) {
   patch_sink *ps = (patch_sink *)k;
-  if (ps->st == PULSE_OK && ps->s != NULL && !ps->finished)
+  if (ps->st == PULSE_OK && (ps->s != NULL || ps->cs != NULL) &&
+      !ps->finished)
     ps_finish(ps);
 }
 
@@ -202,6 +245,6 @@ pulse_status sub_apply_patch_streamed(pulse_sub *sub,
   if (st == PULSE_OK && ps.fst != PULSE_OK)
     st = pulse_fail(ps.fst, "%s", ps.detail);
   ps_reset(&ps);
-  free(ps.tg), free(ps.ht), free(ps.sink.buf);
+  free(ps.tg), free(ps.ht), free(ps.ct), free(ps.sink.buf);
   return st;
 }

@@ -58,9 +58,10 @@ static void applied(pulse_sub *sub, pulse_sub_route route, uint64_t *counter) {
 }
 
 /* Patches are decoded while they download (sub_stream.c) unless turned
- * off or the targets are on a device (applied by the CUDA transaction). */
+ * off: on the host for host targets, and for device targets the host
+ * decodes the streams while the device finds, checks and writes. */
 static int streaming(const pulse_sub *sub) {
-  return !sub->opts.no_streaming && sub->mem != SUB_MEM_DEVICE;
+  return !sub->opts.no_streaming;
 }
 
 /* Applies the head's patches from `first` on, in order. When streaming,

@@ -6,8 +6,9 @@
 # reference, barriers, out-of-bounds accesses); it says nothing about
 # speed or the real compiler, which tests/gpu/check.sh covers on a GPU.
 # Then the publisher's device commits (tests/trainer_side/
-# test_publisher_device.c, trainer_side without its HTTP server) run on the
-# same emulated kernels, and once more with the device hidden
+# test_publisher_device.c, trainer_side without its HTTP server) and the
+# subscriber's device targets (tests/inference_side/test_device_sync.c, with
+# the server) run on the same emulated kernels, and once more with the device hidden
 # (PULSE_EMU_NO_DEVICE=1) for the "no CUDA device" error.
 #   tests/cuda/emu/run.sh [criterion options, e.g. --filter 'cuda_detect/*']
 # Environment: PULSE_EMU_BUILD (build folder, default build-emu), PULSE_JOBS,
@@ -61,6 +62,15 @@ for src in "$root"/trainer_side/*.c "$root"/tests/trainer_side/test_publisher_de
   compile "$obj" gcc -std=c11 -DPULSE_HAVE_CUDA=1 $common $inc -I"$root/trainer_side" \
     -I"$root/tests/trainer_side" -I"$root/tests/common" -c "$src"
 done
+# The subscriber with device targets, against a publisher and its server.
+sub_objs=()
+for src in "$root"/trainer_side/server*.c "$root"/inference_side/*.c \
+  "$root"/tests/inference_side/test_device_sync.c; do
+  obj="$out/obj/sub_$(basename "$src").o"; sub_objs+=("$obj")
+  compile "$obj" gcc -std=c11 -DPULSE_HAVE_CUDA=1 $common $inc -I"$root/trainer_side" \
+    -I"$root/inference_side" -I"$root/tests/inference_side" -I"$root/tests/common" \
+    $(pkg-config --cflags libcurl libmicrohttpd) -c "$src"
+done
 for pid in "${pids[@]}"; do wait "$pid"; done
 
 libs="$out/lib/codec/libpulse_codec.a $(pkg-config --libs libzstd libcrypto) -lpthread -lm"
@@ -72,6 +82,12 @@ g++ $san -o "$out/test_cuda_emu" "${objs[@]}" $libs $(pkg-config --libs criterio
 g++ $san -o "$out/pulse-bench-emu" "${lib_objs[@]}" "${tool_objs[@]}" $libs
 g++ $san -o "$out/test_publisher_emu" "${lib_objs[@]}" "${trainer_objs[@]}" $libs \
   $(pkg-config --libs criterion)
+publisher_objs=()
+for obj in "${trainer_objs[@]}"; do
+  case "$obj" in */trainer_test_*) ;; *) publisher_objs+=("$obj") ;; esac
+done
+g++ $san -o "$out/test_subscriber_emu" "${lib_objs[@]}" "${publisher_objs[@]}" "${sub_objs[@]}" \
+  $libs $(pkg-config --libs libcurl libmicrohttpd criterion)
 
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1}
 echo "== pulse-bench gpu on a small table (emulated: the figures mean nothing)"
@@ -80,6 +96,8 @@ echo "== the CUDA suite on the emulator"
 "$out/test_cuda_emu" --jobs "$jobs" "$@"
 echo "== the publisher's device commits on the emulator"
 "$out/test_publisher_emu" --jobs "$jobs" "$@"
+echo "== the subscriber's device targets on the emulator"
+"$out/test_subscriber_emu" --jobs "$jobs" "$@"
 echo "== the same without a device (PULSE_EMU_NO_DEVICE=1)"
 PULSE_EMU_NO_DEVICE=1 "$out/test_publisher_emu" --jobs "$jobs" \
   --filter 'publisher_device/device_tensors_without_a_device_are_refused'
