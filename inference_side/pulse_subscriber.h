@@ -24,11 +24,13 @@
  * and size against the signed head before reading it; then apply each step
  * transactionally: every patch is decoded and checked against the base and
  * target digests before the first target element is written, and an anchor
- * is checked against its state digest before anything is copied. Host
- * patches are decoded while they download (each chunk as soon as its bytes
- * are there, on opts.threads threads, into staging only) and committed once
- * the whole object matched its signed SHA-256 and the staged changes the
- * target digests; opts.no_streaming turns this off. A patch
+ * is checked against its state digest before anything is copied. Patches
+ * are decoded while they download (each chunk as soon as its bytes are
+ * there, on opts.threads threads, into staging only; for device targets the
+ * device then places and checks the changes) and committed once the whole
+ * object matched its signed SHA-256 and the staged changes the target
+ * digests; opts.no_streaming turns this off. Host targets keep a class
+ * index of their weights (opts.no_class_index). A patch
  * whose base does not match the targets is never applied: the sync then takes
  * the anchor route. Whatever fails, the targets either hold exactly the
  * trainer's weights of a step or keep their previous step, and the status and
@@ -162,8 +164,10 @@ typedef struct {
   pulse_sub_event_fn on_event;
   void *on_event_ctx;
   /* 0 (default): a patch is decoded while it downloads, on `threads`
-   * threads, each chunk as soon as its bytes are there, and committed once
-   * the whole object verified; 1: each patch is downloaded whole first. */
+   * threads, each chunk as soon as its bytes are there (for device targets
+   * the host decodes the chunk streams and the device then places, checks
+   * and writes), and committed once the whole object verified; 1: each
+   * patch is downloaded whole first. */
   int no_streaming;
   /* 0 (default): host targets keep a class index (pulse_class_index, about
    * 2.1 bytes per element, built before the first class-model patch) so

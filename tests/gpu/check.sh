@@ -7,12 +7,15 @@
 #      and a small part of it under racecheck and synccheck,
 #   4. runs the publisher's device commits (test_trainer_side, suite
 #      publisher_device: device and host commits write the same bytes), also
-#      under compute-sanitizer memcheck,
+#      under compute-sanitizer memcheck, and a subscriber syncing device
+#      targets from a publisher's server (test_inference_side, suite
+#      inference_side_device: streamed and whole patches),
 #   5. benchmarks encode and apply against a device-to-device copy of the
 #      same bytes (pulse-bench gpu),
 #   6. syncs 10^8 parameters at 1% density into GPU targets over loopback
 #      and a 1 Gbit/s link (pulse-bench sync --device; the issue's 10^9 with
-#      PULSE_GPU_SYNC_PARAMS=1e9, which takes longer),
+#      PULSE_GPU_SYNC_PARAMS=1e9, which takes longer), then into host
+#      targets over the 1 Gbit/s link (this machine's cores, for scale),
 # and writes a short summary to stdout and, when $OUT is set, to
 # $OUT/gpu-summary.txt (with the logs beside it). Exit status 0 when the
 # build, every test and every sanitizer run passed; the speed targets are
@@ -81,6 +84,7 @@ else
 fi
 tests=$build/tests/test_cuda
 publisher_tests=$build/tests/test_trainer_side
+subscriber_tests=$build/tests/test_inference_side
 bench=$build/tools/pulse-bench
 
 # Criterion's synthesis line: "Tested: N | Passing: P | Failing: F | Crashing: C".
@@ -170,6 +174,22 @@ if [ -n "$sanitizer" ]; then
   fi
 fi
 
+# ------------------------------------------ the subscriber's device targets
+t=$(date +%s)
+timeout 300 "$subscriber_tests" --jobs 1 --verbose --filter 'inference_side_device/*' \
+  > "$logs/subscriber.log" 2>&1
+rc=$?
+line="subscriber device targets: $(synthesis "$logs/subscriber.log")"
+if [ "$rc" = 0 ] && ! grep -q 'no CUDA device' "$logs/subscriber.log" &&
+  [ "$(tested "$logs/subscriber.log")" != 0 ]; then
+  say "$line: OK ($(elapsed "$t") s)"
+else
+  [ "$rc" = 124 ] && line="$line, timed out"
+  say "$line: FAIL ($(elapsed "$t") s)"
+  say "$(grep -E '^\[FAIL\]|^\[SKIP\]|Assertion|^\[----\]   ' "$logs/subscriber.log" | head -n 12)"
+  failed=1
+fi
+
 # ------------------------------------------------------------------ bench
 t=$(date +%s)
 # shellcheck disable=SC2086
@@ -211,6 +231,24 @@ if timeout 300 "$bench" sync --device --params ${PULSE_GPU_SYNC_PARAMS:-1e8} --s
 else
   say "sync --device: FAIL ($(elapsed "$t") s):"
   say "$(tail -n 5 "$logs/sync.log")"
+  failed=1
+fi
+# The same link into host targets, on this machine's cores (for scale: the
+# CPU path's decode, index upkeep and commit against the GPU's).
+t=$(date +%s)
+# shellcheck disable=SC2086
+if timeout 300 "$bench" sync --params ${PULSE_GPU_SYNC_PARAMS:-1e8} --steps 3 \
+  --links 1gbit --json > "$logs/sync-host.log" 2>&1; then
+  l=$(grep '^{"params"' "$logs/sync-host.log" | head -n 1)
+  if [ -n "$l" ]; then
+    share=$(sed -E 's/.*"transfer_s":([0-9.]+),"verify_s":([0-9.]+),"decode_s":([0-9.]+),"apply_s":([0-9.]+).*/\1 \2 \3 \4/' <<<"$l" |
+      awk '{ if ($1 > 0) printf "%.1f", 100 * ($2 + $3 + $4) / $1 }')
+    say "sync, host targets, $(nproc) cores ($(elapsed "$t") s): $(sed -E 's/.*"seconds_dense":([0-9.]+),"seconds_pulse":([0-9.]+).*"transfer_s":([0-9.]+),"verify_s":([0-9.]+),"decode_s":([0-9.]+),"apply_s":([0-9.]+).*/dense \1 s, pulse \2 s; transfer \3, verify \4, decode \5, apply \6/' <<<"$l"); decode+verify+apply ${share}% of the transfer"
+  else
+    say "sync, host targets: $(tail -n 1 "$logs/sync-host.log")"
+  fi
+else
+  say "sync, host targets: FAIL ($(elapsed "$t") s): $(tail -n 2 "$logs/sync-host.log")"
   failed=1
 fi
 finish
