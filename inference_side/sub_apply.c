@@ -80,46 +80,34 @@ pulse_status sub_apply_match(pulse_sub *sub, const pulse_patch *p, sub_target **
   return PULSE_OK;
 }
 
-static pulse_status apply_device(pulse_sub *sub, const pulse_patch *p,
-                                 sub_target **tg) {
-  /* Same transaction as the host path, run by the CUDA entry point: base
-   * digests, decode, target digests, then the scatter. */
+static pulse_status apply_device(pulse_sub *sub, const pulse_patch *p, sub_target **tg,
+                                 int full) {
+  /* Same transaction as the host path, by the CUDA stream fed the whole
+   * object at once: base digests, decode and device checks while readers
+   * may still read, then the scatter under the writers' lock. */
   size_t n = pulse_patch_tensor_count(p), k = 0;
   pulse_cuda_target *ct = calloc(n + 1, sizeof *ct);
-  pulse_tensor_digest *d = calloc(n + 1, sizeof *d);
-  sub_target **order = calloc(n + 1, sizeof *order);
-  if (ct == NULL || d == NULL || order == NULL) {
-    free(ct), free(d), free(order);
+  if (ct == NULL)
     return pulse_fail(PULSE_ERR_NOMEM, "device apply");
-  }
-  int full = 1;
-  for (size_t i = 0; i < n; i++) {
-    if (tg[i] == NULL) {
-      full = 0;
-      continue;
-    }
-    ct[k].name = tg[i]->name;
-    ct[k].data_d = tg[i]->data_d;
-    ct[k].numel = tg[i]->numel;
-    ct[k].digest = &tg[i]->digest;
-    order[k++] = tg[i];
-  }
+  for (size_t i = 0; i < n; i++)
+    if (tg[i] != NULL)
+      ct[k++] = (pulse_cuda_target){tg[i]->name, tg[i]->data_d, tg[i]->numel, &tg[i]->digest};
   pulse_apply_opts ao = PULSE_APPLY_OPTS_INIT;
   ao.threads = sub->opts.threads;
   ao.partial_table = !full;
   double t0 = sub_now();
-  pthread_rwlock_wrlock(&sub->rw);
+  pulse_cuda_patch_stream *cs = NULL;
   pulse_status st =
-      pulse_cuda_patch_apply(sub->ws, p, ct, k, &ao, sub->opts.cuda_stream, d);
+      pulse_cuda_patch_stream_begin(sub->ws, p, ct, k, &ao, sub->opts.cuda_stream, &cs);
   if (st == PULSE_OK) {
-    for (size_t i = 0; i < k; i++)
-      order[i]->digest = d[i];
-    sub_set_step(sub, pulse_patch_step(p),
-                 full ? pulse_patch_target_digest(p) : NULL);
+    pulse_cuda_patch_stream_feed(cs, SIZE_MAX); /* the whole object is there */
+    st = pulse_cuda_patch_stream_finish(cs);
   }
-  pthread_rwlock_unlock(&sub->rw);
-  sub->t_apply += sub_now() - t0;
-  free(ct), free(d), free(order);
+  sub->t_decode += sub_now() - t0;
+  if (st == PULSE_OK)
+    st = sub_apply_commit_device(sub, p, tg, full, cs);
+  pulse_cuda_patch_stream_free(cs);
+  free(ct);
   return st;
 }
 
@@ -208,7 +196,7 @@ pulse_status sub_apply_patch(pulse_sub *sub, const pulse_patch *p) {
     }
     sub->t_verify += sub_now() - t0;
     if (st == PULSE_OK)
-      st = apply_device(sub, p, tg);
+      st = apply_device(sub, p, tg, full);
     goto committed;
   }
 
