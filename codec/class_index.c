@@ -202,28 +202,23 @@ uint32_t pulse_class_index_locate(const pulse_class_index *ix, uint64_t first, u
   return out;
 }
 
+/* The first entry of off[lo, hi) (sorted) that is not below o. */
+static uint32_t lower_bound(const uint16_t *off, uint32_t lo, uint32_t hi, uint16_t o) {
+  while (lo < hi) {
+    uint32_t mid = (lo + hi) / 2;
+    if (off[mid] < o)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
 /* Moves offset o of a block from class a's run to class b's, keeping each
  * run sorted. */
 static void move_offset(uint16_t *off, uint16_t *run, uint16_t o, unsigned a, unsigned b) {
-  /* Where o is in run a, and where it goes in run b (binary searches). */
-  uint32_t lo = run[a], hi = run[a + 1];
-  while (lo < hi) {
-    uint32_t mid = (lo + hi) / 2;
-    if (off[mid] < o)
-      lo = mid + 1;
-    else
-      hi = mid;
-  }
-  uint32_t from = lo;
-  lo = run[b], hi = run[b + 1];
-  while (lo < hi) {
-    uint32_t mid = (lo + hi) / 2;
-    if (off[mid] < o)
-      lo = mid + 1;
-    else
-      hi = mid;
-  }
-  uint32_t to = lo; /* o goes before entry `to` of the present array */
+  uint32_t from = lower_bound(off, run[a], run[a + 1], o); /* where o is */
+  uint32_t to = lower_bound(off, run[b], run[b + 1], o); /* o goes before it */
   if (a < b) {
     /* Runs a+1..b shift down one place; o ends at the end of b's prefix. */
     memmove(off + from, off + from + 1, (size_t)(to - from - 1) * sizeof *off);

@@ -111,23 +111,28 @@ static pulse_status apply_device(pulse_sub *sub, const pulse_patch *p, sub_targe
   return st;
 }
 
+/* The targets hold the patch's target now (under the writers' lock): their
+ * digests and the step. */
+static void now_at_target(pulse_sub *sub, const pulse_patch *p, sub_target **tg, int full) {
+  for (size_t i = 0; i < pulse_patch_tensor_count(p); i++) {
+    pulse_patch_tensor pt;
+    if (tg[i] == NULL)
+      continue;
+    pulse_patch_tensor_get(p, i, &pt);
+    tg[i]->digest = pt.target_digest;
+  }
+  sub_set_step(sub, pulse_patch_step(p), full ? pulse_patch_target_digest(p) : NULL);
+}
+
 pulse_status sub_apply_commit_device(pulse_sub *sub, const pulse_patch *p, sub_target **tg,
                                      int full, pulse_cuda_patch_stream *cs) {
   double t0 = sub_now();
   pthread_rwlock_wrlock(&sub->rw);
   pulse_status st = pulse_cuda_patch_stream_commit(cs, NULL);
-  if (st == PULSE_OK) {
-    for (size_t i = 0; i < pulse_patch_tensor_count(p); i++) {
-      pulse_patch_tensor pt;
-      if (tg[i] == NULL)
-        continue;
-      pulse_patch_tensor_get(p, i, &pt);
-      tg[i]->digest = pt.target_digest;
-    }
-    sub_set_step(sub, pulse_patch_step(p), full ? pulse_patch_target_digest(p) : NULL);
-  } else {
+  if (st == PULSE_OK)
+    now_at_target(sub, p, tg, full);
+  else
     sub_set_step(sub, PULSE_SUB_NO_STEP, NULL); /* contents unknown */
-  }
   pthread_rwlock_unlock(&sub->rw);
   sub->t_apply += sub_now() - t0;
   return st;
@@ -142,14 +147,7 @@ void sub_apply_commit(pulse_sub *sub, const pulse_patch *p, sub_target **tg, int
     pulse_patch_staged_commit_data(staged);
   else
     pulse_patch_stream_commit_data(stream);
-  for (size_t i = 0; i < pulse_patch_tensor_count(p); i++) {
-    pulse_patch_tensor pt;
-    if (tg[i] == NULL)
-      continue;
-    pulse_patch_tensor_get(p, i, &pt);
-    tg[i]->digest = pt.target_digest;
-  }
-  sub_set_step(sub, pulse_patch_step(p), full ? pulse_patch_target_digest(p) : NULL);
+  now_at_target(sub, p, tg, full);
   pthread_rwlock_unlock(&sub->rw);
   /* The class indexes follow with readers back in: only the next patch
    * reads them, and it is applied on this thread. */
