@@ -9,6 +9,7 @@
  * Golomb codes (unary quotient, truncated binary remainder): the optimal
  * prefix code for geometric gaps, which is what rank gaps within a class
  * are when changes are independent given the exponent. */
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -302,8 +303,38 @@ typedef struct {
 typedef struct {
   unsigned bits;      /* table index width (longest codeword) */
   unsigned constant;  /* the token of a constant code, else TOKENS */
-  value_entry table[1u << CODE_LEN_MAX];
+  const value_entry *table; /* `own`, or the default code's shared table */
+  value_entry own[1u << CODE_LEN_MAX];
 } value_code;
+
+/* Fills table (2^bits entries) from codeword lengths; returns bits, the
+ * longest codeword (0: none, or they do not fit: Kraft). An incomplete code
+ * leaves entries that no codeword reaches (len 0); reading one is an error. */
+static unsigned value_table(const uint8_t len[TOKENS], value_entry *table) {
+  unsigned kraft = 0, longest = 0;
+  for (unsigned t = 0; t < TOKENS; t++)
+    if (len[t]) {
+      kraft += 1u << (CODE_LEN_MAX - len[t]);
+      longest = len[t] > longest ? len[t] : longest;
+    }
+  if (longest == 0 || kraft > (1u << CODE_LEN_MAX))
+    return 0;
+  uint16_t code[TOKENS];
+  canonical_codes(len, code);
+  memset(table, 0, sizeof(value_entry) << longest);
+  for (unsigned t = 0; t < TOKENS; t++)
+    if (len[t])
+      for (unsigned i = code[t]; i < (1u << longest); i += 1u << len[t])
+        table[i] = (value_entry){(uint8_t)t, len[t]};
+  return longest;
+}
+
+/* The default code's table, built once: most classes use it, and building
+ * a table per class per chunk cost a tenth of the decode. */
+static value_entry default_table[1u << CODE_LEN_MAX];
+static unsigned default_bits;
+static pthread_once_t default_once = PTHREAD_ONCE_INIT;
+static void default_table_init(void) { default_bits = value_table(default_lengths, default_table); }
 
 static int get_value_code(pulse_bitreader *r, value_code *vc) {
   pulse_br_refill(r);
@@ -318,7 +349,10 @@ static int get_value_code(pulse_bitreader *r, value_code *vc) {
     return 1;
   }
   if (kind == VALUE_CODE_DEFAULT) {
-    memcpy(len, default_lengths, TOKENS);
+    pthread_once(&default_once, default_table_init);
+    vc->bits = default_bits;
+    vc->table = default_table;
+    return 1;
   } else if (kind == VALUE_CODE_CUSTOM) {
     unsigned last = (unsigned)pulse_br_peek(r, 4);
     pulse_br_skip(r, 4);
@@ -332,25 +366,9 @@ static int get_value_code(pulse_bitreader *r, value_code *vc) {
   } else {
     return 0;
   }
-  /* Kraft: the codewords must fit (an incomplete code leaves entries that
-   * no codeword reaches; reading one is an error). */
-  unsigned kraft = 0, longest = 0;
-  for (unsigned t = 0; t < TOKENS; t++)
-    if (len[t]) {
-      kraft += 1u << (CODE_LEN_MAX - len[t]);
-      longest = len[t] > longest ? len[t] : longest;
-    }
-  if (longest == 0 || kraft > (1u << CODE_LEN_MAX))
-    return 0;
-  uint16_t code[TOKENS];
-  canonical_codes(len, code);
-  vc->bits = longest;
-  memset(vc->table, 0, sizeof(value_entry) << longest);
-  for (unsigned t = 0; t < TOKENS; t++)
-    if (len[t])
-      for (unsigned i = code[t]; i < (1u << longest); i += 1u << len[t])
-        vc->table[i] = (value_entry){(uint8_t)t, len[t]};
-  return 1;
+  vc->bits = value_table(len, vc->own);
+  vc->table = vc->own;
+  return vc->bits != 0;
 }
 
 /* Decodes k changes of one class into delta and, ranks below `limit`, either
@@ -407,6 +425,8 @@ get_class(pulse_bitreader *ra, pulse_bitreader *rb, value_code *vc, uint64_t lim
       REFILL(buf, bits, p, end_a, SAVE_A(), LOAD_A(), ra);
       unsigned q = (unsigned)__builtin_ctzll(~buf | (1ull << QUOTIENT_MAX));
       uint64_t quot = q;
+      /* A quotient below QUOTIENT_MAX times m <= M_MAX cannot overflow: the
+       * gap's own range check below suffices. */
       if (__builtin_expect(q < QUOTIENT_MAX, 1)) {
         buf >>= q + 1u;
         bits -= q + 1u;
@@ -422,9 +442,9 @@ get_class(pulse_bitreader *ra, pulse_bitreader *rb, value_code *vc, uint64_t lim
         if (!good)
           goto out;
         quot = rest + QUOTIENT_MAX - 1u;
+        if (quot >= limit) /* also keeps quot * m from overflowing */
+          goto out;
       }
-      if (quot >= limit) /* also keeps quot * m from overflowing */
-        goto out;
       /* rem = lo, or 2 lo + hi - u for a long codeword: by mask, as
        * compilers turn a ternary here back into the branch. */
       uint64_t lo = buf & lomask;
