@@ -26,6 +26,7 @@ struct pulse_chunk_feed {
   pulse_chunk_feed_times times;
   pthread_t tid[FEED_MAX_THREADS];
   int nthreads;
+  int caller_helps; /* wait decodes beside the threads */
 };
 
 static double now_s(void) {
@@ -67,7 +68,8 @@ static void stop_threads(pulse_chunk_feed *f, int stop) {
 }
 
 pulse_status pulse_chunk_feed_start(size_t n, const uint64_t *end, uint64_t size, int threads,
-                                    pulse_chunk_feed_fn fn, void *ctx, pulse_chunk_feed **out) {
+                                    int caller_helps, pulse_chunk_feed_fn fn, void *ctx,
+                                    pulse_chunk_feed **out) {
   pulse_chunk_feed *f = calloc(1, sizeof *f);
   if (f == NULL)
     return pulse_fail(PULSE_ERR_NOMEM, "chunk feed");
@@ -87,6 +89,9 @@ pulse_status pulse_chunk_feed_start(size_t n, const uint64_t *end, uint64_t size
     threads = FEED_MAX_THREADS;
   if ((size_t)threads > n)
     threads = (int)n;
+  f->caller_helps = caller_helps;
+  if (caller_helps && threads > 0)
+    threads--;
   /* When no thread starts, wait decodes on the caller's thread. */
   for (int k = 0; k < threads; k++) {
     if (pthread_create(&f->tid[f->nthreads], NULL, feed_worker, f) != 0)
@@ -122,10 +127,9 @@ uint64_t pulse_chunk_feed_fed(pulse_chunk_feed *f) {
 int pulse_chunk_feed_wait(pulse_chunk_feed *f) {
   if (pulse_chunk_feed_fed(f) < f->size)
     return 0; /* the threads would wait for bytes forever */
-  if (f->nthreads == 0)
-    feed_worker(f); /* no thread could start */
-  else
-    stop_threads(f, 0); /* every byte is there: they run out of items */
+  if (f->nthreads == 0 || f->caller_helps)
+    feed_worker(f); /* no thread could start, or the caller helps */
+  stop_threads(f, 0); /* every byte is there: they run out of items */
   return !f->failed && f->done == f->n;
 }
 

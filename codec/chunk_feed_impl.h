@@ -23,9 +23,12 @@ typedef int (*pulse_chunk_feed_fn)(void *ctx, size_t i);
 /* Starts up to `threads` threads (0: one per core, at most one per item)
  * for n items whose bytes end at end[i] (non-decreasing, at most size; the
  * array must outlive the feed). Nothing runs until bytes are fed.
+ * caller_helps: the thread that will wait decodes too, so one thread fewer
+ * is started (for bytes that are all there already).
  * @return PULSE_OK and *out; PULSE_ERR_NOMEM. */
 pulse_status pulse_chunk_feed_start(size_t n, const uint64_t *end, uint64_t size, int threads,
-                                    pulse_chunk_feed_fn fn, void *ctx, pulse_chunk_feed **out);
+                                    int caller_helps, pulse_chunk_feed_fn fn, void *ctx,
+                                    pulse_chunk_feed **out);
 
 /* Bytes [0, avail) are there (only grows). Any one thread at a time. */
 void pulse_chunk_feed_bytes(pulse_chunk_feed *f, uint64_t avail);

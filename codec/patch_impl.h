@@ -73,6 +73,14 @@ pulse_status patch_state_digest_of(const struct pulse_patch *p, const pulse_tens
 pulse_tensor_digest patch_resolve_chunk(const uint16_t *base, pulse_changes *c, uint64_t from,
                                         uint64_t to);
 
+struct pulse_patch_stream;
+
+/* pulse_patch_stream_begin; whole: every byte is there already, so the
+ * caller's thread decodes too once it waits in finish (pulse_patch_stage). */
+pulse_status patch_stream_begin(const struct pulse_patch *p, pulse_host_tensor *targets,
+                                size_t count, const pulse_apply_opts *opts, int whole,
+                                struct pulse_patch_stream **out);
+
 /* pulse_patch_encode with the target digests given rather than derived
  * (squash knows them from the last patch but may not know the old bits). */
 pulse_status patch_encode_digests(const pulse_encode_opts *opts,

@@ -197,6 +197,13 @@ pulse_status pulse_patch_stream_begin(const pulse_patch *p,
                                       pulse_host_tensor *targets, size_t count,
                                       const pulse_apply_opts *opts,
                                       pulse_patch_stream **out) {
+  return patch_stream_begin(p, targets, count, opts, 0, out);
+}
+
+pulse_status patch_stream_begin(const pulse_patch *p,
+                                pulse_host_tensor *targets, size_t count,
+                                const pulse_apply_opts *opts, int whole,
+                                pulse_patch_stream **out) {
   pulse_apply_opts defaults = PULSE_APPLY_OPTS_INIT;
   if (opts == NULL)
     opts = &defaults;
@@ -246,7 +253,7 @@ pulse_status pulse_patch_stream_begin(const pulse_patch *p,
     }
   }
   if (st == PULSE_OK)
-    st = pulse_chunk_feed_start(s->nitems, s->end, p->size, opts->threads,
+    st = pulse_chunk_feed_start(s->nitems, s->end, p->size, opts->threads, whole,
                                 decode_item, s, &s->feed);
   if (st != PULSE_OK) {
     pulse_patch_stream_free(s);

@@ -310,8 +310,8 @@ pulse_status pulse_cuda_patch_stream_begin(pulse_cuda_workspace *ws, const pulse
   }
   CHECK(check_base(s));
   CHECK(plan(s));
-  CHECK(pulse_chunk_feed_start(s->item_count, s->end, p->size, opts->threads, decode_one, s,
-                               &s->feed));
+  CHECK(pulse_chunk_feed_start(s->item_count, s->end, p->size, opts->threads, 0, decode_one,
+                               s, &s->feed));
 cleanup:
   if (st != PULSE_OK) {
     pulse_cuda_patch_stream_free(s);
