@@ -194,6 +194,8 @@ static size_t on_body(char *p, size_t size, size_t n, void *ctx) {
     memcpy(x->mem + x->mem_len, p, len);
     x->mem_len += len;
     x->received += len;
+    if (x->on_data != NULL)
+      x->on_data(x);
     return len;
   }
   /* File sink: keep the part of [abs, abs + len) inside the range asked. */
@@ -268,6 +270,7 @@ static pulse_status setup(pulse_sub *sub, sub_xfer *x) {
   x->headers[0] = x->error_body[0] = x->curl_error[0] = '\0';
   x->sink_decided = x->discard = 0;
   x->mem_len = 0;
+  x->attempt++;
   curl_easy_setopt(e, CURLOPT_URL, x->url);
   curl_easy_setopt(e, CURLOPT_PRIVATE, x);
   curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);

@@ -29,13 +29,18 @@ typedef struct sub_xfer {
   uint64_t expect_total; /* object size when known (checks Content-Range);
                             0: unknown */
   uint64_t max_bytes;    /* memory sink: refuse longer bodies */
-  uint8_t *mem;
+  uint8_t *mem;          /* a caller's buffer of mem_cap bytes is kept (not
+                            moved) while the body fits; sub_xfer_release
+                            frees it */
   size_t mem_len, mem_cap;
   /* File sink only: every body byte kept is also copied to
-   * copy[object offset] (a buffer of expect_total bytes), and on_data is
-   * called after each piece of the body (both optional). */
+   * copy[object offset] (a buffer of expect_total bytes). */
   uint8_t *copy;
+  /* Called after each piece of the body is kept, file or memory sink
+   * (optional); attempt tells a new try (its body starts over). */
   void (*on_data)(struct sub_xfer *x);
+  void *on_data_ctx;
+  unsigned attempt; /* runs of this transfer so far */
   /* ---- answer */
   CURLcode cc;
   long status;

@@ -218,6 +218,19 @@ pulse_status sub_apply_match(pulse_sub *sub, const pulse_patch *p,
                              sub_target **tg, int *full);
 /** The writers' half of a host patch: commit (staged or streamed), new
  * digests and step, under the writers' lock. Cannot fail. */
+/* A patch streamed from a buffer the caller fills (a catch-up): o gives
+ * the steps it must go between and its size (the buffer holds at least
+ * that); bytes are announced with sub_patch_stream_bytes (a new attempt
+ * first calls restart), and apply, once every byte is there and the caller
+ * verified them, finishes and commits as a streamed store patch does. */
+typedef struct sub_patch_stream sub_patch_stream;
+pulse_status sub_patch_stream_start(pulse_sub *sub, const pulse_store_object *o, uint8_t *buf,
+                                    sub_patch_stream **out);
+void sub_patch_stream_bytes(sub_patch_stream *c, uint64_t avail);
+void sub_patch_stream_restart(sub_patch_stream *c);
+pulse_status sub_patch_stream_apply(sub_patch_stream *c);
+void sub_patch_stream_free(sub_patch_stream *c);
+
 /* The device stream's commit under the writers' lock: the scatter, then
  * the digests and step. A failed scatter leaves no known step. */
 pulse_status sub_apply_commit_device(pulse_sub *sub, const pulse_patch *p, sub_target **tg,

@@ -212,6 +212,22 @@ static void ps_on_verified(sub_sink *k) {
     ps_finish(ps);
 }
 
+/* Every byte of the object is there and verified: opens it when that did
+ * not happen yet, reports a verified patch's own error, or waits for the
+ * last decodes and commits. */
+static pulse_status ps_apply_verified(patch_sink *ps) {
+  if (!ps->opened)
+    ps_on_prefix(&ps->sink, ps->o->size); /* it came whole (the cache) */
+  if (ps->st != PULSE_OK) /* the object verified: its own error */
+    return pulse_fail(ps->st, "patch to step %" PRIu64 ": %s: nothing applied", ps->o->step,
+                      ps->detail);
+  if (!ps->finished)
+    ps_finish(ps);
+  if (ps->fst != PULSE_OK)
+    return pulse_fail(ps->fst, "%s", ps->detail);
+  return PULSE_OK;
+}
+
 pulse_status sub_apply_patch_streamed(pulse_sub *sub,
                                       const pulse_store_object *o) {
   patch_sink ps;
@@ -233,18 +249,47 @@ pulse_status sub_apply_patch_streamed(pulse_sub *sub,
                  o->path, pulse_error_detail());
     st = PULSE_OK;
   }
-  if (st == PULSE_OK && !ps.opened)
-    ps_on_prefix(&ps.sink, o->size); /* not expected: the last call had it */
-  if (st == PULSE_OK && ps.st != PULSE_OK) {
-    /* The object verified: its own error. */
-    st = pulse_fail(ps.st, "patch to step %" PRIu64 ": %s: nothing applied",
-                    o->step, ps.detail);
-  } else if (st == PULSE_OK && !ps.finished) {
-    ps_finish(&ps); /* it came whole from the cache */
-  }
-  if (st == PULSE_OK && ps.fst != PULSE_OK)
-    st = pulse_fail(ps.fst, "%s", ps.detail);
+  if (st == PULSE_OK)
+    st = ps_apply_verified(&ps);
   ps_reset(&ps);
   free(ps.tg), free(ps.ht), free(ps.ct), free(ps.sink.buf);
   return st;
+}
+
+/* ------------------------------------------- a buffer the caller fills */
+
+struct sub_patch_stream {
+  patch_sink ps;
+  pulse_store_object o;
+};
+
+pulse_status sub_patch_stream_start(pulse_sub *sub, const pulse_store_object *o, uint8_t *buf,
+                                    sub_patch_stream **out) {
+  sub_patch_stream *c = calloc(1, sizeof *c);
+  if (c == NULL)
+    return pulse_fail(PULSE_ERR_NOMEM, "%s", o->path);
+  c->o = *o;
+  c->ps.sub = sub;
+  c->ps.o = &c->o;
+  c->ps.sink.buf = buf;
+  *out = c;
+  return PULSE_OK;
+}
+
+void sub_patch_stream_bytes(sub_patch_stream *c, uint64_t avail) {
+  ps_on_prefix(&c->ps.sink, avail < c->o.size ? avail : c->o.size);
+}
+
+void sub_patch_stream_restart(sub_patch_stream *c) { ps_reset(&c->ps); }
+
+pulse_status sub_patch_stream_apply(sub_patch_stream *c) {
+  return ps_apply_verified(&c->ps);
+}
+
+void sub_patch_stream_free(sub_patch_stream *c) {
+  if (c == NULL)
+    return;
+  ps_reset(&c->ps);
+  free(c->ps.tg), free(c->ps.ht), free(c->ps.ct);
+  free(c);
 }

@@ -94,6 +94,21 @@ static pulse_status apply_patches(pulse_sub *sub, size_t first) {
 /* A catch-up patch: its headers must name our step, the head's step and
  * state digest, and carry the publisher's signature over its hash (unless
  * unsigned catch-ups are allowed); then it is applied like any patch. */
+/* Streams each attempt's bytes of a catch-up into its decode. */
+typedef struct {
+  sub_patch_stream *c;
+  unsigned attempt;
+} catchup_feed;
+
+static void catchup_on_data(sub_xfer *x) {
+  catchup_feed *f = x->on_data_ctx;
+  if (x->attempt != f->attempt) { /* a retry: its bytes start over */
+    sub_patch_stream_restart(f->c);
+    f->attempt = x->attempt;
+  }
+  sub_patch_stream_bytes(f->c, x->mem_len);
+}
+
 static pulse_status run_catchup(pulse_sub *sub, const sub_plan *plan) {
   char rel[64], v[200], what[80];
   snprintf(rel, sizeof rel, "v1/catchup/%" PRIu64, plan->from);
@@ -105,6 +120,21 @@ static pulse_status run_catchup(pulse_sub *sub, const sub_plan *plan) {
   sub_xfer_init(&x, NULL);
   x.max_bytes = plan->catchup_size + ((uint64_t)1 << 20);
   x.low_speed = 1;
+  /* Decoded while it downloads, into a buffer that does not move, when it
+   * is the size the probe said (else it is applied whole afterwards). */
+  sub_patch_stream *cs = NULL;
+  catchup_feed feed = {NULL, 0};
+  if (streaming(sub) && plan->catchup_size > 0 &&
+      (x.mem = malloc((size_t)x.max_bytes)) != NULL) {
+    x.mem_cap = (size_t)x.max_bytes;
+    pulse_store_object co = {PULSE_STORE_PATCH, head, plan->from, "", {0}, plan->catchup_size};
+    snprintf(co.path, sizeof co.path, "%s", what);
+    if (sub_patch_stream_start(sub, &co, x.mem, &cs) == PULSE_OK) {
+      feed.c = cs;
+      x.on_data = catchup_on_data;
+      x.on_data_ctx = &feed;
+    }
+  }
   pulse_sub_event ev = {0};
   ev.type = PULSE_SUB_EV_DOWNLOAD;
   ev.object = what;
@@ -175,10 +205,13 @@ static pulse_status run_catchup(pulse_sub *sub, const sub_plan *plan) {
   sub->t_verify += sub_now() - t0;
   if (st == PULSE_ERR_CORRUPT)
     rejected(sub, what, st);
-  if (st == PULSE_OK)
+  if (st == PULSE_OK && cs != NULL && x.mem_len == plan->catchup_size)
+    st = sub_patch_stream_apply(cs);
+  else if (st == PULSE_OK)
     st = sub_apply_patch(sub, p);
   if (st == PULSE_OK)
     applied(sub, PULSE_SUB_ROUTE_CATCHUP, &sub->fig.catchups_applied);
+  sub_patch_stream_free(cs);
   pulse_patch_free(p);
   sub_xfer_release(&x);
   return st;

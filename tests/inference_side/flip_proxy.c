@@ -44,7 +44,19 @@ typedef struct {
   int in_body;
   uint64_t body_left, body_pos;
   int corrupt_this;
+  int flip_catchups; /* also catch-up bodies (flip mode 2) */
+  /* Whether each request sent and not yet answered was a HEAD (its answer
+   * has a Content-Length but no body), oldest first. */
+  unsigned char head[64];
+  unsigned heads_in, heads_out;
 } resp_parser;
+
+/* Notes the methods of the requests in bytes going upstream (requests
+ * start their send, as curl writes them). */
+static void note_requests(resp_parser *r, const char *buf, size_t n) {
+  if (n >= 4 && (memcmp(buf, "GET ", 4) == 0 || memcmp(buf, "HEAD", 4) == 0))
+    r->head[r->heads_in++ % sizeof r->head] = memcmp(buf, "HEAD", 4) == 0;
+}
 
 static void parse_headers(resp_parser *r) {
   r->hdr[r->hlen] = '\0';
@@ -53,7 +65,12 @@ static void parse_headers(resp_parser *r) {
        line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL)
     if (strncasecmp(line, "Content-Length:", 15) == 0)
       cl = strtoull(line + 15, NULL, 10);
-  r->corrupt_this = strstr(r->hdr, "immutable") != NULL && cl > 64;
+  r->corrupt_this = (strstr(r->hdr, "immutable") != NULL ||
+                     (r->flip_catchups && strstr(r->hdr, "X-Pulse-From-Step") != NULL)) &&
+                    cl > 64;
+  int head = r->heads_out != r->heads_in && r->head[r->heads_out++ % sizeof r->head];
+  if (head)
+    cl = 0, r->corrupt_this = 0;
   r->body_left = cl;
   r->body_pos = 0;
   r->in_body = cl > 0;
@@ -101,6 +118,8 @@ static void *relay(void *arg) {
   sa.sin_port = htons(p->upstream);
   sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   resp_parser *r = calloc(1, sizeof *r);
+  if (r != NULL)
+    r->flip_catchups = p->flip >= 2;
   if (up < 0 || r == NULL ||
       connect(up, (struct sockaddr *)&sa, sizeof sa) != 0)
     goto out;
@@ -129,6 +148,8 @@ static void *relay(void *arg) {
       continue;
     if (fds[0].revents) {
       ssize_t n = recv(client, buf, sizeof buf, 0);
+      if (n > 0)
+        note_requests(r, buf, (size_t)n);
       if (n <= 0 || send_all(up, buf, (size_t)n) != 0)
         break;
     }

@@ -12,7 +12,8 @@
 typedef struct flip_proxy flip_proxy;
 
 /** Starts a proxy in front of 127.0.0.1:upstream_port; `flip` turns the
- * corruption on. Returns NULL on failure. */
+ * corruption on (1: immutable objects; 2: catch-up bodies too). Returns
+ * NULL on failure. */
 flip_proxy *flip_proxy_start(uint16_t upstream_port, int flip);
 
 /** The same on a given port (0: any), with SO_REUSEADDR, so that a proxy

@@ -96,6 +96,66 @@ Test(inference_side, a_byte_flipped_in_transit_is_refused_and_nothing_applied) {
   tu_rm_rf(cache);
 }
 
+/* A catch-up decoded while it downloads: flipped in transit, it is refused
+ * (so are the patches after it) and nothing is applied; straight from the
+ * server it streams and brings the worker to the head. */
+Test(inference_side, a_catchup_flipped_in_transit_is_refused_and_nothing_applied) {
+  it_trainer t;
+  it_trainer_up(&t, 100, 32, 2);
+  it_trainer_run(&t, 0, 1, 0.02);
+  char *cache = tu_make_dir();
+  const char *urls[1];
+  pulse_sub_opts o = it_sub_opts(&t, cache, urls);
+  pulse_sub *sub;
+  it_targets tg;
+  cr_assert_eq(pulse_sub_create(&o, &sub), PULSE_OK);
+  it_targets_attach(&tg, &t, sub);
+  cr_assert_eq(pulse_sub_sync(sub), PULSE_OK, "%s", pulse_sub_error(sub));
+  cr_assert(it_targets_equal(&tg, &t, 1));
+  pulse_sub_free(sub);
+  /* Steps that mostly revisit the same weights: the catch-up is smaller. */
+  it_trainer_run(&t, 2, 9, 0.02);
+  flip_proxy *px = flip_proxy_start(t.port, 2);
+  cr_assert_not_null(px);
+  char url[64];
+  snprintf(url, sizeof url, "http://127.0.0.1:%u", (unsigned)flip_proxy_port(px));
+  urls[0] = url;
+  o.retries = 1;
+  cr_assert_eq(pulse_sub_create(&o, &sub), PULSE_OK);
+  for (int i = 0; i < TU_TENSORS; i++)
+    cr_assert_eq(pulse_sub_attach_host(sub, t.m.info[i].name, t.m.info[i].ndim,
+                                       t.m.info[i].shape, tg.data[i]),
+                 PULSE_OK);
+  cr_assert_eq(pulse_sub_assume_step(sub, 1), PULSE_OK);
+  cr_assert_eq(pulse_sub_sync(sub), PULSE_ERR_CORRUPT, "%s", pulse_sub_error(sub));
+  cr_assert_geq(flip_proxy_flips(px), 2, "the catch-up and a patch");
+  cr_assert(it_targets_equal(&tg, &t, 1), "the targets moved on a corrupt catch-up");
+  cr_assert_eq(pulse_sub_step(sub), 1);
+  pulse_sub_figures fig;
+  pulse_sub_figures_get(sub, &fig);
+  cr_assert_eq(fig.catchups_applied, 0);
+  cr_assert_geq(fig.rejected, 1);
+  /* Straight from the server. */
+  urls[0] = t.url;
+  pulse_sub_free(sub);
+  cr_assert_eq(pulse_sub_create(&o, &sub), PULSE_OK);
+  for (int i = 0; i < TU_TENSORS; i++)
+    cr_assert_eq(pulse_sub_attach_host(sub, t.m.info[i].name, t.m.info[i].ndim,
+                                       t.m.info[i].shape, tg.data[i]),
+                 PULSE_OK);
+  cr_assert_eq(pulse_sub_assume_step(sub, 1), PULSE_OK);
+  cr_assert_eq(pulse_sub_sync(sub), PULSE_OK, "%s", pulse_sub_error(sub));
+  cr_assert(it_targets_equal(&tg, &t, 9));
+  pulse_sub_figures_get(sub, &fig);
+  cr_assert_eq(fig.last_route, PULSE_SUB_ROUTE_CATCHUP);
+  cr_assert_eq(fig.catchups_applied, 1);
+  pulse_sub_free(sub);
+  it_targets_free(&tg);
+  flip_proxy_stop(px);
+  it_trainer_down(&t);
+  tu_rm_rf(cache);
+}
+
 Test(inference_side, the_next_url_serves_when_the_first_one_corrupts) {
   it_trainer t;
   it_trainer_up(&t, 100, 32, 2);
