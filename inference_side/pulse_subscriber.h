@@ -169,13 +169,14 @@ typedef struct {
    * and writes), and committed once the whole object verified; 1: each
    * patch is downloaded whole first. */
   int no_streaming;
-  /* 0 (default): host targets keep a class index (pulse_class_index, about
-   * 2.1 bytes per element, built before the first class-model patch) so
-   * that patches decode without a pass over the weights; 1: no index. */
+  /* Version 2. 0 (default): host targets keep a class index
+   * (pulse_class_index, about 2.1 bytes per element, built before the first
+   * class-model patch) so that patches decode without a pass over the
+   * weights; 1: no index. Options of version 1 get the default. */
   int no_class_index;
 } pulse_sub_opts;
 
-#define PULSE_SUB_OPTS_VERSION 1u
+#define PULSE_SUB_OPTS_VERSION 2u
 #define PULSE_SUB_OPTS_INIT                                                    \
   {                                                                            \
     PULSE_SUB_OPTS_VERSION, NULL, 0, NULL, NULL, 0, 0, 10000, 30000, 1024, 30, \
@@ -284,8 +285,6 @@ typedef struct {
   uint64_t patches_applied;
   uint64_t anchors_applied;
   uint64_t catchups_applied;
-  uint64_t class_index_builds; /* class indexes built (opts.no_class_index) */
-  uint64_t class_index_bytes;  /* memory the targets' class indexes hold */
   /* The last sync that ended at the head (or failed). */
   pulse_sub_route last_route;
   pulse_status last_status;
@@ -300,6 +299,8 @@ typedef struct {
   /* Decoding (wall time) that ran while patches were still downloading,
    * hidden behind the transfer and not in last_decode_s. */
   double last_decode_overlap_s;
+  uint64_t class_index_builds; /* class indexes built (opts.no_class_index) */
+  uint64_t class_index_bytes;  /* memory the targets' class indexes hold */
 } pulse_sub_figures;
 
 /** Copies the current figures. Thread-safe. */

@@ -1,6 +1,7 @@
 /* subscriber.c - creating and freeing a subscriber, its options, figures,
  * events and the readers' lock. */
 #include <inttypes.h>
+#include <stddef.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,7 +41,7 @@ static int url_ok(const char *u) {
 }
 
 static pulse_status check_opts(const pulse_sub_opts *o) {
-  if (o == NULL || o->struct_version != PULSE_SUB_OPTS_VERSION)
+  if (o == NULL || o->struct_version < 1 || o->struct_version > PULSE_SUB_OPTS_VERSION)
     return pulse_fail(PULSE_ERR_ARG,
                       "subscriber: NULL options or options of another version");
   if (o->urls == NULL || o->url_count == 0 || o->url_count > 64)
@@ -78,7 +79,13 @@ pulse_status pulse_sub_create(const pulse_sub_opts *opts, pulse_sub **out) {
   pulse_sub *sub = calloc(1, sizeof *sub);
   if (sub == NULL)
     return pulse_fail(PULSE_ERR_NOMEM, "subscriber");
-  sub->opts = *opts;
+  if (opts->struct_version == 1) { /* before no_class_index: the defaults */
+    memcpy(&sub->opts, opts, offsetof(pulse_sub_opts, no_class_index));
+    sub->opts.no_class_index = 0;
+    sub->opts.struct_version = PULSE_SUB_OPTS_VERSION;
+  } else {
+    sub->opts = *opts;
+  }
   if (sub->opts.parallel == 0)
     sub->opts.parallel = 1;
   sub->urls = calloc(opts->url_count, sizeof *sub->urls);

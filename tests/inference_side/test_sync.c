@@ -330,6 +330,26 @@ Test(inference_side, options_are_checked) {
   o.allow_unsigned = 1;
   cr_assert_eq(pulse_sub_create(&o, &sub), PULSE_ERR_ARG);
   cr_assert_null(sub);
+  /* Options of version 1 (before no_class_index) are taken, with no read
+   * past their end (ASan); unknown versions are not. */
+  char *cache = tu_make_dir();
+  pulse_sub_opts full = o;
+  full.struct_version = 1;
+  full.public_key = NULL;
+  full.allow_unsigned = 0;
+  full.cache_dir = cache;
+  size_t v1_size = offsetof(pulse_sub_opts, no_class_index);
+  unsigned char *v1 = tu_alloc(v1_size);
+  memcpy(v1, &full, v1_size);
+  cr_assert_eq(pulse_sub_create((const pulse_sub_opts *)(void *)v1, &sub), PULSE_OK, "%s",
+               pulse_error_detail());
+  pulse_sub_free(sub);
+  sub = NULL;
+  uint32_t unknown = 3;
+  memcpy(v1 + offsetof(pulse_sub_opts, struct_version), &unknown, sizeof unknown);
+  cr_assert_eq(pulse_sub_create((const pulse_sub_opts *)(void *)v1, &sub), PULSE_ERR_ARG);
+  free(v1);
+  tu_rm_rf(cache);
   uint8_t k[32];
   cr_assert_eq(pulse_sub_key_from_hex("12", k), PULSE_ERR_ARG);
   cr_assert_eq(pulse_sub_key_from_hex("000102030405060708090a0b0c0d0e0f"
