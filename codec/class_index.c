@@ -27,6 +27,7 @@ static inline uint32_t block_size(const pulse_class_index *ix, uint64_t b) {
 typedef struct {
   pulse_class_index *ix;
   const uint16_t *data;
+  pulse_tensor_digest *digest; /* per group: its elements' share */
 } build_job;
 
 /* A counting sort of one block's offsets by class. */
@@ -61,6 +62,11 @@ static void build_group(void *ctx, size_t g) {
     to = job->ix->blocks;
   for (uint64_t b = from; b < to; b++)
     build_block(ctx, (size_t)b);
+  /* The group's share of the digest, while its elements are in cache. */
+  uint64_t first = from << PULSE_CLASS_BLOCK_LOG2, last = to << PULSE_CLASS_BLOCK_LOG2;
+  if (last > job->ix->numel)
+    last = job->ix->numel;
+  job->digest[g] = pulse_digest_bf16_at(job->data + first, last - first, first);
 }
 
 pulse_status pulse_class_index_build(const uint16_t *data, uint64_t numel, int threads,
@@ -84,10 +90,18 @@ pulse_status pulse_class_index_build(const uint16_t *data, uint64_t numel, int t
   }
   ix->numel = numel;
   ix->blocks = blocks;
-  build_job job = {ix, data};
-  pulse_parallel_for(threads, (size_t)((blocks + BUILD_GROUP - 1) / BUILD_GROUP), build_group,
-                     &job);
-  ix->digest = pulse_digest_bf16(data, numel);
+  size_t groups = (size_t)((blocks + BUILD_GROUP - 1) / BUILD_GROUP);
+  build_job job = {ix, data, calloc(groups + 1, sizeof(pulse_tensor_digest))};
+  if (job.digest == NULL) {
+    pulse_class_index_free(ix);
+    return pulse_fail(PULSE_ERR_NOMEM, "class index: %llu elements", (unsigned long long)numel);
+  }
+  pulse_parallel_for(threads, groups, build_group, &job);
+  for (size_t g = 0; g < groups; g++) {
+    ix->digest.a += job.digest[g].a;
+    ix->digest.b += job.digest[g].b;
+  }
+  free(job.digest);
   *out = ix;
   return PULSE_OK;
 }

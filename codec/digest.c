@@ -9,24 +9,29 @@
 #include <stdio.h>
 #include <string.h>
 
-pulse_tensor_digest pulse_digest_bf16_scalar(const uint16_t *bits, uint64_t n) {
+pulse_tensor_digest pulse_digest_bf16_scalar_at(const uint16_t *bits, uint64_t n,
+                                                uint64_t first) {
   /* Four accumulators per lane let the multiplies overlap. */
   uint64_t a[4] = {0, 0, 0, 0}, b[4] = {0, 0, 0, 0};
   uint64_t i = 0;
   for (; i + 4 <= n; i += 4) {
     for (int j = 0; j < 4; j++) {
-      uint64_t x = pulse_digest_key(i + (uint64_t)j, bits[i + (uint64_t)j]);
+      uint64_t x = pulse_digest_key(first + i + (uint64_t)j, bits[i + (uint64_t)j]);
       a[j] += pulse_digest_lane_a(x);
       b[j] += pulse_digest_lane_b(x);
     }
   }
   for (; i < n; i++) {
-    uint64_t x = pulse_digest_key(i, bits[i]);
+    uint64_t x = pulse_digest_key(first + i, bits[i]);
     a[0] += pulse_digest_lane_a(x);
     b[0] += pulse_digest_lane_b(x);
   }
   pulse_tensor_digest d = {a[0] + a[1] + a[2] + a[3], b[0] + b[1] + b[2] + b[3]};
   return d;
+}
+
+pulse_tensor_digest pulse_digest_bf16_scalar(const uint16_t *bits, uint64_t n) {
+  return pulse_digest_bf16_scalar_at(bits, n, 0);
 }
 
 pulse_tensor_digest pulse_digest_change_sum_scalar(const uint64_t *pos, const uint16_t *old_bits,
@@ -78,9 +83,12 @@ DIGEST_AVX512 static inline __m512i keys8(__m512i index, const uint16_t *bits) {
   return _mm512_or_si512(_mm512_slli_epi64(index, 16), v);
 }
 
-DIGEST_AVX512 static pulse_tensor_digest digest_bf16_avx512(const uint16_t *bits, uint64_t n) {
+DIGEST_AVX512 static pulse_tensor_digest digest_bf16_avx512(const uint16_t *bits, uint64_t n,
+                                                           uint64_t first) {
   __m512i a0 = _mm512_setzero_si512(), a1 = a0, b0 = a0, b1 = a0;
-  __m512i idx = _mm512_set_epi64(7, 6, 5, 4, 3, 2, 1, 0), eight = _mm512_set1_epi64(8);
+  __m512i idx = _mm512_add_epi64(_mm512_set_epi64(7, 6, 5, 4, 3, 2, 1, 0),
+                                 _mm512_set1_epi64((long long)first));
+  __m512i eight = _mm512_set1_epi64(8);
   uint64_t i = 0;
   for (; i + 16 <= n; i += 16) { /* two vectors in flight */
     __m512i x0 = keys8(idx, bits + i), x1 = keys8(_mm512_add_epi64(idx, eight), bits + i + 8);
@@ -92,7 +100,7 @@ DIGEST_AVX512 static pulse_tensor_digest digest_bf16_avx512(const uint16_t *bits
   }
   pulse_tensor_digest rest = {0, 0}; /* the tail, at its true indices */
   for (; i < n; i++) {
-    uint64_t x = pulse_digest_key(i, bits[i]);
+    uint64_t x = pulse_digest_key(first + i, bits[i]);
     rest.a += pulse_digest_lane_a(x);
     rest.b += pulse_digest_lane_b(x);
   }
@@ -121,12 +129,16 @@ static int have_avx512(void) {
 }
 #endif
 
-pulse_tensor_digest pulse_digest_bf16(const uint16_t *bits, uint64_t n) {
+pulse_tensor_digest pulse_digest_bf16_at(const uint16_t *bits, uint64_t n, uint64_t first) {
 #if PULSE_HAVE_X86_DISPATCH
   if (have_avx512())
-    return digest_bf16_avx512(bits, n);
+    return digest_bf16_avx512(bits, n, first);
 #endif
-  return pulse_digest_bf16_scalar(bits, n);
+  return pulse_digest_bf16_scalar_at(bits, n, first);
+}
+
+pulse_tensor_digest pulse_digest_bf16(const uint16_t *bits, uint64_t n) {
+  return pulse_digest_bf16_at(bits, n, 0);
 }
 
 pulse_tensor_digest pulse_digest_change_sum(const uint64_t *pos, const uint16_t *old_bits,
