@@ -128,16 +128,30 @@ typedef struct {
   uint16_t *data[TU_TENSORS];
 } it_targets;
 
-/* Host buffers for every tensor of the trainer's table, attached. */
-static inline void it_targets_attach(it_targets *tg, const it_trainer *t,
-                                     pulse_sub *sub) {
-  for (int i = 0; i < TU_TENSORS; i++) {
-    tg->data[i] = tu_alloc(t->m.numel[i] * 2);
+/* Attaches the host buffers tg holds already, one per table tensor. */
+static inline void it_targets_attach_held(const it_targets *tg, const it_trainer *t,
+                                          pulse_sub *sub) {
+  for (int i = 0; i < TU_TENSORS; i++)
     cr_assert_eq(pulse_sub_attach_host(sub, t->m.info[i].name,
                                        t->m.info[i].ndim, t->m.info[i].shape,
                                        tg->data[i]),
                  PULSE_OK, "%s", pulse_error_detail());
-  }
+}
+
+/* Host buffers for every tensor of the trainer's table, attached. */
+static inline void it_targets_attach(it_targets *tg, const it_trainer *t,
+                                     pulse_sub *sub) {
+  for (int i = 0; i < TU_TENSORS; i++)
+    tg->data[i] = tu_alloc(t->m.numel[i] * 2);
+  it_targets_attach_held(tg, t, sub);
+}
+
+/* A worker restarting over the buffers tg holds, which it says hold
+ * `step` (pulse_sub_assume_step). */
+static inline void it_targets_resume(const it_targets *tg, const it_trainer *t,
+                                     pulse_sub *sub, uint64_t step) {
+  it_targets_attach_held(tg, t, sub);
+  cr_assert_eq(pulse_sub_assume_step(sub, step), PULSE_OK);
 }
 
 static inline void it_targets_free(it_targets *tg) {

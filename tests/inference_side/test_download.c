@@ -80,11 +80,7 @@ Test(inference_side, a_byte_flipped_in_transit_is_refused_and_nothing_applied) {
   urls[0] = url;
   o.use_catchup = 0;
   cr_assert_eq(pulse_sub_create(&o, &sub), PULSE_OK);
-  for (int i = 0; i < TU_TENSORS; i++)
-    cr_assert_eq(pulse_sub_attach_host(sub, t.m.info[i].name, t.m.info[i].ndim,
-                                       t.m.info[i].shape, tg.data[i]),
-                 PULSE_OK);
-  cr_assert_eq(pulse_sub_assume_step(sub, 3), PULSE_OK);
+  it_targets_resume(&tg, &t, sub, 3);
   cr_assert_eq(pulse_sub_sync(sub), PULSE_ERR_CORRUPT);
   cr_assert(it_targets_equal(&tg, &t, 3),
             "the targets moved on corrupt patches");
@@ -122,11 +118,7 @@ Test(inference_side, a_catchup_flipped_in_transit_is_refused_and_nothing_applied
   urls[0] = url;
   o.retries = 1;
   cr_assert_eq(pulse_sub_create(&o, &sub), PULSE_OK);
-  for (int i = 0; i < TU_TENSORS; i++)
-    cr_assert_eq(pulse_sub_attach_host(sub, t.m.info[i].name, t.m.info[i].ndim,
-                                       t.m.info[i].shape, tg.data[i]),
-                 PULSE_OK);
-  cr_assert_eq(pulse_sub_assume_step(sub, 1), PULSE_OK);
+  it_targets_resume(&tg, &t, sub, 1);
   cr_assert_eq(pulse_sub_sync(sub), PULSE_ERR_CORRUPT, "%s", pulse_sub_error(sub));
   cr_assert_geq(flip_proxy_flips(px), 2, "the catch-up and a patch");
   cr_assert(it_targets_equal(&tg, &t, 1), "the targets moved on a corrupt catch-up");
@@ -139,11 +131,7 @@ Test(inference_side, a_catchup_flipped_in_transit_is_refused_and_nothing_applied
   urls[0] = t.url;
   pulse_sub_free(sub);
   cr_assert_eq(pulse_sub_create(&o, &sub), PULSE_OK);
-  for (int i = 0; i < TU_TENSORS; i++)
-    cr_assert_eq(pulse_sub_attach_host(sub, t.m.info[i].name, t.m.info[i].ndim,
-                                       t.m.info[i].shape, tg.data[i]),
-                 PULSE_OK);
-  cr_assert_eq(pulse_sub_assume_step(sub, 1), PULSE_OK);
+  it_targets_resume(&tg, &t, sub, 1);
   cr_assert_eq(pulse_sub_sync(sub), PULSE_OK, "%s", pulse_sub_error(sub));
   cr_assert(it_targets_equal(&tg, &t, 9));
   pulse_sub_figures_get(sub, &fig);

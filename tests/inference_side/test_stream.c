@@ -117,11 +117,8 @@ Test(inference_side, class_indexes_are_kept_across_patches_and_anchors) {
       for (int i = 0; i < TU_TENSORS; i++) { /* the worker holds step 0 */
         tg.data[i] = tu_alloc(t.m.numel[i] * 2);
         memcpy(tg.data[i], t.bits[0][i], t.m.numel[i] * 2);
-        cr_assert_eq(pulse_sub_attach_host(sub, t.m.info[i].name, t.m.info[i].ndim,
-                                           t.m.info[i].shape, tg.data[i]),
-                     PULSE_OK);
       }
-      cr_assert_eq(pulse_sub_assume_step(sub, 0), PULSE_OK);
+      it_targets_resume(&tg, &t, sub, 0);
       cr_assert_eq(pulse_sub_sync(sub), PULSE_OK, "%s", pulse_sub_error(sub));
       cr_assert(it_targets_equal(&tg, &t, t.step), "no_index %d whole %d", no_index, whole);
       pulse_sub_figures f;
@@ -217,11 +214,7 @@ Test(inference_side, a_large_patch_streams_from_parallel_ranges_that_resume) {
   o.parallel = 4;
   o.parallel_min_bytes = 1 << 20;
   cr_assert_eq(pulse_sub_create(&o, &sub), PULSE_OK);
-  for (int i = 0; i < TU_TENSORS; i++)
-    cr_assert_eq(pulse_sub_attach_host(sub, t.m.info[i].name, t.m.info[i].ndim,
-                                       t.m.info[i].shape, tg.data[i]),
-                 PULSE_OK);
-  cr_assert_eq(pulse_sub_assume_step(sub, 0), PULSE_OK);
+  it_targets_resume(&tg, &t, sub, 0);
   cr_assert_eq(pulse_sub_sync(sub), PULSE_OK, "%s", pulse_sub_error(sub));
   cr_assert(it_targets_equal(&tg, &t, 1));
   pulse_sub_figures f;
@@ -254,11 +247,7 @@ Test(inference_side, a_wrong_base_found_while_streaming_leads_to_an_anchor) {
   tg.data[1][5] ^= 1;
   pulse_sub_free(sub);
   cr_assert_eq(pulse_sub_create(&o, &sub), PULSE_OK);
-  for (int i = 0; i < TU_TENSORS; i++)
-    cr_assert_eq(pulse_sub_attach_host(sub, t.m.info[i].name, t.m.info[i].ndim,
-                                       t.m.info[i].shape, tg.data[i]),
-                 PULSE_OK);
-  cr_assert_eq(pulse_sub_assume_step(sub, 0), PULSE_OK);
+  it_targets_resume(&tg, &t, sub, 0);
   cr_assert_eq(pulse_sub_sync(sub), PULSE_OK, "%s", pulse_sub_error(sub));
   cr_assert(it_targets_equal(&tg, &t, 2));
   pulse_sub_figures f;
