@@ -413,6 +413,43 @@ uint32_t pulse_chunk_locate(const uint16_t *base, uint32_t n, uint32_t k, const 
   return out;
 }
 
+/* A class-model stream: class ranks, then positions, through a receiver's
+ * class index of the tensor (ix, with `base` the whole tensor, only
+ * prefetched) or with a pass over the chunk's base (ix NULL, `base` the
+ * chunk's). Version 1 decodes with the class counts, version 2 without:
+ * there a rank past its class is caught by locate, which then finds fewer
+ * than k (version 1 ranks were checked against the counts). */
+static pulse_status decode_class(unsigned version, const uint16_t *base,
+                                 const pulse_class_index *ix, uint64_t first, uint32_t n,
+                                 const uint8_t *stream, size_t size, uint32_t k, uint64_t *pos,
+                                 uint16_t *delta) {
+  uint32_t hist[PULSE_CLASS_COUNT], start[PULSE_CLASS_COUNT + 1];
+  uint32_t *rank = malloc((size_t)k * sizeof *rank + 4);
+  uint16_t *cdelta = malloc((size_t)k * sizeof *cdelta + 2);
+  pulse_status st = PULSE_OK;
+  if (rank == NULL || cdelta == NULL)
+    st = pulse_fail(PULSE_ERR_NOMEM, "chunk decode: %u changes", k);
+  if (st == PULSE_OK && version == 1) {
+    if (ix != NULL)
+      pulse_class_index_hist(ix, first, n, hist);
+    else
+      pulse_chunk_classify(base, n, NULL, 0, hist, NULL, NULL); /* counts only */
+  }
+  if (st == PULSE_OK)
+    st = pulse_chunk_decode_ranks(version, PULSE_POS_CLASS, version == 1 ? hist : NULL, n,
+                                  stream, size, k, start, rank, cdelta);
+  if (st == PULSE_OK) {
+    uint32_t found =
+        ix != NULL
+            ? pulse_class_index_locate(ix, first, n, k, start, rank, cdelta, base, pos, delta)
+            : pulse_chunk_locate(base, n, k, start, rank, cdelta, first, pos, delta);
+    if (found != k)
+      st = pulse_fail(PULSE_ERR_POSITION, "chunk: a class rank is past the end of its class");
+  }
+  free(rank), free(cdelta);
+  return st;
+}
+
 pulse_status pulse_chunk_decode(unsigned version, pulse_pos_model model, const uint16_t *base,
                                 uint32_t n, const uint8_t *stream, size_t size,
                                 uint32_t k, uint64_t first, uint64_t *pos,
@@ -432,48 +469,12 @@ pulse_status pulse_chunk_decode(unsigned version, pulse_pos_model model, const u
   }
   if (base == NULL)
     return pulse_fail(PULSE_ERR_ARG, "chunk: the class model needs the base");
-  uint32_t hist[PULSE_CLASS_COUNT], start[PULSE_CLASS_COUNT + 1];
-  uint32_t *rank = malloc((size_t)k * sizeof *rank + 4);
-  uint16_t *cdelta = malloc((size_t)k * sizeof *cdelta + 2);
-  pulse_status st;
-  if (rank == NULL || cdelta == NULL) {
-    st = pulse_fail(PULSE_ERR_NOMEM, "chunk decode: %u changes", k);
-  } else if (version == 1) {
-    pulse_chunk_classify(base, n, NULL, 0, hist, NULL, NULL); /* counts only */
-    st = pulse_chunk_decode_ranks(version, model, hist, n, stream, size, k, start, rank, cdelta);
-    /* Every rank was checked against its class count, so all k are found. */
-    if (st == PULSE_OK)
-      pulse_chunk_locate(base, n, k, start, rank, cdelta, first, pos, delta);
-  } else {
-    /* Version 2 needs no class counts to decode: a rank past its class is
-     * caught by locate, which then finds fewer than k. */
-    st = pulse_chunk_decode_ranks(version, model, NULL, n, stream, size, k, start, rank, cdelta);
-    if (st == PULSE_OK &&
-        pulse_chunk_locate(base, n, k, start, rank, cdelta, first, pos, delta) != k)
-      st = pulse_fail(PULSE_ERR_POSITION, "chunk: a class rank is past the end of its class");
-  }
-  free(rank), free(cdelta);
-  return st;
+  return decode_class(version, base, NULL, first, n, stream, size, k, pos, delta);
 }
 
 pulse_status pulse_chunk_decode_indexed(unsigned version, const pulse_class_index *ix,
                                         const uint16_t *data, uint64_t first, uint32_t n,
                                         const uint8_t *stream, size_t size, uint32_t k,
                                         uint64_t *pos, uint16_t *delta) {
-  uint32_t hist[PULSE_CLASS_COUNT], start[PULSE_CLASS_COUNT + 1];
-  uint32_t *rank = malloc((size_t)k * sizeof *rank + 4);
-  uint16_t *cdelta = malloc((size_t)k * sizeof *cdelta + 2);
-  pulse_status st = PULSE_OK;
-  if (rank == NULL || cdelta == NULL)
-    st = pulse_fail(PULSE_ERR_NOMEM, "chunk decode: %u changes", k);
-  if (st == PULSE_OK && version == 1)
-    pulse_class_index_hist(ix, first, n, hist); /* version 1 codes with the counts */
-  if (st == PULSE_OK)
-    st = pulse_chunk_decode_ranks(version, PULSE_POS_CLASS, version == 1 ? hist : NULL, n,
-                                  stream, size, k, start, rank, cdelta);
-  if (st == PULSE_OK &&
-      pulse_class_index_locate(ix, first, n, k, start, rank, cdelta, data, pos, delta) != k)
-    st = pulse_fail(PULSE_ERR_POSITION, "chunk: a class rank is past the end of its class");
-  free(rank), free(cdelta);
-  return st;
+  return decode_class(version, data, ix, first, n, stream, size, k, pos, delta);
 }
