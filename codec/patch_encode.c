@@ -146,6 +146,193 @@ pulse_status pulse_patch_encode(const pulse_encode_opts *opts,
   return patch_encode_digests(opts, tensors, count, NULL, out);
 }
 
+static pulse_status check_opts(const pulse_encode_opts *opts, const pulse_encode_tensor *tensors,
+                               size_t count, unsigned *version) {
+  if (opts == NULL || opts->struct_version != PULSE_ENCODE_OPTS_VERSION)
+    return pulse_fail(PULSE_ERR_ARG, "encode: options missing or of another version");
+  if (opts->pos_model != PULSE_POS_PLAIN && opts->pos_model != PULSE_POS_CLASS)
+    return pulse_fail(PULSE_ERR_ARG, "encode: unknown position model %d", (int)opts->pos_model);
+  *version = opts->format_version ? opts->format_version : PULSE_PATCH_VERSION;
+  if (*version < PULSE_PATCH_VERSION_MIN || *version > PULSE_PATCH_VERSION)
+    return pulse_fail(PULSE_ERR_ARG, "encode: no format version %u (this library writes %u..%u)",
+                      *version, PULSE_PATCH_VERSION_MIN, PULSE_PATCH_VERSION);
+  if (opts->chunk_log2 < PULSE_CHUNK_LOG2_MIN || opts->chunk_log2 > PULSE_CHUNK_LOG2_MAX)
+    return pulse_fail(PULSE_ERR_ARG, "encode: chunk_log2 %u outside %u..%u", opts->chunk_log2,
+                      PULSE_CHUNK_LOG2_MIN, PULSE_CHUNK_LOG2_MAX);
+  if (count > 0 && tensors == NULL)
+    return pulse_fail(PULSE_ERR_ARG, "encode: NULL tensors");
+  return PULSE_OK;
+}
+
+/* What one encode call derives from its input, freed by plan_free. */
+typedef struct {
+  const pulse_encode_opts *opts;
+  const pulse_encode_tensor *tensors;
+  size_t count;
+  uint64_t *numel;
+  pulse_tensor_info *infos;
+  pulse_tensor_digest *base_d, *target_d;
+  const char **names;
+  uint64_t total_changed, chunk_entries;
+  /* one work item per chunk that holds changes, in table then chunk order */
+  encode_item *items;
+  size_t item_count;
+  pulse_bytebuf *streams;
+  pulse_status *item_st;
+  char (*detail)[160];
+} encode_plan;
+
+static void plan_free(encode_plan *pl) {
+  for (size_t i = 0; pl->streams && i < pl->item_count; i++)
+    pulse_bytebuf_free(&pl->streams[i]);
+  free(pl->streams), free(pl->item_st), free(pl->detail), free(pl->items);
+  free(pl->numel), free(pl->infos), free(pl->base_d), free(pl->target_d), free(pl->names);
+}
+
+/* Checks every tensor and their names, and counts changes and chunks. */
+static pulse_status plan_tensors(encode_plan *pl) {
+  size_t count = pl->count;
+  pl->numel = calloc(count + 1, sizeof *pl->numel);
+  pl->infos = calloc(count + 1, sizeof *pl->infos);
+  pl->base_d = calloc(count + 1, sizeof *pl->base_d);
+  pl->target_d = calloc(count + 1, sizeof *pl->target_d);
+  pl->names = calloc(count + 1, sizeof *pl->names);
+  if (!pl->numel || !pl->infos || !pl->base_d || !pl->target_d || !pl->names)
+    return pulse_fail(PULSE_ERR_NOMEM, "encode: table of %zu tensors", count);
+  for (size_t i = 0; i < count; i++) {
+    const pulse_encode_tensor *t = &pl->tensors[i];
+    PULSE_TRY(check_tensor(t, i, pl->opts->pos_model, &pl->numel[i]));
+    pl->infos[i] = t->info;
+    pl->names[i] = t->info.name;
+    uint64_t k = t->changes ? t->changes->count : 0;
+    pl->total_changed += k;
+    if (k > 0)
+      pl->chunk_entries += ((pl->numel[i] - 1) >> pl->opts->chunk_log2) + 1;
+  }
+  qsort(pl->names, count, sizeof *pl->names, name_cmp);
+  for (size_t i = 1; i < count; i++)
+    if (strcmp(pl->names[i - 1], pl->names[i]) == 0)
+      return pulse_fail(PULSE_ERR_DUPLICATE, "encode: tensor name '%s' appears twice",
+                        pl->names[i]);
+  return PULSE_OK;
+}
+
+static void plan_digests(encode_plan *pl, const pulse_tensor_digest *target_digests) {
+  digest_job dj = {pl->tensors, pl->numel, pl->base_d};
+  pulse_parallel_for(pl->opts->threads, pl->count, digest_one, &dj);
+  for (size_t i = 0; i < pl->count; i++)
+    pl->target_d[i] = target_digests
+                          ? target_digests[i]
+                          : pulse_digest_apply_changes(pl->base_d[i], pl->tensors[i].changes);
+}
+
+/* One work item per chunk that holds changes, coded in parallel. */
+static pulse_status plan_code_chunks(encode_plan *pl, unsigned version) {
+  const pulse_encode_opts *opts = pl->opts;
+  pl->items = calloc(pl->chunk_entries + 1, sizeof *pl->items);
+  if (pl->items == NULL)
+    return pulse_fail(PULSE_ERR_NOMEM, "encode: %llu chunks",
+                      (unsigned long long)pl->chunk_entries);
+  for (size_t i = 0; i < pl->count; i++) {
+    const pulse_changes *ch = pl->tensors[i].changes;
+    uint64_t k = ch ? ch->count : 0;
+    for (uint64_t j = 0; j < k;) {
+      uint64_t chunk = ch->pos[j] >> opts->chunk_log2;
+      uint64_t e = j;
+      while (e < k && (ch->pos[e] >> opts->chunk_log2) == chunk)
+        e++;
+      pl->items[pl->item_count++] = (encode_item){i, chunk, j, (uint32_t)(e - j)};
+      j = e;
+    }
+  }
+  pl->streams = calloc(pl->item_count + 1, sizeof *pl->streams);
+  pl->item_st = calloc(pl->item_count + 1, sizeof *pl->item_st);
+  pl->detail = calloc(pl->item_count + 1, sizeof *pl->detail);
+  if (!pl->streams || !pl->item_st || !pl->detail)
+    return pulse_fail(PULSE_ERR_NOMEM, "encode: %zu chunk streams", pl->item_count);
+  encode_job job = {version,   opts->pos_model, opts->chunk_log2, pl->tensors, pl->numel,
+                    pl->items, pl->streams,     pl->item_st,      pl->detail};
+  pulse_parallel_for(opts->threads, pl->item_count, encode_one, &job);
+  for (size_t i = 0; i < pl->item_count; i++)
+    if (pl->item_st[i] != PULSE_OK)
+      return pulse_fail(pl->item_st[i], "%s", pl->detail[i]);
+  return PULSE_OK;
+}
+
+/* The tensor table (FORMAT.md); *body_size gets the sum of the sections. */
+static pulse_status plan_write_table(const encode_plan *pl, pulse_bytebuf *table,
+                                     uint64_t *body_size) {
+  const encode_item *items = pl->items;
+  size_t next_item = 0, item_count = pl->item_count;
+  uint32_t chunk_log2 = pl->opts->chunk_log2;
+  *body_size = 0;
+  for (size_t i = 0; i < pl->count; i++) {
+    const pulse_tensor_info *info = &pl->tensors[i].info;
+    size_t name_len = strlen(info->name);
+    pulse_bytebuf_varint(table, name_len);
+    pulse_bytebuf_put(table, info->name, name_len);
+    pulse_bytebuf_byte(table, (uint8_t)info->dtype);
+    pulse_bytebuf_byte(table, (uint8_t)info->ndim);
+    for (uint32_t d = 0; d < info->ndim; d++)
+      pulse_bytebuf_varint(table, info->shape[d]);
+    uint64_t k = pl->tensors[i].changes ? pl->tensors[i].changes->count : 0;
+    pulse_bytebuf_varint(table, k);
+    uint64_t section = 0;
+    for (size_t it = next_item; it < item_count && items[it].tensor == i; it++)
+      section += pl->streams[it].size;
+    pulse_bytebuf_varint(table, section);
+    pulse_bytebuf_u64(table, pl->base_d[i].a);
+    pulse_bytebuf_u64(table, pl->base_d[i].b);
+    pulse_bytebuf_u64(table, pl->target_d[i].a);
+    pulse_bytebuf_u64(table, pl->target_d[i].b);
+    if (k > 0) {
+      uint64_t chunks = ((pl->numel[i] - 1) >> chunk_log2) + 1;
+      for (uint64_t c = 0; c < chunks; c++) {
+        if (next_item < item_count && items[next_item].tensor == i && items[next_item].chunk == c) {
+          pulse_bytebuf_varint(table, items[next_item].changes);
+          pulse_bytebuf_varint(table, pl->streams[next_item].size);
+          next_item++;
+        } else {
+          pulse_bytebuf_varint(table, 0);
+          pulse_bytebuf_varint(table, 0);
+        }
+      }
+    }
+    *body_size += section;
+  }
+  if (table->failed || table->size > UINT32_MAX)
+    return pulse_fail(PULSE_ERR_NOMEM, "encode: tensor table");
+  return PULSE_OK;
+}
+
+/* Header, table, body into buf. */
+static pulse_status plan_write_patch(const encode_plan *pl, unsigned version,
+                                     const pulse_bytebuf *table, uint64_t body_size,
+                                     pulse_bytebuf *buf) {
+  const pulse_encode_opts *opts = pl->opts;
+  pulse_state_digest base_state, target_state;
+  PULSE_TRY(pulse_state_digest_compute(pl->infos, pl->base_d, pl->count, &base_state));
+  PULSE_TRY(pulse_state_digest_compute(pl->infos, pl->target_d, pl->count, &target_state));
+  pulse_bytebuf_put(buf, PULSE_PATCH_MAGIC, 8);
+  pulse_bytebuf_u16(buf, (uint16_t)version);
+  pulse_bytebuf_byte(buf, (uint8_t)opts->pos_model);
+  pulse_bytebuf_byte(buf, (uint8_t)opts->chunk_log2);
+  pulse_bytebuf_u32(buf, (uint32_t)table->size);
+  pulse_bytebuf_u64(buf, opts->step);
+  pulse_bytebuf_u64(buf, opts->base_step);
+  pulse_bytebuf_put(buf, base_state.bytes, 32);
+  pulse_bytebuf_put(buf, target_state.bytes, 32);
+  pulse_bytebuf_u64(buf, (uint64_t)pl->count);
+  pulse_bytebuf_u64(buf, pl->total_changed);
+  pulse_bytebuf_u64(buf, body_size);
+  pulse_bytebuf_put(buf, table->data, table->size);
+  for (size_t i = 0; i < pl->item_count; i++)
+    pulse_bytebuf_put(buf, pl->streams[i].data, pl->streams[i].size);
+  if (buf->failed)
+    return pulse_fail(PULSE_ERR_NOMEM, "encode: patch of %zu bytes", buf->size);
+  return PULSE_OK;
+}
+
 pulse_status patch_encode_digests(const pulse_encode_opts *opts,
                                   const pulse_encode_tensor *tensors, size_t count,
                                   const pulse_tensor_digest *target_digests,
@@ -154,176 +341,31 @@ pulse_status patch_encode_digests(const pulse_encode_opts *opts,
     return pulse_fail(PULSE_ERR_ARG, "encode: NULL output");
   out->data = NULL;
   out->size = 0;
-  if (opts == NULL || opts->struct_version != PULSE_ENCODE_OPTS_VERSION)
-    return pulse_fail(PULSE_ERR_ARG, "encode: options missing or of another version");
-  if (opts->pos_model != PULSE_POS_PLAIN && opts->pos_model != PULSE_POS_CLASS)
-    return pulse_fail(PULSE_ERR_ARG, "encode: unknown position model %d", (int)opts->pos_model);
-  unsigned version = opts->format_version ? opts->format_version : PULSE_PATCH_VERSION;
-  if (version < PULSE_PATCH_VERSION_MIN || version > PULSE_PATCH_VERSION)
-    return pulse_fail(PULSE_ERR_ARG, "encode: no format version %u (this library writes %u..%u)",
-                      version, PULSE_PATCH_VERSION_MIN, PULSE_PATCH_VERSION);
-  if (opts->chunk_log2 < PULSE_CHUNK_LOG2_MIN || opts->chunk_log2 > PULSE_CHUNK_LOG2_MAX)
-    return pulse_fail(PULSE_ERR_ARG, "encode: chunk_log2 %u outside %u..%u", opts->chunk_log2,
-                      PULSE_CHUNK_LOG2_MIN, PULSE_CHUNK_LOG2_MAX);
-  if (count > 0 && tensors == NULL)
-    return pulse_fail(PULSE_ERR_ARG, "encode: NULL tensors");
-
-  pulse_status st = PULSE_OK;
-  uint64_t *numel = calloc(count + 1, sizeof *numel);
-  pulse_tensor_info *infos = calloc(count + 1, sizeof *infos);
-  pulse_tensor_digest *base_d = calloc(count + 1, sizeof *base_d);
-  pulse_tensor_digest *target_d = calloc(count + 1, sizeof *target_d);
-  const char **names = calloc(count + 1, sizeof *names);
-  encode_item *items = NULL;
-  pulse_bytebuf *streams = NULL;
-  pulse_status *item_st = NULL;
-  char(*detail)[160] = NULL;
-  size_t item_count = 0;
-  pulse_bytebuf buf = PULSE_BYTEBUF_INIT;
-  if (!numel || !infos || !base_d || !target_d || !names) {
-    st = pulse_fail(PULSE_ERR_NOMEM, "encode: table of %zu tensors", count);
-    goto done;
-  }
-  uint64_t total_changed = 0, chunk_entries = 0;
-  for (size_t i = 0; i < count; i++) {
-    st = check_tensor(&tensors[i], i, opts->pos_model, &numel[i]);
-    if (st != PULSE_OK)
-      goto done;
-    infos[i] = tensors[i].info;
-    names[i] = tensors[i].info.name;
-    uint64_t k = tensors[i].changes ? tensors[i].changes->count : 0;
-    total_changed += k;
-    if (k > 0)
-      chunk_entries += ((numel[i] - 1) >> opts->chunk_log2) + 1;
-  }
-  qsort(names, count, sizeof *names, name_cmp);
-  for (size_t i = 1; i < count; i++)
-    if (strcmp(names[i - 1], names[i]) == 0) {
-      st = pulse_fail(PULSE_ERR_DUPLICATE, "encode: tensor name '%s' appears twice", names[i]);
-      goto done;
-    }
-
-  digest_job dj = {tensors, numel, base_d};
-  pulse_parallel_for(opts->threads, count, digest_one, &dj);
-  for (size_t i = 0; i < count; i++)
-    target_d[i] = target_digests ? target_digests[i]
-                                 : pulse_digest_apply_changes(base_d[i], tensors[i].changes);
-
-  /* One work item per chunk that holds changes. */
-  items = calloc(chunk_entries + 1, sizeof *items);
-  if (items == NULL) {
-    st = pulse_fail(PULSE_ERR_NOMEM, "encode: %llu chunks", (unsigned long long)chunk_entries);
-    goto done;
-  }
-  for (size_t i = 0; i < count; i++) {
-    const pulse_changes *ch = tensors[i].changes;
-    uint64_t k = ch ? ch->count : 0;
-    for (uint64_t j = 0; j < k;) {
-      uint64_t chunk = ch->pos[j] >> opts->chunk_log2;
-      uint64_t e = j;
-      while (e < k && (ch->pos[e] >> opts->chunk_log2) == chunk)
-        e++;
-      items[item_count++] = (encode_item){i, chunk, j, (uint32_t)(e - j)};
-      j = e;
-    }
-  }
-  streams = calloc(item_count + 1, sizeof *streams);
-  item_st = calloc(item_count + 1, sizeof *item_st);
-  detail = calloc(item_count + 1, sizeof *detail);
-  if (!streams || !item_st || !detail) {
-    st = pulse_fail(PULSE_ERR_NOMEM, "encode: %zu chunk streams", item_count);
-    goto done;
-  }
-  encode_job job = {version, opts->pos_model, opts->chunk_log2, tensors, numel,
-                    items, streams, item_st, detail};
-  pulse_parallel_for(opts->threads, item_count, encode_one, &job);
-  for (size_t i = 0; i < item_count; i++)
-    if (item_st[i] != PULSE_OK) {
-      st = pulse_fail(item_st[i], "%s", detail[i]);
-      goto done;
-    }
-
-  pulse_state_digest base_state, target_state;
-  st = pulse_state_digest_compute(infos, base_d, count, &base_state);
-  if (st == PULSE_OK)
-    st = pulse_state_digest_compute(infos, target_d, count, &target_state);
-  if (st != PULSE_OK)
-    goto done;
-
-  /* Table. */
-  pulse_bytebuf table = PULSE_BYTEBUF_INIT;
+  unsigned version = 0;
+  PULSE_TRY(check_opts(opts, tensors, count, &version));
+  encode_plan pl;
+  memset(&pl, 0, sizeof pl);
+  pl.opts = opts;
+  pl.tensors = tensors;
+  pl.count = count;
+  pulse_bytebuf table = PULSE_BYTEBUF_INIT, buf = PULSE_BYTEBUF_INIT;
   uint64_t body_size = 0;
-  size_t next_item = 0;
-  for (size_t i = 0; i < count; i++) {
-    const pulse_tensor_info *info = &tensors[i].info;
-    size_t name_len = strlen(info->name);
-    pulse_bytebuf_varint(&table, name_len);
-    pulse_bytebuf_put(&table, info->name, name_len);
-    pulse_bytebuf_byte(&table, (uint8_t)info->dtype);
-    pulse_bytebuf_byte(&table, (uint8_t)info->ndim);
-    for (uint32_t d = 0; d < info->ndim; d++)
-      pulse_bytebuf_varint(&table, info->shape[d]);
-    uint64_t k = tensors[i].changes ? tensors[i].changes->count : 0;
-    pulse_bytebuf_varint(&table, k);
-    uint64_t section = 0;
-    for (size_t it = next_item; it < item_count && items[it].tensor == i; it++)
-      section += streams[it].size;
-    pulse_bytebuf_varint(&table, section);
-    pulse_bytebuf_u64(&table, base_d[i].a);
-    pulse_bytebuf_u64(&table, base_d[i].b);
-    pulse_bytebuf_u64(&table, target_d[i].a);
-    pulse_bytebuf_u64(&table, target_d[i].b);
-    if (k > 0) {
-      uint64_t chunks = ((numel[i] - 1) >> opts->chunk_log2) + 1;
-      for (uint64_t c = 0; c < chunks; c++) {
-        if (next_item < item_count && items[next_item].tensor == i && items[next_item].chunk == c) {
-          pulse_bytebuf_varint(&table, items[next_item].changes);
-          pulse_bytebuf_varint(&table, streams[next_item].size);
-          next_item++;
-        } else {
-          pulse_bytebuf_varint(&table, 0);
-          pulse_bytebuf_varint(&table, 0);
-        }
-      }
-    }
-    body_size += section;
+  pulse_status st = plan_tensors(&pl);
+  if (st == PULSE_OK) {
+    plan_digests(&pl, target_digests);
+    st = plan_code_chunks(&pl, version);
   }
-  if (table.failed || table.size > UINT32_MAX) {
-    pulse_bytebuf_free(&table);
-    st = pulse_fail(PULSE_ERR_NOMEM, "encode: tensor table");
-    goto done;
+  if (st == PULSE_OK)
+    st = plan_write_table(&pl, &table, &body_size);
+  if (st == PULSE_OK)
+    st = plan_write_patch(&pl, version, &table, body_size, &buf);
+  if (st == PULSE_OK) {
+    out->data = buf.data;
+    out->size = buf.size;
+    buf = (pulse_bytebuf)PULSE_BYTEBUF_INIT;
   }
-
-  /* Header, table, body. */
-  pulse_bytebuf_put(&buf, PULSE_PATCH_MAGIC, 8);
-  pulse_bytebuf_u16(&buf, (uint16_t)version);
-  pulse_bytebuf_byte(&buf, (uint8_t)opts->pos_model);
-  pulse_bytebuf_byte(&buf, (uint8_t)opts->chunk_log2);
-  pulse_bytebuf_u32(&buf, (uint32_t)table.size);
-  pulse_bytebuf_u64(&buf, opts->step);
-  pulse_bytebuf_u64(&buf, opts->base_step);
-  pulse_bytebuf_put(&buf, base_state.bytes, 32);
-  pulse_bytebuf_put(&buf, target_state.bytes, 32);
-  pulse_bytebuf_u64(&buf, (uint64_t)count);
-  pulse_bytebuf_u64(&buf, total_changed);
-  pulse_bytebuf_u64(&buf, body_size);
-  pulse_bytebuf_put(&buf, table.data, table.size);
   pulse_bytebuf_free(&table);
-  for (size_t i = 0; i < item_count; i++)
-    pulse_bytebuf_put(&buf, streams[i].data, streams[i].size);
-  if (buf.failed) {
-    st = pulse_fail(PULSE_ERR_NOMEM, "encode: patch of %zu bytes", buf.size);
-    goto done;
-  }
-  out->data = buf.data;
-  out->size = buf.size;
-  buf = (pulse_bytebuf)PULSE_BYTEBUF_INIT;
-
-done:
   pulse_bytebuf_free(&buf);
-  for (size_t i = 0; streams && i < item_count; i++)
-    pulse_bytebuf_free(&streams[i]);
-  free(streams), free(item_st), free(detail), free(items);
-  free(numel), free(infos), free(base_d), free(target_d), free(names);
+  plan_free(&pl);
   return st;
 }

@@ -46,144 +46,82 @@ void pulse_patch_free(pulse_patch *p) {
   free(p);
 }
 
-static pulse_status parse_table(pulse_patch *p, const uint8_t *table, size_t table_size,
-                                uint64_t body_offset, uint64_t body_size) {
-  pulse_reader r = pulse_reader_make(table, table_size);
-  /* A tensor entry takes at least 38 bytes, so the count is bounded by the
-   * table before anything is allocated for it. */
-  if (p->count > table_size / 38)
-    return pulse_fail(PULSE_ERR_TRUNCATED, "patch: %zu tensors cannot fit a %zu-byte table",
-                      p->count, table_size);
-  p->tensors = calloc(p->count + 1, sizeof *p->tensors);
-  p->names = malloc(table_size + 1); /* names are shorter than the table */
-  if (p->tensors == NULL || p->names == NULL)
-    return pulse_fail(PULSE_ERR_NOMEM, "patch: table of %zu tensors", p->count);
-  size_t names_used = 0;
-  grow_array changed = {NULL, 0, 0, sizeof(uint32_t)}, size = {NULL, 0, 0, sizeof(uint64_t)};
-  pulse_status st = PULSE_OK;
-  uint64_t section_at = body_offset, total_changed = 0;
-
-  for (size_t i = 0; i < p->count; i++) {
-    patch_tensor *t = &p->tensors[i];
-    uint64_t name_len = pulse_reader_varint(&r);
-    const uint8_t *name = r.ok && name_len <= PULSE_MAX_NAME ? pulse_reader_span(&r, (size_t)name_len) : NULL;
-    if (!r.ok || name == NULL) {
-      st = pulse_fail(r.ok ? PULSE_ERR_CORRUPT : PULSE_ERR_TRUNCATED,
+/* One tensor's fixed fields: name (copied into p->names at *names_used;
+ * info.name holds its offset until parse_table fixes it up), dtype, shape,
+ * change count, section size and digests. */
+static pulse_status parse_tensor_head(pulse_patch *p, pulse_reader *r, size_t i,
+                                      size_t *names_used) {
+  patch_tensor *t = &p->tensors[i];
+  uint64_t name_len = pulse_reader_varint(r);
+  const uint8_t *name =
+      r->ok && name_len <= PULSE_MAX_NAME ? pulse_reader_span(r, (size_t)name_len) : NULL;
+  if (!r->ok || name == NULL)
+    return pulse_fail(r->ok ? PULSE_ERR_CORRUPT : PULSE_ERR_TRUNCATED,
                       "patch: tensor %zu: name missing or longer than %d bytes", i, PULSE_MAX_NAME);
-      goto fail;
-    }
-    if (name_len == 0 || memchr(name, 0, (size_t)name_len) != NULL) {
-      st = pulse_fail(PULSE_ERR_CORRUPT, "patch: tensor %zu: empty name or NUL in name", i);
-      goto fail;
-    }
-    memcpy(p->names + names_used, name, (size_t)name_len);
-    p->names[names_used + name_len] = '\0';
-    t->info.name = (const char *)(uintptr_t)names_used; /* fixed up below */
-    names_used += (size_t)name_len + 1;
+  if (name_len == 0 || memchr(name, 0, (size_t)name_len) != NULL)
+    return pulse_fail(PULSE_ERR_CORRUPT, "patch: tensor %zu: empty name or NUL in name", i);
+  memcpy(p->names + *names_used, name, (size_t)name_len);
+  p->names[*names_used + name_len] = '\0';
+  t->info.name = (const char *)(uintptr_t)*names_used; /* fixed up by parse_table */
+  *names_used += (size_t)name_len + 1;
 
-    uint8_t dtype = pulse_reader_u8(&r), ndim = pulse_reader_u8(&r);
-    if (r.ok && dtype != PULSE_DTYPE_BF16) {
-      st = pulse_fail(PULSE_ERR_DTYPE, "patch: tensor %zu: dtype %u (v1 carries BF16 only)", i, dtype);
-      goto fail;
-    }
-    if (r.ok && ndim > PULSE_MAX_DIMS) {
-      st = pulse_fail(PULSE_ERR_CORRUPT, "patch: tensor %zu: %u dimensions", i, ndim);
-      goto fail;
-    }
-    t->info.dtype = PULSE_DTYPE_BF16;
-    t->info.ndim = ndim;
-    for (unsigned d = 0; d < ndim; d++)
-      t->info.shape[d] = pulse_reader_varint(&r);
-    t->changed = pulse_reader_varint(&r);
-    t->section_size = pulse_reader_varint(&r);
-    t->base_digest.a = pulse_reader_le(&r, 8);
-    t->base_digest.b = pulse_reader_le(&r, 8);
-    t->target_digest.a = pulse_reader_le(&r, 8);
-    t->target_digest.b = pulse_reader_le(&r, 8);
-    if (!r.ok) {
-      st = pulse_fail(PULSE_ERR_TRUNCATED, "patch: tensor table ends inside tensor %zu", i);
-      goto fail;
-    }
-    if (pulse_shape_numel(t->info.shape, ndim, &t->numel) != PULSE_OK) {
-      st = pulse_fail(PULSE_ERR_OVERFLOW, "patch: tensor %zu: element count overflows", i);
-      goto fail;
-    }
-    if (t->changed > t->numel) {
-      st = pulse_fail(PULSE_ERR_OVERFLOW, "patch: tensor %zu: %llu changes in %llu elements", i,
+  uint8_t dtype = pulse_reader_u8(r), ndim = pulse_reader_u8(r);
+  if (r->ok && dtype != PULSE_DTYPE_BF16)
+    return pulse_fail(PULSE_ERR_DTYPE, "patch: tensor %zu: dtype %u (v1 carries BF16 only)", i, dtype);
+  if (r->ok && ndim > PULSE_MAX_DIMS)
+    return pulse_fail(PULSE_ERR_CORRUPT, "patch: tensor %zu: %u dimensions", i, ndim);
+  t->info.dtype = PULSE_DTYPE_BF16;
+  t->info.ndim = ndim;
+  for (unsigned d = 0; d < ndim; d++)
+    t->info.shape[d] = pulse_reader_varint(r);
+  t->changed = pulse_reader_varint(r);
+  t->section_size = pulse_reader_varint(r);
+  t->base_digest.a = pulse_reader_le(r, 8);
+  t->base_digest.b = pulse_reader_le(r, 8);
+  t->target_digest.a = pulse_reader_le(r, 8);
+  t->target_digest.b = pulse_reader_le(r, 8);
+  if (!r->ok)
+    return pulse_fail(PULSE_ERR_TRUNCATED, "patch: tensor table ends inside tensor %zu", i);
+  if (pulse_shape_numel(t->info.shape, ndim, &t->numel) != PULSE_OK)
+    return pulse_fail(PULSE_ERR_OVERFLOW, "patch: tensor %zu: element count overflows", i);
+  if (t->changed > t->numel)
+    return pulse_fail(PULSE_ERR_OVERFLOW, "patch: tensor %zu: %llu changes in %llu elements", i,
                       (unsigned long long)t->changed, (unsigned long long)t->numel);
-      goto fail;
-    }
-    if (t->section_size > body_size - (section_at - body_offset)) {
-      st = pulse_fail(PULSE_ERR_OVERFLOW, "patch: tensor %zu: section runs past the body", i);
-      goto fail;
-    }
-    t->section_offset = section_at;
-    section_at += t->section_size;
-    total_changed += t->changed; /* <= sum of numel; overflow checked below */
-    if (total_changed < t->changed) {
-      st = pulse_fail(PULSE_ERR_OVERFLOW, "patch: total change count overflows");
-      goto fail;
-    }
-    t->chunk_count = t->numel ? ((t->numel - 1) >> p->chunk_log2) + 1 : 0;
-    t->chunk_first = changed.count;
-    if (t->changed == 0) {
-      if (t->section_size != 0) {
-        st = pulse_fail(PULSE_ERR_CORRUPT, "patch: tensor %zu: bytes but no changes", i);
-        goto fail;
-      }
-      continue;
-    }
-    /* Chunk entries: every one is read (so a claimed count must be backed
-     * by bytes) before its arrays grow. */
-    uint64_t k_sum = 0, bytes_sum = 0;
-    for (uint64_t c = 0; c < t->chunk_count; c++) {
-      uint64_t k = pulse_reader_varint(&r), bytes = pulse_reader_varint(&r);
-      if (!r.ok) {
-        st = pulse_fail(PULSE_ERR_TRUNCATED, "patch: tensor %zu: chunk table truncated", i);
-        goto fail;
-      }
-      uint32_t elems = (uint32_t)(((t->numel - (c << p->chunk_log2)) < (1ull << p->chunk_log2))
-                                      ? t->numel - (c << p->chunk_log2)
-                                      : (1ull << p->chunk_log2));
-      if (k > elems || (k == 0) != (bytes == 0) || bytes > t->section_size - bytes_sum) {
-        st = pulse_fail(PULSE_ERR_CORRUPT, "patch: tensor %zu chunk %llu: %llu changes in %llu bytes",
+  return PULSE_OK;
+}
+
+/* One tensor's chunk entries: every one is read (so a claimed count must be
+ * backed by bytes) before its arrays grow. */
+static pulse_status parse_chunk_entries(const pulse_patch *p, pulse_reader *r, size_t i,
+                                        grow_array *changed, grow_array *size) {
+  const patch_tensor *t = &p->tensors[i];
+  uint64_t k_sum = 0, bytes_sum = 0;
+  for (uint64_t c = 0; c < t->chunk_count; c++) {
+    uint64_t k = pulse_reader_varint(r), bytes = pulse_reader_varint(r);
+    if (!r->ok)
+      return pulse_fail(PULSE_ERR_TRUNCATED, "patch: tensor %zu: chunk table truncated", i);
+    uint32_t elems = (uint32_t)(((t->numel - (c << p->chunk_log2)) < (1ull << p->chunk_log2))
+                                    ? t->numel - (c << p->chunk_log2)
+                                    : (1ull << p->chunk_log2));
+    if (k > elems || (k == 0) != (bytes == 0) || bytes > t->section_size - bytes_sum)
+      return pulse_fail(PULSE_ERR_CORRUPT, "patch: tensor %zu chunk %llu: %llu changes in %llu bytes",
                         i, (unsigned long long)c, (unsigned long long)k, (unsigned long long)bytes);
-        goto fail;
-      }
-      uint32_t k32 = (uint32_t)k;
-      if (!grow_push(&changed, &k32) || !grow_push(&size, &bytes)) {
-        st = pulse_fail(PULSE_ERR_NOMEM, "patch: chunk table");
-        goto fail;
-      }
-      k_sum += k;
-      bytes_sum += bytes;
-    }
-    if (k_sum != t->changed || bytes_sum != t->section_size) {
-      st = pulse_fail(PULSE_ERR_CORRUPT,
+    uint32_t k32 = (uint32_t)k;
+    if (!grow_push(changed, &k32) || !grow_push(size, &bytes))
+      return pulse_fail(PULSE_ERR_NOMEM, "patch: chunk table");
+    k_sum += k;
+    bytes_sum += bytes;
+  }
+  if (k_sum != t->changed || bytes_sum != t->section_size)
+    return pulse_fail(PULSE_ERR_CORRUPT,
                       "patch: tensor %zu: chunks hold %llu changes in %llu bytes, table says %llu in %llu",
                       i, (unsigned long long)k_sum, (unsigned long long)bytes_sum,
                       (unsigned long long)t->changed, (unsigned long long)t->section_size);
-      goto fail;
-    }
-  }
-  if (r.left != 0) {
-    st = pulse_fail(PULSE_ERR_TRAILING, "patch: %zu bytes after the tensor table", r.left);
-    goto fail;
-  }
-  if (section_at - body_offset != body_size) {
-    st = pulse_fail(PULSE_ERR_CORRUPT, "patch: sections cover %llu of %llu body bytes",
-                    (unsigned long long)(section_at - body_offset), (unsigned long long)body_size);
-    goto fail;
-  }
-  if (total_changed != p->total_changed) {
-    st = pulse_fail(PULSE_ERR_CORRUPT, "patch: tensors hold %llu changes, header says %llu",
-                    (unsigned long long)total_changed, (unsigned long long)p->total_changed);
-    goto fail;
-  }
-  p->chunks = changed.count;
-  p->chunk_changed = changed.data;
-  p->chunk_size = size.data;
-  changed.data = size.data = NULL;
+  return PULSE_OK;
+}
+
+/* Names to pointers, and each chunk's body offset and changes before it. */
+static pulse_status index_chunks(pulse_patch *p) {
   p->chunk_offset = calloc(p->chunks + 1, sizeof *p->chunk_offset);
   p->chunk_before = calloc(p->chunks + 1, sizeof *p->chunk_before);
   if (p->chunk_offset == NULL || p->chunk_before == NULL)
@@ -202,10 +140,67 @@ static pulse_status parse_table(pulse_patch *p, const uint8_t *table, size_t tab
     }
   }
   return PULSE_OK;
-fail:
-  free(changed.data);
-  free(size.data);
-  return st;
+}
+
+/* Every tensor entry, then checks that the sections tile the body and the
+ * change counts add up to the header's. */
+static pulse_status parse_entries(pulse_patch *p, pulse_reader *r, uint64_t body_offset,
+                                  uint64_t body_size, grow_array *changed, grow_array *size) {
+  size_t names_used = 0;
+  uint64_t section_at = body_offset, total_changed = 0;
+  for (size_t i = 0; i < p->count; i++) {
+    patch_tensor *t = &p->tensors[i];
+    PULSE_TRY(parse_tensor_head(p, r, i, &names_used));
+    if (t->section_size > body_size - (section_at - body_offset))
+      return pulse_fail(PULSE_ERR_OVERFLOW, "patch: tensor %zu: section runs past the body", i);
+    t->section_offset = section_at;
+    section_at += t->section_size;
+    total_changed += t->changed; /* <= sum of numel; overflow checked below */
+    if (total_changed < t->changed)
+      return pulse_fail(PULSE_ERR_OVERFLOW, "patch: total change count overflows");
+    t->chunk_count = t->numel ? ((t->numel - 1) >> p->chunk_log2) + 1 : 0;
+    t->chunk_first = changed->count;
+    if (t->changed == 0) {
+      if (t->section_size != 0)
+        return pulse_fail(PULSE_ERR_CORRUPT, "patch: tensor %zu: bytes but no changes", i);
+      continue;
+    }
+    PULSE_TRY(parse_chunk_entries(p, r, i, changed, size));
+  }
+  if (r->left != 0)
+    return pulse_fail(PULSE_ERR_TRAILING, "patch: %zu bytes after the tensor table", r->left);
+  if (section_at - body_offset != body_size)
+    return pulse_fail(PULSE_ERR_CORRUPT, "patch: sections cover %llu of %llu body bytes",
+                      (unsigned long long)(section_at - body_offset), (unsigned long long)body_size);
+  if (total_changed != p->total_changed)
+    return pulse_fail(PULSE_ERR_CORRUPT, "patch: tensors hold %llu changes, header says %llu",
+                      (unsigned long long)total_changed, (unsigned long long)p->total_changed);
+  return PULSE_OK;
+}
+
+static pulse_status parse_table(pulse_patch *p, const uint8_t *table, size_t table_size,
+                                uint64_t body_offset, uint64_t body_size) {
+  pulse_reader r = pulse_reader_make(table, table_size);
+  /* A tensor entry takes at least 38 bytes, so the count is bounded by the
+   * table before anything is allocated for it. */
+  if (p->count > table_size / 38)
+    return pulse_fail(PULSE_ERR_TRUNCATED, "patch: %zu tensors cannot fit a %zu-byte table",
+                      p->count, table_size);
+  p->tensors = calloc(p->count + 1, sizeof *p->tensors);
+  p->names = malloc(table_size + 1); /* names are shorter than the table */
+  if (p->tensors == NULL || p->names == NULL)
+    return pulse_fail(PULSE_ERR_NOMEM, "patch: table of %zu tensors", p->count);
+  grow_array changed = {NULL, 0, 0, sizeof(uint32_t)}, size = {NULL, 0, 0, sizeof(uint64_t)};
+  pulse_status st = parse_entries(p, &r, body_offset, body_size, &changed, &size);
+  if (st != PULSE_OK) {
+    free(changed.data);
+    free(size.data);
+    return st;
+  }
+  p->chunks = changed.count;
+  p->chunk_changed = changed.data;
+  p->chunk_size = size.data;
+  return index_chunks(p);
 }
 
 static pulse_status check_unique_names(pulse_patch *p) {

@@ -28,16 +28,31 @@ pulse_status pulse_cuda_ws_slot_(pulse_cuda_workspace *ws, unsigned which,
 
 /* ================================================================ encode */
 
-pulse_status pulse_cuda_patch_encode(pulse_cuda_workspace *ws,
-                                     const pulse_encode_opts *opts,
-                                     const pulse_cuda_encode_tensor *tensors,
-                                     size_t count, int update_snapshot,
-                                     void *stream, pulse_buffer *out,
-                                     pulse_tensor_digest *target_digests) {
-  if (out == NULL)
-    return pulse_fail(PULSE_ERR_ARG, "cuda encode: NULL output");
-  out->data = NULL;
-  out->size = 0;
+/* What one pulse_cuda_patch_encode call holds: the host tables, the change
+ * lists on the device (workspace slots) and their copies on the host. */
+typedef struct {
+  const pulse_encode_opts *opts;
+  const pulse_cuda_encode_tensor *tensors;
+  size_t count;
+  int ranks; /* class position model: the rank form crosses the bus too */
+  pulse_cuda_detect_tensor *table;
+  pulse_cuda_bf16_tensor *sub;
+  size_t *sub_of;
+  uint64_t *tensor_changes, *first, *chunk_first;
+  pulse_tensor_digest *digest, *sub_digest;
+  pulse_changes *changes;
+  pulse_encode_tensor *enc;
+  uint64_t *pos;
+  uint16_t *old_bits, *new_bits;
+  uint8_t *cls;
+  uint32_t *rank, *hist;
+  void *pos_d, *old_d, *new_d, *cls_d, *rank_d, *hist_d;
+  uint64_t total, chunks;
+} cuda_encode;
+
+static pulse_status cuda_encode_check_opts(const pulse_encode_opts *opts,
+                                           const pulse_cuda_encode_tensor *tensors,
+                                           size_t count) {
   if (opts == NULL || opts->struct_version != PULSE_ENCODE_OPTS_VERSION)
     return pulse_fail(PULSE_ERR_ARG,
                       "cuda encode: options missing or of another version");
@@ -51,161 +66,214 @@ pulse_status pulse_cuda_patch_encode(pulse_cuda_workspace *ws,
         opts->chunk_log2, PULSE_CHUNK_LOG2_MIN, PULSE_CHUNK_LOG2_MAX);
   if (count > 0 && tensors == NULL)
     return pulse_fail(PULSE_ERR_ARG, "cuda encode: NULL tensors");
+  return PULSE_OK;
+}
 
+static void cuda_encode_free(cuda_encode *e) {
+  free(e->table), free(e->sub), free(e->sub_of), free(e->tensor_changes),
+      free(e->first), free(e->chunk_first);
+  free(e->digest), free(e->sub_digest), free(e->changes), free(e->enc);
+  free(e->pos), free(e->old_bits), free(e->new_bits), free(e->cls),
+      free(e->rank), free(e->hist);
+}
+
+/* The host tables, and the detection table checked. */
+static pulse_status cuda_encode_tables(cuda_encode *e) {
   pulse_status st = PULSE_OK;
-  const int ranks = opts->pos_model == PULSE_POS_CLASS;
-  pulse_cuda_workspace *temp = NULL;
-  pulse_cuda_detect_tensor *table = calloc(count + 1, sizeof *table);
-  pulse_cuda_bf16_tensor *sub = calloc(count + 1, sizeof *sub);
-  size_t *sub_of = calloc(count + 1, sizeof *sub_of);
-  uint64_t *tensor_changes = calloc(count + 1, sizeof *tensor_changes);
-  uint64_t *first = calloc(count + 1, sizeof *first);
-  uint64_t *chunk_first = calloc(count + 1, sizeof *chunk_first);
-  pulse_tensor_digest *digest = calloc(count + 1, sizeof *digest);
-  pulse_tensor_digest *sub_digest = calloc(count + 1, sizeof *sub_digest);
-  pulse_changes *changes = calloc(count + 1, sizeof *changes);
-  pulse_encode_tensor *enc = calloc(count + 1, sizeof *enc);
-  uint64_t *pos = NULL;
-  uint16_t *old_bits = NULL, *new_bits = NULL;
-  uint8_t *cls = NULL;
-  uint32_t *rank = NULL, *hist = NULL;
-  void *pos_d = NULL, *old_d = NULL, *new_d = NULL, *cls_d = NULL,
-       *rank_d = NULL, *hist_d = NULL;
-  uint64_t total = 0, chunks = 0;
-  size_t subs = 0;
-  if (!table || !sub || !sub_of || !tensor_changes || !first || !chunk_first ||
-      !digest || !sub_digest || !changes || !enc) {
-    st =
-        pulse_fail(PULSE_ERR_NOMEM, "cuda encode: table of %zu tensors", count);
-    goto cleanup;
-  }
+  size_t count = e->count;
+  e->table = calloc(count + 1, sizeof *e->table);
+  e->sub = calloc(count + 1, sizeof *e->sub);
+  e->sub_of = calloc(count + 1, sizeof *e->sub_of);
+  e->tensor_changes = calloc(count + 1, sizeof *e->tensor_changes);
+  e->first = calloc(count + 1, sizeof *e->first);
+  e->chunk_first = calloc(count + 1, sizeof *e->chunk_first);
+  e->digest = calloc(count + 1, sizeof *e->digest);
+  e->sub_digest = calloc(count + 1, sizeof *e->sub_digest);
+  e->changes = calloc(count + 1, sizeof *e->changes);
+  e->enc = calloc(count + 1, sizeof *e->enc);
+  if (!e->table || !e->sub || !e->sub_of || !e->tensor_changes || !e->first ||
+      !e->chunk_first || !e->digest || !e->sub_digest || !e->changes || !e->enc)
+    return pulse_fail(PULSE_ERR_NOMEM, "cuda encode: table of %zu tensors",
+                      count);
   for (size_t t = 0; t < count; t++) {
-    const pulse_cuda_encode_tensor *x = &tensors[t];
-    if (x->info.ndim > PULSE_MAX_DIMS) {
-      st = pulse_fail(PULSE_ERR_ARG, "cuda encode: tensor %zu: %u dimensions",
-                      t, x->info.ndim);
-      goto cleanup;
-    }
-    if (x->info.dtype != PULSE_DTYPE_BF16) {
-      st = pulse_fail(
+    const pulse_cuda_encode_tensor *x = &e->tensors[t];
+    if (x->info.ndim > PULSE_MAX_DIMS)
+      return pulse_fail(PULSE_ERR_ARG, "cuda encode: tensor %zu: %u dimensions",
+                        t, x->info.ndim);
+    if (x->info.dtype != PULSE_DTYPE_BF16)
+      return pulse_fail(
           PULSE_ERR_DTYPE,
           "cuda encode: tensor %zu: patches carry BF16 state, not %s", t,
           pulse_dtype_name(x->info.dtype));
-      goto cleanup;
-    }
-    CHECK(pulse_shape_numel(x->info.shape, x->info.ndim, &table[t].numel));
-    table[t].cur_d = x->cur_d;
-    table[t].cur_dtype = x->cur_dtype;
-    table[t].snapshot_d = x->snapshot_d;
+    CHECK(pulse_shape_numel(x->info.shape, x->info.ndim, &e->table[t].numel));
+    e->table[t].cur_d = x->cur_d;
+    e->table[t].cur_dtype = x->cur_dtype;
+    e->table[t].snapshot_d = x->snapshot_d;
   }
-  CHECK(pulse_cuda_detect_check_(table, count, opts->chunk_log2));
+  CHECK(pulse_cuda_detect_check_(e->table, count, e->opts->chunk_log2));
+cleanup:
+  return st;
+}
+
+/* Detect: count, size the staging, write (the snapshot stays the base). */
+static pulse_status cuda_encode_detect(cuda_encode *e, pulse_cuda_workspace *ws,
+                                       void *stream) {
+  pulse_status st = PULSE_OK;
+  uint32_t log2 = e->opts->chunk_log2;
+  CHECK(pulse_cuda_chunk_count(e->table, e->count, log2, &e->chunks));
+  if (e->ranks)
+    CHECK(pulse_cuda_ws_slot_(ws, PULSE_WS_X_HIST, e->chunks * PULSE_CLASS_COUNT,
+                              sizeof(uint32_t), &e->hist_d));
+  CHECK(pulse_cuda_detect_count_(ws, e->table, e->count, log2, e->ranks,
+                                 e->hist_d, e->tensor_changes, &e->total,
+                                 stream));
+  CHECK(pulse_cuda_ws_slot_(ws, PULSE_WS_X_POS, e->total, sizeof(uint64_t),
+                            &e->pos_d));
+  CHECK(pulse_cuda_ws_slot_(ws, PULSE_WS_X_OLD, e->total, sizeof(uint16_t),
+                            &e->old_d));
+  CHECK(pulse_cuda_ws_slot_(ws, PULSE_WS_X_NEW, e->total, sizeof(uint16_t),
+                            &e->new_d));
+  if (e->ranks) {
+    CHECK(pulse_cuda_ws_slot_(ws, PULSE_WS_X_CLASS, e->total, sizeof(uint8_t),
+                              &e->cls_d));
+    CHECK(pulse_cuda_ws_slot_(ws, PULSE_WS_X_RANK, e->total, sizeof(uint32_t),
+                              &e->rank_d));
+  }
+  pulse_cuda_changes dev = {e->total, e->pos_d,  e->old_d,  e->new_d,
+                            e->cls_d, e->rank_d, e->hist_d, e->chunks};
+  CHECK(pulse_cuda_detect_write_(ws, e->table, e->count, log2, e->ranks, &dev,
+                                 0, stream));
+cleanup:
+  return st;
+}
+
+/* Base digests: given, or one device pass over the snapshots lacking one. */
+static pulse_status cuda_encode_base_digests(cuda_encode *e,
+                                             pulse_cuda_workspace *ws,
+                                             void *stream) {
+  size_t subs = 0;
+  for (size_t t = 0; t < e->count; t++) {
+    if (e->tensors[t].base_digest != NULL) {
+      e->digest[t] = *e->tensors[t].base_digest;
+    } else {
+      e->sub[subs].data_d = e->tensors[t].snapshot_d;
+      e->sub[subs].numel = e->table[t].numel;
+      e->sub_of[subs++] = t;
+    }
+  }
+  if (subs > 0)
+    PULSE_TRY(pulse_cuda_digest(ws, e->sub, subs, e->sub_digest, stream));
+  for (size_t k = 0; k < subs; k++)
+    e->digest[e->sub_of[k]] = e->sub_digest[k];
+  return PULSE_OK;
+}
+
+/* The change lists and rank form to the host (never the weights). */
+static pulse_status cuda_encode_download(cuda_encode *e, void *stream) {
+  pulse_status st = PULSE_OK;
+  uint64_t total = e->total, hist_n = e->chunks * PULSE_CLASS_COUNT;
+  e->pos = malloc((size_t)total * sizeof *e->pos + 8);
+  e->old_bits = malloc((size_t)total * sizeof *e->old_bits + 8);
+  e->new_bits = malloc((size_t)total * sizeof *e->new_bits + 8);
+  e->cls = malloc(e->ranks ? (size_t)total * sizeof *e->cls + 8 : 8);
+  e->rank = malloc(e->ranks ? (size_t)total * sizeof *e->rank + 8 : 8);
+  e->hist = malloc(e->ranks ? (size_t)hist_n * sizeof *e->hist + 8 : 8);
+  if (!e->pos || !e->old_bits || !e->new_bits || !e->cls || !e->rank ||
+      !e->hist)
+    return pulse_fail(PULSE_ERR_NOMEM, "cuda encode: %llu changes",
+                      (unsigned long long)total);
+  CHECK(pulse_cuda_download(e->pos, e->pos_d, (size_t)total * sizeof *e->pos,
+                            stream));
+  CHECK(pulse_cuda_download(e->old_bits, e->old_d,
+                            (size_t)total * sizeof *e->old_bits, stream));
+  CHECK(pulse_cuda_download(e->new_bits, e->new_d,
+                            (size_t)total * sizeof *e->new_bits, stream));
+  if (e->ranks) {
+    CHECK(pulse_cuda_download(e->cls, e->cls_d,
+                              (size_t)total * sizeof *e->cls, stream));
+    CHECK(pulse_cuda_download(e->rank, e->rank_d,
+                              (size_t)total * sizeof *e->rank, stream));
+    CHECK(pulse_cuda_download(e->hist, e->hist_d,
+                              (size_t)hist_n * sizeof *e->hist, stream));
+  }
+cleanup:
+  return st;
+}
+
+/* Code them: pulse_patch_encode from the rank form, base NULL. */
+static pulse_status cuda_encode_code(cuda_encode *e, pulse_buffer *out,
+                                     pulse_tensor_digest *target_digests) {
+  for (size_t t = 0; t < e->count; t++) {
+    uint64_t at = e->first[t], n = e->table[t].numel;
+    e->first[t + 1] = at + e->tensor_changes[t];
+    e->chunk_first[t + 1] =
+        e->chunk_first[t] + (n ? ((n - 1) >> e->opts->chunk_log2) + 1 : 0);
+    pulse_changes *ch = &e->changes[t];
+    ch->count = ch->capacity = e->tensor_changes[t];
+    ch->pos = e->pos + at;
+    ch->old_bits = e->old_bits + at;
+    ch->new_bits = e->new_bits + at;
+    e->enc[t].info = e->tensors[t].info;
+    e->enc[t].base = NULL;
+    e->enc[t].changes = ch;
+    e->enc[t].base_digest = &e->digest[t];
+    if (e->ranks) {
+      e->enc[t].chunk_hist = e->hist + e->chunk_first[t] * PULSE_CLASS_COUNT;
+      e->enc[t].change_class = e->cls + at;
+      e->enc[t].change_rank = e->rank + at;
+    }
+  }
+  PULSE_TRY(pulse_patch_encode(e->opts, e->enc, e->count, out));
+  for (size_t t = 0; target_digests != NULL && t < e->count; t++)
+    target_digests[t] = pulse_digest_apply_changes(e->digest[t], &e->changes[t]);
+  return PULSE_OK;
+}
+
+pulse_status pulse_cuda_patch_encode(pulse_cuda_workspace *ws,
+                                     const pulse_encode_opts *opts,
+                                     const pulse_cuda_encode_tensor *tensors,
+                                     size_t count, int update_snapshot,
+                                     void *stream, pulse_buffer *out,
+                                     pulse_tensor_digest *target_digests) {
+  if (out == NULL)
+    return pulse_fail(PULSE_ERR_ARG, "cuda encode: NULL output");
+  out->data = NULL;
+  out->size = 0;
+  PULSE_TRY(cuda_encode_check_opts(opts, tensors, count));
+
+  pulse_status st = PULSE_OK;
+  pulse_cuda_workspace *temp = NULL;
+  cuda_encode e;
+  memset(&e, 0, sizeof e);
+  e.opts = opts;
+  e.tensors = tensors;
+  e.count = count;
+  e.ranks = opts->pos_model == PULSE_POS_CLASS;
+  CHECK(cuda_encode_tables(&e));
   CHECK(pulse_cuda_require_("cuda encode"));
   if (ws == NULL) {
     CHECK(pulse_cuda_workspace_create(&temp));
     ws = temp;
   }
-
-  /* Detect: count, size the staging, write (the snapshot stays the base). */
-  CHECK(pulse_cuda_chunk_count(table, count, opts->chunk_log2, &chunks));
-  if (ranks)
-    CHECK(pulse_cuda_ws_slot_(ws, PULSE_WS_X_HIST, chunks * PULSE_CLASS_COUNT,
-               sizeof(uint32_t), &hist_d));
-  CHECK(pulse_cuda_detect_count_(ws, table, count, opts->chunk_log2, ranks,
-                                 hist_d, tensor_changes, &total, stream));
-  CHECK(pulse_cuda_ws_slot_(ws, PULSE_WS_X_POS, total, sizeof(uint64_t), &pos_d));
-  CHECK(pulse_cuda_ws_slot_(ws, PULSE_WS_X_OLD, total, sizeof(uint16_t), &old_d));
-  CHECK(pulse_cuda_ws_slot_(ws, PULSE_WS_X_NEW, total, sizeof(uint16_t), &new_d));
-  if (ranks) {
-    CHECK(pulse_cuda_ws_slot_(ws, PULSE_WS_X_CLASS, total, sizeof(uint8_t), &cls_d));
-    CHECK(pulse_cuda_ws_slot_(ws, PULSE_WS_X_RANK, total, sizeof(uint32_t), &rank_d));
-  }
-  pulse_cuda_changes dev = {total, pos_d,  old_d,  new_d,
-                            cls_d, rank_d, hist_d, chunks};
-  CHECK(pulse_cuda_detect_write_(ws, table, count, opts->chunk_log2, ranks,
-                                 &dev, 0, stream));
-
-  /* Base digests: given, or one device pass over the snapshots lacking one. */
-  for (size_t t = 0; t < count; t++) {
-    if (tensors[t].base_digest != NULL) {
-      digest[t] = *tensors[t].base_digest;
-    } else {
-      sub[subs].data_d = tensors[t].snapshot_d;
-      sub[subs].numel = table[t].numel;
-      sub_of[subs++] = t;
-    }
-  }
-  if (subs > 0)
-    CHECK(pulse_cuda_digest(ws, sub, subs, sub_digest, stream));
-  for (size_t k = 0; k < subs; k++)
-    digest[sub_of[k]] = sub_digest[k];
-
-  /* The change lists and rank form to the host (never the weights). */
-  pos = malloc((size_t)total * sizeof *pos + 8);
-  old_bits = malloc((size_t)total * sizeof *old_bits + 8);
-  new_bits = malloc((size_t)total * sizeof *new_bits + 8);
-  cls = malloc(ranks ? (size_t)total * sizeof *cls + 8 : 8);
-  rank = malloc(ranks ? (size_t)total * sizeof *rank + 8 : 8);
-  hist =
-      malloc(ranks ? (size_t)chunks * PULSE_CLASS_COUNT * sizeof *hist + 8 : 8);
-  if (!pos || !old_bits || !new_bits || !cls || !rank || !hist) {
-    st = pulse_fail(PULSE_ERR_NOMEM, "cuda encode: %llu changes",
-                    (unsigned long long)total);
-    goto cleanup;
-  }
-  CHECK(pulse_cuda_download(pos, pos_d, (size_t)total * sizeof *pos, stream));
-  CHECK(pulse_cuda_download(old_bits, old_d, (size_t)total * sizeof *old_bits,
-                            stream));
-  CHECK(pulse_cuda_download(new_bits, new_d, (size_t)total * sizeof *new_bits,
-                            stream));
-  if (ranks) {
-    CHECK(pulse_cuda_download(cls, cls_d, (size_t)total * sizeof *cls, stream));
-    CHECK(pulse_cuda_download(rank, rank_d, (size_t)total * sizeof *rank,
-                              stream));
-    CHECK(pulse_cuda_download(hist, hist_d,
-                              (size_t)chunks * PULSE_CLASS_COUNT * sizeof *hist,
-                              stream));
-  }
-
-  /* Code them: pulse_patch_encode from the rank form, base NULL. */
-  for (size_t t = 0; t < count; t++) {
-    uint64_t at = first[t], n = table[t].numel;
-    first[t + 1] = at + tensor_changes[t];
-    chunk_first[t + 1] =
-        chunk_first[t] + (n ? ((n - 1) >> opts->chunk_log2) + 1 : 0);
-    changes[t].count = changes[t].capacity = tensor_changes[t];
-    changes[t].pos = pos + at;
-    changes[t].old_bits = old_bits + at;
-    changes[t].new_bits = new_bits + at;
-    enc[t].info = tensors[t].info;
-    enc[t].base = NULL;
-    enc[t].changes = &changes[t];
-    enc[t].base_digest = &digest[t];
-    if (ranks) {
-      enc[t].chunk_hist = hist + chunk_first[t] * PULSE_CLASS_COUNT;
-      enc[t].change_class = cls + at;
-      enc[t].change_rank = rank + at;
-    }
-  }
-  CHECK(pulse_patch_encode(opts, enc, count, out));
-  for (size_t t = 0; target_digests != NULL && t < count; t++)
-    target_digests[t] = pulse_digest_apply_changes(digest[t], &changes[t]);
+  CHECK(cuda_encode_detect(&e, ws, stream));
+  CHECK(cuda_encode_base_digests(&e, ws, stream));
+  CHECK(cuda_encode_download(&e, stream));
+  CHECK(cuda_encode_code(&e, out, target_digests));
 
   /* The patch exists: only now does each snapshot become the target. */
   if (update_snapshot) {
     for (size_t t = 0; t < count; t++) {
-      sub[t].data_d = tensors[t].snapshot_d;
-      sub[t].numel = table[t].numel;
+      e.sub[t].data_d = tensors[t].snapshot_d;
+      e.sub[t].numel = e.table[t].numel;
     }
-    CHECK(pulse_cuda_scatter(ws, sub, count, first, pos_d, new_d, stream));
+    CHECK(pulse_cuda_scatter(ws, e.sub, count, e.first, e.pos_d, e.new_d,
+                             stream));
   }
 
 cleanup:
   if (st != PULSE_OK)
     pulse_buffer_free(out);
   pulse_cuda_workspace_free(temp);
-  free(table), free(sub), free(sub_of), free(tensor_changes), free(first),
-      free(chunk_first);
-  free(digest), free(sub_digest), free(changes), free(enc);
-  free(pos), free(old_bits), free(new_bits), free(cls), free(rank), free(hist);
+  cuda_encode_free(&e);
   return st;
 }

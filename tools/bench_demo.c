@@ -145,221 +145,193 @@ static int all_identical(puller *p, unsigned n, pulse_pub *pub, const pulse_synt
   return same;
 }
 
-int bench_demo_main(int argc, char **argv) {
-  demo_args a = {10000000, 10, 1, 2, 1e-6, NULL, 0, NULL};
-  if (parse(argc, argv, &a) != 0)
-    return bench_demo_usage(stderr), 2;
-  pulse_report *rep = NULL;
-  pulse_report_table *rt = NULL;
-  if (a.report != NULL) {
-    if (pulse_report_create(a.report, "demo", argc, argv, &rep) != PULSE_OK)
-      return fprintf(stderr, PROG ": --report: cannot make %s\n", a.report), 1;
-    static const char *const cols[] = {"step", "changed", "density_pct", "pulse_bytes_per_puller",
-                                       "dense_bf16_bytes", "reduction_x", "sync_ms"};
-    rt = pulse_report_table_add(rep, "steps", cols, 7);
-  }
-
-  char root[4096];
-  if (a.keep != NULL) {
-    snprintf(root, sizeof root, "%s", a.keep);
-    mkdir(root, 0755);
-  } else {
-    snprintf(root, sizeof root, "/tmp/pulse-demo-XXXXXX");
-    if (mkdtemp(root) == NULL)
-      return fprintf(stderr, PROG ": cannot make a temporary folder\n"), 1;
-  }
-  char store[4200];
-  snprintf(store, sizeof store, "%s/store", root);
-  mkdir(store, 0755);
-
-  int rc = 1;
-  pulse_synth *syn = NULL;
-  pulse_sign_key *key = NULL;
-  pulse_server *server = NULL;
-  pulse_pub *pub = NULL;
+/* Everything one demo run holds, freed by demo_free. */
+typedef struct {
+  char root[4096], store[4200], url[64];
+  pulse_synth *syn;
+  pulse_sign_key *key;
+  pulse_server *server;
+  pulse_pub *pub;
   puller pl[MAX_PULLERS];
-  memset(pl, 0, sizeof pl);
-  pulse_tensor_info *infos = NULL;
-  pulse_pub_tensor *pt = NULL;
-  size_t count = 0;
+  pulse_tensor_info *infos;
+  pulse_pub_tensor *pt;
+  size_t count;
+  uint64_t params;
+  pulse_report *rep;
+  pulse_report_table *rt;
+} demo_run;
+
+/* Sums over the steps after the first (the join). */
+typedef struct {
+  uint64_t wire, dense, prev_dl[MAX_PULLERS];
+  double sync;
+  int every_identical;
+} demo_totals;
+
+/* The trainer side: trajectory, signing key, server, publisher. */
+static int demo_trainer(demo_run *d, const demo_args *a) {
   pulse_status st;
-
   pulse_synth_opts so = PULSE_SYNTH_OPTS_INIT;
-  so.params = a.params;
-  so.lr = a.lr;
-  so.seed = a.seed;
-  if ((st = pulse_synth_create(&so, &syn)) != PULSE_OK) {
-    fail("trajectory", st);
-    goto done;
-  }
-  count = pulse_synth_tensor_count(syn);
-  uint64_t params = pulse_synth_param_count(syn);
-  infos = calloc(count, sizeof *infos);
-  pt = calloc(count, sizeof *pt);
-  if (infos == NULL || pt == NULL) {
-    fail("memory", PULSE_ERR_NOMEM);
-    goto done;
-  }
-  for (size_t i = 0; i < count; i++)
-    infos[i] = pulse_synth_tensor_get(syn, i)->info;
-
-  if ((st = pulse_sign_key_generate(&key)) != PULSE_OK) {
-    fail("signing key", st);
-    goto done;
-  }
+  so.params = a->params;
+  so.lr = a->lr;
+  so.seed = a->seed;
+  if ((st = pulse_synth_create(&so, &d->syn)) != PULSE_OK)
+    return fail("trajectory", st);
+  d->count = pulse_synth_tensor_count(d->syn);
+  d->params = pulse_synth_param_count(d->syn);
+  d->infos = calloc(d->count, sizeof *d->infos);
+  d->pt = calloc(d->count, sizeof *d->pt);
+  if (d->infos == NULL || d->pt == NULL)
+    return fail("memory", PULSE_ERR_NOMEM);
+  for (size_t i = 0; i < d->count; i++)
+    d->infos[i] = pulse_synth_tensor_get(d->syn, i)->info;
+  if ((st = pulse_sign_key_generate(&d->key)) != PULSE_OK)
+    return fail("signing key", st);
   pulse_server_opts sv = PULSE_SERVER_OPTS_INIT;
-  sv.store_dir = store;
-  sv.key = key;
-  if ((st = pulse_server_create(&sv, &server)) != PULSE_OK) {
-    fail("server", st);
-    goto done;
-  }
+  sv.store_dir = d->store;
+  sv.key = d->key;
+  if ((st = pulse_server_create(&sv, &d->server)) != PULSE_OK)
+    return fail("server", st);
   pulse_pub_opts po = PULSE_PUB_OPTS_INIT;
-  po.key = key;
-  po.tensors = infos;
-  po.tensor_count = count;
+  po.key = d->key;
+  po.tensors = d->infos;
+  po.tensor_count = d->count;
   po.anchor_sync = 1;
   po.on_head = pulse_server_on_head;
-  po.on_head_ctx = server;
-  if ((st = pulse_pub_create(store, &po, &pub)) != PULSE_OK) {
-    fail("publisher", st);
-    goto done;
-  }
+  po.on_head_ctx = d->server;
+  if ((st = pulse_pub_create(d->store, &po, &d->pub)) != PULSE_OK)
+    return fail("publisher", st);
+  snprintf(d->url, sizeof d->url, "http://127.0.0.1:%u",
+           (unsigned)pulse_server_port(d->server));
+  return 0;
+}
 
-  char url[64];
-  snprintf(url, sizeof url, "http://127.0.0.1:%u", (unsigned)pulse_server_port(server));
-  const char *urls[1] = {url};
+/* Puller k: a subscriber with host targets, following in its own thread. */
+static int demo_puller(demo_run *d, unsigned k) {
+  pulse_status st;
+  puller *p = &d->pl[k];
+  char cache[4300];
+  snprintf(cache, sizeof cache, "%s/puller%u", d->root, k);
+  const char *urls[1] = {d->url};
   uint8_t public_key[PULSE_SIGN_PUBLIC_BYTES];
-  pulse_sign_key_public(key, public_key);
-  for (unsigned k = 0; k < a.pullers; k++) {
-    char cache[4300];
-    snprintf(cache, sizeof cache, "%s/puller%u", root, k);
-    pulse_sub_opts o = PULSE_SUB_OPTS_INIT;
-    o.urls = urls;
-    o.url_count = 1;
-    o.cache_dir = cache;
-    o.public_key = public_key;
-    o.threads = 1;
-    o.poll_timeout_ms = 2000;
-    if ((st = pulse_sub_create(&o, &pl[k].sub)) != PULSE_OK) {
-      fail("puller", st);
-      goto done;
-    }
-    pl[k].bufs = calloc(count, sizeof *pl[k].bufs);
-    if (pl[k].bufs == NULL) {
-      fail("memory", PULSE_ERR_NOMEM);
-      goto done;
-    }
-    for (size_t i = 0; i < count; i++) {
-      const pulse_synth_tensor *t = pulse_synth_tensor_get(syn, i);
-      pl[k].bufs[i] = calloc(t->numel ? t->numel : 1, 2);
-      if (pl[k].bufs[i] == NULL) {
-        fail("memory", PULSE_ERR_NOMEM);
-        goto done;
-      }
-      if ((st = pulse_sub_attach_host(pl[k].sub, t->info.name, t->info.ndim, t->info.shape,
-                                      pl[k].bufs[i])) != PULSE_OK) {
-        fail("puller target", st);
-        goto done;
-      }
-    }
-    if (pthread_create(&pl[k].thread, NULL, follow_main, &pl[k]) != 0) {
-      fprintf(stderr, PROG ": cannot start a puller thread\n");
-      goto done;
-    }
-    pl[k].started = 1;
+  pulse_sign_key_public(d->key, public_key);
+  pulse_sub_opts o = PULSE_SUB_OPTS_INIT;
+  o.urls = urls;
+  o.url_count = 1;
+  o.cache_dir = cache;
+  o.public_key = public_key;
+  o.threads = 1;
+  o.poll_timeout_ms = 2000;
+  if ((st = pulse_sub_create(&o, &p->sub)) != PULSE_OK)
+    return fail("puller", st);
+  p->bufs = calloc(d->count, sizeof *p->bufs);
+  if (p->bufs == NULL)
+    return fail("memory", PULSE_ERR_NOMEM);
+  for (size_t i = 0; i < d->count; i++) {
+    const pulse_synth_tensor *t = pulse_synth_tensor_get(d->syn, i);
+    p->bufs[i] = calloc(t->numel ? t->numel : 1, 2);
+    if (p->bufs[i] == NULL)
+      return fail("memory", PULSE_ERR_NOMEM);
+    if ((st = pulse_sub_attach_host(p->sub, t->info.name, t->info.ndim, t->info.shape,
+                                    p->bufs[i])) != PULSE_OK)
+      return fail("puller target", st);
   }
+  if (pthread_create(&p->thread, NULL, follow_main, p) != 0) {
+    fprintf(stderr, PROG ": cannot start a puller thread\n");
+    return 1;
+  }
+  p->started = 1;
+  return 0;
+}
 
-  if (!a.json)
-    printf("pulse demo: trainer -> store %s -> %s -> %u puller(s); %" PRIu64
-           " parameters in %zu tensors, Adam lr %g\n\n"
-           "%5s %10s %8s %14s %14s %10s %9s %10s\n",
-           store, url, a.pullers, params, count, a.lr, "step", "changed", "density",
-           "bytes/puller", "dense BF16", "reduction", "sync ms", "identical");
-  uint64_t dense = params * 2, sum_wire = 0, sum_dense = 0, prev_dl[MAX_PULLERS] = {0};
-  int every_identical = 1;
-  double sum_sync = 0;
-  for (uint64_t step = 0; step <= a.steps; step++) {
-    if (step > 0 && (st = pulse_synth_step(syn)) != PULSE_OK) {
-      fail("trajectory step", st);
-      goto done;
-    }
-    const float *master = pulse_synth_master(syn);
-    for (size_t i = 0; i < count; i++)
-      pt[i] = (pulse_pub_tensor){master + pulse_synth_tensor_get(syn, i)->offset, PULSE_DTYPE_F32,
-                                 PULSE_PUB_HOST};
-    pulse_pub_figures fig;
-    if ((st = pulse_pub_commit(pub, step, pt, count, &fig)) != PULSE_OK) {
-      fail("commit", st);
-      goto done;
-    }
-    double since = pulse_tk_now();
-    double sync = wait_synced(pl, a.pullers, step, since, 120.0);
-    if (sync < 0) {
-      fprintf(stderr, PROG ": step %" PRIu64 ": the pullers did not reach it within 120 s", step);
-      for (unsigned k = 0; k < a.pullers; k++)
-        fprintf(stderr, "%s puller %u at %" PRIu64 " (%s)", k ? "," : ":", k,
-                pulse_sub_step(pl[k].sub), pulse_sub_error(pl[k].sub));
-      fprintf(stderr, "\n");
-      goto done;
-    }
-    int same = all_identical(pl, a.pullers, pub, syn);
-    every_identical &= same;
-    /* Bytes each puller received for this step (response bodies: head,
-     * patch, or the anchor for the first state), averaged. */
-    uint64_t wire = 0;
-    for (unsigned k = 0; k < a.pullers; k++) {
-      pulse_sub_figures f;
-      pulse_sub_figures_get(pl[k].sub, &f);
-      wire += f.bytes_downloaded - prev_dl[k];
-      prev_dl[k] = f.bytes_downloaded;
-    }
-    wire /= a.pullers;
-    double reduction = wire ? (double)dense / (double)wire : 0.0;
-    if (step > 0) {
-      sum_wire += wire;
-      sum_dense += dense;
-      sum_sync += sync;
-    }
-    if (a.json)
-      printf("{\"step\":%" PRIu64 ",\"params\":%" PRIu64 ",\"changed\":%" PRIu64
-             ",\"patch_bytes\":%" PRIu64 ",\"bytes_per_puller\":%" PRIu64
-             ",\"bytes_dense\":%" PRIu64 ",\"reduction\":%.2f,\"sync_seconds\":%.6f"
-             ",\"commit_seconds\":%.6f,\"identical\":%s}\n",
-             step, params, fig.changed, fig.patch_bytes, wire, dense, reduction, sync,
-             fig.total_seconds, same ? "true" : "false");
-    else if (step == 0)
-      printf("%5" PRIu64 " %10s %8s %14" PRIu64 " %14" PRIu64 " %10s %9.1f %10s   (join: anchor)\n",
-             step, "-", "-", wire, dense, "1x", sync * 1e3, same ? "yes" : "NO");
-    else
-      printf("%5" PRIu64 " %10" PRIu64 " %7.3f%% %14" PRIu64 " %14" PRIu64 " %9.1fx %9.1f %10s\n",
-             step, fig.changed, 100.0 * (double)fig.changed / (double)params, wire, dense,
-             reduction, sync * 1e3, same ? "yes" : "NO");
-    fflush(stdout);
-    pulse_report_row(rt);
-    pulse_report_num(rt, (double)step);
-    pulse_report_num(rt, step ? (double)fig.changed : NAN);
-    pulse_report_num(rt, step ? 100.0 * (double)fig.changed / (double)params : NAN);
-    pulse_report_num(rt, (double)wire);
-    pulse_report_num(rt, (double)dense);
-    pulse_report_num(rt, reduction);
-    pulse_report_num(rt, sync * 1e3);
+static void demo_row(const demo_run *d, const demo_args *a, uint64_t step,
+                     const pulse_pub_figures *fig, uint64_t wire, double sync, int same) {
+  uint64_t dense = d->params * 2;
+  double reduction = wire ? (double)dense / (double)wire : 0.0;
+  if (a->json)
+    printf("{\"step\":%" PRIu64 ",\"params\":%" PRIu64 ",\"changed\":%" PRIu64
+           ",\"patch_bytes\":%" PRIu64 ",\"bytes_per_puller\":%" PRIu64
+           ",\"bytes_dense\":%" PRIu64 ",\"reduction\":%.2f,\"sync_seconds\":%.6f"
+           ",\"commit_seconds\":%.6f,\"identical\":%s}\n",
+           step, d->params, fig->changed, fig->patch_bytes, wire, dense, reduction, sync,
+           fig->total_seconds, same ? "true" : "false");
+  else if (step == 0)
+    printf("%5" PRIu64 " %10s %8s %14" PRIu64 " %14" PRIu64 " %10s %9.1f %10s   (join: anchor)\n",
+           step, "-", "-", wire, dense, "1x", sync * 1e3, same ? "yes" : "NO");
+  else
+    printf("%5" PRIu64 " %10" PRIu64 " %7.3f%% %14" PRIu64 " %14" PRIu64 " %9.1fx %9.1f %10s\n",
+           step, fig->changed, 100.0 * (double)fig->changed / (double)d->params, wire, dense,
+           reduction, sync * 1e3, same ? "yes" : "NO");
+  fflush(stdout);
+  pulse_report_row(d->rt);
+  pulse_report_num(d->rt, (double)step);
+  pulse_report_num(d->rt, step ? (double)fig->changed : NAN);
+  pulse_report_num(d->rt, step ? 100.0 * (double)fig->changed / (double)d->params : NAN);
+  pulse_report_num(d->rt, (double)wire);
+  pulse_report_num(d->rt, (double)dense);
+  pulse_report_num(d->rt, reduction);
+  pulse_report_num(d->rt, sync * 1e3);
+}
+
+/* One step: the trainer moves and commits, every puller catches up, and
+ * the row is printed. Returns 0 or 1 (said on stderr). */
+static int demo_step(demo_run *d, const demo_args *a, uint64_t step, demo_totals *tot) {
+  pulse_status st;
+  if (step > 0 && (st = pulse_synth_step(d->syn)) != PULSE_OK)
+    return fail("trajectory step", st);
+  const float *master = pulse_synth_master(d->syn);
+  for (size_t i = 0; i < d->count; i++)
+    d->pt[i] = (pulse_pub_tensor){master + pulse_synth_tensor_get(d->syn, i)->offset,
+                                  PULSE_DTYPE_F32, PULSE_PUB_HOST};
+  pulse_pub_figures fig;
+  if ((st = pulse_pub_commit(d->pub, step, d->pt, d->count, &fig)) != PULSE_OK)
+    return fail("commit", st);
+  double since = pulse_tk_now();
+  double sync = wait_synced(d->pl, a->pullers, step, since, 120.0);
+  if (sync < 0) {
+    fprintf(stderr, PROG ": step %" PRIu64 ": the pullers did not reach it within 120 s", step);
+    for (unsigned k = 0; k < a->pullers; k++)
+      fprintf(stderr, "%s puller %u at %" PRIu64 " (%s)", k ? "," : ":", k,
+              pulse_sub_step(d->pl[k].sub), pulse_sub_error(d->pl[k].sub));
+    fprintf(stderr, "\n");
+    return 1;
   }
-  double total_reduction = sum_wire ? (double)sum_dense / (double)sum_wire : 0.0;
-  if (a.json)
+  int same = all_identical(d->pl, a->pullers, d->pub, d->syn);
+  tot->every_identical &= same;
+  /* Bytes each puller received for this step (response bodies: head,
+   * patch, or the anchor for the first state), averaged. */
+  uint64_t wire = 0;
+  for (unsigned k = 0; k < a->pullers; k++) {
+    pulse_sub_figures f;
+    pulse_sub_figures_get(d->pl[k].sub, &f);
+    wire += f.bytes_downloaded - tot->prev_dl[k];
+    tot->prev_dl[k] = f.bytes_downloaded;
+  }
+  wire /= a->pullers;
+  if (step > 0) {
+    tot->wire += wire;
+    tot->dense += d->params * 2;
+    tot->sync += sync;
+  }
+  demo_row(d, a, step, &fig, wire, sync, same);
+  return 0;
+}
+
+static void demo_summary(const demo_run *d, const demo_args *a, const demo_totals *tot) {
+  double total_reduction = tot->wire ? (double)tot->dense / (double)tot->wire : 0.0;
+  if (a->json)
     printf("{\"summary\":true,\"params\":%" PRIu64 ",\"steps\":%" PRIu64 ",\"pullers\":%u"
            ",\"bytes_dense\":%" PRIu64 ",\"bytes_pulse\":%" PRIu64 ",\"reduction\":%.2f"
            ",\"mean_sync_seconds\":%.6f,\"identical\":%s}\n",
-           params, a.steps, a.pullers, sum_dense, sum_wire, total_reduction,
-           sum_sync / (double)a.steps, every_identical ? "true" : "false");
+           d->params, a->steps, a->pullers, tot->dense, tot->wire, total_reduction,
+           tot->sync / (double)a->steps, tot->every_identical ? "true" : "false");
   else
     printf("\nsummary: %" PRIu64 " steps, %u puller(s): %" PRIu64 " bytes per puller instead of %" PRIu64
            " dense BF16: %.1fx less on the wire; mean sync %.1f ms; every puller bit-identical "
            "to the trainer: %s\n",
-           a.steps, a.pullers, sum_wire, sum_dense, total_reduction, 1e3 * sum_sync / (double)a.steps,
-           every_identical ? "yes" : "NO");
-  rc = every_identical ? 0 : 1;
-  if (rep != NULL) {
+           a->steps, a->pullers, tot->wire, tot->dense, total_reduction,
+           1e3 * tot->sync / (double)a->steps, tot->every_identical ? "yes" : "NO");
+  if (d->rep != NULL) {
     static const char *const density[] = {"density_pct"};
     static const char *const bytes[] = {"pulse_bytes_per_puller", "dense_bf16_bytes"};
     static const char *const sync_y[] = {"sync_ms"};
@@ -371,33 +343,83 @@ int bench_demo_main(int argc, char **argv) {
                                   "optimizer step", "bytes per puller (B)", bytes, 2, 0, 1};
     pulse_report_chart_spec c3 = {PULSE_REPORT_LINE, "steps", "Sync time per step (all pullers)",
                                   "step", "optimizer step", "sync time (ms)", sync_y, 1, 0, 0};
-    pulse_report_chart(rep, &c1), pulse_report_chart(rep, &c2), pulse_report_chart(rep, &c3);
+    pulse_report_chart(d->rep, &c1), pulse_report_chart(d->rep, &c2), pulse_report_chart(d->rep, &c3);
   }
+}
 
-done:
-  if (rep != NULL) {
+/* Stops the pullers and frees everything; returns rc, or 1 when the report
+ * could not be written. */
+static int demo_free(demo_run *d, const demo_args *a, int rc) {
+  if (d->rep != NULL) {
     char why[512];
-    if (pulse_report_close(rep, why, sizeof why) != PULSE_OK) {
+    if (pulse_report_close(d->rep, why, sizeof why) != PULSE_OK) {
       fprintf(stderr, PROG ": --report: %s\n", why);
       rc = 1;
     }
   }
   for (unsigned k = 0; k < MAX_PULLERS; k++) {
-    if (pl[k].started) {
-      pulse_sub_stop(pl[k].sub);
-      pthread_join(pl[k].thread, NULL);
+    puller *p = &d->pl[k];
+    if (p->started) {
+      pulse_sub_stop(p->sub);
+      pthread_join(p->thread, NULL);
     }
-    pulse_sub_free(pl[k].sub);
-    for (size_t i = 0; pl[k].bufs && i < count; i++)
-      free(pl[k].bufs[i]);
-    free(pl[k].bufs);
+    pulse_sub_free(p->sub);
+    for (size_t i = 0; p->bufs && i < d->count; i++)
+      free(p->bufs[i]);
+    free(p->bufs);
   }
-  pulse_pub_free(pub);
-  pulse_server_free(server);
-  pulse_sign_key_free(key);
-  pulse_synth_free(syn);
-  free(infos), free(pt);
-  if (a.keep == NULL)
-    nftw(root, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+  pulse_pub_free(d->pub);
+  pulse_server_free(d->server);
+  pulse_sign_key_free(d->key);
+  pulse_synth_free(d->syn);
+  free(d->infos), free(d->pt);
+  if (a->keep == NULL)
+    nftw(d->root, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
   return rc;
+}
+
+int bench_demo_main(int argc, char **argv) {
+  demo_args a = {10000000, 10, 1, 2, 1e-6, NULL, 0, NULL};
+  if (parse(argc, argv, &a) != 0)
+    return bench_demo_usage(stderr), 2;
+  static demo_run d; /* static: large, and one per process */
+  memset(&d, 0, sizeof d);
+  if (a.report != NULL) {
+    if (pulse_report_create(a.report, "demo", argc, argv, &d.rep) != PULSE_OK)
+      return fprintf(stderr, PROG ": --report: cannot make %s\n", a.report), 1;
+    static const char *const cols[] = {"step", "changed", "density_pct", "pulse_bytes_per_puller",
+                                       "dense_bf16_bytes", "reduction_x", "sync_ms"};
+    d.rt = pulse_report_table_add(d.rep, "steps", cols, 7);
+  }
+  if (a.keep != NULL) {
+    snprintf(d.root, sizeof d.root, "%s", a.keep);
+    mkdir(d.root, 0755);
+  } else {
+    snprintf(d.root, sizeof d.root, "/tmp/pulse-demo-XXXXXX");
+    if (mkdtemp(d.root) == NULL)
+      return fprintf(stderr, PROG ": cannot make a temporary folder\n"), 1;
+  }
+  snprintf(d.store, sizeof d.store, "%s/store", d.root);
+  mkdir(d.store, 0755);
+
+  int rc = demo_trainer(&d, &a);
+  for (unsigned k = 0; rc == 0 && k < a.pullers; k++)
+    rc = demo_puller(&d, k);
+  if (rc != 0)
+    return demo_free(&d, &a, 1);
+  if (!a.json)
+    printf("pulse demo: trainer -> store %s -> %s -> %u puller(s); %" PRIu64
+           " parameters in %zu tensors, Adam lr %g\n\n"
+           "%5s %10s %8s %14s %14s %10s %9s %10s\n",
+           d.store, d.url, a.pullers, d.params, d.count, a.lr, "step", "changed", "density",
+           "bytes/puller", "dense BF16", "reduction", "sync ms", "identical");
+  demo_totals tot;
+  memset(&tot, 0, sizeof tot);
+  tot.every_identical = 1;
+  for (uint64_t step = 0; step <= a.steps && rc == 0; step++)
+    rc = demo_step(&d, &a, step, &tot);
+  if (rc != 0)
+    return demo_free(&d, &a, 1);
+  demo_summary(&d, &a, &tot);
+  return demo_free(&d, &a, tot.every_identical ? 0 : 1);
 }

@@ -20,6 +20,7 @@
 #include "parallel_impl.h"
 #include "pulse_cuda.h"
 #include "pulse_elem.h"
+#include "rng_impl.h"
 #include "toolkit_args.h"
 #include "toolkit_report.h"
 #include "toolkit_time.h"
@@ -82,12 +83,8 @@ typedef struct {
   double density;
 } fill_job;
 
-static uint64_t mix(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
+/* Value number 0 of the project's generator seeded with x: a hash of x. */
+static uint64_t mix(uint64_t x) { return pulse_rng_next(&x); }
 
 /* Weight-like FP32 values (|w| around 2^-6); the snapshot is their BF16, a
  * few ulps off where the element changed. */
@@ -202,6 +199,285 @@ static int class_major(const uint64_t *tensor_changes, const uint64_t *numel,
   return 0;
 }
 
+/* Everything one run holds (host and device), freed by gpu_free. */
+typedef struct {
+  const gpu_args *a;
+  uint64_t N;
+  uint32_t T, chunk_log2;
+  double samples[MAX_REPS + 1];
+  uint32_t *cur;
+  uint16_t *snap;
+  uint64_t *numel, *tensor_changes, *first;
+  char (*names)[32];
+  pulse_cuda_detect_tensor *table;
+  pulse_cuda_bf16_tensor *target, *base;
+  pulse_cuda_encode_tensor *enc;
+  pulse_cuda_target *apply_t;
+  pulse_tensor_digest *digests;
+  uint64_t *pos, *chunk_first;
+  uint8_t *cls, *cm_cls;
+  uint32_t *rank, *cm_rank;
+  void *cur_d, *snap_d, *copy_d, *target_d, *locate_d;
+  pulse_cuda_changes out;
+  pulse_cuda_workspace *ws;
+  pulse_cuda_class_index *idx;
+  pulse_buffer patch;
+  pulse_patch *opened;
+  uint64_t total, chunks;
+  double copy6; /* the D2D copy of the bytes detection reads */
+} gpu_run;
+
+static void gpu_free(gpu_run *g) {
+  pulse_patch_free(g->opened);
+  pulse_buffer_free(&g->patch);
+  pulse_cuda_class_index_free(g->idx);
+  pulse_cuda_workspace_free(g->ws);
+  pulse_cuda_free(g->cur_d), pulse_cuda_free(g->snap_d), pulse_cuda_free(g->copy_d);
+  pulse_cuda_free(g->target_d), pulse_cuda_free(g->locate_d);
+  pulse_cuda_free(g->out.pos_d), pulse_cuda_free(g->out.old_d), pulse_cuda_free(g->out.new_d);
+  pulse_cuda_free(g->out.class_d), pulse_cuda_free(g->out.rank_d),
+      pulse_cuda_free(g->out.chunk_hist_d);
+  free(g->cur), free(g->snap), free(g->numel), free(g->tensor_changes), free(g->first),
+      free(g->names);
+  free(g->table), free(g->target), free(g->base), free(g->enc), free(g->apply_t),
+      free(g->digests);
+  free(g->pos), free(g->cls), free(g->rank), free(g->cm_cls), free(g->cm_rank),
+      free(g->chunk_first);
+}
+
+/* Host tables, the data, and its copies on the device (weights, snapshot,
+ * a target equal to the snapshot); 0 or 1 (said on stderr). */
+static int gpu_setup(gpu_run *g) {
+  uint64_t N = g->N;
+  uint32_t T = g->T;
+  g->cur = malloc((size_t)N * 4);
+  g->snap = malloc((size_t)N * 2);
+  g->numel = calloc(T + 1, 8), g->tensor_changes = calloc(T + 1, 8), g->first = calloc(T + 1, 8);
+  g->names = calloc(T + 1, 32);
+  g->table = calloc(T + 1, sizeof *g->table);
+  g->target = calloc(T + 1, sizeof *g->target), g->base = calloc(T + 1, sizeof *g->base);
+  g->enc = calloc(T + 1, sizeof *g->enc);
+  g->apply_t = calloc(T + 1, sizeof *g->apply_t);
+  g->digests = calloc(T + 1, sizeof *g->digests);
+  if (!g->cur || !g->snap || !g->numel || !g->tensor_changes || !g->first || !g->names ||
+      !g->table || !g->target || !g->base || !g->enc || !g->apply_t || !g->digests) {
+    fprintf(stderr, PROG ": out of host memory for %" PRIu64 " parameters\n", N);
+    return 1;
+  }
+  fill_job fj = {g->cur, g->snap, N, g->a->density};
+  pulse_parallel_for(0, (size_t)((N + (1u << 20) - 1) >> 20), fill_block, &fj);
+  if (check(pulse_cuda_workspace_create(&g->ws), "workspace") ||
+      check(pulse_cuda_alloc(&g->cur_d, (size_t)N * 4), "device weights") ||
+      check(pulse_cuda_alloc(&g->snap_d, (size_t)N * 2), "device snapshot") ||
+      check(pulse_cuda_alloc(&g->copy_d, (size_t)N * 6), "device copy") ||
+      check(pulse_cuda_alloc(&g->target_d, (size_t)N * 2), "device target") ||
+      check(pulse_cuda_upload(g->cur_d, g->cur, (size_t)N * 4, NULL), "upload") ||
+      check(pulse_cuda_upload(g->snap_d, g->snap, (size_t)N * 2, NULL), "upload") ||
+      check(pulse_cuda_copy(g->target_d, g->snap_d, (size_t)N * 2, NULL), "copy") ||
+      check(pulse_cuda_sync(NULL), "sync"))
+    return 1;
+  uint64_t off = 0;
+  for (uint32_t t = 0; t < T; t++) {
+    g->numel[t] = N / T + (t < N % T ? 1 : 0);
+    snprintf(g->names[t], 32, "layer.%u.weight", t);
+    g->table[t] = (pulse_cuda_detect_tensor){(uint32_t *)g->cur_d + off, PULSE_DTYPE_F32,
+                                             (uint16_t *)g->snap_d + off, g->numel[t]};
+    g->base[t] = (pulse_cuda_bf16_tensor){(uint16_t *)g->snap_d + off, g->numel[t]};
+    g->target[t] = (pulse_cuda_bf16_tensor){(uint16_t *)g->target_d + off, g->numel[t]};
+    off += g->numel[t];
+  }
+  return 0;
+}
+
+/* The copy: the bytes detection reads, device to device. */
+static int gpu_time_copy(gpu_run *g) {
+  uint64_t N = g->N;
+  for (int r = 0; r <= g->a->reps; r++) {
+    double t0 = pulse_tk_now();
+    if (check(pulse_cuda_copy(g->copy_d, g->cur_d, (size_t)N * 4, NULL), "copy") ||
+        check(pulse_cuda_copy((uint8_t *)g->copy_d + (size_t)N * 4, g->snap_d, (size_t)N * 2,
+                              NULL),
+              "copy") ||
+        check(pulse_cuda_sync(NULL), "sync"))
+      return 1;
+    g->samples[r] = pulse_tk_since(t0);
+  }
+  g->copy6 = median(g->samples + 1, g->a->reps);
+  gpu_row("D2D copy (FP32 + BF16)", g->copy6);
+  printf("gpu: copy: %.2f GB D2D in %.3f ms = %.1f GB/s\n", 6e-9 * (double)N, 1e3 * g->copy6,
+         6e-9 * (double)N / g->copy6);
+  return 0;
+}
+
+/* Encode: detection with the rank form, the whole table. */
+static int gpu_time_detect(gpu_run *g) {
+  uint64_t N = g->N;
+  uint32_t T = g->T;
+  pulse_cuda_changes *out = &g->out;
+  pulse_cuda_detect_opts dopts = PULSE_CUDA_DETECT_OPTS_INIT;
+  if (check(pulse_cuda_detect(g->ws, g->table, T, &dopts, NULL, NULL, &g->total, NULL),
+            "detect size") ||
+      check(pulse_cuda_chunk_count(g->table, T, g->chunk_log2, &g->chunks), "chunks"))
+    return 1;
+  uint64_t total = g->total;
+  out->capacity = total;
+  out->chunk_capacity = g->chunks;
+  if (check(pulse_cuda_alloc((void **)&out->pos_d, (size_t)total * 8 + 8), "changes") ||
+      check(pulse_cuda_alloc((void **)&out->old_d, (size_t)total * 2 + 8), "changes") ||
+      check(pulse_cuda_alloc((void **)&out->new_d, (size_t)total * 2 + 8), "changes") ||
+      check(pulse_cuda_alloc((void **)&out->class_d, (size_t)total + 8), "changes") ||
+      check(pulse_cuda_alloc((void **)&out->rank_d, (size_t)total * 4 + 8), "changes") ||
+      check(pulse_cuda_alloc((void **)&out->chunk_hist_d, (size_t)g->chunks * 1024 + 8),
+            "changes"))
+    return 1;
+  for (int r = 0; r <= g->a->reps; r++) {
+    double t0 = pulse_tk_now();
+    if (check(pulse_cuda_detect(g->ws, g->table, T, &dopts, out, g->tensor_changes, &g->total,
+                                NULL),
+              "detect"))
+      return 1;
+    g->samples[r] = pulse_tk_since(t0);
+  }
+  double detect = median(g->samples + 1, g->a->reps);
+  gpu_row("detect (rank form)", detect);
+  printf("gpu: encode: detect %" PRIu64 " changes (rank form) in %.3f ms = %.1f GB/s read, "
+         "%.1f%% of the copy (target >= 80%%)\n",
+         g->total, 1e3 * detect, 6e-9 * (double)N / detect, 100.0 * g->copy6 / detect);
+  for (uint32_t t = 0; t < T; t++)
+    g->first[t + 1] = g->first[t] + g->tensor_changes[t];
+  return 0;
+}
+
+/* The class-major rank form on the host, and locate from it on the device:
+ * the median seconds into *locate. */
+static int gpu_time_locate(gpu_run *g, double *locate) {
+  uint64_t total = g->total;
+  g->pos = malloc((size_t)total * 8 + 8);
+  g->cls = malloc((size_t)total + 8);
+  g->rank = malloc((size_t)total * 4 + 8);
+  g->cm_cls = malloc((size_t)total + 8);
+  g->cm_rank = malloc((size_t)total * 4 + 8);
+  g->chunk_first = malloc((size_t)(g->chunks + 1) * 8);
+  if (!g->pos || !g->cls || !g->rank || !g->cm_cls || !g->cm_rank || !g->chunk_first ||
+      check(pulse_cuda_download(g->pos, g->out.pos_d, (size_t)total * 8, NULL), "download") ||
+      check(pulse_cuda_download(g->cls, g->out.class_d, (size_t)total, NULL), "download") ||
+      check(pulse_cuda_download(g->rank, g->out.rank_d, (size_t)total * 4, NULL), "download") ||
+      check(pulse_cuda_alloc(&g->locate_d, (size_t)total * 8 + 8), "locate output"))
+    return 1;
+  class_major(g->tensor_changes, g->numel, g->T, g->chunk_log2, g->pos, g->cls, g->rank,
+              g->chunk_first, g->cm_cls, g->cm_rank);
+  for (int r = 0; r <= g->a->reps; r++) {
+    double t0 = pulse_tk_now();
+    if (check(pulse_cuda_locate(g->idx, g->chunk_first, g->cm_cls, g->cm_rank, g->locate_d, NULL),
+              "locate"))
+      return 1;
+    g->samples[r] = pulse_tk_since(t0);
+  }
+  *locate = median(g->samples + 1, g->a->reps);
+  return 0;
+}
+
+/* Apply: scatter of decoded positions and new bits, beside a copy of the
+ * BF16 weights, and the other device steps of an apply. */
+static int gpu_time_apply(gpu_run *g) {
+  uint64_t N = g->N;
+  uint32_t T = g->T;
+  int reps = g->a->reps;
+  double *samples = g->samples, t0;
+  for (int r = 0; r <= reps; r++) {
+    t0 = pulse_tk_now();
+    if (check(pulse_cuda_copy(g->copy_d, g->target_d, (size_t)N * 2, NULL), "copy") ||
+        check(pulse_cuda_sync(NULL), "sync"))
+      return 1;
+    samples[r] = pulse_tk_since(t0);
+  }
+  double copy2 = median(samples + 1, reps);
+  for (int r = 0; r <= reps; r++) {
+    t0 = pulse_tk_now();
+    if (check(pulse_cuda_scatter(g->ws, g->target, T, g->first, g->out.pos_d, g->out.new_d, NULL),
+              "scatter"))
+      return 1;
+    samples[r] = pulse_tk_since(t0);
+  }
+  double scatter = median(samples + 1, reps);
+  for (int r = 0; r <= reps; r++) {
+    t0 = pulse_tk_now();
+    if (check(pulse_cuda_changes_digest(g->ws, g->first, T, g->out.pos_d, g->out.old_d,
+                                        g->out.new_d, g->digests, NULL),
+              "digest moves"))
+      return 1;
+    samples[r] = pulse_tk_since(t0);
+  }
+  double moves = median(samples + 1, reps);
+  for (int r = 0; r <= reps; r++) {
+    pulse_cuda_class_index_free(g->idx);
+    g->idx = NULL;
+    t0 = pulse_tk_now();
+    if (check(pulse_cuda_class_index_build(g->base, T, g->chunk_log2, NULL, &g->idx),
+              "class index"))
+      return 1;
+    samples[r] = pulse_tk_since(t0);
+  }
+  double index = median(samples + 1, reps), locate = 0;
+  if (gpu_time_locate(g, &locate) != 0)
+    return 1;
+  gpu_row("apply: scatter", scatter), gpu_row("D2D copy (BF16)", copy2);
+  gpu_row("class counts", index), gpu_row("locate", locate), gpu_row("digest moves", moves);
+  printf("gpu: apply: scatter of %" PRIu64 " changes in %.3f ms (target < 2 ms for 1%% of 10^9); "
+         "D2D copy of the %.2f GB of BF16 weights %.3f ms\n",
+         g->total, 1e3 * scatter, 2e-9 * (double)N, 1e3 * copy2);
+  printf("gpu: apply, other device steps: class counts %.3f ms, locate %.3f ms "
+         "(with %.1f MB "
+         "of ranks uploaded), digest moves %.3f ms; all with scatter %.3f ms\n",
+         1e3 * index, 1e3 * locate, 8e-6 * (double)g->total, 1e3 * moves,
+         1e3 * (index + locate + moves + 2 * scatter));
+  return 0;
+}
+
+/* End to end: the host range coder included. */
+static int gpu_time_e2e(gpu_run *g) {
+  uint32_t T = g->T;
+  pulse_encode_opts eo = PULSE_ENCODE_OPTS_INIT;
+  eo.threads = 0;
+  if (check(pulse_cuda_digest(g->ws, g->base, T, g->digests, NULL), "digests"))
+    return 1;
+  for (uint32_t t = 0; t < T; t++)
+    g->enc[t] = (pulse_cuda_encode_tensor){{g->names[t], PULSE_DTYPE_BF16, 1, {g->numel[t]}},
+                                           g->table[t].cur_d,
+                                           PULSE_DTYPE_F32,
+                                           g->table[t].snapshot_d,
+                                           &g->digests[t]};
+  double t0 = pulse_tk_now();
+  if (check(pulse_cuda_patch_encode(g->ws, &eo, g->enc, T, 0, NULL, &g->patch, NULL),
+            "patch encode"))
+    return 1;
+  double e2e_enc = pulse_tk_since(t0);
+  gpu_row("encode end to end", e2e_enc);
+  printf("gpu: encode end to end (pulse_cuda_patch_encode, host coder on all "
+         "cores): %.3f s, "
+         "patch %.2f MB = %.3f bytes/change\n",
+         e2e_enc, 1e-6 * (double)g->patch.size,
+         g->total ? (double)g->patch.size / (double)g->total : 0.0);
+  if (check(pulse_patch_open(g->patch.data, g->patch.size, &g->opened), "patch open") ||
+      check(pulse_cuda_copy(g->target_d, g->snap_d, (size_t)g->N * 2, NULL), "copy"))
+    return 1;
+  for (uint32_t t = 0; t < T; t++)
+    g->apply_t[t] =
+        (pulse_cuda_target){g->names[t], g->target[t].data_d, g->numel[t], &g->digests[t]};
+  pulse_apply_opts ao = PULSE_APPLY_OPTS_INIT;
+  ao.threads = 0;
+  t0 = pulse_tk_now();
+  if (check(pulse_cuda_patch_apply(g->ws, g->opened, g->apply_t, T, &ao, NULL, NULL),
+            "patch apply"))
+    return 1;
+  double e2e_apply = pulse_tk_since(t0);
+  gpu_row("apply end to end", e2e_apply);
+  printf("gpu: apply end to end (pulse_cuda_patch_apply, host decoder on all "
+         "cores): %.3f s\n",
+         e2e_apply);
+  return 0;
+}
+
 int bench_gpu_main(int argc, char **argv) {
   gpu_args a = {1000000000ull, 64, 0.01, 5, 1, NULL};
   int pr = parse(argc, argv, &a);
@@ -225,261 +501,25 @@ int bench_gpu_main(int argc, char **argv) {
     pulse_report_note(rep, line);
     return gpu_report_close(rep, 0);
   }
-  const uint64_t N = a.params;
-  const uint32_t T = a.tensors < N ? a.tensors : (uint32_t)N;
-  const uint32_t chunk_log2 = PULSE_CHUNK_LOG2_DEFAULT;
-  int rc = 1;
-  double samples[MAX_REPS + 1], t0;
-  uint32_t *cur = malloc((size_t)N * 4);
-  uint16_t *snap = malloc((size_t)N * 2);
-  uint64_t *numel = calloc(T + 1, 8), *tensor_changes = calloc(T + 1, 8),
-           *first = calloc(T + 1, 8);
-  char(*names)[32] = calloc(T + 1, 32);
-  pulse_cuda_detect_tensor *table = calloc(T + 1, sizeof *table);
-  pulse_cuda_bf16_tensor *target = calloc(T + 1, sizeof *target),
-                         *base = calloc(T + 1, sizeof *base);
-  pulse_cuda_encode_tensor *enc = calloc(T + 1, sizeof *enc);
-  pulse_cuda_target *apply_t = calloc(T + 1, sizeof *apply_t);
-  pulse_tensor_digest *digests = calloc(T + 1, sizeof *digests);
-  uint64_t *pos = NULL, *chunk_first = NULL;
-  uint8_t *cls = NULL, *cm_cls = NULL;
-  uint32_t *rank = NULL, *cm_rank = NULL;
-  void *cur_d = NULL, *snap_d = NULL, *copy_d = NULL, *target_d = NULL;
-  pulse_cuda_changes out = {0, NULL, NULL, NULL, NULL, NULL, NULL, 0};
-  void *locate_d = NULL;
-  pulse_cuda_workspace *ws = NULL;
-  pulse_cuda_class_index *idx = NULL;
-  pulse_buffer patch = {NULL, 0};
-  pulse_patch *opened = NULL;
-  uint64_t total = 0, chunks = 0;
-  if (!cur || !snap || !numel || !tensor_changes || !first || !names ||
-      !table || !target || !base || !enc || !apply_t || !digests) {
-    fprintf(stderr, PROG ": out of host memory for %" PRIu64 " parameters\n",
-            N);
-    goto done;
-  }
-  fill_job fj = {cur, snap, N, a.density};
-  pulse_parallel_for(0, (size_t)((N + (1u << 20) - 1) >> 20), fill_block, &fj);
-  if (check(pulse_cuda_workspace_create(&ws), "workspace") ||
-      check(pulse_cuda_alloc(&cur_d, (size_t)N * 4), "device weights") ||
-      check(pulse_cuda_alloc(&snap_d, (size_t)N * 2), "device snapshot") ||
-      check(pulse_cuda_alloc(&copy_d, (size_t)N * 6), "device copy") ||
-      check(pulse_cuda_alloc(&target_d, (size_t)N * 2), "device target") ||
-      check(pulse_cuda_upload(cur_d, cur, (size_t)N * 4, NULL), "upload") ||
-      check(pulse_cuda_upload(snap_d, snap, (size_t)N * 2, NULL), "upload") ||
-      check(pulse_cuda_copy(target_d, snap_d, (size_t)N * 2, NULL), "copy") ||
-      check(pulse_cuda_sync(NULL), "sync"))
-    goto done;
-  uint64_t off = 0;
-  for (uint32_t t = 0; t < T; t++) {
-    numel[t] = N / T + (t < N % T ? 1 : 0);
-    snprintf(names[t], 32, "layer.%u.weight", t);
-    table[t] =
-        (pulse_cuda_detect_tensor){(uint32_t *)cur_d + off, PULSE_DTYPE_F32,
-                                   (uint16_t *)snap_d + off, numel[t]};
-    base[t] = (pulse_cuda_bf16_tensor){(uint16_t *)snap_d + off, numel[t]};
-    target[t] = (pulse_cuda_bf16_tensor){(uint16_t *)target_d + off, numel[t]};
-    off += numel[t];
-  }
-  printf("gpu: %" PRIu64
-         " parameters in %u tensors (FP32 master + BF16 snapshot), "
-         "density %.2f%%\n",
-         N, T, 100.0 * a.density);
-
-  /* The copy: the bytes detection reads, device to device. */
-  for (int r = 0; r <= a.reps; r++) {
-    t0 = pulse_tk_now();
-    if (check(pulse_cuda_copy(copy_d, cur_d, (size_t)N * 4, NULL), "copy") ||
-        check(pulse_cuda_copy((uint8_t *)copy_d + (size_t)N * 4, snap_d,
-                              (size_t)N * 2, NULL),
-              "copy") ||
-        check(pulse_cuda_sync(NULL), "sync"))
-      goto done;
-    samples[r] = pulse_tk_since(t0);
-  }
-  double copy6 = median(samples + 1, a.reps);
-  gpu_row("D2D copy (FP32 + BF16)", copy6);
-  printf("gpu: copy: %.2f GB D2D in %.3f ms = %.1f GB/s\n", 6e-9 * (double)N,
-         1e3 * copy6, 6e-9 * (double)N / copy6);
-
-  /* Encode: detection with the rank form, the whole table. */
-  pulse_cuda_detect_opts dopts = PULSE_CUDA_DETECT_OPTS_INIT;
-  if (check(pulse_cuda_detect(ws, table, T, &dopts, NULL, NULL, &total, NULL),
-            "detect size"))
-    goto done;
-  if (check(pulse_cuda_chunk_count(table, T, chunk_log2, &chunks), "chunks"))
-    goto done;
-  out.capacity = total;
-  out.chunk_capacity = chunks;
-  if (check(pulse_cuda_alloc((void **)&out.pos_d, (size_t)total * 8 + 8),
-            "changes") ||
-      check(pulse_cuda_alloc((void **)&out.old_d, (size_t)total * 2 + 8),
-            "changes") ||
-      check(pulse_cuda_alloc((void **)&out.new_d, (size_t)total * 2 + 8),
-            "changes") ||
-      check(pulse_cuda_alloc((void **)&out.class_d, (size_t)total + 8),
-            "changes") ||
-      check(pulse_cuda_alloc((void **)&out.rank_d, (size_t)total * 4 + 8),
-            "changes") ||
-      check(pulse_cuda_alloc((void **)&out.chunk_hist_d,
-                             (size_t)chunks * 1024 + 8),
-            "changes"))
-    goto done;
-  for (int r = 0; r <= a.reps; r++) {
-    t0 = pulse_tk_now();
-    if (check(pulse_cuda_detect(ws, table, T, &dopts, &out, tensor_changes,
-                                &total, NULL),
-              "detect"))
-      goto done;
-    samples[r] = pulse_tk_since(t0);
-  }
-  double detect = median(samples + 1, a.reps);
-  gpu_row("detect (rank form)", detect);
-  printf("gpu: encode: detect %" PRIu64
-         " changes (rank form) in %.3f ms = %.1f GB/s read, "
-         "%.1f%% of the copy (target >= 80%%)\n",
-         total, 1e3 * detect, 6e-9 * (double)N / detect,
-         100.0 * copy6 / detect);
-  for (uint32_t t = 0; t < T; t++)
-    first[t + 1] = first[t] + tensor_changes[t];
-
-  /* Apply: scatter of decoded positions and new bits, beside a copy of the
-   * BF16 weights. */
-  for (int r = 0; r <= a.reps; r++) {
-    t0 = pulse_tk_now();
-    if (check(pulse_cuda_copy(copy_d, target_d, (size_t)N * 2, NULL), "copy") ||
-        check(pulse_cuda_sync(NULL), "sync"))
-      goto done;
-    samples[r] = pulse_tk_since(t0);
-  }
-  double copy2 = median(samples + 1, a.reps);
-  for (int r = 0; r <= a.reps; r++) {
-    t0 = pulse_tk_now();
-    if (check(pulse_cuda_scatter(ws, target, T, first, out.pos_d, out.new_d,
-                                 NULL),
-              "scatter"))
-      goto done;
-    samples[r] = pulse_tk_since(t0);
-  }
-  double scatter = median(samples + 1, a.reps);
-  for (int r = 0; r <= a.reps; r++) {
-    t0 = pulse_tk_now();
-    if (check(pulse_cuda_changes_digest(ws, first, T, out.pos_d, out.old_d,
-                                        out.new_d, digests, NULL),
-              "digest moves"))
-      goto done;
-    samples[r] = pulse_tk_since(t0);
-  }
-  double moves = median(samples + 1, a.reps);
-  for (int r = 0; r <= a.reps; r++) {
-    pulse_cuda_class_index_free(idx);
-    idx = NULL;
-    t0 = pulse_tk_now();
-    if (check(pulse_cuda_class_index_build(base, T, chunk_log2, NULL, &idx),
-              "class index"))
-      goto done;
-    samples[r] = pulse_tk_since(t0);
-  }
-  double index = median(samples + 1, a.reps);
-  pos = malloc((size_t)total * 8 + 8);
-  cls = malloc((size_t)total + 8);
-  rank = malloc((size_t)total * 4 + 8);
-  cm_cls = malloc((size_t)total + 8);
-  cm_rank = malloc((size_t)total * 4 + 8);
-  chunk_first = malloc((size_t)(chunks + 1) * 8);
-  if (!pos || !cls || !rank || !cm_cls || !cm_rank || !chunk_first ||
-      check(pulse_cuda_download(pos, out.pos_d, (size_t)total * 8, NULL),
-            "download") ||
-      check(pulse_cuda_download(cls, out.class_d, (size_t)total, NULL),
-            "download") ||
-      check(pulse_cuda_download(rank, out.rank_d, (size_t)total * 4, NULL),
-            "download") ||
-      check(pulse_cuda_alloc(&locate_d, (size_t)total * 8 + 8),
-            "locate output"))
-    goto done;
-  class_major(tensor_changes, numel, T, chunk_log2, pos, cls, rank, chunk_first,
-              cm_cls, cm_rank);
-  for (int r = 0; r <= a.reps; r++) {
-    t0 = pulse_tk_now();
-    if (check(pulse_cuda_locate(idx, chunk_first, cm_cls, cm_rank, locate_d,
-                                NULL),
-              "locate"))
-      goto done;
-    samples[r] = pulse_tk_since(t0);
-  }
-  double locate = median(samples + 1, a.reps);
-  gpu_row("apply: scatter", scatter), gpu_row("D2D copy (BF16)", copy2);
-  gpu_row("class counts", index), gpu_row("locate", locate), gpu_row("digest moves", moves);
-  printf("gpu: apply: scatter of %" PRIu64
-         " changes in %.3f ms (target < 2 ms for 1%% of 10^9); "
-         "D2D copy of the %.2f GB of BF16 weights %.3f ms\n",
-         total, 1e3 * scatter, 2e-9 * (double)N, 1e3 * copy2);
-  printf("gpu: apply, other device steps: class counts %.3f ms, locate %.3f ms "
-         "(with %.1f MB "
-         "of ranks uploaded), digest moves %.3f ms; all with scatter %.3f ms\n",
-         1e3 * index, 1e3 * locate, 8e-6 * (double)total, 1e3 * moves,
-         1e3 * (index + locate + moves + 2 * scatter));
-
-  if (a.e2e) {
-    /* End to end: the host range coder included. */
-    pulse_encode_opts eo = PULSE_ENCODE_OPTS_INIT;
-    eo.threads = 0;
-    if (check(pulse_cuda_digest(ws, base, T, digests, NULL), "digests"))
-      goto done;
-    for (uint32_t t = 0; t < T; t++)
-      enc[t] = (pulse_cuda_encode_tensor){
-          {names[t], PULSE_DTYPE_BF16, 1, {numel[t]}},
-          table[t].cur_d,
-          PULSE_DTYPE_F32,
-          table[t].snapshot_d,
-          &digests[t]};
-    t0 = pulse_tk_now();
-    if (check(pulse_cuda_patch_encode(ws, &eo, enc, T, 0, NULL, &patch, NULL),
-              "patch encode"))
-      goto done;
-    double e2e_enc = pulse_tk_since(t0);
-    gpu_row("encode end to end", e2e_enc);
-    printf("gpu: encode end to end (pulse_cuda_patch_encode, host coder on all "
-           "cores): %.3f s, "
-           "patch %.2f MB = %.3f bytes/change\n",
-           e2e_enc, 1e-6 * (double)patch.size,
-           total ? (double)patch.size / (double)total : 0.0);
-    if (check(pulse_patch_open(patch.data, patch.size, &opened),
-              "patch open") ||
-        check(pulse_cuda_copy(target_d, snap_d, (size_t)N * 2, NULL), "copy"))
-      goto done;
-    for (uint32_t t = 0; t < T; t++)
-      apply_t[t] = (pulse_cuda_target){names[t], target[t].data_d, numel[t],
-                                       &digests[t]};
-    pulse_apply_opts ao = PULSE_APPLY_OPTS_INIT;
-    ao.threads = 0;
-    t0 = pulse_tk_now();
-    if (check(pulse_cuda_patch_apply(ws, opened, apply_t, T, &ao, NULL, NULL),
-              "patch apply"))
-      goto done;
-    double e2e_apply = pulse_tk_since(t0);
-    gpu_row("apply end to end", e2e_apply);
-    printf("gpu: apply end to end (pulse_cuda_patch_apply, host decoder on all "
-           "cores): %.3f s\n",
-           e2e_apply);
-  }
-  rc = 0;
-done:
-  pulse_patch_free(opened);
-  pulse_buffer_free(&patch);
-  pulse_cuda_class_index_free(idx);
-  pulse_cuda_workspace_free(ws);
-  pulse_cuda_free(cur_d), pulse_cuda_free(snap_d), pulse_cuda_free(copy_d);
-  pulse_cuda_free(target_d), pulse_cuda_free(locate_d);
-  pulse_cuda_free(out.pos_d), pulse_cuda_free(out.old_d),
-      pulse_cuda_free(out.new_d);
-  pulse_cuda_free(out.class_d), pulse_cuda_free(out.rank_d),
-      pulse_cuda_free(out.chunk_hist_d);
-  free(cur), free(snap), free(numel), free(tensor_changes), free(first),
-      free(names);
-  free(table), free(target), free(base), free(enc), free(apply_t),
-      free(digests);
-  free(pos), free(cls), free(rank), free(cm_cls), free(cm_rank),
-      free(chunk_first);
+  static gpu_run g; /* static: large, and one per process */
+  memset(&g, 0, sizeof g);
+  g.a = &a;
+  g.N = a.params;
+  g.T = a.tensors < g.N ? a.tensors : (uint32_t)g.N;
+  g.chunk_log2 = PULSE_CHUNK_LOG2_DEFAULT;
+  int rc = gpu_setup(&g);
+  if (rc == 0)
+    printf("gpu: %" PRIu64 " parameters in %u tensors (FP32 master + BF16 snapshot), "
+           "density %.2f%%\n",
+           g.N, g.T, 100.0 * a.density);
+  if (rc == 0)
+    rc = gpu_time_copy(&g);
+  if (rc == 0)
+    rc = gpu_time_detect(&g);
+  if (rc == 0)
+    rc = gpu_time_apply(&g);
+  if (rc == 0 && a.e2e)
+    rc = gpu_time_e2e(&g);
+  gpu_free(&g);
   return gpu_report_close(rep, rc);
 }

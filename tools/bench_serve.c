@@ -41,6 +41,7 @@
 #include "pulse_server.h"
 #include "pulse_sign.h"
 #include "pulse_store.h"
+#include "rng_impl.h"
 #include "toolkit_args.h"
 #include "toolkit_report.h"
 #include "toolkit_synth.h"
@@ -321,7 +322,7 @@ static int make_objects(const char *dir, uint64_t mb, int k, char **paths) {
   chmod(dir, 0755); /* nginx workers may run as another user */
   size_t chunk = (size_t)1 << 20;
   uint64_t *buf = malloc(chunk);
-  uint64_t x = 0x9E3779B97F4A7C15ull;
+  uint64_t x = 1; /* any seed: random bytes no compressor can shrink */
   for (int i = 0; i < k && buf; i++) {
     snprintf(tmp, sizeof tmp, "%s/.object%d.tmp-bench", objs, i);
     FILE *f = fopen(tmp, "wb");
@@ -329,8 +330,7 @@ static int make_objects(const char *dir, uint64_t mb, int k, char **paths) {
       return -1;
     for (uint64_t m = 0; m < mb; m++) {
       for (size_t w = 0; w < chunk / 8; w++) {
-        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-        buf[w] = x;
+        buf[w] = pulse_rng_next(&x);
       }
       fwrite(buf, 1, chunk, f);
     }
@@ -584,6 +584,43 @@ typedef struct {
   int errors;
 } commit_result;
 
+/* The bare encoder's step k (timed: detection against its own snapshot and
+ * pulse_patch_encode), then, untimed, its snapshot and digests moved on.
+ * Returns the timed seconds; counts failures in *errors. */
+static double bare_step(const serve_args *a, pulse_synth *s, uint64_t k,
+                        const pulse_tensor_info *info, uint16_t *bare,
+                        pulse_tensor_digest *dig, pulse_changes *ch,
+                        pulse_encode_tensor *enc, int *errors) {
+  size_t n = pulse_synth_tensor_count(s);
+  double t0 = pulse_tk_now();
+  for (size_t i = 0; i < n; i++) {
+    const pulse_synth_tensor *t = pulse_synth_tensor_get(s, i);
+    ch[i].count = 0;
+    pulse_detect_fast(pulse_synth_master(s) + t->offset, PULSE_DTYPE_F32,
+                      bare + t->offset, t->numel, 0, a->commit_threads, &ch[i]);
+    enc[i].info = info[i];
+    enc[i].base = bare + t->offset;
+    enc[i].changes = &ch[i];
+    enc[i].base_digest = &dig[i];
+  }
+  pulse_encode_opts eo = PULSE_ENCODE_OPTS_INIT;
+  eo.step = k;
+  eo.base_step = k - 1;
+  eo.threads = a->commit_threads;
+  pulse_buffer patch = {NULL, 0};
+  if (pulse_patch_encode(&eo, enc, n, &patch) != PULSE_OK)
+    (*errors)++;
+  double b = pulse_tk_now() - t0;
+  pulse_buffer_free(&patch);
+  for (size_t i = 0; i < n; i++) { /* untimed: move the bare snapshot on */
+    const pulse_synth_tensor *t = pulse_synth_tensor_get(s, i);
+    dig[i] = pulse_digest_apply_changes(dig[i], &ch[i]);
+    for (uint64_t c = 0; c < ch[i].count; c++)
+      bare[t->offset + ch[i].pos[c]] = ch[i].new_bits[c];
+  }
+  return b;
+}
+
 static commit_result bench_commit(const serve_args *a, const char *work) {
   commit_result r;
   memset(&r, 0, sizeof r);
@@ -662,33 +699,7 @@ static commit_result bench_commit(const serve_args *a, const char *work) {
         pulse_pub_wait(pub);
         continue;
       }
-      double t0 = pulse_tk_now();
-      for (size_t i = 0; i < n; i++) {
-        const pulse_synth_tensor *t = pulse_synth_tensor_get(s, i);
-        ch[i].count = 0;
-        pulse_detect_fast(pulse_synth_master(s) + t->offset, PULSE_DTYPE_F32,
-                          bare + t->offset, t->numel, 0, a->commit_threads,
-                          &ch[i]);
-        enc[i].info = info[i];
-        enc[i].base = bare + t->offset;
-        enc[i].changes = &ch[i];
-        enc[i].base_digest = &dig[i];
-      }
-      pulse_encode_opts eo = PULSE_ENCODE_OPTS_INIT;
-      eo.step = (uint64_t)k;
-      eo.base_step = (uint64_t)k - 1;
-      eo.threads = a->commit_threads;
-      pulse_buffer patch = {NULL, 0};
-      if (pulse_patch_encode(&eo, enc, n, &patch) != PULSE_OK)
-        r.errors++;
-      b = pulse_tk_now() - t0;
-      pulse_buffer_free(&patch);
-      for (size_t i = 0; i < n; i++) { /* untimed: move the bare snapshot on */
-        const pulse_synth_tensor *t = pulse_synth_tensor_get(s, i);
-        dig[i] = pulse_digest_apply_changes(dig[i], &ch[i]);
-        for (uint64_t c = 0; c < ch[i].count; c++)
-          bare[t->offset + ch[i].pos[c]] = ch[i].new_bits[c];
-      }
+      b = bare_step(a, s, (uint64_t)k, info, bare, dig, ch, enc, &r.errors);
     }
     bare_s[k - 1] = b;
     commit_s[k - 1] = c;
@@ -832,6 +843,285 @@ static int parse_args(int argc, char **argv, serve_args *a) {
   return 0;
 }
 
+/* What the three parts measured, for the JSON line and the report. */
+typedef struct {
+  int workers;
+  tp_result pulse_tp[MAX_CLIENT_COUNTS], nginx_tp[MAX_CLIENT_COUNTS];
+  int have_nginx;
+  poll_result notify_r, watch_r;
+  commit_result cr;
+} serve_results;
+
+/* 1. Throughput: pulse's server and nginx over the same objects, best of
+ * interleaved rounds per client count. 0 or 1 (said on stderr). */
+static int serve_throughput(const serve_args *a, const char *work, serve_results *res) {
+  char store[4096];
+  snprintf(store, sizeof store, "%s/store", work);
+  int workers = res->workers;
+  char **paths = calloc((size_t)a->objects, sizeof *paths);
+  if (make_objects(store, a->object_mb, a->objects, paths) != 0) {
+    fprintf(stderr, PROG ": cannot write the objects in %s\n", store);
+    return 1;
+  }
+  pulse_server_opts so = PULSE_SERVER_OPTS_INIT;
+  so.store_dir = store;
+  so.threads = (unsigned)workers;
+  so.watch = 0;
+  pulse_server *srv = NULL;
+  pulse_status st = pulse_server_create(&so, &srv);
+  if (st != PULSE_OK)
+    return pulse_tk_fail(PROG, "server", st);
+  pid_t nginx = -1;
+  uint16_t nport = 0;
+  const char *nginx_why = "";
+  const char *bin = a->no_nginx ? NULL : find_nginx(a->nginx);
+  if (a->no_nginx)
+    nginx_why = "--no-nginx";
+  else if (bin == NULL)
+    nginx_why = "nginx not found (apt-get install nginx)";
+  else if ((nginx = start_nginx(bin, work, store, workers, &nport)) < 0)
+    nginx_why = "nginx did not start (see its error.log)";
+  int have_nginx = res->have_nginx = nginx > 0;
+  if (!have_nginx && !a->json)
+    printf("nginx column skipped: %s\n", nginx_why);
+  if (!a->json)
+    printf("throughput: %d objects of %" PRIu64
+           " MiB, %.1f s per run, best of %d interleaved "
+           "rounds, %d server threads / nginx workers, loopback\n",
+           a->objects, a->object_mb, a->seconds, a->rounds, workers);
+  /* Warm the page cache so neither server pays for the first read. */
+  run_clients(pulse_server_port(srv), paths, a->objects, a->objects, 0.5);
+  tp_result *pulse_tp = res->pulse_tp, *nginx_tp = res->nginx_tp;
+  for (int c = 0; c < a->nclients; c++) {
+    for (int r = 0; r < a->rounds; r++) {
+      tp_result p = run_clients(pulse_server_port(srv), paths, a->objects, a->clients[c],
+                                a->seconds);
+      if (p.mbps > pulse_tp[c].mbps)
+        pulse_tp[c] = p;
+      if (have_nginx) {
+        tp_result n = run_clients(nport, paths, a->objects, a->clients[c], a->seconds);
+        if (n.mbps > nginx_tp[c].mbps)
+          nginx_tp[c] = n;
+      }
+    }
+    if (!a->json) {
+      printf("  %3d clients: pulse %8.0f MB/s (%" PRIu64 " objects, %d errors)", a->clients[c],
+             pulse_tp[c].mbps, pulse_tp[c].requests, pulse_tp[c].errors);
+      if (have_nginx)
+        printf("   nginx %8.0f MB/s (%" PRIu64 " objects, %d errors)   pulse/nginx %.2f",
+               nginx_tp[c].mbps, nginx_tp[c].requests, nginx_tp[c].errors,
+               nginx_tp[c].mbps > 0 ? pulse_tp[c].mbps / nginx_tp[c].mbps : 0);
+      printf("\n");
+      fflush(stdout);
+    }
+  }
+  if (have_nginx) {
+    kill(nginx, SIGTERM);
+    waitpid(nginx, NULL, 0);
+  }
+  pulse_server_free(srv);
+  for (int i = 0; i < a->objects; i++)
+    free(paths[i]);
+  free(paths);
+  rm_rf(store);
+  return 0;
+}
+
+/* 2. Long-poll wake-up: a server told by the in-process publisher, and one
+ * that watches head.json. 0 or 1 (said on stderr). */
+static int serve_longpoll(const serve_args *a, const char *work, serve_results *res) {
+  int rc = 0;
+  char store[4096];
+  snprintf(store, sizeof store, "%s/poll-store", work);
+  uint64_t numel = 1 << 16;
+  uint16_t *bits = calloc(numel, 2);
+  for (uint64_t i = 0; i < numel; i++)
+    bits[i] = (uint16_t)(0x3c00 + (i % 977));
+  pulse_tensor_info ti = {"w", PULSE_DTYPE_BF16, 1, {numel}};
+  pulse_sign_key *key = NULL;
+  pulse_sign_key_generate(&key);
+  pulse_server_opts so = PULSE_SERVER_OPTS_INIT;
+  so.store_dir = store;
+  so.threads = (unsigned)res->workers;
+  mkdir(store, 0755);
+  pulse_server *wired = NULL, *watching = NULL;
+  so.watch = 0;
+  pulse_status st = pulse_server_create(&so, &wired);
+  so.watch = 1;
+  if (st == PULSE_OK)
+    st = pulse_server_create(&so, &watching);
+  hook_ctx hook = {wired, 0};
+  pulse_pub_opts po = PULSE_PUB_OPTS_INIT;
+  po.tensors = &ti;
+  po.tensor_count = 1;
+  po.key = key;
+  po.anchor_every = 0;
+  po.keep_patches = 4;
+  po.on_head = on_head;
+  po.on_head_ctx = &hook;
+  pulse_pub *pub = NULL;
+  if (st == PULSE_OK)
+    st = pulse_pub_create(store, &po, &pub);
+  pulse_pub_tensor t = {bits, PULSE_DTYPE_BF16, PULSE_PUB_HOST};
+  if (st == PULSE_OK)
+    st = pulse_pub_commit(pub, 0, &t, 1, NULL);
+  rename_clock clk = {inotify_init1(IN_CLOEXEC), eventfd(0, EFD_CLOEXEC),
+                      PTHREAD_MUTEX_INITIALIZER, 0};
+  pthread_t clk_th;
+  int clk_ok = clk.fd >= 0 && clk.stop_fd >= 0 &&
+               inotify_add_watch(clk.fd, store, IN_MOVED_TO) >= 0 &&
+               pthread_create(&clk_th, NULL, rename_main, &clk) == 0;
+  if (st == PULSE_OK && !clk_ok)
+    st = PULSE_ERR_IO;
+  if (st != PULSE_OK) {
+    rc = pulse_tk_fail(PROG, "long-poll setup", st);
+  } else {
+    poll_result *nr = &res->notify_r, *wr = &res->watch_r;
+    *nr = time_polls(pub, wired, &hook, &clk, bits, numel, a->polls);
+    hook.notify = NULL; /* the watching server learns from head.json alone */
+    *wr = time_polls(pub, watching, &hook, &clk, bits, numel, a->polls);
+    if (!a->json)
+      printf("long-poll wake-up, rename of head.json -> client holds the new "
+             "head (%d each):\n"
+             "  in-process publisher (notify): median %.3f ms, p90 %.3f ms, "
+             "max %.3f ms "
+             "(includes the directory fsync before the notify; from the "
+             "notify: median %.3f ms)%s\n"
+             "  other process (inotify):       median %.3f ms, p90 %.3f ms, "
+             "max %.3f ms%s\n",
+             a->polls, nr->median_ms, nr->p90_ms, nr->max_ms, nr->hook_median_ms,
+             nr->errors ? " (errors!)" : "", wr->median_ms, wr->p90_ms, wr->max_ms,
+             wr->errors ? " (errors!)" : "");
+  }
+  if (clk_ok) {
+    uint64_t one = 1;
+    ssize_t w = write(clk.stop_fd, &one, sizeof one);
+    (void)w;
+    pthread_join(clk_th, NULL);
+  }
+  if (clk.fd >= 0)
+    close(clk.fd);
+  if (clk.stop_fd >= 0)
+    close(clk.stop_fd);
+  pulse_server_free(wired);
+  pulse_server_free(watching);
+  pulse_pub_free(pub);
+  pulse_sign_key_free(key);
+  free(bits);
+  rm_rf(store);
+  return rc;
+}
+
+/* 3. Commit vs bare encoder. 0 or 1. */
+static int serve_commit(const serve_args *a, const char *work, serve_results *res) {
+  if (!a->json)
+    printf("commit vs bare encoder (%" PRIu64 " parameters requested, anchors every %" PRIu64
+           " in the background):\n",
+           a->params, a->anchor_every);
+  commit_result cr = res->cr = bench_commit(a, work);
+  if (!a->json)
+    printf("  median: bare %.1f ms, commit %.1f ms (write %.1f ms): medians "
+           "x%.3f, per-step commit/bare median x%.3f (max x%.3f, anchor "
+           "steps max x%.3f); %" PRIu64 " changed, patch %" PRIu64 " bytes\n",
+           cr.bare_median_s * 1e3, cr.commit_median_s * 1e3, cr.write_median_s * 1e3,
+           cr.bare_median_s > 0 ? cr.commit_median_s / cr.bare_median_s : 0, cr.ratio_median,
+           cr.ratio_max, cr.anchor_steps_ratio_max, cr.changed_median, cr.patch_median);
+  return cr.errors ? 1 : 0;
+}
+
+static void serve_json(const serve_args *a, const serve_results *res) {
+  const tp_result *pulse_tp = res->pulse_tp, *nginx_tp = res->nginx_tp;
+  const poll_result *nr = &res->notify_r, *wr = &res->watch_r;
+  const commit_result *cr = &res->cr;
+  printf("{\"mode\":\"serve\",\"throughput\":{\"object_mib\":%" PRIu64 ",\"objects\":%d,"
+         "\"seconds\":%.3f,\"rounds\":%d,\"workers\":%d,\"nginx\":%s,\"runs\":[",
+         a->object_mb, a->objects, a->seconds, a->rounds, res->workers,
+         res->have_nginx ? "true" : "false");
+  for (int c = 0; !a->skip_throughput && c < a->nclients; c++) {
+    printf("%s{\"clients\":%d,\"pulse_mbps\":%.1f,\"pulse_errors\":%d", c ? "," : "",
+           a->clients[c], pulse_tp[c].mbps, pulse_tp[c].errors);
+    if (res->have_nginx)
+      printf(",\"nginx_mbps\":%.1f,\"nginx_errors\":%d,\"ratio\":%.3f", nginx_tp[c].mbps,
+             nginx_tp[c].errors, nginx_tp[c].mbps > 0 ? pulse_tp[c].mbps / nginx_tp[c].mbps : 0);
+    printf("}");
+  }
+  printf("]},\"longpoll\":{\"polls\":%d,\"notify_median_ms\":%.3f,\"notify_"
+         "p90_ms\":%.3f,"
+         "\"notify_max_ms\":%.3f,\"notify_from_hook_median_ms\":%.3f,\"watch_"
+         "median_ms\":%.3f,"
+         "\"watch_p90_ms\":%.3f,\"watch_max_ms\":%.3f,\"errors\":%d},",
+         a->polls, nr->median_ms, nr->p90_ms, nr->max_ms, nr->hook_median_ms, wr->median_ms,
+         wr->p90_ms, wr->max_ms, nr->errors + wr->errors);
+  printf("\"commit\":{\"params\":%" PRIu64 ",\"steps\":%d,\"bare_median_s\":%.6f,"
+         "\"commit_median_s\":%.6f,\"write_median_s\":%.6f,"
+         "\"ratio_of_medians\":%.4f,\"ratio_median\":%.4f,"
+         "\"ratio_max\":%.4f,\"anchor_steps_ratio_max\":%.4f}}\n",
+         cr->params, cr->steps, cr->bare_median_s, cr->commit_median_s, cr->write_median_s,
+         cr->bare_median_s > 0 ? cr->commit_median_s / cr->bare_median_s : 0, cr->ratio_median,
+         cr->ratio_max, cr->anchor_steps_ratio_max);
+}
+
+/* --report DIR: the three tables and their charts. 0 or 1. */
+static int serve_report(const serve_args *a, int argc, char **argv, const serve_results *res) {
+  pulse_report *rep = NULL;
+  if (pulse_report_create(a->report, "serve", argc, argv, &rep) != PULSE_OK) {
+    fprintf(stderr, PROG ": --report: cannot make %s\n", a->report);
+    return 1;
+  }
+  int have_nginx = res->have_nginx;
+  static const char *const tcols[] = {"clients", "pulse_MBps", "nginx_MBps", "pulse_errors",
+                                      "nginx_errors"};
+  pulse_report_table *tt = pulse_report_table_add(rep, "throughput", tcols, 5);
+  for (int c = 0; !a->skip_throughput && c < a->nclients; c++) {
+    pulse_report_row(tt);
+    pulse_report_num(tt, a->clients[c]);
+    pulse_report_num(tt, res->pulse_tp[c].mbps);
+    pulse_report_num(tt, have_nginx ? res->nginx_tp[c].mbps : NAN);
+    pulse_report_num(tt, res->pulse_tp[c].errors);
+    pulse_report_num(tt, have_nginx ? res->nginx_tp[c].errors : NAN);
+  }
+  if (!a->skip_throughput && !have_nginx)
+    pulse_report_note(rep, "nginx not found: throughput measured for pulse only");
+  static const char *const lcols[] = {"server", "median_ms", "p90_ms", "max_ms"};
+  pulse_report_table *lt = pulse_report_table_add(rep, "longpoll", lcols, 4);
+  const poll_result *pr[2] = {&res->notify_r, &res->watch_r};
+  static const char *const pname[2] = {"notify (hook)", "watch (inotify)"};
+  for (int k = 0; !a->skip_poll && k < 2; k++) {
+    pulse_report_row(lt);
+    pulse_report_text(lt, pname[k]);
+    pulse_report_num(lt, pr[k]->median_ms);
+    pulse_report_num(lt, pr[k]->p90_ms);
+    pulse_report_num(lt, pr[k]->max_ms);
+  }
+  static const char *const ccols[] = {"params", "bare_median_ms", "commit_median_ms",
+                                      "write_median_ms", "ratio_median", "ratio_max"};
+  pulse_report_table *ct = pulse_report_table_add(rep, "commit", ccols, 6);
+  if (!a->skip_commit) {
+    const commit_result *cr = &res->cr;
+    const double v[] = {(double)cr->params, cr->bare_median_s * 1e3, cr->commit_median_s * 1e3,
+                        cr->write_median_s * 1e3, cr->ratio_median, cr->ratio_max};
+    pulse_report_row(ct);
+    for (size_t k = 0; k < sizeof v / sizeof v[0]; k++)
+      pulse_report_num(ct, v[k]);
+  }
+  pulse_report_chart_spec c1 = {PULSE_REPORT_BAR, "throughput",
+                                "Serving throughput per client count: pulse vs nginx",
+                                "clients", "concurrent clients", "throughput (MB/s)", tcols + 1,
+                                2, 0, 0};
+  pulse_report_chart_spec c2 = {PULSE_REPORT_BAR, "longpoll",
+                                "Long-poll wake-up latency: rename of head.json to client",
+                                "server", "server", "latency (ms)", lcols + 1, 3, 0, 0};
+  pulse_report_chart_spec c3 = {PULSE_REPORT_BAR, "commit", "Commit vs bare encoder (median)",
+                                "params", "parameters", "time per step (ms)", ccols + 1, 3, 0, 0};
+  pulse_report_chart(rep, &c1), pulse_report_chart(rep, &c2), pulse_report_chart(rep, &c3);
+  char why[512];
+  if (pulse_report_close(rep, why, sizeof why) != PULSE_OK) {
+    fprintf(stderr, PROG ": --report: %s\n", why);
+    return 1;
+  }
+  return 0;
+}
+
 int bench_serve_main(int argc, char **argv) {
   serve_args a;
   if (parse_args(argc, argv, &a) != 0)
@@ -846,296 +1136,24 @@ int bench_serve_main(int argc, char **argv) {
   if (mkdtemp(work) == NULL)
     return fprintf(stderr, PROG ": mkdtemp: %s\n", strerror(errno)), 1;
   chmod(work, 0755);
+  static serve_results res; /* static: large, and one per process */
+  memset(&res, 0, sizeof res);
+  res.workers = a.threads > 0 ? a.threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
+  if (res.workers < 2)
+    res.workers = 2;
   int rc = 0;
-  unsigned threads = a.threads > 0 ? (unsigned)a.threads : 0;
-  int workers = a.threads > 0 ? a.threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
-  if (workers < 2)
-    workers = 2;
-  tp_result pulse_tp[MAX_CLIENT_COUNTS], nginx_tp[MAX_CLIENT_COUNTS];
-  memset(pulse_tp, 0, sizeof pulse_tp);
-  memset(nginx_tp, 0, sizeof nginx_tp);
-  int have_nginx = 0;
-  const char *nginx_why = "";
-
-  /* 1. Throughput. */
-  if (!a.skip_throughput) {
-    char store[4096];
-    snprintf(store, sizeof store, "%s/store", work);
-    char **paths = calloc((size_t)a.objects, sizeof *paths);
-    if (make_objects(store, a.object_mb, a.objects, paths) != 0) {
-      fprintf(stderr, PROG ": cannot write the objects in %s\n", store);
-      rc = 1;
-      goto out;
-    }
-    pulse_server_opts so = PULSE_SERVER_OPTS_INIT;
-    so.store_dir = store;
-    so.threads = (unsigned)workers;
-    so.watch = 0;
-    pulse_server *srv = NULL;
-    pulse_status st = pulse_server_create(&so, &srv);
-    if (st != PULSE_OK) {
-      rc = pulse_tk_fail(PROG, "server", st);
-      goto out;
-    }
-    pid_t nginx = -1;
-    uint16_t nport = 0;
-    const char *bin = a.no_nginx ? NULL : find_nginx(a.nginx);
-    if (a.no_nginx)
-      nginx_why = "--no-nginx";
-    else if (bin == NULL)
-      nginx_why = "nginx not found (apt-get install nginx)";
-    else if ((nginx = start_nginx(bin, work, store, workers, &nport)) < 0)
-      nginx_why = "nginx did not start (see its error.log)";
-    have_nginx = nginx > 0;
-    if (!have_nginx && !a.json)
-      printf("nginx column skipped: %s\n", nginx_why);
-    if (!a.json)
-      printf("throughput: %d objects of %" PRIu64
-             " MiB, %.1f s per run, best of %d interleaved "
-             "rounds, %d server threads / nginx workers, loopback\n",
-             a.objects, a.object_mb, a.seconds, a.rounds, workers);
-    (void)threads;
-    /* Warm the page cache so neither server pays for the first read. */
-    run_clients(pulse_server_port(srv), paths, a.objects, a.objects, 0.5);
-    for (int c = 0; c < a.nclients; c++) {
-      for (int r = 0; r < a.rounds; r++) {
-        tp_result p = run_clients(pulse_server_port(srv), paths, a.objects,
-                                  a.clients[c], a.seconds);
-        if (p.mbps > pulse_tp[c].mbps)
-          pulse_tp[c] = p;
-        if (have_nginx) {
-          tp_result n =
-              run_clients(nport, paths, a.objects, a.clients[c], a.seconds);
-          if (n.mbps > nginx_tp[c].mbps)
-            nginx_tp[c] = n;
-        }
-      }
-      if (!a.json) {
-        printf("  %3d clients: pulse %8.0f MB/s (%" PRIu64
-               " objects, %d errors)",
-               a.clients[c], pulse_tp[c].mbps, pulse_tp[c].requests,
-               pulse_tp[c].errors);
-        if (have_nginx)
-          printf("   nginx %8.0f MB/s (%" PRIu64
-                 " objects, %d errors)   pulse/nginx %.2f",
-                 nginx_tp[c].mbps, nginx_tp[c].requests, nginx_tp[c].errors,
-                 nginx_tp[c].mbps > 0 ? pulse_tp[c].mbps / nginx_tp[c].mbps
-                                      : 0);
-        printf("\n");
-        fflush(stdout);
-      }
-    }
-    if (have_nginx) {
-      kill(nginx, SIGTERM);
-      waitpid(nginx, NULL, 0);
-    }
-    pulse_server_free(srv);
-    for (int i = 0; i < a.objects; i++)
-      free(paths[i]);
-    free(paths);
-    rm_rf(store);
+  if (!a.skip_throughput && serve_throughput(&a, work, &res) != 0) {
+    rm_rf(work);
+    return 1;
   }
-
-  /* 2. Long-poll wake-up. */
-  poll_result notify_r, watch_r;
-  memset(&notify_r, 0, sizeof notify_r);
-  memset(&watch_r, 0, sizeof watch_r);
-  if (!a.skip_poll) {
-    char store[4096];
-    snprintf(store, sizeof store, "%s/poll-store", work);
-    uint64_t numel = 1 << 16;
-    uint16_t *bits = calloc(numel, 2);
-    for (uint64_t i = 0; i < numel; i++)
-      bits[i] = (uint16_t)(0x3c00 + (i % 977));
-    pulse_tensor_info ti = {"w", PULSE_DTYPE_BF16, 1, {numel}};
-    pulse_sign_key *key = NULL;
-    pulse_sign_key_generate(&key);
-    pulse_server_opts so = PULSE_SERVER_OPTS_INIT;
-    so.store_dir = store;
-    so.threads = (unsigned)workers;
-    mkdir(store, 0755);
-    pulse_server *wired = NULL, *watching = NULL;
-    so.watch = 0;
-    pulse_status st = pulse_server_create(&so, &wired);
-    so.watch = 1;
-    if (st == PULSE_OK)
-      st = pulse_server_create(&so, &watching);
-    hook_ctx hook = {wired, 0};
-    pulse_pub_opts po = PULSE_PUB_OPTS_INIT;
-    po.tensors = &ti;
-    po.tensor_count = 1;
-    po.key = key;
-    po.anchor_every = 0;
-    po.keep_patches = 4;
-    po.on_head = on_head;
-    po.on_head_ctx = &hook;
-    pulse_pub *pub = NULL;
-    if (st == PULSE_OK)
-      st = pulse_pub_create(store, &po, &pub);
-    pulse_pub_tensor t = {bits, PULSE_DTYPE_BF16, PULSE_PUB_HOST};
-    if (st == PULSE_OK)
-      st = pulse_pub_commit(pub, 0, &t, 1, NULL);
-    rename_clock clk = {inotify_init1(IN_CLOEXEC), eventfd(0, EFD_CLOEXEC),
-                        PTHREAD_MUTEX_INITIALIZER, 0};
-    pthread_t clk_th;
-    int clk_ok = clk.fd >= 0 && clk.stop_fd >= 0 &&
-                 inotify_add_watch(clk.fd, store, IN_MOVED_TO) >= 0 &&
-                 pthread_create(&clk_th, NULL, rename_main, &clk) == 0;
-    if (st == PULSE_OK && !clk_ok)
-      st = PULSE_ERR_IO;
-    if (st != PULSE_OK) {
-      rc = pulse_tk_fail(PROG, "long-poll setup", st);
-    } else {
-      notify_r = time_polls(pub, wired, &hook, &clk, bits, numel, a.polls);
-      hook.notify = NULL; /* the watching server learns from head.json alone */
-      watch_r = time_polls(pub, watching, &hook, &clk, bits, numel, a.polls);
-      if (!a.json)
-        printf("long-poll wake-up, rename of head.json -> client holds the new "
-               "head (%d each):\n"
-               "  in-process publisher (notify): median %.3f ms, p90 %.3f ms, "
-               "max %.3f ms "
-               "(includes the directory fsync before the notify; from the "
-               "notify: median %.3f ms)%s\n"
-               "  other process (inotify):       median %.3f ms, p90 %.3f ms, "
-               "max %.3f ms%s\n",
-               a.polls, notify_r.median_ms, notify_r.p90_ms, notify_r.max_ms,
-               notify_r.hook_median_ms, notify_r.errors ? " (errors!)" : "",
-               watch_r.median_ms, watch_r.p90_ms, watch_r.max_ms,
-               watch_r.errors ? " (errors!)" : "");
-    }
-    if (clk_ok) {
-      uint64_t one = 1;
-      ssize_t w = write(clk.stop_fd, &one, sizeof one);
-      (void)w;
-      pthread_join(clk_th, NULL);
-    }
-    if (clk.fd >= 0)
-      close(clk.fd);
-    if (clk.stop_fd >= 0)
-      close(clk.stop_fd);
-    pulse_server_free(wired);
-    pulse_server_free(watching);
-    pulse_pub_free(pub);
-    pulse_sign_key_free(key);
-    free(bits);
-    rm_rf(store);
-  }
-
-  /* 3. Commit vs bare encoder. */
-  commit_result cr;
-  memset(&cr, 0, sizeof cr);
-  if (!a.skip_commit) {
-    if (!a.json)
-      printf("commit vs bare encoder (%" PRIu64
-             " parameters requested, anchors every %" PRIu64
-             " in the background):\n",
-             a.params, a.anchor_every);
-    cr = bench_commit(&a, work);
-    if (cr.errors)
-      rc = 1;
-    if (!a.json)
-      printf("  median: bare %.1f ms, commit %.1f ms (write %.1f ms): medians "
-             "x%.3f, per-step commit/bare median x%.3f (max x%.3f, anchor "
-             "steps max x%.3f); %" PRIu64 " changed, patch %" PRIu64 " bytes\n",
-             cr.bare_median_s * 1e3, cr.commit_median_s * 1e3,
-             cr.write_median_s * 1e3,
-             cr.bare_median_s > 0 ? cr.commit_median_s / cr.bare_median_s : 0,
-             cr.ratio_median, cr.ratio_max, cr.anchor_steps_ratio_max,
-             cr.changed_median, cr.patch_median);
-  }
-
-  if (a.json) {
-    printf(
-        "{\"mode\":\"serve\",\"throughput\":{\"object_mib\":%" PRIu64
-        ",\"objects\":%d,"
-        "\"seconds\":%.3f,\"rounds\":%d,\"workers\":%d,\"nginx\":%s,\"runs\":[",
-        a.object_mb, a.objects, a.seconds, a.rounds, workers,
-        have_nginx ? "true" : "false");
-    for (int c = 0; !a.skip_throughput && c < a.nclients; c++) {
-      printf("%s{\"clients\":%d,\"pulse_mbps\":%.1f,\"pulse_errors\":%d",
-             c ? "," : "", a.clients[c], pulse_tp[c].mbps, pulse_tp[c].errors);
-      if (have_nginx)
-        printf(",\"nginx_mbps\":%.1f,\"nginx_errors\":%d,\"ratio\":%.3f",
-               nginx_tp[c].mbps, nginx_tp[c].errors,
-               nginx_tp[c].mbps > 0 ? pulse_tp[c].mbps / nginx_tp[c].mbps : 0);
-      printf("}");
-    }
-    printf("]},\"longpoll\":{\"polls\":%d,\"notify_median_ms\":%.3f,\"notify_"
-           "p90_ms\":%.3f,"
-           "\"notify_max_ms\":%.3f,\"notify_from_hook_median_ms\":%.3f,\"watch_"
-           "median_ms\":%.3f,"
-           "\"watch_p90_ms\":%.3f,\"watch_max_ms\":%.3f,\"errors\":%d},",
-           a.polls, notify_r.median_ms, notify_r.p90_ms, notify_r.max_ms,
-           notify_r.hook_median_ms, watch_r.median_ms, watch_r.p90_ms,
-           watch_r.max_ms, notify_r.errors + watch_r.errors);
-    printf("\"commit\":{\"params\":%" PRIu64
-           ",\"steps\":%d,\"bare_median_s\":%.6f,"
-           "\"commit_median_s\":%.6f,\"write_median_s\":%.6f,"
-           "\"ratio_of_medians\":%.4f,\"ratio_median\":%.4f,"
-           "\"ratio_max\":%.4f,\"anchor_steps_ratio_max\":%.4f}}\n",
-           cr.params, cr.steps, cr.bare_median_s, cr.commit_median_s,
-           cr.write_median_s,
-           cr.bare_median_s > 0 ? cr.commit_median_s / cr.bare_median_s : 0,
-           cr.ratio_median, cr.ratio_max, cr.anchor_steps_ratio_max);
-  }
-  if (a.report != NULL) {
-    pulse_report *rep = NULL;
-    if (pulse_report_create(a.report, "serve", argc, argv, &rep) != PULSE_OK) {
-      fprintf(stderr, PROG ": --report: cannot make %s\n", a.report);
-      rc = 1;
-      goto out;
-    }
-    static const char *const tcols[] = {"clients", "pulse_MBps", "nginx_MBps", "pulse_errors",
-                                        "nginx_errors"};
-    pulse_report_table *tt = pulse_report_table_add(rep, "throughput", tcols, 5);
-    for (int c = 0; !a.skip_throughput && c < a.nclients; c++) {
-      pulse_report_row(tt);
-      pulse_report_num(tt, a.clients[c]);
-      pulse_report_num(tt, pulse_tp[c].mbps);
-      pulse_report_num(tt, have_nginx ? nginx_tp[c].mbps : NAN);
-      pulse_report_num(tt, pulse_tp[c].errors);
-      pulse_report_num(tt, have_nginx ? nginx_tp[c].errors : NAN);
-    }
-    if (!a.skip_throughput && !have_nginx)
-      pulse_report_note(rep, "nginx not found: throughput measured for pulse only");
-    static const char *const lcols[] = {"server", "median_ms", "p90_ms", "max_ms"};
-    pulse_report_table *lt = pulse_report_table_add(rep, "longpoll", lcols, 4);
-    const poll_result *pr[2] = {&notify_r, &watch_r};
-    static const char *const pname[2] = {"notify (hook)", "watch (inotify)"};
-    for (int k = 0; !a.skip_poll && k < 2; k++) {
-      pulse_report_row(lt);
-      pulse_report_text(lt, pname[k]);
-      pulse_report_num(lt, pr[k]->median_ms);
-      pulse_report_num(lt, pr[k]->p90_ms);
-      pulse_report_num(lt, pr[k]->max_ms);
-    }
-    static const char *const ccols[] = {"params", "bare_median_ms", "commit_median_ms",
-                                        "write_median_ms", "ratio_median", "ratio_max"};
-    pulse_report_table *ct = pulse_report_table_add(rep, "commit", ccols, 6);
-    if (!a.skip_commit) {
-      const double v[] = {(double)cr.params, cr.bare_median_s * 1e3, cr.commit_median_s * 1e3,
-                          cr.write_median_s * 1e3, cr.ratio_median, cr.ratio_max};
-      pulse_report_row(ct);
-      for (size_t k = 0; k < sizeof v / sizeof v[0]; k++)
-        pulse_report_num(ct, v[k]);
-    }
-    pulse_report_chart_spec c1 = {PULSE_REPORT_BAR, "throughput",
-                                  "Serving throughput per client count: pulse vs nginx",
-                                  "clients", "concurrent clients", "throughput (MB/s)", tcols + 1,
-                                  2, 0, 0};
-    pulse_report_chart_spec c2 = {PULSE_REPORT_BAR, "longpoll",
-                                  "Long-poll wake-up latency: rename of head.json to client",
-                                  "server", "server", "latency (ms)", lcols + 1, 3, 0, 0};
-    pulse_report_chart_spec c3 = {PULSE_REPORT_BAR, "commit", "Commit vs bare encoder (median)",
-                                  "params", "parameters", "time per step (ms)", ccols + 1, 3, 0, 0};
-    pulse_report_chart(rep, &c1), pulse_report_chart(rep, &c2), pulse_report_chart(rep, &c3);
-    char why[512];
-    if (pulse_report_close(rep, why, sizeof why) != PULSE_OK) {
-      fprintf(stderr, PROG ": --report: %s\n", why);
-      rc = 1;
-    }
-  }
-out:
+  if (!a.skip_poll)
+    rc |= serve_longpoll(&a, work, &res);
+  if (!a.skip_commit)
+    rc |= serve_commit(&a, work, &res);
+  if (a.json)
+    serve_json(&a, &res);
+  if (a.report != NULL)
+    rc |= serve_report(&a, argc, argv, &res);
   rm_rf(work);
   return rc;
 }

@@ -218,17 +218,27 @@ static void sleep_ms(unsigned ms) {
   nanosleep(&ts, NULL);
 }
 
-int main(int argc, char **argv) {
-  const char *store = NULL, *listen = NULL, *key_path = NULL, *v;
-  int new_key = 0, unsigned_ = 0, exit_after = 0, json = 0, do_verify = 0,
-      threads = 0;
-  int interval_ms = 0, have_first = 0;
-  uint64_t first_step = 0;
-  pulse_pub_opts o = PULSE_PUB_OPTS_INIT;
+/* The command line, read by parse_args. */
+typedef struct {
+  const char *store, *listen, *key_path;
+  int new_key, unsigned_, exit_after, json, do_verify;
+  int interval_ms, have_first;
+  uint64_t first_step;
+  pulse_pub_opts o;
+  char **ckpts; /* gathered at the front of argv, after argv[0] */
+  size_t nckpts;
+} publish_args;
+
+/* Reads argv into *a. Returns -1 to go on, else the exit code (0 for
+ * --help, 2 for bad usage, with the message printed). */
+static int parse_args(int argc, char **argv, publish_args *a) {
+  const char *v;
+  int threads = 0;
+  memset(a, 0, sizeof *a);
+  a->o = (pulse_pub_opts)PULSE_PUB_OPTS_INIT;
   /* Checkpoints are gathered at the front of argv (after argv[0]): they
    * are never more than the arguments already read. */
-  char **ckpts = argv + 1;
-  size_t nckpts = 0;
+  a->ckpts = argv + 1;
   for (int i = 1; i < argc; i++) {
     int r;
     uint64_t u;
@@ -239,18 +249,18 @@ int main(int argc, char **argv) {
     } else if ((r = pulse_tk_opt_value(argc, argv, &i, "--store", &v)) != 0) {
       if (r < 0)
         return usage(stderr), 2;
-      store = v;
+      a->store = v;
     } else if ((r = pulse_tk_opt_value(argc, argv, &i, "--listen", &v)) != 0) {
       if (r < 0)
         return usage(stderr), 2;
-      listen = v;
+      a->listen = v;
     } else if ((r = pulse_tk_opt_value(argc, argv, &i, "--key", &v)) != 0) {
       if (r < 0)
         return usage(stderr), 2;
-      key_path = v;
+      a->key_path = v;
     } else if ((r = pulse_tk_opt_value(argc, argv, &i, "--anchor-every", &v)) !=
                0) {
-      if (r < 0 || pulse_tk_parse_u64(v, &o.anchor_every) != 0)
+      if (r < 0 || pulse_tk_parse_u64(v, &a->o.anchor_every) != 0)
         return fprintf(stderr,
                        "pulse-publish: --anchor-every needs an integer\n"),
                2;
@@ -258,24 +268,24 @@ int main(int argc, char **argv) {
       if (r < 0 || pulse_tk_parse_u64(v, &u) != 0 || u < 1)
         return fprintf(stderr, "pulse-publish: --keep needs an integer >= 1\n"),
                2;
-      o.keep_patches = u;
+      a->o.keep_patches = u;
     } else if ((r = pulse_tk_opt_value(argc, argv, &i, "--keep-anchors", &v)) !=
                0) {
       if (r < 0 || pulse_tk_parse_u64(v, &u) != 0 || u < 2)
         return fprintf(stderr,
                        "pulse-publish: --keep-anchors needs an integer >= 2\n"),
                2;
-      o.keep_anchors = u;
+      a->o.keep_anchors = u;
     } else if ((r = pulse_tk_opt_value(argc, argv, &i, "--first-step", &v)) !=
                0) {
-      if (r < 0 || pulse_tk_parse_u64(v, &first_step) != 0)
+      if (r < 0 || pulse_tk_parse_u64(v, &a->first_step) != 0)
         return fprintf(stderr,
                        "pulse-publish: --first-step needs an integer\n"),
                2;
-      have_first = 1;
+      a->have_first = 1;
     } else if ((r = pulse_tk_opt_value(argc, argv, &i, "--interval-ms", &v)) !=
                0) {
-      if (r < 0 || pulse_tk_parse_int(v, 0, 3600000, &interval_ms) != 0)
+      if (r < 0 || pulse_tk_parse_int(v, 0, 3600000, &a->interval_ms) != 0)
         return fprintf(stderr,
                        "pulse-publish: --interval-ms needs 0..3600000\n"),
                2;
@@ -283,146 +293,129 @@ int main(int argc, char **argv) {
       if (r < 0 || pulse_tk_parse_int(v, 0, 256, &threads) != 0)
         return fprintf(stderr, "pulse-publish: --threads needs 0..256\n"), 2;
     } else if (pulse_tk_opt_flag(argv[i], "--new-key")) {
-      new_key = 1;
+      a->new_key = 1;
     } else if (pulse_tk_opt_flag(argv[i], "--unsigned")) {
-      unsigned_ = 1;
+      a->unsigned_ = 1;
     } else if (pulse_tk_opt_flag(argv[i], "--exit-after-publish")) {
-      exit_after = 1;
+      a->exit_after = 1;
     } else if (pulse_tk_opt_flag(argv[i], "--plain")) {
-      o.pos_model = PULSE_POS_PLAIN;
+      a->o.pos_model = PULSE_POS_PLAIN;
     } else if (pulse_tk_opt_flag(argv[i], "--sync-anchors")) {
-      o.anchor_sync = 1;
+      a->o.anchor_sync = 1;
     } else if (pulse_tk_opt_flag(argv[i], "--json")) {
-      json = 1;
+      a->json = 1;
     } else if (pulse_tk_opt_flag(argv[i], "--verify")) {
-      do_verify = 1;
+      a->do_verify = 1;
     } else if (argv[i][0] == '-' && argv[i][1] != '\0') {
       fprintf(stderr, "pulse-publish: unknown option '%s'\n", argv[i]);
       return usage(stderr), 2;
     } else {
-      ckpts[nckpts++] = argv[i];
+      a->ckpts[a->nckpts++] = argv[i];
     }
   }
-  if (store == NULL || (new_key && unsigned_) || (do_verify && nckpts > 0) ||
-      (!do_verify && nckpts == 0 && listen == NULL))
+  if (a->store == NULL || (a->new_key && a->unsigned_) ||
+      (a->do_verify && a->nckpts > 0) ||
+      (!a->do_verify && a->nckpts == 0 && a->listen == NULL))
     return usage(stderr), 2;
-  if (do_verify)
-    return verify(store, key_path);
-  o.threads = threads;
+  a->o.threads = threads;
+  return -1;
+}
 
-  sigset_t stop;
-  sigemptyset(&stop);
-  sigaddset(&stop, SIGINT);
-  sigaddset(&stop, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &stop, NULL);
-  signal(SIGPIPE, SIG_IGN);
-
-  int rc = 0;
-  pulse_sign_key *key = NULL;
-  pulse_pub *pub = NULL;
-  pulse_server *srv = NULL;
-  pulse_st_model *first = NULL;
-  pulse_tensor_info *info = NULL;
-  pulse_status st = pulse_store_recover(store, NULL); /* creates the folder */
-  if (st == PULSE_OK)
-    st = get_key(store, key_path, new_key, unsigned_, &key);
-  if (st != PULSE_OK) {
-    rc = fail(key_path ? key_path : store, st);
-    goto done;
-  }
-  o.key = key;
-  /* A new store takes its table from the first checkpoint. */
+/* A new store takes its table (and, without --first-step, its first step)
+ * from the first checkpoint, which stays open in *first for the first
+ * commit; *info (the caller frees it) borrows its names. */
+static int table_from_first(publish_args *a, pulse_st_model **first,
+                            pulse_tensor_info **info) {
   pulse_store_head *head = NULL;
-  int fresh = pulse_store_head_load(store, &head) == PULSE_ERR_NOT_FOUND;
+  int fresh = pulse_store_head_load(a->store, &head) == PULSE_ERR_NOT_FOUND;
   pulse_store_head_free(head);
-  if (fresh && nckpts > 0) {
-    if ((st = pulse_st_model_open(ckpts[0], &first)) != PULSE_OK) {
-      rc = fail(ckpts[0], st);
-      goto done;
-    }
-    size_t n = pulse_st_model_tensor_count(first);
-    info = calloc(n + 1, sizeof *info);
-    if (info == NULL) {
-      rc = fail("memory", PULSE_ERR_NOMEM);
-      goto done;
-    }
-    for (size_t i = 0; i < n; i++) {
-      pulse_st_tensor t;
-      pulse_st_model_tensor_get(first, i, &t);
-      info[i].name = t.name;
-      info[i].dtype = PULSE_DTYPE_BF16;
-      info[i].ndim = t.ndim;
-      memcpy(info[i].shape, t.shape, sizeof t.shape);
-    }
-    o.tensors = info;
-    o.tensor_count = n;
-    if (!have_first) {
-      const char *s = pulse_st_model_metadata_get(first, "step");
-      if (s == NULL || pulse_tk_parse_u64(s, &first_step) != 0)
-        first_step = 0;
-    }
+  if (!fresh || a->nckpts == 0)
+    return 0;
+  pulse_status st = pulse_st_model_open(a->ckpts[0], first);
+  if (st != PULSE_OK)
+    return fail(a->ckpts[0], st);
+  size_t n = pulse_st_model_tensor_count(*first);
+  *info = calloc(n + 1, sizeof **info);
+  if (*info == NULL)
+    return fail("memory", PULSE_ERR_NOMEM);
+  for (size_t i = 0; i < n; i++) {
+    pulse_st_tensor t;
+    pulse_st_model_tensor_get(*first, i, &t);
+    (*info)[i].name = t.name;
+    (*info)[i].dtype = PULSE_DTYPE_BF16;
+    (*info)[i].ndim = t.ndim;
+    memcpy((*info)[i].shape, t.shape, sizeof t.shape);
   }
-  if (listen != NULL)
-    o.on_head = pulse_server_on_head;
-  /* The server exists before the publisher so that every head is notified;
-   * the publisher takes it as its hook's context. */
-  if (listen != NULL) {
-    char host[256];
-    pulse_server_opts so = PULSE_SERVER_OPTS_INIT;
-    if ((st = pulse_server_parse_listen(listen, host, sizeof host, &so.port)) !=
-        PULSE_OK) {
-      rc = fail("--listen", st);
-      goto done;
-    }
-    so.host = host;
-    so.store_dir = store;
-    so.key = key;
-    so.watch = 0; /* this process is the only writer: it notifies */
-    if ((st = pulse_server_create(&so, &srv)) != PULSE_OK) {
-      rc = fail(listen, st);
-      goto done;
-    }
-    o.on_head_ctx = srv;
-    printf("pulse-publish: serving %s on http://%s:%u\n", store,
-           host[0] ? host : "0.0.0.0", (unsigned)pulse_server_port(srv));
-    fflush(stdout);
+  a->o.tensors = *info;
+  a->o.tensor_count = n;
+  if (!a->have_first) {
+    const char *s = pulse_st_model_metadata_get(*first, "step");
+    if (s == NULL || pulse_tk_parse_u64(s, &a->first_step) != 0)
+      a->first_step = 0;
   }
-  if ((st = pulse_pub_create(store, &o, &pub)) != PULSE_OK) {
-    rc = fail(store, st);
-    goto done;
-  }
+  return 0;
+}
+
+/* --listen: the server exists before the publisher so that every head is
+ * notified; the publisher takes it as its hook's context. */
+static int start_server(publish_args *a, const pulse_sign_key *key,
+                        pulse_server **srv) {
+  char host[256];
+  pulse_server_opts so = PULSE_SERVER_OPTS_INIT;
+  pulse_status st =
+      pulse_server_parse_listen(a->listen, host, sizeof host, &so.port);
+  if (st != PULSE_OK)
+    return fail("--listen", st);
+  so.host = host;
+  so.store_dir = a->store;
+  so.key = key;
+  so.watch = 0; /* this process is the only writer: it notifies */
+  if ((st = pulse_server_create(&so, srv)) != PULSE_OK)
+    return fail(a->listen, st);
+  a->o.on_head = pulse_server_on_head;
+  a->o.on_head_ctx = *srv;
+  printf("pulse-publish: serving %s on http://%s:%u\n", a->store,
+         host[0] ? host : "0.0.0.0", (unsigned)pulse_server_port(*srv));
+  fflush(stdout);
+  return 0;
+}
+
+/* Publishes every checkpoint as the step after the head (the first of a new
+ * store: first_step); *first, when open, is the first checkpoint and is
+ * taken. A stop signal between steps ends cleanly and sets *stopped. */
+static int publish_all(const publish_args *a, pulse_pub *pub,
+                       pulse_st_model **first, sigset_t *stop, int *stopped) {
+  int rc = 0;
+  pulse_status st;
   size_t n = pulse_pub_tensor_count(pub);
   pulse_pub_tensor *t = calloc(n + 1, sizeof *t);
   void **copies = calloc(n + 1, sizeof *copies);
-  if (t == NULL || copies == NULL) {
-    free(t), free(copies);
-    rc = fail("memory", PULSE_ERR_NOMEM);
-    goto done;
-  }
   /* The publisher's copy of the table: the first checkpoint's names are
    * gone once it is closed. */
-  pulse_tensor_info *own = calloc(n + 1, sizeof *own);
-  for (size_t i = 0; own && i < n; i++)
-    own[i] = *pulse_pub_tensor_info(pub, i);
-  const pulse_tensor_info *table = own;
-  int stopped = 0;
-  for (size_t k = 0; k < nckpts && rc == 0 && table != NULL; k++) {
+  pulse_tensor_info *table = calloc(n + 1, sizeof *table);
+  if (t == NULL || copies == NULL || table == NULL) {
+    free(t), free(copies), free(table);
+    return fail("memory", PULSE_ERR_NOMEM);
+  }
+  for (size_t i = 0; i < n; i++)
+    table[i] = *pulse_pub_tensor_info(pub, i);
+  for (size_t k = 0; k < a->nckpts && rc == 0; k++) {
     pulse_st_model *m = NULL;
-    if (k == 0 && first != NULL) {
-      m = first;
-      first = NULL;
-    } else if ((st = pulse_st_model_open(ckpts[k], &m)) != PULSE_OK) {
-      rc = fail(ckpts[k], st);
+    if (k == 0 && *first != NULL) {
+      m = *first;
+      *first = NULL;
+    } else if ((st = pulse_st_model_open(a->ckpts[k], &m)) != PULSE_OK) {
+      rc = fail(a->ckpts[k], st);
       break;
     }
     uint64_t head_step = 0, step;
-    step = pulse_pub_head_step(pub, &head_step) ? head_step + 1 : first_step;
-    rc = load_step(ckpts[k], table, n, m, t, copies);
+    step = pulse_pub_head_step(pub, &head_step) ? head_step + 1 : a->first_step;
+    rc = load_step(a->ckpts[k], table, n, m, t, copies);
     pulse_pub_figures f;
     if (rc == 0 && (st = pulse_pub_commit(pub, step, t, n, &f)) != PULSE_OK)
-      rc = fail(ckpts[k], st);
+      rc = fail(a->ckpts[k], st);
     if (rc == 0)
-      print_figures(&f, json);
+      print_figures(&f, a->json);
     for (size_t i = 0; i < n; i++) {
       free(copies[i]);
       copies[i] = NULL;
@@ -433,22 +426,62 @@ int main(int argc, char **argv) {
     sigpending(&pending);
     if (sigismember(&pending, SIGINT) || sigismember(&pending, SIGTERM)) {
       int sig;
-      sigwait(&stop, &sig);
-      stopped = 1;
+      sigwait(stop, &sig);
+      *stopped = 1;
       break;
     }
-    if (interval_ms > 0 && k + 1 < nckpts)
-      sleep_ms((unsigned)interval_ms);
+    if (a->interval_ms > 0 && k + 1 < a->nckpts)
+      sleep_ms((unsigned)a->interval_ms);
   }
-  free(t), free(copies), free(own);
-  if (table == NULL && rc == 0)
-    rc = fail("memory", PULSE_ERR_NOMEM);
+  free(t), free(copies), free(table);
+  return rc;
+}
+
+int main(int argc, char **argv) {
+  publish_args a;
+  int rc = parse_args(argc, argv, &a);
+  if (rc >= 0)
+    return rc;
+  if (a.do_verify)
+    return verify(a.store, a.key_path);
+
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGINT);
+  sigaddset(&stop, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop, NULL);
+  signal(SIGPIPE, SIG_IGN);
+
+  rc = 0;
+  pulse_sign_key *key = NULL;
+  pulse_pub *pub = NULL;
+  pulse_server *srv = NULL;
+  pulse_st_model *first = NULL;
+  pulse_tensor_info *info = NULL;
+  pulse_status st = pulse_store_recover(a.store, NULL); /* creates the folder */
+  if (st == PULSE_OK)
+    st = get_key(a.store, a.key_path, a.new_key, a.unsigned_, &key);
+  if (st != PULSE_OK) {
+    rc = fail(a.key_path ? a.key_path : a.store, st);
+    goto done;
+  }
+  a.o.key = key;
+  if ((rc = table_from_first(&a, &first, &info)) != 0)
+    goto done;
+  if (a.listen != NULL && (rc = start_server(&a, key, &srv)) != 0)
+    goto done;
+  if ((st = pulse_pub_create(a.store, &a.o, &pub)) != PULSE_OK) {
+    rc = fail(a.store, st);
+    goto done;
+  }
+  int stopped = 0;
+  rc = publish_all(&a, pub, &first, &stop, &stopped);
   pulse_pub_figures f;
   if ((st = pulse_pub_flush(pub, &f)) != PULSE_OK && rc == 0)
     rc = fail("final anchor", st);
   else if (f.flush)
-    print_figures(&f, json);
-  if (rc == 0 && srv != NULL && !exit_after && !stopped) {
+    print_figures(&f, a.json);
+  if (rc == 0 && srv != NULL && !a.exit_after && !stopped) {
     fprintf(stderr,
             "pulse-publish: published; serving until SIGINT or SIGTERM\n");
     int sig;

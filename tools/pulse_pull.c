@@ -283,13 +283,24 @@ static void *stop_wait(void *arg) {
   return NULL;
 }
 
-int main(int argc, char **argv) {
-  const char *out = NULL, *cache = NULL, *key_hex = NULL, *serve = NULL, *v;
-  int follow = 0, json = 0, unsigned_ = 0, no_catchup = 0, threads = 0,
-      no_stream = 0, no_index = 0, retries = 6, parallel = 4, timeout_s = 30;
-  uint64_t rate = 0;
+/* The command line, read by parse_args. */
+typedef struct {
+  const char *out, *cache, *key_hex, *serve;
+  int follow, json, unsigned_, no_catchup, threads, no_stream, no_index;
+  int retries, parallel, timeout_s;
+  uint64_t rate;
   const char *urls[64];
-  size_t nurls = 0;
+  size_t nurls;
+  uint8_t key[PULSE_SUB_KEY_BYTES];
+  char cache_buf[4096];
+} pull_args;
+
+/* Reads argv into *a. Returns -1 to go on, else the exit code (0 for
+ * --help, 2 for bad usage, with the message printed). */
+static int parse_args(int argc, char **argv, pull_args *a) {
+  const char *v;
+  memset(a, 0, sizeof *a);
+  a->retries = 6, a->parallel = 4, a->timeout_s = 30;
   for (int i = 1; i < argc; i++) {
     int r;
     if (pulse_tk_opt_flag(argv[i], "--help") ||
@@ -299,73 +310,168 @@ int main(int argc, char **argv) {
     } else if ((r = pulse_tk_opt_value(argc, argv, &i, "--out", &v)) != 0) {
       if (r < 0)
         return usage(stderr), 2;
-      out = v;
+      a->out = v;
     } else if ((r = pulse_tk_opt_value(argc, argv, &i, "--cache", &v)) != 0) {
       if (r < 0)
         return usage(stderr), 2;
-      cache = v;
+      a->cache = v;
     } else if ((r = pulse_tk_opt_value(argc, argv, &i, "--key", &v)) != 0) {
       if (r < 0)
         return usage(stderr), 2;
-      key_hex = v;
+      a->key_hex = v;
     } else if ((r = pulse_tk_opt_value(argc, argv, &i, "--serve", &v)) != 0) {
       if (r < 0)
         return usage(stderr), 2;
-      serve = v;
+      a->serve = v;
     } else if ((r = pulse_tk_opt_value(argc, argv, &i, "--timeout", &v)) != 0) {
-      if (r < 0 || pulse_tk_parse_int(v, 1, 86400, &timeout_s) != 0)
+      if (r < 0 || pulse_tk_parse_int(v, 1, 86400, &a->timeout_s) != 0)
         return fprintf(stderr,
                        "pulse-pull: --timeout needs 1..86400 seconds\n"),
                2;
     } else if ((r = pulse_tk_opt_value(argc, argv, &i, "--retries", &v)) != 0) {
-      if (r < 0 || pulse_tk_parse_int(v, 0, 1000, &retries) != 0)
+      if (r < 0 || pulse_tk_parse_int(v, 0, 1000, &a->retries) != 0)
         return fprintf(stderr, "pulse-pull: --retries needs 0..1000\n"), 2;
     } else if ((r = pulse_tk_opt_value(argc, argv, &i, "--parallel", &v)) !=
                0) {
-      if (r < 0 || pulse_tk_parse_int(v, 1, 16, &parallel) != 0)
+      if (r < 0 || pulse_tk_parse_int(v, 1, 16, &a->parallel) != 0)
         return fprintf(stderr, "pulse-pull: --parallel needs 1..16\n"), 2;
     } else if ((r = pulse_tk_opt_value(argc, argv, &i, "--threads", &v)) != 0) {
-      if (r < 0 || pulse_tk_parse_int(v, 0, 256, &threads) != 0)
+      if (r < 0 || pulse_tk_parse_int(v, 0, 256, &a->threads) != 0)
         return fprintf(stderr, "pulse-pull: --threads needs 0..256\n"), 2;
     } else if ((r = pulse_tk_opt_value(argc, argv, &i, "--limit-rate", &v)) !=
                0) {
-      if (r < 0 || pulse_tk_parse_u64(v, &rate) != 0)
+      if (r < 0 || pulse_tk_parse_u64(v, &a->rate) != 0)
         return fprintf(
                    stderr,
                    "pulse-pull: --limit-rate needs a byte count (e.g. 2M)\n"),
                2;
     } else if (pulse_tk_opt_flag(argv[i], "--follow")) {
-      follow = 1;
+      a->follow = 1;
     } else if (pulse_tk_opt_flag(argv[i], "--json")) {
-      json = 1;
+      a->json = 1;
     } else if (pulse_tk_opt_flag(argv[i], "--no-catchup")) {
-      no_catchup = 1;
+      a->no_catchup = 1;
     } else if (pulse_tk_opt_flag(argv[i], "--no-stream")) {
-      no_stream = 1;
+      a->no_stream = 1;
     } else if (pulse_tk_opt_flag(argv[i], "--no-class-index")) {
-      no_index = 1;
+      a->no_index = 1;
     } else if (pulse_tk_opt_flag(argv[i], "--insecure-unsigned")) {
-      unsigned_ = 1;
+      a->unsigned_ = 1;
     } else if (argv[i][0] == '-' && argv[i][1] != '\0') {
       fprintf(stderr, "pulse-pull: unknown option '%s'\n", argv[i]);
       return usage(stderr), 2;
-    } else if (nurls == sizeof urls / sizeof urls[0]) {
+    } else if (a->nurls == sizeof a->urls / sizeof a->urls[0]) {
       return fprintf(stderr, "pulse-pull: at most 64 URLs\n"), 2;
     } else {
-      urls[nurls++] = argv[i];
+      a->urls[a->nurls++] = argv[i];
     }
   }
-  if (nurls == 0 || (out == NULL && serve == NULL) ||
-      (out == NULL && cache == NULL) || (key_hex != NULL && unsigned_))
+  if (a->nurls == 0 || (a->out == NULL && a->serve == NULL) ||
+      (a->out == NULL && a->cache == NULL) ||
+      (a->key_hex != NULL && a->unsigned_))
     return usage(stderr), 2;
-  uint8_t key[PULSE_SUB_KEY_BYTES];
-  if (key_hex != NULL && pulse_sub_key_from_hex(key_hex, key) != PULSE_OK)
+  if (a->key_hex != NULL && pulse_sub_key_from_hex(a->key_hex, a->key) != PULSE_OK)
     return fprintf(stderr, "pulse-pull: --key needs 64 hex digits\n"), 2;
-  char cache_buf[4096];
-  if (cache == NULL) {
-    snprintf(cache_buf, sizeof cache_buf, "%s.pulse-cache", out);
-    cache = cache_buf;
+  if (a->cache == NULL) {
+    snprintf(a->cache_buf, sizeof a->cache_buf, "%s.pulse-cache", a->out);
+    a->cache = a->cache_buf;
   }
+  return -1;
+}
+
+/* The subscriber options of the command line (borrowing from *a). */
+static pulse_sub_opts sub_opts_of(const pull_args *a, out_ctx *oc) {
+  pulse_sub_opts o = PULSE_SUB_OPTS_INIT;
+  o.urls = a->urls;
+  o.url_count = a->nurls;
+  o.cache_dir = a->cache;
+  o.public_key = a->key_hex ? a->key : NULL;
+  o.allow_unsigned = a->unsigned_;
+  o.request_timeout_ms = (uint32_t)a->timeout_s * 1000u;
+  o.low_speed_seconds = (uint32_t)a->timeout_s;
+  o.retries = (unsigned)a->retries;
+  o.parallel = (unsigned)a->parallel;
+  o.max_recv_bytes_per_s = a->rate;
+  o.use_catchup = !a->no_catchup;
+  o.mirror = a->serve != NULL;
+  o.threads = a->threads;
+  o.no_streaming = a->no_stream;
+  o.no_class_index = a->no_index;
+  o.on_event = on_event;
+  o.on_event_ctx = oc;
+  return o;
+}
+
+/* --serve: a relay of the cache, announced on stdout. */
+static int start_relay(const pull_args *a, out_ctx *oc) {
+  char host[256];
+  pulse_server_opts so = PULSE_SERVER_OPTS_INIT;
+  if (pulse_server_parse_listen(a->serve, host, sizeof host, &so.port) !=
+      PULSE_OK) {
+    fprintf(stderr, "pulse-pull: --serve needs HOST:PORT\n");
+    return 2;
+  }
+  so.host = host;
+  so.store_dir = a->cache;
+  so.watch = 1;
+  pulse_status st = pulse_server_create(&so, &oc->srv);
+  if (st != PULSE_OK)
+    return pulse_tk_fail("pulse-pull", a->serve, st);
+  if (a->json)
+    printf("{\"event\":\"serving\",\"url\":\"http://%s:%u\"}\n",
+           host[0] ? host : "0.0.0.0", (unsigned)pulse_server_port(oc->srv));
+  else
+    printf("pulse-pull: serving %s on http://%s:%u\n", a->cache,
+           host[0] ? host : "0.0.0.0", (unsigned)pulse_server_port(oc->srv));
+  fflush(stdout);
+  return 0;
+}
+
+/* Syncs once or follows; after a single sync with --serve, serves until a
+ * stop signal. Returns the exit code. */
+static int pull_run(const pull_args *a, pulse_sub *sub, stopper *stop) {
+  int rc = 0;
+  pulse_status st;
+  stop->running = pthread_create(&stop->thread, NULL, stop_wait, stop) == 0;
+  if (a->follow) {
+    st = pulse_sub_follow(sub);
+  } else {
+    st = pulse_sub_sync(sub);
+    if (st == PULSE_OK && a->serve != NULL && !atomic_load(&stop->stopped)) {
+      if (!a->json)
+        fprintf(stderr,
+                "pulse-pull: synced; serving until SIGINT or SIGTERM\n");
+      if (stop->running)
+        pthread_join(stop->thread, NULL);
+      stop->running = 0;
+    }
+  }
+  if (st != PULSE_OK && !(atomic_load(&stop->stopped) && a->follow))
+    rc = 1;
+  if (st != PULSE_OK && !a->json)
+    fprintf(stderr, "pulse-pull: %s (%s): %s\n", pulse_status_str(st),
+            pulse_status_name(st), pulse_sub_error(sub));
+  if (stop->running) {
+    pthread_kill(stop->thread, SIGUSR1);
+    pthread_join(stop->thread, NULL);
+  }
+  if (a->json) {
+    pulse_sub_figures f;
+    pulse_sub_figures_get(sub, &f);
+    printf("{\"event\":\"exit\",\"code\":%d", rc);
+    json_step("step", f.step);
+    json_step("head_step", f.head_step);
+    print_figures_json(&f);
+    printf("}\n");
+  }
+  return rc;
+}
+
+int main(int argc, char **argv) {
+  static pull_args a; /* static: its buffers outlive every borrower */
+  int rc = parse_args(argc, argv, &a);
+  if (rc >= 0)
+    return rc;
   if (getenv("PULSE_LOG") == NULL)
     pulse_log_level_set(PULSE_LOG_ERROR); /* events say it all */
 
@@ -379,93 +485,21 @@ int main(int argc, char **argv) {
   pthread_sigmask(SIG_BLOCK, &stop.set, NULL);
   signal(SIGPIPE, SIG_IGN);
 
-  out_ctx oc = {json, isatty(STDOUT_FILENO), 0, NULL, NULL};
-  pulse_sub_opts o = PULSE_SUB_OPTS_INIT;
-  o.urls = urls;
-  o.url_count = nurls;
-  o.cache_dir = cache;
-  o.public_key = key_hex ? key : NULL;
-  o.allow_unsigned = unsigned_;
-  o.request_timeout_ms = (uint32_t)timeout_s * 1000u;
-  o.low_speed_seconds = (uint32_t)timeout_s;
-  o.retries = (unsigned)retries;
-  o.parallel = (unsigned)parallel;
-  o.max_recv_bytes_per_s = rate;
-  o.use_catchup = !no_catchup;
-  o.mirror = serve != NULL;
-  o.threads = threads;
-  o.no_streaming = no_stream;
-  o.no_class_index = no_index;
-  o.on_event = on_event;
-  o.on_event_ctx = &oc;
-  int rc = 0;
+  out_ctx oc = {a.json, isatty(STDOUT_FILENO), 0, NULL, NULL};
+  pulse_sub_opts o = sub_opts_of(&a, &oc);
   pulse_sub *sub = NULL;
   pulse_status st = pulse_sub_create(&o, &sub);
   if (st != PULSE_OK)
-    return pulse_tk_fail("pulse-pull", cache, st);
+    return pulse_tk_fail("pulse-pull", a.cache, st);
   oc.sub = sub;
   stop.sub = sub;
-  if (out != NULL && (st = pulse_sub_attach_file(sub, out)) != PULSE_OK) {
-    rc = pulse_tk_fail("pulse-pull", out, st);
-    goto done;
-  }
-  if (serve != NULL) {
-    char host[256];
-    pulse_server_opts so = PULSE_SERVER_OPTS_INIT;
-    if ((st = pulse_server_parse_listen(serve, host, sizeof host, &so.port)) !=
-        PULSE_OK) {
-      fprintf(stderr, "pulse-pull: --serve needs HOST:PORT\n");
-      rc = 2;
-      goto done;
-    }
-    so.host = host;
-    so.store_dir = cache;
-    so.watch = 1;
-    if ((st = pulse_server_create(&so, &oc.srv)) != PULSE_OK) {
-      rc = pulse_tk_fail("pulse-pull", serve, st);
-      goto done;
-    }
-    if (json)
-      printf("{\"event\":\"serving\",\"url\":\"http://%s:%u\"}\n",
-             host[0] ? host : "0.0.0.0", (unsigned)pulse_server_port(oc.srv));
-    else
-      printf("pulse-pull: serving %s on http://%s:%u\n", cache,
-             host[0] ? host : "0.0.0.0", (unsigned)pulse_server_port(oc.srv));
-    fflush(stdout);
-  }
-  stop.running = pthread_create(&stop.thread, NULL, stop_wait, &stop) == 0;
-  if (follow) {
-    st = pulse_sub_follow(sub);
-  } else {
-    st = pulse_sub_sync(sub);
-    if (st == PULSE_OK && serve != NULL && !atomic_load(&stop.stopped)) {
-      if (!json)
-        fprintf(stderr,
-                "pulse-pull: synced; serving until SIGINT or SIGTERM\n");
-      if (stop.running)
-        pthread_join(stop.thread, NULL);
-      stop.running = 0;
-    }
-  }
-  if (st != PULSE_OK && !(atomic_load(&stop.stopped) && follow))
-    rc = 1;
-  if (st != PULSE_OK && !json)
-    fprintf(stderr, "pulse-pull: %s (%s): %s\n", pulse_status_str(st),
-            pulse_status_name(st), pulse_sub_error(sub));
-  if (stop.running) {
-    pthread_kill(stop.thread, SIGUSR1);
-    pthread_join(stop.thread, NULL);
-  }
-  if (json) {
-    pulse_sub_figures f;
-    pulse_sub_figures_get(sub, &f);
-    printf("{\"event\":\"exit\",\"code\":%d", rc);
-    json_step("step", f.step);
-    json_step("head_step", f.head_step);
-    print_figures_json(&f);
-    printf("}\n");
-  }
-done:
+  rc = 0;
+  if (a.out != NULL && (st = pulse_sub_attach_file(sub, a.out)) != PULSE_OK)
+    rc = pulse_tk_fail("pulse-pull", a.out, st);
+  if (rc == 0 && a.serve != NULL)
+    rc = start_relay(&a, &oc);
+  if (rc == 0)
+    rc = pull_run(&a, sub, &stop);
   pulse_server_free(oc.srv);
   pulse_sub_free(sub);
   return rc;

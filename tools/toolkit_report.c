@@ -408,55 +408,73 @@ static void svg_legend(FILE *f, const chart *c, int bars) {
   }
 }
 
-/* Writes one chart as inline SVG; 0, or -1 when it names what is missing. */
-static int svg_chart(FILE *f, const pulse_report *r, const chart *c, char *detail, size_t dsize) {
+/* What svg_chart works out before drawing: the table, its columns, the
+ * ranges and the layout. */
+typedef struct {
+  const pulse_report_table *t;
+  int xc, yc[64];
+  int bars, x_num, cat_labels, rotate;
+  double ymn, ymx, xmn, xmx, group;
+  int plot_b, height;
+} chart_frame;
+
+/* Finds the chart's table and columns and lays it out; 0, or -1 when it
+ * names what is missing. */
+static int chart_frame_make(const pulse_report *r, const chart *c, chart_frame *fr,
+                            char *detail, size_t dsize) {
   const pulse_report_table *t = find_table(r, c->table);
   if (t == NULL) {
     snprintf(detail, dsize, "chart '%s': no table '%s'", c->title, c->table);
     return -1;
   }
-  int xc = col_index(t, c->x), yc[64];
-  if (xc < 0 || c->ny == 0 || c->ny > 64) {
+  fr->t = t;
+  fr->xc = col_index(t, c->x);
+  if (fr->xc < 0 || c->ny == 0 || c->ny > 64) {
     snprintf(detail, dsize, "chart '%s': bad x column '%s' or y columns", c->title, c->x);
     return -1;
   }
   for (size_t s = 0; s < c->ny; s++)
-    if ((yc[s] = col_index(t, c->ys[s])) < 0) {
+    if ((fr->yc[s] = col_index(t, c->ys[s])) < 0) {
       snprintf(detail, dsize, "chart '%s': no column '%s' in '%s'", c->title, c->ys[s], t->name);
       return -1;
     }
-  int bars = c->kind == PULSE_REPORT_BAR;
+  fr->bars = c->kind == PULSE_REPORT_BAR;
   /* x numeric when every row's x is a number (and > 0 on a log axis) */
-  int x_num = !bars && t->nrows > 0;
-  for (size_t i = 0; x_num && i < t->nrows; i++)
-    x_num = y_ok(cell_at(t, i, xc), c->log_x);
-  double ymn = INFINITY, ymx = -INFINITY, xmn = INFINITY, xmx = -INFINITY;
+  fr->x_num = !fr->bars && t->nrows > 0;
+  for (size_t i = 0; fr->x_num && i < t->nrows; i++)
+    fr->x_num = y_ok(cell_at(t, i, fr->xc), c->log_x);
+  fr->ymn = INFINITY, fr->ymx = -INFINITY, fr->xmn = INFINITY, fr->xmx = -INFINITY;
   for (size_t i = 0; i < t->nrows; i++) {
-    double xv = x_num ? cell_at(t, i, xc)->num : (double)i;
-    xmn = fmin(xmn, xv), xmx = fmax(xmx, xv);
+    double xv = fr->x_num ? cell_at(t, i, fr->xc)->num : (double)i;
+    fr->xmn = fmin(fr->xmn, xv), fr->xmx = fmax(fr->xmx, xv);
     for (size_t s = 0; s < c->ny; s++) {
-      const cell *y = cell_at(t, i, yc[s]);
+      const cell *y = cell_at(t, i, fr->yc[s]);
       if (y_ok(y, c->log_y))
-        ymn = fmin(ymn, y->num), ymx = fmax(ymx, y->num);
+        fr->ymn = fmin(fr->ymn, y->num), fr->ymx = fmax(fr->ymx, y->num);
     }
   }
   /* Category labels below a bar chart turn when they would overlap. */
   size_t longest = 0;
   for (size_t i = 0; i < t->nrows; i++) {
     char lab[128];
-    cell_label(cell_at(t, i, xc), lab, sizeof lab);
+    cell_label(cell_at(t, i, fr->xc), lab, sizeof lab);
     longest = strlen(lab) > longest ? strlen(lab) : longest;
   }
-  double group = t->nrows ? (double)(PLOT_R - PLOT_L) / (double)t->nrows : 1;
-  int cat_labels = bars || !x_num;
-  int rotate = cat_labels && (double)longest * 7.5 > group;
-  int plot_b = 300 + PLOT_T, height = plot_b + 64 + (rotate ? (int)longest * 5 : 0);
-  if (height < PLOT_T + 22 * (int)c->ny + 40)
-    height = PLOT_T + 22 * (int)c->ny + 40;
+  fr->group = t->nrows ? (double)(PLOT_R - PLOT_L) / (double)t->nrows : 1;
+  fr->cat_labels = fr->bars || !fr->x_num;
+  fr->rotate = fr->cat_labels && (double)longest * 7.5 > fr->group;
+  fr->plot_b = 300 + PLOT_T;
+  fr->height = fr->plot_b + 64 + (fr->rotate ? (int)longest * 5 : 0);
+  if (fr->height < PLOT_T + 22 * (int)c->ny + 40)
+    fr->height = PLOT_T + 22 * (int)c->ny + 40;
+  return 0;
+}
 
+/* The SVG element's start, its title and the axis labels. */
+static void svg_chart_head(FILE *f, const chart *c, const chart_frame *fr) {
   fprintf(f, "<svg width=\"%d\" height=\"%d\" "
              "viewBox=\"0 0 %d %d\" role=\"img\">\n<title>",
-          CHART_W, height, CHART_W, height);
+          CHART_W, fr->height, CHART_W, fr->height);
   put_html(f, c->title);
   fputs("</title>\n<rect width=\"100%\" height=\"100%\" fill=\"#fff\"/>\n", f);
   svg_text(f, CHART_W / 2.0, 26, "middle", " class=\"ttl\"", c->title);
@@ -464,47 +482,28 @@ static int svg_chart(FILE *f, const pulse_report *r, const chart *c, char *detai
   snprintf(ylab, sizeof ylab, "%s%s", c->y_label, c->log_y ? " - log scale" : "");
   fprintf(f, "<text transform=\"translate(20,%.1f) rotate(-90)\" text-anchor=\"middle\" "
              "class=\"ax\">",
-          (PLOT_T + plot_b) / 2.0);
+          (PLOT_T + fr->plot_b) / 2.0);
   put_html(f, ylab);
   fputs("</text>\n", f);
   char xlab[300];
-  snprintf(xlab, sizeof xlab, "%s%s", c->x_label, c->log_x && x_num ? " - log scale" : "");
-  svg_text(f, (PLOT_L + PLOT_R) / 2.0, height - 12, "middle", " class=\"ax\"", xlab);
+  snprintf(xlab, sizeof xlab, "%s%s", c->x_label, c->log_x && fr->x_num ? " - log scale" : "");
+  svg_text(f, (PLOT_L + PLOT_R) / 2.0, fr->height - 12, "middle", " class=\"ax\"", xlab);
+}
 
-  if (t->nrows == 0 || !(ymn <= ymx)) {
-    svg_text(f, (PLOT_L + PLOT_R) / 2.0, (PLOT_T + plot_b) / 2.0, "middle", " class=\"ax\"",
-             "no data");
-    fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"none\" "
-               "stroke=\"#444\"/>\n</svg>\n",
-            PLOT_L, PLOT_T, PLOT_R - PLOT_L, plot_b - PLOT_T);
-    return 0;
-  }
-  axis ya, xa;
-  axis_make(&ya, ymn, ymx, c->log_y, bars);
-  double ph = plot_b - PLOT_T, pw = PLOT_R - PLOT_L;
-  for (int k = 0; k < ya.nticks; k++) {
-    double y = plot_b - axis_frac(&ya, ya.ticks[k]) * ph;
-    char lab[32];
-    fmt_tick(ya.ticks[k], lab, sizeof lab);
-    fprintf(f, "<line x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" class=\"grid\"/>\n", PLOT_L, y,
-            PLOT_R, y);
-    svg_text(f, PLOT_L - 6, y + 4, "end", " class=\"tick\"", lab);
-  }
-
-  /* x positions of the rows */
-  double *px = calloc(t->nrows, sizeof *px);
-  if (px == NULL) {
-    snprintf(detail, dsize, "out of memory");
-    return -1;
-  }
-  if (cat_labels) {
+/* The x position of every row into px, with the x labels or ticks. */
+static void svg_chart_x(FILE *f, const chart *c, const chart_frame *fr, double *px) {
+  const pulse_report_table *t = fr->t;
+  double pw = PLOT_R - PLOT_L;
+  int plot_b = fr->plot_b;
+  if (fr->cat_labels) {
     for (size_t i = 0; i < t->nrows; i++)
-      px[i] = bars ? PLOT_L + group * ((double)i + 0.5)
-                   : PLOT_L + 20 + (pw - 40) * (t->nrows > 1 ? (double)i / (double)(t->nrows - 1) : 0.5);
+      px[i] = fr->bars ? PLOT_L + fr->group * ((double)i + 0.5)
+                       : PLOT_L + 20 +
+                             (pw - 40) * (t->nrows > 1 ? (double)i / (double)(t->nrows - 1) : 0.5);
     for (size_t i = 0; i < t->nrows; i++) {
       char lab[128];
-      cell_label(cell_at(t, i, xc), lab, sizeof lab);
-      if (rotate) {
+      cell_label(cell_at(t, i, fr->xc), lab, sizeof lab);
+      if (fr->rotate) {
         fprintf(f, "<text transform=\"translate(%.1f,%d) rotate(-35)\" text-anchor=\"end\" "
                    "class=\"tick\">",
                 px[i] + 4, plot_b + 14);
@@ -514,82 +513,125 @@ static int svg_chart(FILE *f, const pulse_report *r, const chart *c, char *detai
         svg_text(f, px[i], plot_b + 18, "middle", " class=\"tick\"", lab);
       }
     }
-  } else {
-    /* integers spanning few values get one tick each */
-    int per_value = !c->log_x && xmx - xmn <= 12 && floor(xmn) == xmn && floor(xmx) == xmx;
-    if (per_value) {
-      xa.log = 0, xa.nticks = 0;
-      xa.lo = xmn - 0.5, xa.hi = xmx + 0.5;
-      if (xmx == xmn)
-        xa.lo = xmn - 1, xa.hi = xmx + 1;
-      for (double v = xmn; v <= xmx && xa.nticks < 60; v += 1)
-        xa.ticks[xa.nticks++] = v;
-    } else {
-      axis_make(&xa, xmn, xmx, c->log_x, 0);
-    }
-    for (size_t i = 0; i < t->nrows; i++)
-      px[i] = PLOT_L + axis_frac(&xa, cell_at(t, i, xc)->num) * pw;
-    for (int k = 0; k < xa.nticks; k++) {
-      double x = PLOT_L + axis_frac(&xa, xa.ticks[k]) * pw;
-      char lab[32];
-      fmt_tick(xa.ticks[k], lab, sizeof lab);
-      fprintf(f, "<line x1=\"%.1f\" y1=\"%d\" x2=\"%.1f\" y2=\"%d\" class=\"grid\"/>\n", x, PLOT_T,
-              x, plot_b);
-      svg_text(f, x, plot_b + 18, "middle", " class=\"tick\"", lab);
-    }
+    return;
   }
+  axis xa;
+  double xmn = fr->xmn, xmx = fr->xmx;
+  /* integers spanning few values get one tick each */
+  int per_value = !c->log_x && xmx - xmn <= 12 && floor(xmn) == xmn && floor(xmx) == xmx;
+  if (per_value) {
+    xa.log = 0, xa.nticks = 0;
+    xa.lo = xmn - 0.5, xa.hi = xmx + 0.5;
+    if (xmx == xmn)
+      xa.lo = xmn - 1, xa.hi = xmx + 1;
+    for (double v = xmn; v <= xmx && xa.nticks < 60; v += 1)
+      xa.ticks[xa.nticks++] = v;
+  } else {
+    axis_make(&xa, xmn, xmx, c->log_x, 0);
+  }
+  for (size_t i = 0; i < t->nrows; i++)
+    px[i] = PLOT_L + axis_frac(&xa, cell_at(t, i, fr->xc)->num) * pw;
+  for (int k = 0; k < xa.nticks; k++) {
+    double x = PLOT_L + axis_frac(&xa, xa.ticks[k]) * pw;
+    char lab[32];
+    fmt_tick(xa.ticks[k], lab, sizeof lab);
+    fprintf(f, "<line x1=\"%.1f\" y1=\"%d\" x2=\"%.1f\" y2=\"%d\" class=\"grid\"/>\n", x, PLOT_T,
+            x, plot_b);
+    svg_text(f, x, plot_b + 18, "middle", " class=\"tick\"", lab);
+  }
+}
 
-  for (size_t s = 0; s < c->ny; s++) {
-    const char *col = palette[s % PALETTE_N];
-    if (bars) {
-      double bw = group * 0.8 / (double)c->ny;
-      for (size_t i = 0; i < t->nrows; i++) {
-        const cell *y = cell_at(t, i, yc[s]);
-        if (!y_ok(y, c->log_y))
-          continue;
-        double base = c->log_y ? plot_b : plot_b - axis_frac(&ya, 0) * ph;
-        double top = plot_b - axis_frac(&ya, y->num) * ph;
-        double x = px[i] - group * 0.4 + bw * (double)s;
-        fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"%s\"/>\n", x,
-                fmin(top, base), bw * 0.92, fabs(base - top), col);
-        if (t->nrows * c->ny <= 40) {
-          char lab[32];
-          fmt_tick(y->num, lab, sizeof lab);
-          svg_text(f, x + bw * 0.46, fmin(top, base) - 4, "middle", " class=\"val\"", lab);
-        }
+/* Series s: bars, or a line that breaks where a value is missing. */
+static void svg_chart_series(FILE *f, const chart *c, const chart_frame *fr, const axis *ya,
+                             const double *px, size_t s) {
+  const pulse_report_table *t = fr->t;
+  const char *col = palette[s % PALETTE_N];
+  double ph = fr->plot_b - PLOT_T;
+  int plot_b = fr->plot_b;
+  if (fr->bars) {
+    double bw = fr->group * 0.8 / (double)c->ny;
+    for (size_t i = 0; i < t->nrows; i++) {
+      const cell *y = cell_at(t, i, fr->yc[s]);
+      if (!y_ok(y, c->log_y))
+        continue;
+      double base = c->log_y ? plot_b : plot_b - axis_frac(ya, 0) * ph;
+      double top = plot_b - axis_frac(ya, y->num) * ph;
+      double x = px[i] - fr->group * 0.4 + bw * (double)s;
+      fprintf(f, "<rect x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"%s\"/>\n", x,
+              fmin(top, base), bw * 0.92, fabs(base - top), col);
+      if (t->nrows * c->ny <= 40) {
+        char lab[32];
+        fmt_tick(y->num, lab, sizeof lab);
+        svg_text(f, x + bw * 0.46, fmin(top, base) - 4, "middle", " class=\"val\"", lab);
       }
+    }
+    return;
+  }
+  int open = 0;
+  for (size_t i = 0; i < t->nrows; i++) {
+    const cell *y = cell_at(t, i, fr->yc[s]);
+    if (!y_ok(y, c->log_y)) {
+      if (open)
+        fputs("\"/>\n", f);
+      open = 0;
       continue;
     }
-    /* lines break where a value is missing */
-    int open = 0;
-    for (size_t i = 0; i < t->nrows; i++) {
-      const cell *y = cell_at(t, i, yc[s]);
-      if (!y_ok(y, c->log_y)) {
-        if (open)
-          fputs("\"/>\n", f);
-        open = 0;
-        continue;
-      }
-      if (!open)
-        fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"2.5\" "
-                   "%s points=\"",
-                col, dashes[(s / PALETTE_N) % 4]);
-      fprintf(f, "%s%.1f,%.1f", open ? " " : "", px[i], plot_b - axis_frac(&ya, y->num) * ph);
-      open = 1;
-    }
-    if (open)
-      fputs("\"/>\n", f);
-    for (size_t i = 0; i < t->nrows; i++) {
-      const cell *y = cell_at(t, i, yc[s]);
-      if (y_ok(y, c->log_y))
-        fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3.5\" fill=\"%s\"/>\n", px[i],
-                plot_b - axis_frac(&ya, y->num) * ph, col);
-    }
+    if (!open)
+      fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"2.5\" "
+                 "%s points=\"",
+              col, dashes[(s / PALETTE_N) % 4]);
+    fprintf(f, "%s%.1f,%.1f", open ? " " : "", px[i], plot_b - axis_frac(ya, y->num) * ph);
+    open = 1;
   }
+  if (open)
+    fputs("\"/>\n", f);
+  for (size_t i = 0; i < t->nrows; i++) {
+    const cell *y = cell_at(t, i, fr->yc[s]);
+    if (y_ok(y, c->log_y))
+      fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3.5\" fill=\"%s\"/>\n", px[i],
+              plot_b - axis_frac(ya, y->num) * ph, col);
+  }
+}
+
+/* Writes one chart as inline SVG; 0, or -1 when it names what is missing. */
+static int svg_chart(FILE *f, const pulse_report *r, const chart *c, char *detail, size_t dsize) {
+  chart_frame fr;
+  if (chart_frame_make(r, c, &fr, detail, dsize) != 0)
+    return -1;
+  const pulse_report_table *t = fr.t;
+  int plot_b = fr.plot_b;
+  svg_chart_head(f, c, &fr);
+  if (t->nrows == 0 || !(fr.ymn <= fr.ymx)) {
+    svg_text(f, (PLOT_L + PLOT_R) / 2.0, (PLOT_T + plot_b) / 2.0, "middle", " class=\"ax\"",
+             "no data");
+    fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"none\" "
+               "stroke=\"#444\"/>\n</svg>\n",
+            PLOT_L, PLOT_T, PLOT_R - PLOT_L, plot_b - PLOT_T);
+    return 0;
+  }
+  axis ya;
+  axis_make(&ya, fr.ymn, fr.ymx, c->log_y, fr.bars);
+  double ph = plot_b - PLOT_T;
+  for (int k = 0; k < ya.nticks; k++) {
+    double y = plot_b - axis_frac(&ya, ya.ticks[k]) * ph;
+    char lab[32];
+    fmt_tick(ya.ticks[k], lab, sizeof lab);
+    fprintf(f, "<line x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" class=\"grid\"/>\n", PLOT_L, y,
+            PLOT_R, y);
+    svg_text(f, PLOT_L - 6, y + 4, "end", " class=\"tick\"", lab);
+  }
+  double *px = calloc(t->nrows, sizeof *px);
+  if (px == NULL) {
+    snprintf(detail, dsize, "out of memory");
+    return -1;
+  }
+  svg_chart_x(f, c, &fr, px);
+  for (size_t s = 0; s < c->ny; s++)
+    svg_chart_series(f, c, &fr, &ya, px, s);
   free(px);
   fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"none\" stroke=\"#444\"/>\n",
           PLOT_L, PLOT_T, PLOT_R - PLOT_L, plot_b - PLOT_T);
-  svg_legend(f, c, bars);
+  svg_legend(f, c, fr.bars);
   fputs("</svg>\n", f);
   return 0;
 }

@@ -3,6 +3,7 @@
 #include "toolkit_synth.h"
 
 #include "pulse_log.h"
+#include "rng_impl.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -59,13 +60,11 @@ struct pulse_synth {
 
 /* ------------------------------------------------------------ randomness */
 
-static uint64_t splitmix64(uint64_t *x) {
-  uint64_t z = (*x += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
+/* The bulk draws come from xoshiro256** rather than the project's
+ * generator (pulse_rng_next, splitmix64): it is the stream every synthetic
+ * trajectory, test and published figure was made with, and each block's
+ * 256-bit state is keyed independently. Its seeding goes through
+ * pulse_rng_next. */
 typedef struct {
   uint64_t s[4];
 } xoshiro;
@@ -88,17 +87,17 @@ static uint64_t xoshiro_next(xoshiro *r) {
 }
 
 /* A stream keyed by (seed, purpose, step, tensor, start): every key word goes
- * through splitmix64 so nearby keys give unrelated streams. */
+ * through splitmix64 (pulse_rng_next) so nearby keys give unrelated streams. */
 static void xoshiro_seed(xoshiro *r, uint64_t seed, uint64_t purpose,
                          uint64_t step, uint64_t tensor, uint64_t start) {
   uint64_t x = seed;
   uint64_t key[4] = {purpose, step, tensor, start};
   for (int i = 0; i < 4; i++) {
-    uint64_t h = splitmix64(&x);
+    uint64_t h = pulse_rng_next(&x);
     x = h ^ key[i];
   }
   for (int i = 0; i < 4; i++)
-    r->s[i] = splitmix64(&x);
+    r->s[i] = pulse_rng_next(&x);
 }
 
 /* Uniform in [0, 1). */
