@@ -146,8 +146,8 @@ pulse_status sub_head_fetch(pulse_sub *sub, int *moved) {
   pulse_status st = PULSE_ERR_NOT_FOUND;
   char detail[1024] = "";
   for (size_t u = 0; u < sub->nurls; u++) {
-    sub_xfer x;
-    sub_xfer_init(&x, NULL);
+    pulse_fetch_xfer x;
+    pulse_fetch_xfer_init(&x, NULL);
     x.max_bytes = PULSE_STORE_MAX_HEAD_BYTES;
     x.timeout_ms = sub->opts.request_timeout_ms;
     st = sub_fetch_mem(sub, u, "v1/head", &x, "head");
@@ -159,7 +159,7 @@ pulse_status sub_head_fetch(pulse_sub *sub, int *moved) {
       if (st != PULSE_OK)
         reject_head(sub, u, st);
     }
-    sub_xfer_release(&x);
+    pulse_fetch_xfer_release(&x);
     if (st == PULSE_OK) {
       take(sub, h, moved);
       return PULSE_OK;
@@ -178,24 +178,25 @@ pulse_status sub_head_poll(pulse_sub *sub, uint64_t after, int *got) {
            after, sub->opts.poll_timeout_ms);
   pulse_status st = PULSE_ERR_IO;
   for (size_t u = 0; u < sub->nurls; u++) {
-    sub_xfer x;
-    sub_xfer_init(&x, NULL);
+    pulse_fetch_xfer x;
+    pulse_fetch_xfer_init(&x, NULL);
     sub_url(sub, u, rel, x.url, sizeof x.url);
     x.max_bytes = PULSE_STORE_MAX_HEAD_BYTES;
     x.timeout_ms = sub->opts.poll_timeout_ms + sub->opts.request_timeout_ms;
     if (sub->head != NULL)
       snprintf(x.if_none_match, sizeof x.if_none_match, "%s", sub->head_etag);
-    sub_xfer *one = &x;
+    pulse_fetch_xfer *one = &x;
     double t0 = sub_now();
     st = sub_http_run(sub, &one, 1, NULL);
     sub->t_transfer -= sub_now() - t0; /* waiting for a step is not transfer */
     if (st == PULSE_OK) {
-      if (x.cc == CURLE_OK && (x.status == 304 || x.status == 404)) {
-        sub_xfer_release(&x);
+      if (pulse_fetch_xfer_answered(&x) &&
+          (x.status == 304 || x.status == 404)) {
+        pulse_fetch_xfer_release(&x);
         return PULSE_OK; /* nothing newer (or no head yet) */
       }
-      if (!sub_xfer_ok(&x))
-        st = sub_xfer_fail(&x, "long-poll");
+      if (!pulse_fetch_xfer_ok(&x))
+        st = pulse_fetch_xfer_fail(&x, "long-poll");
     }
     pulse_store_head *h = NULL;
     if (st == PULSE_OK) {
@@ -203,7 +204,7 @@ pulse_status sub_head_poll(pulse_sub *sub, uint64_t after, int *got) {
       if (st != PULSE_OK && st != PULSE_ERR_BASE_STEP)
         reject_head(sub, u, st);
     }
-    sub_xfer_release(&x);
+    pulse_fetch_xfer_release(&x);
     if (st == PULSE_OK) {
       take(sub, h, got);
       return PULSE_OK;

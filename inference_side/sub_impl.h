@@ -3,7 +3,8 @@
  *   subscriber.c   create/free, options, figures, events, the readers' lock
  *   sub_targets.c  attaching host and device targets, pulse_sub_tensor
  *   sub_file.c     the safetensors file target (load, save)
- *   sub_http.c     the libcurl transfer engine and retry policy
+ *   sub_http.c     the subscriber over the fetching layer (http_fetch.c):
+ *                  figures, retry events, GETs into memory
  *   sub_object.c   object downloads: resume, parallel ranges, verify, install
  *   sub_head.c     fetching and trusting heads, long-polls
  *   sub_cache.c    the cache folder as a store: head.json, pruning
@@ -15,19 +16,17 @@
 #ifndef PULSE_SUB_IMPL_H
 #define PULSE_SUB_IMPL_H
 
-#include <curl/curl.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
+#include "http_fetch_impl.h"
 #include "pulse_codec.h"
 #include "pulse_codec_stream.h"
 #include "pulse_cuda.h"
 #include "pulse_store.h"
 #include "pulse_subscriber.h"
-
-#define SUB_POOL 16 /* easy handles kept for reuse */
 
 typedef enum {
   SUB_MEM_NONE = 0,
@@ -70,12 +69,9 @@ struct pulse_sub {
   int have_key;   /* key is the one to require (pinned or trusted) */
   int key_pinned; /* given in the options */
 
-  /* HTTP */
-  CURLM *multi;
-  CURL *pool[SUB_POOL];
-  int pool_busy[SUB_POOL];
+  /* HTTP: every request runs on this engine, which watches `stop` */
+  pulse_fetch *http;
   atomic_int stop;
-  uint64_t rng;
 
   /* heads */
   pulse_store_head *head;   /* newest verified head (owned) */

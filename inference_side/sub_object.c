@@ -35,7 +35,7 @@ typedef struct {
   uint64_t have;        /* bytes held in the file */
   int fd;
   char path[4096];
-  sub_xfer x;
+  pulse_fetch_xfer x;
 } seg;
 
 typedef struct {
@@ -189,7 +189,7 @@ static pulse_status open_segs(fetch_ctx *c) {
   return PULSE_OK;
 }
 
-static void on_progress(pulse_sub *sub, sub_xfer *x) {
+static void on_progress(pulse_sub *sub, pulse_fetch_xfer *x) {
   fetch_ctx *c = x->progress_ctx;
   double now = sub_now();
   if (sub->opts.on_event == NULL || now - c->last_emit < 0.25)
@@ -197,8 +197,9 @@ static void on_progress(pulse_sub *sub, sub_xfer *x) {
   c->last_emit = now;
   uint64_t held = 0;
   for (size_t k = 0; k < c->n; k++)
-    held += c->segs[k].have +
-            (c->segs[k].x.easy != NULL ? c->segs[k].x.received : 0);
+    held +=
+        c->segs[k].have +
+        (pulse_fetch_xfer_running(&c->segs[k].x) ? c->segs[k].x.received : 0);
   pulse_sub_event ev = {0};
   ev.type = PULSE_SUB_EV_PROGRESS;
   ev.object = c->o->path;
@@ -214,7 +215,8 @@ static void on_progress(pulse_sub *sub, sub_xfer *x) {
 static uint64_t sink_prefix(const fetch_ctx *c) {
   for (size_t k = 0; k < c->n; k++) {
     const seg *s = &c->segs[k];
-    uint64_t held = s->have + (s->x.easy != NULL ? s->x.received : 0);
+    uint64_t held =
+        s->have + (pulse_fetch_xfer_running(&s->x) ? s->x.received : 0);
     if (held < s->len)
       return s->origin + held;
   }
@@ -236,7 +238,7 @@ static void sink_advance(fetch_ctx *c) {
   c->sink->on_prefix(c->sink, prefix);
 }
 
-static void sink_on_data(sub_xfer *x) {
+static void sink_on_data(pulse_fetch_xfer *x) {
   sink_advance(x->progress_ctx);
 }
 
@@ -274,13 +276,13 @@ static pulse_status download(fetch_ctx *c, size_t url) {
   sub_url(sub, url, rel, objurl, sizeof objurl);
   unsigned attempt = 0;
   for (;;) {
-    sub_xfer *run[SEG_MAX];
+    pulse_fetch_xfer *run[SEG_MAX];
     size_t nrun = 0;
     for (size_t k = 0; k < c->n; k++) {
       seg *s = &c->segs[k];
       if (s->have >= s->len)
         continue;
-      sub_xfer_init(&s->x, objurl);
+      pulse_fetch_xfer_init(&s->x, objurl);
       s->x.fd = s->fd;
       s->x.fd_origin = s->origin;
       s->x.expect_total = c->o->size;
@@ -309,7 +311,7 @@ static pulse_status download(fetch_ctx *c, size_t url) {
       s->have += s->x.received;
       progressed |= s->x.received > 0;
       s->x.received = 0; /* counted in have now (sink_prefix) */
-      if (sub_xfer_ok(&s->x) && s->have >= s->len)
+      if (pulse_fetch_xfer_ok(&s->x) && s->have >= s->len)
         continue;
       if (s->x.status == 416)
         /* The server's object ends before the head says it does. */
@@ -317,12 +319,12 @@ static pulse_status download(fetch_ctx *c, size_t url) {
                         "%s: range %" PRIu64
                         "- refused (416): not the object the head names",
                         objurl, s->origin + s->have);
-      else if (sub_xfer_ok(&s->x))
+      else if (pulse_fetch_xfer_ok(&s->x))
         st = pulse_fail(PULSE_ERR_IO, "%s: the answer ended early", objurl);
       else
-        st = sub_xfer_fail(&s->x, c->o->path);
-      retry &= s->x.status != 416 &&
-               (sub_xfer_ok(&s->x) || sub_xfer_retryable(&s->x));
+        st = pulse_fetch_xfer_fail(&s->x, c->o->path);
+      retry &= s->x.status != 416 && (pulse_fetch_xfer_ok(&s->x) ||
+                                      pulse_fetch_xfer_retryable(&s->x));
     }
     if (c->sink != NULL)
       sink_advance(c);
@@ -332,19 +334,10 @@ static pulse_status download(fetch_ctx *c, size_t url) {
       attempt = 0; /* a flaky link that moves forward is not given up */
     if (!retry || attempt >= sub->opts.retries)
       return st;
-    pulse_sub_event ev = {0};
-    ev.type = PULSE_SUB_EV_RETRY;
-    ev.attempt = attempt + 1;
-    ev.delay_ms = sub_backoff_ms(sub, attempt);
-    ev.status = st;
-    ev.detail = pulse_error_detail();
-    ev.object = c->o->path;
-    sub_count(sub, &sub->fig.retries, 1);
-    PULSE_LOG_AT(PULSE_LOG_INFO, "subscriber: %s; retry %u in %u ms", ev.detail,
-                 ev.attempt, ev.delay_ms);
-    sub_emit(sub, &ev);
+    unsigned delay = sub_backoff_ms(sub, attempt);
+    sub_http_retry(sub, c->o->path, attempt, delay, st);
     attempt++;
-    if (sub_sleep_ms(sub, ev.delay_ms) != 0)
+    if (sub_sleep_ms(sub, delay) != 0)
       return pulse_fail(PULSE_ERR_IO, "%s: stopped", c->o->path);
   }
 }

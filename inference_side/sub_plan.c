@@ -43,28 +43,28 @@ static long patch_after(const pulse_store_head *h, uint64_t step) {
 static uint64_t probe_catchup(pulse_sub *sub, uint64_t from) {
   char rel[64];
   snprintf(rel, sizeof rel, "v1/catchup/%" PRIu64, from);
-  sub_xfer x;
-  sub_xfer_init(&x, NULL);
-  x.head_only = 1;
+  pulse_fetch_xfer x;
+  pulse_fetch_xfer_init(&x, NULL);
+  x.method = PULSE_FETCH_HEAD;
   x.max_bytes = 1;
   x.timeout_ms = sub->opts.request_timeout_ms;
   pulse_status st = sub_fetch_mem(sub, 0, rel, &x, "catch-up probe");
   uint64_t size = 0;
   char v[256];
   if (st == PULSE_OK && x.status == 200 &&
-      sub_xfer_header(&x, "Content-Length", v, sizeof v))
+      pulse_fetch_xfer_header(&x, "Content-Length", v, sizeof v))
     size = strtoull(v, NULL, 10);
-  int is_signed = sub_xfer_header(&x, "X-Pulse-Signature", v, sizeof v);
+  int is_signed = pulse_fetch_xfer_header(&x, "X-Pulse-Signature", v, sizeof v);
   if (size > 0 && !is_signed && !sub->opts.allow_unsigned_catchup) {
     PULSE_LOG_AT(
         PULSE_LOG_INFO,
         "subscriber: the server does not sign catch-ups: using patches");
     size = 0;
   }
-  if (sub_xfer_header(&x, "X-Pulse-To-Step", v, sizeof v) &&
+  if (pulse_fetch_xfer_header(&x, "X-Pulse-To-Step", v, sizeof v) &&
       strtoull(v, NULL, 10) != pulse_store_head_step(sub->head))
     size = 0; /* the head moved meanwhile */
-  sub_xfer_release(&x);
+  pulse_fetch_xfer_release(&x);
   return size;
 }
 

@@ -100,7 +100,7 @@ typedef struct {
   unsigned attempt;
 } catchup_feed;
 
-static void catchup_on_data(sub_xfer *x) {
+static void catchup_on_data(pulse_fetch_xfer *x) {
   catchup_feed *f = x->on_data_ctx;
   if (x->attempt != f->attempt) { /* a retry: its bytes start over */
     sub_patch_stream_restart(f->c);
@@ -116,8 +116,8 @@ static pulse_status run_catchup(pulse_sub *sub, const sub_plan *plan) {
   uint64_t head = pulse_store_head_step(sub->head);
   char digest[65];
   pulse_state_digest_hex(pulse_store_head_state_digest(sub->head), digest);
-  sub_xfer x;
-  sub_xfer_init(&x, NULL);
+  pulse_fetch_xfer x;
+  pulse_fetch_xfer_init(&x, NULL);
   x.max_bytes = plan->catchup_size + ((uint64_t)1 << 20);
   x.low_speed = 1;
   /* Decoded while it downloads, into a buffer that does not move, when it
@@ -147,11 +147,11 @@ static pulse_status run_catchup(pulse_sub *sub, const sub_plan *plan) {
   if (st == PULSE_OK) {
     uint64_t from = 0, to = 0;
     char d[80] = "";
-    if (sub_xfer_header(&x, "X-Pulse-From-Step", v, sizeof v))
+    if (pulse_fetch_xfer_header(&x, "X-Pulse-From-Step", v, sizeof v))
       from = strtoull(v, NULL, 10);
-    if (sub_xfer_header(&x, "X-Pulse-To-Step", v, sizeof v))
+    if (pulse_fetch_xfer_header(&x, "X-Pulse-To-Step", v, sizeof v))
       to = strtoull(v, NULL, 10);
-    sub_xfer_header(&x, "X-Pulse-State-Digest", d, sizeof d);
+    pulse_fetch_xfer_header(&x, "X-Pulse-State-Digest", d, sizeof d);
     if (from != plan->from || to != head || strcmp(d, digest) != 0)
       st = pulse_fail(PULSE_ERR_CORRUPT,
                       "catch-up from %" PRIu64 ": it says %" PRIu64
@@ -165,8 +165,10 @@ static pulse_status run_catchup(pulse_sub *sub, const sub_plan *plan) {
     sub_sha256(x.mem, x.mem_len, sha);
     sub_hex(sha, 32, hex);
     int has_sig =
-        sub_xfer_header(&x, "X-Pulse-Signature", sig_hex, sizeof sig_hex) &&
-        sub_xfer_header(&x, "X-Pulse-Public-Key", pub_hex, sizeof pub_hex) &&
+        pulse_fetch_xfer_header(&x, "X-Pulse-Signature", sig_hex,
+                                sizeof sig_hex) &&
+        pulse_fetch_xfer_header(&x, "X-Pulse-Public-Key", pub_hex,
+                                sizeof pub_hex) &&
         sub_unhex(sig_hex, strlen(sig_hex), sig, 64) == 0 &&
         sub_unhex(pub_hex, strlen(pub_hex), pub, 32) == 0;
     if (has_sig && sub->have_key) {
@@ -213,7 +215,7 @@ static pulse_status run_catchup(pulse_sub *sub, const sub_plan *plan) {
     applied(sub, PULSE_SUB_ROUTE_CATCHUP, &sub->fig.catchups_applied);
   sub_patch_stream_free(cs);
   pulse_patch_free(p);
-  sub_xfer_release(&x);
+  pulse_fetch_xfer_release(&x);
   return st;
 }
 

@@ -11,6 +11,7 @@
 
 #include "pulse_log.h"
 #include "status_impl.h"
+#include "sub_http_impl.h"
 #include "sub_impl.h"
 
 const char *pulse_sub_route_name(pulse_sub_route route) {
@@ -25,13 +26,6 @@ const char *pulse_sub_route_name(pulse_sub_route route) {
     return "anchor";
   }
   return "?";
-}
-
-static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
-static CURLcode curl_init_result = CURLE_OK;
-
-static void curl_init(void) {
-  curl_init_result = curl_global_init(CURL_GLOBAL_DEFAULT);
 }
 
 static int url_ok(const char *u) {
@@ -72,10 +66,6 @@ pulse_status pulse_sub_create(const pulse_sub_opts *opts, pulse_sub **out) {
     return pulse_fail(PULSE_ERR_ARG, "subscriber: NULL out");
   *out = NULL;
   PULSE_TRY(check_opts(opts));
-  pthread_once(&curl_once, curl_init);
-  if (curl_init_result != CURLE_OK)
-    return pulse_fail(PULSE_ERR_INTERNAL, "curl_global_init: %s",
-                      curl_easy_strerror(curl_init_result));
   pulse_sub *sub = calloc(1, sizeof *sub);
   if (sub == NULL)
     return pulse_fail(PULSE_ERR_NOMEM, "subscriber");
@@ -109,10 +99,6 @@ pulse_status pulse_sub_create(const pulse_sub_opts *opts, pulse_sub **out) {
   sub->step = PULSE_SUB_NO_STEP;
   sub->fig.step = sub->fig.head_step = PULSE_SUB_NO_STEP;
   sub->fig.last_from_step = PULSE_SUB_NO_STEP;
-  sub->rng = (uint64_t)time(NULL) * 0x9E3779B97F4A7C15ull ^ (uint64_t)getpid() ^
-             (uintptr_t)sub;
-  if (sub->rng == 0)
-    sub->rng = 1;
   atomic_init(&sub->stop, 0);
   pthread_rwlockattr_t ra;
   pthread_rwlockattr_init(&ra);
@@ -123,9 +109,8 @@ pulse_status pulse_sub_create(const pulse_sub_opts *opts, pulse_sub **out) {
   pthread_rwlockattr_destroy(&ra);
   pthread_mutex_init(&sub->fig_lock, NULL);
   if (st == PULSE_OK) {
-    sub->multi = curl_multi_init();
-    if (sub->multi == NULL)
-      st = pulse_fail(PULSE_ERR_NOMEM, "curl_multi_init");
+    pulse_fetch_opts fo = sub_http_opts(&sub->opts, &sub->stop);
+    st = pulse_fetch_create(&fo, &sub->http);
   }
   if (st == PULSE_OK)
     st = sub_cache_open(sub);
@@ -140,11 +125,7 @@ pulse_status pulse_sub_create(const pulse_sub_opts *opts, pulse_sub **out) {
 void pulse_sub_free(pulse_sub *sub) {
   if (sub == NULL)
     return;
-  for (int i = 0; i < SUB_POOL; i++)
-    if (sub->pool[i] != NULL)
-      curl_easy_cleanup(sub->pool[i]);
-  if (sub->multi != NULL)
-    curl_multi_cleanup(sub->multi);
+  pulse_fetch_free(sub->http);
   for (size_t i = 0; i < sub->ntargets; i++) {
     free(sub->targets[i].name);
     pulse_class_index_free(sub->targets[i].index);
@@ -169,8 +150,7 @@ void pulse_sub_stop(pulse_sub *sub) {
   if (sub == NULL)
     return;
   atomic_store(&sub->stop, 1);
-  if (sub->multi != NULL)
-    curl_multi_wakeup(sub->multi);
+  pulse_fetch_stop(sub->http); /* wakes a transfer or a wait at once */
 }
 
 uint64_t pulse_sub_step(const pulse_sub *sub) {

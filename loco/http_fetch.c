@@ -1,25 +1,66 @@
-/* http_fetch.c - libcurl fetches of the trainer exchange (http_impl.h).
- * Loopback and peer URLs only: proxies from the environment are ignored. */
-#include <curl/curl.h>
+/* http_fetch.c - the trainer exchange's fetches (http_impl.h) on the
+ * project's fetching layer (inference_side/http_fetch_impl.h): each thread
+ * that fetches gets its own engine (kept for the thread's life, so its
+ * connections to the peers are reused), whose counters add up in one set
+ * for the process. Loopback and peer URLs only: http:// alone, and proxies
+ * from the environment are ignored.
+ *
+ * Waits and gathers retry until their deadline: a blob that is not there
+ * yet (404), a peer that is not up (no connection), 5xx, 408, 429 and
+ * timeouts, after a short backoff (RETRY_MS doubled, up to RETRY_MAX_MS,
+ * with jitter); a body cut short is resumed where it stopped when its
+ * server gave a strong ETag and honours Range. */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "http_fetch_impl.h"
 #include "http_impl.h"
 #include "status_impl.h"
 
-#define RETRY_MS 3u
+#define RETRY_MS 3u      /* the first retry's delay */
+#define RETRY_MAX_MS 25u /* the longest: a blob is picked up this late */
 
-static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
-static void curl_init_once(void) {
-  curl_global_init(CURL_GLOBAL_DEFAULT);
+static pulse_fetch_counters counters; /* every loco engine of the process */
+static pthread_key_t engine_key;
+static pthread_once_t engine_once = PTHREAD_ONCE_INIT;
+static int engine_key_ok;
+
+static void engine_free(void *f) {
+  pulse_fetch_free(f);
+}
+
+static void engine_key_make(void) {
+  engine_key_ok = pthread_key_create(&engine_key, engine_free) == 0;
+}
+
+/* The calling thread's engine (made on first use, freed when the thread
+ * ends). */
+static pulse_status engine(pulse_fetch **out) {
+  pthread_once(&engine_once, engine_key_make);
+  if (!engine_key_ok)
+    return pulse_fail(PULSE_ERR_INTERNAL, "loco http: no thread key");
+  pulse_fetch *f = pthread_getspecific(engine_key);
+  if (f == NULL) {
+    pulse_fetch_opts o;
+    memset(&o, 0, sizeof o);
+    o.backoff_ms = RETRY_MS;
+    o.backoff_max_ms = RETRY_MAX_MS;
+    o.no_proxy = 1;
+    o.shared = &counters;
+    PULSE_TRY(pulse_fetch_create(&o, &f));
+    if (pthread_setspecific(engine_key, f) != 0) {
+      pulse_fetch_free(f);
+      return pulse_fail(PULSE_ERR_NOMEM, "loco http: thread engine");
+    }
+  }
+  *out = f;
+  return PULSE_OK;
 }
 
 uint64_t loco_now_ms(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (uint64_t)t.tv_sec * 1000u + (uint64_t)t.tv_nsec / 1000000u;
+  return pulse_fetch_now_ms();
 }
 
 void loco_sleep_ms(unsigned ms) {
@@ -27,165 +68,119 @@ void loco_sleep_ms(unsigned ms) {
   nanosleep(&t, NULL);
 }
 
-typedef struct {
-  pulse_bytebuf *body;
-  size_t max;
-} sink;
-
-static size_t on_data(char *p, size_t size, size_t n, void *user) {
-  sink *k = user;
-  size_t bytes = size * n;
-  if (bytes > k->max - k->body->size)
-    return 0; /* too large: abort the transfer */
-  pulse_bytebuf_put(k->body, p, bytes);
-  return k->body->failed ? 0 : bytes;
+void loco_http_metrics(pulse_fetch_metrics *out) {
+  pulse_fetch_counters_get(&counters, out);
 }
 
-static CURL *easy_for(const char *url, unsigned timeout_ms, sink *k) {
-  CURL *h = curl_easy_init();
-  if (h == NULL)
-    return NULL;
-  curl_easy_setopt(h, CURLOPT_URL, url);
-  curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
-  curl_easy_setopt(h, CURLOPT_NOPROXY, "*");
-  curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, (long)(timeout_ms ? timeout_ms : 1u));
-  curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS,
-                   (long)(timeout_ms ? timeout_ms : 1u));
-  curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http");
-  curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_data);
-  curl_easy_setopt(h, CURLOPT_WRITEDATA, k);
-  return h;
-}
-
-static pulse_status request(const char *url, unsigned timeout_ms, size_t max,
-                            int post, pulse_bytebuf *body, long *status) {
-  pthread_once(&curl_once, curl_init_once);
-  pulse_bytebuf scratch = PULSE_BYTEBUF_INIT;
-  sink k = {body ? body : &scratch, max};
-  k.body->size = 0;
-  *status = 0;
-  CURL *h = easy_for(url, timeout_ms, &k);
-  if (h == NULL)
-    return pulse_fail(PULSE_ERR_NOMEM, "loco http: curl handle");
-  if (post) {
-    curl_easy_setopt(h, CURLOPT_POST, 1L);
-    curl_easy_setopt(h, CURLOPT_POSTFIELDS, "");
-    curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE, 0L);
+/* A transfer into `body`'s memory (which it takes over until given back
+ * by give_body). */
+static void xfer_for(pulse_fetch_xfer *x, const char *url, size_t max_bytes,
+                     pulse_bytebuf *body) {
+  pulse_fetch_xfer_init(x, url);
+  x->max_bytes = max_bytes;
+  if (body != NULL) {
+    x->mem = body->data;
+    x->mem_cap = body->capacity;
+    *body = (pulse_bytebuf)PULSE_BYTEBUF_INIT;
   }
-  CURLcode rc = curl_easy_perform(h);
-  if (rc == CURLE_OK)
-    curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, status);
-  curl_easy_cleanup(h);
-  int failed = k.body->failed;
-  pulse_bytebuf_free(&scratch);
-  if (failed)
-    return pulse_fail(PULSE_ERR_NOMEM, "loco http: response of %s", url);
-  return PULSE_OK;
+}
+
+static void give_body(pulse_fetch_xfer *x, pulse_bytebuf *body) {
+  if (body == NULL) {
+    pulse_fetch_xfer_release(x);
+    return;
+  }
+  body->data = x->mem;
+  body->size = x->mem_len;
+  body->capacity = x->mem_cap;
+  x->mem = NULL;
+}
+
+/* One try; *status as loco_http_get says. */
+static pulse_status request(const char *url, unsigned timeout_ms, size_t max,
+                            pulse_fetch_method method, pulse_bytebuf *body,
+                            long *status) {
+  *status = 0;
+  pulse_fetch *f;
+  PULSE_TRY(engine(&f));
+  pulse_fetch_xfer x;
+  xfer_for(&x, url, max, body);
+  x.method = method;
+  x.timeout_ms = timeout_ms ? timeout_ms : 1u;
+  pulse_fetch_xfer *one = &x;
+  pulse_status st = pulse_fetch_run(f, &one, 1, NULL, NULL);
+  int oom = x.io_failed;
+  if (pulse_fetch_xfer_answered(&x))
+    *status = x.status;
+  give_body(&x, body);
+  if (st == PULSE_OK && oom)
+    st = pulse_fail(PULSE_ERR_NOMEM, "loco http: response of %s", url);
+  return st;
 }
 
 pulse_status loco_http_get(const char *url, unsigned timeout_ms,
                            size_t max_bytes, pulse_bytebuf *body,
                            long *status) {
-  return request(url, timeout_ms, max_bytes, 0, body, status);
+  return request(url, timeout_ms, max_bytes, PULSE_FETCH_GET, body, status);
 }
 
 pulse_status loco_http_post(const char *url, unsigned timeout_ms,
                             long *status) {
-  return request(url, timeout_ms, 4096, 1, NULL, status);
+  return request(url, timeout_ms, 4096, PULSE_FETCH_POST, NULL, status);
 }
 
 pulse_status loco_http_wait(const char *url, unsigned timeout_ms,
                             size_t max_bytes, pulse_bytebuf *body) {
-  uint64_t end = loco_now_ms() + timeout_ms;
-  for (;;) {
-    uint64_t now = loco_now_ms();
-    if (now >= end)
-      return pulse_fail(PULSE_ERR_IO,
-                        "loco http: %s did not answer within %u ms", url,
-                        timeout_ms);
-    long status;
-    PULSE_TRY(
-        loco_http_get(url, (unsigned)(end - now), max_bytes, body, &status));
-    if (status == 200)
-      return PULSE_OK;
-    loco_sleep_ms(RETRY_MS);
-  }
+  pulse_fetch *f;
+  PULSE_TRY(engine(&f));
+  pulse_fetch_retry r;
+  memset(&r, 0, sizeof r);
+  r.deadline_ms = pulse_fetch_now_ms() + timeout_ms;
+  r.retry_missing = 1;
+  pulse_fetch_xfer x;
+  xfer_for(&x, url, max_bytes, body);
+  x.resume = 1;
+  pulse_status st = pulse_fetch_get(f, &x, &r, "loco http");
+  int oom = x.io_failed;
+  if (st == PULSE_OK && x.status != 200)
+    st = pulse_fail(PULSE_ERR_IO, "loco http: GET %s: HTTP %ld", url, x.status);
+  give_body(&x, body);
+  if (oom)
+    return pulse_fail(PULSE_ERR_NOMEM, "loco http: response of %s", url);
+  if (st != PULSE_OK) /* the cause is in the detail */
+    return pulse_fail(PULSE_ERR_IO, "%s (waited up to %u ms)",
+                      pulse_error_detail(), timeout_ms);
+  return PULSE_OK;
 }
 
 pulse_status loco_http_gather(loco_fetch *t, size_t count,
                               uint64_t deadline_ms) {
-  pthread_once(&curl_once, curl_init_once);
-  CURLM *m = curl_multi_init();
-  CURL **h = calloc(count ? count : 1, sizeof *h);
-  sink *k = calloc(count ? count : 1, sizeof *k);
-  uint64_t *next = calloc(count ? count : 1, sizeof *next);
-  if (m == NULL || h == NULL || k == NULL || next == NULL) {
-    if (m)
-      curl_multi_cleanup(m);
-    free(h), free(k), free(next);
+  for (size_t i = 0; i < count; i++)
+    t[i].done = 0;
+  if (count == 0 || pulse_fetch_now_ms() >= deadline_ms)
+    return PULSE_OK;
+  pulse_fetch *f;
+  PULSE_TRY(engine(&f));
+  pulse_fetch_xfer *x = calloc(count, sizeof *x);
+  pulse_fetch_xfer **run = calloc(count, sizeof *run);
+  if (x == NULL || run == NULL) {
+    free(x), free(run);
     return pulse_fail(PULSE_ERR_NOMEM, "loco http: gather of %zu", count);
   }
-  pulse_status st = PULSE_OK;
   for (size_t i = 0; i < count; i++) {
-    t[i].done = 0;
-    k[i].body = &t[i].body;
-    k[i].max = t[i].max_bytes;
+    xfer_for(&x[i], t[i].url, t[i].max_bytes, &t[i].body);
+    x[i].resume = 1;
+    run[i] = &x[i];
   }
-  for (;;) {
-    uint64_t now = loco_now_ms();
-    size_t left = 0;
-    for (size_t i = 0; i < count; i++)
-      left += !t[i].done;
-    if (left == 0 || now >= deadline_ms)
-      break;
-    for (size_t i = 0; i < count; i++)
-      if (!t[i].done && h[i] == NULL && now >= next[i]) {
-        t[i].body.size = 0;
-        h[i] = easy_for(t[i].url, (unsigned)(deadline_ms - now), &k[i]);
-        if (h[i] == NULL) {
-          st = pulse_fail(PULSE_ERR_NOMEM, "loco http: curl handle");
-          goto done;
-        }
-        curl_easy_setopt(h[i], CURLOPT_PRIVATE, (void *)&t[i]);
-        curl_multi_add_handle(m, h[i]);
-      }
-    int running = 0;
-    curl_multi_perform(m, &running);
-    CURLMsg *msg;
-    int queued;
-    while ((msg = curl_multi_info_read(m, &queued)) != NULL) {
-      if (msg->msg != CURLMSG_DONE)
-        continue;
-      size_t i = 0;
-      while (i < count && h[i] != msg->easy_handle)
-        i++;
-      if (i == count)
-        continue;
-      long status = 0;
-      if (msg->data.result == CURLE_OK)
-        curl_easy_getinfo(h[i], CURLINFO_RESPONSE_CODE, &status);
-      if (status == 200 && !t[i].body.failed)
-        t[i].done = 1;
-      else
-        next[i] = loco_now_ms() + RETRY_MS;
-      curl_multi_remove_handle(m, h[i]);
-      curl_easy_cleanup(h[i]);
-      h[i] = NULL;
-    }
-    now = loco_now_ms();
-    if (now < deadline_ms) {
-      uint64_t wait = deadline_ms - now;
-      curl_multi_poll(m, NULL, 0, (int)(wait < RETRY_MS ? wait : RETRY_MS),
-                      NULL);
-    }
+  pulse_fetch_retry r;
+  memset(&r, 0, sizeof r);
+  r.deadline_ms = deadline_ms;
+  r.retry_missing = 1;
+  pulse_status st = pulse_fetch_gather(f, run, count, &r);
+  for (size_t i = 0; i < count; i++) {
+    t[i].done = pulse_fetch_xfer_ok(&x[i]) && x[i].status == 200;
+    give_body(&x[i], &t[i].body);
   }
-done:
-  for (size_t i = 0; i < count; i++)
-    if (h[i]) {
-      curl_multi_remove_handle(m, h[i]);
-      curl_easy_cleanup(h[i]);
-    }
-  curl_multi_cleanup(m);
-  free(h), free(k), free(next);
+  free(x), free(run);
   return st;
 }

@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "bytebuf_impl.h"
+#include "http_fetch_impl.h"
 #include "pulse_status.h"
 
 /* ----------------------------------------------------------------- server */
@@ -43,6 +44,9 @@ void loco_server_drop(loco_server *s, const char *prefix, uint64_t below);
 uint64_t loco_server_bytes_served(const loco_server *s);
 
 /* ---------------------------------------------------------------- fetches */
+/* On the project's fetching layer (inference_side/http_fetch_impl.h): one
+ * engine per calling thread, connections kept; waits and gathers retry
+ * with a short backoff until their deadline and resume cut bodies. */
 
 /* Monotonic milliseconds. */
 uint64_t loco_now_ms(void);
@@ -55,14 +59,18 @@ pulse_status loco_http_get(const char *url, unsigned timeout_ms,
                            size_t max_bytes, pulse_bytebuf *body, long *status);
 pulse_status loco_http_post(const char *url, unsigned timeout_ms, long *status);
 
-/* GETs url until it answers 200 or timeout_ms passes (retrying 404s and
- * transport errors every few ms). @return PULSE_OK, PULSE_ERR_IO on timeout. */
+/* GETs url until it answers 200 or timeout_ms passes (retrying 404s,
+ * transport errors, 5xx, 408 and 429 after a short backoff, resuming a cut
+ * body). @return PULSE_OK; PULSE_ERR_IO on timeout or an answer that is no
+ * use (its cause in the detail); PULSE_ERR_NOMEM. */
 pulse_status loco_http_wait(const char *url, unsigned timeout_ms,
                             size_t max_bytes, pulse_bytebuf *body);
 
-/* Many GETs at once (libcurl multi): each target is retried until it
- * answers 200 or the deadline (loco_now_ms() value) passes. On return
- * done[i] says which arrived; bodies[i] holds them. */
+/* Many GETs at once (one multi handle): each target is retried as
+ * loco_http_wait retries until it answers 200, its answer is no use (a
+ * body over max_bytes, a 4xx other than 404/410), or the deadline
+ * (loco_now_ms() value) passes. On return done says which arrived; body
+ * holds them. */
 typedef struct {
   const char *url;
   size_t max_bytes;
@@ -72,5 +80,9 @@ typedef struct {
 
 pulse_status loco_http_gather(loco_fetch *targets, size_t count,
                               uint64_t deadline_ms);
+
+/* What every fetch of this process's exchange did so far (requests, bytes,
+ * retries, failed tries), all threads together. */
+void loco_http_metrics(pulse_fetch_metrics *out);
 
 #endif

@@ -1,0 +1,282 @@
+/* http_fetch_xfer.c - one transfer of the fetching layer: where its body
+ * goes (memory up to a limit, or a file at the right object offset), the
+ * checks on a 206 (its Content-Range must be the range asked, of the
+ * object size expected), the answer's headers, and the verdicts: good,
+ * worth retrying, or which error. */
+#include <curl/curl.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <unistd.h>
+
+#include "http_fetch_xfer_impl.h"
+#include "status_impl.h"
+
+void pulse_fetch_xfer_init(pulse_fetch_xfer *x, const char *url) {
+  memset(x, 0, sizeof *x);
+  x->fd = -1;
+  x->range_to = UINT64_MAX;
+  if (url != NULL)
+    snprintf(x->url, sizeof x->url, "%s", url);
+}
+
+void pulse_fetch_xfer_release(pulse_fetch_xfer *x) {
+  free(x->mem);
+  x->mem = NULL;
+  x->mem_len = x->mem_cap = 0;
+}
+
+int pulse_fetch_xfer_header(const pulse_fetch_xfer *x, const char *name,
+                            char *out, size_t cap) {
+  size_t n = strlen(name);
+  const char *p = x->headers;
+  while (p != NULL && *p != '\0') {
+    if (strncasecmp(p, name, n) == 0 && p[n] == ':') {
+      const char *v = p + n + 1;
+      while (*v == ' ' || *v == '\t')
+        v++;
+      size_t len = strcspn(v, "\r\n");
+      while (len > 0 && (v[len - 1] == ' ' || v[len - 1] == '\t'))
+        len--;
+      if (len >= cap)
+        return 0; /* longer than anything we expect: treat as absent */
+      memcpy(out, v, len);
+      out[len] = '\0';
+      return 1;
+    }
+    p = strchr(p, '\n');
+    if (p != NULL)
+      p++;
+  }
+  return 0;
+}
+
+int pulse_fetch_xfer_answered(const pulse_fetch_xfer *x) {
+  return x->cc == CURLE_OK;
+}
+
+int pulse_fetch_xfer_running(const pulse_fetch_xfer *x) {
+  return x->easy != NULL;
+}
+
+int pulse_fetch_xfer_ok(const pulse_fetch_xfer *x) {
+  int done = x->cc == CURLE_OK || (x->cc == CURLE_WRITE_ERROR && x->enough);
+  int good = (x->status >= 200 && x->status < 300) ||
+             (x->status == 304 && x->if_none_match[0]);
+  return done && good && !x->too_long && !x->io_failed && !x->bad_range;
+}
+
+int pulse_fetch_xfer_retryable(const pulse_fetch_xfer *x) {
+  if (x->io_failed || x->too_long)
+    return 0;
+  if (x->bad_range)
+    return 1;
+  switch (x->cc) {
+  case CURLE_OK:
+    return x->status >= 500 || x->status == 408 || x->status == 429;
+  case CURLE_COULDNT_CONNECT:
+  case CURLE_COULDNT_RESOLVE_HOST:
+  case CURLE_COULDNT_RESOLVE_PROXY:
+  case CURLE_OPERATION_TIMEDOUT:
+  case CURLE_RECV_ERROR:
+  case CURLE_SEND_ERROR:
+  case CURLE_PARTIAL_FILE:
+  case CURLE_GOT_NOTHING:
+  case CURLE_SSL_CONNECT_ERROR:
+  case CURLE_HTTP2:
+  case CURLE_HTTP2_STREAM:
+  case CURLE_READ_ERROR:
+  case CURLE_WEIRD_SERVER_REPLY:
+    return 1;
+  default:
+    return 0;
+  }
+}
+
+static const char *method_name(pulse_fetch_method m) {
+  return m == PULSE_FETCH_HEAD   ? "HEAD"
+         : m == PULSE_FETCH_POST ? "POST"
+                                 : "GET";
+}
+
+pulse_status pulse_fetch_xfer_fail(const pulse_fetch_xfer *x,
+                                   const char *what) {
+  const char *method = method_name(x->method);
+  if (x->io_failed)
+    return pulse_fail(PULSE_ERR_IO,
+                      "%s: %s %s: writing the download failed: %s", what,
+                      method, x->url, x->curl_error);
+  if (x->too_long)
+    return pulse_fail(PULSE_ERR_CORRUPT,
+                      "%s: %s %s: the body is longer than expected", what,
+                      method, x->url);
+  if (x->bad_range)
+    return pulse_fail(PULSE_ERR_CORRUPT,
+                      "%s: %s %s: the answer is not the range asked for", what,
+                      method, x->url);
+  if (x->cc == CURLE_ABORTED_BY_CALLBACK)
+    return pulse_fail(PULSE_ERR_IO, "%s: %s %s: stopped", what, method, x->url);
+  if (x->cc != CURLE_OK && !(x->cc == CURLE_WRITE_ERROR && x->enough))
+    return pulse_fail(PULSE_ERR_IO, "%s: %s %s: %s", what, method, x->url,
+                      x->curl_error[0] ? x->curl_error
+                                       : curl_easy_strerror((CURLcode)x->cc));
+  pulse_status st =
+      x->status == 404 || x->status == 410 ? PULSE_ERR_NOT_FOUND : PULSE_ERR_IO;
+  return pulse_fail(st, "%s: %s %s: HTTP %ld %.*s", what, method, x->url,
+                    x->status, (int)x->error_len, x->error_body);
+}
+
+/* ------------------------------------------------------------ callbacks */
+
+size_t pulse_fetch_on_header(char *p, size_t size, size_t n, void *ctx) {
+  pulse_fetch_xfer *x = ctx;
+  size_t len = size * n;
+  if (len >= 5 && memcmp(p, "HTTP/", 5) == 0)
+    x->headers_len = 0; /* a new answer (after a redirect or a 100) */
+  if (x->headers_len + len < sizeof x->headers) {
+    memcpy(x->headers + x->headers_len, p, len);
+    x->headers_len += len;
+    x->headers[x->headers_len] = '\0';
+  }
+  return len;
+}
+
+/* Checks a 206 that answers a resumed memory body: it must continue
+ * exactly where the held bytes end. */
+static int resumed_range_ok(const pulse_fetch_xfer *x, const char *cr) {
+  uint64_t a, b, total;
+  return cr != NULL &&
+         sscanf(cr, "bytes %" SCNu64 "-%" SCNu64 "/%" SCNu64, &a, &b, &total) ==
+             3 &&
+         a == x->resume_from && a == x->mem_len;
+}
+
+/* Decides where the body goes, once the status and headers are known. */
+static int decide(pulse_fetch_xfer *x) {
+  x->sink_decided = 1;
+  curl_easy_getinfo(x->easy, CURLINFO_RESPONSE_CODE, &x->status);
+  if (x->status < 200 || x->status >= 300) {
+    x->discard = 1;
+    return 0;
+  }
+  char cr[128], etag[sizeof x->etag];
+  int have_cr = pulse_fetch_xfer_header(x, "Content-Range", cr, sizeof cr);
+  if (x->resume_from > 0) {
+    if (x->status == 206) {
+      x->bad_range = !resumed_range_ok(x, have_cr ? cr : NULL);
+      return x->bad_range ? -1 : 0;
+    }
+    x->mem_len = 0; /* the whole body again: what was held is dropped */
+    x->resume_from = 0;
+  }
+  if (x->resume && x->fd < 0) {
+    x->etag[0] = '\0';
+    if (x->status == 200 &&
+        pulse_fetch_xfer_header(x, "ETag", etag, sizeof etag) &&
+        etag[0] == '"') /* strong validators only (a weak one starts W/) */
+      memcpy(x->etag, etag, sizeof etag);
+  }
+  x->abs = 0;
+  if (x->ranged && x->status == 206) {
+    uint64_t a, b, total;
+    if (!have_cr ||
+        sscanf(cr, "bytes %" SCNu64 "-%" SCNu64 "/%" SCNu64, &a, &b, &total) !=
+            3 ||
+        a != x->range_from ||
+        (x->expect_total != 0 && total != x->expect_total)) {
+      x->bad_range = 1;
+      return -1;
+    }
+    x->abs = a;
+  }
+  return 0;
+}
+
+/* The start of a non-2xx body, on one line, for the error message. */
+static void keep_error_body(pulse_fetch_xfer *x, const char *p, size_t len) {
+  size_t room = sizeof x->error_body - 1 - x->error_len;
+  size_t k = len < room ? len : room;
+  memcpy(x->error_body + x->error_len, p, k);
+  x->error_len += k;
+  for (size_t i = 0; i < x->error_len; i++)
+    if (x->error_body[i] == '\n' || x->error_body[i] == '\r')
+      x->error_body[i] = ' ';
+}
+
+static size_t to_memory(pulse_fetch_xfer *x, const char *p, size_t len) {
+  if (len > x->max_bytes || x->mem_len > x->max_bytes - len) {
+    x->too_long = 1;
+    return 0;
+  }
+  if (x->mem_len + len > x->mem_cap) {
+    size_t cap = x->mem_cap ? x->mem_cap : 65536;
+    while (cap < x->mem_len + len)
+      cap *= 2;
+    uint8_t *m = realloc(x->mem, cap);
+    if (m == NULL) {
+      x->io_failed = 1;
+      snprintf(x->curl_error, sizeof x->curl_error, "out of memory");
+      return 0;
+    }
+    x->mem = m;
+    x->mem_cap = cap;
+  }
+  memcpy(x->mem + x->mem_len, p, len);
+  x->mem_len += len;
+  x->received += len;
+  if (x->on_data != NULL)
+    x->on_data(x);
+  return len;
+}
+
+/* File sink: keeps the part of [abs, abs + len) inside the range asked. */
+static size_t to_file(pulse_fetch_xfer *x, const char *p, size_t len) {
+  uint64_t from = x->abs, to = x->abs + len; /* object offsets */
+  x->abs = to;
+  uint64_t lo = x->ranged ? x->range_from : 0;
+  uint64_t hi =
+      x->ranged && x->range_to != UINT64_MAX ? x->range_to + 1 : UINT64_MAX;
+  if (x->expect_total != 0 && to > x->expect_total) {
+    x->too_long = 1;
+    return 0;
+  }
+  uint64_t a = from > lo ? from : lo, b = to < hi ? to : hi;
+  if (x->copy != NULL && a < b && x->expect_total != 0)
+    memcpy(x->copy + a, p + (a - from), (size_t)(b - a));
+  while (a < b) {
+    ssize_t w = pwrite(x->fd, p + (a - from), (size_t)(b - a),
+                       (off_t)(a - x->fd_origin));
+    if (w < 0 && errno == EINTR)
+      continue;
+    if (w <= 0) {
+      x->io_failed = 1;
+      snprintf(x->curl_error, sizeof x->curl_error, "%s", strerror(errno));
+      return 0;
+    }
+    a += (uint64_t)w;
+    x->received += (uint64_t)w;
+  }
+  if (x->on_data != NULL)
+    x->on_data(x);
+  if (to >= hi) { /* a whole body for a range: the range is complete */
+    x->enough = 1;
+    return to == hi ? len : 0;
+  }
+  return len;
+}
+
+size_t pulse_fetch_on_body(char *p, size_t size, size_t n, void *ctx) {
+  pulse_fetch_xfer *x = ctx;
+  size_t len = size * n;
+  if (!x->sink_decided && decide(x) != 0)
+    return 0;
+  x->wire += len;
+  if (x->discard) {
+    keep_error_body(x, p, len);
+    return len;
+  }
+  return x->fd < 0 ? to_memory(x, p, len) : to_file(x, p, len);
+}

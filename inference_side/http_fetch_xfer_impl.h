@@ -1,0 +1,20 @@
+/* http_fetch_xfer_impl.h - private to the fetching layer: the libcurl
+ * callbacks of one transfer (http_fetch_xfer.c), which the engine
+ * (http_fetch.c) installs on each try's easy handle. */
+#ifndef PULSE_HTTP_FETCH_XFER_IMPL_H
+#define PULSE_HTTP_FETCH_XFER_IMPL_H
+
+#include <stddef.h>
+
+#include "http_fetch_impl.h"
+
+/** CURLOPT_HEADERFUNCTION: keeps the final answer's header lines. */
+size_t pulse_fetch_on_header(char *p, size_t size, size_t n, void *ctx);
+
+/** CURLOPT_WRITEFUNCTION: decides the sink at the first body byte (status,
+ * Content-Range, ETag), then stores the body (memory or file) or keeps the
+ * start of an error body. Returns less than size * n to end the try (body
+ * too long, wrong range, a failed write, or a range complete). */
+size_t pulse_fetch_on_body(char *p, size_t size, size_t n, void *ctx);
+
+#endif /* PULSE_HTTP_FETCH_XFER_IMPL_H */
