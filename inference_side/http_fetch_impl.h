@@ -16,7 +16,8 @@
  *                       running transfers (once, or retried to a deadline)
  *   http_fetch_xfer.c   one transfer: its sinks (memory, file at an object
  *                       offset), Range and Content-Range checks, headers,
- *                       success / retry / error verdicts
+ *                       success / retry / error verdicts (its libcurl
+ *                       callbacks: http_fetch_xfer_impl.h)
  *
  * No libcurl type appears here: callers need not include curl.h.
  *
@@ -250,10 +251,10 @@ long pulse_fetch_retry_delay(pulse_fetch *f, const pulse_fetch_xfer *x,
                              const pulse_fetch_retry *r, unsigned attempt);
 
 /** A transfer tried until it succeeds or r gives up (retries counted,
- * each announced to r->on_retry, waits cut short by a stop).
- * @return PULSE_OK when x ended with a good answer, else the last try's
- * failure (pulse_fetch_xfer_fail with `what`), PULSE_ERR_IO when stopped
- * or past the deadline. */
+ * each announced to r->on_retry, waits cut short by a stop); r NULL: one
+ * try. @return PULSE_OK when x ended with a good answer, else the last
+ * try's failure (pulse_fetch_xfer_fail with `what`: at a deadline, that of
+ * the last try), PULSE_ERR_IO when stopped. */
 pulse_status pulse_fetch_get(pulse_fetch *f, pulse_fetch_xfer *x,
                              const pulse_fetch_retry *r, const char *what);
 
