@@ -89,8 +89,10 @@ void bench_codec_usage(FILE *out) {
       out,
       "usage: pulse-bench codec [options]\n"
       "  Patch sizes of format versions 2 and 1 (class and plain positions)\n"
-      "  against dense, int32+BF16, varint-gap baselines and the empirical\n"
-      "  entropy bound; throughputs of change detection, patch encode,\n"
+      "  against dense, int32+BF16, varint-gap baselines (through zstd at\n"
+      "  levels 1, 3 and 19; the smallest is \"the baseline\", named; dense\n"
+      "  BF16 at level 19 on 16 slices of 512 KiB above 8 MiB, scaled) and\n"
+      "  the empirical entropy bound; throughputs of change detection, patch encode,\n"
       "  decode+apply and memcpy; bit-exact check of every patch.\n"
       "input (one of):\n"
       "  synthetic trajectory (default):\n"
@@ -415,8 +417,29 @@ typedef struct {
   double bytes;
 } row;
 
+/* The baselines' rows, in output order: each encoding raw (where it has a
+ * raw row), then through zstd at every level. */
+static size_t baseline_rows(const bench_baseline_bytes *b, row *rows,
+                            char (*labels)[96]) {
+  size_t n = 0;
+  for (int k = 0; k < BENCH_ZKINDS; k++) {
+    if (k == BENCH_DENSE_Z)
+      rows[n++] = (row){"dense BF16", (double)b->dense};
+    if (k == BENCH_INT32_Z)
+      rows[n++] = (row){"int32 index + BF16 value", (double)b->int32_bf16};
+    for (int l = 0; l < BENCH_ZSTD_LEVELS; l++) {
+      bench_baseline_label(k, l, labels[n], sizeof labels[n]);
+      if (k == BENCH_DENSE_Z && l == 2 && b->dense_z19_read < b->dense)
+        strcat(labels[n], " (sampled)");
+      rows[n] = (row){labels[n], (double)b->zstd[k][l]};
+      n++;
+    }
+  }
+  return n;
+}
+
 static void print_rows(const step_result *r, double divide) {
-  row rows[] = {
+  row rows[9 + 2 + BENCH_ZKINDS * BENCH_ZSTD_LEVELS] = {
       {codings[0].label, (double)r->bytes[0]},
       {codings[1].label, (double)r->bytes[1]},
       {codings[2].label, (double)r->bytes[2]},
@@ -427,21 +450,24 @@ static void print_rows(const step_result *r, double divide) {
       {"  positions | tensor only", r->ent.positions_tensor_bits / 8.0},
       {"  values (zig-zag delta)", r->ent.values_bits / 8.0},
       {"  values | old exponent class", r->ent.values_class_bits / 8.0},
-      {"dense BF16", (double)r->base.dense},
-      {"dense BF16 + zstd-1", (double)r->base.dense_zstd},
-      {"int32 index + BF16 value", (double)r->base.int32_bf16},
-      {"int32 index + BF16 value + zstd-1", (double)r->base.int32_bf16_zstd},
-      {"varint gap + abs BF16 + zstd-1 (prod.)",
-       (double)r->base.delta_abs_zstd},
-      {"varint gap + XOR planes + zstd-1", (double)r->base.gap_xor_zstd},
   };
-  printf("  %-42s %14s %10s\n", "encoding", "bytes", "B/changed");
-  for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+  char labels[sizeof rows / sizeof rows[0]][96];
+  size_t n = 9 + baseline_rows(&r->base, rows + 9, labels + 9);
+  printf("  %-44s %14s %10s\n", "encoding", "bytes", "B/changed");
+  for (size_t i = 0; i < n; i++) {
     char b[32];
-    printf("  %-42s %14s %10.3f\n", rows[i].label,
+    printf("  %-44s %14s %10.3f\n", rows[i].label,
            fmt_u64((uint64_t)(rows[i].bytes / divide + 0.5), b),
            per(rows[i].bytes, (double)r->changed));
   }
+  int kind, li;
+  char best[96], b[32];
+  uint64_t bb = bench_baseline_best(&r->base, &kind, &li);
+  bench_baseline_label(kind, li, best, sizeof best);
+  printf("  the baseline (the smallest zstd row measured whole): %s, %s bytes; "
+         "v2 is %.2fx smaller\n",
+         best, fmt_u64((uint64_t)((double)bb / divide + 0.5), b),
+         per((double)bb, (double)r->bytes[0]));
 }
 
 static void print_speeds(const step_result *r) {
@@ -480,6 +506,39 @@ static void print_step_text(const step_result *r) {
   print_speeds(r);
 }
 
+/* The baselines' sizes ("bytes_<key>"), or with `per_changed` their bytes
+ * per changed parameter ("<key>_per_changed"), and the baseline named. */
+static void print_baselines_json(const bench_baseline_bytes *b, const double *per_changed) {
+  char key[64];
+  double c = per_changed ? *per_changed : 0;
+  if (per_changed)
+    printf(",\"dense_per_changed\":%.6g,\"int32_bf16_per_changed\":%.6g",
+           per((double)b->dense, c), per((double)b->int32_bf16, c));
+  else
+    printf(",\"bytes_dense\":%" PRIu64 ",\"bytes_int32_bf16\":%" PRIu64, b->dense,
+           b->int32_bf16);
+  for (int k = 0; k < BENCH_ZKINDS; k++)
+    for (int l = 0; l < BENCH_ZSTD_LEVELS; l++) {
+      bench_baseline_key(k, l, key, sizeof key);
+      if (per_changed)
+        printf(",\"%s_per_changed\":%.6g", key, per((double)b->zstd[k][l], c));
+      else
+        printf(",\"bytes_%s\":%" PRIu64, key, b->zstd[k][l]);
+    }
+  int kind, li;
+  uint64_t best = bench_baseline_best(b, &kind, &li);
+  char label[96];
+  bench_baseline_key(kind, li, key, sizeof key);
+  bench_baseline_label(kind, li, label, sizeof label);
+  printf(",\"dense_zstd19_read_bytes\":%" PRIu64 ",\"baseline\":\"%s\""
+         ",\"baseline_name\":\"%s\"",
+         b->dense_z19_read, key, label);
+  if (per_changed)
+    printf(",\"baseline_per_changed\":%.6g", per((double)best, c));
+  else
+    printf(",\"bytes_baseline\":%" PRIu64, best);
+}
+
 static void print_step_json(const step_result *r) {
   double moved = (double)(r->weight_bytes + r->snapshot_bytes);
   printf("{\"step\":%" PRIu64 ",\"base_step\":%" PRIu64 ",\"params\":%" PRIu64
@@ -488,13 +547,7 @@ static void print_step_json(const step_result *r) {
          per((double)r->changed, (double)r->params));
   for (int k = 0; k < CODINGS; k++)
     printf(",\"bytes_%s\":%" PRIu64, codings[k].key, r->bytes[k]);
-  printf(",\"bytes_dense\":%" PRIu64 ",\"bytes_dense_zstd\":%" PRIu64
-         ",\"bytes_int32_bf16\":%" PRIu64 ",\"bytes_int32_bf16_zstd\":%" PRIu64
-         ",\"bytes_delta_abs_zstd\":%" PRIu64
-         ",\"bytes_gap_xor_zstd\":%" PRIu64,
-         r->base.dense, r->base.dense_zstd,
-         r->base.int32_bf16, r->base.int32_bf16_zstd, r->base.delta_abs_zstd,
-         r->base.gap_xor_zstd);
+  print_baselines_json(&r->base, NULL);
   printf(",\"tensors\":%" PRIu64 ",\"bound_allowance_bytes\":%.1f", r->tensors,
          allowance_bytes(r));
   printf(",\"bound_bytes\":%.1f,\"bound_positions_bytes\":%.1f"
@@ -550,11 +603,11 @@ static void summary_add(summary *s, const step_result *r) {
     s->within[k] += (double)r->bytes[k] <= allowance_bytes(r);
   }
   t->base.dense += r->base.dense;
-  t->base.dense_zstd += r->base.dense_zstd;
   t->base.int32_bf16 += r->base.int32_bf16;
-  t->base.int32_bf16_zstd += r->base.int32_bf16_zstd;
-  t->base.delta_abs_zstd += r->base.delta_abs_zstd;
-  t->base.gap_xor_zstd += r->base.gap_xor_zstd;
+  t->base.dense_z19_read += r->base.dense_z19_read;
+  for (int k = 0; k < BENCH_ZKINDS; k++)
+    for (int l = 0; l < BENCH_ZSTD_LEVELS; l++)
+      t->base.zstd[k][l] += r->base.zstd[k][l];
   t->ent.positions_class_bits += r->ent.positions_class_bits;
   t->ent.positions_tensor_bits += r->ent.positions_tensor_bits;
   t->ent.values_bits += r->ent.values_bits;
@@ -573,8 +626,14 @@ static void print_summary_text(const summary *s) {
          s->steps, 100.0 * per((double)t->changed, (double)t->params));
   print_rows(t, n);
   double def = (double)t->bytes[0], bound = bound_bytes(&t->ent);
-  printf("  v2 / int32+BF16+zstd-1 = %.3f   v2 / gap+abs+zstd-1 (prod.) = %.3f\n",
-         per(def, (double)t->base.int32_bf16_zstd), per(def, (double)t->base.delta_abs_zstd));
+  int bk, bl;
+  char best[96];
+  double bb = (double)bench_baseline_best(&t->base, &bk, &bl);
+  bench_baseline_label(bk, bl, best, sizeof best);
+  printf("  v2 / the baseline (%s) = %.3f   v2 / int32+BF16+zstd-1 = %.3f   "
+         "v2 / gap+abs+zstd-1 (prod.) = %.3f\n",
+         best, per(def, bb), per(def, (double)t->base.zstd[BENCH_INT32_Z][0]),
+         per(def, (double)t->base.zstd[BENCH_GAP_ABS_Z][0]));
   printf("  to the bound: v2 %.3f, v2 plain %.3f, v1 %.3f, v1 plain %.3f\n", per(def, bound),
          per((double)t->bytes[1], bound), per((double)t->bytes[2], bound),
          per((double)t->bytes[3], bound));
@@ -594,9 +653,13 @@ static void print_summary_text(const summary *s) {
   }
   printf("  verify OK: %s changes over %" PRIu64 " steps rebuilt bit for bit\n",
          fmt_u64(t->changed, b1), s->steps);
-  printf("  bandwidth: a pulse patch is %.1fx smaller than dense BF16 "
-         "(%.1fx smaller than dense BF16 + zstd-1)\n",
-         per((double)t->base.dense, def), per((double)t->base.dense_zstd, def));
+  double dense_z = (double)t->base.zstd[BENCH_DENSE_Z][0];
+  for (int l = 1; l < BENCH_ZSTD_LEVELS; l++)
+    if ((double)t->base.zstd[BENCH_DENSE_Z][l] < dense_z)
+      dense_z = (double)t->base.zstd[BENCH_DENSE_Z][l];
+  printf("  bandwidth: a v2 patch is %.1fx smaller than dense BF16, %.1fx smaller than "
+         "dense BF16 through zstd (its best level), %.2fx smaller than the baseline\n",
+         per((double)t->base.dense, def), per(dense_z, def), per(bb, def));
 }
 
 static void print_summary_json(const summary *s, const char *source) {
@@ -609,15 +672,19 @@ static void print_summary_json(const summary *s, const char *source) {
          source, BENCH_BOUND_MODEL, s->steps, t->params, t->changed,
          per(c, (double)t->params));
   double bound = bound_bytes(&t->ent);
+  int bk, bl;
+  uint64_t best = bench_baseline_best(&t->base, &bk, &bl);
   for (int k = 0; k < CODINGS; k++)
     printf(",\"%s_per_changed\":%.6g,\"ratio_%s_bound\":%.6g"
            ",\"ratio_%s_int32_bf16_zstd\":%.6g,\"ratio_%s_delta_abs_zstd\":%.6g"
+           ",\"ratio_%s_baseline\":%.6g"
            ",\"patch_encode_%s_s\":%.6g,\"apply_%s_changed_per_s\":%.6g"
            ",\"decode_%s_changed_per_s\":%.6g",
            codings[k].key, per((double)t->bytes[k], c), codings[k].key,
            per((double)t->bytes[k], bound), codings[k].key,
-           per((double)t->bytes[k], (double)t->base.int32_bf16_zstd), codings[k].key,
-           per((double)t->bytes[k], (double)t->base.delta_abs_zstd), codings[k].key,
+           per((double)t->bytes[k], (double)t->base.zstd[BENCH_INT32_Z][0]), codings[k].key,
+           per((double)t->bytes[k], (double)t->base.zstd[BENCH_GAP_ABS_Z][0]), codings[k].key,
+           per((double)t->bytes[k], (double)best), codings[k].key,
            t->encode_s[k] / n, codings[k].key, s->apply_cps[k] / n, codings[k].key,
            s->decode_cps[k] / n);
   for (int k = 0; k < CODINGS; k++)
@@ -626,21 +693,26 @@ static void print_summary_json(const summary *s, const char *source) {
     if (codings[k].model == PULSE_POS_CLASS)
       printf(",\"apply_%s_indexed_changed_per_s\":%.6g", codings[k].key,
              s->indexed_cps[k] / n);
-  printf(",\"bound_per_changed\":%.6g,\"dense_per_changed\":%.6g"
-         ",\"dense_zstd_per_changed\":%.6g,\"int32_bf16_per_changed\":%.6g"
-         ",\"int32_bf16_zstd_per_changed\":%.6g"
-         ",\"delta_abs_zstd_per_changed\":%.6g"
-         ",\"gap_xor_zstd_per_changed\":%.6g",
-         per(bound, c), per((double)t->base.dense, c),
-         per((double)t->base.dense_zstd, c), per((double)t->base.int32_bf16, c),
-         per((double)t->base.int32_bf16_zstd, c),
-         per((double)t->base.delta_abs_zstd, c),
-         per((double)t->base.gap_xor_zstd, c));
+  printf(",\"bound_per_changed\":%.6g", per(bound, c));
+  print_baselines_json(&t->base, &c);
   printf(",\"encode_bytes_per_s\":%.6g,\"memcpy_bytes_per_s\":%.6g"
          ",\"patch_encode_s\":%.6g,\"apply_changed_per_s\":%.6g"
          ",\"apply_plain_changed_per_s\":%.6g,\"verify\":\"ok\"}\n",
          s->encode_bps / n, s->memcpy_bps / n, t->encode_s[0] / n, s->apply_cps[0] / n,
          s->apply_cps[1] / n);
+}
+
+/* The baselines' cells of a report row, in report_cols' order (after the
+ * bound): dense raw, its zstd levels, int32 raw, its levels, the gap ones. */
+static void report_baselines(pulse_report_table *rt, const bench_baseline_bytes *b) {
+  for (int k = 0; k < BENCH_ZKINDS; k++) {
+    if (k == BENCH_DENSE_Z)
+      pulse_report_num(rt, (double)b->dense);
+    if (k == BENCH_INT32_Z)
+      pulse_report_num(rt, (double)b->int32_bf16);
+    for (int l = 0; l < BENCH_ZSTD_LEVELS; l++)
+      pulse_report_num(rt, (double)b->zstd[k][l]);
+  }
 }
 
 static void report_step(const codec_args *a, summary *s, const step_result *r) {
@@ -649,13 +721,11 @@ static void report_step(const codec_args *a, summary *s, const step_result *r) {
     const double v[] = {(double)r->step, (double)r->changed,
                         100.0 * per((double)r->changed, (double)r->params), (double)r->bytes[0],
                         (double)r->bytes[1], (double)r->bytes[2], (double)r->bytes[3],
-                        bound_bytes(&r->ent), (double)r->base.dense,
-                        (double)r->base.dense_zstd, (double)r->base.int32_bf16,
-                        (double)r->base.int32_bf16_zstd, (double)r->base.delta_abs_zstd,
-                        (double)r->base.gap_xor_zstd};
+                        bound_bytes(&r->ent)};
     pulse_report_row(a->rt);
     for (size_t i = 0; i < sizeof v / sizeof v[0]; i++)
       pulse_report_num(a->rt, v[i]);
+    report_baselines(a->rt, &r->base);
     *a->rep_sum = *s;
   }
   if (a->json)
@@ -968,10 +1038,11 @@ done:
 /* ------------------------------------------------------------- report */
 
 static const char *const report_cols[] = {
-    "step",         "changed",        "density_pct",  "v2_class",         "v2_plain",
-    "v1_class",      "v1_plain",
-    "entropy_bound", "dense_bf16",    "dense_zstd1",  "int32_bf16",       "int32_bf16_zstd1",
-    "gap_abs_zstd1", "gap_xor_zstd1"};
+    "step",          "changed",        "density_pct",     "v2_class",         "v2_plain",
+    "v1_class",      "v1_plain",       "entropy_bound",   "dense_bf16",       "dense_zstd1",
+    "dense_zstd3",   "dense_zstd19",   "int32_bf16",      "int32_bf16_zstd1", "int32_bf16_zstd3",
+    "int32_bf16_zstd19", "gap_abs_zstd1", "gap_abs_zstd3", "gap_abs_zstd19", "gap_xor_zstd1",
+    "gap_xor_zstd3", "gap_xor_zstd19"};
 #define REPORT_COLS (sizeof report_cols / sizeof report_cols[0])
 
 /* Runs the benchmark collecting --report tables, then writes the report. */
@@ -988,11 +1059,26 @@ static int run_with_report(codec_args *a, int argc, char **argv) {
   static const char *const pc_cols[] = {"encoding", "bytes_per_changed"};
   pulse_report_table *pc = pulse_report_table_add(rep, "per_changed", pc_cols, 2);
   const step_result *t = &sum.sum;
-  const double tot[] = {(double)t->bytes[0], (double)t->bytes[1], (double)t->bytes[2],
-                        (double)t->bytes[3], bound_bytes(&t->ent),
-                        (double)t->base.dense, (double)t->base.dense_zstd,
-                        (double)t->base.int32_bf16, (double)t->base.int32_bf16_zstd,
-                        (double)t->base.delta_abs_zstd, (double)t->base.gap_xor_zstd};
+  const bench_baseline_bytes *b = &t->base;
+  const double tot[] = {(double)t->bytes[0],
+                        (double)t->bytes[1],
+                        (double)t->bytes[2],
+                        (double)t->bytes[3],
+                        bound_bytes(&t->ent),
+                        (double)b->dense,
+                        (double)b->zstd[BENCH_DENSE_Z][0],
+                        (double)b->zstd[BENCH_DENSE_Z][1],
+                        (double)b->zstd[BENCH_DENSE_Z][2],
+                        (double)b->int32_bf16,
+                        (double)b->zstd[BENCH_INT32_Z][0],
+                        (double)b->zstd[BENCH_INT32_Z][1],
+                        (double)b->zstd[BENCH_INT32_Z][2],
+                        (double)b->zstd[BENCH_GAP_ABS_Z][0],
+                        (double)b->zstd[BENCH_GAP_ABS_Z][1],
+                        (double)b->zstd[BENCH_GAP_ABS_Z][2],
+                        (double)b->zstd[BENCH_GAP_XOR_Z][0],
+                        (double)b->zstd[BENCH_GAP_XOR_Z][1],
+                        (double)b->zstd[BENCH_GAP_XOR_Z][2]};
   for (size_t i = 0; i < sizeof tot / sizeof tot[0]; i++) {
     pulse_report_row(pc);
     pulse_report_text(pc, report_cols[3 + i]);

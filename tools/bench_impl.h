@@ -38,26 +38,59 @@ typedef struct {
 
 /* ------------------------------------------------------------- baselines */
 
-/* Sizes in bytes of the reference encodings of one step's changes. Each
- * sparse encoding lays out, per tensor in table order, its positions
- * (tensor-local) and then its values; a "+ zstd-1" size is ZSTD level 1 over
- * the whole step's buffer. */
+/* The zstd levels every compressed baseline is measured at: the fast one,
+ * zstd's default and a slow strong one. */
+#define BENCH_ZSTD_LEVELS 3
+#define BENCH_ZSTD_LEVEL(i) ((i) == 0 ? 1 : (i) == 1 ? 3 : 19)
+
+/* Dense BF16 through zstd-19 runs at a few MB/s: a state larger than this
+ * is compressed at level 19 on BENCH_Z19_SLICES evenly spaced slices of
+ * this many bytes in all, and the size scaled to the whole state (said in
+ * the output; such a figure is never "the baseline"). */
+#define BENCH_Z19_DENSE_SAMPLE ((uint64_t)8 << 20)
+#define BENCH_Z19_SLICES 16
+
+/* The encodings compressed by zstd. Each sparse one lays out, per tensor in
+ * table order, its positions (tensor-local) and then its values, and zstd
+ * runs over the whole step's buffer. */
+typedef enum {
+  BENCH_DENSE_Z,   /* the new BF16 state */
+  BENCH_INT32_Z,   /* uint32 index + absolute BF16 value */
+  BENCH_GAP_ABS_Z, /* LEB128 varint gaps (pos - prev - 1) + absolute BF16
+                      values: a proxy of the published production format */
+  BENCH_GAP_XOR_Z, /* varint gaps + (old XOR new) as a low and a high byte
+                      plane */
+  BENCH_ZKINDS
+} bench_zkind;
+
+/* Sizes in bytes of the reference encodings of one step's changes. */
 typedef struct {
-  uint64_t dense;           /* every BF16 value: 2 bytes per parameter */
-  uint64_t dense_zstd;      /* the new BF16 state through zstd-1 */
-  uint64_t int32_bf16;      /* uint32 index + absolute BF16 value: 6/change */
-  uint64_t int32_bf16_zstd; /* the same through zstd-1 */
-  /* LEB128 varint gaps (pos - prev - 1) + absolute BF16 values, zstd-1: a
-   * proxy of the published production format. */
-  uint64_t delta_abs_zstd;
-  /* LEB128 varint gaps + (old XOR new) split into a low and a high byte
-   * plane, zstd-1. */
-  uint64_t gap_xor_zstd;
+  uint64_t dense;      /* every BF16 value: 2 bytes per parameter */
+  uint64_t int32_bf16; /* uint32 index + absolute BF16 value: 6/change */
+  uint64_t zstd[BENCH_ZKINDS][BENCH_ZSTD_LEVELS]; /* by level index */
+  /* Bytes of the state that dense zstd-19 read: == dense when whole, else
+   * a sample and zstd[BENCH_DENSE_Z][2] is scaled from it. */
+  uint64_t dense_z19_read;
 } bench_baseline_bytes;
+
+/** Writes the readable name of baseline `kind` at level index `li` ("int32
+ * index + BF16 value + zstd-3") into buf. */
+void bench_baseline_label(int kind, int li, char *buf, size_t size);
+
+/** Writes the JSON key stem of baseline `kind` at level index `li` into
+ * buf: level 1 keeps the names it had before levels 3 and 19 came
+ * ("int32_bf16_zstd"), the others carry the level ("int32_bf16_zstd19"). */
+void bench_baseline_key(int kind, int li, char *buf, size_t size);
+
+/** "The baseline": the smallest of the zstd baselines measured on the whole
+ * input (a sampled dense zstd-19 never counts). Sets *kind and *li.
+ * @return its size in bytes. */
+uint64_t bench_baseline_best(const bench_baseline_bytes *b, int *kind, int *li);
 
 /** Computes every baseline size for one step. `changes` has t->count
  * entries (tensor-local positions); `new_bf16` is the new state (t->total
- * values). Single-threaded.
+ * values). The compressions run in parallel (one per core); nothing here
+ * is timed.
  * @return PULSE_OK, PULSE_ERR_NOMEM, or PULSE_ERR_INTERNAL (zstd failed). */
 pulse_status bench_baselines_compute(const bench_table *t,
                                      const pulse_changes *changes,

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `pulse-bench codec` on a small synthetic trajectory: exits 0, prints one
 # JSON object per step with the required keys, finds changes, beats the
-# int32 + BF16 + zstd-1 baseline, verifies every patch, is deterministic for
+# int32 + BF16 + zstd-1 baseline and "the baseline" (the smallest of every
+# baseline through zstd 1, 3 and 19, named), verifies every patch, is deterministic for
 # a seed, and rejects bad usage. Needs only bash, grep and awk.
 # usage: bash tests/cli/bench_codec.sh BIN_DIR
 set -u
@@ -45,7 +46,15 @@ required="step params changed bytes_v1 bytes_int32_bf16_zstd bound_bytes
 encode_bytes_per_s memcpy_bytes_per_s apply_changed_per_s bytes_v1_plain
 bytes_v2 bytes_v2_plain apply_v2_changed_per_s apply_v1_changed_per_s
 bytes_dense bytes_dense_zstd bytes_int32_bf16 bytes_delta_abs_zstd
-bound_positions_bytes bound_values_bytes patch_encode_s density"
+bound_positions_bytes bound_values_bytes patch_encode_s density
+bytes_dense_zstd3 bytes_dense_zstd19 bytes_int32_bf16_zstd3 bytes_int32_bf16_zstd19
+bytes_delta_abs_zstd3 bytes_delta_abs_zstd19 bytes_gap_xor_zstd bytes_gap_xor_zstd3
+bytes_gap_xor_zstd19 dense_zstd19_read_bytes bytes_baseline"
+zstd_keys="dense_zstd dense_zstd3 dense_zstd19 int32_bf16_zstd int32_bf16_zstd3
+int32_bf16_zstd19 delta_abs_zstd delta_abs_zstd3 delta_abs_zstd19 gap_xor_zstd
+gap_xor_zstd3 gap_xor_zstd19"
+# Text value of a string JSON key in one line.
+json_str() { sed -n "s/.*\"$2\":\"\([^\"]*\)\".*/\1/p" <<<"$1"; }
 n=0
 while IFS= read -r line; do
   n=$((n + 1))
@@ -63,10 +72,32 @@ while IFS= read -r line; do
     [ "${b:-0}" -lt "${base:-0}" ] ||
       fail "step $n: $v ($b B) not smaller than int32+BF16+zstd-1 ($base B)"
   done
+  # The baseline is the smallest zstd figure (all measured whole at this
+  # size), it is named, and v2 beats it.
+  min=""
+  for key in $zstd_keys; do
+    v=$(json_num "$line" "bytes_$key")
+    [ -z "$min" ] || [ "${v:-0}" -lt "$min" ] && min=$v
+  done
+  best=$(json_num "$line" bytes_baseline)
+  [ "$(json_num "$line" dense_zstd19_read_bytes)" = "$(json_num "$line" bytes_dense)" ] ||
+    fail "step $n: dense zstd-19 sampled at 200000 parameters"
+  [ "$best" = "$min" ] || fail "step $n: the baseline is $best B, the smallest zstd figure $min B"
+  name=$(json_str "$line" baseline)
+  [ "$(json_num "$line" "bytes_$name")" = "$best" ] || fail "step $n: baseline '$name' is not $best B"
+  [ -n "$(json_str "$line" baseline_name)" ] || fail "step $n: the baseline has no name"
+  [ "$(json_num "$line" bytes_v2)" -lt "$best" ] || fail "step $n: v2 not smaller than the baseline ($name)"
   awk -v a="$(json_num "$line" apply_changed_per_s)" \
     -v e="$(json_num "$line" encode_bytes_per_s)" \
     'BEGIN { exit !(a > 0 && e > 0) }' || fail "step $n: zero throughput"
 done < <(grep '^{"step":' "$TMP/a.json")
+
+sum=$(grep '^{"summary":true' "$TMP/a.json")
+for key in ratio_v2_baseline baseline_per_changed gap_xor_zstd19_per_changed; do
+  [ -n "$(json_num "$sum" "$key")" ] || fail "summary: key $key missing"
+done
+awk -v r="$(json_num "$sum" ratio_v2_baseline)" 'BEGIN { exit !(r > 0 && r < 1) }' ||
+  fail "summary: v2 / the baseline is not below 1"
 
 # 2. Deterministic for a seed: the same sizes twice, other sizes for another
 # seed (timings differ, so compare only the size fields).
@@ -88,7 +119,8 @@ run_json 2 "$TMP/c.json" || fail "run with seed 2 exited non-zero"
 "$BENCH" codec --params 50000 --steps 2 --reps 1 >"$TMP/text" 2>&1 ||
   fail "text run exited non-zero"
 for word in "v2, class positions" "v1, class positions" "entropy bound" \
-  "int32 index" "summary" "to the bound" "verify OK"; do
+  "int32 index" "summary" "to the bound" "verify OK" "zstd-19" "zstd-3" \
+  "the baseline (" "smaller than the baseline"; do
   grep -q "$word" "$TMP/text" || fail "text output lacks '$word'"
 done
 
