@@ -217,7 +217,7 @@ static pulse_status get_catchup(pulse_server *srv, const srv_head *h,
     pthread_mutex_unlock(&srv->catchup_lock);
     return PULSE_OK;
   }
-  double t0 = srv_now();
+  double t0 = pulse_serve_now();
   pulse_buffer b = {NULL, 0};
   pulse_status st = build(srv, h->head, from, &b);
   if (st == PULSE_OK)
@@ -226,7 +226,7 @@ static pulse_status get_catchup(pulse_server *srv, const srv_head *h,
   if (st == PULSE_OK) {
     atomic_fetch_add(&srv->metrics.catchup_builds, 1);
     atomic_fetch_add(&srv->metrics.catchup_build_us,
-                     (unsigned long long)((srv_now() - t0) * 1e6));
+                     (unsigned long long)((pulse_serve_now() - t0) * 1e6));
     remember(srv, &c);
     *out = c;
     *fd = open_cached(srv, &c);
@@ -238,23 +238,22 @@ static pulse_status get_catchup(pulse_server *srv, const srv_head *h,
   return st;
 }
 
-enum MHD_Result srv_catchup_request(srv_request *rq,
-                                    struct MHD_Connection *conn,
-                                    uint64_t from) {
-  pulse_server *srv = rq->srv;
+int srv_catchup_request(pulse_server *srv, pulse_serve_request *rq,
+                        uint64_t from) {
   srv_head *h = srv_head_get(srv);
   if (h == NULL)
-    return srv_error(rq, conn, MHD_HTTP_NOT_FOUND, "the store has no head yet");
+    return pulse_serve_reply_error(rq, 404, "the store has no head yet");
   if (from >= h->step || !pulse_store_head_has_step(h->head, from)) {
     uint64_t oldest = pulse_store_head_oldest_step(h->head), to = h->step;
     srv_head_release(h);
     if (from == to)
-      return srv_error(rq, conn, MHD_HTTP_NOT_FOUND,
-                       "step %" PRIu64 " is the head", from);
-    return srv_error(rq, conn, MHD_HTTP_NOT_FOUND,
-                     "step %" PRIu64 " is not retained (oldest %" PRIu64
-                     ", head %" PRIu64 "): start from an anchor",
-                     from, oldest, to);
+      return pulse_serve_reply_error(rq, 404, "step %" PRIu64 " is the head",
+                                     from);
+    return pulse_serve_reply_error(rq, 404,
+                                   "step %" PRIu64
+                                   " is not retained (oldest %" PRIu64
+                                   ", head %" PRIu64 "): start from an anchor",
+                                   from, oldest, to);
   }
   srv_catchup c;
   int fd = -1;
@@ -279,11 +278,9 @@ enum MHD_Result srv_catchup_request(srv_request *rq,
   }
   if (st != PULSE_OK) {
     srv_head_release(h);
-    return srv_error(rq, conn,
-                     st == PULSE_ERR_NOT_FOUND ? MHD_HTTP_NOT_FOUND
-                                               : MHD_HTTP_INTERNAL_SERVER_ERROR,
-                     "catch-up from step %" PRIu64 ": %s", from,
-                     pulse_error_detail());
+    return pulse_serve_reply_error(rq, st == PULSE_ERR_NOT_FOUND ? 404 : 500,
+                                   "catch-up from step %" PRIu64 ": %s", from,
+                                   pulse_error_detail());
   }
   char from_s[24], to_s[24], hex[65], etag[67], digest[65], sig_hex[129],
       pub_hex[65];
@@ -319,7 +316,8 @@ enum MHD_Result srv_catchup_request(srv_request *rq,
     }
   }
   srv_head_release(h);
-  return srv_serve_fd(rq, conn, fd, c.size, etag, 0, extra);
+  pulse_serve_meta m = {0, NULL, PULSE_SERVE_NO_CACHE, etag, extra};
+  return pulse_serve_reply_fd(rq, &m, fd, c.size);
 }
 
 /* Drops cached catch-ups that do not end at the current head. */

@@ -34,11 +34,12 @@ srv_head *srv_head_get(pulse_server *srv) {
 }
 
 /* Resumes the waiters that may answer now: a head above their step, their
- * deadline passed, or the server stopping. Called with srv->lock held. */
+ * deadline passed, or the server stopping. Called with srv->lock held, so a
+ * waiter cannot complete (waiter_done) while it is taken off the list. */
 static void wake_locked(pulse_server *srv, double now, int all) {
   uint64_t step = srv->head ? srv->head->step : 0;
   int have = srv->head != NULL;
-  for (srv_request *w = srv->waiters, *next; w != NULL; w = next) {
+  for (srv_waiter *w = srv->waiters, *next; w != NULL; w = next) {
     next = w->next;
     if (!(all || srv->stopping || (have && step > w->after) ||
           now >= w->deadline))
@@ -51,19 +52,19 @@ static void wake_locked(pulse_server *srv, double now, int all) {
       w->next->prev = w->prev;
     w->prev = w->next = NULL;
     srv->nwaiters--;
-    srv->resumed++;
     w->woken = 1;
     if (have && step > w->after)
-      srv_histogram_add(&srv->metrics.wakeup, now - srv->head_learned > 0
-                                                  ? now - srv->head_learned
-                                                  : 0);
-    MHD_resume_connection(w->conn);
+      pulse_serve_histogram_add(
+          &srv->metrics.wakeup,
+          now - srv->head_learned > 0 ? now - srv->head_learned : 0);
+    pulse_serve_resume(w->rq);
   }
 }
 
-void srv_wake_all(pulse_server *srv) {
+void srv_wake_all(void *server) {
+  pulse_server *srv = server;
   pthread_mutex_lock(&srv->lock);
-  wake_locked(srv, srv_now(), 1);
+  wake_locked(srv, pulse_serve_now(), 1);
   pthread_mutex_unlock(&srv->lock);
 }
 
@@ -122,7 +123,7 @@ void srv_reload(pulse_server *srv, int force) {
   srv->head_dev = sb.st_dev, srv->head_ino = sb.st_ino,
   srv->head_size = sb.st_size;
   srv->head_mtime = sb.st_mtim;
-  double now = srv_now();
+  double now = pulse_serve_now();
   srv->head_learned = now;
   wake_locked(srv, now, 0);
   pthread_mutex_unlock(&srv->lock);
@@ -151,67 +152,59 @@ static int parse_u64(const char *s, uint64_t *out) {
   return 0;
 }
 
-static enum MHD_Result answer_head(srv_request *rq,
-                                   struct MHD_Connection *conn) {
-  srv_head *h = srv_head_get(rq->srv);
+static int answer_head(pulse_server *srv, pulse_serve_request *rq) {
+  srv_head *h = srv_head_get(srv);
   if (h == NULL)
-    return srv_error(rq, conn, MHD_HTTP_NOT_FOUND, "the store has no head yet");
-  const char *inm = MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
-                                                MHD_HTTP_HEADER_IF_NONE_MATCH);
+    return pulse_serve_reply_error(rq, 404, "the store has no head yet");
   char step[32];
   snprintf(step, sizeof step, "%" PRIu64, h->step);
-  struct MHD_Response *resp;
-  unsigned status;
-  uint64_t body = 0;
-  if (inm != NULL && (strstr(inm, h->etag) != NULL || strcmp(inm, "*") == 0)) {
-    resp = MHD_create_response_from_buffer(0, NULL, MHD_RESPMEM_PERSISTENT);
-    status = MHD_HTTP_NOT_MODIFIED;
-  } else {
-    size_t n;
-    const uint8_t *bytes = pulse_store_head_bytes(h->head, &n);
-    resp = MHD_create_response_from_buffer(n, (void *)bytes,
-                                           MHD_RESPMEM_MUST_COPY);
-    status = MHD_HTTP_OK;
-    body = n;
-    if (resp != NULL)
-      MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE,
-                              "application/json");
-  }
-  if (resp == NULL) {
-    srv_head_release(h);
-    return MHD_NO;
-  }
-  MHD_add_response_header(resp, MHD_HTTP_HEADER_ETAG, h->etag);
-  MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
-  MHD_add_response_header(resp, "X-Pulse-Step", step);
+  const char *extra[] = {"X-Pulse-Step", step, NULL};
+  pulse_serve_meta m = {0, "application/json", PULSE_SERVE_NO_CACHE, h->etag,
+                        extra};
+  size_t n;
+  const uint8_t *bytes = pulse_store_head_bytes(h->head, &n);
+  int r = pulse_serve_reply_bytes(rq, &m, bytes, n);
   srv_head_release(h);
-  return srv_queue(rq, conn, status, resp, body);
+  return r;
 }
 
-enum MHD_Result srv_head_request(srv_request *rq, struct MHD_Connection *conn) {
-  pulse_server *srv = rq->srv;
-  if (rq->woken) { /* resumed: answer with whatever the head is now */
-    rq->waiting = 0;
-    return answer_head(rq, conn);
+/* The waiter's request completed: off the list unless a waker took it. */
+static void waiter_done(void *data) {
+  srv_waiter *w = data;
+  pulse_server *srv = w->srv;
+  pthread_mutex_lock(&srv->lock);
+  if (!w->woken) {
+    if (w->prev)
+      w->prev->next = w->next;
+    else if (srv->waiters == w)
+      srv->waiters = w->next;
+    if (w->next)
+      w->next->prev = w->prev;
+    srv->nwaiters--;
   }
-  const char *after_s =
-      MHD_lookup_connection_value(conn, MHD_GET_ARGUMENT_KIND, "after");
-  const char *timeout_s =
-      MHD_lookup_connection_value(conn, MHD_GET_ARGUMENT_KIND, "timeout_ms");
+  pthread_mutex_unlock(&srv->lock);
+  free(w);
+}
+
+int srv_head_request(void *server, pulse_serve_request *rq, const char *path) {
+  (void)path;
+  pulse_server *srv = server;
+  if (pulse_serve_resumed(rq)) /* answer with whatever the head is now */
+    return answer_head(srv, rq);
+  const char *after_s = pulse_serve_query(rq, "after");
+  const char *timeout_s = pulse_serve_query(rq, "timeout_ms");
   if (after_s == NULL) {
     if (timeout_s != NULL)
-      return srv_error(rq, conn, MHD_HTTP_BAD_REQUEST,
-                       "timeout_ms needs after=STEP");
-    return answer_head(rq, conn);
+      return pulse_serve_reply_error(rq, 400, "timeout_ms needs after=STEP");
+    return answer_head(srv, rq);
   }
-  rq->route = SRV_ROUTE_POLL;
+  pulse_serve_relabel(rq, "head_poll");
   uint64_t after, timeout_ms = 30000;
   if (parse_u64(after_s, &after) != 0)
-    return srv_error(rq, conn, MHD_HTTP_BAD_REQUEST,
-                     "after must be a step number");
+    return pulse_serve_reply_error(rq, 400, "after must be a step number");
   if (timeout_s != NULL && parse_u64(timeout_s, &timeout_ms) != 0)
-    return srv_error(rq, conn, MHD_HTTP_BAD_REQUEST,
-                     "timeout_ms must be a whole number");
+    return pulse_serve_reply_error(rq, 400,
+                                   "timeout_ms must be a whole number");
   if (timeout_ms > srv->opts.max_poll_ms)
     timeout_ms = srv->opts.max_poll_ms;
   pthread_mutex_lock(&srv->lock);
@@ -219,31 +212,32 @@ enum MHD_Result srv_head_request(srv_request *rq, struct MHD_Connection *conn) {
               timeout_ms == 0;
   if (!ready && srv->nwaiters >= srv->opts.max_waiters) {
     pthread_mutex_unlock(&srv->lock);
-    return srv_error(rq, conn, MHD_HTTP_SERVICE_UNAVAILABLE,
-                     "too many long-polls waiting (%u)", srv->opts.max_waiters);
+    return pulse_serve_reply_error(rq, 503, "too many long-polls waiting (%u)",
+                                   srv->opts.max_waiters);
   }
-  if (ready) {
+  srv_waiter *w = ready ? NULL : calloc(1, sizeof *w);
+  if (w == NULL) {
     pthread_mutex_unlock(&srv->lock);
-    return answer_head(rq, conn);
+    return answer_head(srv, rq); /* ready, or no memory to wait with */
   }
-  rq->after = after;
-  rq->deadline = srv_now() + (double)timeout_ms / 1000.0;
-  rq->conn = conn;
-  rq->waiting = 1;
-  rq->next = srv->waiters;
-  rq->prev = NULL;
+  w->srv = srv;
+  w->rq = rq;
+  w->after = after;
+  w->deadline = pulse_serve_now() + (double)timeout_ms / 1000.0;
+  w->next = srv->waiters;
   if (srv->waiters)
-    srv->waiters->prev = rq;
-  srv->waiters = rq;
+    srv->waiters->prev = w;
+  srv->waiters = w;
   srv->nwaiters++;
+  pulse_serve_attach(rq, w, waiter_done);
   /* Suspended under the lock, so no waker can resume it before it is. */
-  MHD_suspend_connection(conn);
+  pulse_serve_suspend(rq);
   pthread_mutex_unlock(&srv->lock);
   /* The watcher computes its next deadline from the list. */
   uint64_t one = 1;
-  ssize_t w = write(srv->wake_fd, &one, sizeof one);
-  (void)w;
-  return MHD_YES;
+  ssize_t wr = write(srv->wake_fd, &one, sizeof one);
+  (void)wr;
+  return PULSE_SERVE_OK;
 }
 
 /* ---------------------------------------------------------------- watcher */
@@ -251,12 +245,12 @@ enum MHD_Result srv_head_request(srv_request *rq, struct MHD_Connection *conn) {
 static void *watcher_main(void *arg) {
   pulse_server *srv = arg;
   const int poll_ms = 250;
-  double next_stat = srv_now() + poll_ms / 1000.0;
+  double next_stat = pulse_serve_now() + poll_ms / 1000.0;
   for (;;) {
     pthread_mutex_lock(&srv->lock);
     int stopping = srv->stopping;
-    double now = srv_now(), deadline = next_stat;
-    for (srv_request *w = srv->waiters; w != NULL; w = w->next)
+    double now = pulse_serve_now(), deadline = next_stat;
+    for (srv_waiter *w = srv->waiters; w != NULL; w = w->next)
       if (w->deadline < deadline)
         deadline = w->deadline;
     pthread_mutex_unlock(&srv->lock);
@@ -289,7 +283,7 @@ static void *watcher_main(void *arg) {
     pthread_mutex_unlock(&srv->lock);
     if (stopping)
       break;
-    now = srv_now();
+    now = pulse_serve_now();
     if (srv->opts.watch && (head_event || now >= next_stat)) {
       srv_reload(srv, 0);
       next_stat = now + poll_ms / 1000.0;
@@ -297,7 +291,7 @@ static void *watcher_main(void *arg) {
       next_stat = now + poll_ms / 1000.0;
     }
     pthread_mutex_lock(&srv->lock);
-    wake_locked(srv, srv_now(), 0);
+    wake_locked(srv, pulse_serve_now(), 0);
     pthread_mutex_unlock(&srv->lock);
     srv_catchup_clean(srv);
   }

@@ -1,0 +1,78 @@
+/* http_serve_core_impl.h - inside the HTTP serving layer (http_serve*.c
+ * only): the server's and a request's state. The only header of the
+ * project that includes microhttpd.h. */
+#ifndef PULSE_HTTP_SERVE_CORE_IMPL_H
+#define PULSE_HTTP_SERVE_CORE_IMPL_H
+
+#include <microhttpd.h>
+#include <stdatomic.h>
+
+#include "http_serve_impl.h"
+
+#define SERVE_LABELS 24 /* route labels at most, "other" included */
+#define SERVE_CODES 17  /* serve_code_index: 16 statuses and "other" */
+
+typedef struct {
+  atomic_ullong requests[SERVE_LABELS][SERVE_CODES];
+  atomic_ullong bytes[SERVE_LABELS];
+  pulse_serve_histogram duration[SERVE_LABELS];
+} serve_metrics;
+
+struct pulse_serve {
+  pulse_serve_opts opts;
+  struct MHD_Daemon *daemon;
+  uint16_t port;
+  const char *labels[SERVE_LABELS];
+  unsigned nlabels;
+  unsigned label_other, label_metrics, label_healthz;
+  unsigned route_label[64]; /* label of opts.routes[i] */
+  unsigned all_methods;     /* union of every route's methods */
+  atomic_int stopping;
+  atomic_size_t suspended; /* requests ever suspended, not yet completed */
+  serve_metrics metrics;
+};
+
+struct pulse_serve_request {
+  pulse_serve *srv;
+  struct MHD_Connection *conn;
+  double start;
+  unsigned label;   /* index into srv->labels */
+  unsigned status;  /* 0 until an answer is queued */
+  uint64_t body;    /* body bytes of the answer (0 for HEAD) */
+  unsigned allow;   /* methods a 405 lists */
+  int bad_raw_uri;  /* the undecoded URI holds an encoded NUL */
+  int head_method;  /* HEAD: no body is sent */
+  int headers_seen; /* the access handler ran once */
+  int body_seen;    /* a body came with a method that takes none */
+  const pulse_serve_route *route;
+  int suspended; /* suspended now, or resumed and not yet called again */
+  int was_suspended;
+  int resumed;
+  void *data;
+  void (*done)(void *data);
+};
+
+/* http_serve_request.c: MHD's callbacks. */
+void *serve_uri_log(void *cls, const char *uri, struct MHD_Connection *conn);
+enum MHD_Result serve_access(void *cls, struct MHD_Connection *conn,
+                             const char *url, const char *method,
+                             const char *version, const char *upload_data,
+                             size_t *upload_data_size, void **con_cls);
+void serve_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
+                     enum MHD_RequestTerminationCode toe);
+/* "GET, HEAD, POST" for a set of method bits (a static string). */
+const char *serve_allow_text(unsigned methods);
+
+/* http_serve_reply.c: queues resp (takes it; NULL: out of memory). */
+int serve_queue(pulse_serve_request *rq, unsigned status,
+                struct MHD_Response *resp, uint64_t body);
+
+/* http_serve_blob.c: the blob's bytes. */
+const uint8_t *serve_blob_bytes(const pulse_serve_blob *b);
+
+/* http_serve_metrics.c */
+unsigned serve_label_index(const pulse_serve *s, const char *label);
+void serve_metrics_count(pulse_serve *s, unsigned label, unsigned status,
+                         uint64_t bytes, double seconds);
+
+#endif /* PULSE_HTTP_SERVE_CORE_IMPL_H */
