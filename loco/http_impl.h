@@ -17,6 +17,11 @@
 
 /* ----------------------------------------------------------------- server */
 
+/* Routes on the project's HTTP serving layer (trainer_side's
+ * http_serve_impl.h): GET/HEAD of a published path (strong ETag from the
+ * bytes' SHA-256, If-None-Match -> 304, Range -> 206/416), POST to the
+ * callback, and the layer's refusals (400/405, JSON errors), /metrics
+ * (routes "blob" and "post") and /healthz. */
 typedef struct loco_server loco_server;
 
 /* Called on the server thread for each POST (empty body) with its path and
@@ -40,7 +45,7 @@ pulse_status loco_server_put(loco_server *s, const char *path, const void *data,
  * 0..6), and the exact path when below is 0. */
 void loco_server_drop(loco_server *s, const char *prefix, uint64_t below);
 
-/* Bytes served so far (bodies of 200 responses). */
+/* Body bytes of the blobs answered so far (200 and 206; not HEAD or 304). */
 uint64_t loco_server_bytes_served(const loco_server *s);
 
 /* ---------------------------------------------------------------- fetches */

@@ -168,6 +168,13 @@ const char *pulse_serve_header(pulse_serve_request *rq, const char *name);
 /** 1 for a HEAD request (the answer's body is not sent). */
 int pulse_serve_is_head(const pulse_serve_request *rq);
 
+/** Body bytes of the answer queued for the request (0 before one is, for
+ * HEAD and for 304). */
+uint64_t pulse_serve_body_bytes(const pulse_serve_request *rq);
+
+/** The answer's status (0 before one is queued). */
+unsigned pulse_serve_status(const pulse_serve_request *rq);
+
 /** Counts the request under another route label (e.g. a long-poll under
  * "head_poll"); an unknown label counts as "other". */
 void pulse_serve_relabel(pulse_serve_request *rq, const char *label);

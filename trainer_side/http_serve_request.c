@@ -195,6 +195,14 @@ int pulse_serve_is_head(const pulse_serve_request *rq) {
   return rq->head_method;
 }
 
+uint64_t pulse_serve_body_bytes(const pulse_serve_request *rq) {
+  return rq->body;
+}
+
+unsigned pulse_serve_status(const pulse_serve_request *rq) {
+  return rq->status;
+}
+
 void pulse_serve_relabel(pulse_serve_request *rq, const char *label) {
   rq->label = serve_label_index(rq->srv, label);
 }

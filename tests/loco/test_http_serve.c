@@ -1,0 +1,340 @@
+/* The trainer exchange's blob server (loco/http_server.c) on the serving
+ * layer (trainer_side/http_serve_impl.h), driven with libcurl on 127.0.0.1
+ * port 0: what the layer gives it beyond the old server (strong ETags, 304,
+ * Range and If-Range, HEAD, refusals with JSON errors, 405 with Allow,
+ * /metrics and /healthz) and its POST with query arguments and no body. */
+#include <criterion/criterion.h>
+#include <curl/curl.h>
+#include <openssl/evp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <unistd.h>
+
+#include "http_impl.h"
+
+typedef struct {
+  long status;
+  char *body;
+  size_t size;
+  char headers[8192];
+  size_t hlen;
+} reply;
+
+static size_t on_body(char *p, size_t sz, size_t n, void *ctx) {
+  reply *r = ctx;
+  r->body = realloc(r->body, r->size + sz * n + 1);
+  memcpy(r->body + r->size, p, sz * n);
+  r->size += sz * n;
+  r->body[r->size] = 0;
+  return sz * n;
+}
+
+static size_t on_header(char *p, size_t sz, size_t n, void *ctx) {
+  reply *r = ctx;
+  size_t len = sz * n;
+  if (r->hlen + len < sizeof r->headers) {
+    memcpy(r->headers + r->hlen, p, len);
+    r->hlen += len;
+    r->headers[r->hlen] = 0;
+  }
+  return len;
+}
+
+/* One request; path taken as is; `body` (may be NULL) is sent with POST. */
+static reply ask(uint16_t port, const char *method, const char *path,
+                 const char *const *hdrs, const char *body) {
+  reply r;
+  memset(&r, 0, sizeof r);
+  char url[1024];
+  snprintf(url, sizeof url, "http://127.0.0.1:%u%s", (unsigned)port, path);
+  CURL *c = curl_easy_init();
+  struct curl_slist *list = NULL;
+  for (size_t i = 0; hdrs && hdrs[i]; i++)
+    list = curl_slist_append(list, hdrs[i]);
+  curl_easy_setopt(c, CURLOPT_URL, url);
+  curl_easy_setopt(c, CURLOPT_PATH_AS_IS, 1L);
+  curl_easy_setopt(c, CURLOPT_HTTPHEADER, list);
+  curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
+  curl_easy_setopt(c, CURLOPT_WRITEDATA, &r);
+  curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, on_header);
+  curl_easy_setopt(c, CURLOPT_HEADERDATA, &r);
+  curl_easy_setopt(c, CURLOPT_TIMEOUT, 20L);
+  curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+  if (strcmp(method, "HEAD") == 0) {
+    curl_easy_setopt(c, CURLOPT_NOBODY, 1L);
+  } else if (strcmp(method, "POST") == 0) {
+    curl_easy_setopt(c, CURLOPT_POST, 1L);
+    curl_easy_setopt(c, CURLOPT_POSTFIELDS, body ? body : "");
+  } else if (strcmp(method, "GET") != 0) {
+    curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
+  }
+  CURLcode rc = curl_easy_perform(c);
+  cr_assert_eq(rc, CURLE_OK, "%s %s: %s", method, path, curl_easy_strerror(rc));
+  curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &r.status);
+  curl_slist_free_all(list);
+  curl_easy_cleanup(c);
+  return r;
+}
+
+static const char *header(const reply *r, const char *name, char *out,
+                          size_t cap) {
+  size_t n = strlen(name);
+  for (const char *p = r->headers; p && *p;
+       p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL)
+    if (strncasecmp(p, name, n) == 0 && p[n] == ':') {
+      const char *v = p + n + 1;
+      while (*v == ' ')
+        v++;
+      size_t len = strcspn(v, "\r\n");
+      if (len >= cap)
+        len = cap - 1;
+      memcpy(out, v, len);
+      out[len] = 0;
+      return out;
+    }
+  return NULL;
+}
+
+static void etag_of(const void *data, size_t size, char out[67]) {
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned len = 0;
+  cr_assert_eq(EVP_Digest(data, size, md, &len, EVP_sha256(), NULL), 1);
+  out[0] = '"';
+  for (unsigned i = 0; i < 32; i++)
+    snprintf(out + 1 + 2 * i, 3, "%02x", md[i]);
+  out[65] = '"';
+  out[66] = 0;
+}
+
+/* A server with one 1000-byte blob at /v1/loco/round/1. */
+static loco_server *server_with_blob(uint8_t blob[1000]) {
+  for (int i = 0; i < 1000; i++)
+    blob[i] = (uint8_t)(i * 7 + 3);
+  loco_server *s = NULL;
+  cr_assert_eq(loco_server_start(NULL, NULL, &s), PULSE_OK);
+  cr_assert_gt(loco_server_port(s), 0);
+  cr_assert_eq(loco_server_put(s, "/v1/loco/round/1", blob, 1000), PULSE_OK);
+  return s;
+}
+
+Test(loco_http, blobs_have_strong_etags_304_and_ranges) {
+  uint8_t blob[1000];
+  loco_server *s = server_with_blob(blob);
+  uint16_t port = loco_server_port(s);
+  char want[67], v[128], inm[120], ir[120];
+  etag_of(blob, sizeof blob, want);
+
+  reply r = ask(port, "GET", "/v1/loco/round/1", NULL, NULL);
+  cr_assert_eq(r.status, 200);
+  cr_assert_eq(r.size, 1000);
+  cr_assert_eq(memcmp(r.body, blob, 1000), 0);
+  cr_assert_str_eq(header(&r, "ETag", v, sizeof v), want);
+  cr_assert_str_eq(header(&r, "Accept-Ranges", v, sizeof v), "bytes");
+  free(r.body);
+
+  snprintf(inm, sizeof inm, "If-None-Match: %s", want);
+  const char *cond[] = {inm, NULL};
+  r = ask(port, "GET", "/v1/loco/round/1", cond, NULL);
+  cr_assert_eq(r.status, 304);
+  cr_assert_eq(r.size, 0);
+  free(r.body);
+
+  const char *range[] = {"Range: bytes=10-19", NULL};
+  r = ask(port, "GET", "/v1/loco/round/1", range, NULL);
+  cr_assert_eq(r.status, 206);
+  cr_assert_eq(r.size, 10);
+  cr_assert_eq(memcmp(r.body, blob + 10, 10), 0);
+  cr_assert_str_eq(header(&r, "Content-Range", v, sizeof v),
+                   "bytes 10-19/1000");
+  free(r.body);
+
+  const char *suffix[] = {"Range: bytes=-5", NULL};
+  r = ask(port, "GET", "/v1/loco/round/1", suffix, NULL);
+  cr_assert_eq(r.status, 206);
+  cr_assert_eq(memcmp(r.body, blob + 995, 5), 0);
+  free(r.body);
+
+  const char *past[] = {"Range: bytes=1000-", NULL};
+  r = ask(port, "GET", "/v1/loco/round/1", past, NULL);
+  cr_assert_eq(r.status, 416);
+  cr_assert_str_eq(header(&r, "Content-Range", v, sizeof v), "bytes */1000");
+  free(r.body);
+
+  /* A resume of a copy of other bytes gets the whole body. */
+  snprintf(ir, sizeof ir, "If-Range: \"%064d\"", 0);
+  const char *stale[] = {"Range: bytes=10-19", ir, NULL};
+  r = ask(port, "GET", "/v1/loco/round/1", stale, NULL);
+  cr_assert_eq(r.status, 200);
+  cr_assert_eq(r.size, 1000);
+  free(r.body);
+  snprintf(ir, sizeof ir, "If-Range: %s", want);
+  const char *fresh[] = {"Range: bytes=10-19", ir, NULL};
+  r = ask(port, "GET", "/v1/loco/round/1", fresh, NULL);
+  cr_assert_eq(r.status, 206);
+  free(r.body);
+
+  r = ask(port, "HEAD", "/v1/loco/round/1", NULL, NULL);
+  cr_assert_eq(r.status, 200);
+  cr_assert_eq(r.size, 0);
+  free(r.body);
+  /* 1000 + 10 + 5 + 1000 + 10: bodies sent, not HEAD, 304 or 416. */
+  cr_assert_eq(loco_server_bytes_served(s), 2025);
+  loco_server_stop(s);
+}
+
+Test(loco_http, a_replaced_blob_has_a_new_etag_and_a_dropped_one_is_gone) {
+  uint8_t blob[1000];
+  loco_server *s = server_with_blob(blob);
+  uint16_t port = loco_server_port(s);
+  char old[67], now[67], v[128], inm[120];
+  etag_of(blob, sizeof blob, old);
+  blob[500] ^= 1;
+  etag_of(blob, sizeof blob, now);
+  cr_assert_eq(loco_server_put(s, "/v1/loco/round/1", blob, 1000), PULSE_OK);
+  snprintf(inm, sizeof inm, "If-None-Match: %s", old);
+  const char *cond[] = {inm, NULL};
+  reply r = ask(port, "GET", "/v1/loco/round/1", cond, NULL);
+  cr_assert_eq(r.status, 200, "the old tag no longer matches");
+  cr_assert_eq(memcmp(r.body, blob, 1000), 0);
+  cr_assert_str_eq(header(&r, "ETag", v, sizeof v), now);
+  free(r.body);
+  loco_server_drop(s, "/v1/loco/round/", 2);
+  r = ask(port, "GET", "/v1/loco/round/1", NULL, NULL);
+  cr_assert_eq(r.status, 404);
+  cr_assert(strstr(r.body, "{\"error\":") == r.body);
+  free(r.body);
+  loco_server_stop(s);
+}
+
+Test(loco_http, paths_that_name_nothing_and_other_methods_are_refused) {
+  uint8_t blob[1000];
+  loco_server *s = server_with_blob(blob);
+  uint16_t port = loco_server_port(s);
+  static const struct {
+    const char *method, *path;
+    long status;
+  } cases[] = {
+      {"GET", "/v1/loco/../round/1", 400},
+      {"GET", "/v1/loco/%2e%2e/round/1", 400},
+      {"GET", "/v1/loco/round/1%00x", 400},
+      {"GET", "/v1/loco/round\\1", 400},
+      {"GET", "//v1/loco/round/1", 400},
+      {"GET", "/v1/loco/round/2", 404},
+      {"GET", "/v1/loco/round/1/", 404},
+      {"POST", "/v1/loco/../join?id=1", 400},
+      {"POST", "/v1/loco/join?id=1", 404}, /* no POST callback here */
+      {"PUT", "/v1/loco/round/1", 405},
+      {"DELETE", "/v1/loco/round/1", 405},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    reply r = ask(port, cases[i].method, cases[i].path, NULL, NULL);
+    cr_assert_eq(r.status, cases[i].status, "%s %s: %ld", cases[i].method,
+                 cases[i].path, r.status);
+    cr_assert(r.body != NULL && strstr(r.body, "{\"error\":") == r.body,
+              "%s %s: JSON error", cases[i].method, cases[i].path);
+    if (cases[i].status == 405) {
+      char v[64];
+      cr_assert_str_eq(header(&r, "Allow", v, sizeof v), "GET, HEAD, POST");
+    }
+    free(r.body);
+  }
+  loco_server_stop(s);
+}
+
+typedef struct {
+  char path[128], id[32], url[128];
+  int calls;
+} posted;
+
+static unsigned on_post(void *user, const char *path, const char *id,
+                        const char *url, char *text, size_t cap) {
+  posted *p = user;
+  p->calls++;
+  snprintf(p->path, sizeof p->path, "%s", path);
+  snprintf(p->id, sizeof p->id, "%s", id ? id : "(none)");
+  snprintf(p->url, sizeof p->url, "%s", url ? url : "(none)");
+  snprintf(text, cap, "{\"pending\":true}");
+  return 202;
+}
+
+Test(loco_http, posts_reach_the_callback_with_their_query_and_no_body) {
+  posted p;
+  memset(&p, 0, sizeof p);
+  loco_server *s = NULL;
+  cr_assert_eq(loco_server_start(on_post, &p, &s), PULSE_OK);
+  uint16_t port = loco_server_port(s);
+  reply r =
+      ask(port, "POST", "/v1/loco/join?id=7&url=http%3A%2F%2F127.0.0.1%3A9%2F",
+          NULL, NULL);
+  cr_assert_eq(r.status, 202);
+  cr_assert_str_eq(r.body, "{\"pending\":true}");
+  cr_assert_eq(p.calls, 1);
+  cr_assert_str_eq(p.path, "/v1/loco/join");
+  cr_assert_str_eq(p.id, "7");
+  cr_assert_str_eq(p.url, "http://127.0.0.1:9/");
+  free(r.body);
+  r = ask(port, "POST", "/v1/loco/leave", NULL, NULL);
+  cr_assert_eq(r.status, 202);
+  cr_assert_str_eq(p.id, "(none)");
+  free(r.body);
+  /* A body is refused before the callback sees the request. */
+  r = ask(port, "POST", "/v1/loco/leave?id=3", NULL, "payload");
+  cr_assert_eq(r.status, 400);
+  cr_assert(strstr(r.body, "{\"error\":") == r.body);
+  cr_assert_eq(p.calls, 2);
+  free(r.body);
+  loco_server_stop(s);
+}
+
+Test(loco_http, metrics_and_healthz_come_with_the_layer) {
+  uint8_t blob[1000];
+  loco_server *s = server_with_blob(blob);
+  uint16_t port = loco_server_port(s);
+  reply r = ask(port, "GET", "/v1/loco/round/1", NULL, NULL);
+  free(r.body);
+  const char *range[] = {"Range: bytes=0-99", NULL};
+  r = ask(port, "GET", "/v1/loco/round/1", range, NULL);
+  free(r.body);
+  r = ask(port, "GET", "/v1/loco/nothing", NULL, NULL);
+  free(r.body);
+  r = ask(port, "GET", "/v1/../x", NULL, NULL);
+  free(r.body);
+  r = ask(port, "GET", "/healthz", NULL, NULL);
+  cr_assert_eq(r.status, 200);
+  cr_assert_str_eq(r.body, "{\"status\":\"ok\"}\n");
+  free(r.body);
+  static const char *const want[] = {
+      "pulse_http_requests_total{route=\"blob\",code=\"200\"} 1\n",
+      "pulse_http_requests_total{route=\"blob\",code=\"206\"} 1\n",
+      "pulse_http_requests_total{route=\"blob\",code=\"404\"} 1\n",
+      "pulse_http_requests_total{route=\"other\",code=\"400\"} 1\n",
+      "pulse_http_requests_total{route=\"healthz\",code=\"200\"} 1\n",
+      "pulse_http_response_bytes_total{route=\"blob\"} ",
+      "pulse_http_request_duration_seconds_count{route=\"blob\"} 3\n",
+      "# TYPE pulse_http_request_duration_seconds histogram\n",
+  };
+  /* Counted once a request completes, just after its client has it. */
+  int ok = 0;
+  r.body = NULL;
+  for (int tries = 0; tries < 200 && !ok; tries++) {
+    if (tries > 0)
+      usleep(5000);
+    free(r.body);
+    r = ask(port, "GET", "/metrics", NULL, NULL);
+    cr_assert_eq(r.status, 200);
+    ok = 1;
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+      ok &= strstr(r.body, want[i]) != NULL;
+  }
+  cr_assert(ok, "metrics:\n%s", r.body);
+  /* Bytes: 1000 + 100 of blob bodies, then the 404's JSON error. */
+  const char *b =
+      strstr(r.body, "pulse_http_response_bytes_total{route=\"blob\"} ");
+  unsigned long long bytes = strtoull(strchr(b, '}') + 2, NULL, 10);
+  cr_assert_gt(bytes, 1100);
+  cr_assert_lt(bytes, 1200);
+  free(r.body);
+  loco_server_stop(s);
+}
