@@ -1,10 +1,8 @@
 /* http_impl.h - private to loco/: the small HTTP pieces of the trainer
- * exchange. A blob server (libmicrohttpd, 127.0.0.1 only) that serves
- * immutable byte strings by path and hands POSTs to a callback, and
- * libcurl fetches (one URL, or many at once with a deadline).
- *
- * trainer_side/ is writing the project's HTTP server at the same time;
- * this one is deliberately minimal and is to be merged into it later. */
+ * exchange. A blob server (127.0.0.1 only) that serves byte strings by
+ * path and hands POSTs to a callback, on trainer_side's HTTP serving
+ * layer, and fetches (one URL, or many at once with a deadline) on
+ * inference_side's fetching layer. */
 #ifndef PULSE_LOCO_HTTP_IMPL_H
 #define PULSE_LOCO_HTTP_IMPL_H
 

@@ -119,7 +119,7 @@ static loco_server *server_with_blob(uint8_t blob[1000]) {
   return s;
 }
 
-Test(loco_http, blobs_have_strong_etags_304_and_ranges) {
+Test(loco_serve, blobs_have_strong_etags_304_and_ranges) {
   uint8_t blob[1000];
   loco_server *s = server_with_blob(blob);
   uint16_t port = loco_server_port(s);
@@ -184,7 +184,7 @@ Test(loco_http, blobs_have_strong_etags_304_and_ranges) {
   loco_server_stop(s);
 }
 
-Test(loco_http, a_replaced_blob_has_a_new_etag_and_a_dropped_one_is_gone) {
+Test(loco_serve, a_replaced_blob_has_a_new_etag_and_a_dropped_one_is_gone) {
   uint8_t blob[1000];
   loco_server *s = server_with_blob(blob);
   uint16_t port = loco_server_port(s);
@@ -208,7 +208,7 @@ Test(loco_http, a_replaced_blob_has_a_new_etag_and_a_dropped_one_is_gone) {
   loco_server_stop(s);
 }
 
-Test(loco_http, paths_that_name_nothing_and_other_methods_are_refused) {
+Test(loco_serve, paths_that_name_nothing_and_other_methods_are_refused) {
   uint8_t blob[1000];
   loco_server *s = server_with_blob(blob);
   uint16_t port = loco_server_port(s);
@@ -259,7 +259,7 @@ static unsigned on_post(void *user, const char *path, const char *id,
   return 202;
 }
 
-Test(loco_http, posts_reach_the_callback_with_their_query_and_no_body) {
+Test(loco_serve, posts_reach_the_callback_with_their_query_and_no_body) {
   posted p;
   memset(&p, 0, sizeof p);
   loco_server *s = NULL;
@@ -288,7 +288,7 @@ Test(loco_http, posts_reach_the_callback_with_their_query_and_no_body) {
   loco_server_stop(s);
 }
 
-Test(loco_http, metrics_and_healthz_come_with_the_layer) {
+Test(loco_serve, metrics_and_healthz_come_with_the_layer) {
   uint8_t blob[1000];
   loco_server *s = server_with_blob(blob);
   uint16_t port = loco_server_port(s);
