@@ -1,6 +1,7 @@
-/* server_impl.h - private to the HTTP server: its state, one request's
- * context, and the pieces shared by server*.c. The only files that include
- * microhttpd.h are the server's. */
+/* server_impl.h - private to the store's HTTP server: its state, a
+ * long-poll's, and the pieces shared by server*.c. The server is a route
+ * table and hooks on the serving layer (http_serve_impl.h), which alone
+ * includes microhttpd.h. */
 #ifndef PULSE_SERVER_IMPL_H
 #define PULSE_SERVER_IMPL_H
 
