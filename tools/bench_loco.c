@@ -1,5 +1,5 @@
 /* bench_loco.c - `pulse-bench loco`: DDP, DiLoCo and PULSELoCo on the
- * built-in training problem (loco/pulse_loco_problem.h). PULSELoCo runs for
+ * built-in training problem (tools/toolkit_problem.h). PULSELoCo runs for
  * real: one process per trainer, exchanging payloads over HTTP on
  * 127.0.0.1; DDP and DiLoCo run in two more processes, in memory (their bytes
  * are dense FP32 and need no coder; their losses are computed for real).
@@ -25,9 +25,9 @@
 
 #include "bench_impl.h"
 #include "pulse_loco.h"
-#include "pulse_loco_problem.h"
 #include "toolkit_args.h"
 #include "toolkit_report.h"
+#include "toolkit_sim.h"
 
 #define PROG "pulse-bench loco"
 #define MAX_TRAINERS 64
@@ -75,7 +75,8 @@ void bench_loco_usage(FILE *out) {
       "  --join-round J   one more trainer joins once J rounds are done\n"
       "  --leave-round L  the last founding trainer leaves in round L\n"
       "  --json           one JSON object per round, then a summary object\n"
-      "  --report DIR     also write DIR/rounds.csv and DIR/report.html (charts)\n"
+      "  --report DIR     also write DIR/rounds.csv and DIR/report.html "
+      "(charts)\n"
       "Bytes are what trainers send: DDP 4*P per trainer per inner step, "
       "DiLoCo\n"
       "4*P per trainer per round, PULSELoCo the encoded payloads "
@@ -87,13 +88,13 @@ void bench_loco_usage(FILE *out) {
 
 /* --------------------------------------------------------------- children */
 
-static pulse_loco_problem *make_problem(const loco_args *a) {
-  pulse_loco_problem_opts po = PULSE_LOCO_PROBLEM_OPTS_INIT;
+static pulse_tk_problem *make_problem(const loco_args *a) {
+  pulse_tk_problem_opts po = PULSE_TK_PROBLEM_OPTS_INIT;
   po.seed = a->seed;
   po.lr = (float)a->lr;
-  po.hidden = pulse_loco_problem_hidden_for(&po, a->params);
-  pulse_loco_problem *p = NULL;
-  if (pulse_loco_problem_create(&po, &p) != PULSE_OK)
+  po.hidden = pulse_tk_problem_hidden_for(&po, a->params);
+  pulse_tk_problem *p = NULL;
+  if (pulse_tk_problem_create(&po, &p) != PULSE_OK)
     return NULL;
   return p;
 }
@@ -109,42 +110,42 @@ typedef struct {
   const char *method;
 } baseline_sink;
 
-static void baseline_round(void *user, const pulse_loco_sim_round *r) {
+static void baseline_round(void *user, const pulse_tk_sim_round *r) {
   baseline_sink *s = user;
   dprintf(s->out, "%s %u %.9g %" PRIu64 "\n", s->method, r->round, r->loss,
           r->bytes);
 }
 
 static int run_baseline(const loco_args *a, int which, int out) {
-  pulse_loco_problem *p = make_problem(a);
+  pulse_tk_problem *p = make_problem(a);
   if (p == NULL)
     return child_fail(out, "problem", PULSE_ERR_NOMEM);
-  uint64_t P = pulse_loco_problem_param_count(p);
+  uint64_t P = pulse_tk_problem_param_count(p);
   float *theta = malloc(P * sizeof *theta);
   if (theta == NULL)
     return child_fail(out, "baseline", PULSE_ERR_NOMEM);
-  pulse_loco_problem_init(p, theta);
+  pulse_tk_problem_init(p, theta);
   double loss;
-  pulse_loco_problem_eval(p, theta, &loss, NULL);
+  pulse_tk_problem_eval(p, theta, &loss, NULL);
   if (which == 0)
     dprintf(out, "init %.9g %.9g %" PRIu64 "\n", loss,
-            pulse_loco_problem_floor(p), P);
+            pulse_tk_problem_floor(p), P);
   free(theta);
-  pulse_loco_sim_opts so = PULSE_LOCO_SIM_OPTS_INIT;
+  pulse_tk_sim_opts so = PULSE_TK_SIM_OPTS_INIT;
   so.trainers = a->trainers;
   so.rounds = a->rounds;
   so.inner = a->inner;
-  const pulse_loco_sim_method methods[2] = {PULSE_LOCO_SIM_DDP,
-                                            PULSE_LOCO_SIM_DILOCO};
+  const pulse_tk_sim_method methods[2] = {PULSE_TK_SIM_DDP,
+                                          PULSE_TK_SIM_DILOCO};
   const char *names[2] = {"ddp", "diloco"};
   for (int m = which; m == which; m++) {
     so.method = methods[m];
     baseline_sink s = {out, names[m]};
-    pulse_status st = pulse_loco_sim_run(p, &so, baseline_round, &s, NULL);
+    pulse_status st = pulse_tk_sim_run(p, &so, baseline_round, &s, NULL);
     if (st != PULSE_OK)
       return child_fail(out, names[m], st);
   }
-  pulse_loco_problem_free(p);
+  pulse_tk_problem_free(p);
   return 0;
 }
 
@@ -158,14 +159,14 @@ static int read_line(FILE *in, char *line, size_t cap) {
 static int run_trainer(const loco_args *a, uint32_t id, int founder, int in_fd,
                        int out) {
   FILE *in = fdopen(in_fd, "r");
-  pulse_loco_problem *p = make_problem(a);
+  pulse_tk_problem *p = make_problem(a);
   if (in == NULL || p == NULL)
     return child_fail(out, "trainer set-up", PULSE_ERR_NOMEM);
-  uint64_t P = pulse_loco_problem_param_count(p);
+  uint64_t P = pulse_tk_problem_param_count(p);
   float *local = malloc(P * sizeof *local);
   if (local == NULL)
     return child_fail(out, "trainer", PULSE_ERR_NOMEM);
-  pulse_loco_problem_init(p, local);
+  pulse_tk_problem_init(p, local);
   pulse_loco_opts lo = PULSE_LOCO_OPTS_INIT;
   lo.param_count = P;
   lo.trainer_id = id;
@@ -210,24 +211,24 @@ static int run_trainer(const loco_args *a, uint32_t id, int founder, int in_fd,
   if (st != PULSE_OK)
     return child_fail(out, "start or join", st);
 
-  pulse_loco_learner *l = NULL;
-  if ((st = pulse_loco_learner_create(p, id, &l)) != PULSE_OK)
+  pulse_tk_learner *l = NULL;
+  if ((st = pulse_tk_learner_create(p, id, &l)) != PULSE_OK)
     return child_fail(out, "learner", st);
   int pacer = id == 0;
   while (pulse_loco_round(ctx) < a->rounds) {
     for (uint32_t h = 0; h < a->inner; h++)
-      pulse_loco_learner_step(l, local);
+      pulse_tk_learner_step(l, local);
     int leaving = a->leave_round >= 0 && id == a->trainers - 1 &&
                   pulse_loco_round(ctx) == (uint64_t)a->leave_round;
     pulse_loco_step_info info;
     st = pulse_loco_node_step(node, local,
-                              (uint64_t)pulse_loco_problem_batch(p) * a->inner,
+                              (uint64_t)pulse_tk_problem_batch(p) * a->inner,
                               leaving, &info);
     if (st != PULSE_OK)
       return child_fail(out, "outer step", st);
     double loss = -1.0;
     if (pacer)
-      pulse_loco_problem_eval(p, pulse_loco_global(ctx), &loss, NULL);
+      pulse_tk_problem_eval(p, pulse_loco_global(ctx), &loss, NULL);
     dprintf(out,
             "round %" PRIu64 " %" PRIu64 " %" PRIu64 " %u %u %" PRIu64
             " %d %.9g\n",
@@ -240,10 +241,10 @@ static int run_trainer(const loco_args *a, uint32_t id, int founder, int in_fd,
   pulse_loco_node_linger(node, no.manifest_timeout_ms);
   dprintf(out, "done %u %" PRIu64 " %016" PRIx64 "\n", id,
           pulse_loco_round(ctx), pulse_loco_global_digest(ctx));
-  pulse_loco_learner_free(l);
+  pulse_tk_learner_free(l);
   pulse_loco_node_free(node);
   pulse_loco_free(ctx);
-  pulse_loco_problem_free(p);
+  pulse_tk_problem_free(p);
   free(local);
   fclose(in);
   return 0;
@@ -547,27 +548,56 @@ static int write_report(const bench *b, int argc, char **argv) {
   pulse_report *rep = NULL;
   if (pulse_report_create(b->a.report, "loco", argc, argv, &rep) != PULSE_OK)
     return fprintf(stderr, PROG ": --report: cannot make %s\n", b->a.report), 1;
-  static const char *const cols[] = {
-      "round",     "loss_DDP",         "loss_DiLoCo",         "loss_PULSELoCo",
-      "bytes_DDP", "bytes_DiLoCo",     "bytes_PULSELoCo",     "cumulative_bytes_DDP",
-      "cumulative_bytes_DiLoCo",       "cumulative_bytes_PULSELoCo"};
+  static const char *const cols[] = {"round",
+                                     "loss_DDP",
+                                     "loss_DiLoCo",
+                                     "loss_PULSELoCo",
+                                     "bytes_DDP",
+                                     "bytes_DiLoCo",
+                                     "bytes_PULSELoCo",
+                                     "cumulative_bytes_DDP",
+                                     "cumulative_bytes_DiLoCo",
+                                     "cumulative_bytes_PULSELoCo"};
   pulse_report_table *t = pulse_report_table_add(rep, "rounds", cols, 10);
   double cum[3] = {0, 0, 0};
   for (uint32_t r = 1; r <= b->a.rounds; r++) {
     const round_row *w = &b->rows[r];
     cum[0] += (double)w->bytes_ddp, cum[1] += (double)w->bytes_diloco,
         cum[2] += (double)w->bytes_pl;
-    const double v[] = {r, w->loss_ddp, w->loss_diloco, w->loss_pl, (double)w->bytes_ddp,
-                        (double)w->bytes_diloco, (double)w->bytes_pl, cum[0], cum[1], cum[2]};
+    const double v[] = {r,
+                        w->loss_ddp,
+                        w->loss_diloco,
+                        w->loss_pl,
+                        (double)w->bytes_ddp,
+                        (double)w->bytes_diloco,
+                        (double)w->bytes_pl,
+                        cum[0],
+                        cum[1],
+                        cum[2]};
     pulse_report_row(t);
     for (size_t k = 0; k < sizeof v / sizeof v[0]; k++)
       pulse_report_num(t, v[k]);
   }
-  pulse_report_chart_spec c1 = {PULSE_REPORT_LINE, "rounds",
-                                "Cumulative bytes sent by all trainers", "round", "round",
-                                "cumulative bytes (B)", cols + 7, 3, 0, 1};
-  pulse_report_chart_spec c2 = {PULSE_REPORT_LINE, "rounds", "Held-out loss per round", "round",
-                                "round", "loss (nats)", cols + 1, 3, 0, 0};
+  pulse_report_chart_spec c1 = {PULSE_REPORT_LINE,
+                                "rounds",
+                                "Cumulative bytes sent by all trainers",
+                                "round",
+                                "round",
+                                "cumulative bytes (B)",
+                                cols + 7,
+                                3,
+                                0,
+                                1};
+  pulse_report_chart_spec c2 = {PULSE_REPORT_LINE,
+                                "rounds",
+                                "Held-out loss per round",
+                                "round",
+                                "round",
+                                "loss (nats)",
+                                cols + 1,
+                                3,
+                                0,
+                                0};
   pulse_report_chart(rep, &c1), pulse_report_chart(rep, &c2);
   char why[512];
   if (pulse_report_close(rep, why, sizeof why) != PULSE_OK)

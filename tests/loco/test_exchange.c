@@ -8,7 +8,7 @@
 #include <time.h>
 
 #include "loco_testutil.h"
-#include "pulse_loco_problem.h"
+#include "toolkit_sim.h"
 
 #define MAX_T 6
 
@@ -24,7 +24,7 @@ static void loco_test_sleep(void) {
 }
 
 typedef struct {
-  const pulse_loco_problem *p;
+  const pulse_tk_problem *p;
   uint32_t id;
   uint32_t rounds; /* run until the context reaches this round */
   uint32_t inner;
@@ -46,10 +46,10 @@ typedef struct {
 
 static void *run_trainer(void *arg) {
   trainer *t = arg;
-  uint64_t P = pulse_loco_problem_param_count(t->p);
+  uint64_t P = pulse_tk_problem_param_count(t->p);
   float *local = malloc(P * sizeof *local);
-  pulse_loco_learner *l = NULL;
-  t->st = pulse_loco_learner_create(t->p, t->id, &l);
+  pulse_tk_learner *l = NULL;
+  t->st = pulse_tk_learner_create(t->p, t->id, &l);
   t->contributors_min = UINT32_MAX;
   if (t->st == PULSE_OK && t->join_after < 0) {
     memcpy(local, pulse_loco_global(t->ctx), P * sizeof *local);
@@ -61,7 +61,7 @@ static void *run_trainer(void *arg) {
   }
   while (t->st == PULSE_OK && pulse_loco_round(t->ctx) < t->rounds) {
     for (uint32_t h = 0; h < t->inner; h++)
-      pulse_loco_learner_step(l, local);
+      pulse_tk_learner_step(l, local);
     int leaving = (int)pulse_loco_round(t->ctx) == t->leave_at;
     pulse_loco_step_info info;
     t->st =
@@ -81,27 +81,27 @@ static void *run_trainer(void *arg) {
     t->st = pulse_loco_node_linger(t->node, 30000);
   if (t->st != PULSE_OK)
     snprintf(t->detail, sizeof t->detail, "%s", pulse_error_detail());
-  pulse_loco_learner_free(l);
+  pulse_tk_learner_free(l);
   free(local);
   return NULL;
 }
 
-static pulse_loco_problem *small_problem(uint32_t hidden) {
-  pulse_loco_problem_opts po = PULSE_LOCO_PROBLEM_OPTS_INIT;
+static pulse_tk_problem *small_problem(uint32_t hidden) {
+  pulse_tk_problem_opts po = PULSE_TK_PROBLEM_OPTS_INIT;
   po.hidden = hidden;
-  pulse_loco_problem *p;
-  cr_assert_eq(pulse_loco_problem_create(&po, &p), PULSE_OK);
+  pulse_tk_problem *p;
+  cr_assert_eq(pulse_tk_problem_create(&po, &p), PULSE_OK);
   return p;
 }
 
 /* Starts n trainers (contexts and nodes); founders are those with
  * join_after < 0. */
-static void setup(trainer *t, size_t n, const pulse_loco_problem *p,
+static void setup(trainer *t, size_t n, const pulse_tk_problem *p,
                   pulse_loco_member *members, size_t *nmembers,
                   volatile uint64_t *progress, double drop_rate) {
-  uint64_t P = pulse_loco_problem_param_count(p);
+  uint64_t P = pulse_tk_problem_param_count(p);
   float *init = malloc(P * sizeof *init);
-  pulse_loco_problem_init(p, init);
+  pulse_tk_problem_init(p, init);
   *nmembers = 0;
   for (size_t i = 0; i < n; i++) {
     t[i].p = p;
@@ -148,8 +148,8 @@ static void teardown(trainer *t, size_t n) {
 }
 
 Test(loco, http_run_equals_the_in_process_run_bit_for_bit, .timeout = 300) {
-  pulse_loco_problem *p = small_problem(48);
-  uint64_t P = pulse_loco_problem_param_count(p);
+  pulse_tk_problem *p = small_problem(48);
+  uint64_t P = pulse_tk_problem_param_count(p);
   trainer t[3];
   memset(t, 0, sizeof t);
   for (uint32_t i = 0; i < 3; i++) {
@@ -172,23 +172,23 @@ Test(loco, http_run_equals_the_in_process_run_bit_for_bit, .timeout = 300) {
         0);
   }
   /* The same rounds in one process. */
-  pulse_loco_sim_opts so = PULSE_LOCO_SIM_OPTS_INIT;
+  pulse_tk_sim_opts so = PULSE_TK_SIM_OPTS_INIT;
   so.trainers = 3;
   so.rounds = 6;
   so.inner = 4;
   float *want = malloc(P * 4);
-  cr_assert_eq(pulse_loco_sim_run(p, &so, NULL, NULL, want), PULSE_OK);
+  cr_assert_eq(pulse_tk_sim_run(p, &so, NULL, NULL, want), PULSE_OK);
   cr_assert_eq(memcmp(want, pulse_loco_global(t[0].ctx), P * 4), 0,
                "HTTP and in-process runs differ");
   free(want);
   teardown(t, 3);
-  pulse_loco_problem_free(p);
+  pulse_tk_problem_free(p);
 }
 
 Test(loco, late_joiner_over_http_ends_with_the_same_global_weights,
      .timeout = 300) {
-  pulse_loco_problem *p = small_problem(32);
-  uint64_t P = pulse_loco_problem_param_count(p);
+  pulse_tk_problem *p = small_problem(32);
+  uint64_t P = pulse_tk_problem_param_count(p);
   trainer t[5];
   memset(t, 0, sizeof t);
   for (uint32_t i = 0; i < 5; i++) {
@@ -233,12 +233,12 @@ Test(loco, late_joiner_over_http_ends_with_the_same_global_weights,
                "members at the end: 4 (3 founders - 1 leaver + 2 joiners)");
   cr_assert_eq(now[0].id, 1u);
   teardown(t, 5);
-  pulse_loco_problem_free(p);
+  pulse_tk_problem_free(p);
 }
 
 Test(loco, lost_payloads_keep_replicas_identical, .timeout = 300) {
-  pulse_loco_problem *p = small_problem(32);
-  uint64_t P = pulse_loco_problem_param_count(p);
+  pulse_tk_problem *p = small_problem(32);
+  uint64_t P = pulse_tk_problem_param_count(p);
   trainer t[4];
   memset(t, 0, sizeof t);
   for (uint32_t i = 0; i < 4; i++) {
@@ -262,13 +262,13 @@ Test(loco, lost_payloads_keep_replicas_identical, .timeout = 300) {
   }
   cr_assert(fewest < 4, "40%% loss never dropped a payload");
   teardown(t, 4);
-  pulse_loco_problem_free(p);
+  pulse_tk_problem_free(p);
 }
 
 Test(loco, coordinator_that_leaves_hands_over_without_stalling,
      .timeout = 300) {
-  pulse_loco_problem *p = small_problem(32);
-  uint64_t P = pulse_loco_problem_param_count(p);
+  pulse_tk_problem *p = small_problem(32);
+  uint64_t P = pulse_tk_problem_param_count(p);
   trainer t[3];
   memset(t, 0, sizeof t);
   for (uint32_t i = 0; i < 3; i++) {
@@ -300,5 +300,5 @@ Test(loco, coordinator_that_leaves_hands_over_without_stalling,
   cr_assert_eq(count, 2u);
   cr_assert_eq(now[0].id, 1u, "trainer 1 coordinates after trainer 0 left");
   teardown(t, 3);
-  pulse_loco_problem_free(p);
+  pulse_tk_problem_free(p);
 }

@@ -4,7 +4,7 @@
  * format rejects bad bytes, and a 3-trainer PULSELoCo run ends within 2% of
  * DiLoCo's loss with at least 10x fewer bytes. */
 #include "loco_testutil.h"
-#include "pulse_loco_problem.h"
+#include "toolkit_sim.h"
 
 /* Expected theta_g after one round from the definition, computed here
  * independently: weighted mean in double, one rounding, Nesterov. */
@@ -255,19 +255,19 @@ Test(loco, state_round_trips_and_rejects_bad_bytes) {
 /* Trainers 0..2 from the start, trainer 3 joins at round 4 through the
  * state of trainer 1; trainer 2 leaves after round 7 with a flush. */
 Test(loco, late_joiner_ends_with_the_same_global_weights_in_process) {
-  pulse_loco_problem_opts po = PULSE_LOCO_PROBLEM_OPTS_INIT;
+  pulse_tk_problem_opts po = PULSE_TK_PROBLEM_OPTS_INIT;
   po.hidden = 32;
-  pulse_loco_problem *p;
-  cr_assert_eq(pulse_loco_problem_create(&po, &p), PULSE_OK);
-  uint64_t P = pulse_loco_problem_param_count(p);
+  pulse_tk_problem *p;
+  cr_assert_eq(pulse_tk_problem_create(&po, &p), PULSE_OK);
+  uint64_t P = pulse_tk_problem_param_count(p);
   float *init = malloc(P * 4);
-  pulse_loco_problem_init(p, init);
+  pulse_tk_problem_init(p, init);
   pulse_loco *ctx[4] = {0};
-  pulse_loco_learner *learn[4] = {0};
+  pulse_tk_learner *learn[4] = {0};
   float *local[4];
   for (uint32_t i = 0; i < 4; i++) {
     ctx[i] = lt_ctx(P, i, i < 3 ? init : NULL);
-    cr_assert_eq(pulse_loco_learner_create(p, i, &learn[i]), PULSE_OK);
+    cr_assert_eq(pulse_tk_learner_create(p, i, &learn[i]), PULSE_OK);
     local[i] = malloc(P * 4);
     memcpy(local[i], init, P * 4);
   }
@@ -288,7 +288,7 @@ Test(loco, late_joiner_ends_with_the_same_global_weights_in_process) {
       if (!live[i])
         continue;
       for (int h = 0; h < 5; h++)
-        pulse_loco_learner_step(learn[i], local[i]);
+        pulse_tk_learner_step(learn[i], local[i]);
       const uint8_t *d;
       size_t s;
       uint32_t flags = (i == 2 && round == 7) ? PULSE_LOCO_LEAVING : 0;
@@ -326,11 +326,11 @@ Test(loco, late_joiner_ends_with_the_same_global_weights_in_process) {
     }
   for (uint32_t i = 0; i < 4; i++) {
     pulse_loco_free(ctx[i]);
-    pulse_loco_learner_free(learn[i]);
+    pulse_tk_learner_free(learn[i]);
     free(local[i]);
   }
   free(init);
-  pulse_loco_problem_free(p);
+  pulse_tk_problem_free(p);
 }
 
 typedef struct {
@@ -338,7 +338,7 @@ typedef struct {
   uint64_t bytes;
 } run_total;
 
-static void tally(void *user, const pulse_loco_sim_round *r) {
+static void tally(void *user, const pulse_tk_sim_round *r) {
   run_total *t = user;
   if (r->round == 0)
     t->start = r->loss;
@@ -347,18 +347,18 @@ static void tally(void *user, const pulse_loco_sim_round *r) {
 }
 
 Test(loco, three_trainers_converge_within_2_percent_of_diloco, .timeout = 600) {
-  pulse_loco_problem_opts po = PULSE_LOCO_PROBLEM_OPTS_INIT;
+  pulse_tk_problem_opts po = PULSE_TK_PROBLEM_OPTS_INIT;
   po.hidden = 160; /* ~23k parameters keeps the test quick */
-  pulse_loco_problem *p;
-  cr_assert_eq(pulse_loco_problem_create(&po, &p), PULSE_OK);
-  pulse_loco_sim_opts so = PULSE_LOCO_SIM_OPTS_INIT;
+  pulse_tk_problem *p;
+  cr_assert_eq(pulse_tk_problem_create(&po, &p), PULSE_OK);
+  pulse_tk_sim_opts so = PULSE_TK_SIM_OPTS_INIT;
   so.trainers = 3;
   run_total diloco = {0, 0, 0}, pulse = {0, 0, 0};
-  so.method = PULSE_LOCO_SIM_DILOCO;
-  cr_assert_eq(pulse_loco_sim_run(p, &so, tally, &diloco, NULL), PULSE_OK);
-  so.method = PULSE_LOCO_SIM_PULSELOCO;
-  cr_assert_eq(pulse_loco_sim_run(p, &so, tally, &pulse, NULL), PULSE_OK);
-  double floor = pulse_loco_problem_floor(p);
+  so.method = PULSE_TK_SIM_DILOCO;
+  cr_assert_eq(pulse_tk_sim_run(p, &so, tally, &diloco, NULL), PULSE_OK);
+  so.method = PULSE_TK_SIM_PULSELOCO;
+  cr_assert_eq(pulse_tk_sim_run(p, &so, tally, &pulse, NULL), PULSE_OK);
+  double floor = pulse_tk_problem_floor(p);
   cr_log_info(
       "start %.5f, DiLoCo %.5f (%llu B), PULSELoCo %.5f (%llu B), floor %.5f",
       diloco.start, diloco.loss, (unsigned long long)diloco.bytes, pulse.loss,
@@ -370,5 +370,5 @@ Test(loco, three_trainers_converge_within_2_percent_of_diloco, .timeout = 600) {
             pulse.loss, diloco.loss);
   cr_assert(pulse.bytes * 10 <= diloco.bytes, "bytes %llu vs %llu",
             (unsigned long long)pulse.bytes, (unsigned long long)diloco.bytes);
-  pulse_loco_problem_free(p);
+  pulse_tk_problem_free(p);
 }

@@ -1,16 +1,18 @@
-/* problem.c - the built-in training problem (pulse_loco_problem.h): a
- * 2-layer MLP fine-tuned towards a nearby teacher, with Adam. Loops are written
- * so their inner dimension is a contiguous row (axpy form), which compilers
- * vectorize without reassociating sums. */
+/* toolkit_problem.c - the built-in training problem (toolkit_problem.h): a
+ * 2-layer MLP fine-tuned towards a nearby teacher, with Adam. Loops are
+ * written so their inner dimension is a contiguous row (axpy form), which
+ * compilers vectorize without reassociating sums (tools/CMakeLists.txt
+ * builds this file with -O3). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "pulse_loco_problem.h"
+#include "rng_impl.h"
 #include "status_impl.h"
+#include "toolkit_problem.h"
 
-struct pulse_loco_problem {
-  pulse_loco_problem_opts o;
+struct pulse_tk_problem {
+  pulse_tk_problem_opts o;
   uint64_t P;
   uint64_t w1, b1, w2,
       b2;           /* offsets: W1[in][hid], b1[hid], W2[hid][cls], b2[cls] */
@@ -22,31 +24,24 @@ struct pulse_loco_problem {
   double floor;
 };
 
-struct pulse_loco_learner {
-  const pulse_loco_problem *p;
+struct pulse_tk_learner {
+  const pulse_tk_problem *p;
   uint64_t rng;
   uint64_t t; /* Adam steps taken */
   float *m, *v, *grad;
   float *x, *z, *h, *logits, *dz, *tp;
 };
 
-static void forward(const pulse_loco_problem *p, const float *theta,
+static void forward(const pulse_tk_problem *p, const float *theta,
                     const float *x, size_t n, float *z, float *h,
                     float *logits);
 
 /* ------------------------------------------------------------ generators */
 
-static uint64_t next_u64(uint64_t *s) {
-  uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
 /* Fills n standard normal floats (Box-Muller). */
 static void normals(uint64_t *s, float *out, size_t n) {
   for (size_t i = 0; i < n; i += 2) {
-    uint64_t r = next_u64(s);
+    uint64_t r = pulse_rng_next(s);
     float u1 = ((float)(r >> 40) + 0.5f) * 0x1p-24f;
     float u2 = (float)((r >> 16) & 0xFFFFFFu) * 0x1p-24f;
     float rad = sqrtf(-2.0f * logf(u1)), ang = 6.2831853f * u2;
@@ -79,7 +74,7 @@ static double softmax_row(float *l, uint32_t cls, float *mx_out,
 
 /* n inputs and the teacher's probabilities for them (n x classes in tp);
  * z and h are scratch for the teacher's hidden layer. */
-static void draw(const pulse_loco_problem *p, uint64_t *s, size_t n, float *x,
+static void draw(const pulse_tk_problem *p, uint64_t *s, size_t n, float *x,
                  float *tp, float *z, float *h) {
   uint32_t cls = p->o.classes;
   normals(s, x, n * p->o.inputs);
@@ -90,19 +85,19 @@ static void draw(const pulse_loco_problem *p, uint64_t *s, size_t n, float *x,
 
 /* -------------------------------------------------------------- problem */
 
-uint32_t pulse_loco_problem_hidden_for(const pulse_loco_problem_opts *o,
-                                       uint64_t params) {
+uint32_t pulse_tk_problem_hidden_for(const pulse_tk_problem_opts *o,
+                                     uint64_t params) {
   uint64_t per = (uint64_t)o->inputs + 1u + o->classes;
   uint64_t h = params > o->classes ? (params - o->classes) / per : 1;
   return h < 1 ? 1u : h > 1u << 24 ? 1u << 24 : (uint32_t)h;
 }
 
-pulse_status pulse_loco_problem_create(const pulse_loco_problem_opts *o,
-                                       pulse_loco_problem **out) {
+pulse_status pulse_tk_problem_create(const pulse_tk_problem_opts *o,
+                                     pulse_tk_problem **out) {
   if (out == NULL)
     return pulse_fail(PULSE_ERR_ARG, "loco problem: NULL output");
   *out = NULL;
-  if (o == NULL || o->struct_version != PULSE_LOCO_PROBLEM_OPTS_VERSION)
+  if (o == NULL || o->struct_version != PULSE_TK_PROBLEM_OPTS_VERSION)
     return pulse_fail(PULSE_ERR_ARG,
                       "loco problem: options missing or of another version");
   if (o->inputs == 0 || o->hidden == 0 || o->classes < 2 || o->batch == 0 ||
@@ -111,7 +106,7 @@ pulse_status pulse_loco_problem_create(const pulse_loco_problem_opts *o,
       o->test_count > 1u << 24 || !(o->lr > 0.0f) || !isfinite(o->shift) ||
       !isfinite(o->init_scale) || !isfinite(o->logit_scale))
     return pulse_fail(PULSE_ERR_ARG, "loco problem: bad sizes or rates");
-  pulse_loco_problem *p = calloc(1, sizeof *p);
+  pulse_tk_problem *p = calloc(1, sizeof *p);
   if (p == NULL)
     return pulse_fail(PULSE_ERR_NOMEM, "loco problem");
   p->o = *o;
@@ -131,15 +126,15 @@ pulse_status pulse_loco_problem_create(const pulse_loco_problem_opts *o,
   float *z = malloc(T * hid * sizeof *z), *h = malloc(T * hid * sizeof *h);
   if (!p->teacher || !p->test_x || !p->test_p || !p->test_y || !z || !h) {
     free(z), free(h);
-    pulse_loco_problem_free(p);
+    pulse_tk_problem_free(p);
     return pulse_fail(PULSE_ERR_NOMEM, "loco problem: data");
   }
   /* The teacher: the pretrained weights plus offsets of std `shift`. */
-  pulse_loco_problem_init(p, p->teacher);
+  pulse_tk_problem_init(p, p->teacher);
   float *off = malloc((size_t)p->P * sizeof *off);
   if (off == NULL) {
     free(z), free(h);
-    pulse_loco_problem_free(p);
+    pulse_tk_problem_free(p);
     return pulse_fail(PULSE_ERR_NOMEM, "loco problem: teacher");
   }
   uint64_t s = o->seed ^ 0x7EAC4E5ull;
@@ -165,26 +160,26 @@ pulse_status pulse_loco_problem_create(const pulse_loco_problem_opts *o,
   return PULSE_OK;
 }
 
-void pulse_loco_problem_free(pulse_loco_problem *p) {
+void pulse_tk_problem_free(pulse_tk_problem *p) {
   if (p == NULL)
     return;
   free(p->teacher), free(p->test_x), free(p->test_p), free(p->test_y);
   free(p);
 }
 
-uint64_t pulse_loco_problem_param_count(const pulse_loco_problem *p) {
+uint64_t pulse_tk_problem_param_count(const pulse_tk_problem *p) {
   return p->P;
 }
 
-double pulse_loco_problem_floor(const pulse_loco_problem *p) {
+double pulse_tk_problem_floor(const pulse_tk_problem *p) {
   return p->floor;
 }
 
-uint32_t pulse_loco_problem_batch(const pulse_loco_problem *p) {
+uint32_t pulse_tk_problem_batch(const pulse_tk_problem *p) {
   return p->o.batch;
 }
 
-void pulse_loco_problem_init(const pulse_loco_problem *p, float *theta) {
+void pulse_tk_problem_init(const pulse_tk_problem *p, float *theta) {
   uint64_t s = p->o.seed ^ 0x1417ull;
   normals(&s, theta, (size_t)p->b1);
   normals(&s, theta + p->w2, (size_t)(p->b2 - p->w2));
@@ -195,7 +190,7 @@ void pulse_loco_problem_init(const pulse_loco_problem *p, float *theta) {
 }
 
 /* Forward pass of n samples: z (pre-activations), h (ReLU) and logits. */
-static void forward(const pulse_loco_problem *p, const float *theta,
+static void forward(const pulse_tk_problem *p, const float *theta,
                     const float *x, size_t n, float *z, float *h,
                     float *logits) {
   uint32_t in = p->o.inputs, hid = p->o.hidden, cls = p->o.classes;
@@ -226,8 +221,8 @@ static void forward(const pulse_loco_problem *p, const float *theta,
   }
 }
 
-void pulse_loco_problem_eval(const pulse_loco_problem *p, const float *theta,
-                             double *loss, double *accuracy) {
+void pulse_tk_problem_eval(const pulse_tk_problem *p, const float *theta,
+                           double *loss, double *accuracy) {
   enum { BLOCK = 64 };
   uint32_t hid = p->o.hidden, cls = p->o.classes, in = p->o.inputs;
   float *z = malloc((size_t)BLOCK * hid * sizeof *z),
@@ -267,12 +262,12 @@ void pulse_loco_problem_eval(const pulse_loco_problem *p, const float *theta,
 
 /* -------------------------------------------------------------- learner */
 
-pulse_status pulse_loco_learner_create(const pulse_loco_problem *p,
-                                       uint32_t trainer_id,
-                                       pulse_loco_learner **out) {
+pulse_status pulse_tk_learner_create(const pulse_tk_problem *p,
+                                     uint32_t trainer_id,
+                                     pulse_tk_learner **out) {
   if (p == NULL || out == NULL)
     return pulse_fail(PULSE_ERR_ARG, "loco learner: NULL argument");
-  pulse_loco_learner *l = calloc(1, sizeof *l);
+  pulse_tk_learner *l = calloc(1, sizeof *l);
   if (l == NULL)
     return pulse_fail(PULSE_ERR_NOMEM, "loco learner");
   size_t B = p->o.batch, P = (size_t)p->P;
@@ -290,14 +285,14 @@ pulse_status pulse_loco_learner_create(const pulse_loco_problem *p,
   l->tp = malloc(B * p->o.classes * sizeof *l->tp);
   if (!l->m || !l->v || !l->grad || !l->x || !l->z || !l->h || !l->dz ||
       !l->logits || !l->tp) {
-    pulse_loco_learner_free(l);
+    pulse_tk_learner_free(l);
     return pulse_fail(PULSE_ERR_NOMEM, "loco learner: %zu parameters", P);
   }
   *out = l;
   return PULSE_OK;
 }
 
-void pulse_loco_learner_free(pulse_loco_learner *l) {
+void pulse_tk_learner_free(pulse_tk_learner *l) {
   if (l == NULL)
     return;
   free(l->m), free(l->v), free(l->grad), free(l->x), free(l->z), free(l->h),
@@ -306,9 +301,9 @@ void pulse_loco_learner_free(pulse_loco_learner *l) {
   free(l);
 }
 
-double pulse_loco_learner_grad(pulse_loco_learner *l, const float *theta,
-                               float *grad) {
-  const pulse_loco_problem *p = l->p;
+double pulse_tk_learner_grad(pulse_tk_learner *l, const float *theta,
+                             float *grad) {
+  const pulse_tk_problem *p = l->p;
   uint32_t B = p->o.batch, in = p->o.inputs, hid = p->o.hidden,
            cls = p->o.classes;
   draw(p, &l->rng, B, l->x, l->tp, l->z, l->h);
@@ -357,9 +352,9 @@ double pulse_loco_learner_grad(pulse_loco_learner *l, const float *theta,
   return loss / B;
 }
 
-void pulse_loco_learner_adam(pulse_loco_learner *l, float *theta,
-                             const float *grad) {
-  const pulse_loco_problem_opts *o = &l->p->o;
+void pulse_tk_learner_adam(pulse_tk_learner *l, float *theta,
+                           const float *grad) {
+  const pulse_tk_problem_opts *o = &l->p->o;
   l->t++;
   float b1 = o->beta1, b2 = o->beta2;
   float c1 = 1.0f - (float)pow(b1, (double)l->t),
@@ -373,8 +368,8 @@ void pulse_loco_learner_adam(pulse_loco_learner *l, float *theta,
   }
 }
 
-double pulse_loco_learner_step(pulse_loco_learner *l, float *theta) {
-  double loss = pulse_loco_learner_grad(l, theta, l->grad);
-  pulse_loco_learner_adam(l, theta, l->grad);
+double pulse_tk_learner_step(pulse_tk_learner *l, float *theta) {
+  double loss = pulse_tk_learner_grad(l, theta, l->grad);
+  pulse_tk_learner_adam(l, theta, l->grad);
   return loss;
 }
