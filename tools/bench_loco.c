@@ -1,8 +1,15 @@
 /* bench_loco.c - `pulse-bench loco`: DDP, DiLoCo and PULSELoCo on the
- * built-in training problem (tools/toolkit_problem.h). PULSELoCo runs for
- * real: one process per trainer, exchanging payloads over HTTP on
- * 127.0.0.1; DDP and DiLoCo run in two more processes, in memory (their bytes
- * are dense FP32 and need no coder; their losses are computed for real).
+ * built-in training problem (tools/toolkit_problem.h), every method's
+ * messages encoded and sent over HTTP on 127.0.0.1, and their bytes counted
+ * as they went.
+ *
+ * PULSELoCo runs one process per trainer (pulse_loco_node: payloads,
+ * coordinator, manifest). The baselines run one process each, with their
+ * trainers in turn inside it (tools/toolkit_sim.h): every trainer has its
+ * own loco blob server and fetches every other trainer's message from it
+ * (DDP: the FP32 gradient, every inner step; DiLoCo: the pseudo-gradient in
+ * BF16, the reported baseline, and in FP32, every round). Every method's
+ * losses are computed for real.
  *
  * Processes are forked before any of them starts a thread; each child
  * speaks to this parent through two pipes, one line per message:
@@ -10,9 +17,9 @@
  *                      FETCHED RESYNCED LOSS", "done ID ROUND DIGEST",
  *                      "error TEXT"
  *   parent -> trainer  "start N ID URL ID URL ...", "join URL"
- *   baselines -> parent "init LOSS FLOOR P", "ddp R LOSS BYTES", "diloco R
- *                      LOSS BYTES", "error TEXT" (DDP and DiLoCo run in two
- *                      processes) */
+ *   baseline -> parent "init LOSS FLOOR P" (the first baseline only),
+ *                      "arm R LOSS BYTES WIRE MAX_TRAINER MAX_MESSAGE",
+ *                      "error TEXT" */
 #include <errno.h>
 #include <inttypes.h>
 #include <poll.h>
@@ -26,12 +33,30 @@
 #include "bench_impl.h"
 #include "pulse_loco.h"
 #include "toolkit_args.h"
+#include "toolkit_problem.h"
 #include "toolkit_report.h"
 #include "toolkit_sim.h"
 
 #define PROG "pulse-bench loco"
 #define MAX_TRAINERS 64
 #define LINE_MAX_ 8192
+
+/* The methods, in the order of every table: three baselines, each in its
+ * own process (kids[0..BASELINES)), then PULSELoCo. */
+enum { DDP_FP32, DILOCO_BF16, DILOCO_FP32, PULSELOCO, METHODS };
+#define BASELINES PULSELOCO
+#define REFERENCE DILOCO_BF16 /* the baseline the targets are about */
+
+static const struct {
+  const char *key;  /* in --json keys and the child protocol */
+  const char *name; /* in the text and --report */
+  pulse_tk_sim_method method;
+  pulse_tk_dense_values values;
+} METHOD[METHODS] = {
+    {"ddp_fp32", "DDP-FP32", PULSE_TK_SIM_DDP, PULSE_TK_DENSE_FP32},
+    {"diloco_bf16", "DiLoCo-BF16", PULSE_TK_SIM_DILOCO, PULSE_TK_DENSE_BF16},
+    {"diloco_fp32", "DiLoCo-FP32", PULSE_TK_SIM_DILOCO, PULSE_TK_DENSE_FP32},
+    {"pulseloco", "PULSELoCo", PULSE_TK_SIM_PULSELOCO, PULSE_TK_DENSE_FP32}};
 
 typedef struct {
   uint32_t trainers, rounds, inner, deadline_ms;
@@ -50,37 +75,56 @@ void bench_loco_usage(FILE *out) {
       "usage: pulse-bench loco [options]\n"
       "  DDP, DiLoCo and PULSELoCo on the built-in fine-tuning problem (a "
       "2-layer\n"
-      "  MLP distilled towards a nearby teacher, Adam inner steps). PULSELoCo "
-      "runs\n"
-      "  one process per trainer over HTTP on 127.0.0.1; DDP (dense FP32 "
-      "gradient\n"
-      "  every step) and DiLoCo (dense FP32 pseudo-gradient every round) run "
-      "in\n"
-      "  memory. Prints per round the held-out loss and bytes of each method, "
-      "then\n"
-      "  a summary against the targets (>= 10x fewer bytes than DiLoCo, >= "
-      "100x\n"
-      "  fewer than DDP, final loss within 2%% of DiLoCo's).\n"
+      "  MLP distilled towards a nearby teacher, Adam inner steps), every "
+      "method's\n"
+      "  messages encoded and sent over HTTP on 127.0.0.1:\n"
+      "    PULSELoCo    one process per trainer: gated sparse payloads "
+      "(loco/PAYLOAD.md)\n"
+      "                 through a coordinator, every round\n"
+      "    DiLoCo-BF16  the dense pseudo-gradient rounded to BF16, every "
+      "round: the\n"
+      "                 baseline the targets are about\n"
+      "    DiLoCo-FP32  the same in FP32, shown beside it\n"
+      "    DDP-FP32     the dense FP32 gradient, every inner step\n"
+      "  A baseline runs its trainers in one process, each with its own "
+      "server; every\n"
+      "  trainer fetches every other trainer's message (as every PULSELoCo "
+      "trainer\n"
+      "  gets every other payload). Prints per round the held-out loss and "
+      "the bytes\n"
+      "  each trainer sent, then a summary against the targets (>= 10x fewer "
+      "bytes on\n"
+      "  the wire than DiLoCo-BF16, >= 100x fewer than DDP-FP32, final loss "
+      "within 2%%\n"
+      "  of DiLoCo-BF16's).\n"
       "  --trainers N     trainers (default 3)\n"
       "  --rounds R       outer rounds (default 50)\n"
       "  --inner H        inner Adam steps per round (default 20)\n"
       "  --params P       model parameters, about (default 70000)\n"
       "  --seed S         problem and data seed (default 1)\n"
       "  --lr X           inner Adam learning rate (default 2e-5)\n"
-      "  --drop-rate X    probability that a trainer's payload is lost in a "
+      "  --drop-rate X    probability that a PULSELoCo payload is lost in a "
       "round\n"
       "                   (the coordinator treats the fetch as failed; default "
       "0)\n"
       "  --deadline-ms D  per-round payload deadline (default 2000)\n"
-      "  --join-round J   one more trainer joins once J rounds are done\n"
-      "  --leave-round L  the last founding trainer leaves in round L\n"
+      "  --join-round J   one more PULSELoCo trainer joins once J rounds are "
+      "done\n"
+      "  --leave-round L  the last founding PULSELoCo trainer leaves in round "
+      "L\n"
       "  --json           one JSON object per round, then a summary object\n"
       "  --report DIR     also write DIR/rounds.csv and DIR/report.html "
       "(charts)\n"
-      "Bytes are what trainers send: DDP 4*P per trainer per inner step, "
-      "DiLoCo\n"
-      "4*P per trainer per round, PULSELoCo the encoded payloads "
-      "(loco/PAYLOAD.md).\n"
+      "Bytes: \"sent\" is every encoded message (dense message: 40-byte header "
+      "+ 4 or 2\n"
+      "bytes per parameter; PULSELoCo payload) counted once; \"on the wire\" "
+      "is "
+      "the\n"
+      "HTTP bodies that went between trainers (baselines: as their servers "
+      "counted\n"
+      "them; PULSELoCo: as its trainers downloaded them, manifests and states "
+      "too).\n"
+      "Ratios are on the wire and name their baseline.\n"
       "Exit status: 0 when the run completed (targets are reported, not "
       "enforced),\n"
       "1 when a trainer failed, 2 bad usage.\n");
@@ -107,46 +151,45 @@ static int child_fail(int out, const char *what, pulse_status st) {
 
 typedef struct {
   int out;
-  const char *method;
+  const char *key;
 } baseline_sink;
 
 static void baseline_round(void *user, const pulse_tk_sim_round *r) {
   baseline_sink *s = user;
-  dprintf(s->out, "%s %u %.9g %" PRIu64 "\n", s->method, r->round, r->loss,
-          r->bytes);
+  dprintf(s->out,
+          "%s %u %.9g %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 "\n",
+          s->key, r->round, r->loss, r->bytes, r->wire_bytes,
+          r->max_trainer_bytes, r->max_message_bytes);
 }
 
+/* One baseline method over HTTP (METHOD[which]). */
 static int run_baseline(const loco_args *a, int which, int out) {
   pulse_tk_problem *p = make_problem(a);
   if (p == NULL)
     return child_fail(out, "problem", PULSE_ERR_NOMEM);
-  uint64_t P = pulse_tk_problem_param_count(p);
-  float *theta = malloc(P * sizeof *theta);
-  if (theta == NULL)
-    return child_fail(out, "baseline", PULSE_ERR_NOMEM);
-  pulse_tk_problem_init(p, theta);
-  double loss;
-  pulse_tk_problem_eval(p, theta, &loss, NULL);
-  if (which == 0)
+  if (which == 0) {
+    uint64_t P = pulse_tk_problem_param_count(p);
+    float *theta = malloc(P * sizeof *theta);
+    if (theta == NULL)
+      return child_fail(out, "baseline", PULSE_ERR_NOMEM);
+    pulse_tk_problem_init(p, theta);
+    double loss;
+    pulse_tk_problem_eval(p, theta, &loss, NULL);
     dprintf(out, "init %.9g %.9g %" PRIu64 "\n", loss,
             pulse_tk_problem_floor(p), P);
-  free(theta);
+    free(theta);
+  }
   pulse_tk_sim_opts so = PULSE_TK_SIM_OPTS_INIT;
+  so.method = METHOD[which].method;
+  so.values = METHOD[which].values;
+  so.over_http = 1;
   so.trainers = a->trainers;
   so.rounds = a->rounds;
   so.inner = a->inner;
-  const pulse_tk_sim_method methods[2] = {PULSE_TK_SIM_DDP,
-                                          PULSE_TK_SIM_DILOCO};
-  const char *names[2] = {"ddp", "diloco"};
-  for (int m = which; m == which; m++) {
-    so.method = methods[m];
-    baseline_sink s = {out, names[m]};
-    pulse_status st = pulse_tk_sim_run(p, &so, baseline_round, &s, NULL);
-    if (st != PULSE_OK)
-      return child_fail(out, names[m], st);
-  }
+  baseline_sink s = {out, METHOD[which].key};
+  pulse_status st = pulse_tk_sim_run(p, &so, baseline_round, &s, NULL);
   pulse_tk_problem_free(p);
-  return 0;
+  return st == PULSE_OK ? 0 : child_fail(out, METHOD[which].name, st);
 }
 
 static int read_line(FILE *in, char *line, size_t cap) {
@@ -252,6 +295,8 @@ static int run_trainer(const loco_args *a, uint32_t id, int founder, int in_fd,
 
 /* ----------------------------------------------------------------- parent */
 
+/* ----------------------------------------------------------------- parent */
+
 typedef struct {
   pid_t pid;
   int to;   /* parent writes */
@@ -261,21 +306,25 @@ typedef struct {
   int open;
   uint32_t id; /* trainers */
   char url[64];
-  int is_baseline; /* 1: DDP, 2: DiLoCo */
+  int baseline; /* METHOD index + 1 of a baseline process; 0: a trainer */
   int founder, told, done;
   uint64_t final_round, digest;
 } child;
 
+/* One round of every method. PULSELoCo: bytes = its payloads, wire = the
+ * bodies its trainers downloaded, message = the largest payload. */
 typedef struct {
-  double loss_ddp, loss_diloco, loss_pl;
-  uint64_t bytes_ddp, bytes_diloco, bytes_pl, max_pl, sent, fetched;
+  double loss[METHODS];
+  uint64_t bytes[METHODS], wire[METHODS];
+  uint64_t max_trainer[METHODS], message[METHODS];
+  int have[METHODS];
+  uint64_t sent; /* PULSELoCo entries */
   uint32_t contributors, members, reports;
-  int have_ddp, have_diloco, have_pl;
 } round_row;
 
 typedef struct {
   loco_args a;
-  child kids[MAX_TRAINERS + 2];
+  child kids[MAX_TRAINERS + BASELINES];
   size_t nkids;
   round_row *rows; /* rows[0..rounds] */
   double init_loss, floor;
@@ -309,55 +358,53 @@ static int spawn(bench *b, child *c, int (*body)(bench *, child *, int, int)) {
 
 static int baseline_body(bench *b, child *c, int in, int out) {
   (void)in;
-  return run_baseline(&b->a, c->is_baseline - 1, out);
+  return run_baseline(&b->a, c->baseline - 1, out);
 }
 
 static int trainer_body(bench *b, child *c, int in, int out) {
   return run_trainer(&b->a, c->id, c->founder, in, out);
 }
 
-static void on_line(bench *b, child *c, char *line) {
-  if (strncmp(line, "error ", 6) == 0) {
-    fprintf(stderr, PROG ": %s %u: %s\n",
-            c->is_baseline ? "baseline" : "trainer", c->id, line + 6);
-    b->failed = 1;
-    return;
-  }
+static void on_baseline_line(bench *b, const child *c, const char *line) {
+  int m = c->baseline - 1;
+  size_t klen = strlen(METHOD[m].key);
   unsigned r;
   double loss;
-  uint64_t v1, v2, v3;
-  unsigned u1, u2;
-  int resynced;
-  if (c->is_baseline) {
-    if (sscanf(line, "init %lf %lf %" SCNu64, &loss, &b->floor, &v1) == 3) {
-      b->init_loss = loss;
-      b->P = v1;
-    } else if (sscanf(line, "ddp %u %lf %" SCNu64, &r, &loss, &v1) == 3 &&
-               r <= b->a.rounds) {
-      b->rows[r].loss_ddp = loss, b->rows[r].bytes_ddp = v1,
-      b->rows[r].have_ddp = 1;
-    } else if (sscanf(line, "diloco %u %lf %" SCNu64, &r, &loss, &v1) == 3 &&
-               r <= b->a.rounds) {
-      b->rows[r].loss_diloco = loss, b->rows[r].bytes_diloco = v1,
-      b->rows[r].have_diloco = 1;
-    }
-    return;
+  uint64_t v[4];
+  if (sscanf(line, "init %lf %lf %" SCNu64, &loss, &b->floor, &v[0]) == 3) {
+    b->init_loss = loss;
+    b->P = v[0];
+  } else if (strncmp(line, METHOD[m].key, klen) == 0 && line[klen] == ' ' &&
+             sscanf(line + klen,
+                    " %u %lf %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64, &r,
+                    &loss, &v[0], &v[1], &v[2], &v[3]) == 6 &&
+             r <= b->a.rounds) {
+    round_row *w = &b->rows[r];
+    w->loss[m] = loss, w->bytes[m] = v[0], w->wire[m] = v[1];
+    w->max_trainer[m] = v[2], w->message[m] = v[3], w->have[m] = 1;
   }
-  if (sscanf(line, "url %u %63s", &u1, c->url) == 2) {
+}
+
+static void on_trainer_line(bench *b, child *c, const char *line) {
+  unsigned r, u1, u2;
+  double loss;
+  uint64_t v1, v2, v3;
+  int resynced;
+  if (sscanf(line, "url %u %63s", &u1, c->url) == 2)
     return;
-  } else if (sscanf(line,
-                    "round %u %" SCNu64 " %" SCNu64 " %u %u %" SCNu64 " %d %lf",
-                    &r, &v1, &v2, &u1, &u2, &v3, &resynced, &loss) == 8 &&
-             r >= 1 && r <= b->a.rounds) {
-    round_row *row = &b->rows[r];
-    row->bytes_pl += v1;
-    row->max_pl = v1 > row->max_pl ? v1 : row->max_pl;
-    row->sent += v2;
-    row->fetched += v3;
-    row->reports++;
+  if (sscanf(line, "round %u %" SCNu64 " %" SCNu64 " %u %u %" SCNu64 " %d %lf",
+             &r, &v1, &v2, &u1, &u2, &v3, &resynced, &loss) == 8 &&
+      r >= 1 && r <= b->a.rounds) {
+    round_row *w = &b->rows[r];
+    w->bytes[PULSELOCO] += v1;
+    if (v1 > w->max_trainer[PULSELOCO])
+      w->max_trainer[PULSELOCO] = w->message[PULSELOCO] = v1;
+    w->wire[PULSELOCO] += v3;
+    w->sent += v2;
+    w->reports++;
     if (c->id == 0) {
-      row->loss_pl = loss, row->have_pl = 1;
-      row->contributors = u1, row->members = u2;
+      w->loss[PULSELOCO] = loss, w->have[PULSELOCO] = 1;
+      w->contributors = u1, w->members = u2;
       b->pacer_rounds = r;
     }
   } else if (sscanf(line, "done %u %" SCNu64 " %" SCNx64, &u1, &v1, &v2) == 3) {
@@ -365,13 +412,77 @@ static void on_line(bench *b, child *c, char *line) {
   }
 }
 
-/* Reads every child until all pipes close; tells founders to start once
- * all have their URL, and the joiner to join at its round. */
+static void on_line(bench *b, child *c, char *line) {
+  if (strncmp(line, "error ", 6) == 0) {
+    if (c->baseline)
+      fprintf(stderr, PROG ": %s: %s\n", METHOD[c->baseline - 1].name,
+              line + 6);
+    else
+      fprintf(stderr, PROG ": trainer %u: %s\n", c->id, line + 6);
+    b->failed = 1;
+  } else if (c->baseline) {
+    on_baseline_line(b, c, line);
+  } else {
+    on_trainer_line(b, c, line);
+  }
+}
+
+/* Reads what a child wrote and hands over its complete lines. */
+static void read_child(bench *b, child *c) {
+  ssize_t got = read(c->from, c->buf + c->len, sizeof c->buf - 1 - c->len);
+  if (got <= 0) {
+    close(c->from), close(c->to);
+    c->open = 0;
+    return;
+  }
+  c->len += (size_t)got;
+  char *start = c->buf, *nl;
+  while ((nl = memchr(start, '\n', c->len - (size_t)(start - c->buf))) !=
+         NULL) {
+    *nl = '\0';
+    on_line(b, c, start);
+    start = nl + 1;
+  }
+  c->len -= (size_t)(start - c->buf);
+  memmove(c->buf, start, c->len);
+  if (c->len == sizeof c->buf - 1)
+    c->len = 0; /* an overlong line: drop it */
+}
+
+/* Tells the founders to start once all have their URL (returns 1 then), and
+ * the joiner to join once trainer 0 finished its round. */
+static int tell_trainers(bench *b, int started) {
+  if (!started) {
+    for (size_t i = BASELINES; i < b->nkids; i++)
+      if (b->kids[i].url[0] == '\0' && b->kids[i].open)
+        return 0;
+    char msg[LINE_MAX_];
+    int len = snprintf(msg, sizeof msg, "start %u", b->a.trainers);
+    for (size_t i = 0; i < b->nkids; i++)
+      if (b->kids[i].founder)
+        len += snprintf(msg + len, sizeof msg - (size_t)len, " %u %s",
+                        b->kids[i].id, b->kids[i].url);
+    for (size_t i = 0; i < b->nkids; i++)
+      if (b->kids[i].founder && b->kids[i].open)
+        dprintf(b->kids[i].to, "%s\n", msg);
+  }
+  for (size_t i = BASELINES; i < b->nkids; i++) {
+    child *c = &b->kids[i];
+    if (!c->founder && !c->told && c->open &&
+        b->pacer_rounds >= (uint32_t)b->a.join_round) {
+      dprintf(c->to, "join %s\n", b->kids[BASELINES].url); /* trainer 0 */
+      c->told = 1;
+    }
+  }
+  return 1;
+}
+
+/* Reads every child until all pipes close. */
 static void event_loop(bench *b) {
   int started = 0;
   for (;;) {
-    struct pollfd pf[MAX_TRAINERS + 2];
-    size_t idx[MAX_TRAINERS + 2], n = 0;
+    struct pollfd pf[MAX_TRAINERS + BASELINES];
+    size_t idx[MAX_TRAINERS + BASELINES], n = 0;
     for (size_t i = 0; i < b->nkids; i++)
       if (b->kids[i].open) {
         pf[n].fd = b->kids[i].from;
@@ -382,56 +493,10 @@ static void event_loop(bench *b) {
       return;
     if (poll(pf, n, 1000) < 0 && errno != EINTR)
       return;
-    for (size_t k = 0; k < n; k++) {
-      if (!(pf[k].revents & (POLLIN | POLLHUP | POLLERR)))
-        continue;
-      child *c = &b->kids[idx[k]];
-      ssize_t got = read(c->from, c->buf + c->len, sizeof c->buf - 1 - c->len);
-      if (got <= 0) {
-        close(c->from), close(c->to);
-        c->open = 0;
-        continue;
-      }
-      c->len += (size_t)got;
-      char *start = c->buf, *nl;
-      while ((nl = memchr(start, '\n', c->len - (size_t)(start - c->buf))) !=
-             NULL) {
-        *nl = '\0';
-        on_line(b, c, start);
-        start = nl + 1;
-      }
-      c->len -= (size_t)(start - c->buf);
-      memmove(c->buf, start, c->len);
-      if (c->len == sizeof c->buf - 1)
-        c->len = 0; /* an overlong line: drop it */
-    }
-    if (!started) {
-      int ready = 1;
-      for (size_t i = 0; i < b->nkids; i++)
-        if (!b->kids[i].is_baseline && b->kids[i].url[0] == '\0' &&
-            b->kids[i].open)
-          ready = 0;
-      if (ready) {
-        char msg[LINE_MAX_];
-        int len = snprintf(msg, sizeof msg, "start %u", b->a.trainers);
-        for (size_t i = 0; i < b->nkids; i++)
-          if (b->kids[i].founder)
-            len += snprintf(msg + len, sizeof msg - (size_t)len, " %u %s",
-                            b->kids[i].id, b->kids[i].url);
-        for (size_t i = 0; i < b->nkids; i++)
-          if (b->kids[i].founder && b->kids[i].open)
-            dprintf(b->kids[i].to, "%s\n", msg);
-        started = 1;
-      }
-    }
-    for (size_t i = 0; i < b->nkids; i++) {
-      child *c = &b->kids[i];
-      if (started && !c->is_baseline && !c->founder && !c->told && c->open &&
-          b->pacer_rounds >= (uint32_t)b->a.join_round) {
-        dprintf(c->to, "join %s\n", b->kids[2].url); /* kids[2]: trainer 0 */
-        c->told = 1;
-      }
-    }
+    for (size_t k = 0; k < n; k++)
+      if (pf[k].revents & (POLLIN | POLLHUP | POLLERR))
+        read_child(b, &b->kids[idx[k]]);
+    started = tell_trainers(b, started);
   }
 }
 
@@ -441,97 +506,156 @@ static double ratio(uint64_t a, uint64_t b) {
   return b ? (double)a / (double)b : 0.0;
 }
 
-static void report(const bench *b, double seconds, int identical) {
-  const loco_args *a = &b->a;
-  uint64_t tot_ddp = 0, tot_dil = 0, tot_pl = 0, sent = 0, fetched = 0;
-  for (uint32_t r = 1; r <= a->rounds; r++) {
+/* The whole run, per method. */
+typedef struct {
+  uint64_t bytes[METHODS], wire[METHODS], message[METHODS];
+  double final_loss[METHODS];
+  double reduction[METHODS]; /* method's wire bytes / PULSELoCo's */
+  double gap[METHODS];       /* PULSELoCo's final loss / method's - 1 */
+  uint64_t entries;          /* PULSELoCo */
+  int t10, t100, t2;
+} totals;
+
+static void sum_up(const bench *b, totals *t) {
+  memset(t, 0, sizeof *t);
+  const round_row *last = &b->rows[b->a.rounds];
+  for (uint32_t r = 1; r <= b->a.rounds; r++) {
     const round_row *w = &b->rows[r];
-    tot_ddp += w->bytes_ddp, tot_dil += w->bytes_diloco, tot_pl += w->bytes_pl,
-        sent += w->sent;
-    fetched += w->fetched;
-    double density = w->reports
-                         ? (double)w->sent / ((double)w->reports * (double)b->P)
-                         : 0.0;
-    if (a->json) {
-      printf("{\"round\":%u,\"loss_ddp\":%.6f,\"loss_diloco\":%.6f,\"loss_"
-             "pulseloco\":%.6f,"
-             "\"bytes_ddp\":%" PRIu64 ",\"bytes_diloco\":%" PRIu64
-             ",\"bytes_pulseloco\":%" PRIu64
-             ",\"bytes_pulseloco_max_trainer\":%" PRIu64 ",\"density\":%.5f,"
-             "\"contributors\":%u,\"members\":%u}\n",
-             r, w->loss_ddp, w->loss_diloco, w->loss_pl, w->bytes_ddp,
-             w->bytes_diloco, w->bytes_pl, w->max_pl, density, w->contributors,
-             w->members);
-    } else {
-      if (r == 1)
-        printf("round   loss: DDP    DiLoCo    PULSELoCo   bytes/trainer: DDP  "
-               "   DiLoCo "
-               "PULSELoCo  density contrib\n");
-      uint32_t n = w->reports ? w->reports : 1;
-      printf("%5u %11.5f %9.5f %10.5f %21" PRIu64 " %10" PRIu64 " %9" PRIu64
-             " %7.2f%% %3u/%u\n",
-             r, w->loss_ddp, w->loss_diloco, w->loss_pl,
-             w->bytes_ddp / a->trainers, w->bytes_diloco / a->trainers,
-             w->bytes_pl / n, 100.0 * density, w->contributors, w->members);
+    for (int m = 0; m < METHODS; m++) {
+      t->bytes[m] += w->bytes[m], t->wire[m] += w->wire[m];
+      if (w->message[m] > t->message[m])
+        t->message[m] = w->message[m];
     }
+    t->entries += w->sent;
   }
-  const round_row *last = &b->rows[a->rounds];
-  double gap =
-      last->loss_diloco > 0 ? last->loss_pl / last->loss_diloco - 1.0 : 0.0;
-  double per_round = (double)a->trainers * a->rounds;
-  int t10 = tot_pl * 10 <= tot_dil, t100 = tot_pl * 100 <= tot_ddp,
-      t2 = gap <= 0.02;
-  if (a->json) {
-    printf(
-        "{\"summary\":true,\"trainers\":%u,\"rounds\":%u,\"inner\":%u,"
-        "\"params\":%" PRIu64 ",\"seed\":%" PRIu64
-        ",\"drop_rate\":%g,\"bytes_ddp\":%" PRIu64 ",\"bytes_diloco\":%" PRIu64
-        ",\"bytes_pulseloco\":%" PRIu64
-        ",\"http_bytes_fetched_pulseloco\":%" PRIu64
-        ",\"bytes_per_trainer_round_ddp\":%.1f,\"bytes_per_trainer_round_"
-        "diloco\":%.1f,"
-        "\"bytes_per_trainer_round_pulseloco\":%.1f,\"bytes_per_entry_"
-        "pulseloco\":%.3f,"
-        "\"initial_loss\":%.6f,\"loss_floor\":%.6f,\"final_loss_ddp\":%.6f,"
-        "\"final_loss_diloco\":%.6f,\"final_loss_pulseloco\":%.6f,"
-        "\"pulseloco_vs_diloco_loss\":%.5f,\"reduction_vs_diloco\":%.2f,"
-        "\"reduction_vs_ddp\":%.2f,\"target_10x_diloco\":%s,\"target_100x_"
-        "ddp\":%s,"
-        "\"target_loss_2pct\":%s,\"replicas_identical\":%s,\"seconds\":%.2f}\n",
-        a->trainers, a->rounds, a->inner, b->P, a->seed, a->drop_rate, tot_ddp,
-        tot_dil, tot_pl, fetched, tot_ddp / per_round, tot_dil / per_round,
-        tot_pl / per_round, ratio(tot_pl, sent), b->init_loss, b->floor,
-        last->loss_ddp, last->loss_diloco, last->loss_pl, gap,
-        ratio(tot_dil, tot_pl), ratio(tot_ddp, tot_pl), t10 ? "true" : "false",
-        t100 ? "true" : "false", t2 ? "true" : "false",
-        identical ? "true" : "false", seconds);
-    return;
+  for (int m = 0; m < METHODS; m++) {
+    t->final_loss[m] = last->loss[m];
+    t->reduction[m] = ratio(t->wire[m], t->wire[PULSELOCO]);
+    t->gap[m] =
+        last->loss[m] > 0 ? last->loss[PULSELOCO] / last->loss[m] - 1.0 : 0.0;
   }
+  t->t10 = t->wire[PULSELOCO] * 10 <= t->wire[REFERENCE];
+  t->t100 = t->wire[PULSELOCO] * 100 <= t->wire[DDP_FP32];
+  t->t2 = t->gap[REFERENCE] <= 0.02;
+}
+
+static double density(const bench *b, const round_row *w) {
+  return w->reports ? (double)w->sent / ((double)w->reports * (double)b->P)
+                    : 0.0;
+}
+
+static void print_round_json(const bench *b, uint32_t r) {
+  const round_row *w = &b->rows[r];
+  printf("{\"round\":%u", r);
+  for (int m = 0; m < METHODS; m++)
+    printf(",\"loss_%s\":%.6f", METHOD[m].key, w->loss[m]);
+  for (int m = 0; m < METHODS; m++)
+    printf(",\"bytes_%s\":%" PRIu64 ",\"wire_bytes_%s\":%" PRIu64,
+           METHOD[m].key, w->bytes[m], METHOD[m].key, w->wire[m]);
+  for (int m = 0; m < BASELINES; m++)
+    printf(",\"message_bytes_%s\":%" PRIu64, METHOD[m].key, w->message[m]);
+  printf(",\"bytes_pulseloco_max_trainer\":%" PRIu64
+         ",\"density\":%.5f,\"contributors\":%u,\"members\":%u}\n",
+         w->max_trainer[PULSELOCO], density(b, w), w->contributors, w->members);
+}
+
+static void print_round_text(const bench *b, uint32_t r) {
+  const round_row *w = &b->rows[r];
+  if (r == 1)
+    printf("      ------------- held-out loss --------------   ------ bytes "
+           "sent per trainer (mean) ------\n"
+           "round  DDP-FP32 DiLoCo-BF16 DiLoCo-FP32 PULSELoCo     DDP-FP32 "
+           "DiLoCo-BF16 DiLoCo-FP32 PULSELoCo  density contrib\n");
+  uint32_t n[METHODS] = {b->a.trainers, b->a.trainers, b->a.trainers,
+                         w->reports ? w->reports : 1};
+  printf("%5u %9.5f %11.5f %11.5f %9.5f   %10" PRIu64 " %11" PRIu64
+         " %11" PRIu64 " %9" PRIu64 " %7.2f%% %3u/%u\n",
+         r, w->loss[DDP_FP32], w->loss[DILOCO_BF16], w->loss[DILOCO_FP32],
+         w->loss[PULSELOCO], w->bytes[DDP_FP32] / n[DDP_FP32],
+         w->bytes[DILOCO_BF16] / n[DILOCO_BF16],
+         w->bytes[DILOCO_FP32] / n[DILOCO_FP32],
+         w->bytes[PULSELOCO] / n[PULSELOCO], 100.0 * density(b, w),
+         w->contributors, w->members);
+}
+
+static const char *yes(int v) {
+  return v ? "true" : "false";
+}
+
+static void print_summary_json(const bench *b, const totals *t, double seconds,
+                               int identical) {
+  const loco_args *a = &b->a;
+  double per = (double)a->trainers * a->rounds;
+  printf("{\"summary\":true,\"trainers\":%u,\"rounds\":%u,\"inner\":%u,"
+         "\"params\":%" PRIu64 ",\"seed\":%" PRIu64
+         ",\"drop_rate\":%g,\"baseline\":\"%s\"",
+         a->trainers, a->rounds, a->inner, b->P, a->seed, a->drop_rate,
+         METHOD[REFERENCE].key);
+  for (int m = 0; m < METHODS; m++) {
+    const char *k = METHOD[m].key;
+    printf(",\"bytes_%s\":%" PRIu64 ",\"wire_bytes_%s\":%" PRIu64
+           ",\"wire_bytes_per_trainer_round_%s\":%.1f,\"final_loss_%s\":%.6f",
+           k, t->bytes[m], k, t->wire[m], k, (double)t->wire[m] / per, k,
+           t->final_loss[m]);
+    if (m != PULSELOCO)
+      printf(",\"message_bytes_%s\":%" PRIu64 ",\"reduction_vs_%s\":%.2f"
+             ",\"pulseloco_vs_%s_loss\":%.5f",
+             k, t->message[m], k, t->reduction[m], k, t->gap[m]);
+  }
+  printf(",\"bytes_per_entry_pulseloco\":%.3f,\"initial_loss\":%.6f,"
+         "\"loss_floor\":%.6f,\"target_10x_diloco_bf16\":%s,"
+         "\"target_100x_ddp_fp32\":%s,\"target_loss_2pct_diloco_bf16\":%s,"
+         "\"replicas_identical\":%s,\"seconds\":%.2f}\n",
+         ratio(t->bytes[PULSELOCO], t->entries), b->init_loss, b->floor,
+         yes(t->t10), yes(t->t100), yes(t->t2), yes(identical), seconds);
+}
+
+static void print_summary_text(const bench *b, const totals *t, double seconds,
+                               int identical) {
+  const loco_args *a = &b->a;
+  double per = (double)a->trainers * a->rounds;
   printf("\nsummary: %" PRIu64
          " parameters, %u trainers, %u rounds x %u inner steps, seed %" PRIu64
-         "\n  held-out loss: start %.5f, floor %.5f (the teacher's entropy)\n",
+         "\n  held-out loss: start %.5f, floor %.5f (the teacher's entropy)\n"
+         "  %-12s %14s %14s %20s %11s\n",
          b->P, a->trainers, a->rounds, a->inner, a->seed, b->init_loss,
-         b->floor);
-  printf("  %-10s %14" PRIu64
-         " bytes  %12.0f B/trainer/round  final loss %.5f\n",
-         "DDP", tot_ddp, tot_ddp / per_round, last->loss_ddp);
-  printf("  %-10s %14" PRIu64
-         " bytes  %12.0f B/trainer/round  final loss %.5f\n",
-         "DiLoCo", tot_dil, tot_dil / per_round, last->loss_diloco);
-  printf("  %-10s %14" PRIu64
-         " bytes  %12.0f B/trainer/round  final loss %.5f (%+.2f%% vs "
-         "DiLoCo), %.2f B per sent entry\n",
-         "PULSELoCo", tot_pl, tot_pl / per_round, last->loss_pl, 100.0 * gap,
-         ratio(tot_pl, sent));
-  printf("  PULSELoCo sends %.1fx fewer bytes than DiLoCo (target 10x: %s), "
-         "%.1fx fewer than "
-         "DDP (target 100x: %s); final loss within 2%% of DiLoCo: %s\n",
-         ratio(tot_dil, tot_pl), t10 ? "met" : "MISSED", ratio(tot_ddp, tot_pl),
-         t100 ? "met" : "MISSED", t2 ? "met" : "MISSED");
-  printf("  HTTP bodies the PULSELoCo trainers downloaded (payloads, "
-         "manifests): %" PRIu64
-         " bytes\n  replicas identical at the end: %s; %.1f s\n",
-         fetched, identical ? "yes" : "NO", seconds);
+         b->floor, "method", "bytes sent", "on the wire",
+         "wire B/trainer/round", "final loss");
+  for (int m = 0; m < METHODS; m++)
+    printf("  %-12s %14" PRIu64 " %14" PRIu64 " %20.0f %11.5f\n",
+           METHOD[m].name, t->bytes[m], t->wire[m], (double)t->wire[m] / per,
+           t->final_loss[m]);
+  printf("  PULSELoCo: final loss %+.2f%% vs DiLoCo-BF16 (%+.2f%% vs "
+         "DiLoCo-FP32), %.2f B per sent entry, %.2f%% of the entries sent\n",
+         100.0 * t->gap[DILOCO_BF16], 100.0 * t->gap[DILOCO_FP32],
+         ratio(t->bytes[PULSELOCO], t->entries),
+         100.0 * (double)t->entries /
+             ((double)b->P * (double)a->trainers * (double)a->rounds));
+  printf("  PULSELoCo puts %.1fx fewer bytes on the wire than DiLoCo-BF16 "
+         "(FP32: %.1fx), %.1fx fewer than DDP-FP32\n",
+         t->reduction[DILOCO_BF16], t->reduction[DILOCO_FP32],
+         t->reduction[DDP_FP32]);
+  printf("  targets: >= 10x fewer than DiLoCo-BF16: %s; >= 100x fewer than "
+         "DDP-FP32: %s; final loss within 2%% of DiLoCo-BF16's: %s\n",
+         t->t10 ? "met" : "MISSED", t->t100 ? "met" : "MISSED",
+         t->t2 ? "met" : "MISSED");
+  printf("  replicas identical at the end: %s; %.1f s\n",
+         identical ? "yes" : "NO", seconds);
+}
+
+static void report(const bench *b, double seconds, int identical) {
+  for (uint32_t r = 1; r <= b->a.rounds; r++) {
+    if (b->a.json)
+      print_round_json(b, r);
+    else
+      print_round_text(b, r);
+  }
+  totals t;
+  sum_up(b, &t);
+  if (b->a.json)
+    print_summary_json(b, &t, seconds, identical);
+  else
+    print_summary_text(b, &t, seconds, identical);
 }
 
 /* ------------------------------------------------------------- arguments */
@@ -549,43 +673,39 @@ static int write_report(const bench *b, int argc, char **argv) {
   if (pulse_report_create(b->a.report, "loco", argc, argv, &rep) != PULSE_OK)
     return fprintf(stderr, PROG ": --report: cannot make %s\n", b->a.report), 1;
   static const char *const cols[] = {"round",
-                                     "loss_DDP",
-                                     "loss_DiLoCo",
+                                     "loss_DDP-FP32",
+                                     "loss_DiLoCo-BF16",
+                                     "loss_DiLoCo-FP32",
                                      "loss_PULSELoCo",
-                                     "bytes_DDP",
-                                     "bytes_DiLoCo",
-                                     "bytes_PULSELoCo",
-                                     "cumulative_bytes_DDP",
-                                     "cumulative_bytes_DiLoCo",
-                                     "cumulative_bytes_PULSELoCo"};
-  pulse_report_table *t = pulse_report_table_add(rep, "rounds", cols, 10);
-  double cum[3] = {0, 0, 0};
+                                     "wire_bytes_DDP-FP32",
+                                     "wire_bytes_DiLoCo-BF16",
+                                     "wire_bytes_DiLoCo-FP32",
+                                     "wire_bytes_PULSELoCo",
+                                     "cumulative_wire_bytes_DDP-FP32",
+                                     "cumulative_wire_bytes_DiLoCo-BF16",
+                                     "cumulative_wire_bytes_DiLoCo-FP32",
+                                     "cumulative_wire_bytes_PULSELoCo"};
+  pulse_report_table *t = pulse_report_table_add(rep, "rounds", cols, 13);
+  double cum[METHODS] = {0};
   for (uint32_t r = 1; r <= b->a.rounds; r++) {
     const round_row *w = &b->rows[r];
-    cum[0] += (double)w->bytes_ddp, cum[1] += (double)w->bytes_diloco,
-        cum[2] += (double)w->bytes_pl;
-    const double v[] = {r,
-                        w->loss_ddp,
-                        w->loss_diloco,
-                        w->loss_pl,
-                        (double)w->bytes_ddp,
-                        (double)w->bytes_diloco,
-                        (double)w->bytes_pl,
-                        cum[0],
-                        cum[1],
-                        cum[2]};
     pulse_report_row(t);
-    for (size_t k = 0; k < sizeof v / sizeof v[0]; k++)
-      pulse_report_num(t, v[k]);
+    pulse_report_num(t, r);
+    for (int m = 0; m < METHODS; m++)
+      pulse_report_num(t, w->loss[m]);
+    for (int m = 0; m < METHODS; m++)
+      pulse_report_num(t, (double)w->wire[m]);
+    for (int m = 0; m < METHODS; m++)
+      pulse_report_num(t, cum[m] += (double)w->wire[m]);
   }
   pulse_report_chart_spec c1 = {PULSE_REPORT_LINE,
                                 "rounds",
-                                "Cumulative bytes sent by all trainers",
+                                "Cumulative bytes on the wire, all trainers",
                                 "round",
                                 "round",
                                 "cumulative bytes (B)",
-                                cols + 7,
-                                3,
+                                cols + 9,
+                                METHODS,
                                 0,
                                 1};
   pulse_report_chart_spec c2 = {PULSE_REPORT_LINE,
@@ -595,7 +715,7 @@ static int write_report(const bench *b, int argc, char **argv) {
                                 "round",
                                 "loss (nats)",
                                 cols + 1,
-                                3,
+                                METHODS,
                                 0,
                                 0};
   pulse_report_chart(rep, &c1), pulse_report_chart(rep, &c2);
@@ -682,6 +802,59 @@ static int parse(int argc, char **argv, loco_args *a) {
   return -1; /* go on */
 }
 
+/* Forks the baselines and the trainers, reads them to the end and waits for
+ * them. @return 1 when all ended well. */
+static int run_all(bench *b) {
+  /* kids[0..BASELINES): the baselines; then founders 0..N-1; then the
+   * joiner N. */
+  for (int m = 0; m < BASELINES; m++)
+    b->kids[b->nkids++].baseline = m + 1;
+  for (uint32_t i = 0; i < b->a.trainers; i++) {
+    b->kids[b->nkids].id = i;
+    b->kids[b->nkids++].founder = 1;
+  }
+  if (b->a.join_round > 0)
+    b->kids[b->nkids++].id = b->a.trainers;
+  int ok = 1;
+  for (size_t i = 0; i < b->nkids && ok; i++)
+    if (spawn(b, &b->kids[i],
+              b->kids[i].baseline ? baseline_body : trainer_body) != 0)
+      ok = 0;
+  if (ok)
+    event_loop(b);
+  for (size_t i = 0; i < b->nkids; i++) {
+    int status = 0;
+    const child *c = &b->kids[i];
+    if (c->pid > 0 && waitpid(c->pid, &status, 0) > 0 &&
+        !(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
+      if (c->baseline)
+        fprintf(stderr, PROG ": %s ended with status %d\n",
+                METHOD[c->baseline - 1].name, status);
+      else
+        fprintf(stderr, PROG ": trainer %u ended with status %d\n", c->id,
+                status);
+      ok = 0;
+    }
+  }
+  return ok;
+}
+
+/* Everyone that stayed to the end holds the same theta_g. */
+static int replicas_identical(const bench *b) {
+  int finished = 0;
+  uint64_t digest = 0;
+  for (size_t i = BASELINES; i < b->nkids; i++) {
+    if (!b->kids[i].done)
+      return 0;
+    if (b->kids[i].final_round == b->a.rounds) {
+      if (finished++ && b->kids[i].digest != digest)
+        return 0;
+      digest = b->kids[i].digest;
+    }
+  }
+  return finished > 0;
+}
+
 int bench_loco_main(int argc, char **argv) {
   static bench b; /* large: kept off the stack */
   memset(&b, 0, sizeof b);
@@ -694,57 +867,20 @@ int bench_loco_main(int argc, char **argv) {
     return fprintf(stderr, PROG ": out of memory\n"), 1;
   struct timespec t0, t1;
   clock_gettime(CLOCK_MONOTONIC, &t0);
-  /* kids[0], kids[1]: DDP and DiLoCo; kids[2..N+1]: founders 0..N-1; then
-   * the joiner N. */
-  b.kids[0].is_baseline = 1;
-  b.kids[1].is_baseline = 2;
-  b.nkids = 2;
-  for (uint32_t i = 0; i < b.a.trainers; i++) {
-    b.kids[b.nkids].id = i;
-    b.kids[b.nkids++].founder = 1;
-  }
-  if (b.a.join_round > 0)
-    b.kids[b.nkids++].id = b.a.trainers;
-  for (size_t i = 0; i < b.nkids && rc < 0; i++)
-    if (spawn(&b, &b.kids[i],
-              b.kids[i].is_baseline ? baseline_body : trainer_body) != 0)
-      rc = 1;
-  if (rc < 0)
-    event_loop(&b);
-  int children_ok = rc < 0;
-  for (size_t i = 0; i < b.nkids; i++) {
-    int status = 0;
-    if (b.kids[i].pid > 0 && waitpid(b.kids[i].pid, &status, 0) > 0 &&
-        !(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
-      fprintf(stderr, PROG ": %s %u ended with status %d\n",
-              b.kids[i].is_baseline ? "baseline" : "trainer", b.kids[i].id,
-              status);
-      children_ok = 0;
-    }
-  }
+  int children_ok = run_all(&b);
   clock_gettime(CLOCK_MONOTONIC, &t1);
   double seconds = (double)(t1.tv_sec - t0.tv_sec) +
                    1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
-  /* Everyone that stayed to the end holds the same theta_g. */
-  int identical = 1, finished = 0;
-  uint64_t digest = 0;
-  for (size_t i = 2; i < b.nkids; i++) {
-    if (!b.kids[i].done)
-      identical = 0;
-    else if (b.kids[i].final_round == b.a.rounds) {
-      if (finished++ && b.kids[i].digest != digest)
-        identical = 0;
-      digest = b.kids[i].digest;
-    }
-  }
-  int complete = b.rows[b.a.rounds].have_ddp &&
-                 b.rows[b.a.rounds].have_diloco && b.rows[b.a.rounds].have_pl;
+  int complete = 1;
+  for (int m = 0; m < METHODS; m++)
+    complete &= b.rows[b.a.rounds].have[m];
   if (!children_ok || b.failed || !complete) {
     fprintf(stderr, PROG ": the run did not complete\n");
     free(b.rows);
     return 1;
   }
-  report(&b, seconds, identical && finished > 0);
+  int identical = replicas_identical(&b);
+  report(&b, seconds, identical);
   int report_rc = b.a.report != NULL ? write_report(&b, argc, argv) : 0;
   free(b.rows);
   return identical && report_rc == 0 ? 0 : 1;

@@ -1,14 +1,17 @@
 /* toolkit_sim.c - DDP, DiLoCo and PULSELoCo on the built-in problem in one
  * process (toolkit_sim.h): the reference the multi-process HTTP run is
- * compared against, and what the convergence tests use. DiLoCo and
- * PULSELoCo share every line but the gate: both go through pulse_loco
- * contexts and real payloads. */
+ * compared against, what the convergence tests use, and the baselines of
+ * `pulse-bench loco`. Every trainer keeps its own replica and sends real
+ * messages through the exchange. */
 #include <stdlib.h>
 #include <string.h>
 
+#include "outer_elem_impl.h"
 #include "pulse_loco.h"
+#include "pulse_loco_elem.h"
 #include "rng_impl.h"
 #include "status_impl.h"
+#include "toolkit_exchange.h"
 #include "toolkit_sim.h"
 
 /* Uniform in [0, 1) from (seed, round, trainer): whether a payload is lost. */
@@ -22,169 +25,331 @@ typedef struct {
   const pulse_tk_problem *p;
   const pulse_tk_sim_opts *o;
   uint64_t P;
+  uint32_t N;
   pulse_tk_learner **learners;
+  pulse_tk_exchange *x;
+  pulse_tk_message *msgs; /* N: what one trainer received */
+  float **replica;        /* N: each trainer's parameters */
   pulse_tk_sim_cb cb;
   void *user;
+  uint64_t served; /* exchange bytes served before this round */
 } run;
 
+/* Evaluates trainer 0's parameters and hands the round to the callback. */
 static void report(run *r, pulse_tk_sim_round *rr, const float *theta) {
+  pulse_tk_exchange_bytes b;
+  pulse_tk_exchange_counts(r->x, &b);
+  rr->wire_bytes = b.served - r->served;
+  r->served = b.served;
   pulse_tk_problem_eval(r->p, theta, &rr->loss, &rr->accuracy);
   if (r->cb)
     r->cb(r->user, rr);
 }
 
-static pulse_status run_ddp(run *r, float *theta) {
-  uint64_t P = r->P;
-  uint32_t N = r->o->trainers;
-  float *g = malloc(P * sizeof *g), *sum = malloc(P * sizeof *sum);
-  if (!g || !sum) {
-    free(g), free(sum);
-    return pulse_fail(PULSE_ERR_NOMEM, "loco sim: gradients");
-  }
-  float invN = 1.0f / (float)N;
-  for (uint32_t round = 1; round <= r->o->rounds; round++) {
-    double tl = 0.0;
-    for (uint32_t h = 0; h < r->o->inner; h++) {
-      memset(sum, 0, P * sizeof *sum);
-      for (uint32_t i = 0; i < N; i++) {
-        tl += pulse_tk_learner_grad(r->learners[i], theta, g);
-        for (uint64_t j = 0; j < P; j++)
-          sum[j] += g[j];
-      }
-      for (uint64_t j = 0; j < P; j++)
-        sum[j] *= invN;
-      /* One optimizer for the one replicated model. */
-      pulse_tk_learner_adam(r->learners[0], theta, sum);
-    }
-    pulse_tk_sim_round rr = {round,
-                             0,
-                             0,
-                             tl / ((double)N * r->o->inner),
-                             4u * P * N * r->o->inner,
-                             4u * P * r->o->inner,
-                             0,
-                             N};
-    report(r, &rr, theta);
-  }
-  free(g), free(sum);
+/* Counts one message of `size` bytes from trainer i into the round, where
+ * sent[i] sums what trainer i sent in it. */
+static void count_message(pulse_tk_sim_round *rr, uint64_t *sent, uint32_t i,
+                          uint64_t size) {
+  rr->bytes += size;
+  sent[i] += size;
+  if (sent[i] > rr->max_trainer_bytes)
+    rr->max_trainer_bytes = sent[i];
+  if (size > rr->max_message_bytes)
+    rr->max_message_bytes = size;
+}
+
+/* Decodes the dense message trainer `from` sent for `step` into x. */
+static pulse_status read_dense(const run *r, const pulse_tk_message *m,
+                               uint32_t from, uint64_t step, float *x,
+                               uint64_t *samples) {
+  pulse_tk_dense_header want = {r->o->values, from, step, 1, r->P}, got;
+  PULSE_TRY(pulse_tk_dense_decode(m->data, m->size, &want, &got, x));
+  if (got.sender != from)
+    return pulse_fail(PULSE_ERR_CORRUPT,
+                      "loco sim: trainer %u's message names sender %u", from,
+                      got.sender);
+  *samples = got.samples;
   return PULSE_OK;
 }
 
-static pulse_status run_loco(run *r, float *theta) {
-  uint64_t P = r->P;
-  uint32_t N = r->o->trainers;
-  int dense = r->o->method == PULSE_TK_SIM_DILOCO;
-  pulse_loco **ctx = calloc(N, sizeof *ctx);
-  float **local = calloc(N, sizeof *local);
-  pulse_loco_contribution *set = calloc(N, sizeof *set);
-  uint8_t **copies = calloc(N, sizeof *copies);
-  size_t *sizes = calloc(N, sizeof *sizes);
-  pulse_status st = PULSE_OK;
-  if (!ctx || !local || !set || !copies || !sizes) {
-    st = pulse_fail(PULSE_ERR_NOMEM, "loco sim: trainers");
-    goto done;
+/* Encodes x as trainer i's dense message of `step` and publishes it. */
+static pulse_status send_dense(run *r, uint32_t i, uint64_t step,
+                               uint64_t samples, const float *x, uint8_t *msg,
+                               size_t size) {
+  pulse_tk_dense_header h = {r->o->values, i, step, samples, r->P};
+  PULSE_TRY(pulse_tk_dense_encode(&h, x, msg));
+  return pulse_tk_exchange_put(r->x, i, step, msg, size);
+}
+
+/* One trainer's received gradients of `step`, summed in sender order and
+ * divided by N (float arithmetic, the same on every replica). */
+static pulse_status mean_gradient(run *r, uint32_t to, uint64_t step,
+                                  size_t size, float *sum, float *tmp) {
+  PULSE_TRY(pulse_tk_exchange_receive(r->x, to, step, size, r->msgs));
+  memset(sum, 0, r->P * sizeof *sum);
+  for (uint32_t j = 0; j < r->N; j++) {
+    uint64_t samples;
+    PULSE_TRY(read_dense(r, &r->msgs[j], j, step, tmp, &samples));
+    for (uint64_t k = 0; k < r->P; k++)
+      sum[k] += tmp[k];
   }
+  float inv = 1.0f / (float)r->N;
+  for (uint64_t k = 0; k < r->P; k++)
+    sum[k] *= inv;
+  return PULSE_OK;
+}
+
+static pulse_status run_ddp(run *r) {
+  uint64_t P = r->P;
+  uint32_t N = r->N;
+  size_t size = pulse_tk_dense_size(r->o->values, P);
+  float *g = malloc(P * sizeof *g), *sum = malloc(P * sizeof *sum);
+  uint8_t *msg = malloc(size);
+  uint64_t *sent = calloc(N, sizeof *sent);
+  pulse_status st = PULSE_OK;
+  if (!g || !sum || !msg || !sent)
+    st = pulse_fail(PULSE_ERR_NOMEM, "loco sim: gradients");
+  uint64_t batch = pulse_tk_problem_batch(r->p);
+  for (uint32_t round = 1; round <= r->o->rounds && st == PULSE_OK; round++) {
+    pulse_tk_sim_round rr = {round, 0, 0, 0, 0, 0, 0, 0, 0, N};
+    memset(sent, 0, N * sizeof *sent);
+    for (uint32_t h = 0; h < r->o->inner && st == PULSE_OK; h++) {
+      uint64_t step = (uint64_t)(round - 1) * r->o->inner + h;
+      for (uint32_t i = 0; i < N && st == PULSE_OK; i++) {
+        rr.train_loss +=
+            pulse_tk_learner_grad(r->learners[i], r->replica[i], g);
+        st = send_dense(r, i, step, batch, g, msg, size);
+        count_message(&rr, sent, i, size);
+      }
+      /* Every replica averages what it received and takes the same Adam
+       * step with its own moments (all equal: same start, same means). */
+      for (uint32_t i = 0; i < N && st == PULSE_OK; i++) {
+        st = mean_gradient(r, i, step, size, sum, g);
+        if (st == PULSE_OK)
+          pulse_tk_learner_adam(r->learners[i], r->replica[i], sum);
+      }
+    }
+    rr.train_loss /= (double)N * r->o->inner;
+    if (st == PULSE_OK)
+      report(r, &rr, r->replica[0]);
+  }
+  free(g), free(sum), free(msg), free(sent);
+  return st;
+}
+
+/* One replica's outer step from the received pseudo-gradients of `round`:
+ * what pulse_loco_finish does for a dense round (sample-weighted mean, sums
+ * in double in sender order, one rounding, then the Nesterov step). */
+static pulse_status diloco_finish(run *r, uint32_t to, uint64_t round,
+                                  size_t size, float *theta_g, float *b,
+                                  double *acc, float *tmp) {
+  PULSE_TRY(pulse_tk_exchange_receive(r->x, to, round, size, r->msgs));
+  memset(acc, 0, r->P * sizeof *acc);
+  uint64_t weight = 0;
+  for (uint32_t j = 0; j < r->N; j++) {
+    uint64_t samples;
+    PULSE_TRY(read_dense(r, &r->msgs[j], j, round, tmp, &samples));
+    if (samples > UINT64_MAX - weight)
+      return pulse_fail(PULSE_ERR_OVERFLOW, "loco sim: sample counts");
+    weight += samples;
+    double w = (double)samples;
+    for (uint64_t k = 0; k < r->P; k++)
+      acc[k] += w * (double)tmp[k];
+  }
+  double wsum = (double)weight;
+  for (uint64_t k = 0; k < r->P; k++)
+    pulse_loco_outer(&theta_g[k], &b[k], (float)(acc[k] / wsum), r->o->alpha,
+                     r->o->mu);
+  return PULSE_OK;
+}
+
+static pulse_status run_diloco(run *r) {
+  uint64_t P = r->P;
+  uint32_t N = r->N;
+  size_t size = pulse_tk_dense_size(r->o->values, P);
+  float **global = calloc(N, sizeof *global), **mom = calloc(N, sizeof *mom);
+  float *tmp = malloc(P * sizeof *tmp);
+  double *acc = malloc(P * sizeof *acc);
+  uint8_t *msg = malloc(size);
+  uint64_t *sent = calloc(N, sizeof *sent);
+  pulse_status st = PULSE_OK;
+  if (!global || !mom || !tmp || !acc || !msg || !sent)
+    st = pulse_fail(PULSE_ERR_NOMEM, "loco sim: DiLoCo");
+  for (uint32_t i = 0; i < N && st == PULSE_OK; i++) {
+    global[i] = malloc(P * sizeof *global[i]);
+    mom[i] = calloc(P, sizeof *mom[i]);
+    if (!global[i] || !mom[i])
+      st = pulse_fail(PULSE_ERR_NOMEM, "loco sim: DiLoCo replicas");
+    else
+      memcpy(global[i], r->replica[i], P * sizeof *global[i]);
+  }
+  uint64_t samples = (uint64_t)r->o->inner * pulse_tk_problem_batch(r->p);
+  for (uint32_t round = 1; round <= r->o->rounds && st == PULSE_OK; round++) {
+    pulse_tk_sim_round rr = {round, 0, 0, 0, 0, 0, 0, 0, 0, N};
+    uint64_t seq = round - 1u;
+    memset(sent, 0, N * sizeof *sent);
+    for (uint32_t i = 0; i < N && st == PULSE_OK; i++) {
+      float *local = r->replica[i];
+      for (uint32_t h = 0; h < r->o->inner; h++)
+        rr.train_loss += pulse_tk_learner_step(r->learners[i], local);
+      /* The pseudo-gradient as the dense context computes it (e = 0). */
+      for (uint64_t k = 0; k < P; k++)
+        tmp[k] = pulse_loco_signal(global[i][k], local[k], 0.0f);
+      st = send_dense(r, i, seq, samples, tmp, msg, size);
+      count_message(&rr, sent, i, size);
+    }
+    for (uint32_t i = 0; i < N && st == PULSE_OK; i++) {
+      st = diloco_finish(r, i, seq, size, global[i], mom[i], acc, tmp);
+      if (st == PULSE_OK)
+        memcpy(r->replica[i], global[i], P * sizeof *global[i]);
+    }
+    rr.train_loss /= (double)N * r->o->inner;
+    if (st == PULSE_OK)
+      report(r, &rr, global[0]);
+  }
+  for (uint32_t i = 0; global && i < N; i++)
+    free(global[i]), free(mom[i]);
+  free(global), free(mom), free(tmp), free(acc), free(msg), free(sent);
+  return st;
+}
+
+/* The largest payload a context of P parameters can send (loco/PAYLOAD.md:
+ * header, chunk table, streams; with room to spare). */
+static size_t payload_cap(uint64_t P) {
+  return (size_t)(1024u + 32u * ((P >> 10) + 1u) + 16u * P);
+}
+
+static pulse_status run_pulseloco(run *r) {
+  uint64_t P = r->P;
+  uint32_t N = r->N;
+  pulse_loco **ctx = calloc(N, sizeof *ctx);
+  pulse_loco_contribution *set = calloc(N, sizeof *set);
+  uint64_t *sent = calloc(N, sizeof *sent);
+  pulse_status st = PULSE_OK;
+  if (!ctx || !set || !sent)
+    st = pulse_fail(PULSE_ERR_NOMEM, "loco sim: trainers");
   for (uint32_t i = 0; i < N && st == PULSE_OK; i++) {
     pulse_loco_opts lo = PULSE_LOCO_OPTS_INIT;
     lo.param_count = P;
     lo.trainer_id = i;
     lo.alpha = r->o->alpha;
     lo.mu = r->o->mu;
-    if (dense) {
-      lo.gate = PULSE_LOCO_GATE_NONE;
-      lo.values = PULSE_LOCO_VALUES_RAW;
-      lo.pos_model = PULSE_POS_PLAIN;
-    }
-    st = pulse_loco_create(&lo, theta, &ctx[i]);
-    local[i] = malloc(P * sizeof *local[i]);
-    if (st == PULSE_OK && local[i] == NULL)
-      st = pulse_fail(PULSE_ERR_NOMEM, "loco sim: local parameters");
-    if (st == PULSE_OK)
-      memcpy(local[i], theta, P * sizeof *theta);
+    st = pulse_loco_create(&lo, r->replica[i], &ctx[i]);
   }
   uint64_t samples = (uint64_t)r->o->inner * pulse_tk_problem_batch(r->p);
   for (uint32_t round = 1; round <= r->o->rounds && st == PULSE_OK; round++) {
-    pulse_tk_sim_round rr = {round, 0, 0, 0, 0, 0, 0, 0};
+    pulse_tk_sim_round rr = {round, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    uint64_t seq = round - 1u;
+    memset(sent, 0, N * sizeof *sent);
     for (uint32_t i = 0; i < N && st == PULSE_OK; i++) {
       for (uint32_t h = 0; h < r->o->inner; h++)
-        rr.train_loss += pulse_tk_learner_step(r->learners[i], local[i]);
+        rr.train_loss += pulse_tk_learner_step(r->learners[i], r->replica[i]);
       const uint8_t *data;
       size_t size;
       pulse_loco_prepare_info pi;
-      st = pulse_loco_prepare(ctx[i], local[i], samples, 0, &data, &size, &pi);
+      st = pulse_loco_prepare(ctx[i], r->replica[i], samples, 0, &data, &size,
+                              &pi);
       if (st != PULSE_OK)
         break;
-      free(copies[i]);
-      copies[i] = malloc(size);
-      if (copies[i] == NULL) {
-        st = pulse_fail(PULSE_ERR_NOMEM, "loco sim: payload copy");
-        break;
-      }
-      memcpy(copies[i], data, size);
-      sizes[i] = size;
-      uint64_t sent = dense ? 4u * P : size;
-      rr.bytes += sent;
-      rr.max_trainer_bytes =
-          sent > rr.max_trainer_bytes ? sent : rr.max_trainer_bytes;
+      count_message(&rr, sent, i, size);
       rr.entries += pi.sent;
+      st = pulse_tk_exchange_put(r->x, i, seq, data, size);
     }
-    if (st != PULSE_OK)
-      break;
-    uint32_t n = 0;
-    for (uint32_t i = 0; i < N; i++)
-      if (i == 0 || dense ||
-          drop_draw(r->o->drop_seed, round, i) >= r->o->drop_rate) {
-        set[n].data = copies[i];
-        set[n++].size = sizes[i];
-      }
-    rr.contributors = n;
+    /* A lost payload was sent (and is counted) but leaves the round. */
+    for (uint32_t i = 0; i < N && st == PULSE_OK; i++) {
+      st = pulse_tk_exchange_receive(r->x, i, seq, payload_cap(P), r->msgs);
+      uint32_t n = 0;
+      for (uint32_t j = 0; j < N && st == PULSE_OK; j++)
+        if (j == 0 || drop_draw(r->o->drop_seed, seq, j) >= r->o->drop_rate)
+          set[n++] =
+              (pulse_loco_contribution){r->msgs[j].data, r->msgs[j].size};
+      rr.contributors = n;
+      if (st == PULSE_OK)
+        st = pulse_loco_finish(ctx[i], set, n, r->replica[i], NULL);
+    }
     rr.train_loss /= (double)N * r->o->inner;
-    for (uint32_t i = 0; i < N && st == PULSE_OK; i++)
-      st = pulse_loco_finish(ctx[i], set, n, local[i], NULL);
     if (st == PULSE_OK)
       report(r, &rr, pulse_loco_global(ctx[0]));
   }
-  if (st == PULSE_OK)
-    memcpy(theta, pulse_loco_global(ctx[0]), P * sizeof *theta);
-done:
-  for (uint32_t i = 0; ctx && i < N; i++) {
+  for (uint32_t i = 0; ctx && i < N; i++)
     pulse_loco_free(ctx[i]);
-    free(local[i]);
-    free(copies[i]);
-  }
-  free(ctx), free(local), free(set), free(copies), free(sizes);
+  free(ctx), free(set), free(sent);
   return st;
+}
+
+/* Every trainer's replica must hold the same bits at the end. */
+static pulse_status same_replicas(const run *r) {
+  for (uint32_t i = 1; i < r->N; i++)
+    if (memcmp(r->replica[i], r->replica[0], r->P * sizeof(float)) != 0)
+      return pulse_fail(PULSE_ERR_CORRUPT,
+                        "loco sim: trainer %u ended with other parameters "
+                        "than trainer 0",
+                        i);
+  return PULSE_OK;
+}
+
+static pulse_status check_opts(const pulse_tk_problem *p,
+                               const pulse_tk_sim_opts *o) {
+  if (p == NULL || o == NULL || o->struct_version != PULSE_TK_SIM_OPTS_VERSION)
+    return pulse_fail(PULSE_ERR_ARG,
+                      "loco sim: options missing or of another version");
+  if (o->trainers == 0 || o->trainers > 4096 || o->rounds == 0 ||
+      o->inner == 0 || o->method > PULSE_TK_SIM_PULSELOCO ||
+      pulse_tk_dense_size(o->values, 1) == 0)
+    return pulse_fail(PULSE_ERR_ARG,
+                      "loco sim: bad trainers, rounds, inner, method or "
+                      "values");
+  return PULSE_OK;
 }
 
 pulse_status pulse_tk_sim_run(const pulse_tk_problem *p,
                               const pulse_tk_sim_opts *o, pulse_tk_sim_cb cb,
                               void *user, float *theta_final) {
-  if (p == NULL || o == NULL || o->struct_version != PULSE_TK_SIM_OPTS_VERSION)
-    return pulse_fail(PULSE_ERR_ARG,
-                      "loco sim: options missing or of another version");
-  if (o->trainers == 0 || o->trainers > 4096 || o->rounds == 0 ||
-      o->inner == 0 || o->method > PULSE_TK_SIM_PULSELOCO)
-    return pulse_fail(PULSE_ERR_ARG,
-                      "loco sim: bad trainers, rounds, inner or method");
+  PULSE_TRY(check_opts(p, o));
+  uint32_t N = o->trainers;
   uint64_t P = pulse_tk_problem_param_count(p);
-  run r = {p, o, P, calloc(o->trainers, sizeof(pulse_tk_learner *)), cb, user};
-  float *theta = malloc(P * sizeof *theta);
+  run r = {p,
+           o,
+           P,
+           N,
+           calloc(N, sizeof *r.learners),
+           NULL,
+           calloc(N, sizeof *r.msgs),
+           calloc(N, sizeof *r.replica),
+           cb,
+           user,
+           0};
   pulse_status st = PULSE_OK;
-  if (r.learners == NULL || theta == NULL)
+  if (r.learners == NULL || r.msgs == NULL || r.replica == NULL)
     st = pulse_fail(PULSE_ERR_NOMEM, "loco sim");
-  for (uint32_t i = 0; i < o->trainers && st == PULSE_OK; i++)
+  if (st == PULSE_OK)
+    st = pulse_tk_exchange_create(N, o->over_http, &r.x);
+  for (uint32_t i = 0; i < N && st == PULSE_OK; i++) {
     st = pulse_tk_learner_create(p, i, &r.learners[i]);
-  if (st == PULSE_OK) {
-    pulse_tk_problem_init(p, theta);
-    pulse_tk_sim_round r0 = {0, 0, 0, 0, 0, 0, 0, 0};
-    report(&r, &r0, theta);
-    st = o->method == PULSE_TK_SIM_DDP ? run_ddp(&r, theta)
-                                       : run_loco(&r, theta);
+    r.replica[i] = malloc(P * sizeof *r.replica[i]);
+    if (st == PULSE_OK && r.replica[i] == NULL)
+      st = pulse_fail(PULSE_ERR_NOMEM, "loco sim: replicas");
+    if (st == PULSE_OK)
+      pulse_tk_problem_init(p, r.replica[i]);
   }
+  if (st == PULSE_OK) {
+    pulse_tk_sim_round r0 = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    report(&r, &r0, r.replica[0]);
+    st = o->method == PULSE_TK_SIM_DDP      ? run_ddp(&r)
+         : o->method == PULSE_TK_SIM_DILOCO ? run_diloco(&r)
+                                            : run_pulseloco(&r);
+  }
+  if (st == PULSE_OK)
+    st = same_replicas(&r);
   if (st == PULSE_OK && theta_final)
-    memcpy(theta_final, theta, P * sizeof *theta);
-  for (uint32_t i = 0; r.learners && i < o->trainers; i++)
-    pulse_tk_learner_free(r.learners[i]);
-  free(r.learners), free(theta);
+    memcpy(theta_final, r.replica[0], P * sizeof *theta_final);
+  for (uint32_t i = 0; i < N; i++) {
+    if (r.learners)
+      pulse_tk_learner_free(r.learners[i]);
+    if (r.replica)
+      free(r.replica[i]);
+  }
+  pulse_tk_exchange_free(r.x);
+  free(r.learners), free(r.msgs), free(r.replica);
   return st;
 }

@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # `pulse-bench loco` briefly: exits 0, prints one JSON object per round and
-# a summary with the required keys, sends at least 10x fewer bytes than
-# DiLoCo and 100x fewer than DDP, keeps every replica identical (also with
-# lost payloads, a joiner and a leaver), and refuses bad usage. Needs only
-# bash, grep and awk.
+# a summary with the required keys, names every baseline (DDP-FP32,
+# DiLoCo-BF16 the reference, DiLoCo-FP32), counts bytes that agree with the
+# message sizes (each dense message is 40 + 4 or 2 bytes per parameter,
+# sent once per trainer and round, or per inner step for DDP, and served
+# once to each other trainer), puts at least 10x fewer bytes on the wire
+# than DiLoCo-FP32, 5x fewer than DiLoCo-BF16 and 100x fewer than DDP-FP32
+# on a short run, keeps every replica identical (also with lost payloads, a
+# joiner and a leaver), and refuses bad usage. Needs only bash, grep and awk.
 # usage: bash tests/cli/loco_bench.sh BIN_DIR
 set -u
 BIN_DIR="${1:?usage: loco_bench.sh BIN_DIR}"
@@ -37,33 +41,83 @@ rounds=$(grep -c '^{"round":' "$TMP/a.json")
 [ "$rounds" -eq 8 ] || fail "expected 8 round objects, got $rounds"
 summary=$(grep '^{"summary":true' "$TMP/a.json")
 [ -n "$summary" ] || fail "no summary object"
-for key in bytes_ddp bytes_diloco bytes_pulseloco final_loss_ddp final_loss_diloco \
-  final_loss_pulseloco initial_loss loss_floor replicas_identical; do
+methods="ddp_fp32 diloco_bf16 diloco_fp32 pulseloco"
+baselines="ddp_fp32 diloco_bf16 diloco_fp32"
+for m in $methods; do
+  for key in bytes_$m wire_bytes_$m wire_bytes_per_trainer_round_$m final_loss_$m; do
+    [ -n "$(json_val "$summary" "$key")" ] || fail "summary: key $key missing"
+  done
+done
+for m in $baselines; do
+  for key in message_bytes_$m reduction_vs_$m pulseloco_vs_${m}_loss; do
+    [ -n "$(json_val "$summary" "$key")" ] || fail "summary: key $key missing"
+  done
+done
+for key in initial_loss loss_floor params target_10x_diloco_bf16 target_100x_ddp_fp32 \
+  target_loss_2pct_diloco_bf16 replicas_identical; do
   [ -n "$(json_val "$summary" "$key")" ] || fail "summary: key $key missing"
 done
-ddp=$(json_val "$summary" bytes_ddp)
-dil=$(json_val "$summary" bytes_diloco)
-pl=$(json_val "$summary" bytes_pulseloco)
-awk -v p="${pl:-0}" -v d="${dil:-0}" 'BEGIN { exit !(p > 0 && p * 10 <= d) }' ||
-  fail "bytes_pulseloco ($pl) * 10 > bytes_diloco ($dil)"
+grep -q '"baseline":"diloco_bf16"' <<<"$summary" || fail "summary does not name DiLoCo-BF16 its baseline"
+P=$(json_val "$summary" params)
+# Dense messages: a 40-byte header and 4 (FP32) or 2 (BF16) bytes per parameter.
+[ "$(json_val "$summary" message_bytes_ddp_fp32)" = "$((40 + 4 * P))" ] ||
+  fail "DDP-FP32 message is not 40 + 4 x $P bytes: $summary"
+[ "$(json_val "$summary" message_bytes_diloco_fp32)" = "$((40 + 4 * P))" ] ||
+  fail "DiLoCo-FP32 message is not 40 + 4 x $P bytes"
+[ "$(json_val "$summary" message_bytes_diloco_bf16)" = "$((40 + 2 * P))" ] ||
+  fail "DiLoCo-BF16 message is not 40 + 2 x $P bytes"
+# Sent: one message per trainer and round (DDP: per inner step, 20 of them);
+# on the wire: each served to the two other trainers.
+for m in $baselines; do
+  per=1
+  [ "$m" = ddp_fp32 ] && per=20
+  msg=$(json_val "$summary" message_bytes_$m)
+  sent=$(json_val "$summary" bytes_$m)
+  wire=$(json_val "$summary" wire_bytes_$m)
+  [ "$sent" = "$((msg * 3 * 8 * per))" ] || fail "$m: sent $sent, messages of $msg x 3 trainers x 8 rounds x $per"
+  [ "$wire" = "$((2 * sent))" ] || fail "$m: $wire bytes on the wire for $sent sent to 2 others each"
+done
+ddp=$(json_val "$summary" wire_bytes_ddp_fp32)
+bf16=$(json_val "$summary" wire_bytes_diloco_bf16)
+fp32=$(json_val "$summary" wire_bytes_diloco_fp32)
+pl=$(json_val "$summary" wire_bytes_pulseloco)
+plsent=$(json_val "$summary" bytes_pulseloco)
+# Every PULSELoCo payload goes to the two other trainers, with the manifests.
+awk -v w="${pl:-0}" -v s="${plsent:-0}" 'BEGIN { exit !(s > 0 && w >= 2 * s && w < 2.2 * s) }' ||
+  fail "PULSELoCo: $pl bytes on the wire for $plsent sent"
+awk -v p="${pl:-0}" -v d="${fp32:-0}" 'BEGIN { exit !(p > 0 && p * 10 <= d) }' ||
+  fail "wire_bytes_pulseloco ($pl) * 10 > wire_bytes_diloco_fp32 ($fp32)"
+awk -v p="${pl:-0}" -v d="${bf16:-0}" 'BEGIN { exit !(p > 0 && p * 5 <= d) }' ||
+  fail "wire_bytes_pulseloco ($pl) * 5 > wire_bytes_diloco_bf16 ($bf16)"
 awk -v p="${pl:-0}" -v d="${ddp:-0}" 'BEGIN { exit !(p > 0 && p * 100 <= d) }' ||
-  fail "bytes_pulseloco ($pl) * 100 > bytes_ddp ($ddp)"
+  fail "wire_bytes_pulseloco ($pl) * 100 > wire_bytes_ddp_fp32 ($ddp)"
+awk -v r="$(json_val "$summary" reduction_vs_diloco_bf16)" -v p="${pl:-0}" -v d="${bf16:-0}" \
+  'BEGIN { exit !(p > 0 && (r - d / p) ^ 2 < 0.0001) }' || fail "reduction_vs_diloco_bf16 is not its bytes' ratio"
 [ "$(json_val "$summary" replicas_identical)" = true ] || fail "replicas differ"
 # Losses are numbers below the start, above the floor.
-awk -v s="$(json_val "$summary" initial_loss)" -v f="$(json_val "$summary" loss_floor)" \
-  -v a="$(json_val "$summary" final_loss_diloco)" -v b="$(json_val "$summary" final_loss_pulseloco)" \
-  'BEGIN { exit !(a < s && b < s && a > f && b > f) }' || fail "losses out of order: $summary"
+for m in $methods; do
+  awk -v s="$(json_val "$summary" initial_loss)" -v f="$(json_val "$summary" loss_floor)" \
+    -v a="$(json_val "$summary" final_loss_$m)" 'BEGIN { exit !(a < s && a > f) }' ||
+    fail "final_loss_$m out of order: $summary"
+done
 while IFS= read -r line; do
-  for key in loss_ddp loss_diloco loss_pulseloco bytes_ddp bytes_diloco bytes_pulseloco \
-    density contributors; do
+  for m in $methods; do
+    for key in loss_$m bytes_$m wire_bytes_$m; do
+      [ -n "$(json_val "$line" "$key")" ] || fail "round line lacks $key: $line"
+    done
+  done
+  for key in message_bytes_diloco_bf16 density contributors; do
     [ -n "$(json_val "$line" "$key")" ] || fail "round line lacks $key: $line"
   done
+  b=$(json_val "$line" bytes_diloco_bf16)
+  [ "$(json_val "$line" wire_bytes_diloco_bf16)" = "$((2 * b))" ] ||
+    fail "round line: DiLoCo-BF16 on the wire is not twice what was sent: $line"
 done < <(grep '^{"round":' "$TMP/a.json")
 
 # 2. Deterministic for a seed without loss: the same PULSELoCo bytes twice.
 "$BENCH" loco --rounds 8 --params 30000 --json >"$TMP/b.json" 2>/dev/null ||
   fail "second run exited non-zero"
-[ "$(json_val "$(grep '^{"summary"' "$TMP/b.json")" bytes_pulseloco)" = "$pl" ] ||
+[ "$(json_val "$(grep '^{"summary"' "$TMP/b.json")" bytes_pulseloco)" = "$plsent" ] ||
   fail "two runs with seed 1 sent different bytes"
 
 # 3. Lost payloads, a joiner and a leaver: still one global state.
@@ -77,9 +131,10 @@ else
   fail "churn run exited non-zero: $(cat "$TMP/err")"
 fi
 
-# 4. The readable output names the targets.
+# 4. The readable output names every baseline and the targets.
 "$BENCH" loco --rounds 3 --params 10000 --inner 5 >"$TMP/text" 2>&1 || fail "text run failed"
-for word in "PULSELoCo" "DiLoCo" "DDP" "target 10x" "replicas identical"; do
+for word in "PULSELoCo" "DiLoCo-BF16" "DiLoCo-FP32" "DDP-FP32" "fewer bytes on the wire than DiLoCo-BF16 (FP32: " \
+  ">= 10x fewer than DiLoCo-BF16" "replicas identical"; do
   grep -q "$word" "$TMP/text" || fail "text output lacks '$word'"
 done
 
