@@ -32,6 +32,16 @@ struct pulse_tk_learner {
   float *x, *z, *h, *logits, *dz, *tp;
 };
 
+/* The loops that take the time, also built for AVX2 and picked at load time:
+ * IEEE single operations in any vector width give the same bits
+ * (-ffp-contract=off forbids fused multiply-adds), so results do not depend
+ * on the machine. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define PROBLEM_SIMD __attribute__((target_clones("avx2", "default")))
+#else
+#define PROBLEM_SIMD
+#endif
+
 static void forward(const pulse_tk_problem *p, const float *theta,
                     const float *x, size_t n, float *z, float *h,
                     float *logits);
@@ -190,9 +200,9 @@ void pulse_tk_problem_init(const pulse_tk_problem *p, float *theta) {
 }
 
 /* Forward pass of n samples: z (pre-activations), h (ReLU) and logits. */
-static void forward(const pulse_tk_problem *p, const float *theta,
-                    const float *x, size_t n, float *z, float *h,
-                    float *logits) {
+PROBLEM_SIMD static void forward(const pulse_tk_problem *p, const float *theta,
+                                 const float *x, size_t n, float *z, float *h,
+                                 float *logits) {
   uint32_t in = p->o.inputs, hid = p->o.hidden, cls = p->o.classes;
   const float *W1 = theta + p->w1, *B1 = theta + p->b1, *W2 = theta + p->w2,
               *B2 = theta + p->b2;
@@ -301,8 +311,8 @@ void pulse_tk_learner_free(pulse_tk_learner *l) {
   free(l);
 }
 
-double pulse_tk_learner_grad(pulse_tk_learner *l, const float *theta,
-                             float *grad) {
+PROBLEM_SIMD double pulse_tk_learner_grad(pulse_tk_learner *l,
+                                          const float *theta, float *grad) {
   const pulse_tk_problem *p = l->p;
   uint32_t B = p->o.batch, in = p->o.inputs, hid = p->o.hidden,
            cls = p->o.classes;
@@ -352,8 +362,8 @@ double pulse_tk_learner_grad(pulse_tk_learner *l, const float *theta,
   return loss / B;
 }
 
-void pulse_tk_learner_adam(pulse_tk_learner *l, float *theta,
-                           const float *grad) {
+PROBLEM_SIMD void pulse_tk_learner_adam(pulse_tk_learner *l, float *theta,
+                                        const float *grad) {
   const pulse_tk_problem_opts *o = &l->p->o;
   l->t++;
   float b1 = o->beta1, b2 = o->beta2;
