@@ -67,7 +67,8 @@ uint32_t pulse_tk_problem_batch(const pulse_tk_problem *p);
 
 /** Hidden width of a model of about `params` parameters with the other
  * options of opts (at least 1). */
-uint32_t pulse_tk_problem_hidden_for(const pulse_tk_problem_opts *opts, uint64_t params);
+uint32_t pulse_tk_problem_hidden_for(const pulse_tk_problem_opts *opts,
+                                     uint64_t params);
 
 /** The initial parameters (P floats), the same for every trainer. */
 void pulse_tk_problem_init(const pulse_tk_problem *p, float *theta);
