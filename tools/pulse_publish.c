@@ -17,6 +17,7 @@
 #include "pulse_server.h"
 #include "pulse_sign.h"
 #include "pulse_store.h"
+#include "pulse_store_writer.h"
 #include "toolkit_args.h"
 
 static void usage(FILE *f) {

@@ -6,6 +6,7 @@
 
 #include "publisher_impl.h"
 #include "pulse_log.h"
+#include "pulse_store_writer.h"
 #include "status_impl.h"
 #include "store_impl.h"
 

@@ -7,6 +7,7 @@
 #include "pulse_cuda.h"
 #include "pulse_publisher.h"
 #include "pulse_store.h"
+#include "pulse_store_writer.h"
 #include "trainer_testutil.h"
 
 static pulse_pub *open_pub(const char *dir, tu_model *m, uint64_t anchor_every,

@@ -14,6 +14,7 @@
 #include "pulse_cuda.h"
 #include "pulse_publisher.h"
 #include "pulse_store.h"
+#include "pulse_store_writer.h"
 #include "trainer_testutil.h"
 
 #define DEVICE_TEST_START()                                                    \

@@ -7,6 +7,7 @@
 #include "pulse_publisher.h"
 #include "pulse_sign.h"
 #include "pulse_store.h"
+#include "pulse_store_writer.h"
 #include "store_impl.h"
 #include "trainer_testutil.h"
 

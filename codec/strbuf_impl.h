@@ -1,5 +1,5 @@
 /* strbuf_impl.h - a growing text buffer for the JSON, canonical forms and
- * metrics pulse_trainer writes. Private. */
+ * metrics pulse writes. Internal (pulse_codec_internal). */
 #ifndef PULSE_STRBUF_IMPL_H
 #define PULSE_STRBUF_IMPL_H
 

@@ -1,6 +1,7 @@
-/* store_impl.h - private to pulse_trainer: the head's in-memory form, its
- * canonical serialization and JSON writer, hex and SHA-256 helpers, and
- * path building for the store layout (PROTOCOL.md). */
+/* store_impl.h - internal to pulse (pulse_codec_internal: the trainer and
+ * inference sides share it): the head's in-memory form, its canonical
+ * serialization and JSON writer, hex and SHA-256 helpers, path building and
+ * the layout checks of a store folder (trainer_side/PROTOCOL.md). */
 #ifndef PULSE_STORE_IMPL_H
 #define PULSE_STORE_IMPL_H
 
@@ -41,7 +42,7 @@ typedef struct {
 pulse_status store_head_serialize(const store_head_fields *f,
                                   const pulse_sign_key *key, pulse_buffer *out);
 
-/** The canonical byte string a head signature covers (PROTOCOL.md). */
+/** The canonical byte string a head signature covers (trainer_side/PROTOCOL.md). */
 pulse_status store_head_canonical(const store_head_fields *f,
                                   const uint8_t *pub, pulse_buffer *out);
 
@@ -67,5 +68,29 @@ int store_is_temp_name(const char *name);
  * kind and hash when it is one, else 0. */
 int store_parse_object_name(const char *name, pulse_store_kind *kind,
                             uint8_t sha256[32]);
+
+/** Checks that object `o` named by a head exists in store `dir` with its
+ * size. @return PULSE_OK; PULSE_ERR_NOT_FOUND; PULSE_ERR_CORRUPT (not a
+ * regular file, or another size); PULSE_ERR_IO; PULSE_ERR_ARG. */
+pulse_status store_check_named(const char *dir, const pulse_store_object *o);
+
+/* A file of a store folder that no head needs. */
+typedef enum {
+  STORE_STRAY_TEMPORARY = 1, /* ".NAME.tmp-*" of an interrupted write */
+  STORE_STRAY_ORPHAN,        /* an object the head does not name */
+  STORE_STRAY_CATCHUP        /* a cached catch-up patch (derived) */
+} store_stray_kind;
+
+/* Called for each stray; a non-OK status stops the walk. */
+typedef pulse_status (*store_stray_fn)(void *ctx, const char *folder,
+                                       const char *name, store_stray_kind kind);
+
+/** Calls fn for every stray of store `dir`: temporaries in the folder and
+ * in objects/, objects `head` does not name (every object when head is
+ * NULL), and with `catchups` every file of catchup/. Files of objects/ that
+ * are no object name are logged and left alone; a missing folder has none.
+ * Verification counts the strays, the writer's recovery removes them. */
+pulse_status store_strays(const char *dir, const pulse_store_head *head,
+                          int catchups, store_stray_fn fn, void *ctx);
 
 #endif /* PULSE_STORE_IMPL_H */

@@ -1,5 +1,6 @@
-/* store_state_impl.h - private pieces of state rebuilding, shared by
- * verification, the publisher's resume and the server's catch-up builder. */
+/* store_state_impl.h - internal pieces of state rebuilding
+ * (pulse_codec_internal), shared by verification, the publisher's resume and
+ * the server's catch-up builder. */
 #ifndef PULSE_STORE_STATE_IMPL_H
 #define PULSE_STORE_STATE_IMPL_H
 

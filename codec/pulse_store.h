@@ -1,6 +1,8 @@
-/* pulse_store.h - the durable store a publisher writes and servers read.
+/* pulse_store.h - the durable store a publisher writes and servers and
+ * subscribers read: its wire format (head, object naming, signatures,
+ * layout), which both sides must agree on, so it lives in codec/.
  *
- * A store is a folder (PROTOCOL.md has the full layout):
+ * A store is a folder (trainer_side/PROTOCOL.md has the full layout):
  *
  *   head.json                        the one mutable file: newest step, its
  *                                    state digest, the retained objects, and
@@ -13,7 +15,8 @@
  * written (temporary file, fsync, rename); only head.json moves, atomically.
  * A crash at any point therefore leaves the previous head and everything it
  * names intact; at worst a temporary file or an object no head names stays
- * behind, which pulse_store_recover removes.
+ * behind, which the writer's pulse_store_recover (trainer_side,
+ * pulse_store_writer.h) removes.
  *
  * Every file is untrusted: a corrupted or hostile head or object gives a
  * clear error, never a crash.
@@ -69,7 +72,7 @@ typedef struct pulse_store_head pulse_store_head;
  * hex spellings, object paths (content-addressed, never leaving objects/),
  * a patch chain that ends at the head step, anchors placed on retained
  * steps, and, when the head carries a public key, the Ed25519 signature over
- * its canonical form (PROTOCOL.md). The bytes are copied.
+ * its canonical form (trainer_side/PROTOCOL.md). The bytes are copied.
  * @return PULSE_OK and *out (free with pulse_store_head_free);
  * PULSE_ERR_OVERFLOW (larger than PULSE_STORE_MAX_HEAD_BYTES or too many
  * objects); PULSE_ERR_JSON (not strict JSON, or a field missing or of the
@@ -161,27 +164,7 @@ pulse_status pulse_store_state_rebuild(const char *dir,
 /** Releases a state and resets it to PULSE_STORE_STATE_INIT. NULL is fine. */
 void pulse_store_state_free(pulse_store_state *state);
 
-/* ------------------------------------------------- recovery, verification */
-
-/* What pulse_store_recover removed. */
-typedef struct {
-  size_t temporaries; /* ".NAME.tmp-*" files left by an interrupted write */
-  size_t orphans;     /* objects no head names (a crash between writing an
-                         object and moving the head, or a retention cut) */
-  size_t catchups;    /* cached catch-up patches (derived, never needed) */
-} pulse_store_recovery;
-
-/** Brings a store folder into a clean state after a crash; only the single
- * writer of a store (its publisher) may call it, before writing. Creates the
- * folder layout when missing; removes temporary files, every object the head
- * does not name and the catch-up cache; checks that every object the head
- * names exists with its size. Never touches head.json or a named object.
- * `out` may be NULL.
- * @return PULSE_OK; PULSE_ERR_CORRUPT (a named object missing or of the
- * wrong size: the store needs attention, nothing was removed); any error of
- * pulse_store_head_load but PULSE_ERR_NOT_FOUND (an empty store is fine);
- * PULSE_ERR_IO. */
-pulse_status pulse_store_recover(const char *dir, pulse_store_recovery *out);
+/* ----------------------------------------------------------- verification */
 
 /* What pulse_store_verify found. */
 typedef struct {

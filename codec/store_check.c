@@ -1,5 +1,7 @@
-/* store_check.c - loading the head from a folder, crash recovery and
- * verification of a store (pulse_store.h). */
+/* store_check.c - loading the head from a folder, the layout checks both
+ * sides make (named objects present, strays found) and read-only
+ * verification of a store (pulse_store.h). Crash recovery, which removes the
+ * strays, belongs to the store's single writer: trainer_side/store_recover.c. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -58,19 +60,7 @@ pulse_status pulse_store_head_load(const char *dir, pulse_store_head **out) {
   return st;
 }
 
-static pulse_status ensure_dir(const char *path) {
-  if (mkdir(path, 0755) == 0 || errno == EEXIST) {
-    struct stat sb;
-    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode))
-      return PULSE_OK;
-    return pulse_fail(PULSE_ERR_IO, "store: %s exists and is not a folder",
-                      path);
-  }
-  return pulse_fail(PULSE_ERR_IO, "store: %s: %s", path, strerror(errno));
-}
-
-/* Checks that a named object exists with its size. */
-static pulse_status check_named(const char *dir, const pulse_store_object *o) {
+pulse_status store_check_named(const char *dir, const pulse_store_object *o) {
   char path[4096];
   if (store_join(path, sizeof path, dir, o->path) != 0)
     return pulse_fail(PULSE_ERR_ARG, "store: folder name too long");
@@ -125,106 +115,50 @@ static pulse_status scan(const char *dir, const char *sub,
 
 typedef struct {
   const pulse_store_head *head;
-  pulse_store_recovery rec;
-  int dry; /* count only (verify) */
-  size_t strays;
-} sweep_ctx;
+  store_stray_fn fn;
+  void *ctx;
+} stray_walk;
 
-static pulse_status remove_entry(const char *folder, const char *name) {
-  char path[4096];
-  if (store_join(path, sizeof path, folder, name) != 0)
-    return pulse_fail(PULSE_ERR_ARG, "store: name too long");
-  if (unlink(path) != 0 && errno != ENOENT)
-    return pulse_fail(PULSE_ERR_IO, "store: removing %s: %s", path,
-                      strerror(errno));
-  PULSE_LOG_AT(PULSE_LOG_INFO, "store: removed %s", path);
-  return PULSE_OK;
-}
-
-static pulse_status sweep_root(void *vctx, const char *folder,
-                               const char *name) {
-  sweep_ctx *c = vctx;
+static pulse_status walk_root(void *vctx, const char *folder,
+                              const char *name) {
+  stray_walk *w = vctx;
   if (!store_is_temp_name(name))
     return PULSE_OK;
-  c->strays++;
-  c->rec.temporaries++;
-  return c->dry ? PULSE_OK : remove_entry(folder, name);
+  return w->fn(w->ctx, folder, name, STORE_STRAY_TEMPORARY);
 }
 
-static pulse_status sweep_objects(void *vctx, const char *folder,
-                                  const char *name) {
-  sweep_ctx *c = vctx;
+static pulse_status walk_objects(void *vctx, const char *folder,
+                                 const char *name) {
+  stray_walk *w = vctx;
   pulse_store_kind kind;
   uint8_t sha[32];
-  if (store_is_temp_name(name)) {
-    c->strays++;
-    c->rec.temporaries++;
-    return c->dry ? PULSE_OK : remove_entry(folder, name);
-  }
+  if (store_is_temp_name(name))
+    return w->fn(w->ctx, folder, name, STORE_STRAY_TEMPORARY);
   if (!store_parse_object_name(name, &kind, sha)) {
     PULSE_LOG_AT(PULSE_LOG_WARN,
                  "store: %s/%s is not an object name; left alone", folder,
                  name);
     return PULSE_OK;
   }
-  if (head_names(c->head, kind, sha))
+  if (head_names(w->head, kind, sha))
     return PULSE_OK;
-  c->strays++;
-  c->rec.orphans++;
-  return c->dry ? PULSE_OK : remove_entry(folder, name);
+  return w->fn(w->ctx, folder, name, STORE_STRAY_ORPHAN);
 }
 
-static pulse_status sweep_catchup(void *vctx, const char *folder,
-                                  const char *name) {
-  sweep_ctx *c = vctx;
-  c->rec.catchups++;
-  return c->dry ? PULSE_OK : remove_entry(folder, name);
+static pulse_status walk_catchup(void *vctx, const char *folder,
+                                 const char *name) {
+  stray_walk *w = vctx;
+  return w->fn(w->ctx, folder, name, STORE_STRAY_CATCHUP);
 }
 
-pulse_status pulse_store_recover(const char *dir, pulse_store_recovery *out) {
-  if (dir == NULL)
-    return pulse_fail(PULSE_ERR_ARG, "store: NULL folder");
-  char path[4096];
-  PULSE_TRY(ensure_dir(dir));
-  if (store_join(path, sizeof path, dir, PULSE_STORE_OBJECTS_DIR) != 0)
-    return pulse_fail(PULSE_ERR_ARG, "store: folder name too long");
-  PULSE_TRY(ensure_dir(path));
-  if (store_join(path, sizeof path, dir, PULSE_STORE_CATCHUP_DIR) != 0)
-    return pulse_fail(PULSE_ERR_ARG, "store: folder name too long");
-  PULSE_TRY(ensure_dir(path));
-
-  pulse_store_head *head = NULL;
-  pulse_status st = pulse_store_head_load(dir, &head);
-  if (st != PULSE_OK && st != PULSE_ERR_NOT_FOUND)
-    return st;
-  /* Check before removing anything: a head naming a missing object means the
-   * store was damaged from outside, and deleting more would not help. */
-  for (size_t i = 0; head && i < head->npatches && st == PULSE_OK; i++)
-    st = check_named(dir, &head->patches[i]);
-  for (size_t i = 0; head && i < head->nanchors && st == PULSE_OK; i++)
-    st = check_named(dir, &head->anchors[i]);
-  if (st == PULSE_ERR_NOT_FOUND && head != NULL)
-    st = PULSE_ERR_CORRUPT; /* same detail: a named object is missing */
-  if (st != PULSE_OK && st != PULSE_ERR_NOT_FOUND) {
-    pulse_store_head_free(head);
-    return st;
-  }
-  sweep_ctx c;
-  memset(&c, 0, sizeof c);
-  c.head = head;
-  st = scan(dir, ".", sweep_root, &c);
+pulse_status store_strays(const char *dir, const pulse_store_head *head,
+                          int catchups, store_stray_fn fn, void *ctx) {
+  stray_walk w = {head, fn, ctx};
+  pulse_status st = scan(dir, ".", walk_root, &w);
   if (st == PULSE_OK)
-    st = scan(dir, PULSE_STORE_OBJECTS_DIR, sweep_objects, &c);
-  if (st == PULSE_OK)
-    st = scan(dir, PULSE_STORE_CATCHUP_DIR, sweep_catchup, &c);
-  pulse_store_head_free(head);
-  if (out != NULL)
-    *out = c.rec;
-  if (st == PULSE_OK && (c.rec.temporaries || c.rec.orphans))
-    PULSE_LOG_AT(PULSE_LOG_INFO,
-                 "store: %s: recovered (%zu temporary files, %zu unnamed "
-                 "objects removed)",
-                 dir, c.rec.temporaries, c.rec.orphans);
+    st = scan(dir, PULSE_STORE_OBJECTS_DIR, walk_objects, &w);
+  if (st == PULSE_OK && catchups)
+    st = scan(dir, PULSE_STORE_CATCHUP_DIR, walk_catchup, &w);
   return st;
 }
 
@@ -239,6 +173,13 @@ static pulse_status check_hash(const char *dir, const pulse_store_object *o) {
     return pulse_fail(PULSE_ERR_CORRUPT,
                       "store: %s: content does not match its SHA-256 name",
                       o->path);
+  return PULSE_OK;
+}
+
+static pulse_status count_stray(void *ctx, const char *folder,
+                                const char *name, store_stray_kind kind) {
+  (void)folder, (void)name, (void)kind;
+  ++*(size_t *)ctx;
   return PULSE_OK;
 }
 
@@ -291,7 +232,7 @@ pulse_status pulse_store_verify(const char *dir, unsigned flags,
   size_t counts[2] = {head->npatches, head->nanchors};
   for (int l = 0; l < 2; l++)
     for (size_t i = 0; i < counts[l] && st == PULSE_OK; i++) {
-      st = check_named(dir, &lists[l][i]);
+      st = store_check_named(dir, &lists[l][i]);
       if (st == PULSE_OK && (flags & PULSE_STORE_VERIFY_HASHES))
         st = check_hash(dir, &lists[l][i]);
       r.object_bytes += lists[l][i].size;
@@ -305,16 +246,8 @@ pulse_status pulse_store_verify(const char *dir, unsigned flags,
                             &s);
     pulse_store_state_free(&s);
   }
-  if (st == PULSE_OK) {
-    sweep_ctx c;
-    memset(&c, 0, sizeof c);
-    c.head = head;
-    c.dry = 1;
-    st = scan(dir, ".", sweep_root, &c);
-    if (st == PULSE_OK)
-      st = scan(dir, PULSE_STORE_OBJECTS_DIR, sweep_objects, &c);
-    r.strays = c.strays;
-  }
+  if (st == PULSE_OK)
+    st = store_strays(dir, head, 0, count_stray, &r.strays);
   pulse_store_head_free(head);
   if (out != NULL)
     *out = r;

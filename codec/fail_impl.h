@@ -1,4 +1,5 @@
-/* fail_impl.h - re-raising an error with context, private to pulse_trainer. */
+/* fail_impl.h - re-raising an error with context; internal to pulse
+ * (pulse_codec_internal). */
 #ifndef PULSE_TRAINER_FAIL_IMPL_H
 #define PULSE_TRAINER_FAIL_IMPL_H
 

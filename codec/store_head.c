@@ -1,5 +1,5 @@
 /* store_head.c - the head: parsing and checking, canonical form, JSON
- * writer, signatures (pulse_store.h, PROTOCOL.md). */
+ * writer, signatures (pulse_store.h, trainer_side/PROTOCOL.md). */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
