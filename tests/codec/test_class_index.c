@@ -68,6 +68,7 @@ Test(class_index, check_notices_data_that_changed_behind_it) {
   data[4097] ^= 0x0080;
   cr_assert_eq(pulse_class_index_check(ix, data, n), PULSE_OK);
   cr_assert_eq(pulse_class_index_check(ix, data, n - 1), PULSE_ERR_SIZE_MISMATCH);
+  pulse_class_index_free(ix);
   cr_assert_eq(pulse_class_index_build(NULL, 5, 1, &ix), PULSE_ERR_ARG);
   cr_assert_null(ix, "a failed build leaves *out NULL");
   free(data);

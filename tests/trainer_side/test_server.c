@@ -598,7 +598,14 @@ Test(server, a_damaged_head_file_is_not_served_and_the_last_good_one_stays) {
     m = get(f.port, "/metrics", NULL, NULL);
   }
   cr_assert_eq(m.status, 200);
-  cr_assert(strstr(m.body, "pulse_head_errors_total 1") != NULL, "%s", m.body);
+  /* At least one reload saw the damaged file. The notify and the watcher
+   * (inotify on the truncating write, and again on the write) may each read
+   * it, so the count is not exactly one. */
+  static const char sample[] = "\npulse_head_errors_total ";
+  const char *errors = strstr(m.body, sample);
+  cr_assert(errors != NULL, "%s", m.body);
+  unsigned long long nerrors = strtoull(errors + strlen(sample), NULL, 10);
+  cr_assert(nerrors >= 1 && nerrors <= 3, "%llu head errors\n%s", nerrors, m.body);
   cr_assert(strstr(m.body, counted) != NULL, "%s", m.body);
   cr_assert(
       strstr(m.body, "# TYPE pulse_http_request_duration_seconds histogram") !=
