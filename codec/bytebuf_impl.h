@@ -1,4 +1,9 @@
-/* bytebuf_impl.h - growable byte buffer for encoders. */
+/* bytebuf_impl.h - the one growable buffer of pulse's library code, for
+ * binary encoders (patches, payloads) and text alike (the head, canonical
+ * forms, safetensors headers, metrics: pulse_bytebuf_printf and the JSON
+ * writer of json_impl.h), and a bounds-checked reader. Internal
+ * (pulse_codec_internal); pulse_buffer (pulse_codec.h) is the public type
+ * results leave the library in, see pulse_bytebuf_take. */
 #ifndef PULSE_BYTEBUF_IMPL_H
 #define PULSE_BYTEBUF_IMPL_H
 
@@ -7,7 +12,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "pulse_codec.h"
 #include "pulse_status.h"
+#include "status_impl.h"
 
 typedef struct {
   uint8_t *data;
@@ -92,6 +99,26 @@ static inline void pulse_bytebuf_free(pulse_bytebuf *b) {
   free(b->data);
   *b = (pulse_bytebuf)PULSE_BYTEBUF_INIT;
 }
+
+/* ------------------------------------------------------------------- text */
+
+/** Appends the bytes of the C string s (not its NUL). */
+static inline void pulse_bytebuf_str(pulse_bytebuf *b, const char *s) {
+  pulse_bytebuf_put(b, s, strlen(s));
+}
+
+/** Appends printf-formatted text (no NUL is counted); a formatting error
+ * sets failed like an allocation failure. */
+void pulse_bytebuf_printf(pulse_bytebuf *b, const char *fmt, ...)
+    PULSE_PRINTF_(2, 3);
+
+/** Hands the content over as a pulse_buffer (free it with
+ * pulse_buffer_free) and resets b. The text calls never count a NUL: use
+ * out->size.
+ * @return PULSE_OK; PULSE_ERR_NOMEM (no detail: the caller knows what it was
+ * writing) when an allocation failed at any point, then out is empty and b
+ * is freed. */
+pulse_status pulse_bytebuf_take(pulse_bytebuf *b, pulse_buffer *out);
 
 /* Bounds-checked reader over untrusted bytes. Every read checks the remaining
  * length first; a failed read leaves `ok` cleared and returns 0. */

@@ -26,6 +26,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "bytebuf_impl.h"
 #include "pulse_status.h"
 
 typedef enum {
@@ -133,5 +134,71 @@ int pulse_json_utf8_valid(const char *s, size_t len);
  * are copied. With dst NULL only counts.
  * @return bytes written (at most 6 * len). */
 size_t pulse_json_escape(char *dst, const char *s, size_t len);
+
+/* ------------------------------------------------------------- the writer */
+
+/* The one JSON writer of pulse's library code (the store's head, safetensors
+ * headers, the PULSELoCo manifest, server replies), on a pulse_bytebuf. It
+ * places the commas and colons, escapes strings (pulse_json_escape: the
+ * caller makes sure they are UTF-8, pulse_json_utf8_valid) and writes
+ * integers exactly; it adds whitespace only where asked
+ * (pulse_json_write_newline), so a document with a fixed layout (the head)
+ * comes out byte for byte as specified. A misuse (a value where a key is
+ * due, a key outside an object, closing what is not open, nesting deeper
+ * than PULSE_JSON_WRITE_MAX_DEPTH, a number that is not finite) stops the
+ * writer and pulse_json_write_finish reports it; so does an allocation
+ * failure of the buffer. Not thread-safe: one writer per document. */
+#define PULSE_JSON_WRITE_MAX_DEPTH 32
+
+typedef struct {
+  pulse_bytebuf *out; /* borrowed */
+  const char *misuse; /* the first misuse, or NULL */
+  unsigned depth;     /* open containers */
+  int after_key;      /* a key was written, its value is due */
+  int done;           /* the top-level value is written */
+  int newline;        /* whitespace asked for, not written yet */
+  unsigned indent;    /* spaces after that newline */
+  uint8_t kind[PULSE_JSON_WRITE_MAX_DEPTH];  /* '{' or '[' per level */
+  uint8_t items[PULSE_JSON_WRITE_MAX_DEPTH]; /* 1 once a level has an item */
+} pulse_json_writer;
+
+/** Starts a document that will be appended to `out` (which the writer
+ * borrows until pulse_json_write_finish). */
+void pulse_json_write_init(pulse_json_writer *w, pulse_bytebuf *out);
+
+/** Opens an object or an array, as a value (after a key inside an object). */
+void pulse_json_write_object(pulse_json_writer *w);
+void pulse_json_write_array(pulse_json_writer *w);
+
+/** Closes the innermost open object or array. */
+void pulse_json_write_end(pulse_json_writer *w);
+
+/** The next member's name, inside an object (escaped like a string). */
+void pulse_json_write_key(pulse_json_writer *w, const char *key);
+
+/** Values. Strings are quoted and escaped; _n takes an explicit length (the
+ * text may hold NUL). Numbers in decimal: integers exactly, doubles with 17
+ * significant digits (they read back to the same double). */
+void pulse_json_write_string(pulse_json_writer *w, const char *s);
+void pulse_json_write_string_n(pulse_json_writer *w, const char *s, size_t len);
+void pulse_json_write_u64(pulse_json_writer *w, uint64_t v);
+void pulse_json_write_i64(pulse_json_writer *w, int64_t v);
+void pulse_json_write_double(pulse_json_writer *w, double v);
+void pulse_json_write_bool(pulse_json_writer *w, int v);
+void pulse_json_write_null(pulse_json_writer *w);
+
+/** Asks for a line break and `indent` spaces before what comes next: after
+ * the comma of the next item, or before the next closing bracket, or at the
+ * end of the document (pulse_json_write_finish). */
+void pulse_json_write_newline(pulse_json_writer *w, unsigned indent);
+
+/** Appends s[0..len) escaped as the inside of a JSON string (no quotes). */
+void pulse_json_write_escaped(pulse_bytebuf *out, const char *s, size_t len);
+
+/** Ends the document: writes any whitespace still asked for and checks that
+ * exactly one complete value was written.
+ * @return PULSE_OK; PULSE_ERR_INTERNAL (a misuse: a bug of the caller, the
+ * detail says which); PULSE_ERR_NOMEM (the buffer's allocation failed). */
+pulse_status pulse_json_write_finish(pulse_json_writer *w);
 
 #endif /* PULSE_JSON_IMPL_H */

@@ -1,4 +1,5 @@
 /* safetensors_write.c - serializing tensors, and atomic file writes. */
+#include "bytebuf_impl.h"
 #include "json_impl.h"
 #include "pulse_safetensors.h"
 #include "pulse_file.h"
@@ -12,64 +13,6 @@
 #define QUOTE_MAX 200
 
 /* --------------------------------------------------------- header builder */
-
-typedef struct {
-  char *data;
-  size_t len;
-  size_t cap;
-  int failed; /* an allocation failed; later appends do nothing */
-} strbuf;
-
-static void sb_reserve(strbuf *b, size_t extra) {
-  if (b->failed)
-    return;
-  if (extra > SIZE_MAX / 2 - b->len) {
-    b->failed = 1;
-    return;
-  }
-  if (b->len + extra <= b->cap)
-    return;
-  size_t cap = b->cap < 256 ? 256 : b->cap;
-  while (cap < b->len + extra)
-    cap *= 2;
-  char *d = realloc(b->data, cap);
-  if (d == NULL) {
-    b->failed = 1;
-    return;
-  }
-  b->data = d;
-  b->cap = cap;
-}
-
-static void sb_put(strbuf *b, const char *s, size_t n) {
-  sb_reserve(b, n);
-  if (b->failed)
-    return;
-  memcpy(b->data + b->len, s, n);
-  b->len += n;
-}
-
-static void sb_puts(strbuf *b, const char *s) {
-  sb_put(b, s, strlen(s));
-}
-
-static void sb_u64(strbuf *b, uint64_t v) {
-  char tmp[24];
-  int n = snprintf(tmp, sizeof tmp, "%" PRIu64, v);
-  sb_put(b, tmp, (size_t)n);
-}
-
-/* Appends s as a quoted JSON string. */
-static void sb_json_string(strbuf *b, const char *s) {
-  size_t n = strlen(s);
-  size_t esc = pulse_json_escape(NULL, s, n);
-  sb_reserve(b, esc + 2);
-  if (b->failed)
-    return;
-  b->data[b->len++] = '"';
-  b->len += pulse_json_escape(b->data + b->len, s, n);
-  b->data[b->len++] = '"';
-}
 
 static int cstr_cmp(const void *a, const void *b) {
   return strcmp(*(const char *const *)a, *(const char *const *)b);
@@ -165,11 +108,31 @@ static pulse_status check_inputs(const pulse_st_write_tensor *tensors,
   return st;
 }
 
+/* Writes one tensor's entry of the header. */
+static void write_entry(pulse_json_writer *w, const pulse_st_write_tensor *t,
+                        uint64_t begin, uint64_t end) {
+  pulse_json_write_key(w, t->name);
+  pulse_json_write_object(w);
+  pulse_json_write_key(w, "dtype");
+  pulse_json_write_string(w, pulse_dtype_name(t->dtype));
+  pulse_json_write_key(w, "shape");
+  pulse_json_write_array(w);
+  for (uint32_t d = 0; d < t->ndim; d++)
+    pulse_json_write_u64(w, t->shape[d]);
+  pulse_json_write_end(w);
+  pulse_json_write_key(w, "data_offsets");
+  pulse_json_write_array(w);
+  pulse_json_write_u64(w, begin);
+  pulse_json_write_u64(w, end);
+  pulse_json_write_end(w);
+  pulse_json_write_end(w);
+}
+
 /* Builds the 8-byte length and the padded header JSON into *head (caller
  * frees); *data_size receives the bytes of tensor data that follow. */
 static pulse_status build_head(const pulse_st_write_tensor *tensors,
                                size_t count, const pulse_st_kv *meta,
-                               size_t meta_count, strbuf *head,
+                               size_t meta_count, pulse_bytebuf *head,
                                uint64_t *data_size) {
   uint64_t *nbytes = malloc((count > 0 ? count : 1) * sizeof *nbytes);
   if (nbytes == NULL)
@@ -179,58 +142,47 @@ static pulse_status build_head(const pulse_st_write_tensor *tensors,
     free(nbytes);
     return st;
   }
-  strbuf *b = head;
-  sb_put(b, "\0\0\0\0\0\0\0\0{", 9);
-  const char *sep = "";
+  pulse_bytebuf *b = head;
+  pulse_bytebuf_put(b, "\0\0\0\0\0\0\0\0", 8);
+  pulse_json_writer w;
+  pulse_json_write_init(&w, b);
+  pulse_json_write_object(&w);
   if (meta_count > 0) {
-    sb_puts(b, "\"__metadata__\":{");
+    pulse_json_write_key(&w, "__metadata__");
+    pulse_json_write_object(&w);
     for (size_t i = 0; i < meta_count; i++) {
-      sb_puts(b, i > 0 ? "," : "");
-      sb_json_string(b, meta[i].key);
-      sb_puts(b, ":");
-      sb_json_string(b, meta[i].value);
+      pulse_json_write_key(&w, meta[i].key);
+      pulse_json_write_string(&w, meta[i].value);
     }
-    sb_puts(b, "}");
-    sep = ",";
+    pulse_json_write_end(&w);
   }
   uint64_t offset = 0;
   for (size_t i = 0; i < count; i++) {
-    const pulse_st_write_tensor *t = &tensors[i];
     if (nbytes[i] > UINT64_MAX - offset) {
       free(nbytes);
       return pulse_fail(PULSE_ERR_OVERFLOW, "safetensors: data size overflows");
     }
-    sb_puts(b, sep);
-    sep = ",";
-    sb_json_string(b, t->name);
-    sb_puts(b, ":{\"dtype\":\"");
-    sb_puts(b, pulse_dtype_name(t->dtype));
-    sb_puts(b, "\",\"shape\":[");
-    for (uint32_t d = 0; d < t->ndim; d++) {
-      sb_puts(b, d > 0 ? "," : "");
-      sb_u64(b, t->shape[d]);
-    }
-    sb_puts(b, "],\"data_offsets\":[");
-    sb_u64(b, offset);
-    sb_puts(b, ",");
-    sb_u64(b, offset + nbytes[i]);
-    sb_puts(b, "]}");
+    write_entry(&w, &tensors[i], offset, offset + nbytes[i]);
     offset += nbytes[i];
   }
-  sb_puts(b, "}");
+  pulse_json_write_end(&w);
   free(nbytes);
+  st = pulse_json_write_finish(&w);
+  if (st == PULSE_ERR_NOMEM)
+    return pulse_fail(PULSE_ERR_NOMEM, "safetensors: header");
+  PULSE_TRY(st);
   /* Spaces up to a multiple of 8 keep every tensor aligned to its dtype. */
-  while (!b->failed && b->len % 8 != 0)
-    sb_puts(b, " ");
+  while (!b->failed && b->size % 8 != 0)
+    pulse_bytebuf_byte(b, ' ');
   if (b->failed)
     return pulse_fail(PULSE_ERR_NOMEM, "safetensors: header");
-  uint64_t hlen = b->len - 8;
+  uint64_t hlen = b->size - 8;
   if (hlen > PULSE_ST_MAX_HEADER)
     return pulse_fail(PULSE_ERR_OVERFLOW,
                       "safetensors: header of %llu bytes exceeds the limit",
                       (unsigned long long)hlen);
   for (int i = 0; i < 8; i++)
-    b->data[i] = (char)(hlen >> (8 * i) & 0xFF);
+    b->data[i] = (uint8_t)(hlen >> (8 * i) & 0xFF);
   *data_size = offset;
   return PULSE_OK;
 }
@@ -242,7 +194,7 @@ pulse_status pulse_st_serialize(const pulse_st_write_tensor *tensors,
     return pulse_fail(PULSE_ERR_ARG, "safetensors: NULL output");
   out->data = NULL;
   out->size = 0;
-  strbuf head = {0};
+  pulse_bytebuf head = PULSE_BYTEBUF_INIT;
   uint64_t data_size;
   pulse_status st =
       build_head(tensors, count, meta, meta_count, &head, &data_size);
@@ -250,17 +202,17 @@ pulse_status pulse_st_serialize(const pulse_st_write_tensor *tensors,
     free(head.data);
     return st;
   }
-  if (data_size > SIZE_MAX - head.len) {
+  if (data_size > SIZE_MAX - head.size) {
     free(head.data);
     return pulse_fail(PULSE_ERR_OVERFLOW, "safetensors: file size overflows");
   }
-  size_t total = head.len + (size_t)data_size;
+  size_t total = head.size + (size_t)data_size;
   uint8_t *buf = realloc(head.data, total);
   if (buf == NULL) {
     free(head.data);
     return pulse_fail(PULSE_ERR_NOMEM, "safetensors: %zu bytes", total);
   }
-  size_t at = head.len;
+  size_t at = head.size;
   for (size_t i = 0; i < count; i++) {
     uint64_t numel;
     (void)pulse_shape_numel(tensors[i].shape, tensors[i].ndim, &numel);
@@ -280,7 +232,7 @@ pulse_status pulse_st_write(const char *path,
   if (path == NULL || path[0] == '\0' || path[strlen(path) - 1] == '/')
     return pulse_fail(PULSE_ERR_ARG, "safetensors: bad output path '%s'",
                       path == NULL ? "(null)" : path);
-  strbuf head = {0};
+  pulse_bytebuf head = PULSE_BYTEBUF_INIT;
   uint64_t data_size;
   pulse_status st =
       build_head(tensors, count, meta, meta_count, &head, &data_size);
@@ -292,7 +244,7 @@ pulse_status pulse_st_write(const char *path,
   pulse_atomic_file *file = NULL;
   st = pulse_atomic_file_create(path, &file);
   if (st == PULSE_OK)
-    st = pulse_atomic_file_write(file, head.data, head.len);
+    st = pulse_atomic_file_write(file, head.data, head.size);
   free(head.data);
   for (size_t i = 0; st == PULSE_OK && i < count; i++) {
     uint64_t numel;

@@ -1,7 +1,8 @@
 /* store_check.c - loading the head from a folder, the layout checks both
  * sides make (named objects present, strays found) and read-only
  * verification of a store (pulse_store.h). Crash recovery, which removes the
- * strays, belongs to the store's single writer: trainer_side/store_recover.c. */
+ * strays, belongs to the store's single writer: trainer_side/store_recover.c.
+ */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -176,8 +177,8 @@ static pulse_status check_hash(const char *dir, const pulse_store_object *o) {
   return PULSE_OK;
 }
 
-static pulse_status count_stray(void *ctx, const char *folder,
-                                const char *name, store_stray_kind kind) {
+static pulse_status count_stray(void *ctx, const char *folder, const char *name,
+                                store_stray_kind kind) {
   (void)folder, (void)name, (void)kind;
   ++*(size_t *)ctx;
   return PULSE_OK;

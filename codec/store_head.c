@@ -5,11 +5,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bytebuf_impl.h"
 #include "fail_impl.h"
 #include "json_impl.h"
 #include "status_impl.h"
 #include "store_impl.h"
-#include "strbuf_impl.h"
 
 static const char *kind_ext(pulse_store_kind kind) {
   return kind == PULSE_STORE_ANCHOR ? ".safetensors" : ".pulse";
@@ -24,52 +24,75 @@ void store_object_set_path(pulse_store_object *obj) {
 
 pulse_status store_head_canonical(const store_head_fields *f,
                                   const uint8_t *pub, pulse_buffer *out) {
-  pulse_strbuf b = PULSE_STRBUF_INIT;
+  pulse_bytebuf b = PULSE_BYTEBUF_INIT;
   char hex[129];
-  pulse_strbuf_printf(&b, "pulse-head-signature/1\nstep %" PRIu64 "\n",
-                      f->step);
+  pulse_bytebuf_printf(&b, "pulse-head-signature/1\nstep %" PRIu64 "\n",
+                       f->step);
   store_hex(f->digest.bytes, 32, hex);
-  pulse_strbuf_printf(&b, "state_digest %s\n", hex);
+  pulse_bytebuf_printf(&b, "state_digest %s\n", hex);
   store_hex(pub, PULSE_SIGN_PUBLIC_BYTES, hex);
-  pulse_strbuf_printf(&b, "public_key %s\npatches %zu\n", hex, f->npatches);
+  pulse_bytebuf_printf(&b, "public_key %s\npatches %zu\n", hex, f->npatches);
   for (size_t i = 0; i < f->npatches; i++) {
     const pulse_store_object *o = &f->patches[i];
     store_hex(o->sha256, 32, hex);
-    pulse_strbuf_printf(&b, "patch %" PRIu64 " %" PRIu64 " %" PRIu64 " %s %s\n",
-                        o->step, o->base_step, o->size, hex, o->path);
+    pulse_bytebuf_printf(&b,
+                         "patch %" PRIu64 " %" PRIu64 " %" PRIu64 " %s %s\n",
+                         o->step, o->base_step, o->size, hex, o->path);
   }
-  pulse_strbuf_printf(&b, "anchors %zu\n", f->nanchors);
+  pulse_bytebuf_printf(&b, "anchors %zu\n", f->nanchors);
   for (size_t i = 0; i < f->nanchors; i++) {
     const pulse_store_object *o = &f->anchors[i];
     store_hex(o->sha256, 32, hex);
-    pulse_strbuf_printf(&b, "anchor %" PRIu64 " %" PRIu64 " %s %s\n", o->step,
-                        o->size, hex, o->path);
+    pulse_bytebuf_printf(&b, "anchor %" PRIu64 " %" PRIu64 " %s %s\n", o->step,
+                         o->size, hex, o->path);
   }
-  if (b.failed) {
-    pulse_strbuf_free(&b);
+  if (pulse_bytebuf_take(&b, out) != PULSE_OK)
     return pulse_fail(PULSE_ERR_NOMEM, "head: canonical form");
-  }
-  out->data = (uint8_t *)b.data;
-  out->size = b.len;
   return PULSE_OK;
 }
 
-static void write_objects(pulse_strbuf *b, const char *name,
+/* The head's layout (trainer_side/PROTOCOL.md): one top-level member per line,
+ * one object per line in the lists. */
+static void write_objects(pulse_json_writer *w, const char *name,
                           const pulse_store_object *objs, size_t n) {
-  char hex[65];
-  pulse_strbuf_printf(b, ",\n\"%s\":[", name);
+  char hex[65], url[4 + PULSE_STORE_PATH_MAX];
+  pulse_json_write_newline(w, 0);
+  pulse_json_write_key(w, name);
+  pulse_json_write_array(w);
   for (size_t i = 0; i < n; i++) {
     const pulse_store_object *o = &objs[i];
     store_hex(o->sha256, 32, hex);
-    pulse_strbuf_printf(b, "%s\n {\"step\":%" PRIu64, i ? "," : "", o->step);
-    if (o->kind == PULSE_STORE_PATCH)
-      pulse_strbuf_printf(b, ",\"base_step\":%" PRIu64, o->base_step);
-    pulse_strbuf_printf(b,
-                        ",\"path\":\"%s\",\"url\":\"/v1/"
-                        "%s\",\"sha256\":\"%s\",\"size\":%" PRIu64 "}",
-                        o->path, o->path, hex, o->size);
+    snprintf(url, sizeof url, "/v1/%s", o->path);
+    pulse_json_write_newline(w, 1);
+    pulse_json_write_object(w);
+    pulse_json_write_key(w, "step");
+    pulse_json_write_u64(w, o->step);
+    if (o->kind == PULSE_STORE_PATCH) {
+      pulse_json_write_key(w, "base_step");
+      pulse_json_write_u64(w, o->base_step);
+    }
+    pulse_json_write_key(w, "path");
+    pulse_json_write_string(w, o->path);
+    pulse_json_write_key(w, "url");
+    pulse_json_write_string(w, url);
+    pulse_json_write_key(w, "sha256");
+    pulse_json_write_string(w, hex);
+    pulse_json_write_key(w, "size");
+    pulse_json_write_u64(w, o->size);
+    pulse_json_write_end(w);
   }
-  pulse_strbuf_printf(b, "%s]", n ? "\n" : "");
+  if (n)
+    pulse_json_write_newline(w, 0);
+  pulse_json_write_end(w);
+}
+
+static void write_hex_member(pulse_json_writer *w, const char *key,
+                             const uint8_t *bytes, size_t n) {
+  char hex[129];
+  store_hex(bytes, n, hex);
+  pulse_json_write_newline(w, 0);
+  pulse_json_write_key(w, key);
+  pulse_json_write_string(w, hex);
 }
 
 pulse_status store_head_serialize(const store_head_fields *f,
@@ -77,39 +100,42 @@ pulse_status store_head_serialize(const store_head_fields *f,
                                   pulse_buffer *out) {
   out->data = NULL;
   out->size = 0;
-  pulse_strbuf b = PULSE_STRBUF_INIT;
-  char hex[129];
-  store_hex(f->digest.bytes, 32, hex);
-  pulse_strbuf_printf(
-      &b, "{\"format\":\"%s\",\n\"step\":%" PRIu64 ",\n\"state_digest\":\"%s\"",
-      PULSE_STORE_HEAD_FORMAT, f->step, hex);
-  write_objects(&b, "patches", f->patches, f->npatches);
-  write_objects(&b, "anchors", f->anchors, f->nanchors);
+  uint8_t pub[PULSE_SIGN_PUBLIC_BYTES], sig[PULSE_SIGN_SIGNATURE_BYTES];
   if (key != NULL) {
-    uint8_t pub[PULSE_SIGN_PUBLIC_BYTES], sig[PULSE_SIGN_SIGNATURE_BYTES];
     pulse_sign_key_public(key, pub);
     pulse_buffer canon = {NULL, 0};
     pulse_status st = store_head_canonical(f, pub, &canon);
     if (st == PULSE_OK)
       st = pulse_sign(key, canon.data, canon.size, sig);
     pulse_buffer_free(&canon);
-    if (st != PULSE_OK) {
-      pulse_strbuf_free(&b);
+    if (st != PULSE_OK)
       return st;
-    }
-    store_hex(pub, sizeof pub, hex);
-    pulse_strbuf_printf(&b, ",\n\"public_key\":\"%s\"", hex);
-    store_hex(sig, sizeof sig, hex);
-    pulse_strbuf_printf(&b, ",\n\"signature\":\"%s\"", hex);
   }
-  pulse_strbuf_printf(&b, "}\n");
-  if (b.failed) {
-    pulse_strbuf_free(&b);
+  pulse_bytebuf b = PULSE_BYTEBUF_INIT;
+  pulse_json_writer w;
+  pulse_json_write_init(&w, &b);
+  pulse_json_write_object(&w);
+  pulse_json_write_key(&w, "format");
+  pulse_json_write_string(&w, PULSE_STORE_HEAD_FORMAT);
+  pulse_json_write_newline(&w, 0);
+  pulse_json_write_key(&w, "step");
+  pulse_json_write_u64(&w, f->step);
+  write_hex_member(&w, "state_digest", f->digest.bytes, 32);
+  write_objects(&w, "patches", f->patches, f->npatches);
+  write_objects(&w, "anchors", f->anchors, f->nanchors);
+  if (key != NULL) {
+    write_hex_member(&w, "public_key", pub, sizeof pub);
+    write_hex_member(&w, "signature", sig, sizeof sig);
+  }
+  pulse_json_write_end(&w);
+  pulse_json_write_newline(&w, 0);
+  pulse_status st = pulse_json_write_finish(&w);
+  if (st == PULSE_OK)
+    st = pulse_bytebuf_take(&b, out);
+  pulse_bytebuf_free(&b);
+  if (st == PULSE_ERR_NOMEM)
     return pulse_fail(PULSE_ERR_NOMEM, "head: JSON");
-  }
-  out->data = (uint8_t *)b.data;
-  out->size = b.len;
-  return PULSE_OK;
+  return st;
 }
 
 /* ---------------------------------------------------------------- parsing */

@@ -42,7 +42,8 @@ typedef struct {
 pulse_status store_head_serialize(const store_head_fields *f,
                                   const pulse_sign_key *key, pulse_buffer *out);
 
-/** The canonical byte string a head signature covers (trainer_side/PROTOCOL.md). */
+/** The canonical byte string a head signature covers
+ * (trainer_side/PROTOCOL.md). */
 pulse_status store_head_canonical(const store_head_fields *f,
                                   const uint8_t *pub, pulse_buffer *out);
 

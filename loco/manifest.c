@@ -1,7 +1,6 @@
 /* manifest.c - JSON of round manifests and membership views
  * (manifest_impl.h), parsed with codec's strict JSON parser. */
 #include <openssl/evp.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,46 +39,48 @@ void loco_sha256(const uint8_t *data, size_t size, uint8_t out[32]) {
     memset(out, 0, 32);
 }
 
-static void put_text(pulse_bytebuf *b, const char *fmt, ...)
-    PULSE_PRINTF_(2, 3);
-
-static void put_text(pulse_bytebuf *b, const char *fmt, ...) {
-  char tmp[160];
-  va_list ap;
-  va_start(ap, fmt);
-  int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
-  va_end(ap);
-  if (n > 0)
-    pulse_bytebuf_put(b, tmp,
-                      (size_t)n < sizeof tmp ? (size_t)n : sizeof tmp - 1);
-}
-
 pulse_status loco_manifest_write(const loco_manifest *m, pulse_bytebuf *out) {
-  put_text(out, "{\"round\":%llu,\"coordinator\":%u",
-           (unsigned long long)m->round, m->coordinator);
+  pulse_json_writer w;
+  pulse_json_write_init(&w, out);
+  pulse_json_write_object(&w);
+  pulse_json_write_key(&w, "round");
+  pulse_json_write_u64(&w, m->round);
+  pulse_json_write_key(&w, "coordinator");
+  pulse_json_write_u64(&w, m->coordinator);
   if (m->has_contributors) {
-    pulse_bytebuf_put(out, ",\"contributors\":[", 17);
+    pulse_json_write_key(&w, "contributors");
+    pulse_json_write_array(&w);
     for (size_t i = 0; i < m->ncontrib; i++) {
-      put_text(out, "%s{\"id\":%u,\"bytes\":%llu,\"sha256\":\"", i ? "," : "",
-               m->contrib[i].id, (unsigned long long)m->contrib[i].bytes);
       char hex[65];
       for (int k = 0; k < 32; k++)
         snprintf(hex + 2 * k, 3, "%02x", m->contrib[i].sha256[k]);
-      pulse_bytebuf_put(out, hex, 64);
-      pulse_bytebuf_put(out, "\"}", 2);
+      pulse_json_write_object(&w);
+      pulse_json_write_key(&w, "id");
+      pulse_json_write_u64(&w, m->contrib[i].id);
+      pulse_json_write_key(&w, "bytes");
+      pulse_json_write_u64(&w, m->contrib[i].bytes);
+      pulse_json_write_key(&w, "sha256");
+      pulse_json_write_string(&w, hex);
+      pulse_json_write_end(&w);
     }
-    pulse_bytebuf_byte(out, ']');
+    pulse_json_write_end(&w);
   }
-  pulse_bytebuf_put(out, ",\"members\":[", 12);
+  pulse_json_write_key(&w, "members");
+  pulse_json_write_array(&w);
   for (size_t i = 0; i < m->nmembers; i++) {
-    /* URLs are checked (loco_url_valid): nothing in them needs escaping. */
-    put_text(out, "%s{\"id\":%u,\"url\":\"%s\"}", i ? "," : "",
-             m->members[i].id, m->members[i].url);
+    pulse_json_write_object(&w);
+    pulse_json_write_key(&w, "id");
+    pulse_json_write_u64(&w, m->members[i].id);
+    pulse_json_write_key(&w, "url");
+    pulse_json_write_string(&w, m->members[i].url);
+    pulse_json_write_end(&w);
   }
-  pulse_bytebuf_put(out, "]}", 2);
-  if (out->failed)
+  pulse_json_write_end(&w); /* members */
+  pulse_json_write_end(&w);
+  pulse_status st = pulse_json_write_finish(&w);
+  if (st == PULSE_ERR_NOMEM)
     return pulse_fail(PULSE_ERR_NOMEM, "loco manifest: output");
-  return PULSE_OK;
+  return st;
 }
 
 void loco_manifest_free(loco_manifest *m) {

@@ -34,9 +34,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "bytebuf_impl.h"
 #include "pulse_codec.h"
 #include "pulse_status.h"
-#include "strbuf_impl.h"
 
 typedef struct pulse_serve pulse_serve;
 typedef struct pulse_serve_request pulse_serve_request;
@@ -86,7 +86,7 @@ void pulse_serve_histogram_add(pulse_serve_histogram *h, double seconds);
 
 /** Appends a histogram in the Prometheus text format: NAME_bucket{LABELS,
  * le=...}, NAME_sum, NAME_count (labels: "" or 'route="x"'). */
-void pulse_serve_histogram_text(pulse_strbuf *b, const char *name,
+void pulse_serve_histogram_text(pulse_bytebuf *b, const char *name,
                                 const char *labels,
                                 const pulse_serve_histogram *h);
 
@@ -111,7 +111,7 @@ typedef struct {
    * NULL: {"status":"ok"}. */
   void (*healthz)(void *user, char *body, size_t cap);
   /* Appends the user's metrics after the layer's own (NULL: none). */
-  void (*metrics)(void *user, pulse_strbuf *text);
+  void (*metrics)(void *user, pulse_bytebuf *text);
   /* While the server stops, called (from the stopping thread, repeatedly
    * for up to a second) until no suspended request is left: must resume
    * them, so that they answer and complete. NULL when nothing suspends. */

@@ -52,7 +52,7 @@ void serve_metrics_count(pulse_serve *s, unsigned label, unsigned status,
   pulse_serve_histogram_add(&m->duration[label], seconds);
 }
 
-void pulse_serve_histogram_text(pulse_strbuf *b, const char *name,
+void pulse_serve_histogram_text(pulse_bytebuf *b, const char *name,
                                 const char *labels,
                                 const pulse_serve_histogram *hc) {
   pulse_serve_histogram *h = (pulse_serve_histogram *)hc; /* atomic loads */
@@ -61,44 +61,44 @@ void pulse_serve_histogram_text(pulse_strbuf *b, const char *name,
   for (unsigned i = 0; i < PULSE_SERVE_BUCKETS; i++) {
     cum += atomic_load(&h->bucket[i]);
     if (i < PULSE_SERVE_BUCKETS - 1)
-      pulse_strbuf_printf(b, "%s_bucket{%s%sle=\"%g\"} %llu\n", name, labels,
-                          sep, bounds[i], cum);
+      pulse_bytebuf_printf(b, "%s_bucket{%s%sle=\"%g\"} %llu\n", name, labels,
+                           sep, bounds[i], cum);
     else
-      pulse_strbuf_printf(b, "%s_bucket{%s%sle=\"+Inf\"} %llu\n", name, labels,
-                          sep, cum);
+      pulse_bytebuf_printf(b, "%s_bucket{%s%sle=\"+Inf\"} %llu\n", name, labels,
+                           sep, cum);
   }
   const char *open = labels[0] ? "{" : "", *close = labels[0] ? "}" : "";
-  pulse_strbuf_printf(b, "%s_sum%s%s%s %.6f\n", name, open, labels, close,
-                      (double)atomic_load(&h->sum_us) / 1e6);
-  pulse_strbuf_printf(b, "%s_count%s%s%s %llu\n", name, open, labels, close,
-                      (unsigned long long)atomic_load(&h->count));
+  pulse_bytebuf_printf(b, "%s_sum%s%s%s %.6f\n", name, open, labels, close,
+                       (double)atomic_load(&h->sum_us) / 1e6);
+  pulse_bytebuf_printf(b, "%s_count%s%s%s %llu\n", name, open, labels, close,
+                       (unsigned long long)atomic_load(&h->count));
 }
 
 pulse_status pulse_serve_metrics_text(pulse_serve *s, pulse_buffer *out) {
   if (s == NULL || out == NULL)
     return pulse_fail(PULSE_ERR_ARG, "serve: NULL argument");
   serve_metrics *m = &s->metrics;
-  pulse_strbuf b = PULSE_STRBUF_INIT;
-  pulse_strbuf_printf(
+  pulse_bytebuf b = PULSE_BYTEBUF_INIT;
+  pulse_bytebuf_printf(
       &b, "# HELP pulse_http_requests_total HTTP requests answered, by route "
           "and status.\n# TYPE pulse_http_requests_total counter\n");
   for (unsigned r = 0; r < s->nlabels; r++)
     for (unsigned c = 0; c < SERVE_CODES; c++) {
       unsigned long long v = atomic_load(&m->requests[r][c]);
       if (v > 0)
-        pulse_strbuf_printf(
+        pulse_bytebuf_printf(
             &b, "pulse_http_requests_total{route=\"%s\",code=\"%s\"} %llu\n",
             s->labels[r], code_names[c], v);
     }
-  pulse_strbuf_printf(
+  pulse_bytebuf_printf(
       &b,
       "# HELP pulse_http_response_bytes_total Body bytes of completed "
       "responses, by route.\n# TYPE pulse_http_response_bytes_total counter\n");
   for (unsigned r = 0; r < s->nlabels; r++)
-    pulse_strbuf_printf(
+    pulse_bytebuf_printf(
         &b, "pulse_http_response_bytes_total{route=\"%s\"} %llu\n",
         s->labels[r], (unsigned long long)atomic_load(&m->bytes[r]));
-  pulse_strbuf_printf(
+  pulse_bytebuf_printf(
       &b,
       "# HELP pulse_http_request_duration_seconds From the request line to "
       "the last byte handed to the kernel (long-polls include their wait).\n"
@@ -111,11 +111,7 @@ pulse_status pulse_serve_metrics_text(pulse_serve *s, pulse_buffer *out) {
   }
   if (s->opts.metrics != NULL)
     s->opts.metrics(s->opts.user, &b);
-  if (b.failed) {
-    pulse_strbuf_free(&b);
+  if (pulse_bytebuf_take(&b, out) != PULSE_OK)
     return pulse_fail(PULSE_ERR_NOMEM, "%s: metrics", s->opts.name);
-  }
-  out->data = (uint8_t *)b.data;
-  out->size = b.len;
   return PULSE_OK;
 }

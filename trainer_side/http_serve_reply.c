@@ -25,17 +25,26 @@ int serve_queue(pulse_serve_request *rq, unsigned status,
 
 int pulse_serve_reply_error(pulse_serve_request *rq, unsigned status,
                             const char *fmt, ...) {
-  char msg[400], esc[2400 + 1];
+  char msg[400];
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
-  size_t n = pulse_json_escape(esc, msg, strlen(msg));
-  esc[n] = '\0';
-  char body[2600];
-  int len = snprintf(body, sizeof body, "{\"error\":\"%s\"}\n", esc);
+  pulse_bytebuf body = PULSE_BYTEBUF_INIT;
+  pulse_json_writer w;
+  pulse_json_write_init(&w, &body);
+  pulse_json_write_object(&w);
+  pulse_json_write_key(&w, "error");
+  pulse_json_write_string(&w, msg);
+  pulse_json_write_end(&w);
+  pulse_json_write_newline(&w, 0);
   struct MHD_Response *resp =
-      MHD_create_response_from_buffer((size_t)len, body, MHD_RESPMEM_MUST_COPY);
+      pulse_json_write_finish(&w) != PULSE_OK
+          ? NULL
+          : MHD_create_response_from_buffer(body.size, body.data,
+                                            MHD_RESPMEM_MUST_COPY);
+  uint64_t len = body.size;
+  pulse_bytebuf_free(&body);
   if (resp == NULL)
     return PULSE_SERVE_CLOSE;
   MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE,
@@ -48,7 +57,7 @@ int pulse_serve_reply_error(pulse_serve_request *rq, unsigned status,
         serve_allow_text(rq->allow ? rq->allow : rq->srv->all_methods));
   if (status == MHD_HTTP_SERVICE_UNAVAILABLE)
     MHD_add_response_header(resp, MHD_HTTP_HEADER_RETRY_AFTER, "1");
-  return serve_queue(rq, status, resp, (uint64_t)len);
+  return serve_queue(rq, status, resp, len);
 }
 
 /* 1 when an If-None-Match list holds `etag` (or is "*"). Weak comparison, as

@@ -114,7 +114,7 @@ void srv_catchup_clean(pulse_server *srv);
 void srv_catchup_free(pulse_server *srv);
 
 /* server_metrics.c: the serving layer's hooks. */
-void srv_metrics_text(void *srv, pulse_strbuf *text);
+void srv_metrics_text(void *srv, pulse_bytebuf *text);
 void srv_healthz(void *srv, char *body, size_t cap);
 
 #endif /* PULSE_SERVER_IMPL_H */

@@ -5,47 +5,47 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bytebuf_impl.h"
 #include "server_impl.h"
 #include "status_impl.h"
-#include "strbuf_impl.h"
 
-void srv_metrics_text(void *server, pulse_strbuf *b) {
+void srv_metrics_text(void *server, pulse_bytebuf *b) {
   pulse_server *srv = server;
   srv_metrics *m = &srv->metrics;
-  pulse_strbuf_printf(
+  pulse_bytebuf_printf(
       b, "# HELP pulse_longpoll_wakeup_seconds From the server learning of a "
          "new head to resuming a waiting long-poll.\n"
          "# TYPE pulse_longpoll_wakeup_seconds histogram\n");
   pulse_serve_histogram_text(b, "pulse_longpoll_wakeup_seconds", "",
                              &m->wakeup);
-  pulse_strbuf_printf(
+  pulse_bytebuf_printf(
       b, "# HELP pulse_commit_duration_seconds Commit time of the in-process "
          "publisher.\n# TYPE pulse_commit_duration_seconds histogram\n");
   pulse_serve_histogram_text(b, "pulse_commit_duration_seconds", "",
                              &m->commit);
   srv_head *h = srv_head_get(srv);
   size_t waiters = pulse_server_waiters(srv);
-  pulse_strbuf_printf(
+  pulse_bytebuf_printf(
       b,
       "# HELP pulse_head_step Step of the head being served (-1: none).\n"
       "# TYPE pulse_head_step gauge\npulse_head_step %lld\n",
       h ? (long long)h->step : -1LL);
   if (h != NULL) {
-    pulse_strbuf_printf(b,
-                        "# HELP pulse_head_objects Objects the head names.\n"
-                        "# TYPE pulse_head_objects gauge\n"
-                        "pulse_head_objects{kind=\"patch\"} %zu\n"
-                        "pulse_head_objects{kind=\"anchor\"} %zu\n",
-                        pulse_store_head_patch_count(h->head),
-                        pulse_store_head_anchor_count(h->head));
+    pulse_bytebuf_printf(b,
+                         "# HELP pulse_head_objects Objects the head names.\n"
+                         "# TYPE pulse_head_objects gauge\n"
+                         "pulse_head_objects{kind=\"patch\"} %zu\n"
+                         "pulse_head_objects{kind=\"anchor\"} %zu\n",
+                         pulse_store_head_patch_count(h->head),
+                         pulse_store_head_anchor_count(h->head));
   }
   srv_head_release(h);
-  pulse_strbuf_printf(
+  pulse_bytebuf_printf(
       b,
       "# HELP pulse_longpoll_waiters Long-polls waiting now.\n"
       "# TYPE pulse_longpoll_waiters gauge\npulse_longpoll_waiters %zu\n",
       waiters);
-  pulse_strbuf_printf(
+  pulse_bytebuf_printf(
       b,
       "# HELP pulse_head_reloads_total Times head.json was read.\n"
       "# TYPE pulse_head_reloads_total counter\npulse_head_reloads_total %llu\n"
@@ -54,7 +54,7 @@ void srv_metrics_text(void *server, pulse_strbuf *b) {
       "pulse_head_errors_total %llu\n",
       (unsigned long long)atomic_load(&m->head_reloads),
       (unsigned long long)atomic_load(&m->head_errors));
-  pulse_strbuf_printf(
+  pulse_bytebuf_printf(
       b,
       "# HELP pulse_catchup_builds_total Squashed catch-up patches built.\n"
       "# TYPE pulse_catchup_builds_total counter\n"
