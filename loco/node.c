@@ -24,6 +24,7 @@
 #include "manifest_impl.h"
 #include "payload_impl.h"
 #include "pulse_log.h"
+#include "rng_impl.h"
 #include "status_impl.h"
 
 typedef struct {
@@ -372,14 +373,15 @@ pulse_status pulse_loco_node_join(pulse_loco_node *n, const char *seed_url,
 
 /* ------------------------------------------------------------------ round */
 
-/* Uniform in [0, 1) from (seed, round, sender): a simulated loss. */
+/* Uniform in [0, 1) from (seed, round, sender): a simulated loss, the key
+ * mixed once. pulse_rng_next mixes its state plus one increment, so the
+ * state starts one increment back: the draws stay those of every run so
+ * far (and of tools/toolkit_sim.c). */
 static double drop_draw(uint64_t seed, uint64_t round, uint32_t sender) {
-  uint64_t z =
+  uint64_t key =
       seed ^ (round * 0x9E3779B97F4A7C15ull) ^ ((uint64_t)sender << 40);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  z ^= z >> 31;
-  return (double)(z >> 11) * 0x1p-53;
+  uint64_t state = key - 0x9E3779B97F4A7C15ull;
+  return pulse_rng_uniform(&state);
 }
 
 static int acked_by_all(pulse_loco_node *n, uint64_t round,

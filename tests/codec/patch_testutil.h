@@ -17,26 +17,14 @@
 
 #include "pulse_codec.h"
 #include "pulse_elem.h"
+#include "rng_impl.h"
 
 #define PT_COUNT_OF(a) (sizeof(a) / sizeof((a)[0]))
 #define PT_NONE UINT64_MAX /* "no mismatch" from the compare helpers */
 
 /* ------------------------------------------------------------------ PRNG */
 
-static inline uint64_t pt_next(uint64_t *s) {
-  uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-static inline uint64_t pt_below(uint64_t *s, uint64_t n) {
-  return n ? pt_next(s) % n : 0;
-}
-
-static inline double pt_unit(uint64_t *s) {
-  return (double)(pt_next(s) >> 11) * 0x1p-53;
-}
+/* codec/rng_impl.h: pulse_rng_next, pulse_rng_below, pulse_rng_uniform. */
 
 static inline void *pt_alloc(size_t bytes) {
   void *p = calloc(bytes ? bytes : 1, 1);
@@ -74,8 +62,8 @@ static const uint16_t pt_edge_bits[] = {
  * layer span a dozen or more exponents, so the class model sees many
  * classes. */
 static inline uint16_t pt_normal_bf16(uint64_t *s, double scale) {
-  double u1 = ((double)(pt_next(s) >> 11) + 1.0) * 0x1p-53;
-  double u2 = (double)(pt_next(s) >> 11) * 0x1p-53;
+  double u1 = ((double)(pulse_rng_next(s) >> 11) + 1.0) * 0x1p-53;
+  double u2 = (double)(pulse_rng_next(s) >> 11) * 0x1p-53;
   float f = (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2) * scale);
   uint32_t u;
   memcpy(&u, &f, sizeof u);
@@ -92,10 +80,10 @@ typedef enum {
 static inline uint16_t pt_weight(uint64_t *s, pt_weights kind) {
   switch (kind) {
   case PT_WEIGHTS_ANY:
-    return (uint16_t)pt_next(s);
+    return (uint16_t)pulse_rng_next(s);
   case PT_WEIGHTS_EDGE:
-    if (pt_below(s, 3) == 0)
-      return pt_edge_bits[pt_below(s, PT_COUNT_OF(pt_edge_bits))];
+    if (pulse_rng_below(s, 3) == 0)
+      return pt_edge_bits[pulse_rng_below(s, PT_COUNT_OF(pt_edge_bits))];
     return pt_normal_bf16(s, 0.02);
   case PT_WEIGHTS_CONST:
     return 0x3C23;
@@ -109,7 +97,7 @@ static inline uint16_t pt_weight(uint64_t *s, pt_weights kind) {
 static inline uint16_t pt_delta(uint64_t *s) {
   static const uint16_t usual[] = {1,      0xFFFF, 2,      0xFFFE, 3,
                                    0xFFFD, 0x8000, 0x7FFF, 0x8001};
-  uint64_t r = pt_next(s);
+  uint64_t r = pulse_rng_next(s);
   if ((r & 3u) != 0)
     return usual[(r >> 8) % PT_COUNT_OF(usual)];
   uint16_t d = (uint16_t)(r >> 32);
@@ -119,8 +107,8 @@ static inline uint16_t pt_delta(uint64_t *s) {
 /* New bits for an element whose old bits are `old` (never equal to old):
  * a delta, or with edge values on, an edge value. */
 static inline uint16_t pt_new_bits(uint64_t *s, uint16_t old, int edges) {
-  if (edges && pt_below(s, 4) == 0) {
-    uint16_t e = pt_edge_bits[pt_below(s, PT_COUNT_OF(pt_edge_bits))];
+  if (edges && pulse_rng_below(s, 4) == 0) {
+    uint16_t e = pt_edge_bits[pulse_rng_below(s, PT_COUNT_OF(pt_edge_bits))];
     if (e != old)
       return e;
   }
@@ -139,7 +127,7 @@ static inline void pt_make_changes(const uint16_t *base, uint64_t n,
                                    double density, int edges, uint64_t *s,
                                    pulse_changes *out) {
   for (uint64_t i = 0; i < n; i++)
-    if (density >= 1.0 || (density > 0.0 && pt_unit(s) < density))
+    if (density >= 1.0 || (density > 0.0 && pulse_rng_uniform(s) < density))
       pt_push(out, i, base[i], pt_new_bits(s, base[i], edges));
 }
 

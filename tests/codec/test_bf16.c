@@ -5,18 +5,12 @@
 #include "detect_impl.h"
 #include "pulse_codec.h"
 #include "pulse_elem.h"
+#include "rng_impl.h"
 
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-
-static uint64_t splitmix64(uint64_t *state) {
-  uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
 
 static int is_nan_bits(uint32_t u) {
   return (u & 0x7F800000u) == 0x7F800000u && (u & 0x007FFFFFu) != 0;
@@ -169,7 +163,7 @@ Test(bf16, matches_independent_rounding_on_every_high_half) {
 Test(bf16, matches_independent_rounding_on_random_bits) {
   uint64_t state = 0x5EED0001u;
   for (int i = 0; i < 4000000; i++)
-    check_against_formulations((uint32_t)splitmix64(&state));
+    check_against_formulations((uint32_t)pulse_rng_next(&state));
 }
 
 Test(bf16, widens_exactly_and_round_trips) {
@@ -225,7 +219,7 @@ Test(bf16, zigzag_known_values) {
 Test(bf16, delta_round_trips) {
   uint64_t state = 0xDE17Au;
   for (int k = 0; k < 64; k++) {
-    uint16_t old_bits = (uint16_t)splitmix64(&state);
+    uint16_t old_bits = (uint16_t)pulse_rng_next(&state);
     for (uint32_t nb = 0; nb <= 0xFFFFu; nb++) {
       uint16_t d = pulse_bf16_delta(old_bits, (uint16_t)nb);
       cr_assert_eq(d == 0, !pulse_bf16_changed(old_bits, (uint16_t)nb),
@@ -251,7 +245,7 @@ Test(bf16, class_is_exponent_field) {
 
 /* Bits that exercise the cast: edge values, ties and any 32 bits. */
 static uint32_t cast_input(uint64_t *state) {
-  uint64_t r = splitmix64(state);
+  uint64_t r = pulse_rng_next(state);
   switch (r & 3u) {
   case 0:
     return vectors[(r >> 8) % (sizeof vectors / sizeof vectors[0])].f32;

@@ -5,22 +5,13 @@
 #include "detect_impl.h"
 #include "pulse_codec.h"
 #include "pulse_elem.h"
+#include "rng_impl.h"
 
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-static uint64_t splitmix64(uint64_t *state) {
-  uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-static double unit(uint64_t *state) {
-  return (double)(splitmix64(state) >> 11) * 0x1p-53;
-}
 
 /* The one rounding, written independently of pulse_elem.h (test_bf16.c
  * checks both against each other): round half to even on the low half. */
@@ -49,7 +40,7 @@ static const uint16_t bf16_edges[] = {
 
 /* FP32 bits: edge values, ties, any bits (NaNs too) and weight-like values. */
 static uint32_t gen_f32(uint64_t *state) {
-  uint64_t r = splitmix64(state);
+  uint64_t r = pulse_rng_next(state);
   uint32_t sign = (uint32_t)(r >> 63) << 31;
   uint32_t weight = sign | (107u + (uint32_t)((r >> 40) % 20)) << 23 |
                     ((uint32_t)(r >> 8) & 0x7FFFFFu);
@@ -66,7 +57,7 @@ static uint32_t gen_f32(uint64_t *state) {
 }
 
 static uint16_t gen_bf16(uint64_t *state) {
-  uint64_t r = splitmix64(state);
+  uint64_t r = pulse_rng_next(state);
   switch (r & 3u) {
   case 0:
     return bf16_edges[(r >> 8) % COUNT_OF(bf16_edges)];
@@ -81,7 +72,7 @@ static uint16_t gen_bf16(uint64_t *state) {
 /* A non-zero bit difference between snapshot and new bits: Adam-like ulps,
  * a sign flip (+0.0 vs -0.0 among them) or any bits. */
 static uint16_t gen_delta(uint64_t *state) {
-  uint64_t r = splitmix64(state);
+  uint64_t r = pulse_rng_next(state);
   static const uint16_t usual[] = {1, 0xFFFF, 2, 0xFFFE, 3, 0xFFFD, 0x8000};
   if (r & 1u)
     return usual[(r >> 8) % COUNT_OF(usual)];
@@ -125,7 +116,7 @@ static void case_make(det_case *c, pulse_dtype dtype, uint64_t n,
       memcpy(c->cur_alloc + (offset + i) * 2, &fresh, 2);
     }
     c->fresh[i] = fresh;
-    int changed = unit(&state) < density;
+    int changed = pulse_rng_uniform(&state) < density;
     c->snapshot[i] = changed ? (uint16_t)(fresh + gen_delta(&state)) : fresh;
   }
   snprintf(c->name, sizeof c->name, "%s n=%llu density=%g seed=%llu offset=%u",

@@ -209,8 +209,8 @@ Test(patch, roundtrip_two_hundred_small_tensors) {
   for (size_t k = 0; k < N; k++) {
     char name[32];
     snprintf(name, sizeof name, "blocks.%zu.attn", k);
-    uint64_t numel = pt_below(&s, 60);
-    double density = densities[pt_below(&s, PT_COUNT_OF(densities))];
+    uint64_t numel = pulse_rng_below(&s, 60);
+    double density = densities[pulse_rng_below(&s, PT_COUNT_OF(densities))];
     pt_tensor_make1(&ts[k], name, numel, PT_WEIGHTS_EDGE, density, 1, k);
   }
   for (int m = 0; m < CODINGS; m++)
@@ -710,16 +710,16 @@ Test(patch, apply_checks_state_digests_only_for_the_full_table) {
 Test(digest, replace_matches_recomputing) {
   uint64_t s = 1;
   for (int round = 0; round < 50; round++) {
-    uint64_t n = 1 + pt_below(&s, 3000);
+    uint64_t n = 1 + pulse_rng_below(&s, 3000);
     uint16_t *x = pt_alloc((size_t)n * 2);
     for (uint64_t i = 0; i < n; i++)
-      x[i] = (uint16_t)pt_next(&s);
+      x[i] = (uint16_t)pulse_rng_next(&s);
     pulse_tensor_digest d = pulse_digest_bf16(x, n);
     pulse_changes ch = PULSE_CHANGES_INIT;
     pulse_tensor_digest base = d;
     for (int k = 0; k < 20; k++) {
-      uint64_t i = pt_below(&s, n);
-      uint16_t nb = (uint16_t)pt_next(&s);
+      uint64_t i = pulse_rng_below(&s, n);
+      uint16_t nb = (uint16_t)pulse_rng_next(&s);
       pulse_digest_replace(&d, i, x[i], nb);
       pt_push(&ch, i, x[i], nb);
       x[i] = nb;
@@ -739,7 +739,7 @@ Test(digest, additive_digest_is_order_independent_and_positional) {
   const uint64_t n = 1001;
   uint16_t *x = pt_alloc(n * 2);
   for (uint64_t i = 0; i < n; i++)
-    x[i] = (uint16_t)pt_next(&s);
+    x[i] = (uint16_t)pulse_rng_next(&s);
   pulse_tensor_digest d = pulse_digest_bf16(x, n);
   /* The element hashes summed backwards, and in two halves. */
   uint64_t a = 0, b = 0;

@@ -476,7 +476,7 @@ Test(patch, random_bodies_fail_without_writing) {
     for (int round = 0; round < 400; round++) {
       memcpy(b, f.buf.data, f.buf.size);
       for (size_t k = body_at; k < f.buf.size; k++)
-        b[k] = (uint8_t)pt_next(&s);
+        b[k] = (uint8_t)pulse_rng_next(&s);
       if (round & 1) { /* streams that pass the first-byte check */
         size_t at = body_at;
         for (size_t t = 0; t < 3; t++)

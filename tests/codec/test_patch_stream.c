@@ -60,7 +60,8 @@ static pulse_status stream_patch(const pt_tensor *ts, size_t n,
     }
     if (avail >= fed)
       break;
-    size_t slice = 1 + (size_t)pt_below(&r, pt_below(&r, 4) == 0 ? 4000 : 60);
+    uint64_t most = pulse_rng_below(&r, 4) == 0 ? 4000 : 60;
+    size_t slice = 1 + (size_t)pulse_rng_below(&r, most);
     if (slice > fed - avail)
       slice = fed - avail;
     memcpy(buf + avail, bytes + avail, slice);
@@ -243,7 +244,7 @@ Test(patch_stream, flipped_byte_anywhere_is_rejected_as_stage_rejects_it) {
       if (at >= PT_OFF_STEP && at < PT_OFF_BASE_STATE)
         continue;
       /* Every header and table byte; a sample of the body. */
-      if (at >= PT_HEADER_SIZE + 400 && pt_below(&r, 4) != 0)
+      if (at >= PT_HEADER_SIZE + 400 && pulse_rng_below(&r, 4) != 0)
         continue;
       memcpy(b, buf.data, buf.size);
       b[at] ^= (uint8_t)(at & 1 ? 0x01 : 0xFF);

@@ -56,12 +56,12 @@ static void trajectory_make(trajectory *tr, size_t steps, uint64_t seed,
       ts[t] = tr->shape[t];
       ts[t].changes = (pulse_changes)PULSE_CHANGES_INIT;
       for (uint64_t i = 0; i < n; i++) {
-        if (older && older[i] != prev[i] && pt_below(&s, 2) == 0)
+        if (older && older[i] != prev[i] && pulse_rng_below(&s, 2) == 0)
           cur[i] = older[i];
-        else if (pt_below(&s, 8) == 0 &&
+        else if (pulse_rng_below(&s, 8) == 0 &&
                  (uint16_t)(prev[i] - (older ? older[i] : prev[i])) == 0x8000)
           cur[i] = (uint16_t)(prev[i] + 0x8000);
-        else if (pt_unit(&s) < density)
+        else if (pulse_rng_uniform(&s) < density)
           cur[i] = pt_new_bits(&s, prev[i], 1);
         if (cur[i] != prev[i])
           pt_push(&ts[t].changes, i, prev[i], cur[i]);

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "pulse_codec.h"
+#include "rng_impl.h"
 
 static inline void *tu_alloc(size_t n) {
   void *p = calloc(n ? n : 1, 1);
@@ -84,16 +85,9 @@ static inline int tu_flip(const char *path, long offset) {
 
 /* --------------------------------------------------------------- model */
 
-static inline uint64_t tu_rand(uint64_t *s) {
-  uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
 static inline double tu_normal(uint64_t *s) {
-  double u1 = ((double)(tu_rand(s) >> 11) + 1.0) * 0x1p-53;
-  double u2 = (double)(tu_rand(s) >> 11) * 0x1p-53;
+  double u1 = ((double)(pulse_rng_next(s) >> 11) + 1.0) * 0x1p-53;
+  double u2 = (double)(pulse_rng_next(s) >> 11) * 0x1p-53;
   return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
 }
 
@@ -131,10 +125,10 @@ static inline void tu_model_init(tu_model *m, uint64_t seed, uint64_t scale) {
 static inline void tu_model_step(tu_model *m, double density) {
   for (int i = 0; i < TU_TENSORS; i++)
     for (uint64_t k = 0; k < m->numel[i]; k++)
-      if ((double)(tu_rand(&m->seed) >> 11) * 0x1p-53 < density) {
+      if ((double)(pulse_rng_next(&m->seed) >> 11) * 0x1p-53 < density) {
         float w = m->w[i][k];
         float ulp = fabsf(w) / 128.0f + 1e-30f;
-        m->w[i][k] = w + (float)((int)(tu_rand(&m->seed) % 5) - 2) * ulp;
+        m->w[i][k] = w + (float)((int)(pulse_rng_next(&m->seed) % 5) - 2) * ulp;
       }
 }
 

@@ -17,6 +17,7 @@
 #include "pulse_codec.h"
 #include "pulse_cuda.h"
 #include "pulse_elem.h"
+#include "rng_impl.h"
 
 #define COUNT_OF(a) (sizeof(a) / sizeof((a)[0]))
 
@@ -42,18 +43,8 @@ static inline int gpu_large(void) {
 
 /* ------------------------------------------------------------------ PRNG */
 
-static inline uint64_t tu_next(uint64_t *s) {
-  uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-/* Stateless: the value for (seed, i), so generators can run in parallel. */
-static inline uint64_t tu_hash(uint64_t seed, uint64_t i) {
-  uint64_t s = seed ^ (i * 0xD1342543DE82EF95ull);
-  return tu_next(&s);
-}
+/* codec/rng_impl.h: pulse_rng_next, and pulse_rng_at (stateless: the value
+ * for (seed, i), so generators can run in parallel). */
 
 /* True with probability density (0 and 1 exactly). */
 static inline int tu_chance(uint64_t r, double density) {
@@ -143,7 +134,7 @@ static inline void tu_make_case(uint64_t seed, uint64_t n, pulse_dtype dtype,
                                 tu_values kind, double density, void *cur,
                                 uint16_t *snapshot) {
   for (uint64_t i = 0; i < n; i++) {
-    uint64_t r = tu_hash(seed, i);
+    uint64_t r = pulse_rng_at(seed, i);
     uint32_t f = tu_f32(r, kind);
     uint16_t now;
     if (dtype == PULSE_DTYPE_F32) {
@@ -155,7 +146,7 @@ static inline void tu_make_case(uint64_t seed, uint64_t n, pulse_dtype dtype,
                 : pulse_bf16_from_f32_bits(f);
       ((uint16_t *)cur)[i] = now;
     }
-    uint64_t r2 = tu_hash(seed ^ 0x5555u, i);
+    uint64_t r2 = pulse_rng_at(seed ^ 0x5555u, i);
     snapshot[i] = tu_chance(r2, density) ? tu_other_bf16(now, r2) : now;
   }
 }

@@ -23,7 +23,7 @@ static bt_table bt_make(uint64_t seed, const uint64_t *numel, size_t count,
     b.numel[t] = numel[t];
     b.host[t] = tu_alloc((size_t)numel[t] * 2);
     for (uint64_t i = 0; i < numel[t]; i++) {
-      uint64_t r = tu_hash(seed + t, i);
+      uint64_t r = pulse_rng_at(seed + t, i);
       b.host[t][i] = kind == TU_EDGE && r % 4 == 0
                          ? tu_bf16_edges[(r >> 8) % COUNT_OF(tu_bf16_edges)]
                          : pulse_bf16_from_f32_bits(tu_f32(r, kind));
@@ -58,7 +58,7 @@ static changes_set changes_make(const bt_table *b, uint64_t seed,
   for (size_t t = 0; t < b->count; t++) {
     c.ch[t] = (pulse_changes)PULSE_CHANGES_INIT;
     for (uint64_t i = 0; i < b->numel[t]; i++) {
-      uint64_t r = tu_hash(seed + 31 * t, i);
+      uint64_t r = pulse_rng_at(seed + 31 * t, i);
       if (tu_chance(r, density))
         OK(pulse_changes_push(&c.ch[t], i, b->host[t][i],
                               tu_other_bf16(b->host[t][i], r)));

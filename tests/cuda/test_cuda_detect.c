@@ -221,10 +221,10 @@ Test(cuda_detect, tables_match_the_reference_tensor_by_tensor) {
   OK(pulse_cuda_workspace_create(&ws));
   uint64_t seed = 77;
   for (int round = 0; round < 6; round++) {
-    size_t count = 1 + (size_t)(tu_next(&seed) % (round < 3 ? 8 : 60));
+    size_t count = 1 + (size_t)(pulse_rng_next(&seed) % (round < 3 ? 8 : 60));
     dt_tensor *ts = tu_alloc(count * sizeof *ts);
     for (size_t t = 0; t < count; t++) {
-      uint64_t r = tu_next(&seed);
+      uint64_t r = pulse_rng_next(&seed);
       uint64_t n = r % 7 == 0   ? 0
                    : r % 5 == 0 ? 9000 + (r >> 20) % 9000
                                 : (r >> 12) % 3000;

@@ -100,10 +100,10 @@ Test(cuda_host, loco_gate_reference_matches_the_element_function) {
   float *e0 = tu_alloc(N * sizeof *e0), *value = tu_alloc(N * sizeof *value);
   uint64_t *pos = tu_alloc(N * sizeof *pos), sent = 0;
   for (uint64_t i = 0; i < N; i++) {
-    uint64_t h = tu_hash(7, i);
+    uint64_t h = pulse_rng_at(7, i);
     g[i] = f32(tu_f32(h, TU_EDGE));
-    r[i] = g[i] - f32(tu_f32(tu_hash(8, i), TU_NORMAL)) * 0x1p-8f;
-    e0[i] = e[i] = f32(tu_f32(tu_hash(9, i), TU_NORMAL)) * 0x1p-12f;
+    r[i] = g[i] - f32(tu_f32(pulse_rng_at(8, i), TU_NORMAL)) * 0x1p-8f;
+    e0[i] = e[i] = f32(tu_f32(pulse_rng_at(9, i), TU_NORMAL)) * 0x1p-12f;
   }
   OK(pulse_loco_gate_ref(g, r, e, N, N, pos, value, &sent));
   cr_assert_gt(sent, 0);

@@ -26,12 +26,12 @@ static int same_float(float a, float b) {
 static void make_loco(uint64_t seed, uint64_t n, double spread, int edges,
                       float *g, float *r, float *e) {
   for (uint64_t i = 0; i < n; i++) {
-    uint64_t h = tu_hash(seed, i);
+    uint64_t h = pulse_rng_at(seed, i);
     uint32_t gb = tu_f32(h, edges && h % 7 == 0 ? TU_EDGE : TU_NORMAL);
     memcpy(&g[i], &gb, 4);
     float step, err;
-    uint32_t sb = tu_f32(tu_hash(seed + 1, i), TU_NORMAL),
-             eb = tu_f32(tu_hash(seed + 2, i), TU_NORMAL);
+    uint32_t sb = tu_f32(pulse_rng_at(seed + 1, i), TU_NORMAL),
+             eb = tu_f32(pulse_rng_at(seed + 2, i), TU_NORMAL);
     memcpy(&step, &sb, 4);
     memcpy(&err, &eb, 4);
     r[i] = g[i] - step * (float)spread;

@@ -420,7 +420,7 @@ static pulse_status stream_to_device(apply_case *ac, const uint8_t *bytes, uint6
   pulse_apply_opts o = PULSE_APPLY_OPTS_INIT;
   o.threads = 1 + (int)(seed % 3);
   while (st == PULSE_OK && avail < size) {
-    size_t slice = 1 + (size_t)(tu_next(&seed) % 700);
+    size_t slice = 1 + (size_t)(pulse_rng_next(&seed) % 700);
     if (slice > size - avail)
       slice = size - avail;
     memcpy(buf + avail, bytes + avail, slice);
@@ -482,7 +482,7 @@ Test(cuda_patch, streamed_apply_gives_the_cpu_result_and_refuses_what_it_refuses
     uint64_t r = 99 + (uint64_t)coding;
     size_t refused = 0;
     for (int k = 0; k < 40; k++) {
-      size_t at = (size_t)(tu_next(&r) % ac.bytes.size);
+      size_t at = (size_t)(pulse_rng_next(&r) % ac.bytes.size);
       memcpy(flipped, ac.bytes.data, ac.bytes.size);
       flipped[at] ^= (uint8_t)(1u << (k % 8));
       pulse_status cpu = cpu_result(&ac, flipped, want);

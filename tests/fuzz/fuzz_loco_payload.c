@@ -21,6 +21,7 @@
 #include "../../loco/manifest_impl.h"
 #include "pulse_loco.h"
 #include "pulse_loco_elem.h"
+#include "rng_impl.h"
 
 #define MAX_P (1u << 18)
 
@@ -36,11 +37,9 @@
 /* The receiver's theta_g for P parameters: weights of a few scales, some
  * exact zeros; the same in the seed writer and the fuzzer. */
 static void make_theta(float *theta, uint64_t P) {
+  uint64_t rng = 0;
   for (uint64_t i = 0; i < P; i++) {
-    uint64_t z = (i + 1) * 0x9E3779B97F4A7C15ull;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
+    uint64_t z = pulse_rng_next(&rng);
     float u = (float)(z >> 40) * 0x1p-23f - 1.0f;
     theta[i] = (z & 15u) == 0 ? 0.0f : u * ((z & 16u) ? 0.05f : 1.5f);
   }

@@ -12,20 +12,11 @@
 #include <string.h>
 
 #include "pulse_loco.h"
+#include "rng_impl.h"
 
-static inline uint64_t lt_next(uint64_t *s) {
-  uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-static inline double lt_uniform(uint64_t *s) {
-  return (double)(lt_next(s) >> 11) * 0x1p-53;
-}
 
 static inline float lt_normal(uint64_t *s) {
-  double u = lt_uniform(s), v = lt_uniform(s);
+  double u = pulse_rng_uniform(s), v = pulse_rng_uniform(s);
   return (float)(sqrt(-2.0 * log(u + 1e-300)) * cos(6.283185307179586 * v));
 }
 
@@ -80,7 +71,7 @@ static inline void lt_fill_weights(float *x, uint64_t n, uint64_t seed,
                                    float scale) {
   uint64_t s = seed;
   for (uint64_t i = 0; i < n; i++) {
-    uint64_t r = lt_next(&s) % 100;
+    uint64_t r = pulse_rng_next(&s) % 100;
     x[i] = r == 0   ? 0.0f
            : r == 1 ? lt_normal(&s) * 1e-30f
                     : lt_normal(&s) * scale;

@@ -64,11 +64,11 @@ Test(loco, gate_on_hand_computed_cases) {
 Test(loco, gate_matches_its_definition_on_random_values) {
   uint64_t seed = 7;
   for (int i = 0; i < 200000; i++) {
-    float t = lt_float((uint32_t)lt_next(&seed));
+    float t = lt_float((uint32_t)pulse_rng_next(&seed));
     /* s near the scale of a BF16 ulp of t, so both answers are common. */
     float s = lt_normal(&seed) * fabsf(t) * 0x1p-8f;
     if (i % 3 == 0)
-      s = lt_float((uint32_t)lt_next(&seed));
+      s = lt_float((uint32_t)pulse_rng_next(&seed));
     cr_assert_eq(pulse_loco_gate(t, s), lt_ref_gate(t, s),
                  "gate(0x%08x, 0x%08x)", lt_bits(t), lt_bits(s));
   }
@@ -155,7 +155,7 @@ Test(loco, error_feedback_conserves_mass_bit_exactly) {
     for (uint64_t i = 0; i < P; i++) {
       /* Local steps of a few BF16 ulps and less, plus edge values. */
       float step = lt_normal(&seed) * fabsf(g[i]) * 0x1p-9f;
-      uint64_t pick = lt_next(&seed) % 64;
+      uint64_t pick = pulse_rng_next(&seed) % 64;
       if (pick == 0)
         step = 0.0f;
       else if (pick == 1)

@@ -24,7 +24,7 @@ static fixture make_fixture(uint64_t P, double density, int gated,
   lt_fill_weights(f.theta, P, seed, 0.3f);
   uint64_t s = seed * 77 + 1;
   for (uint64_t i = 0; i < P; i++) {
-    if (lt_uniform(&s) >= density)
+    if (pulse_rng_uniform(&s) >= density)
       continue;
     float v = lt_normal(&s) * fabsf(f.theta[i]) * 0x1p-7f;
     if (gated) {
@@ -33,8 +33,9 @@ static fixture make_fixture(uint64_t P, double density, int gated,
         v *= 2.0f;
       if (!pulse_loco_gate(f.theta[i], v) || !isfinite(v))
         continue;
-    } else if (lt_next(&s) % 10 == 0) {
-      v = lt_float((uint32_t)lt_next(&s) & 0xFF7FFFFFu); /* any finite bits */
+    } else if (pulse_rng_next(&s) % 10 == 0) {
+      /* any finite bits */
+      v = lt_float((uint32_t)pulse_rng_next(&s) & 0xFF7FFFFFu);
     }
     f.pos[f.k] = i;
     f.val[f.k++] = v;

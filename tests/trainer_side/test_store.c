@@ -181,7 +181,8 @@ Test(store, hostile_heads_are_refused_with_clear_errors) {
   for (int k = 0; k < 2000; k++) {
     uint8_t *c = tu_alloc(n);
     memcpy(c, b, n);
-    c[tu_rand(&seed) % n] ^= (uint8_t)(1u << (tu_rand(&seed) % 8));
+    size_t at = pulse_rng_next(&seed) % n;
+    c[at] ^= (uint8_t)(1u << (pulse_rng_next(&seed) % 8));
     pulse_store_head *x = NULL;
     if (pulse_store_head_parse(c, n, &x) == PULSE_OK)
       cr_assert_not_null(x);
