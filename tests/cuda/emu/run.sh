@@ -50,22 +50,24 @@ printf '%s\n' '#include <stdio.h>' 'int bench_gpu_main(int argc, char **argv);' 
   'int main(int argc, char **argv) { return bench_gpu_main(argc - 1, argv + 1); }' \
   > "$out/obj/bench_gpu_main.c"
 tool_objs=()
-for src in "$out/obj/bench_gpu_main.c" "$root"/tools/bench_gpu.c "$root"/tools/toolkit_*.c; do
+# It and the toolkit parts it uses (the others need loco and the HTTP layers).
+for src in "$out/obj/bench_gpu_main.c" "$root"/tools/bench_gpu.c \
+  "$root"/tools/toolkit_{args,report,time}.c; do
   obj="$out/obj/tool_$(basename "$src").o"; tool_objs+=("$obj")
   compile "$obj" gcc -std=c11 -DPULSE_HAVE_CUDA=1 $common $inc -I"$root/tools" -c "$src"
 done
 # The publisher (no HTTP server: the device commits need none of it).
 trainer_objs=()
 for src in "$root"/trainer_side/*.c "$root"/tests/trainer_side/test_publisher_device.c; do
-  case "$(basename "$src")" in server*) continue ;; esac
+  case "$(basename "$src")" in server* | http_serve*) continue ;; esac
   obj="$out/obj/trainer_$(basename "$src").o"; trainer_objs+=("$obj")
   compile "$obj" gcc -std=c11 -DPULSE_HAVE_CUDA=1 $common $inc -I"$root/trainer_side" \
     -I"$root/tests/trainer_side" -I"$root/tests/common" -c "$src"
 done
 # The subscriber with device targets, against a publisher and its server.
 sub_objs=()
-for src in "$root"/trainer_side/server*.c "$root"/inference_side/*.c \
-  "$root"/tests/inference_side/test_device_sync.c; do
+for src in "$root"/trainer_side/server*.c "$root"/trainer_side/http_serve*.c \
+  "$root"/inference_side/*.c "$root"/tests/inference_side/test_device_sync.c; do
   obj="$out/obj/sub_$(basename "$src").o"; sub_objs+=("$obj")
   compile "$obj" gcc -std=c11 -DPULSE_HAVE_CUDA=1 $common $inc -I"$root/trainer_side" \
     -I"$root/inference_side" -I"$root/tests/inference_side" -I"$root/tests/common" \
