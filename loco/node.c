@@ -555,6 +555,78 @@ done:
   return st;
 }
 
+/* Fetches the round's contributions that are not this node's own into
+ * t[k] (done, body): from each sender first, then from the coordinator's
+ * relay; a body counts only with the size and SHA-256 the manifest names.
+ * *self_included tells whether the manifest lists this node. */
+static pulse_status fetch_contributions(pulse_loco_node *n, uint64_t r,
+                                        const char *coord,
+                                        const loco_manifest *man, loco_fetch *t,
+                                        char (*urls)[160], int *self_included) {
+  size_t C = man->ncontrib;
+  pulse_status st = PULSE_OK;
+  for (int pass = 0; pass < 2 && st == PULSE_OK; pass++) {
+    size_t want = 0;
+    for (size_t k = 0; k < C; k++) {
+      if (man->contrib[k].id == n->id) {
+        *self_included = 1;
+        t[k].done = 1;
+        continue;
+      }
+      if (t[k].done)
+        continue;
+      int m = find_member(n->members, n->nmembers, man->contrib[k].id);
+      if (pass == 0)
+        url_fmt(urls[k], sizeof urls[k], n->members[m].url,
+                "/v1/loco/round/%llu", (unsigned long long)r);
+      else
+        url_fmt(urls[k], sizeof urls[k], coord, "/v1/loco/round/%llu/from/%u",
+                (unsigned long long)r, man->contrib[k].id);
+      t[k].url = urls[k];
+      t[k].max_bytes = (size_t)man->contrib[k].bytes;
+      want++;
+    }
+    if (want == 0)
+      break;
+    /* The pending ones only: a gather over a compacted copy. */
+    loco_fetch *w = calloc(want, sizeof *w);
+    size_t *idx = calloc(want, sizeof *idx);
+    if (!w || !idx) {
+      free(w), free(idx);
+      st = pulse_fail(PULSE_ERR_NOMEM, "loco node: fetch list");
+      break;
+    }
+    size_t q = 0;
+    for (size_t k = 0; k < C; k++)
+      if (!t[k].done) {
+        w[q] = t[k];
+        w[q].body = (pulse_bytebuf)PULSE_BYTEBUF_INIT;
+        idx[q++] = k;
+      }
+    unsigned budget =
+        pass == 0 ? n->opts.deadline_ms : n->opts.manifest_timeout_ms;
+    st = loco_http_gather(w, want, loco_now_ms() + budget);
+    for (size_t a = 0; a < want; a++) {
+      size_t k = idx[a];
+      uint8_t sha[32];
+      if (w[a].done) {
+        n->fetched += w[a].body.size;
+        loco_sha256(w[a].body.data, w[a].body.size, sha);
+      }
+      if (w[a].done && w[a].body.size == man->contrib[k].bytes &&
+          memcmp(sha, man->contrib[k].sha256, 32) == 0) {
+        pulse_bytebuf_free(&t[k].body);
+        t[k].body = w[a].body;
+        t[k].done = 1;
+      } else {
+        pulse_bytebuf_free(&w[a].body);
+      }
+    }
+    free(w), free(idx);
+  }
+  return st;
+}
+
 /* A member's round: the manifest, then the payloads it lists. */
 static pulse_status follow(pulse_loco_node *n, uint64_t r, const uint8_t *own,
                            size_t own_size, int leaving, float *theta_r,
@@ -603,66 +675,7 @@ static pulse_status follow(pulse_loco_node *n, uint64_t r, const uint8_t *own,
                     (unsigned long long)r);
     goto done;
   }
-  /* From each sender first, then from the coordinator's relay. */
-  for (int pass = 0; pass < 2 && st == PULSE_OK; pass++) {
-    size_t want = 0;
-    for (size_t k = 0; k < C; k++) {
-      if (man.contrib[k].id == n->id) {
-        self_included = 1;
-        t[k].done = 1;
-        continue;
-      }
-      if (t[k].done)
-        continue;
-      int m = find_member(n->members, n->nmembers, man.contrib[k].id);
-      if (pass == 0)
-        url_fmt(urls[k], sizeof urls[k], n->members[m].url,
-                "/v1/loco/round/%llu", (unsigned long long)r);
-      else
-        url_fmt(urls[k], sizeof urls[k], coord, "/v1/loco/round/%llu/from/%u",
-                (unsigned long long)r, man.contrib[k].id);
-      t[k].url = urls[k];
-      t[k].max_bytes = (size_t)man.contrib[k].bytes;
-      want++;
-    }
-    if (want == 0)
-      break;
-    /* The pending ones only: a gather over a compacted copy. */
-    loco_fetch *w = calloc(want, sizeof *w);
-    size_t *idx = calloc(want, sizeof *idx);
-    if (!w || !idx) {
-      free(w), free(idx);
-      st = pulse_fail(PULSE_ERR_NOMEM, "loco node: fetch list");
-      break;
-    }
-    size_t q = 0;
-    for (size_t k = 0; k < C; k++)
-      if (!t[k].done) {
-        w[q] = t[k];
-        w[q].body = (pulse_bytebuf)PULSE_BYTEBUF_INIT;
-        idx[q++] = k;
-      }
-    unsigned budget =
-        pass == 0 ? n->opts.deadline_ms : n->opts.manifest_timeout_ms;
-    st = loco_http_gather(w, want, loco_now_ms() + budget);
-    for (size_t a = 0; a < want; a++) {
-      size_t k = idx[a];
-      uint8_t sha[32];
-      if (w[a].done) {
-        n->fetched += w[a].body.size;
-        loco_sha256(w[a].body.data, w[a].body.size, sha);
-      }
-      if (w[a].done && w[a].body.size == man.contrib[k].bytes &&
-          memcmp(sha, man.contrib[k].sha256, 32) == 0) {
-        pulse_bytebuf_free(&t[k].body);
-        t[k].body = w[a].body;
-        t[k].done = 1;
-      } else {
-        pulse_bytebuf_free(&w[a].body);
-      }
-    }
-    free(w), free(idx);
-  }
+  st = fetch_contributions(n, r, coord, &man, t, urls, &self_included);
   size_t have = 0;
   for (size_t k = 0; k < C; k++) {
     if (!t[k].done)
