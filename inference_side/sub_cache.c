@@ -81,12 +81,12 @@ pulse_status sub_cache_open(pulse_sub *sub) {
 static int named_hex(const pulse_store_head *h, const char *hex) {
   char mine[65];
   for (size_t i = 0; i < pulse_store_head_patch_count(h); i++) {
-    sub_hex(pulse_store_head_patch(h, i)->sha256, 32, mine);
+    store_hex(pulse_store_head_patch(h, i)->sha256, 32, mine);
     if (strncmp(mine, hex, 64) == 0)
       return 1;
   }
   for (size_t i = 0; i < pulse_store_head_anchor_count(h); i++) {
-    sub_hex(pulse_store_head_anchor(h, i)->sha256, 32, mine);
+    store_hex(pulse_store_head_anchor(h, i)->sha256, 32, mine);
     if (strncmp(mine, hex, 64) == 0)
       return 1;
   }

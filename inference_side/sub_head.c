@@ -27,7 +27,7 @@ static uint64_t newest_seen(const pulse_sub *sub) {
 
 static pulse_status trust_first_key(pulse_sub *sub, const uint8_t pub[32]) {
   char hex[65], path[4096], line[80];
-  sub_hex(pub, 32, hex);
+  store_hex(pub, 32, hex);
   snprintf(path, sizeof path, "%s/trusted-key", sub->cache_dir);
   int n = snprintf(line, sizeof line, "%s\n", hex);
   PULSE_TRY(pulse_file_write_atomic(path, line, (size_t)n));
@@ -66,8 +66,8 @@ pulse_status sub_head_verify(pulse_sub *sub, const uint8_t *bytes, size_t n,
     }
     if (memcmp(pub, sub->key, 32) != 0) {
       char got[65], want[65];
-      sub_hex(pub, 32, got);
-      sub_hex(sub->key, 32, want);
+      store_hex(pub, 32, got);
+      store_hex(sub->key, 32, want);
       pulse_store_head_free(h);
       return pulse_fail(PULSE_ERR_CORRUPT,
                         "head refused: signed by %s, not by the %s key %s", got,
@@ -113,8 +113,8 @@ static void take(pulse_sub *sub, pulse_store_head *h, int *moved) {
     *moved = !same;
   uint8_t sha[32];
   char hex[65];
-  sub_sha256(b, n, sha);
-  sub_hex(sha, 32, hex);
+  store_sha256(b, n, sha);
+  store_hex(sha, 32, hex);
   snprintf(sub->head_etag, sizeof sub->head_etag, "\"%s\"", hex);
   pulse_store_head_free(sub->head);
   sub->head = h;

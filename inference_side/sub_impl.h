@@ -27,6 +27,7 @@
 #include "pulse_cuda.h"
 #include "pulse_store.h"
 #include "pulse_subscriber.h"
+#include "store_impl.h" /* store_hex, store_sha256 */
 
 typedef enum {
   SUB_MEM_NONE = 0,
@@ -91,7 +92,7 @@ struct pulse_sub {
   int step_claimed;         /* step not yet checked against the publisher */
   pulse_state_digest state; /* of step, when have_state */
   int have_state;
-  pthread_rwlock_t rw;  /* readers vs commits */
+  pthread_rwlock_t rw; /* readers vs commits */
 
   /* figures, read from any thread */
   pthread_mutex_t fig_lock;
@@ -206,8 +207,8 @@ pulse_status sub_apply_patch(pulse_sub *sub, const pulse_patch *p);
  * (n entries, NULL where absent) that lacks a current one, when the patch
  * can use it and opts.no_class_index is off. Failing to build only costs
  * speed (a warning event says so). */
-void sub_targets_index(pulse_sub *sub, const pulse_patch *p, sub_target *const *tg,
-                       size_t n);
+void sub_targets_index(pulse_sub *sub, const pulse_patch *p,
+                       sub_target *const *tg, size_t n);
 /** Matches the targets to a patch's table (tg: per table entry, NULL when
  * no target has it); *full: they hold the whole table. */
 pulse_status sub_apply_match(pulse_sub *sub, const pulse_patch *p,
@@ -220,8 +221,8 @@ pulse_status sub_apply_match(pulse_sub *sub, const pulse_patch *p,
  * first calls restart), and apply, once every byte is there and the caller
  * verified them, finishes and commits as a streamed store patch does. */
 typedef struct sub_patch_stream sub_patch_stream;
-pulse_status sub_patch_stream_start(pulse_sub *sub, const pulse_store_object *o, uint8_t *buf,
-                                    sub_patch_stream **out);
+pulse_status sub_patch_stream_start(pulse_sub *sub, const pulse_store_object *o,
+                                    uint8_t *buf, sub_patch_stream **out);
 void sub_patch_stream_bytes(sub_patch_stream *c, uint64_t avail);
 void sub_patch_stream_restart(sub_patch_stream *c);
 pulse_status sub_patch_stream_apply(sub_patch_stream *c);
@@ -229,8 +230,9 @@ void sub_patch_stream_free(sub_patch_stream *c);
 
 /* The device stream's commit under the writers' lock: the scatter, then
  * the digests and step. A failed scatter leaves no known step. */
-pulse_status sub_apply_commit_device(pulse_sub *sub, const pulse_patch *p, sub_target **tg,
-                                     int full, pulse_cuda_patch_stream *cs);
+pulse_status sub_apply_commit_device(pulse_sub *sub, const pulse_patch *p,
+                                     sub_target **tg, int full,
+                                     pulse_cuda_patch_stream *cs);
 
 void sub_apply_commit(pulse_sub *sub, const pulse_patch *p, sub_target **tg,
                       int full, pulse_patch_staged *staged,
@@ -245,9 +247,7 @@ pulse_status sub_apply_anchor(pulse_sub *sub, const pulse_store_object *o);
 
 /* ------------------------------------------------------------ sub_util.c */
 
-void sub_hex(const uint8_t *bytes, size_t n, char *out);
 int sub_unhex(const char *s, size_t len, uint8_t *out, size_t n);
-void sub_sha256(const void *data, size_t n, uint8_t out[32]);
 /** SHA-256 and size of a file. */
 pulse_status sub_sha256_file(const char *path, uint8_t out[32], uint64_t *size);
 double sub_now(void);

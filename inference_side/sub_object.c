@@ -52,7 +52,7 @@ typedef struct {
 } fetch_ctx;
 
 static void sha_hex(const pulse_store_object *o, char hex[65]) {
-  sub_hex(o->sha256, 32, hex);
+  store_hex(o->sha256, 32, hex);
 }
 
 void sub_object_path(const pulse_sub *sub, const pulse_store_object *o,
@@ -380,7 +380,7 @@ static pulse_status refuse(fetch_ctx *c, const uint8_t sha[32], uint64_t size) {
   close_segs(c);
   remove_parts(c->sub, c->o);
   char got[65];
-  sub_hex(sha, 32, got);
+  store_hex(sha, 32, got);
   return pulse_fail(PULSE_ERR_CORRUPT,
                     "%s: the bytes received hash to %s (%" PRIu64
                     " bytes), not to the signed name (%" PRIu64
@@ -641,7 +641,7 @@ pulse_status sub_object_read(pulse_sub *sub, const pulse_store_object *o,
     return pulse_fail(PULSE_ERR_NOMEM, "reading %s", path);
   double t0 = sub_now();
   uint8_t sha[32];
-  sub_sha256(data, got, sha);
+  store_sha256(data, got, sha);
   sub->t_verify += sub_now() - t0;
   if (got != o->size || memcmp(sha, o->sha256, 32) != 0) {
     free(data);

@@ -162,8 +162,8 @@ static pulse_status run_catchup(pulse_sub *sub, const sub_plan *plan) {
   if (st == PULSE_OK) {
     uint8_t sha[32], sig[64], pub[32];
     char hex[65], pub_hex[80] = "", sig_hex[200] = "";
-    sub_sha256(x.mem, x.mem_len, sha);
-    sub_hex(sha, 32, hex);
+    store_sha256(x.mem, x.mem_len, sha);
+    store_hex(sha, 32, hex);
     int has_sig =
         pulse_fetch_xfer_header(&x, "X-Pulse-Signature", sig_hex,
                                 sizeof sig_hex) &&

@@ -1,4 +1,5 @@
-/* sub_util.c - hex, SHA-256 (of buffers and files), clocks and folders. */
+/* sub_util.c - key hex, SHA-256 of files, clocks and folders (hex and
+ * SHA-256 of buffers: codec's store_hex and store_sha256). */
 #include <errno.h>
 #include <fcntl.h>
 #include <openssl/evp.h>
@@ -10,15 +11,6 @@
 
 #include "status_impl.h"
 #include "sub_impl.h"
-
-void sub_hex(const uint8_t *bytes, size_t n, char *out) {
-  static const char digits[] = "0123456789abcdef";
-  for (size_t i = 0; i < n; i++) {
-    out[2 * i] = digits[bytes[i] >> 4];
-    out[2 * i + 1] = digits[bytes[i] & 15];
-  }
-  out[2 * n] = '\0';
-}
 
 static int nibble(char c) {
   if (c >= '0' && c <= '9')
@@ -48,11 +40,6 @@ pulse_status pulse_sub_key_from_hex(const char *hex,
       sub_unhex(hex, strlen(hex), key, PULSE_SUB_KEY_BYTES) != 0)
     return pulse_fail(PULSE_ERR_ARG, "a public key is 64 hex digits");
   return PULSE_OK;
-}
-
-void sub_sha256(const void *data, size_t n, uint8_t out[32]) {
-  unsigned len = 32;
-  EVP_Digest(data, n, out, &len, EVP_sha256(), NULL);
 }
 
 pulse_status sub_sha256_file(const char *path, uint8_t out[32],
