@@ -25,7 +25,15 @@ typedef struct {
 
 #define PULSE_BYTEBUF_INIT {NULL, 0, 0, 0}
 
-static inline int pulse_bytebuf_grow_(pulse_bytebuf *b, size_t extra) {
+/** Makes room for `extra` more bytes (not written: the size stays). When
+ * they do not fit, the capacity doubles, starting from `first_capacity`
+ * when b has no storage yet (0: 256), until they do; storage they already
+ * fit in is kept where it is (so an adopted buffer, see
+ * pulse_bytebuf_adopt, does not move while the content fits in it).
+ * @return 1, or 0 when b had failed before or an allocation fails now
+ * (then failed is set; the content so far is kept). */
+static inline int pulse_bytebuf_reserve(pulse_bytebuf *b, size_t extra,
+                                        size_t first_capacity) {
   if (b->failed)
     return 0;
   if (extra > SIZE_MAX - b->size) {
@@ -35,7 +43,9 @@ static inline int pulse_bytebuf_grow_(pulse_bytebuf *b, size_t extra) {
   size_t need = b->size + extra;
   if (need <= b->capacity)
     return 1;
-  size_t cap = b->capacity ? b->capacity : 256;
+  size_t cap = b->capacity;
+  if (cap == 0)
+    cap = first_capacity ? first_capacity : 256;
   while (cap < need)
     cap = cap > SIZE_MAX / 2 ? need : cap * 2;
   uint8_t *p = realloc(b->data, cap);
@@ -46,6 +56,25 @@ static inline int pulse_bytebuf_grow_(pulse_bytebuf *b, size_t extra) {
   b->data = p;
   b->capacity = cap;
   return 1;
+}
+
+static inline int pulse_bytebuf_grow_(pulse_bytebuf *b, size_t extra) {
+  return pulse_bytebuf_reserve(b, extra, 0);
+}
+
+/** Makes `data`, a malloc'ed buffer of `capacity` bytes, b's storage, with
+ * nothing in it yet (size 0, not failed); whatever b held before is
+ * dropped, not freed (b is normally empty). Bytes put while they fit in
+ * `capacity` go into `data` in place: it does not move until more is put
+ * than it holds (then it is realloc'ed as any storage). From then on b
+ * owns it: pulse_bytebuf_free frees it, pulse_bytebuf_take hands it on.
+ * data NULL with capacity 0 makes b empty. */
+static inline void pulse_bytebuf_adopt(pulse_bytebuf *b, uint8_t *data,
+                                       size_t capacity) {
+  b->data = data;
+  b->size = 0;
+  b->capacity = data != NULL ? capacity : 0;
+  b->failed = 0;
 }
 
 static inline void pulse_bytebuf_put(pulse_bytebuf *b, const void *src,

@@ -188,9 +188,9 @@ static void reset_answer(pulse_fetch_xfer *x) {
   x->sink_decided = x->discard = 0;
   int resumable = x->resume && x->fd < 0 && !x->ranged &&
                   x->method == PULSE_FETCH_GET && x->etag[0] != '\0';
-  x->resume_from = resumable ? x->mem_len : 0;
+  x->resume_from = resumable ? x->mem.size : 0;
   if (!resumable)
-    x->mem_len = 0;
+    x->mem.size = 0;
 }
 
 /* The Range and conditional headers of a try. */

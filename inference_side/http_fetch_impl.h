@@ -30,6 +30,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "bytebuf_impl.h"
 #include "pulse_status.h"
 
 typedef struct pulse_fetch pulse_fetch;
@@ -142,17 +143,16 @@ typedef struct pulse_fetch_xfer {
   uint64_t expect_total; /* object size when known (checks Content-Range
                             and refuses longer bodies); 0: unknown */
   uint64_t max_bytes;    /* memory sink: refuse longer bodies */
-  uint8_t *mem;          /* memory sink: a caller's malloc'ed buffer of
-                            mem_cap bytes is kept (not moved) while the body
-                            fits, else realloc'ed; pulse_fetch_xfer_release
-                            frees it */
-  size_t mem_len, mem_cap;
+  /* Memory sink: the body (mem.size bytes). A buffer the caller gives it
+   * with pulse_bytebuf_adopt is kept (not moved) while the body fits in
+   * it, else realloc'ed; pulse_fetch_xfer_release frees it. */
+  pulse_bytebuf mem;
   /* File sink only: every body byte kept is also copied to
    * copy[object offset] (a buffer of expect_total bytes). */
   uint8_t *copy;
   /* Called after each piece of the body is kept, file or memory sink
    * (optional); a change of `attempt` tells a new try whose body starts
-   * over at mem_len. */
+   * over at mem.size. */
   void (*on_data)(struct pulse_fetch_xfer *x);
   void *on_data_ctx;
   void *progress_ctx; /* for the caller's tick callback */

@@ -24,9 +24,7 @@ void pulse_fetch_xfer_init(pulse_fetch_xfer *x, const char *url) {
 }
 
 void pulse_fetch_xfer_release(pulse_fetch_xfer *x) {
-  free(x->mem);
-  x->mem = NULL;
-  x->mem_len = x->mem_cap = 0;
+  pulse_bytebuf_free(&x->mem);
 }
 
 int pulse_fetch_xfer_header(const pulse_fetch_xfer *x, const char *name,
@@ -151,7 +149,7 @@ static int resumed_range_ok(const pulse_fetch_xfer *x, const char *cr) {
   return cr != NULL &&
          sscanf(cr, "bytes %" SCNu64 "-%" SCNu64 "/%" SCNu64, &a, &b, &total) ==
              3 &&
-         a == x->resume_from && a == x->mem_len;
+         a == x->resume_from && a == x->mem.size;
 }
 
 /* Decides where the body goes, once the status and headers are known. */
@@ -169,7 +167,7 @@ static int decide(pulse_fetch_xfer *x) {
       x->bad_range = !resumed_range_ok(x, have_cr ? cr : NULL);
       return x->bad_range ? -1 : 0;
     }
-    x->mem_len = 0; /* the whole body again: what was held is dropped */
+    x->mem.size = 0; /* the whole body again: what was held is dropped */
     x->resume_from = 0;
   }
   if (x->resume && x->fd < 0) {
@@ -207,25 +205,17 @@ static void keep_error_body(pulse_fetch_xfer *x, const char *p, size_t len) {
 }
 
 static size_t to_memory(pulse_fetch_xfer *x, const char *p, size_t len) {
-  if (len > x->max_bytes || x->mem_len > x->max_bytes - len) {
+  if (len > x->max_bytes || x->mem.size > x->max_bytes - len) {
     x->too_long = 1;
     return 0;
   }
-  if (x->mem_len + len > x->mem_cap) {
-    size_t cap = x->mem_cap ? x->mem_cap : 65536;
-    while (cap < x->mem_len + len)
-      cap *= 2;
-    uint8_t *m = realloc(x->mem, cap);
-    if (m == NULL) {
-      x->io_failed = 1;
-      snprintf(x->curl_error, sizeof x->curl_error, "out of memory");
-      return 0;
-    }
-    x->mem = m;
-    x->mem_cap = cap;
+  /* Doubling from 64 KiB; a buffer the body still fits in stays put. */
+  if (!pulse_bytebuf_reserve(&x->mem, len, 65536)) {
+    x->io_failed = 1;
+    snprintf(x->curl_error, sizeof x->curl_error, "out of memory");
+    return 0;
   }
-  memcpy(x->mem + x->mem_len, p, len);
-  x->mem_len += len;
+  pulse_bytebuf_put(&x->mem, p, len);
   x->received += len;
   if (x->on_data != NULL)
     x->on_data(x);

@@ -155,7 +155,7 @@ pulse_status sub_head_fetch(pulse_sub *sub, int *moved) {
       st = pulse_fail(PULSE_ERR_IO, "head: GET %s: HTTP %ld", x.url, x.status);
     pulse_store_head *h = NULL;
     if (st == PULSE_OK) {
-      st = sub_head_verify(sub, x.mem, x.mem_len, &h);
+      st = sub_head_verify(sub, x.mem.data, x.mem.size, &h);
       if (st != PULSE_OK)
         reject_head(sub, u, st);
     }
@@ -200,7 +200,7 @@ pulse_status sub_head_poll(pulse_sub *sub, uint64_t after, int *got) {
     }
     pulse_store_head *h = NULL;
     if (st == PULSE_OK) {
-      st = sub_head_verify(sub, x.mem, x.mem_len, &h);
+      st = sub_head_verify(sub, x.mem.data, x.mem.size, &h);
       if (st != PULSE_OK && st != PULSE_ERR_BASE_STEP)
         reject_head(sub, u, st);
     }

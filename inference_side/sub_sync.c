@@ -106,7 +106,7 @@ static void catchup_on_data(pulse_fetch_xfer *x) {
     sub_patch_stream_restart(f->c);
     f->attempt = x->attempt;
   }
-  sub_patch_stream_bytes(f->c, x->mem_len);
+  sub_patch_stream_bytes(f->c, x->mem.size);
 }
 
 static pulse_status run_catchup(pulse_sub *sub, const sub_plan *plan) {
@@ -124,12 +124,13 @@ static pulse_status run_catchup(pulse_sub *sub, const sub_plan *plan) {
    * is the size the probe said (else it is applied whole afterwards). */
   sub_patch_stream *cs = NULL;
   catchup_feed feed = {NULL, 0};
+  uint8_t *room = NULL;
   if (streaming(sub) && plan->catchup_size > 0 &&
-      (x.mem = malloc((size_t)x.max_bytes)) != NULL) {
-    x.mem_cap = (size_t)x.max_bytes;
+      (room = malloc((size_t)x.max_bytes)) != NULL) {
+    pulse_bytebuf_adopt(&x.mem, room, (size_t)x.max_bytes);
     pulse_store_object co = {PULSE_STORE_PATCH, head, plan->from, "", {0}, plan->catchup_size};
     snprintf(co.path, sizeof co.path, "%s", what);
-    if (sub_patch_stream_start(sub, &co, x.mem, &cs) == PULSE_OK) {
+    if (sub_patch_stream_start(sub, &co, x.mem.data, &cs) == PULSE_OK) {
       feed.c = cs;
       x.on_data = catchup_on_data;
       x.on_data_ctx = &feed;
@@ -162,7 +163,7 @@ static pulse_status run_catchup(pulse_sub *sub, const sub_plan *plan) {
   if (st == PULSE_OK) {
     uint8_t sha[32], sig[64], pub[32];
     char hex[65], pub_hex[80] = "", sig_hex[200] = "";
-    store_sha256(x.mem, x.mem_len, sha);
+    store_sha256(x.mem.data, x.mem.size, sha);
     store_hex(sha, 32, hex);
     int has_sig =
         pulse_fetch_xfer_header(&x, "X-Pulse-Signature", sig_hex,
@@ -177,7 +178,7 @@ static pulse_status run_catchup(pulse_sub *sub, const sub_plan *plan) {
           snprintf(canon, sizeof canon,
                    "pulse-catchup-signature/1\nfrom %" PRIu64 "\nto %" PRIu64
                    "\nstate_digest %s\nsha256 %s\nsize %zu\n",
-                   plan->from, head, digest, hex, x.mem_len);
+                   plan->from, head, digest, hex, x.mem.size);
       if (memcmp(pub, sub->key, 32) != 0)
         st = pulse_fail(PULSE_ERR_CORRUPT,
                         "catch-up from %" PRIu64 ": signed by another key",
@@ -195,7 +196,7 @@ static pulse_status run_catchup(pulse_sub *sub, const sub_plan *plan) {
   }
   pulse_patch *p = NULL;
   if (st == PULSE_OK)
-    st = pulse_patch_open(x.mem, x.mem_len, &p);
+    st = pulse_patch_open(x.mem.data, x.mem.size, &p);
   if (st == PULSE_OK &&
       (pulse_patch_step(p) != head || pulse_patch_base_step(p) != plan->from ||
        memcmp(pulse_patch_target_digest(p)->bytes,
@@ -207,7 +208,7 @@ static pulse_status run_catchup(pulse_sub *sub, const sub_plan *plan) {
   sub->t_verify += sub_now() - t0;
   if (st == PULSE_ERR_CORRUPT)
     rejected(sub, what, st);
-  if (st == PULSE_OK && cs != NULL && x.mem_len == plan->catchup_size)
+  if (st == PULSE_OK && cs != NULL && x.mem.size == plan->catchup_size)
     st = sub_patch_stream_apply(cs);
   else if (st == PULSE_OK)
     st = sub_apply_patch(sub, p);

@@ -78,9 +78,8 @@ static void xfer_for(pulse_fetch_xfer *x, const char *url, size_t max_bytes,
                      pulse_bytebuf *body) {
   pulse_fetch_xfer_init(x, url);
   x->max_bytes = max_bytes;
-  if (body != NULL) {
-    x->mem = body->data;
-    x->mem_cap = body->capacity;
+  if (body != NULL) { /* its storage is reused, its content dropped */
+    pulse_bytebuf_adopt(&x->mem, body->data, body->capacity);
     *body = (pulse_bytebuf)PULSE_BYTEBUF_INIT;
   }
 }
@@ -90,10 +89,8 @@ static void give_body(pulse_fetch_xfer *x, pulse_bytebuf *body) {
     pulse_fetch_xfer_release(x);
     return;
   }
-  body->data = x->mem;
-  body->size = x->mem_len;
-  body->capacity = x->mem_cap;
-  x->mem = NULL;
+  *body = x->mem;
+  x->mem = (pulse_bytebuf)PULSE_BYTEBUF_INIT;
 }
 
 /* One try; *status as loco_http_get says. */

@@ -160,6 +160,51 @@ Test(json_write, bytebuf_text_and_take) {
   cr_assert_eq(out.size, 0);
 }
 
+Test(json_write, bytebuf_adopted_storage_stays_while_it_fits) {
+  pulse_bytebuf b = PULSE_BYTEBUF_INIT;
+  uint8_t *mine = malloc(8);
+  cr_assert_not_null(mine);
+  b.size = 3; /* dropped by adopt */
+  b.failed = 1;
+  pulse_bytebuf_adopt(&b, mine, 8);
+  cr_assert_eq(b.size, 0);
+  cr_assert_eq(b.failed, 0);
+  pulse_bytebuf_put(&b, "abcd", 4);
+  pulse_bytebuf_put(&b, "efgh", 4); /* exactly full */
+  cr_assert_eq(b.data, mine);
+  cr_assert_eq(b.capacity, 8);
+  cr_assert_eq(memcmp(mine, "abcdefgh", 8), 0);
+  pulse_bytebuf_byte(&b, 'i'); /* one more: it grows, doubling */
+  cr_assert_eq(b.size, 9);
+  cr_assert_eq(b.capacity, 16);
+  cr_assert_eq(memcmp(b.data, "abcdefghi", 9), 0);
+  pulse_bytebuf_free(&b); /* frees the adopted storage (ASan checks) */
+  cr_assert_null(b.data);
+}
+
+Test(json_write, bytebuf_reserve_doubles_from_the_first_capacity_asked) {
+  pulse_bytebuf b = PULSE_BYTEBUF_INIT;
+  cr_assert(pulse_bytebuf_reserve(&b, 10, 1000));
+  cr_assert_eq(b.capacity, 1000);
+  cr_assert_eq(b.size, 0);
+  uint8_t *first = b.data;
+  cr_assert(pulse_bytebuf_reserve(&b, 1000, 4)); /* fits: not moved */
+  cr_assert_eq(b.data, first);
+  cr_assert(pulse_bytebuf_reserve(&b, 3500, 4)); /* 1000 -> 2000 -> 4000 */
+  cr_assert_eq(b.capacity, 4000);
+  pulse_bytebuf_free(&b);
+  cr_assert(pulse_bytebuf_reserve(&b, 1, 0)); /* 0: the default start */
+  cr_assert_eq(b.capacity, 256);
+  b.failed = 1;
+  cr_assert_not(pulse_bytebuf_reserve(&b, 1000, 0));
+  cr_assert_eq(b.capacity, 256);
+  pulse_bytebuf_free(&b);
+  pulse_bytebuf_byte(&b, 1);
+  cr_assert_not(pulse_bytebuf_reserve(&b, SIZE_MAX, 0)); /* size overflow */
+  cr_assert(b.failed);
+  pulse_bytebuf_free(&b);
+}
+
 /* ------------------------------------------- documents that never change */
 
 static void object(pulse_store_object *o, pulse_store_kind kind, uint64_t step,

@@ -82,8 +82,8 @@ Test(http_fetch, retries_with_backoff_until_the_server_recovers, .init = up,
                pulse_error_detail());
   uint64_t took = pulse_fetch_now_ms() - t0;
   cr_assert_eq(x.status, 200);
-  cr_assert_eq(x.mem_len, 9);
-  cr_assert(memcmp(x.mem, "recovered", 9) == 0);
+  cr_assert_eq(x.mem.size, 9);
+  cr_assert(memcmp(x.mem.data, "recovered", 9) == 0);
   /* Three retries, 20, 40, 60 (capped) ms times a factor in [0.5, 1]. */
   cr_assert_eq(l.calls, 3);
   unsigned full[3] = {20, 40, 60};
@@ -176,7 +176,7 @@ Test(http_fetch, a_body_over_max_bytes_is_refused_not_retried, .init = up,
   cr_assert(strstr(pulse_error_detail(), "longer than expected") != NULL, "%s",
             pulse_error_detail());
   cr_assert(x.too_long);
-  cr_assert_leq(x.mem_len, SS_BLOB_SIZE - 1);
+  cr_assert_leq(x.mem.size, SS_BLOB_SIZE - 1);
   cr_assert_eq(ss_requests(srv, NULL, 0), 1);
   pulse_fetch_xfer_release(&x);
   pulse_fetch_free(f);
@@ -188,13 +188,12 @@ Test(http_fetch, the_callers_buffer_is_kept_while_the_body_fits, .init = up,
   pulse_fetch_xfer x;
   xfer(&x, "/blob");
   uint8_t *mine = malloc(SS_BLOB_SIZE);
-  x.mem = mine;
-  x.mem_cap = SS_BLOB_SIZE;
+  pulse_bytebuf_adopt(&x.mem, mine, SS_BLOB_SIZE);
   x.max_bytes = SS_BLOB_SIZE;
   cr_assert_eq(pulse_fetch_get(f, &x, NULL, "blob"), PULSE_OK, "%s",
                pulse_error_detail());
-  cr_assert_eq(x.mem, mine);
-  cr_assert_eq(x.mem_len, SS_BLOB_SIZE);
+  cr_assert_eq(x.mem.data, mine);
+  cr_assert_eq(x.mem.size, SS_BLOB_SIZE);
   for (uint64_t i = 0; i < SS_BLOB_SIZE; i++)
     cr_assert_eq(mine[i], ss_blob_byte(i), "byte %llu", (unsigned long long)i);
   char etag[32];
@@ -262,9 +261,9 @@ Test(http_fetch, a_206_for_another_range_is_corrupt_and_retried, .init = up,
 /* --------------------------------------------------------------- resume */
 
 static void check_blob(const pulse_fetch_xfer *x) {
-  cr_assert_eq(x->mem_len, SS_BLOB_SIZE);
+  cr_assert_eq(x->mem.size, SS_BLOB_SIZE);
   for (uint64_t i = 0; i < SS_BLOB_SIZE; i++)
-    cr_assert_eq(x->mem[i], ss_blob_byte(i), "byte %llu",
+    cr_assert_eq(x->mem.data[i], ss_blob_byte(i), "byte %llu",
                  (unsigned long long)i);
 }
 
@@ -341,8 +340,8 @@ Test(http_fetch, post_sends_an_empty_body, .init = up, .fini = down) {
   cr_assert_eq(pulse_fetch_get(f, &x, NULL, "post"), PULSE_OK, "%s",
                pulse_error_detail());
   cr_assert_eq(x.status, 201);
-  cr_assert_eq(x.mem_len, 6);
-  cr_assert(memcmp(x.mem, "posted", 6) == 0);
+  cr_assert_eq(x.mem.size, 6);
+  cr_assert(memcmp(x.mem.data, "posted", 6) == 0);
   ss_request q;
   ss_requests(srv, &q, 1);
   cr_assert_str_eq(q.method, "POST");
@@ -367,7 +366,7 @@ Test(http_fetch, waiting_for_a_blob_retries_404_until_it_appears, .init = up,
                          .retry_missing = 1};
   cr_assert_eq(pulse_fetch_get(f, &x, &r, "later"), PULSE_OK, "%s",
                pulse_error_detail());
-  cr_assert_eq(x.mem_len, 8);
+  cr_assert_eq(x.mem.size, 8);
   cr_assert_eq(ss_requests(srv, NULL, 0), 6);
   pulse_fetch_xfer_release(&x);
   pulse_fetch_free(f);
