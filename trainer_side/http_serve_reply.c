@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "http_serve_core_impl.h"
+#include "http_serve_parse_impl.h"
 #include "json_impl.h"
 
 int serve_queue(pulse_serve_request *rq, unsigned status,
@@ -60,28 +61,6 @@ int pulse_serve_reply_error(pulse_serve_request *rq, unsigned status,
   return serve_queue(rq, status, resp, len);
 }
 
-/* 1 when an If-None-Match list holds `etag` (or is "*"). Weak comparison, as
- * RFC 9110 asks for If-None-Match. */
-static int etag_listed(const char *list, const char *etag) {
-  if (list == NULL || etag == NULL)
-    return 0;
-  size_t el = strlen(etag);
-  for (const char *p = list; *p;) {
-    while (*p == ' ' || *p == '\t' || *p == ',')
-      p++;
-    if (*p == '*')
-      return 1;
-    if (p[0] == 'W' && p[1] == '/')
-      p += 2;
-    if (strncmp(p, etag, el) == 0 &&
-        (p[el] == '\0' || p[el] == ',' || p[el] == ' ' || p[el] == '\t'))
-      return 1;
-    while (*p && *p != ',')
-      p++;
-  }
-  return 0;
-}
-
 /* ETag, Cache-Control and the extra headers of a body or its 304. */
 static void add_meta(struct MHD_Response *resp, const pulse_serve_meta *m) {
   if (m->etag != NULL)
@@ -112,8 +91,8 @@ static int reply_memory(pulse_serve_request *rq, const pulse_serve_meta *m,
                         void *data, size_t size,
                         enum MHD_ResponseMemoryMode mode) {
   if (m->etag != NULL &&
-      etag_listed(pulse_serve_header(rq, MHD_HTTP_HEADER_IF_NONE_MATCH),
-                  m->etag)) {
+      serve_etag_listed(pulse_serve_header(rq, MHD_HTTP_HEADER_IF_NONE_MATCH),
+                        m->etag)) {
     if (mode == MHD_RESPMEM_MUST_FREE)
       free(data);
     return not_modified(rq, m, 0);
@@ -142,58 +121,6 @@ int pulse_serve_reply_take(pulse_serve_request *rq, const pulse_serve_meta *m,
 }
 
 /* ------------------------------------------------------------- entities */
-
-typedef enum { RANGE_NONE, RANGE_OK, RANGE_UNSATISFIABLE } range_kind;
-
-static int digits_u64(const char *s, size_t n, uint64_t *out) {
-  if (n == 0 || n > 19)
-    return -1;
-  uint64_t v = 0;
-  for (size_t i = 0; i < n; i++) {
-    if (s[i] < '0' || s[i] > '9')
-      return -1;
-    v = v * 10 + (uint64_t)(s[i] - '0');
-  }
-  *out = v;
-  return 0;
-}
-
-/* One "bytes=a-b", "bytes=a-" or "bytes=-n" range. Anything else (several
- * ranges, other units, bad syntax) is ignored: the whole body is sent, as
- * RFC 9110 allows. */
-static range_kind parse_range(const char *h, uint64_t size, uint64_t *first,
-                              uint64_t *last) {
-  if (h == NULL || strncmp(h, "bytes=", 6) != 0)
-    return RANGE_NONE;
-  const char *s = h + 6;
-  if (strchr(s, ',') != NULL)
-    return RANGE_NONE;
-  const char *dash = strchr(s, '-');
-  if (dash == NULL)
-    return RANGE_NONE;
-  const char *end = s + strlen(s);
-  uint64_t a, b;
-  if (dash == s) { /* suffix */
-    if (digits_u64(dash + 1, (size_t)(end - dash - 1), &b) != 0)
-      return RANGE_NONE;
-    if (b == 0 || size == 0)
-      return RANGE_UNSATISFIABLE;
-    *first = b >= size ? 0 : size - b;
-    *last = size - 1;
-    return RANGE_OK;
-  }
-  if (digits_u64(s, (size_t)(dash - s), &a) != 0)
-    return RANGE_NONE;
-  if (dash + 1 == end)
-    b = UINT64_MAX;
-  else if (digits_u64(dash + 1, (size_t)(end - dash - 1), &b) != 0 || b < a)
-    return RANGE_NONE;
-  if (a >= size)
-    return RANGE_UNSATISFIABLE;
-  *first = a;
-  *last = b >= size ? size - 1 : b;
-  return RANGE_OK;
-}
 
 /* What an entity's bytes come from: a file or a blob (exactly one). */
 typedef struct {
@@ -230,8 +157,8 @@ static struct MHD_Response *body_of(source *src, uint64_t first, uint64_t len) {
 
 static int reply_entity(pulse_serve_request *rq, const pulse_serve_meta *m,
                         source *src, uint64_t size) {
-  if (etag_listed(pulse_serve_header(rq, MHD_HTTP_HEADER_IF_NONE_MATCH),
-                  m->etag)) {
+  if (serve_etag_listed(pulse_serve_header(rq, MHD_HTTP_HEADER_IF_NONE_MATCH),
+                        m->etag)) {
     source_drop(src);
     return not_modified(rq, m, 1);
   }
@@ -240,9 +167,9 @@ static int reply_entity(pulse_serve_request *rq, const pulse_serve_meta *m,
   if (if_range != NULL && (m->etag == NULL || strcmp(if_range, m->etag) != 0))
     range = NULL; /* the client's partial copy is of other bytes */
   uint64_t first = 0, last = size ? size - 1 : 0;
-  range_kind rk = parse_range(range, size, &first, &last);
+  serve_range rk = serve_parse_range(range, size, &first, &last);
   char crange[96];
-  if (rk == RANGE_UNSATISFIABLE) {
+  if (rk == SERVE_RANGE_UNSATISFIABLE) {
     source_drop(src);
     snprintf(crange, sizeof crange, "bytes */%" PRIu64, size);
     static const char msg[] = "{\"error\":\"range not satisfiable\"}\n";
@@ -258,7 +185,7 @@ static int reply_entity(pulse_serve_request *rq, const pulse_serve_meta *m,
   }
   unsigned status = MHD_HTTP_OK;
   uint64_t len = size;
-  if (rk == RANGE_OK) {
+  if (rk == SERVE_RANGE_OK) {
     snprintf(crange, sizeof crange, "bytes %" PRIu64 "-%" PRIu64 "/%" PRIu64,
              first, last, size);
     len = last - first + 1;
@@ -271,7 +198,7 @@ static int reply_entity(pulse_serve_request *rq, const pulse_serve_meta *m,
     return PULSE_SERVE_CLOSE;
   MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE,
                           m->type ? m->type : "application/octet-stream");
-  if (rk == RANGE_OK)
+  if (rk == SERVE_RANGE_OK)
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_RANGE, crange);
   add_meta(resp, m);
   MHD_add_response_header(resp, MHD_HTTP_HEADER_ACCEPT_RANGES, "bytes");

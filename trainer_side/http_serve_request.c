@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "http_serve_core_impl.h"
+#include "http_serve_parse_impl.h"
 
 void *serve_uri_log(void *cls, const char *uri, struct MHD_Connection *conn) {
   (void)conn;
@@ -60,29 +61,6 @@ static unsigned method_bit(const char *method) {
   return 0;
 }
 
-/* Paths that can never name anything: refused before routing. */
-static const char *path_refusal(const char *url) {
-  size_t n = strlen(url);
-  if (n == 0 || url[0] != '/')
-    return "the path must be absolute";
-  if (n > 512)
-    return "the path is too long";
-  for (size_t i = 0; i < n; i++) {
-    unsigned char c = (unsigned char)url[i];
-    if (c < 0x20 || c >= 0x7f)
-      return "control or non-ASCII bytes in the path";
-    if (c == '\\')
-      return "backslash in the path";
-    if (c == '%')
-      return "a %-escape in the decoded path (double encoding)";
-  }
-  if (strstr(url, "..") != NULL)
-    return "\"..\" in the path";
-  if (strstr(url, "//") != NULL)
-    return "empty path segment";
-  return NULL;
-}
-
 static int route_matches(const pulse_serve_route *r, const char *url) {
   return r->prefix ? strncmp(url, r->path, strlen(r->path)) == 0
                    : strcmp(url, r->path) == 0;
@@ -119,7 +97,7 @@ static int dispatch(pulse_serve_request *rq, const char *url,
                                    serve_allow_text(s->all_methods));
   rq->head_method = bit == PULSE_SERVE_HEAD;
   const char *why =
-      rq->bad_raw_uri ? "an encoded NUL in the path" : path_refusal(url);
+      rq->bad_raw_uri ? "an encoded NUL in the path" : serve_path_refusal(url);
   if (why != NULL)
     return pulse_serve_reply_error(rq, MHD_HTTP_BAD_REQUEST, "%s", why);
   if ((bit & PULSE_SERVE_READ) &&
