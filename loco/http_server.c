@@ -58,6 +58,28 @@ static int post(void *user, pulse_serve_request *rq, const char *path) {
   return pulse_serve_reply_bytes(rq, &m, text, strnlen(text, sizeof text));
 }
 
+/* The process's fetches of the exchange (loco_http_metrics) beside the
+ * layer's serving metrics: one /metrics shows both directions. */
+static void fetch_metrics(void *user, pulse_bytebuf *text) {
+  (void)user;
+  pulse_fetch_metrics m;
+  loco_http_metrics(&m);
+  static const char *const what[4][2] = {
+      {"requests", "HTTP tries of this process's exchange fetches and posts"},
+      {"wire_bytes", "Body bytes those tries received, kept or not"},
+      {"retries", "Tries made after a failed one"},
+      {"failures", "Tries that did not end with a good answer"},
+  };
+  const uint64_t value[4] = {m.requests, m.wire_bytes, m.retries, m.failures};
+  for (int i = 0; i < 4; i++)
+    pulse_bytebuf_printf(text,
+                         "# HELP pulse_loco_fetch_%s_total %s.\n"
+                         "# TYPE pulse_loco_fetch_%s_total counter\n"
+                         "pulse_loco_fetch_%s_total %llu\n",
+                         what[i][0], what[i][1], what[i][0], what[i][0],
+                         (unsigned long long)value[i]);
+}
+
 static const pulse_serve_route routes[] = {
     {"/", 1, PULSE_SERVE_READ, "blob", get_blob},
     {"/", 1, PULSE_SERVE_POST, "post", post},
@@ -81,6 +103,7 @@ pulse_status loco_server_start(loco_post_fn on_post, void *user,
   o.routes = routes;
   o.route_count = sizeof routes / sizeof routes[0];
   o.user = s;
+  o.metrics = fetch_metrics;
   pulse_status st = pulse_serve_create(&o, &s->http);
   if (st != PULSE_OK) {
     loco_server_stop(s);

@@ -305,14 +305,25 @@ Test(loco_serve, metrics_and_healthz_come_with_the_layer) {
   cr_assert_eq(r.status, 200);
   cr_assert_str_eq(r.body, "{\"status\":\"ok\"}\n");
   free(r.body);
+  /* One fetch through the exchange's own client: its counters are on the
+   * same page (process-wide, so other tests' fetches may add to them). */
+  char url[96];
+  snprintf(url, sizeof url, "http://127.0.0.1:%u/v1/loco/round/1",
+           (unsigned)port);
+  pulse_bytebuf body = PULSE_BYTEBUF_INIT;
+  long status = 0;
+  cr_assert_eq(loco_http_get(url, 5000, 4096, &body, &status), PULSE_OK);
+  cr_assert_eq(status, 200);
+  cr_assert_eq(body.size, 1000);
+  pulse_bytebuf_free(&body);
   static const char *const want[] = {
-      "pulse_http_requests_total{route=\"blob\",code=\"200\"} 1\n",
+      "pulse_http_requests_total{route=\"blob\",code=\"200\"} 2\n",
       "pulse_http_requests_total{route=\"blob\",code=\"206\"} 1\n",
       "pulse_http_requests_total{route=\"blob\",code=\"404\"} 1\n",
       "pulse_http_requests_total{route=\"other\",code=\"400\"} 1\n",
       "pulse_http_requests_total{route=\"healthz\",code=\"200\"} 1\n",
       "pulse_http_response_bytes_total{route=\"blob\"} ",
-      "pulse_http_request_duration_seconds_count{route=\"blob\"} 3\n",
+      "pulse_http_request_duration_seconds_count{route=\"blob\"} 4\n",
       "# TYPE pulse_http_request_duration_seconds histogram\n",
   };
   /* Counted once a request completes, just after its client has it. */
@@ -333,8 +344,16 @@ Test(loco_serve, metrics_and_healthz_come_with_the_layer) {
   const char *b =
       strstr(r.body, "pulse_http_response_bytes_total{route=\"blob\"} ");
   unsigned long long bytes = strtoull(strchr(b, '}') + 2, NULL, 10);
-  cr_assert_gt(bytes, 1100);
-  cr_assert_lt(bytes, 1200);
+  cr_assert_gt(bytes, 2100); /* and the fetch's 1000 */
+  cr_assert_lt(bytes, 2200);
+  static const char fetches[] = "\npulse_loco_fetch_requests_total ";
+  static const char wire[] = "\npulse_loco_fetch_wire_bytes_total ";
+  const char *f = strstr(r.body, fetches), *w = strstr(r.body, wire);
+  cr_assert(f != NULL && w != NULL, "metrics:\n%s", r.body);
+  cr_assert_geq(strtoull(f + strlen(fetches), NULL, 10), 1);
+  cr_assert_geq(strtoull(w + strlen(wire), NULL, 10), 1000);
+  cr_assert(strstr(r.body, "# TYPE pulse_loco_fetch_retries_total counter\n") !=
+            NULL);
   free(r.body);
   loco_server_stop(s);
 }
