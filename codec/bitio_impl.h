@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "bytebuf_impl.h"
+#include "endian_impl.h"
 
 /* ------------------------------------------------------------- writing */
 
@@ -30,7 +31,8 @@ static inline void pulse_bw_init(pulse_bitwriter *w, pulse_bytebuf *out) {
 }
 
 /* Appends the low `nbits` (<= 32) bits of v. */
-static inline void pulse_bw_put(pulse_bitwriter *w, uint64_t v, unsigned nbits) {
+static inline void pulse_bw_put(pulse_bitwriter *w, uint64_t v,
+                                unsigned nbits) {
   if (nbits == 0)
     return;
   w->acc |= (v & ((1ull << nbits) - 1u)) << w->count;
@@ -63,23 +65,15 @@ static inline void pulse_bw_flush(pulse_bitwriter *w) {
 
 typedef struct {
   const uint8_t *start, *p, *end;
-  uint64_t buf;     /* the next `bits` bits in its low end (more above may be
-                       bytes not yet counted, which the next refill ORs
-                       again with the same values) */
+  uint64_t buf; /* the next `bits` bits in its low end (more above may be
+                   bytes not yet counted, which the next refill ORs
+                   again with the same values) */
   unsigned bits;
   uint64_t overrun; /* bytes read past the end, as zeros */
 } pulse_bitreader;
 
-static inline uint64_t pulse_load_le64(const uint8_t *p) {
-  uint64_t v;
-  memcpy(&v, p, 8);
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-  v = __builtin_bswap64(v);
-#endif
-  return v;
-}
-
-static inline void pulse_br_init(pulse_bitreader *r, const uint8_t *p, size_t n) {
+static inline void pulse_br_init(pulse_bitreader *r, const uint8_t *p,
+                                 size_t n) {
   r->start = p;
   r->p = p;
   r->end = p + n;

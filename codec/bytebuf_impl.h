@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "endian_impl.h"
 #include "pulse_codec.h"
 #include "pulse_status.h"
 #include "status_impl.h"
@@ -23,7 +24,8 @@ typedef struct {
   int failed; /* sticky: an allocation failed, the content is incomplete */
 } pulse_bytebuf;
 
-#define PULSE_BYTEBUF_INIT {NULL, 0, 0, 0}
+#define PULSE_BYTEBUF_INIT                                                     \
+  { NULL, 0, 0, 0 }
 
 /** Makes room for `extra` more bytes (not written: the size stays). When
  * they do not fit, the capacity doubles, starting from `first_capacity`
@@ -94,21 +96,20 @@ static inline void pulse_bytebuf_byte(pulse_bytebuf *b, uint8_t v) {
 }
 
 static inline void pulse_bytebuf_u16(pulse_bytebuf *b, uint16_t v) {
-  uint8_t x[2] = {(uint8_t)v, (uint8_t)(v >> 8)};
+  uint8_t x[2];
+  pulse_store_le16(x, v);
   pulse_bytebuf_put(b, x, 2);
 }
 
 static inline void pulse_bytebuf_u32(pulse_bytebuf *b, uint32_t v) {
   uint8_t x[4];
-  for (int i = 0; i < 4; i++)
-    x[i] = (uint8_t)(v >> (8 * i));
+  pulse_store_le32(x, v);
   pulse_bytebuf_put(b, x, 4);
 }
 
 static inline void pulse_bytebuf_u64(pulse_bytebuf *b, uint64_t v) {
   uint8_t x[8];
-  for (int i = 0; i < 8; i++)
-    x[i] = (uint8_t)(v >> (8 * i));
+  pulse_store_le64(x, v);
   pulse_bytebuf_put(b, x, 8);
 }
 

@@ -1,4 +1,5 @@
 /* safetensors_read.c - opening and validating one safetensors file. */
+#include "endian_impl.h"
 #include "json_impl.h"
 #include "pulse_safetensors.h"
 #include "status_impl.h"
@@ -33,13 +34,6 @@ typedef struct {
 
 /* Names and strings from a file are quoted at most this long in details. */
 #define QUOTE_MAX 200
-
-static uint64_t le64(const uint8_t *p) {
-  uint64_t v = 0;
-  for (int i = 7; i >= 0; i--)
-    v = v << 8 | p[i];
-  return v;
-}
 
 /* Re-raises the current detail after a prefix that starts with
  * "safetensors: " (the detail buffer is the destination, so it is copied
@@ -333,7 +327,7 @@ static pulse_status parse_header(pulse_st_file *f) {
                       "safetensors: %zu bytes, fewer than the 8 of the header "
                       "length",
                       f->size);
-  uint64_t hlen = le64(f->bytes);
+  uint64_t hlen = pulse_load_le64(f->bytes);
   if (hlen > PULSE_ST_MAX_HEADER)
     return pulse_fail(PULSE_ERR_OVERFLOW,
                       "safetensors: header length %llu exceeds the limit of "

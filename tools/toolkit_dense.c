@@ -2,59 +2,13 @@
 #include <math.h>
 #include <string.h>
 
+#include "endian_impl.h"
 #include "pulse_elem.h"
 #include "status_impl.h"
 #include "toolkit_dense.h"
 
 static const uint8_t MAGIC[4] = {'P', 'L', 'D', 'V'};
 #define VERSION 1u
-
-static void put_le(uint8_t *p, uint64_t v, unsigned bytes) {
-  for (unsigned i = 0; i < bytes; i++)
-    p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint64_t get_le(const uint8_t *p, unsigned bytes) {
-  uint64_t v = 0;
-  for (unsigned i = 0; i < bytes; i++)
-    v |= (uint64_t)p[i] << (8 * i);
-  return v;
-}
-
-/* The values' little-endian loads and stores: DDP moves a whole gradient
- * through them every inner step, so they are plain copies on the usual
- * little-endian host. */
-static inline uint32_t load_le32(const uint8_t *p) {
-  uint32_t v;
-  memcpy(&v, p, 4);
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-  v = __builtin_bswap32(v);
-#endif
-  return v;
-}
-
-static inline uint16_t load_le16(const uint8_t *p) {
-  uint16_t v;
-  memcpy(&v, p, 2);
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-  v = __builtin_bswap16(v);
-#endif
-  return v;
-}
-
-static inline void store_le32(uint8_t *p, uint32_t v) {
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-  v = __builtin_bswap32(v);
-#endif
-  memcpy(p, &v, 4);
-}
-
-static inline void store_le16(uint8_t *p, uint16_t v) {
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-  v = __builtin_bswap16(v);
-#endif
-  memcpy(p, &v, 2);
-}
 
 static inline uint32_t bits_of(float f) {
   uint32_t u;
@@ -106,17 +60,17 @@ pulse_status pulse_tk_dense_encode(const pulse_tk_dense_header *h,
   memcpy(out, MAGIC, 4);
   out[4] = VERSION;
   out[5] = (uint8_t)h->values;
-  put_le(out + 8, h->sender, 4);
-  put_le(out + 16, h->step, 8);
-  put_le(out + 24, h->samples, 8);
-  put_le(out + 32, h->count, 8);
+  pulse_store_le32(out + 8, h->sender);
+  pulse_store_le64(out + 16, h->step);
+  pulse_store_le64(out + 24, h->samples);
+  pulse_store_le64(out + 32, h->count);
   uint8_t *v = out + PULSE_TK_DENSE_HEADER;
   if (h->values == PULSE_TK_DENSE_FP32)
     for (uint64_t i = 0; i < h->count; i++)
-      store_le32(v + 4 * i, bits_of(x[i]));
+      pulse_store_le32(v + 4 * i, bits_of(x[i]));
   else
     for (uint64_t i = 0; i < h->count; i++)
-      store_le16(v + 2 * i, pulse_bf16_from_f32_bits(bits_of(x[i])));
+      pulse_store_le16(v + 2 * i, pulse_bf16_from_f32_bits(bits_of(x[i])));
   return PULSE_OK;
 }
 
@@ -135,11 +89,11 @@ pulse_status pulse_tk_dense_decode(const uint8_t *data, size_t size,
     return pulse_fail(PULSE_ERR_VERSION, "dense message: version %u", data[4]);
   pulse_tk_dense_header h;
   h.values = (pulse_tk_dense_values)data[5];
-  h.sender = (uint32_t)get_le(data + 8, 4);
-  h.step = get_le(data + 16, 8);
-  h.samples = get_le(data + 24, 8);
-  h.count = get_le(data + 32, 8);
-  if (get_le(data + 6, 2) != 0 || get_le(data + 12, 4) != 0 ||
+  h.sender = pulse_load_le32(data + 8);
+  h.step = pulse_load_le64(data + 16);
+  h.samples = pulse_load_le64(data + 24);
+  h.count = pulse_load_le64(data + 32);
+  if (pulse_load_le16(data + 6) != 0 || pulse_load_le32(data + 12) != 0 ||
       width_of(h.values) == 0 || h.samples == 0 || h.count == 0 ||
       h.count > PULSE_TK_DENSE_MAX_COUNT)
     return pulse_fail(PULSE_ERR_CORRUPT,
@@ -173,13 +127,13 @@ pulse_status pulse_tk_dense_decode(const uint8_t *data, size_t size,
   uint64_t bad = h.count;
   if (h.values == PULSE_TK_DENSE_FP32) {
     for (uint64_t i = 0; i < h.count; i++) {
-      uint32_t u = load_le32(v + 4 * i);
+      uint32_t u = pulse_load_le32(v + 4 * i);
       bad = f32_bits_finite(u) ? bad : i;
       x[i] = float_of(u);
     }
   } else {
     for (uint64_t i = 0; i < h.count; i++) {
-      uint32_t u = pulse_f32_bits_from_bf16(load_le16(v + 2 * i));
+      uint32_t u = pulse_f32_bits_from_bf16(pulse_load_le16(v + 2 * i));
       bad = f32_bits_finite(u) ? bad : i;
       x[i] = float_of(u);
     }
