@@ -13,88 +13,20 @@
 #include <unistd.h>
 
 #include "http_impl.h"
+#include "http_testutil.h"
 
-typedef struct {
-  long status;
-  char *body;
-  size_t size;
-  char headers[8192];
-  size_t hlen;
-} reply;
+typedef ht_reply reply;
 
-static size_t on_body(char *p, size_t sz, size_t n, void *ctx) {
-  reply *r = ctx;
-  r->body = realloc(r->body, r->size + sz * n + 1);
-  memcpy(r->body + r->size, p, sz * n);
-  r->size += sz * n;
-  r->body[r->size] = 0;
-  return sz * n;
-}
-
-static size_t on_header(char *p, size_t sz, size_t n, void *ctx) {
-  reply *r = ctx;
-  size_t len = sz * n;
-  if (r->hlen + len < sizeof r->headers) {
-    memcpy(r->headers + r->hlen, p, len);
-    r->hlen += len;
-    r->headers[r->hlen] = 0;
-  }
-  return len;
-}
-
-/* One request; path taken as is; `body` (may be NULL) is sent with POST. */
+/* One request; path taken as is; `body` (may be NULL) is sent with POST.
+ * The transfer itself must succeed. */
 static reply ask(uint16_t port, const char *method, const char *path,
                  const char *const *hdrs, const char *body) {
-  reply r;
-  memset(&r, 0, sizeof r);
-  char url[1024];
-  snprintf(url, sizeof url, "http://127.0.0.1:%u%s", (unsigned)port, path);
-  CURL *c = curl_easy_init();
-  struct curl_slist *list = NULL;
-  for (size_t i = 0; hdrs && hdrs[i]; i++)
-    list = curl_slist_append(list, hdrs[i]);
-  curl_easy_setopt(c, CURLOPT_URL, url);
-  curl_easy_setopt(c, CURLOPT_PATH_AS_IS, 1L);
-  curl_easy_setopt(c, CURLOPT_HTTPHEADER, list);
-  curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
-  curl_easy_setopt(c, CURLOPT_WRITEDATA, &r);
-  curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, on_header);
-  curl_easy_setopt(c, CURLOPT_HEADERDATA, &r);
-  curl_easy_setopt(c, CURLOPT_TIMEOUT, 20L);
-  curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
-  if (strcmp(method, "HEAD") == 0) {
-    curl_easy_setopt(c, CURLOPT_NOBODY, 1L);
-  } else if (strcmp(method, "POST") == 0) {
-    curl_easy_setopt(c, CURLOPT_POST, 1L);
-    curl_easy_setopt(c, CURLOPT_POSTFIELDS, body ? body : "");
-  } else if (strcmp(method, "GET") != 0) {
-    curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
-  }
-  CURLcode rc = curl_easy_perform(c);
-  cr_assert_eq(rc, CURLE_OK, "%s %s: %s", method, path, curl_easy_strerror(rc));
-  curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &r.status);
-  curl_slist_free_all(list);
-  curl_easy_cleanup(c);
+  if (strcmp(method, "POST") == 0 && body == NULL)
+    body = "";
+  reply r = ht_request(port, method, path, hdrs, body);
+  cr_assert_eq(r.rc, CURLE_OK, "%s %s: %s", method, path,
+               curl_easy_strerror(r.rc));
   return r;
-}
-
-static const char *header(const reply *r, const char *name, char *out,
-                          size_t cap) {
-  size_t n = strlen(name);
-  for (const char *p = r->headers; p && *p;
-       p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL)
-    if (strncasecmp(p, name, n) == 0 && p[n] == ':') {
-      const char *v = p + n + 1;
-      while (*v == ' ')
-        v++;
-      size_t len = strcspn(v, "\r\n");
-      if (len >= cap)
-        len = cap - 1;
-      memcpy(out, v, len);
-      out[len] = 0;
-      return out;
-    }
-  return NULL;
 }
 
 static void etag_of(const void *data, size_t size, char out[67]) {
@@ -130,8 +62,8 @@ Test(loco_serve, blobs_have_strong_etags_304_and_ranges) {
   cr_assert_eq(r.status, 200);
   cr_assert_eq(r.size, 1000);
   cr_assert_eq(memcmp(r.body, blob, 1000), 0);
-  cr_assert_str_eq(header(&r, "ETag", v, sizeof v), want);
-  cr_assert_str_eq(header(&r, "Accept-Ranges", v, sizeof v), "bytes");
+  cr_assert_str_eq(ht_header(&r, "ETag", v, sizeof v), want);
+  cr_assert_str_eq(ht_header(&r, "Accept-Ranges", v, sizeof v), "bytes");
   free(r.body);
 
   snprintf(inm, sizeof inm, "If-None-Match: %s", want);
@@ -146,7 +78,7 @@ Test(loco_serve, blobs_have_strong_etags_304_and_ranges) {
   cr_assert_eq(r.status, 206);
   cr_assert_eq(r.size, 10);
   cr_assert_eq(memcmp(r.body, blob + 10, 10), 0);
-  cr_assert_str_eq(header(&r, "Content-Range", v, sizeof v),
+  cr_assert_str_eq(ht_header(&r, "Content-Range", v, sizeof v),
                    "bytes 10-19/1000");
   free(r.body);
 
@@ -159,7 +91,7 @@ Test(loco_serve, blobs_have_strong_etags_304_and_ranges) {
   const char *past[] = {"Range: bytes=1000-", NULL};
   r = ask(port, "GET", "/v1/loco/round/1", past, NULL);
   cr_assert_eq(r.status, 416);
-  cr_assert_str_eq(header(&r, "Content-Range", v, sizeof v), "bytes */1000");
+  cr_assert_str_eq(ht_header(&r, "Content-Range", v, sizeof v), "bytes */1000");
   free(r.body);
 
   /* A resume of a copy of other bytes gets the whole body. */
@@ -198,7 +130,7 @@ Test(loco_serve, a_replaced_blob_has_a_new_etag_and_a_dropped_one_is_gone) {
   reply r = ask(port, "GET", "/v1/loco/round/1", cond, NULL);
   cr_assert_eq(r.status, 200, "the old tag no longer matches");
   cr_assert_eq(memcmp(r.body, blob, 1000), 0);
-  cr_assert_str_eq(header(&r, "ETag", v, sizeof v), now);
+  cr_assert_str_eq(ht_header(&r, "ETag", v, sizeof v), now);
   free(r.body);
   loco_server_drop(s, "/v1/loco/round/", 2);
   r = ask(port, "GET", "/v1/loco/round/1", NULL, NULL);
@@ -236,7 +168,7 @@ Test(loco_serve, paths_that_name_nothing_and_other_methods_are_refused) {
               "%s %s: JSON error", cases[i].method, cases[i].path);
     if (cases[i].status == 405) {
       char v[64];
-      cr_assert_str_eq(header(&r, "Allow", v, sizeof v), "GET, HEAD, POST");
+      cr_assert_str_eq(ht_header(&r, "Allow", v, sizeof v), "GET, HEAD, POST");
     }
     free(r.body);
   }

@@ -8,6 +8,7 @@
 #include <pthread.h>
 #include <time.h>
 
+#include "http_testutil.h"
 #include "pulse_publisher.h"
 #include "pulse_server.h"
 #include "pulse_sign.h"
@@ -21,83 +22,13 @@ static double now_s(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-typedef struct {
-  long status;
-  char *body;
-  size_t size;
-  char headers[8192];
-  size_t hlen;
-} reply;
+typedef ht_reply reply;
 
-static size_t on_body(char *p, size_t sz, size_t n, void *ctx) {
-  reply *r = ctx;
-  r->body = realloc(r->body, r->size + sz * n + 1);
-  memcpy(r->body + r->size, p, sz * n);
-  r->size += sz * n;
-  r->body[r->size] = 0;
-  return sz * n;
-}
-
-static size_t on_header(char *p, size_t sz, size_t n, void *ctx) {
-  reply *r = ctx;
-  size_t len = sz * n;
-  if (r->hlen + len < sizeof r->headers) {
-    memcpy(r->headers + r->hlen, p, len);
-    r->hlen += len;
-    r->headers[r->hlen] = 0;
-  }
-  return len;
-}
-
-/* GET (or another method) with extra request headers; path taken as is. */
+/* GET (or another method) with extra request headers; path taken as is;
+ * status 0 when no answer came. */
 static reply get(uint16_t port, const char *path, const char *const *hdrs,
                  const char *method) {
-  reply r;
-  memset(&r, 0, sizeof r);
-  char url[1024];
-  snprintf(url, sizeof url, "http://127.0.0.1:%u%s", (unsigned)port, path);
-  CURL *c = curl_easy_init();
-  struct curl_slist *list = NULL;
-  for (size_t i = 0; hdrs && hdrs[i]; i++)
-    list = curl_slist_append(list, hdrs[i]);
-  curl_easy_setopt(c, CURLOPT_URL, url);
-  curl_easy_setopt(c, CURLOPT_PATH_AS_IS, 1L);
-  curl_easy_setopt(c, CURLOPT_HTTPHEADER, list);
-  curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
-  curl_easy_setopt(c, CURLOPT_WRITEDATA, &r);
-  curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, on_header);
-  curl_easy_setopt(c, CURLOPT_HEADERDATA, &r);
-  curl_easy_setopt(c, CURLOPT_TIMEOUT, 20L);
-  curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
-  if (method && strcmp(method, "HEAD") == 0)
-    curl_easy_setopt(c, CURLOPT_NOBODY, 1L);
-  else if (method)
-    curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
-  CURLcode rc = curl_easy_perform(c);
-  if (rc == CURLE_OK)
-    curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &r.status);
-  curl_slist_free_all(list);
-  curl_easy_cleanup(c);
-  return r;
-}
-
-static const char *header(const reply *r, const char *name, char *out,
-                          size_t cap) {
-  size_t n = strlen(name);
-  for (const char *p = r->headers; p && *p;
-       p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL)
-    if (strncasecmp(p, name, n) == 0 && p[n] == ':') {
-      const char *v = p + n + 1;
-      while (*v == ' ')
-        v++;
-      size_t len = strcspn(v, "\r\n");
-      if (len >= cap)
-        len = cap - 1;
-      memcpy(out, v, len);
-      out[len] = 0;
-      return out;
-    }
-  return NULL;
+  return ht_request(port, method, path, hdrs, NULL);
 }
 
 /* A store with steps 0..steps, a publisher (kept open) and a server. */
@@ -167,7 +98,7 @@ static void commit_next(fixture *f, uint64_t step) {
 }
 
 static void free_reply(reply *r) {
-  free(r->body);
+  ht_reply_free(r);
 }
 
 Test(server, head_is_json_with_an_etag_and_answers_304_when_unchanged) {
@@ -182,10 +113,11 @@ Test(server, head_is_json_with_an_etag_and_answers_304_when_unchanged) {
   cr_assert(strstr(r.body, "\"url\":\"/v1/objects/") != NULL);
   pulse_store_head_free(h);
   char etag[128], inm[160], v[128];
-  cr_assert_not_null(header(&r, "ETag", etag, sizeof etag));
+  cr_assert_not_null(ht_header(&r, "ETag", etag, sizeof etag));
   cr_assert_eq(etag[0], '"', "a strong ETag");
-  cr_assert_str_eq(header(&r, "Cache-Control", v, sizeof v), "no-cache");
-  cr_assert_str_eq(header(&r, "Content-Type", v, sizeof v), "application/json");
+  cr_assert_str_eq(ht_header(&r, "Cache-Control", v, sizeof v), "no-cache");
+  cr_assert_str_eq(ht_header(&r, "Content-Type", v, sizeof v),
+                   "application/json");
   snprintf(inm, sizeof inm, "If-None-Match: %s", etag);
   const char *hdrs[] = {inm, NULL};
   reply r2 = get(f.port, "/v1/head", hdrs, NULL);
@@ -219,10 +151,10 @@ Test(server, objects_are_immutable_with_ranges_and_conditionals) {
   char hex[65];
   store_hex(o->sha256, 32, hex);
   snprintf(etag, sizeof etag, "\"%s\"", hex);
-  cr_assert_str_eq(header(&r, "ETag", v, sizeof v), etag);
-  cr_assert_str_eq(header(&r, "Cache-Control", v, sizeof v),
+  cr_assert_str_eq(ht_header(&r, "ETag", v, sizeof v), etag);
+  cr_assert_str_eq(ht_header(&r, "Cache-Control", v, sizeof v),
                    "public, max-age=31536000, immutable");
-  cr_assert_str_eq(header(&r, "Accept-Ranges", v, sizeof v), "bytes");
+  cr_assert_str_eq(ht_header(&r, "Accept-Ranges", v, sizeof v), "bytes");
 
   const char *range1[] = {"Range: bytes=10-19", NULL};
   reply a = get(f.port, url, range1, NULL);
@@ -231,7 +163,7 @@ Test(server, objects_are_immutable_with_ranges_and_conditionals) {
   cr_assert_eq(memcmp(a.body, want + 10, 10), 0);
   char cr[96];
   snprintf(cr, sizeof cr, "bytes 10-19/%zu", n);
-  cr_assert_str_eq(header(&a, "Content-Range", v, sizeof v), cr);
+  cr_assert_str_eq(ht_header(&a, "Content-Range", v, sizeof v), cr);
   const char *suffix[] = {"Range: bytes=-7", NULL};
   reply b = get(f.port, url, suffix, NULL);
   cr_assert_eq(b.status, 206);
@@ -245,7 +177,7 @@ Test(server, objects_are_immutable_with_ranges_and_conditionals) {
   reply d = get(f.port, url, past, NULL);
   cr_assert_eq(d.status, 416);
   snprintf(cr, sizeof cr, "bytes */%zu", n);
-  cr_assert_str_eq(header(&d, "Content-Range", v, sizeof v), cr);
+  cr_assert_str_eq(ht_header(&d, "Content-Range", v, sizeof v), cr);
   const char *multi[] = {"Range: bytes=0-1,5-6", NULL};
   reply e = get(f.port, url, multi, NULL);
   cr_assert_eq(e.status, 200, "several ranges: the whole object");
@@ -260,7 +192,7 @@ Test(server, objects_are_immutable_with_ranges_and_conditionals) {
   const char *cond[] = {inm, NULL};
   reply i = get(f.port, url, cond, NULL);
   cr_assert_eq(i.status, 304);
-  cr_assert_str_eq(header(&i, "ETag", v, sizeof v), etag);
+  cr_assert_str_eq(ht_header(&i, "ETag", v, sizeof v), etag);
   reply missing = get(
       f.port,
       "/v1/objects/"
@@ -317,7 +249,7 @@ Test(server, no_request_can_leave_the_store) {
   reply post = get(f.port, "/v1/head", NULL, "POST");
   cr_assert_eq(post.status, 405);
   char v[64];
-  cr_assert_str_eq(header(&post, "Allow", v, sizeof v), "GET, HEAD");
+  cr_assert_str_eq(ht_header(&post, "Allow", v, sizeof v), "GET, HEAD");
   free_reply(&post);
   reply del = get(f.port, "/v1/head", NULL, "DELETE");
   cr_assert_eq(del.status, 405);
@@ -445,7 +377,7 @@ Test(server, a_long_poll_times_out_with_the_current_head_and_limits_hold) {
   reply busy = get(j.port, "/v1/head?after=1&timeout_ms=800", NULL, NULL);
   cr_assert_eq(busy.status, 503);
   char v[16];
-  cr_assert_str_eq(header(&busy, "Retry-After", v, sizeof v), "1");
+  cr_assert_str_eq(ht_header(&busy, "Retry-After", v, sizeof v), "1");
   free_reply(&busy);
   /* Stopping answers the waiter at once. */
   double stop0 = now_s();
@@ -487,10 +419,11 @@ static void check_catchup(fixture *f, uint64_t from) {
                0);
   /* Signed by the store's key. */
   char sig[200], pub[100], size_s[32], etag[80], digest[80];
-  cr_assert_not_null(header(&r, "X-Pulse-Signature", sig, sizeof sig));
-  cr_assert_not_null(header(&r, "X-Pulse-Public-Key", pub, sizeof pub));
-  cr_assert_not_null(header(&r, "ETag", etag, sizeof etag));
-  cr_assert_not_null(header(&r, "X-Pulse-State-Digest", digest, sizeof digest));
+  cr_assert_not_null(ht_header(&r, "X-Pulse-Signature", sig, sizeof sig));
+  cr_assert_not_null(ht_header(&r, "X-Pulse-Public-Key", pub, sizeof pub));
+  cr_assert_not_null(ht_header(&r, "ETag", etag, sizeof etag));
+  cr_assert_not_null(
+      ht_header(&r, "X-Pulse-State-Digest", digest, sizeof digest));
   snprintf(size_s, sizeof size_s, "%zu", r.size);
   char canon[512];
   int len = snprintf(canon, sizeof canon,
@@ -590,9 +523,12 @@ Test(server, a_damaged_head_file_is_not_served_and_the_last_good_one_stays) {
   free_reply(&r);
   /* A request is counted when the server finishes it, which can be just
    * after the client has its reply: look again for a moment. */
-  static const char counted[] = "pulse_http_requests_total{route=\"head\",code=\"200\"} 1";
+  static const char counted[] =
+      "pulse_http_requests_total{route=\"head\",code=\"200\"} 1";
   reply m = get(f.port, "/metrics", NULL, NULL);
-  for (int tries = 0; tries < 200 && m.status == 200 && strstr(m.body, counted) == NULL; tries++) {
+  for (int tries = 0;
+       tries < 200 && m.status == 200 && strstr(m.body, counted) == NULL;
+       tries++) {
     free_reply(&m);
     usleep(10000);
     m = get(f.port, "/metrics", NULL, NULL);
@@ -605,7 +541,8 @@ Test(server, a_damaged_head_file_is_not_served_and_the_last_good_one_stays) {
   const char *errors = strstr(m.body, sample);
   cr_assert(errors != NULL, "%s", m.body);
   unsigned long long nerrors = strtoull(errors + strlen(sample), NULL, 10);
-  cr_assert(nerrors >= 1 && nerrors <= 3, "%llu head errors\n%s", nerrors, m.body);
+  cr_assert(nerrors >= 1 && nerrors <= 3, "%llu head errors\n%s", nerrors,
+            m.body);
   cr_assert(strstr(m.body, counted) != NULL, "%s", m.body);
   cr_assert(
       strstr(m.body, "# TYPE pulse_http_request_duration_seconds histogram") !=
