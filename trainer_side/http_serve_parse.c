@@ -29,7 +29,7 @@ int serve_etag_listed(const char *list, const char *etag) {
   return 0;
 }
 
-static int digits_u64(const char *s, size_t n, uint64_t *out) {
+int serve_parse_digits(const char *s, size_t n, uint64_t *out) {
   if (n == 0 || n > 19)
     return -1;
   uint64_t v = 0;
@@ -58,7 +58,7 @@ serve_range serve_parse_range(const char *h, uint64_t size, uint64_t *first,
   const char *end = s + strlen(s);
   uint64_t a, b;
   if (dash == s) { /* suffix */
-    if (digits_u64(dash + 1, (size_t)(end - dash - 1), &b) != 0)
+    if (serve_parse_digits(dash + 1, (size_t)(end - dash - 1), &b) != 0)
       return SERVE_RANGE_NONE;
     if (b == 0 || size == 0)
       return SERVE_RANGE_UNSATISFIABLE;
@@ -66,11 +66,12 @@ serve_range serve_parse_range(const char *h, uint64_t size, uint64_t *first,
     *last = size - 1;
     return SERVE_RANGE_OK;
   }
-  if (digits_u64(s, (size_t)(dash - s), &a) != 0)
+  if (serve_parse_digits(s, (size_t)(dash - s), &a) != 0)
     return SERVE_RANGE_NONE;
   if (dash + 1 == end)
     b = UINT64_MAX;
-  else if (digits_u64(dash + 1, (size_t)(end - dash - 1), &b) != 0 || b < a)
+  else if (serve_parse_digits(dash + 1, (size_t)(end - dash - 1), &b) != 0 ||
+           b < a)
     return SERVE_RANGE_NONE;
   if (a >= size)
     return SERVE_RANGE_UNSATISFIABLE;

@@ -4,7 +4,12 @@
 #ifndef PULSE_HTTP_SERVE_PARSE_IMPL_H
 #define PULSE_HTTP_SERVE_PARSE_IMPL_H
 
+#include <stddef.h>
 #include <stdint.h>
+
+/** Parses exactly n decimal digits (1..19, so no overflow) into *out.
+ * @return 0, or -1 (nothing written) for anything else. */
+int serve_parse_digits(const char *s, size_t n, uint64_t *out);
 
 /** 1 when the If-None-Match list `list` holds `etag` (or is "*"), weak
  * comparison as RFC 9110 asks; 0 otherwise or when either is NULL. */

@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "http_serve_parse_impl.h"
 #include "server_impl.h"
 #include "store_impl.h"
 
@@ -52,18 +53,12 @@ static int object_request(void *user, pulse_serve_request *rq,
   return pulse_serve_reply_fd(rq, &m, fd, (uint64_t)sb.st_size);
 }
 
+/* A step as the catch-up route spells it: decimal, no leading zero. */
 static int parse_step(const char *s, uint64_t *out) {
   size_t n = strlen(s);
-  if (n == 0 || n > 19 || (n > 1 && s[0] == '0'))
+  if (n > 1 && s[0] == '0')
     return -1;
-  uint64_t v = 0;
-  for (size_t i = 0; i < n; i++) {
-    if (s[i] < '0' || s[i] > '9')
-      return -1;
-    v = v * 10 + (uint64_t)(s[i] - '0');
-  }
-  *out = v;
-  return 0;
+  return serve_parse_digits(s, n, out);
 }
 
 static int catchup_route(void *user, pulse_serve_request *rq,
