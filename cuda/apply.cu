@@ -238,8 +238,9 @@ static pulse_status check_bf16_table(const pulse_cuda_bf16_tensor *table,
 }
 
 /* Uploads a BF16 table (with change-list ranges when first is not NULL; a
- * NULL table gives tensors of no elements, for the ranges alone). */
-static pulse_status bf16_table(pulse_cuda_workspace *ws,
+ * NULL table gives tensors of no elements, for the ranges alone) into table
+ * slot `which`. */
+static pulse_status bf16_table(pulse_cuda_workspace *ws, unsigned which,
                                const pulse_cuda_bf16_tensor *table,
                                size_t count, const uint64_t *first,
                                uint32_t chunk_log2, void *stream,
@@ -262,7 +263,7 @@ static pulse_status bf16_table(pulse_cuda_workspace *ws,
   desc.numel = numel;
   desc.entry_first = first;
   desc.chunk_log2 = chunk_log2;
-  st = pulse_table_upload(ws, &desc, stream, tab);
+  st = pulse_table_upload(ws, which, &desc, stream, tab);
 cleanup:
   free(base), free(numel);
   return st;
@@ -275,33 +276,78 @@ static unsigned list_blocks(uint64_t n) {
   return (unsigned)(blocks == 0 ? 1 : blocks < cap ? blocks : cap);
 }
 
+/* The first tensor with elements (the call's device is its device). */
+static const void *first_data(const pulse_cuda_bf16_tensor *table,
+                              size_t count) {
+  for (size_t t = 0; table != NULL && t < count; t++)
+    if (table[t].numel > 0)
+      return table[t].data_d;
+  return NULL;
+}
+
+/* Every tensor of a table on the call's device. */
+static pulse_status check_table_device(const pulse_cuda_bf16_tensor *table,
+                                       size_t count, int device,
+                                       const char *what) {
+  for (size_t t = 0; table != NULL && t < count; t++)
+    if (table[t].numel > 0)
+      PULSE_TRY(pulse_cuda_check_ptr_(table[t].data_d, device, what));
+  return PULSE_OK;
+}
+
+/* Public entries over a BF16 table: checks, device, stream and workspace. */
+typedef struct {
+  pulse_cuda_at at;
+  pulse_cuda_workspace *ws, *temp;
+} entry;
+
+static pulse_status entry_begin(entry *e, pulse_cuda_workspace *ws,
+                                const pulse_cuda_bf16_tensor *table,
+                                size_t count, const void *other_d,
+                                void *stream, const char *what) {
+  e->at.previous = -1;
+  e->ws = ws;
+  e->temp = NULL;
+  const void *ptr = first_data(table, count);
+  PULSE_TRY(pulse_cuda_enter_(ws, ptr != NULL ? ptr : other_d, stream, what,
+                              &e->at));
+  pulse_status st = check_table_device(table, count, e->at.device, what);
+  if (st == PULSE_OK && other_d != NULL)
+    st = pulse_cuda_check_ptr_(other_d, e->at.device, what);
+  if (st == PULSE_OK && ws == NULL) {
+    st = pulse_cuda_workspace_create(&e->temp);
+    e->ws = e->temp;
+  }
+  if (st != PULSE_OK)
+    pulse_cuda_leave_(&e->at);
+  return st;
+}
+
+static void entry_end(entry *e) {
+  pulse_cuda_workspace_free(e->temp);
+  e->temp = NULL;
+  pulse_cuda_leave_(&e->at);
+}
+
 /* ------------------------------------------------------------ digests */
 
 extern "C" pulse_status
-pulse_cuda_digest(pulse_cuda_workspace *ws, const pulse_cuda_bf16_tensor *table,
-                  size_t count, pulse_tensor_digest *digests, void *stream) {
+pulse_cuda_digest_in_(pulse_cuda_workspace *ws,
+                      const pulse_cuda_bf16_tensor *table, size_t count,
+                      pulse_tensor_digest *digests, void *stream) {
   pulse_status st = PULSE_OK;
   cudaStream_t s = (cudaStream_t)stream;
-  pulse_cuda_workspace *temp = NULL;
   pulse_dev_table tab;
   void *sums = NULL;
   uint64_t *host = NULL;
   uint64_t blocks = 0;
-  if (count > 0 && digests == NULL)
-    return pulse_fail(PULSE_ERR_ARG, "cuda digest: NULL output");
-  PULSE_TRY(check_bf16_table(table, count, "cuda digest"));
-  PULSE_TRY(pulse_cuda_require_("cuda digest"));
-  if (ws == NULL) {
-    PULSE_TRY(pulse_cuda_workspace_create(&temp));
-    ws = temp;
-  }
   host = (uint64_t *)calloc(2 * count + 1, sizeof *host);
   if (host == NULL) {
     st = pulse_fail(PULSE_ERR_NOMEM, "cuda digest: %zu tensors", count);
     goto cleanup;
   }
-  PULSE_CHECK(
-      bf16_table(ws, table, count, NULL, PULSE_TILE_LOG2, stream, &tab));
+  PULSE_CHECK(bf16_table(ws, PULSE_WS_TABLE, table, count, NULL,
+                         PULSE_TILE_LOG2, stream, &tab));
   PULSE_CHECK(pulse_cuda_ws_get_(ws, PULSE_WS_SMALL,
                                  (2 * count + 1) * sizeof(uint64_t), &sums));
   PULSE_CUDA_CHECK(
@@ -327,41 +373,41 @@ pulse_cuda_digest(pulse_cuda_workspace *ws, const pulse_cuda_bf16_tensor *table,
   }
 cleanup:
   free(host);
-  pulse_cuda_workspace_free(temp);
   return st;
 }
 
-extern "C" pulse_status pulse_cuda_changes_digest(
+extern "C" pulse_status
+pulse_cuda_digest(pulse_cuda_workspace *ws, const pulse_cuda_bf16_tensor *table,
+                  size_t count, pulse_tensor_digest *digests, void *stream) {
+  pulse_status st = PULSE_OK;
+  entry e;
+  if (count > 0 && digests == NULL)
+    return pulse_fail(PULSE_ERR_ARG, "cuda digest: NULL output");
+  PULSE_TRY(check_bf16_table(table, count, "cuda digest"));
+  PULSE_TRY(entry_begin(&e, ws, table, count, NULL, stream, "cuda digest"));
+  st = pulse_cuda_digest_in_(e.ws, table, count, digests, e.at.stream);
+  entry_end(&e);
+  return st;
+}
+
+extern "C" pulse_status pulse_cuda_changes_digest_in_(
     pulse_cuda_workspace *ws, const uint64_t *tensor_first, size_t count,
     const uint64_t *pos_d, const uint16_t *old_d, const uint16_t *new_d,
     pulse_tensor_digest *moves, void *stream) {
   pulse_status st = PULSE_OK;
   cudaStream_t s = (cudaStream_t)stream;
-  pulse_cuda_workspace *temp = NULL;
   pulse_dev_table tab;
   void *sums = NULL;
   uint64_t *host = NULL;
   uint64_t warps = 0, blocks = 0;
   const uint64_t per_block = PULSE_LIST_THREADS / 32u;
-  if (count >= UINT32_MAX || (count > 0 && moves == NULL))
-    return pulse_fail(PULSE_ERR_ARG,
-                      "cuda changes digest: bad table or NULL output");
-  PULSE_TRY(pulse_check_ranges(tensor_first, count, "cuda changes digest"));
-  if (tensor_first[count] > 0 &&
-      (pos_d == NULL || old_d == NULL || new_d == NULL))
-    return pulse_fail(PULSE_ERR_ARG, "cuda changes digest: NULL change arrays");
-  PULSE_TRY(pulse_cuda_require_("cuda changes digest"));
-  if (ws == NULL) {
-    PULSE_TRY(pulse_cuda_workspace_create(&temp));
-    ws = temp;
-  }
   host = (uint64_t *)calloc(2 * count + 1, sizeof *host);
   if (host == NULL) {
     st = pulse_fail(PULSE_ERR_NOMEM, "cuda changes digest: %zu tensors", count);
     goto cleanup;
   }
-  PULSE_CHECK(
-      bf16_table(ws, NULL, count, tensor_first, PULSE_TILE_LOG2, stream, &tab));
+  PULSE_CHECK(bf16_table(ws, PULSE_WS_TABLE, NULL, count, tensor_first,
+                         PULSE_TILE_LOG2, stream, &tab));
   PULSE_CHECK(pulse_cuda_ws_get_(ws, PULSE_WS_SMALL,
                                  (2 * count + 1) * sizeof(uint64_t), &sums));
   PULSE_CUDA_CHECK(
@@ -389,7 +435,33 @@ extern "C" pulse_status pulse_cuda_changes_digest(
   }
 cleanup:
   free(host);
-  pulse_cuda_workspace_free(temp);
+  return st;
+}
+
+extern "C" pulse_status pulse_cuda_changes_digest(
+    pulse_cuda_workspace *ws, const uint64_t *tensor_first, size_t count,
+    const uint64_t *pos_d, const uint16_t *old_d, const uint16_t *new_d,
+    pulse_tensor_digest *moves, void *stream) {
+  pulse_status st = PULSE_OK;
+  entry e;
+  if (count >= UINT32_MAX || (count > 0 && moves == NULL))
+    return pulse_fail(PULSE_ERR_ARG,
+                      "cuda changes digest: bad table or NULL output");
+  PULSE_TRY(pulse_check_ranges(tensor_first, count, "cuda changes digest"));
+  if (tensor_first[count] > 0 &&
+      (pos_d == NULL || old_d == NULL || new_d == NULL))
+    return pulse_fail(PULSE_ERR_ARG, "cuda changes digest: NULL change arrays");
+  PULSE_TRY(entry_begin(&e, ws, NULL, 0, tensor_first[count] > 0 ? pos_d : NULL,
+                        stream, "cuda changes digest"));
+  if (tensor_first[count] > 0) {
+    st = pulse_cuda_check_ptr_(old_d, e.at.device, "cuda changes digest");
+    if (st == PULSE_OK)
+      st = pulse_cuda_check_ptr_(new_d, e.at.device, "cuda changes digest");
+  }
+  if (st == PULSE_OK)
+    st = pulse_cuda_changes_digest_in_(e.ws, tensor_first, count, pos_d, old_d,
+                                       new_d, moves, e.at.stream);
+  entry_end(&e);
   return st;
 }
 
@@ -408,8 +480,8 @@ static pulse_status run_list(pulse_cuda_workspace *ws,
   pulse_dev_table tab;
   void *flag = NULL;
   *bad = 0;
-  PULSE_CHECK(bf16_table(ws, table, count, tensor_first, PULSE_TILE_LOG2,
-                         stream, &tab));
+  PULSE_CHECK(bf16_table(ws, PULSE_WS_TABLE, table, count, tensor_first,
+                         PULSE_TILE_LOG2, stream, &tab));
   PULSE_CHECK(pulse_cuda_ws_get_(ws, PULSE_WS_SMALL, sizeof(unsigned), &flag));
   PULSE_CUDA_CHECK(cudaMemsetAsync(flag, 0, sizeof(unsigned), s));
   if (tab.entries > 0) {
@@ -440,27 +512,37 @@ static pulse_status check_list(const pulse_cuda_bf16_tensor *table,
 }
 
 extern "C" pulse_status
+pulse_cuda_scatter_in_(pulse_cuda_workspace *ws,
+                       const pulse_cuda_bf16_tensor *table, size_t count,
+                       const uint64_t *tensor_first, const uint64_t *pos_d,
+                       const uint16_t *new_d, void *stream) {
+  unsigned bad = 0;
+  PULSE_TRY(run_list(ws, table, count, tensor_first, pos_d, NULL, NULL,
+                     (uint16_t *)new_d, stream, &bad));
+  if (bad)
+    return pulse_fail(PULSE_ERR_POSITION,
+                      "cuda scatter: a position is past its tensor");
+  return PULSE_OK;
+}
+
+extern "C" pulse_status
 pulse_cuda_scatter(pulse_cuda_workspace *ws,
                    const pulse_cuda_bf16_tensor *table, size_t count,
                    const uint64_t *tensor_first, const uint64_t *pos_d,
                    const uint16_t *new_d, void *stream) {
   pulse_status st = PULSE_OK;
-  pulse_cuda_workspace *temp = NULL;
-  unsigned bad = 0;
+  entry e;
   PULSE_TRY(check_list(table, count, tensor_first, pos_d, new_d, new_d,
                        "cuda scatter"));
-  PULSE_TRY(pulse_cuda_require_("cuda scatter"));
-  if (ws == NULL) {
-    PULSE_TRY(pulse_cuda_workspace_create(&temp));
-    ws = temp;
-  }
-  PULSE_CHECK(run_list(ws, table, count, tensor_first, pos_d, NULL, NULL,
-                       (uint16_t *)new_d, stream, &bad));
-  if (bad)
-    st = pulse_fail(PULSE_ERR_POSITION,
-                    "cuda scatter: a position is past its tensor");
-cleanup:
-  pulse_cuda_workspace_free(temp);
+  PULSE_TRY(entry_begin(&e, ws, table, count,
+                        tensor_first[count] > 0 ? pos_d : NULL, stream,
+                        "cuda scatter"));
+  if (tensor_first[count] > 0)
+    st = pulse_cuda_check_ptr_(new_d, e.at.device, "cuda scatter");
+  if (st == PULSE_OK)
+    st = pulse_cuda_scatter_in_(e.ws, table, count, tensor_first, pos_d, new_d,
+                                e.at.stream);
+  entry_end(&e);
   return st;
 }
 
@@ -487,7 +569,9 @@ cleanup:
 /* -------------------------------------------------------- class index */
 
 struct pulse_cuda_class_index {
-  pulse_cuda_workspace *ws; /* its table, tile prefixes, and locate's scratch */
+  pulse_cuda_workspace *ws; /* its table, tile prefixes, locate's scratch */
+  int owns_ws;              /* built by the public entry: ws is its own */
+  int device;
   pulse_dev_table tab;
   uint32_t *hist; /* host: chunks * PULSE_CLASS_COUNT */
   uint32_t *tile_hist_d;
@@ -496,35 +580,28 @@ struct pulse_cuda_class_index {
 extern "C" void pulse_cuda_class_index_free(pulse_cuda_class_index *idx) {
   if (idx == NULL)
     return;
-  pulse_cuda_workspace_free(idx->ws);
+  if (idx->owns_ws)
+    pulse_cuda_workspace_free(idx->ws);
   free(idx->hist);
   free(idx);
 }
 
-extern "C" pulse_status
-pulse_cuda_class_index_build(const pulse_cuda_bf16_tensor *table, size_t count,
-                             uint32_t chunk_log2, void *stream,
-                             pulse_cuda_class_index **out) {
+extern "C" pulse_status pulse_cuda_class_index_build_in_(
+    pulse_cuda_workspace *ws, const pulse_cuda_bf16_tensor *table, size_t count,
+    uint32_t chunk_log2, void *stream, pulse_cuda_class_index **out) {
   pulse_status st = PULSE_OK;
   cudaStream_t s = (cudaStream_t)stream;
   pulse_cuda_class_index *idx = NULL;
   void *tile_hist = NULL, *chunk_hist = NULL;
   size_t hist_bytes = 0;
-  if (out == NULL)
-    return pulse_fail(PULSE_ERR_ARG, "cuda class index: NULL output");
   *out = NULL;
-  PULSE_TRY(check_bf16_table(table, count, "cuda class index"));
-  if (chunk_log2 < 10 || chunk_log2 > 30)
-    return pulse_fail(PULSE_ERR_ARG,
-                      "cuda class index: chunk_log2 %u outside 10..30",
-                      chunk_log2);
-  PULSE_TRY(pulse_cuda_require_("cuda class index"));
   idx = (pulse_cuda_class_index *)calloc(1, sizeof *idx);
   if (idx == NULL)
     return pulse_fail(PULSE_ERR_NOMEM, "cuda class index");
-  PULSE_CHECK(pulse_cuda_workspace_create(&idx->ws));
-  PULSE_CHECK(
-      bf16_table(idx->ws, table, count, NULL, chunk_log2, stream, &idx->tab));
+  idx->ws = ws;
+  idx->device = pulse_cuda_ws_device_(ws);
+  PULSE_CHECK(bf16_table(ws, PULSE_WS_IDX_TABLE, table, count, NULL,
+                         chunk_log2, stream, &idx->tab));
   hist_bytes = idx->tab.chunks * PULSE_CLASS_COUNT * sizeof(uint32_t);
   idx->hist = (uint32_t *)malloc(hist_bytes + sizeof(uint32_t));
   if (idx->hist == NULL) {
@@ -533,10 +610,10 @@ pulse_cuda_class_index_build(const pulse_cuda_bf16_tensor *table, size_t count,
     goto cleanup;
   }
   PULSE_CHECK(pulse_cuda_ws_get_(
-      idx->ws, PULSE_WS_TILE_HIST,
+      ws, PULSE_WS_IDX_TILE_HIST,
       idx->tab.tiles * PULSE_CLASS_COUNT * sizeof(uint32_t), &tile_hist));
   PULSE_CHECK(
-      pulse_cuda_ws_get_(idx->ws, PULSE_WS_X_HIST, hist_bytes, &chunk_hist));
+      pulse_cuda_ws_get_(ws, PULSE_WS_IDX_HIST, hist_bytes, &chunk_hist));
   idx->tile_hist_d = (uint32_t *)tile_hist;
   PULSE_CHECK(pulse_launch_tally(idx->tab, idx->tile_hist_d, NULL, s));
   PULSE_CHECK(pulse_launch_chunk_prefix(idx->tab, idx->tile_hist_d,
@@ -552,6 +629,39 @@ cleanup:
   return st;
 }
 
+extern "C" pulse_status
+pulse_cuda_class_index_build(const pulse_cuda_bf16_tensor *table, size_t count,
+                             uint32_t chunk_log2, void *stream,
+                             pulse_cuda_class_index **out) {
+  pulse_status st = PULSE_OK;
+  pulse_cuda_workspace *ws = NULL;
+  pulse_cuda_at at, bind;
+  if (out == NULL)
+    return pulse_fail(PULSE_ERR_ARG, "cuda class index: NULL output");
+  *out = NULL;
+  PULSE_TRY(check_bf16_table(table, count, "cuda class index"));
+  if (chunk_log2 < 10 || chunk_log2 > 30)
+    return pulse_fail(PULSE_ERR_ARG,
+                      "cuda class index: chunk_log2 %u outside 10..30",
+                      chunk_log2);
+  PULSE_TRY(pulse_cuda_enter_(NULL, first_data(table, count), stream,
+                              "cuda class index", &at));
+  PULSE_CHECK(check_table_device(table, count, at.device, "cuda class index"));
+  PULSE_CHECK(pulse_cuda_workspace_create(&ws));
+  /* Binds ws to the device (current now: no switch). */
+  PULSE_CHECK(
+      pulse_cuda_enter_(ws, NULL, at.stream, "cuda class index", &bind));
+  pulse_cuda_leave_(&bind);
+  PULSE_CHECK(pulse_cuda_class_index_build_in_(ws, table, count, chunk_log2,
+                                               at.stream, out));
+  (*out)->owns_ws = 1;
+  ws = NULL;
+cleanup:
+  pulse_cuda_workspace_free(ws);
+  pulse_cuda_leave_(&at);
+  return st;
+}
+
 extern "C" const uint32_t *
 pulse_cuda_class_index_hist(const pulse_cuda_class_index *idx,
                             uint64_t *chunks) {
@@ -560,13 +670,11 @@ pulse_cuda_class_index_hist(const pulse_cuda_class_index *idx,
   return idx ? idx->hist : NULL;
 }
 
-/* Checks class-rank entries against the index's class counts and turns them
- * into keys: every chunk's keys strictly increasing, every rank inside its
- * class. Then each entry has exactly one element to find. */
-static pulse_status make_keys(const pulse_cuda_class_index *idx,
-                              const uint64_t *chunk_first, const uint8_t *cls,
-                              const uint32_t *rank, uint64_t *keys) {
-  for (uint64_t g = 0; g < idx->tab.chunks; g++) {
+extern "C" pulse_status pulse_cuda_locate_keys_(
+    const pulse_cuda_class_index *idx, uint64_t g0, uint64_t g1,
+    const uint64_t *chunk_first, const uint8_t *cls, const uint32_t *rank,
+    uint64_t *keys) {
+  for (uint64_t g = g0; g < g1; g++) {
     const uint32_t *hist = idx->hist + g * PULSE_CLASS_COUNT;
     for (uint64_t j = chunk_first[g]; j < chunk_first[g + 1]; j++) {
       if (rank[j] >= hist[cls[j]])
@@ -583,41 +691,21 @@ static pulse_status make_keys(const pulse_cuda_class_index *idx,
   return PULSE_OK;
 }
 
-extern "C" pulse_status pulse_cuda_locate(pulse_cuda_class_index *idx,
-                                          const uint64_t *chunk_first,
-                                          const uint8_t *cls,
-                                          const uint32_t *rank, uint64_t *pos_d,
-                                          void *stream) {
+extern "C" pulse_status pulse_cuda_locate_in_(pulse_cuda_class_index *idx,
+                                              const uint64_t *chunk_first_d,
+                                              const uint64_t *keys_d,
+                                              uint64_t entries, uint64_t *pos_d,
+                                              void *stream) {
   pulse_status st = PULSE_OK;
   cudaStream_t s = (cudaStream_t)stream;
-  uint64_t entries = 0, located = 0, chunks = 0, blocks = 0;
-  uint64_t *keys = NULL;
-  void *keys_d = NULL, *small = NULL;
+  uint64_t located = 0, blocks = 0;
+  void *small = NULL;
   uint64_t *located_d = NULL;
-  if (idx == NULL)
-    return pulse_fail(PULSE_ERR_ARG, "cuda locate: NULL index");
-  chunks = idx->tab.chunks;
-  PULSE_TRY(pulse_check_ranges(chunk_first, (size_t)chunks, "cuda locate"));
-  entries = chunk_first[chunks];
-  if (entries > 0 && (cls == NULL || rank == NULL || pos_d == NULL))
-    return pulse_fail(PULSE_ERR_ARG, "cuda locate: NULL entries or output");
   if (entries == 0)
     return PULSE_OK;
-  keys = (uint64_t *)malloc(entries * sizeof *keys);
-  if (keys == NULL)
-    return pulse_fail(PULSE_ERR_NOMEM, "cuda locate: %llu entries",
-                      (unsigned long long)entries);
-  PULSE_CHECK(make_keys(idx, chunk_first, cls, rank, keys));
-  PULSE_CHECK(pulse_cuda_ws_get_(idx->ws, PULSE_WS_X_RANK,
-                                 entries * sizeof *keys, &keys_d));
-  PULSE_CHECK(pulse_cuda_ws_get_(idx->ws, PULSE_WS_SMALL,
-                                 (chunks + 2) * sizeof(uint64_t), &small));
-  located_d = (uint64_t *)small + chunks + 1;
-  PULSE_CUDA_CHECK(cudaMemcpyAsync(keys_d, keys, entries * sizeof *keys,
-                                   cudaMemcpyHostToDevice, s));
-  PULSE_CUDA_CHECK(cudaMemcpyAsync(small, chunk_first,
-                                   (chunks + 1) * sizeof(uint64_t),
-                                   cudaMemcpyHostToDevice, s));
+  PULSE_CHECK(pulse_cuda_ws_get_(idx->ws, PULSE_WS_SMALL, sizeof(uint64_t),
+                                 &small));
+  located_d = (uint64_t *)small;
   PULSE_CUDA_CHECK(cudaMemsetAsync(located_d, 0, sizeof(uint64_t), s));
   blocks = pulse_tile_blocks(idx->tab.tiles);
   if (blocks > PULSE_GRID_MAX) {
@@ -626,8 +714,8 @@ extern "C" pulse_status pulse_cuda_locate(pulse_cuda_class_index *idx,
     goto cleanup;
   }
   PULSE_LAUNCH(locate_kernel, (unsigned)blocks, PULSE_TILE_THREADS, s, idx->tab,
-               (const uint32_t *)idx->tile_hist_d, (const uint64_t *)small,
-               (const uint64_t *)keys_d, pos_d, located_d);
+               (const uint32_t *)idx->tile_hist_d, chunk_first_d, keys_d, pos_d,
+               located_d);
   PULSE_CUDA_CHECK(cudaGetLastError());
   PULSE_CUDA_CHECK(cudaMemcpyAsync(&located, located_d, sizeof located,
                                    cudaMemcpyDeviceToHost, s));
@@ -637,6 +725,56 @@ extern "C" pulse_status pulse_cuda_locate(pulse_cuda_class_index *idx,
                     "cuda locate: found %llu of %llu entries",
                     (unsigned long long)located, (unsigned long long)entries);
 cleanup:
-  free(keys);
+  return st;
+}
+
+extern "C" pulse_status pulse_cuda_locate(pulse_cuda_class_index *idx,
+                                          const uint64_t *chunk_first,
+                                          const uint8_t *cls,
+                                          const uint32_t *rank, uint64_t *pos_d,
+                                          void *stream) {
+  pulse_status st = PULSE_OK;
+  pulse_cuda_at at;
+  uint64_t entries = 0, chunks = 0;
+  uint64_t *keys = NULL, *first_h = NULL;
+  void *keys_d = NULL, *first_d = NULL;
+  at.previous = -1;
+  if (idx == NULL)
+    return pulse_fail(PULSE_ERR_ARG, "cuda locate: NULL index");
+  chunks = idx->tab.chunks;
+  PULSE_TRY(pulse_check_ranges(chunk_first, (size_t)chunks, "cuda locate"));
+  entries = chunk_first[chunks];
+  if (entries > 0 && (cls == NULL || rank == NULL || pos_d == NULL))
+    return pulse_fail(PULSE_ERR_ARG, "cuda locate: NULL entries or output");
+  if (entries == 0)
+    return PULSE_OK;
+  PULSE_TRY(pulse_cuda_enter_(idx->ws, pos_d, stream, "cuda locate", &at));
+  /* Keys and ranges checked and written to pinned staging, then uploaded. */
+  PULSE_CHECK(pulse_cuda_pin_get_(idx->ws, PULSE_PIN_KEYS,
+                                  entries * sizeof *keys, (void **)&keys));
+  PULSE_CHECK(pulse_cuda_locate_keys_(idx, 0, chunks, chunk_first, cls, rank,
+                                      keys));
+  PULSE_CHECK(pulse_cuda_pin_get_(idx->ws, PULSE_PIN_CHUNKS,
+                                  (chunks + 1) * sizeof(uint64_t),
+                                  (void **)&first_h));
+  memcpy(first_h, chunk_first, (chunks + 1) * sizeof(uint64_t));
+  PULSE_CHECK(pulse_cuda_ws_get_(idx->ws, PULSE_WS_X_KEYS,
+                                 entries * sizeof *keys, &keys_d));
+  PULSE_CHECK(pulse_cuda_ws_get_(idx->ws, PULSE_WS_X_CHUNK_FIRST,
+                                 (chunks + 1) * sizeof(uint64_t), &first_d));
+  PULSE_CUDA_CHECK(cudaMemcpyAsync(keys_d, keys, entries * sizeof *keys,
+                                   cudaMemcpyHostToDevice,
+                                   (cudaStream_t)at.stream));
+  PULSE_CUDA_CHECK(cudaMemcpyAsync(first_d, first_h,
+                                   (chunks + 1) * sizeof(uint64_t),
+                                   cudaMemcpyHostToDevice,
+                                   (cudaStream_t)at.stream));
+  PULSE_CHECK(pulse_cuda_pin_queued_(idx->ws, PULSE_PIN_KEYS, at.stream));
+  PULSE_CHECK(pulse_cuda_pin_queued_(idx->ws, PULSE_PIN_CHUNKS, at.stream));
+  PULSE_CHECK(pulse_cuda_locate_in_(idx, (const uint64_t *)first_d,
+                                    (const uint64_t *)keys_d, entries, pos_d,
+                                    at.stream));
+cleanup:
+  pulse_cuda_leave_(&at);
   return st;
 }

@@ -47,9 +47,8 @@ extern "C" {
  * with PULSE_CUDA_CHECK(cudaGetLastError()). */
 #ifdef PULSE_CUDA_EMU
 #define PULSE_LAUNCH(kernel, grid, block, stream, ...)                         \
-  ((void)(stream),                                                             \
-   emu_launch_checked((grid), (block), [=]() { kernel(__VA_ARGS__); },         \
-                      __VA_ARGS__))
+  emu_launch_checked((grid), (block), (stream),                                \
+                     [=]() { kernel(__VA_ARGS__); }, __VA_ARGS__)
 #else
 #define PULSE_LAUNCH(kernel, grid, block, stream, ...)                         \
   kernel<<<(grid), (block), 0, (stream)>>>(__VA_ARGS__)
@@ -122,9 +121,10 @@ typedef struct {
   uint32_t chunk_log2;
 } pulse_table_desc;
 
-/* Uploads a table (into the workspace's table slot) and fills `out`.
- * Synchronous with the host for the upload. */
-pulse_status pulse_table_upload(pulse_cuda_workspace *ws,
+/* Uploads a table into the workspace's table slot `which` (PULSE_WS_TABLE,
+ * or PULSE_WS_IDX_TABLE for a class index) from its pinned staging, on
+ * `stream`, and fills `out`. */
+pulse_status pulse_table_upload(pulse_cuda_workspace *ws, unsigned which,
                                 const pulse_table_desc *desc, void *stream,
                                 pulse_dev_table *out);
 

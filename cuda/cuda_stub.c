@@ -17,6 +17,38 @@ const char *pulse_cuda_unavailable_reason(void) {
   return "pulse was built without CUDA (PULSE_CUDA=OFF or no nvcc)";
 }
 
+int pulse_cuda_device_count(void) {
+  return 0;
+}
+
+pulse_status pulse_cuda_device_of(const void *ptr_d, int *device) {
+  (void)ptr_d;
+  if (device != NULL)
+    *device = -1;
+  return NOT_BUILT("device of");
+}
+
+pulse_status pulse_cuda_set_device(int device) {
+  (void)device;
+  return NOT_BUILT("set device");
+}
+
+pulse_status pulse_cuda_get_device(int *device) {
+  if (device != NULL)
+    *device = -1;
+  return NOT_BUILT("get device");
+}
+
+pulse_status pulse_cuda_stream_create(void **out) {
+  if (out != NULL)
+    *out = NULL;
+  return NOT_BUILT("stream create");
+}
+
+void pulse_cuda_stream_free(void *stream) {
+  (void)stream;
+}
+
 pulse_status pulse_cuda_alloc(void **out_d, size_t bytes) {
   (void)bytes;
   if (out_d != NULL)

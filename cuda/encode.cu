@@ -296,7 +296,7 @@ static pulse_status detect_table(pulse_cuda_workspace *ws,
   desc.numel = numel;
   desc.entry_first = NULL;
   desc.chunk_log2 = chunk_log2;
-  st = pulse_table_upload(ws, &desc, stream, tab);
+  st = pulse_table_upload(ws, PULSE_WS_TABLE, &desc, stream, tab);
 cleanup:
   free(cur), free(dtype), free(base), free(numel);
   return st;
@@ -383,6 +383,43 @@ cleanup:
   return st;
 }
 
+/* The first tensor with elements: the call runs on its device. */
+static const void *detect_first_ptr(const pulse_cuda_detect_tensor *table,
+                                    size_t count) {
+  for (size_t t = 0; table != NULL && t < count; t++)
+    if (table[t].numel > 0)
+      return table[t].cur_d;
+  return NULL;
+}
+
+/* Every array of a detection on the call's device. */
+static pulse_status detect_check_device(const pulse_cuda_detect_tensor *table,
+                                        size_t count,
+                                        const pulse_cuda_changes *out,
+                                        int device) {
+  const char *what = "cuda detect";
+  for (size_t t = 0; t < count; t++) {
+    if (table[t].numel == 0)
+      continue;
+    PULSE_TRY(pulse_cuda_check_ptr_(table[t].cur_d, device, what));
+    PULSE_TRY(pulse_cuda_check_ptr_(table[t].snapshot_d, device, what));
+  }
+  if (out != NULL) {
+    PULSE_TRY(pulse_cuda_check_ptr_(out->pos_d, device, what));
+    PULSE_TRY(pulse_cuda_check_ptr_(out->old_d, device, what));
+    PULSE_TRY(pulse_cuda_check_ptr_(out->new_d, device, what));
+    PULSE_TRY(pulse_cuda_check_ptr_(out->class_d, device, what));
+    PULSE_TRY(pulse_cuda_check_ptr_(out->rank_d, device, what));
+    PULSE_TRY(pulse_cuda_check_ptr_(out->chunk_hist_d, device, what));
+  }
+  return PULSE_OK;
+}
+
+extern "C" pulse_status pulse_cuda_detect_check_device_(
+    const pulse_cuda_detect_tensor *table, size_t count, int device) {
+  return detect_check_device(table, count, NULL, device);
+}
+
 extern "C" pulse_status pulse_cuda_detect(pulse_cuda_workspace *ws,
                                           const pulse_cuda_detect_tensor *table,
                                           size_t count,
@@ -393,8 +430,10 @@ extern "C" pulse_status pulse_cuda_detect(pulse_cuda_workspace *ws,
   pulse_status st = PULSE_OK;
   pulse_cuda_detect_opts defaults = PULSE_CUDA_DETECT_OPTS_INIT;
   pulse_cuda_workspace *temp = NULL;
+  pulse_cuda_at at;
   uint64_t found = 0, chunks = 0;
   int ranks = 0;
+  at.previous = -1;
   if (total != NULL)
     *total = 0;
   if (opts == NULL)
@@ -423,9 +462,12 @@ extern "C" pulse_status pulse_cuda_detect(pulse_cuda_workspace *ws,
                           (unsigned long long)out->chunk_capacity);
     }
   }
-  PULSE_TRY(pulse_cuda_require_("cuda detect"));
+  PULSE_TRY(pulse_cuda_enter_(ws, detect_first_ptr(table, count), stream,
+                              "cuda detect", &at));
+  stream = at.stream;
+  PULSE_CHECK(detect_check_device(table, count, out, at.device));
   if (ws == NULL) {
-    PULSE_TRY(pulse_cuda_workspace_create(&temp));
+    PULSE_CHECK(pulse_cuda_workspace_create(&temp));
     ws = temp;
   }
   PULSE_CHECK(pulse_cuda_detect_count_(ws, table, count, opts->chunk_log2,
@@ -446,5 +488,6 @@ extern "C" pulse_status pulse_cuda_detect(pulse_cuda_workspace *ws,
                                        stream));
 cleanup:
   pulse_cuda_workspace_free(temp);
+  pulse_cuda_leave_(&at);
   return st;
 }

@@ -107,6 +107,7 @@ extern "C" pulse_status pulse_cuda_loco_gate(pulse_cuda_workspace *ws,
   pulse_status st = PULSE_OK;
   cudaStream_t s = (cudaStream_t)stream;
   pulse_cuda_workspace *temp = NULL;
+  pulse_cuda_at at;
   void *tiles_mem = NULL;
   uint64_t *counts = NULL, *offsets = NULL;
   uint64_t tiles = 0, blocks = 0, total = 0;
@@ -121,9 +122,20 @@ extern "C" pulse_status pulse_cuda_loco_gate(pulse_cuda_workspace *ws,
   if ((uintptr_t)theta_g_d % 4 || (uintptr_t)theta_r_d % 4 ||
       (uintptr_t)e_d % 4 || (uintptr_t)pos_d % 8 || (uintptr_t)value_d % 4)
     return pulse_fail(PULSE_ERR_ARG, "cuda loco gate: misaligned array");
-  PULSE_TRY(pulse_cuda_require_("cuda loco gate"));
+  at.previous = -1;
+  PULSE_TRY(pulse_cuda_enter_(ws, n > 0 ? theta_g_d : NULL, stream,
+                              "cuda loco gate", &at));
+  s = (cudaStream_t)at.stream;
+  if (n > 0) {
+    PULSE_CHECK(pulse_cuda_check_ptr_(theta_r_d, at.device, "cuda loco gate"));
+    PULSE_CHECK(pulse_cuda_check_ptr_(e_d, at.device, "cuda loco gate"));
+  }
+  if (capacity > 0) {
+    PULSE_CHECK(pulse_cuda_check_ptr_(pos_d, at.device, "cuda loco gate"));
+    PULSE_CHECK(pulse_cuda_check_ptr_(value_d, at.device, "cuda loco gate"));
+  }
   if (ws == NULL) {
-    PULSE_TRY(pulse_cuda_workspace_create(&temp));
+    PULSE_CHECK(pulse_cuda_workspace_create(&temp));
     ws = temp;
   }
   tiles = n ? ((n - 1) >> PULSE_LOCO_TILE_LOG2) + 1 : 0;
@@ -164,5 +176,6 @@ extern "C" pulse_status pulse_cuda_loco_gate(pulse_cuda_workspace *ws,
   PULSE_CUDA_CHECK(cudaStreamSynchronize(s));
 cleanup:
   pulse_cuda_workspace_free(temp);
+  pulse_cuda_leave_(&at);
   return st;
 }

@@ -162,7 +162,7 @@ static pulse_status cuda_encode_base_digests(cuda_encode *e,
     }
   }
   if (subs > 0)
-    PULSE_TRY(pulse_cuda_digest(ws, e->sub, subs, e->sub_digest, stream));
+    PULSE_TRY(pulse_cuda_digest_in_(ws, e->sub, subs, e->sub_digest, stream));
   for (size_t k = 0; k < subs; k++)
     e->digest[e->sub_of[k]] = e->sub_digest[k];
   return PULSE_OK;
@@ -243,14 +243,23 @@ pulse_status pulse_cuda_patch_encode(pulse_cuda_workspace *ws,
 
   pulse_status st = PULSE_OK;
   pulse_cuda_workspace *temp = NULL;
+  pulse_cuda_at at;
+  const void *first_d = NULL;
   cuda_encode e;
   memset(&e, 0, sizeof e);
+  at.previous = -1;
   e.opts = opts;
   e.tensors = tensors;
   e.count = count;
   e.ranks = opts->pos_model == PULSE_POS_CLASS;
   CHECK(cuda_encode_tables(&e));
-  CHECK(pulse_cuda_require_("cuda encode"));
+  for (size_t t = 0; t < count && first_d == NULL; t++)
+    if (e.table[t].numel > 0)
+      first_d = e.table[t].cur_d;
+  /* On the tensors' device and the resolved stream from here on. */
+  CHECK(pulse_cuda_enter_(ws, first_d, stream, "cuda encode", &at));
+  stream = at.stream;
+  CHECK(pulse_cuda_detect_check_device_(e.table, count, at.device));
   if (ws == NULL) {
     CHECK(pulse_cuda_workspace_create(&temp));
     ws = temp;
@@ -266,14 +275,15 @@ pulse_status pulse_cuda_patch_encode(pulse_cuda_workspace *ws,
       e.sub[t].data_d = tensors[t].snapshot_d;
       e.sub[t].numel = e.table[t].numel;
     }
-    CHECK(pulse_cuda_scatter(ws, e.sub, count, e.first, e.pos_d, e.new_d,
-                             stream));
+    CHECK(pulse_cuda_scatter_in_(ws, e.sub, count, e.first, e.pos_d, e.new_d,
+                                 stream));
   }
 
 cleanup:
   if (st != PULSE_OK)
     pulse_buffer_free(out);
   pulse_cuda_workspace_free(temp);
+  pulse_cuda_leave_(&at);
   cuda_encode_free(&e);
   return st;
 }

@@ -1,10 +1,15 @@
 /* patch_cuda_apply.c - applying a patch to device tensors, whole
  * (pulse_cuda_patch_apply) or while its bytes arrive (pulse_cuda_patch_stream_*):
  * the host decodes each chunk's streams as soon as its bytes are there (on
- * the chunk feed's threads), the device finds positions, gathers old bits,
- * derives the target digests and, once they match, scatters the new bits.
- * Only change lists, their rank form and class counts cross the bus, never
- * the weights. */
+ * the chunk feed's threads) into the workspace's pinned staging and queues
+ * the copy of that chunk's entries to the device at once, so the bus works
+ * while the rest downloads; then the device finds positions, gathers old
+ * bits, derives the target digests and, once they match, scatters the new
+ * bits. Only change lists, their rank form and class counts cross the bus,
+ * never the weights. Everything runs on the targets' device and the
+ * caller's stream (pulse_cuda_enter_); a steady state (same workspace,
+ * steps of similar size) allocates nothing on the device or in pinned
+ * memory. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -43,7 +48,8 @@ struct pulse_cuda_patch_stream {
   const pulse_cuda_target *targets;
   size_t count;
   int partial_table;
-  void *cuda_stream;
+  void *cuda_stream; /* resolved: never the NULL stream */
+  int device;        /* the targets' */
   int state;
 
   size_t *target;              /* per patch tensor: target index + 1, 0: none */
@@ -64,15 +70,32 @@ struct pulse_cuda_patch_stream {
   pulse_status *item_st;
   char (*detail)[200];
   uint64_t *chunk_first; /* per index chunk: its first entry */
-  uint64_t *pos;         /* plain model: positions */
+  uint64_t *pos;         /* plain model: positions (pinned staging) */
+  uint64_t *keys;        /* class model: class << 32 | rank (pinned) */
   uint8_t *cls;          /* class model: class of each entry */
   uint32_t *rank;        /* class model: rank of each entry */
-  uint16_t *delta;
+  uint16_t *delta;       /* pinned staging */
   pulse_cuda_class_index *idx; /* class model: counts taken on the device */
   const uint32_t *hist;
-  void *pos_d, *delta_d, *old_d, *new_d;
+  void *pos_d, *keys_d, *chunk_first_d, *delta_d, *old_d, *new_d;
+  int staged; /* copies were queued from the pinned staging */
   pulse_chunk_feed *feed;
 };
+
+/* Queues the copy of entries [at, at + k) of a decoded chunk: positions or
+ * keys, and deltas (on a decode thread; the copies overlap the download). */
+static pulse_status upload_entries(pulse_cuda_patch_stream *s, uint64_t at, uint64_t k) {
+  if (k == 0)
+    return PULSE_OK;
+  if (s->p->model == PULSE_POS_PLAIN)
+    PULSE_TRY(pulse_cuda_h2d_(s->device, (uint64_t *)s->pos_d + at, s->pos + at,
+                              (size_t)k * sizeof *s->pos, s->cuda_stream));
+  else
+    PULSE_TRY(pulse_cuda_h2d_(s->device, (uint64_t *)s->keys_d + at, s->keys + at,
+                              (size_t)k * sizeof *s->keys, s->cuda_stream));
+  return pulse_cuda_h2d_(s->device, (uint16_t *)s->delta_d + at, s->delta + at,
+                         (size_t)k * sizeof *s->delta, s->cuda_stream);
+}
 
 static int decode_one(void *ctx, size_t i) {
   pulse_cuda_patch_stream *s = ctx;
@@ -96,11 +119,16 @@ static int decode_one(void *ctx, size_t i) {
       for (unsigned cl = 0; cl < PULSE_CLASS_COUNT; cl++)
         for (uint32_t e = start[cl]; e < start[cl + 1]; e++)
           s->cls[it->at + e] = (uint8_t)cl;
-    } else {
+      st = pulse_cuda_locate_keys_(s->idx, it->hist_at, it->hist_at + 1, s->chunk_first,
+                                   s->cls, s->rank, s->keys);
+    }
+    if (st != PULSE_OK) {
       st = pulse_fail(st, "tensor '%s' chunk %llu: %s", tt->info.name,
                       (unsigned long long)it->chunk, pulse_error_detail());
     }
   }
+  if (st == PULSE_OK)
+    st = upload_entries(s, it->at, k);
   s->item_st[i] = st;
   if (st != PULSE_OK)
     strncpy(s->detail[i], pulse_error_detail(), sizeof s->detail[i] - 1);
@@ -134,7 +162,7 @@ static pulse_status fill_digests(pulse_cuda_patch_stream *s, const unsigned char
     s->sub_of[subs++] = j;
   }
   if (subs > 0)
-    PULSE_TRY(pulse_cuda_digest(s->ws, s->sub, subs, s->sub_digest, s->cuda_stream));
+    PULSE_TRY(pulse_cuda_digest_in_(s->ws, s->sub, subs, s->sub_digest, s->cuda_stream));
   for (size_t k = 0; k < subs; k++) {
     s->other[s->sub_of[k]] = s->sub_digest[k];
     s->known[s->sub_of[k]] = 1;
@@ -177,9 +205,10 @@ static pulse_status check_base(pulse_cuda_patch_stream *s) {
       st = pulse_fail(PULSE_ERR_ARG, "cuda apply: tensor '%s': misaligned data", t->info.name);
       goto cleanup;
     }
+    if (t->numel > 0)
+      CHECK(pulse_cuda_check_ptr_(tg->data_d, s->device, "cuda apply"));
     targeted[s->target[i] - 1] = 1;
   }
-  CHECK(pulse_cuda_require_("cuda apply"));
   if (s->ws == NULL) {
     CHECK(pulse_cuda_workspace_create(&s->temp));
     s->ws = s->temp;
@@ -233,14 +262,27 @@ static pulse_status plan(pulse_cuda_patch_stream *s) {
   s->item_st = calloc(items_total + 1, sizeof *s->item_st);
   s->detail = calloc(items_total + 1, sizeof *s->detail);
   s->chunk_first = calloc(items_total + 1, sizeof *s->chunk_first);
-  s->delta = malloc((size_t)K * sizeof *s->delta);
-  s->pos = malloc((size_t)K * sizeof *s->pos);
   s->cls = malloc((size_t)K * sizeof *s->cls);
   s->rank = malloc((size_t)K * sizeof *s->rank);
-  if (!s->items || !s->end || !s->item_st || !s->detail || !s->chunk_first || !s->delta ||
-      !s->pos || !s->cls || !s->rank)
+  if (!s->items || !s->end || !s->item_st || !s->detail || !s->chunk_first || !s->cls ||
+      !s->rank)
     return pulse_fail(PULSE_ERR_NOMEM, "cuda apply: staging of %llu changes",
                       (unsigned long long)K);
+  /* Sized from the patch's table before any byte decodes: the decode
+   * threads fill pinned staging and queue copies into these slots. */
+  int plain = p->model == PULSE_POS_PLAIN;
+  PULSE_TRY(pulse_cuda_pin_get_(s->ws, plain ? PULSE_PIN_POS : PULSE_PIN_KEYS,
+                                (size_t)K * sizeof(uint64_t),
+                                plain ? (void **)&s->pos : (void **)&s->keys));
+  PULSE_TRY(pulse_cuda_pin_get_(s->ws, PULSE_PIN_DELTA, (size_t)K * sizeof *s->delta,
+                                (void **)&s->delta));
+  s->staged = 1;
+  PULSE_TRY(pulse_cuda_ws_slot_(s->ws, PULSE_WS_X_POS, K, sizeof(uint64_t), &s->pos_d));
+  PULSE_TRY(pulse_cuda_ws_slot_(s->ws, PULSE_WS_X_DELTA, K, sizeof(uint16_t), &s->delta_d));
+  PULSE_TRY(pulse_cuda_ws_slot_(s->ws, PULSE_WS_X_OLD, K, sizeof(uint16_t), &s->old_d));
+  PULSE_TRY(pulse_cuda_ws_slot_(s->ws, PULSE_WS_X_NEW, K, sizeof(uint16_t), &s->new_d));
+  if (!plain)
+    PULSE_TRY(pulse_cuda_ws_slot_(s->ws, PULSE_WS_X_KEYS, K, sizeof(uint64_t), &s->keys_d));
   /* Index chunks: every chunk of the changed tensors, in order (the class
    * index numbers them the same way). */
   uint64_t g = 0;
@@ -259,13 +301,21 @@ static pulse_status plan(pulse_cuda_patch_stream *s) {
   s->chunk_first[g] = K;
   if (p->model == PULSE_POS_CLASS) {
     /* The class counts come from the base on the device, before any chunk
-     * decodes (version 1 codes with them; both check ranks against them). */
-    uint64_t chunks = 0;
-    PULSE_TRY(pulse_cuda_class_index_build(s->sub, s->m, p->chunk_log2, s->cuda_stream, &s->idx));
+     * decodes (version 1 codes with them; both check ranks against them),
+     * in the workspace's index slots. */
+    uint64_t chunks = 0, *first_h = NULL;
+    PULSE_TRY(pulse_cuda_class_index_build_in_(s->ws, s->sub, s->m, p->chunk_log2,
+                                               s->cuda_stream, &s->idx));
     s->hist = pulse_cuda_class_index_hist(s->idx, &chunks);
     if (chunks != items_total)
       return pulse_fail(PULSE_ERR_INTERNAL, "cuda apply: %llu index chunks, %llu in the patch",
                         (unsigned long long)chunks, (unsigned long long)items_total);
+    size_t bytes = (size_t)(chunks + 1) * sizeof(uint64_t);
+    PULSE_TRY(pulse_cuda_pin_get_(s->ws, PULSE_PIN_CHUNKS, bytes, (void **)&first_h));
+    memcpy(first_h, s->chunk_first, bytes);
+    PULSE_TRY(pulse_cuda_ws_get_(s->ws, PULSE_WS_X_CHUNK_FIRST, bytes, &s->chunk_first_d));
+    PULSE_TRY(pulse_cuda_h2d_(s->device, s->chunk_first_d, first_h, bytes, s->cuda_stream));
+    PULSE_TRY(pulse_cuda_pin_queued_(s->ws, PULSE_PIN_CHUNKS, s->cuda_stream));
   }
   return PULSE_OK;
 }
@@ -292,7 +342,7 @@ pulse_status pulse_cuda_patch_stream_begin(pulse_cuda_workspace *ws, const pulse
   s->targets = targets;
   s->count = count;
   s->partial_table = opts->partial_table;
-  s->cuda_stream = stream;
+  s->device = -1;
   s->target = calloc(n + 1, sizeof *s->target);
   s->digest = calloc(n + 1, sizeof *s->digest);
   s->other = calloc(count + 1, sizeof *s->other);
@@ -303,16 +353,27 @@ pulse_status pulse_cuda_patch_stream_begin(pulse_cuda_workspace *ws, const pulse
   s->changed = calloc(n + 1, sizeof *s->changed);
   s->entry_first = calloc(n + 1, sizeof *s->entry_first);
   pulse_status st = PULSE_OK;
+  pulse_cuda_at at;
+  const void *first_d = NULL;
+  at.previous = -1;
   if (!s->target || !s->digest || !s->other || !s->known || !s->sub || !s->sub_of ||
       !s->sub_digest || !s->changed || !s->entry_first) {
     st = pulse_fail(PULSE_ERR_NOMEM, "cuda apply: staging for %zu tensors", n);
     goto cleanup;
   }
+  for (size_t j = 0; j < count && first_d == NULL; j++)
+    if (targets[j].numel > 0)
+      first_d = targets[j].data_d;
+  /* The targets' device and the resolved stream, for every later step. */
+  CHECK(pulse_cuda_enter_(ws, first_d, stream, "cuda apply", &at));
+  s->device = at.device;
+  s->cuda_stream = at.stream;
   CHECK(check_base(s));
   CHECK(plan(s));
   CHECK(pulse_chunk_feed_start(s->item_count, s->end, p->size, opts->threads, 0, decode_one,
                                s, &s->feed));
 cleanup:
+  pulse_cuda_leave_(&at);
   if (st != PULSE_OK) {
     pulse_cuda_patch_stream_free(s);
     return st;
@@ -326,27 +387,36 @@ void pulse_cuda_patch_stream_feed(pulse_cuda_patch_stream *s, size_t avail) {
     pulse_chunk_feed_bytes(s->feed, avail);
 }
 
+/* The decode threads are done queueing copies from the pinned staging: the
+ * next call that takes it waits for those copies (an event), not for the
+ * device. */
+static pulse_status release_staging(pulse_cuda_patch_stream *s) {
+  if (!s->staged)
+    return PULSE_OK;
+  s->staged = 0;
+  PULSE_TRY(pulse_cuda_pin_queued_(s->ws, PULSE_PIN_POS, s->cuda_stream));
+  PULSE_TRY(pulse_cuda_pin_queued_(s->ws, PULSE_PIN_KEYS, s->cuda_stream));
+  return pulse_cuda_pin_queued_(s->ws, PULSE_PIN_DELTA, s->cuda_stream);
+}
+
 /* Positions on the device, then old bits, new bits and digest moves; the
  * result must be the patch's target. */
 static pulse_status finish_on_device(pulse_cuda_patch_stream *s) {
   const pulse_patch *p = s->p;
   pulse_status st = PULSE_OK;
+  pulse_cuda_at at;
+  at.previous = -1;
+  CHECK(pulse_cuda_reenter_(s->device, s->cuda_stream, &at));
   if (s->K > 0) {
-    const uint64_t K = s->K;
-    CHECK(pulse_cuda_ws_slot_(s->ws, PULSE_WS_X_POS, K, sizeof(uint64_t), &s->pos_d));
-    CHECK(pulse_cuda_ws_slot_(s->ws, PULSE_WS_X_DELTA, K, sizeof(uint16_t), &s->delta_d));
-    CHECK(pulse_cuda_ws_slot_(s->ws, PULSE_WS_X_OLD, K, sizeof(uint16_t), &s->old_d));
-    CHECK(pulse_cuda_ws_slot_(s->ws, PULSE_WS_X_NEW, K, sizeof(uint16_t), &s->new_d));
+    /* Every chunk's entries were queued by the decode threads. */
+    CHECK(release_staging(s));
     if (p->model == PULSE_POS_CLASS)
-      CHECK(pulse_cuda_locate(s->idx, s->chunk_first, s->cls, s->rank, s->pos_d,
-                              s->cuda_stream));
-    else
-      CHECK(pulse_cuda_upload(s->pos_d, s->pos, (size_t)K * sizeof *s->pos, s->cuda_stream));
-    CHECK(pulse_cuda_upload(s->delta_d, s->delta, (size_t)K * sizeof *s->delta, s->cuda_stream));
+      CHECK(pulse_cuda_locate_in_(s->idx, s->chunk_first_d, s->keys_d, s->K, s->pos_d,
+                                  s->cuda_stream));
     CHECK(pulse_cuda_gather_(s->ws, s->sub, s->m, s->entry_first, s->pos_d, s->delta_d,
                              s->old_d, s->new_d, s->cuda_stream));
-    CHECK(pulse_cuda_changes_digest(s->ws, s->entry_first, s->m, s->pos_d, s->old_d, s->new_d,
-                                    s->sub_digest, s->cuda_stream));
+    CHECK(pulse_cuda_changes_digest_in_(s->ws, s->entry_first, s->m, s->pos_d, s->old_d,
+                                        s->new_d, s->sub_digest, s->cuda_stream));
     for (size_t l = 0; l < s->m; l++) {
       s->digest[s->changed[l]].a += s->sub_digest[l].a;
       s->digest[s->changed[l]].b += s->sub_digest[l].b;
@@ -362,6 +432,7 @@ static pulse_status finish_on_device(pulse_cuda_patch_stream *s) {
   if (!s->partial_table)
     CHECK(check_state(p, s->digest, &p->target_digest, PULSE_ERR_TARGET_DIGEST, "resulting"));
 cleanup:
+  pulse_cuda_leave_(&at);
   return st;
 }
 
@@ -389,25 +460,34 @@ pulse_status pulse_cuda_patch_stream_commit(pulse_cuda_patch_stream *s,
                                             pulse_tensor_digest *digests) {
   if (s == NULL || s->state != STREAM_FINISHED)
     return pulse_fail(PULSE_ERR_ARG, "cuda apply: commit before a successful finish");
+  pulse_cuda_at at;
+  PULSE_TRY(pulse_cuda_reenter_(s->device, s->cuda_stream, &at));
   /* One scatter for every changed tensor. */
   if (s->K > 0) {
-    pulse_status st = pulse_cuda_scatter(s->ws, s->sub, s->m, s->entry_first, s->pos_d,
-                                         s->new_d, s->cuda_stream);
+    pulse_status st = pulse_cuda_scatter_in_(s->ws, s->sub, s->m, s->entry_first, s->pos_d,
+                                             s->new_d, s->cuda_stream);
     if (st != PULSE_OK) {
       s->state = STREAM_FAILED;
+      pulse_cuda_leave_(&at);
       return st;
     }
   }
   s->state = STREAM_COMMITTED;
-  if (digests == NULL)
+  if (digests == NULL) {
+    pulse_cuda_leave_(&at);
     return PULSE_OK;
+  }
   /* Untouched targets' digests, when not known, cost one more pass. */
   unsigned char *all = malloc(s->count + 1);
-  if (all == NULL)
-    return pulse_fail(PULSE_ERR_NOMEM, "cuda apply: digests");
-  memset(all, 1, s->count + 1);
-  pulse_status st = fill_digests(s, all);
-  free(all);
+  pulse_status st = PULSE_OK;
+  if (all == NULL) {
+    st = pulse_fail(PULSE_ERR_NOMEM, "cuda apply: digests");
+  } else {
+    memset(all, 1, s->count + 1);
+    st = fill_digests(s, all);
+    free(all);
+  }
+  pulse_cuda_leave_(&at);
   if (st != PULSE_OK)
     return st;
   for (size_t j = 0; j < s->count; j++)
@@ -422,13 +502,18 @@ void pulse_cuda_patch_stream_free(pulse_cuda_patch_stream *s) {
   if (s == NULL)
     return;
   pulse_chunk_feed_free(s->feed); /* first: its threads use the staging */
+  pulse_cuda_at at;
+  at.previous = -1;
+  if (s->device >= 0 && pulse_cuda_reenter_(s->device, s->cuda_stream, &at) == PULSE_OK)
+    (void)release_staging(s); /* stopped early: copies may be in flight */
   pulse_cuda_class_index_free(s->idx);
   pulse_cuda_workspace_free(s->temp);
+  pulse_cuda_leave_(&at);
   free(s->target), free(s->digest), free(s->other), free(s->known), free(s->sub),
       free(s->sub_of);
   free(s->sub_digest), free(s->changed), free(s->entry_first), free(s->items), free(s->end),
       free(s->item_st), free(s->detail);
-  free(s->pos), free(s->chunk_first), free(s->cls), free(s->rank), free(s->delta);
+  free(s->chunk_first), free(s->cls), free(s->rank);
   free(s);
 }
 

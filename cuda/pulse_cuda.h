@@ -1,6 +1,22 @@
 /* pulse_cuda.h - CUDA entry points, callable from C. Never includes CUDA
- * headers: streams travel as void * (a cudaStream_t; NULL is the default
- * stream) and device pointers end in _d.
+ * headers: streams travel as void * (a cudaStream_t) and device pointers end
+ * in _d.
+ *
+ * Devices: every call runs on the device that owns the memory it is given
+ * (cudaPointerGetAttributes), makes it current for the call and restores
+ * the caller's current device before returning; all the memory of one call
+ * must be on one device (else PULSE_ERR_ARG). pulse uses the CUDA runtime
+ * API only, hence each device's primary context: the one PyTorch and other
+ * runtime users in the process share. Several devices in one process (one
+ * per tensor-parallel rank) work side by side, each with its own workspace:
+ * a workspace is bound to the device of its first call.
+ *
+ * Streams: all device work of a call goes on the stream it is given. NULL
+ * means pulse's own stream for that device (one per device, made on first
+ * use, non-blocking: it neither waits for nor holds up the legacy NULL
+ * stream, so order work queued elsewhere before the call, e.g. pass
+ * torch.cuda.current_stream().cuda_stream). pulse never queues work on the
+ * legacy NULL stream and never synchronizes a whole device in steady state.
  *
  * Builds: with CUDA (nvcc found, PULSE_CUDA=AUTO/ON) every function below
  * runs its kernels; with no usable device it returns PULSE_ERR_CUDA ("no
@@ -41,10 +57,30 @@ int pulse_cuda_available(void);
  * CUDA", ...), or "" when a device is available. Static storage. */
 const char *pulse_cuda_unavailable_reason(void);
 
-/** cudaMalloc of `bytes` (0 gives NULL and PULSE_OK) into *out_d. */
+/** Number of usable devices (0 without CUDA or without a device). */
+int pulse_cuda_device_count(void);
+
+/** The device that owns device (or managed) memory ptr_d.
+ * @return PULSE_OK; PULSE_ERR_ARG (NULL, or not CUDA device memory);
+ * PULSE_ERR_CUDA; PULSE_ERR_NOT_BUILT. */
+pulse_status pulse_cuda_device_of(const void *ptr_d, int *device);
+
+/** cudaSetDevice / cudaGetDevice for callers without CUDA headers (the
+ * calling thread's current device: where pulse_cuda_alloc allocates). */
+pulse_status pulse_cuda_set_device(int device);
+pulse_status pulse_cuda_get_device(int *device);
+
+/** A new non-blocking stream on the current device (cudaStreamCreateWithFlags
+ * with cudaStreamNonBlocking) into *out; free with pulse_cuda_stream_free
+ * (NULL is fine) once its work is done. */
+pulse_status pulse_cuda_stream_create(void **out);
+void pulse_cuda_stream_free(void *stream);
+
+/** cudaMalloc of `bytes` on the current device (0 gives NULL and PULSE_OK)
+ * into *out_d. */
 pulse_status pulse_cuda_alloc(void **out_d, size_t bytes);
 
-/** cudaFree; NULL is fine. */
+/** cudaFree, on the device that owns ptr_d; NULL is fine. */
 void pulse_cuda_free(void *ptr_d);
 
 /** Copies host -> device; returns when the copy is complete. */
@@ -67,9 +103,12 @@ pulse_status pulse_cuda_sync(void *stream);
 
 /* --------------------------------------------------------------- scratch */
 
-/* Device scratch (tile counts, scans, staging) kept between calls so that a
- * steady-state call does no cudaMalloc. Grows on demand, never shrinks.
- * Every function taking one accepts NULL: it then uses a temporary one. */
+/* Device scratch (tile counts, scans, staged changes) and pinned host
+ * staging kept between calls, so that a steady-state call allocates
+ * nothing: each buffer grows on demand (with a quarter to spare) and never
+ * shrinks. Bound to one device, the one its first call ran on. Every
+ * function taking one accepts NULL: it then uses a temporary one (which
+ * allocates and frees on every call). */
 typedef struct pulse_cuda_workspace pulse_cuda_workspace;
 
 pulse_status pulse_cuda_workspace_create(pulse_cuda_workspace **out);

@@ -23,7 +23,8 @@ pulse_status pub_device_download(pulse_pub *pub) {
   for (size_t i = 0; i < pub->count; i++)
     if (pub->numel[i] > 0)
       PULSE_TRY(pulse_cuda_download(pub->snap[i], pub->snap_d[i],
-                                    (size_t)pub->numel[i] * 2, NULL));
+                                    (size_t)pub->numel[i] * 2,
+                                    pub->opts.cuda_stream));
   return PULSE_OK;
 }
 
@@ -106,7 +107,8 @@ static pulse_status device_current(pulse_pub *pub) {
   for (size_t i = 0; i < pub->count; i++)
     if (pub->numel[i] > 0)
       PULSE_TRY(pulse_cuda_upload(pub->snap_d[i], pub->snap[i],
-                                  (size_t)pub->numel[i] * 2, NULL));
+                                  (size_t)pub->numel[i] * 2,
+                                  pub->opts.cuda_stream));
   pub->device_current = 1;
   return PULSE_OK;
 }
@@ -126,14 +128,52 @@ static pulse_status stage(pulse_pub *pub, size_t i, const pulse_pub_tensor *t,
     PULSE_TRY(pulse_cuda_alloc(&pub->stage_d[i], bytes));
     pub->stage_bytes[i] = bytes;
   }
-  PULSE_TRY(pulse_cuda_upload(pub->stage_d[i], t->data, bytes, NULL));
+  PULSE_TRY(pulse_cuda_upload(pub->stage_d[i], t->data, bytes,
+                              pub->opts.cuda_stream));
   *out_d = pub->stage_d[i];
   return PULSE_OK;
 }
 
+/* The device of the commit's device tensors; it is made current while the
+ * device snapshot and staging are allocated (pulse_cuda_alloc allocates on
+ * the current device), the caller's restored after. */
+static pulse_status use_tensors_device(pulse_pub *pub,
+                                       const pulse_pub_tensor *t,
+                                       int *previous) {
+  int device = -1;
+  *previous = -1;
+  for (size_t i = 0; i < pub->count && device < 0; i++)
+    if (t[i].memory == PULSE_PUB_DEVICE && pub->numel[i] > 0)
+      PULSE_TRY(pulse_cuda_device_of(t[i].data, &device));
+  if (device < 0)
+    return PULSE_OK;
+  int current = -1;
+  PULSE_TRY(pulse_cuda_get_device(&current));
+  if (current != device) {
+    PULSE_TRY(pulse_cuda_set_device(device));
+    *previous = current;
+  }
+  return PULSE_OK;
+}
+
+static pulse_status device_encode(pulse_pub *pub, const pulse_pub_tensor *t,
+                                  const pulse_encode_opts *eo,
+                                  pulse_buffer *patch);
+
 pulse_status pub_device_encode(pulse_pub *pub, const pulse_pub_tensor *t,
                                const pulse_encode_opts *eo,
                                pulse_buffer *patch) {
+  int previous = -1;
+  PULSE_TRY(use_tensors_device(pub, t, &previous));
+  pulse_status st = device_encode(pub, t, eo, patch);
+  if (previous >= 0)
+    (void)pulse_cuda_set_device(previous);
+  return st;
+}
+
+static pulse_status device_encode(pulse_pub *pub, const pulse_pub_tensor *t,
+                                  const pulse_encode_opts *eo,
+                                  pulse_buffer *patch) {
   PULSE_TRY(device_current(pub));
   if (pub->ws == NULL)
     PULSE_TRY(pulse_cuda_workspace_create(&pub->ws));
@@ -153,7 +193,8 @@ pulse_status pub_device_encode(pulse_pub *pub, const pulse_pub_tensor *t,
   /* The device snapshot moves to the step once the patch exists; whoever
    * fails later marks it stale (the host copy, or the store, has the base). */
   if (st == PULSE_OK)
-    st = pulse_cuda_patch_encode(pub->ws, eo, enc, pub->count, 1, NULL, patch,
+    st = pulse_cuda_patch_encode(pub->ws, eo, enc, pub->count, 1,
+                                 pub->opts.cuda_stream, patch,
                                  pub->scratch_digests);
   free(enc);
   /* The encoder leaves the snapshot as it was on failure, but a CUDA error
@@ -167,7 +208,9 @@ pulse_status pub_device_encode(pulse_pub *pub, const pulse_pub_tensor *t,
 pulse_status pub_device_fetch(const pulse_pub *pub, size_t i,
                               const pulse_pub_tensor *t, void *dst) {
   size_t bytes = (size_t)pub->numel[i] * pulse_dtype_size(t->dtype);
-  return bytes == 0 ? PULSE_OK : pulse_cuda_download(dst, t->data, bytes, NULL);
+  return bytes == 0 ? PULSE_OK
+                    : pulse_cuda_download(dst, t->data, bytes,
+                                          pub->opts.cuda_stream);
 }
 
 void pub_device_free(pulse_pub *pub) {

@@ -31,9 +31,11 @@
  * an anchor (written from a download of the device copy), a host commit or
  * pulse_pub_snapshot, which download it once. Tensors of one commit may mix
  * host and device memory: the host ones are uploaded to device staging kept
- * for the next commits. Device memory is read on the legacy default stream
- * of the current device: synchronize other streams that write the tensors
- * before committing, and keep to one device for the publisher's life.
+ * for the next commits. Device work runs on the tensors' device and on
+ * opts.cuda_stream (NULL: pulse's own non-blocking stream of that device,
+ * which does not wait for other streams: pass the stream that wrote the
+ * tensors, or synchronize it before committing); keep to one device for
+ * the publisher's life.
  *
  * Crash safety: objects and the head are written with temporary file,
  * fdatasync, rename, fsync of the folder; the patch's data and the head's go
@@ -144,13 +146,16 @@ typedef struct {
   int anchor_sync;
   pulse_pub_head_fn on_head;
   void *on_head_ctx;
+  /* The cudaStream_t device commits run on (NULL: see the top of this
+   * file). */
+  void *cuda_stream;
 } pulse_pub_opts;
 
 #define PULSE_PUB_OPTS_VERSION 1u
 #define PULSE_PUB_OPTS_INIT                                                    \
   {                                                                            \
     PULSE_PUB_OPTS_VERSION, 16, 32, 3, NULL, NULL, 0, PULSE_POS_CLASS,         \
-        PULSE_CHUNK_LOG2_DEFAULT, 0, 0, NULL, NULL                             \
+        PULSE_CHUNK_LOG2_DEFAULT, 0, 0, NULL, NULL, NULL                       \
   }
 
 typedef struct pulse_pub pulse_pub;

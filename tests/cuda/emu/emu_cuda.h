@@ -13,9 +13,17 @@
  * diverge at a collective, fails here. Device memory is host memory
  * (cudaMalloc is malloc), so AddressSanitizer checks every kernel access.
  *
+ * Devices, streams and events: PULSE_EMU_DEVICES devices (default 2, so
+ * that code for one device per tensor-parallel rank runs here), each with
+ * its own allocations; a kernel, copy or fill must run on the current
+ * device with pointers of that device and a stream of that device (else the
+ * emulator aborts). The runtime counts what a steady state must not do
+ * (emu_counts.h): allocations and frees, device-wide synchronizations, work
+ * on the legacy NULL stream, streams and events made.
+ *
  * Limits: one-dimensional grids and blocks, block sizes a multiple of 32,
- * blocks run one after another, streams are ignored (everything is
- * synchronous). */
+ * blocks run one after another, every operation completes when queued
+ * (streams order nothing more). */
 #ifndef PULSE_EMU_CUDA_H
 #define PULSE_EMU_CUDA_H
 
@@ -51,10 +59,33 @@ typedef enum cudaError {
   cudaSuccess = 0,
   cudaErrorInvalidValue = 1,
   cudaErrorMemoryAllocation = 2,
-  cudaErrorNoDevice = 100
+  cudaErrorNoDevice = 100,
+  cudaErrorInvalidDevice = 101,
+  cudaErrorInvalidResourceHandle = 400
 } cudaError_t;
 
 typedef struct emu_stream *cudaStream_t;
+typedef struct emu_event *cudaEvent_t;
+
+#define cudaStreamDefault 0x00u
+#define cudaStreamNonBlocking 0x01u
+#define cudaEventDefault 0x00u
+#define cudaEventDisableTiming 0x02u
+#define cudaHostAllocDefault 0x00u
+
+enum cudaMemoryType {
+  cudaMemoryTypeUnregistered = 0,
+  cudaMemoryTypeHost = 1,
+  cudaMemoryTypeDevice = 2,
+  cudaMemoryTypeManaged = 3
+};
+
+struct cudaPointerAttributes {
+  enum cudaMemoryType type;
+  int device;
+  void *devicePointer;
+  void *hostPointer;
+};
 
 enum cudaMemcpyKind {
   cudaMemcpyHostToHost = 0,
@@ -65,8 +96,22 @@ enum cudaMemcpyKind {
 };
 
 cudaError_t cudaGetDeviceCount(int *count);
+cudaError_t cudaGetDevice(int *device);
+cudaError_t cudaSetDevice(int device);
+cudaError_t cudaPointerGetAttributes(cudaPointerAttributes *attr,
+                                     const void *ptr);
 cudaError_t cudaMalloc(void **ptr, size_t bytes);
 cudaError_t cudaFree(void *ptr);
+cudaError_t cudaHostAlloc(void **ptr, size_t bytes, unsigned flags);
+cudaError_t cudaFreeHost(void *ptr);
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *stream, unsigned flags);
+cudaError_t cudaStreamDestroy(cudaStream_t stream);
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned flags);
+cudaError_t cudaEventDestroy(cudaEvent_t event);
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream = 0);
+cudaError_t cudaEventSynchronize(cudaEvent_t event);
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event,
+                                unsigned flags = 0);
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes,
                             cudaMemcpyKind kind, cudaStream_t stream = 0);
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes,
@@ -79,10 +124,13 @@ cudaError_t cudaGetLastError(void);
 cudaError_t cudaPeekAtLastError(void);
 const char *cudaGetErrorString(cudaError_t err);
 
-/* Runs fn as grid blocks of `block` threads. */
-void emu_launch(unsigned grid, unsigned block, std::function<void()> fn);
+/* Runs fn as grid blocks of `block` threads on `stream` (of the current
+ * device). */
+void emu_launch(unsigned grid, unsigned block, cudaStream_t stream,
+                std::function<void()> fn);
 
-/* Whether [p, p + bytes) lies inside one cudaMalloc allocation. */
+/* Whether [p, p + bytes) lies inside one cudaMalloc allocation of the
+ * current device. */
 bool emu_is_device(const void *p, size_t bytes);
 [[noreturn]] void emu_fatal(const char *what);
 
@@ -96,9 +144,10 @@ template <typename T> inline void emu_check_arg(T *const &p) {
 }
 template <typename... A>
 inline void emu_launch_checked(unsigned grid, unsigned block,
-                               std::function<void()> fn, const A &...args) {
+                               cudaStream_t stream, std::function<void()> fn,
+                               const A &...args) {
   (emu_check_arg(args), ...);
-  emu_launch(grid, block, std::move(fn));
+  emu_launch(grid, block, stream, std::move(fn));
 }
 
 /* ------------------------------------------------------- device intrinsics */
@@ -145,6 +194,10 @@ static inline unsigned atomicOr(unsigned *p, unsigned v) {
   return old;
 }
 
+/* Work queued on `stream`: counts the NULL stream, aborts on a stream of
+ * another device. */
+void emu_stream_use(cudaStream_t stream, const char *what);
+
 /* -------------------------------------------------------------------- CUB */
 
 namespace cub {
@@ -152,11 +205,11 @@ struct DeviceScan {
   template <typename In, typename Out, typename N>
   static cudaError_t ExclusiveSum(void *temp, size_t &temp_bytes, In in,
                                   Out out, N n, cudaStream_t stream = 0) {
-    (void)stream;
     if (temp == NULL) {
       temp_bytes = 64;
       return cudaSuccess;
     }
+    emu_stream_use(stream, "cub::DeviceScan");
     typename std::remove_reference<decltype(*out)>::type acc = 0;
     for (N i = 0; i < n; i++) {
       auto x = in[i];

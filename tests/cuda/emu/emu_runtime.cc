@@ -1,5 +1,6 @@
 /* emu_runtime.cc - the scheduler and runtime of emu_cuda.h (see there). */
 #include "emu_cuda.h"
+#include "emu_counts.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -7,7 +8,9 @@
 
 #include <algorithm>
 #include <map>
+#include <mutex>
 #include <random>
+#include <set>
 #include <vector>
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -89,7 +92,28 @@ std::mt19937_64 rng(getenv("PULSE_EMU_SEED")
                         : 12345u);
 bool launching = false;
 cudaError_t last_error = cudaSuccess;
-std::map<uintptr_t, size_t> allocations;
+
+/* The runtime is called from several host threads (the patch stream's
+ * decode threads queue copies): one lock around it; kernels run under it. */
+std::recursive_mutex api_lock;
+#define EMU_API std::lock_guard<std::recursive_mutex> emu_api_guard_(api_lock)
+
+struct Allocation {
+  size_t bytes;
+  int device;
+};
+std::map<uintptr_t, Allocation> allocations; /* device memory */
+std::map<uintptr_t, size_t> pinned;          /* cudaHostAlloc memory */
+thread_local int current_device = 0;
+pulse_emu_counts counts;
+
+struct Stream {
+  int device;
+};
+struct Event {
+  int device;
+};
+std::set<const void *> streams, events;
 
 char *stack_base(Thread *t) {
   return t->mem + kGuard;
@@ -268,13 +292,52 @@ void run_block(unsigned block) {
 
 } // namespace
 
-bool emu_is_device(const void *p, size_t bytes) {
+namespace {
+
+/* The allocation holding [p, p + bytes), or NULL. */
+const Allocation *allocation_of(const void *p, size_t bytes) {
   uintptr_t a = (uintptr_t)p;
   auto it = allocations.upper_bound(a);
   if (it == allocations.begin())
+    return nullptr;
+  --it;
+  if (a >= it->first && a + bytes <= it->first + it->second.bytes)
+    return &it->second;
+  return nullptr;
+}
+
+bool is_pinned(const void *p, size_t bytes) {
+  uintptr_t a = (uintptr_t)p;
+  auto it = pinned.upper_bound(a);
+  if (it == pinned.begin())
     return false;
   --it;
   return a >= it->first && a + bytes <= it->first + it->second;
+}
+
+} // namespace
+
+bool emu_is_device(const void *p, size_t bytes) {
+  EMU_API;
+  const Allocation *al = allocation_of(p, bytes);
+  if (al != nullptr && al->device != current_device)
+    fatal("device memory of another device than the current one");
+  return al != nullptr;
+}
+
+void emu_stream_use(cudaStream_t stream, const char *what) {
+  EMU_API;
+  if (stream == nullptr) {
+    counts.null_stream++;
+    return;
+  }
+  if (streams.count(stream) == 0)
+    fatal("a stream that cudaStreamCreateWithFlags did not make (or "
+          "destroyed)");
+  if (((Stream *)stream)->device != current_device) {
+    fprintf(stderr, "CUDA emulator: %s\n", what);
+    fatal("work queued on a stream of another device than the current one");
+  }
 }
 
 namespace {
@@ -299,7 +362,11 @@ const emu_dim3 &emu_thread_idx(void) {
   return current->tid;
 }
 
-void emu_launch(unsigned grid, unsigned block, std::function<void()> fn) {
+void emu_launch(unsigned grid, unsigned block, cudaStream_t stream,
+                std::function<void()> fn) {
+  EMU_API;
+  emu_stream_use(stream, "a kernel launch");
+  counts.launches++;
   if (launching)
     fatal("a launch inside a kernel");
   if (grid == 0 || block == 0 || block % 32 != 0 || block > 1024)
@@ -370,33 +437,79 @@ static cudaError_t fail(cudaError_t e) {
   return e;
 }
 
-cudaError_t cudaGetDeviceCount(int *count) {
+static int device_count(void) {
   /* PULSE_EMU_NO_DEVICE=1: a machine whose driver sees no device. */
   const char *none = getenv("PULSE_EMU_NO_DEVICE");
-  if (none != nullptr && strcmp(none, "1") == 0) {
-    *count = 0;
-    return fail(cudaErrorNoDevice);
+  if (none != nullptr && strcmp(none, "1") == 0)
+    return 0;
+  const char *n = getenv("PULSE_EMU_DEVICES");
+  int k = n != nullptr ? atoi(n) : 2;
+  return k < 1 ? 1 : k > 8 ? 8 : k;
+}
+
+cudaError_t cudaGetDeviceCount(int *count) {
+  EMU_API;
+  *count = device_count();
+  return *count == 0 ? fail(cudaErrorNoDevice) : cudaSuccess;
+}
+
+cudaError_t cudaGetDevice(int *device) {
+  EMU_API;
+  *device = current_device;
+  return cudaSuccess;
+}
+
+cudaError_t cudaSetDevice(int device) {
+  EMU_API;
+  if (device < 0 || device >= device_count())
+    return fail(cudaErrorInvalidDevice);
+  if (device != current_device)
+    counts.set_device++;
+  current_device = device;
+  return cudaSuccess;
+}
+
+cudaError_t cudaPointerGetAttributes(cudaPointerAttributes *attr,
+                                     const void *ptr) {
+  EMU_API;
+  memset(attr, 0, sizeof *attr);
+  attr->device = -2;
+  const Allocation *al = allocation_of(ptr, 1);
+  if (al != nullptr) {
+    attr->type = cudaMemoryTypeDevice;
+    attr->device = al->device;
+    attr->devicePointer = (void *)ptr;
+  } else if (is_pinned(ptr, 1)) {
+    attr->type = cudaMemoryTypeHost;
+    attr->device = current_device;
+    attr->hostPointer = attr->devicePointer = (void *)ptr;
+  } else {
+    attr->type = cudaMemoryTypeUnregistered;
+    attr->hostPointer = (void *)ptr;
   }
-  *count = 1;
   return cudaSuccess;
 }
 
 cudaError_t cudaMalloc(void **ptr, size_t bytes) {
+  EMU_API;
   *ptr = nullptr;
   if (bytes == 0)
     return cudaSuccess;
+  counts.device_allocs++;
   void *p = malloc(bytes);
   if (p == nullptr)
     return fail(cudaErrorMemoryAllocation);
   memset(p, 0xA5, bytes); /* device memory starts as garbage */
-  allocations[(uintptr_t)p] = bytes;
+  allocations[(uintptr_t)p] = Allocation{bytes, current_device};
   *ptr = p;
   return cudaSuccess;
 }
 
 cudaError_t cudaFree(void *ptr) {
+  EMU_API;
   if (ptr == nullptr)
     return cudaSuccess;
+  counts.device_frees++;
   auto it = allocations.find((uintptr_t)ptr);
   if (it == allocations.end())
     fatal("cudaFree of a pointer cudaMalloc did not return");
@@ -405,11 +518,109 @@ cudaError_t cudaFree(void *ptr) {
   return cudaSuccess;
 }
 
+cudaError_t cudaHostAlloc(void **ptr, size_t bytes, unsigned flags) {
+  EMU_API;
+  (void)flags;
+  *ptr = nullptr;
+  counts.host_allocs++;
+  void *p = malloc(bytes ? bytes : 1);
+  if (p == nullptr)
+    return fail(cudaErrorMemoryAllocation);
+  memset(p, 0x5A, bytes);
+  pinned[(uintptr_t)p] = bytes ? bytes : 1;
+  *ptr = p;
+  return cudaSuccess;
+}
+
+cudaError_t cudaFreeHost(void *ptr) {
+  EMU_API;
+  if (ptr == nullptr)
+    return cudaSuccess;
+  counts.host_frees++;
+  auto it = pinned.find((uintptr_t)ptr);
+  if (it == pinned.end())
+    fatal("cudaFreeHost of a pointer cudaHostAlloc did not return");
+  pinned.erase(it);
+  free(ptr);
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *stream, unsigned flags) {
+  EMU_API;
+  if ((flags & cudaStreamNonBlocking) == 0)
+    fatal("a blocking stream (it would wait for the legacy NULL stream)");
+  counts.streams_made++;
+  Stream *s = new Stream{current_device};
+  streams.insert(s);
+  *stream = (cudaStream_t)s;
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+  EMU_API;
+  if (streams.erase(stream) == 0)
+    fatal("cudaStreamDestroy of a stream that does not exist");
+  delete (Stream *)stream;
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned flags) {
+  EMU_API;
+  (void)flags;
+  counts.events_made++;
+  Event *e = new Event{current_device};
+  events.insert(e);
+  *event = (cudaEvent_t)e;
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventDestroy(cudaEvent_t event) {
+  EMU_API;
+  if (events.erase(event) == 0)
+    fatal("cudaEventDestroy of an event that does not exist");
+  delete (Event *)event;
+  return cudaSuccess;
+}
+
+static void check_event(cudaEvent_t event) {
+  if (events.count(event) == 0)
+    fatal("an event that cudaEventCreateWithFlags did not make (or "
+          "destroyed)");
+}
+
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
+  EMU_API;
+  check_event(event);
+  emu_stream_use(stream, "cudaEventRecord");
+  if (((Event *)event)->device != current_device)
+    fatal("cudaEventRecord of an event of another device");
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+  EMU_API;
+  check_event(event);
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event,
+                                unsigned flags) {
+  EMU_API;
+  (void)flags;
+  check_event(event);
+  emu_stream_use(stream, "cudaStreamWaitEvent");
+  return cudaSuccess;
+}
+
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes,
                             cudaMemcpyKind kind, cudaStream_t stream) {
-  (void)stream;
+  EMU_API;
+  emu_stream_use(stream, "cudaMemcpyAsync");
+  counts.copies++;
   if (bytes == 0)
     return cudaSuccess;
+  if (is_pinned(dst, bytes) || is_pinned(src, bytes))
+    counts.pinned_copies++;
   check_copy(dst, src, bytes, kind);
   memmove(dst, src, bytes);
   return cudaSuccess;
@@ -422,7 +633,8 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes,
 
 cudaError_t cudaMemsetAsync(void *dst, int value, size_t bytes,
                             cudaStream_t stream) {
-  (void)stream;
+  EMU_API;
+  emu_stream_use(stream, "cudaMemsetAsync");
   if (bytes == 0)
     return cudaSuccess;
   if (!emu_is_device(dst, bytes))
@@ -432,12 +644,23 @@ cudaError_t cudaMemsetAsync(void *dst, int value, size_t bytes,
 }
 
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
-  (void)stream;
+  EMU_API;
+  if (stream == nullptr)
+    counts.null_stream++;
+  else if (streams.count(stream) == 0)
+    fatal("cudaStreamSynchronize of a stream that does not exist");
   return cudaSuccess;
 }
 
 cudaError_t cudaDeviceSynchronize(void) {
+  EMU_API;
+  counts.device_syncs++;
   return cudaSuccess;
+}
+
+extern "C" void pulse_emu_counts_get(pulse_emu_counts *out) {
+  EMU_API;
+  *out = counts;
 }
 
 cudaError_t cudaGetLastError(void) {
@@ -460,6 +683,10 @@ const char *cudaGetErrorString(cudaError_t err) {
     return "out of memory";
   case cudaErrorNoDevice:
     return "no CUDA-capable device is detected";
+  case cudaErrorInvalidDevice:
+    return "invalid device ordinal";
+  case cudaErrorInvalidResourceHandle:
+    return "invalid resource handle";
   }
   return "unknown error";
 }
