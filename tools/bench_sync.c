@@ -17,8 +17,8 @@
  * the worker's split and total, the local part (total - transfer), end to
  * end, and the dense figure: the download of the whole BF16 checkpoint (the
  * anchor) over the same link, transfer only (no verify, no load;
- * bench_sync_dense.c). The dense download is timed whole unless the link would take over
- * BS_DENSE_FULL_S at its nominal rate (or --dense-sample asks for a
+ * bench_sync_dense.c). The dense download is timed whole unless the link would
+ * take over BS_DENSE_FULL_S at its nominal rate (or --dense-sample asks for a
  * prefix); then a prefix is timed and scaled linearly, and the table and
  * the JSON say so and from how many bytes (--dense-full: always whole).
  *

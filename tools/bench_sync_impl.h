@@ -151,7 +151,8 @@ typedef struct {
   pulse_report_table *rt;
   /* The file workers (bench_sync_pull.c). */
   char pull_bin[4096], file[4096], pull_cache[4096];
-  uint64_t file_step; /* the step the file holds; UINT64_MAX: not known */
+  uint64_t file_step;  /* the step the file holds; UINT64_MAX: not known */
+  double first_step_s; /* the long-lived worker's untimed first step */
 } bs_run;
 
 /* One synced step. */
@@ -224,8 +225,10 @@ int bs_pull_find(bs_run *r);
 int bs_pull_prepare(bs_run *r);
 
 /** The long-lived worker on a link: one `pulse-pull --follow` started in
- * the calling thread's namespace, `steps` commits, its synced events; one
- * sample per step in s[]. It is stopped before the return.
+ * the calling thread's namespace, one untimed step (its total_s in
+ * r->first_step_s: it builds the class index), then `steps` commits and
+ * its synced events; one sample per timed step in s[]. It is stopped before
+ * the return.
  * @return 0 or 1 (printed). */
 int bs_pull_long_lived_steps(bs_run *r, const bs_link *lk, const char *base,
                              bs_sample *s, size_t *ns);

@@ -109,6 +109,8 @@ static void bs_print_json(const bs_run *r, const bs_link *lk,
   printf(",\"worker_sync_s\":%.6f", f->worker_sync);
   bs_json_opt("load_s",
               f->worker == BS_WORKER_ONE_SHOT ? f->sync - f->worker_sync : -1);
+  bs_json_opt("first_step_s",
+              f->worker == BS_WORKER_LONG_LIVED ? r->first_step_s : -1);
   printf(",\"seen_s\":%.6f,\"streamed\":%s,\"steps\":%zu,\"positions\":"
          "\"%s\",\"targets\":\"%s\"}\n",
          f->seen, a->no_stream ? "false" : "true", f->steps,
@@ -162,7 +164,8 @@ static void bs_print_row(const bs_link *lk, const bs_figures *f) {
 }
 
 /* The workers' table (--workers with a pulse-pull worker): the split. */
-static void bs_print_worker_row(const bs_link *lk, const bs_figures *f) {
+static void bs_print_worker_row(const bs_run *r, const bs_link *lk,
+                                const bs_figures *f) {
   char write[16], lx[32], r3[32];
   if (f->write < 0)
     snprintf(write, sizeof write, "%7s", "-");
@@ -184,8 +187,9 @@ static void bs_print_worker_row(const bs_link *lk, const bs_figures *f) {
            "", f->sync - f->worker_sync, f->worker_sync);
   else if (f->worker == BS_WORKER_LONG_LIVED)
     printf("%-10s   long-lived: %.3f s from the head's move to its synced "
-           "event\n",
-           "", f->seen);
+           "event; its first step\n%-10s   after its start (untimed, builds "
+           "the class index): %.3f s\n",
+           "", f->seen, "", r->first_step_s);
   bs_print_dense_note(f);
 }
 
@@ -194,7 +198,7 @@ void bs_print_link(bs_run *r, const bs_link *lk, const bs_figures *f) {
   if (r->a->json)
     bs_print_json(r, lk, f);
   else if (r->a->file_workers)
-    bs_print_worker_row(lk, f);
+    bs_print_worker_row(r, lk, f);
   else
     bs_print_row(lk, f);
   fflush(stdout);

@@ -3,8 +3,9 @@
  *
  * long-lived: one `pulse-pull --follow` for all the steps of a link, as a
  * worker that follows a trainer runs; it long-polls the head, and the bench
- * reads its `synced` events (their figures, and the time from the end of the
- * commit until the event arrives).
+ * reads its `synced` events (their figures, and the time from the head's
+ * move until the event arrives). Its first step after the start is not
+ * timed (see bs_pull_long_lived_steps).
  * one-shot: a new `pulse-pull` per step, which loads the file, syncs one
  * step and exits; timed from outside, from its start to its exit.
  *
@@ -357,11 +358,14 @@ int bs_pull_long_lived_steps(bs_run *r, const bs_link *lk, const char *base,
   *ns = 0;
   if (bs_child_start(&c, r, base, 1) != 0)
     return 1;
-  /* Its first sync: it loaded the file and holds the head. */
+  /* Its first sync: it loaded the file and holds the head. Then one step
+   * untimed (its total in r->first_step_s): the first patch after a start
+   * builds the class index, which a worker that has been following pays
+   * no more. */
   int rc = bs_child_wait_step(&c, r->step, &ev, &consumed);
   if (rc == 0)
     r->file_step = r->step;
-  for (uint64_t k = 0; rc == 0 && k < r->a->steps && !atomic_load(&bs_stop);
+  for (uint64_t k = 0; rc == 0 && k < r->a->steps + 1 && !atomic_load(&bs_stop);
        k++) {
     pulse_pub_figures pf;
     pulse_status st = bs_commit_next(r, &pf);
@@ -374,8 +378,12 @@ int bs_pull_long_lived_steps(bs_run *r, const bs_link *lk, const char *base,
       break;
     double now = pulse_tk_now();
     r->file_step = r->step;
-    s[(*ns)++] = bs_sample_of(
-        &pf, &ev, ev.total, now - atomic_load(&r->head_at), now - r->commit_at);
+    if (k == 0)
+      r->first_step_s = ev.total;
+    else
+      s[(*ns)++] =
+          bs_sample_of(&pf, &ev, ev.total, now - atomic_load(&r->head_at),
+                       now - r->commit_at);
   }
   int status = bs_child_end(&c, 1);
   if (rc == 0 && status != 0) {

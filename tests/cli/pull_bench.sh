@@ -58,7 +58,7 @@ while read -r line; do
   link=${F[link]} worker=${F[worker]}
   at="$link $worker"
   for k in params density link worker bytes_dense bytes_pulse seconds_dense seconds_pulse transfer_s decode_s \
-    verify_s apply_s write_s total_s local_s ratio_local_vs_transfer worker_sync_s load_s seen_s \
+    verify_s apply_s write_s total_s local_s ratio_local_vs_transfer worker_sync_s load_s seen_s first_step_s \
     seconds_commit seconds_end_to_end dense_extrapolated dense_sample_bytes dense_object_bytes \
     ratio_bytes_vs_dense_bf16 ratio_sync_vs_dense_transfer ratio_end_to_end_vs_dense_transfer; do
     [ -n "${F[$k]+set}" ] && ok || bad "$at: no field $k"
@@ -83,27 +83,29 @@ while read -r line; do
     [ "$seen" = "$t" ] && ok || bad "$at: seen_s is not total_s"
   fi
   # The parts of a step fit in its total; local = total - transfer, and its
-  # ratio to the transfer.
+  # ratio to the transfer (printed to the microsecond: r * x is l within
+  # half a microsecond times r).
   w=${F[write_s]}
   [ "$w" = null ] && w=0
   holds -v t="$t" -v x="${F[transfer_s]}" -v v="${F[verify_s]}" -v d="${F[decode_s]}" -v a="${F[apply_s]}" \
     -v w="$w" -v l="${F[local_s]}" -v r="${F[ratio_local_vs_transfer]}" \
     'BEGIN {p = x + v + d + a + w; q = t - x - l
             exit !(p > 0 && p <= t + 1e-3 && w >= 0 && q < 2e-6 && q > -2e-6 &&
-                   (x == 0 || (r > l / x * 0.999 - 1e-6 && r < l / x * 1.001 + 1e-6)))}' && ok ||
+                   (x == 0 || (r * x - l < r * 1e-6 + 1e-5 && l - r * x < r * 1e-6 + 1e-5)))}' && ok ||
     bad "$at: the parts exceed the total, or local_s is not total - transfer, or its ratio is off: $line"
   ws=${F[worker_sync_s]} ld=${F[load_s]} tg=${F[targets]}
   case $worker in
   host)
-    [ "${F[write_s]}" = null ] && [ "$ld" = null ] && [ "$tg" = host ] && ok ||
-      bad "$at: a host worker with a write or load figure: $line" ;;
+    [ "${F[write_s]}" = null ] && [ "$ld" = null ] && [ "${F[first_step_s]}" = null ] && [ "$tg" = host ] && ok ||
+      bad "$at: a host worker with a write, load or first-step figure: $line" ;;
   long-lived)
-    [ "$ld" = null ] && [ "$ws" = "$t" ] && [ "$tg" = file ] && ok ||
-      bad "$at: the long-lived total is not pulse-pull's own: $line" ;;
+    # Its first step after the start is set apart (untimed), and said.
+    [ "$ld" = null ] && [ "$ws" = "$t" ] && [ "$tg" = file ] && [ "${F[first_step_s]}" != null ] && ok ||
+      bad "$at: the long-lived total is not pulse-pull's own, or no first step: $line" ;;
   one-shot)
     # Timed from outside: its own sync, plus starting and loading the file.
     holds -v t="$t" -v s="$ws" -v l="$ld" 'BEGIN {d = t - s - l; exit !(s > 0 && l > 0 && d < 2e-6 && d > -2e-6)}' &&
-      [ "$tg" = file ] && ok || bad "$at: one-shot total is not load + its sync: $line" ;;
+      [ "$tg" = file ] && [ "${F[first_step_s]}" = null ] && ok || bad "$at: one-shot total is not load + its sync: $line" ;;
   esac
   # Every ratio is its baseline over the pulse figure it names.
   holds -v bd="$bd" -v bp="$bp" -v r="${F[ratio_bytes_vs_dense_bf16]}" \
