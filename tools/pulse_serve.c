@@ -3,6 +3,7 @@
  * the head that a publisher in another process moves. */
 #include <pthread.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,6 +30,19 @@ static void usage(FILE *f) {
       "  --idle-timeout S       close idle connections after S seconds "
       "(default 60)\n"
       "  --key KEY.pem          sign catch-up patches with this Ed25519 key\n"
+      "                         (default: DIR/signing-key.pem when it exists; "
+      "a server\n"
+      "                         without the head's key builds no catch-ups: "
+      "clients fetch\n"
+      "                         the signed patches)\n"
+      "  --catchup-builds N     catch-ups built at once, off the HTTP threads "
+      "(default 1)\n"
+      "  --catchup-queue N      catch-ups waiting to be built; beyond, 503 "
+      "(default 16)\n"
+      "  --catchup-wait-ms N    how long a request waits for its catch-up's "
+      "build before\n"
+      "                         503 + Retry-After (default 10000; 0: answer "
+      "at once)\n"
       "Prints 'pulse-serve: serving DIR on http://HOST:PORT' once "
       "listening.\n");
 }
@@ -58,6 +72,26 @@ int main(int argc, char **argv) {
       if (r < 0)
         return usage(stderr), 2;
       key_path = v;
+    } else if ((r = pulse_tk_opt_value(argc, argv, &i, "--catchup-builds",
+                                       &v)) != 0) {
+      if (r < 0 || pulse_tk_parse_int(v, 1, 64, &n) != 0)
+        return fprintf(stderr, "pulse-serve: --catchup-builds needs 1..64\n"),
+               2;
+      o.catchup_builds = (unsigned)n;
+    } else if ((r = pulse_tk_opt_value(argc, argv, &i, "--catchup-queue",
+                                       &v)) != 0) {
+      if (r < 0 || pulse_tk_parse_int(v, 1, 100000, &n) != 0)
+        return fprintf(stderr,
+                       "pulse-serve: --catchup-queue needs 1..100000\n"),
+               2;
+      o.catchup_queue = (unsigned)n;
+    } else if ((r = pulse_tk_opt_value(argc, argv, &i, "--catchup-wait-ms",
+                                       &v)) != 0) {
+      if (r < 0 || pulse_tk_parse_int(v, 0, 600000, &n) != 0)
+        return fprintf(stderr,
+                       "pulse-serve: --catchup-wait-ms needs 0..600000\n"),
+               2;
+      o.catchup_wait_ms = (uint32_t)n;
     } else if ((r = pulse_tk_opt_value(argc, argv, &i, "--threads", &v)) != 0) {
       if (r < 0 || pulse_tk_parse_int(v, 0, 1024, &n) != 0)
         return fprintf(stderr, "pulse-serve: --threads needs 0..1024\n"), 2;
@@ -106,6 +140,17 @@ int main(int argc, char **argv) {
   if (key_path != NULL &&
       (st = pulse_sign_key_load(key_path, &key)) != PULSE_OK)
     return fail(key_path, st);
+  if (key_path == NULL) {
+    /* The server next to its publisher signs with pulse-publish's default
+     * key; a mirror (which never holds it) builds no catch-ups. */
+    char def[4096];
+    snprintf(def, sizeof def, "%s/signing-key.pem", store);
+    st = pulse_sign_key_load(def, &key);
+    if (st == PULSE_OK)
+      fprintf(stderr, "pulse-serve: signing catch-ups with %s\n", def);
+    else if (st != PULSE_ERR_NOT_FOUND)
+      return fail(def, st);
+  }
   o.key = key;
 
   /* Block the stop signals before any thread starts: every thread inherits

@@ -9,7 +9,8 @@
  *   GET /v1/objects/<sha256>.pulse     patches  } immutable, strong ETag,
  *   GET /v1/objects/<sha256>.safetensors anchors} Range, zero-copy
  *   GET /v1/catchup/<step>             one squashed patch from a retained
- *                                      step to the head, built and cached
+ *                                      step to the head, built (off the
+ *                                      HTTP threads, bounded) and cached
  *   GET /metrics                       Prometheus text
  *   GET /healthz                       liveness
  *
@@ -55,17 +56,28 @@ typedef struct {
   uint32_t max_poll_ms;     /* cap on a long-poll's timeout_ms */
   int watch;                /* follow head.json written by another process */
   /* Signs catch-up patches (PROTOCOL.md) when not NULL; borrowed, must
-   * outlive the server. Without it a catch-up is trusted through the digests
-   * only, as its response headers say. */
+   * outlive the server. A server serving a signed head builds catch-ups
+   * only with the head's own key (nobody could verify others: a relay
+   * without the key answers 404 and clients fetch the signed patches); for
+   * an unsigned head a catch-up is trusted through its digests only, as its
+   * response headers say. */
   const pulse_sign_key *key;
   int catchup_threads; /* threads for rebuilding and squashing; 0: per CPU */
+  /* Catch-ups are built on threads of their own, never on the HTTP ones:
+   * at most catchup_builds at once (0: 1), catchup_queue more waiting (0:
+   * 16; beyond, 503 + Retry-After). A request waits (suspended, no thread
+   * held) for the build it needs up to catchup_wait_ms, then gets 503 +
+   * Retry-After while the build goes on (0: answer 503 at once). */
+  unsigned catchup_builds;
+  unsigned catchup_queue;
+  uint32_t catchup_wait_ms;
 } pulse_server_opts;
 
 #define PULSE_SERVER_OPTS_VERSION 1u
 #define PULSE_SERVER_OPTS_INIT                                                 \
   {                                                                            \
     PULSE_SERVER_OPTS_VERSION, NULL, NULL, 0, 0, 1024, 0, 60, 512, 60000, 1,   \
-        NULL, 0                                                                \
+        NULL, 0, 1, 16, 10000                                                  \
   }
 
 typedef struct pulse_server pulse_server;

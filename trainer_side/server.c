@@ -42,13 +42,16 @@ pulse_status pulse_server_create(const pulse_server_opts *opts,
   pthread_mutex_init(&srv->lock, NULL);
   pthread_mutex_init(&srv->reload_lock, NULL);
   pthread_mutex_init(&srv->catchup_lock, NULL);
+  pthread_cond_init(&srv->build_cv, NULL);
   char objs[4096];
   snprintf(objs, sizeof objs, "%s/" PULSE_STORE_OBJECTS_DIR, srv->dir);
   /* objects/ may not exist yet (an empty store): opened on first use. */
   srv->objects_fd = open(objs, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 
   srv_reload(srv, 1);
-  pulse_status st = srv_watcher_start(srv);
+  pulse_status st = srv_builders_start(srv);
+  if (st == PULSE_OK)
+    st = srv_watcher_start(srv);
   if (st == PULSE_OK) {
     pulse_serve_opts ho = PULSE_SERVE_OPTS_INIT;
     ho.name = "server";
@@ -84,6 +87,7 @@ void pulse_server_free(pulse_server *srv) {
   pthread_mutex_unlock(&srv->lock);
   /* Waiting long-polls answer with the current head as they are woken. */
   pulse_serve_free(srv->http);
+  srv_builders_stop(srv);
   srv_watcher_stop(srv);
   srv_catchup_free(srv);
   if (srv->head != NULL)
@@ -93,6 +97,7 @@ void pulse_server_free(pulse_server *srv) {
   pthread_mutex_destroy(&srv->lock);
   pthread_mutex_destroy(&srv->reload_lock);
   pthread_mutex_destroy(&srv->catchup_lock);
+  pthread_cond_destroy(&srv->build_cv);
   free(srv->dir);
   free(srv);
 }

@@ -9,6 +9,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 #include <sys/types.h>
+#include <time.h>
 
 #include "http_serve_impl.h"
 #include "pulse_server.h"
@@ -24,6 +25,8 @@ typedef struct {
       commit; /* commit_seconds given to pulse_server_notify */
   atomic_ullong head_reloads, head_errors;
   atomic_ullong catchup_builds, catchup_build_us, catchup_cache_hits;
+  atomic_ullong catchup_refused;  /* 503: queue full, or waited too long */
+  atomic_ullong catchup_corrupt;  /* cached files that failed their hash */
 } srv_metrics;
 
 /* ------------------------------------------------------------------- head */
@@ -42,15 +45,51 @@ void srv_head_release(srv_head *h);
 
 typedef struct srv_waiter srv_waiter;
 
-/* A catch-up patch ready to serve. */
+/* A catch-up patch ready to serve: in memory (memfd), or a file of
+ * catchup/ whose bytes were checked against its name (sha256) while it had
+ * this identity; a file whose identity changed since (rewritten, replaced)
+ * is checked again before it is served (finding 7 of issue 20). */
 typedef struct {
   uint64_t from, to;
   uint8_t sha256[32];
   uint64_t size;
   int memfd; /* >= 0 when held in memory only (read-only store) */
+  dev_t dev; /* the file's identity when it was checked */
+  ino_t ino;
+  struct timespec ctime;
 } srv_catchup;
 
-#define SRV_CATCHUP_MEMORY 4
+#define SRV_CATCHUP_MEMORY 16
+
+/* One catch-up being built (or checked, when another process or an earlier
+ * run cached it) on a builder thread, and the requests waiting for it. */
+typedef struct srv_build srv_build;
+typedef struct srv_build_waiter srv_build_waiter;
+
+struct srv_build {
+  uint64_t from;
+  srv_head *head; /* the head it ends at (a reference) */
+  int running, done;
+  pulse_status status; /* once done */
+  char detail[256];
+  srv_catchup result; /* once done and PULSE_OK */
+  int fd;             /* of the result, for the waiters to dup; or -1 */
+  srv_build_waiter *waiters;
+  unsigned refs; /* the queue's (until done) and one per waiter */
+  srv_build *next;
+};
+
+/* Why a waiting catch-up request was resumed. */
+enum { SRV_WAIT_DONE = 1, SRV_WAIT_TIMEOUT, SRV_WAIT_STOPPING };
+
+struct srv_build_waiter {
+  pulse_server *srv;
+  pulse_serve_request *rq;
+  srv_build *build; /* a reference */
+  double deadline;
+  int woken; /* SRV_WAIT_*: taken off the build's list and resumed */
+  srv_build_waiter *prev, *next;
+};
 
 struct pulse_server {
   pulse_server_opts opts;
@@ -76,10 +115,18 @@ struct pulse_server {
   int wake_fd;    /* eventfd: wakes the watcher */
   int inotify_fd; /* -1 without inotify */
 
-  pthread_mutex_t catchup_lock; /* one build at a time, and the cache */
+  /* Catch-ups: the cache, the builds and their waiters, under
+   * catchup_lock, which is never held while building or hashing. */
+  pthread_mutex_t catchup_lock;
+  pthread_cond_t build_cv; /* a build queued, or the builders stop */
   srv_catchup catchups[SRV_CATCHUP_MEMORY];
   size_t ncatchups;
   uint64_t catchup_clean_step; /* the head step the cache was cleaned for */
+  srv_build *builds;           /* queued and running, oldest first */
+  size_t builds_queued;
+  int builders_stop;
+  pthread_t *builders;
+  unsigned nbuilders;
 };
 
 /* A long-poll waiting for a head above `after`: on the server's list from
@@ -107,11 +154,43 @@ pulse_status srv_watcher_start(pulse_server *srv);
 void srv_watcher_stop(pulse_server *srv);
 void srv_wake_all(void *srv);
 
-/* server_catchup.c */
+/* server_catchup.c: the route and the cache. */
 int srv_catchup_request(pulse_server *srv, pulse_serve_request *rq,
                         uint64_t from);
 void srv_catchup_clean(pulse_server *srv);
 void srv_catchup_free(pulse_server *srv);
+/* An fd of a remembered catch-up (caller closes), or -1 when its file is
+ * gone or is no longer the one that was checked. catchup_lock held. */
+int srv_catchup_open(pulse_server *srv, const srv_catchup *c);
+/* Adds a checked catch-up to the in-memory list. catchup_lock held. */
+void srv_catchup_remember(pulse_server *srv, const srv_catchup *c);
+
+/* server_catchup_build.c: building, keeping and checking one catch-up, on a
+ * builder thread (no lock held). On PULSE_OK *c is filled and *fd (>= 0)
+ * reads it. */
+pulse_status srv_catchup_produce(pulse_server *srv, const srv_head *h,
+                                 uint64_t from, srv_catchup *c, int *fd);
+/* "DIR/catchup/NAME" into buf. @return 0, or -1 when it does not fit. */
+int srv_catchup_path(char *buf, size_t cap, const char *dir, const char *name);
+/* Reads catchup/<from>-<to>.ref (what it names is not checked here).
+ * @return 1 and *c, or 0. */
+int srv_catchup_find_ref(pulse_server *srv, uint64_t from, uint64_t to,
+                         srv_catchup *c);
+
+/* server_catchup_queue.c: the builder threads, the bounded queue and the
+ * requests waiting on it. */
+pulse_status srv_builders_start(pulse_server *srv);
+void srv_builders_stop(pulse_server *srv);
+/* Queues (or joins) the build of the catch-up from `from` to h's step and
+ * suspends rq until it is done or rq's wait is over; answers 503 when the
+ * queue is full. catchup_lock held; it is released on return. */
+int srv_build_wait(pulse_server *srv, pulse_serve_request *rq, srv_head *h,
+                   uint64_t from);
+/* Resumes the waiters whose wait is over (all of them with `all`); returns
+ * the earliest deadline of those left (INFINITY when none). */
+double srv_build_expire(pulse_server *srv, double now, int all);
+/* Builds queued and running now. */
+size_t srv_build_count(pulse_server *srv);
 
 /* server_metrics.c: the serving layer's hooks. */
 void srv_metrics_text(void *srv, pulse_bytebuf *text);

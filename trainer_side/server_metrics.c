@@ -68,4 +68,19 @@ void srv_metrics_text(void *server, pulse_bytebuf *b) {
       (unsigned long long)atomic_load(&m->catchup_builds),
       (double)atomic_load(&m->catchup_build_us) / 1e6,
       (unsigned long long)atomic_load(&m->catchup_cache_hits));
+  pulse_bytebuf_printf(
+      b,
+      "# HELP pulse_catchup_builds_pending Catch-ups queued or being built.\n"
+      "# TYPE pulse_catchup_builds_pending gauge\n"
+      "pulse_catchup_builds_pending %zu\n"
+      "# HELP pulse_catchup_refused_total Catch-up requests answered 503 (queue "
+      "full, or the build outlasted the wait).\n"
+      "# TYPE pulse_catchup_refused_total counter\n"
+      "pulse_catchup_refused_total %llu\n"
+      "# HELP pulse_catchup_corrupt_total Cached catch-ups whose bytes did not "
+      "match their SHA-256 (dropped and rebuilt).\n"
+      "# TYPE pulse_catchup_corrupt_total counter\n"
+      "pulse_catchup_corrupt_total %llu\n",
+      srv_build_count(srv), (unsigned long long)atomic_load(&m->catchup_refused),
+      (unsigned long long)atomic_load(&m->catchup_corrupt));
 }

@@ -66,6 +66,7 @@ void srv_wake_all(void *server) {
   pthread_mutex_lock(&srv->lock);
   wake_locked(srv, pulse_serve_now(), 1);
   pthread_mutex_unlock(&srv->lock);
+  srv_build_expire(srv, pulse_serve_now(), 1); /* catch-ups' waiters too */
 }
 
 void srv_reload(pulse_server *srv, int force) {
@@ -256,6 +257,11 @@ static void *watcher_main(void *arg) {
     pthread_mutex_unlock(&srv->lock);
     if (stopping)
       break;
+    /* Catch-up requests that waited long enough for their build answer
+     * 503 now; the next one's end bounds the sleep. */
+    double next_build = srv_build_expire(srv, now, 0);
+    if (next_build < deadline)
+      deadline = next_build;
     struct pollfd pf[2] = {{srv->wake_fd, POLLIN, 0},
                            {srv->inotify_fd, POLLIN, 0}};
     int wait_ms = deadline > now ? (int)((deadline - now) * 1000.0) + 1 : 0;

@@ -1,0 +1,287 @@
+/* The store server's catch-ups under load and distrust (issue 20, findings
+ * 6 and 7): builds off the HTTP threads while health and head answer, no
+ * catch-ups from a server without the head's key, and a cached catch-up
+ * whose bytes went bad is never served. */
+#include <criterion/criterion.h>
+#include <curl/curl.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <time.h>
+
+#include "http_testutil.h"
+#include "pulse_publisher.h"
+#include "pulse_server.h"
+#include "pulse_sign.h"
+#include "pulse_store.h"
+#include "store_impl.h"
+#include "trainer_testutil.h"
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* A store of steps 0..steps (one anchor, at 0) written by a publisher
+ * signing with `key`, closed again. */
+static char *make_store(int steps, uint64_t scale, const pulse_sign_key *key) {
+  char *dir = tu_make_dir();
+  tu_model m;
+  tu_model_init(&m, 33, scale);
+  pulse_pub_opts o = PULSE_PUB_OPTS_INIT;
+  o.tensors = m.info;
+  o.tensor_count = TU_TENSORS;
+  o.key = key;
+  o.anchor_every = 0;
+  o.keep_patches = 64;
+  o.threads = 2;
+  pulse_pub *pub = NULL;
+  cr_assert_eq(pulse_pub_create(dir, &o, &pub), PULSE_OK, "%s",
+               pulse_error_detail());
+  pulse_pub_tensor t[TU_TENSORS];
+  tt_model_tensors(&m, t);
+  for (int s = 0; s <= steps; s++) {
+    if (s)
+      tu_model_step(&m, 0.01);
+    cr_assert_eq(pulse_pub_commit(pub, (uint64_t)s, t, TU_TENSORS, NULL),
+                 PULSE_OK, "%s", pulse_error_detail());
+  }
+  pulse_pub_free(pub);
+  tu_model_free(&m);
+  return dir;
+}
+
+static pulse_server *serve(const char *dir, const pulse_sign_key *key) {
+  pulse_server_opts so = PULSE_SERVER_OPTS_INIT;
+  so.store_dir = dir;
+  so.threads = 2;
+  so.watch = 0;
+  so.key = key;
+  so.catchup_threads = 1;
+  pulse_server *srv = NULL;
+  cr_assert_eq(pulse_server_create(&so, &srv), PULSE_OK, "%s",
+               pulse_error_detail());
+  return srv;
+}
+
+static unsigned long long metric(pulse_server *srv, const char *name) {
+  pulse_buffer m = {NULL, 0};
+  cr_assert_eq(pulse_server_metrics(srv, &m), PULSE_OK);
+  char key[128];
+  snprintf(key, sizeof key, "\n%s ", name);
+  const char *at = strstr((const char *)m.data, key);
+  cr_assert_not_null(at, "no metric %s", name);
+  unsigned long long v = strtoull(at + strlen(key), NULL, 10);
+  pulse_buffer_free(&m);
+  return v;
+}
+
+typedef struct {
+  uint16_t port;
+  uint64_t from;
+  ht_reply r;
+} catchup_call;
+
+static void *catchup_main(void *arg) {
+  catchup_call *c = arg;
+  char path[64];
+  snprintf(path, sizeof path, "/v1/catchup/%" PRIu64, c->from);
+  c->r = ht_request(c->port, NULL, path, NULL, NULL);
+  return NULL;
+}
+
+Test(server_catchup, health_and_head_answer_within_100_ms_while_ten_build) {
+  pulse_sign_key *key = NULL;
+  cr_assert_eq(pulse_sign_key_generate(&key), PULSE_OK);
+  /* About 2.3 M parameters: one build (a state rebuilt from the anchor, a
+   * squash) takes a good part of a second on one thread. */
+  char *dir = make_store(12, 320, key);
+  pulse_server *srv = serve(dir, key);
+  uint16_t port = pulse_server_port(srv);
+  catchup_call calls[10];
+  pthread_t tid[10];
+  for (int i = 0; i < 10; i++) {
+    calls[i] = (catchup_call){port, (uint64_t)i, {0}};
+    cr_assert_eq(pthread_create(&tid[i], NULL, catchup_main, &calls[i]), 0);
+  }
+  /* Until the builds are under way. */
+  double t0 = now_s();
+  while (metric(srv, "pulse_catchup_builds_pending") < 5 && now_s() - t0 < 5)
+    usleep(2000);
+  double worst = 0;
+  for (int k = 0; k < 10; k++) {
+    const char *paths[2] = {"/healthz", "/v1/head"};
+    for (int p = 0; p < 2; p++) {
+      double t = now_s();
+      ht_reply r = ht_request(port, NULL, paths[p], NULL, NULL);
+      double took = now_s() - t;
+      cr_assert_eq(r.status, 200, "%s: %ld", paths[p], r.status);
+      ht_reply_free(&r);
+      if (took > worst)
+        worst = took;
+    }
+    usleep(20000);
+  }
+  /* The measurements were taken while builds were still waiting. */
+  unsigned long long pending = metric(srv, "pulse_catchup_builds_pending");
+  for (int i = 0; i < 10; i++)
+    pthread_join(tid[i], NULL);
+  cr_assert_gt(pending, 0, "the builds ended before the measurements did");
+  cr_assert_lt(worst, 0.100, "a health or head request took %.0f ms",
+               worst * 1e3);
+  /* Every catch-up was built and answered (the queue holds 16). */
+  for (int i = 0; i < 10; i++) {
+    cr_assert_eq(calls[i].r.status, 200, "from %d: %ld %s", i,
+                 calls[i].r.status, calls[i].r.body ? calls[i].r.body : "");
+    pulse_patch *p = NULL;
+    cr_assert_eq(pulse_patch_open((uint8_t *)calls[i].r.body,
+                                  calls[i].r.size, &p),
+                 PULSE_OK);
+    cr_assert_eq(pulse_patch_base_step(p), (uint64_t)i);
+    cr_assert_eq(pulse_patch_step(p), 12);
+    pulse_patch_free(p);
+    ht_reply_free(&calls[i].r);
+  }
+  cr_assert_eq(metric(srv, "pulse_catchup_builds_total"), 10);
+  pulse_server_free(srv);
+  pulse_sign_key_free(key);
+  tu_rm_rf(dir);
+}
+
+Test(server_catchup, a_full_queue_answers_503_with_retry_after) {
+  pulse_sign_key *key = NULL;
+  cr_assert_eq(pulse_sign_key_generate(&key), PULSE_OK);
+  char *dir = make_store(6, 2, key);
+  pulse_server_opts so = PULSE_SERVER_OPTS_INIT;
+  so.store_dir = dir;
+  so.threads = 2;
+  so.key = key;
+  so.catchup_wait_ms = 0; /* queue and answer at once */
+  pulse_server *srv = NULL;
+  cr_assert_eq(pulse_server_create(&so, &srv), PULSE_OK);
+  uint16_t port = pulse_server_port(srv);
+  ht_reply r = ht_request(port, NULL, "/v1/catchup/1", NULL, NULL);
+  cr_assert_eq(r.status, 503);
+  char v[64];
+  cr_assert_not_null(ht_header(&r, "Retry-After", v, sizeof v));
+  ht_reply_free(&r);
+  /* The build went on: a retry finds it. */
+  double t0 = now_s();
+  do {
+    usleep(10000);
+    r = ht_request(port, NULL, "/v1/catchup/1", NULL, NULL);
+    if (r.status != 200)
+      ht_reply_free(&r);
+  } while (r.status != 200 && now_s() - t0 < 10);
+  cr_assert_eq(r.status, 200);
+  ht_reply_free(&r);
+  cr_assert_eq(metric(srv, "pulse_catchup_builds_total"), 1);
+  pulse_server_free(srv);
+  pulse_sign_key_free(key);
+  tu_rm_rf(dir);
+}
+
+Test(server_catchup, a_server_without_the_heads_key_builds_no_catchups) {
+  pulse_sign_key *key = NULL, *other = NULL;
+  cr_assert_eq(pulse_sign_key_generate(&key), PULSE_OK);
+  cr_assert_eq(pulse_sign_key_generate(&other), PULSE_OK);
+  char *dir = make_store(5, 2, key);
+  const pulse_sign_key *keys[2] = {NULL, other};
+  for (int k = 0; k < 2; k++) {
+    pulse_server *srv = serve(dir, keys[k]);
+    ht_reply r =
+        ht_request(pulse_server_port(srv), NULL, "/v1/catchup/1", NULL, NULL);
+    cr_assert_eq(r.status, 404, "%s key: %ld", k ? "another" : "no", r.status);
+    cr_assert(r.body != NULL && strstr(r.body, "key") != NULL, "%s", r.body);
+    ht_reply_free(&r);
+    cr_assert_eq(metric(srv, "pulse_catchup_builds_total"), 0);
+    pulse_server_free(srv);
+  }
+  /* With the head's key it builds; an unsigned store needs none. */
+  pulse_server *srv = serve(dir, key);
+  ht_reply r =
+      ht_request(pulse_server_port(srv), NULL, "/v1/catchup/1", NULL, NULL);
+  cr_assert_eq(r.status, 200);
+  ht_reply_free(&r);
+  pulse_server_free(srv);
+  char *plain = make_store(3, 1, NULL);
+  srv = serve(plain, NULL);
+  r = ht_request(pulse_server_port(srv), NULL, "/v1/catchup/1", NULL, NULL);
+  cr_assert_eq(r.status, 200);
+  ht_reply_free(&r);
+  pulse_server_free(srv);
+  pulse_sign_key_free(key);
+  pulse_sign_key_free(other);
+  tu_rm_rf(dir);
+  tu_rm_rf(plain);
+}
+
+/* GET /v1/catchup/1: the body must be the patch its ETag names. */
+static void get_good_catchup(uint16_t port, uint8_t sha[32], size_t *size) {
+  ht_reply r = ht_request(port, NULL, "/v1/catchup/1", NULL, NULL);
+  cr_assert_eq(r.status, 200, "%ld %s", r.status, r.body ? r.body : "");
+  char etag[80];
+  cr_assert_not_null(ht_header(&r, "ETag", etag, sizeof etag));
+  uint8_t named[32];
+  cr_assert_eq(store_unhex(etag + 1, 64, named, 32), 0);
+  store_sha256(r.body, r.size, sha);
+  cr_assert_eq(memcmp(sha, named, 32), 0,
+               "a catch-up whose bytes are not its ETag's was served");
+  pulse_patch *p = NULL;
+  cr_assert_eq(pulse_patch_open((uint8_t *)r.body, r.size, &p), PULSE_OK);
+  pulse_patch_free(p);
+  *size = r.size;
+  ht_reply_free(&r);
+}
+
+/* Flips bytes in the middle of catchup/<sha>.pulse, keeping its size. */
+static void corrupt_cached(const char *dir, const uint8_t sha[32]) {
+  char hex[65], rel[128], path[600];
+  store_hex(sha, 32, hex);
+  snprintf(rel, sizeof rel, "catchup/%s.pulse", hex);
+  tt_path(path, sizeof path, dir, rel);
+  struct stat sb;
+  cr_assert_eq(stat(path, &sb), 0, "no cached catch-up at %s", path);
+  usleep(20000); /* a later ctime than the write's, at any clock grain */
+  for (long at = 100; at < 110 && at < sb.st_size; at++)
+    cr_assert_eq(tu_flip(path, at), 0);
+  struct stat after;
+  cr_assert_eq(stat(path, &after), 0);
+  cr_assert_eq(after.st_size, sb.st_size);
+}
+
+Test(server_catchup, a_corrupted_cache_entry_is_never_served) {
+  pulse_sign_key *key = NULL;
+  cr_assert_eq(pulse_sign_key_generate(&key), PULSE_OK);
+  char *dir = make_store(6, 2, key);
+  pulse_server *srv = serve(dir, key);
+  uint16_t port = pulse_server_port(srv);
+  uint8_t first[32], sha[32];
+  size_t size, again;
+  get_good_catchup(port, first, &size);
+  /* Bad bytes under the same name and size, while the server runs. */
+  corrupt_cached(dir, first);
+  get_good_catchup(port, sha, &again);
+  cr_assert_eq(memcmp(sha, first, 32), 0);
+  cr_assert_eq(again, size);
+  cr_assert_eq(metric(srv, "pulse_catchup_corrupt_total"), 1);
+  get_good_catchup(port, sha, &again);
+  pulse_server_free(srv);
+  /* ... and before a restart: the new server checks the file first. */
+  corrupt_cached(dir, first);
+  srv = serve(dir, key);
+  port = pulse_server_port(srv);
+  get_good_catchup(port, sha, &again);
+  cr_assert_eq(memcmp(sha, first, 32), 0);
+  cr_assert_eq(metric(srv, "pulse_catchup_corrupt_total"), 1);
+  cr_assert_eq(metric(srv, "pulse_catchup_builds_total"), 1);
+  /* A good cached file is taken as it is. */
+  pulse_server_free(srv);
+  srv = serve(dir, key);
+  get_good_catchup(pulse_server_port(srv), sha, &again);
+  cr_assert_eq(metric(srv, "pulse_catchup_builds_total"), 0);
+  cr_assert_eq(metric(srv, "pulse_catchup_cache_hits_total"), 1);
+  pulse_server_free(srv);
+  pulse_sign_key_free(key);
+  tu_rm_rf(dir);
+}
