@@ -42,6 +42,9 @@ static void usage(FILE *f) {
       "  --keep-anchors A     anchors kept: the oldest needed, the next, and "
       "the newest\n"
       "                       A - 2 (A >= 2, default 3)\n"
+      "  --grace SECONDS      objects that leave the head stay downloadable "
+      "this long\n"
+      "                       (default 600; 0: removed at once)\n"
       "  --key KEY.pem        sign heads with this Ed25519 key (PKCS#8 PEM)\n"
       "  --new-key            make a new key at --key's path, or at "
       "DIR/signing-key.pem\n"
@@ -277,6 +280,13 @@ static int parse_args(int argc, char **argv, publish_args *a) {
                        "pulse-publish: --keep-anchors needs an integer >= 2\n"),
                2;
       a->o.keep_anchors = u;
+    } else if ((r = pulse_tk_opt_value(argc, argv, &i, "--grace", &v)) != 0) {
+      int g;
+      if (r < 0 || pulse_tk_parse_int(v, 0, 7 * 86400, &g) != 0)
+        return fprintf(stderr,
+                       "pulse-publish: --grace needs 0..604800 seconds\n"),
+               2;
+      a->o.grace_seconds = g;
     } else if ((r = pulse_tk_opt_value(argc, argv, &i, "--first-step", &v)) !=
                0) {
       if (r < 0 || pulse_tk_parse_u64(v, &a->first_step) != 0)
@@ -459,7 +469,8 @@ int main(int argc, char **argv) {
   pulse_server *srv = NULL;
   pulse_st_model *first = NULL;
   pulse_tensor_info *info = NULL;
-  pulse_status st = pulse_store_recover(a.store, NULL); /* creates the folder */
+  /* Creates the folder; objects in their grace period stay. */
+  pulse_status st = pulse_store_recover_grace(a.store, a.o.grace_seconds, NULL);
   if (st == PULSE_OK)
     st = get_key(a.store, a.key_path, a.new_key, a.unsigned_, &key);
   if (st != PULSE_OK) {

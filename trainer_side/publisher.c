@@ -104,11 +104,12 @@ pulse_status pulse_pub_create(const char *dir, const pulse_pub_opts *opts,
       (opts->pos_model != PULSE_POS_PLAIN &&
        opts->pos_model != PULSE_POS_CLASS) ||
       opts->chunk_log2 < 10 || opts->chunk_log2 > 30 ||
-      (opts->tensors == NULL && opts->tensor_count > 0))
+      (opts->tensors == NULL && opts->tensor_count > 0) ||
+      !(opts->grace_seconds >= 0))
     return pulse_fail(
         PULSE_ERR_ARG,
         "publisher: keep_patches must be >= 1, keep_anchors >= 2, "
-        "chunk_log2 in 10..30, a known position model");
+        "chunk_log2 in 10..30, a known position model, grace_seconds >= 0");
   pulse_pub *pub = calloc(1, sizeof *pub);
   if (pub == NULL || (pub->dir = strdup(dir)) == NULL) {
     free(pub);
@@ -117,11 +118,13 @@ pulse_status pulse_pub_create(const char *dir, const pulse_pub_opts *opts,
   pthread_mutex_init(&pub->moved_mu, NULL);
   pthread_cond_init(&pub->moved_cv, NULL);
   pub->opts = *opts;
-  pulse_status st = pulse_store_recover(dir, NULL);
+  pulse_status st = pulse_store_recover_grace(dir, opts->grace_seconds, NULL);
   if (st == PULSE_OK) {
     st = pulse_store_head_load(dir, &pub->head);
     if (st == PULSE_OK)
       st = resume(pub);
+    if (st == PULSE_OK)
+      st = pub_gc_open(pub);
     else if (st == PULSE_ERR_NOT_FOUND)
       st = opts->tensors == NULL || opts->tensor_count == 0
                ? pulse_fail(
@@ -160,6 +163,7 @@ void pulse_pub_free(pulse_pub *pub) {
   free(pub->scratch_digests), free(pub->changes), free(pub->enc);
   pub_remove_garbage(pub);
   free(pub->garbage);
+  pub_gc_free(pub);
   pulse_store_head_free(pub->head);
   pthread_mutex_destroy(&pub->moved_mu);
   pthread_cond_destroy(&pub->moved_cv);

@@ -75,21 +75,6 @@ pulse_status pub_anchor_write(const char *dir, const pulse_tensor_info *info,
   return PULSE_OK;
 }
 
-/* Removes objects a head stopped naming. A reader that has one open keeps
- * reading; a crash before this point leaves an unnamed object that the next
- * recovery removes. (Removing a whole anchor can take milliseconds.) */
-static void remove_objects(const char *dir, const pulse_store_object *list,
-                           size_t n) {
-  for (size_t i = 0; i < n; i++) {
-    char path[4096];
-    if (store_join(path, sizeof path, dir, list[i].path) != 0)
-      continue;
-    if (unlink(path) != 0 && errno != ENOENT)
-      PULSE_LOG_AT(PULSE_LOG_WARN, "publisher: removing %s: %s", path,
-                   strerror(errno));
-  }
-}
-
 static void *anchor_main(void *arg) {
   pub_anchor_job *job = arg;
   pulse_pub *pub = job->pub;
@@ -100,7 +85,7 @@ static void *anchor_main(void *arg) {
     pthread_cond_broadcast(&pub->moved_cv);
     pthread_mutex_unlock(&pub->moved_mu);
   }
-  remove_objects(pub->dir, job->garbage, job->ngarbage);
+  pub_gc_retire(pub, job->garbage, job->ngarbage);
   free(job->garbage);
   job->garbage = NULL;
   job->ngarbage = 0;
@@ -116,7 +101,7 @@ static void *anchor_main(void *arg) {
 
 pulse_status pub_anchor_start(pulse_pub *pub, uint64_t step, int move,
                               int anchor) {
-  if (!move && !anchor && pub->ngarbage == 0)
+  if (!move && !anchor && pub->ngarbage == 0 && !pub_gc_due(pub))
     return PULSE_OK;
   memset(&pub->job, 0, sizeof pub->job);
   pub->job.pub = pub;
@@ -134,7 +119,7 @@ pulse_status pub_anchor_start(pulse_pub *pub, uint64_t step, int move,
     if (move)
       pub_snapshot_move(pub, 0);
     pub->job.moved = 1;
-    remove_objects(pub->dir, pub->job.garbage, pub->job.ngarbage);
+    pub_gc_retire(pub, pub->job.garbage, pub->job.ngarbage);
     free(pub->job.garbage);
     pub->job.garbage = NULL;
     return pulse_fail(PULSE_ERR_NOMEM,
@@ -241,7 +226,7 @@ void pub_garbage_add(pulse_pub *pub, const pulse_store_object *obj) {
 }
 
 void pub_remove_garbage(pulse_pub *pub) {
-  remove_objects(pub->dir, pub->garbage, pub->ngarbage);
+  pub_gc_retire(pub, pub->garbage, pub->ngarbage);
   pub->ngarbage = 0;
 }
 

@@ -62,6 +62,13 @@ typedef struct {
   double seconds;
 } pub_anchor_job;
 
+/* An object the head stopped naming, removed once its grace period is
+ * over (publisher_gc.c). */
+typedef struct {
+  char path[PULSE_STORE_PATH_MAX]; /* relative to the store */
+  double since;                    /* wall-clock seconds it left the head */
+} pub_retired;
+
 struct pulse_pub {
   char *dir;
   pulse_pub_opts opts; /* opts.tensors points at `info` */
@@ -88,9 +95,13 @@ struct pulse_pub {
   int next_move, next_anchor;
   int pending_ready;
   pulse_store_object pending;
-  /* objects the head stopped naming, removed after the head's hook */
+  /* objects the head stopped naming, retired after the head's hook */
   pulse_store_object *garbage;
   size_t ngarbage, garbage_cap;
+  /* retired objects in their grace period; only the background job (or the
+   * driving thread while none runs) touches the list */
+  pub_retired *retired;
+  size_t nretired, retired_cap;
   /* Where the head's state is held (publisher_device.c): `snap` on the host
    * (always allocated once there is a head) and, after a commit of device
    * tensors, `snap_d` on the device. A commit runs where its tensors are
@@ -234,8 +245,29 @@ pulse_status pub_device_fetch(const pulse_pub *pub, size_t i,
 /** Releases the device snapshot, staging and workspace. */
 void pub_device_free(pulse_pub *pub);
 
-/** Removes the queued objects (after the head's hook has run). */
+/** Retires the queued objects (after the head's hook has run). */
 void pub_remove_garbage(pulse_pub *pub);
+
+/* ------------------------------------------- retired objects (publisher_gc.c) */
+
+/** Retires objects the head stopped naming: with a grace period, stamps
+ * each file's modification time with now (the time it left the head, which
+ * outlives the process) and keeps it on the list; without one, removes
+ * them. Then removes the listed objects whose grace is over. */
+void pub_gc_retire(pulse_pub *pub, const pulse_store_object *list, size_t n);
+
+/** Lists the objects no head names that recovery kept (their grace not
+ * over), retired at their modification time. After the head is loaded. */
+pulse_status pub_gc_open(pulse_pub *pub);
+
+/** Removes the listed objects whose grace is over. */
+void pub_gc_sweep(pulse_pub *pub);
+
+/** 1 when a listed object's grace is over (a sweep would remove it). */
+int pub_gc_due(const pulse_pub *pub);
+
+/** Frees the list (the files stay). */
+void pub_gc_free(pulse_pub *pub);
 
 /** Queues an object for removal unless the current head names it. */
 void pub_garbage_add(pulse_pub *pub, const pulse_store_object *obj);

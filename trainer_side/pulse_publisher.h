@@ -149,13 +149,21 @@ typedef struct {
   /* The cudaStream_t device commits run on (NULL: see the top of this
    * file). */
   void *cuda_stream;
+  /* Objects the head stops naming stay downloadable for at least this many
+   * seconds (>= 0; default 600) before they are removed, so that a worker
+   * that planned from an older head can still finish (PROTOCOL.md,
+   * "Retention"). The time an object left the head is its file's
+   * modification time, set when it leaves: it survives a restart of the
+   * publisher. Removal happens in a later commit's background work (or when
+   * the publisher is opened or freed); 0 removes at once. */
+  double grace_seconds;
 } pulse_pub_opts;
 
 #define PULSE_PUB_OPTS_VERSION 1u
 #define PULSE_PUB_OPTS_INIT                                                    \
   {                                                                            \
     PULSE_PUB_OPTS_VERSION, 16, 32, 3, NULL, NULL, 0, PULSE_POS_CLASS,         \
-        PULSE_CHUNK_LOG2_DEFAULT, 0, 0, NULL, NULL, NULL                       \
+        PULSE_CHUNK_LOG2_DEFAULT, 0, 0, NULL, NULL, NULL, 600.0                \
   }
 
 typedef struct pulse_pub pulse_pub;

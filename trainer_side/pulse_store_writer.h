@@ -23,6 +23,8 @@ typedef struct {
   size_t orphans;     /* objects no head names (a crash between writing an
                          object and moving the head, or a retention cut) */
   size_t catchups;    /* cached catch-up patches (derived, never needed) */
+  size_t retiring;    /* objects no head names kept: their grace period
+                         (pulse_store_recover_grace) is not over */
 } pulse_store_recovery;
 
 /** Brings a store folder into a clean state after a crash; only the single
@@ -36,6 +38,15 @@ typedef struct {
  * pulse_store_head_load but PULSE_ERR_NOT_FOUND (an empty store is fine);
  * PULSE_ERR_IO. */
 pulse_status pulse_store_recover(const char *dir, pulse_store_recovery *out);
+
+/** pulse_store_recover, but an object no head names whose file was modified
+ * less than `grace_seconds` ago stays: the publisher stamps an object's
+ * modification time when the head stops naming it, and keeps it
+ * downloadable for its grace period (pulse_pub_opts.grace_seconds,
+ * PROTOCOL.md "Retention"). A grace of 0 is pulse_store_recover.
+ * @return as pulse_store_recover; PULSE_ERR_ARG for a negative grace. */
+pulse_status pulse_store_recover_grace(const char *dir, double grace_seconds,
+                                       pulse_store_recovery *out);
 
 #ifdef __cplusplus
 }

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "pulse_log.h"
@@ -24,18 +25,37 @@ static pulse_status ensure_dir(const char *path) {
   return pulse_fail(PULSE_ERR_IO, "store: %s: %s", path, strerror(errno));
 }
 
+typedef struct {
+  pulse_store_recovery rec;
+  double grace, now; /* wall-clock seconds */
+} recovery_walk;
+
+/* 1 when an unnamed object left the head less than the grace ago. */
+static int in_grace(const recovery_walk *w, const char *path) {
+  struct stat sb;
+  if (w->grace <= 0 || lstat(path, &sb) != 0 || !S_ISREG(sb.st_mode))
+    return 0;
+  double mtime = (double)sb.st_mtim.tv_sec + 1e-9 * (double)sb.st_mtim.tv_nsec;
+  return mtime + w->grace > w->now;
+}
+
 static pulse_status remove_stray(void *ctx, const char *folder,
                                  const char *name, store_stray_kind kind) {
-  pulse_store_recovery *rec = ctx;
+  recovery_walk *w = ctx;
+  pulse_store_recovery *rec = &w->rec;
+  char path[4096];
+  if (store_join(path, sizeof path, folder, name) != 0)
+    return pulse_fail(PULSE_ERR_ARG, "store: name too long");
+  if (kind == STORE_STRAY_ORPHAN && in_grace(w, path)) {
+    rec->retiring++;
+    return PULSE_OK;
+  }
   if (kind == STORE_STRAY_TEMPORARY)
     rec->temporaries++;
   else if (kind == STORE_STRAY_ORPHAN)
     rec->orphans++;
   else
     rec->catchups++;
-  char path[4096];
-  if (store_join(path, sizeof path, folder, name) != 0)
-    return pulse_fail(PULSE_ERR_ARG, "store: name too long");
   if (unlink(path) != 0 && errno != ENOENT)
     return pulse_fail(PULSE_ERR_IO, "store: removing %s: %s", path,
                       strerror(errno));
@@ -44,8 +64,14 @@ static pulse_status remove_stray(void *ctx, const char *folder,
 }
 
 pulse_status pulse_store_recover(const char *dir, pulse_store_recovery *out) {
-  if (dir == NULL)
-    return pulse_fail(PULSE_ERR_ARG, "store: NULL folder");
+  return pulse_store_recover_grace(dir, 0, out);
+}
+
+pulse_status pulse_store_recover_grace(const char *dir, double grace_seconds,
+                                       pulse_store_recovery *out) {
+  if (dir == NULL || !(grace_seconds >= 0))
+    return pulse_fail(PULSE_ERR_ARG,
+                      "store: NULL folder or negative grace period");
   char path[4096];
   PULSE_TRY(ensure_dir(dir));
   if (store_join(path, sizeof path, dir, PULSE_STORE_OBJECTS_DIR) != 0)
@@ -71,10 +97,15 @@ pulse_status pulse_store_recover(const char *dir, pulse_store_recovery *out) {
     pulse_store_head_free(head);
     return st;
   }
-  pulse_store_recovery rec;
-  memset(&rec, 0, sizeof rec);
-  st = store_strays(dir, head, 1, remove_stray, &rec);
+  recovery_walk w;
+  memset(&w, 0, sizeof w);
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  w.grace = grace_seconds;
+  w.now = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+  st = store_strays(dir, head, 1, remove_stray, &w);
   pulse_store_head_free(head);
+  pulse_store_recovery rec = w.rec;
   if (out != NULL)
     *out = rec;
   if (st == PULSE_OK && (rec.temporaries || rec.orphans))

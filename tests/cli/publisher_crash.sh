@@ -62,16 +62,17 @@ while [ $rounds -lt 40 ] && [ $SECONDS -lt $deadline ]; do
 done
 [ $killed -ge 3 ] && ok || bad "only $killed kills landed while publishing"
 
-# Finish without interruption: recovery clears what the kills left.
+# Finish without interruption: recovery clears what the kills left (--grace 0:
+# objects that left the head go too, instead of staying their grace period).
 h=$(head_field step)
 if [ "$h" -lt $steps ]; then
   args=()
   for s in $(seq $((h + 1)) $steps); do args+=("$(ckpt "$s")"); done
-  "$bin/pulse-publish" --store "$store" --key "$key" --anchor-every 3 --keep 4 "${args[@]}" >"$work/run.out" 2>&1 \
+  "$bin/pulse-publish" --store "$store" --key "$key" --anchor-every 3 --keep 4 --grace 0 "${args[@]}" >"$work/run.out" 2>&1 \
     && ok || { bad "final publish"; cat "$work/run.out"; }
 else
   # Everything was published; reopening alone must recover.
-  "$bin/pulse-publish" --store "$store" --key "$key" --listen 127.0.0.1:0 --exit-after-publish >/dev/null 2>&1 \
+  "$bin/pulse-publish" --store "$store" --key "$key" --grace 0 --listen 127.0.0.1:0 --exit-after-publish >/dev/null 2>&1 \
     && ok || bad "reopen"
 fi
 "$bin/pulse-publish" --store "$store" --verify --key "$key" >"$work/verify.out" 2>&1 && ok || { bad "final verify"; cat "$work/verify.out"; }

@@ -21,6 +21,7 @@ static pulse_pub *open_pub(const char *dir, tu_model *m, uint64_t anchor_every,
   o.keep_patches = keep;
   o.anchor_sync = sync;
   o.threads = 2;
+  o.grace_seconds = 0; /* retention's counts, without the grace period */
   pulse_pub *pub = NULL;
   cr_assert_eq(pulse_pub_create(dir, &o, &pub), PULSE_OK, "%s",
                pulse_error_detail());
@@ -445,6 +446,7 @@ Test(publisher, retention_stays_bounded_when_every_step_is_an_anchor) {
   o.keep_anchors = 2;
   o.anchor_sync = 1;
   o.threads = 1;
+  o.grace_seconds = 0;
   pulse_pub *pub = NULL;
   cr_assert_eq(pulse_pub_create(dir, &o, &pub), PULSE_OK);
   tt_path(objs, sizeof objs, dir, "objects");
