@@ -156,6 +156,14 @@ void srv_builders_stop(pulse_server *srv) {
   pthread_mutex_unlock(&srv->catchup_lock);
 }
 
+/* 1 once pulse_server_free has begun (waiters are then answered at once). */
+static int server_stopping(pulse_server *srv) {
+  pthread_mutex_lock(&srv->lock);
+  int stopping = srv->stopping;
+  pthread_mutex_unlock(&srv->lock);
+  return stopping;
+}
+
 int srv_build_wait(pulse_server *srv, pulse_serve_request *rq, srv_head *h,
                    uint64_t from) {
   srv_build *b = srv->builds;
@@ -189,7 +197,7 @@ int srv_build_wait(pulse_server *srv, pulse_serve_request *rq, srv_head *h,
     pthread_cond_signal(&srv->build_cv);
   }
   srv_build_waiter *w =
-      srv->opts.catchup_wait_ms > 0 && !pulse_serve_stopping(srv->http)
+      srv->opts.catchup_wait_ms > 0 && !server_stopping(srv)
           ? calloc(1, sizeof *w)
           : NULL;
   if (w == NULL) {

@@ -116,7 +116,8 @@ struct pulse_server {
   int inotify_fd; /* -1 without inotify */
 
   /* Catch-ups: the cache, the builds and their waiters, under
-   * catchup_lock, which is never held while building or hashing. */
+   * catchup_lock, which is never held while building or hashing (it may be
+   * taken before `lock`, never while holding it). */
   pthread_mutex_t catchup_lock;
   pthread_cond_t build_cv; /* a build queued, or the builders stop */
   srv_catchup catchups[SRV_CATCHUP_MEMORY];
