@@ -40,9 +40,13 @@ static void curl_init(void) {
 }
 
 uint64_t pulse_fetch_now_ms(void) {
+  return pulse_fetch_now_us() / 1000u;
+}
+
+uint64_t pulse_fetch_now_us(void) {
   struct timespec t;
   clock_gettime(CLOCK_MONOTONIC, &t);
-  return (uint64_t)t.tv_sec * 1000u + (uint64_t)t.tv_nsec / 1000000u;
+  return (uint64_t)t.tv_sec * 1000000u + (uint64_t)t.tv_nsec / 1000u;
 }
 
 /* ------------------------------------------------------------- metrics */
@@ -182,7 +186,7 @@ static void reset_answer(pulse_fetch_xfer *x) {
   x->cc = CURLE_OK;
   x->status = 0;
   x->received = x->wire = 0;
-  x->enough = x->too_long = x->io_failed = x->bad_range = 0;
+  x->enough = x->too_long = x->io_failed = x->bad_range = x->changed = 0;
   x->headers_len = x->error_len = 0;
   x->headers[0] = x->error_body[0] = x->curl_error[0] = '\0';
   x->sink_decided = x->discard = 0;
@@ -211,8 +215,11 @@ static pulse_status set_conditions(CURL *e, pulse_fetch_xfer *x) {
     if ((list = curl_slist_append(list, h)) == NULL)
       return pulse_fail(PULSE_ERR_NOMEM, "curl headers");
   }
-  if (x->resume_from > 0) {
-    snprintf(h, sizeof h, "If-Range: %s", x->etag);
+  const char *validator = x->resume_from > 0           ? x->etag
+                          : x->ranged && x->if_range[0] ? x->if_range
+                                                        : NULL;
+  if (validator != NULL) {
+    snprintf(h, sizeof h, "If-Range: %s", validator);
     struct curl_slist *more = curl_slist_append(list, h);
     if (more == NULL) {
       curl_slist_free_all(list);
@@ -244,13 +251,23 @@ static void set_engine_opts(pulse_fetch *f, CURL *e, pulse_fetch_xfer *x) {
   curl_easy_setopt(e, CURLOPT_TCP_KEEPALIVE, 1L);
   if (o->connect_timeout_ms)
     curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, (long)o->connect_timeout_ms);
-  if (x->low_speed && o->low_speed_seconds > 0) {
-    curl_easy_setopt(e, CURLOPT_LOW_SPEED_LIMIT, (long)o->low_speed_bytes);
+  uint64_t rate = o->max_recv_bytes_per_s, low = o->low_speed_bytes;
+  if (rate != 0) {
+    /* Our own limiter (see http_fetch_impl.h): reads of an eighth of a
+     * second at the rate keep its pauses short, and the low-speed limit
+     * stays below half the rate so that a limited transfer never looks
+     * stalled. */
+    uint64_t buf = rate / 8;
+    buf = buf < 1024 ? 1024 : buf > CURL_MAX_WRITE_SIZE ? CURL_MAX_WRITE_SIZE
+                                                         : buf;
+    curl_easy_setopt(e, CURLOPT_BUFFERSIZE, (long)buf);
+    if (low > rate / 2)
+      low = rate / 2;
+  }
+  if (x->low_speed && o->low_speed_seconds > 0 && low > 0) {
+    curl_easy_setopt(e, CURLOPT_LOW_SPEED_LIMIT, (long)low);
     curl_easy_setopt(e, CURLOPT_LOW_SPEED_TIME, (long)o->low_speed_seconds);
   }
-  if (o->max_recv_bytes_per_s)
-    curl_easy_setopt(e, CURLOPT_MAX_RECV_SPEED_LARGE,
-                     (curl_off_t)o->max_recv_bytes_per_s);
 }
 
 /* Starts a try of x on the multi handle; deadline_ms (0: none) cuts its
@@ -263,6 +280,10 @@ static pulse_status setup(pulse_fetch *f, pulse_fetch_xfer *x,
   x->easy = e;
   reset_answer(x);
   x->attempt++;
+  x->rate = f->opts.max_recv_bytes_per_s;
+  x->rate_tokens = 0;
+  x->rate_last_us = pulse_fetch_now_us();
+  x->paused = 0;
   curl_easy_setopt(e, CURLOPT_URL, x->url);
   curl_easy_setopt(e, CURLOPT_PRIVATE, x);
   curl_easy_setopt(e, CURLOPT_ERRORBUFFER, x->curl_error);
@@ -397,6 +418,27 @@ static pulse_status start_due(pulse_fetch *f, pulse_fetch_xfer *const *x,
   return PULSE_OK;
 }
 
+/* Resumes the transfers the rate limit paused whose time came (taking the
+ * piece libcurl held may pause them again); lowers *wait to the time of
+ * the next one that stays paused. */
+static void unpause_due(pulse_fetch_xfer *const *x, size_t n, uint64_t *wait) {
+  uint64_t now = pulse_fetch_now_ms();
+  for (size_t i = 0; i < n; i++) {
+    if (x[i]->easy == NULL || !x[i]->paused)
+      continue;
+    if (now >= x[i]->resume_at_ms) {
+      x[i]->paused = 0;
+      /* A piece the sink refuses sets its flag, which fails the try. */
+      (void)curl_easy_pause(x[i]->easy, CURLPAUSE_CONT);
+    }
+    if (x[i]->paused) {
+      uint64_t d = x[i]->resume_at_ms > now ? x[i]->resume_at_ms - now : 1;
+      if (d < *wait)
+        *wait = d;
+    }
+  }
+}
+
 /* Runs n transfers to their end: once each (r NULL) or retried under r. */
 static pulse_status drive(pulse_fetch *f, pulse_fetch_xfer *const *x, size_t n,
                           pulse_fetch_tick_fn tick, void *tick_ctx,
@@ -416,12 +458,14 @@ static pulse_status drive(pulse_fetch *f, pulse_fetch_xfer *const *x, size_t n,
       return what ? pulse_fail(PULSE_ERR_IO, "%s: stopped", what)
                   : pulse_fail(PULSE_ERR_IO, "stopped");
     }
+    unpause_due(x, n, &wait);
     int running = 0;
     curl_multi_perform(f->multi, &running);
     open -= reap(f, r, what);
     if (open == 0)
       break;
     st = start_due(f, x, n, deadline, &wait);
+    unpause_due(x, n, &wait);
     uint64_t now = pulse_fetch_now_ms();
     if (tick != NULL && now - last_tick >= TICK_MS) {
       last_tick = now;

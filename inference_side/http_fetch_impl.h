@@ -7,9 +7,22 @@
  *   retried:  network errors, timeouts, 5xx, 408, 429 (and 404/410 when a
  *             caller waits for a blob to appear), after backoff_ms * 2^n
  *             capped at backoff_max_ms, times a random factor in [0.5, 1];
- *   errors:   PULSE_ERR_NOT_FOUND for 404/410, PULSE_ERR_CORRUPT for a body
- *             that broke its range or length, PULSE_ERR_IO otherwise, each
- *             with a message naming the method, the URL and the cause.
+ *   errors:   PULSE_ERR_NOT_FOUND for 404/410 and for a resource that
+ *             changed under a resumed download, PULSE_ERR_CORRUPT for a
+ *             body that broke its range or length, PULSE_ERR_IO otherwise,
+ *             each with a message naming the method, the URL and the cause.
+ *
+ * Rate limit (max_recv_bytes_per_s): done here, not by libcurl, whose
+ * limiter reads whatever the socket holds (up to 100 reads of its buffer,
+ * megabytes on a fast link) and then sleeps it off in one pause that can
+ * outlast the low-speed window, so a limited transfer failed as stalled and
+ * started over. Here each piece of body is taken only when a token bucket
+ * of the rate allows it, else the transfer is paused (libcurl keeps the
+ * piece) and resumed when it does: pauses last one small read buffer's
+ * worth (libcurl's buffer is cut to an eighth of a second at the rate), a
+ * paused transfer is not speed-checked by libcurl, and the low-speed limit
+ * is held below half the rate, so rate limiting never trips the stall
+ * detector while a link that really stalls still does.
  *
  * Module map:
  *   http_fetch.c        the engine: create/free, stop, metrics, backoff,
@@ -61,7 +74,7 @@ typedef struct {
   uint32_t connect_timeout_ms;   /* 0: the try's own timeout (or curl's) */
   uint32_t low_speed_bytes;      /* transfers with low_speed set fail when */
   uint32_t low_speed_seconds;    /* slower than this for this long; 0: off */
-  uint64_t max_recv_bytes_per_s; /* per transfer; 0: no limit */
+  uint64_t max_recv_bytes_per_s; /* per transfer (see above); 0: no limit */
   uint32_t backoff_ms;           /* first retry delay, doubled per retry ... */
   uint32_t backoff_max_ms;       /* ... up to this */
   const char *user_agent;        /* NULL: no User-Agent header; copied */
@@ -111,6 +124,9 @@ int pulse_fetch_sleep_ms(pulse_fetch *f, unsigned ms);
 /** Monotonic milliseconds (the clock of retry deadlines). */
 uint64_t pulse_fetch_now_ms(void);
 
+/** The same clock in microseconds. */
+uint64_t pulse_fetch_now_us(void);
+
 /* --------------------------------------------------------------- transfer */
 
 typedef enum {
@@ -137,6 +153,11 @@ typedef struct pulse_fetch_xfer {
    * (Range from what is held, If-Range with the first answer's strong
    * ETag); a server that cannot send just the rest sends it whole. */
   int resume;
+  /* Validator of a resource whose content can change (a catch-up): ranged
+   * tries carry If-Range with it, and an answer under another ETag (or a
+   * whole body for a ranged try without one) is refused as `changed`:
+   * its bytes are another version's. "": none. */
+  char if_range[100];
   /* ---- sink: a file (fd >= 0) or memory */
   int fd;
   uint64_t fd_origin;    /* object offset of the file's byte 0 */
@@ -166,6 +187,7 @@ typedef struct pulse_fetch_xfer {
   int too_long;       /* body over max_bytes, expect_total or the range */
   int io_failed;      /* a write (or an allocation) failed */
   int bad_range;      /* a 206 for another range or object size */
+  int changed;        /* the resource changed (if_range): not retried */
   char headers[4096]; /* the final answer's header lines */
   size_t headers_len;
   char error_body[256]; /* start of a non-2xx body */
@@ -182,6 +204,11 @@ typedef struct pulse_fetch_xfer {
   uint64_t retry_at;    /* retried runs: when the next try may start */
   unsigned retried;     /* retried runs: retries made so far */
   int settled;          /* retried runs: no further try */
+  uint64_t rate;        /* rate limit of this try (bytes/s), 0: none */
+  double rate_tokens;   /* bytes the bucket allows now (may be < 0) */
+  uint64_t rate_last_us; /* when rate_tokens was last filled */
+  int paused;           /* paused by the rate limit ... */
+  uint64_t resume_at_ms; /* ... until then */
 } pulse_fetch_xfer;
 
 /** Resets a transfer to a GET of `url` (NULL: empty) into memory. Does not
@@ -207,11 +234,12 @@ int pulse_fetch_xfer_answered(const pulse_fetch_xfer *x);
 int pulse_fetch_xfer_running(const pulse_fetch_xfer *x);
 
 /** 1 when a failed try is worth retrying: a network error, a timeout, a
- * 5xx, 408 or 429, or a 206 for the wrong range. */
+ * 5xx, 408 or 429, or a 206 for the wrong range (not a changed resource). */
 int pulse_fetch_xfer_retryable(const pulse_fetch_xfer *x);
 
 /** Raises a pulse_fail for a failed try ("WHAT: METHOD URL: cause") and
- * returns its status: PULSE_ERR_NOT_FOUND for 404/410, PULSE_ERR_CORRUPT
+ * returns its status: PULSE_ERR_NOT_FOUND for 404/410 and a changed
+ * resource (if_range), PULSE_ERR_CORRUPT
  * for a body that broke its range or length, PULSE_ERR_IO otherwise. */
 pulse_status pulse_fetch_xfer_fail(const pulse_fetch_xfer *x, const char *what);
 

@@ -64,11 +64,12 @@ int pulse_fetch_xfer_ok(const pulse_fetch_xfer *x) {
   int done = x->cc == CURLE_OK || (x->cc == CURLE_WRITE_ERROR && x->enough);
   int good = (x->status >= 200 && x->status < 300) ||
              (x->status == 304 && x->if_none_match[0]);
-  return done && good && !x->too_long && !x->io_failed && !x->bad_range;
+  return done && good && !x->too_long && !x->io_failed && !x->bad_range &&
+         !x->changed;
 }
 
 int pulse_fetch_xfer_retryable(const pulse_fetch_xfer *x) {
-  if (x->io_failed || x->too_long)
+  if (x->io_failed || x->too_long || x->changed)
     return 0;
   if (x->bad_range)
     return 1;
@@ -115,6 +116,10 @@ pulse_status pulse_fetch_xfer_fail(const pulse_fetch_xfer *x,
     return pulse_fail(PULSE_ERR_CORRUPT,
                       "%s: %s %s: the answer is not the range asked for", what,
                       method, x->url);
+  if (x->changed)
+    return pulse_fail(PULSE_ERR_NOT_FOUND,
+                      "%s: %s %s: the content changed (it is no longer %s)",
+                      what, method, x->url, x->if_range);
   if (x->cc == CURLE_ABORTED_BY_CALLBACK)
     return pulse_fail(PULSE_ERR_IO, "%s: %s %s: stopped", what, method, x->url);
   if (x->cc != CURLE_OK && !(x->cc == CURLE_WRITE_ERROR && x->enough))
@@ -162,6 +167,16 @@ static int decide(pulse_fetch_xfer *x) {
   }
   char cr[128], etag[sizeof x->etag];
   int have_cr = pulse_fetch_xfer_header(x, "Content-Range", cr, sizeof cr);
+  if (x->if_range[0]) {
+    /* Bytes of another version of the resource do not continue ours: a
+     * whole body for a range (the If-Range failed), or another ETag. */
+    int have_etag = pulse_fetch_xfer_header(x, "ETag", etag, sizeof etag);
+    if ((have_etag && strcmp(etag, x->if_range) != 0) ||
+        (!have_etag && x->ranged && x->status == 200)) {
+      x->changed = 1;
+      return -1;
+    }
+  }
   if (x->resume_from > 0) {
     if (x->status == 206) {
       x->bad_range = !resumed_range_ok(x, have_cr ? cr : NULL);
@@ -258,11 +273,37 @@ static size_t to_file(pulse_fetch_xfer *x, const char *p, size_t len) {
   return len;
 }
 
+/* The rate limit's token bucket (see http_fetch_impl.h): 1 when a piece
+ * of len bytes may be taken now; else 0, with the transfer marked paused
+ * until the bucket allows it (a piece is taken whenever the bucket is not
+ * in debt, so the average is the rate whatever the piece sizes). */
+static int rate_allows(pulse_fetch_xfer *x, size_t len) {
+  uint64_t now = pulse_fetch_now_us();
+  double rate = (double)x->rate;
+  x->rate_tokens += (double)(now - x->rate_last_us) * 1e-6 * rate;
+  x->rate_last_us = now;
+  if (x->rate_tokens > rate / 8) /* bursts of an eighth of a second */
+    x->rate_tokens = rate / 8;
+  if (x->rate_tokens < 0) {
+    double wait_us = -x->rate_tokens / rate * 1e6;
+    x->paused = 1;
+    x->resume_at_ms = (now + (uint64_t)wait_us) / 1000u + 1;
+    return 0;
+  }
+  x->rate_tokens -= (double)len;
+  return 1;
+}
+
 size_t pulse_fetch_on_body(char *p, size_t size, size_t n, void *ctx) {
   pulse_fetch_xfer *x = ctx;
   size_t len = size * n;
   if (!x->sink_decided && decide(x) != 0)
     return 0;
+  /* Refused once (a piece held over a pause comes back): refused again. */
+  if (x->too_long || x->io_failed || x->bad_range || x->changed)
+    return 0;
+  if (x->rate != 0 && !rate_allows(x, len))
+    return CURL_WRITEFUNC_PAUSE;
   x->wire += len;
   if (x->discard) {
     keep_error_body(x, p, len);

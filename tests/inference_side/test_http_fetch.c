@@ -1,7 +1,7 @@
 /* test_http_fetch.c - the fetching layer itself (inference_side/
  * http_fetch_impl.h): retries with backoff, the error vocabulary, memory
- * and file sinks, Range and If-Range resume, POST, retries to a deadline,
- * parallel gathers, stopping, metrics. Against script_server.h's scripted
+ * and file sinks, Range and If-Range resume, the rate limit, POST,
+ * retries to a deadline, parallel gathers, stopping, metrics. Against script_server.h's scripted
  * answers, and the store server for real objects. */
 #include <criterion/criterion.h>
 #include <fcntl.h>
@@ -326,6 +326,103 @@ Test(http_fetch, without_resume_a_cut_body_starts_over, .init = up,
   ss_request q[4];
   cr_assert_eq(ss_requests(srv, q, 4), 2);
   cr_assert_str_eq(q[1].range, "");
+  pulse_fetch_xfer_release(&x);
+  pulse_fetch_free(f);
+}
+
+/* A file download resumed under If-Range: the same version continues, a
+ * changed one is refused (its bytes would not continue ours). */
+static void resume_file(const char *path, int fd, pulse_status want) {
+  pulse_fetch *f = engine(1, 2);
+  pulse_fetch_xfer x;
+  xfer(&x, path);
+  x.fd = fd;
+  x.expect_total = SS_BLOB_SIZE;
+  snprintf(x.if_range, sizeof x.if_range, "\"v1\"");
+  cr_assert_eq(pulse_fetch_get(f, &x, NULL, "first"), PULSE_ERR_IO);
+  uint64_t held = x.received;
+  cr_assert_gt(held, 0);
+  cr_assert_lt(held, SS_BLOB_SIZE);
+  xfer(&x, path);
+  x.fd = fd;
+  x.expect_total = SS_BLOB_SIZE;
+  snprintf(x.if_range, sizeof x.if_range, "\"v1\"");
+  x.ranged = 1;
+  x.range_from = held;
+  pulse_fetch_retry r = {.retries = 3};
+  cr_assert_eq(pulse_fetch_get(f, &x, &r, "rest"), want, "%s",
+               pulse_error_detail());
+  ss_request q[8];
+  cr_assert_eq(ss_requests(srv, q, 8), 2, "a changed version is not retried");
+  cr_assert_str_eq(q[1].if_range, "\"v1\"");
+  if (want == PULSE_OK) {
+    uint8_t *got = malloc(SS_BLOB_SIZE);
+    cr_assert_eq(pread(fd, got, SS_BLOB_SIZE, 0), SS_BLOB_SIZE);
+    for (uint64_t i = 0; i < SS_BLOB_SIZE; i++)
+      cr_assert_eq(got[i], ss_blob_byte(i));
+    free(got);
+  } else {
+    cr_assert(x.changed);
+    cr_assert(strstr(pulse_error_detail(), "changed") != NULL, "%s",
+              pulse_error_detail());
+  }
+  pulse_fetch_free(f);
+}
+
+Test(http_fetch, a_resumed_file_download_continues_only_the_same_version,
+     .init = up, .fini = down) {
+  char path[] = "/tmp/pulse_fetch_XXXXXX";
+  int fd = mkstemp(path);
+  cr_assert_geq(fd, 0);
+  unlink(path);
+  resume_file("/cut/100000", fd, PULSE_OK);
+  close(fd);
+}
+
+Test(http_fetch, a_resumed_file_download_of_a_changed_resource_is_refused,
+     .init = up, .fini = down) {
+  char path[] = "/tmp/pulse_fetch_XXXXXX";
+  int fd = mkstemp(path);
+  cr_assert_geq(fd, 0);
+  unlink(path);
+  resume_file("/etag2/100000", fd, PULSE_ERR_NOT_FOUND);
+  close(fd);
+}
+
+/* ----------------------------------------------------------- rate limit */
+
+/* libcurl's own limiter read what the socket held and then paused it off,
+ * longer than the stall window on slow limits: the engine limits the rate
+ * itself, and keeps the low-speed limit below it. */
+Test(http_fetch, a_rate_limit_is_kept_and_never_trips_the_stall_detector,
+     .init = up, .fini = down) {
+  pulse_fetch_opts o;
+  memset(&o, 0, sizeof o);
+  o.backoff_ms = 1;
+  o.backoff_max_ms = 2;
+  o.no_proxy = 1;
+  o.max_recv_bytes_per_s = 100000;
+  o.low_speed_bytes = 400000; /* above the rate: taken down below it */
+  o.low_speed_seconds = 1;
+  pulse_fetch *f = NULL;
+  cr_assert_eq(pulse_fetch_create(&o, &f), PULSE_OK);
+  pulse_fetch_xfer x;
+  xfer(&x, "/blob");
+  x.ranged = 1;
+  x.range_from = 0;
+  x.range_to = 149999;
+  x.low_speed = 1;
+  uint64_t t0 = pulse_fetch_now_ms();
+  cr_assert_eq(pulse_fetch_get(f, &x, NULL, "limited"), PULSE_OK, "%s",
+               pulse_error_detail());
+  uint64_t ms = pulse_fetch_now_ms() - t0;
+  cr_assert_eq(x.mem.size, 150000);
+  for (uint64_t i = 0; i < 150000; i++)
+    cr_assert_eq(x.mem.data[i], ss_blob_byte(i));
+  cr_assert_geq(ms, 1200, "150 kB in %llu ms at 100 kB/s",
+                (unsigned long long)ms);
+  cr_assert_lt(ms, 6000, "150 kB in %llu ms at 100 kB/s",
+               (unsigned long long)ms);
   pulse_fetch_xfer_release(&x);
   pulse_fetch_free(f);
 }
