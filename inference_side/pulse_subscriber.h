@@ -19,8 +19,13 @@
  * bytes (the retained patch chain from the targets' step, one squashed
  * catch-up patch, or the newest anchor plus the patches after it); download
  * what it needs into the cache folder, resuming partial downloads with Range
- * requests (also after a restart) and retrying network errors and 5xx
- * answers with exponential backoff and jitter; check every object's SHA-256
+ * requests (also after a restart; a catch-up too: its signed SHA-256 names
+ * it in the cache, and If-Range keeps a newer one from continuing it) and
+ * retrying network errors and 5xx answers with exponential backoff and
+ * jitter (a try that moved forward does not count); a route that still
+ * fails gives way to the next (catch-up, then the chain, then an anchor),
+ * and an object collected while the head moved on makes the sync plan
+ * again against the newer head; check every object's SHA-256
  * and size against the signed head before reading it; then apply each step
  * transactionally: every patch is decoded and checked against the base and
  * target digests before the first target element is written, and an anchor
@@ -143,7 +148,8 @@ typedef struct {
                                     (protected by digests only) */
   uint32_t connect_timeout_ms;   /* default 10000 */
   uint32_t request_timeout_ms;   /* heads and catch-up probes; default 30000 */
-  uint32_t low_speed_bytes;      /* a transfer slower than this many bytes/s */
+  uint32_t low_speed_bytes;      /* a transfer slower than this many bytes/s
+                                    (at most half max_recv_bytes_per_s) */
   uint32_t low_speed_seconds;    /* for this long fails (and is retried) */
   unsigned retries;              /* after the first attempt; default 6 */
   uint32_t backoff_ms;           /* first retry delay, doubled each time,
@@ -153,7 +159,8 @@ typedef struct {
                                     object; default 4 */
   uint64_t parallel_min_bytes;   /* objects at least this large are split;
                                     default 32 MiB */
-  uint64_t max_recv_bytes_per_s; /* per request; 0: no limit */
+  uint64_t max_recv_bytes_per_s; /* per request, kept evenly (never seen
+                                    as a stall); 0: no limit */
   int use_catchup;               /* consider /v1/catchup; default 1 */
   /* Download every object the head names, not only what the targets need,
    * so that a pulse server over cache_dir serves the whole store. */

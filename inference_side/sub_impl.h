@@ -9,6 +9,7 @@
  *   sub_head.c     fetching and trusting heads, long-polls
  *   sub_cache.c    the cache folder as a store: head.json, pruning
  *   sub_plan.c     choosing the route to the head
+ *   sub_catchup.c  what a server says of its catch-up (a signed probe)
  *   sub_apply.c    staged, transactional application of patches and anchors
  *   sub_stream.c   applying a patch while it downloads
  *   sub_sync.c     sync and follow
@@ -49,6 +50,18 @@ typedef struct {
                                  rebuilt when its digest is not `digest` */
 } sub_target;
 
+/* Where an object is downloaded from when it is not the store's
+ * v1/<path> on every URL: a catch-up (sub_catchup.c), which one server
+ * builds at v1/catchup/<from> and which changes when the head moves. */
+typedef struct {
+  size_t url;     /* the only URL asked */
+  char rel[64];   /* "v1/catchup/<from>" */
+  char etag[100]; /* the version the probe saw: ranged tries carry If-Range
+                     with it, and an answer under another ETag is a newer
+                     catch-up (PULSE_ERR_NOT_FOUND: plan again) */
+  pulse_state_digest target; /* the patch must lead to this state */
+} sub_source;
+
 /* A route to the head (sub_plan.c). */
 typedef struct {
   pulse_sub_route route;
@@ -57,9 +70,14 @@ typedef struct {
   size_t first_patch;               /* index of the first head patch to apply */
   size_t patch_count;               /* patches from first_patch on */
   uint64_t bytes;                   /* still to download */
-  /* CATCHUP: what the probe said */
-  uint64_t catchup_size;
+  /* CATCHUP: the catch-up as a patch object (its SHA-256 and size signed,
+   * cached as objects/<sha256>.pulse like any patch) and its source */
+  pulse_store_object catchup;
+  sub_source catchup_src;
 } sub_plan;
+
+/* Routes a sync does not take again (they failed): bits 1 << route. */
+#define SUB_AVOID(route) (1u << (unsigned)(route))
 
 struct pulse_sub {
   pulse_sub_opts opts; /* urls, cache_dir, public_key point at copies */
@@ -143,6 +161,11 @@ uint64_t sub_object_have(const pulse_sub *sub, const pulse_store_object *o);
  * missing (resuming, in parallel ranges when large, from each URL in turn
  * when one fails or sends bytes that do not verify). */
 pulse_status sub_object_fetch(pulse_sub *sub, const pulse_store_object *o);
+/** The same for an object downloaded from src (a catch-up; NULL: the
+ * store's). PULSE_ERR_NOT_FOUND when src's content changed (a newer
+ * catch-up): its partial files are then removed. */
+pulse_status sub_object_fetch_from(pulse_sub *sub, const pulse_store_object *o,
+                                   const sub_source *src);
 /* Takes an object's bytes while they are downloaded. */
 typedef struct sub_sink {
   uint8_t *buf; /* the object's size (at least 1 byte), the caller's */
@@ -164,7 +187,7 @@ typedef struct sub_sink {
  * On PULSE_OK buf holds the verified object and the last on_prefix call
  * had its whole size. */
 pulse_status sub_object_fetch_sink(pulse_sub *sub, const pulse_store_object *o,
-                                   sub_sink *sink);
+                                   const sub_source *src, sub_sink *sink);
 /** Forgets verified objects the head no longer names. */
 void sub_object_forget(pulse_sub *sub);
 /** Reads a cached object into memory and checks its size and SHA-256
@@ -194,8 +217,21 @@ pulse_status sub_cache_save_head(pulse_sub *sub);
 
 /* ------------------------------------------------------------ sub_plan.c */
 
-/** Chooses the cheapest route from the targets' step to the head. */
-pulse_status sub_plan_make(pulse_sub *sub, sub_plan *out);
+/** Chooses the cheapest route from the targets' step to the head, among
+ * those not in `avoid` (SUB_AVOID bits). PULSE_ERR_NOT_FOUND when none is
+ * left. */
+pulse_status sub_plan_make(pulse_sub *sub, unsigned avoid, sub_plan *out);
+
+/* --------------------------------------------------------- sub_catchup.c */
+
+/** Asks the first URL (HEAD) for the catch-up from `from` to the head and
+ * checks what it says: the steps and state digest of the head, a strong
+ * ETag naming its SHA-256, and the publisher's signature over them
+ * (unless unsigned catch-ups are allowed). @return 1 with *o (a patch
+ * object of the catch-up's signed SHA-256 and size) and *src filled when
+ * it can be used, else 0. */
+int sub_catchup_probe(pulse_sub *sub, uint64_t from, pulse_store_object *o,
+                      sub_source *src);
 
 /* ----------------------------------------------------------- sub_apply.c */
 
@@ -213,35 +249,23 @@ void sub_targets_index(pulse_sub *sub, const pulse_patch *p,
  * no target has it); *full: they hold the whole table. */
 pulse_status sub_apply_match(pulse_sub *sub, const pulse_patch *p,
                              sub_target **tg, int *full);
-/** The writers' half of a host patch: commit (staged or streamed), new
- * digests and step, under the writers' lock. Cannot fail. */
-/* A patch streamed from a buffer the caller fills (a catch-up): o gives
- * the steps it must go between and its size (the buffer holds at least
- * that); bytes are announced with sub_patch_stream_bytes (a new attempt
- * first calls restart), and apply, once every byte is there and the caller
- * verified them, finishes and commits as a streamed store patch does. */
-typedef struct sub_patch_stream sub_patch_stream;
-pulse_status sub_patch_stream_start(pulse_sub *sub, const pulse_store_object *o,
-                                    uint8_t *buf, sub_patch_stream **out);
-void sub_patch_stream_bytes(sub_patch_stream *c, uint64_t avail);
-void sub_patch_stream_restart(sub_patch_stream *c);
-pulse_status sub_patch_stream_apply(sub_patch_stream *c);
-void sub_patch_stream_free(sub_patch_stream *c);
-
 /* The device stream's commit under the writers' lock: the scatter, then
  * the digests and step. A failed scatter leaves no known step. */
 pulse_status sub_apply_commit_device(pulse_sub *sub, const pulse_patch *p,
                                      sub_target **tg, int full,
                                      pulse_cuda_patch_stream *cs);
-
+/** The writers' half of a host patch: commit (staged or streamed), new
+ * digests and step, under the writers' lock. Cannot fail. */
 void sub_apply_commit(pulse_sub *sub, const pulse_patch *p, sub_target **tg,
                       int full, pulse_patch_staged *staged,
                       pulse_patch_stream *stream);
 /** Applies a patch object while it downloads (host targets): decoded as its
  * bytes arrive, committed only once the object verified and its target
- * digests matched. */
+ * digests matched. src: where it comes from (NULL: the store); a patch
+ * from src must also lead to src->target. */
 pulse_status sub_apply_patch_streamed(pulse_sub *sub,
-                                      const pulse_store_object *o);
+                                      const pulse_store_object *o,
+                                      const sub_source *src);
 /** Applies a verified anchor file (in the cache) to the targets. */
 pulse_status sub_apply_anchor(pulse_sub *sub, const pulse_store_object *o);
 

@@ -41,6 +41,7 @@ typedef struct {
 typedef struct {
   pulse_sub *sub;
   const pulse_store_object *o;
+  const sub_source *src; /* NULL: the store's v1/<path> on every URL */
   seg segs[SEG_MAX];
   size_t n;
   double last_emit;
@@ -271,8 +272,11 @@ static pulse_status sink_restart(fetch_ctx *c, int tell) {
 static pulse_status download(fetch_ctx *c, size_t url) {
   pulse_sub *sub = c->sub;
   char objurl[2048], rel[PULSE_STORE_PATH_MAX + 8];
-  snprintf(rel, sizeof rel, "v1/%s",
-           c->o->path); /* from the signed path, never `url` */
+  if (c->src != NULL)
+    snprintf(rel, sizeof rel, "%s", c->src->rel);
+  else
+    snprintf(rel, sizeof rel, "v1/%s",
+             c->o->path); /* from the signed path, never `url` */
   sub_url(sub, url, rel, objurl, sizeof objurl);
   unsigned attempt = 0;
   for (;;) {
@@ -288,6 +292,8 @@ static pulse_status download(fetch_ctx *c, size_t url) {
       s->x.expect_total = c->o->size;
       s->x.low_speed = 1;
       s->x.progress_ctx = c;
+      if (c->src != NULL)
+        snprintf(s->x.if_range, sizeof s->x.if_range, "%s", c->src->etag);
       if (c->sink != NULL) {
         s->x.copy = c->sink->buf;
         s->x.on_data = sink_on_data;
@@ -512,7 +518,7 @@ static pulse_status sink_from_cache(pulse_sub *sub, const pulse_store_object *o,
 }
 
 static pulse_status fetch(pulse_sub *sub, const pulse_store_object *o,
-                          sub_sink *sink) {
+                          const sub_source *src, sub_sink *sink) {
   char final[4096];
   sub_object_path(sub, o, final, sizeof final);
   if (sink != NULL && file_size(final) == o->size && access(final, R_OK) == 0) {
@@ -549,6 +555,7 @@ static pulse_status fetch(pulse_sub *sub, const pulse_store_object *o,
     return pulse_fail(PULSE_ERR_NOMEM, "download of %s", o->path);
   c->sub = sub;
   c->o = o;
+  c->src = src;
   c->sink = sink;
   pulse_status st = open_segs(c);
   if (st == PULSE_OK && sink != NULL) {
@@ -568,7 +575,10 @@ static pulse_status fetch(pulse_sub *sub, const pulse_store_object *o,
     ev.resumed = resumed;
     sub_emit(sub, &ev);
   }
-  for (size_t u = 0; u < sub->nurls && st == PULSE_OK; u++) {
+  /* A source is one URL's; a store object is on every URL. */
+  size_t u0 = src != NULL ? src->url : 0;
+  size_t u1 = src != NULL ? src->url + 1 : sub->nurls;
+  for (size_t u = u0; u < u1 && st == PULSE_OK; u++) {
     for (int again = 0; again < 2; again++) {
       st = download(c, u);
       if (st == PULSE_OK)
@@ -596,7 +606,7 @@ static pulse_status fetch(pulse_sub *sub, const pulse_store_object *o,
     }
     if (atomic_load(&sub->stop))
       break;
-    if (u + 1 < sub->nurls) {
+    if (u + 1 < u1) {
       PULSE_LOG_AT(PULSE_LOG_INFO, "subscriber: %s; trying %s",
                    pulse_error_detail(), sub->urls[u + 1]);
       st = PULSE_OK;
@@ -605,16 +615,24 @@ static pulse_status fetch(pulse_sub *sub, const pulse_store_object *o,
   close_segs(c);
   EVP_MD_CTX_free(c->md);
   free(c);
+  /* Gone or replaced by a newer version: what is held is of no use. */
+  if (st == PULSE_ERR_NOT_FOUND && src != NULL)
+    remove_parts(sub, o);
   return st;
 }
 
 pulse_status sub_object_fetch(pulse_sub *sub, const pulse_store_object *o) {
-  return fetch(sub, o, NULL);
+  return fetch(sub, o, NULL, NULL);
+}
+
+pulse_status sub_object_fetch_from(pulse_sub *sub, const pulse_store_object *o,
+                                   const sub_source *src) {
+  return fetch(sub, o, src, NULL);
 }
 
 pulse_status sub_object_fetch_sink(pulse_sub *sub, const pulse_store_object *o,
-                                   sub_sink *sink) {
-  return fetch(sub, o, sink);
+                                   const sub_source *src, sub_sink *sink) {
+  return fetch(sub, o, src, sink);
 }
 
 pulse_status sub_object_read(pulse_sub *sub, const pulse_store_object *o,

@@ -1,19 +1,18 @@
 /* sub_plan.c - the route from the targets' step to the head that downloads
  * the fewest bytes: (a) the retained patches from the targets' step, (b)
- * one squashed catch-up patch from the server (its size from a HEAD
- * request; only when the server signs it with the publisher's key, unless
- * unsigned catch-ups are allowed), or (c) an anchor and the patches after
- * it. Bytes already in the cache (whole objects, or partial downloads that
- * will resume) are not counted, so a restarted worker finishes the download
- * it had started. Without a known step only (c) is possible. */
+ * one squashed catch-up patch from the server (its size and SHA-256 from a
+ * HEAD request, sub_catchup.c; only when the server signs it with the
+ * publisher's key, unless unsigned catch-ups are allowed), or (c) an anchor
+ * and the patches after it. Bytes already in the cache (whole objects, or
+ * partial downloads that will resume, catch-ups included) are not counted,
+ * so a restarted worker finishes the download it had started. Without a
+ * known step only (c) is possible. Routes that failed during a sync are
+ * left out when it plans again. */
 #include <inttypes.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
-#include "pulse_log.h"
 #include "status_impl.h"
-#include "sub_http_impl.h"
 #include "sub_impl.h"
 
 /* Bytes of head patches first..end still to download. */
@@ -39,36 +38,7 @@ static long patch_after(const pulse_store_head *h, uint64_t step) {
   return -1;
 }
 
-/* Size of the catch-up from `from`, or 0 when it cannot be used. */
-static uint64_t probe_catchup(pulse_sub *sub, uint64_t from) {
-  char rel[64];
-  snprintf(rel, sizeof rel, "v1/catchup/%" PRIu64, from);
-  pulse_fetch_xfer x;
-  pulse_fetch_xfer_init(&x, NULL);
-  x.method = PULSE_FETCH_HEAD;
-  x.max_bytes = 1;
-  x.timeout_ms = sub->opts.request_timeout_ms;
-  pulse_status st = sub_fetch_mem(sub, 0, rel, &x, "catch-up probe");
-  uint64_t size = 0;
-  char v[256];
-  if (st == PULSE_OK && x.status == 200 &&
-      pulse_fetch_xfer_header(&x, "Content-Length", v, sizeof v))
-    size = strtoull(v, NULL, 10);
-  int is_signed = pulse_fetch_xfer_header(&x, "X-Pulse-Signature", v, sizeof v);
-  if (size > 0 && !is_signed && !sub->opts.allow_unsigned_catchup) {
-    PULSE_LOG_AT(
-        PULSE_LOG_INFO,
-        "subscriber: the server does not sign catch-ups: using patches");
-    size = 0;
-  }
-  if (pulse_fetch_xfer_header(&x, "X-Pulse-To-Step", v, sizeof v) &&
-      strtoull(v, NULL, 10) != pulse_store_head_step(sub->head))
-    size = 0; /* the head moved meanwhile */
-  pulse_fetch_xfer_release(&x);
-  return size;
-}
-
-pulse_status sub_plan_make(pulse_sub *sub, sub_plan *out) {
+pulse_status sub_plan_make(pulse_sub *sub, unsigned avoid, sub_plan *out) {
   memset(out, 0, sizeof *out);
   const pulse_store_head *h = sub->head;
   uint64_t head = pulse_store_head_step(h), from = sub->step;
@@ -81,25 +51,31 @@ pulse_status sub_plan_make(pulse_sub *sub, sub_plan *out) {
   long first = from != PULSE_SUB_NO_STEP && pulse_store_head_has_step(h, from)
                    ? patch_after(h, from)
                    : -1;
-  if (first >= 0) {
+  if (first >= 0 && !(avoid & SUB_AVOID(PULSE_SUB_ROUTE_CHAIN))) {
     best = patches_cost(sub, (size_t)first);
     out->route = PULSE_SUB_ROUTE_CHAIN;
     out->first_patch = (size_t)first;
     out->patch_count = np - (size_t)first;
     out->bytes = best;
-    /* A catch-up only pays off over two patches or more (over one, the
-     * server sends that very patch). */
-    if (sub->opts.use_catchup && out->patch_count >= 2 && best > 0) {
-      uint64_t size = probe_catchup(sub, from);
-      if (size > 0 && size < best) {
-        best = size;
-        out->route = PULSE_SUB_ROUTE_CATCHUP;
-        out->catchup_size = size;
-        out->bytes = size;
-      }
+  }
+  /* A catch-up only pays off over two patches or more (over one, the
+   * server sends that very patch). */
+  if (first >= 0 && np - (size_t)first >= 2 && sub->opts.use_catchup &&
+      !(avoid & SUB_AVOID(PULSE_SUB_ROUTE_CATCHUP)) &&
+      patches_cost(sub, (size_t)first) > 0 &&
+      sub_catchup_probe(sub, from, &out->catchup, &out->catchup_src)) {
+    /* Bytes of it already in the cache (a partial download) are not
+     * counted: an interrupted catch-up is finished. */
+    uint64_t cost = out->catchup.size - sub_object_have(sub, &out->catchup);
+    if (cost < best) {
+      best = cost;
+      out->route = PULSE_SUB_ROUTE_CATCHUP;
+      out->bytes = cost;
     }
   }
-  for (size_t a = 0; a < pulse_store_head_anchor_count(h); a++) {
+  for (size_t a = 0; a < pulse_store_head_anchor_count(h) &&
+                     !(avoid & SUB_AVOID(PULSE_SUB_ROUTE_ANCHOR));
+       a++) {
     const pulse_store_object *o = pulse_store_head_anchor(h, a);
     long after = patch_after(h, o->step);
     if (after < 0 || o->step > head)
@@ -118,7 +94,9 @@ pulse_status sub_plan_make(pulse_sub *sub, sub_plan *out) {
   if (best == UINT64_MAX)
     return pulse_fail(PULSE_ERR_NOT_FOUND,
                       "no route from step %" PRIu64 " to the head (%" PRIu64
-                      "): the head names no usable anchor",
-                      from, head);
+                      "): %s",
+                      from, head,
+                      avoid ? "every route failed"
+                            : "the head names no usable anchor");
   return PULSE_OK;
 }

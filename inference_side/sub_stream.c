@@ -24,6 +24,7 @@ typedef struct {
   sub_sink sink; /* first: the callbacks get it */
   pulse_sub *sub;
   const pulse_store_object *o;
+  const sub_source *src; /* NULL: a store object */
   size_t need;     /* bytes before the patch can be opened (0: not known) */
   int opened;      /* tried */
   pulse_status st; /* of opening and beginning */
@@ -92,6 +93,11 @@ static pulse_status ps_open(patch_sink *ps) {
                       ", the head says %" PRIu64 " -> %" PRIu64,
                       o->path, pulse_patch_base_step(ps->p),
                       pulse_patch_step(ps->p), o->base_step, o->step);
+  if (ps->src != NULL && memcmp(pulse_patch_target_digest(ps->p)->bytes,
+                                ps->src->target.bytes, 32) != 0)
+    return pulse_fail(PULSE_ERR_CORRUPT,
+                      "%s: the patch does not lead to the head's state",
+                      o->path);
   if (sub->step != PULSE_SUB_NO_STEP &&
       pulse_patch_base_step(ps->p) != sub->step)
     return pulse_fail(PULSE_ERR_BASE_STEP,
@@ -229,11 +235,13 @@ static pulse_status ps_apply_verified(patch_sink *ps) {
 }
 
 pulse_status sub_apply_patch_streamed(pulse_sub *sub,
-                                      const pulse_store_object *o) {
+                                      const pulse_store_object *o,
+                                      const sub_source *src) {
   patch_sink ps;
   memset(&ps, 0, sizeof ps);
   ps.sub = sub;
   ps.o = o;
+  ps.src = src;
   ps.sink.on_prefix = ps_on_prefix;
   ps.sink.on_restart = ps_on_restart;
   ps.sink.on_verified = ps_on_verified;
@@ -241,7 +249,7 @@ pulse_status sub_apply_patch_streamed(pulse_sub *sub,
   if (ps.sink.buf == NULL)
     return pulse_fail(PULSE_ERR_NOMEM, "%s: %" PRIu64 " bytes", o->path,
                       o->size);
-  pulse_status st = sub_object_fetch_sink(sub, o, &ps.sink);
+  pulse_status st = sub_object_fetch_sink(sub, o, src, &ps.sink);
   if (ps.finished && ps.fst == PULSE_OK && st != PULSE_OK) {
     /* Applied from verified bytes; only the cache copy failed. */
     PULSE_LOG_AT(PULSE_LOG_WARN,
@@ -254,42 +262,4 @@ pulse_status sub_apply_patch_streamed(pulse_sub *sub,
   ps_reset(&ps);
   free(ps.tg), free(ps.ht), free(ps.ct), free(ps.sink.buf);
   return st;
-}
-
-/* ------------------------------------------- a buffer the caller fills */
-
-struct sub_patch_stream {
-  patch_sink ps;
-  pulse_store_object o;
-};
-
-pulse_status sub_patch_stream_start(pulse_sub *sub, const pulse_store_object *o, uint8_t *buf,
-                                    sub_patch_stream **out) {
-  sub_patch_stream *c = calloc(1, sizeof *c);
-  if (c == NULL)
-    return pulse_fail(PULSE_ERR_NOMEM, "%s", o->path);
-  c->o = *o;
-  c->ps.sub = sub;
-  c->ps.o = &c->o;
-  c->ps.sink.buf = buf;
-  *out = c;
-  return PULSE_OK;
-}
-
-void sub_patch_stream_bytes(sub_patch_stream *c, uint64_t avail) {
-  ps_on_prefix(&c->ps.sink, avail < c->o.size ? avail : c->o.size);
-}
-
-void sub_patch_stream_restart(sub_patch_stream *c) { ps_reset(&c->ps); }
-
-pulse_status sub_patch_stream_apply(sub_patch_stream *c) {
-  return ps_apply_verified(&c->ps);
-}
-
-void sub_patch_stream_free(sub_patch_stream *c) {
-  if (c == NULL)
-    return;
-  ps_reset(&c->ps);
-  free(c->ps.tg), free(c->ps.ht), free(c->ps.ct);
-  free(c);
 }

@@ -6,7 +6,6 @@
 #include <string.h>
 
 #include "pulse_log.h"
-#include "pulse_sign.h"
 #include "status_impl.h"
 #include "sub_http_impl.h"
 #include "sub_impl.h"
@@ -72,7 +71,7 @@ static pulse_status apply_patches(pulse_sub *sub, size_t first) {
   for (size_t i = first; i < np; i++) {
     const pulse_store_object *o = pulse_store_head_patch(sub->head, i);
     if (streaming(sub) && sub_object_have(sub, o) < o->size) {
-      PULSE_TRY(sub_apply_patch_streamed(sub, o));
+      PULSE_TRY(sub_apply_patch_streamed(sub, o, NULL));
       applied(sub, PULSE_SUB_ROUTE_CHAIN, &sub->fig.patches_applied);
       continue;
     }
@@ -91,132 +90,35 @@ static pulse_status apply_patches(pulse_sub *sub, size_t first) {
   return PULSE_OK;
 }
 
-/* A catch-up patch: its headers must name our step, the head's step and
- * state digest, and carry the publisher's signature over its hash (unless
- * unsigned catch-ups are allowed); then it is applied like any patch. */
-/* Streams each attempt's bytes of a catch-up into its decode. */
-typedef struct {
-  sub_patch_stream *c;
-  unsigned attempt;
-} catchup_feed;
-
-static void catchup_on_data(pulse_fetch_xfer *x) {
-  catchup_feed *f = x->on_data_ctx;
-  if (x->attempt != f->attempt) { /* a retry: its bytes start over */
-    sub_patch_stream_restart(f->c);
-    f->attempt = x->attempt;
-  }
-  sub_patch_stream_bytes(f->c, x->mem.size);
-}
-
+/* The catch-up route: the squashed patch the probe described (its signed
+ * SHA-256 and size, sub_catchup.c), fetched into the cache like a patch
+ * object, so that it resumes after a cut, a failed sync or a restart;
+ * decoded while it downloads unless streaming is off; it must lead to the
+ * head's state. */
 static pulse_status run_catchup(pulse_sub *sub, const sub_plan *plan) {
-  char rel[64], v[200], what[80];
-  snprintf(rel, sizeof rel, "v1/catchup/%" PRIu64, plan->from);
-  snprintf(what, sizeof what, "catchup/%" PRIu64, plan->from);
-  uint64_t head = pulse_store_head_step(sub->head);
-  char digest[65];
-  pulse_state_digest_hex(pulse_store_head_state_digest(sub->head), digest);
-  pulse_fetch_xfer x;
-  pulse_fetch_xfer_init(&x, NULL);
-  x.max_bytes = plan->catchup_size + ((uint64_t)1 << 20);
-  x.low_speed = 1;
-  /* Decoded while it downloads, into a buffer that does not move, when it
-   * is the size the probe said (else it is applied whole afterwards). */
-  sub_patch_stream *cs = NULL;
-  catchup_feed feed = {NULL, 0};
-  uint8_t *room = NULL;
-  if (streaming(sub) && plan->catchup_size > 0 &&
-      (room = malloc((size_t)x.max_bytes)) != NULL) {
-    pulse_bytebuf_adopt(&x.mem, room, (size_t)x.max_bytes);
-    pulse_store_object co = {PULSE_STORE_PATCH, head, plan->from, "", {0}, plan->catchup_size};
-    snprintf(co.path, sizeof co.path, "%s", what);
-    if (sub_patch_stream_start(sub, &co, x.mem.data, &cs) == PULSE_OK) {
-      feed.c = cs;
-      x.on_data = catchup_on_data;
-      x.on_data_ctx = &feed;
-    }
-  }
-  pulse_sub_event ev = {0};
-  ev.type = PULSE_SUB_EV_DOWNLOAD;
-  ev.object = what;
-  ev.total = plan->catchup_size;
-  sub_emit(sub, &ev);
-  pulse_status st = sub_fetch_mem(sub, 0, rel, &x, "catch-up");
-  if (st == PULSE_OK && x.status != 200)
-    st = pulse_fail(PULSE_ERR_IO, "catch-up: HTTP %ld", x.status);
-  double t0 = sub_now();
-  if (st == PULSE_OK) {
-    uint64_t from = 0, to = 0;
-    char d[80] = "";
-    if (pulse_fetch_xfer_header(&x, "X-Pulse-From-Step", v, sizeof v))
-      from = strtoull(v, NULL, 10);
-    if (pulse_fetch_xfer_header(&x, "X-Pulse-To-Step", v, sizeof v))
-      to = strtoull(v, NULL, 10);
-    pulse_fetch_xfer_header(&x, "X-Pulse-State-Digest", d, sizeof d);
-    if (from != plan->from || to != head || strcmp(d, digest) != 0)
+  const pulse_store_object *o = &plan->catchup;
+  const sub_source *src = &plan->catchup_src;
+  pulse_status st;
+  if (streaming(sub)) {
+    st = sub_apply_patch_streamed(sub, o, src);
+  } else {
+    pulse_buffer b = {NULL, 0};
+    pulse_patch *p = NULL;
+    st = sub_object_fetch_from(sub, o, src);
+    if (st == PULSE_OK)
+      st = open_patch(sub, o, &b, &p);
+    if (st == PULSE_OK && memcmp(pulse_patch_target_digest(p)->bytes,
+                                 src->target.bytes, 32) != 0)
       st = pulse_fail(PULSE_ERR_CORRUPT,
-                      "catch-up from %" PRIu64 ": it says %" PRIu64
-                      " -> %" PRIu64 " (state %s), the head is %" PRIu64
-                      " (state %s)",
-                      plan->from, from, to, d, head, digest);
+                      "%s: the catch-up does not lead to the head's state",
+                      o->path);
+    if (st == PULSE_OK)
+      st = sub_apply_patch(sub, p);
+    pulse_patch_free(p);
+    pulse_buffer_free(&b);
   }
-  if (st == PULSE_OK) {
-    uint8_t sha[32], sig[64], pub[32];
-    char hex[65], pub_hex[80] = "", sig_hex[200] = "";
-    store_sha256(x.mem.data, x.mem.size, sha);
-    store_hex(sha, 32, hex);
-    int has_sig =
-        pulse_fetch_xfer_header(&x, "X-Pulse-Signature", sig_hex,
-                                sizeof sig_hex) &&
-        pulse_fetch_xfer_header(&x, "X-Pulse-Public-Key", pub_hex,
-                                sizeof pub_hex) &&
-        sub_unhex(sig_hex, strlen(sig_hex), sig, 64) == 0 &&
-        sub_unhex(pub_hex, strlen(pub_hex), pub, 32) == 0;
-    if (has_sig && sub->have_key) {
-      char canon[512];
-      int len =
-          snprintf(canon, sizeof canon,
-                   "pulse-catchup-signature/1\nfrom %" PRIu64 "\nto %" PRIu64
-                   "\nstate_digest %s\nsha256 %s\nsize %zu\n",
-                   plan->from, head, digest, hex, x.mem.size);
-      if (memcmp(pub, sub->key, 32) != 0)
-        st = pulse_fail(PULSE_ERR_CORRUPT,
-                        "catch-up from %" PRIu64 ": signed by another key",
-                        plan->from);
-      else if (pulse_sign_verify(pub, canon, (size_t)len, sig) != PULSE_OK)
-        st = pulse_fail(PULSE_ERR_CORRUPT,
-                        "catch-up from %" PRIu64
-                        ": the signature does not verify",
-                        plan->from);
-    } else if (!sub->opts.allow_unsigned_catchup) {
-      st = pulse_fail(PULSE_ERR_CORRUPT,
-                      "catch-up from %" PRIu64 ": not signed by the publisher",
-                      plan->from);
-    }
-  }
-  pulse_patch *p = NULL;
-  if (st == PULSE_OK)
-    st = pulse_patch_open(x.mem.data, x.mem.size, &p);
-  if (st == PULSE_OK &&
-      (pulse_patch_step(p) != head || pulse_patch_base_step(p) != plan->from ||
-       memcmp(pulse_patch_target_digest(p)->bytes,
-              pulse_store_head_state_digest(sub->head)->bytes, 32) != 0))
-    st = pulse_fail(PULSE_ERR_CORRUPT,
-                    "catch-up from %" PRIu64
-                    ": its header does not lead to the head",
-                    plan->from);
-  sub->t_verify += sub_now() - t0;
-  if (st == PULSE_ERR_CORRUPT)
-    rejected(sub, what, st);
-  if (st == PULSE_OK && cs != NULL && x.mem.size == plan->catchup_size)
-    st = sub_patch_stream_apply(cs);
-  else if (st == PULSE_OK)
-    st = sub_apply_patch(sub, p);
   if (st == PULSE_OK)
     applied(sub, PULSE_SUB_ROUTE_CATCHUP, &sub->fig.catchups_applied);
-  sub_patch_stream_free(cs);
-  pulse_patch_free(p);
-  pulse_fetch_xfer_release(&x);
   return st;
 }
 
@@ -308,6 +210,82 @@ static void emit_plan(pulse_sub *sub, const sub_plan *plan) {
   sub_emit(sub, &ev);
 }
 
+/* A route that failed with st: worth planning another (a failure of what
+ * was downloaded or of the link), not a local failure or a stop. */
+static int route_failure(pulse_sub *sub, pulse_status st) {
+  return !atomic_load(&sub->stop) && st != PULSE_ERR_ARG &&
+         st != PULSE_ERR_NOMEM && st != PULSE_ERR_INTERNAL &&
+         st != PULSE_ERR_CUDA && st != PULSE_ERR_NOT_BUILT;
+}
+
+/* An object the route needed is gone (404): the publisher may have moved
+ * on and collected it. Fetches the head again; *moved: it is newer, so
+ * the sync plans again from what the targets and the cache hold now. */
+static pulse_status head_moved_on(pulse_sub *sub, int *moved) {
+  uint64_t before = pulse_store_head_step(sub->head);
+  *moved = 0;
+  PULSE_TRY(sub_head_fetch(sub, NULL));
+  *moved = pulse_store_head_step(sub->head) > before;
+  return PULSE_OK;
+}
+
+/* Tells that a route failed and another is planned. */
+static void fall_back(pulse_sub *sub, const sub_plan *plan, pulse_status st,
+                      const char *detail) {
+  char msg[1200];
+  snprintf(msg, sizeof msg, "the %s route failed (%s): planning another",
+           pulse_sub_route_name(plan->route), detail);
+  PULSE_LOG_AT(PULSE_LOG_WARN, "subscriber: %s", msg);
+  sub_emit_simple(sub, PULSE_SUB_EV_WARNING, st, msg);
+}
+
+/* Plans and runs routes until the targets reach the head. A route that
+ * fails is not taken again in this sync (catch-up, then the chain, then an
+ * anchor), except when an object it needed was collected while the head
+ * moved on: then the sync plans again against the new head, keeping
+ * whatever it applied and downloaded (partial files resume). */
+static pulse_status reach_head(pulse_sub *sub, sub_plan *plan) {
+  unsigned avoid = 0;
+  pulse_status st = PULSE_OK;
+  char detail[1024] = "";
+  for (;;) {
+    pulse_status pst = sub_plan_make(sub, avoid, plan);
+    if (pst != PULSE_OK)
+      return avoid == 0 ? pst : pulse_fail(st, "%s", detail);
+    emit_plan(sub, plan);
+    st = run_route(sub, plan);
+    if (st == PULSE_OK || !route_failure(sub, st))
+      return st;
+    snprintf(detail, sizeof detail, "%s", pulse_error_detail());
+    if (is_wrong_base(st) && plan->route != PULSE_SUB_ROUTE_ANCHOR) {
+      /* Never applied: the targets are not what the publisher had at their
+       * step. Start again from an anchor. */
+      pulse_fail(st,
+                 "the targets are not step %" PRIu64
+                 " as the publisher has it (wrong base: %s): "
+                 "taking an anchor",
+                 plan->from, detail);
+      rejected(sub, "targets", st);
+      sub_forget_step(sub);
+      continue;
+    }
+    if (st == PULSE_ERR_NOT_FOUND) {
+      int moved = 0;
+      PULSE_TRY(head_moved_on(sub, &moved));
+      /* A catch-up chases the head: one that moved on is not chased. */
+      if (moved && plan->route != PULSE_SUB_ROUTE_CATCHUP) {
+        PULSE_LOG_AT(PULSE_LOG_INFO,
+                     "subscriber: %s; the head moved on to %" PRIu64
+                     ": planning again",
+                     detail, pulse_store_head_step(sub->head));
+        continue;
+      }
+    }
+    avoid |= SUB_AVOID(plan->route);
+    fall_back(sub, plan, st, detail);
+  }
+}
+
 static pulse_status sync_once(pulse_sub *sub, int head_ready, sub_plan *plan) {
   memset(plan, 0, sizeof *plan);
   plan->from = sub->step;
@@ -320,39 +298,7 @@ static pulse_status sync_once(pulse_sub *sub, int head_ready, sub_plan *plan) {
   if (sub->ntargets == 0 && sub->mem != SUB_MEM_FILE)
     return sub_cache_save_head(sub);
   PULSE_TRY(check_claim(sub));
-  int use_catchup = sub->opts.use_catchup;
-  pulse_status st;
-  for (int round = 0;; round++) {
-    st = sub_plan_make(sub, plan);
-    sub->opts.use_catchup = use_catchup;
-    if (st != PULSE_OK)
-      return st;
-    emit_plan(sub, plan);
-    st = run_route(sub, plan);
-    if (st == PULSE_OK || round >= 2 || atomic_load(&sub->stop))
-      break;
-    if (is_wrong_base(st) && plan->route != PULSE_SUB_ROUTE_ANCHOR) {
-      /* Never applied: the targets are not what the publisher had at their
-       * step. Start again from an anchor. */
-      char why[512];
-      snprintf(why, sizeof why, "%s", pulse_error_detail());
-      pulse_fail(st,
-                 "the targets are not step %" PRIu64
-                 " as the publisher has it (wrong base: %s): "
-                 "taking an anchor",
-                 plan->from, why);
-      rejected(sub, "targets", st);
-      sub_forget_step(sub);
-      continue;
-    }
-    if (plan->route == PULSE_SUB_ROUTE_CATCHUP && st != PULSE_ERR_IO) {
-      sub->opts.use_catchup = 0; /* this once: the patches instead */
-      continue;
-    }
-    break;
-  }
-  if (st != PULSE_OK)
-    return st;
+  PULSE_TRY(reach_head(sub, plan));
   if (sub->step != pulse_store_head_step(sub->head))
     return pulse_fail(PULSE_ERR_BASE_STEP,
                       "the targets hold step %" PRIu64

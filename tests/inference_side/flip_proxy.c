@@ -26,6 +26,9 @@ struct flip_proxy {
   atomic_int stop;
   atomic_int flips;
   _Atomic uint64_t rate;
+  _Atomic uint64_t cut_after; /* catch-up bodies cut after this many bytes */
+  atomic_int cut_times;       /* ... this many more times (< 0: always) */
+  atomic_int cuts;
   pthread_t acceptor;
   pthread_mutex_t lock;
   pthread_t conns[MAX_CONN];
@@ -45,6 +48,7 @@ typedef struct {
   uint64_t body_left, body_pos;
   int corrupt_this;
   int flip_catchups; /* also catch-up bodies (flip mode 2) */
+  int cut_this;      /* a catch-up body to cut (flip_proxy_cut_catchups) */
   /* Whether each request sent and not yet answered was a HEAD (its answer
    * has a Content-Length but no body), oldest first. */
   unsigned char head[64];
@@ -58,7 +62,7 @@ static void note_requests(resp_parser *r, const char *buf, size_t n) {
     r->head[r->heads_in++ % sizeof r->head] = memcmp(buf, "HEAD", 4) == 0;
 }
 
-static void parse_headers(resp_parser *r) {
+static void parse_headers(flip_proxy *p, resp_parser *r) {
   r->hdr[r->hlen] = '\0';
   uint64_t cl = 0;
   for (char *line = r->hdr; line != NULL && *line;
@@ -71,15 +75,34 @@ static void parse_headers(resp_parser *r) {
   int head = r->heads_out != r->heads_in && r->head[r->heads_out++ % sizeof r->head];
   if (head)
     cl = 0, r->corrupt_this = 0;
+  r->cut_this = 0;
+  if (!head && strstr(r->hdr, "X-Pulse-From-Step") != NULL) {
+    int t = atomic_load(&p->cut_times);
+    while (t != 0 && !r->cut_this) {
+      if (t < 0)
+        r->cut_this = 1;
+      else if (atomic_compare_exchange_weak(&p->cut_times, &t, t - 1))
+        r->cut_this = 1;
+    }
+  }
   r->body_left = cl;
   r->body_pos = 0;
   r->in_body = cl > 0;
   r->hlen = 0;
 }
 
-/* Runs the bytes through the parser, flipping in place. */
-static void filter(flip_proxy *p, resp_parser *r, char *buf, size_t n) {
+/* Runs the bytes through the parser, flipping in place. Returns how many
+ * to send, then *cut when the connection is to be cut there. */
+static size_t filter(flip_proxy *p, resp_parser *r, char *buf, size_t n,
+                     int *cut) {
+  *cut = 0;
   for (size_t i = 0; i < n; i++) {
+    if (r->in_body && r->cut_this &&
+        r->body_pos == atomic_load(&p->cut_after)) {
+      atomic_fetch_add(&p->cuts, 1);
+      *cut = 1;
+      return i;
+    }
     if (r->in_body) {
       if (p->flip && r->corrupt_this && r->body_pos == 40) {
         buf[i] ^= 0x01;
@@ -92,9 +115,16 @@ static void filter(flip_proxy *p, resp_parser *r, char *buf, size_t n) {
     }
     if (r->hlen < sizeof r->hdr - 1)
       r->hdr[r->hlen++] = buf[i];
-    if (r->hlen >= 4 && memcmp(r->hdr + r->hlen - 4, "\r\n\r\n", 4) == 0)
-      parse_headers(r);
+    if (r->hlen >= 4 && memcmp(r->hdr + r->hlen - 4, "\r\n\r\n", 4) == 0) {
+      parse_headers(p, r);
+      if (r->in_body && r->cut_this && atomic_load(&p->cut_after) == 0) {
+        atomic_fetch_add(&p->cuts, 1);
+        *cut = 1;
+        return i + 1;
+      }
+    }
   }
+  return n;
 }
 
 static int send_all(int fd, const char *b, size_t n) {
@@ -157,8 +187,9 @@ static void *relay(void *arg) {
       ssize_t n = recv(up, buf, sizeof buf, 0);
       if (n <= 0)
         break;
-      filter(p, r, buf, (size_t)n);
-      if (send_all(client, buf, (size_t)n) != 0)
+      int cut = 0;
+      size_t keep = filter(p, r, buf, (size_t)n, &cut);
+      if (send_all(client, buf, keep) != 0 || cut)
         break;
       sent += (uint64_t)n;
     }
@@ -213,6 +244,9 @@ flip_proxy *flip_proxy_start_at(uint16_t upstream_port, int flip,
   atomic_init(&p->stop, 0);
   atomic_init(&p->flips, 0);
   atomic_init(&p->rate, 0);
+  atomic_init(&p->cut_after, 0);
+  atomic_init(&p->cut_times, 0);
+  atomic_init(&p->cuts, 0);
   pthread_mutex_init(&p->lock, NULL);
   p->listen_fd = socket(AF_INET, SOCK_STREAM, 0);
   struct sockaddr_in sa = {0};
@@ -243,6 +277,15 @@ flip_proxy *flip_proxy_start_at(uint16_t upstream_port, int flip,
 
 void flip_proxy_set_rate(flip_proxy *p, uint64_t bytes_per_s) {
   atomic_store(&p->rate, bytes_per_s);
+}
+
+void flip_proxy_cut_catchups(flip_proxy *p, uint64_t after, int times) {
+  atomic_store(&p->cut_after, after);
+  atomic_store(&p->cut_times, times);
+}
+
+int flip_proxy_cuts(const flip_proxy *p) {
+  return atomic_load(&((flip_proxy *)p)->cuts);
 }
 
 uint16_t flip_proxy_port(const flip_proxy *p) {

@@ -480,3 +480,233 @@ Test(inference_side, a_stale_head_never_moves_a_worker_back) {
   tu_rm_rf(cache);
   tu_rm_rf(old);
 }
+
+/* ------------------------------------------------------------ catch-ups */
+
+/* A trainer of about 7000 * scale parameters whose worker (cache `cache`)
+ * holds step 1 while the store went on to step 13: 12 steps behind, the
+ * signed catch-up is the cheapest route. */
+static void twelve_behind(it_trainer *t, char **cache, uint64_t scale) {
+  it_trainer_up(t, 100, 32, scale);
+  it_trainer_run(t, 0, 1, 0.02);
+  *cache = tu_make_dir();
+  const char *urls[1];
+  pulse_sub_opts o = it_sub_opts(t, *cache, urls);
+  pulse_sub *sub;
+  it_targets tg;
+  cr_assert_eq(pulse_sub_create(&o, &sub), PULSE_OK);
+  it_targets_attach(&tg, t, sub);
+  cr_assert_eq(pulse_sub_sync(sub), PULSE_OK, "%s", pulse_sub_error(sub));
+  pulse_sub_free(sub);
+  it_targets_free(&tg);
+  it_trainer_run(t, 2, 13, 0.02);
+}
+
+/* What a sync planned first: its route and the bytes it meant to fetch. */
+typedef struct {
+  int plans;
+  pulse_sub_route route;
+  uint64_t bytes;
+} plan_log;
+
+static void log_plan(void *ctx, const pulse_sub_event *ev) {
+  plan_log *l = ctx;
+  if (ev->type == PULSE_SUB_EV_PLAN && l->plans++ == 0) {
+    l->route = ev->route;
+    l->bytes = ev->bytes;
+  }
+}
+
+/* Issue 20, finding 4: with a rate limit, libcurl's own limiter read a
+ * burst and then paused longer than the stall window, so the transfer
+ * failed as stalled and the in-memory catch-up started over from byte 0 on
+ * every retry: the worker never got there. Now the limiter never trips
+ * the stall detector, and the catch-up is fetched once, at the rate. */
+Test(inference_side, a_rate_limited_worker_far_behind_converges, .timeout = 60) {
+  it_trainer t;
+  char *cache;
+  twelve_behind(&t, &cache, 200);
+  /* A server four times faster than the worker's limit (on loopback alone
+   * the whole catch-up would arrive in one read). */
+  flip_proxy *px = flip_proxy_start(t.port, 0);
+  cr_assert_not_null(px);
+  flip_proxy_set_rate(px, 200000);
+  char url[64];
+  snprintf(url, sizeof url, "http://127.0.0.1:%u",
+           (unsigned)flip_proxy_port(px));
+  const char *urls[1];
+  pulse_sub_opts o = it_sub_opts(&t, cache, urls);
+  urls[0] = url;
+  o.max_recv_bytes_per_s = 50000; /* --limit-rate 50K */
+  o.low_speed_seconds = 1;        /* --timeout 1 */
+  plan_log pl = {0};
+  o.on_event = log_plan;
+  o.on_event_ctx = &pl;
+  pulse_sub *sub;
+  it_targets tg;
+  cr_assert_eq(pulse_sub_create(&o, &sub), PULSE_OK);
+  for (int i = 0; i < TU_TENSORS; i++) {
+    tg.data[i] = tu_alloc(t.m.numel[i] * 2);
+    memcpy(tg.data[i], t.bits[1][i], t.m.numel[i] * 2);
+  }
+  it_targets_resume(&tg, &t, sub, 1);
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  cr_assert_eq(pulse_sub_sync(sub), PULSE_OK, "%s", pulse_sub_error(sub));
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  cr_assert(it_targets_equal(&tg, &t, 13));
+  pulse_sub_figures fig;
+  pulse_sub_figures_get(sub, &fig);
+  cr_assert_eq(pl.route, PULSE_SUB_ROUTE_CATCHUP);
+  cr_assert_gt(pl.bytes, 100000, "a catch-up of %" PRIu64 " bytes", pl.bytes);
+  cr_assert_eq(fig.last_route, PULSE_SUB_ROUTE_CATCHUP);
+  cr_assert_eq(fig.retries, 0, "no stall at the rate limit");
+  cr_assert_lt(fig.bytes_downloaded, pl.bytes + 20000,
+               "%" PRIu64 " bytes downloaded for a %" PRIu64
+               "-byte catch-up",
+               fig.bytes_downloaded, pl.bytes);
+  double s = (double)(t1.tv_sec - t0.tv_sec) +
+             1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+  cr_assert_gt(s, 0.8 * (double)pl.bytes / 50000.0,
+               "%.2f s for %" PRIu64 " bytes: the rate limit was not kept", s,
+               pl.bytes);
+  pulse_sub_free(sub);
+  it_targets_free(&tg);
+  flip_proxy_stop(px);
+  it_trainer_down(&t);
+  tu_rm_rf(cache);
+}
+
+/* A catch-up cut in the middle (twice) is resumed with Range requests
+ * from where it stopped, not fetched again from its first byte. */
+Test(inference_side, a_catchup_cut_mid_body_resumes, .timeout = 60) {
+  it_trainer t;
+  char *cache;
+  twelve_behind(&t, &cache, 100);
+  flip_proxy *px = flip_proxy_start(t.port, 0);
+  cr_assert_not_null(px);
+  flip_proxy_cut_catchups(px, 30000, 2);
+  char url[64];
+  snprintf(url, sizeof url, "http://127.0.0.1:%u",
+           (unsigned)flip_proxy_port(px));
+  const char *urls[1];
+  pulse_sub_opts o = it_sub_opts(&t, cache, urls);
+  urls[0] = url;
+  plan_log pl = {0};
+  o.on_event = log_plan;
+  o.on_event_ctx = &pl;
+  pulse_sub *sub;
+  it_targets tg;
+  cr_assert_eq(pulse_sub_create(&o, &sub), PULSE_OK);
+  for (int i = 0; i < TU_TENSORS; i++) {
+    tg.data[i] = tu_alloc(t.m.numel[i] * 2);
+    memcpy(tg.data[i], t.bits[1][i], t.m.numel[i] * 2);
+  }
+  it_targets_resume(&tg, &t, sub, 1);
+  cr_assert_eq(pulse_sub_sync(sub), PULSE_OK, "%s", pulse_sub_error(sub));
+  cr_assert(it_targets_equal(&tg, &t, 13));
+  cr_assert_eq(flip_proxy_cuts(px), 2);
+  pulse_sub_figures fig;
+  pulse_sub_figures_get(sub, &fig);
+  cr_assert_eq(fig.last_route, PULSE_SUB_ROUTE_CATCHUP);
+  cr_assert_geq(fig.retries, 2);
+  cr_assert_lt(fig.bytes_downloaded, pl.bytes + 20000,
+               "%" PRIu64 " bytes downloaded for a %" PRIu64
+               "-byte catch-up cut twice: not resumed",
+               fig.bytes_downloaded, pl.bytes);
+  pulse_sub_free(sub);
+  it_targets_free(&tg);
+  flip_proxy_stop(px);
+  it_trainer_down(&t);
+  tu_rm_rf(cache);
+}
+
+/* A catch-up that keeps failing (every answer cut before its first byte)
+ * is given up after the retries, and the worker takes the patch chain. */
+Test(inference_side, a_catchup_that_keeps_failing_falls_back_to_the_chain,
+     .timeout = 60) {
+  it_trainer t;
+  char *cache;
+  twelve_behind(&t, &cache, 100);
+  flip_proxy *px = flip_proxy_start(t.port, 0);
+  cr_assert_not_null(px);
+  flip_proxy_cut_catchups(px, 0, -1);
+  char url[64];
+  snprintf(url, sizeof url, "http://127.0.0.1:%u",
+           (unsigned)flip_proxy_port(px));
+  const char *urls[1];
+  pulse_sub_opts o = it_sub_opts(&t, cache, urls);
+  urls[0] = url;
+  pulse_sub *sub;
+  it_targets tg;
+  cr_assert_eq(pulse_sub_create(&o, &sub), PULSE_OK);
+  for (int i = 0; i < TU_TENSORS; i++) {
+    tg.data[i] = tu_alloc(t.m.numel[i] * 2);
+    memcpy(tg.data[i], t.bits[1][i], t.m.numel[i] * 2);
+  }
+  it_targets_resume(&tg, &t, sub, 1);
+  cr_assert_eq(pulse_sub_sync(sub), PULSE_OK, "%s", pulse_sub_error(sub));
+  cr_assert(it_targets_equal(&tg, &t, 13));
+  cr_assert_eq(flip_proxy_cuts(px), (int)o.retries + 1, "%d cuts", flip_proxy_cuts(px));
+  pulse_sub_figures fig;
+  pulse_sub_figures_get(sub, &fig);
+  cr_assert_eq(fig.last_route, PULSE_SUB_ROUTE_CHAIN);
+  cr_assert_eq(fig.catchups_applied, 0);
+  cr_assert_eq(fig.patches_applied, 12);
+  pulse_sub_free(sub);
+  it_targets_free(&tg);
+  flip_proxy_stop(px);
+  it_trainer_down(&t);
+  tu_rm_rf(cache);
+}
+
+/* ------------------------------------------------ objects collected early */
+
+/* Publishes six steps each time the worker plans, the first `times` times:
+ * with an anchor every 3 steps, 2 anchors and 2 patches kept and no grace
+ * period, everything the plan named is collected before it is fetched,
+ * as when a fast publisher outruns a slow worker. */
+typedef struct {
+  it_trainer *t;
+  int plans, times;
+} outrun;
+
+static void outrun_on_plan(void *ctx, const pulse_sub_event *ev) {
+  outrun *r = ctx;
+  if (ev->type != PULSE_SUB_EV_PLAN || r->plans++ >= r->times)
+    return;
+  it_trainer_run(r->t, r->t->step + 1, r->t->step + 6, 0.01);
+}
+
+/* Issue 20, finding 5 (the worker's side): a worker whose next object is
+ * gone plans again from what is still there (the newer head's anchor and
+ * patches) for as long as the head moves on, instead of giving up after
+ * three tries; it converges once its downloads outrun the publisher. */
+Test(inference_side, a_worker_whose_objects_are_collected_plans_again) {
+  it_trainer t;
+  it_trainer_up(&t, 3, 2, 2);
+  it_trainer_run(&t, 0, 5, 0.01);
+  char *cache = tu_make_dir();
+  const char *urls[1];
+  pulse_sub_opts o = it_sub_opts(&t, cache, urls);
+  outrun r = {&t, 0, 5};
+  o.on_event = outrun_on_plan;
+  o.on_event_ctx = &r;
+  pulse_sub *sub;
+  it_targets tg;
+  cr_assert_eq(pulse_sub_create(&o, &sub), PULSE_OK);
+  it_targets_attach(&tg, &t, sub);
+  cr_assert_eq(pulse_sub_sync(sub), PULSE_OK, "%s", pulse_sub_error(sub));
+  cr_assert_eq(t.step, 35);
+  cr_assert_eq(r.plans, 6, "five plans outrun, then one that went through");
+  cr_assert(it_targets_equal(&tg, &t, 35));
+  pulse_sub_figures fig;
+  pulse_sub_figures_get(sub, &fig);
+  cr_assert_eq(fig.syncs, 1);
+  cr_assert_eq(fig.sync_failures, 0);
+  cr_assert_eq(fig.anchors_applied, 1, "only the anchor that arrived");
+  pulse_sub_free(sub);
+  it_targets_free(&tg);
+  it_trainer_down(&t);
+  tu_rm_rf(cache);
+}
