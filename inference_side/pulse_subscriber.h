@@ -163,7 +163,10 @@ typedef struct {
                                     as a stall); 0: no limit */
   int use_catchup;               /* consider /v1/catchup; default 1 */
   /* Download every object the head names, not only what the targets need,
-   * so that a pulse server over cache_dir serves the whole store. */
+   * so that a pulse server over cache_dir serves the whole store (a relay).
+   * Cached objects whose file changed since they were hashed are hashed
+   * again at each sync and, when following, at each long-poll's end, and
+   * fetched again when they went bad. */
   int mirror;
   int threads;              /* decode and digest threads; 0: per core */
   uint32_t poll_timeout_ms; /* long-poll length for follow; default 30000 */

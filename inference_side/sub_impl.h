@@ -50,6 +50,15 @@ typedef struct {
                                  rebuilt when its digest is not `digest` */
 } sub_target;
 
+/* A cached object this process hashed, and the file it hashed: a file
+ * whose identity changed since (rewritten, replaced, truncated) is hashed
+ * again before it is used or mirrored. */
+typedef struct {
+  uint8_t sha256[32];
+  uint64_t dev, ino, size;
+  int64_t mtime_ns, ctime_ns;
+} sub_verified;
+
 /* Where an object is downloaded from when it is not the store's
  * v1/<path> on every URL: a catch-up (sub_catchup.c), which one server
  * builds at v1/catchup/<from> and which changes when the head moves. */
@@ -96,7 +105,7 @@ struct pulse_sub {
   pulse_store_head *head;   /* newest verified head (owned) */
   uint64_t cache_head_step; /* step of cache_dir/head.json, or NO_STEP */
   char head_etag[100];      /* of the head's bytes, for If-None-Match */
-  uint8_t (*verified)[32];  /* cached objects hashed by this process */
+  sub_verified *verified;   /* cached objects hashed by this process */
   size_t nverified, verified_cap;
 
   /* targets */

@@ -466,25 +466,63 @@ static void reject(pulse_sub *sub, const char *object, pulse_status st) {
   sub_emit(sub, &ev);
 }
 
-static int verified(const pulse_sub *sub, const uint8_t sha[32]) {
-  for (size_t i = 0; i < sub->nverified; i++)
-    if (memcmp(sub->verified[i], sha, 32) == 0)
-      return 1;
-  return 0;
+/* The identity of the file at path (0: none). */
+static int identity(const char *path, sub_verified *v) {
+  struct stat sb;
+  if (stat(path, &sb) != 0 || !S_ISREG(sb.st_mode))
+    return 0;
+  v->dev = (uint64_t)sb.st_dev;
+  v->ino = (uint64_t)sb.st_ino;
+  v->size = (uint64_t)sb.st_size;
+  v->mtime_ns = (int64_t)sb.st_mtim.tv_sec * 1000000000 + sb.st_mtim.tv_nsec;
+  v->ctime_ns = (int64_t)sb.st_ctim.tv_sec * 1000000000 + sb.st_ctim.tv_nsec;
+  return 1;
 }
 
-static void remember(pulse_sub *sub, const uint8_t sha[32]) {
-  if (verified(sub, sha))
+static sub_verified *find_verified(const pulse_sub *sub, const uint8_t sha[32]) {
+  for (size_t i = 0; i < sub->nverified; i++)
+    if (memcmp(sub->verified[i].sha256, sha, 32) == 0)
+      return &sub->verified[i];
+  return NULL;
+}
+
+static void forget(pulse_sub *sub, const uint8_t sha[32]) {
+  sub_verified *v = find_verified(sub, sha);
+  if (v != NULL)
+    *v = sub->verified[--sub->nverified];
+}
+
+/* 1 when this process hashed the cached file at path as `sha` and the file
+ * is still the one it hashed (same inode, size, mtime and ctime: any write,
+ * replacement or truncation since changes one of them). */
+static int verified(const pulse_sub *sub, const uint8_t sha[32],
+                    const char *path) {
+  sub_verified *v = find_verified(sub, sha), now;
+  return v != NULL && identity(path, &now) && v->dev == now.dev &&
+         v->ino == now.ino && v->size == now.size &&
+         v->mtime_ns == now.mtime_ns && v->ctime_ns == now.ctime_ns;
+}
+
+/* Records that the cached file at path hashed to sha. */
+static void remember(pulse_sub *sub, const uint8_t sha[32], const char *path) {
+  sub_verified now;
+  if (!identity(path, &now))
     return;
+  memcpy(now.sha256, sha, 32);
+  sub_verified *v = find_verified(sub, sha);
+  if (v != NULL) {
+    *v = now;
+    return;
+  }
   if (sub->nverified == sub->verified_cap) {
     size_t cap = sub->verified_cap ? 2 * sub->verified_cap : 64;
-    uint8_t(*v)[32] = realloc(sub->verified, cap * sizeof *v);
-    if (v == NULL)
+    sub_verified *more = realloc(sub->verified, cap * sizeof *more);
+    if (more == NULL)
       return; /* only costs a hash later */
-    sub->verified = v;
+    sub->verified = more;
     sub->verified_cap = cap;
   }
-  memcpy(sub->verified[sub->nverified++], sha, 32);
+  sub->verified[sub->nverified++] = now;
 }
 
 static int named(const pulse_store_head *h, const uint8_t sha[32]) {
@@ -500,8 +538,8 @@ static int named(const pulse_store_head *h, const uint8_t sha[32]) {
 void sub_object_forget(pulse_sub *sub) {
   size_t k = 0;
   for (size_t i = 0; i < sub->nverified; i++)
-    if (sub->head != NULL && named(sub->head, sub->verified[i]))
-      memmove(sub->verified[k++], sub->verified[i], 32);
+    if (sub->head != NULL && named(sub->head, sub->verified[i].sha256))
+      sub->verified[k++] = sub->verified[i];
   sub->nverified = k;
 }
 
@@ -524,7 +562,7 @@ static pulse_status fetch(pulse_sub *sub, const pulse_store_object *o,
   if (sink != NULL && file_size(final) == o->size && access(final, R_OK) == 0) {
     pulse_status st = sink_from_cache(sub, o, sink);
     if (st == PULSE_OK) {
-      remember(sub, o->sha256);
+      remember(sub, o->sha256, final);
       return PULSE_OK;
     }
     if (st != PULSE_ERR_CORRUPT)
@@ -532,22 +570,24 @@ static pulse_status fetch(pulse_sub *sub, const pulse_store_object *o,
     reject(sub, o->path, PULSE_ERR_CORRUPT); /* removed: fetched again */
   }
   if (file_size(final) == o->size && access(final, R_OK) == 0) {
-    if (verified(sub, o->sha256))
+    if (verified(sub, o->sha256, final))
       return PULSE_OK;
-    /* Checked when it was named; hashed again once per process, since a
-     * cache can rot or be tampered with between runs. */
+    /* Checked when it was named; hashed again once per process and
+     * whenever the file changed since, since a cache can rot or be
+     * tampered with (and a relay serves it to others). */
     uint8_t sha[32];
     uint64_t size;
     double t0 = sub_now();
     pulse_status st = sub_sha256_file(final, sha, &size);
     sub->t_verify += sub_now() - t0;
     if (st == PULSE_OK && size == o->size && memcmp(sha, o->sha256, 32) == 0) {
-      remember(sub, o->sha256);
+      remember(sub, o->sha256, final);
       return PULSE_OK;
     }
     pulse_fail(PULSE_ERR_CORRUPT,
                "%s in the cache does not match its name: fetched again", final);
     reject(sub, o->path, PULSE_ERR_CORRUPT);
+    forget(sub, o->sha256);
     unlink(final);
   }
   fetch_ctx *c = calloc(1, sizeof *c);
@@ -584,7 +624,7 @@ static pulse_status fetch(pulse_sub *sub, const pulse_store_object *o,
       if (st == PULSE_OK)
         st = install(c);
       if (st == PULSE_OK) {
-        remember(sub, o->sha256);
+        remember(sub, o->sha256, final);
         sub_count(sub, &sub->fig.objects_fetched, 1);
         pulse_sub_event ev = {0};
         ev.type = PULSE_SUB_EV_OBJECT;
@@ -664,9 +704,7 @@ pulse_status sub_object_read(pulse_sub *sub, const pulse_store_object *o,
   if (got != o->size || memcmp(sha, o->sha256, 32) != 0) {
     free(data);
     unlink(path);
-    for (size_t i = 0; i < sub->nverified; i++)
-      if (memcmp(sub->verified[i], o->sha256, 32) == 0)
-        memmove(sub->verified[i], sub->verified[--sub->nverified], 32);
+    forget(sub, o->sha256);
     return pulse_fail(PULSE_ERR_CORRUPT,
                       "%s changed in the cache since it was checked: removed",
                       path);

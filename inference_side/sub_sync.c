@@ -401,6 +401,14 @@ pulse_status pulse_sub_follow(pulse_sub *sub) {
     if (got) {
       need_sync = 1;
       head_ready = 1;
+    } else if (sub->opts.mirror && (st = mirror_all(sub)) != PULSE_OK &&
+               !atomic_load(&sub->stop)) {
+      /* A relay serves its cache to others, so it is checked at every
+       * long-poll's end too: what changed since it was hashed is hashed
+       * again, and fetched again when it went bad. */
+      sub_keep_error(sub, st);
+      sub_emit_simple(sub, PULSE_SUB_EV_ERROR, st, pulse_error_detail());
+      need_sync = 1;
     }
   }
   atomic_store(&sub->stop, 0);

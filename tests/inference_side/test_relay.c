@@ -3,6 +3,7 @@
  * object themselves: a corrupted object in the relay's store is refused
  * downstream, and the origin (a second URL) serves instead. */
 #include <inttypes.h>
+#include <pthread.h>
 
 #include "inf_testutil.h"
 
@@ -120,5 +121,92 @@ Test(inference_side, a_corrupted_object_in_a_relay_is_refused_downstream) {
   pulse_sub_free(down);
   it_targets_free(&tg);
   pulse_store_head_free(h);
+  fx_down(&f);
+}
+
+/* Issue 20, finding 7 (the relay's side): an object that went bad in a
+ * relay's cache was served to every downstream worker for ever, since the
+ * relay hashed it once per process. Now a cached file that changed since
+ * it was hashed is hashed again whenever the relay looks at it (each sync,
+ * and each long-poll's end when it follows), dropped and fetched again:
+ * a downstream worker is refused at most once. */
+static void down_sync(fx *f, pulse_status want, uint64_t step) {
+  pulse_sub_opts o = it_sub_opts(&f->t, f->down_cache, f->urls);
+  f->urls[0] = f->relay_url;
+  pulse_sub *down;
+  it_targets tg;
+  cr_assert_eq(pulse_sub_create(&o, &down), PULSE_OK);
+  it_targets_attach(&tg, &f->t, down);
+  cr_assert_eq(pulse_sub_sync(down), want, "%s", pulse_sub_error(down));
+  if (want == PULSE_OK)
+    cr_assert(it_targets_equal(&tg, &f->t, step));
+  pulse_sub_free(down);
+  it_targets_free(&tg);
+  tu_rm_rf(f->down_cache);
+  f->down_cache = tu_make_dir();
+}
+
+/* Flips a byte of the relay's newest anchor. */
+static void rot_anchor(fx *f) {
+  pulse_store_head *h;
+  cr_assert_eq(pulse_store_head_load(f->relay_cache, &h), PULSE_OK);
+  const pulse_store_object *a =
+      pulse_store_head_anchor(h, pulse_store_head_anchor_count(h) - 1);
+  char path[4096];
+  snprintf(path, sizeof path, "%s/%s", f->relay_cache, a->path);
+  cr_assert_eq(tu_flip(path, 100), 0);
+  pulse_store_head_free(h);
+}
+
+static void *follow_thread(void *arg) {
+  pulse_sub_follow(arg);
+  return NULL;
+}
+
+Test(inference_side, a_relay_refetches_a_cached_object_that_went_bad,
+     .timeout = 60) {
+  fx f;
+  fx_up(&f, 5);
+  relay_sync(&f);
+  rot_anchor(&f);
+  down_sync(&f, PULSE_ERR_CORRUPT, 0); /* served once, and refused */
+  relay_sync(&f);                      /* the same head: nothing new */
+  pulse_sub_figures fig;
+  pulse_sub_figures_get(f.relay, &fig);
+  cr_assert_eq(fig.rejected, 1, "the relay found its rotten anchor");
+  cr_assert_eq(
+      pulse_store_verify(f.relay_cache, PULSE_STORE_VERIFY_HASHES, f.t.pub,
+                         NULL),
+      PULSE_OK, "%s", pulse_error_detail());
+  down_sync(&f, PULSE_OK, 5);
+
+  /* A relay that follows checks at the end of every long-poll too, with no
+   * new step to wake it. */
+  pulse_sub_free(f.relay);
+  const char *urls[1];
+  pulse_sub_opts o = it_sub_opts(&f.t, f.relay_cache, urls);
+  o.mirror = 1;
+  o.poll_timeout_ms = 200;
+  cr_assert_eq(pulse_sub_create(&o, &f.relay), PULSE_OK);
+  pthread_t th;
+  cr_assert_eq(pthread_create(&th, NULL, follow_thread, f.relay), 0);
+  for (int i = 0; i < 500; i++) { /* its first sync */
+    pulse_sub_figures_get(f.relay, &fig);
+    if (fig.syncs > 0)
+      break;
+    usleep(10000);
+  }
+  rot_anchor(&f);
+  for (int i = 0; i < 500; i++) {
+    pulse_sub_figures_get(f.relay, &fig);
+    if (fig.rejected > 0 && fig.objects_fetched > 0)
+      break;
+    usleep(10000);
+  }
+  pulse_sub_stop(f.relay);
+  pthread_join(th, NULL);
+  cr_assert_eq(fig.rejected, 1, "the following relay found it");
+  cr_assert_eq(fig.objects_fetched, 1, "and fetched it again");
+  down_sync(&f, PULSE_OK, 5);
   fx_down(&f);
 }
