@@ -662,10 +662,36 @@ Test(inference_side, a_catchup_that_keeps_failing_falls_back_to_the_chain,
 
 /* ------------------------------------------------ objects collected early */
 
+/* Removes the store's objects the head no longer names, as a publisher
+ * without a grace period does the moment they leave it. */
+static void collect_now(const char *store) {
+  pulse_store_head *h;
+  cr_assert_eq(pulse_store_head_load(store, &h), PULSE_OK);
+  char dir[4096], path[8192];
+  snprintf(dir, sizeof dir, "%s/objects", store);
+  DIR *d = opendir(dir);
+  cr_assert_not_null(d);
+  for (struct dirent *e; (e = readdir(d)) != NULL;) {
+    if (e->d_name[0] == '.')
+      continue;
+    int named = 0;
+    for (size_t i = 0; i < pulse_store_head_patch_count(h); i++)
+      named |= strstr(pulse_store_head_patch(h, i)->path, e->d_name) != NULL;
+    for (size_t i = 0; i < pulse_store_head_anchor_count(h); i++)
+      named |= strstr(pulse_store_head_anchor(h, i)->path, e->d_name) != NULL;
+    snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+    if (!named)
+      unlink(path);
+  }
+  closedir(d);
+  pulse_store_head_free(h);
+}
+
 /* Publishes six steps each time the worker plans, the first `times` times:
- * with an anchor every 3 steps, 2 anchors and 2 patches kept and no grace
- * period, everything the plan named is collected before it is fetched,
- * as when a fast publisher outruns a slow worker. */
+ * with an anchor every 3 steps, 2 anchors and 2 patches kept, and what
+ * leaves the head collected at once (no grace period), everything the plan
+ * named is gone before it is fetched, as when a fast publisher outruns a
+ * slow worker. */
 typedef struct {
   it_trainer *t;
   int plans, times;
@@ -676,6 +702,7 @@ static void outrun_on_plan(void *ctx, const pulse_sub_event *ev) {
   if (ev->type != PULSE_SUB_EV_PLAN || r->plans++ >= r->times)
     return;
   it_trainer_run(r->t, r->t->step + 1, r->t->step + 6, 0.01);
+  collect_now(r->t->dir);
 }
 
 /* Issue 20, finding 5 (the worker's side): a worker whose next object is
