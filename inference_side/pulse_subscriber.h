@@ -170,7 +170,8 @@ typedef struct {
   int mirror;
   int threads;              /* decode and digest threads; 0: per core */
   uint32_t poll_timeout_ms; /* long-poll length for follow; default 30000 */
-  void *cuda_stream;        /* stream for device targets (NULL: default) */
+  void *cuda_stream;        /* stream for device targets (NULL: pulse's own
+                               stream of their device, see pulse_cuda.h) */
   pulse_sub_event_fn on_event;
   void *on_event_ctx;
   /* 0 (default): a patch is decoded while it downloads, on `threads`

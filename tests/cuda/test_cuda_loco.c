@@ -6,10 +6,13 @@
  * One allowance: where s is a NaN made by the arithmetic, IEEE leaves its
  * payload to the hardware (x86 keeps an operand's, NVIDIA returns
  * 0x7FFFFFFF), and pulse_loco_elem.h does not canonicalize it; such values
- * compare as "both NaN". The gate decision is exact in every case. */
+ * compare as "both NaN". The gate decision is exact in every case. With
+ * PULSE_GPU_LARGE=1 (tests/gpu/check.sh) also on 10^9 elements, about 1%
+ * sent. */
 #include <math.h>
 
 #include "cuda_testutil.h"
+#include "parallel_impl.h"
 
 static uint32_t fbits(float f) {
   uint32_t u;
@@ -127,4 +130,63 @@ Test(cuda_loco, gate_repeated_rounds_feed_the_error_back) {
   pulse_cuda_free(g_d), pulse_cuda_free(r_d), pulse_cuda_free(e_d);
   pulse_cuda_free(pos_d), pulse_cuda_free(val_d);
   free(g), free(r), free(e), free(pos), free(val);
+}
+
+typedef struct {
+  float *g, *r, *e;
+  uint64_t n;
+  double spread;
+} loco_fill;
+
+static void loco_fill_block(void *ctx, size_t b) {
+  loco_fill *job = ctx;
+  uint64_t lo = (uint64_t)b << 20,
+           hi = lo + (1u << 20) < job->n ? lo + (1u << 20) : job->n;
+  make_loco(777 + b, hi - lo, job->spread, 0, job->g + lo, job->r + lo,
+            job->e + lo);
+}
+
+/* The issue's size: 10^9 elements with about 1% sent (steps scaled so that
+ * about one BF16 weight in a hundred would show them). */
+Test(cuda_loco, a_billion_elements_match_the_reference, .timeout = 600) {
+  GPU_TEST_START();
+  if (!gpu_large())
+    cr_skip_test(
+        "10^9 elements only with PULSE_GPU_LARGE=1 (tests/gpu/check.sh)");
+  const uint64_t n = 1000000000ull, cap = n / 25;
+  float *g = malloc((size_t)n * 4), *r = malloc((size_t)n * 4);
+  float *e = malloc((size_t)n * 4), *e_ref = malloc((size_t)n * 4);
+  uint64_t *pos_ref = malloc((size_t)cap * 8), sent_ref = 0, sent = 0;
+  float *val_ref = malloc((size_t)cap * 4);
+  cr_assert(g && r && e && e_ref && pos_ref && val_ref, "host memory");
+  loco_fill job = {g, r, e, n, 2.7e-7};
+  pulse_parallel_for(0, (size_t)((n + (1u << 20) - 1) >> 20), loco_fill_block,
+                     &job);
+  memcpy(e_ref, e, (size_t)n * 4);
+  OK(pulse_loco_gate_ref(g, r, e_ref, n, cap, pos_ref, val_ref, &sent_ref));
+  cr_assert(sent_ref > n / 200 && sent_ref < n / 50,
+            "%llu sent: not about 1%%", (unsigned long long)sent_ref);
+  void *g_d = dev_upload(g, (size_t)n * 4), *r_d = dev_upload(r, (size_t)n * 4);
+  void *e_d = dev_upload(e, (size_t)n * 4);
+  free(g), free(r), free(e);
+  void *pos_d = dev_alloc((size_t)cap * 8), *val_d = dev_alloc((size_t)cap * 4);
+  OK(pulse_cuda_loco_gate(NULL, g_d, r_d, e_d, n, cap, pos_d, val_d, &sent,
+                          NULL));
+  cr_assert_eq(sent, sent_ref, "%llu sent, reference %llu",
+               (unsigned long long)sent, (unsigned long long)sent_ref);
+  uint64_t *pos = dev_download(pos_d, (size_t)sent * 8);
+  float *val = dev_download(val_d, (size_t)sent * 4);
+  cr_assert_eq(tu_memdiff(pos, pos_ref, (size_t)sent * 8), -1, "positions");
+  for (uint64_t k = 0; k < sent; k++)
+    cr_assert(same_float(val[k], val_ref[k]), "value %llu",
+              (unsigned long long)k);
+  free(pos), free(val);
+  float *e_got = dev_download(e_d, (size_t)n * 4);
+  for (uint64_t i = 0; i < n; i++)
+    if (!same_float(e_got[i], e_ref[i]))
+      cr_assert_fail("e[%llu]: %08x, reference %08x", (unsigned long long)i,
+                     fbits(e_got[i]), fbits(e_ref[i]));
+  free(e_got), free(e_ref), free(pos_ref), free(val_ref);
+  pulse_cuda_free(g_d), pulse_cuda_free(r_d), pulse_cuda_free(e_d);
+  pulse_cuda_free(pos_d), pulse_cuda_free(val_d);
 }
