@@ -324,7 +324,9 @@ pulse_status pulse_cuda_patch_apply(pulse_cuda_workspace *ws,
  * patch is opened over a buffer of the object's full size once its header
  * and table are there; begin checks the targets and their base digests and
  * takes the class counts on the device; each chunk's streams are decoded on
- * the host (opts->threads threads) once feed says its bytes are there;
+ * the host (opts->threads threads) once feed says its bytes are there, into
+ * the workspace's pinned staging, and the copy of its entries to the device
+ * is queued at once (so the bus works while the rest downloads);
  * finish (every byte fed, the object verified by the caller) finds the
  * positions, gathers the old bits and checks the target digests on the
  * device; commit scatters the new bits. Bytes decoded early are untrusted:

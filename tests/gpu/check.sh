@@ -27,9 +27,10 @@
 #
 # What it checks, in this order (each step has a time limit; the whole check
 # stops starting steps past PULSE_GPU_BUDGET seconds, default 470):
-#   build      pulse with the CUDA kernels (Release, -Werror, this device's
-#              architecture only), using the system's libraries where it has
-#              them and .gpu-deps/ for the rest
+#   build      pulse with the CUDA kernels (Release, this device's
+#              architecture only; warnings counted, not fatal), using the
+#              system's libraries where it has them and .gpu-deps/ for the
+#              rest
 #   identical  the CUDA suite with PULSE_GPU_LARGE=1: every kernel family
 #              (detect, digests, class index, locate, gather, scatter, LoCo
 #              gate) byte-identical to the CPU reference, also on 10^9
@@ -51,9 +52,12 @@
 # fails the check only with PULSE_GPU_STRICT=1).
 #
 # Environment: PULSE_GPU_BUILD (build folder, default build-gpu),
+# PULSE_GPU_CLEAN=1 (build afresh; by default the build folder is reused),
 # PULSE_GPU_DEPS_DIR (default .gpu-deps), PULSE_GPU_DEPS=carried (use the
 # carried libraries even where the system has its own), PULSE_JOBS (default
-# all cores), PULSE_GPU_BUDGET (seconds), PULSE_GPU_BENCH_ARGS (extra options
+# all cores), PULSE_GPU_BUDGET (seconds), PULSE_GPU_BUILD_S (seconds the
+# configure and the build may take each, default 300: a 2-core machine's dry
+# run needs more), PULSE_GPU_BENCH_ARGS (extra options
 # for pulse-bench gpu), PULSE_GPU_STRICT.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -154,7 +158,7 @@ missed=0
 elapsed() { echo $(($(date +%s) - $1)); }
 # A row: check, result (PASS FAIL MET MISSED UNSUPPORTED SKIPPED), detail.
 row() {
-  rows+=("$(printf '| %-34s | %-11s | %s |' "$1" "$2" "$3")")
+  rows+=("$(printf '| %-36s | %-11s | %s |' "$1" "$2" "$3")")
   case $2 in FAIL) failed=1 ;; MISSED) missed=1 ;; esac
   printf '[check] %s: %s (%s)\n' "$1" "$2" "$3" >&2
 }
@@ -169,11 +173,15 @@ finish() {
     "$(elapsed "$start") s of a ${budget} s budget$([ "$mode" = dry ] && echo ', dry run without a device')"
   local table
   table=$(
-    echo "pulse GPU check, $(date -u +%Y-%m-%dT%H:%M:%SZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet 2>/dev/null || echo ' (with local changes)')"
+    local commit="not a git checkout"
+    if commit=$(git rev-parse --short HEAD 2>/dev/null); then
+      git diff --quiet HEAD 2>/dev/null || commit="$commit (with local changes)"
+    fi
+    echo "pulse GPU check, $(date -u +%Y-%m-%dT%H:%M:%SZ), commit $commit"
     echo "device: $device"
     echo
-    printf '| %-34s | %-11s | %s |\n' check result detail
-    printf '|%s|%s|%s|\n' "$(printf -- '-%.0s' {1..36})" "$(printf -- '-%.0s' {1..13})" "--------"
+    printf '| %-36s | %-11s | %s |\n' check result detail
+    printf '|%s|%s|%s|\n' "$(printf -- '-%.0s' {1..38})" "$(printf -- '-%.0s' {1..13})" "--------"
     printf '%s\n' "${rows[@]}"
   )
   printf '\n%s\n' "$table"
@@ -278,19 +286,27 @@ export PKG_CONFIG_PATH="$fallback/pc${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
 t=$(date +%s)
 archs=${cap:-90}
 [ "$mode" = dry ] && archs=90
-rm -rf "$build"
+# Kept between runs (a warm machine keeps ignored build folders): a rerun
+# builds only what changed. PULSE_GPU_CLEAN=1 starts afresh.
+[ "${PULSE_GPU_CLEAN:-0}" = 1 ] && rm -rf "$build"
 # The carried libraries' own dependencies are found at link time by
 # -rpath-link (at run time by LD_LIBRARY_PATH, above).
 link_extra="-Wl,-rpath-link,$deps/root/usr/$arch_dir:$deps/root/$arch_dir"
-if timeout "$(limit 240)" cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DPULSE_CUDA=ON \
-  -DPULSE_WERROR=ON -DCMAKE_CUDA_COMPILER="$nvcc" -DPULSE_CUDA_ARCHS="${archs}-real" \
+# Warnings are counted, not fatal: another compiler's new warning must not
+# cost the one run on a device (CI builds with -Werror).
+build_s=${PULSE_GPU_BUILD_S:-300}
+if timeout "$(limit "$build_s")" cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DPULSE_CUDA=ON \
+  -DPULSE_WERROR=OFF -DCMAKE_CUDA_COMPILER="$nvcc" -DPULSE_CUDA_ARCHS="${archs}-real" \
   -DPKG_CONFIG_EXECUTABLE="$pkgconfig" -DCMAKE_EXE_LINKER_FLAGS="$link_extra" \
   > "$logs/build.log" 2>&1 &&
-  timeout "$(limit 300)" cmake --build "$build" -j "$jobs" --target test_cuda test_trainer_side \
-    test_inference_side pulse-bench >> "$logs/build.log" 2>&1; then
-  row "build" PASS "$(elapsed "$t") s, $("$nvcc" --version | tail -n 1 | sed 's/^Build //'), sm_${archs}"
+  timeout "$(limit "$build_s")" cmake --build "$build" -j "$jobs" --target test_cuda \
+    test_trainer_side test_inference_side pulse-bench >> "$logs/build.log" 2>&1; then
+  row "build" PASS "$(elapsed "$t") s, $("$nvcc" --version | tail -n 1 | sed 's/^Build //'), sm_${archs}, $(grep -c 'warning' "$logs/build.log") warning lines"
 else
-  row "build" FAIL "$(elapsed "$t") s: $(grep -E 'error|Error' "$logs/build.log" | head -n 2 | tr '\n' ' ' | cut -c1-300)"
+  rc=$?
+  why=$(grep -E 'error|Error' "$logs/build.log" | head -n 2 | tr '\n' ' ' | cut -c1-300)
+  [ "$rc" = 124 ] && why="timed out (PULSE_GPU_BUILD_S=$build_s; a rerun continues it) $why"
+  row "build" FAIL "$(elapsed "$t") s: ${why:-exit $rc, see build.log}"
   finish
 fi
 tests=$build/tests/test_cuda
