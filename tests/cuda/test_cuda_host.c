@@ -174,6 +174,16 @@ Test(cuda_host, stub_build_reports_not_built) {
   cr_assert_eq(pulse_cuda_copy(NULL, NULL, 0, NULL), PULSE_ERR_NOT_BUILT);
   cr_assert_eq(pulse_cuda_fill(NULL, 0, 0, NULL), PULSE_ERR_NOT_BUILT);
   cr_assert_eq(pulse_cuda_sync(NULL), PULSE_ERR_NOT_BUILT);
+  cr_assert_eq(pulse_cuda_device_count(), 0);
+  int dev = 5;
+  cr_assert_eq(pulse_cuda_device_of(&dev, &dev), PULSE_ERR_NOT_BUILT);
+  cr_assert_eq(dev, -1);
+  cr_assert_eq(pulse_cuda_set_device(0), PULSE_ERR_NOT_BUILT);
+  cr_assert_eq(pulse_cuda_get_device(&dev), PULSE_ERR_NOT_BUILT);
+  void *stream = (void *)1;
+  cr_assert_eq(pulse_cuda_stream_create(&stream), PULSE_ERR_NOT_BUILT);
+  cr_assert_null(stream);
+  pulse_cuda_stream_free(NULL);
   pulse_cuda_workspace *ws = (pulse_cuda_workspace *)1;
   cr_assert_eq(pulse_cuda_workspace_create(&ws), PULSE_ERR_NOT_BUILT);
   cr_assert_null(ws);
@@ -337,4 +347,9 @@ Test(cuda_host, entries_check_their_arguments_first) {
       PULSE_ERR_ARG);
   cr_assert_eq(pulse_cuda_alloc(NULL, 4), PULSE_ERR_ARG);
   cr_assert_eq(pulse_cuda_upload(NULL, &x, 4, NULL), PULSE_ERR_ARG);
+  int dev = 0;
+  cr_assert_eq(pulse_cuda_device_of(NULL, &dev), PULSE_ERR_ARG);
+  cr_assert_eq(pulse_cuda_device_of(&x, NULL), PULSE_ERR_ARG);
+  cr_assert_eq(pulse_cuda_stream_create(NULL), PULSE_ERR_ARG);
+  cr_assert_eq(pulse_cuda_get_device(NULL), PULSE_ERR_ARG);
 }
