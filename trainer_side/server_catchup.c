@@ -231,9 +231,14 @@ void srv_catchup_clean(pulse_server *srv) {
   srv_head_release(h);
   if (step == srv->catchup_clean_step)
     return;
-  /* Never wait for the lock here: try again on the next round. */
-  if (pthread_mutex_trylock(&srv->catchup_lock) != 0)
+  /* Never wait for the locks here (a builder may be writing a large
+   * catch-up): try again on the next round. */
+  if (pthread_mutex_trylock(&srv->catchup_files_lock) != 0)
     return;
+  if (pthread_mutex_trylock(&srv->catchup_lock) != 0) {
+    pthread_mutex_unlock(&srv->catchup_files_lock);
+    return;
+  }
   size_t k = 0;
   for (size_t i = 0; i < srv->ncatchups; i++) {
     if (srv->catchups[i].to == step)
@@ -283,6 +288,7 @@ void srv_catchup_clean(pulse_server *srv) {
   }
   srv->catchup_clean_step = step;
   pthread_mutex_unlock(&srv->catchup_lock);
+  pthread_mutex_unlock(&srv->catchup_files_lock);
 }
 
 void srv_catchup_free(pulse_server *srv) {

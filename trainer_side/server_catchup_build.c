@@ -110,6 +110,8 @@ static pulse_status keep(pulse_server *srv, uint64_t from, uint64_t to,
   snprintf(name, sizeof name, "%s.pulse", hex);
   snprintf(folder, sizeof folder, "%s/" PULSE_STORE_CATCHUP_DIR, srv->dir);
   mkdir(folder, 0755);
+  /* The cleaning must not see the object before its ref. */
+  pthread_mutex_lock(&srv->catchup_files_lock);
   pulse_status st = srv_catchup_path(path, sizeof path, srv->dir, name) == 0
                         ? pulse_file_write_atomic(path, b->data, b->size)
                         : PULSE_ERR_ARG;
@@ -121,6 +123,7 @@ static pulse_status keep(pulse_server *srv, uint64_t from, uint64_t to,
              ? pulse_file_write_atomic(path, ref, (size_t)len)
              : PULSE_ERR_ARG;
   }
+  pthread_mutex_unlock(&srv->catchup_files_lock);
   if (st == PULSE_OK)
     return PULSE_OK;
   PULSE_LOG_AT(PULSE_LOG_INFO,

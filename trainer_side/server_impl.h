@@ -120,6 +120,9 @@ struct pulse_server {
    * taken before `lock`, never while holding it). */
   pthread_mutex_t catchup_lock;
   pthread_cond_t build_cv; /* a build queued, or the builders stop */
+  /* A builder writing a catch-up's files (object, then ref) holds it; the
+   * cleaning, which removes objects no ref names, skips a round then. */
+  pthread_mutex_t catchup_files_lock;
   srv_catchup catchups[SRV_CATCHUP_MEMORY];
   size_t ncatchups;
   uint64_t catchup_clean_step; /* the head step the cache was cleaned for */
