@@ -37,6 +37,18 @@ pulse_status pulse_atomic_file_commit(pulse_atomic_file *f);
 /** Closes and removes the temporary file and frees the handle. NULL is fine. */
 void pulse_atomic_file_abort(pulse_atomic_file *f);
 
+/** Removes the temporary files that writers of `path` left behind when
+ * they died (kill -9, a crash, a power cut) before renaming them: those in
+ * the directory of `path` named as pulse_atomic_file_create names them for
+ * this destination, whose writer no longer holds them (each writer holds a
+ * lock on its temporary until the rename) and whose writer's process is gone
+ * or which have not changed for two seconds. Temporaries of other
+ * destinations and files of any other name are never touched. *removed
+ * (may be NULL) gets the count.
+ * @return PULSE_OK (also when the directory does not exist); PULSE_ERR_ARG;
+ * PULSE_ERR_IO when the directory cannot be listed; PULSE_ERR_NOMEM. */
+pulse_status pulse_atomic_file_clean(const char *path, unsigned *removed);
+
 /** The three steps for one buffer. */
 pulse_status pulse_file_write_atomic(const char *path, const void *data, size_t size);
 
