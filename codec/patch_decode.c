@@ -6,6 +6,7 @@
 #include "chunk_impl.h"
 #include "class_index_impl.h"
 #include "digest_impl.h"
+#include "patch_changes_impl.h"
 #include "patch_impl.h"
 #include "pulse_codec_stream.h"
 #include "pulse_elem.h"
@@ -150,6 +151,10 @@ void pulse_patch_staged_commit_indexes(pulse_patch_staged *s) {
 void pulse_patch_staged_commit(pulse_patch_staged *s) { pulse_patch_stream_commit(s->s); }
 
 pulse_patch_stage_times pulse_patch_staged_times(const pulse_patch_staged *s) { return s->times; }
+
+const pulse_changes *patch_staged_changes(const pulse_patch_staged *s, size_t i) {
+  return s != NULL ? patch_stream_changes(s->s, i) : NULL;
+}
 
 pulse_status pulse_patch_apply(const pulse_patch *p, pulse_host_tensor *targets, size_t count,
                                const pulse_apply_opts *opts) {

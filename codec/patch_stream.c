@@ -14,6 +14,7 @@
 #include "chunk_feed_impl.h"
 #include "class_index_impl.h"
 #include "parallel_impl.h"
+#include "patch_changes_impl.h"
 #include "patch_impl.h"
 #include "pulse_codec_stream.h"
 #include "pulse_elem.h"
@@ -389,4 +390,10 @@ pulse_patch_stream_times
 pulse_patch_stream_times_get(const pulse_patch_stream *s) {
   pulse_patch_stream_times none = {0, 0, 0, 0};
   return s != NULL ? s->times : none;
+}
+
+const pulse_changes *patch_stream_changes(const pulse_patch_stream *s, size_t i) {
+  if (s == NULL || !s->finished || i >= s->p->count || s->target[i] == NULL)
+    return NULL;
+  return &s->staged[i];
 }

@@ -3,6 +3,7 @@
 #include "json_impl.h"
 #include "pulse_safetensors.h"
 #include "pulse_file.h"
+#include "safetensors_impl.h"
 #include "status_impl.h"
 
 #include <inttypes.h>
@@ -128,12 +129,17 @@ static void write_entry(pulse_json_writer *w, const pulse_st_write_tensor *t,
   pulse_json_write_end(w);
 }
 
-/* Builds the 8-byte length and the padded header JSON into *head (caller
- * frees); *data_size receives the bytes of tensor data that follow. */
 static pulse_status build_head(const pulse_st_write_tensor *tensors,
                                size_t count, const pulse_st_kv *meta,
                                size_t meta_count, pulse_bytebuf *head,
                                uint64_t *data_size) {
+  return st_header_build(tensors, count, meta, meta_count, 0, head, data_size);
+}
+
+pulse_status st_header_build(const pulse_st_write_tensor *tensors, size_t count,
+                             const pulse_st_kv *meta, size_t meta_count,
+                             uint64_t min_size, pulse_bytebuf *head,
+                             uint64_t *data_size) {
   uint64_t *nbytes = malloc((count > 0 ? count : 1) * sizeof *nbytes);
   if (nbytes == NULL)
     return pulse_fail(PULSE_ERR_NOMEM, "safetensors: %zu tensors", count);
@@ -172,7 +178,8 @@ static pulse_status build_head(const pulse_st_write_tensor *tensors,
     return pulse_fail(PULSE_ERR_NOMEM, "safetensors: header");
   PULSE_TRY(st);
   /* Spaces up to a multiple of 8 keep every tensor aligned to its dtype. */
-  while (!b->failed && b->size % 8 != 0)
+  while (!b->failed && (b->size % 8 != 0 || b->size < min_size) &&
+         b->size != min_size)
     pulse_bytebuf_byte(b, ' ');
   if (b->failed)
     return pulse_fail(PULSE_ERR_NOMEM, "safetensors: header");

@@ -235,17 +235,51 @@ pulse_status pulse_sub_attach_device(pulse_sub *sub, const char *name,
 
 /** Keeps the safetensors file `path` equal to the trainer's state: the
  * subscriber holds every tensor of the table in host memory and, after each
- * sync that moved, replaces the file atomically (pulse_st_write) with the
- * tensors in table order and metadata {"step", "state_digest"}, like an
- * anchor. An existing file is read now: when its data matches its metadata's
- * state digest (or it has none) and names a step, the subscriber resumes
- * from that step (checked against the publisher's digests before any patch
- * is applied); otherwise it starts from the anchor route. The file's
- * tensors are then readable through pulse_sub_tensor.
+ * sync that moved, brings the file to the new step in place: the step's
+ * changes and the new header (metadata {"step", "state_digest"}; the header
+ * is padded with spaces so the claim can be rewritten in place) go first
+ * into a journal next to the file (`.NAME.journal`, synced), then into the
+ * file, so a step costs what changed, not the model's size. An anchor (a
+ * new table, or a file that is missing, damaged or not laid out as pulse
+ * writes it) replaces the file whole and atomically instead, with the
+ * tensors in table order like an anchor.
+ * Durability: a sync that returned PULSE_OK is durable (journal synced);
+ * the file's own pages are synced at checkpoints (when the journal outgrows
+ * the file, before a whole rewrite, and at the next attach: pulse_sub_free
+ * leaves them to the kernel's write-back and keeps the journal). Crashes: after a
+ * kill -9 or a power cut at any moment, the next attach replays the
+ * journal's whole transactions and drops a torn one, so the file holds
+ * exactly the last step synced (or the one before), repaired before it is
+ * read. Readers of the file itself: between syncs it holds one whole step;
+ * while a sync writes, and after a crash until the next attach, a reader
+ * may see a mix of two steps. A reader that needs a consistent file at all
+ * times reads the snapshot (pulse_sub_file_snapshot).
+ * An existing file is read now (after the repair, and after removing the
+ * temporary files that writers killed during a whole rewrite left next to
+ * it): when its data matches its metadata's state digest (or it has none)
+ * and names a step, the subscriber resumes from that step (checked against
+ * the publisher's digests before any patch is applied); otherwise it starts
+ * from the anchor route. The file's tensors are then readable through
+ * pulse_sub_tensor.
  * @return PULSE_OK (also for a missing file, or one that is replaced later:
  * a warning event says why); PULSE_ERR_ARG (other targets attached);
- * PULSE_ERR_NOMEM. */
+ * PULSE_ERR_IO (a journal that cannot be replayed: the file is left as it
+ * is); PULSE_ERR_NOMEM. */
 pulse_status pulse_sub_attach_file(pulse_sub *sub, const char *path);
+
+/** With a file target: every `every` steps (counted from the last
+ * snapshot; 0 turns it off), after the sync that reached such a step, also
+ * write PATH.snapshot (PATH the file target's path), a safetensors file of
+ * the same layout and metadata that is replaced atomically (temporary file,
+ * fsync, rename): a reader always finds one whole, durable step in it. It is
+ * written on a thread of its own from a copy of the state taken under the
+ * readers' lock (the next commit waits for the copy, not for the disk; the
+ * copy costs the model's size in memory while it is written); a step
+ * reached while one is still being written is skipped. A snapshot that
+ * fails is reported as a warning event and tried again at the next due
+ * step.
+ * @return PULSE_OK; PULSE_ERR_ARG (no file target). */
+pulse_status pulse_sub_file_snapshot(pulse_sub *sub, uint64_t every);
 
 /** Declares that the attached host or device targets hold step `step`. It
  * is checked against the publisher's digests before it is relied upon; a
@@ -305,13 +339,18 @@ typedef struct {
   double last_verify_s;   /* signatures, SHA-256, digests */
   double last_decode_s;   /* decoding patches, reading anchors: the part
                              not hidden behind downloads */
-  double last_apply_s;    /* writing targets (and the file target) */
+  double last_apply_s;    /* writing targets (in memory) */
   double last_total_s;
   /* Decoding (wall time) that ran while patches were still downloading,
    * hidden behind the transfer and not in last_decode_s. */
   double last_decode_overlap_s;
   uint64_t class_index_builds; /* class indexes built (opts.no_class_index) */
   uint64_t class_index_bytes;  /* memory the targets' class indexes hold */
+  /* The file target: time the last sync spent making it durable (its
+   * journal and in-place writes, or a whole rewrite after an anchor), and
+   * bytes written to it and its journal since create. */
+  double last_write_s;
+  uint64_t file_bytes_written;
 } pulse_sub_figures;
 
 /** Copies the current figures. Thread-safe. */

@@ -156,7 +156,8 @@ void sub_apply_commit(pulse_sub *sub, const pulse_patch *p, sub_target **tg, int
   else
     pulse_patch_stream_commit_indexes(stream);
   sub->t_apply += sub_now() - t0;
-  sub->file_dirty = sub->mem == SUB_MEM_FILE;
+  if (sub->mem == SUB_MEM_FILE) /* the file follows at the save */
+    sub_file_note_patch(sub, p, tg, staged, stream);
 }
 
 pulse_status sub_apply_patch(pulse_sub *sub, const pulse_patch *p) {
@@ -227,8 +228,6 @@ pulse_status sub_apply_patch(pulse_sub *sub, const pulse_patch *p) {
   pulse_patch_staged_free(staged);
 
 committed:
-  if (st == PULSE_OK)
-    sub->file_dirty = sub->mem == SUB_MEM_FILE;
 done:
   free(tg), free(ht), free(ix);
   return st;

@@ -1,18 +1,95 @@
 /* sub_file.c - the safetensors file target: the subscriber holds the whole
- * BF16 state in memory, applies each step there, and replaces the file
- * atomically (pulse_st_write: temporary file, fsync, rename) with the
+ * BF16 state in memory and applies each step there; the file follows at the
+ * end of each sync, in place through the journal (sub_journal.c), or whole
+ * and atomically (temporary file, fsync, rename) after an anchor, with the
  * tensors in table order and metadata {"step", "state_digest"}, the layout
- * of an anchor. A reader of the file sees one whole step or the previous. */
+ * of an anchor, and a header padded so the claim can grow in place. */
+#include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "parallel_impl.h"
+#include "pulse_file.h"
 #include "pulse_log.h"
 #include "pulse_safetensors.h"
+#include "safetensors_impl.h"
 #include "status_impl.h"
-#include "sub_impl.h"
+#include "sub_file_impl.h"
+
+/* Room left in a header written whole, so that a longer step number (or
+ * another metadata field) still fits when it is rewritten in place. */
+#define HEADER_SLACK 256u
+
+/* ------------------------------------------------------------ test hook */
+
+static int64_t kill_budget = -1;
+static pthread_once_t kill_once = PTHREAD_ONCE_INIT;
+
+static void kill_read(void) {
+  const char *v = getenv("PULSE_TEST_KILL_AFTER_BYTES");
+  char *end = NULL;
+  if (v != NULL && v[0] != '\0') {
+    long long n = strtoll(v, &end, 10);
+    if (end != NULL && *end == '\0' && n >= 0)
+      kill_budget = n;
+  }
+}
+
+int64_t sub_file_kill_budget(void) {
+  pthread_once(&kill_once, kill_read);
+  return kill_budget;
+}
+
+static void kill_take(uint64_t n) {
+  if (sub_file_kill_budget() < 0)
+    return;
+  if ((uint64_t)kill_budget < n) {
+    kill_budget = -1;
+    raise(SIGKILL);
+  }
+  kill_budget -= (int64_t)n;
+}
+
+void sub_file_kill_point(void) { kill_take(1); }
+
+void sub_file_wrote(pulse_sub *sub, uint64_t n) {
+  sub_count(sub, &sub->fig.file_bytes_written, n);
+  kill_take(n);
+}
+
+pulse_status sub_file_pwrite(pulse_sub *sub, int fd, const void *data, uint64_t n,
+                             uint64_t offset, const char *what) {
+  const uint8_t *p = data;
+  int64_t budget = sub_file_kill_budget();
+  if (budget >= 0 && (uint64_t)budget < n) {
+    /* the test hook: the part up to the budget, then the end */
+    if (pwrite(fd, p, (size_t)budget, (off_t)offset) < 0)
+      return pulse_fail(PULSE_ERR_IO, "%s: write: %s", what, strerror(errno));
+    sub_file_wrote(sub, n);
+  }
+  for (uint64_t at = 0; at < n;) {
+    size_t chunk = n - at > ((uint64_t)1 << 30) ? (size_t)1 << 30 : (size_t)(n - at);
+    ssize_t w = pwrite(fd, p + at, chunk, (off_t)(offset + at));
+    if (w < 0 && errno == EINTR)
+      continue;
+    if (w <= 0)
+      return pulse_fail(PULSE_ERR_IO, "%s: write: %s", what,
+                        w < 0 ? strerror(errno) : "no progress");
+    at += (uint64_t)w;
+  }
+  sub_file_wrote(sub, n);
+  return PULSE_OK;
+}
+
+/* ----------------------------------------------------------------- load */
 
 static void warn(pulse_sub *sub, const char *fmt, const char *a,
                  const char *b) {
@@ -31,17 +108,114 @@ static void digest_one(void *ctx, size_t i) {
   j->t[i].digest = pulse_digest_bf16(j->t[i].data, j->t[i].numel);
 }
 
+/* The file target's writer and the names next to the file. */
+static pulse_status file_state_make(pulse_sub *sub) {
+  struct sub_file *f = calloc(1, sizeof *f);
+  if (f == NULL)
+    return pulse_fail(PULSE_ERR_NOMEM, "file target %s", sub->file_path);
+  f->fd = f->jfd = -1;
+  sub->file = f;
+  const char *path = sub->file_path, *slash = strrchr(path, '/');
+  size_t dir_len = slash == NULL ? 0 : (size_t)(slash - path) + 1, cap = strlen(path) + 32;
+  f->journal_path = malloc(cap);
+  f->snapshot_path = malloc(cap);
+  if (f->journal_path == NULL || f->snapshot_path == NULL)
+    return pulse_fail(PULSE_ERR_NOMEM, "file target %s", path);
+  snprintf(f->journal_path, cap, "%.*s.%s.journal", (int)dir_len, path, path + dir_len);
+  snprintf(f->snapshot_path, cap, "%s.snapshot", path);
+  return PULSE_OK;
+}
+
+/* Drops the mapping and the descriptor: the file is written whole next. */
+static void file_unmap(struct sub_file *f) {
+  if (f->map != NULL)
+    munmap(f->map, (size_t)f->size);
+  if (f->fd >= 0)
+    close(f->fd);
+  f->map = NULL;
+  f->fd = -1;
+  f->size = 0;
+}
+
+/* Opens the file read-write and maps it shared; read-only (no in-place
+ * writes) when it is not writable. *missing: there is no file. */
+static pulse_status file_map(pulse_sub *sub, int *missing, int *writable) {
+  struct sub_file *f = sub->file;
+  *missing = 0;
+  *writable = 1;
+  int fd = open(sub->file_path, O_RDWR | O_CLOEXEC);
+  if (fd < 0 && (errno == EACCES || errno == EROFS || errno == EPERM)) {
+    *writable = 0;
+    fd = open(sub->file_path, O_RDONLY | O_CLOEXEC);
+  }
+  if (fd < 0) {
+    *missing = errno == ENOENT;
+    return pulse_fail(PULSE_ERR_IO, "%s: %s", sub->file_path, strerror(errno));
+  }
+  struct stat sb;
+  if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode) || sb.st_size < 8) {
+    close(fd);
+    return pulse_fail(PULSE_ERR_IO, "%s: not a regular file of at least 8 bytes",
+                      sub->file_path);
+  }
+  void *m = mmap(NULL, (size_t)sb.st_size, PROT_READ | (*writable ? PROT_WRITE : 0),
+                 MAP_SHARED, fd, 0);
+  if (m == MAP_FAILED) {
+    close(fd);
+    return pulse_fail(PULSE_ERR_IO, "%s: mmap: %s", sub->file_path, strerror(errno));
+  }
+  f->fd = fd;
+  f->map = m;
+  f->size = (uint64_t)sb.st_size;
+  return PULSE_OK;
+}
+
+/* Where each target's data lies in the file, from the opened tensors
+ * (storage order, which is the targets' order). */
+static pulse_status file_offsets(pulse_sub *sub, const pulse_st_file *sf) {
+  struct sub_file *f = sub->file;
+  size_t n = pulse_st_tensor_count(sf);
+  free(f->offset);
+  f->noffset = 0;
+  f->offset = calloc(n + 1, sizeof *f->offset);
+  if (f->offset == NULL)
+    return pulse_fail(PULSE_ERR_NOMEM, "file target %s", sub->file_path);
+  for (size_t i = 0; i < n; i++) {
+    pulse_st_tensor x;
+    pulse_st_tensor_get(sf, i, &x);
+    f->offset[i] = x.nbytes > 0 ? (uint64_t)((const uint8_t *)x.data - f->map) : f->size;
+  }
+  f->noffset = n;
+  f->header_size = 8 + pulse_load_le64(f->map);
+  return PULSE_OK;
+}
+
 pulse_status sub_file_load(pulse_sub *sub) {
-  pulse_st_file *f = NULL;
-  pulse_status st = pulse_st_open(sub->file_path, &f);
-  if (st == PULSE_ERR_NOT_FOUND)
-    return PULSE_OK; /* made from the first anchor */
+  PULSE_TRY(file_state_make(sub));
+  struct sub_file *f = sub->file;
+  unsigned removed = 0, removed_snap = 0;
+  pulse_atomic_file_clean(sub->file_path, &removed);
+  pulse_atomic_file_clean(f->snapshot_path, &removed_snap);
+  if (removed + removed_snap > 0)
+    PULSE_LOG_AT(PULSE_LOG_INFO,
+                 "subscriber: removed %u temporary file(s) that killed writers of %s left",
+                 removed + removed_snap, sub->file_path);
+  uint64_t replayed = 0;
+  PULSE_TRY(sub_journal_recover(sub, &replayed));
+
+  int missing = 0, writable = 1;
+  pulse_st_file *sf = NULL;
+  pulse_status st = file_map(sub, &missing, &writable);
+  if (st == PULSE_OK)
+    st = pulse_st_open_memory(f->map, (size_t)f->size, &sf);
   if (st != PULSE_OK) {
-    warn(sub, "%s cannot be read (%s): it will be replaced from an anchor",
-         sub->file_path, pulse_error_detail());
+    if (!missing) /* missing: made from the first anchor */
+      warn(sub, "%s cannot be read (%s): it will be replaced from an anchor",
+           sub->file_path, pulse_error_detail());
+    file_unmap(f);
     return PULSE_OK;
   }
-  size_t n = pulse_st_tensor_count(f);
+  size_t n = pulse_st_tensor_count(sf);
   sub_target *t = calloc(n + 1, sizeof *t);
   pulse_tensor_info *info = calloc(n + 1, sizeof *info);
   pulse_tensor_digest *d = calloc(n + 1, sizeof *d);
@@ -50,7 +224,7 @@ pulse_status sub_file_load(pulse_sub *sub) {
   size_t made = 0;
   for (size_t i = 0; i < n && st == PULSE_OK; i++) {
     pulse_st_tensor x;
-    pulse_st_tensor_get(f, i, &x);
+    pulse_st_tensor_get(sf, i, &x);
     if (x.dtype != PULSE_DTYPE_BF16) {
       warn(sub,
            "%s holds a tensor that is not BF16 (%s): it will be replaced from "
@@ -74,12 +248,16 @@ pulse_status sub_file_load(pulse_sub *sub) {
     info[i].ndim = t[i].ndim;
     memcpy(info[i].shape, t[i].shape, sizeof info[i].shape);
   }
-  const char *meta_step = pulse_st_metadata_get(f, "step");
-  const char *meta_digest = pulse_st_metadata_get(f, "state_digest");
+  const char *meta_step = pulse_st_metadata_get(sf, "step");
+  const char *meta_digest = pulse_st_metadata_get(sf, "state_digest");
   char step_s[32], digest_s[80];
   snprintf(step_s, sizeof step_s, "%s", meta_step ? meta_step : "");
   snprintf(digest_s, sizeof digest_s, "%s", meta_digest ? meta_digest : "");
-  pulse_st_close(f);
+  if (st == PULSE_OK && made == n && writable)
+    st = file_offsets(sub, sf);
+  pulse_st_close(sf);
+  if (st != PULSE_OK || made < n || !writable)
+    file_unmap(f); /* written whole from now on */
   if (st != PULSE_OK || made < n) {
     for (size_t i = 0; i < made; i++)
       free(t[i].name), free(t[i].data);
@@ -124,34 +302,157 @@ pulse_status sub_file_load(pulse_sub *sub) {
   return PULSE_OK;
 }
 
-pulse_status sub_file_save(pulse_sub *sub) {
-  if (sub->mem != SUB_MEM_FILE || !sub->file_dirty ||
-      sub->step == PULSE_SUB_NO_STEP)
-    return PULSE_OK;
-  double t0 = sub_now();
-  pulse_st_write_tensor *w = calloc(sub->ntargets + 1, sizeof *w);
-  if (w == NULL)
+/* ----------------------------------------------------------------- save */
+
+/* The file's tensors and metadata as the writer takes them. */
+typedef struct {
+  pulse_st_write_tensor *w;
+  pulse_st_kv meta[2];
+  size_t nmeta;
+  char step[32], hex[65];
+} file_layout;
+
+static pulse_status layout_make(pulse_sub *sub, file_layout *l) {
+  l->w = calloc(sub->ntargets + 1, sizeof *l->w);
+  if (l->w == NULL)
     return pulse_fail(PULSE_ERR_NOMEM, "writing %s", sub->file_path);
   for (size_t i = 0; i < sub->ntargets; i++) {
-    w[i].name = sub->targets[i].name;
-    w[i].dtype = PULSE_DTYPE_BF16;
-    w[i].ndim = sub->targets[i].ndim;
-    memcpy(w[i].shape, sub->targets[i].shape, sizeof w[i].shape);
-    w[i].data = sub->targets[i].data;
+    l->w[i].name = sub->targets[i].name;
+    l->w[i].dtype = PULSE_DTYPE_BF16;
+    l->w[i].ndim = sub->targets[i].ndim;
+    memcpy(l->w[i].shape, sub->targets[i].shape, sizeof l->w[i].shape);
+    l->w[i].data = sub->targets[i].data;
   }
-  char step[32], hex[65];
-  snprintf(step, sizeof step, "%" PRIu64, sub->step);
-  pulse_st_kv meta[2] = {{"step", step}, {"state_digest", hex}};
-  size_t nmeta = 1;
+  snprintf(l->step, sizeof l->step, "%" PRIu64, sub->step);
+  l->meta[0] = (pulse_st_kv){"step", l->step};
+  l->meta[1] = (pulse_st_kv){"state_digest", l->hex};
+  l->nmeta = 1;
   if (sub->have_state) {
-    pulse_state_digest_hex(&sub->state, hex);
-    nmeta = 2;
+    pulse_state_digest_hex(&sub->state, l->hex);
+    l->nmeta = 2;
   }
-  pulse_status st =
-      pulse_st_write(sub->file_path, w, sub->ntargets, meta, nmeta);
-  free(w);
-  sub->t_apply += sub_now() - t0;
+  return PULSE_OK;
+}
+
+/* Writes the whole file atomically (after an anchor, or when it cannot be
+ * patched in place), then maps the new file for the next steps. */
+static pulse_status write_whole(pulse_sub *sub, const file_layout *l) {
+  struct sub_file *f = sub->file;
+  /* The journal describes the old file: the old file's pages synced and the
+   * journal emptied first, so no replay ever writes into the new one. */
+  PULSE_TRY(sub_journal_checkpoint(sub, 1));
+  file_unmap(f);
+  pulse_bytebuf head = PULSE_BYTEBUF_INIT;
+  uint64_t data_size = 0;
+  pulse_status st = st_header_build(l->w, sub->ntargets, l->meta, l->nmeta, 0, &head, &data_size);
+  if (st == PULSE_OK) {
+    uint64_t min = head.size + HEADER_SLACK;
+    pulse_bytebuf_free(&head);
+    st = st_header_build(l->w, sub->ntargets, l->meta, l->nmeta, min, &head, &data_size);
+  }
+  pulse_atomic_file *af = NULL;
   if (st == PULSE_OK)
-    sub->file_dirty = 0;
-  return st;
+    st = pulse_atomic_file_create(sub->file_path, &af);
+  int hook = sub_file_kill_budget() >= 0;
+  for (size_t i = 0; st == PULSE_OK && i <= sub->ntargets; i++) {
+    const void *p = i == 0 ? (const void *)head.data : (const void *)sub->targets[i - 1].data;
+    uint64_t n = i == 0 ? head.size : sub->targets[i - 1].numel * 2;
+    if (hook && (uint64_t)sub_file_kill_budget() < n)
+      pulse_atomic_file_write(af, p, (uint64_t)sub_file_kill_budget());
+    if (hook)
+      sub_file_wrote(sub, n); /* may end the process here */
+    st = pulse_atomic_file_write(af, p, n);
+    if (!hook)
+      sub_file_wrote(sub, n);
+  }
+  uint64_t header_size = head.size;
+  pulse_bytebuf_free(&head);
+  if (st != PULSE_OK) {
+    pulse_atomic_file_abort(af);
+    return st;
+  }
+  sub_file_kill_point(); /* the test hook: written, not yet renamed */
+  PULSE_TRY(pulse_atomic_file_commit(af));
+
+  /* In place from now on: the offsets are the layout just written. */
+  int missing, writable;
+  if (file_map(sub, &missing, &writable) != PULSE_OK || !writable ||
+      f->size != header_size + data_size) {
+    file_unmap(f);
+    return PULSE_OK; /* whole again next time */
+  }
+  free(f->offset);
+  f->noffset = 0;
+  f->offset = calloc(sub->ntargets + 1, sizeof *f->offset);
+  if (f->offset == NULL) {
+    file_unmap(f);
+    return PULSE_OK;
+  }
+  uint64_t at = header_size;
+  for (size_t i = 0; i < sub->ntargets; i++) {
+    f->offset[i] = at;
+    at += sub->targets[i].numel * 2;
+  }
+  f->noffset = sub->ntargets;
+  f->header_size = header_size;
+  return PULSE_OK;
+}
+
+pulse_status sub_file_save(pulse_sub *sub) {
+  struct sub_file *f = sub->file;
+  if (sub->mem != SUB_MEM_FILE || f == NULL || sub->step == PULSE_SUB_NO_STEP ||
+      (!sub->file_dirty && f->pending_steps == 0))
+    return PULSE_OK;
+  double t0 = sub_now();
+  file_layout l;
+  PULSE_TRY(layout_make(sub, &l));
+  pulse_status st = PULSE_OK;
+  int whole = sub->file_dirty || f->fd < 0 || f->noffset != sub->ntargets;
+  if (!whole) {
+    /* The new claim, in the room the old header had. */
+    pulse_bytebuf head = PULSE_BYTEBUF_INIT;
+    uint64_t data_size = 0;
+    st = st_header_build(l.w, sub->ntargets, l.meta, l.nmeta, f->header_size, &head, &data_size);
+    if (st == PULSE_OK && head.size == f->header_size &&
+        head.size + data_size == f->size)
+      st = sub_journal_commit(sub, head.data);
+    else if (st == PULSE_OK)
+      whole = 1; /* it outgrew its room, or another layout */
+    pulse_bytebuf_free(&head);
+  }
+  if (st == PULSE_OK && whole)
+    st = write_whole(sub, &l);
+  free(l.w);
+  sub->t_write += sub_now() - t0;
+  if (st != PULSE_OK)
+    return st; /* the pending changes stay for the next save */
+  sub->file_dirty = 0;
+  pulse_bytebuf_free(&f->pending);
+  f->pending_changes = f->pending_steps = 0;
+  sub_file_snapshot_maybe(sub);
+  return PULSE_OK;
+}
+
+void sub_file_free(pulse_sub *sub) {
+  struct sub_file *f = sub->file;
+  if (f == NULL)
+    return;
+  sub_file_snapshot_wait(sub);
+  if (f->jfd >= 0 && f->journal_size > 0) {
+    /* The steps are durable in the journal; waiting here for the file's
+     * pages would cost a one-shot pull the model's size in disk time. The
+     * kernel writes them back, and the next attach replays the journal
+     * (which then changes nothing), syncs the file and removes the journal. */
+  } else if (sub_journal_checkpoint(sub, 1) != PULSE_OK) {
+    PULSE_LOG_AT(PULSE_LOG_WARN, "subscriber: %s: %s", sub->file_path, pulse_error_detail());
+  }
+  file_unmap(f);
+  if (f->jfd >= 0)
+    close(f->jfd);
+  pulse_bytebuf_free(&f->pending);
+  free(f->offset);
+  free(f->journal_path);
+  free(f->snapshot_path);
+  free(f);
+  sub->file = NULL;
 }

@@ -2,7 +2,9 @@
  * functions its files share. Module map:
  *   subscriber.c   create/free, options, figures, events, the readers' lock
  *   sub_targets.c  attaching host and device targets, pulse_sub_tensor
- *   sub_file.c     the safetensors file target (load, save)
+ *   sub_file.c     the safetensors file target (load, save; sub_file_impl.h)
+ *   sub_journal.c  its in-place writer and journal
+ *   sub_file_snapshot.c  its optional consistent snapshot
  *   sub_http.c     the subscriber over the fetching layer (http_fetch.c):
  *                  figures, retry events, GETs into memory
  *   sub_object.c   object downloads: resume, parallel ranges, verify, install
@@ -113,7 +115,8 @@ struct pulse_sub {
   sub_target *targets;
   size_t ntargets, cap;
   char *file_path;
-  int file_dirty; /* the file lags the memory state */
+  int file_dirty; /* the file must be written whole (an anchor, a new table) */
+  struct sub_file *file; /* the file target's writer (sub_file_impl.h) */
   pulse_cuda_workspace *ws;
   uint64_t step;            /* PULSE_SUB_NO_STEP: unknown */
   int step_claimed;         /* step not yet checked against the publisher */
@@ -128,6 +131,7 @@ struct pulse_sub {
 
   /* the running sync's clocks */
   double t_transfer, t_verify, t_decode, t_apply;
+  double t_write; /* making the file target durable */
   double t_decode_overlap; /* decoding that ran while downloads went on */
   double t_cb; /* spent in download callbacks (hashing, opening, feeding
                   a streamed patch): not counted as transfer */
@@ -158,6 +162,13 @@ pulse_status sub_keep_error(pulse_sub *sub, pulse_status st);
 pulse_status sub_file_load(pulse_sub *sub);
 /** Writes the file target when it lags the memory state. */
 pulse_status sub_file_save(pulse_sub *sub);
+/** Frees the file target's writer (a clean close: nothing left to replay). */
+void sub_file_free(pulse_sub *sub);
+/** A patch was committed to the file target's memory: records its changes
+ * (staged or stream, whichever committed it) for the next save (sub_journal.c). */
+void sub_file_note_patch(pulse_sub *sub, const pulse_patch *p, sub_target **tg,
+                         const pulse_patch_staged *staged,
+                         const pulse_patch_stream *stream);
 
 /* ---------------------------------------------------------- sub_object.c */
 

@@ -309,6 +309,7 @@ static pulse_status sync_once(pulse_sub *sub, int head_ready, sub_plan *plan) {
 
 static pulse_status sync_run(pulse_sub *sub, int head_ready) {
   sub->t_transfer = sub->t_verify = sub->t_decode = sub->t_apply = 0;
+  sub->t_write = 0;
   sub->t_decode_overlap = sub->t_cb = 0;
   double t0 = sub_now();
   pulse_sub_figures before;
@@ -343,6 +344,7 @@ static pulse_status sync_run(pulse_sub *sub, int head_ready) {
   sub->fig.last_decode_s = sub->t_decode;
   sub->fig.last_decode_overlap_s = sub->t_decode_overlap;
   sub->fig.last_apply_s = sub->t_apply;
+  sub->fig.last_write_s = sub->t_write;
   sub->fig.last_total_s = sub_now() - t0;
   pthread_mutex_unlock(&sub->fig_lock);
   pulse_sub_event ev = {0};

@@ -126,6 +126,7 @@ void pulse_sub_free(pulse_sub *sub) {
   if (sub == NULL)
     return;
   pulse_fetch_free(sub->http);
+  sub_file_free(sub);
   for (size_t i = 0; i < sub->ntargets; i++) {
     free(sub->targets[i].name);
     pulse_class_index_free(sub->targets[i].index);

@@ -30,8 +30,19 @@ static void usage(FILE *f) {
       "that do not verify\n"
       "  --out FILE          safetensors file kept bit-identical to the "
       "publisher's head\n"
-      "                      (replaced atomically; resumed from the step it "
-      "names)\n"
+      "                      (resumed from the step it names); each step is "
+      "written in place\n"
+      "                      through a journal (.FILE.journal): durable when "
+      "synced, and after a\n"
+      "                      crash the next run repairs it to the last step "
+      "synced; a reader of\n"
+      "                      FILE during a sync may see two steps mixed (see "
+      "--snapshot-every)\n"
+      "  --snapshot-every K  also keep FILE.snapshot, replaced atomically "
+      "every K steps in the\n"
+      "                      background: always one whole, durable step for "
+      "readers (costs the\n"
+      "                      model's size in memory while it is written)\n"
       "  --cache DIR         downloads and partial downloads, laid out as a "
       "store\n"
       "                      (default FILE.pulse-cache)\n"
@@ -128,11 +139,12 @@ static void print_figures_json(const pulse_sub_figures *f) {
          ",\"objects_fetched\":%" PRIu64 ",\"retries\":%" PRIu64
          ",\"rejected\":%" PRIu64
          ",\"transfer_s\":%.6f,\"verify_s\":%.6f,\"decode_s\":%.6f"
-         ",\"apply_s\":%.6f,\"total_s\":%.6f",
+         ",\"apply_s\":%.6f,\"write_s\":%.6f,\"total_s\":%.6f"
+         ",\"file_bytes_written\":%" PRIu64,
          f->state_digest, pulse_sub_route_name(f->last_route), f->last_bytes,
          f->bytes_downloaded, f->bytes_resumed, f->objects_fetched, f->retries,
          f->rejected, f->last_transfer_s, f->last_verify_s, f->last_decode_s,
-         f->last_apply_s, f->last_total_s);
+         f->last_apply_s, f->last_write_s, f->last_total_s, f->file_bytes_written);
 }
 
 static void clear_bar(out_ctx *c) {
@@ -251,10 +263,11 @@ static void on_event(void *ctx, const pulse_sub_event *ev) {
       snprintf(from, sizeof from, "%" PRIu64, ev->from_step);
     printf("pulse-pull: step %" PRIu64
            " (%s route from %s, %.3f MB in %.3f s: transfer %.3f s, "
-           "verify %.3f s, decode %.3f s, apply %.3f s), state %s\n",
+           "verify %.3f s, decode %.3f s, apply %.3f s, write %.3f s), state %s\n",
            ev->step, pulse_sub_route_name(f.last_route), from,
            (double)f.last_bytes / 1e6, f.last_total_s, f.last_transfer_s,
-           f.last_verify_s, f.last_decode_s, f.last_apply_s, f.state_digest);
+           f.last_verify_s, f.last_decode_s, f.last_apply_s, f.last_write_s,
+           f.state_digest);
     fflush(stdout);
     break;
   }
@@ -288,7 +301,7 @@ typedef struct {
   const char *out, *cache, *key_hex, *serve;
   int follow, json, unsigned_, no_catchup, threads, no_stream, no_index;
   int retries, parallel, timeout_s;
-  uint64_t rate;
+  uint64_t rate, snapshot_every;
   const char *urls[64];
   size_t nurls;
   uint8_t key[PULSE_SUB_KEY_BYTES];
@@ -345,6 +358,10 @@ static int parse_args(int argc, char **argv, pull_args *a) {
                    stderr,
                    "pulse-pull: --limit-rate needs a byte count (e.g. 2M)\n"),
                2;
+    } else if ((r = pulse_tk_opt_value(argc, argv, &i, "--snapshot-every", &v)) != 0) {
+      if (r < 0 || pulse_tk_parse_u64(v, &a->snapshot_every) != 0 || a->snapshot_every == 0)
+        return fprintf(stderr, "pulse-pull: --snapshot-every needs a step count of at least 1\n"),
+               2;
     } else if (pulse_tk_opt_flag(argv[i], "--follow")) {
       a->follow = 1;
     } else if (pulse_tk_opt_flag(argv[i], "--json")) {
@@ -367,6 +384,7 @@ static int parse_args(int argc, char **argv, pull_args *a) {
     }
   }
   if (a->nurls == 0 || (a->out == NULL && a->serve == NULL) ||
+      (a->out == NULL && a->snapshot_every > 0) ||
       (a->out == NULL && a->cache == NULL) ||
       (a->key_hex != NULL && a->unsigned_))
     return usage(stderr), 2;
@@ -495,6 +513,9 @@ int main(int argc, char **argv) {
   stop.sub = sub;
   rc = 0;
   if (a.out != NULL && (st = pulse_sub_attach_file(sub, a.out)) != PULSE_OK)
+    rc = pulse_tk_fail("pulse-pull", a.out, st);
+  if (rc == 0 && a.snapshot_every > 0 &&
+      (st = pulse_sub_file_snapshot(sub, a.snapshot_every)) != PULSE_OK)
     rc = pulse_tk_fail("pulse-pull", a.out, st);
   if (rc == 0 && a.serve != NULL)
     rc = start_relay(&a, &oc);

@@ -1,0 +1,108 @@
+/* sub_file_impl.h - private to the file target: sub_file.c (load, save,
+ * whole rewrites), sub_journal.c (the in-place writer and its journal),
+ * sub_file_snapshot.c (the optional consistent copy).
+ *
+ * How the file moves one sync (DESIGN invariant 6 for a file updated in
+ * place): the changes of the sync (the patches' new bits at their file
+ * offsets) and the new header (the step claim) go into one transaction that
+ * is appended to the journal `.<name>.journal` next to the file and synced;
+ * only then are they written into the file through a shared mapping. The
+ * file's own pages are synced and the journal emptied at a checkpoint (when
+ * the journal outgrows the file, before a whole rewrite, at the next
+ * attach; a close leaves the pages to the kernel), so a
+ * step costs what changed and not the model's size. After a crash the next
+ * attach replays every whole (checksummed) transaction in order (absolute
+ * values: replaying twice is harmless) and drops a torn one, whose data was
+ * never written: the file then holds exactly the last step synced. */
+#ifndef PULSE_SUB_FILE_IMPL_H
+#define PULSE_SUB_FILE_IMPL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "bytebuf_impl.h"
+#include "sub_impl.h"
+
+struct sub_file {
+  /* The file, opened read-write and mapped shared; fd -1 when it must be
+   * written whole (none yet, unreadable, or not ours to patch in place). */
+  int fd;
+  uint8_t *map;
+  uint64_t size;        /* of the file and the mapping */
+  uint64_t header_size; /* the 8-byte length and the header JSON */
+  uint64_t *offset;     /* per target: where its data starts in the file */
+  size_t noffset;
+
+  char *journal_path;
+  int jfd;               /* -1 until the first transaction */
+  uint64_t journal_size; /* bytes of whole transactions in it */
+
+  /* Changes committed since the last save, as journal records (file
+   * offset, count, then gap and new bits per change). */
+  pulse_bytebuf pending;
+  uint64_t pending_changes;
+  uint64_t pending_steps; /* patches committed since the last save */
+
+  /* --snapshot-every (sub_file_snapshot.c) */
+  char *snapshot_path;
+  uint64_t snapshot_every;   /* 0: none */
+  uint64_t snapshot_step;    /* step of the last snapshot started */
+  pthread_t snapshot_thread;
+  int snapshot_running;
+  atomic_int snapshot_done;
+  pulse_status snapshot_status;
+};
+
+/* ------------------------------------------------------------ sub_file.c */
+
+/** Test hook (PULSE_TEST_KILL_AFTER_BYTES=N in the environment): the
+ * number of bytes the file target may still write (file, journal, whole
+ * rewrites) before the process kills itself with SIGKILL, or -1 without
+ * the hook. A write that would cross it writes the part up to it, then the
+ * process dies: a crash at an exact byte. */
+int64_t sub_file_kill_budget(void);
+/** Counts n bytes written (figures; the hook's budget: past it, SIGKILL). */
+void sub_file_wrote(pulse_sub *sub, uint64_t n);
+/** A point between writes where the hook may stop the process (it costs
+ * one unit of the budget). */
+void sub_file_kill_point(void);
+/** Writes n bytes at offset of fd, obeying the kill hook. */
+pulse_status sub_file_pwrite(pulse_sub *sub, int fd, const void *data, uint64_t n,
+                             uint64_t offset, const char *what);
+
+/* --------------------------------------------------------- sub_journal.c */
+
+/** Checks one transaction at t (n bytes there) for a file of file_size
+ * bytes: magic, sizes, checksum, then every record inside the file's data
+ * and every position inside its tensor (a journal is untrusted bytes).
+ * @return 1 and *used (its size), or 0: torn, foreign or corrupt. */
+int sub_journal_check(const uint8_t *t, size_t n, uint64_t file_size, size_t *used);
+/** Writes a transaction that passed sub_journal_check (or that this process
+ * made) into map, the file's file_size bytes; sub (may be NULL) gets the
+ * figures. @return when count_changed, 1 when the file did not hold the
+ * transaction's header yet (the header is written last: a file that holds
+ * it holds the whole transaction), else 0. */
+uint64_t sub_journal_apply(pulse_sub *sub, uint8_t *map, const uint8_t *t, size_t size,
+                           int count_changed);
+
+/** Replays the whole transactions of the journal of sub->file_path into
+ * the file (before it is read), then syncs the file and removes the
+ * journal; a torn or foreign transaction and everything after it is
+ * dropped. *replayed gets the number of transactions replayed. */
+pulse_status sub_journal_recover(pulse_sub *sub, uint64_t *replayed);
+/** One transaction: the pending changes and `header` (header_size bytes,
+ * the new claim) into the journal, synced, then into the file; a
+ * checkpoint when the journal outgrew the file. */
+pulse_status sub_journal_commit(pulse_sub *sub, const uint8_t *header);
+/** Syncs the file's pages, then empties the journal (remove: also deletes
+ * its file). */
+pulse_status sub_journal_checkpoint(pulse_sub *sub, int remove);
+
+/* -------------------------------------------------- sub_file_snapshot.c */
+
+/** After a save: starts writing the snapshot when it is due. */
+void sub_file_snapshot_maybe(pulse_sub *sub);
+/** Waits for a snapshot being written. */
+void sub_file_snapshot_wait(pulse_sub *sub);
+
+#endif /* PULSE_SUB_FILE_IMPL_H */

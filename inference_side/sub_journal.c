@@ -1,0 +1,373 @@
+/* sub_journal.c - the file target's in-place writer and its journal
+ * (sub_file_impl.h says why and when).
+ *
+ * A transaction, little-endian, as appended to the journal:
+ *   "PULSEJ1\n"   magic
+ *   u64           size of the whole transaction, checksum included
+ *   u64           size of the file it applies to
+ *   u64           the step it brings the file to (for messages)
+ *   u64           header size H (the 8-byte length and the header JSON)
+ *   H bytes       the new header (its metadata claims the step)
+ *   records       until the checksum, one per changed tensor:
+ *                 u64 file offset of the tensor's data, u64 its elements,
+ *                 u64 count, then count times (LEB128 of the zig-zag
+ *                 difference to the previous position, from 0, and u16 new
+ *                 bits; a class-model patch stages positions by class, so
+ *                 they are not in order)
+ *   32 bytes      SHA-256 of everything before
+ * Values are absolute, so a transaction applied twice, or over a file that
+ * took part of it already, leaves the same bytes. The journal is a file
+ * like any other: every field is checked before anything is written. */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "patch_changes_impl.h"
+#include "pulse_log.h"
+#include "status_impl.h"
+#include "sub_file_impl.h"
+
+#define TXN_MAGIC "PULSEJ1\n"
+#define TXN_FIXED 40u
+#define TXN_SUM 32u
+
+/* ------------------------------------------------------------- recording */
+
+void sub_file_note_patch(pulse_sub *sub, const pulse_patch *p, sub_target **tg,
+                         const pulse_patch_staged *staged,
+                         const pulse_patch_stream *stream) {
+  struct sub_file *f = sub->file;
+  if (sub->file_dirty || f == NULL || f->fd < 0) {
+    sub->file_dirty = 1; /* written whole at the save */
+    return;
+  }
+  pulse_bytebuf *b = &f->pending;
+  for (size_t i = 0; i < pulse_patch_tensor_count(p); i++) {
+    if (tg[i] == NULL)
+      continue;
+    const pulse_changes *ch =
+        staged != NULL ? patch_staged_changes(staged, i) : patch_stream_changes(stream, i);
+    if (ch == NULL || ch->count == 0)
+      continue;
+    size_t k = (size_t)(tg[i] - sub->targets);
+    if (k >= f->noffset || ch->count > (SIZE_MAX - 24) / 12 ||
+        !pulse_bytebuf_reserve(b, 24 + (size_t)ch->count * 12, 0)) {
+      sub->file_dirty = 1;
+      break;
+    }
+    uint8_t *o = b->data + b->size;
+    pulse_store_le64(o, f->offset[k]);
+    pulse_store_le64(o + 8, tg[i]->numel);
+    pulse_store_le64(o + 16, ch->count);
+    o += 24;
+    uint64_t prev = 0;
+    for (uint64_t j = 0; j < ch->count; j++) {
+      uint64_t pos = ch->pos[j];
+      uint64_t zz = pos >= prev ? (pos - prev) << 1 : ((prev - pos - 1) << 1) | 1;
+      prev = pos;
+      while (zz >= 0x80) {
+        *o++ = (uint8_t)(zz | 0x80);
+        zz >>= 7;
+      }
+      *o++ = (uint8_t)zz;
+      pulse_store_le16(o, ch->new_bits[j]);
+      o += 2;
+    }
+    b->size = (size_t)(o - b->data);
+    f->pending_changes += ch->count;
+  }
+  if (sub->file_dirty) {
+    pulse_bytebuf_free(b);
+    f->pending_changes = 0;
+  }
+  f->pending_steps++;
+}
+
+/* ------------------------------------------------- checking and applying */
+
+int sub_journal_check(const uint8_t *t, size_t n, uint64_t file_size, size_t *used) {
+  if (n < TXN_FIXED + TXN_SUM || memcmp(t, TXN_MAGIC, 8) != 0)
+    return 0;
+  uint64_t size = pulse_load_le64(t + 8), hsize = pulse_load_le64(t + 32);
+  if (size > n || size < TXN_FIXED + TXN_SUM || pulse_load_le64(t + 16) != file_size ||
+      hsize < 8 || hsize > file_size || hsize > size - TXN_FIXED - TXN_SUM)
+    return 0;
+  uint8_t sum[32];
+  store_sha256(t, (size_t)size - TXN_SUM, sum);
+  if (memcmp(sum, t + size - TXN_SUM, 32) != 0)
+    return 0;
+  /* Whole and ours: now every record must stay inside the file's data. */
+  pulse_reader r = pulse_reader_make(t + TXN_FIXED + hsize, (size_t)(size - TXN_FIXED - hsize - TXN_SUM));
+  while (r.ok && r.left > 0) {
+    uint64_t off = pulse_reader_le(&r, 8), numel = pulse_reader_le(&r, 8);
+    uint64_t count = pulse_reader_le(&r, 8);
+    if (!r.ok || off < hsize || off > file_size || numel > (file_size - off) / 2 || count > numel)
+      return 0;
+    uint64_t pos = 0;
+    for (uint64_t j = 0; j < count && r.ok; j++) {
+      uint64_t zz = pulse_reader_varint(&r), mag = zz >> 1;
+      if (zz & 1) { /* back by mag + 1, not below 0 */
+        if (mag >= pos)
+          return 0;
+        pos -= mag + 1;
+      } else { /* on by mag, staying below numel */
+        if (mag >= numel - pos)
+          return 0;
+        pos += mag;
+      }
+      pulse_reader_le(&r, 2);
+    }
+  }
+  if (!r.ok)
+    return 0;
+  *used = (size_t)size;
+  return 1;
+}
+
+/* The changes first, then the header, so that a reader who sees the new
+ * claim sees the new data too. Bytes written are counted per change under
+ * the test hook, which may stop the process at any byte. */
+uint64_t sub_journal_apply(pulse_sub *sub, uint8_t *map, const uint8_t *t, size_t size,
+                           int count_changed) {
+  uint64_t hsize = pulse_load_le64(t + 32), written = 0, changed = 0;
+  const uint8_t *p = t + TXN_FIXED + hsize, *end = t + size - TXN_SUM;
+  int hook = sub != NULL && sub_file_kill_budget() >= 0;
+  while (p < end) {
+    uint64_t off = pulse_load_le64(p), count = pulse_load_le64(p + 16);
+    p += 24;
+    uint8_t *data = map + off;
+    uint64_t pos = 0;
+    for (uint64_t j = 0; j < count; j++) {
+      uint64_t zz = 0;
+      for (int s = 0;; s += 7) {
+        uint8_t byte = *p++;
+        zz |= (uint64_t)(byte & 0x7F) << s;
+        if (!(byte & 0x80))
+          break;
+      }
+      pos = zz & 1 ? pos - (zz >> 1) - 1 : pos + (zz >> 1);
+      if (hook && sub_file_kill_budget() == 1)
+        data[2 * pos] = p[0]; /* one byte of the two, then the end */
+      if (hook && sub_file_kill_budget() < 2)
+        sub_file_wrote(sub, 2);
+      memcpy(data + 2 * pos, p, 2);
+      if (hook)
+        sub_file_wrote(sub, 2);
+      p += 2;
+      written += 2;
+    }
+  }
+  if (hook && (uint64_t)sub_file_kill_budget() < hsize) {
+    memcpy(map, t + TXN_FIXED, (size_t)sub_file_kill_budget());
+    sub_file_wrote(sub, hsize);
+  }
+  /* The header goes last: when it is in place already, so was the rest. */
+  if (count_changed)
+    changed = memcmp(map, t + TXN_FIXED, (size_t)hsize) != 0;
+  memcpy(map, t + TXN_FIXED, (size_t)hsize);
+  if (sub != NULL)
+    sub_file_wrote(sub, hook ? hsize : written + hsize);
+  return changed;
+}
+
+/* ---------------------------------------------------------------- syncing */
+
+/* Makes a name created or removed in path's folder durable. */
+static void fsync_parent(const char *path) {
+  const char *slash = strrchr(path, '/');
+  char dir[4096];
+  if (slash == NULL)
+    snprintf(dir, sizeof dir, ".");
+  else
+    snprintf(dir, sizeof dir, "%.*s", slash == path ? 1 : (int)(slash - path), path);
+  sub_fsync_dir(dir);
+}
+
+static pulse_status sync_file(pulse_sub *sub) {
+  struct sub_file *f = sub->file;
+  if (f->map != NULL && msync(f->map, (size_t)f->size, MS_SYNC) != 0)
+    return pulse_fail(PULSE_ERR_IO, "%s: msync: %s", sub->file_path, strerror(errno));
+  if (f->fd >= 0 && fdatasync(f->fd) != 0)
+    return pulse_fail(PULSE_ERR_IO, "%s: fsync: %s", sub->file_path, strerror(errno));
+  return PULSE_OK;
+}
+
+pulse_status sub_journal_checkpoint(pulse_sub *sub, int remove) {
+  struct sub_file *f = sub->file;
+  if (f == NULL)
+    return PULSE_OK;
+  if (f->jfd < 0 && !remove)
+    return PULSE_OK;
+  if (f->jfd < 0 && access(f->journal_path, F_OK) != 0)
+    return PULSE_OK; /* nothing written in place since the file was synced */
+  PULSE_TRY(sync_file(sub));
+  sub_file_kill_point(); /* the test hook: the file synced, the journal not retired */
+  if (f->jfd >= 0) {
+    if (ftruncate(f->jfd, 0) != 0 || fdatasync(f->jfd) != 0)
+      return pulse_fail(PULSE_ERR_IO, "%s: emptying: %s", f->journal_path, strerror(errno));
+    f->journal_size = 0;
+  }
+  if (remove) {
+    if (f->jfd >= 0)
+      close(f->jfd);
+    f->jfd = -1;
+    if (unlink(f->journal_path) == 0)
+      fsync_parent(f->journal_path);
+  }
+  return PULSE_OK;
+}
+
+/* The journal outgrows the file: then replaying it would cost more than
+ * syncing the file's pages once. */
+static uint64_t journal_limit(const struct sub_file *f) {
+  uint64_t floor = (uint64_t)64 << 20;
+  return f->size > floor ? f->size : floor;
+}
+
+pulse_status sub_journal_commit(pulse_sub *sub, const uint8_t *header) {
+  struct sub_file *f = sub->file;
+  uint64_t size = TXN_FIXED + f->header_size + f->pending.size + TXN_SUM;
+  uint8_t *t = malloc((size_t)size);
+  if (t == NULL)
+    return pulse_fail(PULSE_ERR_NOMEM, "%s: a journal transaction of %" PRIu64 " bytes",
+                      sub->file_path, size);
+  memcpy(t, TXN_MAGIC, 8);
+  pulse_store_le64(t + 8, size);
+  pulse_store_le64(t + 16, f->size);
+  pulse_store_le64(t + 24, sub->step);
+  pulse_store_le64(t + 32, f->header_size);
+  memcpy(t + TXN_FIXED, header, (size_t)f->header_size);
+  if (f->pending.size > 0)
+    memcpy(t + TXN_FIXED + f->header_size, f->pending.data, f->pending.size);
+  store_sha256(t, (size_t)size - TXN_SUM, t + size - TXN_SUM);
+
+  pulse_status st = PULSE_OK;
+  if (f->jfd < 0) {
+    f->jfd = open(f->journal_path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+    if (f->jfd < 0)
+      st = pulse_fail(PULSE_ERR_IO, "%s: %s", f->journal_path, strerror(errno));
+    else
+      fsync_parent(f->journal_path); /* the journal is found after a power cut */
+    f->journal_size = 0;
+  }
+  if (st == PULSE_OK)
+    st = sub_file_pwrite(sub, f->jfd, t, size, f->journal_size, f->journal_path);
+  if (st == PULSE_OK && fdatasync(f->jfd) != 0)
+    st = pulse_fail(PULSE_ERR_IO, "%s: fsync: %s", f->journal_path, strerror(errno));
+  if (st != PULSE_OK) {
+    /* A torn tail would hide every later transaction from a replay. */
+    if (f->jfd >= 0 && ftruncate(f->jfd, (off_t)f->journal_size) != 0)
+      sub->file_dirty = 1;
+    free(t);
+    return st;
+  }
+  f->journal_size += size;
+  /* Durable from here: a crash in what follows is repaired by a replay. */
+  sub_file_kill_point();
+  sub_journal_apply(sub, f->map, t, (size_t)size, 0);
+  free(t);
+  if (f->journal_size > journal_limit(f))
+    st = sub_journal_checkpoint(sub, 0);
+  return st;
+}
+
+/* -------------------------------------------------------------- recovery */
+
+static void warn(pulse_sub *sub, const char *msg) {
+  PULSE_LOG_AT(PULSE_LOG_WARN, "subscriber: %s", msg);
+  sub_emit_simple(sub, PULSE_SUB_EV_WARNING, PULSE_OK, msg);
+}
+
+/* Reads a whole file of at most `cap` bytes. */
+static pulse_status read_all(int fd, uint64_t size, uint8_t **out) {
+  uint8_t *b = malloc(size ? (size_t)size : 1);
+  if (b == NULL)
+    return pulse_fail(PULSE_ERR_NOMEM, "journal of %" PRIu64 " bytes", size);
+  for (uint64_t at = 0; at < size;) {
+    ssize_t r = pread(fd, b + at, (size_t)(size - at), (off_t)at);
+    if (r < 0 && errno == EINTR)
+      continue;
+    if (r <= 0) {
+      free(b);
+      return pulse_fail(PULSE_ERR_IO, "journal: read: %s", r < 0 ? strerror(errno) : "short");
+    }
+    at += (uint64_t)r;
+  }
+  *out = b;
+  return PULSE_OK;
+}
+
+pulse_status sub_journal_recover(pulse_sub *sub, uint64_t *replayed) {
+  struct sub_file *f = sub->file;
+  *replayed = 0;
+  int jfd = open(f->journal_path, O_RDONLY | O_CLOEXEC);
+  if (jfd < 0)
+    return errno == ENOENT ? PULSE_OK
+                           : pulse_fail(PULSE_ERR_IO, "%s: %s", f->journal_path, strerror(errno));
+  struct stat js, fs;
+  int fd = open(sub->file_path, O_RDWR | O_CLOEXEC);
+  uint8_t *j = NULL, *map = NULL;
+  pulse_status st = PULSE_OK;
+  char msg[1024] = "";
+  if (fstat(jfd, &js) != 0 || fd < 0 || fstat(fd, &fs) != 0 || !S_ISREG(fs.st_mode) ||
+      fs.st_size < 8) {
+    snprintf(msg, sizeof msg, "%s: its journal has no file to repair: dropped", sub->file_path);
+  } else if ((uint64_t)js.st_size > 8 * (uint64_t)fs.st_size + ((uint64_t)1 << 20)) {
+    snprintf(msg, sizeof msg, "%s: its journal is too large to be its own: dropped",
+             sub->file_path);
+  } else if (js.st_size > 0) {
+    st = read_all(jfd, (uint64_t)js.st_size, &j);
+    if (st == PULSE_OK) {
+      map = mmap(NULL, (size_t)fs.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+      if (map == MAP_FAILED) {
+        map = NULL;
+        st = pulse_fail(PULSE_ERR_IO, "%s: mmap: %s", sub->file_path, strerror(errno));
+      }
+    }
+    size_t at = 0, used = 0;
+    uint64_t step = 0, changed = 0;
+    while (st == PULSE_OK && sub_journal_check(j + at, (size_t)js.st_size - at, (uint64_t)fs.st_size, &used)) {
+      step = pulse_load_le64(j + at + 24);
+      changed += sub_journal_apply(sub, map, j + at, used, 1);
+      at += used;
+      ++*replayed;
+    }
+    /* After a clean exit the file already holds everything (the journal
+     * only waited for its pages to reach the disk): nothing to report. */
+    if (st == PULSE_OK && *replayed > 0 && changed > 0)
+      snprintf(msg, sizeof msg,
+               "%s: the last run stopped while writing step %" PRIu64
+               ": finished from its journal (%" PRIu64 " transaction(s))%s",
+               sub->file_path, step, *replayed,
+               at < (size_t)js.st_size ? "; a torn one after them was dropped" : "");
+    else if (st == PULSE_OK && at < (size_t)js.st_size)
+      snprintf(msg, sizeof msg,
+               "%s: the last run stopped while journaling a step: the torn journal was "
+               "dropped, the file keeps the step before it",
+               sub->file_path);
+    if (st == PULSE_OK && map != NULL && msync(map, (size_t)fs.st_size, MS_SYNC) != 0)
+      st = pulse_fail(PULSE_ERR_IO, "%s: msync: %s", sub->file_path, strerror(errno));
+    if (st == PULSE_OK && fdatasync(fd) != 0)
+      st = pulse_fail(PULSE_ERR_IO, "%s: fsync: %s", sub->file_path, strerror(errno));
+  }
+  if (map != NULL)
+    munmap(map, (size_t)fs.st_size);
+  free(j);
+  if (fd >= 0)
+    close(fd);
+  close(jfd);
+  if (st != PULSE_OK) /* kept for the next attempt */
+    return st;
+  sub_file_kill_point(); /* the test hook: replayed, not yet retired */
+  if (unlink(f->journal_path) == 0)
+    fsync_parent(f->journal_path);
+  if (msg[0] != '\0')
+    warn(sub, msg);
+  return PULSE_OK;
+}
