@@ -40,7 +40,12 @@ extern "C" {
 #define PULSE_STORE_HEAD_FILE "head.json"
 #define PULSE_STORE_OBJECTS_DIR "objects"
 #define PULSE_STORE_CATCHUP_DIR "catchup"
-#define PULSE_STORE_HEAD_FORMAT "pulse-head/1"
+/* Heads are written in format 2; format 1 (no run, time or link) is still
+ * read (trainer_side/PROTOCOL.md, "Head versions"). */
+#define PULSE_STORE_HEAD_FORMAT "pulse-head/2"
+#define PULSE_STORE_HEAD_FORMAT_V1 "pulse-head/1"
+/* Bytes of a run identity (random, made with a store's first head). */
+#define PULSE_STORE_RUN_BYTES 16
 /* Largest head.json accepted, in bytes. */
 #define PULSE_STORE_MAX_HEAD_BYTES ((size_t)16 << 20)
 /* Most patches or anchors one head may name. */
@@ -102,6 +107,28 @@ pulse_store_head_state_digest(const pulse_store_head *head);
  * the one to trust is the caller's decision: compare it with a pinned key. */
 int pulse_store_head_signer(const pulse_store_head *head,
                             uint8_t pub[PULSE_SIGN_PUBLIC_BYTES]);
+
+/** The head's format version: 1 (pulse-head/1) or 2 (pulse-head/2, which
+ * also signs a run identity, a publication time and a link to the previous
+ * head). */
+unsigned pulse_store_head_version(const pulse_store_head *head);
+
+/** 1 and the run identity in `run` (may be NULL) for a version-2 head; 0
+ * for a version-1 head, which names no run. A run is made at random with
+ * the first head of a store and kept by every later head of it: a new store
+ * is a new run, even under the same signing key. */
+int pulse_store_head_run(const pulse_store_head *head,
+                         uint8_t run[PULSE_STORE_RUN_BYTES]);
+
+/** When the head was published, in unix seconds (the publisher's clock);
+ * 0 for a version-1 head, which does not say. */
+uint64_t pulse_store_head_published(const pulse_store_head *head);
+
+/** 1 when the head links to the head it replaced: its step in *step and
+ * the SHA-256 of its bytes (its ETag) in sha256 (either may be NULL); 0 for
+ * the first head of a run and for version-1 heads. */
+int pulse_store_head_previous(const pulse_store_head *head, uint64_t *step,
+                              uint8_t sha256[32]);
 
 /** Retained patches, oldest first: patch i + 1 applies to patch i's target,
  * the last one ends at the head step. Pointers borrow from the head. */

@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <openssl/rand.h>
+
 #include "bytebuf_impl.h"
 #include "fail_impl.h"
 #include "json_impl.h"
@@ -26,10 +28,23 @@ pulse_status store_head_canonical(const store_head_fields *f,
                                   const uint8_t *pub, pulse_buffer *out) {
   pulse_bytebuf b = PULSE_BYTEBUF_INIT;
   char hex[129];
-  pulse_bytebuf_printf(&b, "pulse-head-signature/1\nstep %" PRIu64 "\n",
-                       f->step);
+  int v2 = f->version >= 2;
+  pulse_bytebuf_printf(&b, "pulse-head-signature/%d\nstep %" PRIu64 "\n",
+                       v2 ? 2 : 1, f->step);
   store_hex(f->digest.bytes, 32, hex);
   pulse_bytebuf_printf(&b, "state_digest %s\n", hex);
+  if (v2) {
+    store_hex(f->run, PULSE_STORE_RUN_BYTES, hex);
+    pulse_bytebuf_printf(&b, "run %s\npublished %" PRIu64 "\n", hex,
+                         f->published);
+    if (f->has_previous) {
+      store_hex(f->previous_sha256, 32, hex);
+      pulse_bytebuf_printf(&b, "previous %" PRIu64 " %s\n", f->previous_step,
+                           hex);
+    } else {
+      pulse_bytebuf_printf(&b, "previous none\n");
+    }
+  }
   store_hex(pub, PULSE_SIGN_PUBLIC_BYTES, hex);
   pulse_bytebuf_printf(&b, "public_key %s\npatches %zu\n", hex, f->npatches);
   for (size_t i = 0; i < f->npatches; i++) {
@@ -95,6 +110,28 @@ static void write_hex_member(pulse_json_writer *w, const char *key,
   pulse_json_write_string(w, hex);
 }
 
+/* Version 2's members: run, publication time, link to the previous head. */
+static void write_identity(pulse_json_writer *w, const store_head_fields *f) {
+  write_hex_member(w, "run", f->run, PULSE_STORE_RUN_BYTES);
+  pulse_json_write_newline(w, 0);
+  pulse_json_write_key(w, "published");
+  pulse_json_write_u64(w, f->published);
+  pulse_json_write_newline(w, 0);
+  pulse_json_write_key(w, "previous");
+  if (!f->has_previous) {
+    pulse_json_write_null(w);
+    return;
+  }
+  char hex[65];
+  store_hex(f->previous_sha256, 32, hex);
+  pulse_json_write_object(w);
+  pulse_json_write_key(w, "step");
+  pulse_json_write_u64(w, f->previous_step);
+  pulse_json_write_key(w, "sha256");
+  pulse_json_write_string(w, hex);
+  pulse_json_write_end(w);
+}
+
 pulse_status store_head_serialize(const store_head_fields *f,
                                   const pulse_sign_key *key,
                                   pulse_buffer *out) {
@@ -116,11 +153,14 @@ pulse_status store_head_serialize(const store_head_fields *f,
   pulse_json_write_init(&w, &b);
   pulse_json_write_object(&w);
   pulse_json_write_key(&w, "format");
-  pulse_json_write_string(&w, PULSE_STORE_HEAD_FORMAT);
+  pulse_json_write_string(&w, f->version >= 2 ? PULSE_STORE_HEAD_FORMAT
+                                              : PULSE_STORE_HEAD_FORMAT_V1);
   pulse_json_write_newline(&w, 0);
   pulse_json_write_key(&w, "step");
   pulse_json_write_u64(&w, f->step);
   write_hex_member(&w, "state_digest", f->digest.bytes, 32);
+  if (f->version >= 2)
+    write_identity(&w, f);
   write_objects(&w, "patches", f->patches, f->npatches);
   write_objects(&w, "anchors", f->anchors, f->nanchors);
   if (key != NULL) {
@@ -297,6 +337,51 @@ static pulse_status check_shape(const pulse_store_head *h) {
   return PULSE_OK;
 }
 
+/* Version 2's members (a version-1 head's are unsigned: never read). */
+static pulse_status parse_identity(const pulse_json *root,
+                                   pulse_store_head *h) {
+  PULSE_TRY(get_hex(root, "run", "head", h->run, PULSE_STORE_RUN_BYTES));
+  PULSE_TRY(get_u64(root, "published", "head", &h->published));
+  const pulse_json *prev = pulse_json_get(root, "previous");
+  if (prev == NULL)
+    return pulse_fail(PULSE_ERR_JSON, "head: no \"previous\"");
+  if (prev->type == PULSE_JSON_NULL)
+    return PULSE_OK;
+  if (prev->type != PULSE_JSON_OBJECT)
+    return pulse_fail(PULSE_ERR_JSON,
+                      "head: \"previous\" is neither null nor an object");
+  PULSE_TRY(no_duplicates(prev, "previous"));
+  PULSE_TRY(get_u64(prev, "step", "previous", &h->previous_step));
+  PULSE_TRY(get_hex(prev, "sha256", "previous", h->previous_sha256, 32));
+  /* The head it replaced is at most at its step (the same step when an
+   * anchor was added to it). */
+  if (h->previous_step > h->step)
+    return pulse_fail(PULSE_ERR_CORRUPT,
+                      "head: the previous head's step %" PRIu64
+                      " is above the head's step %" PRIu64,
+                      h->previous_step, h->step);
+  h->has_previous = 1;
+  return PULSE_OK;
+}
+
+static store_head_fields fields_of(const pulse_store_head *h) {
+  store_head_fields f;
+  memset(&f, 0, sizeof f);
+  f.step = h->step;
+  f.digest = h->digest;
+  f.patches = h->patches;
+  f.npatches = h->npatches;
+  f.anchors = h->anchors;
+  f.nanchors = h->nanchors;
+  f.version = h->version;
+  memcpy(f.run, h->run, sizeof f.run);
+  f.published = h->published;
+  f.has_previous = h->has_previous;
+  f.previous_step = h->previous_step;
+  memcpy(f.previous_sha256, h->previous_sha256, 32);
+  return f;
+}
+
 static pulse_status parse_into(pulse_store_head *h) {
   pulse_json_limits lim = PULSE_JSON_LIMITS_INIT;
   lim.max_depth = 8;
@@ -316,15 +401,22 @@ static pulse_status parse_into(pulse_store_head *h) {
   if ((st = no_duplicates(root, "head")) != PULSE_OK ||
       (st = get_str(root, "format", "head", &fmt, &fmt_len)) != PULSE_OK)
     goto done;
-  if (fmt_len != strlen(PULSE_STORE_HEAD_FORMAT) ||
-      memcmp(fmt, PULSE_STORE_HEAD_FORMAT, fmt_len) != 0) {
-    st = pulse_fail(PULSE_ERR_VERSION, "head: format is not \"%s\"",
-                    PULSE_STORE_HEAD_FORMAT);
+  if (fmt_len == strlen(PULSE_STORE_HEAD_FORMAT) &&
+      memcmp(fmt, PULSE_STORE_HEAD_FORMAT, fmt_len) == 0) {
+    h->version = 2;
+  } else if (fmt_len == strlen(PULSE_STORE_HEAD_FORMAT_V1) &&
+             memcmp(fmt, PULSE_STORE_HEAD_FORMAT_V1, fmt_len) == 0) {
+    h->version = 1;
+  } else {
+    st = pulse_fail(PULSE_ERR_VERSION,
+                    "head: format is not \"%s\" or \"%s\"",
+                    PULSE_STORE_HEAD_FORMAT, PULSE_STORE_HEAD_FORMAT_V1);
     goto done;
   }
   if ((st = get_u64(root, "step", "head", &h->step)) != PULSE_OK ||
       (st = get_hex(root, "state_digest", "head", h->digest.bytes, 32)) !=
           PULSE_OK ||
+      (h->version >= 2 && (st = parse_identity(root, h)) != PULSE_OK) ||
       (st = parse_list(root, "patches", PULSE_STORE_PATCH, &h->patches,
                        &h->npatches)) != PULSE_OK ||
       (st = parse_list(root, "anchors", PULSE_STORE_ANCHOR, &h->anchors,
@@ -344,8 +436,7 @@ static pulse_status parse_into(pulse_store_head *h) {
         (st = get_hex(root, "signature", "head", h->sig, sizeof h->sig)) !=
             PULSE_OK)
       goto done;
-    store_head_fields f = {h->step,     h->digest,  h->patches,
-                           h->npatches, h->anchors, h->nanchors};
+    store_head_fields f = fields_of(h);
     pulse_buffer canon = {NULL, 0};
     st = store_head_canonical(&f, h->pub, &canon);
     if (st == PULSE_OK)
@@ -413,6 +504,41 @@ int pulse_store_head_signer(const pulse_store_head *head,
   if (pub != NULL)
     memcpy(pub, head->pub, PULSE_SIGN_PUBLIC_BYTES);
   return 1;
+}
+
+unsigned pulse_store_head_version(const pulse_store_head *head) {
+  return head->version;
+}
+
+int pulse_store_head_run(const pulse_store_head *head,
+                         uint8_t run[PULSE_STORE_RUN_BYTES]) {
+  if (head->version < 2)
+    return 0;
+  if (run != NULL)
+    memcpy(run, head->run, PULSE_STORE_RUN_BYTES);
+  return 1;
+}
+
+uint64_t pulse_store_head_published(const pulse_store_head *head) {
+  return head->version >= 2 ? head->published : 0;
+}
+
+int pulse_store_head_previous(const pulse_store_head *head, uint64_t *step,
+                              uint8_t sha256[32]) {
+  if (!head->has_previous)
+    return 0;
+  if (step != NULL)
+    *step = head->previous_step;
+  if (sha256 != NULL)
+    memcpy(sha256, head->previous_sha256, 32);
+  return 1;
+}
+
+pulse_status store_run_new(uint8_t run[PULSE_STORE_RUN_BYTES]) {
+  if (RAND_bytes(run, PULSE_STORE_RUN_BYTES) != 1)
+    return pulse_fail(PULSE_ERR_INTERNAL,
+                      "store: no random bytes for a run identity");
+  return PULSE_OK;
 }
 
 size_t pulse_store_head_patch_count(const pulse_store_head *head) {

@@ -24,6 +24,12 @@ struct pulse_store_head {
   size_t npatches;
   pulse_store_object *anchors;
   size_t nanchors;
+  unsigned version; /* 1 or 2; the fields below are version 2's */
+  uint8_t run[PULSE_STORE_RUN_BYTES];
+  uint64_t published;
+  int has_previous;
+  uint64_t previous_step;
+  uint8_t previous_sha256[32];
 };
 
 /* The fields a new head is made of (borrowed). */
@@ -34,7 +40,19 @@ typedef struct {
   size_t npatches;
   const pulse_store_object *anchors;
   size_t nanchors;
+  /* 2: a pulse-head/2 head with the fields below; 0 or 1: pulse-head/1
+   * (the fields below are not written). */
+  unsigned version;
+  uint8_t run[PULSE_STORE_RUN_BYTES];
+  uint64_t published; /* unix seconds */
+  int has_previous;   /* 0: the first head of its run */
+  uint64_t previous_step;
+  uint8_t previous_sha256[32]; /* of the previous head's bytes */
 } store_head_fields;
+
+/** A new random run identity (OpenSSL's generator).
+ * @return PULSE_OK or PULSE_ERR_INTERNAL. */
+pulse_status store_run_new(uint8_t run[PULSE_STORE_RUN_BYTES]);
 
 /** Serializes a head as JSON, signed by `key` when it is not NULL. The
  * fields are not checked here: pulse_store_head_parse of the result is how

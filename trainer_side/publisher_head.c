@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "fail_impl.h"
@@ -230,6 +231,33 @@ void pub_remove_garbage(pulse_pub *pub) {
   pub->ngarbage = 0;
 }
 
+/* Version 2's fields of the next head: the store's run (kept from the
+ * current head; a store without one, new or of format 1, starts a run
+ * here), the publication time (never before the previous head's, so a
+ * clock stepped back cannot make a newer head look older), and the link to
+ * the head it replaces. */
+static pulse_status head_identity(const pulse_pub *pub, store_head_fields *f) {
+  f->version = 2;
+  f->published = (uint64_t)time(NULL);
+  const pulse_store_head *h = pub->head;
+  if (h == NULL || !pulse_store_head_run(h, f->run)) {
+    PULSE_TRY(store_run_new(f->run));
+    char hex[2 * PULSE_STORE_RUN_BYTES + 1];
+    store_hex(f->run, PULSE_STORE_RUN_BYTES, hex);
+    PULSE_LOG_AT(PULSE_LOG_INFO, "publisher: %s: new run %s", pub->dir, hex);
+  }
+  if (h == NULL)
+    return PULSE_OK;
+  if (pulse_store_head_published(h) > f->published)
+    f->published = pulse_store_head_published(h);
+  size_t n;
+  const uint8_t *bytes = pulse_store_head_bytes(h, &n);
+  store_sha256(bytes, n, f->previous_sha256);
+  f->previous_step = pulse_store_head_step(h);
+  f->has_previous = 1;
+  return PULSE_OK;
+}
+
 pulse_status pub_head_prepare(pulse_pub *pub, uint64_t step,
                               const pulse_state_digest *digest,
                               const pulse_store_object *patches,
@@ -249,8 +277,17 @@ pulse_status pub_head_prepare(pulse_pub *pub, uint64_t step,
     memcpy(a, anchors, nanchors * sizeof *a);
   size_t kp = npatches, ka = nanchors;
   retain(&pub->opts, step, p, &kp, a, &ka);
-  store_head_fields f = {step, *digest, p, kp, a, ka};
-  pulse_status st = store_head_serialize(&f, pub->opts.key, &txn->json);
+  store_head_fields f;
+  memset(&f, 0, sizeof f);
+  f.step = step;
+  f.digest = *digest;
+  f.patches = p;
+  f.npatches = kp;
+  f.anchors = a;
+  f.nanchors = ka;
+  pulse_status st = head_identity(pub, &f);
+  if (st == PULSE_OK)
+    st = store_head_serialize(&f, pub->opts.key, &txn->json);
   free(p), free(a);
   if (st != PULSE_OK)
     return st;

@@ -425,11 +425,16 @@ static void check_catchup(fixture *f, uint64_t from) {
   cr_assert_not_null(
       ht_header(&r, "X-Pulse-State-Digest", digest, sizeof digest));
   snprintf(size_s, sizeof size_s, "%zu", r.size);
-  char canon[512];
+  char canon[600], run[2 * PULSE_STORE_RUN_BYTES + 1];
+  uint8_t runb[PULSE_STORE_RUN_BYTES];
+  cr_assert_eq(pulse_store_head_run(h, runb), 1);
+  store_hex(runb, sizeof runb, run);
   int len = snprintf(canon, sizeof canon,
-                     "pulse-catchup-signature/1\nfrom %" PRIu64 "\nto %" PRIu64
+                     "pulse-catchup-signature/2\nrun %s\nfrom %" PRIu64
+                     "\nto %" PRIu64
                      "\nstate_digest %s\nsha256 %.64s\nsize %s\n",
-                     from, pulse_store_head_step(h), digest, etag + 1, size_s);
+                     run, from, pulse_store_head_step(h), digest, etag + 1,
+                     size_s);
   uint8_t sigb[64], pubb[32], want[32];
   cr_assert_eq(store_unhex(sig, strlen(sig), sigb, 64), 0);
   cr_assert_eq(store_unhex(pub, strlen(pub), pubb, 32), 0);

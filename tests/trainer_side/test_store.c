@@ -149,7 +149,7 @@ Test(store, hostile_heads_are_refused_with_clear_errors) {
       PULSE_ERR_CORRUPT);
   cr_assert_eq(parse_edited(b, n, "\"url\":\"/v1/", "\"url\":\"/v2/"),
                PULSE_ERR_CORRUPT);
-  cr_assert_eq(parse_edited(b, n, "pulse-head/1", "pulse-head/9"),
+  cr_assert_eq(parse_edited(b, n, "pulse-head/2", "pulse-head/9"),
                PULSE_ERR_VERSION);
   cr_assert_eq(parse_edited(b, n, "\"base_step\":1", "\"base_step\":0"),
                PULSE_ERR_CORRUPT, "a broken chain");
