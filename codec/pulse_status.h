@@ -34,7 +34,8 @@ extern "C" {
   X(PULSE_ERR_CUDA, 20, "CUDA error")                                          \
   X(PULSE_ERR_TRAILING, 21, "unexpected trailing bytes")                       \
   X(PULSE_ERR_UNSUPPORTED, 22, "unsupported feature")                          \
-  X(PULSE_ERR_INTERNAL, 23, "internal error")
+  X(PULSE_ERR_INTERNAL, 23, "internal error")                                 \
+  X(PULSE_ERR_STALE, 24, "older than the maximum age")
 
 typedef enum {
 #define PULSE_STATUS_ENUM_(name, num, msg) name = num,

@@ -104,8 +104,12 @@ typedef enum {
   PULSE_SUB_EV_ERROR,     /* a sync failed: status, detail; step is what the
                              targets still hold */
   PULSE_SUB_EV_WARNING,   /* detail (trust on first use, a stale head, ...) */
-  PULSE_SUB_EV_HEAD_SAVED /* the cache's head.json moved to head_step (a
+  PULSE_SUB_EV_HEAD_SAVED, /* the cache's head.json moved to head_step (a
                              server over the cache may wake its long-polls) */
+  PULSE_SUB_EV_LAGGING    /* a source serves an older head than the newest:
+                             object (its URL), from_step (its head's step),
+                             detail; sent when that step changes, not on
+                             every check */
 } pulse_sub_event_type;
 
 /* One event. Pointers are valid during the callback only. */
@@ -134,8 +138,9 @@ typedef void (*pulse_sub_event_fn)(void *ctx, const pulse_sub_event *event);
 typedef struct {
   uint32_t struct_version; /* PULSE_SUB_OPTS_VERSION */
   /* Base URLs of pulse servers ("http://host:port" or "https://..."; a path
-   * prefix is kept), tried in order: the first is the primary, the others
-   * serve when it fails or sends something that does not verify. */
+   * prefix is kept). Every one is asked for its head, and the newest valid
+   * head is followed (a source serving an older one is reported with a
+   * PULSE_SUB_EV_LAGGING event); objects are tried in this order. */
   const char *const *urls;
   size_t url_count;
   const char *cache_dir; /* required; created when missing */
@@ -185,21 +190,36 @@ typedef struct {
    * class-model patch) so that patches decode without a pass over the
    * weights; 1: no index. Options of version 1 get the default. */
   int no_class_index;
+  /* Version 3: what a head must be besides signed (PROTOCOL.md, "What a
+   * subscriber refuses"). Options of versions 1 and 2 get the defaults. */
+  /* 0 (default): a head older than the newest step the worker knows (the
+   * cache's head, the head it follows, the step its targets hold, e.g. a
+   * file target's metadata) is refused; 1: it is taken, and the targets
+   * go back to its step (from its anchor). */
+  int allow_rollback;
+  /* 0 (default): a head of another run than the one the worker knows (from
+   * the cache's head, the head it follows or a file target's metadata), or
+   * of no run (format 1), is refused; 1: it is taken, from its anchor. */
+  int switch_run;
+  /* Refuse heads published more than this many seconds ago, and heads that
+   * do not say when (format 1); 0 (default): no limit. */
+  uint32_t max_head_age_s;
 } pulse_sub_opts;
 
-#define PULSE_SUB_OPTS_VERSION 2u
+#define PULSE_SUB_OPTS_VERSION 3u
 #define PULSE_SUB_OPTS_INIT                                                    \
   {                                                                            \
     PULSE_SUB_OPTS_VERSION, NULL, 0, NULL, NULL, 0, 0, 10000, 30000, 1024, 30, \
         6, 200, 5000, 4, (uint64_t)32 << 20, 0, 1, 0, 0, 30000, NULL, NULL,    \
-        NULL, 0, 0                                                             \
+        NULL, 0, 0, 0, 0, 0                                                    \
   }
 
 typedef struct pulse_sub pulse_sub;
 
 /** Creates a subscriber. Nothing is fetched yet. Reads cache_dir/head.json
- * (the newest head seen: the subscriber never goes back to an older one) and
- * cache_dir/trusted-key when present.
+ * (the newest head seen: the subscriber never goes back to an older one, nor
+ * to another run, unless opts allow it) and cache_dir/trusted-key when
+ * present.
  * @return PULSE_OK and *out (free with pulse_sub_free); PULSE_ERR_ARG (no
  * URL, a URL that is not http(s), no cache_dir, bad options, unsigned heads
  * allowed together with a pinned key); PULSE_ERR_IO (cache_dir cannot be
@@ -236,7 +256,7 @@ pulse_status pulse_sub_attach_device(pulse_sub *sub, const char *name,
 /** Keeps the safetensors file `path` equal to the trainer's state: the
  * subscriber holds every tensor of the table in host memory and, after each
  * sync that moved, brings the file to the new step in place: the step's
- * changes and the new header (metadata {"step", "state_digest"}; the header
+ * changes and the new header (metadata {"step", "state_digest", "run"}; the header
  * is padded with spaces so the claim can be rewritten in place) go first
  * into a journal next to the file (`.NAME.journal`, synced), then into the
  * file, so a step costs what changed, not the model's size. An anchor (a
@@ -260,7 +280,9 @@ pulse_status pulse_sub_attach_device(pulse_sub *sub, const char *name,
  * and names a step, the subscriber resumes from that step (checked against
  * the publisher's digests before any patch is applied); otherwise it starts
  * from the anchor route. The file's tensors are then readable through
- * pulse_sub_tensor.
+ * pulse_sub_tensor. The step and run the file names count as held even
+ * when the cache is gone: an older head or another run is refused
+ * (opts.allow_rollback, opts.switch_run).
  * @return PULSE_OK (also for a missing file, or one that is replaced later:
  * a warning event says why); PULSE_ERR_ARG (other targets attached);
  * PULSE_ERR_IO (a journal that cannot be replayed: the file is left as it
@@ -351,6 +373,9 @@ typedef struct {
    * bytes written to it and its journal since create. */
   double last_write_s;
   uint64_t file_bytes_written;
+  /* Sources whose head was older than the newest at the last time every
+   * source was asked (PULSE_SUB_EV_LAGGING). */
+  uint64_t lagging_sources;
 } pulse_sub_figures;
 
 /** Copies the current figures. Thread-safe. */

@@ -67,8 +67,10 @@ pulse_status sub_cache_open(pulse_sub *sub) {
           "subscriber: %s/head.json is not signed by the publisher key: "
           "ignored",
           sub->cache_dir);
-    else
+    else {
       sub->cache_head_step = pulse_store_head_step(h);
+      sub_head_hold_run(sub, h);
+    }
     pulse_store_head_free(h);
   } else if (st != PULSE_ERR_NOT_FOUND) {
     PULSE_LOG_AT(PULSE_LOG_WARN, "subscriber: %s/head.json: %s: ignored",

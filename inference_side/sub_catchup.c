@@ -130,7 +130,7 @@ int sub_catchup_probe(pulse_sub *sub, uint64_t from, pulse_store_object *o,
   x.method = PULSE_FETCH_HEAD;
   x.max_bytes = 1;
   x.timeout_ms = sub->opts.request_timeout_ms;
-  pulse_status st = sub_fetch_mem(sub, 0, rel, &x, "catch-up probe");
+  pulse_status st = sub_fetch_mem(sub, sub->head_url, rel, &x, "catch-up probe");
   if (st == PULSE_OK && x.status != 200)
     st = pulse_fail(PULSE_ERR_NOT_FOUND, "catch-up probe: HTTP %ld",
                     x.status);

@@ -250,6 +250,10 @@ pulse_status sub_file_load(pulse_sub *sub) {
   }
   const char *meta_step = pulse_st_metadata_get(sf, "step");
   const char *meta_digest = pulse_st_metadata_get(sf, "state_digest");
+  const char *meta_run = pulse_st_metadata_get(sf, "run"); /* sub_head.c */
+  uint8_t run[PULSE_STORE_RUN_BYTES];
+  int has_run = meta_run != NULL &&
+                sub_unhex(meta_run, strlen(meta_run), run, sizeof run) == 0;
   char step_s[32], digest_s[80];
   snprintf(step_s, sizeof step_s, "%s", meta_step ? meta_step : "");
   snprintf(digest_s, sizeof digest_s, "%s", meta_digest ? meta_digest : "");
@@ -296,6 +300,10 @@ pulse_status sub_file_load(pulse_sub *sub) {
   sub_set_step(sub, step, &sd);
   sub->step_claimed = 1;
   pthread_rwlock_unlock(&sub->rw);
+  if (has_run) { /* the run of the step it holds, kept over a lost cache */
+    memcpy(sub->run, run, sizeof run);
+    sub->have_run = 1;
+  }
   PULSE_LOG_AT(PULSE_LOG_INFO,
                "subscriber: %s holds step %" PRIu64 " (state %s)",
                sub->file_path, step, hex);
@@ -307,9 +315,9 @@ pulse_status sub_file_load(pulse_sub *sub) {
 /* The file's tensors and metadata as the writer takes them. */
 typedef struct {
   pulse_st_write_tensor *w;
-  pulse_st_kv meta[2];
+  pulse_st_kv meta[3];
   size_t nmeta;
-  char step[32], hex[65];
+  char step[32], hex[65], run[2 * PULSE_STORE_RUN_BYTES + 1];
 } file_layout;
 
 static pulse_status layout_make(pulse_sub *sub, file_layout *l) {
@@ -330,6 +338,10 @@ static pulse_status layout_make(pulse_sub *sub, file_layout *l) {
   if (sub->have_state) {
     pulse_state_digest_hex(&sub->state, l->hex);
     l->nmeta = 2;
+  }
+  if (sub->have_run) { /* the run of the step (sub_head.c) */
+    store_hex(sub->run, PULSE_STORE_RUN_BYTES, l->run);
+    l->meta[l->nmeta++] = (pulse_st_kv){"run", l->run};
   }
   return PULSE_OK;
 }

@@ -1,13 +1,17 @@
 /* sub_head.c - fetching heads and deciding whether to trust them: the
  * head must parse and check (pulse_store_head_parse verifies the Ed25519
  * signature over its canonical form), be signed by the pinned key (or the
- * key trusted on first use), and never be older than the newest head seen
- * (a relay replaying an old signed head cannot move a worker back). */
+ * key trusted on first use), be of the run the worker holds, never be
+ * older than the newest step the worker knows (a relay replaying an old
+ * signed head cannot move a worker back, even one whose cache is gone),
+ * and not older than the maximum age. Every source is asked and the newest
+ * valid head wins; sources that serve older heads are reported. */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "pulse_file.h"
 #include "pulse_log.h"
@@ -15,12 +19,21 @@
 #include "sub_http_impl.h"
 #include "sub_impl.h"
 
-static uint64_t newest_seen(const pulse_sub *sub) {
+/* The newest step the worker knows of its run: the cache's head, the head
+ * it follows, and the step its targets hold (a file target's claim counts
+ * before it is checked: a worker whose cache is gone must not go back to
+ * an older head a stale source still serves). */
+static uint64_t newest_seen(const pulse_sub *sub, const char **what) {
   uint64_t s = sub->cache_head_step;
+  *what = "seen before";
   if (sub->head != NULL) {
     uint64_t h = pulse_store_head_step(sub->head);
     if (s == PULSE_SUB_NO_STEP || h > s)
       s = h;
+  }
+  if (sub->step != PULSE_SUB_NO_STEP && (s == PULSE_SUB_NO_STEP || sub->step > s)) {
+    s = sub->step;
+    *what = "that the targets hold";
   }
   return s;
 }
@@ -44,8 +57,10 @@ static pulse_status trust_first_key(pulse_sub *sub, const uint8_t pub[32]) {
   return PULSE_OK;
 }
 
-pulse_status sub_head_verify(pulse_sub *sub, const uint8_t *bytes, size_t n,
-                             pulse_store_head **out) {
+/* Is it the publisher's head at all: parsed, checked, signed by the key
+ * (or unsigned where allowed)? On success *out is the head. */
+static pulse_status head_trust(pulse_sub *sub, const uint8_t *bytes, size_t n,
+                               pulse_store_head **out) {
   *out = NULL;
   double t0 = sub_now();
   pulse_store_head *h = NULL;
@@ -79,29 +94,110 @@ pulse_status sub_head_verify(pulse_sub *sub, const uint8_t *bytes, size_t n,
         PULSE_ERR_CORRUPT,
         "head refused: it is not signed (unsigned heads are not allowed)");
   }
-  uint64_t seen = newest_seen(sub);
-  if (seen != PULSE_SUB_NO_STEP && pulse_store_head_step(h) < seen) {
-    uint64_t step = pulse_store_head_step(h);
-    pulse_store_head_free(h);
+  *out = h;
+  return PULSE_OK;
+}
+
+static void run_hex(const uint8_t *run, int have, char *out) {
+  if (have)
+    store_hex(run, PULSE_STORE_RUN_BYTES, out);
+  else
+    snprintf(out, 2 * PULSE_STORE_RUN_BYTES + 1, "(none: a pulse-head/1 head)");
+}
+
+/* Is a trusted head one to follow: of the worker's run, not older than
+ * what it knows, and not older than the maximum age (PROTOCOL.md, "What a
+ * subscriber refuses")? */
+static pulse_status head_fresh(const pulse_sub *sub,
+                               const pulse_store_head *h) {
+  uint64_t step = pulse_store_head_step(h);
+  uint8_t run[PULSE_STORE_RUN_BYTES];
+  int has_run = pulse_store_head_run(h, run);
+  int same_run = !sub->have_run ||
+                 (has_run && memcmp(run, sub->run, sizeof run) == 0);
+  if (!same_run && !sub->opts.switch_run) {
+    char got[64], held[64];
+    run_hex(run, has_run, got);
+    run_hex(sub->run, 1, held);
+    return pulse_fail(PULSE_ERR_CORRUPT,
+                      "head refused: step %" PRIu64
+                      " is of another run (%s) than the worker's (%s): a "
+                      "different store under the same key (switch runs only "
+                      "on purpose: switch_run, pulse-pull --switch-run)",
+                      step, got, held);
+  }
+  /* Steps of two runs do not compare: a switch starts from the new run's
+   * anchor. */
+  const char *what;
+  uint64_t seen = newest_seen(sub, &what);
+  if (same_run && !sub->opts.allow_rollback && seen != PULSE_SUB_NO_STEP &&
+      step < seen)
     return pulse_fail(PULSE_ERR_BASE_STEP,
                       "head refused: step %" PRIu64
                       " is older than step %" PRIu64
-                      " seen before (a stale or replayed head)",
-                      step, seen);
+                      " %s (a stale or replayed head; go back only on "
+                      "purpose: allow_rollback, pulse-pull --allow-rollback)",
+                      step, seen, what);
+  uint32_t max_age = sub->opts.max_head_age_s;
+  if (max_age > 0) {
+    uint64_t published = pulse_store_head_published(h);
+    if (published == 0)
+      return pulse_fail(PULSE_ERR_STALE,
+                        "head refused: step %" PRIu64
+                        " does not say when it was published (a "
+                        "pulse-head/1 head) and a maximum age of %" PRIu32
+                        " s is set",
+                        step, max_age);
+    uint64_t now = (uint64_t)time(NULL);
+    uint64_t age = now > published ? now - published : 0;
+    if (age > max_age)
+      return pulse_fail(PULSE_ERR_STALE,
+                        "head refused: step %" PRIu64
+                        " was published %" PRIu64
+                        " s ago, more than the maximum age of %" PRIu32 " s",
+                        step, age, max_age);
   }
-  if (is_signed && !sub->have_key) {
+  return PULSE_OK;
+}
+
+pulse_status sub_head_verify(pulse_sub *sub, const uint8_t *bytes, size_t n,
+                             pulse_store_head **out) {
+  pulse_store_head *h = NULL;
+  PULSE_TRY(head_trust(sub, bytes, n, &h));
+  pulse_status st = head_fresh(sub, h);
+  uint8_t pub[32];
+  if (st == PULSE_OK && pulse_store_head_signer(h, pub) && !sub->have_key)
     st = trust_first_key(sub, pub);
-    if (st != PULSE_OK) {
-      pulse_store_head_free(h);
-      return st;
-    }
+  if (st != PULSE_OK) {
+    pulse_store_head_free(h);
+    return st;
   }
   *out = h;
   return PULSE_OK;
 }
 
-/* Makes a verified head the current one. */
-static void take(pulse_sub *sub, pulse_store_head *h, int *moved) {
+void sub_head_hold_run(pulse_sub *sub, const pulse_store_head *h) {
+  uint8_t run[PULSE_STORE_RUN_BYTES];
+  int has = pulse_store_head_run(h, run);
+  if (has && sub->have_run && memcmp(run, sub->run, sizeof run) != 0) {
+    char from[64], to[64], msg[256];
+    run_hex(sub->run, 1, from);
+    run_hex(run, 1, to);
+    snprintf(msg, sizeof msg,
+             "switching from run %s to run %s: from its anchor", from, to);
+    PULSE_LOG_AT(PULSE_LOG_WARN, "subscriber: %s", msg);
+    sub_emit_simple(sub, PULSE_SUB_EV_WARNING, PULSE_OK, msg);
+    /* A step number of another run says nothing about these targets. */
+    if (sub->step != PULSE_SUB_NO_STEP)
+      sub_forget_step(sub);
+  }
+  if (has)
+    memcpy(sub->run, run, sizeof run);
+  sub->have_run = has;
+}
+
+/* Makes a verified head (from source `url`) the current one. */
+static void take(pulse_sub *sub, pulse_store_head *h, size_t url, int *moved) {
   uint64_t old =
       sub->head ? pulse_store_head_step(sub->head) : PULSE_SUB_NO_STEP;
   size_t n;
@@ -116,8 +212,10 @@ static void take(pulse_sub *sub, pulse_store_head *h, int *moved) {
   store_sha256(b, n, sha);
   store_hex(sha, 32, hex);
   snprintf(sub->head_etag, sizeof sub->head_etag, "\"%s\"", hex);
+  sub_head_hold_run(sub, h);
   pulse_store_head_free(sub->head);
   sub->head = h;
+  sub->head_url = url;
   pthread_mutex_lock(&sub->fig_lock);
   sub->fig.head_step = pulse_store_head_step(h);
   pthread_mutex_unlock(&sub->fig_lock);
@@ -129,7 +227,8 @@ static void take(pulse_sub *sub, pulse_store_head *h, int *moved) {
   }
 }
 
-static void reject_head(pulse_sub *sub, size_t url, pulse_status st) {
+static void reject_head(pulse_sub *sub, size_t url, pulse_status st,
+                        const char *detail) {
   sub_count(sub, &sub->fig.rejected, 1);
   char what[2100];
   sub_url(sub, url, "v1/head", what, sizeof what);
@@ -137,80 +236,260 @@ static void reject_head(pulse_sub *sub, size_t url, pulse_status st) {
   ev.type = PULSE_SUB_EV_REJECTED;
   ev.object = what;
   ev.status = st;
-  ev.detail = pulse_error_detail();
+  ev.detail = detail;
   PULSE_LOG_AT(PULSE_LOG_WARN, "subscriber: %s: %s", what, ev.detail);
   sub_emit(sub, &ev);
 }
 
-pulse_status sub_head_fetch(pulse_sub *sub, int *moved) {
-  pulse_status st = PULSE_ERR_NOT_FOUND;
-  char detail[1024] = "";
-  for (size_t u = 0; u < sub->nurls; u++) {
-    pulse_fetch_xfer x;
-    pulse_fetch_xfer_init(&x, NULL);
-    x.max_bytes = PULSE_STORE_MAX_HEAD_BYTES;
-    x.timeout_ms = sub->opts.request_timeout_ms;
-    st = sub_fetch_mem(sub, u, "v1/head", &x, "head");
-    if (st == PULSE_OK && x.status != 200)
-      st = pulse_fail(PULSE_ERR_IO, "head: GET %s: HTTP %ld", x.url, x.status);
-    pulse_store_head *h = NULL;
-    if (st == PULSE_OK) {
-      st = sub_head_verify(sub, x.mem.data, x.mem.size, &h);
-      if (st != PULSE_OK)
-        reject_head(sub, u, st);
-    }
-    pulse_fetch_xfer_release(&x);
-    if (st == PULSE_OK) {
-      take(sub, h, moved);
-      return PULSE_OK;
-    }
-    snprintf(detail, sizeof detail, "%s", pulse_error_detail());
-    if (atomic_load(&sub->stop))
-      break;
-  }
-  return pulse_fail(st, "%s", detail);
+/* Source `url` serves step `step`, older than the newest head: said once
+ * per step it lags at (a stale mirror is not reported on every check). */
+static void report_lag(pulse_sub *sub, size_t url, uint64_t step,
+                       uint64_t newest) {
+  if (sub->lag_step[url] == step)
+    return;
+  sub->lag_step[url] = step;
+  char msg[2300];
+  snprintf(msg, sizeof msg,
+           "source %s lags: it serves step %" PRIu64 ", %" PRIu64
+           " behind the newest head (step %" PRIu64 ")",
+           sub->urls[url], step, newest - step, newest);
+  PULSE_LOG_AT(PULSE_LOG_WARN, "subscriber: %s", msg);
+  pulse_sub_event ev = {0};
+  ev.type = PULSE_SUB_EV_LAGGING;
+  ev.object = sub->urls[url];
+  ev.from_step = step;
+  ev.detail = msg;
+  sub_emit(sub, &ev);
 }
 
-pulse_status sub_head_poll(pulse_sub *sub, uint64_t after, int *got) {
-  *got = 0;
+/* What one source answered when every source was asked. */
+typedef struct {
+  pulse_fetch_xfer x;
+  pulse_store_head *h; /* trusted (signed by the key), or NULL */
+  pulse_status st;     /* PULSE_OK: a head to follow */
+  int stage;           /* where it failed: 1 fetch, 2 trust, 3 freshness */
+  char detail[1024];
+} source_answer;
+
+static void on_head_retry(void *ctx, const pulse_fetch_xfer *x,
+                          unsigned attempt, unsigned delay_ms,
+                          pulse_status st) {
+  pulse_sub *sub = ctx;
+  pulse_sub_event ev = {0};
+  ev.type = PULSE_SUB_EV_RETRY;
+  ev.attempt = attempt + 1;
+  ev.delay_ms = delay_ms;
+  ev.status = st;
+  ev.detail = pulse_error_detail();
+  ev.object = x->url;
+  sub_count(sub, &sub->fig.retries, 1);
+  sub_emit(sub, &ev);
+}
+
+/* GETs every source's head at once, each retried on its own as the
+ * options say (one source that is down delays the answer by its retries,
+ * as a primary that is down did before the others were tried). */
+static pulse_status fetch_all(pulse_sub *sub, source_answer *a, size_t n) {
+  pulse_fetch_xfer **xs = calloc(n, sizeof *xs);
+  if (xs == NULL)
+    return pulse_fail(PULSE_ERR_NOMEM, "head");
+  for (size_t u = 0; u < n; u++) {
+    pulse_fetch_xfer_init(&a[u].x, NULL);
+    sub_url(sub, u, "v1/head", a[u].x.url, sizeof a[u].x.url);
+    a[u].x.max_bytes = PULSE_STORE_MAX_HEAD_BYTES;
+    a[u].x.timeout_ms = sub->opts.request_timeout_ms;
+    xs[u] = &a[u].x;
+  }
+  pulse_fetch_retry policy = {0};
+  policy.retries = sub->opts.retries;
+  policy.on_retry = on_head_retry;
+  policy.ctx = sub;
+  pulse_fetch_metrics m0, m1;
+  pulse_fetch_metrics_get(sub->http, &m0);
+  double t0 = sub_now();
+  pulse_status st = pulse_fetch_gather(sub->http, xs, n, &policy);
+  pulse_fetch_metrics_get(sub->http, &m1);
+  sub_count(sub, &sub->fig.bytes_downloaded, m1.wire_bytes - m0.wire_bytes);
+  sub_count(sub, &sub->fig.requests, m1.requests - m0.requests);
+  sub->t_transfer += sub_now() - t0;
+  free(xs);
+  if (st != PULSE_OK)
+    return st;
+  for (size_t u = 0; u < n; u++) {
+    a[u].stage = 1;
+    a[u].st = pulse_fetch_xfer_ok(&a[u].x)
+                  ? PULSE_OK
+                  : pulse_fetch_xfer_fail(&a[u].x, "head");
+    if (a[u].st == PULSE_OK && a[u].x.status != 200)
+      a[u].st = pulse_fail(PULSE_ERR_IO, "head: GET %s: HTTP %ld", a[u].x.url,
+                           a[u].x.status);
+    if (a[u].st != PULSE_OK)
+      snprintf(a[u].detail, sizeof a[u].detail, "%s", pulse_error_detail());
+  }
+  return PULSE_OK;
+}
+
+/* Asks every source for its head, verifies each, and follows the newest
+ * valid one: a stale mirror listed first must not hold a worker back from
+ * a trainer listed after it. */
+pulse_status sub_head_fetch(pulse_sub *sub, int *moved) {
+  size_t n = sub->nurls;
+  source_answer *a = calloc(n, sizeof *a);
+  if (a == NULL)
+    return pulse_fail(PULSE_ERR_NOMEM, "head");
+  pulse_status st;
+  if (n == 1) { /* one source: its retries report what they fetch */
+    pulse_fetch_xfer_init(&a[0].x, NULL);
+    a[0].x.max_bytes = PULSE_STORE_MAX_HEAD_BYTES;
+    a[0].x.timeout_ms = sub->opts.request_timeout_ms;
+    a[0].stage = 1;
+    a[0].st = sub_fetch_mem(sub, 0, "v1/head", &a[0].x, "head");
+    if (a[0].st == PULSE_OK && a[0].x.status != 200)
+      a[0].st = pulse_fail(PULSE_ERR_IO, "head: GET %s: HTTP %ld", a[0].x.url,
+                           a[0].x.status);
+    if (a[0].st != PULSE_OK)
+      snprintf(a[0].detail, sizeof a[0].detail, "%s", pulse_error_detail());
+    st = PULSE_OK;
+  } else {
+    st = fetch_all(sub, a, n);
+  }
+  size_t best = n;
+  for (size_t u = 0; st == PULSE_OK && u < n; u++) {
+    if (a[u].st != PULSE_OK)
+      continue;
+    a[u].stage = 2;
+    a[u].st = head_trust(sub, a[u].x.mem.data, a[u].x.mem.size, &a[u].h);
+    if (a[u].st == PULSE_OK) {
+      a[u].stage = 3;
+      a[u].st = head_fresh(sub, a[u].h);
+    }
+    if (a[u].st != PULSE_OK) {
+      snprintf(a[u].detail, sizeof a[u].detail, "%s", pulse_error_detail());
+      continue;
+    }
+    uint64_t s = pulse_store_head_step(a[u].h);
+    if (best == n || s > pulse_store_head_step(a[best].h) ||
+        (s == pulse_store_head_step(a[best].h) &&
+         pulse_store_head_published(a[u].h) >
+             pulse_store_head_published(a[best].h)))
+      best = u;
+  }
+  /* Trust on first use: the key of the head taken. */
+  uint8_t pub[32];
+  if (best < n && pulse_store_head_signer(a[best].h, pub) && !sub->have_key &&
+      (st = trust_first_key(sub, pub)) != PULSE_OK)
+    best = n;
+  uint64_t newest = PULSE_SUB_NO_STEP;
+  if (best < n) {
+    newest = pulse_store_head_step(a[best].h);
+    take(sub, a[best].h, best, moved);
+    a[best].h = NULL;
+  } else if (st == PULSE_OK) {
+    const char *what;
+    newest = newest_seen(sub, &what);
+  }
+  /* Refusals are reported, except an older head when a newer one was
+   * found: that source only lags. */
+  uint64_t lagging = 0;
+  pulse_status err = PULSE_OK;
+  const char *err_detail = "";
+  int err_stage = 0;
+  for (size_t u = 0; st == PULSE_OK && u < n; u++) {
+    if (u == best)
+      continue;
+    uint64_t s = a[u].h ? pulse_store_head_step(a[u].h) : PULSE_SUB_NO_STEP;
+    int lags = s != PULSE_SUB_NO_STEP && newest != PULSE_SUB_NO_STEP &&
+               s < newest;
+    if (lags && n > 1) {
+      lagging++;
+      report_lag(sub, u, s, newest);
+    } else {
+      sub->lag_step[u] = PULSE_SUB_NO_STEP;
+    }
+    if (a[u].st == PULSE_OK)
+      continue;
+    if (a[u].stage >= 2 &&
+        !(best < n && lags && a[u].st == PULSE_ERR_BASE_STEP))
+      reject_head(sub, u, a[u].st, a[u].detail);
+    if (a[u].stage > err_stage) { /* the most telling failure */
+      err = a[u].st;
+      err_detail = a[u].detail;
+      err_stage = a[u].stage;
+    }
+  }
+  if (st == PULSE_OK) {
+    pthread_mutex_lock(&sub->fig_lock);
+    sub->fig.lagging_sources = lagging;
+    pthread_mutex_unlock(&sub->fig_lock);
+    sub->sources_asked = sub_now();
+    if (best == n)
+      st = pulse_fail(err, "%s", err_detail);
+  }
+  for (size_t u = 0; u < n; u++) {
+    pulse_store_head_free(a[u].h);
+    pulse_fetch_xfer_release(&a[u].x);
+  }
+  free(a);
+  return st;
+}
+
+/* One long-poll of source `url`, at most wait_ms long. */
+static pulse_status long_poll(pulse_sub *sub, size_t url, uint64_t after,
+                              uint32_t wait_ms, int *got) {
   char rel[128];
   snprintf(rel, sizeof rel, "v1/head?after=%" PRIu64 "&timeout_ms=%" PRIu32,
-           after, sub->opts.poll_timeout_ms);
-  pulse_status st = PULSE_ERR_IO;
-  for (size_t u = 0; u < sub->nurls; u++) {
-    pulse_fetch_xfer x;
-    pulse_fetch_xfer_init(&x, NULL);
-    sub_url(sub, u, rel, x.url, sizeof x.url);
-    x.max_bytes = PULSE_STORE_MAX_HEAD_BYTES;
-    x.timeout_ms = sub->opts.poll_timeout_ms + sub->opts.request_timeout_ms;
-    if (sub->head != NULL)
-      snprintf(x.if_none_match, sizeof x.if_none_match, "%s", sub->head_etag);
-    pulse_fetch_xfer *one = &x;
-    double t0 = sub_now();
-    st = sub_http_run(sub, &one, 1, NULL);
-    sub->t_transfer -= sub_now() - t0; /* waiting for a step is not transfer */
-    if (st == PULSE_OK) {
-      if (pulse_fetch_xfer_answered(&x) &&
-          (x.status == 304 || x.status == 404)) {
-        pulse_fetch_xfer_release(&x);
-        return PULSE_OK; /* nothing newer (or no head yet) */
-      }
-      if (!pulse_fetch_xfer_ok(&x))
-        st = pulse_fetch_xfer_fail(&x, "long-poll");
-    }
-    pulse_store_head *h = NULL;
-    if (st == PULSE_OK) {
-      st = sub_head_verify(sub, x.mem.data, x.mem.size, &h);
-      if (st != PULSE_OK && st != PULSE_ERR_BASE_STEP)
-        reject_head(sub, u, st);
-    }
+           after, wait_ms);
+  pulse_fetch_xfer x;
+  pulse_fetch_xfer_init(&x, NULL);
+  sub_url(sub, url, rel, x.url, sizeof x.url);
+  x.max_bytes = PULSE_STORE_MAX_HEAD_BYTES;
+  x.timeout_ms = wait_ms + sub->opts.request_timeout_ms;
+  if (sub->head != NULL)
+    snprintf(x.if_none_match, sizeof x.if_none_match, "%s", sub->head_etag);
+  pulse_fetch_xfer *one = &x;
+  double t0 = sub_now();
+  pulse_status st = sub_http_run(sub, &one, 1, NULL);
+  sub->t_transfer -= sub_now() - t0; /* waiting for a step is not transfer */
+  if (st == PULSE_OK && pulse_fetch_xfer_answered(&x) &&
+      (x.status == 304 || x.status == 404)) {
     pulse_fetch_xfer_release(&x);
-    if (st == PULSE_OK) {
-      take(sub, h, got);
-      return PULSE_OK;
-    }
-    if (atomic_load(&sub->stop))
-      break;
+    /* Nothing newer (or no head yet). A source that answers at once, e.g.
+     * a static copy that does not long-poll, is not asked again at once. */
+    double left = 0.1 - (sub_now() - t0);
+    if (left > 0)
+      sub_sleep_ms(sub, (unsigned)(left * 1000.0) + 1);
+    return PULSE_OK;
   }
+  if (st == PULSE_OK && !pulse_fetch_xfer_ok(&x))
+    st = pulse_fetch_xfer_fail(&x, "long-poll");
+  pulse_store_head *h = NULL;
+  if (st == PULSE_OK) {
+    st = sub_head_verify(sub, x.mem.data, x.mem.size, &h);
+    if (st != PULSE_OK && st != PULSE_ERR_BASE_STEP)
+      reject_head(sub, url, st, pulse_error_detail());
+  }
+  pulse_fetch_xfer_release(&x);
+  if (st == PULSE_OK)
+    take(sub, h, url, got);
+  return st;
+}
+
+/* With several sources, the one whose head the worker follows is
+ * long-polled (one waiting connection per worker, not one per source: a
+ * server caps its long-polls), and once per poll interval every source is
+ * asked again with a plain GET: a source that went stale is left, and one
+ * that got ahead is followed, within an interval. */
+pulse_status sub_head_poll(pulse_sub *sub, uint64_t after, int *got) {
+  *got = 0;
+  uint32_t wait_ms = sub->opts.poll_timeout_ms;
+  if (sub->nurls > 1) {
+    double due = sub->sources_asked + wait_ms / 1000.0, now = sub_now();
+    if (sub->head == NULL || now >= due)
+      return sub_head_fetch(sub, got);
+    wait_ms = (uint32_t)((due - now) * 1000.0) + 1;
+  }
+  pulse_status st = long_poll(sub, sub->head_url, after, wait_ms, got);
+  if (st != PULSE_OK && sub->nurls > 1 && !atomic_load(&sub->stop))
+    return sub_head_fetch(sub, got); /* the others may serve */
   return st;
 }

@@ -109,6 +109,12 @@ struct pulse_sub {
   char head_etag[100];      /* of the head's bytes, for If-None-Match */
   sub_verified *verified;   /* cached objects hashed by this process */
   size_t nverified, verified_cap;
+  /* sources and runs (sub_head.c) */
+  size_t head_url;       /* the source sub->head came from */
+  uint64_t *lag_step;    /* per URL: the step reported lagging, or NO_STEP */
+  double sources_asked;  /* sub_now() when every source was last asked */
+  uint8_t run[PULSE_STORE_RUN_BYTES]; /* the run the worker holds, when */
+  int have_run;          /* known (cache head, file metadata, head taken) */
 
   /* targets */
   sub_mem mem;
@@ -217,15 +223,20 @@ pulse_status sub_object_read(pulse_sub *sub, const pulse_store_object *o,
 
 /* ------------------------------------------------------------ sub_head.c */
 
-/** Fetches and verifies the head (from the first URL that gives a good
- * one) and makes it sub->head. *moved is set when its step is above the
- * previous head's. */
+/** Asks every URL for its head, verifies each, and makes the newest valid
+ * one sub->head (reporting sources that lag). *moved (may be NULL) is set
+ * when the head's bytes changed. */
 pulse_status sub_head_fetch(pulse_sub *sub, int *moved);
+/** Records the run a head names as the one the worker holds (none for a
+ * format-1 head). */
+void sub_head_hold_run(pulse_sub *sub, const pulse_store_head *h);
 /** Verifies head bytes fetched from anywhere; on success *out is the
  * parsed head. */
 pulse_status sub_head_verify(pulse_sub *sub, const uint8_t *bytes, size_t n,
                              pulse_store_head **out);
-/** Long-polls for a head above `after`; *got is 1 when sub->head moved. */
+/** Waits for a head above `after`: long-polls the source of sub->head and
+ * asks every source again once per poll interval; *got is 1 when sub->head
+ * moved. */
 pulse_status sub_head_poll(pulse_sub *sub, uint64_t after, int *got);
 
 /* ----------------------------------------------------------- sub_cache.c */

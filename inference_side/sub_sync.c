@@ -125,12 +125,29 @@ static pulse_status run_catchup(pulse_sub *sub, const sub_plan *plan) {
 /* A step the targets were said to hold (a file's metadata, or
  * pulse_sub_assume_step) is checked before anything relies on it. At the
  * head's step it is checked here; below it, by the base digests of the
- * first patch applied. */
+ * first patch applied; above it (a rollback asked for), it is dropped. */
 static pulse_status check_claim(pulse_sub *sub) {
-  if (!sub->step_claimed)
-    return PULSE_OK;
   uint64_t head = pulse_store_head_step(sub->head);
-  if (sub->step < head)
+  if (sub->step != PULSE_SUB_NO_STEP && sub->step > head) {
+    /* The targets' step counts as seen (sub_head.c): only a rollback asked
+     * for gets here (a switch of runs forgets the step). */
+    if (!sub->opts.allow_rollback)
+      return pulse_fail(PULSE_ERR_BASE_STEP,
+                        "the targets hold step %" PRIu64
+                        ", newer than the head (step %" PRIu64
+                        "): refused without allow_rollback",
+                        sub->step, head);
+    char msg[256];
+    snprintf(msg, sizeof msg,
+             "the targets hold step %" PRIu64 ", the head is step %" PRIu64
+             ": rolling back (allowed), from an anchor",
+             sub->step, head);
+    PULSE_LOG_AT(PULSE_LOG_WARN, "subscriber: %s", msg);
+    sub_emit_simple(sub, PULSE_SUB_EV_WARNING, PULSE_OK, msg);
+    sub_forget_step(sub);
+    return PULSE_OK;
+  }
+  if (!sub->step_claimed || sub->step < head)
     return PULSE_OK;
   int ok = 0, full = sub->have_state;
   if (sub->step == head && sub->have_state) {

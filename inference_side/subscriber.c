@@ -69,9 +69,12 @@ pulse_status pulse_sub_create(const pulse_sub_opts *opts, pulse_sub **out) {
   pulse_sub *sub = calloc(1, sizeof *sub);
   if (sub == NULL)
     return pulse_fail(PULSE_ERR_NOMEM, "subscriber");
-  if (opts->struct_version == 1) { /* before no_class_index: the defaults */
+  /* Older options end earlier: the fields they lack get the defaults. */
+  if (opts->struct_version == 1) { /* before no_class_index */
     memcpy(&sub->opts, opts, offsetof(pulse_sub_opts, no_class_index));
-    sub->opts.no_class_index = 0;
+    sub->opts.struct_version = PULSE_SUB_OPTS_VERSION;
+  } else if (opts->struct_version == 2) { /* before allow_rollback */
+    memcpy(&sub->opts, opts, offsetof(pulse_sub_opts, allow_rollback));
     sub->opts.struct_version = PULSE_SUB_OPTS_VERSION;
   } else {
     sub->opts = *opts;
@@ -99,6 +102,11 @@ pulse_status pulse_sub_create(const pulse_sub_opts *opts, pulse_sub **out) {
   sub->step = PULSE_SUB_NO_STEP;
   sub->fig.step = sub->fig.head_step = PULSE_SUB_NO_STEP;
   sub->fig.last_from_step = PULSE_SUB_NO_STEP;
+  sub->lag_step = calloc(opts->url_count, sizeof *sub->lag_step);
+  for (size_t i = 0; sub->lag_step != NULL && i < opts->url_count; i++)
+    sub->lag_step[i] = PULSE_SUB_NO_STEP;
+  if (sub->lag_step == NULL && st == PULSE_OK)
+    st = pulse_fail(PULSE_ERR_NOMEM, "subscriber");
   atomic_init(&sub->stop, 0);
   pthread_rwlockattr_t ra;
   pthread_rwlockattr_init(&ra);
@@ -142,6 +150,7 @@ void pulse_sub_free(pulse_sub *sub) {
   free(sub->cache_dir);
   free(sub->file_path);
   free(sub->verified);
+  free(sub->lag_step);
   pthread_rwlock_destroy(&sub->rw);
   pthread_mutex_destroy(&sub->fig_lock);
   free(sub);

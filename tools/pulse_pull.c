@@ -26,8 +26,9 @@ static void usage(FILE *f) {
       "       pulse-pull URL [URL...] --cache DIR --serve HOST:PORT [options]\n"
       "  URL                 a pulse server (http:// or https://, e.g. "
       "http://trainer:8080);\n"
-      "                      further URLs serve when one fails or sends bytes "
-      "that do not verify\n"
+      "                      with several, every one is asked and the newest "
+      "valid head\n"
+      "                      is followed (a source that lags is reported)\n"
       "  --out FILE          safetensors file kept bit-identical to the "
       "publisher's head\n"
       "                      (resumed from the step it names); each step is "
@@ -70,6 +71,16 @@ static void usage(FILE *f) {
       "  --no-catchup        never use the server's squashed catch-up patches\n"
       "  --insecure-unsigned accept heads that are not signed (no "
       "authenticity)\n"
+      "  --max-age SECONDS   refuse a head published longer ago than this "
+      "(or one that\n"
+      "                      does not say when: format 1)\n"
+      "  --allow-rollback    take a head older than the step FILE or the "
+      "cache holds\n"
+      "                      (default: refused)\n"
+      "  --switch-run        take a head of another run (another store "
+      "under the same\n"
+      "                      key) than the one FILE or the cache holds "
+      "(default: refused)\n"
       "  --threads N         decode threads (default: one per core)\n"
       "  --no-stream         download each patch whole before decoding it "
       "(default: decode\n"
@@ -129,6 +140,8 @@ static const char *ev_name(pulse_sub_event_type t) {
     return "warning";
   case PULSE_SUB_EV_HEAD_SAVED:
     return "head_saved";
+  case PULSE_SUB_EV_LAGGING:
+    return "lagging";
   }
   return "?";
 }
@@ -215,6 +228,11 @@ static void on_event(void *ctx, const pulse_sub_event *ev) {
     case PULSE_SUB_EV_APPLIED:
       printf(",\"route\":\"%s\"", pulse_sub_route_name(ev->route));
       break;
+    case PULSE_SUB_EV_LAGGING:
+      json_str("url", ev->object ? ev->object : "");
+      json_step("source_step", ev->from_step);
+      json_str("detail", ev->detail ? ev->detail : "");
+      break;
     case PULSE_SUB_EV_SYNCED: {
       pulse_sub_figures f;
       pulse_sub_figures_get(c->sub, &f);
@@ -247,6 +265,7 @@ static void on_event(void *ctx, const pulse_sub_event *ev) {
     break;
   case PULSE_SUB_EV_REJECTED:
   case PULSE_SUB_EV_WARNING:
+  case PULSE_SUB_EV_LAGGING:
   case PULSE_SUB_EV_RETRY:
   case PULSE_SUB_EV_ERROR:
     clear_bar(c);
@@ -300,6 +319,7 @@ static void *stop_wait(void *arg) {
 typedef struct {
   const char *out, *cache, *key_hex, *serve;
   int follow, json, unsigned_, no_catchup, threads, no_stream, no_index;
+  int allow_rollback, switch_run, max_age_s;
   int retries, parallel, timeout_s;
   uint64_t rate, snapshot_every;
   const char *urls[64];
@@ -362,6 +382,16 @@ static int parse_args(int argc, char **argv, pull_args *a) {
       if (r < 0 || pulse_tk_parse_u64(v, &a->snapshot_every) != 0 || a->snapshot_every == 0)
         return fprintf(stderr, "pulse-pull: --snapshot-every needs a step count of at least 1\n"),
                2;
+    } else if ((r = pulse_tk_opt_value(argc, argv, &i, "--max-age", &v)) !=
+               0) {
+      if (r < 0 || pulse_tk_parse_int(v, 1, 2000000000, &a->max_age_s) != 0)
+        return fprintf(stderr,
+                       "pulse-pull: --max-age needs a number of seconds\n"),
+               2;
+    } else if (pulse_tk_opt_flag(argv[i], "--allow-rollback")) {
+      a->allow_rollback = 1;
+    } else if (pulse_tk_opt_flag(argv[i], "--switch-run")) {
+      a->switch_run = 1;
     } else if (pulse_tk_opt_flag(argv[i], "--follow")) {
       a->follow = 1;
     } else if (pulse_tk_opt_flag(argv[i], "--json")) {
@@ -415,6 +445,9 @@ static pulse_sub_opts sub_opts_of(const pull_args *a, out_ctx *oc) {
   o.threads = a->threads;
   o.no_streaming = a->no_stream;
   o.no_class_index = a->no_index;
+  o.allow_rollback = a->allow_rollback;
+  o.switch_run = a->switch_run;
+  o.max_head_age_s = (uint32_t)a->max_age_s;
   o.on_event = on_event;
   o.on_event_ctx = oc;
   return o;

@@ -345,10 +345,20 @@ Test(inference_side, options_are_checked) {
                pulse_error_detail());
   pulse_sub_free(sub);
   sub = NULL;
-  uint32_t unknown = 3;
+  uint32_t unknown = PULSE_SUB_OPTS_VERSION + 1;
   memcpy(v1 + offsetof(pulse_sub_opts, struct_version), &unknown, sizeof unknown);
   cr_assert_eq(pulse_sub_create((const pulse_sub_opts *)(void *)v1, &sub), PULSE_ERR_ARG);
   free(v1);
+  /* Version 2 (before allow_rollback) too. */
+  full.struct_version = 2;
+  size_t v2_size = offsetof(pulse_sub_opts, allow_rollback);
+  unsigned char *v2 = tu_alloc(v2_size);
+  memcpy(v2, &full, v2_size);
+  cr_assert_eq(pulse_sub_create((const pulse_sub_opts *)(void *)v2, &sub),
+               PULSE_OK, "%s", pulse_error_detail());
+  pulse_sub_free(sub);
+  sub = NULL;
+  free(v2);
   tu_rm_rf(cache);
   uint8_t k[32];
   cr_assert_eq(pulse_sub_key_from_hex("12", k), PULSE_ERR_ARG);
