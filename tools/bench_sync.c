@@ -230,6 +230,8 @@ static int bs_setup(bs_run *r) {
   if (bs_model_init(&r->m, a->params, a->seed) != 0)
     return bs_fail("model", PULSE_ERR_NOMEM);
   bs_model_calibrate(&r->m, a->density, a->uniform);
+  if (atomic_load(&bs_stop))
+    return 1; /* a stop signal while the model was made (seconds at 1e9) */
   if (!a->json)
     printf("pulse-bench sync: %" PRIu64
            " parameters in %zu tensors, density %.2f%% (%s), %" PRIu64
@@ -251,6 +253,8 @@ static int bs_setup(bs_run *r) {
              "`ip netns` and tc)\n");
   }
   int rc = bs_trainer(r), host = 0;
+  if (rc == 0 && atomic_load(&bs_stop))
+    rc = 1;
   for (size_t k = 0; k < a->nworkers; k++)
     host |= a->workers[k] == BS_WORKER_HOST;
   t0 = pulse_tk_now();
