@@ -12,6 +12,7 @@
 
 #include "class_index_impl.h"
 #include "digest_impl.h"
+#include "hugepage_impl.h"
 #include "parallel_impl.h"
 #include "status_impl.h"
 
@@ -28,6 +29,8 @@ typedef struct {
   pulse_class_index *ix;
   const uint16_t *data;
   pulse_tensor_digest *digest; /* per group: its elements' share */
+  const atomic_int *stop;      /* set: leave the remaining groups */
+  atomic_int stopped;          /* a group was left */
 } build_job;
 
 /* A counting sort of one block's offsets by class. */
@@ -57,6 +60,10 @@ static void build_block(void *ctx, size_t b) {
 
 static void build_group(void *ctx, size_t g) {
   build_job *job = ctx;
+  if (job->stop != NULL && atomic_load_explicit(job->stop, memory_order_relaxed)) {
+    atomic_store_explicit(&job->stopped, 1, memory_order_relaxed);
+    return;
+  }
   uint64_t from = (uint64_t)g * BUILD_GROUP, to = from + BUILD_GROUP;
   if (to > job->ix->blocks)
     to = job->ix->blocks;
@@ -71,6 +78,11 @@ static void build_group(void *ctx, size_t g) {
 
 pulse_status pulse_class_index_build(const uint16_t *data, uint64_t numel, int threads,
                                      pulse_class_index **out) {
+  return pulse_class_index_build_until(data, numel, threads, NULL, out);
+}
+
+pulse_status pulse_class_index_build_until(const uint16_t *data, uint64_t numel, int threads,
+                                           const atomic_int *stop, pulse_class_index **out) {
   if (out != NULL)
     *out = NULL;
   if (out == NULL || (data == NULL && numel > 0))
@@ -81,7 +93,8 @@ pulse_status pulse_class_index_build(const uint16_t *data, uint64_t numel, int t
                       (unsigned long long)numel);
   pulse_class_index *ix = calloc(1, sizeof *ix);
   if (ix != NULL) {
-    ix->offset = malloc((size_t)numel * sizeof *ix->offset + 2);
+    /* Read at random by every decode and moved in by every commit. */
+    ix->offset = pulse_hugepage_alloc((size_t)numel * sizeof *ix->offset + 2);
     ix->run = malloc((size_t)blocks * PULSE_CLASS_RUNS * sizeof *ix->run + 2);
   }
   if (ix == NULL || ix->offset == NULL || ix->run == NULL) {
@@ -91,12 +104,17 @@ pulse_status pulse_class_index_build(const uint16_t *data, uint64_t numel, int t
   ix->numel = numel;
   ix->blocks = blocks;
   size_t groups = (size_t)((blocks + BUILD_GROUP - 1) / BUILD_GROUP);
-  build_job job = {ix, data, calloc(groups + 1, sizeof(pulse_tensor_digest))};
+  build_job job = {ix, data, calloc(groups + 1, sizeof(pulse_tensor_digest)), stop, 0};
   if (job.digest == NULL) {
     pulse_class_index_free(ix);
     return pulse_fail(PULSE_ERR_NOMEM, "class index: %llu elements", (unsigned long long)numel);
   }
   pulse_parallel_for(threads, groups, build_group, &job);
+  if (atomic_load(&job.stopped)) {
+    free(job.digest);
+    pulse_class_index_free(ix);
+    return PULSE_OK; /* *out stays NULL */
+  }
   for (size_t g = 0; g < groups; g++) {
     ix->digest.a += job.digest[g].a;
     ix->digest.b += job.digest[g].b;

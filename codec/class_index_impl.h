@@ -10,6 +10,7 @@
 #ifndef PULSE_CLASS_INDEX_IMPL_H
 #define PULSE_CLASS_INDEX_IMPL_H
 
+#include <stdatomic.h>
 #include <stdint.h>
 
 #include "pulse_codec.h"
@@ -45,6 +46,13 @@ static inline int pulse_apply_opts_known(const pulse_apply_opts *opts) {
 static inline pulse_class_index *pulse_apply_opts_index(const pulse_apply_opts *opts, size_t j) {
   return opts->struct_version >= 2 && opts->class_index != NULL ? opts->class_index[j] : NULL;
 }
+
+/* pulse_class_index_build that gives up once *stop is set (NULL: never;
+ * read between groups of blocks, so it stops within a few milliseconds):
+ * then PULSE_OK with *out NULL. For a receiver that builds in the
+ * background and must take its data back. */
+pulse_status pulse_class_index_build_until(const uint16_t *data, uint64_t numel, int threads,
+                                           const atomic_int *stop, pulse_class_index **out);
 
 /* The class counts of the n elements from `first` (a multiple of the block
  * size): hist[PULSE_CLASS_COUNT]. */

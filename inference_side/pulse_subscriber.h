@@ -186,9 +186,12 @@ typedef struct {
    * patch is downloaded whole first. */
   int no_streaming;
   /* Version 2. 0 (default): host targets keep a class index
-   * (pulse_class_index, about 2.1 bytes per element, built before the first
-   * class-model patch) so that patches decode without a pass over the
-   * weights; 1: no index. Options of version 1 get the default. */
+   * (pulse_class_index, 2.13 bytes per element) so that class-model
+   * patches decode without a pass over the weights. It is built in the
+   * background after the first such patch (which decodes by the pass) and
+   * after an anchor, on half the threads, while the receiver waits for its
+   * next step; a patch that arrives before the build is done waits for its
+   * rest. 1: no index. Options of version 1 get the default. */
   int no_class_index;
   /* Version 3: what a head must be besides signed (PROTOCOL.md, "What a
    * subscriber refuses"). Options of versions 1 and 2 get the defaults. */

@@ -158,6 +158,7 @@ void sub_apply_commit(pulse_sub *sub, const pulse_patch *p, sub_target **tg, int
   sub->t_apply += sub_now() - t0;
   if (sub->mem == SUB_MEM_FILE) /* the file follows at the save */
     sub_file_note_patch(sub, p, tg, staged, stream);
+  sub_index_start(sub); /* the indexes this patch lacked, until the next */
 }
 
 pulse_status sub_apply_patch(pulse_sub *sub, const pulse_patch *p) {
@@ -202,7 +203,7 @@ pulse_status sub_apply_patch(pulse_sub *sub, const pulse_patch *p) {
   /* Check and decode into staging while readers may still read the
    * targets (the codec's transaction, first half); the targets' digests are
    * kept current, so no tensor is hashed again. */
-  sub_targets_index(sub, p, tg, n);
+  sub_targets_index(sub, p);
   size_t k = 0;
   for (size_t i = 0; i < n; i++)
     if (tg[i] != NULL) {
@@ -284,6 +285,7 @@ static pulse_status file_table(pulse_sub *sub, const pulse_st_tensor *t,
 }
 
 pulse_status sub_apply_anchor(pulse_sub *sub, const pulse_store_object *o) {
+  sub_index_stop(sub); /* the weights, maybe the table, are replaced */
   char path[4096];
   sub_object_path(sub, o, path, sizeof path);
   double t0 = sub_now();
@@ -410,6 +412,7 @@ pulse_status sub_apply_anchor(pulse_sub *sub, const pulse_store_object *o) {
     goto done;
   sub->file_dirty = sub->mem == SUB_MEM_FILE;
   fresh = 0;
+  sub_index_start(sub); /* the replaced weights' indexes */
 
 done:
   if (fresh && table != NULL) {

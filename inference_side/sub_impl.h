@@ -129,6 +129,11 @@ struct pulse_sub {
   pulse_state_digest state; /* of step, when have_state */
   int have_state;
   pthread_rwlock_t rw; /* readers vs commits */
+  /* class indexes built in the background (sub_targets.c) */
+  pthread_t indexer;
+  int indexer_running;  /* started and not yet joined */
+  atomic_int indexer_stop;
+  int index_wanted; /* the last host patch could decode through indexes */
 
   /* figures, read from any thread */
   pthread_mutex_t fig_lock;
@@ -270,12 +275,25 @@ int sub_catchup_probe(pulse_sub *sub, uint64_t from, pulse_store_object *o,
  * checked, then committed under the writers' lock. */
 pulse_status sub_apply_patch(pulse_sub *sub, const pulse_patch *p);
 
-/* Before a host-target patch: builds the class index of each target in tg
- * (n entries, NULL where absent) that lacks a current one, when the patch
- * can use it and opts.no_class_index is off. Failing to build only costs
- * speed (a warning event says so). */
-void sub_targets_index(pulse_sub *sub, const pulse_patch *p,
-                       sub_target *const *tg, size_t n);
+/* Class indexes (sub_targets.c). A build reads the whole model, so no
+ * step waits for one that has not started: a patch decodes through the
+ * indexes that are current and by a pass over the base elsewhere, and
+ * after a commit the missing ones are built in the background, while the
+ * receiver waits for its next step.
+ * sub_targets_index, before a host-target patch p: ends a background build
+ * (waits for it: at most one build's time, once after a start or an
+ * anchor) and notes whether p's coding can use indexes.
+ * sub_index_wait: the first half of sub_targets_index, before a download
+ * starts (a download callback must not wait).
+ * sub_index_start, after a host commit: starts building the targets'
+ * missing indexes, when the last patch could use them and
+ * opts.no_class_index is off. sub_index_stop: stops a build (before the
+ * targets' data or table change, or the subscriber goes). Called on the
+ * sync's thread. */
+void sub_targets_index(pulse_sub *sub, const pulse_patch *p);
+void sub_index_wait(pulse_sub *sub);
+void sub_index_start(pulse_sub *sub);
+void sub_index_stop(pulse_sub *sub);
 /** Matches the targets to a patch's table (tg: per table entry, NULL when
  * no target has it); *full: they hold the whole table. */
 pulse_status sub_apply_match(pulse_sub *sub, const pulse_patch *p,

@@ -115,7 +115,7 @@ static pulse_status ps_open(patch_sink *ps) {
   PULSE_TRY(sub_apply_match(sub, ps->p, ps->tg, &ps->full));
   if (sub->mem == SUB_MEM_DEVICE)
     return ps_open_device(ps, n);
-  sub_targets_index(sub, ps->p, ps->tg, n);
+  sub_targets_index(sub, ps->p);
   pulse_class_index **ix = calloc(n + 1, sizeof *ix); /* read by begin only */
   if (ix == NULL)
     return pulse_fail(PULSE_ERR_NOMEM, "streaming a patch of %zu tensors", n);
@@ -237,6 +237,7 @@ static pulse_status ps_apply_verified(patch_sink *ps) {
 pulse_status sub_apply_patch_streamed(pulse_sub *sub,
                                       const pulse_store_object *o,
                                       const sub_source *src) {
+  sub_index_wait(sub); /* not in a download callback */
   patch_sink ps;
   memset(&ps, 0, sizeof ps);
   ps.sub = sub;

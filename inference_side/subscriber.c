@@ -108,6 +108,7 @@ pulse_status pulse_sub_create(const pulse_sub_opts *opts, pulse_sub **out) {
   if (sub->lag_step == NULL && st == PULSE_OK)
     st = pulse_fail(PULSE_ERR_NOMEM, "subscriber");
   atomic_init(&sub->stop, 0);
+  atomic_init(&sub->indexer_stop, 0);
   pthread_rwlockattr_t ra;
   pthread_rwlockattr_init(&ra);
   /* Writers first: a stream of readers must not hold off a new step. */
@@ -133,6 +134,7 @@ pulse_status pulse_sub_create(const pulse_sub_opts *opts, pulse_sub **out) {
 void pulse_sub_free(pulse_sub *sub) {
   if (sub == NULL)
     return;
+  sub_index_stop(sub);
   pulse_fetch_free(sub->http);
   sub_file_free(sub);
   for (size_t i = 0; i < sub->ntargets; i++) {

@@ -5,7 +5,8 @@
  * that applying the patch rebuilds the new BF16 state.
  *
  * Inputs: a synthetic trajectory (toolkit_synth) or consecutive safetensors
- * snapshots. Timed work runs on one thread; each figure is the median of
+ * snapshots. Timed work runs on one thread (decode + apply on
+ * --apply-threads, the receiver's threads); each figure is the median of
  * --reps repetitions. */
 #include "bench_impl.h"
 
@@ -41,6 +42,7 @@ typedef struct {
   uint64_t params, steps, seed;
   double lr;
   int threads, reps, json;
+  int apply_threads; /* decode + apply threads (a receiver's opts.threads) */
   int synth_opts_given; /* any of --params --steps --lr --seed */
   char **snapshots;
   int snapshot_count;
@@ -108,11 +110,16 @@ void bench_codec_usage(FILE *out) {
       "options:\n"
       "  --reps R       repetitions of each timing, median kept "
       "(default 5)\n"
+      "  --apply-threads N  decode + apply on N threads, as a receiver with\n"
+      "                 opts.threads = N (default 1; 0: one per core); the\n"
+      "                 summary's apply_mchanges_per_s (default coding,\n"
+      "                 through a class index) and apply_noindex_mchanges_per_s\n"
+      "                 (without) are these\n"
       "  --json         one JSON object per step, then a summary object\n"
       "  --report DIR   also write DIR/steps.csv, DIR/per_changed.csv and\n"
       "                 DIR/report.html (charts)\n"
       "  --help         this text\n"
-      "Timed work runs on one thread. Exit status: 0 ok, 1 failure or\n"
+      "Other timed work runs on one thread. Exit status: 0 ok, 1 failure or\n"
       "a patch that does not rebuild the new state bit for bit, 2 usage.\n");
 }
 
@@ -246,12 +253,12 @@ static void free_indexes(codec_ctx *c) {
  * that the result equals new_bf16 bit for bit. indexed: through class
  * indexes of the base, built before each timed apply (r->index_build_s and
  * r->index_bytes get the build's figures). */
-static int apply_patch(codec_ctx *c, step_result *r,
-                       const pulse_buffer *patch, const char *label,
-                       const uint16_t *new_bf16, int reps, int indexed, double *secs) {
+static int apply_patch(codec_ctx *c, step_result *r, const pulse_buffer *patch,
+                       const char *label, const uint16_t *new_bf16, int reps, int threads,
+                       int indexed, double *secs) {
   const bench_table *tb = &c->table;
   pulse_apply_opts opts = PULSE_APPLY_OPTS_INIT;
-  opts.threads = 1;
+  opts.threads = threads;
   opts.class_index = c->index; /* NULL entries unless indexed */
   double t[MAX_REPS];
   for (int k = 0; k < reps; k++) {
@@ -380,10 +387,11 @@ static int measure_step(codec_ctx *c, const codec_args *a,
     int rc = encode_patch(c, r, k, a->reps, &r->encode_s[k], &patch);
     r->bytes[k] = patch.size;
     if (rc == 0)
-      rc = apply_patch(c, r, &patch, codings[k].label, new_bf16, a->reps, 0, &r->apply_s[k]);
+      rc = apply_patch(c, r, &patch, codings[k].label, new_bf16, a->reps, a->apply_threads, 0,
+                       &r->apply_s[k]);
     r->apply_indexed_s[k] = 0;
     if (rc == 0 && codings[k].model == PULSE_POS_CLASS)
-      rc = apply_patch(c, r, &patch, codings[k].label, new_bf16, a->reps, 1,
+      rc = apply_patch(c, r, &patch, codings[k].label, new_bf16, a->reps, a->apply_threads, 1,
                        &r->apply_indexed_s[k]);
     if (rc == 0)
       rc = decode_streams(&patch, codings[k].label, a->reps, &r->decode_s[k]);
@@ -476,7 +484,7 @@ static void print_speeds(const step_result *r) {
          "memcpy %.2f GB/s\n",
          moved / 1e6, r->detect_s * 1e3, per(moved, r->detect_s) / 1e9,
          per(moved, r->memcpy_s) / 1e9);
-  printf("  %-36s %10s %10s %12s %14s %14s\n", "coding (one thread)", "encode ms", "apply ms",
+  printf("  %-36s %10s %10s %12s %14s %14s\n", "coding", "encode ms", "apply ms",
          "M changed/s", "indexed M/s (+)", "decode M/s (*)");
   for (int k = 0; k < CODINGS; k++) {
     char dec[32] = "-", ix[32] = "-";
@@ -573,6 +581,9 @@ static void print_step_json(const step_result *r) {
              per((double)r->changed, r->apply_indexed_s[k]));
   printf(",\"class_index_bytes\":%" PRIu64 ",\"class_index_build_s\":%.6g", r->index_bytes,
          r->index_build_s);
+  printf(",\"apply_mchanges_per_s\":%.6g,\"apply_noindex_mchanges_per_s\":%.6g",
+         per((double)r->changed, r->apply_indexed_s[0]) / 1e6,
+         per((double)r->changed, r->apply_s[0]) / 1e6);
   /* The default coding under the plain names. */
   printf(",\"patch_encode_s\":%.6g,\"apply_s\":%.6g,\"apply_changed_per_s\":%.6g"
          ",\"apply_plain_changed_per_s\":%.6g,\"verify\":\"ok\"}\n",
@@ -662,7 +673,7 @@ static void print_summary_text(const summary *s) {
          per((double)t->base.dense, def), per(dense_z, def), per(bb, def));
 }
 
-static void print_summary_json(const summary *s, const char *source) {
+static void print_summary_json(const summary *s, const char *source, int apply_threads) {
   const step_result *t = &s->sum;
   double n = (double)(s->steps ? s->steps : 1);
   double c = (double)t->changed;
@@ -693,6 +704,9 @@ static void print_summary_json(const summary *s, const char *source) {
     if (codings[k].model == PULSE_POS_CLASS)
       printf(",\"apply_%s_indexed_changed_per_s\":%.6g", codings[k].key,
              s->indexed_cps[k] / n);
+  printf(",\"apply_threads\":%d,\"apply_mchanges_per_s\":%.6g"
+         ",\"apply_noindex_mchanges_per_s\":%.6g",
+         apply_threads, s->indexed_cps[0] / n / 1e6, s->apply_cps[0] / n / 1e6);
   printf(",\"bound_per_changed\":%.6g", per(bound, c));
   print_baselines_json(&t->base, &c);
   printf(",\"encode_bytes_per_s\":%.6g,\"memcpy_bytes_per_s\":%.6g"
@@ -789,9 +803,9 @@ static int run_synthetic(const codec_args *a) {
                 "in %.2f s)\n",
            source, a->steps, create_s);
     printf("entropy bound model: %s\n", BENCH_BOUND_MODEL);
-    printf("timings: one thread, median of %d repetitions; detection reads "
-           "FP32 master weights + the BF16 snapshot\n",
-           a->reps);
+    printf("timings: one thread (decode + apply: %d, 0 = one per core), median of %d "
+           "repetitions; detection reads FP32 master weights + the BF16 snapshot\n",
+           a->apply_threads, a->reps);
   }
 
   summary sum;
@@ -814,7 +828,7 @@ static int run_synthetic(const codec_args *a) {
     memcpy(c.old_bf16, bf16, (size_t)tb->total * 2);
   }
   if (a->json)
-    print_summary_json(&sum, source);
+    print_summary_json(&sum, source, a->apply_threads);
   else
     print_summary_text(&sum);
   rc = 0;
@@ -987,9 +1001,9 @@ static int run_snapshots(const codec_args *a) {
   if (!a->json) {
     printf(PROG ": %s\n", source);
     printf("entropy bound model: %s\n", BENCH_BOUND_MODEL);
-    printf("timings: one thread, median of %d repetitions; detection reads "
-           "the new weights as stored + the BF16 snapshot\n",
-           a->reps);
+    printf("timings: one thread (decode + apply: %d, 0 = one per core), median of %d "
+           "repetitions; detection reads the new weights as stored + the BF16 snapshot\n",
+           a->apply_threads, a->reps);
   }
 
   summary sum;
@@ -1018,7 +1032,7 @@ static int run_snapshots(const codec_args *a) {
     memset(&next, 0, sizeof next);
   }
   if (a->json)
-    print_summary_json(&sum, source);
+    print_summary_json(&sum, source, a->apply_threads);
   else
     print_summary_text(&sum);
   rc = 0;
@@ -1119,6 +1133,7 @@ int bench_codec_main(int argc, char **argv) {
                   .seed = 1,
                   .lr = 2e-6,
                   .threads = 0,
+                  .apply_threads = 1,
                   .reps = 5};
   for (int i = 1; i < argc; i++) {
     const char *arg = argv[i], *v = NULL;
@@ -1154,6 +1169,9 @@ int bench_codec_main(int argc, char **argv) {
     } else if ((m = pulse_tk_opt_value(argc, argv, &i, "--threads", &v)) != 0) {
       if (m < 0 || pulse_tk_parse_int(v, 0, 4096, &a.threads) != 0)
         return usage_error("--threads needs 0..4096, got '%s'", m < 0 ? "" : v);
+    } else if ((m = pulse_tk_opt_value(argc, argv, &i, "--apply-threads", &v)) != 0) {
+      if (m < 0 || pulse_tk_parse_int(v, 0, 256, &a.apply_threads) != 0)
+        return usage_error("--apply-threads needs 0..256, got '%s'", m < 0 ? "" : v);
     } else if ((m = pulse_tk_opt_value(argc, argv, &i, "--reps", &v)) != 0) {
       if (m < 0 || pulse_tk_parse_int(v, 1, MAX_REPS, &a.reps) != 0)
         return usage_error("--reps needs 1..1000, got '%s'", m < 0 ? "" : v);

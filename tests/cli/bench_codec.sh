@@ -99,6 +99,24 @@ done
 awk -v r="$(json_num "$sum" ratio_v2_baseline)" 'BEGIN { exit !(r > 0 && r < 1) }' ||
   fail "summary: v2 / the baseline is not below 1"
 
+# 1b. Decode + apply on several receiver threads: the summary gives the
+# default coding's rate through a class index and without one (M changes/s),
+# and the thread count; the patches still verify.
+if "$BENCH" codec --params 200000 --steps 1 --reps 1 --apply-threads 2 --json \
+  >"$TMP/t.json" 2>"$TMP/stderr"; then
+  sum=$(grep '^{"summary":true' "$TMP/t.json")
+  [ "$(json_num "$sum" apply_threads)" = 2 ] || fail "--apply-threads 2: apply_threads is not 2"
+  for key in apply_mchanges_per_s apply_noindex_mchanges_per_s; do
+    awk -v v="$(json_num "$sum" "$key")" 'BEGIN { exit !(v > 0) }' ||
+      fail "--apply-threads 2: summary $key missing or not positive"
+  done
+  grep -q '"verify":"ok"' <<<"$sum" || fail "--apply-threads 2: not verified"
+else
+  fail "--apply-threads 2 exited non-zero: $(cat "$TMP/stderr")"
+fi
+sum=$(grep '^{"summary":true' "$TMP/a.json")
+[ "$(json_num "$sum" apply_threads)" = 1 ] || fail "default apply_threads is not 1"
+
 # 2. Deterministic for a seed: the same sizes twice, other sizes for another
 # seed (timings differ, so compare only the size fields).
 sizes() {
@@ -127,6 +145,7 @@ done
 # 4. Bad usage is refused with status 2 and a message on stderr.
 for args in "nosuchmode" "codec --bogus" "codec --params 10" \
   "codec --steps 0" "codec --snapshots only_one.safetensors" \
+  "codec --apply-threads -1" "codec --apply-threads many" \
   "codec --params 200000 --snapshots a.safetensors b.safetensors"; do
   # shellcheck disable=SC2086
   "$BENCH" $args >"$TMP/out" 2>"$TMP/err"

@@ -368,3 +368,23 @@ Test(class_index, commit_halves_repeat_harmlessly) {
     one_free(&f);
   }
 }
+
+/* The memory stated in pulse_codec.h and FORMAT.md: 2 bytes per element
+ * plus 528 per block of 4096, at most 2.2 bytes per element from 10,000
+ * elements up. */
+Test(class_index, holds_at_most_2_2_bytes_per_element_from_10000_elements) {
+  static const uint64_t sizes[] = {10000, 12289, 65536, 1000001, 3u << 20};
+  for (size_t z = 0; z < PT_COUNT_OF(sizes); z++) {
+    uint64_t n = sizes[z];
+    uint16_t *data = pt_alloc((size_t)n * 2);
+    pulse_class_index *ix = NULL;
+    cr_assert_eq(pulse_class_index_build(data, n, 2, &ix), PULSE_OK);
+    size_t bytes = pulse_class_index_bytes(ix);
+    cr_assert_leq((double)bytes, 2.2 * (double)n, "%llu elements: %zu bytes",
+                  (unsigned long long)n, bytes);
+    cr_assert_leq(bytes, (size_t)n * 2 + 528 * ((size_t)(n + 4095) / 4096) + 256,
+                  "%llu elements: %zu bytes", (unsigned long long)n, bytes);
+    pulse_class_index_free(ix);
+    free(data);
+  }
+}

@@ -1,0 +1,171 @@
+/* test_apply_threads.c - decode and apply on several threads (chunks decoded
+ * in parallel, the commit's writes and index moves split by chunk) give
+ * exactly what one thread gives: the same weights bit for bit, staged or
+ * streamed, with or without a class index, for every coding; a hostile
+ * patch fails the same way on any number of threads and leaves the weights
+ * and the index as they were. The tables hold more than the 65536 changes
+ * from which a commit writes on several threads. */
+#include "patch_testutil.h"
+#include "pulse_codec_stream.h"
+
+#include <criterion/criterion.h>
+
+enum { CODINGS = 4, TENSORS = 3 };
+static const struct {
+  unsigned version;
+  pulse_pos_model model;
+  const char *name;
+} codings[CODINGS] = {{2, PULSE_POS_CLASS, "v2 class"},
+                      {2, PULSE_POS_PLAIN, "v2 plain"},
+                      {1, PULSE_POS_CLASS, "v1 class"},
+                      {1, PULSE_POS_PLAIN, "v1 plain"}};
+
+/* Three tensors: a large one at high density (most of the changes, many
+ * chunks), a small one, and one without changes. */
+static void make_table(pt_tensor *ts, uint64_t seed) {
+  pt_tensor_make1(&ts[0], "layers.0.w", 300000, PT_WEIGHTS_NORMAL, 0.3, 1, seed);
+  pt_tensor_make1(&ts[1], "layers.0.b", 5000, PT_WEIGHTS_NORMAL, 0.05, 1, seed + 1);
+  pt_tensor_make1(&ts[2], "norm", 4096, PT_WEIGHTS_NORMAL, 0.0, 0, seed + 2);
+}
+
+/* Applies buf to copies of the bases in w (allocated here) on `threads`
+ * threads; ix: build class indexes first (returned in ix, else NULL). */
+static pulse_status apply_copy(const pulse_buffer *buf, const pt_tensor *ts, int threads,
+                               int streamed, int indexed, uint16_t **w, pulse_class_index **ix) {
+  pulse_host_tensor h[TENSORS];
+  for (size_t i = 0; i < TENSORS; i++) {
+    w[i] = pt_copy(ts[i].base, ts[i].numel);
+    h[i] = (pulse_host_tensor){ts[i].name, w[i], ts[i].numel, NULL};
+    ix[i] = NULL;
+    if (indexed)
+      cr_assert_eq(pulse_class_index_build(w[i], ts[i].numel, threads, &ix[i]), PULSE_OK);
+  }
+  pulse_patch *p = NULL;
+  pulse_status st = pulse_patch_open(buf->data, buf->size, &p);
+  if (st != PULSE_OK)
+    return st;
+  pulse_apply_opts ao = PULSE_APPLY_OPTS_INIT;
+  ao.threads = threads;
+  ao.class_index = indexed ? ix : NULL;
+  if (!streamed) {
+    st = pulse_patch_apply(p, h, TENSORS, &ao);
+  } else {
+    pulse_patch_stream *s = NULL;
+    st = pulse_patch_stream_begin(p, h, TENSORS, &ao, &s);
+    /* The bytes in a few pieces, as a download gives them. */
+    for (size_t at = 0; st == PULSE_OK && at < buf->size; at += buf->size / 5 + 1)
+      pulse_patch_stream_feed(s, at);
+    if (st == PULSE_OK) {
+      pulse_patch_stream_feed(s, buf->size);
+      st = pulse_patch_stream_finish(s);
+    }
+    if (st == PULSE_OK)
+      pulse_patch_stream_commit(s);
+    pulse_patch_stream_free(s);
+  }
+  pulse_patch_free(p);
+  return st;
+}
+
+static void free_copy(uint16_t **w, pulse_class_index **ix) {
+  for (size_t i = 0; i < TENSORS; i++) {
+    free(w[i]);
+    pulse_class_index_free(ix[i]);
+  }
+}
+
+Test(apply_threads, every_thread_count_gives_what_one_thread_gives) {
+  static const uint32_t chunk_log2s[] = {12, 16};
+  static const int threads[] = {2, 3, 8, 0};
+  for (int k = 0; k < CODINGS; k++)
+    for (size_t c = 0; c < PT_COUNT_OF(chunk_log2s); c++) {
+      pt_tensor ts[TENSORS];
+      make_table(ts, 100u + 10u * (uint64_t)k + c);
+      cr_assert_gt(ts[0].changes.count + ts[1].changes.count, 65536);
+      pulse_encode_opts o = pt_opts(codings[k].model, chunk_log2s[c], 2);
+      o.format_version = codings[k].version;
+      pulse_buffer buf = {NULL, 0};
+      cr_assert_eq(pt_encode(&o, ts, TENSORS, &buf), PULSE_OK);
+      uint16_t *ref[TENSORS];
+      pulse_class_index *none[TENSORS];
+      cr_assert_eq(apply_copy(&buf, ts, 1, 0, 0, ref, none), PULSE_OK, "%s",
+                   pulse_error_detail());
+      for (size_t i = 0; i < TENSORS; i++)
+        cr_assert_eq(pt_first_diff(ts[i].target, ref[i], ts[i].numel), PT_NONE,
+                     "%s: one thread reaches the target", codings[k].name);
+      for (size_t t = 0; t < PT_COUNT_OF(threads); t++)
+        for (int streamed = 0; streamed < 2; streamed++)
+          for (int indexed = 0; indexed < 2; indexed++) {
+            uint16_t *w[TENSORS];
+            pulse_class_index *ix[TENSORS];
+            pulse_status st = apply_copy(&buf, ts, threads[t], streamed, indexed, w, ix);
+            cr_assert_eq(st, PULSE_OK, "%s chunk 2^%u, %d threads, %s%s: %s", codings[k].name,
+                         chunk_log2s[c], threads[t], streamed ? "streamed" : "staged",
+                         indexed ? ", indexed" : "", pulse_error_detail());
+            for (size_t i = 0; i < TENSORS; i++) {
+              cr_assert_eq(pt_first_diff(ref[i], w[i], ts[i].numel), PT_NONE,
+                           "%s chunk 2^%u, %d threads, %s%s: '%s' differs from one thread",
+                           codings[k].name, chunk_log2s[c], threads[t],
+                           streamed ? "streamed" : "staged", indexed ? ", indexed" : "",
+                           ts[i].name);
+              if (indexed)
+                cr_assert_eq(pulse_class_index_check(ix[i], w[i], ts[i].numel), PULSE_OK,
+                             "%s, %d threads: the index follows the commit: %s",
+                             codings[k].name, threads[t], pulse_error_detail());
+            }
+            free_copy(w, ix);
+          }
+      free_copy(ref, none);
+      pulse_buffer_free(&buf);
+      pt_tensors_free(ts, TENSORS);
+    }
+}
+
+Test(apply_threads, hostile_bytes_fail_alike_and_leave_weights_and_index_alone) {
+  for (int k = 0; k < CODINGS; k++) {
+    pt_tensor ts[TENSORS];
+    make_table(ts, 700u + (uint64_t)k);
+    pulse_encode_opts o = pt_opts(codings[k].model, 12, 2);
+    o.format_version = codings[k].version;
+    pulse_buffer buf = {NULL, 0};
+    cr_assert_eq(pt_encode(&o, ts, TENSORS, &buf), PULSE_OK);
+    uint8_t *bad = pt_alloc(buf.size);
+    uint64_t s = 9000u + (uint64_t)k;
+    size_t failed = 0;
+    for (int trial = 0; trial < 24; trial++) {
+      memcpy(bad, buf.data, buf.size);
+      /* A few bytes anywhere past the fixed header: the table, the streams. */
+      int flips = 1 + (int)pulse_rng_below(&s, 4);
+      for (int f = 0; f < flips; f++)
+        bad[120 + pulse_rng_below(&s, buf.size - 120)] ^= (uint8_t)(1u + pulse_rng_below(&s, 255));
+      pulse_buffer hostile = {bad, buf.size};
+      uint16_t *one[TENSORS], *many[TENSORS];
+      pulse_class_index *ix1[TENSORS], *ixn[TENSORS];
+      int streamed = trial & 1, indexed = codings[k].model == PULSE_POS_CLASS && (trial & 2);
+      pulse_status a = apply_copy(&hostile, ts, 1, streamed, indexed, one, ix1);
+      pulse_status b = apply_copy(&hostile, ts, 4, streamed, indexed, many, ixn);
+      cr_assert_eq(a, b, "%s trial %d: %s on one thread, %s on four", codings[k].name, trial,
+                   pulse_status_name(a), pulse_status_name(b));
+      for (size_t i = 0; i < TENSORS; i++) {
+        cr_assert_eq(pt_first_diff(one[i], many[i], ts[i].numel), PT_NONE,
+                     "%s trial %d: '%s' differs between one and four threads",
+                     codings[k].name, trial, ts[i].name);
+        if (b != PULSE_OK)
+          cr_assert_eq(pt_first_diff(ts[i].base, many[i], ts[i].numel), PT_NONE,
+                       "%s trial %d: '%s' was written by a failed apply", codings[k].name,
+                       trial, ts[i].name);
+        if (indexed)
+          cr_assert_eq(pulse_class_index_check(ixn[i], many[i], ts[i].numel), PULSE_OK,
+                       "%s trial %d: index: %s", codings[k].name, trial, pulse_error_detail());
+      }
+      failed += b != PULSE_OK;
+      free_copy(one, ix1);
+      free_copy(many, ixn);
+    }
+    cr_assert_gt(failed, 12, "%s: most corrupted patches fail (%zu of 24)", codings[k].name,
+                 failed);
+    free(bad);
+    pulse_buffer_free(&buf);
+    pt_tensors_free(ts, TENSORS);
+  }
+}
