@@ -1,6 +1,7 @@
 /* cuda_stub.c - the CUDA entry points of a build without CUDA: each says so
  * with PULSE_ERR_NOT_BUILT (the CPU references in loco_ref.c and the host
  * helpers in chunks.c are built in both). */
+#include "cuda_impl.h"
 #include "pulse_cuda.h"
 #include "status_impl.h"
 
@@ -234,4 +235,56 @@ pulse_status pulse_cuda_loco_gate(pulse_cuda_workspace *ws,
   if (sent != NULL)
     *sent = 0;
   return NOT_BUILT("cuda loco gate");
+}
+
+/* The device stages of an apply, one by one (cuda_impl.h): pulse-bench gpu
+ * times them, and links in every build. */
+pulse_status pulse_cuda_changes_digest_in_(pulse_cuda_workspace *ws,
+                                           const uint64_t *tensor_first,
+                                           size_t count, const uint64_t *pos_d,
+                                           const uint16_t *old_d,
+                                           const uint16_t *new_d,
+                                           pulse_tensor_digest *moves,
+                                           void *stream) {
+  (void)ws, (void)tensor_first, (void)count, (void)pos_d, (void)old_d,
+      (void)new_d, (void)moves, (void)stream;
+  return NOT_BUILT("cuda changes digest");
+}
+
+pulse_status pulse_cuda_scatter_in_(pulse_cuda_workspace *ws,
+                                    const pulse_cuda_bf16_tensor *table,
+                                    size_t count, const uint64_t *tensor_first,
+                                    const uint64_t *pos_d,
+                                    const uint16_t *new_d, void *stream) {
+  (void)ws, (void)table, (void)count, (void)tensor_first, (void)pos_d,
+      (void)new_d, (void)stream;
+  return NOT_BUILT("cuda scatter");
+}
+
+pulse_status pulse_cuda_class_index_build_in_(
+    pulse_cuda_workspace *ws, const pulse_cuda_bf16_tensor *table, size_t count,
+    uint32_t chunk_log2, void *stream, pulse_cuda_class_index **out) {
+  (void)ws, (void)table, (void)count, (void)chunk_log2, (void)stream;
+  if (out != NULL)
+    *out = NULL;
+  return NOT_BUILT("cuda class index");
+}
+
+pulse_status pulse_cuda_locate_in_(pulse_cuda_class_index *idx,
+                                   const uint64_t *chunk_first_d,
+                                   const uint64_t *keys_d, uint64_t entries,
+                                   uint64_t *pos_d, void *stream) {
+  (void)idx, (void)chunk_first_d, (void)keys_d, (void)entries, (void)pos_d,
+      (void)stream;
+  return NOT_BUILT("cuda locate");
+}
+
+pulse_status pulse_cuda_gather_(pulse_cuda_workspace *ws,
+                                const pulse_cuda_bf16_tensor *table,
+                                size_t count, const uint64_t *tensor_first,
+                                const uint64_t *pos_d, const uint16_t *delta_d,
+                                uint16_t *old_d, uint16_t *new_d, void *stream) {
+  (void)ws, (void)table, (void)count, (void)tensor_first, (void)pos_d,
+      (void)delta_d, (void)old_d, (void)new_d, (void)stream;
+  return NOT_BUILT("cuda gather");
 }
