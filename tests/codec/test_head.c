@@ -50,6 +50,15 @@ static void fx_fields(head_fx *x, unsigned version) {
   }
 }
 
+/* 1 when the head's bytes (not NUL-terminated) contain `text`. */
+static int head_has(const pulse_buffer *b, const char *text) {
+  size_t n = strlen(text);
+  for (size_t at = 0; at + n <= b->size; at++)
+    if (memcmp(b->data + at, text, n) == 0)
+      return 1;
+  return 0;
+}
+
 /* Replaces the first `from` in the head's text by `to` and parses it. */
 static pulse_status parse_edited(const pulse_buffer *b, const char *from,
                                  const char *to) {
@@ -90,8 +99,7 @@ Test(head, version_2_signs_run_time_and_previous_link) {
   cr_assert_eq(prev, 7);
   cr_assert_eq(sha[0], 0x44);
   pulse_store_head_free(h);
-  cr_assert(strstr((const char *)b.data, "\"format\":\"pulse-head/2\"") !=
-            NULL);
+  cr_assert(head_has(&b, "\"format\":\"pulse-head/2\""));
   /* Each of the new fields is covered by the signature. */
   cr_assert_eq(parse_edited(&b, "\"run\":\"ab", "\"run\":\"ac"),
                PULSE_ERR_CORRUPT, "the run is signed");
@@ -115,7 +123,7 @@ Test(head, version_2_signs_run_time_and_previous_link) {
   /* The first head of a run links to nothing. */
   x.f.has_previous = 0;
   cr_assert_eq(store_head_serialize(&x.f, key, &b), PULSE_OK);
-  cr_assert(strstr((const char *)b.data, "\"previous\":null") != NULL);
+  cr_assert(head_has(&b, "\"previous\":null"));
   cr_assert_eq(pulse_store_head_parse(b.data, b.size, &h), PULSE_OK);
   cr_assert_eq(pulse_store_head_previous(h, NULL, NULL), 0);
   pulse_store_head_free(h);
@@ -132,9 +140,8 @@ Test(head, version_1_heads_still_verify_and_name_no_run) {
   fx_fields(&x, 1);
   pulse_buffer b = {NULL, 0};
   cr_assert_eq(store_head_serialize(&x.f, key, &b), PULSE_OK);
-  cr_assert(strstr((const char *)b.data, "\"format\":\"pulse-head/1\"") !=
-            NULL);
-  cr_assert(strstr((const char *)b.data, "\"run\"") == NULL);
+  cr_assert(head_has(&b, "\"format\":\"pulse-head/1\""));
+  cr_assert(!head_has(&b, "\"run\""));
   pulse_store_head *h = NULL;
   cr_assert_eq(pulse_store_head_parse(b.data, b.size, &h), PULSE_OK, "%s",
                pulse_error_detail());
