@@ -112,4 +112,13 @@ typedef pulse_status (*store_stray_fn)(void *ctx, const char *folder,
 pulse_status store_strays(const char *dir, const pulse_store_head *head,
                           int catchups, store_stray_fn fn, void *ctx);
 
+/* The text a catch-up's signature covers (PROTOCOL.md, "Catch-ups"): version
+ * 2 with the run of a format-2 head, version 1 otherwise. The server signs
+ * it, the subscriber verifies it. Returns its length, or -1 when `cap` is
+ * too small. */
+int store_catchup_canon(const pulse_store_head *head, uint64_t from,
+                        uint64_t to, const char *state_digest_hex,
+                        const char *sha256_hex, uint64_t size, char *out,
+                        size_t cap);
+
 #endif /* PULSE_STORE_IMPL_H */

@@ -1,5 +1,6 @@
 /* store_util.c - hex, SHA-256 and name helpers of the store (store_impl.h). */
 #include <errno.h>
+#include <inttypes.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -116,4 +117,25 @@ pulse_status pulse_store_file_sha256(const char *path, uint8_t sha256[32],
   if (st == PULSE_OK && size != NULL)
     *size = total;
   return st;
+}
+
+int store_catchup_canon(const pulse_store_head *head, uint64_t from,
+                        uint64_t to, const char *state_digest_hex,
+                        const char *sha256_hex, uint64_t size, char *out,
+                        size_t cap) {
+  char run[2 * PULSE_STORE_RUN_BYTES + 8] = "";
+  uint8_t rb[PULSE_STORE_RUN_BYTES];
+  int v2 = pulse_store_head_run(head, rb);
+  if (v2) {
+    memcpy(run, "run ", 4);
+    store_hex(rb, sizeof rb, run + 4);
+    strcat(run, "\n");
+  }
+  int len = snprintf(out, cap,
+                     "pulse-catchup-signature/%d\n%sfrom %" PRIu64
+                     "\nto %" PRIu64 "\nstate_digest %s\nsha256 %s\nsize "
+                     "%" PRIu64 "\n",
+                     v2 ? 2 : 1, run, from, to, state_digest_hex, sha256_hex,
+                     size);
+  return len < 0 || (size_t)len >= cap ? -1 : len;
 }

@@ -46,25 +46,14 @@ static pulse_status check_signature(pulse_sub *sub, const pulse_fetch_xfer *x,
       sub_unhex(sig_hex, strlen(sig_hex), sig, 64) == 0 &&
       sub_unhex(pub_hex, strlen(pub_hex), pub, 32) == 0;
   if (has_sig && sub->have_key) {
-    /* Version 2 binds it to the head's run (PROTOCOL.md). */
-    char canon[600], run[2 * PULSE_STORE_RUN_BYTES + 8] = "";
-    uint8_t rb[PULSE_STORE_RUN_BYTES];
-    int v2 = pulse_store_head_run(sub->head, rb);
-    if (v2) {
-      memcpy(run, "run ", 4);
-      store_hex(rb, sizeof rb, run + 4);
-      strcat(run, "\n");
-    }
-    int len = snprintf(canon, sizeof canon,
-                       "pulse-catchup-signature/%d\n%sfrom %" PRIu64
-                       "\nto %" PRIu64 "\nstate_digest %s\nsha256 %s\nsize "
-                       "%" PRIu64 "\n",
-                       v2 ? 2 : 1, run, from, to, digest, sha_hex, size);
+    char canon[600];
+    int len = store_catchup_canon(sub->head, from, to, digest, sha_hex, size,
+                                  canon, sizeof canon);
     if (memcmp(pub, sub->key, 32) != 0)
       return pulse_fail(PULSE_ERR_CORRUPT,
                         "catch-up from %" PRIu64 ": signed by another key",
                         from);
-    if (pulse_sign_verify(pub, canon, (size_t)len, sig) != PULSE_OK)
+    if (len < 0 || pulse_sign_verify(pub, canon, (size_t)len, sig) != PULSE_OK)
       return pulse_fail(PULSE_ERR_CORRUPT,
                         "catch-up from %" PRIu64
                         ": the signature does not verify",

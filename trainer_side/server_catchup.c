@@ -103,22 +103,11 @@ static int reply_catchup(pulse_server *srv, pulse_serve_request *rq,
                            digest,
                            NULL};
   if (srv->opts.key != NULL) {
-    /* Version 2 binds it to the head's run (PROTOCOL.md). */
-    char canon[600], run[2 * PULSE_STORE_RUN_BYTES + 8] = "";
-    uint8_t rb[PULSE_STORE_RUN_BYTES];
-    int v2 = pulse_store_head_run(h->head, rb);
-    if (v2) {
-      memcpy(run, "run ", 4);
-      store_hex(rb, sizeof rb, run + 4);
-      strcat(run, "\n");
-    }
-    int len = snprintf(canon, sizeof canon,
-                       "pulse-catchup-signature/%d\n%sfrom %s\nto "
-                       "%s\nstate_digest %s\nsha256 %s\n"
-                       "size %" PRIu64 "\n",
-                       v2 ? 2 : 1, run, from_s, to_s, digest, hex, c.size);
+    char canon[600];
+    int len = store_catchup_canon(h->head, from, h->step, digest, hex, c.size,
+                                  canon, sizeof canon);
     uint8_t sig[PULSE_SIGN_SIGNATURE_BYTES], pub[PULSE_SIGN_PUBLIC_BYTES];
-    if (pulse_sign(srv->opts.key, canon, (size_t)len, sig) == PULSE_OK) {
+    if (len >= 0 && pulse_sign(srv->opts.key, canon, (size_t)len, sig) == PULSE_OK) {
       pulse_sign_key_public(srv->opts.key, pub);
       store_hex(sig, sizeof sig, sig_hex);
       store_hex(pub, sizeof pub, pub_hex);
