@@ -24,6 +24,8 @@ static const bench_mode modes[] = {
     {"serve", "serving throughput vs nginx, long-poll wake-up, commit vs encoder",
      bench_serve_main, bench_serve_usage},
     {"loco", "DDP vs DiLoCo vs PULSELoCo trainers over HTTP: bytes and loss", bench_loco_main, bench_loco_usage},
+    {"topology", "decentralized gossip over graphs: replica variance, loss, bytes",
+     bench_topology_main, bench_topology_usage},
     {"gpu", "device encode and apply against a device-to-device copy", bench_gpu_main, bench_gpu_usage},
 };
 

@@ -1,0 +1,306 @@
+/* bench_topology_http.c - `pulse-bench topology --processes`: one process
+ * per trainer, each with its own blob server on 127.0.0.1 (loco/http_impl.h,
+ * the server and fetches PULSELoCo's exchange uses), gossiping over HTTP.
+ * The parent does no training: it hands each round's graph to every
+ * trainer, reads back their parameters and measures the round exactly as
+ * the in-process run does, so the two print the same numbers.
+ *
+ * Processes are forked before anything starts a thread. Each child speaks
+ * to the parent through two pipes of binary records (native byte order,
+ * same machine):
+ *   child -> parent   u16 port (once); per round: P floats after the local
+ *                     steps, P floats after mixing, u64 bytes it fetched
+ *   parent -> child   u16 port of every trainer (once); per round: u32
+ *                     edge count then the edges (u32 pairs); UINT32_MAX ends
+ *
+ * A payload is served at /v1/gossip/ROUND/to/ID by its sender; its
+ * receiver fetches it with a deadline. */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "bench_topology_impl.h"
+#include "graph_impl.h"
+#include "http_impl.h"
+#include "pulse_loco.h"
+
+#define FETCH_TIMEOUT_MS 20000u
+#define END_OF_RUN UINT32_MAX
+
+static int write_all(int fd, const void *buf, size_t n) {
+  const char *p = buf;
+  while (n > 0) {
+    ssize_t w = write(fd, p, n);
+    if (w < 0 && errno == EINTR)
+      continue;
+    if (w <= 0)
+      return -1;
+    p += w, n -= (size_t)w;
+  }
+  return 0;
+}
+
+static int read_all(int fd, void *buf, size_t n) {
+  char *p = buf;
+  while (n > 0) {
+    ssize_t r = read(fd, p, n);
+    if (r < 0 && errno == EINTR)
+      continue;
+    if (r <= 0)
+      return -1;
+    p += r, n -= (size_t)r;
+  }
+  return 0;
+}
+
+/* ------------------------------------------------------------------ child */
+
+/* One round of trainer i over HTTP on graph G; *fetched gets the payload
+ * bytes that arrived. */
+static int child_round(pulse_gossip *g, loco_server *srv, const uint16_t *ports,
+                       uint32_t i, uint32_t t, const pulse_gossip_graph *G,
+                       uint64_t *fetched) {
+  char path[96];
+  if (pulse_gossip_prepare(g, t, G, NULL) != PULSE_OK)
+    return -1;
+  uint32_t deg = pulse_gossip_graph_degree(G, i);
+  const uint32_t *nb = pulse_gossip_graph_neighbours(G, i);
+  for (uint32_t k = 0; k < deg; k++) {
+    const uint8_t *data;
+    size_t size;
+    if (pulse_gossip_payload(g, nb[k], &data, &size) != PULSE_OK)
+      return -1;
+    snprintf(path, sizeof path, "/v1/gossip/%u/to/%u", t, nb[k]);
+    if (loco_server_put(srv, path, data, size) != PULSE_OK)
+      return -1;
+  }
+  loco_fetch *f = calloc(deg ? deg : 1, sizeof *f);
+  char (*url)[128] = calloc(deg ? deg : 1, sizeof *url);
+  int rc = f && url ? 0 : -1;
+  for (uint32_t k = 0; rc == 0 && k < deg; k++) {
+    snprintf(url[k], sizeof url[k], "http://127.0.0.1:%u/v1/gossip/%u/to/%u",
+             (unsigned)ports[nb[k]], t, i);
+    f[k].url = url[k];
+    f[k].max_bytes = (size_t)1 << 30;
+    f[k].body = (pulse_bytebuf)PULSE_BYTEBUF_INIT;
+  }
+  if (rc == 0 && deg > 0 &&
+      loco_http_gather(f, deg, loco_now_ms() + FETCH_TIMEOUT_MS) != PULSE_OK)
+    rc = -1;
+  *fetched = 0;
+  for (uint32_t k = 0; rc == 0 && k < deg; k++) {
+    /* A neighbour that did not answer is left out by finish, as in
+     * memory; here every one must (the run compares with memory). */
+    if (!f[k].done ||
+        pulse_gossip_receive(g, nb[k], f[k].body.data, f[k].body.size) !=
+            PULSE_OK) {
+      fprintf(stderr, TOPO_PROG ": trainer %u round %u: from %u: %s\n", i, t,
+              nb[k], f[k].done ? pulse_error_detail() : "no answer");
+      rc = -1;
+    }
+    *fetched += f[k].body.size;
+  }
+  for (uint32_t k = 0; f && k < deg; k++)
+    pulse_bytebuf_free(&f[k].body);
+  free(f), free(url);
+  if (rc == 0 && pulse_gossip_finish(g, NULL) != PULSE_OK)
+    rc = -1;
+  return rc;
+}
+
+static int child_main(const topo_setup *s, uint32_t i, int rfd, int wfd) {
+  const topo_args *a = s->a;
+  uint32_t n = a->nodes;
+  pulse_gossip *g = NULL;
+  pulse_tk_learner *l = NULL;
+  loco_server *srv = NULL;
+  pulse_gossip_opts o;
+  topo_gossip_opts(s, i, &o);
+  float *grad = malloc((size_t)s->P * sizeof *grad);
+  uint16_t *ports = calloc(n, sizeof *ports);
+  uint32_t(*edges)[2] = malloc((size_t)n * n * sizeof *edges);
+  if (!grad || !ports || !edges || pulse_gossip_create(&o, s->init, &g) ||
+      pulse_tk_learner_create(s->prob, i, &l) ||
+      loco_server_start(NULL, NULL, &srv))
+    return 1;
+  uint16_t port = loco_server_port(srv);
+  int rc = write_all(wfd, &port, sizeof port) ||
+           read_all(rfd, ports, n * sizeof *ports);
+  size_t bytes = (size_t)s->P * sizeof(float);
+  for (uint32_t t = 0; rc == 0; t++) {
+    uint32_t count;
+    if (read_all(rfd, &count, sizeof count)) {
+      rc = 1;
+      break;
+    }
+    if (count == END_OF_RUN)
+      break;
+    pulse_gossip_graph *G = NULL;
+    if (count > (size_t)n * n || read_all(rfd, edges, count * sizeof *edges) ||
+        graph_from_edges_any(n, (const uint32_t(*)[2])edges, count,
+                             PULSE_GOSSIP_WEIGHTS_MH, &G) != PULSE_OK) {
+      rc = 1;
+      break;
+    }
+    float *x = pulse_gossip_params(g);
+    topo_local_steps(s, l, i, t, x, grad);
+    uint64_t fetched = 0;
+    rc = write_all(wfd, x, bytes) ||
+         child_round(g, srv, ports, i, t, G, &fetched) ||
+         write_all(wfd, x, bytes) || write_all(wfd, &fetched, sizeof fetched);
+    pulse_gossip_graph_free(G);
+    /* Every trainer finished round t before the parent sends t + 1: what
+     * it served for t and earlier is no longer fetched. */
+    loco_server_drop(srv, "/v1/gossip/", t);
+  }
+  loco_server_stop(srv);
+  pulse_gossip_free(g);
+  pulse_tk_learner_free(l);
+  free(grad), free(ports), free(edges);
+  return rc ? 1 : 0;
+}
+
+/* ----------------------------------------------------------------- parent */
+
+/* G's edges (i < j) into edges; returns their count. */
+static uint32_t edge_list(const pulse_gossip_graph *G, uint32_t (*edges)[2]) {
+  uint32_t c = 0, n = pulse_gossip_graph_nodes(G);
+  for (uint32_t i = 0; i < n; i++) {
+    const uint32_t *nb = pulse_gossip_graph_neighbours(G, i);
+    for (uint32_t k = 0; k < pulse_gossip_graph_degree(G, i); k++)
+      if (nb[k] > i) {
+        edges[c][0] = i;
+        edges[c++][1] = nb[k];
+      }
+  }
+  return c;
+}
+
+int topo_run_http(const topo_setup *s, topo_arm arm, topo_result *r) {
+  const topo_args *a = s->a;
+  uint32_t n = a->nodes;
+  size_t bytes = (size_t)s->P * sizeof(float);
+  pid_t *pid = calloc(n, sizeof *pid);
+  int *to = malloc(n * sizeof *to), *from = malloc(n * sizeof *from);
+  float **before = calloc(n, sizeof *before), **after = calloc(n, sizeof *after);
+  uint32_t(*edges)[2] = malloc((size_t)n * n * sizeof *edges);
+  uint16_t *ports = calloc(n, sizeof *ports);
+  if (!pid || !to || !from || !before || !after || !edges || !ports)
+    return 1;
+  for (uint32_t i = 0; i < n; i++)
+    to[i] = from[i] = -1;
+  int ok = 1;
+  fflush(stdout);
+  fflush(stderr);
+  for (uint32_t i = 0; ok && i < n; i++) {
+    int down[2], up[2];
+    before[i] = malloc(bytes);
+    after[i] = malloc(bytes);
+    if (!before[i] || !after[i] || pipe(down) || pipe(up)) {
+      ok = 0;
+      break;
+    }
+    pid[i] = fork();
+    if (pid[i] == 0) {
+      close(down[1]), close(up[0]);
+      for (uint32_t j = 0; j < i; j++)
+        close(to[j]), close(from[j]);
+      _exit(child_main(s, i, down[0], up[1]));
+    }
+    close(down[0]), close(up[1]);
+    to[i] = down[1], from[i] = up[0];
+    if (pid[i] < 0)
+      ok = 0;
+  }
+  for (uint32_t i = 0; ok && i < n; i++)
+    ok = read_all(from[i], &ports[i], sizeof ports[i]) == 0;
+  for (uint32_t i = 0; ok && i < n; i++)
+    ok = write_all(to[i], ports, n * sizeof *ports) == 0;
+  double factor = topo_factor(a, arm);
+  pulse_gossip_policy *policy = NULL;
+  double spent = 0.0, last_payload = 0.0, last_var = NAN;
+  const float **cb = calloc(n, sizeof *cb), **ca = calloc(n, sizeof *ca);
+  for (uint32_t i = 0; ok && i < n; i++) {
+    memcpy(after[i], s->init, bytes); /* the state before round 0 */
+    cb[i] = before[i], ca[i] = after[i];
+  }
+  for (uint32_t t = 0; ok && t < a->rounds; t++) {
+    pulse_gossip_graph *G = NULL;
+    if (arm == ARM_ADAPTIVE) {
+      if (policy == NULL)
+        ok = topo_policy_create(a, &policy) == PULSE_OK;
+      pulse_gossip_decision d;
+      ok = ok && pulse_gossip_policy_decide(policy, t, last_var, spent,
+                                            last_payload, &G, &d) == PULSE_OK;
+      if (ok)
+        r->reason[t] = d.reason;
+    } else {
+      ok = topo_graph(a, arm, t, &G) == PULSE_OK;
+    }
+    if (!ok)
+      break;
+    uint32_t count = edge_list(G, edges);
+    for (uint32_t i = 0; ok && i < n; i++)
+      ok = write_all(to[i], &count, sizeof count) == 0 &&
+           write_all(to[i], edges, count * sizeof *edges) == 0;
+    for (uint32_t i = 0; ok && i < n; i++)
+      memcpy(before[i], after[i], bytes);
+    uint64_t delivered = 0;
+    for (uint32_t i = 0; ok && i < n; i++)
+      ok = read_all(from[i], after[i], bytes) == 0; /* after local steps */
+    double noise = ok ? topo_update_variance(s, ca, cb) : 0.0;
+    if (ok && policy && t == 0 && !(a->target > 0.0))
+      ok = pulse_gossip_policy_set_target(policy, ADAPTIVE_TARGET_FACTOR *
+                                                      noise) == PULSE_OK;
+    for (uint32_t i = 0; ok && i < n; i++) {
+      uint64_t got;
+      ok = read_all(from[i], after[i], bytes) == 0 &&
+           read_all(from[i], &got, sizeof got) == 0;
+      delivered += got;
+    }
+    if (ok) {
+      topo_row *row = &r->rows[t];
+      topo_measure(s, ca, row);
+      row->noise = noise;
+      row->predicted = factor * noise;
+      row->bytes_per_node = (double)delivered / n;
+      row->degree = (uint32_t)((2 * pulse_gossip_graph_edge_count(G) + n / 2) / n);
+      spent += (double)delivered;
+      last_payload = count ? (double)delivered / (2.0 * count) : last_payload;
+      last_var = row->variance;
+    }
+    pulse_gossip_graph_free(G);
+  }
+  uint32_t end = END_OF_RUN;
+  for (uint32_t i = 0; i < n; i++)
+    if (to[i] >= 0) {
+      if (write_all(to[i], &end, sizeof end) != 0)
+        ok = 0;
+      close(to[i]);
+    }
+  for (uint32_t i = 0; i < n; i++) {
+    int status = 0;
+    if (from[i] >= 0)
+      close(from[i]);
+    if (pid[i] > 0 && (waitpid(pid[i], &status, 0) < 0 ||
+                       !WIFEXITED(status) || WEXITSTATUS(status) != 0)) {
+      fprintf(stderr, TOPO_PROG ": trainer %u ended with status %d\n", i,
+              status);
+      ok = 0;
+    }
+  }
+  uint64_t digest = 0;
+  for (uint32_t i = 0; ok && i < n; i++)
+    digest = digest * 31u + pulse_loco_digest_f32(after[i], s->P);
+  r->digest = digest;
+  for (uint32_t i = 0; i < n; i++)
+    free(before[i]), free(after[i]);
+  free(before), free(after), free(cb), free(ca), free(edges), free(ports);
+  free(pid), free(to), free(from);
+  pulse_gossip_policy_free(policy);
+  return ok ? 0 : 1;
+}
