@@ -59,7 +59,9 @@ void topo_print_summaries(const topo_args *a, const topo_result *res,
            "final_loss  mean_degree  seconds\n");
   for (int k = 0; k < count; k++) {
     const topo_summary *m = &res[k].sum;
-    double ratio = m->variance / m->predicted;
+    /* The complete graph predicts 0 (to rounding): no ratio. */
+    double ratio = m->predicted > 1e-6 * m->variance ? m->variance / m->predicted
+                                                     : NAN;
     if (a->json) {
       printf("{\"summary\":true,\"arm\":\"%s\"", topo_arm_name[res[k].arm]);
       json_num("variance", m->variance, 1);
