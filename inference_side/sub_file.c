@@ -9,6 +9,7 @@
 #include <inttypes.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,6 +17,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "hugepage_impl.h"
 #include "parallel_impl.h"
 #include "pulse_file.h"
 #include "pulse_log.h"
@@ -99,12 +101,35 @@ static void warn(pulse_sub *sub, const char *fmt, const char *a,
   sub_emit_simple(sub, PULSE_SUB_EV_WARNING, PULSE_OK, msg);
 }
 
+/* Reads n bytes at offset of fd into p. */
+static int read_at(int fd, void *p, uint64_t n, uint64_t offset) {
+  for (uint64_t at = 0; at < n;) {
+    size_t chunk = n - at > ((uint64_t)1 << 30) ? (size_t)1 << 30 : (size_t)(n - at);
+    ssize_t r = pread(fd, (uint8_t *)p + at, chunk, (off_t)(offset + at));
+    if (r < 0 && errno == EINTR)
+      continue;
+    if (r <= 0)
+      return -1;
+    at += (uint64_t)r;
+  }
+  return 0;
+}
+
+/* Reading the targets' data (into huge pages: the steps write at random
+ * there) and their digests, one tensor per task. */
 typedef struct {
   sub_target *t;
-} digest_job;
+  const uint64_t *offset;
+  int fd;
+  atomic_int failed;
+} load_job;
 
-static void digest_one(void *ctx, size_t i) {
-  digest_job *j = ctx;
+static void load_one(void *ctx, size_t i) {
+  load_job *j = ctx;
+  if (read_at(j->fd, j->t[i].data, j->t[i].numel * 2, j->offset[i]) != 0) {
+    atomic_store(&j->failed, 1);
+    return;
+  }
   j->t[i].digest = pulse_digest_bf16(j->t[i].data, j->t[i].numel);
 }
 
@@ -126,20 +151,27 @@ static pulse_status file_state_make(pulse_sub *sub) {
   return PULSE_OK;
 }
 
-/* Drops the mapping and the descriptor: the file is written whole next. */
-static void file_unmap(struct sub_file *f) {
+/* Drops the mapping (a loaded file needs it no more). */
+static void file_drop_map(struct sub_file *f) {
   if (f->map != NULL)
     munmap(f->map, (size_t)f->size);
+  f->map = NULL;
+}
+
+/* Drops the mapping and the descriptor: the file is written whole next. */
+static void file_unmap(struct sub_file *f) {
+  file_drop_map(f);
   if (f->fd >= 0)
     close(f->fd);
-  f->map = NULL;
   f->fd = -1;
   f->size = 0;
 }
 
-/* Opens the file read-write and maps it shared; read-only (no in-place
- * writes) when it is not writable. *missing: there is no file. */
-static pulse_status file_map(pulse_sub *sub, int *missing, int *writable) {
+/* Opens the file read-write (read-only when it is not writable: no
+ * in-place writes then); `map`: also maps it read-only, for its header
+ * (the data is read with pread: a mapping's pages would each cost a page
+ * fault). *missing: there is no file. */
+static pulse_status file_open(pulse_sub *sub, int map, int *missing, int *writable) {
   struct sub_file *f = sub->file;
   *missing = 0;
   *writable = 1;
@@ -158,8 +190,7 @@ static pulse_status file_map(pulse_sub *sub, int *missing, int *writable) {
     return pulse_fail(PULSE_ERR_IO, "%s: not a regular file of at least 8 bytes",
                       sub->file_path);
   }
-  void *m = mmap(NULL, (size_t)sb.st_size, PROT_READ | (*writable ? PROT_WRITE : 0),
-                 MAP_SHARED, fd, 0);
+  void *m = map ? mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_SHARED, fd, 0) : NULL;
   if (m == MAP_FAILED) {
     close(fd);
     return pulse_fail(PULSE_ERR_IO, "%s: mmap: %s", sub->file_path, strerror(errno));
@@ -205,7 +236,7 @@ pulse_status sub_file_load(pulse_sub *sub) {
 
   int missing = 0, writable = 1;
   pulse_st_file *sf = NULL;
-  pulse_status st = file_map(sub, &missing, &writable);
+  pulse_status st = file_open(sub, 1, &missing, &writable);
   if (st == PULSE_OK)
     st = pulse_st_open_memory(f->map, (size_t)f->size, &sf);
   if (st != PULSE_OK) {
@@ -236,13 +267,12 @@ pulse_status sub_file_load(pulse_sub *sub) {
     t[i].ndim = x.ndim;
     memcpy(t[i].shape, x.shape, sizeof t[i].shape);
     t[i].numel = x.numel;
-    t[i].data = malloc(x.nbytes ? x.nbytes : 2);
+    t[i].data = pulse_hugepage_alloc(x.nbytes ? x.nbytes : 2); /* also realigns */
     made = i + 1;
     if (t[i].name == NULL || t[i].data == NULL) {
       st = pulse_fail(PULSE_ERR_NOMEM, "loading %s", sub->file_path);
       break;
     }
-    memcpy(t[i].data, x.data, x.nbytes); /* also realigns */
     info[i].name = t[i].name;
     info[i].dtype = PULSE_DTYPE_BF16;
     info[i].ndim = t[i].ndim;
@@ -257,9 +287,16 @@ pulse_status sub_file_load(pulse_sub *sub) {
   char step_s[32], digest_s[80];
   snprintf(step_s, sizeof step_s, "%s", meta_step ? meta_step : "");
   snprintf(digest_s, sizeof digest_s, "%s", meta_digest ? meta_digest : "");
-  if (st == PULSE_OK && made == n && writable)
+  if (st == PULSE_OK && made == n)
     st = file_offsets(sub, sf);
   pulse_st_close(sf);
+  file_drop_map(f);
+  load_job job = {t, f->offset, f->fd, 0};
+  if (st == PULSE_OK && made == n) {
+    pulse_parallel_for(sub->opts.threads, n, load_one, &job);
+    if (atomic_load(&job.failed))
+      st = pulse_fail(PULSE_ERR_IO, "%s: reading its tensors failed", sub->file_path);
+  }
   if (st != PULSE_OK || made < n || !writable)
     file_unmap(f); /* written whole from now on */
   if (st != PULSE_OK || made < n) {
@@ -268,8 +305,6 @@ pulse_status sub_file_load(pulse_sub *sub) {
     free(t), free(info), free(d);
     return st;
   }
-  digest_job job = {t};
-  pulse_parallel_for(sub->opts.threads, n, digest_one, &job);
   for (size_t i = 0; i < n; i++)
     d[i] = t[i].digest;
   pulse_state_digest sd;
@@ -388,7 +423,7 @@ static pulse_status write_whole(pulse_sub *sub, const file_layout *l) {
 
   /* In place from now on: the offsets are the layout just written. */
   int missing, writable;
-  if (file_map(sub, &missing, &writable) != PULSE_OK || !writable ||
+  if (file_open(sub, 0, &missing, &writable) != PULSE_OK || !writable ||
       f->size != header_size + data_size) {
     file_unmap(f);
     return PULSE_OK; /* whole again next time */
@@ -440,6 +475,8 @@ pulse_status sub_file_save(pulse_sub *sub) {
     return st; /* the pending changes stay for the next save */
   sub->file_dirty = 0;
   pulse_bytebuf_free(&f->pending);
+  free(f->dirty); /* sized for the file, which a whole rewrite may resize */
+  f->dirty = NULL;
   f->pending_changes = f->pending_steps = 0;
   sub_file_snapshot_maybe(sub);
   return PULSE_OK;
@@ -462,6 +499,7 @@ void sub_file_free(pulse_sub *sub) {
   if (f->jfd >= 0)
     close(f->jfd);
   pulse_bytebuf_free(&f->pending);
+  free(f->dirty);
   free(f->offset);
   free(f->journal_path);
   free(f->snapshot_path);

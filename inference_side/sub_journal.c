@@ -24,7 +24,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -48,6 +47,14 @@ void sub_file_note_patch(pulse_sub *sub, const pulse_patch *p, sub_target **tg,
     return;
   }
   pulse_bytebuf *b = &f->pending;
+  uint64_t words = (f->size >> 12) / 64 + 1;
+  if (f->dirty == NULL && (f->dirty = calloc((size_t)words, sizeof *f->dirty)) == NULL) {
+    sub->file_dirty = 1; /* written whole at the save */
+    pulse_bytebuf_free(b);
+    f->pending_changes = 0;
+    f->pending_steps++;
+    return;
+  }
   for (size_t i = 0; i < pulse_patch_tensor_count(p); i++) {
     if (tg[i] == NULL)
       continue;
@@ -66,9 +73,10 @@ void sub_file_note_patch(pulse_sub *sub, const pulse_patch *p, sub_target **tg,
     pulse_store_le64(o + 8, tg[i]->numel);
     pulse_store_le64(o + 16, ch->count);
     o += 24;
-    uint64_t prev = 0;
+    uint64_t prev = 0, base = f->offset[k];
     for (uint64_t j = 0; j < ch->count; j++) {
-      uint64_t pos = ch->pos[j];
+      uint64_t pos = ch->pos[j], page = (base + 2 * pos) >> 12;
+      f->dirty[page >> 6] |= (uint64_t)1 << (page & 63);
       uint64_t zz = pos >= prev ? (pos - prev) << 1 : ((prev - pos - 1) << 1) | 1;
       prev = pos;
       while (zz >= 0x80) {
@@ -130,18 +138,13 @@ int sub_journal_check(const uint8_t *t, size_t n, uint64_t file_size, size_t *us
   return 1;
 }
 
-/* The changes first, then the header, so that a reader who sees the new
- * claim sees the new data too. Bytes written are counted per change under
- * the test hook, which may stop the process at any byte. */
-uint64_t sub_journal_apply(pulse_sub *sub, uint8_t *map, const uint8_t *t, size_t size,
-                           int count_changed) {
-  uint64_t hsize = pulse_load_le64(t + 32), written = 0, changed = 0;
+void sub_journal_apply_window(uint8_t *win, uint64_t at, uint64_t n, const uint8_t *t,
+                              size_t size) {
+  uint64_t hsize = pulse_load_le64(t + 32);
   const uint8_t *p = t + TXN_FIXED + hsize, *end = t + size - TXN_SUM;
-  int hook = sub != NULL && sub_file_kill_budget() >= 0;
   while (p < end) {
     uint64_t off = pulse_load_le64(p), count = pulse_load_le64(p + 16);
     p += 24;
-    uint8_t *data = map + off;
     uint64_t pos = 0;
     for (uint64_t j = 0; j < count; j++) {
       uint64_t zz = 0;
@@ -152,28 +155,49 @@ uint64_t sub_journal_apply(pulse_sub *sub, uint8_t *map, const uint8_t *t, size_
           break;
       }
       pos = zz & 1 ? pos - (zz >> 1) - 1 : pos + (zz >> 1);
-      if (hook && sub_file_kill_budget() == 1)
-        data[2 * pos] = p[0]; /* one byte of the two, then the end */
-      if (hook && sub_file_kill_budget() < 2)
-        sub_file_wrote(sub, 2);
-      memcpy(data + 2 * pos, p, 2);
-      if (hook)
-        sub_file_wrote(sub, 2);
+      uint64_t where = off + 2 * pos; /* checked: inside the file */
+      if (where >= at && where + 2 <= at + n)
+        memcpy(win + (where - at), p, 2);
+      else if (where + 1 == at) /* an element across the window's start */
+        win[0] = p[1];
+      else if (where + 1 == at + n)
+        win[n - 1] = p[0];
       p += 2;
-      written += 2;
     }
   }
-  if (hook && (uint64_t)sub_file_kill_budget() < hsize) {
-    memcpy(map, t + TXN_FIXED, (size_t)sub_file_kill_budget());
-    sub_file_wrote(sub, hsize);
+  if (at < hsize) /* the header: the new claim */
+    memcpy(win, t + TXN_FIXED + at, (size_t)(hsize - at < n ? hsize - at : n));
+}
+
+/* The file's pages that hold the transaction's changes, from the targets
+ * (which hold the step the transaction brings the file to; the pages'
+ * other elements are what the file holds already), in coalesced runs
+ * split at the tensors' ends, then the header. A crash in between leaves
+ * pages of both steps, which the replay completes. */
+static pulse_status write_pages(pulse_sub *sub, const uint8_t *header) {
+  struct sub_file *f = sub->file;
+  for (size_t k = 0; k < f->noffset && k < sub->ntargets && f->dirty != NULL; k++) {
+    uint64_t from = f->offset[k], to = from + sub->targets[k].numel * 2;
+    if (to <= from)
+      continue;
+    const uint8_t *data = (const uint8_t *)sub->targets[k].data;
+    uint64_t page = from >> 12, last = (to - 1) >> 12;
+    while (page <= last) {
+      if (!(f->dirty[page >> 6] >> (page & 63) & 1)) {
+        page++;
+        continue;
+      }
+      uint64_t run = page;
+      while (run <= last && (f->dirty[run >> 6] >> (run & 63) & 1))
+        run++;
+      uint64_t lo = page << 12 > from ? page << 12 : from;
+      uint64_t hi = run << 12 < to ? run << 12 : to;
+      PULSE_TRY(sub_file_pwrite(sub, f->fd, data + (lo - from), hi - lo, lo, sub->file_path));
+      page = run;
+    }
   }
   /* The header goes last: when it is in place already, so was the rest. */
-  if (count_changed)
-    changed = memcmp(map, t + TXN_FIXED, (size_t)hsize) != 0;
-  memcpy(map, t + TXN_FIXED, (size_t)hsize);
-  if (sub != NULL)
-    sub_file_wrote(sub, hook ? hsize : written + hsize);
-  return changed;
+  return sub_file_pwrite(sub, f->fd, header, f->header_size, 0, sub->file_path);
 }
 
 /* ---------------------------------------------------------------- syncing */
@@ -191,8 +215,6 @@ static void fsync_parent(const char *path) {
 
 static pulse_status sync_file(pulse_sub *sub) {
   struct sub_file *f = sub->file;
-  if (f->map != NULL && msync(f->map, (size_t)f->size, MS_SYNC) != 0)
-    return pulse_fail(PULSE_ERR_IO, "%s: msync: %s", sub->file_path, strerror(errno));
   if (f->fd >= 0 && fdatasync(f->fd) != 0)
     return pulse_fail(PULSE_ERR_IO, "%s: fsync: %s", sub->file_path, strerror(errno));
   return PULSE_OK;
@@ -270,8 +292,12 @@ pulse_status sub_journal_commit(pulse_sub *sub, const uint8_t *header) {
   f->journal_size += size;
   /* Durable from here: a crash in what follows is repaired by a replay. */
   sub_file_kill_point();
-  sub_journal_apply(sub, f->map, t, (size_t)size, 0);
+  st = write_pages(sub, header);
   free(t);
+  if (st != PULSE_OK)
+    return st; /* the journal has the step: the next attach finishes it */
+  if (f->dirty != NULL)
+    memset(f->dirty, 0, (size_t)((f->size >> 12) / 64 + 1) * sizeof *f->dirty);
   if (f->journal_size > journal_limit(f))
     st = sub_journal_checkpoint(sub, 0);
   return st;
@@ -282,6 +308,19 @@ pulse_status sub_journal_commit(pulse_sub *sub, const uint8_t *header) {
 static void warn(pulse_sub *sub, const char *msg) {
   PULSE_LOG_AT(PULSE_LOG_WARN, "subscriber: %s", msg);
   sub_emit_simple(sub, PULSE_SUB_EV_WARNING, PULSE_OK, msg);
+}
+
+/* Reads n bytes at offset of fd. */
+static int read_all_at(int fd, uint8_t *p, uint64_t n, uint64_t offset) {
+  for (uint64_t at = 0; at < n;) {
+    ssize_t r = pread(fd, p + at, (size_t)(n - at), (off_t)(offset + at));
+    if (r < 0 && errno == EINTR)
+      continue;
+    if (r <= 0)
+      return -1;
+    at += (uint64_t)r;
+  }
+  return 0;
 }
 
 /* Reads a whole file of at most `cap` bytes. */
@@ -303,6 +342,68 @@ static pulse_status read_all(int fd, uint64_t size, uint8_t **out) {
   return PULSE_OK;
 }
 
+/* The window of the file a replay holds in memory at a time; a test sets
+ * another (PULSE_TEST_REPLAY_WINDOW=N bytes, any N >= 1: an odd one puts
+ * elements across the windows' edges). */
+#define REPLAY_WINDOW ((uint64_t)64 << 20)
+
+static uint64_t replay_window(void) {
+  const char *v = getenv("PULSE_TEST_REPLAY_WINDOW");
+  char *end = NULL;
+  unsigned long long n = v != NULL ? strtoull(v, &end, 10) : 0;
+  return v != NULL && end != NULL && *end == '\0' && n >= 1 ? (uint64_t)n : REPLAY_WINDOW;
+}
+
+/* Replays the transactions in j[0, n) (checked) into the file fd of
+ * `size` bytes, a window at a time from the end (the header last): each
+ * window read, every transaction applied to it in order, and only the
+ * pages that then differ written (a file that holds the journal's steps
+ * already, as after a clean exit, is not written at all). *changed gets
+ * the bytes written. */
+static pulse_status replay(pulse_sub *sub, int fd, uint64_t size, const uint8_t *j, size_t n,
+                           uint64_t *changed) {
+  uint64_t window = replay_window(), cap = size < window ? size : window;
+  uint8_t *win = malloc((size_t)cap), *orig = malloc((size_t)cap);
+  pulse_status st = win != NULL && orig != NULL
+                        ? PULSE_OK
+                        : pulse_fail(PULSE_ERR_NOMEM, "%s: replaying its journal", sub->file_path);
+  *changed = 0;
+  uint64_t windows = (size + cap - 1) / cap;
+  for (uint64_t w = windows; w-- > 0 && st == PULSE_OK;) {
+    uint64_t from = w * cap, len = size - from < cap ? size - from : cap;
+    if (read_all_at(fd, win, len, from) != 0) {
+      st = pulse_fail(PULSE_ERR_IO, "%s: read: %s", sub->file_path, strerror(errno));
+      break;
+    }
+    memcpy(orig, win, (size_t)len);
+    size_t used = 0;
+    for (size_t at = 0; at < n; at += used) {
+      used = (size_t)pulse_load_le64(j + at + 8);
+      sub_journal_apply_window(win, from, len, j + at, used);
+    }
+    for (uint64_t pg = 0; pg < len && st == PULSE_OK;) {
+      uint64_t end = pg + 4096 < len ? pg + 4096 : len;
+      if (memcmp(win + pg, orig + pg, (size_t)(end - pg)) == 0) {
+        pg = end;
+        continue;
+      }
+      uint64_t run = end; /* the differing pages that follow, in one write */
+      while (run < len) {
+        uint64_t e = run + 4096 < len ? run + 4096 : len;
+        if (memcmp(win + run, orig + run, (size_t)(e - run)) == 0)
+          break;
+        run = e;
+      }
+      st = sub_file_pwrite(sub, fd, win + pg, run - pg, from + pg, sub->file_path);
+      *changed += run - pg;
+      pg = run;
+    }
+  }
+  free(win);
+  free(orig);
+  return st;
+}
+
 pulse_status sub_journal_recover(pulse_sub *sub, uint64_t *replayed) {
   struct sub_file *f = sub->file;
   *replayed = 0;
@@ -312,7 +413,7 @@ pulse_status sub_journal_recover(pulse_sub *sub, uint64_t *replayed) {
                            : pulse_fail(PULSE_ERR_IO, "%s: %s", f->journal_path, strerror(errno));
   struct stat js, fs;
   int fd = open(sub->file_path, O_RDWR | O_CLOEXEC);
-  uint8_t *j = NULL, *map = NULL;
+  uint8_t *j = NULL;
   pulse_status st = PULSE_OK;
   char msg[1024] = "";
   if (fstat(jfd, &js) != 0 || fd < 0 || fstat(fd, &fs) != 0 || !S_ISREG(fs.st_mode) ||
@@ -323,21 +424,15 @@ pulse_status sub_journal_recover(pulse_sub *sub, uint64_t *replayed) {
              sub->file_path);
   } else if (js.st_size > 0) {
     st = read_all(jfd, (uint64_t)js.st_size, &j);
-    if (st == PULSE_OK) {
-      map = mmap(NULL, (size_t)fs.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-      if (map == MAP_FAILED) {
-        map = NULL;
-        st = pulse_fail(PULSE_ERR_IO, "%s: mmap: %s", sub->file_path, strerror(errno));
-      }
-    }
     size_t at = 0, used = 0;
     uint64_t step = 0, changed = 0;
     while (st == PULSE_OK && sub_journal_check(j + at, (size_t)js.st_size - at, (uint64_t)fs.st_size, &used)) {
       step = pulse_load_le64(j + at + 24);
-      changed += sub_journal_apply(sub, map, j + at, used, 1);
       at += used;
       ++*replayed;
     }
+    if (st == PULSE_OK && *replayed > 0)
+      st = replay(sub, fd, (uint64_t)fs.st_size, j, at, &changed);
     /* After a clean exit the file already holds everything (the journal
      * only waited for its pages to reach the disk): nothing to report. */
     if (st == PULSE_OK && *replayed > 0 && changed > 0)
@@ -351,13 +446,9 @@ pulse_status sub_journal_recover(pulse_sub *sub, uint64_t *replayed) {
                "%s: the last run stopped while journaling a step: the torn journal was "
                "dropped, the file keeps the step before it",
                sub->file_path);
-    if (st == PULSE_OK && map != NULL && msync(map, (size_t)fs.st_size, MS_SYNC) != 0)
-      st = pulse_fail(PULSE_ERR_IO, "%s: msync: %s", sub->file_path, strerror(errno));
     if (st == PULSE_OK && fdatasync(fd) != 0)
       st = pulse_fail(PULSE_ERR_IO, "%s: fsync: %s", sub->file_path, strerror(errno));
   }
-  if (map != NULL)
-    munmap(map, (size_t)fs.st_size);
   free(j);
   if (fd >= 0)
     close(fd);

@@ -87,7 +87,10 @@ static void usage(FILE *f) {
       "                      while it downloads, commit once it verified)\n"
       "  --no-class-index    keep no class index of the weights (saves about 2.1\n"
       "                      bytes per parameter of memory; class-model patches\n"
-      "                      then decode with a pass over the weights, ~3x slower)\n"
+      "                      then decode with a pass over the weights, ~3x slower;\n"
+      "                      always so without --follow or --serve: one step\n"
+      "                      decodes by the pass, and an index would be built for\n"
+      "                      no next one)\n"
       "Exit status: 0 synced (or stopped cleanly), 1 error, 2 usage.\n");
 }
 
@@ -444,7 +447,9 @@ static pulse_sub_opts sub_opts_of(const pull_args *a, out_ctx *oc) {
   o.mirror = a->serve != NULL;
   o.threads = a->threads;
   o.no_streaming = a->no_stream;
-  o.no_class_index = a->no_index;
+  /* A one-shot pull has no next patch to decode faster with an index it
+   * would build in the background, against the step's own writing. */
+  o.no_class_index = a->no_index || (!a->follow && a->serve == NULL);
   o.allow_rollback = a->allow_rollback;
   o.switch_run = a->switch_run;
   o.max_head_age_s = (uint32_t)a->max_age_s;
