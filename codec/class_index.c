@@ -246,11 +246,38 @@ static uint32_t lower_bound(const uint16_t *off, uint32_t lo, uint32_t hi, uint1
   return lo;
 }
 
+/* lower_bound starting from a guess: a class's offsets spread over the
+ * block about evenly, so o's place in the block predicts its place in the
+ * run. The search gallops from there (the few entries around the guess
+ * share a cache line or two) instead of bisecting the whole run: a move
+ * comes long after its block was last touched, and each step of a
+ * bisection was a cache miss that depended on the one before. */
+static uint32_t lower_bound_near(const uint16_t *off, uint32_t lo, uint32_t hi, uint16_t o) {
+  if (lo >= hi)
+    return lo;
+  uint32_t g = lo + (uint32_t)(((uint64_t)(hi - lo) * o) >> PULSE_CLASS_BLOCK_LOG2);
+  uint32_t step = 1;
+  if (off[g] < o) { /* the answer is in (g, hi] */
+    uint32_t l = g + 1;
+    while (l + step - 1 < hi && off[l + step - 1] < o) {
+      l += step;
+      step *= 2;
+    }
+    return lower_bound(off, l, l + step - 1 < hi ? l + step - 1 : hi, o);
+  }
+  uint32_t r = g; /* off[r] >= o: the answer is in [lo, r] */
+  while (r >= lo + step && off[r - step] >= o) {
+    r -= step;
+    step *= 2;
+  }
+  return lower_bound(off, r >= lo + step ? r - step + 1 : lo, r, o);
+}
+
 /* Moves offset o of a block from class a's run to class b's, keeping each
  * run sorted. */
 static void move_offset(uint16_t *off, uint16_t *run, uint16_t o, unsigned a, unsigned b) {
-  uint32_t from = lower_bound(off, run[a], run[a + 1], o); /* where o is */
-  uint32_t to = lower_bound(off, run[b], run[b + 1], o); /* o goes before it */
+  uint32_t from = lower_bound_near(off, run[a], run[a + 1], o); /* where o is */
+  uint32_t to = lower_bound_near(off, run[b], run[b + 1], o);   /* o goes before it */
   if (a < b) {
     /* Runs a+1..b shift down one place; o ends at the end of b's prefix. */
     memmove(off + from, off + from + 1, (size_t)(to - from - 1) * sizeof *off);
