@@ -38,12 +38,12 @@ void bench_topology_usage(FILE *out) {
           "  variance, consensus distance, loss and bytes, per arm.\n"
           "  --nodes N        trainers (2..64; adaptive and onepeer need a "
           "power of 2; 16)\n"
-          "  --rounds R       gossip rounds (60)\n"
+          "  --rounds R       gossip rounds (40)\n"
           "  --inner H        SGD steps per round (4)\n"
           "  --seed S         problem, data and noise seed (1)\n"
-          "  --params P       model size, about (20000)\n"
+          "  --params P       model size, about (10000)\n"
           "  --lr X           SGD step (0.05)\n"
-          "  --noise X        gradient noise std per entry (0.5)\n"
+          "  --noise X        gradient noise std per entry (0.1)\n"
           "  --arms LIST      ring,torus,exponential,complete,adaptive "
           "(default; also onepeer)\n"
           "  --target X       adaptive: variance target (default: automatic, "
@@ -432,7 +432,7 @@ static int parse(int argc, char **argv, topo_args *a) {
 }
 
 int bench_topology_main(int argc, char **argv) {
-  topo_args a = {16, 60, 4, 1, 20000, 0.05, 0.5, 0.0, 0.25, {0}, 0, 0, 0, NULL};
+  topo_args a = {16, 40, 4, 1, 10000, 0.05, 0.1, 0.0, 0.25, {0}, 0, 0, 0, NULL};
   for (int k = 0; k <= ARM_ADAPTIVE; k++)
     a.arms[k] = 1;
   int rc = parse(argc, argv, &a);

@@ -93,14 +93,20 @@ static int child_round(pulse_gossip *g, loco_server *srv, const uint16_t *ports,
     rc = -1;
   *fetched = 0;
   for (uint32_t k = 0; rc == 0 && k < deg; k++) {
-    /* A neighbour that did not answer is left out by finish, as in
-     * memory; here every one must (the run compares with memory). */
-    if (!f[k].done ||
-        pulse_gossip_receive(g, nb[k], f[k].body.data, f[k].body.size) !=
-            PULSE_OK) {
-      fprintf(stderr, TOPO_PROG ": trainer %u round %u: from %u: %s\n", i, t,
-              nb[k], f[k].done ? pulse_error_detail() : "no answer");
-      rc = -1;
+    /* A neighbour that did not answer in time, or whose payload is
+     * refused, is left out of this round by finish (its weight goes to
+     * the self weight) and the run goes on. */
+    if (!f[k].done) {
+      fprintf(stderr, TOPO_PROG ": trainer %u round %u: %u did not answer; "
+              "left out of the round\n", i, t, nb[k]);
+      continue;
+    }
+    if (pulse_gossip_receive(g, nb[k], f[k].body.data, f[k].body.size) !=
+        PULSE_OK) {
+      fprintf(stderr, TOPO_PROG ": trainer %u round %u: %u's payload refused "
+              "(%s); left out of the round\n", i, t, nb[k],
+              pulse_error_detail());
+      continue;
     }
     *fetched += f[k].body.size;
   }
