@@ -32,6 +32,9 @@ pulse_status pulse_gossip_policy_create(const pulse_gossip_policy_opts *o,
       !(o->budget <= 1.0))
     return pulse_fail(PULSE_ERR_ARG, "gossip policy: target %g must be > 0 and "
                       "budget %g in (0, 1]", o->target, o->budget);
+  if (o->rounds > 0 && o->final_rounds >= o->rounds)
+    return pulse_fail(PULSE_ERR_ARG, "gossip policy: %u final rounds of %llu",
+                      o->final_rounds, (unsigned long long)o->rounds);
   pulse_gossip_policy *p = calloc(1, sizeof *p);
   if (p == NULL)
     return pulse_fail(PULSE_ERR_NOMEM, "gossip policy");
@@ -109,15 +112,29 @@ pulse_status pulse_gossip_policy_decide(pulse_gossip_policy *p, uint64_t round,
       want--;
   }
   /* The budget: what the complete graph would have sent by the end of this
-   * round, times the fraction. */
+   * round, times the fraction; less, spread evenly, what the final
+   * complete rounds will need. */
   double unit = payload_bytes > 0.0 && isfinite(payload_bytes) ? payload_bytes
                                                                : 1.0;
-  double n = (double)p->o.nodes;
-  double allowed = p->o.budget * (double)(round + 1u) * n * (n - 1.0) * unit;
+  double n = (double)p->o.nodes, full = n * (n - 1.0) * unit;
+  double allowed = p->o.budget * (double)(round + 1u) * full;
+  uint64_t R = p->o.rounds, F = R > 0 ? p->o.final_rounds : 0;
+  if (F > 0) {
+    /* Priced at 1.25 payloads an edge: after sparse rounds the replicas
+     * differ more, and the complete rounds' payloads are larger than the
+     * last round's. */
+    double total = p->o.budget * (double)R * full - 1.25 * (double)F * full;
+    allowed = total * (double)(round + 1u) / (double)(R - F);
+  }
   double spent = bytes_so_far > 0.0 ? bytes_so_far : 0.0;
-  while (want > 0 && spent + n * rung_degree(p, want) * unit > allowed) {
-    want--;
-    why = "byte budget: sparser";
+  if (F > 0 && round >= R - F) {
+    want = p->dims;
+    why = "final rounds: complete graph (replicas made the average)";
+  } else {
+    while (want > 0 && spent + n * rung_degree(p, want) * unit > allowed) {
+      want--;
+      why = "byte budget: sparser";
+    }
   }
   p->rung = want;
   p->started = 1;

@@ -267,7 +267,11 @@ const float *pulse_gossip_copy(const pulse_gossip *g, uint32_t j, int own);
  * the complete graph. It steers by the measured replica variance: above
  * `target` it climbs one rung, below target / 2 it steps down, and it never
  * takes a rung whose payloads would push the bytes sent so far past the
- * budget (`budget` times the bytes the complete graph would have sent). */
+ * budget (`budget` times the bytes the complete graph would have sent).
+ * When the run's length is known, its last `final_rounds` rounds use the
+ * complete graph (one such round makes every replica the average: the
+ * variance left at the end is the one the final model pays for), their
+ * bytes set aside from the budget from the start. */
 typedef struct pulse_gossip_policy pulse_gossip_policy;
 
 typedef struct {
@@ -276,11 +280,14 @@ typedef struct {
   double target;           /* variance to stay under (same units as measured) */
   double budget;           /* fraction of the complete graph's bytes, (0, 1] */
   pulse_gossip_weights weights;
+  uint64_t rounds;       /* the run's length; 0 when unknown */
+  uint32_t final_rounds; /* complete-graph rounds at the end (with rounds) */
 } pulse_gossip_policy_opts;
 
 #define PULSE_GOSSIP_POLICY_OPTS_VERSION 1u
 #define PULSE_GOSSIP_POLICY_OPTS_INIT                                          \
-  { PULSE_GOSSIP_POLICY_OPTS_VERSION, 0, 0.0, 0.25, PULSE_GOSSIP_WEIGHTS_MH }
+  { PULSE_GOSSIP_POLICY_OPTS_VERSION, 0, 0.0, 0.25, PULSE_GOSSIP_WEIGHTS_MH,   \
+    0, 0 }
 
 /* One decision (the log). */
 typedef struct {

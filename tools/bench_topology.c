@@ -50,6 +50,8 @@ void bench_topology_usage(FILE *out) {
           "see README)\n"
           "  --budget X       adaptive: fraction of the complete graph's bytes "
           "(0.25)\n"
+          "  --final-rounds K adaptive: last K rounds on the complete graph "
+          "(2; 0: none)\n"
           "  --gate none      exact payloads instead of BF16-gated ones\n"
           "  --processes      one process per trainer over HTTP on 127.0.0.1\n"
           "  --json           one JSON object per arm and round, then one "
@@ -213,6 +215,8 @@ pulse_status topo_policy_create(const topo_args *a, pulse_gossip_policy **p) {
   po.target = a->target > 0.0 ? a->target : 1.0; /* automatic: set after
                                                    round 0's local steps */
   po.budget = a->budget;
+  po.rounds = a->rounds;
+  po.final_rounds = a->final_rounds;
   return pulse_gossip_policy_create(&po, p);
 }
 
@@ -411,6 +415,12 @@ static int parse(int argc, char **argv, topo_args *a) {
           !(a->budget > 0 && a->budget <= 1))
         return usage_error("--budget needs a number in (0, 1], got ",
                            m < 0 ? "" : v);
+    } else if ((m = pulse_tk_opt_value(argc, argv, &i, "--final-rounds",
+                                       &v)) != 0) {
+      if (m < 0 || pulse_tk_parse_int(v, 0, 100000, &k) != 0)
+        return usage_error("--final-rounds needs 0..100000, got ",
+                           m < 0 ? "" : v);
+      a->final_rounds = (uint32_t)k;
     } else if ((m = pulse_tk_opt_value(argc, argv, &i, "--gate", &v)) != 0) {
       if (m < 0 || (strcmp(v, "none") != 0 && strcmp(v, "bf16") != 0))
         return usage_error("--gate needs bf16 or none, got ", m < 0 ? "" : v);
@@ -424,6 +434,8 @@ static int parse(int argc, char **argv, topo_args *a) {
       return usage_error("unknown option ", arg);
     }
   }
+  if (a->final_rounds >= a->rounds)
+    return usage_error("--final-rounds must be below --rounds", "");
   int pow2 = (a->nodes & (a->nodes - 1u)) == 0;
   if ((a->arms[ARM_ADAPTIVE] || a->arms[ARM_ONEPEER]) && !pow2)
     return usage_error("the adaptive and onepeer arms need a power-of-two "
@@ -432,7 +444,7 @@ static int parse(int argc, char **argv, topo_args *a) {
 }
 
 int bench_topology_main(int argc, char **argv) {
-  topo_args a = {16, 40, 4, 1, 10000, 0.05, 0.1, 0.0, 0.25, {0}, 0, 0, 0, NULL};
+  topo_args a = {16, 40, 4, 1, 10000, 0.05, 0.1, 0.0, 0.25, 2, {0}, 0, 0, 0, NULL};
   for (int k = 0; k <= ARM_ADAPTIVE; k++)
     a.arms[k] = 1;
   int rc = parse(argc, argv, &a);

@@ -31,6 +31,7 @@ typedef struct {
   double lr, noise;  /* inner SGD step and gradient noise std (per entry) */
   double target;     /* adaptive: variance target (0: automatic) */
   double budget;     /* adaptive: fraction of the complete graph's bytes */
+  uint32_t final_rounds; /* adaptive: complete-graph rounds at the end */
   int arms[ARM_COUNT]; /* which arms run */
   int gate_none;     /* --gate none: exact payloads */
   int json;

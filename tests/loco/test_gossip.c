@@ -341,6 +341,27 @@ Test(loco, adaptive_policy_climbs_descends_and_keeps_its_budget) {
   cr_assert(peak >= 2, "never climbed: %u", peak);
   cr_assert_eq(last, 0);
   pulse_gossip_policy_free(p);
+  /* A known length: the last 2 rounds are complete, and the whole run
+   * still spends at most the budget (set aside from the start). */
+  o.rounds = 20;
+  o.final_rounds = 2;
+  cr_assert_eq(pulse_gossip_policy_create(&o, &p), PULSE_OK);
+  spent = 0.0;
+  for (uint64_t round = 0; round < 20; round++) {
+    cr_assert_eq(pulse_gossip_policy_decide(p, round, round ? 10.0 : NAN,
+                                            spent, unit, &g, &d), PULSE_OK);
+    if (round >= 18)
+      cr_assert_eq(d.degree, 15, "round %llu", (unsigned long long)round);
+    else
+      cr_assert_lt(d.degree, 15);
+    spent += 16.0 * d.degree * unit;
+    pulse_gossip_graph_free(g);
+  }
+  cr_assert_leq(spent, 0.25 * 20 * 16 * 15 * unit, "spent %g", spent);
+  pulse_gossip_policy_free(p);
+  o.final_rounds = 20;
+  cr_assert_eq(pulse_gossip_policy_create(&o, &p), PULSE_ERR_ARG);
+  o.final_rounds = 0;
   o.nodes = 12;
   cr_assert_eq(pulse_gossip_policy_create(&o, &p), PULSE_ERR_ARG);
 }
