@@ -31,6 +31,13 @@
  *                           sums to one and stays symmetric with the
  *                           neighbour's, so the mean is kept)
  *
+ * Both ends of an edge decide alone whether it took part in a round (each
+ * by whether the other's payload arrived), so a failure seen by one end
+ * only (its fetch failed, the peer's succeeded) leaves the edge's copies
+ * out of step: the next payload on it is refused by its base digest and the
+ * edge stays out of the mix. Repairing such an edge (exchanging the copies'
+ * state) is not done here.
+ *
  * With a symmetric W the mixing terms of the two ends of an edge cancel:
  * the sum of x over the trainers is what the local steps made it (up to
  * float rounding). Copies start at the common initial parameters, so an
