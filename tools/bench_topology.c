@@ -187,7 +187,7 @@ double topo_factor(const topo_args *a, topo_arm arm) {
     return NAN;
   double f = pulse_gossip_graph_predicted_variance(g);
   pulse_gossip_graph_free(g);
-  return f;
+  return f < 1e-12 ? 0.0 : f; /* the complete graph's 0, not its rounding */
 }
 
 void topo_summarize(const topo_args *a, topo_result *r) {
