@@ -348,14 +348,21 @@ long pulse_fetch_retry_delay(pulse_fetch *f, const pulse_fetch_xfer *x,
   if (r == NULL ||
       !(pulse_fetch_xfer_retryable(x) || (r->retry_missing && missing)))
     return -1;
-  if (r->deadline_ms == 0)
-    return attempt < r->retries ? (long)pulse_fetch_backoff_ms(f, attempt) : -1;
+  unsigned asked = pulse_fetch_xfer_retry_after_ms(x);
+  if (r->deadline_ms == 0) {
+    if (attempt >= r->retries)
+      return -1;
+    unsigned d = pulse_fetch_backoff_ms(f, attempt);
+    return (long)(d > asked ? d : asked);
+  }
   /* Until the deadline: the wait is cut so that a last try starts before
    * it. */
   uint64_t now = pulse_fetch_now_ms();
   if (now + 1 >= r->deadline_ms)
     return -1;
   uint64_t d = pulse_fetch_backoff_ms(f, attempt);
+  if (d < asked)
+    d = asked;
   uint64_t left = r->deadline_ms - now - 1;
   return (long)(d < left ? d : left);
 }

@@ -223,6 +223,16 @@ void pulse_fetch_xfer_release(pulse_fetch_xfer *x);
 int pulse_fetch_xfer_header(const pulse_fetch_xfer *x, const char *name,
                             char *out, size_t cap);
 
+/* The longest Retry-After honoured: a server (or a relay in the way) may
+ * slow a worker down, not park it. */
+#define PULSE_FETCH_RETRY_AFTER_MAX_MS 60000u
+
+/** What the answer's Retry-After asks, in milliseconds, for a 429 or a 5xx:
+ * delta-seconds only (an HTTP date, which needs synchronized clocks, is
+ * ignored), at most PULSE_FETCH_RETRY_AFTER_MAX_MS. 0 when absent,
+ * malformed or another status. */
+unsigned pulse_fetch_xfer_retry_after_ms(const pulse_fetch_xfer *x);
+
 /** 1 when the try ended with a complete 2xx answer (or a 304 when
  * if_none_match was set). */
 int pulse_fetch_xfer_ok(const pulse_fetch_xfer *x);
@@ -272,7 +282,9 @@ typedef struct {
 } pulse_fetch_retry;
 
 /** Whether a failed try is retried under r: `attempt` retries were made
- * so far. @return the delay before the next try, or -1 when it is not
+ * so far. The delay is the backoff, or the answer's Retry-After when it
+ * asks longer (pulse_fetch_xfer_retry_after_ms; a deadline still cuts it).
+ * @return the delay before the next try, or -1 when it is not
  * retried (not retryable, out of retries, or past the deadline). Counts
  * nothing. */
 long pulse_fetch_retry_delay(pulse_fetch *f, const pulse_fetch_xfer *x,

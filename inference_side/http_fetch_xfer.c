@@ -52,6 +52,23 @@ int pulse_fetch_xfer_header(const pulse_fetch_xfer *x, const char *name,
   return 0;
 }
 
+unsigned pulse_fetch_xfer_retry_after_ms(const pulse_fetch_xfer *x) {
+  char v[32];
+  if (x->cc != 0 || !(x->status == 429 || (x->status >= 500 && x->status < 600)) ||
+      !pulse_fetch_xfer_header(x, "Retry-After", v, sizeof v) || v[0] == '\0')
+    return 0;
+  uint64_t s = 0;
+  for (const char *p = v; *p; p++) {
+    if (*p < '0' || *p > '9')
+      return 0;
+    if (s < PULSE_FETCH_RETRY_AFTER_MAX_MS) /* no wrap on long digit runs */
+      s = s * 10 + (uint64_t)(*p - '0');
+  }
+  uint64_t ms = s * 1000;
+  return ms < PULSE_FETCH_RETRY_AFTER_MAX_MS ? (unsigned)ms
+                                             : PULSE_FETCH_RETRY_AFTER_MAX_MS;
+}
+
 int pulse_fetch_xfer_answered(const pulse_fetch_xfer *x) {
   return x->cc == CURLE_OK;
 }

@@ -207,14 +207,23 @@ typedef struct {
   /* Refuse heads published more than this many seconds ago, and heads that
    * do not say when (format 1); 0 (default): no limit. */
   uint32_t max_head_age_s;
+  /* Version 4: each object's download from one URL has a deadline of
+   * download_grace_ms plus its size at min_bytes_per_s (defaults 30000 ms
+   * and 262144 B/s: 38 s for 2 MB, 15 h for 14 GB); past it, the next URL
+   * is tried (the bytes held are kept and resumed), then the sync fails
+   * saying so. A slow drip that the low-speed limit lets through cannot
+   * hold a worker for ever. min_bytes_per_s 0: no deadline. Options of
+   * versions 1 to 3 get the defaults. */
+  uint32_t min_bytes_per_s;
+  uint32_t download_grace_ms;
 } pulse_sub_opts;
 
-#define PULSE_SUB_OPTS_VERSION 3u
+#define PULSE_SUB_OPTS_VERSION 4u
 #define PULSE_SUB_OPTS_INIT                                                    \
   {                                                                            \
     PULSE_SUB_OPTS_VERSION, NULL, 0, NULL, NULL, 0, 0, 10000, 30000, 1024, 30, \
         6, 200, 5000, 4, (uint64_t)32 << 20, 0, 1, 0, 0, 30000, NULL, NULL,    \
-        NULL, 0, 0, 0, 0, 0                                                    \
+        NULL, 0, 0, 0, 0, 0, 262144, 30000                                     \
   }
 
 typedef struct pulse_sub pulse_sub;

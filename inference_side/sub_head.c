@@ -220,6 +220,9 @@ static void take(pulse_sub *sub, pulse_store_head *h, size_t url, int *moved) {
   sub->fig.head_step = pulse_store_head_step(h);
   pthread_mutex_unlock(&sub->fig_lock);
   if (!same) {
+    /* A new head: refusals before it were a passing fault. The same head
+     * again (a source alternating a good head with bad ones) is not. */
+    sub->head_rejects = 0;
     pulse_sub_event ev = {0};
     ev.type = PULSE_SUB_EV_HEAD;
     ev.from_step = old;
@@ -227,9 +230,36 @@ static void take(pulse_sub *sub, pulse_store_head *h, size_t url, int *moved) {
   }
 }
 
+/* A source that keeps serving a bad head (a foreign key, a replay) would
+ * fill the log: the same refusal is logged once per SUB_WARN_REPEAT_S, the
+ * repeats counted in the next line. */
+#define SUB_WARN_REPEAT_S 30.0
+
+static void log_refusal(pulse_sub *sub, const char *what, const char *detail) {
+  char line[sizeof sub->warned];
+  int n = snprintf(line, sizeof line, "%.200s: ", what);
+  if (n > 0 && (size_t)n < sizeof line)
+    snprintf(line + n, sizeof line - (size_t)n, "%s", detail);
+  double now = sub_now();
+  if (strcmp(line, sub->warned) == 0 &&
+      now - sub->warned_at < SUB_WARN_REPEAT_S) {
+    sub->warned_more++;
+    return;
+  }
+  if (sub->warned_more > 0 && strcmp(line, sub->warned) == 0)
+    PULSE_LOG_AT(PULSE_LOG_WARN, "subscriber: %s: %s (%u more times in %.0f s)",
+                 what, detail, sub->warned_more, now - sub->warned_at);
+  else
+    PULSE_LOG_AT(PULSE_LOG_WARN, "subscriber: %s: %s", what, detail);
+  snprintf(sub->warned, sizeof sub->warned, "%s", line);
+  sub->warned_at = now;
+  sub->warned_more = 0;
+}
+
 static void reject_head(pulse_sub *sub, size_t url, pulse_status st,
                         const char *detail) {
   sub_count(sub, &sub->fig.rejected, 1);
+  sub->head_rejects++;
   char what[2100];
   sub_url(sub, url, "v1/head", what, sizeof what);
   pulse_sub_event ev = {0};
@@ -237,7 +267,7 @@ static void reject_head(pulse_sub *sub, size_t url, pulse_status st,
   ev.object = what;
   ev.status = st;
   ev.detail = detail;
-  PULSE_LOG_AT(PULSE_LOG_WARN, "subscriber: %s: %s", what, ev.detail);
+  log_refusal(sub, what, detail);
   sub_emit(sub, &ev);
 }
 
@@ -450,6 +480,7 @@ static pulse_status long_poll(pulse_sub *sub, size_t url, uint64_t after,
   double t0 = sub_now();
   pulse_status st = sub_http_run(sub, &one, 1, NULL);
   sub->t_transfer -= sub_now() - t0; /* waiting for a step is not transfer */
+  sub->poll_retry_after_ms = pulse_fetch_xfer_retry_after_ms(&x);
   if (st == PULSE_OK && pulse_fetch_xfer_answered(&x) &&
       (x.status == 304 || x.status == 404)) {
     pulse_fetch_xfer_release(&x);
@@ -471,6 +502,13 @@ static pulse_status long_poll(pulse_sub *sub, size_t url, uint64_t after,
   pulse_fetch_xfer_release(&x);
   if (st == PULSE_OK)
     take(sub, h, url, got);
+  if (st == PULSE_OK && !*got) {
+    /* The same head again at once (a source that does not long-poll and
+     * ignores If-None-Match): not asked again at once either. */
+    double left = 0.1 - (sub_now() - t0);
+    if (left > 0)
+      sub_sleep_ms(sub, (unsigned)(left * 1000.0) + 1);
+  }
   return st;
 }
 

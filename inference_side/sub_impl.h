@@ -115,6 +115,15 @@ struct pulse_sub {
   double sources_asked;  /* sub_now() when every source was last asked */
   uint8_t run[PULSE_STORE_RUN_BYTES]; /* the run the worker holds, when */
   int have_run;          /* known (cache head, file metadata, head taken) */
+  /* hostile sources (sub_head.c, pulse_sub_follow): heads refused since
+   * the last new head taken (the follower backs off on them), what the
+   * last failed long-poll's Retry-After asked, and the last head refusal
+   * logged (repeats within SUB_WARN_REPEAT_S are counted, not logged) */
+  unsigned head_rejects;
+  unsigned poll_retry_after_ms;
+  char warned[256];
+  double warned_at;
+  unsigned warned_more;
 
   /* targets */
   sub_mem mem;

@@ -15,6 +15,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <math.h>
 #include <openssl/evp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,9 +27,9 @@
 #include "status_impl.h"
 #include "sub_http_impl.h"
 #include "sub_impl.h"
+#include "sub_segments_impl.h"
 
-#define SEG_MAX 16
-#define SEG_ALIGN ((uint64_t)1 << 20)
+#define SEG_MAX SUB_SEG_MAX
 
 typedef struct {
   uint64_t origin, len; /* object bytes [origin, origin + len) */
@@ -50,6 +51,9 @@ typedef struct {
   sub_sink *sink;
   EVP_MD_CTX *md;
   uint64_t hashed; /* bytes of buf hashed so far (the prefix fed) */
+  /* The download deadline from the URL being tried (opts.min_bytes_per_s,
+   * opts.download_grace_ms): monotonic seconds, INFINITY for none. */
+  double deadline, allowed_s;
 } fetch_ctx;
 
 static void sha_hex(const pulse_store_object *o, char hex[65]) {
@@ -73,22 +77,37 @@ static void seg_path(const pulse_sub *sub, const pulse_store_object *o,
              sub->cache_dir, hex, origin);
 }
 
+size_t sub_segments_plan(unsigned parallel, uint64_t parallel_min_bytes,
+                         uint64_t size, uint64_t origin[SUB_SEG_MAX],
+                         uint64_t len[SUB_SEG_MAX]) {
+  uint64_t n = 1;
+  if (parallel > 1 && size >= parallel_min_bytes && size > SUB_SEG_ALIGN)
+    n = parallel < SUB_SEG_MAX ? parallel : SUB_SEG_MAX;
+  /* ceil(size / n) and the alignment, without wrapping near 2^64 (a head
+   * may name any size: these once wrapped and overran the arrays). */
+  uint64_t step = size / n + (size % n != 0);
+  if (n > 1 && step % SUB_SEG_ALIGN != 0)
+    step = sub_add_sat(step, SUB_SEG_ALIGN - step % SUB_SEG_ALIGN);
+  size_t k = 0;
+  uint64_t at = 0;
+  for (;;) {
+    origin[k] = at;
+    len[k] = size - at < step ? size - at : step;
+    k++;
+    /* at + step <= size here, so it does not wrap; n * step >= size, so
+     * the bound is never what stops a valid plan. */
+    if (size - at <= step || k == SUB_SEG_MAX)
+      break;
+    at += step;
+  }
+  return k;
+}
+
 /* Cuts an object into segments. */
 static size_t seg_plan(const pulse_sub *sub, uint64_t size, uint64_t *origin,
                        uint64_t *len) {
-  size_t n = 1;
-  if (sub->opts.parallel > 1 && size >= sub->opts.parallel_min_bytes &&
-      size > SEG_ALIGN)
-    n = sub->opts.parallel < SEG_MAX ? sub->opts.parallel : SEG_MAX;
-  uint64_t step = (size + n - 1) / n;
-  if (n > 1)
-    step = (step + SEG_ALIGN - 1) / SEG_ALIGN * SEG_ALIGN;
-  size_t k = 0;
-  for (uint64_t at = 0; k == 0 || at < size; at += step, k++) {
-    origin[k] = at;
-    len[k] = size - at < step ? size - at : step;
-  }
-  return k;
+  return sub_segments_plan(sub->opts.parallel, sub->opts.parallel_min_bytes,
+                           size, origin, len);
 }
 
 static uint64_t file_size(const char *path) {
@@ -268,7 +287,30 @@ static pulse_status sink_restart(fetch_ctx *c, int tell) {
   return PULSE_OK;
 }
 
-/* Downloads every missing segment byte from URL `url`, with retries. */
+/* Starts the download deadline for one URL: the grace plus the object's
+ * size at the minimum rate. */
+static void deadline_start(fetch_ctx *c) {
+  const pulse_sub_opts *o = &c->sub->opts;
+  c->deadline = INFINITY;
+  if (o->min_bytes_per_s == 0)
+    return;
+  c->allowed_s = o->download_grace_ms / 1000.0 +
+                 (double)c->o->size / (double)o->min_bytes_per_s;
+  c->deadline = sub_now() + c->allowed_s;
+}
+
+static pulse_status deadline_passed(const fetch_ctx *c, const char *url) {
+  return pulse_fail(PULSE_ERR_IO,
+                    "%s: %s: not downloaded within its deadline of %.0f s "
+                    "(%" PRIu64 " bytes at %" PRIu32 " B/s, plus %" PRIu32
+                    " ms): the source is too slow (the bytes held are kept)",
+                    c->o->path, url, c->allowed_s, c->o->size,
+                    c->sub->opts.min_bytes_per_s,
+                    c->sub->opts.download_grace_ms);
+}
+
+/* Downloads every missing segment byte from URL `url`, with retries, until
+ * the deadline. */
 static pulse_status download(fetch_ctx *c, size_t url) {
   pulse_sub *sub = c->sub;
   char objurl[2048], rel[PULSE_STORE_PATH_MAX + 8];
@@ -307,6 +349,12 @@ static pulse_status download(fetch_ctx *c, size_t url) {
     }
     if (nrun == 0)
       return PULSE_OK;
+    double left = c->deadline - sub_now();
+    if (left <= 0)
+      return deadline_passed(c, objurl);
+    if (left < 4e6) /* each try ends at the deadline at the latest */
+      for (size_t k = 0; k < nrun; k++)
+        run[k]->timeout_ms = (uint32_t)(left * 1000.0) + 1;
     PULSE_TRY(sub_http_run(sub, run, nrun, on_progress));
     pulse_status st = PULSE_OK;
     int progressed = 0, retry = 1;
@@ -336,11 +384,17 @@ static pulse_status download(fetch_ctx *c, size_t url) {
       sink_advance(c);
     if (st == PULSE_OK)
       return PULSE_OK;
+    if (sub_now() >= c->deadline)
+      return deadline_passed(c, objurl);
     if (progressed)
       attempt = 0; /* a flaky link that moves forward is not given up */
     if (!retry || attempt >= sub->opts.retries)
       return st;
     unsigned delay = sub_backoff_ms(sub, attempt);
+    for (size_t k = 0; k < c->n; k++) { /* a server that asks for longer */
+      unsigned asked = pulse_fetch_xfer_retry_after_ms(&c->segs[k].x);
+      delay = asked > delay ? asked : delay;
+    }
     sub_http_retry(sub, c->o->path, attempt, delay, st);
     attempt++;
     if (sub_sleep_ms(sub, delay) != 0)
@@ -557,6 +611,10 @@ static pulse_status sink_from_cache(pulse_sub *sub, const pulse_store_object *o,
 
 static pulse_status fetch(pulse_sub *sub, const pulse_store_object *o,
                           const sub_source *src, sub_sink *sink) {
+  if (o->size > SUB_OBJECT_MAX_BYTES)
+    return pulse_fail(PULSE_ERR_OVERFLOW,
+                      "%s: %" PRIu64 " bytes: larger than any file, refused",
+                      o->path, o->size);
   char final[4096];
   sub_object_path(sub, o, final, sizeof final);
   if (sink != NULL && file_size(final) == o->size && access(final, R_OK) == 0) {
@@ -619,6 +677,7 @@ static pulse_status fetch(pulse_sub *sub, const pulse_store_object *o,
   size_t u0 = src != NULL ? src->url : 0;
   size_t u1 = src != NULL ? src->url + 1 : sub->nurls;
   for (size_t u = u0; u < u1 && st == PULSE_OK; u++) {
+    deadline_start(c);
     for (int again = 0; again < 2; again++) {
       st = download(c, u);
       if (st == PULSE_OK)

@@ -14,6 +14,7 @@
 
 #include "status_impl.h"
 #include "sub_impl.h"
+#include "sub_segments_impl.h"
 
 /* Bytes of head patches first..end still to download. */
 static uint64_t patches_cost(const pulse_sub *sub, size_t first) {
@@ -21,7 +22,7 @@ static uint64_t patches_cost(const pulse_sub *sub, size_t first) {
   size_t np = pulse_store_head_patch_count(sub->head);
   for (size_t i = first; i < np; i++) {
     const pulse_store_object *o = pulse_store_head_patch(sub->head, i);
-    bytes += o->size - sub_object_have(sub, o);
+    bytes = sub_add_sat(bytes, o->size - sub_object_have(sub, o));
   }
   return bytes;
 }
@@ -46,6 +47,21 @@ pulse_status sub_plan_make(pulse_sub *sub, unsigned avoid, sub_plan *out) {
   out->route = PULSE_SUB_ROUTE_NONE;
   if (from != PULSE_SUB_NO_STEP && from >= head)
     return PULSE_OK;
+  /* Sizes are the head's (from the network): a worker cannot hold an
+   * object larger than a file can be, and sums of them saturate. */
+  for (size_t i = 0; i < pulse_store_head_patch_count(h) +
+                             pulse_store_head_anchor_count(h);
+       i++) {
+    size_t np0 = pulse_store_head_patch_count(h);
+    const pulse_store_object *o = i < np0
+                                      ? pulse_store_head_patch(h, i)
+                                      : pulse_store_head_anchor(h, i - np0);
+    if (o->size > SUB_OBJECT_MAX_BYTES)
+      return pulse_fail(PULSE_ERR_OVERFLOW,
+                        "the head names %s of %" PRIu64
+                        " bytes, larger than any file: refused",
+                        o->path, o->size);
+  }
   uint64_t best = UINT64_MAX;
   size_t np = pulse_store_head_patch_count(h);
   long first = from != PULSE_SUB_NO_STEP && pulse_store_head_has_step(h, from)
@@ -80,8 +96,8 @@ pulse_status sub_plan_make(pulse_sub *sub, unsigned avoid, sub_plan *out) {
     long after = patch_after(h, o->step);
     if (after < 0 || o->step > head)
       continue;
-    uint64_t cost =
-        (o->size - sub_object_have(sub, o)) + patches_cost(sub, (size_t)after);
+    uint64_t cost = sub_add_sat(o->size - sub_object_have(sub, o),
+                                patches_cost(sub, (size_t)after));
     if (cost < best || (cost == best && out->route == PULSE_SUB_ROUTE_ANCHOR)) {
       best = cost;
       out->route = PULSE_SUB_ROUTE_ANCHOR;

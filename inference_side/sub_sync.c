@@ -384,6 +384,20 @@ pulse_status pulse_sub_sync(pulse_sub *sub) {
   return st;
 }
 
+/* The follower's pause after a failure: the backoff of the failures in a
+ * row or of the heads refused since the last new head, whichever is
+ * longer (a source alternating a good head with bad ones resets the
+ * first, never the second), and at least what the server's Retry-After
+ * asked. */
+static void follow_pause(pulse_sub *sub, unsigned failures) {
+  unsigned n = failures > sub->head_rejects ? failures : sub->head_rejects;
+  unsigned ms = sub_backoff_ms(sub, n < 16 ? n : 16);
+  if (sub->poll_retry_after_ms > ms)
+    ms = sub->poll_retry_after_ms;
+  sub->poll_retry_after_ms = 0;
+  sub_sleep_ms(sub, ms);
+}
+
 pulse_status pulse_sub_follow(pulse_sub *sub) {
   if (sub == NULL)
     return pulse_fail(PULSE_ERR_ARG, "follow: NULL subscriber");
@@ -397,7 +411,7 @@ pulse_status pulse_sub_follow(pulse_sub *sub) {
       if (st == PULSE_ERR_ARG || st == PULSE_ERR_NOMEM)
         break;
       if (st != PULSE_OK) {
-        sub_sleep_ms(sub, sub_backoff_ms(sub, failures < 16 ? failures : 16));
+        follow_pause(sub, failures);
         failures++;
         continue;
       }
@@ -412,7 +426,7 @@ pulse_status pulse_sub_follow(pulse_sub *sub) {
         break;
       sub_keep_error(sub, st);
       sub_emit_simple(sub, PULSE_SUB_EV_ERROR, st, pulse_error_detail());
-      sub_sleep_ms(sub, sub_backoff_ms(sub, failures < 16 ? failures : 16));
+      follow_pause(sub, failures);
       failures++;
       need_sync = 1; /* the head may have moved while the server was away */
       continue;

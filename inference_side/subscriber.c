@@ -76,8 +76,16 @@ pulse_status pulse_sub_create(const pulse_sub_opts *opts, pulse_sub **out) {
   } else if (opts->struct_version == 2) { /* before allow_rollback */
     memcpy(&sub->opts, opts, offsetof(pulse_sub_opts, allow_rollback));
     sub->opts.struct_version = PULSE_SUB_OPTS_VERSION;
+  } else if (opts->struct_version == 3) { /* before min_bytes_per_s */
+    memcpy(&sub->opts, opts, offsetof(pulse_sub_opts, min_bytes_per_s));
+    sub->opts.struct_version = PULSE_SUB_OPTS_VERSION;
   } else {
     sub->opts = *opts;
+  }
+  if (opts->struct_version < 4) { /* the download deadline's defaults */
+    pulse_sub_opts d = PULSE_SUB_OPTS_INIT;
+    sub->opts.min_bytes_per_s = d.min_bytes_per_s;
+    sub->opts.download_grace_ms = d.download_grace_ms;
   }
   if (sub->opts.parallel == 0)
     sub->opts.parallel = 1;

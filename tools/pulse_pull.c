@@ -66,6 +66,13 @@ static void usage(FILE *f) {
       "(default 6)\n"
       "  --parallel N        range requests at once for large objects (default "
       "4)\n"
+      "  --min-rate BYTES    each object must come at this average rate at "
+      "least\n"
+      "                      (plus --grace-s), else the next URL is tried "
+      "(default 256K;\n"
+      "                      0: no deadline)\n"
+      "  --grace-s S         seconds added to each object's deadline "
+      "(default 30)\n"
       "  --limit-rate BYTES  download at most BYTES per second per request "
       "(e.g. 2M)\n"
       "  --no-catchup        never use the server's squashed catch-up patches\n"
@@ -324,6 +331,7 @@ typedef struct {
   int follow, json, unsigned_, no_catchup, threads, no_stream, no_index;
   int allow_rollback, switch_run, max_age_s;
   int retries, parallel, timeout_s;
+  int min_rate, grace_s; /* the download deadline */
   uint64_t rate, snapshot_every;
   const char *urls[64];
   size_t nurls;
@@ -337,6 +345,7 @@ static int parse_args(int argc, char **argv, pull_args *a) {
   const char *v;
   memset(a, 0, sizeof *a);
   a->retries = 6, a->parallel = 4, a->timeout_s = 30;
+  a->min_rate = 262144, a->grace_s = 30;
   for (int i = 1; i < argc; i++) {
     int r;
     if (pulse_tk_opt_flag(argv[i], "--help") ||
@@ -367,6 +376,19 @@ static int parse_args(int argc, char **argv, pull_args *a) {
     } else if ((r = pulse_tk_opt_value(argc, argv, &i, "--retries", &v)) != 0) {
       if (r < 0 || pulse_tk_parse_int(v, 0, 1000, &a->retries) != 0)
         return fprintf(stderr, "pulse-pull: --retries needs 0..1000\n"), 2;
+    } else if ((r = pulse_tk_opt_value(argc, argv, &i, "--min-rate", &v)) !=
+               0) {
+      uint64_t rate = 0;
+      if (r < 0 || pulse_tk_parse_u64(v, &rate) != 0 || rate > INT32_MAX)
+        return fprintf(stderr,
+                       "pulse-pull: --min-rate needs BYTES per second "
+                       "(0..2G)\n"),
+               2;
+      a->min_rate = (int)rate;
+    } else if ((r = pulse_tk_opt_value(argc, argv, &i, "--grace-s", &v)) !=
+               0) {
+      if (r < 0 || pulse_tk_parse_int(v, 0, 86400, &a->grace_s) != 0)
+        return fprintf(stderr, "pulse-pull: --grace-s needs 0..86400\n"), 2;
     } else if ((r = pulse_tk_opt_value(argc, argv, &i, "--parallel", &v)) !=
                0) {
       if (r < 0 || pulse_tk_parse_int(v, 1, 16, &a->parallel) != 0)
@@ -441,6 +463,8 @@ static pulse_sub_opts sub_opts_of(const pull_args *a, out_ctx *oc) {
   o.request_timeout_ms = (uint32_t)a->timeout_s * 1000u;
   o.low_speed_seconds = (uint32_t)a->timeout_s;
   o.retries = (unsigned)a->retries;
+  o.min_bytes_per_s = (uint32_t)a->min_rate;
+  o.download_grace_ms = (uint32_t)a->grace_s * 1000u;
   o.parallel = (unsigned)a->parallel;
   o.max_recv_bytes_per_s = a->rate;
   o.use_catchup = !a->no_catchup;

@@ -24,11 +24,15 @@ static void usage(FILE *f) {
       "2)\n"
       "  --max-connections N    connections at once, long-polls included "
       "(default 1024)\n"
-      "  --max-per-ip N         connections from one address (default: no "
-      "limit)\n"
+      "  --max-per-ip N         connections from one address (default 128; "
+      "0: no limit;\n"
+      "                         behind a relay, the relay's own limit)\n"
       "  --max-waiters N        long-polls at once (default 512)\n"
       "  --idle-timeout S       close idle connections after S seconds "
       "(default 60)\n"
+      "  --header-timeout S     close a connection whose request headers "
+      "take longer\n"
+      "                         than S seconds (default 10; 0: none)\n"
       "  --key KEY.pem          sign catch-up patches with this Ed25519 key\n"
       "                         (default: DIR/signing-key.pem when it exists; "
       "a server\n"
@@ -115,6 +119,13 @@ int main(int argc, char **argv) {
         return fprintf(stderr, "pulse-serve: --max-waiters needs 1..1000000\n"),
                2;
       o.max_waiters = (unsigned)n;
+    } else if ((r = pulse_tk_opt_value(argc, argv, &i, "--header-timeout",
+                                       &v)) != 0) {
+      if (r < 0 || pulse_tk_parse_int(v, 0, 3600, &n) != 0)
+        return fprintf(stderr,
+                       "pulse-serve: --header-timeout needs 0..3600 seconds\n"),
+               2;
+      o.header_timeout_s = (unsigned)n;
     } else if ((r = pulse_tk_opt_value(argc, argv, &i, "--idle-timeout", &v)) !=
                0) {
       if (r < 0 || pulse_tk_parse_int(v, 0, 86400, &n) != 0)

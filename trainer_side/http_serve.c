@@ -136,6 +136,11 @@ pulse_status pulse_serve_create(const pulse_serve_opts *opts,
     free(s);
     return st;
   }
+  if (serve_deadline_start(s) != 0) {
+    serve_deadline_stop(s);
+    free(s);
+    return pulse_fail(PULSE_ERR_NOMEM, "%s: header deadline thread", o.name);
+  }
   unsigned threads = o.threads ? o.threads : (unsigned)pulse_cpu_count();
   if (threads < 2)
     threads = 2;
@@ -151,8 +156,10 @@ pulse_status pulse_serve_create(const pulse_serve_opts *opts,
       MHD_OPTION_LISTEN_BACKLOG_SIZE, 1024u, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
       (size_t)64 * 1024, MHD_OPTION_URI_LOG_CALLBACK, serve_uri_log, s,
       MHD_OPTION_NOTIFY_COMPLETED, serve_completed, s,
+      MHD_OPTION_NOTIFY_CONNECTION, serve_conn_notify, s,
       MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s, MHD_OPTION_END);
   if (s->daemon == NULL) {
+    serve_deadline_stop(s);
     free(s);
     return pulse_fail(PULSE_ERR_IO,
                       "%s: cannot listen on %s:%u (address in use, or not "
@@ -184,6 +191,7 @@ void pulse_serve_free(pulse_serve *s) {
     }
   }
   MHD_stop_daemon(s->daemon); /* closes the listen socket too */
+  serve_deadline_stop(s);
   free(s);
 }
 

@@ -5,6 +5,7 @@
 #define PULSE_HTTP_SERVE_CORE_IMPL_H
 
 #include <microhttpd.h>
+#include <pthread.h>
 #include <stdatomic.h>
 
 #include "http_serve_impl.h"
@@ -16,7 +17,11 @@ typedef struct {
   atomic_ullong requests[SERVE_LABELS][SERVE_CODES];
   atomic_ullong bytes[SERVE_LABELS];
   pulse_serve_histogram duration[SERVE_LABELS];
+  atomic_ullong header_timeouts; /* connections closed for slow headers */
 } serve_metrics;
+
+/* A connection the header deadline watches (http_serve_deadline.c). */
+typedef struct serve_conn serve_conn;
 
 struct pulse_serve {
   pulse_serve_opts opts;
@@ -30,6 +35,12 @@ struct pulse_serve {
   atomic_int stopping;
   atomic_size_t suspended; /* requests ever suspended, not yet completed */
   serve_metrics metrics;
+  /* the header deadline (http_serve_deadline.c) */
+  pthread_mutex_t conns_lock;
+  pthread_cond_t watch_cv;
+  serve_conn *conns; /* open connections, under conns_lock */
+  pthread_t watcher;
+  int watcher_running, watch_stop;
 };
 
 struct pulse_serve_request {
@@ -62,6 +73,18 @@ void serve_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
                      enum MHD_RequestTerminationCode toe);
 /* "GET, HEAD, POST" for a set of method bits (a static string). */
 const char *serve_allow_text(unsigned methods);
+
+/* http_serve_deadline.c: the header deadline. start: 0, or -1 when the
+ * watcher cannot start; stop after the daemon stopped. The others are
+ * called by the request's callbacks. */
+int serve_deadline_start(pulse_serve *s);
+void serve_deadline_stop(pulse_serve *s);
+void serve_conn_notify(void *cls, struct MHD_Connection *conn,
+                       void **socket_context,
+                       enum MHD_ConnectionNotificationCode code);
+void serve_conn_request_line(pulse_serve *s, struct MHD_Connection *conn);
+void serve_conn_headers_done(pulse_serve *s, struct MHD_Connection *conn);
+void serve_conn_request_done(pulse_serve *s, struct MHD_Connection *conn);
 
 /* http_serve_reply.c: queues resp (takes it; NULL: out of memory). */
 int serve_queue(pulse_serve_request *rq, unsigned status,

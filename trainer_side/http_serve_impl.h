@@ -116,12 +116,17 @@ typedef struct {
    * for up to a second) until no suspended request is left: must resume
    * them, so that they answer and complete. NULL when nothing suspends. */
   void (*wake_all)(void *user);
+  /* A connection whose request headers are not complete this many seconds
+   * after it opened (or after its request line, on a kept-alive
+   * connection) is closed, however slowly it keeps sending (slowloris);
+   * 0: no deadline (the idle timeout only). */
+  unsigned header_timeout_s;
 } pulse_serve_opts;
 
 #define PULSE_SERVE_OPTS_INIT                                                  \
   {                                                                            \
     "server", NULL, 0, 0, 1024, 0, 60, NULL, 0, NULL, 0, NULL, NULL, NULL,     \
-        NULL                                                                   \
+        NULL, 10                                                               \
   }
 
 /** Starts listening and serving. The options (and the routes, labels and

@@ -109,6 +109,13 @@ pulse_status pulse_serve_metrics_text(pulse_serve *s, pulse_buffer *out) {
     pulse_serve_histogram_text(&b, "pulse_http_request_duration_seconds",
                                labels, &m->duration[r]);
   }
+  pulse_bytebuf_printf(
+      &b,
+      "# HELP pulse_http_header_timeouts_total Connections closed because "
+      "a request's headers did not arrive in time.\n"
+      "# TYPE pulse_http_header_timeouts_total counter\n"
+      "pulse_http_header_timeouts_total %llu\n",
+      (unsigned long long)atomic_load(&m->header_timeouts));
   if (s->opts.metrics != NULL)
     s->opts.metrics(s->opts.user, &b);
   if (pulse_bytebuf_take(&b, out) != PULSE_OK)

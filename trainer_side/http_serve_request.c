@@ -9,7 +9,7 @@
 #include "http_serve_parse_impl.h"
 
 void *serve_uri_log(void *cls, const char *uri, struct MHD_Connection *conn) {
-  (void)conn;
+  serve_conn_request_line(cls, conn);
   pulse_serve_request *rq = calloc(1, sizeof *rq);
   if (rq == NULL)
     return NULL;
@@ -26,9 +26,9 @@ void *serve_uri_log(void *cls, const char *uri, struct MHD_Connection *conn) {
 
 void serve_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
                      enum MHD_RequestTerminationCode toe) {
-  (void)conn;
   pulse_serve *s = cls;
   pulse_serve_request *rq = *con_cls;
+  serve_conn_request_done(s, conn);
   if (rq == NULL)
     return;
   if (rq->done != NULL)
@@ -154,6 +154,7 @@ enum MHD_Result serve_access(void *cls, struct MHD_Connection *conn,
    * answer at the second. */
   if (!rq->headers_seen) {
     rq->headers_seen = 1;
+    serve_conn_headers_done(rq->srv, conn);
     return MHD_YES;
   }
   return dispatch(rq, url, method) ? MHD_YES : MHD_NO;

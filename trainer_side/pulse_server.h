@@ -71,13 +71,20 @@ typedef struct {
   unsigned catchup_builds;
   unsigned catchup_queue;
   uint32_t catchup_wait_ms;
+  /* Version 2: a connection whose request headers take longer than this
+   * (from its start, or from the request line on a kept-alive one) is
+   * closed, however slowly it keeps sending; 0: no deadline. Options of
+   * version 1 get 10. */
+  unsigned header_timeout_s;
 } pulse_server_opts;
 
-#define PULSE_SERVER_OPTS_VERSION 1u
+/* Version 2 added header_timeout_s (and max_per_ip defaults to 128 now, so
+ * that one address cannot hold every connection). */
+#define PULSE_SERVER_OPTS_VERSION 2u
 #define PULSE_SERVER_OPTS_INIT                                                 \
   {                                                                            \
-    PULSE_SERVER_OPTS_VERSION, NULL, NULL, 0, 0, 1024, 0, 60, 512, 60000, 1,   \
-        NULL, 0, 1, 16, 10000                                                  \
+    PULSE_SERVER_OPTS_VERSION, NULL, NULL, 0, 0, 1024, 128, 60, 512, 60000, 1, \
+        NULL, 0, 1, 16, 10000, 10                                              \
   }
 
 typedef struct pulse_server pulse_server;

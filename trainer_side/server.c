@@ -2,6 +2,7 @@
  * its routes on the serving layer (http_serve_impl.h), the head watcher and
  * the catch-up cache. */
 #include <fcntl.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,7 +18,8 @@ pulse_status pulse_server_create(const pulse_server_opts *opts,
     return pulse_fail(PULSE_ERR_ARG,
                       "server: NULL argument or no store folder");
   *out = NULL;
-  if (opts->struct_version != PULSE_SERVER_OPTS_VERSION)
+  if (opts->struct_version != PULSE_SERVER_OPTS_VERSION &&
+      opts->struct_version != 1)
     return pulse_fail(PULSE_ERR_VERSION,
                       "server: options version %u, expected %u",
                       opts->struct_version, PULSE_SERVER_OPTS_VERSION);
@@ -35,7 +37,13 @@ pulse_status pulse_server_create(const pulse_server_opts *opts,
     free(srv);
     return pulse_fail(PULSE_ERR_NOMEM, "server");
   }
-  srv->opts = *opts;
+  if (opts->struct_version == 1) { /* before header_timeout_s */
+    memcpy(&srv->opts, opts, offsetof(pulse_server_opts, header_timeout_s));
+    srv->opts.header_timeout_s = 10;
+    srv->opts.struct_version = PULSE_SERVER_OPTS_VERSION;
+  } else {
+    srv->opts = *opts;
+  }
   srv->opts.store_dir = srv->dir;
   srv->opts.host = NULL; /* not kept */
   srv->wake_fd = srv->inotify_fd = -1;
@@ -62,6 +70,7 @@ pulse_status pulse_server_create(const pulse_server_opts *opts,
     ho.max_connections = opts->max_connections;
     ho.max_per_ip = opts->max_per_ip;
     ho.idle_timeout_s = opts->idle_timeout_s;
+    ho.header_timeout_s = srv->opts.header_timeout_s;
     ho.routes = srv_routes;
     ho.route_count = srv_route_count;
     ho.labels = srv_labels;
