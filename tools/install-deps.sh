@@ -11,18 +11,29 @@ packages=(
   curl python3-numpy         # integration tests and data tools
   python3-torch              # tests against PyTorch's own BF16 rounding, make_trajectory.py
   nginx                      # pulse-bench serve: the reference file server
+  awscli npm                 # tests/cli/s3_*.sh: the AWS CLI reads back uploads;
+                             # npm installs s3rver, the S3-compatible test server
 )
+
+# s3rver (npm, not Debian): the S3-compatible server tests/cli/s3_*.sh start.
+install_s3rver() {
+  command -v s3rver >/dev/null && return 0
+  echo "install-deps: installing s3rver (npm)" >&2
+  ${SUDO:-} npm install -g --silent s3rver >/dev/null
+}
 
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 if [ ${#missing[@]} -eq 0 ]; then
+  install_s3rver
   exit 0
 fi
 echo "install-deps: installing ${missing[*]}" >&2
-SUDO=""
-if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+install_s3rver

@@ -18,6 +18,7 @@
 #include "pulse_sign.h"
 #include "pulse_store.h"
 #include "pulse_store_writer.h"
+#include "pulse_upload.h"
 #include "toolkit_args.h"
 
 static void usage(FILE *f) {
@@ -66,6 +67,22 @@ static void usage(FILE *f) {
       "background\n"
       "  --threads N          threads (default: one per core)\n"
       "  --json               one JSON object per step instead of text\n"
+      "  --upload s3://BUCKET/PREFIX  after each step, upload the objects "
+      "the head names\n"
+      "                       that the bucket lacks, then the head "
+      "(AWS_ENDPOINT_URL,\n"
+      "                       AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, "
+      "AWS_SESSION_TOKEN,\n"
+      "                       AWS_REGION as for the AWS CLI; path-style "
+      "addressing);\n"
+      "                       bucket retention: the head's objects, the "
+      "newest\n"
+      "                       --keep-anchors anchors, and --grace\n"
+      "  --multipart-mb N     objects of N MiB or more go up as multipart "
+      "uploads\n"
+      "                       (default 64), in parallel parts of --part-mb "
+      "MiB (default 16)\n"
+      "  --cacert FILE        CA certificates (PEM) for the upload's HTTPS\n"
       "  --verify             check the store: signature, every object's size "
       "and SHA-256,\n"
       "                       the whole patch chain against the head's "
@@ -223,15 +240,45 @@ static void sleep_ms(unsigned ms) {
 }
 
 /* The command line, read by parse_args. */
-typedef struct {
+typedef struct publish_args publish_args;
+static int upload(const publish_args *a);
+
+struct publish_args {
   const char *store, *listen, *key_path;
   int new_key, unsigned_, exit_after, json, do_verify;
   int interval_ms, have_first;
   uint64_t first_step;
   pulse_pub_opts o;
+  pulse_upload_opts up;   /* --upload */
+  pulse_upload *uploader; /* made in main */
   char **ckpts; /* gathered at the front of argv, after argv[0] */
   size_t nckpts;
-} publish_args;
+};
+
+/* --upload: the store's head and what it names to the bucket. */
+static int upload(const publish_args *a) {
+  if (a->uploader == NULL)
+    return 0;
+  pulse_upload_figures f;
+  pulse_status st = pulse_upload_store(a->uploader, a->store, &f);
+  if (st != PULSE_OK)
+    return fail("--upload", st);
+  if (a->json)
+    printf("{\"event\":\"upload\",\"step\":%" PRIu64
+           ",\"objects_uploaded\":%" PRIu64 ",\"objects_present\":%" PRIu64
+           ",\"bytes\":%" PRIu64 ",\"parts\":%" PRIu64 ",\"retries\":%" PRIu64
+           ",\"deleted\":%" PRIu64 ",\"seconds\":%.3f}\n",
+           f.head_step, f.objects_uploaded, f.objects_present, f.bytes_uploaded,
+           f.parts, f.retries, f.deleted, f.seconds);
+  else
+    printf("upload: step %" PRIu64 ": %" PRIu64 " objects put (%" PRIu64
+           " there already), %" PRIu64 " bytes, %" PRIu64 " parts, %" PRIu64
+           " retries, %" PRIu64 " deleted, %.3f s\n",
+           f.head_step, f.objects_uploaded, f.objects_present, f.bytes_uploaded,
+           f.parts, f.retries, f.deleted, f.seconds);
+  fflush(stdout);
+  return 0;
+}
 
 /* Reads argv into *a. Returns -1 to go on, else the exit code (0 for
  * --help, 2 for bad usage, with the message printed). */
@@ -240,6 +287,7 @@ static int parse_args(int argc, char **argv, publish_args *a) {
   int threads = 0;
   memset(a, 0, sizeof *a);
   a->o = (pulse_pub_opts)PULSE_PUB_OPTS_INIT;
+  a->up = (pulse_upload_opts)PULSE_UPLOAD_OPTS_INIT;
   /* Checkpoints are gathered at the front of argv (after argv[0]): they
    * are never more than the arguments already read. */
   a->ckpts = argv + 1;
@@ -303,6 +351,27 @@ static int parse_args(int argc, char **argv, publish_args *a) {
     } else if ((r = pulse_tk_opt_value(argc, argv, &i, "--threads", &v)) != 0) {
       if (r < 0 || pulse_tk_parse_int(v, 0, 256, &threads) != 0)
         return fprintf(stderr, "pulse-publish: --threads needs 0..256\n"), 2;
+    } else if ((r = pulse_tk_opt_value(argc, argv, &i, "--upload", &v)) != 0) {
+      if (r < 0)
+        return usage(stderr), 2;
+      a->up.target = v;
+    } else if ((r = pulse_tk_opt_value(argc, argv, &i, "--multipart-mb", &v)) !=
+               0) {
+      int mb;
+      if (r < 0 || pulse_tk_parse_int(v, 5, 5 * 1024 * 1024, &mb) != 0)
+        return fprintf(stderr,
+                       "pulse-publish: --multipart-mb needs 5..5242880\n"),
+               2;
+      a->up.multipart_bytes = (uint64_t)mb << 20;
+    } else if ((r = pulse_tk_opt_value(argc, argv, &i, "--part-mb", &v)) != 0) {
+      int mb;
+      if (r < 0 || pulse_tk_parse_int(v, 5, 5 * 1024, &mb) != 0)
+        return fprintf(stderr, "pulse-publish: --part-mb needs 5..5120\n"), 2;
+      a->up.part_bytes = (uint64_t)mb << 20;
+    } else if ((r = pulse_tk_opt_value(argc, argv, &i, "--cacert", &v)) != 0) {
+      if (r < 0)
+        return usage(stderr), 2;
+      a->up.cacert = v;
     } else if (pulse_tk_opt_flag(argv[i], "--new-key")) {
       a->new_key = 1;
     } else if (pulse_tk_opt_flag(argv[i], "--unsigned")) {
@@ -329,6 +398,8 @@ static int parse_args(int argc, char **argv, publish_args *a) {
       (!a->do_verify && a->nckpts == 0 && a->listen == NULL))
     return usage(stderr), 2;
   a->o.threads = threads;
+  a->up.keep_anchors = (unsigned)a->o.keep_anchors;
+  a->up.grace_seconds = (uint32_t)a->o.grace_seconds;
   return -1;
 }
 
@@ -427,6 +498,8 @@ static int publish_all(const publish_args *a, pulse_pub *pub,
       rc = fail(a->ckpts[k], st);
     if (rc == 0)
       print_figures(&f, a->json);
+    if (rc == 0)
+      rc = upload(a);
     for (size_t i = 0; i < n; i++) {
       free(copies[i]);
       copies[i] = NULL;
@@ -482,6 +555,11 @@ int main(int argc, char **argv) {
     goto done;
   if (a.listen != NULL && (rc = start_server(&a, key, &srv)) != 0)
     goto done;
+  if (a.up.target != NULL &&
+      (st = pulse_upload_create(&a.up, &a.uploader)) != PULSE_OK) {
+    rc = fail("--upload", st);
+    goto done;
+  }
   if ((st = pulse_pub_create(a.store, &a.o, &pub)) != PULSE_OK) {
     rc = fail(a.store, st);
     goto done;
@@ -493,6 +571,8 @@ int main(int argc, char **argv) {
     rc = fail("final anchor", st);
   else if (f.flush)
     print_figures(&f, a.json);
+  if (rc == 0 && f.flush)
+    rc = upload(&a);
   if (rc == 0 && srv != NULL && !a.exit_after && !stopped) {
     fprintf(stderr,
             "pulse-publish: published; serving until SIGINT or SIGTERM\n");
@@ -503,6 +583,7 @@ done:
   /* The server goes first: the publisher's last hook call was the flush. */
   pulse_server_free(srv);
   pulse_pub_free(pub);
+  pulse_upload_free(a.uploader);
   pulse_st_model_close(first);
   free(info);
   pulse_sign_key_free(key);

@@ -1,0 +1,111 @@
+/* pulse_upload.h - publishing a store to an S3-compatible object store
+ * (AWS S3, R2, GCS's XML API, MinIO, ...), so that workers pull it from the
+ * bucket or a CDN in front of it (trainer_side/PROTOCOL.md, "Store layout":
+ * a bucket holds <prefix>/head.json and <prefix>/objects/...).
+ *
+ *   pulse_upload_opts o = PULSE_UPLOAD_OPTS_INIT;
+ *   o.target = "s3://bucket/runs/7";          // credentials from the env
+ *   pulse_upload *up;
+ *   pulse_upload_create(&o, &up);
+ *   ... pulse_pub_commit(pub, ...);           // after each commit:
+ *   pulse_upload_store(up, store_dir, &fig);  // objects, then the head
+ *   pulse_upload_free(up);
+ *
+ * Order: every object the local head names that the bucket does not hold
+ * with its size goes up first (Cache-Control: public, max-age=31536000,
+ * immutable), then the signed head (Cache-Control: no-cache), so a reader
+ * never sees a head whose objects are missing; an upload interrupted at any
+ * point (kill -9 included) leaves the previous head and its objects, and the
+ * next call uploads what is missing (objects are named by their content, so
+ * one that is there with its size is done). Objects of at least
+ * multipart_bytes go up as multipart uploads, parts in parallel, each
+ * retried. Retention, after the head: the objects under <prefix>/objects/
+ * that the head does not name are deleted, except the keep_anchors newest
+ * anchors and objects younger than grace_seconds (by the bucket's
+ * LastModified), so a worker that planned from an older head finishes.
+ *
+ * Configuration follows the AWS CLI: AWS_ENDPOINT_URL (then
+ * AWS_ENDPOINT_URL_S3; default https://s3.<region>.amazonaws.com),
+ * AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_REGION
+ * (then AWS_DEFAULT_REGION; default us-east-1); options given here win.
+ * Addressing is path-style (<endpoint>/<bucket>/<key>). Requests are signed
+ * with libcurl's SigV4 (CURLOPT_AWS_SIGV4), each carrying the SHA-256 of its
+ * payload in x-amz-content-sha256; without credentials they go unsigned
+ * (a public-write bucket). HTTPS verifies certificates (cacert for a private
+ * CA).
+ *
+ * Thread-safety: one thread at a time per handle. Nothing here prints. */
+#ifndef PULSE_UPLOAD_H
+#define PULSE_UPLOAD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "pulse_status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Upload options; start from PULSE_UPLOAD_OPTS_INIT. Strings are copied. */
+typedef struct {
+  uint32_t struct_version; /* PULSE_UPLOAD_OPTS_VERSION */
+  const char *target;      /* "s3://BUCKET" or "s3://BUCKET/PREFIX" */
+  /* NULL: from the environment (see above) */
+  const char *endpoint, *region, *access_key, *secret_key, *session_token;
+  const char *cacert;       /* PEM file of the CAs to trust; NULL: system's */
+  uint64_t multipart_bytes; /* objects this large go multipart; default 64 MiB */
+  uint64_t part_bytes;      /* part size (>= 5 MiB); default 16 MiB */
+  unsigned parallel;        /* parts (and objects) at once; default 4 */
+  unsigned retries;         /* per request, after the first try; default 5 */
+  unsigned keep_anchors;    /* retention: newest anchors kept; default 2 */
+  uint32_t grace_seconds;   /* retention: younger objects kept; default 600 */
+  int no_retention;         /* 1: never delete */
+} pulse_upload_opts;
+
+#define PULSE_UPLOAD_OPTS_VERSION 1u
+#define PULSE_UPLOAD_OPTS_INIT                                                 \
+  {                                                                            \
+    PULSE_UPLOAD_OPTS_VERSION, NULL, NULL, NULL, NULL, NULL, NULL, NULL,       \
+        (uint64_t)64 << 20, (uint64_t)16 << 20, 4, 5, 2, 600, 0                \
+  }
+
+typedef struct pulse_upload pulse_upload;
+
+/* What one pulse_upload_store did. */
+typedef struct {
+  uint64_t objects_uploaded; /* objects put (single or multipart) */
+  uint64_t objects_present;  /* named by the head and already in the bucket */
+  uint64_t bytes_uploaded;   /* object and head bytes sent, retries included */
+  uint64_t parts;            /* multipart parts put */
+  uint64_t retries;          /* requests tried again */
+  uint64_t deleted;          /* objects removed by retention */
+  uint64_t head_step;        /* the step of the head uploaded */
+  double seconds;            /* wall time of the call */
+} pulse_upload_figures;
+
+/** Checks the options and the environment. Nothing is sent yet.
+ * @return PULSE_OK and *out (pulse_upload_free); PULSE_ERR_ARG (no or bad
+ * target, a part size under 5 MiB or parts over 10,000 for an object,
+ * a region or key that is not plain text); PULSE_ERR_NOMEM. */
+pulse_status pulse_upload_create(const pulse_upload_opts *opts,
+                                 pulse_upload **out);
+
+/** Frees (NULL is fine). */
+void pulse_upload_free(pulse_upload *up);
+
+/** Uploads the store folder `store_dir` (its head.json and the objects it
+ * names; see above), then applies retention. figures may be NULL.
+ * @return PULSE_OK; PULSE_ERR_NOT_FOUND (no head, or an object the head
+ * names is missing locally); PULSE_ERR_IO (a request that failed after its
+ * retries, with the method, key, status and the store's error message in
+ * the detail: pulse_error_detail()); PULSE_ERR_CORRUPT (an answer that
+ * does not parse); PULSE_ERR_NOMEM. The bucket then holds the previous
+ * head with everything it names. */
+pulse_status pulse_upload_store(pulse_upload *up, const char *store_dir,
+                                pulse_upload_figures *figures);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* PULSE_UPLOAD_H */

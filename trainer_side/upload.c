@@ -1,0 +1,377 @@
+/* upload.c - publishing a store folder to an S3-compatible bucket
+ * (pulse_upload.h): the objects its head names that the bucket lacks (one
+ * PUT each, or a multipart upload in parallel parts), then the head, then
+ * retention. */
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "pulse_log.h"
+#include "pulse_store.h"
+#include "status_impl.h"
+#include "store_impl.h"
+#include "upload_impl.h"
+
+#define IMMUTABLE "public, max-age=31536000, immutable"
+#define MAX_PARTS 10000u
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void key_of(const pulse_upload *up, const char *rel, char *out,
+                   size_t cap) {
+  snprintf(out, cap, "%s%s", up->prefix, rel);
+}
+
+static int ok_status(long s) {
+  return s >= 200 && s < 300;
+}
+
+/* ------------------------------------------------------------ multipart */
+
+/* Uploads one large object as a multipart upload: create, the parts in
+ * parallel (each retried), complete; aborted when a part fails for good. */
+static pulse_status put_multipart(pulse_upload *up, const pulse_store_object *o,
+                                  int fd, const char *key) {
+  uint64_t part = up->opts.part_bytes;
+  if ((o->size + part - 1) / part > MAX_PARTS) { /* S3 allows 10,000 parts */
+    part = (o->size + MAX_PARTS - 1) / MAX_PARTS;
+    part = (part + ((uint64_t)1 << 20) - 1) & ~(((uint64_t)1 << 20) - 1);
+  }
+  size_t nparts = (size_t)((o->size + part - 1) / part);
+  upload_req c;
+  upload_req_init(&c, "POST");
+  snprintf(c.key, sizeof c.key, "%s", key);
+  snprintf(c.query, sizeof c.query, "uploads=");
+  c.cache_control = IMMUTABLE;
+  c.content_type = "application/octet-stream";
+  upload_req *one = &c;
+  pulse_status st = upload_run(up, &one, 1);
+  char id[1024] = "", idq[3100];
+  size_t at = 0;
+  if (st == PULSE_OK && !ok_status(c.status))
+    st = upload_req_fail(&c, "starting a multipart upload");
+  if (st == PULSE_OK &&
+      !upload_xml_tag((const char *)c.reply.data, c.reply.size, &at,
+                      "UploadId", id, sizeof id))
+    st = pulse_fail(PULSE_ERR_CORRUPT, "upload: %s: no UploadId in the answer",
+                    key);
+  upload_req_release(&c);
+  if (st != PULSE_OK)
+    return st;
+  upload_uri_encode(id, 0, idq, sizeof idq);
+  upload_req *parts = calloc(nparts, sizeof *parts);
+  upload_req **ptrs = calloc(nparts, sizeof *ptrs);
+  if (parts == NULL || ptrs == NULL) {
+    free(parts), free(ptrs);
+    return pulse_fail(PULSE_ERR_NOMEM, "upload: %s", key);
+  }
+  for (size_t i = 0; i < nparts; i++) {
+    upload_req *r = &parts[i];
+    upload_req_init(r, "PUT");
+    snprintf(r->key, sizeof r->key, "%s", key);
+    snprintf(r->query, sizeof r->query, "partNumber=%zu&uploadId=%s", i + 1,
+             idq);
+    r->fd = fd;
+    r->offset = (uint64_t)i * part;
+    r->body_len = o->size - r->offset < part ? o->size - r->offset : part;
+    ptrs[i] = r;
+  }
+  st = upload_run(up, ptrs, nparts);
+  pulse_bytebuf xml = PULSE_BYTEBUF_INIT;
+  pulse_bytebuf_str(&xml, "<CompleteMultipartUpload>");
+  for (size_t i = 0; i < nparts && st == PULSE_OK; i++) {
+    if (!ok_status(parts[i].status) || parts[i].etag[0] == '\0')
+      st = upload_req_fail(&parts[i], "a part");
+    pulse_bytebuf_printf(&xml,
+                         "<Part><PartNumber>%zu</PartNumber><ETag>%s</ETag>"
+                         "</Part>",
+                         i + 1, parts[i].etag);
+  }
+  pulse_bytebuf_str(&xml, "</CompleteMultipartUpload>");
+  up->fig.parts += nparts;
+  for (size_t i = 0; i < nparts; i++)
+    upload_req_release(&parts[i]);
+  free(parts), free(ptrs);
+  upload_req done;
+  upload_req_init(&done, st == PULSE_OK ? "POST" : "DELETE");
+  snprintf(done.key, sizeof done.key, "%s", key);
+  snprintf(done.query, sizeof done.query, "uploadId=%s", idq);
+  if (st == PULSE_OK) {
+    done.body = xml.data;
+    done.body_len = xml.failed ? 0 : xml.size;
+    done.content_type = "application/xml";
+  }
+  one = &done;
+  pulse_status cst = upload_run(up, &one, 1);
+  /* A completion can fail inside a 200 answer (S3 says so in its body). */
+  if (st == PULSE_OK && cst == PULSE_OK &&
+      (!ok_status(done.status) ||
+       (done.reply.size >= 7 &&
+        memmem(done.reply.data, done.reply.size, "<Error>", 7) != NULL)))
+    cst = upload_req_fail(&done, "completing a multipart upload");
+  if (st == PULSE_OK)
+    st = cst;
+  upload_req_release(&done);
+  pulse_bytebuf_free(&xml);
+  return st;
+}
+
+/* -------------------------------------------------------------- objects */
+
+/* Uploads what the bucket lacks of the head's objects. */
+static pulse_status put_objects(pulse_upload *up, const char *dir,
+                                const pulse_store_head *h) {
+  size_t np = pulse_store_head_patch_count(h);
+  size_t n = np + pulse_store_head_anchor_count(h);
+  upload_req *reqs = calloc(n + 1, sizeof *reqs);
+  upload_req **ptrs = calloc(n + 1, sizeof *ptrs);
+  int *fds = calloc(n + 1, sizeof *fds);
+  if (reqs == NULL || ptrs == NULL || fds == NULL) {
+    free(reqs), free(ptrs), free(fds);
+    return pulse_fail(PULSE_ERR_NOMEM, "upload");
+  }
+  const pulse_store_object **objs = calloc(n + 1, sizeof *objs);
+  for (size_t i = 0; objs != NULL && i < n; i++) {
+    objs[i] = i < np ? pulse_store_head_patch(h, i)
+                     : pulse_store_head_anchor(h, i - np);
+    fds[i] = -1;
+  }
+  /* Which are there already (content-addressed: with their size, done)? */
+  pulse_status st = objs ? PULSE_OK : pulse_fail(PULSE_ERR_NOMEM, "upload");
+  for (size_t i = 0; st == PULSE_OK && i < n; i++) {
+    upload_req_init(&reqs[i], "HEAD");
+    key_of(up, objs[i]->path, reqs[i].key, sizeof reqs[i].key);
+    ptrs[i] = &reqs[i];
+  }
+  if (st == PULSE_OK)
+    st = upload_run(up, ptrs, n);
+  size_t nput = 0;
+  for (size_t i = 0; st == PULSE_OK && i < n; i++) {
+    upload_req *r = &reqs[i];
+    if (r->status == 200 && r->length == objs[i]->size) {
+      up->fig.objects_present++;
+      continue;
+    }
+    if (r->status != 404 && r->status != 200)
+      st = upload_req_fail(r, "checking an object");
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, objs[i]->path);
+    fds[i] = open(path, O_RDONLY | O_CLOEXEC);
+    if (st == PULSE_OK && fds[i] < 0)
+      st = pulse_fail(PULSE_ERR_NOT_FOUND, "upload: %s: missing from the store",
+                      path);
+    if (st != PULSE_OK || objs[i]->size >= up->opts.multipart_bytes)
+      continue;
+    upload_req_release(r);
+    upload_req_init(r, "PUT");
+    key_of(up, objs[i]->path, r->key, sizeof r->key);
+    r->fd = fds[i];
+    r->body_len = objs[i]->size;
+    store_hex(objs[i]->sha256, 32, r->payload_sha256); /* its name */
+    r->cache_control = IMMUTABLE;
+    r->content_type = "application/octet-stream";
+    ptrs[nput++] = r;
+  }
+  if (st == PULSE_OK)
+    st = upload_run(up, ptrs, nput);
+  for (size_t i = 0; st == PULSE_OK && i < nput; i++)
+    if (!ok_status(ptrs[i]->status))
+      st = upload_req_fail(ptrs[i], "putting an object");
+  up->fig.objects_uploaded += st == PULSE_OK ? nput : 0;
+  /* Large objects, one at a time, each in parallel parts. */
+  for (size_t i = 0; st == PULSE_OK && i < n; i++) {
+    if (fds[i] < 0 || objs[i]->size < up->opts.multipart_bytes)
+      continue;
+    char key[1200];
+    key_of(up, objs[i]->path, key, sizeof key);
+    st = put_multipart(up, objs[i], fds[i], key);
+    up->fig.objects_uploaded += st == PULSE_OK;
+  }
+  for (size_t i = 0; i < n; i++) {
+    upload_req_release(&reqs[i]);
+    if (fds[i] >= 0)
+      close(fds[i]);
+  }
+  free(reqs), free(ptrs), free(fds), free(objs);
+  return st;
+}
+
+/* ------------------------------------------------------------ retention */
+
+typedef struct {
+  char key[1100];
+  char modified[40]; /* ISO 8601, sorts as text */
+  int anchor;
+  int keep;
+} listed;
+
+static int newer_first(const void *a, const void *b) {
+  return strcmp(((const listed *)b)->modified, ((const listed *)a)->modified);
+}
+
+/* Seconds since an ISO 8601 UTC time ("2026-12-02T03:04:05.000Z"); a time
+ * that does not parse counts as new (kept). */
+static double age_of(const char *iso) {
+  struct tm tm;
+  memset(&tm, 0, sizeof tm);
+  if (sscanf(iso, "%d-%d-%dT%d:%d:%d", &tm.tm_year, &tm.tm_mon, &tm.tm_mday,
+             &tm.tm_hour, &tm.tm_min, &tm.tm_sec) != 6)
+    return 0;
+  tm.tm_year -= 1900;
+  tm.tm_mon -= 1;
+  return difftime(time(NULL), timegm(&tm));
+}
+
+static int named_by(const pulse_upload *up, const pulse_store_head *h,
+                    const char *key) {
+  size_t np = pulse_store_head_patch_count(h);
+  size_t n = np + pulse_store_head_anchor_count(h);
+  char k[1200];
+  for (size_t i = 0; i < n; i++) {
+    const pulse_store_object *o = i < np ? pulse_store_head_patch(h, i)
+                                         : pulse_store_head_anchor(h, i - np);
+    key_of(up, o->path, k, sizeof k);
+    if (strcmp(k, key) == 0)
+      return 1;
+  }
+  return 0;
+}
+
+static pulse_status retain(pulse_upload *up, const pulse_store_head *h) {
+  listed *all = NULL;
+  size_t n = 0, cap = 0;
+  char prefix[1200], penc[3700], token[1100] = "", tenc[3400];
+  key_of(up, PULSE_STORE_OBJECTS_DIR "/", prefix, sizeof prefix);
+  upload_uri_encode(prefix, 0, penc, sizeof penc);
+  pulse_status st = PULSE_OK;
+  for (int page = 0; st == PULSE_OK && page < 100000; page++) {
+    upload_req r;
+    upload_req_init(&r, "GET");
+    upload_uri_encode(token, 0, tenc, sizeof tenc);
+    if (token[0])
+      snprintf(r.query, sizeof r.query,
+               "continuation-token=%s&list-type=2&prefix=%s", tenc, penc);
+    else
+      snprintf(r.query, sizeof r.query, "list-type=2&prefix=%s", penc);
+    upload_req *one = &r;
+    st = upload_run(up, &one, 1);
+    if (st == PULSE_OK && !ok_status(r.status))
+      st = upload_req_fail(&r, "listing the objects");
+    const char *xml = (const char *)r.reply.data;
+    size_t len = r.reply.size, at = 0;
+    char block[4096];
+    while (st == PULSE_OK &&
+           upload_xml_tag(xml, len, &at, "Contents", block, sizeof block)) {
+      if (n == cap) {
+        cap = cap ? 2 * cap : 256;
+        listed *more = realloc(all, cap * sizeof *more);
+        if (more == NULL) {
+          st = pulse_fail(PULSE_ERR_NOMEM, "upload: listing");
+          break;
+        }
+        all = more;
+      }
+      listed *e = &all[n];
+      memset(e, 0, sizeof *e);
+      size_t b = 0, bl = strlen(block);
+      if (!upload_xml_tag(block, bl, &b, "Key", e->key, sizeof e->key))
+        continue;
+      b = 0;
+      upload_xml_tag(block, bl, &b, "LastModified", e->modified,
+                     sizeof e->modified);
+      size_t kl = strlen(e->key);
+      e->anchor = kl > 12 && strcmp(e->key + kl - 12, ".safetensors") == 0;
+      n++;
+    }
+    char truncated[16] = "";
+    at = 0;
+    upload_xml_tag(xml, len, &at, "IsTruncated", truncated, sizeof truncated);
+    at = 0;
+    int more = strcmp(truncated, "true") == 0 &&
+               upload_xml_tag(xml, len, &at, "NextContinuationToken", token,
+                              sizeof token);
+    upload_req_release(&r);
+    if (!more)
+      break;
+  }
+  if (st == PULSE_OK) {
+    qsort(all, n, sizeof *all, newer_first);
+    unsigned anchors = 0;
+    for (size_t i = 0; i < n; i++) {
+      listed *e = &all[i];
+      e->keep = named_by(up, h, e->key) ||
+                age_of(e->modified) < (double)up->opts.grace_seconds ||
+                (e->anchor && anchors < up->opts.keep_anchors);
+      anchors += e->anchor;
+    }
+  }
+  size_t ndel = 0;
+  upload_req *dels = calloc(n + 1, sizeof *dels);
+  upload_req **ptrs = calloc(n + 1, sizeof *ptrs);
+  if (st == PULSE_OK && (dels == NULL || ptrs == NULL))
+    st = pulse_fail(PULSE_ERR_NOMEM, "upload: retention");
+  for (size_t i = 0; st == PULSE_OK && i < n; i++) {
+    if (all[i].keep)
+      continue;
+    upload_req_init(&dels[ndel], "DELETE");
+    snprintf(dels[ndel].key, sizeof dels[ndel].key, "%s", all[i].key);
+    ptrs[ndel] = &dels[ndel];
+    ndel++;
+  }
+  if (st == PULSE_OK)
+    st = upload_run(up, ptrs, ndel);
+  for (size_t i = 0; i < ndel; i++) {
+    if (st == PULSE_OK && !ok_status(dels[i].status) && dels[i].status != 404)
+      st = upload_req_fail(&dels[i], "retention");
+    upload_req_release(&dels[i]);
+  }
+  up->fig.deleted += st == PULSE_OK ? ndel : 0;
+  free(dels), free(ptrs), free(all);
+  return st;
+}
+
+/* ----------------------------------------------------------------- store */
+
+pulse_status pulse_upload_store(pulse_upload *up, const char *store_dir,
+                                pulse_upload_figures *figures) {
+  if (up == NULL || store_dir == NULL)
+    return pulse_fail(PULSE_ERR_ARG, "upload: NULL argument");
+  double t0 = now_s();
+  memset(&up->fig, 0, sizeof up->fig);
+  pulse_store_head *h = NULL;
+  pulse_status st = pulse_store_head_load(store_dir, &h);
+  if (st != PULSE_OK)
+    return st;
+  st = put_objects(up, store_dir, h);
+  if (st == PULSE_OK) { /* the head last: everything it names is there */
+    upload_req r;
+    upload_req_init(&r, "PUT");
+    key_of(up, "head.json", r.key, sizeof r.key);
+    size_t len = 0;
+    r.body = pulse_store_head_bytes(h, &len);
+    r.body_len = len;
+    r.cache_control = "no-cache";
+    r.content_type = "application/json";
+    upload_req *one = &r;
+    st = upload_run(up, &one, 1);
+    if (st == PULSE_OK && !ok_status(r.status))
+      st = upload_req_fail(&r, "putting the head");
+    upload_req_release(&r);
+  }
+  if (st == PULSE_OK && !up->opts.no_retention)
+    st = retain(up, h);
+  up->fig.head_step = pulse_store_head_step(h);
+  up->fig.seconds = now_s() - t0;
+  pulse_store_head_free(h);
+  if (figures != NULL)
+    *figures = up->fig;
+  return st;
+}

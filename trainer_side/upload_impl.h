@@ -1,0 +1,72 @@
+/* upload_impl.h - inside the S3 uploader (upload*.c, pulse_upload.h): the
+ * handle, and S3 requests run with libcurl (signed by its SigV4, retried,
+ * several at once). */
+#ifndef PULSE_UPLOAD_IMPL_H
+#define PULSE_UPLOAD_IMPL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "bytebuf_impl.h"
+#include "pulse_upload.h"
+
+struct pulse_upload {
+  pulse_upload_opts opts; /* strings point at the copies below */
+  char *bucket, *prefix;  /* prefix: "" or "a/b/" (ends with '/') */
+  char *endpoint;         /* without a trailing '/' */
+  char *region, *access_key, *secret_key, *session_token, *cacert;
+  char sigv4[160];  /* "aws:amz:<region>:s3" */
+  char userpwd[512];
+  pulse_upload_figures fig; /* of the call running */
+};
+
+/* One S3 request. The body is memory (body, body_len) or a file's range
+ * (fd >= 0: body_len bytes from offset); payload_sha256 is its SHA-256 in
+ * hex ("" : computed here from memory, or from the file). */
+typedef struct {
+  const char *method; /* "GET", "HEAD", "PUT", "POST", "DELETE" */
+  char key[1200];     /* object key, or "" for the bucket */
+  char query[8192];   /* canonical: sorted, encoded ("uploads=", ...) */
+  const uint8_t *body;
+  uint64_t body_len;
+  int fd;
+  uint64_t offset;
+  char payload_sha256[65];
+  const char *cache_control; /* NULL: none */
+  const char *content_type;  /* NULL: none */
+  /* ---- answer */
+  long status;
+  pulse_bytebuf reply; /* the body of the answer */
+  char etag[256];      /* ETag header, as sent */
+  uint64_t length;     /* Content-Length of a HEAD */
+  char error[256];     /* libcurl's error */
+  unsigned tries;
+} upload_req;
+
+/** Prepares a request (body and answer empty, fd -1). */
+void upload_req_init(upload_req *r, const char *method);
+
+/** Frees an answer's body. */
+void upload_req_release(upload_req *r);
+
+/** Runs n requests, up to opts.parallel at once, each retried (network
+ * errors, 5xx, 429, with backoff) up to opts.retries times. Every answer's
+ * status is in its request. @return PULSE_OK when each got an answer
+ * (whatever its status), PULSE_ERR_IO for one that never did (detail:
+ * method, key, cause), PULSE_ERR_NOMEM. */
+pulse_status upload_run(pulse_upload *up, upload_req **reqs, size_t n);
+
+/** pulse_fail(PULSE_ERR_IO) naming the request, its status and the
+ * store's <Code>/<Message>; returns PULSE_ERR_IO. */
+pulse_status upload_req_fail(const upload_req *r, const char *what);
+
+/** S3 URI encoding (RFC 3986 unreserved kept; '/' kept when keep_slash). */
+void upload_uri_encode(const char *s, int keep_slash, char *out, size_t cap);
+
+/** The text of the first <tag>...</tag> in xml at or after *from (the
+ * position after it goes back in *from), entities decoded, into out.
+ * @return 1 when found and it fits, else 0. */
+int upload_xml_tag(const char *xml, size_t len, size_t *from, const char *tag,
+                   char *out, size_t cap);
+
+#endif /* PULSE_UPLOAD_IMPL_H */
