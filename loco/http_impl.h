@@ -43,6 +43,11 @@ pulse_status loco_server_put(loco_server *s, const char *path, const void *data,
  * 0..6), and the exact path when below is 0. */
 void loco_server_drop(loco_server *s, const char *prefix, uint64_t below);
 
+/* loco_server_drop, keeping the paths that end with keep_suffix (round
+ * manifests outlive their payloads). */
+void loco_server_drop_except(loco_server *s, const char *prefix,
+                             uint64_t below, const char *keep_suffix);
+
 /* Body bytes of the blobs answered so far (200 and 206; not HEAD or 304). */
 uint64_t loco_server_bytes_served(const loco_server *s);
 

@@ -171,6 +171,16 @@ pulse_status loco_server_put(loco_server *s, const char *path, const void *data,
 }
 
 void loco_server_drop(loco_server *s, const char *prefix, uint64_t below) {
+  loco_server_drop_except(s, prefix, below, NULL);
+}
+
+static int ends_with(const char *p, const char *suffix) {
+  size_t a = strlen(p), b = strlen(suffix);
+  return a >= b && strcmp(p + a - b, suffix) == 0;
+}
+
+void loco_server_drop_except(loco_server *s, const char *prefix,
+                             uint64_t below, const char *keep_suffix) {
   size_t n = strlen(prefix);
   pthread_mutex_lock(&s->lock);
   for (size_t i = 0; i < s->count;) {
@@ -182,6 +192,8 @@ void loco_server_drop(loco_server *s, const char *prefix, uint64_t below) {
       char *end;
       gone = strncmp(p, prefix, n) == 0 && p[n] >= '0' && p[n] <= '9' &&
              strtoull(p + n, &end, 10) < below;
+      if (gone && keep_suffix != NULL && ends_with(p, keep_suffix))
+        gone = 0;
     }
     if (gone) {
       free(s->blobs[i].path);

@@ -43,6 +43,10 @@ struct pulse_loco_node {
   uint32_t misses[LOCO_MAX_MEMBERS];
   size_t nmembers;
   uint64_t fetched; /* bytes of bodies fetched this round */
+  /* Dropped by the group after missed rounds: the next step joins again
+   * through rejoin_url (the coordinator that dropped this node). */
+  int dropped;
+  char rejoin_url[64];
   /* The last round this node coordinated, and who must acknowledge it. */
   int coordinated;
   uint64_t coordinated_round;
@@ -85,6 +89,13 @@ static unsigned on_post(void *user, const char *path, const char *id_text,
       n->pending[i].id = id;
       snprintf(n->pending[i].url, sizeof n->pending[i].url, "%s", url);
       n->npending += i == n->npending;
+      /* A trainer dropped after missed rounds joins again under its id:
+       * the admission of its previous join must be gone before this POST
+       * is answered, or it reads that stale round and waits for a state
+       * this node no longer serves (the liveness defect of issue 16). */
+      char admission[64];
+      snprintf(admission, sizeof admission, "/v1/loco/join/%u", id);
+      loco_server_drop(n->srv, admission, 0);
       snprintf(reply, cap, "{\"pending\":true}");
       status = 202;
     }
@@ -124,6 +135,7 @@ static size_t state_cap(const pulse_loco *ctx) {
 }
 
 #define MANIFEST_CAP ((size_t)LOCO_MAX_MEMBERS * 256u + 4096u)
+#define MANIFESTS_KEPT 64u
 
 static int find_member(const pulse_loco_member *m, size_t n, uint32_t id) {
   for (size_t i = 0; i < n; i++)
@@ -286,6 +298,51 @@ static unsigned left_ms(uint64_t end) {
   return now >= end ? 1u : (unsigned)(end - now);
 }
 
+/* Loads the newest state the coordinator at `coord` serves, of round
+ * min_round or later, and takes the members of that round from its view.
+ * The coordinator keeps only its last two states: a member that fell
+ * behind (slow, re-joining, re-syncing while the others moved on) asks
+ * for the round it needs and would wait for a state that is gone. The
+ * view (GET /v1/loco/members) is published after the state of its round,
+ * so the state it names is there unless the group moved on meanwhile:
+ * then read the view again. */
+static pulse_status catch_up(pulse_loco_node *n, const char *coord,
+                             uint64_t min_round, float *theta_r, uint64_t end) {
+  char url[160];
+  pulse_status st;
+  for (;;) {
+    loco_manifest view;
+    url_fmt(url, sizeof url, coord, "/v1/loco/members");
+    PULSE_TRY(get_json(url, left_ms(end), &view, &n->fetched));
+    if (view.round >= min_round &&
+        find_member(view.members, view.nmembers, view.coordinator) >= 0) {
+      url_fmt(url, sizeof url, coord, "/v1/loco/state/%llu",
+              (unsigned long long)view.round);
+      pulse_bytebuf b = PULSE_BYTEBUF_INIT;
+      unsigned wait = left_ms(end);
+      st = loco_http_wait(url, wait < 500u ? wait : 500u, state_cap(n->ctx),
+                          &b);
+      if (st == PULSE_OK) {
+        n->fetched += b.size;
+        st = pulse_loco_state_import(n->ctx, b.data, b.size, theta_r);
+        if (st == PULSE_OK)
+          set_members(n, view.members, view.nmembers);
+      }
+      pulse_bytebuf_free(&b);
+      if (st == PULSE_OK || st != PULSE_ERR_IO) {
+        loco_manifest_free(&view);
+        return st;
+      }
+    }
+    loco_manifest_free(&view);
+    if (loco_now_ms() >= end)
+      return pulse_fail(PULSE_ERR_IO,
+                        "loco node: no state of round %llu or later at %s",
+                        (unsigned long long)min_round, coord);
+    loco_sleep_ms(2);
+  }
+}
+
 /* Registers with the coordinator named by `seed`'s view and loads the
  * state of the first round the coordinator admits this node to. */
 static pulse_status join_via(pulse_loco_node *n, const char *seed,
@@ -312,42 +369,43 @@ static pulse_status join_via(pulse_loco_node *n, const char *seed,
                       status);
   url_fmt(url, sizeof url, coord, "/v1/loco/join/%u", n->id);
   pulse_bytebuf b = PULSE_BYTEBUF_INIT;
-  pulse_status st = loco_http_wait(url, left_ms(end), 256, &b);
+  pulse_status st;
   uint64_t round = 0;
-  if (st == PULSE_OK) {
+  for (;;) {
+    st = loco_http_wait(url, left_ms(end), 256, &b);
+    if (st != PULSE_OK)
+      break;
     char text[64];
     size_t k = b.size < sizeof text - 1 ? b.size : sizeof text - 1;
     memcpy(text, b.data, k);
     text[k] = '\0';
     if (sscanf(text, "{\"round\":%llu}", (unsigned long long *)&round) != 1 ||
-        round == 0)
+        round == 0) {
       st = pulse_fail(PULSE_ERR_CORRUPT, "loco join: bad admission");
-  }
-  if (st == PULSE_OK) {
-    url_fmt(url, sizeof url, coord, "/v1/loco/state/%llu",
-            (unsigned long long)round);
-    st = loco_http_wait(url, left_ms(end), state_cap(n->ctx), &b);
-  }
-  if (st == PULSE_OK) {
-    n->fetched += b.size;
-    st = pulse_loco_state_import(n->ctx, b.data, b.size, theta_r);
+      break;
+    }
+    if (round > pulse_loco_round(n->ctx))
+      break;
+    /* An admission of an earlier join under this id (the coordinator
+     * drops it when this join arrives; this guards an older coordinator):
+     * not this join's, poll again until the next manifest admits. */
+    if (loco_now_ms() >= end) {
+      st = pulse_fail(PULSE_ERR_IO, "loco join: only a stale admission (%llu)",
+                      (unsigned long long)round);
+      break;
+    }
+    loco_sleep_ms(5);
   }
   pulse_bytebuf_free(&b);
   if (st != PULSE_OK)
     return st;
-  /* The manifest that admitted this node names the members of its round. */
-  url_fmt(url, sizeof url, coord, "/v1/loco/round/%llu/manifest",
-          (unsigned long long)(round - 1));
-  loco_manifest man;
-  PULSE_TRY(get_json(url, left_ms(end), &man, &n->fetched));
-  if (man.round != round - 1 ||
-      find_member(man.members, man.nmembers, n->id) < 0) {
-    loco_manifest_free(&man);
-    return pulse_fail(PULSE_ERR_CORRUPT,
-                      "loco join: the manifest does not admit this node");
-  }
-  set_members(n, man.members, man.nmembers);
-  loco_manifest_free(&man);
+  /* The state of the admission round, or a later one when the group moved
+   * on meanwhile; the members come with it. */
+  PULSE_TRY(catch_up(n, coord, round, theta_r, end));
+  if (find_member(n->members, n->nmembers, n->id) < 0)
+    return pulse_fail(PULSE_ERR_IO,
+                      "loco join: dropped again before the first round");
+  round = pulse_loco_round(n->ctx);
   url_fmt(url, sizeof url, coord, "/v1/loco/round/%llu/done?id=%u",
           (unsigned long long)(round - 1), n->id);
   loco_http_post(url, left_ms(end), &status);
@@ -451,8 +509,9 @@ static pulse_status coordinate(pulse_loco_node *n, uint64_t r,
     int ok = t[j].done;
     if (ok)
       n->fetched += t[j].body.size;
-    if (ok && n->opts.drop_rate > 0.0 &&
-        drop_draw(n->opts.drop_seed, r, id) < n->opts.drop_rate)
+    int lost = ok && n->opts.drop_rate > 0.0 &&
+               drop_draw(n->opts.drop_seed, r, id) < n->opts.drop_rate;
+    if (lost)
       ok = 0; /* simulated loss */
     if (ok &&
         (pulse_loco_payload_peek(t[j].body.data, t[j].body.size, &h) !=
@@ -460,7 +519,10 @@ static pulse_status coordinate(pulse_loco_node *n, uint64_t r,
          h.sender != id ||
          pulse_loco_check(n->ctx, t[j].body.data, t[j].body.size) != PULSE_OK))
       ok = 0; /* a payload that does not check is as good as lost */
-    n->misses[j] = ok ? 0 : n->misses[j] + 1;
+    /* Misses count silence only: a member whose payload came back but was
+     * lost (simulated) is alive, and loss must not evict it (issue 16). */
+    int silent = !t[j].done || (!ok && !lost);
+    n->misses[j] = silent ? n->misses[j] + 1 : 0;
     if (!ok) {
       PULSE_LOG_AT(PULSE_LOG_INFO, "loco round %llu: trainer %u left out (%s)",
                    (unsigned long long)r, id,
@@ -555,6 +617,19 @@ done:
   return st;
 }
 
+/* The round the coordinator at `coord` is at (its view), 0 when it does
+ * not answer within the deadline. */
+static uint64_t group_round(pulse_loco_node *n, const char *coord) {
+  char url[160];
+  loco_manifest view;
+  url_fmt(url, sizeof url, coord, "/v1/loco/members");
+  if (get_json(url, n->opts.deadline_ms, &view, &n->fetched) != PULSE_OK)
+    return 0;
+  uint64_t r = view.round;
+  loco_manifest_free(&view);
+  return r;
+}
+
 /* Fetches the round's contributions that are not this node's own into
  * t[k] (done, body): from each sender first, then from the coordinator's
  * relay; a body counts only with the size and SHA-256 the manifest names.
@@ -588,6 +663,8 @@ static pulse_status fetch_contributions(pulse_loco_node *n, uint64_t r,
     }
     if (want == 0)
       break;
+    if (pass == 1 && group_round(n, coord) > r + 2)
+      break; /* the coordinator moved on and dropped its relays of r */
     /* The pending ones only: a gather over a compacted copy. */
     loco_fetch *w = calloc(want, sizeof *w);
     size_t *idx = calloc(want, sizeof *idx);
@@ -696,18 +773,9 @@ static pulse_status follow(pulse_loco_node *n, uint64_t r, const uint8_t *own,
      * after applying the error-feedback rule. */
     if (n->ctx->prepared)
       pulse_loco_abandon(n->ctx, self_included);
-    url_fmt(url, sizeof url, coord, "/v1/loco/state/%llu",
-            (unsigned long long)(r + 1));
-    pulse_bytebuf b = PULSE_BYTEBUF_INIT;
-    st =
-        loco_http_wait(url, n->opts.manifest_timeout_ms, state_cap(n->ctx), &b);
+    st = catch_up(n, coord, r + 1, theta_r,
+                  loco_now_ms() + n->opts.manifest_timeout_ms);
     if (st == PULSE_OK) {
-      n->fetched += b.size;
-      st = pulse_loco_state_import(n->ctx, b.data, b.size, theta_r);
-    }
-    pulse_bytebuf_free(&b);
-    if (st == PULSE_OK) {
-      set_members(n, man.members, man.nmembers);
       info->resynced = 1;
       PULSE_LOG_AT(PULSE_LOG_WARN,
                    "loco round %llu: trainer %u missed payloads, re-synced",
@@ -734,18 +802,30 @@ pulse_status pulse_loco_node_step(pulse_loco_node *n, float *theta_r,
                                   pulse_loco_step_info *info) {
   if (n == NULL || theta_r == NULL)
     return pulse_fail(PULSE_ERR_ARG, "loco node: NULL argument");
-  if (n->nmembers == 0 || find_member(n->members, n->nmembers, n->id) < 0)
-    return pulse_fail(PULSE_ERR_ARG,
-                      "loco node: not a member (start or join first)");
   pulse_loco_step_info local;
   if (info == NULL)
     info = &local;
   memset(info, 0, sizeof *info);
+  n->fetched = 0;
+  if (n->dropped) {
+    /* Join again; the caller's next step runs the admission round. */
+    PULSE_TRY(pulse_loco_node_join(n, n->rejoin_url, theta_r,
+                                   n->opts.manifest_timeout_ms));
+    n->dropped = 0;
+    info->rejoined = 1;
+    info->round = pulse_loco_round(n->ctx);
+    info->members = (uint32_t)n->nmembers;
+    info->coordinator = n->members[0].id;
+    info->fetched_bytes = n->fetched;
+    return PULSE_OK;
+  }
+  if (n->nmembers == 0 || find_member(n->members, n->nmembers, n->id) < 0)
+    return pulse_fail(PULSE_ERR_ARG,
+                      "loco node: not a member (start or join first)");
   uint64_t r = pulse_loco_round(n->ctx);
   info->round = r;
   info->members = (uint32_t)n->nmembers;
   info->coordinator = n->members[0].id;
-  n->fetched = 0;
   const uint8_t *payload;
   size_t size;
   pulse_loco_prepare_info pi;
@@ -780,15 +860,23 @@ pulse_status pulse_loco_node_step(pulse_loco_node *n, float *theta_r,
   info->fetched_bytes = n->fetched;
   if (n->ctx->prepared)
     pulse_loco_abandon(n->ctx, 0); /* failed before finishing: keep all of s */
-  loco_server_drop(n->srv, "/v1/loco/round/", r > 0 ? r - 1 : 0);
+  /* Payloads and relays of the last two rounds; manifests (a few hundred
+   * bytes) of the last MANIFESTS_KEPT, so a member that fell behind still
+   * learns whether its payload counted (the error feedback rule). */
+  loco_server_drop_except(n->srv, "/v1/loco/round/", r > 0 ? r - 1 : 0,
+                          "/manifest");
+  if (r > MANIFESTS_KEPT)
+    loco_server_drop(n->srv, "/v1/loco/round/", r - MANIFESTS_KEPT);
   if (st != PULSE_OK || leaving)
     return st;
-  /* Dropped after missed rounds while alive: join again (the context
-   * refuses to prepare until the state of the admitting round is in). */
+  /* Dropped after missed rounds while alive: the next step joins again
+   * (not this one: a run that ends now has no round left to admit it). */
   if (find_member(n->members, n->nmembers, n->id) < 0) {
     n->ctx->need_state = 1;
-    return pulse_loco_node_join(n, n->nmembers ? n->members[0].url : coord_url,
-                                theta_r, n->opts.manifest_timeout_ms);
+    n->dropped = 1;
+    snprintf(n->rejoin_url, sizeof n->rejoin_url, "%s",
+             n->nmembers ? n->members[0].url : coord_url);
+    return PULSE_OK;
   }
   return publish_view(n);
 }

@@ -352,6 +352,9 @@ typedef struct {
   uint64_t sent; /* entries in this node's payload */
   uint64_t payload_bytes;
   uint64_t fetched_bytes; /* HTTP bodies downloaded this round */
+  int rejoined; /* this step only joined again (the node had been dropped
+                   after missed rounds): no round ran; the context is at
+                   the admission round */
 } pulse_loco_step_info;
 
 /** One outer step over HTTP: prepare, publish, exchange (coordinator:
@@ -360,7 +363,8 @@ typedef struct {
  * `leaving` set this is the node's last round: it flushes its residual,
  * tells the coordinator, and returns once the others no longer need it.
  * A node the manifest no longer lists (dropped after missed rounds) joins
- * again by itself.
+ * again by itself, in its next step (which then runs no round and says
+ * `rejoined`).
  * @return PULSE_OK; PULSE_ERR_IO (no coordinator, timeouts); a context
  * error. */
 pulse_status pulse_loco_node_step(pulse_loco_node *node, float *theta_r,

@@ -269,6 +269,8 @@ static int run_trainer(const loco_args *a, uint32_t id, int founder, int in_fd,
                               leaving, &info);
     if (st != PULSE_OK)
       return child_fail(out, "outer step", st);
+    if (info.rejoined) /* dropped after missed rounds: joined, no round ran */
+      continue;
     double loss = -1.0;
     if (pacer)
       pulse_tk_problem_eval(p, pulse_loco_global(ctx), &loss, NULL);

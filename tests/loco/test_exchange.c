@@ -18,9 +18,13 @@ static uint64_t loco_test_now_ms(void) {
   return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
-static void loco_test_sleep(void) {
-  struct timespec ts = {0, 2000000};
+static void loco_test_sleep_ms(uint32_t ms) {
+  struct timespec ts = {ms / 1000u, (long)(ms % 1000u) * 1000000L};
   nanosleep(&ts, NULL);
+}
+
+static void loco_test_sleep(void) {
+  loco_test_sleep_ms(2);
 }
 
 typedef struct {
@@ -38,10 +42,14 @@ typedef struct {
   size_t nfounders;
   const char *seed_url;
   volatile uint64_t *progress; /* the pacer's round, for joiners */
+  uint32_t pace_ms;  /* sleep before every step (a slower inner loop) */
+  uint32_t stall_ms; /* sleep once 2 rounds after starting and after each
+                        re-join, at most max_stalls times: silence */
+  uint32_t max_stalls;
   int pacer;
   pulse_status st;
   char detail[256];
-  uint32_t contributors_min, rounds_done, resynced;
+  uint32_t contributors_min, rounds_done, resynced, rejoins;
 } trainer;
 
 static void *run_trainer(void *arg) {
@@ -59,15 +67,27 @@ static void *run_trainer(void *arg) {
       loco_test_sleep();
     t->st = pulse_loco_node_join(t->node, t->seed_url, local, 20000);
   }
+  uint32_t since_join = 0, stalls = 0;
   while (t->st == PULSE_OK && pulse_loco_round(t->ctx) < t->rounds) {
     for (uint32_t h = 0; h < t->inner; h++)
       pulse_tk_learner_step(l, local);
+    if (t->pace_ms)
+      loco_test_sleep_ms(t->pace_ms);
+    if (t->stall_ms && stalls < t->max_stalls && since_join++ == 2) {
+      loco_test_sleep_ms(t->stall_ms);
+      stalls++;
+    }
     int leaving = (int)pulse_loco_round(t->ctx) == t->leave_at;
     pulse_loco_step_info info;
     t->st =
         pulse_loco_node_step(t->node, local, 32u * t->inner, leaving, &info);
     if (t->st != PULSE_OK)
       break;
+    if (info.rejoined) { /* a join, no round */
+      t->rejoins++;
+      since_join = 0;
+      continue;
+    }
     t->rounds_done++;
     t->resynced += info.resynced;
     if (info.contributors < t->contributors_min)
@@ -96,9 +116,10 @@ static pulse_tk_problem *small_problem(uint32_t hidden) {
 
 /* Starts n trainers (contexts and nodes); founders are those with
  * join_after < 0. */
-static void setup(trainer *t, size_t n, const pulse_tk_problem *p,
-                  pulse_loco_member *members, size_t *nmembers,
-                  volatile uint64_t *progress, double drop_rate) {
+static void setup_with(trainer *t, size_t n, const pulse_tk_problem *p,
+                       pulse_loco_member *members, size_t *nmembers,
+                       volatile uint64_t *progress,
+                       const pulse_loco_node_opts *opts) {
   uint64_t P = pulse_tk_problem_param_count(p);
   float *init = malloc(P * sizeof *init);
   pulse_tk_problem_init(p, init);
@@ -107,12 +128,8 @@ static void setup(trainer *t, size_t n, const pulse_tk_problem *p,
     t[i].p = p;
     t[i].progress = progress;
     t[i].ctx = lt_ctx(P, t[i].id, t[i].join_after < 0 ? init : NULL);
-    pulse_loco_node_opts no = PULSE_LOCO_NODE_OPTS_INIT;
-    no.deadline_ms = 8000;
-    no.manifest_timeout_ms = 30000;
-    no.drop_rate = drop_rate;
-    no.drop_seed = 99;
-    cr_assert_eq(pulse_loco_node_create(&no, t[i].ctx, &t[i].node), PULSE_OK);
+    cr_assert_eq(pulse_loco_node_create(opts, t[i].ctx, &t[i].node),
+                 PULSE_OK);
     const char *url = pulse_loco_node_url(t[i].node);
     cr_assert(strncmp(url, "http://127.0.0.1:", 17) == 0, "%s", url);
     if (t[i].join_after < 0) {
@@ -127,6 +144,17 @@ static void setup(trainer *t, size_t n, const pulse_tk_problem *p,
     t[i].nfounders = *nmembers;
   }
   free(init);
+}
+
+static void setup(trainer *t, size_t n, const pulse_tk_problem *p,
+                  pulse_loco_member *members, size_t *nmembers,
+                  volatile uint64_t *progress, double drop_rate) {
+  pulse_loco_node_opts no = PULSE_LOCO_NODE_OPTS_INIT;
+  no.deadline_ms = 8000;
+  no.manifest_timeout_ms = 30000;
+  no.drop_rate = drop_rate;
+  no.drop_seed = 99;
+  setup_with(t, n, p, members, nmembers, progress, &no);
 }
 
 static void run_all(trainer *t, size_t n) {
@@ -304,6 +332,50 @@ Test(loco, coordinator_that_leaves_hands_over_without_stalling,
   pulse_loco_node_members(t[1].node, now, MAX_T, &count);
   cr_assert_eq(count, 2u);
   cr_assert_eq(now[0].id, 1u, "trainer 1 coordinates after trainer 0 left");
+  teardown(t, 3);
+  pulse_tk_problem_free(p);
+}
+
+/* Issue 16's liveness defect: a trainer dropped after missed rounds joins
+ * again under its id. Before the fix its second re-join read the admission
+ * of its first (the coordinator still served it), asked for a state long
+ * gone and gave up after the manifest time-out; and a trainer that fell
+ * more than two rounds behind waited for a manifest and a state the
+ * coordinator had already dropped. Here trainer 2 goes silent twice, long
+ * enough to be dropped, and must come back both times. */
+Test(loco, silent_trainer_dropped_twice_joins_again_and_the_run_completes,
+     .timeout = 120) {
+  pulse_tk_problem *p = small_problem(16);
+  uint64_t P = pulse_tk_problem_param_count(p);
+  trainer t[3];
+  memset(t, 0, sizeof t);
+  for (uint32_t i = 0; i < 3; i++) {
+    t[i].id = i;
+    t[i].rounds = 60;
+    t[i].inner = 1;
+    t[i].join_after = -1;
+    t[i].leave_at = -1;
+    t[i].pace_ms = 40;
+  }
+  t[2].stall_ms = 1000;
+  t[2].max_stalls = 2;
+  pulse_loco_node_opts no = PULSE_LOCO_NODE_OPTS_INIT;
+  no.deadline_ms = 250;
+  no.manifest_timeout_ms = 3000;
+  no.max_misses = 2;
+  pulse_loco_member members[MAX_T];
+  size_t nm;
+  volatile uint64_t progress = 0;
+  setup_with(t, 3, p, members, &nm, &progress, &no);
+  run_all(t, 3);
+  cr_assert_eq(t[2].rejoins, 2u, "trainer 2 joined again %u times",
+               t[2].rejoins);
+  for (uint32_t i = 0; i < 3; i++) {
+    cr_assert_eq(pulse_loco_round(t[i].ctx), 60u);
+    cr_assert_eq(
+        memcmp(pulse_loco_global(t[i].ctx), pulse_loco_global(t[0].ctx), P * 4),
+        0, "trainer %u's global weights differ", t[i].id);
+  }
   teardown(t, 3);
   pulse_tk_problem_free(p);
 }
