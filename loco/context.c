@@ -2,6 +2,7 @@
  * round (signal, gate, error feedback, weighted mean, Nesterov step), as
  * plain loops over codec/pulse_loco_elem.h. */
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -28,9 +29,20 @@ pulse_status pulse_loco_create(const pulse_loco_opts *opts,
   if (out == NULL)
     return pulse_fail(PULSE_ERR_ARG, "loco: NULL output");
   *out = NULL;
-  if (opts == NULL || opts->struct_version != PULSE_LOCO_OPTS_VERSION)
+  if (opts == NULL || opts->struct_version == 0 ||
+      opts->struct_version > PULSE_LOCO_OPTS_VERSION)
     return pulse_fail(PULSE_ERR_ARG,
                       "loco: options missing or of another version");
+  /* A version 1 struct ends before `rule`: read only what it has. */
+  pulse_loco_opts o;
+  if (opts->struct_version == 1) {
+    memset(&o, 0, sizeof o);
+    memcpy(&o, opts, offsetof(pulse_loco_opts, rule));
+    o.rule = PULSE_LOCO_RULE_DROP;
+  } else {
+    o = *opts;
+  }
+  opts = &o;
   if (opts->param_count == 0 || opts->param_count > PULSE_LOCO_MAX_PARAMS)
     return pulse_fail(PULSE_ERR_ARG, "loco: %llu parameters",
                       (unsigned long long)opts->param_count);
@@ -40,9 +52,11 @@ pulse_status pulse_loco_create(const pulse_loco_opts *opts,
       (opts->pos_model > PULSE_POS_CLASS &&
        opts->pos_model != PULSE_LOCO_POS_AUTO) ||
       opts->chunk_log2 < LOCO_CHUNK_LOG2_MIN ||
-      opts->chunk_log2 > LOCO_CHUNK_LOG2_MAX)
+      opts->chunk_log2 > LOCO_CHUNK_LOG2_MAX ||
+      (unsigned)opts->rule > PULSE_LOCO_RULE_LEGACY)
     return pulse_fail(PULSE_ERR_ARG,
-                      "loco: bad option (alpha, mu, gate, coding, chunk)");
+                      "loco: bad option (alpha, mu, gate, coding, chunk, "
+                      "rule)");
   pulse_loco *c = calloc(1, sizeof *c);
   if (c == NULL)
     return pulse_fail(PULSE_ERR_NOMEM, "loco: context");
@@ -72,6 +86,31 @@ static void drop_round(pulse_loco *ctx) {
   ctx->sent_pos = NULL, ctx->sent_val = NULL, ctx->sent_count = 0;
   pulse_buffer_free(&ctx->payload);
   ctx->prepared = 0;
+  ctx->members = 0;
+}
+
+static const char *const RULE_NAMES[] = {"drop", "keep", "legacy"};
+
+const char *pulse_loco_rule_name(pulse_loco_rule rule) {
+  return (unsigned)rule <= PULSE_LOCO_RULE_LEGACY ? RULE_NAMES[rule] : "?";
+}
+
+pulse_status pulse_loco_rule_parse(const char *name, pulse_loco_rule *rule) {
+  for (unsigned i = 0; name && i <= PULSE_LOCO_RULE_LEGACY; i++)
+    if (strcmp(name, RULE_NAMES[i]) == 0) {
+      *rule = (pulse_loco_rule)i;
+      return PULSE_OK;
+    }
+  return pulse_fail(PULSE_ERR_ARG,
+                    "loco: unknown rule '%s' (drop, keep, legacy)",
+                    name ? name : "");
+}
+
+pulse_status pulse_loco_set_members(pulse_loco *ctx, uint32_t members) {
+  if (ctx == NULL || !ctx->prepared || members == 0)
+    return pulse_fail(PULSE_ERR_ARG, "loco: members of no prepared round");
+  ctx->members = members;
+  return PULSE_OK;
 }
 
 void pulse_loco_free(pulse_loco *ctx) {
@@ -233,10 +272,11 @@ pulse_status pulse_loco_check(const pulse_loco *ctx, const uint8_t *data,
   return st;
 }
 
-/* The error feedback rule: e = s, minus what got through. */
+/* The error feedback rule: e = s, minus what got through; under the drop
+ * rule minus what was sent, through or not. */
 static void keep_residual(pulse_loco *ctx, int self_included) {
   memcpy(ctx->e, ctx->s, (size_t)ctx->n * sizeof *ctx->e);
-  if (self_included)
+  if (self_included || ctx->opts.rule == PULSE_LOCO_RULE_DROP)
     for (uint64_t j = 0; j < ctx->sent_count; j++)
       ctx->e[ctx->sent_pos[j]] = 0.0f;
 }
@@ -311,6 +351,9 @@ pulse_status pulse_loco_finish(pulse_loco *ctx,
       acc[d[i].e.pos[j]] += w * (double)d[i].e.val[j];
   }
   double wsum = (double)weight;
+  /* The keep rule divides by every trainer of the round, arrived or not. */
+  if (ctx->opts.rule == PULSE_LOCO_RULE_KEEP && ctx->members > count)
+    wsum = wsum * (double)ctx->members / (double)count;
   float alpha = ctx->opts.alpha, mu = ctx->opts.mu;
   for (uint64_t i = 0; i < ctx->n; i++) {
     float avg = (float)(acc[i] / wsum);

@@ -45,8 +45,8 @@ void loco_server_drop(loco_server *s, const char *prefix, uint64_t below);
 
 /* loco_server_drop, keeping the paths that end with keep_suffix (round
  * manifests outlive their payloads). */
-void loco_server_drop_except(loco_server *s, const char *prefix,
-                             uint64_t below, const char *keep_suffix);
+void loco_server_drop_except(loco_server *s, const char *prefix, uint64_t below,
+                             const char *keep_suffix);
 
 /* Body bytes of the blobs answered so far (200 and 206; not HEAD or 304). */
 uint64_t loco_server_bytes_served(const loco_server *s);

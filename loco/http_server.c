@@ -179,8 +179,8 @@ static int ends_with(const char *p, const char *suffix) {
   return a >= b && strcmp(p + a - b, suffix) == 0;
 }
 
-void loco_server_drop_except(loco_server *s, const char *prefix,
-                             uint64_t below, const char *keep_suffix) {
+void loco_server_drop_except(loco_server *s, const char *prefix, uint64_t below,
+                             const char *keep_suffix) {
   size_t n = strlen(prefix);
   pthread_mutex_lock(&s->lock);
   for (size_t i = 0; i < s->count;) {

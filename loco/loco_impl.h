@@ -26,6 +26,8 @@ struct pulse_loco {
   float *sent_val;
   uint64_t sent_count;
   uint64_t samples;
+  uint32_t members; /* trainers of the round (pulse_loco_set_members); 0:
+                       the contributors */
   pulse_buffer payload;
 };
 

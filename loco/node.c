@@ -320,8 +320,8 @@ static pulse_status catch_up(pulse_loco_node *n, const char *coord,
               (unsigned long long)view.round);
       pulse_bytebuf b = PULSE_BYTEBUF_INIT;
       unsigned wait = left_ms(end);
-      st = loco_http_wait(url, wait < 500u ? wait : 500u, state_cap(n->ctx),
-                          &b);
+      st =
+          loco_http_wait(url, wait < 500u ? wait : 500u, state_cap(n->ctx), &b);
       if (st == PULSE_OK) {
         n->fetched += b.size;
         st = pulse_loco_state_import(n->ctx, b.data, b.size, theta_r);
@@ -595,6 +595,8 @@ static pulse_status coordinate(pulse_loco_node *n, uint64_t r,
   pulse_bytebuf_free(&mb);
   pulse_loco_finish_info fi;
   if (st == PULSE_OK)
+    st = pulse_loco_set_members(n->ctx, (uint32_t)M);
+  if (st == PULSE_OK)
     st = pulse_loco_finish(n->ctx, set, c, theta_r, &fi);
   if (st != PULSE_OK)
     goto done;
@@ -764,6 +766,8 @@ static pulse_status follow(pulse_loco_node *n, uint64_t r, const uint8_t *own,
   }
   info->contributors = (uint32_t)C;
   info->self_included = self_included;
+  if (st == PULSE_OK && have == C)
+    st = pulse_loco_set_members(n->ctx, (uint32_t)n->nmembers);
   if (st == PULSE_OK && have == C)
     st = pulse_loco_finish(n->ctx, set, C, theta_r, NULL);
   if (st == PULSE_OK && have == C) {

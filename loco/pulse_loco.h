@@ -18,9 +18,10 @@
  *                                      theta_r = theta_g
  *
  * Error feedback rule: when this trainer's own payload is in the contributor
- * set, e = s where not sent and 0 where sent; when it is not (it missed the
- * deadline), e = s everywhere. Each entry of s goes wholly to one side, so
- * sent + kept = s exactly: nothing is lost, only delayed.
+ * set, e = s where not sent and 0 where sent. When it is not (lost, late),
+ * the loss rule decides (pulse_loco_rule, PAYLOAD.md "Loss rules"): by
+ * default the sent part goes (the others' mean did not need it), or it is
+ * kept in e to be sent again.
  *
  * The per-element arithmetic is codec/pulse_loco_elem.h (shared with the
  * CUDA kernels); this library is its CPU reference.
@@ -64,6 +65,26 @@ typedef enum {
  * code both and keep the smaller. */
 #define PULSE_LOCO_POS_AUTO 255u
 
+/* What a round does with a contribution that did not arrive (lost, late,
+ * invalid); PAYLOAD.md "Loss rules" has the measurements behind the
+ * default. */
+typedef enum {
+  /* Divide by the contributions that arrived, let the lost part go (its
+   * sender clears what it sent from error feedback, as if it had counted):
+   * each round's mean is unbiased and nothing is counted twice. The
+   * default. */
+  PULSE_LOCO_RULE_DROP = 0,
+  /* Divide by the trainers of the round (their sample weight), keep what
+   * was lost in its sender's error feedback: delayed, never lost, never
+   * counted twice; a round's mean falls short by the loss rate and the
+   * rest comes later. */
+  PULSE_LOCO_RULE_KEEP = 1,
+  /* Version 1's rule, kept for the record: divide by what arrived AND keep
+   * the lost part; a lost contribution is corrected twice (about 1/(1-p)
+   * times its mass over time). */
+  PULSE_LOCO_RULE_LEGACY = 2
+} pulse_loco_rule;
+
 /* Context options; start from PULSE_LOCO_OPTS_INIT. */
 typedef struct {
   uint32_t struct_version; /* PULSE_LOCO_OPTS_VERSION */
@@ -76,15 +97,24 @@ typedef struct {
   uint32_t
       pos_model; /* PULSE_POS_PLAIN, PULSE_POS_CLASS or PULSE_LOCO_POS_AUTO */
   uint32_t chunk_log2; /* payload chunk = 2^chunk_log2 parameters, 10..30 */
+  /* Version 2: the loss rule (version 1 callers get the default). */
+  pulse_loco_rule rule;
 } pulse_loco_opts;
 
-#define PULSE_LOCO_OPTS_VERSION 1u
+#define PULSE_LOCO_OPTS_VERSION 2u
 #define PULSE_LOCO_MAX_PARAMS (1ull << 36)
 #define PULSE_LOCO_OPTS_INIT                                                   \
   {                                                                            \
     PULSE_LOCO_OPTS_VERSION, 0, 0, 0.7f, 0.9f, PULSE_LOCO_GATE_BF16,           \
-        PULSE_LOCO_VALUES_MODELED, PULSE_LOCO_POS_AUTO, 20                     \
+        PULSE_LOCO_VALUES_MODELED, PULSE_LOCO_POS_AUTO, 20,                    \
+        PULSE_LOCO_RULE_DROP                                                   \
   }
+
+/** The rule's name ("drop", "keep", "legacy") and back.
+ * @return the name, "?" for an unknown value; pulse_loco_rule_parse:
+ * PULSE_OK or PULSE_ERR_ARG (unknown name). */
+const char *pulse_loco_rule_name(pulse_loco_rule rule);
+pulse_status pulse_loco_rule_parse(const char *name, pulse_loco_rule *rule);
 
 /** Creates a context at round 0 with theta_g = theta_init (P floats,
  * copied), e = 0 and b = 0. theta_init may be NULL for zeros (a joiner that
@@ -143,6 +173,14 @@ pulse_status pulse_loco_prepare(pulse_loco *ctx, const float *theta_r,
                                 const uint8_t **payload, size_t *size,
                                 pulse_loco_prepare_info *info);
 
+/** Tells the prepared round how many trainers it has (contributing or
+ * not): the mean's denominator under PULSE_LOCO_RULE_KEEP is the arrived
+ * contributions' sample weight times members / contributors (exact when
+ * every trainer weighs the same samples). Without this call the round
+ * counts only its contributors (no loss assumed).
+ * @return PULSE_OK; PULSE_ERR_ARG (no prepared round, 0 members). */
+pulse_status pulse_loco_set_members(pulse_loco *ctx, uint32_t members);
+
 /* One contribution to a round: a payload's bytes (borrowed). */
 typedef struct {
   const uint8_t *data;
@@ -164,9 +202,10 @@ typedef struct {
  * payload is decoded and checked (round, parameter count, base digest,
  * distinct senders, PAYLOAD.md rules) before anything changes; then
  * avg[i] = (sum over senders in increasing id of samples * value) / (sum of
- * samples), accumulated in double and rounded once to float (0 where nobody
- * sent i); Nesterov step on every element; error feedback as above; round
- * + 1; theta_r (P floats, may be NULL) = theta_g.
+ * samples; under PULSE_LOCO_RULE_KEEP scaled to every member of the round),
+ * accumulated in double and rounded once to float (0 where nobody sent
+ * i); Nesterov step on every element; error feedback as above; round + 1;
+ * theta_r (P floats, may be NULL) = theta_g.
  * @return PULSE_OK; PULSE_ERR_ARG (no prepared round, count 0);
  * PULSE_ERR_BASE_STEP (a payload of another round); PULSE_ERR_BASE_DIGEST
  * (built on another theta_g); PULSE_ERR_DUPLICATE (two payloads of one

@@ -45,6 +45,8 @@
  * own process (kids[0..BASELINES)), then PULSELoCo. */
 enum { DDP_FP32, DILOCO_BF16, DILOCO_FP32, PULSELOCO, METHODS };
 #define BASELINES PULSELOCO
+/* kids[BASELINES] is the in-process PULSELoCo replay; trainers follow. */
+#define FIRST_TRAINER (BASELINES + 1)
 #define REFERENCE DILOCO_BF16 /* the baseline the targets are about */
 
 static const struct {
@@ -62,10 +64,12 @@ typedef struct {
   uint32_t trainers, rounds, inner, deadline_ms;
   uint64_t params, seed;
   double drop_rate, lr;
+  pulse_loco_rule rule;
   int join_round;  /* an extra trainer joins once this many rounds are done; -1
                       none */
   int leave_round; /* the last founder leaves in this round; -1 none */
   int json;
+  int only_pulseloco; /* --only-pulseloco: no baselines */
   const char *report; /* --report DIR */
 } loco_args;
 
@@ -108,10 +112,22 @@ void bench_loco_usage(FILE *out) {
       "                   (the coordinator treats the fetch as failed; default "
       "0)\n"
       "  --deadline-ms D  per-round payload deadline (default 2000)\n"
+      "  --rule NAME      what a round does with a payload that did not arrive "
+      "(loco/\n"
+      "                   PAYLOAD.md \"Loss rules\"): drop (default: divide by "
+      "what\n"
+      "                   arrived, the lost part goes), keep (divide by every "
+      "trainer,\n"
+      "                   the sender keeps it in error feedback), legacy "
+      "(version 1: both\n"
+      "                   corrections, biased)\n"
       "  --join-round J   one more PULSELoCo trainer joins once J rounds are "
       "done\n"
       "  --leave-round L  the last founding PULSELoCo trainer leaves in round "
       "L\n"
+      "  --only-pulseloco skip the three baselines (their figures read 0): "
+      "loss\n"
+      "                   experiments with many trainers\n"
       "  --json           one JSON object per round, then a summary object\n"
       "  --report DIR     also write DIR/rounds.csv and DIR/report.html "
       "(charts)\n"
@@ -192,6 +208,47 @@ static int run_baseline(const loco_args *a, int which, int out) {
   return st == PULSE_OK ? 0 : child_fail(out, METHOD[which].name, st);
 }
 
+typedef struct {
+  int out;
+} replay_sink;
+
+static void replay_round(void *user, const pulse_tk_sim_round *r) {
+  replay_sink *s = user;
+  if (r->round > 0)
+    dprintf(s->out, "bias %u %.9g\n", r->round, r->update_bias);
+}
+
+/* PULSELoCo again in one process, the same rounds as the trainers (same
+ * seed, rule and loss draws), for what needs every trainer's signal at
+ * once: update_bias (toolkit_sim.h). */
+static int run_replay(const loco_args *a, int out) {
+  pulse_tk_problem *p = make_problem(a);
+  if (p == NULL)
+    return child_fail(out, "problem", PULSE_ERR_NOMEM);
+  pulse_tk_sim_opts so = PULSE_TK_SIM_OPTS_INIT;
+  so.method = PULSE_TK_SIM_PULSELOCO;
+  so.trainers = a->trainers;
+  so.rounds = a->rounds;
+  so.inner = a->inner;
+  so.drop_rate = a->drop_rate;
+  so.drop_seed = a->seed;
+  so.rule = (int)a->rule;
+  uint64_t P = pulse_tk_problem_param_count(p);
+  float *theta = malloc(P * sizeof *theta);
+  if (theta == NULL)
+    return child_fail(out, "replay", PULSE_ERR_NOMEM);
+  pulse_tk_problem_init(p, theta);
+  double loss;
+  pulse_tk_problem_eval(p, theta, &loss, NULL);
+  dprintf(out, "init %.9g %.9g %" PRIu64 "\n", loss, pulse_tk_problem_floor(p),
+          P);
+  free(theta);
+  replay_sink s = {out};
+  pulse_status st = pulse_tk_sim_run(p, &so, replay_round, &s, NULL);
+  pulse_tk_problem_free(p);
+  return st == PULSE_OK ? 0 : child_fail(out, "PULSELoCo replay", st);
+}
+
 static int read_line(FILE *in, char *line, size_t cap) {
   if (fgets(line, (int)cap, in) == NULL)
     return 0;
@@ -213,6 +270,7 @@ static int run_trainer(const loco_args *a, uint32_t id, int founder, int in_fd,
   pulse_loco_opts lo = PULSE_LOCO_OPTS_INIT;
   lo.param_count = P;
   lo.trainer_id = id;
+  lo.rule = a->rule;
   pulse_loco *ctx = NULL;
   pulse_status st = pulse_loco_create(&lo, founder ? local : NULL, &ctx);
   if (st != PULSE_OK)
@@ -309,6 +367,7 @@ typedef struct {
   uint32_t id; /* trainers */
   char url[64];
   int baseline; /* METHOD index + 1 of a baseline process; 0: a trainer */
+  int replay;   /* the in-process PULSELoCo replay */
   int founder, told, done;
   uint64_t final_round, digest;
 } child;
@@ -321,12 +380,14 @@ typedef struct {
   uint64_t max_trainer[METHODS], message[METHODS];
   int have[METHODS];
   uint64_t sent; /* PULSELoCo entries */
+  double bias;   /* PULSELoCo update_bias, from the replay */
+  int have_bias;
   uint32_t contributors, members, reports;
 } round_row;
 
 typedef struct {
   loco_args a;
-  child kids[MAX_TRAINERS + BASELINES];
+  child kids[MAX_TRAINERS + FIRST_TRAINER];
   size_t nkids;
   round_row *rows; /* rows[0..rounds] */
   double init_loss, floor;
@@ -361,6 +422,11 @@ static int spawn(bench *b, child *c, int (*body)(bench *, child *, int, int)) {
 static int baseline_body(bench *b, child *c, int in, int out) {
   (void)in;
   return run_baseline(&b->a, c->baseline - 1, out);
+}
+
+static int replay_body(bench *b, child *c, int in, int out) {
+  (void)c, (void)in;
+  return run_replay(&b->a, out);
 }
 
 static int trainer_body(bench *b, child *c, int in, int out) {
@@ -415,8 +481,20 @@ static void on_trainer_line(bench *b, child *c, const char *line) {
 }
 
 static void on_line(bench *b, child *c, char *line) {
+  unsigned r;
+  double v;
+  if (c->replay && strncmp(line, "error ", 6) != 0) {
+    uint64_t P;
+    if (sscanf(line, "bias %u %lf", &r, &v) == 2 && r >= 1 && r <= b->a.rounds)
+      b->rows[r].bias = v, b->rows[r].have_bias = 1;
+    else if (sscanf(line, "init %lf %lf %" SCNu64, &v, &b->floor, &P) == 3)
+      b->init_loss = v, b->P = P;
+    return;
+  }
   if (strncmp(line, "error ", 6) == 0) {
-    if (c->baseline)
+    if (c->replay)
+      fprintf(stderr, PROG ": PULSELoCo replay: %s\n", line + 6);
+    else if (c->baseline)
       fprintf(stderr, PROG ": %s: %s\n", METHOD[c->baseline - 1].name,
               line + 6);
     else
@@ -455,7 +533,7 @@ static void read_child(bench *b, child *c) {
  * the joiner to join once trainer 0 finished its round. */
 static int tell_trainers(bench *b, int started) {
   if (!started) {
-    for (size_t i = BASELINES; i < b->nkids; i++)
+    for (size_t i = FIRST_TRAINER; i < b->nkids; i++)
       if (b->kids[i].url[0] == '\0' && b->kids[i].open)
         return 0;
     char msg[LINE_MAX_];
@@ -468,11 +546,11 @@ static int tell_trainers(bench *b, int started) {
       if (b->kids[i].founder && b->kids[i].open)
         dprintf(b->kids[i].to, "%s\n", msg);
   }
-  for (size_t i = BASELINES; i < b->nkids; i++) {
+  for (size_t i = FIRST_TRAINER; i < b->nkids; i++) {
     child *c = &b->kids[i];
     if (!c->founder && !c->told && c->open &&
         b->pacer_rounds >= (uint32_t)b->a.join_round) {
-      dprintf(c->to, "join %s\n", b->kids[BASELINES].url); /* trainer 0 */
+      dprintf(c->to, "join %s\n", b->kids[FIRST_TRAINER].url); /* trainer 0 */
       c->told = 1;
     }
   }
@@ -483,8 +561,8 @@ static int tell_trainers(bench *b, int started) {
 static void event_loop(bench *b) {
   int started = 0;
   for (;;) {
-    struct pollfd pf[MAX_TRAINERS + BASELINES];
-    size_t idx[MAX_TRAINERS + BASELINES], n = 0;
+    struct pollfd pf[MAX_TRAINERS + FIRST_TRAINER];
+    size_t idx[MAX_TRAINERS + FIRST_TRAINER], n = 0;
     for (size_t i = 0; i < b->nkids; i++)
       if (b->kids[i].open) {
         pf[n].fd = b->kids[i].from;
@@ -515,6 +593,7 @@ typedef struct {
   double reduction[METHODS]; /* method's wire bytes / PULSELoCo's */
   double gap[METHODS];       /* PULSELoCo's final loss / method's - 1 */
   uint64_t entries;          /* PULSELoCo */
+  double update_bias;        /* PULSELoCo, mean over rounds */
   int t10, t100, t2;
 } totals;
 
@@ -529,6 +608,7 @@ static void sum_up(const bench *b, totals *t) {
         t->message[m] = w->message[m];
     }
     t->entries += w->sent;
+    t->update_bias += w->bias / (double)b->a.rounds;
   }
   for (int m = 0; m < METHODS; m++) {
     t->final_loss[m] = last->loss[m];
@@ -604,6 +684,11 @@ static void print_summary_json(const bench *b, const totals *t, double seconds,
              ",\"pulseloco_vs_%s_loss\":%.5f",
              k, t->message[m], k, t->reduction[m], k, t->gap[m]);
   }
+  /* The arm's figures (issue 16): PULSELoCo under its rule and loss. */
+  printf(",\"rule\":\"%s\",\"final_loss\":%.6f,\"bytes_per_trainer\":%.1f,"
+         "\"update_bias\":%.5f",
+         pulse_loco_rule_name(a->rule), t->final_loss[PULSELOCO],
+         (double)t->bytes[PULSELOCO] / a->trainers, t->update_bias);
   printf(",\"bytes_per_entry_pulseloco\":%.3f,\"initial_loss\":%.6f,"
          "\"loss_floor\":%.6f,\"target_10x_diloco_bf16\":%s,"
          "\"target_100x_ddp_fp32\":%s,\"target_loss_2pct_diloco_bf16\":%s,"
@@ -641,6 +726,9 @@ static void print_summary_text(const bench *b, const totals *t, double seconds,
          "DDP-FP32: %s; final loss within 2%% of DiLoCo-BF16's: %s\n",
          t->t10 ? "met" : "MISSED", t->t100 ? "met" : "MISSED",
          t->t2 ? "met" : "MISSED");
+  printf("  PULSELoCo rule %s: update bias %.4f (1 = unbiased; mean over "
+         "rounds against a lossless replay of each)\n",
+         pulse_loco_rule_name(a->rule), t->update_bias);
   printf("  replicas identical at the end: %s; %.1f s\n",
          identical ? "yes" : "NO", seconds);
 }
@@ -737,6 +825,8 @@ static int parse(int argc, char **argv, loco_args *a) {
       return 0;
     } else if (pulse_tk_opt_flag(arg, "--json")) {
       a->json = 1;
+    } else if (pulse_tk_opt_flag(arg, "--only-pulseloco")) {
+      a->only_pulseloco = 1;
     } else if ((m = pulse_tk_opt_value(argc, argv, &i, "--report", &v)) != 0) {
       if (m < 0)
         return usage_error("--report needs a folder%s", "");
@@ -781,6 +871,10 @@ static int parse(int argc, char **argv, loco_args *a) {
         return usage_error("--deadline-ms needs 1..600000, got '%s'",
                            m < 0 ? "" : v);
       a->deadline_ms = (uint32_t)k;
+    } else if ((m = pulse_tk_opt_value(argc, argv, &i, "--rule", &v)) != 0) {
+      if (m < 0 || pulse_loco_rule_parse(v, &a->rule) != PULSE_OK)
+        return usage_error("--rule needs drop, keep or legacy, got '%s'",
+                           m < 0 ? "" : v);
     } else if ((m = pulse_tk_opt_value(argc, argv, &i, "--join-round", &v)) !=
                0) {
       if (m < 0 || pulse_tk_parse_int(v, 1, 100000, &a->join_round) != 0)
@@ -809,8 +903,9 @@ static int parse(int argc, char **argv, loco_args *a) {
 static int run_all(bench *b) {
   /* kids[0..BASELINES): the baselines; then founders 0..N-1; then the
    * joiner N. */
-  for (int m = 0; m < BASELINES; m++)
+  for (int m = 0; m < BASELINES; m++) /* spawned unless --only-pulseloco */
     b->kids[b->nkids++].baseline = m + 1;
+  b->kids[b->nkids++].replay = 1;
   for (uint32_t i = 0; i < b->a.trainers; i++) {
     b->kids[b->nkids].id = i;
     b->kids[b->nkids++].founder = 1;
@@ -819,8 +914,11 @@ static int run_all(bench *b) {
     b->kids[b->nkids++].id = b->a.trainers;
   int ok = 1;
   for (size_t i = 0; i < b->nkids && ok; i++)
-    if (spawn(b, &b->kids[i],
-              b->kids[i].baseline ? baseline_body : trainer_body) != 0)
+    if (!(b->kids[i].baseline && b->a.only_pulseloco) &&
+        spawn(b, &b->kids[i],
+              b->kids[i].baseline ? baseline_body
+              : b->kids[i].replay ? replay_body
+                                  : trainer_body) != 0)
       ok = 0;
   if (ok)
     event_loop(b);
@@ -829,7 +927,10 @@ static int run_all(bench *b) {
     const child *c = &b->kids[i];
     if (c->pid > 0 && waitpid(c->pid, &status, 0) > 0 &&
         !(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
-      if (c->baseline)
+      if (c->replay)
+        fprintf(stderr, PROG ": the PULSELoCo replay ended with status %d\n",
+                status);
+      else if (c->baseline)
         fprintf(stderr, PROG ": %s ended with status %d\n",
                 METHOD[c->baseline - 1].name, status);
       else
@@ -845,7 +946,7 @@ static int run_all(bench *b) {
 static int replicas_identical(const bench *b) {
   int finished = 0;
   uint64_t digest = 0;
-  for (size_t i = BASELINES; i < b->nkids; i++) {
+  for (size_t i = FIRST_TRAINER; i < b->nkids; i++) {
     if (!b->kids[i].done)
       return 0;
     if (b->kids[i].final_round == b->a.rounds) {
@@ -860,7 +961,8 @@ static int replicas_identical(const bench *b) {
 int bench_loco_main(int argc, char **argv) {
   static bench b; /* large: kept off the stack */
   memset(&b, 0, sizeof b);
-  b.a = (loco_args){3, 50, 20, 2000, 70000, 1, 0.0, 2e-5, -1, -1, 0, NULL};
+  b.a = (loco_args){3,  50, 20, 2000, 70000, 1, 0.0, 2e-5, PULSE_LOCO_RULE_DROP,
+                    -1, -1, 0,  0,    NULL};
   int rc = parse(argc, argv, &b.a);
   if (rc >= 0)
     return rc;
@@ -874,7 +976,7 @@ int bench_loco_main(int argc, char **argv) {
   double seconds = (double)(t1.tv_sec - t0.tv_sec) +
                    1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
   int complete = 1;
-  for (int m = 0; m < METHODS; m++)
+  for (int m = b.a.only_pulseloco ? PULSELOCO : 0; m < METHODS; m++)
     complete &= b.rows[b.a.rounds].have[m];
   if (!children_ok || b.failed || !complete) {
     fprintf(stderr, PROG ": the run did not complete\n");

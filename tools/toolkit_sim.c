@@ -111,7 +111,7 @@ static pulse_status run_ddp(run *r) {
     st = pulse_fail(PULSE_ERR_NOMEM, "loco sim: gradients");
   uint64_t batch = pulse_tk_problem_batch(r->p);
   for (uint32_t round = 1; round <= r->o->rounds && st == PULSE_OK; round++) {
-    pulse_tk_sim_round rr = {round, 0, 0, 0, 0, 0, 0, 0, 0, N};
+    pulse_tk_sim_round rr = {round, 0, 0, 0, 0, 0, 0, 0, 0, N, 1.0};
     memset(sent, 0, N * sizeof *sent);
     for (uint32_t h = 0; h < r->o->inner && st == PULSE_OK; h++) {
       uint64_t step = (uint64_t)(round - 1) * r->o->inner + h;
@@ -185,7 +185,7 @@ static pulse_status run_diloco(run *r) {
   }
   uint64_t samples = (uint64_t)r->o->inner * pulse_tk_problem_batch(r->p);
   for (uint32_t round = 1; round <= r->o->rounds && st == PULSE_OK; round++) {
-    pulse_tk_sim_round rr = {round, 0, 0, 0, 0, 0, 0, 0, 0, N};
+    pulse_tk_sim_round rr = {round, 0, 0, 0, 0, 0, 0, 0, 0, N, 1.0};
     uint64_t seq = round - 1u;
     memset(sent, 0, N * sizeof *sent);
     for (uint32_t i = 0; i < N && st == PULSE_OK; i++) {
@@ -219,14 +219,47 @@ static size_t payload_cap(uint64_t P) {
   return (size_t)(1024u + 32u * ((P >> 10) + 1u) + 16u * P);
 }
 
+/* The lossless replay of a round (toolkit_sim.h, update_bias): trainer i's
+ * signal with its shadow error feedback e0, gated as the context gates,
+ * summed into acc; e0 keeps what the gate held back. */
+static void shadow_add(uint64_t P, const float *theta_g, const float *theta_r,
+                       float *e0, double *acc) {
+  for (uint64_t k = 0; k < P; k++) {
+    float s = pulse_loco_signal(theta_g[k], theta_r[k], e0[k]);
+    if (pulse_loco_gate(theta_g[k], s)) {
+      acc[k] += (double)s;
+      e0[k] = 0.0f;
+    } else {
+      e0[k] = s;
+    }
+  }
+}
+
+/* (applied · lossless) / ||lossless||^2 from trainer 0's momentum before and
+ * after the round and the lossless sum over N trainers. */
+static double round_bias(uint64_t P, uint32_t N, float mu, const float *b_old,
+                         const float *b_new, const double *acc) {
+  double dot = 0.0, norm = 0.0;
+  for (uint64_t k = 0; k < P; k++) {
+    double lossless = acc[k] / (double)N;
+    double applied = (double)b_new[k] - (double)mu * (double)b_old[k];
+    dot += applied * lossless;
+    norm += lossless * lossless;
+  }
+  return norm > 0.0 ? dot / norm : 1.0;
+}
+
 static pulse_status run_pulseloco(run *r) {
   uint64_t P = r->P;
   uint32_t N = r->N;
   pulse_loco **ctx = calloc(N, sizeof *ctx);
   pulse_loco_contribution *set = calloc(N, sizeof *set);
   uint64_t *sent = calloc(N, sizeof *sent);
+  float *e0 = calloc((size_t)N * P, sizeof *e0);
+  float *b_old = malloc(P * sizeof *b_old);
+  double *acc = malloc(P * sizeof *acc);
   pulse_status st = PULSE_OK;
-  if (!ctx || !set || !sent)
+  if (!ctx || !set || !sent || !e0 || !b_old || !acc)
     st = pulse_fail(PULSE_ERR_NOMEM, "loco sim: trainers");
   for (uint32_t i = 0; i < N && st == PULSE_OK; i++) {
     pulse_loco_opts lo = PULSE_LOCO_OPTS_INIT;
@@ -234,16 +267,20 @@ static pulse_status run_pulseloco(run *r) {
     lo.trainer_id = i;
     lo.alpha = r->o->alpha;
     lo.mu = r->o->mu;
+    lo.rule = (pulse_loco_rule)r->o->rule;
     st = pulse_loco_create(&lo, r->replica[i], &ctx[i]);
   }
   uint64_t samples = (uint64_t)r->o->inner * pulse_tk_problem_batch(r->p);
   for (uint32_t round = 1; round <= r->o->rounds && st == PULSE_OK; round++) {
-    pulse_tk_sim_round rr = {round, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    pulse_tk_sim_round rr = {round, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1.0};
     uint64_t seq = round - 1u;
     memset(sent, 0, N * sizeof *sent);
+    memset(acc, 0, P * sizeof *acc);
+    memcpy(b_old, pulse_loco_momentum(ctx[0]), P * sizeof *b_old);
     for (uint32_t i = 0; i < N && st == PULSE_OK; i++) {
       for (uint32_t h = 0; h < r->o->inner; h++)
         rr.train_loss += pulse_tk_learner_step(r->learners[i], r->replica[i]);
+      shadow_add(P, pulse_loco_global(ctx[i]), r->replica[i], e0 + i * P, acc);
       const uint8_t *data;
       size_t size;
       pulse_loco_prepare_info pi;
@@ -265,15 +302,20 @@ static pulse_status run_pulseloco(run *r) {
               (pulse_loco_contribution){r->msgs[j].data, r->msgs[j].size};
       rr.contributors = n;
       if (st == PULSE_OK)
+        st = pulse_loco_set_members(ctx[i], N);
+      if (st == PULSE_OK)
         st = pulse_loco_finish(ctx[i], set, n, r->replica[i], NULL);
     }
     rr.train_loss /= (double)N * r->o->inner;
-    if (st == PULSE_OK)
+    if (st == PULSE_OK) {
+      rr.update_bias =
+          round_bias(P, N, r->o->mu, b_old, pulse_loco_momentum(ctx[0]), acc);
       report(r, &rr, pulse_loco_global(ctx[0]));
+    }
   }
   for (uint32_t i = 0; ctx && i < N; i++)
     pulse_loco_free(ctx[i]);
-  free(ctx), free(set), free(sent);
+  free(ctx), free(set), free(sent), free(e0), free(b_old), free(acc);
   return st;
 }
 
@@ -333,7 +375,7 @@ pulse_status pulse_tk_sim_run(const pulse_tk_problem *p,
       pulse_tk_problem_init(p, r.replica[i]);
   }
   if (st == PULSE_OK) {
-    pulse_tk_sim_round r0 = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    pulse_tk_sim_round r0 = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1.0};
     report(&r, &r0, r.replica[0]);
     st = o->method == PULSE_TK_SIM_DDP      ? run_ddp(&r)
          : o->method == PULSE_TK_SIM_DILOCO ? run_diloco(&r)

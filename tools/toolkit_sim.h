@@ -55,13 +55,15 @@ typedef struct {
   pulse_tk_dense_values values;
   /* Send the messages over HTTP on 127.0.0.1 (else in memory). */
   int over_http;
+  /* PULSELoCo: the loss rule (pulse_loco_rule; 0, the default: drop). */
+  int rule;
 } pulse_tk_sim_opts;
 
-#define PULSE_TK_SIM_OPTS_VERSION 2u
+#define PULSE_TK_SIM_OPTS_VERSION 3u
 #define PULSE_TK_SIM_OPTS_INIT                                                 \
   {                                                                            \
     PULSE_TK_SIM_OPTS_VERSION, PULSE_TK_SIM_PULSELOCO, 3, 50, 20, 0.7f, 0.9f,  \
-        0.0, 1, PULSE_TK_DENSE_FP32, 0                                         \
+        0.0, 1, PULSE_TK_DENSE_FP32, 0, 0                                      \
   }
 
 /* One round of a run, as reported to the callback (round 0: the start). */
@@ -79,6 +81,14 @@ typedef struct {
                           as the servers counted them) */
   uint64_t entries;    /* PULSELoCo: entries sent by all trainers */
   uint32_t contributors;
+  /* PULSELoCo: (applied · lossless) / ||lossless||^2 of the round's mean
+   * pseudo-gradient, 1 = unbiased. "Lossless" replays the round with every
+   * payload arriving: each trainer's signal is its local progress
+   * theta_g - theta_r plus a shadow error feedback that has only ever
+   * kept what the gate held back (never what was lost); "applied" is the
+   * mean the round really used (trainer 0's b - mu * b_before). 1 when the
+   * lossless mean is 0. */
+  double update_bias;
 } pulse_tk_sim_round;
 
 typedef void (*pulse_tk_sim_cb)(void *user, const pulse_tk_sim_round *r);

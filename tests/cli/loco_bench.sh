@@ -54,7 +54,7 @@ for m in $baselines; do
   done
 done
 for key in initial_loss loss_floor params target_10x_diloco_bf16 target_100x_ddp_fp32 \
-  target_loss_2pct_diloco_bf16 replicas_identical; do
+  target_loss_2pct_diloco_bf16 replicas_identical final_loss bytes_per_trainer update_bias; do
   [ -n "$(json_val "$summary" "$key")" ] || fail "summary: key $key missing"
 done
 grep -q '"baseline":"diloco_bf16"' <<<"$summary" || fail "summary does not name DiLoCo-BF16 its baseline"
@@ -131,6 +131,22 @@ else
   fail "churn run exited non-zero: $(cat "$TMP/err")"
 fi
 
+# Without loss every rule applies the lossless update: update_bias 1.
+awk -v b="$(json_val "$summary" update_bias)" 'BEGIN { exit !(b > 0.9999 && b < 1.0001) }' ||
+  fail "update_bias without loss is not 1: $summary"
+grep -q '"rule":"drop"' <<<"$summary" || fail "summary does not name the default rule drop"
+
+# 3b. A rule by name, PULSELoCo alone: the replica and the trainers agree.
+if "$BENCH" loco --rounds 6 --params 20000 --inner 5 --drop-rate 0.3 --rule legacy \
+  --only-pulseloco --json >"$TMP/d.json" 2>"$TMP/err"; then
+  s=$(grep '^{"summary":true' "$TMP/d.json")
+  grep -q '"rule":"legacy"' <<<"$s" || fail "--rule legacy: summary names another rule"
+  [ "$(json_val "$s" replicas_identical)" = true ] || fail "--rule legacy: replicas differ"
+  [ "$(json_val "$s" bytes_ddp_fp32)" = 0 ] || fail "--only-pulseloco ran DDP"
+else
+  fail "--rule legacy --only-pulseloco exited non-zero: $(cat "$TMP/err")"
+fi
+
 # 4. The readable output names every baseline and the targets.
 "$BENCH" loco --rounds 3 --params 10000 --inner 5 >"$TMP/text" 2>&1 || fail "text run failed"
 for word in "PULSELoCo" "DiLoCo-BF16" "DiLoCo-FP32" "DDP-FP32" "fewer bytes on the wire than DiLoCo-BF16 (FP32: " \
@@ -140,7 +156,8 @@ done
 
 # 5. Bad usage: status 2, a message on stderr, nothing on stdout.
 for args in "loco --bogus" "loco --trainers 0" "loco --rounds 0" "loco --drop-rate 1.5" \
-  "loco --params 10" "loco --join-round 9 --rounds 5" "loco --trainers 1 --leave-round 1"; do
+  "loco --params 10" "loco --join-round 9 --rounds 5" "loco --trainers 1 --leave-round 1" \
+  "loco --rule fair"; do
   # shellcheck disable=SC2086
   "$BENCH" $args >"$TMP/out" 2>"$TMP/err"
   rc=$?

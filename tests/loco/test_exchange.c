@@ -128,8 +128,7 @@ static void setup_with(trainer *t, size_t n, const pulse_tk_problem *p,
     t[i].p = p;
     t[i].progress = progress;
     t[i].ctx = lt_ctx(P, t[i].id, t[i].join_after < 0 ? init : NULL);
-    cr_assert_eq(pulse_loco_node_create(opts, t[i].ctx, &t[i].node),
-                 PULSE_OK);
+    cr_assert_eq(pulse_loco_node_create(opts, t[i].ctx, &t[i].node), PULSE_OK);
     const char *url = pulse_loco_node_url(t[i].node);
     cr_assert(strncmp(url, "http://127.0.0.1:", 17) == 0, "%s", url);
     if (t[i].join_after < 0) {
