@@ -90,8 +90,9 @@ Test(loco, signal_is_e_plus_theta_g_minus_theta_r) {
 
 /* One round of a context; checks that every entry of s = e_old + delta went
  * wholly to one side: sent (in the payload) or kept (the new e). */
-static void check_round(pulse_loco *ctx, const float *theta_r, int included,
-                        uint64_t *sent) {
+static void check_round_rule(pulse_loco *ctx, const float *theta_r,
+                             int included, pulse_loco_rule rule,
+                             uint64_t *sent) {
   uint64_t P = pulse_loco_param_count(ctx);
   float *s = malloc(P * sizeof *s), *theta_g = malloc(P * sizeof *theta_g);
   const float *e_old = pulse_loco_residual(ctx);
@@ -130,7 +131,8 @@ static void check_round(pulse_loco *ctx, const float *theta_r, int included,
                    (unsigned long long)i);
       j++;
     }
-    if (is_sent && included)
+    /* Left out, the sent part goes under the drop rule, stays otherwise. */
+    if (is_sent && (included || rule == PULSE_LOCO_RULE_DROP))
       cr_assert_eq(lt_bits(e_new[i]), 0u, "entry %llu: sent, yet kept",
                    (unsigned long long)i);
     else
@@ -142,6 +144,11 @@ static void check_round(pulse_loco *ctx, const float *theta_r, int included,
   *sent += got.count;
   pulse_loco_entries_free(&got);
   free(copy), free(s), free(theta_g);
+}
+
+static void check_round(pulse_loco *ctx, const float *theta_r, int included,
+                        uint64_t *sent) {
+  check_round_rule(ctx, theta_r, included, PULSE_LOCO_RULE_DROP, sent);
 }
 
 Test(loco, error_feedback_conserves_mass_bit_exactly) {
@@ -174,20 +181,31 @@ Test(loco, error_feedback_conserves_mass_bit_exactly) {
   free(theta), free(local);
 }
 
-Test(loco, excluded_trainer_keeps_its_whole_signal) {
+/* A trainer left out of the round: under the keep (and legacy) rule it
+ * keeps all of s, under the drop rule only what it did not send. */
+Test(loco, excluded_trainer_keeps_what_its_loss_rule_says) {
   const uint64_t P = 20000;
+  static const pulse_loco_rule rules[] = {
+      PULSE_LOCO_RULE_DROP, PULSE_LOCO_RULE_KEEP, PULSE_LOCO_RULE_LEGACY};
   float *theta = malloc(P * sizeof *theta), *local = malloc(P * sizeof *local);
   lt_fill_weights(theta, P, 3, 1.0f);
-  pulse_loco *ctx = lt_ctx(P, 4, theta);
-  uint64_t seed = 5, sent = 0;
-  for (uint64_t i = 0; i < P; i++)
-    local[i] = theta[i] + lt_normal(&seed) * 0.01f;
-  check_round(ctx, local, 0, &sent);
-  cr_assert(sent > 0);
-  /* Abandoned: the context refuses a new round until a state import. */
-  cr_assert_eq(pulse_loco_prepare(ctx, local, 1, 0, NULL, NULL, NULL),
-               PULSE_ERR_ARG);
-  pulse_loco_free(ctx);
+  for (size_t r = 0; r < 3; r++) {
+    pulse_loco_opts o = PULSE_LOCO_OPTS_INIT;
+    o.param_count = P;
+    o.trainer_id = 4;
+    o.rule = rules[r];
+    pulse_loco *ctx = NULL;
+    cr_assert_eq(pulse_loco_create(&o, theta, &ctx), PULSE_OK);
+    uint64_t seed = 5, sent = 0;
+    for (uint64_t i = 0; i < P; i++)
+      local[i] = theta[i] + lt_normal(&seed) * 0.01f;
+    check_round_rule(ctx, local, 0, rules[r], &sent);
+    cr_assert(sent > 0);
+    /* Abandoned: the context refuses a new round until a state import. */
+    cr_assert_eq(pulse_loco_prepare(ctx, local, 1, 0, NULL, NULL, NULL),
+                 PULSE_ERR_ARG);
+    pulse_loco_free(ctx);
+  }
   free(theta), free(local);
 }
 

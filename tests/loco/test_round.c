@@ -100,10 +100,22 @@ static void round_with(unsigned present, int weighted) {
       cr_assert_eq(lt_bits(b[j]), lt_bits(want_b[j]));
       cr_assert_eq(lt_bits(local[i][j]), lt_bits(g[j]), "theta_r reset");
     }
-    /* An excluded trainer keeps all of s. */
-    if (!(present >> i & 1u))
-      for (uint64_t j = 0; j < P; j++)
-        cr_assert_eq(lt_bits(pulse_loco_residual(ctx[i])[j]), lt_bits(s[j]));
+    /* An excluded trainer keeps s where it did not send; under the
+     * default (drop) rule what it sent is gone. */
+    if (!(present >> i & 1u)) {
+      pulse_loco_payload_header h;
+      pulse_loco_entries own = PULSE_LOCO_ENTRIES_INIT;
+      cr_assert_eq(
+          pulse_loco_payload_decode(pay[i], size[i], theta, NULL, P, &h, &own),
+          PULSE_OK);
+      for (uint64_t j = 0, k = 0; j < P; j++) {
+        int was_sent = k < own.count && own.pos[k] == j;
+        k += was_sent;
+        cr_assert_eq(lt_bits(pulse_loco_residual(ctx[i])[j]),
+                     was_sent ? 0u : lt_bits(s[j]));
+      }
+      pulse_loco_entries_free(&own);
+    }
     free(s);
   }
   for (uint32_t i = 0; i < N; i++) {
