@@ -81,7 +81,7 @@ pulse_status pulse_loco_create(const pulse_loco_opts *opts,
   return PULSE_OK;
 }
 
-static void drop_round(pulse_loco *ctx) {
+void pulse_loco_drop_round_(pulse_loco *ctx) {
   free(ctx->sent_pos), free(ctx->sent_val);
   ctx->sent_pos = NULL, ctx->sent_val = NULL, ctx->sent_count = 0;
   pulse_buffer_free(&ctx->payload);
@@ -116,7 +116,7 @@ pulse_status pulse_loco_set_members(pulse_loco *ctx, uint32_t members) {
 void pulse_loco_free(pulse_loco *ctx) {
   if (ctx == NULL)
     return;
-  drop_round(ctx);
+  pulse_loco_drop_round_(ctx);
   free(ctx->theta_g), free(ctx->e), free(ctx->b), free(ctx->s),
       free(ctx->theta_bf16);
   free(ctx);
@@ -188,7 +188,7 @@ pulse_status pulse_loco_prepare(pulse_loco *ctx, const float *theta_r,
   ctx->sent_pos = malloc((size_t)k * sizeof *ctx->sent_pos + 8);
   ctx->sent_val = malloc((size_t)k * sizeof *ctx->sent_val + 4);
   if (ctx->sent_pos == NULL || ctx->sent_val == NULL) {
-    drop_round(ctx);
+    pulse_loco_drop_round_(ctx);
     return pulse_fail(PULSE_ERR_NOMEM, "loco prepare: %llu entries",
                       (unsigned long long)k);
   }
@@ -215,7 +215,7 @@ pulse_status pulse_loco_prepare(pulse_loco *ctx, const float *theta_r,
       pulse_loco_payload_encode(&h, ctx->theta_g, ctx->theta_bf16, n,
                                 ctx->sent_pos, ctx->sent_val, k, &ctx->payload);
   if (st != PULSE_OK) {
-    drop_round(ctx);
+    pulse_loco_drop_round_(ctx);
     return st;
   }
   ctx->samples = samples;
@@ -369,7 +369,7 @@ pulse_status pulse_loco_finish(pulse_loco *ctx,
   }
   ctx->round++;
   pulse_loco_refresh_(ctx);
-  drop_round(ctx);
+  pulse_loco_drop_round_(ctx);
   if (theta_r)
     memcpy(theta_r, ctx->theta_g, (size_t)ctx->n * sizeof *theta_r);
 done:
@@ -384,7 +384,7 @@ pulse_status pulse_loco_abandon(pulse_loco *ctx, int self_included) {
   if (ctx == NULL || !ctx->prepared)
     return pulse_fail(PULSE_ERR_ARG, "loco abandon: no prepared round");
   keep_residual(ctx, self_included);
-  drop_round(ctx);
+  pulse_loco_drop_round_(ctx);
   ctx->need_state = 1;
   return PULSE_OK;
 }

@@ -31,6 +31,9 @@ struct pulse_loco {
   pulse_buffer payload;
 };
 
+/* Ends the prepared round's bookkeeping (payload, sent entries). */
+void pulse_loco_drop_round_(pulse_loco *ctx);
+
 /* Refreshes theta_bf16 and digest after theta_g changed. */
 void pulse_loco_refresh_(pulse_loco *ctx);
 

@@ -314,6 +314,103 @@ pulse_status pulse_loco_payload_decode(const uint8_t *data, size_t size,
                                        pulse_loco_payload_header *hdr,
                                        pulse_loco_entries *out);
 
+/* ------------------------------------------------------------ chunks */
+
+/* A payload as independently decodable chunks, each small enough for one
+ * datagram (PAYLOAD.md "Chunks"): a lost datagram loses one range of one
+ * sender. Ranges are whole cells of PULSE_LOCO_CHUNK_CELL parameters; a
+ * receiver aggregates per cell. Raw values (8 bytes an entry). */
+#define PULSE_LOCO_CHUNK_VERSION 1u
+#define PULSE_LOCO_CHUNK_HEADER 68u
+#define PULSE_LOCO_CHUNK_CELL 128u
+
+/* One chunk's header. */
+typedef struct {
+  uint32_t flags; /* PULSE_LOCO_PAYLOAD_GATED, _LEAVING */
+  uint32_t sender;
+  uint64_t round, samples, param_count, base_digest;
+  uint64_t start;  /* first parameter of the range, a multiple of the cell */
+  uint32_t length; /* parameters of the range: whole cells (the last may end
+                      at P) */
+  uint32_t count;  /* entries, <= length */
+} pulse_loco_chunk_header;
+
+/** The smallest datagram a chunk encoder accepts: header + a full cell. */
+size_t pulse_loco_chunk_bound(void);
+
+/** Splits k entries (strictly increasing positions < P, finite values) into
+ * chunks of at most max_datagram bytes (>= pulse_loco_chunk_bound()),
+ * covering every cell of [0, P) once (a range without entries still says
+ * "nothing here"), written back to back into out (owned by the caller).
+ * hdr gives flags, sender, round, samples (>= 1) and base_digest.
+ * @return PULSE_OK, PULSE_ERR_ARG, PULSE_ERR_NOMEM. */
+pulse_status pulse_loco_chunks_encode(const pulse_loco_payload_header *hdr,
+                                      uint64_t P, const uint64_t *pos,
+                                      const float *val, uint64_t k,
+                                      size_t max_datagram, pulse_buffer *out,
+                                      uint64_t *nchunks);
+
+/** The size of the chunk at the start of data (to walk a buffer of chunks
+ * from pulse_loco_chunks_encode). @return PULSE_OK, PULSE_ERR_TRUNCATED,
+ * PULSE_ERR_CORRUPT. */
+pulse_status pulse_loco_chunk_size(const uint8_t *data, size_t size,
+                                   size_t *chunk_size);
+
+/** Decodes one chunk (untrusted bytes: exactly one chunk, checksum, range
+ * inside P, positions increasing inside the range, finite values, and a
+ * GATED chunk's entries pass the gate against theta_g when theta_g is not
+ * NULL). pos and val need room for 64 * PULSE_LOCO_CHUNK_CELL entries.
+ * @return PULSE_OK, PULSE_ERR_TRUNCATED, PULSE_ERR_TRAILING, PULSE_ERR_MAGIC,
+ * PULSE_ERR_VERSION, PULSE_ERR_SIZE_MISMATCH, PULSE_ERR_CORRUPT. */
+pulse_status pulse_loco_chunk_decode(const uint8_t *data, size_t size,
+                                     const float *theta_g, uint64_t P,
+                                     pulse_loco_chunk_header *h, uint64_t *pos,
+                                     float *val);
+
+/* Chunks a receiver took and refused, by reason. */
+typedef struct {
+  uint64_t accepted;
+  uint64_t truncated;      /* shorter or longer than its count says */
+  uint64_t bad_checksum;   /* a flipped bit */
+  uint64_t malformed;      /* magic, version, range, positions, values */
+  uint64_t unknown_sender; /* not a member of the round (or this trainer) */
+  uint64_t other_round;
+  uint64_t other_base; /* built on another theta_g */
+  uint64_t duplicate;  /* a cell of that sender already here */
+} pulse_loco_chunk_stats;
+
+/* The chunks one trainer received for its prepared round. */
+typedef struct pulse_loco_inbox pulse_loco_inbox;
+
+/** An inbox for ctx's prepared round (ctx borrowed; must stay prepared)
+ * from the other members `senders` (this trainer's id among them is
+ * ignored). @return PULSE_OK, PULSE_ERR_ARG, PULSE_ERR_DUPLICATE,
+ * PULSE_ERR_NOMEM. */
+pulse_status pulse_loco_inbox_create(pulse_loco *ctx, const uint32_t *senders,
+                                     size_t nsenders, pulse_loco_inbox **out);
+void pulse_loco_inbox_free(pulse_loco_inbox *in);
+
+/** Takes one received datagram: a chunk that decodes, from a known sender,
+ * of this round and base, for cells of that sender not yet here, is kept;
+ * anything else is counted by reason and changes nothing.
+ * @return PULSE_OK when kept, else why not. */
+pulse_status pulse_loco_inbox_add(pulse_loco_inbox *in, const uint8_t *data,
+                                  size_t size);
+void pulse_loco_inbox_stats(const pulse_loco_inbox *in,
+                            pulse_loco_chunk_stats *stats);
+
+/** Finishes ctx's prepared round from its inbox: per cell, the mean over
+ * this trainer and the senders whose chunk for that cell arrived (sample
+ * weights, sums in increasing sender id), then the Nesterov step; error
+ * feedback by the drop rule (the only one a sender can apply without
+ * learning which of its ranges arrived). Trainers that got the same chunks
+ * end with the same bits; others drift (PAYLOAD.md "Chunks").
+ * @return PULSE_OK; PULSE_ERR_ARG; PULSE_ERR_UNSUPPORTED (keep or legacy
+ * rule); PULSE_ERR_NOMEM. */
+pulse_status pulse_loco_finish_inbox(pulse_loco *ctx, pulse_loco_inbox *in,
+                                     float *theta_r,
+                                     pulse_loco_finish_info *info);
+
 /* ------------------------------------------------------------ HTTP node */
 
 /* A trainer's side of the exchange over HTTP (PAYLOAD.md, "Exchange"):
