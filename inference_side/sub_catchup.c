@@ -112,6 +112,8 @@ int sub_catchup_probe(pulse_sub *sub, uint64_t from, pulse_store_object *o,
                       sub_source *src) {
   memset(o, 0, sizeof *o);
   memset(src, 0, sizeof *src);
+  if (sub->url_static[sub->head_url])
+    return 0; /* a static copy builds nothing: the patches */
   char rel[64];
   snprintf(rel, sizeof rel, "v1/catchup/%" PRIu64, from);
   pulse_fetch_xfer x;

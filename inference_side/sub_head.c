@@ -256,12 +256,18 @@ static void log_refusal(pulse_sub *sub, const char *what, const char *detail) {
   sub->warned_more = 0;
 }
 
+/* Where source `u` keeps its head: a pulse server's route, or a static
+ * copy's file. */
+static const char *head_rel(const pulse_sub *sub, size_t u) {
+  return sub->url_static[u] ? "head.json" : "v1/head";
+}
+
 static void reject_head(pulse_sub *sub, size_t url, pulse_status st,
                         const char *detail) {
   sub_count(sub, &sub->fig.rejected, 1);
   sub->head_rejects++;
   char what[2100];
-  sub_url(sub, url, "v1/head", what, sizeof what);
+  sub_url(sub, url, head_rel(sub, url), what, sizeof what);
   pulse_sub_event ev = {0};
   ev.type = PULSE_SUB_EV_REJECTED;
   ev.object = what;
@@ -325,7 +331,7 @@ static pulse_status fetch_all(pulse_sub *sub, source_answer *a, size_t n) {
     return pulse_fail(PULSE_ERR_NOMEM, "head");
   for (size_t u = 0; u < n; u++) {
     pulse_fetch_xfer_init(&a[u].x, NULL);
-    sub_url(sub, u, "v1/head", a[u].x.url, sizeof a[u].x.url);
+    sub_url(sub, u, head_rel(sub, u), a[u].x.url, sizeof a[u].x.url);
     a[u].x.max_bytes = PULSE_STORE_MAX_HEAD_BYTES;
     a[u].x.timeout_ms = sub->opts.request_timeout_ms;
     xs[u] = &a[u].x;
@@ -359,6 +365,31 @@ static pulse_status fetch_all(pulse_sub *sub, source_answer *a, size_t n) {
   return PULSE_OK;
 }
 
+/* A source without v1/head may be a static copy of a store (a bucket, a
+ * CDN, a file server): its head is then head.json, and it stays one. */
+static void try_static(pulse_sub *sub, size_t u, source_answer *a) {
+  long s = a->x.status;
+  if (sub->url_static[u] || !pulse_fetch_xfer_answered(&a->x) ||
+      !(s == 400 || s == 403 || s == 404 || s == 405))
+    return;
+  pulse_fetch_xfer y;
+  pulse_fetch_xfer_init(&y, NULL);
+  y.max_bytes = PULSE_STORE_MAX_HEAD_BYTES;
+  y.timeout_ms = sub->opts.request_timeout_ms;
+  if (sub_fetch_mem(sub, u, "head.json", &y, "head") == PULSE_OK &&
+      y.status == 200) {
+    PULSE_LOG_AT(PULSE_LOG_INFO,
+                 "subscriber: %s is a static copy of a store (head.json)",
+                 sub->urls[u]);
+    sub->url_static[u] = 1;
+    pulse_fetch_xfer_release(&a->x);
+    a->x = y;
+    a->st = PULSE_OK;
+    return;
+  }
+  pulse_fetch_xfer_release(&y);
+}
+
 /* Asks every source for its head, verifies each, and follows the newest
  * valid one: a stale mirror listed first must not hold a worker back from
  * a trainer listed after it. */
@@ -373,7 +404,8 @@ pulse_status sub_head_fetch(pulse_sub *sub, int *moved) {
     a[0].x.max_bytes = PULSE_STORE_MAX_HEAD_BYTES;
     a[0].x.timeout_ms = sub->opts.request_timeout_ms;
     a[0].stage = 1;
-    a[0].st = sub_fetch_mem(sub, 0, "v1/head", &a[0].x, "head");
+    a[0].st = sub_fetch_mem(sub, 0, head_rel(sub, 0), &a[0].x, "head");
+    try_static(sub, 0, &a[0]);
     if (a[0].st == PULSE_OK && a[0].x.status != 200)
       a[0].st = pulse_fail(PULSE_ERR_IO, "head: GET %s: HTTP %ld", a[0].x.url,
                            a[0].x.status);
@@ -382,6 +414,8 @@ pulse_status sub_head_fetch(pulse_sub *sub, int *moved) {
     st = PULSE_OK;
   } else {
     st = fetch_all(sub, a, n);
+    for (size_t u = 0; st == PULSE_OK && u < n; u++)
+      try_static(sub, u, &a[u]);
   }
   size_t best = n;
   for (size_t u = 0; st == PULSE_OK && u < n; u++) {
@@ -467,13 +501,17 @@ pulse_status sub_head_fetch(pulse_sub *sub, int *moved) {
 static pulse_status long_poll(pulse_sub *sub, size_t url, uint64_t after,
                               uint32_t wait_ms, int *got) {
   char rel[128];
-  snprintf(rel, sizeof rel, "v1/head?after=%" PRIu64 "&timeout_ms=%" PRIu32,
-           after, wait_ms);
+  int is_static = sub->url_static[url];
+  if (is_static) /* no long-polls there: the head, if it changed */
+    snprintf(rel, sizeof rel, "head.json");
+  else
+    snprintf(rel, sizeof rel, "v1/head?after=%" PRIu64 "&timeout_ms=%" PRIu32,
+             after, wait_ms);
   pulse_fetch_xfer x;
   pulse_fetch_xfer_init(&x, NULL);
   sub_url(sub, url, rel, x.url, sizeof x.url);
   x.max_bytes = PULSE_STORE_MAX_HEAD_BYTES;
-  x.timeout_ms = wait_ms + sub->opts.request_timeout_ms;
+  x.timeout_ms = (is_static ? 0 : wait_ms) + sub->opts.request_timeout_ms;
   if (sub->head != NULL)
     snprintf(x.if_none_match, sizeof x.if_none_match, "%s", sub->head_etag);
   pulse_fetch_xfer *one = &x;
@@ -485,8 +523,10 @@ static pulse_status long_poll(pulse_sub *sub, size_t url, uint64_t after,
       (x.status == 304 || x.status == 404)) {
     pulse_fetch_xfer_release(&x);
     /* Nothing newer (or no head yet). A source that answers at once, e.g.
-     * a static copy that does not long-poll, is not asked again at once. */
-    double left = 0.1 - (sub_now() - t0);
+     * a static copy that does not long-poll, is not asked again at once; a
+     * static copy is polled every 2 s at most (or each poll timeout). */
+    double pace = is_static ? (wait_ms < 2000 ? wait_ms : 2000) / 1000.0 : 0.1;
+    double left = pace - (sub_now() - t0);
     if (left > 0)
       sub_sleep_ms(sub, (unsigned)(left * 1000.0) + 1);
     return PULSE_OK;

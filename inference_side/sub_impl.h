@@ -120,6 +120,11 @@ struct pulse_sub {
    * last failed long-poll's Retry-After asked, and the last head refusal
    * logged (repeats within SUB_WARN_REPEAT_S are counted, not logged) */
   unsigned head_rejects;
+  /* per URL: 1 for a static copy of a store (a bucket, a CDN, a file
+   * server: <url>/head.json and <url>/objects/..., GET and HEAD only), found
+   * when its v1/head is not there but its head.json is; no long-polls (the
+   * head is polled with If-None-Match) and no catch-ups there */
+  unsigned char *url_static;
   unsigned poll_retry_after_ms;
   char warned[256];
   double warned_at;

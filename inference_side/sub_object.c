@@ -317,7 +317,7 @@ static pulse_status download(fetch_ctx *c, size_t url) {
   if (c->src != NULL)
     snprintf(rel, sizeof rel, "%s", c->src->rel);
   else
-    snprintf(rel, sizeof rel, "v1/%s",
+    snprintf(rel, sizeof rel, "%s%s", sub->url_static[url] ? "" : "v1/",
              c->o->path); /* from the signed path, never `url` */
   sub_url(sub, url, rel, objurl, sizeof objurl);
   unsigned attempt = 0;

@@ -111,9 +111,10 @@ pulse_status pulse_sub_create(const pulse_sub_opts *opts, pulse_sub **out) {
   sub->fig.step = sub->fig.head_step = PULSE_SUB_NO_STEP;
   sub->fig.last_from_step = PULSE_SUB_NO_STEP;
   sub->lag_step = calloc(opts->url_count, sizeof *sub->lag_step);
+  sub->url_static = calloc(opts->url_count, sizeof *sub->url_static);
   for (size_t i = 0; sub->lag_step != NULL && i < opts->url_count; i++)
     sub->lag_step[i] = PULSE_SUB_NO_STEP;
-  if (sub->lag_step == NULL && st == PULSE_OK)
+  if ((sub->lag_step == NULL || sub->url_static == NULL) && st == PULSE_OK)
     st = pulse_fail(PULSE_ERR_NOMEM, "subscriber");
   atomic_init(&sub->stop, 0);
   atomic_init(&sub->indexer_stop, 0);
@@ -161,6 +162,7 @@ void pulse_sub_free(pulse_sub *sub) {
   free(sub->file_path);
   free(sub->verified);
   free(sub->lag_step);
+  free(sub->url_static);
   pthread_rwlock_destroy(&sub->rw);
   pthread_mutex_destroy(&sub->fig_lock);
   free(sub);

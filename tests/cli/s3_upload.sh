@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # pulse-publish --upload s3://BUCKET/PREFIX against a real S3-compatible
-# server (s3rver from npm, started here on 127.0.0.1; it checks SigV4
-# signatures of its known access key), read back by an independent client
+# server (s3rver from npm, started here on 127.0.0.1; it refuses unknown
+# access keys, lenient with signatures), read back by an independent client
 # (the AWS CLI): every object the head names is in the bucket byte for byte,
 # objects carry Cache-Control immutable and the head no-cache, an anchor over
 # --multipart-mb went up as a multipart upload, retention removed what left
 # the head (but the newest anchors), an upload killed with -9 mid-way never
 # leaves a head naming a missing object and the next run completes it, and
-# an unknown access key is refused with the store's message. Usage:
+# an unknown access key is refused with the store's message; pulse-pull
+# follows the bucket itself (a static copy: head.json, objects/). Usage:
 # s3_upload.sh BIN_DIR
 set -u
 bin=$1
@@ -83,6 +84,16 @@ expect "an object's Cache-Control" "public, max-age=31536000, immutable" "$cc"
 cc=$(s3 s3api head-object --bucket bkt --key runs/a/head.json --query CacheControl --output text 2>&1)
 expect "the head's Cache-Control" "no-cache" "$cc"
 
+# --- pulse-pull straight from the bucket (a static copy: head.json and
+# objects/, GET only): the anchor first, bit for bit
+digest_of() { "$bin/pulse-inspect" "$1" 2>/dev/null | awk '/BF16 state digest/ {print $NF}'; }
+jfield() { grep "\"event\":\"$2\"" "$1" | tail -1 | sed -n "s/.*\"$3\":\"\{0,1\}\([^,\"}]*\).*/\1/p"; }
+key=$(sed -n 's/.*"public_key":"\([0-9a-f]*\)".*/\1/p' "$work/store/head.json")
+bucket_url=http://127.0.0.1:$port/bkt/runs/a
+"$bin/pulse-pull" "$bucket_url" --key "$key" --out "$work/w.safetensors" --json >"$work/pull1.json" 2>"$work/pull1.err"
+expect "pull from the bucket exits 0" 0 "$?"
+expect "pull from the bucket: step 2 bit for bit" "$(digest_of "$(ck 2)")" "$(digest_of "$work/w.safetensors")"
+
 # --- retention: with --keep 1 and no grace, a patch that left the head is
 # deleted; the newest 2 anchors stay
 publish "$(ck 3)" "$(ck 4)" >"$work/pub2.out" 2>&1 || bad "publish steps 3-4: $(cat "$work/pub2.out")"
@@ -94,6 +105,12 @@ expect "patches in the bucket are the head's" "$patches_head" "$patches_bucket"
 anchors_bucket=$(grep -c '\.safetensors$' "$work/ls.txt")
 [ "$anchors_bucket" -ge 1 ] && [ "$anchors_bucket" -le 3 ] && ok || bad "anchors kept: $anchors_bucket"
 grep -q " [1-9][0-9]* deleted" "$work/pub2.out" && ok || bad "retention deleted something: $(cat "$work/pub2.out")"
+
+# the next steps from the bucket: the patch chain (no catch-ups there)
+"$bin/pulse-pull" "$bucket_url" --key "$key" --out "$work/w.safetensors" --json >"$work/pull2.json" 2>"$work/pull2.err"
+expect "second pull from the bucket exits 0" 0 "$?"
+expect "second pull from the bucket: step 4" "$(digest_of "$(ck 4)")" "$(digest_of "$work/w.safetensors")"
+expect "second pull walks the chain" chain "$(jfield "$work/pull2.json" synced route)"
 
 # --- kill -9 in the middle of an upload, then the next run completes it
 cp -r "$work/store" "$work/store.before"
