@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# 20 pulse-pull workers at once through nginx with the shipped caching
+# configuration (tools/nginx/pulse-cache.conf) in front of pulse-serve: every
+# worker ends bit for bit at the trainer's step, and the origin's own
+# counters show that each immutable object left it once. Usage:
+# nginx_cache.sh BIN_DIR
+set -u
+bin=$1
+src=$(cd "$(dirname "$0")/../.." && pwd)
+work=$(mktemp -d)
+chmod 755 "$work"
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null && wait "$p" 2>/dev/null; done
+  [ -f "$work/nginx/nginx.pid" ] && kill "$(cat "$work/nginx/nginx.pid")" 2>/dev/null
+  rm -rf "$work"
+}
+trap cleanup EXIT
+failures=0
+pass=0
+ok() { pass=$((pass + 1)); }
+bad() { echo "FAIL: $*"; failures=$((failures + 1)); }
+expect() { if [ "$2" = "$3" ]; then ok; else bad "$1: expected '$2', got '$3'"; fi; }
+digest_of() { "$bin/pulse-inspect" "$1" 2>/dev/null | awk '/BF16 state digest/ {print $NF}'; }
+nginx=$(command -v nginx || echo /usr/sbin/nginx)
+[ -x "$nginx" ] || { echo "FAIL: nginx is not installed (tools/install-deps.sh)"; exit 1; }
+
+"$bin/pulse-bench" trajectory --out "$work/traj" --params 300000 --steps 2 --seed 4 >/dev/null || exit 1
+ck() { printf '%s/traj/step%04d.safetensors' "$work" "$1"; }
+"$bin/pulse-publish" --store "$work/store" --new-key --sync-anchors "$(ck 0)" "$(ck 1)" "$(ck 2)" >/dev/null 2>&1 || { echo "FAIL: publish"; exit 1; }
+"$bin/pulse-serve" --store "$work/store" --listen 127.0.0.1:0 >"$work/serve.out" 2>"$work/serve.err" &
+pids+=($!)
+port=
+for _ in $(seq 1 200); do
+  port=$(sed -n 's|.*on http://[^ ]*:\([0-9]*\)$|\1|p' "$work/serve.out" | head -1)
+  [ -n "$port" ] && break
+  sleep 0.05
+done
+[ -n "$port" ] || { echo "FAIL: pulse-serve did not start"; cat "$work/serve.err"; exit 1; }
+
+mkdir -p "$work/nginx/cache"
+nport=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+cat >"$work/nginx/nginx.conf" <<CONF
+daemon on;
+pid $work/nginx/nginx.pid;
+error_log $work/nginx/error.log warn;
+events { worker_connections 1024; }
+http {
+  access_log off;
+  proxy_temp_path $work/nginx/tmp;
+  client_body_temp_path $work/nginx/tmp;
+  fastcgi_temp_path $work/nginx/tmp;
+  uwsgi_temp_path $work/nginx/tmp;
+  scgi_temp_path $work/nginx/tmp;
+  proxy_cache_path $work/nginx/cache levels=1:2 keys_zone=pulse:8m use_temp_path=off;
+  upstream pulse_origin { server 127.0.0.1:$port; keepalive 16; }
+  server {
+    listen 127.0.0.1:$nport;
+    include $src/tools/nginx/pulse-cache.conf;
+  }
+}
+CONF
+"$nginx" -p "$work/nginx" -c "$work/nginx/nginx.conf" -e "$work/nginx/error.log" 2>"$work/nginx.err" ||
+  { echo "FAIL: nginx did not start"; cat "$work/nginx.err"; exit 1; }
+key=$(sed -n 's/.*"public_key":"\([0-9a-f]*\)".*/\1/p' "$work/store/head.json")
+
+want=$(digest_of "$(ck 2)")
+for i in $(seq 1 20); do
+  "$bin/pulse-pull" "http://127.0.0.1:$nport" --key "$key" --out "$work/w$i.safetensors" --threads 1 >"$work/w$i.out" 2>&1 &
+  wp[$i]=$!
+done
+for i in $(seq 1 20); do wait "${wp[$i]}" || bad "worker $i failed: $(tail -2 "$work/w$i.out")"; done
+same=0
+for i in $(seq 1 20); do [ "$(digest_of "$work/w$i.safetensors")" = "$want" ] && same=$((same + 1)); done
+expect "workers at step 2 bit for bit" 20 "$same"
+
+# The origin's counters: object answers with a body, per distinct object.
+metrics=$(curl -s "http://127.0.0.1:$port/metrics")
+sent=$(echo "$metrics" | awk -F' ' '/^pulse_http_requests_total\{route="object",code="(200|206)"\}/ {s += $2} END {print s + 0}')
+objects=$(cat "$work"/w*.out | grep -o 'objects/[0-9a-f]*\.[a-z]*' | sort -u | wc -l)
+[ "$objects" -ge 1 ] || objects=$(ls "$work/w1.safetensors.pulse-cache/objects" | grep -vc '^\.')
+expect "object answers from the origin (each object once)" "$objects" "$sent"
+
+if [ "$failures" -gt 0 ]; then
+  echo "nginx_cache: $failures failed, $pass passed"
+  exit 1
+fi
+echo "nginx_cache: all $pass checks passed (20 workers, $sent object answers from the origin for $objects objects)"
