@@ -21,8 +21,8 @@
 #define TICK_MS 100u  /* tick callbacks, and the longest wait between polls */
 
 struct pulse_fetch {
-  pulse_fetch_opts opts; /* user_agent points at the copy below */
-  char *user_agent;
+  pulse_fetch_opts opts; /* user_agent, cacert point at the copies below */
+  char *user_agent, *cacert;
   CURLM *multi;
   CURL *idle[FETCH_POOL];
   size_t nidle;
@@ -105,8 +105,12 @@ pulse_status pulse_fetch_create(const pulse_fetch_opts *opts,
   if (opts->user_agent != NULL)
     f->user_agent = strdup(opts->user_agent);
   f->opts.user_agent = f->user_agent;
+  if (opts->cacert != NULL)
+    f->cacert = strdup(opts->cacert);
+  f->opts.cacert = f->cacert;
   f->multi = curl_multi_init();
-  if (f->multi == NULL || (opts->user_agent != NULL && f->user_agent == NULL)) {
+  if (f->multi == NULL || (opts->user_agent != NULL && f->user_agent == NULL) ||
+      (opts->cacert != NULL && f->cacert == NULL)) {
     pulse_fetch_free(f);
     return pulse_fail(PULSE_ERR_NOMEM, "fetch engine: curl_multi_init");
   }
@@ -122,6 +126,7 @@ void pulse_fetch_free(pulse_fetch *f) {
   if (f->multi != NULL)
     curl_multi_cleanup(f->multi);
   free(f->user_agent);
+  free(f->cacert);
   free(f);
 }
 
@@ -248,6 +253,10 @@ static void set_engine_opts(pulse_fetch *f, CURL *e, pulse_fetch_xfer *x) {
     curl_easy_setopt(e, CURLOPT_NOPROXY, "*");
   if (o->user_agent != NULL)
     curl_easy_setopt(e, CURLOPT_USERAGENT, o->user_agent);
+  curl_easy_setopt(e, CURLOPT_SSL_VERIFYPEER, 1L); /* never off */
+  curl_easy_setopt(e, CURLOPT_SSL_VERIFYHOST, 2L);
+  if (o->cacert != NULL)
+    curl_easy_setopt(e, CURLOPT_CAINFO, o->cacert);
   curl_easy_setopt(e, CURLOPT_TCP_KEEPALIVE, 1L);
   if (o->connect_timeout_ms)
     curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, (long)o->connect_timeout_ms);

@@ -86,6 +86,9 @@ typedef struct {
   pulse_fetch_counters *shared;  /* also counted here (NULL: none); must
                                     outlive the engine */
   uint64_t seed; /* jitter PRNG seed; 0: from the clock, pid and address */
+  /* PEM file of the CAs that HTTPS servers' certificates must chain to
+   * (NULL: the system's); copied. Verification is always on. */
+  const char *cacert;
 } pulse_fetch_opts;
 
 /** Creates an engine (libcurl's global init is done once per process here).

@@ -216,14 +216,18 @@ typedef struct {
    * versions 1 to 3 get the defaults. */
   uint32_t min_bytes_per_s;
   uint32_t download_grace_ms;
+  /* Version 5: PEM file of the CAs that https:// sources' certificates
+   * must chain to (a private CA); NULL: the system's. Certificates are
+   * always verified, names included. Copied. */
+  const char *cacert;
 } pulse_sub_opts;
 
-#define PULSE_SUB_OPTS_VERSION 4u
+#define PULSE_SUB_OPTS_VERSION 5u
 #define PULSE_SUB_OPTS_INIT                                                    \
   {                                                                            \
     PULSE_SUB_OPTS_VERSION, NULL, 0, NULL, NULL, 0, 0, 10000, 30000, 1024, 30, \
         6, 200, 5000, 4, (uint64_t)32 << 20, 0, 1, 0, 0, 30000, NULL, NULL,    \
-        NULL, 0, 0, 0, 0, 0, 262144, 30000                                     \
+        NULL, 0, 0, 0, 0, 0, 262144, 30000, NULL                               \
   }
 
 typedef struct pulse_sub pulse_sub;

@@ -22,6 +22,7 @@ pulse_fetch_opts sub_http_opts(const pulse_sub_opts *o, atomic_int *stop) {
   f.max_redirects = 5;
   f.https = 1;
   f.stop = stop;
+  f.cacert = o->cacert;
   return f;
 }
 

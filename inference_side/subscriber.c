@@ -79,6 +79,9 @@ pulse_status pulse_sub_create(const pulse_sub_opts *opts, pulse_sub **out) {
   } else if (opts->struct_version == 3) { /* before min_bytes_per_s */
     memcpy(&sub->opts, opts, offsetof(pulse_sub_opts, min_bytes_per_s));
     sub->opts.struct_version = PULSE_SUB_OPTS_VERSION;
+  } else if (opts->struct_version == 4) { /* before cacert */
+    memcpy(&sub->opts, opts, offsetof(pulse_sub_opts, cacert));
+    sub->opts.struct_version = PULSE_SUB_OPTS_VERSION;
   } else {
     sub->opts = *opts;
   }
@@ -129,6 +132,7 @@ pulse_status pulse_sub_create(const pulse_sub_opts *opts, pulse_sub **out) {
   if (st == PULSE_OK) {
     pulse_fetch_opts fo = sub_http_opts(&sub->opts, &sub->stop);
     st = pulse_fetch_create(&fo, &sub->http);
+    sub->opts.cacert = NULL; /* the engine keeps its copy */
   }
   if (st == PULSE_OK)
     st = sub_cache_open(sub);

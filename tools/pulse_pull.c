@@ -73,6 +73,9 @@ static void usage(FILE *f) {
       "                      0: no deadline)\n"
       "  --grace-s S         seconds added to each object's deadline "
       "(default 30)\n"
+      "  --cacert FILE       CA certificates (PEM) for https:// URLs (a "
+      "private CA);\n"
+      "                      certificates are always verified\n"
       "  --limit-rate BYTES  download at most BYTES per second per request "
       "(e.g. 2M)\n"
       "  --no-catchup        never use the server's squashed catch-up patches\n"
@@ -332,6 +335,7 @@ typedef struct {
   int allow_rollback, switch_run, max_age_s;
   int retries, parallel, timeout_s;
   int min_rate, grace_s; /* the download deadline */
+  const char *cacert;
   uint64_t rate, snapshot_every;
   const char *urls[64];
   size_t nurls;
@@ -385,6 +389,10 @@ static int parse_args(int argc, char **argv, pull_args *a) {
                        "(0..2G)\n"),
                2;
       a->min_rate = (int)rate;
+    } else if ((r = pulse_tk_opt_value(argc, argv, &i, "--cacert", &v)) != 0) {
+      if (r < 0)
+        return fprintf(stderr, "pulse-pull: --cacert needs a file\n"), 2;
+      a->cacert = v;
     } else if ((r = pulse_tk_opt_value(argc, argv, &i, "--grace-s", &v)) !=
                0) {
       if (r < 0 || pulse_tk_parse_int(v, 0, 86400, &a->grace_s) != 0)
@@ -465,6 +473,7 @@ static pulse_sub_opts sub_opts_of(const pull_args *a, out_ctx *oc) {
   o.retries = (unsigned)a->retries;
   o.min_bytes_per_s = (uint32_t)a->min_rate;
   o.download_grace_ms = (uint32_t)a->grace_s * 1000u;
+  o.cacert = a->cacert;
   o.parallel = (unsigned)a->parallel;
   o.max_recv_bytes_per_s = a->rate;
   o.use_catchup = !a->no_catchup;
