@@ -411,6 +411,33 @@ pulse_status pulse_loco_finish_inbox(pulse_loco *ctx, pulse_loco_inbox *in,
                                      float *theta_r,
                                      pulse_loco_finish_info *info);
 
+/* ------------------------------------------------------------- drift */
+
+/* Trainers that received different chunks end a round with different
+ * theta_g (and b). These find where and bring the ranges back (PAYLOAD.md
+ * "Drift"): each replica publishes a digest per range; a range whose digest
+ * differs from the reference replica's is copied from it over the reliable
+ * path. */
+
+/** Digest of theta_g and b over [start, start + length): equal on two
+ * replicas when both hold the same bits there (up to hash collisions).
+ * @return PULSE_OK or PULSE_ERR_ARG (range outside the vector). */
+pulse_status pulse_loco_range_digest(const pulse_loco *ctx, uint64_t start,
+                                     uint64_t length, uint64_t *digest);
+
+/** Overwrites theta_g and b over [start, start + length) with a reference
+ * replica's values (length floats each, untrusted: must be finite); not
+ * while a round is prepared. e is this trainer's and is kept.
+ * @return PULSE_OK, PULSE_ERR_ARG, PULSE_ERR_CORRUPT (a non-finite value;
+ * nothing changed). */
+pulse_status pulse_loco_resync_range(pulse_loco *ctx, uint64_t start,
+                                     uint64_t length, const float *theta_g,
+                                     const float *b);
+
+/** ||a - b|| / ||a|| over n floats (the drift issue 16 reports, max over
+ * pairs); 0 when both are 0. */
+double pulse_loco_drift(const float *theta_a, const float *theta_b, uint64_t n);
+
 /* ------------------------------------------------------------ HTTP node */
 
 /* A trainer's side of the exchange over HTTP (PAYLOAD.md, "Exchange"):

@@ -1,0 +1,50 @@
+/* drift.c - replicas that received different chunks (PAYLOAD.md "Chunks",
+ * "Drift"): a digest per range of theta_g and b to find where two replicas
+ * differ, the drift between two replicas, and the re-synchronization of a
+ * range from a reference replica's values (carried over the reliable
+ * path). */
+#include <math.h>
+#include <string.h>
+
+#include "loco_impl.h"
+#include "status_impl.h"
+
+pulse_status pulse_loco_range_digest(const pulse_loco *ctx, uint64_t start,
+                                     uint64_t length, uint64_t *digest) {
+  if (ctx == NULL || digest == NULL || length == 0 || start >= ctx->n ||
+      length > ctx->n - start)
+    return pulse_fail(PULSE_ERR_ARG, "loco range digest: bad range");
+  /* theta_g and b both: a range agrees only when both do (b steers every
+   * later step). */
+  *digest = pulse_loco_digest_f32(ctx->theta_g + start, length) * 3u +
+            pulse_loco_digest_f32(ctx->b + start, length);
+  return PULSE_OK;
+}
+
+pulse_status pulse_loco_resync_range(pulse_loco *ctx, uint64_t start,
+                                     uint64_t length, const float *theta_g,
+                                     const float *b) {
+  if (ctx == NULL || theta_g == NULL || b == NULL || length == 0 ||
+      start >= ctx->n || length > ctx->n - start)
+    return pulse_fail(PULSE_ERR_ARG, "loco resync: bad range");
+  if (ctx->prepared)
+    return pulse_fail(PULSE_ERR_ARG, "loco resync: a round is prepared");
+  for (uint64_t i = 0; i < length; i++)
+    if (!isfinite(theta_g[i]) || !isfinite(b[i]))
+      return pulse_fail(PULSE_ERR_CORRUPT, "loco resync: value not finite");
+  memcpy(ctx->theta_g + start, theta_g, (size_t)length * sizeof *theta_g);
+  memcpy(ctx->b + start, b, (size_t)length * sizeof *b);
+  pulse_loco_refresh_(ctx);
+  return PULSE_OK;
+}
+
+double pulse_loco_drift(const float *theta_a, const float *theta_b,
+                        uint64_t n) {
+  double diff = 0.0, norm = 0.0;
+  for (uint64_t i = 0; i < n; i++) {
+    double d = (double)theta_a[i] - (double)theta_b[i];
+    diff += d * d;
+    norm += (double)theta_a[i] * (double)theta_a[i];
+  }
+  return norm > 0.0 ? sqrt(diff / norm) : (diff > 0.0 ? INFINITY : 0.0);
+}
