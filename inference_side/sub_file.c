@@ -474,7 +474,7 @@ pulse_status sub_file_save(pulse_sub *sub) {
   if (st != PULSE_OK)
     return st; /* the pending changes stay for the next save */
   sub->file_dirty = 0;
-  pulse_bytebuf_free(&f->pending);
+  f->pending.size = 0; /* its memory kept: no page faults for the next step's */
   free(f->dirty); /* sized for the file, which a whole rewrite may resize */
   f->dirty = NULL;
   f->pending_changes = f->pending_steps = 0;

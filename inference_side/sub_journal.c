@@ -68,6 +68,13 @@ void sub_file_note_patch(pulse_sub *sub, const pulse_patch *p, sub_target **tg,
       sub->file_dirty = 1;
       break;
     }
+    if (b->size == 0) { /* room for the transaction's fixed part and header */
+      if (!pulse_bytebuf_reserve(b, TXN_FIXED + (size_t)f->header_size + 24 + (size_t)ch->count * 12, 0)) {
+        sub->file_dirty = 1;
+        break;
+      }
+      b->size = TXN_FIXED + (size_t)f->header_size;
+    }
     uint8_t *o = b->data + b->size;
     pulse_store_le64(o, f->offset[k]);
     pulse_store_le64(o + 8, tg[i]->numel);
@@ -254,19 +261,25 @@ static uint64_t journal_limit(const struct sub_file *f) {
 
 pulse_status sub_journal_commit(pulse_sub *sub, const uint8_t *header) {
   struct sub_file *f = sub->file;
-  uint64_t size = TXN_FIXED + f->header_size + f->pending.size + TXN_SUM;
-  uint8_t *t = malloc((size_t)size);
-  if (t == NULL)
-    return pulse_fail(PULSE_ERR_NOMEM, "%s: a journal transaction of %" PRIu64 " bytes",
-                      sub->file_path, size);
+  pulse_bytebuf *b = &f->pending;
+  uint64_t prefix = TXN_FIXED + f->header_size;
+  if (b->size == 0 && !pulse_bytebuf_reserve(b, (size_t)prefix, 0))
+    return pulse_fail(PULSE_ERR_NOMEM, "%s: a journal transaction", sub->file_path);
+  if (b->size == 0)
+    b->size = (size_t)prefix; /* no changes: the claim alone */
+  if (!pulse_bytebuf_reserve(b, TXN_SUM, 0))
+    return pulse_fail(PULSE_ERR_NOMEM, "%s: a journal transaction of %zu bytes",
+                      sub->file_path, b->size + TXN_SUM);
+  /* The records were written after room for the fixed part and the
+   * header (sub_file_note_patch): the transaction is made in place. */
+  uint64_t size = b->size + TXN_SUM;
+  uint8_t *t = b->data;
   memcpy(t, TXN_MAGIC, 8);
   pulse_store_le64(t + 8, size);
   pulse_store_le64(t + 16, f->size);
   pulse_store_le64(t + 24, sub->step);
   pulse_store_le64(t + 32, f->header_size);
   memcpy(t + TXN_FIXED, header, (size_t)f->header_size);
-  if (f->pending.size > 0)
-    memcpy(t + TXN_FIXED + f->header_size, f->pending.data, f->pending.size);
   store_sha256(t, (size_t)size - TXN_SUM, t + size - TXN_SUM);
 
   pulse_status st = PULSE_OK;
@@ -286,14 +299,12 @@ pulse_status sub_journal_commit(pulse_sub *sub, const uint8_t *header) {
     /* A torn tail would hide every later transaction from a replay. */
     if (f->jfd >= 0 && ftruncate(f->jfd, (off_t)f->journal_size) != 0)
       sub->file_dirty = 1;
-    free(t);
     return st;
   }
   f->journal_size += size;
   /* Durable from here: a crash in what follows is repaired by a replay. */
   sub_file_kill_point();
   st = write_pages(sub, header);
-  free(t);
   if (st != PULSE_OK)
     return st; /* the journal has the step: the next attach finishes it */
   if (f->dirty != NULL)
