@@ -124,12 +124,14 @@ typedef struct {
   atomic_int failed;
 } load_job;
 
-static void load_one(void *ctx, size_t i) {
+static void read_one(void *ctx, size_t i) {
   load_job *j = ctx;
-  if (read_at(j->fd, j->t[i].data, j->t[i].numel * 2, j->offset[i]) != 0) {
+  if (read_at(j->fd, j->t[i].data, j->t[i].numel * 2, j->offset[i]) != 0)
     atomic_store(&j->failed, 1);
-    return;
-  }
+}
+
+static void digest_one(void *ctx, size_t i) {
+  load_job *j = ctx;
   j->t[i].digest = pulse_digest_bf16(j->t[i].data, j->t[i].numel);
 }
 
@@ -221,6 +223,8 @@ static pulse_status file_offsets(pulse_sub *sub, const pulse_st_file *sf) {
   return PULSE_OK;
 }
 
+static pulse_status load_from(pulse_sub *sub, int in_memory);
+
 pulse_status sub_file_load(pulse_sub *sub) {
   PULSE_TRY(file_state_make(sub));
   struct sub_file *f = sub->file;
@@ -231,8 +235,19 @@ pulse_status sub_file_load(pulse_sub *sub) {
     PULSE_LOG_AT(PULSE_LOG_INFO,
                  "subscriber: removed %u temporary file(s) that killed writers of %s left",
                  removed + removed_snap, sub->file_path);
+  return load_from(sub, 1);
+}
+
+/* Reads the file into the targets. `in_memory`: a journal the last run
+ * left is replayed into the targets once they are read (one read of the
+ * file); when that cannot be (a step it stopped in the middle of, a
+ * layout the journal does not fit), or without in_memory, it is replayed
+ * into the file first (sub_journal_recover), which is then read. */
+static pulse_status load_from(pulse_sub *sub, int in_memory) {
+  struct sub_file *f = sub->file;
   uint64_t replayed = 0;
-  PULSE_TRY(sub_journal_recover(sub, &replayed));
+  if (!in_memory)
+    PULSE_TRY(sub_journal_recover(sub, &replayed));
 
   int missing = 0, writable = 1;
   pulse_st_file *sf = NULL;
@@ -290,21 +305,27 @@ pulse_status sub_file_load(pulse_sub *sub) {
   if (st == PULSE_OK && made == n)
     st = file_offsets(sub, sf);
   pulse_st_close(sf);
-  file_drop_map(f);
   load_job job = {t, f->offset, f->fd, 0};
   if (st == PULSE_OK && made == n) {
-    pulse_parallel_for(sub->opts.threads, n, load_one, &job);
+    pulse_parallel_for(sub->opts.threads, n, read_one, &job);
     if (atomic_load(&job.failed))
       st = pulse_fail(PULSE_ERR_IO, "%s: reading its tensors failed", sub->file_path);
   }
-  if (st != PULSE_OK || made < n || !writable)
-    file_unmap(f); /* written whole from now on */
-  if (st != PULSE_OK || made < n) {
+  int replay = 1; /* no journal, or replayed into the targets */
+  if (st == PULSE_OK && made == n && in_memory)
+    st = sub_journal_replay_loaded(sub, t, n, writable, &replay);
+  file_drop_map(f);
+  if (st != PULSE_OK || made < n || !writable || replay == 0)
+    file_unmap(f); /* written whole from now on (or read again) */
+  if (st != PULSE_OK || made < n || replay == 0) {
     for (size_t i = 0; i < made; i++)
       free(t[i].name), free(t[i].data);
     free(t), free(info), free(d);
+    if (st == PULSE_OK && made == n && replay == 0)
+      return load_from(sub, 0); /* replayed into the file, then read */
     return st;
   }
+  pulse_parallel_for(sub->opts.threads, n, digest_one, &job);
   for (size_t i = 0; i < n; i++)
     d[i] = t[i].digest;
   pulse_state_digest sd;

@@ -97,6 +97,19 @@ void sub_journal_apply_window(uint8_t *win, uint64_t at, uint64_t n, const uint8
  * the journal; a torn or foreign transaction and everything after it is
  * dropped. *replayed gets the number of transactions replayed. */
 pulse_status sub_journal_recover(pulse_sub *sub, uint64_t *replayed);
+/** At attach, once the file's tensors are read into t[0, n) (at the file
+ * offsets sub->file->offset; the file still mapped, for its header): when
+ * there is no journal, *done = 1. When the journal's last whole transaction
+ * claims the header the file holds (the last run wrote each step it
+ * journaled to its end, the header last; a power cut may still have lost
+ * pages) and every record is a whole tensor of t, the journal is replayed
+ * into t, the pages that then differ from the file are written, the file
+ * synced and the journal retired: *done = 1, and the file is read once.
+ * Else (a step stopped in the middle, a file that cannot be written, a
+ * journal of another layout) nothing is changed and *done = 0: the caller
+ * uses sub_journal_recover, then reads the file again. */
+pulse_status sub_journal_replay_loaded(pulse_sub *sub, sub_target *t, size_t n, int writable,
+                                       int *done);
 /** One transaction: the pending changes and `header` (header_size bytes,
  * the new claim) into the journal, synced, then the dirty pages from the
  * targets and the header into the file; a checkpoint when the journal

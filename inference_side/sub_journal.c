@@ -181,13 +181,14 @@ void sub_journal_apply_window(uint8_t *win, uint64_t at, uint64_t n, const uint8
  * other elements are what the file holds already), in coalesced runs
  * split at the tensors' ends, then the header. A crash in between leaves
  * pages of both steps, which the replay completes. */
-static pulse_status write_pages(pulse_sub *sub, const uint8_t *header) {
+static pulse_status write_pages(pulse_sub *sub, const sub_target *tg, size_t ntg,
+                                const uint8_t *header) {
   struct sub_file *f = sub->file;
-  for (size_t k = 0; k < f->noffset && k < sub->ntargets && f->dirty != NULL; k++) {
-    uint64_t from = f->offset[k], to = from + sub->targets[k].numel * 2;
+  for (size_t k = 0; k < f->noffset && k < ntg && f->dirty != NULL; k++) {
+    uint64_t from = f->offset[k], to = from + tg[k].numel * 2;
     if (to <= from)
       continue;
-    const uint8_t *data = (const uint8_t *)sub->targets[k].data;
+    const uint8_t *data = (const uint8_t *)tg[k].data;
     uint64_t page = from >> 12, last = (to - 1) >> 12;
     while (page <= last) {
       if (!(f->dirty[page >> 6] >> (page & 63) & 1)) {
@@ -204,7 +205,8 @@ static pulse_status write_pages(pulse_sub *sub, const uint8_t *header) {
     }
   }
   /* The header goes last: when it is in place already, so was the rest. */
-  return sub_file_pwrite(sub, f->fd, header, f->header_size, 0, sub->file_path);
+  return header == NULL ? PULSE_OK
+                        : sub_file_pwrite(sub, f->fd, header, f->header_size, 0, sub->file_path);
 }
 
 /* ---------------------------------------------------------------- syncing */
@@ -304,7 +306,7 @@ pulse_status sub_journal_commit(pulse_sub *sub, const uint8_t *header) {
   f->journal_size += size;
   /* Durable from here: a crash in what follows is repaired by a replay. */
   sub_file_kill_point();
-  st = write_pages(sub, header);
+  st = write_pages(sub, sub->targets, sub->ntargets, header);
   if (st != PULSE_OK)
     return st; /* the journal has the step: the next attach finishes it */
   if (f->dirty != NULL)
@@ -469,6 +471,136 @@ pulse_status sub_journal_recover(pulse_sub *sub, uint64_t *replayed) {
   sub_file_kill_point(); /* the test hook: replayed, not yet retired */
   if (unlink(f->journal_path) == 0)
     fsync_parent(f->journal_path);
+  if (msg[0] != '\0')
+    warn(sub, msg);
+  return PULSE_OK;
+}
+
+/* The target whose data starts at file offset off with numel elements, or
+ * n (the offsets grow with the index). */
+static size_t target_at(const struct sub_file *f, const sub_target *t, size_t n, uint64_t off,
+                        uint64_t numel) {
+  size_t lo = 0, hi = n < f->noffset ? n : f->noffset;
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    if (f->offset[mid] < off)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  for (; lo < n && lo < f->noffset && f->offset[lo] == off; lo++)
+    if (t[lo].numel == numel && numel > 0)
+      return lo;
+  return n;
+}
+
+/* Walks the records of a checked transaction: with apply 0, whether each
+ * is a whole tensor of t; with apply 1, writes its changes into t and
+ * marks the file pages that change. */
+static int records_walk(struct sub_file *f, sub_target *t, size_t n, const uint8_t *tx,
+                        size_t size, int apply, uint64_t *changed) {
+  uint64_t hsize = pulse_load_le64(tx + 32);
+  const uint8_t *p = tx + TXN_FIXED + hsize, *end = tx + size - TXN_SUM;
+  while (p < end) {
+    uint64_t off = pulse_load_le64(p), numel = pulse_load_le64(p + 8);
+    uint64_t count = pulse_load_le64(p + 16);
+    p += 24;
+    size_t k = target_at(f, t, n, off, numel);
+    if (k == n)
+      return 0;
+    uint16_t *data = t[k].data;
+    uint64_t pos = 0;
+    for (uint64_t j = 0; j < count; j++) {
+      uint64_t zz = 0;
+      for (int s = 0;; s += 7) {
+        uint8_t byte = *p++;
+        zz |= (uint64_t)(byte & 0x7F) << s;
+        if (!(byte & 0x80))
+          break;
+      }
+      pos = zz & 1 ? pos - (zz >> 1) - 1 : pos + (zz >> 1);
+      uint16_t v = pulse_load_le16(p); /* checked: pos < numel */
+      p += 2;
+      if (apply && data[pos] != v) {
+        uint64_t page = (off + 2 * pos) >> 12;
+        data[pos] = v;
+        f->dirty[page >> 6] |= (uint64_t)1 << (page & 63);
+        ++*changed;
+      }
+    }
+  }
+  return 1;
+}
+
+pulse_status sub_journal_replay_loaded(pulse_sub *sub, sub_target *t, size_t n, int writable,
+                                       int *done) {
+  struct sub_file *f = sub->file;
+  *done = 1;
+  int jfd = open(f->journal_path, O_RDONLY | O_CLOEXEC);
+  if (jfd < 0)
+    return errno == ENOENT ? PULSE_OK
+                           : pulse_fail(PULSE_ERR_IO, "%s: %s", f->journal_path, strerror(errno));
+  *done = 0;
+  struct stat js;
+  uint8_t *j = NULL;
+  if (!writable || fstat(jfd, &js) != 0 ||
+      (uint64_t)js.st_size > 8 * f->size + ((uint64_t)1 << 20) ||
+      read_all(jfd, (uint64_t)js.st_size, &j) != PULSE_OK) {
+    close(jfd);
+    return PULSE_OK; /* sub_journal_recover says what it does with it */
+  }
+  close(jfd);
+  size_t at = 0, used = 0, last = 0;
+  uint64_t count = 0, step = 0;
+  while (sub_journal_check(j + at, (size_t)js.st_size - at, f->size, &used)) {
+    last = at;
+    step = pulse_load_le64(j + at + 24);
+    at += used;
+    count++;
+  }
+  int fits = 1;
+  if (count > 0) /* the file holds the last claim: no step stopped halfway */
+    fits = pulse_load_le64(j + last + 32) == f->header_size &&
+           memcmp(j + last + TXN_FIXED, f->map, (size_t)f->header_size) == 0;
+  for (size_t x = 0, u = 0; fits && x < at; x += u) {
+    u = (size_t)pulse_load_le64(j + x + 8);
+    fits = records_walk(f, t, n, j + x, u, 0, NULL);
+  }
+  uint64_t words = (f->size >> 12) / 64 + 1, changed = 0;
+  if (fits && f->dirty == NULL && (f->dirty = calloc((size_t)words, sizeof *f->dirty)) == NULL)
+    fits = 0;
+  if (!fits) {
+    free(j);
+    return PULSE_OK;
+  }
+  for (size_t x = 0, u = 0; x < at; x += u) {
+    u = (size_t)pulse_load_le64(j + x + 8);
+    records_walk(f, t, n, j + x, u, 1, &changed);
+  }
+  free(j);
+  /* Pages the kernel lost (a power cut after the last run wrote them): */
+  pulse_status st = changed > 0 ? write_pages(sub, t, n, NULL) : PULSE_OK;
+  memset(f->dirty, 0, (size_t)words * sizeof *f->dirty);
+  if (st == PULSE_OK && fdatasync(f->fd) != 0)
+    st = pulse_fail(PULSE_ERR_IO, "%s: fsync: %s", sub->file_path, strerror(errno));
+  if (st != PULSE_OK)
+    return st; /* the journal is kept for the next attempt */
+  sub_file_kill_point(); /* the test hook: replayed, not yet retired */
+  if (unlink(f->journal_path) == 0)
+    fsync_parent(f->journal_path);
+  *done = 1;
+  char msg[1024] = "";
+  if (changed > 0)
+    snprintf(msg, sizeof msg,
+             "%s: the last run stopped while writing step %" PRIu64
+             ": finished from its journal (%" PRIu64 " transaction(s))%s",
+             sub->file_path, step, count,
+             at < (size_t)js.st_size ? "; a torn one after them was dropped" : "");
+  else if (at < (size_t)js.st_size)
+    snprintf(msg, sizeof msg,
+             "%s: the last run stopped while journaling a step: the torn journal was "
+             "dropped, the file keeps the step before it",
+             sub->file_path);
   if (msg[0] != '\0')
     warn(sub, msg);
   return PULSE_OK;
