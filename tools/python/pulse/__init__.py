@@ -1,0 +1,24 @@
+"""pulse from PyTorch: publish a training loop's weights, pull them into an
+inference worker's tensors, in place, bit for bit (README "From PyTorch").
+
+    pub = pulse.Publisher("/data/store")
+    with pulse.Server("/data/store", listen="0.0.0.0:8080") as server:
+        for batch in data:
+            ...; opt.step()
+            pub.publish(model.state_dict())
+
+    sub = pulse.Subscriber("http://trainer:8080", key=pub.public_key)
+    sub.pull(worker_model.state_dict())     # BF16 tensors, updated in place
+
+A thin ctypes layer over libpulse.so (found through PULSE_LIBRARY, else
+beside this package once installed, else in the checkout's build/): every
+loop over elements runs in C. Torch is needed only once tensors are given.
+"""
+
+from ._lib import Error
+from .publisher import Publisher
+from .server import Server
+from .subscriber import Subscriber
+
+__all__ = ["Error", "Publisher", "Server", "Subscriber"]
+__version__ = "0.1.0"

@@ -1,0 +1,166 @@
+"""pulse.Publisher: commits a training step's weights into a store."""
+
+import ctypes
+import os
+
+from . import _tensors
+from ._lib import (PUB_DEVICE, PUB_HOST, PubOpts, PubTensor, TensorInfo, check, fail, lib)
+
+
+def load_or_create_key(store_dir, key):
+    """The signing key: `key` (a PKCS#8 PEM file) when given, else the
+    store's signing-key.pem, made on first use (as pulse-publish does)."""
+    path = key if key is not None else os.path.join(store_dir, "signing-key.pem")
+    handle = ctypes.c_void_p()
+    status = lib.pulse_sign_key_load(os.fsencode(path), ctypes.byref(handle))
+    if status == 0:
+        return handle
+    name = lib.pulse_status_name(status).decode()
+    if key is not None or name != "PULSE_ERR_NOT_FOUND":
+        check(status)
+    check(lib.pulse_sign_key_generate(ctypes.byref(handle)))
+    status = lib.pulse_sign_key_save(handle, os.fsencode(path))
+    if status != 0:
+        lib.pulse_sign_key_free(handle)
+        check(status)
+    return handle
+
+
+class Publisher:
+    """Opens or creates the store folder `store_dir` and publishes steps
+    into it (trainer_side/pulse_publisher.h).
+
+    key: a private key file (Ed25519, PKCS#8 PEM); None creates or reuses
+    the store's own (STORE/signing-key.pem). The tensor table is the one of
+    the first publish for a new store, the store's for an existing one.
+    threads: for detection and encoding (0: one per core). anchor_every,
+    keep_patches, keep_anchors: as in pulse_pub_opts.
+    """
+
+    def __init__(self, store_dir, key=None, *, anchor_every=16, keep_patches=32,
+                 keep_anchors=3, threads=0):
+        self._pub = None
+        self._key = None
+        self.store_dir = os.fspath(store_dir)
+        os.makedirs(self.store_dir, exist_ok=True)
+        self._key = load_or_create_key(self.store_dir, key)
+        self._opts = PubOpts()
+        self._opts.anchor_every = anchor_every
+        self._opts.keep_patches = keep_patches
+        self._opts.keep_anchors = keep_anchors
+        self._opts.threads = threads
+        self._opts.key = self._key
+        self._table = None  # [(name, shape)] in the store's order
+        if os.path.exists(os.path.join(self.store_dir, "head.json")):
+            self._open(None)
+
+    def _open(self, table, stream=None):
+        names = [name.encode() for name, _ in table] if table else []
+        infos = (TensorInfo * max(1, len(names)))()
+        for i, (name, shape) in enumerate(table or []):
+            infos[i].name = names[i]
+            infos[i].dtype = 1
+            infos[i].ndim = len(shape)
+            for d, size in enumerate(shape):
+                infos[i].shape[d] = size
+        self._opts.tensors = infos if table else None
+        self._opts.tensor_count = len(names)
+        self._opts.cuda_stream = stream
+        pub = ctypes.c_void_p()
+        check(lib.pulse_pub_create(os.fsencode(self.store_dir), ctypes.byref(self._opts),
+                                   ctypes.byref(pub)))
+        self._pub = pub
+        count = lib.pulse_pub_tensor_count(pub)
+        self._table = []
+        for i in range(count):
+            info = lib.pulse_pub_tensor_info(pub, i).contents
+            shape = tuple(info.shape[d] for d in range(info.ndim))
+            self._table.append((info.name.decode(), shape))
+
+    @property
+    def public_key(self):
+        """The publisher's Ed25519 public key, 64 hex digits (what a
+        Subscriber pins)."""
+        raw = (ctypes.c_char * 32)()
+        lib.pulse_sign_key_public(self._key, raw)
+        return bytes(raw).hex()
+
+    @property
+    def step(self):
+        """The head's step, or None before the first publish."""
+        if self._pub is None:
+            return None
+        step = ctypes.c_uint64()
+        return step.value if lib.pulse_pub_head_step(self._pub, ctypes.byref(step)) else None
+
+    def publish(self, tensors, step=None):
+        """Commits one step from a mapping or iterable of (name, tensor):
+        FP32 master weights (cast to BF16 by the one rounding: only
+        BF16-visible changes are published) or BF16, contiguous, on the CPU
+        (or on a CUDA device, read on the caller's current stream). The
+        names must be the store's table (the first publish of a new store
+        makes it), in any order. `step`: above the head's (default: the
+        head's + 1, or 1). Returns the step. The tensors are only read,
+        during the call. A failure raises Error and publishes nothing."""
+        pairs = _tensors.items(tensors, "publish")
+        checked = {}
+        device = None
+        for name, tensor in pairs:
+            dtype, is_cuda, shape = _tensors.check(name, tensor, ("f32", "bf16"), "tensor")
+            checked[name] = (tensor, dtype, is_cuda, shape)
+            if is_cuda:
+                device = tensor
+        if self._pub is None:
+            if not pairs:
+                raise fail("publish: no tensors")
+            stream = _tensors.current_stream(device) if device is not None else None
+            self._open([(name, checked[name][3]) for name, _ in pairs], stream)
+        table_names = {name for name, _ in self._table}
+        for name in checked:
+            if name not in table_names:
+                raise fail(f"tensor '{name}' is not in the store's table", "PULSE_ERR_NOT_FOUND")
+        array = (PubTensor * len(self._table))()
+        for i, (name, shape) in enumerate(self._table):
+            if name not in checked:
+                raise fail(f"tensor '{name}' of the store's table is missing", "PULSE_ERR_NOT_FOUND")
+            tensor, dtype, is_cuda, got = checked[name]
+            if got != shape:
+                raise fail(f"tensor '{name}': shape {list(got)}, the store's is {list(shape)}",
+                           "PULSE_ERR_SIZE_MISMATCH")
+            array[i].data = tensor.data_ptr()
+            array[i].dtype = dtype
+            array[i].memory = PUB_DEVICE if is_cuda else PUB_HOST
+        if step is None:
+            head = self.step
+            step = 1 if head is None else head + 1
+        if not isinstance(step, int) or step < 0:
+            raise fail(f"publish: step {step!r} is not a non-negative int")
+        check(lib.pulse_pub_commit(self._pub, step, array, len(self._table), None))
+        return step
+
+    def flush(self):
+        """Waits for an anchor written in the background and names it in
+        the head."""
+        if self._pub is not None:
+            check(lib.pulse_pub_flush(self._pub, None))
+
+    def close(self):
+        """Frees the publisher (a background anchor is finished first)."""
+        if self._pub is not None:
+            lib.pulse_pub_free(self._pub)
+            self._pub = None
+        if self._key is not None:
+            lib.pulse_sign_key_free(self._key)
+            self._key = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass

@@ -1,0 +1,58 @@
+"""pulse.Server: serves a store over HTTP from threads of this process."""
+
+import ctypes
+import os
+
+from ._lib import ServerOpts, check, lib
+
+
+class Server:
+    """Serves the store folder `store_dir` (trainer_side/pulse_server.h) on
+    `listen` ("HOST:PORT"; port 0 picks a free one). A publisher in this
+    process or another is seen at once (the server watches head.json).
+    `.url` is the base URL to give a Subscriber."""
+
+    def __init__(self, store_dir, listen="127.0.0.1:0", *, threads=0):
+        self._server = None
+        host = ctypes.create_string_buffer(256)
+        port = ctypes.c_uint16()
+        check(lib.pulse_server_parse_listen(listen.encode(), host, len(host), ctypes.byref(port)))
+        self._store = os.fsencode(os.fspath(store_dir))
+        self._host = host.value
+        self._opts = ServerOpts()
+        self._opts.store_dir = self._store
+        self._opts.host = self._host
+        self._opts.port = port.value
+        self._opts.threads = threads
+        server = ctypes.c_void_p()
+        check(lib.pulse_server_create(ctypes.byref(self._opts), ctypes.byref(server)))
+        self._server = server
+        self.port = lib.pulse_server_port(server)
+        name = self._host.decode() or "127.0.0.1"
+        if ":" in name:
+            name = f"[{name}]"
+        self.url = f"http://{name}:{self.port}"
+
+    def notify(self):
+        """Wakes the long-polls now (a publisher in this process just
+        moved the head; without it the server's watcher notices soon)."""
+        if self._server is not None:
+            lib.pulse_server_notify(self._server, -1.0)
+
+    def close(self):
+        """Stops serving. Idempotent."""
+        if self._server is not None:
+            lib.pulse_server_free(self._server)
+            self._server = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass

@@ -1,0 +1,209 @@
+"""pulse.Subscriber: keeps BF16 tensors of this process equal to a
+publisher's newest step."""
+
+import ctypes
+import os
+import queue
+import shutil
+import tempfile
+import threading
+
+from . import _tensors
+from ._lib import (SUB_EV_SYNCED, SUB_NO_STEP, Error, SubEventFn, SubOpts, check, fail, lib)
+
+
+class Subscriber:
+    """Follows the publisher at `url` (a base URL, or a list of them: the
+    newest valid head of all is followed) (inference_side/pulse_subscriber.h).
+
+    key: the publisher's public key, 64 hex digits (Publisher.public_key);
+    None trusts the first head's key and pins it in the cache. cache_dir:
+    where verified objects are kept (a store's layout; default a temporary
+    folder removed by close()). retries, threads, timeouts: as in
+    pulse_sub_opts.
+    """
+
+    def __init__(self, url, key=None, *, cache_dir=None, retries=None, threads=0,
+                 connect_timeout_ms=None, request_timeout_ms=None, poll_timeout_ms=None):
+        self._sub = None
+        self._own_cache = None
+        urls = [url] if isinstance(url, str) else list(url)
+        if not urls or not all(isinstance(u, str) for u in urls):
+            raise fail("Subscriber: url must be a str or a list of str")
+        self._urls_bytes = [u.encode() for u in urls]
+        self._urls = (ctypes.c_char_p * len(urls))(*self._urls_bytes)
+        self._key = None
+        if key is not None:
+            self._key = (ctypes.c_char * 32)()
+            if not isinstance(key, str):
+                raise fail("Subscriber: key must be 64 hex digits (a str)")
+            check(lib.pulse_sub_key_from_hex(key.encode(), self._key))
+        if cache_dir is None:
+            cache_dir = self._own_cache = tempfile.mkdtemp(prefix="pulse-sub-")
+        self.cache_dir = os.fspath(cache_dir)
+        self._opts = SubOpts()
+        self._opts.urls = self._urls
+        self._opts.url_count = len(urls)
+        self._cache_bytes = os.fsencode(self.cache_dir)
+        self._opts.cache_dir = self._cache_bytes
+        self._opts.public_key = ctypes.cast(self._key, ctypes.c_void_p) if self._key else None
+        self._opts.threads = threads
+        for field, value in (("retries", retries), ("connect_timeout_ms", connect_timeout_ms),
+                             ("request_timeout_ms", request_timeout_ms),
+                             ("poll_timeout_ms", poll_timeout_ms)):
+            if value is not None:
+                setattr(self._opts, field, value)
+        self._events = None  # a queue while follow() runs
+        self._on_event = SubEventFn(self._event)
+        self._opts.on_event = self._on_event
+        self._layout = None  # what is attached: ((name, ptr, shape), ...)
+        self._targets = None  # the attached tensors, kept alive
+
+    # ------------------------------------------------------------ targets
+    def _attach(self, targets, mapping):
+        if mapping is not None:
+            raise fail("pull: mapping is not supported by this build of the package",
+                       "PULSE_ERR_UNSUPPORTED")
+        pairs = _tensors.items(targets, "targets")
+        if not pairs:
+            raise fail("pull: no targets")
+        layout = []
+        device = None
+        for name, tensor in pairs:
+            _, is_cuda, shape = _tensors.check(name, tensor, ("bf16",), "target")
+            if is_cuda:
+                device = tensor
+            layout.append((name, tensor.data_ptr(), shape, is_cuda))
+        if len({entry[3] for entry in layout}) > 1:
+            raise fail("pull: host and CUDA targets do not mix")
+        layout = tuple(layout)
+        if layout == self._layout and self._sub is not None:
+            return
+        self._free_sub()
+        self._opts.cuda_stream = _tensors.current_stream(device) if device is not None else None
+        sub = ctypes.c_void_p()
+        check(lib.pulse_sub_create(ctypes.byref(self._opts), ctypes.byref(sub)))
+        try:
+            for name, ptr, shape, is_cuda in layout:
+                dims = (ctypes.c_uint64 * len(shape))(*shape)
+                attach = lib.pulse_sub_attach_device if is_cuda else lib.pulse_sub_attach_host
+                status = attach(sub, name.encode(), len(shape), dims, ptr)
+                if status != 0:
+                    check(status, f"target '{name}': " + lib.pulse_error_detail().decode())
+        except Error:
+            lib.pulse_sub_free(sub)
+            raise
+        self._sub = sub
+        self._layout = layout
+        self._targets = [tensor for _, tensor in pairs]
+
+    def _free_sub(self):
+        if self._sub is not None:
+            lib.pulse_sub_free(self._sub)
+            self._sub = None
+            self._layout = None
+            self._targets = None
+
+    def _sync(self, timeout):
+        timer = None
+        if timeout is not None:
+            timer = threading.Timer(timeout, lib.pulse_sub_stop, (self._sub,))
+            timer.start()
+        try:
+            status = lib.pulse_sub_sync(self._sub)
+        finally:
+            if timer is not None:
+                timer.cancel()
+        if status != 0:
+            check(status, lib.pulse_sub_error(self._sub).decode(errors="replace"))
+
+    @property
+    def step(self):
+        """The step the attached targets hold, or None."""
+        if self._sub is None:
+            return None
+        step = lib.pulse_sub_step(self._sub)
+        return None if step == SUB_NO_STEP else step
+
+    def pull(self, targets, mapping=None, timeout=None):
+        """Brings the BF16 tensors of `targets` (a mapping name -> tensor,
+        names of the publisher's table; a subset is fine) to the
+        publisher's head, in place, verified against the signed head and
+        the digests; returns the step they hold. The targets stay attached
+        until a pull with other tensors, close() or the next pull: they
+        must not be written meanwhile. The first pull into targets that
+        hold no known step fetches the anchor. On any failure (Error) the
+        targets hold a whole step: the one they held before, or for a
+        chain of several patches, the last one reached. timeout: seconds
+        for the whole pull."""
+        self._attach(targets, mapping)
+        self._sync(timeout)
+        return self.step
+
+    def _event(self, ctx, event):
+        events = self._events
+        if events is not None and event.contents.type == SUB_EV_SYNCED:
+            events.put(("step", event.contents.step))
+
+    def follow(self, targets=None, mapping=None):
+        """Yields each new step once the targets hold it (the first yield:
+        the head's step after an initial sync). While the caller's code
+        runs between two yields, the targets hold that step and are not
+        written: the next step downloads and decodes meanwhile, and is
+        applied when the generator is resumed. Ends on close() of the
+        generator (a `break`) or with Error (a failure that retrying does
+        not mend: bad arguments, memory); network failures are retried.
+        targets: as for pull (None: the last pull's)."""
+        if targets is not None:
+            self._attach(targets, mapping)
+        elif self._sub is None:
+            raise fail("follow: no targets (pass them, or pull first)")
+        sub = self._sub
+        events = self._events = queue.Queue()
+
+        def run():
+            status = lib.pulse_sub_follow(sub)
+            detail = lib.pulse_sub_error(sub).decode(errors="replace")
+            events.put(("end", (status, detail)))
+
+        thread = threading.Thread(target=run, name="pulse-follow", daemon=True)
+        thread.start()
+        last = None
+        try:
+            while True:
+                kind, value = events.get()
+                if kind == "end":
+                    check(value[0], value[1])
+                    return
+                held = ctypes.c_uint64()
+                lib.pulse_sub_read_lock(sub, ctypes.byref(held))
+                try:
+                    if held.value != SUB_NO_STEP and held.value != last:
+                        last = held.value
+                        yield last
+                finally:
+                    lib.pulse_sub_read_unlock(sub)
+        finally:
+            lib.pulse_sub_stop(sub)
+            thread.join()
+            self._events = None
+
+    def close(self):
+        """Frees the subscriber (the targets keep their contents) and a
+        temporary cache folder."""
+        self._free_sub()
+        if self._own_cache is not None:
+            shutil.rmtree(self._own_cache, ignore_errors=True)
+            self._own_cache = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
