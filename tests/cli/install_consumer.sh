@@ -105,3 +105,14 @@ cc -std=c11 -Wall -Werror -o "$work/pc_consumer" "$work/consumer/consumer.c" $fl
 out=$("$work/pc_consumer" "$work/store2") || fail "pkg-config consumer failed: $out"
 [ "$out" = "$expect" ] || fail "pkg-config consumer said '$out'"
 echo "pkg-config pulse ($flags): $out"
+
+# The installed Python package finds the installed library beside itself.
+command -v python3 >/dev/null || exit 0
+pkg=$(find "$prefix" -path '*/pulse/__init__.py' | head -1)
+[ -n "$pkg" ] || fail "the Python package was not installed"
+out=$(cd "$work" && env -u PULSE_LIBRARY PYTHONPATH="$(dirname "$(dirname "$pkg")")" python3 -c '
+import os, sys, pulse, pulse._lib as l
+s = pulse.Server(sys.argv[1]); s.close()
+print(os.path.realpath(l.lib.path))' "$work/store1") || fail "the installed Python package: $out"
+[ "$out" = "$(realpath "$lib")" ] || fail "the installed Python package loaded $out, not $lib"
+echo "python: import pulse from the prefix loads $(basename "$out") beside it"
