@@ -77,6 +77,19 @@ class PubTensor(ctypes.Structure):  # pulse_pub_tensor
     _fields_ = [("data", ctypes.c_void_p), ("dtype", ctypes.c_int), ("memory", ctypes.c_int)]
 
 
+class PubFigures(ctypes.Structure):  # pulse_pub_figures
+    _fields_ = [("step", ctypes.c_uint64), ("base_step", ctypes.c_uint64),
+                ("params", ctypes.c_uint64), ("changed", ctypes.c_uint64),
+                ("patch_bytes", ctypes.c_uint64), ("anchor_bytes", ctypes.c_uint64),
+                ("anchor_started", ctypes.c_int), ("flush", ctypes.c_int),
+                ("detect_seconds", ctypes.c_double), ("encode_seconds", ctypes.c_double),
+                ("write_seconds", ctypes.c_double), ("total_seconds", ctypes.c_double),
+                ("state_digest", ctypes.c_char * 65),
+                # Room for fields a newer library appends (the struct has no
+                # version): the library never writes past the buffer.
+                ("_reserved", ctypes.c_char * 1024)]
+
+
 class ServerOpts(ctypes.Structure):  # pulse_server_opts, version 1
     _fields_ = [("struct_version", ctypes.c_uint32), ("store_dir", ctypes.c_char_p),
                 ("host", ctypes.c_char_p), ("port", ctypes.c_uint16),
@@ -99,6 +112,36 @@ class SubEvent(ctypes.Structure):  # pulse_sub_event
                 ("resumed", ctypes.c_uint64), ("attempt", ctypes.c_uint),
                 ("delay_ms", ctypes.c_uint), ("status", ctypes.c_int),
                 ("detail", ctypes.c_char_p)]
+
+
+class SubFigures(ctypes.Structure):  # pulse_sub_figures
+    _fields_ = [("step", ctypes.c_uint64), ("head_step", ctypes.c_uint64),
+                ("state_digest", ctypes.c_char * 65), ("syncs", ctypes.c_uint64),
+                ("sync_failures", ctypes.c_uint64), ("bytes_downloaded", ctypes.c_uint64),
+                ("bytes_resumed", ctypes.c_uint64), ("objects_fetched", ctypes.c_uint64),
+                ("requests", ctypes.c_uint64), ("retries", ctypes.c_uint64),
+                ("rejected", ctypes.c_uint64), ("patches_applied", ctypes.c_uint64),
+                ("anchors_applied", ctypes.c_uint64), ("catchups_applied", ctypes.c_uint64),
+                ("last_route", ctypes.c_int), ("last_status", ctypes.c_int),
+                ("last_from_step", ctypes.c_uint64), ("last_bytes", ctypes.c_uint64),
+                ("last_transfer_s", ctypes.c_double), ("last_verify_s", ctypes.c_double),
+                ("last_decode_s", ctypes.c_double), ("last_apply_s", ctypes.c_double),
+                ("last_total_s", ctypes.c_double), ("last_decode_overlap_s", ctypes.c_double),
+                ("class_index_builds", ctypes.c_uint64), ("class_index_bytes", ctypes.c_uint64),
+                ("last_write_s", ctypes.c_double), ("file_bytes_written", ctypes.c_uint64),
+                ("lagging_sources", ctypes.c_uint64),
+                ("_reserved", ctypes.c_char * 1024)]  # as in PubFigures
+
+
+def figures_dict(figures):
+    """A figures struct as a dict (strings decoded, reserved room left out)."""
+    out = {}
+    for name, _ in figures._fields_:
+        if name.startswith("_"):
+            continue
+        value = getattr(figures, name)
+        out[name] = value.decode() if isinstance(value, bytes) else value
+    return out
 
 
 SUB_EV_APPLIED, SUB_EV_SYNCED, SUB_EV_ERROR = 8, 9, 10
@@ -141,7 +184,8 @@ _PROTOS = {
     "pulse_sign_key_free": (None, [_p]),
     "pulse_pub_create": (_int, [ctypes.c_char_p, ctypes.POINTER(PubOpts), ctypes.POINTER(_p)]),
     "pulse_pub_free": (None, [_p]),
-    "pulse_pub_commit": (_int, [_p, _u64, ctypes.POINTER(PubTensor), ctypes.c_size_t, _p]),
+    "pulse_pub_commit": (_int, [_p, _u64, ctypes.POINTER(PubTensor), ctypes.c_size_t,
+                                ctypes.POINTER(PubFigures)]),
     "pulse_pub_flush": (_int, [_p, _p]),
     "pulse_pub_head_step": (_int, [_p, ctypes.POINTER(_u64)]),
     "pulse_pub_tensor_count": (ctypes.c_size_t, [_p]),
@@ -164,6 +208,7 @@ _PROTOS = {
     "pulse_sub_stop": (None, [_p]),
     "pulse_sub_step": (_u64, [_p]),
     "pulse_sub_error": (ctypes.c_char_p, [_p]),
+    "pulse_sub_figures_get": (None, [_p, ctypes.POINTER(SubFigures)]),
     "pulse_sub_read_lock": (None, [_p, ctypes.POINTER(_u64)]),
     "pulse_sub_read_unlock": (None, [_p]),
     "pulse_sub_key_from_hex": (_int, [ctypes.c_char_p, ctypes.c_char * 32]),

@@ -4,7 +4,8 @@ import ctypes
 import os
 
 from . import _tensors
-from ._lib import (PUB_DEVICE, PUB_HOST, PubOpts, PubTensor, TensorInfo, check, fail, lib)
+from ._lib import (PUB_DEVICE, PUB_HOST, PubFigures, PubOpts, PubTensor, TensorInfo, check, fail,
+                   figures_dict, lib)
 
 
 def load_or_create_key(store_dir, key):
@@ -51,6 +52,9 @@ class Publisher:
         self._opts.threads = threads
         self._opts.key = self._key
         self._table = None  # [(name, shape)] in the store's order
+        # What the last publish did (pulse_pub_figures: changed, patch_bytes,
+        # the C commit's own total_seconds, ...).
+        self.last_figures = None
         if os.path.exists(os.path.join(self.store_dir, "head.json")):
             self._open(None)
 
@@ -135,7 +139,9 @@ class Publisher:
             step = 1 if head is None else head + 1
         if not isinstance(step, int) or step < 0:
             raise fail(f"publish: step {step!r} is not a non-negative int")
-        check(lib.pulse_pub_commit(self._pub, step, array, len(self._table), None))
+        figures = PubFigures()
+        check(lib.pulse_pub_commit(self._pub, step, array, len(self._table), ctypes.byref(figures)))
+        self.last_figures = figures_dict(figures)
         return step
 
     def flush(self):

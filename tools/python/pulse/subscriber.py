@@ -9,7 +9,8 @@ import tempfile
 import threading
 
 from . import _tensors
-from ._lib import (SUB_EV_SYNCED, SUB_NO_STEP, Error, SubEventFn, SubOpts, check, fail, lib)
+from ._lib import (SUB_EV_SYNCED, SUB_NO_STEP, Error, SubEventFn, SubFigures, SubOpts, check, fail,
+                   figures_dict, lib)
 
 
 class Subscriber:
@@ -20,11 +21,14 @@ class Subscriber:
     None trusts the first head's key and pins it in the cache. cache_dir:
     where verified objects are kept (a store's layout; default a temporary
     folder removed by close()). retries, threads, timeouts: as in
-    pulse_sub_opts.
+    pulse_sub_opts. class_index: keep a class index of host targets (2.13
+    bytes a parameter, faster patches; False keeps a pull's extra memory
+    O(patch)).
     """
 
     def __init__(self, url, key=None, *, cache_dir=None, retries=None, threads=0,
-                 connect_timeout_ms=None, request_timeout_ms=None, poll_timeout_ms=None):
+                 connect_timeout_ms=None, request_timeout_ms=None, poll_timeout_ms=None,
+                 class_index=True):
         self._sub = None
         self._own_cache = None
         urls = [url] if isinstance(url, str) else list(url)
@@ -48,6 +52,7 @@ class Subscriber:
         self._opts.cache_dir = self._cache_bytes
         self._opts.public_key = ctypes.cast(self._key, ctypes.c_void_p) if self._key else None
         self._opts.threads = threads
+        self._opts.no_class_index = 0 if class_index else 1
         for field, value in (("retries", retries), ("connect_timeout_ms", connect_timeout_ms),
                              ("request_timeout_ms", request_timeout_ms),
                              ("poll_timeout_ms", poll_timeout_ms)):
@@ -124,6 +129,14 @@ class Subscriber:
             return None
         step = lib.pulse_sub_step(self._sub)
         return None if step == SUB_NO_STEP else step
+
+    def figures(self):
+        """Counters since the first pull and the split of the last sync
+        (pulse_sub_figures: bytes_downloaded, last_total_s, ...), a dict."""
+        figures = SubFigures()
+        if self._sub is not None:
+            lib.pulse_sub_figures_get(self._sub, ctypes.byref(figures))
+        return figures_dict(figures)
 
     def pull(self, targets, mapping=None, timeout=None):
         """Brings the BF16 tensors of `targets` (a mapping name -> tensor,

@@ -119,3 +119,44 @@ def train_steps(model, steps, seed=0, lr=3e-3, batch=4, seq=16):
         loss.backward()
         opt.step()
         yield step, float(loss)
+
+
+# A text for the example to learn, and its characters as the vocabulary.
+TEXT = ("pulse sends only the weights that changed, bit for bit, from the trainer "
+        "to every inference worker. ")
+CHARS = sorted(set(TEXT))
+
+
+def text_config():
+    return Config(vocab=len(CHARS), dim=64, layers=2, heads=4, kv_heads=2, hidden=128)
+
+
+def encode(text):
+    return torch.tensor([CHARS.index(c) for c in text], dtype=torch.long)
+
+
+def train_text_steps(model, steps, seed=0, lr=1e-2, batch=8, seq=32):
+    """Yields after each AdamW step on windows of TEXT (repeated)."""
+    g = torch.Generator().manual_seed(seed)
+    data = encode(TEXT * 4)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+    for step in range(1, steps + 1):
+        start = torch.randint(0, len(data) - seq - 1, (batch,), generator=g)
+        window = torch.stack([data[s:s + seq + 1] for s in start.tolist()])
+        logits = model(window[:, :-1])
+        loss = nn.functional.cross_entropy(logits.reshape(-1, model.c.vocab),
+                                           window[:, 1:].reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        yield step, float(loss)
+
+
+@torch.no_grad()
+def generate(model, prompt, count=40):
+    """Greedy continuation of `prompt`."""
+    tokens = encode(prompt)[None, :]
+    for _ in range(count):
+        nxt = model(tokens[:, -64:])[0, -1].float().argmax()
+        tokens = torch.cat([tokens, nxt.view(1, 1)], dim=1)
+    return "".join(CHARS[i] for i in tokens[0].tolist())

@@ -1,0 +1,158 @@
+"""Bench of the Python package against the C library under it (issue 14's
+targets, README "From PyTorch"):
+
+  publish  Publisher.publish(state_dict) wall time per step, against the
+           C publisher's own time for the same commit of the same tensors
+           (pulse_pub_figures.total_seconds, measured inside
+           pulse_pub_commit): the ratio is what the binding adds.
+  pull     Subscriber.pull(targets) wall time per step into BF16 torch
+           tensors, against the C subscriber's own time for the same sync
+           (pulse_sub_figures.last_total_s).
+  memory   a worker process's peak resident memory (VmHWM, reset before the
+           measured pulls) above its resident memory before them, during
+           patch pulls, with and without the class index; against the
+           model's BF16 bytes and the patch bytes.
+
+    PYTHONPATH=tools/python python3 tools/python/bench.py [--params 16e6]
+        [--tensors 16] [--steps 8] [--density 0.01]
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+
+import pulse
+
+
+def state(params, tensors, seed):
+    g = torch.Generator().manual_seed(seed)
+    rows = max(1, params // tensors // 1024)
+    return {f"layers.{i}.weight": torch.randn(rows, 1024, generator=g) * 0.02
+            for i in range(tensors)}
+
+
+def perturb(sd, density, g):
+    """Moves about `density` of the elements by a few BF16 ulps, in place."""
+    for t in sd.values():
+        flat = t.view(-1)
+        idx = torch.randint(0, flat.numel(), (int(flat.numel() * density),), generator=g)
+        flat[idx] *= 1.0 + 2.0 ** -6
+
+
+def rss_kib(field):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+def worker(args):
+    """Pulls every step into BF16 tensors; reports memory and times (JSON)."""
+    shapes = json.loads(args.shapes)
+    targets = {n: torch.zeros(s, dtype=torch.bfloat16) for n, s in shapes.items()}
+    sub = pulse.Subscriber(args.url, key=args.key, class_index=not args.no_class_index)
+    sub.pull(targets)  # the anchor
+    out = {"model_bytes": sum(t.numel() * 2 for t in targets.values()), "steps": []}
+    print("ready", flush=True)
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # resets VmHWM to the current RSS
+    base = rss_kib("VmRSS")
+    for line in sys.stdin:
+        if line.strip() == "quit":
+            break
+        t0 = time.perf_counter()
+        step = sub.pull(targets)
+        wall = time.perf_counter() - t0
+        fig = sub.figures()
+        out["steps"].append({"step": step, "wall": wall, "c": fig["last_total_s"],
+                             "bytes": fig["last_bytes"]})
+        print("pulled", step, flush=True)
+    out["peak_extra_bytes"] = (rss_kib("VmHWM") - base) * 1024
+    out["class_index_bytes"] = sub.figures()["class_index_bytes"]
+    print("result " + json.dumps(out), flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--params", type=float, default=16e6)
+    ap.add_argument("--tensors", type=int, default=16)
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--density", type=float, default=0.01)
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--url")
+    ap.add_argument("--key")
+    ap.add_argument("--shapes")
+    ap.add_argument("--no-class-index", action="store_true")
+    args = ap.parse_args()
+    if args.worker:
+        return worker(args)
+
+    sd = state(int(args.params), args.tensors, 0)
+    params = sum(t.numel() for t in sd.values())
+    g = torch.Generator().manual_seed(1)
+    with tempfile.TemporaryDirectory(prefix="pulse-bench-") as work:
+        store = os.path.join(work, "store")
+        pub = pulse.Publisher(store, anchor_every=1000)
+        server = pulse.Server(store)
+        pub.publish(sd)
+        shapes = json.dumps({n: list(t.shape) for n, t in sd.items()})
+        workers = []
+        for no_index in (False, True):
+            cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--url", server.url,
+                   "--key", pub.public_key, "--shapes", shapes]
+            if no_index:
+                cmd.append("--no-class-index")
+            p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            assert p.stdout.readline().strip() == "ready"
+            workers.append(p)
+        pub_ratio, pub_wall, pub_c, patch = [], [], [], []
+        for _ in range(args.steps):
+            perturb(sd, args.density, g)
+            t0 = time.perf_counter()
+            pub.publish(sd)
+            wall = time.perf_counter() - t0
+            fig = pub.last_figures
+            pub_wall.append(wall)
+            pub_c.append(fig["total_seconds"])
+            pub_ratio.append(wall / fig["total_seconds"])
+            patch.append(fig["patch_bytes"])
+            for p in workers:
+                p.stdin.write("pull\n")
+                p.stdin.flush()
+                assert p.stdout.readline().startswith("pulled")
+        results = []
+        for p in workers:
+            p.stdin.write("quit\n")
+            p.stdin.flush()
+            line = p.stdout.readline()
+            p.wait()
+            results.append(json.loads(line[len("result "):]))
+        server.close()
+        pub.close()
+
+    med = statistics.median
+    print(f"model: {params / 1e6:.1f} M parameters in {args.tensors} tensors "
+          f"({params * 2 / 2**20:.0f} MiB BF16), {args.steps} steps at ~{args.density:.1%} density, "
+          f"median patch {med(patch) / 2**20:.2f} MiB")
+    print(f"publish(state_dict)  median {med(pub_wall) * 1e3:8.1f} ms   C commit "
+          f"{med(pub_c) * 1e3:8.1f} ms   ratio median {med(pub_ratio):.3f} max {max(pub_ratio):.3f}")
+    for res, label in zip(results, ("class index", "no class index")):
+        steps = res["steps"]
+        ratio = [s["wall"] / s["c"] for s in steps if s["c"] > 0]
+        print(f"pull(targets) [{label:14s}] median {med(s['wall'] for s in steps) * 1e3:6.1f} ms   "
+              f"C sync {med(s['c'] for s in steps) * 1e3:6.1f} ms   ratio median {med(ratio):.3f} "
+              f"max {max(ratio):.3f}   peak extra memory {res['peak_extra_bytes'] / 2**20:.1f} MiB "
+              f"(model {res['model_bytes'] / 2**20:.0f} MiB, class index "
+              f"{res['class_index_bytes'] / 2**20:.1f} MiB)")
+
+
+if __name__ == "__main__":
+    main()
