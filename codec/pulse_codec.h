@@ -105,6 +105,19 @@ void pulse_bf16_cast_f32(const float *src, uint16_t *dst, uint64_t n);
 /** Digest of n BF16 values (full pass). */
 pulse_tensor_digest pulse_digest_bf16(const uint16_t *bits, uint64_t n);
 
+/** Digest of a rows x cols block of a row-major tensor whose rows hold
+ * full_cols elements, the block's first element at position `first` of the
+ * tensor: element (r, c) is read at bits[r * stride + c] (stride >= cols:
+ * the block may sit in other memory than the tensor, e.g. a
+ * tensor-parallel shard) and counts at position first + r * full_cols + c.
+ * The digests of blocks that tile a tensor add up (lane by lane, modulo
+ * 2^64) to pulse_digest_bf16 of the tensor.
+ * @return PULSE_OK and *out; PULSE_ERR_ARG (NULL, cols above stride or
+ * full_cols); PULSE_ERR_OVERFLOW. */
+pulse_status pulse_digest_bf16_block(const uint16_t *bits, uint64_t rows, uint64_t cols,
+                                     uint64_t stride, uint64_t first, uint64_t full_cols,
+                                     pulse_tensor_digest *out);
+
 /** Updates a digest for one element whose bits change from old to new. */
 void pulse_digest_replace(pulse_tensor_digest *d, uint64_t index,
                           uint16_t old_bits, uint16_t new_bits);

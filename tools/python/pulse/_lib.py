@@ -77,6 +77,10 @@ class PubTensor(ctypes.Structure):  # pulse_pub_tensor
     _fields_ = [("data", ctypes.c_void_p), ("dtype", ctypes.c_int), ("memory", ctypes.c_int)]
 
 
+class TensorDigest(ctypes.Structure):  # pulse_tensor_digest
+    _fields_ = [("a", ctypes.c_uint64), ("b", ctypes.c_uint64)]
+
+
 class PubFigures(ctypes.Structure):  # pulse_pub_figures
     _fields_ = [("step", ctypes.c_uint64), ("base_step", ctypes.c_uint64),
                 ("params", ctypes.c_uint64), ("changed", ctypes.c_uint64),
@@ -202,6 +206,8 @@ _PROTOS = {
                                      ctypes.POINTER(_u64), _p]),
     "pulse_sub_attach_device": (_int, [_p, ctypes.c_char_p, ctypes.c_uint32,
                                        ctypes.POINTER(_u64), _p]),
+    "pulse_sub_attach_file": (_int, [_p, ctypes.c_char_p]),
+    "pulse_sub_tensor": (_int, [_p, ctypes.c_char_p, ctypes.POINTER(_p), ctypes.POINTER(_u64)]),
     "pulse_sub_assume_step": (_int, [_p, _u64]),
     "pulse_sub_sync": (_int, [_p]),
     "pulse_sub_follow": (_int, [_p]),
@@ -211,6 +217,8 @@ _PROTOS = {
     "pulse_sub_figures_get": (None, [_p, ctypes.POINTER(SubFigures)]),
     "pulse_sub_read_lock": (None, [_p, ctypes.POINTER(_u64)]),
     "pulse_sub_read_unlock": (None, [_p]),
+    "pulse_digest_bf16_block": (_int, [_p, _u64, _u64, _u64, _u64, _u64,
+                                       ctypes.POINTER(TensorDigest)]),
     "pulse_sub_key_from_hex": (_int, [ctypes.c_char_p, ctypes.c_char * 32]),
 }
 

@@ -2,15 +2,22 @@
 publisher's newest step."""
 
 import ctypes
+import json
 import os
+import struct
 import queue
 import shutil
 import tempfile
 import threading
 
 from . import _tensors
-from ._lib import (SUB_EV_SYNCED, SUB_NO_STEP, Error, SubEventFn, SubFigures, SubOpts, check, fail,
-                   figures_dict, lib)
+from ._lib import (SUB_EV_SYNCED, SUB_NO_STEP, Error, SubEventFn, SubFigures, SubOpts, TensorDigest,
+                   check, fail, figures_dict, lib)
+from .mapping import Mapping
+
+# The file target that holds the whole published state for a mapped pull
+# (in the cache folder).
+MAPPED_STATE = "mapped-state.safetensors"
 
 
 class Subscriber:
@@ -63,12 +70,12 @@ class Subscriber:
         self._opts.on_event = self._on_event
         self._layout = None  # what is attached: ((name, ptr, shape), ...)
         self._targets = None  # the attached tensors, kept alive
+        self._mapped = None  # (Mapping, targets, state file) of a mapped pull
 
     # ------------------------------------------------------------ targets
     def _attach(self, targets, mapping):
-        if mapping is not None:
-            raise fail("pull: mapping is not supported by this build of the package",
-                       "PULSE_ERR_UNSUPPORTED")
+        if mapping is not None and not isinstance(mapping, Mapping):
+            raise fail("pull: mapping must be a pulse.Mapping")
         pairs = _tensors.items(targets, "targets")
         if not pairs:
             raise fail("pull: no targets")
@@ -81,7 +88,9 @@ class Subscriber:
             layout.append((name, tensor.data_ptr(), shape, is_cuda))
         if len({entry[3] for entry in layout}) > 1:
             raise fail("pull: host and CUDA targets do not mix")
-        layout = tuple(layout)
+        if mapping is not None and device is not None:
+            raise fail("pull: a mapping into CUDA targets is not supported yet", "PULSE_ERR_UNSUPPORTED")
+        layout = (mapping.key() if mapping is not None else None, tuple(layout))
         if layout == self._layout and self._sub is not None:
             return
         self._free_sub()
@@ -89,7 +98,13 @@ class Subscriber:
         sub = ctypes.c_void_p()
         check(lib.pulse_sub_create(ctypes.byref(self._opts), ctypes.byref(sub)))
         try:
-            for name, ptr, shape, is_cuda in layout:
+            if mapping is not None:
+                path = os.path.join(self.cache_dir, MAPPED_STATE)
+                check(lib.pulse_sub_attach_file(sub, os.fsencode(path)))
+                self._mapped = (mapping, dict(pairs), path)
+                self._mapped_step = None
+                self._plan = None
+            for name, ptr, shape, is_cuda in (() if mapping is not None else layout[1]):
                 dims = (ctypes.c_uint64 * len(shape))(*shape)
                 attach = lib.pulse_sub_attach_device if is_cuda else lib.pulse_sub_attach_host
                 status = attach(sub, name.encode(), len(shape), dims, ptr)
@@ -108,6 +123,60 @@ class Subscriber:
             self._sub = None
             self._layout = None
             self._targets = None
+            self._mapped = None
+
+    def _table(self, path):
+        """{name: shape} of the published state, from the mapped state
+        file's safetensors header (pulse wrote it; read under the targets'
+        read lock or on the syncing thread, when it is not being written)."""
+        with open(path, "rb") as f:
+            size = struct.unpack("<Q", f.read(8))[0]
+            header = json.loads(f.read(size))
+        return {n: tuple(v["shape"]) for n, v in header.items() if n != "__metadata__"}
+
+    def _apply_mapping(self):
+        """Copies this rank's blocks of the held state into the mapped
+        targets, then checks each block against the digest of the same
+        block of the verified state. The plan (shapes, names) is checked
+        before anything is written."""
+        mapping, targets, path = self._mapped
+        step = lib.pulse_sub_step(self._sub)
+        if step == SUB_NO_STEP or step == self._mapped_step:
+            return
+        import torch
+
+        if self._plan is None:
+            table = self._table(path)
+            shapes = {n: tuple(t.shape) for n, t in targets.items()}
+            self._plan = (mapping.plan(table, shapes), table)
+        copies, table = self._plan
+        sources = {}
+        for source in {c[1] for c in copies}:
+            data, numel = ctypes.c_void_p(), ctypes.c_uint64()
+            check(lib.pulse_sub_tensor(self._sub, source.encode(), ctypes.byref(data),
+                                       ctypes.byref(numel)))
+            rows = table[source][0]
+            buf = (ctypes.c_uint16 * numel.value).from_address(data.value)
+            flat = torch.frombuffer(buf, dtype=torch.bfloat16)
+            sources[source] = (flat.view(rows, numel.value // rows), data.value)
+        for target, source, sr, sc, dr, dc, rows, cols in copies:
+            src = sources[source][0]
+            dst = targets[target].view(targets[target].shape[0], -1)
+            dst[dr:dr + rows, dc:dc + cols].copy_(src[sr:sr + rows, sc:sc + cols])
+        for target, source, sr, sc, dr, dc, rows, cols in copies:
+            src, src_ptr = sources[source]
+            full = src.shape[1]
+            dst = targets[target].view(targets[target].shape[0], -1)
+            first = sr * full + sc
+            want, got = TensorDigest(), TensorDigest()
+            check(lib.pulse_digest_bf16_block(src_ptr + 2 * first, rows, cols, full, first, full,
+                                              ctypes.byref(want)))
+            check(lib.pulse_digest_bf16_block(dst.data_ptr() + 2 * (dr * dst.shape[1] + dc), rows,
+                                              cols, dst.shape[1], first, full, ctypes.byref(got)))
+            if (want.a, want.b) != (got.a, got.b):
+                raise fail(f"target '{target}': its block of '{source}' does not match the "
+                           f"verified state's digest", "PULSE_ERR_CORRUPT")
+        self._mapped_step = step
 
     def _sync(self, timeout):
         timer = None
@@ -151,6 +220,8 @@ class Subscriber:
         for the whole pull."""
         self._attach(targets, mapping)
         self._sync(timeout)
+        if self._mapped is not None:
+            self._apply_mapping()
         return self.step
 
     def _event(self, ctx, event):
@@ -192,6 +263,8 @@ class Subscriber:
                 lib.pulse_sub_read_lock(sub, ctypes.byref(held))
                 try:
                     if held.value != SUB_NO_STEP and held.value != last:
+                        if self._mapped is not None:
+                            self._apply_mapping()
                         last = held.value
                         yield last
                 finally:
