@@ -25,8 +25,7 @@ import pulse  # noqa: E402
 
 TP = 2
 STEPS = 4
-STACKED = [("qkv_proj", "q_proj", "q"), ("qkv_proj", "k_proj", "k"), ("qkv_proj", "v_proj", "v"),
-           ("gate_up_proj", "gate_proj", 0), ("gate_up_proj", "up_proj", 1)]
+STACKED = llama.STACKED
 
 
 def expected_shards(sd, rank, tp):

@@ -35,20 +35,29 @@ def rotary(x, pos):
 
 
 class Attention(nn.Module):
-    def __init__(self, c):
+    def __init__(self, c, fused=False):
         super().__init__()
         self.c = c
-        self.q_proj = nn.Linear(c.dim, c.heads * c.head_dim, bias=False)
-        self.k_proj = nn.Linear(c.dim, c.kv_heads * c.head_dim, bias=False)
-        self.v_proj = nn.Linear(c.dim, c.kv_heads * c.head_dim, bias=False)
-        self.o_proj = nn.Linear(c.heads * c.head_dim, c.dim, bias=False)
+        q, kv = c.heads * c.head_dim, c.kv_heads * c.head_dim
+        if fused:  # an engine's layout: q, k and v rows in one weight
+            self.qkv_proj = nn.Linear(c.dim, q + 2 * kv, bias=False)
+        else:
+            self.q_proj = nn.Linear(c.dim, q, bias=False)
+            self.k_proj = nn.Linear(c.dim, kv, bias=False)
+            self.v_proj = nn.Linear(c.dim, kv, bias=False)
+        self.o_proj = nn.Linear(q, c.dim, bias=False)
 
-    def forward(self, x, q=None, k=None, v=None):
+    def forward(self, x):
         c = self.c
         b, t, _ = x.shape
-        q = (self.q_proj(x) if q is None else q).view(b, t, c.heads, c.head_dim).transpose(1, 2)
-        k = (self.k_proj(x) if k is None else k).view(b, t, c.kv_heads, c.head_dim).transpose(1, 2)
-        v = (self.v_proj(x) if v is None else v).view(b, t, c.kv_heads, c.head_dim).transpose(1, 2)
+        if hasattr(self, "qkv_proj"):
+            q, k, v = self.qkv_proj(x).split([c.heads * c.head_dim, c.kv_heads * c.head_dim,
+                                              c.kv_heads * c.head_dim], dim=-1)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q = q.reshape(b, t, c.heads, c.head_dim).transpose(1, 2)
+        k = k.reshape(b, t, c.kv_heads, c.head_dim).transpose(1, 2)
+        v = v.reshape(b, t, c.kv_heads, c.head_dim).transpose(1, 2)
         pos = torch.arange(t)
         q, k = rotary(q, pos), rotary(k, pos)
         rep = c.heads // c.kv_heads
@@ -61,23 +70,30 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, c):
+    def __init__(self, c, fused=False):
         super().__init__()
-        self.gate_proj = nn.Linear(c.dim, c.hidden, bias=False)
-        self.up_proj = nn.Linear(c.dim, c.hidden, bias=False)
+        if fused:  # gate rows then up rows in one weight
+            self.gate_up_proj = nn.Linear(c.dim, 2 * c.hidden, bias=False)
+        else:
+            self.gate_proj = nn.Linear(c.dim, c.hidden, bias=False)
+            self.up_proj = nn.Linear(c.dim, c.hidden, bias=False)
         self.down_proj = nn.Linear(c.hidden, c.dim, bias=False)
 
     def forward(self, x):
-        return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+        if hasattr(self, "gate_up_proj"):
+            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        else:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        return self.down_proj(nn.functional.silu(gate) * up)
 
 
 class Layer(nn.Module):
-    def __init__(self, c):
+    def __init__(self, c, fused=False):
         super().__init__()
         self.input_layernorm = RMSNorm(c.dim)
-        self.self_attn = Attention(c)
+        self.self_attn = Attention(c, fused)
         self.post_attention_layernorm = RMSNorm(c.dim)
-        self.mlp = MLP(c)
+        self.mlp = MLP(c, fused)
 
     def forward(self, x):
         x = x + self.self_attn(self.input_layernorm(x))
@@ -85,18 +101,25 @@ class Layer(nn.Module):
 
 
 class Inner(nn.Module):
-    def __init__(self, c):
+    def __init__(self, c, fused=False):
         super().__init__()
         self.embed_tokens = nn.Embedding(c.vocab, c.dim)
-        self.layers = nn.ModuleList([Layer(c) for _ in range(c.layers)])
+        self.layers = nn.ModuleList([Layer(c, fused) for _ in range(c.layers)])
         self.norm = RMSNorm(c.dim)
 
 
+# How an engine fuses the checkpoint's projections (pulse.Mapping(stacked=...)).
+STACKED = [("qkv_proj", "q_proj", "q"), ("qkv_proj", "k_proj", "k"), ("qkv_proj", "v_proj", "v"),
+           ("gate_up_proj", "gate_proj", 0), ("gate_up_proj", "up_proj", 1)]
+
+
 class Llama(nn.Module):
-    def __init__(self, c):
+    """fused=True: the inference engine's layout (qkv_proj, gate_up_proj)."""
+
+    def __init__(self, c, fused=False):
         super().__init__()
         self.c = c
-        self.model = Inner(c)
+        self.model = Inner(c, fused)
         self.lm_head = nn.Linear(c.dim, c.vocab, bias=False)
 
     def forward(self, tokens):

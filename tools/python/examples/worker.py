@@ -1,6 +1,7 @@
 """The inference worker of the example (README "From PyTorch"): a BF16
-copy of the model whose weights pulse keeps equal to the trainer's newest
-step, in place; after each step it generates a line of text.
+model in an inference engine's layout (q, k and v fused into qkv_proj, gate
+and up into gate_up_proj) whose weights pulse keeps equal to the trainer's
+newest step, in place; after each step it generates a line of text.
 
     PYTHONPATH=tools/python python3 tools/python/examples/worker.py \
         --url http://127.0.0.1:8080 --key HEX
@@ -25,10 +26,14 @@ def main():
     ap.add_argument("--prompt", default="pulse ")
     args = ap.parse_args()
 
-    model = llama.Llama(llama.text_config()).to(torch.bfloat16).eval()
+    config = llama.text_config()
+    model = llama.Llama(config, fused=True).to(torch.bfloat16).eval()
     targets = model.state_dict()  # the model's own BF16 tensors, written in place
+    # The trainer publishes q_proj, k_proj, ...: the mapping puts each into
+    # its rows of the fused weight (tp_size > 1: this rank's shard).
+    mapping = pulse.Mapping(stacked=llama.STACKED, tp_rank=0, tp_size=1, head_dim=config.head_dim)
     with pulse.Subscriber(args.url, key=args.key) as sub:
-        for step in sub.follow(targets):
+        for step in sub.follow(targets, mapping=mapping):
             # Between two steps the weights hold still: generate with them.
             print(f"step {step}: {llama.generate(model, args.prompt)!r}", flush=True)
             if args.until is not None and step >= args.until:
