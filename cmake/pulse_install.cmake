@@ -23,6 +23,9 @@ foreach(lib pulse_trainer pulse_inference pulse_loco)
     list(APPEND PULSE_MODULE_LIBRARIES ${lib})
   endif()
 endforeach()
+# Their objects go into a shared library (the stub pulse_cuda of a CUDA-off
+# build too).
+set_target_properties(${PULSE_MODULE_LIBRARIES} PROPERTIES POSITION_INDEPENDENT_CODE ON)
 get_property(PULSE_PUBLIC_HEADERS GLOBAL PROPERTY PULSE_PUBLIC_HEADERS)
 
 set(exports_map ${PROJECT_BINARY_DIR}/pulse.map)
@@ -52,7 +55,12 @@ add_dependencies(pulse pulse_exports)
 # The archives' usage requirements (zstd, OpenSSL, libcurl, libmicrohttpd,
 # the CUDA runtime, shared); their objects are already in.
 target_link_libraries(pulse PRIVATE ${PULSE_MODULE_LIBRARIES})
-target_link_options(pulse PRIVATE -Wl,--version-script=${exports_map} -Wl,--no-undefined)
+target_link_options(pulse PRIVATE -Wl,--version-script=${exports_map})
+if(NOT PULSE_SANITIZE AND NOT PULSE_FUZZ)
+  # Every symbol resolved at link time (sanitizer runtimes are resolved by
+  # the executable that loads the library, so not with them).
+  target_link_options(pulse PRIVATE -Wl,--no-undefined)
+endif()
 set(include_dirs "")
 foreach(lib ${PULSE_MODULE_LIBRARIES})
   list(APPEND include_dirs $<BUILD_INTERFACE:${PROJECT_BINARY_DIR}/include/${lib}>)

@@ -26,6 +26,11 @@ for f in "$prefix/include/pulse/pulse_publisher.h" "$prefix/include/pulse/pulse_
 done
 [ -e "$prefix/include/pulse/pulse_log.h" ] && fail "an internal header was installed"
 
+if readelf -d "$lib" | grep -q 'NEEDED.*lib\(a\|ub\)san'; then
+  echo "skipped: a sanitizer build (programs built without the sanitizers cannot load it)"
+  exit 77
+fi
+
 # SONAME: libpulse.so.<ABI version>.
 soname=$(readelf -d "$lib" | sed -n 's/.*(SONAME).*\[\(.*\)\]/\1/p')
 case "$soname" in libpulse.so.[0-9]*) ;; *) fail "SONAME is '$soname'" ;; esac
