@@ -225,7 +225,6 @@ def run(work):
             sd = trainer.state_dict()
             s = pub.publish(sd)
             states[s] = {n: bits(t.to(torch.bfloat16)).clone() for n, t in sd.items()}
-            server.notify()
         done.set()
 
     threading.Thread(target=trainer_thread).start()

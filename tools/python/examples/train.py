@@ -43,7 +43,6 @@ def main():
             os.replace(tmp, args.info)
         for _, loss in llama.train_text_steps(model, args.steps):
             step = pub.publish(model.state_dict())  # only BF16-visible changes are sent
-            server.notify()  # wake the workers' long-polls at once
             if step % 25 == 0 or step <= 3:
                 print(f"step {step}: loss {loss:.3f}", flush=True)
         print(f"published step {step}", flush=True)

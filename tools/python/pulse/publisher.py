@@ -4,6 +4,7 @@ import ctypes
 import os
 
 from . import _tensors
+from .server import notify_store
 from ._lib import (PUB_DEVICE, PUB_HOST, PubFigures, PubOpts, PubTensor, TensorInfo, check, fail,
                    figures_dict, lib)
 
@@ -142,6 +143,7 @@ class Publisher:
         figures = PubFigures()
         check(lib.pulse_pub_commit(self._pub, step, array, len(self._table), ctypes.byref(figures)))
         self.last_figures = figures_dict(figures)
+        notify_store(self.store_dir)
         return step
 
     def flush(self):

@@ -2,8 +2,22 @@
 
 import ctypes
 import os
+import weakref
 
 from ._lib import ServerOpts, check, lib
+
+# The servers of this process, so that a Publisher of the same store wakes
+# them as soon as it moved the head (their watcher would notice later: a
+# pull right after a publish could otherwise still get the older head).
+_LIVE = weakref.WeakSet()
+
+
+def notify_store(store_dir):
+    """Wakes every server of this process that serves `store_dir`."""
+    real = os.path.realpath(store_dir)
+    for server in list(_LIVE):
+        if server._real == real:
+            server.notify()
 
 
 class Server:
@@ -27,6 +41,8 @@ class Server:
         server = ctypes.c_void_p()
         check(lib.pulse_server_create(ctypes.byref(self._opts), ctypes.byref(server)))
         self._server = server
+        self._real = os.path.realpath(os.fspath(store_dir))
+        _LIVE.add(self)
         self.port = lib.pulse_server_port(server)
         name = self._host.decode() or "127.0.0.1"
         if ":" in name:
@@ -34,8 +50,9 @@ class Server:
         self.url = f"http://{name}:{self.port}"
 
     def notify(self):
-        """Wakes the long-polls now (a publisher in this process just
-        moved the head; without it the server's watcher notices soon)."""
+        """Re-reads the head and wakes the long-polls now (a Publisher of
+        this process does it after each publish; a publisher elsewhere is
+        noticed by the server's watcher)."""
         if self._server is not None:
             lib.pulse_server_notify(self._server, -1.0)
 
