@@ -11,9 +11,12 @@ packages=(
   curl python3-numpy         # integration tests and data tools
   python3-torch              # tests against PyTorch's own BF16 rounding, make_trajectory.py
   nginx                      # pulse-bench serve: the reference file server
-  awscli npm                 # tests/cli/s3_*.sh: the AWS CLI reads back uploads;
-                             # npm installs s3rver, the S3-compatible test server
+  awscli                     # tests/cli/s3_*.sh: the AWS CLI reads back uploads
 )
+# npm installs s3rver, the S3-compatible test server. Debian's npm package
+# conflicts with a nodejs that brings its own npm (NodeSource's), so it is
+# asked for only when no npm is there.
+command -v npm >/dev/null || packages+=(npm)
 
 # s3rver (npm, not Debian): the S3-compatible server tests/cli/s3_*.sh start.
 install_s3rver() {
