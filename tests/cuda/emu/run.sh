@@ -83,7 +83,7 @@ done
 g++ $san -o "$out/test_cuda_emu" "${objs[@]}" $libs $(pkg-config --libs criterion)
 g++ $san -o "$out/pulse-bench-emu" "${lib_objs[@]}" "${tool_objs[@]}" $libs
 g++ $san -o "$out/test_publisher_emu" "${lib_objs[@]}" "${trainer_objs[@]}" $libs \
-  $(pkg-config --libs criterion)
+  $(pkg-config --libs libcurl criterion) # the trainer side uploads with libcurl
 publisher_objs=()
 for obj in "${trainer_objs[@]}"; do
   case "$obj" in */trainer_test_*) ;; *) publisher_objs+=("$obj") ;; esac
