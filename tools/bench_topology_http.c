@@ -263,7 +263,7 @@ int topo_run_http(const topo_setup *s, topo_arm arm, topo_result *r) {
       ok = pulse_gossip_policy_set_target(policy, ADAPTIVE_TARGET_FACTOR *
                                                       noise) == PULSE_OK;
     for (uint32_t i = 0; ok && i < n; i++) {
-      uint64_t got;
+      uint64_t got = 0; /* a node that failed to report delivered nothing */
       ok = read_all(from[i], after[i], bytes) == 0 &&
            read_all(from[i], &got, sizeof got) == 0;
       delivered += got;
