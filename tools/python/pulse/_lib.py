@@ -51,6 +51,23 @@ SUB_NO_STEP = (1 << 64) - 1
 OK = 0
 
 
+class Closing:
+    """What Publisher, Server and Subscriber share around their close(): a
+    context manager, and a close() when collected (errors there ignored)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
 class TensorInfo(ctypes.Structure):  # pulse_tensor_info
     _fields_ = [("name", ctypes.c_char_p), ("dtype", ctypes.c_int),
                 ("ndim", ctypes.c_uint32), ("shape", ctypes.c_uint64 * PULSE_MAX_DIMS)]

@@ -5,7 +5,7 @@ import os
 
 from . import _tensors
 from .server import notify_store
-from ._lib import (PUB_DEVICE, PUB_HOST, PubFigures, PubOpts, PubTensor, TensorInfo, check, fail,
+from ._lib import (Closing, PUB_DEVICE, PUB_HOST, PubFigures, PubOpts, PubTensor, TensorInfo, check, fail,
                    figures_dict, lib)
 
 
@@ -28,7 +28,7 @@ def load_or_create_key(store_dir, key):
     return handle
 
 
-class Publisher:
+class Publisher(Closing):
     """Opens or creates the store folder `store_dir` and publishes steps
     into it (trainer_side/pulse_publisher.h).
 
@@ -160,15 +160,3 @@ class Publisher:
         if self._key is not None:
             lib.pulse_sign_key_free(self._key)
             self._key = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass

@@ -4,7 +4,7 @@ import ctypes
 import os
 import weakref
 
-from ._lib import ServerOpts, check, lib
+from ._lib import Closing, ServerOpts, check, lib
 
 # The servers of this process, so that a Publisher of the same store wakes
 # them as soon as it moved the head (their watcher would notice later: a
@@ -20,7 +20,7 @@ def notify_store(store_dir):
             server.notify()
 
 
-class Server:
+class Server(Closing):
     """Serves the store folder `store_dir` (trainer_side/pulse_server.h) on
     `listen` ("HOST:PORT"; port 0 picks a free one). A publisher in this
     process or another is seen at once (the server watches head.json).
@@ -61,15 +61,3 @@ class Server:
         if self._server is not None:
             lib.pulse_server_free(self._server)
             self._server = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass

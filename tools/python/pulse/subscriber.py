@@ -11,7 +11,7 @@ import tempfile
 import threading
 
 from . import _tensors
-from ._lib import (SUB_EV_SYNCED, SUB_NO_STEP, Error, SubEventFn, SubFigures, SubOpts, TensorDigest,
+from ._lib import (Closing, SUB_EV_SYNCED, SUB_NO_STEP, Error, SubEventFn, SubFigures, SubOpts, TensorDigest,
                    check, fail, figures_dict, lib)
 from .mapping import Mapping
 
@@ -20,7 +20,7 @@ from .mapping import Mapping
 MAPPED_STATE = "mapped-state.safetensors"
 
 
-class Subscriber:
+class Subscriber(Closing):
     """Follows the publisher at `url` (a base URL, or a list of them: the
     newest valid head of all is followed) (inference_side/pulse_subscriber.h).
 
@@ -281,15 +281,3 @@ class Subscriber:
         if self._own_cache is not None:
             shutil.rmtree(self._own_cache, ignore_errors=True)
             self._own_cache = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
