@@ -64,6 +64,7 @@
 #include <stdint.h>
 
 #include "pulse_codec.h"
+#include "pulse_region.h"
 #include "pulse_status.h"
 
 #ifdef __cplusplus
@@ -268,6 +269,43 @@ pulse_status pulse_sub_attach_host(pulse_sub *sub, const char *name,
 pulse_status pulse_sub_attach_device(pulse_sub *sub, const char *name,
                                      uint32_t ndim, const uint64_t *shape,
                                      uint16_t *data_d);
+
+/** Attaches a block of a BF16 tensor in host memory (a tensor-parallel
+ * rank's part: rows of a column-parallel weight inside its fused buffer,
+ * columns of a row-parallel one; pulse_region.h): region->name is the
+ * publisher's tensor, `shape` its whole shape (checked against the
+ * publisher's table), region->row0/rows/col0/cols the block of its 2-D view
+ * and region->data/stride where the block lives (borrowed until
+ * pulse_sub_free, written by nobody else; blocks of several regions may sit
+ * in one buffer but must not overlap). region->digest is ignored. A
+ * subscriber with region targets takes no other kind; patches are staged
+ * whole (no streaming, no class index), need plain positions
+ * (PULSE_POS_PLAIN) unless a region is its whole tensor, and each region
+ * is verified against its own digest (derived from the verified anchor and
+ * the signed patches; pulse_region.h); an anchor is verified whole, then
+ * only the blocks are copied. Extra memory of a sync: O(patch). The first
+ * sync takes the anchor route (pulse_sub_assume_step does not help: a claim
+ * is checked against whole-tensor digests).
+ * @return PULSE_OK; PULSE_ERR_ARG (NULL, a block outside the shape, stride
+ * below cols, unaligned data, a name attached twice, a block overlapping
+ * another's memory, other kinds of targets attached); PULSE_ERR_OVERFLOW;
+ * PULSE_ERR_NOMEM. */
+pulse_status pulse_sub_attach_region(pulse_sub *sub, uint32_t ndim, const uint64_t *shape,
+                                     const pulse_region *region);
+
+/** The publisher's tensor table at its head (names, dtypes and shapes in
+ * table order), for a caller that lays out targets from it (a tensor-
+ * parallel rank maps its fused buffers to blocks of the published tensors).
+ * Verifies the head and fetches the head's newest anchor into the cache
+ * when it is not there (the object the first sync of new targets reads
+ * anyway), then reads its header. Only before any target is attached.
+ * @return PULSE_OK and *table (count entries, one allocation: free with
+ * pulse_sub_table_free); PULSE_ERR_ARG (targets attached, NULL); the
+ * errors of pulse_sub_sync. */
+pulse_status pulse_sub_table(pulse_sub *sub, pulse_tensor_info **table, size_t *count);
+
+/** Frees a table from pulse_sub_table. NULL is fine. */
+void pulse_sub_table_free(pulse_tensor_info *table);
 
 /** Keeps the safetensors file `path` equal to the trainer's state: the
  * subscriber holds every tensor of the table in host memory and, after each

@@ -163,6 +163,8 @@ void sub_apply_commit(pulse_sub *sub, const pulse_patch *p, sub_target **tg, int
 }
 
 pulse_status sub_apply_patch(pulse_sub *sub, const pulse_patch *p) {
+  if (sub->mem == SUB_MEM_REGION)
+    return sub_region_apply_patch(sub, p);
   if (sub->step != PULSE_SUB_NO_STEP && pulse_patch_base_step(p) != sub->step)
     return pulse_fail(PULSE_ERR_BASE_STEP,
                       "the patch to step %" PRIu64 " applies to step %" PRIu64
@@ -288,6 +290,8 @@ static pulse_status file_table(pulse_sub *sub, const pulse_st_tensor *t,
 }
 
 pulse_status sub_apply_anchor(pulse_sub *sub, const pulse_store_object *o) {
+  if (sub->mem == SUB_MEM_REGION)
+    return sub_region_apply_anchor(sub, o);
   sub_index_stop(sub); /* the weights, maybe the table, are replaced */
   char path[4096];
   sub_object_path(sub, o, path, sizeof path);

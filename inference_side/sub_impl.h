@@ -13,6 +13,8 @@
  *   sub_plan.c     choosing the route to the head
  *   sub_catchup.c  what a server says of its catch-up (a signed probe)
  *   sub_apply.c    staged, transactional application of patches and anchors
+ *   sub_region.c   region targets (blocks of tensors, pulse_region.h) and
+ *                  the publisher's table
  *   sub_stream.c   applying a patch while it downloads
  *   sub_sync.c     sync and follow
  *   sub_util.c     hex, SHA-256 of files, clocks */
@@ -36,7 +38,8 @@ typedef enum {
   SUB_MEM_NONE = 0,
   SUB_MEM_HOST,
   SUB_MEM_DEVICE,
-  SUB_MEM_FILE
+  SUB_MEM_FILE,
+  SUB_MEM_REGION /* blocks of tensors in host memory (sub_region.c) */
 } sub_mem;
 
 /* One target tensor. */
@@ -50,6 +53,9 @@ typedef struct {
   pulse_tensor_digest digest; /* of the current contents, kept current */
   pulse_class_index *index;   /* host targets: class index (sub_targets.c),
                                  rebuilt when its digest is not `digest` */
+  /* Region targets: data holds this block of the tensor (element (r, c)
+   * at data[r * stride + c]) and digest is the block's (pulse_region.h). */
+  uint64_t row0, rows, col0, cols, stride;
 } sub_target;
 
 /* A cached object this process hashed, and the file it hashed: a file
@@ -331,6 +337,12 @@ pulse_status sub_apply_patch_streamed(pulse_sub *sub,
                                       const sub_source *src);
 /** Applies a verified anchor file (in the cache) to the targets. */
 pulse_status sub_apply_anchor(pulse_sub *sub, const pulse_store_object *o);
+
+/* ----------------------------------------------------------- sub_region.c */
+
+/** sub_apply_patch and sub_apply_anchor for region targets. */
+pulse_status sub_region_apply_patch(pulse_sub *sub, const pulse_patch *p);
+pulse_status sub_region_apply_anchor(pulse_sub *sub, const pulse_store_object *o);
 
 /* ------------------------------------------------------------ sub_util.c */
 

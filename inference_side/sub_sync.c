@@ -60,7 +60,8 @@ static void applied(pulse_sub *sub, pulse_sub_route route, uint64_t *counter) {
  * off: on the host for host targets, and for device targets the host
  * decodes the streams while the device finds, checks and writes. */
 static int streaming(const pulse_sub *sub) {
-  return !sub->opts.no_streaming;
+  /* Region targets stage whole patches (pulse_region.h). */
+  return !sub->opts.no_streaming && sub->mem != SUB_MEM_REGION;
 }
 
 /* Applies the head's patches from `first` on, in order. When streaming,

@@ -131,9 +131,10 @@ pulse_status pulse_sub_tensor(pulse_sub *sub, const char *name,
                               const uint16_t **data, uint64_t *numel) {
   if (sub == NULL || name == NULL || data == NULL)
     return pulse_fail(PULSE_ERR_ARG, "tensor: NULL argument");
-  if (sub->mem == SUB_MEM_DEVICE)
+  if (sub->mem == SUB_MEM_DEVICE || sub->mem == SUB_MEM_REGION)
     return pulse_fail(PULSE_ERR_UNSUPPORTED,
-                      "tensor '%s': device targets are the caller's", name);
+                      "tensor '%s': %s targets are the caller's", name,
+                      sub->mem == SUB_MEM_DEVICE ? "device" : "region");
   for (size_t i = 0; i < sub->ntargets; i++)
     if (strcmp(sub->targets[i].name, name) == 0) {
       if (sub->step == PULSE_SUB_NO_STEP && sub->mem == SUB_MEM_FILE)

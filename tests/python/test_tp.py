@@ -104,7 +104,9 @@ def main():
     trainer = llama.Llama(config)
     with tempfile.TemporaryDirectory(prefix="pulse-tp-") as work:
         store = os.path.join(work, "store")
-        pub = pulse.Publisher(store)
+        # Plain positions: a rank decodes the patch of its part of a tensor
+        # without the rest (pulse_region.h).
+        pub = pulse.Publisher(store, plain=True)
         server = pulse.Server(store)
         ranks = [subprocess.Popen([sys.executable, __file__, "--rank", str(r), server.url,
                                    pub.public_key, work], stdin=subprocess.PIPE,
@@ -156,7 +158,35 @@ def main():
         sub.close()
         server.close()
         pub.close()
+        class_model_refused(work, trainer, config)
     print("ok")
+
+
+def class_model_refused(work, trainer, config):
+    """A store of class-model patches: a rank takes the anchor, then the
+    next patch (whose positions it cannot decode without the rest of each
+    tensor) is refused naming the tensor, with the rank's tensors as they
+    were."""
+    store = os.path.join(work, "store-class")
+    with pulse.Publisher(store) as pub, pulse.Server(store) as server:
+        pub.publish(trainer.state_dict())
+        mapping = pulse.Mapping(stacked=STACKED, tp_rank=0, tp_size=TP, head_dim=config.head_dim)
+        engine = {n: torch.zeros(t.shape, dtype=torch.bfloat16)
+                  for n, t in expected_shards(trainer.state_dict(), 0, TP).items()}
+        with pulse.Subscriber(server.url, key=pub.public_key, retries=0) as sub:
+            assert sub.pull(engine, mapping=mapping, timeout=60) == 1
+            next(llama.train_steps(trainer, 1))
+            pub.publish(trainer.state_dict())
+            before = {n: t.clone() for n, t in engine.items()}
+            try:
+                sub.pull(engine, mapping=mapping, timeout=60)
+                raise AssertionError("a class-model patch into half a tensor was applied")
+            except pulse.Error as e:
+                assert e.status == "PULSE_ERR_UNSUPPORTED" and "plain" in str(e), str(e)
+                print(f"class-model patch into a shard: pulse.Error {e}")
+            for n, t in engine.items():
+                assert torch.equal(t.view(torch.int16), before[n].view(torch.int16)), \
+                    f"a refused patch wrote '{n}'"
 
 
 if __name__ == "__main__":

@@ -98,6 +98,12 @@ class TensorDigest(ctypes.Structure):  # pulse_tensor_digest
     _fields_ = [("a", ctypes.c_uint64), ("b", ctypes.c_uint64)]
 
 
+class Region(ctypes.Structure):  # pulse_region
+    _fields_ = [("name", ctypes.c_char_p), ("row0", ctypes.c_uint64), ("rows", ctypes.c_uint64),
+                ("col0", ctypes.c_uint64), ("cols", ctypes.c_uint64), ("data", ctypes.c_void_p),
+                ("stride", ctypes.c_uint64), ("digest", TensorDigest)]
+
+
 class PubFigures(ctypes.Structure):  # pulse_pub_figures
     _fields_ = [("step", ctypes.c_uint64), ("base_step", ctypes.c_uint64),
                 ("params", ctypes.c_uint64), ("changed", ctypes.c_uint64),
@@ -224,6 +230,11 @@ _PROTOS = {
     "pulse_sub_attach_device": (_int, [_p, ctypes.c_char_p, ctypes.c_uint32,
                                        ctypes.POINTER(_u64), _p]),
     "pulse_sub_attach_file": (_int, [_p, ctypes.c_char_p]),
+    "pulse_sub_attach_region": (_int, [_p, ctypes.c_uint32, ctypes.POINTER(_u64),
+                                       ctypes.POINTER(Region)]),
+    "pulse_sub_table": (_int, [_p, ctypes.POINTER(ctypes.POINTER(TensorInfo)),
+                               ctypes.POINTER(ctypes.c_size_t)]),
+    "pulse_sub_table_free": (None, [ctypes.POINTER(TensorInfo)]),
     "pulse_sub_tensor": (_int, [_p, ctypes.c_char_p, ctypes.POINTER(_p), ctypes.POINTER(_u64)]),
     "pulse_sub_assume_step": (_int, [_p, _u64]),
     "pulse_sub_sync": (_int, [_p]),

@@ -1,6 +1,9 @@
 """pulse.Mapping: the layout an inference engine keeps the weights in
-(fused projections, tensor-parallel shards), as a plan of block copies from
-the publisher's tensors into the engine's."""
+(fused projections, tensor-parallel shards), as a plan of blocks of the
+publisher's tensors and where each lives in the engine's tensors. The
+Subscriber attaches each block to the C library (pulse_sub_attach_region),
+which applies the patches into it and verifies it; nothing here loops over
+elements."""
 
 from ._lib import fail
 
@@ -64,7 +67,7 @@ class Mapping:
         return "whole", name, comps, None
 
     def plan(self, table, targets):
-        """The block copies that bring `targets` ({name: shape}) to the
+        """The blocks that bring `targets` ({name: shape}) to the
         published tensors `table` ({name: shape}, the trainer's table):
         [(target, source, src_row0, src_col0, dst_row0, dst_col0, rows,
         cols)] in 2-D terms (a 1-D tensor is one column), every target

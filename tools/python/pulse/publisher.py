@@ -36,11 +36,14 @@ class Publisher(Closing):
     the store's own (STORE/signing-key.pem). The tensor table is the one of
     the first publish for a new store, the store's for an existing one.
     threads: for detection and encoding (0: one per core). anchor_every,
-    keep_patches, keep_anchors: as in pulse_pub_opts.
+    keep_patches, keep_anchors: as in pulse_pub_opts. plain: write plain
+    positions (PULSE_POS_PLAIN, pulse-publish --plain: about 40% more
+    position bytes), which tensor-parallel workers (pulse.Mapping) need to
+    apply a patch into their part of a tensor.
     """
 
     def __init__(self, store_dir, key=None, *, anchor_every=16, keep_patches=32,
-                 keep_anchors=3, threads=0):
+                 keep_anchors=3, threads=0, plain=False):
         self._pub = None
         self._key = None
         self.store_dir = os.fspath(store_dir)
@@ -51,6 +54,7 @@ class Publisher(Closing):
         self._opts.keep_patches = keep_patches
         self._opts.keep_anchors = keep_anchors
         self._opts.threads = threads
+        self._opts.pos_model = 0 if plain else 1
         self._opts.key = self._key
         self._table = None  # [(name, shape)] in the store's order
         # What the last publish did (pulse_pub_figures: changed, patch_bytes,

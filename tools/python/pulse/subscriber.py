@@ -2,23 +2,16 @@
 publisher's newest step."""
 
 import ctypes
-import json
 import os
-import struct
 import queue
 import shutil
 import tempfile
 import threading
 
 from . import _tensors
-from ._lib import (Closing, SUB_EV_SYNCED, SUB_NO_STEP, Error, SubEventFn, SubFigures, SubOpts, TensorDigest,
-                   check, fail, figures_dict, lib)
+from ._lib import (Closing, SUB_EV_SYNCED, SUB_NO_STEP, Error, Region, SubEventFn, SubFigures, SubOpts,
+                   TensorInfo, check, fail, figures_dict, lib)
 from .mapping import Mapping
-
-# The file target that holds the whole published state for a mapped pull
-# (in the cache folder).
-MAPPED_STATE = "mapped-state.safetensors"
-
 
 class Subscriber(Closing):
     """Follows the publisher at `url` (a base URL, or a list of them: the
@@ -70,7 +63,6 @@ class Subscriber(Closing):
         self._opts.on_event = self._on_event
         self._layout = None  # what is attached: ((name, ptr, shape), ...)
         self._targets = None  # the attached tensors, kept alive
-        self._mapped = None  # (Mapping, targets, state file) of a mapped pull
 
     # ------------------------------------------------------------ targets
     def _attach(self, targets, mapping):
@@ -99,11 +91,7 @@ class Subscriber(Closing):
         check(lib.pulse_sub_create(ctypes.byref(self._opts), ctypes.byref(sub)))
         try:
             if mapping is not None:
-                path = os.path.join(self.cache_dir, MAPPED_STATE)
-                check(lib.pulse_sub_attach_file(sub, os.fsencode(path)))
-                self._mapped = (mapping, dict(pairs), path)
-                self._mapped_step = None
-                self._plan = None
+                self._attach_mapped(sub, mapping, dict(pairs))
             for name, ptr, shape, is_cuda in (() if mapping is not None else layout[1]):
                 dims = (ctypes.c_uint64 * len(shape))(*shape)
                 attach = lib.pulse_sub_attach_device if is_cuda else lib.pulse_sub_attach_host
@@ -123,60 +111,40 @@ class Subscriber(Closing):
             self._sub = None
             self._layout = None
             self._targets = None
-            self._mapped = None
 
-    def _table(self, path):
-        """{name: shape} of the published state, from the mapped state
-        file's safetensors header (pulse wrote it; read under the targets'
-        read lock or on the syncing thread, when it is not being written)."""
-        with open(path, "rb") as f:
-            size = struct.unpack("<Q", f.read(8))[0]
-            header = json.loads(f.read(size))
-        return {n: tuple(v["shape"]) for n, v in header.items() if n != "__metadata__"}
+    def _table(self, sub):
+        """{name: shape} of the publisher's table at its head
+        (pulse_sub_table: the head verified, its newest anchor's header)."""
+        table, count = ctypes.POINTER(TensorInfo)(), ctypes.c_size_t()
+        status = lib.pulse_sub_table(sub, ctypes.byref(table), ctypes.byref(count))
+        if status != 0:
+            check(status, lib.pulse_sub_error(sub).decode(errors="replace"))
+        try:
+            return {table[i].name.decode(): tuple(table[i].shape[d] for d in range(table[i].ndim))
+                    for i in range(count.value)}
+        finally:
+            lib.pulse_sub_table_free(table)
 
-    def _apply_mapping(self):
-        """Copies this rank's blocks of the held state into the mapped
-        targets, then checks each block against the digest of the same
-        block of the verified state. The plan (shapes, names) is checked
-        before anything is written."""
-        mapping, targets, path = self._mapped
-        step = lib.pulse_sub_step(self._sub)
-        if step == SUB_NO_STEP or step == self._mapped_step:
-            return
-        import torch
-
-        if self._plan is None:
-            table = self._table(path)
-            shapes = {n: tuple(t.shape) for n, t in targets.items()}
-            self._plan = (mapping.plan(table, shapes), table)
-        copies, table = self._plan
-        sources = {}
-        for source in {c[1] for c in copies}:
-            data, numel = ctypes.c_void_p(), ctypes.c_uint64()
-            check(lib.pulse_sub_tensor(self._sub, source.encode(), ctypes.byref(data),
-                                       ctypes.byref(numel)))
-            rows = table[source][0]
-            buf = (ctypes.c_uint16 * numel.value).from_address(data.value)
-            flat = torch.frombuffer(buf, dtype=torch.bfloat16)
-            sources[source] = (flat.view(rows, numel.value // rows), data.value)
-        for target, source, sr, sc, dr, dc, rows, cols in copies:
-            src = sources[source][0]
-            dst = targets[target].view(targets[target].shape[0], -1)
-            dst[dr:dr + rows, dc:dc + cols].copy_(src[sr:sr + rows, sc:sc + cols])
-        for target, source, sr, sc, dr, dc, rows, cols in copies:
-            src, src_ptr = sources[source]
-            full = src.shape[1]
-            dst = targets[target].view(targets[target].shape[0], -1)
-            first = sr * full + sc
-            want, got = TensorDigest(), TensorDigest()
-            check(lib.pulse_digest_bf16_block(src_ptr + 2 * first, rows, cols, full, first, full,
-                                              ctypes.byref(want)))
-            check(lib.pulse_digest_bf16_block(dst.data_ptr() + 2 * (dr * dst.shape[1] + dc), rows,
-                                              cols, dst.shape[1], first, full, ctypes.byref(got)))
-            if (want.a, want.b) != (got.a, got.b):
-                raise fail(f"target '{target}': its block of '{source}' does not match the "
-                           f"verified state's digest", "PULSE_ERR_CORRUPT")
-        self._mapped_step = step
+    def _attach_mapped(self, sub, mapping, targets):
+        """Attaches this rank's blocks of the published tensors, each where
+        the mapping puts it in the engine's tensors (pulse_sub_attach_region:
+        the C library applies and verifies each block). The whole plan is
+        checked before the first attach, and attaching writes nothing."""
+        table = self._table(sub)
+        shapes = {name: tuple(t.shape) for name, t in targets.items()}
+        regions = []
+        for target, source, sr, sc, dr, dc, rows, cols in mapping.plan(table, shapes):
+            dst = targets[target]
+            dst_cols = dst.numel() // dst.shape[0] if dst.dim() > 0 and dst.shape[0] else 1
+            region = Region(source.encode(), sr, rows, sc, cols,
+                            dst.data_ptr() + 2 * (dr * dst_cols + dc), dst_cols)
+            shape = table[source]
+            dims = (ctypes.c_uint64 * max(1, len(shape)))(*shape)
+            status = lib.pulse_sub_attach_region(sub, len(shape), dims, ctypes.byref(region))
+            if status != 0:
+                check(status, f"target '{target}': " + lib.pulse_sub_error(sub).decode(errors="replace"))
+            regions.append(region)
+        return regions
 
     def _sync(self, timeout):
         timer = None
@@ -220,8 +188,6 @@ class Subscriber(Closing):
         for the whole pull."""
         self._attach(targets, mapping)
         self._sync(timeout)
-        if self._mapped is not None:
-            self._apply_mapping()
         return self.step
 
     def _event(self, ctx, event):
@@ -263,8 +229,6 @@ class Subscriber(Closing):
                 lib.pulse_sub_read_lock(sub, ctypes.byref(held))
                 try:
                     if held.value != SUB_NO_STEP and held.value != last:
-                        if self._mapped is not None:
-                            self._apply_mapping()
                         last = held.value
                         yield last
                 finally:

@@ -1,0 +1,332 @@
+/* sub_region.c - region targets: blocks of published tensors that a
+ * tensor-parallel rank holds in buffers of its own layout
+ * (pulse_sub_attach_region, pulse_region.h), and the publisher's table
+ * that such a rank lays its blocks out from (pulse_sub_table).
+ *
+ * A patch is staged by pulse_region_stage (each block checked against its
+ * kept digest, changes decoded and kept for the block only) and committed
+ * under the writers' lock. An anchor is verified whole, as for every other
+ * target (its tensors' digests against its state digest, which its signed
+ * SHA-256 vouches for, and the head's at the head's step), read through its
+ * mapping, and only the blocks are copied out; each block's digest is taken
+ * from the verified anchor's bytes. Memory: the staged changes of one patch;
+ * the anchor is read through the page cache, never copied whole. */
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "parallel_impl.h"
+#include "pulse_region.h"
+#include "pulse_safetensors.h"
+#include "status_impl.h"
+#include "sub_impl.h"
+
+static int shape_is(const sub_target *t, uint32_t ndim, const uint64_t *shape) {
+  if (t->ndim != ndim)
+    return 0;
+  for (uint32_t d = 0; d < ndim; d++)
+    if (t->shape[d] != shape[d])
+      return 0;
+  return 1;
+}
+
+/* The bytes a block spans in memory: [lo, hi). */
+static void block_span(const sub_target *t, uintptr_t *lo, uintptr_t *hi) {
+  *lo = (uintptr_t)t->data;
+  *hi = t->rows && t->cols ? (uintptr_t)(t->data + (t->rows - 1) * t->stride + t->cols) : *lo;
+}
+
+static pulse_status add_region(pulse_sub *sub, uint32_t ndim, const uint64_t *shape,
+                               const pulse_region *r) {
+  if (r->name == NULL || r->name[0] == '\0' || strlen(r->name) > PULSE_MAX_NAME)
+    return pulse_fail(PULSE_ERR_ARG, "attach region: bad name");
+  if (sub->mem != SUB_MEM_NONE && sub->mem != SUB_MEM_REGION)
+    return pulse_fail(PULSE_ERR_ARG, "attach region '%s': other kinds of targets are attached",
+                      r->name);
+  uint64_t rows, cols, numel;
+  PULSE_TRY(pulse_region_view(shape, ndim, &rows, &cols));
+  PULSE_TRY(pulse_shape_numel(shape, ndim, &numel));
+  if (r->row0 > rows || r->rows > rows - r->row0 || r->col0 > cols ||
+      r->cols > cols - r->col0 || r->cols > r->stride)
+    return pulse_fail(PULSE_ERR_ARG,
+                      "attach region '%s': rows [%" PRIu64 ", +%" PRIu64 ") columns [%" PRIu64
+                      ", +%" PRIu64 ") stride %" PRIu64 " do not fit %" PRIu64 " x %" PRIu64,
+                      r->name, r->row0, r->rows, r->col0, r->cols, r->stride, rows, cols);
+  int empty = r->rows == 0 || r->cols == 0;
+  if (!empty && (r->data == NULL || (uintptr_t)r->data % 2 != 0))
+    return pulse_fail(PULSE_ERR_ARG, "attach region '%s': NULL or unaligned data", r->name);
+  if (!empty && r->rows - 1 > (UINT64_MAX / 2 - r->cols) / r->stride)
+    return pulse_fail(PULSE_ERR_OVERFLOW, "attach region '%s': its span overflows", r->name);
+  sub_target nt = {0};
+  nt.row0 = r->row0, nt.rows = r->rows, nt.col0 = r->col0, nt.cols = r->cols;
+  nt.stride = r->stride;
+  nt.data = r->data;
+  uintptr_t lo, hi;
+  block_span(&nt, &lo, &hi);
+  for (size_t i = 0; i < sub->ntargets; i++) {
+    const sub_target *o = &sub->targets[i];
+    if (strcmp(o->name, r->name) == 0)
+      return pulse_fail(PULSE_ERR_ARG, "attach region: '%s' is attached already", r->name);
+    uintptr_t olo, ohi;
+    block_span(o, &olo, &ohi);
+    if (lo < hi && olo < ohi && lo < ohi && olo < hi)
+      return pulse_fail(PULSE_ERR_ARG, "attach region '%s': its block overlaps the one of '%s'",
+                        r->name, o->name);
+  }
+  if (sub->ntargets == sub->cap) {
+    size_t cap = sub->cap ? 2 * sub->cap : 16;
+    sub_target *t = realloc(sub->targets, cap * sizeof *t);
+    if (t == NULL)
+      return pulse_fail(PULSE_ERR_NOMEM, "attach region '%s'", r->name);
+    sub->targets = t;
+    sub->cap = cap;
+  }
+  nt.name = strdup(r->name);
+  if (nt.name == NULL)
+    return pulse_fail(PULSE_ERR_NOMEM, "attach region '%s'", r->name);
+  nt.ndim = ndim;
+  if (ndim > 0)
+    memcpy(nt.shape, shape, ndim * sizeof *shape);
+  nt.numel = numel;
+  pulse_region cur = *r;
+  pulse_status st = pulse_region_digest(&cur, cols, &nt.digest);
+  if (st != PULSE_OK) {
+    free(nt.name);
+    return st;
+  }
+  sub->targets[sub->ntargets++] = nt;
+  sub->mem = SUB_MEM_REGION;
+  sub_forget_step(sub); /* new contents of unknown step */
+  return PULSE_OK;
+}
+
+pulse_status pulse_sub_attach_region(pulse_sub *sub, uint32_t ndim, const uint64_t *shape,
+                                     const pulse_region *region) {
+  if (sub == NULL || region == NULL || ndim > PULSE_MAX_DIMS || (ndim > 0 && shape == NULL))
+    return pulse_fail(PULSE_ERR_ARG, "attach region: NULL subscriber, region or shape");
+  return sub_keep_error(sub, add_region(sub, ndim, shape, region));
+}
+
+/* ------------------------------------------------------------- patches */
+
+pulse_status sub_region_apply_patch(pulse_sub *sub, const pulse_patch *p) {
+  if (sub->step != PULSE_SUB_NO_STEP && pulse_patch_base_step(p) != sub->step)
+    return pulse_fail(PULSE_ERR_BASE_STEP,
+                      "the patch to step %" PRIu64 " applies to step %" PRIu64
+                      ", the targets hold step %" PRIu64,
+                      pulse_patch_step(p), pulse_patch_base_step(p), sub->step);
+  pulse_region *rg = calloc(sub->ntargets + 1, sizeof *rg);
+  if (rg == NULL)
+    return pulse_fail(PULSE_ERR_NOMEM, "staging a patch into %zu regions", sub->ntargets);
+  pulse_status st = PULSE_OK;
+  for (size_t k = 0; k < sub->ntargets && st == PULSE_OK; k++) {
+    const sub_target *t = &sub->targets[k];
+    size_t i;
+    pulse_patch_tensor pt;
+    if (pulse_patch_tensor_find(p, t->name, &i) != PULSE_OK)
+      st = pulse_fail(PULSE_ERR_NOT_FOUND, "target '%s' is not in the publisher's table",
+                      t->name);
+    else if (pulse_patch_tensor_get(p, i, &pt) != PULSE_OK ||
+             !shape_is(t, pt.info.ndim, pt.info.shape))
+      st = pulse_fail(PULSE_ERR_SIZE_MISMATCH,
+                      "target '%s': its shape is not the publisher's", t->name);
+    rg[k] = (pulse_region){t->name, t->row0, t->rows, t->col0, t->cols,
+                           t->data, t->stride, t->digest};
+  }
+  double t0 = sub_now();
+  pulse_region_staged *staged = NULL;
+  if (st == PULSE_OK)
+    st = pulse_region_stage(p, rg, sub->ntargets, sub->opts.threads, &staged);
+  sub->t_decode += sub_now() - t0;
+  if (st != PULSE_OK) {
+    st = pulse_fail(st, "patch to step %" PRIu64 ": %s: nothing applied", pulse_patch_step(p),
+                    pulse_error_detail());
+    free(rg);
+    return st;
+  }
+  t0 = sub_now();
+  pthread_rwlock_wrlock(&sub->rw);
+  pulse_region_staged_commit(staged);
+  for (size_t k = 0; k < sub->ntargets; k++)
+    sub->targets[k].digest = rg[k].digest;
+  sub_set_step(sub, pulse_patch_step(p), NULL);
+  pthread_rwlock_unlock(&sub->rw);
+  sub->t_apply += sub_now() - t0;
+  pulse_region_staged_free(staged);
+  free(rg);
+  return PULSE_OK;
+}
+
+/* ------------------------------------------------------------- anchors */
+
+typedef struct {
+  pulse_st_tensor *t;
+  pulse_tensor_digest *d;
+} anchor_job;
+
+static void anchor_digest_one(void *ctx, size_t i) {
+  anchor_job *j = ctx;
+  j->d[i] = pulse_digest_bf16(j->t[i].data, j->t[i].numel);
+}
+
+/* Every tensor of the anchor read and its state digest checked against
+ * its metadata and, at the head's step, the head's (the checks of
+ * sub_apply_anchor, which copies whole tensors instead). */
+static pulse_status anchor_verify(pulse_sub *sub, const pulse_store_object *o,
+                                  const pulse_st_file *f, pulse_st_tensor *t, size_t n) {
+  const char *meta_step = pulse_st_metadata_get(f, "step");
+  const char *meta_digest = pulse_st_metadata_get(f, "state_digest");
+  if (meta_step == NULL || strtoull(meta_step, NULL, 10) != o->step || meta_digest == NULL)
+    return pulse_fail(PULSE_ERR_CORRUPT,
+                      "anchor %s: its metadata does not name step %" PRIu64 " and a state digest",
+                      o->path, o->step);
+  pulse_tensor_digest *d = calloc(n + 1, sizeof *d);
+  pulse_tensor_info *info = calloc(n + 1, sizeof *info);
+  pulse_status st = PULSE_OK;
+  if (d == NULL || info == NULL)
+    st = pulse_fail(PULSE_ERR_NOMEM, "anchor of %zu tensors", n);
+  for (size_t i = 0; i < n && st == PULSE_OK; i++) {
+    st = pulse_st_tensor_get(f, i, &t[i]);
+    if (st == PULSE_OK && t[i].dtype != PULSE_DTYPE_BF16)
+      st = pulse_fail(PULSE_ERR_DTYPE, "anchor %s: tensor '%s' is %s, not BF16", o->path,
+                      t[i].name, pulse_dtype_name(t[i].dtype));
+    if (st == PULSE_OK && (uintptr_t)t[i].data % 2 != 0)
+      st = pulse_fail(PULSE_ERR_UNSUPPORTED, "anchor %s: tensor '%s' is not aligned", o->path,
+                      t[i].name);
+    if (st == PULSE_OK) {
+      info[i].name = t[i].name;
+      info[i].dtype = PULSE_DTYPE_BF16;
+      info[i].ndim = t[i].ndim;
+      memcpy(info[i].shape, t[i].shape, sizeof info[i].shape);
+    }
+  }
+  if (st == PULSE_OK) {
+    anchor_job job = {t, d};
+    pulse_parallel_for(sub->opts.threads, n, anchor_digest_one, &job);
+    pulse_state_digest sd;
+    char have[65];
+    st = pulse_state_digest_compute(info, d, n, &sd);
+    pulse_state_digest_hex(&sd, have);
+    if (st == PULSE_OK && strcmp(have, meta_digest) != 0)
+      st = pulse_fail(PULSE_ERR_CORRUPT, "anchor %s: its tensors have state digest %s, it names %s",
+                      o->path, have, meta_digest);
+    if (st == PULSE_OK && sub->head != NULL && o->step == pulse_store_head_step(sub->head) &&
+        memcmp(sd.bytes, pulse_store_head_state_digest(sub->head)->bytes, 32) != 0)
+      st = pulse_fail(PULSE_ERR_CORRUPT, "anchor %s is not the head's state", o->path);
+  }
+  free(d), free(info);
+  return st;
+}
+
+pulse_status sub_region_apply_anchor(pulse_sub *sub, const pulse_store_object *o) {
+  char path[4096];
+  sub_object_path(sub, o, path, sizeof path);
+  double t0 = sub_now();
+  pulse_st_file *f = NULL;
+  pulse_status st = pulse_st_open(path, &f);
+  if (st != PULSE_OK)
+    return pulse_fail(st, "anchor %s: %s", o->path, pulse_error_detail());
+  size_t n = pulse_st_tensor_count(f);
+  pulse_st_tensor *t = calloc(n + 1, sizeof *t);
+  size_t *from = calloc(sub->ntargets + 1, sizeof *from);
+  if (t == NULL || from == NULL) {
+    st = pulse_fail(PULSE_ERR_NOMEM, "anchor of %zu tensors", n);
+    goto done;
+  }
+  st = anchor_verify(sub, o, f, t, n);
+  sub->t_verify += sub_now() - t0;
+  /* Which anchor tensor each block comes from, all checked before any copy. */
+  for (size_t k = 0; k < sub->ntargets && st == PULSE_OK; k++) {
+    const sub_target *tg = &sub->targets[k];
+    size_t i = 0;
+    while (i < n && strcmp(t[i].name, tg->name) != 0)
+      i++;
+    if (i == n)
+      st = pulse_fail(PULSE_ERR_NOT_FOUND, "target '%s' is not in the publisher's table",
+                      tg->name);
+    else if (!shape_is(tg, t[i].ndim, t[i].shape))
+      st = pulse_fail(PULSE_ERR_SIZE_MISMATCH, "target '%s': its shape is not the publisher's",
+                      tg->name);
+    from[k] = i;
+  }
+  if (st != PULSE_OK)
+    goto done;
+  t0 = sub_now();
+  pthread_rwlock_wrlock(&sub->rw);
+  for (size_t k = 0; k < sub->ntargets; k++) {
+    sub_target *tg = &sub->targets[k];
+    const pulse_st_tensor *src = &t[from[k]];
+    uint64_t rows, cols;
+    pulse_region_view(src->shape, src->ndim, &rows, &cols); /* checked at attach */
+    const uint16_t *bits = (const uint16_t *)src->data + tg->row0 * cols + tg->col0;
+    for (uint64_t r = 0; r < tg->rows && tg->cols > 0; r++)
+      memcpy(tg->data + r * tg->stride, bits + r * cols, (size_t)tg->cols * 2);
+    /* From the verified bytes, not from the copy. */
+    pulse_digest_bf16_block(bits, tg->rows, tg->cols, cols, tg->row0 * cols + tg->col0, cols,
+                            &tg->digest);
+  }
+  sub_set_step(sub, o->step, NULL);
+  pthread_rwlock_unlock(&sub->rw);
+  sub->t_apply += sub_now() - t0;
+
+done:
+  pulse_st_close(f);
+  free(t), free(from);
+  return st;
+}
+
+/* --------------------------------------------------------------- table */
+
+void pulse_sub_table_free(pulse_tensor_info *table) { free(table); }
+
+pulse_status pulse_sub_table(pulse_sub *sub, pulse_tensor_info **table, size_t *count) {
+  if (sub == NULL || table == NULL || count == NULL)
+    return pulse_fail(PULSE_ERR_ARG, "table: NULL argument");
+  *table = NULL;
+  *count = 0;
+  if (sub->mem != SUB_MEM_NONE)
+    return sub_keep_error(sub, pulse_fail(PULSE_ERR_ARG, "table: targets are attached"));
+  PULSE_TRY(pulse_sub_sync(sub)); /* no targets: the head, verified */
+  size_t na = pulse_store_head_anchor_count(sub->head);
+  if (na == 0)
+    return sub_keep_error(sub, pulse_fail(PULSE_ERR_NOT_FOUND, "table: the head names no anchor"));
+  const pulse_store_object *o = pulse_store_head_anchor(sub->head, na - 1);
+  pulse_status st = sub_object_fetch(sub, o);
+  if (st != PULSE_OK)
+    return sub_keep_error(sub, st);
+  char path[4096];
+  sub_object_path(sub, o, path, sizeof path);
+  pulse_st_file *f = NULL;
+  if ((st = pulse_st_open(path, &f)) != PULSE_OK)
+    return sub_keep_error(sub, pulse_fail(st, "table: anchor %s: %s", o->path,
+                                          pulse_error_detail()));
+  size_t n = pulse_st_tensor_count(f), names = 0;
+  pulse_st_tensor tt;
+  for (size_t i = 0; i < n && st == PULSE_OK; i++)
+    if ((st = pulse_st_tensor_get(f, i, &tt)) == PULSE_OK)
+      names += strlen(tt.name) + 1;
+  /* One allocation: the entries, then their names. */
+  pulse_tensor_info *out = st == PULSE_OK ? malloc((n + 1) * sizeof *out + names) : NULL;
+  if (st == PULSE_OK && out == NULL)
+    st = pulse_fail(PULSE_ERR_NOMEM, "table of %zu tensors", n);
+  char *at = out != NULL ? (char *)(out + n + 1) : NULL;
+  for (size_t i = 0; i < n && st == PULSE_OK; i++) {
+    pulse_st_tensor_get(f, i, &tt);
+    size_t len = strlen(tt.name) + 1;
+    memcpy(at, tt.name, len);
+    memset(&out[i], 0, sizeof out[i]);
+    out[i].name = at;
+    out[i].dtype = tt.dtype;
+    out[i].ndim = tt.ndim;
+    memcpy(out[i].shape, tt.shape, sizeof out[i].shape);
+    at += len;
+  }
+  pulse_st_close(f);
+  if (st != PULSE_OK) {
+    free(out);
+    return sub_keep_error(sub, st);
+  }
+  *table = out;
+  *count = n;
+  return PULSE_OK;
+}
