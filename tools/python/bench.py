@@ -12,9 +12,13 @@ targets, README "From PyTorch"):
            measured pulls) above its resident memory before them, during
            patch pulls, with and without the class index; against the
            model's BF16 bytes and the patch bytes.
+  --tp N   instead: plain-position patches pulled by rank 0 of N through
+           pulse.Mapping (each tensor split on its columns, as row-parallel
+           weights are: blocks applied in C, pulse_region.h), its memory
+           against its shard's bytes and the patch bytes.
 
     PYTHONPATH=tools/python python3 tools/python/bench.py [--params 16e6]
-        [--tensors 16] [--steps 8] [--density 0.01]
+        [--tensors 16] [--steps 8] [--density 0.01] [--tp 2]
 """
 
 import argparse
@@ -57,9 +61,13 @@ def rss_kib(field):
 def worker(args):
     """Pulls every step into BF16 tensors; reports memory and times (JSON)."""
     shapes = json.loads(args.shapes)
+    mapping = None
+    if args.tp > 1:  # rank 0's columns of every tensor
+        mapping = pulse.Mapping(tp_rank=0, tp_size=args.tp, row_parallel=("layers",))
+        shapes = {n: [s[0], s[1] // args.tp] for n, s in shapes.items()}
     targets = {n: torch.zeros(s, dtype=torch.bfloat16) for n, s in shapes.items()}
     sub = pulse.Subscriber(args.url, key=args.key, class_index=not args.no_class_index)
-    sub.pull(targets)  # the anchor
+    sub.pull(targets, mapping=mapping)  # the anchor
     out = {"model_bytes": sum(t.numel() * 2 for t in targets.values()), "steps": []}
     print("ready", flush=True)
     with open("/proc/self/clear_refs", "w") as f:
@@ -69,7 +77,7 @@ def worker(args):
         if line.strip() == "quit":
             break
         t0 = time.perf_counter()
-        step = sub.pull(targets)
+        step = sub.pull(targets, mapping=mapping)
         wall = time.perf_counter() - t0
         fig = sub.figures()
         out["steps"].append({"step": step, "wall": wall, "c": fig["last_total_s"],
@@ -91,6 +99,7 @@ def main():
     ap.add_argument("--key")
     ap.add_argument("--shapes")
     ap.add_argument("--no-class-index", action="store_true")
+    ap.add_argument("--tp", type=int, default=1)
     args = ap.parse_args()
     if args.worker:
         return worker(args)
@@ -100,14 +109,16 @@ def main():
     g = torch.Generator().manual_seed(1)
     with tempfile.TemporaryDirectory(prefix="pulse-bench-") as work:
         store = os.path.join(work, "store")
-        pub = pulse.Publisher(store, anchor_every=1000)
+        pub = pulse.Publisher(store, anchor_every=1000, plain=args.tp > 1)
         server = pulse.Server(store)
         pub.publish(sd)
         shapes = json.dumps({n: list(t.shape) for n, t in sd.items()})
         workers = []
-        for no_index in (False, True):
+        kinds = ((False, True) if args.tp == 1 else (True,))
+        labels = ("class index", "no class index") if args.tp == 1 else (f"rank 0 of {args.tp}",)
+        for no_index in kinds:
             cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--url", server.url,
-                   "--key", pub.public_key, "--shapes", shapes]
+                   "--key", pub.public_key, "--shapes", shapes, "--tp", str(args.tp)]
             if no_index:
                 cmd.append("--no-class-index")
             p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -144,13 +155,13 @@ def main():
           f"median patch {med(patch) / 2**20:.2f} MiB")
     print(f"publish(state_dict)  median {med(pub_wall) * 1e3:8.1f} ms   C commit "
           f"{med(pub_c) * 1e3:8.1f} ms   ratio median {med(pub_ratio):.3f} max {max(pub_ratio):.3f}")
-    for res, label in zip(results, ("class index", "no class index")):
+    for res, label in zip(results, labels):
         steps = res["steps"]
         ratio = [s["wall"] / s["c"] for s in steps if s["c"] > 0]
         print(f"pull(targets) [{label:14s}] median {med(s['wall'] for s in steps) * 1e3:6.1f} ms   "
               f"C sync {med(s['c'] for s in steps) * 1e3:6.1f} ms   ratio median {med(ratio):.3f} "
               f"max {max(ratio):.3f}   peak extra memory {res['peak_extra_bytes'] / 2**20:.1f} MiB "
-              f"(model {res['model_bytes'] / 2**20:.0f} MiB, class index "
+              f"(targets {res['model_bytes'] / 2**20:.0f} MiB, class index "
               f"{res['class_index_bytes'] / 2**20:.1f} MiB)")
 
 

@@ -94,6 +94,29 @@ class PubTensor(ctypes.Structure):  # pulse_pub_tensor
     _fields_ = [("data", ctypes.c_void_p), ("dtype", ctypes.c_int), ("memory", ctypes.c_int)]
 
 
+class UploadOpts(ctypes.Structure):  # pulse_upload_opts, version 1
+    _fields_ = [("struct_version", ctypes.c_uint32), ("target", ctypes.c_char_p),
+                ("endpoint", ctypes.c_char_p), ("region", ctypes.c_char_p),
+                ("access_key", ctypes.c_char_p), ("secret_key", ctypes.c_char_p),
+                ("session_token", ctypes.c_char_p), ("cacert", ctypes.c_char_p),
+                ("multipart_bytes", ctypes.c_uint64), ("part_bytes", ctypes.c_uint64),
+                ("parallel", ctypes.c_uint), ("retries", ctypes.c_uint),
+                ("keep_anchors", ctypes.c_uint), ("grace_seconds", ctypes.c_uint32),
+                ("no_retention", ctypes.c_int)]
+
+    def __init__(self):  # PULSE_UPLOAD_OPTS_INIT
+        super().__init__(1, None, None, None, None, None, None, None, 64 << 20, 16 << 20, 4, 5,
+                         2, 600, 0)
+
+
+class UploadFigures(ctypes.Structure):  # pulse_upload_figures
+    _fields_ = [("objects_uploaded", ctypes.c_uint64), ("objects_present", ctypes.c_uint64),
+                ("bytes_uploaded", ctypes.c_uint64), ("parts", ctypes.c_uint64),
+                ("retries", ctypes.c_uint64), ("deleted", ctypes.c_uint64),
+                ("head_step", ctypes.c_uint64), ("seconds", ctypes.c_double),
+                ("_reserved", ctypes.c_char * 1024)]  # as in PubFigures
+
+
 class TensorDigest(ctypes.Structure):  # pulse_tensor_digest
     _fields_ = [("a", ctypes.c_uint64), ("b", ctypes.c_uint64)]
 
@@ -213,7 +236,10 @@ _PROTOS = {
     "pulse_pub_free": (None, [_p]),
     "pulse_pub_commit": (_int, [_p, _u64, ctypes.POINTER(PubTensor), ctypes.c_size_t,
                                 ctypes.POINTER(PubFigures)]),
-    "pulse_pub_flush": (_int, [_p, _p]),
+    "pulse_pub_flush": (_int, [_p, ctypes.POINTER(PubFigures)]),
+    "pulse_upload_create": (_int, [ctypes.POINTER(UploadOpts), ctypes.POINTER(_p)]),
+    "pulse_upload_free": (None, [_p]),
+    "pulse_upload_store": (_int, [_p, ctypes.c_char_p, ctypes.POINTER(UploadFigures)]),
     "pulse_pub_head_step": (_int, [_p, ctypes.POINTER(_u64)]),
     "pulse_pub_tensor_count": (ctypes.c_size_t, [_p]),
     "pulse_pub_tensor_info": (ctypes.POINTER(TensorInfo), [_p, ctypes.c_size_t]),

@@ -5,8 +5,8 @@ import os
 
 from . import _tensors
 from .server import notify_store
-from ._lib import (Closing, PUB_DEVICE, PUB_HOST, PubFigures, PubOpts, PubTensor, TensorInfo, check, fail,
-                   figures_dict, lib)
+from ._lib import (Closing, PUB_DEVICE, PUB_HOST, PubFigures, PubOpts, PubTensor, TensorInfo,
+                   UploadFigures, UploadOpts, check, fail, figures_dict, lib)
 
 
 def load_or_create_key(store_dir, key):
@@ -33,7 +33,12 @@ class Publisher(Closing):
     into it (trainer_side/pulse_publisher.h).
 
     key: a private key file (Ed25519, PKCS#8 PEM); None creates or reuses
-    the store's own (STORE/signing-key.pem). The tensor table is the one of
+    the store's own (STORE/signing-key.pem). upload: "s3://BUCKET/PREFIX":
+    after every step, the objects the head names that the bucket lacks,
+    then the head, go up to an S3-compatible store, and retention follows
+    (trainer_side/pulse_upload.h, as pulse-publish --upload); configured
+    from the environment like the AWS CLI (AWS_ENDPOINT_URL,
+    AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION, ...). The tensor table is the one of
     the first publish for a new store, the store's for an existing one.
     threads: for detection and encoding (0: one per core). anchor_every,
     keep_patches, keep_anchors: as in pulse_pub_opts. plain: write plain
@@ -42,10 +47,22 @@ class Publisher(Closing):
     apply a patch into their part of a tensor.
     """
 
-    def __init__(self, store_dir, key=None, *, anchor_every=16, keep_patches=32,
+    def __init__(self, store_dir, key=None, upload=None, *, anchor_every=16, keep_patches=32,
                  keep_anchors=3, threads=0, plain=False):
         self._pub = None
         self._key = None
+        self._upload = None
+        # What the last upload did (pulse_upload_figures), with upload=.
+        self.last_upload = None
+        if upload is not None:
+            if not isinstance(upload, str):
+                raise fail("Publisher: upload must be a str (s3://BUCKET/PREFIX)")
+            self._upload_target = upload.encode()
+            opts = UploadOpts()
+            opts.target = self._upload_target
+            handle = ctypes.c_void_p()
+            check(lib.pulse_upload_create(ctypes.byref(opts), ctypes.byref(handle)))
+            self._upload = handle
         self.store_dir = os.fspath(store_dir)
         os.makedirs(self.store_dir, exist_ok=True)
         self._key = load_or_create_key(self.store_dir, key)
@@ -148,16 +165,44 @@ class Publisher(Closing):
         check(lib.pulse_pub_commit(self._pub, step, array, len(self._table), ctypes.byref(figures)))
         self.last_figures = figures_dict(figures)
         notify_store(self.store_dir)
+        self._upload_store()
         return step
+
+    def _upload_store(self):
+        """With upload=: the store's head and what it names to the bucket.
+        A failure raises Error; the step stays committed in the store and
+        the bucket keeps its previous head, and the next upload sends what
+        is missing."""
+        if self._upload is None:
+            return
+        figures = UploadFigures()
+        check(lib.pulse_upload_store(self._upload, os.fsencode(self.store_dir),
+                                     ctypes.byref(figures)))
+        self.last_upload = figures_dict(figures)
 
     def flush(self):
         """Waits for an anchor written in the background and names it in
-        the head."""
+        the head (and, with upload=, uploads that head)."""
         if self._pub is not None:
-            check(lib.pulse_pub_flush(self._pub, None))
+            figures = PubFigures()
+            check(lib.pulse_pub_flush(self._pub, ctypes.byref(figures)))
+            if figures.flush:
+                notify_store(self.store_dir)
+                self._upload_store()
 
     def close(self):
-        """Frees the publisher (a background anchor is finished first)."""
+        """Frees the publisher (a background anchor is finished first, and
+        with upload= uploaded)."""
+        try:
+            if self._pub is not None and self._upload is not None:
+                self.flush()
+        finally:
+            self._free()
+
+    def _free(self):
+        if self._upload is not None:
+            lib.pulse_upload_free(self._upload)
+            self._upload = None
         if self._pub is not None:
             lib.pulse_pub_free(self._pub)
             self._pub = None
