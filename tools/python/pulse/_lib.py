@@ -274,6 +274,8 @@ _PROTOS = {
     "pulse_digest_bf16_block": (_int, [_p, _u64, _u64, _u64, _u64, _u64,
                                        ctypes.POINTER(TensorDigest)]),
     "pulse_sub_key_from_hex": (_int, [ctypes.c_char_p, ctypes.c_char * 32]),
+    "pulse_cuda_available": (_int, []),
+    "pulse_cuda_unavailable_reason": (ctypes.c_char_p, []),
 }
 
 

@@ -135,6 +135,7 @@ class Publisher(Closing):
             dtype, is_cuda, shape = _tensors.check(name, tensor, ("f32", "bf16"), "tensor")
             checked[name] = (tensor, dtype, is_cuda, shape)
             if is_cuda:
+                _tensors.require_cuda(name, "tensor")
                 device = tensor
         if self._pub is None:
             if not pairs:
@@ -162,7 +163,9 @@ class Publisher(Closing):
         if not isinstance(step, int) or step < 0:
             raise fail(f"publish: step {step!r} is not a non-negative int")
         figures = PubFigures()
-        check(lib.pulse_pub_commit(self._pub, step, array, len(self._table), ctypes.byref(figures)))
+        with _tensors.StreamOrder(device, self._opts.cuda_stream):
+            check(lib.pulse_pub_commit(self._pub, step, array, len(self._table),
+                                       ctypes.byref(figures)))
         self.last_figures = figures_dict(figures)
         notify_store(self.store_dir)
         self._upload_store()

@@ -63,6 +63,7 @@ class Subscriber(Closing):
         self._opts.on_event = self._on_event
         self._layout = None  # what is attached: ((name, ptr, shape), ...)
         self._targets = None  # the attached tensors, kept alive
+        self._device = None  # a CUDA target when the targets are on a device
 
     # ------------------------------------------------------------ targets
     def _attach(self, targets, mapping):
@@ -76,6 +77,7 @@ class Subscriber(Closing):
         for name, tensor in pairs:
             _, is_cuda, shape = _tensors.check(name, tensor, ("bf16",), "target")
             if is_cuda:
+                _tensors.require_cuda(name, "target")
                 device = tensor
             layout.append((name, tensor.data_ptr(), shape, is_cuda))
         if len({entry[3] for entry in layout}) > 1:
@@ -104,6 +106,7 @@ class Subscriber(Closing):
         self._sub = sub
         self._layout = layout
         self._targets = [tensor for _, tensor in pairs]
+        self._device = device  # a CUDA target, for the stream order
 
     def _free_sub(self):
         if self._sub is not None:
@@ -111,6 +114,7 @@ class Subscriber(Closing):
             self._sub = None
             self._layout = None
             self._targets = None
+            self._device = None
 
     def _table(self, sub):
         """{name: shape} of the publisher's table at its head
@@ -152,7 +156,8 @@ class Subscriber(Closing):
             timer = threading.Timer(timeout, lib.pulse_sub_stop, (self._sub,))
             timer.start()
         try:
-            status = lib.pulse_sub_sync(self._sub)
+            with _tensors.StreamOrder(self._device, self._opts.cuda_stream):
+                status = lib.pulse_sub_sync(self._sub)
         finally:
             if timer is not None:
                 timer.cancel()
@@ -229,6 +234,7 @@ class Subscriber(Closing):
                 lib.pulse_sub_read_lock(sub, ctypes.byref(held))
                 try:
                     if held.value != SUB_NO_STEP and held.value != last:
+                        _tensors.wait_for(self._device, self._opts.cuda_stream)
                         last = held.value
                         yield last
                 finally:
