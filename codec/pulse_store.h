@@ -77,7 +77,8 @@ typedef struct pulse_store_head pulse_store_head;
  * hex spellings, object paths (content-addressed, never leaving objects/),
  * a patch chain that ends at the head step, anchors placed on retained
  * steps, and, when the head carries a public key, the Ed25519 signature over
- * its canonical form (trainer_side/PROTOCOL.md). The bytes are copied.
+ * its canonical form (trainer_side/PROTOCOL.md), and a key rotation record's
+ * signature by the old key when there is one. The bytes are copied.
  * @return PULSE_OK and *out (free with pulse_store_head_free);
  * PULSE_ERR_OVERFLOW (larger than PULSE_STORE_MAX_HEAD_BYTES or too many
  * objects); PULSE_ERR_JSON (not strict JSON, or a field missing or of the
@@ -107,6 +108,15 @@ pulse_store_head_state_digest(const pulse_store_head *head);
  * the one to trust is the caller's decision: compare it with a pinned key. */
 int pulse_store_head_signer(const pulse_store_head *head,
                             uint8_t pub[PULSE_SIGN_PUBLIC_BYTES]);
+
+/** 1 when the head carries a key rotation record (trainer_side/PROTOCOL.md,
+ * "Key rotation"), checked by parse: the key `from` (may be NULL) signed
+ * that the head's signer succeeds it for the head's run from `*step` (may
+ * be NULL) on. A worker that trusts `from` may then trust the signer, and
+ * from then on only the signer; else 0. */
+int pulse_store_head_rotation(const pulse_store_head *head,
+                              uint8_t from[PULSE_SIGN_PUBLIC_BYTES],
+                              uint64_t *step);
 
 /** The head's format version: 1 (pulse-head/1) or 2 (pulse-head/2, which
  * also signs a run identity, a publication time and a link to the previous

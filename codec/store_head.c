@@ -132,6 +132,59 @@ static void write_identity(pulse_json_writer *w, const store_head_fields *f) {
   pulse_json_write_end(w);
 }
 
+int store_rotation_canonical(const uint8_t run[PULSE_STORE_RUN_BYTES],
+                             uint64_t step,
+                             const uint8_t from[PULSE_SIGN_PUBLIC_BYTES],
+                             const uint8_t to[PULSE_SIGN_PUBLIC_BYTES],
+                             char out[STORE_ROTATION_CANON_MAX]) {
+  char run_hex[2 * PULSE_STORE_RUN_BYTES + 1], from_hex[65], to_hex[65];
+  store_hex(run, PULSE_STORE_RUN_BYTES, run_hex);
+  store_hex(from, PULSE_SIGN_PUBLIC_BYTES, from_hex);
+  store_hex(to, PULSE_SIGN_PUBLIC_BYTES, to_hex);
+  return snprintf(out, STORE_ROTATION_CANON_MAX,
+                  "pulse-key-rotation/1\nrun %s\nstep %" PRIu64
+                  "\nfrom %s\nto %s\n",
+                  run_hex, step, from_hex, to_hex);
+}
+
+pulse_status store_rotation_sign(const pulse_sign_key *from,
+                                 const uint8_t to[PULSE_SIGN_PUBLIC_BYTES],
+                                 const uint8_t run[PULSE_STORE_RUN_BYTES],
+                                 uint64_t step, store_rotation *out) {
+  memset(out, 0, sizeof *out);
+  pulse_sign_key_public(from, out->from);
+  if (memcmp(out->from, to, PULSE_SIGN_PUBLIC_BYTES) == 0)
+    return pulse_fail(PULSE_ERR_ARG,
+                      "key rotation: the new key is the current one");
+  char canon[STORE_ROTATION_CANON_MAX];
+  int n = store_rotation_canonical(run, step, out->from, to, canon);
+  PULSE_TRY(pulse_sign(from, canon, (size_t)n, out->signature));
+  out->step = step;
+  out->present = 1;
+  return PULSE_OK;
+}
+
+/* "rotation": {"step", "from", "to", "signature"} (PROTOCOL.md). */
+static void write_rotation(pulse_json_writer *w, const store_rotation *r,
+                           const uint8_t to[PULSE_SIGN_PUBLIC_BYTES]) {
+  char hex[129];
+  pulse_json_write_newline(w, 0);
+  pulse_json_write_key(w, "rotation");
+  pulse_json_write_object(w);
+  pulse_json_write_key(w, "step");
+  pulse_json_write_u64(w, r->step);
+  store_hex(r->from, PULSE_SIGN_PUBLIC_BYTES, hex);
+  pulse_json_write_key(w, "from");
+  pulse_json_write_string(w, hex);
+  store_hex(to, PULSE_SIGN_PUBLIC_BYTES, hex);
+  pulse_json_write_key(w, "to");
+  pulse_json_write_string(w, hex);
+  store_hex(r->signature, PULSE_SIGN_SIGNATURE_BYTES, hex);
+  pulse_json_write_key(w, "signature");
+  pulse_json_write_string(w, hex);
+  pulse_json_write_end(w);
+}
+
 pulse_status store_head_serialize(const store_head_fields *f,
                                   const pulse_sign_key *key,
                                   pulse_buffer *out) {
@@ -163,6 +216,10 @@ pulse_status store_head_serialize(const store_head_fields *f,
     write_identity(&w, f);
   write_objects(&w, "patches", f->patches, f->npatches);
   write_objects(&w, "anchors", f->anchors, f->nanchors);
+  /* Only a signed version-2 head carries one (its signer is the new key);
+   * pulse_store_head_parse of the result checks the rest. */
+  if (key != NULL && f->version >= 2 && f->rotation.present)
+    write_rotation(&w, &f->rotation, pub);
   if (key != NULL) {
     write_hex_member(&w, "public_key", pub, sizeof pub);
     write_hex_member(&w, "signature", sig, sizeof sig);
@@ -364,6 +421,51 @@ static pulse_status parse_identity(const pulse_json *root,
   return PULSE_OK;
 }
 
+/* The key rotation record, read after the head's own signature checked
+ * (PROTOCOL.md, "Key rotation"): only in a signed version-2 head, naming
+ * the head's signer as the new key, at most at the head's step, and signed
+ * by the old key over the run, the step and both keys. */
+static pulse_status parse_rotation(const pulse_json *root,
+                                   pulse_store_head *h) {
+  const pulse_json *r = pulse_json_get(root, "rotation");
+  if (r == NULL)
+    return PULSE_OK;
+  if (!h->is_signed || h->version < 2)
+    return pulse_fail(PULSE_ERR_CORRUPT,
+                      "head: a key rotation in an unsigned or pulse-head/1 "
+                      "head");
+  if (r->type != PULSE_JSON_OBJECT)
+    return pulse_fail(PULSE_ERR_JSON, "head: \"rotation\" is not an object");
+  PULSE_TRY(no_duplicates(r, "rotation"));
+  store_rotation *rot = &h->rotation;
+  uint8_t to[PULSE_SIGN_PUBLIC_BYTES];
+  PULSE_TRY(get_u64(r, "step", "rotation", &rot->step));
+  PULSE_TRY(get_hex(r, "from", "rotation", rot->from, sizeof rot->from));
+  PULSE_TRY(get_hex(r, "to", "rotation", to, sizeof to));
+  PULSE_TRY(get_hex(r, "signature", "rotation", rot->signature,
+                    sizeof rot->signature));
+  if (memcmp(to, h->pub, sizeof to) != 0)
+    return pulse_fail(PULSE_ERR_CORRUPT,
+                      "head: the key rotation names another key than the "
+                      "head's signer");
+  if (memcmp(rot->from, to, sizeof to) == 0)
+    return pulse_fail(PULSE_ERR_CORRUPT,
+                      "head: a key rotation from a key to itself");
+  if (rot->step > h->step)
+    return pulse_fail(PULSE_ERR_CORRUPT,
+                      "head: a key rotation at step %" PRIu64
+                      ", after the head's step %" PRIu64,
+                      rot->step, h->step);
+  char canon[STORE_ROTATION_CANON_MAX];
+  int n = store_rotation_canonical(h->run, rot->step, rot->from, to, canon);
+  pulse_status st =
+      pulse_sign_verify(rot->from, canon, (size_t)n, rot->signature);
+  if (st != PULSE_OK)
+    return pulse_fail_context(st, "head: key rotation signature");
+  rot->present = 1;
+  return PULSE_OK;
+}
+
 static store_head_fields fields_of(const pulse_store_head *h) {
   store_head_fields f;
   memset(&f, 0, sizeof f);
@@ -448,6 +550,7 @@ static pulse_status parse_into(pulse_store_head *h) {
     }
     h->is_signed = 1;
   }
+  st = parse_rotation(root, h);
 done:
   pulse_json_doc_free(doc);
   return st;
@@ -521,6 +624,18 @@ int pulse_store_head_run(const pulse_store_head *head,
 
 uint64_t pulse_store_head_published(const pulse_store_head *head) {
   return head->version >= 2 ? head->published : 0;
+}
+
+int pulse_store_head_rotation(const pulse_store_head *head,
+                              uint8_t from[PULSE_SIGN_PUBLIC_BYTES],
+                              uint64_t *step) {
+  if (!head->rotation.present)
+    return 0;
+  if (from != NULL)
+    memcpy(from, head->rotation.from, PULSE_SIGN_PUBLIC_BYTES);
+  if (step != NULL)
+    *step = head->rotation.step;
+  return 1;
 }
 
 int pulse_store_head_previous(const pulse_store_head *head, uint64_t *step,

@@ -12,6 +12,16 @@
 #include "pulse_sign.h"
 #include "pulse_store.h"
 
+/* A key rotation record (PROTOCOL.md, "Key rotation"): the key `from`
+ * names the head's signing key as its successor, for the run of the head,
+ * from step `step` on; `signature` is from's over store_rotation_canonical. */
+typedef struct {
+  int present;
+  uint64_t step;
+  uint8_t from[PULSE_SIGN_PUBLIC_BYTES];
+  uint8_t signature[PULSE_SIGN_SIGNATURE_BYTES];
+} store_rotation;
+
 struct pulse_store_head {
   uint8_t *bytes; /* the JSON as parsed or written */
   size_t size;
@@ -30,6 +40,7 @@ struct pulse_store_head {
   int has_previous;
   uint64_t previous_step;
   uint8_t previous_sha256[32];
+  store_rotation rotation; /* a key rotation record (version 2, signed) */
 };
 
 /* The fields a new head is made of (borrowed). */
@@ -48,7 +59,26 @@ typedef struct {
   int has_previous;   /* 0: the first head of its run */
   uint64_t previous_step;
   uint8_t previous_sha256[32]; /* of the previous head's bytes */
+  store_rotation rotation;      /* written when present (version 2 only) */
 } store_head_fields;
+
+/** The text a key rotation's signature covers: the run, the step, the old
+ * and the new public key (PROTOCOL.md, "Key rotation"). Returns its length
+ * (at most STORE_ROTATION_CANON_MAX - 1). */
+#define STORE_ROTATION_CANON_MAX 320
+int store_rotation_canonical(const uint8_t run[PULSE_STORE_RUN_BYTES],
+                             uint64_t step,
+                             const uint8_t from[PULSE_SIGN_PUBLIC_BYTES],
+                             const uint8_t to[PULSE_SIGN_PUBLIC_BYTES],
+                             char out[STORE_ROTATION_CANON_MAX]);
+
+/** Makes the record by which `from` (the key heads were signed with) names
+ * `to` as its successor for `run` from `step` on.
+ * @return PULSE_OK; PULSE_ERR_ARG (the same key); PULSE_ERR_INTERNAL. */
+pulse_status store_rotation_sign(const pulse_sign_key *from,
+                                 const uint8_t to[PULSE_SIGN_PUBLIC_BYTES],
+                                 const uint8_t run[PULSE_STORE_RUN_BYTES],
+                                 uint64_t step, store_rotation *out);
 
 /** A new random run identity (OpenSSL's generator).
  * @return PULSE_OK or PULSE_ERR_INTERNAL. */

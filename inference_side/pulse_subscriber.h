@@ -45,8 +45,8 @@
  * as downloaded and verified, head.json as fetched with its signature intact,
  * so a pulse server can re-serve it (a relay; see opts.mirror). Partial
  * downloads live in objects/.<sha256>.part* and survive restarts. Also kept
- * there: trusted-key (the publisher key trusted on first use when no key is
- * pinned).
+ * there: trusted-key (the publisher key trusted on first use, with
+ * opts.trust_first_use, when no key is pinned; a key rotation moves it).
  *
  * Readers: a reader that holds pulse_sub_read_lock sees one whole step; the
  * subscriber writes target memory only while no reader holds it.
@@ -145,9 +145,10 @@ typedef struct {
   const char *const *urls;
   size_t url_count;
   const char *cache_dir; /* required; created when missing */
-  /* The publisher's Ed25519 public key (32 bytes). NULL: trust on first use:
-   * the key of the first head is kept in cache_dir/trusted-key and required
-   * from then on (a PULSE_SUB_EV_WARNING says so). */
+  /* The publisher's Ed25519 public key (32 bytes), pinned. NULL is refused
+   * by pulse_sub_create unless trust_first_use (version 6) or
+   * allow_unsigned says otherwise. A head that rotates the key
+   * (PROTOCOL.md, "Key rotation") moves the key required from then on. */
   const uint8_t *public_key;
   int allow_unsigned;            /* accept unsigned heads (no authenticity) */
   int allow_unsigned_catchup;    /* use catch-ups a server did not sign
@@ -221,25 +222,32 @@ typedef struct {
    * must chain to (a private CA); NULL: the system's. Certificates are
    * always verified, names included. Copied. */
   const char *cacert;
+  /* Version 6: with no public_key, 1 trusts the key of the first head
+   * taken (trust on first use: kept in cache_dir/trusted-key and required
+   * from then on; a PULSE_SUB_EV_WARNING says so). 0 (default, and for
+   * options of versions 1 to 5): a subscriber without public_key is
+   * refused, unless allow_unsigned. Trust on first use is never implied. */
+  int trust_first_use;
 } pulse_sub_opts;
 
-#define PULSE_SUB_OPTS_VERSION 5u
+#define PULSE_SUB_OPTS_VERSION 6u
 #define PULSE_SUB_OPTS_INIT                                                    \
   {                                                                            \
     PULSE_SUB_OPTS_VERSION, NULL, 0, NULL, NULL, 0, 0, 10000, 30000, 1024, 30, \
         6, 200, 5000, 4, (uint64_t)32 << 20, 0, 1, 0, 0, 30000, NULL, NULL,    \
-        NULL, 0, 0, 0, 0, 0, 262144, 30000, NULL                               \
+        NULL, 0, 0, 0, 0, 0, 262144, 30000, NULL, 0                            \
   }
 
 typedef struct pulse_sub pulse_sub;
 
 /** Creates a subscriber. Nothing is fetched yet. Reads cache_dir/head.json
  * (the newest head seen: the subscriber never goes back to an older one, nor
- * to another run, unless opts allow it) and cache_dir/trusted-key when
- * present.
+ * to another run, unless opts allow it) and, with trust_first_use,
+ * cache_dir/trusted-key when present.
  * @return PULSE_OK and *out (free with pulse_sub_free); PULSE_ERR_ARG (no
  * URL, a URL that is not http(s), no cache_dir, bad options, unsigned heads
- * allowed together with a pinned key); PULSE_ERR_IO (cache_dir cannot be
+ * allowed together with a pinned key or trust on first use, no public key
+ * without trust_first_use or allow_unsigned); PULSE_ERR_IO (cache_dir cannot be
  * made); PULSE_ERR_NOMEM. */
 pulse_status pulse_sub_create(const pulse_sub_opts *opts, pulse_sub **out);
 

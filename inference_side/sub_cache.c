@@ -53,15 +53,13 @@ pulse_status sub_cache_open(pulse_sub *sub) {
   snprintf(path, sizeof path, "%s/" PULSE_STORE_OBJECTS_DIR, sub->cache_dir);
   PULSE_TRY(sub_mkdir(path));
   remove_temporaries(sub->cache_dir);
-  if (!sub->have_key)
+  if (!sub->have_key && sub->opts.trust_first_use)
     load_trusted_key(sub);
   sub->cache_head_step = PULSE_SUB_NO_STEP;
   pulse_store_head *h = NULL;
   pulse_status st = pulse_store_head_load(sub->cache_dir, &h);
   if (st == PULSE_OK) {
-    uint8_t pub[32];
-    int is_signed = pulse_store_head_signer(h, pub);
-    if (sub->have_key && (!is_signed || memcmp(pub, sub->key, 32) != 0))
+    if (sub->have_key && sub_head_key_check(sub, h) != PULSE_OK)
       PULSE_LOG_AT(
           PULSE_LOG_WARN,
           "subscriber: %s/head.json is not signed by the publisher key: "
@@ -70,6 +68,8 @@ pulse_status sub_cache_open(pulse_sub *sub) {
     else {
       sub->cache_head_step = pulse_store_head_step(h);
       sub_head_hold_run(sub, h);
+      /* A rotation the worker took before a restart holds again. */
+      sub_head_follow_key(sub, h);
     }
     pulse_store_head_free(h);
   } else if (st != PULSE_ERR_NOT_FOUND) {

@@ -1,7 +1,7 @@
 /* sub_head.c - fetching heads and deciding whether to trust them: the
  * head must parse and check (pulse_store_head_parse verifies the Ed25519
  * signature over its canonical form), be signed by the pinned key (or the
- * key trusted on first use), be of the run the worker holds, never be
+ * key trusted on first use, only when asked for), be of the run the worker holds, never be
  * older than the newest step the worker knows (a relay replaying an old
  * signed head cannot move a worker back, even one whose cache is gone),
  * and not older than the maximum age. Every source is asked and the newest
@@ -57,8 +57,67 @@ static pulse_status trust_first_key(pulse_sub *sub, const uint8_t pub[32]) {
   return PULSE_OK;
 }
 
+pulse_status sub_head_key_check(const pulse_sub *sub,
+                                const pulse_store_head *h) {
+  uint8_t pub[32], from[32];
+  const char *kind = sub->key_pinned ? "pinned" : "trusted";
+  if (!pulse_store_head_signer(h, pub))
+    return pulse_fail(
+        PULSE_ERR_CORRUPT,
+        "head refused: it is not signed, and a publisher key is %s", kind);
+  if (memcmp(pub, sub->key, 32) == 0)
+    return PULSE_OK;
+  uint64_t at = 0;
+  int rotates = pulse_store_head_rotation(h, from, &at);
+  if (rotates && memcmp(from, sub->key, 32) == 0)
+    return PULSE_OK; /* the trusted key named its successor */
+  char got[65], want[65], was[65];
+  store_hex(pub, 32, got);
+  store_hex(sub->key, 32, want);
+  if (!rotates)
+    return pulse_fail(PULSE_ERR_CORRUPT,
+                      "head refused: signed by %s, not by the %s key %s", got,
+                      kind, want);
+  store_hex(from, 32, was);
+  return pulse_fail(PULSE_ERR_CORRUPT,
+                    "head refused: signed by %s, not by the %s key %s, and "
+                    "its key rotation (step %" PRIu64
+                    ") is signed by %s, not by the %s key",
+                    got, kind, want, at, was, kind);
+}
+
+void sub_head_follow_key(pulse_sub *sub, const pulse_store_head *h) {
+  uint8_t pub[32];
+  if (!sub->have_key || !pulse_store_head_signer(h, pub) ||
+      memcmp(pub, sub->key, 32) == 0)
+    return;
+  char from[65], to[65], msg[600];
+  store_hex(sub->key, 32, from);
+  store_hex(pub, 32, to);
+  uint64_t at = 0;
+  pulse_store_head_rotation(h, NULL, &at);
+  memcpy(sub->key, pub, 32);
+  int n = snprintf(msg, sizeof msg,
+                   "the publisher rotated its key at step %" PRIu64
+                   ": %s -> %s; heads signed by the old key are refused "
+                   "from now on",
+                   at, from, to);
+  if (!sub->key_pinned) { /* trusted on first use: the trust moves on */
+    char path[4096], line[80];
+    snprintf(path, sizeof path, "%s/trusted-key", sub->cache_dir);
+    int len = snprintf(line, sizeof line, "%s\n", to);
+    if (pulse_file_write_atomic(path, line, (size_t)len) != PULSE_OK &&
+        n > 0 && (size_t)n < sizeof msg)
+      snprintf(msg + n, sizeof msg - (size_t)n, " (%.200s not updated: %.200s)", path,
+               pulse_error_detail());
+  }
+  PULSE_LOG_AT(PULSE_LOG_WARN, "subscriber: %s", msg);
+  sub_emit_simple(sub, PULSE_SUB_EV_WARNING, PULSE_OK, msg);
+}
+
 /* Is it the publisher's head at all: parsed, checked, signed by the key
- * (or unsigned where allowed)? On success *out is the head. */
+ * (or by its successor, named by a rotation the key signed; or unsigned
+ * where allowed)? On success *out is the head. */
 static pulse_status head_trust(pulse_sub *sub, const uint8_t *bytes, size_t n,
                                pulse_store_head **out) {
   *out = NULL;
@@ -69,24 +128,11 @@ static pulse_status head_trust(pulse_sub *sub, const uint8_t *bytes, size_t n,
   if (st != PULSE_OK)
     return pulse_fail(st == PULSE_ERR_NOMEM ? st : PULSE_ERR_CORRUPT,
                       "head refused: %s", pulse_error_detail());
-  uint8_t pub[32];
-  int is_signed = pulse_store_head_signer(h, pub);
+  int is_signed = pulse_store_head_signer(h, NULL);
   if (sub->have_key) {
-    if (!is_signed) {
+    if ((st = sub_head_key_check(sub, h)) != PULSE_OK) {
       pulse_store_head_free(h);
-      return pulse_fail(
-          PULSE_ERR_CORRUPT,
-          "head refused: it is not signed, and a publisher key is %s",
-          sub->key_pinned ? "pinned" : "trusted");
-    }
-    if (memcmp(pub, sub->key, 32) != 0) {
-      char got[65], want[65];
-      store_hex(pub, 32, got);
-      store_hex(sub->key, 32, want);
-      pulse_store_head_free(h);
-      return pulse_fail(PULSE_ERR_CORRUPT,
-                        "head refused: signed by %s, not by the %s key %s", got,
-                        sub->key_pinned ? "pinned" : "trusted", want);
+      return st;
     }
   } else if (!is_signed && !sub->opts.allow_unsigned) {
     pulse_store_head_free(h);
@@ -166,7 +212,8 @@ pulse_status sub_head_verify(pulse_sub *sub, const uint8_t *bytes, size_t n,
   PULSE_TRY(head_trust(sub, bytes, n, &h));
   pulse_status st = head_fresh(sub, h);
   uint8_t pub[32];
-  if (st == PULSE_OK && pulse_store_head_signer(h, pub) && !sub->have_key)
+  if (st == PULSE_OK && pulse_store_head_signer(h, pub) && !sub->have_key &&
+      sub->opts.trust_first_use)
     st = trust_first_key(sub, pub);
   if (st != PULSE_OK) {
     pulse_store_head_free(h);
@@ -213,6 +260,7 @@ static void take(pulse_sub *sub, pulse_store_head *h, size_t url, int *moved) {
   store_hex(sha, 32, hex);
   snprintf(sub->head_etag, sizeof sub->head_etag, "\"%s\"", hex);
   sub_head_hold_run(sub, h);
+  sub_head_follow_key(sub, h);
   pulse_store_head_free(sub->head);
   sub->head = h;
   sub->head_url = url;
@@ -441,7 +489,7 @@ pulse_status sub_head_fetch(pulse_sub *sub, int *moved) {
   /* Trust on first use: the key of the head taken. */
   uint8_t pub[32];
   if (best < n && pulse_store_head_signer(a[best].h, pub) && !sub->have_key &&
-      (st = trust_first_key(sub, pub)) != PULSE_OK)
+      sub->opts.trust_first_use && (st = trust_first_key(sub, pub)) != PULSE_OK)
     best = n;
   uint64_t newest = PULSE_SUB_NO_STEP;
   if (best < n) {

@@ -255,6 +255,16 @@ pulse_status sub_head_fetch(pulse_sub *sub, int *moved);
 /** Records the run a head names as the one the worker holds (none for a
  * format-1 head). */
 void sub_head_hold_run(pulse_sub *sub, const pulse_store_head *h);
+/** Whether a signed head's key is the one to trust: the pinned or
+ * trusted key, or a key that a rotation record in the head names as the
+ * successor of that key (PROTOCOL.md, "Key rotation"). PULSE_OK, or
+ * PULSE_ERR_CORRUPT with the detail set. */
+pulse_status sub_head_key_check(const pulse_sub *sub,
+                                const pulse_store_head *h);
+/** After a head passed sub_head_key_check was taken: when it rotated the
+ * key, the new key is the one required from then on (kept in trusted-key
+ * when it was trusted on first use). */
+void sub_head_follow_key(pulse_sub *sub, const pulse_store_head *h);
 /** Verifies head bytes fetched from anywhere; on success *out is the
  * parsed head. */
 pulse_status sub_head_verify(pulse_sub *sub, const uint8_t *bytes, size_t n,

@@ -52,6 +52,20 @@ static pulse_status check_opts(const pulse_sub_opts *o) {
     return pulse_fail(
         PULSE_ERR_ARG,
         "subscriber: a pinned key and unsigned heads exclude each other");
+  /* Options before version 6 have no trust_first_use: they are refused
+   * without a key too (trust on first use is never a default). */
+  int tofu = o->struct_version >= 6 && o->trust_first_use;
+  if (o->public_key != NULL && tofu)
+    return pulse_fail(PULSE_ERR_ARG,
+                      "subscriber: a pinned key and trust on first use "
+                      "exclude each other");
+  if (o->public_key == NULL && !tofu && !o->allow_unsigned)
+    return pulse_fail(
+        PULSE_ERR_ARG,
+        "subscriber: no publisher key: pin the publisher's public key "
+        "(public_key; pulse-pull --key HEX, the head's \"public_key\"), or "
+        "trust the first head's key explicitly (trust_first_use; pulse-pull "
+        "--trust-first-use)");
   if (o->parallel > 16 || o->retries > 1000 || o->poll_timeout_ms == 0 ||
       o->poll_timeout_ms > 3600000 || o->backoff_max_ms < o->backoff_ms)
     return pulse_fail(
@@ -81,6 +95,9 @@ pulse_status pulse_sub_create(const pulse_sub_opts *opts, pulse_sub **out) {
     sub->opts.struct_version = PULSE_SUB_OPTS_VERSION;
   } else if (opts->struct_version == 4) { /* before cacert */
     memcpy(&sub->opts, opts, offsetof(pulse_sub_opts, cacert));
+    sub->opts.struct_version = PULSE_SUB_OPTS_VERSION;
+  } else if (opts->struct_version == 5) { /* before trust_first_use */
+    memcpy(&sub->opts, opts, offsetof(pulse_sub_opts, trust_first_use));
     sub->opts.struct_version = PULSE_SUB_OPTS_VERSION;
   } else {
     sub->opts = *opts;

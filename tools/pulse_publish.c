@@ -53,7 +53,19 @@ static void usage(FILE *f) {
       "made when missing;\n"
       "                       the server never serves it, keep it out of "
       "mirrors)\n"
+      "  --rotate-key NEW.pem rotate the signing key to NEW.pem (made when "
+      "missing): a head\n"
+      "                       at the same step, signed by NEW.pem, carries a "
+      "record signed\n"
+      "                       by the current key (--key or the default) that "
+      "names NEW.pem;\n"
+      "                       workers that trust the old key follow it; "
+      "later runs need\n"
+      "                       --key NEW.pem (the old key is then refused)\n"
       "  --unsigned           write unsigned heads\n"
+      "  --public-key         print the signing key's public key (64 hex "
+      "digits, what\n"
+      "                       `pulse-pull --key` pins) and exit\n"
       "  --first-step N       step of the first checkpoint of a new store "
       "(default: its\n"
       "                       metadata 'step', else 0)\n"
@@ -209,6 +221,24 @@ static int verify(const char *store, const char *key_path) {
   return 0;
 }
 
+/* --public-key: the hex a puller pins (never makes a key). */
+static int print_public_key(const char *store, const char *key_path) {
+  char def[4096];
+  snprintf(def, sizeof def, "%s/signing-key.pem", store);
+  const char *path = key_path ? key_path : def;
+  pulse_sign_key *k = NULL;
+  pulse_status st = pulse_sign_key_load(path, &k);
+  if (st != PULSE_OK)
+    return fail(path, st);
+  uint8_t pub[PULSE_SIGN_PUBLIC_BYTES];
+  pulse_sign_key_public(k, pub);
+  pulse_sign_key_free(k);
+  for (size_t i = 0; i < sizeof pub; i++)
+    printf("%02x", pub[i]);
+  printf("\n");
+  return 0;
+}
+
 static pulse_status get_key(const char *store, const char *key_path,
                             int new_key, int unsigned_, pulse_sign_key **key) {
   *key = NULL;
@@ -234,6 +264,23 @@ static pulse_status get_key(const char *store, const char *key_path,
   return PULSE_OK;
 }
 
+/* --rotate-key: the new key, loaded or made (never replacing a file). */
+static pulse_status rotate_key_get(const char *path, pulse_sign_key **key) {
+  pulse_status st = pulse_sign_key_load(path, key);
+  if (st != PULSE_ERR_NOT_FOUND)
+    return st;
+  st = pulse_sign_key_generate(key);
+  if (st == PULSE_OK)
+    st = pulse_sign_key_save(*key, path);
+  if (st != PULSE_OK) {
+    pulse_sign_key_free(*key);
+    *key = NULL;
+    return st;
+  }
+  fprintf(stderr, "pulse-publish: new signing key %s\n", path);
+  return PULSE_OK;
+}
+
 static void sleep_ms(unsigned ms) {
   struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
   nanosleep(&ts, NULL);
@@ -244,8 +291,8 @@ typedef struct publish_args publish_args;
 static int upload(const publish_args *a);
 
 struct publish_args {
-  const char *store, *listen, *key_path;
-  int new_key, unsigned_, exit_after, json, do_verify;
+  const char *store, *listen, *key_path, *rotate_path;
+  int new_key, unsigned_, exit_after, json, do_verify, print_key;
   int interval_ms, have_first;
   uint64_t first_step;
   pulse_pub_opts o;
@@ -280,6 +327,29 @@ static int upload(const publish_args *a) {
   return 0;
 }
 
+/* Rotates the store's key to `next` (before any checkpoint) and says so. */
+static int rotate(const publish_args *a, pulse_pub *pub,
+                  const pulse_sign_key *next) {
+  pulse_pub_figures f;
+  pulse_status st = pulse_pub_rotate_key(pub, next, &f);
+  if (st != PULSE_OK)
+    return fail("--rotate-key", st);
+  uint8_t pk[PULSE_SIGN_PUBLIC_BYTES];
+  char hex[2 * PULSE_SIGN_PUBLIC_BYTES + 1];
+  pulse_sign_key_public(next, pk);
+  for (size_t i = 0; i < sizeof pk; i++)
+    snprintf(hex + 2 * i, 3, "%02x", pk[i]);
+  if (a->json)
+    printf("{\"event\":\"rotate\",\"step\":%" PRIu64
+           ",\"public_key\":\"%s\"}\n",
+           f.step, hex);
+  else
+    printf("pulse-publish: step %" PRIu64 ": key rotated to %s\n", f.step,
+           hex);
+  fflush(stdout);
+  return upload(a);
+}
+
 /* Reads argv into *a. Returns -1 to go on, else the exit code (0 for
  * --help, 2 for bad usage, with the message printed). */
 static int parse_args(int argc, char **argv, publish_args *a) {
@@ -310,6 +380,11 @@ static int parse_args(int argc, char **argv, publish_args *a) {
       if (r < 0)
         return usage(stderr), 2;
       a->key_path = v;
+    } else if ((r = pulse_tk_opt_value(argc, argv, &i, "--rotate-key", &v)) !=
+               0) {
+      if (r < 0)
+        return usage(stderr), 2;
+      a->rotate_path = v;
     } else if ((r = pulse_tk_opt_value(argc, argv, &i, "--anchor-every", &v)) !=
                0) {
       if (r < 0 || pulse_tk_parse_u64(v, &a->o.anchor_every) != 0)
@@ -386,6 +461,8 @@ static int parse_args(int argc, char **argv, publish_args *a) {
       a->json = 1;
     } else if (pulse_tk_opt_flag(argv[i], "--verify")) {
       a->do_verify = 1;
+    } else if (pulse_tk_opt_flag(argv[i], "--public-key")) {
+      a->print_key = 1;
     } else if (argv[i][0] == '-' && argv[i][1] != '\0') {
       fprintf(stderr, "pulse-publish: unknown option '%s'\n", argv[i]);
       return usage(stderr), 2;
@@ -395,7 +472,10 @@ static int parse_args(int argc, char **argv, publish_args *a) {
   }
   if (a->store == NULL || (a->new_key && a->unsigned_) ||
       (a->do_verify && a->nckpts > 0) ||
-      (!a->do_verify && a->nckpts == 0 && a->listen == NULL))
+      (a->print_key && (a->nckpts > 0 || a->unsigned_)) ||
+      (a->rotate_path != NULL && (a->unsigned_ || a->do_verify)) ||
+      (!a->do_verify && !a->print_key && a->nckpts == 0 &&
+       a->listen == NULL && a->rotate_path == NULL))
     return usage(stderr), 2;
   a->o.threads = threads;
   a->up.keep_anchors = (unsigned)a->o.keep_anchors;
@@ -528,6 +608,8 @@ int main(int argc, char **argv) {
     return rc;
   if (a.do_verify)
     return verify(a.store, a.key_path);
+  if (a.print_key)
+    return print_public_key(a.store, a.key_path);
 
   sigset_t stop;
   sigemptyset(&stop);
@@ -537,7 +619,7 @@ int main(int argc, char **argv) {
   signal(SIGPIPE, SIG_IGN);
 
   rc = 0;
-  pulse_sign_key *key = NULL;
+  pulse_sign_key *key = NULL, *next_key = NULL;
   pulse_pub *pub = NULL;
   pulse_server *srv = NULL;
   pulse_st_model *first = NULL;
@@ -551,9 +633,17 @@ int main(int argc, char **argv) {
     goto done;
   }
   a.o.key = key;
+  if (a.rotate_path != NULL &&
+      (st = rotate_key_get(a.rotate_path, &next_key)) != PULSE_OK) {
+    rc = fail(a.rotate_path, st);
+    goto done;
+  }
   if ((rc = table_from_first(&a, &first, &info)) != 0)
     goto done;
-  if (a.listen != NULL && (rc = start_server(&a, key, &srv)) != 0)
+  /* The server signs catch-ups with the key of the heads it will serve
+   * (the new one, from the rotation on; it builds none before). */
+  if (a.listen != NULL &&
+      (rc = start_server(&a, next_key ? next_key : key, &srv)) != 0)
     goto done;
   if (a.up.target != NULL &&
       (st = pulse_upload_create(&a.up, &a.uploader)) != PULSE_OK) {
@@ -565,6 +655,8 @@ int main(int argc, char **argv) {
     goto done;
   }
   int stopped = 0;
+  if (next_key != NULL && (rc = rotate(&a, pub, next_key)) != 0)
+    goto done;
   rc = publish_all(&a, pub, &first, &stop, &stopped);
   pulse_pub_figures f;
   if ((st = pulse_pub_flush(pub, &f)) != PULSE_OK && rc == 0)
@@ -587,5 +679,6 @@ done:
   pulse_st_model_close(first);
   free(info);
   pulse_sign_key_free(key);
+  pulse_sign_key_free(next_key);
   return rc;
 }

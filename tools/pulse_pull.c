@@ -49,9 +49,16 @@ static void usage(FILE *f) {
       "                      (default FILE.pulse-cache)\n"
       "  --key HEX           the publisher's Ed25519 public key (64 hex "
       "digits, the head's\n"
-      "                      \"public_key\"); without it the first key seen is "
-      "trusted and kept\n"
-      "                      in the cache (a warning says so)\n"
+      "                      \"public_key\"; `pulse-publish --store DIR "
+      "--public-key` prints it);\n"
+      "                      required unless --trust-first-use or "
+      "--insecure-unsigned; a head\n"
+      "                      that rotates the key (pulse-publish "
+      "--rotate-key) is followed\n"
+      "  --trust-first-use   no --key: trust the key of the first head "
+      "taken, keep it in the\n"
+      "                      cache and require it from then on (a warning "
+      "says so)\n"
       "  --follow            keep syncing each new step (long-polls) until "
       "SIGINT/SIGTERM\n"
       "  --serve HOST:PORT   re-serve the cache with the pulse server (port 0: "
@@ -79,8 +86,11 @@ static void usage(FILE *f) {
       "  --limit-rate BYTES  download at most BYTES per second per request "
       "(e.g. 2M)\n"
       "  --no-catchup        never use the server's squashed catch-up patches\n"
-      "  --insecure-unsigned accept heads that are not signed (no "
-      "authenticity)\n"
+      "  --insecure-unsigned accept heads that are not signed, and signed "
+      "ones by any key\n"
+      "                      (no authenticity; with --trust-first-use, "
+      "a signed head's key is\n"
+      "                      kept and required)\n"
       "  --max-age SECONDS   refuse a head published longer ago than this "
       "(or one that\n"
       "                      does not say when: format 1)\n"
@@ -331,7 +341,8 @@ static void *stop_wait(void *arg) {
 /* The command line, read by parse_args. */
 typedef struct {
   const char *out, *cache, *key_hex, *serve;
-  int follow, json, unsigned_, no_catchup, threads, no_stream, no_index;
+  int follow, json, unsigned_, tofu, no_catchup, threads, no_stream,
+      no_index;
   int allow_rollback, switch_run, max_age_s;
   int retries, parallel, timeout_s;
   int min_rate, grace_s; /* the download deadline */
@@ -437,6 +448,8 @@ static int parse_args(int argc, char **argv, pull_args *a) {
       a->no_index = 1;
     } else if (pulse_tk_opt_flag(argv[i], "--insecure-unsigned")) {
       a->unsigned_ = 1;
+    } else if (pulse_tk_opt_flag(argv[i], "--trust-first-use")) {
+      a->tofu = 1;
     } else if (argv[i][0] == '-' && argv[i][1] != '\0') {
       fprintf(stderr, "pulse-pull: unknown option '%s'\n", argv[i]);
       return usage(stderr), 2;
@@ -451,6 +464,18 @@ static int parse_args(int argc, char **argv, pull_args *a) {
       (a->out == NULL && a->cache == NULL) ||
       (a->key_hex != NULL && a->unsigned_))
     return usage(stderr), 2;
+  if (a->key_hex != NULL && a->tofu)
+    return fprintf(stderr, "pulse-pull: --key and --trust-first-use exclude "
+                           "each other\n"),
+           2;
+  if (a->key_hex == NULL && !a->tofu && !a->unsigned_)
+    return fprintf(stderr,
+                   "pulse-pull: no publisher key: pin it with --key HEX (the "
+                   "head's \"public_key\",\n"
+                   "  printed by `pulse-publish --store DIR --public-key`), or "
+                   "trust the first\n"
+                   "  head's key explicitly with --trust-first-use\n"),
+           2;
   if (a->key_hex != NULL && pulse_sub_key_from_hex(a->key_hex, a->key) != PULSE_OK)
     return fprintf(stderr, "pulse-pull: --key needs 64 hex digits\n"), 2;
   if (a->cache == NULL) {
@@ -468,6 +493,7 @@ static pulse_sub_opts sub_opts_of(const pull_args *a, out_ctx *oc) {
   o.cache_dir = a->cache;
   o.public_key = a->key_hex ? a->key : NULL;
   o.allow_unsigned = a->unsigned_;
+  o.trust_first_use = a->tofu;
   o.request_timeout_ms = (uint32_t)a->timeout_s * 1000u;
   o.low_speed_seconds = (uint32_t)a->timeout_s;
   o.retries = (unsigned)a->retries;

@@ -122,6 +122,8 @@ pulse_status pulse_pub_create(const char *dir, const pulse_pub_opts *opts,
   if (st == PULSE_OK) {
     st = pulse_store_head_load(dir, &pub->head);
     if (st == PULSE_OK)
+      st = pub_key_check(pub);
+    if (st == PULSE_OK)
       st = resume(pub);
     if (st == PULSE_OK)
       st = pub_gc_open(pub);

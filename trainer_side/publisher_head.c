@@ -246,6 +246,7 @@ static pulse_status head_identity(const pulse_pub *pub, store_head_fields *f) {
     store_hex(f->run, PULSE_STORE_RUN_BYTES, hex);
     PULSE_LOG_AT(PULSE_LOG_INFO, "publisher: %s: new run %s", pub->dir, hex);
   }
+  PULSE_TRY(pub_rotation_fields(pub, f));
   if (h == NULL)
     return PULSE_OK;
   if (pulse_store_head_published(h) > f->published)

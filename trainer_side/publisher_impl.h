@@ -8,6 +8,7 @@
 #include "pulse_cuda.h"
 #include "pulse_publisher.h"
 #include "pulse_store.h"
+#include "store_impl.h"
 
 /* A file whose bytes are written under a temporary name ".NAME.tmp-*"
  * (what recovery removes) with its data made durable, not yet renamed. */
@@ -114,7 +115,21 @@ struct pulse_pub {
   void **stage_d;     /* device copies of host tensors of a mixed commit */
   size_t *stage_bytes;
   pulse_cuda_workspace *ws;
+  /* During pulse_pub_rotate_key: the key heads were signed with, which
+   * signs the rotation record of the head being written (opts.key is then
+   * the new key already). NULL otherwise. */
+  const pulse_sign_key *rotating_from;
 };
+
+/** The key rotation record of the next head (publisher_rotate.c): a new
+ * one, signed by pub->rotating_from, during a rotation; else the current
+ * head's, carried on while the head is signed by the key it rotated to,
+ * so that a worker that missed the rotation head still can follow it. */
+pulse_status pub_rotation_fields(const pulse_pub *pub, store_head_fields *f);
+
+/** PULSE_ERR_ARG when opts.key is the key the store's head rotated away
+ * from (a publisher restarted with the old key by mistake). */
+pulse_status pub_key_check(const pulse_pub *pub);
 
 /** Writes the state (table order) as an anchor object: staged under a
  * temporary name, hashed, renamed to objects/<sha256>.safetensors. */

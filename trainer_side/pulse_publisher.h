@@ -172,7 +172,8 @@ typedef struct pulse_pub pulse_pub;
  * Recovers it (pulse_store_recover) and, when it has a head, rebuilds the
  * snapshot at the head and checks it against the head's state digest.
  * @return PULSE_OK and *out (free with pulse_pub_free); PULSE_ERR_ARG (bad
- * options; a new store without a table); PULSE_ERR_SIZE_MISMATCH (a table
+ * options; a new store without a table; opts.key is the key the store's
+ * head rotated away from); PULSE_ERR_SIZE_MISMATCH (a table
  * that differs from the store's); any error of pulse_store_recover and
  * pulse_store_state_rebuild; PULSE_ERR_NOMEM. */
 pulse_status pulse_pub_create(const char *dir, const pulse_pub_opts *opts,
@@ -205,6 +206,22 @@ pulse_status pulse_pub_commit(pulse_pub *pub, uint64_t step,
  * @return PULSE_OK, or the anchor's or the head's write error (the head then
  * stays as it was). */
 pulse_status pulse_pub_flush(pulse_pub *pub, pulse_pub_figures *figures);
+
+/** Rotates the signing key (PROTOCOL.md, "Key rotation"): names a pending
+ * background anchor (pulse_pub_flush), then writes a head at the same step
+ * signed by `new_key` that carries a rotation record signed by the current
+ * key (opts.key) naming new_key as its successor. Every later head is
+ * signed by new_key and carries the record on, so a worker that trusts the
+ * old key follows to the new one (without a restart), and from then on
+ * refuses heads signed by the old key. `new_key` is borrowed and replaces
+ * opts.key: it must outlive the publisher. Reopening the store with the
+ * old key afterwards is refused (PULSE_ERR_ARG). The head hook runs as for
+ * a flush (figures.flush = 1). `figures` may be NULL.
+ * @return PULSE_OK; PULSE_ERR_ARG (NULL, an unsigned store, nothing
+ * published yet, the same key); the errors of pulse_pub_flush and of a
+ * head's write (the head and opts.key then stay as they were). */
+pulse_status pulse_pub_rotate_key(pulse_pub *pub, const pulse_sign_key *new_key,
+                                  pulse_pub_figures *figures);
 
 /** Waits for the background work of the last commit: the host snapshot's
  * move to the step, the removal of objects its head stopped naming, and an

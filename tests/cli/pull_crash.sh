@@ -50,9 +50,10 @@ done
 u=http://127.0.0.1:$port
 mkdir -p "$work/w"
 out=$work/w/m.safetensors
-pull() { "$bin/pulse-pull" "$u" --out "$1" --json --threads 1 --no-catchup >"$2" 2>&1; }
+hex=$("$bin/pulse-publish" --store "$work/store" --public-key)
+pull() { "$bin/pulse-pull" "$u" --out "$1" --key "$hex" --json --threads 1 --no-catchup >"$2" 2>&1; }
 # A restart that only repairs: no server to sync from.
-repair() { "$bin/pulse-pull" http://127.0.0.1:1 --out "$out" --retries 0 --timeout 1 >"$work/repair.out" 2>&1; }
+repair() { "$bin/pulse-pull" http://127.0.0.1:1 --out "$out" --key "$hex" --retries 0 --timeout 1 >"$work/repair.out" 2>&1; }
 
 # --- finding 8: a whole rewrite killed halfway leaks a full-size temporary
 PULSE_TEST_KILL_AFTER_BYTES=200000 pull "$out" "$work/first.json"

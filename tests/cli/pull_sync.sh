@@ -93,10 +93,20 @@ other=$(printf '%064d' 1)
 expect "a head signed by another key fails" 1 "$?"
 [ ! -e "$work/c.safetensors" ] && ok || bad "nothing written on a refused head"
 grep -q "signed by" "$work/c.err" && ok || bad "the refusal says why"
-"$bin/pulse-pull" "$u" --out "$work/d.safetensors" --json >"$work/d.json" 2>&1
-expect "trust on first use works" "$(digest_of "$(ck 12)")" "$(digest_of "$work/d.safetensors")"
+# Pinned trust by default: no --key is refused before anything is asked.
+"$bin/pulse-pull" "$u" --out "$work/d.safetensors" --json >"$work/d0.json" 2>"$work/d0.err"
+expect "no --key and no --trust-first-use: usage" 2 "$?"
+grep -q "no publisher key.*--key HEX" "$work/d0.err" && grep -q -- "--trust-first-use" "$work/d0.err" && ok ||
+  bad "the refusal says what to give: $(cat "$work/d0.err")"
+[ ! -e "$work/d.safetensors" ] && [ ! -e "$work/d.safetensors.pulse-cache" ] && ok || bad "nothing made without a key"
+"$bin/pulse-pull" "$u" --out "$work/d.safetensors" --key "$key" --trust-first-use >/dev/null 2>&1
+expect "--key with --trust-first-use: usage" 2 "$?"
+expect "pulse-publish --public-key prints the head's key" "$key" \
+  "$("$bin/pulse-publish" --store "$work/store" --public-key 2>/dev/null)"
+"$bin/pulse-pull" "$u" --out "$work/d.safetensors" --trust-first-use --json >"$work/d.json" 2>&1
+expect "trust on first use, asked for, works" "$(digest_of "$(ck 12)")" "$(digest_of "$work/d.safetensors")"
 grep -q '"event":"warning".*first use' "$work/d.json" && ok || bad "trust on first use warns"
-"$bin/pulse-pull" "http://127.0.0.1:1" --out "$work/e.safetensors" --retries 1 >/dev/null 2>&1
+"$bin/pulse-pull" "http://127.0.0.1:1" --out "$work/e.safetensors" --key "$key" --retries 1 >/dev/null 2>&1
 expect "no server: exit 1" 1 "$?"
 "$bin/pulse-pull" --out "$work/e.safetensors" >/dev/null 2>&1
 expect "no URL: usage" 2 "$?"

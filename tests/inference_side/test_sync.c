@@ -290,6 +290,7 @@ Test(inference_side, key_is_trusted_on_first_use_and_then_required) {
   fx_up(&f, 100, 32, 2);
   pulse_sub_opts o = it_sub_opts(&f.t, f.cache, f.urls);
   o.public_key = NULL;
+  o.trust_first_use = 1; /* never the default (key_is_required_...) */
   fx_sub(&f, &o);
   cr_assert_eq(pulse_sub_sync(f.sub), PULSE_OK, "%s", pulse_sub_error(f.sub));
   char path[4096], hex[65];
@@ -335,7 +336,7 @@ Test(inference_side, options_are_checked) {
   char *cache = tu_make_dir();
   pulse_sub_opts full = o;
   full.struct_version = 1;
-  full.public_key = NULL;
+  full.public_key = key;
   full.allow_unsigned = 0;
   full.cache_dir = cache;
   size_t v1_size = offsetof(pulse_sub_opts, no_class_index);
@@ -370,13 +371,63 @@ Test(inference_side, options_are_checked) {
   cr_assert_str_eq(pulse_sub_route_name(PULSE_SUB_ROUTE_CATCHUP), "catchup");
 }
 
-Test(inference_side, device_targets_report_what_is_missing) {
+/* Pinned trust by default (issue 15): no key is refused at create, with a
+ * message that says what to give, unless trust on first use is asked for
+ * (options of version 6) or unsigned heads are allowed; options older than
+ * version 6 cannot ask, so they are refused without a key too. */
+Test(inference_side, key_is_required_unless_trust_on_first_use_is_asked) {
   char *cache = tu_make_dir();
   const char *urls[] = {"http://127.0.0.1:1"};
   pulse_sub_opts o = PULSE_SUB_OPTS_INIT;
   o.urls = urls;
   o.url_count = 1;
   o.cache_dir = cache;
+  pulse_sub *sub = NULL;
+  cr_assert_eq(pulse_sub_create(&o, &sub), PULSE_ERR_ARG);
+  cr_assert_null(sub);
+  cr_assert(strstr(pulse_error_detail(), "no publisher key") != NULL &&
+                strstr(pulse_error_detail(), "trust_first_use") != NULL,
+            "%s", pulse_error_detail());
+  o.trust_first_use = 1;
+  cr_assert_eq(pulse_sub_create(&o, &sub), PULSE_OK, "%s",
+               pulse_error_detail());
+  pulse_sub_free(sub);
+  sub = NULL;
+  uint8_t key[32] = {1};
+  o.public_key = key; /* a pinned key and trust on first use: which? */
+  cr_assert_eq(pulse_sub_create(&o, &sub), PULSE_ERR_ARG);
+  o.trust_first_use = 0;
+  cr_assert_eq(pulse_sub_create(&o, &sub), PULSE_OK);
+  pulse_sub_free(sub);
+  sub = NULL;
+  /* Version 5 options (before trust_first_use), no key: refused, and
+   * nothing past their end is read (ASan). */
+  pulse_sub_opts v5o = o;
+  v5o.struct_version = 5;
+  v5o.public_key = NULL;
+  size_t v5_size = offsetof(pulse_sub_opts, trust_first_use);
+  unsigned char *v5 = tu_alloc(v5_size);
+  memcpy(v5, &v5o, v5_size);
+  cr_assert_eq(pulse_sub_create((const pulse_sub_opts *)(void *)v5, &sub),
+               PULSE_ERR_ARG);
+  v5o.allow_unsigned = 1; /* no authenticity, asked for explicitly */
+  memcpy(v5, &v5o, v5_size);
+  cr_assert_eq(pulse_sub_create((const pulse_sub_opts *)(void *)v5, &sub),
+               PULSE_OK, "%s", pulse_error_detail());
+  pulse_sub_free(sub);
+  free(v5);
+  tu_rm_rf(cache);
+}
+
+Test(inference_side, device_targets_report_what_is_missing) {
+  char *cache = tu_make_dir();
+  const char *urls[] = {"http://127.0.0.1:1"};
+  uint8_t key[32] = {1};
+  pulse_sub_opts o = PULSE_SUB_OPTS_INIT;
+  o.urls = urls;
+  o.url_count = 1;
+  o.cache_dir = cache;
+  o.public_key = key;
   pulse_sub *sub;
   cr_assert_eq(pulse_sub_create(&o, &sub), PULSE_OK);
   uint64_t shape[1] = {16};
