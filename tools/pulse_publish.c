@@ -314,15 +314,19 @@ static int upload(const publish_args *a) {
     printf("{\"event\":\"upload\",\"step\":%" PRIu64
            ",\"objects_uploaded\":%" PRIu64 ",\"objects_present\":%" PRIu64
            ",\"bytes\":%" PRIu64 ",\"parts\":%" PRIu64 ",\"retries\":%" PRIu64
-           ",\"deleted\":%" PRIu64 ",\"seconds\":%.3f}\n",
+           ",\"deleted\":%" PRIu64 ",\"stale_aborted\":%" PRIu64
+           ",\"seconds\":%.3f}\n",
            f.head_step, f.objects_uploaded, f.objects_present, f.bytes_uploaded,
-           f.parts, f.retries, f.deleted, f.seconds);
+           f.parts, f.retries, f.deleted,
+           pulse_upload_stale_aborted(a->uploader), f.seconds);
   else
     printf("upload: step %" PRIu64 ": %" PRIu64 " objects put (%" PRIu64
            " there already), %" PRIu64 " bytes, %" PRIu64 " parts, %" PRIu64
-           " retries, %" PRIu64 " deleted, %.3f s\n",
+           " retries, %" PRIu64 " deleted, %" PRIu64
+           " stale multipart uploads aborted, %.3f s\n",
            f.head_step, f.objects_uploaded, f.objects_present, f.bytes_uploaded,
-           f.parts, f.retries, f.deleted, f.seconds);
+           f.parts, f.retries, f.deleted,
+           pulse_upload_stale_aborted(a->uploader), f.seconds);
   fflush(stdout);
   return 0;
 }

@@ -95,7 +95,13 @@ pulse_status pulse_upload_create(const pulse_upload_opts *opts,
 void pulse_upload_free(pulse_upload *up);
 
 /** Uploads the store folder `store_dir` (its head.json and the objects it
- * names; see above), then applies retention. figures may be NULL.
+ * names; see above), then applies retention. The first call of a handle,
+ * and the call after one that failed, first lists the incomplete multipart
+ * uploads under the prefix (ListMultipartUploads) and aborts them
+ * (AbortMultipartUpload): an upload killed mid-part leaves one, whose parts
+ * the service keeps (and bills) until it is aborted; a service that does
+ * not list them (HTTP 501 or 405) is logged and skipped. figures may be
+ * NULL.
  * @return PULSE_OK; PULSE_ERR_NOT_FOUND (no head, or an object the head
  * names is missing locally); PULSE_ERR_IO (a request that failed after its
  * retries, with the method, key, status and the store's error message in
@@ -104,6 +110,10 @@ void pulse_upload_free(pulse_upload *up);
  * head with everything it names. */
 pulse_status pulse_upload_store(pulse_upload *up, const char *store_dir,
                                 pulse_upload_figures *figures);
+
+/** Incomplete multipart uploads this handle found under its prefix and
+ * aborted, over all its calls (see pulse_upload_store). 0 for NULL. */
+uint64_t pulse_upload_stale_aborted(const pulse_upload *up);
 
 #ifdef __cplusplus
 }

@@ -350,7 +350,15 @@ pulse_status pulse_upload_store(pulse_upload *up, const char *store_dir,
   pulse_status st = pulse_store_head_load(store_dir, &h);
   if (st != PULSE_OK)
     return st;
-  st = put_objects(up, store_dir, h);
+  /* Stale uploads cost money, not correctness: a service or a policy that
+   * refuses the listing does not stop publishing. */
+  if (up->stale_due && (st = upload_abort_stale(up)) != PULSE_OK &&
+      st != PULSE_ERR_NOMEM) {
+    PULSE_LOG_AT(PULSE_LOG_WARN, "upload: %s", pulse_error_detail());
+    st = PULSE_OK;
+  }
+  if (st == PULSE_OK)
+    st = put_objects(up, store_dir, h);
   if (st == PULSE_OK) { /* the head last: everything it names is there */
     upload_req r;
     upload_req_init(&r, "PUT");
@@ -368,10 +376,17 @@ pulse_status pulse_upload_store(pulse_upload *up, const char *store_dir,
   }
   if (st == PULSE_OK && !up->opts.no_retention)
     st = retain(up, h);
+  /* After a failure (a part killed, a network cut), the next call looks
+   * for what it may have left. */
+  up->stale_due = st != PULSE_OK;
   up->fig.head_step = pulse_store_head_step(h);
   up->fig.seconds = now_s() - t0;
   pulse_store_head_free(h);
   if (figures != NULL)
     *figures = up->fig;
   return st;
+}
+
+uint64_t pulse_upload_stale_aborted(const pulse_upload *up) {
+  return up != NULL ? up->stale_aborted : 0;
 }

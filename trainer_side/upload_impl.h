@@ -18,7 +18,19 @@ struct pulse_upload {
   char sigv4[160];  /* "aws:amz:<region>:s3" */
   char userpwd[512];
   pulse_upload_figures fig; /* of the call running */
+  /* Stale multipart uploads (upload_stale.c): looked for by the first
+   * call and by the call after a failed one; aborted so far. */
+  int stale_due;
+  uint64_t stale_aborted;
 };
+
+/** Lists the incomplete multipart uploads under the prefix and aborts each
+ * (they are left by an upload killed mid-part: this handle has none
+ * running between calls, and a store has one writer). A service that does
+ * not implement the listing (501, 405) is logged and skipped.
+ * @return PULSE_OK; PULSE_ERR_IO (a request that failed after its retries);
+ * PULSE_ERR_NOMEM. */
+pulse_status upload_abort_stale(pulse_upload *up);
 
 /* One S3 request. The body is memory (body, body_len) or a file's range
  * (fd >= 0: body_len bytes from offset); payload_sha256 is its SHA-256 in

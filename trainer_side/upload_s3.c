@@ -61,6 +61,7 @@ pulse_status pulse_upload_create(const pulse_upload_opts *opts,
   if (up == NULL)
     return pulse_fail(PULSE_ERR_NOMEM, "upload");
   up->opts = *opts;
+  up->stale_due = 1; /* the first call looks for stale uploads */
   const char *slash = strchr(t + 5, '/');
   size_t blen = slash ? (size_t)(slash - (t + 5)) : strlen(t + 5);
   up->bucket = strndup(t + 5, blen);
