@@ -1,0 +1,141 @@
+/* pulse_loco_auth.h - authenticated PULSELoCo (issue 15): every round
+ * payload and manifest is signed by its trainer's Ed25519 key
+ * (pulse_sign.h); the collaboration's members are pinned (a key list given
+ * at start, or admitted by a member's signature when they join); an
+ * unsigned, forged, replayed (older round) or foreign payload is refused
+ * and counted, so the round proceeds without it.
+ *
+ * What is signed (one text per kind, "\n" one LF byte, hex lower-case):
+ *
+ *   pulse-loco-payload/1\n   or   pulse-loco-manifest/1\n
+ *   round <round>\n
+ *   signer <64 hex: public key>\n
+ *   size <bytes>\n
+ *   sha256 <64 hex: of the bytes>\n
+ *
+ *   pulse-loco-admit/1\n  round <round>\n  sponsor <hex>\n  member <hex>\n
+ *
+ * Transport (for the exchange's HTTP answers): X-Pulse-Loco-Round,
+ * X-Pulse-Loco-Key (64 hex) and X-Pulse-Loco-Signature (128 hex) next to
+ * the body. This module checks; the exchange (pulse_loco_node) is what must
+ * call it on every body before decoding it (not wired yet).
+ *
+ * Thread-safety: a handle is used by one thread at a time. Nothing here
+ * prints to stdout. */
+#ifndef PULSE_LOCO_AUTH_H
+#define PULSE_LOCO_AUTH_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "pulse_sign.h"
+#include "pulse_status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define PULSE_LOCO_AUTH_MAX_MEMBERS 4096u
+
+/* What a signature covers: a round payload or a round manifest. A
+ * signature of one kind never passes as the other. */
+typedef enum {
+  PULSE_LOCO_AUTH_PAYLOAD = 1,
+  PULSE_LOCO_AUTH_MANIFEST = 2
+} pulse_loco_auth_kind;
+
+/* Why bodies were refused, since create (for the metrics). */
+typedef struct {
+  uint64_t accepted;
+  uint64_t unsigned_bodies; /* no signature or no signer */
+  uint64_t forged;          /* a signature that does not verify */
+  uint64_t replayed;        /* a round older than the current one, or than
+                               one already accepted from the signer */
+  uint64_t foreign;         /* signed by a key that is not a member */
+  uint64_t admitted;        /* members admitted by a member's signature */
+} pulse_loco_auth_counters;
+
+/* Options; start from PULSE_LOCO_AUTH_OPTS_INIT. */
+typedef struct {
+  uint32_t struct_version; /* PULSE_LOCO_AUTH_OPTS_VERSION */
+  /* This trainer's key (signs its payloads and manifests, and admissions);
+   * borrowed, must outlive the handle. Its public key is a member. */
+  const pulse_sign_key *key;
+  /* The pinned members' public keys, 32 bytes each (copied). */
+  const uint8_t *members;
+  size_t member_count;
+} pulse_loco_auth_opts;
+
+#define PULSE_LOCO_AUTH_OPTS_VERSION 1u
+#define PULSE_LOCO_AUTH_OPTS_INIT                                              \
+  { PULSE_LOCO_AUTH_OPTS_VERSION, NULL, NULL, 0 }
+
+typedef struct pulse_loco_auth pulse_loco_auth;
+
+/** Creates a handle whose members are opts->members plus the own key.
+ * @return PULSE_OK and *out (free with pulse_loco_auth_free);
+ * PULSE_ERR_ARG (no key, more than PULSE_LOCO_AUTH_MAX_MEMBERS members,
+ * another options version); PULSE_ERR_NOMEM. */
+pulse_status pulse_loco_auth_create(const pulse_loco_auth_opts *opts,
+                                    pulse_loco_auth **out);
+
+/** Frees a handle. NULL is fine. */
+void pulse_loco_auth_free(pulse_loco_auth *auth);
+
+/** The round being run: bodies of older rounds are replays from now on. */
+void pulse_loco_auth_round(pulse_loco_auth *auth, uint64_t round);
+
+/** Signs `n` bytes of kind `kind` for `round` with the own key; the own
+ * public key (the signer to send along) in `pub` (may be NULL).
+ * @return PULSE_OK; PULSE_ERR_ARG; PULSE_ERR_INTERNAL. */
+pulse_status pulse_loco_auth_sign(const pulse_loco_auth *auth,
+                                  pulse_loco_auth_kind kind, uint64_t round,
+                                  const void *bytes, size_t n,
+                                  uint8_t sig[PULSE_SIGN_SIGNATURE_BYTES],
+                                  uint8_t pub[PULSE_SIGN_PUBLIC_BYTES]);
+
+/** Checks a body that came with `round`, `signer` and `sig` (either NULL:
+ * unsigned). Accepted when the signer is a member, the signature verifies
+ * over the text above, and the round is neither older than the current one
+ * nor than one already accepted from this signer for this kind. Every
+ * answer is counted.
+ * @return PULSE_OK; PULSE_ERR_CORRUPT (unsigned, forged or foreign, the
+ * detail saying which); PULSE_ERR_BASE_STEP (a replayed older round);
+ * PULSE_ERR_ARG. */
+pulse_status pulse_loco_auth_check(pulse_loco_auth *auth,
+                                   pulse_loco_auth_kind kind, uint64_t round,
+                                   const uint8_t *signer, const void *bytes,
+                                   size_t n, const uint8_t *sig);
+
+/** The own key's admission of `newcomer` from `round` on, for a joining
+ * trainer to present to the others.
+ * @return PULSE_OK; PULSE_ERR_ARG; PULSE_ERR_INTERNAL. */
+pulse_status pulse_loco_auth_admit_sign(const pulse_loco_auth *auth,
+                                        uint64_t round,
+                                        const uint8_t newcomer[32],
+                                        uint8_t sig[PULSE_SIGN_SIGNATURE_BYTES]);
+
+/** Admits `newcomer` as a member when `sponsor` is a member and `sig` is
+ * its admission signature (pulse_loco_auth_admit_sign) for `round`, not
+ * older than the current round. Admitting a member again is fine.
+ * @return PULSE_OK; PULSE_ERR_CORRUPT (a sponsor that is no member, or a
+ * signature that does not verify); PULSE_ERR_BASE_STEP (an old round's
+ * admission); PULSE_ERR_OVERFLOW (too many members); PULSE_ERR_NOMEM;
+ * PULSE_ERR_ARG. */
+pulse_status pulse_loco_auth_admit(pulse_loco_auth *auth, uint64_t round,
+                                   const uint8_t newcomer[32],
+                                   const uint8_t sponsor[32],
+                                   const uint8_t sig[PULSE_SIGN_SIGNATURE_BYTES]);
+
+/** 1 when `pub` is a member. */
+int pulse_loco_auth_is_member(const pulse_loco_auth *auth,
+                              const uint8_t pub[32]);
+
+/** The counters since create. */
+void pulse_loco_auth_counters_get(const pulse_loco_auth *auth,
+                                  pulse_loco_auth_counters *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* PULSE_LOCO_AUTH_H */
