@@ -236,6 +236,8 @@ struct pulse_loco_inbox {
   size_t nsenders;
   uint8_t *arrived;  /* nsenders x cells */
   uint64_t *samples; /* per sender, from its first chunk */
+  uint64_t *ncells;  /* per sender, cells arrived */
+  size_t heard, complete; /* senders with a chunk kept, with every cell */
   held_chunk *held;
   size_t nheld, capheld;
   uint64_t *pos; /* scratch for one chunk */
@@ -264,10 +266,12 @@ pulse_status pulse_loco_inbox_create(pulse_loco *ctx, const uint32_t *senders,
   in->cells = (ctx->n + PULSE_LOCO_CHUNK_CELL - 1) / PULSE_LOCO_CHUNK_CELL;
   in->senders = malloc((nsenders ? nsenders : 1) * sizeof *in->senders);
   in->samples = calloc(nsenders ? nsenders : 1, sizeof *in->samples);
+  in->ncells = calloc(nsenders ? nsenders : 1, sizeof *in->ncells);
   in->arrived = calloc((size_t)(nsenders ? nsenders : 1) * in->cells, 1);
   in->pos = malloc(64u * PULSE_LOCO_CHUNK_CELL * sizeof *in->pos);
   in->val = malloc(64u * PULSE_LOCO_CHUNK_CELL * sizeof *in->val);
-  if (!in->senders || !in->samples || !in->arrived || !in->pos || !in->val) {
+  if (!in->senders || !in->samples || !in->ncells || !in->arrived ||
+      !in->pos || !in->val) {
     pulse_loco_inbox_free(in);
     return pulse_fail(PULSE_ERR_NOMEM, "loco inbox: %llu cells",
                       (unsigned long long)in->cells);
@@ -294,6 +298,7 @@ void pulse_loco_inbox_free(pulse_loco_inbox *in) {
   for (size_t i = 0; i < in->nheld; i++)
     free(in->held[i].pos), free(in->held[i].val);
   free(in->held), free(in->senders), free(in->samples), free(in->arrived);
+  free(in->ncells);
   free(in->pos), free(in->val);
   free(in);
 }
@@ -388,11 +393,32 @@ pulse_status pulse_loco_inbox_add(pulse_loco_inbox *in, const uint8_t *data,
   memcpy(k->pos, in->pos, h.count * sizeof *k->pos);
   memcpy(k->val, in->val, h.count * sizeof *k->val);
   in->nheld++;
+  in->heard += in->samples[s] == 0;
   in->samples[s] = h.samples;
   for (uint64_t c = c0; c < c1; c++)
     got[c] = 1;
+  in->ncells[s] += c1 - c0;
+  in->complete += in->ncells[s] == in->cells;
   in->stats.accepted++;
   return PULSE_OK;
+}
+
+void loco_inbox_progress(const pulse_loco_inbox *in, size_t *senders,
+                         size_t *heard, size_t *complete) {
+  *senders = in->nsenders;
+  *heard = in->heard;
+  *complete = in->complete;
+}
+
+uint64_t loco_inbox_arrival(const pulse_loco_inbox *in, uint32_t sender,
+                            uint8_t sha[32]) {
+  int s = find_sender(in, sender);
+  if (s < 0) {
+    memset(sha, 0, 32);
+    return 0;
+  }
+  loco_sha256(in->arrived + (size_t)s * in->cells, (size_t)in->cells, sha);
+  return in->ncells[s];
 }
 
 static int held_by_sender(const void *a, const void *b) {

@@ -150,6 +150,36 @@ pulse_status loco_http_wait(const char *url, unsigned timeout_ms,
   return PULSE_OK;
 }
 
+pulse_status loco_http_get_range(const char *url, uint64_t from, uint64_t len,
+                                 unsigned timeout_ms, pulse_bytebuf *body) {
+  if (len == 0)
+    return pulse_fail(PULSE_ERR_ARG, "loco http: empty range");
+  pulse_fetch *f;
+  PULSE_TRY(engine(&f));
+  pulse_fetch_retry r;
+  memset(&r, 0, sizeof r);
+  r.deadline_ms = pulse_fetch_now_ms() + timeout_ms;
+  r.retry_missing = 1;
+  pulse_fetch_xfer x;
+  xfer_for(&x, url, (size_t)len, body);
+  x.ranged = 1;
+  x.range_from = from;
+  x.range_to = from + len - 1;
+  pulse_status st = pulse_fetch_get(f, &x, &r, "loco http");
+  int oom = x.io_failed;
+  if (st == PULSE_OK && (x.status != 206 || x.mem.size != len))
+    st = pulse_fail(PULSE_ERR_IO, "loco http: GET %s bytes %llu+%llu: HTTP %ld, "
+                    "%zu bytes", url, (unsigned long long)from,
+                    (unsigned long long)len, x.status, x.mem.size);
+  give_body(&x, body);
+  if (oom)
+    return pulse_fail(PULSE_ERR_NOMEM, "loco http: response of %s", url);
+  if (st != PULSE_OK)
+    return pulse_fail(PULSE_ERR_IO, "%s (waited up to %u ms)",
+                      pulse_error_detail(), timeout_ms);
+  return PULSE_OK;
+}
+
 pulse_status loco_http_gather(loco_fetch *t, size_t count,
                               uint64_t deadline_ms) {
   for (size_t i = 0; i < count; i++)

@@ -74,6 +74,11 @@ pulse_status loco_http_post(const char *url, unsigned timeout_ms, long *status);
 pulse_status loco_http_wait(const char *url, unsigned timeout_ms,
                             size_t max_bytes, pulse_bytebuf *body);
 
+/* loco_http_wait for bytes [from, from + len) of url (a 206 of exactly
+ * len bytes; retried as loco_http_wait retries). */
+pulse_status loco_http_get_range(const char *url, uint64_t from, uint64_t len,
+                                 unsigned timeout_ms, pulse_bytebuf *body);
+
 /* Many GETs at once (one multi handle): each target is retried as
  * loco_http_wait retries until it answers 200, its answer is no use (a
  * body over max_bytes, a 4xx other than 404/410), or the deadline

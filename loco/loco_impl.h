@@ -44,4 +44,16 @@ pulse_status pulse_loco_check_decode_(const pulse_loco *ctx,
                                       pulse_loco_payload_header *hdr,
                                       pulse_loco_entries *entries);
 
+/* An inbox's senders (the others), how many were heard from (a chunk
+ * kept) and how many sent every cell (PAYLOAD.md "Exchange over
+ * datagrams": a receiver waits no longer once all are complete). */
+void loco_inbox_progress(const pulse_loco_inbox *in, size_t *senders,
+                         size_t *heard, size_t *complete);
+
+/* The cells of `sender` kept so far, and in sha the SHA-256 of its arrival
+ * map (one byte per cell, 1 arrived): the per-range arrival a manifest
+ * names. 0 and zeros for a sender the inbox does not know. */
+uint64_t loco_inbox_arrival(const pulse_loco_inbox *in, uint32_t sender,
+                            uint8_t sha[32]);
+
 #endif

@@ -22,46 +22,12 @@
 #include "http_impl.h"
 #include "loco_impl.h"
 #include "manifest_impl.h"
+#include "node_impl.h"
 #include "payload_impl.h"
 #include "pulse_log.h"
 #include "rng_impl.h"
 #include "status_impl.h"
 
-typedef struct {
-  uint64_t round;
-  uint32_t id;
-} ack;
-
-struct pulse_loco_node {
-  pulse_loco_node_opts opts;
-  pulse_loco *ctx;
-  loco_server *srv;
-  char url[64];
-  uint32_t id;
-  pulse_loco_member
-      members[LOCO_MAX_MEMBERS]; /* of the context's round, by id */
-  uint32_t misses[LOCO_MAX_MEMBERS];
-  size_t nmembers;
-  uint64_t fetched; /* bytes of bodies fetched this round */
-  /* Dropped by the group after missed rounds: the next step joins again
-   * through rejoin_url (the coordinator that dropped this node). */
-  int dropped;
-  char rejoin_url[64];
-  /* The last round this node coordinated, and who must acknowledge it. */
-  int coordinated;
-  uint64_t coordinated_round;
-  pulse_loco_member owed[LOCO_MAX_MEMBERS];
-  size_t nowed;
-
-  /* Written by the server thread (POSTs), read by the node: under lock. */
-  pthread_mutex_t lock;
-  pulse_loco_member pending[LOCO_MAX_MEMBERS];
-  size_t npending;
-  uint32_t leaving[LOCO_MAX_MEMBERS];
-  size_t nleaving;
-  ack acks[4 * LOCO_MAX_MEMBERS];
-  size_t nacks;
-};
 
 /* ---------------------------------------------------------- POST handler */
 
@@ -130,31 +96,31 @@ static size_t payload_cap(const pulse_loco *ctx) {
   return (size_t)(LOCO_HEADER_SIZE + 32u * chunks + 16u * ctx->n + 1024u);
 }
 
-static size_t state_cap(const pulse_loco *ctx) {
+size_t loco_node_state_cap(const pulse_loco *ctx) {
   return (size_t)(64u + 8u * ctx->n);
 }
 
 #define MANIFEST_CAP ((size_t)LOCO_MAX_MEMBERS * 256u + 4096u)
 #define MANIFESTS_KEPT 64u
 
-static int find_member(const pulse_loco_member *m, size_t n, uint32_t id) {
+int loco_node_find_member(const pulse_loco_member *m, size_t n, uint32_t id) {
   for (size_t i = 0; i < n; i++)
     if (m[i].id == id)
       return (int)i;
   return -1;
 }
 
-static int by_id(const void *a, const void *b) {
+int loco_node_by_id(const void *a, const void *b) {
   uint32_t x = ((const pulse_loco_member *)a)->id,
            y = ((const pulse_loco_member *)b)->id;
   return (x > y) - (x < y);
 }
 
-static void set_members(pulse_loco_node *n, const pulse_loco_member *m,
+void loco_node_set_members(pulse_loco_node *n, const pulse_loco_member *m,
                         size_t count) {
   uint32_t misses[LOCO_MAX_MEMBERS];
   for (size_t i = 0; i < count; i++) {
-    int old = find_member(n->members, n->nmembers, m[i].id);
+    int old = loco_node_find_member(n->members, n->nmembers, m[i].id);
     misses[i] = old >= 0 ? n->misses[old] : 0;
   }
   memmove(n->members, m, count * sizeof *m);
@@ -176,7 +142,7 @@ static pulse_status publish_view(pulse_loco_node *n) {
   return st;
 }
 
-static pulse_status publish_state(pulse_loco_node *n) {
+pulse_status loco_node_publish_state(pulse_loco_node *n) {
   pulse_buffer st = {NULL, 0};
   PULSE_TRY(pulse_loco_state_export(n->ctx, &st));
   char path[64];
@@ -190,11 +156,7 @@ static pulse_status publish_state(pulse_loco_node *n) {
   return s;
 }
 
-/* base URL + formatted path */
-static void url_fmt(char *dst, size_t cap, const char *base, const char *fmt,
-                    ...) PULSE_PRINTF_(4, 5);
-
-static void url_fmt(char *dst, size_t cap, const char *base, const char *fmt,
+void loco_node_url_fmt(char *dst, size_t cap, const char *base, const char *fmt,
                     ...) {
   int k = snprintf(dst, cap, "%s", base);
   if (k < 0 || (size_t)k >= cap)
@@ -215,8 +177,21 @@ pulse_status pulse_loco_node_create(const pulse_loco_node_opts *opts,
   if (opts == NULL || opts->struct_version != PULSE_LOCO_NODE_OPTS_VERSION ||
       ctx == NULL || opts->deadline_ms == 0 || opts->manifest_timeout_ms == 0 ||
       opts->max_misses == 0 ||
-      !(opts->drop_rate >= 0.0 && opts->drop_rate <= 1.0))
+      !(opts->drop_rate >= 0.0 && opts->drop_rate <= 1.0) ||
+      opts->transport > PULSE_LOCO_TRANSPORT_UDP)
     return pulse_fail(PULSE_ERR_ARG, "loco node: bad options");
+  if (opts->transport == PULSE_LOCO_TRANSPORT_UDP &&
+      (opts->max_datagram < pulse_loco_chunk_bound() ||
+       opts->max_datagram > LOCO_UDP_MAX || opts->quiet_ms == 0 ||
+       !(opts->datagram_drop >= 0.0 && opts->datagram_drop <= 1.0) ||
+       opts->resync_range == 0 ||
+       opts->resync_range % PULSE_LOCO_CHUNK_CELL != 0 ||
+       opts->resync_period == 0 || !(opts->drift_budget >= 0.0) ||
+       ctx->opts.rule != PULSE_LOCO_RULE_DROP))
+    return pulse_fail(PULSE_ERR_ARG,
+                      "loco node: bad UDP options (datagram %zu..%u bytes, "
+                      "ranges of whole cells, the drop rule)",
+                      pulse_loco_chunk_bound(), LOCO_UDP_MAX);
   pulse_loco_node *n = calloc(1, sizeof *n);
   if (n == NULL)
     return pulse_fail(PULSE_ERR_NOMEM, "loco node");
@@ -232,6 +207,11 @@ pulse_status pulse_loco_node_create(const pulse_loco_node_opts *opts,
   }
   snprintf(n->url, sizeof n->url, "http://127.0.0.1:%u",
            (unsigned)loco_server_port(n->srv));
+  if (opts->transport == PULSE_LOCO_TRANSPORT_UDP &&
+      (st = loco_node_udp_start(n)) != PULSE_OK) {
+    pulse_loco_node_free(n);
+    return st;
+  }
   *out = n;
   return PULSE_OK;
 }
@@ -240,6 +220,7 @@ void pulse_loco_node_free(pulse_loco_node *n) {
   if (n == NULL)
     return;
   loco_server_stop(n->srv);
+  loco_node_udp_stop(n);
   pthread_mutex_destroy(&n->lock);
   free(n);
 }
@@ -264,24 +245,24 @@ pulse_status pulse_loco_node_start(pulse_loco_node *n,
                       LOCO_MAX_MEMBERS);
   pulse_loco_member sorted[LOCO_MAX_MEMBERS];
   memcpy(sorted, members, count * sizeof *members);
-  qsort(sorted, count, sizeof *sorted, by_id);
+  qsort(sorted, count, sizeof *sorted, loco_node_by_id);
   for (size_t i = 0; i < count; i++)
     if (!loco_url_valid(sorted[i].url) ||
         (i > 0 && sorted[i].id == sorted[i - 1].id))
       return pulse_fail(PULSE_ERR_ARG,
                         "loco node: member %u: bad URL or duplicate id",
                         sorted[i].id);
-  if (find_member(sorted, count, n->id) < 0)
+  if (loco_node_find_member(sorted, count, n->id) < 0)
     return pulse_fail(PULSE_ERR_ARG,
                       "loco node: this node (%u) is not a member", n->id);
-  set_members(n, sorted, count);
-  PULSE_TRY(publish_state(n));
+  loco_node_set_members(n, sorted, count);
+  PULSE_TRY(loco_node_publish_state(n));
   return publish_view(n);
 }
 
 /* ------------------------------------------------------------------- join */
 
-static pulse_status get_json(const char *url, unsigned timeout_ms,
+pulse_status loco_node_get_json(const char *url, unsigned timeout_ms,
                              loco_manifest *m, uint64_t *fetched) {
   pulse_bytebuf b = PULSE_BYTEBUF_INIT;
   pulse_status st = loco_http_wait(url, timeout_ms, MANIFEST_CAP, &b);
@@ -306,27 +287,27 @@ static unsigned left_ms(uint64_t end) {
  * view (GET /v1/loco/members) is published after the state of its round,
  * so the state it names is there unless the group moved on meanwhile:
  * then read the view again. */
-static pulse_status catch_up(pulse_loco_node *n, const char *coord,
+pulse_status loco_node_catch_up(pulse_loco_node *n, const char *coord,
                              uint64_t min_round, float *theta_r, uint64_t end) {
   char url[160];
   pulse_status st;
   for (;;) {
     loco_manifest view;
-    url_fmt(url, sizeof url, coord, "/v1/loco/members");
-    PULSE_TRY(get_json(url, left_ms(end), &view, &n->fetched));
+    loco_node_url_fmt(url, sizeof url, coord, "/v1/loco/members");
+    PULSE_TRY(loco_node_get_json(url, left_ms(end), &view, &n->fetched));
     if (view.round >= min_round &&
-        find_member(view.members, view.nmembers, view.coordinator) >= 0) {
-      url_fmt(url, sizeof url, coord, "/v1/loco/state/%llu",
+        loco_node_find_member(view.members, view.nmembers, view.coordinator) >= 0) {
+      loco_node_url_fmt(url, sizeof url, coord, "/v1/loco/state/%llu",
               (unsigned long long)view.round);
       pulse_bytebuf b = PULSE_BYTEBUF_INIT;
       unsigned wait = left_ms(end);
       st =
-          loco_http_wait(url, wait < 500u ? wait : 500u, state_cap(n->ctx), &b);
+          loco_http_wait(url, wait < 500u ? wait : 500u, loco_node_state_cap(n->ctx), &b);
       if (st == PULSE_OK) {
         n->fetched += b.size;
         st = pulse_loco_state_import(n->ctx, b.data, b.size, theta_r);
         if (st == PULSE_OK)
-          set_members(n, view.members, view.nmembers);
+          loco_node_set_members(n, view.members, view.nmembers);
       }
       pulse_bytebuf_free(&b);
       if (st == PULSE_OK || st != PULSE_ERR_IO) {
@@ -349,9 +330,9 @@ static pulse_status join_via(pulse_loco_node *n, const char *seed,
                              float *theta_r, uint64_t end) {
   char url[160];
   loco_manifest view;
-  url_fmt(url, sizeof url, seed, "/v1/loco/members");
-  PULSE_TRY(get_json(url, left_ms(end), &view, &n->fetched));
-  int c = find_member(view.members, view.nmembers, view.coordinator);
+  loco_node_url_fmt(url, sizeof url, seed, "/v1/loco/members");
+  PULSE_TRY(loco_node_get_json(url, left_ms(end), &view, &n->fetched));
+  int c = loco_node_find_member(view.members, view.nmembers, view.coordinator);
   char coord[64];
   if (c < 0) {
     loco_manifest_free(&view);
@@ -367,7 +348,7 @@ static pulse_status join_via(pulse_loco_node *n, const char *seed,
   if (status != 202)
     return pulse_fail(PULSE_ERR_IO, "loco join: %s answered %ld", coord,
                       status);
-  url_fmt(url, sizeof url, coord, "/v1/loco/join/%u", n->id);
+  loco_node_url_fmt(url, sizeof url, coord, "/v1/loco/join/%u", n->id);
   pulse_bytebuf b = PULSE_BYTEBUF_INIT;
   pulse_status st;
   uint64_t round = 0;
@@ -401,15 +382,15 @@ static pulse_status join_via(pulse_loco_node *n, const char *seed,
     return st;
   /* The state of the admission round, or a later one when the group moved
    * on meanwhile; the members come with it. */
-  PULSE_TRY(catch_up(n, coord, round, theta_r, end));
-  if (find_member(n->members, n->nmembers, n->id) < 0)
+  PULSE_TRY(loco_node_catch_up(n, coord, round, theta_r, end));
+  if (loco_node_find_member(n->members, n->nmembers, n->id) < 0)
     return pulse_fail(PULSE_ERR_IO,
                       "loco join: dropped again before the first round");
   round = pulse_loco_round(n->ctx);
-  url_fmt(url, sizeof url, coord, "/v1/loco/round/%llu/done?id=%u",
+  loco_node_url_fmt(url, sizeof url, coord, "/v1/loco/round/%llu/done?id=%u",
           (unsigned long long)(round - 1), n->id);
   loco_http_post(url, left_ms(end), &status);
-  PULSE_TRY(publish_state(n));
+  PULSE_TRY(loco_node_publish_state(n));
   return publish_view(n);
 }
 
@@ -442,6 +423,26 @@ static double drop_draw(uint64_t seed, uint64_t round, uint32_t sender) {
   return pulse_rng_uniform(&state);
 }
 
+double pulse_loco_datagram_draw(uint64_t seed, uint64_t round, uint32_t sender,
+                                uint32_t receiver, uint64_t index) {
+  /* Another key than drop_draw's (the receiver and the index mixed in),
+   * through one more mixing step: neighbouring indices must not give
+   * correlated draws. */
+  uint64_t key = seed ^ (round * 0x9E3779B97F4A7C15ull) ^
+                 ((uint64_t)sender << 40) ^ ((uint64_t)receiver << 20) ^
+                 (index * 0xD1B54A32D192ED03ull);
+  pulse_rng_uniform(&key);
+  return pulse_rng_uniform(&key);
+}
+
+pulse_status pulse_loco_transport_parse(const char *name, uint32_t *out) {
+  if (name != NULL && out != NULL && strcmp(name, "http") == 0)
+    return *out = PULSE_LOCO_TRANSPORT_HTTP, PULSE_OK;
+  if (name != NULL && out != NULL && strcmp(name, "udp") == 0)
+    return *out = PULSE_LOCO_TRANSPORT_UDP, PULSE_OK;
+  return pulse_fail(PULSE_ERR_ARG, "loco: transport must be http or udp");
+}
+
 static int acked_by_all(pulse_loco_node *n, uint64_t round,
                         const pulse_loco_member *m, size_t count) {
   pthread_mutex_lock(&n->lock);
@@ -471,6 +472,68 @@ pulse_status pulse_loco_node_linger(pulse_loco_node *n, uint32_t timeout_ms) {
   return PULSE_OK;
 }
 
+pulse_status loco_node_close_round(pulse_loco_node *n, uint64_t r,
+                                   int leaving, const loco_contrib_ref *refs,
+                                   size_t c, pulse_loco_member *next,
+                                   size_t *nn_out) {
+  size_t M = n->nmembers;
+  /* Members of the next round: minus leavers and the long silent, plus the
+   * pending joiners. */
+  pulse_loco_member admitted[LOCO_MAX_MEMBERS];
+  size_t nn = 0, na = 0;
+  pulse_status st = PULSE_OK;
+  pthread_mutex_lock(&n->lock);
+  for (size_t j = 0; j < M; j++) {
+    uint32_t id = n->members[j].id;
+    int leaves = (id == n->id && leaving) ||
+                 (id != n->id && n->misses[j] >= n->opts.max_misses);
+    for (size_t k = 0; k < n->nleaving && !leaves; k++)
+      leaves = n->leaving[k] == id;
+    if (!leaves)
+      next[nn++] = n->members[j];
+    else
+      PULSE_LOG_AT(PULSE_LOG_INFO,
+                   "loco round %llu: trainer %u leaves the group",
+                   (unsigned long long)r, id);
+  }
+  n->nleaving = 0;
+  for (size_t k = 0; k < n->npending && nn < LOCO_MAX_MEMBERS; k++)
+    if (loco_node_find_member(next, nn, n->pending[k].id) < 0 &&
+        n->pending[k].id != n->id) {
+      next[nn++] = n->pending[k];
+      admitted[na++] = n->pending[k];
+      PULSE_LOG_AT(
+          PULSE_LOG_INFO, "loco round %llu: trainer %u joins from round %llu",
+          (unsigned long long)r, n->pending[k].id, (unsigned long long)(r + 1));
+    }
+  n->npending = 0;
+  pthread_mutex_unlock(&n->lock);
+  qsort(next, nn, sizeof *next, loco_node_by_id);
+
+  /* Admissions, then the manifest: once it is visible, all it names can
+   * be fetched (an HTTP coordinator published its relays before). */
+  char path[96];
+  for (size_t k = 0; k < na && st == PULSE_OK; k++) {
+    char text[64];
+    int len = snprintf(text, sizeof text, "{\"round\":%llu}",
+                       (unsigned long long)(r + 1));
+    snprintf(path, sizeof path, "/v1/loco/join/%u", admitted[k].id);
+    st = loco_server_put(n->srv, path, text, (size_t)len);
+  }
+  loco_manifest man = {r, n->id, 1, (loco_contrib_ref *)refs, c, next, nn};
+  pulse_bytebuf mb = PULSE_BYTEBUF_INIT;
+  if (st == PULSE_OK)
+    st = loco_manifest_write(&man, &mb);
+  if (st == PULSE_OK) {
+    snprintf(path, sizeof path, "/v1/loco/round/%llu/manifest",
+             (unsigned long long)r);
+    st = loco_server_put(n->srv, path, mb.data, mb.size);
+  }
+  pulse_bytebuf_free(&mb);
+  *nn_out = nn;
+  return st;
+}
+
 static pulse_status coordinate(pulse_loco_node *n, uint64_t r,
                                const uint8_t *own, size_t own_size, int leaving,
                                float *theta_r, pulse_loco_step_info *info) {
@@ -486,7 +549,7 @@ static pulse_status coordinate(pulse_loco_node *n, uint64_t r,
     goto done;
   }
   for (size_t j = 0; j < M; j++) {
-    url_fmt(urls[j], sizeof urls[j], n->members[j].url, "/v1/loco/round/%llu",
+    loco_node_url_fmt(urls[j], sizeof urls[j], n->members[j].url, "/v1/loco/round/%llu",
             (unsigned long long)r);
     t[j].url = urls[j];
     t[j].max_bytes = payload_cap(n->ctx);
@@ -535,64 +598,18 @@ static pulse_status coordinate(pulse_loco_node *n, uint64_t r,
     loco_sha256(t[j].body.data, t[j].body.size, refs[c].sha256);
     c++;
   }
-  /* Members of the next round: minus leavers and the long silent, plus the
-   * pending joiners. */
-  pulse_loco_member next[LOCO_MAX_MEMBERS];
-  pulse_loco_member admitted[LOCO_MAX_MEMBERS];
-  size_t nn = 0, na = 0;
-  pthread_mutex_lock(&n->lock);
-  for (size_t j = 0; j < M; j++) {
-    uint32_t id = n->members[j].id;
-    int leaves = (id == n->id && leaving) ||
-                 (id != n->id && n->misses[j] >= n->opts.max_misses);
-    for (size_t k = 0; k < n->nleaving && !leaves; k++)
-      leaves = n->leaving[k] == id;
-    if (!leaves)
-      next[nn++] = n->members[j];
-    else
-      PULSE_LOG_AT(PULSE_LOG_INFO,
-                   "loco round %llu: trainer %u leaves the group",
-                   (unsigned long long)r, id);
-  }
-  n->nleaving = 0;
-  for (size_t k = 0; k < n->npending && nn < LOCO_MAX_MEMBERS; k++)
-    if (find_member(next, nn, n->pending[k].id) < 0 &&
-        n->pending[k].id != n->id) {
-      next[nn++] = n->pending[k];
-      admitted[na++] = n->pending[k];
-      PULSE_LOG_AT(
-          PULSE_LOG_INFO, "loco round %llu: trainer %u joins from round %llu",
-          (unsigned long long)r, n->pending[k].id, (unsigned long long)(r + 1));
-    }
-  n->npending = 0;
-  pthread_mutex_unlock(&n->lock);
-  qsort(next, nn, sizeof *next, by_id);
-
-  /* Relays, admissions, then the manifest: once it is visible, all it
-   * names can be fetched. */
-  char path[96];
+  /* Relays first: once the manifest is visible, all it names can be
+   * fetched. */
   for (size_t k = 0; k < c && st == PULSE_OK; k++) {
+    char path[96];
     snprintf(path, sizeof path, "/v1/loco/round/%llu/from/%u",
              (unsigned long long)r, refs[k].id);
     st = loco_server_put(n->srv, path, set[k].data, set[k].size);
   }
-  for (size_t k = 0; k < na && st == PULSE_OK; k++) {
-    char text[64];
-    int len = snprintf(text, sizeof text, "{\"round\":%llu}",
-                       (unsigned long long)(r + 1));
-    snprintf(path, sizeof path, "/v1/loco/join/%u", admitted[k].id);
-    st = loco_server_put(n->srv, path, text, (size_t)len);
-  }
-  loco_manifest man = {r, n->id, 1, refs, c, next, nn};
-  pulse_bytebuf mb = PULSE_BYTEBUF_INIT;
+  pulse_loco_member next[LOCO_MAX_MEMBERS];
+  size_t nn = 0;
   if (st == PULSE_OK)
-    st = loco_manifest_write(&man, &mb);
-  if (st == PULSE_OK) {
-    snprintf(path, sizeof path, "/v1/loco/round/%llu/manifest",
-             (unsigned long long)r);
-    st = loco_server_put(n->srv, path, mb.data, mb.size);
-  }
-  pulse_bytebuf_free(&mb);
+    st = loco_node_close_round(n, r, leaving, refs, c, next, &nn);
   pulse_loco_finish_info fi;
   if (st == PULSE_OK)
     st = pulse_loco_set_members(n->ctx, (uint32_t)M);
@@ -606,8 +623,8 @@ static pulse_status coordinate(pulse_loco_node *n, uint64_t r,
   n->coordinated_round = r;
   memcpy(n->owed, next, nn * sizeof *next);
   n->nowed = nn;
-  set_members(n, next, nn);
-  st = publish_state(n);
+  loco_node_set_members(n, next, nn);
+  st = loco_node_publish_state(n);
   if (st == PULSE_OK)
     st = publish_view(n);
   if (st == PULSE_OK && leaving) /* the others still need this round's data */
@@ -624,8 +641,8 @@ done:
 static uint64_t group_round(pulse_loco_node *n, const char *coord) {
   char url[160];
   loco_manifest view;
-  url_fmt(url, sizeof url, coord, "/v1/loco/members");
-  if (get_json(url, n->opts.deadline_ms, &view, &n->fetched) != PULSE_OK)
+  loco_node_url_fmt(url, sizeof url, coord, "/v1/loco/members");
+  if (loco_node_get_json(url, n->opts.deadline_ms, &view, &n->fetched) != PULSE_OK)
     return 0;
   uint64_t r = view.round;
   loco_manifest_free(&view);
@@ -652,12 +669,12 @@ static pulse_status fetch_contributions(pulse_loco_node *n, uint64_t r,
       }
       if (t[k].done)
         continue;
-      int m = find_member(n->members, n->nmembers, man->contrib[k].id);
+      int m = loco_node_find_member(n->members, n->nmembers, man->contrib[k].id);
       if (pass == 0)
-        url_fmt(urls[k], sizeof urls[k], n->members[m].url,
+        loco_node_url_fmt(urls[k], sizeof urls[k], n->members[m].url,
                 "/v1/loco/round/%llu", (unsigned long long)r);
       else
-        url_fmt(urls[k], sizeof urls[k], coord, "/v1/loco/round/%llu/from/%u",
+        loco_node_url_fmt(urls[k], sizeof urls[k], coord, "/v1/loco/round/%llu/from/%u",
                 (unsigned long long)r, man->contrib[k].id);
       t[k].url = urls[k];
       t[k].max_bytes = (size_t)man->contrib[k].bytes;
@@ -719,12 +736,12 @@ static pulse_status follow(pulse_loco_node *n, uint64_t r, const uint8_t *own,
     snprintf(url, sizeof url, "%s/v1/loco/leave?id=%u", coord, n->id);
     loco_http_post(url, n->opts.manifest_timeout_ms, &status);
   }
-  url_fmt(url, sizeof url, coord, "/v1/loco/round/%llu/manifest",
+  loco_node_url_fmt(url, sizeof url, coord, "/v1/loco/round/%llu/manifest",
           (unsigned long long)r);
   loco_manifest man;
   memset(&man, 0, sizeof man);
   pulse_status st =
-      get_json(url, n->opts.manifest_timeout_ms, &man, &n->fetched);
+      loco_node_get_json(url, n->opts.manifest_timeout_ms, &man, &n->fetched);
   if (st == PULSE_OK &&
       (man.round != r || man.coordinator != n->members[0].id ||
        !man.has_contributors || man.ncontrib == 0))
@@ -732,7 +749,7 @@ static pulse_status follow(pulse_loco_node *n, uint64_t r, const uint8_t *own,
                     "loco node: manifest of round %llu does not fit",
                     (unsigned long long)r);
   for (size_t k = 0; st == PULSE_OK && k < man.ncontrib; k++)
-    if (find_member(n->members, n->nmembers, man.contrib[k].id) < 0 ||
+    if (loco_node_find_member(n->members, n->nmembers, man.contrib[k].id) < 0 ||
         man.contrib[k].bytes > payload_cap(n->ctx))
       st = pulse_fail(PULSE_ERR_CORRUPT,
                       "loco node: manifest lists a non-member or an "
@@ -771,13 +788,13 @@ static pulse_status follow(pulse_loco_node *n, uint64_t r, const uint8_t *own,
   if (st == PULSE_OK && have == C)
     st = pulse_loco_finish(n->ctx, set, C, theta_r, NULL);
   if (st == PULSE_OK && have == C) {
-    set_members(n, man.members, man.nmembers);
+    loco_node_set_members(n, man.members, man.nmembers);
   } else {
     /* Not every payload: re-sync from the coordinator's state of r + 1
      * after applying the error-feedback rule. */
     if (n->ctx->prepared)
       pulse_loco_abandon(n->ctx, self_included);
-    st = catch_up(n, coord, r + 1, theta_r,
+    st = loco_node_catch_up(n, coord, r + 1, theta_r,
                   loco_now_ms() + n->opts.manifest_timeout_ms);
     if (st == PULSE_OK) {
       info->resynced = 1;
@@ -787,9 +804,9 @@ static pulse_status follow(pulse_loco_node *n, uint64_t r, const uint8_t *own,
     }
   }
   if (st == PULSE_OK)
-    st = publish_state(n); /* for joiners that ask this member */
+    st = loco_node_publish_state(n); /* for joiners that ask this member */
   if (st == PULSE_OK) {
-    url_fmt(url, sizeof url, coord, "/v1/loco/round/%llu/done?id=%u",
+    loco_node_url_fmt(url, sizeof url, coord, "/v1/loco/round/%llu/done?id=%u",
             (unsigned long long)r, n->id);
     loco_http_post(url, n->opts.manifest_timeout_ms, &status);
   }
@@ -823,7 +840,7 @@ pulse_status pulse_loco_node_step(pulse_loco_node *n, float *theta_r,
     info->fetched_bytes = n->fetched;
     return PULSE_OK;
   }
-  if (n->nmembers == 0 || find_member(n->members, n->nmembers, n->id) < 0)
+  if (n->nmembers == 0 || loco_node_find_member(n->members, n->nmembers, n->id) < 0)
     return pulse_fail(PULSE_ERR_ARG,
                       "loco node: not a member (start or join first)");
   uint64_t r = pulse_loco_round(n->ctx);
@@ -838,9 +855,17 @@ pulse_status pulse_loco_node_step(pulse_loco_node *n, float *theta_r,
                                &size, &pi));
   info->sent = pi.sent;
   info->payload_bytes = size;
+  char coord_url[64];
+  snprintf(coord_url, sizeof coord_url, "%s", n->members[0].url);
+  n->coordinated = 0;
+  pulse_status st;
+  if (n->opts.transport == PULSE_LOCO_TRANSPORT_UDP) {
+    st = loco_node_udp_round(n, r, leaving, theta_r, info);
+    goto ended;
+  }
   char path[64];
   snprintf(path, sizeof path, "/v1/loco/round/%llu", (unsigned long long)r);
-  pulse_status st = loco_server_put(n->srv, path, payload, size);
+  st = loco_server_put(n->srv, path, payload, size);
   if (st != PULSE_OK) {
     pulse_loco_abandon(n->ctx, 0);
     return st;
@@ -853,14 +878,12 @@ pulse_status pulse_loco_node_step(pulse_loco_node *n, float *theta_r,
     return pulse_fail(PULSE_ERR_NOMEM, "loco node: payload copy");
   }
   memcpy(own, payload, size);
-  char coord_url[64];
-  snprintf(coord_url, sizeof coord_url, "%s", n->members[0].url);
-  n->coordinated = 0;
   if (n->members[0].id == n->id)
     st = coordinate(n, r, own, size, leaving, theta_r, info);
   else
     st = follow(n, r, own, size, leaving, theta_r, info);
   free(own);
+ended:
   info->fetched_bytes = n->fetched;
   if (n->ctx->prepared)
     pulse_loco_abandon(n->ctx, 0); /* failed before finishing: keep all of s */
@@ -875,7 +898,7 @@ pulse_status pulse_loco_node_step(pulse_loco_node *n, float *theta_r,
     return st;
   /* Dropped after missed rounds while alive: the next step joins again
    * (not this one: a run that ends now has no round left to admit it). */
-  if (find_member(n->members, n->nmembers, n->id) < 0) {
+  if (loco_node_find_member(n->members, n->nmembers, n->id) < 0) {
     n->ctx->need_state = 1;
     n->dropped = 1;
     snprintf(n->rejoin_url, sizeof n->rejoin_url, "%s",

@@ -465,11 +465,56 @@ typedef struct {
    * round and sender). 0 in production. */
   double drop_rate;
   uint64_t drop_seed;
+  /* How the round's contributions travel (PAYLOAD.md "Exchange over
+   * datagrams"): PULSE_LOCO_TRANSPORT_HTTP (whole payloads through the
+   * coordinator) or PULSE_LOCO_TRANSPORT_UDP (every trainer sends its
+   * chunks to every other as datagrams, no retransmission; the manifest,
+   * joins and re-syncs stay on HTTP). Every member of a run must use the
+   * same. UDP needs the drop rule. */
+  uint32_t transport;
+  /* UDP: the largest datagram (chunk) sent, >= pulse_loco_chunk_bound(). */
+  uint32_t max_datagram;
+  /* UDP: once every sender has been heard from in a round, the receiver
+   * stops waiting after this long without a new datagram (a lost chunk is
+   * never resent); deadline_ms caps the whole wait. */
+  uint32_t quiet_ms;
+  /* UDP, simulated: each datagram, for each receiver, is dropped in the
+   * send path with this probability (pulse_loco_datagram_draw with
+   * drop_seed). 0 in production. */
+  double datagram_drop;
+  /* UDP, drift: digests cover ranges of this many parameters (a multiple
+   * of PULSE_LOCO_CHUNK_CELL). Every round each member compares its range
+   * digests with the reference replica's (the coordinator's), fetches the
+   * ranges that differ and measures its drift; it re-syncs them when
+   * resync_period rounds have passed since its last re-sync or when the
+   * drift exceeds drift_budget. */
+  uint32_t resync_range;
+  uint32_t resync_period;
+  double drift_budget;
 } pulse_loco_node_opts;
 
-#define PULSE_LOCO_NODE_OPTS_VERSION 1u
+/* Transports of pulse_loco_node_opts.transport. */
+#define PULSE_LOCO_TRANSPORT_HTTP 0u
+#define PULSE_LOCO_TRANSPORT_UDP 1u
+
+#define PULSE_LOCO_NODE_OPTS_VERSION 2u
 #define PULSE_LOCO_NODE_OPTS_INIT                                              \
-  { PULSE_LOCO_NODE_OPTS_VERSION, 2000, 10000, 3, 0.0, 0 }
+  {                                                                            \
+    PULSE_LOCO_NODE_OPTS_VERSION, 2000, 10000, 3, 0.0, 0,                      \
+        PULSE_LOCO_TRANSPORT_HTTP, 1472, 30, 0.0, 1024, 1, 0.01                \
+  }
+
+/** Parses "http" or "udp" into a PULSE_LOCO_TRANSPORT_* value.
+ * @return PULSE_OK or PULSE_ERR_ARG. */
+pulse_status pulse_loco_transport_parse(const char *name, uint32_t *out);
+
+/** The draw of the simulated datagram loss (pulse_loco_node_opts
+ * .datagram_drop): uniform in [0, 1), a function of (seed, round, sender,
+ * receiver, index of the chunk in the sender's round); the datagram is lost
+ * when it is below the drop probability. Public so a replay of a run can
+ * lose exactly the same datagrams. */
+double pulse_loco_datagram_draw(uint64_t seed, uint64_t round, uint32_t sender,
+                                uint32_t receiver, uint64_t index);
 
 /* One member: id and base URL ("http://127.0.0.1:PORT"). */
 typedef struct {
@@ -518,6 +563,20 @@ typedef struct {
   int rejoined; /* this step only joined again (the node had been dropped
                    after missed rounds): no round ran; the context is at
                    the admission round */
+  /* UDP transport only. */
+  uint64_t datagrams_sent;    /* chunks handed to the socket, all receivers */
+  uint64_t datagrams_dropped; /* lost by the simulated datagram_drop */
+  uint64_t datagrams_received;
+  uint64_t datagrams_refused_source; /* not from the claimed sender's socket,
+                                        or cut by the receive buffer */
+  uint64_t datagrams_early; /* of a later round, kept for it */
+  pulse_loco_chunk_stats chunks; /* what this round's inbox took and refused */
+  double drift; /* ||theta_g - reference|| / ||reference|| after the round,
+                   before any re-sync (0 on the reference) */
+  uint32_t drift_ranges;    /* ranges whose digest differed */
+  uint32_t resynced_ranges; /* ranges copied from the reference */
+  uint64_t resync_bytes;    /* HTTP bodies of the drift check and re-sync */
+  uint64_t wait_ms;         /* time spent receiving the round's chunks */
 } pulse_loco_step_info;
 
 /** One outer step over HTTP: prepare, publish, exchange (coordinator:

@@ -1,0 +1,534 @@
+/* node_udp.c - the exchange's round over datagrams (pulse_loco.h
+ * PULSE_LOCO_TRANSPORT_UDP, PAYLOAD.md "Exchange over datagrams"). For the
+ * members M of round r and coordinator c = min(M):
+ *
+ *   every member   cuts its payload into PLCK chunks (one datagram each)
+ *                  and sends each to every other member once; a lost one
+ *                  is never resent
+ *                  takes chunks into its inbox until every sender's cells
+ *                  are all here, or every sender was heard from and nothing
+ *                  came for quiet_ms, or the deadline; finishes per cell
+ *                  over what arrived (the drop rule)
+ *   c              publishes the manifest over HTTP (contributors: who was
+ *                  heard, with the cells that reached c and the SHA-256 of
+ *                  their arrival map; the members of r + 1) and, as the
+ *                  reference replica, the digest of every range of its
+ *                  theta_g and b and their values
+ *   the others     fetch the manifest (membership), compare their range
+ *                  digests with c's, fetch the ranges that differ, measure
+ *                  their drift and re-sync those ranges when the period or
+ *                  the drift budget says so
+ *
+ * Datagrams that are cut, not from the socket of the member they name,
+ * malformed, of another round or base, or duplicates are dropped and
+ * counted; those of the next rounds that come early are kept for them. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "endian_impl.h"
+#include "node_impl.h"
+#include "pulse_log.h"
+
+#define EARLY_MAX 65536u /* datagrams of later rounds kept */
+#define DIGESTS_HEADER 16u
+
+/* ------------------------------------------------------------- socket */
+
+pulse_status loco_node_udp_start(pulse_loco_node *n) {
+  PULSE_TRY(loco_udp_open(&n->udp));
+  char text[32];
+  int len = snprintf(text, sizeof text, "{\"port\":%u}",
+                     (unsigned)loco_udp_port(n->udp));
+  return loco_server_put(n->srv, "/v1/loco/udp", text, (size_t)len);
+}
+
+void loco_node_udp_stop(pulse_loco_node *n) {
+  loco_udp_close(n->udp);
+  n->udp = NULL;
+  for (loco_datagram *d = n->early, *next; d; d = next) {
+    next = d->next;
+    free(d);
+  }
+  n->early = NULL;
+  n->nearly = 0;
+}
+
+/* The datagram port of member m, asked once over HTTP. */
+static pulse_status peer_port(pulse_loco_node *n, const pulse_loco_member *m,
+                              uint16_t *port) {
+  for (size_t i = 0; i < n->npeers; i++)
+    if (n->peers[i].id == m->id && strcmp(n->peers[i].url, m->url) == 0)
+      return *port = n->peers[i].port, PULSE_OK;
+  char url[160];
+  loco_node_url_fmt(url, sizeof url, m->url, "/v1/loco/udp");
+  pulse_bytebuf b = PULSE_BYTEBUF_INIT;
+  pulse_status st = loco_http_wait(url, n->opts.manifest_timeout_ms, 64, &b);
+  unsigned p = 0;
+  if (st == PULSE_OK) {
+    n->fetched += b.size;
+    char text[65];
+    memcpy(text, b.data, b.size);
+    text[b.size] = '\0';
+    if (sscanf(text, "{\"port\":%u}", &p) != 1 || p == 0 || p > 65535)
+      st = pulse_fail(PULSE_ERR_CORRUPT, "loco udp: %s: bad port", url);
+  }
+  pulse_bytebuf_free(&b);
+  if (st != PULSE_OK)
+    return st;
+  /* The cache keeps the newest entries: a member that left and came back
+   * (another URL) replaces an old one at worst. */
+  size_t i = n->npeers < LOCO_MAX_MEMBERS ? n->npeers++ : m->id % LOCO_MAX_MEMBERS;
+  n->peers[i].id = m->id;
+  snprintf(n->peers[i].url, sizeof n->peers[i].url, "%s", m->url);
+  n->peers[i].port = (uint16_t)p;
+  *port = (uint16_t)p;
+  return PULSE_OK;
+}
+
+/* The known port of member `id` of this round, 0 when not known. */
+static uint16_t known_port(const pulse_loco_node *n, uint32_t id) {
+  int m = loco_node_find_member(n->members, n->nmembers, id);
+  if (m < 0)
+    return 0;
+  for (size_t i = 0; i < n->npeers; i++)
+    if (n->peers[i].id == id && strcmp(n->peers[i].url, n->members[m].url) == 0)
+      return n->peers[i].port;
+  return 0;
+}
+
+/* The one check a datagram passes before the inbox decodes it: it came
+ * whole and from the socket of the member it names as its sender (its
+ * port learned over HTTP). A verification of the chunk's origin (a
+ * signature, issue 15) belongs here too: return 0 and the chunk is
+ * dropped and counted before it can reach the aggregate. A datagram too
+ * short to name a sender goes on to the inbox, which counts it. */
+static int datagram_admit(const pulse_loco_node *n, const loco_datagram *d) {
+  if (d->cut)
+    return 0;
+  if (d->size < PULSE_LOCO_CHUNK_HEADER)
+    return 1;
+  uint32_t sender = pulse_load_le32(d->data + 8);
+  uint16_t port = known_port(n, sender);
+  if (port == 0)
+    return 1; /* not a member: the inbox counts an unknown sender */
+  return d->addr == 0x7F000001u && d->port == port;
+}
+
+/* The round a chunk names, or UINT64_MAX when it is not a chunk. */
+static uint64_t chunk_round(const loco_datagram *d) {
+  if (d->size < PULSE_LOCO_CHUNK_HEADER ||
+      pulse_load_le32(d->data) != 0x4B434C50u /* "PLCK" */)
+    return UINT64_MAX;
+  return pulse_load_le64(d->data + 12);
+}
+
+/* One datagram for round r: admitted, kept for a later round, or given to
+ * the inbox (which keeps it or counts why not). Frees it unless kept. */
+static void take_datagram(pulse_loco_node *n, pulse_loco_inbox *in, uint64_t r,
+                          loco_datagram *d, pulse_loco_step_info *info) {
+  uint64_t round = chunk_round(d);
+  if (round != UINT64_MAX && round > r && round <= r + 2 &&
+      n->nearly < EARLY_MAX) {
+    /* A faster member's next round: its chunks are not resent. */
+    d->next = n->early;
+    n->early = d;
+    n->nearly++;
+    info->datagrams_early++;
+    return;
+  }
+  if (!datagram_admit(n, d))
+    info->datagrams_refused_source++;
+  else
+    pulse_loco_inbox_add(in, d->data, d->size); /* counted by reason */
+  free(d);
+}
+
+/* ------------------------------------------------------------ sending */
+
+static pulse_status send_chunks(pulse_loco_node *n, uint64_t r,
+                                const pulse_buffer *chunks, uint64_t nchunks,
+                                pulse_loco_step_info *info) {
+  for (size_t j = 0; j < n->nmembers; j++) {
+    const pulse_loco_member *m = &n->members[j];
+    if (m->id == n->id)
+      continue;
+    uint16_t port;
+    if (peer_port(n, m, &port) != PULSE_OK) {
+      PULSE_LOG_AT(PULSE_LOG_WARN,
+                   "loco round %llu: no datagram port for trainer %u: %s",
+                   (unsigned long long)r, m->id, pulse_error_detail());
+      continue; /* as if all its datagrams were lost */
+    }
+    const uint8_t *p = chunks->data;
+    size_t left = chunks->size;
+    for (uint64_t k = 0; k < nchunks; k++) {
+      size_t cs;
+      PULSE_TRY(pulse_loco_chunk_size(p, left, &cs));
+      /* Loss injected below the protocol: the datagram never leaves. */
+      if (n->opts.datagram_drop > 0.0 &&
+          pulse_loco_datagram_draw(n->opts.drop_seed, r, n->id, m->id, k) <
+              n->opts.datagram_drop) {
+        info->datagrams_dropped++;
+      } else {
+        PULSE_TRY(loco_udp_send(n->udp, port, p, cs));
+        info->datagrams_sent++;
+      }
+      p += cs, left -= cs;
+    }
+  }
+  return PULSE_OK;
+}
+
+/* ---------------------------------------------------------- receiving */
+
+static pulse_status receive_round(pulse_loco_node *n, uint64_t r,
+                                  pulse_loco_inbox *in,
+                                  pulse_loco_step_info *info) {
+  /* Chunks of this round that came while the last one ran. */
+  loco_datagram *early = n->early;
+  n->early = NULL;
+  n->nearly = 0;
+  while (early) {
+    loco_datagram *d = early;
+    early = d->next;
+    d->next = NULL;
+    n->fetched += d->size;
+    info->datagrams_received++;
+    take_datagram(n, in, r, d, info);
+  }
+  uint64_t start = loco_now_ms(), deadline = start + n->opts.deadline_ms;
+  uint64_t last = start;
+  for (;;) {
+    size_t senders, heard, complete;
+    loco_inbox_progress(in, &senders, &heard, &complete);
+    if (complete == senders)
+      break;
+    uint64_t now = loco_now_ms(), until = deadline;
+    if (now >= deadline)
+      break;
+    if (heard == senders) { /* what is missing was lost: wait a little */
+      if (now >= last + n->opts.quiet_ms)
+        break;
+      if (last + n->opts.quiet_ms < until)
+        until = last + n->opts.quiet_ms;
+    }
+    loco_datagram *d = loco_udp_take(n->udp, until);
+    if (d == NULL)
+      continue;
+    last = loco_now_ms();
+    n->fetched += d->size;
+    info->datagrams_received++;
+    take_datagram(n, in, r, d, info);
+  }
+  info->wait_ms = loco_now_ms() - start;
+  return PULSE_OK;
+}
+
+/* ------------------------------------------------- drift and re-sync */
+
+/* The reference replica's view of its state after round r: the digest of
+ * every range, and every range's theta_g then b (LE FP32), back to back,
+ * so a run of ranges is one byte range of one blob. */
+static pulse_status publish_reference(pulse_loco_node *n, uint64_t r) {
+  const pulse_loco *ctx = n->ctx;
+  uint64_t L = n->opts.resync_range, P = ctx->n;
+  uint64_t count = (P + L - 1) / L;
+  size_t dsize = DIGESTS_HEADER + 8u * (size_t)count;
+  uint8_t *dg = malloc(dsize);
+  uint8_t *sync = malloc((size_t)(8u * P));
+  pulse_status st = PULSE_OK;
+  if (dg == NULL || sync == NULL) {
+    free(dg), free(sync);
+    return pulse_fail(PULSE_ERR_NOMEM, "loco udp: reference");
+  }
+  pulse_store_le32(dg, (uint32_t)L);
+  pulse_store_le32(dg + 4, 0);
+  pulse_store_le64(dg + 8, count);
+  uint8_t *q = sync;
+  for (uint64_t k = 0; k < count; k++) {
+    uint64_t a = k * L, len = P - a < L ? P - a : L, digest;
+    pulse_loco_range_digest(ctx, a, len, &digest);
+    pulse_store_le64(dg + DIGESTS_HEADER + 8u * k, digest);
+    const float *src[2] = {ctx->theta_g + a, ctx->b + a};
+    for (int s = 0; s < 2; s++)
+      for (uint64_t i = 0; i < len; i++, q += 4) {
+        uint32_t bits;
+        memcpy(&bits, &src[s][i], 4);
+        pulse_store_le32(q, bits);
+      }
+  }
+  char path[96];
+  snprintf(path, sizeof path, "/v1/loco/round/%llu/digests",
+           (unsigned long long)r);
+  st = loco_server_put(n->srv, path, dg, dsize);
+  snprintf(path, sizeof path, "/v1/loco/round/%llu/sync",
+           (unsigned long long)r);
+  if (st == PULSE_OK)
+    st = loco_server_put(n->srv, path, sync, (size_t)(8u * P));
+  free(dg), free(sync);
+  return st;
+}
+
+static double sum_sq(const float *x, uint64_t n) {
+  double s = 0.0;
+  for (uint64_t i = 0; i < n; i++)
+    s += (double)x[i] * (double)x[i];
+  return s;
+}
+
+/* A member after round r: compares its range digests with the reference's
+ * (coordinator `coord`), fetches the ranges that differ, measures the
+ * drift, and re-syncs them when due. */
+static pulse_status check_drift(pulse_loco_node *n, const char *coord,
+                                uint64_t r, float *theta_r,
+                                pulse_loco_step_info *info) {
+  pulse_loco *ctx = n->ctx;
+  uint64_t L = n->opts.resync_range, P = ctx->n;
+  uint64_t count = (P + L - 1) / L;
+  char url[160];
+  loco_node_url_fmt(url, sizeof url, coord, "/v1/loco/round/%llu/digests",
+                    (unsigned long long)r);
+  pulse_bytebuf b = PULSE_BYTEBUF_INIT;
+  uint8_t *differ = NULL;
+  float *ref = NULL;
+  uint64_t fetched = 0;
+  pulse_status st = loco_http_wait(url, n->opts.manifest_timeout_ms,
+                                   DIGESTS_HEADER + 8u * (size_t)count, &b);
+  if (st != PULSE_OK)
+    goto done;
+  fetched += b.size;
+  if (b.size != DIGESTS_HEADER + 8u * count || pulse_load_le32(b.data) != L ||
+      pulse_load_le64(b.data + 8) != count) {
+    st = pulse_fail(PULSE_ERR_CORRUPT,
+                    "loco udp: the reference's digests do not fit (ranges of "
+                    "%llu)",
+                    (unsigned long long)L);
+    goto done;
+  }
+  differ = calloc((size_t)count, 1);
+  ref = malloc((size_t)(2u * P) * sizeof *ref); /* by range: theta, b */
+  if (differ == NULL || ref == NULL) {
+    st = pulse_fail(PULSE_ERR_NOMEM, "loco udp: drift check");
+    goto done;
+  }
+  uint32_t ndiff = 0;
+  for (uint64_t k = 0; k < count; k++) {
+    uint64_t a = k * L, len = P - a < L ? P - a : L, digest;
+    pulse_loco_range_digest(ctx, a, len, &digest);
+    differ[k] = digest != pulse_load_le64(b.data + DIGESTS_HEADER + 8u * k);
+    ndiff += differ[k];
+  }
+  info->drift_ranges = ndiff;
+  if (ndiff == 0) {
+    n->since_resync = 0; /* the same bits as the reference */
+    goto done;
+  }
+  /* Each run of differing ranges in one request of the sync blob. */
+  loco_node_url_fmt(url, sizeof url, coord, "/v1/loco/round/%llu/sync",
+                    (unsigned long long)r);
+  for (uint64_t k = 0; k < count && st == PULSE_OK;) {
+    if (!differ[k]) {
+      k++;
+      continue;
+    }
+    uint64_t k1 = k;
+    while (k1 < count && differ[k1])
+      k1++;
+    uint64_t from = 8u * k * L, to = 8u * (k1 * L < P ? k1 * L : P);
+    st = loco_http_get_range(url, from, to - from, n->opts.manifest_timeout_ms,
+                             &b);
+    if (st == PULSE_OK) {
+      fetched += b.size;
+      for (uint64_t i = 0; i < (to - from) / 4u; i++) {
+        uint32_t bits = pulse_load_le32(b.data + 4u * i);
+        memcpy(&ref[2u * k * L + i], &bits, 4);
+      }
+    }
+    k = k1;
+  }
+  if (st != PULSE_OK)
+    goto done;
+  /* Drift against the reference: only the differing ranges differ. */
+  double diff = 0.0, own = sum_sq(ctx->theta_g, P), norm = own;
+  for (uint64_t k = 0; k < count; k++) {
+    if (!differ[k])
+      continue;
+    uint64_t a = k * L, len = P - a < L ? P - a : L;
+    const float *rt = ref + 2u * a;
+    for (uint64_t i = 0; i < len; i++) {
+      double d = (double)ctx->theta_g[a + i] - (double)rt[i];
+      diff += d * d;
+    }
+    norm += sum_sq(rt, len) - sum_sq(ctx->theta_g + a, len);
+  }
+  info->drift = norm > 0.0 ? sqrt(diff / norm) : 0.0;
+  n->since_resync++;
+  if (n->since_resync >= n->opts.resync_period ||
+      info->drift > n->opts.drift_budget) {
+    for (uint64_t k = 0; k < count && st == PULSE_OK; k++) {
+      if (!differ[k])
+        continue;
+      uint64_t a = k * L, len = P - a < L ? P - a : L;
+      st = pulse_loco_resync_range(ctx, a, len, ref + 2u * a,
+                                   ref + 2u * a + len);
+      info->resynced_ranges += st == PULSE_OK;
+    }
+    if (st == PULSE_OK) {
+      n->since_resync = 0;
+      memcpy(theta_r, ctx->theta_g, (size_t)P * sizeof *theta_r);
+    }
+  }
+done:
+  info->resync_bytes += fetched;
+  n->fetched += fetched;
+  pulse_bytebuf_free(&b);
+  free(differ), free(ref);
+  return st;
+}
+
+/* -------------------------------------------------------------- round */
+
+/* The coordinator's end of round r: manifest and reference. */
+static pulse_status close_round(pulse_loco_node *n, uint64_t r, int leaving,
+                                const pulse_loco_inbox *in,
+                                pulse_loco_step_info *info) {
+  size_t M = n->nmembers, c = 0;
+  loco_contrib_ref *refs = calloc(M, sizeof *refs);
+  if (refs == NULL)
+    return pulse_fail(PULSE_ERR_NOMEM, "loco udp: manifest");
+  for (size_t j = 0; j < M; j++) {
+    uint32_t id = n->members[j].id;
+    if (id == n->id) {
+      refs[c].id = id;
+      refs[c].bytes = (n->ctx->n + PULSE_LOCO_CHUNK_CELL - 1) /
+                      PULSE_LOCO_CHUNK_CELL; /* all its own cells */
+      memset(refs[c++].sha256, 0, 32);
+      continue;
+    }
+    uint8_t sha[32];
+    uint64_t cells = loco_inbox_arrival(in, id, sha);
+    /* Silence (not one datagram in the round) counts as a miss. */
+    n->misses[j] = cells == 0 ? n->misses[j] + 1 : 0;
+    if (cells == 0)
+      continue;
+    refs[c].id = id;
+    refs[c].bytes = cells;
+    memcpy(refs[c++].sha256, sha, 32);
+  }
+  info->contributors = (uint32_t)c;
+  pulse_loco_member next[LOCO_MAX_MEMBERS];
+  size_t nn = 0;
+  pulse_status st = publish_reference(n, r);
+  if (st == PULSE_OK)
+    st = loco_node_close_round(n, r, leaving, refs, c, next, &nn);
+  free(refs);
+  if (st != PULSE_OK)
+    return st;
+  n->coordinated = 1;
+  n->coordinated_round = r;
+  memcpy(n->owed, next, nn * sizeof *next);
+  n->nowed = nn;
+  loco_node_set_members(n, next, nn);
+  st = loco_node_publish_state(n);
+  if (st == PULSE_OK && leaving) /* the others still need this round's data */
+    pulse_loco_node_linger(n, n->opts.manifest_timeout_ms);
+  return st;
+}
+
+/* A member's end of round r: the manifest (members of r + 1), the drift
+ * check, the state, the acknowledgement. */
+static pulse_status follow_round(pulse_loco_node *n, const char *coord,
+                                 uint64_t r, float *theta_r,
+                                 pulse_loco_step_info *info) {
+  char url[160];
+  loco_node_url_fmt(url, sizeof url, coord, "/v1/loco/round/%llu/manifest",
+                    (unsigned long long)r);
+  loco_manifest man;
+  memset(&man, 0, sizeof man);
+  pulse_status st = loco_node_get_json(url, n->opts.manifest_timeout_ms, &man,
+                                       &n->fetched);
+  if (st == PULSE_OK &&
+      (man.round != r || man.coordinator != n->members[0].id ||
+       !man.has_contributors || man.ncontrib == 0))
+    st = pulse_fail(PULSE_ERR_CORRUPT,
+                    "loco udp: manifest of round %llu does not fit",
+                    (unsigned long long)r);
+  if (st == PULSE_OK) {
+    info->contributors = (uint32_t)man.ncontrib;
+    for (size_t k = 0; k < man.ncontrib; k++)
+      info->self_included |= man.contrib[k].id == n->id;
+    loco_node_set_members(n, man.members, man.nmembers);
+    st = check_drift(n, coord, r, theta_r, info);
+  }
+  loco_manifest_free(&man);
+  if (st != PULSE_OK) {
+    /* No manifest or no reference: take the reference's whole state (the
+     * round's aggregate is already in; e is kept). */
+    PULSE_LOG_AT(PULSE_LOG_WARN, "loco udp round %llu: trainer %u: %s; "
+                 "re-syncing the whole state",
+                 (unsigned long long)r, n->id, pulse_error_detail());
+    st = loco_node_catch_up(n, coord, r + 1, theta_r,
+                            loco_now_ms() + n->opts.manifest_timeout_ms);
+    info->resynced = st == PULSE_OK;
+  }
+  if (st == PULSE_OK)
+    st = loco_node_publish_state(n); /* for joiners that ask this member */
+  if (st == PULSE_OK) {
+    long status;
+    loco_node_url_fmt(url, sizeof url, coord, "/v1/loco/round/%llu/done?id=%u",
+                      (unsigned long long)r, n->id);
+    loco_http_post(url, n->opts.manifest_timeout_ms, &status);
+  }
+  return st;
+}
+
+pulse_status loco_node_udp_round(pulse_loco_node *n, uint64_t r, int leaving,
+                                 float *theta_r, pulse_loco_step_info *info) {
+  pulse_loco *ctx = n->ctx;
+  char coord[sizeof n->members[0].url];
+  snprintf(coord, sizeof coord, "%s", n->members[0].url);
+  int coordinator = n->members[0].id == n->id;
+  if (leaving && !coordinator) {
+    char url[160];
+    long status;
+    snprintf(url, sizeof url, "%s/v1/loco/leave?id=%u", coord, n->id);
+    loco_http_post(url, n->opts.manifest_timeout_ms, &status);
+  }
+  /* The prepared payload's entries as chunks. */
+  pulse_loco_payload_header h;
+  pulse_buffer chunks = {NULL, 0};
+  uint64_t nchunks = 0;
+  pulse_loco_inbox *in = NULL;
+  uint32_t *ids = malloc((n->nmembers ? n->nmembers : 1) * sizeof *ids);
+  pulse_status st =
+      ids ? pulse_loco_payload_peek(ctx->payload.data, ctx->payload.size, &h)
+          : pulse_fail(PULSE_ERR_NOMEM, "loco udp: members");
+  if (st == PULSE_OK)
+    st = pulse_loco_chunks_encode(&h, ctx->n, ctx->sent_pos, ctx->sent_val,
+                                  ctx->sent_count, n->opts.max_datagram,
+                                  &chunks, &nchunks);
+  if (st == PULSE_OK) {
+    info->payload_bytes = chunks.size;
+    for (size_t j = 0; j < n->nmembers; j++)
+      ids[j] = n->members[j].id;
+    st = pulse_loco_inbox_create(ctx, ids, n->nmembers, &in);
+  }
+  if (st == PULSE_OK)
+    st = send_chunks(n, r, &chunks, nchunks, info);
+  if (st == PULSE_OK)
+    st = receive_round(n, r, in, info);
+  if (st == PULSE_OK) {
+    pulse_loco_inbox_stats(in, &info->chunks);
+    info->self_included = 1;
+    st = pulse_loco_finish_inbox(ctx, in, theta_r, NULL);
+  }
+  if (st == PULSE_OK)
+    st = coordinator ? close_round(n, r, leaving, in, info)
+                     : follow_round(n, coord, r, theta_r, info);
+  pulse_loco_inbox_free(in);
+  pulse_buffer_free(&chunks);
+  free(ids);
+  return st;
+}
