@@ -44,6 +44,10 @@ pulse_status loco_node_udp_start(pulse_loco_node *n) {
   return loco_server_put(n->srv, "/v1/loco/udp", text, (size_t)len);
 }
 
+uint16_t pulse_loco_node_udp_port(const pulse_loco_node *n) {
+  return n && n->udp ? loco_udp_port(n->udp) : 0;
+}
+
 void loco_node_udp_stop(pulse_loco_node *n) {
   loco_udp_close(n->udp);
   n->udp = NULL;
@@ -125,8 +129,9 @@ static uint64_t chunk_round(const loco_datagram *d) {
 }
 
 /* One datagram for round r: admitted, kept for a later round, or given to
- * the inbox (which keeps it or counts why not). Frees it unless kept. */
-static void take_datagram(pulse_loco_node *n, pulse_loco_inbox *in, uint64_t r,
+ * the inbox (which keeps it or counts why not). Frees it unless kept.
+ * @return 1 when the inbox kept it. */
+static int take_datagram(pulse_loco_node *n, pulse_loco_inbox *in, uint64_t r,
                           loco_datagram *d, pulse_loco_step_info *info) {
   uint64_t round = chunk_round(d);
   if (round != UINT64_MAX && round > r && round <= r + 2 &&
@@ -136,13 +141,15 @@ static void take_datagram(pulse_loco_node *n, pulse_loco_inbox *in, uint64_t r,
     n->early = d;
     n->nearly++;
     info->datagrams_early++;
-    return;
+    return 0;
   }
+  int kept = 0;
   if (!datagram_admit(n, d))
     info->datagrams_refused_source++;
-  else
-    pulse_loco_inbox_add(in, d->data, d->size); /* counted by reason */
+  else /* counted by reason when refused */
+    kept = pulse_loco_inbox_add(in, d->data, d->size) == PULSE_OK;
   free(d);
+  return kept;
 }
 
 /* ------------------------------------------------------------ sending */
@@ -183,6 +190,30 @@ static pulse_status send_chunks(pulse_loco_node *n, uint64_t r,
 
 /* ---------------------------------------------------------- receiving */
 
+/* Whether every member not heard from in round r has sent its chunks
+ * (GET /v1/loco/round/R/sent on it, published after its last datagram):
+ * a sender whose every datagram was lost is told from one that is late
+ * without waiting for the deadline. */
+static int all_sent(pulse_loco_node *n, uint64_t r, const pulse_loco_inbox *in) {
+  for (size_t j = 0; j < n->nmembers; j++) {
+    uint8_t sha[32];
+    if (n->members[j].id == n->id ||
+        loco_inbox_arrival(in, n->members[j].id, sha) > 0)
+      continue;
+    char url[160];
+    loco_node_url_fmt(url, sizeof url, n->members[j].url,
+                      "/v1/loco/round/%llu/sent", (unsigned long long)r);
+    pulse_bytebuf b = PULSE_BYTEBUF_INIT;
+    long status = 0;
+    loco_http_get(url, 200, 64, &b, &status);
+    n->fetched += b.size;
+    pulse_bytebuf_free(&b);
+    if (status != 200)
+      return 0;
+  }
+  return 1;
+}
+
 static pulse_status receive_round(pulse_loco_node *n, uint64_t r,
                                   pulse_loco_inbox *in,
                                   pulse_loco_step_info *info) {
@@ -208,21 +239,38 @@ static pulse_status receive_round(pulse_loco_node *n, uint64_t r,
     uint64_t now = loco_now_ms(), until = deadline;
     if (now >= deadline)
       break;
-    if (heard == senders) { /* what is missing was lost: wait a little */
-      if (now >= last + n->opts.quiet_ms)
-        break;
-      if (last + n->opts.quiet_ms < until)
-        until = last + n->opts.quiet_ms;
+    if (now >= last + n->opts.quiet_ms && heard < senders &&
+        all_sent(n, r, in)) {
+      heard = senders; /* the silent ones sent: all their datagrams lost */
+      PULSE_LOG_AT(PULSE_LOG_DEBUG,
+                   "loco udp round %llu: trainer %u: a sender's datagrams "
+                   "were all lost",
+                   (unsigned long long)r, n->id);
     }
+    if (heard == senders && now >= last + n->opts.quiet_ms)
+      break; /* what is missing was lost */
+    if (now >= last + n->opts.quiet_ms)
+      last = now; /* ask the silent ones again after another quiet wait */
+    if (last + n->opts.quiet_ms < until)
+      until = last + n->opts.quiet_ms;
     loco_datagram *d = loco_udp_take(n->udp, until);
     if (d == NULL)
       continue;
-    last = loco_now_ms();
     n->fetched += d->size;
     info->datagrams_received++;
-    take_datagram(n, in, r, d, info);
+    /* Only a kept chunk restarts the quiet wait: a stream of junk must
+     * not hold the round open until the deadline. */
+    if (take_datagram(n, in, r, d, info))
+      last = loco_now_ms();
   }
   info->wait_ms = loco_now_ms() - start;
+  size_t senders, heard, complete;
+  loco_inbox_progress(in, &senders, &heard, &complete);
+  PULSE_LOG_AT(PULSE_LOG_DEBUG,
+               "loco udp round %llu: trainer %u waited %llu ms: %zu of %zu "
+               "senders heard, %zu complete",
+               (unsigned long long)r, n->id,
+               (unsigned long long)info->wait_ms, heard, senders, complete);
   return PULSE_OK;
 }
 
@@ -517,6 +565,16 @@ pulse_status loco_node_udp_round(pulse_loco_node *n, uint64_t r, int leaving,
   }
   if (st == PULSE_OK)
     st = send_chunks(n, r, &chunks, nchunks, info);
+  if (st == PULSE_OK) {
+    /* Sent (some maybe lost): a receiver that heard nothing from this
+     * trainer learns here that it need not wait. */
+    char path[64], text[48];
+    snprintf(path, sizeof path, "/v1/loco/round/%llu/sent",
+             (unsigned long long)r);
+    int len = snprintf(text, sizeof text, "{\"chunks\":%llu}",
+                       (unsigned long long)nchunks);
+    st = loco_server_put(n->srv, path, text, (size_t)len);
+  }
   if (st == PULSE_OK)
     st = receive_round(n, r, in, info);
   if (st == PULSE_OK) {
@@ -527,6 +585,13 @@ pulse_status loco_node_udp_round(pulse_loco_node *n, uint64_t r, int leaving,
   if (st == PULSE_OK)
     st = coordinator ? close_round(n, r, leaving, in, info)
                      : follow_round(n, coord, r, theta_r, info);
+  PULSE_LOG_AT(PULSE_LOG_DEBUG,
+               "loco udp round %llu: trainer %u %s: %s, drift %g, %u ranges "
+               "differ, %u re-synced",
+               (unsigned long long)r, n->id,
+               coordinator ? "closed the round" : "followed",
+               pulse_status_name(st), info->drift, info->drift_ranges,
+               info->resynced_ranges);
   pulse_loco_inbox_free(in);
   pulse_buffer_free(&chunks);
   free(ids);

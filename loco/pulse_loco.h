@@ -535,6 +535,10 @@ void pulse_loco_node_free(pulse_loco_node *node);
 /** This node's base URL, "http://127.0.0.1:PORT" (valid for its life). */
 const char *pulse_loco_node_url(const pulse_loco_node *node);
 
+/** This node's datagram port on 127.0.0.1 (UDP transport), 0 under HTTP.
+ * Peers learn it from GET /v1/loco/udp. */
+uint16_t pulse_loco_node_udp_port(const pulse_loco_node *node);
+
 /** Sets the founding members of the run (this node among them), all
  * starting at the context's current round with the same theta_g. */
 pulse_status pulse_loco_node_start(pulse_loco_node *node,

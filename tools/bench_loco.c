@@ -36,6 +36,7 @@
 #include "toolkit_problem.h"
 #include "toolkit_report.h"
 #include "toolkit_sim.h"
+#include "toolkit_time.h"
 
 #define PROG "pulse-bench loco"
 #define MAX_TRAINERS 64
@@ -71,6 +72,10 @@ typedef struct {
   int json;
   int only_pulseloco; /* --only-pulseloco: no baselines */
   const char *report; /* --report DIR */
+  uint32_t transport; /* PULSE_LOCO_TRANSPORT_* */
+  double drop;        /* --drop: each datagram lost (UDP) */
+  uint32_t resync_period;
+  double drift_budget;
 } loco_args;
 
 void bench_loco_usage(FILE *out) {
@@ -125,7 +130,22 @@ void bench_loco_usage(FILE *out) {
       "done\n"
       "  --leave-round L  the last founding PULSELoCo trainer leaves in round "
       "L\n"
-      "  --only-pulseloco skip the three baselines (their figures read 0): "
+      "  --transport T    how PULSELoCo trainers exchange a round: http "
+      "(default:\n"
+      "                   whole payloads through the coordinator) or udp (each "
+      "payload\n"
+      "                   as datagram-sized chunks to every trainer, no "
+      "retransmission;\n"
+      "                   manifest and re-syncs over HTTP; needs --rule drop)\n"
+      "  --drop P         udp: each datagram lost with probability P, in the "
+      "send path\n"
+      "                   (seeded by --seed; default 0)\n"
+      "  --resync-period K  udp: a trainer re-syncs the ranges that differ "
+      "from the\n"
+      "                   reference replica every K rounds (default 1)\n"
+      "  --drift-budget D udp: ... or as soon as its drift exceeds D "
+      "(default 0.01)\n"
+      "  --only-pulseloco skip the three baselines (left out of the output): "
       "loss\n"
       "                   experiments with many trainers\n"
       "  --json           one JSON object per round, then a summary object\n"
@@ -147,6 +167,10 @@ void bench_loco_usage(FILE *out) {
 }
 
 /* --------------------------------------------------------------- children */
+
+static uint64_t now_ms(void) {
+  return (uint64_t)(pulse_tk_now() * 1000.0);
+}
 
 static pulse_tk_problem *make_problem(const loco_args *a) {
   pulse_tk_problem_opts po = PULSE_TK_PROBLEM_OPTS_INIT;
@@ -215,7 +239,7 @@ typedef struct {
 static void replay_round(void *user, const pulse_tk_sim_round *r) {
   replay_sink *s = user;
   if (r->round > 0)
-    dprintf(s->out, "bias %u %.9g\n", r->round, r->update_bias);
+    dprintf(s->out, "bias %u %.9g %.9g\n", r->round, r->update_bias, r->drift);
 }
 
 /* PULSELoCo again in one process, the same rounds as the trainers (same
@@ -233,6 +257,10 @@ static int run_replay(const loco_args *a, int out) {
   so.drop_rate = a->drop_rate;
   so.drop_seed = a->seed;
   so.rule = (int)a->rule;
+  so.chunked = a->transport == PULSE_LOCO_TRANSPORT_UDP;
+  so.datagram_drop = a->drop;
+  so.resync_period = a->resync_period;
+  so.drift_budget = a->drift_budget;
   uint64_t P = pulse_tk_problem_param_count(p);
   float *theta = malloc(P * sizeof *theta);
   if (theta == NULL)
@@ -281,6 +309,10 @@ static int run_trainer(const loco_args *a, uint32_t id, int founder, int in_fd,
       a->deadline_ms * 5u > 20000u ? a->deadline_ms * 5u : 20000u;
   no.drop_rate = a->drop_rate;
   no.drop_seed = a->seed;
+  no.transport = a->transport;
+  no.datagram_drop = a->drop;
+  no.resync_period = a->resync_period;
+  no.drift_budget = a->drift_budget;
   pulse_loco_node *node = NULL;
   if ((st = pulse_loco_node_create(&no, ctx, &node)) != PULSE_OK)
     return child_fail(out, "node", st);
@@ -317,8 +349,10 @@ static int run_trainer(const loco_args *a, uint32_t id, int founder, int in_fd,
     return child_fail(out, "learner", st);
   int pacer = id == 0;
   while (pulse_loco_round(ctx) < a->rounds) {
+    uint64_t t0 = now_ms();
     for (uint32_t h = 0; h < a->inner; h++)
       pulse_tk_learner_step(l, local);
+    uint64_t t1 = now_ms();
     int leaving = a->leave_round >= 0 && id == a->trainers - 1 &&
                   pulse_loco_round(ctx) == (uint64_t)a->leave_round;
     pulse_loco_step_info info;
@@ -329,6 +363,18 @@ static int run_trainer(const loco_args *a, uint32_t id, int founder, int in_fd,
       return child_fail(out, "outer step", st);
     if (info.rejoined) /* dropped after missed rounds: joined, no round ran */
       continue;
+    uint64_t t2 = now_ms();
+    uint64_t refused =
+        info.chunks.truncated + info.chunks.bad_checksum +
+        info.chunks.malformed + info.chunks.unknown_sender +
+        info.chunks.other_round + info.chunks.other_base +
+        info.chunks.duplicate + info.datagrams_refused_source;
+    dprintf(out,
+            "exchange %" PRIu64 " %" PRIu64 " %" PRIu64 " %.9g %u %u %" PRIu64
+            " %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 "\n",
+            info.round + 1, t2 - t1, t2 - t0, info.drift, info.drift_ranges,
+            info.resynced_ranges, info.resync_bytes, info.datagrams_sent,
+            info.datagrams_dropped, info.chunks.accepted, refused);
     double loss = -1.0;
     if (pacer)
       pulse_tk_problem_eval(p, pulse_loco_global(ctx), &loss, NULL);
@@ -383,6 +429,12 @@ typedef struct {
   double bias;   /* PULSELoCo update_bias, from the replay */
   int have_bias;
   uint32_t contributors, members, reports;
+  /* PULSELoCo exchange: trainer 0's round and exchange wall time, the
+   * max drift over trainers against the reference, and sums over them. */
+  uint64_t round_ms, exchange_ms;
+  double drift, replay_drift;
+  uint64_t drift_ranges, resynced_ranges, resync_bytes;
+  uint64_t dgram_sent, dgram_dropped, chunks_accepted, chunks_refused;
 } round_row;
 
 typedef struct {
@@ -475,6 +527,24 @@ static void on_trainer_line(bench *b, child *c, const char *line) {
       w->contributors = u1, w->members = u2;
       b->pacer_rounds = r;
     }
+  } else if (strncmp(line, "exchange ", 9) == 0) {
+    uint64_t x[9];
+    double drift;
+    if (sscanf(line + 9,
+               "%u %" SCNu64 " %" SCNu64 " %lf %" SCNu64 " %" SCNu64
+               " %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64,
+               &r, &x[0], &x[1], &drift, &x[2], &x[3], &x[4], &x[5], &x[6],
+               &x[7], &x[8]) != 11 ||
+        r < 1 || r > b->a.rounds)
+      return;
+    round_row *w = &b->rows[r];
+    if (c->id == 0)
+      w->exchange_ms = x[0], w->round_ms = x[1];
+    if (drift > w->drift)
+      w->drift = drift;
+    w->drift_ranges += x[2], w->resynced_ranges += x[3];
+    w->resync_bytes += x[4], w->dgram_sent += x[5], w->dgram_dropped += x[6];
+    w->chunks_accepted += x[7], w->chunks_refused += x[8];
   } else if (sscanf(line, "done %u %" SCNu64 " %" SCNx64, &u1, &v1, &v2) == 3) {
     c->done = 1, c->final_round = v1, c->digest = v2;
   }
@@ -485,8 +555,11 @@ static void on_line(bench *b, child *c, char *line) {
   double v;
   if (c->replay && strncmp(line, "error ", 6) != 0) {
     uint64_t P;
-    if (sscanf(line, "bias %u %lf", &r, &v) == 2 && r >= 1 && r <= b->a.rounds)
-      b->rows[r].bias = v, b->rows[r].have_bias = 1;
+    double d;
+    if (sscanf(line, "bias %u %lf %lf", &r, &v, &d) == 3 && r >= 1 &&
+        r <= b->a.rounds)
+      b->rows[r].bias = v, b->rows[r].replay_drift = d,
+      b->rows[r].have_bias = 1;
     else if (sscanf(line, "init %lf %lf %" SCNu64, &v, &b->floor, &P) == 3)
       b->init_loss = v, b->P = P;
     return;
@@ -595,6 +668,10 @@ typedef struct {
   uint64_t entries;          /* PULSELoCo */
   double update_bias;        /* PULSELoCo, mean over rounds */
   int t10, t100, t2;
+  /* PULSELoCo exchange */
+  double max_drift, max_replay_drift, round_ms, exchange_ms;
+  uint64_t resynced_ranges, resync_bytes, dgram_sent, dgram_dropped;
+  uint64_t chunks_accepted, chunks_refused;
 } totals;
 
 static void sum_up(const bench *b, totals *t) {
@@ -609,6 +686,17 @@ static void sum_up(const bench *b, totals *t) {
     }
     t->entries += w->sent;
     t->update_bias += w->bias / (double)b->a.rounds;
+    if (w->drift > t->max_drift)
+      t->max_drift = w->drift;
+    if (w->replay_drift > t->max_replay_drift)
+      t->max_replay_drift = w->replay_drift;
+    t->round_ms += (double)w->round_ms / (double)b->a.rounds;
+    t->exchange_ms += (double)w->exchange_ms / (double)b->a.rounds;
+    t->resynced_ranges += w->resynced_ranges;
+    t->resync_bytes += w->resync_bytes;
+    t->dgram_sent += w->dgram_sent, t->dgram_dropped += w->dgram_dropped;
+    t->chunks_accepted += w->chunks_accepted;
+    t->chunks_refused += w->chunks_refused;
   }
   for (int m = 0; m < METHODS; m++) {
     t->final_loss[m] = last->loss[m];
@@ -637,8 +725,12 @@ static void print_round_json(const bench *b, uint32_t r) {
   for (int m = 0; m < BASELINES; m++)
     printf(",\"message_bytes_%s\":%" PRIu64, METHOD[m].key, w->message[m]);
   printf(",\"bytes_pulseloco_max_trainer\":%" PRIu64
-         ",\"density\":%.5f,\"contributors\":%u,\"members\":%u}\n",
-         w->max_trainer[PULSELOCO], density(b, w), w->contributors, w->members);
+         ",\"density\":%.5f,\"contributors\":%u,\"members\":%u"
+         ",\"drift\":%.6g,\"replay_drift\":%.6g,\"resynced_ranges\":%" PRIu64
+         ",\"round_ms\":%" PRIu64 ",\"exchange_ms\":%" PRIu64 "}\n",
+         w->max_trainer[PULSELOCO], density(b, w), w->contributors, w->members,
+         w->drift, w->replay_drift, w->resynced_ranges, w->round_ms,
+         w->exchange_ms);
 }
 
 static void print_round_text(const bench *b, uint32_t r) {
@@ -689,6 +781,16 @@ static void print_summary_json(const bench *b, const totals *t, double seconds,
          "\"update_bias\":%.5f",
          pulse_loco_rule_name(a->rule), t->final_loss[PULSELOCO],
          (double)t->bytes[PULSELOCO] / a->trainers, t->update_bias);
+  printf(",\"transport\":\"%s\",\"drop\":%g,\"max_drift\":%.6g,"
+         "\"max_replay_drift\":%.6g,\"drift_budget\":%g,\"resync_period\":%u,"
+         "\"resynced_ranges\":%" PRIu64 ",\"resync_bytes\":%" PRIu64
+         ",\"datagrams_sent\":%" PRIu64 ",\"datagrams_dropped\":%" PRIu64
+         ",\"chunks_accepted\":%" PRIu64 ",\"chunks_refused\":%" PRIu64
+         ",\"round_ms\":%.1f,\"exchange_ms\":%.1f",
+         a->transport == PULSE_LOCO_TRANSPORT_UDP ? "udp" : "http", a->drop,
+         t->max_drift, t->max_replay_drift, a->drift_budget, a->resync_period,
+         t->resynced_ranges, t->resync_bytes, t->dgram_sent, t->dgram_dropped,
+         t->chunks_accepted, t->chunks_refused, t->round_ms, t->exchange_ms);
   printf(",\"bytes_per_entry_pulseloco\":%.3f,\"initial_loss\":%.6f,"
          "\"loss_floor\":%.6f,\"target_10x_diloco_bf16\":%s,"
          "\"target_100x_ddp_fp32\":%s,\"target_loss_2pct_diloco_bf16\":%s,"
@@ -875,6 +977,28 @@ static int parse(int argc, char **argv, loco_args *a) {
       if (m < 0 || pulse_loco_rule_parse(v, &a->rule) != PULSE_OK)
         return usage_error("--rule needs drop, keep or legacy, got '%s'",
                            m < 0 ? "" : v);
+    } else if ((m = pulse_tk_opt_value(argc, argv, &i, "--transport", &v)) !=
+               0) {
+      if (m < 0 || pulse_loco_transport_parse(v, &a->transport) != PULSE_OK)
+        return usage_error("--transport needs http or udp, got '%s'",
+                           m < 0 ? "" : v);
+    } else if ((m = pulse_tk_opt_value(argc, argv, &i, "--drop", &v)) != 0) {
+      if (m < 0 || pulse_tk_parse_double(v, &a->drop) != 0 ||
+          !(a->drop >= 0 && a->drop < 1))
+        return usage_error("--drop needs a number in [0, 1), got '%s'",
+                           m < 0 ? "" : v);
+    } else if ((m = pulse_tk_opt_value(argc, argv, &i, "--resync-period",
+                                       &v)) != 0) {
+      if (m < 0 || pulse_tk_parse_int(v, 1, 100000, &k) != 0)
+        return usage_error("--resync-period needs 1..100000, got '%s'",
+                           m < 0 ? "" : v);
+      a->resync_period = (uint32_t)k;
+    } else if ((m = pulse_tk_opt_value(argc, argv, &i, "--drift-budget", &v)) !=
+               0) {
+      if (m < 0 || pulse_tk_parse_double(v, &a->drift_budget) != 0 ||
+          !(a->drift_budget >= 0))
+        return usage_error("--drift-budget needs a number >= 0, got '%s'",
+                           m < 0 ? "" : v);
     } else if ((m = pulse_tk_opt_value(argc, argv, &i, "--join-round", &v)) !=
                0) {
       if (m < 0 || pulse_tk_parse_int(v, 1, 100000, &a->join_round) != 0)
@@ -891,6 +1015,14 @@ static int parse(int argc, char **argv, loco_args *a) {
   }
   if (a->join_round >= (int)a->rounds)
     return usage_error("--join-round must be below --rounds%s", "");
+  if (a->transport == PULSE_LOCO_TRANSPORT_UDP &&
+      (a->rule != PULSE_LOCO_RULE_DROP || a->drop_rate > 0))
+    return usage_error("--transport udp needs --rule drop and loses datagrams "
+                       "with --drop, not --drop-rate%s",
+                       "");
+  if (a->transport != PULSE_LOCO_TRANSPORT_UDP && a->drop > 0)
+    return usage_error("--drop loses datagrams: it needs --transport udp%s",
+                       "");
   if (a->leave_round >= (int)a->rounds - 1 ||
       (a->leave_round >= 0 && a->trainers < 2))
     return usage_error(
@@ -961,8 +1093,9 @@ static int replicas_identical(const bench *b) {
 int bench_loco_main(int argc, char **argv) {
   static bench b; /* large: kept off the stack */
   memset(&b, 0, sizeof b);
-  b.a = (loco_args){3,  50, 20, 2000, 70000, 1, 0.0, 2e-5, PULSE_LOCO_RULE_DROP,
-                    -1, -1, 0,  0,    NULL};
+  b.a = (loco_args){3,    50, 20, 2000, 70000, 1, 0.0, 2e-5, PULSE_LOCO_RULE_DROP,
+                    -1,   -1, 0,  0,    NULL,  PULSE_LOCO_TRANSPORT_HTTP,
+                    0.0, 1,  0.01};
   int rc = parse(argc, argv, &b.a);
   if (rc >= 0)
     return rc;

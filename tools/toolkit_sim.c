@@ -111,7 +111,7 @@ static pulse_status run_ddp(run *r) {
     st = pulse_fail(PULSE_ERR_NOMEM, "loco sim: gradients");
   uint64_t batch = pulse_tk_problem_batch(r->p);
   for (uint32_t round = 1; round <= r->o->rounds && st == PULSE_OK; round++) {
-    pulse_tk_sim_round rr = {round, 0, 0, 0, 0, 0, 0, 0, 0, N, 1.0};
+    pulse_tk_sim_round rr = {round, 0, 0, 0, 0, 0, 0, 0, 0, N, 1.0, 0.0};
     memset(sent, 0, N * sizeof *sent);
     for (uint32_t h = 0; h < r->o->inner && st == PULSE_OK; h++) {
       uint64_t step = (uint64_t)(round - 1) * r->o->inner + h;
@@ -184,8 +184,11 @@ static pulse_status run_diloco(run *r) {
       memcpy(global[i], r->replica[i], P * sizeof *global[i]);
   }
   uint64_t samples = (uint64_t)r->o->inner * pulse_tk_problem_batch(r->p);
+  uint32_t *since = calloc(N, sizeof *since); /* rounds since a re-sync */
+  if (since == NULL)
+    st = pulse_fail(PULSE_ERR_NOMEM, "loco sim: trainers");
   for (uint32_t round = 1; round <= r->o->rounds && st == PULSE_OK; round++) {
-    pulse_tk_sim_round rr = {round, 0, 0, 0, 0, 0, 0, 0, 0, N, 1.0};
+    pulse_tk_sim_round rr = {round, 0, 0, 0, 0, 0, 0, 0, 0, N, 1.0, 0.0};
     uint64_t seq = round - 1u;
     memset(sent, 0, N * sizeof *sent);
     for (uint32_t i = 0; i < N && st == PULSE_OK; i++) {
@@ -249,6 +252,85 @@ static double round_bias(uint64_t P, uint32_t N, float mu, const float *b_old,
   return norm > 0.0 ? dot / norm : 1.0;
 }
 
+/* A prepared round over datagrams (toolkit_sim.h, chunked): every
+ * trainer's payload as chunks, each lost per receiver by the node's draw,
+ * every receiver's per-cell aggregate, then the re-syncs to trainer 0.
+ * *drift: the max over pairs before them. */
+static pulse_status chunked_round(run *r, pulse_loco **ctx, uint64_t seq,
+                                  uint32_t *since, double *drift) {
+  uint32_t N = r->N;
+  uint64_t P = r->P;
+  pulse_buffer *chunks = calloc(N, sizeof *chunks);
+  uint64_t *count = calloc(N, sizeof *count);
+  uint32_t *ids = calloc(N, sizeof *ids);
+  pulse_status st = chunks && count && ids
+                        ? PULSE_OK
+                        : pulse_fail(PULSE_ERR_NOMEM, "loco sim: chunks");
+  for (uint32_t i = 0; i < N && st == PULSE_OK; i++) {
+    ids[i] = i;
+    pulse_loco_payload_header h;
+    pulse_loco_entries e = PULSE_LOCO_ENTRIES_INIT;
+    st = pulse_loco_payload_decode(r->msgs[i].data, r->msgs[i].size,
+                                   pulse_loco_global(ctx[i]), NULL, P, &h, &e);
+    if (st == PULSE_OK)
+      st = pulse_loco_chunks_encode(&h, P, e.pos, e.val, e.count,
+                                    r->o->max_datagram, &chunks[i], &count[i]);
+    pulse_loco_entries_free(&e);
+  }
+  for (uint32_t to = 0; to < N && st == PULSE_OK; to++) {
+    pulse_loco_inbox *in = NULL;
+    st = pulse_loco_inbox_create(ctx[to], ids, N, &in);
+    for (uint32_t from = 0; from < N && st == PULSE_OK; from++) {
+      if (from == to)
+        continue;
+      const uint8_t *p = chunks[from].data;
+      size_t left = chunks[from].size;
+      for (uint64_t k = 0; k < count[from] && st == PULSE_OK; k++) {
+        size_t cs;
+        st = pulse_loco_chunk_size(p, left, &cs);
+        if (st == PULSE_OK &&
+            !(r->o->datagram_drop > 0.0 &&
+              pulse_loco_datagram_draw(r->o->drop_seed, seq, from, to, k) <
+                  r->o->datagram_drop))
+          st = pulse_loco_inbox_add(in, p, cs);
+        p += cs, left -= cs;
+      }
+    }
+    if (st == PULSE_OK)
+      st = pulse_loco_finish_inbox(ctx[to], in, r->replica[to], NULL);
+    pulse_loco_inbox_free(in);
+  }
+  *drift = 0.0;
+  for (uint32_t a = 0; a < N && st == PULSE_OK; a++)
+    for (uint32_t b = a + 1; b < N; b++) {
+      double d =
+          pulse_loco_drift(pulse_loco_global(ctx[a]), pulse_loco_global(ctx[b]), P);
+      *drift = d > *drift ? d : *drift;
+    }
+  /* The node's policy (pulse_loco_node_opts): a member whose replica
+   * differs re-syncs when its period is up or its drift over budget. */
+  const float *ref = pulse_loco_global(ctx[0]), *ref_b = pulse_loco_momentum(ctx[0]);
+  for (uint32_t i = 1; i < N && st == PULSE_OK; i++) {
+    const float *g = pulse_loco_global(ctx[i]);
+    if (memcmp(g, ref, (size_t)P * sizeof *g) == 0 &&
+        memcmp(pulse_loco_momentum(ctx[i]), ref_b, (size_t)P * sizeof *g) == 0) {
+      since[i] = 0;
+      continue;
+    }
+    since[i]++;
+    if (since[i] >= r->o->resync_period ||
+        pulse_loco_drift(ref, g, P) > r->o->drift_budget) {
+      st = pulse_loco_resync_range(ctx[i], 0, P, ref, ref_b);
+      memcpy(r->replica[i], pulse_loco_global(ctx[i]), (size_t)P * sizeof *g);
+      since[i] = 0;
+    }
+  }
+  for (uint32_t i = 0; chunks && i < N; i++)
+    pulse_buffer_free(&chunks[i]);
+  free(chunks), free(count), free(ids);
+  return st;
+}
+
 static pulse_status run_pulseloco(run *r) {
   uint64_t P = r->P;
   uint32_t N = r->N;
@@ -271,8 +353,11 @@ static pulse_status run_pulseloco(run *r) {
     st = pulse_loco_create(&lo, r->replica[i], &ctx[i]);
   }
   uint64_t samples = (uint64_t)r->o->inner * pulse_tk_problem_batch(r->p);
+  uint32_t *since = calloc(N, sizeof *since); /* rounds since a re-sync */
+  if (since == NULL)
+    st = pulse_fail(PULSE_ERR_NOMEM, "loco sim: trainers");
   for (uint32_t round = 1; round <= r->o->rounds && st == PULSE_OK; round++) {
-    pulse_tk_sim_round rr = {round, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1.0};
+    pulse_tk_sim_round rr = {round, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1.0, 0.0};
     uint64_t seq = round - 1u;
     memset(sent, 0, N * sizeof *sent);
     memset(acc, 0, P * sizeof *acc);
@@ -292,8 +377,15 @@ static pulse_status run_pulseloco(run *r) {
       rr.entries += pi.sent;
       st = pulse_tk_exchange_put(r->x, i, seq, data, size);
     }
+    if (r->o->chunked && st == PULSE_OK) {
+      /* Every payload (as trainer 0 receives them), cut into chunks. */
+      st = pulse_tk_exchange_receive(r->x, 0, seq, payload_cap(P), r->msgs);
+      rr.contributors = N;
+      if (st == PULSE_OK)
+        st = chunked_round(r, ctx, seq, since, &rr.drift);
+    }
     /* A lost payload was sent (and is counted) but leaves the round. */
-    for (uint32_t i = 0; i < N && st == PULSE_OK; i++) {
+    for (uint32_t i = 0; i < N && st == PULSE_OK && !r->o->chunked; i++) {
       st = pulse_tk_exchange_receive(r->x, i, seq, payload_cap(P), r->msgs);
       uint32_t n = 0;
       for (uint32_t j = 0; j < N && st == PULSE_OK; j++)
@@ -316,6 +408,7 @@ static pulse_status run_pulseloco(run *r) {
   for (uint32_t i = 0; ctx && i < N; i++)
     pulse_loco_free(ctx[i]);
   free(ctx), free(set), free(sent), free(e0), free(b_old), free(acc);
+  free(since);
   return st;
 }
 
@@ -335,6 +428,13 @@ static pulse_status check_opts(const pulse_tk_problem *p,
   if (p == NULL || o == NULL || o->struct_version != PULSE_TK_SIM_OPTS_VERSION)
     return pulse_fail(PULSE_ERR_ARG,
                       "loco sim: options missing or of another version");
+  if (o->chunked &&
+      (o->rule != PULSE_LOCO_RULE_DROP || o->resync_period == 0 ||
+       o->max_datagram < pulse_loco_chunk_bound() ||
+       !(o->datagram_drop >= 0.0 && o->datagram_drop <= 1.0)))
+    return pulse_fail(PULSE_ERR_ARG,
+                      "loco sim: chunked rounds need the drop rule, a period "
+                      "and a datagram size");
   if (o->trainers == 0 || o->trainers > 4096 || o->rounds == 0 ||
       o->inner == 0 || o->method > PULSE_TK_SIM_PULSELOCO ||
       pulse_tk_dense_size(o->values, 1) == 0)
@@ -375,13 +475,14 @@ pulse_status pulse_tk_sim_run(const pulse_tk_problem *p,
       pulse_tk_problem_init(p, r.replica[i]);
   }
   if (st == PULSE_OK) {
-    pulse_tk_sim_round r0 = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1.0};
+    pulse_tk_sim_round r0 = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1.0, 0.0};
     report(&r, &r0, r.replica[0]);
     st = o->method == PULSE_TK_SIM_DDP      ? run_ddp(&r)
          : o->method == PULSE_TK_SIM_DILOCO ? run_diloco(&r)
                                             : run_pulseloco(&r);
   }
-  if (st == PULSE_OK)
+  /* Chunked rounds re-sync by their period: replicas may differ between. */
+  if (st == PULSE_OK && !(o->chunked && o->resync_period > 1))
     st = same_replicas(&r);
   if (st == PULSE_OK && theta_final)
     memcpy(theta_final, r.replica[0], P * sizeof *theta_final);

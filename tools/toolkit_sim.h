@@ -57,13 +57,25 @@ typedef struct {
   int over_http;
   /* PULSELoCo: the loss rule (pulse_loco_rule; 0, the default: drop). */
   int rule;
+  /* PULSELoCo as over datagrams (the node's UDP transport, drop rule):
+   * every payload cut into chunks of max_datagram bytes, each lost for
+   * each receiver when pulse_loco_datagram_draw(drop_seed, round, sender,
+   * receiver, index) < datagram_drop; every receiver aggregates what it
+   * got (pulse_loco_finish_inbox), then re-syncs to trainer 0 (the
+   * reference) as the node does: when resync_period rounds passed since
+   * its last re-sync or its drift exceeds drift_budget. */
+  int chunked;
+  double datagram_drop;
+  uint32_t max_datagram;
+  uint32_t resync_period;
+  double drift_budget;
 } pulse_tk_sim_opts;
 
-#define PULSE_TK_SIM_OPTS_VERSION 3u
+#define PULSE_TK_SIM_OPTS_VERSION 4u
 #define PULSE_TK_SIM_OPTS_INIT                                                 \
   {                                                                            \
     PULSE_TK_SIM_OPTS_VERSION, PULSE_TK_SIM_PULSELOCO, 3, 50, 20, 0.7f, 0.9f,  \
-        0.0, 1, PULSE_TK_DENSE_FP32, 0, 0                                      \
+        0.0, 1, PULSE_TK_DENSE_FP32, 0, 0, 0, 0.0, 1472, 1, 0.01               \
   }
 
 /* One round of a run, as reported to the callback (round 0: the start). */
@@ -89,6 +101,9 @@ typedef struct {
    * mean the round really used (trainer 0's b - mu * b_before). 1 when the
    * lossless mean is 0. */
   double update_bias;
+  /* chunked: the max over trainer pairs of ||theta_a - theta_b|| /
+   * ||theta_a|| after the round, before the re-syncs (0 otherwise). */
+  double drift;
 } pulse_tk_sim_round;
 
 typedef void (*pulse_tk_sim_cb)(void *user, const pulse_tk_sim_round *r);

@@ -1,0 +1,379 @@
+/* test_udp.c - PULSELoCo over datagrams (pulse_loco_node_opts.transport
+ * UDP, PAYLOAD.md "Exchange over datagrams") between trainers in threads of
+ * this process, each with its HTTP server and its datagram socket on
+ * 127.0.0.1 (port 0): without loss the run equals the in-process HTTP run
+ * bit for bit; with datagrams lost it equals the in-process chunked replay
+ * bit for bit (the same draws), the drift stays under its budget, and every
+ * replica is the same bits after each re-sync; hostile datagrams from
+ * another socket are dropped, counted, and change nothing. */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "loco_testutil.h"
+#include "toolkit_sim.h"
+
+#define UT 4
+#define ROUNDS 6
+#define INNER 3
+
+typedef struct {
+  const pulse_tk_problem *p;
+  uint32_t id;
+  pulse_loco *ctx;
+  pulse_loco_node *node;
+  const pulse_loco_member *members;
+  size_t nmembers;
+  pulse_status st;
+  char detail[256];
+  /* per round, after it */
+  double drift[ROUNDS];
+  uint64_t digest[ROUNDS];
+  uint64_t dropped, sent, accepted, refused, resynced;
+  pulse_loco_chunk_stats why; /* summed over rounds */
+  uint64_t refused_source;
+} utrainer;
+
+static void *run_utrainer(void *arg) {
+  utrainer *t = arg;
+  uint64_t P = pulse_tk_problem_param_count(t->p);
+  float *local = malloc(P * sizeof *local);
+  memcpy(local, pulse_loco_global(t->ctx), P * sizeof *local);
+  pulse_tk_learner *l = NULL;
+  t->st = pulse_tk_learner_create(t->p, t->id, &l);
+  if (t->st == PULSE_OK)
+    t->st = pulse_loco_node_start(t->node, t->members, t->nmembers);
+  for (uint32_t r = 0; t->st == PULSE_OK && r < ROUNDS; r++) {
+    for (uint32_t h = 0; h < INNER; h++)
+      pulse_tk_learner_step(l, local);
+    pulse_loco_step_info info;
+    t->st = pulse_loco_node_step(t->node, local,
+                                 (uint64_t)INNER * pulse_tk_problem_batch(t->p),
+                                 0, &info);
+    if (t->st != PULSE_OK)
+      break;
+    t->drift[r] = info.drift;
+    t->digest[r] = pulse_loco_global_digest(t->ctx);
+    t->dropped += info.datagrams_dropped;
+    t->sent += info.datagrams_sent;
+    t->accepted += info.chunks.accepted;
+    t->refused += info.chunks.truncated + info.chunks.bad_checksum +
+                  info.chunks.malformed + info.chunks.unknown_sender +
+                  info.chunks.other_round + info.chunks.other_base +
+                  info.chunks.duplicate + info.datagrams_refused_source;
+    t->resynced += info.resynced_ranges;
+    t->why.truncated += info.chunks.truncated;
+    t->why.bad_checksum += info.chunks.bad_checksum;
+    t->why.malformed += info.chunks.malformed;
+    t->why.unknown_sender += info.chunks.unknown_sender;
+    t->why.other_round += info.chunks.other_round;
+    t->why.duplicate += info.chunks.duplicate;
+    t->refused_source += info.datagrams_refused_source;
+  }
+  if (t->st == PULSE_OK)
+    t->st = pulse_loco_node_linger(t->node, 30000);
+  if (t->st != PULSE_OK)
+    snprintf(t->detail, sizeof t->detail, "%s", pulse_error_detail());
+  pulse_tk_learner_free(l);
+  free(local);
+  return NULL;
+}
+
+static pulse_tk_problem *uproblem(void) {
+  pulse_tk_problem_opts po = PULSE_TK_PROBLEM_OPTS_INIT;
+  po.hidden = 40;
+  pulse_tk_problem *p;
+  cr_assert_eq(pulse_tk_problem_create(&po, &p), PULSE_OK);
+  return p;
+}
+
+static void ustart(utrainer *t, size_t n, const pulse_tk_problem *p,
+                   const pulse_loco_node_opts *no, pulse_loco_member *m) {
+  uint64_t P = pulse_tk_problem_param_count(p);
+  float *init = malloc(P * sizeof *init);
+  pulse_tk_problem_init(p, init);
+  for (uint32_t i = 0; i < n; i++) {
+    t[i].p = p;
+    t[i].id = i;
+    t[i].ctx = lt_ctx(P, i, init);
+    cr_assert_eq(pulse_loco_node_create(no, t[i].ctx, &t[i].node), PULSE_OK,
+                 "%s", pulse_error_detail());
+    cr_assert_neq(pulse_loco_node_udp_port(t[i].node), 0);
+    m[i].id = i;
+    snprintf(m[i].url, sizeof m[i].url, "%s", pulse_loco_node_url(t[i].node));
+  }
+  for (uint32_t i = 0; i < n; i++)
+    t[i].members = m, t[i].nmembers = n;
+  free(init);
+}
+
+static void urun(utrainer *t, size_t n) {
+  pthread_t th[UT];
+  for (size_t i = 0; i < n; i++)
+    pthread_create(&th[i], NULL, run_utrainer, &t[i]);
+  for (size_t i = 0; i < n; i++)
+    pthread_join(th[i], NULL);
+  for (size_t i = 0; i < n; i++)
+    cr_assert_eq(t[i].st, PULSE_OK, "trainer %u: %s (%s)", t[i].id,
+                 pulse_status_name(t[i].st), t[i].detail);
+}
+
+static void ufree(utrainer *t, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    pulse_loco_node_free(t[i].node);
+    pulse_loco_free(t[i].ctx);
+  }
+}
+
+static pulse_loco_node_opts udp_opts(double drop) {
+  pulse_loco_node_opts no = PULSE_LOCO_NODE_OPTS_INIT;
+  no.transport = PULSE_LOCO_TRANSPORT_UDP;
+  no.deadline_ms = 8000; /* loaded CI machines: only a cap */
+  no.manifest_timeout_ms = 30000;
+  /* Long enough that a sender preempted in the middle of its burst on a
+   * loaded machine is not taken for loss (the comparison with the replay
+   * needs exactly the injected losses). */
+  no.quiet_ms = 1000;
+  no.max_datagram = 1200; /* several chunks per sender at this size */
+  no.resync_range = 256;
+  no.datagram_drop = drop;
+  no.drop_seed = 7;
+  return no;
+}
+
+/* The in-process run of the same rounds (sim options as the nodes'). */
+static float *replay(const pulse_tk_problem *p, int chunked, double drop,
+                     double *max_drift) {
+  uint64_t P = pulse_tk_problem_param_count(p);
+  pulse_tk_sim_opts so = PULSE_TK_SIM_OPTS_INIT;
+  so.trainers = UT;
+  so.rounds = ROUNDS;
+  so.inner = INNER;
+  so.chunked = chunked;
+  so.datagram_drop = drop;
+  so.drop_seed = 7;
+  so.max_datagram = 1200;
+  float *want = malloc(P * 4);
+  *max_drift = 0.0;
+  cr_assert_eq(pulse_tk_sim_run(p, &so, NULL, NULL, want), PULSE_OK, "%s",
+               pulse_error_detail());
+  return want;
+}
+
+Test(loco, udp_run_without_loss_equals_the_http_run_bit_for_bit,
+     .timeout = 300) {
+  pulse_tk_problem *p = uproblem();
+  uint64_t P = pulse_tk_problem_param_count(p);
+  utrainer t[UT];
+  memset(t, 0, sizeof t);
+  pulse_loco_member m[UT];
+  pulse_loco_node_opts no = udp_opts(0.0);
+  ustart(t, UT, p, &no, m);
+  urun(t, UT);
+  double d;
+  float *want = replay(p, 0, 0.0, &d);
+  for (uint32_t i = 0; i < UT; i++) {
+    cr_assert_eq(memcmp(pulse_loco_global(t[i].ctx), want, P * 4), 0,
+                 "trainer %u differs from the in-process HTTP run", i);
+    cr_assert_eq(t[i].dropped, 0);
+    cr_assert_eq(t[i].refused, 0);
+    cr_assert_eq(t[i].resynced, 0, "no loss, nothing to re-sync");
+    cr_assert(t[i].sent > 3 * ROUNDS, "%llu datagrams",
+              (unsigned long long)t[i].sent);
+  }
+  free(want);
+  ufree(t, UT);
+  pulse_tk_problem_free(p);
+}
+
+Test(loco, udp_loss_drift_stays_in_budget_and_resync_restores_the_bits,
+     .timeout = 300) {
+  pulse_tk_problem *p = uproblem();
+  uint64_t P = pulse_tk_problem_param_count(p);
+  utrainer t[UT];
+  memset(t, 0, sizeof t);
+  pulse_loco_member m[UT];
+  pulse_loco_node_opts no = udp_opts(0.2);
+  ustart(t, UT, p, &no, m);
+  urun(t, UT);
+  uint64_t dropped = 0, resynced = 0;
+  double worst = 0.0;
+  for (uint32_t i = 0; i < UT; i++) {
+    dropped += t[i].dropped, resynced += t[i].resynced;
+    for (uint32_t r = 0; r < ROUNDS; r++) {
+      cr_assert(t[i].drift[r] <= no.drift_budget,
+                "trainer %u round %u: drift %g over the budget", i, r,
+                t[i].drift[r]);
+      worst = t[i].drift[r] > worst ? t[i].drift[r] : worst;
+      /* Re-synced every round (period 1): the same bits as the reference
+       * after each. */
+      cr_assert_eq(t[i].digest[r], t[0].digest[r],
+                   "trainer %u differs from the reference after round %u", i,
+                   r);
+    }
+    cr_assert_eq(t[i].refused, 0,
+                 "trainer %u refused: truncated %llu, checksum %llu, malformed "
+                 "%llu, unknown %llu, other round %llu, duplicate %llu, source "
+                 "%llu",
+                 i, (unsigned long long)t[i].why.truncated,
+                 (unsigned long long)t[i].why.bad_checksum,
+                 (unsigned long long)t[i].why.malformed,
+                 (unsigned long long)t[i].why.unknown_sender,
+                 (unsigned long long)t[i].why.other_round,
+                 (unsigned long long)t[i].why.duplicate,
+                 (unsigned long long)t[i].refused_source);
+  }
+  cr_assert(dropped > 0, "no datagram was lost");
+  cr_assert(resynced > 0, "loss left nothing to re-sync");
+  cr_assert(worst > 0.0, "loss made no drift");
+  /* The same draws in one process: the same bits. */
+  double d;
+  float *want = replay(p, 1, 0.2, &d);
+  cr_assert_eq(memcmp(pulse_loco_global(t[0].ctx), want, P * 4), 0,
+               "the UDP run differs from its in-process chunked replay");
+  free(want);
+  /* And loss changed something: not the lossless run. */
+  want = replay(p, 0, 0.0, &d);
+  cr_assert_neq(memcmp(pulse_loco_global(t[0].ctx), want, P * 4), 0);
+  free(want);
+  ufree(t, UT);
+  pulse_tk_problem_free(p);
+}
+
+/* ---------------------------------------------------- hostile datagrams */
+
+typedef struct {
+  const uint16_t *ports;
+  size_t nports;
+  uint64_t P;
+  volatile int stop;
+  uint64_t sent;
+} attacker;
+
+/* A chunk from `sender` of `round` with one entry, valid in form. */
+static size_t forged_chunk(uint8_t *buf, uint64_t P, uint32_t sender,
+                           uint64_t round, uint64_t base) {
+  pulse_loco_payload_header h;
+  memset(&h, 0, sizeof h);
+  h.sender = sender;
+  h.round = round;
+  h.samples = 1;
+  h.base_digest = base;
+  uint64_t pos = 5;
+  float val = 1e-3f;
+  pulse_buffer out = {NULL, 0};
+  uint64_t n;
+  cr_assert_eq(pulse_loco_chunks_encode(&h, P, &pos, &val, 1, 1400, &out, &n),
+               PULSE_OK);
+  size_t cs;
+  cr_assert_eq(pulse_loco_chunk_size(out.data, out.size, &cs), PULSE_OK);
+  memcpy(buf, out.data, cs);
+  pulse_buffer_free(&out);
+  return cs;
+}
+
+static void *attack(void *arg) {
+  attacker *a = arg;
+  int fd = socket(AF_INET, SOCK_DGRAM, 0);
+  uint64_t rng = 3;
+  uint8_t buf[1500];
+  while (!a->stop) {
+    for (size_t k = 0; k < a->nports; k++) {
+      struct sockaddr_in to;
+      memset(&to, 0, sizeof to);
+      to.sin_family = AF_INET;
+      to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      to.sin_port = htons(a->ports[k]);
+      uint64_t round = pulse_rng_below(&rng, ROUNDS);
+      size_t size;
+      switch (pulse_rng_below(&rng, 6)) {
+      case 0: /* a member's chunk from a foreign socket */
+        size = forged_chunk(buf, a->P, (uint32_t)pulse_rng_below(&rng, UT),
+                            round, pulse_rng_next(&rng));
+        break;
+      case 1: /* an unknown sender */
+        size = forged_chunk(buf, a->P, 77, round, 0);
+        break;
+      case 2: /* a flipped bit */
+        size = forged_chunk(buf, a->P, 77, round, 0);
+        buf[70] ^= 4;
+        break;
+      case 3: /* truncated */
+        size = forged_chunk(buf, a->P, 1, round, 0) - 3;
+        break;
+      case 4: /* too short for a header */
+        size = 1 + pulse_rng_below(&rng, 60);
+        memset(buf, 0x50, size);
+        break;
+      default: /* noise */
+        size = 1 + pulse_rng_below(&rng, sizeof buf - 1);
+        for (size_t i = 0; i < size; i++)
+          buf[i] = (uint8_t)pulse_rng_next(&rng);
+      }
+      if (sendto(fd, buf, size, 0, (struct sockaddr *)&to, sizeof to) > 0)
+        a->sent++;
+    }
+    usleep(300);
+  }
+  close(fd);
+  return NULL;
+}
+
+Test(loco, hostile_datagrams_are_dropped_counted_and_change_nothing,
+     .timeout = 300) {
+  pulse_tk_problem *p = uproblem();
+  uint64_t P = pulse_tk_problem_param_count(p);
+  utrainer t[UT];
+  memset(t, 0, sizeof t);
+  pulse_loco_member m[UT];
+  pulse_loco_node_opts no = udp_opts(0.0);
+  ustart(t, UT, p, &no, m);
+  uint16_t ports[UT];
+  for (uint32_t i = 0; i < UT; i++)
+    ports[i] = pulse_loco_node_udp_port(t[i].node);
+  attacker a = {ports, UT, P, 0, 0};
+  pthread_t th;
+  pthread_create(&th, NULL, attack, &a);
+  urun(t, UT);
+  a.stop = 1;
+  pthread_join(th, NULL);
+  uint64_t refused = 0;
+  for (uint32_t i = 0; i < UT; i++)
+    refused += t[i].refused;
+  cr_assert(a.sent > 100, "the attacker sent %llu", (unsigned long long)a.sent);
+  cr_assert(refused > 0, "no hostile datagram was counted");
+  double d;
+  float *want = replay(p, 0, 0.0, &d);
+  for (uint32_t i = 0; i < UT; i++)
+    cr_assert_eq(memcmp(pulse_loco_global(t[i].ctx), want, P * 4), 0,
+                 "trainer %u: hostile datagrams changed the weights", i);
+  free(want);
+  ufree(t, UT);
+  pulse_tk_problem_free(p);
+}
+
+Test(loco, udp_options_are_checked) {
+  uint64_t P = 1000;
+  pulse_loco *ctx = lt_ctx(P, 0, NULL);
+  pulse_loco_node *n = NULL;
+  pulse_loco_node_opts no = udp_opts(0.0);
+  no.max_datagram = 100; /* below a full cell */
+  cr_assert_eq(pulse_loco_node_create(&no, ctx, &n), PULSE_ERR_ARG);
+  no = udp_opts(0.0);
+  no.resync_range = 100; /* not whole cells */
+  cr_assert_eq(pulse_loco_node_create(&no, ctx, &n), PULSE_ERR_ARG);
+  no = udp_opts(1.5);
+  cr_assert_eq(pulse_loco_node_create(&no, ctx, &n), PULSE_ERR_ARG);
+  no = udp_opts(0.0);
+  no.transport = 9;
+  cr_assert_eq(pulse_loco_node_create(&no, ctx, &n), PULSE_ERR_ARG);
+  cr_assert_null(n);
+  uint32_t tr;
+  cr_assert_eq(pulse_loco_transport_parse("udp", &tr), PULSE_OK);
+  cr_assert_eq(tr, PULSE_LOCO_TRANSPORT_UDP);
+  cr_assert_eq(pulse_loco_transport_parse("tcp", &tr), PULSE_ERR_ARG);
+  pulse_loco_free(ctx);
+}
