@@ -733,7 +733,26 @@ static void print_round_json(const bench *b, uint32_t r) {
          w->exchange_ms);
 }
 
+/* --only-pulseloco: PULSELoCo's columns alone (the baselines did not run),
+ * with the exchange's drift and time. */
+static void print_round_text_only(const bench *b, uint32_t r) {
+  const round_row *w = &b->rows[r];
+  if (r == 1)
+    printf("round PULSELoCo-loss  bytes/trainer  density contrib  "
+           "max-drift  re-synced  round-ms\n");
+  printf("%5u %14.5f %14" PRIu64 " %7.2f%% %3u/%-3u %10.3g %10" PRIu64
+         " %9" PRIu64 "\n",
+         r, w->loss[PULSELOCO],
+         w->bytes[PULSELOCO] / (w->reports ? w->reports : 1),
+         100.0 * density(b, w), w->contributors, w->members, w->drift,
+         w->resynced_ranges, w->round_ms);
+}
+
 static void print_round_text(const bench *b, uint32_t r) {
+  if (b->a.only_pulseloco) {
+    print_round_text_only(b, r);
+    return;
+  }
   const round_row *w = &b->rows[r];
   if (r == 1)
     printf("      ------------- held-out loss --------------   ------ bytes "
@@ -799,21 +818,9 @@ static void print_summary_json(const bench *b, const totals *t, double seconds,
          yes(t->t10), yes(t->t100), yes(t->t2), yes(identical), seconds);
 }
 
-static void print_summary_text(const bench *b, const totals *t, double seconds,
-                               int identical) {
+/* PULSELoCo against the baselines and the targets. */
+static void print_versus_text(const bench *b, const totals *t) {
   const loco_args *a = &b->a;
-  double per = (double)a->trainers * a->rounds;
-  printf("\nsummary: %" PRIu64
-         " parameters, %u trainers, %u rounds x %u inner steps, seed %" PRIu64
-         "\n  held-out loss: start %.5f, floor %.5f (the teacher's entropy)\n"
-         "  %-12s %14s %14s %20s %11s\n",
-         b->P, a->trainers, a->rounds, a->inner, a->seed, b->init_loss,
-         b->floor, "method", "bytes sent", "on the wire",
-         "wire B/trainer/round", "final loss");
-  for (int m = 0; m < METHODS; m++)
-    printf("  %-12s %14" PRIu64 " %14" PRIu64 " %20.0f %11.5f\n",
-           METHOD[m].name, t->bytes[m], t->wire[m], (double)t->wire[m] / per,
-           t->final_loss[m]);
   printf("  PULSELoCo: final loss %+.2f%% vs DiLoCo-BF16 (%+.2f%% vs "
          "DiLoCo-FP32), %.2f B per sent entry, %.2f%% of the entries sent\n",
          100.0 * t->gap[DILOCO_BF16], 100.0 * t->gap[DILOCO_FP32],
@@ -828,9 +835,44 @@ static void print_summary_text(const bench *b, const totals *t, double seconds,
          "DDP-FP32: %s; final loss within 2%% of DiLoCo-BF16's: %s\n",
          t->t10 ? "met" : "MISSED", t->t100 ? "met" : "MISSED",
          t->t2 ? "met" : "MISSED");
+}
+
+static void print_summary_text(const bench *b, const totals *t, double seconds,
+                               int identical) {
+  const loco_args *a = &b->a;
+  double per = (double)a->trainers * a->rounds;
+  printf("\nsummary: %" PRIu64
+         " parameters, %u trainers, %u rounds x %u inner steps, seed %" PRIu64
+         "\n  held-out loss: start %.5f, floor %.5f (the teacher's entropy)\n"
+         "  %-12s %14s %14s %20s %11s\n",
+         b->P, a->trainers, a->rounds, a->inner, a->seed, b->init_loss,
+         b->floor, "method", "bytes sent", "on the wire",
+         "wire B/trainer/round", "final loss");
+  /* --only-pulseloco: the baselines did not run; leave them out. */
+  for (int m = a->only_pulseloco ? PULSELOCO : 0; m < METHODS; m++)
+    printf("  %-12s %14" PRIu64 " %14" PRIu64 " %20.0f %11.5f\n",
+           METHOD[m].name, t->bytes[m], t->wire[m], (double)t->wire[m] / per,
+           t->final_loss[m]);
+  if (a->only_pulseloco)
+    printf("  PULSELoCo: %.2f B per sent entry, %.2f%% of the entries sent "
+           "(baselines not run)\n",
+           ratio(t->bytes[PULSELOCO], t->entries),
+           100.0 * (double)t->entries /
+               ((double)b->P * (double)a->trainers * (double)a->rounds));
+  else
+    print_versus_text(b, t);
   printf("  PULSELoCo rule %s: update bias %.4f (1 = unbiased; mean over "
          "rounds against a lossless replay of each)\n",
          pulse_loco_rule_name(a->rule), t->update_bias);
+  if (a->transport == PULSE_LOCO_TRANSPORT_UDP)
+    printf("  over UDP, each datagram lost with p = %g: %" PRIu64 " sent, %" PRIu64
+           " lost, %" PRIu64 " refused; max drift %.3g (budget %g), %" PRIu64
+           " ranges re-synced (%" PRIu64 " bytes)\n",
+           a->drop, t->dgram_sent, t->dgram_dropped, t->chunks_refused,
+           t->max_drift, a->drift_budget, t->resynced_ranges, t->resync_bytes);
+  printf("  a round: %.0f ms (trainer 0: inner steps and exchange), the "
+         "exchange %.0f ms\n",
+         t->round_ms, t->exchange_ms);
   printf("  replicas identical at the end: %s; %.1f s\n",
          identical ? "yes" : "NO", seconds);
 }
