@@ -31,6 +31,10 @@ typedef unsigned (*loco_post_fn)(void *user, const char *path, const char *id,
 /* Starts a server on 127.0.0.1 with a kernel-chosen port. */
 pulse_status loco_server_start(loco_post_fn on_post, void *user,
                                loco_server **out);
+/* The same on another IPv4 address of this machine (an interface's, for
+ * trainers on other hosts or network namespaces). */
+pulse_status loco_server_start_on(const char *host, loco_post_fn on_post,
+                                  void *user, loco_server **out);
 void loco_server_stop(loco_server *s); /* NULL is fine */
 uint16_t loco_server_port(const loco_server *s);
 

@@ -87,6 +87,11 @@ static const pulse_serve_route routes[] = {
 
 pulse_status loco_server_start(loco_post_fn on_post, void *user,
                                loco_server **out) {
+  return loco_server_start_on("127.0.0.1", on_post, user, out);
+}
+
+pulse_status loco_server_start_on(const char *host, loco_post_fn on_post,
+                                  void *user, loco_server **out) {
   *out = NULL;
   loco_server *s = calloc(1, sizeof *s);
   if (s == NULL)
@@ -96,7 +101,7 @@ pulse_status loco_server_start(loco_post_fn on_post, void *user,
   s->user = user;
   pulse_serve_opts o = PULSE_SERVE_OPTS_INIT;
   o.name = "loco server";
-  o.host = "127.0.0.1";
+  o.host = host;
   o.threads = 2;
   o.max_connections = 256;
   o.idle_timeout_s = 30;

@@ -24,13 +24,38 @@ int loco_parse_id(const char *s, uint32_t *id) {
   return 1;
 }
 
-int loco_url_valid(const char *url) {
-  static const char prefix[] = "http://127.0.0.1:";
+int loco_url_parse(const char *url, uint32_t *addr, uint16_t *port) {
+  static const char prefix[] = "http://";
   if (url == NULL || strncmp(url, prefix, sizeof prefix - 1) != 0)
     return 0;
-  uint32_t port;
-  return loco_parse_id(url + sizeof prefix - 1, &port) && port >= 1 &&
-         port <= 65535;
+  const char *p = url + sizeof prefix - 1;
+  uint32_t a = 0;
+  /* Four plain decimal octets (no leading zeros), then ":PORT". */
+  for (int k = 0; k < 4; k++) {
+    char part[4];
+    size_t n = 0;
+    while (p[n] >= '0' && p[n] <= '9' && n < 3)
+      part[n] = p[n], n++;
+    part[n] = '\0';
+    uint32_t v;
+    if (n == 0 || p[n] != (k < 3 ? '.' : ':') || !loco_parse_id(part, &v) ||
+        v > 255)
+      return 0;
+    a = a << 8 | v;
+    p += n + 1;
+  }
+  uint32_t v;
+  if (!loco_parse_id(p, &v) || v < 1 || v > 65535 || a == 0)
+    return 0;
+  if (addr)
+    *addr = a;
+  if (port)
+    *port = (uint16_t)v;
+  return 1;
+}
+
+int loco_url_valid(const char *url) {
+  return loco_url_parse(url, NULL, NULL);
 }
 
 void loco_sha256(const uint8_t *data, size_t size, uint8_t out[32]) {

@@ -30,8 +30,13 @@ typedef struct {
   size_t nmembers;
 } loco_manifest;
 
-/* "http://127.0.0.1:PORT" with PORT 1..65535 written plainly. */
+/* "http://A.B.C.D:PORT": an IPv4 address (not 0.0.0.0) and PORT 1..65535,
+ * every number written plainly (trainers on 127.0.0.1, or on the
+ * addresses of other hosts or network namespaces). */
 int loco_url_valid(const char *url);
+
+/* loco_url_valid, giving the address (host order) and the port. */
+int loco_url_parse(const char *url, uint32_t *addr, uint16_t *port);
 
 /* Strict decimal id (no sign, no leading zeros, <= UINT32_MAX). */
 int loco_parse_id(const char *s, uint32_t *id);

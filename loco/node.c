@@ -43,7 +43,7 @@ static unsigned on_post(void *user, const char *path, const char *id_text,
   pthread_mutex_lock(&n->lock);
   if (strcmp(path, "/v1/loco/join") == 0) {
     if (!loco_url_valid(url) || strlen(url) >= sizeof n->pending[0].url) {
-      snprintf(reply, cap, "{\"error\":\"url must be http://127.0.0.1:PORT\"}");
+      snprintf(reply, cap, "{\"error\":\"url must be http://A.B.C.D:PORT\"}");
       status = 400;
     } else if (n->npending == LOCO_MAX_MEMBERS) {
       snprintf(reply, cap, "{\"error\":\"too many pending joins\"}");
@@ -199,13 +199,21 @@ pulse_status pulse_loco_node_create(const pulse_loco_node_opts *opts,
   n->ctx = ctx;
   n->id = pulse_loco_trainer_id(ctx);
   pthread_mutex_init(&n->lock, NULL);
-  pulse_status st = loco_server_start(on_post, n, &n->srv);
+  const char *host = opts->host ? opts->host : "127.0.0.1";
+  snprintf(n->url, sizeof n->url, "http://%s:1", host);
+  if (strlen(host) > 15 || !loco_url_valid(n->url)) {
+    pthread_mutex_destroy(&n->lock);
+    free(n);
+    return pulse_fail(PULSE_ERR_ARG, "loco node: host '%s' is not an IPv4 "
+                      "address", host);
+  }
+  pulse_status st = loco_server_start_on(host, on_post, n, &n->srv);
   if (st != PULSE_OK) {
     pthread_mutex_destroy(&n->lock);
     free(n);
     return st;
   }
-  snprintf(n->url, sizeof n->url, "http://127.0.0.1:%u",
+  snprintf(n->url, sizeof n->url, "http://%s:%u", host,
            (unsigned)loco_server_port(n->srv));
   if (opts->transport == PULSE_LOCO_TRANSPORT_UDP &&
       (st = loco_node_udp_start(n)) != PULSE_OK) {
@@ -398,7 +406,7 @@ pulse_status pulse_loco_node_join(pulse_loco_node *n, const char *seed_url,
                                   float *theta_r, uint32_t timeout_ms) {
   if (n == NULL || seed_url == NULL || !loco_url_valid(seed_url))
     return pulse_fail(PULSE_ERR_ARG,
-                      "loco join: seed must be http://127.0.0.1:PORT");
+                      "loco join: seed must be http://A.B.C.D:PORT");
   uint64_t end = loco_now_ms() + timeout_ms;
   pulse_status st;
   do {

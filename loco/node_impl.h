@@ -22,6 +22,7 @@ typedef struct {
 typedef struct {
   uint32_t id;
   char url[64];
+  uint32_t addr; /* from the URL */
   uint16_t port;
 } loco_udp_peer;
 

@@ -37,7 +37,10 @@
 /* ------------------------------------------------------------- socket */
 
 pulse_status loco_node_udp_start(pulse_loco_node *n) {
-  PULSE_TRY(loco_udp_open(&n->udp));
+  uint32_t addr;
+  if (!loco_url_parse(n->url, &addr, NULL))
+    return pulse_fail(PULSE_ERR_ARG, "loco udp: %s", n->url);
+  PULSE_TRY(loco_udp_open(addr, &n->udp));
   char text[32];
   int len = snprintf(text, sizeof text, "{\"port\":%u}",
                      (unsigned)loco_udp_port(n->udp));
@@ -59,12 +62,15 @@ void loco_node_udp_stop(pulse_loco_node *n) {
   n->nearly = 0;
 }
 
-/* The datagram port of member m, asked once over HTTP. */
+/* The datagram endpoint of member m: its URL's address, and its port asked
+ * once over HTTP. */
 static pulse_status peer_port(pulse_loco_node *n, const pulse_loco_member *m,
-                              uint16_t *port) {
+                              uint32_t *addr, uint16_t *port) {
   for (size_t i = 0; i < n->npeers; i++)
     if (n->peers[i].id == m->id && strcmp(n->peers[i].url, m->url) == 0)
-      return *port = n->peers[i].port, PULSE_OK;
+      return *addr = n->peers[i].addr, *port = n->peers[i].port, PULSE_OK;
+  if (!loco_url_parse(m->url, addr, NULL))
+    return pulse_fail(PULSE_ERR_ARG, "loco udp: member URL %s", m->url);
   char url[160];
   loco_node_url_fmt(url, sizeof url, m->url, "/v1/loco/udp");
   pulse_bytebuf b = PULSE_BYTEBUF_INIT;
@@ -87,19 +93,20 @@ static pulse_status peer_port(pulse_loco_node *n, const pulse_loco_member *m,
   n->peers[i].id = m->id;
   snprintf(n->peers[i].url, sizeof n->peers[i].url, "%s", m->url);
   n->peers[i].port = (uint16_t)p;
+  n->peers[i].addr = *addr;
   *port = (uint16_t)p;
   return PULSE_OK;
 }
 
-/* The known port of member `id` of this round, 0 when not known. */
-static uint16_t known_port(const pulse_loco_node *n, uint32_t id) {
+/* The known endpoint of member `id` of this round, NULL when not known. */
+static const loco_udp_peer *known_peer(const pulse_loco_node *n, uint32_t id) {
   int m = loco_node_find_member(n->members, n->nmembers, id);
   if (m < 0)
-    return 0;
+    return NULL;
   for (size_t i = 0; i < n->npeers; i++)
     if (n->peers[i].id == id && strcmp(n->peers[i].url, n->members[m].url) == 0)
-      return n->peers[i].port;
-  return 0;
+      return &n->peers[i];
+  return NULL;
 }
 
 /* The one check a datagram passes before the inbox decodes it: it came
@@ -114,10 +121,10 @@ static int datagram_admit(const pulse_loco_node *n, const loco_datagram *d) {
   if (d->size < PULSE_LOCO_CHUNK_HEADER)
     return 1;
   uint32_t sender = pulse_load_le32(d->data + 8);
-  uint16_t port = known_port(n, sender);
-  if (port == 0)
+  const loco_udp_peer *p = known_peer(n, sender);
+  if (p == NULL)
     return 1; /* not a member: the inbox counts an unknown sender */
-  return d->addr == 0x7F000001u && d->port == port;
+  return d->addr == p->addr && d->port == p->port;
 }
 
 /* The round a chunk names, or UINT64_MAX when it is not a chunk. */
@@ -161,8 +168,9 @@ static pulse_status send_chunks(pulse_loco_node *n, uint64_t r,
     const pulse_loco_member *m = &n->members[j];
     if (m->id == n->id)
       continue;
-    uint16_t port;
-    if (peer_port(n, m, &port) != PULSE_OK) {
+    uint32_t addr = 0;
+    uint16_t port = 0;
+    if (peer_port(n, m, &addr, &port) != PULSE_OK) {
       PULSE_LOG_AT(PULSE_LOG_WARN,
                    "loco round %llu: no datagram port for trainer %u: %s",
                    (unsigned long long)r, m->id, pulse_error_detail());
@@ -179,7 +187,7 @@ static pulse_status send_chunks(pulse_loco_node *n, uint64_t r,
               n->opts.datagram_drop) {
         info->datagrams_dropped++;
       } else {
-        PULSE_TRY(loco_udp_send(n->udp, port, p, cs));
+        PULSE_TRY(loco_udp_send(n->udp, addr, port, p, cs));
         info->datagrams_sent++;
       }
       p += cs, left -= cs;

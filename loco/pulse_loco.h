@@ -491,6 +491,10 @@ typedef struct {
   uint32_t resync_range;
   uint32_t resync_period;
   double drift_budget;
+  /* The IPv4 address this node listens on, HTTP and datagrams ("A.B.C.D";
+   * NULL: 127.0.0.1): an address of this machine its peers reach (trainers
+   * on other hosts or network namespaces). Borrowed during create. */
+  const char *host;
 } pulse_loco_node_opts;
 
 /* Transports of pulse_loco_node_opts.transport. */
@@ -501,7 +505,7 @@ typedef struct {
 #define PULSE_LOCO_NODE_OPTS_INIT                                              \
   {                                                                            \
     PULSE_LOCO_NODE_OPTS_VERSION, 2000, 10000, 3, 0.0, 0,                      \
-        PULSE_LOCO_TRANSPORT_HTTP, 1472, 30, 0.0, 1024, 1, 0.01                \
+        PULSE_LOCO_TRANSPORT_HTTP, 1472, 30, 0.0, 1024, 1, 0.01, NULL          \
   }
 
 /** Parses "http" or "udp" into a PULSE_LOCO_TRANSPORT_* value.
@@ -523,7 +527,8 @@ typedef struct {
 } pulse_loco_member;
 
 /** Starts the node's HTTP server for ctx (borrowed; must outlive the node)
- * on 127.0.0.1, port chosen by the kernel.
+ * on opts->host (127.0.0.1 by default), port chosen by the kernel (and its
+ * datagram socket on the same address under the UDP transport).
  * @return PULSE_OK; PULSE_ERR_IO (the server could not start);
  * PULSE_ERR_NOMEM. */
 pulse_status pulse_loco_node_create(const pulse_loco_node_opts *opts,
@@ -532,10 +537,10 @@ pulse_status pulse_loco_node_create(const pulse_loco_node_opts *opts,
 /** Stops the server and frees the node (not the context). NULL is fine. */
 void pulse_loco_node_free(pulse_loco_node *node);
 
-/** This node's base URL, "http://127.0.0.1:PORT" (valid for its life). */
+/** This node's base URL, "http://HOST:PORT" (valid for its life). */
 const char *pulse_loco_node_url(const pulse_loco_node *node);
 
-/** This node's datagram port on 127.0.0.1 (UDP transport), 0 under HTTP.
+/** This node's datagram port (UDP transport, on its host), 0 under HTTP.
  * Peers learn it from GET /v1/loco/udp. */
 uint16_t pulse_loco_node_udp_port(const pulse_loco_node *node);
 

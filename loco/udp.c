@@ -1,5 +1,5 @@
 /* udp.c - the datagram socket of the exchange over UDP (udp_impl.h): one
- * socket on 127.0.0.1, a thread that drains it into a queue, timed takes.
+ * socket on the node's address, a thread that drains it into a queue, timed takes.
  * POSIX sockets only. */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -75,7 +75,7 @@ static void *drain(void *arg) {
   return NULL;
 }
 
-pulse_status loco_udp_open(loco_udp **out) {
+pulse_status loco_udp_open(uint32_t addr, loco_udp **out) {
   *out = NULL;
   loco_udp *u = calloc(1, sizeof *u);
   if (u == NULL)
@@ -92,7 +92,7 @@ pulse_status loco_udp_open(loco_udp **out) {
   struct sockaddr_in a;
   memset(&a, 0, sizeof a);
   a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_addr.s_addr = htonl(addr);
   a.sin_port = 0;
   socklen_t alen = sizeof a;
   if (bind(u->fd, (struct sockaddr *)&a, sizeof a) != 0 ||
@@ -100,7 +100,7 @@ pulse_status loco_udp_open(loco_udp **out) {
     int err = errno;
     close(u->fd);
     free(u);
-    return pulse_fail(PULSE_ERR_IO, "loco udp: bind 127.0.0.1: %s",
+    return pulse_fail(PULSE_ERR_IO, "loco udp: bind %08x: %s", addr,
                       strerror(err));
   }
   u->port = ntohs(a.sin_port);
@@ -135,12 +135,12 @@ uint16_t loco_udp_port(const loco_udp *u) {
   return u->port;
 }
 
-pulse_status loco_udp_send(loco_udp *u, uint16_t port, const uint8_t *data,
-                           size_t size) {
+pulse_status loco_udp_send(loco_udp *u, uint32_t addr, uint16_t port,
+                           const uint8_t *data, size_t size) {
   struct sockaddr_in to;
   memset(&to, 0, sizeof to);
   to.sin_family = AF_INET;
-  to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  to.sin_addr.s_addr = htonl(addr);
   to.sin_port = htons(port);
   for (int tries = 0;; tries++) {
     ssize_t k =

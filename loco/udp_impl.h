@@ -1,6 +1,6 @@
 /* udp_impl.h - private to loco/: the datagram socket of the exchange over
  * UDP (PAYLOAD.md "Exchange over datagrams"). One socket per node, bound to
- * 127.0.0.1 with a kernel-chosen port; a thread drains it into a queue as
+ * the node's address with a kernel-chosen port; a thread drains it into a queue as
  * fast as datagrams come (a node busy with HTTP or its inner steps must
  * not let the kernel's small buffer overflow: that would be loss nobody
  * chose), and the node takes them from the queue with a deadline. */
@@ -26,9 +26,10 @@ typedef struct loco_datagram {
 
 typedef struct loco_udp loco_udp;
 
-/** Opens a socket on 127.0.0.1, port chosen by the kernel, and starts its
- * receiving thread. @return PULSE_OK, PULSE_ERR_IO, PULSE_ERR_NOMEM. */
-pulse_status loco_udp_open(loco_udp **out);
+/** Opens a socket on the IPv4 address addr (host order; 127.0.0.1 in
+ * tests), port chosen by the kernel, and starts its receiving thread.
+ * @return PULSE_OK, PULSE_ERR_IO, PULSE_ERR_NOMEM. */
+pulse_status loco_udp_open(uint32_t addr, loco_udp **out);
 
 /** Stops the thread, closes the socket, frees what is queued. NULL is
  * fine. */
@@ -36,11 +37,11 @@ void loco_udp_close(loco_udp *u);
 
 uint16_t loco_udp_port(const loco_udp *u);
 
-/** Sends one datagram to 127.0.0.1:port. A full send buffer waits a little
- * (datagrams are not dropped here on purpose: simulated loss is the
- * caller's). @return PULSE_OK or PULSE_ERR_IO. */
-pulse_status loco_udp_send(loco_udp *u, uint16_t port, const uint8_t *data,
-                           size_t size);
+/** Sends one datagram to addr:port (host order). A full send buffer waits
+ * a little (datagrams are not dropped here on purpose: simulated loss is
+ * the caller's). @return PULSE_OK or PULSE_ERR_IO. */
+pulse_status loco_udp_send(loco_udp *u, uint32_t addr, uint16_t port,
+                           const uint8_t *data, size_t size);
 
 /** Takes the oldest queued datagram, waiting until deadline (loco_now_ms()
  * value) at most; NULL when none came. The caller frees it with free(). */

@@ -21,8 +21,10 @@
  *                      "arm R LOSS BYTES WIRE MAX_TRAINER MAX_MESSAGE",
  *                      "error TEXT" */
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <poll.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -76,6 +78,10 @@ typedef struct {
   double drop;        /* --drop: each datagram lost (UDP) */
   uint32_t resync_period;
   double drift_budget;
+  /* --netns NAME=ADDR,...: trainer i runs in network namespace
+   * netns[i % nnetns] (/run/netns/NAME) and listens on its address. */
+  char netns[8][32], netns_addr[8][16];
+  uint32_t nnetns;
 } loco_args;
 
 void bench_loco_usage(FILE *out) {
@@ -145,6 +151,11 @@ void bench_loco_usage(FILE *out) {
       "                   reference replica every K rounds (default 1)\n"
       "  --drift-budget D udp: ... or as soon as its drift exceeds D "
       "(default 0.01)\n"
+      "  --netns N=A,...  trainer i runs in network namespace N_(i mod k) "
+      "(made by\n"
+      "                   `ip netns add`) and listens on its address A (root; "
+      "for tests\n"
+      "                   over a real link: tests/cli/loco_udp_netns.sh)\n"
       "  --only-pulseloco skip the three baselines (left out of the output): "
       "loss\n"
       "                   experiments with many trainers\n"
@@ -287,6 +298,20 @@ static int read_line(FILE *in, char *line, size_t cap) {
 static int run_trainer(const loco_args *a, uint32_t id, int founder, int in_fd,
                        int out) {
   FILE *in = fdopen(in_fd, "r");
+  const char *host = NULL;
+  if (a->nnetns > 0) { /* before any socket: they belong to a namespace */
+    uint32_t k = id % a->nnetns;
+    char path[64];
+    snprintf(path, sizeof path, "/run/netns/%s", a->netns[k]);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0 || setns(fd, CLONE_NEWNET) != 0) {
+      dprintf(out, "error network namespace %s: %s\n", a->netns[k],
+              strerror(errno));
+      return 1;
+    }
+    close(fd);
+    host = a->netns_addr[k];
+  }
   pulse_tk_problem *p = make_problem(a);
   if (in == NULL || p == NULL)
     return child_fail(out, "trainer set-up", PULSE_ERR_NOMEM);
@@ -313,6 +338,7 @@ static int run_trainer(const loco_args *a, uint32_t id, int founder, int in_fd,
   no.datagram_drop = a->drop;
   no.resync_period = a->resync_period;
   no.drift_budget = a->drift_budget;
+  no.host = host;
   pulse_loco_node *node = NULL;
   if ((st = pulse_loco_node_create(&no, ctx, &node)) != PULSE_OK)
     return child_fail(out, "node", st);
@@ -959,6 +985,42 @@ static int write_report(const bench *b, int argc, char **argv) {
   return 0;
 }
 
+/* --netns NAME=ADDR,...: names of [A-Za-z0-9_.-], IPv4 addresses. */
+static int parse_netns(const char *v, loco_args *a) {
+  a->nnetns = 0;
+  while (*v) {
+    if (a->nnetns == 8)
+      return -1;
+    size_t n = strcspn(v, "="), k;
+    if (n == 0 || n >= sizeof a->netns[0] || v[n] != '=' ||
+        strspn(v, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                  "0123456789_.-") != n)
+      return -1;
+    memcpy(a->netns[a->nnetns], v, n);
+    a->netns[a->nnetns][n] = '\0';
+    v += n + 1;
+    k = strcspn(v, ",");
+    unsigned o[4];
+    char tail;
+    char addr[16];
+    if (k == 0 || k >= sizeof addr)
+      return -1;
+    memcpy(addr, v, k);
+    addr[k] = '\0';
+    if (sscanf(addr, "%3u.%3u.%3u.%3u%c", &o[0], &o[1], &o[2], &o[3], &tail) !=
+            4 ||
+        o[0] > 255 || o[1] > 255 || o[2] > 255 || o[3] > 255)
+      return -1;
+    snprintf(a->netns_addr[a->nnetns], sizeof a->netns_addr[0], "%u.%u.%u.%u",
+             o[0], o[1], o[2], o[3]);
+    a->nnetns++;
+    v += k;
+    if (*v == ',')
+      v++;
+  }
+  return a->nnetns > 0 ? 0 : -1;
+}
+
 static int parse(int argc, char **argv, loco_args *a) {
   for (int i = 1; i < argc; i++) {
     const char *arg = argv[i], *v = NULL;
@@ -1040,6 +1102,11 @@ static int parse(int argc, char **argv, loco_args *a) {
       if (m < 0 || pulse_tk_parse_double(v, &a->drift_budget) != 0 ||
           !(a->drift_budget >= 0))
         return usage_error("--drift-budget needs a number >= 0, got '%s'",
+                           m < 0 ? "" : v);
+    } else if ((m = pulse_tk_opt_value(argc, argv, &i, "--netns", &v)) != 0) {
+      if (m < 0 || parse_netns(v, a) != 0)
+        return usage_error("--netns needs NAME=A.B.C.D[,NAME=A.B.C.D...] (at "
+                           "most 8), got '%s'",
                            m < 0 ? "" : v);
     } else if ((m = pulse_tk_opt_value(argc, argv, &i, "--join-round", &v)) !=
                0) {
@@ -1137,7 +1204,7 @@ int bench_loco_main(int argc, char **argv) {
   memset(&b, 0, sizeof b);
   b.a = (loco_args){3,    50, 20, 2000, 70000, 1, 0.0, 2e-5, PULSE_LOCO_RULE_DROP,
                     -1,   -1, 0,  0,    NULL,  PULSE_LOCO_TRANSPORT_HTTP,
-                    0.0, 1,  0.01};
+                    0.0, 1,  0.01, {{0}}, {{0}}, 0};
   int rc = parse(argc, argv, &b.a);
   if (rc >= 0)
     return rc;
