@@ -198,15 +198,19 @@ static pulse_status send_chunks(pulse_loco_node *n, uint64_t r,
 
 /* ---------------------------------------------------------- receiving */
 
-/* Whether every member not heard from in round r has sent its chunks
- * (GET /v1/loco/round/R/sent on it, published after its last datagram):
- * a sender whose every datagram was lost is told from one that is late
+/* Whether every member whose cells are not all here has sent all its
+ * chunks of round r (GET /v1/loco/round/R/sent on it, published after its
+ * last datagram; known[j] remembers a yes): what is still missing from it
+ * was lost, not late. A sender preempted in the middle of its burst, or
+ * still in its inner steps, is told from one whose datagrams were lost
  * without waiting for the deadline. */
-static int all_sent(pulse_loco_node *n, uint64_t r, const pulse_loco_inbox *in) {
+static int all_sent(pulse_loco_node *n, uint64_t r, const pulse_loco_inbox *in,
+                    uint8_t *known) {
+  uint64_t cells = (n->ctx->n + PULSE_LOCO_CHUNK_CELL - 1) / PULSE_LOCO_CHUNK_CELL;
   for (size_t j = 0; j < n->nmembers; j++) {
     uint8_t sha[32];
-    if (n->members[j].id == n->id ||
-        loco_inbox_arrival(in, n->members[j].id, sha) > 0)
+    if (known[j] || n->members[j].id == n->id ||
+        loco_inbox_arrival(in, n->members[j].id, sha) == cells)
       continue;
     char url[160];
     loco_node_url_fmt(url, sizeof url, n->members[j].url,
@@ -218,6 +222,7 @@ static int all_sent(pulse_loco_node *n, uint64_t r, const pulse_loco_inbox *in) 
     pulse_bytebuf_free(&b);
     if (status != 200)
       return 0;
+    known[j] = 1;
   }
   return 1;
 }
@@ -239,28 +244,38 @@ static pulse_status receive_round(pulse_loco_node *n, uint64_t r,
   }
   uint64_t start = loco_now_ms(), deadline = start + n->opts.deadline_ms;
   uint64_t last = start;
+  uint8_t *known = calloc(n->nmembers ? n->nmembers : 1, 1);
+  if (known == NULL)
+    return pulse_fail(PULSE_ERR_NOMEM, "loco udp: receive");
   for (;;) {
     size_t senders, heard, complete;
     loco_inbox_progress(in, &senders, &heard, &complete);
     if (complete == senders)
       break;
-    uint64_t now = loco_now_ms(), until = deadline;
+    uint64_t now = loco_now_ms();
     if (now >= deadline)
       break;
-    if (now >= last + n->opts.quiet_ms && heard < senders &&
-        all_sent(n, r, in)) {
-      heard = senders; /* the silent ones sent: all their datagrams lost */
-      PULSE_LOG_AT(PULSE_LOG_DEBUG,
-                   "loco udp round %llu: trainer %u: a sender's datagrams "
-                   "were all lost",
-                   (unsigned long long)r, n->id);
+    if (now >= last + n->opts.quiet_ms) {
+      /* Nothing kept for a while: done when every incomplete sender has
+       * sent all it will (and what the socket holds is in). */
+      if (all_sent(n, r, in, known)) {
+        loco_udp_flush(n->udp);
+        loco_datagram *d;
+        int more = 0;
+        while ((d = loco_udp_take(n->udp, 0)) != NULL) {
+          n->fetched += d->size;
+          info->datagrams_received++;
+          more |= take_datagram(n, in, r, d, info);
+        }
+        if (!more)
+          break;
+      }
+      last = loco_now_ms(); /* ask again after another quiet wait */
+      continue;
     }
-    if (heard == senders && now >= last + n->opts.quiet_ms)
-      break; /* what is missing was lost */
-    if (now >= last + n->opts.quiet_ms)
-      last = now; /* ask the silent ones again after another quiet wait */
-    if (last + n->opts.quiet_ms < until)
-      until = last + n->opts.quiet_ms;
+    uint64_t until = last + n->opts.quiet_ms < deadline
+                         ? last + n->opts.quiet_ms
+                         : deadline;
     loco_datagram *d = loco_udp_take(n->udp, until);
     if (d == NULL)
       continue;
@@ -271,6 +286,7 @@ static pulse_status receive_round(pulse_loco_node *n, uint64_t r,
     if (take_datagram(n, in, r, d, info))
       last = loco_now_ms();
   }
+  free(known);
   info->wait_ms = loco_now_ms() - start;
   size_t senders, heard, complete;
   loco_inbox_progress(in, &senders, &heard, &complete);

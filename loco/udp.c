@@ -33,24 +33,22 @@ struct loco_udp {
   volatile int stop;
 };
 
-static void *drain(void *arg) {
-  loco_udp *u = arg;
+/* Moves one datagram from the socket to the queue without waiting.
+ * @return 0 when none was there. */
+static int drain_one(loco_udp *u) {
   uint8_t buf[LOCO_UDP_MAX];
-  while (!u->stop) {
-    struct pollfd pf = {u->fd, POLLIN, 0};
-    if (poll(&pf, 1, 50) <= 0)
-      continue;
+  {
     struct sockaddr_in from;
     socklen_t flen = sizeof from;
     /* MSG_TRUNC: the datagram's real length even when it did not fit. */
     ssize_t got = recvfrom(u->fd, buf, sizeof buf, MSG_TRUNC | MSG_DONTWAIT,
                            (struct sockaddr *)&from, &flen);
     if (got < 0)
-      continue;
+      return 0;
     size_t keep = (size_t)got < sizeof buf ? (size_t)got : sizeof buf;
     loco_datagram *d = malloc(sizeof *d + (keep ? keep : 1));
     if (d == NULL)
-      continue; /* out of memory: as if lost */
+      return 1; /* out of memory: as if lost */
     d->next = NULL;
     d->addr = ntohl(from.sin_addr.s_addr);
     d->port = ntohs(from.sin_port);
@@ -72,7 +70,23 @@ static void *drain(void *arg) {
     }
     pthread_mutex_unlock(&u->lock);
   }
+  return 1;
+}
+
+static void *drain(void *arg) {
+  loco_udp *u = arg;
+  while (!u->stop) {
+    struct pollfd pf = {u->fd, POLLIN, 0};
+    if (poll(&pf, 1, 50) > 0)
+      while (drain_one(u))
+        ;
+  }
   return NULL;
+}
+
+void loco_udp_flush(loco_udp *u) {
+  while (drain_one(u))
+    ;
 }
 
 pulse_status loco_udp_open(uint32_t addr, loco_udp **out) {

@@ -47,6 +47,11 @@ pulse_status loco_udp_send(loco_udp *u, uint32_t addr, uint16_t port,
  * value) at most; NULL when none came. The caller frees it with free(). */
 loco_datagram *loco_udp_take(loco_udp *u, uint64_t deadline_ms);
 
+/** Moves what the socket holds to the queue now, on the calling thread
+ * (before a receiver concludes that nothing more came: the thread may not
+ * have run). */
+void loco_udp_flush(loco_udp *u);
+
 /** Datagrams the thread could not queue (the queue's byte cap). */
 uint64_t loco_udp_overflow(const loco_udp *u);
 

@@ -133,10 +133,11 @@ static pulse_loco_node_opts udp_opts(double drop) {
   no.transport = PULSE_LOCO_TRANSPORT_UDP;
   no.deadline_ms = 8000; /* loaded CI machines: only a cap */
   no.manifest_timeout_ms = 30000;
-  /* Long enough that a sender preempted in the middle of its burst on a
-   * loaded machine is not taken for loss (the comparison with the replay
-   * needs exactly the injected losses). */
-  no.quiet_ms = 1000;
+  /* A receiver ends its wait only once every incomplete sender said it
+   * sent all (GET .../sent), so a sender preempted in the middle of its
+   * burst is not taken for loss: the comparison with the replay needs
+   * exactly the injected losses. */
+  no.quiet_ms = 50;
   no.max_datagram = 1200; /* several chunks per sender at this size */
   no.resync_range = 256;
   no.datagram_drop = drop;
