@@ -176,6 +176,11 @@ def run(work):
     expect_error("wrong key", lambda: wrong.pull(targets), "pinned key")
     unchanged("wrong key", targets, before)
     wrong.close()
+    expect_error("no key (and no trust on first use)",
+                 lambda: pulse.Subscriber(server.url).pull(targets), "key=", "trust_first_use")
+    tofu = pulse.Subscriber(server.url, trust_first_use=True, retries=0)
+    assert tofu.pull({n: t.clone() for n, t in targets.items()}, timeout=60) == new_head
+    tofu.close()
 
     # A corrupted copy of the store: every object damaged.
     bad_store = os.path.join(work, "corrupt")

@@ -198,7 +198,7 @@ SUB_EV_APPLIED, SUB_EV_SYNCED, SUB_EV_ERROR = 8, 9, 10
 SubEventFn = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.POINTER(SubEvent))
 
 
-class SubOpts(ctypes.Structure):  # pulse_sub_opts, version 3
+class SubOpts(ctypes.Structure):  # pulse_sub_opts, version 6
     _fields_ = [("struct_version", ctypes.c_uint32),
                 ("urls", ctypes.POINTER(ctypes.c_char_p)), ("url_count", ctypes.c_size_t),
                 ("cache_dir", ctypes.c_char_p), ("public_key", ctypes.c_void_p),
@@ -213,11 +213,14 @@ class SubOpts(ctypes.Structure):  # pulse_sub_opts, version 3
                 ("cuda_stream", ctypes.c_void_p), ("on_event", SubEventFn),
                 ("on_event_ctx", ctypes.c_void_p), ("no_streaming", ctypes.c_int),
                 ("no_class_index", ctypes.c_int), ("allow_rollback", ctypes.c_int),
-                ("switch_run", ctypes.c_int), ("max_head_age_s", ctypes.c_uint32)]
+                ("switch_run", ctypes.c_int), ("max_head_age_s", ctypes.c_uint32),
+                ("min_bytes_per_s", ctypes.c_uint32), ("download_grace_ms", ctypes.c_uint32),
+                ("cacert", ctypes.c_char_p), ("trust_first_use", ctypes.c_int)]
 
     def __init__(self):  # PULSE_SUB_OPTS_INIT
-        super().__init__(3, None, 0, None, None, 0, 0, 10000, 30000, 1024, 30, 6, 200, 5000,
-                         4, 32 << 20, 0, 1, 0, 0, 30000, None, SubEventFn(), None, 0, 0, 0, 0, 0)
+        super().__init__(6, None, 0, None, None, 0, 0, 10000, 30000, 1024, 30, 6, 200, 5000,
+                         4, 32 << 20, 0, 1, 0, 0, 30000, None, SubEventFn(), None, 0, 0, 0, 0, 0,
+                         262144, 30000, None, 0)
 
 
 # ------------------------------------------------------------ declarations

@@ -17,8 +17,10 @@ class Subscriber(Closing):
     """Follows the publisher at `url` (a base URL, or a list of them: the
     newest valid head of all is followed) (inference_side/pulse_subscriber.h).
 
-    key: the publisher's public key, 64 hex digits (Publisher.public_key);
-    None trusts the first head's key and pins it in the cache. cache_dir:
+    key: the publisher's public key, 64 hex digits (Publisher.public_key,
+    pulse-publish --public-key), pinned. Without one the library refuses
+    to start unless trust_first_use=True, which trusts the first head's key
+    and keeps it in the cache (a warning says so). cache_dir:
     where verified objects are kept (a store's layout; default a temporary
     folder removed by close()). retries, threads, timeouts: as in
     pulse_sub_opts. class_index: keep a class index of host targets (2.13
@@ -28,7 +30,7 @@ class Subscriber(Closing):
 
     def __init__(self, url, key=None, *, cache_dir=None, retries=None, threads=0,
                  connect_timeout_ms=None, request_timeout_ms=None, poll_timeout_ms=None,
-                 class_index=True):
+                 class_index=True, trust_first_use=False):
         self._sub = None
         self._own_cache = None
         urls = [url] if isinstance(url, str) else list(url)
@@ -37,6 +39,9 @@ class Subscriber(Closing):
         self._urls_bytes = [u.encode() for u in urls]
         self._urls = (ctypes.c_char_p * len(urls))(*self._urls_bytes)
         self._key = None
+        if key is None and not trust_first_use:
+            raise fail("Subscriber: no key: pass key= the publisher's public key (64 hex digits: "
+                       "Publisher.public_key, pulse-publish --public-key), or trust_first_use=True")
         if key is not None:
             self._key = (ctypes.c_char * 32)()
             if not isinstance(key, str):
@@ -53,6 +58,7 @@ class Subscriber(Closing):
         self._opts.public_key = ctypes.cast(self._key, ctypes.c_void_p) if self._key else None
         self._opts.threads = threads
         self._opts.no_class_index = 0 if class_index else 1
+        self._opts.trust_first_use = 1 if trust_first_use else 0
         for field, value in (("retries", retries), ("connect_timeout_ms", connect_timeout_ms),
                              ("request_timeout_ms", request_timeout_ms),
                              ("poll_timeout_ms", poll_timeout_ms)):
