@@ -17,7 +17,10 @@ typedef struct {
   float *theirs; /* c_peer@self */
   /* The prepared round. */
   int active;   /* peer is a neighbour in this round's graph */
-  int received; /* peer's payload arrived (and was applied to theirs) */
+  int received; /* peer's payload arrived (decoded into `in`) */
+  int dropped;  /* the peer did not get ours: both ends leave the edge out */
+  pulse_loco_entries in; /* the peer's entries, applied to theirs by finish
+                            when the edge takes part */
   uint32_t share; /* the neighbour whose payload this edge sends (itself, or
                      an earlier one whose copy `mine` is bit-identical) */
   pulse_buffer payload;
@@ -96,7 +99,9 @@ static void edge_clear_round(gossip_edge *e, uint32_t peer) {
   }
   e->payload = (pulse_buffer){NULL, 0};
   e->pos = NULL, e->val = NULL, e->k = 0;
-  e->active = e->received = 0;
+  pulse_loco_entries_free(&e->in);
+  e->in = (pulse_loco_entries)PULSE_LOCO_ENTRIES_INIT;
+  e->active = e->received = e->dropped = 0;
   e->share = peer;
 }
 
@@ -114,6 +119,17 @@ void pulse_gossip_free(pulse_gossip *g) {
 }
 
 float *pulse_gossip_params(pulse_gossip *g) { return g->x; }
+
+pulse_status pulse_gossip_set_gate(pulse_gossip *g, pulse_loco_gate_mode gate) {
+  if (g == NULL || g->prepared)
+    return pulse_fail(PULSE_ERR_ARG, "gossip set gate: %s",
+                      g ? "a round is prepared" : "NULL context");
+  if (gate != PULSE_LOCO_GATE_BF16 && gate != PULSE_LOCO_GATE_NONE)
+    return pulse_fail(PULSE_ERR_ARG, "gossip set gate: unknown gate %d",
+                      (int)gate);
+  g->o.gate = gate;
+  return PULSE_OK;
+}
 
 const float *pulse_gossip_copy(const pulse_gossip *g, uint32_t j, int own) {
   if (g == NULL || j >= g->o.nodes)
@@ -282,10 +298,18 @@ pulse_status pulse_gossip_receive(pulse_gossip *g, uint32_t from,
   pulse_loco_entries ent = PULSE_LOCO_ENTRIES_INIT;
   PULSE_TRY(pulse_loco_payload_decode(data, size, e->theirs, NULL, g->P, &h,
                                       &ent));
-  for (uint64_t i = 0; i < ent.count; i++)
-    e->theirs[ent.pos[i]] = e->theirs[ent.pos[i]] - ent.val[i];
-  pulse_loco_entries_free(&ent);
+  /* Applied by finish, once it is known that the peer got ours too. */
+  pulse_loco_entries_free(&e->in);
+  e->in = ent;
   e->received = 1;
+  return PULSE_OK;
+}
+
+pulse_status pulse_gossip_drop_edge(pulse_gossip *g, uint32_t peer) {
+  gossip_edge *e = active_edge(g, peer, "drop edge");
+  if (e == NULL)
+    return PULSE_ERR_ARG;
+  e->dropped = 1;
   return PULSE_OK;
 }
 
@@ -303,16 +327,22 @@ pulse_status pulse_gossip_finish(pulse_gossip *g,
     uint32_t j = nb[a];
     gossip_edge *e = &g->edge[j];
     double w = pulse_gossip_graph_weight(g->graph, self, j);
-    if (!e->received) {
-      /* Neither end moves this edge's copies this round (the peer, silent,
-       * took nothing either): its weight goes to the self weight. */
+    if (!e->received || e->dropped) {
+      /* Neither end moves this edge's copies this round (the peer took
+       * nothing from us either: it was silent, or it said so and the
+       * caller dropped the edge): its weight goes to the self weight at
+       * both ends, so W stays symmetric and the mean is kept. */
       PULSE_LOG_AT(PULSE_LOG_INFO, "gossip: round %llu: neighbour %u of %u "
-                   "did not answer; left out of the mix (weight %.4g to self)",
-                   (unsigned long long)g->round, j, self, w);
+                   "%s; left out of the mix (weight %.4g to self)",
+                   (unsigned long long)g->round, j, self,
+                   e->received ? "did not get our payload" : "did not answer",
+                   w);
       self_w += w;
       continue;
     }
     answered++;
+    for (uint64_t i = 0; i < e->in.count; i++)
+      e->theirs[e->in.pos[i]] = e->theirs[e->in.pos[i]] - e->in.val[i];
     for (uint64_t i = 0; i < e->k; i++)
       e->mine[e->pos[i]] = e->mine[e->pos[i]] - e->val[i];
     const float *cj = e->theirs, *ci = e->mine;

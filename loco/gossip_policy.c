@@ -1,7 +1,8 @@
-/* gossip_policy.c - the adaptive graph (pulse_gossip.h): a ladder of
- * increasingly dense graphs, climbed when the measured replica variance is
- * above its target and descended when it is well below, within a byte
- * budget. Each decision is logged. */
+/* gossip_policy.c - the adaptive graph (pulse_gossip.h): each round, a
+ * number of one-peer steps along the hypercube's dimensions (rotating over
+ * the rounds), more when the measured replica variance is above its
+ * target, fewer when it is well below, within a byte budget; log2 N steps
+ * make every replica the exact average. Each decision is logged. */
 #include <math.h>
 #include <stdlib.h>
 
@@ -11,8 +12,11 @@
 
 struct pulse_gossip_policy {
   pulse_gossip_policy_opts o;
-  uint32_t dims; /* log2 N */
-  uint32_t rung;
+  uint32_t dims;      /* log2 N: the steps of an exact average */
+  uint32_t steps;     /* of the last decision (0: none yet) */
+  uint32_t first_dim; /* the last decision's first dimension */
+  uint32_t next_dim;  /* where the next round's sweep starts */
+  uint64_t round;     /* of the last decision */
   int started;
 };
 
@@ -55,38 +59,37 @@ pulse_status pulse_gossip_policy_set_target(pulse_gossip_policy *p,
   return PULSE_OK;
 }
 
-static uint32_t rung_degree(const pulse_gossip_policy *p, uint32_t rung) {
-  return rung >= p->dims ? p->o.nodes - 1u : rung + 1u;
-}
-
-/* Rung r < dims: i linked to i XOR 2^d for the r + 1 dimensions d = round,
- * round + 1, ... (mod dims); rung dims: the complete graph. */
-static pulse_status rung_graph(const pulse_gossip_policy *p, uint32_t rung,
-                               uint64_t round, pulse_gossip_graph **out) {
-  uint32_t n = p->o.nodes;
-  if (rung >= p->dims)
-    return pulse_gossip_graph_make(PULSE_GOSSIP_COMPLETE, n, round,
-                                   p->o.weights, out);
-  uint32_t k = rung + 1u;
-  size_t count = (size_t)n / 2u * k;
-  uint32_t(*e)[2] = malloc(count * sizeof *e);
+/* The perfect matching i -- i XOR 2^dim (one round of the one-peer
+ * exponential graph): not connected on its own; log2 N of them along
+ * every dimension in turn make the exact average. */
+static pulse_status dim_graph(const pulse_gossip_policy *p, uint32_t dim,
+                              pulse_gossip_graph **out) {
+  uint32_t n = p->o.nodes, bit = 1u << dim;
+  uint32_t(*e)[2] = malloc((size_t)n / 2u * sizeof *e);
   if (e == NULL)
     return pulse_fail(PULSE_ERR_NOMEM, "gossip policy: edges");
   size_t c = 0;
-  for (uint32_t m = 0; m < k; m++) {
-    uint32_t bit = 1u << (uint32_t)((round + m) % p->dims);
-    for (uint32_t i = 0; i < n; i++)
-      if ((i & bit) == 0) {
-        e[c][0] = i;
-        e[c++][1] = i | bit;
-      }
-  }
-  /* k < dims dimensions of the hypercube: disjoint sub-cubes, not
-   * connected on their own; the rotation connects them over the rounds. */
+  for (uint32_t i = 0; i < n; i++)
+    if ((i & bit) == 0) {
+      e[c][0] = i;
+      e[c++][1] = i | bit;
+    }
   pulse_status st = graph_from_edges_any(n, (const uint32_t(*)[2])e, c,
                                          p->o.weights, out);
   free(e);
   return st;
+}
+
+pulse_status pulse_gossip_policy_step_graph(const pulse_gossip_policy *p,
+                                            uint32_t step,
+                                            pulse_gossip_graph **graph) {
+  if (graph == NULL)
+    return pulse_fail(PULSE_ERR_ARG, "gossip policy: NULL output");
+  *graph = NULL;
+  if (p == NULL || step >= p->steps)
+    return pulse_fail(PULSE_ERR_ARG, "gossip policy: step %u of %u", step,
+                      p ? p->steps : 0u);
+  return dim_graph(p, (p->first_dim + step) % p->dims, graph);
 }
 
 pulse_status pulse_gossip_policy_decide(pulse_gossip_policy *p, uint64_t round,
@@ -97,58 +100,67 @@ pulse_status pulse_gossip_policy_decide(pulse_gossip_policy *p, uint64_t round,
   if (p == NULL || graph == NULL)
     return pulse_fail(PULSE_ERR_ARG, "gossip policy: NULL argument");
   *graph = NULL;
-  uint32_t want = p->rung;
+  if (p->started && round <= p->round)
+    return pulse_fail(PULSE_ERR_ARG, "gossip policy: round %llu is not after "
+                      "%llu", (unsigned long long)round,
+                      (unsigned long long)p->round);
+  uint32_t want = p->steps;
   const char *why = "variance within target";
   if (!p->started || isnan(measured)) {
-    why = "no measurement yet: sparsest graph";
-    want = 0;
+    why = "no measurement yet: one step";
+    want = 1;
   } else if (measured > p->o.target) {
-    why = "variance above target: denser";
+    why = "variance above target: one step more";
     if (want < p->dims)
       want++;
   } else if (measured < 0.5 * p->o.target) {
-    why = "variance below half the target: sparser";
-    if (want > 0)
+    why = "variance below half the target: one step less";
+    if (want > 1)
       want--;
   }
-  /* The budget: what the complete graph would have sent by the end of this
-   * round, times the fraction; less, spread evenly, what the final
-   * complete rounds will need. */
+  /* The budget: what the complete graph (N - 1 payloads a node) would have
+   * sent by the end of this round, times the fraction; less, spread evenly,
+   * what the final exact rounds will need. A step costs one payload a
+   * node. */
   double unit = payload_bytes > 0.0 && isfinite(payload_bytes) ? payload_bytes
                                                                : 1.0;
   double n = (double)p->o.nodes, full = n * (n - 1.0) * unit;
   double allowed = p->o.budget * (double)(round + 1u) * full;
   uint64_t R = p->o.rounds, F = R > 0 ? p->o.final_rounds : 0;
   if (F > 0) {
-    /* Priced at 1.25 payloads an edge: after sparse rounds the replicas
-     * differ more, and the complete rounds' payloads are larger than the
-     * last round's. */
-    double total = p->o.budget * (double)R * full - 1.25 * (double)F * full;
+    double total = p->o.budget * (double)R * full -
+                   (double)F * p->dims * n * unit;
     allowed = total * (double)(round + 1u) / (double)(R - F);
   }
   double spent = bytes_so_far > 0.0 ? bytes_so_far : 0.0;
   if (F > 0 && round >= R - F) {
     want = p->dims;
-    why = "final rounds: complete graph (replicas made the average)";
+    why = "final rounds: exact average (log2 N steps)";
   } else {
-    while (want > 0 && spent + n * rung_degree(p, want) * unit > allowed) {
+    while (want > 1 && spent + n * want * unit > allowed) {
       want--;
-      why = "byte budget: sparser";
+      why = "byte budget: fewer steps";
     }
   }
-  p->rung = want;
+  p->steps = want;
+  p->first_dim = p->next_dim;
+  p->next_dim = (p->next_dim + want) % p->dims;
+  p->round = round;
   p->started = 1;
-  PULSE_TRY(rung_graph(p, want, round, graph));
+  PULSE_TRY(dim_graph(p, p->first_dim, graph));
   PULSE_LOG_AT(PULSE_LOG_INFO, "gossip policy: round %llu variance %.4g "
-               "(target %.4g): rung %u, degree %u (%s)",
+               "(target %.4g): %u one-peer steps from dimension %u (%s)",
                (unsigned long long)round, measured, p->o.target, want,
-               rung_degree(p, want), why);
+               p->first_dim, why);
   if (d) {
     d->round = round;
     d->measured = measured;
-    d->rung = want;
-    d->degree = rung_degree(p, want);
+    d->rung = want - 1u;
+    d->degree = 1;
     d->reason = why;
+    d->steps = want;
+    d->first_dim = p->first_dim;
+    d->target = p->o.target;
   }
   return PULSE_OK;
 }

@@ -21,9 +21,11 @@
  *                           the payload to j; the rest waits in x - c_i@j
  *                           (the error feedback: nothing is dropped)
  *   ... exchange: each payload to its neighbour (in memory, or HTTP)
- *   pulse_gossip_receive    j's payload updates c_j@i (checked: sender,
- *                           round, base digest of the copy)
- *   pulse_gossip_finish     for each neighbour that answered: c_i@j -= sent;
+ *   pulse_gossip_receive    j's payload, checked (sender, round, base
+ *                           digest of c_j@i) and held for finish
+ *   pulse_gossip_drop_edge  (only when j says it did not get i's payload)
+ *   pulse_gossip_finish     for each neighbour that answered and was not
+ *                           dropped: c_j@i and c_i@j updated;
  *                           x += gamma * sum_j w_ij (c_j@i - c_i@j), summed
  *                           in double in increasing j; a neighbour that did
  *                           not answer is left out of this round and its
@@ -31,12 +33,14 @@
  *                           sums to one and stays symmetric with the
  *                           neighbour's, so the mean is kept)
  *
- * Both ends of an edge decide alone whether it took part in a round (each
- * by whether the other's payload arrived), so a failure seen by one end
- * only (its fetch failed, the peer's succeeded) leaves the edge's copies
- * out of step: the next payload on it is refused by its base digest and the
- * edge stays out of the mix. Repairing such an edge (exchanging the copies'
- * state) is not done here.
+ * An edge takes part in a round only when both ends got each other's
+ * payload. A failure seen by one end only (its fetch failed, the peer's
+ * succeeded) is repaired by telling the end that did get its payload
+ * through (pulse_gossip_drop_edge, e.g. from the peer's acknowledgement):
+ * then both ends leave the edge out of the round, copies and mix alike,
+ * and it is in step for the next one. Without that call such an edge goes
+ * out of step: the next payload on it is refused by its base digest and
+ * the edge stays out of the mix.
  *
  * With a symmetric W the mixing terms of the two ends of an edge cancel:
  * the sum of x over the trainers is what the local steps made it (up to
@@ -212,6 +216,12 @@ void pulse_gossip_free(pulse_gossip *g);
  * the context's life. */
 float *pulse_gossip_params(pulse_gossip *g);
 
+/** Sets the gate of the rounds prepared from now on (each payload says
+ * its own, so receivers need no notice): e.g. one exact round (GATE_NONE)
+ * that empties the error feedback where the replicas must agree.
+ * @return PULSE_OK; PULSE_ERR_ARG (a round is prepared, unknown gate). */
+pulse_status pulse_gossip_set_gate(pulse_gossip *g, pulse_loco_gate_mode gate);
+
 /** What pulse_gossip_prepare did (may be NULL). */
 typedef struct {
   uint64_t round;
@@ -237,7 +247,8 @@ pulse_status pulse_gossip_payload(const pulse_gossip *g, uint32_t to,
 
 /** Takes neighbour `from`'s payload of the prepared round (untrusted bytes):
  * decoded against this trainer's copy of `from`, whose digest must be the
- * payload's base, then applied to that copy.
+ * payload's base, and held until finish applies it to that copy (unless
+ * the edge is dropped).
  * @return PULSE_OK; PULSE_ERR_ARG (no prepared round, `from` no neighbour,
  * already received); PULSE_ERR_BASE_STEP (another round);
  * PULSE_ERR_CORRUPT (another sender); PULSE_ERR_BASE_DIGEST (the copies
@@ -245,11 +256,23 @@ pulse_status pulse_gossip_payload(const pulse_gossip *g, uint32_t to,
 pulse_status pulse_gossip_receive(pulse_gossip *g, uint32_t from,
                                   const uint8_t *data, size_t size);
 
+/** Leaves neighbour `peer` out of the prepared round at this end: call it
+ * when the peer reports that it did not get this trainer's payload (a
+ * one-sided failure), so that finish neither commits this trainer's payload
+ * to the peer's copy nor applies the peer's payload (if it came) nor mixes
+ * with it, exactly as the peer does; the edge's weight goes to the self
+ * weight at both ends (the mix stays symmetric, the mean is kept, the
+ * copies stay in step).
+ * @return PULSE_OK; PULSE_ERR_ARG (no prepared round, `peer` no
+ * neighbour). */
+pulse_status pulse_gossip_drop_edge(pulse_gossip *g, uint32_t peer);
+
 /** What pulse_gossip_finish did (may be NULL). */
 typedef struct {
   uint64_t round;
   uint32_t neighbours; /* of the graph */
-  uint32_t answered;   /* whose payload arrived: mixed */
+  uint32_t answered;   /* whose payload arrived and who got ours (not
+                          dropped): mixed */
   double self_weight;  /* after moving the missing ones' weight there */
 } pulse_gossip_finish_info;
 
@@ -267,18 +290,20 @@ const float *pulse_gossip_copy(const pulse_gossip *g, uint32_t j, int own);
 
 /* --------------------------------------------------------- adaptive graph */
 
-/* The adaptive policy picks each round's graph from a ladder of
- * increasingly dense graphs on N nodes (a power of two): the one-peer
- * exponential graph, then k-peer graphs (i linked to i XOR 2^d for k
- * consecutive dimensions d, rotating each round) up to the hypercube, then
- * the complete graph. It steers by the measured replica variance: above
- * `target` it climbs one rung, below target / 2 it steps down, and it never
- * takes a rung whose payloads would push the bytes sent so far past the
- * budget (`budget` times the bytes the complete graph would have sent).
- * When the run's length is known, its last `final_rounds` rounds use the
- * complete graph (one such round makes every replica the average: the
- * variance left at the end is the one the final model pays for), their
- * bytes set aside from the budget from the start. */
+/* The adaptive policy sets each round's communication as a number s of
+ * one-peer steps (1 <= s <= log2 N, N a power of two): step k pairs i with
+ * i XOR 2^d for the next dimension d of a sweep that goes on across the
+ * rounds (the time-varying one-peer exponential graph), one gossip round
+ * each (the caller runs them in order after its local steps). A step costs
+ * one payload a node (the complete graph: N - 1) and log2 N steps make
+ * every replica the exact average of the round, at log2 N / (N - 1) of the
+ * complete graph's payloads. It steers by the measured replica variance:
+ * above `target` one step more, below target / 2 one step less, and it
+ * never takes more steps than keep the bytes sent so far within the budget
+ * (`budget` times the bytes the complete graph would have sent, priced at
+ * the last round's payload size). When the run's length is known, its
+ * last `final_rounds` rounds take log2 N steps (the replicas end as the
+ * average), their bytes set aside from the budget from the start. */
 typedef struct pulse_gossip_policy pulse_gossip_policy;
 
 typedef struct {
@@ -300,10 +325,12 @@ typedef struct {
 typedef struct {
   uint64_t round;
   double measured;     /* the variance it was given */
-  uint32_t rung;       /* 0 = one-peer ... log2 N - 1 = hypercube, log2 N =
-                          complete */
-  uint32_t degree;     /* of every node in the chosen graph */
+  uint32_t rung;       /* steps - 1 */
+  uint32_t degree;     /* of every node in each step's graph: 1 */
   const char *reason;  /* static text: "variance above target", ... */
+  uint32_t steps;      /* one-peer steps this round (payloads a node) */
+  uint32_t first_dim;  /* step k uses dimension (first_dim + k) % log2 N */
+  double target;       /* the target it steered by */
 } pulse_gossip_decision;
 
 pulse_status pulse_gossip_policy_create(const pulse_gossip_policy_opts *opts,
@@ -315,17 +342,26 @@ void pulse_gossip_policy_free(pulse_gossip_policy *p); /* NULL is fine */
 pulse_status pulse_gossip_policy_set_target(pulse_gossip_policy *p,
                                             double target);
 
-/** Decides round `round`'s graph from the last measured variance (NaN
- * before the first measurement) and the bytes all nodes sent so far and
- * the bytes of one payload (mean over the last round; used to price the
- * rungs). *graph is owned by the caller. The decision is logged (info
- * level) and returned in *d (may be NULL).
+/** Decides round `round` (after the last decided one) from the last
+ * measured variance (NaN before the first measurement), the bytes all
+ * nodes sent so far and the bytes of one payload (mean over the last
+ * round; prices the steps). *graph is the round's first step (owned by the
+ * caller; pulse_gossip_policy_step_graph gives every step). The decision
+ * is logged (info level) and returned in *d (may be NULL).
  * @return PULSE_OK, PULSE_ERR_ARG, PULSE_ERR_NOMEM. */
 pulse_status pulse_gossip_policy_decide(pulse_gossip_policy *p, uint64_t round,
                                         double measured, double bytes_so_far,
                                         double payload_bytes,
                                         pulse_gossip_graph **graph,
                                         pulse_gossip_decision *d);
+
+/** Step `step` (< the last decision's steps) of the last decided round:
+ * a perfect matching along one hypercube dimension, MH (or the policy's)
+ * weights 1/2. *graph is owned by the caller.
+ * @return PULSE_OK, PULSE_ERR_ARG (no such step), PULSE_ERR_NOMEM. */
+pulse_status pulse_gossip_policy_step_graph(const pulse_gossip_policy *p,
+                                            uint32_t step,
+                                            pulse_gossip_graph **graph);
 
 #ifdef __cplusplus
 }

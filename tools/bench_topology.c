@@ -220,6 +220,60 @@ pulse_status topo_policy_create(const topo_args *a, pulse_gossip_policy **p) {
   return pulse_gossip_policy_create(&po, p);
 }
 
+uint64_t topo_gossip_round(topo_arm arm, uint32_t t, uint32_t k) {
+  return arm == ARM_ADAPTIVE ? (uint64_t)t * TOPO_MAX_STEPS + k : t;
+}
+
+pulse_loco_gate_mode topo_step_gate(const topo_args *a, topo_arm arm,
+                                    uint32_t count, uint32_t k) {
+  uint32_t dims = 0;
+  while ((1u << dims) < a->nodes)
+    dims++;
+  if (a->gate_none ||
+      (arm == ARM_ADAPTIVE && count == dims && k + 1 == count))
+    return PULSE_LOCO_GATE_NONE;
+  return PULSE_LOCO_GATE_BF16;
+}
+
+void topo_free_steps(pulse_gossip_graph **steps, uint32_t count) {
+  for (uint32_t k = 0; k < count; k++) {
+    pulse_gossip_graph_free(steps[k]);
+    steps[k] = NULL;
+  }
+}
+
+pulse_status topo_round_graphs(const topo_args *a, topo_arm arm, uint32_t t,
+                               pulse_gossip_policy *policy, double last_var,
+                               double spent, double last_payload,
+                               topo_result *r, pulse_gossip_graph **steps,
+                               uint32_t *count) {
+  *count = 0;
+  pulse_status st;
+  if (arm != ARM_ADAPTIVE) {
+    st = topo_graph(a, arm, t, &steps[0]);
+    *count = st == PULSE_OK;
+    return st;
+  }
+  pulse_gossip_decision d;
+  st = pulse_gossip_policy_decide(policy, t, last_var, spent, last_payload,
+                                  &steps[0], &d);
+  if (st != PULSE_OK)
+    return st;
+  *count = 1;
+  for (uint32_t k = 1; k < d.steps && k < TOPO_MAX_STEPS; k++) {
+    st = pulse_gossip_policy_step_graph(policy, k, &steps[k]);
+    if (st != PULSE_OK) {
+      topo_free_steps(steps, *count);
+      *count = 0;
+      return st;
+    }
+    *count = k + 1;
+  }
+  r->reason[t] = d.reason;
+  r->decision[t] = d;
+  return PULSE_OK;
+}
+
 /* ------------------------------------------------------------ in process */
 
 static double now_s(void) {
@@ -237,7 +291,8 @@ static int run_arm(const topo_setup *s, topo_arm arm, topo_result *r) {
   float **before = calloc(n, sizeof *before);
   const float **xs = calloc(n, sizeof *xs);
   float *grad = malloc(bytes);
-  pulse_gossip_graph *fixed = NULL, *round_graph = NULL;
+  pulse_gossip_graph *steps[TOPO_MAX_STEPS] = {NULL};
+  uint32_t nsteps = 0;
   pulse_gossip_policy *policy = NULL;
   int ok = g && l && before && xs && grad;
   for (uint32_t i = 0; ok && i < n; i++) {
@@ -249,67 +304,60 @@ static int run_arm(const topo_setup *s, topo_arm arm, topo_result *r) {
     if (ok)
       xs[i] = pulse_gossip_params(g[i]);
   }
-  if (ok && arm != ARM_ADAPTIVE && arm != ARM_ONEPEER)
-    ok = topo_graph(a, arm, 0, &fixed) == PULSE_OK;
+  if (ok && arm == ARM_ADAPTIVE)
+    ok = topo_policy_create(a, &policy) == PULSE_OK;
   double factor = topo_factor(a, arm);
   double spent = 0.0, last_payload = 0.0, last_var = NAN;
   double t0 = now_s();
   for (uint32_t t = 0; ok && t < a->rounds; t++) {
     topo_row *row = &r->rows[t];
-    /* The round's graph first: it depends only on earlier rounds. */
-    const pulse_gossip_graph *G = fixed;
-    if (arm == ARM_ONEPEER) {
-      pulse_gossip_graph_free(round_graph);
-      round_graph = NULL;
-      ok = topo_graph(a, arm, t, &round_graph) == PULSE_OK;
-      G = round_graph;
-    } else if (arm == ARM_ADAPTIVE) {
-      if (policy == NULL)
-        ok = topo_policy_create(a, &policy) == PULSE_OK;
-      pulse_gossip_decision d;
-      pulse_gossip_graph_free(round_graph);
-      round_graph = NULL;
-      ok = ok && pulse_gossip_policy_decide(policy, t, last_var, spent,
-                                            last_payload, &round_graph,
-                                            &d) == PULSE_OK;
-      G = round_graph;
-      if (ok)
-        r->reason[t] = d.reason;
-    }
+    /* The round's graphs first: they depend only on earlier rounds. */
+    topo_free_steps(steps, nsteps);
+    ok = topo_round_graphs(a, arm, t, policy, last_var, spent, last_payload,
+                           r, steps, &nsteps) == PULSE_OK;
     for (uint32_t i = 0; ok && i < n; i++) {
       memcpy(before[i], xs[i], bytes);
       topo_local_steps(s, l[i], i, t, pulse_gossip_params(g[i]), grad);
     }
     /* The noise of this round's local steps (before mixing). */
-    double noise = topo_update_variance(s, xs, (const float *const *)before);
+    double noise = ok ? topo_update_variance(s, xs, (const float *const *)before)
+                      : 0.0;
     if (ok && policy && t == 0 && !(a->target > 0.0))
       ok = pulse_gossip_policy_set_target(policy, ADAPTIVE_TARGET_FACTOR *
                                                       noise) == PULSE_OK;
     if (!ok)
       break;
-    uint64_t delivered = 0, payloads = 0;
-    for (uint32_t i = 0; ok && i < n; i++)
-      ok = pulse_gossip_prepare(g[i], t, G, NULL) == PULSE_OK;
-    for (uint32_t i = 0; ok && i < n; i++) {
-      const uint32_t *nb = pulse_gossip_graph_neighbours(G, i);
-      for (uint32_t k = 0; ok && k < pulse_gossip_graph_degree(G, i); k++) {
-        const uint8_t *data;
-        size_t size;
-        ok = pulse_gossip_payload(g[nb[k]], i, &data, &size) == PULSE_OK &&
-             pulse_gossip_receive(g[i], nb[k], data, size) == PULSE_OK;
-        delivered += size;
-        payloads++;
+    uint64_t delivered = 0, payloads = 0, edges = 0;
+    for (uint32_t k = 0; ok && k < nsteps; k++) {
+      const pulse_gossip_graph *G = steps[k];
+      uint64_t id = topo_gossip_round(arm, t, k);
+      pulse_loco_gate_mode gate = topo_step_gate(a, arm, nsteps, k);
+      for (uint32_t i = 0; ok && i < n; i++)
+        ok = pulse_gossip_set_gate(g[i], gate) == PULSE_OK &&
+             pulse_gossip_prepare(g[i], id, G, NULL) == PULSE_OK;
+      for (uint32_t i = 0; ok && i < n; i++) {
+        const uint32_t *nb = pulse_gossip_graph_neighbours(G, i);
+        for (uint32_t e = 0; ok && e < pulse_gossip_graph_degree(G, i); e++) {
+          const uint8_t *data;
+          size_t size;
+          ok = pulse_gossip_payload(g[nb[e]], i, &data, &size) == PULSE_OK &&
+               pulse_gossip_receive(g[i], nb[e], data, size) == PULSE_OK;
+          delivered += size;
+          payloads++;
+        }
       }
+      for (uint32_t i = 0; ok && i < n; i++)
+        ok = pulse_gossip_finish(g[i], NULL) == PULSE_OK;
+      edges += pulse_gossip_graph_edge_count(G);
     }
-    for (uint32_t i = 0; ok && i < n; i++)
-      ok = pulse_gossip_finish(g[i], NULL) == PULSE_OK;
     if (!ok)
       break;
     topo_measure(s, xs, row);
     row->noise = noise;
     row->predicted = factor * noise;
     row->bytes_per_node = (double)delivered / n;
-    row->degree = (uint32_t)((2 * pulse_gossip_graph_edge_count(G) + n / 2) / n);
+    row->degree = (uint32_t)((2 * edges + n / 2) / n);
+    row->steps = nsteps;
     spent += (double)delivered;
     last_payload = payloads ? (double)delivered / payloads : last_payload;
     last_var = row->variance;
@@ -333,7 +381,7 @@ static int run_arm(const topo_setup *s, topo_arm arm, topo_result *r) {
       free(before[i]);
   }
   free(g), free(l), free(before), free(xs), free(grad);
-  pulse_gossip_graph_free(fixed), pulse_gossip_graph_free(round_graph);
+  topo_free_steps(steps, nsteps);
   pulse_gossip_policy_free(policy);
   return ok ? 0 : 1;
 }
@@ -476,7 +524,8 @@ int bench_topology_main(int argc, char **argv) {
     r->arm = (topo_arm)k;
     r->rows = calloc(a.rounds, sizeof *r->rows);
     r->reason = calloc(a.rounds, sizeof *r->reason);
-    if (r->rows == NULL || r->reason == NULL) {
+    r->decision = calloc(a.rounds, sizeof *r->decision);
+    if (r->rows == NULL || r->reason == NULL || r->decision == NULL) {
       failed = 1;
       break;
     }
@@ -496,7 +545,7 @@ int bench_topology_main(int argc, char **argv) {
       failed = topo_write_report(&a, res, count, argc, argv);
   }
   for (int k = 0; k < count; k++)
-    free(res[k].rows), free(res[k].reason);
+    free(res[k].rows), free(res[k].reason), free(res[k].decision);
   free(s.init);
   pulse_tk_problem_free(s.prob);
   return failed ? 1 : 0;

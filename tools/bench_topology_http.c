@@ -11,10 +11,11 @@
  *   child -> parent   u16 port (once); per round: P floats after the local
  *                     steps, P floats after mixing, u64 bytes it fetched
  *   parent -> child   u16 port of every trainer (once); per round: u32
- *                     edge count then the edges (u32 pairs); UINT32_MAX ends
+ *                     step count (UINT32_MAX ends), then per step a u32
+ *                     edge count and the edges (u32 pairs)
  *
- * A payload is served at /v1/gossip/ROUND/to/ID by its sender; its
- * receiver fetches it with a deadline. */
+ * A payload is served at /v1/gossip/ROUND/to/ID by its sender (ROUND: the
+ * step's gossip round id); its receiver fetches it with a deadline. */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -59,10 +60,55 @@ static int read_all(int fd, void *buf, size_t n) {
 
 /* ------------------------------------------------------------------ child */
 
+/* The acknowledgements of a round: trainer i serves, for each neighbour,
+ * whether its payload was taken ("1") or not ("0"), then reads each
+ * neighbour's word about its own payload; an edge whose other end did not
+ * take ours (or did not say) is dropped here too, so that both ends leave
+ * it out (pulse_gossip_drop_edge: a one-sided failure repaired). */
+static int child_acknowledge(pulse_gossip *g, loco_server *srv,
+                             const uint16_t *ports, uint32_t i, uint64_t t,
+                             uint32_t deg, const uint32_t *nb,
+                             const uint8_t *took) {
+  char path[96];
+  for (uint32_t k = 0; k < deg; k++) {
+    snprintf(path, sizeof path, "/v1/gossip/%llu/ack/%u",
+             (unsigned long long)t, nb[k]);
+    if (loco_server_put(srv, path, took[k] ? "1" : "0", 1) != PULSE_OK)
+      return -1;
+  }
+  loco_fetch *f = calloc(deg ? deg : 1, sizeof *f);
+  char (*url)[128] = calloc(deg ? deg : 1, sizeof *url);
+  int rc = f && url ? 0 : -1;
+  for (uint32_t k = 0; rc == 0 && k < deg; k++) {
+    snprintf(url[k], sizeof url[k], "http://127.0.0.1:%u/v1/gossip/%llu/ack/%u",
+             (unsigned)ports[nb[k]], (unsigned long long)t, i);
+    f[k].url = url[k];
+    f[k].max_bytes = 16;
+    f[k].body = (pulse_bytebuf)PULSE_BYTEBUF_INIT;
+  }
+  if (rc == 0 && deg > 0 &&
+      loco_http_gather(f, deg, loco_now_ms() + FETCH_TIMEOUT_MS) != PULSE_OK)
+    rc = -1;
+  for (uint32_t k = 0; rc == 0 && k < deg; k++) {
+    int taken = f[k].done && f[k].body.size == 1 && f[k].body.data[0] == '1';
+    if (taken || !took[k])
+      continue; /* both ends agree already */
+    fprintf(stderr, TOPO_PROG ": trainer %u round %llu: %u did not take our "
+            "payload; edge left out at both ends\n", i,
+            (unsigned long long)t, nb[k]);
+    if (pulse_gossip_drop_edge(g, nb[k]) != PULSE_OK)
+      rc = -1;
+  }
+  for (uint32_t k = 0; f && k < deg; k++)
+    pulse_bytebuf_free(&f[k].body);
+  free(f), free(url);
+  return rc;
+}
+
 /* One round of trainer i over HTTP on graph G; *fetched gets the payload
  * bytes that arrived. */
 static int child_round(pulse_gossip *g, loco_server *srv, const uint16_t *ports,
-                       uint32_t i, uint32_t t, const pulse_gossip_graph *G,
+                       uint32_t i, uint64_t t, const pulse_gossip_graph *G,
                        uint64_t *fetched) {
   char path[96];
   if (pulse_gossip_prepare(g, t, G, NULL) != PULSE_OK)
@@ -74,16 +120,19 @@ static int child_round(pulse_gossip *g, loco_server *srv, const uint16_t *ports,
     size_t size;
     if (pulse_gossip_payload(g, nb[k], &data, &size) != PULSE_OK)
       return -1;
-    snprintf(path, sizeof path, "/v1/gossip/%u/to/%u", t, nb[k]);
+    snprintf(path, sizeof path, "/v1/gossip/%llu/to/%u",
+             (unsigned long long)t, nb[k]);
     if (loco_server_put(srv, path, data, size) != PULSE_OK)
       return -1;
   }
   loco_fetch *f = calloc(deg ? deg : 1, sizeof *f);
   char (*url)[128] = calloc(deg ? deg : 1, sizeof *url);
-  int rc = f && url ? 0 : -1;
+  uint8_t *took = calloc(deg ? deg : 1, 1);
+  int rc = f && url && took ? 0 : -1;
   for (uint32_t k = 0; rc == 0 && k < deg; k++) {
-    snprintf(url[k], sizeof url[k], "http://127.0.0.1:%u/v1/gossip/%u/to/%u",
-             (unsigned)ports[nb[k]], t, i);
+    snprintf(url[k], sizeof url[k],
+             "http://127.0.0.1:%u/v1/gossip/%llu/to/%u",
+             (unsigned)ports[nb[k]], (unsigned long long)t, i);
     f[k].url = url[k];
     f[k].max_bytes = (size_t)1 << 30;
     f[k].body = (pulse_bytebuf)PULSE_BYTEBUF_INIT;
@@ -97,28 +146,33 @@ static int child_round(pulse_gossip *g, loco_server *srv, const uint16_t *ports,
      * refused, is left out of this round by finish (its weight goes to
      * the self weight) and the run goes on. */
     if (!f[k].done) {
-      fprintf(stderr, TOPO_PROG ": trainer %u round %u: %u did not answer; "
-              "left out of the round\n", i, t, nb[k]);
+      fprintf(stderr, TOPO_PROG ": trainer %u round %llu: %u did not answer; "
+              "left out of the round\n", i, (unsigned long long)t, nb[k]);
       continue;
     }
     if (pulse_gossip_receive(g, nb[k], f[k].body.data, f[k].body.size) !=
         PULSE_OK) {
-      fprintf(stderr, TOPO_PROG ": trainer %u round %u: %u's payload refused "
-              "(%s); left out of the round\n", i, t, nb[k],
-              pulse_error_detail());
+      fprintf(stderr, TOPO_PROG ": trainer %u round %llu: %u's payload "
+              "refused (%s); left out of the round\n", i,
+              (unsigned long long)t, nb[k], pulse_error_detail());
       continue;
     }
     *fetched += f[k].body.size;
+    took[k] = 1;
   }
   for (uint32_t k = 0; f && k < deg; k++)
     pulse_bytebuf_free(&f[k].body);
   free(f), free(url);
+  if (rc == 0 && child_acknowledge(g, srv, ports, i, t, deg, nb, took) != 0)
+    rc = -1;
+  free(took);
   if (rc == 0 && pulse_gossip_finish(g, NULL) != PULSE_OK)
     rc = -1;
   return rc;
 }
 
-static int child_main(const topo_setup *s, uint32_t i, int rfd, int wfd) {
+static int child_main(const topo_setup *s, topo_arm arm, uint32_t i, int rfd,
+                      int wfd) {
   const topo_args *a = s->a;
   uint32_t n = a->nodes;
   pulse_gossip *g = NULL;
@@ -137,31 +191,48 @@ static int child_main(const topo_setup *s, uint32_t i, int rfd, int wfd) {
   int rc = write_all(wfd, &port, sizeof port) ||
            read_all(rfd, ports, n * sizeof *ports);
   size_t bytes = (size_t)s->P * sizeof(float);
+  pulse_gossip_graph *G[TOPO_MAX_STEPS] = {NULL};
   for (uint32_t t = 0; rc == 0; t++) {
-    uint32_t count;
-    if (read_all(rfd, &count, sizeof count)) {
+    uint32_t nsteps = 0, count;
+    if (read_all(rfd, &nsteps, sizeof nsteps)) {
       rc = 1;
       break;
     }
-    if (count == END_OF_RUN)
+    if (nsteps == END_OF_RUN)
       break;
-    pulse_gossip_graph *G = NULL;
-    if (count > (size_t)n * n || read_all(rfd, edges, count * sizeof *edges) ||
-        graph_from_edges_any(n, (const uint32_t(*)[2])edges, count,
-                             PULSE_GOSSIP_WEIGHTS_MH, &G) != PULSE_OK) {
+    if (nsteps == 0 || nsteps > TOPO_MAX_STEPS) {
       rc = 1;
       break;
     }
+    for (uint32_t k = 0; rc == 0 && k < nsteps; k++)
+      if (read_all(rfd, &count, sizeof count) || count > (size_t)n * n ||
+          read_all(rfd, edges, count * sizeof *edges) ||
+          graph_from_edges_any(n, (const uint32_t(*)[2])edges, count,
+                               PULSE_GOSSIP_WEIGHTS_MH, &G[k]) != PULSE_OK)
+        rc = 1;
     float *x = pulse_gossip_params(g);
-    topo_local_steps(s, l, i, t, x, grad);
+    if (rc == 0) {
+      topo_local_steps(s, l, i, t, x, grad);
+      rc = write_all(wfd, x, bytes);
+    }
     uint64_t fetched = 0;
-    rc = write_all(wfd, x, bytes) ||
-         child_round(g, srv, ports, i, t, G, &fetched) ||
-         write_all(wfd, x, bytes) || write_all(wfd, &fetched, sizeof fetched);
-    pulse_gossip_graph_free(G);
+    for (uint32_t k = 0; rc == 0 && k < nsteps; k++) {
+      uint64_t got = 0;
+      rc = pulse_gossip_set_gate(g, topo_step_gate(a, arm, nsteps, k)) !=
+                   PULSE_OK ||
+           child_round(g, srv, ports, i, topo_gossip_round(arm, t, k), G[k],
+                       &got);
+      fetched += got;
+    }
+    rc = rc || write_all(wfd, x, bytes) ||
+         write_all(wfd, &fetched, sizeof fetched);
+    for (uint32_t k = 0; k < TOPO_MAX_STEPS; k++) {
+      pulse_gossip_graph_free(G[k]);
+      G[k] = NULL;
+    }
     /* Every trainer finished round t before the parent sends t + 1: what
      * it served for t and earlier is no longer fetched. */
-    loco_server_drop(srv, "/v1/gossip/", t);
+    loco_server_drop(srv, "/v1/gossip/", topo_gossip_round(arm, t, 0));
   }
   loco_server_stop(srv);
   pulse_gossip_free(g);
@@ -215,7 +286,7 @@ int topo_run_http(const topo_setup *s, topo_arm arm, topo_result *r) {
       close(down[1]), close(up[0]);
       for (uint32_t j = 0; j < i; j++)
         close(to[j]), close(from[j]);
-      _exit(child_main(s, i, down[0], up[1]));
+      _exit(child_main(s, arm, i, down[0], up[1]));
     }
     close(down[0]), close(up[1]);
     to[i] = down[1], from[i] = up[0];
@@ -234,25 +305,27 @@ int topo_run_http(const topo_setup *s, topo_arm arm, topo_result *r) {
     memcpy(after[i], s->init, bytes); /* the state before round 0 */
     cb[i] = before[i], ca[i] = after[i];
   }
+  if (ok && arm == ARM_ADAPTIVE)
+    ok = topo_policy_create(a, &policy) == PULSE_OK;
+  pulse_gossip_graph *G[TOPO_MAX_STEPS] = {NULL};
+  uint32_t nsteps = 0;
   for (uint32_t t = 0; ok && t < a->rounds; t++) {
-    pulse_gossip_graph *G = NULL;
-    if (arm == ARM_ADAPTIVE) {
-      if (policy == NULL)
-        ok = topo_policy_create(a, &policy) == PULSE_OK;
-      pulse_gossip_decision d;
-      ok = ok && pulse_gossip_policy_decide(policy, t, last_var, spent,
-                                            last_payload, &G, &d) == PULSE_OK;
-      if (ok)
-        r->reason[t] = d.reason;
-    } else {
-      ok = topo_graph(a, arm, t, &G) == PULSE_OK;
-    }
+    topo_free_steps(G, nsteps);
+    ok = topo_round_graphs(a, arm, t, policy, last_var, spent, last_payload,
+                           r, G, &nsteps) == PULSE_OK;
     if (!ok)
       break;
-    uint32_t count = edge_list(G, edges);
+    uint64_t edges_all = 0, payloads = 0;
     for (uint32_t i = 0; ok && i < n; i++)
-      ok = write_all(to[i], &count, sizeof count) == 0 &&
-           write_all(to[i], edges, count * sizeof *edges) == 0;
+      ok = write_all(to[i], &nsteps, sizeof nsteps) == 0;
+    for (uint32_t k = 0; ok && k < nsteps; k++) {
+      uint32_t count = edge_list(G[k], edges);
+      edges_all += count;
+      payloads += 2u * (uint64_t)count;
+      for (uint32_t i = 0; ok && i < n; i++)
+        ok = write_all(to[i], &count, sizeof count) == 0 &&
+             write_all(to[i], edges, count * sizeof *edges) == 0;
+    }
     for (uint32_t i = 0; ok && i < n; i++)
       memcpy(before[i], after[i], bytes);
     uint64_t delivered = 0;
@@ -274,13 +347,14 @@ int topo_run_http(const topo_setup *s, topo_arm arm, topo_result *r) {
       row->noise = noise;
       row->predicted = factor * noise;
       row->bytes_per_node = (double)delivered / n;
-      row->degree = (uint32_t)((2 * pulse_gossip_graph_edge_count(G) + n / 2) / n);
+      row->degree = (uint32_t)((2 * edges_all + n / 2) / n);
+      row->steps = nsteps;
       spent += (double)delivered;
-      last_payload = count ? (double)delivered / (2.0 * count) : last_payload;
+      last_payload = payloads ? (double)delivered / payloads : last_payload;
       last_var = row->variance;
     }
-    pulse_gossip_graph_free(G);
   }
+  topo_free_steps(G, nsteps);
   uint32_t end = END_OF_RUN;
   for (uint32_t i = 0; i < n; i++)
     if (to[i] >= 0) {

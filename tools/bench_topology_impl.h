@@ -49,7 +49,11 @@ typedef struct {
   double consensus;     /* sqrt(mean over nodes of |x_i - mean|^2) */
   double loss;          /* mean over nodes of the held-out loss */
   double bytes_per_node; /* payload bytes sent this round, per node */
-  uint32_t degree;      /* mean degree of the round's graph (rounded) */
+  uint32_t degree;      /* payloads a node sent this round: the mean degree
+                           of the round's graph (rounded), summed over its
+                           steps */
+  uint32_t steps;       /* gossip steps this round (adaptive: one-peer
+                           steps; the other arms: 1) */
 } topo_row;
 
 typedef struct {
@@ -57,12 +61,13 @@ typedef struct {
   double seconds;
 } topo_summary;
 
-/* A whole arm: rows[0..rounds) and the adaptive decisions (degree/reason
- * per round in rows and `reason`). */
+/* A whole arm: rows[0..rounds) and the adaptive decisions (per round in
+ * rows, `reason` and `decision`). */
 typedef struct {
   topo_arm arm;
   topo_row *rows;
   const char **reason; /* adaptive only, static strings */
+  pulse_gossip_decision *decision; /* adaptive only: the policy's log */
   topo_summary sum;
   uint64_t digest; /* of every node's final parameters, in node order */
 } topo_result;
@@ -104,10 +109,35 @@ pulse_status topo_graph(const topo_args *a, topo_arm arm, uint32_t t,
  * none). */
 double topo_factor(const topo_args *a, topo_arm arm);
 
+/* The most gossip steps of one round (the adaptive arm's log2 N <= 6). */
+#define TOPO_MAX_STEPS 8u
+
+/* The gossip round id of step k of round t (the adaptive arm's steps are
+ * rounds of their own; the other arms keep t). */
+uint64_t topo_gossip_round(topo_arm arm, uint32_t t, uint32_t k);
+
+/* Round t's graphs (steps[0..*count), owned by the caller; free with
+ * topo_free_steps): one for a static or one-peer arm; the adaptive arm asks
+ * its policy (from the last variance, bytes spent so far and mean payload)
+ * and logs the decision in r. */
+pulse_status topo_round_graphs(const topo_args *a, topo_arm arm, uint32_t t,
+                               pulse_gossip_policy *policy, double last_var,
+                               double spent, double last_payload,
+                               topo_result *r, pulse_gossip_graph **steps,
+                               uint32_t *count);
+void topo_free_steps(pulse_gossip_graph **steps, uint32_t count);
+
+/* The gate of step k of a round of `count` steps: the arm's (--gate), but
+ * the adaptive arm sends the last step of an exact round (log2 N steps)
+ * ungated, so that its replicas end the round as the average without the
+ * BF16 gate's held-back residue. */
+pulse_loco_gate_mode topo_step_gate(const topo_args *a, topo_arm arm,
+                                    uint32_t count, uint32_t k);
+
 /* The adaptive arm's automatic target, in units of the measured per-round
  * noise (set from round 0's local steps): the exponential graph's
  * prediction is about 0.04 of it at N = 16, the torus's 0.2. */
-#define ADAPTIVE_TARGET_FACTOR 0.05
+#define ADAPTIVE_TARGET_FACTOR 0.01
 
 /* The adaptive arm's policy (target automatic or --target). */
 pulse_status topo_policy_create(const topo_args *a, pulse_gossip_policy **p);

@@ -27,9 +27,19 @@ void topo_print_round(const topo_args *a, const topo_result *r, uint32_t t) {
     json_num("consensus_distance", w->consensus, 1);
     json_num("loss", w->loss, 1);
     json_num("bytes_per_node", w->bytes_per_node, 1);
-    printf(",\"degree\":%u", w->degree);
-    if (r->reason && r->reason[t])
-      printf(",\"decision\":\"%s\"", r->reason[t]);
+    printf(",\"degree\":%u,\"steps\":%u", w->degree, w->steps);
+    if (r->reason && r->reason[t]) {
+      /* The policy's log: what it was told, what it chose and why. */
+      const pulse_gossip_decision *d = &r->decision[t];
+      printf(",\"decision\":\"%s\",\"graph\":\"one-peer steps on "
+             "dimensions", r->reason[t]);
+      for (uint32_t k = 0; k < d->steps; k++)
+        printf("%s%u", k ? "," : " ",
+               (d->first_dim + k) % (uint32_t)log2((double)a->nodes));
+      printf("\"");
+      json_num("measured_variance", d->measured, 1);
+      json_num("target", d->target, 1);
+    }
     printf("}\n");
     return;
   }

@@ -2,7 +2,7 @@
  * reaches the exact average on every connected graph, its error feedback
  * loses no mass, a noise-only run's replica variance is the one the mixing
  * matrix's spectrum predicts, a silent neighbour is left out of its round,
- * payloads of another round, sender or copy are refused, and the adaptive
+ * a one-sided failure is dropped at both ends of the edge, payloads of another round, sender or copy are refused, and the adaptive
  * policy climbs, descends and keeps its budget. */
 #include "gossip_testutil.h"
 #include "pulse_elem.h"
@@ -242,6 +242,69 @@ Test(loco, a_silent_neighbour_is_left_out_and_the_run_goes_on) {
   free(init), free(expect), free(x2_before);
 }
 
+/* A one-sided failure: in round 1 node 0 never gets node 1's payload but
+ * node 1 gets node 0's. Node 0 says so (the acknowledgement), node 1 drops
+ * the edge: both ends leave it out (weight to self, copies untouched), the
+ * sum of the parameters is kept, and every later payload on the edge is
+ * accepted (its copies are in step) until the replicas agree. */
+Test(loco, a_one_sided_failure_drops_the_edge_at_both_ends) {
+  const uint32_t n = 4;
+  float *init = malloc(P_SMALL * sizeof *init);
+  double *mean0 = malloc(P_SMALL * sizeof *mean0);
+  double *mean1 = malloc(P_SMALL * sizeof *mean1);
+  fill_init(init, P_SMALL, 5);
+  gt_run r;
+  gt_run_init(&r, n, P_SMALL, PULSE_LOCO_GATE_NONE, init);
+  pulse_gossip_graph *g;
+  cr_assert_eq(pulse_gossip_graph_make(PULSE_GOSSIP_RING, n, 0,
+                                       PULSE_GOSSIP_WEIGHTS_MH, &g), PULSE_OK);
+  perturb(&r, 11, 0.1);
+  gt_round(&r, 0, g, NULL);
+  perturb(&r, 12, 0.1);
+  node_mean(&r, mean0);
+  for (uint32_t i = 0; i < n; i++)
+    cr_assert_eq(pulse_gossip_prepare(r.node[i], 1, g, NULL), PULSE_OK);
+  for (uint32_t i = 0; i < n; i++) {
+    const uint32_t *nb = pulse_gossip_graph_neighbours(g, i);
+    for (uint32_t a = 0; a < 2; a++) {
+      if (i == 0 && nb[a] == 1)
+        continue; /* lost on the way to node 0 only */
+      const uint8_t *d;
+      size_t sz;
+      cr_assert_eq(pulse_gossip_payload(r.node[nb[a]], i, &d, &sz), PULSE_OK);
+      cr_assert_eq(pulse_gossip_receive(r.node[i], nb[a], d, sz), PULSE_OK);
+    }
+  }
+  cr_assert_eq(pulse_gossip_drop_edge(r.node[1], 3), PULSE_ERR_ARG,
+               "3 is no neighbour of 1 on the ring");
+  cr_assert_eq(pulse_gossip_drop_edge(r.node[1], 0), PULSE_OK);
+  pulse_gossip_finish_info fi;
+  for (uint32_t i = 0; i < n; i++) {
+    cr_assert_eq(pulse_gossip_finish(r.node[i], &fi), PULSE_OK);
+    cr_assert_eq(fi.answered, i <= 1 ? 1u : 2u, "node %u mixed with %u", i,
+                 fi.answered);
+    if (i <= 1)
+      cr_assert(fabs(fi.self_weight - 2.0 / 3) < 1e-15, "%g", fi.self_weight);
+  }
+  /* Both ends took the same decision: the mean did not move. */
+  node_mean(&r, mean1);
+  for (uint32_t p = 0; p < P_SMALL; p++)
+    cr_assert(fabs(mean1[p] - mean0[p]) <= 1e-6 * fmax(1.0, fabs(mean0[p])),
+              "param %u: mean %.9g became %.9g", p, mean0[p], mean1[p]);
+  /* The edge's copies are in step: every later payload is accepted (gt_round
+   * asserts it) and the replicas reach that mean. */
+  for (uint64_t round = 2; round < 60; round++)
+    gt_round(&r, round, g, NULL);
+  cr_assert(gt_variance(&r) < 1e-10, "%g", gt_variance(&r));
+  node_mean(&r, mean1);
+  for (uint32_t p = 0; p < P_SMALL; p++)
+    cr_assert(fabs(mean1[p] - mean0[p]) <= 1e-5 * fmax(1.0, fabs(mean0[p])),
+              "param %u: mean %.9g became %.9g", p, mean0[p], mean1[p]);
+  pulse_gossip_graph_free(g);
+  gt_run_free(&r);
+  free(init), free(mean0), free(mean1);
+}
+
 Test(loco, gossip_refuses_payloads_of_another_round_sender_or_copy) {
   const uint32_t n = 3;
   float *init = malloc(P_SMALL * sizeof *init);
@@ -305,8 +368,21 @@ Test(loco, gossip_refuses_payloads_of_another_round_sender_or_copy) {
   gt_run_free(&r);
 }
 
-/* The adaptive policy: starts sparse, climbs while the variance is above
- * target, descends when well below, never spends past its budget. */
+/* x <- W x for a dense copy of a graph's W (n <= 16). */
+static void mix_dense(const pulse_gossip_graph *g, double *x, uint32_t n) {
+  double y[16];
+  for (uint32_t i = 0; i < n; i++) {
+    y[i] = 0.0;
+    for (uint32_t j = 0; j < n; j++)
+      y[i] += pulse_gossip_graph_weight(g, i, j) * x[j];
+  }
+  memcpy(x, y, n * sizeof *x);
+}
+
+/* The adaptive policy: starts with one one-peer step, takes more while the
+ * variance is above target and fewer when well below, never spends past
+ * its budget; each step is a perfect matching and log2 N steps make the
+ * exact average. */
 Test(loco, adaptive_policy_climbs_descends_and_keeps_its_budget) {
   pulse_gossip_policy_opts o = PULSE_GOSSIP_POLICY_OPTS_INIT;
   o.nodes = 16;
@@ -317,32 +393,60 @@ Test(loco, adaptive_policy_climbs_descends_and_keeps_its_budget) {
   pulse_gossip_decision d;
   pulse_gossip_graph *g;
   double spent = 0.0, unit = 100.0;
-  uint32_t last = 0, peak = 0;
+  uint32_t last = 0, peak = 0, exact = 0;
   for (uint64_t round = 0; round < 40; round++) {
     double measured = round == 0 ? NAN : round < 20 ? 10.0 : 0.1;
     cr_assert_eq(pulse_gossip_policy_decide(p, round, measured, spent, unit, &g,
                                             &d), PULSE_OK);
-    cr_assert_eq(pulse_gossip_graph_degree(g, 5), d.degree);
     cr_assert(d.reason != NULL);
+    cr_assert(d.steps >= 1 && d.steps <= 4, "%u steps", d.steps);
     if (round == 0)
-      cr_assert_eq(d.rung, 0);
+      cr_assert_eq(d.steps, 1);
     if (round > 0 && round < 20)
-      cr_assert(d.rung >= last || strstr(d.reason, "budget"), "%s", d.reason);
-    if (round > 21 && last > 0)
-      cr_assert(d.rung < last);
-    if (d.rung > peak)
-      peak = d.rung;
-    last = d.rung;
-    spent += 16.0 * d.degree * unit;
+      cr_assert(d.steps >= last || strstr(d.reason, "budget"), "%s", d.reason);
+    if (round > 21 && last > 1)
+      cr_assert(d.steps < last);
+    /* Every step a perfect matching; the round's steps average over
+     * 2^steps nodes, all 16 (every replica the mean) with 4 of them. */
+    double x[16];
+    for (uint32_t i = 0; i < 16; i++)
+      x[i] = (double)(i * i % 7) + 0.25 * i;
+    for (uint32_t k = 0; k < d.steps; k++) {
+      pulse_gossip_graph *s;
+      cr_assert_eq(pulse_gossip_policy_step_graph(p, k, &s), PULSE_OK);
+      for (uint32_t i = 0; i < 16; i++)
+        cr_assert_eq(pulse_gossip_graph_degree(s, i), d.degree);
+      cr_assert_eq(pulse_gossip_graph_check(s, 1e-12), PULSE_ERR_CORRUPT,
+                   "a matching is not connected");
+      mix_dense(s, x, 16);
+      pulse_gossip_graph_free(s);
+    }
+    pulse_gossip_graph *none;
+    cr_assert_eq(pulse_gossip_policy_step_graph(p, d.steps, &none),
+                 PULSE_ERR_ARG);
+    cr_assert_eq(none, NULL);
+    cr_assert_eq(pulse_gossip_graph_degree(g, 5), d.degree);
+    pulse_gossip_graph_free(g);
+    if (d.steps == 4) {
+      exact++;
+      for (uint32_t i = 1; i < 16; i++)
+        cr_assert(fabs(x[i] - x[0]) < 1e-12, "node %u: %g vs %g", i, x[i],
+                  x[0]);
+    }
+    if (d.steps > peak)
+      peak = d.steps;
+    last = d.steps;
+    spent += 16.0 * d.steps * unit;
     cr_assert(spent <= 0.25 * (round + 1) * 16 * 15 * unit + 1e-9,
               "round %llu: spent %g", (unsigned long long)round, spent);
-    pulse_gossip_graph_free(g);
   }
-  cr_assert(peak >= 2, "never climbed: %u", peak);
-  cr_assert_eq(last, 0);
+  cr_assert(peak >= 3 && exact > 0, "never climbed: %u", peak);
+  cr_assert_eq(last, 1);
+  cr_assert_eq(pulse_gossip_policy_decide(p, 39, 1.0, spent, unit, &g, &d),
+               PULSE_ERR_ARG, "a round not after the last");
   pulse_gossip_policy_free(p);
-  /* A known length: the last 2 rounds are complete, and the whole run
-   * still spends at most the budget (set aside from the start). */
+  /* A known length: the last 2 rounds are exact (4 steps), and the whole
+   * run still spends at most the budget (set aside from the start). */
   o.rounds = 20;
   o.final_rounds = 2;
   cr_assert_eq(pulse_gossip_policy_create(&o, &p), PULSE_OK);
@@ -351,10 +455,8 @@ Test(loco, adaptive_policy_climbs_descends_and_keeps_its_budget) {
     cr_assert_eq(pulse_gossip_policy_decide(p, round, round ? 10.0 : NAN,
                                             spent, unit, &g, &d), PULSE_OK);
     if (round >= 18)
-      cr_assert_eq(d.degree, 15, "round %llu", (unsigned long long)round);
-    else
-      cr_assert_lt(d.degree, 15);
-    spent += 16.0 * d.degree * unit;
+      cr_assert_eq(d.steps, 4, "round %llu", (unsigned long long)round);
+    spent += 16.0 * d.steps * unit;
     pulse_gossip_graph_free(g);
   }
   cr_assert_leq(spent, 0.25 * 20 * 16 * 15 * unit, "spent %g", spent);
