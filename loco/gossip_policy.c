@@ -95,6 +95,7 @@ pulse_status pulse_gossip_policy_step_graph(const pulse_gossip_policy *p,
 pulse_status pulse_gossip_policy_decide(pulse_gossip_policy *p, uint64_t round,
                                         double measured, double bytes_so_far,
                                         double payload_bytes,
+                                        double full_payload_bytes,
                                         pulse_gossip_graph **graph,
                                         pulse_gossip_decision *d) {
   if (p == NULL || graph == NULL)
@@ -118,13 +119,17 @@ pulse_status pulse_gossip_policy_decide(pulse_gossip_policy *p, uint64_t round,
     if (want > 1)
       want--;
   }
-  /* The budget: what the complete graph (N - 1 payloads a node) would have
-   * sent by the end of this round, times the fraction; less, spread evenly,
-   * what the final exact rounds will need. A step costs one payload a
-   * node. */
+  /* The budget: what the complete graph (N - 1 payloads a node, each a
+   * whole round's change: priced at full_payload_bytes) would have sent by
+   * the end of this round, times the fraction; less, spread evenly, what
+   * the final exact rounds will need. A step costs one payload a node,
+   * priced at the mean payload. */
   double unit = payload_bytes > 0.0 && isfinite(payload_bytes) ? payload_bytes
                                                                : 1.0;
-  double n = (double)p->o.nodes, full = n * (n - 1.0) * unit;
+  double ref = full_payload_bytes > 0.0 && isfinite(full_payload_bytes)
+                   ? full_payload_bytes
+                   : unit;
+  double n = (double)p->o.nodes, full = n * (n - 1.0) * ref;
   double allowed = p->o.budget * (double)(round + 1u) * full;
   uint64_t R = p->o.rounds, F = R > 0 ? p->o.final_rounds : 0;
   if (F > 0) {

@@ -301,7 +301,7 @@ const float *pulse_gossip_copy(const pulse_gossip *g, uint32_t j, int own);
  * above `target` one step more, below target / 2 one step less, and it
  * never takes more steps than keep the bytes sent so far within the budget
  * (`budget` times the bytes the complete graph would have sent, priced at
- * the last round's payload size). When the run's length is known, its
+ * the size of a payload that carries a whole round's change). When the run's length is known, its
  * last `final_rounds` rounds take log2 N steps (the replicas end as the
  * average), their bytes set aside from the budget from the start. */
 typedef struct pulse_gossip_policy pulse_gossip_policy;
@@ -344,14 +344,18 @@ pulse_status pulse_gossip_policy_set_target(pulse_gossip_policy *p,
 
 /** Decides round `round` (after the last decided one) from the last
  * measured variance (NaN before the first measurement), the bytes all
- * nodes sent so far and the bytes of one payload (mean over the last
- * round; prices the steps). *graph is the round's first step (owned by the
+ * nodes sent so far, the bytes of one payload (mean over the last round;
+ * prices the steps) and the bytes of one payload of the last round's first
+ * step (its copies are a round old: it carries a whole round's change, as
+ * every payload of the complete graph does; prices the budget's reference;
+ * <= 0: payload_bytes). *graph is the round's first step (owned by the
  * caller; pulse_gossip_policy_step_graph gives every step). The decision
  * is logged (info level) and returned in *d (may be NULL).
  * @return PULSE_OK, PULSE_ERR_ARG, PULSE_ERR_NOMEM. */
 pulse_status pulse_gossip_policy_decide(pulse_gossip_policy *p, uint64_t round,
                                         double measured, double bytes_so_far,
                                         double payload_bytes,
+                                        double full_payload_bytes,
                                         pulse_gossip_graph **graph,
                                         pulse_gossip_decision *d);
 

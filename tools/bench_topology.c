@@ -50,8 +50,8 @@ void bench_topology_usage(FILE *out) {
           "see README)\n"
           "  --budget X       adaptive: fraction of the complete graph's bytes "
           "(0.25)\n"
-          "  --final-rounds K adaptive: last K rounds on the complete graph "
-          "(2; 0: none)\n"
+          "  --final-rounds K adaptive: last K rounds exact (log2 N one-peer "
+          "steps; 2; 0: none)\n"
           "  --gate none      exact payloads instead of BF16-gated ones\n"
           "  --processes      one process per trainer over HTTP on 127.0.0.1\n"
           "  --json           one JSON object per arm and round, then one "
@@ -245,8 +245,8 @@ void topo_free_steps(pulse_gossip_graph **steps, uint32_t count) {
 pulse_status topo_round_graphs(const topo_args *a, topo_arm arm, uint32_t t,
                                pulse_gossip_policy *policy, double last_var,
                                double spent, double last_payload,
-                               topo_result *r, pulse_gossip_graph **steps,
-                               uint32_t *count) {
+                               double last_full, topo_result *r,
+                               pulse_gossip_graph **steps, uint32_t *count) {
   *count = 0;
   pulse_status st;
   if (arm != ARM_ADAPTIVE) {
@@ -256,7 +256,7 @@ pulse_status topo_round_graphs(const topo_args *a, topo_arm arm, uint32_t t,
   }
   pulse_gossip_decision d;
   st = pulse_gossip_policy_decide(policy, t, last_var, spent, last_payload,
-                                  &steps[0], &d);
+                                  last_full, &steps[0], &d);
   if (st != PULSE_OK)
     return st;
   *count = 1;
@@ -307,14 +307,14 @@ static int run_arm(const topo_setup *s, topo_arm arm, topo_result *r) {
   if (ok && arm == ARM_ADAPTIVE)
     ok = topo_policy_create(a, &policy) == PULSE_OK;
   double factor = topo_factor(a, arm);
-  double spent = 0.0, last_payload = 0.0, last_var = NAN;
+  double spent = 0.0, last_payload = 0.0, last_full = 0.0, last_var = NAN;
   double t0 = now_s();
   for (uint32_t t = 0; ok && t < a->rounds; t++) {
     topo_row *row = &r->rows[t];
     /* The round's graphs first: they depend only on earlier rounds. */
     topo_free_steps(steps, nsteps);
     ok = topo_round_graphs(a, arm, t, policy, last_var, spent, last_payload,
-                           r, steps, &nsteps) == PULSE_OK;
+                           last_full, r, steps, &nsteps) == PULSE_OK;
     for (uint32_t i = 0; ok && i < n; i++) {
       memcpy(before[i], xs[i], bytes);
       topo_local_steps(s, l[i], i, t, pulse_gossip_params(g[i]), grad);
@@ -327,7 +327,7 @@ static int run_arm(const topo_setup *s, topo_arm arm, topo_result *r) {
                                                       noise) == PULSE_OK;
     if (!ok)
       break;
-    uint64_t delivered = 0, payloads = 0, edges = 0;
+    uint64_t delivered = 0, payloads = 0, edges = 0, first = 0, first_n = 0;
     for (uint32_t k = 0; ok && k < nsteps; k++) {
       const pulse_gossip_graph *G = steps[k];
       uint64_t id = topo_gossip_round(arm, t, k);
@@ -349,6 +349,8 @@ static int run_arm(const topo_setup *s, topo_arm arm, topo_result *r) {
       for (uint32_t i = 0; ok && i < n; i++)
         ok = pulse_gossip_finish(g[i], NULL) == PULSE_OK;
       edges += pulse_gossip_graph_edge_count(G);
+      if (k == 0)
+        first = delivered, first_n = payloads;
     }
     if (!ok)
       break;
@@ -360,6 +362,7 @@ static int run_arm(const topo_setup *s, topo_arm arm, topo_result *r) {
     row->steps = nsteps;
     spent += (double)delivered;
     last_payload = payloads ? (double)delivered / payloads : last_payload;
+    last_full = first_n ? (double)first / first_n : last_full;
     last_var = row->variance;
     if (!a->json && !a->processes)
       topo_print_round(a, r, t);

@@ -9,7 +9,8 @@
  * to the parent through two pipes of binary records (native byte order,
  * same machine):
  *   child -> parent   u16 port (once); per round: P floats after the local
- *                     steps, P floats after mixing, u64 bytes it fetched
+ *                     steps, P floats after mixing, per step u64 bytes it
+ *                     fetched
  *   parent -> child   u16 port of every trainer (once); per round: u32
  *                     step count (UINT32_MAX ends), then per step a u32
  *                     edge count and the edges (u32 pairs)
@@ -215,17 +216,14 @@ static int child_main(const topo_setup *s, topo_arm arm, uint32_t i, int rfd,
       topo_local_steps(s, l, i, t, x, grad);
       rc = write_all(wfd, x, bytes);
     }
-    uint64_t fetched = 0;
-    for (uint32_t k = 0; rc == 0 && k < nsteps; k++) {
-      uint64_t got = 0;
+    uint64_t fetched[TOPO_MAX_STEPS] = {0};
+    for (uint32_t k = 0; rc == 0 && k < nsteps; k++)
       rc = pulse_gossip_set_gate(g, topo_step_gate(a, arm, nsteps, k)) !=
-                   PULSE_OK ||
+               PULSE_OK ||
            child_round(g, srv, ports, i, topo_gossip_round(arm, t, k), G[k],
-                       &got);
-      fetched += got;
-    }
+                       &fetched[k]);
     rc = rc || write_all(wfd, x, bytes) ||
-         write_all(wfd, &fetched, sizeof fetched);
+         write_all(wfd, fetched, nsteps * sizeof *fetched);
     for (uint32_t k = 0; k < TOPO_MAX_STEPS; k++) {
       pulse_gossip_graph_free(G[k]);
       G[k] = NULL;
@@ -299,7 +297,7 @@ int topo_run_http(const topo_setup *s, topo_arm arm, topo_result *r) {
     ok = write_all(to[i], ports, n * sizeof *ports) == 0;
   double factor = topo_factor(a, arm);
   pulse_gossip_policy *policy = NULL;
-  double spent = 0.0, last_payload = 0.0, last_var = NAN;
+  double spent = 0.0, last_payload = 0.0, last_full = 0.0, last_var = NAN;
   const float **cb = calloc(n, sizeof *cb), **ca = calloc(n, sizeof *ca);
   for (uint32_t i = 0; ok && i < n; i++) {
     memcpy(after[i], s->init, bytes); /* the state before round 0 */
@@ -312,23 +310,25 @@ int topo_run_http(const topo_setup *s, topo_arm arm, topo_result *r) {
   for (uint32_t t = 0; ok && t < a->rounds; t++) {
     topo_free_steps(G, nsteps);
     ok = topo_round_graphs(a, arm, t, policy, last_var, spent, last_payload,
-                           r, G, &nsteps) == PULSE_OK;
+                           last_full, r, G, &nsteps) == PULSE_OK;
     if (!ok)
       break;
-    uint64_t edges_all = 0, payloads = 0;
+    uint64_t edges_all = 0, payloads = 0, first_n = 0;
     for (uint32_t i = 0; ok && i < n; i++)
       ok = write_all(to[i], &nsteps, sizeof nsteps) == 0;
     for (uint32_t k = 0; ok && k < nsteps; k++) {
       uint32_t count = edge_list(G[k], edges);
       edges_all += count;
       payloads += 2u * (uint64_t)count;
+      if (k == 0)
+        first_n = 2u * (uint64_t)count;
       for (uint32_t i = 0; ok && i < n; i++)
         ok = write_all(to[i], &count, sizeof count) == 0 &&
              write_all(to[i], edges, count * sizeof *edges) == 0;
     }
     for (uint32_t i = 0; ok && i < n; i++)
       memcpy(before[i], after[i], bytes);
-    uint64_t delivered = 0;
+    uint64_t delivered = 0, first = 0;
     for (uint32_t i = 0; ok && i < n; i++)
       ok = read_all(from[i], after[i], bytes) == 0; /* after local steps */
     double noise = ok ? topo_update_variance(s, ca, cb) : 0.0;
@@ -336,10 +336,13 @@ int topo_run_http(const topo_setup *s, topo_arm arm, topo_result *r) {
       ok = pulse_gossip_policy_set_target(policy, ADAPTIVE_TARGET_FACTOR *
                                                       noise) == PULSE_OK;
     for (uint32_t i = 0; ok && i < n; i++) {
-      uint64_t got = 0; /* a node that failed to report delivered nothing */
+      /* A node that failed to report delivered nothing. */
+      uint64_t got[TOPO_MAX_STEPS] = {0};
       ok = read_all(from[i], after[i], bytes) == 0 &&
-           read_all(from[i], &got, sizeof got) == 0;
-      delivered += got;
+           read_all(from[i], got, nsteps * sizeof *got) == 0;
+      for (uint32_t k = 0; k < nsteps; k++)
+        delivered += got[k];
+      first += got[0];
     }
     if (ok) {
       topo_row *row = &r->rows[t];
@@ -351,6 +354,7 @@ int topo_run_http(const topo_setup *s, topo_arm arm, topo_result *r) {
       row->steps = nsteps;
       spent += (double)delivered;
       last_payload = payloads ? (double)delivered / payloads : last_payload;
+      last_full = first_n ? (double)first / first_n : last_full;
       last_var = row->variance;
     }
   }

@@ -118,13 +118,14 @@ uint64_t topo_gossip_round(topo_arm arm, uint32_t t, uint32_t k);
 
 /* Round t's graphs (steps[0..*count), owned by the caller; free with
  * topo_free_steps): one for a static or one-peer arm; the adaptive arm asks
- * its policy (from the last variance, bytes spent so far and mean payload)
- * and logs the decision in r. */
+ * its policy (from the last variance, the bytes spent so far, the last
+ * round's mean payload and mean payload of its first step) and logs the
+ * decision in r. */
 pulse_status topo_round_graphs(const topo_args *a, topo_arm arm, uint32_t t,
                                pulse_gossip_policy *policy, double last_var,
                                double spent, double last_payload,
-                               topo_result *r, pulse_gossip_graph **steps,
-                               uint32_t *count);
+                               double last_full, topo_result *r,
+                               pulse_gossip_graph **steps, uint32_t *count);
 void topo_free_steps(pulse_gossip_graph **steps, uint32_t count);
 
 /* The gate of step k of a round of `count` steps: the arm's (--gate), but
@@ -135,8 +136,11 @@ pulse_loco_gate_mode topo_step_gate(const topo_args *a, topo_arm arm,
                                     uint32_t count, uint32_t k);
 
 /* The adaptive arm's automatic target, in units of the measured per-round
- * noise (set from round 0's local steps): the exponential graph's
- * prediction is about 0.04 of it at N = 16, the torus's 0.2. */
+ * noise (set from round 0's local steps). s one-peer steps leave at least
+ * 1/2^s - 1/N of a round's fresh noise (0.06 with 3 steps at N = 16), an
+ * exact round (log2 N steps) only the gate's residue (about 0.008 at
+ * --noise 0.1): 0.01 keeps the policy at exact rounds while it measures
+ * more than half of that. */
 #define ADAPTIVE_TARGET_FACTOR 0.01
 
 /* The adaptive arm's policy (target automatic or --target). */

@@ -396,8 +396,8 @@ Test(loco, adaptive_policy_climbs_descends_and_keeps_its_budget) {
   uint32_t last = 0, peak = 0, exact = 0;
   for (uint64_t round = 0; round < 40; round++) {
     double measured = round == 0 ? NAN : round < 20 ? 10.0 : 0.1;
-    cr_assert_eq(pulse_gossip_policy_decide(p, round, measured, spent, unit, &g,
-                                            &d), PULSE_OK);
+    cr_assert_eq(pulse_gossip_policy_decide(p, round, measured, spent, unit, unit,
+                                            &g, &d), PULSE_OK);
     cr_assert(d.reason != NULL);
     cr_assert(d.steps >= 1 && d.steps <= 4, "%u steps", d.steps);
     if (round == 0)
@@ -442,9 +442,33 @@ Test(loco, adaptive_policy_climbs_descends_and_keeps_its_budget) {
   }
   cr_assert(peak >= 3 && exact > 0, "never climbed: %u", peak);
   cr_assert_eq(last, 1);
-  cr_assert_eq(pulse_gossip_policy_decide(p, 39, 1.0, spent, unit, &g, &d),
+  cr_assert_eq(pulse_gossip_policy_decide(p, 39, 1.0, spent, unit, 0.0, &g, &d),
                PULSE_ERR_ARG, "a round not after the last");
   pulse_gossip_policy_free(p);
+  /* The reference price: steps cost the mean payload, the complete graph
+   * the first step's (a whole round's change). Priced alike, 4 steps a
+   * round (4 of 15 payloads) are over a quarter and some rounds take 3;
+   * with the complete graph's payloads 1.2x the mean, every round after
+   * the climb takes 4. */
+  for (int priced = 0; priced < 2; priced++) {
+    cr_assert_eq(pulse_gossip_policy_create(&o, &p), PULSE_OK);
+    uint32_t fewer = 0;
+    spent = 0.0;
+    for (uint64_t round = 0; round < 40; round++) {
+      cr_assert_eq(pulse_gossip_policy_decide(p, round, round ? 10.0 : NAN,
+                                              spent, unit,
+                                              priced ? 1.2 * unit : 0.0, &g,
+                                              &d), PULSE_OK);
+      fewer += round >= 4 && d.steps < 4;
+      spent += 16.0 * d.steps * unit;
+      pulse_gossip_graph_free(g);
+    }
+    if (priced)
+      cr_assert_eq(fewer, 0, "%u rounds under 4 steps", fewer);
+    else
+      cr_assert_gt(fewer, 0);
+    pulse_gossip_policy_free(p);
+  }
   /* A known length: the last 2 rounds are exact (4 steps), and the whole
    * run still spends at most the budget (set aside from the start). */
   o.rounds = 20;
@@ -453,7 +477,7 @@ Test(loco, adaptive_policy_climbs_descends_and_keeps_its_budget) {
   spent = 0.0;
   for (uint64_t round = 0; round < 20; round++) {
     cr_assert_eq(pulse_gossip_policy_decide(p, round, round ? 10.0 : NAN,
-                                            spent, unit, &g, &d), PULSE_OK);
+                                            spent, unit, 0.0, &g, &d), PULSE_OK);
     if (round >= 18)
       cr_assert_eq(d.steps, 4, "round %llu", (unsigned long long)round);
     spent += 16.0 * d.steps * unit;
