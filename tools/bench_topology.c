@@ -269,6 +269,8 @@ pulse_status topo_round_graphs(const topo_args *a, topo_arm arm, uint32_t t,
     }
     *count = k + 1;
   }
+  if (t == 0 && !(a->target > 0.0))
+    d.target = NAN; /* automatic: set from this round's noise, after it */
   r->reason[t] = d.reason;
   r->decision[t] = d;
   return PULSE_OK;
