@@ -31,7 +31,7 @@
 #include "node_impl.h"
 #include "pulse_log.h"
 
-#define EARLY_MAX 65536u /* datagrams of later rounds kept */
+#define EARLY_MAX 16384u /* datagrams of later rounds kept */
 #define DIGESTS_HEADER 16u
 
 /* ------------------------------------------------------------- socket */
@@ -140,21 +140,23 @@ static uint64_t chunk_round(const loco_datagram *d) {
  * @return 1 when the inbox kept it. */
 static int take_datagram(pulse_loco_node *n, pulse_loco_inbox *in, uint64_t r,
                           loco_datagram *d, pulse_loco_step_info *info) {
+  int kept = 0;
   uint64_t round = chunk_round(d);
-  if (round != UINT64_MAX && round > r && round <= r + 2 &&
-      n->nearly < EARLY_MAX) {
-    /* A faster member's next round: its chunks are not resent. */
+  if (!datagram_admit(n, d)) {
+    info->datagrams_refused_source++;
+  } else if (round != UINT64_MAX && round > r && round <= r + 2 &&
+             known_peer(n, pulse_load_le32(d->data + 8)) != NULL &&
+             n->nearly < EARLY_MAX) {
+    /* A faster member's next round (its chunks are not resent); only
+     * from a member's own socket, and bounded: junk cannot pile up. */
     d->next = n->early;
     n->early = d;
     n->nearly++;
     info->datagrams_early++;
     return 0;
-  }
-  int kept = 0;
-  if (!datagram_admit(n, d))
-    info->datagrams_refused_source++;
-  else /* counted by reason when refused */
+  } else { /* counted by reason when refused */
     kept = pulse_loco_inbox_add(in, d->data, d->size) == PULSE_OK;
+  }
   free(d);
   return kept;
 }

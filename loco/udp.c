@@ -18,7 +18,7 @@
 
 /* What the queue may hold before new datagrams are dropped (and counted):
  * far above a round of many trainers (a few MB), far below a runaway. */
-#define QUEUE_CAP_BYTES ((size_t)256 << 20)
+#define QUEUE_CAP_BYTES ((size_t)64 << 20)
 
 struct loco_udp {
   int fd;
