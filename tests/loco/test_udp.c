@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "loco_testutil.h"
+#include "manifest_impl.h"
 #include "toolkit_sim.h"
 
 #define UT 4
@@ -376,5 +377,29 @@ Test(loco, udp_options_are_checked) {
   cr_assert_eq(pulse_loco_transport_parse("udp", &tr), PULSE_OK);
   cr_assert_eq(tr, PULSE_LOCO_TRANSPORT_UDP);
   cr_assert_eq(pulse_loco_transport_parse("tcp", &tr), PULSE_ERR_ARG);
+  no = udp_opts(0.0);
+  no.host = "localhost"; /* an IPv4 address, not a name */
+  cr_assert_eq(pulse_loco_node_create(&no, ctx, &n), PULSE_ERR_ARG);
+  no.host = "127.0.0.1";
+  cr_assert_eq(pulse_loco_node_create(&no, ctx, &n), PULSE_OK);
+  cr_assert(strncmp(pulse_loco_node_url(n), "http://127.0.0.1:", 17) == 0);
+  pulse_loco_node_free(n);
   pulse_loco_free(ctx);
+}
+
+Test(loco, member_urls_are_plain_ipv4_literals) {
+  uint32_t addr;
+  uint16_t port;
+  cr_assert(loco_url_parse("http://10.213.0.2:8080", &addr, &port));
+  cr_assert_eq(addr, 0x0AD50002u);
+  cr_assert_eq(port, 8080);
+  cr_assert(loco_url_valid("http://127.0.0.1:1"));
+  static const char *bad[] = {
+      "http://0.0.0.0:80",     "http://1.2.3:80",       "http://01.2.3.4:80",
+      "http://1.2.3.4:0",      "http://256.1.1.1:1",    "http://1.2.3.4:80/x",
+      "http://1.2.3.4:65536",  "https://1.2.3.4:80",    "http://1.2.3.4",
+      "http://localhost:80",   "http://1.2.3.4.5:80",   "http://1.2.3.-4:80",
+      "http://1.2.3.4:+80",    "http://1.2.3.4:080",    ""};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+    cr_assert(!loco_url_valid(bad[i]), "%s accepted", bad[i]);
 }
