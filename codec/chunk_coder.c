@@ -422,10 +422,11 @@ uint32_t pulse_chunk_locate(const uint16_t *base, uint32_t n, uint32_t k, const 
 static pulse_status decode_class(unsigned version, const uint16_t *base,
                                  const pulse_class_index *ix, uint64_t first, uint32_t n,
                                  const uint8_t *stream, size_t size, uint32_t k, uint64_t *pos,
-                                 uint16_t *delta) {
+                                 uint16_t *delta, const pulse_chunk_scratch *scratch) {
   uint32_t hist[PULSE_CLASS_COUNT], start[PULSE_CLASS_COUNT + 1];
-  uint32_t *rank = malloc((size_t)k * sizeof *rank + 4);
-  uint16_t *cdelta = malloc((size_t)k * sizeof *cdelta + 2);
+  int own = scratch == NULL;
+  uint32_t *rank = own ? malloc((size_t)k * sizeof *rank + 4) : scratch->rank;
+  uint16_t *cdelta = own ? malloc((size_t)k * sizeof *cdelta + 2) : scratch->cdelta;
   pulse_status st = PULSE_OK;
   if (rank == NULL || cdelta == NULL)
     st = pulse_fail(PULSE_ERR_NOMEM, "chunk decode: %u changes", k);
@@ -446,7 +447,8 @@ static pulse_status decode_class(unsigned version, const uint16_t *base,
     if (found != k)
       st = pulse_fail(PULSE_ERR_POSITION, "chunk: a class rank is past the end of its class");
   }
-  free(rank), free(cdelta);
+  if (own)
+    free(rank), free(cdelta);
   return st;
 }
 
@@ -454,6 +456,13 @@ pulse_status pulse_chunk_decode(unsigned version, pulse_pos_model model, const u
                                 uint32_t n, const uint8_t *stream, size_t size,
                                 uint32_t k, uint64_t first, uint64_t *pos,
                                 uint16_t *delta) {
+  return pulse_chunk_decode_in(version, model, base, n, stream, size, k, first, pos, delta, NULL);
+}
+
+pulse_status pulse_chunk_decode_in(unsigned version, pulse_pos_model model, const uint16_t *base,
+                                   uint32_t n, const uint8_t *stream, size_t size, uint32_t k,
+                                   uint64_t first, uint64_t *pos, uint16_t *delta,
+                                   const pulse_chunk_scratch *scratch) {
   if (model == PULSE_POS_PLAIN && version == 2)
     return pulse_chunk2_decode_plain(base, n, stream, size, k, first, pos, delta);
   if (model == PULSE_POS_PLAIN) {
@@ -469,12 +478,13 @@ pulse_status pulse_chunk_decode(unsigned version, pulse_pos_model model, const u
   }
   if (base == NULL)
     return pulse_fail(PULSE_ERR_ARG, "chunk: the class model needs the base");
-  return decode_class(version, base, NULL, first, n, stream, size, k, pos, delta);
+  return decode_class(version, base, NULL, first, n, stream, size, k, pos, delta, scratch);
 }
 
 pulse_status pulse_chunk_decode_indexed(unsigned version, const pulse_class_index *ix,
                                         const uint16_t *data, uint64_t first, uint32_t n,
                                         const uint8_t *stream, size_t size, uint32_t k,
-                                        uint64_t *pos, uint16_t *delta) {
-  return decode_class(version, data, ix, first, n, stream, size, k, pos, delta);
+                                        uint64_t *pos, uint16_t *delta,
+                                        const pulse_chunk_scratch *scratch) {
+  return decode_class(version, data, ix, first, n, stream, size, k, pos, delta, scratch);
 }

@@ -62,6 +62,14 @@ uint32_t pulse_chunk_locate(const uint16_t *base, uint32_t n, uint32_t k, const 
                             const uint32_t *rank, const uint16_t *cdelta, uint64_t first,
                             uint64_t *pos, uint16_t *delta);
 
+/* Room a class-model decode works in: k class ranks and k class-major
+ * deltas. A caller that decodes chunk after chunk passes its own (slices of
+ * one staging block) instead of the decoder allocating them per chunk. */
+typedef struct pulse_chunk_scratch {
+  uint32_t *rank;
+  uint16_t *cdelta;
+} pulse_chunk_scratch;
+
 /* Decodes a chunk stream that the table says holds k changes into pos and
  * delta (k entries each, storage order; pos[j] = first + chunk position).
  * base is required by PULSE_POS_CLASS and ignored by PULSE_POS_PLAIN. Every
@@ -70,6 +78,12 @@ pulse_status pulse_chunk_decode(unsigned version, pulse_pos_model model, const u
                                 uint32_t n, const uint8_t *stream, size_t size,
                                 uint32_t k, uint64_t first, uint64_t *pos,
                                 uint16_t *delta);
+
+/* pulse_chunk_decode working in `scratch` (NULL: its own allocation). */
+pulse_status pulse_chunk_decode_in(unsigned version, pulse_pos_model model, const uint16_t *base,
+                                   uint32_t n, const uint8_t *stream, size_t size, uint32_t k,
+                                   uint64_t first, uint64_t *pos, uint16_t *delta,
+                                   const pulse_chunk_scratch *scratch);
 
 /* pulse_chunk_decode of a PULSE_POS_CLASS stream through a receiver's class
  * index (class_index_impl.h) instead of a pass over the base: the chunk of
@@ -80,7 +94,8 @@ pulse_status pulse_chunk_decode(unsigned version, pulse_pos_model model, const u
 pulse_status pulse_chunk_decode_indexed(unsigned version, const pulse_class_index *ix,
                                         const uint16_t *data, uint64_t first, uint32_t n,
                                         const uint8_t *stream, size_t size, uint32_t k,
-                                        uint64_t *pos, uint16_t *delta);
+                                        uint64_t *pos, uint16_t *delta,
+                                        const pulse_chunk_scratch *scratch);
 
 /* The version 2 coder behind the two functions above (chunk_fast.c). */
 pulse_status pulse_chunk2_encode_ranks(pulse_pos_model model, uint32_t k, const uint8_t *cls,

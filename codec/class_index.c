@@ -292,14 +292,66 @@ static void move_offset(uint16_t *off, uint16_t *run, uint16_t o, unsigned a, un
   }
 }
 
-void pulse_class_index_move(pulse_class_index *ix, const uint64_t *pos, const uint16_t *old_bits,
-                            const uint16_t *new_bits, uint64_t k) {
-  for (uint64_t j = 0; j < k; j++) {
-    unsigned a = pulse_bf16_class(old_bits[j]), b = pulse_bf16_class(new_bits[j]);
-    if (a != b) {
-      uint64_t p = pos[j], blk = p >> PULSE_CLASS_BLOCK_LOG2;
-      move_offset(ix->offset + (blk << PULSE_CLASS_BLOCK_LOG2), block_runs(ix, blk),
-                  (uint16_t)(p & (PULSE_CLASS_BLOCK - 1)), a, b);
+/* Where the gallop of lower_bound_near starts for offset o in a run. */
+static inline const uint16_t *near_guess(const uint16_t *off, const uint16_t *run, unsigned c,
+                                         uint16_t o) {
+  uint32_t lo = run[c], hi = run[c + 1];
+  return off + lo + (uint32_t)(((uint64_t)(hi - lo) * o) >> PULSE_CLASS_BLOCK_LOG2);
+}
+
+/* Moves in flight: a move's block was last touched long ago (its chunk was
+ * located before every other chunk of the step was decoded), so each of
+ * its loads misses the cache, and within a move they depend on each other
+ * (the run table, then the guesses, then the gallops). Pipelined over the
+ * moves instead: the run tables of the move MOVE_AHEAD * 2 ahead are
+ * prefetched, and the guessed entries of the one MOVE_AHEAD ahead, whose
+ * run table is then in cache. Prefetches are only hints: the moves before
+ * may shift what they fetched by a few entries, never the result. */
+#define MOVE_AHEAD 6u
+#define MOVE_BATCH 256u
+
+typedef struct {
+  uint64_t blk;
+  uint16_t o;
+  uint8_t a, b;
+} pending_move;
+
+static void move_batch(pulse_class_index *ix, const pending_move *m, uint32_t n) {
+  for (uint32_t i = 0; i < n + 2 * MOVE_AHEAD; i++) {
+    if (i < n) {
+      const uint16_t *run = block_runs(ix, m[i].blk);
+      __builtin_prefetch(run + m[i].a);
+      __builtin_prefetch(run + m[i].b);
+    }
+    if (i >= MOVE_AHEAD && i - MOVE_AHEAD < n) {
+      const pending_move *q = &m[i - MOVE_AHEAD];
+      const uint16_t *run = block_runs(ix, q->blk);
+      const uint16_t *off = ix->offset + (q->blk << PULSE_CLASS_BLOCK_LOG2);
+      __builtin_prefetch(near_guess(off, run, q->a, q->o));
+      __builtin_prefetch(near_guess(off, run, q->b, q->o));
+    }
+    if (i >= 2 * MOVE_AHEAD) {
+      const pending_move *q = &m[i - 2 * MOVE_AHEAD];
+      move_offset(ix->offset + (q->blk << PULSE_CLASS_BLOCK_LOG2), block_runs(ix, q->blk), q->o,
+                  q->a, q->b);
     }
   }
+}
+
+void pulse_class_index_move(pulse_class_index *ix, const uint64_t *pos, const uint16_t *old_bits,
+                            const uint16_t *new_bits, uint64_t k) {
+  pending_move m[MOVE_BATCH];
+  uint32_t n = 0;
+  for (uint64_t j = 0; j < k; j++) {
+    unsigned a = pulse_bf16_class(old_bits[j]), b = pulse_bf16_class(new_bits[j]);
+    if (a == b)
+      continue;
+    m[n++] = (pending_move){pos[j] >> PULSE_CLASS_BLOCK_LOG2,
+                            (uint16_t)(pos[j] & (PULSE_CLASS_BLOCK - 1)), (uint8_t)a, (uint8_t)b};
+    if (n == MOVE_BATCH) {
+      move_batch(ix, m, n);
+      n = 0;
+    }
+  }
+  move_batch(ix, m, n);
 }

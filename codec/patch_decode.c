@@ -19,6 +19,13 @@ int patch_can_use_index(const pulse_patch *p) {
 pulse_status patch_decode_chunk(const pulse_patch *p, size_t t, uint64_t j,
                                 const uint16_t *base, const pulse_class_index *ix,
                                 uint64_t *pos, uint16_t *delta) {
+  return patch_decode_chunk_in(p, t, j, base, ix, pos, delta, NULL);
+}
+
+pulse_status patch_decode_chunk_in(const pulse_patch *p, size_t t, uint64_t j,
+                                   const uint16_t *base, const pulse_class_index *ix,
+                                   uint64_t *pos, uint16_t *delta,
+                                   const pulse_chunk_scratch *scratch) {
   const patch_tensor *tt = &p->tensors[t];
   uint64_t c = tt->chunk_first + j;
   uint32_t k = p->chunk_changed[c];
@@ -31,9 +38,9 @@ pulse_status patch_decode_chunk(const pulse_patch *p, size_t t, uint64_t j,
   pulse_status st =
       ix != NULL && patch_can_use_index(p)
           ? pulse_chunk_decode_indexed(p->version, ix, base, first, n, stream, size, k, pos,
-                                       delta)
-          : pulse_chunk_decode(p->version, p->model, base ? base + first : NULL, n, stream, size,
-                               k, first, pos, delta);
+                                       delta, scratch)
+          : pulse_chunk_decode_in(p->version, p->model, base ? base + first : NULL, n, stream,
+                                  size, k, first, pos, delta, scratch);
   if (st != PULSE_OK)
     return pulse_fail(st, "tensor '%s' chunk %llu: %s", tt->info.name, (unsigned long long)j,
                       pulse_error_detail());

@@ -4,6 +4,8 @@
 
 #include "pulse_codec.h"
 
+struct pulse_chunk_scratch; /* chunk_impl.h */
+
 #define PULSE_PATCH_MAGIC "PULSEPCH"
 #define PULSE_PATCH_FIXED_HEADER 120u
 #define PULSE_CHUNK_LOG2_MIN 10u
@@ -58,6 +60,13 @@ pulse_status patch_decode_chunk(const struct pulse_patch *p, size_t t,
                                 uint64_t j, const uint16_t *base,
                                 const pulse_class_index *ix, uint64_t *pos,
                                 uint16_t *delta);
+
+/* patch_decode_chunk working in `scratch` (the chunk's slices; NULL: the
+ * decoder allocates its own). */
+pulse_status patch_decode_chunk_in(const struct pulse_patch *p, size_t t, uint64_t j,
+                                   const uint16_t *base, const pulse_class_index *ix,
+                                   uint64_t *pos, uint16_t *delta,
+                                   const struct pulse_chunk_scratch *scratch);
 
 /* Whether a class index speeds up this patch: a class-model patch whose
  * chunks are whole index blocks. */

@@ -12,6 +12,7 @@
 #include <time.h>
 
 #include "chunk_feed_impl.h"
+#include "chunk_impl.h"
 #include "class_index_impl.h"
 #include "hugepage_impl.h"
 #include "parallel_impl.h"
@@ -19,6 +20,7 @@
 #include "patch_impl.h"
 #include "pulse_codec_stream.h"
 #include "pulse_elem.h"
+#include "slab_cache_impl.h"
 #include "status_impl.h"
 
 #ifdef PULSE_PATCH_VERSION_MIN
@@ -44,7 +46,11 @@ struct pulse_patch_stream {
   int partial_table;
   pulse_host_tensor **target; /* per patch tensor, NULL when absent */
   pulse_changes *staged;      /* per patch tensor: slices of `slab` */
+  uint32_t *rank;             /* per patch tensor: decode scratch in `slab` */
+  uint16_t *cdelta;           /* (chunk slices as in `staged`) */
+  size_t *scratch_at;         /* per patch tensor: its scratch's first slot */
   void *slab;                 /* the staging of every tensor, one block */
+  size_t slab_bytes;          /* its size, to give it back (slab_cache.c) */
   pulse_class_index **index;  /* per patch tensor: its target's index when
                                  that describes the base, else NULL */
   pulse_tensor_digest
@@ -105,9 +111,10 @@ static int decode_item(void *ctx, size_t i) {
   uint64_t at = p->chunk_before[c], k = p->chunk_changed[c];
   pulse_changes *ch = &s->staged[it->tensor];
   const uint16_t *base = s->target[it->tensor]->data;
-  r->st = patch_decode_chunk(p, it->tensor, it->chunk, base,
-                             s->index[it->tensor], ch->pos + at,
-                             ch->new_bits + at);
+  size_t sat = s->scratch_at[it->tensor] + at;
+  pulse_chunk_scratch scratch = {s->rank + sat, s->cdelta + sat};
+  r->st = patch_decode_chunk_in(p, it->tensor, it->chunk, base, s->index[it->tensor],
+                                ch->pos + at, ch->new_bits + at, &scratch);
   if (r->st != PULSE_OK)
     strncpy(r->detail, pulse_error_detail(), sizeof r->detail - 1);
   else
@@ -116,34 +123,36 @@ static int decode_item(void *ctx, size_t i) {
   return r->st == PULSE_OK;
 }
 
-/* The staging of every targeted tensor in one block of 12 bytes per
- * change (positions, then old bits, then new bits), sliced per tensor:
- * fresh memory written once, so one allocation on huge pages (a fault per
- * 2 MiB, not per 4 KiB: per tensor, the arrays of a 1 M-change step cost
- * more in page faults than its decode). */
+/* The staging of every targeted tensor in one block of 18 bytes per
+ * change, sliced per tensor: positions, the decoder's ranks, then old bits,
+ * new bits and the decoder's class-major deltas. One block, on huge pages
+ * (a fault per 2 MiB, not per 4 KiB: per tensor, the arrays of a 1 M-change
+ * step cost more in page faults than its decode), and the last apply's
+ * block again when it is large enough (slab_cache.c: no faults at all). */
 static pulse_status stage_alloc(pulse_patch_stream *s) {
   const pulse_patch *p = s->p;
   uint64_t total = 0;
   for (size_t i = 0; i < p->count; i++)
     if (s->target[i] != NULL)
       total += p->tensors[i].changed; /* <= the table's total: no overflow */
-  if (total > SIZE_MAX / 16)
+  if (total > SIZE_MAX / 32)
     return pulse_fail(PULSE_ERR_OVERFLOW, "apply: %llu changes", (unsigned long long)total);
-  size_t bytes = (size_t)total * 12;
-  if (bytes >= PULSE_HUGEPAGE / 2) /* whole huge pages: it lives one step */
-    bytes = (bytes + PULSE_HUGEPAGE - 1) & ~(PULSE_HUGEPAGE - 1);
-  s->slab = pulse_hugepage_alloc(bytes);
+  s->slab = pulse_slab_take((size_t)total * 18 + 8, &s->slab_bytes);
   if (s->slab == NULL)
     return pulse_fail(PULSE_ERR_NOMEM, "apply: staging for %llu changes",
                       (unsigned long long)total);
   uint64_t *pos = s->slab;
-  uint16_t *old_bits = (uint16_t *)(pos + total), *new_bits = old_bits + total;
+  s->rank = (uint32_t *)(pos + total);
+  uint16_t *old_bits = (uint16_t *)(s->rank + total), *new_bits = old_bits + total;
+  s->cdelta = new_bits + total;
+  size_t at = 0;
   for (size_t i = 0; i < p->count; i++) {
     uint64_t k = p->tensors[i].changed;
     if (s->target[i] == NULL || k == 0)
       continue;
-    s->staged[i] = (pulse_changes){0, k, pos, old_bits, new_bits};
-    pos += k, old_bits += k, new_bits += k;
+    s->staged[i] = (pulse_changes){0, k, pos + at, old_bits + at, new_bits + at};
+    s->scratch_at[i] = at;
+    at += (size_t)k;
   }
   return PULSE_OK;
 }
@@ -152,8 +161,8 @@ void pulse_patch_stream_free(pulse_patch_stream *s) {
   if (s == NULL)
     return;
   pulse_chunk_feed_free(s->feed);
-  free(s->slab); /* the staged changes' arrays */
-  free(s->target), free(s->staged), free(s->index), free(s->digest),
+  pulse_slab_give(s->slab, s->slab_bytes); /* the staged changes' arrays */
+  free(s->scratch_at), free(s->target), free(s->staged), free(s->index), free(s->digest),
       free(s->items), free(s->end), free(s->result);
   free(s);
 }
@@ -257,13 +266,14 @@ pulse_status patch_stream_begin(const pulse_patch *p,
   s->t_begin = now_s();
   s->target = calloc(n + 1, sizeof *s->target);
   s->staged = calloc(n + 1, sizeof *s->staged);
+  s->scratch_at = calloc(n + 1, sizeof *s->scratch_at);
   s->index = calloc(n + 1, sizeof *s->index);
   s->digest = calloc(n + 1, sizeof *s->digest);
   s->items = calloc(p->chunks + 1, sizeof *s->items);
   s->end = calloc(p->chunks + 1, sizeof *s->end);
   s->result = calloc(p->chunks + 1, sizeof *s->result);
   pulse_status st = PULSE_OK;
-  if (!s->target || !s->staged || !s->index || !s->digest || !s->items ||
+  if (!s->target || !s->staged || !s->scratch_at || !s->index || !s->digest || !s->items ||
       !s->end || !s->result)
     st =
         pulse_fail(PULSE_ERR_NOMEM, "patch stream: staging for %zu tensors", n);

@@ -341,6 +341,12 @@ pulse_status pulse_patch_apply(const pulse_patch *patch,
                                pulse_host_tensor *targets, size_t count,
                                const pulse_apply_opts *opts);
 
+/** Frees the staging memory that applies keep for the next apply (the
+ * largest recent patch's, 18 bytes per change; the next apply allocates
+ * it again). For a process that is done applying and wants the memory
+ * back; safe to call at any time. */
+void pulse_apply_cache_free(void);
+
 /* The same transaction in two halves, for a caller that lets readers read
  * the targets while a patch is decoded and locks them only to write. */
 typedef struct pulse_patch_staged pulse_patch_staged;
