@@ -26,7 +26,8 @@ struct pulse_chunk_feed {
   pulse_chunk_feed_times times;
   pthread_t tid[FEED_MAX_THREADS];
   int nthreads;
-  int caller_helps; /* wait decodes beside the threads */
+  int caller_helps; /* wait decodes, on the pool (all bytes are there) */
+  int helpers_want;  /* threads for that, the caller's included */
 };
 
 static double now_s(void) {
@@ -90,8 +91,12 @@ pulse_status pulse_chunk_feed_start(size_t n, const uint64_t *end, uint64_t size
   if ((size_t)threads > n)
     threads = (int)n;
   f->caller_helps = caller_helps;
-  if (caller_helps && threads > 0)
-    threads--;
+  /* Every byte is there: wait decodes on the pool's threads (parallel.c),
+   * started long ago, rather than threads started now. */
+  if (caller_helps) {
+    f->helpers_want = threads > 0 ? threads : 1;
+    threads = 0;
+  }
   /* When no thread starts, wait decodes on the caller's thread. */
   for (int k = 0; k < threads; k++) {
     if (pthread_create(&f->tid[f->nthreads], NULL, feed_worker, f) != 0)
@@ -124,11 +129,15 @@ uint64_t pulse_chunk_feed_fed(pulse_chunk_feed *f) {
   return avail;
 }
 
+static void feed_job(void *arg) { feed_worker(arg); }
+
 int pulse_chunk_feed_wait(pulse_chunk_feed *f) {
   if (pulse_chunk_feed_fed(f) < f->size)
     return 0; /* the threads would wait for bytes forever */
-  if (f->nthreads == 0 || f->caller_helps)
-    feed_worker(f); /* no thread could start, or the caller helps */
+  if (f->caller_helps)
+    pulse_parallel_run(f->helpers_want, feed_job, f);
+  else if (f->nthreads == 0)
+    feed_worker(f); /* no thread could start */
   stop_threads(f, 0); /* every byte is there: they run out of items */
   return !f->failed && f->done == f->n;
 }

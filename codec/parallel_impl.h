@@ -1,4 +1,4 @@
-/* parallel_impl.h - a minimal parallel for over pthreads. */
+/* parallel_impl.h - a parallel for over a pool of threads (parallel.c). */
 #ifndef PULSE_PARALLEL_IMPL_H
 #define PULSE_PARALLEL_IMPL_H
 
@@ -11,6 +11,14 @@
  * be started. */
 void pulse_parallel_for(int threads, size_t count,
                         void (*fn)(void *ctx, size_t i), void *ctx);
+
+/* Runs fn(ctx) on up to `threads` threads at once (<= 0: one per online
+ * CPU), the caller's included, and returns when every call has returned.
+ * fn must take work from a shared source until it is empty: helpers that
+ * have not started when the caller's own call returns are called off. The
+ * helpers are the process's pool threads, or threads of the job's own
+ * while another job has the pool. */
+void pulse_parallel_run(int threads, void (*fn)(void *ctx), void *ctx);
 
 /* Number of online CPUs (at least 1). */
 int pulse_cpu_count(void);

@@ -236,6 +236,42 @@ static pulse_status check_base(pulse_patch_stream *s,
   return PULSE_OK;
 }
 
+typedef struct {
+  uint64_t changes;
+  size_t body; /* the item's place in body order */
+} item_key;
+
+static int by_changes_descending(const void *a, const void *b) {
+  const item_key *x = a, *y = b;
+  if (x->changes != y->changes)
+    return x->changes > y->changes ? -1 : 1;
+  return x->body < y->body ? -1 : x->body > y->body; /* total: body order */
+}
+
+/* With every byte there, the threads take the largest chunks first: in body
+ * order the last chunks (often the output head's, the largest) started
+ * when the others were nearly done, and one thread finished them alone.
+ * Streamed bytes keep body order, the order they arrive in. Without memory
+ * for the keys the order stays as it is. */
+static void order_largest_first(pulse_patch_stream *s) {
+  item_key *key = malloc((s->nitems + 1) * sizeof *key);
+  stream_item *sorted = malloc((s->nitems + 1) * sizeof *sorted);
+  if (key != NULL && sorted != NULL) {
+    for (size_t i = 0; i < s->nitems; i++) {
+      const stream_item *it = &s->items[i];
+      key[i].changes = s->p->chunk_changed[s->p->tensors[it->tensor].chunk_first + it->chunk];
+      key[i].body = i;
+    }
+    qsort(key, s->nitems, sizeof *key, by_changes_descending);
+    for (size_t i = 0; i < s->nitems; i++)
+      sorted[i] = s->items[key[i].body];
+    memcpy(s->items, sorted, s->nitems * sizeof *sorted);
+    for (size_t i = 0; i < s->nitems; i++)
+      s->end[i] = s->p->size; /* all there */
+  }
+  free(key), free(sorted);
+}
+
 pulse_status pulse_patch_stream_begin(const pulse_patch *p,
                                       pulse_host_tensor *targets, size_t count,
                                       const pulse_apply_opts *opts,
@@ -297,6 +333,8 @@ pulse_status patch_stream_begin(const pulse_patch *p,
       s->end[s->nitems++] = p->chunk_offset[c] + p->chunk_size[c];
     }
   }
+  if (st == PULSE_OK && whole)
+    order_largest_first(s);
   if (st == PULSE_OK)
     st = pulse_chunk_feed_start(s->nitems, s->end, p->size, opts->threads, whole,
                                 decode_item, s, &s->feed);
@@ -327,12 +365,20 @@ pulse_status pulse_patch_stream_finish(pulse_patch_stream *s) {
   for (size_t i = 0; i < s->nitems; i++)
     s->times.decode_seconds += s->result[i].seconds;
   /* After a failure the items not yet taken stay undecoded; the first
-   * failed one (in body order) is reported. */
-  for (size_t i = 0; !all && i < s->nitems; i++)
-    if (s->result[i].st != PULSE_OK) {
-      s->failed = 1;
-      return pulse_fail(s->result[i].st, "apply: %s", s->result[i].detail);
-    }
+   * failed one in body order is reported (items may be in another order). */
+  if (!all) {
+    size_t first = s->nitems;
+    for (size_t i = 0; i < s->nitems; i++)
+      if (s->result[i].st != PULSE_OK &&
+          (first == s->nitems || s->items[i].tensor < s->items[first].tensor ||
+           (s->items[i].tensor == s->items[first].tensor &&
+            s->items[i].chunk < s->items[first].chunk)))
+        first = i;
+    s->failed = 1;
+    if (first < s->nitems)
+      return pulse_fail(s->result[first].st, "apply: %s", s->result[first].detail);
+    return pulse_fail(PULSE_ERR_INTERNAL, "apply: a chunk was not decoded");
+  }
   pulse_chunk_feed_times ft = pulse_chunk_feed_times_get(s->feed);
   s->times.decode_wall_seconds = ft.done - s->t_begin;
   s->times.tail_seconds = ft.done > ft.last_byte ? ft.done - ft.last_byte : 0;
