@@ -64,10 +64,13 @@ uint32_t pulse_chunk_locate(const uint16_t *base, uint32_t n, uint32_t k, const 
 
 /* Room a class-model decode works in: k class ranks and k class-major
  * deltas. A caller that decodes chunk after chunk passes its own (slices of
- * one staging block) instead of the decoder allocating them per chunk. */
+ * one staging block) instead of the decoder allocating them per chunk.
+ * old_bits (k entries, or NULL): a decode through a class index also reads
+ * each change's old bits there and returns new bits instead of deltas. */
 typedef struct pulse_chunk_scratch {
   uint32_t *rank;
   uint16_t *cdelta;
+  uint16_t *old_bits;
 } pulse_chunk_scratch;
 
 /* Decodes a chunk stream that the table says holds k changes into pos and

@@ -188,13 +188,41 @@ void pulse_class_index_hist(const pulse_class_index *ix, uint64_t first, uint32_
   }
 }
 
+/* How far the offsets' loads trail the walk that finds their slots: the
+ * walk prefetches each slot's entry (a class's entries are sparse in its
+ * runs, so nearly every one misses the cache), and the entry is read this
+ * many changes later, when it has arrived. */
+#define LOCATE_LAG 48u
+
+/* And how far the old bits' loads trail the positions, whose lines are
+ * prefetched when the position is known. */
+#define RESOLVE_LAG 32u
+
+/* Turns change j's slot into its position and prefetches its old bits. */
+static inline void locate_finish(const pulse_class_index *ix, const uint16_t *data,
+                                 uint64_t *pos, uint32_t j) {
+  const uint64_t block_mask = ~(uint64_t)(PULSE_CLASS_BLOCK - 1);
+  pos[j] = (pos[j] & block_mask) + ix->offset[pos[j]];
+  if (data != NULL)
+    __builtin_prefetch(data + pos[j]); /* the old bits are read next */
+}
+
+/* Change j's old bits, and its delta turned into its new bits. */
+static inline void locate_resolve(const uint16_t *data, const uint64_t *pos, uint16_t *old_bits,
+                                  uint16_t *delta, uint32_t j) {
+  uint16_t old = data[pos[j]];
+  old_bits[j] = old;
+  delta[j] = pulse_bf16_undelta(old, delta[j]);
+}
+
 uint32_t pulse_class_index_locate(const pulse_class_index *ix, uint64_t first, uint32_t n,
                                   uint32_t k, const uint32_t *start, const uint32_t *rank,
-                                  const uint16_t *cdelta, const uint16_t *prefetch,
-                                  uint64_t *pos, uint16_t *delta) {
+                                  const uint16_t *cdelta, const uint16_t *data,
+                                  uint64_t *pos, uint16_t *delta, uint16_t *old_bits) {
   uint64_t b0 = first >> PULSE_CLASS_BLOCK_LOG2;
   uint64_t end = (first + n + PULSE_CLASS_BLOCK - 1) >> PULSE_CLASS_BLOCK_LOG2;
-  uint32_t out = 0;
+  uint32_t out = 0, done = 0, resolved = 0;
+  int resolve = old_bits != NULL && data != NULL;
   for (unsigned c = 0; c < PULSE_CLASS_COUNT && out < k; c++) {
     if (start[c] == start[c + 1])
       continue;
@@ -208,29 +236,28 @@ uint32_t pulse_class_index_locate(const pulse_class_index *ix, uint64_t first, u
       while (r - before >= size) {
         before += size;
         if (++b == end)
-          return out; /* the rank is past the end of its class */
+          goto past_end; /* the rank is past the end of its class */
         run = block_runs(ix, b);
         size = (uint32_t)(run[c + 1] - run[c]);
       }
       /* For now the slot in the offsets (its block is the slot's block). */
-      pos[out] = (b << PULSE_CLASS_BLOCK_LOG2) + run[c] + (r - before);
+      uint64_t slot = (b << PULSE_CLASS_BLOCK_LOG2) + run[c] + (r - before);
+      __builtin_prefetch(ix->offset + slot);
+      pos[out] = slot;
       delta[out] = cdelta[j];
       out++;
+      if (out > LOCATE_LAG) {
+        locate_finish(ix, data, pos, done++);
+        if (resolve && done > RESOLVE_LAG)
+          locate_resolve(data, pos, old_bits, delta, resolved++);
+      }
     }
   }
-  /* The offsets' loads in a loop of their own, without the walk's branches:
-   * they miss the cache (a class's entries are sparse in its runs), and so
-   * many are in flight at once. */
-  const uint64_t block_mask = ~(uint64_t)(PULSE_CLASS_BLOCK - 1);
-  if (prefetch == NULL) {
-    for (uint32_t j = 0; j < out; j++)
-      pos[j] = (pos[j] & block_mask) + ix->offset[pos[j]];
-    return out;
-  }
-  for (uint32_t j = 0; j < out; j++) {
-    pos[j] = (pos[j] & block_mask) + ix->offset[pos[j]];
-    __builtin_prefetch(prefetch + pos[j]); /* the old bits are read next */
-  }
+past_end:
+  while (done < out)
+    locate_finish(ix, data, pos, done++);
+  while (resolve && resolved < out)
+    locate_resolve(data, pos, old_bits, delta, resolved++);
   return out;
 }
 

@@ -62,13 +62,15 @@ void pulse_class_index_hist(const pulse_class_index *ix, uint64_t first, uint32_
 /* pulse_chunk_locate through the index: the class-major rank form of the
  * chunk of n elements from `first` (a multiple of the block size) to
  * positions (first + chunk position) and deltas, class-major rather than in
- * storage order. prefetch (the tensor's data, or NULL) is prefetched at each
- * position found. Returns how many it found: k when every rank is inside
- * its class. */
+ * storage order. data (the tensor's, or NULL) is prefetched at each position
+ * found; with old_bits too, each change's old bits are read into old_bits
+ * and its delta turned into its new bits (while the line is fresh in
+ * cache). Returns how many it found: k when every rank is inside its
+ * class. */
 uint32_t pulse_class_index_locate(const pulse_class_index *ix, uint64_t first, uint32_t n,
                                   uint32_t k, const uint32_t *start, const uint32_t *rank,
-                                  const uint16_t *cdelta, const uint16_t *prefetch,
-                                  uint64_t *pos, uint16_t *delta);
+                                  const uint16_t *cdelta, const uint16_t *data, uint64_t *pos,
+                                  uint16_t *delta, uint16_t *old_bits);
 
 /* Follows k changes at distinct positions (old bits to new bits) that the
  * data the index describes has taken or will take: each element whose class

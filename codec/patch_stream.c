@@ -14,6 +14,7 @@
 #include "chunk_feed_impl.h"
 #include "chunk_impl.h"
 #include "class_index_impl.h"
+#include "digest_impl.h"
 #include "hugepage_impl.h"
 #include "parallel_impl.h"
 #include "patch_changes_impl.h"
@@ -112,11 +113,16 @@ static int decode_item(void *ctx, size_t i) {
   pulse_changes *ch = &s->staged[it->tensor];
   const uint16_t *base = s->target[it->tensor]->data;
   size_t sat = s->scratch_at[it->tensor] + at;
-  pulse_chunk_scratch scratch = {s->rank + sat, s->cdelta + sat};
+  /* Through a class index the decode reads the old bits itself. */
+  int indexed = s->index[it->tensor] != NULL && patch_can_use_index(p);
+  pulse_chunk_scratch scratch = {s->rank + sat, s->cdelta + sat,
+                                 indexed ? ch->old_bits + at : NULL};
   r->st = patch_decode_chunk_in(p, it->tensor, it->chunk, base, s->index[it->tensor],
                                 ch->pos + at, ch->new_bits + at, &scratch);
   if (r->st != PULSE_OK)
     strncpy(r->detail, pulse_error_detail(), sizeof r->detail - 1);
+  else if (indexed)
+    r->delta = pulse_digest_change_sum(ch->pos + at, ch->old_bits + at, ch->new_bits + at, k);
   else
     r->delta = patch_resolve_chunk(base, ch, at, at + k);
   r->seconds = now_s() - t0;
@@ -419,6 +425,8 @@ pulse_status pulse_patch_stream_finish(pulse_patch_stream *s) {
   return PULSE_OK;
 }
 
+#define COMMIT_AHEAD 32u
+
 /* Writes the changes of item i (one chunk). */
 static void commit_item(void *ctx, size_t i) {
   pulse_patch_stream *s = ctx;
@@ -428,7 +436,15 @@ static void commit_item(void *ctx, size_t i) {
   uint64_t at = s->p->chunk_before[c], k = s->p->chunk_changed[c];
   uint16_t *data = s->target[it->tensor]->data;
   const pulse_changes *ch = &s->staged[it->tensor];
-  for (uint64_t j = at; j < at + k; j++)
+  /* The lines written are long out of cache: each store waits for its
+   * line, and a full store buffer stalls the loop. Asking for the lines
+   * (to write) COMMIT_AHEAD stores early keeps that many in flight. */
+  uint64_t j = at, ahead = at + k > COMMIT_AHEAD ? at + k - COMMIT_AHEAD : at;
+  for (; j < ahead; j++) {
+    __builtin_prefetch(data + ch->pos[j + COMMIT_AHEAD], 1);
+    data[ch->pos[j]] = ch->new_bits[j];
+  }
+  for (; j < at + k; j++)
     data[ch->pos[j]] = ch->new_bits[j];
 }
 
