@@ -4,9 +4,14 @@
  * streamed, with or without a class index, for every coding; a hostile
  * patch fails the same way on any number of threads and leaves the weights
  * and the index as they were. The tables hold more than the 65536 changes
- * from which a commit writes on several threads. */
+ * from which a commit writes on several threads. The threads are a pool
+ * kept for the process: a forked child and two applies at once work too. */
 #include "patch_testutil.h"
 #include "pulse_codec_stream.h"
+
+#include <pthread.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <criterion/criterion.h>
 
@@ -168,4 +173,76 @@ Test(apply_threads, hostile_bytes_fail_alike_and_leave_weights_and_index_alone) 
     pulse_buffer_free(&buf);
     pt_tensors_free(ts, TENSORS);
   }
+}
+
+/* The threads come from a pool kept for the process (parallel.c). A child
+ * forked after the pool started has none of its threads: its applies must
+ * start its own and finish, not wait for threads that are not there. */
+Test(apply_threads, a_forked_child_applies_on_threads_of_its_own) {
+  pt_tensor ts[TENSORS];
+  make_table(ts, 77);
+  pulse_encode_opts o = pt_opts(PULSE_POS_CLASS, 14, 2);
+  pulse_buffer buf = {NULL, 0};
+  cr_assert_eq(pt_encode(&o, ts, TENSORS, &buf), PULSE_OK);
+  uint16_t *w[TENSORS];
+  pulse_class_index *ix[TENSORS];
+  cr_assert_eq(apply_copy(&buf, ts, 2, 0, 1, w, ix), PULSE_OK, "parent: %s", pulse_error_detail());
+  free_copy(w, ix);
+  pid_t child = fork();
+  cr_assert_geq(child, 0, "fork");
+  if (child == 0) {
+    alarm(60); /* a hang ends the child with SIGALRM, not the test run */
+    int ok = apply_copy(&buf, ts, 2, 0, 1, w, ix) == PULSE_OK;
+    for (size_t i = 0; ok && i < TENSORS; i++)
+      ok = pt_first_diff(ts[i].target, w[i], ts[i].numel) == PT_NONE;
+    _exit(ok ? 0 : 1);
+  }
+  int status = 0;
+  cr_assert_eq(waitpid(child, &status, 0), child);
+  cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+            "the child's apply on two threads failed or hung (status 0x%x)", status);
+  pulse_buffer_free(&buf);
+  pt_tensors_free(ts, TENSORS);
+}
+
+/* Two applies at once in one process (say two tensor-parallel ranks): one
+ * has the pool, the other starts threads of its own; both are exact. */
+typedef struct {
+  const pulse_buffer *buf;
+  const pt_tensor *ts;
+  pulse_status st;
+  uint16_t *w[TENSORS];
+  pulse_class_index *ix[TENSORS];
+} concurrent_apply;
+
+static void *apply_thread(void *arg) {
+  concurrent_apply *c = arg;
+  for (int round = 0; round < 8 && c->st == PULSE_OK; round++) {
+    if (round > 0)
+      free_copy(c->w, c->ix);
+    c->st = apply_copy(c->buf, c->ts, 2, round & 1, 1, c->w, c->ix);
+  }
+  return NULL;
+}
+
+Test(apply_threads, concurrent_applies_share_the_pool_and_stay_exact) {
+  pt_tensor ts[TENSORS];
+  make_table(ts, 78);
+  pulse_encode_opts o = pt_opts(PULSE_POS_CLASS, 14, 2);
+  pulse_buffer buf = {NULL, 0};
+  cr_assert_eq(pt_encode(&o, ts, TENSORS, &buf), PULSE_OK);
+  concurrent_apply c[2] = {{&buf, ts, PULSE_OK, {NULL}, {NULL}}, {&buf, ts, PULSE_OK, {NULL}, {NULL}}};
+  pthread_t tid[2];
+  for (int t = 0; t < 2; t++)
+    cr_assert_eq(pthread_create(&tid[t], NULL, apply_thread, &c[t]), 0);
+  for (int t = 0; t < 2; t++) {
+    pthread_join(tid[t], NULL);
+    cr_assert_eq(c[t].st, PULSE_OK, "apply %d: %s", t, pulse_status_name(c[t].st));
+    for (size_t i = 0; i < TENSORS; i++)
+      cr_assert_eq(pt_first_diff(ts[i].target, c[t].w[i], ts[i].numel), PT_NONE,
+                   "apply %d: '%s'", t, ts[i].name);
+    free_copy(c[t].w, c[t].ix);
+  }
+  pulse_buffer_free(&buf);
+  pt_tensors_free(ts, TENSORS);
 }
