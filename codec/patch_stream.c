@@ -38,6 +38,7 @@ typedef struct {
 typedef struct {
   pulse_tensor_digest delta; /* digest change of the chunk's changes */
   pulse_status st;
+  int decoded; /* decode_item ran */
   double seconds;
   char detail[200];
 } item_result;
@@ -126,6 +127,7 @@ static int decode_item(void *ctx, size_t i) {
   else
     r->delta = patch_resolve_chunk(base, ch, at, at + k);
   r->seconds = now_s() - t0;
+  r->decoded = 1;
   return r->st == PULSE_OK;
 }
 
@@ -357,6 +359,20 @@ void pulse_patch_stream_feed(pulse_patch_stream *s, size_t avail) {
     pulse_chunk_feed_bytes(s->feed, avail);
 }
 
+static int body_before(const stream_item *a, const stream_item *b) {
+  return a->tensor < b->tensor || (a->tensor == b->tensor && a->chunk < b->chunk);
+}
+
+/* The failed item first in body order, or s->nitems. */
+static size_t first_failed(const pulse_patch_stream *s) {
+  size_t first = s->nitems;
+  for (size_t i = 0; i < s->nitems; i++)
+    if (s->result[i].decoded && s->result[i].st != PULSE_OK &&
+        (first == s->nitems || body_before(&s->items[i], &s->items[first])))
+      first = i;
+  return first;
+}
+
 pulse_status pulse_patch_stream_finish(pulse_patch_stream *s) {
   if (s == NULL || s->finished || s->failed)
     return pulse_fail(PULSE_ERR_ARG, "patch stream: NULL, already finished or failed");
@@ -370,16 +386,16 @@ pulse_status pulse_patch_stream_finish(pulse_patch_stream *s) {
   double t0 = now_s();
   for (size_t i = 0; i < s->nitems; i++)
     s->times.decode_seconds += s->result[i].seconds;
-  /* After a failure the items not yet taken stay undecoded; the first
-   * failed one in body order is reported (items may be in another order). */
+  /* After a failure the items not yet taken stay undecoded. The first
+   * failing chunk in body order is reported, whatever the threads and the
+   * order they took chunks in: the chunks before the first failure seen
+   * that no thread took are decoded now (a hostile patch pays for it). */
   if (!all) {
-    size_t first = s->nitems;
-    for (size_t i = 0; i < s->nitems; i++)
-      if (s->result[i].st != PULSE_OK &&
-          (first == s->nitems || s->items[i].tensor < s->items[first].tensor ||
-           (s->items[i].tensor == s->items[first].tensor &&
-            s->items[i].chunk < s->items[first].chunk)))
-        first = i;
+    size_t first = first_failed(s);
+    for (size_t i = 0; first < s->nitems && i < s->nitems; i++)
+      if (!s->result[i].decoded && body_before(&s->items[i], &s->items[first]))
+        decode_item(s, i);
+    first = first_failed(s);
     s->failed = 1;
     if (first < s->nitems)
       return pulse_fail(s->result[first].st, "apply: %s", s->result[first].detail);
