@@ -189,7 +189,8 @@ static pulse_status send_chunks(pulse_loco_node *n, uint64_t r,
               n->opts.datagram_drop) {
         info->datagrams_dropped++;
       } else {
-        PULSE_TRY(loco_udp_send(n->udp, addr, port, p, cs));
+        int lost = 0; /* refused on the path below us: lost like on the wire */
+        PULSE_TRY(loco_udp_send(n->udp, addr, port, p, cs, &lost));
         info->datagrams_sent++;
       }
       p += cs, left -= cs;

@@ -149,8 +149,15 @@ uint16_t loco_udp_port(const loco_udp *u) {
   return u->port;
 }
 
+/* Errors of the path, not of the socket: the datagram is lost. */
+static int path_error(int e) {
+  return e == EPERM || e == ECONNREFUSED || e == EHOSTUNREACH || e == ENETUNREACH ||
+         e == EHOSTDOWN || e == ENETDOWN || e == ENOBUFS || e == EAGAIN;
+}
+
 pulse_status loco_udp_send(loco_udp *u, uint32_t addr, uint16_t port,
-                           const uint8_t *data, size_t size) {
+                           const uint8_t *data, size_t size, int *lost) {
+  *lost = 0;
   struct sockaddr_in to;
   memset(&to, 0, sizeof to);
   to.sin_family = AF_INET;
@@ -166,6 +173,10 @@ pulse_status loco_udp_send(loco_udp *u, uint32_t addr, uint16_t port,
         tries < 100) {
       loco_sleep_ms(1);
       continue;
+    }
+    if (k < 0 && path_error(errno)) {
+      *lost = 1;
+      return PULSE_OK;
     }
     return pulse_fail(PULSE_ERR_IO, "loco udp: send to port %u: %s",
                       (unsigned)port, k < 0 ? strerror(errno) : "short");

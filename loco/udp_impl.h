@@ -39,9 +39,13 @@ uint16_t loco_udp_port(const loco_udp *u);
 
 /** Sends one datagram to addr:port (host order). A full send buffer waits
  * a little (datagrams are not dropped here on purpose: simulated loss is
- * the caller's). @return PULSE_OK or PULSE_ERR_IO. */
+ * the caller's). A datagram the network path refuses (a local firewall's
+ * drop makes sendto fail with EPERM, an earlier ICMP unreachable with
+ * ECONNREFUSED, no route, a full buffer that stays full) is lost like one
+ * dropped on the wire: *lost is set and the round goes on.
+ * @return PULSE_OK, or PULSE_ERR_IO for a socket that cannot send at all. */
 pulse_status loco_udp_send(loco_udp *u, uint32_t addr, uint16_t port,
-                           const uint8_t *data, size_t size);
+                           const uint8_t *data, size_t size, int *lost);
 
 /** Takes the oldest queued datagram, waiting until deadline (loco_now_ms()
  * value) at most; NULL when none came. The caller frees it with free(). */

@@ -12,6 +12,7 @@ packages=(
   python3-torch              # tests against PyTorch's own BF16 rounding, make_trajectory.py
   nginx                      # pulse-bench serve: the reference file server
   awscli                     # tests/cli/s3_*.sh: the AWS CLI reads back uploads
+  iproute2 nftables          # tests/cli/loco_udp_netns.sh: namespaces, a lossy link
 )
 # npm installs s3rver, the S3-compatible test server. Debian's npm package
 # conflicts with a nodejs that brings its own npm (NodeSource's), so it is
