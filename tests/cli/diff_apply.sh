@@ -2,12 +2,7 @@
 # pulse-diff / pulse-apply / pulse-inspect on real safetensors files written
 # by `pulse-bench trajectory`: round trips, FP32 master input, and refusals
 # that must leave no output behind. Usage: diff_apply.sh BIN_DIR
-set -u
-bin=$1
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-failures=0
-pass=0
+source "$(dirname "$0")/lib/common.sh"
 check() { # description, then the command; passes when it exits 0
   local what=$1; shift
   if "$@" >"$work/out.txt" 2>"$work/err.txt"; then pass=$((pass + 1)); else
@@ -19,7 +14,6 @@ refuse() { # description, then the command; passes when it exits non-zero
     echo "FAIL (accepted): $what"; failures=$((failures + 1)); else pass=$((pass + 1)); fi
   cp "$work/err.txt" "$work/refused.txt"
 }
-digest_of() { "$bin/pulse-inspect" "$1" | awk '/state digest/ {print $NF}'; }
 
 "$bin/pulse-bench" trajectory --out "$work/bf16" --params 300000 --steps 3 --seed 7 >/dev/null || exit 1
 "$bin/pulse-bench" trajectory --out "$work/f32" --params 300000 --steps 3 --seed 7 --f32 >/dev/null || exit 1
@@ -74,5 +68,4 @@ check "different models leave no patch" test ! -e "$work/bad4.pulse"
 refuse "missing arguments" "$bin/pulse-apply" "$b/step0000.safetensors"
 refuse "missing input file" "$bin/pulse-diff" "$work/nope.safetensors" "$b/step0001.safetensors" -o "$work/bad5.pulse"
 
-echo "diff_apply: $pass passed, $failures failed"
-[ "$failures" -eq 0 ]
+finish

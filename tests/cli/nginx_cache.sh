@@ -4,39 +4,19 @@
 # worker ends bit for bit at the trainer's step, and the origin's own
 # counters show that each immutable object left it once. Usage:
 # nginx_cache.sh BIN_DIR
-set -u
-bin=$1
+source "$(dirname "$0")/lib/common.sh"
 src=$(cd "$(dirname "$0")/../.." && pwd)
-work=$(mktemp -d)
 chmod 755 "$work"
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null && wait "$p" 2>/dev/null; done
+# nginx runs as a daemon, not in pids.
+cleanup_extra() {
   [ -f "$work/nginx/nginx.pid" ] && kill "$(cat "$work/nginx/nginx.pid")" 2>/dev/null
-  rm -rf "$work"
 }
-trap cleanup EXIT
-failures=0
-pass=0
-ok() { pass=$((pass + 1)); }
-bad() { echo "FAIL: $*"; failures=$((failures + 1)); }
-expect() { if [ "$2" = "$3" ]; then ok; else bad "$1: expected '$2', got '$3'"; fi; }
-digest_of() { "$bin/pulse-inspect" "$1" 2>/dev/null | awk '/BF16 state digest/ {print $NF}'; }
 nginx=$(command -v nginx || echo /usr/sbin/nginx)
 [ -x "$nginx" ] || { echo "FAIL: nginx is not installed (tools/install-deps.sh)"; exit 1; }
 
 "$bin/pulse-bench" trajectory --out "$work/traj" --params 300000 --steps 2 --seed 4 >/dev/null || exit 1
-ck() { printf '%s/traj/step%04d.safetensors' "$work" "$1"; }
 "$bin/pulse-publish" --store "$work/store" --new-key --sync-anchors "$(ck 0)" "$(ck 1)" "$(ck 2)" >/dev/null 2>&1 || { echo "FAIL: publish"; exit 1; }
-"$bin/pulse-serve" --store "$work/store" --listen 127.0.0.1:0 >"$work/serve.out" 2>"$work/serve.err" &
-pids+=($!)
-port=
-for _ in $(seq 1 200); do
-  port=$(sed -n 's|.*on http://[^ ]*:\([0-9]*\)$|\1|p' "$work/serve.out" | head -1)
-  [ -n "$port" ] && break
-  sleep 0.05
-done
-[ -n "$port" ] || { echo "FAIL: pulse-serve did not start"; cat "$work/serve.err"; exit 1; }
+serve "$work/store" || exit 1
 
 mkdir -p "$work/nginx/cache"
 nport=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
@@ -81,8 +61,4 @@ objects=$(cat "$work"/w*.out | grep -o 'objects/[0-9a-f]*\.[a-z]*' | sort -u | w
 [ "$objects" -ge 1 ] || objects=$(ls "$work/w1.safetensors.pulse-cache/objects" | grep -vc '^\.')
 expect "object answers from the origin (each object once)" "$objects" "$sent"
 
-if [ "$failures" -gt 0 ]; then
-  echo "nginx_cache: $failures failed, $pass passed"
-  exit 1
-fi
-echo "nginx_cache: all $pass checks passed (20 workers, $sent object answers from the origin for $objects objects)"
+finish "20 workers, $sent object answers from the origin for $objects objects"

@@ -5,29 +5,19 @@
 # head holds exactly the checkpoint of its step, and publishing resumes from
 # it; at the end the store holds the last checkpoint and nothing stray.
 # Usage: publisher_crash.sh BIN_DIR
-set -u
-bin=$1
-work=$(mktemp -d)
-pid=
-cleanup() {
+source "$(dirname "$0")/lib/common.sh"
+pid= # the publisher being killed, one at a time
+cleanup_extra() {
   if [ -n "$pid" ]; then kill -9 "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; fi
-  [ -n "${KEEP:-}" ] && echo "kept $work" || rm -rf "$work"
 }
-trap cleanup EXIT
-failures=0
-pass=0
-ok() { pass=$((pass + 1)); }
-bad() { echo "FAIL: $*"; failures=$((failures + 1)); }
-digest_of() { "$bin/pulse-inspect" "$1" | awk '/state digest/ {print $NF}'; }
 head_field() { sed -n "s/.*\"$1\":\"\\{0,1\\}\\([0-9a-f]*\\)\"\\{0,1\\},.*/\\1/p" "$store/head.json" | head -1; }
 
 steps=40
 "$bin/pulse-bench" trajectory --out "$work/traj" --params 1500000 --steps $steps --seed 9 >/dev/null || exit 1
-ckpt() { printf '%s/traj/step%04d.safetensors' "$work" "$1"; }
 declare -a want
-for s in $(seq 0 $steps); do want[$s]=$(digest_of "$(ckpt "$s")"); done
+for s in $(seq 0 $steps); do want[$s]=$(digest_of "$(ck "$s")"); done
 store=$work/store
-"$bin/pulse-publish" --store "$store" --new-key "$(ckpt 0)" >/dev/null 2>&1 || { echo "FAIL: first publish"; exit 1; }
+"$bin/pulse-publish" --store "$store" --new-key "$(ck 0)" >/dev/null 2>&1 || { echo "FAIL: first publish"; exit 1; }
 key=$store/signing-key.pem
 
 RANDOM=4242
@@ -40,7 +30,7 @@ while [ $rounds -lt 40 ] && [ $SECONDS -lt $deadline ]; do
   [ "$h" -ge $steps ] && break
   rounds=$((rounds + 1))
   args=()
-  for s in $(seq $((h + 1)) $steps); do args+=("$(ckpt "$s")"); done
+  for s in $(seq $((h + 1)) $steps); do args+=("$(ck "$s")"); done
   mode=()
   [ $((rounds % 2)) -eq 0 ] && mode=(--sync-anchors)
   "$bin/pulse-publish" --store "$store" --key "$key" --anchor-every 3 --keep 4 --keep-anchors 2 \
@@ -67,7 +57,7 @@ done
 h=$(head_field step)
 if [ "$h" -lt $steps ]; then
   args=()
-  for s in $(seq $((h + 1)) $steps); do args+=("$(ckpt "$s")"); done
+  for s in $(seq $((h + 1)) $steps); do args+=("$(ck "$s")"); done
   "$bin/pulse-publish" --store "$store" --key "$key" --anchor-every 3 --keep 4 --grace 0 "${args[@]}" >"$work/run.out" 2>&1 \
     && ok || { bad "final publish"; cat "$work/run.out"; }
 else
@@ -81,6 +71,4 @@ grep -q " 0 stray files" "$work/verify.out" && ok || bad "stray files after reco
 [ "$(head_field state_digest)" = "${want[$steps]}" ] && ok || bad "the last checkpoint is the head"
 ls -A "$store/objects" | grep -q '^\.' && bad "temporary files left in objects/" || ok
 
-echo "publisher_crash: $rounds rounds, $killed kill -9 while publishing ($torn inside a write);" \
-  "$pass passed, $failures failed"
-[ "$failures" -eq 0 ]
+finish "$rounds rounds, $killed kill -9 while publishing, $torn inside a write"

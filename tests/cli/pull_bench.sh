@@ -9,14 +9,7 @@
 # their baselines, no worker process and no folder left behind, and (as root
 # with `ip netns`) a 100 Mbit/s link whose dense time matches the rate and
 # whose namespace is gone afterwards. Usage: pull_bench.sh BIN_DIR
-set -u
-bin=$1
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-failures=0
-pass=0
-ok() { pass=$((pass + 1)); }
-bad() { echo "FAIL: $*"; failures=$((failures + 1)); }
+source "$(dirname "$0")/lib/common.sh"
 field() { sed -n "s/.*\"$2\":\"\{0,1\}\([^,\"}]*\).*/\1/p" <<<"$1"; }
 # The members of one flat JSON line into F[key] (no subprocess: the loop
 # below reads many).
@@ -142,5 +135,4 @@ done
 if [ "$links" != loopback ]; then
   ip netns list | grep -q "pulse-bench-$bpid\b" && bad "the namespace pulse-bench-$bpid was left behind" || ok
 fi
-echo "pull_bench: $pass passed, $failures failed"
-[ "$failures" -eq 0 ]
+finish

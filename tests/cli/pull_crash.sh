@@ -11,23 +11,8 @@
 # middle of a whole rewrite leaks a full-size temporary that the next run
 # removes, and only temporaries whose writer is gone are removed.
 # Usage: pull_crash.sh BIN_DIR
-set -u
-bin=$1
-work=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null && wait "$p" 2>/dev/null; done
-  [ -n "${KEEP:-}" ] && echo "kept $work" || rm -rf "$work"
-}
-trap cleanup EXIT
-failures=0
-pass=0
-ok() { pass=$((pass + 1)); }
-bad() { echo "FAIL: $*"; failures=$((failures + 1)); }
-expect() { if [ "$2" = "$3" ]; then ok; else bad "$1: expected '$2', got '$3'"; fi; }
-digest_of() { "$bin/pulse-inspect" "$1" 2>/dev/null | awk '/BF16 state digest/ {print $NF}'; }
+source "$(dirname "$0")/lib/common.sh"
 meta_of() { "$bin/pulse-inspect" "$1" 2>/dev/null | awk -v k="$2" '$1 == "metadata" && $2 == k {print $NF}'; }
-ck() { printf '%s/traj/step%04d.safetensors' "$work" "$1"; }
 publish() { "$bin/pulse-publish" --store "$work/store" --keep 30 "$@" >>"$work/pub.out" 2>&1 || bad "publish $*"; }
 written() { grep '"event":"synced"' "$1" | tail -1 | sed -n 's/.*"file_bytes_written":\([0-9]*\).*/\1/p'; }
 leftovers() { find "$work/w" -maxdepth 1 -name '.m.safetensors.tmp-*' -o -maxdepth 1 -name '.m.safetensors.journal' | wc -l; }
@@ -38,16 +23,8 @@ declare -a want
 for s in $(seq 0 $steps); do want[$s]=$(digest_of "$(ck "$s")"); done
 publish --new-key "$(ck 0)" "$(ck 1)"
 key=$work/store/signing-key.pem
-"$bin/pulse-serve" --store "$work/store" --listen 127.0.0.1:0 >"$work/serve.out" 2>"$work/serve.err" &
-pids+=($!)
-port=
-for _ in $(seq 1 200); do
-  port=$(sed -n 's|.*on http://[^ ]*:\([0-9]*\)$|\1|p' "$work/serve.out" | head -1)
-  [ -n "$port" ] && break
-  sleep 0.05
-done
-[ -n "$port" ] || { echo "FAIL: pulse-serve did not start"; cat "$work/serve.err"; exit 1; }
-u=http://127.0.0.1:$port
+serve "$work/store" || exit 1
+u=$url
 mkdir -p "$work/w"
 out=$work/w/m.safetensors
 hex=$("$bin/pulse-publish" --store "$work/store" --public-key)
@@ -140,5 +117,4 @@ expect "the next start retires a clean exit's journal" 0 "$(leftovers)"
 grep -q "journal" "$work/repair.out" && bad "a clean exit's journal is no news: $(cat "$work/repair.out")" || ok
 expect "and the file is still the head" "${want[$s]}" "$(digest_of "$out")"
 
-echo "pull_crash: $pass passed, $failures failed"
-[ "$failures" -eq 0 ]
+finish

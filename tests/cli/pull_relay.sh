@@ -5,28 +5,7 @@
 # every object themselves: an object corrupted in the relay's store is
 # refused (nothing applied, no file written), and with the origin as a
 # second URL the pull still succeeds. Usage: pull_relay.sh BIN_DIR
-set -u
-bin=$1
-work=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null && wait "$p" 2>/dev/null; done
-  rm -rf "$work"
-}
-trap cleanup EXIT
-failures=0
-pass=0
-ok() { pass=$((pass + 1)); }
-bad() { echo "FAIL: $*"; failures=$((failures + 1)); }
-expect() { if [ "$2" = "$3" ]; then ok; else bad "$1: expected '$2', got '$3'"; fi; }
-digest_of() { "$bin/pulse-inspect" "$1" 2>/dev/null | awk '/BF16 state digest/ {print $NF}'; }
-wait_port() {
-  for _ in $(seq 1 200); do
-    if grep -q 'on http://' "$1" 2>/dev/null; then sed -n 's|.*on http://[^ ]*:\([0-9]*\)$|\1|p' "$1" | head -1; return 0; fi
-    sleep 0.05
-  done
-  return 1
-}
+source "$(dirname "$0")/lib/common.sh"
 wait_json_url() {
   for _ in $(seq 1 200); do
     if grep -q '"event":"serving"' "$1" 2>/dev/null; then sed -n 's|.*"url":"\(http://[^"]*\)".*|\1|p' "$1" | head -1; return 0; fi
@@ -39,15 +18,12 @@ wait_head() { # store, step
   for _ in $(seq 1 200); do [ "$(head_step "$1")" = "$2" ] && return 0; sleep 0.05; done
   return 1
 }
-ck() { printf '%s/traj/step%04d.safetensors' "$work" "$1"; }
 publish() { "$bin/pulse-publish" --store "$work/store" --anchor-every 3 --sync-anchors "$@" >>"$work/pub.out" 2>&1 || bad "publish $*"; }
 
 "$bin/pulse-bench" trajectory --out "$work/traj" --params 200000 --steps 7 --seed 4 >/dev/null || exit 1
 publish --new-key "$(ck 0)" "$(ck 1)" "$(ck 2)" "$(ck 3)" "$(ck 4)"
-"$bin/pulse-serve" --store "$work/store" --listen 127.0.0.1:0 >"$work/serve.out" 2>"$work/serve.err" &
-pids+=($!)
-port=$(wait_port "$work/serve.out") || { echo "FAIL: pulse-serve did not start"; cat "$work/serve.err"; exit 1; }
-origin=http://127.0.0.1:$port
+serve "$work/store" || exit 1
+origin=$url
 key=$(sed -n 's/.*"public_key":"\([0-9a-f]*\)".*/\1/p' "$work/store/head.json")
 
 # --- the relay
@@ -97,5 +73,4 @@ grep -q '"event":"rejected"' "$work/e2.json" && ok || bad "relay then origin: th
 
 kill -TERM "$rpid"; wait "$rpid"; expect "the relay stops cleanly" 0 "$?"
 
-echo "pull_relay: $pass passed, $failures failed"
-[ "$failures" -eq 0 ]
+finish

@@ -5,29 +5,8 @@
 # and restarted mid-download; a file that claims a step it does not hold
 # (wrong base) is rebuilt from an anchor, never patched. Usage:
 # pull_resume.sh BIN_DIR
-set -u
-bin=$1
-work=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
-  rm -rf "$work"
-}
-trap cleanup EXIT
-failures=0
-pass=0
-ok() { pass=$((pass + 1)); }
-bad() { echo "FAIL: $*"; failures=$((failures + 1)); }
-expect() { if [ "$2" = "$3" ]; then ok; else bad "$1: expected '$2', got '$3'"; fi; }
-digest_of() { "$bin/pulse-inspect" "$1" 2>/dev/null | awk '/BF16 state digest/ {print $NF}'; }
-wait_port() {
-  for _ in $(seq 1 200); do
-    if grep -q 'on http://' "$1" 2>/dev/null; then sed -n 's|.*on http://[^ ]*:\([0-9]*\)$|\1|p' "$1" | head -1; return 0; fi
-    sleep 0.05
-  done
-  return 1
-}
-ck() { printf '%s/traj/step%04d.safetensors' "$work" "$1"; }
+source "$(dirname "$0")/lib/common.sh"
+stop_signal=KILL
 num() { grep "\"event\":\"$2\"" "$1" | tail -1 | sed -n "s/.*\"$3\":\([0-9]*\).*/\1/p"; }
 parts_size() { # bytes held in partial files of a cache
   local n=0
@@ -42,11 +21,9 @@ wait_parts() { # cache, bytes: waits until the partial files hold that much
 # 4 M parameters: an 8 MB anchor.
 "$bin/pulse-bench" trajectory --out "$work/traj" --params 4000000 --steps 2 --seed 9 >/dev/null || exit 1
 "$bin/pulse-publish" --store "$work/store" --new-key --sync-anchors "$(ck 0)" "$(ck 1)" >"$work/pub.out" 2>&1 || { cat "$work/pub.out"; exit 1; }
-"$bin/pulse-serve" --store "$work/store" --listen 127.0.0.1:0 >"$work/serve.out" 2>"$work/serve.err" &
-spid=$!
-pids+=($spid)
-port=$(wait_port "$work/serve.out") || { echo "FAIL: pulse-serve did not start"; cat "$work/serve.err"; exit 1; }
-u=http://127.0.0.1:$port
+serve "$work/store" || exit 1
+spid=${pids[-1]}
+u=$url
 key=$(sed -n 's/.*"public_key":"\([0-9a-f]*\)".*/\1/p' "$work/store/head.json")
 anchor=$(ls "$work"/store/objects/*.safetensors | head -1)
 asize=$(stat -c %s "$anchor")
@@ -105,5 +82,4 @@ expect "wrong base: bit for bit" "$want" "$(digest_of "$work/w.safetensors")"
 grep -q '"event":"rejected".*wrong base' "$work/w.json" && ok || bad "wrong base: not reported"
 grep '"event":"synced"' "$work/w.json" | grep -q '"route":"anchor"' && ok || bad "wrong base: not rebuilt from an anchor"
 
-echo "pull_resume: $pass passed, $failures failed"
-[ "$failures" -eq 0 ]
+finish

@@ -5,38 +5,14 @@
 # pinned key that does not match, and usage errors. Every puller's --out
 # must end with the trainer checkpoint's state digest. Usage:
 # pull_sync.sh BIN_DIR
-set -u
-bin=$1
-work=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null && wait "$p" 2>/dev/null; done
-  rm -rf "$work"
-}
-trap cleanup EXIT
-failures=0
-pass=0
-ok() { pass=$((pass + 1)); }
-bad() { echo "FAIL: $*"; failures=$((failures + 1)); }
-expect() { if [ "$2" = "$3" ]; then ok; else bad "$1: expected '$2', got '$3'"; fi; }
-digest_of() { "$bin/pulse-inspect" "$1" 2>/dev/null | awk '/BF16 state digest/ {print $NF}'; }
-wait_port() {
-  for _ in $(seq 1 200); do
-    if grep -q 'on http://' "$1" 2>/dev/null; then sed -n 's|.*on http://[^ ]*:\([0-9]*\)$|\1|p' "$1" | head -1; return 0; fi
-    sleep 0.05
-  done
-  return 1
-}
+source "$(dirname "$0")/lib/common.sh"
 publish() { "$bin/pulse-publish" --store "$work/store" --anchor-every 3 --keep 2 --sync-anchors "$@" >>"$work/pub.out" 2>&1 || bad "publish $*"; }
-ck() { printf '%s/traj/step%04d.safetensors' "$work" "$1"; }
 jfield() { grep "\"event\":\"$2\"" "$1" | tail -1 | sed -n "s/.*\"$3\":\"\\{0,1\\}\([^,\"}]*\).*/\1/p"; }
 
 "$bin/pulse-bench" trajectory --out "$work/traj" --params 200000 --steps 14 --seed 3 >/dev/null || exit 1
 publish --new-key "$(ck 0)" "$(ck 1)" "$(ck 2)" "$(ck 3)"
-"$bin/pulse-serve" --store "$work/store" --listen 127.0.0.1:0 >"$work/serve.out" 2>"$work/serve.err" &
-pids+=($!)
-port=$(wait_port "$work/serve.out") || { echo "FAIL: pulse-serve did not start"; cat "$work/serve.err"; exit 1; }
-u=http://127.0.0.1:$port
+serve "$work/store" || exit 1
+u=$url
 key=$(sed -n 's/.*"public_key":"\([0-9a-f]*\)".*/\1/p' "$work/store/head.json")
 [ ${#key} -eq 64 ] && ok || bad "the head names its key"
 
@@ -115,5 +91,4 @@ expect "no --out: usage" 2 "$?"
 "$bin/pulse-pull" "$u" --out x --key abc >/dev/null 2>&1
 expect "bad key: usage" 2 "$?"
 
-echo "pull_sync: $pass passed, $failures failed"
-[ "$failures" -eq 0 ]
+finish

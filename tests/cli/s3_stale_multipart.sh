@@ -8,20 +8,7 @@
 # written here in Python (the S3 REST calls the uploader makes, no
 # authentication): it shows the requests and their effect, not
 # compatibility with a real service. Usage: s3_stale_multipart.sh BIN_DIR
-set -u
-bin=$1
-work=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null && wait "$p" 2>/dev/null; done
-  rm -rf "$work"
-}
-trap cleanup EXIT
-failures=0
-pass=0
-ok() { pass=$((pass + 1)); }
-bad() { echo "FAIL: $*"; failures=$((failures + 1)); }
-expect() { if [ "$2" = "$3" ]; then ok; else bad "$1: expected '$2', got '$3'"; fi; }
+source "$(dirname "$0")/lib/common.sh"
 command -v python3 >/dev/null || { echo "FAIL: python3 is not installed"; exit 1; }
 command -v curl >/dev/null || { echo "FAIL: curl is not installed"; exit 1; }
 
@@ -123,7 +110,6 @@ uploads_under() { curl -s "$endpoint/bkt?prefix=$1&uploads=" | grep -o '<Upload>
 
 # 2.7M parameters: a 5.4 MB anchor, over --multipart-mb 5: two parts.
 "$bin/pulse-bench" trajectory --out "$work/traj" --params 2700000 --steps 2 --seed 6 >/dev/null || exit 1
-ck() { printf '%s/traj/step%04d.safetensors' "$work" "$1"; }
 publish() {
   "$bin/pulse-publish" --store "$work/store" --sync-anchors --upload s3://bkt/runs/a \
     --multipart-mb 5 --part-mb 5 "$@"
@@ -153,5 +139,4 @@ expect "no incomplete upload left under the prefix" 0 "$(uploads_under runs/a/)"
 expect "the other prefix's upload is left alone" 1 "$(uploads_under runs/b/)"
 curl -s "$endpoint/bkt/runs/a/head.json" | grep -q '"step":1' && ok || bad "the bucket's head is step 1"
 
-echo "s3_stale_multipart: $pass passed, $failures failed"
-[ "$failures" -eq 0 ]
+finish

@@ -10,20 +10,7 @@
 # an unknown access key is refused with the store's message; pulse-pull
 # follows the bucket itself (a static copy: head.json, objects/). Usage:
 # s3_upload.sh BIN_DIR
-set -u
-bin=$1
-work=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null && wait "$p" 2>/dev/null; done
-  rm -rf "$work"
-}
-trap cleanup EXIT
-failures=0
-pass=0
-ok() { pass=$((pass + 1)); }
-bad() { echo "FAIL: $*"; failures=$((failures + 1)); }
-expect() { if [ "$2" = "$3" ]; then ok; else bad "$1: expected '$2', got '$3'"; fi; }
+source "$(dirname "$0")/lib/common.sh"
 
 command -v s3rver >/dev/null || { echo "FAIL: s3rver is not installed (tools/install-deps.sh: npm install -g s3rver)"; exit 1; }
 command -v aws >/dev/null || { echo "FAIL: the AWS CLI is not installed (tools/install-deps.sh: awscli)"; exit 1; }
@@ -44,7 +31,6 @@ s3() { aws --endpoint-url "$AWS_ENDPOINT_URL" "$@"; }
 
 # 2.7M parameters: a 5.4 MB anchor, over --multipart-mb 5: two parts of 5 MiB.
 "$bin/pulse-bench" trajectory --out "$work/traj" --params 2700000 --steps 6 --seed 5 >/dev/null || exit 1
-ck() { printf '%s/traj/step%04d.safetensors' "$work" "$1"; }
 publish() {
   "$bin/pulse-publish" --store "$work/store" --sync-anchors --anchor-every 2 \
     --keep 1 --keep-anchors 2 --grace 0 --upload s3://bkt/runs/a \
@@ -86,7 +72,6 @@ expect "the head's Cache-Control" "no-cache" "$cc"
 
 # --- pulse-pull straight from the bucket (a static copy: head.json and
 # objects/, GET only): the anchor first, bit for bit
-digest_of() { "$bin/pulse-inspect" "$1" 2>/dev/null | awk '/BF16 state digest/ {print $NF}'; }
 jfield() { grep "\"event\":\"$2\"" "$1" | tail -1 | sed -n "s/.*\"$3\":\"\{0,1\}\([^,\"}]*\).*/\1/p"; }
 key=$(sed -n 's/.*"public_key":"\([0-9a-f]*\)".*/\1/p' "$work/store/head.json")
 bucket_url=http://127.0.0.1:$port/bkt/runs/a
@@ -130,8 +115,4 @@ out=$(AWS_ACCESS_KEY_ID=UNKNOWN "$bin/pulse-publish" --store "$work/store" --upl
 [ $? -ne 0 ] && ok || bad "an unknown access key was accepted"
 echo "$out" | grep -q "InvalidAccessKeyId\|HTTP 403" && ok || bad "the refusal says why: $out"
 
-if [ "$failures" -gt 0 ]; then
-  echo "s3_upload: $failures failed, $pass passed"
-  exit 1
-fi
-echo "s3_upload: all $pass checks passed"
+finish

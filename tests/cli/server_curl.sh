@@ -5,36 +5,13 @@
 # in the same one, catch-ups that rebuild the head bit for bit, metrics,
 # and 50 concurrent clients. Network on 127.0.0.1 only. Usage:
 # server_curl.sh BIN_DIR
-set -u
-bin=$1
+source "$(dirname "$0")/lib/common.sh"
 if ! command -v curl >/dev/null; then echo "server_curl: no curl client: skipped"; exit 77; fi
-work=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null && wait "$p" 2>/dev/null; done
-  rm -rf "$work"
-}
-trap cleanup EXIT
-failures=0
-pass=0
-ok() { pass=$((pass + 1)); }
-bad() { echo "FAIL: $*"; failures=$((failures + 1)); }
-expect() { # description, expected, actual
-  if [ "$2" = "$3" ]; then ok; else bad "$1: expected '$2', got '$3'"; fi
-}
 C() { curl -s --max-time 20 "$@"; }
 status_of() { C -o /dev/null -w '%{http_code}' "$@"; }
 hdr() { # header name, then curl arguments: prints the header's value
   local name=$1; shift
   C -D - -o /dev/null "$@" | tr -d '\r' | awk -v n="$name" 'BEGIN{IGNORECASE=1} index(tolower($0), tolower(n) ":") == 1 {sub(/^[^:]*: */, ""); print; exit}'
-}
-digest_of() { "$bin/pulse-inspect" "$1" | awk '/state digest/ {print $NF}'; }
-wait_port() { # file: waits for the 'on http://HOST:PORT' line, prints PORT
-  for _ in $(seq 1 100); do
-    if grep -q 'on http://' "$1" 2>/dev/null; then sed -n 's|.*on http://[^ ]*:\([0-9]*\)$|\1|p' "$1" | head -1; return 0; fi
-    sleep 0.05
-  done
-  return 1
 }
 
 "$bin/pulse-bench" trajectory --out "$work/traj" --params 300000 --steps 7 --seed 5 >/dev/null || exit 1
@@ -43,10 +20,8 @@ t=$work/traj
   "$t/step0000.safetensors" "$t/step0001.safetensors" "$t/step0002.safetensors" "$t/step0003.safetensors" \
   >"$work/pub1.out" 2>&1 || { cat "$work/pub1.out"; exit 1; }
 
-"$bin/pulse-serve" --store "$work/store" --listen 127.0.0.1:0 >"$work/serve.out" 2>"$work/serve.err" &
-pids+=($!)
-port=$(wait_port "$work/serve.out") || { echo "FAIL: pulse-serve did not start"; cat "$work/serve.err"; exit 1; }
-u=http://127.0.0.1:$port
+serve "$work/store" || exit 1
+u=$url
 
 # --- the head
 C "$u/v1/head" >"$work/head.json"
@@ -155,5 +130,4 @@ grep -q 'on http://127.0.0.1:[1-9]' "$work/pub4.out" && ok || bad "port 0 resolv
 expect "the store holds step 7" "$(digest_of "$t/step0007.safetensors")" \
   "$(sed -n 's/.*"state_digest":"\([0-9a-f]*\)".*/\1/p' "$work/store/head.json")"
 
-echo "server_curl: $pass passed, $failures failed"
-[ "$failures" -eq 0 ]
+finish

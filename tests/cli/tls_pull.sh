@@ -4,23 +4,12 @@
 # at the trainer's step; without it (verification is on by default) and
 # against a certificate for another name it is refused. Usage:
 # tls_pull.sh BIN_DIR
-set -u
-bin=$1
-work=$(mktemp -d)
+source "$(dirname "$0")/lib/common.sh"
 chmod 755 "$work"
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null && wait "$p" 2>/dev/null; done
+# The nginx daemons, not in pids.
+cleanup_extra() {
   for n in good wrong; do [ -f "$work/$n/nginx.pid" ] && kill "$(cat "$work/$n/nginx.pid")" 2>/dev/null; done
-  rm -rf "$work"
 }
-trap cleanup EXIT
-failures=0
-pass=0
-ok() { pass=$((pass + 1)); }
-bad() { echo "FAIL: $*"; failures=$((failures + 1)); }
-expect() { if [ "$2" = "$3" ]; then ok; else bad "$1: expected '$2', got '$3'"; fi; }
-digest_of() { "$bin/pulse-inspect" "$1" 2>/dev/null | awk '/BF16 state digest/ {print $NF}'; }
 nginx=$(command -v nginx || echo /usr/sbin/nginx)
 [ -x "$nginx" ] || { echo "FAIL: nginx is not installed (tools/install-deps.sh)"; exit 1; }
 command -v openssl >/dev/null || { echo "FAIL: openssl is not installed"; exit 1; }
@@ -43,15 +32,7 @@ cd - >/dev/null
 "$bin/pulse-bench" trajectory --out "$work/traj" --params 100000 --steps 1 --seed 6 >/dev/null || exit 1
 "$bin/pulse-publish" --store "$work/store" --new-key --sync-anchors "$work/traj/step0000.safetensors" \
   "$work/traj/step0001.safetensors" >/dev/null 2>&1 || { echo "FAIL: publish"; exit 1; }
-"$bin/pulse-serve" --store "$work/store" --listen 127.0.0.1:0 >"$work/serve.out" 2>"$work/serve.err" &
-pids+=($!)
-port=
-for _ in $(seq 1 200); do
-  port=$(sed -n 's|.*on http://[^ ]*:\([0-9]*\)$|\1|p' "$work/serve.out" | head -1)
-  [ -n "$port" ] && break
-  sleep 0.05
-done
-[ -n "$port" ] || { echo "FAIL: pulse-serve did not start"; cat "$work/serve.err"; exit 1; }
+serve "$work/store" || exit 1
 
 start_tls() { # NAME -> port of an nginx with NAME's certificate
   local n=$1 p
@@ -99,8 +80,4 @@ grep -qi "certificate" "$work/b.out" && ok || bad "the refusal names the certifi
 grep -qi "certificate\|subject\|name" "$work/c.out" && ok || bad "the refusal says why: $(tail -2 "$work/c.out")"
 [ -f "$work/c.safetensors" ] && bad "a refused pull wrote its output" || ok
 
-if [ "$failures" -gt 0 ]; then
-  echo "tls_pull: $failures failed, $pass passed"
-  exit 1
-fi
-echo "tls_pull: all $pass checks passed"
+finish

@@ -6,42 +6,7 @@
 # the worker does not trust is refused; heads of the old key replayed after
 # the rotation, even at newer steps, are refused; the worker's file stays
 # at its verified step through every refusal. Usage: trust_rotation.sh BIN_DIR
-set -u
-bin=$1
-work=$(mktemp -d)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null && wait "$p" 2>/dev/null; done
-  rm -rf "$work"
-}
-trap cleanup EXIT
-failures=0
-pass=0
-ok() { pass=$((pass + 1)); }
-bad() { echo "FAIL: $*"; failures=$((failures + 1)); }
-expect() { if [ "$2" = "$3" ]; then ok; else bad "$1: expected '$2', got '$3'"; fi; }
-digest_of() { "$bin/pulse-inspect" "$1" 2>/dev/null | awk '/BF16 state digest/ {print $NF}'; }
-ck() { printf '%s/traj/step%04d.safetensors' "$work" "$1"; }
-# Serves store $1; prints its URL.
-serve() {
-  "$bin/pulse-serve" --store "$1" --listen 127.0.0.1:0 >"$1.serve.out" 2>&1 &
-  pids+=($!)
-  for _ in $(seq 1 200); do
-    port=$(sed -n 's|.*on http://[^ ]*:\([0-9]*\)$|\1|p' "$1.serve.out" | head -1)
-    [ -n "$port" ] && { echo "http://127.0.0.1:$port"; return 0; }
-    sleep 0.05
-  done
-  echo "FAIL: pulse-serve $1 did not start" >&2
-  return 1
-}
-# Waits up to 30 s for file $1 to hold state digest $2.
-wait_digest() {
-  for _ in $(seq 1 300); do
-    [ "$(digest_of "$1")" = "$2" ] && return 0
-    sleep 0.1
-  done
-  return 1
-}
+source "$(dirname "$0")/lib/common.sh"
 
 "$bin/pulse-bench" trajectory --out "$work/traj" --params 200000 --steps 8 --seed 11 >/dev/null || exit 1
 pub() { "$bin/pulse-publish" --store "$work/store" --sync-anchors "$@" >>"$work/pub.out" 2>&1; }
@@ -49,7 +14,8 @@ pub --new-key "$(ck 0)" "$(ck 1)" "$(ck 2)" "$(ck 3)" || bad "publish 0..3"
 old=$("$bin/pulse-publish" --store "$work/store" --public-key)
 [ ${#old} -eq 64 ] && ok || bad "--public-key prints 64 hex digits: $old"
 cp -r "$work/store" "$work/replay" # the old key's store at step 3
-u=$(serve "$work/store") || exit 1
+serve "$work/store" || exit 1
+u=$url
 
 # --- a follower pinned to the old key
 "$bin/pulse-pull" "$u" --key "$old" --out "$work/w.safetensors" --follow --json \
@@ -83,7 +49,8 @@ expect "a late worker pinned to the old key follows the rotation" "$(digest_of "
 cp -r "$work/store" "$work/forged"
 "$bin/pulse-publish" --store "$work/forged" --key "$work/k3.pem" --new-key --rotate-key "$work/k4.pem" >"$work/forge.out" 2>&1 ||
   bad "forging a rotation: $(cat "$work/forge.out")"
-fu=$(serve "$work/forged") || exit 1
+serve "$work/forged" || exit 1
+fu=$url
 held=$(digest_of "$work/w.safetensors")
 "$bin/pulse-pull" "$fu" --key "$old" --out "$work/w.safetensors" --retries 0 >/dev/null 2>"$work/forged.err"
 expect "a rotation not signed by the trusted key fails" 1 "$?"
@@ -95,11 +62,11 @@ expect "a fresh worker refuses the forged rotation too" 1 "$?"
 # --- the old key replays its heads after the rotation, at newer steps
 "$bin/pulse-publish" --store "$work/replay" --sync-anchors "$(ck 4)" "$(ck 5)" "$(ck 6)" "$(ck 7)" >/dev/null 2>&1 ||
   bad "the old key publishes 4..7 in the copy"
-ru=$(serve "$work/replay") || exit 1
+serve "$work/replay" || exit 1
+ru=$url
 "$bin/pulse-pull" "$ru" --key "$old" --out "$work/w.safetensors" --retries 0 >/dev/null 2>"$work/replay.err"
 expect "a newer head of the old key after the rotation fails" 1 "$?"
 grep -q "signed by $old, not by the pinned key $new" "$work/replay.err" && ok || bad "the refusal says why: $(cat "$work/replay.err")"
 expect "the worker keeps its step" "$held" "$(digest_of "$work/w.safetensors")"
 
-echo "trust_rotation: $pass passed, $failures failed"
-[ "$failures" -eq 0 ]
+finish

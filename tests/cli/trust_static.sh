@@ -6,34 +6,14 @@
 # (older step, validly signed) to a --follow worker is not taken as a
 # rollback: the worker stays at its newer step, keeps polling, and takes the
 # next newer head. Usage: trust_static.sh BIN_DIR
-set -u
-bin=$1
-work=$(mktemp -d)
+source "$(dirname "$0")/lib/common.sh"
 chmod 755 "$work"
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null && wait "$p" 2>/dev/null; done
+# nginx runs as a daemon, not in pids.
+cleanup_extra() {
   [ -f "$work/nginx/nginx.pid" ] && kill "$(cat "$work/nginx/nginx.pid")" 2>/dev/null
-  rm -rf "$work"
 }
-trap cleanup EXIT
-failures=0
-pass=0
-ok() { pass=$((pass + 1)); }
-bad() { echo "FAIL: $*"; failures=$((failures + 1)); }
-expect() { if [ "$2" = "$3" ]; then ok; else bad "$1: expected '$2', got '$3'"; fi; }
-digest_of() { "$bin/pulse-inspect" "$1" 2>/dev/null | awk '/BF16 state digest/ {print $NF}'; }
-ck() { printf '%s/traj/step%04d.safetensors' "$work" "$1"; }
 nginx=$(command -v nginx || echo /usr/sbin/nginx)
 [ -x "$nginx" ] || { echo "FAIL: nginx is not installed (tools/install-deps.sh)"; exit 1; }
-# Waits up to 30 s for file $1 to hold state digest $2.
-wait_digest() {
-  for _ in $(seq 1 300); do
-    [ "$(digest_of "$1")" = "$2" ] && return 0
-    sleep 0.1
-  done
-  return 1
-}
 
 "$bin/pulse-bench" trajectory --out "$work/traj" --params 200000 --steps 6 --seed 9 >/dev/null || exit 1
 pub() { "$bin/pulse-publish" --store "$work/store" --sync-anchors --anchor-every 100 "$@" >>"$work/pub.out" 2>&1 || bad "publish $*"; }
@@ -112,5 +92,4 @@ copy
 wait_digest "$work/w.safetensors" "$(digest_of "$(ck 5)")" && ok || bad "the follower takes the next newer head"
 kill -TERM "$fpid"; wait "$fpid"; expect "the follower stops cleanly" 0 "$?"
 
-echo "trust_static: $pass passed, $failures failed"
-[ "$failures" -eq 0 ]
+finish
