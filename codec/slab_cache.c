@@ -18,10 +18,19 @@
 #include "slab_cache_impl.h"
 
 static pthread_mutex_t slab_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t slab_once = PTHREAD_ONCE_INIT;
 static void *kept;
 static size_t kept_bytes;
 
+/* fork: the lock is held across it, so a child never inherits it locked
+ * by a thread it does not have (it keeps the parent's block, a copy). */
+static void slab_prepare(void) { pthread_mutex_lock(&slab_mu); }
+static void slab_parent(void) { pthread_mutex_unlock(&slab_mu); }
+static void slab_child(void) { pthread_mutex_init(&slab_mu, NULL); }
+static void slab_register(void) { pthread_atfork(slab_prepare, slab_parent, slab_child); }
+
 void *pulse_slab_take(size_t bytes, size_t *got) {
+  pthread_once(&slab_once, slab_register);
   pthread_mutex_lock(&slab_mu);
   void *p = NULL;
   if (kept != NULL && kept_bytes >= bytes) {
