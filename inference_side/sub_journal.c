@@ -145,6 +145,21 @@ int sub_journal_check(const uint8_t *t, size_t n, uint64_t file_size, size_t *us
   return 1;
 }
 
+/* One step of a record checked by sub_journal_check: a varint, zig-zag
+ * (back by mag + 1, or on by mag), taken from *pos. Returns the byte after
+ * it (the element's two bytes). */
+static const uint8_t *record_step(const uint8_t *p, uint64_t *pos) {
+  uint64_t zz = 0;
+  for (int s = 0;; s += 7) {
+    uint8_t byte = *p++;
+    zz |= (uint64_t)(byte & 0x7F) << s;
+    if (!(byte & 0x80))
+      break;
+  }
+  *pos = zz & 1 ? *pos - (zz >> 1) - 1 : *pos + (zz >> 1);
+  return p;
+}
+
 void sub_journal_apply_window(uint8_t *win, uint64_t at, uint64_t n, const uint8_t *t,
                               size_t size) {
   uint64_t hsize = pulse_load_le64(t + 32);
@@ -154,14 +169,7 @@ void sub_journal_apply_window(uint8_t *win, uint64_t at, uint64_t n, const uint8
     p += 24;
     uint64_t pos = 0;
     for (uint64_t j = 0; j < count; j++) {
-      uint64_t zz = 0;
-      for (int s = 0;; s += 7) {
-        uint8_t byte = *p++;
-        zz |= (uint64_t)(byte & 0x7F) << s;
-        if (!(byte & 0x80))
-          break;
-      }
-      pos = zz & 1 ? pos - (zz >> 1) - 1 : pos + (zz >> 1);
+      p = record_step(p, &pos);
       uint64_t where = off + 2 * pos; /* checked: inside the file */
       if (where >= at && where + 2 <= at + n)
         memcpy(win + (where - at), p, 2);
@@ -511,14 +519,7 @@ static int records_walk(struct sub_file *f, sub_target *t, size_t n, const uint8
     uint16_t *data = t[k].data;
     uint64_t pos = 0;
     for (uint64_t j = 0; j < count; j++) {
-      uint64_t zz = 0;
-      for (int s = 0;; s += 7) {
-        uint8_t byte = *p++;
-        zz |= (uint64_t)(byte & 0x7F) << s;
-        if (!(byte & 0x80))
-          break;
-      }
-      pos = zz & 1 ? pos - (zz >> 1) - 1 : pos + (zz >> 1);
+      p = record_step(p, &pos);
       uint16_t v = pulse_load_le16(p); /* checked: pos < numel */
       p += 2;
       if (apply && data[pos] != v) {
