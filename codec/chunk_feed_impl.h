@@ -23,8 +23,9 @@ typedef int (*pulse_chunk_feed_fn)(void *ctx, size_t i);
 /* Starts up to `threads` threads (0: one per core, at most one per item)
  * for n items whose bytes end at end[i] (non-decreasing, at most size; the
  * array must outlive the feed). Nothing runs until bytes are fed.
- * caller_helps: the thread that will wait decodes too, so one thread fewer
- * is started (for bytes that are all there already).
+ * caller_helps (for bytes that are all there already): no thread is
+ * started; wait decodes on the process's thread pool (parallel_impl.h),
+ * the caller's thread among the `threads`.
  * @return PULSE_OK and *out; PULSE_ERR_NOMEM. */
 pulse_status pulse_chunk_feed_start(size_t n, const uint64_t *end, uint64_t size, int threads,
                                     int caller_helps, pulse_chunk_feed_fn fn, void *ctx,

@@ -455,7 +455,7 @@ static void commit_item(void *ctx, size_t i) {
   /* The lines written are long out of cache: each store waits for its
    * line, and a full store buffer stalls the loop. Asking for the lines
    * (to write) COMMIT_AHEAD stores early keeps that many in flight. */
-  uint64_t j = at, ahead = at + k > COMMIT_AHEAD ? at + k - COMMIT_AHEAD : at;
+  uint64_t j = at, ahead = k > COMMIT_AHEAD ? at + k - COMMIT_AHEAD : at;
   for (; j < ahead; j++) {
     __builtin_prefetch(data + ch->pos[j + COMMIT_AHEAD], 1);
     data[ch->pos[j]] = ch->new_bits[j];
