@@ -362,6 +362,8 @@ static pulse_status check_drift(pulse_loco_node *n, const char *coord,
   pulse_loco *ctx = n->ctx;
   uint64_t L = n->opts.resync_range, P = ctx->n;
   uint64_t count = (P + L - 1) / L;
+  if (n->opts.drift_probe != NULL) /* before anything is re-synced */
+    n->opts.drift_probe(n->opts.drift_probe_user, r, ctx->theta_g);
   char url[160];
   loco_node_url_fmt(url, sizeof url, coord, "/v1/loco/round/%llu/digests",
                     (unsigned long long)r);

@@ -495,6 +495,12 @@ typedef struct {
    * NULL: 127.0.0.1): an address of this machine its peers reach (trainers
    * on other hosts or network namespaces). Borrowed during create. */
   const char *host;
+  /* UDP, measurement (benchmarks, tests; NULL: none): called on a member
+   * that checks its drift, with its theta_g (P floats, not to be kept)
+   * after round `round`'s aggregate and before any re-sync, so that a
+   * caller holding every replica can measure the drift over all pairs. */
+  void (*drift_probe)(void *user, uint64_t round, const float *theta_g);
+  void *drift_probe_user;
 } pulse_loco_node_opts;
 
 /* Transports of pulse_loco_node_opts.transport. */
@@ -505,7 +511,8 @@ typedef struct {
 #define PULSE_LOCO_NODE_OPTS_INIT                                              \
   {                                                                            \
     PULSE_LOCO_NODE_OPTS_VERSION, 2000, 10000, 3, 0.0, 0,                      \
-        PULSE_LOCO_TRANSPORT_HTTP, 1472, 30, 0.0, 1024, 1, 0.01, NULL          \
+        PULSE_LOCO_TRANSPORT_HTTP, 1472, 30, 0.0, 1024, 1, 0.01, NULL, NULL,   \
+        NULL                                                                   \
   }
 
 /** Parses "http" or "udp" into a PULSE_LOCO_TRANSPORT_* value.

@@ -33,6 +33,7 @@
 #include <unistd.h>
 
 #include "bench_impl.h"
+#include "bench_loco_drift.h"
 #include "pulse_loco.h"
 #include "toolkit_args.h"
 #include "toolkit_problem.h"
@@ -82,16 +83,17 @@ typedef struct {
    * netns[i % nnetns] (/run/netns/NAME) and listens on its address. */
   char netns[8][32], netns_addr[8][16];
   uint32_t nnetns;
+  uint32_t problem;      /* PULSE_TK_PROBLEM_TEXT (default) or _TEACHER */
+  const char *text_path; /* --text FILE; NULL: base-files' licences */
 } loco_args;
 
 void bench_loco_usage(FILE *out) {
   fprintf(
       out,
       "usage: pulse-bench loco [options]\n"
-      "  DDP, DiLoCo and PULSELoCo on the built-in fine-tuning problem (a "
-      "2-layer\n"
-      "  MLP distilled towards a nearby teacher, Adam inner steps), every "
-      "method's\n"
+      "  DDP, DiLoCo and PULSELoCo on the built-in problem (--problem; Adam "
+      "inner\n"
+      "  steps), every method's\n"
       "  messages encoded and sent over HTTP on 127.0.0.1:\n"
       "    PULSELoCo    one process per trainer: gated sparse payloads "
       "(loco/PAYLOAD.md)\n"
@@ -117,7 +119,16 @@ void bench_loco_usage(FILE *out) {
       "  --inner H        inner Adam steps per round (default 20)\n"
       "  --params P       model parameters, about (default 70000)\n"
       "  --seed S         problem and data seed (default 1)\n"
-      "  --lr X           inner Adam learning rate (default 2e-5)\n"
+      "  --problem K      text (default: next-character prediction on "
+      "base-files'\n"
+      "                   licences in /usr/share/common-licenses, a held-out "
+      "tenth for\n"
+      "                   the loss) or teacher (distillation towards a "
+      "nearby teacher)\n"
+      "  --text FILE      text: learn this file instead\n"
+      "  --lr X           inner Adam learning rate (default: the problem's, "
+      "2e-3 for\n"
+      "                   text, 2e-5 for teacher)\n"
       "  --drop-rate X    probability that a PULSELoCo payload is lost in a "
       "round\n"
       "                   (the coordinator treats the fetch as failed; default "
@@ -183,15 +194,39 @@ static uint64_t now_ms(void) {
   return (uint64_t)(pulse_tk_now() * 1000.0);
 }
 
+/* The problem every process builds alike (same seed, same data split and
+ * initial weights); --lr 0 (the default) is the problem's own rate. */
 static pulse_tk_problem *make_problem(const loco_args *a) {
   pulse_tk_problem_opts po = PULSE_TK_PROBLEM_OPTS_INIT;
   po.seed = a->seed;
-  po.lr = (float)a->lr;
+  po.kind = a->problem;
+  po.text_path = a->text_path;
+  if (a->lr > 0)
+    po.lr = (float)a->lr;
+  else if (a->problem == PULSE_TK_PROBLEM_TEXT)
+    po.lr = PULSE_TK_TEXT_LR;
   po.hidden = pulse_tk_problem_hidden_for(&po, a->params);
   pulse_tk_problem *p = NULL;
   if (pulse_tk_problem_create(&po, &p) != PULSE_OK)
     return NULL;
   return p;
+}
+
+/* Checks, before any process starts, that the problem can be built: the
+ * text problem reads files that may be missing. @return 0 when it can. */
+static int check_problem(const loco_args *a, uint64_t *bytes,
+                         uint64_t *digest, uint64_t *P) {
+  pulse_tk_problem *p = make_problem(a);
+  if (p == NULL) {
+    fprintf(stderr, PROG ": cannot build the %s problem: %s\n",
+            a->problem == PULSE_TK_PROBLEM_TEXT ? "text" : "teacher",
+            pulse_error_detail());
+    return 1;
+  }
+  pulse_tk_problem_data(p, bytes, digest);
+  *P = pulse_tk_problem_param_count(p);
+  pulse_tk_problem_free(p);
+  return 0;
 }
 
 static int child_fail(int out, const char *what, pulse_status st) {
@@ -295,8 +330,22 @@ static int read_line(FILE *in, char *line, size_t cap) {
   return 1;
 }
 
+/* pulse_loco_node_opts.drift_probe: a trainer's theta_g before re-sync. */
+typedef struct {
+  bench_pair_drift *pd;
+  uint32_t id;
+  uint64_t written; /* the last round written (1-based) */
+} drift_probe_ctx;
+
+static void drift_probe_write(void *user, uint64_t round,
+                              const float *theta_g) {
+  drift_probe_ctx *c = user;
+  bench_pair_drift_write(c->pd, c->id, round + 1, theta_g);
+  c->written = round + 1;
+}
+
 static int run_trainer(const loco_args *a, uint32_t id, int founder, int in_fd,
-                       int out) {
+                       int out, bench_pair_drift *pd) {
   FILE *in = fdopen(in_fd, "r");
   const char *host = NULL;
   if (a->nnetns > 0) { /* before any socket: they belong to a namespace */
@@ -339,6 +388,12 @@ static int run_trainer(const loco_args *a, uint32_t id, int founder, int in_fd,
   no.resync_period = a->resync_period;
   no.drift_budget = a->drift_budget;
   no.host = host;
+  /* The drift over all pairs is measured before any re-sync: the node
+   * hands theta_g over then; the reference (which never re-syncs) and
+   * HTTP rounds are written after the step. */
+  drift_probe_ctx probe = {pd, id, 0};
+  no.drift_probe = drift_probe_write;
+  no.drift_probe_user = &probe;
   pulse_loco_node *node = NULL;
   if ((st = pulse_loco_node_create(&no, ctx, &node)) != PULSE_OK)
     return child_fail(out, "node", st);
@@ -390,6 +445,9 @@ static int run_trainer(const loco_args *a, uint32_t id, int founder, int in_fd,
     if (info.rejoined) /* dropped after missed rounds: joined, no round ran */
       continue;
     uint64_t t2 = now_ms();
+    /* Before the line that reports the round: the parent reads it then. */
+    if (probe.written != info.round + 1)
+      bench_pair_drift_write(pd, id, info.round + 1, pulse_loco_global(ctx));
     uint64_t refused =
         info.chunks.truncated + info.chunks.bad_checksum +
         info.chunks.malformed + info.chunks.unknown_sender +
@@ -461,6 +519,11 @@ typedef struct {
   double drift, replay_drift;
   uint64_t drift_ranges, resynced_ranges, resync_bytes;
   uint64_t dgram_sent, dgram_dropped, chunks_accepted, chunks_refused;
+  /* Drift over all trainer pairs after the round (bench_loco_drift.h):
+   * the trainers that wrote it, and the figure once measured. */
+  uint64_t wrote_mask;
+  int pair_tried, pair_measured;
+  double pair_drift;
 } round_row;
 
 typedef struct {
@@ -472,6 +535,8 @@ typedef struct {
   uint64_t P;
   uint32_t pacer_rounds;
   int failed;
+  uint64_t text_bytes, text_digest; /* the text problem's data */
+  bench_pair_drift pd;              /* drift over all trainer pairs */
 } bench;
 
 static int spawn(bench *b, child *c, int (*body)(bench *, child *, int, int)) {
@@ -497,18 +562,29 @@ static int spawn(bench *b, child *c, int (*body)(bench *, child *, int, int)) {
   return 0;
 }
 
+/* The baselines and the replay yield the CPU to the PULSELoCo trainers
+ * (nice 10), so that trainers' round times measure PULSELoCo more than
+ * the other processes of the run. */
+static void yield_to_trainers(void) {
+  errno = 0;
+  if (nice(10) == -1 && errno != 0)
+    return; /* not fatal: times are only noisier */
+}
+
 static int baseline_body(bench *b, child *c, int in, int out) {
   (void)in;
+  yield_to_trainers();
   return run_baseline(&b->a, c->baseline - 1, out);
 }
 
 static int replay_body(bench *b, child *c, int in, int out) {
   (void)c, (void)in;
+  yield_to_trainers();
   return run_replay(&b->a, out);
 }
 
 static int trainer_body(bench *b, child *c, int in, int out) {
-  return run_trainer(&b->a, c->id, c->founder, in, out);
+  return run_trainer(&b->a, c->id, c->founder, in, out, &b->pd);
 }
 
 static void on_baseline_line(bench *b, const child *c, const char *line) {
@@ -529,6 +605,19 @@ static void on_baseline_line(bench *b, const child *c, const char *line) {
     w->loss[m] = loss, w->bytes[m] = v[0], w->wire[m] = v[1];
     w->max_trainer[m] = v[2], w->message[m] = v[3], w->have[m] = 1;
   }
+}
+
+/* Round r's drift over all pairs, once each member of the round (as trainer
+ * 0 counted them) has written its theta_g; tried once: a round whose slots
+ * were overwritten meanwhile stays not measured. */
+static void measure_pair_drift(bench *b, uint32_t r) {
+  round_row *w = &b->rows[r];
+  if (w->pair_tried || !w->have[PULSELOCO] || w->members == 0 ||
+      (uint32_t)__builtin_popcountll(w->wrote_mask) < w->members)
+    return;
+  w->pair_tried = 1;
+  w->pair_measured =
+      bench_pair_drift_measure(&b->pd, r, w->wrote_mask, &w->pair_drift) == 0;
 }
 
 static void on_trainer_line(bench *b, child *c, const char *line) {
@@ -552,6 +641,7 @@ static void on_trainer_line(bench *b, child *c, const char *line) {
       w->loss[PULSELOCO] = loss, w->have[PULSELOCO] = 1;
       w->contributors = u1, w->members = u2;
       b->pacer_rounds = r;
+      measure_pair_drift(b, r);
     }
   } else if (strncmp(line, "exchange ", 9) == 0) {
     uint64_t x[9];
@@ -571,6 +661,9 @@ static void on_trainer_line(bench *b, child *c, const char *line) {
     w->drift_ranges += x[2], w->resynced_ranges += x[3];
     w->resync_bytes += x[4], w->dgram_sent += x[5], w->dgram_dropped += x[6];
     w->chunks_accepted += x[7], w->chunks_refused += x[8];
+    if (c->id < 64)
+      w->wrote_mask |= 1ull << c->id;
+    measure_pair_drift(b, r);
   } else if (sscanf(line, "done %u %" SCNu64 " %" SCNx64, &u1, &v1, &v2) == 3) {
     c->done = 1, c->final_round = v1, c->digest = v2;
   }
@@ -698,7 +791,31 @@ typedef struct {
   double max_drift, max_replay_drift, round_ms, exchange_ms;
   uint64_t resynced_ranges, resync_bytes, dgram_sent, dgram_dropped;
   uint64_t chunks_accepted, chunks_refused;
+  /* drift over all pairs (max over the measured rounds) and round times
+   * (trainer 0's, over rounds): sum_up_pairs_and_times */
+  double max_pair_drift;
+  uint32_t pair_rounds;
+  bench_time_stats round_t, exchange_t;
 } totals;
+
+/* The drift over all trainer pairs and the spread of round wall times. */
+static void sum_up_pairs_and_times(const bench *b, totals *t) {
+  uint32_t R = b->a.rounds, n = 0;
+  double *rt = malloc(R * sizeof *rt), *xt = malloc(R * sizeof *xt);
+  for (uint32_t r = 1; r <= R; r++) {
+    const round_row *w = &b->rows[r];
+    if (w->pair_measured) {
+      t->pair_rounds++;
+      if (w->pair_drift > t->max_pair_drift)
+        t->max_pair_drift = w->pair_drift;
+    }
+    if (rt && xt && w->have[PULSELOCO])
+      rt[n] = (double)w->round_ms, xt[n++] = (double)w->exchange_ms;
+  }
+  bench_time_stats_of(rt, n, &t->round_t);
+  bench_time_stats_of(xt, n, &t->exchange_t);
+  free(rt), free(xt);
+}
 
 static void sum_up(const bench *b, totals *t) {
   memset(t, 0, sizeof *t);
@@ -730,6 +847,7 @@ static void sum_up(const bench *b, totals *t) {
     t->gap[m] =
         last->loss[m] > 0 ? last->loss[PULSELOCO] / last->loss[m] - 1.0 : 0.0;
   }
+  sum_up_pairs_and_times(b, t);
   t->t10 = t->wire[PULSELOCO] * 10 <= t->wire[REFERENCE];
   t->t100 = t->wire[PULSELOCO] * 100 <= t->wire[DDP_FP32];
   t->t2 = t->gap[REFERENCE] <= 0.02;
@@ -752,11 +870,12 @@ static void print_round_json(const bench *b, uint32_t r) {
     printf(",\"message_bytes_%s\":%" PRIu64, METHOD[m].key, w->message[m]);
   printf(",\"bytes_pulseloco_max_trainer\":%" PRIu64
          ",\"density\":%.5f,\"contributors\":%u,\"members\":%u"
-         ",\"drift\":%.6g,\"replay_drift\":%.6g,\"resynced_ranges\":%" PRIu64
-         ",\"round_ms\":%" PRIu64 ",\"exchange_ms\":%" PRIu64 "}\n",
+         ",\"drift\":%.6g,\"ref_drift\":%.6g,\"replay_drift\":%.6g,"
+         "\"resynced_ranges\":%" PRIu64 ",\"round_ms\":%" PRIu64
+         ",\"exchange_ms\":%" PRIu64 "}\n",
          w->max_trainer[PULSELOCO], density(b, w), w->contributors, w->members,
-         w->drift, w->replay_drift, w->resynced_ranges, w->round_ms,
-         w->exchange_ms);
+         w->pair_measured ? w->pair_drift : -1.0, w->drift, w->replay_drift,
+         w->resynced_ranges, w->round_ms, w->exchange_ms);
 }
 
 /* --only-pulseloco: PULSELoCo's columns alone (the baselines did not run),
@@ -765,12 +884,13 @@ static void print_round_text_only(const bench *b, uint32_t r) {
   const round_row *w = &b->rows[r];
   if (r == 1)
     printf("round PULSELoCo-loss  bytes/trainer  density contrib  "
-           "max-drift  re-synced  round-ms\n");
-  printf("%5u %14.5f %14" PRIu64 " %7.2f%% %3u/%-3u %10.3g %10" PRIu64
+           "pair-drift  ref-drift  re-synced  round-ms\n");
+  printf("%5u %14.5f %14" PRIu64 " %7.2f%% %3u/%-3u %11.3g %10.3g %10" PRIu64
          " %9" PRIu64 "\n",
          r, w->loss[PULSELOCO],
          w->bytes[PULSELOCO] / (w->reports ? w->reports : 1),
-         100.0 * density(b, w), w->contributors, w->members, w->drift,
+         100.0 * density(b, w), w->contributors, w->members,
+         w->pair_measured ? w->pair_drift : -1.0, w->drift,
          w->resynced_ranges, w->round_ms);
 }
 
@@ -826,14 +946,23 @@ static void print_summary_json(const bench *b, const totals *t, double seconds,
          "\"update_bias\":%.5f",
          pulse_loco_rule_name(a->rule), t->final_loss[PULSELOCO],
          (double)t->bytes[PULSELOCO] / a->trainers, t->update_bias);
-  printf(",\"transport\":\"%s\",\"drop\":%g,\"max_drift\":%.6g,"
+  printf(",\"problem\":\"%s\",\"text_bytes\":%" PRIu64
+         ",\"text_digest\":\"%016" PRIx64 "\",\"max_drift\":%.6g,"
+         "\"drift_rounds_measured\":%u,\"max_ref_drift\":%.6g,"
+         "\"round_ms_median\":%.1f,\"round_ms_p10\":%.1f,"
+         "\"round_ms_p90\":%.1f,\"exchange_ms_median\":%.1f",
+         a->problem == PULSE_TK_PROBLEM_TEXT ? "text" : "teacher",
+         b->text_bytes, b->text_digest, t->max_pair_drift, t->pair_rounds,
+         t->max_drift, t->round_t.median, t->round_t.p10, t->round_t.p90,
+         t->exchange_t.median);
+  printf(",\"transport\":\"%s\",\"drop\":%g,"
          "\"max_replay_drift\":%.6g,\"drift_budget\":%g,\"resync_period\":%u,"
          "\"resynced_ranges\":%" PRIu64 ",\"resync_bytes\":%" PRIu64
          ",\"datagrams_sent\":%" PRIu64 ",\"datagrams_dropped\":%" PRIu64
          ",\"chunks_accepted\":%" PRIu64 ",\"chunks_refused\":%" PRIu64
          ",\"round_ms\":%.1f,\"exchange_ms\":%.1f",
          a->transport == PULSE_LOCO_TRANSPORT_UDP ? "udp" : "http", a->drop,
-         t->max_drift, t->max_replay_drift, a->drift_budget, a->resync_period,
+         t->max_replay_drift, a->drift_budget, a->resync_period,
          t->resynced_ranges, t->resync_bytes, t->dgram_sent, t->dgram_dropped,
          t->chunks_accepted, t->chunks_refused, t->round_ms, t->exchange_ms);
   printf(",\"bytes_per_entry_pulseloco\":%.3f,\"initial_loss\":%.6f,"
@@ -869,7 +998,8 @@ static void print_summary_text(const bench *b, const totals *t, double seconds,
   double per = (double)a->trainers * a->rounds;
   printf("\nsummary: %" PRIu64
          " parameters, %u trainers, %u rounds x %u inner steps, seed %" PRIu64
-         "\n  held-out loss: start %.5f, floor %.5f (the teacher's entropy)\n"
+         "\n  held-out loss: start %.5f, floor %.5f (the teacher's entropy; "
+         "text: 0, unknown)\n"
          "  %-12s %14s %14s %20s %11s\n",
          b->P, a->trainers, a->rounds, a->inner, a->seed, b->init_loss,
          b->floor, "method", "bytes sent", "on the wire",
@@ -892,13 +1022,18 @@ static void print_summary_text(const bench *b, const totals *t, double seconds,
          pulse_loco_rule_name(a->rule), t->update_bias);
   if (a->transport == PULSE_LOCO_TRANSPORT_UDP)
     printf("  over UDP, each datagram lost with p = %g: %" PRIu64 " sent, %" PRIu64
-           " lost, %" PRIu64 " refused; max drift %.3g (budget %g), %" PRIu64
+           " lost, %" PRIu64 " refused; drift against the reference before "
+           "re-sync %.3g (budget %g), %" PRIu64
            " ranges re-synced (%" PRIu64 " bytes)\n",
            a->drop, t->dgram_sent, t->dgram_dropped, t->chunks_refused,
            t->max_drift, a->drift_budget, t->resynced_ranges, t->resync_bytes);
-  printf("  a round: %.0f ms (trainer 0: inner steps and exchange), the "
-         "exchange %.0f ms\n",
-         t->round_ms, t->exchange_ms);
+  printf("  max drift over all trainer pairs (after a round's aggregate, "
+         "before re-sync): %.3g (%u of %u rounds measured)\n",
+         t->max_pair_drift, t->pair_rounds, a->rounds);
+  printf("  a round: %.0f ms (trainer 0: inner steps and exchange; median "
+         "%.0f, 10-90%% %.0f-%.0f), the exchange %.0f ms (median %.0f)\n",
+         t->round_ms, t->round_t.median, t->round_t.p10, t->round_t.p90,
+         t->exchange_ms, t->exchange_t.median);
   printf("  replicas identical at the end: %s; %.1f s\n",
          identical ? "yes" : "NO", seconds);
 }
@@ -1062,8 +1197,8 @@ static int parse(int argc, char **argv, loco_args *a) {
         return usage_error("--seed needs an integer, got '%s'", m < 0 ? "" : v);
     } else if ((m = pulse_tk_opt_value(argc, argv, &i, "--lr", &v)) != 0) {
       if (m < 0 || pulse_tk_parse_double(v, &a->lr) != 0 ||
-          !(a->lr > 0 && a->lr < 1))
-        return usage_error("--lr needs a number in (0, 1), got '%s'",
+          !(a->lr >= 0 && a->lr < 1))
+        return usage_error("--lr needs a number in [0, 1), got '%s'",
                            m < 0 ? "" : v);
     } else if ((m = pulse_tk_opt_value(argc, argv, &i, "--drop-rate", &v)) !=
                0) {
@@ -1108,6 +1243,17 @@ static int parse(int argc, char **argv, loco_args *a) {
         return usage_error("--netns needs NAME=A.B.C.D[,NAME=A.B.C.D...] (at "
                            "most 8), got '%s'",
                            m < 0 ? "" : v);
+    } else if ((m = pulse_tk_opt_value(argc, argv, &i, "--problem", &v)) !=
+               0) {
+      if (m < 0 || (strcmp(v, "text") != 0 && strcmp(v, "teacher") != 0))
+        return usage_error("--problem needs text or teacher, got '%s'",
+                           m < 0 ? "" : v);
+      a->problem = strcmp(v, "text") == 0 ? PULSE_TK_PROBLEM_TEXT
+                                          : PULSE_TK_PROBLEM_TEACHER;
+    } else if ((m = pulse_tk_opt_value(argc, argv, &i, "--text", &v)) != 0) {
+      if (m < 0 || *v == '\0')
+        return usage_error("--text needs a file%s", "");
+      a->text_path = v;
     } else if ((m = pulse_tk_opt_value(argc, argv, &i, "--join-round", &v)) !=
                0) {
       if (m < 0 || pulse_tk_parse_int(v, 1, 100000, &a->join_round) != 0)
@@ -1124,6 +1270,8 @@ static int parse(int argc, char **argv, loco_args *a) {
   }
   if (a->join_round >= (int)a->rounds)
     return usage_error("--join-round must be below --rounds%s", "");
+  if (a->text_path != NULL && a->problem != PULSE_TK_PROBLEM_TEXT)
+    return usage_error("--text needs --problem text%s", "");
   if (a->transport == PULSE_LOCO_TRANSPORT_UDP &&
       (a->rule != PULSE_LOCO_RULE_DROP || a->drop_rate > 0))
     return usage_error("--transport udp needs --rule drop and loses datagrams "
@@ -1202,12 +1350,18 @@ static int replicas_identical(const bench *b) {
 int bench_loco_main(int argc, char **argv) {
   static bench b; /* large: kept off the stack */
   memset(&b, 0, sizeof b);
-  b.a = (loco_args){3,    50, 20, 2000, 70000, 1, 0.0, 2e-5, PULSE_LOCO_RULE_DROP,
+  b.a = (loco_args){3,    50, 20, 2000, 70000, 1, 0.0, 0.0, PULSE_LOCO_RULE_DROP,
                     -1,   -1, 0,  0,    NULL,  PULSE_LOCO_TRANSPORT_HTTP,
-                    0.0, 1,  0.01, {{0}}, {{0}}, 0};
+                    0.0, 1,  0.01, {{0}}, {{0}}, 0, PULSE_TK_PROBLEM_TEXT,
+                    NULL};
   int rc = parse(argc, argv, &b.a);
   if (rc >= 0)
     return rc;
+  uint64_t P = 0;
+  if (check_problem(&b.a, &b.text_bytes, &b.text_digest, &P) != 0)
+    return 1;
+  /* Before any fork: every trainer writes its theta_g there. */
+  bench_pair_drift_open(&b.pd, b.a.trainers + (b.a.join_round > 0), P);
   b.rows = calloc(b.a.rounds + 1u, sizeof *b.rows);
   if (b.rows == NULL)
     return fprintf(stderr, PROG ": out of memory\n"), 1;
@@ -1222,11 +1376,13 @@ int bench_loco_main(int argc, char **argv) {
     complete &= b.rows[b.a.rounds].have[m];
   if (!children_ok || b.failed || !complete) {
     fprintf(stderr, PROG ": the run did not complete\n");
+    bench_pair_drift_close(&b.pd);
     free(b.rows);
     return 1;
   }
   int identical = replicas_identical(&b);
   report(&b, seconds, identical);
+  bench_pair_drift_close(&b.pd);
   int report_rc = b.a.report != NULL ? write_report(&b, argc, argv) : 0;
   free(b.rows);
   return identical && report_rc == 0 ? 0 : 1;

@@ -10,6 +10,7 @@
 #include "rng_impl.h"
 #include "status_impl.h"
 #include "toolkit_problem.h"
+#include "toolkit_text.h"
 
 struct pulse_tk_problem {
   pulse_tk_problem_opts o;
@@ -22,6 +23,7 @@ struct pulse_tk_problem {
   float *test_p;    /* test_count x classes: B's probabilities */
   uint32_t *test_y; /* B's argmax */
   double floor;
+  pulse_tk_text *text; /* PULSE_TK_PROBLEM_TEXT: the rest is unused */
 };
 
 struct pulse_tk_learner {
@@ -30,6 +32,7 @@ struct pulse_tk_learner {
   uint64_t t; /* Adam steps taken */
   float *m, *v, *grad;
   float *x, *z, *h, *logits, *dz, *tp;
+  pulse_tk_text_scratch *ts; /* text problem */
 };
 
 /* The loops that take the time, also built for AVX2 and picked at load time:
@@ -97,6 +100,8 @@ static void draw(const pulse_tk_problem *p, uint64_t *s, size_t n, float *x,
 
 uint32_t pulse_tk_problem_hidden_for(const pulse_tk_problem_opts *o,
                                      uint64_t params) {
+  if (o->kind == PULSE_TK_PROBLEM_TEXT)
+    return pulse_tk_text_hidden_for(o, params);
   uint64_t per = (uint64_t)o->inputs + 1u + o->classes;
   uint64_t h = params > o->classes ? (params - o->classes) / per : 1;
   return h < 1 ? 1u : h > 1u << 24 ? 1u << 24 : (uint32_t)h;
@@ -116,10 +121,22 @@ pulse_status pulse_tk_problem_create(const pulse_tk_problem_opts *o,
       o->test_count > 1u << 24 || !(o->lr > 0.0f) || !isfinite(o->shift) ||
       !isfinite(o->init_scale) || !isfinite(o->logit_scale))
     return pulse_fail(PULSE_ERR_ARG, "loco problem: bad sizes or rates");
+  if (o->kind != PULSE_TK_PROBLEM_TEACHER && o->kind != PULSE_TK_PROBLEM_TEXT)
+    return pulse_fail(PULSE_ERR_ARG, "loco problem: unknown kind %u", o->kind);
   pulse_tk_problem *p = calloc(1, sizeof *p);
   if (p == NULL)
     return pulse_fail(PULSE_ERR_NOMEM, "loco problem");
   p->o = *o;
+  if (o->kind == PULSE_TK_PROBLEM_TEXT) {
+    pulse_status st = pulse_tk_text_create(o, &p->text);
+    if (st != PULSE_OK) {
+      free(p);
+      return st;
+    }
+    p->P = pulse_tk_text_param_count(p->text);
+    *out = p;
+    return PULSE_OK;
+  }
   uint64_t in = o->inputs, hid = o->hidden, cls = o->classes;
   p->w1 = 0;
   p->b1 = in * hid;
@@ -174,6 +191,7 @@ void pulse_tk_problem_free(pulse_tk_problem *p) {
   if (p == NULL)
     return;
   free(p->teacher), free(p->test_x), free(p->test_p), free(p->test_y);
+  pulse_tk_text_free(p->text);
   free(p);
 }
 
@@ -189,7 +207,17 @@ uint32_t pulse_tk_problem_batch(const pulse_tk_problem *p) {
   return p->o.batch;
 }
 
+void pulse_tk_problem_data(const pulse_tk_problem *p, uint64_t *bytes,
+                           uint64_t *digest) {
+  *bytes = p->text ? pulse_tk_text_bytes(p->text) : 0;
+  *digest = p->text ? pulse_tk_text_digest(p->text) : 0;
+}
+
 void pulse_tk_problem_init(const pulse_tk_problem *p, float *theta) {
+  if (p->text) {
+    pulse_tk_text_init(p->text, theta);
+    return;
+  }
   uint64_t s = p->o.seed ^ 0x1417ull;
   normals(&s, theta, (size_t)p->b1);
   normals(&s, theta + p->w2, (size_t)(p->b2 - p->w2));
@@ -233,6 +261,10 @@ PROBLEM_SIMD static void forward(const pulse_tk_problem *p, const float *theta,
 
 void pulse_tk_problem_eval(const pulse_tk_problem *p, const float *theta,
                            double *loss, double *accuracy) {
+  if (p->text) {
+    pulse_tk_text_eval(p->text, theta, loss, accuracy);
+    return;
+  }
   enum { BLOCK = 64 };
   uint32_t hid = p->o.hidden, cls = p->o.classes, in = p->o.inputs;
   float *z = malloc((size_t)BLOCK * hid * sizeof *z),
@@ -287,6 +319,19 @@ pulse_status pulse_tk_learner_create(const pulse_tk_problem *p,
   l->m = calloc(P, sizeof *l->m);
   l->v = calloc(P, sizeof *l->v);
   l->grad = malloc(P * sizeof *l->grad);
+  if (p->text) { /* its own buffers */
+    pulse_status st = PULSE_ERR_NOMEM;
+    if (!l->m || !l->v || !l->grad ||
+        (st = pulse_tk_text_scratch_create(p->text, &l->ts)) != PULSE_OK) {
+      pulse_tk_learner_free(l);
+      return st == PULSE_ERR_NOMEM
+                 ? pulse_fail(PULSE_ERR_NOMEM, "loco learner: %zu parameters",
+                              P)
+                 : st;
+    }
+    *out = l;
+    return PULSE_OK;
+  }
   l->x = malloc(B * p->o.inputs * sizeof *l->x);
   l->z = malloc(B * p->o.hidden * sizeof *l->z);
   l->h = malloc(B * p->o.hidden * sizeof *l->h);
@@ -308,12 +353,15 @@ void pulse_tk_learner_free(pulse_tk_learner *l) {
   free(l->m), free(l->v), free(l->grad), free(l->x), free(l->z), free(l->h),
       free(l->dz);
   free(l->logits), free(l->tp);
+  pulse_tk_text_scratch_free(l->ts);
   free(l);
 }
 
 PROBLEM_SIMD double pulse_tk_learner_grad(pulse_tk_learner *l,
                                           const float *theta, float *grad) {
   const pulse_tk_problem *p = l->p;
+  if (p->text)
+    return pulse_tk_text_grad(p->text, l->ts, &l->rng, theta, grad);
   uint32_t B = p->o.batch, in = p->o.inputs, hid = p->o.hidden,
            cls = p->o.classes;
   draw(p, &l->rng, B, l->x, l->tp, l->z, l->h);

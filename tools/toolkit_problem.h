@@ -17,6 +17,13 @@
  * probabilities on a fixed held-out set, so its floor is B's entropy
  * (pulse_tk_problem_floor). Everything is deterministic for a seed.
  *
+ * A second problem, PULSE_TK_PROBLEM_TEXT (toolkit_text.h), is next-
+ * character prediction on real text (base-files' licences): the same calls,
+ * a held-out split of the text for the loss, an embedding -> hidden ->
+ * softmax model of any size (`hidden`, or pulse_tk_problem_hidden_for).
+ * It reads files; the teacher problem needs none, and the tests that are
+ * about the protocol rather than the data use it.
+ *
  * Thread-safety: a problem is read-only after creation and may be shared;
  * a learner belongs to one thread. */
 #ifndef PULSE_TOOLKIT_PROBLEM_H
@@ -45,13 +52,25 @@ typedef struct {
   float shift;                 /* std of the teacher's offsets B - A */
   float logit_scale;           /* multiplier of the logits */
   float lr, beta1, beta2, eps; /* inner Adam */
+  /* Which problem; the text problem ignores inputs, classes, shift and
+   * logit_scale, and its loss floor is unknown (reported as 0). */
+  uint32_t kind;         /* PULSE_TK_PROBLEM_TEACHER or _TEXT */
+  const char *text_path; /* text: one file to learn; NULL: base-files' */
+  uint32_t context;      /* text: bytes of context k */
+  uint32_t embed;        /* text: embedding width d */
 } pulse_tk_problem_opts;
+
+enum { PULSE_TK_PROBLEM_TEACHER = 0, PULSE_TK_PROBLEM_TEXT = 1 };
+
+/* Text problem defaults: a learning rate for its O(1) weights. */
+#define PULSE_TK_TEXT_LR 2e-3f
 
 #define PULSE_TK_PROBLEM_OPTS_VERSION 1u
 #define PULSE_TK_PROBLEM_OPTS_INIT                                             \
   {                                                                            \
     PULSE_TK_PROBLEM_OPTS_VERSION, 1, 128, 512, 10, 32, 1024, 1.0f, 0.02f,     \
-        30.0f, 2e-5f, 0.9f, 0.99f, 1e-8f                                       \
+        30.0f, 2e-5f, 0.9f, 0.99f, 1e-8f, PULSE_TK_PROBLEM_TEACHER, NULL, 8,   \
+        64                                                                     \
   }
 
 /** Generates the problem (class means, held-out set). */
@@ -70,15 +89,23 @@ uint32_t pulse_tk_problem_batch(const pulse_tk_problem *p);
 uint32_t pulse_tk_problem_hidden_for(const pulse_tk_problem_opts *opts,
                                      uint64_t params);
 
+/** The text problem's text: bytes read and their digest (both 0 for the
+ * teacher problem). */
+void pulse_tk_problem_data(const pulse_tk_problem *p, uint64_t *bytes,
+                           uint64_t *digest);
+
 /** The initial parameters (P floats), the same for every trainer. */
 void pulse_tk_problem_init(const pulse_tk_problem *p, float *theta);
 
 /** Held-out mean cross-entropy against the teacher's probabilities (nats),
- * and accuracy (student's argmax = teacher's argmax), of theta. */
+ * and accuracy (student's argmax = teacher's argmax), of theta; text: the
+ * cross-entropy of the held-out characters (nats per character) and the
+ * share predicted right. */
 void pulse_tk_problem_eval(const pulse_tk_problem *p, const float *theta,
                            double *loss, double *accuracy);
 
-/** The loss floor: the teacher's mean entropy on the held-out set. */
+/** The loss floor: the teacher's mean entropy on the held-out set (text:
+ * 0, unknown). */
 double pulse_tk_problem_floor(const pulse_tk_problem *p);
 
 /** A trainer's learner: its data stream and inner Adam moments. */

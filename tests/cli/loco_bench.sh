@@ -34,7 +34,7 @@ json_val() {
 }
 
 # 1. A short run: round objects, a summary with the required keys.
-if ! "$BENCH" loco --rounds 8 --params 30000 --json >"$TMP/a.json" 2>"$TMP/err"; then
+if ! "$BENCH" loco --problem teacher --rounds 8 --params 30000 --json >"$TMP/a.json" 2>"$TMP/err"; then
   fail "pulse-bench loco exited non-zero: $(cat "$TMP/err")"
 fi
 rounds=$(grep -c '^{"round":' "$TMP/a.json")
@@ -115,13 +115,13 @@ while IFS= read -r line; do
 done < <(grep '^{"round":' "$TMP/a.json")
 
 # 2. Deterministic for a seed without loss: the same PULSELoCo bytes twice.
-"$BENCH" loco --rounds 8 --params 30000 --json >"$TMP/b.json" 2>/dev/null ||
+"$BENCH" loco --problem teacher --rounds 8 --params 30000 --json >"$TMP/b.json" 2>/dev/null ||
   fail "second run exited non-zero"
 [ "$(json_val "$(grep '^{"summary"' "$TMP/b.json")" bytes_pulseloco)" = "$plsent" ] ||
   fail "two runs with seed 1 sent different bytes"
 
 # 3. Lost payloads, a joiner and a leaver: still one global state.
-if "$BENCH" loco --rounds 10 --params 20000 --inner 5 --drop-rate 0.3 --join-round 3 \
+if "$BENCH" loco --problem teacher --rounds 10 --params 20000 --inner 5 --drop-rate 0.3 --join-round 3 \
   --leave-round 6 --json >"$TMP/c.json" 2>"$TMP/err"; then
   s=$(grep '^{"summary":true' "$TMP/c.json")
   [ "$(json_val "$s" replicas_identical)" = true ] || fail "churn run: replicas differ"
@@ -137,7 +137,7 @@ awk -v b="$(json_val "$summary" update_bias)" 'BEGIN { exit !(b > 0.9999 && b < 
 grep -q '"rule":"drop"' <<<"$summary" || fail "summary does not name the default rule drop"
 
 # 3b. A rule by name, PULSELoCo alone: the replica and the trainers agree.
-if "$BENCH" loco --rounds 6 --params 20000 --inner 5 --drop-rate 0.3 --rule legacy \
+if "$BENCH" loco --problem teacher --rounds 6 --params 20000 --inner 5 --drop-rate 0.3 --rule legacy \
   --only-pulseloco --json >"$TMP/d.json" 2>"$TMP/err"; then
   s=$(grep '^{"summary":true' "$TMP/d.json")
   grep -q '"rule":"legacy"' <<<"$s" || fail "--rule legacy: summary names another rule"
@@ -148,7 +148,7 @@ else
 fi
 
 # 4. The readable output names every baseline and the targets.
-"$BENCH" loco --rounds 3 --params 10000 --inner 5 >"$TMP/text" 2>&1 || fail "text run failed"
+"$BENCH" loco --problem teacher --rounds 3 --params 10000 --inner 5 >"$TMP/text" 2>&1 || fail "text run failed"
 for word in "PULSELoCo" "DiLoCo-BF16" "DiLoCo-FP32" "DDP-FP32" "fewer bytes on the wire than DiLoCo-BF16 (FP32: " \
   ">= 10x fewer than DiLoCo-BF16" "replicas identical"; do
   grep -q "$word" "$TMP/text" || fail "text output lacks '$word'"
@@ -157,7 +157,7 @@ done
 # 5. Bad usage: status 2, a message on stderr, nothing on stdout.
 for args in "loco --bogus" "loco --trainers 0" "loco --rounds 0" "loco --drop-rate 1.5" \
   "loco --params 10" "loco --join-round 9 --rounds 5" "loco --trainers 1 --leave-round 1" \
-  "loco --rule fair"; do
+  "loco --rule fair" "loco --problem bogus" "loco --text"; do
   # shellcheck disable=SC2086
   "$BENCH" $args >"$TMP/out" 2>"$TMP/err"
   rc=$?

@@ -30,14 +30,15 @@ json_val() {
   }' <<<"$1"
 }
 
-common=(loco --only-pulseloco --trainers 4 --rounds 6 --params 20000 --seed 2 --json)
+common=(loco --problem teacher --only-pulseloco --trainers 4 --rounds 6 --params 20000 --seed 2 --json)
 
 # 1. No loss: the same run as over HTTP.
 "$BENCH" "${common[@]}" >"$TMP/http.json" 2>"$TMP/err" || fail "http run: $(cat "$TMP/err")"
 "$BENCH" "${common[@]}" --transport udp >"$TMP/udp.json" 2>"$TMP/err" || fail "udp run: $(cat "$TMP/err")"
 h=$(grep '^{"summary":true' "$TMP/http.json")
 u=$(grep '^{"summary":true' "$TMP/udp.json")
-for key in final_loss bytes_per_trainer max_drift update_bias datagrams_sent datagrams_dropped chunks_refused round_ms; do
+for key in final_loss bytes_per_trainer max_drift max_ref_drift drift_rounds_measured update_bias datagrams_sent \
+  datagrams_dropped chunks_refused round_ms round_ms_median round_ms_p10 round_ms_p90 exchange_ms_median; do
   [ -n "$(json_val "$u" "$key")" ] || fail "udp summary: key $key missing"
 done
 [ "$(json_val "$u" transport)" = '"udp"' ] || fail "udp summary does not say udp: $u"
@@ -64,11 +65,18 @@ awk -v d="$(json_val "$l" max_drift)" -v b="$(json_val "$l" drift_budget)" 'BEGI
 awk -v x="$(json_val "$l" update_bias)" 'BEGIN { exit !(x > 0.9 && x < 1.1) }' ||
   fail "update bias $(json_val "$l" update_bias) far from 1"
 [ "$(json_val "$l" replicas_identical)" = true ] || fail "lossy udp replicas differ"
+# The drift over all pairs, read from every trainer's replica before its
+# re-sync, is the replay's (the same rounds in one process), every round.
+[ "$(json_val "$l" drift_rounds_measured)" = 6 ] || fail "pairwise drift measured in $(json_val "$l" drift_rounds_measured) of 6 rounds"
+[ "$(json_val "$l" max_drift)" = "$(json_val "$l" max_replay_drift)" ] ||
+  fail "pairwise drift $(json_val "$l" max_drift) != the replay's $(json_val "$l" max_replay_drift)"
+awk -v p="$(json_val "$l" max_drift)" -v r="$(json_val "$l" max_ref_drift)" 'BEGIN { exit !(p >= 0.999 * r && r > 0) }' ||
+  fail "pairwise drift $(json_val "$l" max_drift) below the drift against the reference $(json_val "$l" max_ref_drift)"
 [ "$(json_val "$l" resynced_ranges)" -gt 0 ] || fail "loss but nothing re-synced"
 [ "$(json_val "$l" final_loss)" != "$(json_val "$u" final_loss)" ] || fail "loss changed nothing"
 
 # 3. Text mode without baselines: none printed, no target verdicts.
-"$BENCH" loco --only-pulseloco --trainers 2 --rounds 2 --params 5000 --transport udp >"$TMP/text" 2>"$TMP/err" ||
+"$BENCH" loco --problem teacher --only-pulseloco --trainers 2 --rounds 2 --params 5000 --transport udp >"$TMP/text" 2>"$TMP/err" ||
   fail "text run: $(cat "$TMP/err")"
 grep -q 'DDP-FP32\|DiLoCo\|MISSED' "$TMP/text" && fail "--only-pulseloco printed baselines: $(cat "$TMP/text")"
 grep -q 'over UDP' "$TMP/text" || fail "text summary says nothing of UDP"

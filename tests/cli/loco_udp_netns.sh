@@ -77,7 +77,7 @@ json_val() {
   }' <<<"$1"
 }
 
-if ! "$BENCH" loco --only-pulseloco --transport udp --trainers 4 --rounds 8 --params 20000 \
+if ! "$BENCH" loco --problem teacher --only-pulseloco --transport udp --trainers 4 --rounds 8 --params 20000 \
   --netns "$A=10.213.0.1,$B=10.213.0.2" --json >"$TMP/run.json" 2>"$TMP/err"; then
   fail "the run over the link failed: $(tail -5 "$TMP/err")"
 fi

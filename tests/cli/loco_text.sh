@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# `pulse-bench loco --problem text` (the default problem): next-character
+# prediction on base-files' licences (/usr/share/common-licenses), small.
+# The loss starts near ln 256 and falls, the same seed gives the same
+# bits (data split, initial weights, every round), another seed another
+# start, --text learns a named file, a missing file is a clear error (exit
+# 1, its path named), and over lossy datagrams the drift over all trainer
+# pairs equals the replay's. Skips (77) where the licences are missing.
+# usage: bash tests/cli/loco_text.sh BIN_DIR
+source "$(dirname "$0")/lib/common.sh"
+BENCH="$bin/pulse-bench"
+[ -x "$BENCH" ] || { echo "FAIL: $BENCH is not an executable"; exit 1; }
+for f in GPL-3 GPL-2 GFDL-1.3 MPL-2.0 MPL-1.1 Apache-2.0 Artistic CC0-1.0; do
+  if [ ! -r "/usr/share/common-licenses/$f" ]; then
+    echo "SKIP: /usr/share/common-licenses/$f is missing (base-files): no text to learn"
+    exit 77
+  fi
+done
+
+# Value of a JSON key in one line: a number, true/false or a short string.
+json_val() {
+  awk -v key="\"$2\":" '{
+    i = index($0, key)
+    if (i == 0) exit
+    s = substr($0, i + length(key))
+    if (match(s, /^(-?[0-9][0-9.eE+-]*|true|false|"[a-z0-9]*")/)) print substr(s, RSTART, RLENGTH)
+  }' <<<"$1"
+}
+run() { "$BENCH" loco --only-pulseloco --trainers 2 --rounds 3 --inner 10 --params 30000 --json "$@"; }
+
+# 1. The default problem is text; it learns; same seed, same bits.
+run >"$work/a.json" 2>"$work/err" || bad "text run: $(cat "$work/err")"
+run >"$work/b.json" 2>"$work/err" || bad "second text run: $(cat "$work/err")"
+a=$(grep '^{"summary":true' "$work/a.json")
+b=$(grep '^{"summary":true' "$work/b.json")
+expect "problem" '"text"' "$(json_val "$a" problem)"
+P=$(json_val "$a" params)
+awk -v p="${P:-0}" 'BEGIN { exit !(p >= 30000 && p < 31000) }' && ok || bad "params $P for --params 30000"
+awk -v n="$(json_val "$a" text_bytes)" 'BEGIN { exit !(n > 100000) }' && ok || bad "text_bytes $(json_val "$a" text_bytes)"
+# ln 256 = 5.545: a random start is near it; three rounds bring it down.
+start=$(json_val "$a" initial_loss)
+final=$(json_val "$a" final_loss)
+awk -v s="$start" 'BEGIN { exit !(s > 5.0 && s < 7.0) }' && ok || bad "initial loss $start not near ln 256"
+awk -v s="$start" -v f="$final" 'BEGIN { exit !(f < s - 0.5) }' && ok || bad "loss $start -> $final: not learning"
+expect "replicas identical" true "$(json_val "$a" replicas_identical)"
+expect "same seed, same final loss" "$final" "$(json_val "$b" final_loss)"
+expect "same seed, same bytes" "$(json_val "$a" bytes_pulseloco)" "$(json_val "$b" bytes_pulseloco)"
+expect "same seed, same text digest" "$(json_val "$a" text_digest)" "$(json_val "$b" text_digest)"
+
+# 2. Another seed: another split and start.
+run --seed 2 >"$work/c.json" 2>"$work/err" || bad "seed 2: $(cat "$work/err")"
+c=$(grep '^{"summary":true' "$work/c.json")
+[ "$(json_val "$c" initial_loss)" != "$start" ] && ok || bad "seed 2 starts where seed 1 does"
+
+# 3. --text FILE; a missing one is an error naming it, before any trainer.
+head -c 20000 /usr/share/common-licenses/GPL-3 >"$work/small.txt"
+run --text "$work/small.txt" >"$work/d.json" 2>"$work/err" || bad "--text: $(cat "$work/err")"
+expect "--text bytes" 20000 "$(json_val "$(grep '^{"summary":true' "$work/d.json")" text_bytes)"
+run --text "$work/missing.txt" >"$work/out" 2>"$work/err"
+expect "missing text exit status" 1 "$?"
+grep -q "missing.txt" "$work/err" && ok || bad "missing text: the error does not name the file: $(cat "$work/err")"
+[ ! -s "$work/out" ] && ok || bad "missing text printed to stdout"
+
+# 4. Lossy datagrams: the drift over all pairs (every trainer's replica
+# before re-sync) is the replay's, every round, and under the budget.
+"$BENCH" loco --only-pulseloco --trainers 3 --rounds 3 --inner 5 --params 30000 --transport udp \
+  --drop 0.2 --json >"$work/e.json" 2>"$work/err" || bad "udp text run: $(cat "$work/err")"
+e=$(grep '^{"summary":true' "$work/e.json")
+expect "rounds with pairwise drift" 3 "$(json_val "$e" drift_rounds_measured)"
+expect "pairwise drift = the replay's" "$(json_val "$e" max_replay_drift)" "$(json_val "$e" max_drift)"
+awk -v d="$(json_val "$e" max_drift)" -v b="$(json_val "$e" drift_budget)" 'BEGIN { exit !(d > 0 && d <= b) }' &&
+  ok || bad "max drift $(json_val "$e" max_drift) not in (0, budget]"
+expect "udp replicas identical" true "$(json_val "$e" replicas_identical)"
+
+echo "$test_name: $pass passed, $failures failed"
+[ "$failures" -eq 0 ]
