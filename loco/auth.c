@@ -195,10 +195,10 @@ pulse_status pulse_loco_auth_admit_sign(const pulse_loco_auth *auth,
   return pulse_sign(auth->key, text, (size_t)len, sig);
 }
 
-pulse_status pulse_loco_auth_admit(pulse_loco_auth *auth, uint64_t round,
-                                   const uint8_t newcomer[32],
-                                   const uint8_t sponsor[32],
-                                   const uint8_t sig[PULSE_SIGN_SIGNATURE_BYTES]) {
+static pulse_status admit(pulse_loco_auth *auth, uint64_t round,
+                          const uint8_t newcomer[32], const uint8_t sponsor[32],
+                          const uint8_t sig[PULSE_SIGN_SIGNATURE_BYTES],
+                          int check_round) {
   if (auth == NULL || newcomer == NULL || sponsor == NULL || sig == NULL)
     return pulse_fail(PULSE_ERR_ARG, "loco auth: admit: NULL argument");
   char hex[65];
@@ -219,7 +219,7 @@ pulse_status pulse_loco_auth_admit(pulse_loco_auth *auth, uint64_t round,
                       "verify: refused",
                       hex);
   }
-  if (round < auth->round) {
+  if (check_round && round < auth->round) {
     auth->c.replayed++;
     return pulse_fail(PULSE_ERR_BASE_STEP,
                       "loco auth: an admission of round %" PRIu64
@@ -230,6 +230,20 @@ pulse_status pulse_loco_auth_admit(pulse_loco_auth *auth, uint64_t round,
   PULSE_TRY(add(auth, newcomer));
   auth->c.admitted += !had;
   return PULSE_OK;
+}
+
+pulse_status pulse_loco_auth_admit(pulse_loco_auth *auth, uint64_t round,
+                                   const uint8_t newcomer[32],
+                                   const uint8_t sponsor[32],
+                                   const uint8_t sig[PULSE_SIGN_SIGNATURE_BYTES]) {
+  return admit(auth, round, newcomer, sponsor, sig, 1);
+}
+
+pulse_status pulse_loco_auth_admit_seen(pulse_loco_auth *auth, uint64_t round,
+                                        const uint8_t newcomer[32],
+                                        const uint8_t sponsor[32],
+                                        const uint8_t sig[PULSE_SIGN_SIGNATURE_BYTES]) {
+  return admit(auth, round, newcomer, sponsor, sig, 0);
 }
 
 int pulse_loco_auth_is_member(const pulse_loco_auth *auth,

@@ -10,6 +10,7 @@
  * timeouts, after a short backoff (RETRY_MS doubled, up to RETRY_MAX_MS,
  * with jitter); a body cut short is resumed where it stopped when its
  * server gave a strong ETag and honours Range. */
+#include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +19,7 @@
 #include "http_fetch_impl.h"
 #include "http_impl.h"
 #include "status_impl.h"
+#include "store_impl.h"
 
 #define RETRY_MS 3u      /* the first retry's delay */
 #define RETRY_MAX_MS 25u /* the longest: a blob is picked up this late */
@@ -126,8 +128,36 @@ pulse_status loco_http_post(const char *url, unsigned timeout_ms,
   return request(url, timeout_ms, 4096, PULSE_FETCH_POST, NULL, status);
 }
 
+void loco_sig_from_answer(const pulse_fetch_xfer *x, loco_sig *out) {
+  char round[32], key[80], sig[160];
+  memset(out, 0, sizeof *out);
+  if (!pulse_fetch_xfer_header(x, "X-Pulse-Loco-Round", round, sizeof round) ||
+      !pulse_fetch_xfer_header(x, "X-Pulse-Loco-Key", key, sizeof key) ||
+      !pulse_fetch_xfer_header(x, "X-Pulse-Loco-Signature", sig, sizeof sig))
+    return;
+  /* A plain decimal round (no sign, no leading zeros), lower-case hex. */
+  char *end;
+  errno = 0;
+  unsigned long long r = strtoull(round, &end, 10);
+  if (round[0] < '0' || round[0] > '9' || (round[0] == '0' && round[1]) ||
+      *end != '\0' || errno != 0 || strlen(key) != 64 || strlen(sig) != 128 ||
+      store_unhex(key, 64, out->key, 32) != 0 ||
+      store_unhex(sig, 128, out->sig, 64) != 0) {
+    memset(out, 0, sizeof *out);
+    return;
+  }
+  out->round = r;
+  out->present = 1;
+}
+
 pulse_status loco_http_wait(const char *url, unsigned timeout_ms,
                             size_t max_bytes, pulse_bytebuf *body) {
+  return loco_http_wait_signed(url, timeout_ms, max_bytes, body, NULL);
+}
+
+pulse_status loco_http_wait_signed(const char *url, unsigned timeout_ms,
+                                   size_t max_bytes, pulse_bytebuf *body,
+                                   loco_sig *sig) {
   pulse_fetch *f;
   PULSE_TRY(engine(&f));
   pulse_fetch_retry r;
@@ -141,6 +171,8 @@ pulse_status loco_http_wait(const char *url, unsigned timeout_ms,
   int oom = x.io_failed;
   if (st == PULSE_OK && x.status != 200)
     st = pulse_fail(PULSE_ERR_IO, "loco http: GET %s: HTTP %ld", url, x.status);
+  if (sig != NULL)
+    loco_sig_from_answer(&x, sig);
   give_body(&x, body);
   if (oom)
     return pulse_fail(PULSE_ERR_NOMEM, "loco http: response of %s", url);
@@ -206,6 +238,7 @@ pulse_status loco_http_gather(loco_fetch *t, size_t count,
   pulse_status st = pulse_fetch_gather(f, run, count, &r);
   for (size_t i = 0; i < count; i++) {
     t[i].done = pulse_fetch_xfer_ok(&x[i]) && x[i].status == 200;
+    loco_sig_from_answer(&x[i], &t[i].sig);
     give_body(&x[i], &t[i].body);
   }
   free(x), free(run);

@@ -13,6 +13,19 @@
 #include "http_fetch_impl.h"
 #include "pulse_status.h"
 
+/* A body's signature as it travels next to it (pulse_loco_auth.h):
+ * X-Pulse-Loco-Round, X-Pulse-Loco-Key and X-Pulse-Loco-Signature. */
+typedef struct {
+  int present; /* all three headers there and well-formed */
+  uint64_t round;
+  uint8_t key[32];
+  uint8_t sig[64];
+} loco_sig;
+
+/* Reads the three headers of a fetched answer (present 0 when any is
+ * missing or malformed). */
+void loco_sig_from_answer(const pulse_fetch_xfer *x, loco_sig *out);
+
 /* ----------------------------------------------------------------- server */
 
 /* Routes on the project's HTTP serving layer (trainer_side's
@@ -41,6 +54,28 @@ uint16_t loco_server_port(const loco_server *s);
 /* Publishes (a copy of) bytes under path, replacing what was there. */
 pulse_status loco_server_put(loco_server *s, const char *path, const void *data,
                              size_t size);
+
+/* loco_server_put with the body's signature headers (sig NULL or not
+ * present: none); a relay passes on the original signer's. */
+pulse_status loco_server_put_signed(loco_server *s, const char *path,
+                                    const void *data, size_t size,
+                                    const loco_sig *sig);
+
+/* A check of POSTs before the callback (the node's authentication): gets
+ * the path, and a way to read the request's query values; returns 0 to let
+ * the POST through, else the HTTP status to refuse it with (the reply text
+ * written as for loco_post_fn). Called on the server thread. */
+typedef unsigned (*loco_post_gate_fn)(void *user, const char *path,
+                                      const char *(*query)(void *rq,
+                                                           const char *key),
+                                      void *rq, char *reply, size_t cap);
+void loco_server_set_gate(loco_server *s, loco_post_gate_fn gate, void *user);
+
+/* More Prometheus text after the server's own at /metrics (the node's
+ * authentication counters); called on a server thread. */
+void loco_server_set_metrics(loco_server *s,
+                             void (*fn)(void *user, pulse_bytebuf *text),
+                             void *user);
 
 /* Removes every blob whose path starts with prefix and whose number right
  * after the prefix is below `below` ("/v1/loco/round/" and 7 drops rounds
@@ -78,6 +113,11 @@ pulse_status loco_http_post(const char *url, unsigned timeout_ms, long *status);
 pulse_status loco_http_wait(const char *url, unsigned timeout_ms,
                             size_t max_bytes, pulse_bytebuf *body);
 
+/* loco_http_wait keeping the answer's signature headers in *sig. */
+pulse_status loco_http_wait_signed(const char *url, unsigned timeout_ms,
+                                   size_t max_bytes, pulse_bytebuf *body,
+                                   loco_sig *sig);
+
 /* loco_http_wait for bytes [from, from + len) of url (a 206 of exactly
  * len bytes; retried as loco_http_wait retries). */
 pulse_status loco_http_get_range(const char *url, uint64_t from, uint64_t len,
@@ -93,6 +133,7 @@ typedef struct {
   size_t max_bytes;
   pulse_bytebuf body;
   int done;
+  loco_sig sig; /* the answer's signature headers */
 } loco_fetch;
 
 pulse_status loco_http_gather(loco_fetch *targets, size_t count,

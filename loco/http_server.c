@@ -6,16 +6,21 @@
  * adds the refusals, JSON errors, /metrics and /healthz. */
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "http_impl.h"
 #include "http_serve_impl.h"
 #include "status_impl.h"
+#include "store_impl.h"
 
 typedef struct {
   char *path;
   pulse_serve_blob *blob;
+  /* The signature headers' values, when has_sig. */
+  int has_sig;
+  char round[24], key[65], sig[129];
 } entry;
 
 struct loco_server {
@@ -26,20 +31,35 @@ struct loco_server {
   atomic_ullong served;
   loco_post_fn on_post;
   void *user;
+  loco_post_gate_fn gate;
+  void *gate_user;
+  void (*more_metrics)(void *user, pulse_bytebuf *text);
+  void *metrics_user;
 };
 
 static int get_blob(void *user, pulse_serve_request *rq, const char *path) {
   loco_server *s = user;
   pulse_serve_blob *b = NULL;
+  char round[24], key[65], sig[129];
+  int is_signed = 0;
   pthread_mutex_lock(&s->lock);
   for (size_t i = 0; i < s->count && b == NULL; i++)
-    if (strcmp(s->blobs[i].path, path) == 0)
+    if (strcmp(s->blobs[i].path, path) == 0) {
       b = pulse_serve_blob_ref(s->blobs[i].blob);
+      if ((is_signed = s->blobs[i].has_sig)) {
+        memcpy(round, s->blobs[i].round, sizeof round);
+        memcpy(key, s->blobs[i].key, sizeof key);
+        memcpy(sig, s->blobs[i].sig, sizeof sig);
+      }
+    }
   pthread_mutex_unlock(&s->lock);
   if (b == NULL)
     return pulse_serve_reply_error(rq, 404, "not (yet) here");
+  const char *hdr[] = {"X-Pulse-Loco-Round", round, "X-Pulse-Loco-Key", key,
+                       "X-Pulse-Loco-Signature", sig, NULL};
   /* The path's bytes may be replaced (the member list): revalidate. */
-  pulse_serve_meta m = {0, NULL, PULSE_SERVE_NO_CACHE, NULL, NULL};
+  pulse_serve_meta m = {0, NULL, PULSE_SERVE_NO_CACHE, NULL,
+                        is_signed ? hdr : NULL};
   int r = pulse_serve_reply_blob(rq, &m, b);
   unsigned status = pulse_serve_status(rq);
   if (status == 200 || status == 206)
@@ -47,11 +67,23 @@ static int get_blob(void *user, pulse_serve_request *rq, const char *path) {
   return r;
 }
 
+static const char *query_of(void *rq, const char *key) {
+  return pulse_serve_query(rq, key);
+}
+
 static int post(void *user, pulse_serve_request *rq, const char *path) {
   loco_server *s = user;
   if (s->on_post == NULL)
     return pulse_serve_reply_error(rq, 404, "no such route");
   char text[512] = "";
+  if (s->gate != NULL) {
+    unsigned refused = s->gate(s->gate_user, path, query_of, rq, text,
+                               sizeof text);
+    if (refused != 0) {
+      pulse_serve_meta m = {refused, "application/json", NULL, NULL, NULL};
+      return pulse_serve_reply_bytes(rq, &m, text, strnlen(text, sizeof text));
+    }
+  }
   unsigned status = s->on_post(s->user, path, pulse_serve_query(rq, "id"),
                                pulse_serve_query(rq, "url"), text, sizeof text);
   pulse_serve_meta m = {status, "application/json", NULL, NULL, NULL};
@@ -61,7 +93,7 @@ static int post(void *user, pulse_serve_request *rq, const char *path) {
 /* The process's fetches of the exchange (loco_http_metrics) beside the
  * layer's serving metrics: one /metrics shows both directions. */
 static void fetch_metrics(void *user, pulse_bytebuf *text) {
-  (void)user;
+  loco_server *s = user;
   pulse_fetch_metrics m;
   loco_http_metrics(&m);
   static const char *const what[4][2] = {
@@ -78,6 +110,20 @@ static void fetch_metrics(void *user, pulse_bytebuf *text) {
                          "pulse_loco_fetch_%s_total %llu\n",
                          what[i][0], what[i][1], what[i][0], what[i][0],
                          (unsigned long long)value[i]);
+  if (s->more_metrics != NULL)
+    s->more_metrics(s->metrics_user, text);
+}
+
+void loco_server_set_gate(loco_server *s, loco_post_gate_fn gate, void *user) {
+  s->gate_user = user;
+  s->gate = gate;
+}
+
+void loco_server_set_metrics(loco_server *s,
+                             void (*fn)(void *user, pulse_bytebuf *text),
+                             void *user) {
+  s->metrics_user = user;
+  s->more_metrics = fn;
 }
 
 static const pulse_serve_route routes[] = {
@@ -141,6 +187,22 @@ uint64_t loco_server_bytes_served(const loco_server *s) {
 
 pulse_status loco_server_put(loco_server *s, const char *path, const void *data,
                              size_t size) {
+  return loco_server_put_signed(s, path, data, size, NULL);
+}
+
+/* The headers' values of a signature (none: has_sig 0). */
+static void entry_sign(entry *e, const loco_sig *sig) {
+  e->has_sig = sig != NULL && sig->present;
+  if (!e->has_sig)
+    return;
+  snprintf(e->round, sizeof e->round, "%llu", (unsigned long long)sig->round);
+  store_hex(sig->key, sizeof sig->key, e->key);
+  store_hex(sig->sig, sizeof sig->sig, e->sig);
+}
+
+pulse_status loco_server_put_signed(loco_server *s, const char *path,
+                                    const void *data, size_t size,
+                                    const loco_sig *sig) {
   pulse_serve_blob *b = NULL;
   char *p = strdup(path);
   if (p == NULL || pulse_serve_blob_create(data, size, &b) != PULSE_OK) {
@@ -153,6 +215,7 @@ pulse_status loco_server_put(loco_server *s, const char *path, const void *data,
     if (strcmp(s->blobs[i].path, path) == 0) {
       pulse_serve_blob *old = s->blobs[i].blob;
       s->blobs[i].blob = b;
+      entry_sign(&s->blobs[i], sig);
       pthread_mutex_unlock(&s->lock);
       pulse_serve_blob_release(old); /* responses sending it keep theirs */
       free(p);
@@ -170,7 +233,10 @@ pulse_status loco_server_put(loco_server *s, const char *path, const void *data,
     s->blobs = e;
     s->cap = cap;
   }
-  s->blobs[s->count++] = (entry){p, b};
+  entry *e = &s->blobs[s->count++];
+  e->path = p;
+  e->blob = b;
+  entry_sign(e, sig);
   pthread_mutex_unlock(&s->lock);
   return PULSE_OK;
 }

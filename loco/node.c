@@ -15,6 +15,7 @@
  * Joins and leaves take effect between rounds through the manifest. */
 #include <pthread.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +23,7 @@
 #include "http_impl.h"
 #include "loco_impl.h"
 #include "manifest_impl.h"
+#include "node_auth_impl.h"
 #include "node_impl.h"
 #include "payload_impl.h"
 #include "pulse_log.h"
@@ -174,7 +176,8 @@ pulse_status pulse_loco_node_create(const pulse_loco_node_opts *opts,
   if (out == NULL)
     return pulse_fail(PULSE_ERR_ARG, "loco node: NULL output");
   *out = NULL;
-  if (opts == NULL || opts->struct_version != PULSE_LOCO_NODE_OPTS_VERSION ||
+  if (opts == NULL || opts->struct_version < 2 ||
+      opts->struct_version > PULSE_LOCO_NODE_OPTS_VERSION ||
       ctx == NULL || opts->deadline_ms == 0 || opts->manifest_timeout_ms == 0 ||
       opts->max_misses == 0 ||
       !(opts->drop_rate >= 0.0 && opts->drop_rate <= 1.0) ||
@@ -195,7 +198,10 @@ pulse_status pulse_loco_node_create(const pulse_loco_node_opts *opts,
   pulse_loco_node *n = calloc(1, sizeof *n);
   if (n == NULL)
     return pulse_fail(PULSE_ERR_NOMEM, "loco node");
-  n->opts = *opts;
+  /* A version 2 caller's struct ends before the authentication fields. */
+  memcpy(&n->opts, opts,
+         opts->struct_version >= 3 ? sizeof *opts
+                                   : offsetof(pulse_loco_node_opts, sign_key));
   n->ctx = ctx;
   n->id = pulse_loco_trainer_id(ctx);
   pthread_mutex_init(&n->lock, NULL);
@@ -215,6 +221,10 @@ pulse_status pulse_loco_node_create(const pulse_loco_node_opts *opts,
   }
   snprintf(n->url, sizeof n->url, "http://%s:%u", host,
            (unsigned)loco_server_port(n->srv));
+  if ((st = loco_auth_start(n, opts)) != PULSE_OK) { /* auth hook */
+    pulse_loco_node_free(n);
+    return st;
+  }
   if (opts->transport == PULSE_LOCO_TRANSPORT_UDP &&
       (st = loco_node_udp_start(n)) != PULSE_OK) {
     pulse_loco_node_free(n);
@@ -228,6 +238,7 @@ void pulse_loco_node_free(pulse_loco_node *n) {
   if (n == NULL)
     return;
   loco_server_stop(n->srv);
+  loco_auth_stop(n); /* auth hook: after the server (its gate, metrics) */
   loco_node_udp_stop(n);
   pthread_mutex_destroy(&n->lock);
   free(n);
@@ -263,6 +274,7 @@ pulse_status pulse_loco_node_start(pulse_loco_node *n,
   if (loco_node_find_member(sorted, count, n->id) < 0)
     return pulse_fail(PULSE_ERR_ARG,
                       "loco node: this node (%u) is not a member", n->id);
+  PULSE_TRY(loco_auth_check_founders(n, sorted, count)); /* auth hook */
   loco_node_set_members(n, sorted, count);
   PULSE_TRY(loco_node_publish_state(n));
   return publish_view(n);
@@ -349,10 +361,12 @@ static pulse_status join_via(pulse_loco_node *n, const char *seed,
   }
   snprintf(coord, sizeof coord, "%s", view.members[c].url);
   loco_manifest_free(&view);
-  snprintf(url, sizeof url, "%s/v1/loco/join?id=%u&url=%s", coord, n->id,
+  char join[640]; /* the auth hook adds the key and the admission */
+  snprintf(join, sizeof join, "%s/v1/loco/join?id=%u&url=%s", coord, n->id,
            n->url);
+  loco_auth_join_query(n, join + strlen(join), sizeof join - strlen(join));
   long status;
-  PULSE_TRY(loco_http_post(url, left_ms(end), &status));
+  PULSE_TRY(loco_http_post(join, left_ms(end), &status));
   if (status != 202)
     return pulse_fail(PULSE_ERR_IO, "loco join: %s answered %ld", coord,
                       status);
@@ -535,7 +549,8 @@ pulse_status loco_node_close_round(pulse_loco_node *n, uint64_t r,
   if (st == PULSE_OK) {
     snprintf(path, sizeof path, "/v1/loco/round/%llu/manifest",
              (unsigned long long)r);
-    st = loco_server_put(n->srv, path, mb.data, mb.size);
+    st = loco_auth_put(n, path, PULSE_LOCO_AUTH_MANIFEST, r, mb.data,
+                       mb.size); /* signed (auth hook) */
   }
   pulse_bytebuf_free(&mb);
   *nn_out = nn;
@@ -584,6 +599,9 @@ static pulse_status coordinate(pulse_loco_node *n, uint64_t r,
                drop_draw(n->opts.drop_seed, r, id) < n->opts.drop_rate;
     if (lost)
       ok = 0; /* simulated loss */
+    if (ok && !loco_auth_accept(n, PULSE_LOCO_AUTH_PAYLOAD, r, id, &t[j].sig,
+                                t[j].body.data, t[j].body.size))
+      ok = 0; /* refused by authentication (counted): left out */
     if (ok &&
         (pulse_loco_payload_peek(t[j].body.data, t[j].body.size, &h) !=
              PULSE_OK ||
@@ -612,7 +630,10 @@ static pulse_status coordinate(pulse_loco_node *n, uint64_t r,
     char path[96];
     snprintf(path, sizeof path, "/v1/loco/round/%llu/from/%u",
              (unsigned long long)r, refs[k].id);
-    st = loco_server_put(n->srv, path, set[k].data, set[k].size);
+    /* The original signer's signature goes with it (auth hook). */
+    int j = loco_node_find_member(n->members, M, refs[k].id);
+    st = loco_auth_relay(n, path, set[k].data, set[k].size,
+                         k == 0 ? NULL : &t[j].sig);
   }
   pulse_loco_member next[LOCO_MAX_MEMBERS];
   size_t nn = 0;
@@ -718,7 +739,9 @@ static pulse_status fetch_contributions(pulse_loco_node *n, uint64_t r,
         loco_sha256(w[a].body.data, w[a].body.size, sha);
       }
       if (w[a].done && w[a].body.size == man->contrib[k].bytes &&
-          memcmp(sha, man->contrib[k].sha256, 32) == 0) {
+          memcmp(sha, man->contrib[k].sha256, 32) == 0 &&
+          loco_auth_accept(n, PULSE_LOCO_AUTH_PAYLOAD, r, man->contrib[k].id,
+                           &w[a].sig, w[a].body.data, w[a].body.size)) {
         pulse_bytebuf_free(&t[k].body);
         t[k].body = w[a].body;
         t[k].done = 1;
@@ -748,8 +771,8 @@ static pulse_status follow(pulse_loco_node *n, uint64_t r, const uint8_t *own,
           (unsigned long long)r);
   loco_manifest man;
   memset(&man, 0, sizeof man);
-  pulse_status st =
-      loco_node_get_json(url, n->opts.manifest_timeout_ms, &man, &n->fetched);
+  pulse_status st = loco_auth_get_manifest(n, url, r, n->members[0].id,
+                                           &man); /* checked (auth hook) */
   if (st == PULSE_OK &&
       (man.round != r || man.coordinator != n->members[0].id ||
        !man.has_contributors || man.ncontrib == 0))
@@ -836,6 +859,7 @@ pulse_status pulse_loco_node_step(pulse_loco_node *n, float *theta_r,
     info = &local;
   memset(info, 0, sizeof *info);
   n->fetched = 0;
+  loco_auth_begin_step(n, pulse_loco_round(n->ctx)); /* auth hook */
   if (n->dropped) {
     /* Join again; the caller's next step runs the admission round. */
     PULSE_TRY(pulse_loco_node_join(n, n->rejoin_url, theta_r,
@@ -873,7 +897,8 @@ pulse_status pulse_loco_node_step(pulse_loco_node *n, float *theta_r,
   }
   char path[64];
   snprintf(path, sizeof path, "/v1/loco/round/%llu", (unsigned long long)r);
-  st = loco_server_put(n->srv, path, payload, size);
+  st = loco_auth_put(n, path, PULSE_LOCO_AUTH_PAYLOAD, r, payload,
+                     size); /* signed (auth hook) */
   if (st != PULSE_OK) {
     pulse_loco_abandon(n->ctx, 0);
     return st;
@@ -893,6 +918,7 @@ pulse_status pulse_loco_node_step(pulse_loco_node *n, float *theta_r,
   free(own);
 ended:
   info->fetched_bytes = n->fetched;
+  loco_auth_end_step(n, info); /* auth hook */
   if (n->ctx->prepared)
     pulse_loco_abandon(n->ctx, 0); /* failed before finishing: keep all of s */
   /* Payloads and relays of the last two rounds; manifests (a few hundred

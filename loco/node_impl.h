@@ -65,6 +65,10 @@ struct pulse_loco_node {
   loco_datagram *early;
   size_t nearly;
   uint32_t since_resync;
+
+  /* Authentication (node_auth.c): NULL when the node does not sign and
+   * check. */
+  struct loco_node_auth *auth;
 };
 
 

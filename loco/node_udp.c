@@ -28,6 +28,7 @@
 #include <string.h>
 
 #include "endian_impl.h"
+#include "node_auth_impl.h"
 #include "node_impl.h"
 #include "pulse_log.h"
 
@@ -109,13 +110,17 @@ static const loco_udp_peer *known_peer(const pulse_loco_node *n, uint32_t id) {
   return NULL;
 }
 
-/* The one check a datagram passes before the inbox decodes it: it came
- * whole and from the socket of the member it names as its sender (its
- * port learned over HTTP). A verification of the chunk's origin (a
- * signature, issue 15) belongs here too: return 0 and the chunk is
- * dropped and counted before it can reach the aggregate. A datagram too
- * short to name a sender goes on to the inbox, which counts it. */
-static int datagram_admit(const pulse_loco_node *n, const loco_datagram *d) {
+/* The checks a datagram passes before the inbox decodes it (r: the round
+ * being received): it came whole and from the socket of the member it
+ * names as its sender (its port learned over HTTP); and, when the node
+ * authenticates, its SHA-256 is in the list its sender signed for its
+ * round (node_auth.c; an older round's is a replay). A refused datagram
+ * is dropped and counted (*auth_refused tells which check) before it can
+ * reach the aggregate. A datagram too short to name a sender goes on to
+ * the inbox, which counts it. */
+static int datagram_admit(pulse_loco_node *n, uint64_t r,
+                          const loco_datagram *d, int *auth_refused) {
+  *auth_refused = 0;
   if (d->cut)
     return 0;
   if (d->size < PULSE_LOCO_CHUNK_HEADER)
@@ -124,7 +129,11 @@ static int datagram_admit(const pulse_loco_node *n, const loco_datagram *d) {
   const loco_udp_peer *p = known_peer(n, sender);
   if (p == NULL)
     return 1; /* not a member: the inbox counts an unknown sender */
-  return d->addr == p->addr && d->port == p->port;
+  if (d->addr != p->addr || d->port != p->port)
+    return 0;
+  if (!loco_auth_udp_admit(n, r, d))
+    return *auth_refused = 1, 0;
+  return 1;
 }
 
 /* The round a chunk names, or UINT64_MAX when it is not a chunk. */
@@ -140,10 +149,11 @@ static uint64_t chunk_round(const loco_datagram *d) {
  * @return 1 when the inbox kept it. */
 static int take_datagram(pulse_loco_node *n, pulse_loco_inbox *in, uint64_t r,
                           loco_datagram *d, pulse_loco_step_info *info) {
-  int kept = 0;
+  int kept = 0, auth_refused;
   uint64_t round = chunk_round(d);
-  if (!datagram_admit(n, d)) {
-    info->datagrams_refused_source++;
+  if (!datagram_admit(n, r, d, &auth_refused)) {
+    if (!auth_refused) /* counted in info->datagrams_refused_auth */
+      info->datagrams_refused_source++;
   } else if (round != UINT64_MAX && round > r && round <= r + 2 &&
              known_peer(n, pulse_load_le32(d->data + 8)) != NULL &&
              n->nearly < EARLY_MAX) {
@@ -524,8 +534,8 @@ static pulse_status follow_round(pulse_loco_node *n, const char *coord,
                     (unsigned long long)r);
   loco_manifest man;
   memset(&man, 0, sizeof man);
-  pulse_status st = loco_node_get_json(url, n->opts.manifest_timeout_ms, &man,
-                                       &n->fetched);
+  pulse_status st = loco_auth_get_manifest(n, url, r, n->members[0].id,
+                                           &man); /* checked (auth hook) */
   if (st == PULSE_OK &&
       (man.round != r || man.coordinator != n->members[0].id ||
        !man.has_contributors || man.ncontrib == 0))
@@ -592,8 +602,15 @@ pulse_status loco_node_udp_round(pulse_loco_node *n, uint64_t r, int leaving,
       ids[j] = n->members[j].id;
     st = pulse_loco_inbox_create(ctx, ids, n->nmembers, &in);
   }
+  /* The signed list of the chunks' digests goes first: a receiver checks
+   * every chunk against it (auth hook). */
   if (st == PULSE_OK)
-    st = send_chunks(n, r, &chunks, nchunks, info);
+    st = loco_auth_udp_publish(n, r, &chunks, nchunks);
+  if (st == PULSE_OK) {
+    uint64_t nsend = nchunks;
+    const pulse_buffer *out = loco_auth_udp_outgoing(n, &chunks, &nsend);
+    st = send_chunks(n, r, out, nsend, info);
+  }
   if (st == PULSE_OK) {
     /* Sent (some maybe lost): a receiver that heard nothing from this
      * trainer learns here that it need not wait. */

@@ -37,6 +37,7 @@
 #include <stdint.h>
 
 #include "pulse_codec.h" /* pulse_buffer, pulse_pos_model */
+#include "pulse_loco_auth.h" /* pulse_sign_key, pulse_loco_auth_counters */
 #include "pulse_status.h"
 
 #ifdef __cplusplus
@@ -448,6 +449,21 @@ double pulse_loco_drift(const float *theta_a, const float *theta_b, uint64_t n);
  * thread; the server thread reads only copies. */
 typedef struct pulse_loco_node pulse_loco_node;
 
+/* A pinned member: its trainer id and Ed25519 public key. */
+typedef struct {
+  uint32_t id;
+  uint8_t key[PULSE_SIGN_PUBLIC_BYTES];
+} pulse_loco_member_key;
+
+/* A member's signature admitting a newcomer's key (pulse_loco_auth.h, the
+ * admission text), valid while the group has not passed round `round`. */
+typedef struct pulse_loco_admission {
+  uint8_t key[PULSE_SIGN_PUBLIC_BYTES];     /* the newcomer's */
+  uint8_t sponsor[PULSE_SIGN_PUBLIC_BYTES]; /* the member's who signed */
+  uint64_t round;
+  uint8_t sig[PULSE_SIGN_SIGNATURE_BYTES];
+} pulse_loco_admission;
+
 /* Node options; start from PULSE_LOCO_NODE_OPTS_INIT. */
 typedef struct {
   uint32_t struct_version; /* PULSE_LOCO_NODE_OPTS_VERSION */
@@ -501,18 +517,40 @@ typedef struct {
    * caller holding every replica can measure the drift over all pairs. */
   void (*drift_probe)(void *user, uint64_t round, const float *theta_g);
   void *drift_probe_user;
+  /* Version 3: authentication (issue 15, pulse_loco_auth.h, PAYLOAD.md
+   * "Authentication"). This trainer's Ed25519 key signs its payloads,
+   * manifests (and UDP chunk lists); borrowed, must outlive the node. NULL:
+   * no key. */
+  const pulse_sign_key *sign_key;
+  /* The pinned members: (trainer id, public key) pairs (copied). Every
+   * founding member must be here (or be this node); a joiner not here
+   * needs an admission. */
+  const pulse_loco_member_key *member_keys;
+  size_t member_key_count;
+  /* PULSE_LOCO_AUTH_AUTO (on when sign_key is given), _ON (refuse to
+   * create without a key) or _OFF (nothing signed or checked, even with a
+   * key: for comparisons). Every member of a run must agree. */
+  uint32_t auth;
+  /* A joiner's admission by a member (pulse_loco_node_admit), presented
+   * when it joins; NULL when its key is pinned. Copied. */
+  const pulse_loco_admission *admission;
 } pulse_loco_node_opts;
+
+/* pulse_loco_node_opts.auth */
+#define PULSE_LOCO_AUTH_AUTO 0u
+#define PULSE_LOCO_AUTH_ON 1u
+#define PULSE_LOCO_AUTH_OFF 2u
 
 /* Transports of pulse_loco_node_opts.transport. */
 #define PULSE_LOCO_TRANSPORT_HTTP 0u
 #define PULSE_LOCO_TRANSPORT_UDP 1u
 
-#define PULSE_LOCO_NODE_OPTS_VERSION 2u
+#define PULSE_LOCO_NODE_OPTS_VERSION 3u
 #define PULSE_LOCO_NODE_OPTS_INIT                                              \
   {                                                                            \
     PULSE_LOCO_NODE_OPTS_VERSION, 2000, 10000, 3, 0.0, 0,                      \
         PULSE_LOCO_TRANSPORT_HTTP, 1472, 30, 0.0, 1024, 1, 0.01, NULL, NULL,   \
-        NULL                                                                   \
+        NULL, NULL, NULL, 0, PULSE_LOCO_AUTH_AUTO, NULL                        \
   }
 
 /** Parses "http" or "udp" into a PULSE_LOCO_TRANSPORT_* value.
@@ -557,6 +595,15 @@ pulse_status pulse_loco_node_start(pulse_loco_node *node,
                                    const pulse_loco_member *members,
                                    size_t count);
 
+/** Admits the key `newcomer` (a trainer that will join, with this
+ * admission in its options) on behalf of this member, valid until the
+ * group passes round `until_round`. The node must authenticate (a key).
+ * @return PULSE_OK; PULSE_ERR_ARG (no key, NULL); PULSE_ERR_INTERNAL. */
+pulse_status pulse_loco_node_admit(const pulse_loco_node *node,
+                                   const uint8_t newcomer[32],
+                                   uint64_t until_round,
+                                   pulse_loco_admission *out);
+
 /** Joins a running group through any member's URL: registers with the
  * coordinator, waits until a manifest admits this node, and imports the
  * state of the round it starts at (theta_g, b, round; e is kept), setting
@@ -593,6 +640,12 @@ typedef struct {
   uint32_t resynced_ranges; /* ranges copied from the reference */
   uint64_t resync_bytes;    /* HTTP bodies of the drift check and re-sync */
   uint64_t wait_ms;         /* time spent receiving the round's chunks */
+  /* Authentication (issue 15): what this step's checks accepted and
+   * refused (payloads, manifests and UDP chunk lists, by reason), and the
+   * datagrams refused for want of a place in their sender's signed chunk
+   * list (or of an older round). A refused contribution is left out. */
+  pulse_loco_auth_counters auth;
+  uint64_t datagrams_refused_auth;
 } pulse_loco_step_info;
 
 /** One outer step over HTTP: prepare, publish, exchange (coordinator:

@@ -17,8 +17,8 @@
  *
  * Transport (for the exchange's HTTP answers): X-Pulse-Loco-Round,
  * X-Pulse-Loco-Key (64 hex) and X-Pulse-Loco-Signature (128 hex) next to
- * the body. This module checks; the exchange (pulse_loco_node) is what must
- * call it on every body before decoding it (not wired yet).
+ * the body. This module checks; the exchange (pulse_loco_node, node_auth.c)
+ * calls it on every body before decoding it.
  *
  * Thread-safety: a handle is used by one thread at a time. Nothing here
  * prints to stdout. */
@@ -126,6 +126,17 @@ pulse_status pulse_loco_auth_admit(pulse_loco_auth *auth, uint64_t round,
                                    const uint8_t newcomer[32],
                                    const uint8_t sponsor[32],
                                    const uint8_t sig[PULSE_SIGN_SIGNATURE_BYTES]);
+
+/** pulse_loco_auth_admit without the round's replay check: for an
+ * admission a member learns after the fact, of a newcomer that a signed
+ * manifest already lists (the coordinator checked its round when it
+ * admitted it; the newcomer's later rounds may be past it). The sponsor
+ * must still be a member and the signature verify. Same returns, never
+ * PULSE_ERR_BASE_STEP. */
+pulse_status pulse_loco_auth_admit_seen(pulse_loco_auth *auth, uint64_t round,
+                                        const uint8_t newcomer[32],
+                                        const uint8_t sponsor[32],
+                                        const uint8_t sig[PULSE_SIGN_SIGNATURE_BYTES]);
 
 /** 1 when `pub` is a member. */
 int pulse_loco_auth_is_member(const pulse_loco_auth *auth,
