@@ -85,6 +85,13 @@ typedef struct {
   uint32_t nnetns;
   uint32_t problem;      /* PULSE_TK_PROBLEM_TEXT (default) or _TEACHER */
   const char *text_path; /* --text FILE; NULL: base-files' licences */
+  /* Authentication (issue 15): every trainer signs with its key (made for
+   * the run, before the trainers fork) and pins every trainer's; --no-auth
+   * turns it off to compare. */
+  int no_auth;
+  pulse_sign_key *keys[MAX_TRAINERS];
+  pulse_loco_member_key pins[MAX_TRAINERS];
+  uint32_t npins;
 } loco_args;
 
 void bench_loco_usage(FILE *out) {
@@ -167,6 +174,12 @@ void bench_loco_usage(FILE *out) {
       "                   `ip netns add`) and listens on its address A (root; "
       "for tests\n"
       "                   over a real link: tests/cli/loco_udp_netns.sh)\n"
+      "  --no-auth        PULSELoCo trainers neither sign nor check (by "
+      "default each\n"
+      "                   signs its payloads and manifests with a key made "
+      "for the\n"
+      "                   run and pins every trainer's: loco/PAYLOAD.md, "
+      "Authentication)\n"
       "  --only-pulseloco skip the three baselines (left out of the output): "
       "loss\n"
       "                   experiments with many trainers\n"
@@ -394,6 +407,12 @@ static int run_trainer(const loco_args *a, uint32_t id, int founder, int in_fd,
   drift_probe_ctx probe = {pd, id, 0};
   no.drift_probe = drift_probe_write;
   no.drift_probe_user = &probe;
+  if (!a->no_auth) {
+    no.auth = PULSE_LOCO_AUTH_ON;
+    no.sign_key = a->keys[id];
+    no.member_keys = a->pins;
+    no.member_key_count = a->npins;
+  }
   pulse_loco_node *node = NULL;
   if ((st = pulse_loco_node_create(&no, ctx, &node)) != PULSE_OK)
     return child_fail(out, "node", st);
@@ -462,6 +481,9 @@ static int run_trainer(const loco_args *a, uint32_t id, int founder, int in_fd,
     double loss = -1.0;
     if (pacer)
       pulse_tk_problem_eval(p, pulse_loco_global(ctx), &loss, NULL);
+    dprintf(out, "auth %" PRIu64 " %" PRIu64 "\n", info.auth.accepted,
+            info.auth.unsigned_bodies + info.auth.forged + info.auth.replayed +
+                info.auth.foreign + info.datagrams_refused_auth);
     dprintf(out,
             "round %" PRIu64 " %" PRIu64 " %" PRIu64 " %u %u %" PRIu64
             " %d %.9g\n",
@@ -535,6 +557,7 @@ typedef struct {
   uint64_t P;
   uint32_t pacer_rounds;
   int failed;
+  uint64_t auth_accepted, auth_refused; /* over every trainer and round */
   uint64_t text_bytes, text_digest; /* the text problem's data */
   bench_pair_drift pd;              /* drift over all trainer pairs */
 } bench;
@@ -627,6 +650,11 @@ static void on_trainer_line(bench *b, child *c, const char *line) {
   int resynced;
   if (sscanf(line, "url %u %63s", &u1, c->url) == 2)
     return;
+  if (sscanf(line, "auth %" SCNu64 " %" SCNu64, &v1, &v2) == 2) {
+    b->auth_accepted += v1;
+    b->auth_refused += v2;
+    return;
+  }
   if (sscanf(line, "round %u %" SCNu64 " %" SCNu64 " %u %u %" SCNu64 " %d %lf",
              &r, &v1, &v2, &u1, &u2, &v3, &resynced, &loss) == 8 &&
       r >= 1 && r <= b->a.rounds) {
@@ -955,6 +983,9 @@ static void print_summary_json(const bench *b, const totals *t, double seconds,
          b->text_bytes, b->text_digest, t->max_pair_drift, t->pair_rounds,
          t->max_drift, t->round_t.median, t->round_t.p10, t->round_t.p90,
          t->exchange_t.median);
+  printf(",\"auth\":%s,\"auth_accepted\":%" PRIu64
+         ",\"auth_refused\":%" PRIu64,
+         a->no_auth ? "false" : "true", b->auth_accepted, b->auth_refused);
   printf(",\"transport\":\"%s\",\"drop\":%g,"
          "\"max_replay_drift\":%.6g,\"drift_budget\":%g,\"resync_period\":%u,"
          "\"resynced_ranges\":%" PRIu64 ",\"resync_bytes\":%" PRIu64
@@ -1034,6 +1065,12 @@ static void print_summary_text(const bench *b, const totals *t, double seconds,
          "%.0f, 10-90%% %.0f-%.0f), the exchange %.0f ms (median %.0f)\n",
          t->round_ms, t->round_t.median, t->round_t.p10, t->round_t.p90,
          t->exchange_ms, t->exchange_t.median);
+  if (a->no_auth)
+    printf("  authentication off (--no-auth)\n");
+  else
+    printf("  authentication on (Ed25519, every trainer's key pinned): %" PRIu64
+           " bodies accepted, %" PRIu64 " bodies or datagrams refused\n",
+           b->auth_accepted, b->auth_refused);
   printf("  replicas identical at the end: %s; %.1f s\n",
          identical ? "yes" : "NO", seconds);
 }
@@ -1168,6 +1205,8 @@ static int parse(int argc, char **argv, loco_args *a) {
       a->json = 1;
     } else if (pulse_tk_opt_flag(arg, "--only-pulseloco")) {
       a->only_pulseloco = 1;
+    } else if (pulse_tk_opt_flag(arg, "--no-auth")) {
+      a->no_auth = 1;
     } else if ((m = pulse_tk_opt_value(argc, argv, &i, "--report", &v)) != 0) {
       if (m < 0)
         return usage_error("--report needs a folder%s", "");
@@ -1302,6 +1341,18 @@ static int run_all(bench *b) {
   if (b->a.join_round > 0)
     b->kids[b->nkids++].id = b->a.trainers;
   int ok = 1;
+  /* Keys for every trainer (the joiner's pinned too), before the fork. */
+  b->a.npins = 0;
+  for (uint32_t i = 0; !b->a.no_auth && ok && i <= b->a.trainers; i++) {
+    if (pulse_sign_key_generate(&b->a.keys[i]) != PULSE_OK) {
+      fprintf(stderr, PROG ": keys: %s\n", pulse_error_detail());
+      ok = 0;
+      break;
+    }
+    b->a.pins[i].id = i;
+    pulse_sign_key_public(b->a.keys[i], b->a.pins[i].key);
+    b->a.npins++;
+  }
   for (size_t i = 0; i < b->nkids && ok; i++)
     if (!(b->kids[i].baseline && b->a.only_pulseloco) &&
         spawn(b, &b->kids[i],
@@ -1328,6 +1379,8 @@ static int run_all(bench *b) {
       ok = 0;
     }
   }
+  for (uint32_t i = 0; i < b->a.npins; i++)
+    pulse_sign_key_free(b->a.keys[i]);
   return ok;
 }
 
@@ -1353,7 +1406,7 @@ int bench_loco_main(int argc, char **argv) {
   b.a = (loco_args){3,    50, 20, 2000, 70000, 1, 0.0, 0.0, PULSE_LOCO_RULE_DROP,
                     -1,   -1, 0,  0,    NULL,  PULSE_LOCO_TRANSPORT_HTTP,
                     0.0, 1,  0.01, {{0}}, {{0}}, 0, PULSE_TK_PROBLEM_TEXT,
-                    NULL};
+                    NULL, 0, {NULL}, {{0, {0}}}, 0};
   int rc = parse(argc, argv, &b.a);
   if (rc >= 0)
     return rc;
