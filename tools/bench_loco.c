@@ -585,24 +585,13 @@ static int spawn(bench *b, child *c, int (*body)(bench *, child *, int, int)) {
   return 0;
 }
 
-/* The baselines and the replay yield the CPU to the PULSELoCo trainers
- * (nice 10), so that trainers' round times measure PULSELoCo more than
- * the other processes of the run. */
-static void yield_to_trainers(void) {
-  errno = 0;
-  if (nice(10) == -1 && errno != 0)
-    return; /* not fatal: times are only noisier */
-}
-
 static int baseline_body(bench *b, child *c, int in, int out) {
   (void)in;
-  yield_to_trainers();
   return run_baseline(&b->a, c->baseline - 1, out);
 }
 
 static int replay_body(bench *b, child *c, int in, int out) {
   (void)c, (void)in;
-  yield_to_trainers();
   return run_replay(&b->a, out);
 }
 
