@@ -12,6 +12,7 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdlib.h>
 #include <unistd.h>
 
 #define PULSE_MAX_THREADS 256
@@ -172,4 +173,54 @@ void pulse_parallel_for(int threads, size_t count, void (*fn)(void *ctx, size_t 
   pj.ctx = ctx;
   if (threads > 0)
     pulse_parallel_run(threads, parallel_worker, &pj);
+}
+
+uintptr_t pulse_parallel_self(void) {
+  static _Thread_local char self; /* one per thread: its address names it */
+  return (uintptr_t)&self;
+}
+
+typedef struct {
+  size_t count;
+  const uintptr_t *owner;
+  atomic_uchar *taken;
+  void (*fn)(void *ctx, size_t i);
+  void *ctx;
+} affine_job;
+
+static int affine_take(affine_job *aj, size_t i) {
+  return atomic_load_explicit(&aj->taken[i], memory_order_relaxed) == 0 &&
+         atomic_exchange_explicit(&aj->taken[i], 1, memory_order_relaxed) == 0;
+}
+
+/* Its own items in order, then what is left from the other end, where the
+ * owners (walking forward) get last. */
+static void affine_worker(void *arg) {
+  affine_job *aj = arg;
+  uintptr_t me = pulse_parallel_self();
+  for (size_t i = 0; i < aj->count; i++)
+    if (aj->owner[i] == me && affine_take(aj, i))
+      aj->fn(aj->ctx, i);
+  for (size_t i = aj->count; i-- > 0;)
+    if (affine_take(aj, i))
+      aj->fn(aj->ctx, i);
+}
+
+void pulse_parallel_for_affine(int threads, size_t count, const uintptr_t *owner,
+                               void (*fn)(void *ctx, size_t i), void *ctx) {
+  if (threads <= 0)
+    threads = pulse_cpu_count();
+  if ((size_t)threads > count)
+    threads = (int)count;
+  if (threads <= 1 || owner == NULL) {
+    pulse_parallel_for(threads, count, fn, ctx);
+    return;
+  }
+  affine_job aj = {count, owner, calloc(count, sizeof(atomic_uchar)), fn, ctx};
+  if (aj.taken == NULL) {
+    pulse_parallel_for(threads, count, fn, ctx);
+    return;
+  }
+  pulse_parallel_run(threads, affine_worker, &aj);
+  free(aj.taken);
 }

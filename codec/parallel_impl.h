@@ -3,6 +3,7 @@
 #define PULSE_PARALLEL_IMPL_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 /* Runs fn(ctx, i) for every i in [0, count), on up to `threads` threads
  * (<= 0: one per online CPU), the caller's thread included. Items are handed
@@ -19,6 +20,21 @@ void pulse_parallel_for(int threads, size_t count,
  * helpers are the process's pool threads, or threads of the job's own
  * while another job has the pool. */
 void pulse_parallel_run(int threads, void (*fn)(void *ctx), void *ctx);
+
+/* A token of the calling thread, distinct among the threads alive at once
+ * (for pulse_parallel_for_affine's owners). */
+uintptr_t pulse_parallel_self(void);
+
+/* pulse_parallel_for where item i was last worked on by the thread whose
+ * pulse_parallel_self() is owner[i]: each thread first runs the items it
+ * owns, then any that no thread has taken (an owner that is not among this
+ * job's threads). Every item runs exactly once, whoever joins. Why: on a
+ * machine whose cores do not share a last-level cache (AMD's CCXs; two vCPUs
+ * may sit on two), a second pass over the lines a first pass touched is
+ * several times slower on the other core. Falls back to pulse_parallel_for
+ * when memory for the claims is short. */
+void pulse_parallel_for_affine(int threads, size_t count, const uintptr_t *owner,
+                               void (*fn)(void *ctx, size_t i), void *ctx);
 
 /* Number of online CPUs (at least 1). */
 int pulse_cpu_count(void);

@@ -60,6 +60,8 @@ struct pulse_patch_stream {
   stream_item *items; /* chunks with changes of targeted tensors, body order */
   uint64_t *end;      /* per item: offset just past its bytes */
   item_result *result;
+  uintptr_t *decoder; /* per item: the thread that decoded it, whose caches
+                         hold its lines for the commit (parallel_impl.h) */
   size_t nitems;
   pulse_chunk_feed *feed; /* the decode threads */
   double t_begin;
@@ -127,6 +129,7 @@ static int decode_item(void *ctx, size_t i) {
   else
     r->delta = patch_resolve_chunk(base, ch, at, at + k);
   r->seconds = now_s() - t0;
+  s->decoder[i] = pulse_parallel_self();
   r->decoded = 1;
   return r->st == PULSE_OK;
 }
@@ -171,7 +174,7 @@ void pulse_patch_stream_free(pulse_patch_stream *s) {
   pulse_chunk_feed_free(s->feed);
   pulse_slab_give(s->slab, s->slab_bytes); /* the staged changes' arrays */
   free(s->scratch_at), free(s->target), free(s->staged), free(s->index), free(s->digest),
-      free(s->items), free(s->end), free(s->result);
+      free(s->items), free(s->end), free(s->result), free(s->decoder);
   free(s);
 }
 
@@ -316,9 +319,10 @@ pulse_status patch_stream_begin(const pulse_patch *p,
   s->items = calloc(p->chunks + 1, sizeof *s->items);
   s->end = calloc(p->chunks + 1, sizeof *s->end);
   s->result = calloc(p->chunks + 1, sizeof *s->result);
+  s->decoder = calloc(p->chunks + 1, sizeof *s->decoder);
   pulse_status st = PULSE_OK;
   if (!s->target || !s->staged || !s->scratch_at || !s->index || !s->digest || !s->items ||
-      !s->end || !s->result)
+      !s->end || !s->result || !s->decoder)
     st =
         pulse_fail(PULSE_ERR_NOMEM, "patch stream: staging for %zu tensors", n);
   if (st == PULSE_OK)
@@ -485,7 +489,7 @@ void pulse_patch_stream_commit_data(pulse_patch_stream *s) {
   /* Callers hold readers off while this runs: chunks are written in
    * parallel (disjoint positions) when there are enough changes. */
   int threads = s->p->total_changed >= ((uint64_t)1 << 16) ? s->threads : 1;
-  pulse_parallel_for(threads, s->nitems, commit_item, s);
+  pulse_parallel_for_affine(threads, s->nitems, s->decoder, commit_item, s);
   s->finished = 2; /* committed: a second commit writes the same bits */
 }
 
@@ -497,7 +501,7 @@ void pulse_patch_stream_commit_indexes(pulse_patch_stream *s) {
   /* An index is updated per block: chunks smaller than a block share one. */
   if (s->p->chunk_log2 < PULSE_CLASS_BLOCK_LOG2)
     threads = 1;
-  pulse_parallel_for(threads, s->nitems, index_item, s);
+  pulse_parallel_for_affine(threads, s->nitems, s->decoder, index_item, s);
   for (size_t i = 0; i < s->p->count; i++)
     if (s->index[i] != NULL)
       s->index[i]->digest = s->p->tensors[i].target_digest;

@@ -7,7 +7,10 @@
  * from which a commit writes on several threads. The threads are a pool
  * kept for the process: a forked child and two applies at once work too. */
 #include "patch_testutil.h"
+#include "parallel_impl.h"
 #include "pulse_codec_stream.h"
+
+#include <stdatomic.h>
 
 #include <pthread.h>
 #include <sys/wait.h>
@@ -245,4 +248,35 @@ Test(apply_threads, concurrent_applies_share_the_pool_and_stay_exact) {
   }
   pulse_buffer_free(&buf);
   pt_tensors_free(ts, TENSORS);
+}
+
+/* The commit's pass over the chunks prefers the thread that decoded each
+ * one (parallel_impl.h; where an item runs is a matter of speed, and of
+ * timing, so it is not asserted): every item runs exactly once, those of
+ * owners that are not among the job's threads (a thread gone, or one that
+ * never joins) too. */
+typedef struct {
+  atomic_int runs[64];
+} affine_record;
+
+static void affine_note(void *ctx, size_t i) {
+  affine_record *r = ctx;
+  atomic_fetch_add(&r->runs[i], 1);
+}
+
+Test(apply_threads, an_affine_pass_runs_every_item_once_whoever_owns_it) {
+  uintptr_t me = pulse_parallel_self();
+  for (int threads = 1; threads <= 4; threads++) {
+    affine_record r;
+    uintptr_t owner[64];
+    for (size_t i = 0; i < 64; i++) {
+      atomic_init(&r.runs[i], 0);
+      owner[i] = i % 3 == 0 ? me : (uintptr_t)(0x1000 + i); /* the rest: nobody here */
+    }
+    pulse_parallel_for_affine(threads, 64, owner, affine_note, &r);
+    for (size_t i = 0; i < 64; i++) {
+      cr_assert_eq(atomic_load(&r.runs[i]), 1, "item %zu ran %d times on %d threads", i,
+                   atomic_load(&r.runs[i]), threads);
+    }
+  }
 }
