@@ -13,6 +13,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <time.h>
 #include <unistd.h>
 
 #define PULSE_MAX_THREADS 256
@@ -30,14 +31,57 @@ static struct {
   int running; /* taken and not yet returned */
 } job;
 
+/* Jobs posted so far: a worker that just finished one watches it for a
+ * while before it sleeps (pool_worker); and the helpers running the job,
+ * which its caller watches likewise (pool_run). Both also move under
+ * pool_mu with job.open and job.running, which decide. */
+static atomic_uint job_posted;
+static atomic_int job_running;
+
+/* How long a worker that finished a job waits awake for the next one. An
+ * apply is several jobs back to back (decode, then the commit's writes,
+ * then its index moves, a few microseconds apart); a sleeping thread takes
+ * 14 us or more to wake here, by which time the caller has taken its work
+ * (and the caches of the chunks it decoded are on the wrong core). */
+#define POOL_SPIN_NS 200000
+
+static uint64_t mono_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static inline void spin_pause(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+/* Returns once a job is posted after `seen`, or the spin time is over. */
+static void pool_spin(unsigned seen) {
+  uint64_t until = mono_ns() + POOL_SPIN_NS;
+  for (unsigned i = 0; atomic_load_explicit(&job_posted, memory_order_acquire) == seen; i++) {
+    spin_pause();
+    if ((i & 63) == 63 && mono_ns() > until)
+      return;
+  }
+}
+
 static void *pool_worker(void *arg) {
   (void)arg;
   pthread_mutex_lock(&pool_mu);
   for (;;) {
-    while (job.open == 0)
-      pthread_cond_wait(&pool_work, &pool_mu);
+    while (job.open == 0) {
+      unsigned seen = atomic_load_explicit(&job_posted, memory_order_acquire);
+      pthread_mutex_unlock(&pool_mu);
+      pool_spin(seen);
+      pthread_mutex_lock(&pool_mu);
+      if (job.open == 0 && atomic_load_explicit(&job_posted, memory_order_acquire) == seen)
+        pthread_cond_wait(&pool_work, &pool_mu);
+    }
     job.open--;
     job.running++;
+    atomic_fetch_add_explicit(&job_running, 1, memory_order_relaxed);
     void (*fn)(void *) = job.fn;
     void *ctx = job.ctx;
     pthread_mutex_unlock(&pool_mu);
@@ -45,6 +89,7 @@ static void *pool_worker(void *arg) {
     pthread_mutex_lock(&pool_mu);
     if (--job.running == 0)
       pthread_cond_signal(&pool_done);
+    atomic_fetch_sub_explicit(&job_running, 1, memory_order_release);
   }
   return NULL;
 }
@@ -57,6 +102,7 @@ static void pool_child(void) {
   pool_threads = 0;
   pool_busy = 0;
   job.open = job.running = 0;
+  atomic_store(&job_running, 0);
   pthread_mutex_init(&pool_mu, NULL);
   pthread_cond_init(&pool_work, NULL);
   pthread_cond_init(&pool_done, NULL);
@@ -91,11 +137,22 @@ static int pool_run(int helpers, void (*fn)(void *ctx), void *ctx) {
   job.ctx = ctx;
   job.open = helpers < pool_threads ? helpers : pool_threads;
   job.running = 0;
+  atomic_fetch_add_explicit(&job_posted, 1, memory_order_release);
   pthread_cond_broadcast(&pool_work);
   pthread_mutex_unlock(&pool_mu);
   fn(ctx);
   pthread_mutex_lock(&pool_mu);
   job.open = 0;
+  if (job.running > 0) { /* a helper is on its last item: wait awake a while */
+    pthread_mutex_unlock(&pool_mu);
+    uint64_t until = mono_ns() + POOL_SPIN_NS;
+    for (unsigned i = 0; atomic_load_explicit(&job_running, memory_order_acquire) > 0; i++) {
+      spin_pause();
+      if ((i & 63) == 63 && mono_ns() > until)
+        break;
+    }
+    pthread_mutex_lock(&pool_mu);
+  }
   while (job.running > 0)
     pthread_cond_wait(&pool_done, &pool_mu);
   pool_busy = 0;
