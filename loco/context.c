@@ -281,6 +281,34 @@ static void keep_residual(pulse_loco *ctx, int self_included) {
       ctx->e[ctx->sent_pos[j]] = 0.0f;
 }
 
+double pulse_loco_denominator_(const pulse_loco *ctx, uint64_t weight,
+                               size_t count) {
+  double wsum = (double)weight;
+  /* The keep rule divides by every trainer of the round, arrived or not. */
+  if (ctx->opts.rule == PULSE_LOCO_RULE_KEEP && ctx->members > count)
+    wsum = wsum * (double)ctx->members / (double)count;
+  return wsum;
+}
+
+float pulse_loco_mean_(double acc, double wsum) {
+  return (float)(acc / wsum);
+}
+
+void pulse_loco_conclude_(pulse_loco *ctx, const float *avg, const double *acc,
+                          double wsum, int self_included, float *theta_r) {
+  float alpha = ctx->opts.alpha, mu = ctx->opts.mu;
+  for (uint64_t i = 0; i < ctx->n; i++) {
+    float a = avg ? avg[i] : pulse_loco_mean_(acc[i], wsum);
+    pulse_loco_outer(&ctx->theta_g[i], &ctx->b[i], a, alpha, mu);
+  }
+  keep_residual(ctx, self_included);
+  ctx->round++;
+  pulse_loco_refresh_(ctx);
+  pulse_loco_drop_round_(ctx);
+  if (theta_r)
+    memcpy(theta_r, ctx->theta_g, (size_t)ctx->n * sizeof *theta_r);
+}
+
 typedef struct {
   pulse_loco_payload_header h;
   pulse_loco_entries e;
@@ -350,16 +378,7 @@ pulse_status pulse_loco_finish(pulse_loco *ctx,
     for (uint64_t j = 0; j < d[i].e.count; j++)
       acc[d[i].e.pos[j]] += w * (double)d[i].e.val[j];
   }
-  double wsum = (double)weight;
-  /* The keep rule divides by every trainer of the round, arrived or not. */
-  if (ctx->opts.rule == PULSE_LOCO_RULE_KEEP && ctx->members > count)
-    wsum = wsum * (double)ctx->members / (double)count;
-  float alpha = ctx->opts.alpha, mu = ctx->opts.mu;
-  for (uint64_t i = 0; i < ctx->n; i++) {
-    float avg = (float)(acc[i] / wsum);
-    pulse_loco_outer(&ctx->theta_g[i], &ctx->b[i], avg, alpha, mu);
-  }
-  keep_residual(ctx, self_included);
+  double wsum = pulse_loco_denominator_(ctx, weight, count);
   if (info) {
     info->round = ctx->round;
     info->contributors = (uint32_t)count;
@@ -367,11 +386,7 @@ pulse_status pulse_loco_finish(pulse_loco *ctx,
     info->samples = weight;
     info->entries = entries;
   }
-  ctx->round++;
-  pulse_loco_refresh_(ctx);
-  pulse_loco_drop_round_(ctx);
-  if (theta_r)
-    memcpy(theta_r, ctx->theta_g, (size_t)ctx->n * sizeof *theta_r);
+  pulse_loco_conclude_(ctx, NULL, acc, wsum, self_included, theta_r);
 done:
   if (d)
     for (size_t i = 0; i < count; i++)

@@ -44,6 +44,22 @@ pulse_status pulse_loco_check_decode_(const pulse_loco *ctx,
                                       pulse_loco_payload_header *hdr,
                                       pulse_loco_entries *entries);
 
+/* The mean's denominator of a round with `count` contributions of total
+ * sample weight `weight` (the keep rule scales it to every member). */
+double pulse_loco_denominator_(const pulse_loco *ctx, uint64_t weight,
+                               size_t count);
+
+/* One element's mean from its double sum: rounded once to float. Every
+ * reduction of a round (whole payloads, partitioned ranges) goes through
+ * it, so they give the same bits. */
+float pulse_loco_mean_(double acc, double wsum);
+
+/* The end of every finish: the Nesterov step on every element with
+ * avg[i] (or, when avg is NULL, pulse_loco_mean_(acc[i], wsum)), the error
+ * feedback rule, round + 1, theta_r = theta_g (theta_r may be NULL). */
+void pulse_loco_conclude_(pulse_loco *ctx, const float *avg, const double *acc,
+                          double wsum, int self_included, float *theta_r);
+
 /* An inbox's senders (the others), how many were heard from (a chunk
  * kept) and how many sent every cell (PAYLOAD.md "Exchange over
  * datagrams": a receiver waits no longer once all are complete). */
