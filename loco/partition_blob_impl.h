@@ -26,4 +26,15 @@ pulse_status loco_reduced_encode(const pulse_loco *ctx,
                                  const uint64_t *pos, const float *val,
                                  uint64_t k, pulse_buffer *out);
 
+/* The blob of an empty range k (nothing to reduce): every trainer builds
+ * the same bytes from the plan and the granted samples, so nobody has to
+ * serve it. */
+pulse_status loco_reduced_empty(const pulse_loco *ctx,
+                                const pulse_loco_plan *plan, uint32_t k,
+                                const uint64_t *samples, pulse_buffer *out);
+
+/* This trainer's prepared entries in [start, end). */
+uint64_t pulse_loco_own_entries_(const pulse_loco *ctx, uint64_t start,
+                                 uint64_t end);
+
 #endif

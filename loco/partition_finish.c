@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "loco_impl.h"
+#include "partition_blob_impl.h"
 #include "pulse_loco_partition.h"
 #include "status_impl.h"
 
@@ -60,6 +61,9 @@ pulse_status pulse_loco_finish_reduced(pulse_loco *ctx,
                               plan->ids[0], plan->ids[k], plan->ids[i]));
     if (st == PULSE_OK && self >= 0 &&
         (red[k].contrib[self].samples != ctx->samples ||
+         red[k].contrib[self].entries !=
+             pulse_loco_own_entries_(ctx, plan->start[k],
+                                     plan->start[k + 1]) ||
          red[k].contrib[self].receipt !=
              pulse_loco_own_receipt(ctx, plan->start[k], plan->start[k + 1])))
       st = blame(v, plan->ids[k],

@@ -75,6 +75,12 @@ uint64_t pulse_loco_own_receipt(const pulse_loco *ctx, uint64_t start,
                                    ctx->sent_pos + a, ctx->sent_val + a, b - a);
 }
 
+uint64_t pulse_loco_own_entries_(const pulse_loco *ctx, uint64_t start,
+                                 uint64_t end) {
+  return lower_bound(ctx->sent_pos, ctx->sent_count, end) -
+         lower_bound(ctx->sent_pos, ctx->sent_count, start);
+}
+
 /* ---------------------------------------------------------------- reducer */
 
 struct pulse_loco_reducer {
@@ -254,5 +260,37 @@ pulse_status pulse_loco_reducer_finish(pulse_loco_reducer *r,
   free(rc);
 done:
   free(acc), free(touched), free(pos), free(val);
+  return st;
+}
+
+pulse_status loco_reduced_empty(const pulse_loco *ctx,
+                                const pulse_loco_plan *plan, uint32_t k,
+                                const uint64_t *samples, pulse_buffer *out) {
+  uint32_t N = plan->count;
+  pulse_loco_receipt *rc = calloc(N, sizeof *rc);
+  if (rc == NULL)
+    return pulse_fail(PULSE_ERR_NOMEM, "loco reduced: receipts");
+  loco_reduced_head head;
+  memset(&head, 0, sizeof head);
+  head.owner = plan->ids[k];
+  head.members = ctx->members;
+  head.round = ctx->round;
+  head.param_count = ctx->n;
+  head.base_digest = ctx->digest;
+  head.start = plan->start[k], head.end = plan->start[k + 1];
+  head.ncontrib = N;
+  pulse_status st = PULSE_OK;
+  for (uint32_t i = 0; i < N && st == PULSE_OK; i++) {
+    rc[i].id = plan->ids[i];
+    rc[i].samples = samples[i];
+    rc[i].receipt = pulse_loco_receipt_digest(rc[i].id, samples[i], NULL,
+                                              NULL, 0);
+    if (samples[i] == 0 || samples[i] > UINT64_MAX - head.weight)
+      st = pulse_fail(PULSE_ERR_ARG, "loco reduced: bad samples");
+    head.weight += samples[i];
+  }
+  if (st == PULSE_OK)
+    st = loco_reduced_encode(ctx, &head, rc, NULL, NULL, 0, out);
+  free(rc);
   return st;
 }

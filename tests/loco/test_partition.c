@@ -264,3 +264,237 @@ Test(partition, equals_all_to_all_under_other_options, .timeout = 120) {
   d.gate = PULSE_LOCO_GATE_NONE; /* dense DiLoCo: every entry */
   equivalence_trials(&d, 9, 202);
 }
+
+/* ------------------------------------------------------- bad reductions */
+
+#include "partition_blob_impl.h"
+
+/* Three trainers with a prepared round and the honest blobs of a plan. */
+typedef struct {
+  pulse_loco *t[3];
+  uint32_t ids[3];
+  uint64_t samples[3];
+  pulse_loco_plan plan;
+  pulse_buffer blob[3];
+  pulse_loco_contribution set[3];
+} small_round;
+
+static void small_create(small_round *s, uint64_t P) {
+  memset(s, 0, sizeof *s);
+  float *theta = malloc(P * sizeof *theta), *r = malloc(P * sizeof *r);
+  lt_fill_weights(theta, P, 5, 0.05f);
+  uint64_t rng = 17;
+  for (uint32_t i = 0; i < 3; i++) {
+    s->ids[i] = 4 + i;
+    s->samples[i] = 10 * (i + 1);
+    s->t[i] = lt_ctx(P, s->ids[i], theta);
+    for (uint64_t j = 0; j < P; j++)
+      r[j] = theta[j] + lt_normal(&rng) * 0.003f;
+    cr_assert_eq(pulse_loco_prepare(s->t[i], r, s->samples[i], 0, NULL, NULL,
+                                    NULL),
+                 PULSE_OK);
+    cr_assert_eq(pulse_loco_set_members(s->t[i], 3), PULSE_OK);
+  }
+  cr_assert_eq(pulse_loco_plan_make(P, s->ids, NULL, 3, &s->plan), PULSE_OK);
+  for (uint32_t k = 0; k < 3; k++) {
+    pulse_loco_reducer *red;
+    cr_assert_eq(pulse_loco_reducer_create(s->t[k], &s->plan, k, s->samples,
+                                           &red),
+                 PULSE_OK);
+    for (uint32_t i = 0; i < 3; i++) {
+      pulse_buffer b;
+      cr_assert_eq(pulse_loco_slice_encode(s->t[i], s->plan.start[k],
+                                           s->plan.start[k + 1], &b),
+                   PULSE_OK);
+      cr_assert_eq(pulse_loco_reducer_add(red, b.data, b.size), PULSE_OK);
+      pulse_buffer_free(&b);
+    }
+    cr_assert_eq(pulse_loco_reducer_finish(red, &s->blob[k]), PULSE_OK);
+    s->set[k] = (pulse_loco_contribution){s->blob[k].data, s->blob[k].size};
+    pulse_loco_reducer_free(red);
+  }
+  free(theta), free(r);
+}
+
+static void small_free(small_round *s) {
+  for (uint32_t i = 0; i < 3; i++) {
+    pulse_loco_free(s->t[i]);
+    pulse_buffer_free(&s->blob[i]);
+  }
+}
+
+/* A blob like range k's, with its averages and receipts as the caller
+ * changed them (`edit`). */
+typedef void (*edit_fn)(pulse_loco_reduced *d);
+
+static pulse_buffer forge(small_round *s, uint32_t k, edit_fn edit) {
+  pulse_loco_reduced d = PULSE_LOCO_REDUCED_INIT;
+  cr_assert_eq(pulse_loco_reduced_decode(s->t[0], &s->plan, k, NULL,
+                                         s->blob[k].data, s->blob[k].size, &d),
+               PULSE_OK, "%s", pulse_error_detail());
+  edit(&d);
+  loco_reduced_head h = {d.owner, d.members, d.ncontrib, d.round,
+                         d.param_count, d.base_digest, d.start, d.end, 0};
+  for (uint32_t i = 0; i < d.ncontrib; i++)
+    h.weight += d.contrib[i].samples;
+  pulse_buffer out;
+  cr_assert_eq(loco_reduced_encode(s->t[0], &h, d.contrib, d.avg.pos,
+                                   d.avg.val, d.avg.count, &out),
+               PULSE_OK);
+  pulse_loco_reduced_free(&d);
+  return out;
+}
+
+static void wrong_value(pulse_loco_reduced *d) {
+  d->avg.val[d->avg.count / 2] *= 1.0001f;
+}
+static void wrong_receipt(pulse_loco_reduced *d) {
+  d->contrib[1].receipt ^= 1; /* trainer 5's slice replaced */
+}
+static void wrong_samples(pulse_loco_reduced *d) {
+  d->contrib[2].samples += 7; /* a contributor weighed more */
+}
+
+/* Whether ctx's state is still the prepared round's, untouched. */
+static void assert_untouched(pulse_loco *ctx, uint64_t digest) {
+  cr_assert_eq(pulse_loco_round(ctx), 0);
+  cr_assert_eq(pulse_loco_global_digest(ctx), digest);
+  cr_assert_eq(pulse_loco_set_members(ctx, 3), PULSE_OK, "still prepared");
+}
+
+Test(partition, a_wrong_receipt_or_sample_count_is_refused_with_its_owner) {
+  small_round s;
+  small_create(&s, 3000);
+  uint64_t digest = pulse_loco_global_digest(s.t[1]);
+  edit_fn edits[2] = {wrong_receipt, wrong_samples};
+  for (int e = 0; e < 2; e++) {
+    pulse_buffer bad = forge(&s, 0, edits[e]);
+    pulse_loco_contribution set[3] = {{bad.data, bad.size}, s.set[1], s.set[2]};
+    pulse_loco_reduced_verdict v;
+    /* Trainer 5 (index 1) finds its receipt wrong; any trainer finds the
+     * samples differ from the granted ones. */
+    cr_assert_eq(pulse_loco_finish_reduced(s.t[1], &s.plan, set, s.samples,
+                                           NULL, NULL, &v),
+                 PULSE_ERR_CORRUPT);
+    cr_assert(v.has_offender);
+    cr_assert_eq(v.offender, s.ids[0]);
+    assert_untouched(s.t[1], digest);
+    pulse_buffer_free(&bad);
+  }
+  small_free(&s);
+}
+
+Test(partition, a_wrong_average_is_caught_by_the_recomputation) {
+  small_round s;
+  small_create(&s, 3000);
+  pulse_buffer bad = forge(&s, 2, wrong_value);
+  /* Receipts and samples are right: the blob decodes and fits ... */
+  pulse_loco_reduced d = PULSE_LOCO_REDUCED_INIT;
+  cr_assert_eq(pulse_loco_reduced_decode(s.t[0], &s.plan, 2, s.samples,
+                                         bad.data, bad.size, &d),
+               PULSE_OK);
+  pulse_loco_reduced_free(&d);
+  /* ... but the checker's reduction of the same slices has other bytes, and
+   * the verdicts name the owner. */
+  cr_assert(bad.size != s.blob[2].size ||
+            memcmp(bad.data, s.blob[2].data, bad.size) != 0);
+  static pulse_loco_verdict v[3];
+  for (uint32_t i = 0; i < 3; i++) {
+    memset(&v[i], 0, sizeof v[i]);
+    v[i].peer = s.ids[i], v[i].round = 0, v[i].attempt = 0, v[i].count = 3;
+    for (uint32_t k = 0; k < 3; k++) {
+      v[i].items[k].owner = s.ids[k];
+      v[i].items[k].blob_digest = 42 + k;
+    }
+  }
+  uint32_t off[3];
+  size_t noff;
+  cr_assert_eq(pulse_loco_verdicts_offenders(&s.plan, 0, 0, v, 3, off, &noff),
+               PULSE_OK);
+  cr_assert_eq(noff, 0);
+  int checker = pulse_loco_plan_checker(&s.plan, 0, 0, 2, NULL);
+  v[checker].items[2].flags =
+      PULSE_LOCO_VERDICT_CHECKED | PULSE_LOCO_VERDICT_MISMATCH;
+  cr_assert_eq(pulse_loco_verdicts_offenders(&s.plan, 0, 0, v, 3, off, &noff),
+               PULSE_OK);
+  cr_assert(noff == 1 && off[0] == s.ids[2]);
+  /* An owner that served two versions is an offender too. */
+  v[checker].items[2].flags = 0;
+  v[0].items[1].blob_digest = 7;
+  cr_assert_eq(pulse_loco_verdicts_offenders(&s.plan, 0, 0, v, 3, off, &noff),
+               PULSE_OK);
+  cr_assert(noff == 1 && off[0] == s.ids[1]);
+  /* Verdicts of another round or plan are refused. */
+  v[1].round = 1;
+  cr_assert_eq(pulse_loco_verdicts_offenders(&s.plan, 0, 0, v, 3, off, &noff),
+               PULSE_ERR_CORRUPT);
+  pulse_buffer_free(&bad);
+  small_free(&s);
+}
+
+Test(partition, hostile_blobs_are_refused_and_change_nothing) {
+  small_round s;
+  small_create(&s, 2000);
+  uint64_t digest = pulse_loco_global_digest(s.t[0]);
+  const pulse_buffer *b = &s.blob[1];
+  /* Every truncation, every extension. */
+  for (size_t n = 0; n < b->size; n += 1 + n / 64) {
+    pulse_loco_contribution set[3] = {s.set[0], {b->data, n}, s.set[2]};
+    cr_assert_neq(pulse_loco_finish_reduced(s.t[0], &s.plan, set, s.samples,
+                                            NULL, NULL, NULL),
+                  PULSE_OK);
+  }
+  uint8_t *longer = malloc(b->size + 1);
+  memcpy(longer, b->data, b->size);
+  longer[b->size] = 0;
+  pulse_loco_contribution set[3] = {s.set[0], {longer, b->size + 1}, s.set[2]};
+  cr_assert_neq(pulse_loco_finish_reduced(s.t[0], &s.plan, set, s.samples,
+                                          NULL, NULL, NULL),
+                PULSE_OK);
+  /* Flipped bits in the header and in this trainer's receipt: always
+   * refused (the others' receipts are their senders' to check, and the
+   * recomputation's). */
+  for (size_t at = 0; at < 64 + 28; at++) {
+    memcpy(longer, b->data, b->size);
+    longer[at] ^= (uint8_t)(1u << (at % 8));
+    pulse_loco_contribution f[3] = {s.set[0], {longer, b->size}, s.set[2]};
+    cr_assert_neq(pulse_loco_finish_reduced(s.t[0], &s.plan, f, s.samples,
+                                            NULL, NULL, NULL),
+                  PULSE_OK, "flip at %zu accepted", at);
+  }
+  /* A blob of another range, in the wrong place. */
+  pulse_loco_contribution swapped[3] = {s.set[1], s.set[0], s.set[2]};
+  cr_assert_neq(pulse_loco_finish_reduced(s.t[0], &s.plan, swapped, s.samples,
+                                          NULL, NULL, NULL),
+                PULSE_OK);
+  assert_untouched(s.t[0], digest);
+  /* And the honest blobs still finish. */
+  cr_assert_eq(pulse_loco_finish_reduced(s.t[0], &s.plan, s.set, s.samples,
+                                         NULL, NULL, NULL),
+               PULSE_OK);
+  free(longer);
+  small_free(&s);
+}
+
+Test(partition, verdicts_round_trip_and_refuse_bad_bytes) {
+  static pulse_loco_verdict v, back;
+  memset(&v, 0, sizeof v);
+  v.peer = 9, v.round = 77, v.attempt = 1, v.count = 5;
+  for (uint32_t k = 0; k < 5; k++) {
+    v.items[k].owner = 3 * k;
+    v.items[k].flags = (uint8_t)(k & 15u);
+    v.items[k].blob_digest = 0x1234567890ull * (k + 1);
+  }
+  pulse_buffer b;
+  cr_assert_eq(pulse_loco_verdict_encode(&v, &b), PULSE_OK);
+  cr_assert_eq(pulse_loco_verdict_decode(b.data, b.size, &back), PULSE_OK);
+  cr_assert(back.peer == 9 && back.round == 77 && back.attempt == 1 &&
+            back.count == 5);
+  cr_assert_eq(memcmp(back.items, v.items, 5 * sizeof v.items[0]), 0);
+  for (size_t n = 0; n < b.size; n++)
+    cr_assert_neq(pulse_loco_verdict_decode(b.data, n, &back), PULSE_OK);
+  b.data[28 + 4] = 0x80; /* an unknown flag */
+  cr_assert_eq(pulse_loco_verdict_decode(b.data, b.size, &back),
+               PULSE_ERR_CORRUPT);
+  pulse_buffer_free(&b);
+}
