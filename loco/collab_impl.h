@@ -1,0 +1,103 @@
+/* collab_impl.h - private to loco/: the collaboration peer
+ * (pulse_loco_collab.h, PAYLOAD.md "Collaboration"): its fields, shared by
+ * the round (collab.c), the writer's table and the POST routes
+ * (collab_writer.c). */
+#ifndef PULSE_LOCO_COLLAB_IMPL_H
+#define PULSE_LOCO_COLLAB_IMPL_H
+
+#include <pthread.h>
+
+#include "http_impl.h"
+#include "loco_impl.h"
+#include "manifest_impl.h"
+#include "pulse_loco_collab.h"
+#include "status_impl.h"
+
+/* Claim answers (HTTP statuses of POST /v1/collab/claim/...). */
+#define COLLAB_GRANTED 200u
+#define COLLAB_FULL 202u      /* the round reached its target: stop */
+#define COLLAB_NOT_YET 503u   /* the writer is not at that round yet */
+#define COLLAB_PAST 409u      /* the writer is past that round */
+#define COLLAB_NOT_MEMBER 403u
+#define COLLAB_NOT_WRITER 421u
+
+/* What the writer of a round knows of one member (a progress record). */
+typedef struct {
+  uint32_t id;
+  int contacted;          /* claimed or said ready this round */
+  int ready;              /* its payload is served (or it has none) */
+  int leaving;            /* its payload flushes its residual */
+  uint64_t granted;       /* samples granted by this writer */
+  uint64_t done;          /* samples it says it did */
+  uint64_t ready_samples; /* the count it says its payload carries */
+  uint64_t rate_milli;    /* its samples per second, times 1000 */
+} collab_record;
+
+/* A joiner waiting for admission. */
+typedef struct {
+  uint32_t id;
+  char url[64];
+} collab_pending;
+
+struct pulse_loco_collab {
+  pulse_loco_collab_opts opts;
+  pulse_loco *ctx;
+  loco_server *srv;
+  char url[64];
+  uint32_t id;
+  uint64_t fetched; /* bodies downloaded this round */
+  int dropped;      /* the last manifest did not list this peer */
+  char rejoin_url[64];
+  /* Written by the main thread under lock, read by the server thread. */
+  pthread_mutex_t lock;
+  pulse_loco_member *members; /* of the round the context is at, by id */
+  size_t nmembers;
+  uint64_t cur_round; /* the round this peer runs (its context's) */
+  /* The writer's table of round table_round, for writer rank table_k;
+   * `closed`: no more grants (target reached or a taken-over round). */
+  int table_open;
+  uint64_t table_round;
+  uint32_t table_k;
+  int closed;
+  collab_record *rec; /* members of table_round, in their order */
+  size_t nrec;
+  uint64_t total;    /* samples granted in the table's round */
+  uint64_t max_step; /* largest step granted in it */
+  collab_pending *pending;
+  size_t npending;
+  /* Acknowledgements of round ends ("done"), the latest ones. */
+  struct {
+    uint64_t round;
+    uint32_t id;
+  } acks[256];
+  size_t nacks;
+};
+
+/* Publishing (collab.c): the view of the next round's members
+ * (/v1/loco/members), the context's state (/v1/loco/state/ROUND), this
+ * peer's progress record (/v1/loco/progress); the members of the
+ * context's round (under lock; clears the pending joins they list). */
+pulse_status collab_publish_view(pulse_loco_collab *c);
+pulse_status collab_publish_state(pulse_loco_collab *c);
+void collab_publish_own_progress(pulse_loco_collab *c, uint64_t r,
+                                 uint64_t done, uint64_t busy_ms);
+void collab_set_members(pulse_loco_collab *c, const pulse_loco_member *m,
+                        size_t count);
+
+/* The writer's side (collab_writer.c). */
+unsigned collab_on_post(void *user, const char *path, const char *id,
+                        const char *url, char *reply, size_t cap);
+/* Opens (or keeps) the table of round r for rank k; k > 0 is a takeover:
+ * the round closes with what was done (no grants). Caller holds lock. */
+void collab_open_table(pulse_loco_collab *c, uint64_t r, uint32_t k);
+/* A claim of b samples by member id (done so far, rate) in round r at rank
+ * k: one of the COLLAB_* answers. Caller holds lock. */
+unsigned collab_claim_locked(pulse_loco_collab *c, uint64_t r, uint32_t k,
+                             uint32_t id, uint64_t b, uint64_t done,
+                             uint64_t rate_milli);
+unsigned collab_ready_locked(pulse_loco_collab *c, uint64_t r, uint32_t k,
+                             uint32_t id, uint64_t samples, int leaving);
+/* Publishes the table as GET /v1/loco/progress/round (JSON). */
+void collab_publish_progress(pulse_loco_collab *c);
+
+#endif

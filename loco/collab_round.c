@@ -1,0 +1,809 @@
+/* collab_round.c - one round of a collaboration peer
+ * (pulse_loco_collab.h, PAYLOAD.md "Collaboration"):
+ *
+ *   accumulate  claim a step from the writer W(r, k), run it, again, until
+ *               the writer says the round is full
+ *   contribute  prepare the payload over the samples done (none: no
+ *               payload), serve it at /v1/loco/round/r, say ready
+ *   close       the writer waits for every member's readiness (a member
+ *               late past round_timeout_ms is left out, and out of the next
+ *               round), fetches and checks the payloads, publishes relays
+ *               and the manifest; the others poll the manifest
+ *   finish      every member fetches the listed payloads (from their
+ *               senders, else the manifest's source) and finishes with
+ *               exactly them; a member without a payload, or without every
+ *               listed payload, imports the state of r + 1 from one that
+ *               finished
+ *
+ * A writer that refuses connections for claim_timeout_ms is dead: the
+ * member moves to rank k + 1, tells that writer, and the round closes
+ * there. A taken-over writer first looks for a manifest of r that some
+ * member already got from the dead writer (each member re-serves the
+ * manifest and payloads it used) and adopts it: nobody finishes round r
+ * with another set than another member did. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "collab_impl.h"
+#include "payload_impl.h"
+#include "pulse_log.h"
+
+#define MANIFEST_CAP ((size_t)LOCO_MAX_MEMBERS * 256u + 4096u)
+#define MANIFESTS_KEPT 64u
+
+static size_t payload_cap(const pulse_loco *ctx) {
+  uint64_t chunks = (ctx->n >> LOCO_CHUNK_LOG2_MIN) + 1u;
+  return (size_t)(LOCO_HEADER_SIZE + 32u * chunks + 16u * ctx->n + 1024u);
+}
+
+static int find_member(const pulse_loco_member *m, size_t n, uint32_t id) {
+  for (size_t i = 0; i < n; i++)
+    if (m[i].id == id)
+      return (int)i;
+  return -1;
+}
+
+static int by_id(const void *a, const void *b) {
+  uint32_t x = ((const pulse_loco_member *)a)->id,
+           y = ((const pulse_loco_member *)b)->id;
+  return (x > y) - (x < y);
+}
+
+static const char *url_of(const pulse_loco_collab *c, uint32_t id) {
+  int i = find_member(c->members, c->nmembers, id);
+  return i < 0 ? "" : c->members[i].url;
+}
+
+/* The writers of ranks below k are dead for this round. */
+static int dead_writer(const pulse_loco_collab *c, uint64_t r, uint32_t k,
+                       uint32_t id) {
+  for (uint32_t j = 0; j < k && j < c->nmembers; j++)
+    if (pulse_loco_collab_writer(c->members, c->nmembers, r, j) == id)
+      return 1;
+  return 0;
+}
+
+/* A member told this peer it writes round r at a higher rank than the one
+ * this peer uses: move to that rank. */
+static void sync_rank(pulse_loco_collab *c, uint64_t r, uint32_t *k) {
+  pthread_mutex_lock(&c->lock);
+  if (c->table_open && c->table_round == r && c->table_k > *k)
+    *k = c->table_k;
+  pthread_mutex_unlock(&c->lock);
+}
+
+/* One claim (or, with samples 0 and `ready`, a readiness) to W(r, k): a
+ * COLLAB_* answer, 0 when the writer did not answer. */
+static unsigned tell_writer(pulse_loco_collab *c, uint64_t r, uint32_t k,
+                            int ready, uint64_t b, uint64_t done,
+                            uint64_t rate_milli, int leaving) {
+  uint32_t w = pulse_loco_collab_writer(c->members, c->nmembers, r, k);
+  if (w == c->id) {
+    pthread_mutex_lock(&c->lock);
+    collab_open_table(c, r, k);
+    unsigned s = ready ? collab_ready_locked(c, r, k, c->id, done, leaving)
+                       : collab_claim_locked(c, r, k, c->id, b, done,
+                                             rate_milli);
+    if (!ready)
+      collab_publish_progress(c);
+    pthread_mutex_unlock(&c->lock);
+    return s;
+  }
+  char url[256];
+  if (ready)
+    snprintf(url, sizeof url,
+             "%s/v1/collab/ready/%" PRIu64 "/%u/%" PRIu64 "/%d?id=%u",
+             url_of(c, w), r, k, done, leaving, c->id);
+  else
+    snprintf(url, sizeof url,
+             "%s/v1/collab/claim/%" PRIu64 "/%u/%" PRIu64 "/%" PRIu64
+             "/%" PRIu64 "?id=%u",
+             url_of(c, w), r, k, b, done, rate_milli, c->id);
+  long status = 0;
+  loco_http_post(url, c->opts.claim_timeout_ms, &status);
+  return (unsigned)status;
+}
+
+/* A round's outcome as the main thread sees it. */
+typedef enum { GO_ON, FULL, BEHIND, NOT_MEMBER } claim_end;
+
+/* Accumulates: claims and runs steps until the writer says full. */
+static pulse_status accumulate(pulse_loco_collab *c, uint64_t r, uint32_t *k,
+                               float *theta_r, uint64_t b,
+                               pulse_loco_collab_step_fn step, void *user,
+                               uint64_t *done, pulse_loco_collab_info *info,
+                               claim_end *how) {
+  uint64_t dead_since = 0, waiting_since = 0;
+  uint64_t limit = 2u * c->opts.claim_timeout_ms + 4u * c->opts.round_timeout_ms;
+  for (;;) {
+    sync_rank(c, r, k);
+    if (*k >= c->nmembers)
+      return pulse_fail(PULSE_ERR_IO, "loco collab: round %" PRIu64
+                        ": every writer is gone", r);
+    uint64_t rate = info->busy_ms ? *done * 1000000u / info->busy_ms : 0;
+    unsigned s = tell_writer(c, r, *k, 0, b, *done, rate, 0);
+    uint64_t now = loco_now_ms();
+    if (s == COLLAB_GRANTED) {
+      dead_since = waiting_since = 0;
+      if (step(user, theta_r, b) != 0)
+        return pulse_fail(PULSE_ERR_INTERNAL,
+                          "loco collab: the local step failed");
+      uint64_t t = loco_now_ms();
+      info->busy_ms += t - now;
+      *done += b;
+      info->steps++;
+      continue;
+    }
+    if (s == COLLAB_FULL)
+      return *how = FULL, PULSE_OK;
+    if (s == COLLAB_PAST)
+      return *how = BEHIND, PULSE_OK;
+    if (s == COLLAB_NOT_MEMBER)
+      return *how = NOT_MEMBER, PULSE_OK;
+    if (s == 0 || s >= 500u) {
+      if (s == 0 && dead_since == 0)
+        dead_since = now;
+      if (s == 0 && now - dead_since >= c->opts.claim_timeout_ms) {
+        PULSE_LOG_AT(PULSE_LOG_WARN,
+                     "loco collab round %" PRIu64 ": writer %u is gone", r,
+                     pulse_loco_collab_writer(c->members, c->nmembers, r, *k));
+        (*k)++;
+        dead_since = 0;
+        continue;
+      }
+    }
+    if (waiting_since == 0)
+      waiting_since = now;
+    if (now - waiting_since > limit)
+      return pulse_fail(PULSE_ERR_IO,
+                        "loco collab: round %" PRIu64 ": writer answers %u",
+                        r, s);
+    loco_sleep_ms(s == 0 ? 5 : 1);
+  }
+}
+
+/* ------------------------------------------------------------- the writer */
+
+/* Copies what a manifest names into m (owned arrays). */
+static pulse_status make_manifest(uint64_t r, uint32_t writer,
+                                  const loco_contrib_ref *refs, size_t c,
+                                  const pulse_loco_member *next, size_t nn,
+                                  loco_manifest *m) {
+  memset(m, 0, sizeof *m);
+  m->round = r;
+  m->coordinator = writer;
+  m->has_contributors = 1;
+  m->contrib = malloc((c ? c : 1) * sizeof *refs);
+  m->members = malloc((nn ? nn : 1) * sizeof *next);
+  if (!m->contrib || !m->members) {
+    loco_manifest_free(m);
+    return pulse_fail(PULSE_ERR_NOMEM, "loco collab: manifest");
+  }
+  memcpy(m->contrib, refs, c * sizeof *refs);
+  memcpy(m->members, next, nn * sizeof *next);
+  m->ncontrib = c;
+  m->nmembers = nn;
+  return PULSE_OK;
+}
+
+/* A taken-over writer: a manifest of r some member already has (from the
+ * dead writer). *found is its source's index, -1 when none. */
+static void look_for_manifest(pulse_loco_collab *c, uint64_t r, uint32_t k,
+                              loco_manifest *m, int *found) {
+  *found = -1;
+  size_t M = c->nmembers;
+  loco_fetch *t = calloc(M, sizeof *t);
+  char(*urls)[160] = calloc(M, sizeof *urls);
+  size_t *idx = calloc(M, sizeof *idx);
+  size_t q = 0;
+  for (size_t i = 0; t && urls && idx && i < M; i++) {
+    if (c->members[i].id == c->id || dead_writer(c, r, k, c->members[i].id))
+      continue;
+    snprintf(urls[q], sizeof urls[q], "%s/v1/loco/round/%" PRIu64 "/manifest",
+             c->members[i].url, r);
+    t[q].url = urls[q];
+    t[q].max_bytes = MANIFEST_CAP;
+    t[q].body = (pulse_bytebuf)PULSE_BYTEBUF_INIT;
+    idx[q++] = i;
+  }
+  if (q > 0)
+    loco_http_gather(t, q, loco_now_ms() + 300u);
+  for (size_t j = 0; j < q; j++) {
+    if (*found < 0 && t[j].done) {
+      c->fetched += t[j].body.size;
+      loco_manifest x;
+      if (loco_manifest_parse(t[j].body.data, t[j].body.size, &x) ==
+          PULSE_OK) {
+        if (x.round == r && x.has_contributors && x.ncontrib > 0) {
+          *m = x;
+          *found = (int)idx[j];
+        } else {
+          loco_manifest_free(&x);
+        }
+      }
+    }
+    pulse_bytebuf_free(&t[j].body);
+  }
+  free(t), free(urls), free(idx);
+}
+
+/* The writer's close of round r at rank k: readiness, payloads, checks,
+ * relays, manifest (into *man). */
+static pulse_status write_round(pulse_loco_collab *c, uint64_t r, uint32_t k,
+                                const uint8_t *own, size_t own_size,
+                                uint64_t own_samples, int leaving,
+                                loco_manifest *man, char *src, size_t src_cap,
+                                pulse_loco_collab_info *info) {
+  if (k > 0) {
+    int found;
+    look_for_manifest(c, r, k, man, &found);
+    if (found >= 0) {
+      snprintf(src, src_cap, "%s", c->members[found].url);
+      PULSE_LOG_AT(PULSE_LOG_INFO,
+                   "loco collab round %" PRIu64 ": adopted %u's manifest", r,
+                   c->members[found].id);
+      return PULSE_OK;
+    }
+  }
+  snprintf(src, src_cap, "%s", c->url);
+  pthread_mutex_lock(&c->lock);
+  collab_open_table(c, r, k);
+  collab_ready_locked(c, r, k, c->id, own_samples, leaving);
+  pthread_mutex_unlock(&c->lock);
+  /* Every member's readiness, or the deadline. */
+  uint64_t end = loco_now_ms() + c->opts.round_timeout_ms +
+                 (k > 0 ? c->opts.claim_timeout_ms : 0u);
+  size_t M = c->nmembers;
+  collab_record *rec = calloc(M, sizeof *rec);
+  pulse_loco_member *pend = calloc(LOCO_MAX_MEMBERS, sizeof *pend);
+  loco_fetch *t = calloc(M, sizeof *t);
+  char(*urls)[160] = calloc(M, sizeof *urls);
+  pulse_loco_contribution *set = calloc(M, sizeof *set);
+  loco_contrib_ref *refs = calloc(M, sizeof *refs);
+  pulse_loco_member *next = calloc(M + LOCO_MAX_MEMBERS, sizeof *next);
+  int *ok = calloc(M, sizeof *ok);
+  pulse_status st = PULSE_OK;
+  if (!rec || !pend || !t || !urls || !set || !refs || !next || !ok) {
+    st = pulse_fail(PULSE_ERR_NOMEM, "loco collab: round %" PRIu64, r);
+    goto done;
+  }
+  size_t npend = 0;
+  uint64_t max_step = 0;
+  for (;;) {
+    size_t waiting = 0;
+    pthread_mutex_lock(&c->lock);
+    for (size_t i = 0; i < c->nrec; i++)
+      waiting += !c->rec[i].ready && !dead_writer(c, r, k, c->rec[i].id);
+    if (waiting == 0 || loco_now_ms() >= end) {
+      c->closed = 1;
+      memcpy(rec, c->rec, M * sizeof *rec);
+      for (size_t i = 0; i < c->npending; i++)
+        if (find_member(c->members, c->nmembers, c->pending[i].id) < 0) {
+          pend[npend].id = c->pending[i].id;
+          snprintf(pend[npend].url, sizeof pend[npend].url, "%s",
+                   c->pending[i].url);
+          npend++;
+        }
+      max_step = c->max_step;
+      pthread_mutex_unlock(&c->lock);
+      break;
+    }
+    pthread_mutex_unlock(&c->lock);
+    loco_sleep_ms(1);
+  }
+  info->max_step = max_step;
+  /* The ready members' payloads. */
+  size_t want = 0;
+  for (size_t i = 0; i < M; i++) {
+    if (rec[i].id == c->id || !rec[i].ready || rec[i].ready_samples == 0)
+      continue;
+    snprintf(urls[i], sizeof urls[i], "%s/v1/loco/round/%" PRIu64,
+             c->members[i].url, r);
+    t[i].url = urls[i];
+    t[i].max_bytes = payload_cap(c->ctx);
+    t[i].body = (pulse_bytebuf)PULSE_BYTEBUF_INIT;
+    want++;
+  }
+  if (want > 0) {
+    loco_fetch *w = calloc(want, sizeof *w);
+    size_t *idx = calloc(want, sizeof *idx);
+    if (!w || !idx) {
+      free(w), free(idx);
+      st = pulse_fail(PULSE_ERR_NOMEM, "loco collab: fetch list");
+      goto done;
+    }
+    size_t q = 0;
+    for (size_t i = 0; i < M; i++)
+      if (t[i].url != NULL)
+        w[q] = t[i], idx[q++] = i;
+    st = loco_http_gather(w, want, loco_now_ms() + c->opts.round_timeout_ms);
+    for (size_t a = 0; a < want; a++)
+      t[idx[a]] = w[a];
+    free(w), free(idx);
+    if (st != PULSE_OK)
+      goto done;
+  }
+  size_t nc = 0;
+  for (size_t i = 0; i < M; i++) {
+    uint32_t id = rec[i].id;
+    if (id == c->id) {
+      ok[i] = own_samples > 0;
+      if (ok[i]) {
+        set[nc] = (pulse_loco_contribution){own, own_size};
+        refs[nc].id = id;
+        refs[nc].bytes = own_size;
+        loco_sha256(own, own_size, refs[nc].sha256);
+        nc++;
+      }
+      continue;
+    }
+    if (!t[i].done)
+      continue;
+    c->fetched += t[i].body.size;
+    pulse_loco_payload_header h;
+    /* What the table granted (at rank 0 every sample; after a takeover
+     * what the sender said it had done before, plus grants): the payload
+     * must carry exactly that. */
+    uint64_t owed = rec[i].granted;
+    const char *why = NULL;
+    if (pulse_loco_payload_peek(t[i].body.data, t[i].body.size, &h) !=
+        PULSE_OK)
+      why = "does not decode";
+    else if (h.sender != id)
+      why = "names another sender";
+    else if (h.round != r)
+      why = "is of another round";
+    else if (h.samples != owed || h.samples != rec[i].ready_samples)
+      why = "carries other samples than granted";
+    else if (pulse_loco_check(c->ctx, t[i].body.data, t[i].body.size) !=
+             PULSE_OK)
+      why = "does not check";
+    if (why != NULL) {
+      PULSE_LOG_AT(PULSE_LOG_WARN,
+                   "loco collab round %" PRIu64 ": %u dropped (its payload "
+                   "%s)",
+                   r, id, why);
+      rec[i].ready = 0; /* an offender: out of this round and the next */
+      continue;
+    }
+    ok[i] = 1;
+    set[nc] = (pulse_loco_contribution){t[i].body.data, t[i].body.size};
+    refs[nc].id = id;
+    refs[nc].bytes = t[i].body.size;
+    loco_sha256(t[i].body.data, t[i].body.size, refs[nc].sha256);
+    nc++;
+  }
+  if (nc == 0) {
+    st = pulse_fail(PULSE_ERR_IO, "loco collab: round %" PRIu64
+                    " has no contribution", r);
+    goto done;
+  }
+  /* The next round: the ready members (but leavers that flushed), then
+   * the joiners. */
+  size_t nn = 0;
+  for (size_t i = 0; i < M; i++)
+    if (rec[i].ready && !(rec[i].leaving && ok[i]))
+      next[nn++] = c->members[i];
+  for (size_t j = 0; j < npend && nn < LOCO_MAX_MEMBERS; j++)
+    if (find_member(next, nn, pend[j].id) < 0)
+      next[nn++] = pend[j];
+  qsort(next, nn, sizeof *next, by_id);
+  /* Relays first: once the manifest is visible, all it names is here. */
+  for (size_t j = 0; j < nc && st == PULSE_OK; j++) {
+    char path[96];
+    snprintf(path, sizeof path, "/v1/loco/round/%" PRIu64 "/from/%u", r,
+             refs[j].id);
+    st = loco_server_put(c->srv, path, set[j].data, set[j].size);
+  }
+  if (st == PULSE_OK)
+    st = make_manifest(r, c->id, refs, nc, next, nn, man);
+done:
+  for (size_t i = 0; t && i < M; i++)
+    pulse_bytebuf_free(&t[i].body);
+  free(rec), free(pend), free(t), free(urls), free(set), free(refs);
+  free(next), free(ok);
+  return st;
+}
+
+/* ------------------------------------------------------------- a follower */
+
+/* Readiness to W(r, k) and its manifest; moves to the next rank when the
+ * writer is gone, and writes the round itself when its turn comes. */
+static pulse_status get_manifest(pulse_loco_collab *c, uint64_t r,
+                                 uint32_t *k, const uint8_t *own,
+                                 size_t own_size, uint64_t done, int leaving,
+                                 loco_manifest *man, char *src, size_t cap,
+                                 pulse_loco_collab_info *info) {
+  uint32_t told = UINT32_MAX;
+  uint64_t dead_since = 0, start = loco_now_ms();
+  uint64_t limit = 4u * c->opts.claim_timeout_ms + 4u * c->opts.round_timeout_ms;
+  for (;;) {
+    sync_rank(c, r, k);
+    if (*k >= c->nmembers)
+      return pulse_fail(PULSE_ERR_IO, "loco collab: round %" PRIu64
+                        ": every writer is gone", r);
+    uint32_t w = pulse_loco_collab_writer(c->members, c->nmembers, r, *k);
+    if (w == c->id)
+      return write_round(c, r, *k, own, own_size, done, leaving, man, src, cap,
+                         info);
+    const char *wurl = url_of(c, w);
+    int gone = 0;
+    if (told != *k) {
+      unsigned s = tell_writer(c, r, *k, 1, 0, done, 0, leaving);
+      if (s != 0)
+        told = *k;
+      else
+        gone = 1;
+    }
+    if (!gone) {
+      char url[160];
+      snprintf(url, sizeof url, "%s/v1/loco/round/%" PRIu64 "/manifest", wurl,
+               r);
+      pulse_bytebuf b = PULSE_BYTEBUF_INIT;
+      long status = 0;
+      pulse_status st =
+          loco_http_get(url, c->opts.claim_timeout_ms, MANIFEST_CAP, &b,
+                        &status);
+      if (st != PULSE_OK) {
+        pulse_bytebuf_free(&b);
+        return st;
+      }
+      if (status == 200) {
+        c->fetched += b.size;
+        st = loco_manifest_parse(b.data, b.size, man);
+        pulse_bytebuf_free(&b);
+        if (st == PULSE_OK &&
+            (man->round != r || !man->has_contributors || man->ncontrib == 0)) {
+          loco_manifest_free(man);
+          st = pulse_fail(PULSE_ERR_CORRUPT,
+                          "loco collab: manifest of round %" PRIu64
+                          " does not fit",
+                          r);
+        }
+        if (st == PULSE_OK)
+          snprintf(src, cap, "%s", wurl);
+        return st;
+      }
+      pulse_bytebuf_free(&b);
+      gone = status == 0;
+    }
+    uint64_t now = loco_now_ms();
+    if (gone) {
+      if (dead_since == 0)
+        dead_since = now;
+      if (now - dead_since >= c->opts.claim_timeout_ms) {
+        PULSE_LOG_AT(PULSE_LOG_WARN,
+                     "loco collab round %" PRIu64 ": writer %u is gone", r, w);
+        (*k)++;
+        dead_since = 0;
+        continue;
+      }
+    } else {
+      dead_since = 0;
+    }
+    if (now - start > limit)
+      return pulse_fail(PULSE_ERR_IO,
+                        "loco collab: no manifest of round %" PRIu64 " from %u",
+                        r, w);
+    loco_sleep_ms(2);
+  }
+}
+
+/* The manifest's payloads that are not this peer's, into t[j] (checked
+ * against its sizes and hashes): from each sender, then from src. */
+static pulse_status fetch_listed(pulse_loco_collab *c, uint64_t r,
+                                 const char *src, const loco_manifest *man,
+                                 loco_fetch *t, char (*urls)[160]) {
+  size_t C = man->ncontrib;
+  pulse_status st = PULSE_OK;
+  for (int pass = 0; pass < 2 && st == PULSE_OK; pass++) {
+    size_t want = 0;
+    for (size_t j = 0; j < C; j++) {
+      if (t[j].done || man->contrib[j].id == c->id)
+        continue;
+      const char *base = pass == 0 ? "" : src;
+      if (pass == 0) {
+        int m = find_member(c->members, c->nmembers, man->contrib[j].id);
+        base = m < 0 ? src : c->members[m].url;
+        snprintf(urls[j], sizeof urls[j], "%s/v1/loco/round/%" PRIu64, base, r);
+      } else {
+        snprintf(urls[j], sizeof urls[j], "%s/v1/loco/round/%" PRIu64 "/from/%u",
+                 base, r, man->contrib[j].id);
+      }
+      want++;
+    }
+    if (want == 0)
+      break;
+    loco_fetch *w = calloc(want, sizeof *w);
+    size_t *idx = calloc(want, sizeof *idx);
+    if (!w || !idx) {
+      free(w), free(idx);
+      return pulse_fail(PULSE_ERR_NOMEM, "loco collab: fetch list");
+    }
+    size_t q = 0;
+    for (size_t j = 0; j < C; j++)
+      if (!t[j].done && man->contrib[j].id != c->id) {
+        w[q].url = urls[j];
+        w[q].max_bytes = (size_t)man->contrib[j].bytes;
+        w[q].body = (pulse_bytebuf)PULSE_BYTEBUF_INIT;
+        idx[q++] = j;
+      }
+    st = loco_http_gather(w, want,
+                          loco_now_ms() + (pass == 0 ? c->opts.claim_timeout_ms
+                                                     : c->opts.round_timeout_ms));
+    for (size_t a = 0; a < want; a++) {
+      size_t j = idx[a];
+      uint8_t sha[32];
+      if (w[a].done) {
+        c->fetched += w[a].body.size;
+        loco_sha256(w[a].body.data, w[a].body.size, sha);
+      }
+      if (w[a].done && w[a].body.size == man->contrib[j].bytes &&
+          memcmp(sha, man->contrib[j].sha256, 32) == 0) {
+        t[j].body = w[a].body;
+        t[j].done = 1;
+      } else {
+        pulse_bytebuf_free(&w[a].body);
+      }
+    }
+    free(w), free(idx);
+  }
+  return st;
+}
+
+/* Imports the state of round `round` from the manifest's source or a
+ * contributor (they all finished it). */
+static pulse_status catch_up(pulse_loco_collab *c, uint64_t round,
+                             const char *src, const loco_manifest *man,
+                             float *theta_r) {
+  uint64_t end = loco_now_ms() + c->opts.round_timeout_ms +
+                 c->opts.claim_timeout_ms;
+  pulse_status st = PULSE_ERR_IO;
+  while (loco_now_ms() < end) {
+    for (size_t j = 0; j <= (man ? man->ncontrib : 0); j++) {
+      const char *base = src;
+      if (j > 0) {
+        if (man->contrib[j - 1].id == c->id)
+          continue;
+        base = url_of(c, man->contrib[j - 1].id);
+      }
+      if (base[0] == '\0' || strcmp(base, c->url) == 0)
+        continue;
+      st = pulse_loco_collab_import(c, base, round, theta_r, 500);
+      if (st == PULSE_OK)
+        return st;
+    }
+    loco_sleep_ms(5);
+  }
+  return pulse_fail(PULSE_ERR_IO,
+                    "loco collab: no peer served the state of round %" PRIu64,
+                    round);
+}
+
+/* ------------------------------------------------------------- the round */
+
+static void ack_round(pulse_loco_collab *c, const char *src, uint64_t r) {
+  if (strcmp(src, c->url) == 0)
+    return;
+  char url[160];
+  long status;
+  snprintf(url, sizeof url, "%s/v1/loco/round/%" PRIu64 "/done?id=%u", src, r,
+           c->id);
+  loco_http_post(url, c->opts.claim_timeout_ms, &status);
+}
+
+/* A leaving writer stays until the next round's members acknowledged. */
+static void linger(pulse_loco_collab *c, uint64_t r, const loco_manifest *man) {
+  uint64_t end = loco_now_ms() + c->opts.round_timeout_ms;
+  while (loco_now_ms() < end) {
+    size_t have = 0;
+    pthread_mutex_lock(&c->lock);
+    for (size_t i = 0; i < man->nmembers; i++) {
+      int seen = man->members[i].id == c->id;
+      for (size_t a = 0; a < c->nacks && !seen; a++)
+        seen = c->acks[a].round == r && c->acks[a].id == man->members[i].id;
+      have += seen;
+    }
+    pthread_mutex_unlock(&c->lock);
+    if (have == man->nmembers)
+      return;
+    loco_sleep_ms(2);
+  }
+}
+
+pulse_status pulse_loco_collab_round(pulse_loco_collab *c, float *theta_r,
+                                     uint64_t b,
+                                     pulse_loco_collab_step_fn step,
+                                     void *user, uint32_t flags,
+                                     pulse_loco_collab_info *info) {
+  if (c == NULL || theta_r == NULL || step == NULL || b == 0)
+    return pulse_fail(PULSE_ERR_ARG, "loco collab round: bad argument");
+  pulse_loco_collab_info local;
+  if (info == NULL)
+    info = &local;
+  memset(info, 0, sizeof *info);
+  uint64_t t0 = loco_now_ms();
+  uint64_t served0 = loco_server_bytes_served(c->srv);
+  c->fetched = 0;
+  uint64_t r = pulse_loco_round(c->ctx);
+  info->round = r;
+  if (c->dropped) {
+    pulse_status st = pulse_loco_collab_join(
+        c, c->rejoin_url, theta_r,
+        4u * c->opts.round_timeout_ms + 4u * c->opts.claim_timeout_ms);
+    info->dropped = st != PULSE_OK;
+    info->resynced = st == PULSE_OK;
+    info->bytes_in = c->fetched;
+    info->wall_ms = loco_now_ms() - t0;
+    return st;
+  }
+  if (find_member(c->members, c->nmembers, c->id) < 0)
+    return pulse_fail(PULSE_ERR_ARG,
+                      "loco collab: not a member (start or join first)");
+  info->members = (uint32_t)c->nmembers;
+  uint32_t k = 0;
+  if (pulse_loco_collab_writer(c->members, c->nmembers, r, 0) == c->id) {
+    pthread_mutex_lock(&c->lock);
+    collab_open_table(c, r, 0);
+    pthread_mutex_unlock(&c->lock);
+  }
+  uint64_t done = 0;
+  claim_end how = GO_ON;
+  pulse_status st =
+      accumulate(c, r, &k, theta_r, b, step, user, &done, info, &how);
+  if (st != PULSE_OK)
+    return st;
+  collab_publish_own_progress(c, r, done, info->busy_ms);
+  char src[64] = "";
+  loco_manifest man;
+  memset(&man, 0, sizeof man);
+  if (how == NOT_MEMBER) {
+    c->dropped = 1;
+    snprintf(c->rejoin_url, sizeof c->rejoin_url, "%s",
+             url_of(c, pulse_loco_collab_writer(c->members, c->nmembers, r, k)));
+    info->dropped = 1;
+    goto out;
+  }
+  int leaving = (flags & PULSE_LOCO_COLLAB_LEAVING) && done > 0;
+  const uint8_t *payload = NULL;
+  size_t size = 0;
+  uint8_t *own = NULL;
+  if (how == FULL && done > 0) {
+    PULSE_TRY(pulse_loco_prepare(c->ctx, theta_r, done,
+                                 leaving ? PULSE_LOCO_LEAVING : 0, &payload,
+                                 &size, NULL));
+    own = malloc(size);
+    if (own == NULL) {
+      pulse_loco_abandon(c->ctx, 0);
+      return pulse_fail(PULSE_ERR_NOMEM, "loco collab: payload copy");
+    }
+    memcpy(own, payload, size);
+    char path[64];
+    snprintf(path, sizeof path, "/v1/loco/round/%" PRIu64, r);
+    st = loco_server_put(c->srv, path, own, size);
+  }
+  if (st == PULSE_OK)
+    st = get_manifest(c, r, &k, own, size, own ? done : 0, leaving, &man, src,
+                      sizeof src, info);
+  info->takeovers = k;
+  if (st == PULSE_OK) {
+    info->writer = man.coordinator;
+    for (size_t j = 0; j < man.ncontrib && st == PULSE_OK; j++)
+      if (find_member(c->members, c->nmembers, man.contrib[j].id) < 0 ||
+          man.contrib[j].bytes > payload_cap(c->ctx))
+        st = pulse_fail(PULSE_ERR_CORRUPT,
+                        "loco collab: manifest of round %" PRIu64
+                        " lists a non-member or an oversized payload",
+                        r);
+  }
+  if (st != PULSE_OK) {
+    if (c->ctx->prepared)
+      pulse_loco_abandon(c->ctx, 0); /* keep rule: all of s stays in e */
+    free(own);
+    loco_manifest_free(&man);
+    return st;
+  }
+  /* Re-serve the manifest at once: a writer taking over if the source dies
+   * adopts it from here. */
+  pulse_bytebuf mb = PULSE_BYTEBUF_INIT;
+  char path[96];
+  snprintf(path, sizeof path, "/v1/loco/round/%" PRIu64 "/manifest", r);
+  st = loco_manifest_write(&man, &mb);
+  if (st == PULSE_OK)
+    st = loco_server_put(c->srv, path, mb.data, mb.size);
+  pulse_bytebuf_free(&mb);
+  size_t C = man.ncontrib;
+  loco_fetch *t = calloc(C, sizeof *t);
+  char(*urls)[160] = calloc(C, sizeof *urls);
+  pulse_loco_contribution *set = calloc(C, sizeof *set);
+  if (!t || !urls || !set)
+    st = pulse_fail(PULSE_ERR_NOMEM, "loco collab: round %" PRIu64, r);
+  if (st == PULSE_OK)
+    st = fetch_listed(c, r, src, &man, t, urls);
+  size_t have = 0;
+  int self_included = 0;
+  for (size_t j = 0; st == PULSE_OK && j < C; j++) {
+    if (man.contrib[j].id == c->id) {
+      self_included = own != NULL;
+      if (own != NULL)
+        set[have++] = (pulse_loco_contribution){own, size};
+    } else if (t[j].done) {
+      set[have++] =
+          (pulse_loco_contribution){t[j].body.data, t[j].body.size};
+      snprintf(path, sizeof path, "/v1/loco/round/%" PRIu64 "/from/%u", r,
+               man.contrib[j].id);
+      st = loco_server_put(c->srv, path, t[j].body.data, t[j].body.size);
+    }
+  }
+  if (st == PULSE_OK && own != NULL && self_included) {
+    snprintf(path, sizeof path, "/v1/loco/round/%" PRIu64 "/from/%u", r, c->id);
+    st = loco_server_put(c->srv, path, own, size);
+  }
+  info->contributors = (uint32_t)C;
+  info->self_included = self_included;
+  info->own_samples = self_included ? done : 0;
+  pulse_loco_finish_info fi;
+  memset(&fi, 0, sizeof fi);
+  if (st == PULSE_OK && own != NULL && have == C) {
+    st = pulse_loco_finish(c->ctx, set, C, theta_r, &fi);
+    info->samples = fi.samples;
+  } else if (st == PULSE_OK) {
+    /* No payload of its own, or not every listed one: the state of r + 1
+     * from a peer that finished (the keep rule kept all of s in e unless
+     * the manifest used it). */
+    if (c->ctx->prepared)
+      pulse_loco_abandon(c->ctx, self_included);
+    st = catch_up(c, r + 1, src, &man, theta_r);
+    info->resynced = st == PULSE_OK;
+    for (size_t j = 0; j < C; j++)
+      if (t[j].done && t[j].body.size >= LOCO_HEADER_SIZE) {
+        pulse_loco_payload_header h;
+        if (pulse_loco_payload_peek(t[j].body.data, t[j].body.size, &h) ==
+            PULSE_OK)
+          info->samples += h.samples;
+      }
+    info->samples += info->own_samples;
+  }
+  for (size_t j = 0; t && j < C; j++)
+    pulse_bytebuf_free(&t[j].body);
+  free(t), free(urls), free(set);
+  free(own);
+  if (c->ctx->prepared)
+    pulse_loco_abandon(c->ctx, 0);
+  if (st != PULSE_OK) {
+    loco_manifest_free(&man);
+    return st;
+  }
+  info->left = leaving && self_included;
+  collab_set_members(c, man.members, man.nmembers);
+  if (info->left && strcmp(src, c->url) == 0)
+    linger(c, r, &man);
+  if (!info->left && find_member(man.members, man.nmembers, c->id) < 0) {
+    c->dropped = 1;
+    snprintf(c->rejoin_url, sizeof c->rejoin_url, "%s", src);
+    info->dropped = 1;
+  }
+  st = collab_publish_state(c);
+  if (st == PULSE_OK)
+    st = collab_publish_view(c);
+  ack_round(c, src, r);
+  loco_manifest_free(&man);
+out:
+  /* Payloads and relays of the last two rounds, manifests of more. */
+  loco_server_drop_except(c->srv, "/v1/loco/round/", r > 0 ? r - 1 : 0,
+                          "/manifest");
+  if (r > MANIFESTS_KEPT)
+    loco_server_drop(c->srv, "/v1/loco/round/", r - MANIFESTS_KEPT);
+  info->bytes_in = c->fetched;
+  info->bytes_out = loco_server_bytes_served(c->srv) - served0;
+  info->wall_ms = loco_now_ms() - t0;
+  if (info->max_step == 0) {
+    pthread_mutex_lock(&c->lock);
+    if (c->table_round == r)
+      info->max_step = c->max_step;
+    pthread_mutex_unlock(&c->lock);
+  }
+  return st;
+}

@@ -1,0 +1,168 @@
+/* pulse_loco_collab.h - PULSELoCo as an open collaboration (issue 17;
+ * PAYLOAD.md "Collaboration"): rounds end at a target global batch, peers
+ * of any speed join and leave at any round, and no peer is special.
+ *
+ * A collaboration peer wraps a pulse_loco context (borrowed; created with
+ * PULSE_LOCO_RULE_KEEP: a payload left out of a round stays in its
+ * sender's error feedback) and an HTTP server on 127.0.0.1 (or opts.host).
+ * One round, on every member:
+ *
+ *   accumulate   before each local step of b samples the peer claims b
+ *                from the round's writer; the writer grants while the
+ *                samples granted in the round are below the target T, so
+ *                the round's total ends in [T, T + the largest step)
+ *   contribute   once refused, the peer builds its payload over the samples
+ *                it did (the payload's count is what counts), serves it and
+ *                tells the writer it is ready
+ *   close        the writer fetches the ready payloads, checks each (a
+ *                sample count other than what it granted, another round, a
+ *                non-member: dropped) and publishes the manifest
+ *                (contributors and the members of the next round); every
+ *                member finishes with exactly that set
+ *
+ * The writer of round r is W(r, k) = S[(r + k) mod |S|], S the members in
+ * increasing id; k starts at 0 and a peer moves to k + 1 when W(r, k) stops
+ * answering (connection refused or no answer within claim_timeout_ms). A
+ * writer taking over first adopts a manifest of r that a member already
+ * got from the dead one (each member re-serves what it used); else it
+ * counts what each member says it did as granted and goes on to T (that
+ * round may pass T + the largest step: the one round a dead writer costs).
+ * Joins go through any member; a member that
+ * is not ready within round_timeout_ms of the writer's own readiness is
+ * left out of the next round (dead peers).
+ *
+ * Thread-safety: a peer and its context are used by one thread; the server
+ * thread reads copies. Errors: a non-OK pulse_status with
+ * pulse_error_detail(). Nothing here prints. */
+#ifndef PULSE_LOCO_COLLAB_H
+#define PULSE_LOCO_COLLAB_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "pulse_loco.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct pulse_loco_collab pulse_loco_collab;
+
+/* Peer options; start from PULSE_LOCO_COLLAB_OPTS_INIT. */
+typedef struct {
+  uint32_t struct_version; /* PULSE_LOCO_COLLAB_OPTS_VERSION */
+  uint64_t target_batch;   /* T >= 1: samples of a round, all peers */
+  /* A writer that refuses connections (or does not answer) this long is
+   * taken for dead and the next by the rule takes over. */
+  uint32_t claim_timeout_ms;
+  /* How long a writer waits, once it is ready itself, for the other
+   * members to be ready (a member in a local step finishes it first). */
+  uint32_t round_timeout_ms;
+  /* The IPv4 address to listen on (NULL: 127.0.0.1). Borrowed. */
+  const char *host;
+} pulse_loco_collab_opts;
+
+#define PULSE_LOCO_COLLAB_OPTS_VERSION 1u
+#define PULSE_LOCO_COLLAB_OPTS_INIT                                            \
+  { PULSE_LOCO_COLLAB_OPTS_VERSION, 64, 1500, 5000, NULL }
+
+/** Starts the peer's server for ctx (borrowed, must outlive the peer; its
+ * rule must be PULSE_LOCO_RULE_KEEP).
+ * @return PULSE_OK; PULSE_ERR_ARG (options, rule); PULSE_ERR_IO;
+ * PULSE_ERR_NOMEM. */
+pulse_status pulse_loco_collab_create(const pulse_loco_collab_opts *opts,
+                                      pulse_loco *ctx,
+                                      pulse_loco_collab **out);
+
+/** Stops the server, frees the peer (not the context). NULL is fine. */
+void pulse_loco_collab_free(pulse_loco_collab *c);
+
+/** "http://HOST:PORT" of this peer (valid for its life). */
+const char *pulse_loco_collab_url(const pulse_loco_collab *c);
+
+/** Sets the founding members (this peer among them), all at the context's
+ * round with the same theta_g. */
+pulse_status pulse_loco_collab_start(pulse_loco_collab *c,
+                                     const pulse_loco_member *members,
+                                     size_t count);
+
+/** Joins through any member at seed_url: asks every member to admit it,
+ * waits until a manifest lists it, then imports the state of the round it
+ * contributes from (theta_g, momentum, round; digests checked) from the
+ * seed, theta_r (P floats) = theta_g. e is kept.
+ * @return PULSE_OK; PULSE_ERR_IO (not admitted within timeout_ms); a state
+ * error. */
+pulse_status pulse_loco_collab_join(pulse_loco_collab *c, const char *seed_url,
+                                    float *theta_r, uint32_t timeout_ms);
+
+/** Imports the state of `round` served by the peer at url (what a joiner
+ * does once admitted).
+ * @return PULSE_OK; PULSE_ERR_NOT_FOUND (that peer no longer, or not yet,
+ * serves that round's state: the detail names the round it is at);
+ * PULSE_ERR_IO; a pulse_loco_state_import error. */
+pulse_status pulse_loco_collab_import(pulse_loco_collab *c, const char *url,
+                                      uint64_t round, float *theta_r,
+                                      uint32_t timeout_ms);
+
+/* One local step of `samples` samples on theta_r (P floats), the user's
+ * inner optimizer. Returns 0 to go on, non-zero to end the round with an
+ * error. */
+typedef int (*pulse_loco_collab_step_fn)(void *user, float *theta_r,
+                                         uint64_t samples);
+
+/* Flags of pulse_loco_collab_round. */
+#define PULSE_LOCO_COLLAB_LEAVING                                              \
+  1u /* last round: flush error feedback, then go */
+
+/* What one round did. */
+typedef struct {
+  uint64_t round;
+  uint32_t members;      /* of this round */
+  uint32_t contributors; /* payloads averaged */
+  uint32_t writer;       /* id of the peer whose manifest closed it */
+  uint32_t takeovers;    /* writers found dead this round (k) */
+  uint64_t samples;      /* the round's total over its contributors */
+  uint64_t own_samples;  /* this peer's, in its payload (0: none) */
+  uint64_t steps;        /* local steps this peer ran */
+  uint64_t max_step;     /* the largest granted step, all peers */
+  int self_included;
+  int resynced; /* the state of round + 1 was imported (no payload of its
+                   own, or not every payload) */
+  int dropped;  /* the next round does not list this peer: it joins again
+                   by itself in its next call (which then only joins) */
+  int left;     /* LEAVING and the flush went out: the peer is gone */
+  uint64_t bytes_in;  /* HTTP bodies this peer downloaded this round */
+  uint64_t bytes_out; /* HTTP bodies its server answered this round */
+  uint64_t busy_ms;   /* in local steps */
+  uint64_t wall_ms;   /* the whole call */
+} pulse_loco_collab_info;
+
+/** Runs round pulse_loco_round(ctx): claims steps of step_samples (>= 1)
+ * samples from the writer and runs each with step(user, theta_r, n) while
+ * granted, contributes, closes (writer) or follows, finishes; theta_r =
+ * theta_g. With PULSE_LOCO_COLLAB_LEAVING the peer flushes its residual in
+ * this round (when it did at least one step; else info.left stays 0 and
+ * the caller tries again next round) and, when it wrote the round, stays
+ * until the members of the next round have what they need.
+ * @return PULSE_OK; PULSE_ERR_IO (no writer answered, timeouts); a context
+ * error; PULSE_ERR_INTERNAL when step() failed. */
+pulse_status pulse_loco_collab_round(pulse_loco_collab *c, float *theta_r,
+                                     uint64_t step_samples,
+                                     pulse_loco_collab_step_fn step,
+                                     void *user, uint32_t flags,
+                                     pulse_loco_collab_info *info);
+
+/** Members of the next round (capacity max); *count gets how many. */
+void pulse_loco_collab_members(const pulse_loco_collab *c,
+                               pulse_loco_member *members, size_t max,
+                               size_t *count);
+
+/** The writer of round `round` at rank k among members (increasing id;
+ * the rule every peer computes): members[(round + k) % count].id. */
+uint32_t pulse_loco_collab_writer(const pulse_loco_member *members,
+                                  size_t count, uint64_t round, uint32_t k);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* PULSE_LOCO_COLLAB_H */

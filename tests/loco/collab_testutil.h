@@ -1,0 +1,287 @@
+/* collab_testutil.h - peers of a PULSELoCo collaboration as child
+ * processes for the collaboration tests (test_collab*.c): each child makes
+ * a context and a pulse_loco_collab peer on 127.0.0.1, says its URL, is
+ * told to start (founders) or to join (through a given member), runs
+ * rounds with a synthetic local step and reports each round on a pipe:
+ *
+ *   child -> parent  "url ID URL"
+ *                    "round R SAMPLES OWN CONTRIB WRITER TAKEOVERS DIGEST
+ *                     MAXSTEP LEFT RESYNCED INCLUDED"
+ *                    "joined R DIGEST"
+ *                    "done R DIGEST RESIDUAL_ABS_SUM"
+ *                    "error TEXT"
+ *   parent -> child  "start N ID URL ...", "join URL", "quit"
+ *
+ * Everything is loopback, port 0; children are killed and reaped by the
+ * test. */
+#ifndef PULSE_COLLAB_TESTUTIL_H
+#define PULSE_COLLAB_TESTUTIL_H
+
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "pulse_loco.h"
+#include "pulse_loco_collab.h"
+
+#define CT_P 2048u
+#define CT_MAX 8
+
+typedef struct {
+  uint32_t id;
+  uint64_t step;       /* samples per local step */
+  uint64_t target;     /* T */
+  uint64_t rounds;     /* run until the context is at this round */
+  int64_t leave_round; /* flush and go in this round; -1 never */
+  unsigned step_us;    /* time one step takes */
+} ct_peer_cfg;
+
+typedef struct {
+  pid_t pid;
+  int to, from; /* pipes */
+  char url[64];
+  uint32_t id;
+  char buf[1 << 14];
+  size_t have;
+} ct_child;
+
+typedef struct {
+  uint32_t id;
+  uint64_t n;
+} ct_step_state;
+
+/* A deterministic local step: a pull towards a per-peer target with
+ * per-step noise (different on every peer, so payloads differ). */
+static int ct_step(void *user, float *theta, uint64_t samples) {
+  ct_step_state *s = user;
+  unsigned us = (unsigned)(uintptr_t)0;
+  (void)us;
+  for (uint64_t i = 0; i < CT_P; i++) {
+    uint64_t h = (i * 0x9E3779B97F4A7C15ull) ^ (s->n * 0xD1B54A32D192ED03ull) ^
+                 ((uint64_t)s->id << 48);
+    h ^= h >> 29;
+    float noise = (float)((double)(h % 2001) / 1000.0 - 1.0);
+    theta[i] += 1e-3f * (float)samples * (0.05f * noise - 0.01f * theta[i]);
+  }
+  s->n++;
+  return 0;
+}
+
+static unsigned ct_step_us;
+static int ct_step_slow(void *user, float *theta, uint64_t samples) {
+  if (ct_step_us)
+    usleep(ct_step_us);
+  return ct_step(user, theta, samples);
+}
+
+static double ct_abs_sum(const float *x, uint64_t n) {
+  double s = 0;
+  for (uint64_t i = 0; i < n; i++)
+    s += fabs((double)x[i]);
+  return s;
+}
+
+static void ct_child_main(const ct_peer_cfg *cfg, int in, int out) {
+  FILE *fin = fdopen(in, "r");
+  pulse_loco_opts o = PULSE_LOCO_OPTS_INIT;
+  o.param_count = CT_P;
+  o.trainer_id = cfg->id;
+  o.rule = PULSE_LOCO_RULE_KEEP;
+  o.chunk_log2 = 10;
+  float *theta = calloc(CT_P, sizeof *theta);
+  for (uint64_t i = 0; i < CT_P; i++)
+    theta[i] = (float)((double)((i * 37u) % 101u) / 50.0 - 1.0);
+  pulse_loco *ctx = NULL;
+  pulse_loco_collab *c = NULL;
+  pulse_loco_collab_opts co = PULSE_LOCO_COLLAB_OPTS_INIT;
+  co.target_batch = cfg->target;
+  co.claim_timeout_ms = 400;
+  co.round_timeout_ms = 3000;
+  if (pulse_loco_create(&o, theta, &ctx) != PULSE_OK ||
+      pulse_loco_collab_create(&co, ctx, &c) != PULSE_OK) {
+    dprintf(out, "error create: %s\n", pulse_error_detail());
+    _exit(1);
+  }
+  dprintf(out, "url %u %s\n", cfg->id, pulse_loco_collab_url(c));
+  char line[4096];
+  if (!fgets(line, sizeof line, fin))
+    _exit(1);
+  if (strncmp(line, "start ", 6) == 0) {
+    pulse_loco_member m[CT_MAX];
+    int n = 0, off = 0, k = 0;
+    sscanf(line + 6, "%d%n", &n, &off);
+    const char *p = line + 6 + off;
+    for (int i = 0; i < n && i < CT_MAX; i++) {
+      sscanf(p, " %u %63s%n", &m[i].id, m[i].url, &k);
+      p += k;
+    }
+    if (pulse_loco_collab_start(c, m, (size_t)n) != PULSE_OK) {
+      dprintf(out, "error start: %s\n", pulse_error_detail());
+      _exit(1);
+    }
+  } else if (strncmp(line, "join ", 5) == 0) {
+    char seed[64];
+    sscanf(line + 5, "%63s", seed);
+    if (pulse_loco_collab_join(c, seed, theta, 20000) != PULSE_OK) {
+      dprintf(out, "error join: %s\n", pulse_error_detail());
+      _exit(1);
+    }
+    dprintf(out, "joined %" PRIu64 " %016" PRIx64 "\n", pulse_loco_round(ctx),
+            pulse_loco_global_digest(ctx));
+  }
+  ct_step_state st = {cfg->id, 0};
+  ct_step_us = cfg->step_us;
+  int left = 0;
+  while (pulse_loco_round(ctx) < cfg->rounds && !left) {
+    pulse_loco_collab_info info;
+    uint32_t flags = cfg->leave_round >= 0 &&
+                             pulse_loco_round(ctx) >= (uint64_t)cfg->leave_round
+                         ? PULSE_LOCO_COLLAB_LEAVING
+                         : 0;
+    if (pulse_loco_collab_round(c, theta, cfg->step, ct_step_slow, &st, flags,
+                                &info) != PULSE_OK) {
+      dprintf(out, "error round %" PRIu64 ": %s\n", pulse_loco_round(ctx),
+              pulse_error_detail());
+      _exit(1);
+    }
+    left = info.left;
+    dprintf(out,
+            "round %" PRIu64 " %" PRIu64 " %" PRIu64 " %u %u %u %016" PRIx64
+            " %" PRIu64 " %d %d %d\n",
+            info.round, info.samples, info.own_samples, info.contributors,
+            info.writer, info.takeovers, pulse_loco_global_digest(ctx),
+            info.max_step, info.left, info.resynced, info.self_included);
+  }
+  dprintf(out, "done %" PRIu64 " %016" PRIx64 " %.9g\n", pulse_loco_round(ctx),
+          pulse_loco_global_digest(ctx),
+          ct_abs_sum(pulse_loco_residual(ctx), CT_P));
+  /* Serve until told to go: the others may still fetch from this peer. */
+  while (fgets(line, sizeof line, fin) && strncmp(line, "quit", 4) != 0)
+    ;
+  pulse_loco_collab_free(c);
+  pulse_loco_free(ctx);
+  _exit(0);
+}
+
+static void ct_spawn(ct_child *k, const ct_peer_cfg *cfg) {
+  int a[2], b[2];
+  cr_assert_eq(pipe(a), 0);
+  cr_assert_eq(pipe(b), 0);
+  fflush(NULL);
+  pid_t pid = fork();
+  cr_assert_geq(pid, 0);
+  if (pid == 0) {
+    close(a[1]), close(b[0]);
+    ct_child_main(cfg, a[0], b[1]);
+  }
+  close(a[0]), close(b[1]);
+  memset(k, 0, sizeof *k);
+  k->pid = pid;
+  k->to = a[1];
+  k->from = b[0];
+  k->id = cfg->id;
+}
+
+/* The child's next line (without newline) into line; 0 at EOF or after
+ * timeout_ms. */
+static int ct_read_line(ct_child *k, char *line, size_t cap,
+                        unsigned timeout_ms) {
+  for (unsigned waited = 0;;) {
+    char *nl = memchr(k->buf, '\n', k->have);
+    if (nl != NULL) {
+      size_t n = (size_t)(nl - k->buf);
+      size_t m = n < cap - 1 ? n : cap - 1;
+      memcpy(line, k->buf, m);
+      line[m] = '\0';
+      memmove(k->buf, nl + 1, k->have - n - 1);
+      k->have -= n + 1;
+      return 1;
+    }
+    if (k->have == sizeof k->buf)
+      return 0;
+    unsigned slice = timeout_ms - waited < 20u ? timeout_ms - waited : 20u;
+    struct pollfd p = {k->from, POLLIN, 0};
+    int r = poll(&p, 1, (int)slice);
+    waited += slice;
+    if (r <= 0 && waited >= timeout_ms)
+      return 0;
+    if (r > 0) {
+      ssize_t got = read(k->from, k->buf + k->have, sizeof k->buf - k->have);
+      if (got <= 0)
+        return 0;
+      k->have += (size_t)got;
+    }
+  }
+}
+
+/* Reads the child's URL line. */
+static void ct_hello(ct_child *k) {
+  char line[256];
+  cr_assert(ct_read_line(k, line, sizeof line, 10000), "no URL from %u",
+            k->id);
+  unsigned id;
+  cr_assert_eq(sscanf(line, "url %u %63s", &id, k->url), 2, "%s", line);
+}
+
+static void ct_start(ct_child *ks, size_t n) {
+  char line[2048];
+  int off = snprintf(line, sizeof line, "start %zu", n);
+  for (size_t i = 0; i < n; i++)
+    off += snprintf(line + off, sizeof line - (size_t)off, " %u %s", ks[i].id,
+                    ks[i].url);
+  for (size_t i = 0; i < n; i++)
+    dprintf(ks[i].to, "%s\n", line);
+}
+
+typedef struct {
+  uint64_t round, samples, own;
+  unsigned contrib, writer, takeovers;
+  uint64_t digest, max_step;
+  int left, resynced, included;
+} ct_round;
+
+static int ct_parse_round(const char *line, ct_round *r) {
+  return sscanf(line,
+                "round %" SCNu64 " %" SCNu64 " %" SCNu64 " %u %u %u %" SCNx64
+                " %" SCNu64 " %d %d %d",
+                &r->round, &r->samples, &r->own, &r->contrib, &r->writer,
+                &r->takeovers, &r->digest, &r->max_step, &r->left,
+                &r->resynced, &r->included) == 11;
+}
+
+static void ct_quit(ct_child *ks, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    if (ks[i].pid <= 0)
+      continue;
+    dprintf(ks[i].to, "quit\n");
+  }
+  for (size_t i = 0; i < n; i++) {
+    if (ks[i].pid <= 0)
+      continue;
+    int status;
+    for (int t = 0; t < 50 && waitpid(ks[i].pid, &status, WNOHANG) == 0; t++)
+      usleep(20000);
+    kill(ks[i].pid, SIGKILL);
+    waitpid(ks[i].pid, &status, 0);
+    close(ks[i].to), close(ks[i].from);
+    ks[i].pid = 0;
+  }
+}
+
+static void ct_kill(ct_child *k) {
+  kill(k->pid, SIGKILL);
+  int status;
+  waitpid(k->pid, &status, 0);
+  close(k->to), close(k->from);
+  k->pid = 0;
+}
+
+#endif

@@ -1,0 +1,252 @@
+/* test_collab.c - an open PULSELoCo collaboration (pulse_loco_collab.h)
+ * with its peers as processes on loopback (collab_testutil.h): the target
+ * global batch bound, joins, clean leaves, kill -9 of the writer and of
+ * another peer. */
+#include "collab_testutil.h"
+
+/* Reads every child's round lines until each reported `done`; rows[i][r]
+ * gets child i's report of round r. A child that errors fails the test. */
+#define CT_ROUNDS 16
+typedef struct {
+  ct_round row[CT_MAX][CT_ROUNDS];
+  int have[CT_MAX][CT_ROUNDS];
+  uint64_t final_round[CT_MAX], final_digest[CT_MAX];
+  double residual[CT_MAX];
+  int done[CT_MAX];
+  uint64_t joined_round[CT_MAX], joined_digest[CT_MAX];
+} ct_log;
+
+/* Collects lines of the live children until all are done; on_round (may
+ * be NULL) sees each round line as it comes. */
+static void ct_collect(ct_child *ks, size_t n, ct_log *log,
+                       void (*on_round)(ct_child *, size_t, size_t,
+                                        const ct_round *, void *),
+                       void *user) {
+  for (int spins = 0; spins < 3000; spins++) {
+    int pending = 0;
+    for (size_t i = 0; i < n; i++) {
+      if (ks[i].pid <= 0 || log->done[i])
+        continue;
+      pending = 1;
+      char line[512];
+      /* What this child said so far, then the next child: none starves. */
+      while (ct_read_line(&ks[i], line, sizeof line, 0)) {
+        ct_round r;
+        if (strncmp(line, "error", 5) == 0)
+          cr_assert_fail("peer %u: %s", ks[i].id, line);
+        if (ct_parse_round(line, &r)) {
+          if (r.round < CT_ROUNDS) {
+            log->row[i][r.round] = r;
+            log->have[i][r.round] = 1;
+          }
+          if (on_round)
+            on_round(ks, n, i, &r, user);
+          if (ks[i].pid <= 0)
+            break;
+        } else if (sscanf(line, "joined %" SCNu64 " %" SCNx64,
+                          &log->joined_round[i],
+                          &log->joined_digest[i]) == 2) {
+        } else if (sscanf(line, "done %" SCNu64 " %" SCNx64 " %lf",
+                          &log->final_round[i], &log->final_digest[i],
+                          &log->residual[i]) == 3) {
+          log->done[i] = 1;
+          break;
+        }
+      }
+    }
+    if (!pending)
+      return;
+    usleep(10000);
+  }
+  cr_assert_fail("the peers did not finish in time");
+}
+
+static void spawn_all(ct_child *ks, const ct_peer_cfg *cfg, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    ct_spawn(&ks[i], &cfg[i]);
+  for (size_t i = 0; i < n; i++)
+    ct_hello(&ks[i]);
+}
+
+Test(collab, every_round_ends_in_T_to_T_plus_the_largest_step,
+     .timeout = 60) {
+  /* Steps of 3, 5 and 7 samples, a target of 40: the grants stop at the
+   * first total >= 40, so every round holds 40..46 samples, whoever is
+   * fastest; every peer ends with the same bits. */
+  const uint64_t T = 40, steps[3] = {3, 5, 7};
+  ct_peer_cfg cfg[3];
+  ct_child ks[3];
+  for (uint32_t i = 0; i < 3; i++)
+    cfg[i] = (ct_peer_cfg){i + 1, steps[i], T, 6, -1, 200u * (i + 1)};
+  spawn_all(ks, cfg, 3);
+  ct_start(ks, 3);
+  static ct_log log;
+  memset(&log, 0, sizeof log);
+  ct_collect(ks, 3, &log, NULL, NULL);
+  for (uint64_t r = 0; r < 6; r++) {
+    uint64_t own = 0;
+    for (size_t i = 0; i < 3; i++) {
+      cr_assert(log.have[i][r]);
+      const ct_round *x = &log.row[i][r];
+      cr_assert_geq(x->samples, T, "round %llu: %llu samples",
+                    (unsigned long long)r, (unsigned long long)x->samples);
+      cr_assert_lt(x->samples, T + 7, "round %llu: %llu samples",
+                   (unsigned long long)r, (unsigned long long)x->samples);
+      cr_assert_eq(x->samples, log.row[0][r].samples);
+      cr_assert_eq(x->digest, log.row[0][r].digest);
+      cr_assert_eq(x->takeovers, 0);
+      own += x->own;
+    }
+    /* The round's total is the sum of what each peer did. */
+    cr_assert_eq(own, log.row[0][r].samples);
+  }
+  for (size_t i = 0; i < 3; i++)
+    cr_assert_eq(log.final_digest[i], log.final_digest[0]);
+  ct_quit(ks, 3);
+}
+
+/* Starts the joiner once round `at` is reported by the first founder. */
+typedef struct {
+  ct_child *joiner;
+  uint64_t at;
+  const char *seed;
+  int sent;
+} join_plan;
+
+static void join_when(ct_child *ks, size_t n, size_t i, const ct_round *r,
+                      void *user) {
+  (void)ks, (void)n;
+  join_plan *p = user;
+  if (!p->sent && i == 0 && r->round >= p->at) {
+    dprintf(p->joiner->to, "join %s\n", p->seed);
+    p->sent = 1;
+  }
+}
+
+Test(collab, a_joiner_through_any_peer_gets_the_state_bit_for_bit,
+     .timeout = 60) {
+  ct_peer_cfg cfg[3];
+  ct_child ks[3];
+  for (uint32_t i = 0; i < 3; i++)
+    cfg[i] = (ct_peer_cfg){i + 1, 4, 32, 7, -1, 20000};
+  spawn_all(ks, cfg, 3);
+  ct_start(ks, 2); /* peers 1 and 2 found; 3 joins through peer 2 */
+  join_plan plan = {&ks[2], 1, ks[1].url, 0};
+  static ct_log log;
+  memset(&log, 0, sizeof log);
+  ct_collect(ks, 3, &log, join_when, &plan);
+  uint64_t jr = log.joined_round[2];
+  cr_assert_geq(jr, 2);
+  cr_assert_lt(jr, 7);
+  /* Its state at joining is the founders' after round jr - 1. */
+  cr_assert(log.have[0][jr - 1]);
+  cr_assert_eq(log.joined_digest[2], log.row[0][jr - 1].digest);
+  /* It contributes (from its first round on, unless that round filled
+   * before it got there), and everyone agrees. */
+  int contributed = 0;
+  for (uint64_t r = jr; r < 7; r++) {
+    cr_assert(log.have[2][r]);
+    cr_assert_eq(log.row[2][r].digest, log.row[0][r].digest);
+    contributed |= log.row[2][r].included && log.row[2][r].own > 0;
+  }
+  cr_assert(contributed);
+  for (size_t i = 0; i < 3; i++)
+    cr_assert_eq(log.final_digest[i], log.final_digest[0]);
+  ct_quit(ks, 3);
+}
+
+Test(collab, a_clean_leave_flushes_its_error_feedback, .timeout = 60) {
+  ct_peer_cfg cfg[3];
+  ct_child ks[3];
+  for (uint32_t i = 0; i < 3; i++)
+    cfg[i] = (ct_peer_cfg){i + 1, 4, 32, 6, i == 1 ? 2 : -1, 300};
+  spawn_all(ks, cfg, 3);
+  ct_start(ks, 3);
+  static ct_log log;
+  memset(&log, 0, sizeof log);
+  ct_collect(ks, 3, &log, NULL, NULL);
+  /* Peer 2 left in round 2 (or the first after it where it had steps):
+   * its payload was used and its residual is all zeros. */
+  uint64_t lr = log.final_round[1] - 1;
+  cr_assert(log.have[1][lr]);
+  cr_assert(log.row[1][lr].left);
+  cr_assert(log.row[1][lr].included);
+  cr_assert_eq(log.residual[1], 0.0);
+  cr_assert_eq(log.row[1][lr].digest, log.row[0][lr].digest);
+  /* The others go on without it, identical. */
+  cr_assert_eq(log.final_round[0], 6);
+  cr_assert_eq(log.final_digest[0], log.final_digest[2]);
+  cr_assert_lt(log.row[0][lr + 1].contrib, 3);
+  ct_quit(ks, 3);
+}
+
+/* Kills a peer once a peer reported round `at - 1` (the others are then
+ * in round `at`, a round lasting far longer than the parent takes to
+ * react): the writer of round `at` by the rule, or another peer. */
+typedef struct {
+  uint64_t at;
+  int writer;
+  size_t victim;
+  int done;
+} kill_plan;
+
+static void kill_when(ct_child *ks, size_t n, size_t i, const ct_round *r,
+                      void *user) {
+  kill_plan *p = user;
+  if (p->done || r->round + 1 < p->at)
+    return;
+  (void)i;
+  p->at = r->round + 1;
+  /* Members sorted by id are ks[0..n) (ids 1..n); the writer of round at
+   * at rank 0 is members[at % n]. */
+  size_t w = (size_t)(p->at % n);
+  p->victim = p->writer ? w : (w + 1) % n;
+  ct_kill(&ks[p->victim]);
+  p->done = 1;
+}
+
+static void killed_peer_costs_at_most_one_round(int writer) {
+  ct_peer_cfg cfg[4];
+  ct_child ks[4];
+  const uint64_t T = 48;
+  for (uint32_t i = 0; i < 4; i++)
+    cfg[i] = (ct_peer_cfg){i + 1, 4, T, 7, -1, 60000};
+  spawn_all(ks, cfg, 4);
+  ct_start(ks, 4);
+  kill_plan plan = {3, writer, 0, 0};
+  static ct_log log;
+  memset(&log, 0, sizeof log);
+  ct_collect(ks, 4, &log, kill_when, &plan);
+  cr_assert(plan.done);
+  size_t first = plan.victim == 0 ? 1 : 0;
+  for (size_t i = 0; i < 4; i++) {
+    if (i == plan.victim)
+      continue;
+    cr_assert_eq(log.final_round[i], 7);
+    cr_assert_eq(log.final_digest[i], log.final_digest[first]);
+    /* The round of the kill closes without the dead peer (its granted
+     * samples missing); every other round holds its target, and only
+     * that round needed a new writer. */
+    int short_rounds = 0;
+    unsigned takeovers = 0;
+    for (uint64_t r = 0; r < 7; r++) {
+      cr_assert(log.have[i][r]);
+      cr_assert_eq(log.row[i][r].digest, log.row[first][r].digest);
+      short_rounds += log.row[i][r].samples < T;
+      takeovers += log.row[i][r].takeovers;
+      cr_assert_leq(log.row[i][r].takeovers, 1);
+    }
+    cr_assert_leq(short_rounds, 1);
+    cr_assert_eq(takeovers, writer ? 1u : 0u);
+    cr_assert_lt(log.row[i][6].contrib, 4);
+  }
+  ct_quit(ks, 4);
+}
+
+Test(collab, kill_9_of_the_writer_costs_at_most_one_round, .timeout = 60) {
+  killed_peer_costs_at_most_one_round(1);
+}
+
+Test(collab, kill_9_of_another_peer_costs_at_most_one_round, .timeout = 60) {
+  killed_peer_costs_at_most_one_round(0);
+}
