@@ -60,7 +60,7 @@ typedef struct {
 
 /* A deterministic local step: a pull towards a per-peer target with
  * per-step noise (different on every peer, so payloads differ). */
-static int ct_step(void *user, float *theta, uint64_t samples) {
+static inline int ct_step(void *user, float *theta, uint64_t samples) {
   ct_step_state *s = user;
   unsigned us = (unsigned)(uintptr_t)0;
   (void)us;
@@ -76,20 +76,20 @@ static int ct_step(void *user, float *theta, uint64_t samples) {
 }
 
 static unsigned ct_step_us;
-static int ct_step_slow(void *user, float *theta, uint64_t samples) {
+static inline int ct_step_slow(void *user, float *theta, uint64_t samples) {
   if (ct_step_us)
     usleep(ct_step_us);
   return ct_step(user, theta, samples);
 }
 
-static double ct_abs_sum(const float *x, uint64_t n) {
+static inline double ct_abs_sum(const float *x, uint64_t n) {
   double s = 0;
   for (uint64_t i = 0; i < n; i++)
     s += fabs((double)x[i]);
   return s;
 }
 
-static void ct_child_main(const ct_peer_cfg *cfg, int in, int out) {
+static inline void ct_child_main(const ct_peer_cfg *cfg, int in, int out) {
   FILE *fin = fdopen(in, "r");
   pulse_loco_opts o = PULSE_LOCO_OPTS_INIT;
   o.param_count = CT_P;
@@ -171,7 +171,7 @@ static void ct_child_main(const ct_peer_cfg *cfg, int in, int out) {
   _exit(0);
 }
 
-static void ct_spawn(ct_child *k, const ct_peer_cfg *cfg) {
+static inline void ct_spawn(ct_child *k, const ct_peer_cfg *cfg) {
   int a[2], b[2];
   cr_assert_eq(pipe(a), 0);
   cr_assert_eq(pipe(b), 0);
@@ -192,7 +192,7 @@ static void ct_spawn(ct_child *k, const ct_peer_cfg *cfg) {
 
 /* The child's next line (without newline) into line; 0 at EOF or after
  * timeout_ms. */
-static int ct_read_line(ct_child *k, char *line, size_t cap,
+static inline int ct_read_line(ct_child *k, char *line, size_t cap,
                         unsigned timeout_ms) {
   for (unsigned waited = 0;;) {
     char *nl = memchr(k->buf, '\n', k->have);
@@ -223,7 +223,7 @@ static int ct_read_line(ct_child *k, char *line, size_t cap,
 }
 
 /* Reads the child's URL line. */
-static void ct_hello(ct_child *k) {
+static inline void ct_hello(ct_child *k) {
   char line[256];
   cr_assert(ct_read_line(k, line, sizeof line, 10000), "no URL from %u",
             k->id);
@@ -231,7 +231,7 @@ static void ct_hello(ct_child *k) {
   cr_assert_eq(sscanf(line, "url %u %63s", &id, k->url), 2, "%s", line);
 }
 
-static void ct_start(ct_child *ks, size_t n) {
+static inline void ct_start(ct_child *ks, size_t n) {
   char line[2048];
   int off = snprintf(line, sizeof line, "start %zu", n);
   for (size_t i = 0; i < n; i++)
@@ -248,7 +248,7 @@ typedef struct {
   int left, resynced, included;
 } ct_round;
 
-static int ct_parse_round(const char *line, ct_round *r) {
+static inline int ct_parse_round(const char *line, ct_round *r) {
   return sscanf(line,
                 "round %" SCNu64 " %" SCNu64 " %" SCNu64 " %u %u %u %" SCNx64
                 " %" SCNu64 " %d %d %d",
@@ -257,7 +257,7 @@ static int ct_parse_round(const char *line, ct_round *r) {
                 &r->resynced, &r->included) == 11;
 }
 
-static void ct_quit(ct_child *ks, size_t n) {
+static inline void ct_quit(ct_child *ks, size_t n) {
   for (size_t i = 0; i < n; i++) {
     if (ks[i].pid <= 0)
       continue;
@@ -276,7 +276,7 @@ static void ct_quit(ct_child *ks, size_t n) {
   }
 }
 
-static void ct_kill(ct_child *k) {
+static inline void ct_kill(ct_child *k) {
   kill(k->pid, SIGKILL);
   int status;
   waitpid(k->pid, &status, 0);

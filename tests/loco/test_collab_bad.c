@@ -1,0 +1,259 @@
+/* test_collab_bad.c - bad input to a PULSELoCo collaboration
+ * (pulse_loco_collab.h): a member whose payload carries fewer samples than
+ * it claimed (a lying progress record), claims and readiness from a peer
+ * that is not a member of the round, and a joiner asking for a state no
+ * peer keeps. The honest peers are child processes (collab_testutil.h);
+ * the offender is this process, speaking the protocol by hand. */
+#include "collab_testutil.h"
+#include "http_impl.h"
+
+static unsigned accept_post(void *user, const char *path, const char *id,
+                            const char *url, char *reply, size_t cap) {
+  (void)user, (void)path, (void)id, (void)url;
+  snprintf(reply, cap, "{}");
+  return 200;
+}
+
+/* Children's reports of rounds 0..n_rounds-1 and their end. */
+typedef struct {
+  ct_round row[2][8];
+  uint64_t final_digest[2];
+} bad_log;
+
+static void collect2(ct_child *ks, bad_log *log) {
+  int done[2] = {0, 0};
+  for (int spins = 0; spins < 3000 && !(done[0] && done[1]); spins++) {
+    for (int i = 0; i < 2; i++) {
+      char line[512];
+      while (!done[i] && ct_read_line(&ks[i], line, sizeof line, 0)) {
+        ct_round r;
+        uint64_t fr;
+        double res;
+        if (strncmp(line, "error", 5) == 0)
+          cr_assert_fail("peer %u: %s", ks[i].id, line);
+        if (ct_parse_round(line, &r) && r.round < 8)
+          log->row[i][r.round] = r;
+        else if (sscanf(line, "done %" SCNu64 " %" SCNx64 " %lf", &fr,
+                        &log->final_digest[i], &res) == 3)
+          done[i] = 1;
+      }
+    }
+    usleep(10000);
+  }
+  cr_assert(done[0] && done[1], "the peers did not finish");
+}
+
+/* POSTs until the writer is at the round (503 means not yet). */
+static long post_until_open(const char *url) {
+  long status = 0;
+  for (int i = 0; i < 500; i++) {
+    cr_assert_eq(loco_http_post(url, 2000, &status), PULSE_OK);
+    if (status != 503)
+      break;
+    usleep(2000);
+  }
+  return status;
+}
+
+Test(collab_bad, a_payload_short_of_its_claims_drops_its_sender,
+     .timeout = 60) {
+  /* Peers 1 and 2 honest; peer 3 (this process) claims a step of 4
+   * samples, is granted, then serves a payload that says 2 and tells the
+   * writer it is ready with 4. */
+  const uint64_t T = 40;
+  ct_peer_cfg cfg[2];
+  ct_child ks[2];
+  for (uint32_t i = 0; i < 2; i++)
+    cfg[i] = (ct_peer_cfg){i + 1, 4, T, 3, -1, 30000};
+  for (int i = 0; i < 2; i++)
+    ct_spawn(&ks[i], &cfg[i]);
+  for (int i = 0; i < 2; i++)
+    ct_hello(&ks[i]);
+  loco_server *srv = NULL;
+  cr_assert_eq(loco_server_start(accept_post, NULL, &srv), PULSE_OK);
+  char me[64];
+  snprintf(me, sizeof me, "http://127.0.0.1:%u",
+           (unsigned)loco_server_port(srv));
+  char line[1024];
+  snprintf(line, sizeof line, "start 3 1 %s 2 %s 3 %s\n", ks[0].url,
+           ks[1].url, me);
+  for (int i = 0; i < 2; i++)
+    dprintf(ks[i].to, "%s", line);
+  /* The writer of round 0 is the first member by id: peer 1. */
+  char url[256];
+  snprintf(url, sizeof url, "%s/v1/collab/claim/0/0/4/0/1000?id=3", ks[0].url);
+  cr_assert_eq(post_until_open(url), 200, "the claim is granted");
+  pulse_loco_opts o = PULSE_LOCO_OPTS_INIT;
+  o.param_count = CT_P;
+  o.trainer_id = 3;
+  o.rule = PULSE_LOCO_RULE_KEEP;
+  o.chunk_log2 = 10;
+  float *theta = calloc(CT_P, sizeof *theta);
+  for (uint64_t i = 0; i < CT_P; i++)
+    theta[i] = (float)((double)((i * 37u) % 101u) / 50.0 - 1.0);
+  pulse_loco *ctx = NULL;
+  cr_assert_eq(pulse_loco_create(&o, theta, &ctx), PULSE_OK);
+  ct_step_state st = {3, 0};
+  ct_step(&st, theta, 4);
+  const uint8_t *payload;
+  size_t size;
+  cr_assert_eq(pulse_loco_prepare(ctx, theta, 2, 0, &payload, &size, NULL),
+               PULSE_OK);
+  cr_assert_eq(loco_server_put(srv, "/v1/loco/round/0", payload, size),
+               PULSE_OK);
+  long status;
+  snprintf(url, sizeof url, "%s/v1/collab/ready/0/0/4/0?id=3", ks[0].url);
+  cr_assert_eq(loco_http_post(url, 2000, &status), PULSE_OK);
+  cr_assert_eq(status, 200);
+  static bad_log log;
+  memset(&log, 0, sizeof log);
+  collect2(ks, &log);
+  /* Round 0 went on without it: the two honest payloads, their samples
+   * only, the same bits on both; and it is no member afterwards (the
+   * next rounds did not wait for it). */
+  for (int i = 0; i < 2; i++) {
+    cr_assert_eq(log.row[i][0].contrib, 2);
+    cr_assert_eq(log.row[i][0].samples,
+                 log.row[0][0].own + log.row[1][0].own);
+    cr_assert_eq(log.row[i][0].digest, log.row[0][0].digest);
+    cr_assert_eq(log.row[i][2].contrib, 2);
+  }
+  cr_assert_eq(log.final_digest[0], log.final_digest[1]);
+  ct_quit(ks, 2);
+  pulse_loco_free(ctx);
+  free(theta);
+  loco_server_stop(srv);
+}
+
+Test(collab_bad, a_peer_outside_the_round_cannot_claim_or_contribute,
+     .timeout = 60) {
+  const uint64_t T = 40;
+  ct_peer_cfg cfg[2];
+  ct_child ks[2];
+  for (uint32_t i = 0; i < 2; i++)
+    cfg[i] = (ct_peer_cfg){i + 1, 4, T, 3, -1, 30000};
+  for (int i = 0; i < 2; i++)
+    ct_spawn(&ks[i], &cfg[i]);
+  for (int i = 0; i < 2; i++)
+    ct_hello(&ks[i]);
+  ct_start(ks, 2);
+  /* Peer 9 never joined: its claim and its readiness (a payload for a
+   * round it is not a member of) are refused; the round's total is only
+   * the members' samples. */
+  char url[256];
+  snprintf(url, sizeof url, "%s/v1/collab/claim/0/0/4/0/1000?id=9", ks[0].url);
+  cr_assert_eq(post_until_open(url), 403);
+  snprintf(url, sizeof url, "%s/v1/collab/ready/0/0/4/0?id=9", ks[0].url);
+  long status;
+  cr_assert_eq(loco_http_post(url, 2000, &status), PULSE_OK);
+  cr_assert_eq(status, 403);
+  /* Malformed claims are refused too. */
+  snprintf(url, sizeof url, "%s/v1/collab/claim/0/0/4?id=1", ks[0].url);
+  cr_assert_eq(loco_http_post(url, 2000, &status), PULSE_OK);
+  cr_assert_eq(status, 404);
+  snprintf(url, sizeof url, "%s/v1/collab/claim/0/0/4/0/1?id=01", ks[0].url);
+  cr_assert_eq(loco_http_post(url, 2000, &status), PULSE_OK);
+  cr_assert_eq(status, 400);
+  static bad_log log;
+  memset(&log, 0, sizeof log);
+  collect2(ks, &log);
+  for (int i = 0; i < 2; i++) {
+    cr_assert_eq(log.row[i][0].contrib, 2);
+    cr_assert_geq(log.row[i][0].samples, T);
+    cr_assert_lt(log.row[i][0].samples, T + 4);
+    cr_assert_eq(log.row[i][0].samples,
+                 log.row[0][0].own + log.row[1][0].own);
+  }
+  cr_assert_eq(log.final_digest[0], log.final_digest[1]);
+  ct_quit(ks, 2);
+}
+
+Test(collab_bad, a_state_no_peer_keeps_is_a_clear_error, .timeout = 60) {
+  ct_peer_cfg cfg[2];
+  ct_child ks[2];
+  for (uint32_t i = 0; i < 2; i++)
+    cfg[i] = (ct_peer_cfg){i + 1, 4, 16, 4, -1, 0};
+  for (int i = 0; i < 2; i++)
+    ct_spawn(&ks[i], &cfg[i]);
+  for (int i = 0; i < 2; i++)
+    ct_hello(&ks[i]);
+  ct_start(ks, 2);
+  static bad_log log;
+  memset(&log, 0, sizeof log);
+  collect2(ks, &log); /* both at round 4, serving states 3 and 4 */
+  pulse_loco_opts o = PULSE_LOCO_OPTS_INIT;
+  o.param_count = CT_P;
+  o.trainer_id = 7;
+  o.rule = PULSE_LOCO_RULE_KEEP;
+  o.chunk_log2 = 10;
+  pulse_loco *ctx = NULL;
+  cr_assert_eq(pulse_loco_create(&o, NULL, &ctx), PULSE_OK);
+  pulse_loco_collab_opts co = PULSE_LOCO_COLLAB_OPTS_INIT;
+  pulse_loco_collab *c = NULL;
+  cr_assert_eq(pulse_loco_collab_create(&co, ctx, &c), PULSE_OK);
+  float *theta = calloc(CT_P, sizeof *theta);
+  uint64_t before = pulse_loco_global_digest(ctx);
+  cr_assert_eq(pulse_loco_collab_import(c, ks[1].url, 1, theta, 2000),
+               PULSE_ERR_NOT_FOUND);
+  const char *why = pulse_error_detail();
+  cr_assert(strstr(why, "round 1") && strstr(why, "rounds 3..4"), "%s", why);
+  cr_assert_eq(pulse_loco_round(ctx), 0);
+  cr_assert_eq(pulse_loco_global_digest(ctx), before);
+  /* The state it does keep imports, bit for bit. */
+  cr_assert_eq(pulse_loco_collab_import(c, ks[1].url, 4, theta, 2000),
+               PULSE_OK, "%s", pulse_error_detail());
+  cr_assert_eq(pulse_loco_round(ctx), 4);
+  cr_assert_eq(pulse_loco_global_digest(ctx), log.final_digest[1]);
+  /* A context of another shape refuses it and is unchanged. */
+  o.param_count = CT_P + 1;
+  pulse_loco *other = NULL;
+  cr_assert_eq(pulse_loco_create(&o, NULL, &other), PULSE_OK);
+  pulse_loco_collab *c2 = NULL;
+  cr_assert_eq(pulse_loco_collab_create(&co, other, &c2), PULSE_OK);
+  float *theta2 = calloc(CT_P + 1, sizeof *theta2);
+  cr_assert_neq(pulse_loco_collab_import(c2, ks[1].url, 4, theta2, 2000),
+                PULSE_OK);
+  cr_assert_eq(pulse_loco_round(other), 0);
+  pulse_loco_collab_free(c2);
+  pulse_loco_free(other);
+  free(theta2);
+  pulse_loco_collab_free(c);
+  pulse_loco_free(ctx);
+  free(theta);
+  ct_quit(ks, 2);
+}
+
+Test(collab_bad, options_and_rules_are_checked) {
+  pulse_loco_opts o = PULSE_LOCO_OPTS_INIT;
+  o.param_count = 64;
+  pulse_loco *ctx = NULL;
+  cr_assert_eq(pulse_loco_create(&o, NULL, &ctx), PULSE_OK);
+  pulse_loco_collab_opts co = PULSE_LOCO_COLLAB_OPTS_INIT;
+  pulse_loco_collab *c = NULL;
+  /* The drop rule would let a left-out payload's mass go. */
+  cr_assert_eq(pulse_loco_collab_create(&co, ctx, &c), PULSE_ERR_ARG);
+  cr_assert_null(c);
+  pulse_loco_free(ctx);
+  o.rule = PULSE_LOCO_RULE_KEEP;
+  cr_assert_eq(pulse_loco_create(&o, NULL, &ctx), PULSE_OK);
+  co.target_batch = 0;
+  cr_assert_eq(pulse_loco_collab_create(&co, ctx, &c), PULSE_ERR_ARG);
+  co.target_batch = 8;
+  co.host = "localhost";
+  cr_assert_eq(pulse_loco_collab_create(&co, ctx, &c), PULSE_ERR_ARG);
+  co.host = NULL;
+  cr_assert_eq(pulse_loco_collab_create(&co, ctx, &c), PULSE_OK);
+  pulse_loco_member m[2] = {{1, "http://127.0.0.1:1"}, {1, "http://127.0.0.1:2"}};
+  cr_assert_eq(pulse_loco_collab_start(c, m, 2), PULSE_ERR_ARG, "duplicate");
+  m[1].id = 2;
+  cr_assert_eq(pulse_loco_collab_start(c, m, 2), PULSE_ERR_ARG, "not a member");
+  pulse_loco_collab_free(c);
+  pulse_loco_free(ctx);
+  /* The rule: rank k of round r is members[(r + k) mod n]. */
+  pulse_loco_member s[3] = {{2, ""}, {5, ""}, {9, ""}};
+  cr_assert_eq(pulse_loco_collab_writer(s, 3, 0, 0), 2);
+  cr_assert_eq(pulse_loco_collab_writer(s, 3, 4, 0), 5);
+  cr_assert_eq(pulse_loco_collab_writer(s, 3, 4, 1), 9);
+  cr_assert_eq(pulse_loco_collab_writer(s, 3, 4, 2), 2);
+  cr_assert_eq(pulse_loco_collab_writer(s, 0, 4, 2), UINT32_MAX);
+}
