@@ -116,12 +116,15 @@ static int decode_item(void *ctx, size_t i) {
   pulse_changes *ch = &s->staged[it->tensor];
   const uint16_t *base = s->target[it->tensor]->data;
   size_t sat = s->scratch_at[it->tensor] + at;
-  /* Through a class index the decode reads the old bits itself. */
+  /* Through a class index the decode reads the old bits itself. The index
+   * goes to the decode only when it is used, so the decode cannot take the
+   * other path than the one whose old bits are resolved below. */
   int indexed = s->index[it->tensor] != NULL && patch_can_use_index(p);
   pulse_chunk_scratch scratch = {s->rank + sat, s->cdelta + sat,
                                  indexed ? ch->old_bits + at : NULL};
-  r->st = patch_decode_chunk_in(p, it->tensor, it->chunk, base, s->index[it->tensor],
-                                ch->pos + at, ch->new_bits + at, &scratch);
+  r->st = patch_decode_chunk_in(p, it->tensor, it->chunk, base,
+                                indexed ? s->index[it->tensor] : NULL, ch->pos + at,
+                                ch->new_bits + at, &scratch);
   if (r->st != PULSE_OK)
     strncpy(r->detail, pulse_error_detail(), sizeof r->detail - 1);
   else if (indexed)
@@ -148,7 +151,7 @@ static pulse_status stage_alloc(pulse_patch_stream *s) {
       total += p->tensors[i].changed; /* <= the table's total: no overflow */
   if (total > SIZE_MAX / 32)
     return pulse_fail(PULSE_ERR_OVERFLOW, "apply: %llu changes", (unsigned long long)total);
-  s->slab = pulse_slab_take((size_t)total * 18 + 8, &s->slab_bytes);
+  s->slab = pulse_slab_take((size_t)total * 18 + 8, &s->slab_bytes); /* + 8: never 0 bytes */
   if (s->slab == NULL)
     return pulse_fail(PULSE_ERR_NOMEM, "apply: staging for %llu changes",
                       (unsigned long long)total);
