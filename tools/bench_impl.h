@@ -22,6 +22,9 @@ void bench_demo_usage(FILE *out);
 int bench_serve_main(int argc, char **argv);
 void bench_serve_usage(FILE *out);
 int bench_loco_main(int argc, char **argv); void bench_loco_usage(FILE *out);
+/* `pulse-bench loco` with collaboration flags (bench_loco_collab.c). */
+int bench_loco_collab_main(int argc, char **argv);
+void bench_loco_collab_usage(FILE *out);
 int bench_topology_main(int argc, char **argv);
 void bench_topology_usage(FILE *out);
 int bench_gpu_main(int argc, char **argv); void bench_gpu_usage(FILE *out);

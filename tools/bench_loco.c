@@ -199,6 +199,7 @@ void bench_loco_usage(FILE *out) {
       "Exit status: 0 when the run completed (targets are reported, not "
       "enforced),\n"
       "1 when a trainer failed, 2 bad usage.\n");
+  bench_loco_collab_usage(out);
 }
 
 /* --------------------------------------------------------------- children */
@@ -1390,6 +1391,12 @@ static int replicas_identical(const bench *b) {
 }
 
 int bench_loco_main(int argc, char **argv) {
+  /* Collaboration mode (issue 17): its own runner. */
+  for (int i = 1; i < argc; i++)
+    if (strcmp(argv[i], "--target-batch") == 0 ||
+        strcmp(argv[i], "--peer-speeds") == 0 ||
+        strcmp(argv[i], "--churn") == 0 || strcmp(argv[i], "--averaging") == 0)
+      return bench_loco_collab_main(argc, argv);
   static bench b; /* large: kept off the stack */
   memset(&b, 0, sizeof b);
   b.a = (loco_args){3,    50, 20, 2000, 70000, 1, 0.0, 0.0, PULSE_LOCO_RULE_DROP,

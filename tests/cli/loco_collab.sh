@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# `pulse-bench loco` in collaboration mode (issue 17), briefly: three
+# throttled peers, a target global batch, a join, a kill -9 of a round's
+# writer and a clean leave; every round holds at least T samples but the
+# taken-over one, the survivors end identical, the JSON has its keys, and
+# bad usage (a partitioned averaging not wired here, a bad churn event) is
+# refused with exit 2.
+source "$(dirname "$0")/lib/common.sh"
+BENCH="$bin/pulse-bench"
+out="$work/collab.json"
+timeout 120 "$BENCH" loco --target-batch 256 --rounds 8 --trainers 3 \
+  --peer-speeds 500,1000,2000 --params 3000 --seed 3 \
+  --churn join:1,kill-writer:5,leave:6 --claim-timeout-ms 500 \
+  --round-timeout-ms 2000 --json --report "$work/report" > "$out" 2> "$work/err"
+expect "exit status" 0 "$?"
+rounds=$(grep -c '^{"round"' "$out")
+expect "round records" 8 "$rounds"
+summary=$(grep '"summary":true' "$out")
+for key in final_loss samples samples_per_s rounds busy_min identical; do
+  case "$summary" in *"\"$key\":"*) ok ;; *) bad "summary lacks $key: $summary" ;; esac
+done
+case "$summary" in *'"identical":true'*) ok ;; *) bad "survivors differ: $summary" ;; esac
+# Every round but the one whose writer was killed holds >= T samples.
+short=$(awk -F'"samples":' '/^\{"round"/ { split($2, a, ","); if (a[1] + 0 < 256) n++ } END { print n + 0 }' "$out")
+[ "$short" -le 1 ] && ok || bad "$short rounds short of T"
+takeovers=$(grep -c '"takeovers":[1-9]' "$out")
+expect "rounds taken over" 1 "$takeovers"
+grep -q '"peers":4' "$out" && ok || bad "the joiner never counted"
+grep -q '"bytes_in":{"1":' "$out" && ok || bad "no per-peer bytes"
+[ -s "$work/report/report.html" ] && grep -q "<svg" "$work/report/report.html" && ok || bad "no SVG in the report"
+"$BENCH" loco --target-batch 64 --averaging partitioned > /dev/null 2> "$work/err2"
+expect "partitioned refused" 2 "$?"
+grep -q "partitioned" "$work/err2" && ok || bad "no reason given: $(cat "$work/err2")"
+"$BENCH" loco --target-batch 64 --churn explode:3 > /dev/null 2> "$work/err3"
+expect "bad churn refused" 2 "$?"
+"$BENCH" loco --target-batch 0 > /dev/null 2>&1
+expect "T = 0 refused" 2 "$?"
+[ "$failures" -eq 0 ] || { cat "$work/err"; exit 1; }
+echo "loco_collab: ok ($pass checks)"

@@ -1,0 +1,742 @@
+/* bench_loco_collab.c - `pulse-bench loco --target-batch T ...`: PULSELoCo
+ * as an open collaboration (loco/pulse_loco_collab.h) on the built-in
+ * problem, one process per peer on 127.0.0.1, peers throttled to given
+ * speeds (samples per second) so that scaling shows on a small machine,
+ * and churn (joins, clean leaves, kill -9 of a peer or of a round's writer)
+ * at given rounds.
+ *
+ * Each peer speaks to this parent through two pipes, one line each:
+ *   peer -> parent  "url ID URL"
+ *                   "round R SAMPLES OWN CONTRIB WRITER TAKEOVERS IN OUT
+ *                    BUSY_MS WALL_MS LOSS MEMBERS" (MEMBERS: ids of the next
+ *                    round, comma separated; LOSS only on the next round's
+ *                    lowest id, else nan)
+ *                   "done ID ROUND DIGEST BUSY_MS ALIVE_MS", "error TEXT"
+ *   parent -> peer  "start N ID URL ...", "join URL", "leave", "quit" */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <math.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "bench_impl.h"
+#include "pulse_loco.h"
+#include "pulse_loco_collab.h"
+#include "toolkit_problem.h"
+#include "toolkit_report.h"
+#include "toolkit_time.h"
+
+#define PROG "pulse-bench loco"
+#define MAXP 32
+#define MAXR 1000
+#define MAXEV 16
+
+typedef struct {
+  char kind[16]; /* join, leave, kill, kill-writer */
+  uint32_t round;
+  int fired;
+} churn_event;
+
+typedef struct {
+  uint32_t trainers, rounds;
+  uint64_t target, params, seed;
+  double speeds[MAXP];
+  uint32_t nspeeds;
+  churn_event ev[MAXEV];
+  uint32_t nev;
+  int json;
+  const char *report;
+  uint32_t claim_ms, round_ms;
+} collab_args;
+
+void bench_loco_collab_usage(FILE *out) {
+  fprintf(out,
+          "  collaboration mode (pulse_loco_collab.h; any of these flags):\n"
+          "  --target-batch T   a round ends when the peers' samples reach T\n"
+          "                     (the writer grants steps while below T)\n"
+          "  --peer-speeds LIST samples per second of each peer, comma list "
+          "(peer i\n"
+          "                     gets LIST[i mod n]; 0 or none: "
+          "unthrottled)\n"
+          "  --churn SPEC       comma list of EVENT:ROUND, EVENT join, leave, "
+          "kill,\n"
+          "                     kill-writer (kill -9 of the writer of that "
+          "round)\n"
+          "  --averaging A      all-to-all (default); partitioned is not "
+          "wired here yet\n"
+          "  --trainers N       founding peers (default: the speeds given, "
+          "else 3)\n"
+          "  --rounds R --seed S --params P --json --report DIR as above\n");
+}
+
+/* ------------------------------------------------------------------ peer */
+
+typedef struct {
+  pulse_tk_learner *l;
+  double speed; /* samples/s, 0: unthrottled */
+  uint32_t batch;
+} peer_step;
+
+static int do_step(void *user, float *theta, uint64_t samples) {
+  peer_step *s = user;
+  double t0 = pulse_tk_now();
+  for (uint64_t done = 0; done < samples; done += s->batch)
+    pulse_tk_learner_step(s->l, theta);
+  if (s->speed > 0) {
+    double want = (double)samples / s->speed, took = pulse_tk_since(t0);
+    if (want > took)
+      usleep((useconds_t)((want - took) * 1e6));
+  }
+  return 0;
+}
+
+static pulse_tk_problem *make_problem(const collab_args *a) {
+  pulse_tk_problem_opts po = PULSE_TK_PROBLEM_OPTS_INIT;
+  po.seed = a->seed;
+  po.hidden = pulse_tk_problem_hidden_for(&po, a->params);
+  pulse_tk_problem *p = NULL;
+  if (pulse_tk_problem_create(&po, &p) != PULSE_OK)
+    return NULL;
+  return p;
+}
+
+static int peer_fail(int out, const char *what) {
+  dprintf(out, "error %s: %s\n", what, pulse_error_detail());
+  return 1;
+}
+
+static int run_peer(const collab_args *a, uint32_t id, double speed, int in,
+                    int out) {
+  FILE *fin = fdopen(in, "r");
+  pulse_tk_problem *p = make_problem(a);
+  if (p == NULL)
+    return peer_fail(out, "problem");
+  uint64_t P = pulse_tk_problem_param_count(p);
+  float *theta = calloc(P, sizeof *theta);
+  pulse_tk_problem_init(p, theta);
+  pulse_loco_opts o = PULSE_LOCO_OPTS_INIT;
+  o.param_count = P;
+  o.trainer_id = id;
+  o.rule = PULSE_LOCO_RULE_KEEP;
+  pulse_loco *ctx = NULL;
+  pulse_loco_collab *c = NULL;
+  peer_step st = {NULL, speed, pulse_tk_problem_batch(p)};
+  pulse_loco_collab_opts co = PULSE_LOCO_COLLAB_OPTS_INIT;
+  co.target_batch = a->target;
+  co.claim_timeout_ms = a->claim_ms;
+  co.round_timeout_ms = a->round_ms;
+  if (pulse_tk_learner_create(p, id, &st.l) != PULSE_OK ||
+      pulse_loco_create(&o, theta, &ctx) != PULSE_OK ||
+      pulse_loco_collab_create(&co, ctx, &c) != PULSE_OK)
+    return peer_fail(out, "create");
+  dprintf(out, "url %u %s\n", id, pulse_loco_collab_url(c));
+  char line[8192];
+  if (!fgets(line, sizeof line, fin))
+    return 1;
+  if (strncmp(line, "start ", 6) == 0) {
+    pulse_loco_member m[MAXP];
+    int n = 0, off = 0, k = 0;
+    sscanf(line + 6, "%d%n", &n, &off);
+    const char *q = line + 6 + off;
+    for (int i = 0; i < n && i < MAXP; i++) {
+      sscanf(q, " %u %63s%n", &m[i].id, m[i].url, &k);
+      q += k;
+    }
+    if (pulse_loco_collab_start(c, m, (size_t)n) != PULSE_OK)
+      return peer_fail(out, "start");
+  } else {
+    char seed[64] = "";
+    sscanf(line, "join %63s", seed);
+    if (pulse_loco_collab_join(c, seed, theta, 60000) != PULSE_OK)
+      return peer_fail(out, "join");
+  }
+  fcntl(in, F_SETFL, fcntl(in, F_GETFL) | O_NONBLOCK);
+  int leaving = 0, left = 0;
+  uint64_t busy = 0, t0 = (uint64_t)(pulse_tk_now() * 1000.0);
+  while (pulse_loco_round(ctx) < a->rounds && !left) {
+    if (!leaving && fgets(line, sizeof line, fin) &&
+        strncmp(line, "leave", 5) == 0)
+      leaving = 1;
+    clearerr(fin);
+    pulse_loco_collab_info info;
+    if (pulse_loco_collab_round(c, theta, st.batch, do_step, &st,
+                                leaving ? PULSE_LOCO_COLLAB_LEAVING : 0,
+                                &info) != PULSE_OK)
+      return peer_fail(out, "round");
+    busy += info.busy_ms;
+    left = info.left;
+    pulse_loco_member m[MAXP];
+    size_t nm = 0;
+    pulse_loco_collab_members(c, m, MAXP, &nm);
+    double loss = NAN, acc;
+    if (!left && nm > 0 && m[0].id == id)
+      pulse_tk_problem_eval(p, pulse_loco_global(ctx), &loss, &acc);
+    char ids[MAXP * 12] = "";
+    int w = 0;
+    for (size_t i = 0; i < nm && i < MAXP; i++)
+      w += snprintf(ids + w, sizeof ids - (size_t)w, "%s%u", i ? "," : "",
+                    m[i].id);
+    dprintf(out,
+            "round %" PRIu64 " %" PRIu64 " %" PRIu64 " %u %u %u %" PRIu64
+            " %" PRIu64 " %" PRIu64 " %" PRIu64 " %.9g %s\n",
+            info.round, info.samples, info.own_samples, info.contributors,
+            info.writer, info.takeovers, info.bytes_in, info.bytes_out,
+            info.busy_ms, info.wall_ms, loss, nm ? ids : "-");
+  }
+  uint64_t alive = (uint64_t)(pulse_tk_now() * 1000.0) - t0;
+  dprintf(out, "done %u %" PRIu64 " %016" PRIx64 " %" PRIu64 " %" PRIu64 "\n",
+          id, pulse_loco_round(ctx), pulse_loco_global_digest(ctx), busy,
+          alive);
+  fcntl(in, F_SETFL, fcntl(in, F_GETFL) & ~O_NONBLOCK);
+  while (fgets(line, sizeof line, fin) || errno == EAGAIN) {
+    if (strncmp(line, "quit", 4) == 0)
+      break;
+    line[0] = '\0';
+    if (feof(fin))
+      break;
+    clearerr(fin);
+    usleep(10000);
+  }
+  pulse_loco_collab_free(c);
+  pulse_loco_free(ctx);
+  pulse_tk_learner_free(st.l);
+  pulse_tk_problem_free(p);
+  free(theta);
+  return 0;
+}
+
+/* ---------------------------------------------------------------- parent */
+
+typedef struct {
+  pid_t pid;
+  int to, from, alive, done, errored;
+  uint32_t id;
+  char url[64];
+  char buf[1 << 15];
+  size_t have;
+  uint64_t busy_ms, alive_ms, final_round, digest;
+} peer;
+
+typedef struct {
+  int have;
+  uint64_t samples, contributors, writer, takeovers;
+  uint32_t members;
+  double loss, t_s;
+  uint64_t in[MAXP + 1], out[MAXP + 1]; /* by id (ids 1..MAXP) */
+  int reported[MAXP + 1];
+  uint32_t next[MAXP];
+  size_t nnext;
+} round_row;
+
+typedef struct {
+  collab_args a;
+  peer p[MAXP];
+  size_t n;
+  round_row rows[MAXR];
+  double start;
+  uint64_t rng;
+  int failed;
+} collab_bench;
+
+static uint64_t next_rand(uint64_t *s) {
+  *s += 0x9E3779B97F4A7C15ull;
+  uint64_t z = *s;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+static int spawn_peer(collab_bench *b, uint32_t id) {
+  peer *q = &b->p[b->n];
+  int a[2], c[2];
+  if (pipe(a) != 0 || pipe(c) != 0)
+    return -1;
+  double speed =
+      b->a.nspeeds ? b->a.speeds[(id - 1) % b->a.nspeeds] : 0.0;
+  fflush(NULL);
+  pid_t pid = fork();
+  if (pid < 0)
+    return -1;
+  if (pid == 0) {
+    close(a[1]), close(c[0]);
+    _exit(run_peer(&b->a, id, speed, a[0], c[1]));
+  }
+  close(a[0]), close(c[1]);
+  memset(q, 0, sizeof *q);
+  q->pid = pid;
+  q->to = a[1];
+  q->from = c[0];
+  q->id = id;
+  q->alive = 1;
+  b->n++;
+  /* Its URL first. */
+  while (q->url[0] == '\0') {
+    struct pollfd pf = {q->from, POLLIN, 0};
+    if (poll(&pf, 1, 30000) <= 0)
+      return -1;
+    ssize_t got = read(q->from, q->buf + q->have, sizeof q->buf - q->have - 1);
+    if (got <= 0)
+      return -1;
+    q->have += (size_t)got;
+    char *nl = memchr(q->buf, '\n', q->have);
+    if (nl) {
+      *nl = '\0';
+      unsigned x;
+      if (sscanf(q->buf, "url %u %63s", &x, q->url) != 2)
+        return fprintf(stderr, PROG ": peer %u: %s\n", id, q->buf), -1;
+      size_t used = (size_t)(nl + 1 - q->buf);
+      memmove(q->buf, nl + 1, q->have - used);
+      q->have -= used;
+    }
+  }
+  return 0;
+}
+
+static peer *live_member(collab_bench *b, uint32_t id) {
+  for (size_t i = 0; i < b->n; i++)
+    if (b->p[i].id == id && b->p[i].alive && !b->p[i].done)
+      return &b->p[i];
+  return NULL;
+}
+
+/* Events of round R fire when round R - 1 is first reported: the peers
+ * are then in round R. */
+static void fire_events(collab_bench *b, uint32_t reported) {
+  const round_row *row = &b->rows[reported];
+  for (uint32_t e = 0; e < b->a.nev; e++) {
+    churn_event *ev = &b->a.ev[e];
+    if (ev->fired || ev->round != reported + 1)
+      continue;
+    ev->fired = 1;
+    uint32_t writer = row->nnext
+                          ? row->next[(reported + 1) % row->nnext]
+                          : 0;
+    if (strcmp(ev->kind, "join") == 0) {
+      uint32_t id = 0;
+      for (size_t i = 0; i < b->n; i++)
+        id = b->p[i].id > id ? b->p[i].id : id;
+      id++;
+      if (id > MAXP || spawn_peer(b, id) != 0) {
+        b->failed = 1;
+        continue;
+      }
+      peer *seed = NULL;
+      for (size_t t = 0; t < 4 * MAXP && seed == NULL && row->nnext; t++)
+        seed = live_member(b, row->next[next_rand(&b->rng) % row->nnext]);
+      if (seed == NULL) {
+        b->failed = 1;
+        continue;
+      }
+      dprintf(b->p[b->n - 1].to, "join %s\n", seed->url);
+      continue;
+    }
+    /* A random live member, not the writer (kill-writer: the writer). */
+    peer *v = NULL;
+    if (strcmp(ev->kind, "kill-writer") == 0)
+      v = live_member(b, writer);
+    for (size_t t = 0; t < 4 * MAXP && v == NULL && row->nnext; t++) {
+      uint32_t id = row->next[next_rand(&b->rng) % row->nnext];
+      if (id != writer)
+        v = live_member(b, id);
+    }
+    if (v == NULL)
+      continue;
+    if (strcmp(ev->kind, "leave") == 0) {
+      dprintf(v->to, "leave\n");
+    } else {
+      kill(v->pid, SIGKILL);
+      v->alive = 0;
+    }
+  }
+}
+
+static void on_line(collab_bench *b, peer *q, char *line) {
+  if (strncmp(line, "error", 5) == 0) {
+    fprintf(stderr, PROG ": peer %u: %s\n", q->id, line);
+    q->errored = 1;
+    b->failed = 1;
+    return;
+  }
+  uint64_t r, s, own, bin, bout, busy, wall;
+  unsigned contrib, writer, tk;
+  double loss;
+  char ids[MAXP * 12];
+  if (sscanf(line,
+             "round %" SCNu64 " %" SCNu64 " %" SCNu64 " %u %u %u %" SCNu64
+             " %" SCNu64 " %" SCNu64 " %" SCNu64 " %lf %383s",
+             &r, &s, &own, &contrib, &writer, &tk, &bin, &bout, &busy, &wall,
+             &loss, ids) == 12) {
+    if (r >= MAXR)
+      return;
+    round_row *row = &b->rows[r];
+    int first = !row->have;
+    if (first) {
+      row->have = 1;
+      row->t_s = pulse_tk_since(b->start);
+      row->loss = NAN;
+      row->nnext = 0;
+      for (char *t = strtok(ids, ","); t && row->nnext < MAXP;
+           t = strtok(NULL, ","))
+        if (strcmp(t, "-") != 0)
+          row->next[row->nnext++] = (uint32_t)strtoul(t, NULL, 10);
+    }
+    if (s > row->samples)
+      row->samples = s;
+    row->contributors = contrib;
+    row->writer = writer;
+    if (tk > row->takeovers)
+      row->takeovers = tk;
+    row->members++;
+    if (q->id <= MAXP) {
+      row->in[q->id] = bin;
+      row->out[q->id] = bout;
+      row->reported[q->id] = 1;
+    }
+    if (!isnan(loss))
+      row->loss = loss;
+    if (first)
+      fire_events(b, (uint32_t)r);
+    return;
+  }
+  unsigned id;
+  if (sscanf(line, "done %u %" SCNu64 " %" SCNx64 " %" SCNu64 " %" SCNu64, &id,
+             &q->final_round, &q->digest, &q->busy_ms, &q->alive_ms) == 5)
+    q->done = 1;
+}
+
+static void event_loop(collab_bench *b) {
+  for (;;) {
+    struct pollfd pf[MAXP];
+    size_t map[MAXP], k = 0;
+    for (size_t i = 0; i < b->n; i++)
+      if (b->p[i].alive && !b->p[i].done && !b->p[i].errored) {
+        pf[k] = (struct pollfd){b->p[i].from, POLLIN, 0};
+        map[k++] = i;
+      }
+    if (k == 0 || b->failed)
+      return;
+    if (poll(pf, k, 1000) < 0 && errno != EINTR)
+      return;
+    for (size_t j = 0; j < k; j++) {
+      if (!(pf[j].revents & (POLLIN | POLLHUP)))
+        continue;
+      peer *q = &b->p[map[j]];
+      ssize_t got =
+          read(q->from, q->buf + q->have, sizeof q->buf - q->have - 1);
+      if (got <= 0) {
+        if (!q->done)
+          q->alive = 0; /* gone without a word: a peer left or was killed */
+        continue;
+      }
+      q->have += (size_t)got;
+      char *nl;
+      while ((nl = memchr(q->buf, '\n', q->have)) != NULL) {
+        *nl = '\0';
+        on_line(b, q, q->buf);
+        size_t used = (size_t)(nl + 1 - q->buf);
+        memmove(q->buf, nl + 1, q->have - used);
+        q->have -= used;
+      }
+    }
+  }
+}
+
+/* ---------------------------------------------------------------- output */
+
+static void print_rounds(const collab_bench *b, uint32_t last) {
+  double cum = 0;
+  for (uint32_t r = 0; r < last; r++) {
+    const round_row *w = &b->rows[r];
+    if (!w->have)
+      continue;
+    cum += (double)w->samples;
+    if (!b->a.json) {
+      printf("round %3u  samples %6" PRIu64 "  peers %2u  contributors %2" PRIu64
+             "  writer %2" PRIu64 "%s  t %7.2f s  loss %s",
+             r, w->samples, w->members, w->contributors, w->writer,
+             w->takeovers ? " (takeover)" : "", w->t_s, "");
+      if (isnan(w->loss))
+        printf("-\n");
+      else
+        printf("%.6f\n", w->loss);
+      continue;
+    }
+    printf("{\"round\":%u,\"samples\":%" PRIu64 ",\"peers\":%u,"
+           "\"contributors\":%" PRIu64 ",\"writer\":%" PRIu64
+           ",\"takeovers\":%" PRIu64 ",\"t_s\":%.3f,\"samples_seen\":%.0f,",
+           r, w->samples, w->members, w->contributors, w->writer,
+           w->takeovers, w->t_s, cum);
+    for (int dir = 0; dir < 2; dir++) {
+      printf("\"%s\":{", dir ? "bytes_out" : "bytes_in");
+      int first = 1;
+      for (uint32_t id = 1; id <= MAXP; id++)
+        if (w->reported[id]) {
+          printf("%s\"%u\":%" PRIu64, first ? "" : ",", id,
+                 dir ? w->out[id] : w->in[id]);
+          first = 0;
+        }
+      printf("},");
+    }
+    if (isnan(w->loss))
+      printf("\"loss\":null}\n");
+    else
+      printf("\"loss\":%.9g}\n", w->loss);
+  }
+}
+
+static int write_report(const collab_bench *b, uint32_t last, int argc,
+                        char **argv) {
+  pulse_report *rep = NULL;
+  if (pulse_report_create(b->a.report, "loco", argc, argv, &rep) != PULSE_OK)
+    return fprintf(stderr, PROG ": report: %s\n", pulse_error_detail()), 1;
+  static const char *const cols[] = {"round", "samples_seen", "loss", "peers",
+                                     "t_s"};
+  pulse_report_table *t = pulse_report_table_add(rep, "collab_rounds", cols, 5);
+  double cum = 0;
+  for (uint32_t r = 0; r < last; r++) {
+    const round_row *w = &b->rows[r];
+    if (!w->have)
+      continue;
+    cum += (double)w->samples;
+    pulse_report_row(t);
+    pulse_report_num(t, r);
+    pulse_report_num(t, cum);
+    pulse_report_num(t, w->loss);
+    pulse_report_num(t, w->members);
+    pulse_report_num(t, w->t_s);
+  }
+  static const char *const loss_col[] = {"loss"};
+  static const char *const peers_col[] = {"peers"};
+  pulse_report_chart_spec a = {PULSE_REPORT_LINE, "collab_rounds",
+                               "Held-out loss against samples seen",
+                               "samples_seen", "samples seen",
+                               "held-out loss (nats)", loss_col, 1, 0, 0};
+  pulse_report_chart(rep, &a);
+  pulse_report_chart_spec p = {PULSE_REPORT_LINE, "collab_rounds",
+                               "Peers over time", "t_s", "time (s)",
+                               "peers in the round", peers_col, 1, 0, 0};
+  pulse_report_chart(rep, &p);
+  char detail[256] = "";
+  if (pulse_report_close(rep, detail, sizeof detail) != PULSE_OK)
+    return fprintf(stderr, PROG ": report: %s\n", detail), 1;
+  return 0;
+}
+
+/* ------------------------------------------------------------------ args */
+
+static int bad(const char *what, const char *v) {
+  fprintf(stderr, PROG ": %s '%s'\n", what, v ? v : "(missing)");
+  return 2;
+}
+
+static int parse_u(const char *v, uint64_t lo, uint64_t hi, uint64_t *out) {
+  if (v == NULL || *v < '0' || *v > '9')
+    return 0;
+  char *end;
+  errno = 0;
+  unsigned long long x = strtoull(v, &end, 10);
+  if (errno || *end || x < lo || x > hi)
+    return 0;
+  *out = x;
+  return 1;
+}
+
+static int parse(int argc, char **argv, collab_args *a) {
+  for (int i = 1; i < argc; i++) {
+    const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    uint64_t x;
+    if (strcmp(f, "--json") == 0) {
+      a->json = 1;
+      continue;
+    }
+    i++;
+    if (strcmp(f, "--target-batch") == 0) {
+      if (!parse_u(v, 1, 1ull << 40, &a->target))
+        return bad("--target-batch wants a count >= 1, not", v);
+    } else if (strcmp(f, "--rounds") == 0) {
+      if (!parse_u(v, 1, MAXR - 1, &x))
+        return bad("--rounds wants 1..999, not", v);
+      a->rounds = (uint32_t)x;
+    } else if (strcmp(f, "--trainers") == 0) {
+      if (!parse_u(v, 1, MAXP, &x))
+        return bad("--trainers wants 1..32, not", v);
+      a->trainers = (uint32_t)x;
+    } else if (strcmp(f, "--seed") == 0) {
+      if (!parse_u(v, 0, UINT64_MAX, &a->seed))
+        return bad("--seed wants a number, not", v);
+    } else if (strcmp(f, "--params") == 0) {
+      if (!parse_u(v, 100, 1ull << 26, &a->params))
+        return bad("--params wants 100..2^26, not", v);
+    } else if (strcmp(f, "--claim-timeout-ms") == 0) {
+      if (!parse_u(v, 1, 600000, &x))
+        return bad("--claim-timeout-ms wants 1..600000, not", v);
+      a->claim_ms = (uint32_t)x;
+    } else if (strcmp(f, "--round-timeout-ms") == 0) {
+      if (!parse_u(v, 1, 600000, &x))
+        return bad("--round-timeout-ms wants 1..600000, not", v);
+      a->round_ms = (uint32_t)x;
+    } else if (strcmp(f, "--report") == 0) {
+      if (v == NULL)
+        return bad("--report wants a directory, not", v);
+      a->report = v;
+    } else if (strcmp(f, "--averaging") == 0) {
+      if (v != NULL && strcmp(v, "all-to-all") == 0)
+        continue;
+      if (v != NULL && strcmp(v, "partitioned") == 0) {
+        fprintf(stderr,
+                PROG ": --averaging partitioned is not wired into the "
+                     "collaboration peer yet (loco/partition*.c reduces a "
+                     "node's round; see README, PULSELoCo collaborations); "
+                     "use all-to-all\n");
+        return 2;
+      }
+      return bad("--averaging wants all-to-all or partitioned, not", v);
+    } else if (strcmp(f, "--peer-speeds") == 0) {
+      if (v == NULL)
+        return bad("--peer-speeds wants a comma list, not", v);
+      char copy[1024];
+      snprintf(copy, sizeof copy, "%s", v);
+      a->nspeeds = 0;
+      for (char *t = strtok(copy, ","); t; t = strtok(NULL, ",")) {
+        char *end;
+        double s = strtod(t, &end);
+        if (*end || !(s >= 0 && s < 1e12) || a->nspeeds == MAXP)
+          return bad("--peer-speeds wants samples/s >= 0, not", t);
+        a->speeds[a->nspeeds++] = s;
+      }
+    } else if (strcmp(f, "--churn") == 0) {
+      if (v == NULL)
+        return bad("--churn wants EVENT:ROUND,..., not", v);
+      char copy[1024];
+      snprintf(copy, sizeof copy, "%s", v);
+      for (char *t = strtok(copy, ","); t; t = strtok(NULL, ",")) {
+        char *colon = strchr(t, ':');
+        if (colon == NULL || a->nev == MAXEV)
+          return bad("--churn event must be EVENT:ROUND, not", t);
+        *colon = '\0';
+        if (strcmp(t, "join") && strcmp(t, "leave") && strcmp(t, "kill") &&
+            strcmp(t, "kill-writer"))
+          return bad("--churn event must be join, leave, kill or "
+                     "kill-writer, not",
+                     t);
+        if (!parse_u(colon + 1, 1, MAXR - 1, &x))
+          return bad("--churn round must be 1..999, not", colon + 1);
+        snprintf(a->ev[a->nev].kind, sizeof a->ev[a->nev].kind, "%s", t);
+        a->ev[a->nev].round = (uint32_t)x;
+        a->nev++;
+      }
+    } else {
+      return bad("unknown option (collaboration mode; see --help)", f);
+    }
+  }
+  if (a->trainers == 0)
+    a->trainers = a->nspeeds ? a->nspeeds : 3;
+  return -1;
+}
+
+int bench_loco_collab_main(int argc, char **argv) {
+  static collab_bench b;
+  memset(&b, 0, sizeof b);
+  b.a.rounds = 30;
+  b.a.target = 1024;
+  b.a.params = 20000;
+  b.a.seed = 1;
+  b.a.claim_ms = 1500;
+  b.a.round_ms = 5000;
+  int rc = parse(argc, argv, &b.a);
+  if (rc >= 0)
+    return rc;
+  b.rng = b.a.seed ^ 0xC011ABull;
+  signal(SIGPIPE, SIG_IGN);
+  for (uint32_t i = 0; i < b.a.trainers; i++)
+    if (spawn_peer(&b, i + 1) != 0)
+      return fprintf(stderr, PROG ": could not start peer %u\n", i + 1), 1;
+  char line[8192];
+  int off = snprintf(line, sizeof line, "start %u", b.a.trainers);
+  for (size_t i = 0; i < b.n; i++)
+    off += snprintf(line + off, sizeof line - (size_t)off, " %u %s",
+                    b.p[i].id, b.p[i].url);
+  b.start = pulse_tk_now();
+  for (size_t i = 0; i < b.n; i++)
+    dprintf(b.p[i].to, "%s\n", line);
+  event_loop(&b);
+  double wall = pulse_tk_since(b.start);
+  for (size_t i = 0; i < b.n; i++)
+    if (b.p[i].alive)
+      dprintf(b.p[i].to, "quit\n");
+  for (size_t i = 0; i < b.n; i++) {
+    int status;
+    for (int t = 0; t < 200 && waitpid(b.p[i].pid, &status, WNOHANG) == 0;
+         t++)
+      usleep(10000);
+    kill(b.p[i].pid, SIGKILL);
+    waitpid(b.p[i].pid, &status, 0);
+  }
+  uint32_t last = 0;
+  while (last < b.a.rounds && b.rows[last].have)
+    last++;
+  /* Survivors' final states. */
+  int identical = 1, survivors = 0;
+  uint64_t digest = 0;
+  double busy_min = 1.0;
+  for (size_t i = 0; i < b.n; i++) {
+    if (!b.p[i].done || b.p[i].final_round != b.a.rounds)
+      continue;
+    if (survivors++ == 0)
+      digest = b.p[i].digest;
+    identical &= b.p[i].digest == digest;
+  }
+  uint64_t samples = 0;
+  double final_loss = NAN, t_end = 0;
+  for (uint32_t r = 0; r < last; r++) {
+    samples += b.rows[r].samples;
+    if (!isnan(b.rows[r].loss))
+      final_loss = b.rows[r].loss;
+    t_end = b.rows[r].t_s;
+  }
+  print_rounds(&b, last);
+  double sps = t_end > 0 ? (double)samples / t_end : 0;
+  if (b.a.json) {
+    printf("{\"summary\":true,\"final_loss\":%.9g,\"samples\":%" PRIu64
+           ",\"samples_per_s\":%.2f,\"rounds\":%u,\"wall_s\":%.3f,"
+           "\"target_batch\":%" PRIu64 ",\"identical\":%s,\"busy\":{",
+           final_loss, samples, sps, last, wall, b.a.target,
+           identical ? "true" : "false");
+  } else {
+    printf("rounds %u  samples %" PRIu64 "  samples/s %.1f  final loss %.6f"
+           "  survivors identical: %s\nbusy:",
+           last, samples, sps, final_loss, identical ? "yes" : "no");
+  }
+  int first = 1;
+  for (size_t i = 0; i < b.n; i++) {
+    if (!b.p[i].done || b.p[i].alive_ms == 0)
+      continue;
+    double f = (double)b.p[i].busy_ms / (double)b.p[i].alive_ms;
+    if (f < busy_min)
+      busy_min = f;
+    if (b.a.json)
+      printf("%s\"%u\":%.4f", first ? "" : ",", b.p[i].id, f);
+    else
+      printf(" %u:%.1f%%", b.p[i].id, 100 * f);
+    first = 0;
+  }
+  if (b.a.json)
+    printf("},\"busy_min\":%.4f}\n", busy_min);
+  else
+    printf("  (min %.1f%%)\n", 100 * busy_min);
+  if (b.a.report && write_report(&b, last, argc, argv) != 0)
+    return 1;
+  if (b.failed || last < b.a.rounds) {
+    fprintf(stderr, PROG ": the collaboration did not complete (%u of %u "
+            "rounds)\n", last, b.a.rounds);
+    return 1;
+  }
+  return 0;
+}
