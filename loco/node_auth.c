@@ -196,7 +196,7 @@ static int parse_key_blob(const uint8_t *data, size_t size, uint32_t *id,
                           uint8_t key[32], int *admitted,
                           pulse_loco_admission *adm) {
   char text[KEY_BLOB_MAX], k[65], s[65], g[129];
-  if (size >= sizeof text || memchr(data, '\0', size) != NULL)
+  if (size == 0 || size >= sizeof text || memchr(data, '\0', size) != NULL)
     return 0;
   memcpy(text, data, size);
   text[size] = '\0';
