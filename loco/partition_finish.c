@@ -5,7 +5,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <math.h>
+
 #include "loco_impl.h"
+#include "outer_elem_impl.h"
 #include "partition_blob_impl.h"
 #include "pulse_loco_partition.h"
 #include "status_impl.h"
@@ -71,6 +74,20 @@ pulse_status pulse_loco_finish_reduced(pulse_loco *ctx,
                             "loco finish reduced: owner %u did not use this "
                             "trainer's slice as sent",
                             plan->ids[k]));
+    /* An average that would take theta_g or b out of the finite numbers
+     * is a wrong one (the recomputation would say so too, later). */
+    for (uint64_t j = 0; st == PULSE_OK && j < red[k].avg.count; j++) {
+      uint64_t p = red[k].avg.pos[j];
+      float g = ctx->theta_g[p], b = ctx->b[p];
+      pulse_loco_outer(&g, &b, red[k].avg.val[j], ctx->opts.alpha,
+                       ctx->opts.mu);
+      if (!isfinite(g) || !isfinite(b))
+        st = blame(v, plan->ids[k],
+                   pulse_fail(PULSE_ERR_CORRUPT,
+                              "loco finish reduced: owner %u's average at "
+                              "%llu overflows the weights",
+                              plan->ids[k], (unsigned long long)p));
+    }
   }
   if (st != PULSE_OK)
     goto done;

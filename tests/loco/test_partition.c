@@ -348,6 +348,9 @@ static pulse_buffer forge(small_round *s, uint32_t k, edit_fn edit) {
 static void wrong_value(pulse_loco_reduced *d) {
   d->avg.val[d->avg.count / 2] *= 1.0001f;
 }
+static void overflowing_value(pulse_loco_reduced *d) {
+  d->avg.val[0] = 3e38f; /* finite, but the step leaves the floats */
+}
 static void wrong_receipt(pulse_loco_reduced *d) {
   d->contrib[1].receipt ^= 1; /* trainer 5's slice replaced */
 }
@@ -362,12 +365,12 @@ static void assert_untouched(pulse_loco *ctx, uint64_t digest) {
   cr_assert_eq(pulse_loco_set_members(ctx, 3), PULSE_OK, "still prepared");
 }
 
-Test(partition, a_wrong_receipt_or_sample_count_is_refused_with_its_owner) {
+Test(partition, a_wrong_receipt_sample_count_or_overflow_is_refused_with_its_owner) {
   small_round s;
   small_create(&s, 3000);
   uint64_t digest = pulse_loco_global_digest(s.t[1]);
-  edit_fn edits[2] = {wrong_receipt, wrong_samples};
-  for (int e = 0; e < 2; e++) {
+  edit_fn edits[3] = {wrong_receipt, wrong_samples, overflowing_value};
+  for (int e = 0; e < 3; e++) {
     pulse_buffer bad = forge(&s, 0, edits[e]);
     pulse_loco_contribution set[3] = {{bad.data, bad.size}, s.set[1], s.set[2]};
     pulse_loco_reduced_verdict v;

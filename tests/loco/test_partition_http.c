@@ -33,6 +33,8 @@ typedef struct {
   float *common;
   float common_scale, own_scale; /* of the local steps */
   int receipts_only;
+  uint32_t check_period;
+  uint64_t sent, prepared; /* entries sent, payloads prepared */
 } group;
 
 typedef struct {
@@ -90,6 +92,7 @@ static void *run_peer(void *arg) {
   in.timeout_ms = 20000;
   in.test_wrong_reduction = j->lie;
   in.receipts_only = g->receipts_only;
+  in.check_period = g->check_period;
   j->st = loco_partition_round(&in, &j->out);
   return NULL;
 }
@@ -119,9 +122,11 @@ static void group_round(group *g, uint64_t *rng, int liar, peer_job *jobs) {
     memcpy(copies[i], p, sz);
     if ((int)i != liar)
       set[ns++] = (pulse_loco_contribution){copies[i], sz};
+    pulse_loco_prepare_info pi;
     cr_assert_eq(pulse_loco_prepare(g->part[i], g->theta_r[i], samples[i], 0,
-                                    NULL, NULL, NULL),
+                                    NULL, NULL, &pi),
                  PULSE_OK);
+    g->sent += pi.sent, g->prepared++;
   }
   pthread_t t[MAXN];
   uint64_t served_before[MAXN];
@@ -202,7 +207,8 @@ Test(partition_http, a_wrong_reduction_is_caught_and_its_owner_dropped,
 static void measure(int receipts_only, double *mean_in, double *mean_out) {
   uint64_t rng = 13;
   group g;
-  group_create(&g, 8, 40000, 99);
+  const char *ps = getenv("PART_P");
+  group_create(&g, 8, ps ? (uint64_t)atoll(ps) : 40000u, 99);
   g.receipts_only = receipts_only;
   for (uint32_t i = 0; i < g.n; i++)
     g.weights[i] = 1; /* equal links: the plain reduce-scatter */
@@ -211,6 +217,9 @@ static void measure(int receipts_only, double *mean_in, double *mean_out) {
     g.common_scale = (float)atof(cs);
   if (os)
     g.own_scale = (float)atof(os);
+  const char *cp = getenv("PART_CHECK_PERIOD"); /* measurements by hand */
+  if (cp)
+    g.check_period = (uint32_t)atoi(cp);
   peer_job jobs[MAXN];
   double worst_in = 0, worst_out = 0, sum_in = 0, sum_out = 0, parts[4] = {0};
   const int rounds = 2;
@@ -232,10 +241,13 @@ static void measure(int receipts_only, double *mean_in, double *mean_out) {
   double n = rounds * g.n;
   *mean_in = sum_in / n, *mean_out = sum_out / n;
   fprintf(stderr,
-          "partition, 8 trainers, %s: per round a trainer moves in %.2fx its "
+          "partition, 8 trainers, %.1f%% of the entries sent, %s (period "
+          "%u): per round a trainer moves in %.2fx its "
           "payload (worst %.2fx: slices %.2f, reduced ranges %.2f, checks "
           "%.2f, verdicts %.3f), out %.2fx (worst %.2fx); all-to-all: 7x in\n",
-          receipts_only ? "receipts only" : "every range recomputed",
+          100.0 * (double)g.sent / (double)(g.prepared * g.P),
+          receipts_only ? "receipts only" : "ranges recomputed",
+          g.check_period > 1 ? g.check_period : 1u,
           *mean_in, worst_in, parts[0] / n, parts[1] / n, parts[2] / n,
           parts[3] / n, *mean_out, worst_out);
   group_free(&g);
