@@ -10,6 +10,7 @@
 
 #include <openssl/evp.h>
 
+#include "hex_impl.h"
 #include "status_impl.h"
 #include "store_impl.h"
 
@@ -22,24 +23,8 @@ void store_hex(const uint8_t *bytes, size_t n, char *out) {
   out[2 * n] = '\0';
 }
 
-static int nibble(char c) {
-  if (c >= '0' && c <= '9')
-    return c - '0';
-  if (c >= 'a' && c <= 'f')
-    return c - 'a' + 10;
-  return -1;
-}
-
 int store_unhex(const char *s, size_t len, uint8_t *out, size_t n) {
-  if (len != 2 * n)
-    return -1;
-  for (size_t i = 0; i < n; i++) {
-    int hi = nibble(s[2 * i]), lo = nibble(s[2 * i + 1]);
-    if (hi < 0 || lo < 0)
-      return -1;
-    out[i] = (uint8_t)(hi << 4 | lo);
-  }
-  return 0;
+  return pulse_hex_decode(s, len, out, n, 0); /* names have one spelling */
 }
 
 void store_sha256(const void *data, size_t n, uint8_t out[32]) {

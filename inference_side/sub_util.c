@@ -9,29 +9,12 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "hex_impl.h"
 #include "status_impl.h"
 #include "sub_impl.h"
 
-static int nibble(char c) {
-  if (c >= '0' && c <= '9')
-    return c - '0';
-  if (c >= 'a' && c <= 'f')
-    return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F')
-    return c - 'A' + 10;
-  return -1;
-}
-
 int sub_unhex(const char *s, size_t len, uint8_t *out, size_t n) {
-  if (s == NULL || len != 2 * n)
-    return -1;
-  for (size_t i = 0; i < n; i++) {
-    int hi = nibble(s[2 * i]), lo = nibble(s[2 * i + 1]);
-    if (hi < 0 || lo < 0)
-      return -1;
-    out[i] = (uint8_t)(hi << 4 | lo);
-  }
-  return 0;
+  return pulse_hex_decode(s, len, out, n, 1); /* keys and ETags: either case */
 }
 
 pulse_status pulse_sub_key_from_hex(const char *hex,
