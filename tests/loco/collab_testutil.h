@@ -103,7 +103,7 @@ static inline void ct_child_main(const ct_peer_cfg *cfg, int in, int out) {
   pulse_loco_collab *c = NULL;
   pulse_loco_collab_opts co = PULSE_LOCO_COLLAB_OPTS_INIT;
   co.target_batch = cfg->target;
-  co.claim_timeout_ms = 400;
+  co.claim_timeout_ms = 1000; /* a loaded (sanitized) run answers late */
   co.round_timeout_ms = 3000;
   if (pulse_loco_create(&o, theta, &ctx) != PULSE_OK ||
       pulse_loco_collab_create(&co, ctx, &c) != PULSE_OK) {
