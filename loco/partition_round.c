@@ -47,7 +47,6 @@ typedef struct {
   pulse_loco_plan plan;
   uint64_t deadline;
   pulse_buffer blobs[PULSE_LOCO_PART_MAX]; /* reduced range of each owner */
-  uint8_t checks[PULSE_LOCO_PART_MAX];     /* ranges this trainer recomputes */
   pulse_loco_reducer *chk[PULSE_LOCO_PART_MAX];
   pulse_loco_verdict *verdicts; /* [n] */
   size_t nverdicts;
@@ -194,15 +193,17 @@ static pulse_status exchange_blobs(attempt_state *s, pulse_loco_reducer *own) {
       PULSE_TRY(falsify(s, (uint32_t)s->self, &s->blobs[s->self]));
     PULSE_TRY(publish(s, "reduced", &s->blobs[s->self]));
   }
-  loco_fetch f[PULSE_LOCO_PART_MAX];
-  static _Thread_local char urls[PULSE_LOCO_PART_MAX][URL_CAP];
-  uint32_t idx[PULSE_LOCO_PART_MAX];
+  loco_fetch *f = calloc(N, sizeof *f);
+  char(*urls)[URL_CAP] = calloc(N, sizeof *urls);
+  uint32_t *idx = calloc(N, sizeof *idx);
   size_t t = 0;
-  memset(f, 0, sizeof f);
-  for (uint32_t k = 0; k < N; k++) {
+  pulse_status st = PULSE_OK;
+  if (!f || !urls || !idx)
+    st = pulse_fail(PULSE_ERR_NOMEM, "loco partition: fetch list");
+  for (uint32_t k = 0; k < N && st == PULSE_OK; k++) {
     if (s->plan.start[k] == s->plan.start[k + 1]) {
-      PULSE_TRY(loco_reduced_empty(in->ctx, &s->plan, k, s->c.samples,
-                                   &s->blobs[k]));
+      st = loco_reduced_empty(in->ctx, &s->plan, k, s->c.samples,
+                              &s->blobs[k]);
       continue;
     }
     if ((int)k == s->self)
@@ -212,7 +213,8 @@ static pulse_status exchange_blobs(attempt_state *s, pulse_loco_reducer *own) {
     f[t].max_bytes = blob_cap(in->ctx);
     idx[t++] = k;
   }
-  pulse_status st = t ? loco_http_gather(f, t, s->deadline) : PULSE_OK;
+  if (st == PULSE_OK && t > 0)
+    st = loco_http_gather(f, t, s->deadline);
   for (size_t i = 0; i < t; i++) {
     if (f[i].done) {
       s->out->bytes_in += f[i].body.size;
@@ -227,6 +229,7 @@ static pulse_status exchange_blobs(attempt_state *s, pulse_loco_reducer *own) {
     }
     pulse_bytebuf_free(&f[i].body);
   }
+  free(f), free(urls), free(idx);
   return st;
 }
 
@@ -290,10 +293,13 @@ static pulse_status exchange_verdicts(attempt_state *s) {
     PULSE_TRY(st);
     s->nverdicts++;
   }
-  loco_fetch f[PULSE_LOCO_PART_MAX];
-  static _Thread_local char urls[PULSE_LOCO_PART_MAX][URL_CAP];
+  loco_fetch *f = calloc(N, sizeof *f);
+  char(*urls)[URL_CAP] = calloc(N, sizeof *urls);
+  if (!f || !urls) {
+    free(f), free(urls);
+    return pulse_fail(PULSE_ERR_NOMEM, "loco partition: fetch list");
+  }
   size_t t = 0;
-  memset(f, 0, sizeof f);
   for (uint32_t j = 0; j < N; j++) {
     if ((int)j == s->self || !s->c.serving[j])
       continue;
@@ -317,6 +323,7 @@ static pulse_status exchange_verdicts(attempt_state *s) {
     }
     pulse_bytebuf_free(&f[i].body);
   }
+  free(f), free(urls);
   return st;
 }
 
