@@ -382,7 +382,8 @@ Test(loco_auth_node, a_joiner_needs_a_members_admission, .timeout = 180) {
   cr_assert_eq(pulse_loco_node_create(&no, c6, &n6), PULSE_OK, "%s",
                pulse_error_detail());
   float *local = malloc(P * sizeof *local);
-  cr_assert_neq(pulse_loco_node_join(n5, m[1].url, local, 500), PULSE_OK,
+  /* Long enough for a loaded machine to ask at least once. */
+  cr_assert_neq(pulse_loco_node_join(n5, m[1].url, local, 2000), PULSE_OK,
                 "a joiner without an admission got in");
   cr_assert_geq(metric(t[0].node, "pulse_loco_auth_joins_refused_total"), 1);
   hold = 0;
