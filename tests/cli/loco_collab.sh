@@ -8,13 +8,13 @@
 source "$(dirname "$0")/lib/common.sh"
 BENCH="$bin/pulse-bench"
 out="$work/collab.json"
-timeout 120 "$BENCH" loco --target-batch 256 --rounds 8 --trainers 3 \
-  --peer-speeds 500,1000,2000 --params 3000 --seed 3 \
-  --churn join:1,kill-writer:5,leave:6 --claim-timeout-ms 500 \
+timeout 120 "$BENCH" loco --target-batch 256 --rounds 10 --trainers 3 \
+  --peer-speeds 200,400,800 --params 3000 --seed 3 \
+  --churn join:1,kill-writer:6,leave:8 --claim-timeout-ms 1000 \
   --round-timeout-ms 2000 --json --report "$work/report" > "$out" 2> "$work/err"
 expect "exit status" 0 "$?"
 rounds=$(grep -c '^{"round"' "$out")
-expect "round records" 8 "$rounds"
+expect "round records" 10 "$rounds"
 summary=$(grep '"summary":true' "$out")
 for key in final_loss samples samples_per_s rounds busy_min identical; do
   case "$summary" in *"\"$key\":"*) ok ;; *) bad "summary lacks $key: $summary" ;; esac

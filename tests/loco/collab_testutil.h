@@ -62,8 +62,6 @@ typedef struct {
  * per-step noise (different on every peer, so payloads differ). */
 static inline int ct_step(void *user, float *theta, uint64_t samples) {
   ct_step_state *s = user;
-  unsigned us = (unsigned)(uintptr_t)0;
-  (void)us;
   for (uint64_t i = 0; i < CT_P; i++) {
     uint64_t h = (i * 0x9E3779B97F4A7C15ull) ^ (s->n * 0xD1B54A32D192ED03ull) ^
                  ((uint64_t)s->id << 48);
