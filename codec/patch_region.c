@@ -1,12 +1,14 @@
 /* patch_region.c - a patch applied into blocks of tensors (pulse_region.h):
- * stage (checks, decode of the chunks that meet each block, digests), then
- * commit. One region is one job of the parallel loop; each keeps its own
+ * stage (checks, decode of the chunks that meet each block and its span,
+ * class-model chunks from base bits gathered from block and halo, digests
+ * moved by the changes), then commit. One region is one job of the parallel loop; each keeps its own
  * staged changes, so jobs never share memory they write. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "chunk_impl.h"
 #include "digest_impl.h"
 #include "parallel_impl.h"
 #include "patch_impl.h"
@@ -19,10 +21,16 @@ typedef struct {
   pulse_region *r;
   size_t t;                /* its tensor in the patch table */
   uint64_t full_cols;      /* the tensor's 2-D view */
-  uint64_t count;          /* staged changes */
+  uint64_t blo, bhi;       /* positions from the block's first to after its last */
+  uint64_t klo, khi;       /* positions whose base bits block and halo hold */
+  uint64_t hfirst;         /* block elements before klo (for halo indexes) */
+  uint64_t count;          /* staged changes of the block */
   uint64_t *at;            /* where each goes: an index into r->data */
   uint16_t *new_bits;
-  pulse_tensor_digest target; /* the block's digest after commit */
+  uint64_t hcount;         /* staged changes of the halo */
+  uint64_t *hat;           /* indexes into r->halo */
+  uint16_t *hnew;
+  pulse_tensor_digest target, htarget; /* block and halo after commit */
   pulse_status st;         /* of the job */
   char detail[256];
 } region_job;
@@ -63,12 +71,132 @@ static int same_digest(pulse_tensor_digest a, pulse_tensor_digest b) {
   return a.a == b.a && a.b == b.b;
 }
 
-/* The block covers its whole tensor, contiguously. */
-static int region_whole(const region_job *j, const patch_tensor *t) {
-  const pulse_region *r = j->r;
-  uint64_t rows = t->info.ndim > 0 ? t->info.shape[0] : 1;
-  return r->row0 == 0 && r->rows == rows && r->col0 == 0 && r->cols == j->full_cols &&
-         (r->stride == r->cols || r->rows <= 1);
+static pulse_tensor_digest digest_add(pulse_tensor_digest a, pulse_tensor_digest b) {
+  return (pulse_tensor_digest){a.a + b.a, a.b + b.b};
+}
+
+/* Block elements at positions below p (C: the tensor's columns). */
+static uint64_t block_before(const pulse_region *r, uint64_t C, uint64_t p) {
+  uint64_t row = p / C, col = p % C;
+  if (row < r->row0)
+    return 0;
+  if (row - r->row0 >= r->rows)
+    return r->rows * r->cols;
+  uint64_t in = col <= r->col0 ? 0 : col - r->col0 < r->cols ? col - r->col0 : r->cols;
+  return (row - r->row0) * r->cols + in;
+}
+
+static int in_block(const pulse_region *r, uint64_t C, uint64_t p) {
+  uint64_t row = p / C, col = p % C;
+  return row >= r->row0 && row - r->row0 < r->rows && col >= r->col0 &&
+         col - r->col0 < r->cols;
+}
+
+/* Checked: the block inside a rows x C view of numel elements. */
+static void span_of(const pulse_region *r, uint64_t numel, uint64_t C, uint32_t log2,
+                    uint64_t *blo, uint64_t *bhi, uint64_t *lo, uint64_t *hi) {
+  *blo = r->row0 * C + r->col0;
+  *bhi = (r->row0 + r->rows - 1) * C + r->col0 + r->cols;
+  uint64_t mask = (1ull << log2) - 1;
+  *lo = *blo & ~mask;
+  *hi = *bhi > UINT64_MAX - mask ? numel : ((*bhi + mask) & ~mask);
+  if (*hi > numel)
+    *hi = numel;
+}
+
+pulse_status pulse_region_span(const pulse_region *r, uint64_t numel, uint64_t full_cols,
+                               uint32_t log2, uint64_t *lo, uint64_t *hi, uint64_t *halo) {
+  if (r == NULL || lo == NULL || hi == NULL || halo == NULL || log2 < 10 || log2 > 30)
+    return pulse_fail(PULSE_ERR_ARG, "region span: NULL argument or alignment 2^%u", log2);
+  *lo = *hi = *halo = 0;
+  if (r->rows == 0 || r->cols == 0)
+    return PULSE_OK;
+  uint64_t rows = full_cols ? numel / full_cols : 0;
+  if (full_cols == 0 || r->row0 > rows || r->rows > rows - r->row0 || r->col0 > full_cols ||
+      r->cols > full_cols - r->col0)
+    return pulse_fail(PULSE_ERR_ARG, "region span: the block is outside its tensor");
+  uint64_t blo, bhi;
+  span_of(r, numel, full_cols, log2, &blo, &bhi, lo, hi);
+  *halo = *hi - *lo - r->rows * r->cols;
+  return PULSE_OK;
+}
+
+/* Calls piece(ctx, a, b, from_block) for the runs of positions [lo, hi)
+ * that lie all in the block or all outside it, in order. */
+static void walk(const pulse_region *r, uint64_t C, uint64_t lo, uint64_t hi,
+                 void (*piece)(void *ctx, uint64_t a, uint64_t b, int from_block), void *ctx) {
+  uint64_t p = lo;
+  while (p < hi) {
+    uint64_t row = p / C, col = p % C, start = p - col;
+    uint64_t end = hi - start < C ? hi : start + C; /* this row's part */
+    uint64_t b0 = end, b1 = end;
+    if (row >= r->row0 && row - r->row0 < r->rows && r->cols > 0)
+      b0 = start + r->col0, b1 = b0 + r->cols;
+    uint64_t cut[3] = {b0, b1, end};
+    int blk[3] = {0, 1, 0};
+    for (int i = 0; i < 3 && p < end; i++) {
+      uint64_t q = cut[i] < end ? cut[i] : end;
+      if (q > p)
+        piece(ctx, p, q, blk[i]);
+      p = q > p ? q : p;
+    }
+    p = end;
+  }
+}
+
+/* Index in r->halo of position p (outside the block, inside the span). */
+static uint64_t halo_index(const region_job *j, uint64_t p) {
+  return p - j->klo - (block_before(j->r, j->full_cols, p) - j->hfirst);
+}
+
+typedef struct {
+  const region_job *j;
+  uint64_t first;
+  uint16_t *buf;
+} gather_ctx;
+
+static void gather_piece(void *vctx, uint64_t a, uint64_t b, int from_block) {
+  gather_ctx *g = vctx;
+  const pulse_region *r = g->j->r;
+  uint64_t C = g->j->full_cols;
+  const uint16_t *src = from_block
+                            ? r->data + (a / C - r->row0) * r->stride + (a % C - r->col0)
+                            : r->halo + halo_index(g->j, a);
+  memcpy(g->buf + (a - g->first), src, (size_t)(b - a) * 2);
+}
+
+typedef struct {
+  pulse_region *r;
+  uint64_t C, first, klo;
+  const uint16_t *tensor;
+  pulse_tensor_digest d;
+} take_ctx;
+
+static void take_piece(void *vctx, uint64_t a, uint64_t b, int from_block) {
+  take_ctx *c = vctx;
+  if (from_block)
+    return;
+  uint64_t at = a - c->klo - (block_before(c->r, c->C, a) - c->first);
+  memcpy(c->r->halo + at, c->tensor + a, (size_t)(b - a) * 2);
+  c->d = digest_add(c->d, pulse_digest_bf16_at(c->tensor + a, b - a, a));
+}
+
+pulse_status pulse_region_halo_take(pulse_region *r, const uint16_t *tensor, uint64_t numel,
+                                    uint64_t full_cols) {
+  if (r == NULL || (tensor == NULL && numel > 0) || r->halo_log2 == 0)
+    return pulse_fail(PULSE_ERR_ARG, "region halo: NULL argument or no halo");
+  uint64_t lo, hi, count;
+  PULSE_TRY(pulse_region_span(r, numel, full_cols, r->halo_log2, &lo, &hi, &count));
+  if (count > 0 && r->halo == NULL)
+    return pulse_fail(PULSE_ERR_ARG, "region halo of '%s': no room for %" PRIu64 " elements",
+                      r->name ? r->name : "?", count);
+  take_ctx c = {r, full_cols, 0, lo, tensor, {0, 0}};
+  if (hi > lo) {
+    c.first = block_before(r, full_cols, lo);
+    walk(r, full_cols, lo, hi, take_piece, &c);
+  }
+  r->halo_digest = c.d;
+  return PULSE_OK;
 }
 
 static pulse_status job_fail(region_job *j, pulse_status st, const char *detail) {
@@ -77,18 +205,39 @@ static pulse_status job_fail(region_job *j, pulse_status st, const char *detail)
   return st;
 }
 
-/* Decodes the chunks of tensor j->t that meet the block and keeps the
- * changes inside it. */
-static pulse_status stage_changes(const pulse_patch *p, region_job *j, int whole) {
+/* Decodes chunk c (tensor position first, n elements, k changes) into
+ * pos/delta, a class-model chunk from its base bits gathered into buf. */
+static pulse_status decode_chunk(const pulse_patch *p, const region_job *j, uint64_t c,
+                                 uint32_t k, uint16_t *buf, uint64_t *pos, uint16_t *delta) {
+  const patch_tensor *t = &p->tensors[j->t];
+  uint64_t first = c << p->chunk_log2;
+  uint32_t n = patch_chunk_elems(p, t, c);
+  const uint16_t *base = NULL;
+  if (p->model == PULSE_POS_CLASS) {
+    gather_ctx g = {j, first, buf};
+    walk(j->r, j->full_cols, first, first + n, gather_piece, &g);
+    base = buf;
+  }
+  uint64_t at = t->chunk_first + c;
+  pulse_status st = pulse_chunk_decode_in(p->version, p->model, base, n, p->bytes + p->chunk_offset[at],
+                                          (size_t)p->chunk_size[at], k, first, pos, delta, NULL);
+  if (st != PULSE_OK)
+    return pulse_fail(st, "tensor '%s' chunk %" PRIu64 ": %s", t->info.name, c,
+                      pulse_error_detail());
+  return PULSE_OK;
+}
+
+/* Decodes the chunks of tensor j->t that meet the block (and its span) and
+ * keeps the changes that fall in block or halo. */
+static pulse_status stage_changes(const pulse_patch *p, region_job *j) {
   const patch_tensor *t = &p->tensors[j->t];
   const pulse_region *r = j->r;
   uint64_t C = j->full_cols;
   if (t->changed == 0 || r->rows == 0 || r->cols == 0)
     return PULSE_OK;
-  /* Positions lo..hi-1 hold every element of the block (and, for a column
-   * block, the other columns of its rows). */
-  uint64_t lo = r->row0 * C + r->col0;
-  uint64_t hi = (r->row0 + r->rows - 1) * C + r->col0 + r->cols;
+  /* With a halo every change in the span is kept (the span holds the
+   * block); without one, those in the block. */
+  uint64_t lo = r->halo_log2 ? j->klo : j->blo, hi = r->halo_log2 ? j->khi : j->bhi;
   uint64_t j0 = lo >> p->chunk_log2, j1 = (hi - 1) >> p->chunk_log2;
   uint32_t kmax = 0;
   uint64_t total = 0;
@@ -103,49 +252,75 @@ static pulse_status stage_changes(const pulse_patch *p, region_job *j, int whole
   uint16_t *delta = malloc(((size_t)kmax + 1) * sizeof *delta);
   j->at = malloc((size_t)total * sizeof *j->at);
   j->new_bits = malloc((size_t)total * sizeof *j->new_bits);
+  j->hat = malloc((size_t)total * sizeof *j->hat);
+  j->hnew = malloc((size_t)total * sizeof *j->hnew);
   uint16_t *old_bits = malloc((size_t)total * sizeof *old_bits);
+  uint16_t *hold = malloc((size_t)total * sizeof *hold);
   uint64_t *tpos = malloc((size_t)total * sizeof *tpos);
+  uint64_t *hpos = malloc((size_t)total * sizeof *hpos);
+  size_t chunk = (size_t)1 << p->chunk_log2;
+  uint16_t *buf = p->model == PULSE_POS_CLASS
+                      ? malloc((t->numel < chunk ? (size_t)t->numel : chunk) * sizeof *buf)
+                      : NULL;
   pulse_status st = PULSE_OK;
-  if (pos == NULL || delta == NULL || j->at == NULL || j->new_bits == NULL ||
-      old_bits == NULL || tpos == NULL) {
+  if (pos == NULL || delta == NULL || j->at == NULL || j->new_bits == NULL || j->hat == NULL ||
+      j->hnew == NULL || old_bits == NULL || hold == NULL || tpos == NULL || hpos == NULL ||
+      (p->model == PULSE_POS_CLASS && buf == NULL)) {
     st = pulse_fail(PULSE_ERR_NOMEM, "region of '%s': %" PRIu64 " changes", t->info.name,
                     total);
     goto done;
   }
-  /* A whole contiguous block is the tensor: the class model decodes
-   * against it. Otherwise only plain positions (checked by the caller). */
-  const uint16_t *base = whole ? r->data : NULL;
   for (uint64_t c = j0; c <= j1 && st == PULSE_OK; c++) {
     uint32_t k = p->chunk_changed[t->chunk_first + c];
     if (k == 0)
       continue;
-    st = patch_decode_chunk(p, j->t, c, base, NULL, pos, delta);
+    uint64_t first = c << p->chunk_log2, end = first + patch_chunk_elems(p, t, c);
+    if (p->model == PULSE_POS_CLASS && (first < j->klo || end > j->khi)) {
+      st = pulse_fail(PULSE_ERR_UNSUPPORTED,
+                      "tensor '%s': the patch to step %" PRIu64
+                      " codes positions by class in chunks of 2^%u elements; a holder of "
+                      "rows [%" PRIu64 ", %" PRIu64 ") columns [%" PRIu64 ", %" PRIu64
+                      ") keeps the base bits of positions [%" PRIu64 ", %" PRIu64
+                      ") only, not chunk [%" PRIu64 ", %" PRIu64 ") (keep a halo of "
+                      "2^%u or more, or publish plain positions)",
+                      t->info.name, p->step, p->chunk_log2, r->row0, r->row0 + r->rows, r->col0,
+                      r->col0 + r->cols, j->klo, j->khi, first, end, p->chunk_log2);
+      break;
+    }
+    st = decode_chunk(p, j, c, k, buf, pos, delta);
     for (uint32_t e = 0; e < k && st == PULSE_OK; e++) {
       if (pos[e] >= t->numel) {
         st = pulse_fail(PULSE_ERR_POSITION, "tensor '%s': a change at %" PRIu64
                         " past its %" PRIu64 " elements", t->info.name, pos[e], t->numel);
         break;
       }
-      uint64_t row = pos[e] / C, col = pos[e] % C;
-      if (row < r->row0 || row - r->row0 >= r->rows || col < r->col0 ||
-          col - r->col0 >= r->cols)
-        continue;
-      uint64_t at = (row - r->row0) * r->stride + (col - r->col0);
-      uint16_t old = r->data[at];
-      j->at[j->count] = at;
-      tpos[j->count] = pos[e];
-      old_bits[j->count] = old;
-      j->new_bits[j->count] = pulse_bf16_undelta(old, delta[e]);
-      j->count++;
+      if (in_block(r, C, pos[e])) {
+        uint64_t at = (pos[e] / C - r->row0) * r->stride + (pos[e] % C - r->col0);
+        uint16_t old = r->data[at];
+        j->at[j->count] = at;
+        tpos[j->count] = pos[e];
+        old_bits[j->count] = old;
+        j->new_bits[j->count] = pulse_bf16_undelta(old, delta[e]);
+        j->count++;
+      } else if (r->halo_log2 != 0 && pos[e] >= j->klo && pos[e] < j->khi) {
+        uint64_t at = halo_index(j, pos[e]);
+        uint16_t old = r->halo[at];
+        j->hat[j->hcount] = at;
+        hpos[j->hcount] = pos[e];
+        hold[j->hcount] = old;
+        j->hnew[j->hcount] = pulse_bf16_undelta(old, delta[e]);
+        j->hcount++;
+      }
     }
   }
   if (st == PULSE_OK) {
-    pulse_tensor_digest d = pulse_digest_change_sum(tpos, old_bits, j->new_bits, j->count);
-    j->target.a += d.a;
-    j->target.b += d.b;
+    j->target = digest_add(j->target,
+                           pulse_digest_change_sum(tpos, old_bits, j->new_bits, j->count));
+    j->htarget = digest_add(j->htarget,
+                            pulse_digest_change_sum(hpos, hold, j->hnew, j->hcount));
   }
 done:
-  free(pos), free(delta), free(old_bits), free(tpos);
+  free(pos), free(delta), free(old_bits), free(hold), free(tpos), free(hpos), free(buf);
   return st;
 }
 
@@ -155,42 +330,25 @@ static void stage_one(void *vctx, size_t i) {
   region_job *j = &ctx->jobs[i];
   const patch_tensor *t = &p->tensors[j->t];
   const pulse_region *r = j->r;
-  int whole = region_whole(j, t);
-  if (!whole && p->model == PULSE_POS_CLASS && t->changed > 0) {
+  /* Block and halo are the whole tensor: the patch's own digests check
+   * them, before and after (kept digests: nothing is read here). */
+  int whole = j->klo == 0 && j->khi == t->numel && t->numel > 0;
+  pulse_tensor_digest have = r->halo_log2 ? digest_add(r->digest, r->halo_digest) : r->digest;
+  if (whole && !same_digest(have, t->base_digest)) {
     char d[256];
-    snprintf(d, sizeof d,
-             "tensor '%s': the patch to step %" PRIu64
-             " codes positions by class, which a holder of rows [%" PRIu64 ", %" PRIu64
-             ") columns [%" PRIu64 ", %" PRIu64 ") of it cannot decode (publish plain "
-             "positions for tensor-parallel workers)",
-             t->info.name, p->step, r->row0, r->row0 + r->rows, r->col0, r->col0 + r->cols);
-    job_fail(j, PULSE_ERR_UNSUPPORTED, d);
-    return;
-  }
-  /* The block must hold what its kept digest says before any base bit
-   * is read; a whole tensor must also be the patch's base. */
-  pulse_tensor_digest have;
-  pulse_status st = pulse_region_digest(r, j->full_cols, &have);
-  if (st != PULSE_OK) {
-    job_fail(j, st, pulse_error_detail());
-    return;
-  }
-  if (!same_digest(have, r->digest) || (whole && !same_digest(have, t->base_digest))) {
-    char d[256];
-    snprintf(d, sizeof d, "tensor '%s': %s", t->info.name,
-             !same_digest(have, r->digest)
-                 ? "the block's memory is not what its digest says (written by someone else)"
-                 : "the target is not the base of the patch");
+    snprintf(d, sizeof d, "tensor '%s': the target is not the base of the patch",
+             t->info.name);
     job_fail(j, PULSE_ERR_BASE_DIGEST, d);
     return;
   }
-  j->target = have;
-  st = stage_changes(p, j, whole);
+  j->target = r->digest;
+  j->htarget = r->halo_log2 ? r->halo_digest : (pulse_tensor_digest){0, 0};
+  pulse_status st = stage_changes(p, j);
   if (st != PULSE_OK) {
     job_fail(j, st, pulse_error_detail());
     return;
   }
-  if (whole && !same_digest(j->target, t->target_digest)) {
+  if (whole && !same_digest(digest_add(j->target, j->htarget), t->target_digest)) {
     char d[256];
     snprintf(d, sizeof d, "tensor '%s': the patch's changes do not lead to its target digest",
              t->info.name);
@@ -235,6 +393,22 @@ static pulse_status check_region(const pulse_patch *p, pulse_region *r, region_j
   j->r = r;
   j->t = t;
   j->full_cols = cols;
+  if (r->rows == 0 || r->cols == 0)
+    return PULSE_OK;
+  /* What base bits the region holds: its span with a halo; without one
+   * the block's positions when they are contiguous; else none. */
+  if (r->halo_log2 != 0) {
+    uint64_t count;
+    PULSE_TRY(pulse_region_span(r, pt->numel, cols, r->halo_log2, &j->klo, &j->khi, &count));
+    if (count > 0 && r->halo == NULL)
+      return pulse_fail(PULSE_ERR_ARG, "region of '%s': a halo of %" PRIu64
+                        " elements is missing", r->name, count);
+    j->hfirst = block_before(r, cols, j->klo);
+  }
+  j->blo = r->row0 * cols + r->col0;
+  j->bhi = (r->row0 + r->rows - 1) * cols + r->col0 + r->cols;
+  if (r->halo_log2 == 0 && (r->cols == cols || r->rows == 1))
+    j->klo = j->blo, j->khi = j->bhi;
   return PULSE_OK;
 }
 
@@ -242,7 +416,7 @@ void pulse_region_staged_free(pulse_region_staged *s) {
   if (s == NULL)
     return;
   for (size_t i = 0; i < s->count; i++)
-    free(s->jobs[i].at), free(s->jobs[i].new_bits);
+    free(s->jobs[i].at), free(s->jobs[i].new_bits), free(s->jobs[i].hat), free(s->jobs[i].hnew);
   free(s->jobs);
   free(s);
 }
@@ -290,7 +464,7 @@ pulse_status pulse_region_stage(const pulse_patch *p, pulse_region *regions, siz
       st = pulse_fail(jobs[i].st, "%s", jobs[i].detail);
       goto fail;
     }
-    s->changes += jobs[i].count;
+    s->changes += jobs[i].count + jobs[i].hcount;
   }
   free(spans), free(seen);
   s->jobs = jobs;
@@ -317,7 +491,11 @@ void pulse_region_staged_commit(pulse_region_staged *s) {
     region_job *j = &s->jobs[i];
     for (uint64_t e = 0; e < j->count; e++)
       j->r->data[j->at[e]] = j->new_bits[e];
+    for (uint64_t e = 0; e < j->hcount; e++)
+      j->r->halo[j->hat[e]] = j->hnew[e];
     j->r->digest = j->target;
+    if (j->r->halo_log2 != 0)
+      j->r->halo_digest = j->htarget;
   }
 }
 

@@ -285,15 +285,23 @@ pulse_status pulse_sub_attach_device(pulse_sub *sub, const char *name,
  * publisher's table), region->row0/rows/col0/cols the block of its 2-D view
  * and region->data/stride where the block lives (borrowed until
  * pulse_sub_free, written by nobody else; blocks of several regions may sit
- * in one buffer but must not overlap). region->digest is ignored. A
- * subscriber with region targets takes no other kind; patches are staged
- * whole (no streaming, no class index), need plain positions
- * (PULSE_POS_PLAIN) unless a region is its whole tensor, and each region
- * is verified against its own digest (derived from the verified anchor and
- * the signed patches; pulse_region.h); an anchor is verified whole, then
- * only the blocks are copied. Extra memory of a sync: O(patch). The first
- * sync takes the anchor route (pulse_sub_assume_step does not help: a claim
- * is checked against whole-tensor digests).
+ * in one buffer but must not overlap). region->digest and the halo fields
+ * are ignored: the subscriber keeps its own halo of the block (the
+ * tensor's bits around it inside its span at 2^PULSE_CHUNK_LOG2_DEFAULT,
+ * pulse_region.h: at most two partial spans for a row block, for a column
+ * block the rest of the rows it meets), filled from the anchor, so that
+ * class-model patches (the publisher's default) decode; plain-position
+ * patches decode too, and class-model ones with chunks larger than the
+ * default are refused. A subscriber with region targets takes no other
+ * kind; patches are staged whole (no streaming, no class index: a
+ * class-model patch costs a pass over each changed chunk's base bits), and
+ * each block is verified: where block and halo are the whole tensor
+ * against the patch's own digests, else against a digest derived from the
+ * verified anchor and the signed patches (pulse_region.h). An anchor is
+ * verified whole, then only the blocks and halos are copied. Extra memory
+ * of a sync: O(patch). The first sync takes the anchor route
+ * (pulse_sub_assume_step does not help: a claim is checked against
+ * whole-tensor digests).
  * @return PULSE_OK; PULSE_ERR_ARG (NULL, a block outside the shape, stride
  * below cols, unaligned data, a name attached twice, a block overlapping
  * another's memory, other kinds of targets attached); PULSE_ERR_OVERFLOW;

@@ -249,6 +249,56 @@ static void anchor_digest_one(void *ctx, size_t i) {
   j->d[i] = pulse_digest_bf16(j->t[i].data, j->t[i].numel);
 }
 
+pulse_status sub_anchor_verify(pulse_sub *sub, const pulse_store_object *o,
+                               const pulse_st_file *f, size_t n, pulse_st_tensor *t,
+                               pulse_tensor_info *info, pulse_tensor_digest *d,
+                               pulse_state_digest *sd, double *t_read, double *t_digest) {
+  double t0 = sub_now();
+  const char *meta_step = pulse_st_metadata_get(f, "step");
+  const char *meta_digest = pulse_st_metadata_get(f, "state_digest");
+  pulse_status st = PULSE_OK;
+  if (meta_step == NULL || strtoull(meta_step, NULL, 10) != o->step || meta_digest == NULL)
+    st = pulse_fail(PULSE_ERR_CORRUPT,
+                    "anchor %s: its metadata does not name step %" PRIu64 " and a state digest",
+                    o->path, o->step);
+  for (size_t i = 0; i < n && st == PULSE_OK; i++) {
+    st = pulse_st_tensor_get(f, i, &t[i]);
+    if (st == PULSE_OK && t[i].dtype != PULSE_DTYPE_BF16)
+      st = pulse_fail(PULSE_ERR_DTYPE, "anchor %s: tensor '%s' is %s, not BF16", o->path,
+                      t[i].name, pulse_dtype_name(t[i].dtype));
+    if (st == PULSE_OK && (uintptr_t)t[i].data % 2 != 0)
+      st = pulse_fail(PULSE_ERR_UNSUPPORTED, "anchor %s: tensor '%s' is not aligned", o->path,
+                      t[i].name);
+    if (st == PULSE_OK) {
+      memset(&info[i], 0, sizeof info[i]);
+      info[i].name = t[i].name;
+      info[i].dtype = PULSE_DTYPE_BF16;
+      info[i].ndim = t[i].ndim;
+      memcpy(info[i].shape, t[i].shape, sizeof info[i].shape);
+    }
+  }
+  *t_read += sub_now() - t0;
+  if (st != PULSE_OK)
+    return st;
+
+  /* Its state digest, from its bytes, must be the one it names (which its
+   * signed hash vouches for) and, at the head's step, the head's. */
+  t0 = sub_now();
+  anchor_job job = {t, d};
+  pulse_parallel_for(sub->opts.threads, n, anchor_digest_one, &job);
+  char have[65];
+  st = pulse_state_digest_compute(info, d, n, sd);
+  pulse_state_digest_hex(sd, have);
+  if (st == PULSE_OK && strcmp(have, meta_digest) != 0)
+    st = pulse_fail(PULSE_ERR_CORRUPT, "anchor %s: its tensors have state digest %s, it names %s",
+                    o->path, have, meta_digest);
+  if (st == PULSE_OK && sub->head != NULL && o->step == pulse_store_head_step(sub->head) &&
+      memcmp(sd->bytes, pulse_store_head_state_digest(sub->head)->bytes, 32) != 0)
+    st = pulse_fail(PULSE_ERR_CORRUPT, "anchor %s is not the head's state", o->path);
+  *t_digest += sub_now() - t0;
+  return st;
+}
+
 /* The file target takes the anchor's table: reuses its buffers when the
  * table is the same, else makes new ones (swapped in by the caller). */
 static pulse_status file_table(pulse_sub *sub, const pulse_st_tensor *t,
@@ -311,54 +361,9 @@ pulse_status sub_apply_anchor(pulse_sub *sub, const pulse_store_object *o) {
     st = pulse_fail(PULSE_ERR_NOMEM, "anchor of %zu tensors", n);
     goto done;
   }
-  const char *meta_step = pulse_st_metadata_get(f, "step");
-  const char *meta_digest = pulse_st_metadata_get(f, "state_digest");
-  char want[65];
-  if (meta_step == NULL || strtoull(meta_step, NULL, 10) != o->step ||
-      meta_digest == NULL) {
-    st = pulse_fail(PULSE_ERR_CORRUPT,
-                    "anchor %s: its metadata does not name step %" PRIu64
-                    " and a state digest",
-                    o->path, o->step);
-    goto done;
-  }
-  for (size_t i = 0; i < n && st == PULSE_OK; i++) {
-    st = pulse_st_tensor_get(f, i, &t[i]);
-    if (st == PULSE_OK && t[i].dtype != PULSE_DTYPE_BF16)
-      st = pulse_fail(PULSE_ERR_DTYPE, "anchor %s: tensor '%s' is %s, not BF16",
-                      o->path, t[i].name, pulse_dtype_name(t[i].dtype));
-    if (st == PULSE_OK && (uintptr_t)t[i].data % 2 != 0)
-      st = pulse_fail(PULSE_ERR_UNSUPPORTED,
-                      "anchor %s: tensor '%s' is not aligned", o->path,
-                      t[i].name);
-    info[i].name = t[i].name;
-    info[i].dtype = PULSE_DTYPE_BF16;
-    info[i].ndim = t[i].ndim;
-    memcpy(info[i].shape, t[i].shape, sizeof info[i].shape);
-  }
   sub->t_decode += sub_now() - t0;
-  if (st != PULSE_OK)
-    goto done;
-
-  /* Its state digest, from its bytes, must be the one it names (which its
-   * signed hash vouches for) and, at the head's step, the head's. */
-  t0 = sub_now();
-  anchor_job job = {t, d};
-  pulse_parallel_for(sub->opts.threads, n, anchor_digest_one, &job);
   pulse_state_digest sd;
-  st = pulse_state_digest_compute(info, d, n, &sd);
-  pulse_state_digest_hex(&sd, want);
-  if (st == PULSE_OK && strcmp(want, meta_digest) != 0)
-    st = pulse_fail(PULSE_ERR_CORRUPT,
-                    "anchor %s: its tensors have state digest %s, it names %s",
-                    o->path, want, meta_digest);
-  if (st == PULSE_OK && sub->head != NULL &&
-      o->step == pulse_store_head_step(sub->head) &&
-      memcmp(sd.bytes, pulse_store_head_state_digest(sub->head)->bytes, 32) !=
-          0)
-    st = pulse_fail(PULSE_ERR_CORRUPT, "anchor %s is not the head's state",
-                    o->path);
-  sub->t_verify += sub_now() - t0;
+  st = sub_anchor_verify(sub, o, f, n, t, info, d, &sd, &sub->t_decode, &sub->t_verify);
   if (st != PULSE_OK)
     goto done;
 

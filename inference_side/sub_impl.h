@@ -31,6 +31,7 @@
 #include "pulse_codec_stream.h"
 #include "pulse_cuda.h"
 #include "pulse_store.h"
+#include "pulse_safetensors.h"
 #include "pulse_subscriber.h"
 #include "store_impl.h" /* store_hex, store_sha256 */
 
@@ -54,8 +55,13 @@ typedef struct {
   pulse_class_index *index;   /* host targets: class index (sub_targets.c),
                                  rebuilt when its digest is not `digest` */
   /* Region targets: data holds this block of the tensor (element (r, c)
-   * at data[r * stride + c]) and digest is the block's (pulse_region.h). */
+   * at data[r * stride + c]) and digest is the block's (pulse_region.h);
+   * halo (owned) the tensor's bits around it that class-model patches
+   * need, halo_digest theirs. */
   uint64_t row0, rows, col0, cols, stride;
+  uint32_t halo_log2;
+  uint16_t *halo;
+  pulse_tensor_digest halo_digest;
 } sub_target;
 
 /* A cached object this process hashed, and the file it hashed: a file
@@ -347,6 +353,17 @@ pulse_status sub_apply_patch_streamed(pulse_sub *sub,
                                       const sub_source *src);
 /** Applies a verified anchor file (in the cache) to the targets. */
 pulse_status sub_apply_anchor(pulse_sub *sub, const pulse_store_object *o);
+/** The checks of an anchor before anything of it is copied: its metadata
+ * names its step and a state digest; every tensor is BF16 and aligned;
+ * the state digest of its tensors' digests is the one it names (which its
+ * signed SHA-256 vouches for) and, at the head's step, the head's. Fills
+ * the caller's arrays of n entries: t (the tensors, read through f's
+ * mapping), info (their table), d (their digests), and *sd. Time reading
+ * the table goes to *t_read, computing the digests to *t_digest. */
+pulse_status sub_anchor_verify(pulse_sub *sub, const pulse_store_object *o,
+                               const pulse_st_file *f, size_t n, pulse_st_tensor *t,
+                               pulse_tensor_info *info, pulse_tensor_digest *d,
+                               pulse_state_digest *sd, double *t_read, double *t_digest);
 
 /* ----------------------------------------------------------- sub_region.c */
 

@@ -3,14 +3,17 @@
  * (pulse_sub_attach_region, pulse_region.h), and the publisher's table
  * that such a rank lays its blocks out from (pulse_sub_table).
  *
- * A patch is staged by pulse_region_stage (each block checked against its
- * kept digest, changes decoded and kept for the block only) and committed
- * under the writers' lock. An anchor is verified whole, as for every other
- * target (its tensors' digests against its state digest, which its signed
- * SHA-256 vouches for, and the head's at the head's step), read through its
- * mapping, and only the blocks are copied out; each block's digest is taken
- * from the verified anchor's bytes. Memory: the staged changes of one patch;
- * the anchor is read through the page cache, never copied whole. */
+ * A patch is staged by pulse_region_stage (changes decoded and kept for the
+ * block and its halo, digests moved by them, checked against the patch's
+ * where block and halo are the whole tensor) and committed under the
+ * writers' lock. An anchor is verified whole, as for every other target
+ * (sub_anchor_verify: its tensors' digests against its state digest, which
+ * its signed SHA-256 vouches for, and the head's at the head's step), read
+ * through its mapping, and only the blocks are copied out; each block's digest is taken
+ * from the verified anchor's bytes, and so is its halo (the bits around the
+ * block that class-model patches need, pulse_region.h). Memory: the halos,
+ * and the staged changes of one patch; the anchor is read through the page
+ * cache, never copied whole. */
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,6 +31,12 @@ static int shape_is(const sub_target *t, uint32_t ndim, const uint64_t *shape) {
     if (t->shape[d] != shape[d])
       return 0;
   return 1;
+}
+
+/* The pulse_region of a region target. */
+static pulse_region region_of(const sub_target *t) {
+  return (pulse_region){t->name, t->row0, t->rows, t->col0, t->cols, t->data, t->stride,
+                        t->digest, t->halo_log2, t->halo, t->halo_digest};
 }
 
 /* The bytes a block spans in memory: [lo, hi). */
@@ -90,8 +99,17 @@ static pulse_status add_region(pulse_sub *sub, uint32_t ndim, const uint64_t *sh
   nt.numel = numel;
   pulse_region cur = *r;
   pulse_status st = pulse_region_digest(&cur, cols, &nt.digest);
+  /* The halo class-model patches need (pulse_region.h), filled by the
+   * anchor: chunks of up to the publisher's default size decode. */
+  uint64_t span_lo, span_hi, halo = 0;
+  nt.halo_log2 = PULSE_CHUNK_LOG2_DEFAULT;
+  if (st == PULSE_OK)
+    st = pulse_region_span(&cur, numel, cols, nt.halo_log2, &span_lo, &span_hi, &halo);
+  if (st == PULSE_OK && halo > 0 && (halo > SIZE_MAX / 2 || (nt.halo = malloc(halo * 2)) == NULL))
+    st = pulse_fail(PULSE_ERR_NOMEM, "attach region '%s': a halo of %" PRIu64 " elements",
+                    r->name, halo);
   if (st != PULSE_OK) {
-    free(nt.name);
+    free(nt.name), free(nt.halo);
     return st;
   }
   sub->targets[sub->ntargets++] = nt;
@@ -130,8 +148,7 @@ pulse_status sub_region_apply_patch(pulse_sub *sub, const pulse_patch *p) {
              !shape_is(t, pt.info.ndim, pt.info.shape))
       st = pulse_fail(PULSE_ERR_SIZE_MISMATCH,
                       "target '%s': its shape is not the publisher's", t->name);
-    rg[k] = (pulse_region){t->name, t->row0, t->rows, t->col0, t->cols,
-                           t->data, t->stride, t->digest};
+    rg[k] = region_of(t);
   }
   double t0 = sub_now();
   pulse_region_staged *staged = NULL;
@@ -148,7 +165,7 @@ pulse_status sub_region_apply_patch(pulse_sub *sub, const pulse_patch *p) {
   pthread_rwlock_wrlock(&sub->rw);
   pulse_region_staged_commit(staged);
   for (size_t k = 0; k < sub->ntargets; k++)
-    sub->targets[k].digest = rg[k].digest;
+    sub->targets[k].digest = rg[k].digest, sub->targets[k].halo_digest = rg[k].halo_digest;
   sub_set_step(sub, pulse_patch_step(p), NULL);
   pthread_rwlock_unlock(&sub->rw);
   sub->t_apply += sub_now() - t0;
@@ -158,65 +175,6 @@ pulse_status sub_region_apply_patch(pulse_sub *sub, const pulse_patch *p) {
 }
 
 /* ------------------------------------------------------------- anchors */
-
-typedef struct {
-  pulse_st_tensor *t;
-  pulse_tensor_digest *d;
-} anchor_job;
-
-static void anchor_digest_one(void *ctx, size_t i) {
-  anchor_job *j = ctx;
-  j->d[i] = pulse_digest_bf16(j->t[i].data, j->t[i].numel);
-}
-
-/* Every tensor of the anchor read and its state digest checked against
- * its metadata and, at the head's step, the head's (the checks of
- * sub_apply_anchor, which copies whole tensors instead). */
-static pulse_status anchor_verify(pulse_sub *sub, const pulse_store_object *o,
-                                  const pulse_st_file *f, pulse_st_tensor *t, size_t n) {
-  const char *meta_step = pulse_st_metadata_get(f, "step");
-  const char *meta_digest = pulse_st_metadata_get(f, "state_digest");
-  if (meta_step == NULL || strtoull(meta_step, NULL, 10) != o->step || meta_digest == NULL)
-    return pulse_fail(PULSE_ERR_CORRUPT,
-                      "anchor %s: its metadata does not name step %" PRIu64 " and a state digest",
-                      o->path, o->step);
-  pulse_tensor_digest *d = calloc(n + 1, sizeof *d);
-  pulse_tensor_info *info = calloc(n + 1, sizeof *info);
-  pulse_status st = PULSE_OK;
-  if (d == NULL || info == NULL)
-    st = pulse_fail(PULSE_ERR_NOMEM, "anchor of %zu tensors", n);
-  for (size_t i = 0; i < n && st == PULSE_OK; i++) {
-    st = pulse_st_tensor_get(f, i, &t[i]);
-    if (st == PULSE_OK && t[i].dtype != PULSE_DTYPE_BF16)
-      st = pulse_fail(PULSE_ERR_DTYPE, "anchor %s: tensor '%s' is %s, not BF16", o->path,
-                      t[i].name, pulse_dtype_name(t[i].dtype));
-    if (st == PULSE_OK && (uintptr_t)t[i].data % 2 != 0)
-      st = pulse_fail(PULSE_ERR_UNSUPPORTED, "anchor %s: tensor '%s' is not aligned", o->path,
-                      t[i].name);
-    if (st == PULSE_OK) {
-      info[i].name = t[i].name;
-      info[i].dtype = PULSE_DTYPE_BF16;
-      info[i].ndim = t[i].ndim;
-      memcpy(info[i].shape, t[i].shape, sizeof info[i].shape);
-    }
-  }
-  if (st == PULSE_OK) {
-    anchor_job job = {t, d};
-    pulse_parallel_for(sub->opts.threads, n, anchor_digest_one, &job);
-    pulse_state_digest sd;
-    char have[65];
-    st = pulse_state_digest_compute(info, d, n, &sd);
-    pulse_state_digest_hex(&sd, have);
-    if (st == PULSE_OK && strcmp(have, meta_digest) != 0)
-      st = pulse_fail(PULSE_ERR_CORRUPT, "anchor %s: its tensors have state digest %s, it names %s",
-                      o->path, have, meta_digest);
-    if (st == PULSE_OK && sub->head != NULL && o->step == pulse_store_head_step(sub->head) &&
-        memcmp(sd.bytes, pulse_store_head_state_digest(sub->head)->bytes, 32) != 0)
-      st = pulse_fail(PULSE_ERR_CORRUPT, "anchor %s is not the head's state", o->path);
-  }
-  free(d), free(info);
-  return st;
-}
 
 pulse_status sub_region_apply_anchor(pulse_sub *sub, const pulse_store_object *o) {
   char path[4096];
@@ -228,13 +186,17 @@ pulse_status sub_region_apply_anchor(pulse_sub *sub, const pulse_store_object *o
     return pulse_fail(st, "anchor %s: %s", o->path, pulse_error_detail());
   size_t n = pulse_st_tensor_count(f);
   pulse_st_tensor *t = calloc(n + 1, sizeof *t);
+  pulse_tensor_info *info = calloc(n + 1, sizeof *info);
+  pulse_tensor_digest *d = calloc(n + 1, sizeof *d);
   size_t *from = calloc(sub->ntargets + 1, sizeof *from);
-  if (t == NULL || from == NULL) {
+  if (t == NULL || info == NULL || d == NULL || from == NULL) {
     st = pulse_fail(PULSE_ERR_NOMEM, "anchor of %zu tensors", n);
     goto done;
   }
-  st = anchor_verify(sub, o, f, t, n);
   sub->t_verify += sub_now() - t0;
+  /* Verified whole, as every anchor (sub_apply.c); all of it is verify time here. */
+  pulse_state_digest sd;
+  st = sub_anchor_verify(sub, o, f, n, t, info, d, &sd, &sub->t_verify, &sub->t_verify);
   /* Which anchor tensor each block comes from, all checked before any copy. */
   for (size_t k = 0; k < sub->ntargets && st == PULSE_OK; k++) {
     const sub_target *tg = &sub->targets[k];
@@ -264,6 +226,11 @@ pulse_status sub_region_apply_anchor(pulse_sub *sub, const pulse_store_object *o
     /* From the verified bytes, not from the copy. */
     pulse_digest_bf16_block(bits, tg->rows, tg->cols, cols, tg->row0 * cols + tg->col0, cols,
                             &tg->digest);
+    if (tg->halo_log2 != 0) { /* the halo too, from the same bytes */
+      pulse_region g = region_of(tg);
+      pulse_region_halo_take(&g, src->data, src->numel, cols); /* checked at attach */
+      tg->halo_digest = g.halo_digest;
+    }
   }
   sub_set_step(sub, o->step, NULL);
   pthread_rwlock_unlock(&sub->rw);
@@ -271,7 +238,7 @@ pulse_status sub_region_apply_anchor(pulse_sub *sub, const pulse_store_object *o
 
 done:
   pulse_st_close(f);
-  free(t), free(from);
+  free(t), free(info), free(d), free(from);
   return st;
 }
 

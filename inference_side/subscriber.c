@@ -169,6 +169,7 @@ void pulse_sub_free(pulse_sub *sub) {
   sub_file_free(sub);
   for (size_t i = 0; i < sub->ntargets; i++) {
     free(sub->targets[i].name);
+    free(sub->targets[i].halo); /* region targets' own */
     pulse_class_index_free(sub->targets[i].index);
     if (sub->mem == SUB_MEM_FILE)
       free(sub->targets[i].data);

@@ -3,11 +3,14 @@
  * fused buffer) and column blocks (row-parallel shards) end bit for bit at
  * the target's slice, over both format versions, densities and chunk
  * sizes that cut blocks; the blocks' digests add up to the target
- * digest; whole-tensor regions decode class-model patches and are checked
- * against the patch's digests. Hostile and wrong input (a block whose
- * memory changed, a wrong whole base, overlapping blocks, a block outside
- * its tensor, a name twice or unknown, a class-model patch into a part)
- * is refused with nothing written, across every region of the call. */
+ * digest; whole-tensor regions, and row and column blocks with halos,
+ * decode class-model patches (two in a row: the halo follows), checked
+ * against the patch's digests where block and halo are the whole tensor.
+ * Hostile and wrong input (a wrong whole base, a halo that is not the
+ * base's, overlapping blocks, a block outside its tensor, a name twice or
+ * unknown, a halo missing or misaligned, a class-model chunk beyond what a
+ * region holds) is refused with nothing written, across every region of
+ * the call. */
 #include "patch_testutil.h"
 
 #include <criterion/criterion.h>
@@ -40,7 +43,7 @@ static pulse_region block_of(const pt_tensor *t, const uint16_t *src, uint64_t r
   uint64_t C = t->shape[1];
   for (uint64_t r = 0; r < nr; r++)
     memcpy(dst + r * stride, src + (r0 + r) * C + c0, nc * 2);
-  pulse_region g = {t->name, r0, nr, c0, nc, dst, stride, {0, 0}};
+  pulse_region g = {t->name, r0, nr, c0, nc, dst, stride, {0, 0}, 0, NULL, {0, 0}};
   cr_assert_eq(pulse_region_digest(&g, C, &g.digest), PULSE_OK);
   return g;
 }
@@ -163,20 +166,127 @@ Test(region, whole_tensors_take_class_model_patches_checked_against_the_patch) {
   pt_tensor_free(&t);
 }
 
-Test(region, class_model_into_part_of_a_tensor_is_refused) {
+/* The step after prev: changes at `density` from prev's target. */
+static void next_step(pt_tensor *n, const pt_tensor *prev, const char *name, double density,
+                      uint64_t seed) {
+  pt_tensor_shape(n, name, prev->ndim, prev->shape);
+  uint64_t s = seed;
+  n->base = pt_copy(prev->target, prev->numel);
+  pt_make_changes(n->base, n->numel, density, 1, &s, &n->changes);
+  n->target = pt_copy(n->base, n->numel);
+  pt_apply_changes(n->target, &n->changes);
+}
+
+/* Gives g a halo at alignment 2^log2 taken from src, t's whole bits. */
+static void with_halo(pulse_region *g, const pt_tensor *t, const uint16_t *src, uint32_t log2) {
+  uint64_t lo, hi, count;
+  g->halo_log2 = log2;
+  cr_assert_eq(pulse_region_span(g, t->numel, t->shape[1], log2, &lo, &hi, &count), PULSE_OK);
+  g->halo = count ? pt_alloc(count * 2) : NULL;
+  cr_assert_eq(pulse_region_halo_take(g, src, t->numel, t->shape[1]), PULSE_OK, "%s",
+               pulse_error_detail());
+}
+
+/* g's halo holds `want`'s bits around its block, with their digest. */
+static void expect_halo(const pt_tensor *t, const uint16_t *want, const pulse_region *g,
+                        const char *label) {
+  uint64_t lo, hi, count;
+  cr_assert_eq(pulse_region_span(g, t->numel, t->shape[1], g->halo_log2, &lo, &hi, &count),
+               PULSE_OK);
+  pulse_region w = *g;
+  w.halo = count ? pt_alloc(count * 2) : NULL;
+  cr_assert_eq(pulse_region_halo_take(&w, want, t->numel, t->shape[1]), PULSE_OK);
+  cr_assert(count == 0 || memcmp(w.halo, g->halo, count * 2) == 0, "%s: halo of '%s' differs",
+            label, t->name);
+  cr_assert(w.halo_digest.a == g->halo_digest.a && w.halo_digest.b == g->halo_digest.b,
+            "%s: halo digest of '%s'", label, t->name);
+  free(w.halo);
+}
+
+Test(region, class_model_into_blocks_with_halos_ends_at_the_targets_slices) {
+  /* Chunks of 2^10 over 96 x 40 and 40 x 96 tensors: row blocks meet
+   * chunks that straddle their first and last rows (the halo holds the
+   * rest: partial spans, derived digests), column blocks every chunk (the
+   * halo is the rest of the tensor: checked against the patch's digests).
+   * Two patches in a row: the halo follows the first. */
+  static const double densities[] = {0.01, 0.3, 1.0};
+  for (unsigned version = 1; version <= 2; version++)
+    for (size_t di = 0; di < PT_COUNT_OF(densities); di++)
+      for (uint64_t tp = 1; tp <= 4; tp *= 2)
+        for (uint64_t rank = 0; rank < tp; rank++) {
+          pt_tensor ts[2], next[2];
+          make2(&ts[0], "q", 96, 40, densities[di], 31 + di);
+          make2(&ts[1], "o", 40, 96, densities[di], 47 + di);
+          pulse_buffer buf = {NULL, 0}, buf2 = {NULL, 0};
+          pulse_patch *p = encode_open(ts, 2, PULSE_POS_CLASS, version, 10, &buf);
+          /* The second step: from the first's target. */
+          for (int i = 0; i < 2; i++)
+            next_step(&next[i], &ts[i], i ? "o" : "q", densities[di], 61 + di + i);
+          pulse_patch *p2 = encode_open(next, 2, PULSE_POS_CLASS, version, 10, &buf2);
+          char label[96];
+          snprintf(label, sizeof label, "v%u density %g tp %llu rank %llu", version,
+                   densities[di], (unsigned long long)tp, (unsigned long long)rank);
+          uint64_t qr = 96 / tp, oc = 96 / tp;
+          uint16_t *rows = pt_alloc(qr * 40 * 2), *cols = pt_alloc(40 * oc * 2);
+          pulse_region g[2] = {block_of(&ts[0], ts[0].base, rank * qr + 0, qr, 0, 40, rows, 40),
+                               block_of(&ts[1], ts[1].base, 0, 40, rank * oc, oc, cols, oc)};
+          with_halo(&g[0], &ts[0], ts[0].base, 10);
+          with_halo(&g[1], &ts[1], ts[1].base, 10);
+          cr_assert_eq(stage_commit(p, g, 2), PULSE_OK, "%s: %s", label, pulse_error_detail());
+          for (int i = 0; i < 2; i++) {
+            expect_block(&ts[i], ts[i].target, &g[i], label);
+            expect_halo(&ts[i], ts[i].target, &g[i], label);
+          }
+          cr_assert_eq(stage_commit(p2, g, 2), PULSE_OK, "%s, second: %s", label,
+                       pulse_error_detail());
+          for (int i = 0; i < 2; i++) {
+            expect_block(&next[i], next[i].target, &g[i], label);
+            expect_halo(&next[i], next[i].target, &g[i], label);
+            pulse_tensor_digest d;
+            cr_assert_eq(pulse_region_digest(&g[i], next[i].shape[1], &d), PULSE_OK);
+            cr_assert(d.a == g[i].digest.a && d.b == g[i].digest.b, "%s: kept digest", label);
+          }
+          free(rows), free(cols), free(g[0].halo), free(g[1].halo);
+          pulse_patch_free(p), pulse_patch_free(p2);
+          pulse_buffer_free(&buf), pulse_buffer_free(&buf2);
+          pt_tensors_free(ts, 2), pt_tensors_free(next, 2);
+        }
+}
+
+Test(region, class_model_beyond_what_the_region_holds_is_refused) {
   pt_tensor t;
   make2(&t, "w", 50, 60, 0.05, 9);
-  pulse_buffer buf = {NULL, 0};
+  pulse_buffer buf = {NULL, 0}, big = {NULL, 0};
   pulse_patch *p = encode_open(&t, 1, PULSE_POS_CLASS, 2, 10, &buf);
-  uint16_t *dst = pt_alloc(25 * 60 * 2);
-  pulse_region g = block_of(&t, t.base, 25, 25, 0, 60, dst, 60);
-  uint16_t *before = pt_copy(dst, 25 * 60);
+  pulse_patch *p12 = encode_open(&t, 1, PULSE_POS_CLASS, 2, 12, &big);
+  uint16_t *dst = pt_alloc(50 * 30 * 2);
+  /* No halo: a column block holds no whole chunk. */
+  pulse_region g = block_of(&t, t.base, 0, 50, 30, 30, dst, 30);
+  uint16_t *before = pt_copy(dst, 50 * 30);
   cr_assert_eq(stage_commit(p, &g, 1), PULSE_ERR_UNSUPPORTED);
   cr_assert(strstr(pulse_error_detail(), "'w'") != NULL, "%s", pulse_error_detail());
-  cr_assert_eq(pt_first_diff(before, dst, 25 * 60), PT_NONE);
-  free(before), free(dst);
-  pulse_patch_free(p);
-  pulse_buffer_free(&buf);
+  /* A halo of 2^10 around a row block, chunks of 2^12: the chunk passes
+   * the span. */
+  pulse_region r = block_of(&t, t.base, 20, 10, 0, 60, dst, 60);
+  with_halo(&r, &t, t.base, 10);
+  pulse_tensor_digest kept = r.digest;
+  cr_assert_eq(stage_commit(p12, &r, 1), PULSE_ERR_UNSUPPORTED);
+  cr_assert(strstr(pulse_error_detail(), "2^12") != NULL, "%s", pulse_error_detail());
+  cr_assert(r.digest.a == kept.a && r.digest.b == kept.b, "a refused stage moved the digest");
+  /* Block and halo are the whole tensor: a halo that is not the base's
+   * (its digest made to match it) is caught by the patch's base digest. */
+  pulse_region c = block_of(&t, t.base, 0, 50, 30, 30, dst, 30);
+  with_halo(&c, &t, t.base, 12);
+  c.halo[3] ^= 1;
+  uint16_t *other = pt_copy(t.base, t.numel);
+  other[3] ^= 1; /* position 3 is in the halo: column 3 of row 0 */
+  cr_assert_eq(pulse_region_halo_take(&c, other, t.numel, 60), PULSE_OK);
+  memcpy(before, dst, 50 * 30 * 2);
+  cr_assert_eq(stage_commit(p, &c, 1), PULSE_ERR_BASE_DIGEST);
+  cr_assert_eq(pt_first_diff(before, dst, 50 * 30), PT_NONE, "a refused base was written");
+  free(before), free(dst), free(other), free(r.halo), free(c.halo);
+  pulse_patch_free(p), pulse_patch_free(p12);
+  pulse_buffer_free(&buf), pulse_buffer_free(&big);
   pt_tensor_free(&t);
 }
 
@@ -207,9 +317,15 @@ static void refused(void (*spoil)(pulse_region *g, const pt_tensor *ts), pulse_s
   pt_tensors_free(ts, 2);
 }
 
-static void memory_changed(pulse_region *g, const pt_tensor *ts) {
+static void halo_missing(pulse_region *g, const pt_tensor *ts) {
   (void)ts;
-  g[1].data[3] ^= 0x10; /* someone wrote the block after its digest */
+  g[1].halo_log2 = 10; /* a row block of half a 1024-element chunk: a halo of 512 */
+}
+static void halo_alignment(pulse_region *g, const pt_tensor *ts) {
+  (void)ts;
+  static uint16_t room[1024];
+  g[1].halo_log2 = 9;
+  g[1].halo = room;
 }
 static void overlap(pulse_region *g, const pt_tensor *ts) {
   (void)ts;
@@ -242,7 +358,8 @@ static void huge_span(pulse_region *g, const pt_tensor *ts) {
 }
 
 Test(region, hostile_regions_are_refused_and_nothing_is_written) {
-  refused(memory_changed, PULSE_ERR_BASE_DIGEST, "memory changed under the digest");
+  refused(halo_missing, PULSE_ERR_ARG, "a halo without its bits");
+  refused(halo_alignment, PULSE_ERR_ARG, "a halo aligned below 2^10");
   refused(overlap, PULSE_ERR_ARG, "overlapping blocks");
   refused(outside, PULSE_ERR_ARG, "rows outside the tensor");
   refused(columns_outside, PULSE_ERR_ARG, "columns past 2^64");

@@ -48,7 +48,7 @@ static void run(const pulse_patch *p, tensor_state *ts, const size_t *idx, size_
     mem[j] = pt_alloc((size_t)(size[j] + 1) * 2);
     for (uint64_t r = 0; r < nr; r++)
       memcpy(mem[j] + r * stride, t->base + (r0 + r) * t->cols + c0, (size_t)nc * 2);
-    g[j] = (pulse_region){e.info.name, r0, nr, c0, nc, mem[j], stride, {0, 0}};
+    g[j] = (pulse_region){e.info.name, r0, nr, c0, nc, mem[j], stride, {0, 0}, 0, NULL, {0, 0}};
     CHECK(pulse_region_digest(&g[j], t->cols, &g[j].digest) == PULSE_OK);
   }
   uint16_t **before = pt_alloc((k + 1) * sizeof *before);

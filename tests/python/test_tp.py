@@ -5,7 +5,9 @@ per part; o_proj and down_proj split on dim 1; the rest whole) through
 pulse.Mapping, and after every step holds exactly the trainer's BF16
 weights concatenated and sliced by plain torch here. Layouts that cannot
 be split (fewer KV heads than ranks) and targets of the wrong shape are
-refused with pulse.Error before anything is written. Exit 77: no torch."""
+refused with pulse.Error before anything is written, and so is a damaged
+patch. The publisher is the default one (class-model positions): each rank
+decodes its part from the bits it keeps around it. Exit 77: no torch."""
 
 import os
 import subprocess
@@ -104,9 +106,9 @@ def main():
     trainer = llama.Llama(config)
     with tempfile.TemporaryDirectory(prefix="pulse-tp-") as work:
         store = os.path.join(work, "store")
-        # Plain positions: a rank decodes the patch of its part of a tensor
-        # without the rest (pulse_region.h).
-        pub = pulse.Publisher(store, plain=True)
+        # The default publisher (class-model positions): each rank decodes
+        # its part of a tensor from the bits it keeps around it (pulse_region.h).
+        pub = pulse.Publisher(store)
         server = pulse.Server(store)
         ranks = [subprocess.Popen([sys.executable, __file__, "--rank", str(r), server.url,
                                    pub.public_key, work], stdin=subprocess.PIPE,
@@ -158,35 +160,53 @@ def main():
         sub.close()
         server.close()
         pub.close()
-        class_model_refused(work, trainer, config)
+        corrupt_patch_refused(work, trainer, config)
     print("ok")
 
 
-def class_model_refused(work, trainer, config):
-    """A store of class-model patches: a rank takes the anchor, then the
-    next patch (whose positions it cannot decode without the rest of each
-    tensor) is refused naming the tensor, with the rank's tensors as they
-    were."""
-    store = os.path.join(work, "store-class")
+def corrupt_patch_refused(work, trainer, config):
+    """A rank at step 1 and a damaged patch to step 2: refused naming the
+    object, the rank's tensors exactly as they were; once the object is
+    whole again the same rank applies it and holds the trainer's slices."""
+    store = os.path.join(work, "store-corrupt")
     with pulse.Publisher(store) as pub, pulse.Server(store) as server:
         pub.publish(trainer.state_dict())
-        mapping = pulse.Mapping(stacked=STACKED, tp_rank=0, tp_size=TP, head_dim=config.head_dim)
+        mapping = pulse.Mapping(stacked=STACKED, tp_rank=1, tp_size=TP, head_dim=config.head_dim)
         engine = {n: torch.zeros(t.shape, dtype=torch.bfloat16)
-                  for n, t in expected_shards(trainer.state_dict(), 0, TP).items()}
+                  for n, t in expected_shards(trainer.state_dict(), 1, TP).items()}
         with pulse.Subscriber(server.url, key=pub.public_key, retries=0) as sub:
             assert sub.pull(engine, mapping=mapping, timeout=60) == 1
+            objects = os.path.join(store, "objects")
+            old = set(os.listdir(objects))
             next(llama.train_steps(trainer, 1))
-            pub.publish(trainer.state_dict())
+            assert pub.publish(trainer.state_dict()) == 2
+            new = sorted(set(os.listdir(objects)) - old)
+            assert new, "the step wrote no object"
+            whole = {}
+            for name in new:
+                path = os.path.join(objects, name)
+                whole[path] = open(path, "rb").read()
+                data = bytearray(whole[path])
+                data[len(data) // 2] ^= 0x55
+                open(path, "wb").write(bytes(data))
             before = {n: t.clone() for n, t in engine.items()}
             try:
                 sub.pull(engine, mapping=mapping, timeout=60)
-                raise AssertionError("a class-model patch into half a tensor was applied")
+                raise AssertionError("a damaged patch into a shard was applied")
             except pulse.Error as e:
-                assert e.status == "PULSE_ERR_UNSUPPORTED" and "plain" in str(e), str(e)
-                print(f"class-model patch into a shard: pulse.Error {e}")
+                assert "objects/" in str(e), str(e)
+                print(f"damaged patch into a shard: pulse.Error {e}")
             for n, t in engine.items():
                 assert torch.equal(t.view(torch.int16), before[n].view(torch.int16)), \
                     f"a refused patch wrote '{n}'"
+            for path, data in whole.items():
+                open(path, "wb").write(data)
+            assert sub.pull(engine, mapping=mapping, timeout=60) == 2
+            want = expected_shards(trainer.state_dict(), 1, TP)
+            for n, t in engine.items():
+                assert torch.equal(t.view(torch.int16), want[n].view(torch.int16)), \
+                    f"'{n}' differs after the repaired patch"
+            print("the repaired patch applied into the shard")
 
 
 if __name__ == "__main__":

@@ -124,7 +124,9 @@ class TensorDigest(ctypes.Structure):  # pulse_tensor_digest
 class Region(ctypes.Structure):  # pulse_region
     _fields_ = [("name", ctypes.c_char_p), ("row0", ctypes.c_uint64), ("rows", ctypes.c_uint64),
                 ("col0", ctypes.c_uint64), ("cols", ctypes.c_uint64), ("data", ctypes.c_void_p),
-                ("stride", ctypes.c_uint64), ("digest", TensorDigest)]
+                ("stride", ctypes.c_uint64), ("digest", TensorDigest),
+                ("halo_log2", ctypes.c_uint32), ("halo", ctypes.c_void_p),
+                ("halo_digest", TensorDigest)]
 
 
 class PubFigures(ctypes.Structure):  # pulse_pub_figures
