@@ -9,7 +9,8 @@
  * Device targets go through pulse_cuda_patch_apply, which runs the same
  * transaction on the device. An anchor is opened, every tensor's digest and
  * the state digest are computed and compared with its metadata (and with the
- * head's when it is the head's step) before anything is copied.
+ * head's when it is the head's step) before anything is copied
+ * (sub_anchor_verify, which region targets use too).
  *
  * The targets' digests are kept current in O(changes) per step, so checking
  * a base never reads the whole model again. */

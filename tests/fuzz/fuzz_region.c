@@ -2,13 +2,15 @@
  * tensors (pulse_region.h): pulse_patch_open on the input; when it opens,
  * every tensor up to a size bound gets the deterministic base of
  * patch_testutil.h (the corpus seeds are encoded against it), and one call
- * stages its lower rows into padded buffers, another its right columns.
+ * stages its lower rows into padded buffers, another its right columns,
+ * each once without a halo and once with one (pulse_region.h).
  *
  * Besides memory errors (ASan/UBSan) it traps on broken promises: a failed
  * stage that wrote, staged changes after a failure, a committed block whose
  * kept digest is not its contents' digest, and a block that differs from
  * the whole tensor's decode (pulse_patch_decode_tensor) where both
- * succeeded. A block may succeed where the whole tensor's decode fails: the
+ * succeeded, or a halo that differs from the decoded target's bits around
+ * its block. A block may succeed where the whole tensor's decode fails: the
  * chunks it does not meet are not read. */
 #include "../codec/patch_testutil.h"
 #include "pulse_region.h"
@@ -32,9 +34,11 @@ typedef struct {
 } tensor_state;
 
 /* One stage call over blocks of the given tensors: `by_cols` takes the
- * right half of the columns, else the lower half of the rows. */
+ * right half of the columns, else the lower half of the rows; `halo`: each
+ * block with a halo at 2^10 taken from the base (class-model chunks then
+ * decode), checked after a commit against the decoded target's bits. */
 static void run(const pulse_patch *p, tensor_state *ts, const size_t *idx, size_t k,
-                int by_cols) {
+                int by_cols, int halo) {
   pulse_region *g = pt_alloc((k + 1) * sizeof *g);
   uint16_t **mem = pt_alloc((k + 1) * sizeof *mem);
   uint64_t *size = pt_alloc((k + 1) * sizeof *size);
@@ -50,6 +54,13 @@ static void run(const pulse_patch *p, tensor_state *ts, const size_t *idx, size_
       memcpy(mem[j] + r * stride, t->base + (r0 + r) * t->cols + c0, (size_t)nc * 2);
     g[j] = (pulse_region){e.info.name, r0, nr, c0, nc, mem[j], stride, {0, 0}, 0, NULL, {0, 0}};
     CHECK(pulse_region_digest(&g[j], t->cols, &g[j].digest) == PULSE_OK);
+    if (halo) {
+      uint64_t lo, hi, count;
+      g[j].halo_log2 = 10;
+      CHECK(pulse_region_span(&g[j], e.numel, t->cols, 10, &lo, &hi, &count) == PULSE_OK);
+      g[j].halo = pt_alloc((size_t)(count + 1) * 2);
+      CHECK(pulse_region_halo_take(&g[j], t->base, e.numel, t->cols) == PULSE_OK);
+    }
   }
   uint16_t **before = pt_alloc((k + 1) * sizeof *before);
   for (size_t j = 0; j < k; j++)
@@ -72,13 +83,24 @@ static void run(const pulse_patch *p, tensor_state *ts, const size_t *idx, size_
         CHECK(memcmp(mem[j] + r * g[j].stride,
                      t->want + (g[j].row0 + r) * t->cols + g[j].col0,
                      (size_t)g[j].cols * 2) == 0);
+      if (halo && t->want != NULL) { /* the halo holds the target's bits */
+        pulse_region w = g[j];
+        uint64_t lo, hi, count;
+        CHECK(pulse_region_span(&w, t->rows * t->cols, t->cols, 10, &lo, &hi, &count) ==
+              PULSE_OK);
+        w.halo = pt_alloc((size_t)(count + 1) * 2);
+        CHECK(pulse_region_halo_take(&w, t->want, t->rows * t->cols, t->cols) == PULSE_OK);
+        CHECK(memcmp(w.halo, g[j].halo, (size_t)count * 2) == 0);
+        CHECK(w.halo_digest.a == g[j].halo_digest.a && w.halo_digest.b == g[j].halo_digest.b);
+        free(w.halo);
+      }
       for (uint64_t r = 0; r < g[j].rows; r++) /* padding untouched */
         for (uint64_t c = g[j].cols; c < g[j].stride && r * g[j].stride + c < size[j]; c++)
           CHECK(mem[j][r * g[j].stride + c] == 0);
     }
   }
   for (size_t j = 0; j < k; j++)
-    free(mem[j]), free(before[j]);
+    free(mem[j]), free(before[j]), free(g[j].halo);
   free(g), free(mem), free(size), free(before);
 }
 
@@ -112,8 +134,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     pulse_changes_free(&c);
     idx[k++] = i;
   }
-  run(p, ts, idx, k, 0);
-  run(p, ts, idx, k, 1);
+  for (int halo = 0; halo <= 1; halo++) {
+    run(p, ts, idx, k, 0, halo);
+    run(p, ts, idx, k, 1, halo);
+  }
   for (size_t i = 0; i < n; i++)
     free(ts[i].base), free(ts[i].want);
   free(ts), free(idx);

@@ -12,13 +12,17 @@ targets, README "From PyTorch"):
            measured pulls) above its resident memory before them, during
            patch pulls, with and without the class index; against the
            model's BF16 bytes and the patch bytes.
-  --tp N   instead: plain-position patches pulled by rank 0 of N through
-           pulse.Mapping (each tensor split on its columns, as row-parallel
-           weights are: blocks applied in C, pulse_region.h), its memory
-           against its shard's bytes and the patch bytes.
+  --tp N   instead: the patches pulled by rank 0 of N through pulse.Mapping
+           (--split cols: each tensor split on its columns, as row-parallel
+           weights are; --split rows: on its rows, as column-parallel ones;
+           blocks applied in C, pulse_region.h), its memory against its
+           shard's bytes, the halo it keeps (the tensor's bits around its
+           blocks that class-model patches need) and the patch bytes.
+           --plain: the publisher writes plain positions.
 
     PYTHONPATH=tools/python python3 tools/python/bench.py [--params 16e6]
-        [--tensors 16] [--steps 8] [--density 0.01] [--tp 2]
+        [--tensors 16] [--steps 8] [--density 0.01] [--tp 2 [--split rows]
+        [--plain]]
 """
 
 import argparse
@@ -58,17 +62,33 @@ def rss_kib(field):
     return 0
 
 
+def halo_elems(rows, cols, r0, nr, c0, nc, log2=20):
+    """Elements of the halo the subscriber keeps around a block
+    (pulse_region_span at 2^PULSE_CHUNK_LOG2_DEFAULT)."""
+    numel, m = rows * cols, (1 << log2) - 1
+    lo = (r0 * cols + c0) & ~m
+    hi = min(numel, ((r0 + nr - 1) * cols + c0 + nc + m) & ~m)
+    return hi - lo - nr * nc
+
+
 def worker(args):
     """Pulls every step into BF16 tensors; reports memory and times (JSON)."""
     shapes = json.loads(args.shapes)
     mapping = None
-    if args.tp > 1:  # rank 0's columns of every tensor
+    halo = 0
+    if args.tp > 1 and args.split == "cols":  # rank 0's columns of every tensor
         mapping = pulse.Mapping(tp_rank=0, tp_size=args.tp, row_parallel=("layers",))
+        halo = sum(halo_elems(s[0], s[1], 0, s[0], 0, s[1] // args.tp) for s in shapes.values())
         shapes = {n: [s[0], s[1] // args.tp] for n, s in shapes.items()}
+    elif args.tp > 1:  # rank 0's rows (a fused tensor of one part)
+        mapping = pulse.Mapping(stacked=[("rows", "layers", 0)], tp_rank=0, tp_size=args.tp)
+        halo = sum(halo_elems(s[0], s[1], 0, s[0] // args.tp, 0, s[1]) for s in shapes.values())
+        shapes = {n.replace("layers", "rows"): [s[0] // args.tp, s[1]] for n, s in shapes.items()}
     targets = {n: torch.zeros(s, dtype=torch.bfloat16) for n, s in shapes.items()}
     sub = pulse.Subscriber(args.url, key=args.key, class_index=not args.no_class_index)
     sub.pull(targets, mapping=mapping)  # the anchor
-    out = {"model_bytes": sum(t.numel() * 2 for t in targets.values()), "steps": []}
+    out = {"model_bytes": sum(t.numel() * 2 for t in targets.values()), "steps": [],
+           "halo_bytes": 2 * halo}
     print("ready", flush=True)
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # resets VmHWM to the current RSS
@@ -100,6 +120,8 @@ def main():
     ap.add_argument("--shapes")
     ap.add_argument("--no-class-index", action="store_true")
     ap.add_argument("--tp", type=int, default=1)
+    ap.add_argument("--split", choices=("cols", "rows"), default="cols")
+    ap.add_argument("--plain", action="store_true")
     args = ap.parse_args()
     if args.worker:
         return worker(args)
@@ -109,16 +131,18 @@ def main():
     g = torch.Generator().manual_seed(1)
     with tempfile.TemporaryDirectory(prefix="pulse-bench-") as work:
         store = os.path.join(work, "store")
-        pub = pulse.Publisher(store, anchor_every=1000, plain=args.tp > 1)
+        pub = pulse.Publisher(store, anchor_every=1000, plain=args.plain)
         server = pulse.Server(store)
         pub.publish(sd)
         shapes = json.dumps({n: list(t.shape) for n, t in sd.items()})
         workers = []
         kinds = ((False, True) if args.tp == 1 else (True,))
-        labels = ("class index", "no class index") if args.tp == 1 else (f"rank 0 of {args.tp}",)
+        labels = (("class index", "no class index") if args.tp == 1
+                  else (f"rank 0 of {args.tp} {args.split}",))
         for no_index in kinds:
             cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--url", server.url,
-                   "--key", pub.public_key, "--shapes", shapes, "--tp", str(args.tp)]
+                   "--key", pub.public_key, "--shapes", shapes, "--tp", str(args.tp),
+                   "--split", args.split]
             if no_index:
                 cmd.append("--no-class-index")
             p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -162,7 +186,7 @@ def main():
               f"C sync {med(s['c'] for s in steps) * 1e3:6.1f} ms   ratio median {med(ratio):.3f} "
               f"max {max(ratio):.3f}   peak extra memory {res['peak_extra_bytes'] / 2**20:.1f} MiB "
               f"(targets {res['model_bytes'] / 2**20:.0f} MiB, class index "
-              f"{res['class_index_bytes'] / 2**20:.1f} MiB)")
+              f"{res['class_index_bytes'] / 2**20:.1f} MiB, halo {res['halo_bytes'] / 2**20:.1f} MiB)")
 
 
 if __name__ == "__main__":

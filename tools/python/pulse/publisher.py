@@ -43,8 +43,8 @@ class Publisher(Closing):
     threads: for detection and encoding (0: one per core). anchor_every,
     keep_patches, keep_anchors: as in pulse_pub_opts. plain: write plain
     positions (PULSE_POS_PLAIN, pulse-publish --plain: about 40% more
-    position bytes), which tensor-parallel workers (pulse.Mapping) need to
-    apply a patch into their part of a tensor.
+    position bytes), decoded without base bits; tensor-parallel workers
+    (pulse.Mapping) apply either kind into their part of a tensor.
     """
 
     def __init__(self, store_dir, key=None, upload=None, *, anchor_every=16, keep_patches=32,
