@@ -27,6 +27,7 @@
 #include <string.h>
 
 #include "collab_impl.h"
+#include "partition_impl.h"
 #include "payload_impl.h"
 #include "pulse_log.h"
 
@@ -335,6 +336,7 @@ static pulse_status write_round(pulse_loco_collab *c, uint64_t r, uint32_t k,
         refs[nc].id = id;
         refs[nc].bytes = own_size;
         loco_sha256(own, own_size, refs[nc].sha256);
+        refs[nc].samples = own_samples;
         nc++;
       }
       continue;
@@ -373,6 +375,7 @@ static pulse_status write_round(pulse_loco_collab *c, uint64_t r, uint32_t k,
     refs[nc].id = id;
     refs[nc].bytes = t[i].body.size;
     loco_sha256(t[i].body.data, t[i].body.size, refs[nc].sha256);
+    refs[nc].samples = h.samples;
     nc++;
   }
   if (nc == 0) {
@@ -584,6 +587,83 @@ static pulse_status catch_up(pulse_loco_collab *c, uint64_t round,
 
 /* ------------------------------------------------------------- the round */
 
+/* The partitioned finish of round r (opts.partitioned): the manifest's
+ * contributors, with the samples the writer granted and checked, reduce
+ * their ranges (loco_partition_round); ctx finished, theta_r = theta_g,
+ * bit-identical to pulse_loco_finish over the same set. Not this peer's
+ * payload listed, a count missing, or the exchange failed: an error, ctx
+ * still prepared (the caller then finishes all-to-all). */
+static pulse_status reduce_partitioned(pulse_loco_collab *c, uint64_t r,
+                                       const char *src,
+                                       const loco_manifest *man,
+                                       const uint8_t *own, size_t size,
+                                       float *theta_r,
+                                       pulse_loco_collab_info *info) {
+  size_t C = man->ncontrib;
+  int self = -1;
+  for (size_t j = 0; j < C; j++) {
+    if (man->contrib[j].samples == 0)
+      return pulse_fail(PULSE_ERR_CORRUPT,
+                        "loco collab: manifest of round %" PRIu64
+                        " lacks sample counts",
+                        r);
+    if (man->contrib[j].id == c->id)
+      self = (int)j;
+  }
+  if (self < 0)
+    return pulse_fail(PULSE_ERR_ARG, "loco collab: own payload not listed");
+  uint32_t *ids = calloc(C, sizeof *ids);
+  const char **urls = calloc(C, sizeof *urls);
+  uint64_t *samples = calloc(C, sizeof *samples);
+  pulse_status st = PULSE_OK;
+  if (!ids || !urls || !samples)
+    st = pulse_fail(PULSE_ERR_NOMEM, "loco collab: partition lists");
+  for (size_t j = 0; st == PULSE_OK && j < C; j++) {
+    ids[j] = man->contrib[j].id;
+    urls[j] = url_of(c, ids[j]);
+    samples[j] = man->contrib[j].samples;
+  }
+  loco_partition_in in;
+  loco_partition_out out;
+  memset(&in, 0, sizeof in);
+  memset(&out, 0, sizeof out);
+  in.ctx = c->ctx;
+  in.theta_r = theta_r;
+  in.count = C;
+  in.ids = ids;
+  in.urls = urls;
+  in.samples = samples;
+  in.relay_url = src;
+  in.srv = c->srv;
+  in.timeout_ms = c->opts.round_timeout_ms + c->opts.claim_timeout_ms;
+  if (st == PULSE_OK)
+    st = loco_partition_round(&in, &out);
+  c->fetched += out.bytes_in;
+  if (st == PULSE_OK) {
+    /* What a takeover writer adopting this manifest relays from here. */
+    char path[96];
+    snprintf(path, sizeof path, "/v1/loco/round/%" PRIu64 "/from/%u", r, c->id);
+    loco_server_put(c->srv, path, own, size);
+    info->partitioned = 1;
+    info->contributors = out.contributors;
+    info->self_included = out.self_included;
+    info->own_samples = out.self_included ? samples[self] : 0;
+    for (size_t j = 0; j < C; j++) {
+      int dropped = 0;
+      for (size_t o = 0; o < out.noffenders; o++)
+        dropped |= out.offenders[o] == ids[j];
+      info->samples += dropped ? 0 : samples[j];
+    }
+  } else {
+    PULSE_LOG_AT(PULSE_LOG_WARN,
+                 "loco collab round %" PRIu64
+                 ": partitioned exchange failed (%s), all-to-all instead",
+                 r, pulse_error_detail());
+  }
+  free(ids), free(urls), free(samples);
+  return st;
+}
+
 static void ack_round(pulse_loco_collab *c, const char *src, uint64_t r) {
   if (strcmp(src, c->url) == 0)
     return;
@@ -715,6 +795,10 @@ pulse_status pulse_loco_collab_round(pulse_loco_collab *c, float *theta_r,
     st = loco_server_put(c->srv, path, mb.data, mb.size);
   pulse_bytebuf_free(&mb);
   size_t C = man.ncontrib;
+  if (st == PULSE_OK && c->opts.partitioned && own != NULL &&
+      reduce_partitioned(c, r, src, &man, own, size, theta_r, info) ==
+          PULSE_OK)
+    goto finished;
   loco_fetch *t = calloc(C, sizeof *t);
   char(*urls)[160] = calloc(C, sizeof *urls);
   pulse_loco_contribution *set = calloc(C, sizeof *set);
@@ -769,6 +853,7 @@ pulse_status pulse_loco_collab_round(pulse_loco_collab *c, float *theta_r,
   for (size_t j = 0; t && j < C; j++)
     pulse_bytebuf_free(&t[j].body);
   free(t), free(urls), free(set);
+finished:
   free(own);
   if (c->ctx->prepared)
     pulse_loco_abandon(c->ctx, 0);
@@ -776,7 +861,7 @@ pulse_status pulse_loco_collab_round(pulse_loco_collab *c, float *theta_r,
     loco_manifest_free(&man);
     return st;
   }
-  info->left = leaving && self_included;
+  info->left = leaving && info->self_included;
   collab_set_members(c, man.members, man.nmembers);
   if (info->left && strcmp(src, c->url) == 0)
     linger(c, r, &man);

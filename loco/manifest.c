@@ -86,6 +86,10 @@ pulse_status loco_manifest_write(const loco_manifest *m, pulse_bytebuf *out) {
       pulse_json_write_u64(&w, m->contrib[i].bytes);
       pulse_json_write_key(&w, "sha256");
       pulse_json_write_string(&w, hex);
+      if (m->contrib[i].samples > 0) {
+        pulse_json_write_key(&w, "samples");
+        pulse_json_write_u64(&w, m->contrib[i].samples);
+      }
       pulse_json_write_end(&w);
     }
     pulse_json_write_end(&w);
@@ -173,11 +177,13 @@ static pulse_status parse_tree(const pulse_json *root, loco_manifest *m) {
     return pulse_fail(PULSE_ERR_NOMEM, "loco manifest: contributors");
   for (size_t i = 0; i < n; i++) {
     const pulse_json *it = pulse_json_at(con, i);
-    uint64_t id, bytes;
+    uint64_t id, bytes, samples = 0;
     const char *hex;
     size_t len;
     if (it->type != PULSE_JSON_OBJECT || !get_u64(it, "id", &id) ||
         id > UINT32_MAX || !get_u64(it, "bytes", &bytes) ||
+        (pulse_json_get(it, "samples") != NULL &&
+         (!get_u64(it, "samples", &samples) || samples == 0)) ||
         !pulse_json_string(pulse_json_get(it, "sha256"), &hex, &len) ||
         len != 64 || (i > 0 && id <= m->contrib[i - 1].id))
       return pulse_fail(PULSE_ERR_CORRUPT,
@@ -191,6 +197,7 @@ static pulse_status parse_tree(const pulse_json *root, loco_manifest *m) {
     }
     m->contrib[i].id = (uint32_t)id;
     m->contrib[i].bytes = bytes;
+    m->contrib[i].samples = samples;
   }
   m->ncontrib = n;
   return PULSE_OK;

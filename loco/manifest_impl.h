@@ -17,6 +17,10 @@ typedef struct {
   uint32_t id;
   uint64_t bytes;
   uint8_t sha256[32];
+  /* The payload's sample count, written only when non-zero ("samples",
+   * what a collaboration's writer granted; members reducing partitioned
+   * ranges check slices against it); 0 when absent. */
+  uint64_t samples;
 } loco_contrib_ref;
 
 /* A manifest (contributors present) or a membership view (none). */

@@ -60,11 +60,19 @@ typedef struct {
   uint32_t round_timeout_ms;
   /* The IPv4 address to listen on (NULL: 127.0.0.1). Borrowed. */
   const char *host;
+  /* 0: every member fetches every listed payload and finishes (all-to-all).
+   * 1: the members reduce disjoint parameter ranges and fetch the reduced
+   * ranges back (pulse_loco_partition.h, PAYLOAD.md "Partitioned
+   * averaging"): the same theta_g bit for bit, near 2-3x its own payload
+   * in and out per member as the collaboration grows. Every member must
+   * use the same setting. A member whose partitioned exchange fails
+   * finishes all-to-all over the manifest's payloads. */
+  int partitioned;
 } pulse_loco_collab_opts;
 
 #define PULSE_LOCO_COLLAB_OPTS_VERSION 1u
 #define PULSE_LOCO_COLLAB_OPTS_INIT                                            \
-  { PULSE_LOCO_COLLAB_OPTS_VERSION, 64, 1500, 5000, NULL }
+  { PULSE_LOCO_COLLAB_OPTS_VERSION, 64, 1500, 5000, NULL, 0 }
 
 /** Starts the peer's server for ctx (borrowed, must outlive the peer; its
  * rule must be PULSE_LOCO_RULE_KEEP).
@@ -131,6 +139,7 @@ typedef struct {
   int dropped;  /* the next round does not list this peer: it joins again
                    by itself in its next call (which then only joins) */
   int left;     /* LEAVING and the flush went out: the peer is gone */
+  int partitioned; /* finished by the partitioned exchange (opts) */
   uint64_t bytes_in;  /* HTTP bodies this peer downloaded this round */
   uint64_t bytes_out; /* HTTP bodies its server answered this round */
   uint64_t busy_ms;   /* in local steps */

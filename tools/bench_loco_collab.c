@@ -54,6 +54,7 @@ typedef struct {
   int json;
   const char *report;
   uint32_t claim_ms, round_ms;
+  int partitioned; /* --averaging partitioned */
 } collab_args;
 
 void bench_loco_collab_usage(FILE *out) {
@@ -69,8 +70,9 @@ void bench_loco_collab_usage(FILE *out) {
           "kill,\n"
           "                     kill-writer (kill -9 of the writer of that "
           "round)\n"
-          "  --averaging A      all-to-all (default); partitioned is not "
-          "wired here yet\n"
+          "  --averaging A      all-to-all (default) or partitioned (peers "
+          "reduce\n"
+          "                     disjoint ranges; same weights bit for bit)\n"
           "  --trainers N       founding peers (default: the speeds given, "
           "else 3)\n"
           "  --rounds R --seed S --params P --json --report DIR as above\n");
@@ -132,6 +134,7 @@ static int run_peer(const collab_args *a, uint32_t id, double speed, int in,
   co.target_batch = a->target;
   co.claim_timeout_ms = a->claim_ms;
   co.round_timeout_ms = a->round_ms;
+  co.partitioned = a->partitioned;
   if (pulse_tk_learner_create(p, id, &st.l) != PULSE_OK ||
       pulse_loco_create(&o, theta, &ctx) != PULSE_OK ||
       pulse_loco_collab_create(&co, ctx, &c) != PULSE_OK)
@@ -587,15 +590,13 @@ static int parse(int argc, char **argv, collab_args *a) {
         return bad("--report wants a directory, not", v);
       a->report = v;
     } else if (strcmp(f, "--averaging") == 0) {
-      if (v != NULL && strcmp(v, "all-to-all") == 0)
+      if (v != NULL && strcmp(v, "all-to-all") == 0) {
+        a->partitioned = 0;
         continue;
+      }
       if (v != NULL && strcmp(v, "partitioned") == 0) {
-        fprintf(stderr,
-                PROG ": --averaging partitioned is not wired into the "
-                     "collaboration peer yet (loco/partition*.c reduces a "
-                     "node's round; see README, PULSELoCo collaborations); "
-                     "use all-to-all\n");
-        return 2;
+        a->partitioned = 1;
+        continue;
       }
       return bad("--averaging wants all-to-all or partitioned, not", v);
     } else if (strcmp(f, "--peer-speeds") == 0) {

@@ -2,9 +2,9 @@
 # `pulse-bench loco` in collaboration mode (issue 17), briefly: three
 # throttled peers, a target global batch, a join, a kill -9 of a round's
 # writer and a clean leave; every round holds at least T samples but the
-# taken-over one, the survivors end identical, the JSON has its keys, and
-# bad usage (a partitioned averaging not wired here, a bad churn event) is
-# refused with exit 2.
+# taken-over one, the survivors end identical, the JSON has its keys; a
+# short run with partitioned averaging ends identical too; bad usage (an
+# unknown averaging, a bad churn event) is refused with exit 2.
 source "$(dirname "$0")/lib/common.sh"
 BENCH="$bin/pulse-bench"
 out="$work/collab.json"
@@ -28,9 +28,13 @@ expect "rounds taken over" 1 "$takeovers"
 grep -q '"peers":4' "$out" && ok || bad "the joiner never counted"
 grep -q '"bytes_in":{"1":' "$out" && ok || bad "no per-peer bytes"
 [ -s "$work/report/report.html" ] && grep -q "<svg" "$work/report/report.html" && ok || bad "no SVG in the report"
-"$BENCH" loco --target-batch 64 --averaging partitioned > /dev/null 2> "$work/err2"
-expect "partitioned refused" 2 "$?"
-grep -q "partitioned" "$work/err2" && ok || bad "no reason given: $(cat "$work/err2")"
+timeout 60 "$BENCH" loco --target-batch 128 --rounds 3 --trainers 3 \
+  --peer-speeds 400 --params 3000 --seed 3 --averaging partitioned \
+  --claim-timeout-ms 1000 --round-timeout-ms 2000 --json > "$work/part.json" 2> "$work/err2"
+expect "partitioned exit status" 0 "$?"
+grep '"summary":true' "$work/part.json" | grep -q '"identical":true' && ok || bad "partitioned peers differ: $(cat "$work/err2")"
+"$BENCH" loco --target-batch 64 --averaging ring > /dev/null 2>&1
+expect "unknown averaging refused" 2 "$?"
 "$BENCH" loco --target-batch 64 --churn explode:3 > /dev/null 2> "$work/err3"
 expect "bad churn refused" 2 "$?"
 "$BENCH" loco --target-batch 0 > /dev/null 2>&1

@@ -6,7 +6,7 @@
  *
  *   child -> parent  "url ID URL"
  *                    "round R SAMPLES OWN CONTRIB WRITER TAKEOVERS DIGEST
- *                     MAXSTEP LEFT RESYNCED INCLUDED"
+ *                     MAXSTEP LEFT RESYNCED INCLUDED PARTITIONED"
  *                    "joined R DIGEST"
  *                    "done R DIGEST RESIDUAL_ABS_SUM"
  *                    "error TEXT"
@@ -43,6 +43,9 @@ typedef struct {
   int64_t leave_round; /* flush and go in this round; -1 never */
   unsigned step_us;    /* time one step takes */
 } ct_peer_cfg;
+
+/* opts.partitioned of the children spawned after it is set. */
+static int ct_partitioned;
 
 typedef struct {
   pid_t pid;
@@ -103,6 +106,7 @@ static inline void ct_child_main(const ct_peer_cfg *cfg, int in, int out) {
   co.target_batch = cfg->target;
   co.claim_timeout_ms = 1000; /* a loaded (sanitized) run answers late */
   co.round_timeout_ms = 3000;
+  co.partitioned = ct_partitioned;
   if (pulse_loco_create(&o, theta, &ctx) != PULSE_OK ||
       pulse_loco_collab_create(&co, ctx, &c) != PULSE_OK) {
     dprintf(out, "error create: %s\n", pulse_error_detail());
@@ -153,10 +157,11 @@ static inline void ct_child_main(const ct_peer_cfg *cfg, int in, int out) {
     left = info.left;
     dprintf(out,
             "round %" PRIu64 " %" PRIu64 " %" PRIu64 " %u %u %u %016" PRIx64
-            " %" PRIu64 " %d %d %d\n",
+            " %" PRIu64 " %d %d %d %d\n",
             info.round, info.samples, info.own_samples, info.contributors,
             info.writer, info.takeovers, pulse_loco_global_digest(ctx),
-            info.max_step, info.left, info.resynced, info.self_included);
+            info.max_step, info.left, info.resynced, info.self_included,
+            info.partitioned);
   }
   dprintf(out, "done %" PRIu64 " %016" PRIx64 " %.9g\n", pulse_loco_round(ctx),
           pulse_loco_global_digest(ctx),
