@@ -645,6 +645,12 @@ static pulse_status reduce_partitioned(pulse_loco_collab *c, uint64_t r,
     snprintf(path, sizeof path, "/v1/loco/round/%" PRIu64 "/from/%u", r, c->id);
     loco_server_put(c->srv, path, own, size);
     info->partitioned = 1;
+    PULSE_LOG_AT(PULSE_LOG_DEBUG,
+                 "loco collab round %" PRIu64 " partitioned: own payload %"
+                 PRIu64 ", in: slices %" PRIu64 " reduced %" PRIu64
+                 " checks %" PRIu64 " verdicts %" PRIu64 ", out %" PRIu64,
+                 r, out.own_payload, out.slice_bytes_in, out.reduced_bytes_in,
+                 out.check_bytes_in, out.verdict_bytes_in, out.bytes_out);
     info->contributors = out.contributors;
     info->self_included = out.self_included;
     info->own_samples = out.self_included ? samples[self] : 0;
@@ -760,6 +766,7 @@ pulse_status pulse_loco_collab_round(pulse_loco_collab *c, float *theta_r,
       return pulse_fail(PULSE_ERR_NOMEM, "loco collab: payload copy");
     }
     memcpy(own, payload, size);
+    info->payload_bytes = size;
     char path[64];
     snprintf(path, sizeof path, "/v1/loco/round/%" PRIu64, r);
     st = loco_server_put(c->srv, path, own, size);

@@ -142,6 +142,7 @@ typedef struct {
   int partitioned; /* finished by the partitioned exchange (opts) */
   uint64_t bytes_in;  /* HTTP bodies this peer downloaded this round */
   uint64_t bytes_out; /* HTTP bodies its server answered this round */
+  uint64_t payload_bytes; /* its own payload's size (0: none) */
   uint64_t busy_ms;   /* in local steps */
   uint64_t wall_ms;   /* the whole call */
 } pulse_loco_collab_info;

@@ -188,10 +188,11 @@ static int run_peer(const collab_args *a, uint32_t id, double speed, int in,
                     m[i].id);
     dprintf(out,
             "round %" PRIu64 " %" PRIu64 " %" PRIu64 " %u %u %u %" PRIu64
-            " %" PRIu64 " %" PRIu64 " %" PRIu64 " %.9g %s\n",
+            " %" PRIu64 " %" PRIu64 " %" PRIu64 " %.9g %s %" PRIu64 "\n",
             info.round, info.samples, info.own_samples, info.contributors,
             info.writer, info.takeovers, info.bytes_in, info.bytes_out,
-            info.busy_ms, info.wall_ms, loss, nm ? ids : "-");
+            info.busy_ms, info.wall_ms, loss, nm ? ids : "-",
+            info.payload_bytes);
   }
   uint64_t alive = (uint64_t)(pulse_tk_now() * 1000.0) - t0;
   dprintf(out, "done %u %" PRIu64 " %016" PRIx64 " %" PRIu64 " %" PRIu64 "\n",
@@ -233,6 +234,7 @@ typedef struct {
   uint32_t members;
   double loss, t_s;
   uint64_t in[MAXP + 1], out[MAXP + 1]; /* by id (ids 1..MAXP) */
+  uint64_t payload[MAXP + 1];            /* each peer's own payload size */
   int reported[MAXP + 1];
   uint32_t next[MAXP];
   size_t nnext;
@@ -367,15 +369,15 @@ static void on_line(collab_bench *b, peer *q, char *line) {
     b->failed = 1;
     return;
   }
-  uint64_t r, s, own, bin, bout, busy, wall;
+  uint64_t r, s, own, bin, bout, busy, wall, pay = 0;
   unsigned contrib, writer, tk;
   double loss;
   char ids[MAXP * 12];
   if (sscanf(line,
              "round %" SCNu64 " %" SCNu64 " %" SCNu64 " %u %u %u %" SCNu64
-             " %" SCNu64 " %" SCNu64 " %" SCNu64 " %lf %383s",
+             " %" SCNu64 " %" SCNu64 " %" SCNu64 " %lf %383s %" SCNu64,
              &r, &s, &own, &contrib, &writer, &tk, &bin, &bout, &busy, &wall,
-             &loss, ids) == 12) {
+             &loss, ids, &pay) >= 12) {
     if (r >= MAXR)
       return;
     round_row *row = &b->rows[r];
@@ -400,6 +402,7 @@ static void on_line(collab_bench *b, peer *q, char *line) {
     if (q->id <= MAXP) {
       row->in[q->id] = bin;
       row->out[q->id] = bout;
+      row->payload[q->id] = pay;
       row->reported[q->id] = 1;
     }
     if (!isnan(loss))
@@ -476,13 +479,14 @@ static void print_rounds(const collab_bench *b, uint32_t last) {
            ",\"takeovers\":%" PRIu64 ",\"t_s\":%.3f,\"samples_seen\":%.0f,",
            r, w->samples, w->members, w->contributors, w->writer,
            w->takeovers, w->t_s, cum);
-    for (int dir = 0; dir < 2; dir++) {
-      printf("\"%s\":{", dir ? "bytes_out" : "bytes_in");
+    for (int dir = 0; dir < 3; dir++) {
+      printf("\"%s\":{",
+             dir == 2 ? "payload" : dir ? "bytes_out" : "bytes_in");
       int first = 1;
       for (uint32_t id = 1; id <= MAXP; id++)
         if (w->reported[id]) {
           printf("%s\"%u\":%" PRIu64, first ? "" : ",", id,
-                 dir ? w->out[id] : w->in[id]);
+                 dir == 2 ? w->payload[id] : dir ? w->out[id] : w->in[id]);
           first = 0;
         }
       printf("},");
