@@ -6,6 +6,7 @@
  * as the peers reported them (each peer's own samples), rerun in memory
  * with pulse_loco_finish over every payload. */
 #include "collab_testutil.h"
+#include "manifest_impl.h"
 
 #define PT_PEERS 4
 #define PT_ROUNDS 4
@@ -137,4 +138,38 @@ Test(collab_partition, equals_an_all_to_all_replay_bit_for_bit,
     pulse_loco_free(ctx[i]);
     free(theta[i]);
   }
+}
+
+/* The manifest's optional per-contributor "samples" (what the members of
+ * a partitioned round check slices against): kept through a write and a
+ * parse, absent = 0, and anything but a positive integer refused. */
+Test(collab_partition, manifest_samples_round_trip_and_bad_ones_refused) {
+  loco_contrib_ref refs[2] = {{3, 100, {1}, 64}, {5, 200, {2}, 0}};
+  pulse_loco_member next[1] = {{3, "http://127.0.0.1:9"}};
+  loco_manifest m = {7, 3, 1, refs, 2, next, 1};
+  pulse_bytebuf b = PULSE_BYTEBUF_INIT;
+  cr_assert_eq(loco_manifest_write(&m, &b), PULSE_OK);
+  loco_manifest x;
+  cr_assert_eq(loco_manifest_parse(b.data, b.size, &x), PULSE_OK);
+  cr_assert_eq(x.ncontrib, 2);
+  cr_assert_eq(x.contrib[0].samples, 64);
+  cr_assert_eq(x.contrib[1].samples, 0);
+  loco_manifest_free(&x);
+  char text[2048];
+  cr_assert_lt(b.size, sizeof text);
+  memcpy(text, b.data, b.size);
+  text[b.size] = '\0';
+  const char *at = strstr(text, "\"samples\":64");
+  cr_assert_not_null(at);
+  const char *bad[] = {"\"samples\":0", "\"samples\":-1", "\"samples\":\"64\"",
+                       "\"samples\":6.5"};
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    char doc[2048];
+    size_t pre = (size_t)(at - text);
+    snprintf(doc, sizeof doc, "%.*s%s%s", (int)pre, text, bad[i],
+             at + strlen("\"samples\":64"));
+    cr_assert_neq(loco_manifest_parse((const uint8_t *)doc, strlen(doc), &x),
+                  PULSE_OK, "accepted %s", bad[i]);
+  }
+  pulse_bytebuf_free(&b);
 }
