@@ -9,6 +9,7 @@
 
 #include "rng_impl.h"
 #include "status_impl.h"
+#include "toolkit_mlp_impl.h"
 #include "toolkit_problem.h"
 #include "toolkit_text.h"
 
@@ -51,19 +52,6 @@ static void forward(const pulse_tk_problem *p, const float *theta,
 
 /* ------------------------------------------------------------ generators */
 
-/* Fills n standard normal floats (Box-Muller). */
-static void normals(uint64_t *s, float *out, size_t n) {
-  for (size_t i = 0; i < n; i += 2) {
-    uint64_t r = pulse_rng_next(s);
-    float u1 = ((float)(r >> 40) + 0.5f) * 0x1p-24f;
-    float u2 = (float)((r >> 16) & 0xFFFFFFu) * 0x1p-24f;
-    float rad = sqrtf(-2.0f * logf(u1)), ang = 6.2831853f * u2;
-    out[i] = rad * cosf(ang);
-    if (i + 1 < n)
-      out[i + 1] = rad * sinf(ang);
-  }
-}
-
 /* Softmax of one row of logits in place; returns log(sum exp(l - max)) and
  * the max, so that -log p[c] = lse - (l[c] - max). */
 static double softmax_row(float *l, uint32_t cls, float *mx_out,
@@ -90,7 +78,7 @@ static double softmax_row(float *l, uint32_t cls, float *mx_out,
 static void draw(const pulse_tk_problem *p, uint64_t *s, size_t n, float *x,
                  float *tp, float *z, float *h) {
   uint32_t cls = p->o.classes;
-  normals(s, x, n * p->o.inputs);
+  pulse_tk_normals(s, x, n * p->o.inputs);
   forward(p, p->teacher, x, n, z, h, tp);
   for (size_t b = 0; b < n; b++)
     softmax_row(tp + b * cls, cls, NULL, NULL);
@@ -165,12 +153,12 @@ pulse_status pulse_tk_problem_create(const pulse_tk_problem_opts *o,
     return pulse_fail(PULSE_ERR_NOMEM, "loco problem: teacher");
   }
   uint64_t s = o->seed ^ 0x7EAC4E5ull;
-  normals(&s, off, (size_t)p->P);
+  pulse_tk_normals(&s, off, (size_t)p->P);
   for (uint64_t i = 0; i < p->P; i++)
     p->teacher[i] += o->shift * off[i];
   free(off);
   uint64_t t = o->seed ^ 0x7E57DA7Aull;
-  normals(&t, p->test_x, T * in);
+  pulse_tk_normals(&t, p->test_x, T * in);
   forward(p, p->teacher, p->test_x, T, z, h, p->test_p);
   double ent = 0.0;
   for (size_t b = 0; b < T; b++) {
@@ -219,8 +207,8 @@ void pulse_tk_problem_init(const pulse_tk_problem *p, float *theta) {
     return;
   }
   uint64_t s = p->o.seed ^ 0x1417ull;
-  normals(&s, theta, (size_t)p->b1);
-  normals(&s, theta + p->w2, (size_t)(p->b2 - p->w2));
+  pulse_tk_normals(&s, theta, (size_t)p->b1);
+  pulse_tk_normals(&s, theta + p->w2, (size_t)(p->b2 - p->w2));
   for (uint64_t i = 0; i < p->P; i++)
     theta[i] *= p->o.init_scale;
   memset(theta + p->b1, 0, p->o.hidden * sizeof *theta);
@@ -235,25 +223,9 @@ PROBLEM_SIMD static void forward(const pulse_tk_problem *p, const float *theta,
   const float *W1 = theta + p->w1, *B1 = theta + p->b1, *W2 = theta + p->w2,
               *B2 = theta + p->b2;
   for (size_t b = 0; b < n; b++) {
-    float *zb = z + b * hid, *hb = h + b * hid, *lb = logits + b * cls;
-    memcpy(zb, B1, hid * sizeof *zb);
-    for (uint32_t k = 0; k < in; k++) {
-      float xk = p->s1 * x[b * in + k];
-      const float *row = W1 + (size_t)k * hid;
-      for (uint32_t j = 0; j < hid; j++)
-        zb[j] += xk * row[j];
-    }
-    for (uint32_t j = 0; j < hid; j++)
-      hb[j] = zb[j] > 0.0f ? zb[j] : 0.0f;
-    memcpy(lb, B2, cls * sizeof *lb);
-    for (uint32_t j = 0; j < hid; j++) {
-      float hj = p->s2 * hb[j];
-      if (hj == 0.0f)
-        continue;
-      const float *row = W2 + (size_t)j * cls;
-      for (uint32_t c = 0; c < cls; c++)
-        lb[c] += hj * row[c];
-    }
+    float *lb = logits + b * cls;
+    pulse_tk_mlp_forward_row(x + b * in, in, p->s1, W1, B1, hid, p->s2, W2, B2, cls,
+                             z + b * hid, h + b * hid, lb);
     for (uint32_t c = 0; c < cls; c++)
       lb[c] *= p->o.logit_scale;
   }

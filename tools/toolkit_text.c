@@ -11,6 +11,7 @@
 
 #include "rng_impl.h"
 #include "status_impl.h"
+#include "toolkit_mlp_impl.h"
 #include "toolkit_text.h"
 
 #define V 256u /* byte vocabulary */
@@ -209,23 +210,10 @@ uint64_t pulse_tk_text_digest(const pulse_tk_text *t) {
   return t->digest;
 }
 
-/* n standard normals (Box-Muller), as toolkit_problem.c draws them. */
-static void normals(uint64_t *s, float *out, uint64_t n) {
-  for (uint64_t i = 0; i < n; i += 2) {
-    uint64_t r = pulse_rng_next(s);
-    float u1 = ((float)(r >> 40) + 0.5f) * 0x1p-24f;
-    float u2 = (float)((r >> 16) & 0xFFFFFFu) * 0x1p-24f;
-    float rad = sqrtf(-2.0f * logf(u1)), ang = 6.2831853f * u2;
-    out[i] = rad * cosf(ang);
-    if (i + 1 < n)
-      out[i + 1] = rad * sinf(ang);
-  }
-}
-
 void pulse_tk_text_init(const pulse_tk_text *t, float *theta) {
   uint64_t s = t->o.seed ^ 0x7E47141ull;
-  normals(&s, theta + t->e, t->b1 - t->e);        /* E, W1 */
-  normals(&s, theta + t->w2, (uint64_t)t->H * V); /* W2 */
+  pulse_tk_normals(&s, theta + t->e, t->b1 - t->e);        /* E, W1 */
+  pulse_tk_normals(&s, theta + t->w2, (uint64_t)t->H * V); /* W2 */
   for (uint64_t i = 0; i < t->P; i++)
     theta[i] *= t->o.init_scale;
   memset(theta + t->b1, 0, t->H * sizeof *theta);
@@ -256,29 +244,12 @@ TEXT_SIMD static void forward(const pulse_tk_text *t, const float *theta,
   const float *E = theta + t->e, *W1 = theta + t->w1, *B1 = theta + t->b1,
               *W2 = theta + t->w2, *B2 = theta + t->b2;
   for (size_t b = 0; b < n; b++) {
-    float *xb = x + b * kd, *zb = z + b * H, *hb = h + b * H,
-          *lb = logits + b * V;
+    float *xb = x + b * kd;
     for (uint32_t c = 0; c < t->k; c++)
       memcpy(xb + c * d, E + (size_t)t->text[pos[b] - t->k + c] * d,
              d * sizeof *xb);
-    memcpy(zb, B1, H * sizeof *zb);
-    for (uint32_t i = 0; i < kd; i++) {
-      float xi = t->s1 * xb[i];
-      const float *row = W1 + (size_t)i * H;
-      for (uint32_t j = 0; j < H; j++)
-        zb[j] += xi * row[j];
-    }
-    for (uint32_t j = 0; j < H; j++)
-      hb[j] = zb[j] > 0.0f ? zb[j] : 0.0f;
-    memcpy(lb, B2, V * sizeof *lb);
-    for (uint32_t j = 0; j < H; j++) {
-      float hj = t->s2 * hb[j];
-      if (hj == 0.0f)
-        continue;
-      const float *row = W2 + (size_t)j * V;
-      for (uint32_t c = 0; c < V; c++)
-        lb[c] += hj * row[c];
-    }
+    pulse_tk_mlp_forward_row(xb, kd, t->s1, W1, B1, H, t->s2, W2, B2, V, z + b * H,
+                             h + b * H, logits + b * V);
   }
 }
 
