@@ -53,30 +53,12 @@ static unsigned left_ms(uint64_t end) {
 /* The members of the next round, as the view joiners read
  * (GET /v1/loco/members: round, the writer at rank 0, members). */
 pulse_status collab_publish_view(pulse_loco_collab *c) {
-  loco_manifest v = {0};
-  v.round = pulse_loco_round(c->ctx);
-  v.coordinator = pulse_loco_collab_writer(c->members, c->nmembers, v.round, 0);
-  v.members = c->members;
-  v.nmembers = c->nmembers;
-  pulse_bytebuf b = PULSE_BYTEBUF_INIT;
-  pulse_status st = loco_manifest_write(&v, &b);
-  if (st == PULSE_OK)
-    st = loco_server_put(c->srv, "/v1/loco/members", b.data, b.size);
-  pulse_bytebuf_free(&b);
-  return st;
+  uint64_t r = pulse_loco_round(c->ctx);
+  return loco_serve_view(c->srv, r, pulse_loco_collab_writer(c->members, c->nmembers, r, 0),
+                         c->members, c->nmembers);
 }
 
-pulse_status collab_publish_state(pulse_loco_collab *c) {
-  pulse_buffer st = {NULL, 0};
-  PULSE_TRY(pulse_loco_state_export(c->ctx, &st));
-  char path[64];
-  uint64_t r = pulse_loco_round(c->ctx);
-  snprintf(path, sizeof path, "/v1/loco/state/%" PRIu64, r);
-  pulse_status s = loco_server_put(c->srv, path, st.data, st.size);
-  pulse_buffer_free(&st);
-  loco_server_drop(c->srv, "/v1/loco/state/", r > 0 ? r - 1 : 0);
-  return s;
-}
+pulse_status collab_publish_state(pulse_loco_collab *c) { return loco_serve_state(c->srv, c->ctx); }
 
 /* This peer's own progress record (GET /v1/loco/progress). */
 void collab_publish_own_progress(pulse_loco_collab *c, uint64_t r, uint64_t done,

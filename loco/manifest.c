@@ -218,3 +218,30 @@ pulse_status loco_manifest_parse(const uint8_t *data, size_t size,
     loco_manifest_free(m);
   return st;
 }
+
+pulse_status loco_serve_view(loco_server *srv, uint64_t round, uint32_t coordinator,
+                             pulse_loco_member *members, size_t count) {
+  loco_manifest v = {0};
+  v.round = round;
+  v.coordinator = coordinator;
+  v.members = members;
+  v.nmembers = count;
+  pulse_bytebuf b = PULSE_BYTEBUF_INIT;
+  pulse_status st = loco_manifest_write(&v, &b);
+  if (st == PULSE_OK)
+    st = loco_server_put(srv, "/v1/loco/members", b.data, b.size);
+  pulse_bytebuf_free(&b);
+  return st;
+}
+
+pulse_status loco_serve_state(loco_server *srv, const pulse_loco *ctx) {
+  pulse_buffer st = {NULL, 0};
+  PULSE_TRY(pulse_loco_state_export(ctx, &st));
+  char path[64];
+  uint64_t r = pulse_loco_round(ctx);
+  snprintf(path, sizeof path, "/v1/loco/state/%llu", (unsigned long long)r);
+  pulse_status s = loco_server_put(srv, path, st.data, st.size);
+  pulse_buffer_free(&st);
+  loco_server_drop(srv, "/v1/loco/state/", r > 0 ? r - 1 : 0);
+  return s;
+}

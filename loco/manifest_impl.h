@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "bytebuf_impl.h"
+#include "http_impl.h"
 #include "pulse_loco.h"
 
 #define LOCO_MAX_MEMBERS 1024u
@@ -55,5 +56,14 @@ pulse_status loco_manifest_write(const loco_manifest *m, pulse_bytebuf *out);
 pulse_status loco_manifest_parse(const uint8_t *data, size_t size,
                                  loco_manifest *m);
 void loco_manifest_free(loco_manifest *m);
+
+/* What every kind of node serves for joiners and re-syncs (pulse_loco_node,
+ * node.c; the collaboration peer, collab.c): the membership view of the
+ * round `round` at /v1/loco/members, and the context's state at
+ * /v1/loco/state/ROUND, the previous round's kept too (a member re-syncing
+ * from round r - 1 may ask after this node moved on). */
+pulse_status loco_serve_view(loco_server *srv, uint64_t round, uint32_t coordinator,
+                             pulse_loco_member *members, size_t count);
+pulse_status loco_serve_state(loco_server *srv, const pulse_loco *ctx);
 
 #endif

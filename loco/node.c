@@ -131,32 +131,11 @@ void loco_node_set_members(pulse_loco_node *n, const pulse_loco_member *m,
 }
 
 static pulse_status publish_view(pulse_loco_node *n) {
-  loco_manifest v = {0};
-  v.round = pulse_loco_round(n->ctx);
-  v.coordinator = n->nmembers ? n->members[0].id : n->id;
-  v.members = n->members;
-  v.nmembers = n->nmembers;
-  pulse_bytebuf b = PULSE_BYTEBUF_INIT;
-  pulse_status st = loco_manifest_write(&v, &b);
-  if (st == PULSE_OK)
-    st = loco_server_put(n->srv, "/v1/loco/members", b.data, b.size);
-  pulse_bytebuf_free(&b);
-  return st;
+  return loco_serve_view(n->srv, pulse_loco_round(n->ctx), n->nmembers ? n->members[0].id : n->id,
+                         n->members, n->nmembers);
 }
 
-pulse_status loco_node_publish_state(pulse_loco_node *n) {
-  pulse_buffer st = {NULL, 0};
-  PULSE_TRY(pulse_loco_state_export(n->ctx, &st));
-  char path[64];
-  uint64_t r = pulse_loco_round(n->ctx);
-  snprintf(path, sizeof path, "/v1/loco/state/%llu", (unsigned long long)r);
-  pulse_status s = loco_server_put(n->srv, path, st.data, st.size);
-  pulse_buffer_free(&st);
-  /* Keep the previous state too: a member re-syncing from round r - 1
-   * may ask after this node moved on. */
-  loco_server_drop(n->srv, "/v1/loco/state/", r > 0 ? r - 1 : 0);
-  return s;
-}
+pulse_status loco_node_publish_state(pulse_loco_node *n) { return loco_serve_state(n->srv, n->ctx); }
 
 void loco_node_url_fmt(char *dst, size_t cap, const char *base, const char *fmt,
                     ...) {
