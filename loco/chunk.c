@@ -441,8 +441,9 @@ pulse_status pulse_loco_finish_inbox(pulse_loco *ctx, pulse_loco_inbox *in,
   uint64_t P = ctx->n, cells = in->cells;
   double *acc = calloc((size_t)P, sizeof *acc);
   double *weight = calloc((size_t)cells, sizeof *weight);
-  if (acc == NULL || weight == NULL) {
-    free(acc), free(weight);
+  float *avg = malloc((size_t)P * sizeof *avg + 1);
+  if (acc == NULL || weight == NULL || avg == NULL) {
+    free(acc), free(weight), free(avg);
     return pulse_fail(PULSE_ERR_NOMEM, "loco inbox: finish");
   }
   /* Every sender's cells in increasing sender id, this trainer's own among
@@ -482,16 +483,9 @@ pulse_status pulse_loco_finish_inbox(pulse_loco *ctx, pulse_loco_inbox *in,
       if (got[c])
         weight[c] += (double)in->samples[s];
   }
-  float alpha = ctx->opts.alpha, mu = ctx->opts.mu;
-  for (uint64_t i = 0; i < P; i++) {
-    float avg = (float)(acc[i] / weight[i / PULSE_LOCO_CHUNK_CELL]);
-    pulse_loco_outer(&ctx->theta_g[i], &ctx->b[i], avg, alpha, mu);
-  }
+  for (uint64_t i = 0; i < P; i++)
+    avg[i] = (float)(acc[i] / weight[i / PULSE_LOCO_CHUNK_CELL]);
   free(acc), free(weight);
-  /* The drop rule: what was sent is gone from e, arrived or not. */
-  memcpy(ctx->e, ctx->s, (size_t)P * sizeof *ctx->e);
-  for (uint64_t j = 0; j < ctx->sent_count; j++)
-    ctx->e[ctx->sent_pos[j]] = 0.0f;
   if (info) {
     info->round = ctx->round;
     info->contributors = senders;
@@ -499,10 +493,10 @@ pulse_status pulse_loco_finish_inbox(pulse_loco *ctx, pulse_loco_inbox *in,
     info->samples = wsum;
     info->entries = entries;
   }
-  ctx->round++;
-  pulse_loco_refresh_(ctx);
-  pulse_loco_drop_round_(ctx);
-  if (theta_r)
-    memcpy(theta_r, ctx->theta_g, (size_t)P * sizeof *theta_r);
+  /* The outer step and the drop rule (this trainer's payload counts as
+   * included: what was sent is gone from e, arrived or not), as every
+   * finish does. */
+  pulse_loco_conclude_(ctx, avg, NULL, 0.0, 1, theta_r);
+  free(avg);
   return PULSE_OK;
 }
