@@ -869,8 +869,21 @@ finished:
     return st;
   }
   info->left = leaving && info->self_included;
+  /* Partitioned: a contributor that left still serves blobs the others
+   * fetch (its reduced range, its verdict) until every member of r + 1
+   * says it finished r; those acknowledgements go to it as to the source. */
+  char gone[LOCO_MAX_MEMBERS > 64 ? 64 : LOCO_MAX_MEMBERS][64];
+  size_t ngone = 0;
+  for (size_t j = 0; info->partitioned && j < man.ncontrib; j++) {
+    uint32_t id = man.contrib[j].id;
+    const char *u = url_of(c, id);
+    if (id != c->id && u[0] != '\0' && strcmp(u, src) != 0 &&
+        find_member(man.members, man.nmembers, id) < 0 &&
+        ngone < sizeof gone / sizeof gone[0])
+      snprintf(gone[ngone++], sizeof gone[0], "%s", u);
+  }
   collab_set_members(c, man.members, man.nmembers);
-  if (info->left && strcmp(src, c->url) == 0)
+  if (info->left && (strcmp(src, c->url) == 0 || info->partitioned))
     linger(c, r, &man);
   if (!info->left && find_member(man.members, man.nmembers, c->id) < 0) {
     c->dropped = 1;
@@ -881,6 +894,8 @@ finished:
   if (st == PULSE_OK)
     st = collab_publish_view(c);
   ack_round(c, src, r);
+  for (size_t g = 0; g < ngone; g++)
+    ack_round(c, gone[g], r);
   loco_manifest_free(&man);
 out:
   /* Payloads and relays of the last two rounds, manifests of more. */

@@ -3,7 +3,8 @@
 # throttled peers, a target global batch, a join, a kill -9 of a round's
 # writer and a clean leave; every round holds at least T samples but the
 # taken-over one, the survivors end identical, the JSON has its keys; a
-# short run with partitioned averaging ends identical too; bad usage (an
+# short run with partitioned averaging, a join and a leave ends identical
+# too (the leaver serves its blobs until the others are done); bad usage (an
 # unknown averaging, a bad churn event) is refused with exit 2.
 source "$(dirname "$0")/lib/common.sh"
 BENCH="$bin/pulse-bench"
@@ -28,8 +29,8 @@ expect "rounds taken over" 1 "$takeovers"
 grep -q '"peers":4' "$out" && ok || bad "the joiner never counted"
 grep -q '"bytes_in":{"1":' "$out" && ok || bad "no per-peer bytes"
 [ -s "$work/report/report.html" ] && grep -q "<svg" "$work/report/report.html" && ok || bad "no SVG in the report"
-timeout 60 "$BENCH" loco --target-batch 128 --rounds 3 --trainers 3 \
-  --peer-speeds 400 --params 3000 --seed 3 --averaging partitioned \
+timeout 60 "$BENCH" loco --target-batch 128 --rounds 4 --trainers 3 \
+  --peer-speeds 400 --params 3000 --seed 3 --averaging partitioned --churn join:1,leave:2 \
   --claim-timeout-ms 1000 --round-timeout-ms 2000 --json > "$work/part.json" 2> "$work/err2"
 expect "partitioned exit status" 0 "$?"
 grep '"summary":true' "$work/part.json" | grep -q '"identical":true' && ok || bad "partitioned peers differ: $(cat "$work/err2")"
