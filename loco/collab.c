@@ -30,19 +30,6 @@ static void url_fmt(char *dst, size_t cap, const char *base, const char *fmt,
   va_end(ap);
 }
 
-static int find_member(const pulse_loco_member *m, size_t n, uint32_t id) {
-  for (size_t i = 0; i < n; i++)
-    if (m[i].id == id)
-      return (int)i;
-  return -1;
-}
-
-static int by_id(const void *a, const void *b) {
-  uint32_t x = ((const pulse_loco_member *)a)->id,
-           y = ((const pulse_loco_member *)b)->id;
-  return (x > y) - (x < y);
-}
-
 static unsigned left_ms(uint64_t end) {
   uint64_t now = loco_now_ms();
   return now >= end ? 1u : (unsigned)(end - now);
@@ -83,7 +70,7 @@ void collab_set_members(pulse_loco_collab *c, const pulse_loco_member *m,
   /* Joiners the members now list are no longer pending. */
   size_t q = 0;
   for (size_t i = 0; i < c->npending; i++)
-    if (find_member(m, count, c->pending[i].id) < 0)
+    if (loco_member_find(m, count, c->pending[i].id) < 0)
       c->pending[q++] = c->pending[i];
   c->npending = q;
   pthread_mutex_unlock(&c->lock);
@@ -171,7 +158,7 @@ pulse_status pulse_loco_collab_start(pulse_loco_collab *c,
   if (sorted == NULL)
     return pulse_fail(PULSE_ERR_NOMEM, "loco collab: members");
   memcpy(sorted, members, count * sizeof *members);
-  qsort(sorted, count, sizeof *sorted, by_id);
+  qsort(sorted, count, sizeof *sorted, loco_member_by_id);
   pulse_status st = PULSE_OK;
   for (size_t i = 0; i < count && st == PULSE_OK; i++)
     if (!loco_url_valid(sorted[i].url) ||
@@ -179,7 +166,7 @@ pulse_status pulse_loco_collab_start(pulse_loco_collab *c,
       st = pulse_fail(PULSE_ERR_ARG,
                       "loco collab: member %u: bad URL or duplicate id",
                       sorted[i].id);
-  if (st == PULSE_OK && find_member(sorted, count, c->id) < 0)
+  if (st == PULSE_OK && loco_member_find(sorted, count, c->id) < 0)
     st = pulse_fail(PULSE_ERR_ARG, "loco collab: this peer (%u) is not a member",
                     c->id);
   if (st == PULSE_OK)
@@ -273,7 +260,7 @@ pulse_status pulse_loco_collab_join(pulse_loco_collab *c, const char *seed,
     loco_manifest view;
     memset(&view, 0, sizeof view);
     st = get_view(c, seed, left_ms(end), &view);
-    if (st == PULSE_OK && find_member(view.members, view.nmembers, c->id) >= 0) {
+    if (st == PULSE_OK && loco_member_find(view.members, view.nmembers, c->id) >= 0) {
       st = pulse_loco_collab_import(c, seed, view.round, theta_r, left_ms(end));
       if (st == PULSE_OK) {
         collab_set_members(c, view.members, view.nmembers);

@@ -39,21 +39,8 @@ static size_t payload_cap(const pulse_loco *ctx) {
   return (size_t)(LOCO_HEADER_SIZE + 32u * chunks + 16u * ctx->n + 1024u);
 }
 
-static int find_member(const pulse_loco_member *m, size_t n, uint32_t id) {
-  for (size_t i = 0; i < n; i++)
-    if (m[i].id == id)
-      return (int)i;
-  return -1;
-}
-
-static int by_id(const void *a, const void *b) {
-  uint32_t x = ((const pulse_loco_member *)a)->id,
-           y = ((const pulse_loco_member *)b)->id;
-  return (x > y) - (x < y);
-}
-
 static const char *url_of(const pulse_loco_collab *c, uint32_t id) {
-  int i = find_member(c->members, c->nmembers, id);
+  int i = loco_member_find(c->members, c->nmembers, id);
   return i < 0 ? "" : c->members[i].url;
 }
 
@@ -281,7 +268,7 @@ static pulse_status write_round(pulse_loco_collab *c, uint64_t r, uint32_t k,
       c->closed = 1;
       memcpy(rec, c->rec, M * sizeof *rec);
       for (size_t i = 0; i < c->npending; i++)
-        if (find_member(c->members, c->nmembers, c->pending[i].id) < 0) {
+        if (loco_member_find(c->members, c->nmembers, c->pending[i].id) < 0) {
           pend[npend].id = c->pending[i].id;
           snprintf(pend[npend].url, sizeof pend[npend].url, "%s",
                    c->pending[i].url);
@@ -390,9 +377,9 @@ static pulse_status write_round(pulse_loco_collab *c, uint64_t r, uint32_t k,
     if (rec[i].ready && !(rec[i].leaving && ok[i]))
       next[nn++] = c->members[i];
   for (size_t j = 0; j < npend && nn < LOCO_MAX_MEMBERS; j++)
-    if (find_member(next, nn, pend[j].id) < 0)
+    if (loco_member_find(next, nn, pend[j].id) < 0)
       next[nn++] = pend[j];
-  qsort(next, nn, sizeof *next, by_id);
+  qsort(next, nn, sizeof *next, loco_member_by_id);
   /* Relays first: once the manifest is visible, all it names is here. */
   for (size_t j = 0; j < nc && st == PULSE_OK; j++) {
     char path[96];
@@ -508,7 +495,7 @@ static pulse_status fetch_listed(pulse_loco_collab *c, uint64_t r,
         continue;
       const char *base = pass == 0 ? "" : src;
       if (pass == 0) {
-        int m = find_member(c->members, c->nmembers, man->contrib[j].id);
+        int m = loco_member_find(c->members, c->nmembers, man->contrib[j].id);
         base = m < 0 ? src : c->members[m].url;
         snprintf(urls[j], sizeof urls[j], "%s/v1/loco/round/%" PRIu64, base, r);
       } else {
@@ -725,7 +712,7 @@ pulse_status pulse_loco_collab_round(pulse_loco_collab *c, float *theta_r,
     info->wall_ms = loco_now_ms() - t0;
     return st;
   }
-  if (find_member(c->members, c->nmembers, c->id) < 0)
+  if (loco_member_find(c->members, c->nmembers, c->id) < 0)
     return pulse_fail(PULSE_ERR_ARG,
                       "loco collab: not a member (start or join first)");
   info->members = (uint32_t)c->nmembers;
@@ -778,7 +765,7 @@ pulse_status pulse_loco_collab_round(pulse_loco_collab *c, float *theta_r,
   if (st == PULSE_OK) {
     info->writer = man.coordinator;
     for (size_t j = 0; j < man.ncontrib && st == PULSE_OK; j++)
-      if (find_member(c->members, c->nmembers, man.contrib[j].id) < 0 ||
+      if (loco_member_find(c->members, c->nmembers, man.contrib[j].id) < 0 ||
           man.contrib[j].bytes > payload_cap(c->ctx))
         st = pulse_fail(PULSE_ERR_CORRUPT,
                         "loco collab: manifest of round %" PRIu64
@@ -878,14 +865,14 @@ finished:
     uint32_t id = man.contrib[j].id;
     const char *u = url_of(c, id);
     if (id != c->id && u[0] != '\0' && strcmp(u, src) != 0 &&
-        find_member(man.members, man.nmembers, id) < 0 &&
+        loco_member_find(man.members, man.nmembers, id) < 0 &&
         ngone < sizeof gone / sizeof gone[0])
       snprintf(gone[ngone++], sizeof gone[0], "%s", u);
   }
   collab_set_members(c, man.members, man.nmembers);
   if (info->left && (strcmp(src, c->url) == 0 || info->partitioned))
     linger(c, r, &man);
-  if (!info->left && find_member(man.members, man.nmembers, c->id) < 0) {
+  if (!info->left && loco_member_find(man.members, man.nmembers, c->id) < 0) {
     c->dropped = 1;
     snprintf(c->rejoin_url, sizeof c->rejoin_url, "%s", src);
     info->dropped = 1;

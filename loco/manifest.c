@@ -245,3 +245,15 @@ pulse_status loco_serve_state(loco_server *srv, const pulse_loco *ctx) {
   loco_server_drop(srv, "/v1/loco/state/", r > 0 ? r - 1 : 0);
   return s;
 }
+
+int loco_member_find(const pulse_loco_member *m, size_t n, uint32_t id) {
+  for (size_t i = 0; i < n; i++)
+    if (m[i].id == id)
+      return (int)i;
+  return -1;
+}
+
+int loco_member_by_id(const void *a, const void *b) {
+  uint32_t x = ((const pulse_loco_member *)a)->id, y = ((const pulse_loco_member *)b)->id;
+  return (x > y) - (x < y);
+}

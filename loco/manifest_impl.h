@@ -57,6 +57,11 @@ pulse_status loco_manifest_parse(const uint8_t *data, size_t size,
                                  loco_manifest *m);
 void loco_manifest_free(loco_manifest *m);
 
+/* Members (the exchange's node, the collaboration peer): the index of
+ * `id` in m[0, n), or -1; and a qsort comparison by id. */
+int loco_member_find(const pulse_loco_member *m, size_t n, uint32_t id);
+int loco_member_by_id(const void *a, const void *b);
+
 /* What every kind of node serves for joiners and re-syncs (pulse_loco_node,
  * node.c; the collaboration peer, collab.c): the membership view of the
  * round `round` at /v1/loco/members, and the context's state at

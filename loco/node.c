@@ -105,24 +105,11 @@ size_t loco_node_state_cap(const pulse_loco *ctx) {
 #define MANIFEST_CAP ((size_t)LOCO_MAX_MEMBERS * 256u + 4096u)
 #define MANIFESTS_KEPT 64u
 
-int loco_node_find_member(const pulse_loco_member *m, size_t n, uint32_t id) {
-  for (size_t i = 0; i < n; i++)
-    if (m[i].id == id)
-      return (int)i;
-  return -1;
-}
-
-int loco_node_by_id(const void *a, const void *b) {
-  uint32_t x = ((const pulse_loco_member *)a)->id,
-           y = ((const pulse_loco_member *)b)->id;
-  return (x > y) - (x < y);
-}
-
 void loco_node_set_members(pulse_loco_node *n, const pulse_loco_member *m,
                         size_t count) {
   uint32_t misses[LOCO_MAX_MEMBERS];
   for (size_t i = 0; i < count; i++) {
-    int old = loco_node_find_member(n->members, n->nmembers, m[i].id);
+    int old = loco_member_find(n->members, n->nmembers, m[i].id);
     misses[i] = old >= 0 ? n->misses[old] : 0;
   }
   memmove(n->members, m, count * sizeof *m);
@@ -243,14 +230,14 @@ pulse_status pulse_loco_node_start(pulse_loco_node *n,
                       LOCO_MAX_MEMBERS);
   pulse_loco_member sorted[LOCO_MAX_MEMBERS];
   memcpy(sorted, members, count * sizeof *members);
-  qsort(sorted, count, sizeof *sorted, loco_node_by_id);
+  qsort(sorted, count, sizeof *sorted, loco_member_by_id);
   for (size_t i = 0; i < count; i++)
     if (!loco_url_valid(sorted[i].url) ||
         (i > 0 && sorted[i].id == sorted[i - 1].id))
       return pulse_fail(PULSE_ERR_ARG,
                         "loco node: member %u: bad URL or duplicate id",
                         sorted[i].id);
-  if (loco_node_find_member(sorted, count, n->id) < 0)
+  if (loco_member_find(sorted, count, n->id) < 0)
     return pulse_fail(PULSE_ERR_ARG,
                       "loco node: this node (%u) is not a member", n->id);
   PULSE_TRY(loco_auth_check_founders(n, sorted, count)); /* auth hook */
@@ -295,7 +282,7 @@ pulse_status loco_node_catch_up(pulse_loco_node *n, const char *coord,
     loco_node_url_fmt(url, sizeof url, coord, "/v1/loco/members");
     PULSE_TRY(loco_node_get_json(url, left_ms(end), &view, &n->fetched));
     if (view.round >= min_round &&
-        loco_node_find_member(view.members, view.nmembers, view.coordinator) >= 0) {
+        loco_member_find(view.members, view.nmembers, view.coordinator) >= 0) {
       loco_node_url_fmt(url, sizeof url, coord, "/v1/loco/state/%llu",
               (unsigned long long)view.round);
       pulse_bytebuf b = PULSE_BYTEBUF_INIT;
@@ -331,7 +318,7 @@ static pulse_status join_via(pulse_loco_node *n, const char *seed,
   loco_manifest view;
   loco_node_url_fmt(url, sizeof url, seed, "/v1/loco/members");
   PULSE_TRY(loco_node_get_json(url, left_ms(end), &view, &n->fetched));
-  int c = loco_node_find_member(view.members, view.nmembers, view.coordinator);
+  int c = loco_member_find(view.members, view.nmembers, view.coordinator);
   char coord[64];
   if (c < 0) {
     loco_manifest_free(&view);
@@ -384,7 +371,7 @@ static pulse_status join_via(pulse_loco_node *n, const char *seed,
   /* The state of the admission round, or a later one when the group moved
    * on meanwhile; the members come with it. */
   PULSE_TRY(loco_node_catch_up(n, coord, round, theta_r, end));
-  if (loco_node_find_member(n->members, n->nmembers, n->id) < 0)
+  if (loco_member_find(n->members, n->nmembers, n->id) < 0)
     return pulse_fail(PULSE_ERR_IO,
                       "loco join: dropped again before the first round");
   round = pulse_loco_round(n->ctx);
@@ -499,7 +486,7 @@ pulse_status loco_node_close_round(pulse_loco_node *n, uint64_t r,
   }
   n->nleaving = 0;
   for (size_t k = 0; k < n->npending && nn < LOCO_MAX_MEMBERS; k++)
-    if (loco_node_find_member(next, nn, n->pending[k].id) < 0 &&
+    if (loco_member_find(next, nn, n->pending[k].id) < 0 &&
         n->pending[k].id != n->id) {
       next[nn++] = n->pending[k];
       admitted[na++] = n->pending[k];
@@ -509,7 +496,7 @@ pulse_status loco_node_close_round(pulse_loco_node *n, uint64_t r,
     }
   n->npending = 0;
   pthread_mutex_unlock(&n->lock);
-  qsort(next, nn, sizeof *next, loco_node_by_id);
+  qsort(next, nn, sizeof *next, loco_member_by_id);
 
   /* Admissions, then the manifest: once it is visible, all it names can
    * be fetched (an HTTP coordinator published its relays before). */
@@ -610,7 +597,7 @@ static pulse_status coordinate(pulse_loco_node *n, uint64_t r,
     snprintf(path, sizeof path, "/v1/loco/round/%llu/from/%u",
              (unsigned long long)r, refs[k].id);
     /* The original signer's signature goes with it (auth hook). */
-    int j = loco_node_find_member(n->members, M, refs[k].id);
+    int j = loco_member_find(n->members, M, refs[k].id);
     st = loco_auth_relay(n, path, set[k].data, set[k].size,
                          k == 0 ? NULL : &t[j].sig);
   }
@@ -677,7 +664,7 @@ static pulse_status fetch_contributions(pulse_loco_node *n, uint64_t r,
       }
       if (t[k].done)
         continue;
-      int m = loco_node_find_member(n->members, n->nmembers, man->contrib[k].id);
+      int m = loco_member_find(n->members, n->nmembers, man->contrib[k].id);
       if (pass == 0)
         loco_node_url_fmt(urls[k], sizeof urls[k], n->members[m].url,
                 "/v1/loco/round/%llu", (unsigned long long)r);
@@ -759,7 +746,7 @@ static pulse_status follow(pulse_loco_node *n, uint64_t r, const uint8_t *own,
                     "loco node: manifest of round %llu does not fit",
                     (unsigned long long)r);
   for (size_t k = 0; st == PULSE_OK && k < man.ncontrib; k++)
-    if (loco_node_find_member(n->members, n->nmembers, man.contrib[k].id) < 0 ||
+    if (loco_member_find(n->members, n->nmembers, man.contrib[k].id) < 0 ||
         man.contrib[k].bytes > payload_cap(n->ctx))
       st = pulse_fail(PULSE_ERR_CORRUPT,
                       "loco node: manifest lists a non-member or an "
@@ -851,7 +838,7 @@ pulse_status pulse_loco_node_step(pulse_loco_node *n, float *theta_r,
     info->fetched_bytes = n->fetched;
     return PULSE_OK;
   }
-  if (n->nmembers == 0 || loco_node_find_member(n->members, n->nmembers, n->id) < 0)
+  if (n->nmembers == 0 || loco_member_find(n->members, n->nmembers, n->id) < 0)
     return pulse_fail(PULSE_ERR_ARG,
                       "loco node: not a member (start or join first)");
   uint64_t r = pulse_loco_round(n->ctx);
@@ -911,7 +898,7 @@ ended:
     return st;
   /* Dropped after missed rounds while alive: the next step joins again
    * (not this one: a run that ends now has no round left to admit it). */
-  if (loco_node_find_member(n->members, n->nmembers, n->id) < 0) {
+  if (loco_member_find(n->members, n->nmembers, n->id) < 0) {
     n->ctx->need_state = 1;
     n->dropped = 1;
     snprintf(n->rejoin_url, sizeof n->rejoin_url, "%s",

@@ -229,7 +229,7 @@ static int parse_key_blob(const uint8_t *data, size_t size, uint32_t *id,
  * admission of it verifies. @return 1 when the id has a key now. */
 static int learn_key(pulse_loco_node *n, uint32_t id) {
   loco_node_auth *a = n->auth;
-  int m = loco_node_find_member(n->members, n->nmembers, id);
+  int m = loco_member_find(n->members, n->nmembers, id);
   if (m < 0)
     return 0;
   char url[160];
@@ -747,7 +747,7 @@ int loco_auth_udp_admit(pulse_loco_node *n, uint64_t r,
     return 1; /* not a chunk: the inbox counts it */
   uint32_t sender = pulse_load_le32(d->data + 8);
   uint64_t round = pulse_load_le64(d->data + 12);
-  int m = loco_node_find_member(n->members, n->nmembers, sender);
+  int m = loco_member_find(n->members, n->nmembers, sender);
   if (round > r || m < 0 || sender == n->id)
     return 1; /* checked in its round; the inbox counts strangers */
   int ok = 0;

@@ -73,8 +73,6 @@ struct pulse_loco_node {
 
 
 /* The members' helpers (node.c). */
-int loco_node_find_member(const pulse_loco_member *m, size_t n, uint32_t id);
-int loco_node_by_id(const void *a, const void *b); /* qsort by id */
 void loco_node_set_members(pulse_loco_node *n, const pulse_loco_member *m,
                            size_t count);
 size_t loco_node_state_cap(const pulse_loco *ctx);

@@ -101,7 +101,7 @@ static pulse_status peer_port(pulse_loco_node *n, const pulse_loco_member *m,
 
 /* The known endpoint of member `id` of this round, NULL when not known. */
 static const loco_udp_peer *known_peer(const pulse_loco_node *n, uint32_t id) {
-  int m = loco_node_find_member(n->members, n->nmembers, id);
+  int m = loco_member_find(n->members, n->nmembers, id);
   if (m < 0)
     return NULL;
   for (size_t i = 0; i < n->npeers; i++)
