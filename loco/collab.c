@@ -157,18 +157,7 @@ pulse_status pulse_loco_collab_start(pulse_loco_collab *c,
   pulse_loco_member *sorted = malloc(count * sizeof *sorted);
   if (sorted == NULL)
     return pulse_fail(PULSE_ERR_NOMEM, "loco collab: members");
-  memcpy(sorted, members, count * sizeof *members);
-  qsort(sorted, count, sizeof *sorted, loco_member_by_id);
-  pulse_status st = PULSE_OK;
-  for (size_t i = 0; i < count && st == PULSE_OK; i++)
-    if (!loco_url_valid(sorted[i].url) ||
-        (i > 0 && sorted[i].id == sorted[i - 1].id))
-      st = pulse_fail(PULSE_ERR_ARG,
-                      "loco collab: member %u: bad URL or duplicate id",
-                      sorted[i].id);
-  if (st == PULSE_OK && loco_member_find(sorted, count, c->id) < 0)
-    st = pulse_fail(PULSE_ERR_ARG, "loco collab: this peer (%u) is not a member",
-                    c->id);
+  pulse_status st = loco_members_founding(members, count, c->id, "loco collab", "peer", sorted);
   if (st == PULSE_OK)
     collab_set_members(c, sorted, count);
   free(sorted);

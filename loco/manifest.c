@@ -257,3 +257,17 @@ int loco_member_by_id(const void *a, const void *b) {
   uint32_t x = ((const pulse_loco_member *)a)->id, y = ((const pulse_loco_member *)b)->id;
   return (x > y) - (x < y);
 }
+
+pulse_status loco_members_founding(const pulse_loco_member *members, size_t count,
+                                   uint32_t self, const char *who, const char *self_is,
+                                   pulse_loco_member *sorted) {
+  memcpy(sorted, members, count * sizeof *members);
+  qsort(sorted, count, sizeof *sorted, loco_member_by_id);
+  for (size_t i = 0; i < count; i++)
+    if (!loco_url_valid(sorted[i].url) || (i > 0 && sorted[i].id == sorted[i - 1].id))
+      return pulse_fail(PULSE_ERR_ARG, "%s: member %u: bad URL or duplicate id", who,
+                        sorted[i].id);
+  if (loco_member_find(sorted, count, self) < 0)
+    return pulse_fail(PULSE_ERR_ARG, "%s: this %s (%u) is not a member", who, self_is, self);
+  return PULSE_OK;
+}

@@ -62,6 +62,15 @@ void loco_manifest_free(loco_manifest *m);
 int loco_member_find(const pulse_loco_member *m, size_t n, uint32_t id);
 int loco_member_by_id(const void *a, const void *b);
 
+/* A run's founding members, as pulse_loco_node_start and
+ * pulse_loco_collab_start take them: count (1..LOCO_MAX_MEMBERS) members
+ * copied into sorted (room for count) in increasing id, each with a valid
+ * URL and a distinct id, `self` among them. Errors name `who` ("loco
+ * node") and what `self` is ("node"). @return PULSE_OK or PULSE_ERR_ARG. */
+pulse_status loco_members_founding(const pulse_loco_member *members, size_t count,
+                                   uint32_t self, const char *who, const char *self_is,
+                                   pulse_loco_member *sorted);
+
 /* What every kind of node serves for joiners and re-syncs (pulse_loco_node,
  * node.c; the collaboration peer, collab.c): the membership view of the
  * round `round` at /v1/loco/members, and the context's state at

@@ -229,17 +229,7 @@ pulse_status pulse_loco_node_start(pulse_loco_node *n,
     return pulse_fail(PULSE_ERR_ARG, "loco node: 1..%u founding members",
                       LOCO_MAX_MEMBERS);
   pulse_loco_member sorted[LOCO_MAX_MEMBERS];
-  memcpy(sorted, members, count * sizeof *members);
-  qsort(sorted, count, sizeof *sorted, loco_member_by_id);
-  for (size_t i = 0; i < count; i++)
-    if (!loco_url_valid(sorted[i].url) ||
-        (i > 0 && sorted[i].id == sorted[i - 1].id))
-      return pulse_fail(PULSE_ERR_ARG,
-                        "loco node: member %u: bad URL or duplicate id",
-                        sorted[i].id);
-  if (loco_member_find(sorted, count, n->id) < 0)
-    return pulse_fail(PULSE_ERR_ARG,
-                      "loco node: this node (%u) is not a member", n->id);
+  PULSE_TRY(loco_members_founding(members, count, n->id, "loco node", "node", sorted));
   PULSE_TRY(loco_auth_check_founders(n, sorted, count)); /* auth hook */
   loco_node_set_members(n, sorted, count);
   PULSE_TRY(loco_node_publish_state(n));
