@@ -57,14 +57,24 @@ static inline void spin_pause(void) {
 #endif
 }
 
-/* Returns once a job is posted after `seen`, or the spin time is over. */
-static void pool_spin(unsigned seen) {
+/* Spins until done(arg) or POOL_SPIN_NS have passed (the clock is read
+ * every 64 turns: it costs more than a pause). */
+static void spin_until(int (*done)(unsigned arg), unsigned arg) {
   uint64_t until = mono_ns() + POOL_SPIN_NS;
-  for (unsigned i = 0; atomic_load_explicit(&job_posted, memory_order_acquire) == seen; i++) {
+  for (unsigned i = 0; !done(arg); i++) {
     spin_pause();
     if ((i & 63) == 63 && mono_ns() > until)
       return;
   }
+}
+
+static int posted_since(unsigned seen) {
+  return atomic_load_explicit(&job_posted, memory_order_acquire) != seen;
+}
+
+static int helpers_returned(unsigned unused) {
+  (void)unused;
+  return atomic_load_explicit(&job_running, memory_order_acquire) == 0;
 }
 
 static void *pool_worker(void *arg) {
@@ -74,7 +84,7 @@ static void *pool_worker(void *arg) {
     while (job.open == 0) {
       unsigned seen = atomic_load_explicit(&job_posted, memory_order_acquire);
       pthread_mutex_unlock(&pool_mu);
-      pool_spin(seen);
+      spin_until(posted_since, seen);
       pthread_mutex_lock(&pool_mu);
       if (job.open == 0 && atomic_load_explicit(&job_posted, memory_order_acquire) == seen)
         pthread_cond_wait(&pool_work, &pool_mu);
@@ -145,12 +155,7 @@ static int pool_run(int helpers, void (*fn)(void *ctx), void *ctx) {
   job.open = 0;
   if (job.running > 0) { /* a helper is on its last item: wait awake a while */
     pthread_mutex_unlock(&pool_mu);
-    uint64_t until = mono_ns() + POOL_SPIN_NS;
-    for (unsigned i = 0; atomic_load_explicit(&job_running, memory_order_acquire) > 0; i++) {
-      spin_pause();
-      if ((i & 63) == 63 && mono_ns() > until)
-        break;
-    }
+    spin_until(helpers_returned, 0);
     pthread_mutex_lock(&pool_mu);
   }
   while (job.running > 0)

@@ -478,11 +478,14 @@ Test(http_fetch, a_deadline_ends_the_wait, .init = up, .fini = down) {
   cr_assert_eq(pulse_fetch_get(f, &x, &r, "missing"), PULSE_ERR_NOT_FOUND);
   uint64_t took = pulse_fetch_now_ms() - t0;
   cr_assert_geq(took, 190);
-  cr_assert_lt(took, 2000);
-  /* Waits of 2.5 to 20 ms: at least 200 / 20 tries, and far fewer than
-   * a fixed 3 ms poll would make (about 60). */
+  /* Bounded far above the deadline: a loaded machine may be slow to
+   * answer, but the wait must not run on to the next retry schedule. */
+  cr_assert_lt(took, 10000);
+  /* Waits of 2.5 to 20 ms: it retried, and far fewer times than a fixed
+   * 3 ms poll would (about 60). A loaded machine makes fewer tries, never
+   * more, so only the upper bound is tight. */
   size_t n = ss_requests(srv, NULL, 0);
-  cr_assert_geq(n, 8);
+  cr_assert_geq(n, 3);
   cr_assert_leq(n, 35);
   pulse_fetch_xfer_release(&x);
   pulse_fetch_free(f);
