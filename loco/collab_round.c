@@ -292,6 +292,9 @@ static pulse_status write_round(pulse_loco_collab *c, uint64_t r, uint32_t k,
     t[i].url = urls[i];
     t[i].max_bytes = payload_cap(c->ctx);
     t[i].body = (pulse_bytebuf)PULSE_BYTEBUF_INIT;
+    /* Partitioned: the owners decode every slice; the writer reads only
+     * each payload's header (and its size and SHA-256 from the answer). */
+    t[i].head = c->opts.partitioned ? LOCO_HEADER_SIZE : 0;
     want++;
   }
   if (want > 0) {
@@ -331,6 +334,7 @@ static pulse_status write_round(pulse_loco_collab *c, uint64_t r, uint32_t k,
     if (!t[i].done)
       continue;
     c->fetched += t[i].body.size;
+    int head_only = t[i].head > 0;
     pulse_loco_payload_header h;
     /* What the table granted (at rank 0 every sample; after a takeover
      * what the sender said it had done before, plus grants): the payload
@@ -346,8 +350,14 @@ static pulse_status write_round(pulse_loco_collab *c, uint64_t r, uint32_t k,
       why = "is of another round";
     else if (h.samples != owed || h.samples != rec[i].ready_samples)
       why = "carries other samples than granted";
-    else if (pulse_loco_check(c->ctx, t[i].body.data, t[i].body.size) !=
-             PULSE_OK)
+    else if (head_only && (h.param_count != c->ctx->n ||
+                           h.base_digest != c->ctx->digest))
+      why = "is built on another theta_g";
+    else if (head_only && (!t[i].has_sha256 || t[i].total > payload_cap(c->ctx)))
+      why = "has no digest or is oversized";
+    else if (!head_only &&
+             pulse_loco_check(c->ctx, t[i].body.data, t[i].body.size) !=
+                 PULSE_OK)
       why = "does not check";
     if (why != NULL) {
       PULSE_LOG_AT(PULSE_LOG_WARN,
@@ -358,11 +368,17 @@ static pulse_status write_round(pulse_loco_collab *c, uint64_t r, uint32_t k,
       continue;
     }
     ok[i] = 1;
-    set[nc] = (pulse_loco_contribution){t[i].body.data, t[i].body.size};
     refs[nc].id = id;
-    refs[nc].bytes = t[i].body.size;
-    loco_sha256(t[i].body.data, t[i].body.size, refs[nc].sha256);
     refs[nc].samples = h.samples;
+    if (head_only) {
+      set[nc] = (pulse_loco_contribution){NULL, 0}; /* no relay */
+      refs[nc].bytes = t[i].total;
+      memcpy(refs[nc].sha256, t[i].sha256, 32);
+    } else {
+      set[nc] = (pulse_loco_contribution){t[i].body.data, t[i].body.size};
+      refs[nc].bytes = t[i].body.size;
+      loco_sha256(t[i].body.data, t[i].body.size, refs[nc].sha256);
+    }
     nc++;
   }
   if (nc == 0) {
@@ -382,6 +398,8 @@ static pulse_status write_round(pulse_loco_collab *c, uint64_t r, uint32_t k,
   qsort(next, nn, sizeof *next, loco_member_by_id);
   /* Relays first: once the manifest is visible, all it names is here. */
   for (size_t j = 0; j < nc && st == PULSE_OK; j++) {
+    if (set[j].data == NULL)
+      continue; /* read by its header only */
     char path[96];
     snprintf(path, sizeof path, "/v1/loco/round/%" PRIu64 "/from/%u", r,
              refs[j].id);
@@ -530,8 +548,15 @@ static pulse_status fetch_listed(pulse_loco_collab *c, uint64_t r,
         c->fetched += w[a].body.size;
         loco_sha256(w[a].body.data, w[a].body.size, sha);
       }
+      /* The sample count the writer checked (partitioned: from the
+       * header it read) must be the payload's. */
+      pulse_loco_payload_header h;
       if (w[a].done && w[a].body.size == man->contrib[j].bytes &&
-          memcmp(sha, man->contrib[j].sha256, 32) == 0) {
+          memcmp(sha, man->contrib[j].sha256, 32) == 0 &&
+          (man->contrib[j].samples == 0 ||
+           (pulse_loco_payload_peek(w[a].body.data, w[a].body.size, &h) ==
+                PULSE_OK &&
+            h.samples == man->contrib[j].samples))) {
         t[j].body = w[a].body;
         t[j].done = 1;
       } else {

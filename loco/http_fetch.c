@@ -12,6 +12,7 @@
  * server gave a strong ETag and honours Range. */
 #include <errno.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -212,6 +213,29 @@ pulse_status loco_http_get_range(const char *url, uint64_t from, uint64_t len,
   return PULSE_OK;
 }
 
+/* A head fetch's answer: a 206 of exactly `head` bytes from 0 of an object
+ * of known size ("Content-Range: bytes 0-(head-1)/TOTAL"); the strong ETag
+ * as a SHA-256 when it is one. */
+static int head_answer(const pulse_fetch_xfer *x, size_t head, loco_fetch *t) {
+  char cr[96], tag[100];
+  t->total = 0;
+  t->has_sha256 = 0;
+  if (!pulse_fetch_xfer_ok(x) || x->status != 206 || x->mem.size != head ||
+      !pulse_fetch_xfer_header(x, "Content-Range", cr, sizeof cr))
+    return 0;
+  unsigned long long a, b, total;
+  char tail;
+  if (sscanf(cr, "bytes %llu-%llu/%llu%c", &a, &b, &total, &tail) != 3 ||
+      a != 0 || b + 1 != head || total < head)
+    return 0;
+  t->total = total;
+  if (pulse_fetch_xfer_header(x, "ETag", tag, sizeof tag) &&
+      strlen(tag) == 66 && tag[0] == '"' && tag[65] == '"' &&
+      store_unhex(tag + 1, 64, t->sha256, 32) == 0)
+    t->has_sha256 = 1;
+  return 1;
+}
+
 pulse_status loco_http_gather(loco_fetch *t, size_t count,
                               uint64_t deadline_ms) {
   for (size_t i = 0; i < count; i++)
@@ -227,8 +251,14 @@ pulse_status loco_http_gather(loco_fetch *t, size_t count,
     return pulse_fail(PULSE_ERR_NOMEM, "loco http: gather of %zu", count);
   }
   for (size_t i = 0; i < count; i++) {
-    xfer_for(&x[i], t[i].url, t[i].max_bytes, &t[i].body);
-    x[i].resume = 1;
+    xfer_for(&x[i], t[i].url, t[i].head ? t[i].head : t[i].max_bytes,
+             &t[i].body);
+    x[i].resume = t[i].head == 0;
+    if (t[i].head) {
+      x[i].ranged = 1;
+      x[i].range_from = 0;
+      x[i].range_to = t[i].head - 1;
+    }
     run[i] = &x[i];
   }
   pulse_fetch_retry r;
@@ -238,6 +268,8 @@ pulse_status loco_http_gather(loco_fetch *t, size_t count,
   pulse_status st = pulse_fetch_gather(f, run, count, &r);
   for (size_t i = 0; i < count; i++) {
     t[i].done = pulse_fetch_xfer_ok(&x[i]) && x[i].status == 200;
+    if (t[i].head)
+      t[i].done = head_answer(&x[i], t[i].head, &t[i]);
     loco_sig_from_answer(&x[i], &t[i].sig);
     give_body(&x[i], &t[i].body);
   }

@@ -134,6 +134,15 @@ typedef struct {
   pulse_bytebuf body;
   int done;
   loco_sig sig; /* the answer's signature headers */
+  /* A head fetch: only the first `head` bytes (a Range request; done means
+   * a 206 of exactly them); 0: the whole body. Its answer also gives the
+   * whole body's size (Content-Range) and, when the server sent a strong
+   * ETag of 64 hex digits (a loco server's: the SHA-256 of the bytes), that
+   * digest: what a writer lists for a payload it did not download. */
+  size_t head;
+  uint64_t total;
+  int has_sha256;
+  uint8_t sha256[32];
 } loco_fetch;
 
 pulse_status loco_http_gather(loco_fetch *targets, size_t count,
