@@ -331,6 +331,37 @@ static void entry_end(entry *e) {
 
 /* ------------------------------------------------------------ digests */
 
+/* The digest kernels add each tensor's two 64-bit sums into 2 * count + 1
+ * words of the small workspace (the last one spare for the kernels'
+ * bounds): these zero them before the launch and read them back after. */
+static pulse_status digest_sums_zeroed(pulse_cuda_workspace *ws, size_t count,
+                                       cudaStream_t s, void **sums) {
+  pulse_status st = pulse_cuda_ws_get_(ws, PULSE_WS_SMALL,
+                                       (2 * count + 1) * sizeof(uint64_t), sums);
+  if (st != PULSE_OK)
+    return st;
+  PULSE_CUDA_CHECK(
+      cudaMemsetAsync(*sums, 0, (2 * count + 1) * sizeof(uint64_t), s));
+cleanup:
+  return st;
+}
+
+static pulse_status digest_sums_read(const void *sums, uint64_t *host,
+                                     size_t count, cudaStream_t s,
+                                     pulse_tensor_digest *out) {
+  pulse_status st = PULSE_OK;
+  PULSE_CUDA_CHECK(cudaMemcpyAsync(host, sums,
+                                   (2 * count + 1) * sizeof(uint64_t),
+                                   cudaMemcpyDeviceToHost, s));
+  PULSE_CUDA_CHECK(cudaStreamSynchronize(s));
+  for (size_t t = 0; t < count; t++) {
+    out[t].a = host[2 * t];
+    out[t].b = host[2 * t + 1];
+  }
+cleanup:
+  return st;
+}
+
 extern "C" pulse_status
 pulse_cuda_digest_in_(pulse_cuda_workspace *ws,
                       const pulse_cuda_bf16_tensor *table, size_t count,
@@ -348,10 +379,7 @@ pulse_cuda_digest_in_(pulse_cuda_workspace *ws,
   }
   PULSE_CHECK(bf16_table(ws, PULSE_WS_TABLE, table, count, NULL,
                          PULSE_TILE_LOG2, stream, &tab));
-  PULSE_CHECK(pulse_cuda_ws_get_(ws, PULSE_WS_SMALL,
-                                 (2 * count + 1) * sizeof(uint64_t), &sums));
-  PULSE_CUDA_CHECK(
-      cudaMemsetAsync(sums, 0, (2 * count + 1) * sizeof(uint64_t), s));
+  PULSE_CHECK(digest_sums_zeroed(ws, count, s, &sums));
   blocks = pulse_tile_blocks(tab.tiles);
   if (blocks > PULSE_GRID_MAX) {
     st = pulse_fail(PULSE_ERR_OVERFLOW, "cuda digest: %llu tiles",
@@ -363,14 +391,7 @@ pulse_cuda_digest_in_(pulse_cuda_workspace *ws,
                  (uint64_t *)sums);
     PULSE_CUDA_CHECK(cudaGetLastError());
   }
-  PULSE_CUDA_CHECK(cudaMemcpyAsync(host, sums,
-                                   (2 * count + 1) * sizeof(uint64_t),
-                                   cudaMemcpyDeviceToHost, s));
-  PULSE_CUDA_CHECK(cudaStreamSynchronize(s));
-  for (size_t t = 0; t < count; t++) {
-    digests[t].a = host[2 * t];
-    digests[t].b = host[2 * t + 1];
-  }
+  PULSE_CHECK(digest_sums_read(sums, host, count, s, digests));
 cleanup:
   free(host);
   return st;
@@ -408,10 +429,7 @@ extern "C" pulse_status pulse_cuda_changes_digest_in_(
   }
   PULSE_CHECK(bf16_table(ws, PULSE_WS_TABLE, NULL, count, tensor_first,
                          PULSE_TILE_LOG2, stream, &tab));
-  PULSE_CHECK(pulse_cuda_ws_get_(ws, PULSE_WS_SMALL,
-                                 (2 * count + 1) * sizeof(uint64_t), &sums));
-  PULSE_CUDA_CHECK(
-      cudaMemsetAsync(sums, 0, (2 * count + 1) * sizeof(uint64_t), s));
+  PULSE_CHECK(digest_sums_zeroed(ws, count, s, &sums));
   warps = (tab.entries + 32u * PULSE_DIGEST_PER_LANE - 1) /
           (32u * PULSE_DIGEST_PER_LANE);
   blocks = (warps + per_block - 1) / per_block;
@@ -425,14 +443,7 @@ extern "C" pulse_status pulse_cuda_changes_digest_in_(
                  tab, pos_d, old_d, new_d, (uint64_t *)sums);
     PULSE_CUDA_CHECK(cudaGetLastError());
   }
-  PULSE_CUDA_CHECK(cudaMemcpyAsync(host, sums,
-                                   (2 * count + 1) * sizeof(uint64_t),
-                                   cudaMemcpyDeviceToHost, s));
-  PULSE_CUDA_CHECK(cudaStreamSynchronize(s));
-  for (size_t t = 0; t < count; t++) {
-    moves[t].a = host[2 * t];
-    moves[t].b = host[2 * t + 1];
-  }
+  PULSE_CHECK(digest_sums_read(sums, host, count, s, moves));
 cleanup:
   free(host);
   return st;
