@@ -116,6 +116,47 @@ pulse_status pulse_loco_chunks_encode(const pulse_loco_payload_header *hdr,
   return PULSE_OK;
 }
 
+/* Whether any range of range_len parameters flagged in drifted overlaps
+ * [start, start + length). */
+static int overlaps(const uint8_t *drifted, uint64_t range_len,
+                    uint64_t start, uint64_t length) {
+  for (uint64_t k = start / range_len; k <= (start + length - 1) / range_len;
+       k++)
+    if (drifted[k])
+      return 1;
+  return 0;
+}
+
+pulse_status pulse_loco_chunks_mark_drifted(pulse_buffer *chunks,
+                                            uint64_t nchunks, uint64_t P,
+                                            const uint8_t *drifted,
+                                            uint64_t range_len) {
+  if (chunks == NULL || drifted == NULL || range_len == 0 ||
+      (chunks->data == NULL && chunks->size > 0))
+    return pulse_fail(PULSE_ERR_ARG, "loco chunks: NULL argument");
+  uint8_t *p = chunks->data;
+  size_t left = chunks->size;
+  for (uint64_t n = 0; n < nchunks; n++) {
+    size_t cs;
+    PULSE_TRY(pulse_loco_chunk_size(p, left, &cs));
+    if (cs > left)
+      return pulse_fail(PULSE_ERR_TRUNCATED, "loco chunks: chunk %llu",
+                        (unsigned long long)n);
+    uint64_t start = pulse_load_le64(p + 44);
+    uint32_t length = pulse_load_le32(p + 52);
+    if (length == 0 || start >= P || length > P - start)
+      return pulse_fail(PULSE_ERR_CORRUPT, "loco chunks: chunk %llu range",
+                        (unsigned long long)n);
+    if (overlaps(drifted, range_len, start, length)) {
+      p[5] |= (uint8_t)PULSE_LOCO_CHUNK_DRIFTED;
+      pulse_store_le64(p + 60, 0);
+      pulse_store_le64(p + 60, checksum(p, cs));
+    }
+    p += cs, left -= cs;
+  }
+  return PULSE_OK;
+}
+
 pulse_status pulse_loco_chunk_size(const uint8_t *data, size_t size,
                                    size_t *chunk_size) {
   if (data == NULL || chunk_size == NULL)
@@ -178,7 +219,8 @@ static pulse_status decode(const uint8_t *data, size_t size,
   h->length = pulse_load_le32(data + 52);
   h->count = count;
   if ((h->flags & ~(uint32_t)(PULSE_LOCO_PAYLOAD_GATED |
-                              PULSE_LOCO_PAYLOAD_LEAVING)) != 0 ||
+                              PULSE_LOCO_PAYLOAD_LEAVING |
+                              PULSE_LOCO_CHUNK_DRIFTED)) != 0 ||
       data[6] != 0 || data[7] != 0 || h->samples == 0)
     return pulse_fail(PULSE_ERR_CORRUPT, "loco chunk: flags or samples");
   if (h->param_count != P)
@@ -191,7 +233,11 @@ static pulse_status decode(const uint8_t *data, size_t size,
       (h->start + h->length != P && h->length % PULSE_LOCO_CHUNK_CELL != 0) ||
       count > h->length)
     return pulse_fail(PULSE_ERR_CORRUPT, "loco chunk: range or count");
-  int gated = (h->flags & PULSE_LOCO_PAYLOAD_GATED) != 0;
+  /* A sender whose base differs from the reference over this range built
+   * its entries on other values than the receiver's: the gate there is
+   * the sender's, and cannot be checked here. */
+  int gated = (h->flags & PULSE_LOCO_PAYLOAD_GATED) != 0 &&
+              (h->flags & PULSE_LOCO_CHUNK_DRIFTED) == 0;
   const uint8_t *q = data + PULSE_LOCO_CHUNK_HEADER;
   for (uint32_t j = 0; j < count; j++, q += CHUNK_ENTRY) {
     uint32_t off = pulse_load_le32(q), bits = pulse_load_le32(q + 4);
@@ -240,6 +286,10 @@ struct pulse_loco_inbox {
   size_t heard, complete; /* senders with a chunk kept, with every cell */
   held_chunk *held;
   size_t nheld, capheld;
+  uint64_t base;      /* the base digest chunks must name */
+  uint8_t *drifted;   /* NULL, or the ranges where this replica differs
+                         from the reference (no gate check there) */
+  uint64_t range_len;
   uint64_t *pos; /* scratch for one chunk */
   float *val;
   pulse_loco_chunk_stats stats;
@@ -263,6 +313,7 @@ pulse_status pulse_loco_inbox_create(pulse_loco *ctx, const uint32_t *senders,
   if (in == NULL)
     return pulse_fail(PULSE_ERR_NOMEM, "loco inbox");
   in->ctx = ctx;
+  in->base = ctx->digest;
   in->cells = (ctx->n + PULSE_LOCO_CHUNK_CELL - 1) / PULSE_LOCO_CHUNK_CELL;
   in->senders = malloc((nsenders ? nsenders : 1) * sizeof *in->senders);
   in->samples = calloc(nsenders ? nsenders : 1, sizeof *in->samples);
@@ -298,9 +349,30 @@ void pulse_loco_inbox_free(pulse_loco_inbox *in) {
   for (size_t i = 0; i < in->nheld; i++)
     free(in->held[i].pos), free(in->held[i].val);
   free(in->held), free(in->senders), free(in->samples), free(in->arrived);
-  free(in->ncells);
+  free(in->ncells), free(in->drifted);
   free(in->pos), free(in->val);
   free(in);
+}
+
+pulse_status pulse_loco_inbox_set_drift(pulse_loco_inbox *in,
+                                       uint64_t base_digest,
+                                       const uint8_t *drifted,
+                                       uint64_t range_len) {
+  if (in == NULL || (drifted != NULL && range_len == 0))
+    return pulse_fail(PULSE_ERR_ARG, "loco inbox: drift");
+  uint8_t *copy = NULL;
+  if (drifted != NULL) {
+    uint64_t count = (in->ctx->n + range_len - 1) / range_len;
+    copy = malloc((size_t)count);
+    if (copy == NULL)
+      return pulse_fail(PULSE_ERR_NOMEM, "loco inbox: drift");
+    memcpy(copy, drifted, (size_t)count);
+  }
+  free(in->drifted);
+  in->drifted = copy;
+  in->range_len = range_len;
+  in->base = base_digest;
+  return PULSE_OK;
 }
 
 void pulse_loco_inbox_stats(const pulse_loco_inbox *in,
@@ -327,9 +399,20 @@ pulse_status pulse_loco_inbox_add(pulse_loco_inbox *in, const uint8_t *data,
   const pulse_loco *ctx = in->ctx;
   pulse_loco_chunk_header h;
   unsigned why = WHY_TRUNCATED;
-  pulse_status st = data ? decode(data, size, ctx->theta_g, ctx->n, &h, in->pos,
+  pulse_status st = data ? decode(data, size, NULL, ctx->n, &h, in->pos,
                                   in->val, &why)
                          : pulse_fail(PULSE_ERR_TRUNCATED, "loco chunk: empty");
+  /* The gate, against this replica's theta_g, where the sender's base and
+   * this one are both the reference's (neither flags the range). */
+  if (st == PULSE_OK && (h.flags & PULSE_LOCO_PAYLOAD_GATED) &&
+      !(h.flags & PULSE_LOCO_CHUNK_DRIFTED) &&
+      !(in->drifted && overlaps(in->drifted, in->range_len, h.start, h.length)))
+    for (uint32_t j = 0; j < h.count && st == PULSE_OK; j++)
+      if (!pulse_loco_gate(ctx->theta_g[in->pos[j]], in->val[j])) {
+        why = WHY_MALFORMED;
+        st = pulse_fail(PULSE_ERR_CORRUPT,
+                        "loco chunk: entry %u does not pass the gate", j);
+      }
   if (st != PULSE_OK) {
     if (why == WHY_TRUNCATED)
       in->stats.truncated++;
@@ -351,7 +434,7 @@ pulse_status pulse_loco_inbox_add(pulse_loco_inbox *in, const uint8_t *data,
                       (unsigned long long)h.round,
                       (unsigned long long)ctx->round);
   }
-  if (h.base_digest != ctx->digest) {
+  if (h.base_digest != in->base) {
     in->stats.other_base++;
     return pulse_fail(PULSE_ERR_BASE_DIGEST,
                       "loco chunk: built on another theta_g");

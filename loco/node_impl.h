@@ -58,13 +58,16 @@ struct pulse_loco_node {
 
   /* UDP transport (node_udp.c): the socket, the peers' datagram ports
    * (learned over HTTP, GET /v1/loco/udp), datagrams of later rounds that
-   * came early, and the rounds since this node's last re-sync. */
+   * came early; between re-syncs, the ranges where this replica differs
+   * from the reference and the reference's theta_g digest, the base its
+   * chunks name (NULL: the reference's bits). */
   loco_udp *udp;
   loco_udp_peer peers[LOCO_MAX_MEMBERS];
   size_t npeers;
   loco_datagram *early;
   size_t nearly;
-  uint32_t since_resync;
+  uint8_t *drifted;
+  uint64_t ref_base;
 
   /* Authentication (node_auth.c): NULL when the node does not sign and
    * check. */

@@ -15,9 +15,10 @@
  *                  reference replica, the digest of every range of its
  *                  theta_g and b and their values
  *   the others     fetch the manifest (membership), compare their range
- *                  digests with c's, fetch the ranges that differ, measure
- *                  their drift and re-sync those ranges when the period or
- *                  the drift budget says so
+ *                  digests with c's; in a re-sync round (the period) fetch
+ *                  the ranges that differ and copy them; in between
+ *                  estimate their drift from c's range sketches, and
+ *                  re-sync only when it exceeds the budget
  *
  * Datagrams that are cut, not from the socket of the member they name,
  * malformed, of another round or base, or duplicates are dropped and
@@ -33,7 +34,7 @@
 #include "pulse_log.h"
 
 #define EARLY_MAX 16384u /* datagrams of later rounds kept */
-#define DIGESTS_HEADER 16u
+#define DIGESTS_HEADER 24u
 
 /* ------------------------------------------------------------- socket */
 
@@ -61,6 +62,8 @@ void loco_node_udp_stop(pulse_loco_node *n) {
   }
   n->early = NULL;
   n->nearly = 0;
+  free(n->drifted);
+  n->drifted = NULL;
 }
 
 /* The datagram endpoint of member m: its URL's address, and its port asked
@@ -314,8 +317,10 @@ static pulse_status receive_round(pulse_loco_node *n, uint64_t r,
 /* ------------------------------------------------- drift and re-sync */
 
 /* The reference replica's view of its state after round r: the digest of
- * every range, and every range's theta_g then b (LE FP32), back to back,
- * so a run of ranges is one byte range of one blob. */
+ * every range (and of its whole theta_g: the next round's base), every
+ * range's theta_g then b (LE FP32), back to back, so a run of ranges is one
+ * byte range of one blob, and with a period above 1 every range's sketch
+ * (drift estimated between re-syncs without the values). */
 static pulse_status publish_reference(pulse_loco_node *n, uint64_t r) {
   const pulse_loco *ctx = n->ctx;
   uint64_t L = n->opts.resync_range, P = ctx->n;
@@ -323,19 +328,32 @@ static pulse_status publish_reference(pulse_loco_node *n, uint64_t r) {
   size_t dsize = DIGESTS_HEADER + 8u * (size_t)count;
   uint8_t *dg = malloc(dsize);
   uint8_t *sync = malloc((size_t)(8u * P));
+  int sketched = n->opts.resync_period > 1;
+  size_t ssize = sketched ? 8u * PULSE_LOCO_SKETCH * (size_t)count : 1u;
+  uint8_t *sk = malloc(ssize);
   pulse_status st = PULSE_OK;
-  if (dg == NULL || sync == NULL) {
-    free(dg), free(sync);
+  if (dg == NULL || sync == NULL || sk == NULL) {
+    free(dg), free(sync), free(sk);
     return pulse_fail(PULSE_ERR_NOMEM, "loco udp: reference");
   }
   pulse_store_le32(dg, (uint32_t)L);
   pulse_store_le32(dg + 4, 0);
   pulse_store_le64(dg + 8, count);
+  pulse_store_le64(dg + 16, ctx->digest);
   uint8_t *q = sync;
   for (uint64_t k = 0; k < count; k++) {
     uint64_t a = k * L, len = P - a < L ? P - a : L, digest;
     pulse_loco_range_digest(ctx, a, len, &digest);
     pulse_store_le64(dg + DIGESTS_HEADER + 8u * k, digest);
+    if (sketched) {
+      double v[PULSE_LOCO_SKETCH];
+      pulse_loco_range_sketch(ctx, a, len, v);
+      for (unsigned j = 0; j < PULSE_LOCO_SKETCH; j++) {
+        uint64_t bits;
+        memcpy(&bits, &v[j], 8);
+        pulse_store_le64(sk + 8u * (PULSE_LOCO_SKETCH * k + j), bits);
+      }
+    }
     const float *src[2] = {ctx->theta_g + a, ctx->b + a};
     for (int s = 0; s < 2; s++)
       for (uint64_t i = 0; i < len; i++, q += 4) {
@@ -352,7 +370,11 @@ static pulse_status publish_reference(pulse_loco_node *n, uint64_t r) {
            (unsigned long long)r);
   if (st == PULSE_OK)
     st = loco_server_put(n->srv, path, sync, (size_t)(8u * P));
-  free(dg), free(sync);
+  snprintf(path, sizeof path, "/v1/loco/round/%llu/sketch",
+           (unsigned long long)r);
+  if (st == PULSE_OK && sketched)
+    st = loco_server_put(n->srv, path, sk, ssize);
+  free(dg), free(sync), free(sk);
   return st;
 }
 
@@ -363,9 +385,40 @@ static double sum_sq(const float *x, uint64_t n) {
   return s;
 }
 
+/* The reference's sketches of round r (PULSE_LOCO_SKETCH doubles a range,
+ * count ranges) into out. */
+static pulse_status fetch_sketch(pulse_loco_node *n, const char *coord,
+                                 uint64_t r, uint64_t count, double *out,
+                                 uint64_t *fetched) {
+  char url[160];
+  loco_node_url_fmt(url, sizeof url, coord, "/v1/loco/round/%llu/sketch",
+                    (unsigned long long)r);
+  size_t want = 8u * PULSE_LOCO_SKETCH * (size_t)count;
+  pulse_bytebuf b = PULSE_BYTEBUF_INIT;
+  pulse_status st = loco_http_wait(url, n->opts.manifest_timeout_ms, want, &b);
+  if (st == PULSE_OK) {
+    *fetched += b.size;
+    if (b.size != want)
+      st = pulse_fail(PULSE_ERR_CORRUPT, "loco udp: the reference's sketch "
+                                         "does not fit");
+    for (size_t i = 0; st == PULSE_OK && i < want / 8u; i++) {
+      uint64_t bits = pulse_load_le64(b.data + 8u * i);
+      memcpy(&out[i], &bits, 8);
+      if (!isfinite(out[i]))
+        st = pulse_fail(PULSE_ERR_CORRUPT, "loco udp: sketch not finite");
+    }
+  }
+  pulse_bytebuf_free(&b);
+  return st;
+}
+
 /* A member after round r: compares its range digests with the reference's
- * (coordinator `coord`), fetches the ranges that differ, measures the
- * drift, and re-syncs them when due. */
+ * (coordinator `coord`). In a re-sync round ((r + 1) a multiple of the
+ * period) it fetches the ranges that differ, measures its drift and copies
+ * them; in between it estimates its drift from the reference's sketches
+ * and keeps the differing ranges (the base of its next chunks is then the
+ * reference's digest, and those ranges are flagged), unless the estimate
+ * exceeds the budget, which re-syncs as in a re-sync round. */
 static pulse_status check_drift(pulse_loco_node *n, const char *coord,
                                 uint64_t r, float *theta_r,
                                 pulse_loco_step_info *info) {
@@ -380,6 +433,7 @@ static pulse_status check_drift(pulse_loco_node *n, const char *coord,
   pulse_bytebuf b = PULSE_BYTEBUF_INIT;
   uint8_t *differ = NULL;
   float *ref = NULL;
+  double *sketch = NULL;
   uint64_t fetched = 0;
   pulse_status st = loco_http_wait(url, n->opts.manifest_timeout_ms,
                                    DIGESTS_HEADER + 8u * (size_t)count, &b);
@@ -394,9 +448,9 @@ static pulse_status check_drift(pulse_loco_node *n, const char *coord,
                     (unsigned long long)L);
     goto done;
   }
+  uint64_t base = pulse_load_le64(b.data + 16);
   differ = calloc((size_t)count, 1);
-  ref = malloc((size_t)(2u * P) * sizeof *ref); /* by range: theta, b */
-  if (differ == NULL || ref == NULL) {
+  if (differ == NULL) {
     st = pulse_fail(PULSE_ERR_NOMEM, "loco udp: drift check");
     goto done;
   }
@@ -408,8 +462,27 @@ static pulse_status check_drift(pulse_loco_node *n, const char *coord,
     ndiff += differ[k];
   }
   info->drift_ranges = ndiff;
-  if (ndiff == 0) {
-    n->since_resync = 0; /* the same bits as the reference */
+  free(n->drifted);
+  n->drifted = NULL;
+  if (ndiff == 0)
+    goto done; /* the same bits as the reference */
+  if ((r + 1) % n->opts.resync_period != 0) {
+    sketch = malloc((size_t)count * PULSE_LOCO_SKETCH * sizeof *sketch);
+    st = sketch ? fetch_sketch(n, coord, r, count, sketch, &fetched)
+                : pulse_fail(PULSE_ERR_NOMEM, "loco udp: drift check");
+    if (st != PULSE_OK)
+      goto done;
+    info->drift = pulse_loco_drift_estimate(ctx, L, differ, sketch);
+    if (info->drift <= n->opts.drift_budget) {
+      n->drifted = differ; /* kept until the next check */
+      n->ref_base = base;
+      differ = NULL;
+      goto done;
+    }
+  }
+  ref = malloc((size_t)(2u * P) * sizeof *ref); /* by range: theta, b */
+  if (ref == NULL) {
+    st = pulse_fail(PULSE_ERR_NOMEM, "loco udp: drift check");
     goto done;
   }
   /* Each run of differing ranges in one request of the sync blob. */
@@ -451,27 +524,20 @@ static pulse_status check_drift(pulse_loco_node *n, const char *coord,
     norm += sum_sq(rt, len) - sum_sq(ctx->theta_g + a, len);
   }
   info->drift = norm > 0.0 ? sqrt(diff / norm) : 0.0;
-  n->since_resync++;
-  if (n->since_resync >= n->opts.resync_period ||
-      info->drift > n->opts.drift_budget) {
-    for (uint64_t k = 0; k < count && st == PULSE_OK; k++) {
-      if (!differ[k])
-        continue;
-      uint64_t a = k * L, len = P - a < L ? P - a : L;
-      st = pulse_loco_resync_range(ctx, a, len, ref + 2u * a,
-                                   ref + 2u * a + len);
-      info->resynced_ranges += st == PULSE_OK;
-    }
-    if (st == PULSE_OK) {
-      n->since_resync = 0;
-      memcpy(theta_r, ctx->theta_g, (size_t)P * sizeof *theta_r);
-    }
+  for (uint64_t k = 0; k < count && st == PULSE_OK; k++) {
+    if (!differ[k])
+      continue;
+    uint64_t a = k * L, len = P - a < L ? P - a : L;
+    st = pulse_loco_resync_range(ctx, a, len, ref + 2u * a, ref + 2u * a + len);
+    info->resynced_ranges += st == PULSE_OK;
   }
+  if (st == PULSE_OK)
+    memcpy(theta_r, ctx->theta_g, (size_t)P * sizeof *theta_r);
 done:
   info->resync_bytes += fetched;
   n->fetched += fetched;
   pulse_bytebuf_free(&b);
-  free(differ), free(ref);
+  free(differ), free(ref), free(sketch);
   return st;
 }
 
@@ -515,6 +581,8 @@ static pulse_status close_round(pulse_loco_node *n, uint64_t r, int leaving,
     return st;
   n->coordinated = 1;
   n->coordinated_round = r;
+  free(n->drifted); /* the reference now, whatever it was before */
+  n->drifted = NULL;
   memcpy(n->owed, next, nn * sizeof *next);
   n->nowed = nn;
   loco_node_set_members(n, next, nn);
@@ -556,6 +624,8 @@ static pulse_status follow_round(pulse_loco_node *n, const char *coord,
     PULSE_LOG_AT(PULSE_LOG_WARN, "loco udp round %llu: trainer %u: %s; "
                  "re-syncing the whole state",
                  (unsigned long long)r, n->id, pulse_error_detail());
+    free(n->drifted); /* the reference's state */
+    n->drifted = NULL;
     st = loco_node_catch_up(n, coord, r + 1, theta_r,
                             loco_now_ms() + n->opts.manifest_timeout_ms);
     info->resynced = st == PULSE_OK;
@@ -592,16 +662,26 @@ pulse_status loco_node_udp_round(pulse_loco_node *n, uint64_t r, int leaving,
   pulse_status st =
       ids ? pulse_loco_payload_peek(ctx->payload.data, ctx->payload.size, &h)
           : pulse_fail(PULSE_ERR_NOMEM, "loco udp: members");
+  /* A replica left drifted since its last re-sync names the reference's
+   * base and flags the ranges where it differs (PAYLOAD.md "Drift"). */
+  if (st == PULSE_OK && n->drifted)
+    h.base_digest = n->ref_base;
   if (st == PULSE_OK)
     st = pulse_loco_chunks_encode(&h, ctx->n, ctx->sent_pos, ctx->sent_val,
                                   ctx->sent_count, n->opts.max_datagram,
                                   &chunks, &nchunks);
+  if (st == PULSE_OK && n->drifted)
+    st = pulse_loco_chunks_mark_drifted(&chunks, nchunks, ctx->n, n->drifted,
+                                        n->opts.resync_range);
   if (st == PULSE_OK) {
     info->payload_bytes = chunks.size;
     for (size_t j = 0; j < n->nmembers; j++)
       ids[j] = n->members[j].id;
     st = pulse_loco_inbox_create(ctx, ids, n->nmembers, &in);
   }
+  if (st == PULSE_OK && n->drifted)
+    st = pulse_loco_inbox_set_drift(in, n->ref_base, n->drifted,
+                                    n->opts.resync_range);
   /* The signed list of the chunks' digests goes first: a receiver checks
    * every chunk against it (auth hook). */
   if (st == PULSE_OK)

@@ -324,10 +324,14 @@ pulse_status pulse_loco_payload_decode(const uint8_t *data, size_t size,
 #define PULSE_LOCO_CHUNK_VERSION 1u
 #define PULSE_LOCO_CHUNK_HEADER 68u
 #define PULSE_LOCO_CHUNK_CELL 128u
+/* Chunk flag (beside the payload's GATED and LEAVING): the sender's theta_g
+ * differs from the reference replica's over this chunk's range (drift
+ * between re-syncs), so its gate cannot be checked by a receiver. */
+#define PULSE_LOCO_CHUNK_DRIFTED 4u
 
 /* One chunk's header. */
 typedef struct {
-  uint32_t flags; /* PULSE_LOCO_PAYLOAD_GATED, _LEAVING */
+  uint32_t flags; /* PULSE_LOCO_PAYLOAD_GATED, _LEAVING, CHUNK_DRIFTED */
   uint32_t sender;
   uint64_t round, samples, param_count, base_digest;
   uint64_t start;  /* first parameter of the range, a multiple of the cell */
@@ -351,6 +355,16 @@ pulse_status pulse_loco_chunks_encode(const pulse_loco_payload_header *hdr,
                                       size_t max_datagram, pulse_buffer *out,
                                       uint64_t *nchunks);
 
+/** For a replica that drifted from the reference between re-syncs:
+ * flags PULSE_LOCO_CHUNK_DRIFTED (and re-checksums) every chunk of the
+ * nchunks in chunks (from pulse_loco_chunks_encode for P parameters) whose
+ * range overlaps a range of range_len parameters flagged in drifted.
+ * @return PULSE_OK, PULSE_ERR_ARG, PULSE_ERR_TRUNCATED, PULSE_ERR_CORRUPT. */
+pulse_status pulse_loco_chunks_mark_drifted(pulse_buffer *chunks,
+                                            uint64_t nchunks, uint64_t P,
+                                            const uint8_t *drifted,
+                                            uint64_t range_len);
+
 /** The size of the chunk at the start of data (to walk a buffer of chunks
  * from pulse_loco_chunks_encode). @return PULSE_OK, PULSE_ERR_TRUNCATED,
  * PULSE_ERR_CORRUPT. */
@@ -360,7 +374,7 @@ pulse_status pulse_loco_chunk_size(const uint8_t *data, size_t size,
 /** Decodes one chunk (untrusted bytes: exactly one chunk, checksum, range
  * inside P, positions increasing inside the range, finite values, and a
  * GATED chunk's entries pass the gate against theta_g when theta_g is not
- * NULL). pos and val need room for 64 * PULSE_LOCO_CHUNK_CELL entries.
+ * NULL and the chunk is not DRIFTED). pos and val need room for 64 * PULSE_LOCO_CHUNK_CELL entries.
  * @return PULSE_OK, PULSE_ERR_TRUNCATED, PULSE_ERR_TRAILING, PULSE_ERR_MAGIC,
  * PULSE_ERR_VERSION, PULSE_ERR_SIZE_MISMATCH, PULSE_ERR_CORRUPT. */
 pulse_status pulse_loco_chunk_decode(const uint8_t *data, size_t size,
@@ -400,6 +414,18 @@ pulse_status pulse_loco_inbox_add(pulse_loco_inbox *in, const uint8_t *data,
 void pulse_loco_inbox_stats(const pulse_loco_inbox *in,
                             pulse_loco_chunk_stats *stats);
 
+/** Between re-syncs (PAYLOAD.md "Drift"): chunks must name base_digest
+ * (the reference replica's theta_g digest, which every member learned
+ * with its digests) instead of this replica's own, and the gate is not
+ * checked in the ranges of range_len parameters flagged in drifted (where
+ * this replica's theta_g differs from the reference's; copied; NULL: none).
+ * Call before the first pulse_loco_inbox_add.
+ * @return PULSE_OK, PULSE_ERR_ARG, PULSE_ERR_NOMEM. */
+pulse_status pulse_loco_inbox_set_drift(pulse_loco_inbox *in,
+                                       uint64_t base_digest,
+                                       const uint8_t *drifted,
+                                       uint64_t range_len);
+
 /** Finishes ctx's prepared round from its inbox: per cell, the mean over
  * this trainer and the senders whose chunk for that cell arrived (sample
  * weights, sums in increasing sender id), then the Nesterov step; error
@@ -438,6 +464,30 @@ pulse_status pulse_loco_resync_range(pulse_loco *ctx, uint64_t start,
 /** ||a - b|| / ||a|| over n floats (the drift issue 16 reports, max over
  * pairs); 0 when both are 0. */
 double pulse_loco_drift(const float *theta_a, const float *theta_b, uint64_t n);
+
+/* A sketch of a range of theta_g: PULSE_LOCO_SKETCH sums of its values
+ * under signs drawn from each parameter's index (the same on every
+ * replica). Two replicas' sketches of a range estimate the squared distance
+ * between them there without its values: 8 doubles instead of 4 bytes a
+ * parameter (PAYLOAD.md "Drift"). */
+#define PULSE_LOCO_SKETCH 8u
+
+/** The sketch of theta_g over [start, start + length).
+ * @return PULSE_OK or PULSE_ERR_ARG (range outside the vector). */
+pulse_status pulse_loco_range_sketch(const pulse_loco *ctx, uint64_t start,
+                                     uint64_t length,
+                                     double sketch[PULSE_LOCO_SKETCH]);
+
+/** An estimate of ctx's drift from a reference replica, ||theta_g - ref|| /
+ * ||theta_g||, from the reference's sketches (PULSE_LOCO_SKETCH per range of
+ * range_len parameters, range after range) over the ranges flagged in
+ * differ (the others hold the same bits): each range's squared distance is
+ * estimated by the mean squared difference of the sketches (relative
+ * standard error about 0.5 for one range, less over many). INFINITY on
+ * NULL arguments. */
+double pulse_loco_drift_estimate(const pulse_loco *ctx, uint64_t range_len,
+                                 const uint8_t *differ,
+                                 const double *ref_sketch);
 
 /* ------------------------------------------------------------ HTTP node */
 
@@ -500,10 +550,12 @@ typedef struct {
   double datagram_drop;
   /* UDP, drift: digests cover ranges of this many parameters (a multiple
    * of PULSE_LOCO_CHUNK_CELL). Every round each member compares its range
-   * digests with the reference replica's (the coordinator's), fetches the
-   * ranges that differ and measures its drift; it re-syncs them when
-   * resync_period rounds have passed since its last re-sync or when the
-   * drift exceeds drift_budget. */
+   * digests with the reference replica's (the coordinator's). After round r
+   * with r + 1 a multiple of resync_period it fetches the ranges that
+   * differ, measures its drift and copies them; after the others it
+   * estimates its drift from the reference's range sketches and keeps its
+   * differing ranges (PAYLOAD.md "Drift") unless the estimate exceeds
+   * drift_budget, which re-syncs them. */
   uint32_t resync_range;
   uint32_t resync_period;
   double drift_budget;

@@ -184,9 +184,6 @@ static pulse_status run_diloco(run *r) {
       memcpy(global[i], r->replica[i], P * sizeof *global[i]);
   }
   uint64_t samples = (uint64_t)r->o->inner * pulse_tk_problem_batch(r->p);
-  uint32_t *since = calloc(N, sizeof *since); /* rounds since a re-sync */
-  if (since == NULL)
-    st = pulse_fail(PULSE_ERR_NOMEM, "loco sim: trainers");
   for (uint32_t round = 1; round <= r->o->rounds && st == PULSE_OK; round++) {
     pulse_tk_sim_round rr = {round, 0, 0, 0, 0, 0, 0, 0, 0, N, 1.0, 0.0};
     uint64_t seq = round - 1u;
@@ -252,40 +249,83 @@ static double round_bias(uint64_t P, uint32_t N, float mu, const float *b_old,
   return norm > 0.0 ? dot / norm : 1.0;
 }
 
+/* The node's drift check for trainer i after round seq (node_udp.c
+ * check_drift) against trainer 0, the reference: the ranges that differ
+ * are copied in a re-sync round, or when the drift estimated from the
+ * sketches (ref_sketch) exceeds the budget; otherwise they stay flagged in
+ * mask (count ranges). */
+static pulse_status check_drift(run *r, pulse_loco **ctx, uint32_t i,
+                                uint64_t seq, const double *ref_sketch,
+                                uint8_t *mask) {
+  uint64_t P = r->P, L = r->o->resync_range, count = (P + L - 1) / L;
+  uint32_t ndiff = 0;
+  for (uint64_t k = 0; k < count; k++) {
+    uint64_t a = k * L, len = P - a < L ? P - a : L, mine, ref;
+    pulse_loco_range_digest(ctx[i], a, len, &mine);
+    pulse_loco_range_digest(ctx[0], a, len, &ref);
+    mask[k] = mine != ref;
+    ndiff += mask[k];
+  }
+  if (ndiff == 0)
+    return PULSE_OK;
+  if ((seq + 1) % r->o->resync_period != 0 &&
+      pulse_loco_drift_estimate(ctx[i], L, mask, ref_sketch) <=
+          r->o->drift_budget)
+    return PULSE_OK; /* left drifted: mask says where */
+  /* The whole vector: the ranges that agree are the same bits. */
+  PULSE_TRY(pulse_loco_resync_range(ctx[i], 0, P, pulse_loco_global(ctx[0]),
+                                    pulse_loco_momentum(ctx[0])));
+  memcpy(r->replica[i], pulse_loco_global(ctx[i]), (size_t)P * sizeof(float));
+  memset(mask, 0, (size_t)count);
+  return PULSE_OK;
+}
+
 /* A prepared round over datagrams (toolkit_sim.h, chunked): every
  * trainer's payload as chunks, each lost per receiver by the node's draw,
- * every receiver's per-cell aggregate, then the re-syncs to trainer 0.
- * *drift: the max over pairs before them. */
+ * every receiver's per-cell aggregate, then the drift checks against
+ * trainer 0. drifted: per trainer, its ranges left differing from trainer
+ * 0's since its last re-sync (N x count; trainer 0's stay 0). *drift: the
+ * max over pairs before the checks. */
 static pulse_status chunked_round(run *r, pulse_loco **ctx, uint64_t seq,
-                                  uint32_t *since, double *drift) {
+                                  uint8_t *drifted, double *drift) {
   uint32_t N = r->N;
-  uint64_t P = r->P;
+  uint64_t P = r->P, L = r->o->resync_range, count = (P + L - 1) / L;
   pulse_buffer *chunks = calloc(N, sizeof *chunks);
-  uint64_t *count = calloc(N, sizeof *count);
+  uint64_t *nchunks = calloc(N, sizeof *nchunks);
   uint32_t *ids = calloc(N, sizeof *ids);
-  pulse_status st = chunks && count && ids
+  double *sketch = malloc((size_t)count * PULSE_LOCO_SKETCH * sizeof *sketch);
+  pulse_status st = chunks && nchunks && ids && sketch
                         ? PULSE_OK
                         : pulse_fail(PULSE_ERR_NOMEM, "loco sim: chunks");
+  /* The base every replica's chunks name: the reference's. */
+  uint64_t base = pulse_loco_global_digest(ctx[0]);
   for (uint32_t i = 0; i < N && st == PULSE_OK; i++) {
     ids[i] = i;
     pulse_loco_payload_header h;
     pulse_loco_entries e = PULSE_LOCO_ENTRIES_INIT;
     st = pulse_loco_payload_decode(r->msgs[i].data, r->msgs[i].size,
                                    pulse_loco_global(ctx[i]), NULL, P, &h, &e);
+    h.base_digest = base;
     if (st == PULSE_OK)
       st = pulse_loco_chunks_encode(&h, P, e.pos, e.val, e.count,
-                                    r->o->max_datagram, &chunks[i], &count[i]);
+                                    r->o->max_datagram, &chunks[i],
+                                    &nchunks[i]);
+    if (st == PULSE_OK && memchr(drifted + i * count, 1, (size_t)count))
+      st = pulse_loco_chunks_mark_drifted(&chunks[i], nchunks[i], P,
+                                          drifted + i * count, L);
     pulse_loco_entries_free(&e);
   }
   for (uint32_t to = 0; to < N && st == PULSE_OK; to++) {
     pulse_loco_inbox *in = NULL;
     st = pulse_loco_inbox_create(ctx[to], ids, N, &in);
+    if (st == PULSE_OK && memchr(drifted + to * count, 1, (size_t)count))
+      st = pulse_loco_inbox_set_drift(in, base, drifted + to * count, L);
     for (uint32_t from = 0; from < N && st == PULSE_OK; from++) {
       if (from == to)
         continue;
       const uint8_t *p = chunks[from].data;
       size_t left = chunks[from].size;
-      for (uint64_t k = 0; k < count[from] && st == PULSE_OK; k++) {
+      for (uint64_t k = 0; k < nchunks[from] && st == PULSE_OK; k++) {
         size_t cs;
         st = pulse_loco_chunk_size(p, left, &cs);
         if (st == PULSE_OK &&
@@ -307,27 +347,16 @@ static pulse_status chunked_round(run *r, pulse_loco **ctx, uint64_t seq,
           pulse_loco_drift(pulse_loco_global(ctx[a]), pulse_loco_global(ctx[b]), P);
       *drift = d > *drift ? d : *drift;
     }
-  /* The node's policy (pulse_loco_node_opts): a member whose replica
-   * differs re-syncs when its period is up or its drift over budget. */
-  const float *ref = pulse_loco_global(ctx[0]), *ref_b = pulse_loco_momentum(ctx[0]);
-  for (uint32_t i = 1; i < N && st == PULSE_OK; i++) {
-    const float *g = pulse_loco_global(ctx[i]);
-    if (memcmp(g, ref, (size_t)P * sizeof *g) == 0 &&
-        memcmp(pulse_loco_momentum(ctx[i]), ref_b, (size_t)P * sizeof *g) == 0) {
-      since[i] = 0;
-      continue;
-    }
-    since[i]++;
-    if (since[i] >= r->o->resync_period ||
-        pulse_loco_drift(ref, g, P) > r->o->drift_budget) {
-      st = pulse_loco_resync_range(ctx[i], 0, P, ref, ref_b);
-      memcpy(r->replica[i], pulse_loco_global(ctx[i]), (size_t)P * sizeof *g);
-      since[i] = 0;
-    }
+  for (uint64_t k = 0; k < count && st == PULSE_OK && r->o->resync_period > 1;
+       k++) {
+    uint64_t a = k * L, len = P - a < L ? P - a : L;
+    st = pulse_loco_range_sketch(ctx[0], a, len, sketch + k * PULSE_LOCO_SKETCH);
   }
+  for (uint32_t i = 1; i < N && st == PULSE_OK; i++)
+    st = check_drift(r, ctx, i, seq, sketch, drifted + i * count);
   for (uint32_t i = 0; chunks && i < N; i++)
     pulse_buffer_free(&chunks[i]);
-  free(chunks), free(count), free(ids);
+  free(chunks), free(nchunks), free(ids), free(sketch);
   return st;
 }
 
@@ -353,8 +382,9 @@ static pulse_status run_pulseloco(run *r) {
     st = pulse_loco_create(&lo, r->replica[i], &ctx[i]);
   }
   uint64_t samples = (uint64_t)r->o->inner * pulse_tk_problem_batch(r->p);
-  uint32_t *since = calloc(N, sizeof *since); /* rounds since a re-sync */
-  if (since == NULL)
+  uint64_t nranges = (P + r->o->resync_range - 1) / r->o->resync_range;
+  uint8_t *drifted = calloc((size_t)N * nranges, 1); /* chunked_round */
+  if (drifted == NULL)
     st = pulse_fail(PULSE_ERR_NOMEM, "loco sim: trainers");
   for (uint32_t round = 1; round <= r->o->rounds && st == PULSE_OK; round++) {
     pulse_tk_sim_round rr = {round, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1.0, 0.0};
@@ -382,7 +412,7 @@ static pulse_status run_pulseloco(run *r) {
       st = pulse_tk_exchange_receive(r->x, 0, seq, payload_cap(P), r->msgs);
       rr.contributors = N;
       if (st == PULSE_OK)
-        st = chunked_round(r, ctx, seq, since, &rr.drift);
+        st = chunked_round(r, ctx, seq, drifted, &rr.drift);
     }
     /* A lost payload was sent (and is counted) but leaves the round. */
     for (uint32_t i = 0; i < N && st == PULSE_OK && !r->o->chunked; i++) {
@@ -408,7 +438,7 @@ static pulse_status run_pulseloco(run *r) {
   for (uint32_t i = 0; ctx && i < N; i++)
     pulse_loco_free(ctx[i]);
   free(ctx), free(set), free(sent), free(e0), free(b_old), free(acc);
-  free(since);
+  free(drifted);
   return st;
 }
 
@@ -430,6 +460,7 @@ static pulse_status check_opts(const pulse_tk_problem *p,
                       "loco sim: options missing or of another version");
   if (o->chunked &&
       (o->rule != PULSE_LOCO_RULE_DROP || o->resync_period == 0 ||
+       o->resync_range == 0 || o->resync_range % PULSE_LOCO_CHUNK_CELL != 0 ||
        o->max_datagram < pulse_loco_chunk_bound() ||
        !(o->datagram_drop >= 0.0 && o->datagram_drop <= 1.0)))
     return pulse_fail(PULSE_ERR_ARG,

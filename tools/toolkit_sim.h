@@ -62,20 +62,24 @@ typedef struct {
    * each receiver when pulse_loco_datagram_draw(drop_seed, round, sender,
    * receiver, index) < datagram_drop; every receiver aggregates what it
    * got (pulse_loco_finish_inbox), then re-syncs to trainer 0 (the
-   * reference) as the node does: when resync_period rounds passed since
-   * its last re-sync or its drift exceeds drift_budget. */
+   * reference) as the node does (PAYLOAD.md "Drift"): the ranges of
+   * resync_range parameters that differ, in every round r with (r + 1) a
+   * multiple of resync_period, and in between when the drift estimated
+   * from the sketches exceeds drift_budget; a replica left drifted names
+   * the reference's base and flags its drifted ranges in its chunks. */
   int chunked;
   double datagram_drop;
   uint32_t max_datagram;
   uint32_t resync_period;
   double drift_budget;
+  uint32_t resync_range;
 } pulse_tk_sim_opts;
 
 #define PULSE_TK_SIM_OPTS_VERSION 4u
 #define PULSE_TK_SIM_OPTS_INIT                                                 \
   {                                                                            \
     PULSE_TK_SIM_OPTS_VERSION, PULSE_TK_SIM_PULSELOCO, 3, 50, 20, 0.7f, 0.9f,  \
-        0.0, 1, PULSE_TK_DENSE_FP32, 0, 0, 0, 0.0, 1472, 1, 0.01               \
+        0.0, 1, PULSE_TK_DENSE_FP32, 0, 0, 0, 0.0, 1472, 1, 0.01, 1024         \
   }
 
 /* One round of a run, as reported to the callback (round 0: the start). */

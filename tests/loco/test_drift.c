@@ -148,3 +148,47 @@ Test(loco, resync_refuses_bad_ranges_and_non_finite_values) {
   cr_assert_eq(pulse_loco_global_digest(ctx), before);
   pulse_loco_free(ctx);
 }
+
+/* Between re-syncs a member estimates its drift from the reference's range
+ * sketches instead of its values (PAYLOAD.md "Drift"): close to the exact
+ * drift when ranges differ, and exactly 0 over ranges flagged as equal. */
+Test(loco, sketch_estimates_the_drift_without_the_values, .timeout = 60) {
+  enum { SP = 65536, SR = 1024, SC = SP / SR };
+  float *theta = malloc(SP * sizeof *theta), *moved = malloc(SP * sizeof *moved);
+  float *zero = calloc(SP, sizeof *zero);
+  double *sketch = malloc(SC * PULSE_LOCO_SKETCH * sizeof *sketch);
+  uint8_t differ[SC];
+  lt_fill_weights(theta, SP, 5, 0.5f);
+  pulse_loco *ref = lt_ctx(SP, 0, theta), *mine = lt_ctx(SP, 1, theta);
+  for (uint64_t k = 0; k < SC; k++)
+    cr_assert_eq(pulse_loco_range_sketch(ref, k * SR, SR,
+                                         sketch + k * PULSE_LOCO_SKETCH),
+                 PULSE_OK);
+  uint64_t rng = 9;
+  const double scales[] = {1e-4, 1e-3, 1e-2};
+  for (size_t s = 0; s < 3; s++) {
+    /* Every other range moved by a relative `scale`. */
+    memcpy(moved, theta, SP * sizeof *moved);
+    for (uint64_t k = 0; k < SC; k += 2)
+      for (uint64_t i = k * SR; i < (k + 1) * SR; i++)
+        moved[i] += (float)scales[s] * lt_normal(&rng) * fabsf(theta[i]);
+    cr_assert_eq(pulse_loco_resync_range(mine, 0, SP, moved, zero), PULSE_OK);
+    for (uint64_t k = 0; k < SC; k++) {
+      uint64_t a, b;
+      pulse_loco_range_digest(ref, k * SR, SR, &a);
+      pulse_loco_range_digest(mine, k * SR, SR, &b);
+      differ[k] = a != b;
+    }
+    double exact = pulse_loco_drift(moved, theta, SP);
+    double est = pulse_loco_drift_estimate(mine, SR, differ, sketch);
+    cr_log_info("scale %g: drift %g, estimate %g", scales[s], exact, est);
+    cr_assert(exact > 0.0);
+    cr_assert(est > 0.8 * exact && est < 1.2 * exact,
+              "scale %g: estimate %g, drift %g", scales[s], est, exact);
+  }
+  /* Ranges flagged as equal count nothing; no flag, no drift. */
+  memset(differ, 0, sizeof differ);
+  cr_assert_eq(pulse_loco_drift_estimate(mine, SR, differ, sketch), 0.0);
+  pulse_loco_free(ref), pulse_loco_free(mine);
+  free(theta), free(moved), free(zero), free(sketch);
+}

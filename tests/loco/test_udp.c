@@ -33,6 +33,7 @@ typedef struct {
   /* per round, after it */
   double drift[ROUNDS];
   uint64_t digest[ROUNDS];
+  uint64_t resync_bytes[ROUNDS];
   uint64_t dropped, sent, accepted, refused, resynced;
   pulse_loco_chunk_stats why; /* summed over rounds */
   uint64_t refused_source;
@@ -57,6 +58,7 @@ static void *run_utrainer(void *arg) {
     if (t->st != PULSE_OK)
       break;
     t->drift[r] = info.drift;
+    t->resync_bytes[r] = info.resync_bytes;
     t->digest[r] = pulse_loco_global_digest(t->ctx);
     t->dropped += info.datagrams_dropped;
     t->sent += info.datagrams_sent;
@@ -147,8 +149,8 @@ static pulse_loco_node_opts udp_opts(double drop) {
 }
 
 /* The in-process run of the same rounds (sim options as the nodes'). */
-static float *replay(const pulse_tk_problem *p, int chunked, double drop,
-                     double *max_drift) {
+static float *replay_period(const pulse_tk_problem *p, int chunked,
+                            double drop, uint32_t period, double *max_drift) {
   uint64_t P = pulse_tk_problem_param_count(p);
   pulse_tk_sim_opts so = PULSE_TK_SIM_OPTS_INIT;
   so.trainers = UT;
@@ -158,11 +160,18 @@ static float *replay(const pulse_tk_problem *p, int chunked, double drop,
   so.datagram_drop = drop;
   so.drop_seed = 7;
   so.max_datagram = 1200;
+  so.resync_range = 256;
+  so.resync_period = period;
   float *want = malloc(P * 4);
   *max_drift = 0.0;
   cr_assert_eq(pulse_tk_sim_run(p, &so, NULL, NULL, want), PULSE_OK, "%s",
                pulse_error_detail());
   return want;
+}
+
+static float *replay(const pulse_tk_problem *p, int chunked, double drop,
+                     double *max_drift) {
+  return replay_period(p, chunked, drop, 1, max_drift);
 }
 
 Test(loco, udp_run_without_loss_equals_the_http_run_bit_for_bit,
@@ -240,6 +249,61 @@ Test(loco, udp_loss_drift_stays_in_budget_and_resync_restores_the_bits,
   /* And loss changed something: not the lossless run. */
   want = replay(p, 0, 0.0, &d);
   cr_assert_neq(memcmp(pulse_loco_global(t[0].ctx), want, P * 4), 0);
+  free(want);
+  ufree(t, UT);
+  pulse_tk_problem_free(p);
+}
+
+/* With a re-sync every 3 rounds (rounds 2 and 5): in between the replicas
+ * differ, yet every chunk of a drifted replica is taken (the base its
+ * chunks name is the reference's, its drifted ranges flagged), only the
+ * digests and sketches travel (no values), the estimated drift stays under
+ * the budget; after each re-sync round every replica is the reference's
+ * bits; and the run equals its in-process replay bit for bit. */
+Test(loco, udp_resync_period_3_keeps_drifted_chunks_and_equals_its_replay,
+     .timeout = 300) {
+  pulse_tk_problem *p = uproblem();
+  uint64_t P = pulse_tk_problem_param_count(p);
+  utrainer t[UT];
+  memset(t, 0, sizeof t);
+  pulse_loco_member m[UT];
+  pulse_loco_node_opts no = udp_opts(0.2);
+  no.resync_period = 3;
+  ustart(t, UT, p, &no, m);
+  urun(t, UT);
+  uint64_t count = (P + no.resync_range - 1) / no.resync_range;
+  /* The digests (24-byte header, 8 a range) and sketches (8 doubles a
+   * range): a round that fetched more fetched values. */
+  uint64_t checks = 24u + 8u * count + 64u * count;
+  int drifted_between = 0;
+  for (uint32_t i = 1; i < UT; i++) {
+    cr_assert_eq(t[i].refused, 0,
+                 "trainer %u refused chunks: malformed %llu (gate), other "
+                 "base?",
+                 i, (unsigned long long)t[i].why.malformed);
+    for (uint32_t r = 0; r < ROUNDS; r++) {
+      cr_assert(t[i].drift[r] <= no.drift_budget,
+                "trainer %u round %u: drift %g over the budget", i, r,
+                t[i].drift[r]);
+      if ((r + 1) % 3 == 0) {
+        cr_assert_eq(t[i].digest[r], t[0].digest[r],
+                     "trainer %u differs from the reference after re-sync "
+                     "round %u",
+                     i, r);
+      } else {
+        cr_assert(t[i].resync_bytes[r] <= checks,
+                  "trainer %u round %u fetched %llu bytes (values?)", i, r,
+                  (unsigned long long)t[i].resync_bytes[r]);
+        drifted_between |= t[i].digest[r] != t[0].digest[r];
+      }
+    }
+    cr_assert(t[i].resynced > 0, "trainer %u never re-synced", i);
+  }
+  cr_assert(drifted_between, "no replica drifted between re-syncs");
+  double d;
+  float *want = replay_period(p, 1, 0.2, 3, &d);
+  cr_assert_eq(memcmp(pulse_loco_global(t[0].ctx), want, P * 4), 0,
+               "the UDP run differs from its in-process chunked replay");
   free(want);
   ufree(t, UT);
   pulse_tk_problem_free(p);
