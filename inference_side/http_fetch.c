@@ -232,6 +232,21 @@ static pulse_status set_conditions(CURL *e, pulse_fetch_xfer *x) {
     }
     list = more;
   }
+  if (x->method == PULSE_FETCH_POST && x->post_size > 0) {
+    /* Raw bytes, not a form: the server reads them as they are. The body
+     * waits for the server's 100 Continue (whatever its size), so that a
+     * server refusing it at its headers (413) is heard, not cut off. */
+    static const char *const post_headers[] = {
+        "Content-Type: application/octet-stream", "Expect: 100-continue"};
+    for (int i = 0; i < 2; i++) {
+      struct curl_slist *more = curl_slist_append(list, post_headers[i]);
+      if (more == NULL) {
+        curl_slist_free_all(list);
+        return pulse_fail(PULSE_ERR_NOMEM, "curl headers");
+      }
+      list = more;
+    }
+  }
   x->slist = list;
   if (list != NULL)
     curl_easy_setopt(e, CURLOPT_HTTPHEADER, list);
@@ -313,8 +328,11 @@ static pulse_status setup(pulse_fetch *f, pulse_fetch_xfer *x,
     curl_easy_setopt(e, CURLOPT_NOBODY, 1L);
   if (x->method == PULSE_FETCH_POST) {
     curl_easy_setopt(e, CURLOPT_POST, 1L);
-    curl_easy_setopt(e, CURLOPT_POSTFIELDS, "");
-    curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE, 0L);
+    /* The body is the caller's (not copied): it outlives the transfer. */
+    curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE,
+                     (curl_off_t)(x->post_data ? x->post_size : 0));
+    curl_easy_setopt(e, CURLOPT_POSTFIELDS,
+                     x->post_data ? (const char *)x->post_data : "");
   }
   pulse_status st = set_conditions(e, x);
   if (st == PULSE_OK && curl_multi_add_handle(f->multi, e) != CURLM_OK)

@@ -135,7 +135,7 @@ uint64_t pulse_fetch_now_us(void);
 typedef enum {
   PULSE_FETCH_GET = 0,
   PULSE_FETCH_HEAD,
-  PULSE_FETCH_POST /* with an empty body */
+  PULSE_FETCH_POST /* with post_data's body (none: empty) */
 } pulse_fetch_method;
 
 /* One HTTP transfer: what to ask, where the body goes, what came back.
@@ -161,6 +161,10 @@ typedef struct pulse_fetch_xfer {
    * whole body for a ranged try without one) is refused as `changed`:
    * its bytes are another version's. "": none. */
   char if_range[100];
+  /* POST: the body (the caller's, unchanged until the transfer ends; sent
+   * as application/octet-stream); NULL: an empty body. */
+  const void *post_data;
+  uint64_t post_size;
   /* ---- sink: a file (fd >= 0) or memory */
   int fd;
   uint64_t fd_origin;    /* object offset of the file's byte 0 */

@@ -98,6 +98,15 @@ pulse_status pulse_loco_collab_create(const pulse_loco_collab_opts *opts,
   if (strlen(host) > 15 || !loco_url_valid(probe))
     return pulse_fail(PULSE_ERR_ARG,
                       "loco collab: host '%s' is not an IPv4 address", host);
+  const char *client_of = opts->client_of;
+  if (client_of != NULL && (strlen(client_of) > 32 || !loco_url_valid(client_of)))
+    return pulse_fail(PULSE_ERR_ARG,
+                      "loco collab: client_of '%s' is not http://A.B.C.D:PORT",
+                      client_of);
+  if (client_of != NULL && opts->partitioned)
+    return pulse_fail(PULSE_ERR_ARG,
+                      "loco collab: a client-mode peer cannot use partitioned "
+                      "averaging (a range owner must accept connections)");
   pulse_loco_collab *c = calloc(1, sizeof *c);
   if (c != NULL) {
     c->members = calloc(LOCO_MAX_MEMBERS, sizeof *c->members);
@@ -112,16 +121,27 @@ pulse_status pulse_loco_collab_create(const pulse_loco_collab_opts *opts,
   }
   c->opts = *opts;
   c->opts.host = NULL;
+  c->opts.client_of = NULL;
   c->ctx = ctx;
   c->id = pulse_loco_trainer_id(ctx);
   pthread_mutex_init(&c->lock, NULL);
-  pulse_status st = loco_server_start_on(host, collab_on_post, c, &c->srv);
+  /* A serving peer takes uploads of one payload at most; a client's table
+   * listens nowhere. */
+  pulse_status st = loco_server_start_uploads(
+      client_of ? NULL : host, collab_on_post, collab_on_upload, c,
+      collab_payload_cap(ctx), &c->srv);
   if (st != PULSE_OK) {
     pulse_loco_collab_free(c);
     return st;
   }
-  snprintf(c->url, sizeof c->url, "http://%s:%u", host,
-           (unsigned)loco_server_port(c->srv));
+  if (client_of != NULL) {
+    snprintf(c->host_url, sizeof c->host_url, "%s", client_of);
+    snprintf(c->url, sizeof c->url, "%s" LOCO_HOSTED_PREFIX "%u", client_of,
+             c->id);
+  } else {
+    snprintf(c->url, sizeof c->url, "http://%s:%u", host,
+             (unsigned)loco_server_port(c->srv));
+  }
   *out = c;
   return PULSE_OK;
 }
@@ -157,7 +177,8 @@ pulse_status pulse_loco_collab_start(pulse_loco_collab *c,
   pulse_loco_member *sorted = malloc(count * sizeof *sorted);
   if (sorted == NULL)
     return pulse_fail(PULSE_ERR_NOMEM, "loco collab: members");
-  pulse_status st = loco_members_founding(members, count, c->id, "loco collab", "peer", sorted);
+  pulse_status st = loco_members_founding(members, count, c->id, "loco collab", "peer", 1,
+                                          sorted);
   if (st == PULSE_OK)
     collab_set_members(c, sorted, count);
   free(sorted);
@@ -249,7 +270,13 @@ pulse_status pulse_loco_collab_join(pulse_loco_collab *c, const char *seed,
     loco_manifest view;
     memset(&view, 0, sizeof view);
     st = get_view(c, seed, left_ms(end), &view);
-    if (st == PULSE_OK && loco_member_find(view.members, view.nmembers, c->id) >= 0) {
+    int at = st == PULSE_OK ? loco_member_find(view.members, view.nmembers, c->id)
+                            : -1;
+    /* Listed under another URL (a client that moved to another host, not
+     * yet left out by the members): not admitted yet. */
+    if (at >= 0 && strcmp(view.members[at].url, c->url) != 0)
+      at = -1;
+    if (at >= 0) {
       st = pulse_loco_collab_import(c, seed, view.round, theta_r, left_ms(end));
       if (st == PULSE_OK) {
         collab_set_members(c, view.members, view.nmembers);
@@ -261,7 +288,8 @@ pulse_status pulse_loco_collab_join(pulse_loco_collab *c, const char *seed,
         return st;
       }
     } else if (st == PULSE_OK) {
-      /* Ask every member: whoever writes the next round admits. */
+      /* Ask every member: whoever writes the next round admits (a
+       * client-mode member's URL reaches its host, which ignores it). */
       for (size_t i = 0; i < view.nmembers; i++) {
         char url[200];
         long status;
@@ -278,4 +306,178 @@ pulse_status pulse_loco_collab_join(pulse_loco_collab *c, const char *seed,
                                      "loco collab join: not admitted through "
                                      "%s in %u ms",
                                      seed, timeout_ms);
+}
+
+/* ------------------------------------------------------------ client mode */
+
+void pulse_loco_collab_hosted(const pulse_loco_collab *c, uint64_t *stored,
+                              uint64_t *refused) {
+  pthread_mutex_t *lock = (pthread_mutex_t *)&c->lock;
+  pthread_mutex_lock(lock);
+  if (stored)
+    *stored = c->hosted_stored;
+  if (refused)
+    *refused = c->hosted_refused;
+  pthread_mutex_unlock(lock);
+}
+
+/* Parses "/v1/hosted/ID/v1/loco/round/R" (plain decimals). */
+static int hosted_payload_path(const char *path, uint32_t *id, uint64_t *r) {
+  static const char mid[] = "/v1/loco/round/";
+  size_t k = strlen(LOCO_HOSTED_PREFIX);
+  if (strncmp(path, LOCO_HOSTED_PREFIX, k) != 0)
+    return 0;
+  const char *p = path + k, *slash = strchr(p, '/');
+  char idtext[12];
+  if (slash == NULL || (size_t)(slash - p) >= sizeof idtext)
+    return 0;
+  memcpy(idtext, p, (size_t)(slash - p));
+  idtext[slash - p] = '\0';
+  if (!loco_parse_id(idtext, id) || strncmp(slash, mid, sizeof mid - 1) != 0)
+    return 0;
+  const char *q = slash + sizeof mid - 1;
+  if (q[0] < '0' || q[0] > '9' || (q[0] == '0' && q[1] != '\0') ||
+      strlen(q) > 19)
+    return 0;
+  char *end;
+  *r = strtoull(q, &end, 10);
+  return *end == '\0';
+}
+
+/* Why an upload is refused (NULL: stored): its status into *status. Caller
+ * holds the lock. */
+static const char *upload_refusal(pulse_loco_collab *c, const char *id_text,
+                                  const uint8_t *body, size_t size,
+                                  uint32_t id, uint64_t r, unsigned *status) {
+  uint32_t qid;
+  *status = 400;
+  if (!loco_parse_id(id_text, &qid) || qid != id)
+    return "id missing or not the path's";
+  char mine[96];
+  snprintf(mine, sizeof mine, "%s" LOCO_HOSTED_PREFIX "%u", c->url, id);
+  int at = loco_member_find(c->members, c->nmembers, id);
+  if (r > c->cur_round)
+    return *status = 503, "not at that round yet";
+  if (r < c->cur_round)
+    return *status = 409, "that round is over here";
+  if (at < 0 || strcmp(c->members[at].url, mine) != 0)
+    return *status = 403, "not a client-mode member hosted here this round";
+  pulse_loco_payload_header h;
+  if (body == NULL ||
+      pulse_loco_payload_peek(body, size, &h) != PULSE_OK)
+    return *status = 422, "the body does not decode as a payload";
+  if (h.sender != id || h.round != r || h.param_count != c->ctx->n)
+    return *status = 422,
+           "the payload is another sender's, round's or model's";
+  return NULL;
+}
+
+unsigned collab_on_upload(void *user, const char *path, const char *id_text,
+                          const uint8_t *body, size_t size, char *reply,
+                          size_t cap) {
+  pulse_loco_collab *c = user;
+  uint32_t id = 0;
+  uint64_t r = 0;
+  unsigned status;
+  pthread_mutex_lock(&c->lock);
+  const char *why = "no such upload path";
+  status = 404;
+  if (hosted_payload_path(path, &id, &r))
+    why = upload_refusal(c, id_text, body, size, id, r, &status);
+  if (why != NULL)
+    c->hosted_refused++;
+  pthread_mutex_unlock(&c->lock);
+  if (why != NULL) {
+    snprintf(reply, cap, "{\"error\":\"%s\"}", why);
+    return status;
+  }
+  /* Served from here as if it were this peer's own: the same path under
+   * the client's URL; its uploads of older rounds go. */
+  if (loco_server_put(c->srv, path, body, size) != PULSE_OK) {
+    snprintf(reply, cap, "{\"error\":\"out of memory\"}");
+    pthread_mutex_lock(&c->lock);
+    c->hosted_refused++;
+    pthread_mutex_unlock(&c->lock);
+    return 500;
+  }
+  if (r >= 2) {
+    char prefix[64];
+    snprintf(prefix, sizeof prefix, LOCO_HOSTED_PREFIX "%u/v1/loco/round/", id);
+    loco_server_drop(c->srv, prefix, r - 1);
+  }
+  pthread_mutex_lock(&c->lock);
+  c->hosted_stored++;
+  pthread_mutex_unlock(&c->lock);
+  snprintf(reply, cap, "{\"stored\":%zu}", size);
+  return 200;
+}
+
+/* The next host after a failed one: the first serving member after it in
+ * id order (wrapping) that answers; the old one when none does. */
+static void pick_next_host(pulse_loco_collab *c) {
+  size_t M = c->nmembers, from = 0;
+  for (size_t i = 0; i < M; i++)
+    if (strcmp(c->members[i].url, c->host_url) == 0)
+      from = i + 1;
+  for (size_t j = 0; j < M; j++) {
+    const pulse_loco_member *m = &c->members[(from + j) % M];
+    if (m->id == c->id || loco_url_hosted(m->url, NULL, 0, NULL) ||
+        strcmp(m->url, c->host_url) == 0)
+      continue;
+    loco_manifest view;
+    memset(&view, 0, sizeof view);
+    pulse_status st = get_view(c, m->url, c->opts.claim_timeout_ms, &view);
+    loco_manifest_free(&view);
+    if (st == PULSE_OK) {
+      snprintf(c->host_url, sizeof c->host_url, "%s", m->url);
+      break;
+    }
+  }
+  snprintf(c->url, sizeof c->url, "%.40s" LOCO_HOSTED_PREFIX "%u", c->host_url,
+           c->id);
+  snprintf(c->rejoin_url, sizeof c->rejoin_url, "%s", c->host_url);
+}
+
+pulse_status collab_client_push(pulse_loco_collab *c, uint64_t r,
+                                const uint8_t *payload, size_t size) {
+  char url[192];
+  url_fmt(url, sizeof url, c->url, "/v1/loco/round/%" PRIu64 "?id=%u", r,
+          c->id);
+  /* The host may still finish the last round (503), or be gone (no answer:
+   * as long as a writer is given before it counts as dead). */
+  uint64_t end = loco_now_ms() + c->opts.claim_timeout_ms;
+  long status = 0;
+  pulse_bytebuf reply = PULSE_BYTEBUF_INIT;
+  do {
+    pulse_bytebuf_free(&reply);
+    pulse_status st = loco_http_post_body(url, left_ms(end), payload, size,
+                                          &reply, &status);
+    if (st != PULSE_OK) {
+      pulse_bytebuf_free(&reply);
+      return st;
+    }
+    if (status == 200) {
+      pulse_bytebuf_free(&reply);
+      c->pushed += size;
+      return PULSE_OK;
+    }
+    if (status != 0 && status != 503)
+      break;
+    loco_sleep_ms(status == 0 ? 5 : 2);
+  } while (loco_now_ms() < end);
+  char said[160] = "";
+  if (reply.size > 0)
+    snprintf(said, sizeof said, ": %.*s",
+             (int)(reply.size < 120 ? reply.size : 120), (const char *)reply.data);
+  pulse_bytebuf_free(&reply);
+  char old[64];
+  snprintf(old, sizeof old, "%s", c->host_url);
+  c->dropped = 1;
+  pick_next_host(c);
+  return pulse_fail(PULSE_ERR_IO,
+                    "loco collab client %u: round %" PRIu64
+                    ": host %s took no payload (HTTP %ld%s); the round goes "
+                    "on without it (its samples stay in error feedback), the "
+                    "next call rejoins through %s",
+                    c->id, r, old, status, said, c->host_url);
 }

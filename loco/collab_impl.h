@@ -10,6 +10,7 @@
 #include "http_impl.h"
 #include "loco_impl.h"
 #include "manifest_impl.h"
+#include "payload_impl.h"
 #include "pulse_loco_collab.h"
 #include "status_impl.h"
 
@@ -46,6 +47,11 @@ struct pulse_loco_collab {
   char url[64];
   uint32_t id;
   uint64_t fetched; /* bodies downloaded this round */
+  uint64_t pushed;  /* client mode: bodies uploaded this round */
+  /* Client mode: the host's URL ("" when this peer serves). */
+  char host_url[64];
+  /* Hosting: uploads stored and refused (under lock). */
+  uint64_t hosted_stored, hosted_refused;
   int dropped;      /* the last manifest did not list this peer */
   char rejoin_url[64];
   /* Written by the main thread under lock, read by the server thread. */
@@ -73,6 +79,13 @@ struct pulse_loco_collab {
   size_t nacks;
 };
 
+/* The largest payload of ctx's size (a bound on what is fetched or
+ * uploaded as one). */
+static inline size_t collab_payload_cap(const pulse_loco *ctx) {
+  uint64_t chunks = (ctx->n >> LOCO_CHUNK_LOG2_MIN) + 1u;
+  return (size_t)(LOCO_HEADER_SIZE + 32u * chunks + 16u * ctx->n + 1024u);
+}
+
 /* Publishing (collab.c): the view of the next round's members
  * (/v1/loco/members), the context's state (/v1/loco/state/ROUND), this
  * peer's progress record (/v1/loco/progress); the members of the
@@ -83,6 +96,17 @@ void collab_publish_own_progress(pulse_loco_collab *c, uint64_t r,
                                  uint64_t done, uint64_t busy_ms);
 void collab_set_members(pulse_loco_collab *c, const pulse_loco_member *m,
                         size_t count);
+
+/* Client mode (collab.c): hosting a client's uploads (the server's upload
+ * callback), and a client's upload of its payload of round r to its host.
+ * A push that fails (the host gone, or refused) leaves the peer dropped
+ * with another serving member as its next host (its next call rejoins);
+ * an error. */
+unsigned collab_on_upload(void *user, const char *path, const char *id,
+                          const uint8_t *body, size_t size, char *reply,
+                          size_t cap);
+pulse_status collab_client_push(pulse_loco_collab *c, uint64_t r,
+                                const uint8_t *payload, size_t size);
 
 /* The writer's side (collab_writer.c). */
 unsigned collab_on_post(void *user, const char *path, const char *id,

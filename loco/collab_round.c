@@ -725,6 +725,7 @@ pulse_status pulse_loco_collab_round(pulse_loco_collab *c, float *theta_r,
   uint64_t t0 = loco_now_ms();
   uint64_t served0 = loco_server_bytes_served(c->srv);
   c->fetched = 0;
+  c->pushed = 0;
   uint64_t r = pulse_loco_round(c->ctx);
   info->round = r;
   if (c->dropped) {
@@ -782,6 +783,8 @@ pulse_status pulse_loco_collab_round(pulse_loco_collab *c, float *theta_r,
     char path[64];
     snprintf(path, sizeof path, "/v1/loco/round/%" PRIu64, r);
     st = loco_server_put(c->srv, path, own, size);
+    if (st == PULSE_OK && c->host_url[0] != '\0') /* client mode */
+      st = collab_client_push(c, r, own, size);
   }
   if (st == PULSE_OK)
     st = get_manifest(c, r, &k, own, size, own ? done : 0, leaving, &man, src,
@@ -916,7 +919,7 @@ out:
   if (r > MANIFESTS_KEPT)
     loco_server_drop(c->srv, "/v1/loco/round/", r - MANIFESTS_KEPT);
   info->bytes_in = c->fetched;
-  info->bytes_out = loco_server_bytes_served(c->srv) - served0;
+  info->bytes_out = loco_server_bytes_served(c->srv) - served0 + c->pushed;
   info->wall_ms = loco_now_ms() - t0;
   if (info->max_step == 0) {
     pthread_mutex_lock(&c->lock);

@@ -23,9 +23,17 @@
 
 uint32_t pulse_loco_collab_writer(const pulse_loco_member *m, size_t count,
                                   uint64_t round, uint32_t k) {
-  if (m == NULL || count == 0)
+  /* Client-mode members (hosted URLs) cannot take claims: the rule runs
+   * over the serving members only. */
+  size_t serving = 0;
+  for (size_t i = 0; m != NULL && i < count; i++)
+    serving += !loco_url_hosted(m[i].url, NULL, 0, NULL);
+  if (serving == 0)
     return UINT32_MAX;
-  return m[(round + k) % count].id;
+  size_t want = (size_t)((round + k) % serving);
+  for (size_t i = 0;; i++)
+    if (!loco_url_hosted(m[i].url, NULL, 0, NULL) && want-- == 0)
+      return m[i].id;
 }
 
 void collab_open_table(pulse_loco_collab *c, uint64_t r, uint32_t k) {
@@ -195,7 +203,7 @@ unsigned collab_on_post(void *user, const char *path, const char *id_text,
                  : collab_ready_locked(c, v[0], (uint32_t)v[1], id, v[2],
                                        (int)v[3]);
   } else if (strcmp(path, "/v1/loco/join") == 0) {
-    if (url == NULL || !loco_url_valid(url) || strlen(url) >= 64) {
+    if (url == NULL || !loco_member_url_valid(url, id) || strlen(url) >= 64) {
       status = 400;
     } else {
       size_t i = 0;

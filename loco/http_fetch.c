@@ -96,9 +96,11 @@ static void give_body(pulse_fetch_xfer *x, pulse_bytebuf *body) {
   x->mem = (pulse_bytebuf)PULSE_BYTEBUF_INIT;
 }
 
-/* One try; *status as loco_http_get says. */
+/* One try (a POST with `post` bytes of body when post_size > 0); *status
+ * as loco_http_get says. */
 static pulse_status request(const char *url, unsigned timeout_ms, size_t max,
-                            pulse_fetch_method method, pulse_bytebuf *body,
+                            pulse_fetch_method method, const void *post,
+                            size_t post_size, pulse_bytebuf *body,
                             long *status) {
   *status = 0;
   pulse_fetch *f;
@@ -106,6 +108,8 @@ static pulse_status request(const char *url, unsigned timeout_ms, size_t max,
   pulse_fetch_xfer x;
   xfer_for(&x, url, max, body);
   x.method = method;
+  x.post_data = post;
+  x.post_size = post_size;
   x.timeout_ms = timeout_ms ? timeout_ms : 1u;
   pulse_fetch_xfer *one = &x;
   pulse_status st = pulse_fetch_run(f, &one, 1, NULL, NULL);
@@ -121,12 +125,23 @@ static pulse_status request(const char *url, unsigned timeout_ms, size_t max,
 pulse_status loco_http_get(const char *url, unsigned timeout_ms,
                            size_t max_bytes, pulse_bytebuf *body,
                            long *status) {
-  return request(url, timeout_ms, max_bytes, PULSE_FETCH_GET, body, status);
+  return request(url, timeout_ms, max_bytes, PULSE_FETCH_GET, NULL, 0, body,
+                 status);
 }
 
 pulse_status loco_http_post(const char *url, unsigned timeout_ms,
                             long *status) {
-  return request(url, timeout_ms, 4096, PULSE_FETCH_POST, NULL, status);
+  return request(url, timeout_ms, 4096, PULSE_FETCH_POST, NULL, 0, NULL,
+                 status);
+}
+
+pulse_status loco_http_post_body(const char *url, unsigned timeout_ms,
+                                 const void *data, size_t size,
+                                 pulse_bytebuf *reply, long *status) {
+  if (data == NULL && size > 0)
+    return pulse_fail(PULSE_ERR_ARG, "loco http: POST %s: no body", url);
+  return request(url, timeout_ms, 4096, PULSE_FETCH_POST, data, size, reply,
+                 status);
 }
 
 void loco_sig_from_answer(const pulse_fetch_xfer *x, loco_sig *out) {

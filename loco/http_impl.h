@@ -41,6 +41,16 @@ typedef struct loco_server loco_server;
 typedef unsigned (*loco_post_fn)(void *user, const char *path, const char *id,
                                  const char *url, char *reply, size_t cap);
 
+/* Called on the server thread for each POST with a body under
+ * LOCO_HOSTED_PREFIX (a client-mode collaboration peer's upload, PAYLOAD.md
+ * "Collaboration"): the path, its "id" query value (NULL when absent) and
+ * the whole body (size bytes, at most the server's max_body; a body cut
+ * short or too large never gets here). Reply and status as loco_post_fn. */
+typedef unsigned (*loco_upload_fn)(void *user, const char *path,
+                                   const char *id, const uint8_t *body,
+                                   size_t size, char *reply, size_t cap);
+#define LOCO_HOSTED_PREFIX "/v1/hosted/"
+
 /* Starts a server on 127.0.0.1 with a kernel-chosen port. */
 pulse_status loco_server_start(loco_post_fn on_post, void *user,
                                loco_server **out);
@@ -48,6 +58,13 @@ pulse_status loco_server_start(loco_post_fn on_post, void *user,
  * trainers on other hosts or network namespaces). */
 pulse_status loco_server_start_on(const char *host, loco_post_fn on_post,
                                   void *user, loco_server **out);
+/* loco_server_start_on that also takes uploads (on_upload, bodies of at
+ * most max_bytes; a larger one is refused with 413); host NULL: a table
+ * that does not listen (a client-mode peer's: puts are kept, nobody can
+ * fetch them; port 0), on_post and on_upload unused. */
+pulse_status loco_server_start_uploads(const char *host, loco_post_fn on_post,
+                                       loco_upload_fn on_upload, void *user,
+                                       size_t max_bytes, loco_server **out);
 void loco_server_stop(loco_server *s); /* NULL is fine */
 uint16_t loco_server_port(const loco_server *s);
 
@@ -105,6 +122,11 @@ void loco_sleep_ms(unsigned ms);
 pulse_status loco_http_get(const char *url, unsigned timeout_ms,
                            size_t max_bytes, pulse_bytebuf *body, long *status);
 pulse_status loco_http_post(const char *url, unsigned timeout_ms, long *status);
+/* One POST of size bytes of body (data, the caller's); the answer's body
+ * (at most 4 KiB) into *reply when reply is not NULL. *status as above. */
+pulse_status loco_http_post_body(const char *url, unsigned timeout_ms,
+                                 const void *data, size_t size,
+                                 pulse_bytebuf *reply, long *status);
 
 /* GETs url until it answers 200 or timeout_ms passes (retrying 404s,
  * transport errors, 5xx, 408 and 429 after a short backoff, resuming a cut

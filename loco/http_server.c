@@ -2,7 +2,9 @@
  * two routes on the project's HTTP serving layer (trainer_side's
  * http_serve_impl.h), bound to 127.0.0.1. GET and HEAD serve the byte
  * strings published by path (strong ETag from their SHA-256, 304, Range);
- * POST (query arguments, no body) goes to the node's callback. The layer
+ * POST (query arguments, no body) goes to the node's callback, and a POST
+ * with a body under LOCO_HOSTED_PREFIX to the upload callback (a
+ * collaboration peer hosting a client-mode peer's payload). The layer
  * adds the refusals, JSON errors, /metrics and /healthz. */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -30,7 +32,9 @@ struct loco_server {
   size_t count, cap;
   atomic_ullong served;
   loco_post_fn on_post;
+  loco_upload_fn on_upload;
   void *user;
+  pulse_serve_route routes[3]; /* the table this server's layer uses */
   loco_post_gate_fn gate;
   void *gate_user;
   void (*more_metrics)(void *user, pulse_bytebuf *text);
@@ -90,6 +94,19 @@ static int post(void *user, pulse_serve_request *rq, const char *path) {
   return pulse_serve_reply_bytes(rq, &m, text, strnlen(text, sizeof text));
 }
 
+/* A POST with a body under LOCO_HOSTED_PREFIX (the layer kept it, within
+ * the route's limit) goes to the upload callback. */
+static int upload(void *user, pulse_serve_request *rq, const char *path) {
+  loco_server *s = user;
+  size_t size = 0;
+  const uint8_t *body = pulse_serve_request_body(rq, &size);
+  char text[512] = "";
+  unsigned status = s->on_upload(s->user, path, pulse_serve_query(rq, "id"),
+                                 body, size, text, sizeof text);
+  pulse_serve_meta m = {status, "application/json", NULL, NULL, NULL};
+  return pulse_serve_reply_bytes(rq, &m, text, strnlen(text, sizeof text));
+}
+
 /* The process's fetches of the exchange (loco_http_metrics) beside the
  * layer's serving metrics: one /metrics shows both directions. */
 static void fetch_metrics(void *user, pulse_bytebuf *text) {
@@ -126,11 +143,6 @@ void loco_server_set_metrics(loco_server *s,
   s->more_metrics = fn;
 }
 
-static const pulse_serve_route routes[] = {
-    {"/", 1, PULSE_SERVE_READ, "blob", get_blob},
-    {"/", 1, PULSE_SERVE_POST, "post", post},
-};
-
 pulse_status loco_server_start(loco_post_fn on_post, void *user,
                                loco_server **out) {
   return loco_server_start_on("127.0.0.1", on_post, user, out);
@@ -138,21 +150,46 @@ pulse_status loco_server_start(loco_post_fn on_post, void *user,
 
 pulse_status loco_server_start_on(const char *host, loco_post_fn on_post,
                                   void *user, loco_server **out) {
+  if (host == NULL)
+    host = "127.0.0.1";
+  return loco_server_start_uploads(host, on_post, NULL, user, 0, out);
+}
+
+pulse_status loco_server_start_uploads(const char *host, loco_post_fn on_post,
+                                       loco_upload_fn on_upload, void *user,
+                                       size_t max_bytes, loco_server **out) {
   *out = NULL;
+  if (on_upload != NULL && max_bytes == 0)
+    return pulse_fail(PULSE_ERR_ARG, "loco server: uploads of 0 bytes");
   loco_server *s = calloc(1, sizeof *s);
   if (s == NULL)
     return pulse_fail(PULSE_ERR_NOMEM, "loco server");
   pthread_mutex_init(&s->lock, NULL);
   s->on_post = on_post;
+  s->on_upload = on_upload;
   s->user = user;
+  if (host == NULL) { /* a table only: nothing listens */
+    *out = s;
+    return PULSE_OK;
+  }
+  /* Uploads first: the layer routes a POST to the first route that takes
+   * it. */
+  size_t nroutes = 0;
+  if (on_upload != NULL)
+    s->routes[nroutes++] = (pulse_serve_route){
+        LOCO_HOSTED_PREFIX, 1, PULSE_SERVE_POST, "upload", upload, max_bytes};
+  s->routes[nroutes++] =
+      (pulse_serve_route){"/", 1, PULSE_SERVE_READ, "blob", get_blob, 0};
+  s->routes[nroutes++] =
+      (pulse_serve_route){"/", 1, PULSE_SERVE_POST, "post", post, 0};
   pulse_serve_opts o = PULSE_SERVE_OPTS_INIT;
   o.name = "loco server";
   o.host = host;
   o.threads = 2;
   o.max_connections = 256;
   o.idle_timeout_s = 30;
-  o.routes = routes;
-  o.route_count = sizeof routes / sizeof routes[0];
+  o.routes = s->routes;
+  o.route_count = nroutes;
   o.user = s;
   o.metrics = fetch_metrics;
   pulse_status st = pulse_serve_create(&o, &s->http);
@@ -178,7 +215,7 @@ void loco_server_stop(loco_server *s) {
 }
 
 uint16_t loco_server_port(const loco_server *s) {
-  return pulse_serve_port(s->http);
+  return s->http != NULL ? pulse_serve_port(s->http) : 0;
 }
 
 uint64_t loco_server_bytes_served(const loco_server *s) {

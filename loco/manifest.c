@@ -58,6 +58,32 @@ int loco_url_valid(const char *url) {
   return loco_url_parse(url, NULL, NULL);
 }
 
+int loco_url_hosted(const char *url, char *base, size_t cap, uint32_t *id) {
+  static const char mark[] = "/v1/hosted/";
+  const char *p = url != NULL ? strstr(url, mark) : NULL;
+  char head[64];
+  uint32_t v;
+  size_t n = p != NULL ? (size_t)(p - url) : 0;
+  if (p == NULL || n >= sizeof head || !loco_parse_id(p + sizeof mark - 1, &v))
+    return 0;
+  memcpy(head, url, n);
+  head[n] = '\0';
+  if (!loco_url_valid(head))
+    return 0;
+  if (base != NULL && cap > 0)
+    snprintf(base, cap, "%s", head);
+  if (id != NULL)
+    *id = v;
+  return 1;
+}
+
+int loco_member_url_valid(const char *url, uint32_t id) {
+  uint32_t hosted;
+  if (loco_url_hosted(url, NULL, 0, &hosted))
+    return hosted == id; /* a client is hosted under its own id */
+  return loco_url_valid(url);
+}
+
 void loco_sha256(const uint8_t *data, size_t size, uint8_t out[32]) {
   unsigned len = 32;
   if (!EVP_Digest(data, size, out, &len, EVP_sha256(), NULL))
@@ -157,7 +183,8 @@ static pulse_status parse_tree(const pulse_json *root, loco_manifest *m) {
         id > UINT32_MAX ||
         !pulse_json_string(pulse_json_get(it, "url"), &url, &len) ||
         len >= sizeof m->members[i].url || strlen(url) != len ||
-        !loco_url_valid(url) || (i > 0 && id <= m->members[i - 1].id))
+        !loco_member_url_valid(url, (uint32_t)id) ||
+        (i > 0 && id <= m->members[i - 1].id))
       return pulse_fail(PULSE_ERR_CORRUPT,
                         "loco manifest: member %zu is malformed", i);
     m->members[i].id = (uint32_t)id;
@@ -260,11 +287,13 @@ int loco_member_by_id(const void *a, const void *b) {
 
 pulse_status loco_members_founding(const pulse_loco_member *members, size_t count,
                                    uint32_t self, const char *who, const char *self_is,
-                                   pulse_loco_member *sorted) {
+                                   int hosted_ok, pulse_loco_member *sorted) {
   memcpy(sorted, members, count * sizeof *members);
   qsort(sorted, count, sizeof *sorted, loco_member_by_id);
   for (size_t i = 0; i < count; i++)
-    if (!loco_url_valid(sorted[i].url) || (i > 0 && sorted[i].id == sorted[i - 1].id))
+    if (!(hosted_ok ? loco_member_url_valid(sorted[i].url, sorted[i].id)
+                    : loco_url_valid(sorted[i].url)) ||
+        (i > 0 && sorted[i].id == sorted[i - 1].id))
       return pulse_fail(PULSE_ERR_ARG, "%s: member %u: bad URL or duplicate id", who,
                         sorted[i].id);
   if (loco_member_find(sorted, count, self) < 0)

@@ -40,6 +40,16 @@ typedef struct {
  * addresses of other hosts or network namespaces). */
 int loco_url_valid(const char *url);
 
+/* A collaboration member in client mode (PAYLOAD.md "Collaboration"):
+ * "http://A.B.C.D:PORT/v1/hosted/ID", the URL of the serving member that
+ * hosts it (into base, cap bytes, when not NULL) and its id (*id). 0 for
+ * anything else. */
+int loco_url_hosted(const char *url, char *base, size_t cap, uint32_t *id);
+
+/* A member's URL in a manifest or membership view: loco_url_valid, or
+ * loco_url_hosted naming the member's own id. */
+int loco_member_url_valid(const char *url, uint32_t id);
+
 /* loco_url_valid, giving the address (host order) and the port. */
 int loco_url_parse(const char *url, uint32_t *addr, uint16_t *port);
 
@@ -66,10 +76,11 @@ int loco_member_by_id(const void *a, const void *b);
  * pulse_loco_collab_start take them: count (1..LOCO_MAX_MEMBERS) members
  * copied into sorted (room for count) in increasing id, each with a valid
  * URL and a distinct id, `self` among them. Errors name `who` ("loco
- * node") and what `self` is ("node"). @return PULSE_OK or PULSE_ERR_ARG. */
+ * node") and what `self` is ("node"); hosted_ok: client-mode members'
+ * URLs (loco_url_hosted) are fine too. @return PULSE_OK or PULSE_ERR_ARG. */
 pulse_status loco_members_founding(const pulse_loco_member *members, size_t count,
                                    uint32_t self, const char *who, const char *self_is,
-                                   pulse_loco_member *sorted);
+                                   int hosted_ok, pulse_loco_member *sorted);
 
 /* What every kind of node serves for joiners and re-syncs (pulse_loco_node,
  * node.c; the collaboration peer, collab.c): the membership view of the

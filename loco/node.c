@@ -229,7 +229,7 @@ pulse_status pulse_loco_node_start(pulse_loco_node *n,
     return pulse_fail(PULSE_ERR_ARG, "loco node: 1..%u founding members",
                       LOCO_MAX_MEMBERS);
   pulse_loco_member sorted[LOCO_MAX_MEMBERS];
-  PULSE_TRY(loco_members_founding(members, count, n->id, "loco node", "node", sorted));
+  PULSE_TRY(loco_members_founding(members, count, n->id, "loco node", "node", 0, sorted));
   PULSE_TRY(loco_auth_check_founders(n, sorted, count)); /* auth hook */
   loco_node_set_members(n, sorted, count);
   PULSE_TRY(loco_node_publish_state(n));

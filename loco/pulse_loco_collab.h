@@ -68,16 +68,28 @@ typedef struct {
    * use the same setting. A member whose partitioned exchange fails
    * finishes all-to-all over the manifest's payloads. */
   int partitioned;
+  /* Client mode (a peer that cannot accept connections, behind NAT): the
+   * URL "http://A.B.C.D:PORT" of a serving member that hosts it; NULL: this
+   * peer serves. A client listens nowhere: its URL (pulse_loco_collab_url)
+   * is "HOST/v1/hosted/ID", where its host serves what it uploads (its
+   * payload of each round) to the others, and it fetches everything else
+   * itself. It is never a round's writer (the rule skips hosted members).
+   * Its host gone, the round goes on without it and the peer's next call
+   * rejoins through another serving member, which hosts it from then on.
+   * Not with partitioned (a range owner must serve). Borrowed. */
+  const char *client_of;
 } pulse_loco_collab_opts;
 
-#define PULSE_LOCO_COLLAB_OPTS_VERSION 1u
+#define PULSE_LOCO_COLLAB_OPTS_VERSION 2u
 #define PULSE_LOCO_COLLAB_OPTS_INIT                                            \
-  { PULSE_LOCO_COLLAB_OPTS_VERSION, 64, 1500, 5000, NULL, 0 }
+  { PULSE_LOCO_COLLAB_OPTS_VERSION, 64, 1500, 5000, NULL, 0, NULL }
 
 /** Starts the peer's server for ctx (borrowed, must outlive the peer; its
- * rule must be PULSE_LOCO_RULE_KEEP).
- * @return PULSE_OK; PULSE_ERR_ARG (options, rule); PULSE_ERR_IO;
- * PULSE_ERR_NOMEM. */
+ * rule must be PULSE_LOCO_RULE_KEEP); a client-mode peer (opts.client_of)
+ * starts none. Every serving peer hosts the client-mode members that name
+ * it (PAYLOAD.md "Collaboration").
+ * @return PULSE_OK; PULSE_ERR_ARG (options, rule, client_of not a URL or
+ * with partitioned); PULSE_ERR_IO; PULSE_ERR_NOMEM. */
 pulse_status pulse_loco_collab_create(const pulse_loco_collab_opts *opts,
                                       pulse_loco *ctx,
                                       pulse_loco_collab **out);
@@ -85,8 +97,17 @@ pulse_status pulse_loco_collab_create(const pulse_loco_collab_opts *opts,
 /** Stops the server, frees the peer (not the context). NULL is fine. */
 void pulse_loco_collab_free(pulse_loco_collab *c);
 
-/** "http://HOST:PORT" of this peer (valid for its life). */
+/** "http://HOST:PORT" of this peer (valid until its next round; a
+ * client-mode peer's is "HOST/v1/hosted/ID" at its host, which changes
+ * when it moves to another host). */
 const char *pulse_loco_collab_url(const pulse_loco_collab *c);
+
+/** What this peer did as a host of client-mode members: uploads stored and
+ * uploads refused (a non-member, a client hosted elsewhere, a round that is
+ * over, a body too large, cut short or that does not decode as that
+ * client's payload of that round). Either may be NULL. */
+void pulse_loco_collab_hosted(const pulse_loco_collab *c, uint64_t *stored,
+                              uint64_t *refused);
 
 /** Sets the founding members (this peer among them), all at the context's
  * round with the same theta_g. */
@@ -168,7 +189,8 @@ void pulse_loco_collab_members(const pulse_loco_collab *c,
                                size_t *count);
 
 /** The writer of round `round` at rank k among members (increasing id;
- * the rule every peer computes): members[(round + k) % count].id. */
+ * the rule every peer computes): S[(round + k) % |S|].id, S the serving
+ * members (client-mode ones left out); UINT32_MAX when there is none. */
 uint32_t pulse_loco_collab_writer(const pulse_loco_member *members,
                                   size_t count, uint64_t round, uint32_t k);
 

@@ -55,6 +55,9 @@ struct pulse_serve_request {
   int head_method;  /* HEAD: no body is sent */
   int headers_seen; /* the access handler ran once */
   int body_seen;    /* a body came with a method that takes none */
+  size_t body_limit; /* POST to a route with max_body: that, else 0 */
+  int body_too_large; /* more than body_limit came: dropped, 413 */
+  pulse_bytebuf upload; /* the body kept (up to body_limit) */
   const pulse_serve_route *route;
   int suspended; /* suspended now, or resumed and not yet called again */
   int was_suspended;

@@ -9,8 +9,10 @@
  *    clean stop (suspended requests are resumed first; never
  *    MHD_quiesce_daemon, which races the epoll workers);
  *  - the request: MHD's two calls (an answer only once the request is
- *    read, so keep-alive holds), bodies ignored on GET/HEAD and refused on
- *    POST (no route takes one), the methods each route allows (405 with
+ *    read, so keep-alive holds), bodies ignored on GET/HEAD, refused on
+ *    POST to a route that takes none (400) and kept in memory up to a
+ *    route's max_body (413 beyond: at once when Content-Length says so,
+ *    else once the rest was read and dropped), the methods each route allows (405 with
  *    Allow), paths that can never name anything (400: "..", "//", a
  *    backslash, "%" after decoding, control or non-ASCII bytes, "%00" in
  *    the raw path), then the route table (404);
@@ -71,6 +73,10 @@ typedef struct {
   unsigned methods;  /* PULSE_SERVE_* bits */
   const char *label; /* the metrics' route label; NULL: "other" */
   pulse_serve_handler handler;
+  /* POST: the largest request body the route takes (the handler reads it
+   * with pulse_serve_request_body); 0: none (a body is refused, 400). A
+   * larger body is refused with 413 and never reaches the handler. */
+  size_t max_body;
 } pulse_serve_route;
 
 /* Latency buckets (seconds) of every histogram, +Inf included. */
@@ -169,6 +175,12 @@ const char *pulse_serve_query(pulse_serve_request *rq, const char *key);
 
 /** A request header, or NULL. Valid during the request. */
 const char *pulse_serve_header(pulse_serve_request *rq, const char *name);
+
+/** The request's body (a POST to a route with max_body): *size bytes, all
+ * of them (a body cut short never reaches the handler); NULL and 0 when
+ * none came. Valid during the request. */
+const uint8_t *pulse_serve_request_body(const pulse_serve_request *rq,
+                                        size_t *size);
 
 /** 1 for a HEAD request (the answer's body is not sent). */
 int pulse_serve_is_head(const pulse_serve_request *rq);

@@ -35,6 +35,7 @@ void serve_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     rq->done(rq->data);
   if (rq->was_suspended)
     atomic_fetch_sub(&s->suspended, 1);
+  pulse_bytebuf_free(&rq->upload); /* also a body cut short */
   if (rq->status != 0)
     serve_metrics_count(s, rq->label, rq->status,
                         toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? rq->body
@@ -114,9 +115,15 @@ static int dispatch(pulse_serve_request *rq, const char *url,
     }
     rq->route = r;
     rq->label = s->route_label[i];
-    if (rq->body_seen)
+    if (rq->body_seen && (bit != PULSE_SERVE_POST || r->max_body == 0))
       return pulse_serve_reply_error(rq, MHD_HTTP_BAD_REQUEST,
                                      "no body expected");
+    if (rq->body_too_large)
+      return pulse_serve_reply_error(rq, MHD_HTTP_CONTENT_TOO_LARGE,
+                                     "body over %zu bytes", r->max_body);
+    if (rq->upload.failed)
+      return pulse_serve_reply_error(rq, MHD_HTTP_INTERNAL_SERVER_ERROR,
+                                     "out of memory for the body");
     return r->handler(s->opts.user, rq, url);
   }
   if (allowed != 0) {
@@ -127,11 +134,60 @@ static int dispatch(pulse_serve_request *rq, const char *url,
   return pulse_serve_reply_error(rq, MHD_HTTP_NOT_FOUND, "no such route");
 }
 
+/* The body limit of the route a POST to url goes to (the first that
+ * matches and takes POST, as dispatch picks it); 0: it takes no body. */
+static size_t body_limit(const pulse_serve *s, const char *url) {
+  for (size_t i = 0; i < s->opts.route_count; i++) {
+    const pulse_serve_route *r = &s->opts.routes[i];
+    if (route_matches(r, url) && (r->methods & PULSE_SERVE_POST))
+      return r->max_body;
+  }
+  return 0;
+}
+
+/* At the headers of a POST to a route that takes a body: a declared length
+ * over the limit is refused at once (MHD then drops the rest and closes;
+ * the peer is not kept waiting for a body that would be thrown away). */
+static int refuse_declared_length(pulse_serve_request *rq,
+                                  struct MHD_Connection *conn) {
+  const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
+                                               MHD_HTTP_HEADER_CONTENT_LENGTH);
+  if (cl == NULL)
+    return 0; /* chunked: counted as it comes */
+  char *end;
+  unsigned long long n = strtoull(cl, &end, 10);
+  if (end == cl || *end != '\0' || n <= rq->body_limit)
+    return 0; /* MHD itself refuses a malformed length */
+  rq->body_too_large = 1;
+  return 1;
+}
+
+/* One piece of a POST body: kept while the total fits the route's limit,
+ * else all of it is dropped (the answer is 413 once the request is read:
+ * MHD takes no answer while it hands over body data). */
+static void take_body(pulse_serve_request *rq, const char *data, size_t n) {
+  if (rq->body_limit == 0) {
+    rq->body_seen = 1;
+    return;
+  }
+  rq->body_seen = 1;
+  if (rq->body_too_large)
+    return;
+  if (n > rq->body_limit - rq->upload.size) {
+    rq->body_too_large = 1;
+    pulse_bytebuf_free(&rq->upload);
+    return;
+  }
+  /* First piece: room for what was declared (bounded by the limit). */
+  pulse_bytebuf_reserve(&rq->upload, n, 64u * 1024u);
+  pulse_bytebuf_put(&rq->upload, data, n);
+}
+
 enum MHD_Result serve_access(void *cls, struct MHD_Connection *conn,
                              const char *url, const char *method,
                              const char *version, const char *upload_data,
                              size_t *upload_data_size, void **con_cls) {
-  (void)cls, (void)version, (void)upload_data;
+  (void)cls, (void)version;
   pulse_serve_request *rq = *con_cls;
   if (rq == NULL)
     return MHD_NO; /* the URI callback could not allocate */
@@ -142,9 +198,10 @@ enum MHD_Result serve_access(void *cls, struct MHD_Connection *conn,
     return rq->route->handler(rq->srv->opts.user, rq, url) ? MHD_YES : MHD_NO;
   }
   if (*upload_data_size != 0) {
-    /* No route takes a body: on GET and HEAD it is ignored and the answer
-     * follows; on other methods it is refused once it is read. */
-    rq->body_seen |= method_bit(method) == PULSE_SERVE_POST;
+    /* On GET and HEAD a body is ignored and the answer follows; a POST's
+     * is kept for a route that takes one, else refused once it is read. */
+    if (method_bit(method) == PULSE_SERVE_POST)
+      take_body(rq, upload_data, *upload_data_size);
     *upload_data_size = 0;
     return MHD_YES;
   }
@@ -155,6 +212,10 @@ enum MHD_Result serve_access(void *cls, struct MHD_Connection *conn,
   if (!rq->headers_seen) {
     rq->headers_seen = 1;
     serve_conn_headers_done(rq->srv, conn);
+    if (method_bit(method) == PULSE_SERVE_POST &&
+        (rq->body_limit = body_limit(rq->srv, url)) != 0 &&
+        refuse_declared_length(rq, conn))
+      return dispatch(rq, url, method) ? MHD_YES : MHD_NO;
     return MHD_YES;
   }
   return dispatch(rq, url, method) ? MHD_YES : MHD_NO;
@@ -168,6 +229,12 @@ const char *pulse_serve_query(pulse_serve_request *rq, const char *key) {
 
 const char *pulse_serve_header(pulse_serve_request *rq, const char *name) {
   return MHD_lookup_connection_value(rq->conn, MHD_HEADER_KIND, name);
+}
+
+const uint8_t *pulse_serve_request_body(const pulse_serve_request *rq,
+                                        size_t *size) {
+  *size = rq->upload.size;
+  return rq->upload.size ? rq->upload.data : NULL;
 }
 
 int pulse_serve_is_head(const pulse_serve_request *rq) {

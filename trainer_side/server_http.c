@@ -80,9 +80,9 @@ void srv_healthz(void *user, char *body, size_t cap) {
 }
 
 const pulse_serve_route srv_routes[] = {
-    {"/v1/head", 0, PULSE_SERVE_READ, "head", srv_head_request},
-    {"/v1/objects/", 1, PULSE_SERVE_READ, "object", object_request},
-    {"/v1/catchup/", 1, PULSE_SERVE_READ, "catchup", catchup_route},
+    {"/v1/head", 0, PULSE_SERVE_READ, "head", srv_head_request, 0},
+    {"/v1/objects/", 1, PULSE_SERVE_READ, "object", object_request, 0},
+    {"/v1/catchup/", 1, PULSE_SERVE_READ, "catchup", catchup_route, 0},
 };
 const size_t srv_route_count = sizeof srv_routes / sizeof srv_routes[0];
 

@@ -8,7 +8,8 @@
  *                    "round R SAMPLES OWN CONTRIB WRITER TAKEOVERS DIGEST
  *                     MAXSTEP LEFT RESYNCED INCLUDED PARTITIONED"
  *                    "joined R DIGEST"
- *                    "done R DIGEST RESIDUAL_ABS_SUM"
+ *                    "done R DIGEST RESIDUAL_ABS_SUM HOSTED_STORED
+ *                     HOSTED_REFUSED"
  *                    "error TEXT"
  *   parent -> child  "start N ID URL ...", "join URL", "quit"
  *
@@ -46,6 +47,8 @@ typedef struct {
 
 /* opts.partitioned of the children spawned after it is set. */
 static int ct_partitioned;
+/* opts.client_of of the children spawned after it is set ("": serve). */
+static char ct_client_of[64];
 
 typedef struct {
   pid_t pid;
@@ -107,6 +110,7 @@ static inline void ct_child_main(const ct_peer_cfg *cfg, int in, int out) {
   co.claim_timeout_ms = 1000; /* a loaded (sanitized) run answers late */
   co.round_timeout_ms = 3000;
   co.partitioned = ct_partitioned;
+  co.client_of = ct_client_of[0] ? ct_client_of : NULL;
   if (pulse_loco_create(&o, theta, &ctx) != PULSE_OK ||
       pulse_loco_collab_create(&co, ctx, &c) != PULSE_OK) {
     dprintf(out, "error create: %s\n", pulse_error_detail());
@@ -141,15 +145,23 @@ static inline void ct_child_main(const ct_peer_cfg *cfg, int in, int out) {
   }
   ct_step_state st = {cfg->id, 0};
   ct_step_us = cfg->step_us;
-  int left = 0;
+  int left = 0, lost = 0;
   while (pulse_loco_round(ctx) < cfg->rounds && !left) {
     pulse_loco_collab_info info;
     uint32_t flags = cfg->leave_round >= 0 &&
                              pulse_loco_round(ctx) >= (uint64_t)cfg->leave_round
                          ? PULSE_LOCO_COLLAB_LEAVING
                          : 0;
-    if (pulse_loco_collab_round(c, theta, cfg->step, ct_step_slow, &st, flags,
-                                &info) != PULSE_OK) {
+    pulse_status rs = pulse_loco_collab_round(c, theta, cfg->step,
+                                              ct_step_slow, &st, flags, &info);
+    /* A client whose host is gone loses that round and rejoins through
+     * another host in its next call. */
+    if (rs != PULSE_OK && ct_client_of[0] && lost++ < 3) {
+      dprintf(out, "lost %" PRIu64 ": %s\n", pulse_loco_round(ctx),
+              pulse_error_detail());
+      continue;
+    }
+    if (rs != PULSE_OK) {
       dprintf(out, "error round %" PRIu64 ": %s\n", pulse_loco_round(ctx),
               pulse_error_detail());
       _exit(1);
@@ -163,9 +175,11 @@ static inline void ct_child_main(const ct_peer_cfg *cfg, int in, int out) {
             info.max_step, info.left, info.resynced, info.self_included,
             info.partitioned);
   }
-  dprintf(out, "done %" PRIu64 " %016" PRIx64 " %.9g\n", pulse_loco_round(ctx),
-          pulse_loco_global_digest(ctx),
-          ct_abs_sum(pulse_loco_residual(ctx), CT_P));
+  uint64_t stored = 0, refused = 0;
+  pulse_loco_collab_hosted(c, &stored, &refused);
+  dprintf(out, "done %" PRIu64 " %016" PRIx64 " %.9g %" PRIu64 " %" PRIu64 "\n",
+          pulse_loco_round(ctx), pulse_loco_global_digest(ctx),
+          ct_abs_sum(pulse_loco_residual(ctx), CT_P), stored, refused);
   /* Serve until told to go: the others may still fetch from this peer. */
   while (fgets(line, sizeof line, fin) && strncmp(line, "quit", 4) != 0)
     ;

@@ -1,0 +1,382 @@
+/* test_collab_client.c - client-mode peers of a PULSELoCo collaboration
+ * (pulse_loco_collab.h opts.client_of, PAYLOAD.md "Collaboration"): a peer
+ * that listens nowhere uploads its payload to a serving member, which
+ * serves it to the others under the client's URL; the client is otherwise
+ * a full member. Peers are child processes on loopback
+ * (collab_testutil.h); the hostile uploads come from this process. */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include "collab_testutil.h"
+#include "http_impl.h"
+#include "manifest_impl.h"
+
+#define CC_ROUNDS 12
+
+typedef struct {
+  ct_round row[CT_MAX][CC_ROUNDS];
+  int have[CT_MAX][CC_ROUNDS];
+  uint64_t final_round[CT_MAX], final_digest[CT_MAX];
+  uint64_t stored[CT_MAX], refused[CT_MAX];
+  int done[CT_MAX], lost[CT_MAX];
+} cc_log;
+
+/* Reads every live child's lines until each said `done`; on_round (may be
+ * NULL) sees each round line as it comes. */
+static void cc_collect(ct_child *ks, size_t n, cc_log *log,
+                       void (*on_round)(ct_child *, size_t, const ct_round *)) {
+  for (int spins = 0; spins < 3000; spins++) {
+    int pending = 0;
+    for (size_t i = 0; i < n; i++) {
+      if (ks[i].pid <= 0 || log->done[i])
+        continue;
+      pending = 1;
+      char line[1024];
+      while (ct_read_line(&ks[i], line, sizeof line, 0)) {
+        ct_round r;
+        double res;
+        if (strncmp(line, "error", 5) == 0)
+          cr_assert_fail("peer %u: %s", ks[i].id, line);
+        if (strncmp(line, "lost", 4) == 0) {
+          log->lost[i]++;
+          cr_log_info("peer %u %s", ks[i].id, line);
+        } else if (ct_parse_round(line, &r)) {
+          if (r.round < CC_ROUNDS) {
+            log->row[i][r.round] = r;
+            log->have[i][r.round] = 1;
+          }
+          if (on_round)
+            on_round(ks, i, &r);
+        } else if (sscanf(line,
+                          "done %" SCNu64 " %" SCNx64 " %lf %" SCNu64
+                          " %" SCNu64,
+                          &log->final_round[i], &log->final_digest[i], &res,
+                          &log->stored[i], &log->refused[i]) == 5) {
+          log->done[i] = 1;
+          break;
+        }
+      }
+    }
+    if (!pending)
+      return;
+    usleep(10000);
+  }
+  cr_assert_fail("the peers did not finish in time");
+}
+
+/* Three serving peers 1..3, then `clients` client-mode peers 4.. hosted by
+ * host_index's peer; all of them founders. */
+static void cc_spawn(ct_child *ks, ct_peer_cfg *cfg, size_t serving,
+                     size_t clients, size_t host_index) {
+  ct_client_of[0] = '\0';
+  for (size_t i = 0; i < serving; i++)
+    ct_spawn(&ks[i], &cfg[i]);
+  for (size_t i = 0; i < serving; i++)
+    ct_hello(&ks[i]);
+  snprintf(ct_client_of, sizeof ct_client_of, "%s", ks[host_index].url);
+  for (size_t i = serving; i < serving + clients; i++)
+    ct_spawn(&ks[i], &cfg[i]);
+  for (size_t i = serving; i < serving + clients; i++)
+    ct_hello(&ks[i]);
+  ct_client_of[0] = '\0';
+}
+
+Test(collab_client, a_client_contributes_and_receives_like_the_others,
+     .timeout = 60) {
+  /* Peers 1..3 serve, peer 4 is a client hosted by peer 2. Every round
+   * lists four contributors, the client's samples among the round's (in
+   * [T, T + the largest step), the sum of the four), every peer ends with the same bits, and
+   * peer 2 stored one upload per round. */
+  const uint64_t T = 40, R = 4;
+  ct_peer_cfg cfg[4];
+  ct_child ks[4];
+  /* The client steps fastest: it gets grants in every round, whoever
+   * starts first. */
+  for (uint32_t i = 0; i < 4; i++)
+    cfg[i] = (ct_peer_cfg){i + 1, i < 3 ? 3 : 2, T, R, -1, i < 3 ? 1500 : 500};
+  cc_spawn(ks, cfg, 3, 1, 1);
+  char want[96];
+  snprintf(want, sizeof want, "%s/v1/hosted/4", ks[1].url);
+  cr_expect_str_eq(ks[3].url, want, "the client's URL is at its host");
+  ct_start(ks, 4);
+  cc_log log;
+  memset(&log, 0, sizeof log);
+  cc_collect(ks, 4, &log, NULL);
+  for (uint64_t r = 0; r < R; r++) {
+    for (size_t i = 0; i < 4; i++)
+      cr_assert(log.have[i][r], "peer %zu has no round %" PRIu64, i + 1, r);
+    const ct_round *c = &log.row[3][r];
+    cr_expect_eq(c->contrib, 4u, "round %" PRIu64 ": %u contributors", r,
+                 c->contrib);
+    cr_expect(c->included && c->own > 0,
+              "round %" PRIu64 ": the client's payload is not in", r);
+    cr_expect_neq(c->writer, 4u, "round %" PRIu64 ": a client wrote it", r);
+    cr_expect(c->samples >= T && c->samples < T + 3,
+              "round %" PRIu64 ": %" PRIu64 " samples", r, c->samples);
+    /* The round's total is the sum of what each peer did, the client's
+     * among it. */
+    uint64_t own = c->own;
+    for (size_t i = 0; i < 3; i++)
+      own += log.row[i][r].own;
+    cr_expect_eq(own, c->samples, "round %" PRIu64, r);
+    for (size_t i = 0; i < 3; i++) {
+      cr_expect_eq(log.row[i][r].digest, c->digest,
+                   "round %" PRIu64 ": peer %zu differs from the client", r,
+                   i + 1);
+      cr_expect_eq(log.row[i][r].samples, c->samples);
+    }
+  }
+  for (size_t i = 0; i < 4; i++) {
+    cr_expect_eq(log.final_round[i], R);
+    cr_expect_eq(log.final_digest[i], log.final_digest[3],
+                 "peer %zu ends other than the client", i + 1);
+  }
+  cr_expect_eq(log.stored[1], R, "the host stored %" PRIu64 " uploads",
+               log.stored[1]);
+  cr_expect_eq(log.stored[0] + log.stored[2] + log.refused[1], 0u);
+  ct_quit(ks, 4);
+}
+
+/* Kills peer 2 (the client's host) when the client reports round 1. */
+static void kill_host_after_round_1(ct_child *ks, size_t i,
+                                    const ct_round *r) {
+  if (i == 3 && r->round == 1 && ks[1].pid > 0)
+    ct_kill(&ks[1]);
+}
+
+Test(collab_client, a_client_whose_host_dies_moves_to_another, .timeout = 90) {
+  /* Peer 4's host (peer 2) is killed after round 1: the client loses a
+   * round, rejoins through peer 3 (the next serving member), contributes
+   * again and ends with the survivors' bits. */
+  const uint64_t T = 36, R = 12;
+  ct_peer_cfg cfg[4];
+  ct_child ks[4];
+  /* Steps slow enough that the rounds after the loss leave the client
+   * time to rejoin (a few tens of milliseconds). */
+  for (uint32_t i = 0; i < 4; i++)
+    cfg[i] = (ct_peer_cfg){i + 1, 3, T, R, -1, 4000u};
+  cc_spawn(ks, cfg, 3, 1, 1);
+  ct_start(ks, 4);
+  static cc_log log;
+  memset(&log, 0, sizeof log);
+  cc_collect(ks, 4, &log, kill_host_after_round_1);
+  cr_expect_geq(log.lost[3], 1, "the client lost no round");
+  cr_expect_eq(log.final_round[3], R);
+  cr_expect_eq(log.final_digest[0], log.final_digest[3]);
+  cr_expect_eq(log.final_digest[2], log.final_digest[3]);
+  /* Back in: a later round of the survivors lists the client's payload,
+   * now hosted by peer 3. */
+  int back = 0;
+  for (uint64_t r = 3; r < R; r++)
+    back |= log.have[0][r] && log.row[0][r].contrib == 3u &&
+            log.have[3][r] && log.row[3][r].included;
+  cr_expect(back, "the client is not back in");
+  cr_expect_geq(log.stored[2], 1u, "peer 3 hosted nothing");
+  ct_quit(ks, 4);
+}
+
+/* ---------------------------------------------------- hostile uploads */
+
+/* A POST of body to base + path; the status. */
+static long cc_post(const char *base, const char *path, const void *body,
+                    size_t size) {
+  char url[256];
+  snprintf(url, sizeof url, "%s%s", base, path);
+  long status = 0;
+  cr_assert_eq(loco_http_post_body(url, 2000, body, size, NULL, &status),
+               PULSE_OK);
+  return status;
+}
+
+static long cc_get(const char *base, const char *path) {
+  char url[256];
+  snprintf(url, sizeof url, "%s%s", base, path);
+  pulse_bytebuf b = PULSE_BYTEBUF_INIT;
+  long status = 0;
+  cr_assert_eq(loco_http_get(url, 2000, 1 << 20, &b, &status), PULSE_OK);
+  pulse_bytebuf_free(&b);
+  return status;
+}
+
+/* Sends raw bytes on a new connection to base's port, then closes it. */
+static void cc_raw(const char *base, const char *text, size_t n) {
+  uint32_t addr;
+  uint16_t port;
+  cr_assert(loco_url_parse(base, &addr, &port));
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  cr_assert_geq(fd, 0);
+  struct sockaddr_in sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(port);
+  sa.sin_addr.s_addr = htonl(addr);
+  cr_assert_eq(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+  cr_assert_eq(send(fd, text, n, MSG_NOSIGNAL), (ssize_t)n);
+  close(fd);
+}
+
+Test(collab_client, hostile_uploads_are_refused_and_nothing_is_stored,
+     .timeout = 30) {
+  /* This process is peer 1, serving, whose founding members are itself
+   * and client 7 that it hosts. Uploads: a good one (stored, served back
+   * bit for bit), then a non-member, a member hosted elsewhere, a round
+   * not yet begun, an id that is not the path's, a body that does not
+   * decode, another sender's payload, a body over the limit (declared, and
+   * chunked without a length), a body cut short: each refused with its
+   * status, none stored, and the peer still answers. */
+  pulse_loco_opts o = PULSE_LOCO_OPTS_INIT;
+  o.param_count = CT_P;
+  o.rule = PULSE_LOCO_RULE_KEEP;
+  o.chunk_log2 = 10;
+  float *theta = calloc(CT_P, sizeof *theta), *theta7 = calloc(CT_P, 4);
+  for (uint64_t i = 0; i < CT_P; i++)
+    theta[i] = theta7[i] = (float)((double)(i % 17u) / 8.0 - 1.0);
+  pulse_loco *ctx = NULL, *ctx7 = NULL;
+  o.trainer_id = 1;
+  cr_assert_eq(pulse_loco_create(&o, theta, &ctx), PULSE_OK);
+  o.trainer_id = 7;
+  cr_assert_eq(pulse_loco_create(&o, theta7, &ctx7), PULSE_OK);
+  pulse_loco_collab_opts co = PULSE_LOCO_COLLAB_OPTS_INIT;
+  pulse_loco_collab *c = NULL;
+  cr_assert_eq(pulse_loco_collab_create(&co, ctx, &c), PULSE_OK);
+  const char *base = pulse_loco_collab_url(c);
+  pulse_loco_member m[2] = {{1, ""}, {7, ""}};
+  snprintf(m[0].url, sizeof m[0].url, "%s", base);
+  snprintf(m[1].url, sizeof m[1].url, "%s/v1/hosted/7", base);
+  cr_assert_eq(pulse_loco_collab_start(c, m, 2), PULSE_OK, "%s",
+               pulse_error_detail());
+
+  /* Client 7's payload of round 0, and peer 1's own (another sender). */
+  for (uint64_t i = 0; i < CT_P; i++)
+    theta7[i] += 0.01f * (float)(i % 5u);
+  const uint8_t *p7;
+  size_t n7;
+  cr_assert_eq(pulse_loco_prepare(ctx7, theta7, 6, 0, &p7, &n7, NULL),
+               PULSE_OK);
+  uint8_t *good = malloc(n7);
+  memcpy(good, p7, n7);
+  const char *path7 = "/v1/hosted/7/v1/loco/round/0?id=7";
+  cr_expect_eq(cc_post(base, path7, good, n7), 200);
+  pulse_bytebuf back = PULSE_BYTEBUF_INIT;
+  char url[256];
+  snprintf(url, sizeof url, "%s/v1/hosted/7/v1/loco/round/0", base);
+  cr_assert_eq(loco_http_wait(url, 2000, n7, &back), PULSE_OK);
+  cr_expect(back.size == n7 && memcmp(back.data, good, n7) == 0,
+            "the host serves other bytes than the client uploaded");
+  pulse_bytebuf_free(&back);
+
+  uint8_t junk[300];
+  memset(junk, 0xA5, sizeof junk);
+  cr_expect_eq(cc_post(base, "/v1/hosted/9/v1/loco/round/0?id=9", good, n7),
+               403, "a non-member");
+  cr_expect_eq(cc_post(base, "/v1/hosted/1/v1/loco/round/0?id=1", good, n7),
+               403, "a member not hosted here");
+  cr_expect_eq(cc_post(base, "/v1/hosted/7/v1/loco/round/3?id=7", good, n7),
+               503, "a round not begun here");
+  cr_expect_eq(cc_post(base, "/v1/hosted/7/v1/loco/round/0?id=8", good, n7),
+               400, "an id other than the path's");
+  cr_expect_eq(cc_post(base, "/v1/hosted/7/v1/loco/round/0", good, n7), 400,
+               "no id");
+  cr_expect_eq(cc_post(base, "/v1/hosted/7/v1/loco/nonsense?id=7", good, n7),
+               404, "not a payload path");
+  cr_expect_eq(cc_post(base, path7, junk, sizeof junk), 422,
+               "a body that does not decode");
+  cr_expect_eq(cc_post(base, path7, NULL, 0), 422, "an empty body");
+  const uint8_t *p1;
+  size_t n1;
+  cr_assert_eq(pulse_loco_prepare(ctx, theta, 4, 0, &p1, &n1, NULL),
+               PULSE_OK);
+  cr_expect_eq(cc_post(base, path7, p1, n1), 422, "another sender's payload");
+  pulse_loco_abandon(ctx, 0);
+  size_t huge = 16u * CT_P + 64u * 1024u;
+  uint8_t *big = calloc(1, huge);
+  cr_expect_eq(cc_post(base, path7, big, huge), 413, "a body over the limit");
+  free(big);
+  /* Chunked, no length: refused once read (the status on the wire). */
+  {
+    uint32_t addr;
+    uint16_t port;
+    cr_assert(loco_url_parse(base, &addr, &port));
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {0};
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons(port);
+    sa.sin_addr.s_addr = htonl(addr);
+    cr_assert_eq(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    const char *head = "POST /v1/hosted/7/v1/loco/round/0?id=7 HTTP/1.1\r\n"
+                       "Host: x\r\nTransfer-Encoding: chunked\r\n\r\n";
+    cr_assert_eq(send(fd, head, strlen(head), MSG_NOSIGNAL),
+                 (ssize_t)strlen(head));
+    char chunk[8192 + 16];
+    int k = snprintf(chunk, sizeof chunk, "2000\r\n");
+    memset(chunk + k, 'x', 8192);
+    memcpy(chunk + k + 8192, "\r\n", 2);
+    for (size_t sent = 0; sent < huge; sent += 8192)
+      cr_assert_gt(send(fd, chunk, (size_t)k + 8194, MSG_NOSIGNAL), 0);
+    cr_assert_eq(send(fd, "0\r\n\r\n", 5, MSG_NOSIGNAL), 5);
+    char answer[256] = "";
+    ssize_t got = recv(fd, answer, sizeof answer - 1, 0);
+    cr_assert_gt(got, 12);
+    cr_expect(strncmp(answer, "HTTP/1.1 413", 12) == 0, "%.40s", answer);
+    close(fd);
+  }
+  /* Cut short: 1000 bytes promised, 10 sent, then gone. */
+  const char *cut = "POST /v1/hosted/7/v1/loco/round/0?id=7 HTTP/1.1\r\n"
+                    "Host: x\r\nContent-Length: 1000\r\n\r\n0123456789";
+  cc_raw(base, cut, strlen(cut));
+  usleep(50000);
+
+  /* Nothing else was stored: the good upload still is what is served. */
+  cr_expect_eq(cc_get(base, "/v1/hosted/9/v1/loco/round/0"), 404);
+  cr_assert_eq(loco_http_wait(url, 2000, n7, &back), PULSE_OK);
+  cr_expect(back.size == n7 && memcmp(back.data, good, n7) == 0,
+            "a refused upload replaced the good one");
+  pulse_bytebuf_free(&back);
+  uint64_t stored = 0, refused = 0;
+  pulse_loco_collab_hosted(c, &stored, &refused);
+  cr_expect_eq(stored, 1u);
+  cr_expect_eq(refused, 9u, "%" PRIu64 " refusals counted", refused);
+  cr_expect_eq(cc_get(base, "/healthz"), 200, "the peer stopped answering");
+  free(good);
+  pulse_loco_collab_free(c);
+  pulse_loco_free(ctx);
+  pulse_loco_free(ctx7);
+  free(theta), free(theta7);
+}
+
+Test(collab_client, a_client_refuses_partitioned_averaging_and_bad_hosts) {
+  pulse_loco_opts o = PULSE_LOCO_OPTS_INIT;
+  o.param_count = CT_P;
+  o.rule = PULSE_LOCO_RULE_KEEP;
+  o.trainer_id = 5;
+  float *theta = calloc(CT_P, sizeof *theta);
+  pulse_loco *ctx = NULL;
+  cr_assert_eq(pulse_loco_create(&o, theta, &ctx), PULSE_OK);
+  pulse_loco_collab_opts co = PULSE_LOCO_COLLAB_OPTS_INIT;
+  pulse_loco_collab *c = NULL;
+  co.client_of = "http://127.0.0.1:9";
+  co.partitioned = 1;
+  cr_expect_eq(pulse_loco_collab_create(&co, ctx, &c), PULSE_ERR_ARG);
+  cr_expect(strstr(pulse_error_detail(), "partitioned") != NULL, "%s",
+            pulse_error_detail());
+  co.partitioned = 0;
+  co.client_of = "http://localhost:9";
+  cr_expect_eq(pulse_loco_collab_create(&co, ctx, &c), PULSE_ERR_ARG);
+  co.client_of = "http://127.0.0.1:9";
+  cr_assert_eq(pulse_loco_collab_create(&co, ctx, &c), PULSE_OK);
+  cr_expect_str_eq(pulse_loco_collab_url(c), "http://127.0.0.1:9/v1/hosted/5");
+  /* A hosted URL must carry the member's own id. */
+  pulse_loco_member m[2] = {{4, "http://127.0.0.1:9"},
+                            {5, "http://127.0.0.1:9/v1/hosted/6"}};
+  cr_expect_eq(pulse_loco_collab_start(c, m, 2), PULSE_ERR_ARG);
+  snprintf(m[1].url, sizeof m[1].url, "http://127.0.0.1:9/v1/hosted/5");
+  cr_expect_eq(pulse_loco_collab_start(c, m, 2), PULSE_OK, "%s",
+               pulse_error_detail());
+  /* The writer rule skips the client. */
+  for (uint64_t r = 0; r < 4; r++)
+    cr_expect_eq(pulse_loco_collab_writer(m, 2, r, 0), 4u);
+  pulse_loco_collab_free(c);
+  pulse_loco_free(ctx);
+  free(theta);
+}
