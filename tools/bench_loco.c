@@ -1399,7 +1399,8 @@ int bench_loco_main(int argc, char **argv) {
   for (int i = 1; i < argc; i++)
     if (strcmp(argv[i], "--target-batch") == 0 ||
         strcmp(argv[i], "--peer-speeds") == 0 ||
-        strcmp(argv[i], "--churn") == 0 || strcmp(argv[i], "--averaging") == 0)
+        strcmp(argv[i], "--churn") == 0 || strcmp(argv[i], "--averaging") == 0 ||
+        strcmp(argv[i], "--clients") == 0)
       return bench_loco_collab_main(argc, argv);
   static bench b; /* large: kept off the stack */
   memset(&b, 0, sizeof b);

@@ -55,6 +55,7 @@ typedef struct {
   const char *report;
   uint32_t claim_ms, round_ms;
   int partitioned; /* --averaging partitioned */
+  uint32_t clients; /* --clients K: the last K founders in client mode */
 } collab_args;
 
 void bench_loco_collab_usage(FILE *out) {
@@ -75,6 +76,12 @@ void bench_loco_collab_usage(FILE *out) {
           "                     disjoint ranges; same weights bit for bit)\n"
           "  --trainers N       founding peers (default: the speeds given, "
           "else 3)\n"
+          "  --clients K        the last K founders are client-mode peers "
+          "(behind NAT:\n"
+          "                     they listen nowhere and upload their payload "
+          "to a\n"
+          "                     serving founder, round robin; all-to-all "
+          "only)\n"
           "  --rounds R --seed S --params P --json --report DIR as above\n");
 }
 
@@ -114,8 +121,8 @@ static int peer_fail(int out, const char *what) {
   return 1;
 }
 
-static int run_peer(const collab_args *a, uint32_t id, double speed, int in,
-                    int out) {
+static int run_peer(const collab_args *a, uint32_t id, double speed,
+                    const char *client_of, int in, int out) {
   FILE *fin = fdopen(in, "r");
   pulse_tk_problem *p = make_problem(a);
   if (p == NULL)
@@ -135,6 +142,7 @@ static int run_peer(const collab_args *a, uint32_t id, double speed, int in,
   co.claim_timeout_ms = a->claim_ms;
   co.round_timeout_ms = a->round_ms;
   co.partitioned = a->partitioned;
+  co.client_of = client_of;
   if (pulse_tk_learner_create(p, id, &st.l) != PULSE_OK ||
       pulse_loco_create(&o, theta, &ctx) != PULSE_OK ||
       pulse_loco_collab_create(&co, ctx, &c) != PULSE_OK)
@@ -161,7 +169,7 @@ static int run_peer(const collab_args *a, uint32_t id, double speed, int in,
       return peer_fail(out, "join");
   }
   fcntl(in, F_SETFL, fcntl(in, F_GETFL) | O_NONBLOCK);
-  int leaving = 0, left = 0;
+  int leaving = 0, left = 0, lost = 0;
   uint64_t busy = 0, t0 = (uint64_t)(pulse_tk_now() * 1000.0);
   while (pulse_loco_round(ctx) < a->rounds && !left) {
     if (!leaving && fgets(line, sizeof line, fin) &&
@@ -169,10 +177,16 @@ static int run_peer(const collab_args *a, uint32_t id, double speed, int in,
       leaving = 1;
     clearerr(fin);
     pulse_loco_collab_info info;
-    if (pulse_loco_collab_round(c, theta, st.batch, do_step, &st,
-                                leaving ? PULSE_LOCO_COLLAB_LEAVING : 0,
-                                &info) != PULSE_OK)
+    pulse_status rs = pulse_loco_collab_round(
+        c, theta, st.batch, do_step, &st,
+        leaving ? PULSE_LOCO_COLLAB_LEAVING : 0, &info);
+    /* A client whose host died loses that round; its next call rejoins
+     * through another host. */
+    if (rs != PULSE_OK && client_of != NULL && lost++ < 3)
+      continue;
+    if (rs != PULSE_OK)
       return peer_fail(out, "round");
+    lost = 0;
     busy += info.busy_ms;
     left = info.left;
     pulse_loco_member m[MAXP];
@@ -258,7 +272,8 @@ static uint64_t next_rand(uint64_t *s) {
   return z ^ (z >> 31);
 }
 
-static int spawn_peer(collab_bench *b, uint32_t id) {
+/* Peer id, serving (client_of NULL) or in client mode hosted there. */
+static int spawn_peer(collab_bench *b, uint32_t id, const char *client_of) {
   peer *q = &b->p[b->n];
   int a[2], c[2];
   if (pipe(a) != 0 || pipe(c) != 0)
@@ -271,7 +286,7 @@ static int spawn_peer(collab_bench *b, uint32_t id) {
     return -1;
   if (pid == 0) {
     close(a[1]), close(c[0]);
-    _exit(run_peer(&b->a, id, speed, a[0], c[1]));
+    _exit(run_peer(&b->a, id, speed, client_of, a[0], c[1]));
   }
   close(a[0]), close(c[1]);
   memset(q, 0, sizeof *q);
@@ -328,7 +343,7 @@ static void fire_events(collab_bench *b, uint32_t reported) {
       for (size_t i = 0; i < b->n; i++)
         id = b->p[i].id > id ? b->p[i].id : id;
       id++;
-      if (id > MAXP || spawn_peer(b, id) != 0) {
+      if (id > MAXP || spawn_peer(b, id, NULL) != 0) {
         b->failed = 1;
         continue;
       }
@@ -603,6 +618,10 @@ static int parse(int argc, char **argv, collab_args *a) {
         continue;
       }
       return bad("--averaging wants all-to-all or partitioned, not", v);
+    } else if (strcmp(f, "--clients") == 0) {
+      if (!parse_u(v, 0, MAXP - 1, &x))
+        return bad("--clients wants 0..31, not", v);
+      a->clients = (uint32_t)x;
     } else if (strcmp(f, "--peer-speeds") == 0) {
       if (v == NULL)
         return bad("--peer-speeds wants a comma list, not", v);
@@ -643,6 +662,16 @@ static int parse(int argc, char **argv, collab_args *a) {
   }
   if (a->trainers == 0)
     a->trainers = a->nspeeds ? a->nspeeds : 3;
+  if (a->clients >= a->trainers) {
+    fprintf(stderr, PROG ": --clients %u wants fewer than the %u founders "
+            "(at least one serves)\n", a->clients, a->trainers);
+    return 2;
+  }
+  if (a->clients > 0 && a->partitioned) {
+    fprintf(stderr, PROG ": --clients does not go with --averaging "
+            "partitioned (a range owner must accept connections)\n");
+    return 2;
+  }
   return -1;
 }
 
@@ -660,9 +689,13 @@ int bench_loco_collab_main(int argc, char **argv) {
     return rc;
   b.rng = b.a.seed ^ 0xC011ABull;
   signal(SIGPIPE, SIG_IGN);
-  for (uint32_t i = 0; i < b.a.trainers; i++)
-    if (spawn_peer(&b, i + 1) != 0)
+  uint32_t serving = b.a.trainers - b.a.clients;
+  for (uint32_t i = 0; i < b.a.trainers; i++) {
+    /* Clients after every serving founder is up: each names one. */
+    const char *host = i < serving ? NULL : b.p[(i - serving) % serving].url;
+    if (spawn_peer(&b, i + 1, host) != 0)
       return fprintf(stderr, PROG ": could not start peer %u\n", i + 1), 1;
+  }
   char line[8192];
   int off = snprintf(line, sizeof line, "start %u", b.a.trainers);
   for (size_t i = 0; i < b.n; i++)

@@ -4,8 +4,10 @@
 # writer and a clean leave; every round holds at least T samples but the
 # taken-over one, the survivors end identical, the JSON has its keys; a
 # short run with partitioned averaging, a join and a leave ends identical
-# too (the leaver serves its blobs until the others are done); bad usage (an
-# unknown averaging, a bad churn event) is refused with exit 2.
+# too (the leaver serves its blobs until the others are done); two client-mode
+# peers (--clients 2) contribute every round and end identical; bad usage (an
+# unknown averaging, a bad churn event, clients with partitioned) is refused
+# with exit 2.
 source "$(dirname "$0")/lib/common.sh"
 BENCH="$bin/pulse-bench"
 out="$work/collab.json"
@@ -34,6 +36,17 @@ timeout 60 "$BENCH" loco --target-batch 128 --rounds 4 --trainers 3 \
   --claim-timeout-ms 1000 --round-timeout-ms 2000 --json > "$work/part.json" 2> "$work/err2"
 expect "partitioned exit status" 0 "$?"
 grep '"summary":true' "$work/part.json" | grep -q '"identical":true' && ok || bad "partitioned peers differ: $(cat "$work/err2")"
+# Two of four peers in client mode (behind NAT): every round has all four
+# contributors, no client writes a round, every peer ends identical.
+timeout 60 "$BENCH" loco --target-batch 128 --rounds 4 --trainers 4 --clients 2 \
+  --peer-speeds 400 --params 3000 --seed 3 --claim-timeout-ms 1000 \
+  --round-timeout-ms 2000 --json > "$work/clients.json" 2> "$work/err4"
+expect "clients exit status" 0 "$?"
+grep '"summary":true' "$work/clients.json" | grep -q '"identical":true' && ok || bad "client peers differ: $(cat "$work/err4")"
+expect "rounds with four contributors" 4 "$(grep -c '"contributors":4' "$work/clients.json")"
+grep -Eq '"writer":(3|4),' "$work/clients.json" && bad "a client wrote a round" || ok
+"$BENCH" loco --target-batch 64 --trainers 3 --clients 1 --averaging partitioned > /dev/null 2>&1
+expect "clients with partitioned refused" 2 "$?"
 "$BENCH" loco --target-batch 64 --averaging ring > /dev/null 2>&1
 expect "unknown averaging refused" 2 "$?"
 "$BENCH" loco --target-batch 64 --churn explode:3 > /dev/null 2> "$work/err3"
