@@ -5,10 +5,12 @@
  *   every member   cuts its payload into PLCK chunks (one datagram each)
  *                  and sends each to every other member once; a lost one
  *                  is never resent
+ *                  then END_COPIES end markers (PLCE) to each
  *                  takes chunks into its inbox until every sender's cells
- *                  are all here, or every sender was heard from and nothing
- *                  came for quiet_ms, or the deadline; finishes per cell
- *                  over what arrived (the drop rule)
+ *                  are all here or its end marker came, or every sender
+ *                  said it sent all (GET .../sent after quiet_ms without
+ *                  a chunk), or the deadline; finishes per cell over what
+ *                  arrived (the drop rule)
  *   c              publishes the manifest over HTTP (contributors: who was
  *                  heard, with the cells that reached c and the SHA-256 of
  *                  their arrival map; the members of r + 1) and, as the
@@ -35,6 +37,9 @@
 
 #define EARLY_MAX 16384u /* datagrams of later rounds kept */
 #define DIGESTS_HEADER 24u
+#define END_MAGIC 0x45434C50u /* "PLCE" */
+#define END_SIZE 36u
+#define END_COPIES 3u /* all lost at 10% loss: once in 1,000 */
 
 /* ------------------------------------------------------------- socket */
 
@@ -139,19 +144,54 @@ static int datagram_admit(pulse_loco_node *n, uint64_t r,
   return 1;
 }
 
-/* The round a chunk names, or UINT64_MAX when it is not a chunk. */
+/* The round a chunk or an end marker names, or UINT64_MAX when it is
+ * neither. */
 static uint64_t chunk_round(const loco_datagram *d) {
+  if (d->size >= END_SIZE && pulse_load_le32(d->data) == END_MAGIC)
+    return pulse_load_le64(d->data + 12);
   if (d->size < PULSE_LOCO_CHUNK_HEADER ||
       pulse_load_le32(d->data) != 0x4B434C50u /* "PLCK" */)
     return UINT64_MAX;
   return pulse_load_le64(d->data + 12);
 }
 
-/* One datagram for round r: admitted, kept for a later round, or given to
+/* ------------------------------------------------------- end markers */
+
+/* An end marker (PAYLOAD.md "Exchange over datagrams"): sender `id` sent
+ * all `nchunks` chunks of round r to this receiver. 36 bytes: "PLCE",
+ * version 1, 3 zero bytes, u32 sender, u64 round, u64 chunks, u64 the
+ * first 8 bytes (LE) of SHA-256 of the marker with this field zeroed. It
+ * changes no weight: a forged one can only end a wait early, as loss. */
+static void end_marker(uint8_t out[END_SIZE], uint32_t id, uint64_t r,
+                       uint64_t nchunks) {
+  uint8_t sha[32];
+  memset(out, 0, END_SIZE);
+  pulse_store_le32(out, END_MAGIC);
+  out[4] = 1;
+  pulse_store_le32(out + 8, id);
+  pulse_store_le64(out + 12, r);
+  pulse_store_le64(out + 20, nchunks);
+  loco_sha256(out, END_SIZE, sha);
+  memcpy(out + 28, sha, 8);
+}
+
+/* Whether d is a well-formed end marker. */
+static int end_valid(const loco_datagram *d) {
+  if (d->size != END_SIZE || pulse_load_le32(d->data) != END_MAGIC)
+    return 0;
+  uint8_t want[END_SIZE];
+  end_marker(want, pulse_load_le32(d->data + 8), pulse_load_le64(d->data + 12),
+             pulse_load_le64(d->data + 20));
+  return memcmp(want, d->data, END_SIZE) == 0;
+}
+
+/* One datagram for round r: admitted, kept for a later round, an end
+ * marker (ended[j] set for member j: it sent all it will), or given to
  * the inbox (which keeps it or counts why not). Frees it unless kept.
- * @return 1 when the inbox kept it. */
+ * @return 1 when the inbox kept it, 2 for a member's first end marker. */
 static int take_datagram(pulse_loco_node *n, pulse_loco_inbox *in, uint64_t r,
-                          loco_datagram *d, pulse_loco_step_info *info) {
+                          loco_datagram *d, pulse_loco_step_info *info,
+                          uint8_t *ended) {
   int kept = 0, auth_refused;
   uint64_t round = chunk_round(d);
   if (!datagram_admit(n, r, d, &auth_refused)) {
@@ -167,6 +207,15 @@ static int take_datagram(pulse_loco_node *n, pulse_loco_inbox *in, uint64_t r,
     n->nearly++;
     info->datagrams_early++;
     return 0;
+  } else if (d->size >= 4 && pulse_load_le32(d->data) == END_MAGIC) {
+    /* An end marker; one of an earlier round is late (its receiver had
+     * every chunk already) and says nothing. */
+    int m = loco_member_find(n->members, n->nmembers,
+                             d->size >= 12 ? pulse_load_le32(d->data + 8) : 0);
+    if (!end_valid(d))
+      info->datagrams_refused_source++; /* a marker that does not fit */
+    else if (round == r && m >= 0 && !ended[m])
+      kept = 2, ended[m] = 1;
   } else { /* counted by reason when refused */
     kept = pulse_loco_inbox_add(in, d->data, d->size) == PULSE_OK;
   }
@@ -208,6 +257,19 @@ static pulse_status send_chunks(pulse_loco_node *n, uint64_t r,
       }
       p += cs, left -= cs;
     }
+    /* Then the end markers: a receiver missing some of these chunks need
+     * not wait to learn that they were lost (drawn as datagrams nchunks,
+     * nchunks + 1, ...). */
+    uint8_t end[END_SIZE];
+    end_marker(end, n->id, r, nchunks);
+    for (uint64_t c = 0; c < END_COPIES; c++) {
+      int lost = 0;
+      if (n->opts.datagram_drop > 0.0 &&
+          pulse_loco_datagram_draw(n->opts.drop_seed, r, n->id, m->id,
+                                   nchunks + c) < n->opts.datagram_drop)
+        continue;
+      PULSE_TRY(loco_udp_send(n->udp, addr, port, end, END_SIZE, &lost));
+    }
   }
   return PULSE_OK;
 }
@@ -243,9 +305,43 @@ static int all_sent(pulse_loco_node *n, uint64_t r, const pulse_loco_inbox *in,
   return 1;
 }
 
+/* Whether every member whose cells are not all here is known to have sent
+ * all (its end marker, or its /sent). */
+static int all_known(const pulse_loco_node *n, const pulse_loco_inbox *in,
+                     const uint8_t *known) {
+  uint64_t cells = (n->ctx->n + PULSE_LOCO_CHUNK_CELL - 1) / PULSE_LOCO_CHUNK_CELL;
+  for (size_t j = 0; j < n->nmembers; j++) {
+    uint8_t sha[32];
+    if (!known[j] && n->members[j].id != n->id &&
+        loco_inbox_arrival(in, n->members[j].id, sha) != cells)
+      return 0;
+  }
+  return 1;
+}
+
+/* Takes what the socket holds now (after the receive thread drained the
+ * kernel's buffer). @return 1 when a chunk was kept. */
+static int take_rest(pulse_loco_node *n, pulse_loco_inbox *in, uint64_t r,
+                     pulse_loco_step_info *info, uint8_t *known) {
+  loco_udp_flush(n->udp);
+  loco_datagram *d;
+  int more = 0;
+  while ((d = loco_udp_take(n->udp, 0)) != NULL) {
+    n->fetched += d->size;
+    info->datagrams_received++;
+    more |= take_datagram(n, in, r, d, info, known) == 1;
+  }
+  return more;
+}
+
 static pulse_status receive_round(pulse_loco_node *n, uint64_t r,
                                   pulse_loco_inbox *in,
                                   pulse_loco_step_info *info) {
+  /* known[j]: member j sent all its chunks of round r (its end marker or
+   * its /sent said so). */
+  uint8_t *known = calloc(n->nmembers ? n->nmembers : 1, 1);
+  if (known == NULL)
+    return pulse_fail(PULSE_ERR_NOMEM, "loco udp: receive");
   /* Chunks of this round that came while the last one ran. */
   loco_datagram *early = n->early;
   n->early = NULL;
@@ -256,13 +352,11 @@ static pulse_status receive_round(pulse_loco_node *n, uint64_t r,
     d->next = NULL;
     n->fetched += d->size;
     info->datagrams_received++;
-    take_datagram(n, in, r, d, info);
+    take_datagram(n, in, r, d, info, known);
   }
   uint64_t start = loco_now_ms(), deadline = start + n->opts.deadline_ms;
   uint64_t last = start;
-  uint8_t *known = calloc(n->nmembers ? n->nmembers : 1, 1);
-  if (known == NULL)
-    return pulse_fail(PULSE_ERR_NOMEM, "loco udp: receive");
+  int ends = 1; /* an end marker came: see whether all are known */
   for (;;) {
     size_t senders, heard, complete;
     loco_inbox_progress(in, &senders, &heard, &complete);
@@ -271,21 +365,20 @@ static pulse_status receive_round(pulse_loco_node *n, uint64_t r,
     uint64_t now = loco_now_ms();
     if (now >= deadline)
       break;
+    /* Every incomplete sender's end marker came: what is missing was
+     * lost (once what the socket holds is in); no quiet wait. */
+    if (ends && all_known(n, in, known)) {
+      if (!take_rest(n, in, r, info, known))
+        break;
+      continue; /* chunks came with the rest: look again */
+    }
+    ends = 0;
     if (now >= last + n->opts.quiet_ms) {
-      /* Nothing kept for a while: done when every incomplete sender has
-       * sent all it will (and what the socket holds is in). */
-      if (all_sent(n, r, in, known)) {
-        loco_udp_flush(n->udp);
-        loco_datagram *d;
-        int more = 0;
-        while ((d = loco_udp_take(n->udp, 0)) != NULL) {
-          n->fetched += d->size;
-          info->datagrams_received++;
-          more |= take_datagram(n, in, r, d, info);
-        }
-        if (!more)
-          break;
-      }
+      /* Nothing kept for a while (end markers lost too): done when every
+       * incomplete sender has sent all it will (and what the socket
+       * holds is in). */
+      if (all_sent(n, r, in, known) && !take_rest(n, in, r, info, known))
+        break;
       last = loco_now_ms(); /* ask again after another quiet wait */
       continue;
     }
@@ -299,8 +392,10 @@ static pulse_status receive_round(pulse_loco_node *n, uint64_t r,
     info->datagrams_received++;
     /* Only a kept chunk restarts the quiet wait: a stream of junk must
      * not hold the round open until the deadline. */
-    if (take_datagram(n, in, r, d, info))
+    int took = take_datagram(n, in, r, d, info, known);
+    if (took == 1)
       last = loco_now_ms();
+    ends |= took == 2;
   }
   free(known);
   info->wait_ms = loco_now_ms() - start;
