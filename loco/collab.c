@@ -261,9 +261,15 @@ pulse_status pulse_loco_collab_import(pulse_loco_collab *c, const char *base,
 
 pulse_status pulse_loco_collab_join(pulse_loco_collab *c, const char *seed,
                                     float *theta_r, uint32_t timeout_ms) {
+  /* A client-mode member's URL names its host: the join goes there (a
+   * client serves no view or state of its own). */
+  char host[64];
+  if (seed != NULL && loco_url_hosted(seed, host, sizeof host, NULL))
+    seed = host;
   if (c == NULL || seed == NULL || theta_r == NULL || !loco_url_valid(seed))
     return pulse_fail(PULSE_ERR_ARG,
-                      "loco collab join: seed must be http://A.B.C.D:PORT");
+                      "loco collab join: seed must be http://A.B.C.D:PORT "
+                      "(or a client-mode member's URL)");
   uint64_t end = loco_now_ms() + timeout_ms;
   pulse_status st = PULSE_OK;
   do {

@@ -115,7 +115,8 @@ pulse_status pulse_loco_collab_start(pulse_loco_collab *c,
                                      const pulse_loco_member *members,
                                      size_t count);
 
-/** Joins through any member at seed_url: asks every member to admit it,
+/** Joins through any member at seed_url (a client-mode member's URL: through
+ * its host): asks every member to admit it,
  * waits until a manifest lists it, then imports the state of the round it
  * contributes from (theta_g, momentum, round; digests checked) from the
  * seed, theta_r (P floats) = theta_g. e is kept.

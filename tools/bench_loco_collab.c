@@ -348,8 +348,12 @@ static void fire_events(collab_bench *b, uint32_t reported) {
         continue;
       }
       peer *seed = NULL;
-      for (size_t t = 0; t < 4 * MAXP && seed == NULL && row->nnext; t++)
+      for (size_t t = 0; t < 4 * MAXP && seed == NULL && row->nnext; t++) {
         seed = live_member(b, row->next[next_rand(&b->rng) % row->nnext]);
+        /* A serving member (a client's host might be the dead one). */
+        if (seed != NULL && strstr(seed->url, "/v1/hosted/") != NULL)
+          seed = NULL;
+      }
       if (seed == NULL) {
         b->failed = 1;
         continue;
