@@ -2,7 +2,8 @@
  * layer (trainer_side/http_serve_impl.h), driven with libcurl on 127.0.0.1
  * port 0: what the layer gives it beyond the old server (strong ETags, 304,
  * Range and If-Range, HEAD, refusals with JSON errors, 405 with Allow,
- * /metrics and /healthz) and its POST with query arguments and no body. */
+ * /metrics and /healthz), its POST with query arguments and no body, and
+ * uploads (a POST body under LOCO_HOSTED_PREFIX, bounded). */
 #include <criterion/criterion.h>
 #include <curl/curl.h>
 #include <openssl/evp.h>
@@ -288,4 +289,90 @@ Test(loco_serve, metrics_and_healthz_come_with_the_layer) {
             NULL);
   free(r.body);
   loco_server_stop(s);
+}
+
+/* What the upload callback saw. */
+typedef struct {
+  int calls;
+  char path[128], id[16];
+  size_t size;
+  uint8_t *body;
+} uploaded;
+
+static unsigned on_upload(void *user, const char *path, const char *id,
+                          const uint8_t *body, size_t size, char *reply,
+                          size_t cap) {
+  uploaded *u = user;
+  u->calls++;
+  snprintf(u->path, sizeof u->path, "%s", path);
+  snprintf(u->id, sizeof u->id, "%s", id ? id : "(none)");
+  free(u->body);
+  u->body = size ? malloc(size) : NULL;
+  if (size)
+    memcpy(u->body, body, size);
+  u->size = size;
+  snprintf(reply, cap, "{\"stored\":%zu}", size);
+  return 200;
+}
+
+Test(loco_serve, uploads_reach_their_callback_whole_and_bounded) {
+  /* A body of many pieces arrives whole; one byte over the limit is 413
+   * and never reaches the callback; a body elsewhere is still 400; a
+   * server without uploads refuses one as before; a table-only server
+   * listens nowhere but keeps what is put. */
+  const size_t limit = 300000;
+  uploaded u;
+  memset(&u, 0, sizeof u);
+  loco_server *s = NULL;
+  cr_assert_eq(loco_server_start_uploads("127.0.0.1", NULL, on_upload, &u,
+                                         limit, &s),
+               PULSE_OK);
+  char base[64];
+  snprintf(base, sizeof base, "http://127.0.0.1:%u", loco_server_port(s));
+  uint8_t *big = malloc(limit + 1);
+  for (size_t i = 0; i <= limit; i++)
+    big[i] = (uint8_t)(i * 131u + (i >> 9));
+  char url[160];
+  snprintf(url, sizeof url, "%s/v1/hosted/7/v1/loco/round/2?id=7", base);
+  long status = 0;
+  pulse_bytebuf answer = PULSE_BYTEBUF_INIT;
+  cr_assert_eq(loco_http_post_body(url, 5000, big, limit, &answer, &status),
+               PULSE_OK);
+  cr_assert_eq(status, 200);
+  cr_assert_eq(u.calls, 1);
+  cr_assert_str_eq(u.path, "/v1/hosted/7/v1/loco/round/2");
+  cr_assert_str_eq(u.id, "7");
+  cr_assert_eq(u.size, limit);
+  cr_assert_eq(memcmp(u.body, big, limit), 0, "the body arrived changed");
+  pulse_bytebuf_free(&answer);
+  cr_assert_eq(loco_http_post_body(url, 5000, big, limit + 1, NULL, &status),
+               PULSE_OK);
+  cr_assert_eq(status, 413);
+  cr_assert_eq(u.calls, 1, "an oversized body reached the callback");
+  cr_assert_eq(loco_http_post_body(url, 5000, NULL, 0, NULL, &status),
+               PULSE_OK);
+  cr_assert_eq(status, 200);
+  cr_assert_eq(u.size, 0);
+  snprintf(url, sizeof url, "%s/v1/loco/join?id=7", base);
+  cr_assert_eq(loco_http_post_body(url, 5000, big, 10, NULL, &status),
+               PULSE_OK);
+  cr_assert_eq(status, 400, "a body outside the upload prefix");
+  cr_assert_eq(u.calls, 2);
+  loco_server_stop(s);
+
+  cr_assert_eq(loco_server_start(NULL, NULL, &s), PULSE_OK);
+  snprintf(url, sizeof url, "http://127.0.0.1:%u/v1/hosted/7/x?id=7",
+           loco_server_port(s));
+  cr_assert_eq(loco_http_post_body(url, 5000, big, 10, NULL, &status),
+               PULSE_OK);
+  cr_assert_eq(status, 400, "a server without uploads took a body");
+  loco_server_stop(s);
+
+  cr_assert_eq(loco_server_start_uploads(NULL, NULL, NULL, NULL, 0, &s),
+               PULSE_OK);
+  cr_assert_eq(loco_server_port(s), 0);
+  cr_assert_eq(loco_server_put(s, "/a", big, 10), PULSE_OK);
+  loco_server_stop(s);
+  free(big);
+  free(u.body);
 }
