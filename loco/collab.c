@@ -78,6 +78,22 @@ void collab_set_members(pulse_loco_collab *c, const pulse_loco_member *m,
 
 /* ------------------------------------------------------------ create/free */
 
+/* /metrics: the uploads this peer took and refused as a host. */
+static void hosted_metrics(void *user, pulse_bytebuf *text) {
+  uint64_t stored = 0, refused = 0;
+  pulse_loco_collab_hosted(user, &stored, &refused);
+  pulse_bytebuf_printf(text,
+                       "# HELP pulse_loco_hosted_uploads_total Client-mode "
+                       "members' payload uploads this peer stored or "
+                       "refused.\n"
+                       "# TYPE pulse_loco_hosted_uploads_total counter\n"
+                       "pulse_loco_hosted_uploads_total{result=\"stored\"} "
+                       "%llu\n"
+                       "pulse_loco_hosted_uploads_total{result=\"refused\"} "
+                       "%llu\n",
+                       (unsigned long long)stored, (unsigned long long)refused);
+}
+
 pulse_status pulse_loco_collab_create(const pulse_loco_collab_opts *opts,
                                       pulse_loco *ctx,
                                       pulse_loco_collab **out) {
@@ -134,6 +150,7 @@ pulse_status pulse_loco_collab_create(const pulse_loco_collab_opts *opts,
     pulse_loco_collab_free(c);
     return st;
   }
+  loco_server_set_metrics(c->srv, hosted_metrics, c);
   if (client_of != NULL) {
     snprintf(c->host_url, sizeof c->host_url, "%s", client_of);
     snprintf(c->url, sizeof c->url, "%s" LOCO_HOSTED_PREFIX "%u", client_of,

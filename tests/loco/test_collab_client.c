@@ -387,6 +387,22 @@ Test(collab_client, hostile_uploads_are_refused_and_nothing_is_stored,
   cr_expect_eq(stored, 1u);
   cr_expect_eq(refused, 9u, "%" PRIu64 " refusals counted", refused);
   cr_expect_eq(cc_get(base, "/healthz"), 200, "the peer stopped answering");
+  /* The same counts in /metrics, and the 413s under the upload route. */
+  pulse_bytebuf text = PULSE_BYTEBUF_INIT;
+  long st = 0;
+  snprintf(url, sizeof url, "%s/metrics", base);
+  cr_assert_eq(loco_http_get(url, 2000, 1 << 20, &text, &st), PULSE_OK);
+  cr_assert_eq(st, 200);
+  pulse_bytebuf_byte(&text, 0);
+  const char *mt = (const char *)text.data;
+  cr_expect(strstr(mt, "pulse_loco_hosted_uploads_total{result=\"stored\"} 1\n"),
+            "%s", mt);
+  cr_expect(strstr(mt, "pulse_loco_hosted_uploads_total{result=\"refused\"} 9\n"),
+            "%s", mt);
+  cr_expect(strstr(mt, "pulse_http_requests_total{route=\"upload\","
+                      "code=\"413\"} 2\n") != NULL,
+            "not the two 413s in /metrics: %s", mt);
+  pulse_bytebuf_free(&text);
   free(good);
   pulse_loco_collab_free(c);
   pulse_loco_free(ctx);
