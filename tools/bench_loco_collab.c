@@ -413,8 +413,12 @@ static void on_line(collab_bench *b, peer *q, char *line) {
     }
     if (s > row->samples)
       row->samples = s;
-    row->contributors = contrib;
-    row->writer = writer;
+    /* A call that only rejoined (a dropped peer, a client whose host
+     * died) reports no contributors and no writer: not the round's. */
+    if (contrib > 0) {
+      row->contributors = contrib;
+      row->writer = writer;
+    }
     if (tk > row->takeovers)
       row->takeovers = tk;
     row->members++;
