@@ -568,13 +568,24 @@ static pulse_status fetch_listed(pulse_loco_collab *c, uint64_t r,
   return st;
 }
 
+/* How long a member waits for the state of r + 1. Partitioned, the
+ * contributors may end r only after their exchange's deadline, the
+ * settling of a failed one and an all-to-all finish. */
+static uint64_t exchange_ms(const pulse_loco_collab *c) {
+  return (uint64_t)c->opts.round_timeout_ms + c->opts.claim_timeout_ms;
+}
+
+static uint64_t catch_up_window(const pulse_loco_collab *c) {
+  return c->opts.partitioned ? 2u * exchange_ms(c) + 2u * c->opts.claim_timeout_ms
+                             : exchange_ms(c);
+}
+
 /* Imports the state of round `round` from the manifest's source or a
  * contributor (they all finished it). */
 static pulse_status catch_up(pulse_loco_collab *c, uint64_t round,
                              const char *src, const loco_manifest *man,
-                             float *theta_r) {
-  uint64_t end = loco_now_ms() + c->opts.round_timeout_ms +
-                 c->opts.claim_timeout_ms;
+                             float *theta_r, uint64_t window_ms) {
+  uint64_t end = loco_now_ms() + window_ms;
   pulse_status st = PULSE_ERR_IO;
   while (loco_now_ms() < end) {
     for (size_t j = 0; j <= (man ? man->ncontrib : 0); j++) {
@@ -610,9 +621,11 @@ static pulse_status reduce_partitioned(pulse_loco_collab *c, uint64_t r,
                                        const loco_manifest *man,
                                        const uint8_t *own, size_t size,
                                        float *theta_r,
-                                       pulse_loco_collab_info *info) {
+                                       pulse_loco_collab_info *info,
+                                       int *self_dropped) {
   size_t C = man->ncontrib;
   int self = -1;
+  *self_dropped = 0;
   for (size_t j = 0; j < C; j++) {
     if (man->contrib[j].samples == 0)
       return pulse_fail(PULSE_ERR_CORRUPT,
@@ -647,10 +660,15 @@ static pulse_status reduce_partitioned(pulse_loco_collab *c, uint64_t r,
   in.samples = samples;
   in.relay_url = src;
   in.srv = c->srv;
-  in.timeout_ms = c->opts.round_timeout_ms + c->opts.claim_timeout_ms;
+  in.timeout_ms = (uint32_t)exchange_ms(c);
+  /* A peer killed mid-exchange sends no verdict: who holds every reduced
+   * range finishes without it (the others import its state). */
+  in.lenient_verdicts = 1;
   if (st == PULSE_OK)
     st = loco_partition_round(&in, &out);
   c->fetched += out.bytes_in;
+  for (size_t o = 0; o < out.noffenders; o++)
+    *self_dropped |= out.offenders[o] == c->id;
   if (st == PULSE_OK) {
     /* What a takeover writer adopting this manifest relays from here. */
     char path[96];
@@ -675,11 +693,86 @@ static pulse_status reduce_partitioned(pulse_loco_collab *c, uint64_t r,
   } else {
     PULSE_LOG_AT(PULSE_LOG_WARN,
                  "loco collab round %" PRIu64
-                 ": partitioned exchange failed (%s), all-to-all instead",
+                 ": partitioned exchange failed (%s)",
                  r, pulse_error_detail());
   }
   free(ids), free(urls), free(samples);
   return st;
+}
+
+/* After the partitioned exchange of round r every contributor says how it
+ * ended at /v1/loco/round/R/outcome: "finished" (its state of r + 1 is
+ * served first) or "failed" (ctx still prepared). */
+static pulse_status publish_outcome(pulse_loco_collab *c, uint64_t r,
+                                    int finished) {
+  if (finished)
+    PULSE_TRY(collab_publish_state(c));
+  char path[96];
+  snprintf(path, sizeof path, "/v1/loco/round/%" PRIu64 "/outcome", r);
+  const char *text = finished ? "finished" : "failed";
+  return loco_server_put(c->srv, path, text, strlen(text));
+}
+
+/* A contributor whose exchange failed: the other contributors' outcomes,
+ * until one finished (its URL into `from`: this peer imports its state,
+ * so every survivor ends r with the same weights), or every one answered
+ * or `end` passed. Then alive[j] says which said "failed": when nobody
+ * finished, those (and this peer) finish r all-to-all, the rule every
+ * survivor applies to the same answers (a dead peer answers nobody). */
+static int settle(pulse_loco_collab *c, uint64_t r, const loco_manifest *man,
+                  uint64_t end, char *from, size_t cap, uint8_t *alive) {
+  size_t C = man->ncontrib;
+  loco_fetch *t = calloc(C ? C : 1, sizeof *t);
+  char(*urls)[160] = calloc(C ? C : 1, sizeof *urls);
+  uint8_t *answered = calloc(C ? C : 1, 1);
+  int found = 0;
+  if (!t || !urls || !answered) {
+    free(t), free(urls), free(answered);
+    return 0;
+  }
+  memset(alive, 0, C);
+  for (;;) {
+    size_t q = 0, left = 0;
+    size_t *idx = (size_t *)calloc(C ? C : 1, sizeof *idx);
+    for (size_t j = 0; idx && j < C; j++) {
+      const char *u = url_of(c, man->contrib[j].id);
+      if (man->contrib[j].id == c->id || answered[j] || u[0] == '\0')
+        continue;
+      left++;
+      snprintf(urls[q], sizeof urls[q], "%s/v1/loco/round/%" PRIu64 "/outcome",
+               u, r);
+      t[q] = (loco_fetch){0};
+      t[q].url = urls[q];
+      t[q].max_bytes = 64;
+      t[q].body = (pulse_bytebuf)PULSE_BYTEBUF_INIT;
+      idx[q++] = j;
+    }
+    uint64_t now = loco_now_ms();
+    if (idx == NULL || left == 0 || now >= end) {
+      free(idx);
+      break;
+    }
+    loco_http_gather(t, q, now + 50u < end ? now + 50u : end);
+    for (size_t a = 0; a < q; a++) {
+      if (t[a].done) {
+        size_t j = idx[a];
+        c->fetched += t[a].body.size;
+        answered[j] = 1;
+        if (t[a].body.size == 8 && memcmp(t[a].body.data, "finished", 8) == 0 &&
+            !found) {
+          found = 1;
+          snprintf(from, cap, "%s", url_of(c, man->contrib[j].id));
+        }
+        alive[j] = t[a].body.size == 6 && memcmp(t[a].body.data, "failed", 6) == 0;
+      }
+      pulse_bytebuf_free(&t[a].body);
+    }
+    free(idx);
+    if (found)
+      break;
+  }
+  free(t), free(urls), free(answered);
+  return found;
 }
 
 static void ack_round(pulse_loco_collab *c, const char *src, uint64_t r) {
@@ -817,10 +910,70 @@ pulse_status pulse_loco_collab_round(pulse_loco_collab *c, float *theta_r,
     st = loco_server_put(c->srv, path, mb.data, mb.size);
   pulse_bytebuf_free(&mb);
   size_t C = man.ncontrib;
-  if (st == PULSE_OK && c->opts.partitioned && own != NULL &&
-      reduce_partitioned(c, r, src, &man, own, size, theta_r, info) ==
-          PULSE_OK)
+  int listed = 0;
+  for (size_t j = 0; j < C; j++)
+    listed |= man.contrib[j].id == c->id;
+  if (st == PULSE_OK && c->opts.partitioned && (own == NULL || !listed)) {
+    /* No payload of its own in the round: the state of r + 1 from a
+     * contributor, without fetching their payloads. */
+    if (c->ctx->prepared)
+      pulse_loco_abandon(c->ctx, 0);
+    st = catch_up(c, r + 1, src, &man, theta_r, catch_up_window(c));
+    info->resynced = st == PULSE_OK;
+    info->contributors = (uint32_t)C;
+    for (size_t j = 0; j < C; j++)
+      info->samples += man.contrib[j].samples;
     goto finished;
+  }
+  if (st == PULSE_OK && c->opts.partitioned) {
+    uint64_t ex_end = loco_now_ms() + exchange_ms(c);
+    int self_dropped = 0;
+    if (reduce_partitioned(c, r, src, &man, own, size, theta_r, info,
+                           &self_dropped) == PULSE_OK) {
+      st = publish_outcome(c, r, 1);
+      goto finished;
+    }
+    /* Failed (a peer's blob never came: killed mid-exchange, or an
+     * offender): a contributor that finished wins, else the round is
+     * finished all-to-all by those that answered. */
+    st = publish_outcome(c, r, 0);
+    uint8_t *alive = calloc(C ? C : 1, 1);
+    char from[64] = "";
+    if (alive == NULL)
+      st = pulse_fail(PULSE_ERR_NOMEM, "loco collab: round %" PRIu64, r);
+    if (st == PULSE_OK &&
+        settle(c, r, &man, ex_end + 2u * c->opts.claim_timeout_ms, from,
+               sizeof from, alive)) {
+      PULSE_LOG_AT(PULSE_LOG_WARN,
+                   "loco collab round %" PRIu64 ": importing the state %s "
+                   "finished",
+                   r, from);
+      pulse_loco_abandon(c->ctx, !self_dropped);
+      st = catch_up(c, r + 1, from, &man, theta_r, catch_up_window(c));
+      info->resynced = st == PULSE_OK;
+      info->contributors = (uint32_t)C;
+      info->self_included = !self_dropped;
+      info->own_samples = self_dropped ? 0 : done;
+      for (size_t j = 0; j < C; j++)
+        info->samples += man.contrib[j].samples;
+      free(alive);
+      goto finished;
+    }
+    if (st == PULSE_OK) {
+      size_t q = 0;
+      for (size_t j = 0; j < C; j++)
+        if (man.contrib[j].id == c->id || alive[j])
+          man.contrib[q++] = man.contrib[j];
+      PULSE_LOG_AT(PULSE_LOG_WARN,
+                   "loco collab round %" PRIu64 ": nobody finished the "
+                   "exchange; all-to-all over the %zu of %zu contributors "
+                   "that answered",
+                   r, q, C);
+      man.ncontrib = q;
+      C = q;
+    }
+    free(alive);
+  }
   loco_fetch *t = calloc(C, sizeof *t);
   char(*urls)[160] = calloc(C, sizeof *urls);
   pulse_loco_contribution *set = calloc(C, sizeof *set);
@@ -861,7 +1014,7 @@ pulse_status pulse_loco_collab_round(pulse_loco_collab *c, float *theta_r,
      * the manifest used it). */
     if (c->ctx->prepared)
       pulse_loco_abandon(c->ctx, self_included);
-    st = catch_up(c, r + 1, src, &man, theta_r);
+    st = catch_up(c, r + 1, src, &man, theta_r, catch_up_window(c));
     info->resynced = st == PULSE_OK;
     for (size_t j = 0; j < C; j++)
       if (t[j].done && t[j].body.size >= LOCO_HEADER_SIZE) {

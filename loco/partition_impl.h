@@ -31,6 +31,14 @@ typedef struct {
   int receipts_only;         /* no recomputation at all: only each sender's
                                 receipt and the blobs' consistency */
   uint32_t max_attempts;     /* runs without the offenders (0 means 2) */
+  /* A verdict that has not come by the deadline does not fail the round:
+   * a trainer that holds every reduced range and whose verdicts in hand
+   * name no offender finishes (a peer that died mid-exchange sends none;
+   * the collaboration's rule). Safe against a dead peer, not against a
+   * dead peer plus a wrong owner that only its verdict would have shown:
+   * then trainers that got that verdict drop the owner and those that did
+   * not keep it. 0: every serving trainer's verdict is required. */
+  int lenient_verdicts;
   /* Tests only: as an owner, publish a reduction with one average changed
    * (and correct receipts), as a wrong or malicious owner would. */
   int test_wrong_reduction;
@@ -44,6 +52,7 @@ typedef struct {
   uint64_t slice_bytes_in, reduced_bytes_in, check_bytes_in, verdict_bytes_in;
   uint64_t own_payload; /* the prepared payload's size, for comparison */
   uint32_t attempts;
+  uint32_t verdicts_missing; /* lenient_verdicts: finished without them */
   uint32_t contributors; /* averaged in the end */
   int self_included;
   size_t noffenders;
@@ -59,5 +68,14 @@ typedef struct {
  * was found one); PULSE_ERR_ARG; on error ctx stays prepared. */
 pulse_status loco_partition_round(const loco_partition_in *in,
                                   loco_partition_out *out);
+
+/* Tests only (a process killed mid-exchange): in round
+ * loco_partition_test_stall_round the trainer with id
+ * loco_partition_test_stall_id stops for good (sleeps until killed) once
+ * it published its slices (phase 1) or its reduced range (phase 2) of
+ * attempt 0. Phase 0: never (the default). */
+extern uint32_t loco_partition_test_stall_id;
+extern uint64_t loco_partition_test_stall_round;
+extern int loco_partition_test_stall_phase;
 
 #endif

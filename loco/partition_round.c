@@ -22,6 +22,10 @@
 #include "pulse_log.h"
 #include "status_impl.h"
 
+uint32_t loco_partition_test_stall_id;
+uint64_t loco_partition_test_stall_round;
+int loco_partition_test_stall_phase;
+
 #define PART_PREFIX "/v1/loco/part/"
 #define URL_CAP 200u
 #define VERDICT_CAP (64u + 16u * PULSE_LOCO_PART_MAX)
@@ -50,7 +54,18 @@ typedef struct {
   pulse_loco_reducer *chk[PULSE_LOCO_PART_MAX];
   pulse_loco_verdict *verdicts; /* [n] */
   size_t nverdicts;
+  uint32_t missing; /* verdicts that did not come (lenient_verdicts) */
 } attempt_state;
+
+/* The test hook (partition_impl.h): stop here for good. */
+static void test_stall(const attempt_state *s, int phase) {
+  if (loco_partition_test_stall_phase != phase || s->attempt != 0 ||
+      s->round != loco_partition_test_stall_round ||
+      s->in->ctx->opts.trainer_id != loco_partition_test_stall_id)
+    return;
+  for (;;)
+    loco_sleep_ms(1000);
+}
 
 static size_t slice_cap(const pulse_loco *ctx) {
   uint64_t chunks = (ctx->n >> LOCO_CHUNK_LOG2_MIN) + 1u;
@@ -103,6 +118,7 @@ static pulse_status exchange_slices(attempt_state *s,
   }
   if (st != PULSE_OK)
     return st;
+  test_stall(s, 1);
   /* Client mode: its own part from its whole payload. */
   for (uint32_t k = 0; k < N && !s->c.serving[s->self]; k++)
     if (s->chk[k])
@@ -192,6 +208,7 @@ static pulse_status exchange_blobs(attempt_state *s, pulse_loco_reducer *own) {
     if (in->test_wrong_reduction)
       PULSE_TRY(falsify(s, (uint32_t)s->self, &s->blobs[s->self]));
     PULSE_TRY(publish(s, "reduced", &s->blobs[s->self]));
+    test_stall(s, 2);
   }
   loco_fetch *f = calloc(N, sizeof *f);
   char(*urls)[URL_CAP] = calloc(N, sizeof *urls);
@@ -283,6 +300,7 @@ static pulse_status judge(attempt_state *s, pulse_loco_verdict *v) {
 static pulse_status exchange_verdicts(attempt_state *s) {
   uint32_t N = s->plan.count;
   s->nverdicts = 0;
+  s->missing = 0;
   pulse_loco_verdict *own = &s->verdicts[s->nverdicts];
   PULSE_TRY(judge(s, own));
   if (s->c.serving[s->self]) {
@@ -311,9 +329,16 @@ static pulse_status exchange_verdicts(attempt_state *s) {
   pulse_status st = t ? loco_http_gather(f, t, s->deadline) : PULSE_OK;
   for (size_t i = 0; i < t; i++) {
     if (!f[i].done) {
-      if (st == PULSE_OK)
+      if (s->in->lenient_verdicts) {
+        s->missing++;
+        PULSE_LOG_AT(PULSE_LOG_WARN,
+                     "loco partition round %llu: no verdict from %s, "
+                     "finishing without it",
+                     (unsigned long long)s->round, f[i].url);
+      } else if (st == PULSE_OK) {
         st = pulse_fail(PULSE_ERR_IO, "loco partition: no verdict from %s",
                         f[i].url);
+      }
     } else {
       s->out->bytes_in += f[i].body.size;
       s->out->verdict_bytes_in += f[i].body.size;
@@ -357,6 +382,15 @@ static pulse_status run_attempt(attempt_state *s, uint32_t *offenders,
     st = pulse_loco_verdicts_offenders(&s->plan, s->round, s->attempt,
                                        s->verdicts, s->nverdicts, offenders,
                                        noff);
+  /* Offenders while a verdict is missing: the trainers that got it may
+   * see others; no finish and no new attempt that they would not share. */
+  if (st == PULSE_OK && *noff > 0 && s->missing > 0)
+    st = pulse_fail(PULSE_ERR_IO,
+                    "loco partition: round %llu: offenders while %u "
+                    "verdicts are missing",
+                    (unsigned long long)s->round, s->missing);
+  if (st == PULSE_OK && *noff == 0)
+    s->out->verdicts_missing = s->missing;
   if (st == PULSE_OK && *noff == 0) {
     pulse_loco_contribution set[PULSE_LOCO_PART_MAX];
     for (uint32_t k = 0; k < N; k++)

@@ -65,8 +65,10 @@ typedef struct {
    * ranges back (pulse_loco_partition.h, PAYLOAD.md "Partitioned
    * averaging"): the same theta_g bit for bit, near 2-3x its own payload
    * in and out per member as the collaboration grows. Every member must
-   * use the same setting. A member whose partitioned exchange fails
-   * finishes all-to-all over the manifest's payloads. */
+   * use the same setting. A member whose partitioned exchange fails (a
+   * peer killed mid-exchange) imports the state of a member that
+   * finished it, or, when none did, finishes all-to-all over the
+   * contributors that answered (PAYLOAD.md "Collaboration"). */
   int partitioned;
   /* Client mode (a peer that cannot accept connections, behind NAT): the
    * URL "http://A.B.C.D:PORT" of a serving member that hosts it; NULL: this

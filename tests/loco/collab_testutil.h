@@ -49,6 +49,8 @@ typedef struct {
 static int ct_partitioned;
 /* opts.client_of of the children spawned after it is set ("": serve). */
 static char ct_client_of[64];
+/* Their round timeout (0: 3000 ms). */
+static uint32_t ct_round_timeout_ms;
 
 typedef struct {
   pid_t pid;
@@ -108,7 +110,7 @@ static inline void ct_child_main(const ct_peer_cfg *cfg, int in, int out) {
   pulse_loco_collab_opts co = PULSE_LOCO_COLLAB_OPTS_INIT;
   co.target_batch = cfg->target;
   co.claim_timeout_ms = 1000; /* a loaded (sanitized) run answers late */
-  co.round_timeout_ms = 3000;
+  co.round_timeout_ms = ct_round_timeout_ms ? ct_round_timeout_ms : 3000;
   co.partitioned = ct_partitioned;
   co.client_of = ct_client_of[0] ? ct_client_of : NULL;
   if (pulse_loco_create(&o, theta, &ctx) != PULSE_OK ||

@@ -8,6 +8,7 @@
 #include "collab_testutil.h"
 #include "http_impl.h"
 #include "manifest_impl.h"
+#include "partition_impl.h"
 
 #define PT_PEERS 4
 #define PT_ROUNDS 4
@@ -321,4 +322,110 @@ Test(collab_partition, a_head_fetch_gives_size_and_digest_not_the_body) {
   for (int i = 0; i < 2; i++)
     pulse_bytebuf_free(&f[i].body);
   loco_server_stop(srv);
+}
+
+/* ---------------------------------------- kill -9 during the exchange */
+
+/* Waits until url answers 200 (the victim reached the hook's point). */
+static void pt_wait_for(const char *url) {
+  for (int i = 0; i < 3000; i++) {
+    pulse_bytebuf b = PULSE_BYTEBUF_INIT;
+    long status = 0;
+    cr_assert_eq(loco_http_get(url, 1000, 1 << 20, &b, &status), PULSE_OK);
+    pulse_bytebuf_free(&b);
+    if (status == 200)
+      return;
+    usleep(5000);
+  }
+  cr_assert_fail("%s never came", url);
+}
+
+/* Range owners killed by the test mid-exchange (a test hook stops each
+ * at a given point of one round; the test waits for its blob there, then
+ * kill -9): peer 3 in round 1 once it published its reduced range (every
+ * survivor holds all ranges but never gets its verdict: they finish
+ * without it), peer 4 in round 3 once it published its slices (nobody
+ * gets its range: every survivor fails, says so, and the round is
+ * finished all-to-all by those that answered). Each kill costs the
+ * victim's next round; the survivors report every round, with the same
+ * weights, to the end. */
+Test(collab_partition, owners_killed_mid_exchange_leave_survivors_identical,
+     .timeout = 90) {
+  enum { N = 4, ROUNDS = 6 };
+  const uint64_t step = 4, T = 48;
+  ct_peer_cfg cfg[N];
+  ct_child ks[N];
+  ct_partitioned = 1;
+  ct_round_timeout_ms = 2000;
+  for (uint32_t i = 0; i < N; i++) {
+    cfg[i] = (ct_peer_cfg){i + 1, step, T, ROUNDS, -1, 3000};
+    loco_partition_test_stall_id = i + 1;
+    loco_partition_test_stall_round = i == 2 ? 1 : 3;
+    loco_partition_test_stall_phase = i == 2 ? 2 : i == 3 ? 1 : 0;
+    ct_spawn(&ks[i], &cfg[i]);
+  }
+  loco_partition_test_stall_phase = 0;
+  ct_round_timeout_ms = 0;
+  for (size_t i = 0; i < N; i++)
+    ct_hello(&ks[i]);
+  ct_start(ks, N);
+  /* Killed once the others hold what it published (their verdicts say
+   * they have every range; their ranges say they have every slice). */
+  char url[256];
+  for (size_t i = 0; i < N; i++) {
+    snprintf(url, sizeof url, "%s/v1/loco/part/1/0/%s", ks[i].url,
+             i == 2 ? "reduced" : "verdict");
+    pt_wait_for(url);
+  }
+  ct_kill(&ks[2]);
+  for (size_t i = 0; i < N; i++) {
+    if (i == 2)
+      continue;
+    snprintf(url, sizeof url, "%s/v1/loco/part/3/0/%s", ks[i].url,
+             i == 3 ? "slice/1" : "reduced");
+    pt_wait_for(url);
+  }
+  ct_kill(&ks[3]);
+  static ct_round row[2][ROUNDS];
+  static int part[2][ROUNDS];
+  uint64_t final_digest[2] = {0, 0};
+  for (size_t i = 0; i < 2; i++) {
+    char line[512];
+    size_t got = 0;
+    for (;;) {
+      cr_assert(ct_read_line(&ks[i], line, sizeof line, 30000),
+                "peer %u went quiet", ks[i].id);
+      cr_assert_neq(strncmp(line, "error", 5), 0, "peer %u: %s", ks[i].id,
+                    line);
+      ct_round r;
+      if (ct_parse_round(line, &r)) {
+        cr_assert_lt(r.round, ROUNDS);
+        row[i][r.round] = r;
+        const char *last = strrchr(line, ' ');
+        part[i][r.round] = last != NULL && strcmp(last, " 1") == 0;
+        got++;
+      } else if (sscanf(line, "done %*u %" SCNx64, &final_digest[i]) == 1) {
+        break;
+      }
+    }
+    cr_assert_eq(got, ROUNDS, "peer %u lost a round", ks[i].id);
+  }
+  for (size_t r = 0; r < ROUNDS; r++)
+    cr_assert_eq(row[0][r].digest, row[1][r].digest,
+                 "round %zu: survivors differ", r);
+  cr_assert_eq(final_digest[0], final_digest[1]);
+  /* Round 1: all four ranges used, finished by the exchange; round 3:
+   * all-to-all over the two survivors (the victim's payload is lost). */
+  for (size_t i = 0; i < 2; i++) {
+    if (row[i][1].own > 0) {
+      cr_assert_eq(row[i][1].contrib, 4);
+      cr_assert(part[i][1], "peer %zu did not finish round 1 partitioned", i);
+    }
+    if (row[i][3].own > 0) {
+      cr_assert_eq(row[i][3].contrib, 2);
+      cr_assert_not(part[i][3]);
+    }
+    cr_assert_eq(row[i][ROUNDS - 1].contrib, 2);
+  }
+  ct_quit(ks, N);
 }
