@@ -1,6 +1,7 @@
 /* partition_blob.c - the reduced-range blob (PLRD, PAYLOAD.md "Partitioned
  * averaging"): written by a range owner, read from untrusted bytes by
  * every trainer of the round. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -8,13 +9,65 @@
 #include "loco_impl.h"
 #include "partition_blob_impl.h"
 #include "payload_impl.h"
+#include "pulse_loco_elem.h"
 #include "status_impl.h"
+
+/* The averages' scale q (PAYLOAD.md "Reduced range"): a mean is
+ * sum(s_c v_c) / W with each v_c on theta_g's FP32 grid, so with W / G a
+ * power of two 2^q (G the samples' gcd) the mean sits on that grid over
+ * 2^q. The value model predicts zero low bits from the exponent gap to
+ * theta_g; coding mean * 2^q (exact: an exponent shift) makes that
+ * prediction right. The rule's q is 0 when W / G is not a power of two or
+ * the denominator is not W (keep rule with absent members). */
+static unsigned scale_rule(const pulse_loco *ctx, uint64_t weight, uint32_t n,
+                           const pulse_loco_receipt *rc) {
+  if (weight == 0 || pulse_loco_denominator_(ctx, weight, n) != (double)weight)
+    return 0;
+  uint64_t g = 0;
+  for (uint32_t i = 0; i < n; i++) {
+    uint64_t a = g, b = rc[i].samples;
+    while (b != 0) {
+      uint64_t t = a % b;
+      a = b, b = t;
+    }
+    g = a;
+  }
+  uint64_t ratio = g ? weight / g : 0;
+  if (ratio == 0 || (ratio & (ratio - 1u)) != 0)
+    return 0;
+  unsigned q = 0;
+  while ((1ull << q) < ratio)
+    q++;
+  return q > LOCO_REDUCED_MAX_SCALE ? 0 : q;
+}
+
+/* Whether every value times 2^q stays finite (then it comes back exactly:
+ * scaling up loses no bit). Else the blob is coded with q = 0. */
+static int scale_fits(const float *val, uint64_t k, unsigned q) {
+  for (uint64_t j = 0; j < k; j++)
+    if (!isfinite(ldexpf(val[j], (int)q)))
+      return 0;
+  return 1;
+}
 
 pulse_status loco_reduced_encode(const pulse_loco *ctx,
                                  const loco_reduced_head *head,
                                  const pulse_loco_receipt *rc,
                                  const uint64_t *pos, const float *val,
                                  uint64_t k, pulse_buffer *out) {
+  unsigned q = scale_rule(ctx, head->weight, head->ncontrib, rc);
+  if (!scale_fits(val, k, q))
+    q = 0;
+  float *scaled = NULL;
+  if (q > 0) {
+    scaled = malloc((size_t)k * sizeof *scaled + 4);
+    if (scaled == NULL)
+      return pulse_fail(PULSE_ERR_NOMEM, "loco reduced: %llu averages",
+                        (unsigned long long)k);
+    for (uint64_t j = 0; j < k; j++)
+      scaled[j] = ldexpf(val[j], (int)q);
+    val = scaled;
+  }
   pulse_loco_payload_header h;
   memset(&h, 0, sizeof h);
   h.flags = 0; /* means pass no gate */
@@ -26,12 +79,14 @@ pulse_status loco_reduced_encode(const pulse_loco *ctx,
   h.samples = head->weight;
   h.base_digest = head->base_digest;
   pulse_buffer avg = {NULL, 0};
-  PULSE_TRY(pulse_loco_payload_encode(&h, ctx->theta_g, ctx->theta_bf16,
-                                      ctx->n, pos, val, k, &avg));
+  pulse_status st = pulse_loco_payload_encode(&h, ctx->theta_g, ctx->theta_bf16,
+                                              ctx->n, pos, val, k, &avg);
+  free(scaled);
+  PULSE_TRY(st);
   pulse_bytebuf b = PULSE_BYTEBUF_INIT;
   pulse_bytebuf_u32(&b, LOCO_REDUCED_MAGIC);
   pulse_bytebuf_byte(&b, PULSE_LOCO_REDUCED_VERSION);
-  pulse_bytebuf_byte(&b, 0);
+  pulse_bytebuf_byte(&b, (uint8_t)q);
   pulse_bytebuf_u16(&b, 0);
   pulse_bytebuf_u32(&b, head->owner);
   pulse_bytebuf_u32(&b, head->members);
@@ -85,7 +140,8 @@ pulse_status pulse_loco_reduced_decode(const pulse_loco *ctx,
                       size);
   pulse_loco_reduced d = PULSE_LOCO_REDUCED_INIT;
   unsigned version = pulse_reader_u8(&r);
-  uint64_t reserved = pulse_reader_le(&r, 3);
+  unsigned q = pulse_reader_u8(&r);
+  uint64_t reserved = pulse_reader_le(&r, 2);
   d.owner = (uint32_t)pulse_reader_le(&r, 4);
   d.members = (uint32_t)pulse_reader_le(&r, 4);
   d.round = pulse_reader_le(&r, 8);
@@ -97,8 +153,9 @@ pulse_status pulse_loco_reduced_decode(const pulse_loco *ctx,
   reserved |= pulse_reader_le(&r, 4);
   if (version != PULSE_LOCO_REDUCED_VERSION)
     return pulse_fail(PULSE_ERR_VERSION, "loco reduced: version %u", version);
-  if (reserved != 0)
-    return pulse_fail(PULSE_ERR_CORRUPT, "loco reduced: reserved bits set");
+  if (reserved != 0 || q > LOCO_REDUCED_MAX_SCALE)
+    return pulse_fail(PULSE_ERR_CORRUPT,
+                      "loco reduced: reserved bits set or scale %u", q);
   if (d.param_count != ctx->n)
     return pulse_fail(PULSE_ERR_SIZE_MISMATCH,
                       "loco reduced: %llu parameters, this trainer has %llu",
@@ -154,6 +211,17 @@ pulse_status pulse_loco_reduced_decode(const pulse_loco *ctx,
                     "loco reduced: averages of owner %u do not fit its "
                     "header or range",
                     d.owner);
+  /* The averages were coded times 2^q, q the rule's (0 only when a value
+   * would not fit scaled). */
+  unsigned want = st == PULSE_OK ? scale_rule(ctx, weight, d.ncontrib, d.contrib) : 0;
+  for (uint64_t j = 0; st == PULSE_OK && q > 0 && j < d.avg.count; j++)
+    d.avg.val[j] = ldexpf(d.avg.val[j], -(int)q);
+  if (st == PULSE_OK && q != want &&
+      (q != 0 || scale_fits(d.avg.val, d.avg.count, want)))
+    st = pulse_fail(PULSE_ERR_CORRUPT,
+                    "loco reduced: averages of owner %u scaled by 2^%u, "
+                    "not 2^%u",
+                    d.owner, q, want);
   if (st != PULSE_OK) {
     pulse_loco_reduced_free(&d);
     return st;

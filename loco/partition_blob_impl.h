@@ -9,6 +9,7 @@
 #define LOCO_REDUCED_MAGIC 0x44524C50u /* "PLRD" */
 #define LOCO_REDUCED_HEADER 64u
 #define LOCO_REDUCED_RECEIPT 28u
+#define LOCO_REDUCED_MAX_SCALE 30u /* the averages' scale q, at most */
 
 /* The fixed fields of a blob. */
 typedef struct {

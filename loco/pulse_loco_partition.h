@@ -41,7 +41,7 @@ extern "C" {
  * ranges line up with PLCK chunks and drift ranges). */
 #define PULSE_LOCO_PART_ALIGN PULSE_LOCO_CHUNK_CELL
 
-#define PULSE_LOCO_REDUCED_VERSION 1u
+#define PULSE_LOCO_REDUCED_VERSION 2u
 #define PULSE_LOCO_VERDICT_VERSION 1u
 
 /* ------------------------------------------------------------------ plan */

@@ -95,12 +95,14 @@ typedef struct {
   pulse_loco *ref[MAX_N];  /* all-to-all */
   pulse_loco *part[MAX_N]; /* partitioned */
   float *theta_r[MAX_N];
+  int keep; /* the keep rule (its denominator: no averages' scale) */
 } pair_run;
 
 static void run_create(pair_run *g, uint32_t n, uint64_t P, uint64_t seed,
                        const pulse_loco_opts *base) {
   memset(g, 0, sizeof *g);
   g->n = n, g->P = P;
+  g->keep = base->rule == PULSE_LOCO_RULE_KEEP;
   float *theta = malloc(P * sizeof *theta);
   lt_fill_weights(theta, P, seed, 0.05f);
   for (uint32_t i = 0; i < n; i++) {
@@ -150,8 +152,16 @@ static void one_round(pair_run *g, const uint64_t *weights, uint64_t *rng,
   local_steps(g, rng);
   pulse_loco_contribution set[MAX_N];
   uint64_t samples[MAX_N];
+  /* Half the rounds, samples whose sum over their gcd is a power of two
+   * 2^q (32 times 1, ..., 1, 2^q - (n - 1)): the owners code the averages
+   * scaled by 2^q (PLRD byte 5), the other half q is 0. */
+  unsigned pow2 = pulse_rng_next(rng) % 2 == 0 ? 1u : 0u;
+  while (pow2 && (1u << pow2) < g->n)
+    pow2++;
   for (uint32_t i = 0; i < g->n; i++) {
     samples[i] = 1 + pulse_rng_next(rng) % 200;
+    if (pow2)
+      samples[i] = 32u * (i + 1 < g->n ? 1u : (1u << pow2) - (g->n - 1u));
     uint32_t flags = (leaving_last && i == g->n - 1) ? PULSE_LOCO_LEAVING : 0;
     const uint8_t *p1, *p2;
     size_t s1, s2;
@@ -200,6 +210,13 @@ static void one_round(pair_run *g, const uint64_t *weights, uint64_t *rng,
     cr_assert(pulse_loco_reducer_complete(r));
     cr_assert_eq(pulse_loco_reducer_finish(r, &blobs[k]), PULSE_OK, "%s",
                  pulse_error_detail());
+    /* The scale: 2^q = W / gcd under the drop rule (the keep rule's
+     * denominator with absent members is not W: no scale). */
+    unsigned q = pow2 && !g->keep ? pow2 : 0;
+    if (g->n == 1 && pow2)
+      q = 0; /* one contributor of 32: W / gcd = 1 */
+    cr_assert_eq(blobs[k].data[5], q, "range %u: scale %u, want %u", k,
+                 blobs[k].data[5], q);
     bl[k] = (pulse_loco_contribution){blobs[k].data, blobs[k].size};
     pulse_loco_reducer_free(r);
   }
@@ -465,6 +482,14 @@ Test(partition, hostile_blobs_are_refused_and_change_nothing) {
                                             NULL, NULL, NULL),
                   PULSE_OK, "flip at %zu accepted", at);
   }
+  /* Another scale than the rule's (10, 20, 30: W / gcd = 6, none). */
+  memcpy(longer, b->data, b->size);
+  cr_assert_eq(longer[5], 0);
+  longer[5] = 1;
+  pulse_loco_contribution sc[3] = {s.set[0], {longer, b->size}, s.set[2]};
+  cr_assert_neq(pulse_loco_finish_reduced(s.t[0], &s.plan, sc, s.samples, NULL,
+                                          NULL, NULL),
+                PULSE_OK, "a blob scaled by 2^1 accepted");
   /* A blob of another range, in the wrong place. */
   pulse_loco_contribution swapped[3] = {s.set[1], s.set[0], s.set[2]};
   cr_assert_neq(pulse_loco_finish_reduced(s.t[0], &s.plan, swapped, s.samples,
