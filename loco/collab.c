@@ -101,6 +101,7 @@ pulse_status pulse_loco_collab_create(const pulse_loco_collab_opts *opts,
     return pulse_fail(PULSE_ERR_ARG, "loco collab: NULL output");
   *out = NULL;
   if (opts == NULL || opts->struct_version != PULSE_LOCO_COLLAB_OPTS_VERSION ||
+      opts->partition_check > PULSE_LOCO_COLLAB_CHECK_RECEIPTS ||
       ctx == NULL || opts->target_batch == 0 || opts->claim_timeout_ms == 0 ||
       opts->round_timeout_ms == 0)
     return pulse_fail(PULSE_ERR_ARG, "loco collab: bad options");

@@ -664,6 +664,13 @@ static pulse_status reduce_partitioned(pulse_loco_collab *c, uint64_t r,
   /* A peer killed mid-exchange sends no verdict: who holds every reduced
    * range finishes without it (the others import its state). */
   in.lenient_verdicts = 1;
+  /* Rotating: range k recomputed in rounds with (r + k) % C == 0, one a
+   * round. */
+  in.check_period = c->opts.partition_check == PULSE_LOCO_COLLAB_CHECK_FULL
+                        ? 1u
+                        : (uint32_t)C;
+  in.receipts_only =
+      c->opts.partition_check == PULSE_LOCO_COLLAB_CHECK_RECEIPTS;
   if (st == PULSE_OK)
     st = loco_partition_round(&in, &out);
   c->fetched += out.bytes_in;

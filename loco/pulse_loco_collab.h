@@ -80,11 +80,24 @@ typedef struct {
    * rejoins through another serving member, which hosts it from then on.
    * Not with partitioned (a range owner must serve). Borrowed. */
   const char *client_of;
+  /* Partitioned: how the owners' reductions are checked besides each
+   * sender's receipts (PAYLOAD.md "Partitioned averaging"; every member
+   * the same). PULSE_LOCO_COLLAB_CHECK_ROTATING (0, the default): one
+   * range recomputed by another member per round, in rotation, so a wrong
+   * average (right inputs, wrong arithmetic) is caught within as many
+   * rounds as there are contributors but may reach the weights before;
+   * FULL: every range every round (it never does; about 0.9x a payload
+   * more in per member and round); RECEIPTS: none recomputed. */
+  uint32_t partition_check;
 } pulse_loco_collab_opts;
 
-#define PULSE_LOCO_COLLAB_OPTS_VERSION 2u
+#define PULSE_LOCO_COLLAB_CHECK_ROTATING 0u
+#define PULSE_LOCO_COLLAB_CHECK_FULL 1u
+#define PULSE_LOCO_COLLAB_CHECK_RECEIPTS 2u
+
+#define PULSE_LOCO_COLLAB_OPTS_VERSION 3u
 #define PULSE_LOCO_COLLAB_OPTS_INIT                                            \
-  { PULSE_LOCO_COLLAB_OPTS_VERSION, 64, 1500, 5000, NULL, 0, NULL }
+  { PULSE_LOCO_COLLAB_OPTS_VERSION, 64, 1500, 5000, NULL, 0, NULL, 0 }
 
 /** Starts the peer's server for ctx (borrowed, must outlive the peer; its
  * rule must be PULSE_LOCO_RULE_KEEP); a client-mode peer (opts.client_of)

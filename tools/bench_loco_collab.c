@@ -55,6 +55,7 @@ typedef struct {
   const char *report;
   uint32_t claim_ms, round_ms;
   int partitioned; /* --averaging partitioned */
+  uint32_t check;  /* --partition-check: PULSE_LOCO_COLLAB_CHECK_* */
   uint32_t clients; /* --clients K: the last K founders in client mode */
 } collab_args;
 
@@ -74,6 +75,9 @@ void bench_loco_collab_usage(FILE *out) {
           "  --averaging A      all-to-all (default) or partitioned (peers "
           "reduce\n"
           "                     disjoint ranges; same weights bit for bit)\n"
+          "  --partition-check C  rotating (default: one range recomputed a "
+          "round),\n"
+          "                     full (every range every round) or receipts\n"
           "  --trainers N       founding peers (default: the speeds given, "
           "else 3)\n"
           "  --clients K        the last K founders are client-mode peers "
@@ -142,6 +146,7 @@ static int run_peer(const collab_args *a, uint32_t id, double speed,
   co.claim_timeout_ms = a->claim_ms;
   co.round_timeout_ms = a->round_ms;
   co.partitioned = a->partitioned;
+  co.partition_check = a->check;
   co.client_of = client_of;
   if (pulse_tk_learner_create(p, id, &st.l) != PULSE_OK ||
       pulse_loco_create(&o, theta, &ctx) != PULSE_OK ||
@@ -626,6 +631,15 @@ static int parse(int argc, char **argv, collab_args *a) {
         continue;
       }
       return bad("--averaging wants all-to-all or partitioned, not", v);
+    } else if (strcmp(f, "--partition-check") == 0) {
+      static const char *const names[] = {"rotating", "full", "receipts"};
+      uint32_t k = 0;
+      while (k < 3 && (v == NULL || strcmp(v, names[k]) != 0))
+        k++;
+      if (k == 3)
+        return bad("--partition-check wants rotating, full or receipts, not",
+                   v);
+      a->check = k;
     } else if (strcmp(f, "--clients") == 0) {
       if (!parse_u(v, 0, MAXP - 1, &x))
         return bad("--clients wants 0..31, not", v);

@@ -49,6 +49,8 @@ grep -Eq '"writer":(3|4),' "$work/clients.json" && bad "a client wrote a round" 
 expect "clients with partitioned refused" 2 "$?"
 "$BENCH" loco --target-batch 64 --averaging ring > /dev/null 2>&1
 expect "unknown averaging refused" 2 "$?"
+"$BENCH" loco --target-batch 64 --averaging partitioned --partition-check sometimes > /dev/null 2>&1
+expect "unknown partition check refused" 2 "$?"
 "$BENCH" loco --target-batch 64 --churn explode:3 > /dev/null 2> "$work/err3"
 expect "bad churn refused" 2 "$?"
 "$BENCH" loco --target-batch 0 > /dev/null 2>&1

@@ -429,3 +429,27 @@ Test(collab_partition, owners_killed_mid_exchange_leave_survivors_identical,
   }
   ct_quit(ks, N);
 }
+
+/* The check setting: rotating (0, the default), full, receipts; anything
+ * else refused. */
+Test(collab_partition, the_check_setting_is_checked) {
+  pulse_loco_opts o = PULSE_LOCO_OPTS_INIT;
+  o.param_count = 64;
+  o.rule = PULSE_LOCO_RULE_KEEP;
+  pulse_loco *ctx = NULL;
+  cr_assert_eq(pulse_loco_create(&o, NULL, &ctx), PULSE_OK);
+  pulse_loco_collab_opts co = PULSE_LOCO_COLLAB_OPTS_INIT;
+  cr_assert_eq(co.partition_check, PULSE_LOCO_COLLAB_CHECK_ROTATING);
+  co.partitioned = 1;
+  pulse_loco_collab *c = NULL;
+  for (uint32_t k = 0; k <= PULSE_LOCO_COLLAB_CHECK_RECEIPTS; k++) {
+    co.partition_check = k;
+    cr_assert_eq(pulse_loco_collab_create(&co, ctx, &c), PULSE_OK);
+    pulse_loco_collab_free(c);
+    c = NULL;
+  }
+  co.partition_check = PULSE_LOCO_COLLAB_CHECK_RECEIPTS + 1;
+  cr_assert_eq(pulse_loco_collab_create(&co, ctx, &c), PULSE_ERR_ARG);
+  cr_assert_null(c);
+  pulse_loco_free(ctx);
+}
