@@ -14,10 +14,15 @@
 #include "toolkit_exchange.h"
 #include "toolkit_sim.h"
 
-/* Uniform in [0, 1) from (seed, round, trainer): whether a payload is lost. */
+/* Uniform in [0, 1) from (seed, round, trainer): whether a payload is lost.
+ * The node's draw (loco/node.c drop_draw: the state one increment before
+ * the key), so the replay loses the payloads the HTTP run lost; it drew
+ * one increment later before, other payloads than the run's (the replay's
+ * update_bias 0.99959 of a run that lost none). */
 static double drop_draw(uint64_t seed, uint64_t round, uint32_t trainer) {
-  uint64_t s =
-      seed ^ (round * 0x9E3779B97F4A7C15ull) ^ ((uint64_t)trainer << 40);
+  uint64_t s = (seed ^ (round * 0x9E3779B97F4A7C15ull) ^
+                ((uint64_t)trainer << 40)) -
+               0x9E3779B97F4A7C15ull;
   return pulse_rng_uniform(&s);
 }
 
