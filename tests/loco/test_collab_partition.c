@@ -344,7 +344,7 @@ static void pt_wait_for(const char *url) {
  * at a given point of one round; the test waits for its blob there, then
  * kill -9): peer 3 in round 1 once it published its reduced range (every
  * survivor holds all ranges but never gets its verdict: they finish
- * without it), peer 4 in round 3 once it published its slices (nobody
+ * without it), peer 1, round 3's writer, once it published its slices (nobody
  * gets its range: every survivor fails, says so, and the round is
  * finished all-to-all by those that answered). Each kill costs the
  * victim's next round; the survivors report every round, with the same
@@ -361,7 +361,7 @@ Test(collab_partition, owners_killed_mid_exchange_leave_survivors_identical,
     cfg[i] = (ct_peer_cfg){i + 1, step, T, ROUNDS, -1, 3000};
     loco_partition_test_stall_id = i + 1;
     loco_partition_test_stall_round = i == 2 ? 1 : 3;
-    loco_partition_test_stall_phase = i == 2 ? 2 : i == 3 ? 1 : 0;
+    loco_partition_test_stall_phase = i == 2 ? 2 : i == 0 ? 1 : 0;
     ct_spawn(&ks[i], &cfg[i]);
   }
   loco_partition_test_stall_phase = 0;
@@ -382,14 +382,16 @@ Test(collab_partition, owners_killed_mid_exchange_leave_survivors_identical,
     if (i == 2)
       continue;
     snprintf(url, sizeof url, "%s/v1/loco/part/3/0/%s", ks[i].url,
-             i == 3 ? "slice/1" : "reduced");
+             i == 0 ? "slice/2" : "reduced");
     pt_wait_for(url);
   }
-  ct_kill(&ks[3]);
+  ct_kill(&ks[0]);
   static ct_round row[2][ROUNDS];
   static int part[2][ROUNDS];
   uint64_t final_digest[2] = {0, 0};
-  for (size_t i = 0; i < 2; i++) {
+  const size_t surv[2] = {1, 3}; /* peers 2 and 4 */
+  for (size_t s = 0; s < 2; s++) {
+    size_t i = surv[s];
     char line[512];
     size_t got = 0;
     for (;;) {
@@ -400,11 +402,11 @@ Test(collab_partition, owners_killed_mid_exchange_leave_survivors_identical,
       ct_round r;
       if (ct_parse_round(line, &r)) {
         cr_assert_lt(r.round, ROUNDS);
-        row[i][r.round] = r;
+        row[s][r.round] = r;
         const char *last = strrchr(line, ' ');
-        part[i][r.round] = last != NULL && strcmp(last, " 1") == 0;
+        part[s][r.round] = last != NULL && strcmp(last, " 1") == 0;
         got++;
-      } else if (sscanf(line, "done %*u %" SCNx64, &final_digest[i]) == 1) {
+      } else if (sscanf(line, "done %*u %" SCNx64, &final_digest[s]) == 1) {
         break;
       }
     }
@@ -414,9 +416,11 @@ Test(collab_partition, owners_killed_mid_exchange_leave_survivors_identical,
     cr_assert_eq(row[0][r].digest, row[1][r].digest,
                  "round %zu: survivors differ", r);
   cr_assert_eq(final_digest[0], final_digest[1]);
-  /* Round 1: all four ranges used, finished by the exchange; round 3:
-   * all-to-all over the two survivors (the victim's payload is lost). */
+  /* Round 1: all four ranges used, finished by the exchange; round 3
+   * (whose writer, peer 1, was the one killed): all-to-all over the two
+   * survivors (the victim's payload is lost). */
   for (size_t i = 0; i < 2; i++) {
+    cr_assert_eq(row[i][3].writer, 1u);
     if (row[i][1].own > 0) {
       cr_assert_eq(row[i][1].contrib, 4);
       cr_assert(part[i][1], "peer %zu did not finish round 1 partitioned", i);
