@@ -952,9 +952,9 @@ pulse_status pulse_loco_collab_round(pulse_loco_collab *c, float *theta_r,
         settle(c, r, &man, ex_end + 2u * c->opts.claim_timeout_ms, from,
                sizeof from, alive)) {
       PULSE_LOG_AT(PULSE_LOG_WARN,
-                   "loco collab round %" PRIu64 ": importing the state %s "
-                   "finished",
-                   r, from);
+                   "loco collab round %" PRIu64 ": importing the state of "
+                   "round %" PRIu64 " from %s, which finished it",
+                   r, r + 1, from);
       pulse_loco_abandon(c->ctx, !self_dropped);
       st = catch_up(c, r + 1, from, &man, theta_r, catch_up_window(c));
       info->resynced = st == PULSE_OK;

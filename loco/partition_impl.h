@@ -73,7 +73,8 @@ pulse_status loco_partition_round(const loco_partition_in *in,
  * loco_partition_test_stall_round the trainer with id
  * loco_partition_test_stall_id stops for good (sleeps until killed) once
  * it published its slices (phase 1) or its reduced range (phase 2) of
- * attempt 0. Phase 0: never (the default). */
+ * attempt 0, or (phase 3) waits 1.5 s before fetching the other owners'
+ * reduced ranges. Phase 0: never (the default). */
 extern uint32_t loco_partition_test_stall_id;
 extern uint64_t loco_partition_test_stall_round;
 extern int loco_partition_test_stall_phase;

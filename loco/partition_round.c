@@ -57,12 +57,17 @@ typedef struct {
   uint32_t missing; /* verdicts that did not come (lenient_verdicts) */
 } attempt_state;
 
-/* The test hook (partition_impl.h): stop here for good. */
+/* The test hook (partition_impl.h): stop here for good, or (phase 3)
+ * for a while. */
 static void test_stall(const attempt_state *s, int phase) {
   if (loco_partition_test_stall_phase != phase || s->attempt != 0 ||
       s->round != loco_partition_test_stall_round ||
       s->in->ctx->opts.trainer_id != loco_partition_test_stall_id)
     return;
+  if (phase == 3) {
+    loco_sleep_ms(1500);
+    return;
+  }
   for (;;)
     loco_sleep_ms(1000);
 }
@@ -210,6 +215,7 @@ static pulse_status exchange_blobs(attempt_state *s, pulse_loco_reducer *own) {
     PULSE_TRY(publish(s, "reduced", &s->blobs[s->self]));
     test_stall(s, 2);
   }
+  test_stall(s, 3);
   loco_fetch *f = calloc(N, sizeof *f);
   char(*urls)[URL_CAP] = calloc(N, sizeof *urls);
   uint32_t *idx = calloc(N, sizeof *idx);

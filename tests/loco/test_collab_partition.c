@@ -434,6 +434,86 @@ Test(collab_partition, owners_killed_mid_exchange_leave_survivors_identical,
   ct_quit(ks, N);
 }
 
+/* A survivor that misses the dead owner's range while the others got it:
+ * peer 4 waits (test hook) before fetching the reduced ranges of round 1,
+ * peer 3 publishes its range and stops; once peers 1 and 2 published
+ * their verdicts (they hold every range) the test kills peer 3. Peers 1
+ * and 2 finish without its verdict; peer 4's exchange fails, it reads
+ * that they finished and imports their state of round 2: the same
+ * weights. */
+Test(collab_partition, a_survivor_without_the_dead_range_imports_a_finisher,
+     .timeout = 90) {
+  enum { N = 4, ROUNDS = 4 };
+  const uint64_t step = 4, T = 48;
+  ct_peer_cfg cfg[N];
+  ct_child ks[N];
+  ct_partitioned = 1;
+  ct_round_timeout_ms = 2000;
+  for (uint32_t i = 0; i < N; i++) {
+    cfg[i] = (ct_peer_cfg){i + 1, step, T, ROUNDS, -1, 3000};
+    loco_partition_test_stall_id = i + 1;
+    loco_partition_test_stall_round = 1;
+    loco_partition_test_stall_phase = i == 2 ? 2 : i == 3 ? 3 : 0;
+    ct_spawn(&ks[i], &cfg[i]);
+  }
+  loco_partition_test_stall_phase = 0;
+  ct_round_timeout_ms = 0;
+  for (size_t i = 0; i < N; i++)
+    ct_hello(&ks[i]);
+  ct_start(ks, N);
+  char url[256];
+  for (size_t i = 0; i < 3; i++) {
+    snprintf(url, sizeof url, "%s/v1/loco/part/1/0/%s", ks[i].url,
+             i == 2 ? "reduced" : "verdict");
+    pt_wait_for(url);
+  }
+  ct_kill(&ks[2]);
+  const size_t surv[3] = {0, 1, 3};
+  static ct_round row[3][ROUNDS];
+  static int part[3][ROUNDS];
+  uint64_t final_digest[3] = {0, 0, 0};
+  for (size_t s = 0; s < 3; s++) {
+    size_t i = surv[s];
+    char line[512];
+    size_t got = 0;
+    for (;;) {
+      cr_assert(ct_read_line(&ks[i], line, sizeof line, 30000),
+                "peer %u went quiet", ks[i].id);
+      cr_assert_neq(strncmp(line, "error", 5), 0, "peer %u: %s", ks[i].id,
+                    line);
+      ct_round r;
+      if (ct_parse_round(line, &r)) {
+        cr_assert_lt(r.round, ROUNDS);
+        row[s][r.round] = r;
+        const char *last = strrchr(line, ' ');
+        part[s][r.round] = last != NULL && strcmp(last, " 1") == 0;
+        got++;
+      } else if (sscanf(line, "done %*u %" SCNx64, &final_digest[s]) == 1) {
+        break;
+      }
+    }
+    cr_assert_eq(got, ROUNDS, "peer %u lost a round", ks[i].id);
+  }
+  for (size_t r = 0; r < ROUNDS; r++)
+    for (size_t s = 1; s < 3; s++)
+      cr_assert_eq(row[s][r].digest, row[0][r].digest,
+                   "round %zu: survivor %zu differs", r, s);
+  cr_assert_eq(final_digest[1], final_digest[0]);
+  cr_assert_eq(final_digest[2], final_digest[0]);
+  for (size_t s = 0; s < 2; s++)
+    if (row[s][1].own > 0) {
+      cr_assert(part[s][1], "peer %zu did not finish round 1 partitioned",
+                surv[s] + 1);
+      cr_assert_eq(row[s][1].contrib, 4);
+    }
+  if (row[2][1].own > 0) {
+    cr_assert_not(part[2][1]);
+    cr_assert(row[2][1].resynced, "peer 4 did not import the state");
+    cr_assert(row[2][1].included, "peer 4's payload was used");
+  }
+  ct_quit(ks, N);
+}
+
 /* The check setting: rotating (0, the default), full, receipts; anything
  * else refused. */
 Test(collab_partition, the_check_setting_is_checked) {
