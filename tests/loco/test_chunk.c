@@ -4,7 +4,9 @@
  * a lost chunk takes out exactly its sender's range (per-cell means over
  * who arrived); truncated, duplicated, unknown-sender, other-round,
  * other-base and bit-flipped chunks are refused, counted, and change
- * nothing; reordered chunks give the same result. */
+ * nothing; reordered chunks give the same result; between re-syncs the
+ * gate is skipped exactly where a side flags its range drifted, and the
+ * base checked is the reference's. */
 #include "loco_testutil.h"
 
 #define NT 4
@@ -321,4 +323,96 @@ Test(loco, chunked_rounds_need_the_drop_rule) {
                PULSE_ERR_UNSUPPORTED);
   pulse_loco_inbox_free(in);
   pulse_loco_free(ctx);
+}
+
+/* Between re-syncs (PAYLOAD.md "Drift", "Between re-syncs"): a GATED chunk
+ * whose entry does not pass the gate on the receiver's theta_g (as one
+ * built on a drifted base may not) is refused from a sender and a receiver
+ * that both hold the reference's bits, taken when the sender flags the
+ * range DRIFTED or the receiver's own range there drifted; a drifted
+ * receiver takes the chunks that name the reference's base, not its own. */
+Test(loco, drifted_ranges_skip_only_their_gate_and_name_the_reference_base) {
+  round_fixture f;
+  fixture(&f, 31);
+  pulse_loco *me = f.ctx[1];
+  pulse_loco_payload_header h;
+  cr_assert_eq(pulse_loco_payload_peek(f.payload[0], f.psize[0], &h), PULSE_OK);
+  cr_assert(h.flags & PULSE_LOCO_PAYLOAD_GATED);
+  /* Every position, values that move no BF16 weight (never pass the
+   * gate): a cell a chunk at this datagram size; the first is [0, 128). */
+  uint64_t *pos = malloc(CP * sizeof *pos);
+  float *val = calloc(CP, sizeof *val);
+  for (uint64_t j = 0; j < CP; j++)
+    pos[j] = j;
+  uint8_t drifted[3] = {1, 0, 0}, elsewhere[3] = {0, 0, 1}; /* 1024 each */
+  pulse_buffer clean = {NULL, 0}, flagged = {NULL, 0}, other = {NULL, 0};
+  uint64_t n;
+  cr_assert_eq(pulse_loco_chunks_encode(&h, CP, pos, val, CP, DGRAM, &clean,
+                                        &n),
+               PULSE_OK);
+  cr_assert_eq(pulse_loco_chunks_encode(&h, CP, pos, val, CP, DGRAM, &flagged,
+                                        &n),
+               PULSE_OK);
+  /* A mask that does not touch the first chunk's range leaves it as is. */
+  cr_assert_eq(pulse_loco_chunks_mark_drifted(&flagged, n, CP, elsewhere, 1024),
+               PULSE_OK);
+  size_t cs;
+  cr_assert_eq(pulse_loco_chunk_size(clean.data, clean.size, &cs), PULSE_OK);
+  cr_assert_eq(memcmp(flagged.data, clean.data, cs), 0);
+  cr_assert_eq(pulse_loco_chunks_mark_drifted(&flagged, n, CP, drifted, 1024),
+               PULSE_OK);
+  cr_assert_neq(memcmp(flagged.data, clean.data, cs), 0);
+  pulse_loco_chunk_header ch;
+  uint64_t ps[MAXE];
+  float vs[MAXE];
+  cr_assert_eq(pulse_loco_chunk_decode(flagged.data, cs, NULL, CP, &ch, ps, vs),
+               PULSE_OK);
+  cr_assert(ch.flags & PULSE_LOCO_CHUNK_DRIFTED);
+  cr_assert_eq(ch.start, 0);
+  cr_assert_eq(ch.length, 128);
+
+  /* Both on the reference's bits: the gate is checked and refuses. */
+  pulse_loco_inbox *in;
+  pulse_loco_chunk_stats st;
+  cr_assert_eq(pulse_loco_inbox_create(me, ids, NT, &in), PULSE_OK);
+  cr_assert_eq(pulse_loco_inbox_add(in, clean.data, cs), PULSE_ERR_CORRUPT);
+  pulse_loco_inbox_stats(in, &st);
+  cr_assert_eq(st.malformed, 1);
+  /* The sender flags the range: taken. */
+  cr_assert_eq(pulse_loco_inbox_add(in, flagged.data, cs), PULSE_OK);
+  pulse_loco_inbox_free(in);
+
+  /* The receiver drifted there: the unflagged chunk is taken. */
+  uint64_t base = pulse_loco_global_digest(me);
+  cr_assert_eq(pulse_loco_inbox_create(me, ids, NT, &in), PULSE_OK);
+  cr_assert_eq(pulse_loco_inbox_set_drift(in, base, drifted, 1024), PULSE_OK);
+  cr_assert_eq(pulse_loco_inbox_add(in, clean.data, cs), PULSE_OK);
+  pulse_loco_inbox_free(in);
+  /* ... but not elsewhere: its own range 0 is the reference's. */
+  cr_assert_eq(pulse_loco_inbox_create(me, ids, NT, &in), PULSE_OK);
+  cr_assert_eq(pulse_loco_inbox_set_drift(in, base, elsewhere, 1024),
+               PULSE_OK);
+  cr_assert_eq(pulse_loco_inbox_add(in, clean.data, cs), PULSE_ERR_CORRUPT);
+  pulse_loco_inbox_free(in);
+
+  /* A drifted receiver's base is the reference's: chunks naming its own
+   * digest are of another base; those naming the reference's are taken. */
+  pulse_loco_payload_header hr = h;
+  hr.base_digest = base ^ 0x5A5Au;
+  cr_assert_eq(pulse_loco_chunks_encode(&hr, CP, pos, val, CP, DGRAM, &other,
+                                        &n),
+               PULSE_OK);
+  cr_assert_eq(pulse_loco_inbox_create(me, ids, NT, &in), PULSE_OK);
+  cr_assert_eq(pulse_loco_inbox_set_drift(in, hr.base_digest, drifted, 1024),
+               PULSE_OK);
+  cr_assert_eq(pulse_loco_inbox_add(in, clean.data, cs), PULSE_ERR_BASE_DIGEST);
+  pulse_loco_inbox_stats(in, &st);
+  cr_assert_eq(st.other_base, 1);
+  cr_assert_eq(pulse_loco_inbox_add(in, other.data, cs), PULSE_OK);
+  pulse_loco_inbox_free(in);
+
+  pulse_buffer_free(&clean), pulse_buffer_free(&flagged);
+  pulse_buffer_free(&other);
+  free(pos), free(val);
+  fixture_free(&f);
 }
