@@ -725,23 +725,24 @@ static pulse_status publish_outcome(pulse_loco_collab *c, uint64_t r,
  * so every survivor ends r with the same weights), or every one answered
  * or `end` passed. Then alive[j] says which said "failed": when nobody
  * finished, those (and this peer) finish r all-to-all, the rule every
- * survivor applies to the same answers (a dead peer answers nobody). */
+ * survivor applies to the same answers (a dead peer answers nobody).
+ * Returns 1 (found), 0 (nobody finished) or -1 (out of memory). */
 static int settle(pulse_loco_collab *c, uint64_t r, const loco_manifest *man,
                   uint64_t end, char *from, size_t cap, uint8_t *alive) {
   size_t C = man->ncontrib;
   loco_fetch *t = calloc(C ? C : 1, sizeof *t);
   char(*urls)[160] = calloc(C ? C : 1, sizeof *urls);
   uint8_t *answered = calloc(C ? C : 1, 1);
+  size_t *idx = calloc(C ? C : 1, sizeof *idx);
   int found = 0;
-  if (!t || !urls || !answered) {
-    free(t), free(urls), free(answered);
-    return 0;
-  }
   memset(alive, 0, C);
+  if (!t || !urls || !answered || !idx) {
+    free(t), free(urls), free(answered), free(idx);
+    return -1;
+  }
   for (;;) {
     size_t q = 0, left = 0;
-    size_t *idx = (size_t *)calloc(C ? C : 1, sizeof *idx);
-    for (size_t j = 0; idx && j < C; j++) {
+    for (size_t j = 0; j < C; j++) {
       const char *u = url_of(c, man->contrib[j].id);
       if (man->contrib[j].id == c->id || answered[j] || u[0] == '\0')
         continue;
@@ -755,10 +756,8 @@ static int settle(pulse_loco_collab *c, uint64_t r, const loco_manifest *man,
       idx[q++] = j;
     }
     uint64_t now = loco_now_ms();
-    if (idx == NULL || left == 0 || now >= end) {
-      free(idx);
+    if (left == 0 || now >= end)
       break;
-    }
     loco_http_gather(t, q, now + 50u < end ? now + 50u : end);
     for (size_t a = 0; a < q; a++) {
       if (t[a].done) {
@@ -774,11 +773,10 @@ static int settle(pulse_loco_collab *c, uint64_t r, const loco_manifest *man,
       }
       pulse_bytebuf_free(&t[a].body);
     }
-    free(idx);
     if (found)
       break;
   }
-  free(t), free(urls), free(answered);
+  free(t), free(urls), free(answered), free(idx);
   return found;
 }
 
@@ -946,11 +944,12 @@ pulse_status pulse_loco_collab_round(pulse_loco_collab *c, float *theta_r,
     st = publish_outcome(c, r, 0);
     uint8_t *alive = calloc(C ? C : 1, 1);
     char from[64] = "";
-    if (alive == NULL)
+    int found = alive ? settle(c, r, &man, ex_end + 2u * c->opts.claim_timeout_ms,
+                               from, sizeof from, alive)
+                      : -1;
+    if (st == PULSE_OK && found < 0)
       st = pulse_fail(PULSE_ERR_NOMEM, "loco collab: round %" PRIu64, r);
-    if (st == PULSE_OK &&
-        settle(c, r, &man, ex_end + 2u * c->opts.claim_timeout_ms, from,
-               sizeof from, alive)) {
+    if (st == PULSE_OK && found > 0) {
       PULSE_LOG_AT(PULSE_LOG_WARN,
                    "loco collab round %" PRIu64 ": importing the state of "
                    "round %" PRIu64 " from %s, which finished it",
