@@ -146,7 +146,7 @@ pulse_status pulse_loco_collab_create(const pulse_loco_collab_opts *opts,
    * listens nowhere. */
   pulse_status st = loco_server_start_uploads(
       client_of ? NULL : host, collab_on_post, collab_on_upload, c,
-      collab_payload_cap(ctx), &c->srv);
+      loco_payload_cap(ctx->n), &c->srv);
   if (st != PULSE_OK) {
     pulse_loco_collab_free(c);
     return st;

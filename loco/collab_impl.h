@@ -79,13 +79,6 @@ struct pulse_loco_collab {
   size_t nacks;
 };
 
-/* The largest payload of ctx's size (a bound on what is fetched or
- * uploaded as one). */
-static inline size_t collab_payload_cap(const pulse_loco *ctx) {
-  uint64_t chunks = (ctx->n >> LOCO_CHUNK_LOG2_MIN) + 1u;
-  return (size_t)(LOCO_HEADER_SIZE + 32u * chunks + 16u * ctx->n + 1024u);
-}
-
 /* Publishing (collab.c): the view of the next round's members
  * (/v1/loco/members), the context's state (/v1/loco/state/ROUND), this
  * peer's progress record (/v1/loco/progress); the members of the

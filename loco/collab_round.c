@@ -34,11 +34,6 @@
 #define MANIFEST_CAP ((size_t)LOCO_MAX_MEMBERS * 256u + 4096u)
 #define MANIFESTS_KEPT 64u
 
-static size_t payload_cap(const pulse_loco *ctx) {
-  uint64_t chunks = (ctx->n >> LOCO_CHUNK_LOG2_MIN) + 1u;
-  return (size_t)(LOCO_HEADER_SIZE + 32u * chunks + 16u * ctx->n + 1024u);
-}
-
 static const char *url_of(const pulse_loco_collab *c, uint32_t id) {
   int i = loco_member_find(c->members, c->nmembers, id);
   return i < 0 ? "" : c->members[i].url;
@@ -290,7 +285,7 @@ static pulse_status write_round(pulse_loco_collab *c, uint64_t r, uint32_t k,
     snprintf(urls[i], sizeof urls[i], "%s/v1/loco/round/%" PRIu64,
              c->members[i].url, r);
     t[i].url = urls[i];
-    t[i].max_bytes = payload_cap(c->ctx);
+    t[i].max_bytes = loco_payload_cap(c->ctx->n);
     t[i].body = (pulse_bytebuf)PULSE_BYTEBUF_INIT;
     /* Partitioned: the owners decode every slice; the writer reads only
      * each payload's header (and its size and SHA-256 from the answer). */
@@ -353,7 +348,7 @@ static pulse_status write_round(pulse_loco_collab *c, uint64_t r, uint32_t k,
     else if (head_only && (h.param_count != c->ctx->n ||
                            h.base_digest != c->ctx->digest))
       why = "is built on another theta_g";
-    else if (head_only && (!t[i].has_sha256 || t[i].total > payload_cap(c->ctx)))
+    else if (head_only && (!t[i].has_sha256 || t[i].total > loco_payload_cap(c->ctx->n)))
       why = "has no digest or is oversized";
     else if (!head_only &&
              pulse_loco_check(c->ctx, t[i].body.data, t[i].body.size) !=
@@ -892,7 +887,7 @@ pulse_status pulse_loco_collab_round(pulse_loco_collab *c, float *theta_r,
     info->writer = man.coordinator;
     for (size_t j = 0; j < man.ncontrib && st == PULSE_OK; j++)
       if (loco_member_find(c->members, c->nmembers, man.contrib[j].id) < 0 ||
-          man.contrib[j].bytes > payload_cap(c->ctx))
+          man.contrib[j].bytes > loco_payload_cap(c->ctx->n))
         st = pulse_fail(PULSE_ERR_CORRUPT,
                         "loco collab: manifest of round %" PRIu64
                         " lists a non-member or an oversized payload",

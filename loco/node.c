@@ -93,11 +93,6 @@ static unsigned on_post(void *user, const char *path, const char *id_text,
 
 /* ---------------------------------------------------------------- helpers */
 
-static size_t payload_cap(const pulse_loco *ctx) {
-  uint64_t chunks = (ctx->n >> LOCO_CHUNK_LOG2_MIN) + 1u;
-  return (size_t)(LOCO_HEADER_SIZE + 32u * chunks + 16u * ctx->n + 1024u);
-}
-
 size_t loco_node_state_cap(const pulse_loco *ctx) {
   return (size_t)(64u + 8u * ctx->n);
 }
@@ -531,7 +526,7 @@ static pulse_status coordinate(pulse_loco_node *n, uint64_t r,
     loco_node_url_fmt(urls[j], sizeof urls[j], n->members[j].url, "/v1/loco/round/%llu",
             (unsigned long long)r);
     t[j].url = urls[j];
-    t[j].max_bytes = payload_cap(n->ctx);
+    t[j].max_bytes = loco_payload_cap(n->ctx->n);
     t[j].body = (pulse_bytebuf)PULSE_BYTEBUF_INIT;
   }
   /* Gather everyone else's payload until the deadline. */
@@ -737,7 +732,7 @@ static pulse_status follow(pulse_loco_node *n, uint64_t r, const uint8_t *own,
                     (unsigned long long)r);
   for (size_t k = 0; st == PULSE_OK && k < man.ncontrib; k++)
     if (loco_member_find(n->members, n->nmembers, man.contrib[k].id) < 0 ||
-        man.contrib[k].bytes > payload_cap(n->ctx))
+        man.contrib[k].bytes > loco_payload_cap(n->ctx->n))
       st = pulse_fail(PULSE_ERR_CORRUPT,
                       "loco node: manifest lists a non-member or an "
                       "oversized payload");

@@ -18,6 +18,14 @@
 #define LOCO_CHUNK_LOG2_MAX 30u
 #define LOCO_FLAGS_KNOWN (PULSE_LOCO_PAYLOAD_GATED | PULSE_LOCO_PAYLOAD_LEAVING)
 
+/* The largest payload of n parameters can be (the header, a chunk table
+ * entry per smallest chunk, 16 bytes an entry at worst, slack): the bound
+ * on what is fetched or uploaded as one. */
+static inline size_t loco_payload_cap(uint64_t n) {
+  uint64_t chunks = (n >> LOCO_CHUNK_LOG2_MIN) + 1u;
+  return (size_t)(LOCO_HEADER_SIZE + 32u * chunks + 16u * n + 1024u);
+}
+
 /* The value model (PAYLOAD.md, "Values"). A pseudo-gradient entry is
  * s = e + (theta_g - theta_r): a difference of two nearby floats of
  * theta_g's magnitude, so s lies on theta_g's FP32 grid and its low
