@@ -13,6 +13,32 @@
 #define PT_PEERS 4
 #define PT_ROUNDS 4
 
+/* Reads peer k's lines to its "done": each round's record into row and
+ * whether the partitioned exchange finished it (the line's last field)
+ * into part, its final digest into final_digest; every one of `rounds`
+ * rounds must be reported, and no error. */
+static void pt_read_rounds(ct_child *k, size_t rounds, ct_round *row, int *part,
+                           uint64_t *final_digest) {
+  char line[512];
+  size_t got = 0;
+  for (;;) {
+    cr_assert(ct_read_line(k, line, sizeof line, 30000), "peer %u went quiet",
+              k->id);
+    cr_assert_neq(strncmp(line, "error", 5), 0, "peer %u: %s", k->id, line);
+    ct_round r;
+    if (ct_parse_round(line, &r)) {
+      cr_assert_lt(r.round, rounds);
+      row[r.round] = r;
+      const char *last = strrchr(line, ' ');
+      part[r.round] = last != NULL && strcmp(last, " 1") == 0;
+      got++;
+    } else if (sscanf(line, "done %*u %" SCNx64, final_digest) == 1) {
+      break;
+    }
+  }
+  cr_assert_eq(got, rounds, "peer %u lost a round", k->id);
+}
+
 Test(collab_partition, equals_an_all_to_all_replay_bit_for_bit,
      .timeout = 60) {
   const uint64_t step = 4, T = 48;
@@ -30,26 +56,7 @@ Test(collab_partition, equals_an_all_to_all_replay_bit_for_bit,
   static int part[PT_PEERS][PT_ROUNDS];
   uint64_t final_digest[PT_PEERS];
   for (size_t i = 0; i < PT_PEERS; i++) {
-    char line[512];
-    size_t got = 0;
-    for (;;) {
-      cr_assert(ct_read_line(&ks[i], line, sizeof line, 30000),
-                "peer %u went quiet", ks[i].id);
-      cr_assert_neq(strncmp(line, "error", 5), 0, "peer %u: %s", ks[i].id,
-                    line);
-      ct_round r;
-      if (ct_parse_round(line, &r)) {
-        cr_assert_lt(r.round, PT_ROUNDS);
-        row[i][r.round] = r;
-        /* The last field: finished by the partitioned exchange. */
-        const char *last = strrchr(line, ' ');
-        part[i][r.round] = last != NULL && strcmp(last, " 1") == 0;
-        got++;
-      } else if (sscanf(line, "done %*u %" SCNx64, &final_digest[i]) == 1) {
-        break;
-      }
-    }
-    cr_assert_eq(got, PT_ROUNDS);
+    pt_read_rounds(&ks[i], PT_ROUNDS, row[i], part[i], &final_digest[i]);
   }
   ct_quit(ks, PT_PEERS);
 
@@ -392,25 +399,7 @@ Test(collab_partition, owners_killed_mid_exchange_leave_survivors_identical,
   const size_t surv[2] = {1, 3}; /* peers 2 and 4 */
   for (size_t s = 0; s < 2; s++) {
     size_t i = surv[s];
-    char line[512];
-    size_t got = 0;
-    for (;;) {
-      cr_assert(ct_read_line(&ks[i], line, sizeof line, 30000),
-                "peer %u went quiet", ks[i].id);
-      cr_assert_neq(strncmp(line, "error", 5), 0, "peer %u: %s", ks[i].id,
-                    line);
-      ct_round r;
-      if (ct_parse_round(line, &r)) {
-        cr_assert_lt(r.round, ROUNDS);
-        row[s][r.round] = r;
-        const char *last = strrchr(line, ' ');
-        part[s][r.round] = last != NULL && strcmp(last, " 1") == 0;
-        got++;
-      } else if (sscanf(line, "done %*u %" SCNx64, &final_digest[s]) == 1) {
-        break;
-      }
-    }
-    cr_assert_eq(got, ROUNDS, "peer %u lost a round", ks[i].id);
+    pt_read_rounds(&ks[i], ROUNDS, row[s], part[s], &final_digest[s]);
   }
   for (size_t r = 0; r < ROUNDS; r++)
     cr_assert_eq(row[0][r].digest, row[1][r].digest,
@@ -474,25 +463,7 @@ Test(collab_partition, a_survivor_without_the_dead_range_imports_a_finisher,
   uint64_t final_digest[3] = {0, 0, 0};
   for (size_t s = 0; s < 3; s++) {
     size_t i = surv[s];
-    char line[512];
-    size_t got = 0;
-    for (;;) {
-      cr_assert(ct_read_line(&ks[i], line, sizeof line, 30000),
-                "peer %u went quiet", ks[i].id);
-      cr_assert_neq(strncmp(line, "error", 5), 0, "peer %u: %s", ks[i].id,
-                    line);
-      ct_round r;
-      if (ct_parse_round(line, &r)) {
-        cr_assert_lt(r.round, ROUNDS);
-        row[s][r.round] = r;
-        const char *last = strrchr(line, ' ');
-        part[s][r.round] = last != NULL && strcmp(last, " 1") == 0;
-        got++;
-      } else if (sscanf(line, "done %*u %" SCNx64, &final_digest[s]) == 1) {
-        break;
-      }
-    }
-    cr_assert_eq(got, ROUNDS, "peer %u lost a round", ks[i].id);
+    pt_read_rounds(&ks[i], ROUNDS, row[s], part[s], &final_digest[s]);
   }
   for (size_t r = 0; r < ROUNDS; r++)
     for (size_t s = 1; s < 3; s++)
