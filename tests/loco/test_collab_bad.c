@@ -1,8 +1,8 @@
 /* test_collab_bad.c - bad input to a PULSELoCo collaboration
  * (pulse_loco_collab.h): a member whose payload carries fewer samples than
- * it claimed (a lying progress record), claims and readiness from a peer
- * that is not a member of the round, and a joiner asking for a state no
- * peer keeps. The honest peers are child processes (collab_testutil.h);
+ * it claimed (a lying progress record; all-to-all and partitioned), claims
+ * and readiness from a peer that is not a member of the round, and a
+ * joiner asking for a state no peer keeps. The honest peers are child processes (collab_testutil.h);
  * the offender is this process, speaking the protocol by hand. */
 #include "collab_testutil.h"
 #include "http_impl.h"
@@ -17,6 +17,7 @@ static unsigned accept_post(void *user, const char *path, const char *id,
 /* Children's reports of rounds 0..n_rounds-1 and their end. */
 typedef struct {
   ct_round row[2][8];
+  int partitioned[2][8]; /* finished by the partitioned exchange */
   uint64_t final_digest[2];
 } bad_log;
 
@@ -31,8 +32,11 @@ static void collect2(ct_child *ks, bad_log *log) {
         double res;
         if (strncmp(line, "error", 5) == 0)
           cr_assert_fail("peer %u: %s", ks[i].id, line);
-        if (ct_parse_round(line, &r) && r.round < 8)
+        if (ct_parse_round(line, &r) && r.round < 8) {
           log->row[i][r.round] = r;
+          const char *last = strrchr(line, ' '); /* the line's last field */
+          log->partitioned[i][r.round] = last != NULL && strcmp(last, " 1") == 0;
+        }
         else if (sscanf(line, "done %" SCNu64 " %" SCNx64 " %lf", &fr,
                         &log->final_digest[i], &res) == 3)
           done[i] = 1;
@@ -55,18 +59,21 @@ static long post_until_open(const char *url) {
   return status;
 }
 
-Test(collab_bad, a_payload_short_of_its_claims_drops_its_sender,
-     .timeout = 60) {
-  /* Peers 1 and 2 honest; peer 3 (this process) claims a step of 4
-   * samples, is granted, then serves a payload that says 2 and tells the
-   * writer it is ready with 4. */
+/* Peers 1 and 2 honest; peer 3 (this process) claims a step of 4 samples,
+ * is granted, then serves a payload that says 2 and tells the writer it
+ * is ready with 4. A partitioned writer reads only each payload's header
+ * (a Range request; size and SHA-256 from the answer) and drops it all
+ * the same: the header is the served payload's own. */
+static void short_payload_drops_its_sender(int partitioned) {
   const uint64_t T = 40;
   ct_peer_cfg cfg[2];
   ct_child ks[2];
   for (uint32_t i = 0; i < 2; i++)
     cfg[i] = (ct_peer_cfg){i + 1, 4, T, 3, -1, 30000};
+  ct_partitioned = partitioned;
   for (int i = 0; i < 2; i++)
     ct_spawn(&ks[i], &cfg[i]);
+  ct_partitioned = 0;
   for (int i = 0; i < 2; i++)
     ct_hello(&ks[i]);
   loco_server *srv = NULL;
@@ -117,12 +124,32 @@ Test(collab_bad, a_payload_short_of_its_claims_drops_its_sender,
                  log.row[0][0].own + log.row[1][0].own);
     cr_assert_eq(log.row[i][0].digest, log.row[0][0].digest);
     cr_assert_eq(log.row[i][2].contrib, 2);
+    for (int r = 0; r < 3; r++)
+      cr_assert_eq(log.partitioned[i][r], partitioned, "peer %d round %d", i,
+                   r);
   }
   cr_assert_eq(log.final_digest[0], log.final_digest[1]);
+  /* All-to-all, the writer downloaded the payload; partitioned, at most a
+   * header's bytes of it. */
+  if (partitioned)
+    cr_assert_lt(loco_server_bytes_served(srv), size,
+                 "the writer downloaded the liar's whole payload");
+  else
+    cr_assert_geq(loco_server_bytes_served(srv), size);
   ct_quit(ks, 2);
   pulse_loco_free(ctx);
   free(theta);
   loco_server_stop(srv);
+}
+
+Test(collab_bad, a_payload_short_of_its_claims_drops_its_sender,
+     .timeout = 60) {
+  short_payload_drops_its_sender(0);
+}
+
+Test(collab_bad, partitioned_a_payload_short_of_its_claims_drops_its_sender,
+     .timeout = 60) {
+  short_payload_drops_its_sender(1);
 }
 
 Test(collab_bad, a_peer_outside_the_round_cannot_claim_or_contribute,

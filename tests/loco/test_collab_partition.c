@@ -183,112 +183,11 @@ Test(collab_partition, manifest_samples_round_trip_and_bad_ones_refused) {
   pulse_bytebuf_free(&b);
 }
 
-/* ------------------------------------------------- a liar, partitioned */
-
 static unsigned pt_accept_post(void *user, const char *path, const char *id,
                                const char *url, char *reply, size_t cap) {
   (void)user, (void)path, (void)id, (void)url;
   snprintf(reply, cap, "{}");
   return 200;
-}
-
-/* A partitioned writer reads only each payload's header (a Range request;
- * size and SHA-256 from the answer), yet a member whose payload carries
- * fewer samples than it was granted and said ready with is still dropped:
- * the header is the served payload's own. Peers 1 and 2 honest and
- * partitioned; peer 3 (this process) claims a step of 4, is granted, serves
- * a payload that says 2 and says ready with 4. */
-Test(collab_partition, a_payload_short_of_its_grants_is_dropped_by_its_header,
-     .timeout = 60) {
-  const uint64_t T = 40;
-  ct_peer_cfg cfg[2];
-  ct_child ks[2];
-  for (uint32_t i = 0; i < 2; i++)
-    cfg[i] = (ct_peer_cfg){i + 1, 4, T, 3, -1, 30000};
-  ct_partitioned = 1;
-  for (int i = 0; i < 2; i++)
-    ct_spawn(&ks[i], &cfg[i]);
-  for (int i = 0; i < 2; i++)
-    ct_hello(&ks[i]);
-  loco_server *srv = NULL;
-  cr_assert_eq(loco_server_start(pt_accept_post, NULL, &srv), PULSE_OK);
-  char me[64];
-  snprintf(me, sizeof me, "http://127.0.0.1:%u",
-           (unsigned)loco_server_port(srv));
-  char line[1024];
-  snprintf(line, sizeof line, "start 3 1 %s 2 %s 3 %s\n", ks[0].url,
-           ks[1].url, me);
-  for (int i = 0; i < 2; i++)
-    dprintf(ks[i].to, "%s", line);
-  char url[256];
-  snprintf(url, sizeof url, "%s/v1/collab/claim/0/0/4/0/1000?id=3", ks[0].url);
-  long status = 0;
-  for (int i = 0; i < 500; i++) {
-    cr_assert_eq(loco_http_post(url, 2000, &status), PULSE_OK);
-    if (status != 503)
-      break;
-    usleep(2000);
-  }
-  cr_assert_eq(status, 200, "the claim is granted");
-  pulse_loco_opts o = PULSE_LOCO_OPTS_INIT;
-  o.param_count = CT_P;
-  o.trainer_id = 3;
-  o.rule = PULSE_LOCO_RULE_KEEP;
-  o.chunk_log2 = 10;
-  float *theta = calloc(CT_P, sizeof *theta);
-  cr_assert_not_null(theta);
-  for (uint64_t i = 0; i < CT_P; i++)
-    theta[i] = (float)((double)((i * 37u) % 101u) / 50.0 - 1.0);
-  pulse_loco *ctx = NULL;
-  cr_assert_eq(pulse_loco_create(&o, theta, &ctx), PULSE_OK);
-  ct_step_state st = {3, 0};
-  ct_step(&st, theta, 4);
-  const uint8_t *payload;
-  size_t size;
-  cr_assert_eq(pulse_loco_prepare(ctx, theta, 2, 0, &payload, &size, NULL),
-               PULSE_OK);
-  cr_assert_eq(loco_server_put(srv, "/v1/loco/round/0", payload, size),
-               PULSE_OK);
-  snprintf(url, sizeof url, "%s/v1/collab/ready/0/0/4/0?id=3", ks[0].url);
-  cr_assert_eq(loco_http_post(url, 2000, &status), PULSE_OK);
-  cr_assert_eq(status, 200);
-  ct_round row[2][3];
-  uint64_t final_digest[2] = {0, 0};
-  memset(row, 0, sizeof row);
-  for (int i = 0; i < 2; i++) {
-    for (;;) {
-      cr_assert(ct_read_line(&ks[i], line, sizeof line, 30000),
-                "peer %u went quiet", ks[i].id);
-      cr_assert_neq(strncmp(line, "error", 5), 0, "peer %u: %s", ks[i].id,
-                    line);
-      ct_round r;
-      if (ct_parse_round(line, &r) && r.round < 3) {
-        row[i][r.round] = r;
-        const char *last = strrchr(line, ' ');
-        cr_assert(last != NULL && strcmp(last, " 1") == 0,
-                  "peer %u round %llu not partitioned", ks[i].id,
-                  (unsigned long long)r.round);
-      } else if (sscanf(line, "done %*u %" SCNx64, &final_digest[i]) == 1) {
-        break;
-      }
-    }
-  }
-  /* Round 0 without it: the two honest payloads and their samples only,
-   * the same bits on both. The writer read 3's header, not its payload:
-   * this server answered at most a header's bytes. */
-  for (int i = 0; i < 2; i++) {
-    cr_assert_eq(row[i][0].contrib, 2);
-    cr_assert_eq(row[i][0].samples, row[0][0].own + row[1][0].own);
-    cr_assert_eq(row[i][0].digest, row[0][0].digest);
-    cr_assert_eq(row[i][2].contrib, 2);
-  }
-  cr_assert_lt(loco_server_bytes_served(srv), size,
-               "the writer downloaded the liar's whole payload");
-  cr_assert_eq(final_digest[0], final_digest[1]);
-  ct_quit(ks, 2);
-  pulse_loco_free(ctx);
-  free(theta);
-  loco_server_stop(srv);
 }
 
 /* A head fetch (loco_fetch.head, what the partitioned writer uses): the
