@@ -276,6 +276,77 @@ static inline int ct_parse_round(const char *line, ct_round *r) {
                 &r->resynced, &r->included) == 11;
 }
 
+/* What the children said: rows[i][r] child i's report of round r (have
+ * says it came; partitioned: the line's last field, finished by the
+ * partitioned exchange), its join, its "lost" lines, and its end. */
+#define CT_LOG_ROUNDS 16
+typedef struct {
+  ct_round row[CT_MAX][CT_LOG_ROUNDS];
+  int have[CT_MAX][CT_LOG_ROUNDS], partitioned[CT_MAX][CT_LOG_ROUNDS];
+  uint64_t joined_round[CT_MAX], joined_digest[CT_MAX];
+  uint64_t final_round[CT_MAX], final_digest[CT_MAX];
+  double residual[CT_MAX];
+  uint64_t stored[CT_MAX], refused[CT_MAX]; /* uploads a host kept, refused */
+  int done[CT_MAX], lost[CT_MAX];
+} ct_log;
+
+/* Called on each round line as it comes (ks, n, the child's index, its
+ * report, user); it may kill children or send them lines. */
+typedef void (*ct_on_round)(ct_child *ks, size_t n, size_t i,
+                            const ct_round *r, void *user);
+
+/* Collects lines of the live children until all are done; on_round may be
+ * NULL. A child that errors fails the test. */
+static inline void ct_collect(ct_child *ks, size_t n, ct_log *log,
+                              ct_on_round on_round, void *user) {
+  for (int spins = 0; spins < 3000; spins++) {
+    int pending = 0;
+    for (size_t i = 0; i < n; i++) {
+      if (ks[i].pid <= 0 || log->done[i])
+        continue;
+      pending = 1;
+      char line[1024];
+      /* What this child said so far, then the next child: none starves. */
+      while (ct_read_line(&ks[i], line, sizeof line, 0)) {
+        ct_round r;
+        if (strncmp(line, "error", 5) == 0)
+          cr_assert_fail("peer %u: %s", ks[i].id, line);
+        if (strncmp(line, "lost", 4) == 0) {
+          log->lost[i]++;
+          cr_log_info("peer %u %s", ks[i].id, line);
+        } else if (ct_parse_round(line, &r)) {
+          if (r.round < CT_LOG_ROUNDS) {
+            const char *last = strrchr(line, ' ');
+            log->row[i][r.round] = r;
+            log->have[i][r.round] = 1;
+            log->partitioned[i][r.round] =
+                last != NULL && strcmp(last, " 1") == 0;
+          }
+          if (on_round)
+            on_round(ks, n, i, &r, user);
+          if (ks[i].pid <= 0)
+            break;
+        } else if (sscanf(line, "joined %" SCNu64 " %" SCNx64,
+                          &log->joined_round[i],
+                          &log->joined_digest[i]) == 2) {
+        } else if (sscanf(line,
+                          "done %" SCNu64 " %" SCNx64 " %lf %" SCNu64
+                          " %" SCNu64,
+                          &log->final_round[i], &log->final_digest[i],
+                          &log->residual[i], &log->stored[i],
+                          &log->refused[i]) == 5) {
+          log->done[i] = 1;
+          break;
+        }
+      }
+    }
+    if (!pending)
+      return;
+    usleep(10000);
+  }
+  cr_assert_fail("the peers did not finish in time");
+}
+
 static inline void ct_quit(ct_child *ks, size_t n) {
   for (size_t i = 0; i < n; i++) {
     if (ks[i].pid <= 0)

@@ -4,63 +4,6 @@
  * another peer. */
 #include "collab_testutil.h"
 
-/* Reads every child's round lines until each reported `done`; rows[i][r]
- * gets child i's report of round r. A child that errors fails the test. */
-#define CT_ROUNDS 16
-typedef struct {
-  ct_round row[CT_MAX][CT_ROUNDS];
-  int have[CT_MAX][CT_ROUNDS];
-  uint64_t final_round[CT_MAX], final_digest[CT_MAX];
-  double residual[CT_MAX];
-  int done[CT_MAX];
-  uint64_t joined_round[CT_MAX], joined_digest[CT_MAX];
-} ct_log;
-
-/* Collects lines of the live children until all are done; on_round (may
- * be NULL) sees each round line as it comes. */
-static void ct_collect(ct_child *ks, size_t n, ct_log *log,
-                       void (*on_round)(ct_child *, size_t, size_t,
-                                        const ct_round *, void *),
-                       void *user) {
-  for (int spins = 0; spins < 3000; spins++) {
-    int pending = 0;
-    for (size_t i = 0; i < n; i++) {
-      if (ks[i].pid <= 0 || log->done[i])
-        continue;
-      pending = 1;
-      char line[512];
-      /* What this child said so far, then the next child: none starves. */
-      while (ct_read_line(&ks[i], line, sizeof line, 0)) {
-        ct_round r;
-        if (strncmp(line, "error", 5) == 0)
-          cr_assert_fail("peer %u: %s", ks[i].id, line);
-        if (ct_parse_round(line, &r)) {
-          if (r.round < CT_ROUNDS) {
-            log->row[i][r.round] = r;
-            log->have[i][r.round] = 1;
-          }
-          if (on_round)
-            on_round(ks, n, i, &r, user);
-          if (ks[i].pid <= 0)
-            break;
-        } else if (sscanf(line, "joined %" SCNu64 " %" SCNx64,
-                          &log->joined_round[i],
-                          &log->joined_digest[i]) == 2) {
-        } else if (sscanf(line, "done %" SCNu64 " %" SCNx64 " %lf",
-                          &log->final_round[i], &log->final_digest[i],
-                          &log->residual[i]) == 3) {
-          log->done[i] = 1;
-          break;
-        }
-      }
-    }
-    if (!pending)
-      return;
-    usleep(10000);
-  }
-  cr_assert_fail("the peers did not finish in time");
-}
-
 static void spawn_all(ct_child *ks, const ct_peer_cfg *cfg, size_t n) {
   for (size_t i = 0; i < n; i++)
     ct_spawn(&ks[i], &cfg[i]);

@@ -14,39 +14,6 @@ static unsigned accept_post(void *user, const char *path, const char *id,
   return 200;
 }
 
-/* Children's reports of rounds 0..n_rounds-1 and their end. */
-typedef struct {
-  ct_round row[2][8];
-  int partitioned[2][8]; /* finished by the partitioned exchange */
-  uint64_t final_digest[2];
-} bad_log;
-
-static void collect2(ct_child *ks, bad_log *log) {
-  int done[2] = {0, 0};
-  for (int spins = 0; spins < 3000 && !(done[0] && done[1]); spins++) {
-    for (int i = 0; i < 2; i++) {
-      char line[512];
-      while (!done[i] && ct_read_line(&ks[i], line, sizeof line, 0)) {
-        ct_round r;
-        uint64_t fr;
-        double res;
-        if (strncmp(line, "error", 5) == 0)
-          cr_assert_fail("peer %u: %s", ks[i].id, line);
-        if (ct_parse_round(line, &r) && r.round < 8) {
-          log->row[i][r.round] = r;
-          const char *last = strrchr(line, ' '); /* the line's last field */
-          log->partitioned[i][r.round] = last != NULL && strcmp(last, " 1") == 0;
-        }
-        else if (sscanf(line, "done %" SCNu64 " %" SCNx64 " %lf", &fr,
-                        &log->final_digest[i], &res) == 3)
-          done[i] = 1;
-      }
-    }
-    usleep(10000);
-  }
-  cr_assert(done[0] && done[1], "the peers did not finish");
-}
-
 /* POSTs until the writer is at the round (503 means not yet). */
 static long post_until_open(const char *url) {
   long status = 0;
@@ -112,9 +79,9 @@ static void short_payload_drops_its_sender(int partitioned) {
   snprintf(url, sizeof url, "%s/v1/collab/ready/0/0/4/0?id=3", ks[0].url);
   cr_assert_eq(loco_http_post(url, 2000, &status), PULSE_OK);
   cr_assert_eq(status, 200);
-  static bad_log log;
+  static ct_log log;
   memset(&log, 0, sizeof log);
-  collect2(ks, &log);
+  ct_collect(ks, 2, &log, NULL, NULL);
   /* Round 0 went on without it: the two honest payloads, their samples
    * only, the same bits on both; and it is no member afterwards (the
    * next rounds did not wait for it). */
@@ -181,9 +148,9 @@ Test(collab_bad, a_peer_outside_the_round_cannot_claim_or_contribute,
   snprintf(url, sizeof url, "%s/v1/collab/claim/0/0/4/0/1?id=01", ks[0].url);
   cr_assert_eq(loco_http_post(url, 2000, &status), PULSE_OK);
   cr_assert_eq(status, 400);
-  static bad_log log;
+  static ct_log log;
   memset(&log, 0, sizeof log);
-  collect2(ks, &log);
+  ct_collect(ks, 2, &log, NULL, NULL);
   for (int i = 0; i < 2; i++) {
     cr_assert_eq(log.row[i][0].contrib, 2);
     cr_assert_geq(log.row[i][0].samples, T);
@@ -205,9 +172,9 @@ Test(collab_bad, a_state_no_peer_keeps_is_a_clear_error, .timeout = 60) {
   for (int i = 0; i < 2; i++)
     ct_hello(&ks[i]);
   ct_start(ks, 2);
-  static bad_log log;
+  static ct_log log;
   memset(&log, 0, sizeof log);
-  collect2(ks, &log); /* both at round 4, serving states 3 and 4 */
+  ct_collect(ks, 2, &log, NULL, NULL); /* both at round 4, serving states 3 and 4 */
   pulse_loco_opts o = PULSE_LOCO_OPTS_INIT;
   o.param_count = CT_P;
   o.trainer_id = 7;

@@ -12,59 +12,6 @@
 #include "http_impl.h"
 #include "manifest_impl.h"
 
-#define CC_ROUNDS 12
-
-typedef struct {
-  ct_round row[CT_MAX][CC_ROUNDS];
-  int have[CT_MAX][CC_ROUNDS];
-  uint64_t final_round[CT_MAX], final_digest[CT_MAX];
-  uint64_t stored[CT_MAX], refused[CT_MAX];
-  int done[CT_MAX], lost[CT_MAX];
-} cc_log;
-
-/* Reads every live child's lines until each said `done`; on_round (may be
- * NULL) sees each round line as it comes. */
-static void cc_collect(ct_child *ks, size_t n, cc_log *log,
-                       void (*on_round)(ct_child *, size_t, const ct_round *)) {
-  for (int spins = 0; spins < 3000; spins++) {
-    int pending = 0;
-    for (size_t i = 0; i < n; i++) {
-      if (ks[i].pid <= 0 || log->done[i])
-        continue;
-      pending = 1;
-      char line[1024];
-      while (ct_read_line(&ks[i], line, sizeof line, 0)) {
-        ct_round r;
-        double res;
-        if (strncmp(line, "error", 5) == 0)
-          cr_assert_fail("peer %u: %s", ks[i].id, line);
-        if (strncmp(line, "lost", 4) == 0) {
-          log->lost[i]++;
-          cr_log_info("peer %u %s", ks[i].id, line);
-        } else if (ct_parse_round(line, &r)) {
-          if (r.round < CC_ROUNDS) {
-            log->row[i][r.round] = r;
-            log->have[i][r.round] = 1;
-          }
-          if (on_round)
-            on_round(ks, i, &r);
-        } else if (sscanf(line,
-                          "done %" SCNu64 " %" SCNx64 " %lf %" SCNu64
-                          " %" SCNu64,
-                          &log->final_round[i], &log->final_digest[i], &res,
-                          &log->stored[i], &log->refused[i]) == 5) {
-          log->done[i] = 1;
-          break;
-        }
-      }
-    }
-    if (!pending)
-      return;
-    usleep(10000);
-  }
-  cr_assert_fail("the peers did not finish in time");
-}
-
 /* Three serving peers 1..3, then `clients` client-mode peers 4.. hosted by
  * host_index's peer; all of them founders. */
 static void cc_spawn(ct_child *ks, ct_peer_cfg *cfg, size_t serving,
@@ -102,9 +49,9 @@ Test(collab_client, a_client_contributes_and_receives_like_the_others,
   snprintf(want, sizeof want, "%s/v1/hosted/4", ks[1].url);
   cr_expect_str_eq(ks[3].url, want, "the client's URL is at its host");
   ct_start(ks, 4);
-  cc_log log;
+  ct_log log;
   memset(&log, 0, sizeof log);
-  cc_collect(ks, 4, &log, NULL);
+  ct_collect(ks, 4, &log, NULL, NULL);
   uint64_t with_client = 0;
   for (uint64_t r = 0; r < R; r++) {
     for (size_t i = 0; i < 4; i++)
@@ -148,8 +95,9 @@ Test(collab_client, a_client_contributes_and_receives_like_the_others,
 }
 
 /* Kills peer 2 (the client's host) when the client reports round 1. */
-static void kill_host_after_round_1(ct_child *ks, size_t i,
-                                    const ct_round *r) {
+static void kill_host_after_round_1(ct_child *ks, size_t n, size_t i,
+                                    const ct_round *r, void *user) {
+  (void)n, (void)user;
   if (i == 3 && r->round == 1 && ks[1].pid > 0)
     ct_kill(&ks[1]);
 }
@@ -167,9 +115,9 @@ Test(collab_client, a_client_whose_host_dies_moves_to_another, .timeout = 90) {
     cfg[i] = (ct_peer_cfg){i + 1, 3, T, R, -1, 4000u};
   cc_spawn(ks, cfg, 3, 1, 1);
   ct_start(ks, 4);
-  static cc_log log;
+  static ct_log log;
   memset(&log, 0, sizeof log);
-  cc_collect(ks, 4, &log, kill_host_after_round_1);
+  ct_collect(ks, 4, &log, kill_host_after_round_1, NULL);
   cr_expect_geq(log.lost[3], 1, "the client lost no round");
   cr_expect_eq(log.final_round[3], R);
   cr_expect_eq(log.final_digest[0], log.final_digest[3]);
@@ -187,8 +135,9 @@ Test(collab_client, a_client_whose_host_dies_moves_to_another, .timeout = 90) {
 
 /* Sends the joiner (child 3) its join through the client (child 2) once
  * the client reports round 0. */
-static void join_through_the_client(ct_child *ks, size_t i,
-                                    const ct_round *r) {
+static void join_through_the_client(ct_child *ks, size_t n, size_t i,
+                                    const ct_round *r, void *user) {
+  (void)n, (void)user;
   static int sent;
   if (i == 2 && r->round == 0 && !sent) {
     dprintf(ks[3].to, "join %s\n", ks[2].url);
@@ -211,9 +160,9 @@ Test(collab_client, a_joiner_through_a_clients_url_joins_through_its_host,
   ct_spawn(&ks[3], &cfg[3]);
   ct_hello(&ks[3]);
   ct_start(ks, 3);
-  static cc_log log;
+  static ct_log log;
   memset(&log, 0, sizeof log);
-  cc_collect(ks, 4, &log, join_through_the_client);
+  ct_collect(ks, 4, &log, join_through_the_client, NULL);
   for (size_t i = 0; i < 4; i++) {
     cr_expect_eq(log.final_round[i], R, "peer %zu", i + 1);
     cr_expect_eq(log.final_digest[i], log.final_digest[0], "peer %zu", i + 1);
