@@ -12,10 +12,10 @@
  *    read, so keep-alive holds), bodies ignored on GET/HEAD, refused on
  *    POST to a route that takes none (400) and kept in memory up to a
  *    route's max_body (413 beyond: at once when Content-Length says so,
- *    else once the rest was read and dropped), the methods each route allows (405 with
- *    Allow), paths that can never name anything (400: "..", "//", a
- *    backslash, "%" after decoding, control or non-ASCII bytes, "%00" in
- *    the raw path), then the route table (404);
+ *    else once the rest was read and dropped), the methods each route
+ *    allows (405 with Allow), paths that can never name anything (400:
+ *    "..", "//", a backslash, "%" after decoding, control or non-ASCII
+ *    bytes, "%00" in the raw path), then the route table (404);
  *  - answers: one error vocabulary (JSON {"error": "..."}, Allow on 405,
  *    Retry-After on 503), bodies from memory, shared immutable blobs and
  *    files (zero-copy), strong ETags, If-None-Match -> 304, Range and
