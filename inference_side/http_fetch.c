@@ -191,6 +191,7 @@ static void reset_answer(pulse_fetch_xfer *x) {
   x->cc = CURLE_OK;
   x->status = 0;
   x->received = x->wire = 0;
+  x->body_us = x->end_us = 0;
   x->enough = x->too_long = x->io_failed = x->bad_range = x->changed = 0;
   x->headers_len = x->error_len = 0;
   x->headers[0] = x->error_body[0] = x->curl_error[0] = '\0';
@@ -351,6 +352,13 @@ static void finish(pulse_fetch *f, pulse_fetch_xfer *x, CURLcode cc) {
   x->cc = cc;
   if (x->status == 0 || !x->sink_decided)
     curl_easy_getinfo(x->easy, CURLINFO_RESPONSE_CODE, &x->status);
+  curl_off_t total = 0, first = 0;
+  if (curl_easy_getinfo(x->easy, CURLINFO_TOTAL_TIME_T, &total) != CURLE_OK ||
+      curl_easy_getinfo(x->easy, CURLINFO_STARTTRANSFER_TIME_T, &first) !=
+          CURLE_OK)
+    total = first = 0;
+  x->body_us = total > first && first >= 0 ? (uint64_t)(total - first) : 0;
+  x->end_us = pulse_fetch_now_us();
   curl_multi_remove_handle(f->multi, x->easy);
   curl_slist_free_all(x->slist);
   x->slist = NULL;

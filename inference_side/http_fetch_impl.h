@@ -190,6 +190,12 @@ typedef struct pulse_fetch_xfer {
   long status;        /* HTTP status, 0 when none came */
   uint64_t received;  /* body bytes kept by this try (written or stored) */
   uint64_t wire;      /* body bytes of this try that arrived, kept or not */
+  /* The try's body time: from its first answer byte to its end
+   * (libcurl's total time less its time to the first byte), and when it
+   * ended (pulse_fetch_now_us); a transfer's download rate is wire over
+   * body_us, free of the connection's and the server's latency. */
+  uint64_t body_us;
+  uint64_t end_us;
   int enough;         /* stopped on purpose: the range is complete */
   int too_long;       /* body over max_bytes, expect_total or the range */
   int io_failed;      /* a write (or an allocation) failed */

@@ -32,6 +32,8 @@ typedef struct {
   uint64_t done;          /* samples it says it did */
   uint64_t ready_samples; /* the count it says its payload carries */
   uint64_t rate_milli;    /* its samples per second, times 1000 */
+  uint64_t bandwidth;     /* its download rate (bytes/s) with its
+                             readiness; 0: not measured */
 } collab_record;
 
 /* A joiner waiting for admission. */
@@ -48,6 +50,10 @@ struct pulse_loco_collab {
   uint32_t id;
   uint64_t fetched; /* bodies downloaded this round */
   uint64_t pushed;  /* client mode: bodies uploaded this round */
+  /* This peer's download rate in bytes/s, smoothed over rounds (an EWMA
+   * of each round's per-transfer measure, loco_http_rate_take); 0 until
+   * a round moved enough bytes. Reported with its readiness. */
+  uint64_t bandwidth;
   /* Client mode: the host's URL ("" when this peer serves). */
   char host_url[64];
   /* Hosting: uploads stored and refused (under lock). */
@@ -114,6 +120,14 @@ unsigned collab_claim_locked(pulse_loco_collab *c, uint64_t r, uint32_t k,
                              uint64_t rate_milli);
 unsigned collab_ready_locked(pulse_loco_collab *c, uint64_t r, uint32_t k,
                              uint32_t id, uint64_t samples, int leaving);
+/* Notes the download rate member id reported with its readiness (bytes/s,
+ * 0: none) in the open table. Caller holds lock. */
+void collab_bandwidth_locked(pulse_loco_collab *c, uint32_t id, uint64_t bw);
+
+/* Tests only: when non-zero, every peer reports this many bytes/s times
+ * its id instead of what it measured (unequal ranges on demand). */
+extern uint64_t loco_collab_test_bandwidth_per_id;
+
 /* Publishes the table as GET /v1/loco/progress/round (JSON). */
 void collab_publish_progress(pulse_loco_collab *c);
 

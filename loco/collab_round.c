@@ -34,6 +34,30 @@
 #define MANIFEST_CAP ((size_t)LOCO_MAX_MEMBERS * 256u + 4096u)
 #define MANIFESTS_KEPT 64u
 
+uint64_t loco_collab_test_bandwidth_per_id;
+
+/* The download rate this peer reports (bytes/s; 0: not measured). */
+static uint64_t reported_bandwidth(const pulse_loco_collab *c) {
+  return loco_collab_test_bandwidth_per_id
+             ? loco_collab_test_bandwidth_per_id * c->id
+             : c->bandwidth;
+}
+
+/* A round's measure (loco_http_rate_take: its large transfers' bytes over
+ * their body time) into the smoothed rate: an EWMA of weight 1/4, so one
+ * noisy round moves it a quarter of the way. A round that moved less than
+ * 4 large bodies' worth says nothing and leaves it. */
+static void update_bandwidth(pulse_loco_collab *c) {
+  uint64_t bytes, us;
+  loco_http_rate_take(&bytes, &us);
+  if (bytes < 4u * LOCO_RATE_MIN_BYTES || us == 0)
+    return;
+  uint64_t rate = bytes > UINT64_MAX / 1000000u ? bytes / us * 1000000u
+                                                : bytes * 1000000u / us;
+  c->bandwidth =
+      c->bandwidth == 0 ? rate : c->bandwidth - c->bandwidth / 4 + rate / 4;
+}
+
 static const char *url_of(const pulse_loco_collab *c, uint32_t id) {
   int i = loco_member_find(c->members, c->nmembers, id);
   return i < 0 ? "" : c->members[i].url;
@@ -69,6 +93,8 @@ static unsigned tell_writer(pulse_loco_collab *c, uint64_t r, uint32_t k,
     unsigned s = ready ? collab_ready_locked(c, r, k, c->id, done, leaving)
                        : collab_claim_locked(c, r, k, c->id, b, done,
                                              rate_milli);
+    if (ready && s == 200)
+      collab_bandwidth_locked(c, c->id, reported_bandwidth(c));
     if (!ready)
       collab_publish_progress(c);
     pthread_mutex_unlock(&c->lock);
@@ -77,8 +103,9 @@ static unsigned tell_writer(pulse_loco_collab *c, uint64_t r, uint32_t k,
   char url[256];
   if (ready)
     snprintf(url, sizeof url,
-             "%s/v1/collab/ready/%" PRIu64 "/%u/%" PRIu64 "/%d?id=%u",
-             url_of(c, w), r, k, done, leaving, c->id);
+             "%s/v1/collab/ready/%" PRIu64 "/%u/%" PRIu64 "/%d/%" PRIu64
+             "?id=%u",
+             url_of(c, w), r, k, done, leaving, reported_bandwidth(c), c->id);
   else
     snprintf(url, sizeof url,
              "%s/v1/collab/claim/%" PRIu64 "/%u/%" PRIu64 "/%" PRIu64
@@ -234,6 +261,7 @@ static pulse_status write_round(pulse_loco_collab *c, uint64_t r, uint32_t k,
   pthread_mutex_lock(&c->lock);
   collab_open_table(c, r, k);
   collab_ready_locked(c, r, k, c->id, own_samples, leaving);
+  collab_bandwidth_locked(c, c->id, reported_bandwidth(c));
   pthread_mutex_unlock(&c->lock);
   /* Every member's readiness, or the deadline. */
   uint64_t end = loco_now_ms() + c->opts.round_timeout_ms +
@@ -322,6 +350,7 @@ static pulse_status write_round(pulse_loco_collab *c, uint64_t r, uint32_t k,
         refs[nc].bytes = own_size;
         loco_sha256(own, own_size, refs[nc].sha256);
         refs[nc].samples = own_samples;
+        refs[nc].bandwidth = loco_bandwidth_quantize(rec[i].bandwidth);
         nc++;
       }
       continue;
@@ -365,6 +394,7 @@ static pulse_status write_round(pulse_loco_collab *c, uint64_t r, uint32_t k,
     ok[i] = 1;
     refs[nc].id = id;
     refs[nc].samples = h.samples;
+    refs[nc].bandwidth = loco_bandwidth_quantize(rec[i].bandwidth);
     if (head_only) {
       set[nc] = (pulse_loco_contribution){NULL, 0}; /* no relay */
       refs[nc].bytes = t[i].total;
@@ -635,14 +665,21 @@ static pulse_status reduce_partitioned(pulse_loco_collab *c, uint64_t r,
   uint32_t *ids = calloc(C, sizeof *ids);
   const char **urls = calloc(C, sizeof *urls);
   uint64_t *samples = calloc(C, sizeof *samples);
+  uint64_t *bw = calloc(C, sizeof *bw), *weights = calloc(C, sizeof *weights);
   pulse_status st = PULSE_OK;
-  if (!ids || !urls || !samples)
+  if (!ids || !urls || !samples || !bw || !weights)
     st = pulse_fail(PULSE_ERR_NOMEM, "loco collab: partition lists");
   for (size_t j = 0; st == PULSE_OK && j < C; j++) {
     ids[j] = man->contrib[j].id;
     urls[j] = url_of(c, ids[j]);
     samples[j] = man->contrib[j].samples;
+    bw[j] = man->contrib[j].bandwidth;
   }
+  /* Range sizes in proportion to the manifest's rates, within the plan's
+   * bound (PAYLOAD.md "Collaboration"): every member reads the same
+   * manifest, so every member plans the same ranges. */
+  if (st == PULSE_OK)
+    pulse_loco_plan_weights(bw, C, weights);
   loco_partition_in in;
   loco_partition_out out;
   memset(&in, 0, sizeof in);
@@ -653,6 +690,7 @@ static pulse_status reduce_partitioned(pulse_loco_collab *c, uint64_t r,
   in.ids = ids;
   in.urls = urls;
   in.samples = samples;
+  in.weights = weights;
   in.relay_url = src;
   in.srv = c->srv;
   in.timeout_ms = (uint32_t)exchange_ms(c);
@@ -698,7 +736,7 @@ static pulse_status reduce_partitioned(pulse_loco_collab *c, uint64_t r,
                  ": partitioned exchange failed (%s)",
                  r, pulse_error_detail());
   }
-  free(ids), free(urls), free(samples);
+  free(ids), free(urls), free(samples), free(bw), free(weights);
   return st;
 }
 
@@ -1074,6 +1112,7 @@ out:
     loco_server_drop(c->srv, "/v1/loco/round/", r - MANIFESTS_KEPT);
   info->bytes_in = c->fetched;
   info->bytes_out = loco_server_bytes_served(c->srv) - served0 + c->pushed;
+  update_bandwidth(c);
   info->wall_ms = loco_now_ms() - t0;
   if (info->max_step == 0) {
     pthread_mutex_lock(&c->lock);

@@ -128,6 +128,12 @@ unsigned collab_ready_locked(pulse_loco_collab *c, uint64_t r, uint32_t k,
   return 200;
 }
 
+void collab_bandwidth_locked(pulse_loco_collab *c, uint32_t id, uint64_t bw) {
+  collab_record *x = record_of(c, id);
+  if (x != NULL)
+    x->bandwidth = bw;
+}
+
 void collab_publish_progress(pulse_loco_collab *c) {
   /* Expected time to T from the rates the members reported. */
   uint64_t rate = 0;
@@ -146,9 +152,10 @@ void collab_publish_progress(pulse_loco_collab *c) {
     pulse_bytebuf_printf(&b,
                          "%s{\"id\":%u,\"samples\":%" PRIu64
                          ",\"granted\":%" PRIu64 ",\"samples_per_s\":%.3f"
-                         ",\"ready\":%s}",
+                         ",\"bytes_per_s\":%" PRIu64 ",\"ready\":%s}",
                          i ? "," : "", c->rec[i].id, c->rec[i].done,
                          c->rec[i].granted, c->rec[i].rate_milli / 1000.0,
+                         c->rec[i].bandwidth,
                          c->rec[i].ready ? "true" : "false");
   pulse_bytebuf_printf(&b, "]}");
   if (b.data != NULL)
@@ -196,12 +203,16 @@ unsigned collab_on_post(void *user, const char *path, const char *id_text,
                                                      id, v[2], v[3], v[4]);
     if (status == COLLAB_GRANTED || status == COLLAB_FULL)
       collab_publish_progress(c);
-  } else if (path_numbers(path, "/v1/collab/ready/", v, 4)) {
-    /* ROUND/RANK/SAMPLES/LEAVING */
+  } else if (path_numbers(path, "/v1/collab/ready/", v, 5) ||
+             (v[4] = 0, path_numbers(path, "/v1/collab/ready/", v, 4))) {
+    /* ROUND/RANK/SAMPLES/LEAVING[/BYTES_PER_S]: the sender's download rate
+     * (0 or absent: not measured), listed in the manifest. */
     status = v[1] > UINT32_MAX || v[3] > 1
                  ? 400u
                  : collab_ready_locked(c, v[0], (uint32_t)v[1], id, v[2],
                                        (int)v[3]);
+    if (status == 200)
+      collab_bandwidth_locked(c, id, v[4]);
   } else if (strcmp(path, "/v1/loco/join") == 0) {
     if (url == NULL || !loco_member_url_valid(url, id) || strlen(url) >= 64) {
       status = 400;

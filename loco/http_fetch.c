@@ -71,6 +71,48 @@ void loco_sleep_ms(unsigned ms) {
   nanosleep(&t, NULL);
 }
 
+/* The rate's sums (http_impl.h): this thread's, as each collaboration
+ * peer or trainer runs its exchange on its own thread. */
+static _Thread_local uint64_t rate_bytes, rate_us;
+
+void loco_http_rate_take(uint64_t *bytes, uint64_t *us) {
+  *bytes = rate_bytes;
+  *us = rate_us;
+  rate_bytes = rate_us = 0;
+}
+
+/* Adds the large bodies among n ended transfers: their bytes, and the
+ * length of the union of their body intervals [end - body, end]. */
+static void rate_add(pulse_fetch_xfer *const *x, size_t n) {
+  uint64_t lo = 0, hi = 0; /* the interval being merged */
+  int open = 0;
+  for (;;) {
+    /* The next interval by start, among those not merged yet (n is a
+     * round's peers: a selection each time is enough). */
+    size_t best = n;
+    for (size_t i = 0; i < n; i++)
+      if (x[i]->wire >= LOCO_RATE_MIN_BYTES && x[i]->body_us > 0 &&
+          x[i]->end_us >= x[i]->body_us && pulse_fetch_xfer_ok(x[i]) &&
+          (best == n || x[i]->end_us - x[i]->body_us <
+                            x[best]->end_us - x[best]->body_us))
+        best = i;
+    if (best == n)
+      break;
+    uint64_t a = x[best]->end_us - x[best]->body_us, b = x[best]->end_us;
+    rate_bytes += x[best]->wire;
+    x[best]->body_us = 0; /* merged */
+    if (open && a <= hi) {
+      hi = b > hi ? b : hi;
+      continue;
+    }
+    if (open)
+      rate_us += hi - lo;
+    lo = a, hi = b, open = 1;
+  }
+  if (open)
+    rate_us += hi - lo;
+}
+
 void loco_http_metrics(pulse_fetch_metrics *out) {
   pulse_fetch_counters_get(&counters, out);
 }
@@ -113,6 +155,7 @@ static pulse_status request(const char *url, unsigned timeout_ms, size_t max,
   x.timeout_ms = timeout_ms ? timeout_ms : 1u;
   pulse_fetch_xfer *one = &x;
   pulse_status st = pulse_fetch_run(f, &one, 1, NULL, NULL);
+  rate_add(&one, 1);
   int oom = x.io_failed;
   if (pulse_fetch_xfer_answered(&x))
     *status = x.status;
@@ -184,6 +227,8 @@ pulse_status loco_http_wait_signed(const char *url, unsigned timeout_ms,
   xfer_for(&x, url, max_bytes, body);
   x.resume = 1;
   pulse_status st = pulse_fetch_get(f, &x, &r, "loco http");
+  pulse_fetch_xfer *one = &x;
+  rate_add(&one, 1);
   int oom = x.io_failed;
   if (st == PULSE_OK && x.status != 200)
     st = pulse_fail(PULSE_ERR_IO, "loco http: GET %s: HTTP %ld", url, x.status);
@@ -281,6 +326,7 @@ pulse_status loco_http_gather(loco_fetch *t, size_t count,
   r.deadline_ms = deadline_ms;
   r.retry_missing = 1;
   pulse_status st = pulse_fetch_gather(f, run, count, &r);
+  rate_add(run, count);
   for (size_t i = 0; i < count; i++) {
     t[i].done = pulse_fetch_xfer_ok(&x[i]) && x[i].status == 200;
     if (t[i].head)

@@ -170,6 +170,16 @@ typedef struct {
 pulse_status loco_http_gather(loco_fetch *targets, size_t count,
                               uint64_t deadline_ms);
 
+/* The calling thread's download rate, measured per transfer (PAYLOAD.md
+ * "Collaboration", bandwidth): the transfers that brought at least
+ * LOCO_RATE_MIN_BYTES of body (smaller ones are latency-bound), over
+ * their body time (first answer byte to end, no waiting for a blob to
+ * appear), overlapping ones counted once (a gather's bodies share the
+ * link). Since the last call: *bytes of body in *us microseconds during
+ * which at least one such body was arriving; both then start over. */
+#define LOCO_RATE_MIN_BYTES 16384u
+void loco_http_rate_take(uint64_t *bytes, uint64_t *us);
+
 /* What every fetch of this process's exchange did so far (requests, bytes,
  * retries, failed tries), all threads together. */
 void loco_http_metrics(pulse_fetch_metrics *out);

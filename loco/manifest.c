@@ -90,6 +90,16 @@ void loco_sha256(const uint8_t *data, size_t size, uint8_t out[32]) {
     memset(out, 0, 32);
 }
 
+uint64_t loco_bandwidth_quantize(uint64_t v) {
+  if (v == 0)
+    return 0;
+  v = v < LOCO_BW_MIN ? LOCO_BW_MIN : v > LOCO_BW_MAX ? LOCO_BW_MAX : v;
+  unsigned bits = 0;
+  while ((v >> bits) >= 16u)
+    bits++;
+  return (v >> bits) << bits;
+}
+
 pulse_status loco_manifest_write(const loco_manifest *m, pulse_bytebuf *out) {
   pulse_json_writer w;
   pulse_json_write_init(&w, out);
@@ -115,6 +125,10 @@ pulse_status loco_manifest_write(const loco_manifest *m, pulse_bytebuf *out) {
       if (m->contrib[i].samples > 0) {
         pulse_json_write_key(&w, "samples");
         pulse_json_write_u64(&w, m->contrib[i].samples);
+      }
+      if (m->contrib[i].bandwidth > 0) {
+        pulse_json_write_key(&w, "bandwidth");
+        pulse_json_write_u64(&w, m->contrib[i].bandwidth);
       }
       pulse_json_write_end(&w);
     }
@@ -204,13 +218,16 @@ static pulse_status parse_tree(const pulse_json *root, loco_manifest *m) {
     return pulse_fail(PULSE_ERR_NOMEM, "loco manifest: contributors");
   for (size_t i = 0; i < n; i++) {
     const pulse_json *it = pulse_json_at(con, i);
-    uint64_t id, bytes, samples = 0;
+    uint64_t id, bytes, samples = 0, bw = 0;
     const char *hex;
     size_t len;
     if (it->type != PULSE_JSON_OBJECT || !get_u64(it, "id", &id) ||
         id > UINT32_MAX || !get_u64(it, "bytes", &bytes) ||
         (pulse_json_get(it, "samples") != NULL &&
          (!get_u64(it, "samples", &samples) || samples == 0)) ||
+        (pulse_json_get(it, "bandwidth") != NULL &&
+         (!get_u64(it, "bandwidth", &bw) || bw == 0 ||
+          loco_bandwidth_quantize(bw) != bw)) ||
         !pulse_json_string(pulse_json_get(it, "sha256"), &hex, &len) ||
         len != 64 || (i > 0 && id <= m->contrib[i - 1].id))
       return pulse_fail(PULSE_ERR_CORRUPT,
@@ -225,6 +242,7 @@ static pulse_status parse_tree(const pulse_json *root, loco_manifest *m) {
     m->contrib[i].id = (uint32_t)id;
     m->contrib[i].bytes = bytes;
     m->contrib[i].samples = samples;
+    m->contrib[i].bandwidth = bw;
   }
   m->ncontrib = n;
   return PULSE_OK;

@@ -22,7 +22,21 @@ typedef struct {
    * what a collaboration's writer granted; members reducing partitioned
    * ranges check slices against it); 0 when absent. */
   uint64_t samples;
+  /* The contributor's download rate in bytes per second as its writer
+   * lists it ("bandwidth", PAYLOAD.md "Collaboration"): what partitioned
+   * range sizes follow; loco_bandwidth_quantize's form, 0 when absent. */
+  uint64_t bandwidth;
 } loco_contrib_ref;
+
+/* A reported rate as a manifest lists it: clamped to [LOCO_BW_MIN,
+ * LOCO_BW_MAX] bytes/s and cut to its 4 leading bits (steps of at most
+ * 1/8: round-to-round noise rarely moves a range), so that the writer
+ * writes, and every member plans from, one exact integer. 0 (not
+ * measured) stays 0. A manifest's non-zero "bandwidth" must be in this
+ * form. */
+#define LOCO_BW_MIN 1024ull
+#define LOCO_BW_MAX (1ull << 40)
+uint64_t loco_bandwidth_quantize(uint64_t bytes_per_s);
 
 /* A manifest (contributors present) or a membership view (none). */
 typedef struct {

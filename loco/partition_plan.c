@@ -2,6 +2,7 @@
  * (PAYLOAD.md "Partitioned averaging"): boundaries in proportion to the
  * owners' bandwidth, on cell multiples, from integers only so that every
  * trainer computes the same plan; and the rotation of the checkers. */
+#include <stdlib.h>
 #include <string.h>
 
 #include "pulse_loco_partition.h"
@@ -55,6 +56,38 @@ pulse_status pulse_loco_plan_make(uint64_t P, const uint32_t *ids,
   }
   plan->start[count] = P;
   return PULSE_OK;
+}
+
+static int by_value(const void *a, const void *b) {
+  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return (x > y) - (x < y);
+}
+
+void pulse_loco_plan_weights(const uint64_t *bandwidth, size_t count,
+                             uint64_t *weights) {
+  uint64_t v[PULSE_LOCO_PART_MAX];
+  size_t n = 0;
+  if (count > PULSE_LOCO_PART_MAX)
+    count = PULSE_LOCO_PART_MAX;
+  for (size_t k = 0; bandwidth != NULL && k < count; k++)
+    if (bandwidth[k] > 0)
+      v[n++] = bandwidth[k];
+  if (n == 0) {
+    for (size_t k = 0; k < count; k++)
+      weights[k] = 1;
+    return;
+  }
+  /* The median holds against lies by fewer than half of the peers; the
+   * bounds around it give the ratio (2m / ceil(m / 2) <= 4). A median
+   * over 2^62 is cut so that 2m fits. */
+  qsort(v, n, sizeof *v, by_value);
+  uint64_t m = v[(n - 1) / 2];
+  m = m > (1ull << 62) ? 1ull << 62 : m;
+  uint64_t lo = (m + 1) / 2, hi = 2 * m;
+  for (size_t k = 0; k < count; k++) {
+    uint64_t b = bandwidth[k] > 0 ? bandwidth[k] : m;
+    weights[k] = b < lo ? lo : b > hi ? hi : b;
+  }
 }
 
 int pulse_loco_plan_index(const pulse_loco_plan *plan, uint32_t id) {

@@ -66,6 +66,21 @@ pulse_status pulse_loco_plan_make(uint64_t P, const uint32_t *ids,
                                   const uint64_t *weights, size_t count,
                                   pulse_loco_plan *plan);
 
+/* The largest ratio between two weights pulse_loco_plan_weights gives. */
+#define PULSE_LOCO_PLAN_MAX_RATIO 4u
+
+/** Weights for pulse_loco_plan_make from reported bandwidths (count values,
+ * any unit; 0: not reported): m is the median of the reported ones (the
+ * lower middle of their sorted values), a missing one counts as m, and
+ * every weight is held within [ceil(m / 2), 2m], so the largest is at most
+ * PULSE_LOCO_PLAN_MAX_RATIO times the smallest: one peer that lies or
+ * measures badly moves range sizes within that bound, never takes all or
+ * nothing (and never changes the result, which is bit-identical whatever
+ * the plan). None reported: all 1 (equal). Integers only (the same on
+ * every trainer). count <= PULSE_LOCO_PART_MAX. */
+void pulse_loco_plan_weights(const uint64_t *bandwidth, size_t count,
+                             uint64_t *weights);
+
 /** Index of id in the plan, -1 when absent. */
 int pulse_loco_plan_index(const pulse_loco_plan *plan, uint32_t id);
 

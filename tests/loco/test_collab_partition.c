@@ -6,6 +6,7 @@
  * as the peers reported them (each peer's own samples), rerun in memory
  * with pulse_loco_finish over every payload. */
 #include "collab_testutil.h"
+#include "collab_impl.h"
 #include "http_impl.h"
 #include "manifest_impl.h"
 #include "partition_impl.h"
@@ -39,14 +40,29 @@ static void pt_read_rounds(ct_child *k, size_t rounds, ct_round *row, int *part,
   cr_assert_eq(got, rounds, "peer %u lost a round", k->id);
 }
 
-Test(collab_partition, equals_an_all_to_all_replay_bit_for_bit,
-     .timeout = 60) {
+/* Reads round r's manifest as peer k re-serves it. */
+static void pt_manifest(const ct_child *k, uint64_t r, loco_manifest *m) {
+  char url[160];
+  snprintf(url, sizeof url, "%s/v1/loco/round/%" PRIu64 "/manifest", k->url, r);
+  pulse_bytebuf b = PULSE_BYTEBUF_INIT;
+  cr_assert_eq(loco_http_wait(url, 2000, 1u << 20, &b), PULSE_OK, "%s", url);
+  cr_assert_eq(loco_manifest_parse(b.data, b.size, m), PULSE_OK);
+  pulse_bytebuf_free(&b);
+}
+
+/* PT_PEERS peers run PT_ROUNDS partitioned rounds, every peer reporting
+ * bw_per_id times its id as its download rate (0: what it measured), and
+ * end each round as the all-to-all replay does. With forced rates, each
+ * round's manifest lists them and every member's plan from it gives
+ * range sizes in their proportion. */
+static void pt_replay(uint64_t bw_per_id) {
   const uint64_t step = 4, T = 48;
   ct_peer_cfg cfg[PT_PEERS];
   ct_child ks[PT_PEERS];
   for (uint32_t i = 0; i < PT_PEERS; i++)
     cfg[i] = (ct_peer_cfg){i + 1, step, T, PT_ROUNDS, -1, 10000u * (i + 1)};
   ct_partitioned = 1;
+  loco_collab_test_bandwidth_per_id = bw_per_id; /* the children's */
   for (size_t i = 0; i < PT_PEERS; i++)
     ct_spawn(&ks[i], &cfg[i]);
   for (size_t i = 0; i < PT_PEERS; i++)
@@ -58,7 +74,39 @@ Test(collab_partition, equals_an_all_to_all_replay_bit_for_bit,
   for (size_t i = 0; i < PT_PEERS; i++) {
     pt_read_rounds(&ks[i], PT_ROUNDS, row[i], part[i], &final_digest[i]);
   }
+  for (uint64_t r = 0; bw_per_id > 0 && r < PT_ROUNDS; r++) {
+    /* Every peer holds the same manifest; the one of the last peer serves. */
+    loco_manifest m;
+    pt_manifest(&ks[PT_PEERS - 1], r, &m);
+    uint32_t ids[PT_PEERS];
+    uint64_t bw[PT_PEERS], w[PT_PEERS];
+    cr_assert_leq(m.ncontrib, PT_PEERS);
+    for (size_t j = 0; j < m.ncontrib; j++) {
+      ids[j] = m.contrib[j].id;
+      bw[j] = m.contrib[j].bandwidth;
+      cr_assert_eq(bw[j], loco_bandwidth_quantize(bw_per_id * ids[j]),
+                   "round %llu: peer %u listed at %llu bytes/s",
+                   (unsigned long long)r, ids[j], (unsigned long long)bw[j]);
+    }
+    pulse_loco_plan_weights(bw, m.ncontrib, w);
+    pulse_loco_plan plan;
+    cr_assert_eq(pulse_loco_plan_make(CT_P, ids, w, m.ncontrib, &plan),
+                 PULSE_OK);
+    /* Within a cell of the rates' proportion: a faster peer never owns
+     * less than a slower one. */
+    for (size_t j = 1; j < m.ncontrib; j++)
+      cr_assert_geq(plan.start[j + 1] - plan.start[j],
+                    plan.start[j] - plan.start[j - 1], "round %llu",
+                    (unsigned long long)r);
+    if (m.ncontrib == PT_PEERS)
+      cr_assert_gt(plan.start[PT_PEERS] - plan.start[PT_PEERS - 1],
+                   2 * (plan.start[1] - plan.start[0]),
+                   "round %llu: 4x the rate, not twice the range",
+                   (unsigned long long)r);
+    loco_manifest_free(&m);
+  }
   ct_quit(ks, PT_PEERS);
+  loco_collab_test_bandwidth_per_id = 0;
 
   /* The replay: same start, same steps, all-to-all finish. */
   pulse_loco *ctx[PT_PEERS];
@@ -149,11 +197,24 @@ Test(collab_partition, equals_an_all_to_all_replay_bit_for_bit,
   }
 }
 
+Test(collab_partition, equals_an_all_to_all_replay_bit_for_bit,
+     .timeout = 60) {
+  pt_replay(0);
+}
+
+/* Peers reporting 1, 2, 3 and 4 MiB/s: ranges of 1, 3, 5 and 7 cells of
+ * the 16, the same weights as all-to-all (the plan moves work, not
+ * results). */
+Test(collab_partition, unequal_bandwidths_give_unequal_ranges_and_the_same_bits,
+     .timeout = 60) {
+  pt_replay(1u << 20);
+}
+
 /* The manifest's optional per-contributor "samples" (what the members of
  * a partitioned round check slices against): kept through a write and a
  * parse, absent = 0, and anything but a positive integer refused. */
 Test(collab_partition, manifest_samples_round_trip_and_bad_ones_refused) {
-  loco_contrib_ref refs[2] = {{3, 100, {1}, 64}, {5, 200, {2}, 0}};
+  loco_contrib_ref refs[2] = {{3, 100, {1}, 64, 0}, {5, 200, {2}, 0, 0}};
   pulse_loco_member next[1] = {{3, "http://127.0.0.1:9"}};
   loco_manifest m = {7, 3, 1, refs, 2, next, 1};
   pulse_bytebuf b = PULSE_BYTEBUF_INIT;
@@ -177,6 +238,63 @@ Test(collab_partition, manifest_samples_round_trip_and_bad_ones_refused) {
     size_t pre = (size_t)(at - text);
     snprintf(doc, sizeof doc, "%.*s%s%s", (int)pre, text, bad[i],
              at + strlen("\"samples\":64"));
+    cr_assert_neq(loco_manifest_parse((const uint8_t *)doc, strlen(doc), &x),
+                  PULSE_OK, "accepted %s", bad[i]);
+  }
+  pulse_bytebuf_free(&b);
+}
+
+/* The manifest's optional per-contributor "bandwidth" (what partitioned
+ * ranges follow): kept through a write and a parse, absent = 0, and
+ * anything but a positive integer in loco_bandwidth_quantize's form
+ * refused: zero, negative, text, fractions, values outside [LOCO_BW_MIN,
+ * LOCO_BW_MAX], bits below the 4 leading ones, overflow. */
+Test(collab_partition,
+     manifest_bandwidth_round_trips_and_bad_ones_are_refused) {
+  cr_assert_eq(loco_bandwidth_quantize(0), 0);
+  cr_assert_eq(loco_bandwidth_quantize(1), LOCO_BW_MIN);
+  cr_assert_eq(loco_bandwidth_quantize(UINT64_MAX), LOCO_BW_MAX);
+  cr_assert_eq(loco_bandwidth_quantize(1000000), 983040); /* 15 << 16 */
+  for (uint64_t v = 1; v < (1ull << 44); v = v * 3 + 1) {
+    uint64_t q = loco_bandwidth_quantize(v);
+    cr_assert_eq(loco_bandwidth_quantize(q), q, "%llu", (unsigned long long)v);
+    if (v >= LOCO_BW_MIN && v <= LOCO_BW_MAX)
+      cr_assert(q <= v && q > v - v / 8, "%llu -> %llu",
+                (unsigned long long)v, (unsigned long long)q);
+  }
+  loco_contrib_ref refs[2] = {{3, 100, {1}, 64, 983040}, {5, 200, {2}, 0, 0}};
+  pulse_loco_member next[1] = {{3, "http://127.0.0.1:9"}};
+  loco_manifest m = {7, 3, 1, refs, 2, next, 1};
+  pulse_bytebuf b = PULSE_BYTEBUF_INIT;
+  cr_assert_eq(loco_manifest_write(&m, &b), PULSE_OK);
+  loco_manifest x;
+  cr_assert_eq(loco_manifest_parse(b.data, b.size, &x), PULSE_OK);
+  cr_assert_eq(x.contrib[0].bandwidth, 983040);
+  cr_assert_eq(x.contrib[1].bandwidth, 0);
+  loco_manifest_free(&x);
+  char text[2048];
+  cr_assert_lt(b.size, sizeof text);
+  memcpy(text, b.data, b.size);
+  text[b.size] = '\0';
+  const char *key = "\"bandwidth\":983040";
+  const char *at = strstr(text, key);
+  cr_assert_not_null(at);
+  const char *bad[] = {"\"bandwidth\":0",
+                       "\"bandwidth\":-1",
+                       "\"bandwidth\":\"983040\"",
+                       "\"bandwidth\":983040.5",
+                       "\"bandwidth\":9.8304e5",
+                       "\"bandwidth\":983041",
+                       "\"bandwidth\":1000",
+                       "\"bandwidth\":2199023255552",
+                       "\"bandwidth\":18446744073709551616",
+                       "\"bandwidth\":null",
+                       "\"bandwidth\":[983040]"};
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    char doc[2048];
+    size_t pre = (size_t)(at - text);
+    snprintf(doc, sizeof doc, "%.*s%s%s", (int)pre, text, bad[i],
+             at + strlen(key));
     cr_assert_neq(loco_manifest_parse((const uint8_t *)doc, strlen(doc), &x),
                   PULSE_OK, "accepted %s", bad[i]);
   }
@@ -227,6 +345,54 @@ Test(collab_partition, a_head_fetch_gives_size_and_digest_not_the_body) {
   cr_assert_leq(loco_server_bytes_served(srv), 56 + 10);
   for (int i = 0; i < 2; i++)
     pulse_bytebuf_free(&f[i].body);
+  loco_server_stop(srv);
+}
+
+/* The download rate's sums (loco_http_rate_take): the bodies of large
+ * transfers only, counted once each, in at most the time the fetches took
+ * (overlapping bodies once); a small body adds nothing; taking resets. */
+Test(collab_partition, the_rate_counts_large_bodies_over_their_body_time) {
+  loco_server *srv = NULL;
+  cr_assert_eq(loco_server_start(pt_accept_post, NULL, &srv), PULSE_OK);
+  size_t big = 64u * LOCO_RATE_MIN_BYTES; /* 1 MiB: a measurable body time */
+  uint8_t *body = calloc(big, 1);
+  cr_assert_not_null(body);
+  cr_assert_eq(loco_server_put(srv, "/big", body, big), PULSE_OK);
+  cr_assert_eq(loco_server_put(srv, "/small", body, 100), PULSE_OK);
+  char u1[64], u2[64];
+  snprintf(u1, sizeof u1, "http://127.0.0.1:%u/big",
+           (unsigned)loco_server_port(srv));
+  snprintf(u2, sizeof u2, "http://127.0.0.1:%u/small",
+           (unsigned)loco_server_port(srv));
+  uint64_t bytes, us;
+  loco_http_rate_take(&bytes, &us); /* whatever came before */
+  loco_fetch f[3];
+  memset(f, 0, sizeof f);
+  f[0].url = f[1].url = u1, f[2].url = u2;
+  for (int i = 0; i < 3; i++) {
+    f[i].max_bytes = big;
+    f[i].body = (pulse_bytebuf)PULSE_BYTEBUF_INIT;
+  }
+  uint64_t t0 = pulse_fetch_now_us();
+  cr_assert_eq(loco_http_gather(f, 3, loco_now_ms() + 5000), PULSE_OK);
+  uint64_t wall = pulse_fetch_now_us() - t0;
+  cr_assert(f[0].done && f[1].done && f[2].done);
+  loco_http_rate_take(&bytes, &us);
+  cr_assert_eq(bytes, 2 * big, "the two large bodies, not the small one");
+  cr_assert_gt(us, 0);
+  cr_assert_leq(us, wall);
+  pulse_bytebuf b = PULSE_BYTEBUF_INIT;
+  cr_assert_eq(loco_http_wait(u2, 2000, big, &b), PULSE_OK);
+  loco_http_rate_take(&bytes, &us);
+  cr_assert_eq(bytes, 0);
+  cr_assert_eq(us, 0);
+  cr_assert_eq(loco_http_wait(u1, 2000, big, &b), PULSE_OK);
+  loco_http_rate_take(&bytes, &us);
+  cr_assert_eq(bytes, big);
+  pulse_bytebuf_free(&b);
+  for (int i = 0; i < 3; i++)
+    pulse_bytebuf_free(&f[i].body);
+  free(body);
   loco_server_stop(srv);
 }
 

@@ -52,6 +52,73 @@ Test(partition, plan_covers_the_vector_in_aligned_proportional_ranges) {
   }
 }
 
+/* Weights from reported bandwidths: the median's place for a missing one,
+ * every one within [ceil(m/2), 2m] (so at most 4x apart however the
+ * reports lie), reported ones inside that kept as they are, none reported
+ * equal; and the plan from them in the rates' proportion. */
+Test(partition, plan_weights_follow_bandwidth_within_a_bounded_ratio) {
+  uint64_t seed = 11;
+  for (int trial = 0; trial < 500; trial++) {
+    uint32_t n = 1 + (uint32_t)(pulse_rng_next(&seed) % MAX_N);
+    uint64_t bw[MAX_N], w[MAX_N], again[MAX_N], sorted[MAX_N];
+    size_t nrep = 0;
+    for (uint32_t k = 0; k < n; k++) {
+      uint64_t x = pulse_rng_next(&seed);
+      bw[k] = x % 5 == 0 ? 0 : x % 5 == 1 ? x : (x >> 40) + 1;
+      if (bw[k] > 0)
+        sorted[nrep++] = bw[k];
+    }
+    pulse_loco_plan_weights(bw, n, w);
+    pulse_loco_plan_weights(bw, n, again);
+    cr_assert_eq(memcmp(w, again, n * sizeof *w), 0);
+    if (nrep == 0) {
+      for (uint32_t k = 0; k < n; k++)
+        cr_assert_eq(w[k], 1);
+      continue;
+    }
+    for (size_t a = 1; a < nrep; a++) /* the median, by insertion sort */
+      for (size_t b = a; b > 0 && sorted[b - 1] > sorted[b]; b--) {
+        uint64_t t = sorted[b];
+        sorted[b] = sorted[b - 1], sorted[b - 1] = t;
+      }
+    uint64_t m = sorted[(nrep - 1) / 2];
+    m = m > (1ull << 62) ? 1ull << 62 : m;
+    uint64_t lo = (m + 1) / 2, hi = 2 * m, wmin = UINT64_MAX, wmax = 0;
+    for (uint32_t k = 0; k < n; k++) {
+      cr_assert(w[k] >= lo && w[k] <= hi);
+      if (bw[k] == 0)
+        cr_assert_eq(w[k], m);
+      else if (bw[k] >= lo && bw[k] <= hi)
+        cr_assert_eq(w[k], bw[k]);
+      wmin = w[k] < wmin ? w[k] : wmin;
+      wmax = w[k] > wmax ? w[k] : wmax;
+    }
+    /* wmax <= 4 wmin, without overflowing 4 wmin. */
+    uint64_t R = PULSE_LOCO_PLAN_MAX_RATIO;
+    cr_assert(wmax / R < wmin || (wmax / R == wmin && wmax % R == 0),
+              "%llu over %llu", (unsigned long long)wmax,
+              (unsigned long long)wmin);
+  }
+  /* 1, 2, 3, 4 MB/s and one unknown: ranges in that proportion, the
+   * unknown at the median (2); a liar at 10^18 gets twice the median's. */
+  uint32_t ids[5] = {2, 4, 6, 8, 10};
+  uint64_t bw[5] = {1000000, 2000000, 3000000, 4000000, 0}, w[5];
+  pulse_loco_plan_weights(bw, 5, w);
+  pulse_loco_plan plan;
+  uint64_t P = 120 * PULSE_LOCO_PART_ALIGN;
+  cr_assert_eq(pulse_loco_plan_make(P, ids, w, 5, &plan), PULSE_OK);
+  const uint64_t cells[5] = {10, 20, 30, 40, 20};
+  for (int k = 0; k < 5; k++)
+    cr_assert_eq(plan.start[k + 1] - plan.start[k],
+                 cells[k] * PULSE_LOCO_PART_ALIGN, "owner %d", k);
+  uint64_t liar[4] = {1000, 1000, 1000, 1000000000000000000ull};
+  pulse_loco_plan_weights(liar, 4, w);
+  cr_assert_eq(pulse_loco_plan_make(P, ids, w, 4, &plan), PULSE_OK);
+  for (int k = 0; k < 3; k++)
+    cr_assert_eq(plan.start[k + 1] - plan.start[k], 24 * PULSE_LOCO_PART_ALIGN);
+  cr_assert_eq(plan.start[4] - plan.start[3], 48 * PULSE_LOCO_PART_ALIGN);
+}
+
 Test(partition, plan_refuses_bad_arguments) {
   uint32_t ids[3] = {1, 1, 2};
   pulse_loco_plan plan;
