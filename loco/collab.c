@@ -11,6 +11,7 @@
 
 #include "collab_impl.h"
 #include "pulse_log.h"
+#include "pulse_loco_partition.h"
 
 #define MANIFEST_CAP ((size_t)LOCO_MAX_MEMBERS * 256u + 4096u)
 static size_t state_cap(const pulse_loco *ctx) {
@@ -120,10 +121,6 @@ pulse_status pulse_loco_collab_create(const pulse_loco_collab_opts *opts,
     return pulse_fail(PULSE_ERR_ARG,
                       "loco collab: client_of '%s' is not http://A.B.C.D:PORT",
                       client_of);
-  if (client_of != NULL && opts->partitioned)
-    return pulse_fail(PULSE_ERR_ARG,
-                      "loco collab: a client-mode peer cannot use partitioned "
-                      "averaging (a range owner must accept connections)");
   pulse_loco_collab *c = calloc(1, sizeof *c);
   if (c != NULL) {
     c->members = calloc(LOCO_MAX_MEMBERS, sizeof *c->members);
@@ -345,52 +342,116 @@ void pulse_loco_collab_hosted(const pulse_loco_collab *c, uint64_t *stored,
   pthread_mutex_unlock(lock);
 }
 
-/* Parses "/v1/hosted/ID/v1/loco/round/R" (plain decimals). */
-static int hosted_payload_path(const char *path, uint32_t *id, uint64_t *r) {
-  static const char mid[] = "/v1/loco/round/";
-  size_t k = strlen(LOCO_HOSTED_PREFIX);
-  if (strncmp(path, LOCO_HOSTED_PREFIX, k) != 0)
-    return 0;
-  const char *p = path + k, *slash = strchr(p, '/');
-  char idtext[12];
-  if (slash == NULL || (size_t)(slash - p) >= sizeof idtext)
-    return 0;
-  memcpy(idtext, p, (size_t)(slash - p));
-  idtext[slash - p] = '\0';
-  if (!loco_parse_id(idtext, id) || strncmp(slash, mid, sizeof mid - 1) != 0)
-    return 0;
-  const char *q = slash + sizeof mid - 1;
-  if (q[0] < '0' || q[0] > '9' || (q[0] == '0' && q[1] != '\0') ||
-      strlen(q) > 19)
+/* What a client uploads to its host (PAYLOAD.md "Collaboration"). */
+typedef enum { UP_PAYLOAD, UP_SLICE, UP_VERDICT } upload_kind;
+
+typedef struct {
+  upload_kind kind;
+  uint32_t id;      /* the client's */
+  uint64_t round;   /* R */
+  uint64_t attempt; /* A (slices and verdicts) */
+  uint32_t owner;   /* OWNER (slices) */
+} upload_path;
+
+/* A plain decimal (no sign, no leading zero) of at most `digits` digits at
+ * *p, up to `stop` ('\0' or '/'); *p moves past it. */
+static int take_decimal(const char **p, unsigned digits, char stop,
+                        uint64_t *out) {
+  const char *q = *p;
+  size_t k = 0;
+  while (q[k] >= '0' && q[k] <= '9')
+    k++;
+  if (k == 0 || k > digits || (q[0] == '0' && k > 1) || q[k] != stop)
     return 0;
   char *end;
-  *r = strtoull(q, &end, 10);
-  return *end == '\0';
+  *out = strtoull(q, &end, 10);
+  *p = q + k + (stop != '\0');
+  return 1;
+}
+
+/* Parses "/v1/hosted/ID" followed by "/v1/loco/round/R" (the payload),
+ * "/v1/loco/part/R/A/slice/OWNER" or "/v1/loco/part/R/A/verdict". */
+static int parse_upload_path(const char *path, upload_path *u) {
+  static const char round_mid[] = "v1/loco/round/", part_mid[] = "v1/loco/part/";
+  size_t k = strlen(LOCO_HOSTED_PREFIX);
+  uint64_t v;
+  if (strncmp(path, LOCO_HOSTED_PREFIX, k) != 0)
+    return 0;
+  const char *p = path + k;
+  if (!take_decimal(&p, 10, '/', &v) || v > UINT32_MAX)
+    return 0;
+  u->id = (uint32_t)v;
+  u->attempt = 0;
+  u->owner = 0;
+  if (strncmp(p, round_mid, sizeof round_mid - 1) == 0) {
+    p += sizeof round_mid - 1;
+    u->kind = UP_PAYLOAD;
+    return take_decimal(&p, 19, '\0', &u->round);
+  }
+  if (strncmp(p, part_mid, sizeof part_mid - 1) != 0)
+    return 0;
+  p += sizeof part_mid - 1;
+  if (!take_decimal(&p, 19, '/', &u->round) ||
+      !take_decimal(&p, 2, '/', &u->attempt))
+    return 0;
+  if (strcmp(p, "verdict") == 0) {
+    u->kind = UP_VERDICT;
+    return 1;
+  }
+  if (strncmp(p, "slice/", 6) != 0)
+    return 0;
+  p += 6;
+  u->kind = UP_SLICE;
+  if (!take_decimal(&p, 10, '\0', &v) || v > UINT32_MAX)
+    return 0;
+  u->owner = (uint32_t)v;
+  return 1;
 }
 
 /* Why an upload is refused (NULL: stored): its status into *status. Caller
  * holds the lock. */
 static const char *upload_refusal(pulse_loco_collab *c, const char *id_text,
                                   const uint8_t *body, size_t size,
-                                  uint32_t id, uint64_t r, unsigned *status) {
+                                  const upload_path *u, unsigned *status) {
   uint32_t qid;
   *status = 400;
-  if (!loco_parse_id(id_text, &qid) || qid != id)
+  if (!loco_parse_id(id_text, &qid) || qid != u->id)
     return "id missing or not the path's";
   char mine[96];
-  snprintf(mine, sizeof mine, "%s" LOCO_HOSTED_PREFIX "%u", c->url, id);
-  int at = loco_member_find(c->members, c->nmembers, id);
-  if (r > c->cur_round)
+  snprintf(mine, sizeof mine, "%s" LOCO_HOSTED_PREFIX "%u", c->url, u->id);
+  int at = loco_member_find(c->members, c->nmembers, u->id);
+  if (u->round > c->cur_round)
     return *status = 503, "not at that round yet";
-  if (r < c->cur_round)
+  if (u->round < c->cur_round)
     return *status = 409, "that round is over here";
   if (at < 0 || strcmp(c->members[at].url, mine) != 0)
     return *status = 403, "not a client-mode member hosted here this round";
+  if (u->kind == UP_VERDICT) {
+    /* A verdict names its peer, round and attempt: they must be these. */
+    pulse_loco_verdict *v = malloc(sizeof *v);
+    if (v == NULL)
+      return *status = 500, "out of memory";
+    const char *why = NULL;
+    if (pulse_loco_verdict_decode(body, size, v) != PULSE_OK)
+      why = "the body does not decode as a verdict";
+    else if (v->peer != u->id || v->round != u->round ||
+             v->attempt != u->attempt)
+      why = "the verdict is another peer's, round's or attempt's";
+    free(v);
+    if (why != NULL)
+      *status = 422;
+    return why;
+  }
+  /* A payload, or a slice (a payload of one range): the client's own, of
+   * this round and model. Their entries are checked by whoever uses them,
+   * as any member's. */
+  if (u->kind == UP_SLICE && loco_member_find(c->members, c->nmembers,
+                                              u->owner) < 0)
+    return *status = 422, "the slice's owner is not a member";
   pulse_loco_payload_header h;
-  if (body == NULL ||
-      pulse_loco_payload_peek(body, size, &h) != PULSE_OK)
+  if (body == NULL || pulse_loco_payload_peek(body, size, &h) != PULSE_OK)
     return *status = 422, "the body does not decode as a payload";
-  if (h.sender != id || h.round != r || h.param_count != c->ctx->n)
+  if (h.sender != u->id || h.round != u->round || h.param_count != c->ctx->n)
     return *status = 422,
            "the payload is another sender's, round's or model's";
   return NULL;
@@ -400,14 +461,13 @@ unsigned collab_on_upload(void *user, const char *path, const char *id_text,
                           const uint8_t *body, size_t size, char *reply,
                           size_t cap) {
   pulse_loco_collab *c = user;
-  uint32_t id = 0;
-  uint64_t r = 0;
+  upload_path u;
   unsigned status;
   pthread_mutex_lock(&c->lock);
   const char *why = "no such upload path";
   status = 404;
-  if (hosted_payload_path(path, &id, &r))
-    why = upload_refusal(c, id_text, body, size, id, r, &status);
+  if (parse_upload_path(path, &u))
+    why = upload_refusal(c, id_text, body, size, &u, &status);
   if (why != NULL)
     c->hosted_refused++;
   pthread_mutex_unlock(&c->lock);
@@ -424,10 +484,14 @@ unsigned collab_on_upload(void *user, const char *path, const char *id_text,
     pthread_mutex_unlock(&c->lock);
     return 500;
   }
-  if (r >= 2) {
+  if (u.round >= 2) {
     char prefix[64];
-    snprintf(prefix, sizeof prefix, LOCO_HOSTED_PREFIX "%u/v1/loco/round/", id);
-    loco_server_drop(c->srv, prefix, r - 1);
+    snprintf(prefix, sizeof prefix, LOCO_HOSTED_PREFIX "%u/v1/loco/round/",
+             u.id);
+    loco_server_drop(c->srv, prefix, u.round - 1);
+    snprintf(prefix, sizeof prefix, LOCO_HOSTED_PREFIX "%u/v1/loco/part/",
+             u.id);
+    loco_server_drop(c->srv, prefix, u.round - 1);
   }
   pthread_mutex_lock(&c->lock);
   c->hosted_stored++;
@@ -504,4 +568,34 @@ pulse_status collab_client_push(pulse_loco_collab *c, uint64_t r,
                     "on without it (its samples stay in error feedback), the "
                     "next call rejoins through %s",
                     c->id, r, old, status, said, c->host_url);
+}
+
+pulse_status collab_client_upload(void *user, const char *path,
+                                  const uint8_t *data, size_t size) {
+  pulse_loco_collab *c = user;
+  char url[256];
+  url_fmt(url, sizeof url, c->url, "%s?id=%u", path, c->id);
+  /* Within the exchange: a transport error is tried again for as long as
+   * a claim may take; a refusal fails this exchange (the round then ends
+   * as PAYLOAD.md says for a client whose exchange failed). */
+  uint64_t end = loco_now_ms() + c->opts.claim_timeout_ms;
+  long status = 0;
+  pulse_bytebuf reply = PULSE_BYTEBUF_INIT;
+  do {
+    pulse_bytebuf_free(&reply);
+    PULSE_TRY(loco_http_post_body(url, left_ms(end), data, size, &reply,
+                                  &status));
+    if (status == 200) {
+      pulse_bytebuf_free(&reply);
+      c->pushed += size;
+      return PULSE_OK;
+    }
+    if (status != 0)
+      break;
+    loco_sleep_ms(5);
+  } while (loco_now_ms() < end);
+  pulse_bytebuf_free(&reply);
+  return pulse_fail(PULSE_ERR_IO,
+                    "loco collab client %u: host %s took no %s (HTTP %ld)",
+                    c->id, c->host_url, path, status);
 }

@@ -106,6 +106,11 @@ unsigned collab_on_upload(void *user, const char *path, const char *id,
                           size_t cap);
 pulse_status collab_client_push(pulse_loco_collab *c, uint64_t r,
                                 const uint8_t *payload, size_t size);
+/* A client's blob of the partitioned exchange (path "/v1/loco/part/..."),
+ * user the peer: to its host, which serves it under the client's URL
+ * (loco_partition_in.upload). */
+pulse_status collab_client_upload(void *user, const char *path,
+                                  const uint8_t *data, size_t size);
 
 /* The writer's side (collab_writer.c). */
 unsigned collab_on_post(void *user, const char *path, const char *id,

@@ -693,6 +693,10 @@ static pulse_status reduce_partitioned(pulse_loco_collab *c, uint64_t r,
   in.weights = weights;
   in.relay_url = src;
   in.srv = c->srv;
+  if (c->host_url[0] != '\0') { /* client mode: blobs through its host */
+    in.upload = collab_client_upload;
+    in.upload_user = c;
+  }
   in.timeout_ms = (uint32_t)exchange_ms(c);
   /* A peer killed mid-exchange sends no verdict: who holds every reduced
    * range finishes without it (the others import its state). */
@@ -777,7 +781,9 @@ static int settle(pulse_loco_collab *c, uint64_t r, const loco_manifest *man,
     size_t q = 0, left = 0;
     for (size_t j = 0; j < C; j++) {
       const char *u = url_of(c, man->contrib[j].id);
-      if (man->contrib[j].id == c->id || answered[j] || u[0] == '\0')
+      /* Client-mode contributors publish no outcome (PAYLOAD.md). */
+      if (man->contrib[j].id == c->id || answered[j] || u[0] == '\0' ||
+          loco_url_hosted(u, NULL, 0, NULL))
         continue;
       left++;
       snprintf(urls[q], sizeof urls[q], "%s/v1/loco/round/%" PRIu64 "/outcome",
@@ -995,6 +1001,26 @@ pulse_status pulse_loco_collab_round(pulse_loco_collab *c, float *theta_r,
       info->own_samples = self_dropped ? 0 : done;
       for (size_t j = 0; j < C; j++)
         info->samples += man.contrib[j].samples;
+      free(alive);
+      goto finished;
+    }
+    if (st == PULSE_OK && c->host_url[0] != '\0') {
+      /* A client: the serving contributors that said "failed" finish the
+       * round all-to-all without it (it published no outcome); its
+       * samples stay in e (keep rule) and it imports their state. */
+      PULSE_LOG_AT(PULSE_LOG_WARN,
+                   "loco collab client %u round %" PRIu64 ": nobody finished "
+                   "the exchange; the serving contributors finish it without "
+                   "this client",
+                   c->id, r);
+      pulse_loco_abandon(c->ctx, 0);
+      st = catch_up(c, r + 1, src, &man, theta_r, catch_up_window(c));
+      info->resynced = st == PULSE_OK;
+      for (size_t j = 0; j < C; j++)
+        if (alive[j]) {
+          info->contributors++;
+          info->samples += man.contrib[j].samples;
+        }
       free(alive);
       goto finished;
     }

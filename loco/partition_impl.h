@@ -14,15 +14,29 @@ typedef struct {
   float *theta_r;   /* P floats or NULL: gets theta_g */
   size_t count;     /* contributors C, increasing id, this trainer among them */
   const uint32_t *ids;       /* [count] */
-  const char *const *urls;   /* [count] base URLs; "" = client mode: owns no
-                                range, checks nothing, publishes nothing;
-                                its payload is read from relay_url */
+  const char *const *urls;   /* [count] base URLs. A client-mode peer's
+                                (it owns no range, checks no one's) is
+                                its hosted URL "HOST/v1/hosted/ID"
+                                (loco_url_hosted): it uploads its slices
+                                and verdict to its host (upload below),
+                                which serves them under that URL as a
+                                trainer serves its own; or "": it
+                                publishes nothing and its whole payload,
+                                which reduces as well as a slice, is read
+                                from relay_url */
   const uint64_t *samples;   /* [count] what each payload must claim */
   const uint64_t *weights;   /* [count] bandwidth (any unit) or NULL: equal */
   const char *relay_url;     /* serves /v1/loco/round/R/from/ID (whole
                                 payloads of client-mode peers); NULL: none */
-  loco_server *srv;          /* this trainer's server (NULL in client mode):
+  loco_server *srv;          /* this trainer's server (NULL or a table
+                                that listens nowhere in client mode):
                                 blobs go under /v1/loco/part/R/ */
+  /* Client mode with a hosted URL: puts this trainer's blob (path as on
+   * a server, "/v1/loco/part/R/A/...") at its host; called in place of
+   * loco_server_put. */
+  pulse_status (*upload)(void *user, const char *path, const uint8_t *data,
+                         size_t size);
+  void *upload_user;
   uint32_t timeout_ms;       /* the whole exchange */
   uint32_t check_period;     /* 0 or 1: every range recomputed by another
                                 trainer every round (the default); p > 1:

@@ -87,10 +87,19 @@ static void path_of(char *dst, size_t cap, const char *base,
            (unsigned long long)s->round, s->attempt, what);
 }
 
+/* Whether trainer j's blobs can be fetched: a serving trainer's at its
+ * URL, a client's at its host, under its hosted URL (client mode with
+ * upload). */
+static int publishes(const attempt_state *s, uint32_t j) {
+  return s->c.urls[j][0] != '\0';
+}
+
 static pulse_status publish(attempt_state *s, const char *what,
                             const pulse_buffer *b) {
   char path[URL_CAP];
   path_of(path, sizeof path, "", s, what);
+  if (!s->c.serving[s->self])
+    return s->in->upload(s->in->upload_user, path, b->data, b->size);
   return loco_server_put(s->in->srv, path, b->data, b->size);
 }
 
@@ -105,7 +114,8 @@ static pulse_status exchange_slices(attempt_state *s,
   const loco_partition_in *in = s->in;
   pulse_status st = PULSE_OK;
   uint32_t N = s->plan.count;
-  for (uint32_t k = 0; k < N && st == PULSE_OK && s->c.serving[s->self]; k++) {
+  for (uint32_t k = 0; k < N && st == PULSE_OK && publishes(s, (uint32_t)s->self);
+       k++) {
     if (s->plan.start[k] == s->plan.start[k + 1])
       continue;
     pulse_buffer b;
@@ -125,7 +135,7 @@ static pulse_status exchange_slices(attempt_state *s,
     return st;
   test_stall(s, 1);
   /* Client mode: its own part from its whole payload. */
-  for (uint32_t k = 0; k < N && !s->c.serving[s->self]; k++)
+  for (uint32_t k = 0; k < N && !publishes(s, (uint32_t)s->self); k++)
     if (s->chk[k])
       PULSE_TRY(pulse_loco_reducer_add(s->chk[k], in->ctx->payload.data,
                                        in->ctx->payload.size));
@@ -147,7 +157,9 @@ static pulse_status exchange_slices(attempt_state *s,
         continue;
       char what[48];
       snprintf(what, sizeof what, "slice/%u", s->plan.ids[k]);
-      if (s->c.serving[j])
+      /* A client's slice at its host (under its hosted URL), or, a
+       * client without one, its whole payload at the relay. */
+      if (publishes(s, j))
         path_of(urls[t], URL_CAP, s->c.urls[j], s, what);
       else
         snprintf(urls[t], URL_CAP, "%s/v1/loco/round/%llu/from/%u",
@@ -309,7 +321,7 @@ static pulse_status exchange_verdicts(attempt_state *s) {
   s->missing = 0;
   pulse_loco_verdict *own = &s->verdicts[s->nverdicts];
   PULSE_TRY(judge(s, own));
-  if (s->c.serving[s->self]) {
+  if (publishes(s, (uint32_t)s->self)) {
     pulse_buffer b;
     PULSE_TRY(pulse_loco_verdict_encode(own, &b));
     pulse_status st = publish(s, "verdict", &b);
@@ -325,7 +337,7 @@ static pulse_status exchange_verdicts(attempt_state *s) {
   }
   size_t t = 0;
   for (uint32_t j = 0; j < N; j++) {
-    if ((int)j == s->self || !s->c.serving[j])
+    if ((int)j == s->self || !publishes(s, j))
       continue;
     path_of(urls[t], URL_CAP, s->c.urls[j], s, "verdict");
     f[t].url = urls[t];
@@ -455,18 +467,23 @@ pulse_status loco_partition_round(const loco_partition_in *in,
       size_t i = s->c.n++;
       s->c.ids[i] = in->ids[j];
       s->c.urls[i] = in->urls[j] ? in->urls[j] : "";
-      s->c.serving[i] = s->c.urls[i][0] != '\0';
+      /* Client mode (no URL, or a hosted one): no range, checks none. */
+      s->c.serving[i] = s->c.urls[i][0] != '\0' &&
+                        !loco_url_hosted(s->c.urls[i], NULL, 0, NULL);
       s->c.samples[i] = in->samples[j];
       s->c.weights[i] = in->weights ? in->weights[j] : 1u;
       if (in->ids[j] == in->ctx->opts.trainer_id)
         s->self = (int)i;
     }
-    if (s->self < 0 || (s->c.serving[s->self] && in->srv == NULL)) {
+    if (s->self < 0 || (s->c.serving[s->self] && in->srv == NULL) ||
+        (!s->c.serving[s->self] && publishes(s, (uint32_t)s->self) &&
+         in->upload == NULL)) {
       st = pulse_fail(s->self < 0 ? PULSE_ERR_CORRUPT : PULSE_ERR_ARG,
-                      "loco partition: trainer %u is not a contributor of "
-                      "round %llu%s",
-                      in->ctx->opts.trainer_id, (unsigned long long)s->round,
-                      s->self < 0 ? " (dropped as an offender)" : "");
+                      "loco partition: trainer %u %s round %llu",
+                      in->ctx->opts.trainer_id,
+                      s->self < 0 ? "was dropped as an offender of"
+                                  : "has no server (or upload) to publish in",
+                      (unsigned long long)s->round);
       break;
     }
     out->attempts = a + 1;

@@ -78,7 +78,10 @@ typedef struct {
    * itself. It is never a round's writer (the rule skips hosted members).
    * Its host gone, the round goes on without it and the peer's next call
    * rejoins through another serving member, which hosts it from then on.
-   * Not with partitioned (a range owner must serve). Borrowed. */
+   * Partitioned, it owns no range and publishes no verdict or outcome:
+   * the owners reduce its range out of its uploaded payload, fetched from
+   * its host, and it fetches the reduced ranges and verdicts like any
+   * member (PAYLOAD.md "Collaboration"). Borrowed. */
   const char *client_of;
   /* Partitioned: how the owners' reductions are checked besides each
    * sender's receipts (PAYLOAD.md "Partitioned averaging"; every member

@@ -5,8 +5,9 @@
 # taken-over one, the survivors end identical, the JSON has its keys; a
 # short run with partitioned averaging, a join and a leave ends identical
 # too (the leaver serves its blobs until the others are done); two client-mode
-# peers (--clients 2) contribute every round and end identical; bad usage (an
-# unknown averaging, a bad churn event, clients with partitioned) is refused
+# peers (--clients 2) contribute every round and end identical, and so does
+# a client with partitioned averaging, every round ended by the exchange;
+# bad usage (an unknown averaging or check, a bad churn event) is refused
 # with exit 2.
 source "$(dirname "$0")/lib/common.sh"
 BENCH="$bin/pulse-bench"
@@ -45,8 +46,16 @@ expect "clients exit status" 0 "$?"
 grep '"summary":true' "$work/clients.json" | grep -q '"identical":true' && ok || bad "client peers differ: $(cat "$work/err4")"
 expect "rounds with four contributors" 4 "$(grep -c '"contributors":4' "$work/clients.json")"
 grep -Eq '"writer":(3|4),' "$work/clients.json" && bad "a client wrote a round" || ok
-"$BENCH" loco --target-batch 64 --trainers 3 --clients 1 --averaging partitioned > /dev/null 2>&1
-expect "clients with partitioned refused" 2 "$?"
+# Partitioned with a client (it owns no range; the owners reduce its range
+# out of its upload at its host): the exchange ends every round on every
+# peer, all three contributors, identical.
+timeout 60 "$BENCH" loco --target-batch 128 --rounds 3 --trainers 3 --clients 1 \
+  --peer-speeds 400 --params 3000 --seed 3 --averaging partitioned \
+  --claim-timeout-ms 1000 --round-timeout-ms 2000 --json > "$work/pclients.json" 2> "$work/err5"
+expect "partitioned clients exit status" 0 "$?"
+grep '"summary":true' "$work/pclients.json" | grep -q '"identical":true' && ok || bad "partitioned client peers differ: $(cat "$work/err5")"
+expect "rounds of three contributors ended by the exchange on all three" 3 \
+  "$(grep -c '"contributors":3,.*"by_exchange":3,' "$work/pclients.json")"
 "$BENCH" loco --target-batch 64 --averaging ring > /dev/null 2>&1
 expect "unknown averaging refused" 2 "$?"
 "$BENCH" loco --target-batch 64 --averaging partitioned --partition-check sometimes > /dev/null 2>&1

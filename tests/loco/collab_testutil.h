@@ -374,4 +374,95 @@ static inline void ct_kill(ct_child *k) {
   k->pid = 0;
 }
 
+/* The reference for a clean run (every peer that stepped is in its round,
+ * one that did not imports the state): the rounds as the n peers of log
+ * reported them (each one's own samples, `step` a step), rerun in memory
+ * from the children's start with pulse_loco_finish over every payload
+ * (peer i of log has id i + 1).
+ * Which peer did how many steps depends on timing, hence a replay. Every
+ * peer's digest of each of the first `rounds` rounds must be the
+ * replay's, bit for bit. */
+static inline void ct_replay_all_to_all(const ct_log *log, size_t n,
+                                        uint64_t rounds, uint64_t step) {
+  cr_assert_leq(n, CT_MAX);
+  cr_assert_leq(rounds, CT_LOG_ROUNDS);
+  pulse_loco *ctx[CT_MAX];
+  float *theta[CT_MAX];
+  ct_step_state st[CT_MAX];
+  for (size_t i = 0; i < n; i++) {
+    pulse_loco_opts o = PULSE_LOCO_OPTS_INIT;
+    o.param_count = CT_P;
+    o.trainer_id = (uint32_t)(i + 1);
+    o.rule = PULSE_LOCO_RULE_KEEP;
+    o.chunk_log2 = 10;
+    theta[i] = calloc(CT_P, sizeof *theta[i]);
+    cr_assert_not_null(theta[i]);
+    for (uint64_t p = 0; p < CT_P; p++)
+      theta[i][p] = (float)((double)((p * 37u) % 101u) / 50.0 - 1.0);
+    cr_assert_eq(pulse_loco_create(&o, theta[i], &ctx[i]), PULSE_OK);
+    st[i] = (ct_step_state){(uint32_t)(i + 1), 0};
+  }
+  for (uint64_t r = 0; r < rounds; r++) {
+    pulse_loco_contribution set[CT_MAX];
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+      const ct_round *x = &log->row[i][r];
+      cr_assert(log->have[i][r], "round %" PRIu64 ": peer %zu silent", r, i + 1);
+      cr_assert_eq(x->own % step, 0);
+      cr_assert_eq(x->resynced, x->own == 0, "round %" PRIu64 ": peer %zu",
+                   r, i + 1);
+      if (x->own == 0)
+        continue;
+      cr_assert(x->included);
+      for (uint64_t s = 0; s < x->own / step; s++)
+        ct_step(&st[i], theta[i], step);
+      const uint8_t *data;
+      size_t size;
+      cr_assert_eq(pulse_loco_prepare(ctx[i], theta[i], x->own, 0, &data,
+                                      &size, NULL),
+                   PULSE_OK);
+      set[k++] = (pulse_loco_contribution){data, size};
+    }
+    cr_assert_gt(k, 1, "round %" PRIu64 ": one contributor proves nothing", r);
+    /* Payloads are borrowed until the first finish: copy them first. */
+    uint8_t *copy[CT_MAX];
+    for (size_t j = 0; j < k; j++) {
+      copy[j] = malloc(set[j].size);
+      cr_assert_not_null(copy[j]);
+      memcpy(copy[j], set[j].data, set[j].size);
+      set[j].data = copy[j];
+    }
+    uint64_t want = 0;
+    size_t done_by = 0;
+    for (size_t i = 0; i < n; i++)
+      if (log->row[i][r].own > 0) {
+        cr_assert_eq(pulse_loco_finish(ctx[i], set, k, theta[i], NULL),
+                     PULSE_OK);
+        want = pulse_loco_global_digest(ctx[i]);
+        done_by = i;
+      }
+    /* A member without a payload imports the state (keeps its e). */
+    for (size_t i = 0; i < n; i++)
+      if (log->row[i][r].own == 0) {
+        pulse_buffer b = {0};
+        cr_assert_eq(pulse_loco_state_export(ctx[done_by], &b), PULSE_OK);
+        cr_assert_eq(pulse_loco_state_import(ctx[i], b.data, b.size,
+                                             theta[i]),
+                     PULSE_OK);
+        pulse_buffer_free(&b);
+      }
+    for (size_t j = 0; j < k; j++)
+      free(copy[j]);
+    for (size_t i = 0; i < n; i++)
+      cr_assert_eq(log->row[i][r].digest, want,
+                   "round %" PRIu64 ": peer %zu has %016" PRIx64
+                   ", all-to-all %016" PRIx64,
+                   r, i + 1, log->row[i][r].digest, want);
+  }
+  for (size_t i = 0; i < n; i++) {
+    pulse_loco_free(ctx[i]);
+    free(theta[i]);
+  }
+}
+
 #endif

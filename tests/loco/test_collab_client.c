@@ -11,6 +11,8 @@
 #include "collab_testutil.h"
 #include "http_impl.h"
 #include "manifest_impl.h"
+#include "partition_impl.h"
+#include "pulse_loco_partition.h"
 
 /* Three serving peers 1..3, then `clients` client-mode peers 4.. hosted by
  * host_index's peer; all of them founders. */
@@ -92,6 +94,122 @@ Test(collab_client, a_client_contributes_and_receives_like_the_others,
                "the host stored %" PRIu64 " uploads", log.stored[1]);
   cr_expect_eq(log.stored[0] + log.stored[2] + log.refused[1], 0u);
   ct_quit(ks, 4);
+}
+
+Test(collab_client, a_partitioned_client_contributes_and_owns_no_range,
+     .timeout = 60) {
+  /* Partitioned averaging, peers 1..3 serve (the range owners), peer 4 is
+   * a client hosted by peer 2: the owners reduce its range out of its
+   * upload at its host. Every round the client is in with its samples,
+   * the exchange finished it on every peer (no all-to-all fallback), and
+   * every peer holds the weights an all-to-all finish over the same
+   * payloads gives, bit for bit. Steps are slow (10-30 ms) so that every
+   * peer is in every round, as the replay wants. */
+  const uint64_t step = 4, T = 48, R = 4;
+  ct_peer_cfg cfg[4];
+  ct_child ks[4];
+  for (uint32_t i = 0; i < 4; i++)
+    cfg[i] = (ct_peer_cfg){i + 1, step, T, R, -1, i < 3 ? 10000u * (i + 1)
+                                                         : 10000u};
+  ct_partitioned = 1;
+  cc_spawn(ks, cfg, 3, 1, 1);
+  ct_partitioned = 0;
+  ct_start(ks, 4);
+  ct_log log;
+  memset(&log, 0, sizeof log);
+  ct_collect(ks, 4, &log, NULL, NULL);
+  ct_quit(ks, 4);
+  for (uint64_t r = 0; r < R; r++) {
+    const ct_round *c = &log.row[3][r];
+    cr_expect_gt(c->own, 0u, "round %" PRIu64 ": the client did nothing", r);
+    cr_expect(c->included, "round %" PRIu64 ": the client is not in", r);
+    uint64_t own = 0;
+    for (size_t i = 0; i < 4; i++) {
+      cr_expect_eq(log.row[i][r].contrib, 4u, "round %" PRIu64 ": peer %zu "
+                   "counts %u contributors", r, i + 1, log.row[i][r].contrib);
+      cr_expect(log.partitioned[i][r], "round %" PRIu64 ": peer %zu did not "
+                "finish by the partitioned exchange", r, i + 1);
+      cr_expect_eq(log.row[i][r].samples, c->samples);
+      own += log.row[i][r].own;
+    }
+    cr_expect_eq(own, c->samples, "round %" PRIu64 ": the client's samples "
+                 "are not in the total", r);
+    cr_expect_neq(c->writer, 4u, "round %" PRIu64 ": a client wrote it", r);
+  }
+  ct_replay_all_to_all(&log, 4, R, step);
+  for (size_t i = 0; i < 4; i++)
+    cr_expect_eq(log.final_digest[i], log.final_digest[3],
+                 "peer %zu ends other than the client", i + 1);
+  /* Each round: the client's payload, its slice for each of the three
+   * owners and its verdict. */
+  cr_expect_eq(log.stored[1], R * 5, "the host stored %" PRIu64 " uploads",
+               log.stored[1]);
+  cr_expect_eq(log.refused[1], 0u);
+}
+
+Test(collab_client, a_partitioned_client_follows_an_all_to_all_fallback,
+     .timeout = 90) {
+  /* Peers 1..3 serve, client 4 is hosted by peer 2; owner 3 stops for
+   * good in round 1 once its slices are out and is killed: nobody gets its
+   * reduced range, every exchange of round 1 fails and nobody finished.
+   * Peers 1 and 2 (they said "failed") finish round 1 all-to-all over the
+   * two of them; the client, which publishes no outcome, is not in it: its
+   * payload goes back to its error feedback and it imports their state.
+   * The three survivors hold the same weights in every round, and the
+   * client is in again, through the exchange, in the last round. */
+  const uint64_t R = 4;
+  ct_peer_cfg cfg[4];
+  ct_child ks[4];
+  for (uint32_t i = 0; i < 4; i++)
+    cfg[i] = (ct_peer_cfg){i + 1, 4, 48, R, -1, 3000};
+  ct_partitioned = 1;
+  ct_round_timeout_ms = 2000;
+  loco_partition_test_stall_id = 3;
+  loco_partition_test_stall_round = 1;
+  loco_partition_test_stall_phase = 1;
+  cc_spawn(ks, cfg, 3, 1, 1);
+  loco_partition_test_stall_phase = 0;
+  ct_round_timeout_ms = 0;
+  ct_partitioned = 0;
+  ct_start(ks, 4);
+  char url[256];
+  snprintf(url, sizeof url, "%s/v1/loco/part/1/0/slice/1", ks[2].url);
+  pulse_bytebuf b = PULSE_BYTEBUF_INIT;
+  cr_assert_eq(loco_http_wait(url, 30000, 1 << 20, &b), PULSE_OK,
+               "owner 3 never published its slices of round 1");
+  pulse_bytebuf_free(&b);
+  ct_kill(&ks[2]);
+  ct_log log;
+  memset(&log, 0, sizeof log);
+  ct_collect(ks, 4, &log, NULL, NULL);
+  ct_quit(ks, 4);
+  const size_t surv[3] = {0, 1, 3};
+  for (uint64_t r = 0; r < R; r++)
+    for (size_t s = 0; s < 3; s++) {
+      cr_assert(log.have[surv[s]][r], "peer %zu has no round %" PRIu64,
+                surv[s] + 1, r);
+      cr_expect_eq(log.row[surv[s]][r].digest, log.row[3][r].digest,
+                   "round %" PRIu64 ": peer %zu differs from the client", r,
+                   surv[s] + 1);
+    }
+  const ct_round *c1 = &log.row[3][1];
+  cr_expect_not(c1->included, "the client is in a round it had no say in");
+  cr_expect(c1->resynced, "the client did not import the state");
+  cr_expect_not(log.partitioned[3][1]);
+  for (size_t s = 0; s < 2; s++)
+    if (log.row[s][1].own > 0) {
+      cr_expect_eq(log.row[s][1].contrib, 2u, "peer %zu: round 1 over %u",
+                   s + 1, log.row[s][1].contrib);
+      cr_expect_not(log.partitioned[s][1]);
+    }
+  cr_expect_eq(c1->contrib, 2u, "the client counts %u contributors",
+               c1->contrib);
+  const ct_round *last = &log.row[3][R - 1];
+  cr_expect(last->included && log.partitioned[3][R - 1],
+            "the client is not back in by the exchange");
+  cr_expect_eq(last->contrib, 3u);
+  for (size_t s = 0; s < 3; s++)
+    cr_expect_eq(log.final_digest[surv[s]], log.final_digest[3]);
 }
 
 /* Kills peer 2 (the client's host) when the client reports round 1. */
@@ -222,7 +340,8 @@ Test(collab_client, hostile_uploads_are_refused_and_nothing_is_stored,
    * not yet begun, an id that is not the path's, a body that does not
    * decode, another sender's payload, a body over the limit (declared, and
    * chunked without a length), a body cut short: each refused with its
-   * status, none stored, and the peer still answers. */
+   * status, none stored, and the peer still answers. The same for the
+   * partitioned exchange's slices and verdicts. */
   pulse_loco_opts o = PULSE_LOCO_OPTS_INIT;
   o.param_count = CT_P;
   o.rule = PULSE_LOCO_RULE_KEEP;
@@ -286,6 +405,52 @@ Test(collab_client, hostile_uploads_are_refused_and_nothing_is_stored,
   cr_assert_eq(pulse_loco_prepare(ctx, theta, 4, 0, &p1, &n1, NULL),
                PULSE_OK);
   cr_expect_eq(cc_post(base, path7, p1, n1), 422, "another sender's payload");
+  /* The partitioned exchange's blobs: a slice of client 7 for owner 1 and
+   * its verdict are stored; a slice for a non-member owner, another
+   * sender's slice, a verdict of another peer or attempt, one that does
+   * not decode, a round not begun and a malformed attempt are not. */
+  pulse_buffer slice = {NULL, 0};
+  cr_assert_eq(pulse_loco_slice_encode(ctx7, 0, CT_P / 2, &slice), PULSE_OK);
+  const char *part = "/v1/hosted/7/v1/loco/part/0/0/";
+  char at[128];
+  snprintf(at, sizeof at, "%sslice/1?id=7", part);
+  cr_expect_eq(cc_post(base, at, slice.data, slice.size), 200, "a slice");
+  cr_expect_eq(cc_post(base, at, p1, n1), 422, "another sender's slice");
+  snprintf(at, sizeof at, "%sslice/9?id=7", part);
+  cr_expect_eq(cc_post(base, at, slice.data, slice.size), 422,
+               "a slice for a non-member");
+  cr_expect_eq(cc_post(base, "/v1/hosted/7/v1/loco/part/3/0/slice/1?id=7",
+                       slice.data, slice.size),
+               503, "a slice of a round not begun");
+  pulse_loco_verdict *v = calloc(1, sizeof *v);
+  cr_assert_not_null(v);
+  v->peer = 7;
+  pulse_buffer vb = {NULL, 0};
+  cr_assert_eq(pulse_loco_verdict_encode(v, &vb), PULSE_OK);
+  snprintf(at, sizeof at, "%sverdict?id=7", part);
+  cr_expect_eq(cc_post(base, at, vb.data, vb.size), 200, "a verdict");
+  cr_expect_eq(cc_post(base, at, junk, sizeof junk), 422, "a junk verdict");
+  cr_expect_eq(cc_post(base, "/v1/hosted/7/v1/loco/part/0/1/verdict?id=7",
+                       vb.data, vb.size),
+               422, "a verdict of another attempt");
+  cr_expect_eq(cc_post(base, "/v1/hosted/7/v1/loco/part/0/123/verdict?id=7",
+                       vb.data, vb.size),
+               404, "no such attempt");
+  pulse_buffer_free(&vb);
+  v->peer = 1;
+  cr_assert_eq(pulse_loco_verdict_encode(v, &vb), PULSE_OK);
+  cr_expect_eq(cc_post(base, at, vb.data, vb.size), 422,
+               "another peer's verdict");
+  pulse_buffer_free(&vb);
+  free(v);
+  snprintf(url, sizeof url, "%s%sslice/1", base, part);
+  cr_assert_eq(loco_http_wait(url, 2000, slice.size, &back), PULSE_OK);
+  cr_expect(back.size == slice.size &&
+                memcmp(back.data, slice.data, slice.size) == 0,
+            "the host serves another slice than the client uploaded");
+  pulse_bytebuf_free(&back);
+  pulse_buffer_free(&slice);
+  snprintf(url, sizeof url, "%s/v1/hosted/7/v1/loco/round/0", base);
   pulse_loco_abandon(ctx, 0);
   size_t huge = 16u * CT_P + 64u * 1024u;
   uint8_t *big = calloc(1, huge);
@@ -333,8 +498,8 @@ Test(collab_client, hostile_uploads_are_refused_and_nothing_is_stored,
   pulse_bytebuf_free(&back);
   uint64_t stored = 0, refused = 0;
   pulse_loco_collab_hosted(c, &stored, &refused);
-  cr_expect_eq(stored, 1u);
-  cr_expect_eq(refused, 9u, "%" PRIu64 " refusals counted", refused);
+  cr_expect_eq(stored, 3u);
+  cr_expect_eq(refused, 16u, "%" PRIu64 " refusals counted", refused);
   cr_expect_eq(cc_get(base, "/healthz"), 200, "the peer stopped answering");
   /* The same counts in /metrics, and the 413s under the upload route. */
   pulse_bytebuf text = PULSE_BYTEBUF_INIT;
@@ -344,9 +509,9 @@ Test(collab_client, hostile_uploads_are_refused_and_nothing_is_stored,
   cr_assert_eq(st, 200);
   pulse_bytebuf_byte(&text, 0);
   const char *mt = (const char *)text.data;
-  cr_expect(strstr(mt, "pulse_loco_hosted_uploads_total{result=\"stored\"} 1\n"),
+  cr_expect(strstr(mt, "pulse_loco_hosted_uploads_total{result=\"stored\"} 3\n"),
             "%s", mt);
-  cr_expect(strstr(mt, "pulse_loco_hosted_uploads_total{result=\"refused\"} 9\n"),
+  cr_expect(strstr(mt, "pulse_loco_hosted_uploads_total{result=\"refused\"} 16\n"),
             "%s", mt);
   cr_expect(strstr(mt, "pulse_http_requests_total{route=\"upload\","
                       "code=\"413\"} 2\n") != NULL,
@@ -359,7 +524,7 @@ Test(collab_client, hostile_uploads_are_refused_and_nothing_is_stored,
   free(theta), free(theta7);
 }
 
-Test(collab_client, a_client_refuses_partitioned_averaging_and_bad_hosts) {
+Test(collab_client, a_client_takes_partitioned_averaging_not_bad_hosts) {
   pulse_loco_opts o = PULSE_LOCO_OPTS_INIT;
   o.param_count = CT_P;
   o.rule = PULSE_LOCO_RULE_KEEP;
@@ -369,11 +534,13 @@ Test(collab_client, a_client_refuses_partitioned_averaging_and_bad_hosts) {
   cr_assert_eq(pulse_loco_create(&o, theta, &ctx), PULSE_OK);
   pulse_loco_collab_opts co = PULSE_LOCO_COLLAB_OPTS_INIT;
   pulse_loco_collab *c = NULL;
+  /* Partitioned is fine for a client (it owns no range). */
   co.client_of = "http://127.0.0.1:9";
   co.partitioned = 1;
-  cr_expect_eq(pulse_loco_collab_create(&co, ctx, &c), PULSE_ERR_ARG);
-  cr_expect(strstr(pulse_error_detail(), "partitioned") != NULL, "%s",
-            pulse_error_detail());
+  cr_expect_eq(pulse_loco_collab_create(&co, ctx, &c), PULSE_OK, "%s",
+               pulse_error_detail());
+  pulse_loco_collab_free(c);
+  c = NULL;
   co.partitioned = 0;
   co.client_of = "http://localhost:9";
   cr_expect_eq(pulse_loco_collab_create(&co, ctx, &c), PULSE_ERR_ARG);
