@@ -222,8 +222,9 @@ static void kill_host_after_round_1(ct_child *ks, size_t n, size_t i,
 
 Test(collab_client, a_client_whose_host_dies_moves_to_another, .timeout = 90) {
   /* Peer 4's host (peer 2) is killed after round 1: the client loses a
-   * round, rejoins through peer 3 (the next serving member), contributes
-   * again and ends with the survivors' bits. */
+   * round, rejoins through another serving member (peer 3, the next one,
+   * when it answers in time), contributes again and ends with the
+   * survivors' bits. */
   const uint64_t T = 36, R = 12;
   ct_peer_cfg cfg[4];
   ct_child ks[4];
@@ -241,13 +242,16 @@ Test(collab_client, a_client_whose_host_dies_moves_to_another, .timeout = 90) {
   cr_expect_eq(log.final_digest[0], log.final_digest[3]);
   cr_expect_eq(log.final_digest[2], log.final_digest[3]);
   /* Back in: a later round of the survivors lists the client's payload,
-   * now hosted by peer 3. */
+   * now hosted by another serving peer. */
   int back = 0;
   for (uint64_t r = 3; r < R; r++)
     back |= log.have[0][r] && log.row[0][r].contrib == 3u &&
             log.have[3][r] && log.row[3][r].included;
   cr_expect(back, "the client is not back in");
-  cr_expect_geq(log.stored[2], 1u, "peer 3 hosted nothing");
+  /* Peer 3 is the next serving member, but a loaded machine may keep it
+   * from answering the client's view request in time: then peer 1. */
+  cr_expect_geq(log.stored[0] + log.stored[2], 1u,
+                "no surviving peer hosted the client");
   ct_quit(ks, 4);
 }
 
