@@ -38,6 +38,8 @@ uint64_t loco_collab_test_bandwidth_per_id;
 
 /* The download rate this peer reports (bytes/s; 0: not measured). */
 static uint64_t reported_bandwidth(const pulse_loco_collab *c) {
+  if (c->opts.equal_ranges)
+    return 0;
   return loco_collab_test_bandwidth_per_id
              ? loco_collab_test_bandwidth_per_id * c->id
              : c->bandwidth;
@@ -719,12 +721,20 @@ static pulse_status reduce_partitioned(pulse_loco_collab *c, uint64_t r,
     snprintf(path, sizeof path, "/v1/loco/round/%" PRIu64 "/from/%u", r, c->id);
     loco_server_put(c->srv, path, own, size);
     info->partitioned = 1;
+    pulse_loco_plan plan; /* this peer's range, for the log */
+    uint64_t owned = 0;
+    if (pulse_loco_plan_make(c->ctx->n, ids, weights, C, &plan) == PULSE_OK)
+      owned = plan.start[self + 1] - plan.start[self];
     PULSE_LOG_AT(PULSE_LOG_DEBUG,
-                 "loco collab round %" PRIu64 " partitioned: own payload %"
+                 "loco collab round %" PRIu64 " partitioned (peer %u): own "
+                 "payload %"
                  PRIu64 ", in: slices %" PRIu64 " reduced %" PRIu64
-                 " checks %" PRIu64 " verdicts %" PRIu64 ", out %" PRIu64,
-                 r, out.own_payload, out.slice_bytes_in, out.reduced_bytes_in,
-                 out.check_bytes_in, out.verdict_bytes_in, out.bytes_out);
+                 " checks %" PRIu64 " verdicts %" PRIu64 ", out %" PRIu64
+                 "; listed at %" PRIu64 " bytes/s (measured %" PRIu64
+                 "), owns %" PRIu64 " of %" PRIu64 " parameters",
+                 r, c->id, out.own_payload, out.slice_bytes_in,
+                 out.reduced_bytes_in, out.check_bytes_in,
+                 out.verdict_bytes_in, out.bytes_out, bw[self], c->bandwidth, owned, (uint64_t)c->ctx->n);
     info->contributors = out.contributors;
     info->self_included = out.self_included;
     info->own_samples = out.self_included ? samples[self] : 0;

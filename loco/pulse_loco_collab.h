@@ -92,15 +92,21 @@ typedef struct {
    * FULL: every range every round (it never does; about 0.9x a payload
    * more in per member and round); RECEIPTS: none recomputed. */
   uint32_t partition_check;
+  /* Partitioned: 0 (the default) sizes each member's range in proportion
+   * to its measured download rate, which it reports to the writer and the
+   * manifest lists (PAYLOAD.md "Collaboration", range sizes); non-zero:
+   * this peer reports none, and a manifest listing none gives equal
+   * ranges (every member the same, for comparisons). */
+  int equal_ranges;
 } pulse_loco_collab_opts;
 
 #define PULSE_LOCO_COLLAB_CHECK_ROTATING 0u
 #define PULSE_LOCO_COLLAB_CHECK_FULL 1u
 #define PULSE_LOCO_COLLAB_CHECK_RECEIPTS 2u
 
-#define PULSE_LOCO_COLLAB_OPTS_VERSION 3u
+#define PULSE_LOCO_COLLAB_OPTS_VERSION 4u
 #define PULSE_LOCO_COLLAB_OPTS_INIT                                            \
-  { PULSE_LOCO_COLLAB_OPTS_VERSION, 64, 1500, 5000, NULL, 0, NULL, 0 }
+  { PULSE_LOCO_COLLAB_OPTS_VERSION, 64, 1500, 5000, NULL, 0, NULL, 0, 0 }
 
 /** Starts the peer's server for ctx (borrowed, must outlive the peer; its
  * rule must be PULSE_LOCO_RULE_KEEP); a client-mode peer (opts.client_of)

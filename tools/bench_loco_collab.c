@@ -18,6 +18,7 @@
 #include <inttypes.h>
 #include <math.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -57,6 +58,11 @@ typedef struct {
   int partitioned; /* --averaging partitioned */
   uint32_t check;  /* --partition-check: PULSE_LOCO_COLLAB_CHECK_* */
   uint32_t clients; /* --clients K: the last K founders in client mode */
+  int equal_ranges; /* --ranges equal */
+  /* --netns NAME=ADDR,...: peer i runs in network namespace
+   * netns[(i - 1) % nnetns] (/run/netns/NAME) and listens on ADDR. */
+  char netns[MAXP][32], netns_addr[MAXP][16];
+  uint32_t nnetns;
 } collab_args;
 
 void bench_loco_collab_usage(FILE *out) {
@@ -87,6 +93,16 @@ void bench_loco_collab_usage(FILE *out) {
           "                     serving founder, round robin; partitioned, "
           "they own\n"
           "                     no range)\n"
+          "  --ranges R         partitioned range sizes: bandwidth (default: "
+          "in\n"
+          "                     proportion to each peer's measured download "
+          "rate)\n"
+          "                     or equal\n"
+          "  --netns N=A,...    peer i runs in network namespace N_((i-1) mod "
+          "k)\n"
+          "                     (made by `ip netns add`) and listens on its "
+          "address A\n"
+          "                     (root; throttle a link with tc there)\n"
           "  --rounds R --seed S --params P --json --report DIR as above\n");
 }
 
@@ -128,6 +144,17 @@ static int peer_fail(int out, const char *what) {
 
 static int run_peer(const collab_args *a, uint32_t id, double speed,
                     const char *client_of, int in, int out) {
+  const char *host = NULL;
+  if (a->nnetns > 0) { /* before any socket: they belong to a namespace */
+    uint32_t k = (id - 1) % a->nnetns;
+    char path[64];
+    snprintf(path, sizeof path, "/run/netns/%s", a->netns[k]);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0 || setns(fd, CLONE_NEWNET) != 0)
+      return peer_fail(out, "network namespace");
+    close(fd);
+    host = a->netns_addr[k];
+  }
   FILE *fin = fdopen(in, "r");
   pulse_tk_problem *p = make_problem(a);
   if (p == NULL)
@@ -149,6 +176,8 @@ static int run_peer(const collab_args *a, uint32_t id, double speed,
   co.partitioned = a->partitioned;
   co.partition_check = a->check;
   co.client_of = client_of;
+  co.host = host;
+  co.equal_ranges = a->equal_ranges;
   if (pulse_tk_learner_create(p, id, &st.l) != PULSE_OK ||
       pulse_loco_create(&o, theta, &ctx) != PULSE_OK ||
       pulse_loco_collab_create(&co, ctx, &c) != PULSE_OK)
@@ -571,6 +600,40 @@ static int write_report(const collab_bench *b, uint32_t last, int argc,
 
 /* ------------------------------------------------------------------ args */
 
+/* --netns NAME=ADDR,...: names of [A-Za-z0-9_.-], IPv4 addresses. */
+static int parse_netns(const char *v, collab_args *a) {
+  a->nnetns = 0;
+  while (*v) {
+    size_t n = strcspn(v, "="), k;
+    if (a->nnetns == MAXP || n == 0 || n >= sizeof a->netns[0] ||
+        v[n] != '=' ||
+        strspn(v, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                  "0123456789_.-") != n)
+      return -1;
+    memcpy(a->netns[a->nnetns], v, n);
+    a->netns[a->nnetns][n] = '\0';
+    v += n + 1;
+    k = strcspn(v, ",");
+    unsigned o[4];
+    char tail, addr[16];
+    if (k == 0 || k >= sizeof addr)
+      return -1;
+    memcpy(addr, v, k);
+    addr[k] = '\0';
+    if (sscanf(addr, "%3u.%3u.%3u.%3u%c", &o[0], &o[1], &o[2], &o[3], &tail) !=
+            4 ||
+        o[0] > 255 || o[1] > 255 || o[2] > 255 || o[3] > 255)
+      return -1;
+    snprintf(a->netns_addr[a->nnetns], sizeof a->netns_addr[0], "%u.%u.%u.%u",
+             o[0], o[1], o[2], o[3]);
+    a->nnetns++;
+    v += k;
+    if (*v == ',')
+      v++;
+  }
+  return a->nnetns > 0 ? 0 : -1;
+}
+
 static int bad(const char *what, const char *v) {
   fprintf(stderr, PROG ": %s '%s'\n", what, v ? v : "(missing)");
   return 2;
@@ -645,6 +708,13 @@ static int parse(int argc, char **argv, collab_args *a) {
         return bad("--partition-check wants rotating, full or receipts, not",
                    v);
       a->check = k;
+    } else if (strcmp(f, "--ranges") == 0) {
+      if (v == NULL || (strcmp(v, "bandwidth") && strcmp(v, "equal")))
+        return bad("--ranges wants bandwidth or equal, not", v);
+      a->equal_ranges = strcmp(v, "equal") == 0;
+    } else if (strcmp(f, "--netns") == 0) {
+      if (v == NULL || parse_netns(v, a) != 0)
+        return bad("--netns wants NAME=A.B.C.D,..., not", v);
     } else if (strcmp(f, "--clients") == 0) {
       if (!parse_u(v, 0, MAXP - 1, &x))
         return bad("--clients wants 0..31, not", v);

@@ -7,7 +7,8 @@
 # too (the leaver serves its blobs until the others are done); two client-mode
 # peers (--clients 2) contribute every round and end identical, and so does
 # a client with partitioned averaging, every round ended by the exchange;
-# bad usage (an unknown averaging or check, a bad churn event) is refused
+# bad usage (an unknown averaging or check, a bad churn event, unknown range
+# sizing, a bad --netns) is refused
 # with exit 2.
 source "$(dirname "$0")/lib/common.sh"
 BENCH="$bin/pulse-bench"
@@ -60,6 +61,10 @@ expect "rounds of three contributors ended by the exchange on all three" 3 \
 expect "unknown averaging refused" 2 "$?"
 "$BENCH" loco --target-batch 64 --averaging partitioned --partition-check sometimes > /dev/null 2>&1
 expect "unknown partition check refused" 2 "$?"
+"$BENCH" loco --target-batch 64 --averaging partitioned --ranges sometimes > /dev/null 2>&1
+expect "unknown range sizing refused" 2 "$?"
+"$BENCH" loco --target-batch 64 --netns 'bad name=10.0.0.1' > /dev/null 2>&1
+expect "bad --netns refused" 2 "$?"
 "$BENCH" loco --target-batch 64 --churn explode:3 > /dev/null 2> "$work/err3"
 expect "bad churn refused" 2 "$?"
 "$BENCH" loco --target-batch 0 > /dev/null 2>&1
