@@ -36,6 +36,12 @@
 
 uint64_t loco_collab_test_bandwidth_per_id;
 
+/* A member URL that serves (a client-mode member's is hosted, or none):
+ * only those own partitioned ranges. */
+static int serves(const char *url) {
+  return url[0] != '\0' && !loco_url_hosted(url, NULL, 0, NULL);
+}
+
 /* The download rate this peer reports (bytes/s; 0: not measured). */
 static uint64_t reported_bandwidth(const pulse_loco_collab *c) {
   if (c->opts.equal_ranges)
@@ -675,13 +681,18 @@ static pulse_status reduce_partitioned(pulse_loco_collab *c, uint64_t r,
     ids[j] = man->contrib[j].id;
     urls[j] = url_of(c, ids[j]);
     samples[j] = man->contrib[j].samples;
-    bw[j] = man->contrib[j].bandwidth;
+    /* A client-mode member owns nothing: its rate does not weigh. */
+    bw[j] = serves(urls[j]) ? man->contrib[j].bandwidth : 0;
   }
   /* Range sizes in proportion to the manifest's rates, within the plan's
    * bound (PAYLOAD.md "Collaboration"): every member reads the same
    * manifest, so every member plans the same ranges. */
-  if (st == PULSE_OK)
+  if (st == PULSE_OK) {
     pulse_loco_plan_weights(bw, C, weights);
+    for (size_t j = 0; j < C; j++)
+      if (!serves(urls[j]))
+        weights[j] = 0;
+  }
   loco_partition_in in;
   loco_partition_out out;
   memset(&in, 0, sizeof in);
@@ -727,14 +738,14 @@ static pulse_status reduce_partitioned(pulse_loco_collab *c, uint64_t r,
       owned = plan.start[self + 1] - plan.start[self];
     PULSE_LOG_AT(PULSE_LOG_DEBUG,
                  "loco collab round %" PRIu64 " partitioned (peer %u): own "
-                 "payload %"
-                 PRIu64 ", in: slices %" PRIu64 " reduced %" PRIu64
+                 "payload %" PRIu64 ", in: slices %" PRIu64 " reduced %" PRIu64
                  " checks %" PRIu64 " verdicts %" PRIu64 ", out %" PRIu64
                  "; listed at %" PRIu64 " bytes/s (measured %" PRIu64
                  "), owns %" PRIu64 " of %" PRIu64 " parameters",
                  r, c->id, out.own_payload, out.slice_bytes_in,
                  out.reduced_bytes_in, out.check_bytes_in,
-                 out.verdict_bytes_in, out.bytes_out, bw[self], c->bandwidth, owned, (uint64_t)c->ctx->n);
+                 out.verdict_bytes_in, out.bytes_out, bw[self], c->bandwidth,
+                 owned, (uint64_t)c->ctx->n);
     info->contributors = out.contributors;
     info->self_included = out.self_included;
     info->own_samples = out.self_included ? samples[self] : 0;
