@@ -14,9 +14,6 @@
 #include "pulse_loco_partition.h"
 
 #define MANIFEST_CAP ((size_t)LOCO_MAX_MEMBERS * 256u + 4096u)
-static size_t state_cap(const pulse_loco *ctx) {
-  return (size_t)(64u + 8u * ctx->n);
-}
 
 static void url_fmt(char *dst, size_t cap, const char *base, const char *fmt,
                     ...) PULSE_PRINTF_(4, 5);
@@ -235,7 +232,7 @@ pulse_status pulse_loco_collab_import(pulse_loco_collab *c, const char *base,
   pulse_bytebuf b = PULSE_BYTEBUF_INIT;
   long status = 0;
   pulse_status st =
-      loco_http_get(url, timeout_ms, state_cap(c->ctx), &b, &status);
+      loco_http_get(url, timeout_ms, loco_state_cap(c->ctx->n), &b, &status);
   if (st == PULSE_OK && status == 404) {
     /* Say where that peer is: its states are the last two rounds. */
     loco_manifest view;

@@ -613,6 +613,17 @@ static uint64_t catch_up_window(const pulse_loco_collab *c) {
                              : exchange_ms(c);
 }
 
+/* How long one try at a state may take: 500 ms to find it missing or its
+ * source gone, plus twice the state's transfer time at this peer's
+ * measured download rate (none measured yet: nothing more). A large state
+ * over a slow link is then not cut off halfway and started again. */
+static uint32_t state_try_ms(const pulse_loco_collab *c) {
+  uint64_t ms = 500;
+  if (c->bandwidth > 0)
+    ms += 2000u * (uint64_t)loco_state_cap(c->ctx->n) / c->bandwidth;
+  return ms > 600000u ? 600000u : (uint32_t)ms;
+}
+
 /* Imports the state of round `round` from the manifest's source or a
  * contributor (they all finished it). */
 static pulse_status catch_up(pulse_loco_collab *c, uint64_t round,
@@ -630,7 +641,8 @@ static pulse_status catch_up(pulse_loco_collab *c, uint64_t round,
       }
       if (base[0] == '\0' || strcmp(base, c->url) == 0)
         continue;
-      st = pulse_loco_collab_import(c, base, round, theta_r, 500);
+      st = pulse_loco_collab_import(c, base, round, theta_r,
+                                     state_try_ms(c));
       if (st == PULSE_OK)
         return st;
     }

@@ -93,10 +93,6 @@ static unsigned on_post(void *user, const char *path, const char *id_text,
 
 /* ---------------------------------------------------------------- helpers */
 
-size_t loco_node_state_cap(const pulse_loco *ctx) {
-  return (size_t)(64u + 8u * ctx->n);
-}
-
 #define MANIFEST_CAP ((size_t)LOCO_MAX_MEMBERS * 256u + 4096u)
 #define MANIFESTS_KEPT 64u
 
@@ -273,7 +269,7 @@ pulse_status loco_node_catch_up(pulse_loco_node *n, const char *coord,
       pulse_bytebuf b = PULSE_BYTEBUF_INIT;
       unsigned wait = left_ms(end);
       st =
-          loco_http_wait(url, wait < 500u ? wait : 500u, loco_node_state_cap(n->ctx), &b);
+          loco_http_wait(url, wait < 500u ? wait : 500u, loco_state_cap(n->ctx->n), &b);
       if (st == PULSE_OK) {
         n->fetched += b.size;
         st = pulse_loco_state_import(n->ctx, b.data, b.size, theta_r);

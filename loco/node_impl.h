@@ -78,7 +78,6 @@ struct pulse_loco_node {
 /* The members' helpers (node.c). */
 void loco_node_set_members(pulse_loco_node *n, const pulse_loco_member *m,
                            size_t count);
-size_t loco_node_state_cap(const pulse_loco *ctx);
 /* Publishes the context's state at /v1/loco/state/ROUND. */
 pulse_status loco_node_publish_state(pulse_loco_node *n);
 /* base URL + formatted path */

@@ -26,6 +26,12 @@ static inline size_t loco_payload_cap(uint64_t n) {
   return (size_t)(LOCO_HEADER_SIZE + 32u * chunks + 16u * n + 1024u);
 }
 
+/* The largest state (PLCS) of n parameters: a header and two FP32 vectors
+ * (PAYLOAD.md "State"). */
+static inline size_t loco_state_cap(uint64_t n) {
+  return (size_t)(64u + 8u * n);
+}
+
 /* The value model (PAYLOAD.md, "Values"). A pseudo-gradient entry is
  * s = e + (theta_g - theta_r): a difference of two nearby floats of
  * theta_g's magnitude, so s lies on theta_g's FP32 grid and its low
