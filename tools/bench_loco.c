@@ -36,6 +36,7 @@
 #include "bench_loco_drift.h"
 #include "pulse_loco.h"
 #include "toolkit_args.h"
+#include "toolkit_netns.h"
 #include "toolkit_problem.h"
 #include "toolkit_report.h"
 #include "toolkit_sim.h"
@@ -81,7 +82,7 @@ typedef struct {
   double drift_budget;
   /* --netns NAME=ADDR,...: trainer i runs in network namespace
    * netns[i % nnetns] (/run/netns/NAME) and listens on its address. */
-  char netns[8][32], netns_addr[8][16];
+  pulse_tk_netns netns[8];
   uint32_t nnetns;
   uint32_t problem;      /* PULSE_TK_PROBLEM_TEXT (default) or _TEACHER */
   const char *text_path; /* --text FILE; NULL: base-files' licences */
@@ -367,17 +368,13 @@ static int run_trainer(const loco_args *a, uint32_t id, int founder, int in_fd,
   FILE *in = fdopen(in_fd, "r");
   const char *host = NULL;
   if (a->nnetns > 0) { /* before any socket: they belong to a namespace */
-    uint32_t k = id % a->nnetns;
-    char path[64];
-    snprintf(path, sizeof path, "/run/netns/%s", a->netns[k]);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0 || setns(fd, CLONE_NEWNET) != 0) {
-      dprintf(out, "error network namespace %s: %s\n", a->netns[k],
+    const pulse_tk_netns *ns = &a->netns[id % a->nnetns];
+    if (pulse_tk_netns_enter(ns) != 0) {
+      dprintf(out, "error network namespace %s: %s\n", ns->name,
               strerror(errno));
       return 1;
     }
-    close(fd);
-    host = a->netns_addr[k];
+    host = ns->addr;
   }
   pulse_tk_problem *p = make_problem(a);
   if (in == NULL || p == NULL)
@@ -1151,42 +1148,6 @@ static int write_report(const bench *b, int argc, char **argv) {
   return 0;
 }
 
-/* --netns NAME=ADDR,...: names of [A-Za-z0-9_.-], IPv4 addresses. */
-static int parse_netns(const char *v, loco_args *a) {
-  a->nnetns = 0;
-  while (*v) {
-    if (a->nnetns == 8)
-      return -1;
-    size_t n = strcspn(v, "="), k;
-    if (n == 0 || n >= sizeof a->netns[0] || v[n] != '=' ||
-        strspn(v, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
-                  "0123456789_.-") != n)
-      return -1;
-    memcpy(a->netns[a->nnetns], v, n);
-    a->netns[a->nnetns][n] = '\0';
-    v += n + 1;
-    k = strcspn(v, ",");
-    unsigned o[4];
-    char tail;
-    char addr[16];
-    if (k == 0 || k >= sizeof addr)
-      return -1;
-    memcpy(addr, v, k);
-    addr[k] = '\0';
-    if (sscanf(addr, "%3u.%3u.%3u.%3u%c", &o[0], &o[1], &o[2], &o[3], &tail) !=
-            4 ||
-        o[0] > 255 || o[1] > 255 || o[2] > 255 || o[3] > 255)
-      return -1;
-    snprintf(a->netns_addr[a->nnetns], sizeof a->netns_addr[0], "%u.%u.%u.%u",
-             o[0], o[1], o[2], o[3]);
-    a->nnetns++;
-    v += k;
-    if (*v == ',')
-      v++;
-  }
-  return a->nnetns > 0 ? 0 : -1;
-}
-
 static int parse(int argc, char **argv, loco_args *a) {
   for (int i = 1; i < argc; i++) {
     const char *arg = argv[i], *v = NULL;
@@ -1272,7 +1233,7 @@ static int parse(int argc, char **argv, loco_args *a) {
         return usage_error("--drift-budget needs a number >= 0, got '%s'",
                            m < 0 ? "" : v);
     } else if ((m = pulse_tk_opt_value(argc, argv, &i, "--netns", &v)) != 0) {
-      if (m < 0 || parse_netns(v, a) != 0)
+      if (m < 0 || pulse_tk_netns_parse(v, a->netns, 8, &a->nnetns) != 0)
         return usage_error("--netns needs NAME=A.B.C.D[,NAME=A.B.C.D...] (at "
                            "most 8), got '%s'",
                            m < 0 ? "" : v);
@@ -1406,7 +1367,7 @@ int bench_loco_main(int argc, char **argv) {
   memset(&b, 0, sizeof b);
   b.a = (loco_args){3,    50, 20, 2000, 70000, 1, 0.0, 0.0, PULSE_LOCO_RULE_DROP,
                     -1,   -1, 0,  0,    NULL,  PULSE_LOCO_TRANSPORT_HTTP,
-                    0.0, 1,  0.01, {{0}}, {{0}}, 0, PULSE_TK_PROBLEM_TEXT,
+                    0.0, 1,  0.01, {{{0}, {0}}}, 0, PULSE_TK_PROBLEM_TEXT,
                     NULL, 0, {NULL}, {{0, {0}}}, 0};
   int rc = parse(argc, argv, &b.a);
   if (rc >= 0)

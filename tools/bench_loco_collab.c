@@ -30,6 +30,7 @@
 #include "bench_impl.h"
 #include "pulse_loco.h"
 #include "pulse_loco_collab.h"
+#include "toolkit_netns.h"
 #include "toolkit_problem.h"
 #include "toolkit_report.h"
 #include "toolkit_time.h"
@@ -61,7 +62,7 @@ typedef struct {
   int equal_ranges; /* --ranges equal */
   /* --netns NAME=ADDR,...: peer i runs in network namespace
    * netns[(i - 1) % nnetns] (/run/netns/NAME) and listens on ADDR. */
-  char netns[MAXP][32], netns_addr[MAXP][16];
+  pulse_tk_netns netns[MAXP];
   uint32_t nnetns;
 } collab_args;
 
@@ -146,14 +147,10 @@ static int run_peer(const collab_args *a, uint32_t id, double speed,
                     const char *client_of, int in, int out) {
   const char *host = NULL;
   if (a->nnetns > 0) { /* before any socket: they belong to a namespace */
-    uint32_t k = (id - 1) % a->nnetns;
-    char path[64];
-    snprintf(path, sizeof path, "/run/netns/%s", a->netns[k]);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0 || setns(fd, CLONE_NEWNET) != 0)
+    const pulse_tk_netns *ns = &a->netns[(id - 1) % a->nnetns];
+    if (pulse_tk_netns_enter(ns) != 0)
       return peer_fail(out, "network namespace");
-    close(fd);
-    host = a->netns_addr[k];
+    host = ns->addr;
   }
   FILE *fin = fdopen(in, "r");
   pulse_tk_problem *p = make_problem(a);
@@ -600,40 +597,6 @@ static int write_report(const collab_bench *b, uint32_t last, int argc,
 
 /* ------------------------------------------------------------------ args */
 
-/* --netns NAME=ADDR,...: names of [A-Za-z0-9_.-], IPv4 addresses. */
-static int parse_netns(const char *v, collab_args *a) {
-  a->nnetns = 0;
-  while (*v) {
-    size_t n = strcspn(v, "="), k;
-    if (a->nnetns == MAXP || n == 0 || n >= sizeof a->netns[0] ||
-        v[n] != '=' ||
-        strspn(v, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
-                  "0123456789_.-") != n)
-      return -1;
-    memcpy(a->netns[a->nnetns], v, n);
-    a->netns[a->nnetns][n] = '\0';
-    v += n + 1;
-    k = strcspn(v, ",");
-    unsigned o[4];
-    char tail, addr[16];
-    if (k == 0 || k >= sizeof addr)
-      return -1;
-    memcpy(addr, v, k);
-    addr[k] = '\0';
-    if (sscanf(addr, "%3u.%3u.%3u.%3u%c", &o[0], &o[1], &o[2], &o[3], &tail) !=
-            4 ||
-        o[0] > 255 || o[1] > 255 || o[2] > 255 || o[3] > 255)
-      return -1;
-    snprintf(a->netns_addr[a->nnetns], sizeof a->netns_addr[0], "%u.%u.%u.%u",
-             o[0], o[1], o[2], o[3]);
-    a->nnetns++;
-    v += k;
-    if (*v == ',')
-      v++;
-  }
-  return a->nnetns > 0 ? 0 : -1;
-}
-
 static int bad(const char *what, const char *v) {
   fprintf(stderr, PROG ": %s '%s'\n", what, v ? v : "(missing)");
   return 2;
@@ -713,7 +676,7 @@ static int parse(int argc, char **argv, collab_args *a) {
         return bad("--ranges wants bandwidth or equal, not", v);
       a->equal_ranges = strcmp(v, "equal") == 0;
     } else if (strcmp(f, "--netns") == 0) {
-      if (v == NULL || parse_netns(v, a) != 0)
+      if (v == NULL || pulse_tk_netns_parse(v, a->netns, MAXP, &a->nnetns) != 0)
         return bad("--netns wants NAME=A.B.C.D,..., not", v);
     } else if (strcmp(f, "--clients") == 0) {
       if (!parse_u(v, 0, MAXP - 1, &x))
