@@ -68,12 +68,9 @@ static void pt_replay(uint64_t bw_per_id) {
   for (size_t i = 0; i < PT_PEERS; i++)
     ct_hello(&ks[i]);
   ct_start(ks, PT_PEERS);
-  static ct_round row[PT_PEERS][PT_ROUNDS];
-  static int part[PT_PEERS][PT_ROUNDS];
-  uint64_t final_digest[PT_PEERS];
-  for (size_t i = 0; i < PT_PEERS; i++) {
-    pt_read_rounds(&ks[i], PT_ROUNDS, row[i], part[i], &final_digest[i]);
-  }
+  static ct_log log;
+  memset(&log, 0, sizeof log);
+  ct_collect(ks, PT_PEERS, &log, NULL, NULL);
   for (uint64_t r = 0; bw_per_id > 0 && r < PT_ROUNDS; r++) {
     /* Every peer holds the same manifest; the one of the last peer serves. */
     loco_manifest m;
@@ -108,93 +105,24 @@ static void pt_replay(uint64_t bw_per_id) {
   ct_quit(ks, PT_PEERS);
   loco_collab_test_bandwidth_per_id = 0;
 
-  /* The replay: same start, same steps, all-to-all finish. */
-  pulse_loco *ctx[PT_PEERS];
-  float *theta[PT_PEERS];
-  ct_step_state st[PT_PEERS];
-  for (uint32_t i = 0; i < PT_PEERS; i++) {
-    pulse_loco_opts o = PULSE_LOCO_OPTS_INIT;
-    o.param_count = CT_P;
-    o.trainer_id = i + 1;
-    o.rule = PULSE_LOCO_RULE_KEEP;
-    o.chunk_log2 = 10;
-    theta[i] = calloc(CT_P, sizeof *theta[i]);
-    cr_assert_not_null(theta[i]);
-    for (uint64_t p = 0; p < CT_P; p++)
-      theta[i][p] = (float)((double)((p * 37u) % 101u) / 50.0 - 1.0);
-    cr_assert_eq(pulse_loco_create(&o, theta[i], &ctx[i]), PULSE_OK);
-    st[i] = (ct_step_state){i + 1, 0};
-  }
+  /* A clean run: every peer that stepped is in the round, finished by
+   * the exchange (not the all-to-all fallback); then the replay: same
+   * start, same steps, all-to-all finish, the same bits every round. */
   for (uint64_t r = 0; r < PT_ROUNDS; r++) {
-    pulse_loco_contribution set[PT_PEERS];
-    size_t n = 0;
+    size_t stepped = 0;
     for (size_t i = 0; i < PT_PEERS; i++) {
-      const ct_round *x = &row[i][r];
-      /* A clean run: every peer that stepped is in the round; one that
-       * did not step imports the state of r + 1. */
-      cr_assert_eq(x->own % step, 0);
-      cr_assert_eq(x->resynced, x->own == 0, "round %llu: peer %zu",
-                   (unsigned long long)r, i);
-      if (x->own == 0)
+      if (log.row[i][r].own == 0)
         continue;
-      cr_assert(x->included);
-      /* Not the all-to-all fallback: the exchange did the finish. */
-      cr_assert(part[i][r], "round %llu: peer %zu finished all-to-all",
+      stepped++;
+      cr_assert(log.partitioned[i][r],
+                "round %llu: peer %zu finished all-to-all",
                 (unsigned long long)r, i);
-      for (uint64_t s = 0; s < x->own / step; s++)
-        ct_step(&st[i], theta[i], step);
-      const uint8_t *data;
-      size_t size;
-      cr_assert_eq(pulse_loco_prepare(ctx[i], theta[i], x->own, 0, &data,
-                                      &size, NULL),
-                   PULSE_OK);
-      set[n++] = (pulse_loco_contribution){data, size};
     }
-    cr_assert_gt(n, 1, "round %llu: one contributor proves nothing",
-                 (unsigned long long)r);
-    cr_assert_eq(row[0][r].contrib, n);
-    /* Every payload prepared before the first finish (they are borrowed
-     * until then): copy them, then finish each context. */
-    uint8_t *copy[PT_PEERS];
-    for (size_t j = 0; j < n; j++) {
-      copy[j] = malloc(set[j].size);
-      cr_assert_not_null(copy[j]);
-      memcpy(copy[j], set[j].data, set[j].size);
-      set[j].data = copy[j];
-    }
-    uint64_t want = 0;
-    size_t done_by = 0;
-    for (size_t i = 0; i < PT_PEERS; i++)
-      if (row[i][r].own > 0) {
-        cr_assert_eq(pulse_loco_finish(ctx[i], set, n, theta[i], NULL),
-                     PULSE_OK);
-        want = pulse_loco_global_digest(ctx[i]);
-        done_by = i;
-      }
-    /* A member without a payload imports the state (keeps its e). */
-    for (size_t i = 0; i < PT_PEERS; i++)
-      if (row[i][r].own == 0) {
-        pulse_buffer b = {0};
-        cr_assert_eq(pulse_loco_state_export(ctx[done_by], &b), PULSE_OK);
-        cr_assert_eq(pulse_loco_state_import(ctx[i], b.data, b.size,
-                                             theta[i]),
-                     PULSE_OK);
-        pulse_buffer_free(&b);
-      }
-    for (size_t j = 0; j < n; j++)
-      free(copy[j]);
-    for (size_t i = 0; i < PT_PEERS; i++)
-      cr_assert_eq(row[i][r].digest, want,
-                   "round %llu: peer %zu has %016llx, all-to-all %016llx",
-                   (unsigned long long)r, i,
-                   (unsigned long long)row[i][r].digest,
-                   (unsigned long long)want);
+    cr_assert_eq(log.row[0][r].contrib, stepped);
   }
-  for (size_t i = 0; i < PT_PEERS; i++) {
-    cr_assert_eq(final_digest[i], final_digest[0]);
-    pulse_loco_free(ctx[i]);
-    free(theta[i]);
-  }
+  for (size_t i = 0; i < PT_PEERS; i++)
+    cr_assert_eq(log.final_digest[i], log.final_digest[0]);
+  ct_replay_all_to_all(&log, PT_PEERS, PT_ROUNDS, step);
 }
 
 Test(collab_partition, equals_an_all_to_all_replay_bit_for_bit,
