@@ -68,8 +68,16 @@ awk -v x="$(json_val "$l" update_bias)" 'BEGIN { exit !(x > 0.9 && x < 1.1) }' |
 # The drift over all pairs, read from every trainer's replica before its
 # re-sync, is the replay's (the same rounds in one process), every round.
 [ "$(json_val "$l" drift_rounds_measured)" = 6 ] || fail "pairwise drift measured in $(json_val "$l" drift_rounds_measured) of 6 rounds"
-[ "$(json_val "$l" max_drift)" = "$(json_val "$l" max_replay_drift)" ] ||
-  fail "pairwise drift $(json_val "$l" max_drift) != the replay's $(json_val "$l" max_replay_drift)"
+# The replay loses exactly the injected datagrams; a datagram the machine
+# itself lost (a full socket buffer under load: chunks accepted short of
+# those sent) makes other replicas, so the comparison holds only without.
+accepted=$(json_val "$l" chunks_accepted)
+if [ "$accepted" = "$sent" ]; then
+  [ "$(json_val "$l" max_drift)" = "$(json_val "$l" max_replay_drift)" ] ||
+    fail "pairwise drift $(json_val "$l" max_drift) != the replay's $(json_val "$l" max_replay_drift)"
+else
+  echo "loco_udp: $accepted of $sent datagrams accepted (the machine lost some): drift not compared with the replay's" >&2
+fi
 awk -v p="$(json_val "$l" max_drift)" -v r="$(json_val "$l" max_ref_drift)" 'BEGIN { exit !(p >= 0.999 * r && r > 0) }' ||
   fail "pairwise drift $(json_val "$l" max_drift) below the drift against the reference $(json_val "$l" max_ref_drift)"
 [ "$(json_val "$l" resynced_ranges)" -gt 0 ] || fail "loss but nothing re-synced"
