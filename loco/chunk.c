@@ -521,6 +521,10 @@ pulse_status pulse_loco_finish_inbox(pulse_loco *ctx, pulse_loco_inbox *in,
                       "which of its ranges arrived (a manifest per range): "
                       "only the drop rule aggregates chunks",
                       pulse_loco_rule_name(ctx->opts.rule));
+  if (ctx->opts.gate_mean)
+    return pulse_fail(PULSE_ERR_UNSUPPORTED,
+                      "loco inbox: the mean gate (gate_mean) is not "
+                      "implemented for chunks over datagrams");
   uint64_t P = ctx->n, cells = in->cells;
   double *acc = calloc((size_t)P, sizeof *acc);
   double *weight = calloc((size_t)cells, sizeof *weight);
@@ -579,7 +583,7 @@ pulse_status pulse_loco_finish_inbox(pulse_loco *ctx, pulse_loco_inbox *in,
   /* The outer step and the drop rule (this trainer's payload counts as
    * included: what was sent is gone from e, arrived or not), as every
    * finish does. */
-  pulse_loco_conclude_(ctx, avg, NULL, 0.0, 1, theta_r);
+  pulse_loco_conclude_(ctx, avg, NULL, 0.0, NULL, 1, theta_r);
   free(avg);
   return PULSE_OK;
 }

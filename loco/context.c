@@ -33,15 +33,19 @@ pulse_status pulse_loco_create(const pulse_loco_opts *opts,
       opts->struct_version > PULSE_LOCO_OPTS_VERSION)
     return pulse_fail(PULSE_ERR_ARG,
                       "loco: options missing or of another version");
-  /* A version 1 struct ends before `rule`: read only what it has. */
+  /* A version 1 struct ends before `rule`, a version 2 one before
+   * `gate_mean`: read only what it has (the rest: defaults). */
   pulse_loco_opts o;
+  memset(&o, 0, sizeof o);
   if (opts->struct_version == 1) {
-    memset(&o, 0, sizeof o);
     memcpy(&o, opts, offsetof(pulse_loco_opts, rule));
     o.rule = PULSE_LOCO_RULE_DROP;
+  } else if (opts->struct_version == 2) {
+    memcpy(&o, opts, offsetof(pulse_loco_opts, gate_mean));
   } else {
     o = *opts;
   }
+  o.gate_mean = o.gate_mean != 0;
   opts = &o;
   if (opts->param_count == 0 || opts->param_count > PULSE_LOCO_MAX_PARAMS)
     return pulse_fail(PULSE_ERR_ARG, "loco: %llu parameters",
@@ -294,14 +298,43 @@ float pulse_loco_mean_(double acc, double wsum) {
   return (float)(acc / wsum);
 }
 
+float pulse_loco_gate_mean_(const pulse_loco *ctx, float theta_g, float mean,
+                            int exempt) {
+  if (!ctx->opts.gate_mean || exempt || pulse_loco_gate(theta_g, mean))
+    return mean;
+  return 0.0f;
+}
+
+/* The mean applied to element i: avg[i] as given (already final: a range
+ * owner gated it), or the mean of acc[i] through the mean gate. */
+static float applied_mean(const pulse_loco *ctx, const float *avg,
+                          const double *acc, double wsum,
+                          const uint8_t *exempt, uint64_t i) {
+  if (avg)
+    return avg[i];
+  return pulse_loco_gate_mean_(ctx, ctx->theta_g[i],
+                               pulse_loco_mean_(acc[i], wsum),
+                               exempt != NULL && exempt[i]);
+}
+
 void pulse_loco_conclude_(pulse_loco *ctx, const float *avg, const double *acc,
-                          double wsum, int self_included, float *theta_r) {
+                          double wsum, const uint8_t *exempt, int self_included,
+                          float *theta_r) {
   float alpha = ctx->opts.alpha, mu = ctx->opts.mu;
-  for (uint64_t i = 0; i < ctx->n; i++) {
-    float a = avg ? avg[i] : pulse_loco_mean_(acc[i], wsum);
-    pulse_loco_outer(&ctx->theta_g[i], &ctx->b[i], a, alpha, mu);
-  }
   keep_residual(ctx, self_included);
+  /* Under gate_mean an element whose mean the gate rejected gets 0 (and 0
+   * never passes the gate, so 0 means rejected): this trainer's entries
+   * sent there were not applied, so they stay in e, deferred. Decided on
+   * theta_g before the step changes it, as the gate itself was. */
+  if (ctx->opts.gate_mean && self_included)
+    for (uint64_t j = 0; j < ctx->sent_count; j++) {
+      uint64_t p = ctx->sent_pos[j];
+      if (applied_mean(ctx, avg, acc, wsum, exempt, p) == 0.0f)
+        ctx->e[p] = ctx->s[p];
+    }
+  for (uint64_t i = 0; i < ctx->n; i++)
+    pulse_loco_outer(&ctx->theta_g[i], &ctx->b[i],
+                     applied_mean(ctx, avg, acc, wsum, exempt, i), alpha, mu);
   ctx->round++;
   pulse_loco_refresh_(ctx);
   pulse_loco_drop_round_(ctx);
@@ -378,6 +411,20 @@ pulse_status pulse_loco_finish(pulse_loco *ctx,
     for (uint64_t j = 0; j < d[i].e.count; j++)
       acc[d[i].e.pos[j]] += w * (double)d[i].e.val[j];
   }
+  /* A leaving sender's flush is applied whole (nothing of it may wait in an
+   * error feedback that leaves with it): the mean gate spares every
+   * element it sent. */
+  uint8_t *exempt = NULL;
+  for (size_t i = 0; i < count && ctx->opts.gate_mean; i++)
+    if (d[i].h.flags & PULSE_LOCO_PAYLOAD_LEAVING) {
+      if (exempt == NULL && (exempt = calloc((size_t)ctx->n, 1)) == NULL) {
+        st = pulse_fail(PULSE_ERR_NOMEM, "loco finish: %llu parameters",
+                        (unsigned long long)ctx->n);
+        goto done;
+      }
+      for (uint64_t j = 0; j < d[i].e.count; j++)
+        exempt[d[i].e.pos[j]] = 1;
+    }
   double wsum = pulse_loco_denominator_(ctx, weight, count);
   if (info) {
     info->round = ctx->round;
@@ -386,7 +433,8 @@ pulse_status pulse_loco_finish(pulse_loco *ctx,
     info->samples = weight;
     info->entries = entries;
   }
-  pulse_loco_conclude_(ctx, NULL, acc, wsum, self_included, theta_r);
+  pulse_loco_conclude_(ctx, NULL, acc, wsum, exempt, self_included, theta_r);
+  free(exempt);
 done:
   if (d)
     for (size_t i = 0; i < count; i++)

@@ -54,11 +54,21 @@ double pulse_loco_denominator_(const pulse_loco *ctx, uint64_t weight,
  * it, so they give the same bits. */
 float pulse_loco_mean_(double acc, double wsum);
 
+/* The mean gate (pulse_loco_opts.gate_mean, PAYLOAD.md "The round"): the
+ * mean itself when the option is off, when `exempt` (an element a leaving
+ * sender flushed) or when it passes pulse_loco_gate on theta_g; else 0. */
+float pulse_loco_gate_mean_(const pulse_loco *ctx, float theta_g, float mean,
+                            int exempt);
+
 /* The end of every finish: the Nesterov step on every element with
- * avg[i] (or, when avg is NULL, pulse_loco_mean_(acc[i], wsum)), the error
- * feedback rule, round + 1, theta_r = theta_g (theta_r may be NULL). */
+ * avg[i] as given (final: under gate_mean already gated, as a range owner
+ * writes it) or, when avg is NULL, pulse_loco_gate_mean_ of
+ * pulse_loco_mean_(acc[i], wsum) (exempt: NULL or one byte per element);
+ * the error feedback rule, under gate_mean with this trainer's rejected
+ * sent entries kept; round + 1, theta_r = theta_g (theta_r may be NULL). */
 void pulse_loco_conclude_(pulse_loco *ctx, const float *avg, const double *acc,
-                          double wsum, int self_included, float *theta_r);
+                          double wsum, const uint8_t *exempt, int self_included,
+                          float *theta_r);
 
 /* An inbox's senders (the others), how many were heard from (a chunk
  * kept) and how many sent every cell (PAYLOAD.md "Exchange over

@@ -147,10 +147,10 @@ pulse_status pulse_loco_node_create(const pulse_loco_node_opts *opts,
        opts->resync_range == 0 ||
        opts->resync_range % PULSE_LOCO_CHUNK_CELL != 0 ||
        opts->resync_period == 0 || !(opts->drift_budget >= 0.0) ||
-       ctx->opts.rule != PULSE_LOCO_RULE_DROP))
+       ctx->opts.rule != PULSE_LOCO_RULE_DROP || ctx->opts.gate_mean))
     return pulse_fail(PULSE_ERR_ARG,
                       "loco node: bad UDP options (datagram %zu..%u bytes, "
-                      "ranges of whole cells, the drop rule)",
+                      "ranges of whole cells, the drop rule, no gate_mean)",
                       pulse_loco_chunk_bound(), LOCO_UDP_MAX);
   pulse_loco_node *n = calloc(1, sizeof *n);
   if (n == NULL)

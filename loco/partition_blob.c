@@ -87,7 +87,8 @@ pulse_status loco_reduced_encode(const pulse_loco *ctx,
   pulse_bytebuf_u32(&b, LOCO_REDUCED_MAGIC);
   pulse_bytebuf_byte(&b, PULSE_LOCO_REDUCED_VERSION);
   pulse_bytebuf_byte(&b, (uint8_t)q);
-  pulse_bytebuf_u16(&b, 0);
+  pulse_bytebuf_byte(&b, ctx->opts.gate_mean ? LOCO_REDUCED_GATED_MEANS : 0);
+  pulse_bytebuf_byte(&b, 0);
   pulse_bytebuf_u32(&b, head->owner);
   pulse_bytebuf_u32(&b, head->members);
   pulse_bytebuf_u64(&b, head->round);
@@ -141,7 +142,8 @@ pulse_status pulse_loco_reduced_decode(const pulse_loco *ctx,
   pulse_loco_reduced d = PULSE_LOCO_REDUCED_INIT;
   unsigned version = pulse_reader_u8(&r);
   unsigned q = pulse_reader_u8(&r);
-  uint64_t reserved = pulse_reader_le(&r, 2);
+  unsigned flags = pulse_reader_u8(&r);
+  uint64_t reserved = pulse_reader_u8(&r);
   d.owner = (uint32_t)pulse_reader_le(&r, 4);
   d.members = (uint32_t)pulse_reader_le(&r, 4);
   d.round = pulse_reader_le(&r, 8);
@@ -153,9 +155,18 @@ pulse_status pulse_loco_reduced_decode(const pulse_loco *ctx,
   reserved |= pulse_reader_le(&r, 4);
   if (version != PULSE_LOCO_REDUCED_VERSION)
     return pulse_fail(PULSE_ERR_VERSION, "loco reduced: version %u", version);
-  if (reserved != 0 || q > LOCO_REDUCED_MAX_SCALE)
+  if (reserved != 0 || q > LOCO_REDUCED_MAX_SCALE ||
+      (flags & ~LOCO_REDUCED_GATED_MEANS) != 0)
     return pulse_fail(PULSE_ERR_CORRUPT,
-                      "loco reduced: reserved bits set or scale %u", q);
+                      "loco reduced: reserved bits set, flags 0x%x or scale "
+                      "%u",
+                      flags, q);
+  if ((flags & LOCO_REDUCED_GATED_MEANS) != (ctx->opts.gate_mean ? 1u : 0u))
+    return pulse_fail(PULSE_ERR_CORRUPT,
+                      "loco reduced: the means are %sgated, this trainer's "
+                      "gate_mean is %s (every trainer must use the same "
+                      "setting)",
+                      flags ? "" : "not ", ctx->opts.gate_mean ? "on" : "off");
   if (d.param_count != ctx->n)
     return pulse_fail(PULSE_ERR_SIZE_MISMATCH,
                       "loco reduced: %llu parameters, this trainer has %llu",

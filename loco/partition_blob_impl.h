@@ -10,6 +10,9 @@
 #define LOCO_REDUCED_HEADER 64u
 #define LOCO_REDUCED_RECEIPT 28u
 #define LOCO_REDUCED_MAX_SCALE 30u /* the averages' scale q, at most */
+/* Flags (byte 6): the owner wrote only the means that pass the mean gate
+ * (pulse_loco_opts.gate_mean); a reader with the other setting refuses. */
+#define LOCO_REDUCED_GATED_MEANS 1u
 
 /* The fixed fields of a blob. */
 typedef struct {

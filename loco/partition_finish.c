@@ -108,7 +108,10 @@ pulse_status pulse_loco_finish_reduced(pulse_loco *ctx,
     info->samples = weight;
     info->entries = entries;
   }
-  pulse_loco_conclude_(ctx, avg, NULL, 0.0, self >= 0, theta_r);
+  /* Under gate_mean the owners wrote only the means that passed the gate
+   * (and a leaving sender's elements): the rest are +0.0 here, rejected,
+   * as pulse_loco_finish's gate makes them. */
+  pulse_loco_conclude_(ctx, avg, NULL, 0.0, NULL, self >= 0, theta_r);
 done:
   for (uint32_t k = 0; red && k < N; k++)
     pulse_loco_reduced_free(&red[k]);

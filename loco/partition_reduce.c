@@ -90,6 +90,7 @@ struct pulse_loco_reducer {
   uint64_t start, end;
   uint64_t *expected; /* NULL: any samples */
   uint8_t *have;
+  uint8_t *leaving; /* the contributor's payload is its flush */
   uint64_t *samples;
   pulse_loco_entries *parts; /* each contributor's entries in the range */
 };
@@ -99,7 +100,8 @@ void pulse_loco_reducer_free(pulse_loco_reducer *r) {
     return;
   for (uint32_t i = 0; r->parts && i < r->plan.count; i++)
     pulse_loco_entries_free(&r->parts[i]);
-  free(r->parts), free(r->have), free(r->samples), free(r->expected);
+  free(r->parts), free(r->have), free(r->leaving), free(r->samples),
+      free(r->expected);
   free(r);
 }
 
@@ -124,6 +126,7 @@ pulse_status pulse_loco_reducer_create(const pulse_loco *ctx,
   r->start = plan->start[k], r->end = plan->start[k + 1];
   size_t n = plan->count;
   r->have = calloc(n, 1);
+  r->leaving = calloc(n, 1);
   r->samples = calloc(n, sizeof *r->samples);
   r->parts = calloc(n, sizeof *r->parts);
   if (expected_samples) {
@@ -131,7 +134,7 @@ pulse_status pulse_loco_reducer_create(const pulse_loco *ctx,
     if (r->expected)
       memcpy(r->expected, expected_samples, n * sizeof *r->expected);
   }
-  if (!r->have || !r->samples || !r->parts ||
+  if (!r->have || !r->leaving || !r->samples || !r->parts ||
       (expected_samples && !r->expected)) {
     pulse_loco_reducer_free(r);
     return pulse_fail(PULSE_ERR_NOMEM, "loco reducer");
@@ -170,6 +173,7 @@ pulse_status pulse_loco_reducer_add(pulse_loco_reducer *r, const uint8_t *data,
   e.count = b - a;
   r->parts[i] = e;
   r->samples[i] = h.samples;
+  r->leaving[i] = (h.flags & PULSE_LOCO_PAYLOAD_LEAVING) != 0;
   r->have[i] = 1;
   return PULSE_OK;
 }
@@ -216,7 +220,7 @@ pulse_status pulse_loco_reducer_finish(pulse_loco_reducer *r,
       uint64_t p = r->parts[i].pos[j] - r->start;
       acc[p] += w * (double)r->parts[i].val[j];
       k += !touched[p];
-      touched[p] = 1;
+      touched[p] |= 1u | (r->leaving[i] ? 2u : 0u);
     }
   }
   pos = malloc((size_t)k * sizeof *pos + 8);
@@ -226,12 +230,24 @@ pulse_status pulse_loco_reducer_finish(pulse_loco_reducer *r,
                     (unsigned long long)k);
     goto done;
   }
+  /* Under gate_mean only the means that pass the gate on theta_g, and
+   * every element a leaving sender flushed (pulse_loco_finish's rule, bit
+   * for bit): a rejected mean is +0.0 at the reader, as in
+   * pulse_loco_finish. */
   double wsum = pulse_loco_denominator_(ctx, weight, N);
-  for (uint64_t p = 0, j = 0; p < len; p++)
+  uint64_t kept = 0;
+  for (uint64_t p = 0; p < len; p++)
     if (touched[p]) {
-      pos[j] = r->start + p;
-      val[j++] = pulse_loco_mean_(acc[p], wsum);
+      uint64_t at = r->start + p;
+      int exempt = (touched[p] & 2u) != 0;
+      float m = pulse_loco_gate_mean_(ctx, ctx->theta_g[at],
+                                      pulse_loco_mean_(acc[p], wsum), exempt);
+      if (ctx->opts.gate_mean && !exempt && m == 0.0f)
+        continue;
+      pos[kept] = at;
+      val[kept++] = m;
     }
+  k = kept;
   loco_reduced_head head;
   memset(&head, 0, sizeof head);
   head.owner = r->plan.ids[r->k];

@@ -100,15 +100,27 @@ typedef struct {
   uint32_t chunk_log2; /* payload chunk = 2^chunk_log2 parameters, 10..30 */
   /* Version 2: the loss rule (version 1 callers get the default). */
   pulse_loco_rule rule;
+  /* Version 3 (older callers get 0, off): non-zero gates the round's mean
+   * as a payload's entries are gated. The outer step applies only the
+   * entries of the mean that would move bf16(theta_g) (pulse_loco_gate on
+   * theta_g and the mean); elsewhere it applies 0, and every contributor
+   * whose payload is in the set keeps the entries it sent there in its
+   * error feedback (e = s: deferred, not lost). Partitioned, the reduced
+   * ranges then carry only those entries (fewer bytes in: PAYLOAD.md "The
+   * round", "Reduced range"). Every trainer of a run must use the same
+   * setting: a reduced range of the other setting is refused; all-to-all
+   * cannot tell, and the trainers' theta_g part (the next round's
+   * payloads are then refused for their base digest). */
+  int gate_mean;
 } pulse_loco_opts;
 
-#define PULSE_LOCO_OPTS_VERSION 2u
+#define PULSE_LOCO_OPTS_VERSION 3u
 #define PULSE_LOCO_MAX_PARAMS (1ull << 36)
 #define PULSE_LOCO_OPTS_INIT                                                   \
   {                                                                            \
     PULSE_LOCO_OPTS_VERSION, 0, 0, 0.7f, 0.9f, PULSE_LOCO_GATE_BF16,           \
         PULSE_LOCO_VALUES_MODELED, PULSE_LOCO_POS_AUTO, 20,                    \
-        PULSE_LOCO_RULE_DROP                                                   \
+        PULSE_LOCO_RULE_DROP, 0                                                \
   }
 
 /** The rule's name ("drop", "keep", "legacy") and back.

@@ -219,3 +219,101 @@ Test(loco, non_finite_pseudo_gradient_is_refused) {
                PULSE_OK);
   pulse_loco_free(ctx);
 }
+
+/* The mean gate (pulse_loco_opts.gate_mean, PAYLOAD.md "The round"): the
+ * step applies a mean only where it passes the gate on theta_g; where it
+ * does not, nothing moves and every contributor keeps what it sent there
+ * in e. theta_g = 1 everywhere: bf16 moves down from 1 at |s| > 2^-9,
+ * up at s < -2^-8. Two trainers of one sample each:
+ *   element 0: 0.003 and nothing:    mean 0.0015, below the gate
+ *   element 1: 0.003 and 0.003:      mean 0.003, passes
+ *   element 2: 0.001 each, unsent:   mean 0
+ *   element 3: 0.003 and -0.005:     mean -0.001, below the gate
+ * Off, every sent entry is applied and cleared from e, as before. With a
+ * leaving trainer 0 (its flush ungated), its elements are applied whole. */
+static void gate_mean_round(int gate_mean, int leaving, uint32_t version,
+                            pulse_loco *t[2], float s[2][4]) {
+  static const float theta[4] = {1.0f, 1.0f, 1.0f, 1.0f};
+  static const float step[2][4] = {{0.003f, 0.003f, 0.001f, 0.003f},
+                                   {0.0f, 0.003f, 0.001f, -0.005f}};
+  pulse_loco_contribution set[2];
+  for (uint32_t i = 0; i < 2; i++) {
+    pulse_loco_opts o = PULSE_LOCO_OPTS_INIT;
+    o.param_count = 4;
+    o.trainer_id = i;
+    o.gate_mean = gate_mean;
+    o.struct_version = version;
+    cr_assert_eq(pulse_loco_create(&o, theta, &t[i]), PULSE_OK);
+    float local[4];
+    for (int j = 0; j < 4; j++) {
+      local[j] = theta[j] - step[i][j];
+      s[i][j] = theta[j] - local[j];
+    }
+    const uint8_t *p;
+    size_t n;
+    uint32_t flags = leaving && i == 0 ? PULSE_LOCO_LEAVING : 0;
+    cr_assert_eq(pulse_loco_prepare(t[i], local, 1, flags, &p, &n, NULL),
+                 PULSE_OK);
+    set[i] = (pulse_loco_contribution){malloc(n), n};
+    memcpy((void *)set[i].data, p, n);
+  }
+  for (uint32_t i = 0; i < 2; i++)
+    cr_assert_eq(pulse_loco_finish(t[i], set, 2, NULL, NULL), PULSE_OK, "%s",
+                 pulse_error_detail());
+  for (uint32_t i = 0; i < 2; i++)
+    free((void *)set[i].data);
+  cr_assert_eq(pulse_loco_global_digest(t[0]), pulse_loco_global_digest(t[1]));
+}
+
+Test(loco, gate_mean_applies_visible_means_and_defers_the_rest) {
+  pulse_loco *t[2];
+  float s[2][4];
+  /* On: elements 0 and 3 stay, their senders keep what they sent. */
+  gate_mean_round(1, 0, 3, t, s);
+  const float *g = pulse_loco_global(t[0]);
+  cr_assert(g[0] == 1.0f && g[2] == 1.0f && g[3] == 1.0f,
+            "rejected means applied: %a %a %a", g[0], g[2], g[3]);
+  cr_assert(g[1] < 1.0f, "the visible mean applied");
+  for (uint32_t i = 0; i < 2; i++) {
+    const float *e = pulse_loco_residual(t[i]);
+    cr_assert_eq(lt_bits(e[0]), lt_bits(s[i][0]), "trainer %u element 0", i);
+    cr_assert_eq(lt_bits(e[1]), 0u, "trainer %u element 1 went", i);
+    cr_assert_eq(lt_bits(e[2]), lt_bits(s[i][2]), "unsent stays");
+    cr_assert_eq(lt_bits(e[3]), lt_bits(s[i][3]), "trainer %u element 3", i);
+    pulse_loco_free(t[i]);
+  }
+  /* Off: what was sent is applied and gone from e. */
+  gate_mean_round(0, 0, 3, t, s);
+  g = pulse_loco_global(t[0]);
+  cr_assert(g[0] < 1.0f && g[1] < 1.0f && g[3] > 1.0f && g[2] == 1.0f);
+  for (uint32_t i = 0; i < 2; i++) {
+    const float *e = pulse_loco_residual(t[i]);
+    cr_assert(e[0] == 0.0f && e[1] == 0.0f && e[3] == 0.0f);
+    cr_assert_eq(lt_bits(e[2]), lt_bits(s[i][2]));
+    pulse_loco_free(t[i]);
+  }
+  /* On, trainer 0 leaving: its flush (0, 1, 2 and 3) is applied whole. */
+  gate_mean_round(1, 1, 3, t, s);
+  g = pulse_loco_global(t[1]);
+  cr_assert(g[0] < 1.0f && g[1] < 1.0f && g[2] < 1.0f && g[3] != 1.0f);
+  const float *e = pulse_loco_residual(t[1]);
+  cr_assert(e[1] == 0.0f && e[3] == 0.0f);
+  cr_assert_eq(lt_bits(e[2]), lt_bits(s[1][2]), "trainer 1 sent no 2");
+  pulse_loco_free(t[0]);
+  pulse_loco_free(t[1]);
+}
+
+/* Older callers get the mean gate off: a version 2 struct ends before
+ * gate_mean, whatever lies behind it. */
+Test(loco, options_of_version_2_leave_the_mean_gate_off) {
+  pulse_loco_opts o = PULSE_LOCO_OPTS_INIT;
+  cr_assert_eq(o.struct_version, 3u);
+  cr_assert_eq(o.gate_mean, 0);
+  pulse_loco *t[2];
+  float s[2][4];
+  gate_mean_round(1, 0, 2, t, s);
+  cr_assert(pulse_loco_global(t[0])[0] < 1.0f, "the mean gate was on");
+  cr_assert(pulse_loco_residual(t[0])[0] == 0.0f);
+  pulse_loco_free(t[0]);
+  pulse_loco_free(t[1]);
+}

@@ -163,6 +163,8 @@ typedef struct {
   pulse_loco *part[MAX_N]; /* partitioned */
   float *theta_r[MAX_N];
   int keep; /* the keep rule (its denominator: no averages' scale) */
+  int gate_mean;
+  uint64_t deferred; /* trainer 0's sent entries kept in its e */
 } pair_run;
 
 static void run_create(pair_run *g, uint32_t n, uint64_t P, uint64_t seed,
@@ -170,6 +172,7 @@ static void run_create(pair_run *g, uint32_t n, uint64_t P, uint64_t seed,
   memset(g, 0, sizeof *g);
   g->n = n, g->P = P;
   g->keep = base->rule == PULSE_LOCO_RULE_KEEP;
+  g->gate_mean = base->gate_mean;
   float *theta = malloc(P * sizeof *theta);
   lt_fill_weights(theta, P, seed, 0.05f);
   for (uint32_t i = 0; i < n; i++) {
@@ -284,9 +287,19 @@ static void one_round(pair_run *g, const uint64_t *weights, uint64_t *rng,
       q = 0; /* one contributor of 32: W / gcd = 1 */
     cr_assert_eq(blobs[k].data[5], q, "range %u: scale %u, want %u", k,
                  blobs[k].data[5], q);
+    cr_assert_eq(blobs[k].data[6], g->gate_mean ? 1 : 0, "range %u: flags", k);
     bl[k] = (pulse_loco_contribution){blobs[k].data, blobs[k].size};
     pulse_loco_reducer_free(r);
   }
+  /* Trainer 0's sent entries, to count those it keeps after the round:
+   * the mean gate's deferred ones (none without it). */
+  pulse_loco_payload_header h0;
+  pulse_loco_entries sent0 = PULSE_LOCO_ENTRIES_INIT;
+  float *tg0 = malloc(g->P * sizeof *tg0);
+  memcpy(tg0, pulse_loco_global(g->ref[0]), g->P * sizeof *tg0);
+  cr_assert_eq(pulse_loco_payload_decode(set[0].data, set[0].size, tg0, NULL,
+                                         g->P, &h0, &sent0),
+               PULSE_OK);
   for (uint32_t i = 0; i < g->n; i++) {
     pulse_loco_finish_info a, b;
     pulse_loco_reduced_verdict v;
@@ -302,6 +315,11 @@ static void one_round(pair_run *g, const uint64_t *weights, uint64_t *rng,
     pulse_buffer_free(&blobs[k]);
     free((void *)set[k].data);
   }
+  const float *e0 = pulse_loco_residual(g->part[0]);
+  for (uint64_t j = 0; j < sent0.count; j++)
+    g->deferred += e0[sent0.pos[j]] != 0.0f;
+  pulse_loco_entries_free(&sent0);
+  free(tg0);
   for (uint32_t i = 0; i < g->n; i++) {
     cr_assert_eq(pulse_loco_round(g->ref[i]), pulse_loco_round(g->part[i]));
     assert_same_bits(pulse_loco_global(g->ref[i]),
@@ -313,9 +331,11 @@ static void one_round(pair_run *g, const uint64_t *weights, uint64_t *rng,
   }
 }
 
-static void equivalence_trials(const pulse_loco_opts *base, int trials,
-                               uint64_t seed0) {
-  uint64_t rng = seed0;
+/* Returns how many sent entries trainer 0 kept in e over the trials (the
+ * mean gate's deferred ones). */
+static uint64_t equivalence_trials(const pulse_loco_opts *base, int trials,
+                                   uint64_t seed0) {
+  uint64_t rng = seed0, deferred = 0;
   for (int t = 0; t < trials; t++) {
     uint32_t n = 1 + (uint32_t)(t % MAX_N);
     /* Small vectors give empty ranges (fewer cells than owners). */
@@ -328,13 +348,15 @@ static void equivalence_trials(const pulse_loco_opts *base, int trials,
     run_create(&g, n, P, seed0 + (uint64_t)t, base);
     for (int round = 0; round < 3; round++)
       one_round(&g, w, &rng, round == 2 && t % 2 == 1);
+    deferred += g.deferred;
     run_free(&g);
   }
+  return deferred;
 }
 
 Test(partition, equals_all_to_all_bit_for_bit, .timeout = 120) {
   pulse_loco_opts o = PULSE_LOCO_OPTS_INIT;
-  equivalence_trials(&o, 36, 11);
+  cr_assert_eq(equivalence_trials(&o, 36, 11), 0, "sent entries kept in e");
 }
 
 Test(partition, equals_all_to_all_under_other_options, .timeout = 120) {
@@ -347,6 +369,24 @@ Test(partition, equals_all_to_all_under_other_options, .timeout = 120) {
   pulse_loco_opts d = PULSE_LOCO_OPTS_INIT;
   d.gate = PULSE_LOCO_GATE_NONE; /* dense DiLoCo: every entry */
   equivalence_trials(&d, 9, 202);
+}
+
+/* The mean gate: owners write only the means that pass it (and a leaving
+ * trainer's flushed elements), the all-to-all finish gates its means; the
+ * same bits, e included (the rejected entries back in their senders' e,
+ * which happens: trainer 0 keeps some of its sent entries). Every other
+ * trial has a leaving trainer in its last round. */
+Test(partition, equals_all_to_all_with_the_mean_gate, .timeout = 120) {
+  pulse_loco_opts o = PULSE_LOCO_OPTS_INIT;
+  o.gate_mean = 1;
+  cr_assert_gt(equivalence_trials(&o, 27, 303), 0);
+  o.rule = PULSE_LOCO_RULE_KEEP;
+  o.values = PULSE_LOCO_VALUES_RAW;
+  cr_assert_gt(equivalence_trials(&o, 9, 404), 0);
+  pulse_loco_opts d = PULSE_LOCO_OPTS_INIT;
+  d.gate = PULSE_LOCO_GATE_NONE;
+  d.gate_mean = 1;
+  cr_assert_gt(equivalence_trials(&d, 9, 505), 0);
 }
 
 /* ------------------------------------------------------- bad reductions */
@@ -557,6 +597,17 @@ Test(partition, hostile_blobs_are_refused_and_change_nothing) {
   cr_assert_neq(pulse_loco_finish_reduced(s.t[0], &s.plan, sc, s.samples, NULL,
                                           NULL, NULL),
                 PULSE_OK, "a blob scaled by 2^1 accepted");
+  /* Means said gated to a trainer without the mean gate (every trainer
+   * must have the same setting), and a flag nobody knows. */
+  for (uint8_t flag = 1; flag <= 2; flag++) {
+    memcpy(longer, b->data, b->size);
+    cr_assert_eq(longer[6], 0);
+    longer[6] = flag;
+    pulse_loco_contribution gm[3] = {s.set[0], {longer, b->size}, s.set[2]};
+    cr_assert_eq(pulse_loco_finish_reduced(s.t[0], &s.plan, gm, s.samples,
+                                           NULL, NULL, NULL),
+                 PULSE_ERR_CORRUPT, "flags %u accepted", flag);
+  }
   /* A blob of another range, in the wrong place. */
   pulse_loco_contribution swapped[3] = {s.set[1], s.set[0], s.set[2]};
   cr_assert_neq(pulse_loco_finish_reduced(s.t[0], &s.plan, swapped, s.samples,
