@@ -60,6 +60,7 @@ typedef struct {
   uint32_t check;  /* --partition-check: PULSE_LOCO_COLLAB_CHECK_* */
   uint32_t clients; /* --clients K: the last K founders in client mode */
   int equal_ranges; /* --ranges equal */
+  int gate_mean;    /* --gate-mean: pulse_loco_opts.gate_mean */
   /* --netns NAME=ADDR,...: peer i runs in network namespace
    * netns[(i - 1) % nnetns] (/run/netns/NAME) and listens on ADDR. */
   pulse_tk_netns netns[MAXP];
@@ -85,6 +86,11 @@ void bench_loco_collab_usage(FILE *out) {
           "  --partition-check C  rotating (default: one range recomputed a "
           "round),\n"
           "                     full (every range every round) or receipts\n"
+          "  --gate-mean        the outer step applies only the entries of "
+          "the mean that\n"
+          "                     pass the BF16 gate (pulse_loco_opts.gate_mean; "
+          "the rest\n"
+          "                     waits in its senders' error feedback)\n"
           "  --trainers N       founding peers (default: the speeds given, "
           "else 3)\n"
           "  --clients K        the last K founders are client-mode peers "
@@ -163,6 +169,7 @@ static int run_peer(const collab_args *a, uint32_t id, double speed,
   o.param_count = P;
   o.trainer_id = id;
   o.rule = PULSE_LOCO_RULE_KEEP;
+  o.gate_mean = a->gate_mean;
   pulse_loco *ctx = NULL;
   pulse_loco_collab *c = NULL;
   peer_step st = {NULL, speed, pulse_tk_problem_batch(p)};
@@ -622,6 +629,10 @@ static int parse(int argc, char **argv, collab_args *a) {
       a->json = 1;
       continue;
     }
+    if (strcmp(f, "--gate-mean") == 0) {
+      a->gate_mean = 1;
+      continue;
+    }
     i++;
     if (strcmp(f, "--target-batch") == 0) {
       if (!parse_u(v, 1, 1ull << 40, &a->target))
@@ -799,9 +810,10 @@ int bench_loco_collab_main(int argc, char **argv) {
   if (b.a.json) {
     printf("{\"summary\":true,\"final_loss\":%.9g,\"samples\":%" PRIu64
            ",\"samples_per_s\":%.2f,\"rounds\":%u,\"wall_s\":%.3f,"
-           "\"target_batch\":%" PRIu64 ",\"identical\":%s,\"busy\":{",
+           "\"target_batch\":%" PRIu64 ",\"gate_mean\":%s,\"identical\":%s,"
+           "\"busy\":{",
            final_loss, samples, sps, last, wall, b.a.target,
-           identical ? "true" : "false");
+           b.a.gate_mean ? "true" : "false", identical ? "true" : "false");
   } else {
     printf("rounds %u  samples %" PRIu64 "  samples/s %.1f  final loss %.6f"
            "  survivors identical: %s\nbusy:",

@@ -51,6 +51,9 @@ static int ct_partitioned;
 static char ct_client_of[64];
 /* Their round timeout (0: 3000 ms). */
 static uint32_t ct_round_timeout_ms;
+/* pulse_loco_opts.gate_mean of the children spawned after it is set, and
+ * of ct_replay_all_to_all's contexts. */
+static int ct_gate_mean;
 
 typedef struct {
   pid_t pid;
@@ -102,6 +105,7 @@ static inline void ct_child_main(const ct_peer_cfg *cfg, int in, int out) {
   o.trainer_id = cfg->id;
   o.rule = PULSE_LOCO_RULE_KEEP;
   o.chunk_log2 = 10;
+  o.gate_mean = ct_gate_mean;
   float *theta = calloc(CT_P, sizeof *theta);
   for (uint64_t i = 0; i < CT_P; i++)
     theta[i] = (float)((double)((i * 37u) % 101u) / 50.0 - 1.0);
@@ -395,6 +399,7 @@ static inline void ct_replay_all_to_all(const ct_log *log, size_t n,
     o.trainer_id = (uint32_t)(i + 1);
     o.rule = PULSE_LOCO_RULE_KEEP;
     o.chunk_log2 = 10;
+    o.gate_mean = ct_gate_mean;
     theta[i] = calloc(CT_P, sizeof *theta[i]);
     cr_assert_not_null(theta[i]);
     for (uint64_t p = 0; p < CT_P; p++)

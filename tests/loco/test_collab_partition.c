@@ -130,6 +130,16 @@ Test(collab_partition, equals_an_all_to_all_replay_bit_for_bit,
   pt_replay(0);
 }
 
+/* The mean gate on every peer (pulse_loco_opts.gate_mean): the owners
+ * write only the accepted means, and the peers still equal an all-to-all
+ * replay with the gate, bit for bit. */
+Test(collab_partition, equals_an_all_to_all_replay_with_the_mean_gate,
+     .timeout = 60) {
+  ct_gate_mean = 1;
+  pt_replay(0);
+  ct_gate_mean = 0;
+}
+
 /* Peers reporting 1, 2, 3 and 4 MiB/s: ranges of 1, 3, 5 and 7 cells of
  * the 16, the same weights as all-to-all (the plan moves work, not
  * results). */
