@@ -68,7 +68,10 @@ typedef struct {
    * use the same setting. A member whose partitioned exchange fails (a
    * peer killed mid-exchange) imports the state of a member that
    * finished it, or, when none did, finishes all-to-all over the
-   * contributors that answered (PAYLOAD.md "Collaboration"). */
+   * contributors that answered (PAYLOAD.md "Collaboration"). The mean
+   * gate is the context's (pulse_loco_opts.gate_mean), either way; every
+   * member must have the same: partitioned, the reduced ranges of another
+   * setting are refused (much fewer bytes in with it: README). */
   int partitioned;
   /* Client mode (a peer that cannot accept connections, behind NAT): the
    * URL "http://A.B.C.D:PORT" of a serving member that hosts it; NULL: this
