@@ -4,7 +4,8 @@
 # writer and a clean leave; every round holds at least T samples but the
 # taken-over one, the survivors end identical, the JSON has its keys; a
 # short run with partitioned averaging, a join and a leave ends identical
-# too (the leaver serves its blobs until the others are done); two client-mode
+# too (the leaver serves its blobs until the others are done), and so does
+# one with the mean gate (--gate-mean); two client-mode
 # peers (--clients 2) contribute every round and end identical, and so does
 # a client with partitioned averaging, every round ended by the exchange;
 # bad usage (an unknown averaging or check, a bad churn event, unknown range
@@ -38,6 +39,14 @@ timeout 60 "$BENCH" loco --target-batch 128 --rounds 4 --trainers 3 \
   --claim-timeout-ms 1000 --round-timeout-ms 2000 --json > "$work/part.json" 2> "$work/err2"
 expect "partitioned exit status" 0 "$?"
 grep '"summary":true' "$work/part.json" | grep -q '"identical":true' && ok || bad "partitioned peers differ: $(cat "$work/err2")"
+# The same with the mean gate (--gate-mean): the owners write only the
+# accepted means, the leaver's flush is applied whole, the peers end
+# identical.
+timeout 60 "$BENCH" loco --target-batch 128 --rounds 4 --trainers 3 \
+  --peer-speeds 400 --params 3000 --seed 3 --averaging partitioned --churn join:1,leave:2 \
+  --gate-mean --claim-timeout-ms 1000 --round-timeout-ms 2000 --json > "$work/gm.json" 2> "$work/err6"
+expect "partitioned --gate-mean exit status" 0 "$?"
+grep '"summary":true' "$work/gm.json" | grep -q '"gate_mean":true,"identical":true' && ok || bad "gated-mean peers differ: $(cat "$work/err6")"
 # Two of four peers in client mode (behind NAT): every round has all four
 # contributors, no client writes a round, every peer ends identical.
 timeout 60 "$BENCH" loco --target-batch 128 --rounds 4 --trainers 4 --clients 2 \
@@ -69,5 +78,7 @@ expect "bad --netns refused" 2 "$?"
 expect "bad churn refused" 2 "$?"
 "$BENCH" loco --target-batch 0 > /dev/null 2>&1
 expect "T = 0 refused" 2 "$?"
+"$BENCH" loco --gate-mean > /dev/null 2>&1
+expect "--gate-mean outside collaboration mode refused" 2 "$?"
 [ "$failures" -eq 0 ] || { cat "$work/err"; exit 1; }
 echo "loco_collab: ok ($pass checks)"
