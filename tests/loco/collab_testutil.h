@@ -14,7 +14,10 @@
  *   parent -> child  "start N ID URL ...", "join URL", "quit"
  *
  * Everything is loopback, port 0; children are killed and reaped by the
- * test. */
+ * test, and die with it when it ends otherwise (a failed assertion, the
+ * watchdog): a child left behind, stalled by a test hook or waiting for a
+ * "quit", would hold the test run's output pipe open, and the run (ctest,
+ * CI) would wait for it forever. */
 #ifndef PULSE_COLLAB_TESTUTIL_H
 #define PULSE_COLLAB_TESTUTIL_H
 
@@ -27,6 +30,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -54,6 +58,17 @@ static uint32_t ct_round_timeout_ms;
 /* pulse_loco_opts.gate_mean of the children spawned after it is set, and
  * of ct_replay_all_to_all's contexts. */
 static int ct_gate_mean;
+/* The round timeout of the tests that kill a peer mid-exchange (a kill
+ * round costs it, plus two claim timeouts): the rounds before the kill
+ * must end by the exchange, under ASan with another test beside them on 2
+ * cores too (loaded runs saw slices time out at 2000 ms). */
+#define CT_KILL_ROUND_TIMEOUT_MS 5000u
+/* Their peers' step time: a test hook stops a peer in a given round, so
+ * every peer must be in that round. With 3 ms steps (T = 48, 4 samples a
+ * step) two peers reached T in 18 ms, before two others, slowed by ASan
+ * and a test beside them, had stepped at all, and those two sat the round
+ * out: the stalled owner never got to the point the test waits for. */
+#define CT_KILL_STEP_US 30000u
 
 typedef struct {
   pid_t pid;
@@ -199,9 +214,13 @@ static inline void ct_spawn(ct_child *k, const ct_peer_cfg *cfg) {
   cr_assert_eq(pipe(a), 0);
   cr_assert_eq(pipe(b), 0);
   fflush(NULL);
+  pid_t parent = getpid();
   pid_t pid = fork();
   cr_assert_geq(pid, 0);
   if (pid == 0) {
+    /* Dies with the test's process, even if it died before this line. */
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent)
+      _exit(1);
     close(a[1]), close(b[0]);
     ct_child_main(cfg, a[0], b[1]);
   }

@@ -161,9 +161,9 @@ Test(collab_client, a_partitioned_client_follows_an_all_to_all_fallback,
   ct_peer_cfg cfg[4];
   ct_child ks[4];
   for (uint32_t i = 0; i < 4; i++)
-    cfg[i] = (ct_peer_cfg){i + 1, 4, 48, R, -1, 3000};
+    cfg[i] = (ct_peer_cfg){i + 1, 4, 48, R, -1, CT_KILL_STEP_US};
   ct_partitioned = 1;
-  ct_round_timeout_ms = 2000;
+  ct_round_timeout_ms = CT_KILL_ROUND_TIMEOUT_MS;
   loco_partition_test_stall_id = 3;
   loco_partition_test_stall_round = 1;
   loco_partition_test_stall_phase = 1;

@@ -366,9 +366,9 @@ Test(collab_partition, owners_killed_mid_exchange_leave_survivors_identical,
   ct_peer_cfg cfg[N];
   ct_child ks[N];
   ct_partitioned = 1;
-  ct_round_timeout_ms = 2000;
+  ct_round_timeout_ms = CT_KILL_ROUND_TIMEOUT_MS;
   for (uint32_t i = 0; i < N; i++) {
-    cfg[i] = (ct_peer_cfg){i + 1, step, T, ROUNDS, -1, 3000};
+    cfg[i] = (ct_peer_cfg){i + 1, step, T, ROUNDS, -1, CT_KILL_STEP_US};
     loco_partition_test_stall_id = i + 1;
     loco_partition_test_stall_round = i == 2 ? 1 : 3;
     loco_partition_test_stall_phase = i == 2 ? 2 : i == 0 ? 1 : 0;
@@ -440,9 +440,9 @@ Test(collab_partition, a_survivor_without_the_dead_range_imports_a_finisher,
   ct_peer_cfg cfg[N];
   ct_child ks[N];
   ct_partitioned = 1;
-  ct_round_timeout_ms = 2000;
+  ct_round_timeout_ms = CT_KILL_ROUND_TIMEOUT_MS;
   for (uint32_t i = 0; i < N; i++) {
-    cfg[i] = (ct_peer_cfg){i + 1, step, T, ROUNDS, -1, 3000};
+    cfg[i] = (ct_peer_cfg){i + 1, step, T, ROUNDS, -1, CT_KILL_STEP_US};
     loco_partition_test_stall_id = i + 1;
     loco_partition_test_stall_round = 1;
     loco_partition_test_stall_phase = i == 2 ? 2 : i == 3 ? 3 : 0;
