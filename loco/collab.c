@@ -350,22 +350,6 @@ typedef struct {
   uint32_t owner;   /* OWNER (slices) */
 } upload_path;
 
-/* A plain decimal (no sign, no leading zero) of at most `digits` digits at
- * *p, up to `stop` ('\0' or '/'); *p moves past it. */
-static int take_decimal(const char **p, unsigned digits, char stop,
-                        uint64_t *out) {
-  const char *q = *p;
-  size_t k = 0;
-  while (q[k] >= '0' && q[k] <= '9')
-    k++;
-  if (k == 0 || k > digits || (q[0] == '0' && k > 1) || q[k] != stop)
-    return 0;
-  char *end;
-  *out = strtoull(q, &end, 10);
-  *p = q + k + (stop != '\0');
-  return 1;
-}
-
 /* Parses "/v1/hosted/ID" followed by "/v1/loco/round/R" (the payload),
  * "/v1/loco/part/R/A/slice/OWNER" or "/v1/loco/part/R/A/verdict". */
 static int parse_upload_path(const char *path, upload_path *u) {
@@ -375,7 +359,7 @@ static int parse_upload_path(const char *path, upload_path *u) {
   if (strncmp(path, LOCO_HOSTED_PREFIX, k) != 0)
     return 0;
   const char *p = path + k;
-  if (!take_decimal(&p, 10, '/', &v) || v > UINT32_MAX)
+  if (!loco_take_decimal(&p, 10, '/', &v) || v > UINT32_MAX)
     return 0;
   u->id = (uint32_t)v;
   u->attempt = 0;
@@ -383,13 +367,13 @@ static int parse_upload_path(const char *path, upload_path *u) {
   if (strncmp(p, round_mid, sizeof round_mid - 1) == 0) {
     p += sizeof round_mid - 1;
     u->kind = UP_PAYLOAD;
-    return take_decimal(&p, 19, '\0', &u->round);
+    return loco_take_decimal(&p, 19, '\0', &u->round);
   }
   if (strncmp(p, part_mid, sizeof part_mid - 1) != 0)
     return 0;
   p += sizeof part_mid - 1;
-  if (!take_decimal(&p, 19, '/', &u->round) ||
-      !take_decimal(&p, 2, '/', &u->attempt))
+  if (!loco_take_decimal(&p, 19, '/', &u->round) ||
+      !loco_take_decimal(&p, 2, '/', &u->attempt))
     return 0;
   if (strcmp(p, "verdict") == 0) {
     u->kind = UP_VERDICT;
@@ -399,7 +383,7 @@ static int parse_upload_path(const char *path, upload_path *u) {
     return 0;
   p += 6;
   u->kind = UP_SLICE;
-  if (!take_decimal(&p, 10, '\0', &v) || v > UINT32_MAX)
+  if (!loco_take_decimal(&p, 10, '\0', &v) || v > UINT32_MAX)
     return 0;
   u->owner = (uint32_t)v;
   return 1;

@@ -163,26 +163,18 @@ void collab_publish_progress(pulse_loco_collab *c) {
   pulse_bytebuf_free(&b);
 }
 
-/* Reads up to n unsigned decimal numbers separated by '/' after prefix. */
+/* Reads n numbers separated by '/' after prefix (loco_take_decimal's
+ * rule, up to 19 digits each), the last one ending the path. */
 static int path_numbers(const char *path, const char *prefix, uint64_t *v,
                         int n) {
   size_t k = strlen(prefix);
   if (strncmp(path, prefix, k) != 0)
     return 0;
   const char *p = path + k;
-  for (int i = 0; i < n; i++) {
-    if (*p < '0' || *p > '9')
+  for (int i = 0; i < n; i++)
+    if (!loco_take_decimal(&p, 19, i + 1 < n ? '/' : '\0', &v[i]))
       return 0;
-    char *end;
-    unsigned long long x = strtoull(p, &end, 10);
-    if (end - p > 19)
-      return 0;
-    v[i] = x;
-    p = end;
-    if (i + 1 < n && *p++ != '/')
-      return 0;
-  }
-  return *p == '\0';
+  return 1;
 }
 
 unsigned collab_on_post(void *user, const char *path, const char *id_text,

@@ -9,16 +9,25 @@
 #include "manifest_impl.h"
 #include "status_impl.h"
 
-int loco_parse_id(const char *s, uint32_t *id) {
-  if (s == NULL || s[0] < '0' || s[0] > '9' || (s[0] == '0' && s[1] != '\0'))
+int loco_take_decimal(const char **p, unsigned digits, char stop,
+                      uint64_t *out) {
+  const char *q = *p;
+  size_t k = 0;
+  while (q[k] >= '0' && q[k] <= '9')
+    k++;
+  if (k == 0 || k > digits || (q[0] == '0' && k > 1) || q[k] != stop)
     return 0;
   uint64_t v = 0;
-  for (const char *p = s; *p; p++) {
-    if (*p < '0' || *p > '9' || p - s >= 10)
-      return 0;
-    v = v * 10u + (uint64_t)(*p - '0');
-  }
-  if (v > UINT32_MAX)
+  for (size_t i = 0; i < k; i++)
+    v = v * 10u + (uint64_t)(q[i] - '0');
+  *out = v;
+  *p = q + k + (stop != '\0');
+  return 1;
+}
+
+int loco_parse_id(const char *s, uint32_t *id) {
+  uint64_t v;
+  if (s == NULL || !loco_take_decimal(&s, 10, '\0', &v) || v > UINT32_MAX)
     return 0;
   *id = (uint32_t)v;
   return 1;

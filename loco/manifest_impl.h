@@ -67,7 +67,14 @@ int loco_member_url_valid(const char *url, uint32_t id);
 /* loco_url_valid, giving the address (host order) and the port. */
 int loco_url_parse(const char *url, uint32_t *addr, uint16_t *port);
 
-/* Strict decimal id (no sign, no leading zeros, <= UINT32_MAX). */
+/* The one rule for a number in a URL, a path or an id: decimal digits
+ * only (no sign, no leading zero), at most `digits` of them, ended by
+ * `stop` ('\0' or '/'). loco_take_decimal reads one at *p and moves *p
+ * past its stop; 0 (and *p unmoved) when the text breaks the rule. */
+int loco_take_decimal(const char **p, unsigned digits, char stop,
+                      uint64_t *out);
+
+/* A whole string that is one such number <= UINT32_MAX. */
 int loco_parse_id(const char *s, uint32_t *id);
 
 void loco_sha256(const uint8_t *data, size_t size, uint8_t out[32]);

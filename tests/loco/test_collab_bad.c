@@ -6,6 +6,7 @@
  * the offender is this process, speaking the protocol by hand. */
 #include "collab_testutil.h"
 #include "http_impl.h"
+#include "manifest_impl.h"
 
 static unsigned accept_post(void *user, const char *path, const char *id,
                             const char *url, char *reply, size_t cap) {
@@ -250,4 +251,58 @@ Test(collab_bad, options_and_rules_are_checked) {
   cr_assert_eq(pulse_loco_collab_writer(s, 3, 4, 1), 9);
   cr_assert_eq(pulse_loco_collab_writer(s, 3, 4, 2), 2);
   cr_assert_eq(pulse_loco_collab_writer(s, 0, 4, 2), UINT32_MAX);
+}
+
+/* Every number in a collaboration's paths, URLs and ids follows one rule
+ * (loco_take_decimal): digits only, no sign, no leading zero, a bounded
+ * count of them, ended where the path says. */
+Test(collab_bad, numbers_in_paths_and_ids_follow_one_rule) {
+  static const struct {
+    const char *text;
+    unsigned digits;
+    char stop;
+    int ok;
+    uint64_t value;
+    size_t moved;
+  } cases[] = {
+      {"0", 10, '\0', 1, 0, 1},
+      {"7/rest", 10, '/', 1, 7, 2},
+      {"18446744073709551615", 20, '\0', 1, UINT64_MAX, 20},
+      {"9999999999999999999", 19, '\0', 1, 9999999999999999999ull, 19},
+      {"12345678901234567890", 19, '\0', 0, 0, 0}, /* too many digits */
+      {"07", 10, '\0', 0, 0, 0},                   /* leading zero */
+      {"00", 10, '\0', 0, 0, 0},
+      {"", 10, '\0', 0, 0, 0},
+      {"+7", 10, '\0', 0, 0, 0},
+      {"-7", 10, '\0', 0, 0, 0},
+      {" 7", 10, '\0', 0, 0, 0},
+      {"7 ", 10, '\0', 0, 0, 0},
+      {"7x", 10, '\0', 0, 0, 0},
+      {"7", 10, '/', 0, 0, 0}, /* the '/' the path needs is missing */
+      {"7/", 10, '\0', 0, 0, 0},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    const char *p = cases[i].text;
+    uint64_t v = 12345;
+    int ok = loco_take_decimal(&p, cases[i].digits, cases[i].stop, &v);
+    cr_expect_eq(ok, cases[i].ok, "'%s'", cases[i].text);
+    if (ok) {
+      cr_expect_eq(v, cases[i].value, "'%s'", cases[i].text);
+      cr_expect_eq((size_t)(p - cases[i].text), cases[i].moved);
+    } else {
+      cr_expect_eq(p, cases[i].text, "'%s': moved on failure", cases[i].text);
+      cr_expect_eq(v, 12345u, "'%s': written on failure", cases[i].text);
+    }
+  }
+  uint32_t id = 0;
+  cr_expect(loco_parse_id("4294967295", &id) && id == UINT32_MAX);
+  cr_expect_not(loco_parse_id("4294967296", &id));
+  cr_expect_not(loco_parse_id("01", &id));
+  cr_expect_not(loco_parse_id(NULL, &id));
+  cr_expect(loco_url_hosted("http://127.0.0.1:80/v1/hosted/12", NULL, 0, &id) &&
+            id == 12);
+  cr_expect_not(loco_url_hosted("http://127.0.0.1:80/v1/hosted/012", NULL, 0,
+                                NULL));
+  cr_expect_not(loco_url_hosted("http://127.0.0.1:80/v1/hosted/", NULL, 0,
+                                NULL));
 }

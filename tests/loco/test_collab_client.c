@@ -401,6 +401,10 @@ Test(collab_client, hostile_uploads_are_refused_and_nothing_is_stored,
                "no id");
   cr_expect_eq(cc_post(base, "/v1/hosted/7/v1/loco/nonsense?id=7", good, n7),
                404, "not a payload path");
+  cr_expect_eq(cc_post(base, "/v1/hosted/07/v1/loco/round/0?id=7", good, n7),
+               404, "a leading zero in the client's id");
+  cr_expect_eq(cc_post(base, "/v1/hosted/7/v1/loco/round/00?id=7", good, n7),
+               404, "a leading zero in the round");
   cr_expect_eq(cc_post(base, path7, junk, sizeof junk), 422,
                "a body that does not decode");
   cr_expect_eq(cc_post(base, path7, NULL, 0), 422, "an empty body");
@@ -503,7 +507,7 @@ Test(collab_client, hostile_uploads_are_refused_and_nothing_is_stored,
   uint64_t stored = 0, refused = 0;
   pulse_loco_collab_hosted(c, &stored, &refused);
   cr_expect_eq(stored, 3u);
-  cr_expect_eq(refused, 16u, "%" PRIu64 " refusals counted", refused);
+  cr_expect_eq(refused, 18u, "%" PRIu64 " refusals counted", refused);
   cr_expect_eq(cc_get(base, "/healthz"), 200, "the peer stopped answering");
   /* The same counts in /metrics, and the 413s under the upload route. */
   pulse_bytebuf text = PULSE_BYTEBUF_INIT;
@@ -515,7 +519,7 @@ Test(collab_client, hostile_uploads_are_refused_and_nothing_is_stored,
   const char *mt = (const char *)text.data;
   cr_expect(strstr(mt, "pulse_loco_hosted_uploads_total{result=\"stored\"} 3\n"),
             "%s", mt);
-  cr_expect(strstr(mt, "pulse_loco_hosted_uploads_total{result=\"refused\"} 16\n"),
+  cr_expect(strstr(mt, "pulse_loco_hosted_uploads_total{result=\"refused\"} 18\n"),
             "%s", mt);
   cr_expect(strstr(mt, "pulse_http_requests_total{route=\"upload\","
                       "code=\"413\"} 2\n") != NULL,
