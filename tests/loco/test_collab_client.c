@@ -34,16 +34,18 @@ static void cc_spawn(ct_child *ks, ct_peer_cfg *cfg, size_t serving,
 Test(collab_client, a_client_contributes_and_receives_like_the_others,
      .timeout = 60) {
   /* Peers 1..3 serve, peer 4 is a client hosted by peer 2. Every round
-   * the client has samples in lists four contributors and holds the sum of
-   * the four peers' samples (in [T, T + the largest step)); the client
-   * contributes to all rounds but at most one; every peer ends with the
-   * same bits; peer 2 stored one upload per round the client was in. */
+   * the client is in lists four contributors and holds the sum of the
+   * samples of the peers that are in (in [T, T + the largest step)); the
+   * client is in all rounds but at most one; every peer ends with the
+   * same bits; peer 2 stored the client's uploads, no other peer did. */
   const uint64_t T = 60, R = 4;
   ct_peer_cfg cfg[4];
   ct_child ks[4];
-  /* The client steps fastest: it gets grants in every round unless it is
-   * tens of milliseconds late to one (a loaded machine, its first claim),
-   * and then that round is full without it, as for any late peer. */
+  /* The client steps fastest: it is in every round unless it is tens of
+   * milliseconds late to one (a loaded machine, its first claim: no
+   * grant; or its upload reaching the host after the round moved on: the
+   * host refuses it and its samples stay in its error feedback), and
+   * then that round goes on without it, as for any late peer. */
   for (uint32_t i = 0; i < 4; i++)
     cfg[i] = (ct_peer_cfg){i + 1, i < 3 ? 3 : 2, T, R, -1, i < 3 ? 4000 : 1000};
   cc_spawn(ks, cfg, 3, 1, 1);
@@ -59,22 +61,21 @@ Test(collab_client, a_client_contributes_and_receives_like_the_others,
     for (size_t i = 0; i < 4; i++)
       cr_assert(log.have[i][r], "peer %zu has no round %" PRIu64, i + 1, r);
     const ct_round *c = &log.row[3][r];
-    /* A client with samples is in, like any peer. */
-    if (c->own > 0) {
+    /* A client that is in counts like any peer. */
+    if (c->included) {
       with_client++;
-      cr_expect(c->included, "round %" PRIu64 ": the client's payload is "
-                "not in", r);
+      cr_expect_gt(c->own, 0u);
       cr_expect_eq(c->contrib, 4u, "round %" PRIu64 ": %u contributors", r,
                    c->contrib);
     }
     cr_expect_neq(c->writer, 4u, "round %" PRIu64 ": a client wrote it", r);
     cr_expect(c->samples >= T && c->samples < T + 3,
               "round %" PRIu64 ": %" PRIu64 " samples", r, c->samples);
-    /* The round's total is the sum of what each peer did, the client's
-     * among it. */
-    uint64_t own = c->own;
-    for (size_t i = 0; i < 3; i++)
-      own += log.row[i][r].own;
+    /* The round's total is the sum of what the peers that are in did,
+     * the client's among it when it is in. */
+    uint64_t own = 0;
+    for (size_t i = 0; i < 4; i++)
+      own += log.row[i][r].included ? log.row[i][r].own : 0;
     cr_expect_eq(own, c->samples, "round %" PRIu64, r);
     for (size_t i = 0; i < 3; i++) {
       cr_expect_eq(log.row[i][r].digest, c->digest,
@@ -88,11 +89,15 @@ Test(collab_client, a_client_contributes_and_receives_like_the_others,
     cr_expect_eq(log.final_digest[i], log.final_digest[3],
                  "peer %zu ends other than the client", i + 1);
   }
-  cr_expect_geq(with_client, R - 1, "the client contributed to %" PRIu64
-                " rounds of %" PRIu64, with_client, R);
-  cr_expect_eq(log.stored[1], with_client,
-               "the host stored %" PRIu64 " uploads", log.stored[1]);
-  cr_expect_eq(log.stored[0] + log.stored[2] + log.refused[1], 0u);
+  uint64_t missed = R - with_client;
+  cr_expect_leq(missed, 1u, "the client was in %" PRIu64 " rounds of %" PRIu64,
+                with_client, R);
+  /* An upload per round it was in; a late one stored or refused. */
+  cr_expect_geq(log.stored[1], with_client, "the host stored %" PRIu64
+                " uploads", log.stored[1]);
+  cr_expect_leq(log.stored[1] + log.refused[1], with_client + missed);
+  cr_expect_eq(log.stored[0] + log.stored[2], 0u, "a peer that is not the "
+               "client's host stored its uploads");
   ct_quit(ks, 4);
 }
 
@@ -103,14 +108,15 @@ Test(collab_client, a_partitioned_client_contributes_and_owns_no_range,
    * upload at its host. Every round the client is in with its samples,
    * the exchange finished it on every peer (no all-to-all fallback), and
    * every peer holds the weights an all-to-all finish over the same
-   * payloads gives, bit for bit. Steps are slow (10-30 ms) so that every
-   * peer is in every round, as the replay wants. */
+   * payloads gives, bit for bit. Steps are slow (30-90 ms) so that every
+   * peer is in every round, as the replay wants (at 10-30 ms a loaded ASan
+   * run saw a round 0 with two contributors: the others had not begun). */
   const uint64_t step = 4, T = 48, R = 4;
   ct_peer_cfg cfg[4];
   ct_child ks[4];
   for (uint32_t i = 0; i < 4; i++)
-    cfg[i] = (ct_peer_cfg){i + 1, step, T, R, -1, i < 3 ? 10000u * (i + 1)
-                                                         : 10000u};
+    cfg[i] = (ct_peer_cfg){i + 1, step, T, R, -1, i < 3 ? 30000u * (i + 1)
+                                                         : 30000u};
   ct_partitioned = 1;
   cc_spawn(ks, cfg, 3, 1, 1);
   ct_partitioned = 0;
