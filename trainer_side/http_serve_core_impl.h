@@ -11,7 +11,7 @@
 #include "http_serve_impl.h"
 
 #define SERVE_LABELS 24 /* route labels at most, "other" included */
-#define SERVE_CODES 17  /* serve_code_index: 16 statuses and "other" */
+#define SERVE_CODES 18  /* serve_code_index: 17 statuses and "other" */
 
 typedef struct {
   atomic_ullong requests[SERVE_LABELS][SERVE_CODES];

@@ -12,12 +12,12 @@ static const double bounds[PULSE_SERVE_BUCKETS - 1] = {
     0.25,   0.5,   1,      2.5,   5,    10,    30,   60};
 
 /* Statuses counted by name; any other is "other". */
-static const unsigned codes[SERVE_CODES - 1] = {200, 201, 202, 204, 206, 304,
-                                                400, 403, 404, 405, 409, 413,
-                                                416, 429, 500, 503};
+static const unsigned codes[SERVE_CODES - 1] = {
+    200, 201, 202, 204, 206, 304, 400, 403, 404,
+    405, 409, 413, 416, 422, 429, 500, 503};
 static const char *const code_names[SERVE_CODES] = {
-    "200", "201", "202", "204", "206", "304", "400", "403",  "404",
-    "405", "409", "413", "416", "429", "500", "503", "other"};
+    "200", "201", "202", "204", "206", "304", "400", "403", "404",
+    "405", "409", "413", "416", "422", "429", "500", "503", "other"};
 
 static unsigned code_index(unsigned status) {
   for (unsigned i = 0; i < SERVE_CODES - 1; i++)

@@ -530,6 +530,11 @@ Test(collab_client, hostile_uploads_are_refused_and_nothing_is_stored,
   cr_expect(strstr(mt, "pulse_http_requests_total{route=\"upload\","
                       "code=\"413\"} 2\n") != NULL,
             "not the two 413s in /metrics: %s", mt);
+  /* The uploads that did not decode or were not the client's (422), by
+   * their own code, not as "other". */
+  cr_expect(strstr(mt, "pulse_http_requests_total{route=\"upload\","
+                      "code=\"422\"} 8\n") != NULL,
+            "not the eight 422s in /metrics: %s", mt);
   pulse_bytebuf_free(&text);
   free(good);
   pulse_loco_collab_free(c);
