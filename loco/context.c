@@ -298,43 +298,47 @@ float pulse_loco_mean_(double acc, double wsum) {
   return (float)(acc / wsum);
 }
 
-float pulse_loco_gate_mean_(const pulse_loco *ctx, float theta_g, float mean,
-                            int exempt) {
-  if (!ctx->opts.gate_mean || exempt || pulse_loco_gate(theta_g, mean))
-    return mean;
-  return 0.0f;
+int pulse_loco_gate_mean_(const pulse_loco *ctx, float theta_g, float mean,
+                          uint32_t senders, int exempt) {
+  return !ctx->opts.gate_mean || exempt || senders >= LOCO_GATE_QUORUM ||
+         pulse_loco_gate(theta_g, mean);
 }
 
 /* The mean applied to element i: avg[i] as given (already final: a range
  * owner gated it), or the mean of acc[i] through the mean gate. */
 static float applied_mean(const pulse_loco *ctx, const float *avg,
                           const double *acc, double wsum,
-                          const uint8_t *exempt, uint64_t i) {
+                          const pulse_loco_gate_in_ *in, uint64_t i) {
   if (avg)
     return avg[i];
-  return pulse_loco_gate_mean_(ctx, ctx->theta_g[i],
-                               pulse_loco_mean_(acc[i], wsum),
-                               exempt != NULL && exempt[i]);
+  float m = pulse_loco_mean_(acc[i], wsum);
+  if (in == NULL ||
+      pulse_loco_gate_mean_(ctx, ctx->theta_g[i], m, in->senders[i],
+                            in->exempt != NULL && in->exempt[i]))
+    return m;
+  return 0.0f;
 }
 
 void pulse_loco_conclude_(pulse_loco *ctx, const float *avg, const double *acc,
-                          double wsum, const uint8_t *exempt, int self_included,
-                          float *theta_r) {
+                          double wsum, const pulse_loco_gate_in_ *in,
+                          int self_included, float *theta_r) {
   float alpha = ctx->opts.alpha, mu = ctx->opts.mu;
   keep_residual(ctx, self_included);
-  /* Under gate_mean an element whose mean the gate rejected gets 0 (and 0
-   * never passes the gate, so 0 means rejected): this trainer's entries
-   * sent there were not applied, so they stay in e, deferred. Decided on
-   * theta_g before the step changes it, as the gate itself was. */
+  /* Under gate_mean an element whose mean the gate rejected gets 0, so an
+   * applied mean of 0 means rejected (or a quorum's mean that cancelled
+   * exactly: nothing to apply either), here and at a reader of range
+   * owners' means alike: this trainer's entries sent there were not
+   * applied, so they stay in e, deferred. Decided on theta_g before the
+   * step changes it, as the gate itself was. */
   if (ctx->opts.gate_mean && self_included)
     for (uint64_t j = 0; j < ctx->sent_count; j++) {
       uint64_t p = ctx->sent_pos[j];
-      if (applied_mean(ctx, avg, acc, wsum, exempt, p) == 0.0f)
+      if (applied_mean(ctx, avg, acc, wsum, in, p) == 0.0f)
         ctx->e[p] = ctx->s[p];
     }
   for (uint64_t i = 0; i < ctx->n; i++)
     pulse_loco_outer(&ctx->theta_g[i], &ctx->b[i],
-                     applied_mean(ctx, avg, acc, wsum, exempt, i), alpha, mu);
+                     applied_mean(ctx, avg, acc, wsum, in, i), alpha, mu);
   ctx->round++;
   pulse_loco_refresh_(ctx);
   pulse_loco_drop_round_(ctx);
@@ -365,6 +369,8 @@ pulse_status pulse_loco_finish(pulse_loco *ctx,
                       "loco finish: empty contributor set (abandon instead)");
   decoded *d = calloc(count, sizeof *d);
   double *acc = calloc((size_t)ctx->n, sizeof *acc);
+  uint32_t *senders = NULL; /* the mean gate's: see below */
+  uint8_t *exempt = NULL;
   pulse_status st = PULSE_OK;
   if (d == NULL || acc == NULL) {
     st = pulse_fail(PULSE_ERR_NOMEM, "loco finish: %zu contributions", count);
@@ -411,10 +417,21 @@ pulse_status pulse_loco_finish(pulse_loco *ctx,
     for (uint64_t j = 0; j < d[i].e.count; j++)
       acc[d[i].e.pos[j]] += w * (double)d[i].e.val[j];
   }
-  /* A leaving sender's flush is applied whole (nothing of it may wait in an
-   * error feedback that leaves with it): the mean gate spares every
-   * element it sent. */
-  uint8_t *exempt = NULL;
+  /* The mean gate's other inputs (pulse_loco_gate_mean_): how many
+   * contributors sent each element (a mean a quorum of them pushed is
+   * applied whatever its size), and the elements a leaving sender flushed
+   * (applied whole: nothing of it may wait in an error feedback that
+   * leaves with it). */
+  if (ctx->opts.gate_mean) {
+    if ((senders = calloc((size_t)ctx->n, sizeof *senders)) == NULL) {
+      st = pulse_fail(PULSE_ERR_NOMEM, "loco finish: %llu parameters",
+                      (unsigned long long)ctx->n);
+      goto done;
+    }
+    for (size_t i = 0; i < count; i++)
+      for (uint64_t j = 0; j < d[i].e.count; j++)
+        senders[d[i].e.pos[j]]++;
+  }
   for (size_t i = 0; i < count && ctx->opts.gate_mean; i++)
     if (d[i].h.flags & PULSE_LOCO_PAYLOAD_LEAVING) {
       if (exempt == NULL && (exempt = calloc((size_t)ctx->n, 1)) == NULL) {
@@ -433,13 +450,15 @@ pulse_status pulse_loco_finish(pulse_loco *ctx,
     info->samples = weight;
     info->entries = entries;
   }
-  pulse_loco_conclude_(ctx, NULL, acc, wsum, exempt, self_included, theta_r);
-  free(exempt);
+  pulse_loco_gate_in_ gin = {senders, exempt};
+  pulse_loco_conclude_(ctx, NULL, acc, wsum, senders ? &gin : NULL,
+                       self_included, theta_r);
 done:
   if (d)
     for (size_t i = 0; i < count; i++)
       pulse_loco_entries_free(&d[i].e);
   free(d), free(acc);
+  free(senders), free(exempt);
   return st;
 }
 

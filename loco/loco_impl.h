@@ -54,21 +54,41 @@ double pulse_loco_denominator_(const pulse_loco *ctx, uint64_t weight,
  * it, so they give the same bits. */
 float pulse_loco_mean_(double acc, double wsum);
 
-/* The mean gate (pulse_loco_opts.gate_mean, PAYLOAD.md "The round"): the
- * mean itself when the option is off, when `exempt` (an element a leaving
- * sender flushed) or when it passes pulse_loco_gate on theta_g; else 0. */
-float pulse_loco_gate_mean_(const pulse_loco *ctx, float theta_g, float mean,
-                            int exempt);
+/* The mean gate's quorum (pulse_loco_opts.gate_mean, PAYLOAD.md "The
+ * round"): a mean that at least this many contributors sent an entry to is
+ * applied whatever its size (so its senders' e are cleared, as without the
+ * option); only the means fewer sent need to pass the gate. 2, measured
+ * against half the contributors (README, "Collaboration", --gate-mean):
+ * with more, the entries a few peers push with opposite signs wait in e
+ * round after round and the payloads grow. */
+#define LOCO_GATE_QUORUM 2u
+
+/* The mean gate's decision, the one every finish and range owner makes:
+ * non-zero (apply `mean`) when the option is off, when `exempt` (an
+ * element a leaving sender flushed), when `senders` (the contributors that
+ * sent an entry there) reach LOCO_GATE_QUORUM, or when the mean passes
+ * pulse_loco_gate on theta_g; 0: the element gets 0 (not applied). */
+int pulse_loco_gate_mean_(const pulse_loco *ctx, float theta_g, float mean,
+                          uint32_t senders, int exempt);
+
+/* The mean gate's inputs of a whole round, one entry per element: how many
+ * contributors sent an entry there, and whether a leaving one did (NULL:
+ * none left). */
+typedef struct {
+  const uint32_t *senders;
+  const uint8_t *exempt;
+} pulse_loco_gate_in_;
 
 /* The end of every finish: the Nesterov step on every element with
  * avg[i] as given (final: under gate_mean already gated, as a range owner
- * writes it) or, when avg is NULL, pulse_loco_gate_mean_ of
- * pulse_loco_mean_(acc[i], wsum) (exempt: NULL or one byte per element);
- * the error feedback rule, under gate_mean with this trainer's rejected
- * sent entries kept; round + 1, theta_r = theta_g (theta_r may be NULL). */
+ * writes it) or, when avg is NULL, pulse_loco_mean_(acc[i], wsum), through
+ * pulse_loco_gate_mean_ with `gate`'s inputs when `gate` is not NULL (it is
+ * under gate_mean); the error feedback rule, under gate_mean with this
+ * trainer's sent entries whose applied mean is 0 kept; round + 1,
+ * theta_r = theta_g (theta_r may be NULL). */
 void pulse_loco_conclude_(pulse_loco *ctx, const float *avg, const double *acc,
-                          double wsum, const uint8_t *exempt, int self_included,
-                          float *theta_r);
+                          double wsum, const pulse_loco_gate_in_ *gate,
+                          int self_included, float *theta_r);
 
 /* An inbox's senders (the others), how many were heard from (a chunk
  * kept) and how many sent every cell (PAYLOAD.md "Exchange over

@@ -202,11 +202,12 @@ pulse_status pulse_loco_reducer_finish(pulse_loco_reducer *r,
     weight += r->samples[i];
   }
   double *acc = calloc((size_t)len + 1, sizeof *acc);
-  uint8_t *touched = calloc((size_t)len + 1, 1);
+  uint32_t *senders = calloc((size_t)len + 1, sizeof *senders);
+  uint8_t *exempt = calloc((size_t)len + 1, 1);
   uint64_t *pos = NULL;
   float *val = NULL;
   pulse_status st = PULSE_OK;
-  if (acc == NULL || touched == NULL) {
+  if (acc == NULL || senders == NULL || exempt == NULL) {
     st = pulse_fail(PULSE_ERR_NOMEM, "loco reducer: %llu parameters",
                     (unsigned long long)len);
     goto done;
@@ -219,8 +220,9 @@ pulse_status pulse_loco_reducer_finish(pulse_loco_reducer *r,
     for (uint64_t j = 0; j < r->parts[i].count; j++) {
       uint64_t p = r->parts[i].pos[j] - r->start;
       acc[p] += w * (double)r->parts[i].val[j];
-      k += !touched[p];
-      touched[p] |= 1u | (r->leaving[i] ? 2u : 0u);
+      k += senders[p] == 0;
+      senders[p]++;
+      exempt[p] |= r->leaving[i];
     }
   }
   pos = malloc((size_t)k * sizeof *pos + 8);
@@ -230,19 +232,20 @@ pulse_status pulse_loco_reducer_finish(pulse_loco_reducer *r,
                     (unsigned long long)k);
     goto done;
   }
-  /* Under gate_mean only the means that pass the gate on theta_g, and
-   * every element a leaving sender flushed (pulse_loco_finish's rule, bit
-   * for bit): a rejected mean is +0.0 at the reader, as in
-   * pulse_loco_finish. */
+  /* Under gate_mean only the means the gate accepts (pulse_loco_gate_mean_
+   * with the senders counted here: this owner has every contributor's
+   * slice of its range, as pulse_loco_finish has every payload, so the
+   * same decision): a mean not written is +0.0 at the reader, not
+   * applied, as in pulse_loco_finish; an accepted one is written as it is
+   * (even 0), so the readers apply pulse_loco_finish's bits. */
   double wsum = pulse_loco_denominator_(ctx, weight, N);
   uint64_t kept = 0;
   for (uint64_t p = 0; p < len; p++)
-    if (touched[p]) {
+    if (senders[p]) {
       uint64_t at = r->start + p;
-      int exempt = (touched[p] & 2u) != 0;
-      float m = pulse_loco_gate_mean_(ctx, ctx->theta_g[at],
-                                      pulse_loco_mean_(acc[p], wsum), exempt);
-      if (ctx->opts.gate_mean && !exempt && m == 0.0f)
+      float m = pulse_loco_mean_(acc[p], wsum);
+      if (!pulse_loco_gate_mean_(ctx, ctx->theta_g[at], m, senders[p],
+                                 exempt[p]))
         continue;
       pos[kept] = at;
       val[kept++] = m;
@@ -275,7 +278,7 @@ pulse_status pulse_loco_reducer_finish(pulse_loco_reducer *r,
   st = loco_reduced_encode(ctx, &head, rc, pos, val, k, blob);
   free(rc);
 done:
-  free(acc), free(touched), free(pos), free(val);
+  free(acc), free(senders), free(exempt), free(pos), free(val);
   return st;
 }
 

@@ -1,6 +1,7 @@
 /* test_gate.c - the BF16 visibility gate and the error feedback: the gate
  * against its definition on edge values, and mass conservation, bit for
  * bit, through real rounds of a context. */
+#include "loco_impl.h"
 #include "loco_testutil.h"
 #include "pulse_loco_elem.h"
 
@@ -221,31 +222,39 @@ Test(loco, non_finite_pseudo_gradient_is_refused) {
 }
 
 /* The mean gate (pulse_loco_opts.gate_mean, PAYLOAD.md "The round"): the
- * step applies a mean only where it passes the gate on theta_g; where it
- * does not, nothing moves and every contributor keeps what it sent there
- * in e. theta_g = 1 everywhere: bf16 moves down from 1 at |s| > 2^-9,
- * up at s < -2^-8. Two trainers of one sample each:
- *   element 0: 0.003 and nothing:    mean 0.0015, below the gate
- *   element 1: 0.003 and 0.003:      mean 0.003, passes
+ * step applies a mean where it passes the gate on theta_g or where a
+ * quorum of the contributors (LOCO_GATE_QUORUM, 2) sent an entry; elsewhere
+ * nothing moves and every contributor keeps what it sent there in e.
+ * theta_g = 1 everywhere: bf16 moves down from 1 at |s| > 2^-9, up at
+ * s < -2^-8. Three trainers of one sample each:
+ *   element 0: 0.003, -, -:          1 sender, mean 0.001, below the gate
+ *   element 1: 0.009 each:           3 senders, mean 0.009, passes
  *   element 2: 0.001 each, unsent:   mean 0
- *   element 3: 0.003 and -0.005:     mean -0.001, below the gate
+ *   element 3: 0.003, -0.005, -:     2 senders, mean -0.00067, below
+ *   element 4: 0.003, 0.003, -0.005: 3 senders, mean 0.00033, below
+ *   element 5: -, -, 0.009:          1 sender, mean 0.003, passes
+ * So 0 waits in trainer 0's e and 3 and 4 are applied by the quorum.
  * Off, every sent entry is applied and cleared from e, as before. With a
  * leaving trainer 0 (its flush ungated), its elements are applied whole. */
+#define GM_T 3
+#define GM_P 6
 static void gate_mean_round(int gate_mean, int leaving, uint32_t version,
-                            pulse_loco *t[2], float s[2][4]) {
-  static const float theta[4] = {1.0f, 1.0f, 1.0f, 1.0f};
-  static const float step[2][4] = {{0.003f, 0.003f, 0.001f, 0.003f},
-                                   {0.0f, 0.003f, 0.001f, -0.005f}};
-  pulse_loco_contribution set[2];
-  for (uint32_t i = 0; i < 2; i++) {
+                            pulse_loco *t[GM_T], float s[GM_T][GM_P]) {
+  static const float theta[GM_P] = {1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f};
+  static const float step[GM_T][GM_P] = {
+      {0.003f, 0.009f, 0.001f, 0.003f, 0.003f, 0.0f},
+      {0.0f, 0.009f, 0.001f, -0.005f, 0.003f, 0.0f},
+      {0.0f, 0.009f, 0.001f, 0.0f, -0.005f, 0.009f}};
+  pulse_loco_contribution set[GM_T];
+  for (uint32_t i = 0; i < GM_T; i++) {
     pulse_loco_opts o = PULSE_LOCO_OPTS_INIT;
-    o.param_count = 4;
+    o.param_count = GM_P;
     o.trainer_id = i;
     o.gate_mean = gate_mean;
     o.struct_version = version;
     cr_assert_eq(pulse_loco_create(&o, theta, &t[i]), PULSE_OK);
-    float local[4];
-    for (int j = 0; j < 4; j++) {
+    float local[GM_P];
+    for (int j = 0; j < GM_P; j++) {
       local[j] = theta[j] - step[i][j];
       s[i][j] = theta[j] - local[j];
     }
@@ -257,50 +266,63 @@ static void gate_mean_round(int gate_mean, int leaving, uint32_t version,
     set[i] = (pulse_loco_contribution){malloc(n), n};
     memcpy((void *)set[i].data, p, n);
   }
-  for (uint32_t i = 0; i < 2; i++)
-    cr_assert_eq(pulse_loco_finish(t[i], set, 2, NULL, NULL), PULSE_OK, "%s",
-                 pulse_error_detail());
-  for (uint32_t i = 0; i < 2; i++)
+  for (uint32_t i = 0; i < GM_T; i++)
+    cr_assert_eq(pulse_loco_finish(t[i], set, GM_T, NULL, NULL), PULSE_OK,
+                 "%s", pulse_error_detail());
+  for (uint32_t i = 0; i < GM_T; i++) {
     free((void *)set[i].data);
-  cr_assert_eq(pulse_loco_global_digest(t[0]), pulse_loco_global_digest(t[1]));
+    cr_assert_eq(pulse_loco_global_digest(t[0]),
+                 pulse_loco_global_digest(t[i]));
+  }
 }
 
-Test(loco, gate_mean_applies_visible_means_and_defers_the_rest) {
-  pulse_loco *t[2];
-  float s[2][4];
-  /* On: elements 0 and 3 stay, their senders keep what they sent. */
-  gate_mean_round(1, 0, 3, t, s);
-  const float *g = pulse_loco_global(t[0]);
-  cr_assert(g[0] == 1.0f && g[2] == 1.0f && g[3] == 1.0f,
-            "rejected means applied: %a %a %a", g[0], g[2], g[3]);
-  cr_assert(g[1] < 1.0f, "the visible mean applied");
-  for (uint32_t i = 0; i < 2; i++) {
-    const float *e = pulse_loco_residual(t[i]);
-    cr_assert_eq(lt_bits(e[0]), lt_bits(s[i][0]), "trainer %u element 0", i);
-    cr_assert_eq(lt_bits(e[1]), 0u, "trainer %u element 1 went", i);
+static void gate_mean_free(pulse_loco *t[GM_T]) {
+  for (uint32_t i = 0; i < GM_T; i++)
+    pulse_loco_free(t[i]);
+}
+
+Test(loco, gate_mean_applies_visible_or_quorum_means_and_defers_the_rest) {
+  cr_assert_eq(LOCO_GATE_QUORUM, 2u, "the elements below assume 2");
+  pulse_loco *on[GM_T], *off[GM_T];
+  float s[GM_T][GM_P];
+  gate_mean_round(0, 0, 3, off, s);
+  gate_mean_round(1, 0, 3, on, s);
+  /* On: elements 0 and 2 stay; 1, 3, 4 and 5 take the very step they take
+   * without the gate (the same mean). */
+  const float *g = pulse_loco_global(on[0]), *ref = pulse_loco_global(off[0]);
+  cr_assert(g[0] == 1.0f && g[2] == 1.0f, "rejected means applied: %a %a",
+            g[0], g[2]);
+  cr_assert(ref[0] < 1.0f, "off, element 0 applied");
+  for (int j = 1; j < GM_P; j++)
+    if (j != 2) {
+      cr_assert(g[j] != 1.0f, "element %d not applied", j);
+      cr_assert_eq(lt_bits(g[j]), lt_bits(ref[j]), "element %d", j);
+    }
+  const float *e0 = pulse_loco_residual(on[0]);
+  cr_assert_eq(lt_bits(e0[0]), lt_bits(s[0][0]), "the lone 0 waits in e");
+  for (uint32_t i = 0; i < GM_T; i++) {
+    const float *e = pulse_loco_residual(on[i]);
     cr_assert_eq(lt_bits(e[2]), lt_bits(s[i][2]), "unsent stays");
-    cr_assert_eq(lt_bits(e[3]), lt_bits(s[i][3]), "trainer %u element 3", i);
-    pulse_loco_free(t[i]);
+    for (int j = 1; j < GM_P; j++)
+      if (j != 2)
+        cr_assert_eq(lt_bits(e[j]), 0u, "trainer %u element %d kept", i, j);
+    /* Off: what was sent is applied and gone from e. */
+    e = pulse_loco_residual(off[i]);
+    for (int j = 0; j < GM_P; j++)
+      cr_assert_eq(lt_bits(e[j]), j == 2 ? lt_bits(s[i][2]) : 0u,
+                   "off: trainer %u element %d", i, j);
   }
-  /* Off: what was sent is applied and gone from e. */
-  gate_mean_round(0, 0, 3, t, s);
-  g = pulse_loco_global(t[0]);
-  cr_assert(g[0] < 1.0f && g[1] < 1.0f && g[3] > 1.0f && g[2] == 1.0f);
-  for (uint32_t i = 0; i < 2; i++) {
-    const float *e = pulse_loco_residual(t[i]);
-    cr_assert(e[0] == 0.0f && e[1] == 0.0f && e[3] == 0.0f);
-    cr_assert_eq(lt_bits(e[2]), lt_bits(s[i][2]));
-    pulse_loco_free(t[i]);
-  }
-  /* On, trainer 0 leaving: its flush (0, 1, 2 and 3) is applied whole. */
-  gate_mean_round(1, 1, 3, t, s);
-  g = pulse_loco_global(t[1]);
-  cr_assert(g[0] < 1.0f && g[1] < 1.0f && g[2] < 1.0f && g[3] != 1.0f);
-  const float *e = pulse_loco_residual(t[1]);
-  cr_assert(e[1] == 0.0f && e[3] == 0.0f);
+  gate_mean_free(on);
+  gate_mean_free(off);
+  /* On, trainer 0 leaving: its flush (0 to 4) is applied whole. */
+  gate_mean_round(1, 1, 3, on, s);
+  g = pulse_loco_global(on[1]);
+  cr_assert(g[0] < 1.0f && g[1] < 1.0f && g[2] < 1.0f && g[3] != 1.0f &&
+            g[4] != 1.0f && g[5] < 1.0f);
+  const float *e = pulse_loco_residual(on[1]);
+  cr_assert(e[1] == 0.0f && e[3] == 0.0f && e[4] == 0.0f);
   cr_assert_eq(lt_bits(e[2]), lt_bits(s[1][2]), "trainer 1 sent no 2");
-  pulse_loco_free(t[0]);
-  pulse_loco_free(t[1]);
+  gate_mean_free(on);
 }
 
 /* Older callers get the mean gate off: a version 2 struct ends before
@@ -309,11 +331,10 @@ Test(loco, options_of_version_2_leave_the_mean_gate_off) {
   pulse_loco_opts o = PULSE_LOCO_OPTS_INIT;
   cr_assert_eq(o.struct_version, 3u);
   cr_assert_eq(o.gate_mean, 0);
-  pulse_loco *t[2];
-  float s[2][4];
+  pulse_loco *t[GM_T];
+  float s[GM_T][GM_P];
   gate_mean_round(1, 0, 2, t, s);
   cr_assert(pulse_loco_global(t[0])[0] < 1.0f, "the mean gate was on");
   cr_assert(pulse_loco_residual(t[0])[0] == 0.0f);
-  pulse_loco_free(t[0]);
-  pulse_loco_free(t[1]);
+  gate_mean_free(t);
 }

@@ -2,6 +2,7 @@
  * "Partitioned averaging"): the plan, and a partitioned round equal bit for
  * bit to pulse_loco_finish over the same contributors (theta_g, b, e, round)
  * across seeds, member counts, bandwidths, empty ranges and silent ranges. */
+#include "loco_impl.h"
 #include "loco_testutil.h"
 #include "pulse_loco_partition.h"
 
@@ -165,6 +166,7 @@ typedef struct {
   int keep; /* the keep rule (its denominator: no averages' scale) */
   int gate_mean;
   uint64_t deferred; /* trainer 0's sent entries kept in its e */
+  uint64_t quorum;   /* ... sent by a quorum of the contributors */
 } pair_run;
 
 static void run_create(pair_run *g, uint32_t n, uint64_t P, uint64_t seed,
@@ -291,15 +293,22 @@ static void one_round(pair_run *g, const uint64_t *weights, uint64_t *rng,
     bl[k] = (pulse_loco_contribution){blobs[k].data, blobs[k].size};
     pulse_loco_reducer_free(r);
   }
-  /* Trainer 0's sent entries, to count those it keeps after the round:
-   * the mean gate's deferred ones (none without it). */
+  /* Trainer 0's sent entries and how many contributors sent each, to
+   * count those it keeps after the round: the mean gate's deferred ones
+   * (none without it, none where a quorum sent). */
   pulse_loco_payload_header h0;
   pulse_loco_entries sent0 = PULSE_LOCO_ENTRIES_INIT;
   float *tg0 = malloc(g->P * sizeof *tg0);
-  memcpy(tg0, pulse_loco_global(g->ref[0]), g->P * sizeof *tg0);
-  cr_assert_eq(pulse_loco_payload_decode(set[0].data, set[0].size, tg0, NULL,
-                                         g->P, &h0, &sent0),
-               PULSE_OK);
+  uint32_t *senders = calloc(g->P, sizeof *senders);
+  for (uint32_t i = g->n; i-- > 0;) {
+    pulse_loco_entries_free(&sent0);
+    memcpy(tg0, pulse_loco_global(g->ref[0]), g->P * sizeof *tg0);
+    cr_assert_eq(pulse_loco_payload_decode(set[i].data, set[i].size, tg0,
+                                           NULL, g->P, &h0, &sent0),
+                 PULSE_OK);
+    for (uint64_t j = 0; j < sent0.count; j++)
+      senders[sent0.pos[j]]++;
+  }
   for (uint32_t i = 0; i < g->n; i++) {
     pulse_loco_finish_info a, b;
     pulse_loco_reduced_verdict v;
@@ -316,10 +325,17 @@ static void one_round(pair_run *g, const uint64_t *weights, uint64_t *rng,
     free((void *)set[k].data);
   }
   const float *e0 = pulse_loco_residual(g->part[0]);
-  for (uint64_t j = 0; j < sent0.count; j++)
-    g->deferred += e0[sent0.pos[j]] != 0.0f;
+  for (uint64_t j = 0; j < sent0.count; j++) {
+    uint64_t p = sent0.pos[j];
+    g->deferred += e0[p] != 0.0f;
+    if (g->gate_mean && senders[p] >= LOCO_GATE_QUORUM) {
+      cr_assert_eq(lt_bits(e0[p]), 0u, "%u of %u sent %llu, yet kept",
+                   senders[p], g->n, (unsigned long long)p);
+      g->quorum++;
+    }
+  }
   pulse_loco_entries_free(&sent0);
-  free(tg0);
+  free(tg0), free(senders);
   for (uint32_t i = 0; i < g->n; i++) {
     cr_assert_eq(pulse_loco_round(g->ref[i]), pulse_loco_round(g->part[i]));
     assert_same_bits(pulse_loco_global(g->ref[i]),
@@ -332,10 +348,13 @@ static void one_round(pair_run *g, const uint64_t *weights, uint64_t *rng,
 }
 
 /* Returns how many sent entries trainer 0 kept in e over the trials (the
- * mean gate's deferred ones). */
+ * mean gate's deferred ones); *quorum (may be NULL): how many it sent
+ * where a quorum of the contributors did too (all applied). */
 static uint64_t equivalence_trials(const pulse_loco_opts *base, int trials,
-                                   uint64_t seed0) {
+                                   uint64_t seed0, uint64_t *quorum) {
   uint64_t rng = seed0, deferred = 0;
+  if (quorum)
+    *quorum = 0;
   for (int t = 0; t < trials; t++) {
     uint32_t n = 1 + (uint32_t)(t % MAX_N);
     /* Small vectors give empty ranges (fewer cells than owners). */
@@ -349,6 +368,8 @@ static uint64_t equivalence_trials(const pulse_loco_opts *base, int trials,
     for (int round = 0; round < 3; round++)
       one_round(&g, w, &rng, round == 2 && t % 2 == 1);
     deferred += g.deferred;
+    if (quorum)
+      *quorum += g.quorum;
     run_free(&g);
   }
   return deferred;
@@ -356,7 +377,7 @@ static uint64_t equivalence_trials(const pulse_loco_opts *base, int trials,
 
 Test(partition, equals_all_to_all_bit_for_bit, .timeout = 120) {
   pulse_loco_opts o = PULSE_LOCO_OPTS_INIT;
-  cr_assert_eq(equivalence_trials(&o, 36, 11), 0, "sent entries kept in e");
+  cr_assert_eq(equivalence_trials(&o, 36, 11, NULL), 0, "sent entries kept in e");
 }
 
 Test(partition, equals_all_to_all_under_other_options, .timeout = 120) {
@@ -365,28 +386,34 @@ Test(partition, equals_all_to_all_under_other_options, .timeout = 120) {
   o.values = PULSE_LOCO_VALUES_RAW;
   o.pos_model = PULSE_POS_PLAIN;
   o.chunk_log2 = 10;
-  equivalence_trials(&o, 18, 101);
+  equivalence_trials(&o, 18, 101, NULL);
   pulse_loco_opts d = PULSE_LOCO_OPTS_INIT;
   d.gate = PULSE_LOCO_GATE_NONE; /* dense DiLoCo: every entry */
-  equivalence_trials(&d, 9, 202);
+  equivalence_trials(&d, 9, 202, NULL);
 }
 
-/* The mean gate: owners write only the means that pass it (and a leaving
- * trainer's flushed elements), the all-to-all finish gates its means; the
- * same bits, e included (the rejected entries back in their senders' e,
- * which happens: trainer 0 keeps some of its sent entries). Every other
- * trial has a leaving trainer in its last round. */
+/* The mean gate: owners write only the means it accepts (those that pass
+ * the gate, those a quorum of the contributors sent, a leaving trainer's
+ * flushed elements), the all-to-all finish gates its means alike; the same
+ * bits, e included. Both happen: trainer 0 keeps some of the entries it
+ * sent (where fewer than a quorum sent), and where a quorum sent, it
+ * keeps none (one_round checks). Every other trial has a leaving trainer
+ * in its last round. */
 Test(partition, equals_all_to_all_with_the_mean_gate, .timeout = 120) {
+  uint64_t quorum;
   pulse_loco_opts o = PULSE_LOCO_OPTS_INIT;
   o.gate_mean = 1;
-  cr_assert_gt(equivalence_trials(&o, 27, 303), 0);
+  cr_assert_gt(equivalence_trials(&o, 27, 303, &quorum), 0);
+  cr_assert_gt(quorum, 0);
   o.rule = PULSE_LOCO_RULE_KEEP;
   o.values = PULSE_LOCO_VALUES_RAW;
-  cr_assert_gt(equivalence_trials(&o, 9, 404), 0);
+  cr_assert_gt(equivalence_trials(&o, 9, 404, &quorum), 0);
+  cr_assert_gt(quorum, 0);
   pulse_loco_opts d = PULSE_LOCO_OPTS_INIT;
   d.gate = PULSE_LOCO_GATE_NONE;
   d.gate_mean = 1;
-  cr_assert_gt(equivalence_trials(&d, 9, 505), 0);
+  equivalence_trials(&d, 9, 505, &quorum);
+  cr_assert_gt(quorum, 0);
 }
 
 /* ------------------------------------------------------- bad reductions */
