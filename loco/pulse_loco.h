@@ -101,11 +101,12 @@ typedef struct {
   /* Version 2: the loss rule (version 1 callers get the default). */
   pulse_loco_rule rule;
   /* Version 3 (older callers get 0, off): non-zero gates the round's mean
-   * as a payload's entries are gated. The outer step applies only the
-   * entries of the mean that would move bf16(theta_g) (pulse_loco_gate on
-   * theta_g and the mean); elsewhere it applies 0, and every contributor
-   * whose payload is in the set keeps the entries it sent there in its
-   * error feedback (e = s: deferred, not lost). Partitioned, the reduced
+   * as a payload's entries are gated. The outer step applies the entries
+   * of the mean that at least 2 contributors sent (a quorum) and those
+   * that would move bf16(theta_g) (pulse_loco_gate on theta_g and the
+   * mean); elsewhere it applies 0, and every contributor whose payload is
+   * in the set keeps the entries it sent there in its error feedback
+   * (e = s: deferred, not lost). Partitioned, the reduced
    * ranges then carry only those entries (fewer bytes in: PAYLOAD.md "The
    * round", "Reduced range"). Every trainer of a run must use the same
    * setting: a reduced range of the other setting is refused; all-to-all
