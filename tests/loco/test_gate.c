@@ -267,8 +267,8 @@ static void gate_mean_round(int gate_mean, int leaving, uint32_t version,
     memcpy((void *)set[i].data, p, n);
   }
   for (uint32_t i = 0; i < GM_T; i++)
-    cr_assert_eq(pulse_loco_finish(t[i], set, GM_T, NULL, NULL), PULSE_OK,
-                 "%s", pulse_error_detail());
+    cr_assert_eq(pulse_loco_finish(t[i], set, GM_T, NULL, NULL), PULSE_OK, "%s",
+                 pulse_error_detail());
   for (uint32_t i = 0; i < GM_T; i++) {
     free((void *)set[i].data);
     cr_assert_eq(pulse_loco_global_digest(t[0]),
@@ -290,8 +290,8 @@ Test(loco, gate_mean_applies_visible_or_quorum_means_and_defers_the_rest) {
   /* On: elements 0 and 2 stay; 1, 3, 4 and 5 take the very step they take
    * without the gate (the same mean). */
   const float *g = pulse_loco_global(on[0]), *ref = pulse_loco_global(off[0]);
-  cr_assert(g[0] == 1.0f && g[2] == 1.0f, "rejected means applied: %a %a",
-            g[0], g[2]);
+  cr_assert(g[0] == 1.0f && g[2] == 1.0f, "rejected means applied: %a %a", g[0],
+            g[2]);
   cr_assert(ref[0] < 1.0f, "off, element 0 applied");
   for (int j = 1; j < GM_P; j++)
     if (j != 2) {
