@@ -369,10 +369,17 @@ pulse_status pulse_loco_finish(pulse_loco *ctx,
                       "loco finish: empty contributor set (abandon instead)");
   decoded *d = calloc(count, sizeof *d);
   double *acc = calloc((size_t)ctx->n, sizeof *acc);
-  uint32_t *senders = NULL; /* the mean gate's: see below */
-  uint8_t *exempt = NULL;
+  /* The mean gate's other inputs (pulse_loco_gate_mean_): how many
+   * contributors sent each element (a mean a quorum of them pushed is
+   * applied whatever its size), and the elements a leaving sender flushed
+   * (applied whole: nothing of it may wait in an error feedback that
+   * leaves with it). */
+  int gated = ctx->opts.gate_mean;
+  uint32_t *senders = gated ? calloc((size_t)ctx->n, sizeof *senders) : NULL;
+  uint8_t *exempt = gated ? calloc((size_t)ctx->n, 1) : NULL;
   pulse_status st = PULSE_OK;
-  if (d == NULL || acc == NULL) {
+  if (d == NULL || acc == NULL ||
+      (gated && (senders == NULL || exempt == NULL))) {
     st = pulse_fail(PULSE_ERR_NOMEM, "loco finish: %zu contributions", count);
     goto done;
   }
@@ -414,34 +421,16 @@ pulse_status pulse_loco_finish(pulse_loco *ctx,
    * sender order on every trainer, so every trainer gets the same bits. */
   for (size_t i = 0; i < count; i++) {
     double w = (double)d[i].h.samples;
-    for (uint64_t j = 0; j < d[i].e.count; j++)
-      acc[d[i].e.pos[j]] += w * (double)d[i].e.val[j];
-  }
-  /* The mean gate's other inputs (pulse_loco_gate_mean_): how many
-   * contributors sent each element (a mean a quorum of them pushed is
-   * applied whatever its size), and the elements a leaving sender flushed
-   * (applied whole: nothing of it may wait in an error feedback that
-   * leaves with it). */
-  if (ctx->opts.gate_mean) {
-    if ((senders = calloc((size_t)ctx->n, sizeof *senders)) == NULL) {
-      st = pulse_fail(PULSE_ERR_NOMEM, "loco finish: %llu parameters",
-                      (unsigned long long)ctx->n);
-      goto done;
-    }
-    for (size_t i = 0; i < count; i++)
-      for (uint64_t j = 0; j < d[i].e.count; j++)
-        senders[d[i].e.pos[j]]++;
-  }
-  for (size_t i = 0; i < count && ctx->opts.gate_mean; i++)
-    if (d[i].h.flags & PULSE_LOCO_PAYLOAD_LEAVING) {
-      if (exempt == NULL && (exempt = calloc((size_t)ctx->n, 1)) == NULL) {
-        st = pulse_fail(PULSE_ERR_NOMEM, "loco finish: %llu parameters",
-                        (unsigned long long)ctx->n);
-        goto done;
+    int leaving = (d[i].h.flags & PULSE_LOCO_PAYLOAD_LEAVING) != 0;
+    for (uint64_t j = 0; j < d[i].e.count; j++) {
+      uint64_t p = d[i].e.pos[j];
+      acc[p] += w * (double)d[i].e.val[j];
+      if (gated) {
+        senders[p]++;
+        exempt[p] |= (uint8_t)leaving;
       }
-      for (uint64_t j = 0; j < d[i].e.count; j++)
-        exempt[d[i].e.pos[j]] = 1;
     }
+  }
   double wsum = pulse_loco_denominator_(ctx, weight, count);
   if (info) {
     info->round = ctx->round;
@@ -451,8 +440,8 @@ pulse_status pulse_loco_finish(pulse_loco *ctx,
     info->entries = entries;
   }
   pulse_loco_gate_in_ gin = {senders, exempt};
-  pulse_loco_conclude_(ctx, NULL, acc, wsum, senders ? &gin : NULL,
-                       self_included, theta_r);
+  pulse_loco_conclude_(ctx, NULL, acc, wsum, gated ? &gin : NULL, self_included,
+                       theta_r);
 done:
   if (d)
     for (size_t i = 0; i < count; i++)
