@@ -40,8 +40,9 @@ typedef struct {
   uint32_t timeout_ms;       /* the whole exchange */
   uint32_t check_period;     /* 0 or 1: every range recomputed by another
                                 trainer every round (the default); p > 1:
-                                range k in rounds r with (r + k) % p == 0
-                                (cheaper; a wrong range can then pass) */
+                                range k in rounds r with r % p == k % p
+                                (pulse_loco_plan_round_checker; cheaper, a
+                                wrong range can then pass) */
   int receipts_only;         /* no recomputation at all: only each sender's
                                 receipt and the blobs' consistency */
   uint32_t max_attempts;     /* runs without the offenders (0 means 2) */

@@ -1,26 +1,70 @@
 /* partition_plan.c - who reduces which range of a partitioned round
  * (PAYLOAD.md "Partitioned averaging"): boundaries in proportion to the
- * owners' bandwidth, on cell multiples, from integers only so that every
- * trainer computes the same plan; and the rotation of the checkers. */
+ * owners' bandwidth, on cell multiples, counted in parameters or in the
+ * replicated momentum's active entries, from integers and replicated bits
+ * only so that every trainer computes the same plan; and the rotation of
+ * the checkers. */
 #include <stdlib.h>
 #include <string.h>
 
+#include "loco_impl.h"
+#include "pulse_loco_elem.h"
 #include "pulse_loco_partition.h"
 #include "status_impl.h"
 
 /* Weights are brought under 2^24 (a right shift of all of them, the same
- * everywhere) so that cells (<= 2^29 + 1) times a sum of at most 1024 of
- * them stays below 2^64. */
+ * everywhere): their sum stays far below 2^64 (the products with cell
+ * counts or costs go through mul_div). */
 #define WEIGHT_BITS 24u
 
-pulse_status pulse_loco_plan_make(uint64_t P, const uint32_t *ids,
-                                  const uint64_t *weights, size_t count,
-                                  pulse_loco_plan *plan) {
+/* floor(a * b / c) for c > 0 and a result below 2^64, in integers: the
+ * product in two 64-bit halves, then a long division. */
+static uint64_t mul_div(uint64_t a, uint64_t b, uint64_t c) {
+  uint64_t a_lo = a & 0xffffffffu, a_hi = a >> 32;
+  uint64_t b_lo = b & 0xffffffffu, b_hi = b >> 32;
+  uint64_t ll = a_lo * b_lo, lh = a_lo * b_hi, hl = a_hi * b_lo,
+           hh = a_hi * b_hi;
+  uint64_t mid = (ll >> 32) + (lh & 0xffffffffu) + (hl & 0xffffffffu);
+  uint64_t lo = (ll & 0xffffffffu) | (mid << 32);
+  uint64_t hi = hh + (lh >> 32) + (hl >> 32) + (mid >> 32);
+  uint64_t q = 0, r = 0;
+  for (int bit = 127; bit >= 0; bit--) {
+    uint64_t top = r >> 63; /* r * 2 may pass 2^64: then it exceeds c */
+    r = (r << 1) | ((bit >= 64 ? hi >> (bit - 64) : lo >> bit) & 1u);
+    if (top || r >= c) {
+      r -= c;
+      if (bit < 64)
+        q |= 1ull << bit;
+    }
+  }
+  return q;
+}
+
+/* What cell `c` (parameters [c A, min((c + 1) A, P))) weighs in the plan:
+ * 1, plus, with a context, its elements whose outer momentum b would move
+ * bf16(theta_g) (pulse_loco_gate). b and theta_g are replicated bit for
+ * bit, so every trainer counts the same. */
+static uint64_t cell_cost(const pulse_loco *ctx, uint64_t c, uint64_t P) {
+  uint64_t A = PULSE_LOCO_PART_ALIGN, lo = c * A;
+  uint64_t hi = lo + A < P ? lo + A : P, cost = 1;
+  for (uint64_t i = lo; ctx != NULL && i < hi; i++)
+    cost += (uint64_t)(ctx->b[i] != 0.0f &&
+                       pulse_loco_gate(ctx->theta_g[i], ctx->b[i]));
+  return cost;
+}
+
+static pulse_status make_plan(uint64_t P, const uint32_t *ids,
+                              const uint64_t *weights, size_t count,
+                              const pulse_loco *ctx, pulse_loco_plan *plan) {
   if (plan == NULL || ids == NULL || count == 0 || count > PULSE_LOCO_PART_MAX)
     return pulse_fail(PULSE_ERR_ARG, "loco plan: %zu contributors", count);
   if (P == 0 || P > PULSE_LOCO_MAX_PARAMS)
     return pulse_fail(PULSE_ERR_ARG, "loco plan: %llu parameters",
                       (unsigned long long)P);
+  if (ctx != NULL && ctx->n != P)
+    return pulse_fail(PULSE_ERR_ARG,
+                      "loco plan: %llu parameters, the context has %llu",
+                      (unsigned long long)P, (unsigned long long)ctx->n);
   for (size_t k = 1; k < count; k++)
     if (ids[k] <= ids[k - 1])
       return pulse_fail(PULSE_ERR_ARG, "loco plan: ids not increasing");
@@ -44,18 +88,52 @@ pulse_status pulse_loco_plan_make(uint64_t P, const uint32_t *ids,
     w[k] = (w[k] != 0 && s == 0) ? 1u : s;
     total += w[k];
   }
-  uint64_t A = PULSE_LOCO_PART_ALIGN, cells = (P + A - 1) / A, cum = 0;
+  uint64_t A = PULSE_LOCO_PART_ALIGN, cells = (P + A - 1) / A;
+  uint64_t all = cells; /* the cost of every cell (1 each: the cells) */
+  if (ctx != NULL) {
+    all = 0;
+    for (uint64_t c = 0; c < cells; c++)
+      all += cell_cost(ctx, c, P);
+  }
   memset(plan, 0, sizeof *plan);
   plan->param_count = P;
   plan->count = (uint32_t)count;
+  /* Owner k starts at the last cell boundary whose cost before it is at
+   * most its share's start, floor(all * cum / total): with every cell
+   * costing 1, the cell floor(cells * cum / total). */
+  uint64_t cum = 0, cell = 0, before = 0;
   for (size_t k = 0; k < count; k++) {
     plan->ids[k] = ids[k];
-    uint64_t at = (cells * cum / total) * A;
+    uint64_t target = mul_div(all, cum, total);
+    if (ctx == NULL) {
+      cell = target;
+    } else {
+      for (uint64_t next; cell < cells &&
+                          before + (next = cell_cost(ctx, cell, P)) <= target;
+           cell++)
+        before += next;
+    }
+    uint64_t at = cell * A;
     plan->start[k] = at < P ? at : P;
     cum += w[k];
   }
   plan->start[count] = P;
   return PULSE_OK;
+}
+
+pulse_status pulse_loco_plan_make(uint64_t P, const uint32_t *ids,
+                                  const uint64_t *weights, size_t count,
+                                  pulse_loco_plan *plan) {
+  return make_plan(P, ids, weights, count, NULL, plan);
+}
+
+pulse_status pulse_loco_plan_make_active(const pulse_loco *ctx,
+                                         const uint32_t *ids,
+                                         const uint64_t *weights,
+                                         size_t count, pulse_loco_plan *plan) {
+  if (ctx == NULL)
+    return pulse_fail(PULSE_ERR_ARG, "loco plan: NULL context");
+  return make_plan(ctx->n, ids, weights, count, ctx, plan);
 }
 
 static int by_value(const void *a, const void *b) {
@@ -119,4 +197,13 @@ int pulse_loco_plan_checker(const pulse_loco_plan *plan, uint64_t round,
       return (int)j;
   }
   return -1;
+}
+
+int pulse_loco_plan_round_checker(const pulse_loco_plan *plan, uint64_t round,
+                                  uint32_t attempt, uint32_t period,
+                                  uint32_t k, const uint8_t *eligible) {
+  uint32_t p = period ? period : 1u;
+  if (round % p != k % p)
+    return -1;
+  return pulse_loco_plan_checker(plan, round / p, attempt, k, eligible);
 }

@@ -103,9 +103,12 @@ static pulse_status publish(attempt_state *s, const char *what,
   return loco_server_put(s->in->srv, path, b->data, b->size);
 }
 
-static int checked_this_round(const attempt_state *s, uint32_t k) {
-  uint32_t p = s->in->check_period ? s->in->check_period : 1u;
-  return !s->in->receipts_only && (s->round + k) % p == 0;
+/* Who recomputes range k this round (-1: nobody). */
+static int checker_of(const attempt_state *s, uint32_t k) {
+  if (s->in->receipts_only)
+    return -1;
+  return pulse_loco_plan_round_checker(&s->plan, s->round, s->attempt,
+                                       s->in->check_period, k, s->c.serving);
 }
 
 /* Phase 1: slices out, the slices of the owned and checked ranges in. */
@@ -377,7 +380,9 @@ static pulse_status run_attempt(attempt_state *s, uint32_t *offenders,
   uint64_t w[PULSE_LOCO_PART_MAX];
   for (uint32_t j = 0; j < N; j++)
     w[j] = s->c.serving[j] ? s->c.weights[j] : 0; /* client mode: no range */
-  PULSE_TRY(pulse_loco_plan_make(in->ctx->n, s->c.ids, w, N, &s->plan));
+  /* Cut in the momentum's active entries (bytes), not parameters: every
+   * trainer holds the same theta_g and b. */
+  PULSE_TRY(pulse_loco_plan_make_active(in->ctx, s->c.ids, w, N, &s->plan));
   pulse_loco_reducer *own = NULL;
   pulse_status st = PULSE_OK;
   uint32_t k_self = (uint32_t)s->self;
@@ -385,9 +390,7 @@ static pulse_status run_attempt(attempt_state *s, uint32_t *offenders,
     st = pulse_loco_reducer_create(in->ctx, &s->plan, k_self, s->c.samples,
                                    &own);
   for (uint32_t k = 0; k < N && st == PULSE_OK; k++)
-    if (checked_this_round(s, k) &&
-        pulse_loco_plan_checker(&s->plan, s->round, s->attempt, k,
-                                s->c.serving) == s->self)
+    if (checker_of(s, k) == s->self)
       st = pulse_loco_reducer_create(in->ctx, &s->plan, k, s->c.samples,
                                      &s->chk[k]);
   if (st == PULSE_OK)

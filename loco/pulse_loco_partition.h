@@ -66,6 +66,24 @@ pulse_status pulse_loco_plan_make(uint64_t P, const uint32_t *ids,
                                   const uint64_t *weights, size_t count,
                                   pulse_loco_plan *plan);
 
+/** pulse_loco_plan_make counted in bytes rather than parameters: each owner
+ * gets the share of its weight of the cells' costs, a cell of
+ * PULSE_LOCO_PART_ALIGN parameters costing 1 plus its elements whose outer
+ * momentum b would move bf16(theta_g) (pulse_loco_gate(theta_g[i], b[i])).
+ * The momentum holds the last rounds' means (decaying by mu a round), so
+ * these are where the model has been changing, where payload entries and
+ * means are dense; a parameter count cut gives the owner of such a range
+ * several times the bytes of the others. theta_g and b are replicated bit
+ * for bit (the state's digests), so every trainer of the round plans the
+ * same; a zero momentum (round 0) gives pulse_loco_plan_make's plan. P is
+ * ctx's parameter count; the other arguments and returns as
+ * pulse_loco_plan_make (PULSE_ERR_ARG also for a NULL ctx). Reads every
+ * element twice. */
+pulse_status pulse_loco_plan_make_active(const pulse_loco *ctx,
+                                         const uint32_t *ids,
+                                         const uint64_t *weights,
+                                         size_t count, pulse_loco_plan *plan);
+
 /* The largest ratio between two weights pulse_loco_plan_weights gives. */
 #define PULSE_LOCO_PLAN_MAX_RATIO 4u
 
@@ -92,6 +110,19 @@ int pulse_loco_plan_index(const pulse_loco_plan *plan, uint32_t id);
 int pulse_loco_plan_checker(const pulse_loco_plan *plan, uint64_t round,
                             uint32_t attempt, uint32_t k,
                             const uint8_t *eligible);
+
+/** Who recomputes range k in round `round` (attempt `attempt`) when one
+ * range in `period` is recomputed a round (0 or 1: every range, every
+ * round): range k in the rounds with round % period == k % period, by
+ * pulse_loco_plan_checker at round / period. Within a period the shift is
+ * fixed, so the checkers of its rounds are all different (each trainer
+ * checks one range per period when period is the count) and the pairs
+ * change from one period to the next. (Both rotating with the round would
+ * cancel: the same trainer would check every round.) -1: range k is not
+ * recomputed this round, or nobody eligible. */
+int pulse_loco_plan_round_checker(const pulse_loco_plan *plan, uint64_t round,
+                                  uint32_t attempt, uint32_t period,
+                                  uint32_t k, const uint8_t *eligible);
 
 /* ----------------------------------------------------------------- slices */
 

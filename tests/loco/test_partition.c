@@ -120,6 +120,87 @@ Test(partition, plan_weights_follow_bandwidth_within_a_bounded_ratio) {
   cr_assert_eq(plan.start[4] - plan.start[3], 48 * PULSE_LOCO_PART_ALIGN);
 }
 
+Test(partition, an_active_plan_cuts_the_momentum_s_active_entries) {
+  /* 64 cells of theta_g = 1; b moves bf16(1) (pulse_loco_gate) in every
+   * element of the last 16 cells only, and is far too small to in the
+   * first 48: costs 48 x 1 + 16 x (1 + 128) = 2112, 528 a share of 4.
+   * Owner 1 starts after 48 + 3 x 129 = 435 <= 528 (4 would be 564):
+   * cell 51; owner 2 after 48 + 7 x 129 = 951 <= 1056: cell 55; owner 3
+   * after 48 + 11 x 129 = 1467 <= 1584: cell 59. */
+  const uint64_t A = PULSE_LOCO_PART_ALIGN, P = 64 * A;
+  float *theta = malloc(P * sizeof *theta);
+  cr_assert_not_null(theta);
+  for (uint64_t i = 0; i < P; i++)
+    theta[i] = 1.0f;
+  pulse_loco *ctx = lt_ctx(P, 1, theta);
+  uint32_t ids[4] = {1, 2, 3, 4};
+  pulse_loco_plan plan, flat;
+  /* A zero momentum (round 0): the parameter count cut. */
+  cr_assert_eq(pulse_loco_plan_make_active(ctx, ids, NULL, 4, &plan),
+               PULSE_OK);
+  cr_assert_eq(pulse_loco_plan_make(P, ids, NULL, 4, &flat), PULSE_OK);
+  cr_assert_eq(memcmp(&plan, &flat, sizeof plan), 0);
+  for (uint64_t i = 0; i < P; i++)
+    ctx->b[i] = i < 48 * A ? 1e-9f : 0.25f;
+  cr_assert(!lt_ref_gate(1.0f, 1e-9f) && lt_ref_gate(1.0f, 0.25f));
+  cr_assert_eq(pulse_loco_plan_make_active(ctx, ids, NULL, 4, &plan),
+               PULSE_OK);
+  const uint64_t cells[5] = {0, 51, 55, 59, 64};
+  for (int k = 0; k <= 4; k++)
+    cr_assert_eq(plan.start[k], cells[k] * A, "owner %d starts at %llu", k,
+                 (unsigned long long)plan.start[k]);
+  /* Bandwidth still weighs: owner 4 at twice the others' rate gets twice
+   * their share of the cost (2112 x 3 / 5 = 1267: 48 + 9 x 129 = 1209). */
+  uint64_t w[4] = {1, 1, 1, 2};
+  cr_assert_eq(pulse_loco_plan_make_active(ctx, ids, w, 4, &plan), PULSE_OK);
+  cr_assert_eq(plan.start[3], 57 * A);
+  cr_assert_eq(plan.start[4], P);
+  /* The context's parameters are the plan's. */
+  cr_assert_eq(pulse_loco_plan_make_active(NULL, ids, NULL, 4, &plan),
+               PULSE_ERR_ARG);
+  pulse_loco_free(ctx);
+  free(theta);
+}
+
+Test(partition, a_rotating_check_reaches_every_trainer_once_a_period) {
+  uint32_t ids[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+  pulse_loco_plan plan;
+  cr_assert_eq(pulse_loco_plan_make(8 * 1024, ids, NULL, 8, &plan), PULSE_OK);
+  int pair_seen[8][8];
+  memset(pair_seen, 0, sizeof pair_seen);
+  for (uint64_t period = 0; period < 7; period++) {
+    int load[8] = {0};
+    for (uint64_t r = 8 * period; r < 8 * period + 8; r++) {
+      int checked = 0;
+      for (uint32_t k = 0; k < 8; k++) {
+        int c = pulse_loco_plan_round_checker(&plan, r, 0, 8, k, NULL);
+        if (c < 0)
+          continue;
+        cr_assert_neq(c, (int)k);
+        checked++, load[c]++;
+        pair_seen[k][c]++;
+      }
+      cr_assert_eq(checked, 1, "round %llu: one range checked",
+                   (unsigned long long)r);
+    }
+    /* (A checked range and a checker that both turned with the round
+     * gave one trainer every check.) */
+    for (int j = 0; j < 8; j++)
+      cr_assert_eq(load[j], 1, "period %llu: trainer %d checked %d ranges",
+                   (unsigned long long)period, j, load[j]);
+  }
+  for (int k = 0; k < 8; k++)
+    for (int j = 0; j < 8; j++)
+      cr_assert_eq(pair_seen[k][j], j != k, "owner %d, checker %d", k, j);
+  /* Period 0 or 1: every range every round, as pulse_loco_plan_checker. */
+  for (uint32_t k = 0; k < 8; k++) {
+    cr_assert_eq(pulse_loco_plan_round_checker(&plan, 5, 1, 1, k, NULL),
+                 pulse_loco_plan_checker(&plan, 5, 1, k, NULL));
+    cr_assert_eq(pulse_loco_plan_round_checker(&plan, 5, 1, 0, k, NULL),
+                 pulse_loco_plan_checker(&plan, 5, 1, k, NULL));
+  }
+}
+
 Test(partition, plan_refuses_bad_arguments) {
   uint32_t ids[3] = {1, 1, 2};
   pulse_loco_plan plan;
