@@ -565,6 +565,46 @@ static void print_rounds(const collab_bench *b, uint32_t last) {
   }
 }
 
+/* Bytes in over the peer's own payload, the issue's measure of
+ * partitioned averaging (at most 3x at 8 peers): the mean over non-writer
+ * peer-rounds, the worst peer's mean over its non-writer rounds, the worst
+ * non-writer peer-round, and the writers' mean. Peer-rounds without a
+ * payload (a joiner's first, a client's missed round) do not count. */
+typedef struct {
+  double mean, worst_peer, worst_peer_round, writer;
+  uint64_t count;
+} in_ratios;
+
+static in_ratios ratios_of(const collab_bench *b, uint32_t last) {
+  in_ratios q = {0, 0, 0, 0, 0};
+  static double sum[MAXP + 1];
+  static uint64_t n[MAXP + 1];
+  memset(sum, 0, sizeof sum), memset(n, 0, sizeof n);
+  double wsum = 0;
+  uint64_t wn = 0;
+  for (uint32_t r = 0; r < last; r++) {
+    const round_row *w = &b->rows[r];
+    for (uint32_t id = 1; id <= MAXP; id++) {
+      if (!w->reported[id] || w->payload[id] == 0)
+        continue;
+      double x = (double)w->in[id] / (double)w->payload[id];
+      if (id == w->writer) {
+        wsum += x, wn++;
+        continue;
+      }
+      sum[id] += x, n[id]++;
+      q.mean += x, q.count++;
+      q.worst_peer_round = x > q.worst_peer_round ? x : q.worst_peer_round;
+    }
+  }
+  q.mean = q.count ? q.mean / (double)q.count : 0;
+  q.writer = wn ? wsum / (double)wn : 0;
+  for (uint32_t id = 1; id <= MAXP; id++)
+    if (n[id] && sum[id] / (double)n[id] > q.worst_peer)
+      q.worst_peer = sum[id] / (double)n[id];
+  return q;
+}
+
 static int write_report(const collab_bench *b, uint32_t last, int argc,
                         char **argv) {
   pulse_report *rep = NULL;
@@ -808,17 +848,22 @@ int bench_loco_collab_main(int argc, char **argv) {
   }
   print_rounds(&b, last);
   double sps = t_end > 0 ? (double)samples / t_end : 0;
+  in_ratios q = ratios_of(&b, last);
   if (b.a.json) {
     printf("{\"summary\":true,\"final_loss\":%.9g,\"samples\":%" PRIu64
            ",\"samples_per_s\":%.2f,\"rounds\":%u,\"wall_s\":%.3f,"
            "\"target_batch\":%" PRIu64 ",\"gate_mean\":%s,\"identical\":%s,"
-           "\"busy\":{",
+           "\"in_over_payload\":{\"mean\":%.3f,\"worst_peer\":%.3f,"
+           "\"worst_peer_round\":%.3f,\"writer\":%.3f},\"busy\":{",
            final_loss, samples, sps, last, wall, b.a.target,
-           b.a.gate_mean ? "true" : "false", identical ? "true" : "false");
+           b.a.gate_mean ? "true" : "false", identical ? "true" : "false",
+           q.mean, q.worst_peer, q.worst_peer_round, q.writer);
   } else {
     printf("rounds %u  samples %" PRIu64 "  samples/s %.1f  final loss %.6f"
-           "  survivors identical: %s\nbusy:",
-           last, samples, sps, final_loss, identical ? "yes" : "no");
+           "  survivors identical: %s\nbytes in / own payload: mean %.2fx, "
+           "worst peer %.2fx, worst peer-round %.2fx, writers %.2fx\nbusy:",
+           last, samples, sps, final_loss, identical ? "yes" : "no", q.mean,
+           q.worst_peer, q.worst_peer_round, q.writer);
   }
   int first = 1;
   for (size_t i = 0; i < b.n; i++) {

@@ -4,7 +4,8 @@
 # writer and a clean leave; every round holds at least T samples but the
 # taken-over one, the survivors end identical, the JSON has its keys; a
 # short run with partitioned averaging, a join and a leave ends identical
-# too (the leaver serves its blobs until the others are done), and so does
+# too (the leaver serves its blobs until the others are done) and its
+# summary's bytes in over own payload match its records, and so does
 # one with the mean gate (--gate-mean); two client-mode
 # peers (--clients 2) contribute every round and end identical, and so does
 # a client with partitioned averaging, every round ended by the exchange;
@@ -39,6 +40,26 @@ timeout 60 "$BENCH" loco --target-batch 128 --rounds 4 --trainers 3 \
   --claim-timeout-ms 1000 --round-timeout-ms 2000 --json > "$work/part.json" 2> "$work/err2"
 expect "partitioned exit status" 0 "$?"
 grep '"summary":true' "$work/part.json" | grep -q '"identical":true' && ok || bad "partitioned peers differ: $(cat "$work/err2")"
+# The summary's bytes in over own payload are the round records' (mean over
+# non-writer peer-rounds, the worst peer's mean, the worst peer-round).
+python3 - "$work/part.json" <<'PY' && ok || bad "in_over_payload does not match the round records"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+summary = [r for r in rows if r.get("summary")][0]["in_over_payload"]
+xs, per = [], {}
+for r in rows:
+    if "bytes_in" not in r:
+        continue
+    for p, b in r["bytes_in"].items():
+        if p != str(r["writer"]) and r["payload"].get(p, 0) > 0:
+            x = b / r["payload"][p]
+            xs.append(x)
+            per.setdefault(p, []).append(x)
+want = {"mean": sum(xs) / len(xs), "worst_peer_round": max(xs),
+        "worst_peer": max(sum(v) / len(v) for v in per.values())}
+for k, v in want.items():
+    assert abs(summary[k] - v) < 2e-3, (k, summary[k], v)
+PY
 # The same with the mean gate (--gate-mean): the owners write only the
 # accepted means, the leaver's flush is applied whole, the peers end
 # identical.
