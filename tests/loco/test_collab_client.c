@@ -222,19 +222,28 @@ Test(collab_client, a_partitioned_client_follows_an_all_to_all_fallback,
     cr_expect_eq(log.final_digest[surv[s]], log.final_digest[3]);
 }
 
-/* Kills peer 2 (the client's host) when the client reports round 1. */
+/* Kills peer 2 (the client's host) once peers 1 and 3 and the client
+ * (user: the ct_log) all reported round 1. Peer 2 is also round 1's
+ * writer (the rule's second serving member): killed when only the client
+ * had reported it (loaded ASan run in CI), it took with it the only copies
+ * of its own payload and of the client's it hosted while peers 1 and 3
+ * held its manifest but not yet those payloads; nobody alive that
+ * finished the round serves state (a client listens nowhere), so both
+ * failed with "no peer served the state of round 2". The test is about a
+ * host that dies, not a writer dying in its close. */
 static void kill_host_after_round_1(ct_child *ks, size_t n, size_t i,
                                     const ct_round *r, void *user) {
-  (void)n, (void)user;
-  if (i == 3 && r->round == 1 && ks[1].pid > 0)
+  (void)n, (void)i, (void)r;
+  const ct_log *log = user;
+  if (ks[1].pid > 0 && log->have[0][1] && log->have[2][1] && log->have[3][1])
     ct_kill(&ks[1]);
 }
 
 Test(collab_client, a_client_whose_host_dies_moves_to_another, .timeout = 90) {
-  /* Peer 4's host (peer 2) is killed after round 1: the client loses a
-   * round, rejoins through another serving member (peer 3, the next one,
-   * when it answers in time), contributes again and ends with the
-   * survivors' bits. */
+  /* Peer 4's host (peer 2) is killed once the others ended round 1: the
+   * client loses a round (its next upload finds no host), rejoins through
+   * another serving member (peer 3, the next one, when it answers in
+   * time), contributes again and ends with the survivors' bits. */
   const uint64_t T = 36, R = 12;
   ct_peer_cfg cfg[4];
   ct_child ks[4];
@@ -246,7 +255,7 @@ Test(collab_client, a_client_whose_host_dies_moves_to_another, .timeout = 90) {
   ct_start(ks, 4);
   static ct_log log;
   memset(&log, 0, sizeof log);
-  ct_collect(ks, 4, &log, kill_host_after_round_1, NULL);
+  ct_collect(ks, 4, &log, kill_host_after_round_1, &log);
   cr_expect_geq(log.lost[3], 1, "the client lost no round");
   cr_expect_eq(log.final_round[3], R);
   cr_expect_eq(log.final_digest[0], log.final_digest[3]);
@@ -283,7 +292,7 @@ Test(collab_client, a_joiner_through_a_clients_url_joins_through_its_host,
    * the client's URL as its seed (a client serves no state: the join goes
    * to its host). Everyone, the client and the joiner included, ends with
    * the same bits, and the joiner's payload counts in a later round. */
-  const uint64_t T = 36, R = 8;
+  const uint64_t T = 36, R = 10;
   ct_peer_cfg cfg[4];
   ct_child ks[4];
   for (uint32_t i = 0; i < 4; i++)
@@ -299,10 +308,26 @@ Test(collab_client, a_joiner_through_a_clients_url_joins_through_its_host,
     cr_expect_eq(log.final_round[i], R, "peer %zu", i + 1);
     cr_expect_eq(log.final_digest[i], log.final_digest[0], "peer %zu", i + 1);
   }
-  int four = 0;
-  for (uint64_t r = 1; r < R; r++)
-    four |= log.have[2][r] && log.row[2][r].contrib == 4u;
-  cr_expect(four, "no round with the joiner's payload");
+  /* A round where the joiner is in with samples of its own, and every
+   * peer that reported it counts the peers that are in: the joiner among
+   * them. (Not "a round with 4 contributors", as before: a loaded ASan
+   * run here had none, the client or the joiner being late to one of the
+   * few rounds after the join costing that round as for any late peer.) */
+  int counted = 0;
+  for (uint64_t r = 1; r < R; r++) {
+    if (!log.have[3][r] || !log.row[3][r].included || log.row[3][r].own == 0)
+      continue;
+    counted = 1;
+    unsigned in = 0;
+    for (size_t i = 0; i < 4; i++)
+      in += log.have[i][r] && log.row[i][r].included;
+    for (size_t i = 0; i < 4; i++)
+      if (log.have[i][r])
+        cr_expect_eq(log.row[i][r].contrib, in, "round %" PRIu64 ": peer %zu "
+                     "counts %u contributors, %u peers in", r, i + 1,
+                     log.row[i][r].contrib, in);
+  }
+  cr_expect(counted, "no round with the joiner's payload");
   ct_quit(ks, 4);
 }
 
