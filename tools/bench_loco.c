@@ -16,7 +16,8 @@
  *   trainer -> parent  "url ID URL", "round R BYTES SENT CONTRIB MEMBERS
  *                      FETCHED RESYNCED LOSS", "done ID ROUND DIGEST",
  *                      "error TEXT"
- *   parent -> trainer  "start N ID URL ID URL ...", "join URL"
+ *   parent -> trainer  "start N ID URL ID URL ...", "join URL", "quit"
+ *                      (every trainer is done or gone: end)
  *   baseline -> parent "init LOSS FLOOR P" (the first baseline only),
  *                      "arm R LOSS BYTES WIRE MAX_TRAINER MAX_MESSAGE",
  *                      "error TEXT" */
@@ -498,6 +499,14 @@ static int run_trainer(const loco_args *a, uint32_t id, int founder, int in_fd,
   pulse_loco_node_linger(node, no.manifest_timeout_ms);
   dprintf(out, "done %u %" PRIu64 " %016" PRIx64 "\n", id,
           pulse_loco_round(ctx), pulse_loco_global_digest(ctx));
+  /* The node serves until every trainer is done (the parent's "quit", or
+   * its end): over UDP a trainer still receiving the last round fetches
+   * every sender's signed chunk list; one whose server had closed lost
+   * all that sender's chunks and, the fetch retrying to the deadline, the
+   * rest of its round (a loaded run: 640 of 666 datagrams accepted, drift
+   * 5e-05 without loss). */
+  while (read_line(in, line, sizeof line) && strcmp(line, "quit") != 0)
+    ;
   pulse_tk_learner_free(l);
   pulse_loco_node_free(node);
   pulse_loco_free(ctx);
@@ -522,7 +531,7 @@ typedef struct {
   char url[64];
   int baseline; /* METHOD index + 1 of a baseline process; 0: a trainer */
   int replay;   /* the in-process PULSELoCo replay */
-  int founder, told, done;
+  int founder, told, done, quit;
   uint64_t final_round, digest;
 } child;
 
@@ -768,6 +777,19 @@ static int tell_trainers(bench *b, int started) {
   return 1;
 }
 
+/* Every trainer done (or gone): each may end now, none is still fetching
+ * from another. */
+static void quit_trainers(bench *b) {
+  for (size_t i = FIRST_TRAINER; i < b->nkids; i++)
+    if (b->kids[i].open && !b->kids[i].done)
+      return;
+  for (size_t i = FIRST_TRAINER; i < b->nkids; i++)
+    if (b->kids[i].open && !b->kids[i].quit) {
+      dprintf(b->kids[i].to, "quit\n");
+      b->kids[i].quit = 1;
+    }
+}
+
 /* Reads every child until all pipes close. */
 static void event_loop(bench *b) {
   int started = 0;
@@ -788,6 +810,7 @@ static void event_loop(bench *b) {
       if (pf[k].revents & (POLLIN | POLLHUP | POLLERR))
         read_child(b, &b->kids[idx[k]]);
     started = tell_trainers(b, started);
+    quit_trainers(b);
   }
 }
 

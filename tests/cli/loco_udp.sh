@@ -47,19 +47,16 @@ done
   fail "lossless udp final loss $(json_val "$u" final_loss) != http $(json_val "$h" final_loss)"
 [ "$(json_val "$u" datagrams_dropped)" = 0 ] || fail "datagrams lost without --drop"
 [ "$(json_val "$u" chunks_refused)" = 0 ] || fail "chunks refused without loss"
-# Without loss every replica is the same every round, unless the machine
-# itself lost a datagram (a full socket buffer, a chunk past its round's
-# wait: accepted short of sent; CI saw 5.5e-05 once): then within budget.
+# Without loss every datagram sent is accepted and every replica is the
+# same every round. (A trainer that ended its run at once cost a slower one
+# the last round: its chunk list was gone, 18 of 200 loaded runs accepted
+# 639-657 of 666, drift up to 6e-05; pulse-bench now keeps every trainer
+# serving until all are done, and 200 loaded runs accepted all 666.)
 u_sent=$(json_val "$u" datagrams_sent)
 u_accepted=$(json_val "$u" chunks_accepted)
-if [ "$u_accepted" = "$u_sent" ]; then
-  [ "$(json_val "$u" max_drift)" = 0 ] ||
-    fail "drift without loss: $(json_val "$u" max_drift) ($u_accepted of $u_sent datagrams accepted)"
-else
-  echo "loco_udp: lossless run: $u_accepted of $u_sent datagrams accepted (the machine lost some): drift $(json_val "$u" max_drift) only checked against the budget" >&2
-  awk -v d="$(json_val "$u" max_drift)" -v b="$(json_val "$u" drift_budget)" 'BEGIN { exit !(d <= b) }' ||
-    fail "drift $(json_val "$u" max_drift) over budget $(json_val "$u" drift_budget) ($u_accepted of $u_sent datagrams accepted)"
-fi
+[ "$u_accepted" = "$u_sent" ] || fail "lossless run: $u_accepted of $u_sent datagrams accepted"
+[ "$(json_val "$u" max_drift)" = 0 ] ||
+  fail "drift without loss: $(json_val "$u" max_drift) ($u_accepted of $u_sent datagrams accepted)"
 [ "$(json_val "$u" replicas_identical)" = true ] || fail "udp replicas differ"
 [ "$(grep -c '^{"round":' "$TMP/udp.json")" -eq 6 ] || fail "expected 6 round objects"
 
