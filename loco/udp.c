@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "http_impl.h"
+#include "pulse_log.h"
 #include "status_impl.h"
 #include "udp_impl.h"
 
@@ -100,9 +101,17 @@ pulse_status loco_udp_open(uint32_t addr, loco_udp **out) {
     return pulse_fail(PULSE_ERR_IO, "loco udp: socket: %s", strerror(errno));
   }
   /* A larger receive buffer (the kernel caps it at rmem_max): the thread
-   * drains it, this only absorbs a burst while it is scheduled out. */
-  int rcv = 4 << 20;
+   * drains it, this only absorbs a burst while it is scheduled out. What
+   * was obtained is logged: a lossless run that loses datagrams on a host
+   * with a small rmem_max shows it (UdpRcvbufErrors in nstat). */
+  int rcv = 4 << 20, got = 0;
+  socklen_t glen = sizeof got;
   setsockopt(u->fd, SOL_SOCKET, SO_RCVBUF, &rcv, sizeof rcv);
+  if (getsockopt(u->fd, SOL_SOCKET, SO_RCVBUF, &got, &glen) == 0)
+    PULSE_LOG_AT(PULSE_LOG_DEBUG,
+                 "loco udp: receive buffer %d bytes (asked %d; the kernel "
+                 "caps the request at net.core.rmem_max, then doubles it)",
+                 got, rcv);
   struct sockaddr_in a;
   memset(&a, 0, sizeof a);
   a.sin_family = AF_INET;
