@@ -40,17 +40,26 @@ static uint64_t mul_div(uint64_t a, uint64_t b, uint64_t c) {
   return q;
 }
 
-/* What cell `c` (parameters [c A, min((c + 1) A, P))) weighs in the plan:
- * 1, plus, with a context, its elements whose outer momentum b would move
- * bf16(theta_g) (pulse_loco_gate). b and theta_g are replicated bit for
- * bit, so every trainer counts the same. */
-static uint64_t cell_cost(const pulse_loco *ctx, uint64_t c, uint64_t P) {
-  uint64_t A = PULSE_LOCO_PART_ALIGN, lo = c * A;
-  uint64_t hi = lo + A < P ? lo + A : P, cost = 1;
-  for (uint64_t i = lo; ctx != NULL && i < hi; i++)
-    cost += (uint64_t)(ctx->b[i] != 0.0f &&
-                       pulse_loco_gate(ctx->theta_g[i], ctx->b[i]));
-  return cost;
+/* The cells' active elements (a cell of the active plan costs 1 plus
+ * them), one sweep: elements whose outer momentum b is about a BF16 step
+ * of theta_g or more, b's exponent at least theta_g's less 8 (BF16 keeps 8
+ * significant bits: the BF16 gate, pulse_loco_gate, in exponents only,
+ * integers). b = 0 (and subnormal b) never counts. b and theta_g are
+ * replicated bit for bit, so every trainer counts the same. At most
+ * PULSE_LOCO_PART_ALIGN (128) a cell. */
+static void count_active(const pulse_loco *ctx, uint8_t *active,
+                         uint64_t cells) {
+  const uint64_t A = PULSE_LOCO_PART_ALIGN, P = ctx->n;
+  for (uint64_t c = 0; c < cells; c++) {
+    const float *b = ctx->b + c * A, *t = ctx->theta_g + c * A;
+    uint32_t n = (uint32_t)(P - c * A < A ? P - c * A : A), k = 0;
+    for (uint32_t i = 0; i < n; i++) {
+      uint32_t eb = (pulse_f32_bits(b[i]) >> 23) & 0xffu;
+      uint32_t et = (pulse_f32_bits(t[i]) >> 23) & 0xffu;
+      k += (uint32_t)(eb != 0) & (uint32_t)(eb + 8u >= et);
+    }
+    active[c] = (uint8_t)k;
+  }
 }
 
 static pulse_status make_plan(uint64_t P, const uint32_t *ids,
@@ -89,11 +98,16 @@ static pulse_status make_plan(uint64_t P, const uint32_t *ids,
     total += w[k];
   }
   uint64_t A = PULSE_LOCO_PART_ALIGN, cells = (P + A - 1) / A;
-  uint64_t all = cells; /* the cost of every cell (1 each: the cells) */
+  uint64_t all = cells; /* the cost of every cell: 1 each, plus active */
+  uint8_t *active = NULL;
   if (ctx != NULL) {
-    all = 0;
+    active = malloc((size_t)cells);
+    if (active == NULL)
+      return pulse_fail(PULSE_ERR_NOMEM, "loco plan: %llu cells",
+                        (unsigned long long)cells);
+    count_active(ctx, active, cells);
     for (uint64_t c = 0; c < cells; c++)
-      all += cell_cost(ctx, c, P);
+      all += active[c];
   }
   memset(plan, 0, sizeof *plan);
   plan->param_count = P;
@@ -105,19 +119,17 @@ static pulse_status make_plan(uint64_t P, const uint32_t *ids,
   for (size_t k = 0; k < count; k++) {
     plan->ids[k] = ids[k];
     uint64_t target = mul_div(all, cum, total);
-    if (ctx == NULL) {
+    if (active == NULL)
       cell = target;
-    } else {
-      for (uint64_t next; cell < cells &&
-                          before + (next = cell_cost(ctx, cell, P)) <= target;
-           cell++)
-        before += next;
-    }
+    else
+      while (cell < cells && before + 1u + active[cell] <= target)
+        before += 1u + active[cell++];
     uint64_t at = cell * A;
     plan->start[k] = at < P ? at : P;
     cum += w[k];
   }
   plan->start[count] = P;
+  free(active);
   return PULSE_OK;
 }
 

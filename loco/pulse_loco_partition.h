@@ -68,17 +68,19 @@ pulse_status pulse_loco_plan_make(uint64_t P, const uint32_t *ids,
 
 /** pulse_loco_plan_make counted in bytes rather than parameters: each owner
  * gets the share of its weight of the cells' costs, a cell of
- * PULSE_LOCO_PART_ALIGN parameters costing 1 plus its elements whose outer
- * momentum b would move bf16(theta_g) (pulse_loco_gate(theta_g[i], b[i])).
- * The momentum holds the last rounds' means (decaying by mu a round), so
- * these are where the model has been changing, where payload entries and
- * means are dense; a parameter count cut gives the owner of such a range
- * several times the bytes of the others. theta_g and b are replicated bit
- * for bit (the state's digests), so every trainer of the round plans the
- * same; a zero momentum (round 0) gives pulse_loco_plan_make's plan. P is
- * ctx's parameter count; the other arguments and returns as
- * pulse_loco_plan_make (PULSE_ERR_ARG also for a NULL ctx). Reads every
- * element twice. */
+ * PULSE_LOCO_PART_ALIGN parameters costing 1 plus its active elements:
+ * those whose outer momentum b is about a BF16 step of theta_g or more
+ * (b's exponent at least theta_g's less 8, b not 0 or subnormal: the BF16
+ * gate in integers). The momentum holds the last rounds' means (decaying
+ * by mu a round), so these are where the model has been changing, where
+ * payload entries and means are dense; a parameter count cut gives the
+ * owner of such a range several times the bytes of the others. theta_g
+ * and b are replicated bit for bit (the state's digests), so every
+ * trainer of the round plans the same; a zero momentum (round 0) gives
+ * pulse_loco_plan_make's plan. P is ctx's parameter count; the other
+ * arguments and returns as pulse_loco_plan_make (PULSE_ERR_ARG also for a
+ * NULL ctx; PULSE_ERR_NOMEM: no room for a byte per cell). Reads theta_g
+ * and b once (0.1-0.2 s per 10^8 parameters on this 2-core machine). */
 pulse_status pulse_loco_plan_make_active(const pulse_loco *ctx,
                                          const uint32_t *ids,
                                          const uint64_t *weights,
