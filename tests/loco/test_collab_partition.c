@@ -140,8 +140,9 @@ Test(collab_partition, equals_an_all_to_all_replay_with_the_mean_gate,
   ct_gate_mean = 0;
 }
 
-/* Peers reporting 1, 2, 3 and 4 MiB/s: ranges of 1, 3, 5 and 7 cells of
- * the 16, the same weights as all-to-all (the plan moves work, not
+/* Peers reporting 1, 2, 3 and 4 MiB/s: weights that cut 1, 3, 5 and 7 of
+ * 16 equal cells (the run's active plan cuts the cells' costs in that
+ * proportion), the same weights as all-to-all (the plan moves work, not
  * results). */
 Test(collab_partition, unequal_bandwidths_give_unequal_ranges_and_the_same_bits,
      .timeout = 60) {
