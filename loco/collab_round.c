@@ -744,10 +744,7 @@ static pulse_status reduce_partitioned(pulse_loco_collab *c, uint64_t r,
     snprintf(path, sizeof path, "/v1/loco/round/%" PRIu64 "/from/%u", r, c->id);
     loco_server_put(c->srv, path, own, size);
     info->partitioned = 1;
-    pulse_loco_plan plan; /* this peer's range, for the log */
-    uint64_t owned = 0;
-    if (pulse_loco_plan_make(c->ctx->n, ids, weights, C, &plan) == PULSE_OK)
-      owned = plan.start[self + 1] - plan.start[self];
+    uint64_t owned = out.range_end - out.range_start; /* for the log */
     PULSE_LOG_AT(PULSE_LOG_DEBUG,
                  "loco collab round %" PRIu64 " partitioned (peer %u): own "
                  "payload %" PRIu64 ", in: slices %" PRIu64 " reduced %" PRIu64

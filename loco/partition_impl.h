@@ -67,6 +67,8 @@ typedef struct {
   uint64_t slice_bytes_in, reduced_bytes_in, check_bytes_in, verdict_bytes_in;
   uint64_t own_payload; /* the prepared payload's size, for comparison */
   uint32_t attempts;
+  uint64_t range_start, range_end; /* this trainer's range, last attempt's
+                                      plan (the active plan) */
   uint32_t verdicts_missing; /* lenient_verdicts: finished without them */
   uint32_t contributors; /* averaged in the end */
   int self_included;

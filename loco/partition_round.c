@@ -383,6 +383,8 @@ static pulse_status run_attempt(attempt_state *s, uint32_t *offenders,
   /* Cut in the momentum's active entries (bytes), not parameters: every
    * trainer holds the same theta_g and b. */
   PULSE_TRY(pulse_loco_plan_make_active(in->ctx, s->c.ids, w, N, &s->plan));
+  s->out->range_start = s->plan.start[s->self];
+  s->out->range_end = s->plan.start[s->self + 1];
   pulse_loco_reducer *own = NULL;
   pulse_status st = PULSE_OK;
   uint32_t k_self = (uint32_t)s->self;

@@ -32,6 +32,7 @@ typedef struct {
   float *theta_r[MAXN];
   float *common;
   float common_scale, own_scale; /* of the local steps */
+  int skew; /* the common direction 4x larger in the last half */
   int receipts_only;
   uint32_t check_period;
   uint64_t sent, prepared; /* entries sent, payloads prepared */
@@ -44,6 +45,7 @@ typedef struct {
   int lie;
   pulse_status st;
   loco_partition_out out;
+  pulse_loco_plan active, flat; /* the plans of the round, made before it */
 } peer_job;
 
 static void group_create(group *g, uint32_t n, uint64_t P, uint64_t seed) {
@@ -93,6 +95,11 @@ static void *run_peer(void *arg) {
   in.test_wrong_reduction = j->lie;
   in.receipts_only = g->receipts_only;
   in.check_period = g->check_period;
+  cr_assert_eq(pulse_loco_plan_make_active(in.ctx, g->ids, g->weights, g->n,
+                                           &j->active),
+               PULSE_OK);
+  cr_assert_eq(pulse_loco_plan_make(g->P, g->ids, g->weights, g->n, &j->flat),
+               PULSE_OK);
   j->st = loco_partition_round(&in, &j->out);
   return NULL;
 }
@@ -103,7 +110,8 @@ static void *run_peer(void *arg) {
  * (-1: none). Returns the bytes of the round in jobs. */
 static void group_round(group *g, uint64_t *rng, int liar, peer_job *jobs) {
   for (uint64_t x = 0; x < g->P; x++)
-    g->common[x] = lt_normal(rng) * g->common_scale;
+    g->common[x] = lt_normal(rng) * g->common_scale *
+                   (g->skew && x >= g->P / 2 ? 4.0f : 1.0f);
   uint64_t samples[MAXN];
   uint8_t *copies[MAXN];
   pulse_loco_contribution set[MAXN];
@@ -181,6 +189,46 @@ Test(partition_http, equals_all_to_all_bit_for_bit, .timeout = 120) {
     }
     group_free(&g);
   }
+}
+
+/* The exchange cuts the active plan (PAYLOAD.md "Active plan") of the
+ * replicated theta_g and b: with the last half of the vector moving more,
+ * after round 0 the owners of the last ranges own fewer parameters than
+ * the parameter cut gives them, and each trainer's range is the plan's. */
+Test(partition_http, ranges_follow_the_momentum_s_active_entries,
+     .timeout = 120) {
+  uint64_t rng = 21;
+  group g;
+  group_create(&g, 4, 8192, 31);
+  g.skew = 1;
+  for (uint32_t i = 0; i < g.n; i++)
+    g.weights[i] = 1;
+  peer_job jobs[MAXN];
+  for (int r = 0; r < 3; r++) {
+    group_round(&g, &rng, -1, jobs);
+    for (uint32_t i = 0; i < g.n; i++) {
+      cr_assert_eq(jobs[i].out.attempts, 1);
+      cr_assert_eq(memcmp(&jobs[i].active, &jobs[0].active,
+                          sizeof jobs[i].active), 0,
+                   "round %d: trainers %u and 0 plan differently", r, i);
+      cr_assert_eq(jobs[i].out.range_start, jobs[i].active.start[i]);
+      cr_assert_eq(jobs[i].out.range_end, jobs[i].active.start[i + 1]);
+    }
+    const pulse_loco_plan *a = &jobs[0].active, *f = &jobs[0].flat;
+    if (r == 0) { /* a zero momentum: the parameter cut */
+      cr_assert_eq(memcmp(a, f, sizeof *a), 0);
+      continue;
+    }
+    uint64_t last = g.n - 1;
+    cr_assert_lt(a->start[g.n] - a->start[last],
+                 f->start[g.n] - f->start[last],
+                 "round %d: the last range has %llu parameters, as many as "
+                 "the parameter cut's %llu", r,
+                 (unsigned long long)(a->start[g.n] - a->start[last]),
+                 (unsigned long long)(f->start[g.n] - f->start[last]));
+    cr_assert_gt(a->start[2], f->start[2], "round %d", r);
+  }
+  group_free(&g);
 }
 
 Test(partition_http, a_wrong_reduction_is_caught_and_its_owner_dropped,
