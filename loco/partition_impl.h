@@ -86,6 +86,10 @@ typedef struct {
 pulse_status loco_partition_round(const loco_partition_in *in,
                                   loco_partition_out *out);
 
+/* floor(a * b / c) for c > 0 and a result below 2^64, in integers only
+ * (the plans' arithmetic: the same on every trainer). */
+uint64_t loco_mul_div(uint64_t a, uint64_t b, uint64_t c);
+
 /* Tests only (a process killed mid-exchange): in round
  * loco_partition_test_stall_round the trainer with id
  * loco_partition_test_stall_id stops for good (sleeps until killed) once

@@ -8,18 +8,18 @@
 #include <string.h>
 
 #include "loco_impl.h"
+#include "partition_impl.h"
 #include "pulse_loco_elem.h"
 #include "pulse_loco_partition.h"
 #include "status_impl.h"
 
 /* Weights are brought under 2^24 (a right shift of all of them, the same
  * everywhere): their sum stays far below 2^64 (the products with cell
- * counts or costs go through mul_div). */
+ * counts or costs go through loco_mul_div). */
 #define WEIGHT_BITS 24u
 
-/* floor(a * b / c) for c > 0 and a result below 2^64, in integers: the
- * product in two 64-bit halves, then a long division. */
-static uint64_t mul_div(uint64_t a, uint64_t b, uint64_t c) {
+/* The product in two 64-bit halves, then a long division. */
+uint64_t loco_mul_div(uint64_t a, uint64_t b, uint64_t c) {
   uint64_t a_lo = a & 0xffffffffu, a_hi = a >> 32;
   uint64_t b_lo = b & 0xffffffffu, b_hi = b >> 32;
   uint64_t ll = a_lo * b_lo, lh = a_lo * b_hi, hl = a_hi * b_lo,
@@ -118,7 +118,7 @@ static pulse_status make_plan(uint64_t P, const uint32_t *ids,
   uint64_t cum = 0, cell = 0, before = 0;
   for (size_t k = 0; k < count; k++) {
     plan->ids[k] = ids[k];
-    uint64_t target = mul_div(all, cum, total);
+    uint64_t target = loco_mul_div(all, cum, total);
     if (active == NULL)
       cell = target;
     else

@@ -4,6 +4,7 @@
  * across seeds, member counts, bandwidths, empty ranges and silent ranges. */
 #include "loco_impl.h"
 #include "loco_testutil.h"
+#include "partition_impl.h"
 #include "pulse_loco_partition.h"
 
 #define MAX_N 9u
@@ -119,6 +120,53 @@ Test(partition, plan_weights_follow_bandwidth_within_a_bounded_ratio) {
     cr_assert_eq(plan.start[k + 1] - plan.start[k], 24 * PULSE_LOCO_PART_ALIGN);
   cr_assert_eq(plan.start[4] - plan.start[3], 48 * PULSE_LOCO_PART_ALIGN);
 }
+
+#ifdef __SIZEOF_INT128__
+/* The plans' floor(a * b / c) against 128-bit arithmetic, products far
+ * past 2^64 included (an active plan's total cost times a sum of weights
+ * can pass it). */
+Test(partition, mul_div_is_exact) {
+  uint64_t seed = 5;
+  for (int t = 0; t < 100000; t++) {
+    uint64_t a = pulse_rng_next(&seed) >> (pulse_rng_next(&seed) % 64);
+    uint64_t b = pulse_rng_next(&seed) >> (pulse_rng_next(&seed) % 64);
+    uint64_t c = pulse_rng_next(&seed) >> (pulse_rng_next(&seed) % 64);
+    c = c ? c : 1;
+    unsigned __int128 q = (unsigned __int128)a * b / c;
+    if (q >> 64) /* outside the contract */
+      continue;
+    cr_assert_eq(loco_mul_div(a, b, c), (uint64_t)q,
+                 "%llu * %llu / %llu", (unsigned long long)a,
+                 (unsigned long long)b, (unsigned long long)c);
+  }
+  cr_assert_eq(loco_mul_div(UINT64_MAX, UINT64_MAX, UINT64_MAX), UINT64_MAX);
+  cr_assert_eq(loco_mul_div(1ull << 40, 1ull << 40, 1ull << 30), 1ull << 50);
+}
+
+/* The cut at the largest sizes: 2^36 parameters (2^29 cells) among 1024
+ * owners of weights near 2^24: each start is floor(cells * W_<k / W)
+ * cells, computed here in 128 bits. */
+Test(partition, plan_boundaries_are_exact_at_the_largest_sizes) {
+  static uint32_t ids[PULSE_LOCO_PART_MAX];
+  static uint64_t w[PULSE_LOCO_PART_MAX];
+  static pulse_loco_plan plan;
+  uint64_t seed = 11, total = 0;
+  for (uint32_t k = 0; k < PULSE_LOCO_PART_MAX; k++) {
+    ids[k] = k + 1;
+    w[k] = (1ull << 23) + pulse_rng_next(&seed) % (1ull << 23);
+    total += w[k];
+  }
+  const uint64_t P = PULSE_LOCO_MAX_PARAMS, A = PULSE_LOCO_PART_ALIGN;
+  cr_assert_eq(pulse_loco_plan_make(P, ids, w, PULSE_LOCO_PART_MAX, &plan),
+               PULSE_OK);
+  unsigned __int128 cum = 0, cells = (P + A - 1) / A;
+  for (uint32_t k = 0; k < PULSE_LOCO_PART_MAX; k++) {
+    uint64_t want = (uint64_t)(cells * cum / total) * A;
+    cr_assert_eq(plan.start[k], want, "owner %u", k);
+    cum += w[k];
+  }
+}
+#endif
 
 Test(partition, an_active_plan_cuts_the_momentum_s_active_entries) {
   /* 64 cells of theta_g = 1; b moves bf16(1) (pulse_loco_gate) in every
