@@ -62,6 +62,7 @@ static void count_active(const pulse_loco *ctx, uint8_t *active,
   }
 }
 
+/* The plan; with ctx (P = ctx->n) cut in the cells' costs. */
 static pulse_status make_plan(uint64_t P, const uint32_t *ids,
                               const uint64_t *weights, size_t count,
                               const pulse_loco *ctx, pulse_loco_plan *plan) {
@@ -70,10 +71,6 @@ static pulse_status make_plan(uint64_t P, const uint32_t *ids,
   if (P == 0 || P > PULSE_LOCO_MAX_PARAMS)
     return pulse_fail(PULSE_ERR_ARG, "loco plan: %llu parameters",
                       (unsigned long long)P);
-  if (ctx != NULL && ctx->n != P)
-    return pulse_fail(PULSE_ERR_ARG,
-                      "loco plan: %llu parameters, the context has %llu",
-                      (unsigned long long)P, (unsigned long long)ctx->n);
   for (size_t k = 1; k < count; k++)
     if (ids[k] <= ids[k - 1])
       return pulse_fail(PULSE_ERR_ARG, "loco plan: ids not increasing");
