@@ -727,10 +727,16 @@ pulse_status pulse_loco_node_step(pulse_loco_node *node, float *theta_r,
                                   uint64_t samples, int leaving,
                                   pulse_loco_step_info *info);
 
-/** Before freeing a node whose peers may still fetch from it (the end of a
- * run): when this node coordinated the last round, waits until every member
- * of the next round acknowledged it, at most timeout_ms. Returns at once
- * otherwise. A leaving node does this inside its last step.
+/** Before freeing a node at the end of a run: when this node coordinated
+ * the last round, waits until every member of the next round acknowledged
+ * it (they fetch its manifest, relays and state), at most timeout_ms.
+ * Returns at once otherwise: a member that did not coordinate learns
+ * nothing of the others' progress, and over datagrams with authentication
+ * the others still fetch its signed chunk list of the last round (PAYLOAD.md
+ * "Exchange over datagrams"), so the caller keeps every node up until all
+ * trainers of the run are done (pulse-bench loco does: its parent says
+ * when); freed early, a slower trainer refuses that member's chunks of the
+ * last round. A leaving node does this inside its last step.
  * @return PULSE_OK, or PULSE_ERR_IO when some member did not acknowledge. */
 pulse_status pulse_loco_node_linger(pulse_loco_node *node, uint32_t timeout_ms);
 
