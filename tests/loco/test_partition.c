@@ -203,17 +203,22 @@ Test(partition, an_active_plan_cuts_the_momentum_s_active_entries) {
   cr_assert_eq(pulse_loco_plan_make_active(ctx, ids, w, 4, &plan), PULSE_OK);
   cr_assert_eq(plan.start[3], 57 * A);
   cr_assert_eq(plan.start[4], P);
-  /* The context's parameters are the plan's. */
+  /* No context: refused. */
   cr_assert_eq(pulse_loco_plan_make_active(NULL, ids, NULL, 4, &plan),
                PULSE_ERR_ARG);
   pulse_loco_free(ctx);
   free(theta);
 }
 
-Test(partition, a_rotating_check_reaches_every_trainer_once_a_period) {
+/* Eight trainers, ids 0..7, equal ranges: the checkers' tests. */
+static void eight_equal(pulse_loco_plan *plan) {
   uint32_t ids[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+  cr_assert_eq(pulse_loco_plan_make(8 * 1024, ids, NULL, 8, plan), PULSE_OK);
+}
+
+Test(partition, a_rotating_check_reaches_every_trainer_once_a_period) {
   pulse_loco_plan plan;
-  cr_assert_eq(pulse_loco_plan_make(8 * 1024, ids, NULL, 8, &plan), PULSE_OK);
+  eight_equal(&plan);
   int pair_seen[8][8];
   memset(pair_seen, 0, sizeof pair_seen);
   for (uint64_t period = 0; period < 7; period++) {
@@ -259,9 +264,8 @@ Test(partition, plan_refuses_bad_arguments) {
 }
 
 Test(partition, checkers_are_a_rotation_of_the_others) {
-  uint32_t ids[8] = {0, 1, 2, 3, 4, 5, 6, 7};
   pulse_loco_plan plan;
-  cr_assert_eq(pulse_loco_plan_make(8 * 1024, ids, NULL, 8, &plan), PULSE_OK);
+  eight_equal(&plan);
   int partner_seen[8][8];
   memset(partner_seen, 0, sizeof partner_seen);
   for (uint64_t r = 0; r < 7; r++) {
