@@ -132,8 +132,10 @@ static void fuzz_manifest(const uint8_t *data, size_t size) {
         memcmp(m2.members, m.members, m.nmembers * sizeof *m.members) == 0);
   CHECK(m.ncontrib == 0 ||
         memcmp(m2.contrib, m.contrib, m.ncontrib * sizeof *m.contrib) == 0);
+  /* A member's URL is a plain one or, for a client, hosted under its own
+   * id (loco_member_url_valid). */
   for (size_t i = 0; i < m.nmembers; i++)
-    CHECK(loco_url_valid(m.members[i].url));
+    CHECK(loco_member_url_valid(m.members[i].url, m.members[i].id));
   loco_manifest_free(&m2);
   loco_manifest_free(&m);
   pulse_bytebuf_free(&b);
