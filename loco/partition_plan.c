@@ -46,10 +46,11 @@ uint64_t loco_mul_div(uint64_t a, uint64_t b, uint64_t c) {
  * significant bits: the BF16 gate, pulse_loco_gate, in exponents only,
  * integers). b = 0 (and subnormal b) never counts. b and theta_g are
  * replicated bit for bit, so every trainer counts the same. At most
- * PULSE_LOCO_PART_ALIGN (128) a cell. */
-static void count_active(const pulse_loco *ctx, uint8_t *active,
-                         uint64_t cells) {
+ * PULSE_LOCO_PART_ALIGN (128) a cell. Returns their sum. */
+static uint64_t count_active(const pulse_loco *ctx, uint8_t *active,
+                             uint64_t cells) {
   const uint64_t A = PULSE_LOCO_PART_ALIGN, P = ctx->n;
+  uint64_t sum = 0;
   for (uint64_t c = 0; c < cells; c++) {
     const float *b = ctx->b + c * A, *t = ctx->theta_g + c * A;
     uint32_t n = (uint32_t)(P - c * A < A ? P - c * A : A), k = 0;
@@ -59,7 +60,9 @@ static void count_active(const pulse_loco *ctx, uint8_t *active,
       k += (uint32_t)(eb != 0) & (uint32_t)(eb + 8u >= et);
     }
     active[c] = (uint8_t)k;
+    sum += k;
   }
+  return sum;
 }
 
 /* The plan; with ctx (P = ctx->n) cut in the cells' costs. */
@@ -102,9 +105,7 @@ static pulse_status make_plan(uint64_t P, const uint32_t *ids,
     if (active == NULL)
       return pulse_fail(PULSE_ERR_NOMEM, "loco plan: %llu cells",
                         (unsigned long long)cells);
-    count_active(ctx, active, cells);
-    for (uint64_t c = 0; c < cells; c++)
-      all += active[c];
+    all += count_active(ctx, active, cells);
   }
   memset(plan, 0, sizeof *plan);
   plan->param_count = P;
