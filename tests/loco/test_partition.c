@@ -216,35 +216,47 @@ static void eight_equal(pulse_loco_plan *plan) {
   cr_assert_eq(pulse_loco_plan_make(8 * 1024, ids, NULL, 8, plan), PULSE_OK);
 }
 
-Test(partition, a_rotating_check_reaches_every_trainer_once_a_period) {
-  pulse_loco_plan plan;
-  eight_equal(&plan);
+/* The checkers of 7 periods of `period` rounds (period 1 and `direct`:
+ * pulse_loco_plan_checker itself, else pulse_loco_plan_round_checker):
+ * 8 / period ranges checked a round, never by their owner; each trainer
+ * checks one range a period; each owner meets every other trainer as its
+ * checker exactly once in the 7 periods. */
+static void expect_checkers(const pulse_loco_plan *plan, uint32_t period,
+                            int direct) {
   int pair_seen[8][8];
   memset(pair_seen, 0, sizeof pair_seen);
-  for (uint64_t period = 0; period < 7; period++) {
+  for (uint64_t q = 0; q < 7; q++) {
     int load[8] = {0};
-    for (uint64_t r = 8 * period; r < 8 * period + 8; r++) {
-      int checked = 0;
+    for (uint64_t r = period * q; r < period * q + period; r++) {
+      uint32_t checked = 0;
       for (uint32_t k = 0; k < 8; k++) {
-        int c = pulse_loco_plan_round_checker(&plan, r, 0, 8, k, NULL);
+        int c = direct ? pulse_loco_plan_checker(plan, r, 0, k, NULL)
+                       : pulse_loco_plan_round_checker(plan, r, 0, period, k,
+                                                       NULL);
         if (c < 0)
           continue;
         cr_assert_neq(c, (int)k);
         checked++, load[c]++;
         pair_seen[k][c]++;
       }
-      cr_assert_eq(checked, 1, "round %llu: one range checked",
-                   (unsigned long long)r);
+      cr_assert_eq(checked, 8 / period, "round %llu: %u ranges checked",
+                   (unsigned long long)r, checked);
     }
-    /* (A checked range and a checker that both turned with the round
-     * gave one trainer every check.) */
     for (int j = 0; j < 8; j++)
       cr_assert_eq(load[j], 1, "period %llu: trainer %d checked %d ranges",
-                   (unsigned long long)period, j, load[j]);
+                   (unsigned long long)q, j, load[j]);
   }
   for (int k = 0; k < 8; k++)
     for (int j = 0; j < 8; j++)
       cr_assert_eq(pair_seen[k][j], j != k, "owner %d, checker %d", k, j);
+}
+
+Test(partition, a_rotating_check_reaches_every_trainer_once_a_period) {
+  pulse_loco_plan plan;
+  eight_equal(&plan);
+  /* (A checked range and a checker that both turned with the round gave
+   * one trainer every check.) */
+  expect_checkers(&plan, 8, 0);
   /* Period 0 or 1: every range every round, as pulse_loco_plan_checker. */
   for (uint32_t k = 0; k < 8; k++) {
     cr_assert_eq(pulse_loco_plan_round_checker(&plan, 5, 1, 1, k, NULL),
@@ -266,22 +278,7 @@ Test(partition, plan_refuses_bad_arguments) {
 Test(partition, checkers_are_a_rotation_of_the_others) {
   pulse_loco_plan plan;
   eight_equal(&plan);
-  int partner_seen[8][8];
-  memset(partner_seen, 0, sizeof partner_seen);
-  for (uint64_t r = 0; r < 7; r++) {
-    int load[8] = {0};
-    for (uint32_t k = 0; k < 8; k++) {
-      int c = pulse_loco_plan_checker(&plan, r, 0, k, NULL);
-      cr_assert(c >= 0 && c != (int)k);
-      load[c]++;
-      partner_seen[k][c] = 1;
-    }
-    for (int j = 0; j < 8; j++)
-      cr_assert_eq(load[j], 1, "one range to check per trainer and round");
-  }
-  for (int k = 0; k < 8; k++)
-    for (int j = 0; j < 8; j++)
-      cr_assert_eq(partner_seen[k][j], j != k, "every partner in 7 rounds");
+  expect_checkers(&plan, 1, 1); /* every range every round */
   uint8_t eligible[8] = {1, 0, 0, 0, 0, 0, 0, 0};
   cr_assert_eq(pulse_loco_plan_checker(&plan, 3, 0, 5, eligible), 0);
   cr_assert_eq(pulse_loco_plan_checker(&plan, 3, 0, 0, eligible), -1);
