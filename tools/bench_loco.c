@@ -1281,7 +1281,8 @@ static int parse(int argc, char **argv, loco_args *a) {
       if (m < 0 || pulse_tk_parse_int(v, 0, 100000, &a->leave_round) != 0)
         return usage_error("--leave-round needs a round from 0, got '%s'",
                            m < 0 ? "" : v);
-    } else if (strcmp(arg, "--gate-mean") == 0) {
+    } else if (strcmp(arg, "--gate-mean") == 0 ||
+               strcmp(arg, "--no-gate-mean") == 0) {
       /* The fixed-membership run's replay (update_bias) has no mean gate. */
       return usage_error("%s is for collaboration mode (with --target-batch "
                          "T)",

@@ -60,7 +60,10 @@ typedef struct {
   uint32_t check;  /* --partition-check: PULSE_LOCO_COLLAB_CHECK_* */
   uint32_t clients; /* --clients K: the last K founders in client mode */
   int equal_ranges; /* --ranges equal */
-  int gate_mean;    /* --gate-mean: pulse_loco_opts.gate_mean */
+  /* pulse_loco_opts.gate_mean: --gate-mean 1, --no-gate-mean 0; neither:
+   * on when partitioned (where it cuts the reduced ranges' bytes in, the
+   * issue's 3x), off all-to-all (where it only grows the payloads). */
+  int gate_mean;
   /* --netns NAME=ADDR,...: peer i runs in network namespace
    * netns[(i - 1) % nnetns] (/run/netns/NAME) and listens on ADDR. */
   pulse_tk_netns netns[MAXP];
@@ -91,7 +94,10 @@ void bench_loco_collab_usage(FILE *out) {
           "                     2 peers sent or that pass the BF16 gate\n"
           "                     (pulse_loco_opts.gate_mean; the rest waits in "
           "its\n"
-          "                     senders' error feedback)\n"
+          "                     senders' error feedback); the default with\n"
+          "                     --averaging partitioned\n"
+          "  --no-gate-mean     every entry of the mean applied (the default "
+          "all-to-all)\n"
           "  --trainers N       founding peers (default: the speeds given, "
           "else 3)\n"
           "  --clients K        the last K founders are client-mode peers "
@@ -670,8 +676,8 @@ static int parse(int argc, char **argv, collab_args *a) {
       a->json = 1;
       continue;
     }
-    if (strcmp(f, "--gate-mean") == 0) {
-      a->gate_mean = 1;
+    if (strcmp(f, "--gate-mean") == 0 || strcmp(f, "--no-gate-mean") == 0) {
+      a->gate_mean = strcmp(f, "--gate-mean") == 0;
       continue;
     }
     i++;
@@ -774,6 +780,8 @@ static int parse(int argc, char **argv, collab_args *a) {
   }
   if (a->trainers == 0)
     a->trainers = a->nspeeds ? a->nspeeds : 3;
+  if (a->gate_mean < 0)
+    a->gate_mean = a->partitioned;
   if (a->clients >= a->trainers) {
     fprintf(stderr, PROG ": --clients %u wants fewer than the %u founders "
             "(at least one serves)\n", a->clients, a->trainers);
@@ -791,6 +799,7 @@ int bench_loco_collab_main(int argc, char **argv) {
   b.a.seed = 1;
   b.a.claim_ms = 1500;
   b.a.round_ms = 5000;
+  b.a.gate_mean = -1; /* by the averaging, once parsed */
   int rc = parse(argc, argv, &b.a);
   if (rc >= 0)
     return rc;
@@ -860,9 +869,11 @@ int bench_loco_collab_main(int argc, char **argv) {
            q.mean, q.worst_peer, q.worst_peer_round, q.writer);
   } else {
     printf("rounds %u  samples %" PRIu64 "  samples/s %.1f  final loss %.6f"
-           "  survivors identical: %s\nbytes in / own payload: mean %.2fx, "
-           "worst peer %.2fx, worst peer-round %.2fx, writers %.2fx\nbusy:",
-           last, samples, sps, final_loss, identical ? "yes" : "no", q.mean,
+           "  survivors identical: %s\nmean gate %s; bytes in / own payload: "
+           "mean %.2fx, worst peer %.2fx, worst peer-round %.2fx, writers "
+           "%.2fx\nbusy:",
+           last, samples, sps, final_loss, identical ? "yes" : "no",
+           b.a.gate_mean ? "on" : "off", q.mean,
            q.worst_peer, q.worst_peer_round, q.writer);
   }
   int first = 1;

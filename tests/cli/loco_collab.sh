@@ -5,8 +5,9 @@
 # taken-over one, the survivors end identical, the JSON has its keys; a
 # short run with partitioned averaging, a join and a leave ends identical
 # too (the leaver serves its blobs until the others are done) and its
-# summary's bytes in over own payload match its records, and so does
-# one with the mean gate (--gate-mean); two client-mode
+# summary's bytes in over own payload match its records (the mean gate on:
+# partitioned's default; all-to-all's is off), and so does one without it
+# (--no-gate-mean); two client-mode
 # peers (--clients 2) contribute every round and end identical, and so does
 # a client with partitioned averaging, every round ended by the exchange;
 # bad usage (an unknown averaging or check, a bad churn event, unknown range
@@ -27,6 +28,7 @@ for key in final_loss samples samples_per_s rounds busy_min identical; do
   case "$summary" in *"\"$key\":"*) ok ;; *) bad "summary lacks $key: $summary" ;; esac
 done
 case "$summary" in *'"identical":true'*) ok ;; *) bad "survivors differ: $summary" ;; esac
+case "$summary" in *'"gate_mean":false'*) ok ;; *) bad "all-to-all gated the mean by default: $summary" ;; esac
 # Every round but the one whose writer was killed holds >= T samples.
 short=$(awk -F'"samples":' '/^\{"round"/ { split($2, a, ","); if (a[1] + 0 < 256) n++ } END { print n + 0 }' "$out")
 [ "$short" -le 1 ] && ok || bad "$short rounds short of T"
@@ -39,7 +41,7 @@ timeout 60 "$BENCH" loco --target-batch 128 --rounds 4 --trainers 3 \
   --peer-speeds 400 --params 3000 --seed 3 --averaging partitioned --churn join:1,leave:2 \
   --claim-timeout-ms 1000 --round-timeout-ms 2000 --json > "$work/part.json" 2> "$work/err2"
 expect "partitioned exit status" 0 "$?"
-grep '"summary":true' "$work/part.json" | grep -q '"identical":true' && ok || bad "partitioned peers differ: $(cat "$work/err2")"
+grep '"summary":true' "$work/part.json" | grep -q '"gate_mean":true,"identical":true' && ok || bad "partitioned peers differ or the mean gate is off: $(cat "$work/err2")"
 # The summary's bytes in over own payload are the round records' (mean over
 # non-writer peer-rounds, the worst peer's mean, the worst peer-round).
 python3 - "$work/part.json" <<'PY' && ok || bad "in_over_payload does not match the round records"
@@ -60,14 +62,13 @@ want = {"mean": sum(xs) / len(xs), "worst_peer_round": max(xs),
 for k, v in want.items():
     assert abs(summary[k] - v) < 2e-3, (k, summary[k], v)
 PY
-# The same with the mean gate (--gate-mean): the owners write only the
-# accepted means, the leaver's flush is applied whole, the peers end
-# identical.
+# The same without the mean gate (--no-gate-mean): the owners write every
+# mean, the peers end identical.
 timeout 60 "$BENCH" loco --target-batch 128 --rounds 4 --trainers 3 \
   --peer-speeds 400 --params 3000 --seed 3 --averaging partitioned --churn join:1,leave:2 \
-  --gate-mean --claim-timeout-ms 1000 --round-timeout-ms 2000 --json > "$work/gm.json" 2> "$work/err6"
-expect "partitioned --gate-mean exit status" 0 "$?"
-grep '"summary":true' "$work/gm.json" | grep -q '"gate_mean":true,"identical":true' && ok || bad "gated-mean peers differ: $(cat "$work/err6")"
+  --no-gate-mean --claim-timeout-ms 1000 --round-timeout-ms 2000 --json > "$work/gm.json" 2> "$work/err6"
+expect "partitioned --no-gate-mean exit status" 0 "$?"
+grep '"summary":true' "$work/gm.json" | grep -q '"gate_mean":false,"identical":true' && ok || bad "ungated partitioned peers differ: $(cat "$work/err6")"
 # Two of four peers in client mode (behind NAT): every round has all four
 # contributors, no client writes a round, every peer ends identical.
 timeout 60 "$BENCH" loco --target-batch 128 --rounds 4 --trainers 4 --clients 2 \
@@ -101,5 +102,7 @@ expect "bad churn refused" 2 "$?"
 expect "T = 0 refused" 2 "$?"
 "$BENCH" loco --gate-mean > /dev/null 2>&1
 expect "--gate-mean outside collaboration mode refused" 2 "$?"
+"$BENCH" loco --no-gate-mean > /dev/null 2>&1
+expect "--no-gate-mean outside collaboration mode refused" 2 "$?"
 [ "$failures" -eq 0 ] || { cat "$work/err"; exit 1; }
 echo "loco_collab: ok ($pass checks)"
