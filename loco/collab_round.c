@@ -11,10 +11,12 @@
  *               and the manifest; the others poll the manifest
  *   finish      every member fetches the listed payloads (from their
  *               senders, else from any member, each re-serving what it
- *               fetched) and finishes with
- *               exactly them; a member without a payload, or without every
- *               listed payload, imports the state of r + 1 from one that
- *               finished
+ *               fetched) and finishes with exactly them, then says
+ *               "finished"; a member without a payload imports the state
+ *               of r + 1 from one that finished; a contributor without
+ *               every listed payload says "failed" and settles: it
+ *               imports the state of one that finished, or (nobody did)
+ *               finishes r over those that said "failed" and itself
  *
  * A writer that refuses connections for claim_timeout_ms is dead: the
  * member moves to rank k + 1, tells that writer, and the round closes
@@ -708,16 +710,18 @@ static pulse_status fetch_listed(pulse_loco_collab *c, uint64_t r,
   return st;
 }
 
-/* How long a member waits for the state of r + 1. Partitioned, the
- * contributors may end r only after their exchange's deadline, the
- * settling of a failed one and an all-to-all finish. */
+/* How long a contributor takes at most to get what it finishes with: the
+ * partitioned exchange, or the listed payloads (from their senders, then
+ * relays). */
 static uint64_t exchange_ms(const pulse_loco_collab *c) {
   return (uint64_t)c->opts.round_timeout_ms + c->opts.claim_timeout_ms;
 }
 
+/* How long a member waits for the state of r + 1: the contributors may end
+ * r only after that deadline, the settling of a failed one and an
+ * all-to-all finish over those that said "failed". */
 static uint64_t catch_up_window(const pulse_loco_collab *c) {
-  return c->opts.partitioned ? 2u * exchange_ms(c) + 2u * c->opts.claim_timeout_ms
-                             : exchange_ms(c);
+  return 2u * exchange_ms(c) + 2u * c->opts.claim_timeout_ms;
 }
 
 /* How long one try at a state may take: 500 ms to find it missing or its
@@ -956,6 +960,141 @@ static int settle(pulse_loco_collab *c, uint64_t r, const loco_manifest *man,
   return found;
 }
 
+/* A contributor that cannot finish round r over the manifest's whole set
+ * (partitioned: its exchange failed; all-to-all: a listed payload never
+ * came) says "failed" and settles: a contributor that finished → this peer
+ * imports its state of r + 1 (self_in: its own payload was in that finish,
+ * for the keep rule); nobody finished → a client imports the state of the
+ * serving members that said "failed" (which finish without it; its
+ * payload stays in e), a serving peer cuts man to itself and those, and t
+ * (the payloads it holds, by man's order) with it, to finish r all-to-all
+ * over them. *imported: the round is over (with st). */
+static pulse_status settle_failed(pulse_loco_collab *c, uint64_t r,
+                                  const char *src, loco_manifest *man,
+                                  loco_fetch *t, int self_in, uint64_t done,
+                                  uint64_t end, float *theta_r,
+                                  pulse_loco_collab_info *info,
+                                  int *imported) {
+  size_t C = man->ncontrib;
+  *imported = 0;
+  pulse_status st = publish_outcome(c, r, 0);
+  uint8_t *alive = calloc(C ? C : 1, 1);
+  char from[64] = "";
+  int found = alive ? settle(c, r, man, end, from, sizeof from, alive) : -1;
+  if (st == PULSE_OK && found < 0)
+    st = pulse_fail(PULSE_ERR_NOMEM, "loco collab: round %" PRIu64, r);
+  if (st == PULSE_OK && found > 0) {
+    PULSE_LOG_AT(PULSE_LOG_WARN,
+                 "loco collab round %" PRIu64 ": importing the state of "
+                 "round %" PRIu64 " from %s, which finished it",
+                 r, r + 1, from);
+    pulse_loco_abandon(c->ctx, self_in);
+    st = catch_up(c, r + 1, from, man, theta_r, catch_up_window(c));
+    *imported = 1;
+    info->resynced = st == PULSE_OK;
+    info->contributors = (uint32_t)C;
+    info->self_included = self_in;
+    info->own_samples = self_in ? done : 0;
+    for (size_t j = 0; j < C; j++)
+      info->samples += man->contrib[j].samples;
+  } else if (st == PULSE_OK && c->host_url[0] != '\0') {
+    /* A client: the serving contributors that said "failed" finish the
+     * round all-to-all without it (it published no outcome); its samples
+     * stay in e (keep rule) and it imports their state. */
+    PULSE_LOG_AT(PULSE_LOG_WARN,
+                 "loco collab client %u round %" PRIu64 ": nobody finished "
+                 "it; the serving contributors finish it without this client",
+                 c->id, r);
+    pulse_loco_abandon(c->ctx, 0);
+    st = catch_up(c, r + 1, src, man, theta_r, catch_up_window(c));
+    *imported = 1;
+    info->resynced = st == PULSE_OK;
+    for (size_t j = 0; j < C; j++)
+      if (alive[j]) {
+        info->contributors++;
+        info->samples += man->contrib[j].samples;
+      }
+  } else if (st == PULSE_OK) {
+    size_t q = 0;
+    for (size_t j = 0; j < C; j++) {
+      if (man->contrib[j].id == c->id || alive[j]) {
+        man->contrib[q] = man->contrib[j];
+        t[q++] = t[j];
+      } else {
+        pulse_bytebuf_free(&t[j].body);
+      }
+    }
+    for (size_t j = q; j < C; j++)
+      t[j] = (loco_fetch){0};
+    PULSE_LOG_AT(PULSE_LOG_WARN,
+                 "loco collab round %" PRIu64 ": nobody finished it; "
+                 "all-to-all over the %zu of %zu contributors that answered",
+                 r, q, C);
+    man->ncontrib = q;
+  }
+  free(alive);
+  return st;
+}
+
+/* The all-to-all finish of round r over man's contributors: their
+ * payloads into t (fetch_listed, until `end`), then pulse_loco_finish
+ * when this peer has a payload and every listed one (*complete). */
+static pulse_status finish_listed(pulse_loco_collab *c, uint64_t r,
+                                  const char *src, const loco_manifest *man,
+                                  loco_fetch *t, char (*urls)[160],
+                                  pulse_loco_contribution *set,
+                                  const uint8_t *own, size_t size,
+                                  uint64_t done, uint64_t end, float *theta_r,
+                                  pulse_loco_collab_info *info,
+                                  int *complete) {
+  size_t C = man->ncontrib, have = 0;
+  int self_included = 0;
+  *complete = 0;
+  PULSE_TRY(fetch_listed(c, r, src, man, t, urls, end));
+  for (size_t j = 0; j < C; j++) {
+    if (man->contrib[j].id == c->id) {
+      self_included = own != NULL;
+      if (own != NULL)
+        set[have++] = (pulse_loco_contribution){own, size};
+    } else if (t[j].done) {
+      set[have++] = (pulse_loco_contribution){t[j].body.data, t[j].body.size};
+    }
+  }
+  info->contributors = (uint32_t)C;
+  info->self_included = self_included;
+  info->own_samples = self_included ? done : 0;
+  if (own == NULL || have < C)
+    return PULSE_OK;
+  pulse_loco_finish_info fi;
+  memset(&fi, 0, sizeof fi);
+  PULSE_TRY(pulse_loco_finish(c->ctx, set, C, theta_r, &fi));
+  info->samples = fi.samples;
+  *complete = 1;
+  return PULSE_OK;
+}
+
+/* No payload of its own, or not every listed one (and no settling left):
+ * the state of r + 1 from a peer that finished (the keep rule kept all of
+ * s in e unless the manifest used it). */
+static pulse_status import_finished(pulse_loco_collab *c, uint64_t r,
+                                    const char *src, const loco_manifest *man,
+                                    const loco_fetch *t, float *theta_r,
+                                    pulse_loco_collab_info *info) {
+  if (c->ctx->prepared)
+    pulse_loco_abandon(c->ctx, info->self_included);
+  pulse_status st = catch_up(c, r + 1, src, man, theta_r, catch_up_window(c));
+  info->resynced = st == PULSE_OK;
+  for (size_t j = 0; j < man->ncontrib; j++)
+    if (t[j].done && t[j].body.size >= LOCO_HEADER_SIZE) {
+      pulse_loco_payload_header h;
+      if (pulse_loco_payload_peek(t[j].body.data, t[j].body.size, &h) ==
+          PULSE_OK)
+        info->samples += h.samples;
+    }
+  info->samples += info->own_samples;
+  return st;
+}
+
 static void ack_round(pulse_loco_collab *c, const char *src, uint64_t r) {
   if (strcmp(src, c->url) == 0)
     return;
@@ -1091,9 +1230,15 @@ pulse_status pulse_loco_collab_round(pulse_loco_collab *c, float *theta_r,
     st = loco_server_put(c->srv, path, mb.data, mb.size);
   pulse_bytebuf_free(&mb);
   size_t C = man.ncontrib;
-  int listed = 0;
+  int listed = 0, settled = 0, state_served = 0;
   for (size_t j = 0; j < C; j++)
     listed |= man.contrib[j].id == c->id;
+  loco_fetch *t = calloc(C, sizeof *t);
+  char(*urls)[160] = calloc(C, sizeof *urls);
+  pulse_loco_contribution *set = calloc(C, sizeof *set);
+  if (st == PULSE_OK && (!t || !urls || !set))
+    st = pulse_fail(PULSE_ERR_NOMEM, "loco collab: round %" PRIu64, r);
+  uint64_t ex_end = loco_now_ms() + exchange_ms(c);
   if (st == PULSE_OK && c->opts.partitioned && (own == NULL || !listed)) {
     /* No payload of its own in the round: the state of r + 1 from a
      * contributor, without fetching their payloads. */
@@ -1107,129 +1252,62 @@ pulse_status pulse_loco_collab_round(pulse_loco_collab *c, float *theta_r,
     goto finished;
   }
   if (st == PULSE_OK && c->opts.partitioned) {
-    uint64_t ex_end = loco_now_ms() + exchange_ms(c);
-    int self_dropped = 0;
+    int self_dropped = 0, imported = 0;
     if (reduce_partitioned(c, r, src, &man, own, size, theta_r, info,
                            &self_dropped) == PULSE_OK) {
       st = publish_outcome(c, r, 1);
+      state_served = st == PULSE_OK;
       goto finished;
     }
     /* Failed (a peer's blob never came: killed mid-exchange, or an
      * offender): a contributor that finished wins, else the round is
      * finished all-to-all by those that answered. */
-    st = publish_outcome(c, r, 0);
-    uint8_t *alive = calloc(C ? C : 1, 1);
-    char from[64] = "";
-    int found = alive ? settle(c, r, &man, ex_end + 2u * c->opts.claim_timeout_ms,
-                               from, sizeof from, alive)
-                      : -1;
-    if (st == PULSE_OK && found < 0)
-      st = pulse_fail(PULSE_ERR_NOMEM, "loco collab: round %" PRIu64, r);
-    if (st == PULSE_OK && found > 0) {
-      PULSE_LOG_AT(PULSE_LOG_WARN,
-                   "loco collab round %" PRIu64 ": importing the state of "
-                   "round %" PRIu64 " from %s, which finished it",
-                   r, r + 1, from);
-      pulse_loco_abandon(c->ctx, !self_dropped);
-      st = catch_up(c, r + 1, from, &man, theta_r, catch_up_window(c));
-      info->resynced = st == PULSE_OK;
-      info->contributors = (uint32_t)C;
-      info->self_included = !self_dropped;
-      info->own_samples = self_dropped ? 0 : done;
-      for (size_t j = 0; j < C; j++)
-        info->samples += man.contrib[j].samples;
-      free(alive);
+    st = settle_failed(c, r, src, &man, t, !self_dropped, done,
+                       ex_end + 2u * c->opts.claim_timeout_ms, theta_r, info,
+                       &imported);
+    if (st != PULSE_OK || imported)
       goto finished;
-    }
-    if (st == PULSE_OK && c->host_url[0] != '\0') {
-      /* A client: the serving contributors that said "failed" finish the
-       * round all-to-all without it (it published no outcome); its
-       * samples stay in e (keep rule) and it imports their state. */
-      PULSE_LOG_AT(PULSE_LOG_WARN,
-                   "loco collab client %u round %" PRIu64 ": nobody finished "
-                   "the exchange; the serving contributors finish it without "
-                   "this client",
-                   c->id, r);
-      pulse_loco_abandon(c->ctx, 0);
-      st = catch_up(c, r + 1, src, &man, theta_r, catch_up_window(c));
-      info->resynced = st == PULSE_OK;
-      for (size_t j = 0; j < C; j++)
-        if (alive[j]) {
-          info->contributors++;
-          info->samples += man.contrib[j].samples;
-        }
-      free(alive);
-      goto finished;
-    }
-    if (st == PULSE_OK) {
-      size_t q = 0;
-      for (size_t j = 0; j < C; j++)
-        if (man.contrib[j].id == c->id || alive[j])
-          man.contrib[q++] = man.contrib[j];
-      PULSE_LOG_AT(PULSE_LOG_WARN,
-                   "loco collab round %" PRIu64 ": nobody finished the "
-                   "exchange; all-to-all over the %zu of %zu contributors "
-                   "that answered",
-                   r, q, C);
-      man.ncontrib = q;
-      C = q;
-    }
-    free(alive);
+    settled = 1;
+    ex_end = loco_now_ms() + exchange_ms(c);
   }
-  loco_fetch *t = calloc(C, sizeof *t);
-  char(*urls)[160] = calloc(C, sizeof *urls);
-  pulse_loco_contribution *set = calloc(C, sizeof *set);
-  if (!t || !urls || !set)
-    st = pulse_fail(PULSE_ERR_NOMEM, "loco collab: round %" PRIu64, r);
   if (st == PULSE_OK && own != NULL && listed) {
     /* Its own payload as a relay at once, as every payload it fetches. */
     snprintf(path, sizeof path, "/v1/loco/round/%" PRIu64 "/from/%u", r, c->id);
     st = loco_server_put(c->srv, path, own, size);
   }
-  if (st == PULSE_OK)
-    st = fetch_listed(c, r, src, &man, t, urls,
-                      loco_now_ms() + exchange_ms(c));
-  size_t have = 0;
-  int self_included = 0;
-  for (size_t j = 0; st == PULSE_OK && j < C; j++) {
-    if (man.contrib[j].id == c->id) {
-      self_included = own != NULL;
-      if (own != NULL)
-        set[have++] = (pulse_loco_contribution){own, size};
-    } else if (t[j].done) {
-      set[have++] =
-          (pulse_loco_contribution){t[j].body.data, t[j].body.size};
-    }
-  }
-  info->contributors = (uint32_t)C;
-  info->self_included = self_included;
-  info->own_samples = self_included ? done : 0;
-  pulse_loco_finish_info fi;
-  memset(&fi, 0, sizeof fi);
-  if (st == PULSE_OK && own != NULL && have == C) {
-    st = pulse_loco_finish(c->ctx, set, C, theta_r, &fi);
-    info->samples = fi.samples;
-  } else if (st == PULSE_OK) {
-    /* No payload of its own, or not every listed one: the state of r + 1
-     * from a peer that finished (the keep rule kept all of s in e unless
-     * the manifest used it). */
-    if (c->ctx->prepared)
-      pulse_loco_abandon(c->ctx, self_included);
-    st = catch_up(c, r + 1, src, &man, theta_r, catch_up_window(c));
-    info->resynced = st == PULSE_OK;
-    for (size_t j = 0; j < C; j++)
-      if (t[j].done && t[j].body.size >= LOCO_HEADER_SIZE) {
-        pulse_loco_payload_header h;
-        if (pulse_loco_payload_peek(t[j].body.data, t[j].body.size, &h) ==
-            PULSE_OK)
-          info->samples += h.samples;
+  while (st == PULSE_OK) {
+    int complete = 0, imported = 0;
+    st = finish_listed(c, r, src, &man, t, urls, set, own, size, done, ex_end,
+                       theta_r, info, &complete);
+    if (st != PULSE_OK)
+      break;
+    if (complete) {
+      if (!settled) {
+        st = publish_outcome(c, r, 1);
+        state_served = st == PULSE_OK;
       }
-    info->samples += info->own_samples;
+      break;
+    }
+    if (settled || own == NULL || !listed) {
+      st = import_finished(c, r, src, &man, t, theta_r, info);
+      break;
+    }
+    /* A listed payload never came, from its sender or any relay (its
+     * sender died before anyone fetched it): as a failed partitioned
+     * exchange, a contributor that finished wins, else the round is
+     * finished all-to-all by those that said "failed". */
+    st = settle_failed(c, r, src, &man, t, 1, done,
+                       ex_end + 2u * c->opts.claim_timeout_ms, theta_r, info,
+                       &imported);
+    if (imported)
+      break;
+    settled = 1;
+    ex_end = loco_now_ms() + exchange_ms(c);
   }
+finished:
   for (size_t j = 0; t && j < C; j++)
     pulse_bytebuf_free(&t[j].body);
   free(t), free(urls), free(set);
-finished:
   free(own);
   if (c->ctx->prepared)
     pulse_loco_abandon(c->ctx, 0);
@@ -1259,7 +1337,8 @@ finished:
     snprintf(c->rejoin_url, sizeof c->rejoin_url, "%s", src);
     info->dropped = 1;
   }
-  st = collab_publish_state(c);
+  if (!state_served) /* publish_outcome served it already */
+    st = collab_publish_state(c);
   if (st == PULSE_OK)
     st = collab_publish_view(c);
   ack_round(c, src, r);
