@@ -133,6 +133,17 @@ void collab_bandwidth_locked(pulse_loco_collab *c, uint32_t id, uint64_t bw);
  * its id instead of what it measured (unequal ranges on demand). */
 extern uint64_t loco_collab_test_bandwidth_per_id;
 
+/* Tests only (a writer killed after its manifest, a member late to fetch
+ * the payloads): in round loco_collab_test_stall_round the peer with id
+ * loco_collab_test_stall_id, when it writes that round, stops for good
+ * (sleeps until killed) once it published the manifest, having first
+ * dropped its own payload (phase 1: nobody can fetch it, from it or as a
+ * relay) or not (phase 2); or (phase 3, any member) waits 1 s before
+ * fetching the listed payloads. Phase 0: never (the default). */
+extern uint32_t loco_collab_test_stall_id;
+extern uint64_t loco_collab_test_stall_round;
+extern int loco_collab_test_stall_phase;
+
 /* Publishes the table as GET /v1/loco/progress/round (JSON). */
 void collab_publish_progress(pulse_loco_collab *c);
 

@@ -38,6 +38,34 @@
 #define MANIFESTS_KEPT 64u
 
 uint64_t loco_collab_test_bandwidth_per_id;
+uint32_t loco_collab_test_stall_id;
+uint64_t loco_collab_test_stall_round;
+int loco_collab_test_stall_phase;
+
+/* The test hook (collab_impl.h) at `point` of round r: 1 the writer about
+ * to publish its manifest, 2 the writer once it did, 3 a member about to
+ * fetch the listed payloads. */
+static void test_stall(pulse_loco_collab *c, uint64_t r, int writer,
+                       int point) {
+  int phase = loco_collab_test_stall_phase;
+  if (phase == 0 || c->id != loco_collab_test_stall_id ||
+      r != loco_collab_test_stall_round)
+    return;
+  if (point == 1 && phase == 1 && writer) {
+    /* Before the manifest is out: nobody gets the writer's payload. */
+    char path[96];
+    snprintf(path, sizeof path, "/v1/loco/round/%" PRIu64, r);
+    loco_server_drop(c->srv, path, 0);
+    snprintf(path, sizeof path, "/v1/loco/round/%" PRIu64 "/from/%u", r,
+             c->id);
+    loco_server_drop(c->srv, path, 0);
+  } else if (point == 2 && (phase == 1 || phase == 2) && writer) {
+    for (;;)
+      loco_sleep_ms(1000);
+  } else if (point == 3 && phase == 3) {
+    loco_sleep_ms(1000);
+  }
+}
 
 /* A member URL that serves (a client-mode member's is hosted, or none):
  * only those own partitioned ranges. */
@@ -1226,9 +1254,12 @@ pulse_status pulse_loco_collab_round(pulse_loco_collab *c, float *theta_r,
   char path[96];
   snprintf(path, sizeof path, "/v1/loco/round/%" PRIu64 "/manifest", r);
   st = loco_manifest_write(&man, &mb);
+  int writer = man.coordinator == c->id && strcmp(src, c->url) == 0;
+  test_stall(c, r, writer, 1);
   if (st == PULSE_OK)
     st = loco_server_put(c->srv, path, mb.data, mb.size);
   pulse_bytebuf_free(&mb);
+  test_stall(c, r, writer, 2);
   size_t C = man.ncontrib;
   int listed = 0, settled = 0, state_served = 0;
   for (size_t j = 0; j < C; j++)
@@ -1275,6 +1306,8 @@ pulse_status pulse_loco_collab_round(pulse_loco_collab *c, float *theta_r,
     snprintf(path, sizeof path, "/v1/loco/round/%" PRIu64 "/from/%u", r, c->id);
     st = loco_server_put(c->srv, path, own, size);
   }
+  if (st == PULSE_OK)
+    test_stall(c, r, 0, 3);
   while (st == PULSE_OK) {
     int complete = 0, imported = 0;
     st = finish_listed(c, r, src, &man, t, urls, set, own, size, done, ex_end,

@@ -1,8 +1,11 @@
 /* test_collab.c - an open PULSELoCo collaboration (pulse_loco_collab.h)
  * with its peers as processes on loopback (collab_testutil.h): the target
  * global batch bound, joins, clean leaves, kill -9 of the writer and of
- * another peer. */
+ * another peer, and of the writer once its manifest is out. */
 #include "collab_testutil.h"
+#include "collab_impl.h"
+#include "http_impl.h"
+#include "manifest_impl.h"
 
 static void spawn_all(ct_child *ks, const ct_peer_cfg *cfg, size_t n) {
   for (size_t i = 0; i < n; i++)
@@ -192,4 +195,144 @@ Test(collab, kill_9_of_the_writer_costs_at_most_one_round, .timeout = 60) {
 
 Test(collab, kill_9_of_another_peer_costs_at_most_one_round, .timeout = 60) {
   killed_peer_costs_at_most_one_round(0);
+}
+
+/* ------------------- all-to-all: the writer killed after its manifest */
+
+/* Waits until url answers 200 with `want` as its body (NULL: any body):
+ * the peer reached the point the test waits for. */
+static void wait_for(const char *url, const char *want) {
+  size_t n = want ? strlen(want) : 0;
+  for (int i = 0; i < 3000; i++) {
+    pulse_bytebuf b = PULSE_BYTEBUF_INIT;
+    long status = 0;
+    cr_assert_eq(loco_http_get(url, 1000, 1 << 20, &b, &status), PULSE_OK);
+    int ok = status == 200 &&
+             (want == NULL || (b.size == n && memcmp(b.data, want, n) == 0));
+    pulse_bytebuf_free(&b);
+    if (ok)
+      return;
+    usleep(5000);
+  }
+  cr_assert_fail("%s never came", url);
+}
+
+/* Whether round r's manifest, as peer k re-serves it, lists id. */
+static int lists(const ct_child *k, uint64_t r, uint32_t id) {
+  char url[160];
+  snprintf(url, sizeof url, "%s/v1/loco/round/%" PRIu64 "/manifest", k->url, r);
+  pulse_bytebuf b = PULSE_BYTEBUF_INIT;
+  cr_assert_eq(loco_http_wait(url, 2000, 1u << 20, &b), PULSE_OK, "%s", url);
+  loco_manifest m;
+  cr_assert_eq(loco_manifest_parse(b.data, b.size, &m), PULSE_OK);
+  pulse_bytebuf_free(&b);
+  int found = 0;
+  for (size_t j = 0; j < m.ncontrib; j++)
+    found |= m.contrib[j].id == id;
+  loco_manifest_free(&m);
+  return found;
+}
+
+/* Four all-to-all peers; peer 3, the writer of round 2, is stopped by a
+ * test hook once its manifest is out (stall phase `writer_phase`: 1 its
+ * own payload dropped first, nobody can get it; 2 still served), and
+ * peer `late` (0: none) waits 1 s before fetching round 2's payloads.
+ * The test kills peer 3 once every survivor holds the manifest and, with
+ * a late peer, the others said they finished round 2. The survivors'
+ * reports into log; the test asserts what each case must give. */
+#define KW_N 4
+#define KW_ROUNDS 5
+#define KW_ROUND 2
+static void writer_killed_after_its_manifest(int writer_phase, uint32_t late,
+                                             ct_log *log) {
+  ct_peer_cfg cfg[KW_N];
+  ct_child ks[KW_N];
+  for (uint32_t i = 0; i < KW_N; i++) {
+    cfg[i] = (ct_peer_cfg){i + 1, 4, 48, KW_ROUNDS, -1, CT_KILL_STEP_US};
+    loco_collab_test_stall_id = i + 1;
+    loco_collab_test_stall_round = KW_ROUND;
+    loco_collab_test_stall_phase =
+        i + 1 == 3 ? writer_phase : i + 1 == late ? 3 : 0;
+    ct_spawn(&ks[i], &cfg[i]);
+  }
+  loco_collab_test_stall_phase = 0;
+  for (size_t i = 0; i < KW_N; i++)
+    ct_hello(&ks[i]);
+  ct_start(ks, KW_N);
+  char url[160];
+  for (size_t i = 0; i < KW_N; i++) {
+    snprintf(url, sizeof url, "%s/v1/loco/round/%d/manifest", ks[i].url,
+             KW_ROUND);
+    wait_for(url, NULL);
+  }
+  /* Else the round has nothing to lose, and the test proves nothing. */
+  cr_assert(lists(&ks[0], KW_ROUND, 3), "peer 3 did no step in round %d",
+            KW_ROUND);
+  for (size_t i = 0; late && i < KW_N; i++) {
+    if (i == 2 || i + 1 == late)
+      continue;
+    snprintf(url, sizeof url, "%s/v1/loco/round/%d/outcome", ks[i].url,
+             KW_ROUND);
+    wait_for(url, "finished");
+  }
+  ct_kill(&ks[2]);
+  memset(log, 0, sizeof *log);
+  ct_collect(ks, KW_N, log, NULL, NULL);
+  /* Every survivor reports every round with the same weights; only the
+   * kill's round may be short of T, and nobody took over (the manifest
+   * was out). */
+  for (size_t i = 0; i < KW_N; i++) {
+    if (i == 2)
+      continue;
+    cr_assert_eq(log->final_round[i], KW_ROUNDS);
+    cr_assert_eq(log->final_digest[i], log->final_digest[0]);
+    int short_rounds = 0;
+    for (uint64_t r = 0; r < KW_ROUNDS; r++) {
+      cr_assert(log->have[i][r], "peer %zu: no round %" PRIu64, i + 1, r);
+      cr_assert_eq(log->row[i][r].digest, log->row[0][r].digest,
+                   "round %" PRIu64 ": peer %zu differs", r, i + 1);
+      cr_assert_eq(log->row[i][r].takeovers, 0);
+      short_rounds += log->row[i][r].samples < 48;
+    }
+    cr_assert_leq(short_rounds, 1);
+    cr_assert_eq(log->row[i][KW_ROUND].writer, 3);
+    cr_assert_eq(log->row[i][KW_ROUNDS - 1].contrib, 3);
+  }
+  ct_quit(ks, KW_N);
+}
+
+/* Nobody got the dead writer's payload: every survivor with a payload
+ * says "failed", reads the others' outcomes (nobody finished) and
+ * finishes round 2 over itself and the two others that said "failed". */
+Test(collab, a_writer_killed_before_anyone_got_its_payload_costs_one_round,
+     .timeout = 60) {
+  static ct_log log;
+  writer_killed_after_its_manifest(1, 0, &log);
+  for (size_t i = 0; i < KW_N; i++) {
+    const ct_round *x = &log.row[i][KW_ROUND];
+    if (i == 2 || x->own == 0)
+      continue;
+    cr_assert_eq(x->contrib, 3, "peer %zu", i + 1);
+    cr_assert(x->included);
+    cr_assert_not(x->resynced);
+  }
+}
+
+/* Peers 1 and 2 got the writer's payload and finished round 2; peer 4,
+ * late, finds the writer dead and fetches the payload from their relays:
+ * it finishes round 2 itself over all four payloads, as they did. */
+Test(collab, a_survivor_late_for_the_dead_writers_payload_gets_it_relayed,
+     .timeout = 60) {
+  static ct_log log;
+  writer_killed_after_its_manifest(2, 4, &log);
+  for (size_t i = 0; i < KW_N; i++) {
+    const ct_round *x = &log.row[i][KW_ROUND];
+    if (i == 2 || x->own == 0)
+      continue;
+    cr_assert_eq(x->contrib, 4, "peer %zu", i + 1);
+    cr_assert(x->included);
+    cr_assert_not(x->resynced, "peer %zu imported the state", i + 1);
+  }
+  cr_assert_gt(log.row[3][KW_ROUND].own, 0, "peer 4 did no step in round %d",
+               KW_ROUND);
 }
