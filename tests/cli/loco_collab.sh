@@ -42,6 +42,8 @@ timeout 60 "$BENCH" loco --target-batch 128 --rounds 4 --trainers 3 \
   --claim-timeout-ms 1000 --round-timeout-ms 2000 --json > "$work/part.json" 2> "$work/err2"
 expect "partitioned exit status" 0 "$?"
 grep '"summary":true' "$work/part.json" | grep -q '"gate_mean":true,"identical":true' && ok || bad "partitioned peers differ or the mean gate is off: $(cat "$work/err2")"
+# Every round's held-out loss arrives (evaluated apart, "loss R LOSS").
+grep '^{"round"' "$work/part.json" | grep -q '"loss":null' && bad "a round without its loss" || ok
 # The summary's bytes in over own payload are the round records' (mean over
 # non-writer peer-rounds, the worst peer's mean, the worst peer-round).
 python3 - "$work/part.json" <<'PY' && ok || bad "in_over_payload does not match the round records"
