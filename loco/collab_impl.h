@@ -1,7 +1,10 @@
 /* collab_impl.h - private to loco/: the collaboration peer
  * (pulse_loco_collab.h, PAYLOAD.md "Collaboration"): its fields, shared by
- * the round (collab.c), the writer's table and the POST routes
- * (collab_writer.c). */
+ * the peer's setup, publishing and client mode (collab.c), the writer's
+ * table and the POST routes (collab_writer.c), and one round: the round
+ * and accumulating (collab_round.c), the close (collab_close.c), the
+ * all-to-all finish (collab_fetch.c), the partitioned finish, outcomes,
+ * settling and catching up (collab_finish.c). */
 #ifndef PULSE_LOCO_COLLAB_IMPL_H
 #define PULSE_LOCO_COLLAB_IMPL_H
 
@@ -146,5 +149,86 @@ extern int loco_collab_test_stall_phase;
 
 /* Publishes the table as GET /v1/loco/progress/round (JSON). */
 void collab_publish_progress(pulse_loco_collab *c);
+
+/* ------------------------------------------------ one round, by its parts */
+
+/* collab_round.c: the URL of member id of the context's round ("" when it
+ * is none); whether a member URL serves (a client-mode member's is hosted:
+ * only serving members own partitioned ranges); the download rate this
+ * peer reports (bytes/s; 0: not measured). */
+const char *collab_url_of(const pulse_loco_collab *c, uint32_t id);
+int collab_serves(const char *url);
+uint64_t collab_reported_bandwidth(const pulse_loco_collab *c);
+/* collab_round.c: moves *k to the rank a member said it writes round r at,
+ * when higher; one claim of b samples (or, with `ready`, a readiness) to
+ * the writer W(r, k): a COLLAB_* answer, 0 when the writer did not
+ * answer. */
+void collab_sync_rank(pulse_loco_collab *c, uint64_t r, uint32_t *k);
+unsigned collab_tell_writer(pulse_loco_collab *c, uint64_t r, uint32_t k,
+                            int ready, uint64_t b, uint64_t done,
+                            uint64_t rate_milli, int leaving);
+
+/* collab_close.c: readiness to W(r, k) and its manifest (into *man, its
+ * source's URL into src); moves to the next rank when the writer is gone,
+ * and closes the round itself when its turn comes. */
+pulse_status collab_get_manifest(pulse_loco_collab *c, uint64_t r,
+                                 uint32_t *k, const uint8_t *own,
+                                 size_t own_size, uint64_t done, int leaving,
+                                 loco_manifest *man, char *src, size_t cap,
+                                 pulse_loco_collab_info *info);
+
+/* collab_fetch.c: the all-to-all finish of round r over man's
+ * contributors: their payloads into t (by man's order; urls the same
+ * length), from their senders and relays until `end`, then
+ * pulse_loco_finish over set when this peer has a payload and every
+ * listed one (*complete). */
+pulse_status collab_finish_listed(pulse_loco_collab *c, uint64_t r,
+                                  const char *src, const loco_manifest *man,
+                                  loco_fetch *t, char (*urls)[160],
+                                  pulse_loco_contribution *set,
+                                  const uint8_t *own, size_t size,
+                                  uint64_t done, uint64_t end, float *theta_r,
+                                  pulse_loco_collab_info *info,
+                                  int *complete);
+
+/* collab_finish.c: how long a contributor takes at most to get what it
+ * finishes with; how long a member waits for the state of r + 1. */
+uint64_t collab_exchange_ms(const pulse_loco_collab *c);
+uint64_t collab_catch_up_window(const pulse_loco_collab *c);
+/* Imports the state of round `round` from src or one of man's
+ * contributors (man may be NULL), trying until window_ms passed. */
+pulse_status collab_catch_up(pulse_loco_collab *c, uint64_t round,
+                             const char *src, const loco_manifest *man,
+                             float *theta_r, uint64_t window_ms);
+/* The partitioned finish of round r: PULSE_OK when ctx finished (theta_r
+ * = theta_g); an error leaves ctx prepared (*self_dropped: this peer was
+ * found an offender). */
+pulse_status collab_reduce_partitioned(pulse_loco_collab *c, uint64_t r,
+                                       const char *src,
+                                       const loco_manifest *man,
+                                       const uint8_t *own, size_t size,
+                                       float *theta_r,
+                                       pulse_loco_collab_info *info,
+                                       int *self_dropped);
+/* Serves /v1/loco/round/R/outcome: "finished" (the state of r + 1 served
+ * first) or "failed". */
+pulse_status collab_publish_outcome(pulse_loco_collab *c, uint64_t r,
+                                    int finished);
+/* A contributor that cannot finish r over man's whole set says "failed"
+ * and settles: *imported when it imported a state of r + 1 (the round is
+ * over), else man and t are cut to the contributors that finish r
+ * all-to-all. */
+pulse_status collab_settle_failed(pulse_loco_collab *c, uint64_t r,
+                                  const char *src, loco_manifest *man,
+                                  loco_fetch *t, int self_in, uint64_t done,
+                                  uint64_t end, float *theta_r,
+                                  pulse_loco_collab_info *info,
+                                  int *imported);
+/* Without its own payload or every listed one: the state of r + 1 from a
+ * member that finished; info counts the samples it knows were in it. */
+pulse_status collab_import_finished(pulse_loco_collab *c, uint64_t r,
+                                    const char *src, const loco_manifest *man,
+                                    const loco_fetch *t, float *theta_r,
+                                    pulse_loco_collab_info *info);
 
 #endif

@@ -1,0 +1,376 @@
+/* collab_close.c - the close of a collaboration round (collab_round.c,
+ * PAYLOAD.md "Collaboration"): the writer of round r at rank k waits for
+ * every member's readiness, fetches and checks their payloads, serves the
+ * relays and writes the manifest (a taken-over writer first adopts a
+ * manifest some member already has); every other member says ready and
+ * polls the writer for the manifest, moving to the next rank when the
+ * writer is gone. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "collab_impl.h"
+#include "payload_impl.h"
+#include "pulse_log.h"
+
+#define MANIFEST_CAP ((size_t)LOCO_MAX_MEMBERS * 256u + 4096u)
+
+/* ------------------------------------------------------------- the writer */
+
+/* The writers of ranks below k are dead for this round. */
+static int dead_writer(const pulse_loco_collab *c, uint64_t r, uint32_t k,
+                       uint32_t id) {
+  for (uint32_t j = 0; j < k && j < c->nmembers; j++)
+    if (pulse_loco_collab_writer(c->members, c->nmembers, r, j) == id)
+      return 1;
+  return 0;
+}
+
+/* Copies what a manifest names into m (owned arrays). */
+static pulse_status make_manifest(uint64_t r, uint32_t writer,
+                                  const loco_contrib_ref *refs, size_t c,
+                                  const pulse_loco_member *next, size_t nn,
+                                  loco_manifest *m) {
+  memset(m, 0, sizeof *m);
+  m->round = r;
+  m->coordinator = writer;
+  m->has_contributors = 1;
+  m->contrib = malloc((c ? c : 1) * sizeof *refs);
+  m->members = malloc((nn ? nn : 1) * sizeof *next);
+  if (!m->contrib || !m->members) {
+    loco_manifest_free(m);
+    return pulse_fail(PULSE_ERR_NOMEM, "loco collab: manifest");
+  }
+  memcpy(m->contrib, refs, c * sizeof *refs);
+  memcpy(m->members, next, nn * sizeof *next);
+  m->ncontrib = c;
+  m->nmembers = nn;
+  return PULSE_OK;
+}
+
+/* A taken-over writer: a manifest of r some member already has (from the
+ * dead writer). *found is its source's index, -1 when none. */
+static void look_for_manifest(pulse_loco_collab *c, uint64_t r, uint32_t k,
+                              loco_manifest *m, int *found) {
+  *found = -1;
+  size_t M = c->nmembers;
+  loco_fetch *t = calloc(M, sizeof *t);
+  char(*urls)[160] = calloc(M, sizeof *urls);
+  size_t *idx = calloc(M, sizeof *idx);
+  size_t q = 0;
+  for (size_t i = 0; t && urls && idx && i < M; i++) {
+    if (c->members[i].id == c->id || dead_writer(c, r, k, c->members[i].id))
+      continue;
+    snprintf(urls[q], sizeof urls[q], "%s/v1/loco/round/%" PRIu64 "/manifest",
+             c->members[i].url, r);
+    t[q].url = urls[q];
+    t[q].max_bytes = MANIFEST_CAP;
+    t[q].body = (pulse_bytebuf)PULSE_BYTEBUF_INIT;
+    idx[q++] = i;
+  }
+  if (q > 0)
+    loco_http_gather(t, q, loco_now_ms() + 300u);
+  for (size_t j = 0; j < q; j++) {
+    if (*found < 0 && t[j].done) {
+      c->fetched += t[j].body.size;
+      loco_manifest x;
+      if (loco_manifest_parse(t[j].body.data, t[j].body.size, &x) ==
+          PULSE_OK) {
+        if (x.round == r && x.has_contributors && x.ncontrib > 0) {
+          *m = x;
+          *found = (int)idx[j];
+        } else {
+          loco_manifest_free(&x);
+        }
+      }
+    }
+    pulse_bytebuf_free(&t[j].body);
+  }
+  free(t), free(urls), free(idx);
+}
+
+/* The writer's close of round r at rank k: readiness, payloads, checks,
+ * relays, manifest (into *man). */
+static pulse_status write_round(pulse_loco_collab *c, uint64_t r, uint32_t k,
+                                const uint8_t *own, size_t own_size,
+                                uint64_t own_samples, int leaving,
+                                loco_manifest *man, char *src, size_t src_cap,
+                                pulse_loco_collab_info *info) {
+  if (k > 0) {
+    int found;
+    look_for_manifest(c, r, k, man, &found);
+    if (found >= 0) {
+      snprintf(src, src_cap, "%s", c->members[found].url);
+      PULSE_LOG_AT(PULSE_LOG_INFO,
+                   "loco collab round %" PRIu64 ": adopted %u's manifest", r,
+                   c->members[found].id);
+      return PULSE_OK;
+    }
+  }
+  snprintf(src, src_cap, "%s", c->url);
+  pthread_mutex_lock(&c->lock);
+  collab_open_table(c, r, k);
+  collab_ready_locked(c, r, k, c->id, own_samples, leaving);
+  collab_bandwidth_locked(c, c->id, collab_reported_bandwidth(c));
+  pthread_mutex_unlock(&c->lock);
+  /* Every member's readiness, or the deadline. */
+  uint64_t end = loco_now_ms() + c->opts.round_timeout_ms +
+                 (k > 0 ? c->opts.claim_timeout_ms : 0u);
+  size_t M = c->nmembers;
+  collab_record *rec = calloc(M, sizeof *rec);
+  pulse_loco_member *pend = calloc(LOCO_MAX_MEMBERS, sizeof *pend);
+  loco_fetch *t = calloc(M, sizeof *t);
+  char(*urls)[160] = calloc(M, sizeof *urls);
+  pulse_loco_contribution *set = calloc(M, sizeof *set);
+  loco_contrib_ref *refs = calloc(M, sizeof *refs);
+  pulse_loco_member *next = calloc(M + LOCO_MAX_MEMBERS, sizeof *next);
+  int *ok = calloc(M, sizeof *ok);
+  pulse_status st = PULSE_OK;
+  if (!rec || !pend || !t || !urls || !set || !refs || !next || !ok) {
+    st = pulse_fail(PULSE_ERR_NOMEM, "loco collab: round %" PRIu64, r);
+    goto done;
+  }
+  size_t npend = 0;
+  uint64_t max_step = 0;
+  for (;;) {
+    size_t waiting = 0;
+    pthread_mutex_lock(&c->lock);
+    for (size_t i = 0; i < c->nrec; i++)
+      waiting += !c->rec[i].ready && !dead_writer(c, r, k, c->rec[i].id);
+    if (waiting == 0 || loco_now_ms() >= end) {
+      c->closed = 1;
+      memcpy(rec, c->rec, M * sizeof *rec);
+      for (size_t i = 0; i < c->npending; i++)
+        if (loco_member_find(c->members, c->nmembers, c->pending[i].id) < 0) {
+          pend[npend].id = c->pending[i].id;
+          snprintf(pend[npend].url, sizeof pend[npend].url, "%s",
+                   c->pending[i].url);
+          npend++;
+        }
+      max_step = c->max_step;
+      pthread_mutex_unlock(&c->lock);
+      break;
+    }
+    pthread_mutex_unlock(&c->lock);
+    loco_sleep_ms(1);
+  }
+  info->max_step = max_step;
+  /* The ready members' payloads. */
+  size_t want = 0;
+  for (size_t i = 0; i < M; i++) {
+    if (rec[i].id == c->id || !rec[i].ready || rec[i].ready_samples == 0)
+      continue;
+    snprintf(urls[i], sizeof urls[i], "%s/v1/loco/round/%" PRIu64,
+             c->members[i].url, r);
+    t[i].url = urls[i];
+    t[i].max_bytes = loco_payload_cap(c->ctx->n);
+    t[i].body = (pulse_bytebuf)PULSE_BYTEBUF_INIT;
+    /* Partitioned: the owners decode every slice; the writer reads only
+     * each payload's header (and its size and SHA-256 from the answer). */
+    t[i].head = c->opts.partitioned ? LOCO_HEADER_SIZE : 0;
+    want++;
+  }
+  if (want > 0) {
+    loco_fetch *w = calloc(want, sizeof *w);
+    size_t *idx = calloc(want, sizeof *idx);
+    if (!w || !idx) {
+      free(w), free(idx);
+      st = pulse_fail(PULSE_ERR_NOMEM, "loco collab: fetch list");
+      goto done;
+    }
+    size_t q = 0;
+    for (size_t i = 0; i < M; i++)
+      if (t[i].url != NULL)
+        w[q] = t[i], idx[q++] = i;
+    st = loco_http_gather(w, want, loco_now_ms() + c->opts.round_timeout_ms);
+    for (size_t a = 0; a < want; a++)
+      t[idx[a]] = w[a];
+    free(w), free(idx);
+    if (st != PULSE_OK)
+      goto done;
+  }
+  size_t nc = 0;
+  for (size_t i = 0; i < M; i++) {
+    uint32_t id = rec[i].id;
+    if (id == c->id) {
+      ok[i] = own_samples > 0;
+      if (ok[i]) {
+        set[nc] = (pulse_loco_contribution){own, own_size};
+        refs[nc].id = id;
+        refs[nc].bytes = own_size;
+        loco_sha256(own, own_size, refs[nc].sha256);
+        refs[nc].samples = own_samples;
+        refs[nc].bandwidth = loco_bandwidth_quantize(rec[i].bandwidth);
+        nc++;
+      }
+      continue;
+    }
+    if (!t[i].done)
+      continue;
+    c->fetched += t[i].body.size;
+    int head_only = t[i].head > 0;
+    pulse_loco_payload_header h;
+    /* What the table granted (at rank 0 every sample; after a takeover
+     * what the sender said it had done before, plus grants): the payload
+     * must carry exactly that. */
+    uint64_t owed = rec[i].granted;
+    const char *why = NULL;
+    if (pulse_loco_payload_peek(t[i].body.data, t[i].body.size, &h) !=
+        PULSE_OK)
+      why = "does not decode";
+    else if (h.sender != id)
+      why = "names another sender";
+    else if (h.round != r)
+      why = "is of another round";
+    else if (h.samples != owed || h.samples != rec[i].ready_samples)
+      why = "carries other samples than granted";
+    else if (head_only && (h.param_count != c->ctx->n ||
+                           h.base_digest != c->ctx->digest))
+      why = "is built on another theta_g";
+    else if (head_only && (!t[i].has_sha256 || t[i].total > loco_payload_cap(c->ctx->n)))
+      why = "has no digest or is oversized";
+    else if (!head_only &&
+             pulse_loco_check(c->ctx, t[i].body.data, t[i].body.size) !=
+                 PULSE_OK)
+      why = "does not check";
+    if (why != NULL) {
+      PULSE_LOG_AT(PULSE_LOG_WARN,
+                   "loco collab round %" PRIu64 ": %u dropped (its payload "
+                   "%s)",
+                   r, id, why);
+      rec[i].ready = 0; /* an offender: out of this round and the next */
+      continue;
+    }
+    ok[i] = 1;
+    refs[nc].id = id;
+    refs[nc].samples = h.samples;
+    refs[nc].bandwidth = loco_bandwidth_quantize(rec[i].bandwidth);
+    if (head_only) {
+      set[nc] = (pulse_loco_contribution){NULL, 0}; /* no relay */
+      refs[nc].bytes = t[i].total;
+      memcpy(refs[nc].sha256, t[i].sha256, 32);
+    } else {
+      set[nc] = (pulse_loco_contribution){t[i].body.data, t[i].body.size};
+      refs[nc].bytes = t[i].body.size;
+      loco_sha256(t[i].body.data, t[i].body.size, refs[nc].sha256);
+    }
+    nc++;
+  }
+  if (nc == 0) {
+    st = pulse_fail(PULSE_ERR_IO, "loco collab: round %" PRIu64
+                    " has no contribution", r);
+    goto done;
+  }
+  /* The next round: the ready members (but leavers that flushed), then
+   * the joiners. */
+  size_t nn = 0;
+  for (size_t i = 0; i < M; i++)
+    if (rec[i].ready && !(rec[i].leaving && ok[i]))
+      next[nn++] = c->members[i];
+  for (size_t j = 0; j < npend && nn < LOCO_MAX_MEMBERS; j++)
+    if (loco_member_find(next, nn, pend[j].id) < 0)
+      next[nn++] = pend[j];
+  qsort(next, nn, sizeof *next, loco_member_by_id);
+  /* Relays first: once the manifest is visible, all it names is here. */
+  for (size_t j = 0; j < nc && st == PULSE_OK; j++) {
+    if (set[j].data == NULL)
+      continue; /* read by its header only */
+    char path[96];
+    snprintf(path, sizeof path, "/v1/loco/round/%" PRIu64 "/from/%u", r,
+             refs[j].id);
+    st = loco_server_put(c->srv, path, set[j].data, set[j].size);
+  }
+  if (st == PULSE_OK)
+    st = make_manifest(r, c->id, refs, nc, next, nn, man);
+done:
+  for (size_t i = 0; t && i < M; i++)
+    pulse_bytebuf_free(&t[i].body);
+  free(rec), free(pend), free(t), free(urls), free(set), free(refs);
+  free(next), free(ok);
+  return st;
+}
+
+/* ------------------------------------------------------------- a follower */
+
+/* Readiness to W(r, k) and its manifest; moves to the next rank when the
+ * writer is gone, and writes the round itself when its turn comes. */
+pulse_status collab_get_manifest(pulse_loco_collab *c, uint64_t r,
+                                 uint32_t *k, const uint8_t *own,
+                                 size_t own_size, uint64_t done, int leaving,
+                                 loco_manifest *man, char *src, size_t cap,
+                                 pulse_loco_collab_info *info) {
+  uint32_t told = UINT32_MAX;
+  uint64_t dead_since = 0, start = loco_now_ms();
+  uint64_t limit = 4u * c->opts.claim_timeout_ms + 4u * c->opts.round_timeout_ms;
+  for (;;) {
+    collab_sync_rank(c, r, k);
+    if (*k >= c->nmembers)
+      return pulse_fail(PULSE_ERR_IO, "loco collab: round %" PRIu64
+                        ": every writer is gone", r);
+    uint32_t w = pulse_loco_collab_writer(c->members, c->nmembers, r, *k);
+    if (w == c->id)
+      return write_round(c, r, *k, own, own_size, done, leaving, man, src, cap,
+                         info);
+    const char *wurl = collab_url_of(c, w);
+    int gone = 0;
+    if (told != *k) {
+      unsigned s = collab_tell_writer(c, r, *k, 1, 0, done, 0, leaving);
+      if (s != 0)
+        told = *k;
+      else
+        gone = 1;
+    }
+    if (!gone) {
+      char url[160];
+      snprintf(url, sizeof url, "%s/v1/loco/round/%" PRIu64 "/manifest", wurl,
+               r);
+      pulse_bytebuf b = PULSE_BYTEBUF_INIT;
+      long status = 0;
+      pulse_status st =
+          loco_http_get(url, c->opts.claim_timeout_ms, MANIFEST_CAP, &b,
+                        &status);
+      if (st != PULSE_OK) {
+        pulse_bytebuf_free(&b);
+        return st;
+      }
+      if (status == 200) {
+        c->fetched += b.size;
+        st = loco_manifest_parse(b.data, b.size, man);
+        pulse_bytebuf_free(&b);
+        if (st == PULSE_OK &&
+            (man->round != r || !man->has_contributors || man->ncontrib == 0)) {
+          loco_manifest_free(man);
+          st = pulse_fail(PULSE_ERR_CORRUPT,
+                          "loco collab: manifest of round %" PRIu64
+                          " does not fit",
+                          r);
+        }
+        if (st == PULSE_OK)
+          snprintf(src, cap, "%s", wurl);
+        return st;
+      }
+      pulse_bytebuf_free(&b);
+      gone = status == 0;
+    }
+    uint64_t now = loco_now_ms();
+    if (gone) {
+      if (dead_since == 0)
+        dead_since = now;
+      if (now - dead_since >= c->opts.claim_timeout_ms) {
+        PULSE_LOG_AT(PULSE_LOG_WARN,
+                     "loco collab round %" PRIu64 ": writer %u is gone", r, w);
+        (*k)++;
+        dead_since = 0;
+        continue;
+      }
+    } else {
+      dead_since = 0;
+    }
+    if (now - start > limit)
+      return pulse_fail(PULSE_ERR_IO,
+                        "loco collab: no manifest of round %" PRIu64 " from %u",
+                        r, w);
+    loco_sleep_ms(2);
+  }
+}
