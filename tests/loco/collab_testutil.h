@@ -34,6 +34,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "http_impl.h"
 #include "pulse_loco.h"
 #include "pulse_loco_collab.h"
 
@@ -395,6 +396,66 @@ static inline void ct_kill(ct_child *k) {
   waitpid(k->pid, &status, 0);
   close(k->to), close(k->from);
   k->pid = 0;
+}
+
+/* Where a peer stops at a test hook (collab_impl.h, partition_impl.h):
+ * in which round, at which phase (0: never). */
+typedef struct {
+  uint64_t round;
+  int phase;
+} ct_stall;
+
+/* A module's test hook: its three variables in the test's process, which
+ * a child inherits when it is spawned (fork). CT_STALL_VARS(loco_collab_
+ * test_stall) names those of collab_impl.h. */
+typedef struct {
+  uint32_t *id;
+  uint64_t *round;
+  int *phase;
+} ct_stall_vars;
+#define CT_STALL_VARS(prefix)                                                  \
+  ((ct_stall_vars){&prefix##_id, &prefix##_round, &prefix##_phase})
+
+/* Peers 1..n for a test that kills one a hook stopped: steps of `step`
+ * samples taking CT_KILL_STEP_US each (slow enough to kill one mid-round),
+ * target T, until round `rounds`; peer i + 1 stops as stalls[i] says (the
+ * hook is off again in the test's process once they are spawned). Then
+ * reads their URLs and starts them as founders. */
+static inline void ct_spawn_stalled(ct_child *ks, size_t n, uint64_t step,
+                                    uint64_t T, uint64_t rounds,
+                                    ct_stall_vars hook,
+                                    const ct_stall *stalls) {
+  for (uint32_t i = 0; i < n; i++) {
+    /* The child has its own copy (fork): one cfg serves every spawn. */
+    ct_peer_cfg cfg = {i + 1, step, T, rounds, -1, CT_KILL_STEP_US};
+    *hook.id = i + 1;
+    *hook.round = stalls[i].round;
+    *hook.phase = stalls[i].phase;
+    ct_spawn(&ks[i], &cfg);
+  }
+  *hook.phase = 0;
+  for (size_t i = 0; i < n; i++)
+    ct_hello(&ks[i]);
+  ct_start(ks, n);
+}
+
+/* Waits until url answers 200 and, when want is not NULL, with exactly
+ * that body: a peer a hook stopped reached the hook's point, or a peer
+ * said how its round ended. Fails the test after 3000 tries 5 ms apart. */
+static inline void ct_wait_for(const char *url, const char *want) {
+  size_t n = want ? strlen(want) : 0;
+  for (int i = 0; i < 3000; i++) {
+    pulse_bytebuf b = PULSE_BYTEBUF_INIT;
+    long status = 0;
+    cr_assert_eq(loco_http_get(url, 1000, 1 << 20, &b, &status), PULSE_OK);
+    int ok = status == 200 &&
+             (want == NULL || (b.size == n && memcmp(b.data, want, n) == 0));
+    pulse_bytebuf_free(&b);
+    if (ok)
+      return;
+    usleep(5000);
+  }
+  cr_assert_fail("%s never came", url);
 }
 
 /* The reference for a clean run (every peer that stepped is in its round,

@@ -199,24 +199,6 @@ Test(collab, kill_9_of_another_peer_costs_at_most_one_round, .timeout = 60) {
 
 /* ------------------- all-to-all: the writer killed after its manifest */
 
-/* Waits until url answers 200 with `want` as its body (NULL: any body):
- * the peer reached the point the test waits for. */
-static void wait_for(const char *url, const char *want) {
-  size_t n = want ? strlen(want) : 0;
-  for (int i = 0; i < 3000; i++) {
-    pulse_bytebuf b = PULSE_BYTEBUF_INIT;
-    long status = 0;
-    cr_assert_eq(loco_http_get(url, 1000, 1 << 20, &b, &status), PULSE_OK);
-    int ok = status == 200 &&
-             (want == NULL || (b.size == n && memcmp(b.data, want, n) == 0));
-    pulse_bytebuf_free(&b);
-    if (ok)
-      return;
-    usleep(5000);
-  }
-  cr_assert_fail("%s never came", url);
-}
-
 /* Whether round r's manifest, as peer k re-serves it, lists id. */
 static int lists(const ct_child *k, uint64_t r, uint32_t id) {
   char url[160];
@@ -233,6 +215,10 @@ static int lists(const ct_child *k, uint64_t r, uint32_t id) {
   return found;
 }
 
+#define KW_N 4
+#define KW_ROUNDS 5
+#define KW_ROUND 2
+
 /* Four all-to-all peers; peer 3, the writer of round 2, is stopped by a
  * test hook once its manifest is out (stall phase `writer_phase`: 1 its
  * own payload dropped first, nobody can get it; 2 still served), and
@@ -240,30 +226,20 @@ static int lists(const ct_child *k, uint64_t r, uint32_t id) {
  * The test kills peer 3 once every survivor holds the manifest and, with
  * a late peer, the others said they finished round 2. The survivors'
  * reports into log; the test asserts what each case must give. */
-#define KW_N 4
-#define KW_ROUNDS 5
-#define KW_ROUND 2
 static void writer_killed_after_its_manifest(int writer_phase, uint32_t late,
                                              ct_log *log) {
-  ct_peer_cfg cfg[KW_N];
   ct_child ks[KW_N];
-  for (uint32_t i = 0; i < KW_N; i++) {
-    cfg[i] = (ct_peer_cfg){i + 1, 4, 48, KW_ROUNDS, -1, CT_KILL_STEP_US};
-    loco_collab_test_stall_id = i + 1;
-    loco_collab_test_stall_round = KW_ROUND;
-    loco_collab_test_stall_phase =
-        i + 1 == 3 ? writer_phase : i + 1 == late ? 3 : 0;
-    ct_spawn(&ks[i], &cfg[i]);
-  }
-  loco_collab_test_stall_phase = 0;
-  for (size_t i = 0; i < KW_N; i++)
-    ct_hello(&ks[i]);
-  ct_start(ks, KW_N);
+  ct_stall stalls[KW_N] = {
+      {KW_ROUND, 0}, {KW_ROUND, 0}, {KW_ROUND, writer_phase}, {KW_ROUND, 0}};
+  if (late)
+    stalls[late - 1].phase = 3;
+  ct_spawn_stalled(ks, KW_N, 4, 48, KW_ROUNDS,
+                   CT_STALL_VARS(loco_collab_test_stall), stalls);
   char url[160];
   for (size_t i = 0; i < KW_N; i++) {
     snprintf(url, sizeof url, "%s/v1/loco/round/%d/manifest", ks[i].url,
              KW_ROUND);
-    wait_for(url, NULL);
+    ct_wait_for(url, NULL);
   }
   /* Else the round has nothing to lose, and the test proves nothing. */
   cr_assert(lists(&ks[0], KW_ROUND, 3), "peer 3 did no step in round %d",
@@ -273,7 +249,7 @@ static void writer_killed_after_its_manifest(int writer_phase, uint32_t late,
       continue;
     snprintf(url, sizeof url, "%s/v1/loco/round/%d/outcome", ks[i].url,
              KW_ROUND);
-    wait_for(url, "finished");
+    ct_wait_for(url, "finished");
   }
   ct_kill(&ks[2]);
   memset(log, 0, sizeof *log);

@@ -337,20 +337,6 @@ Test(collab_partition, the_rate_counts_large_bodies_over_their_body_time) {
 
 /* ---------------------------------------- kill -9 during the exchange */
 
-/* Waits until url answers 200 (the victim reached the hook's point). */
-static void pt_wait_for(const char *url) {
-  for (int i = 0; i < 3000; i++) {
-    pulse_bytebuf b = PULSE_BYTEBUF_INIT;
-    long status = 0;
-    cr_assert_eq(loco_http_get(url, 1000, 1 << 20, &b, &status), PULSE_OK);
-    pulse_bytebuf_free(&b);
-    if (status == 200)
-      return;
-    usleep(5000);
-  }
-  cr_assert_fail("%s never came", url);
-}
-
 /* Range owners killed by the test mid-exchange (a test hook stops each
  * at a given point of one round; the test waits for its blob there, then
  * kill -9): peer 3 in round 1 once it published its reduced range (every
@@ -364,29 +350,21 @@ Test(collab_partition, owners_killed_mid_exchange_leave_survivors_identical,
      .timeout = 90) {
   enum { N = 4, ROUNDS = 6 };
   const uint64_t step = 4, T = 48;
-  ct_peer_cfg cfg[N];
   ct_child ks[N];
   ct_partitioned = 1;
   ct_round_timeout_ms = CT_KILL_ROUND_TIMEOUT_MS;
-  for (uint32_t i = 0; i < N; i++) {
-    cfg[i] = (ct_peer_cfg){i + 1, step, T, ROUNDS, -1, CT_KILL_STEP_US};
-    loco_partition_test_stall_id = i + 1;
-    loco_partition_test_stall_round = i == 2 ? 1 : 3;
-    loco_partition_test_stall_phase = i == 2 ? 2 : i == 0 ? 1 : 0;
-    ct_spawn(&ks[i], &cfg[i]);
-  }
-  loco_partition_test_stall_phase = 0;
+  /* Peer 1 stops in round 3 (phase 1), peer 3 in round 1 (phase 2). */
+  const ct_stall stalls[N] = {{3, 1}, {3, 0}, {1, 2}, {3, 0}};
+  ct_spawn_stalled(ks, N, step, T, ROUNDS,
+                   CT_STALL_VARS(loco_partition_test_stall), stalls);
   ct_round_timeout_ms = 0;
-  for (size_t i = 0; i < N; i++)
-    ct_hello(&ks[i]);
-  ct_start(ks, N);
   /* Killed once the others hold what it published (their verdicts say
    * they have every range; their ranges say they have every slice). */
   char url[256];
   for (size_t i = 0; i < N; i++) {
     snprintf(url, sizeof url, "%s/v1/loco/part/1/0/%s", ks[i].url,
              i == 2 ? "reduced" : "verdict");
-    pt_wait_for(url);
+    ct_wait_for(url, NULL);
   }
   ct_kill(&ks[2]);
   for (size_t i = 0; i < N; i++) {
@@ -394,7 +372,7 @@ Test(collab_partition, owners_killed_mid_exchange_leave_survivors_identical,
       continue;
     snprintf(url, sizeof url, "%s/v1/loco/part/3/0/%s", ks[i].url,
              i == 0 ? "slice/2" : "reduced");
-    pt_wait_for(url);
+    ct_wait_for(url, NULL);
   }
   ct_kill(&ks[0]);
   static ct_round row[2][ROUNDS];
@@ -438,27 +416,19 @@ Test(collab_partition, a_survivor_without_the_dead_range_imports_a_finisher,
      .timeout = 90) {
   enum { N = 4, ROUNDS = 4 };
   const uint64_t step = 4, T = 48;
-  ct_peer_cfg cfg[N];
   ct_child ks[N];
   ct_partitioned = 1;
   ct_round_timeout_ms = CT_KILL_ROUND_TIMEOUT_MS;
-  for (uint32_t i = 0; i < N; i++) {
-    cfg[i] = (ct_peer_cfg){i + 1, step, T, ROUNDS, -1, CT_KILL_STEP_US};
-    loco_partition_test_stall_id = i + 1;
-    loco_partition_test_stall_round = 1;
-    loco_partition_test_stall_phase = i == 2 ? 2 : i == 3 ? 3 : 0;
-    ct_spawn(&ks[i], &cfg[i]);
-  }
-  loco_partition_test_stall_phase = 0;
+  /* In round 1: peer 3 stops (phase 2), peer 4 waits (phase 3). */
+  const ct_stall stalls[N] = {{1, 0}, {1, 0}, {1, 2}, {1, 3}};
+  ct_spawn_stalled(ks, N, step, T, ROUNDS,
+                   CT_STALL_VARS(loco_partition_test_stall), stalls);
   ct_round_timeout_ms = 0;
-  for (size_t i = 0; i < N; i++)
-    ct_hello(&ks[i]);
-  ct_start(ks, N);
   char url[256];
   for (size_t i = 0; i < 3; i++) {
     snprintf(url, sizeof url, "%s/v1/loco/part/1/0/%s", ks[i].url,
              i == 2 ? "reduced" : "verdict");
-    pt_wait_for(url);
+    ct_wait_for(url, NULL);
   }
   ct_kill(&ks[2]);
   const size_t surv[3] = {0, 1, 3};
