@@ -277,6 +277,20 @@ static void writer_killed_after_its_manifest(int writer_phase, uint32_t late,
   ct_quit(ks, KW_N);
 }
 
+/* Every survivor with a payload in the kill's round finished it itself
+ * (it imported no state) over `contrib` payloads, its own among them. */
+static void survivors_finished_the_kill_round_over(const ct_log *log,
+                                                   unsigned contrib) {
+  for (size_t i = 0; i < KW_N; i++) {
+    const ct_round *x = &log->row[i][KW_ROUND];
+    if (i == 2 || x->own == 0)
+      continue;
+    cr_assert_eq(x->contrib, contrib, "peer %zu", i + 1);
+    cr_assert(x->included, "peer %zu", i + 1);
+    cr_assert_not(x->resynced, "peer %zu imported the state", i + 1);
+  }
+}
+
 /* Nobody got the dead writer's payload: every survivor with a payload
  * says "failed", reads the others' outcomes (nobody finished) and
  * finishes round 2 over itself and the two others that said "failed". */
@@ -284,14 +298,7 @@ Test(collab, a_writer_killed_before_anyone_got_its_payload_costs_one_round,
      .timeout = 60) {
   static ct_log log;
   writer_killed_after_its_manifest(1, 0, &log);
-  for (size_t i = 0; i < KW_N; i++) {
-    const ct_round *x = &log.row[i][KW_ROUND];
-    if (i == 2 || x->own == 0)
-      continue;
-    cr_assert_eq(x->contrib, 3, "peer %zu", i + 1);
-    cr_assert(x->included);
-    cr_assert_not(x->resynced);
-  }
+  survivors_finished_the_kill_round_over(&log, 3);
 }
 
 /* Peers 1 and 2 got the writer's payload and finished round 2; peer 4,
@@ -301,14 +308,7 @@ Test(collab, a_survivor_late_for_the_dead_writers_payload_gets_it_relayed,
      .timeout = 60) {
   static ct_log log;
   writer_killed_after_its_manifest(2, 4, &log);
-  for (size_t i = 0; i < KW_N; i++) {
-    const ct_round *x = &log.row[i][KW_ROUND];
-    if (i == 2 || x->own == 0)
-      continue;
-    cr_assert_eq(x->contrib, 4, "peer %zu", i + 1);
-    cr_assert(x->included);
-    cr_assert_not(x->resynced, "peer %zu imported the state", i + 1);
-  }
+  survivors_finished_the_kill_round_over(&log, 4);
   cr_assert_gt(log.row[3][KW_ROUND].own, 0, "peer 4 did no step in round %d",
                KW_ROUND);
 }
