@@ -104,6 +104,10 @@ void loco_server_drop(loco_server *s, const char *prefix, uint64_t below);
 void loco_server_drop_except(loco_server *s, const char *prefix, uint64_t below,
                              const char *keep_suffix);
 
+/* A copy of what path holds into *out (replacing its bytes): 1, or 0 when
+ * nothing is there (out untouched) or the copy's memory is missing. */
+int loco_server_copy(loco_server *s, const char *path, pulse_bytebuf *out);
+
 /* Body bytes of the blobs answered so far (200 and 206; not HEAD or 304). */
 uint64_t loco_server_bytes_served(const loco_server *s);
 

@@ -222,6 +222,28 @@ uint64_t loco_server_bytes_served(const loco_server *s) {
   return atomic_load(&((loco_server *)s)->served);
 }
 
+int loco_server_copy(loco_server *s, const char *path, pulse_bytebuf *out) {
+  pulse_serve_blob *b = NULL;
+  pthread_mutex_lock(&s->lock);
+  for (size_t i = 0; i < s->count && b == NULL; i++)
+    if (strcmp(s->blobs[i].path, path) == 0)
+      b = pulse_serve_blob_ref(s->blobs[i].blob);
+  pthread_mutex_unlock(&s->lock);
+  if (b == NULL)
+    return 0;
+  size_t n = pulse_serve_blob_size(b);
+  uint8_t *copy = malloc(n ? n : 1);
+  if (copy != NULL)
+    memcpy(copy, pulse_serve_blob_data(b), n);
+  pulse_serve_blob_release(b);
+  if (copy == NULL)
+    return 0;
+  pulse_bytebuf_free(out);
+  pulse_bytebuf_adopt(out, copy, n ? n : 1);
+  out->size = n;
+  return 1;
+}
+
 pulse_status loco_server_put(loco_server *s, const char *path, const void *data,
                              size_t size) {
   return loco_server_put_signed(s, path, data, size, NULL);

@@ -62,6 +62,10 @@ size_t pulse_serve_blob_size(const pulse_serve_blob *b) {
   return b->size;
 }
 
+const uint8_t *pulse_serve_blob_data(const pulse_serve_blob *b) {
+  return b->data;
+}
+
 const char *pulse_serve_blob_etag(const pulse_serve_blob *b) {
   return b->etag;
 }

@@ -271,6 +271,8 @@ pulse_serve_blob *pulse_serve_blob_ref(pulse_serve_blob *b);
 /** Drops a reference; the last one frees. NULL is fine. */
 void pulse_serve_blob_release(pulse_serve_blob *b);
 size_t pulse_serve_blob_size(const pulse_serve_blob *b);
+/** Its bytes (pulse_serve_blob_size of them), fixed for its life. */
+const uint8_t *pulse_serve_blob_data(const pulse_serve_blob *b);
 /** "\"<sha256 hex>\"" */
 const char *pulse_serve_blob_etag(const pulse_serve_blob *b);
 

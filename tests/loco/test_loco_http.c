@@ -127,6 +127,29 @@ Test(loco_http, a_gather_says_which_arrived_by_the_deadline) {
   loco_server_stop(s);
 }
 
+/* What a peer serves, it can read back without fetching it (the
+ * all-to-all writer's relays): a copy, the latest put, empty blobs too. */
+Test(loco_http, a_served_blob_is_copied_back_and_a_missing_one_is_not) {
+  char base[64];
+  loco_server *s = start(base, sizeof base);
+  pulse_bytebuf b = PULSE_BYTEBUF_INIT;
+  cr_assert_eq(loco_server_copy(s, "/v1/loco/a", &b), 0);
+  cr_assert_null(b.data);
+  loco_server_put(s, "/v1/loco/a", "alpha", 5);
+  loco_server_put(s, "/v1/loco/a", "again!", 6);
+  loco_server_put(s, "/v1/loco/empty", "", 0);
+  cr_assert_eq(loco_server_copy(s, "/v1/loco/a", &b), 1);
+  cr_assert(b.size == 6 && memcmp(b.data, "again!", 6) == 0);
+  cr_assert_eq(loco_server_copy(s, "/v1/loco/empty", &b), 1);
+  cr_assert(b.size == 0 && b.data != NULL);
+  cr_assert_eq(loco_server_copy(s, "/v1/loco/a/more", &b), 0);
+  cr_assert_eq(b.size, 0, "a miss leaves out as it was");
+  loco_server_drop(s, "/v1/loco/a", 0);
+  cr_assert_eq(loco_server_copy(s, "/v1/loco/a", &b), 0);
+  pulse_bytebuf_free(&b);
+  loco_server_stop(s);
+}
+
 Test(loco_http, a_post_gives_the_status_and_a_dead_peer_gives_0) {
   char base[64], url[128];
   loco_server *s = start(base, sizeof base);
