@@ -14,14 +14,17 @@
 
 /* Keeps body as t[j] when it is the payload the manifest lists for
  * contributor j (size, SHA-256, and the sample count the writer checked:
- * partitioned, from the header it read), and re-serves it at once as
+ * partitioned, from the header it read), and, when it was fetched (not
+ * read back from this peer's own relay), re-serves it at once as
  * /v1/loco/round/R/from/ID: a member that cannot reach the sender (dead
  * after the manifest) gets it from any member that has it. Frees body
  * otherwise. */
 static pulse_status take_listed(pulse_loco_collab *c, uint64_t r,
                                 const loco_manifest *man, size_t j,
-                                pulse_bytebuf *body, loco_fetch *t) {
-  c->fetched += body->size;
+                                pulse_bytebuf *body, loco_fetch *t,
+                                int fetched) {
+  if (fetched)
+    c->fetched += body->size;
   uint8_t sha[32];
   loco_sha256(body->data, body->size, sha);
   pulse_loco_payload_header h;
@@ -36,6 +39,8 @@ static pulse_status take_listed(pulse_loco_collab *c, uint64_t r,
   t[j].body = *body;
   t[j].done = 1;
   *body = (pulse_bytebuf)PULSE_BYTEBUF_INIT;
+  if (!fetched)
+    return PULSE_OK;
   char path[96];
   snprintf(path, sizeof path, "/v1/loco/round/%" PRIu64 "/from/%u", r,
            man->contrib[j].id);
@@ -129,7 +134,7 @@ static pulse_status fetch_relayed(pulse_loco_collab *c, uint64_t r,
     st = loco_http_gather(p, w, end);
     for (size_t a = 0; a < w; a++) {
       if (st == PULSE_OK && p[a].done)
-        st = take_listed(c, r, man, of[a], &p[a].body, t);
+        st = take_listed(c, r, man, of[a], &p[a].body, t, 1);
       if (t[of[a]].done)
         PULSE_LOG_AT(PULSE_LOG_INFO,
                      "loco collab round %" PRIu64 ": %u's payload relayed "
@@ -143,14 +148,28 @@ static pulse_status fetch_relayed(pulse_loco_collab *c, uint64_t r,
 }
 
 /* The manifest's payloads that are not this peer's and not in t yet, into
- * t[j] (take_listed), until `end`: from their senders (for at most
- * claim_timeout_ms), then through relays (fetch_relayed). */
+ * t[j] (take_listed), until `end`: those this peer already serves as
+ * relays (the writer checked and re-serves every payload it lists: it
+ * fetched each once, not twice), then from their senders (for at most
+ * claim_timeout_ms), then through other members' relays (fetch_relayed). */
 static pulse_status fetch_listed(pulse_loco_collab *c, uint64_t r,
                                  const char *src, const loco_manifest *man,
                                  loco_fetch *t, char (*urls)[160],
                                  uint64_t end) {
   size_t C = man->ncontrib, want = 0;
-  for (size_t j = 0; j < C; j++) {
+  pulse_status st = PULSE_OK;
+  for (size_t j = 0; j < C && st == PULSE_OK; j++) {
+    if (t[j].done || man->contrib[j].id == c->id)
+      continue;
+    char path[96];
+    pulse_bytebuf held = PULSE_BYTEBUF_INIT;
+    snprintf(path, sizeof path, "/v1/loco/round/%" PRIu64 "/from/%u", r,
+             man->contrib[j].id);
+    if (loco_server_copy(c->srv, path, &held))
+      st = take_listed(c, r, man, j, &held, t, 0);
+    pulse_bytebuf_free(&held);
+  }
+  for (size_t j = 0; st == PULSE_OK && j < C; j++) {
     if (t[j].done || man->contrib[j].id == c->id)
       continue;
     int m = loco_member_find(c->members, c->nmembers, man->contrib[j].id);
@@ -158,8 +177,8 @@ static pulse_status fetch_listed(pulse_loco_collab *c, uint64_t r,
              m < 0 ? src : c->members[m].url, r);
     want++;
   }
-  if (want == 0)
-    return PULSE_OK;
+  if (st != PULSE_OK || want == 0)
+    return st;
   loco_fetch *w = calloc(want, sizeof *w);
   size_t *idx = calloc(want, sizeof *idx);
   if (!w || !idx) {
@@ -175,10 +194,10 @@ static pulse_status fetch_listed(pulse_loco_collab *c, uint64_t r,
       idx[q++] = j;
     }
   uint64_t direct = loco_now_ms() + c->opts.claim_timeout_ms;
-  pulse_status st = loco_http_gather(w, want, direct < end ? direct : end);
+  st = loco_http_gather(w, want, direct < end ? direct : end);
   for (size_t a = 0; a < want; a++) {
     if (st == PULSE_OK && w[a].done)
-      st = take_listed(c, r, man, idx[a], &w[a].body, t);
+      st = take_listed(c, r, man, idx[a], &w[a].body, t, 1);
     pulse_bytebuf_free(&w[a].body);
   }
   free(w), free(idx);

@@ -2,7 +2,8 @@
 # `pulse-bench loco` in collaboration mode (issue 17), briefly: three
 # throttled peers, a target global batch, a join, a kill -9 of a round's
 # writer and a clean leave; every round holds at least T samples but the
-# taken-over one, the survivors end identical, the JSON has its keys; a
+# taken-over one, the survivors end identical, the JSON has its keys, the
+# writer of a round brings in no more than the others; a
 # short run with partitioned averaging, a join and a leave ends identical
 # too (the leaver serves its blobs until the others are done) and its
 # summary's bytes in over own payload match its records (the mean gate on:
@@ -36,6 +37,20 @@ takeovers=$(grep -c '"takeovers":[1-9]' "$out")
 expect "rounds taken over" 1 "$takeovers"
 grep -q '"peers":4' "$out" && ok || bad "the joiner never counted"
 grep -q '"bytes_in":{"1":' "$out" && ok || bad "no per-peer bytes"
+# All-to-all the writer holds every payload it checked (its relays): it
+# fetches each once, so it brings in no more than the others (it fetched
+# every payload twice before: 1.15-1.85x the most any other brought in).
+python3 - "$out" <<'PY' && ok || bad "a writer brought in more than the other peers"
+import json, sys
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    if "bytes_in" not in r or r["takeovers"] > 0:
+        continue
+    w = str(r["writer"])
+    others = [v for k, v in r["bytes_in"].items() if k != w]
+    if len(others) >= 2 and w in r["bytes_in"]:
+        assert r["bytes_in"][w] <= 1.1 * max(others), (r["round"], r["bytes_in"])
+PY
 [ -s "$work/report/report.html" ] && grep -q "<svg" "$work/report/report.html" && ok || bad "no SVG in the report"
 timeout 60 "$BENCH" loco --target-batch 128 --rounds 4 --trainers 3 \
   --peer-speeds 400 --params 3000 --seed 3 --averaging partitioned --churn join:1,leave:2 \
