@@ -125,8 +125,12 @@ Test(collab_bad, a_peer_outside_the_round_cannot_claim_or_contribute,
   const uint64_t T = 40;
   ct_peer_cfg cfg[2];
   ct_child ks[2];
+  /* Steps of 200 ms: round 0 lasts at least 1 s, so the claims below reach
+   * its writer while it is open on a loaded machine too (after it, the
+   * writer answers 409, past, before it looks at who asks; with 30 ms steps
+   * a busy machine let round 0 end first about one run in five). */
   for (uint32_t i = 0; i < 2; i++)
-    cfg[i] = (ct_peer_cfg){i + 1, 4, T, 3, -1, 30000};
+    cfg[i] = (ct_peer_cfg){i + 1, 4, T, 3, -1, 200000};
   for (int i = 0; i < 2; i++)
     ct_spawn(&ks[i], &cfg[i]);
   for (int i = 0; i < 2; i++)
@@ -137,7 +141,8 @@ Test(collab_bad, a_peer_outside_the_round_cannot_claim_or_contribute,
    * the members' samples. */
   char url[256];
   snprintf(url, sizeof url, "%s/v1/collab/claim/0/0/4/0/1000?id=9", ks[0].url);
-  cr_assert_eq(post_until_open(url), 403);
+  long claimed = post_until_open(url);
+  cr_assert_eq(claimed, 403, "a non-member's claim answered %ld", claimed);
   snprintf(url, sizeof url, "%s/v1/collab/ready/0/0/4/0?id=9", ks[0].url);
   long status;
   cr_assert_eq(loco_http_post(url, 2000, &status), PULSE_OK);
