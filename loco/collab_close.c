@@ -304,10 +304,7 @@ pulse_status collab_get_manifest(pulse_loco_collab *c, uint64_t r,
   uint64_t dead_since = 0, start = loco_now_ms();
   uint64_t limit = 4u * c->opts.claim_timeout_ms + 4u * c->opts.round_timeout_ms;
   for (;;) {
-    collab_sync_rank(c, r, k);
-    if (*k >= c->nmembers)
-      return pulse_fail(PULSE_ERR_IO, "loco collab: round %" PRIu64
-                        ": every writer is gone", r);
+    PULSE_TRY(collab_sync_rank(c, r, k));
     uint32_t w = pulse_loco_collab_writer(c->members, c->nmembers, r, *k);
     if (w == c->id)
       return write_round(c, r, *k, own, own_size, done, leaving, man, src, cap,

@@ -160,10 +160,11 @@ const char *collab_url_of(const pulse_loco_collab *c, uint32_t id);
 int collab_serves(const char *url);
 uint64_t collab_reported_bandwidth(const pulse_loco_collab *c);
 /* collab_round.c: moves *k to the rank a member said it writes round r at,
- * when higher; one claim of b samples (or, with `ready`, a readiness) to
+ * when higher (PULSE_ERR_IO past the last rank: every writer is gone); one
+ * claim of b samples (or, with `ready`, a readiness) to
  * the writer W(r, k): a COLLAB_* answer, 0 when the writer did not
  * answer. */
-void collab_sync_rank(pulse_loco_collab *c, uint64_t r, uint32_t *k);
+pulse_status collab_sync_rank(pulse_loco_collab *c, uint64_t r, uint32_t *k);
 unsigned collab_tell_writer(pulse_loco_collab *c, uint64_t r, uint32_t k,
                             int ready, uint64_t b, uint64_t done,
                             uint64_t rate_milli, int leaving);

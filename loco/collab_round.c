@@ -106,12 +106,17 @@ const char *collab_url_of(const pulse_loco_collab *c, uint32_t id) {
 }
 
 /* A member told this peer it writes round r at a higher rank than the one
- * this peer uses: move to that rank. */
-void collab_sync_rank(pulse_loco_collab *c, uint64_t r, uint32_t *k) {
+ * this peer uses: move to that rank. Past the last rank, every writer of
+ * the round is gone: an error. */
+pulse_status collab_sync_rank(pulse_loco_collab *c, uint64_t r, uint32_t *k) {
   pthread_mutex_lock(&c->lock);
   if (c->table_open && c->table_round == r && c->table_k > *k)
     *k = c->table_k;
   pthread_mutex_unlock(&c->lock);
+  if (*k >= c->nmembers)
+    return pulse_fail(PULSE_ERR_IO, "loco collab: round %" PRIu64
+                      ": every writer is gone", r);
+  return PULSE_OK;
 }
 
 /* One claim (or, with samples 0 and `ready`, a readiness) to W(r, k): a
@@ -162,10 +167,7 @@ static pulse_status accumulate(pulse_loco_collab *c, uint64_t r, uint32_t *k,
   uint64_t dead_since = 0, waiting_since = 0;
   uint64_t limit = 2u * c->opts.claim_timeout_ms + 4u * c->opts.round_timeout_ms;
   for (;;) {
-    collab_sync_rank(c, r, k);
-    if (*k >= c->nmembers)
-      return pulse_fail(PULSE_ERR_IO, "loco collab: round %" PRIu64
-                        ": every writer is gone", r);
+    PULSE_TRY(collab_sync_rank(c, r, k));
     uint64_t rate = info->busy_ms ? *done * 1000000u / info->busy_ms : 0;
     unsigned s = collab_tell_writer(c, r, *k, 0, b, *done, rate, 0);
     uint64_t now = loco_now_ms();
