@@ -41,21 +41,29 @@ struct loco_server {
   void *metrics_user;
 };
 
+/* The table's entry for path, NULL when none; the caller holds s->lock. */
+static entry *entry_at(loco_server *s, const char *path) {
+  for (size_t i = 0; i < s->count; i++)
+    if (strcmp(s->blobs[i].path, path) == 0)
+      return &s->blobs[i];
+  return NULL;
+}
+
 static int get_blob(void *user, pulse_serve_request *rq, const char *path) {
   loco_server *s = user;
   pulse_serve_blob *b = NULL;
   char round[24], key[65], sig[129];
   int is_signed = 0;
   pthread_mutex_lock(&s->lock);
-  for (size_t i = 0; i < s->count && b == NULL; i++)
-    if (strcmp(s->blobs[i].path, path) == 0) {
-      b = pulse_serve_blob_ref(s->blobs[i].blob);
-      if ((is_signed = s->blobs[i].has_sig)) {
-        memcpy(round, s->blobs[i].round, sizeof round);
-        memcpy(key, s->blobs[i].key, sizeof key);
-        memcpy(sig, s->blobs[i].sig, sizeof sig);
-      }
+  entry *e = entry_at(s, path);
+  if (e != NULL) {
+    b = pulse_serve_blob_ref(e->blob);
+    if ((is_signed = e->has_sig)) {
+      memcpy(round, e->round, sizeof round);
+      memcpy(key, e->key, sizeof key);
+      memcpy(sig, e->sig, sizeof sig);
     }
+  }
   pthread_mutex_unlock(&s->lock);
   if (b == NULL)
     return pulse_serve_reply_error(rq, 404, "not (yet) here");
@@ -223,11 +231,9 @@ uint64_t loco_server_bytes_served(const loco_server *s) {
 }
 
 int loco_server_copy(loco_server *s, const char *path, pulse_bytebuf *out) {
-  pulse_serve_blob *b = NULL;
   pthread_mutex_lock(&s->lock);
-  for (size_t i = 0; i < s->count && b == NULL; i++)
-    if (strcmp(s->blobs[i].path, path) == 0)
-      b = pulse_serve_blob_ref(s->blobs[i].blob);
+  entry *e = entry_at(s, path);
+  pulse_serve_blob *b = e ? pulse_serve_blob_ref(e->blob) : NULL;
   pthread_mutex_unlock(&s->lock);
   if (b == NULL)
     return 0;
@@ -270,16 +276,16 @@ pulse_status loco_server_put_signed(loco_server *s, const char *path,
                       path);
   }
   pthread_mutex_lock(&s->lock);
-  for (size_t i = 0; i < s->count; i++)
-    if (strcmp(s->blobs[i].path, path) == 0) {
-      pulse_serve_blob *old = s->blobs[i].blob;
-      s->blobs[i].blob = b;
-      entry_sign(&s->blobs[i], sig);
-      pthread_mutex_unlock(&s->lock);
-      pulse_serve_blob_release(old); /* responses sending it keep theirs */
-      free(p);
-      return PULSE_OK;
-    }
+  entry *at = entry_at(s, path);
+  if (at != NULL) {
+    pulse_serve_blob *old = at->blob;
+    at->blob = b;
+    entry_sign(at, sig);
+    pthread_mutex_unlock(&s->lock);
+    pulse_serve_blob_release(old); /* responses sending it keep theirs */
+    free(p);
+    return PULSE_OK;
+  }
   if (s->count == s->cap) {
     size_t cap = s->cap ? 2 * s->cap : 16;
     entry *e = realloc(s->blobs, cap * sizeof *e);
