@@ -333,7 +333,9 @@ static int run_peer(const collab_args *a, uint32_t id, double speed,
       return peer_fail(out, "join");
   }
   fcntl(in, F_SETFL, fcntl(in, F_GETFL) | O_NONBLOCK);
-  loss_evaluator losses;
+  /* Static: a failed round returns at once, the caller _exits, and the
+   * thread may still be reading it meanwhile (one peer a process). */
+  static loss_evaluator losses;
   evaluator_start(&losses, p, P, out);
   int leaving = 0, left = 0, lost = 0;
   uint64_t busy = 0, t0 = (uint64_t)(pulse_tk_now() * 1000.0);
