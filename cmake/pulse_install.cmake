@@ -11,7 +11,7 @@
 # Installed: the public headers (include/pulse/), libpulse.so, the module
 # static libraries, the programs (tools/CMakeLists.txt), the CMake package
 # (find_package(pulse) -> pulse::pulse), pulse.pc, and the Python package
-# (tools/python/pulse, into PULSE_PYTHON_DIR).
+# (python/pulse, into PULSE_PYTHON_DIR).
 include(GNUInstallDirs)
 set(PULSE_ABI_VERSION 0)
 set(PULSE_PYTHON_DIR lib/python3/dist-packages CACHE STRING
@@ -102,7 +102,7 @@ install(FILES ${PROJECT_BINARY_DIR}/pulse.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}
 
 # The Python package, and where it finds libpulse.so once installed (a path
 # relative to itself, so that DESTDIR and moved prefixes keep working).
-set(python_src ${PROJECT_SOURCE_DIR}/tools/python/pulse)
+set(python_src ${PROJECT_SOURCE_DIR}/python/pulse)
 if(EXISTS ${python_src})
   file(RELATIVE_PATH lib_from_package ${CMAKE_INSTALL_PREFIX}/${PULSE_PYTHON_DIR}/pulse
        ${CMAKE_INSTALL_PREFIX}/${CMAKE_INSTALL_LIBDIR})

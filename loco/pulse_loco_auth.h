@@ -17,7 +17,7 @@
  *
  * Transport (for the exchange's HTTP answers): X-Pulse-Loco-Round,
  * X-Pulse-Loco-Key (64 hex) and X-Pulse-Loco-Signature (128 hex) next to
- * the body. This module checks; the exchange (pulse_loco_node, node_auth.c)
+ * the body. This module checks; the exchange (pulse_loco_node, coordinator_auth.c)
  * calls it on every body before decoding it.
  *
  * Thread-safety: a handle is used by one thread at a time. Nothing here

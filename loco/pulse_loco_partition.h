@@ -21,7 +21,7 @@
  *   finish   pulse_loco_finish_reduced: the blobs of every range -> the
  *            Nesterov step and error feedback of pulse_loco_finish
  *
- * loco/partition_impl.h runs all of it over HTTP for a node. Threading and
+ * loco/collab/partition/partition_impl.h runs all of it over HTTP for a node. Threading and
  * errors as pulse_loco.h. Every decoder here reads untrusted bytes. */
 #ifndef PULSE_LOCO_PARTITION_H
 #define PULSE_LOCO_PARTITION_H

@@ -6,15 +6,29 @@
 #
 # trainer_side and inference_side are siblings: they meet only at codec's
 # wire formats. A library may use its own folder and the layers below it,
-# never one above or beside it. Two checks, each of which fails this test:
-#   includes  a library's sources (.c .h .cu .cuh) include a header that lives
-#             in a folder the library may not use;
+# never one above or beside it, and never tools/: not the simulation
+# harness (tools/sim) and not the programs, bench or CLI helpers. Inside
+# loco/ its parts point one way too:
+#
+#   round <- transport <- coordinator
+#                      <- collab
+#   round <- gossip
+#
+# (every part may use loco/'s public headers at its root). In tools/, the
+# harness (sim/) and the CLI helpers (cli/) are libraries of their own: each
+# uses the pulse libraries and itself, not the other nor the bench or the
+# programs. Every file at any depth is checked. Two checks, each of which
+# fails this test:
+#   includes  a source (.c .h .cu .cuh) includes a header that lives in a
+#             folder or part it may not use;
 #   symbols   a library's built static archive has an undefined symbol that
 #             only an archive it may not use defines (nm).
-# First a self-test plants one violation of each kind in copies (an include
-# of the publisher in the subscriber, an include of loco's header in codec,
-# and an object calling the publisher added to a copy of the subscriber's
-# archive) and fails unless both checks catch them: the test can fail.
+# First a self-test plants violations in copies, in subfolders (an include
+# of the publisher in the subscriber, of loco's header in codec by a path,
+# of the harness in loco, of the transport in loco's round, of the CLI
+# helpers in the harness, and an object calling the publisher added to a
+# copy of the subscriber's archive) and fails unless both checks catch
+# them: the test can fail.
 #   layering.sh BIN_DIR   BIN_DIR: the build's tools folder (as for every
 #                         cli test); the archives are in its parent folder
 set -u
@@ -25,13 +39,25 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
 libs="codec cuda trainer_side inference_side loco"
-folders="$libs tools" # where a header may live
+folders=(codec cuda trainer_side inference_side loco tools) # where a header may live
 declare -A may_use=(
   [codec]="codec"
   [cuda]="codec cuda"
   [trainer_side]="codec cuda trainer_side"
   [inference_side]="codec cuda inference_side"
   [loco]="codec cuda trainer_side inference_side loco"
+  [tools/sim]="codec cuda trainer_side inference_side loco tools/sim"
+  [tools/cli]="codec cuda trainer_side inference_side loco tools/cli"
+  [tools]="codec cuda trainer_side inference_side loco tools tools/sim tools/cli"
+)
+# loco's parts: "." is loco/'s root (the public headers).
+declare -A loco_may_use=(
+  [.]="."
+  [round]=". round"
+  [transport]=". round transport"
+  [coordinator]=". round transport coordinator"
+  [collab]=". round transport collab"
+  [gossip]=". round gossip"
 )
 declare -A archive=(
   [codec]=codec/libpulse_codec.a
@@ -41,44 +67,67 @@ declare -A archive=(
   [loco]=loco/libpulse_loco.a
 )
 
-allowed() { # library, folder
+allowed() { # unit, unit it uses
   case " ${may_use[$1]} " in *" $2 "*) return 0 ;; esac
   return 1
 }
 
-# Prints "LIB/FILE includes NAME (FOLDER)" for each forbidden include under
-# source root $1; returns 1 when there is one.
+# The unit of a path relative to the source root: a library's folder, or
+# tools/sim, tools/cli, or tools for the rest of tools/.
+unit_of() {
+  case "$1" in
+  tools/sim/*) echo tools/sim ;;
+  tools/cli/*) echo tools/cli ;;
+  *) echo "${1%%/*}" ;;
+  esac
+}
+
+# loco's part of a path relative to the source root ("." at loco/'s root).
+loco_part() {
+  local rest=${1#loco/}
+  case "$rest" in */*) echo "${rest%%/*}" ;; *) echo . ;; esac
+}
+
+# Prints "FILE includes NAME (WHERE)" for each forbidden include under
+# source root $1 (every file at any depth of the checked folders); returns
+# 1 when there is one.
 check_includes() {
-  local root=$1 bad=0 lib file name base where folder resolved
-  for lib in $libs; do
-    for file in "$root/$lib"/*.c "$root/$lib"/*.h "$root/$lib"/*.cu "$root/$lib"/*.cuh; do
-      [ -f "$file" ] || continue
-      while IFS= read -r name; do
-        base=${name##*/}
-        where=""
-        if [ "$name" != "$base" ]; then # a path: where it really points
-          resolved=$(realpath -m "$root/$lib/$name")
-          case "$resolved" in "$root"/*/*)
-            folder=${resolved#"$root"/}; folder=${folder%%/*}
-            case " $folders " in *" $folder "*) where=$folder ;; esac ;;
-          esac
-        elif [ -f "$root/$lib/$base" ]; then
-          where=$lib # a quote include finds its own folder first
-        else
-          for folder in $folders; do
-            if [ -f "$root/$folder/$base" ]; then
-              where=$folder
-              allowed "$lib" "$folder" && break
-            fi
-          done
-        fi
-        if [ -n "$where" ] && ! allowed "$lib" "$where"; then
-          echo "  $lib/${file##*/} includes $name ($where/)"
-          bad=1
-        fi
-      done < <(sed -n 's/^[[:space:]]*#[[:space:]]*include[[:space:]]*[<"]\([^">]*\)[">].*/\1/p' "$file")
-    done
-  done
+  local root=$1 bad=0 file rel unit name base resolved hrel hunit fpart hpart
+  declare -A where=() # header basename -> its path relative to the root
+  while IFS= read -r file; do
+    where[${file##*/}]=${file#"$root"/}
+  done < <(find "${folders[@]/#/$root/}" -type f \( -name '*.h' -o -name '*.cuh' \) 2>/dev/null)
+  while IFS= read -r file; do
+    rel=${file#"$root"/}
+    unit=$(unit_of "$rel")
+    [ -n "${may_use[$unit]:-}" ] || continue
+    while IFS= read -r name; do
+      base=${name##*/}
+      hrel=""
+      if [ "$name" != "$base" ]; then # a path: where it really points
+        resolved=$(realpath -m "$(dirname "$file")/$name")
+        case "$resolved" in "$root"/*) hrel=${resolved#"$root"/} ;; esac
+      elif [ -f "$(dirname "$file")/$base" ]; then
+        hrel=$(dirname "$rel")/$base # a quote include finds its own folder first
+      else
+        hrel=${where[$base]:-}
+      fi
+      [ -n "$hrel" ] || continue # a system or generated header
+      case " ${folders[*]} " in *" ${hrel%%/*} "*) ;; *) continue ;; esac
+      hunit=$(unit_of "$hrel")
+      if ! allowed "$unit" "$hunit"; then
+        echo "  $rel includes $name ($hrel)"
+        bad=1
+      elif [ "$unit" = loco ] && [ "$hunit" = loco ]; then
+        fpart=$(loco_part "$rel")
+        hpart=$(loco_part "$hrel")
+        case " ${loco_may_use[$fpart]} " in *" $hpart "*) ;; *)
+          echo "  $rel includes $name ($hrel: loco/$fpart may not use loco/$hpart)"
+          bad=1 ;;
+        esac
+      fi
+    done < <(sed -n 's/^[[:space:]]*#[[:space:]]*include[[:space:]]*"\([^"]*\)".*/\1/p' "$file")
+  done < <(find "${folders[@]/#/$root/}" -type f \( -name '*.c' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' \) 2>/dev/null)
   return $bad
 }
 
@@ -123,21 +172,41 @@ check_symbols() {
 # ---------------------------------------------------------------- self-test
 fail=0
 mkdir -p "$work/src"
-for folder in $folders; do
-  mkdir -p "$work/src/$folder"
-  cp "$src/$folder"/*.h "$src/$folder"/*.c "$work/src/$folder"/ 2>/dev/null
-  cp "$src/$folder"/*.cu "$src/$folder"/*.cuh "$work/src/$folder"/ 2>/dev/null
+for folder in "${folders[@]}"; do
+  # The sources at every depth (not the data files beside them).
+  (cd "$src" && find "$folder" -type f \( -name '*.c' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' \) \
+    -exec cp --parents {} "$work/src"/ \;)
 done
 if ! check_includes "$work/src" >/dev/null; then
   echo "FAIL: the sources as they are, copied, already break the layering"
   fail=1
 fi
-echo '#include "pulse_publisher.h"' >>"$work/src/inference_side/subscriber.c"
-echo '#include "../loco/pulse_loco.h"' >>"$work/src/codec/types.c"
+# One planted include of each kind, each in a subfolder.
+declare -A planted=(
+  [inference_side/subscriber/subscriber.c]='pulse_publisher.h'
+  [codec/runtime/types.c]='../../loco/pulse_loco.h'
+  [loco/round/context.c]='sim_trainers.h'
+  [loco/round/drift.c]='peer_http_impl.h'
+  [tools/sim/sim_dense.c]='cli_args.h'
+)
+for file in "${!planted[@]}"; do
+  if [ ! -f "$work/src/$file" ]; then
+    echo "FAIL: self-test: $file is gone; plant in another file"
+    fail=1
+  fi
+  echo "#include \"${planted[$file]}\"" >>"$work/src/$file"
+done
 out=$(check_includes "$work/src")
-if [ $? -eq 0 ] || ! grep -q 'inference_side/subscriber.c includes pulse_publisher.h' <<<"$out" ||
-  ! grep -q 'codec/types.c includes ../loco/pulse_loco.h' <<<"$out"; then
-  echo "FAIL: self-test: planted includes not caught:"; echo "$out"
+rc=$?
+for file in "${!planted[@]}"; do
+  if ! grep -qF "$file includes ${planted[$file]} " <<<"$out"; then
+    echo "FAIL: self-test: the include of ${planted[$file]} planted in $file was not caught:"
+    echo "$out"
+    fail=1
+  fi
+done
+if [ $rc -eq 0 ]; then
+  echo "FAIL: self-test: planted includes passed"
   fail=1
 fi
 

@@ -24,7 +24,7 @@
 
 /* ------------------------------------------------------------------ PRNG */
 
-/* codec/rng_impl.h: pulse_rng_next, pulse_rng_below, pulse_rng_uniform. */
+/* codec/runtime/rng_impl.h: pulse_rng_next, pulse_rng_below, pulse_rng_uniform. */
 
 static inline void *pt_alloc(size_t bytes) {
   void *p = calloc(bytes ? bytes : 1, 1);

@@ -1,4 +1,4 @@
-/* test_json.c - the strict JSON parser (codec/json_impl.h). */
+/* test_json.c - the strict JSON parser (codec/store/json_impl.h). */
 #include <criterion/criterion.h>
 #include <criterion/parameterized.h>
 

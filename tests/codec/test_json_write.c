@@ -1,4 +1,4 @@
-/* test_json_write.c - the JSON writer (codec/json_impl.h) and the documents
+/* test_json_write.c - the JSON writer (codec/store/json_impl.h) and the documents
  * written with it whose bytes must never change: the store's head (its
  * layout is specified in trainer_side/PROTOCOL.md) and safetensors headers. */
 #include <criterion/criterion.h>

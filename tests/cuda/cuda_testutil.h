@@ -43,7 +43,7 @@ static inline int gpu_large(void) {
 
 /* ------------------------------------------------------------------ PRNG */
 
-/* codec/rng_impl.h: pulse_rng_next, and pulse_rng_at (stateless: the value
+/* codec/runtime/rng_impl.h: pulse_rng_next, and pulse_rng_at (stateless: the value
  * for (seed, i), so generators can run in parallel). */
 
 /* True with probability density (0 and 1 exactly). */

@@ -1,5 +1,5 @@
 /* fuzz_graph_file.c - libFuzzer target for gossip graph files
- * (loco/graph_file.c, pulse_gossip_graph_parse): untrusted text.
+ * (loco/gossip/graph_file.c, pulse_gossip_graph_parse): untrusted text.
  *
  * Input: the file's bytes; the first byte also picks the weights (MH or
  * uniform) when the file gives none. Checked: parsing never crashes; a

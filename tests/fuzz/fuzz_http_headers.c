@@ -1,5 +1,5 @@
 /* fuzz_http_headers.c - libFuzzer target for the serving layer's parsers of
- * untrusted request text (trainer_side/http_serve_parse.c): Range headers,
+ * untrusted request text (trainer_side/serve/http_serve_parse.c): Range headers,
  * If-None-Match lists and request paths.
  *
  * Input: 8 bytes of body size (little-endian; the high bits are folded so

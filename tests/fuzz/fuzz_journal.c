@@ -1,5 +1,5 @@
 /* fuzz_journal.c - libFuzzer target for the file target's journal
- * (inference_side/sub_journal.c): the transactions a restart replays into
+ * (inference_side/file/sub_journal.c): the transactions a restart replays into
  * the file are untrusted bytes, and each one checked is written into the
  * file's mapping at the offsets it names.
  *

@@ -18,7 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../loco/manifest_impl.h"
+#include "../../loco/transport/manifest_impl.h"
 #include "pulse_loco.h"
 #include "pulse_loco_elem.h"
 #include "rng_impl.h"

@@ -426,7 +426,7 @@ sanitize racecheck 45 --filter 'cuda_detect/tables*'
 sanitize synccheck 45 --filter 'cuda_apply/class_counts*'
 
 # ------------------------------------------------------ torch tensors
-if [ -f "$root/tools/python/pulse/__init__.py" ] && [ -f "$root/tests/gpu/torch_pull.py" ]; then
+if [ -f "$root/python/pulse/__init__.py" ] && [ -f "$root/tests/gpu/torch_pull.py" ]; then
   t=$(date +%s)
   timeout "$(limit 90)" python3 "$root/tests/gpu/torch_pull.py" "$build" > "$logs/torch.log" 2>&1
   rc=$?

@@ -34,7 +34,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "http_impl.h"
+#include "peer_http_impl.h"
 #include "pulse_loco.h"
 #include "pulse_loco_collab.h"
 

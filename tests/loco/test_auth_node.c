@@ -1,5 +1,5 @@
 /* test_auth_node.c - authenticated PULSELoCo in the exchange (issue 15,
- * node_auth_impl.h): trainers in threads of this process, each with its
+ * coordinator_auth_impl.h): trainers in threads of this process, each with its
  * key, the members' keys pinned. One trainer serves its payloads (or, as
  * the coordinator, its manifests) unsigned, forged, replayed from the
  * round before, or signed by a stranger's key, over HTTP and over
@@ -12,10 +12,10 @@
 #include <stdio.h>
 #include <time.h>
 
-#include "http_impl.h"
+#include "peer_http_impl.h"
 #include "loco_testutil.h"
-#include "node_auth_impl.h"
-#include "toolkit_sim.h"
+#include "coordinator_auth_impl.h"
+#include "sim_trainers.h"
 
 #define AT 3
 #define ROUNDS 3

@@ -1,11 +1,11 @@
 /* test_baselines.c - the dense baselines of `pulse-bench loco`
- * (tools/toolkit_sim.h, tools/toolkit_dense.h): DiLoCo over dense FP32
+ * (tools/sim/sim_trainers.h, tools/sim/sim_dense.h): DiLoCo over dense FP32
  * messages is the library's dense DiLoCo bit for bit, DDP's replicas are the
  * one-model DDP bit for bit, BF16 messages carry exactly the rounded values,
  * runs over HTTP give the bits of runs in memory with every message served
  * once per other trainer, and the message decoder refuses hostile bytes. */
 #include "loco_testutil.h"
-#include "toolkit_sim.h"
+#include "sim_trainers.h"
 
 static pulse_tk_problem *tiny_problem(void) {
   pulse_tk_problem_opts po = PULSE_TK_PROBLEM_OPTS_INIT;

@@ -4,7 +4,7 @@
  * another peer, and of the writer once its manifest is out. */
 #include "collab_testutil.h"
 #include "collab_impl.h"
-#include "http_impl.h"
+#include "peer_http_impl.h"
 #include "manifest_impl.h"
 
 static void spawn_all(ct_child *ks, const ct_peer_cfg *cfg, size_t n) {

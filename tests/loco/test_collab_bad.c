@@ -5,7 +5,7 @@
  * joiner asking for a state no peer keeps. The honest peers are child processes (collab_testutil.h);
  * the offender is this process, speaking the protocol by hand. */
 #include "collab_testutil.h"
-#include "http_impl.h"
+#include "peer_http_impl.h"
 #include "manifest_impl.h"
 
 static unsigned accept_post(void *user, const char *path, const char *id,

@@ -9,7 +9,7 @@
 #include <sys/socket.h>
 
 #include "collab_testutil.h"
-#include "http_impl.h"
+#include "peer_http_impl.h"
 #include "manifest_impl.h"
 #include "partition_impl.h"
 #include "pulse_loco_partition.h"

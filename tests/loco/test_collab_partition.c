@@ -7,7 +7,7 @@
  * with pulse_loco_finish over every payload. */
 #include "collab_testutil.h"
 #include "collab_impl.h"
-#include "http_impl.h"
+#include "peer_http_impl.h"
 #include "manifest_impl.h"
 #include "partition_impl.h"
 

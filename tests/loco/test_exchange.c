@@ -8,7 +8,7 @@
 #include <time.h>
 
 #include "loco_testutil.h"
-#include "toolkit_sim.h"
+#include "sim_trainers.h"
 
 #define MAX_T 6
 

@@ -1,5 +1,5 @@
-/* The trainer exchange's blob server (loco/http_server.c) on the serving
- * layer (trainer_side/http_serve_impl.h), driven with libcurl on 127.0.0.1
+/* The trainer exchange's blob server (loco/transport/peer_server.c) on the serving
+ * layer (trainer_side/serve/http_serve_impl.h), driven with libcurl on 127.0.0.1
  * port 0: what the layer gives it beyond the old server (strong ETags, 304,
  * Range and If-Range, HEAD, refusals with JSON errors, 405 with Allow,
  * /metrics and /healthz), its POST with query arguments and no body, and
@@ -13,7 +13,7 @@
 #include <strings.h>
 #include <unistd.h>
 
-#include "http_impl.h"
+#include "peer_http_impl.h"
 #include "http_testutil.h"
 
 typedef ht_reply reply;

@@ -1,4 +1,4 @@
-/* test_loco_http.c - the exchange's fetches (loco/http_impl.h) on the
+/* test_loco_http.c - the exchange's fetches (loco/transport/peer_http_impl.h) on the
  * project's fetching layer: waits that pick up a blob published later,
  * with backoff and counted retries; deadlines; answers that are no use
  * given up at once; gathers; POSTs. Against loco's own blob server. */
@@ -8,7 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "http_impl.h"
+#include "peer_http_impl.h"
 
 static unsigned on_post(void *user, const char *path, const char *id,
                         const char *url, char *reply, size_t cap) {

@@ -7,7 +7,7 @@
 #include <pthread.h>
 #include <stdio.h>
 
-#include "http_impl.h"
+#include "peer_http_impl.h"
 #include "loco_testutil.h"
 #include "partition_impl.h"
 

@@ -4,7 +4,7 @@
  * format rejects bad bytes, and a 3-trainer PULSELoCo run ends within 2% of
  * DiLoCo's loss with at least 10x fewer bytes. */
 #include "loco_testutil.h"
-#include "toolkit_sim.h"
+#include "sim_trainers.h"
 
 /* Expected theta_g after one round from the definition, computed here
  * independently: weighted mean in double, one rounding, Nesterov. */

@@ -1,5 +1,5 @@
 /* test_text_problem.c - the text problem of `pulse-bench loco`
- * (tools/toolkit_text.h through toolkit_problem.h): its gradient is the
+ * (tools/sim/sim_text.h through sim_problem.h): its gradient is the
  * derivative of its loss (central differences), it is deterministic in
  * the seed (data split, initial weights, mini-batches) and another seed
  * changes them, Adam on it lowers the held-out loss, a missing or too short
@@ -11,8 +11,8 @@
 #include <unistd.h>
 
 #include "loco_testutil.h"
-#include "toolkit_problem.h"
-#include "toolkit_text.h"
+#include "sim_problem.h"
+#include "sim_text.h"
 
 /* A temporary file of `n` bytes of English-like text; the caller unlinks. */
 static void write_text(char *path, size_t cap, size_t n) {

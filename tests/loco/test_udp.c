@@ -15,7 +15,7 @@
 
 #include "loco_testutil.h"
 #include "manifest_impl.h"
-#include "toolkit_sim.h"
+#include "sim_trainers.h"
 
 #define UT 4
 #define ROUNDS 6

@@ -1,4 +1,4 @@
-"""The README's example runs as written: tools/python/examples/train.py
+"""The README's example runs as written: python/examples/train.py
 publishes a few steps while worker.py, another process, follows them and
 generates text at each; the worker reaches the last step. Exit 77: no
 torch."""

@@ -21,7 +21,9 @@ mkdir -p "$out/obj"
 
 san="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all"
 common="-g -O1 -Wall -Wextra -Werror -ffp-contract=off -fno-fast-math -D_GNU_SOURCE $san"
-inc="-I$root/codec -I$root/cuda -I$root/tests/cuda"
+# Every folder of a module (its root and its parts) is on its include path.
+incdirs() { find "$@" -type d -printf '-I%p '; }
+inc="$(incdirs "$root/codec") -I$root/cuda -I$root/tests/cuda"
 
 cmake -S "$root" -B "$out/lib" -DPULSE_CUDA=OFF -DPULSE_TESTS=OFF \
   -DPULSE_SANITIZE=address,undefined -DCMAKE_BUILD_TYPE=Debug >/dev/null
@@ -50,27 +52,27 @@ printf '%s\n' '#include <stdio.h>' 'int bench_gpu_main(int argc, char **argv);' 
   'int main(int argc, char **argv) { return bench_gpu_main(argc - 1, argv + 1); }' \
   > "$out/obj/bench_gpu_main.c"
 tool_objs=()
-# It and the toolkit parts it uses (the others need loco and the HTTP layers).
-for src in "$out/obj/bench_gpu_main.c" "$root"/tools/bench_gpu.c \
-  "$root"/tools/toolkit_{args,report,time}.c; do
+# It and the CLI helpers it uses (tools/cli; the other modes need loco and
+# the HTTP layers).
+for src in "$out/obj/bench_gpu_main.c" "$root"/tools/bench/bench_gpu.c \
+  "$root"/tools/cli/cli_{args,report,time}.c; do
   obj="$out/obj/tool_$(basename "$src").o"; tool_objs+=("$obj")
-  compile "$obj" gcc -std=c11 -DPULSE_HAVE_CUDA=1 $common $inc -I"$root/tools" -c "$src"
+  compile "$obj" gcc -std=c11 -DPULSE_HAVE_CUDA=1 $common $inc -I"$root/tools/cli" -I"$root/tools/bench" -c "$src"
 done
 # The publisher (no HTTP server: the device commits need none of it).
 trainer_objs=()
-for src in "$root"/trainer_side/*.c "$root"/tests/trainer_side/test_publisher_device.c; do
-  case "$(basename "$src")" in server* | http_serve*) continue ;; esac
+for src in "$root"/trainer_side/{publisher,upload}/*.c "$root"/tests/trainer_side/test_publisher_device.c; do
   obj="$out/obj/trainer_$(basename "$src").o"; trainer_objs+=("$obj")
-  compile "$obj" gcc -std=c11 -DPULSE_HAVE_CUDA=1 $common $inc -I"$root/trainer_side" \
+  compile "$obj" gcc -std=c11 -DPULSE_HAVE_CUDA=1 $common $inc $(incdirs "$root/trainer_side") \
     -I"$root/tests/trainer_side" -I"$root/tests/common" -c "$src"
 done
 # The subscriber with device targets, against a publisher and its server.
 sub_objs=()
-for src in "$root"/trainer_side/server*.c "$root"/trainer_side/http_serve*.c \
-  "$root"/inference_side/*.c "$root"/tests/inference_side/test_device_sync.c; do
+for src in "$root"/trainer_side/{server,serve}/*.c \
+  $(find "$root"/inference_side -name '*.c') "$root"/tests/inference_side/test_device_sync.c; do
   obj="$out/obj/sub_$(basename "$src").o"; sub_objs+=("$obj")
-  compile "$obj" gcc -std=c11 -DPULSE_HAVE_CUDA=1 $common $inc -I"$root/trainer_side" \
-    -I"$root/inference_side" -I"$root/tests/inference_side" -I"$root/tests/common" \
+  compile "$obj" gcc -std=c11 -DPULSE_HAVE_CUDA=1 $common $inc $(incdirs "$root/trainer_side") \
+    $(incdirs "$root/inference_side") -I"$root/tests/inference_side" -I"$root/tests/common" \
     $(pkg-config --cflags libcurl libmicrohttpd) -c "$src"
 done
 for pid in "${pids[@]}"; do wait "$pid"; done

@@ -1,0 +1,235 @@
+/* collab_impl.h - private to loco/: the collaboration peer
+ * (pulse_loco_collab.h, PAYLOAD.md "Collaboration"): its fields, shared by
+ * the peer's setup, publishing and client mode (collab.c), the writer's
+ * table and the POST routes (collab_writer.c), and one round: the round
+ * and accumulating (collab_round.c), the close (collab_close.c), the
+ * all-to-all finish (collab_fetch.c), the partitioned finish, outcomes,
+ * settling and catching up (collab_finish.c). */
+#ifndef PULSE_LOCO_COLLAB_IMPL_H
+#define PULSE_LOCO_COLLAB_IMPL_H
+
+#include <pthread.h>
+
+#include "peer_http_impl.h"
+#include "loco_impl.h"
+#include "manifest_impl.h"
+#include "payload_impl.h"
+#include "pulse_loco_collab.h"
+#include "status_impl.h"
+
+/* Claim answers (HTTP statuses of POST /v1/collab/claim/...). */
+#define COLLAB_GRANTED 200u
+#define COLLAB_FULL 202u      /* the round reached its target: stop */
+#define COLLAB_NOT_YET 503u   /* the writer is not at that round yet */
+#define COLLAB_PAST 409u      /* the writer is past that round */
+#define COLLAB_NOT_MEMBER 403u
+#define COLLAB_NOT_WRITER 421u
+
+/* What the writer of a round knows of one member (a progress record). */
+typedef struct {
+  uint32_t id;
+  int contacted;          /* claimed or said ready this round */
+  int ready;              /* its payload is served (or it has none) */
+  int leaving;            /* its payload flushes its residual */
+  uint64_t granted;       /* samples granted by this writer */
+  uint64_t done;          /* samples it says it did */
+  uint64_t ready_samples; /* the count it says its payload carries */
+  uint64_t rate_milli;    /* its samples per second, times 1000 */
+  uint64_t bandwidth;     /* its download rate (bytes/s) with its
+                             readiness; 0: not measured */
+} collab_record;
+
+/* A joiner waiting for admission. */
+typedef struct {
+  uint32_t id;
+  char url[64];
+} collab_pending;
+
+struct pulse_loco_collab {
+  pulse_loco_collab_opts opts;
+  pulse_loco *ctx;
+  loco_server *srv;
+  char url[64];
+  uint32_t id;
+  uint64_t fetched; /* bodies downloaded this round */
+  uint64_t pushed;  /* client mode: bodies uploaded this round */
+  /* This peer's download rate in bytes/s, smoothed over rounds (an EWMA
+   * of each round's per-transfer measure, loco_http_rate_take); 0 until
+   * a round moved enough bytes. Reported with its readiness. */
+  uint64_t bandwidth;
+  /* Client mode: the host's URL ("" when this peer serves). */
+  char host_url[64];
+  /* Hosting: uploads stored and refused (under lock). */
+  uint64_t hosted_stored, hosted_refused;
+  int dropped;      /* the last manifest did not list this peer */
+  char rejoin_url[64];
+  /* Written by the main thread under lock, read by the server thread. */
+  pthread_mutex_t lock;
+  pulse_loco_member *members; /* of the round the context is at, by id */
+  size_t nmembers;
+  uint64_t cur_round; /* the round this peer runs (its context's) */
+  /* The writer's table of round table_round, for writer rank table_k;
+   * `closed`: no more grants (target reached or a taken-over round). */
+  int table_open;
+  uint64_t table_round;
+  uint32_t table_k;
+  int closed;
+  collab_record *rec; /* members of table_round, in their order */
+  size_t nrec;
+  uint64_t total;    /* samples granted in the table's round */
+  uint64_t max_step; /* largest step granted in it */
+  collab_pending *pending;
+  size_t npending;
+  /* Acknowledgements of round ends ("done"), the latest ones. */
+  struct {
+    uint64_t round;
+    uint32_t id;
+  } acks[256];
+  size_t nacks;
+};
+
+/* Publishing (collab.c): the view of the next round's members
+ * (/v1/loco/members), the context's state (/v1/loco/state/ROUND), this
+ * peer's progress record (/v1/loco/progress); the members of the
+ * context's round (under lock; clears the pending joins they list). */
+pulse_status collab_publish_view(pulse_loco_collab *c);
+pulse_status collab_publish_state(pulse_loco_collab *c);
+void collab_publish_own_progress(pulse_loco_collab *c, uint64_t r,
+                                 uint64_t done, uint64_t busy_ms);
+void collab_set_members(pulse_loco_collab *c, const pulse_loco_member *m,
+                        size_t count);
+
+/* Client mode (collab.c): hosting a client's uploads (the server's upload
+ * callback), and a client's upload of its payload of round r to its host.
+ * A push that fails (the host gone, or refused) leaves the peer dropped
+ * with another serving member as its next host (its next call rejoins);
+ * an error. */
+unsigned collab_on_upload(void *user, const char *path, const char *id,
+                          const uint8_t *body, size_t size, char *reply,
+                          size_t cap);
+pulse_status collab_client_push(pulse_loco_collab *c, uint64_t r,
+                                const uint8_t *payload, size_t size);
+/* A client's blob of the partitioned exchange (path "/v1/loco/part/..."),
+ * user the peer: to its host, which serves it under the client's URL
+ * (loco_partition_in.upload). */
+pulse_status collab_client_upload(void *user, const char *path,
+                                  const uint8_t *data, size_t size);
+
+/* The writer's side (collab_writer.c). */
+unsigned collab_on_post(void *user, const char *path, const char *id,
+                        const char *url, char *reply, size_t cap);
+/* Opens (or keeps) the table of round r for rank k; k > 0 is a takeover:
+ * the round closes with what was done (no grants). Caller holds lock. */
+void collab_open_table(pulse_loco_collab *c, uint64_t r, uint32_t k);
+/* A claim of b samples by member id (done so far, rate) in round r at rank
+ * k: one of the COLLAB_* answers. Caller holds lock. */
+unsigned collab_claim_locked(pulse_loco_collab *c, uint64_t r, uint32_t k,
+                             uint32_t id, uint64_t b, uint64_t done,
+                             uint64_t rate_milli);
+unsigned collab_ready_locked(pulse_loco_collab *c, uint64_t r, uint32_t k,
+                             uint32_t id, uint64_t samples, int leaving);
+/* Notes the download rate member id reported with its readiness (bytes/s,
+ * 0: none) in the open table. Caller holds lock. */
+void collab_bandwidth_locked(pulse_loco_collab *c, uint32_t id, uint64_t bw);
+
+/* Tests only: when non-zero, every peer reports this many bytes/s times
+ * its id instead of what it measured (unequal ranges on demand). */
+extern uint64_t loco_collab_test_bandwidth_per_id;
+
+/* Tests only (a writer killed after its manifest, a member late to fetch
+ * the payloads): in round loco_collab_test_stall_round the peer with id
+ * loco_collab_test_stall_id, when it writes that round, stops for good
+ * (sleeps until killed) once it published the manifest, having first
+ * dropped its own payload (phase 1: nobody can fetch it, from it or as a
+ * relay) or not (phase 2); or (phase 3, any member) waits 1 s before
+ * fetching the listed payloads. Phase 0: never (the default). */
+extern uint32_t loco_collab_test_stall_id;
+extern uint64_t loco_collab_test_stall_round;
+extern int loco_collab_test_stall_phase;
+
+/* Publishes the table as GET /v1/loco/progress/round (JSON). */
+void collab_publish_progress(pulse_loco_collab *c);
+
+/* ------------------------------------------------ one round, by its parts */
+
+/* collab_round.c: the URL of member id of the context's round ("" when it
+ * is none); whether a member URL serves (a client-mode member's is hosted:
+ * only serving members own partitioned ranges); the download rate this
+ * peer reports (bytes/s; 0: not measured). */
+const char *collab_url_of(const pulse_loco_collab *c, uint32_t id);
+int collab_serves(const char *url);
+uint64_t collab_reported_bandwidth(const pulse_loco_collab *c);
+/* collab_round.c: moves *k to the rank a member said it writes round r at,
+ * when higher (PULSE_ERR_IO past the last rank: every writer is gone); one
+ * claim of b samples (or, with `ready`, a readiness) to
+ * the writer W(r, k): a COLLAB_* answer, 0 when the writer did not
+ * answer. */
+pulse_status collab_sync_rank(pulse_loco_collab *c, uint64_t r, uint32_t *k);
+unsigned collab_tell_writer(pulse_loco_collab *c, uint64_t r, uint32_t k,
+                            int ready, uint64_t b, uint64_t done,
+                            uint64_t rate_milli, int leaving);
+
+/* collab_close.c: readiness to W(r, k) and its manifest (into *man, its
+ * source's URL into src); moves to the next rank when the writer is gone,
+ * and closes the round itself when its turn comes. */
+pulse_status collab_get_manifest(pulse_loco_collab *c, uint64_t r,
+                                 uint32_t *k, const uint8_t *own,
+                                 size_t own_size, uint64_t done, int leaving,
+                                 loco_manifest *man, char *src, size_t cap,
+                                 pulse_loco_collab_info *info);
+
+/* collab_fetch.c: the all-to-all finish of round r over man's
+ * contributors: their payloads into t (by man's order; urls the same
+ * length), from their senders and relays until `end`, then
+ * pulse_loco_finish over set when this peer has a payload and every
+ * listed one (*complete). */
+pulse_status collab_finish_listed(pulse_loco_collab *c, uint64_t r,
+                                  const char *src, const loco_manifest *man,
+                                  loco_fetch *t, char (*urls)[160],
+                                  pulse_loco_contribution *set,
+                                  const uint8_t *own, size_t size,
+                                  uint64_t done, uint64_t end, float *theta_r,
+                                  pulse_loco_collab_info *info,
+                                  int *complete);
+
+/* collab_finish.c: how long a contributor takes at most to get what it
+ * finishes with; how long a member waits for the state of r + 1. */
+uint64_t collab_exchange_ms(const pulse_loco_collab *c);
+uint64_t collab_catch_up_window(const pulse_loco_collab *c);
+/* Imports the state of round `round` from src or one of man's
+ * contributors (man may be NULL), trying until window_ms passed. */
+pulse_status collab_catch_up(pulse_loco_collab *c, uint64_t round,
+                             const char *src, const loco_manifest *man,
+                             float *theta_r, uint64_t window_ms);
+/* The partitioned finish of round r: PULSE_OK when ctx finished (theta_r
+ * = theta_g); an error leaves ctx prepared (*self_dropped: this peer was
+ * found an offender). */
+pulse_status collab_reduce_partitioned(pulse_loco_collab *c, uint64_t r,
+                                       const char *src,
+                                       const loco_manifest *man,
+                                       const uint8_t *own, size_t size,
+                                       float *theta_r,
+                                       pulse_loco_collab_info *info,
+                                       int *self_dropped);
+/* Serves /v1/loco/round/R/outcome: "finished" (the state of r + 1 served
+ * first) or "failed". */
+pulse_status collab_publish_outcome(pulse_loco_collab *c, uint64_t r,
+                                    int finished);
+/* A contributor that cannot finish r over man's whole set says "failed"
+ * and settles: *imported when it imported a state of r + 1 (the round is
+ * over), else man and t are cut to the contributors that finish r
+ * all-to-all. */
+pulse_status collab_settle_failed(pulse_loco_collab *c, uint64_t r,
+                                  const char *src, loco_manifest *man,
+                                  loco_fetch *t, int self_in, uint64_t done,
+                                  uint64_t end, float *theta_r,
+                                  pulse_loco_collab_info *info,
+                                  int *imported);
+/* Without its own payload or every listed one: the state of r + 1 from a
+ * member that finished; info counts the samples it knows were in it. */
+pulse_status collab_import_finished(pulse_loco_collab *c, uint64_t r,
+                                    const char *src, const loco_manifest *man,
+                                    const loco_fetch *t, float *theta_r,
+                                    pulse_loco_collab_info *info);
+
+#endif

@@ -1,0 +1,810 @@
+/* coordinator_auth.c - authenticated PULSELoCo in the exchange (coordinator_auth_impl.h,
+ * PAYLOAD.md "Authentication"): signing what this node serves, checking
+ * what it fetches and receives against the keys bound to the members'
+ * trainer ids, joins gated by pinned keys or admissions, the counters in
+ * /metrics and in the step info. */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "endian_impl.h"
+#include "coordinator_auth_impl.h"
+#include "coordinator_impl.h"
+#include "pulse_log.h"
+#include "status_impl.h"
+#include "store_impl.h"
+
+#define KEY_PATH "/v1/loco/key"
+/* As coordinator.c's MANIFEST_CAP: the largest manifest fetched. */
+#define MANIFEST_MAX ((size_t)LOCO_MAX_MEMBERS * 256u + 4096u)
+#define KEY_BLOB_MAX 512u
+
+/* A trainer id and the key that speaks for it. */
+typedef struct {
+  uint32_t id;
+  uint8_t key[PULSE_SIGN_PUBLIC_BYTES];
+} binding;
+
+/* A sender's signed chunk list of the round being received. */
+typedef struct {
+  uint32_t id;
+  int ok;           /* 1: the list is here; 0: refused or not to be had */
+  uint8_t *digests; /* SHA-256 of each chunk, sorted */
+  size_t count;
+} chunk_list;
+
+/* A body kept for the REPLAYED fault (tests). */
+typedef struct {
+  int have;
+  uint64_t round;
+  pulse_bytebuf body;
+  loco_sig sig;
+} kept_body;
+
+struct loco_node_auth {
+  /* The handle, the bindings and the counters: the server thread checks
+   * joins and reads the metrics while the node's thread checks bodies. */
+  pthread_mutex_t lock;
+  pulse_loco_auth *auth;
+  uint8_t own[PULSE_SIGN_PUBLIC_BYTES];
+  binding *ids;
+  size_t nids, capids;
+  int has_admission;
+  pulse_loco_admission admission;
+  /* Refusals decided here rather than by the handle (a trainer id whose
+   * key is unknown, a body of a later round), added to its counters. */
+  pulse_loco_auth_counters extra;
+  uint64_t datagrams_refused, joins_refused;
+  uint64_t datagrams_replayed; /* of datagrams_refused: an older round's */
+  pulse_loco_auth_counters step_base; /* totals when the step began */
+  uint64_t step_datagrams;
+  loco_sig own_payload; /* this round's, for the relay of it */
+  /* UDP: the senders' chunk lists of list_round. */
+  uint64_t list_round;
+  chunk_list *lists;
+  size_t nlists;
+  /* Fault injection (tests). */
+  unsigned tamper, tamper_kinds;
+  pulse_sign_key *stranger_key;
+  pulse_loco_auth *stranger;
+  kept_body last[2]; /* payload, manifest */
+  pulse_buffer chunks_prev, chunks_cur;
+  uint64_t nchunks_prev, nchunks_cur;
+};
+
+/* ------------------------------------------------------------ bindings */
+
+static binding *bound_id(const loco_node_auth *a, uint32_t id) {
+  for (size_t i = 0; i < a->nids; i++)
+    if (a->ids[i].id == id)
+      return &a->ids[i];
+  return NULL;
+}
+
+static binding *bound_key(const loco_node_auth *a, const uint8_t *key) {
+  for (size_t i = 0; i < a->nids; i++)
+    if (memcmp(a->ids[i].key, key, PULSE_SIGN_PUBLIC_BYTES) == 0)
+      return &a->ids[i];
+  return NULL;
+}
+
+/* Binds id to key. @return 1 when bound (or already so), 0 when the id
+ * has another key or the key speaks for another id, -1 out of memory. */
+static int bind(loco_node_auth *a, uint32_t id, const uint8_t *key) {
+  binding *b = bound_id(a, id);
+  if (b != NULL)
+    return memcmp(b->key, key, PULSE_SIGN_PUBLIC_BYTES) == 0;
+  if (bound_key(a, key) != NULL)
+    return 0;
+  if (a->nids == a->capids) {
+    size_t cap = a->capids ? 2 * a->capids : 16;
+    binding *m = realloc(a->ids, cap * sizeof *m);
+    if (m == NULL)
+      return -1;
+    a->ids = m;
+    a->capids = cap;
+  }
+  a->ids[a->nids].id = id;
+  memcpy(a->ids[a->nids++].key, key, PULSE_SIGN_PUBLIC_BYTES);
+  return 1;
+}
+
+/* -------------------------------------------------------------- counters */
+
+static void totals(const loco_node_auth *a, pulse_loco_auth_counters *c) {
+  pulse_loco_auth_counters_get(a->auth, c);
+  c->accepted += a->extra.accepted;
+  c->unsigned_bodies += a->extra.unsigned_bodies;
+  c->forged += a->extra.forged;
+  c->replayed += a->extra.replayed;
+  c->foreign += a->extra.foreign;
+  c->admitted += a->extra.admitted;
+}
+
+static void metrics(void *user, pulse_bytebuf *text) {
+  loco_node_auth *a = ((pulse_loco_node *)user)->auth;
+  pulse_loco_auth_counters c;
+  pthread_mutex_lock(&a->lock);
+  totals(a, &c);
+  uint64_t datagrams = a->datagrams_refused, joins = a->joins_refused;
+  uint64_t replayed = a->datagrams_replayed;
+  pthread_mutex_unlock(&a->lock);
+  pulse_bytebuf_printf(
+      text,
+      "# HELP pulse_loco_auth_accepted_total Signed payloads, manifests and "
+      "chunk lists that passed.\n"
+      "# TYPE pulse_loco_auth_accepted_total counter\n"
+      "pulse_loco_auth_accepted_total %llu\n"
+      "# HELP pulse_loco_auth_refused_total Payloads, manifests and chunk "
+      "lists refused (left out of the round), by reason.\n"
+      "# TYPE pulse_loco_auth_refused_total counter\n"
+      "pulse_loco_auth_refused_total{reason=\"unsigned\"} %llu\n"
+      "pulse_loco_auth_refused_total{reason=\"forged\"} %llu\n"
+      "pulse_loco_auth_refused_total{reason=\"replayed\"} %llu\n"
+      "pulse_loco_auth_refused_total{reason=\"foreign\"} %llu\n"
+      "# HELP pulse_loco_auth_admitted_total Members admitted by a member's "
+      "signature.\n"
+      "# TYPE pulse_loco_auth_admitted_total counter\n"
+      "pulse_loco_auth_admitted_total %llu\n"
+      "# HELP pulse_loco_auth_joins_refused_total Joins refused (no pinned "
+      "key, no valid admission).\n"
+      "# TYPE pulse_loco_auth_joins_refused_total counter\n"
+      "pulse_loco_auth_joins_refused_total %llu\n"
+      "# HELP pulse_loco_auth_datagrams_refused_total Datagrams refused: not "
+      "in their sender's signed chunk list (unlisted), or of an older round "
+      "(replayed).\n"
+      "# TYPE pulse_loco_auth_datagrams_refused_total counter\n"
+      "pulse_loco_auth_datagrams_refused_total{reason=\"unlisted\"} %llu\n"
+      "pulse_loco_auth_datagrams_refused_total{reason=\"replayed\"} %llu\n",
+      (unsigned long long)c.accepted, (unsigned long long)c.unsigned_bodies,
+      (unsigned long long)c.forged, (unsigned long long)c.replayed,
+      (unsigned long long)c.foreign, (unsigned long long)c.admitted,
+      (unsigned long long)joins,
+      (unsigned long long)(datagrams - replayed), (unsigned long long)replayed);
+}
+
+/* ------------------------------------------------------------ key blob */
+
+/* {"id":I,"key":"HEX"} or, admitted, {"id":I,"key":"HEX","sponsor":"HEX",
+ * "until":R,"sig":"HEX"}: what a member tells the others of its key. */
+static pulse_status publish_key(pulse_loco_node *n) {
+  loco_node_auth *a = n->auth;
+  char text[KEY_BLOB_MAX], key[65], sponsor[65], sig[129];
+  store_hex(a->own, 32, key);
+  int len;
+  if (a->has_admission) {
+    store_hex(a->admission.sponsor, 32, sponsor);
+    store_hex(a->admission.sig, 64, sig);
+    len = snprintf(text, sizeof text,
+                   "{\"id\":%u,\"key\":\"%s\",\"sponsor\":\"%s\",\"until\":%llu,"
+                   "\"sig\":\"%s\"}",
+                   n->id, key, sponsor,
+                   (unsigned long long)a->admission.round, sig);
+  } else {
+    len = snprintf(text, sizeof text, "{\"id\":%u,\"key\":\"%s\"}", n->id, key);
+  }
+  return loco_server_put(n->srv, KEY_PATH, text, (size_t)len);
+}
+
+static int unhex_exact(const char *s, uint8_t *out, size_t n) {
+  return s != NULL && strlen(s) == 2 * n && store_unhex(s, 2 * n, out, n) == 0;
+}
+
+/* Parses a key blob (untrusted). @return 1 when well-formed. */
+static int parse_key_blob(const uint8_t *data, size_t size, uint32_t *id,
+                          uint8_t key[32], int *admitted,
+                          pulse_loco_admission *adm) {
+  char text[KEY_BLOB_MAX], k[65], s[65], g[129];
+  if (size == 0 || size >= sizeof text || memchr(data, '\0', size) != NULL)
+    return 0;
+  memcpy(text, data, size);
+  text[size] = '\0';
+  unsigned long long idv, until;
+  int used = 0, more = 0;
+  if (sscanf(text, "{\"id\":%llu,\"key\":\"%64[0-9a-f]\"%n", &idv, k, &used) !=
+          2 ||
+      used == 0 || idv > UINT32_MAX || !unhex_exact(k, key, 32))
+    return 0;
+  *id = (uint32_t)idv;
+  const char *rest = text + used;
+  *admitted = 0;
+  if (strcmp(rest, "}") == 0)
+    return 1;
+  if (sscanf(rest,
+             ",\"sponsor\":\"%64[0-9a-f]\",\"until\":%llu,\"sig\":\"%128[0-9a-f]"
+             "\"}%n",
+             s, &until, g, &more) != 3 ||
+      more == 0 || rest[more] != '\0' || !unhex_exact(s, adm->sponsor, 32) ||
+      !unhex_exact(g, adm->sig, 64))
+    return 0;
+  memcpy(adm->key, key, 32);
+  adm->round = until;
+  *admitted = 1;
+  return 1;
+}
+
+/* Learns the key of member `id` (admitted after this node started) from
+ * its key blob: bound when it is pinned under that id, or when a member's
+ * admission of it verifies. @return 1 when the id has a key now. */
+static int learn_key(pulse_loco_node *n, uint32_t id) {
+  loco_node_auth *a = n->auth;
+  int m = loco_member_find(n->members, n->nmembers, id);
+  if (m < 0)
+    return 0;
+  char url[160];
+  loco_node_url_fmt(url, sizeof url, n->members[m].url, KEY_PATH);
+  pulse_bytebuf b = PULSE_BYTEBUF_INIT;
+  pulse_status st = loco_http_wait(url, n->opts.deadline_ms, KEY_BLOB_MAX, &b);
+  uint32_t claimed = 0;
+  uint8_t key[32];
+  int admitted = 0, ok = 0;
+  pulse_loco_admission adm;
+  if (st == PULSE_OK) {
+    n->fetched += b.size;
+    ok = parse_key_blob(b.data, b.size, &claimed, key, &admitted, &adm) &&
+         claimed == id;
+  }
+  pulse_bytebuf_free(&b);
+  if (!ok)
+    return 0;
+  pthread_mutex_lock(&a->lock);
+  if (bound_id(a, id) == NULL && bound_key(a, key) == NULL && admitted &&
+      pulse_loco_auth_admit_seen(a->auth, adm.round, key, adm.sponsor,
+                                 adm.sig) == PULSE_OK)
+    bind(a, id, key);
+  binding *bk = bound_id(a, id);
+  ok = bk != NULL && memcmp(bk->key, key, 32) == 0;
+  pthread_mutex_unlock(&a->lock);
+  return ok;
+}
+
+/* ------------------------------------------------------------- joins */
+
+/* The coordinator's check of a join POST (server thread): the joiner's key
+ * is the one bound to its id, or a member's admission of it verifies. */
+static unsigned join_gate(void *user, const char *path,
+                          const char *(*query)(void *rq, const char *key),
+                          void *rq, char *reply, size_t cap) {
+  pulse_loco_node *n = user;
+  loco_node_auth *a = n->auth;
+  uint32_t id;
+  if (strcmp(path, "/v1/loco/join") != 0 ||
+      !loco_parse_id(query(rq, "id"), &id))
+    return 0; /* not a join, or the callback's 400 */
+  uint8_t key[32];
+  pulse_loco_admission adm;
+  const char *until = query(rq, "until");
+  char *end = NULL;
+  unsigned long long u = until ? strtoull(until, &end, 10) : 0;
+  int has_adm = until != NULL && end != until && *end == '\0' &&
+                unhex_exact(query(rq, "sponsor"), adm.sponsor, 32) &&
+                unhex_exact(query(rq, "sig"), adm.sig, 64);
+  unsigned status = 0;
+  pthread_mutex_lock(&a->lock);
+  if (!unhex_exact(query(rq, "key"), key, 32)) {
+    snprintf(reply, cap, "{\"error\":\"join refused: no key\"}");
+    status = 403;
+  } else if (bound_id(a, id) != NULL || bound_key(a, key) != NULL) {
+    if (bind(a, id, key) != 1) {
+      snprintf(reply, cap,
+               "{\"error\":\"join refused: trainer %u has another key, or "
+               "this key is another trainer's\"}",
+               id);
+      status = 403;
+    }
+  } else if (!has_adm) {
+    snprintf(reply, cap,
+             "{\"error\":\"join refused: the key is not pinned and no "
+             "admission came with it\"}");
+    status = 403;
+  } else if (pulse_loco_auth_admit(a->auth, (uint64_t)u, key, adm.sponsor,
+                                   adm.sig) != PULSE_OK) {
+    snprintf(reply, cap, "{\"error\":\"join refused: the admission does not "
+                         "hold\"}");
+    status = 403;
+  } else if (bind(a, id, key) != 1) {
+    snprintf(reply, cap, "{\"error\":\"join refused: no room\"}");
+    status = 503;
+  }
+  if (status != 0)
+    a->joins_refused++;
+  pthread_mutex_unlock(&a->lock);
+  if (status != 0)
+    PULSE_LOG_AT(PULSE_LOG_WARN, "loco auth: trainer %u: %s", id, reply);
+  return status;
+}
+
+void loco_auth_join_query(const pulse_loco_node *n, char *dst, size_t cap) {
+  const loco_node_auth *a = n->auth;
+  if (a == NULL || cap == 0)
+    return;
+  char key[65], sponsor[65], sig[129];
+  store_hex(a->own, 32, key);
+  if (!a->has_admission) {
+    snprintf(dst, cap, "&key=%s", key);
+    return;
+  }
+  store_hex(a->admission.sponsor, 32, sponsor);
+  store_hex(a->admission.sig, 64, sig);
+  snprintf(dst, cap, "&key=%s&sponsor=%s&until=%llu&sig=%s", key, sponsor,
+           (unsigned long long)a->admission.round, sig);
+}
+
+pulse_status pulse_loco_node_admit(const pulse_loco_node *n,
+                                   const uint8_t newcomer[32],
+                                   uint64_t until_round,
+                                   pulse_loco_admission *out) {
+  if (n == NULL || newcomer == NULL || out == NULL || n->auth == NULL)
+    return pulse_fail(PULSE_ERR_ARG,
+                      "loco node: admit needs a node that authenticates");
+  loco_node_auth *a = n->auth;
+  memcpy(out->key, newcomer, 32);
+  memcpy(out->sponsor, a->own, 32);
+  out->round = until_round;
+  pthread_mutex_lock(&a->lock);
+  pulse_status st =
+      pulse_loco_auth_admit_sign(a->auth, until_round, newcomer, out->sig);
+  pthread_mutex_unlock(&a->lock);
+  return st;
+}
+
+/* --------------------------------------------------------- start, stop */
+
+pulse_status loco_auth_start(pulse_loco_node *n,
+                             const pulse_loco_node_opts *o) {
+  n->auth = NULL;
+  /* Version 2 callers: no key, nothing to check with. */
+  if (o->struct_version < 3)
+    return PULSE_OK;
+  if (o->auth > PULSE_LOCO_AUTH_OFF)
+    return pulse_fail(PULSE_ERR_ARG, "loco node: auth must be AUTO, ON or OFF");
+  if (o->auth == PULSE_LOCO_AUTH_OFF)
+    return PULSE_OK;
+  if (o->sign_key == NULL) {
+    if (o->auth == PULSE_LOCO_AUTH_ON)
+      return pulse_fail(PULSE_ERR_ARG,
+                        "loco node: authentication asked for without a key "
+                        "to sign this trainer's payloads with");
+    if (o->member_key_count > 0 || o->admission != NULL)
+      return pulse_fail(PULSE_ERR_ARG,
+                        "loco node: pinned members or an admission but no key "
+                        "of this trainer: the others could not verify its "
+                        "payloads (give sign_key, or PULSE_LOCO_AUTH_OFF)");
+    return PULSE_OK;
+  }
+  if ((o->member_keys == NULL && o->member_key_count > 0) ||
+      o->member_key_count >= PULSE_LOCO_AUTH_MAX_MEMBERS)
+    return pulse_fail(PULSE_ERR_ARG, "loco node: at most %u pinned keys",
+                      PULSE_LOCO_AUTH_MAX_MEMBERS - 1u);
+  loco_node_auth *a = calloc(1, sizeof *a);
+  uint8_t *keys = malloc((o->member_key_count + 1) * 32u);
+  if (a == NULL || keys == NULL) {
+    free(a), free(keys);
+    return pulse_fail(PULSE_ERR_NOMEM, "loco node: authentication");
+  }
+  pthread_mutex_init(&a->lock, NULL);
+  n->auth = a;
+  pulse_sign_key_public(o->sign_key, a->own);
+  for (size_t i = 0; i < o->member_key_count; i++)
+    memcpy(keys + 32u * i, o->member_keys[i].key, 32);
+  pulse_loco_auth_opts ao = PULSE_LOCO_AUTH_OPTS_INIT;
+  ao.key = o->sign_key;
+  ao.members = keys;
+  ao.member_count = o->member_key_count;
+  pulse_status st = pulse_loco_auth_create(&ao, &a->auth);
+  free(keys);
+  int b = st == PULSE_OK ? bind(a, n->id, a->own) : 1;
+  for (size_t i = 0; st == PULSE_OK && b == 1 && i < o->member_key_count; i++)
+    b = bind(a, o->member_keys[i].id, o->member_keys[i].key);
+  if (st == PULSE_OK && b != 1)
+    st = b < 0 ? pulse_fail(PULSE_ERR_NOMEM, "loco node: pinned keys")
+               : pulse_fail(PULSE_ERR_ARG,
+                            "loco node: pinned keys cannot be verified: a "
+                            "trainer id with two keys (this trainer's own "
+                            "included), or one key for two ids");
+  if (st == PULSE_OK && o->admission != NULL) {
+    if (memcmp(o->admission->key, a->own, 32) != 0)
+      st = pulse_fail(PULSE_ERR_ARG,
+                      "loco node: the admission is for another key than "
+                      "this trainer's");
+    a->has_admission = 1;
+    a->admission = *o->admission;
+  }
+  if (st == PULSE_OK)
+    st = publish_key(n);
+  if (st != PULSE_OK) {
+    loco_auth_stop(n);
+    return st;
+  }
+  loco_server_set_gate(n->srv, join_gate, n);
+  loco_server_set_metrics(n->srv, metrics, n);
+  PULSE_LOG_AT(PULSE_LOG_INFO,
+               "loco auth: trainer %u signs and checks (%zu pinned keys%s)",
+               n->id, o->member_key_count,
+               a->has_admission ? ", admitted" : "");
+  return PULSE_OK;
+}
+
+static void lists_clear(loco_node_auth *a) {
+  for (size_t i = 0; i < a->nlists; i++)
+    free(a->lists[i].digests);
+  free(a->lists);
+  a->lists = NULL;
+  a->nlists = 0;
+}
+
+/* Called once the server has stopped (nothing calls the gate or the
+ * metrics any more). */
+void loco_auth_stop(pulse_loco_node *n) {
+  loco_node_auth *a = n->auth;
+  if (a == NULL)
+    return;
+  n->auth = NULL;
+  pulse_loco_auth_free(a->auth);
+  pulse_loco_auth_free(a->stranger);
+  pulse_sign_key_free(a->stranger_key);
+  lists_clear(a);
+  for (int k = 0; k < 2; k++)
+    pulse_bytebuf_free(&a->last[k].body);
+  pulse_buffer_free(&a->chunks_prev);
+  pulse_buffer_free(&a->chunks_cur);
+  free(a->ids);
+  pthread_mutex_destroy(&a->lock);
+  free(a);
+}
+
+pulse_status loco_auth_check_founders(const pulse_loco_node *n,
+                                      const pulse_loco_member *m,
+                                      size_t count) {
+  loco_node_auth *a = n->auth;
+  if (a == NULL)
+    return PULSE_OK;
+  pthread_mutex_lock(&a->lock);
+  size_t i = 0;
+  while (i < count && bound_id(a, m[i].id) != NULL)
+    i++;
+  pthread_mutex_unlock(&a->lock);
+  if (i < count)
+    return pulse_fail(PULSE_ERR_ARG,
+                      "loco node: founding member %u has no pinned key: its "
+                      "payloads could not be verified",
+                      m[i].id);
+  return PULSE_OK;
+}
+
+/* ------------------------------------------------------------- steps */
+
+void loco_auth_begin_step(pulse_loco_node *n, uint64_t r) {
+  loco_node_auth *a = n->auth;
+  if (a == NULL)
+    return;
+  pthread_mutex_lock(&a->lock);
+  pulse_loco_auth_round(a->auth, r);
+  totals(a, &a->step_base);
+  a->step_datagrams = a->datagrams_refused;
+  pthread_mutex_unlock(&a->lock);
+}
+
+void loco_auth_end_step(pulse_loco_node *n, pulse_loco_step_info *info) {
+  loco_node_auth *a = n->auth;
+  if (a == NULL)
+    return;
+  pulse_loco_auth_counters c;
+  pthread_mutex_lock(&a->lock);
+  totals(a, &c);
+  info->datagrams_refused_auth = a->datagrams_refused - a->step_datagrams;
+  pthread_mutex_unlock(&a->lock);
+  const pulse_loco_auth_counters *b = &a->step_base;
+  info->auth.accepted = c.accepted - b->accepted;
+  info->auth.unsigned_bodies = c.unsigned_bodies - b->unsigned_bodies;
+  info->auth.forged = c.forged - b->forged;
+  info->auth.replayed = c.replayed - b->replayed;
+  info->auth.foreign = c.foreign - b->foreign;
+  info->auth.admitted = c.admitted - b->admitted;
+}
+
+/* ------------------------------------------------------- serving bodies */
+
+static pulse_status keep_body(kept_body *k, uint64_t r, const void *data,
+                              size_t size, const loco_sig *sig) {
+  pulse_bytebuf_free(&k->body);
+  pulse_bytebuf_put(&k->body, data, size);
+  if (k->body.failed || (size > 0 && k->body.data == NULL))
+    return pulse_fail(PULSE_ERR_NOMEM, "loco auth: kept body");
+  k->have = 1;
+  k->round = r;
+  k->sig = *sig;
+  return PULSE_OK;
+}
+
+pulse_status loco_auth_put(pulse_loco_node *n, const char *path,
+                           pulse_loco_auth_kind kind, uint64_t r,
+                           const void *data, size_t size) {
+  loco_node_auth *a = n->auth;
+  if (a == NULL)
+    return loco_server_put(n->srv, path, data, size);
+  loco_sig sig = {1, r, {0}, {0}};
+  pthread_mutex_lock(&a->lock);
+  pulse_status st =
+      pulse_loco_auth_sign(a->auth, kind, r, data, size, sig.sig, sig.key);
+  pthread_mutex_unlock(&a->lock);
+  if (st != PULSE_OK)
+    return st;
+  if (kind == PULSE_LOCO_AUTH_PAYLOAD)
+    a->own_payload = sig;
+  if (a->tamper == LOCO_AUTH_TAMPER_NONE || !(a->tamper_kinds & (unsigned)kind))
+    return loco_server_put_signed(n->srv, path, data, size, &sig);
+  /* Fault injection (tests): what a hostile or broken trainer serves. */
+  loco_sig bad = sig;
+  kept_body *k = &a->last[kind == PULSE_LOCO_AUTH_MANIFEST];
+  switch (a->tamper) {
+  case LOCO_AUTH_TAMPER_UNSIGNED:
+    bad.present = 0;
+    break;
+  case LOCO_AUTH_TAMPER_FORGED:
+    bad.sig[17] ^= 0x10;
+    break;
+  case LOCO_AUTH_TAMPER_FOREIGN:
+    st = pulse_loco_auth_sign(a->stranger, kind, r, data, size, bad.sig,
+                              bad.key);
+    break;
+  case LOCO_AUTH_TAMPER_REPLAYED:
+    if (k->have && k->round < r) {
+      st = loco_server_put_signed(n->srv, path, k->body.data, k->body.size,
+                                  &k->sig);
+      return st == PULSE_OK ? keep_body(k, r, data, size, &sig) : st;
+    }
+    st = keep_body(k, r, data, size, &sig); /* the first: served as is */
+    break;
+  }
+  return st == PULSE_OK ? loco_server_put_signed(n->srv, path, data, size, &bad)
+                        : st;
+}
+
+pulse_status loco_auth_relay(pulse_loco_node *n, const char *path,
+                             const void *data, size_t size,
+                             const loco_sig *sig) {
+  loco_node_auth *a = n->auth;
+  if (a == NULL)
+    return loco_server_put(n->srv, path, data, size);
+  return loco_server_put_signed(n->srv, path, data, size,
+                                sig != NULL ? sig : &a->own_payload);
+}
+
+/* ------------------------------------------------------ checking bodies */
+
+int loco_auth_accept(pulse_loco_node *n, pulse_loco_auth_kind kind, uint64_t r,
+                     uint32_t id, const loco_sig *sig, const void *data,
+                     size_t size) {
+  loco_node_auth *a = n->auth;
+  if (a == NULL)
+    return 1;
+  const char *what = kind == PULSE_LOCO_AUTH_MANIFEST ? "manifest" : "payload";
+  pthread_mutex_lock(&a->lock);
+  int known = bound_id(a, id) != NULL;
+  pthread_mutex_unlock(&a->lock);
+  /* A member admitted after this node started: learn its key (not for an
+   * unsigned body: nothing to check it with anyway). */
+  if (!known && sig != NULL && sig->present)
+    known = learn_key(n, id);
+  pulse_status st;
+  pthread_mutex_lock(&a->lock);
+  binding *b = bound_id(a, id);
+  uint8_t key[32];
+  if (b != NULL)
+    memcpy(key, b->key, 32);
+  if (sig == NULL || !sig->present) {
+    st = pulse_loco_auth_check(a->auth, kind, r, NULL, data, size, NULL);
+  } else if (!pulse_loco_auth_is_member(a->auth, sig->key)) {
+    /* Signed by a stranger: counted as foreign by the handle. */
+    st = pulse_loco_auth_check(a->auth, kind, sig->round, sig->key, data, size,
+                               sig->sig);
+  } else if (b == NULL) {
+    a->extra.foreign++;
+    st = pulse_fail(PULSE_ERR_CORRUPT,
+                    "loco auth: a %s of round %llu from trainer %u, whose key "
+                    "is unknown: refused",
+                    what, (unsigned long long)r, id);
+  } else if (sig->round > r) {
+    a->extra.forged++;
+    st = pulse_fail(PULSE_ERR_CORRUPT,
+                    "loco auth: a %s of round %llu served for round %llu: "
+                    "refused",
+                    what, (unsigned long long)sig->round,
+                    (unsigned long long)r);
+  } else {
+    /* Checked against the key bound to the id it comes from: another
+     * member's signature does not verify under it (forged). */
+    st = pulse_loco_auth_check(a->auth, kind, sig->round, key, data, size,
+                               sig->sig);
+  }
+  pthread_mutex_unlock(&a->lock);
+  if (st != PULSE_OK) {
+    PULSE_LOG_AT(PULSE_LOG_WARN, "loco round %llu: trainer %u's %s: %s",
+                 (unsigned long long)r, id, what, pulse_error_detail());
+    return 0;
+  }
+  return 1;
+}
+
+pulse_status loco_auth_get_manifest(pulse_loco_node *n, const char *url,
+                                    uint64_t r, uint32_t coordinator,
+                                    loco_manifest *m) {
+  if (n->auth == NULL)
+    return loco_node_get_json(url, n->opts.manifest_timeout_ms, m,
+                              &n->fetched);
+  pulse_bytebuf b = PULSE_BYTEBUF_INIT;
+  loco_sig sig;
+  pulse_status st = loco_http_wait_signed(url, n->opts.manifest_timeout_ms,
+                                          MANIFEST_MAX, &b, &sig);
+  if (st == PULSE_OK) {
+    n->fetched += b.size;
+    if (loco_auth_accept(n, PULSE_LOCO_AUTH_MANIFEST, r, coordinator, &sig,
+                         b.data, b.size)) {
+      st = loco_manifest_parse(b.data, b.size, m);
+    } else {
+      char why[256];
+      snprintf(why, sizeof why, "%s", pulse_error_detail());
+      st = pulse_fail(PULSE_ERR_CORRUPT,
+                      "loco node: the manifest of round %llu is refused (%s)",
+                      (unsigned long long)r, why);
+    }
+  }
+  pulse_bytebuf_free(&b);
+  return st;
+}
+
+/* ------------------------------------------------------------ datagrams */
+
+static int digest_cmp(const void *x, const void *y) {
+  return memcmp(x, y, 32);
+}
+
+pulse_status loco_auth_udp_publish(pulse_loco_node *n, uint64_t r,
+                                   const pulse_buffer *chunks,
+                                   uint64_t nchunks) {
+  if (n->auth == NULL)
+    return PULSE_OK;
+  uint8_t *list = malloc(nchunks ? (size_t)nchunks * 32u : 1u);
+  if (list == NULL)
+    return pulse_fail(PULSE_ERR_NOMEM, "loco auth: chunk list");
+  const uint8_t *p = chunks->data;
+  size_t left = chunks->size;
+  pulse_status st = PULSE_OK;
+  for (uint64_t k = 0; k < nchunks && st == PULSE_OK; k++) {
+    size_t cs;
+    st = pulse_loco_chunk_size(p, left, &cs);
+    if (st == PULSE_OK)
+      loco_sha256(p, cs, list + 32u * k);
+    p += cs, left -= cs;
+  }
+  char path[64];
+  snprintf(path, sizeof path, "/v1/loco/round/%llu/chunks",
+           (unsigned long long)r);
+  if (st == PULSE_OK)
+    st = loco_auth_put(n, path, PULSE_LOCO_AUTH_PAYLOAD, r, list,
+                       (size_t)nchunks * 32u);
+  free(list);
+  return st;
+}
+
+/* Sender `id`'s chunk list of round r (fetched once a round: refused or
+ * missing, its chunks are all refused this round). */
+static const chunk_list *list_of(pulse_loco_node *n, uint64_t r, int m) {
+  loco_node_auth *a = n->auth;
+  uint32_t id = n->members[m].id;
+  if (a->list_round != r) {
+    lists_clear(a);
+    a->list_round = r;
+  }
+  for (size_t i = 0; i < a->nlists; i++)
+    if (a->lists[i].id == id)
+      return &a->lists[i];
+  chunk_list *grown = realloc(a->lists, (a->nlists + 1) * sizeof *grown);
+  if (grown == NULL)
+    return NULL;
+  a->lists = grown;
+  chunk_list *l = &a->lists[a->nlists++];
+  memset(l, 0, sizeof *l);
+  l->id = id;
+  uint64_t P = n->ctx->n;
+  uint64_t cells = (P + PULSE_LOCO_CHUNK_CELL - 1) / PULSE_LOCO_CHUNK_CELL;
+  size_t cap = (size_t)(32u * (cells + P / 64u + 16u));
+  char url[160];
+  loco_node_url_fmt(url, sizeof url, n->members[m].url,
+                    "/v1/loco/round/%llu/chunks", (unsigned long long)r);
+  pulse_bytebuf b = PULSE_BYTEBUF_INIT;
+  loco_sig sig;
+  if (loco_http_wait_signed(url, n->opts.deadline_ms, cap, &b, &sig) ==
+      PULSE_OK) {
+    n->fetched += b.size;
+    if (b.size % 32u == 0 &&
+        loco_auth_accept(n, PULSE_LOCO_AUTH_PAYLOAD, r, id, &sig, b.data,
+                         b.size)) {
+      l->digests = malloc(b.size ? b.size : 1u);
+      if (l->digests != NULL) {
+        memcpy(l->digests, b.data, b.size);
+        l->count = b.size / 32u;
+        qsort(l->digests, l->count, 32u, digest_cmp);
+        l->ok = 1;
+      }
+    }
+  } else {
+    PULSE_LOG_AT(PULSE_LOG_WARN,
+                 "loco udp round %llu: no chunk list from trainer %u: %s",
+                 (unsigned long long)r, id, pulse_error_detail());
+  }
+  pulse_bytebuf_free(&b);
+  return l;
+}
+
+int loco_auth_udp_admit(pulse_loco_node *n, uint64_t r,
+                        const loco_datagram *d) {
+  loco_node_auth *a = n->auth;
+  if (a == NULL || d->size < PULSE_LOCO_CHUNK_HEADER ||
+      pulse_load_le32(d->data) != 0x4B434C50u /* "PLCK" */)
+    return 1; /* not a chunk: the inbox counts it */
+  uint32_t sender = pulse_load_le32(d->data + 8);
+  uint64_t round = pulse_load_le64(d->data + 12);
+  int m = loco_member_find(n->members, n->nmembers, sender);
+  if (round > r || m < 0 || sender == n->id)
+    return 1; /* checked in its round; the inbox counts strangers */
+  int ok = 0;
+  if (round == r) {
+    const chunk_list *l = list_of(n, r, m);
+    uint8_t sha[32];
+    loco_sha256(d->data, d->size, sha);
+    ok = l != NULL && l->ok &&
+         bsearch(sha, l->digests, l->count, 32u, digest_cmp) != NULL;
+  }
+  if (!ok) {
+    pthread_mutex_lock(&a->lock);
+    a->datagrams_refused++;
+    a->datagrams_replayed += round < r;
+    pthread_mutex_unlock(&a->lock);
+  }
+  return ok;
+}
+
+/* ------------------------------------------------------ fault injection */
+
+pulse_status loco_auth_tamper(pulse_loco_node *n, unsigned mode,
+                              unsigned kinds) {
+  loco_node_auth *a = n->auth;
+  if (a == NULL || mode > LOCO_AUTH_TAMPER_FOREIGN)
+    return pulse_fail(PULSE_ERR_ARG, "loco auth: tamper needs a key");
+  if (mode == LOCO_AUTH_TAMPER_FOREIGN && a->stranger == NULL) {
+    PULSE_TRY(pulse_sign_key_generate(&a->stranger_key));
+    pulse_loco_auth_opts o = PULSE_LOCO_AUTH_OPTS_INIT;
+    o.key = a->stranger_key;
+    PULSE_TRY(pulse_loco_auth_create(&o, &a->stranger));
+  }
+  a->tamper = mode;
+  a->tamper_kinds = kinds;
+  return PULSE_OK;
+}
+
+const pulse_buffer *loco_auth_udp_outgoing(pulse_loco_node *n,
+                                           const pulse_buffer *chunks,
+                                           uint64_t *nchunks) {
+  loco_node_auth *a = n->auth;
+  if (a == NULL || a->tamper != LOCO_AUTH_TAMPER_REPLAYED ||
+      !(a->tamper_kinds & PULSE_LOCO_AUTH_PAYLOAD))
+    return chunks;
+  pulse_buffer_free(&a->chunks_prev);
+  a->chunks_prev = a->chunks_cur;
+  a->nchunks_prev = a->nchunks_cur;
+  a->chunks_cur.data = malloc(chunks->size ? chunks->size : 1u);
+  a->chunks_cur.size = 0;
+  a->nchunks_cur = 0;
+  if (a->chunks_cur.data != NULL) {
+    memcpy(a->chunks_cur.data, chunks->data, chunks->size);
+    a->chunks_cur.size = chunks->size;
+    a->nchunks_cur = *nchunks;
+  }
+  if (a->chunks_prev.data == NULL)
+    return chunks; /* the first round: nothing older to replay */
+  *nchunks = a->nchunks_prev;
+  return &a->chunks_prev;
+}

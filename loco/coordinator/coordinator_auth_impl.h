@@ -1,0 +1,109 @@
+/* coordinator_auth_impl.h - private to loco/: authenticated PULSELoCo in the
+ * exchange (issue 15; pulse_loco_auth.h checks, PAYLOAD.md
+ * "Authentication" says what travels). The node calls these hooks; each is
+ * a no-op (or the unauthenticated call) when the node does not
+ * authenticate (no key, or PULSE_LOCO_AUTH_OFF):
+ *
+ *   served      every payload and manifest this node publishes carries its
+ *               signature headers; a relay carries its original signer's
+ *   fetched     every payload (coordinator and members, from the sender or
+ *               a relay) and manifest is checked before it is decoded: its
+ *               signer must be the key bound to the trainer id it comes
+ *               from, the signature must verify, its round must be this one
+ *   datagrams   each sender publishes, signed, the SHA-256 of every chunk
+ *               of its round before it sends them; a chunk is admitted
+ *               only when its digest is in its sender's list
+ *   joins       the coordinator admits a joiner whose key is pinned or who
+ *               presents a member's admission of it; the others learn a
+ *               new member's key from its /v1/loco/key (checked again)
+ *
+ * A refused body or datagram is counted (node metrics, step info) and left
+ * out: the round proceeds without it. */
+#ifndef PULSE_LOCO_NODE_AUTH_IMPL_H
+#define PULSE_LOCO_NODE_AUTH_IMPL_H
+
+#include "peer_http_impl.h"
+#include "manifest_impl.h"
+#include "pulse_loco.h"
+#include "pulse_loco_auth.h"
+#include "udp_impl.h"
+
+typedef struct loco_node_auth loco_node_auth;
+
+/* At create, after the server started: checks the options (a config that
+ * cannot be verified is refused with PULSE_ERR_ARG), sets n->auth (NULL
+ * when off), serves /v1/loco/key, installs the join gate and the metrics. */
+pulse_status loco_auth_start(pulse_loco_node *n,
+                             const pulse_loco_node_opts *opts);
+void loco_auth_stop(pulse_loco_node *n);
+
+/* Founding members must all have a pinned key. */
+pulse_status loco_auth_check_founders(const pulse_loco_node *n,
+                                      const pulse_loco_member *m,
+                                      size_t count);
+
+/* The step of round r begins (bodies of older rounds are replays from now
+ * on); it ended: info->auth and info->datagrams_refused_auth get what this
+ * step refused. */
+void loco_auth_begin_step(pulse_loco_node *n, uint64_t r);
+void loco_auth_end_step(pulse_loco_node *n, pulse_loco_step_info *info);
+
+/* Publishes a body of this node (kind, round r) signed. */
+pulse_status loco_auth_put(pulse_loco_node *n, const char *path,
+                           pulse_loco_auth_kind kind, uint64_t r,
+                           const void *data, size_t size);
+
+/* Publishes a relay of a fetched payload with its original signature
+ * (sig NULL: this node's own payload of the round). */
+pulse_status loco_auth_relay(pulse_loco_node *n, const char *path,
+                             const void *data, size_t size,
+                             const loco_sig *sig);
+
+/* 1 when a body that came with `sig` from trainer `id` for round r passes
+ * (always when the node does not authenticate); 0 when refused (counted,
+ * logged). May fetch the key of a newly admitted member. */
+int loco_auth_accept(pulse_loco_node *n, pulse_loco_auth_kind kind, uint64_t r,
+                     uint32_t id, const loco_sig *sig, const void *data,
+                     size_t size);
+
+/* The manifest of round r from url, checked as signed by `coordinator`
+ * (loco_node_get_json when the node does not authenticate).
+ * @return PULSE_OK; PULSE_ERR_CORRUPT when refused; a fetch error. */
+pulse_status loco_auth_get_manifest(pulse_loco_node *n, const char *url,
+                                    uint64_t r, uint32_t coordinator,
+                                    loco_manifest *m);
+
+/* Appends to a join POST's query what the coordinator checks: this node's
+ * key and its admission ("&key=...&sponsor=...&until=...&sig=..."). */
+void loco_auth_join_query(const pulse_loco_node *n, char *dst, size_t cap);
+
+/* UDP: publishes this node's signed chunk list of round r (before the
+ * chunks are sent). */
+pulse_status loco_auth_udp_publish(pulse_loco_node *n, uint64_t r,
+                                   const pulse_buffer *chunks,
+                                   uint64_t nchunks);
+/* UDP: 1 when a datagram (a chunk naming a member `sender`) of the round
+ * being received (r) may go on: its digest is in the sender's signed list
+ * of its round; later rounds are checked in their round; older rounds are
+ * replays. 0: refused and counted. */
+int loco_auth_udp_admit(pulse_loco_node *n, uint64_t r, const loco_datagram *d);
+
+/* Fault injection for tests (tests/loco/test_auth_node.c): what this node
+ * serves of the kinds `kinds` (bit 1 payloads and chunk lists, bit 2
+ * manifests) is unsigned, forged (a flipped signature bit), replayed (the
+ * previous round's body and signature; over UDP the previous round's
+ * datagrams) or signed by a stranger's key. */
+#define LOCO_AUTH_TAMPER_NONE 0u
+#define LOCO_AUTH_TAMPER_UNSIGNED 1u
+#define LOCO_AUTH_TAMPER_FORGED 2u
+#define LOCO_AUTH_TAMPER_REPLAYED 3u
+#define LOCO_AUTH_TAMPER_FOREIGN 4u
+pulse_status loco_auth_tamper(pulse_loco_node *n, unsigned mode,
+                              unsigned kinds);
+/* UDP, under REPLAYED: the chunks to send instead of this round's (the
+ * previous round's, kept), else `chunks` itself; keeps this round's. */
+const pulse_buffer *loco_auth_udp_outgoing(pulse_loco_node *n,
+                                           const pulse_buffer *chunks,
+                                           uint64_t *nchunks);
+
+#endif

@@ -1,0 +1,405 @@
+/* sim_problem.c - the built-in training problem (sim_problem.h): a
+ * 2-layer MLP fine-tuned towards a nearby teacher, with Adam. Loops are
+ * written so their inner dimension is a contiguous row (axpy form), which
+ * compilers vectorize without reassociating sums (tools/CMakeLists.txt
+ * builds this file with -O3). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rng_impl.h"
+#include "status_impl.h"
+#include "sim_mlp_impl.h"
+#include "sim_problem.h"
+#include "sim_text.h"
+
+struct pulse_tk_problem {
+  pulse_tk_problem_opts o;
+  uint64_t P;
+  uint64_t w1, b1, w2,
+      b2;           /* offsets: W1[in][hid], b1[hid], W2[hid][cls], b2[cls] */
+  float s1, s2;     /* forward multipliers 1/sqrt(fan-in) */
+  float *teacher;   /* B, P floats */
+  float *test_x;    /* test_count x inputs */
+  float *test_p;    /* test_count x classes: B's probabilities */
+  uint32_t *test_y; /* B's argmax */
+  double floor;
+  pulse_tk_text *text; /* PULSE_TK_PROBLEM_TEXT: the rest is unused */
+};
+
+struct pulse_tk_learner {
+  const pulse_tk_problem *p;
+  uint64_t rng;
+  uint64_t t; /* Adam steps taken */
+  float *m, *v, *grad;
+  float *x, *z, *h, *logits, *dz, *tp;
+  pulse_tk_text_scratch *ts; /* text problem */
+};
+
+/* The loops that take the time, also built for AVX2 and picked at load time:
+ * IEEE single operations in any vector width give the same bits
+ * (-ffp-contract=off forbids fused multiply-adds), so results do not depend
+ * on the machine. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define PROBLEM_SIMD __attribute__((target_clones("avx2", "default")))
+#else
+#define PROBLEM_SIMD
+#endif
+
+static void forward(const pulse_tk_problem *p, const float *theta,
+                    const float *x, size_t n, float *z, float *h,
+                    float *logits);
+
+/* ------------------------------------------------------------ generators */
+
+/* Softmax of one row of logits in place; returns log(sum exp(l - max)) and
+ * the max, so that -log p[c] = lse - (l[c] - max). */
+static double softmax_row(float *l, uint32_t cls, float *mx_out,
+                          uint32_t *argmax) {
+  float mx = l[0];
+  uint32_t am = 0;
+  for (uint32_t c = 1; c < cls; c++)
+    if (l[c] > mx)
+      mx = l[c], am = c;
+  double sum = 0.0;
+  for (uint32_t c = 0; c < cls; c++)
+    sum += exp((double)(l[c] - mx));
+  for (uint32_t c = 0; c < cls; c++)
+    l[c] = (float)(exp((double)(l[c] - mx)) / sum);
+  if (mx_out)
+    *mx_out = mx;
+  if (argmax)
+    *argmax = am;
+  return log(sum);
+}
+
+/* n inputs and the teacher's probabilities for them (n x classes in tp);
+ * z and h are scratch for the teacher's hidden layer. */
+static void draw(const pulse_tk_problem *p, uint64_t *s, size_t n, float *x,
+                 float *tp, float *z, float *h) {
+  uint32_t cls = p->o.classes;
+  pulse_tk_normals(s, x, n * p->o.inputs);
+  forward(p, p->teacher, x, n, z, h, tp);
+  for (size_t b = 0; b < n; b++)
+    softmax_row(tp + b * cls, cls, NULL, NULL);
+}
+
+/* -------------------------------------------------------------- problem */
+
+uint32_t pulse_tk_problem_hidden_for(const pulse_tk_problem_opts *o,
+                                     uint64_t params) {
+  if (o->kind == PULSE_TK_PROBLEM_TEXT)
+    return pulse_tk_text_hidden_for(o, params);
+  uint64_t per = (uint64_t)o->inputs + 1u + o->classes;
+  uint64_t h = params > o->classes ? (params - o->classes) / per : 1;
+  return h < 1 ? 1u : h > 1u << 24 ? 1u << 24 : (uint32_t)h;
+}
+
+pulse_status pulse_tk_problem_create(const pulse_tk_problem_opts *o,
+                                     pulse_tk_problem **out) {
+  if (out == NULL)
+    return pulse_fail(PULSE_ERR_ARG, "loco problem: NULL output");
+  *out = NULL;
+  if (o == NULL || o->struct_version != PULSE_TK_PROBLEM_OPTS_VERSION)
+    return pulse_fail(PULSE_ERR_ARG,
+                      "loco problem: options missing or of another version");
+  if (o->inputs == 0 || o->hidden == 0 || o->classes < 2 || o->batch == 0 ||
+      o->test_count == 0 || o->inputs > 1u << 16 || o->hidden > 1u << 24 ||
+      o->classes > 1u << 16 || o->batch > 1u << 16 ||
+      o->test_count > 1u << 24 || !(o->lr > 0.0f) || !isfinite(o->shift) ||
+      !isfinite(o->init_scale) || !isfinite(o->logit_scale))
+    return pulse_fail(PULSE_ERR_ARG, "loco problem: bad sizes or rates");
+  if (o->kind != PULSE_TK_PROBLEM_TEACHER && o->kind != PULSE_TK_PROBLEM_TEXT)
+    return pulse_fail(PULSE_ERR_ARG, "loco problem: unknown kind %u", o->kind);
+  pulse_tk_problem *p = calloc(1, sizeof *p);
+  if (p == NULL)
+    return pulse_fail(PULSE_ERR_NOMEM, "loco problem");
+  p->o = *o;
+  if (o->kind == PULSE_TK_PROBLEM_TEXT) {
+    pulse_status st = pulse_tk_text_create(o, &p->text);
+    if (st != PULSE_OK) {
+      free(p);
+      return st;
+    }
+    p->P = pulse_tk_text_param_count(p->text);
+    *out = p;
+    return PULSE_OK;
+  }
+  uint64_t in = o->inputs, hid = o->hidden, cls = o->classes;
+  p->w1 = 0;
+  p->b1 = in * hid;
+  p->w2 = p->b1 + hid;
+  p->b2 = p->w2 + hid * cls;
+  p->P = p->b2 + cls;
+  p->s1 = 1.0f / sqrtf((float)in);
+  p->s2 = 1.0f / sqrtf((float)hid);
+  size_t T = o->test_count;
+  p->teacher = malloc((size_t)p->P * sizeof *p->teacher);
+  p->test_x = malloc(T * in * sizeof *p->test_x);
+  p->test_p = malloc(T * cls * sizeof *p->test_p);
+  p->test_y = malloc(T * sizeof *p->test_y);
+  float *z = malloc(T * hid * sizeof *z), *h = malloc(T * hid * sizeof *h);
+  if (!p->teacher || !p->test_x || !p->test_p || !p->test_y || !z || !h) {
+    free(z), free(h);
+    pulse_tk_problem_free(p);
+    return pulse_fail(PULSE_ERR_NOMEM, "loco problem: data");
+  }
+  /* The teacher: the pretrained weights plus offsets of std `shift`. */
+  pulse_tk_problem_init(p, p->teacher);
+  float *off = malloc((size_t)p->P * sizeof *off);
+  if (off == NULL) {
+    free(z), free(h);
+    pulse_tk_problem_free(p);
+    return pulse_fail(PULSE_ERR_NOMEM, "loco problem: teacher");
+  }
+  uint64_t s = o->seed ^ 0x7EAC4E5ull;
+  pulse_tk_normals(&s, off, (size_t)p->P);
+  for (uint64_t i = 0; i < p->P; i++)
+    p->teacher[i] += o->shift * off[i];
+  free(off);
+  uint64_t t = o->seed ^ 0x7E57DA7Aull;
+  pulse_tk_normals(&t, p->test_x, T * in);
+  forward(p, p->teacher, p->test_x, T, z, h, p->test_p);
+  double ent = 0.0;
+  for (size_t b = 0; b < T; b++) {
+    float *row = p->test_p + b * cls, mx;
+    double lse = softmax_row(row, cls, &mx, &p->test_y[b]);
+    (void)lse;
+    for (uint32_t c = 0; c < cls; c++)
+      if (row[c] > 0.0f)
+        ent -= (double)row[c] * log((double)row[c]);
+  }
+  p->floor = ent / (double)T;
+  free(z), free(h);
+  *out = p;
+  return PULSE_OK;
+}
+
+void pulse_tk_problem_free(pulse_tk_problem *p) {
+  if (p == NULL)
+    return;
+  free(p->teacher), free(p->test_x), free(p->test_p), free(p->test_y);
+  pulse_tk_text_free(p->text);
+  free(p);
+}
+
+uint64_t pulse_tk_problem_param_count(const pulse_tk_problem *p) {
+  return p->P;
+}
+
+double pulse_tk_problem_floor(const pulse_tk_problem *p) {
+  return p->floor;
+}
+
+uint32_t pulse_tk_problem_batch(const pulse_tk_problem *p) {
+  return p->o.batch;
+}
+
+void pulse_tk_problem_data(const pulse_tk_problem *p, uint64_t *bytes,
+                           uint64_t *digest) {
+  *bytes = p->text ? pulse_tk_text_bytes(p->text) : 0;
+  *digest = p->text ? pulse_tk_text_digest(p->text) : 0;
+}
+
+void pulse_tk_problem_init(const pulse_tk_problem *p, float *theta) {
+  if (p->text) {
+    pulse_tk_text_init(p->text, theta);
+    return;
+  }
+  uint64_t s = p->o.seed ^ 0x1417ull;
+  pulse_tk_normals(&s, theta, (size_t)p->b1);
+  pulse_tk_normals(&s, theta + p->w2, (size_t)(p->b2 - p->w2));
+  for (uint64_t i = 0; i < p->P; i++)
+    theta[i] *= p->o.init_scale;
+  memset(theta + p->b1, 0, p->o.hidden * sizeof *theta);
+  memset(theta + p->b2, 0, p->o.classes * sizeof *theta);
+}
+
+/* Forward pass of n samples: z (pre-activations), h (ReLU) and logits. */
+PROBLEM_SIMD static void forward(const pulse_tk_problem *p, const float *theta,
+                                 const float *x, size_t n, float *z, float *h,
+                                 float *logits) {
+  uint32_t in = p->o.inputs, hid = p->o.hidden, cls = p->o.classes;
+  const float *W1 = theta + p->w1, *B1 = theta + p->b1, *W2 = theta + p->w2,
+              *B2 = theta + p->b2;
+  for (size_t b = 0; b < n; b++) {
+    float *lb = logits + b * cls;
+    pulse_tk_mlp_forward_row(x + b * in, in, p->s1, W1, B1, hid, p->s2, W2, B2, cls,
+                             z + b * hid, h + b * hid, lb);
+    for (uint32_t c = 0; c < cls; c++)
+      lb[c] *= p->o.logit_scale;
+  }
+}
+
+void pulse_tk_problem_eval(const pulse_tk_problem *p, const float *theta,
+                           double *loss, double *accuracy) {
+  if (p->text) {
+    pulse_tk_text_eval(p->text, theta, loss, accuracy);
+    return;
+  }
+  enum { BLOCK = 64 };
+  uint32_t hid = p->o.hidden, cls = p->o.classes, in = p->o.inputs;
+  float *z = malloc((size_t)BLOCK * hid * sizeof *z),
+        *h = malloc((size_t)BLOCK * hid * sizeof *h);
+  float *l = malloc((size_t)BLOCK * cls * sizeof *l);
+  double total = 0.0;
+  uint64_t right = 0;
+  if (z && h && l) {
+    for (uint32_t a = 0; a < p->o.test_count; a += BLOCK) {
+      size_t n = p->o.test_count - a < BLOCK ? p->o.test_count - a : BLOCK;
+      forward(p, theta, p->test_x + (size_t)a * in, n, z, h, l);
+      for (size_t b = 0; b < n; b++) {
+        const float *lb = l + b * cls, *pb = p->test_p + (size_t)(a + b) * cls;
+        float mx = lb[0];
+        uint32_t am = 0;
+        for (uint32_t c = 1; c < cls; c++)
+          if (lb[c] > mx)
+            mx = lb[c], am = c;
+        double sum = 0.0, dot = 0.0;
+        for (uint32_t c = 0; c < cls; c++) {
+          sum += exp((double)(lb[c] - mx));
+          dot += (double)pb[c] * (double)(lb[c] - mx);
+        }
+        total += log(sum) - dot; /* sum_c p_B(c) * -log p(c) */
+        right += am == p->test_y[a + b];
+      }
+    }
+  } else {
+    total = NAN;
+  }
+  free(z), free(h), free(l);
+  if (loss)
+    *loss = total / p->o.test_count;
+  if (accuracy)
+    *accuracy = (double)right / p->o.test_count;
+}
+
+/* -------------------------------------------------------------- learner */
+
+pulse_status pulse_tk_learner_create(const pulse_tk_problem *p,
+                                     uint32_t trainer_id,
+                                     pulse_tk_learner **out) {
+  if (p == NULL || out == NULL)
+    return pulse_fail(PULSE_ERR_ARG, "loco learner: NULL argument");
+  pulse_tk_learner *l = calloc(1, sizeof *l);
+  if (l == NULL)
+    return pulse_fail(PULSE_ERR_NOMEM, "loco learner");
+  size_t B = p->o.batch, P = (size_t)p->P;
+  l->p = p;
+  l->rng = p->o.seed * 0x100000001B3ull ^
+           ((uint64_t)trainer_id + 1u) * 0xD1B54A32D192ED03ull;
+  l->m = calloc(P, sizeof *l->m);
+  l->v = calloc(P, sizeof *l->v);
+  l->grad = malloc(P * sizeof *l->grad);
+  if (p->text) { /* its own buffers */
+    pulse_status st = PULSE_ERR_NOMEM;
+    if (!l->m || !l->v || !l->grad ||
+        (st = pulse_tk_text_scratch_create(p->text, &l->ts)) != PULSE_OK) {
+      pulse_tk_learner_free(l);
+      return st == PULSE_ERR_NOMEM
+                 ? pulse_fail(PULSE_ERR_NOMEM, "loco learner: %zu parameters",
+                              P)
+                 : st;
+    }
+    *out = l;
+    return PULSE_OK;
+  }
+  l->x = malloc(B * p->o.inputs * sizeof *l->x);
+  l->z = malloc(B * p->o.hidden * sizeof *l->z);
+  l->h = malloc(B * p->o.hidden * sizeof *l->h);
+  l->dz = malloc(B * p->o.hidden * sizeof *l->dz);
+  l->logits = malloc(B * p->o.classes * sizeof *l->logits);
+  l->tp = malloc(B * p->o.classes * sizeof *l->tp);
+  if (!l->m || !l->v || !l->grad || !l->x || !l->z || !l->h || !l->dz ||
+      !l->logits || !l->tp) {
+    pulse_tk_learner_free(l);
+    return pulse_fail(PULSE_ERR_NOMEM, "loco learner: %zu parameters", P);
+  }
+  *out = l;
+  return PULSE_OK;
+}
+
+void pulse_tk_learner_free(pulse_tk_learner *l) {
+  if (l == NULL)
+    return;
+  free(l->m), free(l->v), free(l->grad), free(l->x), free(l->z), free(l->h),
+      free(l->dz);
+  free(l->logits), free(l->tp);
+  pulse_tk_text_scratch_free(l->ts);
+  free(l);
+}
+
+PROBLEM_SIMD double pulse_tk_learner_grad(pulse_tk_learner *l,
+                                          const float *theta, float *grad) {
+  const pulse_tk_problem *p = l->p;
+  if (p->text)
+    return pulse_tk_text_grad(p->text, l->ts, &l->rng, theta, grad);
+  uint32_t B = p->o.batch, in = p->o.inputs, hid = p->o.hidden,
+           cls = p->o.classes;
+  draw(p, &l->rng, B, l->x, l->tp, l->z, l->h);
+  forward(p, theta, l->x, B, l->z, l->h, l->logits);
+  memset(grad, 0, (size_t)p->P * sizeof *grad);
+  float *gW1 = grad + p->w1, *gB1 = grad + p->b1, *gW2 = grad + p->w2,
+        *gB2 = grad + p->b2;
+  const float *W2 = theta + p->w2;
+  double loss = 0.0;
+  float invB = 1.0f / (float)B;
+  for (uint32_t b = 0; b < B; b++) {
+    float *lb = l->logits + (size_t)b * cls; /* becomes dL/dlogits */
+    const float *tb = l->tp + (size_t)b * cls;
+    float mx;
+    double dot = 0.0;
+    for (uint32_t c = 0; c < cls; c++)
+      dot += (double)tb[c] * (double)lb[c];
+    double lse = softmax_row(lb, cls, &mx, NULL);
+    loss += lse + (double)mx - dot; /* sum_c p_B(c) * -log p(c) */
+    for (uint32_t c = 0; c < cls; c++) {
+      /* d loss / d logit = p - p_B; times the logit scale */
+      lb[c] = (lb[c] - tb[c]) * invB * p->o.logit_scale;
+      gB2[c] += lb[c];
+    }
+    const float *hb = l->h + (size_t)b * hid, *zb = l->z + (size_t)b * hid;
+    float *dzb = l->dz + (size_t)b * hid;
+    for (uint32_t j = 0; j < hid; j++) {
+      float hj = p->s2 * hb[j], dh = 0.0f;
+      const float *row = W2 + (size_t)j * cls;
+      float *grow = gW2 + (size_t)j * cls;
+      for (uint32_t c = 0; c < cls; c++) {
+        grow[c] += hj * lb[c];
+        dh += row[c] * lb[c];
+      }
+      dzb[j] = zb[j] > 0.0f ? p->s2 * dh : 0.0f;
+      gB1[j] += dzb[j];
+    }
+    const float *xb = l->x + (size_t)b * in;
+    for (uint32_t k = 0; k < in; k++) {
+      float xk = p->s1 * xb[k];
+      float *grow = gW1 + (size_t)k * hid;
+      for (uint32_t j = 0; j < hid; j++)
+        grow[j] += xk * dzb[j];
+    }
+  }
+  return loss / B;
+}
+
+PROBLEM_SIMD void pulse_tk_learner_adam(pulse_tk_learner *l, float *theta,
+                                        const float *grad) {
+  const pulse_tk_problem_opts *o = &l->p->o;
+  l->t++;
+  float b1 = o->beta1, b2 = o->beta2;
+  float c1 = 1.0f - (float)pow(b1, (double)l->t),
+        c2 = 1.0f - (float)pow(b2, (double)l->t);
+  float step = o->lr / c1, rc2 = 1.0f / sqrtf(c2);
+  for (uint64_t i = 0; i < l->p->P; i++) {
+    float g = grad[i];
+    l->m[i] = b1 * l->m[i] + (1.0f - b1) * g;
+    l->v[i] = b2 * l->v[i] + (1.0f - b2) * g * g;
+    theta[i] -= step * l->m[i] / (sqrtf(l->v[i]) * rc2 + o->eps);
+  }
+}
+
+double pulse_tk_learner_step(pulse_tk_learner *l, float *theta) {
+  double loss = pulse_tk_learner_grad(l, theta, l->grad);
+  pulse_tk_learner_adam(l, theta, l->grad);
+  return loss;
+}
