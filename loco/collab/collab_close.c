@@ -90,6 +90,227 @@ static void look_for_manifest(pulse_loco_collab *c, uint64_t r, uint32_t k,
   free(t), free(urls), free(idx);
 }
 
+/* A taken-over writer (k > 0) adopts a manifest of r some member already
+ * has (into *man, its source's URL into src): 1 when it did. */
+static int adopt_manifest(pulse_loco_collab *c, uint64_t r, uint32_t k,
+                          loco_manifest *man, char *src, size_t src_cap) {
+  int found;
+  look_for_manifest(c, r, k, man, &found);
+  if (found < 0)
+    return 0;
+  snprintf(src, src_cap, "%s", c->members[found].url);
+  PULSE_LOG_AT(PULSE_LOG_INFO,
+               "loco collab round %" PRIu64 ": adopted %u's manifest", r,
+               c->members[found].id);
+  return 1;
+}
+
+/* The writer's close, passed between its parts: the table's records as it
+ * closed (rec, M of them), the joiners pending (pend), the payloads fetched
+ * (t, by member), the contributions (set, refs, by contributor; ok, by
+ * member) and the next round's members (next). */
+typedef struct {
+  pulse_loco_collab *c;
+  uint64_t r;
+  uint32_t k;
+  size_t M;
+  collab_record *rec;
+  pulse_loco_member *pend;
+  size_t npend;
+  loco_fetch *t;
+  char (*urls)[160];
+  pulse_loco_contribution *set;
+  loco_contrib_ref *refs;
+  size_t nc;
+  pulse_loco_member *next;
+  size_t nn;
+  int *ok;
+} close_state;
+
+/* Every member's readiness, or the deadline `end`: closes the table and
+ * copies its records and the joiners pending; the largest step granted. */
+static uint64_t wait_readiness(close_state *s, uint64_t end) {
+  pulse_loco_collab *c = s->c;
+  uint64_t max_step = 0;
+  for (;;) {
+    size_t waiting = 0;
+    pthread_mutex_lock(&c->lock);
+    for (size_t i = 0; i < c->nrec; i++)
+      waiting += !c->rec[i].ready && !dead_writer(c, s->r, s->k, c->rec[i].id);
+    if (waiting == 0 || loco_now_ms() >= end) {
+      c->closed = 1;
+      memcpy(s->rec, c->rec, s->M * sizeof *s->rec);
+      for (size_t i = 0; i < c->npending; i++)
+        if (loco_member_find(c->members, c->nmembers, c->pending[i].id) < 0) {
+          s->pend[s->npend].id = c->pending[i].id;
+          snprintf(s->pend[s->npend].url, sizeof s->pend[s->npend].url, "%s",
+                   c->pending[i].url);
+          s->npend++;
+        }
+      max_step = c->max_step;
+      pthread_mutex_unlock(&c->lock);
+      break;
+    }
+    pthread_mutex_unlock(&c->lock);
+    loco_sleep_ms(1);
+  }
+  return max_step;
+}
+
+/* The ready members' payloads into t. */
+static pulse_status fetch_payloads(close_state *s) {
+  pulse_loco_collab *c = s->c;
+  loco_fetch *t = s->t;
+  size_t want = 0;
+  for (size_t i = 0; i < s->M; i++) {
+    if (s->rec[i].id == c->id || !s->rec[i].ready ||
+        s->rec[i].ready_samples == 0)
+      continue;
+    snprintf(s->urls[i], sizeof s->urls[i], "%s/v1/loco/round/%" PRIu64,
+             c->members[i].url, s->r);
+    t[i].url = s->urls[i];
+    t[i].max_bytes = loco_payload_cap(c->ctx->n);
+    t[i].body = (pulse_bytebuf)PULSE_BYTEBUF_INIT;
+    /* Partitioned: the owners decode every slice; the writer reads only
+     * each payload's header (and its size and SHA-256 from the answer). */
+    t[i].head = c->opts.partitioned ? LOCO_HEADER_SIZE : 0;
+    want++;
+  }
+  if (want == 0)
+    return PULSE_OK;
+  loco_fetch *w = calloc(want, sizeof *w);
+  size_t *idx = calloc(want, sizeof *idx);
+  if (!w || !idx) {
+    free(w), free(idx);
+    return pulse_fail(PULSE_ERR_NOMEM, "loco collab: fetch list");
+  }
+  size_t q = 0;
+  for (size_t i = 0; i < s->M; i++)
+    if (t[i].url != NULL)
+      w[q] = t[i], idx[q++] = i;
+  pulse_status st =
+      loco_http_gather(w, want, loco_now_ms() + c->opts.round_timeout_ms);
+  for (size_t a = 0; a < want; a++)
+    t[idx[a]] = w[a];
+  free(w), free(idx);
+  return st;
+}
+
+/* Why member i's fetched payload (header h) is refused, NULL when it is
+ * not. */
+static const char *payload_fault(const close_state *s, size_t i,
+                                 pulse_loco_payload_header *h) {
+  pulse_loco_collab *c = s->c;
+  const loco_fetch *t = &s->t[i];
+  int head_only = t->head > 0;
+  /* What the table granted (at rank 0 every sample; after a takeover
+   * what the sender said it had done before, plus grants): the payload
+   * must carry exactly that. */
+  uint64_t owed = s->rec[i].granted;
+  const char *why = NULL;
+  if (pulse_loco_payload_peek(t->body.data, t->body.size, h) != PULSE_OK)
+    why = "does not decode";
+  else if (h->sender != s->rec[i].id)
+    why = "names another sender";
+  else if (h->round != s->r)
+    why = "is of another round";
+  else if (h->samples != owed || h->samples != s->rec[i].ready_samples)
+    why = "carries other samples than granted";
+  else if (head_only && (h->param_count != c->ctx->n ||
+                         h->base_digest != c->ctx->digest))
+    why = "is built on another theta_g";
+  else if (head_only && (!t->has_sha256 || t->total > loco_payload_cap(c->ctx->n)))
+    why = "has no digest or is oversized";
+  else if (!head_only &&
+           pulse_loco_check(c->ctx, t->body.data, t->body.size) != PULSE_OK)
+    why = "does not check";
+  return why;
+}
+
+/* The contributions (set, refs; ok by member): the writer's own payload
+ * and every fetched one that checks; an offender is dropped. */
+static void collect_contributions(close_state *s, const uint8_t *own,
+                                  size_t own_size, uint64_t own_samples) {
+  pulse_loco_collab *c = s->c;
+  collab_record *rec = s->rec;
+  loco_fetch *t = s->t;
+  loco_contrib_ref *refs = s->refs;
+  for (size_t i = 0; i < s->M; i++) {
+    uint32_t id = rec[i].id;
+    size_t nc = s->nc;
+    if (id == c->id) {
+      s->ok[i] = own_samples > 0;
+      if (s->ok[i]) {
+        s->set[nc] = (pulse_loco_contribution){own, own_size};
+        refs[nc].id = id;
+        refs[nc].bytes = own_size;
+        loco_sha256(own, own_size, refs[nc].sha256);
+        refs[nc].samples = own_samples;
+        refs[nc].bandwidth = loco_bandwidth_quantize(rec[i].bandwidth);
+        s->nc++;
+      }
+      continue;
+    }
+    if (!t[i].done)
+      continue;
+    c->fetched += t[i].body.size;
+    int head_only = t[i].head > 0;
+    pulse_loco_payload_header h;
+    const char *why = payload_fault(s, i, &h);
+    if (why != NULL) {
+      PULSE_LOG_AT(PULSE_LOG_WARN,
+                   "loco collab round %" PRIu64 ": %u dropped (its payload "
+                   "%s)",
+                   s->r, id, why);
+      rec[i].ready = 0; /* an offender: out of this round and the next */
+      continue;
+    }
+    s->ok[i] = 1;
+    refs[nc].id = id;
+    refs[nc].samples = h.samples;
+    refs[nc].bandwidth = loco_bandwidth_quantize(rec[i].bandwidth);
+    if (head_only) {
+      s->set[nc] = (pulse_loco_contribution){NULL, 0}; /* no relay */
+      refs[nc].bytes = t[i].total;
+      memcpy(refs[nc].sha256, t[i].sha256, 32);
+    } else {
+      s->set[nc] = (pulse_loco_contribution){t[i].body.data, t[i].body.size};
+      refs[nc].bytes = t[i].body.size;
+      loco_sha256(t[i].body.data, t[i].body.size, refs[nc].sha256);
+    }
+    s->nc++;
+  }
+}
+
+/* The next round: the ready members (but leavers that flushed), then
+ * the joiners. */
+static void next_members(close_state *s) {
+  pulse_loco_member *next = s->next;
+  size_t nn = 0;
+  for (size_t i = 0; i < s->M; i++)
+    if (s->rec[i].ready && !(s->rec[i].leaving && s->ok[i]))
+      next[nn++] = s->c->members[i];
+  for (size_t j = 0; j < s->npend && nn < LOCO_MAX_MEMBERS; j++)
+    if (loco_member_find(next, nn, s->pend[j].id) < 0)
+      next[nn++] = s->pend[j];
+  qsort(next, nn, sizeof *next, loco_member_by_id);
+  s->nn = nn;
+}
+
+/* Relays first: once the manifest is visible, all it names is here. */
+static pulse_status serve_relays(close_state *s) {
+  pulse_status st = PULSE_OK;
+  for (size_t j = 0; j < s->nc && st == PULSE_OK; j++) {
+    if (s->set[j].data == NULL)
+      continue; /* read by its header only */
+    char path[96];
+    snprintf(path, sizeof path, "/v1/loco/round/%" PRIu64 "/from/%u", s->r,
+             s->refs[j].id);
+    st = loco_server_put(s->c->srv, path, s->set[j].data, s->set[j].size);
+  }
+  return st;
+}
+
 /* The writer's close of round r at rank k: readiness, payloads, checks,
  * relays, manifest (into *man). */
 static pulse_status write_round(pulse_loco_collab *c, uint64_t r, uint32_t k,
@@ -97,17 +318,8 @@ static pulse_status write_round(pulse_loco_collab *c, uint64_t r, uint32_t k,
                                 uint64_t own_samples, int leaving,
                                 loco_manifest *man, char *src, size_t src_cap,
                                 pulse_loco_collab_info *info) {
-  if (k > 0) {
-    int found;
-    look_for_manifest(c, r, k, man, &found);
-    if (found >= 0) {
-      snprintf(src, src_cap, "%s", c->members[found].url);
-      PULSE_LOG_AT(PULSE_LOG_INFO,
-                   "loco collab round %" PRIu64 ": adopted %u's manifest", r,
-                   c->members[found].id);
-      return PULSE_OK;
-    }
-  }
+  if (k > 0 && adopt_manifest(c, r, k, man, src, src_cap))
+    return PULSE_OK;
   snprintf(src, src_cap, "%s", c->url);
   pthread_mutex_lock(&c->lock);
   collab_open_table(c, r, k);
@@ -117,177 +329,43 @@ static pulse_status write_round(pulse_loco_collab *c, uint64_t r, uint32_t k,
   /* Every member's readiness, or the deadline. */
   uint64_t end = loco_now_ms() + c->opts.round_timeout_ms +
                  (k > 0 ? c->opts.claim_timeout_ms : 0u);
-  size_t M = c->nmembers;
-  collab_record *rec = calloc(M, sizeof *rec);
-  pulse_loco_member *pend = calloc(LOCO_MAX_MEMBERS, sizeof *pend);
-  loco_fetch *t = calloc(M, sizeof *t);
-  char(*urls)[160] = calloc(M, sizeof *urls);
-  pulse_loco_contribution *set = calloc(M, sizeof *set);
-  loco_contrib_ref *refs = calloc(M, sizeof *refs);
-  pulse_loco_member *next = calloc(M + LOCO_MAX_MEMBERS, sizeof *next);
-  int *ok = calloc(M, sizeof *ok);
+  close_state s;
+  memset(&s, 0, sizeof s);
+  s.c = c, s.r = r, s.k = k;
+  size_t M = s.M = c->nmembers;
+  s.rec = calloc(M, sizeof *s.rec);
+  s.pend = calloc(LOCO_MAX_MEMBERS, sizeof *s.pend);
+  s.t = calloc(M, sizeof *s.t);
+  s.urls = calloc(M, sizeof *s.urls);
+  s.set = calloc(M, sizeof *s.set);
+  s.refs = calloc(M, sizeof *s.refs);
+  s.next = calloc(M + LOCO_MAX_MEMBERS, sizeof *s.next);
+  s.ok = calloc(M, sizeof *s.ok);
   pulse_status st = PULSE_OK;
-  if (!rec || !pend || !t || !urls || !set || !refs || !next || !ok) {
+  if (!s.rec || !s.pend || !s.t || !s.urls || !s.set || !s.refs || !s.next ||
+      !s.ok) {
     st = pulse_fail(PULSE_ERR_NOMEM, "loco collab: round %" PRIu64, r);
     goto done;
   }
-  size_t npend = 0;
-  uint64_t max_step = 0;
-  for (;;) {
-    size_t waiting = 0;
-    pthread_mutex_lock(&c->lock);
-    for (size_t i = 0; i < c->nrec; i++)
-      waiting += !c->rec[i].ready && !dead_writer(c, r, k, c->rec[i].id);
-    if (waiting == 0 || loco_now_ms() >= end) {
-      c->closed = 1;
-      memcpy(rec, c->rec, M * sizeof *rec);
-      for (size_t i = 0; i < c->npending; i++)
-        if (loco_member_find(c->members, c->nmembers, c->pending[i].id) < 0) {
-          pend[npend].id = c->pending[i].id;
-          snprintf(pend[npend].url, sizeof pend[npend].url, "%s",
-                   c->pending[i].url);
-          npend++;
-        }
-      max_step = c->max_step;
-      pthread_mutex_unlock(&c->lock);
-      break;
-    }
-    pthread_mutex_unlock(&c->lock);
-    loco_sleep_ms(1);
-  }
-  info->max_step = max_step;
-  /* The ready members' payloads. */
-  size_t want = 0;
-  for (size_t i = 0; i < M; i++) {
-    if (rec[i].id == c->id || !rec[i].ready || rec[i].ready_samples == 0)
-      continue;
-    snprintf(urls[i], sizeof urls[i], "%s/v1/loco/round/%" PRIu64,
-             c->members[i].url, r);
-    t[i].url = urls[i];
-    t[i].max_bytes = loco_payload_cap(c->ctx->n);
-    t[i].body = (pulse_bytebuf)PULSE_BYTEBUF_INIT;
-    /* Partitioned: the owners decode every slice; the writer reads only
-     * each payload's header (and its size and SHA-256 from the answer). */
-    t[i].head = c->opts.partitioned ? LOCO_HEADER_SIZE : 0;
-    want++;
-  }
-  if (want > 0) {
-    loco_fetch *w = calloc(want, sizeof *w);
-    size_t *idx = calloc(want, sizeof *idx);
-    if (!w || !idx) {
-      free(w), free(idx);
-      st = pulse_fail(PULSE_ERR_NOMEM, "loco collab: fetch list");
-      goto done;
-    }
-    size_t q = 0;
-    for (size_t i = 0; i < M; i++)
-      if (t[i].url != NULL)
-        w[q] = t[i], idx[q++] = i;
-    st = loco_http_gather(w, want, loco_now_ms() + c->opts.round_timeout_ms);
-    for (size_t a = 0; a < want; a++)
-      t[idx[a]] = w[a];
-    free(w), free(idx);
-    if (st != PULSE_OK)
-      goto done;
-  }
-  size_t nc = 0;
-  for (size_t i = 0; i < M; i++) {
-    uint32_t id = rec[i].id;
-    if (id == c->id) {
-      ok[i] = own_samples > 0;
-      if (ok[i]) {
-        set[nc] = (pulse_loco_contribution){own, own_size};
-        refs[nc].id = id;
-        refs[nc].bytes = own_size;
-        loco_sha256(own, own_size, refs[nc].sha256);
-        refs[nc].samples = own_samples;
-        refs[nc].bandwidth = loco_bandwidth_quantize(rec[i].bandwidth);
-        nc++;
-      }
-      continue;
-    }
-    if (!t[i].done)
-      continue;
-    c->fetched += t[i].body.size;
-    int head_only = t[i].head > 0;
-    pulse_loco_payload_header h;
-    /* What the table granted (at rank 0 every sample; after a takeover
-     * what the sender said it had done before, plus grants): the payload
-     * must carry exactly that. */
-    uint64_t owed = rec[i].granted;
-    const char *why = NULL;
-    if (pulse_loco_payload_peek(t[i].body.data, t[i].body.size, &h) !=
-        PULSE_OK)
-      why = "does not decode";
-    else if (h.sender != id)
-      why = "names another sender";
-    else if (h.round != r)
-      why = "is of another round";
-    else if (h.samples != owed || h.samples != rec[i].ready_samples)
-      why = "carries other samples than granted";
-    else if (head_only && (h.param_count != c->ctx->n ||
-                           h.base_digest != c->ctx->digest))
-      why = "is built on another theta_g";
-    else if (head_only && (!t[i].has_sha256 || t[i].total > loco_payload_cap(c->ctx->n)))
-      why = "has no digest or is oversized";
-    else if (!head_only &&
-             pulse_loco_check(c->ctx, t[i].body.data, t[i].body.size) !=
-                 PULSE_OK)
-      why = "does not check";
-    if (why != NULL) {
-      PULSE_LOG_AT(PULSE_LOG_WARN,
-                   "loco collab round %" PRIu64 ": %u dropped (its payload "
-                   "%s)",
-                   r, id, why);
-      rec[i].ready = 0; /* an offender: out of this round and the next */
-      continue;
-    }
-    ok[i] = 1;
-    refs[nc].id = id;
-    refs[nc].samples = h.samples;
-    refs[nc].bandwidth = loco_bandwidth_quantize(rec[i].bandwidth);
-    if (head_only) {
-      set[nc] = (pulse_loco_contribution){NULL, 0}; /* no relay */
-      refs[nc].bytes = t[i].total;
-      memcpy(refs[nc].sha256, t[i].sha256, 32);
-    } else {
-      set[nc] = (pulse_loco_contribution){t[i].body.data, t[i].body.size};
-      refs[nc].bytes = t[i].body.size;
-      loco_sha256(t[i].body.data, t[i].body.size, refs[nc].sha256);
-    }
-    nc++;
-  }
-  if (nc == 0) {
+  info->max_step = wait_readiness(&s, end);
+  st = fetch_payloads(&s);
+  if (st != PULSE_OK)
+    goto done;
+  collect_contributions(&s, own, own_size, own_samples);
+  if (s.nc == 0) {
     st = pulse_fail(PULSE_ERR_IO, "loco collab: round %" PRIu64
                     " has no contribution", r);
     goto done;
   }
-  /* The next round: the ready members (but leavers that flushed), then
-   * the joiners. */
-  size_t nn = 0;
-  for (size_t i = 0; i < M; i++)
-    if (rec[i].ready && !(rec[i].leaving && ok[i]))
-      next[nn++] = c->members[i];
-  for (size_t j = 0; j < npend && nn < LOCO_MAX_MEMBERS; j++)
-    if (loco_member_find(next, nn, pend[j].id) < 0)
-      next[nn++] = pend[j];
-  qsort(next, nn, sizeof *next, loco_member_by_id);
-  /* Relays first: once the manifest is visible, all it names is here. */
-  for (size_t j = 0; j < nc && st == PULSE_OK; j++) {
-    if (set[j].data == NULL)
-      continue; /* read by its header only */
-    char path[96];
-    snprintf(path, sizeof path, "/v1/loco/round/%" PRIu64 "/from/%u", r,
-             refs[j].id);
-    st = loco_server_put(c->srv, path, set[j].data, set[j].size);
-  }
+  next_members(&s);
+  st = serve_relays(&s);
   if (st == PULSE_OK)
-    st = make_manifest(r, c->id, refs, nc, next, nn, man);
+    st = make_manifest(r, c->id, s.refs, s.nc, s.next, s.nn, man);
 done:
-  for (size_t i = 0; t && i < M; i++)
-    pulse_bytebuf_free(&t[i].body);
-  free(rec), free(pend), free(t), free(urls), free(set), free(refs);
-  free(next), free(ok);
+  for (size_t i = 0; s.t && i < M; i++)
+    pulse_bytebuf_free(&s.t[i].body);
+  free(s.rec), free(s.pend), free(s.t), free(s.urls), free(s.set);
+  free(s.refs), free(s.next), free(s.ok);
   return st;
 }
 

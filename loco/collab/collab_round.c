@@ -239,6 +239,296 @@ static void linger(pulse_loco_collab *c, uint64_t r, const loco_manifest *man) {
   }
 }
 
+/* One round's state, passed between the parts of pulse_loco_collab_round. */
+typedef struct {
+  pulse_loco_collab *c;
+  uint64_t r;
+  float *theta_r;
+  pulse_loco_collab_info *info;
+  uint64_t t0, served0; /* the round's start: its wall time, bytes served */
+  uint32_t k;           /* the writer's rank */
+  uint64_t done;        /* samples accumulated */
+  int leaving;
+  uint8_t *own; /* this peer's payload (a copy), NULL when none */
+  size_t size;
+  loco_manifest man;
+  char src[64]; /* the manifest's source */
+  /* The finish: the listed payloads (man's order), whether this peer is
+   * listed, settled a failed exchange, served the state of r + 1. */
+  size_t C;
+  loco_fetch *t;
+  char (*urls)[160];
+  pulse_loco_contribution *set;
+  int listed, settled, state_served;
+  uint64_t ex_end;
+} round_state;
+
+/* Not a member of round r (its writer said so): dropped, rejoining through
+ * that writer. */
+static void mark_dropped(round_state *s) {
+  pulse_loco_collab *c = s->c;
+  c->dropped = 1;
+  snprintf(c->rejoin_url, sizeof c->rejoin_url, "%s",
+           collab_url_of(
+               c, pulse_loco_collab_writer(c->members, c->nmembers, s->r, s->k)));
+  s->info->dropped = 1;
+}
+
+/* The payload over the samples done, copied into s->own. */
+static pulse_status prepare_own(round_state *s) {
+  pulse_loco_collab *c = s->c;
+  const uint8_t *payload = NULL;
+  PULSE_TRY(pulse_loco_prepare(c->ctx, s->theta_r, s->done,
+                               s->leaving ? PULSE_LOCO_LEAVING : 0, &payload,
+                               &s->size, NULL));
+  s->own = malloc(s->size);
+  if (s->own == NULL) {
+    pulse_loco_abandon(c->ctx, 0);
+    return pulse_fail(PULSE_ERR_NOMEM, "loco collab: payload copy");
+  }
+  memcpy(s->own, payload, s->size);
+  s->info->payload_bytes = s->size;
+  return PULSE_OK;
+}
+
+/* Serves the own payload at /v1/loco/round/r (client mode: pushes it to
+ * the host too). */
+static pulse_status serve_own(round_state *s) {
+  pulse_loco_collab *c = s->c;
+  char path[64];
+  snprintf(path, sizeof path, "/v1/loco/round/%" PRIu64, s->r);
+  pulse_status st = loco_server_put(c->srv, path, s->own, s->size);
+  if (st == PULSE_OK && c->host_url[0] != '\0') /* client mode */
+    st = collab_client_push(c, s->r, s->own, s->size);
+  return st;
+}
+
+/* The close (st: the contribution's status): the manifest of round r into
+ * s->man, checked to list only members and payloads within the cap. */
+static pulse_status close_round(round_state *s, pulse_status st) {
+  pulse_loco_collab *c = s->c;
+  pulse_loco_collab_info *info = s->info;
+  if (st == PULSE_OK)
+    st = collab_get_manifest(c, s->r, &s->k, s->own, s->size,
+                             s->own ? s->done : 0, s->leaving, &s->man, s->src,
+                             sizeof s->src, info);
+  info->takeovers = s->k;
+  if (st == PULSE_OK) {
+    const loco_manifest *man = &s->man;
+    info->writer = man->coordinator;
+    for (size_t j = 0; j < man->ncontrib && st == PULSE_OK; j++)
+      if (loco_member_find(c->members, c->nmembers, man->contrib[j].id) < 0 ||
+          man->contrib[j].bytes > loco_payload_cap(c->ctx->n))
+        st = pulse_fail(PULSE_ERR_CORRUPT,
+                        "loco collab: manifest of round %" PRIu64
+                        " lists a non-member or an oversized payload",
+                        s->r);
+  }
+  return st;
+}
+
+/* Re-serve the manifest at once: a writer taking over if the source dies
+ * adopts it from here. */
+static pulse_status serve_manifest(round_state *s) {
+  pulse_loco_collab *c = s->c;
+  pulse_bytebuf mb = PULSE_BYTEBUF_INIT;
+  char path[96];
+  snprintf(path, sizeof path, "/v1/loco/round/%" PRIu64 "/manifest", s->r);
+  pulse_status st = loco_manifest_write(&s->man, &mb);
+  int writer = s->man.coordinator == c->id && strcmp(s->src, c->url) == 0;
+  test_stall(c, s->r, writer, 1);
+  if (st == PULSE_OK)
+    st = loco_server_put(c->srv, path, mb.data, mb.size);
+  pulse_bytebuf_free(&mb);
+  test_stall(c, s->r, writer, 2);
+  return st;
+}
+
+/* The partitioned finish; *over when it ended the round (else a failed
+ * exchange was settled: the round goes on all-to-all). */
+static pulse_status finish_partitioned(round_state *s, int *over) {
+  pulse_loco_collab *c = s->c;
+  pulse_loco_collab_info *info = s->info;
+  pulse_status st;
+  *over = 1;
+  if (s->own == NULL || !s->listed) {
+    /* No payload of its own in the round: the state of r + 1 from a
+     * contributor, without fetching their payloads. */
+    if (c->ctx->prepared)
+      pulse_loco_abandon(c->ctx, 0);
+    st = collab_catch_up(c, s->r + 1, s->src, &s->man, s->theta_r,
+                         collab_catch_up_window(c));
+    info->resynced = st == PULSE_OK;
+    info->contributors = (uint32_t)s->C;
+    for (size_t j = 0; j < s->C; j++)
+      info->samples += s->man.contrib[j].samples;
+    return st;
+  }
+  int self_dropped = 0, imported = 0;
+  if (collab_reduce_partitioned(c, s->r, s->src, &s->man, s->own, s->size,
+                                s->theta_r, info,
+                                &self_dropped) == PULSE_OK) {
+    st = collab_publish_outcome(c, s->r, 1);
+    s->state_served = st == PULSE_OK;
+    return st;
+  }
+  /* Failed (a peer's blob never came: killed mid-exchange, or an
+   * offender): a contributor that finished wins, else the round is
+   * finished all-to-all by those that answered. */
+  st = collab_settle_failed(c, s->r, s->src, &s->man, s->t, !self_dropped,
+                            s->done, s->ex_end + 2u * c->opts.claim_timeout_ms,
+                            s->theta_r, info, &imported);
+  if (st != PULSE_OK || imported)
+    return st;
+  s->settled = 1;
+  s->ex_end = loco_now_ms() + collab_exchange_ms(c);
+  *over = 0;
+  return PULSE_OK;
+}
+
+/* The all-to-all finish: the listed payloads, from their senders and
+ * relays; settles when one never came. */
+static pulse_status finish_all_to_all(round_state *s) {
+  pulse_loco_collab *c = s->c;
+  pulse_status st = PULSE_OK;
+  if (s->own != NULL && s->listed) {
+    /* Its own payload as a relay at once, as every payload it fetches. */
+    char path[96];
+    snprintf(path, sizeof path, "/v1/loco/round/%" PRIu64 "/from/%u", s->r,
+             c->id);
+    st = loco_server_put(c->srv, path, s->own, s->size);
+  }
+  if (st == PULSE_OK)
+    test_stall(c, s->r, 0, 3);
+  while (st == PULSE_OK) {
+    int complete = 0, imported = 0;
+    st = collab_finish_listed(c, s->r, s->src, &s->man, s->t, s->urls, s->set,
+                              s->own, s->size, s->done, s->ex_end, s->theta_r,
+                              s->info, &complete);
+    if (st != PULSE_OK)
+      break;
+    if (complete) {
+      if (!s->settled) {
+        st = collab_publish_outcome(c, s->r, 1);
+        s->state_served = st == PULSE_OK;
+      }
+      break;
+    }
+    if (s->settled || s->own == NULL || !s->listed) {
+      st = collab_import_finished(c, s->r, s->src, &s->man, s->t, s->theta_r,
+                                  s->info);
+      break;
+    }
+    /* A listed payload never came, from its sender or any relay (its
+     * sender died before anyone fetched it): as a failed partitioned
+     * exchange, a contributor that finished wins, else the round is
+     * finished all-to-all by those that said "failed". */
+    st = collab_settle_failed(c, s->r, s->src, &s->man, s->t, 1, s->done,
+                              s->ex_end + 2u * c->opts.claim_timeout_ms,
+                              s->theta_r, s->info, &imported);
+    if (imported)
+      break;
+    s->settled = 1;
+    s->ex_end = loco_now_ms() + collab_exchange_ms(c);
+  }
+  return st;
+}
+
+/* The finish of round r over the manifest (st: the manifest's serving):
+ * partitioned, else (or after a failed exchange) all-to-all. */
+static pulse_status finish_round(round_state *s, pulse_status st) {
+  pulse_loco_collab *c = s->c;
+  s->C = s->man.ncontrib;
+  for (size_t j = 0; j < s->C; j++)
+    s->listed |= s->man.contrib[j].id == c->id;
+  s->t = calloc(s->C, sizeof *s->t);
+  s->urls = calloc(s->C, sizeof *s->urls);
+  s->set = calloc(s->C, sizeof *s->set);
+  if (st == PULSE_OK && (!s->t || !s->urls || !s->set))
+    st = pulse_fail(PULSE_ERR_NOMEM, "loco collab: round %" PRIu64, s->r);
+  s->ex_end = loco_now_ms() + collab_exchange_ms(c);
+  int over = 0;
+  if (st == PULSE_OK && c->opts.partitioned)
+    st = finish_partitioned(s, &over);
+  if (st == PULSE_OK && !over)
+    st = finish_all_to_all(s);
+  for (size_t j = 0; s->t && j < s->C; j++)
+    pulse_bytebuf_free(&s->t[j].body);
+  free(s->t), free(s->urls), free(s->set);
+  return st;
+}
+
+/* Partitioned: a contributor that left still serves blobs the others
+ * fetch (its reduced range, its verdict) until every member of r + 1
+ * says it finished r; those acknowledgements go to it as to the source.
+ * Their URLs into gone (at most cap). */
+static size_t gone_contributors(const round_state *s, char (*gone)[64],
+                                size_t cap) {
+  const pulse_loco_collab *c = s->c;
+  const loco_manifest *man = &s->man;
+  size_t ngone = 0;
+  for (size_t j = 0; s->info->partitioned && j < man->ncontrib; j++) {
+    uint32_t id = man->contrib[j].id;
+    const char *u = collab_url_of(c, id);
+    if (id != c->id && u[0] != '\0' && strcmp(u, s->src) != 0 &&
+        loco_member_find(man->members, man->nmembers, id) < 0 && ngone < cap)
+      snprintf(gone[ngone++], sizeof gone[0], "%s", u);
+  }
+  return ngone;
+}
+
+/* A finished round: the next round's members, lingering when leaving, the
+ * state and view served, the round acknowledged. */
+static pulse_status end_round(round_state *s) {
+  pulse_loco_collab *c = s->c;
+  pulse_loco_collab_info *info = s->info;
+  const loco_manifest *man = &s->man;
+  pulse_status st = PULSE_OK;
+  info->left = s->leaving && info->self_included;
+  char gone[LOCO_MAX_MEMBERS > 64 ? 64 : LOCO_MAX_MEMBERS][64];
+  size_t ngone = gone_contributors(s, gone, sizeof gone / sizeof gone[0]);
+  collab_set_members(c, man->members, man->nmembers);
+  if (info->left && (strcmp(s->src, c->url) == 0 || info->partitioned))
+    linger(c, s->r, man);
+  if (!info->left && loco_member_find(man->members, man->nmembers, c->id) < 0) {
+    c->dropped = 1;
+    snprintf(c->rejoin_url, sizeof c->rejoin_url, "%s", s->src);
+    info->dropped = 1;
+  }
+  if (!s->state_served) /* collab_publish_outcome served it already */
+    st = collab_publish_state(c);
+  if (st == PULSE_OK)
+    st = collab_publish_view(c);
+  ack_round(c, s->src, s->r);
+  for (size_t g = 0; g < ngone; g++)
+    ack_round(c, gone[g], s->r);
+  return st;
+}
+
+/* The round's last part, however it ended but on an error: drops old
+ * blobs, fills info's totals. */
+static pulse_status round_tail(round_state *s, pulse_status st) {
+  pulse_loco_collab *c = s->c;
+  pulse_loco_collab_info *info = s->info;
+  uint64_t r = s->r;
+  /* Payloads and relays of the last two rounds, manifests of more. */
+  loco_server_drop_except(c->srv, "/v1/loco/round/", r > 0 ? r - 1 : 0,
+                          "/manifest");
+  if (r > MANIFESTS_KEPT)
+    loco_server_drop(c->srv, "/v1/loco/round/", r - MANIFESTS_KEPT);
+  info->bytes_in = c->fetched;
+  info->bytes_out = loco_server_bytes_served(c->srv) - s->served0 + c->pushed;
+  update_bandwidth(c);
+  info->wall_ms = loco_now_ms() - s->t0;
+  if (info->max_step == 0) {
+    pthread_mutex_lock(&c->lock);
+    if (c->table_round == r)
+      info->max_step = c->max_step;
+    pthread_mutex_unlock(&c->lock);
+  }
+  return st;
+}
+
 pulse_status pulse_loco_collab_round(pulse_loco_collab *c, float *theta_r,
                                      uint64_t b,
                                      pulse_loco_collab_step_fn step,
@@ -270,218 +560,48 @@ pulse_status pulse_loco_collab_round(pulse_loco_collab *c, float *theta_r,
     return pulse_fail(PULSE_ERR_ARG,
                       "loco collab: not a member (start or join first)");
   info->members = (uint32_t)c->nmembers;
-  uint32_t k = 0;
+  round_state s;
+  memset(&s, 0, sizeof s);
+  s.c = c, s.r = r, s.theta_r = theta_r, s.info = info;
+  s.t0 = t0, s.served0 = served0;
   if (pulse_loco_collab_writer(c->members, c->nmembers, r, 0) == c->id) {
     pthread_mutex_lock(&c->lock);
     collab_open_table(c, r, 0);
     pthread_mutex_unlock(&c->lock);
   }
-  uint64_t done = 0;
   claim_end how = GO_ON;
   pulse_status st =
-      accumulate(c, r, &k, theta_r, b, step, user, &done, info, &how);
+      accumulate(c, r, &s.k, theta_r, b, step, user, &s.done, info, &how);
   if (st != PULSE_OK)
     return st;
-  collab_publish_own_progress(c, r, done, info->busy_ms);
-  char src[64] = "";
-  loco_manifest man;
-  memset(&man, 0, sizeof man);
+  collab_publish_own_progress(c, r, s.done, info->busy_ms);
   if (how == NOT_MEMBER) {
-    c->dropped = 1;
-    snprintf(c->rejoin_url, sizeof c->rejoin_url, "%s",
-             collab_url_of(
-                 c, pulse_loco_collab_writer(c->members, c->nmembers, r, k)));
-    info->dropped = 1;
-    goto out;
+    mark_dropped(&s);
+    return round_tail(&s, st);
   }
-  int leaving = (flags & PULSE_LOCO_COLLAB_LEAVING) && done > 0;
-  const uint8_t *payload = NULL;
-  size_t size = 0;
-  uint8_t *own = NULL;
-  if (how == FULL && done > 0) {
-    PULSE_TRY(pulse_loco_prepare(c->ctx, theta_r, done,
-                                 leaving ? PULSE_LOCO_LEAVING : 0, &payload,
-                                 &size, NULL));
-    own = malloc(size);
-    if (own == NULL) {
-      pulse_loco_abandon(c->ctx, 0);
-      return pulse_fail(PULSE_ERR_NOMEM, "loco collab: payload copy");
-    }
-    memcpy(own, payload, size);
-    info->payload_bytes = size;
-    char path[64];
-    snprintf(path, sizeof path, "/v1/loco/round/%" PRIu64, r);
-    st = loco_server_put(c->srv, path, own, size);
-    if (st == PULSE_OK && c->host_url[0] != '\0') /* client mode */
-      st = collab_client_push(c, r, own, size);
+  s.leaving = (flags & PULSE_LOCO_COLLAB_LEAVING) && s.done > 0;
+  if (how == FULL && s.done > 0) {
+    PULSE_TRY(prepare_own(&s));
+    st = serve_own(&s);
   }
-  if (st == PULSE_OK)
-    st = collab_get_manifest(c, r, &k, own, size, own ? done : 0, leaving, &man,
-                             src, sizeof src, info);
-  info->takeovers = k;
-  if (st == PULSE_OK) {
-    info->writer = man.coordinator;
-    for (size_t j = 0; j < man.ncontrib && st == PULSE_OK; j++)
-      if (loco_member_find(c->members, c->nmembers, man.contrib[j].id) < 0 ||
-          man.contrib[j].bytes > loco_payload_cap(c->ctx->n))
-        st = pulse_fail(PULSE_ERR_CORRUPT,
-                        "loco collab: manifest of round %" PRIu64
-                        " lists a non-member or an oversized payload",
-                        r);
-  }
+  st = close_round(&s, st);
   if (st != PULSE_OK) {
     if (c->ctx->prepared)
       pulse_loco_abandon(c->ctx, 0); /* keep rule: all of s stays in e */
-    free(own);
-    loco_manifest_free(&man);
+    free(s.own);
+    loco_manifest_free(&s.man);
     return st;
   }
-  /* Re-serve the manifest at once: a writer taking over if the source dies
-   * adopts it from here. */
-  pulse_bytebuf mb = PULSE_BYTEBUF_INIT;
-  char path[96];
-  snprintf(path, sizeof path, "/v1/loco/round/%" PRIu64 "/manifest", r);
-  st = loco_manifest_write(&man, &mb);
-  int writer = man.coordinator == c->id && strcmp(src, c->url) == 0;
-  test_stall(c, r, writer, 1);
-  if (st == PULSE_OK)
-    st = loco_server_put(c->srv, path, mb.data, mb.size);
-  pulse_bytebuf_free(&mb);
-  test_stall(c, r, writer, 2);
-  size_t C = man.ncontrib;
-  int listed = 0, settled = 0, state_served = 0;
-  for (size_t j = 0; j < C; j++)
-    listed |= man.contrib[j].id == c->id;
-  loco_fetch *t = calloc(C, sizeof *t);
-  char(*urls)[160] = calloc(C, sizeof *urls);
-  pulse_loco_contribution *set = calloc(C, sizeof *set);
-  if (st == PULSE_OK && (!t || !urls || !set))
-    st = pulse_fail(PULSE_ERR_NOMEM, "loco collab: round %" PRIu64, r);
-  uint64_t ex_end = loco_now_ms() + collab_exchange_ms(c);
-  if (st == PULSE_OK && c->opts.partitioned && (own == NULL || !listed)) {
-    /* No payload of its own in the round: the state of r + 1 from a
-     * contributor, without fetching their payloads. */
-    if (c->ctx->prepared)
-      pulse_loco_abandon(c->ctx, 0);
-    st = collab_catch_up(c, r + 1, src, &man, theta_r,
-                         collab_catch_up_window(c));
-    info->resynced = st == PULSE_OK;
-    info->contributors = (uint32_t)C;
-    for (size_t j = 0; j < C; j++)
-      info->samples += man.contrib[j].samples;
-    goto finished;
-  }
-  if (st == PULSE_OK && c->opts.partitioned) {
-    int self_dropped = 0, imported = 0;
-    if (collab_reduce_partitioned(c, r, src, &man, own, size, theta_r, info,
-                                  &self_dropped) == PULSE_OK) {
-      st = collab_publish_outcome(c, r, 1);
-      state_served = st == PULSE_OK;
-      goto finished;
-    }
-    /* Failed (a peer's blob never came: killed mid-exchange, or an
-     * offender): a contributor that finished wins, else the round is
-     * finished all-to-all by those that answered. */
-    st = collab_settle_failed(c, r, src, &man, t, !self_dropped, done,
-                              ex_end + 2u * c->opts.claim_timeout_ms, theta_r,
-                              info, &imported);
-    if (st != PULSE_OK || imported)
-      goto finished;
-    settled = 1;
-    ex_end = loco_now_ms() + collab_exchange_ms(c);
-  }
-  if (st == PULSE_OK && own != NULL && listed) {
-    /* Its own payload as a relay at once, as every payload it fetches. */
-    snprintf(path, sizeof path, "/v1/loco/round/%" PRIu64 "/from/%u", r, c->id);
-    st = loco_server_put(c->srv, path, own, size);
-  }
-  if (st == PULSE_OK)
-    test_stall(c, r, 0, 3);
-  while (st == PULSE_OK) {
-    int complete = 0, imported = 0;
-    st = collab_finish_listed(c, r, src, &man, t, urls, set, own, size, done,
-                              ex_end, theta_r, info, &complete);
-    if (st != PULSE_OK)
-      break;
-    if (complete) {
-      if (!settled) {
-        st = collab_publish_outcome(c, r, 1);
-        state_served = st == PULSE_OK;
-      }
-      break;
-    }
-    if (settled || own == NULL || !listed) {
-      st = collab_import_finished(c, r, src, &man, t, theta_r, info);
-      break;
-    }
-    /* A listed payload never came, from its sender or any relay (its
-     * sender died before anyone fetched it): as a failed partitioned
-     * exchange, a contributor that finished wins, else the round is
-     * finished all-to-all by those that said "failed". */
-    st = collab_settle_failed(c, r, src, &man, t, 1, done,
-                              ex_end + 2u * c->opts.claim_timeout_ms, theta_r,
-                              info, &imported);
-    if (imported)
-      break;
-    settled = 1;
-    ex_end = loco_now_ms() + collab_exchange_ms(c);
-  }
-finished:
-  for (size_t j = 0; t && j < C; j++)
-    pulse_bytebuf_free(&t[j].body);
-  free(t), free(urls), free(set);
-  free(own);
+  st = serve_manifest(&s);
+  st = finish_round(&s, st);
+  free(s.own);
   if (c->ctx->prepared)
     pulse_loco_abandon(c->ctx, 0);
   if (st != PULSE_OK) {
-    loco_manifest_free(&man);
+    loco_manifest_free(&s.man);
     return st;
   }
-  info->left = leaving && info->self_included;
-  /* Partitioned: a contributor that left still serves blobs the others
-   * fetch (its reduced range, its verdict) until every member of r + 1
-   * says it finished r; those acknowledgements go to it as to the source. */
-  char gone[LOCO_MAX_MEMBERS > 64 ? 64 : LOCO_MAX_MEMBERS][64];
-  size_t ngone = 0;
-  for (size_t j = 0; info->partitioned && j < man.ncontrib; j++) {
-    uint32_t id = man.contrib[j].id;
-    const char *u = collab_url_of(c, id);
-    if (id != c->id && u[0] != '\0' && strcmp(u, src) != 0 &&
-        loco_member_find(man.members, man.nmembers, id) < 0 &&
-        ngone < sizeof gone / sizeof gone[0])
-      snprintf(gone[ngone++], sizeof gone[0], "%s", u);
-  }
-  collab_set_members(c, man.members, man.nmembers);
-  if (info->left && (strcmp(src, c->url) == 0 || info->partitioned))
-    linger(c, r, &man);
-  if (!info->left && loco_member_find(man.members, man.nmembers, c->id) < 0) {
-    c->dropped = 1;
-    snprintf(c->rejoin_url, sizeof c->rejoin_url, "%s", src);
-    info->dropped = 1;
-  }
-  if (!state_served) /* collab_publish_outcome served it already */
-    st = collab_publish_state(c);
-  if (st == PULSE_OK)
-    st = collab_publish_view(c);
-  ack_round(c, src, r);
-  for (size_t g = 0; g < ngone; g++)
-    ack_round(c, gone[g], r);
-  loco_manifest_free(&man);
-out:
-  /* Payloads and relays of the last two rounds, manifests of more. */
-  loco_server_drop_except(c->srv, "/v1/loco/round/", r > 0 ? r - 1 : 0,
-                          "/manifest");
-  if (r > MANIFESTS_KEPT)
-    loco_server_drop(c->srv, "/v1/loco/round/", r - MANIFESTS_KEPT);
-  info->bytes_in = c->fetched;
-  info->bytes_out = loco_server_bytes_served(c->srv) - served0 + c->pushed;
-  update_bandwidth(c);
-  info->wall_ms = loco_now_ms() - t0;
-  if (info->max_step == 0) {
-    pthread_mutex_lock(&c->lock);
-    if (c->table_round == r)
-      info->max_step = c->max_step;
-    pthread_mutex_unlock(&c->lock);
-  }
-  return st;
+  st = end_round(&s);
+  loco_manifest_free(&s.man);
+  return round_tail(&s, st);
 }
