@@ -1,0 +1,47 @@
+/* bench_loco_problem.c - what every child of `pulse-bench loco` shares: the
+ * problem each builds alike, the parent's check that it can be built, and
+ * a child's error line. */
+#include <stdio.h>
+
+#include "bench_loco_impl.h"
+
+/* The problem every process builds alike (same seed, same data split and
+ * initial weights); --lr 0 (the default) is the problem's own rate. */
+pulse_tk_problem *bench_loco_make_problem(const loco_args *a) {
+  pulse_tk_problem_opts po = PULSE_TK_PROBLEM_OPTS_INIT;
+  po.seed = a->seed;
+  po.kind = a->problem;
+  po.text_path = a->text_path;
+  if (a->lr > 0)
+    po.lr = (float)a->lr;
+  else if (a->problem == PULSE_TK_PROBLEM_TEXT)
+    po.lr = PULSE_TK_TEXT_LR;
+  po.hidden = pulse_tk_problem_hidden_for(&po, a->params);
+  pulse_tk_problem *p = NULL;
+  if (pulse_tk_problem_create(&po, &p) != PULSE_OK)
+    return NULL;
+  return p;
+}
+
+/* Checks, before any process starts, that the problem can be built: the
+ * text problem reads files that may be missing. @return 0 when it can. */
+int bench_loco_check_problem(const loco_args *a, uint64_t *bytes,
+                             uint64_t *digest, uint64_t *P) {
+  pulse_tk_problem *p = bench_loco_make_problem(a);
+  if (p == NULL) {
+    fprintf(stderr, PROG ": cannot build the %s problem: %s\n",
+            a->problem == PULSE_TK_PROBLEM_TEXT ? "text" : "teacher",
+            pulse_error_detail());
+    return 1;
+  }
+  pulse_tk_problem_data(p, bytes, digest);
+  *P = pulse_tk_problem_param_count(p);
+  pulse_tk_problem_free(p);
+  return 0;
+}
+
+int bench_loco_child_fail(int out, const char *what, pulse_status st) {
+  dprintf(out, "error %s: %s (%s): %s\n", what, pulse_status_str(st),
+          pulse_status_name(st), pulse_error_detail());
+  return 1;
+}

@@ -1,0 +1,199 @@
+/* bench_loco_summary.c - the summary of a `pulse-bench loco` run: totals
+ * per method over the rounds, the ratios and targets against the
+ * baselines, PULSELoCo's exchange (drift, re-syncs, datagrams,
+ * authentication, round times), as one JSON object or as text. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench_loco_impl.h"
+
+static double ratio(uint64_t a, uint64_t b) {
+  return b ? (double)a / (double)b : 0.0;
+}
+
+/* The drift over all trainer pairs and the spread of round wall times. */
+static void sum_up_pairs_and_times(const bench *b, totals *t) {
+  uint32_t R = b->a.rounds, n = 0;
+  double *rt = malloc(R * sizeof *rt), *xt = malloc(R * sizeof *xt);
+  for (uint32_t r = 1; r <= R; r++) {
+    const round_row *w = &b->rows[r];
+    if (w->pair_measured) {
+      t->pair_rounds++;
+      if (w->pair_drift > t->max_pair_drift)
+        t->max_pair_drift = w->pair_drift;
+    }
+    if (rt && xt && w->have[PULSELOCO])
+      rt[n] = (double)w->round_ms, xt[n++] = (double)w->exchange_ms;
+  }
+  bench_time_stats_of(rt, n, &t->round_t);
+  bench_time_stats_of(xt, n, &t->exchange_t);
+  free(rt), free(xt);
+}
+
+void bench_loco_sum_up(const bench *b, totals *t) {
+  memset(t, 0, sizeof *t);
+  const round_row *last = &b->rows[b->a.rounds];
+  for (uint32_t r = 1; r <= b->a.rounds; r++) {
+    const round_row *w = &b->rows[r];
+    for (int m = 0; m < METHODS; m++) {
+      t->bytes[m] += w->bytes[m], t->wire[m] += w->wire[m];
+      if (w->message[m] > t->message[m])
+        t->message[m] = w->message[m];
+    }
+    t->entries += w->sent;
+    t->update_bias += w->bias / (double)b->a.rounds;
+    if (w->drift > t->max_drift)
+      t->max_drift = w->drift;
+    if (w->replay_drift > t->max_replay_drift)
+      t->max_replay_drift = w->replay_drift;
+    t->round_ms += (double)w->round_ms / (double)b->a.rounds;
+    t->exchange_ms += (double)w->exchange_ms / (double)b->a.rounds;
+    t->resynced_ranges += w->resynced_ranges;
+    t->resync_bytes += w->resync_bytes;
+    t->dgram_sent += w->dgram_sent, t->dgram_dropped += w->dgram_dropped;
+    t->chunks_accepted += w->chunks_accepted;
+    t->chunks_refused += w->chunks_refused;
+  }
+  for (int m = 0; m < METHODS; m++) {
+    t->final_loss[m] = last->loss[m];
+    t->reduction[m] = ratio(t->wire[m], t->wire[PULSELOCO]);
+    t->gap[m] =
+        last->loss[m] > 0 ? last->loss[PULSELOCO] / last->loss[m] - 1.0 : 0.0;
+  }
+  sum_up_pairs_and_times(b, t);
+  t->t10 = t->wire[PULSELOCO] * 10 <= t->wire[REFERENCE];
+  t->t100 = t->wire[PULSELOCO] * 100 <= t->wire[DDP_FP32];
+  t->t2 = t->gap[REFERENCE] <= 0.02;
+}
+
+static const char *yes(int v) {
+  return v ? "true" : "false";
+}
+
+void bench_loco_print_summary_json(const bench *b, const totals *t,
+                                   double seconds, int identical) {
+  const loco_args *a = &b->a;
+  double per = (double)a->trainers * a->rounds;
+  printf("{\"summary\":true,\"trainers\":%u,\"rounds\":%u,\"inner\":%u,"
+         "\"params\":%" PRIu64 ",\"seed\":%" PRIu64
+         ",\"drop_rate\":%g,\"baseline\":\"%s\"",
+         a->trainers, a->rounds, a->inner, b->P, a->seed, a->drop_rate,
+         bench_loco_method[REFERENCE].key);
+  for (int m = 0; m < METHODS; m++) {
+    const char *k = bench_loco_method[m].key;
+    printf(",\"bytes_%s\":%" PRIu64 ",\"wire_bytes_%s\":%" PRIu64
+           ",\"wire_bytes_per_trainer_round_%s\":%.1f,\"final_loss_%s\":%.6f",
+           k, t->bytes[m], k, t->wire[m], k, (double)t->wire[m] / per, k,
+           t->final_loss[m]);
+    if (m != PULSELOCO)
+      printf(",\"message_bytes_%s\":%" PRIu64 ",\"reduction_vs_%s\":%.2f"
+             ",\"pulseloco_vs_%s_loss\":%.5f",
+             k, t->message[m], k, t->reduction[m], k, t->gap[m]);
+  }
+  /* The arm's figures (issue 16): PULSELoCo under its rule and loss. */
+  printf(",\"rule\":\"%s\",\"final_loss\":%.6f,\"bytes_per_trainer\":%.1f,"
+         "\"update_bias\":%.5f",
+         pulse_loco_rule_name(a->rule), t->final_loss[PULSELOCO],
+         (double)t->bytes[PULSELOCO] / a->trainers, t->update_bias);
+  printf(",\"problem\":\"%s\",\"text_bytes\":%" PRIu64
+         ",\"text_digest\":\"%016" PRIx64 "\",\"max_drift\":%.6g,"
+         "\"drift_rounds_measured\":%u,\"max_ref_drift\":%.6g,"
+         "\"round_ms_median\":%.1f,\"round_ms_p10\":%.1f,"
+         "\"round_ms_p90\":%.1f,\"exchange_ms_median\":%.1f",
+         a->problem == PULSE_TK_PROBLEM_TEXT ? "text" : "teacher",
+         b->text_bytes, b->text_digest, t->max_pair_drift, t->pair_rounds,
+         t->max_drift, t->round_t.median, t->round_t.p10, t->round_t.p90,
+         t->exchange_t.median);
+  printf(",\"auth\":%s,\"auth_accepted\":%" PRIu64 ",\"auth_refused\":%" PRIu64,
+         a->no_auth ? "false" : "true", b->auth_accepted, b->auth_refused);
+  printf(",\"transport\":\"%s\",\"drop\":%g,"
+         "\"max_replay_drift\":%.6g,\"drift_budget\":%g,\"resync_period\":%u,"
+         "\"resynced_ranges\":%" PRIu64 ",\"resync_bytes\":%" PRIu64
+         ",\"datagrams_sent\":%" PRIu64 ",\"datagrams_dropped\":%" PRIu64
+         ",\"chunks_accepted\":%" PRIu64 ",\"chunks_refused\":%" PRIu64
+         ",\"round_ms\":%.1f,\"exchange_ms\":%.1f",
+         a->transport == PULSE_LOCO_TRANSPORT_UDP ? "udp" : "http", a->drop,
+         t->max_replay_drift, a->drift_budget, a->resync_period,
+         t->resynced_ranges, t->resync_bytes, t->dgram_sent, t->dgram_dropped,
+         t->chunks_accepted, t->chunks_refused, t->round_ms, t->exchange_ms);
+  printf(",\"bytes_per_entry_pulseloco\":%.3f,\"initial_loss\":%.6f,"
+         "\"loss_floor\":%.6f,\"target_10x_diloco_bf16\":%s,"
+         "\"target_100x_ddp_fp32\":%s,\"target_loss_2pct_diloco_bf16\":%s,"
+         "\"replicas_identical\":%s,\"seconds\":%.2f}\n",
+         ratio(t->bytes[PULSELOCO], t->entries), b->init_loss, b->floor,
+         yes(t->t10), yes(t->t100), yes(t->t2), yes(identical), seconds);
+}
+
+/* PULSELoCo against the baselines and the targets. */
+static void print_versus_text(const bench *b, const totals *t) {
+  const loco_args *a = &b->a;
+  printf("  PULSELoCo: final loss %+.2f%% vs DiLoCo-BF16 (%+.2f%% vs "
+         "DiLoCo-FP32), %.2f B per sent entry, %.2f%% of the entries sent\n",
+         100.0 * t->gap[DILOCO_BF16], 100.0 * t->gap[DILOCO_FP32],
+         ratio(t->bytes[PULSELOCO], t->entries),
+         100.0 * (double)t->entries /
+             ((double)b->P * (double)a->trainers * (double)a->rounds));
+  printf("  PULSELoCo puts %.1fx fewer bytes on the wire than DiLoCo-BF16 "
+         "(FP32: %.1fx), %.1fx fewer than DDP-FP32\n",
+         t->reduction[DILOCO_BF16], t->reduction[DILOCO_FP32],
+         t->reduction[DDP_FP32]);
+  printf("  targets: >= 10x fewer than DiLoCo-BF16: %s; >= 100x fewer than "
+         "DDP-FP32: %s; final loss within 2%% of DiLoCo-BF16's: %s\n",
+         t->t10 ? "met" : "MISSED", t->t100 ? "met" : "MISSED",
+         t->t2 ? "met" : "MISSED");
+}
+
+void bench_loco_print_summary_text(const bench *b, const totals *t,
+                                   double seconds, int identical) {
+  const loco_args *a = &b->a;
+  double per = (double)a->trainers * a->rounds;
+  printf("\nsummary: %" PRIu64
+         " parameters, %u trainers, %u rounds x %u inner steps, seed %" PRIu64
+         "\n  held-out loss: start %.5f, floor %.5f (the teacher's entropy; "
+         "text: 0, unknown)\n"
+         "  %-12s %14s %14s %20s %11s\n",
+         b->P, a->trainers, a->rounds, a->inner, a->seed, b->init_loss,
+         b->floor, "method", "bytes sent", "on the wire",
+         "wire B/trainer/round", "final loss");
+  /* --only-pulseloco: the baselines did not run; leave them out. */
+  for (int m = a->only_pulseloco ? PULSELOCO : 0; m < METHODS; m++)
+    printf("  %-12s %14" PRIu64 " %14" PRIu64 " %20.0f %11.5f\n",
+           bench_loco_method[m].name, t->bytes[m], t->wire[m],
+           (double)t->wire[m] / per, t->final_loss[m]);
+  if (a->only_pulseloco)
+    printf("  PULSELoCo: %.2f B per sent entry, %.2f%% of the entries sent "
+           "(baselines not run)\n",
+           ratio(t->bytes[PULSELOCO], t->entries),
+           100.0 * (double)t->entries /
+               ((double)b->P * (double)a->trainers * (double)a->rounds));
+  else
+    print_versus_text(b, t);
+  printf("  PULSELoCo rule %s: update bias %.4f (1 = unbiased; mean over "
+         "rounds against a lossless replay of each)\n",
+         pulse_loco_rule_name(a->rule), t->update_bias);
+  if (a->transport == PULSE_LOCO_TRANSPORT_UDP)
+    printf("  over UDP, each datagram lost with p = %g: %" PRIu64
+           " sent, %" PRIu64 " lost, %" PRIu64
+           " refused; drift against the reference before "
+           "re-sync %.3g (budget %g), %" PRIu64 " ranges re-synced (%" PRIu64
+           " bytes)\n",
+           a->drop, t->dgram_sent, t->dgram_dropped, t->chunks_refused,
+           t->max_drift, a->drift_budget, t->resynced_ranges, t->resync_bytes);
+  printf("  max drift over all trainer pairs (after a round's aggregate, "
+         "before re-sync): %.3g (%u of %u rounds measured)\n",
+         t->max_pair_drift, t->pair_rounds, a->rounds);
+  printf("  a round: %.0f ms (trainer 0: inner steps and exchange; median "
+         "%.0f, 10-90%% %.0f-%.0f), the exchange %.0f ms (median %.0f)\n",
+         t->round_ms, t->round_t.median, t->round_t.p10, t->round_t.p90,
+         t->exchange_ms, t->exchange_t.median);
+  if (a->no_auth)
+    printf("  authentication off (--no-auth)\n");
+  else
+    printf("  authentication on (Ed25519, every trainer's key pinned): %" PRIu64
+           " bodies accepted, %" PRIu64 " bodies or datagrams refused\n",
+           b->auth_accepted, b->auth_refused);
+  printf("  replicas identical at the end: %s; %.1f s\n",
+         identical ? "yes" : "NO", seconds);
+}
