@@ -157,10 +157,13 @@ typedef enum {
   PULSE_POS_PLAIN = 0,
   /* Positions as ranks within the class of the old exponent; about 30%
    * fewer position bytes, decoding reads the whole base tensor. */
-  PULSE_POS_CLASS = 1
+  PULSE_POS_CLASS = 1,
+  /* Not a format: where an API says so (PULSELoCo payloads), code both and
+   * keep the smaller. The patch encoder refuses it. */
+  PULSE_POS_AUTO = 255
 } pulse_pos_model;
 
-/* Encoder options; start from PULSE_ENCODE_OPTS_INIT. */
+/* Encoder options; start from pulse_encode_opts_init. */
 typedef struct {
   uint32_t struct_version; /* PULSE_ENCODE_OPTS_VERSION */
   uint64_t step;           /* step of the target state */
@@ -173,8 +176,9 @@ typedef struct {
 
 #define PULSE_ENCODE_OPTS_VERSION 2u
 #define PULSE_CHUNK_LOG2_DEFAULT 20u
-#define PULSE_ENCODE_OPTS_INIT                                                 \
-  {PULSE_ENCODE_OPTS_VERSION, 1, 0, PULSE_POS_CLASS, PULSE_CHUNK_LOG2_DEFAULT, 1, 0}
+/** Sets every field of *opts to its default (struct_version included):
+ * the one way to start options; then set the fields you need. */
+void pulse_encode_opts_init(pulse_encode_opts *opts);
 
 /* One tensor given to the encoder. */
 typedef struct {
@@ -310,7 +314,7 @@ typedef struct {
   const pulse_tensor_digest *digest;
 } pulse_host_tensor;
 
-/* Apply options; start from PULSE_APPLY_OPTS_INIT. */
+/* Apply options; start from pulse_apply_opts_init. */
 typedef struct {
   uint32_t struct_version; /* PULSE_APPLY_OPTS_VERSION */
   int threads;             /* 0 = one per core */
@@ -330,7 +334,9 @@ typedef struct {
 } pulse_apply_opts;
 
 #define PULSE_APPLY_OPTS_VERSION 2u
-#define PULSE_APPLY_OPTS_INIT {PULSE_APPLY_OPTS_VERSION, 1, 0, NULL}
+/** Sets every field of *opts to its default (struct_version included):
+ * the one way to start options; then set the fields you need. */
+void pulse_apply_opts_init(pulse_apply_opts *opts);
 
 
 /** Applies a patch transactionally: every target's base digest is checked,
@@ -354,7 +360,7 @@ typedef struct pulse_patch_staged pulse_patch_staged;
 typedef struct {
   double verify_seconds; /* base and target digest checks */
   double decode_seconds; /* decoding every section into staging */
-} pulse_patch_stage_times;
+} pulse_patch_stage_figures;
 
 /** Every check and decode of pulse_patch_apply, nothing written: on success
  * *out holds the changes, and the targets' data must not change until it is
@@ -378,7 +384,7 @@ void pulse_patch_staged_commit(pulse_patch_staged *staged);
 void pulse_patch_staged_commit_data(pulse_patch_staged *staged);
 void pulse_patch_staged_commit_indexes(pulse_patch_staged *staged);
 
-pulse_patch_stage_times pulse_patch_staged_times(const pulse_patch_staged *staged);
+pulse_patch_stage_figures pulse_patch_staged_figures_get(const pulse_patch_staged *staged);
 
 /** Frees staged changes, committed or not. NULL is fine. */
 void pulse_patch_staged_free(pulse_patch_staged *staged);

@@ -106,11 +106,11 @@ typedef struct {
   double tail_seconds;        /* finish waiting for decodes after the last
                                  byte was fed: the decode not hidden behind
                                  the download */
-} pulse_patch_stream_times;
+} pulse_patch_stream_figures;
 
 /** Time figures (complete after finish). */
-pulse_patch_stream_times
-pulse_patch_stream_times_get(const pulse_patch_stream *s);
+pulse_patch_stream_figures
+pulse_patch_stream_figures_get(const pulse_patch_stream *s);
 
 /** Stops the decode threads and frees the stream, committed or not; the
  * targets are untouched unless committed. NULL is fine. */

@@ -20,7 +20,9 @@
 extern "C" {
 #endif
 
-#define PULSE_SIGN_PUBLIC_BYTES 32
+/* The size of an Ed25519 public key: every key the API takes or gives
+ * (publisher heads, subscribers' pins, trainer-exchange members). */
+#define PULSE_KEY_BYTES 32
 #define PULSE_SIGN_SIGNATURE_BYTES 64
 
 /* A private Ed25519 key (opaque). */
@@ -48,7 +50,7 @@ pulse_status pulse_sign_key_save(const pulse_sign_key *key, const char *path);
 
 /** Copies the 32-byte public key into `pub`. */
 void pulse_sign_key_public(const pulse_sign_key *key,
-                           uint8_t pub[PULSE_SIGN_PUBLIC_BYTES]);
+                           uint8_t pub[PULSE_KEY_BYTES]);
 
 /** Releases a key (its memory is cleansed by OpenSSL). NULL is fine. */
 void pulse_sign_key_free(pulse_sign_key *key);
@@ -61,7 +63,7 @@ pulse_status pulse_sign(const pulse_sign_key *key, const void *msg, size_t len,
 /** Checks an Ed25519 signature of `len` bytes by the public key `pub`.
  * @return PULSE_OK when it is valid; PULSE_ERR_CORRUPT when it is not (or
  * the public key is not a valid point); PULSE_ERR_INTERNAL; PULSE_ERR_ARG. */
-pulse_status pulse_sign_verify(const uint8_t pub[PULSE_SIGN_PUBLIC_BYTES],
+pulse_status pulse_sign_verify(const uint8_t pub[PULSE_KEY_BYTES],
                                const void *msg, size_t len,
                                const uint8_t sig[PULSE_SIGN_SIGNATURE_BYTES]);
 

@@ -107,7 +107,7 @@ pulse_store_head_state_digest(const pulse_store_head *head);
  * signed (its signature was checked by parse), else 0. Whether that key is
  * the one to trust is the caller's decision: compare it with a pinned key. */
 int pulse_store_head_signer(const pulse_store_head *head,
-                            uint8_t pub[PULSE_SIGN_PUBLIC_BYTES]);
+                            uint8_t pub[PULSE_KEY_BYTES]);
 
 /** 1 when the head carries a key rotation record (trainer_side/PROTOCOL.md,
  * "Key rotation"), checked by parse: the key `from` (may be NULL) signed
@@ -115,7 +115,7 @@ int pulse_store_head_signer(const pulse_store_head *head,
  * be NULL) on. A worker that trusts `from` may then trust the signer, and
  * from then on only the signer; else 0. */
 int pulse_store_head_rotation(const pulse_store_head *head,
-                              uint8_t from[PULSE_SIGN_PUBLIC_BYTES],
+                              uint8_t from[PULSE_KEY_BYTES],
                               uint64_t *step);
 
 /** The head's format version: 1 (pulse-head/1) or 2 (pulse-head/2, which
@@ -212,13 +212,14 @@ typedef struct {
   int head_signed;
   size_t strays; /* temporaries and unnamed objects (not an error) */
   char state_digest_hex[65];
-} pulse_store_report;
+} pulse_store_verify_figures;
 
-/* pulse_store_verify flags. */
-#define PULSE_STORE_VERIFY_HASHES 1u /* SHA-256 of every named object */
-#define PULSE_STORE_VERIFY_STATE                                               \
-  2u /* rebuild the head state from the                                        \
-        oldest anchor through every patch */
+/* pulse_store_verify flags (or-ed). */
+typedef enum {
+  PULSE_STORE_VERIFY_HASHES = 1u, /* SHA-256 of every named object */
+  PULSE_STORE_VERIFY_STATE = 2u   /* rebuild the head state from the oldest
+                                     anchor through every patch */
+} pulse_store_verify_flag;
 
 /** Read-only check of a store: the head parses (signature included), every
  * object it names exists with its size, and with the flags their hashes and
@@ -228,7 +229,7 @@ typedef struct {
  * head, or a named object missing); PULSE_ERR_CORRUPT (wrong size, hash,
  * signer or state); or any error of the steps above. */
 pulse_status pulse_store_verify(const char *dir, unsigned flags,
-                                const uint8_t *pinned, pulse_store_report *out);
+                                const uint8_t *pinned, pulse_store_verify_figures *out);
 
 /** SHA-256 of a whole file.
  * @return PULSE_OK; PULSE_ERR_NOT_FOUND; PULSE_ERR_IO; PULSE_ERR_ARG. */

@@ -1,6 +1,13 @@
 /* chunks.c - host-only helpers of the CUDA API, built with or without CUDA. */
+#include <string.h>
 #include "pulse_cuda.h"
 #include "status_impl.h"
+
+void pulse_cuda_detect_opts_init(pulse_cuda_detect_opts *o) {
+  memset(o, 0, sizeof *o);
+  o->struct_version = PULSE_CUDA_DETECT_OPTS_VERSION;
+  o->chunk_log2 = PULSE_CHUNK_LOG2_DEFAULT;
+}
 
 pulse_status pulse_cuda_chunk_count(const pulse_cuda_detect_tensor *table,
                                     size_t count, uint32_t chunk_log2,

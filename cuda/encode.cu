@@ -428,7 +428,8 @@ extern "C" pulse_status pulse_cuda_detect(pulse_cuda_workspace *ws,
                                           uint64_t *tensor_changes,
                                           uint64_t *total, void *stream) {
   pulse_status st = PULSE_OK;
-  pulse_cuda_detect_opts defaults = PULSE_CUDA_DETECT_OPTS_INIT;
+  pulse_cuda_detect_opts defaults;
+  pulse_cuda_detect_opts_init(&defaults);
   pulse_cuda_workspace *temp = NULL;
   pulse_cuda_at at;
   uint64_t found = 0, chunks = 0;
@@ -438,8 +439,7 @@ extern "C" pulse_status pulse_cuda_detect(pulse_cuda_workspace *ws,
     *total = 0;
   if (opts == NULL)
     opts = &defaults;
-  if (opts->struct_version != PULSE_CUDA_DETECT_OPTS_VERSION)
-    return pulse_fail(PULSE_ERR_ARG, "cuda detect: options of another version");
+  PULSE_TRY(PULSE_OPTS_CHECK("cuda detect", opts, PULSE_CUDA_DETECT_OPTS_VERSION));
   PULSE_TRY(pulse_cuda_detect_check_(table, count, opts->chunk_log2));
   if (out != NULL) {
     int given = (out->class_d != NULL) + (out->rank_d != NULL) +

@@ -53,9 +53,7 @@ typedef struct {
 static pulse_status cuda_encode_check_opts(const pulse_encode_opts *opts,
                                            const pulse_cuda_encode_tensor *tensors,
                                            size_t count) {
-  if (opts == NULL || opts->struct_version != PULSE_ENCODE_OPTS_VERSION)
-    return pulse_fail(PULSE_ERR_ARG,
-                      "cuda encode: options missing or of another version");
+  PULSE_TRY(PULSE_OPTS_CHECK("cuda encode", opts, PULSE_ENCODE_OPTS_VERSION));
   if (opts->pos_model != PULSE_POS_PLAIN && opts->pos_model != PULSE_POS_CLASS)
     return pulse_fail(PULSE_ERR_ARG, "cuda encode: unknown position model %d",
                       (int)opts->pos_model);

@@ -324,15 +324,16 @@ pulse_status pulse_cuda_patch_stream_begin(pulse_cuda_workspace *ws, const pulse
                                            const pulse_cuda_target *targets, size_t count,
                                            const pulse_apply_opts *opts, void *stream,
                                            pulse_cuda_patch_stream **out) {
-  pulse_apply_opts defaults = PULSE_APPLY_OPTS_INIT;
+  pulse_apply_opts defaults;
+  pulse_apply_opts_init(&defaults);
   if (opts == NULL)
     opts = &defaults;
   if (out != NULL)
     *out = NULL;
-  if (out == NULL || p == NULL || (targets == NULL && count > 0) ||
-      !pulse_apply_opts_known(opts)) /* class_index: host targets only */
-    return pulse_fail(PULSE_ERR_ARG,
-                      "cuda apply: NULL patch, targets or output, or options of another version");
+  if (out == NULL || p == NULL || (targets == NULL && count > 0))
+    return pulse_fail(PULSE_ERR_ARG, "cuda apply: NULL patch, targets or output");
+  /* class_index: host targets only */
+  PULSE_TRY(PULSE_OPTS_CHECK("cuda apply", opts, PULSE_APPLY_OPTS_VERSION));
   const size_t n = p->count, wide = (n > count ? n : count) + 1;
   pulse_cuda_patch_stream *s = calloc(1, sizeof *s);
   if (s == NULL)

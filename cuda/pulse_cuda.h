@@ -145,7 +145,7 @@ typedef struct {
   uint64_t chunk_capacity; /* chunks chunk_hist_d can hold */
 } pulse_cuda_changes;
 
-/* Detection options; start from PULSE_CUDA_DETECT_OPTS_INIT. */
+/* Detection options; start from pulse_cuda_detect_opts_init. */
 typedef struct {
   uint32_t struct_version; /* PULSE_CUDA_DETECT_OPTS_VERSION */
   uint32_t chunk_log2;     /* chunk of the rank form, 10..30 */
@@ -153,8 +153,9 @@ typedef struct {
 } pulse_cuda_detect_opts;
 
 #define PULSE_CUDA_DETECT_OPTS_VERSION 1u
-#define PULSE_CUDA_DETECT_OPTS_INIT                                            \
-  { PULSE_CUDA_DETECT_OPTS_VERSION, PULSE_CHUNK_LOG2_DEFAULT, 0 }
+/** Sets every field of *opts to its default (struct_version included):
+ * the one way to start options; then set the fields you need. */
+void pulse_cuda_detect_opts_init(pulse_cuda_detect_opts *opts);
 
 /** Chunks of 2^chunk_log2 elements over a table (a tensor of numel elements
  * has ceil(numel / 2^chunk_log2); chunks never span tensors). Host only.

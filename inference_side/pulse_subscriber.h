@@ -3,7 +3,7 @@
  * for bit, to the trainer's newest published step.
  *
  *   static const char *urls[] = {"https://trainer.example:8080"};
- *   pulse_sub_opts o = PULSE_SUB_OPTS_INIT;
+ *   pulse_sub_opts o; pulse_sub_opts_init(&o);
  *   o.urls = urls; o.url_count = 1;
  *   o.cache_dir = "/var/cache/pulse"; o.public_key = pinned_key;  // 32 bytes
  *   pulse_sub *sub;
@@ -65,6 +65,7 @@
 
 #include "pulse_codec.h"
 #include "pulse_region.h"
+#include "pulse_sign.h" /* PULSE_KEY_BYTES */
 #include "pulse_status.h"
 
 #ifdef __cplusplus
@@ -73,7 +74,6 @@ extern "C" {
 
 /* A step that is not known (no state yet, or a state that failed a check). */
 #define PULSE_SUB_NO_STEP UINT64_MAX
-#define PULSE_SUB_KEY_BYTES 32
 
 /* How a sync reached the head. */
 typedef enum {
@@ -134,7 +134,7 @@ typedef struct {
  * pulse_sub_step, pulse_sub_figures_get and pulse_sub_stop. */
 typedef void (*pulse_sub_event_fn)(void *ctx, const pulse_sub_event *event);
 
-/* Subscriber options; start from PULSE_SUB_OPTS_INIT. Strings and arrays are
+/* Subscriber options; start from pulse_sub_opts_init. Strings and arrays are
  * copied by pulse_sub_create. */
 typedef struct {
   uint32_t struct_version; /* PULSE_SUB_OPTS_VERSION */
@@ -231,12 +231,9 @@ typedef struct {
 } pulse_sub_opts;
 
 #define PULSE_SUB_OPTS_VERSION 6u
-#define PULSE_SUB_OPTS_INIT                                                    \
-  {                                                                            \
-    PULSE_SUB_OPTS_VERSION, NULL, 0, NULL, NULL, 0, 0, 10000, 30000, 1024, 30, \
-        6, 200, 5000, 4, (uint64_t)32 << 20, 0, 1, 0, 0, 30000, NULL, NULL,    \
-        NULL, 0, 0, 0, 0, 0, 262144, 30000, NULL, 0                            \
-  }
+/** Sets every field of *opts to its default (struct_version included):
+ * the one way to start options; then set the fields you need. */
+void pulse_sub_opts_init(pulse_sub_opts *opts);
 
 typedef struct pulse_sub pulse_sub;
 
@@ -474,7 +471,7 @@ pulse_status pulse_sub_tensor(pulse_sub *sub, const char *name,
 /** Parses 64 hex digits into a 32-byte public key.
  * @return PULSE_OK or PULSE_ERR_ARG. */
 pulse_status pulse_sub_key_from_hex(const char *hex,
-                                    uint8_t key[PULSE_SUB_KEY_BYTES]);
+                                    uint8_t key[PULSE_KEY_BYTES]);
 
 #ifdef __cplusplus
 }

@@ -180,7 +180,7 @@ double pulse_gossip_predicted_variance_seq(const pulse_gossip_graph *const *seq,
 
 typedef struct pulse_gossip pulse_gossip;
 
-/* Options; start from PULSE_GOSSIP_OPTS_INIT. */
+/* Options; start from pulse_gossip_opts_init. */
 typedef struct {
   uint32_t struct_version; /* PULSE_GOSSIP_OPTS_VERSION */
   uint32_t nodes;          /* N of every graph used */
@@ -191,16 +191,14 @@ typedef struct {
    * entry whose copy differs (exact gossip, the baseline). */
   pulse_loco_gate_mode gate;
   pulse_loco_value_coding values;
-  uint32_t pos_model;  /* as pulse_loco_opts */
+  pulse_pos_model pos_model; /* as pulse_loco_opts */
   uint32_t chunk_log2; /* 10..30 */
 } pulse_gossip_opts;
 
 #define PULSE_GOSSIP_OPTS_VERSION 1u
-#define PULSE_GOSSIP_OPTS_INIT                                                 \
-  {                                                                            \
-    PULSE_GOSSIP_OPTS_VERSION, 0, 0, 0, 1.0f, PULSE_LOCO_GATE_BF16,            \
-        PULSE_LOCO_VALUES_MODELED, PULSE_LOCO_POS_AUTO, 20                     \
-  }
+/** Sets every field of *opts to its default (struct_version included):
+ * the one way to start options; then set the fields you need. */
+void pulse_gossip_opts_init(pulse_gossip_opts *opts);
 
 /** Creates a trainer's gossip state with x = theta_init (P floats, copied;
  * the same on every trainer: edge copies start there).
@@ -228,7 +226,7 @@ typedef struct {
   uint32_t neighbours;    /* payloads made */
   uint64_t entries;       /* over all of them */
   uint64_t payload_bytes; /* their encoded sizes summed */
-} pulse_gossip_prepare_info;
+} pulse_gossip_prepare_figures;
 
 /** Starts round `round` (strictly greater than the last one) on graph
  * `graph` (borrowed until finish; N must match): makes one payload per
@@ -237,7 +235,7 @@ typedef struct {
  * the last, N differs); PULSE_ERR_NOMEM. */
 pulse_status pulse_gossip_prepare(pulse_gossip *g, uint64_t round,
                                   const pulse_gossip_graph *graph,
-                                  pulse_gossip_prepare_info *info);
+                                  pulse_gossip_prepare_figures *info);
 
 /** The payload this trainer sends to neighbour `to` in the prepared round
  * (borrowed until finish or free).
@@ -274,19 +272,14 @@ typedef struct {
   uint32_t answered;   /* whose payload arrived and who got ours (not
                           dropped): mixed */
   double self_weight;  /* after moving the missing ones' weight there */
-} pulse_gossip_finish_info;
+} pulse_gossip_finish_figures;
 
 /** Ends the prepared round: commits this trainer's payloads to the
  * neighbours that answered and mixes x with them (see the top). A
  * neighbour that did not answer is logged and left out.
  * @return PULSE_OK, PULSE_ERR_ARG (no prepared round). */
 pulse_status pulse_gossip_finish(pulse_gossip *g,
-                                 pulse_gossip_finish_info *info);
-
-/** This trainer's copy of neighbour j's public parameters, or of its own
- * as j holds it (own != 0); NULL when the edge was never used. Borrowed
- * until the next finish or free. For tests. */
-const float *pulse_gossip_copy(const pulse_gossip *g, uint32_t j, int own);
+                                 pulse_gossip_finish_figures *info);
 
 /* --------------------------------------------------------- adaptive graph */
 
@@ -317,9 +310,9 @@ typedef struct {
 } pulse_gossip_policy_opts;
 
 #define PULSE_GOSSIP_POLICY_OPTS_VERSION 1u
-#define PULSE_GOSSIP_POLICY_OPTS_INIT                                          \
-  { PULSE_GOSSIP_POLICY_OPTS_VERSION, 0, 0.0, 0.25, PULSE_GOSSIP_WEIGHTS_MH,   \
-    0, 0 }
+/** Sets every field of *opts to its default (struct_version included):
+ * the one way to start options; then set the fields you need. */
+void pulse_gossip_policy_opts_init(pulse_gossip_policy_opts *opts);
 
 /* One decision (the log). */
 typedef struct {

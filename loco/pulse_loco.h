@@ -11,7 +11,9 @@
  *                                      bf16(theta_g); they become this
  *                                      trainer's payload (PAYLOAD.md)
  *   ... exchange: every trainer must end up with the same contributor set
- *       (pulse_loco_node does it over HTTP; tests and simulations in memory)
+ *       (the coordinator exchange does it over HTTP or datagrams,
+ *       pulse_loco_coord.h; the collaboration, pulse_loco_collab.h; gossip,
+ *       pulse_gossip.h; tests and simulations in memory)
  *   pulse_loco_finish(ctx, set, theta_r)  avg = sample-weighted mean of the
  *                                      contributions; Nesterov outer step;
  *                                      e = s minus what got through;
@@ -37,7 +39,6 @@
 #include <stdint.h>
 
 #include "pulse_codec.h" /* pulse_buffer, pulse_pos_model */
-#include "pulse_loco_auth.h" /* pulse_sign_key, pulse_loco_auth_counters */
 #include "pulse_status.h"
 
 #ifdef __cplusplus
@@ -62,10 +63,6 @@ typedef enum {
   PULSE_LOCO_VALUES_MODELED = 1 /* sign/exponent modeled, range coded */
 } pulse_loco_value_coding;
 
-/* Position model choice for payloads: one of pulse_pos_model, or AUTO to
- * code both and keep the smaller. */
-#define PULSE_LOCO_POS_AUTO 255u
-
 /* What a round does with a contribution that did not arrive (lost, late,
  * invalid); PAYLOAD.md "Loss rules" has the measurements behind the
  * default. */
@@ -86,7 +83,7 @@ typedef enum {
   PULSE_LOCO_RULE_LEGACY = 2
 } pulse_loco_rule;
 
-/* Context options; start from PULSE_LOCO_OPTS_INIT. */
+/* Context options; start from pulse_loco_opts_init. */
 typedef struct {
   uint32_t struct_version; /* PULSE_LOCO_OPTS_VERSION */
   uint64_t param_count;    /* P >= 1, at most PULSE_LOCO_MAX_PARAMS */
@@ -95,8 +92,7 @@ typedef struct {
   float mu;                /* outer Nesterov momentum (0.9) */
   pulse_loco_gate_mode gate;
   pulse_loco_value_coding values;
-  uint32_t
-      pos_model; /* PULSE_POS_PLAIN, PULSE_POS_CLASS or PULSE_LOCO_POS_AUTO */
+  pulse_pos_model pos_model; /* PULSE_POS_PLAIN, _CLASS or _AUTO (default) */
   uint32_t chunk_log2; /* payload chunk = 2^chunk_log2 parameters, 10..30 */
   /* Version 2: the loss rule (version 1 callers get the default). */
   pulse_loco_rule rule;
@@ -117,12 +113,9 @@ typedef struct {
 
 #define PULSE_LOCO_OPTS_VERSION 3u
 #define PULSE_LOCO_MAX_PARAMS (1ull << 36)
-#define PULSE_LOCO_OPTS_INIT                                                   \
-  {                                                                            \
-    PULSE_LOCO_OPTS_VERSION, 0, 0, 0.7f, 0.9f, PULSE_LOCO_GATE_BF16,           \
-        PULSE_LOCO_VALUES_MODELED, PULSE_LOCO_POS_AUTO, 20,                    \
-        PULSE_LOCO_RULE_DROP, 0                                                \
-  }
+/** Sets every field of *opts to its default (struct_version included):
+ * the one way to start options; then set the fields you need. */
+void pulse_loco_opts_init(pulse_loco_opts *opts);
 
 /** The rule's name ("drop", "keep", "legacy") and back.
  * @return the name, "?" for an unknown value; pulse_loco_rule_parse:
@@ -162,17 +155,20 @@ uint64_t pulse_loco_global_digest(const pulse_loco *ctx);
  * hash of (index, bits), so -0.0 and +0.0, or two NaNs, differ. */
 uint64_t pulse_loco_digest_f32(const float *x, uint64_t n);
 
-/* Flags of pulse_loco_prepare. */
-#define PULSE_LOCO_LEAVING                                                     \
-  1u /* last round of this trainer: send every                                 \
-        non-zero entry of s (flush, no gate) */
+/* Flags of a trainer's round, the same in every exchange (pulse_loco_prepare,
+ * pulse_loco_coord_step, pulse_loco_collab_round). */
+typedef enum {
+  /* This trainer's last round: it sends every non-zero entry of s (the
+   * flush: no gate), then leaves the exchange. */
+  PULSE_LOCO_LEAVING = 1u
+} pulse_loco_round_flag;
 
 /* What pulse_loco_prepare did (may be NULL). */
 typedef struct {
   uint64_t round;
   uint64_t sent;          /* entries in the payload */
   uint64_t payload_bytes; /* its encoded size */
-} pulse_loco_prepare_info;
+} pulse_loco_prepare_figures;
 
 /** Starts round pulse_loco_round(ctx): computes s from the local parameters
  * theta_r (P floats, read only), gates it and encodes the payload. Nothing
@@ -185,7 +181,7 @@ typedef struct {
 pulse_status pulse_loco_prepare(pulse_loco *ctx, const float *theta_r,
                                 uint64_t samples, uint32_t flags,
                                 const uint8_t **payload, size_t *size,
-                                pulse_loco_prepare_info *info);
+                                pulse_loco_prepare_figures *info);
 
 /** Tells the prepared round how many trainers it has (contributing or
  * not): the mean's denominator under PULSE_LOCO_RULE_KEEP is the arrived
@@ -208,7 +204,7 @@ typedef struct {
   int self_included;     /* this trainer's payload was among them */
   uint64_t samples;      /* sum of their sample counts */
   uint64_t entries;      /* sum of their entry counts */
-} pulse_loco_finish_info;
+} pulse_loco_finish_figures;
 
 /** Finishes the prepared round with the agreed contributor set (count >= 1
  * payloads, any order; this trainer's own counts when its sender id is
@@ -227,7 +223,7 @@ typedef struct {
  * PULSE_ERR_NOMEM. On error the round stays prepared and nothing changed. */
 pulse_status pulse_loco_finish(pulse_loco *ctx,
                                const pulse_loco_contribution *set, size_t count,
-                               float *theta_r, pulse_loco_finish_info *info);
+                               float *theta_r, pulse_loco_finish_figures *info);
 
 /** Checks one payload as finish would (round, size, digest, decode) without
  * using it: what a coordinator does before admitting it to the set.
@@ -295,7 +291,7 @@ void pulse_loco_entries_free(pulse_loco_entries *e);
 
 /** Encodes k entries against the base theta_g (P floats; its BF16 bits
  * theta_bf16 may be given, else NULL and computed). hdr gives version-
- * independent fields (flags, pos_model or PULSE_LOCO_POS_AUTO, values,
+ * independent fields (flags, pos_model or PULSE_POS_AUTO, values,
  * chunk_log2, sender, round, samples, base_digest); count and param_count
  * come from k and P. Positions must increase strictly and be < P; with
  * PULSE_LOCO_PAYLOAD_GATED every entry must pass the gate, and values must
@@ -405,7 +401,7 @@ typedef struct {
   uint64_t other_round;
   uint64_t other_base; /* built on another theta_g */
   uint64_t duplicate;  /* a cell of that sender already here */
-} pulse_loco_chunk_stats;
+} pulse_loco_inbox_figures;
 
 /* The chunks one trainer received for its prepared round. */
 typedef struct pulse_loco_inbox pulse_loco_inbox;
@@ -424,8 +420,8 @@ void pulse_loco_inbox_free(pulse_loco_inbox *in);
  * @return PULSE_OK when kept, else why not. */
 pulse_status pulse_loco_inbox_add(pulse_loco_inbox *in, const uint8_t *data,
                                   size_t size);
-void pulse_loco_inbox_stats(const pulse_loco_inbox *in,
-                            pulse_loco_chunk_stats *stats);
+void pulse_loco_inbox_figures_get(const pulse_loco_inbox *in,
+                            pulse_loco_inbox_figures *stats);
 
 /** Between re-syncs (PAYLOAD.md "Drift"): chunks must name base_digest
  * (the reference replica's theta_g digest, which every member learned
@@ -449,7 +445,7 @@ pulse_status pulse_loco_inbox_set_drift(pulse_loco_inbox *in,
  * rule); PULSE_ERR_NOMEM. */
 pulse_status pulse_loco_finish_inbox(pulse_loco *ctx, pulse_loco_inbox *in,
                                      float *theta_r,
-                                     pulse_loco_finish_info *info);
+                                     pulse_loco_finish_figures *info);
 
 /* ------------------------------------------------------------- drift */
 
@@ -502,249 +498,15 @@ double pulse_loco_drift_estimate(const pulse_loco *ctx, uint64_t range_len,
                                  const uint8_t *differ,
                                  const double *ref_sketch);
 
-/* ------------------------------------------------------------ HTTP node */
+/* ---------------------------------------------------- exchange members */
 
-/* A trainer's side of the exchange over HTTP (PAYLOAD.md, "Exchange"):
- * a libmicrohttpd server on 127.0.0.1 (port 0: the kernel picks) that serves
- * this trainer's round payloads, the state, and, on the round's coordinator
- * (the lowest member id), the round manifest; and libcurl fetches from peers
- * with a per-round deadline. The node borrows the context: both live on one
- * thread; the server thread reads only copies. */
-typedef struct pulse_loco_node pulse_loco_node;
-
-/* A pinned member: its trainer id and Ed25519 public key. */
-typedef struct {
-  uint32_t id;
-  uint8_t key[PULSE_SIGN_PUBLIC_BYTES];
-} pulse_loco_member_key;
-
-/* A member's signature admitting a newcomer's key (pulse_loco_auth.h, the
- * admission text), valid while the group has not passed round `round`. */
-typedef struct pulse_loco_admission {
-  uint8_t key[PULSE_SIGN_PUBLIC_BYTES];     /* the newcomer's */
-  uint8_t sponsor[PULSE_SIGN_PUBLIC_BYTES]; /* the member's who signed */
-  uint64_t round;
-  uint8_t sig[PULSE_SIGN_SIGNATURE_BYTES];
-} pulse_loco_admission;
-
-/* Node options; start from PULSE_LOCO_NODE_OPTS_INIT. */
-typedef struct {
-  uint32_t struct_version; /* PULSE_LOCO_NODE_OPTS_VERSION */
-  /* How long the coordinator waits for the members' payloads, counted from
-   * when its own is ready; a member late past it is left out of the round. */
-  uint32_t deadline_ms;
-  /* How long a member waits for the coordinator's manifest (and then for
-   * each listed payload) before it gives the round up. */
-  uint32_t manifest_timeout_ms;
-  /* Consecutive missed rounds after which the coordinator drops a member
-   * (it re-joins by itself if it is still alive). */
-  uint32_t max_misses;
-  /* Simulated loss, for tests and benchmarks: the coordinator treats each
-   * fetched payload as lost with this probability (deterministic in seed,
-   * round and sender). 0 in production. */
-  double drop_rate;
-  uint64_t drop_seed;
-  /* How the round's contributions travel (PAYLOAD.md "Exchange over
-   * datagrams"): PULSE_LOCO_TRANSPORT_HTTP (whole payloads through the
-   * coordinator) or PULSE_LOCO_TRANSPORT_UDP (every trainer sends its
-   * chunks to every other as datagrams, no retransmission; the manifest,
-   * joins and re-syncs stay on HTTP). Every member of a run must use the
-   * same. UDP needs the drop rule. */
-  uint32_t transport;
-  /* UDP: the largest datagram (chunk) sent, >= pulse_loco_chunk_bound(). */
-  uint32_t max_datagram;
-  /* UDP: once every sender has been heard from in a round, the receiver
-   * stops waiting after this long without a new datagram (a lost chunk is
-   * never resent); deadline_ms caps the whole wait. */
-  uint32_t quiet_ms;
-  /* UDP, simulated: each datagram, for each receiver, is dropped in the
-   * send path with this probability (pulse_loco_datagram_draw with
-   * drop_seed). 0 in production. */
-  double datagram_drop;
-  /* UDP, drift: digests cover ranges of this many parameters (a multiple
-   * of PULSE_LOCO_CHUNK_CELL). Every round each member compares its range
-   * digests with the reference replica's (the coordinator's). After round r
-   * with r + 1 a multiple of resync_period it fetches the ranges that
-   * differ, measures its drift and copies them; after the others it
-   * estimates its drift from the reference's range sketches and keeps its
-   * differing ranges (PAYLOAD.md "Drift") unless the estimate exceeds
-   * drift_budget, which re-syncs them. */
-  uint32_t resync_range;
-  uint32_t resync_period;
-  double drift_budget;
-  /* The IPv4 address this node listens on, HTTP and datagrams ("A.B.C.D";
-   * NULL: 127.0.0.1): an address of this machine its peers reach (trainers
-   * on other hosts or network namespaces). Borrowed during create. */
-  const char *host;
-  /* UDP, measurement (benchmarks, tests; NULL: none): called on a member
-   * that checks its drift, with its theta_g (P floats, not to be kept)
-   * after round `round`'s aggregate and before any re-sync, so that a
-   * caller holding every replica can measure the drift over all pairs. */
-  void (*drift_probe)(void *user, uint64_t round, const float *theta_g);
-  void *drift_probe_user;
-  /* Version 3: authentication (issue 15, pulse_loco_auth.h, PAYLOAD.md
-   * "Authentication"). This trainer's Ed25519 key signs its payloads,
-   * manifests (and UDP chunk lists); borrowed, must outlive the node. NULL:
-   * no key. */
-  const pulse_sign_key *sign_key;
-  /* The pinned members: (trainer id, public key) pairs (copied). Every
-   * founding member must be here (or be this node); a joiner not here
-   * needs an admission. */
-  const pulse_loco_member_key *member_keys;
-  size_t member_key_count;
-  /* PULSE_LOCO_AUTH_AUTO (on when sign_key is given), _ON (refuse to
-   * create without a key) or _OFF (nothing signed or checked, even with a
-   * key: for comparisons). Every member of a run must agree. */
-  uint32_t auth;
-  /* A joiner's admission by a member (pulse_loco_node_admit), presented
-   * when it joins; NULL when its key is pinned. Copied. */
-  const pulse_loco_admission *admission;
-} pulse_loco_node_opts;
-
-/* pulse_loco_node_opts.auth */
-#define PULSE_LOCO_AUTH_AUTO 0u
-#define PULSE_LOCO_AUTH_ON 1u
-#define PULSE_LOCO_AUTH_OFF 2u
-
-/* Transports of pulse_loco_node_opts.transport. */
-#define PULSE_LOCO_TRANSPORT_HTTP 0u
-#define PULSE_LOCO_TRANSPORT_UDP 1u
-
-#define PULSE_LOCO_NODE_OPTS_VERSION 3u
-#define PULSE_LOCO_NODE_OPTS_INIT                                              \
-  {                                                                            \
-    PULSE_LOCO_NODE_OPTS_VERSION, 2000, 10000, 3, 0.0, 0,                      \
-        PULSE_LOCO_TRANSPORT_HTTP, 1472, 30, 0.0, 1024, 1, 0.01, NULL, NULL,   \
-        NULL, NULL, NULL, 0, PULSE_LOCO_AUTH_AUTO, NULL                        \
-  }
-
-/** Parses "http" or "udp" into a PULSE_LOCO_TRANSPORT_* value.
- * @return PULSE_OK or PULSE_ERR_ARG. */
-pulse_status pulse_loco_transport_parse(const char *name, uint32_t *out);
-
-/** The draw of the simulated datagram loss (pulse_loco_node_opts
- * .datagram_drop): uniform in [0, 1), a function of (seed, round, sender,
- * receiver, index of the chunk in the sender's round); the datagram is lost
- * when it is below the drop probability. Public so a replay of a run can
- * lose exactly the same datagrams. */
-double pulse_loco_datagram_draw(uint64_t seed, uint64_t round, uint32_t sender,
-                                uint32_t receiver, uint64_t index);
-
+/* What every exchange (pulse_loco_coord.h, pulse_loco_collab.h) names a
+ * trainer by. */
 /* One member: id and base URL ("http://127.0.0.1:PORT"). */
 typedef struct {
   uint32_t id;
   char url[64];
 } pulse_loco_member;
-
-/** Starts the node's HTTP server for ctx (borrowed; must outlive the node)
- * on opts->host (127.0.0.1 by default), port chosen by the kernel (and its
- * datagram socket on the same address under the UDP transport).
- * @return PULSE_OK; PULSE_ERR_IO (the server could not start);
- * PULSE_ERR_NOMEM. */
-pulse_status pulse_loco_node_create(const pulse_loco_node_opts *opts,
-                                    pulse_loco *ctx, pulse_loco_node **out);
-
-/** Stops the server and frees the node (not the context). NULL is fine. */
-void pulse_loco_node_free(pulse_loco_node *node);
-
-/** This node's base URL, "http://HOST:PORT" (valid for its life). */
-const char *pulse_loco_node_url(const pulse_loco_node *node);
-
-/** This node's datagram port (UDP transport, on its host), 0 under HTTP.
- * Peers learn it from GET /v1/loco/udp. */
-uint16_t pulse_loco_node_udp_port(const pulse_loco_node *node);
-
-/** Sets the founding members of the run (this node among them), all
- * starting at the context's current round with the same theta_g. */
-pulse_status pulse_loco_node_start(pulse_loco_node *node,
-                                   const pulse_loco_member *members,
-                                   size_t count);
-
-/** Admits the key `newcomer` (a trainer that will join, with this
- * admission in its options) on behalf of this member, valid until the
- * group passes round `until_round`. The node must authenticate (a key).
- * @return PULSE_OK; PULSE_ERR_ARG (no key, NULL); PULSE_ERR_INTERNAL. */
-pulse_status pulse_loco_node_admit(const pulse_loco_node *node,
-                                   const uint8_t newcomer[32],
-                                   uint64_t until_round,
-                                   pulse_loco_admission *out);
-
-/** Joins a running group through any member's URL: registers with the
- * coordinator, waits until a manifest admits this node, and imports the
- * state of the round it starts at (theta_g, b, round; e is kept), setting
- * theta_r (P floats) = theta_g. Waits at most timeout_ms.
- * @return PULSE_OK; PULSE_ERR_IO (no answer in time); a state error. */
-pulse_status pulse_loco_node_join(pulse_loco_node *node, const char *seed_url,
-                                  float *theta_r, uint32_t timeout_ms);
-
-/* What one pulse_loco_node_step did. */
-typedef struct {
-  uint64_t round;
-  uint32_t members;      /* of this round */
-  uint32_t contributors; /* payloads averaged */
-  uint32_t coordinator;  /* id */
-  int self_included;
-  int resynced;  /* could not get every payload: state re-imported */
-  uint64_t sent; /* entries in this node's payload */
-  uint64_t payload_bytes;
-  uint64_t fetched_bytes; /* HTTP bodies downloaded this round */
-  int rejoined; /* this step only joined again (the node had been dropped
-                   after missed rounds): no round ran; the context is at
-                   the admission round */
-  /* UDP transport only. */
-  uint64_t datagrams_sent;    /* chunks handed to the socket, all receivers */
-  uint64_t datagrams_dropped; /* lost by the simulated datagram_drop */
-  uint64_t datagrams_received;
-  uint64_t datagrams_refused_source; /* not from the claimed sender's socket,
-                                        or cut by the receive buffer */
-  uint64_t datagrams_early; /* of a later round, kept for it */
-  pulse_loco_chunk_stats chunks; /* what this round's inbox took and refused */
-  double drift; /* ||theta_g - reference|| / ||reference|| after the round,
-                   before any re-sync (0 on the reference) */
-  uint32_t drift_ranges;    /* ranges whose digest differed */
-  uint32_t resynced_ranges; /* ranges copied from the reference */
-  uint64_t resync_bytes;    /* HTTP bodies of the drift check and re-sync */
-  uint64_t wait_ms;         /* time spent receiving the round's chunks */
-  /* Authentication (issue 15): what this step's checks accepted and
-   * refused (payloads, manifests and UDP chunk lists, by reason), and the
-   * datagrams refused for want of a place in their sender's signed chunk
-   * list (or of an older round). A refused contribution is left out. */
-  pulse_loco_auth_counters auth;
-  uint64_t datagrams_refused_auth;
-} pulse_loco_step_info;
-
-/** One outer step over HTTP: prepare, publish, exchange (coordinator:
- * gather with the deadline and publish the manifest; others: fetch the
- * manifest and the listed payloads), finish, theta_r = theta_g. With
- * `leaving` set this is the node's last round: it flushes its residual,
- * tells the coordinator, and returns once the others no longer need it.
- * A node the manifest no longer lists (dropped after missed rounds) joins
- * again by itself, in its next step (which then runs no round and says
- * `rejoined`).
- * @return PULSE_OK; PULSE_ERR_IO (no coordinator, timeouts); a context
- * error. */
-pulse_status pulse_loco_node_step(pulse_loco_node *node, float *theta_r,
-                                  uint64_t samples, int leaving,
-                                  pulse_loco_step_info *info);
-
-/** Before freeing a node at the end of a run: when this node coordinated
- * the last round, waits until every member of the next round acknowledged
- * it (they fetch its manifest, relays and state), at most timeout_ms.
- * Returns at once otherwise: a member that did not coordinate learns
- * nothing of the others' progress, and over datagrams with authentication
- * the others still fetch its signed chunk list of the last round (PAYLOAD.md
- * "Exchange over datagrams"), so the caller keeps every node up until all
- * trainers of the run are done (pulse-bench loco does: its parent says
- * when); freed early, a slower trainer refuses that member's chunks of the
- * last round. A leaving node does this inside its last step.
- * @return PULSE_OK, or PULSE_ERR_IO when some member did not acknowledge. */
-pulse_status pulse_loco_node_linger(pulse_loco_node *node, uint32_t timeout_ms);
-
-/** Current members (of the next round) into members (capacity max);
- * *count gets the number of members (may exceed max). */
-void pulse_loco_node_members(const pulse_loco_node *node,
-                             pulse_loco_member *members, size_t max,
-                             size_t *count);
 
 #ifdef __cplusplus
 }

@@ -17,7 +17,7 @@
  *
  * Transport (for the exchange's HTTP answers): X-Pulse-Loco-Round,
  * X-Pulse-Loco-Key (64 hex) and X-Pulse-Loco-Signature (128 hex) next to
- * the body. This module checks; the exchange (pulse_loco_node, coordinator_auth.c)
+ * the body. This module checks; the exchange (pulse_loco_coord, coordinator_auth.c)
  * calls it on every body before decoding it.
  *
  * Thread-safety: a handle is used by one thread at a time. Nothing here
@@ -53,9 +53,24 @@ typedef struct {
                                one already accepted from the signer */
   uint64_t foreign;         /* signed by a key that is not a member */
   uint64_t admitted;        /* members admitted by a member's signature */
-} pulse_loco_auth_counters;
+} pulse_loco_auth_figures;
 
-/* Options; start from PULSE_LOCO_AUTH_OPTS_INIT. */
+/* A pinned member: its trainer id and Ed25519 public key. */
+typedef struct {
+  uint32_t id;
+  uint8_t key[PULSE_KEY_BYTES];
+} pulse_loco_member_key;
+
+/* A member's signature admitting a newcomer's key (pulse_loco_auth.h, the
+ * admission text), valid while the group has not passed round `round`. */
+typedef struct pulse_loco_admission {
+  uint8_t key[PULSE_KEY_BYTES];     /* the newcomer's */
+  uint8_t sponsor[PULSE_KEY_BYTES]; /* the member's who signed */
+  uint64_t round;
+  uint8_t sig[PULSE_SIGN_SIGNATURE_BYTES];
+} pulse_loco_admission;
+
+/* Options; start from pulse_loco_auth_opts_init. */
 typedef struct {
   uint32_t struct_version; /* PULSE_LOCO_AUTH_OPTS_VERSION */
   /* This trainer's key (signs its payloads and manifests, and admissions);
@@ -67,8 +82,9 @@ typedef struct {
 } pulse_loco_auth_opts;
 
 #define PULSE_LOCO_AUTH_OPTS_VERSION 1u
-#define PULSE_LOCO_AUTH_OPTS_INIT                                              \
-  { PULSE_LOCO_AUTH_OPTS_VERSION, NULL, NULL, 0 }
+/** Sets every field of *opts to its default (struct_version included):
+ * the one way to start options; then set the fields you need. */
+void pulse_loco_auth_opts_init(pulse_loco_auth_opts *opts);
 
 typedef struct pulse_loco_auth pulse_loco_auth;
 
@@ -92,7 +108,7 @@ pulse_status pulse_loco_auth_sign(const pulse_loco_auth *auth,
                                   pulse_loco_auth_kind kind, uint64_t round,
                                   const void *bytes, size_t n,
                                   uint8_t sig[PULSE_SIGN_SIGNATURE_BYTES],
-                                  uint8_t pub[PULSE_SIGN_PUBLIC_BYTES]);
+                                  uint8_t pub[PULSE_KEY_BYTES]);
 
 /** Checks a body that came with `round`, `signer` and `sig` (either NULL:
  * unsigned). Accepted when the signer is a member, the signature verifies
@@ -112,7 +128,7 @@ pulse_status pulse_loco_auth_check(pulse_loco_auth *auth,
  * @return PULSE_OK; PULSE_ERR_ARG; PULSE_ERR_INTERNAL. */
 pulse_status pulse_loco_auth_admit_sign(const pulse_loco_auth *auth,
                                         uint64_t round,
-                                        const uint8_t newcomer[32],
+                                        const uint8_t newcomer[PULSE_KEY_BYTES],
                                         uint8_t sig[PULSE_SIGN_SIGNATURE_BYTES]);
 
 /** Admits `newcomer` as a member when `sponsor` is a member and `sig` is
@@ -123,8 +139,8 @@ pulse_status pulse_loco_auth_admit_sign(const pulse_loco_auth *auth,
  * admission); PULSE_ERR_OVERFLOW (too many members); PULSE_ERR_NOMEM;
  * PULSE_ERR_ARG. */
 pulse_status pulse_loco_auth_admit(pulse_loco_auth *auth, uint64_t round,
-                                   const uint8_t newcomer[32],
-                                   const uint8_t sponsor[32],
+                                   const uint8_t newcomer[PULSE_KEY_BYTES],
+                                   const uint8_t sponsor[PULSE_KEY_BYTES],
                                    const uint8_t sig[PULSE_SIGN_SIGNATURE_BYTES]);
 
 /** pulse_loco_auth_admit without the round's replay check: for an
@@ -134,17 +150,17 @@ pulse_status pulse_loco_auth_admit(pulse_loco_auth *auth, uint64_t round,
  * must still be a member and the signature verify. Same returns, never
  * PULSE_ERR_BASE_STEP. */
 pulse_status pulse_loco_auth_admit_seen(pulse_loco_auth *auth, uint64_t round,
-                                        const uint8_t newcomer[32],
-                                        const uint8_t sponsor[32],
+                                        const uint8_t newcomer[PULSE_KEY_BYTES],
+                                        const uint8_t sponsor[PULSE_KEY_BYTES],
                                         const uint8_t sig[PULSE_SIGN_SIGNATURE_BYTES]);
 
 /** 1 when `pub` is a member. */
 int pulse_loco_auth_is_member(const pulse_loco_auth *auth,
-                              const uint8_t pub[32]);
+                              const uint8_t pub[PULSE_KEY_BYTES]);
 
 /** The counters since create. */
-void pulse_loco_auth_counters_get(const pulse_loco_auth *auth,
-                                  pulse_loco_auth_counters *out);
+void pulse_loco_auth_figures_get(const pulse_loco_auth *auth,
+                                  pulse_loco_auth_figures *out);
 
 #ifdef __cplusplus
 }

@@ -48,7 +48,15 @@ extern "C" {
 
 typedef struct pulse_loco_collab pulse_loco_collab;
 
-/* Peer options; start from PULSE_LOCO_COLLAB_OPTS_INIT. */
+/* Which partitioned ranges are recomputed by another member
+ * (pulse_loco_collab_opts.partition_check). */
+typedef enum {
+  PULSE_LOCO_COLLAB_CHECK_ROTATING = 0, /* one a round, in rotation */
+  PULSE_LOCO_COLLAB_CHECK_FULL = 1,     /* every range every round */
+  PULSE_LOCO_COLLAB_CHECK_RECEIPTS = 2  /* none: receipts only */
+} pulse_loco_collab_check;
+
+/* Peer options; start from pulse_loco_collab_opts_init. */
 typedef struct {
   uint32_t struct_version; /* PULSE_LOCO_COLLAB_OPTS_VERSION */
   uint64_t target_batch;   /* T >= 1: samples of a round, all peers */
@@ -98,7 +106,7 @@ typedef struct {
    * rounds as there are contributors but may reach the weights before;
    * FULL: every range every round (it never does; about 0.9x a payload
    * more in per member and round); RECEIPTS: none recomputed. */
-  uint32_t partition_check;
+  pulse_loco_collab_check partition_check;
   /* Partitioned: 0 (the default) sizes each member's range in proportion
    * to its measured download rate, which it reports to the writer and the
    * manifest lists (PAYLOAD.md "Collaboration", range sizes); non-zero:
@@ -107,13 +115,10 @@ typedef struct {
   int equal_ranges;
 } pulse_loco_collab_opts;
 
-#define PULSE_LOCO_COLLAB_CHECK_ROTATING 0u
-#define PULSE_LOCO_COLLAB_CHECK_FULL 1u
-#define PULSE_LOCO_COLLAB_CHECK_RECEIPTS 2u
-
 #define PULSE_LOCO_COLLAB_OPTS_VERSION 4u
-#define PULSE_LOCO_COLLAB_OPTS_INIT                                            \
-  { PULSE_LOCO_COLLAB_OPTS_VERSION, 64, 1500, 5000, NULL, 0, NULL, 0, 0 }
+/** Sets every field of *opts to its default (struct_version included):
+ * the one way to start options; then set the fields you need. */
+void pulse_loco_collab_opts_init(pulse_loco_collab_opts *opts);
 
 /** Starts the peer's server for ctx (borrowed, must outlive the peer; its
  * rule must be PULSE_LOCO_RULE_KEEP); a client-mode peer (opts.client_of)
@@ -171,10 +176,6 @@ pulse_status pulse_loco_collab_import(pulse_loco_collab *c, const char *url,
 typedef int (*pulse_loco_collab_step_fn)(void *user, float *theta_r,
                                          uint64_t samples);
 
-/* Flags of pulse_loco_collab_round. */
-#define PULSE_LOCO_COLLAB_LEAVING                                              \
-  1u /* last round: flush error feedback, then go */
-
 /* What one round did. */
 typedef struct {
   uint64_t round;
@@ -198,12 +199,12 @@ typedef struct {
   uint64_t payload_bytes; /* its own payload's size (0: none) */
   uint64_t busy_ms;   /* in local steps */
   uint64_t wall_ms;   /* the whole call */
-} pulse_loco_collab_info;
+} pulse_loco_collab_figures;
 
 /** Runs round pulse_loco_round(ctx): claims steps of step_samples (>= 1)
  * samples from the writer and runs each with step(user, theta_r, n) while
  * granted, contributes, closes (writer) or follows, finishes; theta_r =
- * theta_g. With PULSE_LOCO_COLLAB_LEAVING the peer flushes its residual in
+ * theta_g. With PULSE_LOCO_LEAVING the peer flushes its residual in
  * this round (when it did at least one step; else info.left stays 0 and
  * the caller tries again next round) and, when it wrote the round, stays
  * until the members of the next round have what they need.
@@ -212,8 +213,8 @@ typedef struct {
 pulse_status pulse_loco_collab_round(pulse_loco_collab *c, float *theta_r,
                                      uint64_t step_samples,
                                      pulse_loco_collab_step_fn step,
-                                     void *user, uint32_t flags,
-                                     pulse_loco_collab_info *info);
+                                     void *user, uint32_t flags, /* PULSE_LOCO_LEAVING */
+                                     pulse_loco_collab_figures *info);
 
 /** Members of the next round (capacity max); *count gets how many. */
 void pulse_loco_collab_members(const pulse_loco_collab *c,

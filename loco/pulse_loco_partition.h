@@ -223,7 +223,7 @@ pulse_status pulse_loco_reduced_decode(const pulse_loco *ctx,
                                        pulse_loco_reduced *out);
 void pulse_loco_reduced_free(pulse_loco_reduced *r);
 
-/* What pulse_loco_finish_reduced did besides pulse_loco_finish_info. */
+/* What pulse_loco_finish_reduced did besides pulse_loco_finish_figures. */
 typedef struct {
   uint32_t offender; /* on PULSE_ERR_CORRUPT: the owner whose blob is wrong */
   int has_offender;
@@ -245,7 +245,7 @@ pulse_status pulse_loco_finish_reduced(pulse_loco *ctx,
                                        const pulse_loco_contribution *blobs,
                                        const uint64_t *expected_samples,
                                        float *theta_r,
-                                       pulse_loco_finish_info *info,
+                                       pulse_loco_finish_figures *info,
                                        pulse_loco_reduced_verdict *v);
 
 /* --------------------------------------------------------------- verdicts */

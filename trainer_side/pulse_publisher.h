@@ -3,7 +3,7 @@
  * with an anchor (the whole state) every few steps, a signed head that moves
  * atomically, and retention of old objects.
  *
- *   pulse_pub_opts o = PULSE_PUB_OPTS_INIT;
+ *   pulse_pub_opts o; pulse_pub_opts_init(&o);
  *   o.tensors = table; o.tensor_count = n; o.key = key;
  *   pulse_pub *pub;
  *   pulse_pub_create("/data/store", &o, &pub);      // resumes an existing
@@ -116,7 +116,7 @@ typedef struct {
  * wake long-polls (pulse_server_head_moved). Must not call the publisher. */
 typedef void (*pulse_pub_head_fn)(void *ctx, const pulse_pub_figures *figures);
 
-/* Publisher options; start from PULSE_PUB_OPTS_INIT. */
+/* Publisher options; start from pulse_pub_opts_init. */
 typedef struct {
   uint32_t struct_version; /* PULSE_PUB_OPTS_VERSION */
   /* Anchor when the step is at least this far past the last anchor
@@ -160,11 +160,9 @@ typedef struct {
 } pulse_pub_opts;
 
 #define PULSE_PUB_OPTS_VERSION 1u
-#define PULSE_PUB_OPTS_INIT                                                    \
-  {                                                                            \
-    PULSE_PUB_OPTS_VERSION, 16, 32, 3, NULL, NULL, 0, PULSE_POS_CLASS,         \
-        PULSE_CHUNK_LOG2_DEFAULT, 0, 0, NULL, NULL, NULL, 600.0                \
-  }
+/** Sets every field of *opts to its default (struct_version included):
+ * the one way to start options; then set the fields you need. */
+void pulse_pub_opts_init(pulse_pub_opts *opts);
 
 typedef struct pulse_pub pulse_pub;
 

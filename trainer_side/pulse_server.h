@@ -41,14 +41,15 @@
 extern "C" {
 #endif
 
-/* Server options; start from PULSE_SERVER_OPTS_INIT. */
+/* Server options; start from pulse_server_opts_init. */
 typedef struct {
   uint32_t struct_version;  /* PULSE_SERVER_OPTS_VERSION */
   const char *store_dir;    /* required; must exist (it may have no head yet) */
   const char *host;         /* address or name to listen on; NULL: 127.0.0.1;
                                "": every address */
   uint16_t port;            /* 0: any free port (see pulse_server_port) */
-  unsigned threads;         /* worker threads; 0: one per CPU, at least 2 */
+  int threads; /* HTTP worker threads; 0 = one per core (never fewer than 2:
+                  a slow client must not hold the only one) */
   unsigned max_connections; /* at once, long-polls included */
   unsigned max_per_ip;      /* connections from one address; 0: no limit */
   unsigned idle_timeout_s;  /* closes idle connections */
@@ -62,7 +63,8 @@ typedef struct {
    * an unsigned head a catch-up is trusted through its digests only, as its
    * response headers say. */
   const pulse_sign_key *key;
-  int catchup_threads; /* threads for rebuilding and squashing; 0: per CPU */
+  int catchup_threads; /* threads for rebuilding and squashing; 0 = one per
+                          core */
   /* Catch-ups are built on threads of their own, never on the HTTP ones:
    * at most catchup_builds at once (0: 1), catchup_queue more waiting (0:
    * 16; beyond, 503 + Retry-After). A request waits (suspended, no thread
@@ -81,11 +83,9 @@ typedef struct {
 /* Version 2 added header_timeout_s (and max_per_ip defaults to 128 now, so
  * that one address cannot hold every connection). */
 #define PULSE_SERVER_OPTS_VERSION 2u
-#define PULSE_SERVER_OPTS_INIT                                                 \
-  {                                                                            \
-    PULSE_SERVER_OPTS_VERSION, NULL, NULL, 0, 0, 1024, 128, 60, 512, 60000, 1, \
-        NULL, 0, 1, 16, 10000, 10                                              \
-  }
+/** Sets every field of *opts to its default (struct_version included):
+ * the one way to start options; then set the fields you need. */
+void pulse_server_opts_init(pulse_server_opts *opts);
 
 typedef struct pulse_server pulse_server;
 

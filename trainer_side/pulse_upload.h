@@ -3,7 +3,7 @@
  * bucket or a CDN in front of it (trainer_side/PROTOCOL.md, "Store layout":
  * a bucket holds <prefix>/head.json and <prefix>/objects/...).
  *
- *   pulse_upload_opts o = PULSE_UPLOAD_OPTS_INIT;
+ *   pulse_upload_opts o; pulse_upload_opts_init(&o);
  *   o.target = "s3://bucket/runs/7";          // credentials from the env
  *   pulse_upload *up;
  *   pulse_upload_create(&o, &up);
@@ -47,7 +47,7 @@
 extern "C" {
 #endif
 
-/* Upload options; start from PULSE_UPLOAD_OPTS_INIT. Strings are copied. */
+/* Upload options; start from pulse_upload_opts_init. Strings are copied. */
 typedef struct {
   uint32_t struct_version; /* PULSE_UPLOAD_OPTS_VERSION */
   const char *target;      /* "s3://BUCKET" or "s3://BUCKET/PREFIX" */
@@ -64,11 +64,9 @@ typedef struct {
 } pulse_upload_opts;
 
 #define PULSE_UPLOAD_OPTS_VERSION 1u
-#define PULSE_UPLOAD_OPTS_INIT                                                 \
-  {                                                                            \
-    PULSE_UPLOAD_OPTS_VERSION, NULL, NULL, NULL, NULL, NULL, NULL, NULL,       \
-        (uint64_t)64 << 20, (uint64_t)16 << 20, 4, 5, 2, 600, 0                \
-  }
+/** Sets every field of *opts to its default (struct_version included):
+ * the one way to start options; then set the fields you need. */
+void pulse_upload_opts_init(pulse_upload_opts *opts);
 
 typedef struct pulse_upload pulse_upload;
 

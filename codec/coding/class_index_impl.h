@@ -37,14 +37,9 @@ static inline int pulse_class_index_matches(const pulse_class_index *ix, uint64_
   return ix != NULL && ix->numel == numel && ix->digest.a == d.a && ix->digest.b == d.b;
 }
 
-/* Apply options of these versions are accepted (1 has no class_index). */
-static inline int pulse_apply_opts_known(const pulse_apply_opts *opts) {
-  return opts->struct_version >= 1 && opts->struct_version <= PULSE_APPLY_OPTS_VERSION;
-}
-
 /* The options' class index for targets[j], or NULL. */
 static inline pulse_class_index *pulse_apply_opts_index(const pulse_apply_opts *opts, size_t j) {
-  return opts->struct_version >= 2 && opts->class_index != NULL ? opts->class_index[j] : NULL;
+  return opts->class_index != NULL ? opts->class_index[j] : NULL;
 }
 
 /* pulse_class_index_build that gives up once *stop is set (NULL: never;

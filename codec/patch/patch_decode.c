@@ -108,7 +108,7 @@ pulse_status patch_state_digest_of(const pulse_patch *p, const pulse_tensor_dige
  * there from the start: one implementation of the checks. */
 struct pulse_patch_staged {
   pulse_patch_stream *s;
-  pulse_patch_stage_times times;
+  pulse_patch_stage_figures times;
 };
 
 static double now_s(void) {
@@ -142,7 +142,7 @@ pulse_status pulse_patch_stage(const pulse_patch *p, pulse_host_tensor *targets,
     pulse_patch_staged_free(s);
     return st;
   }
-  pulse_patch_stream_times t = pulse_patch_stream_times_get(s->s);
+  pulse_patch_stream_figures t = pulse_patch_stream_figures_get(s->s);
   s->times.verify_seconds = t.verify_seconds;
   s->times.decode_seconds = now_s() - t0 - t.verify_seconds;
   *out = s;
@@ -157,10 +157,15 @@ void pulse_patch_staged_commit_indexes(pulse_patch_staged *s) {
 
 void pulse_patch_staged_commit(pulse_patch_staged *s) { pulse_patch_stream_commit(s->s); }
 
-pulse_patch_stage_times pulse_patch_staged_times(const pulse_patch_staged *s) { return s->times; }
+pulse_patch_stage_figures pulse_patch_staged_figures_get(const pulse_patch_staged *s) { return s->times; }
 
 const pulse_changes *patch_staged_changes(const pulse_patch_staged *s, size_t i) {
   return s != NULL ? patch_stream_changes(s->s, i) : NULL;
+}
+
+void pulse_apply_opts_init(pulse_apply_opts *o) {
+  memset(o, 0, sizeof *o);
+  o->struct_version = PULSE_APPLY_OPTS_VERSION;
 }
 
 pulse_status pulse_patch_apply(const pulse_patch *p, pulse_host_tensor *targets, size_t count,

@@ -140,6 +140,14 @@ static pulse_status check_tensor(const pulse_encode_tensor *t, size_t i,
   return PULSE_OK;
 }
 
+void pulse_encode_opts_init(pulse_encode_opts *o) {
+  memset(o, 0, sizeof *o);
+  o->struct_version = PULSE_ENCODE_OPTS_VERSION;
+  o->step = 1;
+  o->pos_model = PULSE_POS_CLASS;
+  o->chunk_log2 = PULSE_CHUNK_LOG2_DEFAULT;
+}
+
 pulse_status pulse_patch_encode(const pulse_encode_opts *opts,
                                 const pulse_encode_tensor *tensors,
                                 size_t count, pulse_buffer *out) {
@@ -148,8 +156,7 @@ pulse_status pulse_patch_encode(const pulse_encode_opts *opts,
 
 static pulse_status check_opts(const pulse_encode_opts *opts, const pulse_encode_tensor *tensors,
                                size_t count, unsigned *version) {
-  if (opts == NULL || opts->struct_version != PULSE_ENCODE_OPTS_VERSION)
-    return pulse_fail(PULSE_ERR_ARG, "encode: options missing or of another version");
+  PULSE_TRY(PULSE_OPTS_CHECK("encode", opts, PULSE_ENCODE_OPTS_VERSION));
   if (opts->pos_model != PULSE_POS_PLAIN && opts->pos_model != PULSE_POS_CLASS)
     return pulse_fail(PULSE_ERR_ARG, "encode: unknown position model %d", (int)opts->pos_model);
   *version = opts->format_version ? opts->format_version : PULSE_PATCH_VERSION;

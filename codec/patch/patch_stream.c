@@ -69,7 +69,7 @@ struct pulse_patch_stream {
   int threads;  /* asked for (0: one per core), also for commit */
   int finished; /* 1: finish returned PULSE_OK, 2: data committed */
   int indexes_done; /* the class indexes follow the commit */
-  pulse_patch_stream_times times;
+  pulse_patch_stream_figures times;
 };
 
 static double now_s(void) {
@@ -303,14 +303,13 @@ pulse_status patch_stream_begin(const pulse_patch *p,
                                 pulse_host_tensor *targets, size_t count,
                                 const pulse_apply_opts *opts, int whole,
                                 pulse_patch_stream **out) {
-  pulse_apply_opts defaults = PULSE_APPLY_OPTS_INIT;
+  pulse_apply_opts defaults;
+  pulse_apply_opts_init(&defaults);
   if (opts == NULL)
     opts = &defaults;
-  if (out == NULL || p == NULL || (targets == NULL && count > 0) ||
-      !pulse_apply_opts_known(opts))
-    return pulse_fail(
-        PULSE_ERR_ARG,
-        "patch stream: NULL patch or targets, or options of another version");
+  if (out == NULL || p == NULL || (targets == NULL && count > 0))
+    return pulse_fail(PULSE_ERR_ARG, "patch stream: NULL patch or targets");
+  PULSE_TRY(PULSE_OPTS_CHECK("patch stream", opts, PULSE_APPLY_OPTS_VERSION));
   *out = NULL;
   size_t n = p->count;
   pulse_patch_stream *s = calloc(1, sizeof *s);
@@ -521,9 +520,9 @@ void pulse_patch_stream_commit(pulse_patch_stream *s) {
   pulse_patch_stream_commit_indexes(s);
 }
 
-pulse_patch_stream_times
-pulse_patch_stream_times_get(const pulse_patch_stream *s) {
-  pulse_patch_stream_times none = {0, 0, 0, 0};
+pulse_patch_stream_figures
+pulse_patch_stream_figures_get(const pulse_patch_stream *s) {
+  pulse_patch_stream_figures none = {0, 0, 0, 0};
   return s != NULL ? s->times : none;
 }
 

@@ -46,3 +46,16 @@ pulse_status pulse_fail(pulse_status status, const char *fmt, ...) {
 }
 
 void pulse_error_clear(void) { error_detail[0] = '\0'; }
+
+pulse_status pulse_opts_check(const char *who, int present, uint32_t version,
+                              uint32_t expected) {
+  if (!present)
+    return pulse_fail(PULSE_ERR_ARG, "%s: NULL options", who);
+  if (version != expected)
+    return pulse_fail(PULSE_ERR_VERSION,
+                      "%s: options of version %u, this library's are %u "
+                      "(built against other headers? start from the "
+                      "options' _init function)",
+                      who, version, expected);
+  return PULSE_OK;
+}

@@ -2,6 +2,8 @@
 #ifndef PULSE_STATUS_IMPL_H
 #define PULSE_STATUS_IMPL_H
 
+#include <stdint.h>
+
 #include "pulse_status.h"
 
 #if defined(__GNUC__)
@@ -24,5 +26,16 @@ void pulse_error_clear(void);
     if (pulse_try_st_ != PULSE_OK)                                             \
       return pulse_try_st_;                                                    \
   } while (0)
+
+/* The one check of an options struct (docs/api-conventions.md): NULL is
+ * PULSE_ERR_ARG; a struct_version other than this library's is
+ * PULSE_ERR_VERSION, the detail naming both (the caller was built against
+ * other headers, or did not start from its pulse_X_opts_init). */
+pulse_status pulse_opts_check(const char *who, int present, uint32_t version,
+                              uint32_t expected);
+#define PULSE_OPTS_CHECK(who, opts, expected)                                  \
+  pulse_opts_check((who), (opts) != NULL,                                      \
+                   (opts) != NULL ? (opts)->struct_version : 0u, (expected))
+
 
 #endif

@@ -17,7 +17,7 @@
 
 struct pulse_sign_key {
   EVP_PKEY *pkey;
-  uint8_t pub[PULSE_SIGN_PUBLIC_BYTES];
+  uint8_t pub[PULSE_KEY_BYTES];
 };
 
 /* The first queued OpenSSL error as text (and the queue cleared), so a
@@ -166,8 +166,8 @@ pulse_status pulse_sign_key_save(const pulse_sign_key *key, const char *path) {
 }
 
 void pulse_sign_key_public(const pulse_sign_key *key,
-                           uint8_t pub[PULSE_SIGN_PUBLIC_BYTES]) {
-  memcpy(pub, key->pub, PULSE_SIGN_PUBLIC_BYTES);
+                           uint8_t pub[PULSE_KEY_BYTES]) {
+  memcpy(pub, key->pub, PULSE_KEY_BYTES);
 }
 
 void pulse_sign_key_free(pulse_sign_key *key) {
@@ -196,13 +196,13 @@ pulse_status pulse_sign(const pulse_sign_key *key, const void *msg, size_t len,
   return PULSE_OK;
 }
 
-pulse_status pulse_sign_verify(const uint8_t pub[PULSE_SIGN_PUBLIC_BYTES],
+pulse_status pulse_sign_verify(const uint8_t pub[PULSE_KEY_BYTES],
                                const void *msg, size_t len,
                                const uint8_t sig[PULSE_SIGN_SIGNATURE_BYTES]) {
   if (pub == NULL || (msg == NULL && len > 0) || sig == NULL)
     return pulse_fail(PULSE_ERR_ARG, "sign: NULL argument");
   EVP_PKEY *pkey = EVP_PKEY_new_raw_public_key(EVP_PKEY_ED25519, NULL, pub,
-                                               PULSE_SIGN_PUBLIC_BYTES);
+                                               PULSE_KEY_BYTES);
   if (pkey == NULL) {
     ERR_clear_error();
     return pulse_fail(PULSE_ERR_CORRUPT, "sign: not an Ed25519 public key");

@@ -210,12 +210,12 @@ static pulse_status check_anchor_hook(void *vctx, const pulse_store_state *s) {
 
 pulse_status pulse_store_verify(const char *dir, unsigned flags,
                                 const uint8_t *pinned,
-                                pulse_store_report *out) {
+                                pulse_store_verify_figures *out) {
   if (dir == NULL)
     return pulse_fail(PULSE_ERR_ARG, "store: NULL folder");
   pulse_store_head *head = NULL;
   PULSE_TRY(pulse_store_head_load(dir, &head));
-  pulse_store_report r;
+  pulse_store_verify_figures r;
   memset(&r, 0, sizeof r);
   r.head_step = head->step;
   r.oldest_step = pulse_store_head_oldest_step(head);
@@ -226,7 +226,7 @@ pulse_status pulse_store_verify(const char *dir, unsigned flags,
   pulse_status st = PULSE_OK;
   if (pinned != NULL &&
       (!head->is_signed ||
-       memcmp(pinned, head->pub, PULSE_SIGN_PUBLIC_BYTES) != 0))
+       memcmp(pinned, head->pub, PULSE_KEY_BYTES) != 0))
     st = pulse_fail(PULSE_ERR_CORRUPT, "store: the head is %s",
                     head->is_signed ? "signed by another key" : "not signed");
   const pulse_store_object *lists[2] = {head->patches, head->anchors};

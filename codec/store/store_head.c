@@ -45,7 +45,7 @@ pulse_status store_head_canonical(const store_head_fields *f,
       pulse_bytebuf_printf(&b, "previous none\n");
     }
   }
-  store_hex(pub, PULSE_SIGN_PUBLIC_BYTES, hex);
+  store_hex(pub, PULSE_KEY_BYTES, hex);
   pulse_bytebuf_printf(&b, "public_key %s\npatches %zu\n", hex, f->npatches);
   for (size_t i = 0; i < f->npatches; i++) {
     const pulse_store_object *o = &f->patches[i];
@@ -134,13 +134,13 @@ static void write_identity(pulse_json_writer *w, const store_head_fields *f) {
 
 int store_rotation_canonical(const uint8_t run[PULSE_STORE_RUN_BYTES],
                              uint64_t step,
-                             const uint8_t from[PULSE_SIGN_PUBLIC_BYTES],
-                             const uint8_t to[PULSE_SIGN_PUBLIC_BYTES],
+                             const uint8_t from[PULSE_KEY_BYTES],
+                             const uint8_t to[PULSE_KEY_BYTES],
                              char out[STORE_ROTATION_CANON_MAX]) {
   char run_hex[2 * PULSE_STORE_RUN_BYTES + 1], from_hex[65], to_hex[65];
   store_hex(run, PULSE_STORE_RUN_BYTES, run_hex);
-  store_hex(from, PULSE_SIGN_PUBLIC_BYTES, from_hex);
-  store_hex(to, PULSE_SIGN_PUBLIC_BYTES, to_hex);
+  store_hex(from, PULSE_KEY_BYTES, from_hex);
+  store_hex(to, PULSE_KEY_BYTES, to_hex);
   return snprintf(out, STORE_ROTATION_CANON_MAX,
                   "pulse-key-rotation/1\nrun %s\nstep %" PRIu64
                   "\nfrom %s\nto %s\n",
@@ -148,12 +148,12 @@ int store_rotation_canonical(const uint8_t run[PULSE_STORE_RUN_BYTES],
 }
 
 pulse_status store_rotation_sign(const pulse_sign_key *from,
-                                 const uint8_t to[PULSE_SIGN_PUBLIC_BYTES],
+                                 const uint8_t to[PULSE_KEY_BYTES],
                                  const uint8_t run[PULSE_STORE_RUN_BYTES],
                                  uint64_t step, store_rotation *out) {
   memset(out, 0, sizeof *out);
   pulse_sign_key_public(from, out->from);
-  if (memcmp(out->from, to, PULSE_SIGN_PUBLIC_BYTES) == 0)
+  if (memcmp(out->from, to, PULSE_KEY_BYTES) == 0)
     return pulse_fail(PULSE_ERR_ARG,
                       "key rotation: the new key is the current one");
   char canon[STORE_ROTATION_CANON_MAX];
@@ -166,17 +166,17 @@ pulse_status store_rotation_sign(const pulse_sign_key *from,
 
 /* "rotation": {"step", "from", "to", "signature"} (PROTOCOL.md). */
 static void write_rotation(pulse_json_writer *w, const store_rotation *r,
-                           const uint8_t to[PULSE_SIGN_PUBLIC_BYTES]) {
+                           const uint8_t to[PULSE_KEY_BYTES]) {
   char hex[129];
   pulse_json_write_newline(w, 0);
   pulse_json_write_key(w, "rotation");
   pulse_json_write_object(w);
   pulse_json_write_key(w, "step");
   pulse_json_write_u64(w, r->step);
-  store_hex(r->from, PULSE_SIGN_PUBLIC_BYTES, hex);
+  store_hex(r->from, PULSE_KEY_BYTES, hex);
   pulse_json_write_key(w, "from");
   pulse_json_write_string(w, hex);
-  store_hex(to, PULSE_SIGN_PUBLIC_BYTES, hex);
+  store_hex(to, PULSE_KEY_BYTES, hex);
   pulse_json_write_key(w, "to");
   pulse_json_write_string(w, hex);
   store_hex(r->signature, PULSE_SIGN_SIGNATURE_BYTES, hex);
@@ -190,7 +190,7 @@ pulse_status store_head_serialize(const store_head_fields *f,
                                   pulse_buffer *out) {
   out->data = NULL;
   out->size = 0;
-  uint8_t pub[PULSE_SIGN_PUBLIC_BYTES], sig[PULSE_SIGN_SIGNATURE_BYTES];
+  uint8_t pub[PULSE_KEY_BYTES], sig[PULSE_SIGN_SIGNATURE_BYTES];
   if (key != NULL) {
     pulse_sign_key_public(key, pub);
     pulse_buffer canon = {NULL, 0};
@@ -438,7 +438,7 @@ static pulse_status parse_rotation(const pulse_json *root,
     return pulse_fail(PULSE_ERR_JSON, "head: \"rotation\" is not an object");
   PULSE_TRY(no_duplicates(r, "rotation"));
   store_rotation *rot = &h->rotation;
-  uint8_t to[PULSE_SIGN_PUBLIC_BYTES];
+  uint8_t to[PULSE_KEY_BYTES];
   PULSE_TRY(get_u64(r, "step", "rotation", &rot->step));
   PULSE_TRY(get_hex(r, "from", "rotation", rot->from, sizeof rot->from));
   PULSE_TRY(get_hex(r, "to", "rotation", to, sizeof to));
@@ -601,11 +601,11 @@ pulse_store_head_state_digest(const pulse_store_head *head) {
 }
 
 int pulse_store_head_signer(const pulse_store_head *head,
-                            uint8_t pub[PULSE_SIGN_PUBLIC_BYTES]) {
+                            uint8_t pub[PULSE_KEY_BYTES]) {
   if (!head->is_signed)
     return 0;
   if (pub != NULL)
-    memcpy(pub, head->pub, PULSE_SIGN_PUBLIC_BYTES);
+    memcpy(pub, head->pub, PULSE_KEY_BYTES);
   return 1;
 }
 
@@ -627,12 +627,12 @@ uint64_t pulse_store_head_published(const pulse_store_head *head) {
 }
 
 int pulse_store_head_rotation(const pulse_store_head *head,
-                              uint8_t from[PULSE_SIGN_PUBLIC_BYTES],
+                              uint8_t from[PULSE_KEY_BYTES],
                               uint64_t *step) {
   if (!head->rotation.present)
     return 0;
   if (from != NULL)
-    memcpy(from, head->rotation.from, PULSE_SIGN_PUBLIC_BYTES);
+    memcpy(from, head->rotation.from, PULSE_KEY_BYTES);
   if (step != NULL)
     *step = head->rotation.step;
   return 1;

@@ -18,7 +18,7 @@
 typedef struct {
   int present;
   uint64_t step;
-  uint8_t from[PULSE_SIGN_PUBLIC_BYTES];
+  uint8_t from[PULSE_KEY_BYTES];
   uint8_t signature[PULSE_SIGN_SIGNATURE_BYTES];
 } store_rotation;
 
@@ -28,7 +28,7 @@ struct pulse_store_head {
   uint64_t step;
   pulse_state_digest digest;
   int is_signed;
-  uint8_t pub[PULSE_SIGN_PUBLIC_BYTES];
+  uint8_t pub[PULSE_KEY_BYTES];
   uint8_t sig[PULSE_SIGN_SIGNATURE_BYTES];
   pulse_store_object *patches;
   size_t npatches;
@@ -68,15 +68,15 @@ typedef struct {
 #define STORE_ROTATION_CANON_MAX 320
 int store_rotation_canonical(const uint8_t run[PULSE_STORE_RUN_BYTES],
                              uint64_t step,
-                             const uint8_t from[PULSE_SIGN_PUBLIC_BYTES],
-                             const uint8_t to[PULSE_SIGN_PUBLIC_BYTES],
+                             const uint8_t from[PULSE_KEY_BYTES],
+                             const uint8_t to[PULSE_KEY_BYTES],
                              char out[STORE_ROTATION_CANON_MAX]);
 
 /** Makes the record by which `from` (the key heads were signed with) names
  * `to` as its successor for `run` from `step` on.
  * @return PULSE_OK; PULSE_ERR_ARG (the same key); PULSE_ERR_INTERNAL. */
 pulse_status store_rotation_sign(const pulse_sign_key *from,
-                                 const uint8_t to[PULSE_SIGN_PUBLIC_BYTES],
+                                 const uint8_t to[PULSE_KEY_BYTES],
                                  const uint8_t run[PULSE_STORE_RUN_BYTES],
                                  uint64_t step, store_rotation *out);
 

@@ -180,7 +180,8 @@ pulse_status store_state_apply_patch(pulse_store_state *s,
     t[i].numel = s->numel[i];
     t[i].digest = &s->digests[i];
   }
-  pulse_apply_opts ao = PULSE_APPLY_OPTS_INIT;
+  pulse_apply_opts ao;
+  pulse_apply_opts_init(&ao);
   ao.threads = threads;
   st = pulse_patch_apply(p, t, s->count, &ao);
   free(t);

@@ -94,7 +94,8 @@ static pulse_status apply_device(pulse_sub *sub, const pulse_patch *p, sub_targe
   for (size_t i = 0; i < n; i++)
     if (tg[i] != NULL)
       ct[k++] = (pulse_cuda_target){tg[i]->name, tg[i]->data_d, tg[i]->numel, &tg[i]->digest};
-  pulse_apply_opts ao = PULSE_APPLY_OPTS_INIT;
+  pulse_apply_opts ao;
+  pulse_apply_opts_init(&ao);
   ao.threads = sub->opts.threads;
   ao.partial_table = !full;
   double t0 = sub_now();
@@ -214,7 +215,8 @@ pulse_status sub_apply_patch(pulse_sub *sub, const pulse_patch *p) {
       ix[k] = tg[i]->index;
       ht[k++] = (pulse_host_tensor){tg[i]->name, tg[i]->data, tg[i]->numel, &tg[i]->digest};
     }
-  pulse_apply_opts ao = PULSE_APPLY_OPTS_INIT;
+  pulse_apply_opts ao;
+  pulse_apply_opts_init(&ao);
   ao.threads = sub->opts.threads;
   ao.partial_table = !full;
   ao.class_index = ix;
@@ -225,7 +227,7 @@ pulse_status sub_apply_patch(pulse_sub *sub, const pulse_patch *p) {
                     pulse_error_detail());
     goto done;
   }
-  pulse_patch_stage_times times = pulse_patch_staged_times(staged);
+  pulse_patch_stage_figures times = pulse_patch_staged_figures_get(staged);
   sub->t_verify += times.verify_seconds;
   sub->t_decode += times.decode_seconds;
 

@@ -67,7 +67,8 @@ static pulse_status ps_open_device(patch_sink *ps, size_t n) {
     if (ps->tg[i] != NULL)
       ps->ct[k++] = (pulse_cuda_target){ps->tg[i]->name, ps->tg[i]->data_d,
                                         ps->tg[i]->numel, &ps->tg[i]->digest};
-  pulse_apply_opts ao = PULSE_APPLY_OPTS_INIT;
+  pulse_apply_opts ao;
+  pulse_apply_opts_init(&ao);
   ao.threads = sub->opts.threads;
   ao.partial_table = !ps->full;
   double t0 = sub_now();
@@ -126,7 +127,8 @@ static pulse_status ps_open(patch_sink *ps) {
       ps->ht[k++] = (pulse_host_tensor){ps->tg[i]->name, ps->tg[i]->data,
                                         ps->tg[i]->numel, &ps->tg[i]->digest};
     }
-  pulse_apply_opts ao = PULSE_APPLY_OPTS_INIT;
+  pulse_apply_opts ao;
+  pulse_apply_opts_init(&ao);
   ao.threads = sub->opts.threads;
   ao.partial_table = !ps->full;
   ao.class_index = ix;
@@ -186,9 +188,9 @@ static void ps_finish(patch_sink *ps) {
     }
     return;
   }
-  double v0 = pulse_patch_stream_times_get(ps->s).verify_seconds;
+  double v0 = pulse_patch_stream_figures_get(ps->s).verify_seconds;
   pulse_status st = pulse_patch_stream_finish(ps->s);
-  pulse_patch_stream_times t = pulse_patch_stream_times_get(ps->s);
+  pulse_patch_stream_figures t = pulse_patch_stream_figures_get(ps->s);
   double verify = t.verify_seconds - v0, wall = sub_now() - t0;
   sub->t_verify += verify;
   sub->t_decode += wall > verify ? wall - verify : 0;

@@ -107,7 +107,7 @@ struct pulse_sub {
   char **urls;
   size_t nurls;
   char *cache_dir;
-  uint8_t key[PULSE_SUB_KEY_BYTES];
+  uint8_t key[PULSE_KEY_BYTES];
   int have_key;   /* key is the one to require (pinned or trusted) */
   int key_pinned; /* given in the options */
 

@@ -18,9 +18,9 @@ int sub_unhex(const char *s, size_t len, uint8_t *out, size_t n) {
 }
 
 pulse_status pulse_sub_key_from_hex(const char *hex,
-                                    uint8_t key[PULSE_SUB_KEY_BYTES]) {
+                                    uint8_t key[PULSE_KEY_BYTES]) {
   if (hex == NULL || key == NULL ||
-      sub_unhex(hex, strlen(hex), key, PULSE_SUB_KEY_BYTES) != 0)
+      sub_unhex(hex, strlen(hex), key, PULSE_KEY_BYTES) != 0)
     return pulse_fail(PULSE_ERR_ARG, "a public key is 64 hex digits");
   return PULSE_OK;
 }

@@ -35,9 +35,7 @@ static int url_ok(const char *u) {
 }
 
 static pulse_status check_opts(const pulse_sub_opts *o) {
-  if (o == NULL || o->struct_version < 1 || o->struct_version > PULSE_SUB_OPTS_VERSION)
-    return pulse_fail(PULSE_ERR_ARG,
-                      "subscriber: NULL options or options of another version");
+  PULSE_TRY(PULSE_OPTS_CHECK("subscriber", o, PULSE_SUB_OPTS_VERSION));
   if (o->urls == NULL || o->url_count == 0 || o->url_count > 64)
     return pulse_fail(PULSE_ERR_ARG,
                       "subscriber: 1 to 64 publisher URLs needed");
@@ -52,9 +50,9 @@ static pulse_status check_opts(const pulse_sub_opts *o) {
     return pulse_fail(
         PULSE_ERR_ARG,
         "subscriber: a pinned key and unsigned heads exclude each other");
-  /* Options before version 6 have no trust_first_use: they are refused
-   * without a key too (trust on first use is never a default). */
-  int tofu = o->struct_version >= 6 && o->trust_first_use;
+  /* Trust on first use is never a default: without a key, a subscriber
+   * is refused unless it asks for it. */
+  int tofu = o->trust_first_use;
   if (o->public_key != NULL && tofu)
     return pulse_fail(PULSE_ERR_ARG,
                       "subscriber: a pinned key and trust on first use "
@@ -75,6 +73,24 @@ static pulse_status check_opts(const pulse_sub_opts *o) {
   return PULSE_OK;
 }
 
+void pulse_sub_opts_init(pulse_sub_opts *o) {
+  memset(o, 0, sizeof *o);
+  o->struct_version = PULSE_SUB_OPTS_VERSION;
+  o->connect_timeout_ms = 10000;
+  o->request_timeout_ms = 30000;
+  o->low_speed_bytes = 1024;
+  o->low_speed_seconds = 30;
+  o->retries = 6;
+  o->backoff_ms = 200;
+  o->backoff_max_ms = 5000;
+  o->parallel = 4;
+  o->parallel_min_bytes = (uint64_t)32 << 20;
+  o->use_catchup = 1;
+  o->poll_timeout_ms = 30000;
+  o->min_bytes_per_s = 262144;
+  o->download_grace_ms = 30000;
+}
+
 pulse_status pulse_sub_create(const pulse_sub_opts *opts, pulse_sub **out) {
   if (out == NULL)
     return pulse_fail(PULSE_ERR_ARG, "subscriber: NULL out");
@@ -83,30 +99,7 @@ pulse_status pulse_sub_create(const pulse_sub_opts *opts, pulse_sub **out) {
   pulse_sub *sub = calloc(1, sizeof *sub);
   if (sub == NULL)
     return pulse_fail(PULSE_ERR_NOMEM, "subscriber");
-  /* Older options end earlier: the fields they lack get the defaults. */
-  if (opts->struct_version == 1) { /* before no_class_index */
-    memcpy(&sub->opts, opts, offsetof(pulse_sub_opts, no_class_index));
-    sub->opts.struct_version = PULSE_SUB_OPTS_VERSION;
-  } else if (opts->struct_version == 2) { /* before allow_rollback */
-    memcpy(&sub->opts, opts, offsetof(pulse_sub_opts, allow_rollback));
-    sub->opts.struct_version = PULSE_SUB_OPTS_VERSION;
-  } else if (opts->struct_version == 3) { /* before min_bytes_per_s */
-    memcpy(&sub->opts, opts, offsetof(pulse_sub_opts, min_bytes_per_s));
-    sub->opts.struct_version = PULSE_SUB_OPTS_VERSION;
-  } else if (opts->struct_version == 4) { /* before cacert */
-    memcpy(&sub->opts, opts, offsetof(pulse_sub_opts, cacert));
-    sub->opts.struct_version = PULSE_SUB_OPTS_VERSION;
-  } else if (opts->struct_version == 5) { /* before trust_first_use */
-    memcpy(&sub->opts, opts, offsetof(pulse_sub_opts, trust_first_use));
-    sub->opts.struct_version = PULSE_SUB_OPTS_VERSION;
-  } else {
-    sub->opts = *opts;
-  }
-  if (opts->struct_version < 4) { /* the download deadline's defaults */
-    pulse_sub_opts d = PULSE_SUB_OPTS_INIT;
-    sub->opts.min_bytes_per_s = d.min_bytes_per_s;
-    sub->opts.download_grace_ms = d.download_grace_ms;
-  }
+  sub->opts = *opts;
   if (sub->opts.parallel == 0)
     sub->opts.parallel = 1;
   sub->urls = calloc(opts->url_count, sizeof *sub->urls);

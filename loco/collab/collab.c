@@ -92,14 +92,23 @@ static void hosted_metrics(void *user, pulse_bytebuf *text) {
                        (unsigned long long)stored, (unsigned long long)refused);
 }
 
+void pulse_loco_collab_opts_init(pulse_loco_collab_opts *o) {
+  memset(o, 0, sizeof *o);
+  o->struct_version = PULSE_LOCO_COLLAB_OPTS_VERSION;
+  o->target_batch = 64;
+  o->claim_timeout_ms = 1500;
+  o->round_timeout_ms = 5000;
+  o->partition_check = PULSE_LOCO_COLLAB_CHECK_ROTATING;
+}
+
 pulse_status pulse_loco_collab_create(const pulse_loco_collab_opts *opts,
                                       pulse_loco *ctx,
                                       pulse_loco_collab **out) {
   if (out == NULL)
     return pulse_fail(PULSE_ERR_ARG, "loco collab: NULL output");
   *out = NULL;
-  if (opts == NULL || opts->struct_version != PULSE_LOCO_COLLAB_OPTS_VERSION ||
-      opts->partition_check > PULSE_LOCO_COLLAB_CHECK_RECEIPTS ||
+  PULSE_TRY(PULSE_OPTS_CHECK("loco collab", opts, PULSE_LOCO_COLLAB_OPTS_VERSION));
+  if ((unsigned)opts->partition_check > PULSE_LOCO_COLLAB_CHECK_RECEIPTS ||
       ctx == NULL || opts->target_batch == 0 || opts->claim_timeout_ms == 0 ||
       opts->round_timeout_ms == 0)
     return pulse_fail(PULSE_ERR_ARG, "loco collab: bad options");

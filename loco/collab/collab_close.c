@@ -317,7 +317,7 @@ static pulse_status write_round(pulse_loco_collab *c, uint64_t r, uint32_t k,
                                 const uint8_t *own, size_t own_size,
                                 uint64_t own_samples, int leaving,
                                 loco_manifest *man, char *src, size_t src_cap,
-                                pulse_loco_collab_info *info) {
+                                pulse_loco_collab_figures *info) {
   if (k > 0 && adopt_manifest(c, r, k, man, src, src_cap))
     return PULSE_OK;
   snprintf(src, src_cap, "%s", c->url);
@@ -377,7 +377,7 @@ pulse_status collab_get_manifest(pulse_loco_collab *c, uint64_t r,
                                  uint32_t *k, const uint8_t *own,
                                  size_t own_size, uint64_t done, int leaving,
                                  loco_manifest *man, char *src, size_t cap,
-                                 pulse_loco_collab_info *info) {
+                                 pulse_loco_collab_figures *info) {
   uint32_t told = UINT32_MAX;
   uint64_t dead_since = 0, start = loco_now_ms();
   uint64_t limit = 4u * c->opts.claim_timeout_ms + 4u * c->opts.round_timeout_ms;

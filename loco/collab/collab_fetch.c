@@ -215,7 +215,7 @@ pulse_status collab_finish_listed(pulse_loco_collab *c, uint64_t r,
                                   pulse_loco_contribution *set,
                                   const uint8_t *own, size_t size,
                                   uint64_t done, uint64_t end, float *theta_r,
-                                  pulse_loco_collab_info *info,
+                                  pulse_loco_collab_figures *info,
                                   int *complete) {
   size_t C = man->ncontrib, have = 0;
   int self_included = 0;
@@ -235,7 +235,7 @@ pulse_status collab_finish_listed(pulse_loco_collab *c, uint64_t r,
   info->own_samples = self_included ? done : 0;
   if (own == NULL || have < C)
     return PULSE_OK;
-  pulse_loco_finish_info fi;
+  pulse_loco_finish_figures fi;
   memset(&fi, 0, sizeof fi);
   PULSE_TRY(pulse_loco_finish(c->ctx, set, C, theta_r, &fi));
   info->samples = fi.samples;

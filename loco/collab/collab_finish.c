@@ -79,7 +79,7 @@ pulse_status collab_reduce_partitioned(pulse_loco_collab *c, uint64_t r,
                                        const loco_manifest *man,
                                        const uint8_t *own, size_t size,
                                        float *theta_r,
-                                       pulse_loco_collab_info *info,
+                                       pulse_loco_collab_figures *info,
                                        int *self_dropped) {
   size_t C = man->ncontrib;
   int self = -1;
@@ -275,7 +275,7 @@ pulse_status collab_settle_failed(pulse_loco_collab *c, uint64_t r,
                                   const char *src, loco_manifest *man,
                                   loco_fetch *t, int self_in, uint64_t done,
                                   uint64_t end, float *theta_r,
-                                  pulse_loco_collab_info *info,
+                                  pulse_loco_collab_figures *info,
                                   int *imported) {
   size_t C = man->ncontrib;
   *imported = 0;
@@ -346,7 +346,7 @@ pulse_status collab_settle_failed(pulse_loco_collab *c, uint64_t r,
 pulse_status collab_import_finished(pulse_loco_collab *c, uint64_t r,
                                     const char *src, const loco_manifest *man,
                                     const loco_fetch *t, float *theta_r,
-                                    pulse_loco_collab_info *info) {
+                                    pulse_loco_collab_figures *info) {
   if (c->ctx->prepared)
     pulse_loco_abandon(c->ctx, info->self_included);
   pulse_status st =

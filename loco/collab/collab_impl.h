@@ -176,7 +176,7 @@ pulse_status collab_get_manifest(pulse_loco_collab *c, uint64_t r,
                                  uint32_t *k, const uint8_t *own,
                                  size_t own_size, uint64_t done, int leaving,
                                  loco_manifest *man, char *src, size_t cap,
-                                 pulse_loco_collab_info *info);
+                                 pulse_loco_collab_figures *info);
 
 /* collab_fetch.c: the all-to-all finish of round r over man's
  * contributors: their payloads into t (by man's order; urls the same
@@ -189,7 +189,7 @@ pulse_status collab_finish_listed(pulse_loco_collab *c, uint64_t r,
                                   pulse_loco_contribution *set,
                                   const uint8_t *own, size_t size,
                                   uint64_t done, uint64_t end, float *theta_r,
-                                  pulse_loco_collab_info *info,
+                                  pulse_loco_collab_figures *info,
                                   int *complete);
 
 /* collab_finish.c: how long a contributor takes at most to get what it
@@ -209,7 +209,7 @@ pulse_status collab_reduce_partitioned(pulse_loco_collab *c, uint64_t r,
                                        const loco_manifest *man,
                                        const uint8_t *own, size_t size,
                                        float *theta_r,
-                                       pulse_loco_collab_info *info,
+                                       pulse_loco_collab_figures *info,
                                        int *self_dropped);
 /* Serves /v1/loco/round/R/outcome: "finished" (the state of r + 1 served
  * first) or "failed". */
@@ -223,13 +223,13 @@ pulse_status collab_settle_failed(pulse_loco_collab *c, uint64_t r,
                                   const char *src, loco_manifest *man,
                                   loco_fetch *t, int self_in, uint64_t done,
                                   uint64_t end, float *theta_r,
-                                  pulse_loco_collab_info *info,
+                                  pulse_loco_collab_figures *info,
                                   int *imported);
 /* Without its own payload or every listed one: the state of r + 1 from a
  * member that finished; info counts the samples it knows were in it. */
 pulse_status collab_import_finished(pulse_loco_collab *c, uint64_t r,
                                     const char *src, const loco_manifest *man,
                                     const loco_fetch *t, float *theta_r,
-                                    pulse_loco_collab_info *info);
+                                    pulse_loco_collab_figures *info);
 
 #endif

@@ -162,7 +162,7 @@ typedef enum { GO_ON, FULL, BEHIND, NOT_MEMBER } claim_end;
 static pulse_status accumulate(pulse_loco_collab *c, uint64_t r, uint32_t *k,
                                float *theta_r, uint64_t b,
                                pulse_loco_collab_step_fn step, void *user,
-                               uint64_t *done, pulse_loco_collab_info *info,
+                               uint64_t *done, pulse_loco_collab_figures *info,
                                claim_end *how) {
   uint64_t dead_since = 0, waiting_since = 0;
   uint64_t limit = 2u * c->opts.claim_timeout_ms + 4u * c->opts.round_timeout_ms;
@@ -244,7 +244,7 @@ typedef struct {
   pulse_loco_collab *c;
   uint64_t r;
   float *theta_r;
-  pulse_loco_collab_info *info;
+  pulse_loco_collab_figures *info;
   uint64_t t0, served0; /* the round's start: its wall time, bytes served */
   uint32_t k;           /* the writer's rank */
   uint64_t done;        /* samples accumulated */
@@ -307,7 +307,7 @@ static pulse_status serve_own(round_state *s) {
  * s->man, checked to list only members and payloads within the cap. */
 static pulse_status close_round(round_state *s, pulse_status st) {
   pulse_loco_collab *c = s->c;
-  pulse_loco_collab_info *info = s->info;
+  pulse_loco_collab_figures *info = s->info;
   if (st == PULSE_OK)
     st = collab_get_manifest(c, s->r, &s->k, s->own, s->size,
                              s->own ? s->done : 0, s->leaving, &s->man, s->src,
@@ -348,7 +348,7 @@ static pulse_status serve_manifest(round_state *s) {
  * exchange was settled: the round goes on all-to-all). */
 static pulse_status finish_partitioned(round_state *s, int *over) {
   pulse_loco_collab *c = s->c;
-  pulse_loco_collab_info *info = s->info;
+  pulse_loco_collab_figures *info = s->info;
   pulse_status st;
   *over = 1;
   if (s->own == NULL || !s->listed) {
@@ -481,7 +481,7 @@ static size_t gone_contributors(const round_state *s, char (*gone)[64],
  * state and view served, the round acknowledged. */
 static pulse_status end_round(round_state *s) {
   pulse_loco_collab *c = s->c;
-  pulse_loco_collab_info *info = s->info;
+  pulse_loco_collab_figures *info = s->info;
   const loco_manifest *man = &s->man;
   pulse_status st = PULSE_OK;
   info->left = s->leaving && info->self_included;
@@ -509,7 +509,7 @@ static pulse_status end_round(round_state *s) {
  * blobs, fills info's totals. */
 static pulse_status round_tail(round_state *s, pulse_status st) {
   pulse_loco_collab *c = s->c;
-  pulse_loco_collab_info *info = s->info;
+  pulse_loco_collab_figures *info = s->info;
   uint64_t r = s->r;
   /* Payloads and relays of the last two rounds, manifests of more. */
   loco_server_drop_except(c->srv, "/v1/loco/round/", r > 0 ? r - 1 : 0,
@@ -533,10 +533,10 @@ pulse_status pulse_loco_collab_round(pulse_loco_collab *c, float *theta_r,
                                      uint64_t b,
                                      pulse_loco_collab_step_fn step,
                                      void *user, uint32_t flags,
-                                     pulse_loco_collab_info *info) {
+                                     pulse_loco_collab_figures *info) {
   if (c == NULL || theta_r == NULL || step == NULL || b == 0)
     return pulse_fail(PULSE_ERR_ARG, "loco collab round: bad argument");
-  pulse_loco_collab_info local;
+  pulse_loco_collab_figures local;
   if (info == NULL)
     info = &local;
   memset(info, 0, sizeof *info);
@@ -579,7 +579,7 @@ pulse_status pulse_loco_collab_round(pulse_loco_collab *c, float *theta_r,
     mark_dropped(&s);
     return round_tail(&s, st);
   }
-  s.leaving = (flags & PULSE_LOCO_COLLAB_LEAVING) && s.done > 0;
+  s.leaving = (flags & PULSE_LOCO_LEAVING) && s.done > 0;
   if (how == FULL && s.done > 0) {
     PULSE_TRY(prepare_own(&s));
     st = serve_own(&s);

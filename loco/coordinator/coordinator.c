@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "pulse_loco_testing.h"
 #include "peer_http_impl.h"
 #include "loco_impl.h"
 #include "manifest_impl.h"
@@ -35,7 +36,7 @@
 
 static unsigned on_post(void *user, const char *path, const char *id_text,
                         const char *url, char *reply, size_t cap) {
-  pulse_loco_node *n = user;
+  pulse_loco_coord *n = user;
   uint32_t id;
   if (!loco_parse_id(id_text, &id)) {
     snprintf(reply, cap, "{\"error\":\"id missing or malformed\"}");
@@ -96,7 +97,7 @@ static unsigned on_post(void *user, const char *path, const char *id_text,
 #define MANIFEST_CAP ((size_t)LOCO_MAX_MEMBERS * 256u + 4096u)
 #define MANIFESTS_KEPT 64u
 
-void loco_node_set_members(pulse_loco_node *n, const pulse_loco_member *m,
+void loco_node_set_members(pulse_loco_coord *n, const pulse_loco_member *m,
                         size_t count) {
   uint32_t misses[LOCO_MAX_MEMBERS];
   for (size_t i = 0; i < count; i++) {
@@ -108,12 +109,12 @@ void loco_node_set_members(pulse_loco_node *n, const pulse_loco_member *m,
   n->nmembers = count;
 }
 
-static pulse_status publish_view(pulse_loco_node *n) {
+static pulse_status publish_view(pulse_loco_coord *n) {
   return loco_serve_view(n->srv, pulse_loco_round(n->ctx), n->nmembers ? n->members[0].id : n->id,
                          n->members, n->nmembers);
 }
 
-pulse_status loco_node_publish_state(pulse_loco_node *n) { return loco_serve_state(n->srv, n->ctx); }
+pulse_status loco_node_publish_state(pulse_loco_coord *n) { return loco_serve_state(n->srv, n->ctx); }
 
 void loco_node_url_fmt(char *dst, size_t cap, const char *base, const char *fmt,
                     ...) {
@@ -128,22 +129,44 @@ void loco_node_url_fmt(char *dst, size_t cap, const char *base, const char *fmt,
 
 /* ------------------------------------------------------------ create/free */
 
-pulse_status pulse_loco_node_create(const pulse_loco_node_opts *opts,
-                                    pulse_loco *ctx, pulse_loco_node **out) {
+void pulse_loco_coord_opts_init(pulse_loco_coord_opts *o) {
+  memset(o, 0, sizeof *o);
+  o->struct_version = PULSE_LOCO_COORD_OPTS_VERSION;
+  o->deadline_ms = 2000;
+  o->manifest_timeout_ms = 10000;
+  o->max_misses = 3;
+  o->transport = PULSE_LOCO_TRANSPORT_HTTP;
+  o->max_datagram = 1472;
+  o->quiet_ms = 30;
+  o->resync_range = 1024;
+  o->resync_period = 1;
+  o->drift_budget = 0.01;
+  o->auth = PULSE_LOCO_AUTH_AUTO;
+}
+
+pulse_status pulse_loco_coord_create(const pulse_loco_coord_opts *opts,
+                                    pulse_loco *ctx, pulse_loco_coord **out) {
   if (out == NULL)
     return pulse_fail(PULSE_ERR_ARG, "loco node: NULL output");
   *out = NULL;
-  if (opts == NULL || opts->struct_version < 2 ||
-      opts->struct_version > PULSE_LOCO_NODE_OPTS_VERSION ||
-      ctx == NULL || opts->deadline_ms == 0 || opts->manifest_timeout_ms == 0 ||
-      opts->max_misses == 0 ||
-      !(opts->drop_rate >= 0.0 && opts->drop_rate <= 1.0) ||
-      opts->transport > PULSE_LOCO_TRANSPORT_UDP)
+  if (opts != NULL && opts->struct_version != PULSE_LOCO_COORD_OPTS_VERSION)
+    return pulse_fail(PULSE_ERR_VERSION,
+                      "loco node: options of version %u, this library's are "
+                      "%u (start from pulse_loco_coord_opts_init)",
+                      opts->struct_version, PULSE_LOCO_COORD_OPTS_VERSION);
+  pulse_loco_test_hooks hooks = {0};
+  if (opts != NULL && opts->test_hooks != NULL)
+    hooks = *opts->test_hooks;
+  if (opts == NULL || ctx == NULL || opts->deadline_ms == 0 ||
+      opts->manifest_timeout_ms == 0 || opts->max_misses == 0 ||
+      !(hooks.drop_rate >= 0.0 && hooks.drop_rate <= 1.0) ||
+      (unsigned)opts->transport > PULSE_LOCO_TRANSPORT_UDP ||
+      (unsigned)opts->auth > PULSE_LOCO_AUTH_OFF)
     return pulse_fail(PULSE_ERR_ARG, "loco node: bad options");
   if (opts->transport == PULSE_LOCO_TRANSPORT_UDP &&
       (opts->max_datagram < pulse_loco_chunk_bound() ||
        opts->max_datagram > LOCO_UDP_MAX || opts->quiet_ms == 0 ||
-       !(opts->datagram_drop >= 0.0 && opts->datagram_drop <= 1.0) ||
+       !(hooks.datagram_drop >= 0.0 && hooks.datagram_drop <= 1.0) ||
        opts->resync_range == 0 ||
        opts->resync_range % PULSE_LOCO_CHUNK_CELL != 0 ||
        opts->resync_period == 0 || !(opts->drift_budget >= 0.0) ||
@@ -152,13 +175,12 @@ pulse_status pulse_loco_node_create(const pulse_loco_node_opts *opts,
                       "loco node: bad UDP options (datagram %zu..%u bytes, "
                       "ranges of whole cells, the drop rule, no gate_mean)",
                       pulse_loco_chunk_bound(), LOCO_UDP_MAX);
-  pulse_loco_node *n = calloc(1, sizeof *n);
+  pulse_loco_coord *n = calloc(1, sizeof *n);
   if (n == NULL)
     return pulse_fail(PULSE_ERR_NOMEM, "loco node");
-  /* A version 2 caller's struct ends before the authentication fields. */
-  memcpy(&n->opts, opts,
-         opts->struct_version >= 3 ? sizeof *opts
-                                   : offsetof(pulse_loco_node_opts, sign_key));
+  n->opts = *opts;
+  n->opts.test_hooks = NULL; /* the caller's: copied into hooks */
+  n->hooks = hooks;
   n->ctx = ctx;
   n->id = pulse_loco_trainer_id(ctx);
   pthread_mutex_init(&n->lock, NULL);
@@ -179,19 +201,19 @@ pulse_status pulse_loco_node_create(const pulse_loco_node_opts *opts,
   snprintf(n->url, sizeof n->url, "http://%s:%u", host,
            (unsigned)loco_server_port(n->srv));
   if ((st = loco_auth_start(n, opts)) != PULSE_OK) { /* auth hook */
-    pulse_loco_node_free(n);
+    pulse_loco_coord_free(n);
     return st;
   }
   if (opts->transport == PULSE_LOCO_TRANSPORT_UDP &&
       (st = loco_node_udp_start(n)) != PULSE_OK) {
-    pulse_loco_node_free(n);
+    pulse_loco_coord_free(n);
     return st;
   }
   *out = n;
   return PULSE_OK;
 }
 
-void pulse_loco_node_free(pulse_loco_node *n) {
+void pulse_loco_coord_free(pulse_loco_coord *n) {
   if (n == NULL)
     return;
   loco_server_stop(n->srv);
@@ -201,11 +223,11 @@ void pulse_loco_node_free(pulse_loco_node *n) {
   free(n);
 }
 
-const char *pulse_loco_node_url(const pulse_loco_node *n) {
+const char *pulse_loco_coord_url(const pulse_loco_coord *n) {
   return n->url;
 }
 
-void pulse_loco_node_members(const pulse_loco_node *n, pulse_loco_member *m,
+void pulse_loco_coord_members(const pulse_loco_coord *n, pulse_loco_member *m,
                              size_t max, size_t *count) {
   for (size_t i = 0; i < n->nmembers && i < max; i++)
     m[i] = n->members[i];
@@ -213,7 +235,7 @@ void pulse_loco_node_members(const pulse_loco_node *n, pulse_loco_member *m,
     *count = n->nmembers;
 }
 
-pulse_status pulse_loco_node_start(pulse_loco_node *n,
+pulse_status pulse_loco_coord_start(pulse_loco_coord *n,
                                    const pulse_loco_member *members,
                                    size_t count) {
   if (n == NULL || members == NULL || count == 0 || count > LOCO_MAX_MEMBERS)
@@ -254,7 +276,7 @@ static unsigned left_ms(uint64_t end) {
  * view (GET /v1/loco/members) is published after the state of its round,
  * so the state it names is there unless the group moved on meanwhile:
  * then read the view again. */
-pulse_status loco_node_catch_up(pulse_loco_node *n, const char *coord,
+pulse_status loco_node_catch_up(pulse_loco_coord *n, const char *coord,
                              uint64_t min_round, float *theta_r, uint64_t end) {
   char url[160];
   pulse_status st;
@@ -293,7 +315,7 @@ pulse_status loco_node_catch_up(pulse_loco_node *n, const char *coord,
 
 /* Registers with the coordinator named by `seed`'s view and loads the
  * state of the first round the coordinator admits this node to. */
-static pulse_status join_via(pulse_loco_node *n, const char *seed,
+static pulse_status join_via(pulse_loco_coord *n, const char *seed,
                              float *theta_r, uint64_t end) {
   char url[160];
   loco_manifest view;
@@ -363,7 +385,7 @@ static pulse_status join_via(pulse_loco_node *n, const char *seed,
   return publish_view(n);
 }
 
-pulse_status pulse_loco_node_join(pulse_loco_node *n, const char *seed_url,
+pulse_status pulse_loco_coord_join(pulse_loco_coord *n, const char *seed_url,
                                   float *theta_r, uint32_t timeout_ms) {
   if (n == NULL || seed_url == NULL || !loco_url_valid(seed_url))
     return pulse_fail(PULSE_ERR_ARG,
@@ -404,7 +426,8 @@ double pulse_loco_datagram_draw(uint64_t seed, uint64_t round, uint32_t sender,
   return pulse_rng_uniform(&key);
 }
 
-pulse_status pulse_loco_transport_parse(const char *name, uint32_t *out) {
+pulse_status pulse_loco_transport_parse(const char *name,
+                                        pulse_loco_transport *out) {
   if (name != NULL && out != NULL && strcmp(name, "http") == 0)
     return *out = PULSE_LOCO_TRANSPORT_HTTP, PULSE_OK;
   if (name != NULL && out != NULL && strcmp(name, "udp") == 0)
@@ -412,7 +435,7 @@ pulse_status pulse_loco_transport_parse(const char *name, uint32_t *out) {
   return pulse_fail(PULSE_ERR_ARG, "loco: transport must be http or udp");
 }
 
-static int acked_by_all(pulse_loco_node *n, uint64_t round,
+static int acked_by_all(pulse_loco_coord *n, uint64_t round,
                         const pulse_loco_member *m, size_t count) {
   pthread_mutex_lock(&n->lock);
   size_t have = 0;
@@ -426,7 +449,7 @@ static int acked_by_all(pulse_loco_node *n, uint64_t round,
   return have == count;
 }
 
-pulse_status pulse_loco_node_linger(pulse_loco_node *n, uint32_t timeout_ms) {
+pulse_status pulse_loco_coord_linger(pulse_loco_coord *n, uint32_t timeout_ms) {
   if (n == NULL || !n->coordinated)
     return PULSE_OK;
   uint64_t end = loco_now_ms() + timeout_ms;
@@ -441,7 +464,7 @@ pulse_status pulse_loco_node_linger(pulse_loco_node *n, uint32_t timeout_ms) {
   return PULSE_OK;
 }
 
-pulse_status loco_node_close_round(pulse_loco_node *n, uint64_t r,
+pulse_status loco_node_close_round(pulse_loco_coord *n, uint64_t r,
                                    int leaving, const loco_contrib_ref *refs,
                                    size_t c, pulse_loco_member *next,
                                    size_t *nn_out) {
@@ -504,9 +527,9 @@ pulse_status loco_node_close_round(pulse_loco_node *n, uint64_t r,
   return st;
 }
 
-static pulse_status coordinate(pulse_loco_node *n, uint64_t r,
+static pulse_status coordinate(pulse_loco_coord *n, uint64_t r,
                                const uint8_t *own, size_t own_size, int leaving,
-                               float *theta_r, pulse_loco_step_info *info) {
+                               float *theta_r, pulse_loco_coord_step_figures *info) {
   size_t M = n->nmembers;
   loco_fetch *t = calloc(M, sizeof *t);
   char(*urls)[160] = calloc(M, sizeof *urls);
@@ -542,8 +565,8 @@ static pulse_status coordinate(pulse_loco_node *n, uint64_t r,
     int ok = t[j].done;
     if (ok)
       n->fetched += t[j].body.size;
-    int lost = ok && n->opts.drop_rate > 0.0 &&
-               drop_draw(n->opts.drop_seed, r, id) < n->opts.drop_rate;
+    int lost = ok && n->hooks.drop_rate > 0.0 &&
+               drop_draw(n->hooks.drop_seed, r, id) < n->hooks.drop_rate;
     if (lost)
       ok = 0; /* simulated loss */
     if (ok && !loco_auth_accept(n, PULSE_LOCO_AUTH_PAYLOAD, r, id, &t[j].sig,
@@ -586,7 +609,7 @@ static pulse_status coordinate(pulse_loco_node *n, uint64_t r,
   size_t nn = 0;
   if (st == PULSE_OK)
     st = loco_node_close_round(n, r, leaving, refs, c, next, &nn);
-  pulse_loco_finish_info fi;
+  pulse_loco_finish_figures fi;
   if (st == PULSE_OK)
     st = pulse_loco_set_members(n->ctx, (uint32_t)M);
   if (st == PULSE_OK)
@@ -604,7 +627,7 @@ static pulse_status coordinate(pulse_loco_node *n, uint64_t r,
   if (st == PULSE_OK)
     st = publish_view(n);
   if (st == PULSE_OK && leaving) /* the others still need this round's data */
-    pulse_loco_node_linger(n, n->opts.manifest_timeout_ms);
+    pulse_loco_coord_linger(n, n->opts.manifest_timeout_ms);
 done:
   for (size_t j = 0; t && j < M; j++)
     pulse_bytebuf_free(&t[j].body);
@@ -614,7 +637,7 @@ done:
 
 /* The round the coordinator at `coord` is at (its view), 0 when it does
  * not answer within the deadline. */
-static uint64_t group_round(pulse_loco_node *n, const char *coord) {
+static uint64_t group_round(pulse_loco_coord *n, const char *coord) {
   char url[160];
   loco_manifest view;
   loco_node_url_fmt(url, sizeof url, coord, "/v1/loco/members");
@@ -629,7 +652,7 @@ static uint64_t group_round(pulse_loco_node *n, const char *coord) {
  * t[k] (done, body): from each sender first, then from the coordinator's
  * relay; a body counts only with the size and SHA-256 the manifest names.
  * *self_included tells whether the manifest lists this node. */
-static pulse_status fetch_contributions(pulse_loco_node *n, uint64_t r,
+static pulse_status fetch_contributions(pulse_loco_coord *n, uint64_t r,
                                         const char *coord,
                                         const loco_manifest *man, loco_fetch *t,
                                         char (*urls)[160], int *self_included) {
@@ -702,9 +725,9 @@ static pulse_status fetch_contributions(pulse_loco_node *n, uint64_t r,
 }
 
 /* A member's round: the manifest, then the payloads it lists. */
-static pulse_status follow(pulse_loco_node *n, uint64_t r, const uint8_t *own,
+static pulse_status follow(pulse_loco_coord *n, uint64_t r, const uint8_t *own,
                            size_t own_size, int leaving, float *theta_r,
-                           pulse_loco_step_info *info) {
+                           pulse_loco_coord_step_figures *info) {
   /* A copy: the members (and so members[0]) change when the round ends. */
   char coord[sizeof n->members[0].url];
   snprintf(coord, sizeof coord, "%s", n->members[0].url);
@@ -796,12 +819,13 @@ done:
   return st;
 }
 
-pulse_status pulse_loco_node_step(pulse_loco_node *n, float *theta_r,
-                                  uint64_t samples, int leaving,
-                                  pulse_loco_step_info *info) {
+pulse_status pulse_loco_coord_step(pulse_loco_coord *n, float *theta_r,
+                                  uint64_t samples, uint32_t flags,
+                                  pulse_loco_coord_step_figures *info) {
+  int leaving = (flags & PULSE_LOCO_LEAVING) != 0;
   if (n == NULL || theta_r == NULL)
     return pulse_fail(PULSE_ERR_ARG, "loco node: NULL argument");
-  pulse_loco_step_info local;
+  pulse_loco_coord_step_figures local;
   if (info == NULL)
     info = &local;
   memset(info, 0, sizeof *info);
@@ -809,7 +833,7 @@ pulse_status pulse_loco_node_step(pulse_loco_node *n, float *theta_r,
   loco_auth_begin_step(n, pulse_loco_round(n->ctx)); /* auth hook */
   if (n->dropped) {
     /* Join again; the caller's next step runs the admission round. */
-    PULSE_TRY(pulse_loco_node_join(n, n->rejoin_url, theta_r,
+    PULSE_TRY(pulse_loco_coord_join(n, n->rejoin_url, theta_r,
                                    n->opts.manifest_timeout_ms));
     n->dropped = 0;
     info->rejoined = 1;
@@ -828,7 +852,7 @@ pulse_status pulse_loco_node_step(pulse_loco_node *n, float *theta_r,
   info->coordinator = n->members[0].id;
   const uint8_t *payload;
   size_t size;
-  pulse_loco_prepare_info pi;
+  pulse_loco_prepare_figures pi;
   PULSE_TRY(pulse_loco_prepare(n->ctx, theta_r, samples,
                                leaving ? PULSE_LOCO_LEAVING : 0, &payload,
                                &size, &pi));

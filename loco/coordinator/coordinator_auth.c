@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "pulse_loco_coord.h"
 #include "endian_impl.h"
 #include "coordinator_auth_impl.h"
 #include "coordinator_impl.h"
@@ -23,7 +24,7 @@
 /* A trainer id and the key that speaks for it. */
 typedef struct {
   uint32_t id;
-  uint8_t key[PULSE_SIGN_PUBLIC_BYTES];
+  uint8_t key[PULSE_KEY_BYTES];
 } binding;
 
 /* A sender's signed chunk list of the round being received. */
@@ -47,17 +48,17 @@ struct loco_node_auth {
    * joins and reads the metrics while the node's thread checks bodies. */
   pthread_mutex_t lock;
   pulse_loco_auth *auth;
-  uint8_t own[PULSE_SIGN_PUBLIC_BYTES];
+  uint8_t own[PULSE_KEY_BYTES];
   binding *ids;
   size_t nids, capids;
   int has_admission;
   pulse_loco_admission admission;
   /* Refusals decided here rather than by the handle (a trainer id whose
    * key is unknown, a body of a later round), added to its counters. */
-  pulse_loco_auth_counters extra;
+  pulse_loco_auth_figures extra;
   uint64_t datagrams_refused, joins_refused;
   uint64_t datagrams_replayed; /* of datagrams_refused: an older round's */
-  pulse_loco_auth_counters step_base; /* totals when the step began */
+  pulse_loco_auth_figures step_base; /* totals when the step began */
   uint64_t step_datagrams;
   loco_sig own_payload; /* this round's, for the relay of it */
   /* UDP: the senders' chunk lists of list_round. */
@@ -84,7 +85,7 @@ static binding *bound_id(const loco_node_auth *a, uint32_t id) {
 
 static binding *bound_key(const loco_node_auth *a, const uint8_t *key) {
   for (size_t i = 0; i < a->nids; i++)
-    if (memcmp(a->ids[i].key, key, PULSE_SIGN_PUBLIC_BYTES) == 0)
+    if (memcmp(a->ids[i].key, key, PULSE_KEY_BYTES) == 0)
       return &a->ids[i];
   return NULL;
 }
@@ -94,7 +95,7 @@ static binding *bound_key(const loco_node_auth *a, const uint8_t *key) {
 static int bind(loco_node_auth *a, uint32_t id, const uint8_t *key) {
   binding *b = bound_id(a, id);
   if (b != NULL)
-    return memcmp(b->key, key, PULSE_SIGN_PUBLIC_BYTES) == 0;
+    return memcmp(b->key, key, PULSE_KEY_BYTES) == 0;
   if (bound_key(a, key) != NULL)
     return 0;
   if (a->nids == a->capids) {
@@ -106,14 +107,14 @@ static int bind(loco_node_auth *a, uint32_t id, const uint8_t *key) {
     a->capids = cap;
   }
   a->ids[a->nids].id = id;
-  memcpy(a->ids[a->nids++].key, key, PULSE_SIGN_PUBLIC_BYTES);
+  memcpy(a->ids[a->nids++].key, key, PULSE_KEY_BYTES);
   return 1;
 }
 
 /* -------------------------------------------------------------- counters */
 
-static void totals(const loco_node_auth *a, pulse_loco_auth_counters *c) {
-  pulse_loco_auth_counters_get(a->auth, c);
+static void totals(const loco_node_auth *a, pulse_loco_auth_figures *c) {
+  pulse_loco_auth_figures_get(a->auth, c);
   c->accepted += a->extra.accepted;
   c->unsigned_bodies += a->extra.unsigned_bodies;
   c->forged += a->extra.forged;
@@ -123,8 +124,8 @@ static void totals(const loco_node_auth *a, pulse_loco_auth_counters *c) {
 }
 
 static void metrics(void *user, pulse_bytebuf *text) {
-  loco_node_auth *a = ((pulse_loco_node *)user)->auth;
-  pulse_loco_auth_counters c;
+  loco_node_auth *a = ((pulse_loco_coord *)user)->auth;
+  pulse_loco_auth_figures c;
   pthread_mutex_lock(&a->lock);
   totals(a, &c);
   uint64_t datagrams = a->datagrams_refused, joins = a->joins_refused;
@@ -168,7 +169,7 @@ static void metrics(void *user, pulse_bytebuf *text) {
 
 /* {"id":I,"key":"HEX"} or, admitted, {"id":I,"key":"HEX","sponsor":"HEX",
  * "until":R,"sig":"HEX"}: what a member tells the others of its key. */
-static pulse_status publish_key(pulse_loco_node *n) {
+static pulse_status publish_key(pulse_loco_coord *n) {
   loco_node_auth *a = n->auth;
   char text[KEY_BLOB_MAX], key[65], sponsor[65], sig[129];
   store_hex(a->own, 32, key);
@@ -227,7 +228,7 @@ static int parse_key_blob(const uint8_t *data, size_t size, uint32_t *id,
 /* Learns the key of member `id` (admitted after this node started) from
  * its key blob: bound when it is pinned under that id, or when a member's
  * admission of it verifies. @return 1 when the id has a key now. */
-static int learn_key(pulse_loco_node *n, uint32_t id) {
+static int learn_key(pulse_loco_coord *n, uint32_t id) {
   loco_node_auth *a = n->auth;
   int m = loco_member_find(n->members, n->nmembers, id);
   if (m < 0)
@@ -266,7 +267,7 @@ static int learn_key(pulse_loco_node *n, uint32_t id) {
 static unsigned join_gate(void *user, const char *path,
                           const char *(*query)(void *rq, const char *key),
                           void *rq, char *reply, size_t cap) {
-  pulse_loco_node *n = user;
+  pulse_loco_coord *n = user;
   loco_node_auth *a = n->auth;
   uint32_t id;
   if (strcmp(path, "/v1/loco/join") != 0 ||
@@ -315,7 +316,7 @@ static unsigned join_gate(void *user, const char *path,
   return status;
 }
 
-void loco_auth_join_query(const pulse_loco_node *n, char *dst, size_t cap) {
+void loco_auth_join_query(const pulse_loco_coord *n, char *dst, size_t cap) {
   const loco_node_auth *a = n->auth;
   if (a == NULL || cap == 0)
     return;
@@ -331,7 +332,7 @@ void loco_auth_join_query(const pulse_loco_node *n, char *dst, size_t cap) {
            (unsigned long long)a->admission.round, sig);
 }
 
-pulse_status pulse_loco_node_admit(const pulse_loco_node *n,
+pulse_status pulse_loco_coord_admit(const pulse_loco_coord *n,
                                    const uint8_t newcomer[32],
                                    uint64_t until_round,
                                    pulse_loco_admission *out) {
@@ -351,13 +352,10 @@ pulse_status pulse_loco_node_admit(const pulse_loco_node *n,
 
 /* --------------------------------------------------------- start, stop */
 
-pulse_status loco_auth_start(pulse_loco_node *n,
-                             const pulse_loco_node_opts *o) {
+pulse_status loco_auth_start(pulse_loco_coord *n,
+                             const pulse_loco_coord_opts *o) {
   n->auth = NULL;
-  /* Version 2 callers: no key, nothing to check with. */
-  if (o->struct_version < 3)
-    return PULSE_OK;
-  if (o->auth > PULSE_LOCO_AUTH_OFF)
+  if ((unsigned)o->auth > PULSE_LOCO_AUTH_OFF)
     return pulse_fail(PULSE_ERR_ARG, "loco node: auth must be AUTO, ON or OFF");
   if (o->auth == PULSE_LOCO_AUTH_OFF)
     return PULSE_OK;
@@ -388,7 +386,8 @@ pulse_status loco_auth_start(pulse_loco_node *n,
   pulse_sign_key_public(o->sign_key, a->own);
   for (size_t i = 0; i < o->member_key_count; i++)
     memcpy(keys + 32u * i, o->member_keys[i].key, 32);
-  pulse_loco_auth_opts ao = PULSE_LOCO_AUTH_OPTS_INIT;
+  pulse_loco_auth_opts ao;
+  pulse_loco_auth_opts_init(&ao);
   ao.key = o->sign_key;
   ao.members = keys;
   ao.member_count = o->member_key_count;
@@ -436,7 +435,7 @@ static void lists_clear(loco_node_auth *a) {
 
 /* Called once the server has stopped (nothing calls the gate or the
  * metrics any more). */
-void loco_auth_stop(pulse_loco_node *n) {
+void loco_auth_stop(pulse_loco_coord *n) {
   loco_node_auth *a = n->auth;
   if (a == NULL)
     return;
@@ -454,7 +453,7 @@ void loco_auth_stop(pulse_loco_node *n) {
   free(a);
 }
 
-pulse_status loco_auth_check_founders(const pulse_loco_node *n,
+pulse_status loco_auth_check_founders(const pulse_loco_coord *n,
                                       const pulse_loco_member *m,
                                       size_t count) {
   loco_node_auth *a = n->auth;
@@ -475,7 +474,7 @@ pulse_status loco_auth_check_founders(const pulse_loco_node *n,
 
 /* ------------------------------------------------------------- steps */
 
-void loco_auth_begin_step(pulse_loco_node *n, uint64_t r) {
+void loco_auth_begin_step(pulse_loco_coord *n, uint64_t r) {
   loco_node_auth *a = n->auth;
   if (a == NULL)
     return;
@@ -486,16 +485,16 @@ void loco_auth_begin_step(pulse_loco_node *n, uint64_t r) {
   pthread_mutex_unlock(&a->lock);
 }
 
-void loco_auth_end_step(pulse_loco_node *n, pulse_loco_step_info *info) {
+void loco_auth_end_step(pulse_loco_coord *n, pulse_loco_coord_step_figures *info) {
   loco_node_auth *a = n->auth;
   if (a == NULL)
     return;
-  pulse_loco_auth_counters c;
+  pulse_loco_auth_figures c;
   pthread_mutex_lock(&a->lock);
   totals(a, &c);
   info->datagrams_refused_auth = a->datagrams_refused - a->step_datagrams;
   pthread_mutex_unlock(&a->lock);
-  const pulse_loco_auth_counters *b = &a->step_base;
+  const pulse_loco_auth_figures *b = &a->step_base;
   info->auth.accepted = c.accepted - b->accepted;
   info->auth.unsigned_bodies = c.unsigned_bodies - b->unsigned_bodies;
   info->auth.forged = c.forged - b->forged;
@@ -518,7 +517,7 @@ static pulse_status keep_body(kept_body *k, uint64_t r, const void *data,
   return PULSE_OK;
 }
 
-pulse_status loco_auth_put(pulse_loco_node *n, const char *path,
+pulse_status loco_auth_put(pulse_loco_coord *n, const char *path,
                            pulse_loco_auth_kind kind, uint64_t r,
                            const void *data, size_t size) {
   loco_node_auth *a = n->auth;
@@ -562,7 +561,7 @@ pulse_status loco_auth_put(pulse_loco_node *n, const char *path,
                         : st;
 }
 
-pulse_status loco_auth_relay(pulse_loco_node *n, const char *path,
+pulse_status loco_auth_relay(pulse_loco_coord *n, const char *path,
                              const void *data, size_t size,
                              const loco_sig *sig) {
   loco_node_auth *a = n->auth;
@@ -574,7 +573,7 @@ pulse_status loco_auth_relay(pulse_loco_node *n, const char *path,
 
 /* ------------------------------------------------------ checking bodies */
 
-int loco_auth_accept(pulse_loco_node *n, pulse_loco_auth_kind kind, uint64_t r,
+int loco_auth_accept(pulse_loco_coord *n, pulse_loco_auth_kind kind, uint64_t r,
                      uint32_t id, const loco_sig *sig, const void *data,
                      size_t size) {
   loco_node_auth *a = n->auth;
@@ -628,7 +627,7 @@ int loco_auth_accept(pulse_loco_node *n, pulse_loco_auth_kind kind, uint64_t r,
   return 1;
 }
 
-pulse_status loco_auth_get_manifest(pulse_loco_node *n, const char *url,
+pulse_status loco_auth_get_manifest(pulse_loco_coord *n, const char *url,
                                     uint64_t r, uint32_t coordinator,
                                     loco_manifest *m) {
   if (n->auth == NULL)
@@ -661,7 +660,7 @@ static int digest_cmp(const void *x, const void *y) {
   return memcmp(x, y, 32);
 }
 
-pulse_status loco_auth_udp_publish(pulse_loco_node *n, uint64_t r,
+pulse_status loco_auth_udp_publish(pulse_loco_coord *n, uint64_t r,
                                    const pulse_buffer *chunks,
                                    uint64_t nchunks) {
   if (n->auth == NULL)
@@ -691,7 +690,7 @@ pulse_status loco_auth_udp_publish(pulse_loco_node *n, uint64_t r,
 
 /* Sender `id`'s chunk list of round r (fetched once a round: refused or
  * missing, its chunks are all refused this round). */
-static const chunk_list *list_of(pulse_loco_node *n, uint64_t r, int m) {
+static const chunk_list *list_of(pulse_loco_coord *n, uint64_t r, int m) {
   loco_node_auth *a = n->auth;
   uint32_t id = n->members[m].id;
   if (a->list_round != r) {
@@ -739,7 +738,7 @@ static const chunk_list *list_of(pulse_loco_node *n, uint64_t r, int m) {
   return l;
 }
 
-int loco_auth_udp_admit(pulse_loco_node *n, uint64_t r,
+int loco_auth_udp_admit(pulse_loco_coord *n, uint64_t r,
                         const loco_datagram *d) {
   loco_node_auth *a = n->auth;
   if (a == NULL || d->size < PULSE_LOCO_CHUNK_HEADER ||
@@ -769,14 +768,15 @@ int loco_auth_udp_admit(pulse_loco_node *n, uint64_t r,
 
 /* ------------------------------------------------------ fault injection */
 
-pulse_status loco_auth_tamper(pulse_loco_node *n, unsigned mode,
+pulse_status loco_auth_tamper(pulse_loco_coord *n, unsigned mode,
                               unsigned kinds) {
   loco_node_auth *a = n->auth;
   if (a == NULL || mode > LOCO_AUTH_TAMPER_FOREIGN)
     return pulse_fail(PULSE_ERR_ARG, "loco auth: tamper needs a key");
   if (mode == LOCO_AUTH_TAMPER_FOREIGN && a->stranger == NULL) {
     PULSE_TRY(pulse_sign_key_generate(&a->stranger_key));
-    pulse_loco_auth_opts o = PULSE_LOCO_AUTH_OPTS_INIT;
+    pulse_loco_auth_opts o;
+    pulse_loco_auth_opts_init(&o);
     o.key = a->stranger_key;
     PULSE_TRY(pulse_loco_auth_create(&o, &a->stranger));
   }
@@ -785,7 +785,7 @@ pulse_status loco_auth_tamper(pulse_loco_node *n, unsigned mode,
   return PULSE_OK;
 }
 
-const pulse_buffer *loco_auth_udp_outgoing(pulse_loco_node *n,
+const pulse_buffer *loco_auth_udp_outgoing(pulse_loco_coord *n,
                                            const pulse_buffer *chunks,
                                            uint64_t *nchunks) {
   loco_node_auth *a = n->auth;

@@ -19,9 +19,10 @@
  *
  * A refused body or datagram is counted (node metrics, step info) and left
  * out: the round proceeds without it. */
-#ifndef PULSE_LOCO_NODE_AUTH_IMPL_H
-#define PULSE_LOCO_NODE_AUTH_IMPL_H
+#ifndef PULSE_LOCO_COORD_AUTH_IMPL_H
+#define PULSE_LOCO_COORD_AUTH_IMPL_H
 
+#include "pulse_loco_coord.h"
 #include "peer_http_impl.h"
 #include "manifest_impl.h"
 #include "pulse_loco.h"
@@ -33,60 +34,60 @@ typedef struct loco_node_auth loco_node_auth;
 /* At create, after the server started: checks the options (a config that
  * cannot be verified is refused with PULSE_ERR_ARG), sets n->auth (NULL
  * when off), serves /v1/loco/key, installs the join gate and the metrics. */
-pulse_status loco_auth_start(pulse_loco_node *n,
-                             const pulse_loco_node_opts *opts);
-void loco_auth_stop(pulse_loco_node *n);
+pulse_status loco_auth_start(pulse_loco_coord *n,
+                             const pulse_loco_coord_opts *opts);
+void loco_auth_stop(pulse_loco_coord *n);
 
 /* Founding members must all have a pinned key. */
-pulse_status loco_auth_check_founders(const pulse_loco_node *n,
+pulse_status loco_auth_check_founders(const pulse_loco_coord *n,
                                       const pulse_loco_member *m,
                                       size_t count);
 
 /* The step of round r begins (bodies of older rounds are replays from now
  * on); it ended: info->auth and info->datagrams_refused_auth get what this
  * step refused. */
-void loco_auth_begin_step(pulse_loco_node *n, uint64_t r);
-void loco_auth_end_step(pulse_loco_node *n, pulse_loco_step_info *info);
+void loco_auth_begin_step(pulse_loco_coord *n, uint64_t r);
+void loco_auth_end_step(pulse_loco_coord *n, pulse_loco_coord_step_figures *info);
 
 /* Publishes a body of this node (kind, round r) signed. */
-pulse_status loco_auth_put(pulse_loco_node *n, const char *path,
+pulse_status loco_auth_put(pulse_loco_coord *n, const char *path,
                            pulse_loco_auth_kind kind, uint64_t r,
                            const void *data, size_t size);
 
 /* Publishes a relay of a fetched payload with its original signature
  * (sig NULL: this node's own payload of the round). */
-pulse_status loco_auth_relay(pulse_loco_node *n, const char *path,
+pulse_status loco_auth_relay(pulse_loco_coord *n, const char *path,
                              const void *data, size_t size,
                              const loco_sig *sig);
 
 /* 1 when a body that came with `sig` from trainer `id` for round r passes
  * (always when the node does not authenticate); 0 when refused (counted,
  * logged). May fetch the key of a newly admitted member. */
-int loco_auth_accept(pulse_loco_node *n, pulse_loco_auth_kind kind, uint64_t r,
+int loco_auth_accept(pulse_loco_coord *n, pulse_loco_auth_kind kind, uint64_t r,
                      uint32_t id, const loco_sig *sig, const void *data,
                      size_t size);
 
 /* The manifest of round r from url, checked as signed by `coordinator`
  * (loco_node_get_json when the node does not authenticate).
  * @return PULSE_OK; PULSE_ERR_CORRUPT when refused; a fetch error. */
-pulse_status loco_auth_get_manifest(pulse_loco_node *n, const char *url,
+pulse_status loco_auth_get_manifest(pulse_loco_coord *n, const char *url,
                                     uint64_t r, uint32_t coordinator,
                                     loco_manifest *m);
 
 /* Appends to a join POST's query what the coordinator checks: this node's
  * key and its admission ("&key=...&sponsor=...&until=...&sig=..."). */
-void loco_auth_join_query(const pulse_loco_node *n, char *dst, size_t cap);
+void loco_auth_join_query(const pulse_loco_coord *n, char *dst, size_t cap);
 
 /* UDP: publishes this node's signed chunk list of round r (before the
  * chunks are sent). */
-pulse_status loco_auth_udp_publish(pulse_loco_node *n, uint64_t r,
+pulse_status loco_auth_udp_publish(pulse_loco_coord *n, uint64_t r,
                                    const pulse_buffer *chunks,
                                    uint64_t nchunks);
 /* UDP: 1 when a datagram (a chunk naming a member `sender`) of the round
  * being received (r) may go on: its digest is in the sender's signed list
  * of its round; later rounds are checked in their round; older rounds are
  * replays. 0: refused and counted. */
-int loco_auth_udp_admit(pulse_loco_node *n, uint64_t r, const loco_datagram *d);
+int loco_auth_udp_admit(pulse_loco_coord *n, uint64_t r, const loco_datagram *d);
 
 /* Fault injection for tests (tests/loco/test_auth_node.c): what this node
  * serves of the kinds `kinds` (bit 1 payloads and chunk lists, bit 2
@@ -98,11 +99,11 @@ int loco_auth_udp_admit(pulse_loco_node *n, uint64_t r, const loco_datagram *d);
 #define LOCO_AUTH_TAMPER_FORGED 2u
 #define LOCO_AUTH_TAMPER_REPLAYED 3u
 #define LOCO_AUTH_TAMPER_FOREIGN 4u
-pulse_status loco_auth_tamper(pulse_loco_node *n, unsigned mode,
+pulse_status loco_auth_tamper(pulse_loco_coord *n, unsigned mode,
                               unsigned kinds);
 /* UDP, under REPLAYED: the chunks to send instead of this round's (the
  * previous round's, kept), else `chunks` itself; keeps this round's. */
-const pulse_buffer *loco_auth_udp_outgoing(pulse_loco_node *n,
+const pulse_buffer *loco_auth_udp_outgoing(pulse_loco_coord *n,
                                            const pulse_buffer *chunks,
                                            uint64_t *nchunks);
 

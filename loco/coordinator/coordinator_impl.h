@@ -1,14 +1,15 @@
 /* coordinator_impl.h - private to loco/: the node of the exchange (pulse_loco.h,
  * PAYLOAD.md "Exchange") shared by its HTTP round (coordinator.c) and its
  * datagram round (coordinator_udp.c). */
-#ifndef PULSE_LOCO_NODE_IMPL_H
-#define PULSE_LOCO_NODE_IMPL_H
+#ifndef PULSE_LOCO_COORD_IMPL_H
+#define PULSE_LOCO_COORD_IMPL_H
 
 #include <pthread.h>
 
-#include "peer_http_impl.h"
 #include "loco_impl.h"
 #include "manifest_impl.h"
+#include "peer_http_impl.h"
+#include "pulse_loco_testing.h"
 #include "status_impl.h"
 #include "udp_impl.h"
 
@@ -26,8 +27,9 @@ typedef struct {
   uint16_t port;
 } loco_udp_peer;
 
-struct pulse_loco_node {
-  pulse_loco_node_opts opts;
+struct pulse_loco_coord {
+  pulse_loco_coord_opts opts;
+  pulse_loco_test_hooks hooks; /* a copy of opts.test_hooks (zeros: none) */
   pulse_loco *ctx;
   loco_server *srv;
   char url[64];
@@ -76,10 +78,10 @@ struct pulse_loco_node {
 
 
 /* The members' helpers (coordinator.c). */
-void loco_node_set_members(pulse_loco_node *n, const pulse_loco_member *m,
+void loco_node_set_members(pulse_loco_coord *n, const pulse_loco_member *m,
                            size_t count);
 /* Publishes the context's state at /v1/loco/state/ROUND. */
-pulse_status loco_node_publish_state(pulse_loco_node *n);
+pulse_status loco_node_publish_state(pulse_loco_coord *n);
 /* base URL + formatted path */
 void loco_node_url_fmt(char *dst, size_t cap, const char *base,
                        const char *fmt, ...) PULSE_PRINTF_(4, 5);
@@ -88,7 +90,7 @@ pulse_status loco_node_get_json(const char *url, unsigned timeout_ms,
                                 loco_manifest *m, uint64_t *fetched);
 /* Imports the newest state of round min_round or later from the
  * coordinator at `coord` (and its members), before `end`. */
-pulse_status loco_node_catch_up(pulse_loco_node *n, const char *coord,
+pulse_status loco_node_catch_up(pulse_loco_coord *n, const char *coord,
                                 uint64_t min_round, float *theta_r,
                                 uint64_t end);
 /* The coordinator's end of round r: the members of round r + 1 (minus
@@ -96,7 +98,7 @@ pulse_status loco_node_catch_up(pulse_loco_node *n, const char *coord,
  * pending joiners), their admissions and the manifest with the
  * contributors refs[0..c), published in that order. next gets the members
  * of r + 1 (LOCO_MAX_MEMBERS room), *nn their count. */
-pulse_status loco_node_close_round(pulse_loco_node *n, uint64_t r,
+pulse_status loco_node_close_round(pulse_loco_coord *n, uint64_t r,
                                    int leaving, const loco_contrib_ref *refs,
                                    size_t c, pulse_loco_member *next,
                                    size_t *nn);
@@ -104,10 +106,10 @@ pulse_status loco_node_close_round(pulse_loco_node *n, uint64_t r,
 /* The datagram round (coordinator_udp.c): from the prepared round r to its end
  * (chunks out, chunks in until complete, quiet or the deadline, finish,
  * manifest, drift check and re-sync). */
-pulse_status loco_node_udp_round(pulse_loco_node *n, uint64_t r, int leaving,
-                                 float *theta_r, pulse_loco_step_info *info);
+pulse_status loco_node_udp_round(pulse_loco_coord *n, uint64_t r, int leaving,
+                                 float *theta_r, pulse_loco_coord_step_figures *info);
 /* Opens the socket and publishes its port (at create); frees it all. */
-pulse_status loco_node_udp_start(pulse_loco_node *n);
-void loco_node_udp_stop(pulse_loco_node *n);
+pulse_status loco_node_udp_start(pulse_loco_coord *n);
+void loco_node_udp_stop(pulse_loco_coord *n);
 
 #endif

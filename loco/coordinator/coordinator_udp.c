@@ -31,6 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "pulse_loco_testing.h"
 #include "endian_impl.h"
 #include "coordinator_auth_impl.h"
 #include "coordinator_impl.h"
@@ -45,7 +46,7 @@
 
 /* ------------------------------------------------------------- socket */
 
-pulse_status loco_node_udp_start(pulse_loco_node *n) {
+pulse_status loco_node_udp_start(pulse_loco_coord *n) {
   uint32_t addr;
   if (!loco_url_parse(n->url, &addr, NULL))
     return pulse_fail(PULSE_ERR_ARG, "loco udp: %s", n->url);
@@ -56,11 +57,11 @@ pulse_status loco_node_udp_start(pulse_loco_node *n) {
   return loco_server_put(n->srv, "/v1/loco/udp", text, (size_t)len);
 }
 
-uint16_t pulse_loco_node_udp_port(const pulse_loco_node *n) {
+uint16_t pulse_loco_coord_udp_port(const pulse_loco_coord *n) {
   return n && n->udp ? loco_udp_port(n->udp) : 0;
 }
 
-void loco_node_udp_stop(pulse_loco_node *n) {
+void loco_node_udp_stop(pulse_loco_coord *n) {
   loco_udp_close(n->udp);
   n->udp = NULL;
   for (loco_datagram *d = n->early, *next; d; d = next) {
@@ -75,7 +76,7 @@ void loco_node_udp_stop(pulse_loco_node *n) {
 
 /* The datagram endpoint of member m: its URL's address, and its port asked
  * once over HTTP. */
-static pulse_status peer_port(pulse_loco_node *n, const pulse_loco_member *m,
+static pulse_status peer_port(pulse_loco_coord *n, const pulse_loco_member *m,
                               uint32_t *addr, uint16_t *port) {
   for (size_t i = 0; i < n->npeers; i++)
     if (n->peers[i].id == m->id && strcmp(n->peers[i].url, m->url) == 0)
@@ -110,7 +111,7 @@ static pulse_status peer_port(pulse_loco_node *n, const pulse_loco_member *m,
 }
 
 /* The known endpoint of member `id` of this round, NULL when not known. */
-static const loco_udp_peer *known_peer(const pulse_loco_node *n, uint32_t id) {
+static const loco_udp_peer *known_peer(const pulse_loco_coord *n, uint32_t id) {
   int m = loco_member_find(n->members, n->nmembers, id);
   if (m < 0)
     return NULL;
@@ -128,7 +129,7 @@ static const loco_udp_peer *known_peer(const pulse_loco_node *n, uint32_t id) {
  * is dropped and counted (*auth_refused tells which check) before it can
  * reach the aggregate. A datagram too short to name a sender goes on to
  * the inbox, which counts it. */
-static int datagram_admit(pulse_loco_node *n, uint64_t r,
+static int datagram_admit(pulse_loco_coord *n, uint64_t r,
                           const loco_datagram *d, int *auth_refused) {
   *auth_refused = 0;
   if (d->cut)
@@ -191,8 +192,8 @@ static int end_valid(const loco_datagram *d) {
  * marker (ended[j] set for member j: it sent all it will), or given to
  * the inbox (which keeps it or counts why not). Frees it unless kept.
  * @return 1 when the inbox kept it, 2 for a member's first end marker. */
-static int take_datagram(pulse_loco_node *n, pulse_loco_inbox *in, uint64_t r,
-                          loco_datagram *d, pulse_loco_step_info *info,
+static int take_datagram(pulse_loco_coord *n, pulse_loco_inbox *in, uint64_t r,
+                          loco_datagram *d, pulse_loco_coord_step_figures *info,
                           uint8_t *ended) {
   int kept = 0, auth_refused;
   uint64_t round = chunk_round(d);
@@ -234,9 +235,9 @@ static int take_datagram(pulse_loco_node *n, pulse_loco_inbox *in, uint64_t r,
  * a loaded host a receiver's socket buffer overflows under such a burst:
  * loss nobody injected; at 1M parameters, 8 trainers on 2 cores, 31% of
  * the datagrams of a lossless run when sent member after member). */
-static pulse_status send_chunks(pulse_loco_node *n, uint64_t r,
+static pulse_status send_chunks(pulse_loco_coord *n, uint64_t r,
                                 const pulse_buffer *chunks, uint64_t nchunks,
-                                pulse_loco_step_info *info) {
+                                pulse_loco_coord_step_figures *info) {
   size_t M = n->nmembers, self = 0;
   uint32_t *addr = calloc(M ? M : 1, sizeof *addr);
   uint16_t *port = calloc(M ? M : 1, sizeof *port); /* 0: not sent to */
@@ -277,10 +278,10 @@ static pulse_status send_chunks(pulse_loco_node *n, uint64_t r,
       if (port[j] == 0)
         continue;
       /* Loss injected below the protocol: the datagram never leaves. */
-      if (n->opts.datagram_drop > 0.0 &&
-          pulse_loco_datagram_draw(n->opts.drop_seed, r, n->id,
+      if (n->hooks.datagram_drop > 0.0 &&
+          pulse_loco_datagram_draw(n->hooks.drop_seed, r, n->id,
                                    n->members[j].id, k) <
-              n->opts.datagram_drop) {
+              n->hooks.datagram_drop) {
         info->datagrams_dropped += k < nchunks;
         continue;
       }
@@ -308,7 +309,7 @@ static pulse_status send_chunks(pulse_loco_node *n, uint64_t r,
  * was lost, not late. A sender preempted in the middle of its burst, or
  * still in its inner steps, is told from one whose datagrams were lost
  * without waiting for the deadline. */
-static int all_sent(pulse_loco_node *n, uint64_t r, const pulse_loco_inbox *in,
+static int all_sent(pulse_loco_coord *n, uint64_t r, const pulse_loco_inbox *in,
                     uint8_t *known) {
   uint64_t cells = (n->ctx->n + PULSE_LOCO_CHUNK_CELL - 1) / PULSE_LOCO_CHUNK_CELL;
   for (size_t j = 0; j < n->nmembers; j++) {
@@ -333,7 +334,7 @@ static int all_sent(pulse_loco_node *n, uint64_t r, const pulse_loco_inbox *in,
 
 /* Whether every member whose cells are not all here is known to have sent
  * all (its end marker, or its /sent). */
-static int all_known(const pulse_loco_node *n, const pulse_loco_inbox *in,
+static int all_known(const pulse_loco_coord *n, const pulse_loco_inbox *in,
                      const uint8_t *known) {
   uint64_t cells = (n->ctx->n + PULSE_LOCO_CHUNK_CELL - 1) / PULSE_LOCO_CHUNK_CELL;
   for (size_t j = 0; j < n->nmembers; j++) {
@@ -347,8 +348,8 @@ static int all_known(const pulse_loco_node *n, const pulse_loco_inbox *in,
 
 /* Takes what the socket holds now (after the receive thread drained the
  * kernel's buffer). @return 1 when a chunk was kept. */
-static int take_rest(pulse_loco_node *n, pulse_loco_inbox *in, uint64_t r,
-                     pulse_loco_step_info *info, uint8_t *known) {
+static int take_rest(pulse_loco_coord *n, pulse_loco_inbox *in, uint64_t r,
+                     pulse_loco_coord_step_figures *info, uint8_t *known) {
   loco_udp_flush(n->udp);
   loco_datagram *d;
   int more = 0;
@@ -360,9 +361,9 @@ static int take_rest(pulse_loco_node *n, pulse_loco_inbox *in, uint64_t r,
   return more;
 }
 
-static pulse_status receive_round(pulse_loco_node *n, uint64_t r,
+static pulse_status receive_round(pulse_loco_coord *n, uint64_t r,
                                   pulse_loco_inbox *in,
-                                  pulse_loco_step_info *info) {
+                                  pulse_loco_coord_step_figures *info) {
   /* known[j]: member j sent all its chunks of round r (its end marker or
    * its /sent said so). */
   uint8_t *known = calloc(n->nmembers ? n->nmembers : 1, 1);
@@ -442,7 +443,7 @@ static pulse_status receive_round(pulse_loco_node *n, uint64_t r,
  * range's theta_g then b (LE FP32), back to back, so a run of ranges is one
  * byte range of one blob, and with a period above 1 every range's sketch
  * (drift estimated between re-syncs without the values). */
-static pulse_status publish_reference(pulse_loco_node *n, uint64_t r) {
+static pulse_status publish_reference(pulse_loco_coord *n, uint64_t r) {
   const pulse_loco *ctx = n->ctx;
   uint64_t L = n->opts.resync_range, P = ctx->n;
   uint64_t count = (P + L - 1) / L;
@@ -508,7 +509,7 @@ static double sum_sq(const float *x, uint64_t n) {
 
 /* The reference's sketches of round r (PULSE_LOCO_SKETCH doubles a range,
  * count ranges) into out. */
-static pulse_status fetch_sketch(pulse_loco_node *n, const char *coord,
+static pulse_status fetch_sketch(pulse_loco_coord *n, const char *coord,
                                  uint64_t r, uint64_t count, double *out,
                                  uint64_t *fetched) {
   char url[160];
@@ -540,14 +541,14 @@ static pulse_status fetch_sketch(pulse_loco_node *n, const char *coord,
  * and keeps the differing ranges (the base of its next chunks is then the
  * reference's digest, and those ranges are flagged), unless the estimate
  * exceeds the budget, which re-syncs as in a re-sync round. */
-static pulse_status check_drift(pulse_loco_node *n, const char *coord,
+static pulse_status check_drift(pulse_loco_coord *n, const char *coord,
                                 uint64_t r, float *theta_r,
-                                pulse_loco_step_info *info) {
+                                pulse_loco_coord_step_figures *info) {
   pulse_loco *ctx = n->ctx;
   uint64_t L = n->opts.resync_range, P = ctx->n;
   uint64_t count = (P + L - 1) / L;
-  if (n->opts.drift_probe != NULL) /* before anything is re-synced */
-    n->opts.drift_probe(n->opts.drift_probe_user, r, ctx->theta_g);
+  if (n->hooks.drift_probe != NULL) /* before anything is re-synced */
+    n->hooks.drift_probe(n->hooks.drift_probe_user, r, ctx->theta_g);
   char url[160];
   loco_node_url_fmt(url, sizeof url, coord, "/v1/loco/round/%llu/digests",
                     (unsigned long long)r);
@@ -665,9 +666,9 @@ done:
 /* -------------------------------------------------------------- round */
 
 /* The coordinator's end of round r: manifest and reference. */
-static pulse_status close_round(pulse_loco_node *n, uint64_t r, int leaving,
+static pulse_status close_round(pulse_loco_coord *n, uint64_t r, int leaving,
                                 const pulse_loco_inbox *in,
-                                pulse_loco_step_info *info) {
+                                pulse_loco_coord_step_figures *info) {
   size_t M = n->nmembers, c = 0;
   loco_contrib_ref *refs = calloc(M, sizeof *refs);
   if (refs == NULL)
@@ -709,15 +710,15 @@ static pulse_status close_round(pulse_loco_node *n, uint64_t r, int leaving,
   loco_node_set_members(n, next, nn);
   st = loco_node_publish_state(n);
   if (st == PULSE_OK && leaving) /* the others still need this round's data */
-    pulse_loco_node_linger(n, n->opts.manifest_timeout_ms);
+    pulse_loco_coord_linger(n, n->opts.manifest_timeout_ms);
   return st;
 }
 
 /* A member's end of round r: the manifest (members of r + 1), the drift
  * check, the state, the acknowledgement. */
-static pulse_status follow_round(pulse_loco_node *n, const char *coord,
+static pulse_status follow_round(pulse_loco_coord *n, const char *coord,
                                  uint64_t r, float *theta_r,
-                                 pulse_loco_step_info *info) {
+                                 pulse_loco_coord_step_figures *info) {
   char url[160];
   loco_node_url_fmt(url, sizeof url, coord, "/v1/loco/round/%llu/manifest",
                     (unsigned long long)r);
@@ -762,8 +763,8 @@ static pulse_status follow_round(pulse_loco_node *n, const char *coord,
   return st;
 }
 
-pulse_status loco_node_udp_round(pulse_loco_node *n, uint64_t r, int leaving,
-                                 float *theta_r, pulse_loco_step_info *info) {
+pulse_status loco_node_udp_round(pulse_loco_coord *n, uint64_t r, int leaving,
+                                 float *theta_r, pulse_loco_coord_step_figures *info) {
   pulse_loco *ctx = n->ctx;
   char coord[sizeof n->members[0].url];
   snprintf(coord, sizeof coord, "%s", n->members[0].url);
@@ -825,7 +826,7 @@ pulse_status loco_node_udp_round(pulse_loco_node *n, uint64_t r, int leaving,
   if (st == PULSE_OK)
     st = receive_round(n, r, in, info);
   if (st == PULSE_OK) {
-    pulse_loco_inbox_stats(in, &info->chunks);
+    pulse_loco_inbox_figures_get(in, &info->chunks);
     info->self_included = 1;
     st = pulse_loco_finish_inbox(ctx, in, theta_r, NULL);
   }

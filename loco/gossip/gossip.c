@@ -8,6 +8,7 @@
 
 #include "pulse_gossip.h"
 #include "pulse_log.h"
+#include "pulse_loco_testing.h" /* pulse_gossip_copy */
 #include "pulse_loco_elem.h"
 #include "status_impl.h"
 
@@ -43,9 +44,7 @@ struct pulse_gossip {
 };
 
 static pulse_status check_opts(const pulse_gossip_opts *o) {
-  if (o == NULL || o->struct_version != PULSE_GOSSIP_OPTS_VERSION)
-    return pulse_fail(PULSE_ERR_ARG, "gossip: options missing or of another "
-                      "version");
+  PULSE_TRY(PULSE_OPTS_CHECK("gossip", o, PULSE_GOSSIP_OPTS_VERSION));
   if (o->nodes == 0 || o->nodes > PULSE_GOSSIP_MAX_NODES || o->self >= o->nodes)
     return pulse_fail(PULSE_ERR_ARG, "gossip: trainer %u of %u", o->self,
                       o->nodes);
@@ -64,6 +63,16 @@ static pulse_status check_opts(const pulse_gossip_opts *o) {
     return pulse_fail(PULSE_ERR_ARG, "gossip: chunk_log2 %u not in 10..30",
                       o->chunk_log2);
   return PULSE_OK;
+}
+
+void pulse_gossip_opts_init(pulse_gossip_opts *o) {
+  memset(o, 0, sizeof *o);
+  o->struct_version = PULSE_GOSSIP_OPTS_VERSION;
+  o->gamma = 1.0f;
+  o->gate = PULSE_LOCO_GATE_BF16;
+  o->values = PULSE_LOCO_VALUES_MODELED;
+  o->pos_model = PULSE_POS_AUTO;
+  o->chunk_log2 = 20;
 }
 
 pulse_status pulse_gossip_create(const pulse_gossip_opts *opts,
@@ -176,7 +185,7 @@ static pulse_status encode_edge(pulse_gossip *g, gossip_edge *e) {
 
 pulse_status pulse_gossip_prepare(pulse_gossip *g, uint64_t round,
                                   const pulse_gossip_graph *graph,
-                                  pulse_gossip_prepare_info *info) {
+                                  pulse_gossip_prepare_figures *info) {
   if (g == NULL || graph == NULL)
     return pulse_fail(PULSE_ERR_ARG, "gossip prepare: NULL argument");
   if (g->prepared)
@@ -314,7 +323,7 @@ pulse_status pulse_gossip_drop_edge(pulse_gossip *g, uint32_t peer) {
 }
 
 pulse_status pulse_gossip_finish(pulse_gossip *g,
-                                 pulse_gossip_finish_info *info) {
+                                 pulse_gossip_finish_figures *info) {
   if (g == NULL || !g->prepared)
     return pulse_fail(PULSE_ERR_ARG, "gossip finish: no prepared round");
   uint32_t self = g->o.self, deg = pulse_gossip_graph_degree(g->graph, self);

@@ -3,6 +3,7 @@
  * the rounds), more when the measured replica variance is above its
  * target, fewer when it is well below, within a byte budget; log2 N steps
  * make every replica the exact average. Each decision is logged. */
+#include <string.h>
 #include <math.h>
 #include <stdlib.h>
 
@@ -20,14 +21,19 @@ struct pulse_gossip_policy {
   int started;
 };
 
+void pulse_gossip_policy_opts_init(pulse_gossip_policy_opts *o) {
+  memset(o, 0, sizeof *o);
+  o->struct_version = PULSE_GOSSIP_POLICY_OPTS_VERSION;
+  o->budget = 0.25;
+  o->weights = PULSE_GOSSIP_WEIGHTS_MH;
+}
+
 pulse_status pulse_gossip_policy_create(const pulse_gossip_policy_opts *o,
                                         pulse_gossip_policy **out) {
   if (out == NULL)
     return pulse_fail(PULSE_ERR_ARG, "gossip policy: NULL output");
   *out = NULL;
-  if (o == NULL || o->struct_version != PULSE_GOSSIP_POLICY_OPTS_VERSION)
-    return pulse_fail(PULSE_ERR_ARG, "gossip policy: options missing or of "
-                      "another version");
+  PULSE_TRY(PULSE_OPTS_CHECK("gossip policy", o, PULSE_GOSSIP_POLICY_OPTS_VERSION));
   if (o->nodes < 2 || o->nodes > PULSE_GOSSIP_MAX_NODES ||
       (o->nodes & (o->nodes - 1u)))
     return pulse_fail(PULSE_ERR_ARG, "gossip policy: %u nodes (a power of two "

@@ -24,27 +24,25 @@ void pulse_loco_refresh_(pulse_loco *ctx) {
   ctx->digest = pulse_loco_digest_f32(ctx->theta_g, ctx->n);
 }
 
+void pulse_loco_opts_init(pulse_loco_opts *o) {
+  memset(o, 0, sizeof *o);
+  o->struct_version = PULSE_LOCO_OPTS_VERSION;
+  o->alpha = 0.7f;
+  o->mu = 0.9f;
+  o->gate = PULSE_LOCO_GATE_BF16;
+  o->values = PULSE_LOCO_VALUES_MODELED;
+  o->pos_model = PULSE_POS_AUTO;
+  o->chunk_log2 = 20;
+  o->rule = PULSE_LOCO_RULE_DROP;
+}
+
 pulse_status pulse_loco_create(const pulse_loco_opts *opts,
                                const float *theta_init, pulse_loco **out) {
   if (out == NULL)
     return pulse_fail(PULSE_ERR_ARG, "loco: NULL output");
   *out = NULL;
-  if (opts == NULL || opts->struct_version == 0 ||
-      opts->struct_version > PULSE_LOCO_OPTS_VERSION)
-    return pulse_fail(PULSE_ERR_ARG,
-                      "loco: options missing or of another version");
-  /* A version 1 struct ends before `rule`, a version 2 one before
-   * `gate_mean`: read only what it has (the rest: defaults). */
-  pulse_loco_opts o;
-  memset(&o, 0, sizeof o);
-  if (opts->struct_version == 1) {
-    memcpy(&o, opts, offsetof(pulse_loco_opts, rule));
-    o.rule = PULSE_LOCO_RULE_DROP;
-  } else if (opts->struct_version == 2) {
-    memcpy(&o, opts, offsetof(pulse_loco_opts, gate_mean));
-  } else {
-    o = *opts;
-  }
+  PULSE_TRY(PULSE_OPTS_CHECK("loco", opts, PULSE_LOCO_OPTS_VERSION));
+  pulse_loco_opts o = *opts;
   o.gate_mean = o.gate_mean != 0;
   opts = &o;
   if (opts->param_count == 0 || opts->param_count > PULSE_LOCO_MAX_PARAMS)
@@ -54,7 +52,7 @@ pulse_status pulse_loco_create(const pulse_loco_opts *opts,
       opts->gate > PULSE_LOCO_GATE_NONE ||
       opts->values > PULSE_LOCO_VALUES_MODELED ||
       (opts->pos_model > PULSE_POS_CLASS &&
-       opts->pos_model != PULSE_LOCO_POS_AUTO) ||
+       opts->pos_model != PULSE_POS_AUTO) ||
       opts->chunk_log2 < LOCO_CHUNK_LOG2_MIN ||
       opts->chunk_log2 > LOCO_CHUNK_LOG2_MAX ||
       (unsigned)opts->rule > PULSE_LOCO_RULE_LEGACY)
@@ -162,7 +160,7 @@ static int selects(const pulse_loco *ctx, int leaving, float theta_g, float s) {
 pulse_status pulse_loco_prepare(pulse_loco *ctx, const float *theta_r,
                                 uint64_t samples, uint32_t flags,
                                 const uint8_t **payload, size_t *size,
-                                pulse_loco_prepare_info *info) {
+                                pulse_loco_prepare_figures *info) {
   if (ctx == NULL || theta_r == NULL)
     return pulse_fail(PULSE_ERR_ARG, "loco prepare: NULL argument");
   if (ctx->prepared)
@@ -359,7 +357,7 @@ static int by_sender(const void *a, const void *b) {
 
 pulse_status pulse_loco_finish(pulse_loco *ctx,
                                const pulse_loco_contribution *set, size_t count,
-                               float *theta_r, pulse_loco_finish_info *info) {
+                               float *theta_r, pulse_loco_finish_figures *info) {
   if (ctx == NULL || (set == NULL && count > 0))
     return pulse_fail(PULSE_ERR_ARG, "loco finish: NULL argument");
   if (!ctx->prepared)

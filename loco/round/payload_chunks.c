@@ -299,7 +299,7 @@ struct pulse_loco_inbox {
   uint64_t range_len;
   uint64_t *pos; /* scratch for one chunk */
   float *val;
-  pulse_loco_chunk_stats stats;
+  pulse_loco_inbox_figures stats;
 };
 
 static int by_u32(const void *a, const void *b) {
@@ -382,8 +382,8 @@ pulse_status pulse_loco_inbox_set_drift(pulse_loco_inbox *in,
   return PULSE_OK;
 }
 
-void pulse_loco_inbox_stats(const pulse_loco_inbox *in,
-                            pulse_loco_chunk_stats *stats) {
+void pulse_loco_inbox_figures_get(const pulse_loco_inbox *in,
+                            pulse_loco_inbox_figures *stats) {
   *stats = in->stats;
 }
 
@@ -519,7 +519,7 @@ static int held_by_sender(const void *a, const void *b) {
 
 pulse_status pulse_loco_finish_inbox(pulse_loco *ctx, pulse_loco_inbox *in,
                                      float *theta_r,
-                                     pulse_loco_finish_info *info) {
+                                     pulse_loco_finish_figures *info) {
   if (ctx == NULL || in == NULL || in->ctx != ctx || !ctx->prepared)
     return pulse_fail(PULSE_ERR_ARG, "loco inbox: not this prepared round");
   if (ctx->opts.rule != PULSE_LOCO_RULE_DROP)

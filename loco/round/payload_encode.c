@@ -147,7 +147,7 @@ static pulse_status check_args(const pulse_loco_payload_header *hdr,
   if ((hdr->flags & ~LOCO_FLAGS_KNOWN) != 0 || hdr->samples == 0 ||
       hdr->values > PULSE_LOCO_VALUES_MODELED ||
       (hdr->pos_model > PULSE_POS_CLASS &&
-       hdr->pos_model != PULSE_LOCO_POS_AUTO) ||
+       hdr->pos_model != PULSE_POS_AUTO) ||
       hdr->chunk_log2 < LOCO_CHUNK_LOG2_MIN ||
       hdr->chunk_log2 > LOCO_CHUNK_LOG2_MAX)
     return pulse_fail(PULSE_ERR_ARG, "loco payload encode: bad header field");
@@ -201,7 +201,7 @@ pulse_status pulse_loco_payload_encode(const pulse_loco_payload_header *hdr,
       (theta_bf16 == NULL && sc.base == NULL)) {
     st = pulse_fail(PULSE_ERR_NOMEM, "loco payload encode: %llu entries",
                     (unsigned long long)k);
-  } else if (h.pos_model != PULSE_LOCO_POS_AUTO) {
+  } else if (h.pos_model != PULSE_POS_AUTO) {
     st = encode_with(&h, theta_g, theta_bf16, pos, val, &sc, out);
   } else {
     pulse_buffer plain = {NULL, 0}, cls = {NULL, 0};

@@ -13,22 +13,22 @@
 
 /* A member and the newest round accepted from it, per kind. */
 typedef struct {
-  uint8_t pub[PULSE_SIGN_PUBLIC_BYTES];
+  uint8_t pub[PULSE_KEY_BYTES];
   uint64_t newest[2]; /* payload, manifest; UINT64_MAX: none yet */
 } auth_member;
 
 struct pulse_loco_auth {
   const pulse_sign_key *key;
-  uint8_t own[PULSE_SIGN_PUBLIC_BYTES];
+  uint8_t own[PULSE_KEY_BYTES];
   auth_member *members;
   size_t count, cap;
   uint64_t round;
-  pulse_loco_auth_counters c;
+  pulse_loco_auth_figures c;
 };
 
 static auth_member *find(const pulse_loco_auth *a, const uint8_t *pub) {
   for (size_t i = 0; i < a->count; i++)
-    if (memcmp(a->members[i].pub, pub, PULSE_SIGN_PUBLIC_BYTES) == 0)
+    if (memcmp(a->members[i].pub, pub, PULSE_KEY_BYTES) == 0)
       return &a->members[i];
   return NULL;
 }
@@ -48,7 +48,7 @@ static pulse_status add(pulse_loco_auth *a, const uint8_t *pub) {
     a->cap = cap;
   }
   auth_member *m = &a->members[a->count++];
-  memcpy(m->pub, pub, PULSE_SIGN_PUBLIC_BYTES);
+  memcpy(m->pub, pub, PULSE_KEY_BYTES);
   m->newest[0] = m->newest[1] = UINT64_MAX;
   return PULSE_OK;
 }
@@ -61,7 +61,7 @@ static int body_text(pulse_loco_auth_kind kind, uint64_t round,
   char pub_hex[65], sha_hex[65];
   store_sha256(bytes, n, sha);
   store_hex(sha, 32, sha_hex);
-  store_hex(signer, PULSE_SIGN_PUBLIC_BYTES, pub_hex);
+  store_hex(signer, PULSE_KEY_BYTES, pub_hex);
   return snprintf(out, 400,
                   "pulse-loco-%s/1\nround %" PRIu64 "\nsigner %s\nsize %zu\n"
                   "sha256 %s\n",
@@ -72,12 +72,17 @@ static int body_text(pulse_loco_auth_kind kind, uint64_t round,
 static int admit_text(uint64_t round, const uint8_t *sponsor,
                       const uint8_t *member, char out[300]) {
   char s[65], m[65];
-  store_hex(sponsor, PULSE_SIGN_PUBLIC_BYTES, s);
-  store_hex(member, PULSE_SIGN_PUBLIC_BYTES, m);
+  store_hex(sponsor, PULSE_KEY_BYTES, s);
+  store_hex(member, PULSE_KEY_BYTES, m);
   return snprintf(out, 300,
                   "pulse-loco-admit/1\nround %" PRIu64 "\nsponsor %s\n"
                   "member %s\n",
                   round, s, m);
+}
+
+void pulse_loco_auth_opts_init(pulse_loco_auth_opts *o) {
+  memset(o, 0, sizeof *o);
+  o->struct_version = PULSE_LOCO_AUTH_OPTS_VERSION;
 }
 
 pulse_status pulse_loco_auth_create(const pulse_loco_auth_opts *opts,
@@ -85,8 +90,8 @@ pulse_status pulse_loco_auth_create(const pulse_loco_auth_opts *opts,
   if (out == NULL || opts == NULL)
     return pulse_fail(PULSE_ERR_ARG, "loco auth: NULL argument");
   *out = NULL;
-  if (opts->struct_version != PULSE_LOCO_AUTH_OPTS_VERSION ||
-      opts->key == NULL || (opts->members == NULL && opts->member_count > 0) ||
+  PULSE_TRY(PULSE_OPTS_CHECK("loco auth", opts, PULSE_LOCO_AUTH_OPTS_VERSION));
+  if (opts->key == NULL || (opts->members == NULL && opts->member_count > 0) ||
       opts->member_count > PULSE_LOCO_AUTH_MAX_MEMBERS)
     return pulse_fail(PULSE_ERR_ARG,
                       "loco auth: options of version %u with a key and at "
@@ -100,7 +105,7 @@ pulse_status pulse_loco_auth_create(const pulse_loco_auth_opts *opts,
   pulse_sign_key_public(opts->key, a->own);
   pulse_status st = add(a, a->own);
   for (size_t i = 0; st == PULSE_OK && i < opts->member_count; i++)
-    st = add(a, opts->members + i * PULSE_SIGN_PUBLIC_BYTES);
+    st = add(a, opts->members + i * PULSE_KEY_BYTES);
   if (st != PULSE_OK) {
     pulse_loco_auth_free(a);
     return st;
@@ -125,14 +130,14 @@ pulse_status pulse_loco_auth_sign(const pulse_loco_auth *auth,
                                   pulse_loco_auth_kind kind, uint64_t round,
                                   const void *bytes, size_t n,
                                   uint8_t sig[PULSE_SIGN_SIGNATURE_BYTES],
-                                  uint8_t pub[PULSE_SIGN_PUBLIC_BYTES]) {
+                                  uint8_t pub[PULSE_KEY_BYTES]) {
   if (auth == NULL || sig == NULL || (bytes == NULL && n > 0) ||
       (kind != PULSE_LOCO_AUTH_PAYLOAD && kind != PULSE_LOCO_AUTH_MANIFEST))
     return pulse_fail(PULSE_ERR_ARG, "loco auth: sign: bad argument");
   char text[400];
   int len = body_text(kind, round, auth->own, bytes, n, text);
   if (pub != NULL)
-    memcpy(pub, auth->own, PULSE_SIGN_PUBLIC_BYTES);
+    memcpy(pub, auth->own, PULSE_KEY_BYTES);
   return pulse_sign(auth->key, text, (size_t)len, sig);
 }
 
@@ -153,7 +158,7 @@ pulse_status pulse_loco_auth_check(pulse_loco_auth *auth,
   }
   auth_member *m = find(auth, signer);
   char hex[65];
-  store_hex(signer, PULSE_SIGN_PUBLIC_BYTES, hex);
+  store_hex(signer, PULSE_KEY_BYTES, hex);
   if (m == NULL) {
     auth->c.foreign++;
     return pulse_fail(PULSE_ERR_CORRUPT,
@@ -202,7 +207,7 @@ static pulse_status admit(pulse_loco_auth *auth, uint64_t round,
   if (auth == NULL || newcomer == NULL || sponsor == NULL || sig == NULL)
     return pulse_fail(PULSE_ERR_ARG, "loco auth: admit: NULL argument");
   char hex[65];
-  store_hex(sponsor, PULSE_SIGN_PUBLIC_BYTES, hex);
+  store_hex(sponsor, PULSE_KEY_BYTES, hex);
   if (find(auth, sponsor) == NULL) {
     auth->c.foreign++;
     return pulse_fail(PULSE_ERR_CORRUPT,
@@ -251,8 +256,8 @@ int pulse_loco_auth_is_member(const pulse_loco_auth *auth,
   return auth != NULL && pub != NULL && find(auth, pub) != NULL;
 }
 
-void pulse_loco_auth_counters_get(const pulse_loco_auth *auth,
-                                  pulse_loco_auth_counters *out) {
+void pulse_loco_auth_figures_get(const pulse_loco_auth *auth,
+                                  pulse_loco_auth_figures *out) {
   if (auth != NULL && out != NULL)
     *out = auth->c;
 }

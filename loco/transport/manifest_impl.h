@@ -91,7 +91,7 @@ void loco_manifest_free(loco_manifest *m);
 int loco_member_find(const pulse_loco_member *m, size_t n, uint32_t id);
 int loco_member_by_id(const void *a, const void *b);
 
-/* A run's founding members, as pulse_loco_node_start and
+/* A run's founding members, as pulse_loco_coord_start and
  * pulse_loco_collab_start take them: count (1..LOCO_MAX_MEMBERS) members
  * copied into sorted (room for count) in increasing id, each with a valid
  * URL and a distinct id, `self` among them. Errors name `who` ("loco
@@ -101,7 +101,7 @@ pulse_status loco_members_founding(const pulse_loco_member *members, size_t coun
                                    uint32_t self, const char *who, const char *self_is,
                                    int hosted_ok, pulse_loco_member *sorted);
 
-/* What every kind of node serves for joiners and re-syncs (pulse_loco_node,
+/* What every kind of node serves for joiners and re-syncs (pulse_loco_coord,
  * coordinator.c; the collaboration peer, collab.c): the membership view of the
  * round `round` at /v1/loco/members, and the context's state at
  * /v1/loco/state/ROUND, the previous round's kept too (a member re-syncing

@@ -190,7 +190,8 @@ pulse_status loco_server_start_uploads(const char *host, loco_post_fn on_post,
       (pulse_serve_route){"/", 1, PULSE_SERVE_READ, "blob", get_blob, 0};
   s->routes[nroutes++] =
       (pulse_serve_route){"/", 1, PULSE_SERVE_POST, "post", post, 0};
-  pulse_serve_opts o = PULSE_SERVE_OPTS_INIT;
+  pulse_serve_opts o;
+  pulse_serve_opts_init(&o);
   o.name = "loco server";
   o.host = host;
   o.threads = 2;

@@ -16,10 +16,10 @@ loop over elements runs in C. Torch is needed only once tensors are given.
 """
 
 from ._lib import Error
+from ._version import __version__
 from .mapping import Mapping
 from .publisher import Publisher
 from .server import Server
 from .subscriber import Subscriber
 
-__all__ = ["Error", "Mapping", "Publisher", "Server", "Subscriber"]
-__version__ = "0.1.0"
+__all__ = ["Error", "Mapping", "Publisher", "Server", "Subscriber", "__version__"]

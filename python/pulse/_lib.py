@@ -1,13 +1,19 @@
 """libpulse.so through ctypes: finding it, the C declarations the package
 uses, and pulse.Error.
 
-The structs mirror the public headers at a given struct_version (the C
-library accepts older versions of an options struct and gives the newer
-fields their defaults), so a library with more options still reads these.
+The structs mirror the public headers of this package's version of pulse;
+each names its C struct in `_c_name_`, and tests/python/test_struct_layout.py
+checks every field's offset and size against the C compiler's. The library
+is loaded only if its pulse_version() is this package's __version__ (until
+pulse's ABI is 1, any two versions may lay a struct out differently).
+Options start from the library's own pulse_X_opts_init: no default is
+copied here.
 """
 
 import ctypes
 import os
+
+from ._version import __version__
 
 __all__ = ["Error", "lib", "check", "fail"]
 
@@ -39,12 +45,13 @@ def _candidates():
         pass
     found.append(os.path.join(_HERE, "libpulse.so"))
     # A checkout: python/pulse -> build/libpulse.so
-    found.append(os.path.normpath(os.path.join(_HERE, "..", "..", "..", "build", "libpulse.so")))
+    found.append(os.path.normpath(os.path.join(_HERE, "..", "..", "build", "libpulse.so")))
     return found
 
 
 # ----------------------------------------------------------------- structs
 PULSE_MAX_DIMS = 8
+KEY_BYTES = 32  # PULSE_KEY_BYTES
 DTYPE_BF16, DTYPE_F32, DTYPE_F16 = 1, 2, 3
 PUB_HOST, PUB_DEVICE = 0, 1
 SUB_NO_STEP = (1 << 64) - 1
@@ -68,7 +75,8 @@ class Closing:
             pass
 
 
-class TensorInfo(ctypes.Structure):  # pulse_tensor_info
+class TensorInfo(ctypes.Structure):
+    _c_name_ = "pulse_tensor_info"
     _fields_ = [("name", ctypes.c_char_p), ("dtype", ctypes.c_int),
                 ("ndim", ctypes.c_uint32), ("shape", ctypes.c_uint64 * PULSE_MAX_DIMS)]
 
@@ -76,7 +84,8 @@ class TensorInfo(ctypes.Structure):  # pulse_tensor_info
 PubHeadFn = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)
 
 
-class PubOpts(ctypes.Structure):  # pulse_pub_opts, version 1
+class PubOpts(ctypes.Structure):
+    _c_name_ = "pulse_pub_opts"
     _fields_ = [("struct_version", ctypes.c_uint32), ("anchor_every", ctypes.c_uint64),
                 ("keep_patches", ctypes.c_uint64), ("keep_anchors", ctypes.c_uint64),
                 ("key", ctypes.c_void_p), ("tensors", ctypes.POINTER(TensorInfo)),
@@ -86,15 +95,18 @@ class PubOpts(ctypes.Structure):  # pulse_pub_opts, version 1
                 ("on_head_ctx", ctypes.c_void_p), ("cuda_stream", ctypes.c_void_p),
                 ("grace_seconds", ctypes.c_double)]
 
-    def __init__(self):  # PULSE_PUB_OPTS_INIT
-        super().__init__(1, 16, 32, 3, None, None, 0, 1, 20, 0, 0, PubHeadFn(), None, None, 600.0)
+    def __init__(self):
+        super().__init__()
+        lib.pulse_pub_opts_init(ctypes.byref(self))
 
 
-class PubTensor(ctypes.Structure):  # pulse_pub_tensor
+class PubTensor(ctypes.Structure):
+    _c_name_ = "pulse_pub_tensor"
     _fields_ = [("data", ctypes.c_void_p), ("dtype", ctypes.c_int), ("memory", ctypes.c_int)]
 
 
-class UploadOpts(ctypes.Structure):  # pulse_upload_opts, version 1
+class UploadOpts(ctypes.Structure):
+    _c_name_ = "pulse_upload_opts"
     _fields_ = [("struct_version", ctypes.c_uint32), ("target", ctypes.c_char_p),
                 ("endpoint", ctypes.c_char_p), ("region", ctypes.c_char_p),
                 ("access_key", ctypes.c_char_p), ("secret_key", ctypes.c_char_p),
@@ -104,24 +116,26 @@ class UploadOpts(ctypes.Structure):  # pulse_upload_opts, version 1
                 ("keep_anchors", ctypes.c_uint), ("grace_seconds", ctypes.c_uint32),
                 ("no_retention", ctypes.c_int)]
 
-    def __init__(self):  # PULSE_UPLOAD_OPTS_INIT
-        super().__init__(1, None, None, None, None, None, None, None, 64 << 20, 16 << 20, 4, 5,
-                         2, 600, 0)
+    def __init__(self):
+        super().__init__()
+        lib.pulse_upload_opts_init(ctypes.byref(self))
 
 
-class UploadFigures(ctypes.Structure):  # pulse_upload_figures
+class UploadFigures(ctypes.Structure):
+    _c_name_ = "pulse_upload_figures"
     _fields_ = [("objects_uploaded", ctypes.c_uint64), ("objects_present", ctypes.c_uint64),
                 ("bytes_uploaded", ctypes.c_uint64), ("parts", ctypes.c_uint64),
                 ("retries", ctypes.c_uint64), ("deleted", ctypes.c_uint64),
-                ("head_step", ctypes.c_uint64), ("seconds", ctypes.c_double),
-                ("_reserved", ctypes.c_char * 1024)]  # as in PubFigures
+                ("head_step", ctypes.c_uint64), ("seconds", ctypes.c_double)]
 
 
-class TensorDigest(ctypes.Structure):  # pulse_tensor_digest
+class TensorDigest(ctypes.Structure):
+    _c_name_ = "pulse_tensor_digest"
     _fields_ = [("a", ctypes.c_uint64), ("b", ctypes.c_uint64)]
 
 
-class Region(ctypes.Structure):  # pulse_region
+class Region(ctypes.Structure):
+    _c_name_ = "pulse_region"
     _fields_ = [("name", ctypes.c_char_p), ("row0", ctypes.c_uint64), ("rows", ctypes.c_uint64),
                 ("col0", ctypes.c_uint64), ("cols", ctypes.c_uint64), ("data", ctypes.c_void_p),
                 ("stride", ctypes.c_uint64), ("digest", TensorDigest),
@@ -129,34 +143,36 @@ class Region(ctypes.Structure):  # pulse_region
                 ("halo_digest", TensorDigest)]
 
 
-class PubFigures(ctypes.Structure):  # pulse_pub_figures
+class PubFigures(ctypes.Structure):
+    _c_name_ = "pulse_pub_figures"
     _fields_ = [("step", ctypes.c_uint64), ("base_step", ctypes.c_uint64),
                 ("params", ctypes.c_uint64), ("changed", ctypes.c_uint64),
                 ("patch_bytes", ctypes.c_uint64), ("anchor_bytes", ctypes.c_uint64),
                 ("anchor_started", ctypes.c_int), ("flush", ctypes.c_int),
                 ("detect_seconds", ctypes.c_double), ("encode_seconds", ctypes.c_double),
                 ("write_seconds", ctypes.c_double), ("total_seconds", ctypes.c_double),
-                ("state_digest", ctypes.c_char * 65),
-                # Room for fields a newer library appends (the struct has no
-                # version): the library never writes past the buffer.
-                ("_reserved", ctypes.c_char * 1024)]
+                ("state_digest", ctypes.c_char * 65)]
 
 
-class ServerOpts(ctypes.Structure):  # pulse_server_opts, version 1
+class ServerOpts(ctypes.Structure):
+    _c_name_ = "pulse_server_opts"
     _fields_ = [("struct_version", ctypes.c_uint32), ("store_dir", ctypes.c_char_p),
                 ("host", ctypes.c_char_p), ("port", ctypes.c_uint16),
-                ("threads", ctypes.c_uint), ("max_connections", ctypes.c_uint),
+                ("threads", ctypes.c_int), ("max_connections", ctypes.c_uint),
                 ("max_per_ip", ctypes.c_uint), ("idle_timeout_s", ctypes.c_uint),
                 ("max_waiters", ctypes.c_uint), ("max_poll_ms", ctypes.c_uint32),
                 ("watch", ctypes.c_int), ("key", ctypes.c_void_p),
                 ("catchup_threads", ctypes.c_int), ("catchup_builds", ctypes.c_uint),
-                ("catchup_queue", ctypes.c_uint), ("catchup_wait_ms", ctypes.c_uint32)]
+                ("catchup_queue", ctypes.c_uint), ("catchup_wait_ms", ctypes.c_uint32),
+                ("header_timeout_s", ctypes.c_uint)]
 
-    def __init__(self):  # PULSE_SERVER_OPTS_INIT
-        super().__init__(1, None, None, 0, 0, 1024, 0, 60, 512, 60000, 1, None, 0, 1, 16, 10000)
+    def __init__(self):
+        super().__init__()
+        lib.pulse_server_opts_init(ctypes.byref(self))
 
 
-class SubEvent(ctypes.Structure):  # pulse_sub_event
+class SubEvent(ctypes.Structure):
+    _c_name_ = "pulse_sub_event"
     _fields_ = [("type", ctypes.c_int), ("step", ctypes.c_uint64),
                 ("head_step", ctypes.c_uint64), ("from_step", ctypes.c_uint64),
                 ("route", ctypes.c_int), ("object", ctypes.c_char_p),
@@ -166,7 +182,8 @@ class SubEvent(ctypes.Structure):  # pulse_sub_event
                 ("detail", ctypes.c_char_p)]
 
 
-class SubFigures(ctypes.Structure):  # pulse_sub_figures
+class SubFigures(ctypes.Structure):
+    _c_name_ = "pulse_sub_figures"
     _fields_ = [("step", ctypes.c_uint64), ("head_step", ctypes.c_uint64),
                 ("state_digest", ctypes.c_char * 65), ("syncs", ctypes.c_uint64),
                 ("sync_failures", ctypes.c_uint64), ("bytes_downloaded", ctypes.c_uint64),
@@ -181,16 +198,13 @@ class SubFigures(ctypes.Structure):  # pulse_sub_figures
                 ("last_total_s", ctypes.c_double), ("last_decode_overlap_s", ctypes.c_double),
                 ("class_index_builds", ctypes.c_uint64), ("class_index_bytes", ctypes.c_uint64),
                 ("last_write_s", ctypes.c_double), ("file_bytes_written", ctypes.c_uint64),
-                ("lagging_sources", ctypes.c_uint64),
-                ("_reserved", ctypes.c_char * 1024)]  # as in PubFigures
+                ("lagging_sources", ctypes.c_uint64)]
 
 
 def figures_dict(figures):
-    """A figures struct as a dict (strings decoded, reserved room left out)."""
+    """A figures struct as a dict (strings decoded)."""
     out = {}
     for name, _ in figures._fields_:
-        if name.startswith("_"):
-            continue
         value = getattr(figures, name)
         out[name] = value.decode() if isinstance(value, bytes) else value
     return out
@@ -200,7 +214,8 @@ SUB_EV_APPLIED, SUB_EV_SYNCED, SUB_EV_ERROR = 8, 9, 10
 SubEventFn = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.POINTER(SubEvent))
 
 
-class SubOpts(ctypes.Structure):  # pulse_sub_opts, version 6
+class SubOpts(ctypes.Structure):
+    _c_name_ = "pulse_sub_opts"
     _fields_ = [("struct_version", ctypes.c_uint32),
                 ("urls", ctypes.POINTER(ctypes.c_char_p)), ("url_count", ctypes.c_size_t),
                 ("cache_dir", ctypes.c_char_p), ("public_key", ctypes.c_void_p),
@@ -219,10 +234,9 @@ class SubOpts(ctypes.Structure):  # pulse_sub_opts, version 6
                 ("min_bytes_per_s", ctypes.c_uint32), ("download_grace_ms", ctypes.c_uint32),
                 ("cacert", ctypes.c_char_p), ("trust_first_use", ctypes.c_int)]
 
-    def __init__(self):  # PULSE_SUB_OPTS_INIT
-        super().__init__(6, None, 0, None, None, 0, 0, 10000, 30000, 1024, 30, 6, 200, 5000,
-                         4, 32 << 20, 0, 1, 0, 0, 30000, None, SubEventFn(), None, 0, 0, 0, 0, 0,
-                         262144, 30000, None, 0)
+    def __init__(self):
+        super().__init__()
+        lib.pulse_sub_opts_init(ctypes.byref(self))
 
 
 # ------------------------------------------------------------ declarations
@@ -230,13 +244,18 @@ _p = ctypes.c_void_p
 _u64 = ctypes.c_uint64
 _int = ctypes.c_int
 _PROTOS = {
+    "pulse_version": (ctypes.c_char_p, []),
     "pulse_status_name": (ctypes.c_char_p, [_int]),
     "pulse_error_detail": (ctypes.c_char_p, []),
     "pulse_sign_key_generate": (_int, [ctypes.POINTER(_p)]),
     "pulse_sign_key_load": (_int, [ctypes.c_char_p, ctypes.POINTER(_p)]),
     "pulse_sign_key_save": (_int, [_p, ctypes.c_char_p]),
-    "pulse_sign_key_public": (None, [_p, ctypes.c_char * 32]),
+    "pulse_sign_key_public": (None, [_p, ctypes.c_char * KEY_BYTES]),
     "pulse_sign_key_free": (None, [_p]),
+    "pulse_pub_opts_init": (None, [ctypes.POINTER(PubOpts)]),
+    "pulse_upload_opts_init": (None, [ctypes.POINTER(UploadOpts)]),
+    "pulse_server_opts_init": (None, [ctypes.POINTER(ServerOpts)]),
+    "pulse_sub_opts_init": (None, [ctypes.POINTER(SubOpts)]),
     "pulse_pub_create": (_int, [ctypes.c_char_p, ctypes.POINTER(PubOpts), ctypes.POINTER(_p)]),
     "pulse_pub_free": (None, [_p]),
     "pulse_pub_commit": (_int, [_p, _u64, ctypes.POINTER(PubTensor), ctypes.c_size_t,
@@ -278,7 +297,7 @@ _PROTOS = {
     "pulse_sub_read_unlock": (None, [_p]),
     "pulse_digest_bf16_block": (_int, [_p, _u64, _u64, _u64, _u64, _u64,
                                        ctypes.POINTER(TensorDigest)]),
-    "pulse_sub_key_from_hex": (_int, [ctypes.c_char_p, ctypes.c_char * 32]),
+    "pulse_sub_key_from_hex": (_int, [ctypes.c_char_p, ctypes.c_char * KEY_BYTES]),
     "pulse_cuda_available": (_int, []),
     "pulse_cuda_unavailable_reason": (ctypes.c_char_p, []),
 }
@@ -301,6 +320,20 @@ class _Library:
                 dll = ctypes.CDLL(path)
             except OSError as exc:
                 raise Error("PULSE_ERR_NOT_FOUND", f"cannot load {path}: {exc}") from None
+            # Before anything else: a library of another version may lay
+            # out every struct below differently.
+            try:
+                version_fn = dll.pulse_version
+            except AttributeError:
+                raise Error("PULSE_ERR_VERSION", f"{path} is a libpulse older than "
+                            f"{__version__} (no pulse_version); this package needs "
+                            f"{__version__}") from None
+            version_fn.restype = ctypes.c_char_p
+            version_fn.argtypes = []
+            found = version_fn().decode()
+            if found != __version__:
+                raise Error("PULSE_ERR_VERSION", f"{path} is libpulse {found}; this "
+                            f"package (pulse {__version__}) needs the same version")
             for name, (restype, argtypes) in _PROTOS.items():
                 try:
                     fn = getattr(dll, name)

@@ -64,7 +64,8 @@ cat >"$work/consumer/consumer.c" <<'C'
 int main(int argc, char **argv) {
   if (argc != 2) return 2;
   pulse_tensor_info info = {"w", PULSE_DTYPE_BF16, 2, {3, 4}};
-  pulse_pub_opts o = PULSE_PUB_OPTS_INIT;
+  pulse_pub_opts o;
+  pulse_pub_opts_init(&o);
   o.tensors = &info; o.tensor_count = 1; o.threads = 1;
   pulse_pub *pub = NULL;
   pulse_status st = pulse_pub_create(argv[1], &o, &pub);

@@ -240,7 +240,8 @@ static inline void pt_encode_table(const pt_tensor *ts, size_t n,
 
 static inline pulse_encode_opts pt_opts(pulse_pos_model model,
                                         uint32_t chunk_log2, int threads) {
-  pulse_encode_opts o = PULSE_ENCODE_OPTS_INIT;
+  pulse_encode_opts o;
+  pulse_encode_opts_init(&o);
   o.pos_model = model;
   o.chunk_log2 = chunk_log2;
   o.threads = threads;

@@ -52,7 +52,8 @@ static pulse_status apply_copy(const pulse_buffer *buf, const pt_tensor *ts, int
   pulse_status st = pulse_patch_open(buf->data, buf->size, &p);
   if (st != PULSE_OK)
     return st;
-  pulse_apply_opts ao = PULSE_APPLY_OPTS_INIT;
+  pulse_apply_opts ao;
+  pulse_apply_opts_init(&ao);
   ao.threads = threads;
   ao.class_index = indexed ? ix : NULL;
   if (!streamed) {

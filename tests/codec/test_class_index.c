@@ -116,7 +116,8 @@ static pulse_status apply_bytes(const pulse_buffer *buf, pulse_host_tensor *h,
   pulse_status st = pulse_patch_open(buf->data, buf->size, &p);
   if (st != PULSE_OK)
     return st;
-  pulse_apply_opts ao = PULSE_APPLY_OPTS_INIT;
+  pulse_apply_opts ao;
+  pulse_apply_opts_init(&ao);
   ao.threads = 2;
   ao.class_index = ix;
   if (!streamed) {
@@ -255,9 +256,9 @@ Test(class_index, an_index_of_other_data_is_ignored_and_stays_stale) {
   one_free(&f);
 }
 
-/* Options of version 1 (before class_index) are still taken, and read no
- * further than their own fields. */
-Test(class_index, apply_options_of_version_1_are_accepted) {
+/* Options of another version (version 1 had no class_index) are refused,
+ * and read no further than their version field. */
+Test(class_index, apply_options_of_another_version_are_refused) {
   one_fixture f;
   one_make(&f, 0, 9000, 12, 13);
   /* A caller built against version 1 has no room for class_index (ASan
@@ -271,10 +272,14 @@ Test(class_index, apply_options_of_version_1_are_accepted) {
   pulse_apply_opts *v1 = (pulse_apply_opts *)(void *)old;
   pulse_patch *p = NULL;
   cr_assert_eq(pulse_patch_open(f.buf.data, f.buf.size, &p), PULSE_OK);
-  cr_assert_eq(pulse_patch_apply(p, &f.h, 1, v1), PULSE_OK, "%s", pulse_error_detail());
+  cr_assert_eq(pulse_patch_apply(p, &f.h, 1, v1), PULSE_ERR_VERSION, "version 1");
+  old->struct_version = PULSE_APPLY_OPTS_VERSION + 1;
+  cr_assert_eq(pulse_patch_apply(p, &f.h, 1, v1), PULSE_ERR_VERSION, "an unknown version");
+  pulse_apply_opts now;
+  pulse_apply_opts_init(&now);
+  now.threads = 1;
+  cr_assert_eq(pulse_patch_apply(p, &f.h, 1, &now), PULSE_OK, "%s", pulse_error_detail());
   cr_assert_eq(pt_first_diff(f.t.target, f.h.data, f.t.numel), PT_NONE);
-  old->struct_version = 3;
-  cr_assert_eq(pulse_patch_apply(p, &f.h, 1, v1), PULSE_ERR_ARG, "an unknown version");
   pulse_patch_free(p);
   free(v1);
   one_free(&f);
@@ -340,7 +345,8 @@ Test(class_index, commit_halves_repeat_harmlessly) {
     cr_assert_eq(pulse_class_index_build(f.h.data, f.t.numel, 1, &f.ix), PULSE_OK);
     pulse_patch *p = NULL;
     cr_assert_eq(pulse_patch_open(f.buf.data, f.buf.size, &p), PULSE_OK);
-    pulse_apply_opts ao = PULSE_APPLY_OPTS_INIT;
+    pulse_apply_opts ao;
+    pulse_apply_opts_init(&ao);
     ao.class_index = &f.ix;
     if (!streamed) {
       pulse_patch_staged *s = NULL;

@@ -107,7 +107,8 @@ static pulse_buffer check_roundtrip(const pulse_encode_opts *o,
                    "%s: target state digest", label);
 
   pulse_host_tensor *h = pt_hosts(ts, n);
-  pulse_apply_opts ao = PULSE_APPLY_OPTS_INIT;
+  pulse_apply_opts ao;
+  pulse_apply_opts_init(&ao);
   ao.threads = o->threads;
   st = pulse_patch_apply(p, h, n, &ao);
   cr_assert_eq(st, PULSE_OK, "%s: apply: %s (%s)", label, pulse_status_name(st),
@@ -494,7 +495,7 @@ Test(patch, encoder_rejects_inconsistent_input) {
   cr_assert_eq(encode_one(&t, &o), PULSE_ERR_ARG, "model 2");
   o.pos_model = PULSE_POS_CLASS;
   o.struct_version = PULSE_ENCODE_OPTS_VERSION - 1;
-  cr_assert_eq(encode_one(&t, &o), PULSE_ERR_ARG, "opts version");
+  cr_assert_eq(encode_one(&t, &o), PULSE_ERR_VERSION, "opts version");
   o.struct_version = PULSE_ENCODE_OPTS_VERSION;
   o.format_version = PULSE_PATCH_VERSION + 1;
   cr_assert_eq(encode_one(&t, &o), PULSE_ERR_ARG, "format version");
@@ -585,7 +586,8 @@ Test(patch, apply_wrong_base_fails_and_writes_nothing) {
         fixture_make(&f, models[m]);
         f.h[which].data[f.ts[which].numel / 2] ^= 0x0001;
         fixture_snapshot(&f);
-        pulse_apply_opts ao = PULSE_APPLY_OPTS_INIT;
+        pulse_apply_opts ao;
+        pulse_apply_opts_init(&ao);
         ao.partial_table = partial;
         ao.threads = 3;
         cr_assert_eq(pulse_patch_apply(f.p, f.h, 3, &ao), PULSE_ERR_BASE_DIGEST,
@@ -600,7 +602,8 @@ Test(patch, apply_missing_or_misshapen_target_fails_and_writes_nothing) {
     apply_fixture f;
     fixture_make(&f, models[m]);
     fixture_snapshot(&f);
-    pulse_apply_opts ao = PULSE_APPLY_OPTS_INIT;
+    pulse_apply_opts ao;
+    pulse_apply_opts_init(&ao);
     pulse_host_tensor two[2] = {f.h[0], f.h[2]};
     cr_assert_eq(pulse_patch_apply(f.p, two, 2, &ao), PULSE_ERR_NOT_FOUND);
     fixture_assert_untouched(&f, "missing target");
@@ -614,7 +617,7 @@ Test(patch, apply_missing_or_misshapen_target_fails_and_writes_nothing) {
     f.h[1].numel++;
     fixture_assert_untouched(&f, "wrong numel");
     ao.struct_version = 99;
-    cr_assert_eq(pulse_patch_apply(f.p, f.h, 3, &ao), PULSE_ERR_ARG);
+    cr_assert_eq(pulse_patch_apply(f.p, f.h, 3, &ao), PULSE_ERR_VERSION);
     cr_assert_eq(pulse_patch_apply(NULL, f.h, 3, NULL), PULSE_ERR_ARG);
     fixture_assert_untouched(&f, "bad arguments");
     fixture_free(&f);
@@ -627,7 +630,8 @@ Test(patch, apply_partial_table_updates_only_the_given_targets) {
     fixture_make(&f, models[m]);
     uint16_t other_bits[5] = {1, 2, 3, 4, 5};
     pulse_host_tensor sub[2] = {f.h[2], {"not.in.patch", other_bits, 5, NULL}};
-    pulse_apply_opts ao = PULSE_APPLY_OPTS_INIT;
+    pulse_apply_opts ao;
+    pulse_apply_opts_init(&ao);
     ao.partial_table = 1;
     cr_assert_eq(pulse_patch_apply(f.p, sub, 2, &ao), PULSE_OK, "%s: %s",
                  model_names[m], pulse_error_detail());
@@ -698,7 +702,8 @@ Test(patch, apply_checks_state_digests_only_for_the_full_table) {
       cr_assert_eq(pulse_patch_apply(f.p, f.h, 3, NULL),
                    which ? PULSE_ERR_TARGET_DIGEST : PULSE_ERR_BASE_DIGEST);
       fixture_assert_untouched(&f, "state digest");
-      pulse_apply_opts ao = PULSE_APPLY_OPTS_INIT;
+      pulse_apply_opts ao;
+      pulse_apply_opts_init(&ao);
       ao.partial_table = 1;
       cr_assert_eq(pulse_patch_apply(f.p, f.h, 3, &ao), PULSE_OK);
       fixture_free(&f);

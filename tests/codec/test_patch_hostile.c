@@ -89,7 +89,8 @@ static pulse_status try_patch(const pt_tensor *ts, size_t n,
     pulse_changes_free(&got);
   }
   pulse_host_tensor *h = pt_hosts(ts, n);
-  pulse_apply_opts ao = PULSE_APPLY_OPTS_INIT;
+  pulse_apply_opts ao;
+  pulse_apply_opts_init(&ao);
   ao.partial_table = partial;
   ao.threads = threads;
   st = pulse_patch_apply(p, h, n, &ao);

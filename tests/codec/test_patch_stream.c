@@ -124,7 +124,8 @@ Test(patch_stream, random_slices_give_what_stage_gives) {
         snprintf(label, sizeof label, "%s density %g threads %d",
                  model_names[m], densities[d], threads[k]);
         for (int partial = 0; partial < 2; partial++) {
-          pulse_apply_opts ao = PULSE_APPLY_OPTS_INIT;
+          pulse_apply_opts ao;
+          pulse_apply_opts_init(&ao);
           ao.threads = threads[k];
           ao.partial_table = partial;
           /* A shard holder streams into the first three tensors only. */
@@ -169,7 +170,7 @@ Test(patch_stream, stream_gives_its_times) {
   cr_assert_eq(pulse_patch_stream_finish(s), PULSE_OK, "%s",
                pulse_error_detail());
   cr_assert_eq(pulse_patch_stream_finish(s), PULSE_ERR_ARG, "finish once");
-  pulse_patch_stream_times t = pulse_patch_stream_times_get(s);
+  pulse_patch_stream_figures t = pulse_patch_stream_figures_get(s);
   cr_assert_gt(t.decode_seconds, 0.0);
   cr_assert_geq(t.decode_wall_seconds, 0.0);
   cr_assert_geq(t.tail_seconds, 0.0);
@@ -248,7 +249,8 @@ Test(patch_stream, flipped_byte_anywhere_is_rejected_as_stage_rejects_it) {
         continue;
       memcpy(b, buf.data, buf.size);
       b[at] ^= (uint8_t)(at & 1 ? 0x01 : 0xFF);
-      pulse_apply_opts ao = PULSE_APPLY_OPTS_INIT;
+      pulse_apply_opts ao;
+      pulse_apply_opts_init(&ao);
       ao.threads = 1 + (int)(at % 3);
       pulse_host_tensor *ref = NULL, *got = NULL;
       pulse_status want = stage_patch(ts, n, b, buf.size, &ao, &ref);
@@ -290,7 +292,8 @@ Test(patch_stream, truncated_object_never_commits) {
     for (size_t k = 0; k < PT_COUNT_OF(short_by); k++) {
       size_t fed = buf.size - short_by[k];
       for (int threads = 1; threads <= 3; threads++) {
-        pulse_apply_opts ao = PULSE_APPLY_OPTS_INIT;
+        pulse_apply_opts ao;
+        pulse_apply_opts_init(&ao);
         ao.threads = threads;
         pulse_host_tensor *got = NULL;
         pulse_status st =
@@ -306,7 +309,8 @@ Test(patch_stream, truncated_object_never_commits) {
     }
     /* Shorter than the table: the patch cannot even be opened. */
     pulse_host_tensor *got = NULL;
-    pulse_apply_opts ao = PULSE_APPLY_OPTS_INIT;
+    pulse_apply_opts ao;
+    pulse_apply_opts_init(&ao);
     cr_assert_eq(stream_patch(ts, n, buf.data, buf.size, 50, &ao, 1, &got),
                  PULSE_ERR_TRUNCATED);
     pt_hosts_free(got, n);
@@ -336,9 +340,10 @@ Test(patch_stream, wrong_base_or_targets_fail_at_begin) {
   cr_assert_eq(pulse_patch_stream_begin(p, h, n, NULL, &s),
                PULSE_ERR_SIZE_MISMATCH);
   h[0].numel++;
-  pulse_apply_opts old = PULSE_APPLY_OPTS_INIT;
+  pulse_apply_opts old;
+  pulse_apply_opts_init(&old);
   old.struct_version = 99;
-  cr_assert_eq(pulse_patch_stream_begin(p, h, n, &old, &s), PULSE_ERR_ARG);
+  cr_assert_eq(pulse_patch_stream_begin(p, h, n, &old, &s), PULSE_ERR_VERSION);
   cr_assert_eq(pulse_patch_stream_begin(NULL, h, n, NULL, &s), PULSE_ERR_ARG);
   /* Freed before any byte of the body arrived: the threads leave. */
   cr_assert_eq(pulse_patch_stream_begin(p, h, n, NULL, &s), PULSE_OK);

@@ -53,7 +53,8 @@ static pulse_status encode(fixture *f, int rank_form, pulse_buffer *out) {
     t.change_class = f->cls;
     t.change_rank = f->rank;
   }
-  pulse_encode_opts o = PULSE_ENCODE_OPTS_INIT;
+  pulse_encode_opts o;
+  pulse_encode_opts_init(&o);
   o.chunk_log2 = CHUNK_LOG2;
   return pulse_patch_encode(&o, &t, 1, out);
 }

@@ -368,7 +368,7 @@ Test(squash, refuses_broken_chains_and_missing_weights) {
   SQUASH(PULSE_ERR_ARG, base, tr.patch[1], tr.patch[2]);
   base[4] = tr.state[0][4];
   o.struct_version = 0;
-  SQUASH(PULSE_ERR_ARG, base, tr.patch[1], tr.patch[2]);
+  SQUASH(PULSE_ERR_VERSION, base, tr.patch[1], tr.patch[2]);
   o.struct_version = PULSE_ENCODE_OPTS_VERSION;
   SQUASH(PULSE_ERR_ARG, base, tr.patch[1], NULL);
 #undef SQUASH

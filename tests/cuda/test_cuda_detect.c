@@ -103,7 +103,8 @@ static void check_table(pulse_cuda_workspace *ws, dt_tensor *ts, size_t count,
                                           ts[t].snap_d, ts[t].numel};
   }
   OK(pulse_cuda_chunk_count(table, count, chunk_log2, &chunks));
-  pulse_cuda_detect_opts opts = PULSE_CUDA_DETECT_OPTS_INIT;
+  pulse_cuda_detect_opts opts;
+  pulse_cuda_detect_opts_init(&opts);
   opts.chunk_log2 = chunk_log2;
   opts.update_snapshot = update;
 
@@ -250,7 +251,8 @@ Test(cuda_detect, an_output_too_small_changes_nothing) {
   dt_tensor t;
   dt_make(&t, 5, 30000, PULSE_DTYPE_F32, TU_EDGE, 0.1);
   pulse_cuda_detect_tensor table = {t.cur_d, t.dtype, t.snap_d, t.numel};
-  pulse_cuda_detect_opts opts = PULSE_CUDA_DETECT_OPTS_INIT;
+  pulse_cuda_detect_opts opts;
+  pulse_cuda_detect_opts_init(&opts);
   opts.update_snapshot = 1;
   uint64_t total = 0;
   OK(pulse_cuda_detect(NULL, &table, 1, &opts, NULL, NULL, &total, NULL));

@@ -95,7 +95,8 @@ static void em_step(em_model *m, uint64_t seed, double density,
     enc[t] = (pulse_encode_tensor){m->info[t], m->host[t], &ch[t], NULL,
                                    NULL,       NULL,       NULL};
   }
-  pulse_encode_opts o = PULSE_ENCODE_OPTS_INIT;
+  pulse_encode_opts o;
+  pulse_encode_opts_init(&o);
   o.pos_model = model;
   o.threads = 1;
   OK(pulse_patch_encode(&o, enc, EM_T, out));
@@ -117,7 +118,8 @@ static pulse_status em_apply(em_model *m, pulse_cuda_workspace *ws,
   for (size_t t = 0; t < EM_T; t++)
     tg[t] = (pulse_cuda_target){m->name[t], m->dev[t], m->numel[t],
                                 &m->digest[t]};
-  pulse_apply_opts ao = PULSE_APPLY_OPTS_INIT;
+  pulse_apply_opts ao;
+  pulse_apply_opts_init(&ao);
   ao.threads = 2;
   pulse_status st;
   if (!streamed) {

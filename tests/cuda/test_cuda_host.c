@@ -210,7 +210,8 @@ Test(cuda_host, stub_build_reports_not_built) {
   cr_assert_eq(pulse_cuda_locate(NULL, first, NULL, NULL, NULL, NULL),
                PULSE_ERR_NOT_BUILT);
   pulse_cuda_class_index_free(NULL);
-  pulse_encode_opts eo = PULSE_ENCODE_OPTS_INIT;
+  pulse_encode_opts eo;
+  pulse_encode_opts_init(&eo);
   pulse_buffer buf = {(uint8_t *)1, 3};
   cr_assert_eq(pulse_cuda_patch_encode(NULL, &eo, NULL, 0, 0, NULL, &buf, NULL),
                PULSE_ERR_NOT_BUILT);
@@ -271,14 +272,15 @@ Test(cuda_host, entries_check_their_arguments_first) {
                PULSE_ERR_ARG);
   cr_assert_eq(pulse_cuda_detect(NULL, NULL, 1, NULL, NULL, NULL, &total, NULL),
                PULSE_ERR_ARG);
-  pulse_cuda_detect_opts o = PULSE_CUDA_DETECT_OPTS_INIT;
+  pulse_cuda_detect_opts o;
+  pulse_cuda_detect_opts_init(&o);
   o.chunk_log2 = 31;
   cr_assert_eq(pulse_cuda_detect(NULL, NULL, 0, &o, NULL, NULL, &total, NULL),
                PULSE_ERR_ARG);
-  o = (pulse_cuda_detect_opts)PULSE_CUDA_DETECT_OPTS_INIT;
+  pulse_cuda_detect_opts_init(&o);
   o.struct_version = 99;
   cr_assert_eq(pulse_cuda_detect(NULL, NULL, 0, &o, NULL, NULL, &total, NULL),
-               PULSE_ERR_ARG);
+               PULSE_ERR_VERSION);
   /* The rank form comes whole; too few chunks is an overflow. */
   uint32_t hist_storage[1];
   pulse_cuda_changes out = {0, NULL, NULL, NULL, NULL, NULL, hist_storage, 0};
@@ -323,14 +325,15 @@ Test(cuda_host, entries_check_their_arguments_first) {
   cr_assert_eq(pulse_cuda_locate(NULL, first, NULL, NULL, NULL, NULL),
                PULSE_ERR_ARG);
 
-  pulse_encode_opts eo = PULSE_ENCODE_OPTS_INIT;
+  pulse_encode_opts eo;
+  pulse_encode_opts_init(&eo);
   pulse_buffer buf;
   cr_assert_eq(pulse_cuda_patch_encode(NULL, &eo, NULL, 1, 0, NULL, &buf, NULL),
                PULSE_ERR_ARG);
   eo.chunk_log2 = 5;
   cr_assert_eq(pulse_cuda_patch_encode(NULL, &eo, NULL, 0, 0, NULL, &buf, NULL),
                PULSE_ERR_ARG);
-  eo = (pulse_encode_opts)PULSE_ENCODE_OPTS_INIT;
+  pulse_encode_opts_init(&eo);
   pulse_cuda_encode_tensor et = {
       {"w", PULSE_DTYPE_F32, 1, {4}}, snap, PULSE_DTYPE_BF16, snap, NULL};
   cr_assert_eq(pulse_cuda_patch_encode(NULL, &eo, &et, 1, 0, NULL, &buf, NULL),

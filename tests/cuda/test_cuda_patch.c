@@ -147,7 +147,8 @@ Test(cuda_patch, encode_gives_the_cpu_bytes) {
   for (size_t di = 0; di < COUNT_OF(densities); di++)
     for (int model = 0; model < 2; model++)
       for (int kind = 0; kind < 4; kind += 1 + (di % 2)) {
-        pulse_encode_opts o = PULSE_ENCODE_OPTS_INIT;
+        pulse_encode_opts o;
+        pulse_encode_opts_init(&o);
         o.pos_model = model ? PULSE_POS_CLASS : PULSE_POS_PLAIN;
         o.chunk_log2 = (di + (size_t)kind) % 2 ? 10 : 14;
         o.threads = 0;
@@ -180,7 +181,8 @@ static apply_case apply_make_version(uint64_t seed, size_t count, const uint64_t
                                      uint32_t chunk_log2, unsigned version) {
   apply_case ac;
   ac.base = pt_make(seed, count, numel, kind, density, 0);
-  pulse_encode_opts o = PULSE_ENCODE_OPTS_INIT;
+  pulse_encode_opts o;
+  pulse_encode_opts_init(&o);
   o.pos_model = model;
   o.chunk_log2 = chunk_log2;
   o.format_version = version;
@@ -233,7 +235,8 @@ static void check_apply(pulse_cuda_workspace *ws, apply_case *ac,
                                  give_digests && t % 2 ? &given[m] : NULL};
     m++;
   }
-  pulse_apply_opts o = PULSE_APPLY_OPTS_INIT;
+  pulse_apply_opts o;
+  pulse_apply_opts_init(&o);
   o.threads = 0;
   o.partial_table = partial;
   OK(pulse_patch_apply(ac->patch, host, m, &o));
@@ -417,7 +420,8 @@ static pulse_status stream_to_device(apply_case *ac, const uint8_t *bytes, uint6
   pulse_status st = PULSE_OK;
   size_t avail = 0, need = 0;
   int early_finish = 0;
-  pulse_apply_opts o = PULSE_APPLY_OPTS_INIT;
+  pulse_apply_opts o;
+  pulse_apply_opts_init(&o);
   o.threads = 1 + (int)(seed % 3);
   while (st == PULSE_OK && avail < size) {
     size_t slice = 1 + (size_t)(pulse_rng_next(&seed) % 700);
@@ -557,7 +561,8 @@ Test(cuda_patch, a_billion_parameters_round_trip, .timeout = 900) {
     base[t] = malloc((size_t)numel[t] * 2);
     memcpy(base[t], p.snap[t], (size_t)numel[t] * 2);
   }
-  pulse_encode_opts o = PULSE_ENCODE_OPTS_INIT;
+  pulse_encode_opts o;
+  pulse_encode_opts_init(&o);
   o.threads = 0;
   check_encode(NULL, &p, &o, 0, 1,
                "10^9 F32 at 1%"); /* p.snap is now the target */

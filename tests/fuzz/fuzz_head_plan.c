@@ -39,7 +39,8 @@ static pulse_sub *sub_for_fuzzing(void) {
     return sub;
   CHECK(mkdtemp(dir) != NULL);
   static const char *urls[] = {"http://127.0.0.1:9"};
-  pulse_sub_opts o = PULSE_SUB_OPTS_INIT;
+  pulse_sub_opts o;
+  pulse_sub_opts_init(&o);
   o.urls = urls;
   o.url_count = 1;
   o.cache_dir = dir;

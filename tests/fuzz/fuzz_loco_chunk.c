@@ -43,7 +43,8 @@ static void make_theta(float *theta) {
 }
 
 static pulse_loco *make_round(const float *theta) {
-  pulse_loco_opts o = PULSE_LOCO_OPTS_INIT;
+  pulse_loco_opts o;
+  pulse_loco_opts_init(&o);
   o.param_count = P_FUZZ;
   o.trainer_id = 0;
   pulse_loco *ctx = NULL;
@@ -93,8 +94,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     offered++;
     data += n, size -= n;
   }
-  pulse_loco_chunk_stats st;
-  pulse_loco_inbox_stats(in, &st);
+  pulse_loco_inbox_figures st;
+  pulse_loco_inbox_figures_get(in, &st);
   CHECK(st.accepted + st.truncated + st.bad_checksum + st.malformed +
             st.unknown_sender + st.other_round + st.other_base +
             st.duplicate ==

@@ -94,7 +94,8 @@ static void make_round(fuzz_round *r, int gate_mean) {
     theta[i] = (z & 15u) == 0 ? 0.0f : ((float)(z >> 40) * 0x1p-23f - 1.0f);
   }
   for (uint32_t k = 0; k < 3; k++) {
-    pulse_loco_opts o = PULSE_LOCO_OPTS_INIT;
+    pulse_loco_opts o;
+    pulse_loco_opts_init(&o);
     o.param_count = P_FUZZ;
     o.trainer_id = IDS[k];
     o.gate_mean = gate_mean;

@@ -100,7 +100,8 @@ static void fuzz_state(const uint8_t *data, size_t size) {
   uint64_t P = le64(data + 16);
   if (P == 0 || P > MAX_P)
     return;
-  pulse_loco_opts o = PULSE_LOCO_OPTS_INIT;
+  pulse_loco_opts o;
+  pulse_loco_opts_init(&o);
   o.param_count = P;
   pulse_loco *ctx = NULL;
   CHECK(pulse_loco_create(&o, NULL, &ctx) == PULSE_OK);
@@ -211,7 +212,8 @@ int main(int argc, char **argv) {
   payload_seed(dir, "empty", 1200, 1, PULSE_POS_PLAIN, 1, 20, 100000);
   float theta[100];
   make_theta(theta, 100);
-  pulse_loco_opts o = PULSE_LOCO_OPTS_INIT;
+  pulse_loco_opts o;
+  pulse_loco_opts_init(&o);
   o.param_count = 100;
   pulse_loco *ctx = NULL;
   pulse_buffer st = {NULL, 0};

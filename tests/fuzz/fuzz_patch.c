@@ -111,7 +111,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   for (int partial = 1; partial >= 0; partial--) {
     if (!partial && nh != n)
       break;
-    pulse_apply_opts ao = PULSE_APPLY_OPTS_INIT;
+    pulse_apply_opts ao;
+    pulse_apply_opts_init(&ao);
     ao.partial_table = partial;
     ao.threads = partial ? 1 : 2;
     pulse_status st = pulse_patch_apply(p, h, nh, &ao);
@@ -132,7 +133,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   pulse_class_index **ix = pt_alloc((nh + 1) * sizeof *ix);
   for (size_t k = 0; k < nh; k++)
     CHECK(pulse_class_index_build(h[k].data, h[k].numel, 1, &ix[k]) == PULSE_OK);
-  pulse_apply_opts iao = PULSE_APPLY_OPTS_INIT;
+  pulse_apply_opts iao;
+  pulse_apply_opts_init(&iao);
   iao.partial_table = 1;
   iao.class_index = ix;
   pulse_status ist = pulse_patch_apply(p, h, nh, &iao);
@@ -149,7 +151,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const uint16_t **base = pt_alloc((n + 1) * sizeof *base);
     for (size_t i = 0; i < n; i++)
       base[i] = ts[i].base;
-    pulse_encode_opts o = PULSE_ENCODE_OPTS_INIT;
+    pulse_encode_opts o;
+    pulse_encode_opts_init(&o);
     o.chunk_log2 = pulse_patch_chunk_log2(p);
     for (int with_base = 0; with_base < 2; with_base++) {
       o.pos_model = with_base ? PULSE_POS_CLASS : PULSE_POS_PLAIN;

@@ -16,8 +16,8 @@ import tempfile
 build = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else "build")
 root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("PULSE_LIBRARY", os.path.join(build, "libpulse.so"))
-sys.path.insert(0, os.path.join(root, "tools", "python"))
-sys.path.insert(0, os.path.join(root, "tools", "python", "examples"))
+sys.path.insert(0, os.path.join(root, "python"))
+sys.path.insert(0, os.path.join(root, "python", "examples"))
 
 try:
     import torch

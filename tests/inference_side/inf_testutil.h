@@ -49,7 +49,8 @@ static inline void it_trainer_up(it_trainer *t, uint64_t anchor_every,
   tu_model_init(&t->m, 17, scale);
   cr_assert_eq(pulse_sign_key_generate(&t->key), PULSE_OK);
   pulse_sign_key_public(t->key, t->pub);
-  pulse_server_opts so = PULSE_SERVER_OPTS_INIT;
+  pulse_server_opts so;
+  pulse_server_opts_init(&so);
   so.store_dir = t->dir;
   so.threads = 2;
   so.watch = 0;
@@ -59,7 +60,8 @@ static inline void it_trainer_up(it_trainer *t, uint64_t anchor_every,
                pulse_error_detail());
   t->port = pulse_server_port(t->srv);
   snprintf(t->url, sizeof t->url, "http://127.0.0.1:%u", (unsigned)t->port);
-  pulse_pub_opts po = PULSE_PUB_OPTS_INIT;
+  pulse_pub_opts po;
+  pulse_pub_opts_init(&po);
   po.anchor_every = anchor_every;
   po.keep_patches = keep;
   po.keep_anchors = 2;
@@ -173,7 +175,8 @@ static inline int it_targets_equal(const it_targets *tg, const it_trainer *t,
  * static storage of the fixture. */
 static inline pulse_sub_opts it_sub_opts(const it_trainer *t, const char *cache,
                                          const char **urls) {
-  pulse_sub_opts o = PULSE_SUB_OPTS_INIT;
+  pulse_sub_opts o;
+  pulse_sub_opts_init(&o);
   urls[0] = t->url;
   o.urls = urls;
   o.url_count = 1;

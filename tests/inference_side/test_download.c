@@ -445,7 +445,8 @@ Test(inference_side, a_stale_head_never_moves_a_worker_back) {
   char *old = tu_make_dir(), cmd[8192];
   snprintf(cmd, sizeof cmd, "cp -r %s/. %s/", t.dir, old);
   cr_assert_eq(system(cmd), 0);
-  pulse_server_opts so = PULSE_SERVER_OPTS_INIT;
+  pulse_server_opts so;
+  pulse_server_opts_init(&so);
   so.store_dir = old;
   so.threads = 2;
   pulse_server *mirror;

@@ -149,7 +149,8 @@ static void hostile_down(hostile *h) {
 
 static pulse_sub_opts opts_for(const char **urls, size_t n, const char *cache,
                                const uint8_t *key) {
-  pulse_sub_opts o = PULSE_SUB_OPTS_INIT;
+  pulse_sub_opts o;
+  pulse_sub_opts_init(&o);
   o.urls = urls;
   o.url_count = n;
   o.cache_dir = cache;

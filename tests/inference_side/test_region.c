@@ -16,7 +16,8 @@ static void trainer_up(it_trainer *t, int plain) {
   if (!plain)
     return;
   pulse_pub_free(t->pub_);
-  pulse_pub_opts po = PULSE_PUB_OPTS_INIT;
+  pulse_pub_opts po;
+  pulse_pub_opts_init(&po);
   po.anchor_every = 4;
   po.keep_patches = 8;
   po.keep_anchors = 2;

@@ -26,7 +26,8 @@ static void fx_up(fx *f, uint64_t steps) {
   pulse_sub_opts o = it_sub_opts(&f->t, f->relay_cache, urls);
   o.mirror = 1;
   cr_assert_eq(pulse_sub_create(&o, &f->relay), PULSE_OK);
-  pulse_server_opts so = PULSE_SERVER_OPTS_INIT;
+  pulse_server_opts so;
+  pulse_server_opts_init(&so);
   so.store_dir = f->relay_cache;
   so.threads = 2;
   so.watch = 1;

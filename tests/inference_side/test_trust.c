@@ -38,7 +38,8 @@ static void mirror_up(mirror *m, const char *store) {
   char cmd[8192];
   snprintf(cmd, sizeof cmd, "cp -r %s/. %s/", store, m->dir);
   cr_assert_eq(system(cmd), 0);
-  pulse_server_opts so = PULSE_SERVER_OPTS_INIT;
+  pulse_server_opts so;
+  pulse_server_opts_init(&so);
   so.store_dir = m->dir;
   so.threads = 2;
   cr_assert_eq(pulse_server_create(&so, &m->srv), PULSE_OK, "%s",
@@ -189,7 +190,8 @@ Test(trust, a_head_older_than_the_maximum_age_is_refused) {
   mirror_up(&m, t.dir);
   age_head(m.dir, t.key, (uint64_t)time(NULL) - 3600);
   pulse_server_free(m.srv); /* reload the edited head */
-  pulse_server_opts so = PULSE_SERVER_OPTS_INIT;
+  pulse_server_opts so;
+  pulse_server_opts_init(&so);
   so.store_dir = m.dir;
   cr_assert_eq(pulse_server_create(&so, &m.srv), PULSE_OK);
   snprintf(m.url, sizeof m.url, "http://127.0.0.1:%u",
@@ -236,14 +238,16 @@ static void trainer_up_same_key(it_trainer *b, const it_trainer *a) {
   b->dir = tu_make_dir();
   b->key = NULL; /* a's: not freed by b */
   memcpy(b->pub, a->pub, 32);
-  pulse_server_opts so = PULSE_SERVER_OPTS_INIT;
+  pulse_server_opts so;
+  pulse_server_opts_init(&so);
   so.store_dir = b->dir;
   so.threads = 2;
   so.key = a->key;
   cr_assert_eq(pulse_server_create(&so, &b->srv), PULSE_OK);
   b->port = pulse_server_port(b->srv);
   snprintf(b->url, sizeof b->url, "http://127.0.0.1:%u", (unsigned)b->port);
-  pulse_pub_opts po = PULSE_PUB_OPTS_INIT;
+  pulse_pub_opts po;
+  pulse_pub_opts_init(&po);
   po.anchor_every = 4;
   po.keep_patches = 32;
   po.key = a->key;

@@ -19,7 +19,8 @@ static char *store_copy(const it_trainer *t) {
 
 static pulse_server *serve(const char *dir, char url[64]) {
   pulse_server *srv = NULL;
-  pulse_server_opts so = PULSE_SERVER_OPTS_INIT;
+  pulse_server_opts so;
+  pulse_server_opts_init(&so);
   so.store_dir = dir;
   so.threads = 2;
   cr_assert_eq(pulse_server_create(&so, &srv), PULSE_OK, "%s",
@@ -33,7 +34,8 @@ static pulse_server *serve(const char *dir, char url[64]) {
 static void publish_into(const char *dir, it_trainer *t,
                          const pulse_sign_key *key, uint64_t first,
                          uint64_t last) {
-  pulse_pub_opts po = PULSE_PUB_OPTS_INIT;
+  pulse_pub_opts po;
+  pulse_pub_opts_init(&po);
   po.key = key;
   po.threads = 1;
   po.anchor_sync = 1;
@@ -157,7 +159,8 @@ Test(trust_rotation, a_worker_follows_a_rotation_and_then_refuses_the_old_key) {
   cr_assert(it_targets_equal(&tg3, &t, 5));
 
   /* The publisher does not sign with the old key any more. */
-  pulse_pub_opts po = PULSE_PUB_OPTS_INIT;
+  pulse_pub_opts po;
+  pulse_pub_opts_init(&po);
   po.key = t.key;
   pulse_pub *again = NULL;
   cr_assert_eq(pulse_pub_create(t.dir, &po, &again), PULSE_ERR_ARG);
@@ -189,7 +192,8 @@ Test(trust_rotation, a_rotation_not_signed_by_the_trusted_key_is_refused) {
   cr_assert_eq(pulse_sign_key_generate(&k3), PULSE_OK);
   cr_assert_eq(pulse_sign_key_generate(&k4), PULSE_OK);
   publish_into(forged, &t, k3, 4, 4);
-  pulse_pub_opts po = PULSE_PUB_OPTS_INIT;
+  pulse_pub_opts po;
+  pulse_pub_opts_init(&po);
   po.key = k3;
   pulse_pub *pub = NULL;
   cr_assert_eq(pulse_pub_create(forged, &po, &pub), PULSE_OK, "%s",

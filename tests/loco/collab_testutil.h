@@ -116,7 +116,8 @@ static inline double ct_abs_sum(const float *x, uint64_t n) {
 
 static inline void ct_child_main(const ct_peer_cfg *cfg, int in, int out) {
   FILE *fin = fdopen(in, "r");
-  pulse_loco_opts o = PULSE_LOCO_OPTS_INIT;
+  pulse_loco_opts o;
+  pulse_loco_opts_init(&o);
   o.param_count = CT_P;
   o.trainer_id = cfg->id;
   o.rule = PULSE_LOCO_RULE_KEEP;
@@ -127,7 +128,8 @@ static inline void ct_child_main(const ct_peer_cfg *cfg, int in, int out) {
     theta[i] = (float)((double)((i * 37u) % 101u) / 50.0 - 1.0);
   pulse_loco *ctx = NULL;
   pulse_loco_collab *c = NULL;
-  pulse_loco_collab_opts co = PULSE_LOCO_COLLAB_OPTS_INIT;
+  pulse_loco_collab_opts co;
+  pulse_loco_collab_opts_init(&co);
   co.target_batch = cfg->target;
   co.claim_timeout_ms = 1000; /* a loaded (sanitized) run answers late */
   co.round_timeout_ms = ct_round_timeout_ms ? ct_round_timeout_ms : 3000;
@@ -169,10 +171,10 @@ static inline void ct_child_main(const ct_peer_cfg *cfg, int in, int out) {
   ct_step_us = cfg->step_us;
   int left = 0, lost = 0;
   while (pulse_loco_round(ctx) < cfg->rounds && !left) {
-    pulse_loco_collab_info info;
+    pulse_loco_collab_figures info;
     uint32_t flags = cfg->leave_round >= 0 &&
                              pulse_loco_round(ctx) >= (uint64_t)cfg->leave_round
-                         ? PULSE_LOCO_COLLAB_LEAVING
+                         ? PULSE_LOCO_LEAVING
                          : 0;
     pulse_status rs = pulse_loco_collab_round(c, theta, cfg->step,
                                               ct_step_slow, &st, flags, &info);
@@ -474,7 +476,8 @@ static inline void ct_replay_all_to_all(const ct_log *log, size_t n,
   float *theta[CT_MAX];
   ct_step_state st[CT_MAX];
   for (size_t i = 0; i < n; i++) {
-    pulse_loco_opts o = PULSE_LOCO_OPTS_INIT;
+    pulse_loco_opts o;
+    pulse_loco_opts_init(&o);
     o.param_count = CT_P;
     o.trainer_id = (uint32_t)(i + 1);
     o.rule = PULSE_LOCO_RULE_KEEP;

@@ -33,7 +33,8 @@ static inline void gt_run_init(gt_run *r, uint32_t n, uint64_t P,
   r->bytes = 0;
   r->node = calloc(n, sizeof *r->node);
   for (uint32_t i = 0; i < n; i++) {
-    pulse_gossip_opts o = PULSE_GOSSIP_OPTS_INIT;
+    pulse_gossip_opts o;
+    pulse_gossip_opts_init(&o);
     o.nodes = n;
     o.self = i;
     o.param_count = P;

@@ -79,7 +79,8 @@ static inline void lt_fill_weights(float *x, uint64_t n, uint64_t seed,
 }
 
 static inline pulse_loco *lt_ctx(uint64_t P, uint32_t id, const float *theta) {
-  pulse_loco_opts o = PULSE_LOCO_OPTS_INIT;
+  pulse_loco_opts o;
+  pulse_loco_opts_init(&o);
   o.param_count = P;
   o.trainer_id = id;
   pulse_loco *c = NULL;

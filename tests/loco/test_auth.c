@@ -18,7 +18,8 @@ typedef struct {
 static void trainer_up(trainer *t, const uint8_t *members, size_t n) {
   cr_assert_eq(pulse_sign_key_generate(&t->key), PULSE_OK);
   pulse_sign_key_public(t->key, t->pub);
-  pulse_loco_auth_opts o = PULSE_LOCO_AUTH_OPTS_INIT;
+  pulse_loco_auth_opts o;
+  pulse_loco_auth_opts_init(&o);
   o.key = t->key;
   o.members = members;
   o.member_count = n;
@@ -31,9 +32,9 @@ static void trainer_down(trainer *t) {
   pulse_sign_key_free(t->key);
 }
 
-static pulse_loco_auth_counters counters(const trainer *t) {
-  pulse_loco_auth_counters c;
-  pulse_loco_auth_counters_get(t->auth, &c);
+static pulse_loco_auth_figures counters(const trainer *t) {
+  pulse_loco_auth_figures c;
+  pulse_loco_auth_figures_get(t->auth, &c);
   return c;
 }
 
@@ -113,7 +114,7 @@ Test(loco_auth, members_pass_and_every_bad_body_is_refused_and_counted) {
                                      b.pub, "m", 1, msig),
                PULSE_OK, "%s", pulse_error_detail());
 
-  pulse_loco_auth_counters c = counters(&a);
+  pulse_loco_auth_figures c = counters(&a);
   cr_assert_eq(c.accepted, 4);
   cr_assert_eq(c.unsigned_bodies, 1);
   cr_assert_eq(c.forged, 4);
@@ -154,7 +155,7 @@ Test(loco_auth, a_member_admits_a_newcomer_and_a_stranger_cannot) {
   cr_assert_eq(pulse_loco_auth_check(a.auth, PULSE_LOCO_AUTH_PAYLOAD, 3, n.pub,
                                      payload, sizeof payload, sig),
                PULSE_OK, "%s", pulse_error_detail());
-  pulse_loco_auth_counters c = counters(&a);
+  pulse_loco_auth_figures c = counters(&a);
   cr_assert_eq(c.admitted, 1);
   trainer_down(&a), trainer_down(&b), trainer_down(&n), trainer_down(&x);
 }

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <time.h>
 
+#include "pulse_loco_coord.h"
 #include "peer_http_impl.h"
 #include "loco_testutil.h"
 #include "coordinator_auth_impl.h"
@@ -22,11 +23,11 @@
 #define INNER 2
 
 typedef struct {
-  const pulse_tk_problem *p;
+  const pulse_sim_problem *p;
   uint32_t id;
   uint32_t rounds;
   pulse_loco *ctx;
-  pulse_loco_node *node;
+  pulse_loco_coord *node;
   pulse_sign_key *key;
   const pulse_loco_member *members;
   size_t nmembers;
@@ -37,7 +38,7 @@ typedef struct {
   pulse_status st;
   char detail[256];
   uint32_t rounds_done, min_contributors;
-  pulse_loco_auth_counters auth; /* summed over its steps */
+  pulse_loco_auth_figures auth; /* summed over its steps */
   uint64_t datagrams_refused_auth;
 } atrainer;
 
@@ -48,22 +49,22 @@ static void sleep_ms(unsigned ms) {
 
 static void *run_atrainer(void *arg) {
   atrainer *t = arg;
-  uint64_t P = pulse_tk_problem_param_count(t->p);
+  uint64_t P = pulse_sim_problem_param_count(t->p);
   float *local = malloc(P * sizeof *local);
   memcpy(local, pulse_loco_global(t->ctx), P * sizeof *local);
-  pulse_tk_learner *l = NULL;
-  t->st = pulse_tk_learner_create(t->p, t->id, &l);
+  pulse_sim_learner *l = NULL;
+  t->st = pulse_sim_learner_create(t->p, t->id, &l);
   t->min_contributors = UINT32_MAX;
   if (t->st == PULSE_OK && t->start)
-    t->st = pulse_loco_node_start(t->node, t->members, t->nmembers);
+    t->st = pulse_loco_coord_start(t->node, t->members, t->nmembers);
   while (t->st == PULSE_OK && pulse_loco_round(t->ctx) < t->rounds) {
     if (t->hold != NULL && pulse_loco_round(t->ctx) == 2)
       while (*t->hold)
         sleep_ms(2);
     for (uint32_t h = 0; h < INNER; h++)
-      pulse_tk_learner_step(l, local);
-    pulse_loco_step_info info;
-    t->st = pulse_loco_node_step(t->node, local, 32u * INNER, 0, &info);
+      pulse_sim_learner_step(l, local);
+    pulse_loco_coord_step_figures info;
+    t->st = pulse_loco_coord_step(t->node, local, 32u * INNER, 0, &info);
     t->auth.accepted += info.auth.accepted;
     t->auth.unsigned_bodies += info.auth.unsigned_bodies;
     t->auth.forged += info.auth.forged;
@@ -80,24 +81,26 @@ static void *run_atrainer(void *arg) {
       *t->round = pulse_loco_round(t->ctx);
   }
   if (t->st == PULSE_OK && !t->no_linger)
-    t->st = pulse_loco_node_linger(t->node, 20000);
+    t->st = pulse_loco_coord_linger(t->node, 20000);
   if (t->st != PULSE_OK)
     snprintf(t->detail, sizeof t->detail, "%s", pulse_error_detail());
-  pulse_tk_learner_free(l);
+  pulse_sim_learner_free(l);
   free(local);
   return NULL;
 }
 
-static pulse_tk_problem *aproblem(void) {
-  pulse_tk_problem_opts po = PULSE_TK_PROBLEM_OPTS_INIT;
+static pulse_sim_problem *aproblem(void) {
+  pulse_sim_problem_opts po;
+  pulse_sim_problem_opts_init(&po);
   po.hidden = 24;
-  pulse_tk_problem *p;
-  cr_assert_eq(pulse_tk_problem_create(&po, &p), PULSE_OK);
+  pulse_sim_problem *p;
+  cr_assert_eq(pulse_sim_problem_create(&po, &p), PULSE_OK);
   return p;
 }
 
-static pulse_loco_node_opts aopts(uint32_t transport) {
-  pulse_loco_node_opts no = PULSE_LOCO_NODE_OPTS_INIT;
+static pulse_loco_coord_opts aopts(uint32_t transport) {
+  pulse_loco_coord_opts no;
+  pulse_loco_coord_opts_init(&no);
   no.transport = transport;
   no.deadline_ms = 8000; /* only a cap on loaded machines */
   no.manifest_timeout_ms = 20000;
@@ -109,12 +112,12 @@ static pulse_loco_node_opts aopts(uint32_t transport) {
 }
 
 /* n trainers 0..n-1 with keys, every key pinned on every node. */
-static void astart(atrainer *t, size_t n, const pulse_tk_problem *p,
-                   pulse_loco_node_opts no, pulse_loco_member *m,
+static void astart(atrainer *t, size_t n, const pulse_sim_problem *p,
+                   pulse_loco_coord_opts no, pulse_loco_member *m,
                    pulse_loco_member_key *pins) {
-  uint64_t P = pulse_tk_problem_param_count(p);
+  uint64_t P = pulse_sim_problem_param_count(p);
   float *init = malloc(P * sizeof *init);
-  pulse_tk_problem_init(p, init);
+  pulse_sim_problem_init(p, init);
   for (uint32_t i = 0; i < n; i++) {
     memset(&t[i], 0, sizeof t[i]);
     cr_assert_eq(pulse_sign_key_generate(&t[i].key), PULSE_OK);
@@ -130,10 +133,10 @@ static void astart(atrainer *t, size_t n, const pulse_tk_problem *p,
     no.sign_key = t[i].key;
     no.member_keys = pins;
     no.member_key_count = n;
-    cr_assert_eq(pulse_loco_node_create(&no, t[i].ctx, &t[i].node), PULSE_OK,
+    cr_assert_eq(pulse_loco_coord_create(&no, t[i].ctx, &t[i].node), PULSE_OK,
                  "%s", pulse_error_detail());
     m[i].id = i;
-    snprintf(m[i].url, sizeof m[i].url, "%s", pulse_loco_node_url(t[i].node));
+    snprintf(m[i].url, sizeof m[i].url, "%s", pulse_loco_coord_url(t[i].node));
   }
   for (uint32_t i = 0; i < n; i++)
     t[i].members = m, t[i].nmembers = n;
@@ -150,16 +153,16 @@ static void arun(atrainer *t, size_t n) {
 
 static void afree(atrainer *t, size_t n) {
   for (size_t i = 0; i < n; i++) {
-    pulse_loco_node_free(t[i].node);
+    pulse_loco_coord_free(t[i].node);
     pulse_loco_free(t[i].ctx);
     pulse_sign_key_free(t[i].key);
   }
 }
 
 /* The value of one line of a node's /metrics ("NAME{LABELS}"). */
-static uint64_t metric(const pulse_loco_node *node, const char *name) {
+static uint64_t metric(const pulse_loco_coord *node, const char *name) {
   char url[160];
-  snprintf(url, sizeof url, "%s/metrics", pulse_loco_node_url(node));
+  snprintf(url, sizeof url, "%s/metrics", pulse_loco_coord_url(node));
   pulse_bytebuf b = PULSE_BYTEBUF_INIT;
   long status = 0;
   cr_assert_eq(loco_http_get(url, 5000, 1u << 20, &b, &status), PULSE_OK);
@@ -174,7 +177,7 @@ static uint64_t metric(const pulse_loco_node *node, const char *name) {
   return v;
 }
 
-static uint64_t refused(const pulse_loco_auth_counters *c, unsigned mode) {
+static uint64_t refused(const pulse_loco_auth_figures *c, unsigned mode) {
   switch (mode) {
   case LOCO_AUTH_TAMPER_UNSIGNED:
     return c->unsigned_bodies;
@@ -193,7 +196,7 @@ static const char *const reason[] = {"", "unsigned", "forged", "replayed",
 /* Trainer 2 serves bad payloads (HTTP) or chunk lists and datagrams (UDP)
  * in `mode`; the others refuse them, count them, and go on without. */
 static void bad_payloads(uint32_t transport, unsigned mode) {
-  pulse_tk_problem *p = aproblem();
+  pulse_sim_problem *p = aproblem();
   atrainer t[AT];
   pulse_loco_member m[AT];
   pulse_loco_member_key pins[AT];
@@ -243,12 +246,12 @@ static void bad_payloads(uint32_t transport, unsigned mode) {
                "the honest trainers' weights differ");
   cr_assert_eq(pulse_loco_round(t[0].ctx), ROUNDS);
   afree(t, AT);
-  pulse_tk_problem_free(p);
+  pulse_sim_problem_free(p);
 }
 
 Test(loco_auth_node, an_honest_run_accepts_everything_and_refuses_nothing,
      .timeout = 120) {
-  pulse_tk_problem *p = aproblem();
+  pulse_sim_problem *p = aproblem();
   atrainer t[AT];
   pulse_loco_member m[AT];
   pulse_loco_member_key pins[AT];
@@ -265,7 +268,7 @@ Test(loco_auth_node, an_honest_run_accepts_everything_and_refuses_nothing,
                  pulse_loco_global_digest(t[0].ctx));
   }
   afree(t, AT);
-  pulse_tk_problem_free(p);
+  pulse_sim_problem_free(p);
 }
 
 Test(loco_auth_node, unsigned_payloads_over_http_are_refused, .timeout = 120) {
@@ -300,11 +303,11 @@ Test(loco_auth_node, foreign_chunks_over_udp_are_refused, .timeout = 120) {
 static void bad_manifests(uint32_t transport) {
   for (unsigned mode = LOCO_AUTH_TAMPER_UNSIGNED;
        mode <= LOCO_AUTH_TAMPER_FOREIGN; mode++) {
-    pulse_tk_problem *p = aproblem();
+    pulse_sim_problem *p = aproblem();
     atrainer t[2];
     pulse_loco_member m[2];
     pulse_loco_member_key pins[2];
-    pulse_loco_node_opts no = aopts(transport);
+    pulse_loco_coord_opts no = aopts(transport);
     no.manifest_timeout_ms = 3000; /* the member's catch-up after refusal */
     astart(t, 2, p, no, m, pins);
     cr_assert_eq(loco_auth_tamper(t[0].node, mode, PULSE_LOCO_AUTH_MANIFEST),
@@ -330,7 +333,7 @@ static void bad_manifests(uint32_t transport) {
              "pulse_loco_auth_refused_total{reason=\"%s\"}", reason[mode]);
     cr_assert_geq(metric(t[1].node, line), 1);
     afree(t, 2);
-    pulse_tk_problem_free(p);
+    pulse_sim_problem_free(p);
   }
 }
 
@@ -342,8 +345,8 @@ Test(loco_auth_node, bad_manifests_over_udp_are_refused, .timeout = 180) {
 }
 
 Test(loco_auth_node, a_joiner_needs_a_members_admission, .timeout = 180) {
-  pulse_tk_problem *p = aproblem();
-  uint64_t P = pulse_tk_problem_param_count(p);
+  pulse_sim_problem *p = aproblem();
+  uint64_t P = pulse_sim_problem_param_count(p);
   atrainer t[2];
   pulse_loco_member m[2];
   pulse_loco_member_key pins[2];
@@ -368,26 +371,26 @@ Test(loco_auth_node, a_joiner_needs_a_members_admission, .timeout = 180) {
   uint8_t pub6[32];
   pulse_sign_key_public(k6, pub6);
   pulse_loco_admission adm;
-  cr_assert_eq(pulse_loco_node_admit(t[1].node, pub6, 100, &adm), PULSE_OK);
+  cr_assert_eq(pulse_loco_coord_admit(t[1].node, pub6, 100, &adm), PULSE_OK);
   pulse_loco *c5 = lt_ctx(P, 5, NULL), *c6 = lt_ctx(P, 6, NULL);
-  pulse_loco_node *n5, *n6;
-  pulse_loco_node_opts no = aopts(PULSE_LOCO_TRANSPORT_HTTP);
+  pulse_loco_coord *n5, *n6;
+  pulse_loco_coord_opts no = aopts(PULSE_LOCO_TRANSPORT_HTTP);
   no.sign_key = k5;
   no.member_keys = pins;
   no.member_key_count = 2;
-  cr_assert_eq(pulse_loco_node_create(&no, c5, &n5), PULSE_OK, "%s",
+  cr_assert_eq(pulse_loco_coord_create(&no, c5, &n5), PULSE_OK, "%s",
                pulse_error_detail());
   no.sign_key = k6;
   no.admission = &adm;
-  cr_assert_eq(pulse_loco_node_create(&no, c6, &n6), PULSE_OK, "%s",
+  cr_assert_eq(pulse_loco_coord_create(&no, c6, &n6), PULSE_OK, "%s",
                pulse_error_detail());
   float *local = malloc(P * sizeof *local);
   /* Long enough for a loaded machine to ask at least once. */
-  cr_assert_neq(pulse_loco_node_join(n5, m[1].url, local, 2000), PULSE_OK,
+  cr_assert_neq(pulse_loco_coord_join(n5, m[1].url, local, 2000), PULSE_OK,
                 "a joiner without an admission got in");
   cr_assert_geq(metric(t[0].node, "pulse_loco_auth_joins_refused_total"), 1);
   hold = 0;
-  cr_assert_eq(pulse_loco_node_join(n6, m[1].url, local, 20000), PULSE_OK,
+  cr_assert_eq(pulse_loco_coord_join(n6, m[1].url, local, 20000), PULSE_OK,
                "%s", pulse_error_detail());
   cr_assert_geq(metric(t[0].node, "pulse_loco_auth_admitted_total"), 1);
   atrainer j;
@@ -415,14 +418,14 @@ Test(loco_auth_node, a_joiner_needs_a_members_admission, .timeout = 180) {
                      t[i].auth.replayed + t[i].auth.foreign,
                  0, "trainer %d", i);
   free(local);
-  pulse_loco_node_free(n5);
-  pulse_loco_node_free(n6);
+  pulse_loco_coord_free(n5);
+  pulse_loco_coord_free(n6);
   pulse_loco_free(c5);
   pulse_loco_free(c6);
   pulse_sign_key_free(k5);
   pulse_sign_key_free(k6);
   afree(t, 2);
-  pulse_tk_problem_free(p);
+  pulse_sim_problem_free(p);
 }
 
 Test(loco_auth_node, configurations_that_cannot_be_verified_are_refused) {
@@ -433,45 +436,45 @@ Test(loco_auth_node, configurations_that_cannot_be_verified_are_refused) {
   pulse_loco_member_key pins[2] = {{0, {0}}, {1, {0}}};
   pulse_sign_key_public(other, pins[0].key);
   pulse_sign_key_public(other, pins[1].key);
-  pulse_loco_node *n = NULL;
-  pulse_loco_node_opts no = aopts(PULSE_LOCO_TRANSPORT_HTTP);
+  pulse_loco_coord *n = NULL;
+  pulse_loco_coord_opts no = aopts(PULSE_LOCO_TRANSPORT_HTTP);
   /* Authentication asked for, no key. */
   no.auth = PULSE_LOCO_AUTH_ON;
-  cr_assert_eq(pulse_loco_node_create(&no, ctx, &n), PULSE_ERR_ARG);
+  cr_assert_eq(pulse_loco_coord_create(&no, ctx, &n), PULSE_ERR_ARG);
   /* Pinned members, no key of its own. */
   no.auth = PULSE_LOCO_AUTH_AUTO;
   no.member_keys = pins;
   no.member_key_count = 1;
-  cr_assert_eq(pulse_loco_node_create(&no, ctx, &n), PULSE_ERR_ARG);
+  cr_assert_eq(pulse_loco_coord_create(&no, ctx, &n), PULSE_ERR_ARG);
   /* This trainer's id pinned with another key; one key for two ids. */
   no.sign_key = k;
   no.member_key_count = 2;
-  cr_assert_eq(pulse_loco_node_create(&no, ctx, &n), PULSE_ERR_ARG);
+  cr_assert_eq(pulse_loco_coord_create(&no, ctx, &n), PULSE_ERR_ARG);
   pins[1].id = 2;
-  cr_assert_eq(pulse_loco_node_create(&no, ctx, &n), PULSE_ERR_ARG);
+  cr_assert_eq(pulse_loco_coord_create(&no, ctx, &n), PULSE_ERR_ARG);
   /* An admission of another key. */
   no.member_key_count = 1;
   pulse_loco_admission adm;
   memset(&adm, 0, sizeof adm);
   no.admission = &adm;
-  cr_assert_eq(pulse_loco_node_create(&no, ctx, &n), PULSE_ERR_ARG);
+  cr_assert_eq(pulse_loco_coord_create(&no, ctx, &n), PULSE_ERR_ARG);
   /* Fine, but a founding member without a pinned key cannot start. */
   no.admission = NULL;
-  cr_assert_eq(pulse_loco_node_create(&no, ctx, &n), PULSE_OK, "%s",
+  cr_assert_eq(pulse_loco_coord_create(&no, ctx, &n), PULSE_OK, "%s",
                pulse_error_detail());
   pulse_loco_member m[3] = {{0, ""}, {1, ""}, {7, ""}};
   for (int i = 0; i < 3; i++)
-    snprintf(m[i].url, sizeof m[i].url, "%s", pulse_loco_node_url(n));
-  cr_assert_eq(pulse_loco_node_start(n, m, 3), PULSE_ERR_ARG);
-  cr_assert_eq(pulse_loco_node_start(n, m, 2), PULSE_OK, "%s",
+    snprintf(m[i].url, sizeof m[i].url, "%s", pulse_loco_coord_url(n));
+  cr_assert_eq(pulse_loco_coord_start(n, m, 3), PULSE_ERR_ARG);
+  cr_assert_eq(pulse_loco_coord_start(n, m, 2), PULSE_OK, "%s",
                pulse_error_detail());
   /* Off: nothing signed or checked, even with a key. */
-  pulse_loco_node_free(n);
+  pulse_loco_coord_free(n);
   no.auth = PULSE_LOCO_AUTH_OFF;
-  cr_assert_eq(pulse_loco_node_create(&no, ctx, &n), PULSE_OK);
+  cr_assert_eq(pulse_loco_coord_create(&no, ctx, &n), PULSE_OK);
   pulse_loco_admission a2;
-  cr_assert_eq(pulse_loco_node_admit(n, pins[0].key, 1, &a2), PULSE_ERR_ARG);
-  pulse_loco_node_free(n);
+  cr_assert_eq(pulse_loco_coord_admit(n, pins[0].key, 1, &a2), PULSE_ERR_ARG);
+  pulse_loco_coord_free(n);
   pulse_loco_free(ctx);
   pulse_sign_key_free(k);
   pulse_sign_key_free(other);

@@ -34,7 +34,7 @@ static void fixture(round_fixture *f, uint64_t seed) {
     for (uint64_t j = 0; j < CP; j++) /* about a third pass the gate */
       f->local[i][j] = theta[j] - lt_normal(&s) * fabsf(theta[j]) * 0x1p-9f;
     const uint8_t *d;
-    pulse_loco_prepare_info pi;
+    pulse_loco_prepare_figures pi;
     cr_assert_eq(pulse_loco_prepare(f->ctx[i], f->local[i], 100u + i, 0, &d,
                                     &f->psize[i], &pi),
                  PULSE_OK);
@@ -284,8 +284,8 @@ Test(loco, bad_chunks_are_refused_counted_and_change_nothing) {
       cr_assert_neq(pulse_loco_inbox_add(in, g, cs), PULSE_OK);
     }
   }
-  pulse_loco_chunk_stats st;
-  pulse_loco_inbox_stats(in, &st);
+  pulse_loco_inbox_figures st;
+  pulse_loco_inbox_figures_get(in, &st);
   cr_assert(st.truncated >= 2u);
   cr_assert(st.bad_checksum >= 1 &&
                 st.bad_checksum + st.malformed + st.truncated == flips + 2,
@@ -307,7 +307,8 @@ Test(loco, bad_chunks_are_refused_counted_and_change_nothing) {
 
 Test(loco, chunked_rounds_need_the_drop_rule) {
   float theta[256] = {0};
-  pulse_loco_opts o = PULSE_LOCO_OPTS_INIT;
+  pulse_loco_opts o;
+  pulse_loco_opts_init(&o);
   o.param_count = 256;
   o.rule = PULSE_LOCO_RULE_KEEP;
   pulse_loco *ctx;
@@ -373,10 +374,10 @@ Test(loco, drifted_ranges_skip_only_their_gate_and_name_the_reference_base) {
 
   /* Both on the reference's bits: the gate is checked and refuses. */
   pulse_loco_inbox *in;
-  pulse_loco_chunk_stats st;
+  pulse_loco_inbox_figures st;
   cr_assert_eq(pulse_loco_inbox_create(me, ids, NT, &in), PULSE_OK);
   cr_assert_eq(pulse_loco_inbox_add(in, clean.data, cs), PULSE_ERR_CORRUPT);
-  pulse_loco_inbox_stats(in, &st);
+  pulse_loco_inbox_figures_get(in, &st);
   cr_assert_eq(st.malformed, 1);
   /* The sender flags the range: taken. */
   cr_assert_eq(pulse_loco_inbox_add(in, flagged.data, cs), PULSE_OK);
@@ -406,7 +407,7 @@ Test(loco, drifted_ranges_skip_only_their_gate_and_name_the_reference_base) {
   cr_assert_eq(pulse_loco_inbox_set_drift(in, hr.base_digest, drifted, 1024),
                PULSE_OK);
   cr_assert_eq(pulse_loco_inbox_add(in, clean.data, cs), PULSE_ERR_BASE_DIGEST);
-  pulse_loco_inbox_stats(in, &st);
+  pulse_loco_inbox_figures_get(in, &st);
   cr_assert_eq(st.other_base, 1);
   cr_assert_eq(pulse_loco_inbox_add(in, other.data, cs), PULSE_OK);
   pulse_loco_inbox_free(in);

@@ -36,8 +36,12 @@ static void short_payload_drops_its_sender(int partitioned) {
   const uint64_t T = 40;
   ct_peer_cfg cfg[2];
   ct_child ks[2];
+  /* Steps of 200 ms, as below: this process's claim must reach round 0's
+   * writer while the round is open, also on a loaded machine (with 30 ms
+   * steps the honest peers filled it first in some loaded ASan runs, and
+   * the claim got 409, past). */
   for (uint32_t i = 0; i < 2; i++)
-    cfg[i] = (ct_peer_cfg){i + 1, 4, T, 3, -1, 30000};
+    cfg[i] = (ct_peer_cfg){i + 1, 4, T, 3, -1, 200000};
   ct_partitioned = partitioned;
   for (int i = 0; i < 2; i++)
     ct_spawn(&ks[i], &cfg[i]);
@@ -58,7 +62,8 @@ static void short_payload_drops_its_sender(int partitioned) {
   char url[256];
   snprintf(url, sizeof url, "%s/v1/collab/claim/0/0/4/0/1000?id=3", ks[0].url);
   cr_assert_eq(post_until_open(url), 200, "the claim is granted");
-  pulse_loco_opts o = PULSE_LOCO_OPTS_INIT;
+  pulse_loco_opts o;
+  pulse_loco_opts_init(&o);
   o.param_count = CT_P;
   o.trainer_id = 3;
   o.rule = PULSE_LOCO_RULE_KEEP;
@@ -181,14 +186,16 @@ Test(collab_bad, a_state_no_peer_keeps_is_a_clear_error, .timeout = 60) {
   static ct_log log;
   memset(&log, 0, sizeof log);
   ct_collect(ks, 2, &log, NULL, NULL); /* both at round 4, serving states 3 and 4 */
-  pulse_loco_opts o = PULSE_LOCO_OPTS_INIT;
+  pulse_loco_opts o;
+  pulse_loco_opts_init(&o);
   o.param_count = CT_P;
   o.trainer_id = 7;
   o.rule = PULSE_LOCO_RULE_KEEP;
   o.chunk_log2 = 10;
   pulse_loco *ctx = NULL;
   cr_assert_eq(pulse_loco_create(&o, NULL, &ctx), PULSE_OK);
-  pulse_loco_collab_opts co = PULSE_LOCO_COLLAB_OPTS_INIT;
+  pulse_loco_collab_opts co;
+  pulse_loco_collab_opts_init(&co);
   pulse_loco_collab *c = NULL;
   cr_assert_eq(pulse_loco_collab_create(&co, ctx, &c), PULSE_OK);
   float *theta = calloc(CT_P, sizeof *theta);
@@ -224,11 +231,13 @@ Test(collab_bad, a_state_no_peer_keeps_is_a_clear_error, .timeout = 60) {
 }
 
 Test(collab_bad, options_and_rules_are_checked) {
-  pulse_loco_opts o = PULSE_LOCO_OPTS_INIT;
+  pulse_loco_opts o;
+  pulse_loco_opts_init(&o);
   o.param_count = 64;
   pulse_loco *ctx = NULL;
   cr_assert_eq(pulse_loco_create(&o, NULL, &ctx), PULSE_OK);
-  pulse_loco_collab_opts co = PULSE_LOCO_COLLAB_OPTS_INIT;
+  pulse_loco_collab_opts co;
+  pulse_loco_collab_opts_init(&co);
   pulse_loco_collab *c = NULL;
   /* The drop rule would let a left-out payload's mass go. */
   cr_assert_eq(pulse_loco_collab_create(&co, ctx, &c), PULSE_ERR_ARG);

@@ -385,7 +385,8 @@ Test(collab_client, hostile_uploads_are_refused_and_nothing_is_stored,
    * chunked without a length), a body cut short: each refused with its
    * status, none stored, and the peer still answers. The same for the
    * partitioned exchange's slices and verdicts. */
-  pulse_loco_opts o = PULSE_LOCO_OPTS_INIT;
+  pulse_loco_opts o;
+  pulse_loco_opts_init(&o);
   o.param_count = CT_P;
   o.rule = PULSE_LOCO_RULE_KEEP;
   o.chunk_log2 = 10;
@@ -397,7 +398,8 @@ Test(collab_client, hostile_uploads_are_refused_and_nothing_is_stored,
   cr_assert_eq(pulse_loco_create(&o, theta, &ctx), PULSE_OK);
   o.trainer_id = 7;
   cr_assert_eq(pulse_loco_create(&o, theta7, &ctx7), PULSE_OK);
-  pulse_loco_collab_opts co = PULSE_LOCO_COLLAB_OPTS_INIT;
+  pulse_loco_collab_opts co;
+  pulse_loco_collab_opts_init(&co);
   pulse_loco_collab *c = NULL;
   cr_assert_eq(pulse_loco_collab_create(&co, ctx, &c), PULSE_OK);
   const char *base = pulse_loco_collab_url(c);
@@ -577,14 +579,16 @@ Test(collab_client, hostile_uploads_are_refused_and_nothing_is_stored,
 }
 
 Test(collab_client, a_client_takes_partitioned_averaging_not_bad_hosts) {
-  pulse_loco_opts o = PULSE_LOCO_OPTS_INIT;
+  pulse_loco_opts o;
+  pulse_loco_opts_init(&o);
   o.param_count = CT_P;
   o.rule = PULSE_LOCO_RULE_KEEP;
   o.trainer_id = 5;
   float *theta = calloc(CT_P, sizeof *theta);
   pulse_loco *ctx = NULL;
   cr_assert_eq(pulse_loco_create(&o, theta, &ctx), PULSE_OK);
-  pulse_loco_collab_opts co = PULSE_LOCO_COLLAB_OPTS_INIT;
+  pulse_loco_collab_opts co;
+  pulse_loco_collab_opts_init(&co);
   pulse_loco_collab *c = NULL;
   /* Partitioned is fine for a client (it owns no range). */
   co.client_of = "http://127.0.0.1:9";

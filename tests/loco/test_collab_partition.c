@@ -462,12 +462,14 @@ Test(collab_partition, a_survivor_without_the_dead_range_imports_a_finisher,
 /* The check setting: rotating (0, the default), full, receipts; anything
  * else refused. */
 Test(collab_partition, the_check_setting_is_checked) {
-  pulse_loco_opts o = PULSE_LOCO_OPTS_INIT;
+  pulse_loco_opts o;
+  pulse_loco_opts_init(&o);
   o.param_count = 64;
   o.rule = PULSE_LOCO_RULE_KEEP;
   pulse_loco *ctx = NULL;
   cr_assert_eq(pulse_loco_create(&o, NULL, &ctx), PULSE_OK);
-  pulse_loco_collab_opts co = PULSE_LOCO_COLLAB_OPTS_INIT;
+  pulse_loco_collab_opts co;
+  pulse_loco_collab_opts_init(&co);
   cr_assert_eq(co.partition_check, PULSE_LOCO_COLLAB_CHECK_ROTATING);
   co.partitioned = 1;
   pulse_loco_collab *c = NULL;

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <time.h>
 
+#include "pulse_loco_testing.h"
 #include "loco_testutil.h"
 #include "sim_trainers.h"
 
@@ -28,7 +29,7 @@ static void loco_test_sleep(void) {
 }
 
 typedef struct {
-  const pulse_tk_problem *p;
+  const pulse_sim_problem *p;
   uint32_t id;
   uint32_t rounds; /* run until the context reaches this round */
   uint32_t inner;
@@ -37,7 +38,7 @@ typedef struct {
   int leave_at;   /* -1: never; else leave in this round */
   double drop_rate;
   pulse_loco *ctx;
-  pulse_loco_node *node;
+  pulse_loco_coord *node;
   pulse_loco_member *founders;
   size_t nfounders;
   const char *seed_url;
@@ -54,23 +55,23 @@ typedef struct {
 
 static void *run_trainer(void *arg) {
   trainer *t = arg;
-  uint64_t P = pulse_tk_problem_param_count(t->p);
+  uint64_t P = pulse_sim_problem_param_count(t->p);
   float *local = malloc(P * sizeof *local);
-  pulse_tk_learner *l = NULL;
-  t->st = pulse_tk_learner_create(t->p, t->id, &l);
+  pulse_sim_learner *l = NULL;
+  t->st = pulse_sim_learner_create(t->p, t->id, &l);
   t->contributors_min = UINT32_MAX;
   if (t->st == PULSE_OK && t->join_after < 0) {
     memcpy(local, pulse_loco_global(t->ctx), P * sizeof *local);
-    t->st = pulse_loco_node_start(t->node, t->founders, t->nfounders);
+    t->st = pulse_loco_coord_start(t->node, t->founders, t->nfounders);
   } else if (t->st == PULSE_OK) {
     while (*t->progress < (uint64_t)t->join_after)
       loco_test_sleep();
-    t->st = pulse_loco_node_join(t->node, t->seed_url, local, 20000);
+    t->st = pulse_loco_coord_join(t->node, t->seed_url, local, 20000);
   }
   uint32_t since_join = 0, stalls = 0;
   while (t->st == PULSE_OK && pulse_loco_round(t->ctx) < t->rounds) {
     for (uint32_t h = 0; h < t->inner; h++)
-      pulse_tk_learner_step(l, local);
+      pulse_sim_learner_step(l, local);
     if (t->pace_ms)
       loco_test_sleep_ms(t->pace_ms);
     if (t->stall_ms && stalls < t->max_stalls && since_join++ == 2) {
@@ -78,9 +79,9 @@ static void *run_trainer(void *arg) {
       stalls++;
     }
     int leaving = (int)pulse_loco_round(t->ctx) == t->leave_at;
-    pulse_loco_step_info info;
+    pulse_loco_coord_step_figures info;
     t->st =
-        pulse_loco_node_step(t->node, local, 32u * t->inner, leaving, &info);
+        pulse_loco_coord_step(t->node, local, 32u * t->inner, leaving, &info);
     if (t->st != PULSE_OK)
       break;
     if (info.rejoined) { /* a join, no round */
@@ -98,38 +99,39 @@ static void *run_trainer(void *arg) {
       break;
   }
   if (t->st == PULSE_OK)
-    t->st = pulse_loco_node_linger(t->node, 30000);
+    t->st = pulse_loco_coord_linger(t->node, 30000);
   if (t->st != PULSE_OK)
     snprintf(t->detail, sizeof t->detail, "%s", pulse_error_detail());
-  pulse_tk_learner_free(l);
+  pulse_sim_learner_free(l);
   free(local);
   return NULL;
 }
 
-static pulse_tk_problem *small_problem(uint32_t hidden) {
-  pulse_tk_problem_opts po = PULSE_TK_PROBLEM_OPTS_INIT;
+static pulse_sim_problem *small_problem(uint32_t hidden) {
+  pulse_sim_problem_opts po;
+  pulse_sim_problem_opts_init(&po);
   po.hidden = hidden;
-  pulse_tk_problem *p;
-  cr_assert_eq(pulse_tk_problem_create(&po, &p), PULSE_OK);
+  pulse_sim_problem *p;
+  cr_assert_eq(pulse_sim_problem_create(&po, &p), PULSE_OK);
   return p;
 }
 
 /* Starts n trainers (contexts and nodes); founders are those with
  * join_after < 0. */
-static void setup_with(trainer *t, size_t n, const pulse_tk_problem *p,
+static void setup_with(trainer *t, size_t n, const pulse_sim_problem *p,
                        pulse_loco_member *members, size_t *nmembers,
                        volatile uint64_t *progress,
-                       const pulse_loco_node_opts *opts) {
-  uint64_t P = pulse_tk_problem_param_count(p);
+                       const pulse_loco_coord_opts *opts) {
+  uint64_t P = pulse_sim_problem_param_count(p);
   float *init = malloc(P * sizeof *init);
-  pulse_tk_problem_init(p, init);
+  pulse_sim_problem_init(p, init);
   *nmembers = 0;
   for (size_t i = 0; i < n; i++) {
     t[i].p = p;
     t[i].progress = progress;
     t[i].ctx = lt_ctx(P, t[i].id, t[i].join_after < 0 ? init : NULL);
-    cr_assert_eq(pulse_loco_node_create(opts, t[i].ctx, &t[i].node), PULSE_OK);
-    const char *url = pulse_loco_node_url(t[i].node);
+    cr_assert_eq(pulse_loco_coord_create(opts, t[i].ctx, &t[i].node), PULSE_OK);
+    const char *url = pulse_loco_coord_url(t[i].node);
     cr_assert(strncmp(url, "http://127.0.0.1:", 17) == 0, "%s", url);
     if (t[i].join_after < 0) {
       members[*nmembers].id = t[i].id;
@@ -145,14 +147,17 @@ static void setup_with(trainer *t, size_t n, const pulse_tk_problem *p,
   free(init);
 }
 
-static void setup(trainer *t, size_t n, const pulse_tk_problem *p,
+static void setup(trainer *t, size_t n, const pulse_sim_problem *p,
                   pulse_loco_member *members, size_t *nmembers,
                   volatile uint64_t *progress, double drop_rate) {
-  pulse_loco_node_opts no = PULSE_LOCO_NODE_OPTS_INIT;
+  pulse_loco_coord_opts no;
+  pulse_loco_coord_opts_init(&no);
   no.deadline_ms = 8000;
   no.manifest_timeout_ms = 30000;
-  no.drop_rate = drop_rate;
-  no.drop_seed = 99;
+  pulse_loco_test_hooks hooks = {0};
+  hooks.drop_rate = drop_rate;
+  hooks.drop_seed = 99;
+  no.test_hooks = &hooks;
   setup_with(t, n, p, members, nmembers, progress, &no);
 }
 
@@ -169,14 +174,14 @@ static void run_all(trainer *t, size_t n) {
 
 static void teardown(trainer *t, size_t n) {
   for (size_t i = 0; i < n; i++) {
-    pulse_loco_node_free(t[i].node);
+    pulse_loco_coord_free(t[i].node);
     pulse_loco_free(t[i].ctx);
   }
 }
 
 Test(loco, http_run_equals_the_in_process_run_bit_for_bit, .timeout = 300) {
-  pulse_tk_problem *p = small_problem(48);
-  uint64_t P = pulse_tk_problem_param_count(p);
+  pulse_sim_problem *p = small_problem(48);
+  uint64_t P = pulse_sim_problem_param_count(p);
   trainer t[3];
   memset(t, 0, sizeof t);
   for (uint32_t i = 0; i < 3; i++) {
@@ -199,23 +204,24 @@ Test(loco, http_run_equals_the_in_process_run_bit_for_bit, .timeout = 300) {
         0);
   }
   /* The same rounds in one process. */
-  pulse_tk_sim_opts so = PULSE_TK_SIM_OPTS_INIT;
+  pulse_sim_opts so;
+  pulse_sim_opts_init(&so);
   so.trainers = 3;
   so.rounds = 6;
   so.inner = 4;
   float *want = malloc(P * 4);
-  cr_assert_eq(pulse_tk_sim_run(p, &so, NULL, NULL, want), PULSE_OK);
+  cr_assert_eq(pulse_sim_run(p, &so, NULL, NULL, want), PULSE_OK);
   cr_assert_eq(memcmp(want, pulse_loco_global(t[0].ctx), P * 4), 0,
                "HTTP and in-process runs differ");
   free(want);
   teardown(t, 3);
-  pulse_tk_problem_free(p);
+  pulse_sim_problem_free(p);
 }
 
 Test(loco, late_joiner_over_http_ends_with_the_same_global_weights,
      .timeout = 300) {
-  pulse_tk_problem *p = small_problem(32);
-  uint64_t P = pulse_tk_problem_param_count(p);
+  pulse_sim_problem *p = small_problem(32);
+  uint64_t P = pulse_sim_problem_param_count(p);
   trainer t[5];
   memset(t, 0, sizeof t);
   for (uint32_t i = 0; i < 5; i++) {
@@ -233,8 +239,8 @@ Test(loco, late_joiner_over_http_ends_with_the_same_global_weights,
   size_t nm;
   volatile uint64_t progress = 0;
   setup(t, 5, p, members, &nm, &progress, 0.0);
-  t[3].seed_url = pulse_loco_node_url(t[2].node);
-  t[4].seed_url = pulse_loco_node_url(t[0].node);
+  t[3].seed_url = pulse_loco_coord_url(t[2].node);
+  t[4].seed_url = pulse_loco_coord_url(t[0].node);
   run_all(t, 5);
   cr_assert(t[3].rounds_done >= 3 && t[3].rounds_done < 12,
             "joiner ran %u rounds", t[3].rounds_done);
@@ -255,17 +261,17 @@ Test(loco, late_joiner_over_http_ends_with_the_same_global_weights,
   }
   size_t count;
   pulse_loco_member now[MAX_T];
-  pulse_loco_node_members(t[0].node, now, MAX_T, &count);
+  pulse_loco_coord_members(t[0].node, now, MAX_T, &count);
   cr_assert_eq(count, 4u,
                "members at the end: 4 (3 founders - 1 leaver + 2 joiners)");
   cr_assert_eq(now[0].id, 1u);
   teardown(t, 5);
-  pulse_tk_problem_free(p);
+  pulse_sim_problem_free(p);
 }
 
 Test(loco, lost_payloads_keep_replicas_identical, .timeout = 300) {
-  pulse_tk_problem *p = small_problem(32);
-  uint64_t P = pulse_tk_problem_param_count(p);
+  pulse_sim_problem *p = small_problem(32);
+  uint64_t P = pulse_sim_problem_param_count(p);
   trainer t[4];
   memset(t, 0, sizeof t);
   for (uint32_t i = 0; i < 4; i++) {
@@ -294,13 +300,13 @@ Test(loco, lost_payloads_keep_replicas_identical, .timeout = 300) {
   }
   cr_assert(fewest < 4, "40%% loss never dropped a payload");
   teardown(t, 4);
-  pulse_tk_problem_free(p);
+  pulse_sim_problem_free(p);
 }
 
 Test(loco, coordinator_that_leaves_hands_over_without_stalling,
      .timeout = 300) {
-  pulse_tk_problem *p = small_problem(32);
-  uint64_t P = pulse_tk_problem_param_count(p);
+  pulse_sim_problem *p = small_problem(32);
+  uint64_t P = pulse_sim_problem_param_count(p);
   trainer t[3];
   memset(t, 0, sizeof t);
   for (uint32_t i = 0; i < 3; i++) {
@@ -328,11 +334,11 @@ Test(loco, coordinator_that_leaves_hands_over_without_stalling,
       0);
   size_t count;
   pulse_loco_member now[MAX_T];
-  pulse_loco_node_members(t[1].node, now, MAX_T, &count);
+  pulse_loco_coord_members(t[1].node, now, MAX_T, &count);
   cr_assert_eq(count, 2u);
   cr_assert_eq(now[0].id, 1u, "trainer 1 coordinates after trainer 0 left");
   teardown(t, 3);
-  pulse_tk_problem_free(p);
+  pulse_sim_problem_free(p);
 }
 
 /* Issue 16's liveness defect: a trainer dropped after missed rounds joins
@@ -344,8 +350,8 @@ Test(loco, coordinator_that_leaves_hands_over_without_stalling,
  * enough to be dropped, and must come back both times. */
 Test(loco, silent_trainer_dropped_twice_joins_again_and_the_run_completes,
      .timeout = 120) {
-  pulse_tk_problem *p = small_problem(16);
-  uint64_t P = pulse_tk_problem_param_count(p);
+  pulse_sim_problem *p = small_problem(16);
+  uint64_t P = pulse_sim_problem_param_count(p);
   trainer t[3];
   memset(t, 0, sizeof t);
   for (uint32_t i = 0; i < 3; i++) {
@@ -358,7 +364,8 @@ Test(loco, silent_trainer_dropped_twice_joins_again_and_the_run_completes,
   }
   t[2].stall_ms = 1000;
   t[2].max_stalls = 2;
-  pulse_loco_node_opts no = PULSE_LOCO_NODE_OPTS_INIT;
+  pulse_loco_coord_opts no;
+  pulse_loco_coord_opts_init(&no);
   no.deadline_ms = 250;
   no.manifest_timeout_ms = 3000;
   no.max_misses = 2;
@@ -376,5 +383,5 @@ Test(loco, silent_trainer_dropped_twice_joins_again_and_the_run_completes,
         0, "trainer %u's global weights differ", t[i].id);
   }
   teardown(t, 3);
-  pulse_tk_problem_free(p);
+  pulse_sim_problem_free(p);
 }

@@ -191,7 +191,8 @@ Test(loco, excluded_trainer_keeps_what_its_loss_rule_says) {
   float *theta = malloc(P * sizeof *theta), *local = malloc(P * sizeof *local);
   lt_fill_weights(theta, P, 3, 1.0f);
   for (size_t r = 0; r < 3; r++) {
-    pulse_loco_opts o = PULSE_LOCO_OPTS_INIT;
+    pulse_loco_opts o;
+    pulse_loco_opts_init(&o);
     o.param_count = P;
     o.trainer_id = 4;
     o.rule = rules[r];
@@ -247,7 +248,8 @@ static void gate_mean_round(int gate_mean, int leaving, uint32_t version,
       {0.0f, 0.009f, 0.001f, 0.0f, -0.005f, 0.009f}};
   pulse_loco_contribution set[GM_T];
   for (uint32_t i = 0; i < GM_T; i++) {
-    pulse_loco_opts o = PULSE_LOCO_OPTS_INIT;
+    pulse_loco_opts o;
+    pulse_loco_opts_init(&o);
     o.param_count = GM_P;
     o.trainer_id = i;
     o.gate_mean = gate_mean;
@@ -285,8 +287,8 @@ Test(loco, gate_mean_applies_visible_or_quorum_means_and_defers_the_rest) {
   cr_assert_eq(LOCO_GATE_QUORUM, 2u, "the elements below assume 2");
   pulse_loco *on[GM_T], *off[GM_T];
   float s[GM_T][GM_P];
-  gate_mean_round(0, 0, 3, off, s);
-  gate_mean_round(1, 0, 3, on, s);
+  gate_mean_round(0, 0, PULSE_LOCO_OPTS_VERSION, off, s);
+  gate_mean_round(1, 0, PULSE_LOCO_OPTS_VERSION, on, s);
   /* On: elements 0 and 2 stay; 1, 3, 4 and 5 take the very step they take
    * without the gate (the same mean). */
   const float *g = pulse_loco_global(on[0]), *ref = pulse_loco_global(off[0]);
@@ -315,7 +317,7 @@ Test(loco, gate_mean_applies_visible_or_quorum_means_and_defers_the_rest) {
   gate_mean_free(on);
   gate_mean_free(off);
   /* On, trainer 0 leaving: its flush (0 to 4) is applied whole. */
-  gate_mean_round(1, 1, 3, on, s);
+  gate_mean_round(1, 1, PULSE_LOCO_OPTS_VERSION, on, s);
   g = pulse_loco_global(on[1]);
   cr_assert(g[0] < 1.0f && g[1] < 1.0f && g[2] < 1.0f && g[3] != 1.0f &&
             g[4] != 1.0f && g[5] < 1.0f);
@@ -325,16 +327,20 @@ Test(loco, gate_mean_applies_visible_or_quorum_means_and_defers_the_rest) {
   gate_mean_free(on);
 }
 
-/* Older callers get the mean gate off: a version 2 struct ends before
- * gate_mean, whatever lies behind it. */
-Test(loco, options_of_version_2_leave_the_mean_gate_off) {
-  pulse_loco_opts o = PULSE_LOCO_OPTS_INIT;
-  cr_assert_eq(o.struct_version, 3u);
+/* The mean gate is off by default, and options of another version (an
+ * older caller's, before gate_mean) are refused, not read past their
+ * version field. */
+Test(loco, mean_gate_is_off_by_default_and_other_versions_are_refused) {
+  pulse_loco_opts o;
+  pulse_loco_opts_init(&o);
+  cr_assert_eq(o.struct_version, PULSE_LOCO_OPTS_VERSION);
   cr_assert_eq(o.gate_mean, 0);
-  pulse_loco *t[GM_T];
-  float s[GM_T][GM_P];
-  gate_mean_round(1, 0, 2, t, s);
-  cr_assert(pulse_loco_global(t[0])[0] < 1.0f, "the mean gate was on");
-  cr_assert(pulse_loco_residual(t[0])[0] == 0.0f);
-  gate_mean_free(t);
+  static const float theta[1] = {1.0f};
+  pulse_loco *ctx = NULL;
+  uint32_t *old = malloc(sizeof *old);
+  *old = PULSE_LOCO_OPTS_VERSION - 1;
+  cr_assert_eq(pulse_loco_create((const pulse_loco_opts *)(void *)old, theta, &ctx),
+               PULSE_ERR_VERSION);
+  cr_assert_null(ctx);
+  free(old);
 }

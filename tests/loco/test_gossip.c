@@ -6,6 +6,7 @@
  * policy climbs, descends and keeps its budget. */
 #include "gossip_testutil.h"
 #include "pulse_elem.h"
+#include "pulse_loco_testing.h"
 
 #define P_SMALL 1024u
 
@@ -197,7 +198,7 @@ Test(loco, a_silent_neighbour_is_left_out_and_the_run_goes_on) {
   for (uint32_t p = 0; p < P_SMALL; p++)
     expect[p] = x1[p] + (pulse_gossip_params(r.node[0])[p] - x1[p]) / 3.0;
   cr_assert_eq(pulse_gossip_prepare(r.node[1], 1, g, NULL), PULSE_OK);
-  pulse_gossip_finish_info fi;
+  pulse_gossip_finish_figures fi;
   for (uint32_t i = 0; i < n; i++)
     if (alive[i] && i != 1)
       cr_assert_eq(pulse_gossip_prepare(r.node[i], 1, g, NULL), PULSE_OK);
@@ -278,7 +279,7 @@ Test(loco, a_one_sided_failure_drops_the_edge_at_both_ends) {
   cr_assert_eq(pulse_gossip_drop_edge(r.node[1], 3), PULSE_ERR_ARG,
                "3 is no neighbour of 1 on the ring");
   cr_assert_eq(pulse_gossip_drop_edge(r.node[1], 0), PULSE_OK);
-  pulse_gossip_finish_info fi;
+  pulse_gossip_finish_figures fi;
   for (uint32_t i = 0; i < n; i++) {
     cr_assert_eq(pulse_gossip_finish(r.node[i], &fi), PULSE_OK);
     cr_assert_eq(fi.answered, i <= 1 ? 1u : 2u, "node %u mixed with %u", i,
@@ -339,7 +340,8 @@ Test(loco, gossip_refuses_payloads_of_another_round_sender_or_copy) {
   cr_assert_eq(memcmp(before, pulse_gossip_copy(r.node[0], 1, 0), sizeof before), 0);
   /* The copy out of step: base digest. */
   pulse_gossip *other;
-  pulse_gossip_opts o = PULSE_GOSSIP_OPTS_INIT;
+  pulse_gossip_opts o;
+  pulse_gossip_opts_init(&o);
   o.nodes = n, o.self = 0, o.param_count = P_SMALL, o.chunk_log2 = 10;
   float *shifted = malloc(P_SMALL * sizeof *shifted);
   for (uint32_t p = 0; p < P_SMALL; p++)
@@ -384,7 +386,8 @@ static void mix_dense(const pulse_gossip_graph *g, double *x, uint32_t n) {
  * its budget; each step is a perfect matching and log2 N steps make the
  * exact average. */
 Test(loco, adaptive_policy_climbs_descends_and_keeps_its_budget) {
-  pulse_gossip_policy_opts o = PULSE_GOSSIP_POLICY_OPTS_INIT;
+  pulse_gossip_policy_opts o;
+  pulse_gossip_policy_opts_init(&o);
   o.nodes = 16;
   o.target = 1.0;
   o.budget = 0.25;

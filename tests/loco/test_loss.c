@@ -44,7 +44,8 @@ static void run_trial(pulse_loco_rule rule, uint64_t seed, int flush,
   memset(out, 0, sizeof *out);
   pulse_loco *ctx[N];
   for (uint32_t c = 0; c < N; c++) {
-    pulse_loco_opts o = PULSE_LOCO_OPTS_INIT;
+    pulse_loco_opts o;
+    pulse_loco_opts_init(&o);
     o.param_count = PN;
     o.trainer_id = c;
     o.mu = 0.0f;

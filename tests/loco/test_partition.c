@@ -440,7 +440,7 @@ static void one_round(pair_run *g, const uint64_t *weights, uint64_t *rng,
       senders[sent0.pos[j]]++;
   }
   for (uint32_t i = 0; i < g->n; i++) {
-    pulse_loco_finish_info a, b;
+    pulse_loco_finish_figures a, b;
     pulse_loco_reduced_verdict v;
     cr_assert_eq(pulse_loco_finish(g->ref[i], set, g->n, NULL, &a), PULSE_OK);
     cr_assert_eq(pulse_loco_finish_reduced(g->part[i], &plan, bl, samples,
@@ -506,18 +506,21 @@ static uint64_t equivalence_trials(const pulse_loco_opts *base, int trials,
 }
 
 Test(partition, equals_all_to_all_bit_for_bit, .timeout = 120) {
-  pulse_loco_opts o = PULSE_LOCO_OPTS_INIT;
+  pulse_loco_opts o;
+  pulse_loco_opts_init(&o);
   cr_assert_eq(equivalence_trials(&o, 36, 11, NULL), 0, "sent entries kept in e");
 }
 
 Test(partition, equals_all_to_all_under_other_options, .timeout = 120) {
-  pulse_loco_opts o = PULSE_LOCO_OPTS_INIT;
+  pulse_loco_opts o;
+  pulse_loco_opts_init(&o);
   o.rule = PULSE_LOCO_RULE_KEEP; /* denominator scaled to the members */
   o.values = PULSE_LOCO_VALUES_RAW;
   o.pos_model = PULSE_POS_PLAIN;
   o.chunk_log2 = 10;
   equivalence_trials(&o, 18, 101, NULL);
-  pulse_loco_opts d = PULSE_LOCO_OPTS_INIT;
+  pulse_loco_opts d;
+  pulse_loco_opts_init(&d);
   d.gate = PULSE_LOCO_GATE_NONE; /* dense DiLoCo: every entry */
   equivalence_trials(&d, 9, 202, NULL);
 }
@@ -531,7 +534,8 @@ Test(partition, equals_all_to_all_under_other_options, .timeout = 120) {
  * in its last round. */
 Test(partition, equals_all_to_all_with_the_mean_gate, .timeout = 120) {
   uint64_t quorum;
-  pulse_loco_opts o = PULSE_LOCO_OPTS_INIT;
+  pulse_loco_opts o;
+  pulse_loco_opts_init(&o);
   o.gate_mean = 1;
   cr_assert_gt(equivalence_trials(&o, 27, 303, &quorum), 0);
   cr_assert_gt(quorum, 0);
@@ -539,7 +543,8 @@ Test(partition, equals_all_to_all_with_the_mean_gate, .timeout = 120) {
   o.values = PULSE_LOCO_VALUES_RAW;
   cr_assert_gt(equivalence_trials(&o, 9, 404, &quorum), 0);
   cr_assert_gt(quorum, 0);
-  pulse_loco_opts d = PULSE_LOCO_OPTS_INIT;
+  pulse_loco_opts d;
+  pulse_loco_opts_init(&d);
   d.gate = PULSE_LOCO_GATE_NONE;
   d.gate_mean = 1;
   equivalence_trials(&d, 9, 505, &quorum);

@@ -130,7 +130,7 @@ static void group_round(group *g, uint64_t *rng, int liar, peer_job *jobs) {
     memcpy(copies[i], p, sz);
     if ((int)i != liar)
       set[ns++] = (pulse_loco_contribution){copies[i], sz};
-    pulse_loco_prepare_info pi;
+    pulse_loco_prepare_figures pi;
     cr_assert_eq(pulse_loco_prepare(g->part[i], g->theta_r[i], samples[i], 0,
                                     NULL, NULL, &pi),
                  PULSE_OK);

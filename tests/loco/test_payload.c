@@ -88,7 +88,7 @@ Test(loco, payload_round_trips_every_model_coding_and_density) {
       for (int gated = 0; gated < 2; gated++) {
         fixture f = make_fixture(sizes[si], densities[di], gated, si * 10 + di);
         const uint32_t models[] = {PULSE_POS_PLAIN, PULSE_POS_CLASS,
-                                   PULSE_LOCO_POS_AUTO};
+                                   PULSE_POS_AUTO};
         for (int m = 0; m < 3; m++)
           for (uint32_t values = 0; values < 2; values++)
             for (uint32_t log2 = 10; log2 <= 20; log2 += 10) {
@@ -128,7 +128,7 @@ Test(loco, payload_round_trips_every_model_coding_and_density) {
 Test(loco, modeled_values_beat_raw_fp32) {
   fixture f = make_fixture(200000, 0.05, 1, 99);
   pulse_loco_payload_header h =
-      header(PULSE_LOCO_PAYLOAD_GATED, PULSE_LOCO_POS_AUTO,
+      header(PULSE_LOCO_PAYLOAD_GATED, PULSE_POS_AUTO,
              PULSE_LOCO_VALUES_MODELED, 20);
   pulse_buffer modeled = encode(&f, &h);
   h.values = PULSE_LOCO_VALUES_RAW;

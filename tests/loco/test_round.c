@@ -82,7 +82,7 @@ static void round_with(unsigned present, int weighted) {
   float *zero = calloc(P, sizeof *zero);
   expected_step(theta, zero, P, ent, w, n, 0.7f, 0.9f, want, want_b);
   for (uint32_t i = 0; i < N; i++) {
-    pulse_loco_finish_info fi;
+    pulse_loco_finish_figures fi;
     float *s = malloc(P * sizeof *s);
     for (uint64_t j = 0; j < P; j++) {
       volatile float dlt = theta[j] - local[i][j];
@@ -245,7 +245,8 @@ Test(loco, state_round_trips_and_rejects_bad_bytes) {
   cr_assert_eq(pulse_loco_state_import(other, st.data, st.size, NULL),
                PULSE_ERR_SIZE_MISMATCH);
   pulse_loco_free(other);
-  pulse_loco_opts o = PULSE_LOCO_OPTS_INIT;
+  pulse_loco_opts o;
+  pulse_loco_opts_init(&o);
   o.param_count = P;
   o.mu = 0.5f;
   cr_assert_eq(pulse_loco_create(&o, NULL, &other), PULSE_OK);
@@ -267,19 +268,20 @@ Test(loco, state_round_trips_and_rejects_bad_bytes) {
 /* Trainers 0..2 from the start, trainer 3 joins at round 4 through the
  * state of trainer 1; trainer 2 leaves after round 7 with a flush. */
 Test(loco, late_joiner_ends_with_the_same_global_weights_in_process) {
-  pulse_tk_problem_opts po = PULSE_TK_PROBLEM_OPTS_INIT;
+  pulse_sim_problem_opts po;
+  pulse_sim_problem_opts_init(&po);
   po.hidden = 32;
-  pulse_tk_problem *p;
-  cr_assert_eq(pulse_tk_problem_create(&po, &p), PULSE_OK);
-  uint64_t P = pulse_tk_problem_param_count(p);
+  pulse_sim_problem *p;
+  cr_assert_eq(pulse_sim_problem_create(&po, &p), PULSE_OK);
+  uint64_t P = pulse_sim_problem_param_count(p);
   float *init = malloc(P * 4);
-  pulse_tk_problem_init(p, init);
+  pulse_sim_problem_init(p, init);
   pulse_loco *ctx[4] = {0};
-  pulse_tk_learner *learn[4] = {0};
+  pulse_sim_learner *learn[4] = {0};
   float *local[4];
   for (uint32_t i = 0; i < 4; i++) {
     ctx[i] = lt_ctx(P, i, i < 3 ? init : NULL);
-    cr_assert_eq(pulse_tk_learner_create(p, i, &learn[i]), PULSE_OK);
+    cr_assert_eq(pulse_sim_learner_create(p, i, &learn[i]), PULSE_OK);
     local[i] = malloc(P * 4);
     memcpy(local[i], init, P * 4);
   }
@@ -300,7 +302,7 @@ Test(loco, late_joiner_ends_with_the_same_global_weights_in_process) {
       if (!live[i])
         continue;
       for (int h = 0; h < 5; h++)
-        pulse_tk_learner_step(learn[i], local[i]);
+        pulse_sim_learner_step(learn[i], local[i]);
       const uint8_t *d;
       size_t s;
       uint32_t flags = (i == 2 && round == 7) ? PULSE_LOCO_LEAVING : 0;
@@ -338,11 +340,11 @@ Test(loco, late_joiner_ends_with_the_same_global_weights_in_process) {
     }
   for (uint32_t i = 0; i < 4; i++) {
     pulse_loco_free(ctx[i]);
-    pulse_tk_learner_free(learn[i]);
+    pulse_sim_learner_free(learn[i]);
     free(local[i]);
   }
   free(init);
-  pulse_tk_problem_free(p);
+  pulse_sim_problem_free(p);
 }
 
 typedef struct {
@@ -350,7 +352,7 @@ typedef struct {
   uint64_t bytes;
 } run_total;
 
-static void tally(void *user, const pulse_tk_sim_round *r) {
+static void tally(void *user, const pulse_sim_round *r) {
   run_total *t = user;
   if (r->round == 0)
     t->start = r->loss;
@@ -359,18 +361,20 @@ static void tally(void *user, const pulse_tk_sim_round *r) {
 }
 
 Test(loco, three_trainers_converge_within_2_percent_of_diloco, .timeout = 600) {
-  pulse_tk_problem_opts po = PULSE_TK_PROBLEM_OPTS_INIT;
+  pulse_sim_problem_opts po;
+  pulse_sim_problem_opts_init(&po);
   po.hidden = 160; /* ~23k parameters keeps the test quick */
-  pulse_tk_problem *p;
-  cr_assert_eq(pulse_tk_problem_create(&po, &p), PULSE_OK);
-  pulse_tk_sim_opts so = PULSE_TK_SIM_OPTS_INIT;
+  pulse_sim_problem *p;
+  cr_assert_eq(pulse_sim_problem_create(&po, &p), PULSE_OK);
+  pulse_sim_opts so;
+  pulse_sim_opts_init(&so);
   so.trainers = 3;
   run_total diloco = {0, 0, 0}, pulse = {0, 0, 0};
-  so.method = PULSE_TK_SIM_DILOCO;
-  cr_assert_eq(pulse_tk_sim_run(p, &so, tally, &diloco, NULL), PULSE_OK);
-  so.method = PULSE_TK_SIM_PULSELOCO;
-  cr_assert_eq(pulse_tk_sim_run(p, &so, tally, &pulse, NULL), PULSE_OK);
-  double floor = pulse_tk_problem_floor(p);
+  so.method = PULSE_SIM_DILOCO;
+  cr_assert_eq(pulse_sim_run(p, &so, tally, &diloco, NULL), PULSE_OK);
+  so.method = PULSE_SIM_PULSELOCO;
+  cr_assert_eq(pulse_sim_run(p, &so, tally, &pulse, NULL), PULSE_OK);
+  double floor = pulse_sim_problem_floor(p);
   cr_log_info(
       "start %.5f, DiLoCo %.5f (%llu B), PULSELoCo %.5f (%llu B), floor %.5f",
       diloco.start, diloco.loss, (unsigned long long)diloco.bytes, pulse.loss,
@@ -382,5 +386,5 @@ Test(loco, three_trainers_converge_within_2_percent_of_diloco, .timeout = 600) {
             pulse.loss, diloco.loss);
   cr_assert(pulse.bytes * 10 <= diloco.bytes, "bytes %llu vs %llu",
             (unsigned long long)pulse.bytes, (unsigned long long)diloco.bytes);
-  pulse_tk_problem_free(p);
+  pulse_sim_problem_free(p);
 }

@@ -1,4 +1,4 @@
-/* test_udp.c - PULSELoCo over datagrams (pulse_loco_node_opts.transport
+/* test_udp.c - PULSELoCo over datagrams (pulse_loco_coord_opts.transport
  * UDP, PAYLOAD.md "Exchange over datagrams") between trainers in threads of
  * this process, each with its HTTP server and its datagram socket on
  * 127.0.0.1 (port 0): without loss the run equals the in-process HTTP run
@@ -13,6 +13,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "pulse_loco_testing.h"
 #include "loco_testutil.h"
 #include "manifest_impl.h"
 #include "sim_trainers.h"
@@ -22,10 +23,10 @@
 #define INNER 3
 
 typedef struct {
-  const pulse_tk_problem *p;
+  const pulse_sim_problem *p;
   uint32_t id;
   pulse_loco *ctx;
-  pulse_loco_node *node;
+  pulse_loco_coord *node;
   const pulse_loco_member *members;
   size_t nmembers;
   pulse_status st;
@@ -35,25 +36,25 @@ typedef struct {
   uint64_t digest[ROUNDS];
   uint64_t resync_bytes[ROUNDS];
   uint64_t dropped, sent, accepted, refused, resynced;
-  pulse_loco_chunk_stats why; /* summed over rounds */
+  pulse_loco_inbox_figures why; /* summed over rounds */
   uint64_t refused_source;
 } utrainer;
 
 static void *run_utrainer(void *arg) {
   utrainer *t = arg;
-  uint64_t P = pulse_tk_problem_param_count(t->p);
+  uint64_t P = pulse_sim_problem_param_count(t->p);
   float *local = malloc(P * sizeof *local);
   memcpy(local, pulse_loco_global(t->ctx), P * sizeof *local);
-  pulse_tk_learner *l = NULL;
-  t->st = pulse_tk_learner_create(t->p, t->id, &l);
+  pulse_sim_learner *l = NULL;
+  t->st = pulse_sim_learner_create(t->p, t->id, &l);
   if (t->st == PULSE_OK)
-    t->st = pulse_loco_node_start(t->node, t->members, t->nmembers);
+    t->st = pulse_loco_coord_start(t->node, t->members, t->nmembers);
   for (uint32_t r = 0; t->st == PULSE_OK && r < ROUNDS; r++) {
     for (uint32_t h = 0; h < INNER; h++)
-      pulse_tk_learner_step(l, local);
-    pulse_loco_step_info info;
-    t->st = pulse_loco_node_step(t->node, local,
-                                 (uint64_t)INNER * pulse_tk_problem_batch(t->p),
+      pulse_sim_learner_step(l, local);
+    pulse_loco_coord_step_figures info;
+    t->st = pulse_loco_coord_step(t->node, local,
+                                 (uint64_t)INNER * pulse_sim_problem_batch(t->p),
                                  0, &info);
     if (t->st != PULSE_OK)
       break;
@@ -77,36 +78,37 @@ static void *run_utrainer(void *arg) {
     t->refused_source += info.datagrams_refused_source;
   }
   if (t->st == PULSE_OK)
-    t->st = pulse_loco_node_linger(t->node, 30000);
+    t->st = pulse_loco_coord_linger(t->node, 30000);
   if (t->st != PULSE_OK)
     snprintf(t->detail, sizeof t->detail, "%s", pulse_error_detail());
-  pulse_tk_learner_free(l);
+  pulse_sim_learner_free(l);
   free(local);
   return NULL;
 }
 
-static pulse_tk_problem *uproblem(void) {
-  pulse_tk_problem_opts po = PULSE_TK_PROBLEM_OPTS_INIT;
+static pulse_sim_problem *uproblem(void) {
+  pulse_sim_problem_opts po;
+  pulse_sim_problem_opts_init(&po);
   po.hidden = 40;
-  pulse_tk_problem *p;
-  cr_assert_eq(pulse_tk_problem_create(&po, &p), PULSE_OK);
+  pulse_sim_problem *p;
+  cr_assert_eq(pulse_sim_problem_create(&po, &p), PULSE_OK);
   return p;
 }
 
-static void ustart(utrainer *t, size_t n, const pulse_tk_problem *p,
-                   const pulse_loco_node_opts *no, pulse_loco_member *m) {
-  uint64_t P = pulse_tk_problem_param_count(p);
+static void ustart(utrainer *t, size_t n, const pulse_sim_problem *p,
+                   const pulse_loco_coord_opts *no, pulse_loco_member *m) {
+  uint64_t P = pulse_sim_problem_param_count(p);
   float *init = malloc(P * sizeof *init);
-  pulse_tk_problem_init(p, init);
+  pulse_sim_problem_init(p, init);
   for (uint32_t i = 0; i < n; i++) {
     t[i].p = p;
     t[i].id = i;
     t[i].ctx = lt_ctx(P, i, init);
-    cr_assert_eq(pulse_loco_node_create(no, t[i].ctx, &t[i].node), PULSE_OK,
+    cr_assert_eq(pulse_loco_coord_create(no, t[i].ctx, &t[i].node), PULSE_OK,
                  "%s", pulse_error_detail());
-    cr_assert_neq(pulse_loco_node_udp_port(t[i].node), 0);
+    cr_assert_neq(pulse_loco_coord_udp_port(t[i].node), 0);
     m[i].id = i;
-    snprintf(m[i].url, sizeof m[i].url, "%s", pulse_loco_node_url(t[i].node));
+    snprintf(m[i].url, sizeof m[i].url, "%s", pulse_loco_coord_url(t[i].node));
   }
   for (uint32_t i = 0; i < n; i++)
     t[i].members = m, t[i].nmembers = n;
@@ -126,13 +128,14 @@ static void urun(utrainer *t, size_t n) {
 
 static void ufree(utrainer *t, size_t n) {
   for (size_t i = 0; i < n; i++) {
-    pulse_loco_node_free(t[i].node);
+    pulse_loco_coord_free(t[i].node);
     pulse_loco_free(t[i].ctx);
   }
 }
 
-static pulse_loco_node_opts udp_opts(double drop) {
-  pulse_loco_node_opts no = PULSE_LOCO_NODE_OPTS_INIT;
+static pulse_loco_coord_opts udp_opts(double drop) {
+  pulse_loco_coord_opts no;
+  pulse_loco_coord_opts_init(&no);
   no.transport = PULSE_LOCO_TRANSPORT_UDP;
   no.deadline_ms = 8000; /* loaded CI machines: only a cap */
   no.manifest_timeout_ms = 30000;
@@ -143,16 +146,20 @@ static pulse_loco_node_opts udp_opts(double drop) {
   no.quiet_ms = 50;
   no.max_datagram = 1200; /* several chunks per sender at this size */
   no.resync_range = 256;
-  no.datagram_drop = drop;
-  no.drop_seed = 7;
+  /* Copied at create, which every caller runs before it asks again. */
+  static pulse_loco_test_hooks hooks;
+  hooks.datagram_drop = drop;
+  hooks.drop_seed = 7;
+  no.test_hooks = &hooks;
   return no;
 }
 
 /* The in-process run of the same rounds (sim options as the nodes'). */
-static float *replay_period(const pulse_tk_problem *p, int chunked,
+static float *replay_period(const pulse_sim_problem *p, int chunked,
                             double drop, uint32_t period, double *max_drift) {
-  uint64_t P = pulse_tk_problem_param_count(p);
-  pulse_tk_sim_opts so = PULSE_TK_SIM_OPTS_INIT;
+  uint64_t P = pulse_sim_problem_param_count(p);
+  pulse_sim_opts so;
+  pulse_sim_opts_init(&so);
   so.trainers = UT;
   so.rounds = ROUNDS;
   so.inner = INNER;
@@ -164,24 +171,24 @@ static float *replay_period(const pulse_tk_problem *p, int chunked,
   so.resync_period = period;
   float *want = malloc(P * 4);
   *max_drift = 0.0;
-  cr_assert_eq(pulse_tk_sim_run(p, &so, NULL, NULL, want), PULSE_OK, "%s",
+  cr_assert_eq(pulse_sim_run(p, &so, NULL, NULL, want), PULSE_OK, "%s",
                pulse_error_detail());
   return want;
 }
 
-static float *replay(const pulse_tk_problem *p, int chunked, double drop,
+static float *replay(const pulse_sim_problem *p, int chunked, double drop,
                      double *max_drift) {
   return replay_period(p, chunked, drop, 1, max_drift);
 }
 
 Test(loco, udp_run_without_loss_equals_the_http_run_bit_for_bit,
      .timeout = 300) {
-  pulse_tk_problem *p = uproblem();
-  uint64_t P = pulse_tk_problem_param_count(p);
+  pulse_sim_problem *p = uproblem();
+  uint64_t P = pulse_sim_problem_param_count(p);
   utrainer t[UT];
   memset(t, 0, sizeof t);
   pulse_loco_member m[UT];
-  pulse_loco_node_opts no = udp_opts(0.0);
+  pulse_loco_coord_opts no = udp_opts(0.0);
   ustart(t, UT, p, &no, m);
   urun(t, UT);
   double d;
@@ -197,17 +204,17 @@ Test(loco, udp_run_without_loss_equals_the_http_run_bit_for_bit,
   }
   free(want);
   ufree(t, UT);
-  pulse_tk_problem_free(p);
+  pulse_sim_problem_free(p);
 }
 
 Test(loco, udp_loss_drift_stays_in_budget_and_resync_restores_the_bits,
      .timeout = 300) {
-  pulse_tk_problem *p = uproblem();
-  uint64_t P = pulse_tk_problem_param_count(p);
+  pulse_sim_problem *p = uproblem();
+  uint64_t P = pulse_sim_problem_param_count(p);
   utrainer t[UT];
   memset(t, 0, sizeof t);
   pulse_loco_member m[UT];
-  pulse_loco_node_opts no = udp_opts(0.2);
+  pulse_loco_coord_opts no = udp_opts(0.2);
   ustart(t, UT, p, &no, m);
   urun(t, UT);
   uint64_t dropped = 0, resynced = 0;
@@ -251,7 +258,7 @@ Test(loco, udp_loss_drift_stays_in_budget_and_resync_restores_the_bits,
   cr_assert_neq(memcmp(pulse_loco_global(t[0].ctx), want, P * 4), 0);
   free(want);
   ufree(t, UT);
-  pulse_tk_problem_free(p);
+  pulse_sim_problem_free(p);
 }
 
 /* With a re-sync every 3 rounds (rounds 2 and 5): in between the replicas
@@ -262,12 +269,12 @@ Test(loco, udp_loss_drift_stays_in_budget_and_resync_restores_the_bits,
  * bits; and the run equals its in-process replay bit for bit. */
 Test(loco, udp_resync_period_3_keeps_drifted_chunks_and_equals_its_replay,
      .timeout = 300) {
-  pulse_tk_problem *p = uproblem();
-  uint64_t P = pulse_tk_problem_param_count(p);
+  pulse_sim_problem *p = uproblem();
+  uint64_t P = pulse_sim_problem_param_count(p);
   utrainer t[UT];
   memset(t, 0, sizeof t);
   pulse_loco_member m[UT];
-  pulse_loco_node_opts no = udp_opts(0.2);
+  pulse_loco_coord_opts no = udp_opts(0.2);
   no.resync_period = 3;
   ustart(t, UT, p, &no, m);
   urun(t, UT);
@@ -306,7 +313,7 @@ Test(loco, udp_resync_period_3_keeps_drifted_chunks_and_equals_its_replay,
                "the UDP run differs from its in-process chunked replay");
   free(want);
   ufree(t, UT);
-  pulse_tk_problem_free(p);
+  pulse_sim_problem_free(p);
 }
 
 /* ---------------------------------------------------- hostile datagrams */
@@ -390,16 +397,16 @@ static void *attack(void *arg) {
 
 Test(loco, hostile_datagrams_are_dropped_counted_and_change_nothing,
      .timeout = 300) {
-  pulse_tk_problem *p = uproblem();
-  uint64_t P = pulse_tk_problem_param_count(p);
+  pulse_sim_problem *p = uproblem();
+  uint64_t P = pulse_sim_problem_param_count(p);
   utrainer t[UT];
   memset(t, 0, sizeof t);
   pulse_loco_member m[UT];
-  pulse_loco_node_opts no = udp_opts(0.0);
+  pulse_loco_coord_opts no = udp_opts(0.0);
   ustart(t, UT, p, &no, m);
   uint16_t ports[UT];
   for (uint32_t i = 0; i < UT; i++)
-    ports[i] = pulse_loco_node_udp_port(t[i].node);
+    ports[i] = pulse_loco_coord_udp_port(t[i].node);
   attacker a = {ports, UT, P, 0, 0};
   pthread_t th;
   pthread_create(&th, NULL, attack, &a);
@@ -418,24 +425,24 @@ Test(loco, hostile_datagrams_are_dropped_counted_and_change_nothing,
                  "trainer %u: hostile datagrams changed the weights", i);
   free(want);
   ufree(t, UT);
-  pulse_tk_problem_free(p);
+  pulse_sim_problem_free(p);
 }
 
 Test(loco, udp_options_are_checked) {
   uint64_t P = 1000;
   pulse_loco *ctx = lt_ctx(P, 0, NULL);
-  pulse_loco_node *n = NULL;
-  pulse_loco_node_opts no = udp_opts(0.0);
+  pulse_loco_coord *n = NULL;
+  pulse_loco_coord_opts no = udp_opts(0.0);
   no.max_datagram = 100; /* below a full cell */
-  cr_assert_eq(pulse_loco_node_create(&no, ctx, &n), PULSE_ERR_ARG);
+  cr_assert_eq(pulse_loco_coord_create(&no, ctx, &n), PULSE_ERR_ARG);
   no = udp_opts(0.0);
   no.resync_range = 100; /* not whole cells */
-  cr_assert_eq(pulse_loco_node_create(&no, ctx, &n), PULSE_ERR_ARG);
+  cr_assert_eq(pulse_loco_coord_create(&no, ctx, &n), PULSE_ERR_ARG);
   no = udp_opts(1.5);
-  cr_assert_eq(pulse_loco_node_create(&no, ctx, &n), PULSE_ERR_ARG);
+  cr_assert_eq(pulse_loco_coord_create(&no, ctx, &n), PULSE_ERR_ARG);
   no = udp_opts(0.0);
   no.transport = 9;
-  cr_assert_eq(pulse_loco_node_create(&no, ctx, &n), PULSE_ERR_ARG);
+  cr_assert_eq(pulse_loco_coord_create(&no, ctx, &n), PULSE_ERR_ARG);
   cr_assert_null(n);
   uint32_t tr;
   cr_assert_eq(pulse_loco_transport_parse("udp", &tr), PULSE_OK);
@@ -443,11 +450,11 @@ Test(loco, udp_options_are_checked) {
   cr_assert_eq(pulse_loco_transport_parse("tcp", &tr), PULSE_ERR_ARG);
   no = udp_opts(0.0);
   no.host = "localhost"; /* an IPv4 address, not a name */
-  cr_assert_eq(pulse_loco_node_create(&no, ctx, &n), PULSE_ERR_ARG);
+  cr_assert_eq(pulse_loco_coord_create(&no, ctx, &n), PULSE_ERR_ARG);
   no.host = "127.0.0.1";
-  cr_assert_eq(pulse_loco_node_create(&no, ctx, &n), PULSE_OK);
-  cr_assert(strncmp(pulse_loco_node_url(n), "http://127.0.0.1:", 17) == 0);
-  pulse_loco_node_free(n);
+  cr_assert_eq(pulse_loco_coord_create(&no, ctx, &n), PULSE_OK);
+  cr_assert(strncmp(pulse_loco_coord_url(n), "http://127.0.0.1:", 17) == 0);
+  pulse_loco_coord_free(n);
   pulse_loco_free(ctx);
 }
 

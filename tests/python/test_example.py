@@ -17,7 +17,7 @@ except ImportError:
     sys.exit(77)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-EXAMPLES = os.path.join(HERE, "..", "..", "tools", "python", "examples")
+EXAMPLES = os.path.join(HERE, "..", "..", "python", "examples")
 STEPS = 6
 
 

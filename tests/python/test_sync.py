@@ -22,7 +22,7 @@ except ImportError:
     print("skipped: python3-torch is not installed")
     sys.exit(77)
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools", "python", "examples"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python", "examples"))
 import llama  # noqa: E402
 import pulse  # noqa: E402
 

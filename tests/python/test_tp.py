@@ -21,7 +21,7 @@ except ImportError:
     sys.exit(77)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "..", "tools", "python", "examples"))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "python", "examples"))
 import llama  # noqa: E402
 import pulse  # noqa: E402
 

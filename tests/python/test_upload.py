@@ -25,7 +25,7 @@ if shutil.which("s3rver") is None:
     print("skipped: s3rver is not installed (tools/install-deps.sh)")
     sys.exit(77)
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools", "python", "examples"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python", "examples"))
 import llama  # noqa: E402
 import pulse  # noqa: E402
 

@@ -121,7 +121,8 @@ static void raise_fd_limit(rlim_t want) {
 Test(hostile_serve, idle_and_slowloris_connections_leave_others_served) {
   raise_fd_limit(8192);
   char *dir = store_with_head();
-  pulse_server_opts so = PULSE_SERVER_OPTS_INIT; /* the defaults defend */
+  pulse_server_opts so;
+  pulse_server_opts_init(&so); /* the defaults defend */
   so.store_dir = dir;
   so.threads = 2;
   so.watch = 0;
@@ -160,7 +161,8 @@ Test(hostile_serve, idle_and_slowloris_connections_leave_others_served) {
 
 Test(hostile_serve, a_slow_client_is_cut_off_at_the_header_deadline) {
   char *dir = store_with_head();
-  pulse_server_opts so = PULSE_SERVER_OPTS_INIT;
+  pulse_server_opts so;
+  pulse_server_opts_init(&so);
   so.store_dir = dir;
   so.threads = 2;
   so.watch = 0;

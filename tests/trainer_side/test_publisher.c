@@ -12,7 +12,8 @@
 
 static pulse_pub *open_pub(const char *dir, tu_model *m, uint64_t anchor_every,
                            uint64_t keep, int sync) {
-  pulse_pub_opts o = PULSE_PUB_OPTS_INIT;
+  pulse_pub_opts o;
+  pulse_pub_opts_init(&o);
   if (m != NULL) {
     o.tensors = m->info;
     o.tensor_count = TU_TENSORS;
@@ -84,7 +85,8 @@ Test(publisher, commits_track_the_trainer_bit_for_bit_and_report_figures) {
   char *dir = tu_make_dir();
   tu_model m;
   tu_model_init(&m, 2, 2);
-  pulse_pub_opts o = PULSE_PUB_OPTS_INIT;
+  pulse_pub_opts o;
+  pulse_pub_opts_init(&o);
   o.tensors = m.info;
   o.tensor_count = TU_TENSORS;
   uint64_t seen[2] = {0, 0};
@@ -199,7 +201,8 @@ Test(publisher, a_store_of_another_model_is_refused) {
   pulse_pub *pub = open_pub(dir, &m, 3, 16, 0);
   commit(pub, &m, 0, NULL);
   pulse_pub_free(pub);
-  pulse_pub_opts o = PULSE_PUB_OPTS_INIT;
+  pulse_pub_opts o;
+  pulse_pub_opts_init(&o);
   o.tensors = other.info;
   o.tensor_count = TU_TENSORS;
   cr_assert_eq(pulse_pub_create(dir, &o, &pub), PULSE_ERR_SIZE_MISMATCH);
@@ -406,7 +409,8 @@ Test(publisher, background_anchors_are_named_by_the_next_head_or_a_flush) {
 
 Test(publisher, bad_options_are_refused) {
   char *dir = tu_make_dir();
-  pulse_pub_opts o = PULSE_PUB_OPTS_INIT;
+  pulse_pub_opts o;
+  pulse_pub_opts_init(&o);
   pulse_pub *pub = NULL;
   cr_assert_eq(pulse_pub_create(dir, &o, &pub), PULSE_ERR_ARG,
                "a new store needs a table");
@@ -438,7 +442,8 @@ Test(publisher, retention_stays_bounded_when_every_step_is_an_anchor) {
   char *dir = tu_make_dir(), objs[512];
   tu_model m;
   tu_model_init(&m, 10, 1);
-  pulse_pub_opts o = PULSE_PUB_OPTS_INIT;
+  pulse_pub_opts o;
+  pulse_pub_opts_init(&o);
   o.tensors = m.info;
   o.tensor_count = TU_TENSORS;
   o.anchor_every = 1;

@@ -89,7 +89,8 @@ static void tensors_of(const tu_model *m, const dev_model *dm, placement where,
 static pulse_pub *open_pub(const char *dir, const tu_model *m,
                            uint64_t anchor_every, int sync,
                            pulse_pos_model model) {
-  pulse_pub_opts o = PULSE_PUB_OPTS_INIT;
+  pulse_pub_opts o;
+  pulse_pub_opts_init(&o);
   if (m != NULL) {
     o.tensors = m->info;
     o.tensor_count = TU_TENSORS;

@@ -22,7 +22,8 @@ static double now_s(void) {
 
 static pulse_pub *open_pub(const char *dir, tu_model *m, pulse_server *srv,
                            double grace) {
-  pulse_pub_opts o = PULSE_PUB_OPTS_INIT;
+  pulse_pub_opts o;
+  pulse_pub_opts_init(&o);
   o.tensors = m->info;
   o.tensor_count = TU_TENSORS;
   o.keep_patches = 1;
@@ -80,7 +81,8 @@ Test(publisher_grace, an_object_that_left_the_head_is_served_until_its_grace_end
   char *dir = tu_make_dir();
   tu_model m;
   tu_model_init(&m, 5, 2);
-  pulse_server_opts so = PULSE_SERVER_OPTS_INIT;
+  pulse_server_opts so;
+  pulse_server_opts_init(&so);
   so.store_dir = dir;
   so.threads = 2;
   so.watch = 0;
@@ -141,7 +143,8 @@ Test(publisher_grace, a_negative_grace_is_refused) {
   char *dir = tu_make_dir();
   tu_model m;
   tu_model_init(&m, 5, 1);
-  pulse_pub_opts o = PULSE_PUB_OPTS_INIT;
+  pulse_pub_opts o;
+  pulse_pub_opts_init(&o);
   o.tensors = m.info;
   o.tensor_count = TU_TENSORS;
   o.grace_seconds = -1;

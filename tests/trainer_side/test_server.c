@@ -46,7 +46,8 @@ static void fixture_up(fixture *f, int steps, int wired, int watch) {
   f->dir = tu_make_dir();
   tu_model_init(&f->m, 21, 2);
   cr_assert_eq(pulse_sign_key_generate(&f->key), PULSE_OK);
-  pulse_server_opts so = PULSE_SERVER_OPTS_INIT;
+  pulse_server_opts so;
+  pulse_server_opts_init(&so);
   so.store_dir = f->dir;
   so.threads = 2;
   so.watch = watch;
@@ -56,7 +57,8 @@ static void fixture_up(fixture *f, int steps, int wired, int watch) {
                pulse_error_detail());
   f->port = pulse_server_port(f->srv);
   cr_assert_gt(f->port, 0);
-  pulse_pub_opts o = PULSE_PUB_OPTS_INIT;
+  pulse_pub_opts o;
+  pulse_pub_opts_init(&o);
   o.tensors = f->m.info;
   o.tensor_count = TU_TENSORS;
   o.key = f->key;
@@ -347,7 +349,8 @@ Test(server, a_long_poll_follows_a_publisher_it_is_not_wired_to) {
 
 Test(server, a_long_poll_times_out_with_the_current_head_and_limits_hold) {
   fixture f;
-  pulse_server_opts so = PULSE_SERVER_OPTS_INIT;
+  pulse_server_opts so;
+  pulse_server_opts_init(&so);
   fixture_up(&f, 1, 1, 0);
   double t0 = now_s();
   reply r = get(f.port, "/v1/head?after=1&timeout_ms=300", NULL, NULL);
@@ -472,7 +475,8 @@ Test(server, catchups_from_every_retained_step_reach_the_head_bit_for_bit) {
 
 Test(server, an_empty_store_serves_404_until_its_first_head) {
   char *dir = tu_make_dir();
-  pulse_server_opts so = PULSE_SERVER_OPTS_INIT;
+  pulse_server_opts so;
+  pulse_server_opts_init(&so);
   so.store_dir = dir;
   so.threads = 2;
   pulse_server *srv = NULL;
@@ -491,7 +495,8 @@ Test(server, an_empty_store_serves_404_until_its_first_head) {
   wait_waiters(srv, 1);
   tu_model m;
   tu_model_init(&m, 1, 1);
-  pulse_pub_opts o = PULSE_PUB_OPTS_INIT;
+  pulse_pub_opts o;
+  pulse_pub_opts_init(&o);
   o.tensors = m.info;
   o.tensor_count = TU_TENSORS;
   o.on_head = pulse_server_on_head;
@@ -601,7 +606,8 @@ Test(server, fifty_clients_at_once_all_get_whole_objects) {
 }
 
 Test(server, bad_options_and_listen_specs_are_refused) {
-  pulse_server_opts so = PULSE_SERVER_OPTS_INIT;
+  pulse_server_opts so;
+  pulse_server_opts_init(&so);
   pulse_server *srv = NULL;
   cr_assert_eq(pulse_server_create(&so, &srv), PULSE_ERR_ARG);
   so.store_dir = "/nonexistent/pulse";

@@ -28,7 +28,8 @@ static char *make_store(int steps, uint64_t scale, const pulse_sign_key *key) {
   char *dir = tu_make_dir();
   tu_model m;
   tu_model_init(&m, 33, scale);
-  pulse_pub_opts o = PULSE_PUB_OPTS_INIT;
+  pulse_pub_opts o;
+  pulse_pub_opts_init(&o);
   o.tensors = m.info;
   o.tensor_count = TU_TENSORS;
   o.key = key;
@@ -52,7 +53,8 @@ static char *make_store(int steps, uint64_t scale, const pulse_sign_key *key) {
 }
 
 static pulse_server *serve(const char *dir, const pulse_sign_key *key) {
-  pulse_server_opts so = PULSE_SERVER_OPTS_INIT;
+  pulse_server_opts so;
+  pulse_server_opts_init(&so);
   so.store_dir = dir;
   so.threads = 2;
   so.watch = 0;
@@ -169,7 +171,8 @@ Test(server_catchup, a_full_queue_answers_503_with_retry_after) {
   pulse_sign_key *key = NULL;
   cr_assert_eq(pulse_sign_key_generate(&key), PULSE_OK);
   char *dir = make_store(6, 2, key);
-  pulse_server_opts so = PULSE_SERVER_OPTS_INIT;
+  pulse_server_opts so;
+  pulse_server_opts_init(&so);
   so.store_dir = dir;
   so.threads = 2;
   so.key = key;

@@ -15,7 +15,8 @@
 static char *make_store(int steps, const pulse_sign_key *key, tu_model *m) {
   char *dir = tu_make_dir();
   tu_model_init(m, 11, 2);
-  pulse_pub_opts o = PULSE_PUB_OPTS_INIT;
+  pulse_pub_opts o;
+  pulse_pub_opts_init(&o);
   o.tensors = m->info;
   o.tensor_count = TU_TENSORS;
   o.key = key;
@@ -213,7 +214,7 @@ Test(store, recovery_removes_temporaries_and_unnamed_objects_only) {
   cr_assert_eq(tu_write(p, "x", 1), 0);
   snprintf(p, sizeof p, "%s/README", objs);
   cr_assert_eq(tu_write(p, "not an object name", 18), 0);
-  pulse_store_report r;
+  pulse_store_verify_figures r;
   cr_assert_eq(pulse_store_verify(dir, 0, NULL, &r), PULSE_OK, "%s",
                pulse_error_detail());
   cr_assert_eq(r.strays, 3);
@@ -294,7 +295,8 @@ Test(store, every_retained_step_rebuilds_bit_for_bit) {
   char *dir = tu_make_dir();
   tu_model m;
   tu_model_init(&m, 3, 2);
-  pulse_pub_opts o = PULSE_PUB_OPTS_INIT;
+  pulse_pub_opts o;
+  pulse_pub_opts_init(&o);
   o.tensors = m.info;
   o.tensor_count = TU_TENSORS;
   o.anchor_every = 2;

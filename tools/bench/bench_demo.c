@@ -61,7 +61,7 @@ static int remove_entry(const char *path, const struct stat *st, int flag, struc
   return remove(path);
 }
 
-static int fail(const char *what, pulse_status st) { return pulse_tk_fail(PROG, what, st); }
+static int fail(const char *what, pulse_status st) { return pulse_sim_fail(PROG, what, st); }
 
 typedef struct {
   uint64_t params, steps, seed;
@@ -77,34 +77,34 @@ static int parse(int argc, char **argv, demo_args *a) {
   for (int i = 1; i < argc; i++) {
     int r;
     uint64_t u;
-    if (pulse_tk_opt_flag(argv[i], "--help")) {
+    if (pulse_sim_opt_flag(argv[i], "--help")) {
       bench_demo_usage(stdout);
       exit(0);
-    } else if ((r = pulse_tk_opt_value(argc, argv, &i, "--params", &v)) != 0) {
-      if (r < 0 || pulse_tk_parse_u64(v, &a->params) != 0 || a->params < PULSE_SYNTH_MIN_PARAMS)
+    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--params", &v)) != 0) {
+      if (r < 0 || pulse_sim_parse_u64(v, &a->params) != 0 || a->params < PULSE_SYNTH_MIN_PARAMS)
         return fprintf(stderr, PROG ": --params needs an integer >= %u\n", PULSE_SYNTH_MIN_PARAMS), -1;
-    } else if ((r = pulse_tk_opt_value(argc, argv, &i, "--steps", &v)) != 0) {
-      if (r < 0 || pulse_tk_parse_u64(v, &a->steps) != 0 || a->steps < 1 || a->steps > 10000)
+    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--steps", &v)) != 0) {
+      if (r < 0 || pulse_sim_parse_u64(v, &a->steps) != 0 || a->steps < 1 || a->steps > 10000)
         return fprintf(stderr, PROG ": --steps needs an integer in 1..10000\n"), -1;
-    } else if ((r = pulse_tk_opt_value(argc, argv, &i, "--pullers", &v)) != 0) {
-      if (r < 0 || pulse_tk_parse_u64(v, &u) != 0 || u < 1 || u > MAX_PULLERS)
+    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--pullers", &v)) != 0) {
+      if (r < 0 || pulse_sim_parse_u64(v, &u) != 0 || u < 1 || u > MAX_PULLERS)
         return fprintf(stderr, PROG ": --pullers needs an integer in 1..%d\n", MAX_PULLERS), -1;
       a->pullers = (unsigned)u;
-    } else if ((r = pulse_tk_opt_value(argc, argv, &i, "--lr", &v)) != 0) {
-      if (r < 0 || pulse_tk_parse_double(v, &a->lr) != 0 || !(a->lr > 0))
+    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--lr", &v)) != 0) {
+      if (r < 0 || pulse_sim_parse_double(v, &a->lr) != 0 || !(a->lr > 0))
         return fprintf(stderr, PROG ": --lr needs a positive number\n"), -1;
-    } else if ((r = pulse_tk_opt_value(argc, argv, &i, "--seed", &v)) != 0) {
-      if (r < 0 || pulse_tk_parse_u64(v, &a->seed) != 0)
+    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--seed", &v)) != 0) {
+      if (r < 0 || pulse_sim_parse_u64(v, &a->seed) != 0)
         return fprintf(stderr, PROG ": --seed needs an integer\n"), -1;
-    } else if ((r = pulse_tk_opt_value(argc, argv, &i, "--keep", &v)) != 0) {
+    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--keep", &v)) != 0) {
       if (r < 0)
         return -1;
       a->keep = v;
-    } else if ((r = pulse_tk_opt_value(argc, argv, &i, "--report", &v)) != 0) {
+    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--report", &v)) != 0) {
       if (r < 0)
         return -1;
       a->report = v;
-    } else if (pulse_tk_opt_flag(argv[i], "--json")) {
+    } else if (pulse_sim_opt_flag(argv[i], "--json")) {
       a->json = 1;
     } else {
       return fprintf(stderr, PROG ": unknown argument '%s'\n", argv[i]), -1;
@@ -120,8 +120,8 @@ static double wait_synced(puller *p, unsigned n, uint64_t step, double since, do
     for (unsigned k = 0; k < n; k++)
       at += pulse_sub_step(p[k].sub) == step;
     if (at == n)
-      return pulse_tk_since(since);
-    if (pulse_tk_since(since) > limit_s)
+      return pulse_sim_since(since);
+    if (pulse_sim_since(since) > limit_s)
       return -1.0;
     usleep(200);
   }
@@ -171,7 +171,8 @@ typedef struct {
 /* The trainer side: trajectory, signing key, server, publisher. */
 static int demo_trainer(demo_run *d, const demo_args *a) {
   pulse_status st;
-  pulse_synth_opts so = PULSE_SYNTH_OPTS_INIT;
+  pulse_synth_opts so;
+  pulse_synth_opts_init(&so);
   so.params = a->params;
   so.lr = a->lr;
   so.seed = a->seed;
@@ -187,12 +188,14 @@ static int demo_trainer(demo_run *d, const demo_args *a) {
     d->infos[i] = pulse_synth_tensor_get(d->syn, i)->info;
   if ((st = pulse_sign_key_generate(&d->key)) != PULSE_OK)
     return fail("signing key", st);
-  pulse_server_opts sv = PULSE_SERVER_OPTS_INIT;
+  pulse_server_opts sv;
+  pulse_server_opts_init(&sv);
   sv.store_dir = d->store;
   sv.key = d->key;
   if ((st = pulse_server_create(&sv, &d->server)) != PULSE_OK)
     return fail("server", st);
-  pulse_pub_opts po = PULSE_PUB_OPTS_INIT;
+  pulse_pub_opts po;
+  pulse_pub_opts_init(&po);
   po.key = d->key;
   po.tensors = d->infos;
   po.tensor_count = d->count;
@@ -213,9 +216,10 @@ static int demo_puller(demo_run *d, unsigned k) {
   char cache[4300];
   snprintf(cache, sizeof cache, "%s/puller%u", d->root, k);
   const char *urls[1] = {d->url};
-  uint8_t public_key[PULSE_SIGN_PUBLIC_BYTES];
+  uint8_t public_key[PULSE_KEY_BYTES];
   pulse_sign_key_public(d->key, public_key);
-  pulse_sub_opts o = PULSE_SUB_OPTS_INIT;
+  pulse_sub_opts o;
+  pulse_sub_opts_init(&o);
   o.urls = urls;
   o.url_count = 1;
   o.cache_dir = cache;
@@ -286,7 +290,7 @@ static int demo_step(demo_run *d, const demo_args *a, uint64_t step, demo_totals
   pulse_pub_figures fig;
   if ((st = pulse_pub_commit(d->pub, step, d->pt, d->count, &fig)) != PULSE_OK)
     return fail("commit", st);
-  double since = pulse_tk_now();
+  double since = pulse_sim_now();
   double sync = wait_synced(d->pl, a->pullers, step, since, 120.0);
   if (sync < 0) {
     fprintf(stderr, PROG ": step %" PRIu64 ": the pullers did not reach it within 120 s", step);

@@ -118,12 +118,12 @@ static void fill_block(void *ctx, size_t b) {
 static int check(pulse_status st, const char *what) {
   if (st == PULSE_OK)
     return 0;
-  pulse_tk_fail(PROG, what, st);
+  pulse_sim_fail(PROG, what, st);
   return 1;
 }
 
 static double median(double *s, int n) {
-  return pulse_tk_median(s, (size_t)n);
+  return pulse_sim_median(s, (size_t)n);
 }
 
 /* ---------------------------------------------------------------- main */
@@ -133,30 +133,30 @@ static int parse(int argc, char **argv, gpu_args *a) {
     const char *v;
     int r;
     uint64_t u;
-    if (pulse_tk_opt_flag(argv[i], "--help")) {
+    if (pulse_sim_opt_flag(argv[i], "--help")) {
       bench_gpu_usage(stdout);
       return 0;
-    } else if (pulse_tk_opt_flag(argv[i], "--no-e2e")) {
+    } else if (pulse_sim_opt_flag(argv[i], "--no-e2e")) {
       a->e2e = 0;
-    } else if ((r = pulse_tk_opt_value(argc, argv, &i, "--report", &v)) != 0) {
+    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--report", &v)) != 0) {
       if (r < 0)
         return fprintf(stderr, PROG ": --report needs a folder\n"), 2;
       a->report = v;
-    } else if ((r = pulse_tk_opt_value(argc, argv, &i, "--params", &v)) != 0) {
-      if (r < 0 || pulse_tk_parse_u64(v, &a->params) != 0 || a->params < 1024)
+    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--params", &v)) != 0) {
+      if (r < 0 || pulse_sim_parse_u64(v, &a->params) != 0 || a->params < 1024)
         return fprintf(stderr, PROG ": --params needs an integer >= 1024\n"), 2;
-    } else if ((r = pulse_tk_opt_value(argc, argv, &i, "--tensors", &v)) != 0) {
-      if (r < 0 || pulse_tk_parse_u64(v, &u) != 0 || u < 1 || u > 100000)
+    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--tensors", &v)) != 0) {
+      if (r < 0 || pulse_sim_parse_u64(v, &u) != 0 || u < 1 || u > 100000)
         return fprintf(stderr,
                        PROG ": --tensors needs an integer in 1..100000\n"),
                2;
       a->tensors = (uint32_t)u;
-    } else if ((r = pulse_tk_opt_value(argc, argv, &i, "--density", &v)) != 0) {
-      if (r < 0 || pulse_tk_parse_double(v, &a->density) != 0 ||
+    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--density", &v)) != 0) {
+      if (r < 0 || pulse_sim_parse_double(v, &a->density) != 0 ||
           !(a->density >= 0.0) || a->density > 1.0)
         return fprintf(stderr, PROG ": --density needs a number in 0..1\n"), 2;
-    } else if ((r = pulse_tk_opt_value(argc, argv, &i, "--reps", &v)) != 0) {
-      if (r < 0 || pulse_tk_parse_int(v, 1, MAX_REPS, &a->reps) != 0)
+    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--reps", &v)) != 0) {
+      if (r < 0 || pulse_sim_parse_int(v, 1, MAX_REPS, &a->reps) != 0)
         return fprintf(stderr, PROG ": --reps needs an integer in 1..%d\n",
                        MAX_REPS),
                2;
@@ -310,14 +310,14 @@ static int gpu_setup(gpu_run *g) {
 static int gpu_time_copy(gpu_run *g) {
   uint64_t N = g->N;
   for (int r = 0; r <= g->a->reps; r++) {
-    double t0 = pulse_tk_now();
+    double t0 = pulse_sim_now();
     if (check(pulse_cuda_copy(g->copy_d, g->cur_d, (size_t)N * 4, g->stream), "copy") ||
         check(pulse_cuda_copy((uint8_t *)g->copy_d + (size_t)N * 4, g->snap_d, (size_t)N * 2,
                               g->stream),
               "copy") ||
         check(pulse_cuda_sync(g->stream), "sync"))
       return 1;
-    g->samples[r] = pulse_tk_since(t0);
+    g->samples[r] = pulse_sim_since(t0);
   }
   g->copy6 = median(g->samples + 1, g->a->reps);
   gpu_row("D2D copy (FP32 + BF16)", g->copy6);
@@ -331,7 +331,8 @@ static int gpu_time_detect(gpu_run *g) {
   uint64_t N = g->N;
   uint32_t T = g->T;
   pulse_cuda_changes *out = &g->out;
-  pulse_cuda_detect_opts dopts = PULSE_CUDA_DETECT_OPTS_INIT;
+  pulse_cuda_detect_opts dopts;
+  pulse_cuda_detect_opts_init(&dopts);
   if (check(pulse_cuda_detect(g->ws, g->table, T, &dopts, NULL, NULL, &g->total, g->stream),
             "detect size") ||
       check(pulse_cuda_chunk_count(g->table, T, g->chunk_log2, &g->chunks), "chunks"))
@@ -348,12 +349,12 @@ static int gpu_time_detect(gpu_run *g) {
             "changes"))
     return 1;
   for (int r = 0; r <= g->a->reps; r++) {
-    double t0 = pulse_tk_now();
+    double t0 = pulse_sim_now();
     if (check(pulse_cuda_detect(g->ws, g->table, T, &dopts, out, g->tensor_changes, &g->total,
                                 g->stream),
               "detect"))
       return 1;
-    g->samples[r] = pulse_tk_since(t0);
+    g->samples[r] = pulse_sim_since(t0);
   }
   double detect = median(g->samples + 1, g->a->reps);
   gpu_row("detect (rank form)", detect);
@@ -387,12 +388,12 @@ static int gpu_time_locate(gpu_run *g, double *locate) {
   class_major(g->tensor_changes, g->numel, g->T, g->chunk_log2, g->pos, g->cls, g->rank,
               g->chunk_first, g->cm_cls, g->cm_rank, g->cm_from);
   for (int r = 0; r <= g->a->reps; r++) {
-    double t0 = pulse_tk_now();
+    double t0 = pulse_sim_now();
     if (check(pulse_cuda_locate(g->idx, g->chunk_first, g->cm_cls, g->cm_rank, g->locate_d,
                                 g->stream),
               "locate"))
       return 1;
-    g->samples[r] = pulse_tk_since(t0);
+    g->samples[r] = pulse_sim_since(t0);
   }
   *locate = median(g->samples + 1, g->a->reps);
   return 0;
@@ -437,7 +438,7 @@ static int gpu_time_on_device(gpu_run *g, double *seconds) {
     if (check(pulse_cuda_copy(g->target_d, g->snap_d, (size_t)g->N * 2, g->stream), "copy") ||
         check(pulse_cuda_sync(g->stream), "sync"))
       goto done;
-    double t0 = pulse_tk_now();
+    double t0 = pulse_sim_now();
     pulse_status st = pulse_cuda_class_index_build_in_(g->ws, g->target, g->T, g->chunk_log2,
                                                        g->stream, &idx);
     if (st == PULSE_OK)
@@ -451,7 +452,7 @@ static int gpu_time_on_device(gpu_run *g, double *seconds) {
     if (st == PULSE_OK)
       st = pulse_cuda_scatter_in_(g->ws, g->target, g->T, g->first, g->locate_d, g->new_d,
                                   g->stream);
-    g->samples[r] = pulse_tk_since(t0);
+    g->samples[r] = pulse_sim_since(t0);
     pulse_cuda_class_index_free(idx);
     if (check(st, "apply on the device"))
       goto done;
@@ -484,39 +485,39 @@ static int gpu_time_apply(gpu_run *g) {
   int reps = g->a->reps;
   double *samples = g->samples, t0;
   for (int r = 0; r <= reps; r++) {
-    t0 = pulse_tk_now();
+    t0 = pulse_sim_now();
     if (check(pulse_cuda_copy(g->copy_d, g->target_d, (size_t)N * 2, g->stream), "copy") ||
         check(pulse_cuda_sync(g->stream), "sync"))
       return 1;
-    samples[r] = pulse_tk_since(t0);
+    samples[r] = pulse_sim_since(t0);
   }
   double copy2 = median(samples + 1, reps);
   for (int r = 0; r <= reps; r++) {
-    t0 = pulse_tk_now();
+    t0 = pulse_sim_now();
     if (check(pulse_cuda_scatter(g->ws, g->target, T, g->first, g->out.pos_d, g->out.new_d,
                                  g->stream),
               "scatter"))
       return 1;
-    samples[r] = pulse_tk_since(t0);
+    samples[r] = pulse_sim_since(t0);
   }
   double scatter = median(samples + 1, reps);
   for (int r = 0; r <= reps; r++) {
-    t0 = pulse_tk_now();
+    t0 = pulse_sim_now();
     if (check(pulse_cuda_changes_digest(g->ws, g->first, T, g->out.pos_d, g->out.old_d,
                                         g->out.new_d, g->digests, g->stream),
               "digest moves"))
       return 1;
-    samples[r] = pulse_tk_since(t0);
+    samples[r] = pulse_sim_since(t0);
   }
   double moves = median(samples + 1, reps);
   for (int r = 0; r <= reps; r++) {
     pulse_cuda_class_index_free(g->idx);
     g->idx = NULL;
-    t0 = pulse_tk_now();
+    t0 = pulse_sim_now();
     if (check(pulse_cuda_class_index_build(g->base, T, g->chunk_log2, g->stream, &g->idx),
               "class index"))
       return 1;
-    samples[r] = pulse_tk_since(t0);
+    samples[r] = pulse_sim_since(t0);
   }
   double index = median(samples + 1, reps), locate = 0, on_device = 0;
   if (gpu_time_locate(g, &locate) != 0 || gpu_time_on_device(g, &on_device) != 0)
@@ -543,7 +544,8 @@ static int gpu_time_apply(gpu_run *g) {
 /* End to end: the host range coder included. */
 static int gpu_time_e2e(gpu_run *g) {
   uint32_t T = g->T;
-  pulse_encode_opts eo = PULSE_ENCODE_OPTS_INIT;
+  pulse_encode_opts eo;
+  pulse_encode_opts_init(&eo);
   eo.threads = 0;
   if (check(pulse_cuda_digest(g->ws, g->base, T, g->digests, g->stream), "digests"))
     return 1;
@@ -553,11 +555,11 @@ static int gpu_time_e2e(gpu_run *g) {
                                            PULSE_DTYPE_F32,
                                            g->table[t].snapshot_d,
                                            &g->digests[t]};
-  double t0 = pulse_tk_now();
+  double t0 = pulse_sim_now();
   if (check(pulse_cuda_patch_encode(g->ws, &eo, g->enc, T, 0, g->stream, &g->patch, NULL),
             "patch encode"))
     return 1;
-  double e2e_enc = pulse_tk_since(t0);
+  double e2e_enc = pulse_sim_since(t0);
   gpu_row("encode end to end", e2e_enc);
   printf("gpu: encode end to end (pulse_cuda_patch_encode, host coder on all "
          "cores): %.3f s, "
@@ -570,13 +572,14 @@ static int gpu_time_e2e(gpu_run *g) {
   for (uint32_t t = 0; t < T; t++)
     g->apply_t[t] =
         (pulse_cuda_target){g->names[t], g->target[t].data_d, g->numel[t], &g->digests[t]};
-  pulse_apply_opts ao = PULSE_APPLY_OPTS_INIT;
+  pulse_apply_opts ao;
+  pulse_apply_opts_init(&ao);
   ao.threads = 0;
-  t0 = pulse_tk_now();
+  t0 = pulse_sim_now();
   if (check(pulse_cuda_patch_apply(g->ws, g->opened, g->apply_t, T, &ao, g->stream, NULL),
             "patch apply"))
     return 1;
-  double e2e_apply = pulse_tk_since(t0);
+  double e2e_apply = pulse_sim_since(t0);
   gpu_row("apply end to end", e2e_apply);
   printf("gpu: apply end to end (pulse_cuda_patch_apply, host decoder on all "
          "cores): %.3f s\n",

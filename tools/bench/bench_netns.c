@@ -13,7 +13,7 @@
   "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-"
 
 /* One "NAME=A.B.C.D" of n bytes into *ns. */
-static int parse_one(const char *v, size_t n, pulse_tk_netns *ns) {
+static int parse_one(const char *v, size_t n, pulse_sim_netns *ns) {
   size_t name = strcspn(v, "=");
   if (name == 0 || name >= n || name >= sizeof ns->name ||
       strspn(v, NAME_CHARS) < name)
@@ -35,10 +35,10 @@ static int parse_one(const char *v, size_t n, pulse_tk_netns *ns) {
   return 0;
 }
 
-int pulse_tk_netns_parse(const char *v, pulse_tk_netns *out, uint32_t cap,
+int pulse_sim_netns_parse(const char *v, pulse_sim_netns *out, uint32_t cap,
                          uint32_t *count) {
   uint32_t n = 0;
-  pulse_tk_netns got[64];
+  pulse_sim_netns got[64];
   if (v == NULL || cap > 64)
     return -1;
   while (*v) {
@@ -57,7 +57,7 @@ int pulse_tk_netns_parse(const char *v, pulse_tk_netns *out, uint32_t cap,
   return 0;
 }
 
-int pulse_tk_netns_enter(const pulse_tk_netns *ns) {
+int pulse_sim_netns_enter(const pulse_sim_netns *ns) {
   char path[64];
   snprintf(path, sizeof path, "/run/netns/%s", ns->name);
   int fd = open(path, O_RDONLY | O_CLOEXEC);

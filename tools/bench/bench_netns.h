@@ -16,19 +16,19 @@ extern "C" {
 typedef struct {
   char name[32];
   char addr[16];
-} pulse_tk_netns;
+} pulse_sim_netns;
 
 /** Parses "NAME=A.B.C.D[,NAME=A.B.C.D...]": names of [A-Za-z0-9_.-] (at
  * most 31 bytes), dotted-quad IPv4 addresses; at most `cap` entries, at
  * least one. @return 0 with *count entries in out, or -1 (out and *count
  * left alone). */
-int pulse_tk_netns_parse(const char *v, pulse_tk_netns *out, uint32_t cap,
+int pulse_sim_netns_parse(const char *v, pulse_sim_netns *out, uint32_t cap,
                          uint32_t *count);
 
 /** Moves the calling thread into the namespace (setns: call it in a
  * process before it starts threads or opens sockets). @return 0, or -1
  * with errno set. */
-int pulse_tk_netns_enter(const pulse_tk_netns *ns);
+int pulse_sim_netns_enter(const pulse_sim_netns *ns);
 
 #ifdef __cplusplus
 }

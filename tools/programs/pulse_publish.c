@@ -102,7 +102,7 @@ static void usage(FILE *f) {
 }
 
 static int fail(const char *what, pulse_status st) {
-  return pulse_tk_fail("pulse-publish", what, st);
+  return pulse_sim_fail("pulse-publish", what, st);
 }
 
 /* The table of the first checkpoint, in its order. */
@@ -195,7 +195,7 @@ static void print_figures(const pulse_pub_figures *f, int json) {
 }
 
 static int verify(const char *store, const char *key_path) {
-  uint8_t pinned[PULSE_SIGN_PUBLIC_BYTES];
+  uint8_t pinned[PULSE_KEY_BYTES];
   const uint8_t *pin = NULL;
   if (key_path != NULL) {
     pulse_sign_key *k = NULL;
@@ -206,7 +206,7 @@ static int verify(const char *store, const char *key_path) {
     pulse_sign_key_free(k);
     pin = pinned;
   }
-  pulse_store_report r;
+  pulse_store_verify_figures r;
   pulse_status st = pulse_store_verify(
       store, PULSE_STORE_VERIFY_HASHES | PULSE_STORE_VERIFY_STATE, pin, &r);
   if (st != PULSE_OK)
@@ -230,7 +230,7 @@ static int print_public_key(const char *store, const char *key_path) {
   pulse_status st = pulse_sign_key_load(path, &k);
   if (st != PULSE_OK)
     return fail(path, st);
-  uint8_t pub[PULSE_SIGN_PUBLIC_BYTES];
+  uint8_t pub[PULSE_KEY_BYTES];
   pulse_sign_key_public(k, pub);
   pulse_sign_key_free(k);
   for (size_t i = 0; i < sizeof pub; i++)
@@ -338,8 +338,8 @@ static int rotate(const publish_args *a, pulse_pub *pub,
   pulse_status st = pulse_pub_rotate_key(pub, next, &f);
   if (st != PULSE_OK)
     return fail("--rotate-key", st);
-  uint8_t pk[PULSE_SIGN_PUBLIC_BYTES];
-  char hex[2 * PULSE_SIGN_PUBLIC_BYTES + 1];
+  uint8_t pk[PULSE_KEY_BYTES];
+  char hex[2 * PULSE_KEY_BYTES + 1];
   pulse_sign_key_public(next, pk);
   for (size_t i = 0; i < sizeof pk; i++)
     snprintf(hex + 2 * i, 3, "%02x", pk[i]);
@@ -360,112 +360,112 @@ static int parse_args(int argc, char **argv, publish_args *a) {
   const char *v;
   int threads = 0;
   memset(a, 0, sizeof *a);
-  a->o = (pulse_pub_opts)PULSE_PUB_OPTS_INIT;
-  a->up = (pulse_upload_opts)PULSE_UPLOAD_OPTS_INIT;
+  pulse_pub_opts_init(&a->o);
+  pulse_upload_opts_init(&a->up);
   /* Checkpoints are gathered at the front of argv (after argv[0]): they
    * are never more than the arguments already read. */
   a->ckpts = argv + 1;
   for (int i = 1; i < argc; i++) {
     int r;
     uint64_t u;
-    if (pulse_tk_opt_flag(argv[i], "--help") ||
-        pulse_tk_opt_flag(argv[i], "-h")) {
+    if (pulse_sim_opt_flag(argv[i], "--help") ||
+        pulse_sim_opt_flag(argv[i], "-h")) {
       usage(stdout);
       return 0;
-    } else if ((r = pulse_tk_opt_value(argc, argv, &i, "--store", &v)) != 0) {
+    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--store", &v)) != 0) {
       if (r < 0)
         return usage(stderr), 2;
       a->store = v;
-    } else if ((r = pulse_tk_opt_value(argc, argv, &i, "--listen", &v)) != 0) {
+    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--listen", &v)) != 0) {
       if (r < 0)
         return usage(stderr), 2;
       a->listen = v;
-    } else if ((r = pulse_tk_opt_value(argc, argv, &i, "--key", &v)) != 0) {
+    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--key", &v)) != 0) {
       if (r < 0)
         return usage(stderr), 2;
       a->key_path = v;
-    } else if ((r = pulse_tk_opt_value(argc, argv, &i, "--rotate-key", &v)) !=
+    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--rotate-key", &v)) !=
                0) {
       if (r < 0)
         return usage(stderr), 2;
       a->rotate_path = v;
-    } else if ((r = pulse_tk_opt_value(argc, argv, &i, "--anchor-every", &v)) !=
+    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--anchor-every", &v)) !=
                0) {
-      if (r < 0 || pulse_tk_parse_u64(v, &a->o.anchor_every) != 0)
+      if (r < 0 || pulse_sim_parse_u64(v, &a->o.anchor_every) != 0)
         return fprintf(stderr,
                        "pulse-publish: --anchor-every needs an integer\n"),
                2;
-    } else if ((r = pulse_tk_opt_value(argc, argv, &i, "--keep", &v)) != 0) {
-      if (r < 0 || pulse_tk_parse_u64(v, &u) != 0 || u < 1)
+    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--keep", &v)) != 0) {
+      if (r < 0 || pulse_sim_parse_u64(v, &u) != 0 || u < 1)
         return fprintf(stderr, "pulse-publish: --keep needs an integer >= 1\n"),
                2;
       a->o.keep_patches = u;
-    } else if ((r = pulse_tk_opt_value(argc, argv, &i, "--keep-anchors", &v)) !=
+    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--keep-anchors", &v)) !=
                0) {
-      if (r < 0 || pulse_tk_parse_u64(v, &u) != 0 || u < 2)
+      if (r < 0 || pulse_sim_parse_u64(v, &u) != 0 || u < 2)
         return fprintf(stderr,
                        "pulse-publish: --keep-anchors needs an integer >= 2\n"),
                2;
       a->o.keep_anchors = u;
-    } else if ((r = pulse_tk_opt_value(argc, argv, &i, "--grace", &v)) != 0) {
+    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--grace", &v)) != 0) {
       int g;
-      if (r < 0 || pulse_tk_parse_int(v, 0, 7 * 86400, &g) != 0)
+      if (r < 0 || pulse_sim_parse_int(v, 0, 7 * 86400, &g) != 0)
         return fprintf(stderr,
                        "pulse-publish: --grace needs 0..604800 seconds\n"),
                2;
       a->o.grace_seconds = g;
-    } else if ((r = pulse_tk_opt_value(argc, argv, &i, "--first-step", &v)) !=
+    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--first-step", &v)) !=
                0) {
-      if (r < 0 || pulse_tk_parse_u64(v, &a->first_step) != 0)
+      if (r < 0 || pulse_sim_parse_u64(v, &a->first_step) != 0)
         return fprintf(stderr,
                        "pulse-publish: --first-step needs an integer\n"),
                2;
       a->have_first = 1;
-    } else if ((r = pulse_tk_opt_value(argc, argv, &i, "--interval-ms", &v)) !=
+    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--interval-ms", &v)) !=
                0) {
-      if (r < 0 || pulse_tk_parse_int(v, 0, 3600000, &a->interval_ms) != 0)
+      if (r < 0 || pulse_sim_parse_int(v, 0, 3600000, &a->interval_ms) != 0)
         return fprintf(stderr,
                        "pulse-publish: --interval-ms needs 0..3600000\n"),
                2;
-    } else if ((r = pulse_tk_opt_value(argc, argv, &i, "--threads", &v)) != 0) {
-      if (r < 0 || pulse_tk_parse_int(v, 0, 256, &threads) != 0)
+    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--threads", &v)) != 0) {
+      if (r < 0 || pulse_sim_parse_int(v, 0, 256, &threads) != 0)
         return fprintf(stderr, "pulse-publish: --threads needs 0..256\n"), 2;
-    } else if ((r = pulse_tk_opt_value(argc, argv, &i, "--upload", &v)) != 0) {
+    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--upload", &v)) != 0) {
       if (r < 0)
         return usage(stderr), 2;
       a->up.target = v;
-    } else if ((r = pulse_tk_opt_value(argc, argv, &i, "--multipart-mb", &v)) !=
+    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--multipart-mb", &v)) !=
                0) {
       int mb;
-      if (r < 0 || pulse_tk_parse_int(v, 5, 5 * 1024 * 1024, &mb) != 0)
+      if (r < 0 || pulse_sim_parse_int(v, 5, 5 * 1024 * 1024, &mb) != 0)
         return fprintf(stderr,
                        "pulse-publish: --multipart-mb needs 5..5242880\n"),
                2;
       a->up.multipart_bytes = (uint64_t)mb << 20;
-    } else if ((r = pulse_tk_opt_value(argc, argv, &i, "--part-mb", &v)) != 0) {
+    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--part-mb", &v)) != 0) {
       int mb;
-      if (r < 0 || pulse_tk_parse_int(v, 5, 5 * 1024, &mb) != 0)
+      if (r < 0 || pulse_sim_parse_int(v, 5, 5 * 1024, &mb) != 0)
         return fprintf(stderr, "pulse-publish: --part-mb needs 5..5120\n"), 2;
       a->up.part_bytes = (uint64_t)mb << 20;
-    } else if ((r = pulse_tk_opt_value(argc, argv, &i, "--cacert", &v)) != 0) {
+    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--cacert", &v)) != 0) {
       if (r < 0)
         return usage(stderr), 2;
       a->up.cacert = v;
-    } else if (pulse_tk_opt_flag(argv[i], "--new-key")) {
+    } else if (pulse_sim_opt_flag(argv[i], "--new-key")) {
       a->new_key = 1;
-    } else if (pulse_tk_opt_flag(argv[i], "--unsigned")) {
+    } else if (pulse_sim_opt_flag(argv[i], "--unsigned")) {
       a->unsigned_ = 1;
-    } else if (pulse_tk_opt_flag(argv[i], "--exit-after-publish")) {
+    } else if (pulse_sim_opt_flag(argv[i], "--exit-after-publish")) {
       a->exit_after = 1;
-    } else if (pulse_tk_opt_flag(argv[i], "--plain")) {
+    } else if (pulse_sim_opt_flag(argv[i], "--plain")) {
       a->o.pos_model = PULSE_POS_PLAIN;
-    } else if (pulse_tk_opt_flag(argv[i], "--sync-anchors")) {
+    } else if (pulse_sim_opt_flag(argv[i], "--sync-anchors")) {
       a->o.anchor_sync = 1;
-    } else if (pulse_tk_opt_flag(argv[i], "--json")) {
+    } else if (pulse_sim_opt_flag(argv[i], "--json")) {
       a->json = 1;
-    } else if (pulse_tk_opt_flag(argv[i], "--verify")) {
+    } else if (pulse_sim_opt_flag(argv[i], "--verify")) {
       a->do_verify = 1;
-    } else if (pulse_tk_opt_flag(argv[i], "--public-key")) {
+    } else if (pulse_sim_opt_flag(argv[i], "--public-key")) {
       a->print_key = 1;
     } else if (argv[i][0] == '-' && argv[i][1] != '\0') {
       fprintf(stderr, "pulse-publish: unknown option '%s'\n", argv[i]);
@@ -516,7 +516,7 @@ static int table_from_first(publish_args *a, pulse_st_model **first,
   a->o.tensor_count = n;
   if (!a->have_first) {
     const char *s = pulse_st_model_metadata_get(*first, "step");
-    if (s == NULL || pulse_tk_parse_u64(s, &a->first_step) != 0)
+    if (s == NULL || pulse_sim_parse_u64(s, &a->first_step) != 0)
       a->first_step = 0;
   }
   return 0;
@@ -527,7 +527,8 @@ static int table_from_first(publish_args *a, pulse_st_model **first,
 static int start_server(publish_args *a, const pulse_sign_key *key,
                         pulse_server **srv) {
   char host[256];
-  pulse_server_opts so = PULSE_SERVER_OPTS_INIT;
+  pulse_server_opts so;
+  pulse_server_opts_init(&so);
   pulse_status st =
       pulse_server_parse_listen(a->listen, host, sizeof host, &so.port);
   if (st != PULSE_OK)

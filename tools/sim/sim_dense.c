@@ -27,36 +27,36 @@ static inline int f32_bits_finite(uint32_t u) {
   return (u & 0x7F800000u) != 0x7F800000u;
 }
 
-static unsigned width_of(pulse_tk_dense_values values) {
-  return values == PULSE_TK_DENSE_FP32   ? 4u
-         : values == PULSE_TK_DENSE_BF16 ? 2u
+static unsigned width_of(pulse_sim_dense_values values) {
+  return values == PULSE_SIM_DENSE_FP32   ? 4u
+         : values == PULSE_SIM_DENSE_BF16 ? 2u
                                          : 0u;
 }
 
-size_t pulse_tk_dense_size(pulse_tk_dense_values values, uint64_t count) {
+size_t pulse_sim_dense_size(pulse_sim_dense_values values, uint64_t count) {
   unsigned w = width_of(values);
-  if (w == 0 || count == 0 || count > PULSE_TK_DENSE_MAX_COUNT ||
-      count > (SIZE_MAX - PULSE_TK_DENSE_HEADER) / w)
+  if (w == 0 || count == 0 || count > PULSE_SIM_DENSE_MAX_COUNT ||
+      count > (SIZE_MAX - PULSE_SIM_DENSE_HEADER) / w)
     return 0;
-  return PULSE_TK_DENSE_HEADER + (size_t)count * w;
+  return PULSE_SIM_DENSE_HEADER + (size_t)count * w;
 }
 
-pulse_status pulse_tk_dense_encode(const pulse_tk_dense_header *h,
+pulse_status pulse_sim_dense_encode(const pulse_sim_dense_header *h,
                                    const float *x, uint8_t *out) {
   if (h == NULL || x == NULL || out == NULL)
     return pulse_fail(PULSE_ERR_ARG, "dense message: NULL argument");
-  if (pulse_tk_dense_size(h->values, h->count) == 0 || h->samples == 0)
+  if (pulse_sim_dense_size(h->values, h->count) == 0 || h->samples == 0)
     return pulse_fail(PULSE_ERR_ARG,
                       "dense message: bad kind, count or samples");
   for (uint64_t i = 0; i < h->count; i++)
-    if (!isfinite(x[i]) || (h->values == PULSE_TK_DENSE_BF16 &&
+    if (!isfinite(x[i]) || (h->values == PULSE_SIM_DENSE_BF16 &&
                             !f32_bits_finite(pulse_f32_bits_from_bf16(
                                 pulse_bf16_from_f32_bits(bits_of(x[i]))))))
       return pulse_fail(PULSE_ERR_ARG,
                         "dense message: value %llu of sender %u is not "
                         "finite in its kind (the run diverged)",
                         (unsigned long long)i, h->sender);
-  memset(out, 0, PULSE_TK_DENSE_HEADER);
+  memset(out, 0, PULSE_SIM_DENSE_HEADER);
   memcpy(out, MAGIC, 4);
   out[4] = VERSION;
   out[5] = (uint8_t)h->values;
@@ -64,8 +64,8 @@ pulse_status pulse_tk_dense_encode(const pulse_tk_dense_header *h,
   pulse_store_le64(out + 16, h->step);
   pulse_store_le64(out + 24, h->samples);
   pulse_store_le64(out + 32, h->count);
-  uint8_t *v = out + PULSE_TK_DENSE_HEADER;
-  if (h->values == PULSE_TK_DENSE_FP32)
+  uint8_t *v = out + PULSE_SIM_DENSE_HEADER;
+  if (h->values == PULSE_SIM_DENSE_FP32)
     for (uint64_t i = 0; i < h->count; i++)
       pulse_store_le32(v + 4 * i, bits_of(x[i]));
   else
@@ -74,28 +74,28 @@ pulse_status pulse_tk_dense_encode(const pulse_tk_dense_header *h,
   return PULSE_OK;
 }
 
-pulse_status pulse_tk_dense_decode(const uint8_t *data, size_t size,
-                                   const pulse_tk_dense_header *want,
-                                   pulse_tk_dense_header *got, float *x) {
+pulse_status pulse_sim_dense_decode(const uint8_t *data, size_t size,
+                                   const pulse_sim_dense_header *want,
+                                   pulse_sim_dense_header *got, float *x) {
   if ((data == NULL && size > 0) || want == NULL || x == NULL)
     return pulse_fail(PULSE_ERR_ARG, "dense message: NULL argument");
-  if (size < PULSE_TK_DENSE_HEADER)
+  if (size < PULSE_SIM_DENSE_HEADER)
     return pulse_fail(PULSE_ERR_TRUNCATED,
                       "dense message: %zu bytes, the header alone is %u", size,
-                      PULSE_TK_DENSE_HEADER);
+                      PULSE_SIM_DENSE_HEADER);
   if (memcmp(data, MAGIC, 4) != 0)
     return pulse_fail(PULSE_ERR_MAGIC, "dense message: no PLDV magic");
   if (data[4] != VERSION)
     return pulse_fail(PULSE_ERR_VERSION, "dense message: version %u", data[4]);
-  pulse_tk_dense_header h;
-  h.values = (pulse_tk_dense_values)data[5];
+  pulse_sim_dense_header h;
+  h.values = (pulse_sim_dense_values)data[5];
   h.sender = pulse_load_le32(data + 8);
   h.step = pulse_load_le64(data + 16);
   h.samples = pulse_load_le64(data + 24);
   h.count = pulse_load_le64(data + 32);
   if (pulse_load_le16(data + 6) != 0 || pulse_load_le32(data + 12) != 0 ||
       width_of(h.values) == 0 || h.samples == 0 || h.count == 0 ||
-      h.count > PULSE_TK_DENSE_MAX_COUNT)
+      h.count > PULSE_SIM_DENSE_MAX_COUNT)
     return pulse_fail(PULSE_ERR_CORRUPT,
                       "dense message: bad kind, reserved field, samples or "
                       "count");
@@ -114,7 +114,7 @@ pulse_status pulse_tk_dense_decode(const uint8_t *data, size_t size,
                       "dense message of sender %u: %llu values, %llu expected",
                       h.sender, (unsigned long long)h.count,
                       (unsigned long long)want->count);
-  size_t need = pulse_tk_dense_size(h.values, h.count);
+  size_t need = pulse_sim_dense_size(h.values, h.count);
   if (need == 0 || size < need)
     return pulse_fail(PULSE_ERR_TRUNCATED,
                       "dense message of sender %u: %zu bytes, %zu expected",
@@ -123,9 +123,9 @@ pulse_status pulse_tk_dense_decode(const uint8_t *data, size_t size,
     return pulse_fail(PULSE_ERR_TRAILING,
                       "dense message of sender %u: %zu bytes, %zu expected",
                       h.sender, size, need);
-  const uint8_t *v = data + PULSE_TK_DENSE_HEADER;
+  const uint8_t *v = data + PULSE_SIM_DENSE_HEADER;
   uint64_t bad = h.count;
-  if (h.values == PULSE_TK_DENSE_FP32) {
+  if (h.values == PULSE_SIM_DENSE_FP32) {
     for (uint64_t i = 0; i < h.count; i++) {
       uint32_t u = pulse_load_le32(v + 4 * i);
       bad = f32_bits_finite(u) ? bad : i;

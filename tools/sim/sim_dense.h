@@ -5,7 +5,7 @@
  * (loco/PAYLOAD.md), so the bench counts their bytes instead of computing
  * them. A bench format, not one of any pulse library.
  *
- * Layout, little-endian, exactly PULSE_TK_DENSE_HEADER + P * width bytes:
+ * Layout, little-endian, exactly PULSE_SIM_DENSE_HEADER + P * width bytes:
  *
  *   offset size field
  *   0      4    magic "PLDV"
@@ -17,7 +17,7 @@
  *   12     4    reserved, 0
  *   16     8    step (DDP: the inner step; DiLoCo: the round)
  *   24     8    samples, >= 1 (the weight of this contribution)
- *   32     8    P, 1..PULSE_TK_DENSE_MAX_COUNT
+ *   32     8    P, 1..PULSE_SIM_DENSE_MAX_COUNT
  *   40          the P values
  *
  * Thread-safety: no shared state. */
@@ -33,34 +33,34 @@
 extern "C" {
 #endif
 
-#define PULSE_TK_DENSE_HEADER 40u
-#define PULSE_TK_DENSE_MAX_COUNT (1ull << 36)
+#define PULSE_SIM_DENSE_HEADER 40u
+#define PULSE_SIM_DENSE_MAX_COUNT (1ull << 36)
 
 /* How a message carries its values. */
 typedef enum {
-  PULSE_TK_DENSE_FP32 = 0,
-  PULSE_TK_DENSE_BF16 = 1
-} pulse_tk_dense_values;
+  PULSE_SIM_DENSE_FP32 = 0,
+  PULSE_SIM_DENSE_BF16 = 1
+} pulse_sim_dense_values;
 
 /* The header's fields. */
 typedef struct {
-  pulse_tk_dense_values values;
+  pulse_sim_dense_values values;
   uint32_t sender;
   uint64_t step;
   uint64_t samples; /* >= 1 */
   uint64_t count;   /* P */
-} pulse_tk_dense_header;
+} pulse_sim_dense_header;
 
 /** Bytes of a message of `count` values of this kind (0 for a count of 0,
- * above PULSE_TK_DENSE_MAX_COUNT or an unknown kind). */
-size_t pulse_tk_dense_size(pulse_tk_dense_values values, uint64_t count);
+ * above PULSE_SIM_DENSE_MAX_COUNT or an unknown kind). */
+size_t pulse_sim_dense_size(pulse_sim_dense_values values, uint64_t count);
 
 /** Writes the message of h and the h->count values x (finite, also once
  * rounded to BF16 when BF16 carries them) into out, which holds
- * pulse_tk_dense_size(h->values, h->count) bytes (owned by the caller).
+ * pulse_sim_dense_size(h->values, h->count) bytes (owned by the caller).
  * @return PULSE_OK; PULSE_ERR_ARG (a bad header field, or a value that is
  * not finite: a diverged run). */
-pulse_status pulse_tk_dense_encode(const pulse_tk_dense_header *h,
+pulse_status pulse_sim_dense_encode(const pulse_sim_dense_header *h,
                                    const float *x, uint8_t *out);
 
 /** Decodes a message (untrusted bytes) that must be of kind want->values,
@@ -73,9 +73,9 @@ pulse_status pulse_tk_dense_encode(const pulse_tk_dense_header *h,
  * PULSE_ERR_MAGIC, PULSE_ERR_VERSION, PULSE_ERR_CORRUPT (a field, a value),
  * PULSE_ERR_BASE_STEP (another step), PULSE_ERR_SIZE_MISMATCH (another
  * count), PULSE_ERR_DTYPE (another kind). */
-pulse_status pulse_tk_dense_decode(const uint8_t *data, size_t size,
-                                   const pulse_tk_dense_header *want,
-                                   pulse_tk_dense_header *got, float *x);
+pulse_status pulse_sim_dense_decode(const uint8_t *data, size_t size,
+                                   const pulse_sim_dense_header *want,
+                                   pulse_sim_dense_header *got, float *x);
 
 #ifdef __cplusplus
 }

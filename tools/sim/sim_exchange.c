@@ -16,7 +16,7 @@
  * is asked for: the deadline only turns a hang into an error. */
 #define RECEIVE_TIMEOUT_MS 60000u
 
-struct pulse_tk_exchange {
+struct pulse_sim_exchange {
   uint32_t n;
   int http;
   pulse_bytebuf *own; /* n: each trainer's newest message */
@@ -34,12 +34,12 @@ struct pulse_tk_exchange {
   uint64_t put, served_memory, received;
 };
 
-pulse_status pulse_tk_exchange_create(uint32_t trainers, int over_http,
-                                      pulse_tk_exchange **out) {
+pulse_status pulse_sim_exchange_create(uint32_t trainers, int over_http,
+                                      pulse_sim_exchange **out) {
   if (out == NULL || trainers == 0 || trainers > 4096)
     return pulse_fail(PULSE_ERR_ARG, "exchange: 1..4096 trainers");
   *out = NULL;
-  pulse_tk_exchange *x = calloc(1, sizeof *x);
+  pulse_sim_exchange *x = calloc(1, sizeof *x);
   if (x == NULL)
     return pulse_fail(PULSE_ERR_NOMEM, "exchange");
   size_t n = trainers;
@@ -48,7 +48,7 @@ pulse_status pulse_tk_exchange_create(uint32_t trainers, int over_http,
   x->own = calloc(n, sizeof *x->own);
   x->own_seq = malloc(n * sizeof *x->own_seq);
   if (x->own == NULL || x->own_seq == NULL) {
-    pulse_tk_exchange_free(x);
+    pulse_sim_exchange_free(x);
     return pulse_fail(PULSE_ERR_NOMEM, "exchange of %zu trainers", n);
   }
   for (size_t i = 0; i < n; i++)
@@ -69,7 +69,7 @@ pulse_status pulse_tk_exchange_create(uint32_t trainers, int over_http,
     x->url = calloc(slots, sizeof *x->url);
     if (!x->srv || !x->base || !x->box || !x->box_seq || !x->box_to ||
         !x->fetch || !x->url) {
-      pulse_tk_exchange_free(x);
+      pulse_sim_exchange_free(x);
       return pulse_fail(PULSE_ERR_NOMEM, "exchange of %zu trainers", n);
     }
     for (size_t g = 0; g < x->group; g++)
@@ -77,7 +77,7 @@ pulse_status pulse_tk_exchange_create(uint32_t trainers, int over_http,
     for (size_t i = 0; i < n; i++) {
       pulse_status st = loco_server_start(NULL, NULL, &x->srv[i]);
       if (st != PULSE_OK) {
-        pulse_tk_exchange_free(x);
+        pulse_sim_exchange_free(x);
         return st;
       }
       snprintf(x->base[i], sizeof x->base[i], "http://127.0.0.1:%u",
@@ -88,7 +88,7 @@ pulse_status pulse_tk_exchange_create(uint32_t trainers, int over_http,
   return PULSE_OK;
 }
 
-void pulse_tk_exchange_free(pulse_tk_exchange *x) {
+void pulse_sim_exchange_free(pulse_sim_exchange *x) {
   if (x == NULL)
     return;
   size_t n = x->n;
@@ -103,7 +103,7 @@ void pulse_tk_exchange_free(pulse_tk_exchange *x) {
   free(x);
 }
 
-pulse_status pulse_tk_exchange_put(pulse_tk_exchange *x, uint32_t from,
+pulse_status pulse_sim_exchange_put(pulse_sim_exchange *x, uint32_t from,
                                    uint64_t seq, const void *data,
                                    size_t size) {
   if (x == NULL || from >= x->n || (data == NULL && size > 0) ||
@@ -128,7 +128,7 @@ pulse_status pulse_tk_exchange_put(pulse_tk_exchange *x, uint32_t from,
 
 /* Over HTTP: the messages of seq for receivers first, first + 1, ... (a
  * group, at most x->group of them), every other trainer's, all at once. */
-static pulse_status fetch_group(pulse_tk_exchange *x, uint32_t first,
+static pulse_status fetch_group(pulse_sim_exchange *x, uint32_t first,
                                 uint64_t seq, size_t max_bytes) {
   size_t n = x->n, k = 0;
   uint32_t end = first + x->group < x->n ? first + x->group : x->n;
@@ -168,9 +168,9 @@ static pulse_status fetch_group(pulse_tk_exchange *x, uint32_t first,
   return st;
 }
 
-pulse_status pulse_tk_exchange_receive(pulse_tk_exchange *x, uint32_t to,
+pulse_status pulse_sim_exchange_receive(pulse_sim_exchange *x, uint32_t to,
                                        uint64_t seq, size_t max_bytes,
-                                       pulse_tk_message *msgs) {
+                                       pulse_sim_message *msgs) {
   if (x == NULL || msgs == NULL || to >= x->n)
     return pulse_fail(PULSE_ERR_ARG, "exchange receive: bad argument");
   for (uint32_t j = 0; j < x->n; j++)
@@ -215,8 +215,8 @@ pulse_status pulse_tk_exchange_receive(pulse_tk_exchange *x, uint32_t to,
   return PULSE_OK;
 }
 
-void pulse_tk_exchange_counts(const pulse_tk_exchange *x,
-                              pulse_tk_exchange_bytes *out) {
+void pulse_sim_exchange_counts(const pulse_sim_exchange *x,
+                              pulse_sim_exchange_bytes *out) {
   out->put = x->put;
   out->received = x->received;
   out->served = x->served_memory;

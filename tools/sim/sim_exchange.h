@@ -22,13 +22,13 @@
 extern "C" {
 #endif
 
-typedef struct pulse_tk_exchange pulse_tk_exchange;
+typedef struct pulse_sim_exchange pulse_sim_exchange;
 
 /* A received message (borrowed). */
 typedef struct {
   const uint8_t *data;
   size_t size;
-} pulse_tk_message;
+} pulse_sim_message;
 
 /* Byte counts since creation. */
 typedef struct {
@@ -37,23 +37,23 @@ typedef struct {
                         message once per other trainer (HTTP: as counted
                         by the servers, loco_server_bytes_served) */
   uint64_t received; /* message bodies that arrived */
-} pulse_tk_exchange_bytes;
+} pulse_sim_exchange_bytes;
 
 /** An exchange between `trainers` trainers (1..4096), over HTTP on
  * 127.0.0.1 (one server per trainer, ports chosen by the kernel) when
  * over_http is set, else in memory.
  * @return PULSE_OK; PULSE_ERR_ARG; PULSE_ERR_IO (a server did not start);
  * PULSE_ERR_NOMEM. */
-pulse_status pulse_tk_exchange_create(uint32_t trainers, int over_http,
-                                      pulse_tk_exchange **out);
+pulse_status pulse_sim_exchange_create(uint32_t trainers, int over_http,
+                                      pulse_sim_exchange **out);
 
 /** Stops the servers and frees everything. NULL is fine. */
-void pulse_tk_exchange_free(pulse_tk_exchange *x);
+void pulse_sim_exchange_free(pulse_sim_exchange *x);
 
 /** Trainer `from` publishes its message of exchange `seq` (copied); its
  * messages of earlier exchanges are dropped.
  * @return PULSE_OK, PULSE_ERR_ARG or PULSE_ERR_NOMEM. */
-pulse_status pulse_tk_exchange_put(pulse_tk_exchange *x, uint32_t from,
+pulse_status pulse_sim_exchange_put(pulse_sim_exchange *x, uint32_t from,
                                    uint64_t seq, const void *data, size_t size);
 
 /** Trainer `to` receives the messages of exchange `seq` of every trainer:
@@ -64,13 +64,13 @@ pulse_status pulse_tk_exchange_put(pulse_tk_exchange *x, uint32_t from,
  * messages are borrowed until the next put, receive or free.
  * @return PULSE_OK; PULSE_ERR_IO (a message did not arrive in time);
  * PULSE_ERR_ARG; PULSE_ERR_NOMEM. */
-pulse_status pulse_tk_exchange_receive(pulse_tk_exchange *x, uint32_t to,
+pulse_status pulse_sim_exchange_receive(pulse_sim_exchange *x, uint32_t to,
                                        uint64_t seq, size_t max_bytes,
-                                       pulse_tk_message *msgs);
+                                       pulse_sim_message *msgs);
 
 /** The byte counts so far. */
-void pulse_tk_exchange_counts(const pulse_tk_exchange *x,
-                              pulse_tk_exchange_bytes *out);
+void pulse_sim_exchange_counts(const pulse_sim_exchange *x,
+                              pulse_sim_exchange_bytes *out);
 
 #ifdef __cplusplus
 }

@@ -15,7 +15,7 @@
 #include "rng_impl.h"
 
 /* Fills n standard normal floats (Box-Muller) from the stream s. */
-static inline void pulse_tk_normals(uint64_t *s, float *out, uint64_t n) {
+static inline void pulse_sim_normals(uint64_t *s, float *out, uint64_t n) {
   for (uint64_t i = 0; i < n; i += 2) {
     uint64_t r = pulse_rng_next(s);
     float u1 = ((float)(r >> 40) + 0.5f) * 0x1p-24f;
@@ -30,7 +30,7 @@ static inline void pulse_tk_normals(uint64_t *s, float *out, uint64_t n) {
 /* One sample's forward pass: z = B1 + s1 x W1 (in x hid, row-major),
  * h = relu(z), logits = B2 + s2 h W2 (hid x cls). */
 static inline __attribute__((always_inline)) void
-pulse_tk_mlp_forward_row(const float *x, uint32_t in, float s1, const float *W1,
+pulse_sim_mlp_forward_row(const float *x, uint32_t in, float s1, const float *W1,
                          const float *B1, uint32_t hid, float s2, const float *W2,
                          const float *B2, uint32_t cls, float *z, float *h, float *logits) {
   memcpy(z, B1, hid * sizeof *z);

@@ -13,8 +13,8 @@
 #include "sim_problem.h"
 #include "sim_text.h"
 
-struct pulse_tk_problem {
-  pulse_tk_problem_opts o;
+struct pulse_sim_problem {
+  pulse_sim_problem_opts o;
   uint64_t P;
   uint64_t w1, b1, w2,
       b2;           /* offsets: W1[in][hid], b1[hid], W2[hid][cls], b2[cls] */
@@ -24,16 +24,16 @@ struct pulse_tk_problem {
   float *test_p;    /* test_count x classes: B's probabilities */
   uint32_t *test_y; /* B's argmax */
   double floor;
-  pulse_tk_text *text; /* PULSE_TK_PROBLEM_TEXT: the rest is unused */
+  pulse_sim_text *text; /* PULSE_SIM_PROBLEM_TEXT: the rest is unused */
 };
 
-struct pulse_tk_learner {
-  const pulse_tk_problem *p;
+struct pulse_sim_learner {
+  const pulse_sim_problem *p;
   uint64_t rng;
   uint64_t t; /* Adam steps taken */
   float *m, *v, *grad;
   float *x, *z, *h, *logits, *dz, *tp;
-  pulse_tk_text_scratch *ts; /* text problem */
+  pulse_sim_text_scratch *ts; /* text problem */
 };
 
 /* The loops that take the time, also built for AVX2 and picked at load time:
@@ -46,7 +46,7 @@ struct pulse_tk_learner {
 #define PROBLEM_SIMD
 #endif
 
-static void forward(const pulse_tk_problem *p, const float *theta,
+static void forward(const pulse_sim_problem *p, const float *theta,
                     const float *x, size_t n, float *z, float *h,
                     float *logits);
 
@@ -75,10 +75,10 @@ static double softmax_row(float *l, uint32_t cls, float *mx_out,
 
 /* n inputs and the teacher's probabilities for them (n x classes in tp);
  * z and h are scratch for the teacher's hidden layer. */
-static void draw(const pulse_tk_problem *p, uint64_t *s, size_t n, float *x,
+static void draw(const pulse_sim_problem *p, uint64_t *s, size_t n, float *x,
                  float *tp, float *z, float *h) {
   uint32_t cls = p->o.classes;
-  pulse_tk_normals(s, x, n * p->o.inputs);
+  pulse_sim_normals(s, x, n * p->o.inputs);
   forward(p, p->teacher, x, n, z, h, tp);
   for (size_t b = 0; b < n; b++)
     softmax_row(tp + b * cls, cls, NULL, NULL);
@@ -86,21 +86,42 @@ static void draw(const pulse_tk_problem *p, uint64_t *s, size_t n, float *x,
 
 /* -------------------------------------------------------------- problem */
 
-uint32_t pulse_tk_problem_hidden_for(const pulse_tk_problem_opts *o,
+uint32_t pulse_sim_problem_hidden_for(const pulse_sim_problem_opts *o,
                                      uint64_t params) {
-  if (o->kind == PULSE_TK_PROBLEM_TEXT)
-    return pulse_tk_text_hidden_for(o, params);
+  if (o->kind == PULSE_SIM_PROBLEM_TEXT)
+    return pulse_sim_text_hidden_for(o, params);
   uint64_t per = (uint64_t)o->inputs + 1u + o->classes;
   uint64_t h = params > o->classes ? (params - o->classes) / per : 1;
   return h < 1 ? 1u : h > 1u << 24 ? 1u << 24 : (uint32_t)h;
 }
 
-pulse_status pulse_tk_problem_create(const pulse_tk_problem_opts *o,
-                                     pulse_tk_problem **out) {
+void pulse_sim_problem_opts_init(pulse_sim_problem_opts *o) {
+  memset(o, 0, sizeof *o);
+  o->struct_version = PULSE_SIM_PROBLEM_OPTS_VERSION;
+  o->seed = 1;
+  o->inputs = 128;
+  o->hidden = 512;
+  o->classes = 10;
+  o->batch = 32;
+  o->test_count = 1024;
+  o->init_scale = 1.0f;
+  o->shift = 0.02f;
+  o->logit_scale = 30.0f;
+  o->lr = 2e-5f;
+  o->beta1 = 0.9f;
+  o->beta2 = 0.99f;
+  o->eps = 1e-8f;
+  o->kind = PULSE_SIM_PROBLEM_TEACHER;
+  o->context = 8;
+  o->embed = 64;
+}
+
+pulse_status pulse_sim_problem_create(const pulse_sim_problem_opts *o,
+                                     pulse_sim_problem **out) {
   if (out == NULL)
     return pulse_fail(PULSE_ERR_ARG, "loco problem: NULL output");
   *out = NULL;
-  if (o == NULL || o->struct_version != PULSE_TK_PROBLEM_OPTS_VERSION)
+  if (o == NULL || o->struct_version != PULSE_SIM_PROBLEM_OPTS_VERSION)
     return pulse_fail(PULSE_ERR_ARG,
                       "loco problem: options missing or of another version");
   if (o->inputs == 0 || o->hidden == 0 || o->classes < 2 || o->batch == 0 ||
@@ -109,19 +130,19 @@ pulse_status pulse_tk_problem_create(const pulse_tk_problem_opts *o,
       o->test_count > 1u << 24 || !(o->lr > 0.0f) || !isfinite(o->shift) ||
       !isfinite(o->init_scale) || !isfinite(o->logit_scale))
     return pulse_fail(PULSE_ERR_ARG, "loco problem: bad sizes or rates");
-  if (o->kind != PULSE_TK_PROBLEM_TEACHER && o->kind != PULSE_TK_PROBLEM_TEXT)
+  if (o->kind != PULSE_SIM_PROBLEM_TEACHER && o->kind != PULSE_SIM_PROBLEM_TEXT)
     return pulse_fail(PULSE_ERR_ARG, "loco problem: unknown kind %u", o->kind);
-  pulse_tk_problem *p = calloc(1, sizeof *p);
+  pulse_sim_problem *p = calloc(1, sizeof *p);
   if (p == NULL)
     return pulse_fail(PULSE_ERR_NOMEM, "loco problem");
   p->o = *o;
-  if (o->kind == PULSE_TK_PROBLEM_TEXT) {
-    pulse_status st = pulse_tk_text_create(o, &p->text);
+  if (o->kind == PULSE_SIM_PROBLEM_TEXT) {
+    pulse_status st = pulse_sim_text_create(o, &p->text);
     if (st != PULSE_OK) {
       free(p);
       return st;
     }
-    p->P = pulse_tk_text_param_count(p->text);
+    p->P = pulse_sim_text_param_count(p->text);
     *out = p;
     return PULSE_OK;
   }
@@ -141,24 +162,24 @@ pulse_status pulse_tk_problem_create(const pulse_tk_problem_opts *o,
   float *z = malloc(T * hid * sizeof *z), *h = malloc(T * hid * sizeof *h);
   if (!p->teacher || !p->test_x || !p->test_p || !p->test_y || !z || !h) {
     free(z), free(h);
-    pulse_tk_problem_free(p);
+    pulse_sim_problem_free(p);
     return pulse_fail(PULSE_ERR_NOMEM, "loco problem: data");
   }
   /* The teacher: the pretrained weights plus offsets of std `shift`. */
-  pulse_tk_problem_init(p, p->teacher);
+  pulse_sim_problem_init(p, p->teacher);
   float *off = malloc((size_t)p->P * sizeof *off);
   if (off == NULL) {
     free(z), free(h);
-    pulse_tk_problem_free(p);
+    pulse_sim_problem_free(p);
     return pulse_fail(PULSE_ERR_NOMEM, "loco problem: teacher");
   }
   uint64_t s = o->seed ^ 0x7EAC4E5ull;
-  pulse_tk_normals(&s, off, (size_t)p->P);
+  pulse_sim_normals(&s, off, (size_t)p->P);
   for (uint64_t i = 0; i < p->P; i++)
     p->teacher[i] += o->shift * off[i];
   free(off);
   uint64_t t = o->seed ^ 0x7E57DA7Aull;
-  pulse_tk_normals(&t, p->test_x, T * in);
+  pulse_sim_normals(&t, p->test_x, T * in);
   forward(p, p->teacher, p->test_x, T, z, h, p->test_p);
   double ent = 0.0;
   for (size_t b = 0; b < T; b++) {
@@ -175,40 +196,40 @@ pulse_status pulse_tk_problem_create(const pulse_tk_problem_opts *o,
   return PULSE_OK;
 }
 
-void pulse_tk_problem_free(pulse_tk_problem *p) {
+void pulse_sim_problem_free(pulse_sim_problem *p) {
   if (p == NULL)
     return;
   free(p->teacher), free(p->test_x), free(p->test_p), free(p->test_y);
-  pulse_tk_text_free(p->text);
+  pulse_sim_text_free(p->text);
   free(p);
 }
 
-uint64_t pulse_tk_problem_param_count(const pulse_tk_problem *p) {
+uint64_t pulse_sim_problem_param_count(const pulse_sim_problem *p) {
   return p->P;
 }
 
-double pulse_tk_problem_floor(const pulse_tk_problem *p) {
+double pulse_sim_problem_floor(const pulse_sim_problem *p) {
   return p->floor;
 }
 
-uint32_t pulse_tk_problem_batch(const pulse_tk_problem *p) {
+uint32_t pulse_sim_problem_batch(const pulse_sim_problem *p) {
   return p->o.batch;
 }
 
-void pulse_tk_problem_data(const pulse_tk_problem *p, uint64_t *bytes,
+void pulse_sim_problem_data(const pulse_sim_problem *p, uint64_t *bytes,
                            uint64_t *digest) {
-  *bytes = p->text ? pulse_tk_text_bytes(p->text) : 0;
-  *digest = p->text ? pulse_tk_text_digest(p->text) : 0;
+  *bytes = p->text ? pulse_sim_text_bytes(p->text) : 0;
+  *digest = p->text ? pulse_sim_text_digest(p->text) : 0;
 }
 
-void pulse_tk_problem_init(const pulse_tk_problem *p, float *theta) {
+void pulse_sim_problem_init(const pulse_sim_problem *p, float *theta) {
   if (p->text) {
-    pulse_tk_text_init(p->text, theta);
+    pulse_sim_text_init(p->text, theta);
     return;
   }
   uint64_t s = p->o.seed ^ 0x1417ull;
-  pulse_tk_normals(&s, theta, (size_t)p->b1);
-  pulse_tk_normals(&s, theta + p->w2, (size_t)(p->b2 - p->w2));
+  pulse_sim_normals(&s, theta, (size_t)p->b1);
+  pulse_sim_normals(&s, theta + p->w2, (size_t)(p->b2 - p->w2));
   for (uint64_t i = 0; i < p->P; i++)
     theta[i] *= p->o.init_scale;
   memset(theta + p->b1, 0, p->o.hidden * sizeof *theta);
@@ -216,7 +237,7 @@ void pulse_tk_problem_init(const pulse_tk_problem *p, float *theta) {
 }
 
 /* Forward pass of n samples: z (pre-activations), h (ReLU) and logits. */
-PROBLEM_SIMD static void forward(const pulse_tk_problem *p, const float *theta,
+PROBLEM_SIMD static void forward(const pulse_sim_problem *p, const float *theta,
                                  const float *x, size_t n, float *z, float *h,
                                  float *logits) {
   uint32_t in = p->o.inputs, hid = p->o.hidden, cls = p->o.classes;
@@ -224,17 +245,17 @@ PROBLEM_SIMD static void forward(const pulse_tk_problem *p, const float *theta,
               *B2 = theta + p->b2;
   for (size_t b = 0; b < n; b++) {
     float *lb = logits + b * cls;
-    pulse_tk_mlp_forward_row(x + b * in, in, p->s1, W1, B1, hid, p->s2, W2, B2, cls,
+    pulse_sim_mlp_forward_row(x + b * in, in, p->s1, W1, B1, hid, p->s2, W2, B2, cls,
                              z + b * hid, h + b * hid, lb);
     for (uint32_t c = 0; c < cls; c++)
       lb[c] *= p->o.logit_scale;
   }
 }
 
-void pulse_tk_problem_eval(const pulse_tk_problem *p, const float *theta,
+void pulse_sim_problem_eval(const pulse_sim_problem *p, const float *theta,
                            double *loss, double *accuracy) {
   if (p->text) {
-    pulse_tk_text_eval(p->text, theta, loss, accuracy);
+    pulse_sim_text_eval(p->text, theta, loss, accuracy);
     return;
   }
   enum { BLOCK = 64 };
@@ -276,12 +297,12 @@ void pulse_tk_problem_eval(const pulse_tk_problem *p, const float *theta,
 
 /* -------------------------------------------------------------- learner */
 
-pulse_status pulse_tk_learner_create(const pulse_tk_problem *p,
+pulse_status pulse_sim_learner_create(const pulse_sim_problem *p,
                                      uint32_t trainer_id,
-                                     pulse_tk_learner **out) {
+                                     pulse_sim_learner **out) {
   if (p == NULL || out == NULL)
     return pulse_fail(PULSE_ERR_ARG, "loco learner: NULL argument");
-  pulse_tk_learner *l = calloc(1, sizeof *l);
+  pulse_sim_learner *l = calloc(1, sizeof *l);
   if (l == NULL)
     return pulse_fail(PULSE_ERR_NOMEM, "loco learner");
   size_t B = p->o.batch, P = (size_t)p->P;
@@ -294,8 +315,8 @@ pulse_status pulse_tk_learner_create(const pulse_tk_problem *p,
   if (p->text) { /* its own buffers */
     pulse_status st = PULSE_ERR_NOMEM;
     if (!l->m || !l->v || !l->grad ||
-        (st = pulse_tk_text_scratch_create(p->text, &l->ts)) != PULSE_OK) {
-      pulse_tk_learner_free(l);
+        (st = pulse_sim_text_scratch_create(p->text, &l->ts)) != PULSE_OK) {
+      pulse_sim_learner_free(l);
       return st == PULSE_ERR_NOMEM
                  ? pulse_fail(PULSE_ERR_NOMEM, "loco learner: %zu parameters",
                               P)
@@ -312,28 +333,28 @@ pulse_status pulse_tk_learner_create(const pulse_tk_problem *p,
   l->tp = malloc(B * p->o.classes * sizeof *l->tp);
   if (!l->m || !l->v || !l->grad || !l->x || !l->z || !l->h || !l->dz ||
       !l->logits || !l->tp) {
-    pulse_tk_learner_free(l);
+    pulse_sim_learner_free(l);
     return pulse_fail(PULSE_ERR_NOMEM, "loco learner: %zu parameters", P);
   }
   *out = l;
   return PULSE_OK;
 }
 
-void pulse_tk_learner_free(pulse_tk_learner *l) {
+void pulse_sim_learner_free(pulse_sim_learner *l) {
   if (l == NULL)
     return;
   free(l->m), free(l->v), free(l->grad), free(l->x), free(l->z), free(l->h),
       free(l->dz);
   free(l->logits), free(l->tp);
-  pulse_tk_text_scratch_free(l->ts);
+  pulse_sim_text_scratch_free(l->ts);
   free(l);
 }
 
-PROBLEM_SIMD double pulse_tk_learner_grad(pulse_tk_learner *l,
+PROBLEM_SIMD double pulse_sim_learner_grad(pulse_sim_learner *l,
                                           const float *theta, float *grad) {
-  const pulse_tk_problem *p = l->p;
+  const pulse_sim_problem *p = l->p;
   if (p->text)
-    return pulse_tk_text_grad(p->text, l->ts, &l->rng, theta, grad);
+    return pulse_sim_text_grad(p->text, l->ts, &l->rng, theta, grad);
   uint32_t B = p->o.batch, in = p->o.inputs, hid = p->o.hidden,
            cls = p->o.classes;
   draw(p, &l->rng, B, l->x, l->tp, l->z, l->h);
@@ -382,9 +403,9 @@ PROBLEM_SIMD double pulse_tk_learner_grad(pulse_tk_learner *l,
   return loss / B;
 }
 
-PROBLEM_SIMD void pulse_tk_learner_adam(pulse_tk_learner *l, float *theta,
+PROBLEM_SIMD void pulse_sim_learner_adam(pulse_sim_learner *l, float *theta,
                                         const float *grad) {
-  const pulse_tk_problem_opts *o = &l->p->o;
+  const pulse_sim_problem_opts *o = &l->p->o;
   l->t++;
   float b1 = o->beta1, b2 = o->beta2;
   float c1 = 1.0f - (float)pow(b1, (double)l->t),
@@ -398,8 +419,8 @@ PROBLEM_SIMD void pulse_tk_learner_adam(pulse_tk_learner *l, float *theta,
   }
 }
 
-double pulse_tk_learner_step(pulse_tk_learner *l, float *theta) {
-  double loss = pulse_tk_learner_grad(l, theta, l->grad);
-  pulse_tk_learner_adam(l, theta, l->grad);
+double pulse_sim_learner_step(pulse_sim_learner *l, float *theta) {
+  double loss = pulse_sim_learner_grad(l, theta, l->grad);
+  pulse_sim_learner_adam(l, theta, l->grad);
   return loss;
 }

@@ -15,12 +15,12 @@
  * Each trainer draws its mini-batches from its own stream (seed, trainer
  * id): its data shard. The loss is the cross-entropy against B's
  * probabilities on a fixed held-out set, so its floor is B's entropy
- * (pulse_tk_problem_floor). Everything is deterministic for a seed.
+ * (pulse_sim_problem_floor). Everything is deterministic for a seed.
  *
- * A second problem, PULSE_TK_PROBLEM_TEXT (sim_text.h), is next-
+ * A second problem, PULSE_SIM_PROBLEM_TEXT (sim_text.h), is next-
  * character prediction on real text (base-files' licences): the same calls,
  * a held-out split of the text for the loss, an embedding -> hidden ->
- * softmax model of any size (`hidden`, or pulse_tk_problem_hidden_for).
+ * softmax model of any size (`hidden`, or pulse_sim_problem_hidden_for).
  * It reads files; the teacher problem needs none, and the tests that are
  * about the protocol rather than the data use it.
  *
@@ -38,12 +38,12 @@
 extern "C" {
 #endif
 
-typedef struct pulse_tk_problem pulse_tk_problem;
-typedef struct pulse_tk_learner pulse_tk_learner;
+typedef struct pulse_sim_problem pulse_sim_problem;
+typedef struct pulse_sim_learner pulse_sim_learner;
 
-/* Problem options; start from PULSE_TK_PROBLEM_OPTS_INIT. */
+/* Problem options; start from pulse_sim_problem_opts_init. */
 typedef struct {
-  uint32_t struct_version; /* PULSE_TK_PROBLEM_OPTS_VERSION */
+  uint32_t struct_version; /* PULSE_SIM_PROBLEM_OPTS_VERSION */
   uint64_t seed;
   uint32_t inputs, hidden, classes;
   uint32_t batch;              /* samples per inner step */
@@ -54,77 +54,73 @@ typedef struct {
   float lr, beta1, beta2, eps; /* inner Adam */
   /* Which problem; the text problem ignores inputs, classes, shift and
    * logit_scale, and its loss floor is unknown (reported as 0). */
-  uint32_t kind;         /* PULSE_TK_PROBLEM_TEACHER or _TEXT */
+  uint32_t kind;         /* PULSE_SIM_PROBLEM_TEACHER or _TEXT */
   const char *text_path; /* text: one file to learn; NULL: base-files' */
   uint32_t context;      /* text: bytes of context k */
   uint32_t embed;        /* text: embedding width d */
-} pulse_tk_problem_opts;
+} pulse_sim_problem_opts;
 
-enum { PULSE_TK_PROBLEM_TEACHER = 0, PULSE_TK_PROBLEM_TEXT = 1 };
+enum { PULSE_SIM_PROBLEM_TEACHER = 0, PULSE_SIM_PROBLEM_TEXT = 1 };
 
 /* Text problem defaults: a learning rate for its O(1) weights. */
-#define PULSE_TK_TEXT_LR 2e-3f
+#define PULSE_SIM_TEXT_LR 2e-3f
 
-#define PULSE_TK_PROBLEM_OPTS_VERSION 1u
-#define PULSE_TK_PROBLEM_OPTS_INIT                                             \
-  {                                                                            \
-    PULSE_TK_PROBLEM_OPTS_VERSION, 1, 128, 512, 10, 32, 1024, 1.0f, 0.02f,     \
-        30.0f, 2e-5f, 0.9f, 0.99f, 1e-8f, PULSE_TK_PROBLEM_TEACHER, NULL, 8,   \
-        64                                                                     \
-  }
+#define PULSE_SIM_PROBLEM_OPTS_VERSION 1u
+/* Sets every field of *opts to its default (struct_version included). */
+void pulse_sim_problem_opts_init(pulse_sim_problem_opts *opts);
 
 /** Generates the problem (class means, held-out set). */
-pulse_status pulse_tk_problem_create(const pulse_tk_problem_opts *opts,
-                                     pulse_tk_problem **out);
-void pulse_tk_problem_free(pulse_tk_problem *p); /* NULL is fine */
+pulse_status pulse_sim_problem_create(const pulse_sim_problem_opts *opts,
+                                     pulse_sim_problem **out);
+void pulse_sim_problem_free(pulse_sim_problem *p); /* NULL is fine */
 
 /** Number of parameters P of the model. */
-uint64_t pulse_tk_problem_param_count(const pulse_tk_problem *p);
+uint64_t pulse_sim_problem_param_count(const pulse_sim_problem *p);
 
 /** Samples per inner step (the options' batch). */
-uint32_t pulse_tk_problem_batch(const pulse_tk_problem *p);
+uint32_t pulse_sim_problem_batch(const pulse_sim_problem *p);
 
 /** Hidden width of a model of about `params` parameters with the other
  * options of opts (at least 1). */
-uint32_t pulse_tk_problem_hidden_for(const pulse_tk_problem_opts *opts,
+uint32_t pulse_sim_problem_hidden_for(const pulse_sim_problem_opts *opts,
                                      uint64_t params);
 
 /** The text problem's text: bytes read and their digest (both 0 for the
  * teacher problem). */
-void pulse_tk_problem_data(const pulse_tk_problem *p, uint64_t *bytes,
+void pulse_sim_problem_data(const pulse_sim_problem *p, uint64_t *bytes,
                            uint64_t *digest);
 
 /** The initial parameters (P floats), the same for every trainer. */
-void pulse_tk_problem_init(const pulse_tk_problem *p, float *theta);
+void pulse_sim_problem_init(const pulse_sim_problem *p, float *theta);
 
 /** Held-out mean cross-entropy against the teacher's probabilities (nats),
  * and accuracy (student's argmax = teacher's argmax), of theta; text: the
  * cross-entropy of the held-out characters (nats per character) and the
  * share predicted right. */
-void pulse_tk_problem_eval(const pulse_tk_problem *p, const float *theta,
+void pulse_sim_problem_eval(const pulse_sim_problem *p, const float *theta,
                            double *loss, double *accuracy);
 
 /** The loss floor: the teacher's mean entropy on the held-out set (text:
  * 0, unknown). */
-double pulse_tk_problem_floor(const pulse_tk_problem *p);
+double pulse_sim_problem_floor(const pulse_sim_problem *p);
 
 /** A trainer's learner: its data stream and inner Adam moments. */
-pulse_status pulse_tk_learner_create(const pulse_tk_problem *p,
+pulse_status pulse_sim_learner_create(const pulse_sim_problem *p,
                                      uint32_t trainer_id,
-                                     pulse_tk_learner **out);
-void pulse_tk_learner_free(pulse_tk_learner *l); /* NULL is fine */
+                                     pulse_sim_learner **out);
+void pulse_sim_learner_free(pulse_sim_learner *l); /* NULL is fine */
 
 /** Gradient (P floats) of the mean loss over the trainer's next
  * mini-batch at theta; returns that loss. */
-double pulse_tk_learner_grad(pulse_tk_learner *l, const float *theta,
+double pulse_sim_learner_grad(pulse_sim_learner *l, const float *theta,
                              float *grad);
 
 /** One Adam step of theta along grad with the learner's moments. */
-void pulse_tk_learner_adam(pulse_tk_learner *l, float *theta,
+void pulse_sim_learner_adam(pulse_sim_learner *l, float *theta,
                            const float *grad);
 
 /** grad + adam on the next mini-batch; returns its loss. */
-double pulse_tk_learner_step(pulse_tk_learner *l, float *theta);
+double pulse_sim_learner_step(pulse_sim_learner *l, float *theta);
 
 #ifdef __cplusplus
 }

@@ -3,6 +3,7 @@
 #include "sim_synth.h"
 
 #include "pulse_log.h"
+#include "status_impl.h"
 #include "rng_impl.h"
 
 #include <math.h>
@@ -343,15 +344,26 @@ static void model_for(const tensor_spec *sp, xoshiro *r, tensor_model *tm) {
   tm->snr = log_uniform(r, 0.4, 1.2);
 }
 
+void pulse_synth_opts_init(pulse_synth_opts *o) {
+  memset(o, 0, sizeof *o);
+  o->struct_version = PULSE_SYNTH_OPTS_VERSION;
+  o->params = 10000000u;
+  o->seed = 1u;
+  o->lr = 2e-6;
+  o->beta1 = 0.9;
+  o->beta2 = 0.999;
+  o->eps = 1e-8;
+}
+
 pulse_status pulse_synth_create(const pulse_synth_opts *opts,
                                 pulse_synth **out) {
   if (opts == NULL || out == NULL)
     return PULSE_ERR_ARG;
   *out = NULL;
-  if (opts->struct_version != PULSE_SYNTH_OPTS_VERSION) {
-    PULSE_LOG_AT(PULSE_LOG_ERROR, "synth: options version %u, expected %u",
-                 opts->struct_version, PULSE_SYNTH_OPTS_VERSION);
-    return PULSE_ERR_ARG;
+  pulse_status vst = PULSE_OPTS_CHECK("synth", opts, PULSE_SYNTH_OPTS_VERSION);
+  if (vst != PULSE_OK) {
+    PULSE_LOG_AT(PULSE_LOG_ERROR, "%s", pulse_error_detail());
+    return vst;
   }
   if (opts->params < PULSE_SYNTH_MIN_PARAMS || opts->params > (1ull << 40) ||
       !(opts->lr >= 0.0) || !(opts->beta1 >= 0.0 && opts->beta1 < 1.0) ||

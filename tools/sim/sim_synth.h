@@ -38,7 +38,7 @@
 extern "C" {
 #endif
 
-/* Options; start from PULSE_SYNTH_OPTS_INIT. */
+/* Options; start from pulse_synth_opts_init. */
 typedef struct {
   uint32_t struct_version; /* PULSE_SYNTH_OPTS_VERSION */
   uint64_t params; /* requested parameter count (>= PULSE_SYNTH_MIN_PARAMS);
@@ -53,8 +53,8 @@ typedef struct {
 
 #define PULSE_SYNTH_OPTS_VERSION 1u
 #define PULSE_SYNTH_MIN_PARAMS 10000u
-#define PULSE_SYNTH_OPTS_INIT                                                  \
-  { PULSE_SYNTH_OPTS_VERSION, 10000000u, 1u, 2e-6, 0.9, 0.999, 1e-8, 0.0, 0 }
+/* Sets every field of *opts to its default (struct_version included). */
+void pulse_synth_opts_init(pulse_synth_opts *opts);
 
 /* One tensor of the table. All tensors live in one flat array, in table
  * order: tensor i holds elements [offset, offset + numel). */

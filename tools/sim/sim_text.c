@@ -16,8 +16,8 @@
 
 #define V 256u /* byte vocabulary */
 
-struct pulse_tk_text {
-  pulse_tk_problem_opts o;
+struct pulse_sim_text {
+  pulse_sim_problem_opts o;
   uint8_t *text;
   uint64_t len, digest;
   uint32_t *train; /* positions (of the predicted byte) in training blocks */
@@ -28,7 +28,7 @@ struct pulse_tk_text {
   float s1, s2;                  /* 1/sqrt(fan-in) */
 };
 
-struct pulse_tk_text_scratch {
+struct pulse_sim_text_scratch {
   uint32_t *pos;             /* batch positions */
   float *x, *z, *h, *l, *dz; /* batch x kd, H, H, V, H */
   float *dx;                 /* kd */
@@ -49,7 +49,7 @@ static pulse_status read_file(const char *path, uint8_t **buf, uint64_t *len,
   if (f == NULL)
     return pulse_fail(errno == ENOENT ? PULSE_ERR_NOT_FOUND : PULSE_ERR_IO,
                       "text problem: cannot read %s: %s (the default text "
-                      "is base-files' licences in " PULSE_TK_TEXT_DIR ")",
+                      "is base-files' licences in " PULSE_SIM_TEXT_DIR ")",
                       path, strerror(errno));
   for (;;) {
     if (*cap - *len < 65536) {
@@ -73,8 +73,8 @@ static pulse_status read_file(const char *path, uint8_t **buf, uint64_t *len,
   return PULSE_OK;
 }
 
-static pulse_status load_text(pulse_tk_text *t) {
-  static const char *const files[] = {PULSE_TK_TEXT_FILES};
+static pulse_status load_text(pulse_sim_text *t) {
+  static const char *const files[] = {PULSE_SIM_TEXT_FILES};
   uint64_t cap = 0;
   pulse_status st = PULSE_OK;
   if (t->o.text_path != NULL) {
@@ -83,17 +83,17 @@ static pulse_status load_text(pulse_tk_text *t) {
     for (size_t i = 0; i < sizeof files / sizeof files[0] && st == PULSE_OK;
          i++) {
       char path[256];
-      snprintf(path, sizeof path, "%s%s", PULSE_TK_TEXT_DIR, files[i]);
+      snprintf(path, sizeof path, "%s%s", PULSE_SIM_TEXT_DIR, files[i]);
       st = read_file(path, &t->text, &t->len, &cap);
     }
   }
   if (st != PULSE_OK)
     return st;
   /* Two blocks at least: one to learn from, one held out. */
-  if (t->len < 2u * PULSE_TK_TEXT_BLOCK || t->len > UINT32_MAX)
+  if (t->len < 2u * PULSE_SIM_TEXT_BLOCK || t->len > UINT32_MAX)
     return pulse_fail(PULSE_ERR_ARG,
                       "text problem: %llu bytes of text; needs %u to 2^32",
-                      (unsigned long long)t->len, 2u * PULSE_TK_TEXT_BLOCK);
+                      (unsigned long long)t->len, 2u * PULSE_SIM_TEXT_BLOCK);
   uint64_t h = 0x7E47ull;
   for (uint64_t i = 0; i < t->len; i++)
     h = pulse_digest_lane_a(h ^ t->text[i]);
@@ -103,7 +103,7 @@ static pulse_status load_text(pulse_tk_text *t) {
 
 /* Block b is held out: a tenth of the blocks, chosen by the seed; block 1
  * and block 0 settle the case where the draw left a side empty. */
-static int held_out(const pulse_tk_text *t, uint64_t b, uint64_t nblocks,
+static int held_out(const pulse_sim_text *t, uint64_t b, uint64_t nblocks,
                     int any_test, int any_train) {
   if (!any_test && b == nblocks - 1)
     return 1;
@@ -112,8 +112,8 @@ static int held_out(const pulse_tk_text *t, uint64_t b, uint64_t nblocks,
   return pulse_rng_at(t->o.seed ^ 0x5B117ull, b) % 10u == 0;
 }
 
-static pulse_status split(pulse_tk_text *t) {
-  uint64_t nblocks = (t->len + PULSE_TK_TEXT_BLOCK - 1) / PULSE_TK_TEXT_BLOCK;
+static pulse_status split(pulse_sim_text *t) {
+  uint64_t nblocks = (t->len + PULSE_SIM_TEXT_BLOCK - 1) / PULSE_SIM_TEXT_BLOCK;
   uint32_t *test_pos = malloc((size_t)t->len * sizeof *test_pos);
   t->train = malloc((size_t)t->len * sizeof *t->train);
   t->test = malloc((size_t)t->o.test_count * sizeof *t->test);
@@ -124,11 +124,11 @@ static pulse_status split(pulse_tk_text *t) {
   uint64_t ntest = 0;
   for (uint64_t b = 0; b < nblocks; b++) {
     int out = held_out(t, b, nblocks, ntest > 0, t->ntrain > 0);
-    uint64_t end = (b + 1) * PULSE_TK_TEXT_BLOCK;
+    uint64_t end = (b + 1) * PULSE_SIM_TEXT_BLOCK;
     if (end > t->len)
       end = t->len;
     /* A position predicts text[i] from the k bytes before it. */
-    for (uint64_t i = b * PULSE_TK_TEXT_BLOCK; i < end; i++) {
+    for (uint64_t i = b * PULSE_SIM_TEXT_BLOCK; i < end; i++) {
       if (i < t->k)
         continue;
       if (out)
@@ -150,7 +150,7 @@ static pulse_status split(pulse_tk_text *t) {
 
 /* ---------------------------------------------------------------- model */
 
-uint32_t pulse_tk_text_hidden_for(const pulse_tk_problem_opts *o,
+uint32_t pulse_sim_text_hidden_for(const pulse_sim_problem_opts *o,
                                   uint64_t params) {
   uint64_t fixed = (uint64_t)V * o->embed + V;
   uint64_t per = (uint64_t)o->context * o->embed + 1u + V;
@@ -158,15 +158,15 @@ uint32_t pulse_tk_text_hidden_for(const pulse_tk_problem_opts *o,
   return h < 1 ? 1u : h > 1u << 20 ? 1u << 20 : (uint32_t)h;
 }
 
-pulse_status pulse_tk_text_create(const pulse_tk_problem_opts *o,
-                                  pulse_tk_text **out) {
+pulse_status pulse_sim_text_create(const pulse_sim_problem_opts *o,
+                                  pulse_sim_text **out) {
   *out = NULL;
   if (o->context == 0 || o->context > 64 || o->embed == 0 || o->embed > 1024 ||
       o->hidden > 1u << 20)
     return pulse_fail(PULSE_ERR_ARG,
                       "text problem: context 1..64, embed 1..1024, hidden "
                       "up to 2^20");
-  pulse_tk_text *t = calloc(1, sizeof *t);
+  pulse_sim_text *t = calloc(1, sizeof *t);
   if (t == NULL)
     return pulse_fail(PULSE_ERR_NOMEM, "text problem");
   t->o = *o;
@@ -184,36 +184,36 @@ pulse_status pulse_tk_text_create(const pulse_tk_problem_opts *o,
   if (st == PULSE_OK)
     st = split(t);
   if (st != PULSE_OK) {
-    pulse_tk_text_free(t);
+    pulse_sim_text_free(t);
     return st;
   }
   *out = t;
   return PULSE_OK;
 }
 
-void pulse_tk_text_free(pulse_tk_text *t) {
+void pulse_sim_text_free(pulse_sim_text *t) {
   if (t == NULL)
     return;
   free(t->text), free(t->train), free(t->test);
   free(t);
 }
 
-uint64_t pulse_tk_text_param_count(const pulse_tk_text *t) {
+uint64_t pulse_sim_text_param_count(const pulse_sim_text *t) {
   return t->P;
 }
 
-uint64_t pulse_tk_text_bytes(const pulse_tk_text *t) {
+uint64_t pulse_sim_text_bytes(const pulse_sim_text *t) {
   return t->len;
 }
 
-uint64_t pulse_tk_text_digest(const pulse_tk_text *t) {
+uint64_t pulse_sim_text_digest(const pulse_sim_text *t) {
   return t->digest;
 }
 
-void pulse_tk_text_init(const pulse_tk_text *t, float *theta) {
+void pulse_sim_text_init(const pulse_sim_text *t, float *theta) {
   uint64_t s = t->o.seed ^ 0x7E47141ull;
-  pulse_tk_normals(&s, theta + t->e, t->b1 - t->e);        /* E, W1 */
-  pulse_tk_normals(&s, theta + t->w2, (uint64_t)t->H * V); /* W2 */
+  pulse_sim_normals(&s, theta + t->e, t->b1 - t->e);        /* E, W1 */
+  pulse_sim_normals(&s, theta + t->w2, (uint64_t)t->H * V); /* W2 */
   for (uint64_t i = 0; i < t->P; i++)
     theta[i] *= t->o.init_scale;
   memset(theta + t->b1, 0, t->H * sizeof *theta);
@@ -237,7 +237,7 @@ static inline float dot8(const float *a, const float *b, uint32_t n) {
 
 /* Forward of the samples at positions pos[0..n): x (n x kd), z and h
  * (n x H), logits (n x V). */
-TEXT_SIMD static void forward(const pulse_tk_text *t, const float *theta,
+TEXT_SIMD static void forward(const pulse_sim_text *t, const float *theta,
                               const uint32_t *pos, size_t n, float *x, float *z,
                               float *h, float *logits) {
   uint32_t d = t->d, H = t->H, kd = t->kd;
@@ -248,7 +248,7 @@ TEXT_SIMD static void forward(const pulse_tk_text *t, const float *theta,
     for (uint32_t c = 0; c < t->k; c++)
       memcpy(xb + c * d, E + (size_t)t->text[pos[b] - t->k + c] * d,
              d * sizeof *xb);
-    pulse_tk_mlp_forward_row(xb, kd, t->s1, W1, B1, H, t->s2, W2, B2, V, z + b * H,
+    pulse_sim_mlp_forward_row(xb, kd, t->s1, W1, B1, H, t->s2, W2, B2, V, z + b * H,
                              h + b * H, logits + b * V);
   }
 }
@@ -273,7 +273,7 @@ static double xent(float *l, uint32_t y, int probs, uint32_t *argmax) {
   return loss;
 }
 
-void pulse_tk_text_eval(const pulse_tk_text *t, const float *theta,
+void pulse_sim_text_eval(const pulse_sim_text *t, const float *theta,
                         double *loss, double *accuracy) {
   enum { BLOCK = 32 };
   uint32_t H = t->H, kd = t->kd;
@@ -306,9 +306,9 @@ void pulse_tk_text_eval(const pulse_tk_text *t, const float *theta,
 
 /* -------------------------------------------------------------- learner */
 
-pulse_status pulse_tk_text_scratch_create(const pulse_tk_text *t,
-                                          pulse_tk_text_scratch **out) {
-  pulse_tk_text_scratch *s = calloc(1, sizeof *s);
+pulse_status pulse_sim_text_scratch_create(const pulse_sim_text *t,
+                                          pulse_sim_text_scratch **out) {
+  pulse_sim_text_scratch *s = calloc(1, sizeof *s);
   size_t B = t->o.batch;
   if (s != NULL) {
     s->pos = malloc(B * sizeof *s->pos);
@@ -321,14 +321,14 @@ pulse_status pulse_tk_text_scratch_create(const pulse_tk_text *t,
   }
   if (s == NULL || !s->pos || !s->x || !s->z || !s->h || !s->dz || !s->l ||
       !s->dx) {
-    pulse_tk_text_scratch_free(s);
+    pulse_sim_text_scratch_free(s);
     return pulse_fail(PULSE_ERR_NOMEM, "text problem: learner buffers");
   }
   *out = s;
   return PULSE_OK;
 }
 
-void pulse_tk_text_scratch_free(pulse_tk_text_scratch *s) {
+void pulse_sim_text_scratch_free(pulse_sim_text_scratch *s) {
   if (s == NULL)
     return;
   free(s->pos), free(s->x), free(s->z), free(s->h), free(s->dz), free(s->l),
@@ -336,8 +336,8 @@ void pulse_tk_text_scratch_free(pulse_tk_text_scratch *s) {
   free(s);
 }
 
-TEXT_SIMD double pulse_tk_text_grad(const pulse_tk_text *t,
-                                    pulse_tk_text_scratch *s, uint64_t *rng,
+TEXT_SIMD double pulse_sim_text_grad(const pulse_sim_text *t,
+                                    pulse_sim_text_scratch *s, uint64_t *rng,
                                     const float *theta, float *grad) {
   uint32_t B = t->o.batch, H = t->H, kd = t->kd, d = t->d;
   for (uint32_t b = 0; b < B; b++)

@@ -1,11 +1,11 @@
 /* sim_text.h - the text problem behind sim_problem.h
- * (PULSE_TK_PROBLEM_TEXT): next-character prediction on real text that
+ * (PULSE_SIM_PROBLEM_TEXT): next-character prediction on real text that
  * every Debian system ships, so that loss figures mean something.
  *
  * Data: the licence texts of base-files (Essential: yes, so present on every
- * Debian system; PULSE_TK_TEXT_FILES, read in that order and concatenated),
+ * Debian system; PULSE_SIM_TEXT_FILES, read in that order and concatenated),
  * or one file the caller names. The text is cut into blocks of
- * PULSE_TK_TEXT_BLOCK bytes; a tenth of them, chosen by the seed, is held
+ * PULSE_SIM_TEXT_BLOCK bytes; a tenth of them, chosen by the seed, is held
  * out: the loss is the mean cross-entropy (nats per character) of
  * test_count held-out positions, also chosen by the seed. A trainer draws
  * its mini-batches from the other blocks with its own stream (seed,
@@ -35,46 +35,46 @@ extern "C" {
 #endif
 
 /* The default text: base-files' licences, in this order. */
-#define PULSE_TK_TEXT_DIR "/usr/share/common-licenses/"
-#define PULSE_TK_TEXT_FILES                                                    \
+#define PULSE_SIM_TEXT_DIR "/usr/share/common-licenses/"
+#define PULSE_SIM_TEXT_FILES                                                    \
   "GPL-3", "GPL-2", "GFDL-1.3", "MPL-2.0", "MPL-1.1", "Apache-2.0",            \
       "Artistic", "CC0-1.0"
-#define PULSE_TK_TEXT_BLOCK 512u /* bytes per split block */
+#define PULSE_SIM_TEXT_BLOCK 512u /* bytes per split block */
 
-typedef struct pulse_tk_text pulse_tk_text;
-typedef struct pulse_tk_text_scratch pulse_tk_text_scratch;
+typedef struct pulse_sim_text pulse_sim_text;
+typedef struct pulse_sim_text_scratch pulse_sim_text_scratch;
 
 /** Reads the text (opts->text_path, or the default files), splits it and
  * draws the held-out positions. A missing or unreadable file is
  * PULSE_ERR_NOT_FOUND or PULSE_ERR_IO with the path in the detail. */
-pulse_status pulse_tk_text_create(const pulse_tk_problem_opts *opts,
-                                  pulse_tk_text **out);
-void pulse_tk_text_free(pulse_tk_text *t); /* NULL is fine */
+pulse_status pulse_sim_text_create(const pulse_sim_problem_opts *opts,
+                                  pulse_sim_text **out);
+void pulse_sim_text_free(pulse_sim_text *t); /* NULL is fine */
 
-uint64_t pulse_tk_text_param_count(const pulse_tk_text *t);
+uint64_t pulse_sim_text_param_count(const pulse_sim_text *t);
 
 /** Hidden width H of the smallest model of at least `params` parameters. */
-uint32_t pulse_tk_text_hidden_for(const pulse_tk_problem_opts *opts,
+uint32_t pulse_sim_text_hidden_for(const pulse_sim_problem_opts *opts,
                                   uint64_t params);
 
 /** Bytes of text read, and a digest of them (to compare machines). */
-uint64_t pulse_tk_text_bytes(const pulse_tk_text *t);
-uint64_t pulse_tk_text_digest(const pulse_tk_text *t);
+uint64_t pulse_sim_text_bytes(const pulse_sim_text *t);
+uint64_t pulse_sim_text_digest(const pulse_sim_text *t);
 
-void pulse_tk_text_init(const pulse_tk_text *t, float *theta);
+void pulse_sim_text_init(const pulse_sim_text *t, float *theta);
 
 /** Held-out cross-entropy (nats per character) and top-1 accuracy. */
-void pulse_tk_text_eval(const pulse_tk_text *t, const float *theta,
+void pulse_sim_text_eval(const pulse_sim_text *t, const float *theta,
                         double *loss, double *accuracy);
 
 /** Per-learner buffers for `batch` samples. */
-pulse_status pulse_tk_text_scratch_create(const pulse_tk_text *t,
-                                          pulse_tk_text_scratch **out);
-void pulse_tk_text_scratch_free(pulse_tk_text_scratch *s); /* NULL is fine */
+pulse_status pulse_sim_text_scratch_create(const pulse_sim_text *t,
+                                          pulse_sim_text_scratch **out);
+void pulse_sim_text_scratch_free(pulse_sim_text_scratch *s); /* NULL is fine */
 
 /** Gradient (P floats) of the mean loss over the next mini-batch drawn
  * from *rng's stream; returns that loss. */
-double pulse_tk_text_grad(const pulse_tk_text *t, pulse_tk_text_scratch *s,
+double pulse_sim_text_grad(const pulse_sim_text *t, pulse_sim_text_scratch *s,
                           uint64_t *rng, const float *theta, float *grad);
 
 #ifdef __cplusplus

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "pulse_loco_testing.h"
 #include "outer_elem_impl.h"
 #include "pulse_loco.h"
 #include "pulse_loco_elem.h"
@@ -27,33 +28,33 @@ static double drop_draw(uint64_t seed, uint64_t round, uint32_t trainer) {
 }
 
 typedef struct {
-  const pulse_tk_problem *p;
-  const pulse_tk_sim_opts *o;
+  const pulse_sim_problem *p;
+  const pulse_sim_opts *o;
   uint64_t P;
   uint32_t N;
-  pulse_tk_learner **learners;
-  pulse_tk_exchange *x;
-  pulse_tk_message *msgs; /* N: what one trainer received */
+  pulse_sim_learner **learners;
+  pulse_sim_exchange *x;
+  pulse_sim_message *msgs; /* N: what one trainer received */
   float **replica;        /* N: each trainer's parameters */
-  pulse_tk_sim_cb cb;
+  pulse_sim_cb cb;
   void *user;
   uint64_t served; /* exchange bytes served before this round */
 } run;
 
 /* Evaluates trainer 0's parameters and hands the round to the callback. */
-static void report(run *r, pulse_tk_sim_round *rr, const float *theta) {
-  pulse_tk_exchange_bytes b;
-  pulse_tk_exchange_counts(r->x, &b);
+static void report(run *r, pulse_sim_round *rr, const float *theta) {
+  pulse_sim_exchange_bytes b;
+  pulse_sim_exchange_counts(r->x, &b);
   rr->wire_bytes = b.served - r->served;
   r->served = b.served;
-  pulse_tk_problem_eval(r->p, theta, &rr->loss, &rr->accuracy);
+  pulse_sim_problem_eval(r->p, theta, &rr->loss, &rr->accuracy);
   if (r->cb)
     r->cb(r->user, rr);
 }
 
 /* Counts one message of `size` bytes from trainer i into the round, where
  * sent[i] sums what trainer i sent in it. */
-static void count_message(pulse_tk_sim_round *rr, uint64_t *sent, uint32_t i,
+static void count_message(pulse_sim_round *rr, uint64_t *sent, uint32_t i,
                           uint64_t size) {
   rr->bytes += size;
   sent[i] += size;
@@ -64,11 +65,11 @@ static void count_message(pulse_tk_sim_round *rr, uint64_t *sent, uint32_t i,
 }
 
 /* Decodes the dense message trainer `from` sent for `step` into x. */
-static pulse_status read_dense(const run *r, const pulse_tk_message *m,
+static pulse_status read_dense(const run *r, const pulse_sim_message *m,
                                uint32_t from, uint64_t step, float *x,
                                uint64_t *samples) {
-  pulse_tk_dense_header want = {r->o->values, from, step, 1, r->P}, got;
-  PULSE_TRY(pulse_tk_dense_decode(m->data, m->size, &want, &got, x));
+  pulse_sim_dense_header want = {r->o->values, from, step, 1, r->P}, got;
+  PULSE_TRY(pulse_sim_dense_decode(m->data, m->size, &want, &got, x));
   if (got.sender != from)
     return pulse_fail(PULSE_ERR_CORRUPT,
                       "loco sim: trainer %u's message names sender %u", from,
@@ -81,16 +82,16 @@ static pulse_status read_dense(const run *r, const pulse_tk_message *m,
 static pulse_status send_dense(run *r, uint32_t i, uint64_t step,
                                uint64_t samples, const float *x, uint8_t *msg,
                                size_t size) {
-  pulse_tk_dense_header h = {r->o->values, i, step, samples, r->P};
-  PULSE_TRY(pulse_tk_dense_encode(&h, x, msg));
-  return pulse_tk_exchange_put(r->x, i, step, msg, size);
+  pulse_sim_dense_header h = {r->o->values, i, step, samples, r->P};
+  PULSE_TRY(pulse_sim_dense_encode(&h, x, msg));
+  return pulse_sim_exchange_put(r->x, i, step, msg, size);
 }
 
 /* One trainer's received gradients of `step`, summed in sender order and
  * divided by N (float arithmetic, the same on every replica). */
 static pulse_status mean_gradient(run *r, uint32_t to, uint64_t step,
                                   size_t size, float *sum, float *tmp) {
-  PULSE_TRY(pulse_tk_exchange_receive(r->x, to, step, size, r->msgs));
+  PULSE_TRY(pulse_sim_exchange_receive(r->x, to, step, size, r->msgs));
   memset(sum, 0, r->P * sizeof *sum);
   for (uint32_t j = 0; j < r->N; j++) {
     uint64_t samples;
@@ -107,22 +108,22 @@ static pulse_status mean_gradient(run *r, uint32_t to, uint64_t step,
 static pulse_status run_ddp(run *r) {
   uint64_t P = r->P;
   uint32_t N = r->N;
-  size_t size = pulse_tk_dense_size(r->o->values, P);
+  size_t size = pulse_sim_dense_size(r->o->values, P);
   float *g = malloc(P * sizeof *g), *sum = malloc(P * sizeof *sum);
   uint8_t *msg = malloc(size);
   uint64_t *sent = calloc(N, sizeof *sent);
   pulse_status st = PULSE_OK;
   if (!g || !sum || !msg || !sent)
     st = pulse_fail(PULSE_ERR_NOMEM, "loco sim: gradients");
-  uint64_t batch = pulse_tk_problem_batch(r->p);
+  uint64_t batch = pulse_sim_problem_batch(r->p);
   for (uint32_t round = 1; round <= r->o->rounds && st == PULSE_OK; round++) {
-    pulse_tk_sim_round rr = {round, 0, 0, 0, 0, 0, 0, 0, 0, N, 1.0, 0.0};
+    pulse_sim_round rr = {round, 0, 0, 0, 0, 0, 0, 0, 0, N, 1.0, 0.0};
     memset(sent, 0, N * sizeof *sent);
     for (uint32_t h = 0; h < r->o->inner && st == PULSE_OK; h++) {
       uint64_t step = (uint64_t)(round - 1) * r->o->inner + h;
       for (uint32_t i = 0; i < N && st == PULSE_OK; i++) {
         rr.train_loss +=
-            pulse_tk_learner_grad(r->learners[i], r->replica[i], g);
+            pulse_sim_learner_grad(r->learners[i], r->replica[i], g);
         st = send_dense(r, i, step, batch, g, msg, size);
         count_message(&rr, sent, i, size);
       }
@@ -131,7 +132,7 @@ static pulse_status run_ddp(run *r) {
       for (uint32_t i = 0; i < N && st == PULSE_OK; i++) {
         st = mean_gradient(r, i, step, size, sum, g);
         if (st == PULSE_OK)
-          pulse_tk_learner_adam(r->learners[i], r->replica[i], sum);
+          pulse_sim_learner_adam(r->learners[i], r->replica[i], sum);
       }
     }
     rr.train_loss /= (double)N * r->o->inner;
@@ -148,7 +149,7 @@ static pulse_status run_ddp(run *r) {
 static pulse_status diloco_finish(run *r, uint32_t to, uint64_t round,
                                   size_t size, float *theta_g, float *b,
                                   double *acc, float *tmp) {
-  PULSE_TRY(pulse_tk_exchange_receive(r->x, to, round, size, r->msgs));
+  PULSE_TRY(pulse_sim_exchange_receive(r->x, to, round, size, r->msgs));
   memset(acc, 0, r->P * sizeof *acc);
   uint64_t weight = 0;
   for (uint32_t j = 0; j < r->N; j++) {
@@ -171,7 +172,7 @@ static pulse_status diloco_finish(run *r, uint32_t to, uint64_t round,
 static pulse_status run_diloco(run *r) {
   uint64_t P = r->P;
   uint32_t N = r->N;
-  size_t size = pulse_tk_dense_size(r->o->values, P);
+  size_t size = pulse_sim_dense_size(r->o->values, P);
   float **global = calloc(N, sizeof *global), **mom = calloc(N, sizeof *mom);
   float *tmp = malloc(P * sizeof *tmp);
   double *acc = malloc(P * sizeof *acc);
@@ -188,15 +189,15 @@ static pulse_status run_diloco(run *r) {
     else
       memcpy(global[i], r->replica[i], P * sizeof *global[i]);
   }
-  uint64_t samples = (uint64_t)r->o->inner * pulse_tk_problem_batch(r->p);
+  uint64_t samples = (uint64_t)r->o->inner * pulse_sim_problem_batch(r->p);
   for (uint32_t round = 1; round <= r->o->rounds && st == PULSE_OK; round++) {
-    pulse_tk_sim_round rr = {round, 0, 0, 0, 0, 0, 0, 0, 0, N, 1.0, 0.0};
+    pulse_sim_round rr = {round, 0, 0, 0, 0, 0, 0, 0, 0, N, 1.0, 0.0};
     uint64_t seq = round - 1u;
     memset(sent, 0, N * sizeof *sent);
     for (uint32_t i = 0; i < N && st == PULSE_OK; i++) {
       float *local = r->replica[i];
       for (uint32_t h = 0; h < r->o->inner; h++)
-        rr.train_loss += pulse_tk_learner_step(r->learners[i], local);
+        rr.train_loss += pulse_sim_learner_step(r->learners[i], local);
       /* The pseudo-gradient as the dense context computes it (e = 0). */
       for (uint64_t k = 0; k < P; k++)
         tmp[k] = pulse_loco_signal(global[i][k], local[k], 0.0f);
@@ -378,7 +379,8 @@ static pulse_status run_pulseloco(run *r) {
   if (!ctx || !set || !sent || !e0 || !b_old || !acc)
     st = pulse_fail(PULSE_ERR_NOMEM, "loco sim: trainers");
   for (uint32_t i = 0; i < N && st == PULSE_OK; i++) {
-    pulse_loco_opts lo = PULSE_LOCO_OPTS_INIT;
+    pulse_loco_opts lo;
+    pulse_loco_opts_init(&lo);
     lo.param_count = P;
     lo.trainer_id = i;
     lo.alpha = r->o->alpha;
@@ -386,42 +388,42 @@ static pulse_status run_pulseloco(run *r) {
     lo.rule = (pulse_loco_rule)r->o->rule;
     st = pulse_loco_create(&lo, r->replica[i], &ctx[i]);
   }
-  uint64_t samples = (uint64_t)r->o->inner * pulse_tk_problem_batch(r->p);
+  uint64_t samples = (uint64_t)r->o->inner * pulse_sim_problem_batch(r->p);
   uint64_t nranges = (P + r->o->resync_range - 1) / r->o->resync_range;
   uint8_t *drifted = calloc((size_t)N * nranges, 1); /* chunked_round */
   if (drifted == NULL)
     st = pulse_fail(PULSE_ERR_NOMEM, "loco sim: trainers");
   for (uint32_t round = 1; round <= r->o->rounds && st == PULSE_OK; round++) {
-    pulse_tk_sim_round rr = {round, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1.0, 0.0};
+    pulse_sim_round rr = {round, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1.0, 0.0};
     uint64_t seq = round - 1u;
     memset(sent, 0, N * sizeof *sent);
     memset(acc, 0, P * sizeof *acc);
     memcpy(b_old, pulse_loco_momentum(ctx[0]), P * sizeof *b_old);
     for (uint32_t i = 0; i < N && st == PULSE_OK; i++) {
       for (uint32_t h = 0; h < r->o->inner; h++)
-        rr.train_loss += pulse_tk_learner_step(r->learners[i], r->replica[i]);
+        rr.train_loss += pulse_sim_learner_step(r->learners[i], r->replica[i]);
       shadow_add(P, pulse_loco_global(ctx[i]), r->replica[i], e0 + i * P, acc);
       const uint8_t *data;
       size_t size;
-      pulse_loco_prepare_info pi;
+      pulse_loco_prepare_figures pi;
       st = pulse_loco_prepare(ctx[i], r->replica[i], samples, 0, &data, &size,
                               &pi);
       if (st != PULSE_OK)
         break;
       count_message(&rr, sent, i, size);
       rr.entries += pi.sent;
-      st = pulse_tk_exchange_put(r->x, i, seq, data, size);
+      st = pulse_sim_exchange_put(r->x, i, seq, data, size);
     }
     if (r->o->chunked && st == PULSE_OK) {
       /* Every payload (as trainer 0 receives them), cut into chunks. */
-      st = pulse_tk_exchange_receive(r->x, 0, seq, payload_cap(P), r->msgs);
+      st = pulse_sim_exchange_receive(r->x, 0, seq, payload_cap(P), r->msgs);
       rr.contributors = N;
       if (st == PULSE_OK)
         st = chunked_round(r, ctx, seq, drifted, &rr.drift);
     }
     /* A lost payload was sent (and is counted) but leaves the round. */
     for (uint32_t i = 0; i < N && st == PULSE_OK && !r->o->chunked; i++) {
-      st = pulse_tk_exchange_receive(r->x, i, seq, payload_cap(P), r->msgs);
+      st = pulse_sim_exchange_receive(r->x, i, seq, payload_cap(P), r->msgs);
       uint32_t n = 0;
       for (uint32_t j = 0; j < N && st == PULSE_OK; j++)
         if (j == 0 || drop_draw(r->o->drop_seed, seq, j) >= r->o->drop_rate)
@@ -458,9 +460,9 @@ static pulse_status same_replicas(const run *r) {
   return PULSE_OK;
 }
 
-static pulse_status check_opts(const pulse_tk_problem *p,
-                               const pulse_tk_sim_opts *o) {
-  if (p == NULL || o == NULL || o->struct_version != PULSE_TK_SIM_OPTS_VERSION)
+static pulse_status check_opts(const pulse_sim_problem *p,
+                               const pulse_sim_opts *o) {
+  if (p == NULL || o == NULL || o->struct_version != PULSE_SIM_OPTS_VERSION)
     return pulse_fail(PULSE_ERR_ARG,
                       "loco sim: options missing or of another version");
   if (o->chunked &&
@@ -472,20 +474,37 @@ static pulse_status check_opts(const pulse_tk_problem *p,
                       "loco sim: chunked rounds need the drop rule, a period "
                       "and a datagram size");
   if (o->trainers == 0 || o->trainers > 4096 || o->rounds == 0 ||
-      o->inner == 0 || o->method > PULSE_TK_SIM_PULSELOCO ||
-      pulse_tk_dense_size(o->values, 1) == 0)
+      o->inner == 0 || o->method > PULSE_SIM_PULSELOCO ||
+      pulse_sim_dense_size(o->values, 1) == 0)
     return pulse_fail(PULSE_ERR_ARG,
                       "loco sim: bad trainers, rounds, inner, method or "
                       "values");
   return PULSE_OK;
 }
 
-pulse_status pulse_tk_sim_run(const pulse_tk_problem *p,
-                              const pulse_tk_sim_opts *o, pulse_tk_sim_cb cb,
+void pulse_sim_opts_init(pulse_sim_opts *o) {
+  memset(o, 0, sizeof *o);
+  o->struct_version = PULSE_SIM_OPTS_VERSION;
+  o->method = PULSE_SIM_PULSELOCO;
+  o->trainers = 3;
+  o->rounds = 50;
+  o->inner = 20;
+  o->alpha = 0.7f;
+  o->mu = 0.9f;
+  o->drop_seed = 1;
+  o->values = PULSE_SIM_DENSE_FP32;
+  o->max_datagram = 1472;
+  o->resync_period = 1;
+  o->drift_budget = 0.01;
+  o->resync_range = 1024;
+}
+
+pulse_status pulse_sim_run(const pulse_sim_problem *p,
+                              const pulse_sim_opts *o, pulse_sim_cb cb,
                               void *user, float *theta_final) {
   PULSE_TRY(check_opts(p, o));
   uint32_t N = o->trainers;
-  uint64_t P = pulse_tk_problem_param_count(p);
+  uint64_t P = pulse_sim_problem_param_count(p);
   run r = {p,
            o,
            P,
@@ -501,20 +520,20 @@ pulse_status pulse_tk_sim_run(const pulse_tk_problem *p,
   if (r.learners == NULL || r.msgs == NULL || r.replica == NULL)
     st = pulse_fail(PULSE_ERR_NOMEM, "loco sim");
   if (st == PULSE_OK)
-    st = pulse_tk_exchange_create(N, o->over_http, &r.x);
+    st = pulse_sim_exchange_create(N, o->over_http, &r.x);
   for (uint32_t i = 0; i < N && st == PULSE_OK; i++) {
-    st = pulse_tk_learner_create(p, i, &r.learners[i]);
+    st = pulse_sim_learner_create(p, i, &r.learners[i]);
     r.replica[i] = malloc(P * sizeof *r.replica[i]);
     if (st == PULSE_OK && r.replica[i] == NULL)
       st = pulse_fail(PULSE_ERR_NOMEM, "loco sim: replicas");
     if (st == PULSE_OK)
-      pulse_tk_problem_init(p, r.replica[i]);
+      pulse_sim_problem_init(p, r.replica[i]);
   }
   if (st == PULSE_OK) {
-    pulse_tk_sim_round r0 = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1.0, 0.0};
+    pulse_sim_round r0 = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1.0, 0.0};
     report(&r, &r0, r.replica[0]);
-    st = o->method == PULSE_TK_SIM_DDP      ? run_ddp(&r)
-         : o->method == PULSE_TK_SIM_DILOCO ? run_diloco(&r)
+    st = o->method == PULSE_SIM_DDP      ? run_ddp(&r)
+         : o->method == PULSE_SIM_DILOCO ? run_diloco(&r)
                                             : run_pulseloco(&r);
   }
   /* Chunked rounds re-sync by their period: replicas may differ between. */
@@ -524,11 +543,11 @@ pulse_status pulse_tk_sim_run(const pulse_tk_problem *p,
     memcpy(theta_final, r.replica[0], P * sizeof *theta_final);
   for (uint32_t i = 0; i < N; i++) {
     if (r.learners)
-      pulse_tk_learner_free(r.learners[i]);
+      pulse_sim_learner_free(r.learners[i]);
     if (r.replica)
       free(r.replica[i]);
   }
-  pulse_tk_exchange_free(r.x);
+  pulse_sim_exchange_free(r.x);
   free(r.learners), free(r.msgs), free(r.replica);
   return st;
 }

@@ -26,6 +26,7 @@
 
 #include <stdint.h>
 
+#include "pulse_loco_testing.h"
 #include "pulse_status.h"
 #include "sim_dense.h"
 #include "sim_problem.h"
@@ -35,14 +36,14 @@ extern "C" {
 #endif
 
 typedef enum {
-  PULSE_TK_SIM_DDP = 0,      /* dense gradients every inner step */
-  PULSE_TK_SIM_DILOCO = 1,   /* dense pseudo-gradients every round */
-  PULSE_TK_SIM_PULSELOCO = 2 /* gated sparse payloads + error feedback */
-} pulse_tk_sim_method;
+  PULSE_SIM_DDP = 0,      /* dense gradients every inner step */
+  PULSE_SIM_DILOCO = 1,   /* dense pseudo-gradients every round */
+  PULSE_SIM_PULSELOCO = 2 /* gated sparse payloads + error feedback */
+} pulse_sim_method;
 
 typedef struct {
-  uint32_t struct_version; /* PULSE_TK_SIM_OPTS_VERSION */
-  pulse_tk_sim_method method;
+  uint32_t struct_version; /* PULSE_SIM_OPTS_VERSION */
+  pulse_sim_method method;
   uint32_t trainers;
   uint32_t rounds;
   uint32_t inner; /* H: inner steps per round */
@@ -52,7 +53,7 @@ typedef struct {
   double drop_rate;
   uint64_t drop_seed;
   /* DDP and DiLoCo: how their messages carry values. */
-  pulse_tk_dense_values values;
+  pulse_sim_dense_values values;
   /* Send the messages over HTTP on 127.0.0.1 (else in memory). */
   int over_http;
   /* PULSELoCo: the loss rule (pulse_loco_rule; 0, the default: drop). */
@@ -73,14 +74,11 @@ typedef struct {
   uint32_t resync_period;
   double drift_budget;
   uint32_t resync_range;
-} pulse_tk_sim_opts;
+} pulse_sim_opts;
 
-#define PULSE_TK_SIM_OPTS_VERSION 4u
-#define PULSE_TK_SIM_OPTS_INIT                                                 \
-  {                                                                            \
-    PULSE_TK_SIM_OPTS_VERSION, PULSE_TK_SIM_PULSELOCO, 3, 50, 20, 0.7f, 0.9f,  \
-        0.0, 1, PULSE_TK_DENSE_FP32, 0, 0, 0, 0.0, 1472, 1, 0.01, 1024         \
-  }
+#define PULSE_SIM_OPTS_VERSION 4u
+/* Sets every field of *opts to its default (struct_version included). */
+void pulse_sim_opts_init(pulse_sim_opts *opts);
 
 /* One round of a run, as reported to the callback (round 0: the start). */
 typedef struct {
@@ -108,9 +106,9 @@ typedef struct {
   /* chunked: the max over trainer pairs of ||theta_a - theta_b|| /
    * ||theta_a|| after the round, before the re-syncs (0 otherwise). */
   double drift;
-} pulse_tk_sim_round;
+} pulse_sim_round;
 
-typedef void (*pulse_tk_sim_cb)(void *user, const pulse_tk_sim_round *r);
+typedef void (*pulse_sim_cb)(void *user, const pulse_sim_round *r);
 
 /** Runs one method. cb (may be NULL) sees round 0 then every round.
  * theta_final (P floats, may be NULL) receives the final parameters of
@@ -118,8 +116,8 @@ typedef void (*pulse_tk_sim_cb)(void *user, const pulse_tk_sim_round *r);
  * @return PULSE_OK; PULSE_ERR_ARG (options); PULSE_ERR_IO (the exchange);
  * PULSE_ERR_CORRUPT (the replicas ended with different parameters); a
  * context or message error; PULSE_ERR_NOMEM. */
-pulse_status pulse_tk_sim_run(const pulse_tk_problem *p,
-                              const pulse_tk_sim_opts *opts, pulse_tk_sim_cb cb,
+pulse_status pulse_sim_run(const pulse_sim_problem *p,
+                              const pulse_sim_opts *opts, pulse_sim_cb cb,
                               void *user, float *theta_final);
 
 #ifdef __cplusplus

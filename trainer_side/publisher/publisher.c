@@ -91,15 +91,23 @@ static pulse_status resume(pulse_pub *pub) {
   return st;
 }
 
+void pulse_pub_opts_init(pulse_pub_opts *o) {
+  memset(o, 0, sizeof *o);
+  o->struct_version = PULSE_PUB_OPTS_VERSION;
+  o->anchor_every = 16;
+  o->keep_patches = 32;
+  o->keep_anchors = 3;
+  o->pos_model = PULSE_POS_CLASS;
+  o->chunk_log2 = PULSE_CHUNK_LOG2_DEFAULT;
+  o->grace_seconds = 600.0;
+}
+
 pulse_status pulse_pub_create(const char *dir, const pulse_pub_opts *opts,
                               pulse_pub **out) {
   if (dir == NULL || dir[0] == '\0' || opts == NULL || out == NULL)
     return pulse_fail(PULSE_ERR_ARG, "publisher: NULL argument");
   *out = NULL;
-  if (opts->struct_version != PULSE_PUB_OPTS_VERSION)
-    return pulse_fail(PULSE_ERR_VERSION,
-                      "publisher: options version %u, expected %u",
-                      opts->struct_version, PULSE_PUB_OPTS_VERSION);
+  PULSE_TRY(PULSE_OPTS_CHECK("publisher", opts, PULSE_PUB_OPTS_VERSION));
   if (opts->keep_patches < 1 || opts->keep_anchors < 2 ||
       (opts->pos_model != PULSE_POS_PLAIN &&
        opts->pos_model != PULSE_POS_CLASS) ||

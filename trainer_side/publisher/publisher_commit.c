@@ -368,7 +368,8 @@ static pulse_status commit_next(pulse_pub *pub, uint64_t step,
                                 const pulse_pub_tensor *t, int on_device,
                                 pulse_pub_figures *f, double t0) {
   f->base_step = pulse_store_head_step(pub->head);
-  pulse_encode_opts eo = PULSE_ENCODE_OPTS_INIT;
+  pulse_encode_opts eo;
+  pulse_encode_opts_init(&eo);
   eo.step = step;
   eo.base_step = f->base_step;
   eo.pos_model = pub->opts.pos_model;

@@ -16,14 +16,14 @@ pulse_status pub_rotation_fields(const pulse_pub *pub, store_head_fields *f) {
   memset(&f->rotation, 0, sizeof f->rotation);
   if (pub->opts.key == NULL)
     return PULSE_OK;
-  uint8_t ours[PULSE_SIGN_PUBLIC_BYTES];
+  uint8_t ours[PULSE_KEY_BYTES];
   pulse_sign_key_public(pub->opts.key, ours);
   if (pub->rotating_from != NULL)
     return store_rotation_sign(pub->rotating_from, ours, f->run, f->step,
                                &f->rotation);
   /* Carried on only while the heads are the new key's (a head signed by
    * a key the record does not name would not check) and of its run. */
-  uint8_t signer[PULSE_SIGN_PUBLIC_BYTES], run[PULSE_STORE_RUN_BYTES];
+  uint8_t signer[PULSE_KEY_BYTES], run[PULSE_STORE_RUN_BYTES];
   const pulse_store_head *h = pub->head;
   if (h != NULL && h->rotation.present && pulse_store_head_signer(h, signer) &&
       memcmp(signer, ours, sizeof ours) == 0 &&
@@ -33,8 +33,8 @@ pulse_status pub_rotation_fields(const pulse_pub *pub, store_head_fields *f) {
 }
 
 pulse_status pub_key_check(const pulse_pub *pub) {
-  uint8_t ours[PULSE_SIGN_PUBLIC_BYTES], from[PULSE_SIGN_PUBLIC_BYTES],
-      signer[PULSE_SIGN_PUBLIC_BYTES];
+  uint8_t ours[PULSE_KEY_BYTES], from[PULSE_KEY_BYTES],
+      signer[PULSE_KEY_BYTES];
   uint64_t at = 0;
   if (pub->opts.key == NULL || pub->head == NULL ||
       !pulse_store_head_rotation(pub->head, from, &at))
@@ -67,7 +67,7 @@ pulse_status pulse_pub_rotate_key(pulse_pub *pub,
     return pulse_fail(PULSE_ERR_ARG,
                       "publisher: rotate key: nothing published yet: "
                       "publish with the new key from the start");
-  uint8_t old_pub[PULSE_SIGN_PUBLIC_BYTES], new_pub[PULSE_SIGN_PUBLIC_BYTES];
+  uint8_t old_pub[PULSE_KEY_BYTES], new_pub[PULSE_KEY_BYTES];
   pulse_sign_key_public(pub->opts.key, old_pub);
   pulse_sign_key_public(new_key, new_pub);
   if (memcmp(old_pub, new_pub, sizeof old_pub) == 0)

@@ -112,6 +112,14 @@ static pulse_status check_opts(const pulse_serve_opts *o) {
   return PULSE_OK;
 }
 
+void pulse_serve_opts_init(pulse_serve_opts *o) {
+  memset(o, 0, sizeof *o);
+  o->name = "server";
+  o->max_connections = 1024;
+  o->idle_timeout_s = 60;
+  o->header_timeout_s = 10;
+}
+
 pulse_status pulse_serve_create(const pulse_serve_opts *opts,
                                 pulse_serve **out) {
   if (opts == NULL || out == NULL)

@@ -96,7 +96,7 @@ void pulse_serve_histogram_text(pulse_bytebuf *b, const char *name,
                                 const char *labels,
                                 const pulse_serve_histogram *h);
 
-/* Server options; start from PULSE_SERVE_OPTS_INIT. */
+/* Server options; start from pulse_serve_opts_init. */
 typedef struct {
   const char *name; /* prefix of log lines and error details ("server") */
   const char *host; /* NULL: 127.0.0.1; "": every address; "[::1]" too */
@@ -129,11 +129,8 @@ typedef struct {
   unsigned header_timeout_s;
 } pulse_serve_opts;
 
-#define PULSE_SERVE_OPTS_INIT                                                  \
-  {                                                                            \
-    "server", NULL, 0, 0, 1024, 0, 60, NULL, 0, NULL, 0, NULL, NULL, NULL,     \
-        NULL, 10                                                               \
-  }
+/* Sets every field of *opts to its default. */
+void pulse_serve_opts_init(pulse_serve_opts *opts);
 
 /** Starts listening and serving. The options (and the routes, labels and
  * user they point to) are borrowed and must outlive the server.

@@ -12,22 +12,34 @@
 #include "server_impl.h"
 #include "status_impl.h"
 
+void pulse_server_opts_init(pulse_server_opts *o) {
+  memset(o, 0, sizeof *o);
+  o->struct_version = PULSE_SERVER_OPTS_VERSION;
+  o->max_connections = 1024;
+  o->max_per_ip = 128;
+  o->idle_timeout_s = 60;
+  o->max_waiters = 512;
+  o->max_poll_ms = 60000;
+  o->watch = 1;
+  o->catchup_builds = 1;
+  o->catchup_queue = 16;
+  o->catchup_wait_ms = 10000;
+  o->header_timeout_s = 10;
+}
+
 pulse_status pulse_server_create(const pulse_server_opts *opts,
                                  pulse_server **out) {
   if (opts == NULL || out == NULL || opts->store_dir == NULL)
     return pulse_fail(PULSE_ERR_ARG,
                       "server: NULL argument or no store folder");
   *out = NULL;
-  if (opts->struct_version != PULSE_SERVER_OPTS_VERSION &&
-      opts->struct_version != 1)
-    return pulse_fail(PULSE_ERR_VERSION,
-                      "server: options version %u, expected %u",
-                      opts->struct_version, PULSE_SERVER_OPTS_VERSION);
+  PULSE_TRY(PULSE_OPTS_CHECK("server", opts, PULSE_SERVER_OPTS_VERSION));
   if (opts->max_connections == 0 || opts->max_waiters == 0 ||
-      opts->max_poll_ms == 0)
+      opts->max_poll_ms == 0 || opts->threads < 0 || opts->catchup_threads < 0)
     return pulse_fail(
         PULSE_ERR_ARG,
-        "server: max_connections, max_waiters and max_poll_ms must be > 0");
+        "server: max_connections, max_waiters and max_poll_ms must be > 0, "
+        "threads >= 0");
   struct stat sb;
   if (stat(opts->store_dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
     return pulse_fail(PULSE_ERR_NOT_FOUND, "server: %s is not a folder",
@@ -37,13 +49,7 @@ pulse_status pulse_server_create(const pulse_server_opts *opts,
     free(srv);
     return pulse_fail(PULSE_ERR_NOMEM, "server");
   }
-  if (opts->struct_version == 1) { /* before header_timeout_s */
-    memcpy(&srv->opts, opts, offsetof(pulse_server_opts, header_timeout_s));
-    srv->opts.header_timeout_s = 10;
-    srv->opts.struct_version = PULSE_SERVER_OPTS_VERSION;
-  } else {
-    srv->opts = *opts;
-  }
+  srv->opts = *opts;
   srv->opts.store_dir = srv->dir;
   srv->opts.host = NULL; /* not kept */
   srv->wake_fd = srv->inotify_fd = -1;
@@ -62,11 +68,12 @@ pulse_status pulse_server_create(const pulse_server_opts *opts,
   if (st == PULSE_OK)
     st = srv_watcher_start(srv);
   if (st == PULSE_OK) {
-    pulse_serve_opts ho = PULSE_SERVE_OPTS_INIT;
+    pulse_serve_opts ho;
+    pulse_serve_opts_init(&ho);
     ho.name = "server";
     ho.host = opts->host;
     ho.port = opts->port;
-    ho.threads = opts->threads;
+    ho.threads = (unsigned)opts->threads;
     ho.max_connections = opts->max_connections;
     ho.max_per_ip = opts->max_per_ip;
     ho.idle_timeout_s = opts->idle_timeout_s;

@@ -66,7 +66,7 @@ void srv_catchup_remember(pulse_server *srv, const srv_catchup *c) {
  * client can verify: clients fetch the signed chain instead. */
 static int may_build(const pulse_server *srv, const srv_head *h,
                      const char **why) {
-  uint8_t signer[PULSE_SIGN_PUBLIC_BYTES], ours[PULSE_SIGN_PUBLIC_BYTES];
+  uint8_t signer[PULSE_KEY_BYTES], ours[PULSE_KEY_BYTES];
   if (!pulse_store_head_signer(h->head, signer))
     return 1;
   if (srv->opts.key == NULL) {
@@ -106,7 +106,7 @@ static int reply_catchup(pulse_server *srv, pulse_serve_request *rq,
     char canon[600];
     int len = store_catchup_canon(h->head, from, h->step, digest, hex, c.size,
                                   canon, sizeof canon);
-    uint8_t sig[PULSE_SIGN_SIGNATURE_BYTES], pub[PULSE_SIGN_PUBLIC_BYTES];
+    uint8_t sig[PULSE_SIGN_SIGNATURE_BYTES], pub[PULSE_KEY_BYTES];
     if (len >= 0 && pulse_sign(srv->opts.key, canon, (size_t)len, sig) == PULSE_OK) {
       pulse_sign_key_public(srv->opts.key, pub);
       store_hex(sig, sizeof sig, sig_hex);

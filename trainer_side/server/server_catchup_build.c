@@ -64,7 +64,8 @@ static pulse_status build(pulse_server *srv, const pulse_store_head *head,
       base[i] = s.bits[k];
   }
   if (st == PULSE_OK) {
-    pulse_encode_opts eo = PULSE_ENCODE_OPTS_INIT;
+    pulse_encode_opts eo;
+    pulse_encode_opts_init(&eo);
     eo.pos_model = pulse_patch_pos_model(patches[count - 1]);
     eo.chunk_log2 = pulse_patch_chunk_log2(patches[count - 1]);
     eo.threads = srv->opts.catchup_threads;

@@ -40,12 +40,22 @@ static int plain(const char *s) {
   return 1;
 }
 
+void pulse_upload_opts_init(pulse_upload_opts *o) {
+  memset(o, 0, sizeof *o);
+  o->struct_version = PULSE_UPLOAD_OPTS_VERSION;
+  o->multipart_bytes = (uint64_t)64 << 20;
+  o->part_bytes = (uint64_t)16 << 20;
+  o->parallel = 4;
+  o->retries = 5;
+  o->keep_anchors = 2;
+  o->grace_seconds = 600;
+}
+
 pulse_status pulse_upload_create(const pulse_upload_opts *opts,
                                  pulse_upload **out) {
-  if (opts == NULL || out == NULL ||
-      opts->struct_version != PULSE_UPLOAD_OPTS_VERSION)
-    return pulse_fail(PULSE_ERR_ARG, "upload: NULL or options of another "
-                                     "version");
+  if (out == NULL)
+    return pulse_fail(PULSE_ERR_ARG, "upload: NULL output");
+  PULSE_TRY(PULSE_OPTS_CHECK("upload", opts, PULSE_UPLOAD_OPTS_VERSION));
   *out = NULL;
   const char *t = opts->target;
   if (t == NULL || strncmp(t, "s3://", 5) != 0 || t[5] == '\0' || t[5] == '/')

@@ -27,7 +27,7 @@ pulse_status pulse_loco_finish_reduced(pulse_loco *ctx,
                                        const pulse_loco_contribution *blobs,
                                        const uint64_t *expected_samples,
                                        float *theta_r,
-                                       pulse_loco_finish_info *info,
+                                       pulse_loco_finish_figures *info,
                                        pulse_loco_reduced_verdict *v) {
   if (v)
     memset(v, 0, sizeof *v);

@@ -418,7 +418,7 @@ static pulse_status run_attempt(attempt_state *s, uint32_t *offenders,
     pulse_loco_contribution set[PULSE_LOCO_PART_MAX];
     for (uint32_t k = 0; k < N; k++)
       set[k] = (pulse_loco_contribution){s->blobs[k].data, s->blobs[k].size};
-    pulse_loco_finish_info info;
+    pulse_loco_finish_figures info;
     st = pulse_loco_finish_reduced(in->ctx, &s->plan, set, s->c.samples,
                                    in->theta_r, &info, NULL);
     if (st == PULSE_OK) {

@@ -3,7 +3,7 @@
  * messages encoded and sent over HTTP on 127.0.0.1, and their bytes counted
  * as they went.
  *
- * PULSELoCo runs one process per trainer (pulse_loco_node: payloads,
+ * PULSELoCo runs one process per trainer (pulse_loco_coord: payloads,
  * coordinator, manifest). The baselines run one process each, with their
  * trainers in turn inside it (tools/sim/sim_trainers.h): every trainer has its
  * own loco blob server and fetches every other trainer's message from it
@@ -36,13 +36,14 @@
 
 #include "bench_impl.h"
 #include "bench_loco_impl.h"
+#include "pulse_loco_coord.h"
 
 /* In the order of the enum; --json keys and the child protocol use key. */
 const bench_loco_method_info bench_loco_method[METHODS] = {
-    {"ddp_fp32", "DDP-FP32", PULSE_TK_SIM_DDP, PULSE_TK_DENSE_FP32},
-    {"diloco_bf16", "DiLoCo-BF16", PULSE_TK_SIM_DILOCO, PULSE_TK_DENSE_BF16},
-    {"diloco_fp32", "DiLoCo-FP32", PULSE_TK_SIM_DILOCO, PULSE_TK_DENSE_FP32},
-    {"pulseloco", "PULSELoCo", PULSE_TK_SIM_PULSELOCO, PULSE_TK_DENSE_FP32}};
+    {"ddp_fp32", "DDP-FP32", PULSE_SIM_DDP, PULSE_SIM_DENSE_FP32},
+    {"diloco_bf16", "DiLoCo-BF16", PULSE_SIM_DILOCO, PULSE_SIM_DENSE_BF16},
+    {"diloco_fp32", "DiLoCo-FP32", PULSE_SIM_DILOCO, PULSE_SIM_DENSE_FP32},
+    {"pulseloco", "PULSELoCo", PULSE_SIM_PULSELOCO, PULSE_SIM_DENSE_FP32}};
 
 /* Everyone that stayed to the end holds the same theta_g. */
 static int replicas_identical(const bench *b) {
@@ -91,7 +92,7 @@ int bench_loco_main(int argc, char **argv) {
                     0.01,
                     {{{0}, {0}}},
                     0,
-                    PULSE_TK_PROBLEM_TEXT,
+                    PULSE_SIM_PROBLEM_TEXT,
                     NULL,
                     0,
                     {NULL},

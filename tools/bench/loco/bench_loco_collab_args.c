@@ -142,7 +142,8 @@ int bench_loco_collab_parse(int argc, char **argv, collab_args *a) {
         return bad("--ranges wants bandwidth or equal, not", v);
       a->equal_ranges = strcmp(v, "equal") == 0;
     } else if (strcmp(f, "--netns") == 0) {
-      if (v == NULL || pulse_tk_netns_parse(v, a->netns, MAXP, &a->nnetns) != 0)
+      if (v == NULL ||
+          pulse_sim_netns_parse(v, a->netns, MAXP, &a->nnetns) != 0)
         return bad("--netns wants NAME=A.B.C.D,..., not", v);
     } else if (strcmp(f, "--clients") == 0) {
       if (!parse_u(v, 0, MAXP - 1, &x))

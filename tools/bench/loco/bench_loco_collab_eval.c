@@ -47,7 +47,7 @@ static void *evaluate_losses(void *arg) {
       ev->tail = &ev->head;
     pthread_mutex_unlock(&ev->lock);
     double loss = NAN, acc;
-    pulse_tk_problem_eval(ev->p, j->theta, &loss, &acc);
+    pulse_sim_problem_eval(ev->p, j->theta, &loss, &acc);
     report_loss(ev->out, j->round, loss);
     free(j->theta);
     free(j);
@@ -59,7 +59,7 @@ static void *evaluate_losses(void *arg) {
 }
 
 void bench_loco_collab_evaluator_start(loss_evaluator *ev,
-                                       const pulse_tk_problem *p, uint64_t P,
+                                       const pulse_sim_problem *p, uint64_t P,
                                        int out) {
   memset(ev, 0, sizeof *ev);
   ev->p = p;
@@ -94,7 +94,7 @@ void bench_loco_collab_evaluator_post(loss_evaluator *ev, uint64_t round,
   }
   free(j);
   double loss = NAN, acc;
-  pulse_tk_problem_eval(ev->p, theta, &loss, &acc);
+  pulse_sim_problem_eval(ev->p, theta, &loss, &acc);
   report_loss(ev->out, round, loss);
 }
 

@@ -44,7 +44,7 @@ typedef struct {
   int gate_mean;
   /* --netns NAME=ADDR,...: peer i runs in network namespace
    * netns[(i - 1) % nnetns] (/run/netns/NAME) and listens on ADDR. */
-  pulse_tk_netns netns[MAXP];
+  pulse_sim_netns netns[MAXP];
   uint32_t nnetns;
 } collab_args;
 
@@ -100,7 +100,7 @@ typedef struct eval_job {
 } eval_job;
 
 typedef struct {
-  const pulse_tk_problem *p; /* pulse_tk_problem_eval reads it only */
+  const pulse_sim_problem *p; /* pulse_sim_problem_eval reads it only */
   uint64_t P;
   int out;
   pthread_t thread;
@@ -126,7 +126,7 @@ int bench_loco_collab_run_peer(const collab_args *a, uint32_t id, double speed,
 
 /** Starts the evaluator's thread (it writes "loss R LOSS" lines to out). */
 void bench_loco_collab_evaluator_start(loss_evaluator *ev,
-                                       const pulse_tk_problem *p, uint64_t P,
+                                       const pulse_sim_problem *p, uint64_t P,
                                        int out);
 
 /** Queues the loss of `round` at theta (copied), or evaluates it here when

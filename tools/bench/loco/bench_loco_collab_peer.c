@@ -17,30 +17,31 @@
 #include "pulse_loco_collab.h"
 
 typedef struct {
-  pulse_tk_learner *l;
+  pulse_sim_learner *l;
   double speed; /* samples/s, 0: unthrottled */
   uint32_t batch;
 } peer_step;
 
 static int do_step(void *user, float *theta, uint64_t samples) {
   peer_step *s = user;
-  double t0 = pulse_tk_now();
+  double t0 = pulse_sim_now();
   for (uint64_t done = 0; done < samples; done += s->batch)
-    pulse_tk_learner_step(s->l, theta);
+    pulse_sim_learner_step(s->l, theta);
   if (s->speed > 0) {
-    double want = (double)samples / s->speed, took = pulse_tk_since(t0);
+    double want = (double)samples / s->speed, took = pulse_sim_since(t0);
     if (want > took)
       usleep((useconds_t)((want - took) * 1e6));
   }
   return 0;
 }
 
-static pulse_tk_problem *make_problem(const collab_args *a) {
-  pulse_tk_problem_opts po = PULSE_TK_PROBLEM_OPTS_INIT;
+static pulse_sim_problem *make_problem(const collab_args *a) {
+  pulse_sim_problem_opts po;
+  pulse_sim_problem_opts_init(&po);
   po.seed = a->seed;
-  po.hidden = pulse_tk_problem_hidden_for(&po, a->params);
-  pulse_tk_problem *p = NULL;
-  if (pulse_tk_problem_create(&po, &p) != PULSE_OK)
+  po.hidden = pulse_sim_problem_hidden_for(&po, a->params);
+  pulse_sim_problem *p = NULL;
+  if (pulse_sim_problem_create(&po, &p) != PULSE_OK)
     return NULL;
   return p;
 }
@@ -54,27 +55,29 @@ int bench_loco_collab_run_peer(const collab_args *a, uint32_t id, double speed,
                                const char *client_of, int in, int out) {
   const char *host = NULL;
   if (a->nnetns > 0) { /* before any socket: they belong to a namespace */
-    const pulse_tk_netns *ns = &a->netns[(id - 1) % a->nnetns];
-    if (pulse_tk_netns_enter(ns) != 0)
+    const pulse_sim_netns *ns = &a->netns[(id - 1) % a->nnetns];
+    if (pulse_sim_netns_enter(ns) != 0)
       return peer_fail(out, "network namespace");
     host = ns->addr;
   }
   FILE *fin = fdopen(in, "r");
-  pulse_tk_problem *p = make_problem(a);
+  pulse_sim_problem *p = make_problem(a);
   if (p == NULL)
     return peer_fail(out, "problem");
-  uint64_t P = pulse_tk_problem_param_count(p);
+  uint64_t P = pulse_sim_problem_param_count(p);
   float *theta = calloc(P, sizeof *theta);
-  pulse_tk_problem_init(p, theta);
-  pulse_loco_opts o = PULSE_LOCO_OPTS_INIT;
+  pulse_sim_problem_init(p, theta);
+  pulse_loco_opts o;
+  pulse_loco_opts_init(&o);
   o.param_count = P;
   o.trainer_id = id;
   o.rule = PULSE_LOCO_RULE_KEEP;
   o.gate_mean = a->gate_mean;
   pulse_loco *ctx = NULL;
   pulse_loco_collab *c = NULL;
-  peer_step st = {NULL, speed, pulse_tk_problem_batch(p)};
-  pulse_loco_collab_opts co = PULSE_LOCO_COLLAB_OPTS_INIT;
+  peer_step st = {NULL, speed, pulse_sim_problem_batch(p)};
+  pulse_loco_collab_opts co;
+  pulse_loco_collab_opts_init(&co);
   co.target_batch = a->target;
   co.claim_timeout_ms = a->claim_ms;
   co.round_timeout_ms = a->round_ms;
@@ -83,7 +86,7 @@ int bench_loco_collab_run_peer(const collab_args *a, uint32_t id, double speed,
   co.client_of = client_of;
   co.host = host;
   co.equal_ranges = a->equal_ranges;
-  if (pulse_tk_learner_create(p, id, &st.l) != PULSE_OK ||
+  if (pulse_sim_learner_create(p, id, &st.l) != PULSE_OK ||
       pulse_loco_create(&o, theta, &ctx) != PULSE_OK ||
       pulse_loco_collab_create(&co, ctx, &c) != PULSE_OK)
     return peer_fail(out, "create");
@@ -114,16 +117,16 @@ int bench_loco_collab_run_peer(const collab_args *a, uint32_t id, double speed,
   static loss_evaluator losses;
   bench_loco_collab_evaluator_start(&losses, p, P, out);
   int leaving = 0, left = 0, lost = 0;
-  uint64_t busy = 0, t0 = (uint64_t)(pulse_tk_now() * 1000.0);
+  uint64_t busy = 0, t0 = (uint64_t)(pulse_sim_now() * 1000.0);
   while (pulse_loco_round(ctx) < a->rounds && !left) {
     if (!leaving && fgets(line, sizeof line, fin) &&
         strncmp(line, "leave", 5) == 0)
       leaving = 1;
     clearerr(fin);
-    pulse_loco_collab_info info;
+    pulse_loco_collab_figures info;
     pulse_status rs =
         pulse_loco_collab_round(c, theta, st.batch, do_step, &st,
-                                leaving ? PULSE_LOCO_COLLAB_LEAVING : 0, &info);
+                                leaving ? PULSE_LOCO_LEAVING : 0, &info);
     /* A client whose host died loses that round; its next call rejoins
      * through another host. */
     if (rs != PULSE_OK && client_of != NULL && lost++ < 3)
@@ -153,7 +156,7 @@ int bench_loco_collab_run_peer(const collab_args *a, uint32_t id, double speed,
       bench_loco_collab_evaluator_post(&losses, info.round,
                                        pulse_loco_global(ctx));
   }
-  uint64_t alive = (uint64_t)(pulse_tk_now() * 1000.0) - t0;
+  uint64_t alive = (uint64_t)(pulse_sim_now() * 1000.0) - t0;
   bench_loco_collab_evaluator_finish(&losses);
   dprintf(out, "done %u %" PRIu64 " %016" PRIx64 " %" PRIu64 " %" PRIu64 "\n",
           id, pulse_loco_round(ctx), pulse_loco_global_digest(ctx), busy,
@@ -170,8 +173,8 @@ int bench_loco_collab_run_peer(const collab_args *a, uint32_t id, double speed,
   }
   pulse_loco_collab_free(c);
   pulse_loco_free(ctx);
-  pulse_tk_learner_free(st.l);
-  pulse_tk_problem_free(p);
+  pulse_sim_learner_free(st.l);
+  pulse_sim_problem_free(p);
   free(theta);
   return 0;
 }

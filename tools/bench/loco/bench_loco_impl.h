@@ -13,6 +13,7 @@
 #include "bench_loco_drift.h"
 #include "bench_netns.h"
 #include "pulse_loco.h"
+#include "pulse_loco_coord.h"
 #include "sim_problem.h"
 #include "sim_trainers.h"
 
@@ -32,8 +33,8 @@ enum { DDP_FP32, DILOCO_BF16, DILOCO_FP32, PULSELOCO, METHODS };
 typedef struct {
   const char *key;  /* in --json keys and the child protocol */
   const char *name; /* in the text and --report */
-  pulse_tk_sim_method method;
-  pulse_tk_dense_values values;
+  pulse_sim_method method;
+  pulse_sim_dense_values values;
 } bench_loco_method_info;
 extern const bench_loco_method_info bench_loco_method[METHODS];
 
@@ -54,9 +55,9 @@ typedef struct {
   double drift_budget;
   /* --netns NAME=ADDR,...: trainer i runs in network namespace
    * netns[i % nnetns] (/run/netns/NAME) and listens on its address. */
-  pulse_tk_netns netns[8];
+  pulse_sim_netns netns[8];
   uint32_t nnetns;
-  uint32_t problem;      /* PULSE_TK_PROBLEM_TEXT (default) or _TEACHER */
+  uint32_t problem;      /* PULSE_SIM_PROBLEM_TEXT (default) or _TEACHER */
   const char *text_path; /* --text FILE; NULL: base-files' licences */
   /* Authentication (issue 15): every trainer signs with its key (made for
    * the run, before the trainers fork) and pins every trainer's; --no-auth
@@ -150,7 +151,7 @@ int bench_loco_parse(int argc, char **argv, loco_args *a);
 
 /** The problem every process builds alike (same seed, same data split and
  * initial weights); NULL when it cannot be built (bench_loco_problem.c). */
-pulse_tk_problem *bench_loco_make_problem(const loco_args *a);
+pulse_sim_problem *bench_loco_make_problem(const loco_args *a);
 
 /** Checks, before any process starts, that the problem can be built (its
  * data's size and digest, its parameter count). @return 0 when it can. */

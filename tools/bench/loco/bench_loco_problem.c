@@ -7,18 +7,19 @@
 
 /* The problem every process builds alike (same seed, same data split and
  * initial weights); --lr 0 (the default) is the problem's own rate. */
-pulse_tk_problem *bench_loco_make_problem(const loco_args *a) {
-  pulse_tk_problem_opts po = PULSE_TK_PROBLEM_OPTS_INIT;
+pulse_sim_problem *bench_loco_make_problem(const loco_args *a) {
+  pulse_sim_problem_opts po;
+  pulse_sim_problem_opts_init(&po);
   po.seed = a->seed;
   po.kind = a->problem;
   po.text_path = a->text_path;
   if (a->lr > 0)
     po.lr = (float)a->lr;
-  else if (a->problem == PULSE_TK_PROBLEM_TEXT)
-    po.lr = PULSE_TK_TEXT_LR;
-  po.hidden = pulse_tk_problem_hidden_for(&po, a->params);
-  pulse_tk_problem *p = NULL;
-  if (pulse_tk_problem_create(&po, &p) != PULSE_OK)
+  else if (a->problem == PULSE_SIM_PROBLEM_TEXT)
+    po.lr = PULSE_SIM_TEXT_LR;
+  po.hidden = pulse_sim_problem_hidden_for(&po, a->params);
+  pulse_sim_problem *p = NULL;
+  if (pulse_sim_problem_create(&po, &p) != PULSE_OK)
     return NULL;
   return p;
 }
@@ -27,16 +28,16 @@ pulse_tk_problem *bench_loco_make_problem(const loco_args *a) {
  * text problem reads files that may be missing. @return 0 when it can. */
 int bench_loco_check_problem(const loco_args *a, uint64_t *bytes,
                              uint64_t *digest, uint64_t *P) {
-  pulse_tk_problem *p = bench_loco_make_problem(a);
+  pulse_sim_problem *p = bench_loco_make_problem(a);
   if (p == NULL) {
     fprintf(stderr, PROG ": cannot build the %s problem: %s\n",
-            a->problem == PULSE_TK_PROBLEM_TEXT ? "text" : "teacher",
+            a->problem == PULSE_SIM_PROBLEM_TEXT ? "text" : "teacher",
             pulse_error_detail());
     return 1;
   }
-  pulse_tk_problem_data(p, bytes, digest);
-  *P = pulse_tk_problem_param_count(p);
-  pulse_tk_problem_free(p);
+  pulse_sim_problem_data(p, bytes, digest);
+  *P = pulse_sim_problem_param_count(p);
+  pulse_sim_problem_free(p);
   return 0;
 }
 

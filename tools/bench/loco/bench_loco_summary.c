@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "bench_loco_impl.h"
+#include "pulse_loco_coord.h"
 
 static double ratio(uint64_t a, uint64_t b) {
   return b ? (double)a / (double)b : 0.0;
@@ -102,7 +103,7 @@ void bench_loco_print_summary_json(const bench *b, const totals *t,
          "\"drift_rounds_measured\":%u,\"max_ref_drift\":%.6g,"
          "\"round_ms_median\":%.1f,\"round_ms_p10\":%.1f,"
          "\"round_ms_p90\":%.1f,\"exchange_ms_median\":%.1f",
-         a->problem == PULSE_TK_PROBLEM_TEXT ? "text" : "teacher",
+         a->problem == PULSE_SIM_PROBLEM_TEXT ? "text" : "teacher",
          b->text_bytes, b->text_digest, t->max_pair_drift, t->pair_rounds,
          t->max_drift, t->round_t.median, t->round_t.p10, t->round_t.p90,
          t->exchange_t.median);

@@ -10,9 +10,10 @@
 
 #include "bench_loco_impl.h"
 #include "cli_time.h"
+#include "pulse_loco_testing.h"
 
 static uint64_t now_ms(void) {
-  return (uint64_t)(pulse_tk_now() * 1000.0);
+  return (uint64_t)(pulse_sim_now() * 1000.0);
 }
 
 static int read_line(FILE *in, char *line, size_t cap) {
@@ -22,7 +23,7 @@ static int read_line(FILE *in, char *line, size_t cap) {
   return 1;
 }
 
-/* pulse_loco_node_opts.drift_probe: a trainer's theta_g before re-sync. */
+/* pulse_loco_test_hooks.drift_probe: a trainer's theta_g before re-sync. */
 typedef struct {
   bench_pair_drift *pd;
   uint32_t id;
@@ -39,7 +40,7 @@ static void drift_probe_write(void *user, uint64_t round,
 /* Starts the node as the parent says: "start N ID URL ..." (a founder,
  * with every founder's URL) or "join URL" (the joiner, through that
  * trainer). @return 0, or 1 (said on `out`). */
-static int start_or_join(FILE *in, int out, pulse_loco_node *node,
+static int start_or_join(FILE *in, int out, pulse_loco_coord *node,
                          float *local) {
   pulse_status st;
   char line[LINE_MAX_];
@@ -59,9 +60,9 @@ static int start_or_join(FILE *in, int out, pulse_loco_node *node,
         return bench_loco_child_fail(out, "bad start line", PULSE_ERR_ARG);
       cur += used;
     }
-    st = pulse_loco_node_start(node, m, count);
+    st = pulse_loco_coord_start(node, m, count);
   } else if (strncmp(line, "join ", 5) == 0) {
-    st = pulse_loco_node_join(node, line + 5, local, 60000);
+    st = pulse_loco_coord_join(node, line + 5, local, 60000);
   } else {
     st = PULSE_ERR_ARG;
   }
@@ -75,23 +76,24 @@ int bench_loco_run_trainer(const loco_args *a, uint32_t id, int founder,
   FILE *in = fdopen(in_fd, "r");
   const char *host = NULL;
   if (a->nnetns > 0) { /* before any socket: they belong to a namespace */
-    const pulse_tk_netns *ns = &a->netns[id % a->nnetns];
-    if (pulse_tk_netns_enter(ns) != 0) {
+    const pulse_sim_netns *ns = &a->netns[id % a->nnetns];
+    if (pulse_sim_netns_enter(ns) != 0) {
       dprintf(out, "error network namespace %s: %s\n", ns->name,
               strerror(errno));
       return 1;
     }
     host = ns->addr;
   }
-  pulse_tk_problem *p = bench_loco_make_problem(a);
+  pulse_sim_problem *p = bench_loco_make_problem(a);
   if (in == NULL || p == NULL)
     return bench_loco_child_fail(out, "trainer set-up", PULSE_ERR_NOMEM);
-  uint64_t P = pulse_tk_problem_param_count(p);
+  uint64_t P = pulse_sim_problem_param_count(p);
   float *local = malloc(P * sizeof *local);
   if (local == NULL)
     return bench_loco_child_fail(out, "trainer", PULSE_ERR_NOMEM);
-  pulse_tk_problem_init(p, local);
-  pulse_loco_opts lo = PULSE_LOCO_OPTS_INIT;
+  pulse_sim_problem_init(p, local);
+  pulse_loco_opts lo;
+  pulse_loco_opts_init(&lo);
   lo.param_count = P;
   lo.trainer_id = id;
   lo.rule = a->rule;
@@ -99,14 +101,17 @@ int bench_loco_run_trainer(const loco_args *a, uint32_t id, int founder,
   pulse_status st = pulse_loco_create(&lo, founder ? local : NULL, &ctx);
   if (st != PULSE_OK)
     return bench_loco_child_fail(out, "context", st);
-  pulse_loco_node_opts no = PULSE_LOCO_NODE_OPTS_INIT;
+  pulse_loco_coord_opts no;
+  pulse_loco_coord_opts_init(&no);
   no.deadline_ms = a->deadline_ms;
   no.manifest_timeout_ms =
       a->deadline_ms * 5u > 20000u ? a->deadline_ms * 5u : 20000u;
-  no.drop_rate = a->drop_rate;
-  no.drop_seed = a->seed;
+  pulse_loco_test_hooks hooks = {0}; /* copied at create */
+  hooks.drop_rate = a->drop_rate;
+  hooks.drop_seed = a->seed;
+  hooks.datagram_drop = a->drop;
+  no.test_hooks = &hooks;
   no.transport = a->transport;
-  no.datagram_drop = a->drop;
   no.resync_period = a->resync_period;
   no.drift_budget = a->drift_budget;
   no.host = host;
@@ -114,37 +119,37 @@ int bench_loco_run_trainer(const loco_args *a, uint32_t id, int founder,
    * hands theta_g over then; the reference (which never re-syncs) and
    * HTTP rounds are written after the step. */
   drift_probe_ctx probe = {pd, id, 0};
-  no.drift_probe = drift_probe_write;
-  no.drift_probe_user = &probe;
+  hooks.drift_probe = drift_probe_write;
+  hooks.drift_probe_user = &probe;
   if (!a->no_auth) {
     no.auth = PULSE_LOCO_AUTH_ON;
     no.sign_key = a->keys[id];
     no.member_keys = a->pins;
     no.member_key_count = a->npins;
   }
-  pulse_loco_node *node = NULL;
-  if ((st = pulse_loco_node_create(&no, ctx, &node)) != PULSE_OK)
+  pulse_loco_coord *node = NULL;
+  if ((st = pulse_loco_coord_create(&no, ctx, &node)) != PULSE_OK)
     return bench_loco_child_fail(out, "node", st);
-  dprintf(out, "url %u %s\n", id, pulse_loco_node_url(node));
+  dprintf(out, "url %u %s\n", id, pulse_loco_coord_url(node));
 
   if (start_or_join(in, out, node, local) != 0)
     return 1;
 
-  pulse_tk_learner *l = NULL;
-  if ((st = pulse_tk_learner_create(p, id, &l)) != PULSE_OK)
+  pulse_sim_learner *l = NULL;
+  if ((st = pulse_sim_learner_create(p, id, &l)) != PULSE_OK)
     return bench_loco_child_fail(out, "learner", st);
   int pacer = id == 0;
   while (pulse_loco_round(ctx) < a->rounds) {
     uint64_t t0 = now_ms();
     for (uint32_t h = 0; h < a->inner; h++)
-      pulse_tk_learner_step(l, local);
+      pulse_sim_learner_step(l, local);
     uint64_t t1 = now_ms();
     int leaving = a->leave_round >= 0 && id == a->trainers - 1 &&
                   pulse_loco_round(ctx) == (uint64_t)a->leave_round;
-    pulse_loco_step_info info;
-    st = pulse_loco_node_step(node, local,
-                              (uint64_t)pulse_tk_problem_batch(p) * a->inner,
-                              leaving, &info);
+    pulse_loco_coord_step_figures info;
+    st = pulse_loco_coord_step(node, local,
+                               (uint64_t)pulse_sim_problem_batch(p) * a->inner,
+                               leaving, &info);
     if (st != PULSE_OK)
       return bench_loco_child_fail(out, "outer step", st);
     if (info.rejoined) /* dropped after missed rounds: joined, no round ran */
@@ -165,7 +170,7 @@ int bench_loco_run_trainer(const loco_args *a, uint32_t id, int founder,
             info.datagrams_dropped, info.chunks.accepted, refused);
     double loss = -1.0;
     if (pacer)
-      pulse_tk_problem_eval(p, pulse_loco_global(ctx), &loss, NULL);
+      pulse_sim_problem_eval(p, pulse_loco_global(ctx), &loss, NULL);
     dprintf(out, "auth %" PRIu64 " %" PRIu64 "\n", info.auth.accepted,
             info.auth.unsigned_bodies + info.auth.forged + info.auth.replayed +
                 info.auth.foreign + info.datagrams_refused_auth);
@@ -178,7 +183,7 @@ int bench_loco_run_trainer(const loco_args *a, uint32_t id, int founder,
       break;
   }
   /* A coordinator of the last round waits until the others have its data. */
-  pulse_loco_node_linger(node, no.manifest_timeout_ms);
+  pulse_loco_coord_linger(node, no.manifest_timeout_ms);
   dprintf(out, "done %u %" PRIu64 " %016" PRIx64 "\n", id,
           pulse_loco_round(ctx), pulse_loco_global_digest(ctx));
   char line[LINE_MAX_];
@@ -190,10 +195,10 @@ int bench_loco_run_trainer(const loco_args *a, uint32_t id, int founder,
    * 5e-05 without loss). */
   while (read_line(in, line, sizeof line) && strcmp(line, "quit") != 0)
     ;
-  pulse_tk_learner_free(l);
-  pulse_loco_node_free(node);
+  pulse_sim_learner_free(l);
+  pulse_loco_coord_free(node);
   pulse_loco_free(ctx);
-  pulse_tk_problem_free(p);
+  pulse_sim_problem_free(p);
   free(local);
   fclose(in);
   return 0;

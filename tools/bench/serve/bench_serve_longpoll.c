@@ -50,7 +50,7 @@ static void *poll_main(void *arg) {
       break;
     extra += (size_t)n;
   }
-  j->received = pulse_tk_now();
+  j->received = pulse_sim_now();
   if (fd >= 0)
     close(fd);
   return NULL;
@@ -63,7 +63,7 @@ typedef struct {
 
 static void on_head(void *ctx, const pulse_pub_figures *f) {
   hook_ctx *h = ctx;
-  h->moved = pulse_tk_now();
+  h->moved = pulse_sim_now();
   if (h->notify != NULL)
     pulse_server_on_head(h->notify, f);
 }
@@ -85,7 +85,7 @@ static void *rename_main(void *arg) {
       break;
     if (pf[1].revents)
       break;
-    double t = pulse_tk_now();
+    double t = pulse_sim_now();
     ssize_t len = read(c->fd, buf, sizeof buf);
     for (char *p = buf; len > 0 && p < buf + len;) {
       struct inotify_event *ev = (struct inotify_event *)p;
@@ -171,7 +171,8 @@ int bench_serve_longpoll(const serve_args *a, const char *work,
   pulse_tensor_info ti = {"w", PULSE_DTYPE_BF16, 1, {numel}};
   pulse_sign_key *key = NULL;
   pulse_sign_key_generate(&key);
-  pulse_server_opts so = PULSE_SERVER_OPTS_INIT;
+  pulse_server_opts so;
+  pulse_server_opts_init(&so);
   so.store_dir = store;
   so.threads = (unsigned)res->workers;
   mkdir(store, 0755);
@@ -182,7 +183,8 @@ int bench_serve_longpoll(const serve_args *a, const char *work,
   if (st == PULSE_OK)
     st = pulse_server_create(&so, &watching);
   hook_ctx hook = {wired, 0};
-  pulse_pub_opts po = PULSE_PUB_OPTS_INIT;
+  pulse_pub_opts po;
+  pulse_pub_opts_init(&po);
   po.tensors = &ti;
   po.tensor_count = 1;
   po.key = key;
@@ -205,7 +207,7 @@ int bench_serve_longpoll(const serve_args *a, const char *work,
   if (st == PULSE_OK && !clk_ok)
     st = PULSE_ERR_IO;
   if (st != PULSE_OK) {
-    rc = pulse_tk_fail(PROG, "long-poll setup", st);
+    rc = pulse_sim_fail(PROG, "long-poll setup", st);
   } else {
     poll_result *nr = &res->notify_r, *wr = &res->watch_r;
     *nr = time_polls(pub, wired, &hook, &clk, bits, numel, a->polls);

@@ -67,14 +67,15 @@ int bench_serve_throughput(const serve_args *a, const char *work,
     fprintf(stderr, PROG ": cannot write the objects in %s\n", store);
     return 1;
   }
-  pulse_server_opts so = PULSE_SERVER_OPTS_INIT;
+  pulse_server_opts so;
+  pulse_server_opts_init(&so);
   so.store_dir = store;
   so.threads = (unsigned)workers;
   so.watch = 0;
   pulse_server *srv = NULL;
   pulse_status st = pulse_server_create(&so, &srv);
   if (st != PULSE_OK)
-    return pulse_tk_fail(PROG, "server", st);
+    return pulse_sim_fail(PROG, "server", st);
   pid_t nginx = -1;
   uint16_t nport = 0;
   const char *nginx_why = "";

@@ -16,7 +16,8 @@ int bs_host_first_sync(bs_run *r) {
   bs_model *m = &r->m;
   pulse_status st;
   r->urls[0] = r->url0;
-  pulse_sub_opts o = PULSE_SUB_OPTS_INIT;
+  pulse_sub_opts o;
+  pulse_sub_opts_init(&o);
   o.urls = r->urls;
   o.url_count = 1;
   o.cache_dir = r->cache;

@@ -63,7 +63,7 @@ void bench_topology_usage(FILE *out) {
 /* ------------------------------------------------------------- the round */
 
 void topo_gossip_opts(const topo_setup *s, uint32_t i, pulse_gossip_opts *o) {
-  *o = (pulse_gossip_opts)PULSE_GOSSIP_OPTS_INIT;
+  pulse_gossip_opts_init(o);
   o->nodes = s->a->nodes;
   o->self = i;
   o->param_count = s->P;
@@ -78,12 +78,12 @@ static float normal(uint64_t *st) {
   return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
 }
 
-void topo_local_steps(const topo_setup *s, pulse_tk_learner *l, uint32_t i,
+void topo_local_steps(const topo_setup *s, pulse_sim_learner *l, uint32_t i,
                       uint32_t t, float *x, float *grad) {
   const topo_args *a = s->a;
   float lr = (float)a->lr, sd = (float)a->noise;
   for (uint32_t h = 0; h < a->inner; h++) {
-    pulse_tk_learner_grad(l, x, grad);
+    pulse_sim_learner_grad(l, x, grad);
     uint64_t st = pulse_rng_at(a->seed ^ 0x6055197ull,
                                ((uint64_t)t * a->inner + h) * 4096u + i);
     for (uint64_t p = 0; p < s->P; p++)
@@ -141,7 +141,7 @@ void topo_measure(const topo_setup *s, const float *const *xs,
   }
   for (uint32_t i = 0; i < n; i++) {
     double li, acc;
-    pulse_tk_problem_eval(s->prob, xs[i], &li, &acc);
+    pulse_sim_problem_eval(s->prob, xs[i], &li, &acc);
     loss += li;
   }
   row->variance = var / (double)s->P / mean_square(s, xs);
@@ -210,7 +210,8 @@ void topo_summarize(const topo_args *a, topo_result *r) {
 
 
 pulse_status topo_policy_create(const topo_args *a, pulse_gossip_policy **p) {
-  pulse_gossip_policy_opts po = PULSE_GOSSIP_POLICY_OPTS_INIT;
+  pulse_gossip_policy_opts po;
+  pulse_gossip_policy_opts_init(&po);
   po.nodes = a->nodes;
   po.target = a->target > 0.0 ? a->target : 1.0; /* automatic: set after
                                                    round 0's local steps */
@@ -289,7 +290,7 @@ static int run_arm(const topo_setup *s, topo_arm arm, topo_result *r) {
   uint32_t n = a->nodes;
   size_t bytes = (size_t)s->P * sizeof(float);
   pulse_gossip **g = calloc(n, sizeof *g);
-  pulse_tk_learner **l = calloc(n, sizeof *l);
+  pulse_sim_learner **l = calloc(n, sizeof *l);
   float **before = calloc(n, sizeof *before);
   const float **xs = calloc(n, sizeof *xs);
   float *grad = malloc(bytes);
@@ -301,7 +302,7 @@ static int run_arm(const topo_setup *s, topo_arm arm, topo_result *r) {
     pulse_gossip_opts o;
     topo_gossip_opts(s, i, &o);
     ok = pulse_gossip_create(&o, s->init, &g[i]) == PULSE_OK &&
-         pulse_tk_learner_create(s->prob, i, &l[i]) == PULSE_OK &&
+         pulse_sim_learner_create(s->prob, i, &l[i]) == PULSE_OK &&
          (before[i] = malloc(bytes)) != NULL;
     if (ok)
       xs[i] = pulse_gossip_params(g[i]);
@@ -381,7 +382,7 @@ static int run_arm(const topo_setup *s, topo_arm arm, topo_result *r) {
     if (g)
       pulse_gossip_free(g[i]);
     if (l)
-      pulse_tk_learner_free(l[i]);
+      pulse_sim_learner_free(l[i]);
     if (before)
       free(before[i]);
   }
@@ -421,64 +422,64 @@ static int parse(int argc, char **argv, topo_args *a) {
   for (int i = 1; i < argc; i++) {
     const char *arg = argv[i], *v = NULL;
     int m, k;
-    if (pulse_tk_opt_flag(arg, "--help") || pulse_tk_opt_flag(arg, "-h")) {
+    if (pulse_sim_opt_flag(arg, "--help") || pulse_sim_opt_flag(arg, "-h")) {
       bench_topology_usage(stdout);
       return 0;
-    } else if (pulse_tk_opt_flag(arg, "--json")) {
+    } else if (pulse_sim_opt_flag(arg, "--json")) {
       a->json = 1;
-    } else if (pulse_tk_opt_flag(arg, "--processes")) {
+    } else if (pulse_sim_opt_flag(arg, "--processes")) {
       a->processes = 1;
-    } else if ((m = pulse_tk_opt_value(argc, argv, &i, "--report", &v)) != 0) {
+    } else if ((m = pulse_sim_opt_value(argc, argv, &i, "--report", &v)) != 0) {
       if (m < 0)
         return usage_error("--report needs a folder", "");
       a->report = v;
-    } else if ((m = pulse_tk_opt_value(argc, argv, &i, "--nodes", &v)) != 0) {
-      if (m < 0 || pulse_tk_parse_int(v, 2, 64, &k) != 0)
+    } else if ((m = pulse_sim_opt_value(argc, argv, &i, "--nodes", &v)) != 0) {
+      if (m < 0 || pulse_sim_parse_int(v, 2, 64, &k) != 0)
         return usage_error("--nodes needs 2..64, got ", m < 0 ? "" : v);
       a->nodes = (uint32_t)k;
-    } else if ((m = pulse_tk_opt_value(argc, argv, &i, "--rounds", &v)) != 0) {
-      if (m < 0 || pulse_tk_parse_int(v, 2, 100000, &k) != 0)
+    } else if ((m = pulse_sim_opt_value(argc, argv, &i, "--rounds", &v)) != 0) {
+      if (m < 0 || pulse_sim_parse_int(v, 2, 100000, &k) != 0)
         return usage_error("--rounds needs 2..100000, got ", m < 0 ? "" : v);
       a->rounds = (uint32_t)k;
-    } else if ((m = pulse_tk_opt_value(argc, argv, &i, "--inner", &v)) != 0) {
-      if (m < 0 || pulse_tk_parse_int(v, 1, 100000, &k) != 0)
+    } else if ((m = pulse_sim_opt_value(argc, argv, &i, "--inner", &v)) != 0) {
+      if (m < 0 || pulse_sim_parse_int(v, 1, 100000, &k) != 0)
         return usage_error("--inner needs 1..100000, got ", m < 0 ? "" : v);
       a->inner = (uint32_t)k;
-    } else if ((m = pulse_tk_opt_value(argc, argv, &i, "--seed", &v)) != 0) {
-      if (m < 0 || pulse_tk_parse_u64(v, &a->seed) != 0)
+    } else if ((m = pulse_sim_opt_value(argc, argv, &i, "--seed", &v)) != 0) {
+      if (m < 0 || pulse_sim_parse_u64(v, &a->seed) != 0)
         return usage_error("--seed needs an integer, got ", m < 0 ? "" : v);
-    } else if ((m = pulse_tk_opt_value(argc, argv, &i, "--params", &v)) != 0) {
-      if (m < 0 || pulse_tk_parse_u64(v, &a->params) != 0 ||
+    } else if ((m = pulse_sim_opt_value(argc, argv, &i, "--params", &v)) != 0) {
+      if (m < 0 || pulse_sim_parse_u64(v, &a->params) != 0 ||
           a->params < 1000 || a->params > 10000000)
         return usage_error("--params needs 1000..1e7, got ", m < 0 ? "" : v);
-    } else if ((m = pulse_tk_opt_value(argc, argv, &i, "--lr", &v)) != 0) {
-      if (m < 0 || pulse_tk_parse_double(v, &a->lr) != 0 || !(a->lr > 0))
+    } else if ((m = pulse_sim_opt_value(argc, argv, &i, "--lr", &v)) != 0) {
+      if (m < 0 || pulse_sim_parse_double(v, &a->lr) != 0 || !(a->lr > 0))
         return usage_error("--lr needs a positive number, got ",
                            m < 0 ? "" : v);
-    } else if ((m = pulse_tk_opt_value(argc, argv, &i, "--noise", &v)) != 0) {
-      if (m < 0 || pulse_tk_parse_double(v, &a->noise) != 0 || !(a->noise >= 0))
+    } else if ((m = pulse_sim_opt_value(argc, argv, &i, "--noise", &v)) != 0) {
+      if (m < 0 || pulse_sim_parse_double(v, &a->noise) != 0 || !(a->noise >= 0))
         return usage_error("--noise needs a number >= 0, got ", m < 0 ? "" : v);
-    } else if ((m = pulse_tk_opt_value(argc, argv, &i, "--target", &v)) != 0) {
-      if (m < 0 || pulse_tk_parse_double(v, &a->target) != 0 ||
+    } else if ((m = pulse_sim_opt_value(argc, argv, &i, "--target", &v)) != 0) {
+      if (m < 0 || pulse_sim_parse_double(v, &a->target) != 0 ||
           !(a->target > 0))
         return usage_error("--target needs a positive number, got ",
                            m < 0 ? "" : v);
-    } else if ((m = pulse_tk_opt_value(argc, argv, &i, "--budget", &v)) != 0) {
-      if (m < 0 || pulse_tk_parse_double(v, &a->budget) != 0 ||
+    } else if ((m = pulse_sim_opt_value(argc, argv, &i, "--budget", &v)) != 0) {
+      if (m < 0 || pulse_sim_parse_double(v, &a->budget) != 0 ||
           !(a->budget > 0 && a->budget <= 1))
         return usage_error("--budget needs a number in (0, 1], got ",
                            m < 0 ? "" : v);
-    } else if ((m = pulse_tk_opt_value(argc, argv, &i, "--final-rounds",
+    } else if ((m = pulse_sim_opt_value(argc, argv, &i, "--final-rounds",
                                        &v)) != 0) {
-      if (m < 0 || pulse_tk_parse_int(v, 0, 100000, &k) != 0)
+      if (m < 0 || pulse_sim_parse_int(v, 0, 100000, &k) != 0)
         return usage_error("--final-rounds needs 0..100000, got ",
                            m < 0 ? "" : v);
       a->final_rounds = (uint32_t)k;
-    } else if ((m = pulse_tk_opt_value(argc, argv, &i, "--gate", &v)) != 0) {
+    } else if ((m = pulse_sim_opt_value(argc, argv, &i, "--gate", &v)) != 0) {
       if (m < 0 || (strcmp(v, "none") != 0 && strcmp(v, "bf16") != 0))
         return usage_error("--gate needs bf16 or none, got ", m < 0 ? "" : v);
       a->gate_none = strcmp(v, "none") == 0;
-    } else if ((m = pulse_tk_opt_value(argc, argv, &i, "--arms", &v)) != 0) {
+    } else if ((m = pulse_sim_opt_value(argc, argv, &i, "--arms", &v)) != 0) {
       if (m < 0 || parse_arms(v, a->arms) != 0)
         return usage_error("--arms needs a list of ring, torus, exponential, "
                            "complete, adaptive, onepeer; got ",
@@ -503,20 +504,21 @@ int bench_topology_main(int argc, char **argv) {
   int rc = parse(argc, argv, &a);
   if (rc >= 0)
     return rc;
-  pulse_tk_problem_opts po = PULSE_TK_PROBLEM_OPTS_INIT;
+  pulse_sim_problem_opts po;
+  pulse_sim_problem_opts_init(&po);
   po.seed = a.seed;
   po.test_count = 256;
-  po.hidden = pulse_tk_problem_hidden_for(&po, a.params);
+  po.hidden = pulse_sim_problem_hidden_for(&po, a.params);
   topo_setup s = {&a, NULL, 0, NULL};
-  if (pulse_tk_problem_create(&po, &s.prob) != PULSE_OK)
-    return pulse_tk_fail(TOPO_PROG, "problem", PULSE_ERR_ARG);
-  s.P = pulse_tk_problem_param_count(s.prob);
+  if (pulse_sim_problem_create(&po, &s.prob) != PULSE_OK)
+    return pulse_sim_fail(TOPO_PROG, "problem", PULSE_ERR_ARG);
+  s.P = pulse_sim_problem_param_count(s.prob);
   s.init = malloc((size_t)s.P * sizeof *s.init);
   topo_result res[ARM_COUNT];
   memset(res, 0, sizeof res);
   int count = 0, failed = s.init == NULL;
   if (!failed)
-    pulse_tk_problem_init(s.prob, s.init);
+    pulse_sim_problem_init(s.prob, s.init);
   if (!a.json)
     printf("pulse-bench topology: %u trainers, %" PRIu64 " parameters, %u "
            "rounds of %u SGD steps (lr %g, gradient noise %g), %s payloads\n",
@@ -552,6 +554,6 @@ int bench_topology_main(int argc, char **argv) {
   for (int k = 0; k < count; k++)
     free(res[k].rows), free(res[k].reason), free(res[k].decision);
   free(s.init);
-  pulse_tk_problem_free(s.prob);
+  pulse_sim_problem_free(s.prob);
   return failed ? 1 : 0;
 }

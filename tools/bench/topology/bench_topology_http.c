@@ -177,7 +177,7 @@ static int child_main(const topo_setup *s, topo_arm arm, uint32_t i, int rfd,
   const topo_args *a = s->a;
   uint32_t n = a->nodes;
   pulse_gossip *g = NULL;
-  pulse_tk_learner *l = NULL;
+  pulse_sim_learner *l = NULL;
   loco_server *srv = NULL;
   pulse_gossip_opts o;
   topo_gossip_opts(s, i, &o);
@@ -185,7 +185,7 @@ static int child_main(const topo_setup *s, topo_arm arm, uint32_t i, int rfd,
   uint16_t *ports = calloc(n, sizeof *ports);
   uint32_t(*edges)[2] = malloc((size_t)n * n * sizeof *edges);
   if (!grad || !ports || !edges || pulse_gossip_create(&o, s->init, &g) ||
-      pulse_tk_learner_create(s->prob, i, &l) ||
+      pulse_sim_learner_create(s->prob, i, &l) ||
       loco_server_start(NULL, NULL, &srv))
     return 1;
   uint16_t port = loco_server_port(srv);
@@ -234,7 +234,7 @@ static int child_main(const topo_setup *s, topo_arm arm, uint32_t i, int rfd,
   }
   loco_server_stop(srv);
   pulse_gossip_free(g);
-  pulse_tk_learner_free(l);
+  pulse_sim_learner_free(l);
   free(grad), free(ports), free(edges);
   return rc ? 1 : 0;
 }

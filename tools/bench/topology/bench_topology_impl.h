@@ -75,14 +75,14 @@ typedef struct {
 /* The shared part of a run: the problem and what every node starts from. */
 typedef struct {
   const topo_args *a;
-  pulse_tk_problem *prob;
+  pulse_sim_problem *prob;
   uint64_t P;
   float *init;
 } topo_setup;
 
 /* Local steps of node i in round t: `inner` SGD steps with the learner's
  * gradient plus N(0, noise^2) per entry (deterministic in seed, i, t). */
-void topo_local_steps(const topo_setup *s, pulse_tk_learner *l, uint32_t i,
+void topo_local_steps(const topo_setup *s, pulse_sim_learner *l, uint32_t i,
                       uint32_t t, float *x, float *grad);
 
 /* Gossip options of a node. */
