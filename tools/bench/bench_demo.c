@@ -61,7 +61,7 @@ static int remove_entry(const char *path, const struct stat *st, int flag, struc
   return remove(path);
 }
 
-static int fail(const char *what, pulse_status st) { return pulse_sim_fail(PROG, what, st); }
+static int fail(const char *what, pulse_status st) { return pulse_cli_fail(PROG, what, st); }
 
 typedef struct {
   uint64_t params, steps, seed;
@@ -77,34 +77,34 @@ static int parse(int argc, char **argv, demo_args *a) {
   for (int i = 1; i < argc; i++) {
     int r;
     uint64_t u;
-    if (pulse_sim_opt_flag(argv[i], "--help")) {
+    if (pulse_cli_opt_flag(argv[i], "--help")) {
       bench_demo_usage(stdout);
       exit(0);
-    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--params", &v)) != 0) {
-      if (r < 0 || pulse_sim_parse_u64(v, &a->params) != 0 || a->params < PULSE_SYNTH_MIN_PARAMS)
+    } else if ((r = pulse_cli_opt_value(argc, argv, &i, "--params", &v)) != 0) {
+      if (r < 0 || pulse_cli_parse_u64(v, &a->params) != 0 || a->params < PULSE_SYNTH_MIN_PARAMS)
         return fprintf(stderr, PROG ": --params needs an integer >= %u\n", PULSE_SYNTH_MIN_PARAMS), -1;
-    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--steps", &v)) != 0) {
-      if (r < 0 || pulse_sim_parse_u64(v, &a->steps) != 0 || a->steps < 1 || a->steps > 10000)
+    } else if ((r = pulse_cli_opt_value(argc, argv, &i, "--steps", &v)) != 0) {
+      if (r < 0 || pulse_cli_parse_u64(v, &a->steps) != 0 || a->steps < 1 || a->steps > 10000)
         return fprintf(stderr, PROG ": --steps needs an integer in 1..10000\n"), -1;
-    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--pullers", &v)) != 0) {
-      if (r < 0 || pulse_sim_parse_u64(v, &u) != 0 || u < 1 || u > MAX_PULLERS)
+    } else if ((r = pulse_cli_opt_value(argc, argv, &i, "--pullers", &v)) != 0) {
+      if (r < 0 || pulse_cli_parse_u64(v, &u) != 0 || u < 1 || u > MAX_PULLERS)
         return fprintf(stderr, PROG ": --pullers needs an integer in 1..%d\n", MAX_PULLERS), -1;
       a->pullers = (unsigned)u;
-    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--lr", &v)) != 0) {
-      if (r < 0 || pulse_sim_parse_double(v, &a->lr) != 0 || !(a->lr > 0))
+    } else if ((r = pulse_cli_opt_value(argc, argv, &i, "--lr", &v)) != 0) {
+      if (r < 0 || pulse_cli_parse_double(v, &a->lr) != 0 || !(a->lr > 0))
         return fprintf(stderr, PROG ": --lr needs a positive number\n"), -1;
-    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--seed", &v)) != 0) {
-      if (r < 0 || pulse_sim_parse_u64(v, &a->seed) != 0)
+    } else if ((r = pulse_cli_opt_value(argc, argv, &i, "--seed", &v)) != 0) {
+      if (r < 0 || pulse_cli_parse_u64(v, &a->seed) != 0)
         return fprintf(stderr, PROG ": --seed needs an integer\n"), -1;
-    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--keep", &v)) != 0) {
+    } else if ((r = pulse_cli_opt_value(argc, argv, &i, "--keep", &v)) != 0) {
       if (r < 0)
         return -1;
       a->keep = v;
-    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--report", &v)) != 0) {
+    } else if ((r = pulse_cli_opt_value(argc, argv, &i, "--report", &v)) != 0) {
       if (r < 0)
         return -1;
       a->report = v;
-    } else if (pulse_sim_opt_flag(argv[i], "--json")) {
+    } else if (pulse_cli_opt_flag(argv[i], "--json")) {
       a->json = 1;
     } else {
       return fprintf(stderr, PROG ": unknown argument '%s'\n", argv[i]), -1;
@@ -120,8 +120,8 @@ static double wait_synced(puller *p, unsigned n, uint64_t step, double since, do
     for (unsigned k = 0; k < n; k++)
       at += pulse_sub_step(p[k].sub) == step;
     if (at == n)
-      return pulse_sim_since(since);
-    if (pulse_sim_since(since) > limit_s)
+      return pulse_cli_since(since);
+    if (pulse_cli_since(since) > limit_s)
       return -1.0;
     usleep(200);
   }
@@ -290,7 +290,7 @@ static int demo_step(demo_run *d, const demo_args *a, uint64_t step, demo_totals
   pulse_pub_figures fig;
   if ((st = pulse_pub_commit(d->pub, step, d->pt, d->count, &fig)) != PULSE_OK)
     return fail("commit", st);
-  double since = pulse_sim_now();
+  double since = pulse_cli_now();
   double sync = wait_synced(d->pl, a->pullers, step, since, 120.0);
   if (sync < 0) {
     fprintf(stderr, PROG ": step %" PRIu64 ": the pullers did not reach it within 120 s", step);

@@ -118,12 +118,12 @@ static void fill_block(void *ctx, size_t b) {
 static int check(pulse_status st, const char *what) {
   if (st == PULSE_OK)
     return 0;
-  pulse_sim_fail(PROG, what, st);
+  pulse_cli_fail(PROG, what, st);
   return 1;
 }
 
 static double median(double *s, int n) {
-  return pulse_sim_median(s, (size_t)n);
+  return pulse_cli_median(s, (size_t)n);
 }
 
 /* ---------------------------------------------------------------- main */
@@ -133,30 +133,30 @@ static int parse(int argc, char **argv, gpu_args *a) {
     const char *v;
     int r;
     uint64_t u;
-    if (pulse_sim_opt_flag(argv[i], "--help")) {
+    if (pulse_cli_opt_flag(argv[i], "--help")) {
       bench_gpu_usage(stdout);
       return 0;
-    } else if (pulse_sim_opt_flag(argv[i], "--no-e2e")) {
+    } else if (pulse_cli_opt_flag(argv[i], "--no-e2e")) {
       a->e2e = 0;
-    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--report", &v)) != 0) {
+    } else if ((r = pulse_cli_opt_value(argc, argv, &i, "--report", &v)) != 0) {
       if (r < 0)
         return fprintf(stderr, PROG ": --report needs a folder\n"), 2;
       a->report = v;
-    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--params", &v)) != 0) {
-      if (r < 0 || pulse_sim_parse_u64(v, &a->params) != 0 || a->params < 1024)
+    } else if ((r = pulse_cli_opt_value(argc, argv, &i, "--params", &v)) != 0) {
+      if (r < 0 || pulse_cli_parse_u64(v, &a->params) != 0 || a->params < 1024)
         return fprintf(stderr, PROG ": --params needs an integer >= 1024\n"), 2;
-    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--tensors", &v)) != 0) {
-      if (r < 0 || pulse_sim_parse_u64(v, &u) != 0 || u < 1 || u > 100000)
+    } else if ((r = pulse_cli_opt_value(argc, argv, &i, "--tensors", &v)) != 0) {
+      if (r < 0 || pulse_cli_parse_u64(v, &u) != 0 || u < 1 || u > 100000)
         return fprintf(stderr,
                        PROG ": --tensors needs an integer in 1..100000\n"),
                2;
       a->tensors = (uint32_t)u;
-    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--density", &v)) != 0) {
-      if (r < 0 || pulse_sim_parse_double(v, &a->density) != 0 ||
+    } else if ((r = pulse_cli_opt_value(argc, argv, &i, "--density", &v)) != 0) {
+      if (r < 0 || pulse_cli_parse_double(v, &a->density) != 0 ||
           !(a->density >= 0.0) || a->density > 1.0)
         return fprintf(stderr, PROG ": --density needs a number in 0..1\n"), 2;
-    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--reps", &v)) != 0) {
-      if (r < 0 || pulse_sim_parse_int(v, 1, MAX_REPS, &a->reps) != 0)
+    } else if ((r = pulse_cli_opt_value(argc, argv, &i, "--reps", &v)) != 0) {
+      if (r < 0 || pulse_cli_parse_int(v, 1, MAX_REPS, &a->reps) != 0)
         return fprintf(stderr, PROG ": --reps needs an integer in 1..%d\n",
                        MAX_REPS),
                2;
@@ -310,14 +310,14 @@ static int gpu_setup(gpu_run *g) {
 static int gpu_time_copy(gpu_run *g) {
   uint64_t N = g->N;
   for (int r = 0; r <= g->a->reps; r++) {
-    double t0 = pulse_sim_now();
+    double t0 = pulse_cli_now();
     if (check(pulse_cuda_copy(g->copy_d, g->cur_d, (size_t)N * 4, g->stream), "copy") ||
         check(pulse_cuda_copy((uint8_t *)g->copy_d + (size_t)N * 4, g->snap_d, (size_t)N * 2,
                               g->stream),
               "copy") ||
         check(pulse_cuda_sync(g->stream), "sync"))
       return 1;
-    g->samples[r] = pulse_sim_since(t0);
+    g->samples[r] = pulse_cli_since(t0);
   }
   g->copy6 = median(g->samples + 1, g->a->reps);
   gpu_row("D2D copy (FP32 + BF16)", g->copy6);
@@ -349,12 +349,12 @@ static int gpu_time_detect(gpu_run *g) {
             "changes"))
     return 1;
   for (int r = 0; r <= g->a->reps; r++) {
-    double t0 = pulse_sim_now();
+    double t0 = pulse_cli_now();
     if (check(pulse_cuda_detect(g->ws, g->table, T, &dopts, out, g->tensor_changes, &g->total,
                                 g->stream),
               "detect"))
       return 1;
-    g->samples[r] = pulse_sim_since(t0);
+    g->samples[r] = pulse_cli_since(t0);
   }
   double detect = median(g->samples + 1, g->a->reps);
   gpu_row("detect (rank form)", detect);
@@ -388,12 +388,12 @@ static int gpu_time_locate(gpu_run *g, double *locate) {
   class_major(g->tensor_changes, g->numel, g->T, g->chunk_log2, g->pos, g->cls, g->rank,
               g->chunk_first, g->cm_cls, g->cm_rank, g->cm_from);
   for (int r = 0; r <= g->a->reps; r++) {
-    double t0 = pulse_sim_now();
+    double t0 = pulse_cli_now();
     if (check(pulse_cuda_locate(g->idx, g->chunk_first, g->cm_cls, g->cm_rank, g->locate_d,
                                 g->stream),
               "locate"))
       return 1;
-    g->samples[r] = pulse_sim_since(t0);
+    g->samples[r] = pulse_cli_since(t0);
   }
   *locate = median(g->samples + 1, g->a->reps);
   return 0;
@@ -438,7 +438,7 @@ static int gpu_time_on_device(gpu_run *g, double *seconds) {
     if (check(pulse_cuda_copy(g->target_d, g->snap_d, (size_t)g->N * 2, g->stream), "copy") ||
         check(pulse_cuda_sync(g->stream), "sync"))
       goto done;
-    double t0 = pulse_sim_now();
+    double t0 = pulse_cli_now();
     pulse_status st = pulse_cuda_class_index_build_in_(g->ws, g->target, g->T, g->chunk_log2,
                                                        g->stream, &idx);
     if (st == PULSE_OK)
@@ -452,7 +452,7 @@ static int gpu_time_on_device(gpu_run *g, double *seconds) {
     if (st == PULSE_OK)
       st = pulse_cuda_scatter_in_(g->ws, g->target, g->T, g->first, g->locate_d, g->new_d,
                                   g->stream);
-    g->samples[r] = pulse_sim_since(t0);
+    g->samples[r] = pulse_cli_since(t0);
     pulse_cuda_class_index_free(idx);
     if (check(st, "apply on the device"))
       goto done;
@@ -485,39 +485,39 @@ static int gpu_time_apply(gpu_run *g) {
   int reps = g->a->reps;
   double *samples = g->samples, t0;
   for (int r = 0; r <= reps; r++) {
-    t0 = pulse_sim_now();
+    t0 = pulse_cli_now();
     if (check(pulse_cuda_copy(g->copy_d, g->target_d, (size_t)N * 2, g->stream), "copy") ||
         check(pulse_cuda_sync(g->stream), "sync"))
       return 1;
-    samples[r] = pulse_sim_since(t0);
+    samples[r] = pulse_cli_since(t0);
   }
   double copy2 = median(samples + 1, reps);
   for (int r = 0; r <= reps; r++) {
-    t0 = pulse_sim_now();
+    t0 = pulse_cli_now();
     if (check(pulse_cuda_scatter(g->ws, g->target, T, g->first, g->out.pos_d, g->out.new_d,
                                  g->stream),
               "scatter"))
       return 1;
-    samples[r] = pulse_sim_since(t0);
+    samples[r] = pulse_cli_since(t0);
   }
   double scatter = median(samples + 1, reps);
   for (int r = 0; r <= reps; r++) {
-    t0 = pulse_sim_now();
+    t0 = pulse_cli_now();
     if (check(pulse_cuda_changes_digest(g->ws, g->first, T, g->out.pos_d, g->out.old_d,
                                         g->out.new_d, g->digests, g->stream),
               "digest moves"))
       return 1;
-    samples[r] = pulse_sim_since(t0);
+    samples[r] = pulse_cli_since(t0);
   }
   double moves = median(samples + 1, reps);
   for (int r = 0; r <= reps; r++) {
     pulse_cuda_class_index_free(g->idx);
     g->idx = NULL;
-    t0 = pulse_sim_now();
+    t0 = pulse_cli_now();
     if (check(pulse_cuda_class_index_build(g->base, T, g->chunk_log2, g->stream, &g->idx),
               "class index"))
       return 1;
-    samples[r] = pulse_sim_since(t0);
+    samples[r] = pulse_cli_since(t0);
   }
   double index = median(samples + 1, reps), locate = 0, on_device = 0;
   if (gpu_time_locate(g, &locate) != 0 || gpu_time_on_device(g, &on_device) != 0)
@@ -555,11 +555,11 @@ static int gpu_time_e2e(gpu_run *g) {
                                            PULSE_DTYPE_F32,
                                            g->table[t].snapshot_d,
                                            &g->digests[t]};
-  double t0 = pulse_sim_now();
+  double t0 = pulse_cli_now();
   if (check(pulse_cuda_patch_encode(g->ws, &eo, g->enc, T, 0, g->stream, &g->patch, NULL),
             "patch encode"))
     return 1;
-  double e2e_enc = pulse_sim_since(t0);
+  double e2e_enc = pulse_cli_since(t0);
   gpu_row("encode end to end", e2e_enc);
   printf("gpu: encode end to end (pulse_cuda_patch_encode, host coder on all "
          "cores): %.3f s, "
@@ -575,11 +575,11 @@ static int gpu_time_e2e(gpu_run *g) {
   pulse_apply_opts ao;
   pulse_apply_opts_init(&ao);
   ao.threads = 0;
-  t0 = pulse_sim_now();
+  t0 = pulse_cli_now();
   if (check(pulse_cuda_patch_apply(g->ws, g->opened, g->apply_t, T, &ao, g->stream, NULL),
             "patch apply"))
     return 1;
-  double e2e_apply = pulse_sim_since(t0);
+  double e2e_apply = pulse_cli_since(t0);
   gpu_row("apply end to end", e2e_apply);
   printf("gpu: apply end to end (pulse_cuda_patch_apply, host decoder on all "
          "cores): %.3f s\n",

@@ -61,28 +61,28 @@ int bench_trajectory_main(int argc, char **argv) {
   int f32 = 0;
   for (int i = 1; i < argc; i++) {
     int r;
-    if (pulse_sim_opt_flag(argv[i], "--help")) {
+    if (pulse_cli_opt_flag(argv[i], "--help")) {
       bench_trajectory_usage(stdout);
       return 0;
-    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--out", &v)) != 0) {
+    } else if ((r = pulse_cli_opt_value(argc, argv, &i, "--out", &v)) != 0) {
       if (r < 0)
         return bench_trajectory_usage(stderr), 2;
       dir = v;
-    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--params", &v)) != 0) {
-      if (r < 0 || pulse_sim_parse_u64(v, &opts.params) != 0 || opts.params < PULSE_SYNTH_MIN_PARAMS)
+    } else if ((r = pulse_cli_opt_value(argc, argv, &i, "--params", &v)) != 0) {
+      if (r < 0 || pulse_cli_parse_u64(v, &opts.params) != 0 || opts.params < PULSE_SYNTH_MIN_PARAMS)
         return fprintf(stderr, "pulse-bench trajectory: --params needs an integer >= %u\n",
                        PULSE_SYNTH_MIN_PARAMS),
                2;
-    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--steps", &v)) != 0) {
-      if (r < 0 || pulse_sim_parse_u64(v, &steps) != 0 || steps > 100000)
+    } else if ((r = pulse_cli_opt_value(argc, argv, &i, "--steps", &v)) != 0) {
+      if (r < 0 || pulse_cli_parse_u64(v, &steps) != 0 || steps > 100000)
         return fprintf(stderr, "pulse-bench trajectory: --steps needs an integer <= 100000\n"), 2;
-    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--lr", &v)) != 0) {
-      if (r < 0 || pulse_sim_parse_double(v, &opts.lr) != 0 || !(opts.lr > 0))
+    } else if ((r = pulse_cli_opt_value(argc, argv, &i, "--lr", &v)) != 0) {
+      if (r < 0 || pulse_cli_parse_double(v, &opts.lr) != 0 || !(opts.lr > 0))
         return fprintf(stderr, "pulse-bench trajectory: --lr needs a positive number\n"), 2;
-    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--seed", &v)) != 0) {
-      if (r < 0 || pulse_sim_parse_u64(v, &opts.seed) != 0)
+    } else if ((r = pulse_cli_opt_value(argc, argv, &i, "--seed", &v)) != 0) {
+      if (r < 0 || pulse_cli_parse_u64(v, &opts.seed) != 0)
         return fprintf(stderr, "pulse-bench trajectory: --seed needs an integer\n"), 2;
-    } else if (pulse_sim_opt_flag(argv[i], "--f32")) {
+    } else if (pulse_cli_opt_flag(argv[i], "--f32")) {
       f32 = 1;
     } else {
       fprintf(stderr, "pulse-bench trajectory: unknown argument '%s'\n", argv[i]);

@@ -9,7 +9,7 @@
 
 #include "pulse_status.h"
 
-int pulse_sim_opt_value(int argc, char **argv, int *i, const char *name,
+int pulse_cli_opt_value(int argc, char **argv, int *i, const char *name,
                        const char **value) {
   const char *arg = argv[*i];
   size_t len = strlen(name);
@@ -28,11 +28,11 @@ int pulse_sim_opt_value(int argc, char **argv, int *i, const char *name,
   return 1;
 }
 
-int pulse_sim_opt_flag(const char *arg, const char *name) {
+int pulse_cli_opt_flag(const char *arg, const char *name) {
   return strcmp(arg, name) == 0;
 }
 
-int pulse_sim_parse_u64(const char *s, uint64_t *out) {
+int pulse_cli_parse_u64(const char *s, uint64_t *out) {
   if (s == NULL || *s < '0' || *s > '9')
     return -1;
   char *end = NULL;
@@ -78,7 +78,7 @@ int pulse_sim_parse_u64(const char *s, uint64_t *out) {
   return 0;
 }
 
-int pulse_sim_parse_double(const char *s, double *out) {
+int pulse_cli_parse_double(const char *s, double *out) {
   if (s == NULL || *s == '\0')
     return -1;
   char *end = NULL;
@@ -90,7 +90,7 @@ int pulse_sim_parse_double(const char *s, double *out) {
   return 0;
 }
 
-int pulse_sim_parse_int(const char *s, int min, int max, int *out) {
+int pulse_cli_parse_int(const char *s, int min, int max, int *out) {
   if (s == NULL || *s == '\0')
     return -1;
   char *end = NULL;
@@ -102,7 +102,7 @@ int pulse_sim_parse_int(const char *s, int min, int max, int *out) {
   return 0;
 }
 
-int pulse_sim_fail(const char *prog, const char *what, int status) {
+int pulse_cli_fail(const char *prog, const char *what, int status) {
   pulse_status st = (pulse_status)status;
   const char *detail = pulse_error_detail();
   fprintf(stderr, "%s: %s: %s (%s)%s%s\n", prog, what, pulse_status_str(st), pulse_status_name(st),

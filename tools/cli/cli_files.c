@@ -14,7 +14,7 @@
 /* The library's pulse_fail is private: programs report through their own
  * messages, so these helpers return plain statuses and print nothing. */
 
-pulse_status pulse_sim_read_file(const char *path, pulse_buffer *out) {
+pulse_status pulse_cli_read_file(const char *path, pulse_buffer *out) {
   out->data = NULL;
   out->size = 0;
   int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -49,7 +49,7 @@ pulse_status pulse_sim_read_file(const char *path, pulse_buffer *out) {
   return PULSE_OK;
 }
 
-void pulse_sim_state_free(pulse_sim_state *s) {
+void pulse_cli_state_free(pulse_cli_state *s) {
   if (s == NULL)
     return;
   for (size_t i = 0; i < s->count; i++)
@@ -60,7 +60,7 @@ void pulse_sim_state_free(pulse_sim_state *s) {
   memset(s, 0, sizeof *s);
 }
 
-pulse_status pulse_sim_state_load(const char *path, int writable, pulse_sim_state *out) {
+pulse_status pulse_cli_state_load(const char *path, int writable, pulse_cli_state *out) {
   memset(out, 0, sizeof *out);
   pulse_status st = pulse_st_model_open(path, &out->model);
   if (st != PULSE_OK)
@@ -71,7 +71,7 @@ pulse_status pulse_sim_state_load(const char *path, int writable, pulse_sim_stat
   out->numel = calloc(n + 1, sizeof *out->numel);
   out->owned = calloc(n + 1, 1);
   if (!out->info || !out->bits || !out->numel || !out->owned) {
-    pulse_sim_state_free(out);
+    pulse_cli_state_free(out);
     return PULSE_ERR_NOMEM;
   }
   out->count = n;
@@ -111,16 +111,16 @@ pulse_status pulse_sim_state_load(const char *path, int writable, pulse_sim_stat
     }
   }
   if (st != PULSE_OK)
-    pulse_sim_state_free(out);
+    pulse_cli_state_free(out);
   return st;
 }
 
-int pulse_sim_state_step(const pulse_sim_state *s, uint64_t *step) {
+int pulse_cli_state_step(const pulse_cli_state *s, uint64_t *step) {
   const char *v = pulse_st_model_metadata_get(s->model, "step");
-  return v != NULL && pulse_sim_parse_u64(v, step) == 0;
+  return v != NULL && pulse_cli_parse_u64(v, step) == 0;
 }
 
-pulse_status pulse_sim_state_digest(const pulse_sim_state *s, pulse_tensor_digest *per_tensor,
+pulse_status pulse_cli_state_digest(const pulse_cli_state *s, pulse_tensor_digest *per_tensor,
                                    pulse_state_digest *out) {
   for (size_t i = 0; i < s->count; i++)
     per_tensor[i] = pulse_digest_bf16(s->bits[i], s->numel[i]);

@@ -4,14 +4,14 @@
 #include <stdlib.h>
 #include <time.h>
 
-double pulse_sim_now(void) {
+double pulse_cli_now(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-double pulse_sim_since(double start) {
-  return pulse_sim_now() - start;
+double pulse_cli_since(double start) {
+  return pulse_cli_now() - start;
 }
 
 static int cmp_double(const void *a, const void *b) {
@@ -19,7 +19,7 @@ static int cmp_double(const void *a, const void *b) {
   return (x > y) - (x < y);
 }
 
-double pulse_sim_median(double *samples, size_t n) {
+double pulse_cli_median(double *samples, size_t n) {
   if (n == 0)
     return 0.0;
   qsort(samples, n, sizeof *samples, cmp_double);
@@ -28,7 +28,7 @@ double pulse_sim_median(double *samples, size_t n) {
   return 0.5 * (samples[n / 2 - 1] + samples[n / 2]);
 }
 
-double pulse_sim_min(const double *samples, size_t n) {
+double pulse_cli_min(const double *samples, size_t n) {
   if (n == 0)
     return 0.0;
   double m = samples[0];

@@ -11,17 +11,17 @@ extern "C" {
 
 /** Seconds on the monotonic clock (CLOCK_MONOTONIC) from an arbitrary
  * origin; only differences mean anything. */
-double pulse_sim_now(void);
+double pulse_cli_now(void);
 
-/** Seconds elapsed since `start`, a value returned by pulse_sim_now(). */
-double pulse_sim_since(double start);
+/** Seconds elapsed since `start`, a value returned by pulse_cli_now(). */
+double pulse_cli_since(double start);
 
 /** Median of n samples (n >= 1; 0.0 when n == 0). Sorts `samples` in place:
  * the caller's order is lost. With an even n, the mean of the middle two. */
-double pulse_sim_median(double *samples, size_t n);
+double pulse_cli_median(double *samples, size_t n);
 
 /** Smallest of n samples (0.0 when n == 0). */
-double pulse_sim_min(const double *samples, size_t n);
+double pulse_cli_min(const double *samples, size_t n);
 
 #ifdef __cplusplus
 }

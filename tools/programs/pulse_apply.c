@@ -20,22 +20,22 @@ static void usage(FILE *f) {
              "  OUT     the target checkpoint (one BF16 safetensors file, written atomically)\n");
 }
 
-static int fail(const char *what, pulse_status st) { return pulse_sim_fail("pulse-apply", what, st); }
+static int fail(const char *what, pulse_status st) { return pulse_cli_fail("pulse-apply", what, st); }
 
 int main(int argc, char **argv) {
   const char *paths[2] = {NULL, NULL}, *out_path = NULL, *v;
   int npaths = 0, threads = 0;
   for (int i = 1; i < argc; i++) {
     int r;
-    if (pulse_sim_opt_flag(argv[i], "--help") || pulse_sim_opt_flag(argv[i], "-h")) {
+    if (pulse_cli_opt_flag(argv[i], "--help") || pulse_cli_opt_flag(argv[i], "-h")) {
       usage(stdout);
       return 0;
-    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "-o", &v)) != 0) {
+    } else if ((r = pulse_cli_opt_value(argc, argv, &i, "-o", &v)) != 0) {
       if (r < 0)
         return usage(stderr), 2;
       out_path = v;
-    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--threads", &v)) != 0) {
-      if (r < 0 || pulse_sim_parse_int(v, 0, 256, &threads) != 0)
+    } else if ((r = pulse_cli_opt_value(argc, argv, &i, "--threads", &v)) != 0) {
+      if (r < 0 || pulse_cli_parse_int(v, 0, 256, &threads) != 0)
         return fprintf(stderr, "pulse-apply: --threads needs an integer in 0..256\n"), 2;
     } else if (argv[i][0] == '-' && argv[i][1] != '\0') {
       fprintf(stderr, "pulse-apply: unknown option '%s'\n", argv[i]);
@@ -49,9 +49,9 @@ int main(int argc, char **argv) {
   if (npaths != 2 || out_path == NULL)
     return usage(stderr), 2;
 
-  double t0 = pulse_sim_now();
+  double t0 = pulse_cli_now();
   pulse_buffer bytes = {NULL, 0};
-  pulse_status st = pulse_sim_read_file(paths[1], &bytes);
+  pulse_status st = pulse_cli_read_file(paths[1], &bytes);
   if (st != PULSE_OK)
     return fail(paths[1], st);
   pulse_patch *patch = NULL;
@@ -60,8 +60,8 @@ int main(int argc, char **argv) {
     pulse_buffer_free(&bytes);
     return fail(paths[1], st);
   }
-  pulse_sim_state base;
-  st = pulse_sim_state_load(paths[0], 1, &base);
+  pulse_cli_state base;
+  st = pulse_cli_state_load(paths[0], 1, &base);
   if (st != PULSE_OK) {
     pulse_patch_free(patch);
     pulse_buffer_free(&bytes);
@@ -112,10 +112,10 @@ int main(int argc, char **argv) {
   printf("pulse-apply: step %" PRIu64 " <- %" PRIu64 ": %" PRIu64 " parameters changed, "
          "state %s, %.2f s\n",
          pulse_patch_step(patch), pulse_patch_base_step(patch), pulse_patch_total_changed(patch),
-         digest_hex, pulse_sim_now() - t0);
+         digest_hex, pulse_cli_now() - t0);
 done:
   free(targets), free(wt);
-  pulse_sim_state_free(&base);
+  pulse_cli_state_free(&base);
   pulse_patch_free(patch);
   pulse_buffer_free(&bytes);
   return rc;

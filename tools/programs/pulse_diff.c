@@ -29,7 +29,7 @@ static void usage(FILE *f) {
              "  --threads N      threads (default: one per core)\n");
 }
 
-static int fail(const char *what, pulse_status st) { return pulse_sim_fail("pulse-diff", what, st); }
+static int fail(const char *what, pulse_status st) { return pulse_cli_fail("pulse-diff", what, st); }
 
 /* The command line, read by parse_args. */
 typedef struct {
@@ -48,34 +48,34 @@ static int parse_args(int argc, char **argv, diff_args *a) {
   a->format = PULSE_PATCH_VERSION;
   for (int i = 1; i < argc; i++) {
     int r;
-    if (pulse_sim_opt_flag(argv[i], "--help") || pulse_sim_opt_flag(argv[i], "-h")) {
+    if (pulse_cli_opt_flag(argv[i], "--help") || pulse_cli_opt_flag(argv[i], "-h")) {
       usage(stdout);
       return 0;
-    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "-o", &v)) != 0) {
+    } else if ((r = pulse_cli_opt_value(argc, argv, &i, "-o", &v)) != 0) {
       if (r < 0)
         return usage(stderr), 2;
       a->out_path = v;
-    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--step", &v)) != 0) {
-      if (r < 0 || pulse_sim_parse_u64(v, &a->step) != 0)
+    } else if ((r = pulse_cli_opt_value(argc, argv, &i, "--step", &v)) != 0) {
+      if (r < 0 || pulse_cli_parse_u64(v, &a->step) != 0)
         return fprintf(stderr, "pulse-diff: --step needs a non-negative integer\n"), 2;
       a->have_step = 1;
-    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--base-step", &v)) != 0) {
-      if (r < 0 || pulse_sim_parse_u64(v, &a->base_step) != 0)
+    } else if ((r = pulse_cli_opt_value(argc, argv, &i, "--base-step", &v)) != 0) {
+      if (r < 0 || pulse_cli_parse_u64(v, &a->base_step) != 0)
         return fprintf(stderr, "pulse-diff: --base-step needs a non-negative integer\n"), 2;
       a->have_base_step = 1;
-    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--chunk-log2", &v)) != 0) {
-      if (r < 0 || pulse_sim_parse_int(v, 10, 30, &a->chunk_log2) != 0)
+    } else if ((r = pulse_cli_opt_value(argc, argv, &i, "--chunk-log2", &v)) != 0) {
+      if (r < 0 || pulse_cli_parse_int(v, 10, 30, &a->chunk_log2) != 0)
         return fprintf(stderr, "pulse-diff: --chunk-log2 needs an integer in 10..30\n"), 2;
-    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--format", &v)) != 0) {
+    } else if ((r = pulse_cli_opt_value(argc, argv, &i, "--format", &v)) != 0) {
       if (r < 0 ||
-          pulse_sim_parse_int(v, PULSE_PATCH_VERSION_MIN, PULSE_PATCH_VERSION, &a->format) != 0)
+          pulse_cli_parse_int(v, PULSE_PATCH_VERSION_MIN, PULSE_PATCH_VERSION, &a->format) != 0)
         return fprintf(stderr, "pulse-diff: --format needs %d or %d\n", PULSE_PATCH_VERSION_MIN,
                        PULSE_PATCH_VERSION),
                2;
-    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--threads", &v)) != 0) {
-      if (r < 0 || pulse_sim_parse_int(v, 0, 256, &a->threads) != 0)
+    } else if ((r = pulse_cli_opt_value(argc, argv, &i, "--threads", &v)) != 0) {
+      if (r < 0 || pulse_cli_parse_int(v, 0, 256, &a->threads) != 0)
         return fprintf(stderr, "pulse-diff: --threads needs an integer in 0..256\n"), 2;
-    } else if (pulse_sim_opt_flag(argv[i], "--plain")) {
+    } else if (pulse_cli_opt_flag(argv[i], "--plain")) {
       a->plain = 1;
     } else if (argv[i][0] == '-' && argv[i][1] != '\0') {
       fprintf(stderr, "pulse-diff: unknown option '%s'\n", argv[i]);
@@ -93,7 +93,7 @@ static int parse_args(int argc, char **argv, diff_args *a) {
 
 /* The changes of BASE's tensor i in NEW, into *changes. Returns 0 or the
  * exit code (the message printed). */
-static int diff_tensor(const pulse_sim_state *base, size_t i, pulse_st_model *next, int threads,
+static int diff_tensor(const pulse_cli_state *base, size_t i, pulse_st_model *next, int threads,
                        pulse_changes *changes, uint64_t *numel) {
   pulse_st_tensor t;
   if (pulse_st_model_tensor_find(next, base->info[i].name, &t) != PULSE_OK) {
@@ -158,7 +158,7 @@ static int write_patch(const diff_args *a, const pulse_encode_tensor *enc, size_
            a->step, a->base_step, changed, total,
            total ? 100.0 * (double)changed / (double)total : 0.0, patch.size,
            changed ? (double)patch.size / (double)changed : 0.0, dense,
-           patch.size ? dense / (double)patch.size : 0.0, pulse_sim_now() - t0);
+           patch.size ? dense / (double)patch.size : 0.0, pulse_cli_now() - t0);
   }
   pulse_buffer_free(&patch);
   return rc;
@@ -170,22 +170,22 @@ int main(int argc, char **argv) {
   if (rc >= 0)
     return rc;
 
-  double t0 = pulse_sim_now();
-  pulse_sim_state base;
-  pulse_status st = pulse_sim_state_load(a.paths[0], 0, &base);
+  double t0 = pulse_cli_now();
+  pulse_cli_state base;
+  pulse_status st = pulse_cli_state_load(a.paths[0], 0, &base);
   if (st != PULSE_OK)
     return fail(a.paths[0], st);
   pulse_st_model *next = NULL;
   st = pulse_st_model_open(a.paths[1], &next);
   if (st != PULSE_OK) {
-    pulse_sim_state_free(&base);
+    pulse_cli_state_free(&base);
     return fail(a.paths[1], st);
   }
-  if (!a.have_base_step && !pulse_sim_state_step(&base, &a.base_step))
+  if (!a.have_base_step && !pulse_cli_state_step(&base, &a.base_step))
     a.base_step = 0;
   if (!a.have_step) {
     const char *s = pulse_st_model_metadata_get(next, "step");
-    if (s == NULL || pulse_sim_parse_u64(s, &a.step) != 0)
+    if (s == NULL || pulse_cli_parse_u64(s, &a.step) != 0)
       a.step = a.base_step + 1;
   }
 
@@ -216,6 +216,6 @@ int main(int argc, char **argv) {
     pulse_changes_free(&changes[i]);
   free(changes), free(enc);
   pulse_st_model_close(next);
-  pulse_sim_state_free(&base);
+  pulse_cli_state_free(&base);
   return rc;
 }

@@ -24,7 +24,7 @@ static void usage(FILE *f) {
 static int fail(const char *what, pulse_status st) {
   char invalid[4096];
   snprintf(invalid, sizeof invalid, "%s: invalid", what);
-  return pulse_sim_fail("pulse-inspect", invalid, st);
+  return pulse_cli_fail("pulse-inspect", invalid, st);
 }
 
 static void print_shape(const pulse_tensor_info *info) {
@@ -82,8 +82,8 @@ static int inspect_patch(const char *path, const pulse_buffer *bytes, const char
            total ? (double)bytes->size / (double)total : 0.0,
            bytes->size ? 2.0 * (double)numel / (double)bytes->size : 0.0);
   if (rc == 0 && base_path != NULL) {
-    pulse_sim_state base;
-    st = pulse_sim_state_load(base_path, 1, &base);
+    pulse_cli_state base;
+    st = pulse_cli_state_load(base_path, 1, &base);
     if (st != PULSE_OK) {
       rc = fail(base_path, st);
     } else {
@@ -99,7 +99,7 @@ static int inspect_patch(const char *path, const pulse_buffer *bytes, const char
       else if (!quiet)
         printf("  applies to %s: every base and target digest matches\n", base_path);
       free(tg);
-      pulse_sim_state_free(&base);
+      pulse_cli_state_free(&base);
     }
   } else if (rc == 0 && !quiet) {
     printf("  (%s; pass --base BASE to apply it and check every digest)\n",
@@ -145,15 +145,15 @@ static int inspect_model(const char *path, int quiet) {
   if (!quiet)
     printf("  total: %" PRIu64 " parameters, %" PRIu64 " bytes\n", numel, bytes);
   if (all_bf16) {
-    pulse_sim_state s;
-    st = pulse_sim_state_load(path, 0, &s);
+    pulse_cli_state s;
+    st = pulse_cli_state_load(path, 0, &s);
     if (st != PULSE_OK)
       return fail(path, st);
     pulse_tensor_digest *d = calloc(s.count + 1, sizeof *d);
     pulse_state_digest sd;
-    st = d ? pulse_sim_state_digest(&s, d, &sd) : PULSE_ERR_NOMEM;
+    st = d ? pulse_cli_state_digest(&s, d, &sd) : PULSE_ERR_NOMEM;
     free(d);
-    pulse_sim_state_free(&s);
+    pulse_cli_state_free(&s);
     if (st != PULSE_OK)
       return fail(path, st);
     char hex[65];
@@ -171,14 +171,14 @@ int main(int argc, char **argv) {
   int quiet = 0;
   for (int i = 1; i < argc; i++) {
     int r;
-    if (pulse_sim_opt_flag(argv[i], "--help") || pulse_sim_opt_flag(argv[i], "-h")) {
+    if (pulse_cli_opt_flag(argv[i], "--help") || pulse_cli_opt_flag(argv[i], "-h")) {
       usage(stdout);
       return 0;
-    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--base", &v)) != 0) {
+    } else if ((r = pulse_cli_opt_value(argc, argv, &i, "--base", &v)) != 0) {
       if (r < 0)
         return usage(stderr), 2;
       base = v;
-    } else if (pulse_sim_opt_flag(argv[i], "--quiet")) {
+    } else if (pulse_cli_opt_flag(argv[i], "--quiet")) {
       quiet = 1;
     } else if (argv[i][0] == '-' && argv[i][1] != '\0') {
       fprintf(stderr, "pulse-inspect: unknown option '%s'\n", argv[i]);
@@ -201,7 +201,7 @@ int main(int argc, char **argv) {
   if (!is_patch)
     return inspect_model(path, quiet);
   pulse_buffer bytes = {NULL, 0};
-  pulse_status st = pulse_sim_read_file(path, &bytes);
+  pulse_status st = pulse_cli_read_file(path, &bytes);
   if (st != PULSE_OK)
     return fail(path, st);
   int rc = inspect_patch(path, &bytes, base, quiet);

@@ -102,7 +102,7 @@ static void usage(FILE *f) {
 }
 
 static int fail(const char *what, pulse_status st) {
-  return pulse_sim_fail("pulse-publish", what, st);
+  return pulse_cli_fail("pulse-publish", what, st);
 }
 
 /* The table of the first checkpoint, in its order. */
@@ -368,104 +368,104 @@ static int parse_args(int argc, char **argv, publish_args *a) {
   for (int i = 1; i < argc; i++) {
     int r;
     uint64_t u;
-    if (pulse_sim_opt_flag(argv[i], "--help") ||
-        pulse_sim_opt_flag(argv[i], "-h")) {
+    if (pulse_cli_opt_flag(argv[i], "--help") ||
+        pulse_cli_opt_flag(argv[i], "-h")) {
       usage(stdout);
       return 0;
-    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--store", &v)) != 0) {
+    } else if ((r = pulse_cli_opt_value(argc, argv, &i, "--store", &v)) != 0) {
       if (r < 0)
         return usage(stderr), 2;
       a->store = v;
-    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--listen", &v)) != 0) {
+    } else if ((r = pulse_cli_opt_value(argc, argv, &i, "--listen", &v)) != 0) {
       if (r < 0)
         return usage(stderr), 2;
       a->listen = v;
-    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--key", &v)) != 0) {
+    } else if ((r = pulse_cli_opt_value(argc, argv, &i, "--key", &v)) != 0) {
       if (r < 0)
         return usage(stderr), 2;
       a->key_path = v;
-    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--rotate-key", &v)) !=
+    } else if ((r = pulse_cli_opt_value(argc, argv, &i, "--rotate-key", &v)) !=
                0) {
       if (r < 0)
         return usage(stderr), 2;
       a->rotate_path = v;
-    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--anchor-every", &v)) !=
+    } else if ((r = pulse_cli_opt_value(argc, argv, &i, "--anchor-every", &v)) !=
                0) {
-      if (r < 0 || pulse_sim_parse_u64(v, &a->o.anchor_every) != 0)
+      if (r < 0 || pulse_cli_parse_u64(v, &a->o.anchor_every) != 0)
         return fprintf(stderr,
                        "pulse-publish: --anchor-every needs an integer\n"),
                2;
-    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--keep", &v)) != 0) {
-      if (r < 0 || pulse_sim_parse_u64(v, &u) != 0 || u < 1)
+    } else if ((r = pulse_cli_opt_value(argc, argv, &i, "--keep", &v)) != 0) {
+      if (r < 0 || pulse_cli_parse_u64(v, &u) != 0 || u < 1)
         return fprintf(stderr, "pulse-publish: --keep needs an integer >= 1\n"),
                2;
       a->o.keep_patches = u;
-    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--keep-anchors", &v)) !=
+    } else if ((r = pulse_cli_opt_value(argc, argv, &i, "--keep-anchors", &v)) !=
                0) {
-      if (r < 0 || pulse_sim_parse_u64(v, &u) != 0 || u < 2)
+      if (r < 0 || pulse_cli_parse_u64(v, &u) != 0 || u < 2)
         return fprintf(stderr,
                        "pulse-publish: --keep-anchors needs an integer >= 2\n"),
                2;
       a->o.keep_anchors = u;
-    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--grace", &v)) != 0) {
+    } else if ((r = pulse_cli_opt_value(argc, argv, &i, "--grace", &v)) != 0) {
       int g;
-      if (r < 0 || pulse_sim_parse_int(v, 0, 7 * 86400, &g) != 0)
+      if (r < 0 || pulse_cli_parse_int(v, 0, 7 * 86400, &g) != 0)
         return fprintf(stderr,
                        "pulse-publish: --grace needs 0..604800 seconds\n"),
                2;
       a->o.grace_seconds = g;
-    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--first-step", &v)) !=
+    } else if ((r = pulse_cli_opt_value(argc, argv, &i, "--first-step", &v)) !=
                0) {
-      if (r < 0 || pulse_sim_parse_u64(v, &a->first_step) != 0)
+      if (r < 0 || pulse_cli_parse_u64(v, &a->first_step) != 0)
         return fprintf(stderr,
                        "pulse-publish: --first-step needs an integer\n"),
                2;
       a->have_first = 1;
-    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--interval-ms", &v)) !=
+    } else if ((r = pulse_cli_opt_value(argc, argv, &i, "--interval-ms", &v)) !=
                0) {
-      if (r < 0 || pulse_sim_parse_int(v, 0, 3600000, &a->interval_ms) != 0)
+      if (r < 0 || pulse_cli_parse_int(v, 0, 3600000, &a->interval_ms) != 0)
         return fprintf(stderr,
                        "pulse-publish: --interval-ms needs 0..3600000\n"),
                2;
-    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--threads", &v)) != 0) {
-      if (r < 0 || pulse_sim_parse_int(v, 0, 256, &threads) != 0)
+    } else if ((r = pulse_cli_opt_value(argc, argv, &i, "--threads", &v)) != 0) {
+      if (r < 0 || pulse_cli_parse_int(v, 0, 256, &threads) != 0)
         return fprintf(stderr, "pulse-publish: --threads needs 0..256\n"), 2;
-    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--upload", &v)) != 0) {
+    } else if ((r = pulse_cli_opt_value(argc, argv, &i, "--upload", &v)) != 0) {
       if (r < 0)
         return usage(stderr), 2;
       a->up.target = v;
-    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--multipart-mb", &v)) !=
+    } else if ((r = pulse_cli_opt_value(argc, argv, &i, "--multipart-mb", &v)) !=
                0) {
       int mb;
-      if (r < 0 || pulse_sim_parse_int(v, 5, 5 * 1024 * 1024, &mb) != 0)
+      if (r < 0 || pulse_cli_parse_int(v, 5, 5 * 1024 * 1024, &mb) != 0)
         return fprintf(stderr,
                        "pulse-publish: --multipart-mb needs 5..5242880\n"),
                2;
       a->up.multipart_bytes = (uint64_t)mb << 20;
-    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--part-mb", &v)) != 0) {
+    } else if ((r = pulse_cli_opt_value(argc, argv, &i, "--part-mb", &v)) != 0) {
       int mb;
-      if (r < 0 || pulse_sim_parse_int(v, 5, 5 * 1024, &mb) != 0)
+      if (r < 0 || pulse_cli_parse_int(v, 5, 5 * 1024, &mb) != 0)
         return fprintf(stderr, "pulse-publish: --part-mb needs 5..5120\n"), 2;
       a->up.part_bytes = (uint64_t)mb << 20;
-    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--cacert", &v)) != 0) {
+    } else if ((r = pulse_cli_opt_value(argc, argv, &i, "--cacert", &v)) != 0) {
       if (r < 0)
         return usage(stderr), 2;
       a->up.cacert = v;
-    } else if (pulse_sim_opt_flag(argv[i], "--new-key")) {
+    } else if (pulse_cli_opt_flag(argv[i], "--new-key")) {
       a->new_key = 1;
-    } else if (pulse_sim_opt_flag(argv[i], "--unsigned")) {
+    } else if (pulse_cli_opt_flag(argv[i], "--unsigned")) {
       a->unsigned_ = 1;
-    } else if (pulse_sim_opt_flag(argv[i], "--exit-after-publish")) {
+    } else if (pulse_cli_opt_flag(argv[i], "--exit-after-publish")) {
       a->exit_after = 1;
-    } else if (pulse_sim_opt_flag(argv[i], "--plain")) {
+    } else if (pulse_cli_opt_flag(argv[i], "--plain")) {
       a->o.pos_model = PULSE_POS_PLAIN;
-    } else if (pulse_sim_opt_flag(argv[i], "--sync-anchors")) {
+    } else if (pulse_cli_opt_flag(argv[i], "--sync-anchors")) {
       a->o.anchor_sync = 1;
-    } else if (pulse_sim_opt_flag(argv[i], "--json")) {
+    } else if (pulse_cli_opt_flag(argv[i], "--json")) {
       a->json = 1;
-    } else if (pulse_sim_opt_flag(argv[i], "--verify")) {
+    } else if (pulse_cli_opt_flag(argv[i], "--verify")) {
       a->do_verify = 1;
-    } else if (pulse_sim_opt_flag(argv[i], "--public-key")) {
+    } else if (pulse_cli_opt_flag(argv[i], "--public-key")) {
       a->print_key = 1;
     } else if (argv[i][0] == '-' && argv[i][1] != '\0') {
       fprintf(stderr, "pulse-publish: unknown option '%s'\n", argv[i]);
@@ -516,7 +516,7 @@ static int table_from_first(publish_args *a, pulse_st_model **first,
   a->o.tensor_count = n;
   if (!a->have_first) {
     const char *s = pulse_st_model_metadata_get(*first, "step");
-    if (s == NULL || pulse_sim_parse_u64(s, &a->first_step) != 0)
+    if (s == NULL || pulse_cli_parse_u64(s, &a->first_step) != 0)
       a->first_step = 0;
   }
   return 0;

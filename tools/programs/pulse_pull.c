@@ -363,92 +363,92 @@ static int parse_args(int argc, char **argv, pull_args *a) {
   a->min_rate = 262144, a->grace_s = 30;
   for (int i = 1; i < argc; i++) {
     int r;
-    if (pulse_sim_opt_flag(argv[i], "--help") ||
-        pulse_sim_opt_flag(argv[i], "-h")) {
+    if (pulse_cli_opt_flag(argv[i], "--help") ||
+        pulse_cli_opt_flag(argv[i], "-h")) {
       usage(stdout);
       return 0;
-    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--out", &v)) != 0) {
+    } else if ((r = pulse_cli_opt_value(argc, argv, &i, "--out", &v)) != 0) {
       if (r < 0)
         return usage(stderr), 2;
       a->out = v;
-    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--cache", &v)) != 0) {
+    } else if ((r = pulse_cli_opt_value(argc, argv, &i, "--cache", &v)) != 0) {
       if (r < 0)
         return usage(stderr), 2;
       a->cache = v;
-    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--key", &v)) != 0) {
+    } else if ((r = pulse_cli_opt_value(argc, argv, &i, "--key", &v)) != 0) {
       if (r < 0)
         return usage(stderr), 2;
       a->key_hex = v;
-    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--serve", &v)) != 0) {
+    } else if ((r = pulse_cli_opt_value(argc, argv, &i, "--serve", &v)) != 0) {
       if (r < 0)
         return usage(stderr), 2;
       a->serve = v;
-    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--timeout", &v)) != 0) {
-      if (r < 0 || pulse_sim_parse_int(v, 1, 86400, &a->timeout_s) != 0)
+    } else if ((r = pulse_cli_opt_value(argc, argv, &i, "--timeout", &v)) != 0) {
+      if (r < 0 || pulse_cli_parse_int(v, 1, 86400, &a->timeout_s) != 0)
         return fprintf(stderr,
                        "pulse-pull: --timeout needs 1..86400 seconds\n"),
                2;
-    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--retries", &v)) != 0) {
-      if (r < 0 || pulse_sim_parse_int(v, 0, 1000, &a->retries) != 0)
+    } else if ((r = pulse_cli_opt_value(argc, argv, &i, "--retries", &v)) != 0) {
+      if (r < 0 || pulse_cli_parse_int(v, 0, 1000, &a->retries) != 0)
         return fprintf(stderr, "pulse-pull: --retries needs 0..1000\n"), 2;
-    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--min-rate", &v)) !=
+    } else if ((r = pulse_cli_opt_value(argc, argv, &i, "--min-rate", &v)) !=
                0) {
       uint64_t rate = 0;
-      if (r < 0 || pulse_sim_parse_u64(v, &rate) != 0 || rate > INT32_MAX)
+      if (r < 0 || pulse_cli_parse_u64(v, &rate) != 0 || rate > INT32_MAX)
         return fprintf(stderr,
                        "pulse-pull: --min-rate needs BYTES per second "
                        "(0..2G)\n"),
                2;
       a->min_rate = (int)rate;
-    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--cacert", &v)) != 0) {
+    } else if ((r = pulse_cli_opt_value(argc, argv, &i, "--cacert", &v)) != 0) {
       if (r < 0)
         return fprintf(stderr, "pulse-pull: --cacert needs a file\n"), 2;
       a->cacert = v;
-    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--grace-s", &v)) !=
+    } else if ((r = pulse_cli_opt_value(argc, argv, &i, "--grace-s", &v)) !=
                0) {
-      if (r < 0 || pulse_sim_parse_int(v, 0, 86400, &a->grace_s) != 0)
+      if (r < 0 || pulse_cli_parse_int(v, 0, 86400, &a->grace_s) != 0)
         return fprintf(stderr, "pulse-pull: --grace-s needs 0..86400\n"), 2;
-    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--parallel", &v)) !=
+    } else if ((r = pulse_cli_opt_value(argc, argv, &i, "--parallel", &v)) !=
                0) {
-      if (r < 0 || pulse_sim_parse_int(v, 1, 16, &a->parallel) != 0)
+      if (r < 0 || pulse_cli_parse_int(v, 1, 16, &a->parallel) != 0)
         return fprintf(stderr, "pulse-pull: --parallel needs 1..16\n"), 2;
-    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--threads", &v)) != 0) {
-      if (r < 0 || pulse_sim_parse_int(v, 0, 256, &a->threads) != 0)
+    } else if ((r = pulse_cli_opt_value(argc, argv, &i, "--threads", &v)) != 0) {
+      if (r < 0 || pulse_cli_parse_int(v, 0, 256, &a->threads) != 0)
         return fprintf(stderr, "pulse-pull: --threads needs 0..256\n"), 2;
-    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--limit-rate", &v)) !=
+    } else if ((r = pulse_cli_opt_value(argc, argv, &i, "--limit-rate", &v)) !=
                0) {
-      if (r < 0 || pulse_sim_parse_u64(v, &a->rate) != 0)
+      if (r < 0 || pulse_cli_parse_u64(v, &a->rate) != 0)
         return fprintf(
                    stderr,
                    "pulse-pull: --limit-rate needs a byte count (e.g. 2M)\n"),
                2;
-    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--snapshot-every", &v)) != 0) {
-      if (r < 0 || pulse_sim_parse_u64(v, &a->snapshot_every) != 0 || a->snapshot_every == 0)
+    } else if ((r = pulse_cli_opt_value(argc, argv, &i, "--snapshot-every", &v)) != 0) {
+      if (r < 0 || pulse_cli_parse_u64(v, &a->snapshot_every) != 0 || a->snapshot_every == 0)
         return fprintf(stderr, "pulse-pull: --snapshot-every needs a step count of at least 1\n"),
                2;
-    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--max-age", &v)) !=
+    } else if ((r = pulse_cli_opt_value(argc, argv, &i, "--max-age", &v)) !=
                0) {
-      if (r < 0 || pulse_sim_parse_int(v, 1, 2000000000, &a->max_age_s) != 0)
+      if (r < 0 || pulse_cli_parse_int(v, 1, 2000000000, &a->max_age_s) != 0)
         return fprintf(stderr,
                        "pulse-pull: --max-age needs a number of seconds\n"),
                2;
-    } else if (pulse_sim_opt_flag(argv[i], "--allow-rollback")) {
+    } else if (pulse_cli_opt_flag(argv[i], "--allow-rollback")) {
       a->allow_rollback = 1;
-    } else if (pulse_sim_opt_flag(argv[i], "--switch-run")) {
+    } else if (pulse_cli_opt_flag(argv[i], "--switch-run")) {
       a->switch_run = 1;
-    } else if (pulse_sim_opt_flag(argv[i], "--follow")) {
+    } else if (pulse_cli_opt_flag(argv[i], "--follow")) {
       a->follow = 1;
-    } else if (pulse_sim_opt_flag(argv[i], "--json")) {
+    } else if (pulse_cli_opt_flag(argv[i], "--json")) {
       a->json = 1;
-    } else if (pulse_sim_opt_flag(argv[i], "--no-catchup")) {
+    } else if (pulse_cli_opt_flag(argv[i], "--no-catchup")) {
       a->no_catchup = 1;
-    } else if (pulse_sim_opt_flag(argv[i], "--no-stream")) {
+    } else if (pulse_cli_opt_flag(argv[i], "--no-stream")) {
       a->no_stream = 1;
-    } else if (pulse_sim_opt_flag(argv[i], "--no-class-index")) {
+    } else if (pulse_cli_opt_flag(argv[i], "--no-class-index")) {
       a->no_index = 1;
-    } else if (pulse_sim_opt_flag(argv[i], "--insecure-unsigned")) {
+    } else if (pulse_cli_opt_flag(argv[i], "--insecure-unsigned")) {
       a->unsigned_ = 1;
-    } else if (pulse_sim_opt_flag(argv[i], "--trust-first-use")) {
+    } else if (pulse_cli_opt_flag(argv[i], "--trust-first-use")) {
       a->tofu = 1;
     } else if (argv[i][0] == '-' && argv[i][1] != '\0') {
       fprintf(stderr, "pulse-pull: unknown option '%s'\n", argv[i]);
@@ -533,7 +533,7 @@ static int start_relay(const pull_args *a, out_ctx *oc) {
   so.watch = 1;
   pulse_status st = pulse_server_create(&so, &oc->srv);
   if (st != PULSE_OK)
-    return pulse_sim_fail("pulse-pull", a->serve, st);
+    return pulse_cli_fail("pulse-pull", a->serve, st);
   if (a->json)
     printf("{\"event\":\"serving\",\"url\":\"http://%s:%u\"}\n",
            host[0] ? host : "0.0.0.0", (unsigned)pulse_server_port(oc->srv));
@@ -607,15 +607,15 @@ int main(int argc, char **argv) {
   pulse_sub *sub = NULL;
   pulse_status st = pulse_sub_create(&o, &sub);
   if (st != PULSE_OK)
-    return pulse_sim_fail("pulse-pull", a.cache, st);
+    return pulse_cli_fail("pulse-pull", a.cache, st);
   oc.sub = sub;
   stop.sub = sub;
   rc = 0;
   if (a.out != NULL && (st = pulse_sub_attach_file(sub, a.out)) != PULSE_OK)
-    rc = pulse_sim_fail("pulse-pull", a.out, st);
+    rc = pulse_cli_fail("pulse-pull", a.out, st);
   if (rc == 0 && a.snapshot_every > 0 &&
       (st = pulse_sub_file_snapshot(sub, a.snapshot_every)) != PULSE_OK)
-    rc = pulse_sim_fail("pulse-pull", a.out, st);
+    rc = pulse_cli_fail("pulse-pull", a.out, st);
   if (rc == 0 && a.serve != NULL)
     rc = start_relay(&a, &oc);
   if (rc == 0)

@@ -52,7 +52,7 @@ static void usage(FILE *f) {
 }
 
 static int fail(const char *what, pulse_status st) {
-  return pulse_sim_fail("pulse-serve", what, st);
+  return pulse_cli_fail("pulse-serve", what, st);
 }
 
 int main(int argc, char **argv) {
@@ -61,75 +61,75 @@ int main(int argc, char **argv) {
   pulse_server_opts_init(&o);
   for (int i = 1; i < argc; i++) {
     int r, n;
-    if (pulse_sim_opt_flag(argv[i], "--help") ||
-        pulse_sim_opt_flag(argv[i], "-h")) {
+    if (pulse_cli_opt_flag(argv[i], "--help") ||
+        pulse_cli_opt_flag(argv[i], "-h")) {
       usage(stdout);
       return 0;
-    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--store", &v)) != 0) {
+    } else if ((r = pulse_cli_opt_value(argc, argv, &i, "--store", &v)) != 0) {
       if (r < 0)
         return usage(stderr), 2;
       store = v;
-    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--listen", &v)) != 0) {
+    } else if ((r = pulse_cli_opt_value(argc, argv, &i, "--listen", &v)) != 0) {
       if (r < 0)
         return usage(stderr), 2;
       listen = v;
-    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--key", &v)) != 0) {
+    } else if ((r = pulse_cli_opt_value(argc, argv, &i, "--key", &v)) != 0) {
       if (r < 0)
         return usage(stderr), 2;
       key_path = v;
-    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--catchup-builds",
+    } else if ((r = pulse_cli_opt_value(argc, argv, &i, "--catchup-builds",
                                        &v)) != 0) {
-      if (r < 0 || pulse_sim_parse_int(v, 1, 64, &n) != 0)
+      if (r < 0 || pulse_cli_parse_int(v, 1, 64, &n) != 0)
         return fprintf(stderr, "pulse-serve: --catchup-builds needs 1..64\n"),
                2;
       o.catchup_builds = (unsigned)n;
-    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--catchup-queue",
+    } else if ((r = pulse_cli_opt_value(argc, argv, &i, "--catchup-queue",
                                        &v)) != 0) {
-      if (r < 0 || pulse_sim_parse_int(v, 1, 100000, &n) != 0)
+      if (r < 0 || pulse_cli_parse_int(v, 1, 100000, &n) != 0)
         return fprintf(stderr,
                        "pulse-serve: --catchup-queue needs 1..100000\n"),
                2;
       o.catchup_queue = (unsigned)n;
-    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--catchup-wait-ms",
+    } else if ((r = pulse_cli_opt_value(argc, argv, &i, "--catchup-wait-ms",
                                        &v)) != 0) {
-      if (r < 0 || pulse_sim_parse_int(v, 0, 600000, &n) != 0)
+      if (r < 0 || pulse_cli_parse_int(v, 0, 600000, &n) != 0)
         return fprintf(stderr,
                        "pulse-serve: --catchup-wait-ms needs 0..600000\n"),
                2;
       o.catchup_wait_ms = (uint32_t)n;
-    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--threads", &v)) != 0) {
-      if (r < 0 || pulse_sim_parse_int(v, 0, 1024, &n) != 0)
+    } else if ((r = pulse_cli_opt_value(argc, argv, &i, "--threads", &v)) != 0) {
+      if (r < 0 || pulse_cli_parse_int(v, 0, 1024, &n) != 0)
         return fprintf(stderr, "pulse-serve: --threads needs 0..1024\n"), 2;
       o.threads = (unsigned)n;
-    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--max-connections",
+    } else if ((r = pulse_cli_opt_value(argc, argv, &i, "--max-connections",
                                        &v)) != 0) {
-      if (r < 0 || pulse_sim_parse_int(v, 1, 1000000, &n) != 0)
+      if (r < 0 || pulse_cli_parse_int(v, 1, 1000000, &n) != 0)
         return fprintf(stderr,
                        "pulse-serve: --max-connections needs 1..1000000\n"),
                2;
       o.max_connections = (unsigned)n;
-    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--max-per-ip", &v)) !=
+    } else if ((r = pulse_cli_opt_value(argc, argv, &i, "--max-per-ip", &v)) !=
                0) {
-      if (r < 0 || pulse_sim_parse_int(v, 0, 1000000, &n) != 0)
+      if (r < 0 || pulse_cli_parse_int(v, 0, 1000000, &n) != 0)
         return fprintf(stderr, "pulse-serve: --max-per-ip needs 0..1000000\n"),
                2;
       o.max_per_ip = (unsigned)n;
-    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--max-waiters", &v)) !=
+    } else if ((r = pulse_cli_opt_value(argc, argv, &i, "--max-waiters", &v)) !=
                0) {
-      if (r < 0 || pulse_sim_parse_int(v, 1, 1000000, &n) != 0)
+      if (r < 0 || pulse_cli_parse_int(v, 1, 1000000, &n) != 0)
         return fprintf(stderr, "pulse-serve: --max-waiters needs 1..1000000\n"),
                2;
       o.max_waiters = (unsigned)n;
-    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--header-timeout",
+    } else if ((r = pulse_cli_opt_value(argc, argv, &i, "--header-timeout",
                                        &v)) != 0) {
-      if (r < 0 || pulse_sim_parse_int(v, 0, 3600, &n) != 0)
+      if (r < 0 || pulse_cli_parse_int(v, 0, 3600, &n) != 0)
         return fprintf(stderr,
                        "pulse-serve: --header-timeout needs 0..3600 seconds\n"),
                2;
       o.header_timeout_s = (unsigned)n;
-    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--idle-timeout", &v)) !=
+    } else if ((r = pulse_cli_opt_value(argc, argv, &i, "--idle-timeout", &v)) !=
                0) {
-      if (r < 0 || pulse_sim_parse_int(v, 0, 86400, &n) != 0)
+      if (r < 0 || pulse_cli_parse_int(v, 0, 86400, &n) != 0)
         return fprintf(stderr,
                        "pulse-serve: --idle-timeout needs 0..86400 seconds\n"),
                2;

@@ -88,47 +88,47 @@ int bench_codec_main(int argc, char **argv) {
   for (int i = 1; i < argc; i++) {
     const char *arg = argv[i], *v = NULL;
     int m;
-    if (pulse_sim_opt_flag(arg, "--help") || pulse_sim_opt_flag(arg, "-h")) {
+    if (pulse_cli_opt_flag(arg, "--help") || pulse_cli_opt_flag(arg, "-h")) {
       bench_codec_usage(stdout);
       return 0;
-    } else if (pulse_sim_opt_flag(arg, "--json")) {
+    } else if (pulse_cli_opt_flag(arg, "--json")) {
       a.json = 1;
-    } else if ((m = pulse_sim_opt_value(argc, argv, &i, "--report", &v)) != 0) {
+    } else if ((m = pulse_cli_opt_value(argc, argv, &i, "--report", &v)) != 0) {
       if (m < 0)
         return usage_error("--report needs a folder%s", "");
       a.report = v;
-    } else if ((m = pulse_sim_opt_value(argc, argv, &i, "--params", &v)) != 0) {
-      if (m < 0 || pulse_sim_parse_u64(v, &a.params) != 0)
+    } else if ((m = pulse_cli_opt_value(argc, argv, &i, "--params", &v)) != 0) {
+      if (m < 0 || pulse_cli_parse_u64(v, &a.params) != 0)
         return usage_error("--params needs a count, got '%s'", m < 0 ? "" : v);
       a.synth_opts_given = 1;
-    } else if ((m = pulse_sim_opt_value(argc, argv, &i, "--steps", &v)) != 0) {
-      if (m < 0 || pulse_sim_parse_u64(v, &a.steps) != 0 || a.steps == 0 ||
+    } else if ((m = pulse_cli_opt_value(argc, argv, &i, "--steps", &v)) != 0) {
+      if (m < 0 || pulse_cli_parse_u64(v, &a.steps) != 0 || a.steps == 0 ||
           a.steps > 1000000)
         return usage_error("--steps needs a count from 1, got '%s'",
                            m < 0 ? "" : v);
       a.synth_opts_given = 1;
-    } else if ((m = pulse_sim_opt_value(argc, argv, &i, "--lr", &v)) != 0) {
-      if (m < 0 || pulse_sim_parse_double(v, &a.lr) != 0 || a.lr < 0)
+    } else if ((m = pulse_cli_opt_value(argc, argv, &i, "--lr", &v)) != 0) {
+      if (m < 0 || pulse_cli_parse_double(v, &a.lr) != 0 || a.lr < 0)
         return usage_error("--lr needs a non-negative number, got '%s'",
                            m < 0 ? "" : v);
       a.synth_opts_given = 1;
-    } else if ((m = pulse_sim_opt_value(argc, argv, &i, "--seed", &v)) != 0) {
-      if (m < 0 || pulse_sim_parse_u64(v, &a.seed) != 0)
+    } else if ((m = pulse_cli_opt_value(argc, argv, &i, "--seed", &v)) != 0) {
+      if (m < 0 || pulse_cli_parse_u64(v, &a.seed) != 0)
         return usage_error("--seed needs an integer, got '%s'", m < 0 ? "" : v);
       a.synth_opts_given = 1;
-    } else if ((m = pulse_sim_opt_value(argc, argv, &i, "--threads", &v)) !=
+    } else if ((m = pulse_cli_opt_value(argc, argv, &i, "--threads", &v)) !=
                0) {
-      if (m < 0 || pulse_sim_parse_int(v, 0, 4096, &a.threads) != 0)
+      if (m < 0 || pulse_cli_parse_int(v, 0, 4096, &a.threads) != 0)
         return usage_error("--threads needs 0..4096, got '%s'", m < 0 ? "" : v);
-    } else if ((m = pulse_sim_opt_value(argc, argv, &i, "--apply-threads",
+    } else if ((m = pulse_cli_opt_value(argc, argv, &i, "--apply-threads",
                                         &v)) != 0) {
-      if (m < 0 || pulse_sim_parse_int(v, 0, 256, &a.apply_threads) != 0)
+      if (m < 0 || pulse_cli_parse_int(v, 0, 256, &a.apply_threads) != 0)
         return usage_error("--apply-threads needs 0..256, got '%s'",
                            m < 0 ? "" : v);
-    } else if ((m = pulse_sim_opt_value(argc, argv, &i, "--reps", &v)) != 0) {
-      if (m < 0 || pulse_sim_parse_int(v, 1, MAX_REPS, &a.reps) != 0)
+    } else if ((m = pulse_cli_opt_value(argc, argv, &i, "--reps", &v)) != 0) {
+      if (m < 0 || pulse_cli_parse_int(v, 1, MAX_REPS, &a.reps) != 0)
         return usage_error("--reps needs 1..1000, got '%s'", m < 0 ? "" : v);
-    } else if (pulse_sim_opt_flag(arg, "--snapshots")) {
+    } else if (pulse_cli_opt_flag(arg, "--snapshots")) {
       a.snapshots = argv + i + 1;
       while (i + 1 < argc && strncmp(argv[i + 1], "--", 2) != 0) {
         i++;

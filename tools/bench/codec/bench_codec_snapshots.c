@@ -89,7 +89,7 @@ static int snapshot_load(const char *path, const bench_table *tb,
     return 1;
   }
   const char *step = pulse_st_model_metadata_get(m, "step");
-  out->has_step = step != NULL && pulse_sim_parse_u64(step, &out->step) == 0;
+  out->has_step = step != NULL && pulse_cli_parse_u64(step, &out->step) == 0;
   for (size_t i = 0; i < tb->count; i++) {
     pulse_st_tensor t;
     pulse_status st = pulse_st_model_tensor_find(m, tb->info[i].name, &t);

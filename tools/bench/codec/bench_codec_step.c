@@ -21,13 +21,13 @@ static int encode_patch(codec_ctx *c, const step_result *r, int coding,
   double t[MAX_REPS];
   for (int k = 0; k < reps; k++) {
     pulse_buffer_free(out);
-    double t0 = pulse_sim_now();
+    double t0 = pulse_cli_now();
     pulse_status st = pulse_patch_encode(&opts, c->enc, c->table.count, out);
-    t[k] = pulse_sim_since(t0);
+    t[k] = pulse_cli_since(t0);
     if (st != PULSE_OK)
       return bench_codec_fail_status(bench_codec_codings[coding].label, st);
   }
-  *secs = pulse_sim_median(t, (size_t)reps);
+  *secs = pulse_cli_median(t, (size_t)reps);
   return 0;
 }
 
@@ -41,17 +41,17 @@ static int decode_streams(const pulse_buffer *patch, const char *label,
   for (int k = 0; k < reps; k++) {
     pulse_patch *p = NULL;
     pulse_status st = pulse_patch_open(patch->data, patch->size, &p);
-    double t0 = pulse_sim_now();
+    double t0 = pulse_cli_now();
     if (st == PULSE_OK)
       st = pulse_patch_check_streams(p, 1);
-    t[k] = pulse_sim_since(t0);
+    t[k] = pulse_cli_since(t0);
     pulse_patch_free(p);
     if (st == PULSE_ERR_UNSUPPORTED)
       return 0;
     if (st != PULSE_OK)
       return bench_codec_fail_status(label, st);
   }
-  *secs = pulse_sim_median(t, (size_t)reps);
+  *secs = pulse_cli_median(t, (size_t)reps);
   return 0;
 }
 
@@ -85,7 +85,7 @@ static int apply_patch(codec_ctx *c, step_result *r, const pulse_buffer *patch,
     }
     free_indexes(c);
     if (indexed) {
-      double b0 = pulse_sim_now();
+      double b0 = pulse_cli_now();
       r->index_bytes = 0;
       for (size_t i = 0; i < tb->count; i++) {
         pulse_status st = pulse_class_index_build(
@@ -96,14 +96,14 @@ static int apply_patch(codec_ctx *c, step_result *r, const pulse_buffer *patch,
         }
         r->index_bytes += pulse_class_index_bytes(c->index[i]);
       }
-      r->index_build_s = pulse_sim_since(b0);
+      r->index_build_s = pulse_cli_since(b0);
     }
     pulse_patch *p = NULL;
-    double t0 = pulse_sim_now();
+    double t0 = pulse_cli_now();
     pulse_status st = pulse_patch_open(patch->data, patch->size, &p);
     if (st == PULSE_OK)
       st = pulse_patch_apply(p, c->targets, tb->count, &opts);
-    t[k] = pulse_sim_since(t0);
+    t[k] = pulse_cli_since(t0);
     uint64_t total_changed = p ? pulse_patch_total_changed(p) : 0;
     pulse_patch_free(p);
     if (indexed && st == PULSE_OK) /* the commits kept each index exact */
@@ -125,7 +125,7 @@ static int apply_patch(codec_ctx *c, step_result *r, const pulse_buffer *patch,
       return 1;
     }
   }
-  *secs = pulse_sim_median(t, (size_t)reps);
+  *secs = pulse_cli_median(t, (size_t)reps);
   if (memcmp(c->work, new_bf16, (size_t)tb->total * 2) != 0) {
     uint64_t first = 0;
     while (c->work[first] == new_bf16[first])
@@ -159,7 +159,7 @@ int bench_codec_measure_step(codec_ctx *c, const codec_args *a,
    * alone so every repetition does the same work. */
   double t[MAX_REPS];
   for (int k = 0; k < a->reps; k++) {
-    double t0 = pulse_sim_now();
+    double t0 = pulse_cli_now();
     for (size_t i = 0; i < tb->count; i++) {
       c->changes[i].count = 0;
       st = pulse_detect_fast(c->cur[i], c->cur_dtype[i],
@@ -168,9 +168,9 @@ int bench_codec_measure_step(codec_ctx *c, const codec_args *a,
       if (st != PULSE_OK)
         return bench_codec_fail_status("change detection", st);
     }
-    t[k] = pulse_sim_since(t0);
+    t[k] = pulse_cli_since(t0);
   }
-  r->detect_s = pulse_sim_median(t, (size_t)a->reps);
+  r->detect_s = pulse_cli_median(t, (size_t)a->reps);
   r->changed = 0;
   r->tensors = tb->count;
   for (size_t i = 0; i < tb->count; i++)
@@ -178,7 +178,7 @@ int bench_codec_measure_step(codec_ctx *c, const codec_args *a,
 
   /* memcpy of the same bytes, for scale. */
   for (int k = 0; k < a->reps; k++) {
-    double t0 = pulse_sim_now();
+    double t0 = pulse_cli_now();
     uint8_t *dst = c->copy_dst;
     for (size_t i = 0; i < tb->count; i++) {
       size_t n = (size_t)(tb->numel[i] * pulse_dtype_size(c->cur_dtype[i]));
@@ -186,9 +186,9 @@ int bench_codec_measure_step(codec_ctx *c, const codec_args *a,
       dst += n;
     }
     memcpy(dst, c->old_bf16, (size_t)tb->total * 2);
-    t[k] = pulse_sim_since(t0);
+    t[k] = pulse_cli_since(t0);
   }
-  r->memcpy_s = pulse_sim_median(t, (size_t)a->reps);
+  r->memcpy_s = pulse_cli_median(t, (size_t)a->reps);
 
   /* Every coding: encode, then apply and check. */
   for (size_t i = 0; i < tb->count; i++) {

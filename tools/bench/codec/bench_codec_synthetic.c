@@ -18,11 +18,11 @@ int bench_codec_run_synthetic(const codec_args *a) {
   so.lr = a->lr;
   so.threads = a->threads;
   pulse_synth *syn = NULL;
-  double t0 = pulse_sim_now();
+  double t0 = pulse_cli_now();
   pulse_status st = pulse_synth_create(&so, &syn);
   if (st != PULSE_OK)
     return bench_codec_fail_status("synthetic trajectory", st);
-  double create_s = pulse_sim_since(t0);
+  double create_s = pulse_cli_since(t0);
 
   codec_ctx c;
   memset(&c, 0, sizeof c);
@@ -75,13 +75,13 @@ int bench_codec_run_synthetic(const codec_args *a) {
   for (uint64_t k = 1; k <= a->steps; k++) {
     step_result r;
     memset(&r, 0, sizeof r);
-    t0 = pulse_sim_now();
+    t0 = pulse_cli_now();
     st = pulse_synth_step(syn);
     if (st != PULSE_OK) {
       bench_codec_fail_status("synthetic step", st);
       goto done;
     }
-    r.generate_s = pulse_sim_since(t0);
+    r.generate_s = pulse_cli_since(t0);
     r.step = k;
     r.base_step = k - 1;
     if (bench_codec_measure_step(&c, a, bf16, &r) != 0)

@@ -133,109 +133,109 @@ int bench_loco_parse(int argc, char **argv, loco_args *a) {
     const char *arg = argv[i], *v = NULL;
     int m, k;
     uint64_t u;
-    if (pulse_sim_opt_flag(arg, "--help") || pulse_sim_opt_flag(arg, "-h")) {
+    if (pulse_cli_opt_flag(arg, "--help") || pulse_cli_opt_flag(arg, "-h")) {
       bench_loco_usage(stdout);
       return 0;
-    } else if (pulse_sim_opt_flag(arg, "--json")) {
+    } else if (pulse_cli_opt_flag(arg, "--json")) {
       a->json = 1;
-    } else if (pulse_sim_opt_flag(arg, "--only-pulseloco")) {
+    } else if (pulse_cli_opt_flag(arg, "--only-pulseloco")) {
       a->only_pulseloco = 1;
-    } else if (pulse_sim_opt_flag(arg, "--no-auth")) {
+    } else if (pulse_cli_opt_flag(arg, "--no-auth")) {
       a->no_auth = 1;
-    } else if ((m = pulse_sim_opt_value(argc, argv, &i, "--report", &v)) != 0) {
+    } else if ((m = pulse_cli_opt_value(argc, argv, &i, "--report", &v)) != 0) {
       if (m < 0)
         return usage_error("--report needs a folder%s", "");
       a->report = v;
-    } else if ((m = pulse_sim_opt_value(argc, argv, &i, "--trainers", &v)) !=
+    } else if ((m = pulse_cli_opt_value(argc, argv, &i, "--trainers", &v)) !=
                0) {
-      if (m < 0 || pulse_sim_parse_int(v, 1, MAX_TRAINERS - 1, &k) != 0)
+      if (m < 0 || pulse_cli_parse_int(v, 1, MAX_TRAINERS - 1, &k) != 0)
         return usage_error("--trainers needs 1..63, got '%s'", m < 0 ? "" : v);
       a->trainers = (uint32_t)k;
-    } else if ((m = pulse_sim_opt_value(argc, argv, &i, "--rounds", &v)) != 0) {
-      if (m < 0 || pulse_sim_parse_int(v, 1, 100000, &k) != 0)
+    } else if ((m = pulse_cli_opt_value(argc, argv, &i, "--rounds", &v)) != 0) {
+      if (m < 0 || pulse_cli_parse_int(v, 1, 100000, &k) != 0)
         return usage_error("--rounds needs 1..100000, got '%s'",
                            m < 0 ? "" : v);
       a->rounds = (uint32_t)k;
-    } else if ((m = pulse_sim_opt_value(argc, argv, &i, "--inner", &v)) != 0) {
-      if (m < 0 || pulse_sim_parse_int(v, 1, 1000000, &k) != 0)
+    } else if ((m = pulse_cli_opt_value(argc, argv, &i, "--inner", &v)) != 0) {
+      if (m < 0 || pulse_cli_parse_int(v, 1, 1000000, &k) != 0)
         return usage_error("--inner needs 1..1000000, got '%s'",
                            m < 0 ? "" : v);
       a->inner = (uint32_t)k;
-    } else if ((m = pulse_sim_opt_value(argc, argv, &i, "--params", &v)) != 0) {
-      if (m < 0 || pulse_sim_parse_u64(v, &u) != 0 || u < 1000 || u > 100000000)
+    } else if ((m = pulse_cli_opt_value(argc, argv, &i, "--params", &v)) != 0) {
+      if (m < 0 || pulse_cli_parse_u64(v, &u) != 0 || u < 1000 || u > 100000000)
         return usage_error("--params needs 1000..1e8, got '%s'",
                            m < 0 ? "" : v);
       a->params = u;
-    } else if ((m = pulse_sim_opt_value(argc, argv, &i, "--seed", &v)) != 0) {
-      if (m < 0 || pulse_sim_parse_u64(v, &a->seed) != 0)
+    } else if ((m = pulse_cli_opt_value(argc, argv, &i, "--seed", &v)) != 0) {
+      if (m < 0 || pulse_cli_parse_u64(v, &a->seed) != 0)
         return usage_error("--seed needs an integer, got '%s'", m < 0 ? "" : v);
-    } else if ((m = pulse_sim_opt_value(argc, argv, &i, "--lr", &v)) != 0) {
-      if (m < 0 || pulse_sim_parse_double(v, &a->lr) != 0 ||
+    } else if ((m = pulse_cli_opt_value(argc, argv, &i, "--lr", &v)) != 0) {
+      if (m < 0 || pulse_cli_parse_double(v, &a->lr) != 0 ||
           !(a->lr >= 0 && a->lr < 1))
         return usage_error("--lr needs a number in [0, 1), got '%s'",
                            m < 0 ? "" : v);
-    } else if ((m = pulse_sim_opt_value(argc, argv, &i, "--drop-rate", &v)) !=
+    } else if ((m = pulse_cli_opt_value(argc, argv, &i, "--drop-rate", &v)) !=
                0) {
-      if (m < 0 || pulse_sim_parse_double(v, &a->drop_rate) != 0 ||
+      if (m < 0 || pulse_cli_parse_double(v, &a->drop_rate) != 0 ||
           !(a->drop_rate >= 0 && a->drop_rate < 1))
         return usage_error("--drop-rate needs a number in [0, 1), got '%s'",
                            m < 0 ? "" : v);
-    } else if ((m = pulse_sim_opt_value(argc, argv, &i, "--deadline-ms", &v)) !=
+    } else if ((m = pulse_cli_opt_value(argc, argv, &i, "--deadline-ms", &v)) !=
                0) {
-      if (m < 0 || pulse_sim_parse_int(v, 1, 600000, &k) != 0)
+      if (m < 0 || pulse_cli_parse_int(v, 1, 600000, &k) != 0)
         return usage_error("--deadline-ms needs 1..600000, got '%s'",
                            m < 0 ? "" : v);
       a->deadline_ms = (uint32_t)k;
-    } else if ((m = pulse_sim_opt_value(argc, argv, &i, "--rule", &v)) != 0) {
+    } else if ((m = pulse_cli_opt_value(argc, argv, &i, "--rule", &v)) != 0) {
       if (m < 0 || pulse_loco_rule_parse(v, &a->rule) != PULSE_OK)
         return usage_error("--rule needs drop, keep or legacy, got '%s'",
                            m < 0 ? "" : v);
-    } else if ((m = pulse_sim_opt_value(argc, argv, &i, "--transport", &v)) !=
+    } else if ((m = pulse_cli_opt_value(argc, argv, &i, "--transport", &v)) !=
                0) {
       if (m < 0 || pulse_loco_transport_parse(v, &a->transport) != PULSE_OK)
         return usage_error("--transport needs http or udp, got '%s'",
                            m < 0 ? "" : v);
-    } else if ((m = pulse_sim_opt_value(argc, argv, &i, "--drop", &v)) != 0) {
-      if (m < 0 || pulse_sim_parse_double(v, &a->drop) != 0 ||
+    } else if ((m = pulse_cli_opt_value(argc, argv, &i, "--drop", &v)) != 0) {
+      if (m < 0 || pulse_cli_parse_double(v, &a->drop) != 0 ||
           !(a->drop >= 0 && a->drop < 1))
         return usage_error("--drop needs a number in [0, 1), got '%s'",
                            m < 0 ? "" : v);
-    } else if ((m = pulse_sim_opt_value(argc, argv, &i, "--resync-period",
+    } else if ((m = pulse_cli_opt_value(argc, argv, &i, "--resync-period",
                                         &v)) != 0) {
-      if (m < 0 || pulse_sim_parse_int(v, 1, 100000, &k) != 0)
+      if (m < 0 || pulse_cli_parse_int(v, 1, 100000, &k) != 0)
         return usage_error("--resync-period needs 1..100000, got '%s'",
                            m < 0 ? "" : v);
       a->resync_period = (uint32_t)k;
-    } else if ((m = pulse_sim_opt_value(argc, argv, &i, "--drift-budget",
+    } else if ((m = pulse_cli_opt_value(argc, argv, &i, "--drift-budget",
                                         &v)) != 0) {
-      if (m < 0 || pulse_sim_parse_double(v, &a->drift_budget) != 0 ||
+      if (m < 0 || pulse_cli_parse_double(v, &a->drift_budget) != 0 ||
           !(a->drift_budget >= 0))
         return usage_error("--drift-budget needs a number >= 0, got '%s'",
                            m < 0 ? "" : v);
-    } else if ((m = pulse_sim_opt_value(argc, argv, &i, "--netns", &v)) != 0) {
+    } else if ((m = pulse_cli_opt_value(argc, argv, &i, "--netns", &v)) != 0) {
       if (m < 0 || pulse_sim_netns_parse(v, a->netns, 8, &a->nnetns) != 0)
         return usage_error("--netns needs NAME=A.B.C.D[,NAME=A.B.C.D...] (at "
                            "most 8), got '%s'",
                            m < 0 ? "" : v);
-    } else if ((m = pulse_sim_opt_value(argc, argv, &i, "--problem", &v)) !=
+    } else if ((m = pulse_cli_opt_value(argc, argv, &i, "--problem", &v)) !=
                0) {
       if (m < 0 || (strcmp(v, "text") != 0 && strcmp(v, "teacher") != 0))
         return usage_error("--problem needs text or teacher, got '%s'",
                            m < 0 ? "" : v);
       a->problem = strcmp(v, "text") == 0 ? PULSE_SIM_PROBLEM_TEXT
                                           : PULSE_SIM_PROBLEM_TEACHER;
-    } else if ((m = pulse_sim_opt_value(argc, argv, &i, "--text", &v)) != 0) {
+    } else if ((m = pulse_cli_opt_value(argc, argv, &i, "--text", &v)) != 0) {
       if (m < 0 || *v == '\0')
         return usage_error("--text needs a file%s", "");
       a->text_path = v;
-    } else if ((m = pulse_sim_opt_value(argc, argv, &i, "--join-round", &v)) !=
+    } else if ((m = pulse_cli_opt_value(argc, argv, &i, "--join-round", &v)) !=
                0) {
-      if (m < 0 || pulse_sim_parse_int(v, 1, 100000, &a->join_round) != 0)
+      if (m < 0 || pulse_cli_parse_int(v, 1, 100000, &a->join_round) != 0)
         return usage_error("--join-round needs a round from 1, got '%s'",
                            m < 0 ? "" : v);
-    } else if ((m = pulse_sim_opt_value(argc, argv, &i, "--leave-round", &v)) !=
+    } else if ((m = pulse_cli_opt_value(argc, argv, &i, "--leave-round", &v)) !=
                0) {
-      if (m < 0 || pulse_sim_parse_int(v, 0, 100000, &a->leave_round) != 0)
+      if (m < 0 || pulse_cli_parse_int(v, 0, 100000, &a->leave_round) != 0)
         return usage_error("--leave-round needs a round from 0, got '%s'",
                            m < 0 ? "" : v);
     } else if (strcmp(arg, "--gate-mean") == 0 ||

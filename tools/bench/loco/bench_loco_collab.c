@@ -59,11 +59,11 @@ int bench_loco_collab_main(int argc, char **argv) {
   for (size_t i = 0; i < b.n; i++)
     off += snprintf(line + off, sizeof line - (size_t)off, " %u %s", b.p[i].id,
                     b.p[i].url);
-  b.start = pulse_sim_now();
+  b.start = pulse_cli_now();
   for (size_t i = 0; i < b.n; i++)
     dprintf(b.p[i].to, "%s\n", line);
   bench_loco_collab_event_loop(&b);
-  double wall = pulse_sim_since(b.start);
+  double wall = pulse_cli_since(b.start);
   for (size_t i = 0; i < b.n; i++)
     if (b.p[i].alive)
       dprintf(b.p[i].to, "quit\n");

@@ -83,7 +83,7 @@ static void on_line(collab_bench *b, peer *q, char *line) {
     int first = !row->have;
     if (first) {
       row->have = 1;
-      row->t_s = pulse_sim_since(b->start);
+      row->t_s = pulse_cli_since(b->start);
       row->loss = NAN;
       row->nnext = 0;
       for (char *t = strtok(ids, ","); t && row->nnext < MAXP;

@@ -24,11 +24,11 @@ typedef struct {
 
 static int do_step(void *user, float *theta, uint64_t samples) {
   peer_step *s = user;
-  double t0 = pulse_sim_now();
+  double t0 = pulse_cli_now();
   for (uint64_t done = 0; done < samples; done += s->batch)
     pulse_sim_learner_step(s->l, theta);
   if (s->speed > 0) {
-    double want = (double)samples / s->speed, took = pulse_sim_since(t0);
+    double want = (double)samples / s->speed, took = pulse_cli_since(t0);
     if (want > took)
       usleep((useconds_t)((want - took) * 1e6));
   }
@@ -117,7 +117,7 @@ int bench_loco_collab_run_peer(const collab_args *a, uint32_t id, double speed,
   static loss_evaluator losses;
   bench_loco_collab_evaluator_start(&losses, p, P, out);
   int leaving = 0, left = 0, lost = 0;
-  uint64_t busy = 0, t0 = (uint64_t)(pulse_sim_now() * 1000.0);
+  uint64_t busy = 0, t0 = (uint64_t)(pulse_cli_now() * 1000.0);
   while (pulse_loco_round(ctx) < a->rounds && !left) {
     if (!leaving && fgets(line, sizeof line, fin) &&
         strncmp(line, "leave", 5) == 0)
@@ -156,7 +156,7 @@ int bench_loco_collab_run_peer(const collab_args *a, uint32_t id, double speed,
       bench_loco_collab_evaluator_post(&losses, info.round,
                                        pulse_loco_global(ctx));
   }
-  uint64_t alive = (uint64_t)(pulse_sim_now() * 1000.0) - t0;
+  uint64_t alive = (uint64_t)(pulse_cli_now() * 1000.0) - t0;
   bench_loco_collab_evaluator_finish(&losses);
   dprintf(out, "done %u %" PRIu64 " %016" PRIx64 " %" PRIu64 " %" PRIu64 "\n",
           id, pulse_loco_round(ctx), pulse_loco_global_digest(ctx), busy,

@@ -13,7 +13,7 @@
 #include "pulse_loco_testing.h"
 
 static uint64_t now_ms(void) {
-  return (uint64_t)(pulse_sim_now() * 1000.0);
+  return (uint64_t)(pulse_cli_now() * 1000.0);
 }
 
 static int read_line(FILE *in, char *line, size_t cap) {

@@ -56,19 +56,19 @@ int bench_serve_parse_args(int argc, char **argv, serve_args *a) {
   const char *v;
   for (int i = 1; i < argc; i++) {
     int r;
-    if (pulse_sim_opt_flag(argv[i], "--help")) {
+    if (pulse_cli_opt_flag(argv[i], "--help")) {
       bench_serve_usage(stdout);
       exit(0);
-    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--object-mb", &v)) !=
+    } else if ((r = pulse_cli_opt_value(argc, argv, &i, "--object-mb", &v)) !=
                0) {
-      if (r < 0 || pulse_sim_parse_u64(v, &a->object_mb) != 0 ||
+      if (r < 0 || pulse_cli_parse_u64(v, &a->object_mb) != 0 ||
           a->object_mb < 1 || a->object_mb > 65536)
         return fprintf(stderr, PROG ": --object-mb needs 1..65536\n"), -1;
-    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--objects", &v)) !=
+    } else if ((r = pulse_cli_opt_value(argc, argv, &i, "--objects", &v)) !=
                0) {
-      if (r < 0 || pulse_sim_parse_int(v, 1, 64, &a->objects) != 0)
+      if (r < 0 || pulse_cli_parse_int(v, 1, 64, &a->objects) != 0)
         return fprintf(stderr, PROG ": --objects needs 1..64\n"), -1;
-    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--clients", &v)) !=
+    } else if ((r = pulse_cli_opt_value(argc, argv, &i, "--clients", &v)) !=
                0) {
       if (r < 0)
         return -1;
@@ -78,62 +78,62 @@ int bench_serve_parse_args(int argc, char **argv, serve_args *a) {
       for (char *save = NULL, *tok = strtok_r(tmp, ",", &save); tok;
            tok = strtok_r(NULL, ",", &save)) {
         if (a->nclients == MAX_CLIENT_COUNTS ||
-            pulse_sim_parse_int(tok, 1, 1024, &a->clients[a->nclients]) != 0)
+            pulse_cli_parse_int(tok, 1, 1024, &a->clients[a->nclients]) != 0)
           return fprintf(stderr,
                          PROG ": --clients needs up to 8 counts in 1..1024\n"),
                  -1;
         a->nclients++;
       }
-    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--seconds", &v)) !=
+    } else if ((r = pulse_cli_opt_value(argc, argv, &i, "--seconds", &v)) !=
                0) {
-      if (r < 0 || pulse_sim_parse_double(v, &a->seconds) != 0 ||
+      if (r < 0 || pulse_cli_parse_double(v, &a->seconds) != 0 ||
           !(a->seconds > 0) || a->seconds > 600)
         return fprintf(stderr, PROG ": --seconds needs a number in (0, 600]\n"),
                -1;
-    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--rounds", &v)) != 0) {
-      if (r < 0 || pulse_sim_parse_int(v, 1, 100, &a->rounds) != 0)
+    } else if ((r = pulse_cli_opt_value(argc, argv, &i, "--rounds", &v)) != 0) {
+      if (r < 0 || pulse_cli_parse_int(v, 1, 100, &a->rounds) != 0)
         return fprintf(stderr, PROG ": --rounds needs 1..100\n"), -1;
-    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--threads", &v)) !=
+    } else if ((r = pulse_cli_opt_value(argc, argv, &i, "--threads", &v)) !=
                0) {
-      if (r < 0 || pulse_sim_parse_int(v, 0, 256, &a->threads) != 0)
+      if (r < 0 || pulse_cli_parse_int(v, 0, 256, &a->threads) != 0)
         return fprintf(stderr, PROG ": --threads needs 0..256\n"), -1;
-    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--nginx", &v)) != 0) {
+    } else if ((r = pulse_cli_opt_value(argc, argv, &i, "--nginx", &v)) != 0) {
       if (r < 0)
         return -1;
       a->nginx = v;
-    } else if (pulse_sim_opt_flag(argv[i], "--no-nginx")) {
+    } else if (pulse_cli_opt_flag(argv[i], "--no-nginx")) {
       a->no_nginx = 1;
-    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--polls", &v)) != 0) {
-      if (r < 0 || pulse_sim_parse_int(v, 1, 100000, &a->polls) != 0)
+    } else if ((r = pulse_cli_opt_value(argc, argv, &i, "--polls", &v)) != 0) {
+      if (r < 0 || pulse_cli_parse_int(v, 1, 100000, &a->polls) != 0)
         return fprintf(stderr, PROG ": --polls needs 1..100000\n"), -1;
-    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--params", &v)) != 0) {
-      if (r < 0 || pulse_sim_parse_u64(v, &a->params) != 0 ||
+    } else if ((r = pulse_cli_opt_value(argc, argv, &i, "--params", &v)) != 0) {
+      if (r < 0 || pulse_cli_parse_u64(v, &a->params) != 0 ||
           a->params < PULSE_SYNTH_MIN_PARAMS)
         return fprintf(stderr, PROG ": --params needs an integer >= %u\n",
                        PULSE_SYNTH_MIN_PARAMS),
                -1;
-    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--steps", &v)) != 0) {
-      if (r < 0 || pulse_sim_parse_u64(v, &a->steps) != 0 || a->steps < 1 ||
+    } else if ((r = pulse_cli_opt_value(argc, argv, &i, "--steps", &v)) != 0) {
+      if (r < 0 || pulse_cli_parse_u64(v, &a->steps) != 0 || a->steps < 1 ||
           a->steps > 10000)
         return fprintf(stderr, PROG ": --steps needs 1..10000\n"), -1;
-    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--anchor-every",
+    } else if ((r = pulse_cli_opt_value(argc, argv, &i, "--anchor-every",
                                         &v)) != 0) {
-      if (r < 0 || pulse_sim_parse_u64(v, &a->anchor_every) != 0)
+      if (r < 0 || pulse_cli_parse_u64(v, &a->anchor_every) != 0)
         return fprintf(stderr, PROG ": --anchor-every needs an integer\n"), -1;
-    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--commit-threads",
+    } else if ((r = pulse_cli_opt_value(argc, argv, &i, "--commit-threads",
                                         &v)) != 0) {
-      if (r < 0 || pulse_sim_parse_int(v, 0, 256, &a->commit_threads) != 0)
+      if (r < 0 || pulse_cli_parse_int(v, 0, 256, &a->commit_threads) != 0)
         return fprintf(stderr, PROG ": --commit-threads needs 0..256\n"), -1;
-    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--only", &v)) != 0) {
+    } else if ((r = pulse_cli_opt_value(argc, argv, &i, "--only", &v)) != 0) {
       if (r < 0 ||
           (strcmp(v, "throughput") && strcmp(v, "poll") && strcmp(v, "commit")))
         return fprintf(stderr, PROG ": --only throughput|poll|commit\n"), -1;
       a->skip_throughput = strcmp(v, "throughput") != 0;
       a->skip_poll = strcmp(v, "poll") != 0;
       a->skip_commit = strcmp(v, "commit") != 0;
-    } else if (pulse_sim_opt_flag(argv[i], "--json")) {
+    } else if (pulse_cli_opt_flag(argv[i], "--json")) {
       a->json = 1;
-    } else if ((r = pulse_sim_opt_value(argc, argv, &i, "--report", &v)) != 0) {
+    } else if ((r = pulse_cli_opt_value(argc, argv, &i, "--report", &v)) != 0) {
       if (r < 0)
         return -1;
       a->report = v;

@@ -29,7 +29,7 @@ static void *client_main(void *arg) {
   char *buf = malloc(cap), hbuf[16384];
   int fd = -1, k = j->first;
   pthread_barrier_wait(j->start);
-  while (buf != NULL && pulse_sim_now() < j->deadline) {
+  while (buf != NULL && pulse_cli_now() < j->deadline) {
     if (fd < 0 && (fd = bench_serve_connect_local(j->port)) < 0) {
       j->errors++;
       break;
@@ -65,7 +65,7 @@ static void *client_main(void *arg) {
       }
       j->bytes += (uint64_t)n;
       left -= (uint64_t)n;
-      if (pulse_sim_now() >= j->deadline) { /* time is up mid-body */
+      if (pulse_cli_now() >= j->deadline) { /* time is up mid-body */
         cut = 1;
         break;
       }
@@ -80,7 +80,7 @@ static void *client_main(void *arg) {
   if (fd >= 0)
     close(fd);
   free(buf);
-  j->end = pulse_sim_now();
+  j->end = pulse_cli_now();
   return NULL;
 }
 
@@ -98,13 +98,13 @@ tp_result bench_serve_run_clients(uint16_t port, char **paths, int npaths,
     jobs[i].first = i;
     jobs[i].start = &start;
   }
-  double t0 = pulse_sim_now() + 0.05;
+  double t0 = pulse_cli_now() + 0.05;
   for (int i = 0; i < clients; i++) {
     jobs[i].deadline = t0 + seconds;
     pthread_create(&th[i], NULL, client_main, &jobs[i]);
   }
   pthread_barrier_wait(&start);
-  t0 = pulse_sim_now();
+  t0 = pulse_cli_now();
   uint64_t bytes = 0;
   double end = t0;
   for (int i = 0; i < clients; i++) {

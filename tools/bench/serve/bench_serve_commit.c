@@ -22,7 +22,7 @@ static double bare_step(const serve_args *a, pulse_synth *s, uint64_t k,
                         pulse_tensor_digest *dig, pulse_changes *ch,
                         pulse_encode_tensor *enc, int *errors) {
   size_t n = pulse_synth_tensor_count(s);
-  double t0 = pulse_sim_now();
+  double t0 = pulse_cli_now();
   for (size_t i = 0; i < n; i++) {
     const pulse_synth_tensor *t = pulse_synth_tensor_get(s, i);
     ch[i].count = 0;
@@ -41,7 +41,7 @@ static double bare_step(const serve_args *a, pulse_synth *s, uint64_t k,
   pulse_buffer patch = {NULL, 0};
   if (pulse_patch_encode(&eo, enc, n, &patch) != PULSE_OK)
     (*errors)++;
-  double b = pulse_sim_now() - t0;
+  double b = pulse_cli_now() - t0;
   pulse_buffer_free(&patch);
   for (size_t i = 0; i < n; i++) { /* untimed: move the bare snapshot on */
     const pulse_synth_tensor *t = pulse_synth_tensor_get(s, i);
@@ -121,10 +121,10 @@ static commit_result bench_commit(const serve_args *a, const char *work) {
       int bare_now =
           (order == 0) == (k % 2 == 1); /* alternate which goes first */
       if (!bare_now) {
-        double t0 = pulse_sim_now(); /* the whole call, housekeeping included */
+        double t0 = pulse_cli_now(); /* the whole call, housekeeping included */
         if (pulse_pub_commit(pub, (uint64_t)k, pt, n, &f) != PULSE_OK)
           r.errors++;
-        c = pulse_sim_now() - t0;
+        c = pulse_cli_now() - t0;
         /* Untimed: once the head has moved, the publisher moves its
          * snapshot to the step, removes dropped objects and writes anchors
          * in the background (while a trainer computes its next step); let
@@ -156,12 +156,12 @@ static commit_result bench_commit(const serve_args *a, const char *work) {
     if (ratio[k] > r.ratio_max)
       r.ratio_max = ratio[k];
   r.anchor_steps_ratio_max = anchor_max;
-  r.bare_median_s = pulse_sim_median(bare_s, (size_t)steps);
-  r.commit_median_s = pulse_sim_median(commit_s, (size_t)steps);
-  r.ratio_median = pulse_sim_median(ratio, (size_t)steps);
-  r.write_median_s = pulse_sim_median(write_s, (size_t)steps);
-  r.changed_median = (uint64_t)pulse_sim_median(changed, (size_t)steps);
-  r.patch_median = (uint64_t)pulse_sim_median(bytes, (size_t)steps);
+  r.bare_median_s = pulse_cli_median(bare_s, (size_t)steps);
+  r.commit_median_s = pulse_cli_median(commit_s, (size_t)steps);
+  r.ratio_median = pulse_cli_median(ratio, (size_t)steps);
+  r.write_median_s = pulse_cli_median(write_s, (size_t)steps);
+  r.changed_median = (uint64_t)pulse_cli_median(changed, (size_t)steps);
+  r.patch_median = (uint64_t)pulse_cli_median(bytes, (size_t)steps);
 done:
   pulse_pub_free(pub);
   pulse_sign_key_free(key);

@@ -50,7 +50,7 @@ static void *poll_main(void *arg) {
       break;
     extra += (size_t)n;
   }
-  j->received = pulse_sim_now();
+  j->received = pulse_cli_now();
   if (fd >= 0)
     close(fd);
   return NULL;
@@ -63,7 +63,7 @@ typedef struct {
 
 static void on_head(void *ctx, const pulse_pub_figures *f) {
   hook_ctx *h = ctx;
-  h->moved = pulse_sim_now();
+  h->moved = pulse_cli_now();
   if (h->notify != NULL)
     pulse_server_on_head(h->notify, f);
 }
@@ -85,7 +85,7 @@ static void *rename_main(void *arg) {
       break;
     if (pf[1].revents)
       break;
-    double t = pulse_sim_now();
+    double t = pulse_cli_now();
     ssize_t len = read(c->fd, buf, sizeof buf);
     for (char *p = buf; len > 0 && p < buf + len;) {
       struct inotify_event *ev = (struct inotify_event *)p;
@@ -207,7 +207,7 @@ int bench_serve_longpoll(const serve_args *a, const char *work,
   if (st == PULSE_OK && !clk_ok)
     st = PULSE_ERR_IO;
   if (st != PULSE_OK) {
-    rc = pulse_sim_fail(PROG, "long-poll setup", st);
+    rc = pulse_cli_fail(PROG, "long-poll setup", st);
   } else {
     poll_result *nr = &res->notify_r, *wr = &res->watch_r;
     *nr = time_polls(pub, wired, &hook, &clk, bits, numel, a->polls);

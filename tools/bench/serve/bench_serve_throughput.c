@@ -75,7 +75,7 @@ int bench_serve_throughput(const serve_args *a, const char *work,
   pulse_server *srv = NULL;
   pulse_status st = pulse_server_create(&so, &srv);
   if (st != PULSE_OK)
-    return pulse_sim_fail(PROG, "server", st);
+    return pulse_cli_fail(PROG, "server", st);
   pid_t nginx = -1;
   uint16_t nport = 0;
   const char *nginx_why = "";

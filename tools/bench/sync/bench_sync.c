@@ -70,7 +70,7 @@ static void *bs_signal_thread(void *arg) {
 }
 
 int bs_fail(const char *what, pulse_status st) {
-  return pulse_sim_fail("pulse-bench sync", what, st);
+  return pulse_cli_fail("pulse-bench sync", what, st);
 }
 
 /* The publisher moved its head (inside pulse_pub_commit): the servers wake
@@ -78,7 +78,7 @@ int bs_fail(const char *what, pulse_status st) {
  * syncing before the commit returns). */
 static void bs_on_head(void *ctx, const pulse_pub_figures *f) {
   bs_run *r = ctx;
-  atomic_store(&r->head_at, pulse_sim_now());
+  atomic_store(&r->head_at, pulse_cli_now());
   for (int i = 0; i < 2; i++)
     if (r->servers.srv[i] != NULL)
       pulse_server_on_head(r->servers.srv[i], f);
@@ -148,7 +148,7 @@ static int bs_trainer(bs_run *r) {
 pulse_status bs_commit_next(bs_run *r, pulse_pub_figures *pf) {
   bs_model_step(&r->m);
   r->step++;
-  r->commit_at = pulse_sim_now();
+  r->commit_at = pulse_cli_now();
   return pulse_pub_commit(r->pub, r->step, r->pt, r->m.count, pf);
 }
 
@@ -228,7 +228,7 @@ static int bs_setup(bs_run *r) {
   }
   snprintf(r->store, sizeof r->store, "%s/store", r->dir);
   snprintf(r->cache, sizeof r->cache, "%s/cache", r->dir);
-  double t0 = pulse_sim_now();
+  double t0 = pulse_cli_now();
   if (bs_model_init(&r->m, a->params, a->seed) != 0)
     return bs_fail("model", PULSE_ERR_NOMEM);
   bs_model_calibrate(&r->m, a->density, a->uniform);
@@ -240,7 +240,7 @@ static int bs_setup(bs_run *r) {
            " steps per link, %s positions (model made in %.1f s)\n",
            r->m.total, r->m.count, a->density * 100,
            a->uniform ? "every weight alike" : "by exponent, as under Adam",
-           a->steps, a->plain ? "plain" : "class", pulse_sim_since(t0));
+           a->steps, a->plain ? "plain" : "class", pulse_cli_since(t0));
   int want_netns = 0;
   for (size_t i = 0; i < a->nlinks; i++)
     want_netns |= a->links[i].rate[0] != '\0';
@@ -259,7 +259,7 @@ static int bs_setup(bs_run *r) {
     rc = 1;
   for (size_t k = 0; k < a->nworkers; k++)
     host |= a->workers[k] == BS_WORKER_HOST;
-  t0 = pulse_sim_now();
+  t0 = pulse_cli_now();
   if (rc == 0 && host)
     rc = bs_host_first_sync(r);
   if (rc == 0 && a->file_workers)
@@ -267,7 +267,7 @@ static int bs_setup(bs_run *r) {
   if (rc == 0 && !a->json)
     printf("pulse-bench sync: anchor %" PRIu64
            " bytes published and synced over loopback in %.1f s (%s)\n",
-           r->anchor_size, pulse_sim_since(t0),
+           r->anchor_size, pulse_cli_since(t0),
            host && a->file_workers ? "host targets and the workers' file"
            : host                  ? "host targets"
                                    : "the workers' file");

@@ -183,45 +183,45 @@ static int bs_parse_value(int argc, char **argv, int *i, bs_args *a,
   *exit_code = -1;
 #define BS_BAD(msg)                                                            \
   (fprintf(stderr, "pulse-bench sync: " msg "\n"), *exit_code = 2, 1)
-  if ((r = pulse_sim_opt_value(argc, argv, i, "--params", &v)) != 0) {
-    if (r < 0 || pulse_sim_parse_u64(v, &a->params) != 0 || a->params < 4096 ||
+  if ((r = pulse_cli_opt_value(argc, argv, i, "--params", &v)) != 0) {
+    if (r < 0 || pulse_cli_parse_u64(v, &a->params) != 0 || a->params < 4096 ||
         a->params > 4000000000ull)
       return BS_BAD("--params needs 4096..4e9");
-  } else if ((r = pulse_sim_opt_value(argc, argv, i, "--density", &v)) != 0) {
-    if (r < 0 || pulse_sim_parse_double(v, &a->density) != 0 ||
+  } else if ((r = pulse_cli_opt_value(argc, argv, i, "--density", &v)) != 0) {
+    if (r < 0 || pulse_cli_parse_double(v, &a->density) != 0 ||
         !(a->density > 0 && a->density < 0.5))
       return BS_BAD("--density needs 0 < X < 0.5");
-  } else if ((r = pulse_sim_opt_value(argc, argv, i, "--steps", &v)) != 0) {
-    if (r < 0 || pulse_sim_parse_u64(v, &a->steps) != 0 || a->steps < 1 ||
+  } else if ((r = pulse_cli_opt_value(argc, argv, i, "--steps", &v)) != 0) {
+    if (r < 0 || pulse_cli_parse_u64(v, &a->steps) != 0 || a->steps < 1 ||
         a->steps > 200)
       return BS_BAD("--steps needs 1..200");
-  } else if ((r = pulse_sim_opt_value(argc, argv, i, "--links", &v)) != 0) {
+  } else if ((r = pulse_cli_opt_value(argc, argv, i, "--links", &v)) != 0) {
     if (r < 0)
       return bench_sync_usage(stderr), *exit_code = 2, 1;
     a->links_spec = v;
-  } else if ((r = pulse_sim_opt_value(argc, argv, i, "--burst", &v)) != 0) {
+  } else if ((r = pulse_cli_opt_value(argc, argv, i, "--burst", &v)) != 0) {
     if (r < 0 || strspn(v, "0123456789kmbKMB") != strlen(v) || v[0] == '\0')
       return BS_BAD("--burst needs a tc size (e.g. 64kb)");
     a->burst = v;
-  } else if ((r = pulse_sim_opt_value(argc, argv, i, "--dense-sample", &v)) !=
+  } else if ((r = pulse_cli_opt_value(argc, argv, i, "--dense-sample", &v)) !=
              0) {
-    if (r < 0 || pulse_sim_parse_u64(v, &a->dense_sample) != 0 ||
+    if (r < 0 || pulse_cli_parse_u64(v, &a->dense_sample) != 0 ||
         a->dense_sample < 65536)
       return BS_BAD("--dense-sample needs >= 64k bytes");
-  } else if ((r = pulse_sim_opt_value(argc, argv, i, "--threads", &v)) != 0) {
-    if (r < 0 || pulse_sim_parse_int(v, 0, 256, &a->threads) != 0)
+  } else if ((r = pulse_cli_opt_value(argc, argv, i, "--threads", &v)) != 0) {
+    if (r < 0 || pulse_cli_parse_int(v, 0, 256, &a->threads) != 0)
       return BS_BAD("--threads needs 0..256");
-  } else if ((r = pulse_sim_opt_value(argc, argv, i, "--seed", &v)) != 0) {
-    if (r < 0 || pulse_sim_parse_u64(v, &a->seed) != 0)
+  } else if ((r = pulse_cli_opt_value(argc, argv, i, "--seed", &v)) != 0) {
+    if (r < 0 || pulse_cli_parse_u64(v, &a->seed) != 0)
       return BS_BAD("--seed needs an integer");
-  } else if ((r = pulse_sim_opt_value(argc, argv, i, "--workers", &v)) != 0) {
+  } else if ((r = pulse_cli_opt_value(argc, argv, i, "--workers", &v)) != 0) {
     if (r < 0 || bs_parse_workers(v, a) != 0)
       return BS_BAD("--workers takes host, long-lived, one-shot (comma list)");
-  } else if ((r = pulse_sim_opt_value(argc, argv, i, "--pull", &v)) != 0) {
+  } else if ((r = pulse_cli_opt_value(argc, argv, i, "--pull", &v)) != 0) {
     if (r < 0)
       return bench_sync_usage(stderr), *exit_code = 2, 1;
     a->pull = v;
-  } else if ((r = pulse_sim_opt_value(argc, argv, i, "--report", &v)) != 0) {
+  } else if ((r = pulse_cli_opt_value(argc, argv, i, "--report", &v)) != 0) {
     if (r < 0)
       return bench_sync_usage(stderr), *exit_code = 2, 1;
     a->report = v;
@@ -241,25 +241,25 @@ int bs_parse_args(int argc, char **argv, bs_args *a) {
   a->workers[0] = BS_WORKER_HOST, a->nworkers = 1;
   for (int i = 1; i < argc; i++) {
     int code;
-    if (pulse_sim_opt_flag(argv[i], "--help")) {
+    if (pulse_cli_opt_flag(argv[i], "--help")) {
       bench_sync_usage(stdout);
       return 0;
     } else if (bs_parse_value(argc, argv, &i, a, &code)) {
       if (code >= 0)
         return code;
-    } else if (pulse_sim_opt_flag(argv[i], "--dense-full")) {
+    } else if (pulse_cli_opt_flag(argv[i], "--dense-full")) {
       a->dense_full = 1;
-    } else if (pulse_sim_opt_flag(argv[i], "--plain")) {
+    } else if (pulse_cli_opt_flag(argv[i], "--plain")) {
       a->plain = 1;
-    } else if (pulse_sim_opt_flag(argv[i], "--no-stream")) {
+    } else if (pulse_cli_opt_flag(argv[i], "--no-stream")) {
       a->no_stream = 1;
-    } else if (pulse_sim_opt_flag(argv[i], "--no-index")) {
+    } else if (pulse_cli_opt_flag(argv[i], "--no-index")) {
       a->no_index = 1;
-    } else if (pulse_sim_opt_flag(argv[i], "--uniform")) {
+    } else if (pulse_cli_opt_flag(argv[i], "--uniform")) {
       a->uniform = 1;
-    } else if (pulse_sim_opt_flag(argv[i], "--device")) {
+    } else if (pulse_cli_opt_flag(argv[i], "--device")) {
       a->device = 1;
-    } else if (pulse_sim_opt_flag(argv[i], "--json")) {
+    } else if (pulse_cli_opt_flag(argv[i], "--json")) {
       a->json = 1;
     } else {
       fprintf(stderr, "pulse-bench sync: unknown argument '%s'\n", argv[i]);

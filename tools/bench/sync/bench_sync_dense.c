@@ -29,9 +29,9 @@ static double bs_dense_get(const char *url, uint64_t bytes) {
   curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, bs_discard);
   curl_easy_setopt(c, CURLOPT_WRITEDATA, &got);
   curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
-  double t0 = pulse_sim_now();
+  double t0 = pulse_cli_now();
   CURLcode rc = curl_easy_perform(c);
-  double t = pulse_sim_since(t0);
+  double t = pulse_cli_since(t0);
   double connect = 0;
   curl_easy_getinfo(c, CURLINFO_CONNECT_TIME, &connect);
   curl_easy_cleanup(c);

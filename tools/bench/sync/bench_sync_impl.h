@@ -142,7 +142,7 @@ typedef struct {
   uint16_t **dtargets;    /* --device: the targets in GPU memory */
   uint64_t step;          /* the publisher's head */
   uint64_t host_step;     /* the step the host worker's targets hold */
-  double commit_at;       /* pulse_sim_now() when the last commit began */
+  double commit_at;       /* pulse_cli_now() when the last commit began */
   _Atomic double head_at; /* when the publisher's head last moved */
   char anchor_path[PULSE_STORE_PATH_MAX + 8];
   uint64_t anchor_size;

@@ -138,7 +138,7 @@ static int bs_child_start(bs_child *c, const bs_run *r, const char *url,
  * within timeout_s or a stop signal. */
 static int bs_child_line(bs_child *c, double timeout_s, char **line,
                          size_t *consumed) {
-  double t0 = pulse_sim_now();
+  double t0 = pulse_cli_now();
   if (*consumed > 0) { /* drop the line returned last time */
     memmove(c->buf, c->buf + *consumed, c->len - *consumed);
     c->len -= *consumed;
@@ -160,7 +160,7 @@ static int bs_child_line(bs_child *c, double timeout_s, char **line,
     }
     if (c->eof || c->fd < 0)
       return 0;
-    if (atomic_load(&bs_stop) || pulse_sim_since(t0) > timeout_s)
+    if (atomic_load(&bs_stop) || pulse_cli_since(t0) > timeout_s)
       return -1;
     struct pollfd pf = {c->fd, POLLIN, 0};
     if (poll(&pf, 1, 200) <= 0)
@@ -183,12 +183,12 @@ static int bs_child_end(bs_child *c, int terminate) {
   if (terminate)
     kill(c->pid, SIGTERM);
   int status = 0;
-  double t0 = pulse_sim_now();
+  double t0 = pulse_cli_now();
   for (;;) {
     pid_t w = waitpid(c->pid, &status, WNOHANG);
     if (w == c->pid || (w < 0 && errno != EINTR))
       break;
-    if (pulse_sim_since(t0) > 30) {
+    if (pulse_cli_since(t0) > 30) {
       kill(c->pid, SIGKILL);
       waitpid(c->pid, &status, 0);
       break;
@@ -278,14 +278,14 @@ static int bs_pull_once(bs_run *r, const char *url, bs_synced *out,
   bs_child c;
   if (bs_child_start(&c, r, url, 0) != 0)
     return 1;
-  double t0 = pulse_sim_now();
+  double t0 = pulse_cli_now();
   size_t consumed = 0;
   int rc = bs_child_wait_step(&c, r->step, out, &consumed);
   char *line;
   while (rc == 0 && bs_child_line(&c, BS_PULL_WAIT_S, &line, &consumed) == 1)
     ; /* the exit event */
   int status = bs_child_end(&c, rc != 0 || atomic_load(&bs_stop));
-  *wall_s = pulse_sim_since(t0);
+  *wall_s = pulse_cli_since(t0);
   if (rc == 0 && status != 0) {
     fprintf(stderr, "pulse-bench sync: pulse-pull exited %d\n", status);
     rc = 1;
@@ -376,7 +376,7 @@ int bs_pull_long_lived_steps(bs_run *r, const bs_link *lk, const char *base,
     rc = bs_child_wait_step(&c, r->step, &ev, &consumed);
     if (rc != 0)
       break;
-    double now = pulse_sim_now();
+    double now = pulse_cli_now();
     r->file_step = r->step;
     if (k == 0)
       r->first_step_s = ev.total;

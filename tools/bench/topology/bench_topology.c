@@ -422,64 +422,64 @@ static int parse(int argc, char **argv, topo_args *a) {
   for (int i = 1; i < argc; i++) {
     const char *arg = argv[i], *v = NULL;
     int m, k;
-    if (pulse_sim_opt_flag(arg, "--help") || pulse_sim_opt_flag(arg, "-h")) {
+    if (pulse_cli_opt_flag(arg, "--help") || pulse_cli_opt_flag(arg, "-h")) {
       bench_topology_usage(stdout);
       return 0;
-    } else if (pulse_sim_opt_flag(arg, "--json")) {
+    } else if (pulse_cli_opt_flag(arg, "--json")) {
       a->json = 1;
-    } else if (pulse_sim_opt_flag(arg, "--processes")) {
+    } else if (pulse_cli_opt_flag(arg, "--processes")) {
       a->processes = 1;
-    } else if ((m = pulse_sim_opt_value(argc, argv, &i, "--report", &v)) != 0) {
+    } else if ((m = pulse_cli_opt_value(argc, argv, &i, "--report", &v)) != 0) {
       if (m < 0)
         return usage_error("--report needs a folder", "");
       a->report = v;
-    } else if ((m = pulse_sim_opt_value(argc, argv, &i, "--nodes", &v)) != 0) {
-      if (m < 0 || pulse_sim_parse_int(v, 2, 64, &k) != 0)
+    } else if ((m = pulse_cli_opt_value(argc, argv, &i, "--nodes", &v)) != 0) {
+      if (m < 0 || pulse_cli_parse_int(v, 2, 64, &k) != 0)
         return usage_error("--nodes needs 2..64, got ", m < 0 ? "" : v);
       a->nodes = (uint32_t)k;
-    } else if ((m = pulse_sim_opt_value(argc, argv, &i, "--rounds", &v)) != 0) {
-      if (m < 0 || pulse_sim_parse_int(v, 2, 100000, &k) != 0)
+    } else if ((m = pulse_cli_opt_value(argc, argv, &i, "--rounds", &v)) != 0) {
+      if (m < 0 || pulse_cli_parse_int(v, 2, 100000, &k) != 0)
         return usage_error("--rounds needs 2..100000, got ", m < 0 ? "" : v);
       a->rounds = (uint32_t)k;
-    } else if ((m = pulse_sim_opt_value(argc, argv, &i, "--inner", &v)) != 0) {
-      if (m < 0 || pulse_sim_parse_int(v, 1, 100000, &k) != 0)
+    } else if ((m = pulse_cli_opt_value(argc, argv, &i, "--inner", &v)) != 0) {
+      if (m < 0 || pulse_cli_parse_int(v, 1, 100000, &k) != 0)
         return usage_error("--inner needs 1..100000, got ", m < 0 ? "" : v);
       a->inner = (uint32_t)k;
-    } else if ((m = pulse_sim_opt_value(argc, argv, &i, "--seed", &v)) != 0) {
-      if (m < 0 || pulse_sim_parse_u64(v, &a->seed) != 0)
+    } else if ((m = pulse_cli_opt_value(argc, argv, &i, "--seed", &v)) != 0) {
+      if (m < 0 || pulse_cli_parse_u64(v, &a->seed) != 0)
         return usage_error("--seed needs an integer, got ", m < 0 ? "" : v);
-    } else if ((m = pulse_sim_opt_value(argc, argv, &i, "--params", &v)) != 0) {
-      if (m < 0 || pulse_sim_parse_u64(v, &a->params) != 0 ||
+    } else if ((m = pulse_cli_opt_value(argc, argv, &i, "--params", &v)) != 0) {
+      if (m < 0 || pulse_cli_parse_u64(v, &a->params) != 0 ||
           a->params < 1000 || a->params > 10000000)
         return usage_error("--params needs 1000..1e7, got ", m < 0 ? "" : v);
-    } else if ((m = pulse_sim_opt_value(argc, argv, &i, "--lr", &v)) != 0) {
-      if (m < 0 || pulse_sim_parse_double(v, &a->lr) != 0 || !(a->lr > 0))
+    } else if ((m = pulse_cli_opt_value(argc, argv, &i, "--lr", &v)) != 0) {
+      if (m < 0 || pulse_cli_parse_double(v, &a->lr) != 0 || !(a->lr > 0))
         return usage_error("--lr needs a positive number, got ",
                            m < 0 ? "" : v);
-    } else if ((m = pulse_sim_opt_value(argc, argv, &i, "--noise", &v)) != 0) {
-      if (m < 0 || pulse_sim_parse_double(v, &a->noise) != 0 || !(a->noise >= 0))
+    } else if ((m = pulse_cli_opt_value(argc, argv, &i, "--noise", &v)) != 0) {
+      if (m < 0 || pulse_cli_parse_double(v, &a->noise) != 0 || !(a->noise >= 0))
         return usage_error("--noise needs a number >= 0, got ", m < 0 ? "" : v);
-    } else if ((m = pulse_sim_opt_value(argc, argv, &i, "--target", &v)) != 0) {
-      if (m < 0 || pulse_sim_parse_double(v, &a->target) != 0 ||
+    } else if ((m = pulse_cli_opt_value(argc, argv, &i, "--target", &v)) != 0) {
+      if (m < 0 || pulse_cli_parse_double(v, &a->target) != 0 ||
           !(a->target > 0))
         return usage_error("--target needs a positive number, got ",
                            m < 0 ? "" : v);
-    } else if ((m = pulse_sim_opt_value(argc, argv, &i, "--budget", &v)) != 0) {
-      if (m < 0 || pulse_sim_parse_double(v, &a->budget) != 0 ||
+    } else if ((m = pulse_cli_opt_value(argc, argv, &i, "--budget", &v)) != 0) {
+      if (m < 0 || pulse_cli_parse_double(v, &a->budget) != 0 ||
           !(a->budget > 0 && a->budget <= 1))
         return usage_error("--budget needs a number in (0, 1], got ",
                            m < 0 ? "" : v);
-    } else if ((m = pulse_sim_opt_value(argc, argv, &i, "--final-rounds",
+    } else if ((m = pulse_cli_opt_value(argc, argv, &i, "--final-rounds",
                                        &v)) != 0) {
-      if (m < 0 || pulse_sim_parse_int(v, 0, 100000, &k) != 0)
+      if (m < 0 || pulse_cli_parse_int(v, 0, 100000, &k) != 0)
         return usage_error("--final-rounds needs 0..100000, got ",
                            m < 0 ? "" : v);
       a->final_rounds = (uint32_t)k;
-    } else if ((m = pulse_sim_opt_value(argc, argv, &i, "--gate", &v)) != 0) {
+    } else if ((m = pulse_cli_opt_value(argc, argv, &i, "--gate", &v)) != 0) {
       if (m < 0 || (strcmp(v, "none") != 0 && strcmp(v, "bf16") != 0))
         return usage_error("--gate needs bf16 or none, got ", m < 0 ? "" : v);
       a->gate_none = strcmp(v, "none") == 0;
-    } else if ((m = pulse_sim_opt_value(argc, argv, &i, "--arms", &v)) != 0) {
+    } else if ((m = pulse_cli_opt_value(argc, argv, &i, "--arms", &v)) != 0) {
       if (m < 0 || parse_arms(v, a->arms) != 0)
         return usage_error("--arms needs a list of ring, torus, exponential, "
                            "complete, adaptive, onepeer; got ",
@@ -511,7 +511,7 @@ int bench_topology_main(int argc, char **argv) {
   po.hidden = pulse_sim_problem_hidden_for(&po, a.params);
   topo_setup s = {&a, NULL, 0, NULL};
   if (pulse_sim_problem_create(&po, &s.prob) != PULSE_OK)
-    return pulse_sim_fail(TOPO_PROG, "problem", PULSE_ERR_ARG);
+    return pulse_cli_fail(TOPO_PROG, "problem", PULSE_ERR_ARG);
   s.P = pulse_sim_problem_param_count(s.prob);
   s.init = malloc((size_t)s.P * sizeof *s.init);
   topo_result res[ARM_COUNT];
