@@ -21,5 +21,6 @@ from .mapping import Mapping
 from .publisher import Publisher
 from .server import Server
 from .subscriber import Subscriber
+from . import loco
 
-__all__ = ["Error", "Mapping", "Publisher", "Server", "Subscriber", "__version__"]
+__all__ = ["Error", "Mapping", "Publisher", "Server", "Subscriber", "loco", "__version__"]

@@ -11,7 +11,9 @@ headers are in include/ beside it) and a C compiler."""
 
 import ctypes
 import glob
+import importlib
 import os
+import pkgutil
 import re
 import shutil
 import subprocess
@@ -35,14 +37,20 @@ def expect(ok, what):
 
 
 def structures():
-    """Every ctypes structure of the package that names its C struct."""
+    """Every ctypes structure of the package's modules, each naming its C
+    struct."""
     found = {}
-    for name in dir(_lib):
-        cls = getattr(_lib, name)
-        if isinstance(cls, type) and issubclass(cls, ctypes.Structure):
-            expect(hasattr(cls, "_c_name_"), f"{name} does not name its C struct (_c_name_)")
-            if hasattr(cls, "_c_name_"):
-                found[cls._c_name_] = cls
+    modules = [importlib.import_module(f"pulse.{m.name}")
+               for m in pkgutil.iter_modules(pulse.__path__)]
+    for module in modules:
+        for name in dir(module):
+            cls = getattr(module, name)
+            if isinstance(cls, type) and issubclass(cls, ctypes.Structure) \
+                    and cls.__module__ == module.__name__:
+                expect(hasattr(cls, "_c_name_"),
+                       f"{module.__name__}.{name} does not name its C struct (_c_name_)")
+                if hasattr(cls, "_c_name_"):
+                    found[cls._c_name_] = cls
     return found
 
 
