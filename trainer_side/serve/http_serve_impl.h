@@ -83,7 +83,9 @@ typedef struct {
 #define PULSE_SERVE_BUCKETS 17
 
 typedef struct {
-  atomic_ullong count, sum_us; /* sum in microseconds */
+  /* sum in nanoseconds: a long-poll's wake-up takes well under a
+   * microsecond, which a sum in microseconds rounded to 0 */
+  atomic_ullong count, sum_ns;
   atomic_ullong bucket[PULSE_SERVE_BUCKETS];
 } pulse_serve_histogram;
 

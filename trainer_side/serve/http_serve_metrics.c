@@ -36,12 +36,14 @@ unsigned serve_label_index(const pulse_serve *s, const char *label) {
 void pulse_serve_histogram_add(pulse_serve_histogram *h, double seconds) {
   if (!(seconds >= 0))
     seconds = 0;
+  if (seconds > 1e9) /* the sum in nanoseconds stays in range */
+    seconds = 1e9;
   unsigned b = 0;
   while (b < PULSE_SERVE_BUCKETS - 1 && seconds > bounds[b])
     b++;
   atomic_fetch_add(&h->bucket[b], 1);
   atomic_fetch_add(&h->count, 1);
-  atomic_fetch_add(&h->sum_us, (unsigned long long)(seconds * 1e6 + 0.5));
+  atomic_fetch_add(&h->sum_ns, (unsigned long long)(seconds * 1e9 + 0.5));
 }
 
 void serve_metrics_count(pulse_serve *s, unsigned label, unsigned status,
@@ -68,8 +70,8 @@ void pulse_serve_histogram_text(pulse_bytebuf *b, const char *name,
                            sep, cum);
   }
   const char *open = labels[0] ? "{" : "", *close = labels[0] ? "}" : "";
-  pulse_bytebuf_printf(b, "%s_sum%s%s%s %.6f\n", name, open, labels, close,
-                       (double)atomic_load(&h->sum_us) / 1e6);
+  pulse_bytebuf_printf(b, "%s_sum%s%s%s %.9f\n", name, open, labels, close,
+                       (double)atomic_load(&h->sum_ns) / 1e9);
   pulse_bytebuf_printf(b, "%s_count%s%s%s %llu\n", name, open, labels, close,
                        (unsigned long long)atomic_load(&h->count));
 }

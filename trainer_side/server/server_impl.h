@@ -141,6 +141,7 @@ struct srv_waiter {
   uint64_t after;
   double deadline;
   int woken; /* taken off the list and resumed */
+  double learned; /* woken by a new head: when the server learned it */
   srv_waiter *prev, *next;
 };
 

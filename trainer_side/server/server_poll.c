@@ -53,10 +53,8 @@ static void wake_locked(pulse_server *srv, double now, int all) {
     w->prev = w->next = NULL;
     srv->nwaiters--;
     w->woken = 1;
-    if (have && step > w->after)
-      pulse_serve_histogram_add(
-          &srv->metrics.wakeup,
-          now - srv->head_learned > 0 ? now - srv->head_learned : 0);
+    if (have && step > w->after) /* observed when it runs again */
+      w->learned = srv->head_learned;
     pulse_serve_resume(w->rq);
   }
 }
@@ -190,8 +188,17 @@ static void waiter_done(void *data) {
 int srv_head_request(void *server, pulse_serve_request *rq, const char *path) {
   (void)path;
   pulse_server *srv = server;
-  if (pulse_serve_resumed(rq)) /* answer with whatever the head is now */
+  if (pulse_serve_resumed(rq)) { /* answer with whatever the head is now */
+    /* The wake-up: from the head learned to the handler running again on
+     * a daemon thread. (Taken at the resume itself it read the clock the
+     * head was learned at, under the same lock: 0 every time.) */
+    const srv_waiter *w = pulse_serve_attached(rq);
+    if (w != NULL && w->learned > 0) {
+      double dt = pulse_serve_now() - w->learned;
+      pulse_serve_histogram_add(&srv->metrics.wakeup, dt > 0 ? dt : 0);
+    }
     return answer_head(srv, rq);
+  }
   const char *after_s = pulse_serve_query(rq, "after");
   const char *timeout_s = pulse_serve_query(rq, "timeout_ms");
   if (after_s == NULL) {
