@@ -52,7 +52,8 @@
  * removes the objects the head stopped naming and writes anchors (the next
  * commit, pulse_pub_snapshot, pulse_pub_wait, pulse_pub_flush and
  * pulse_pub_free wait for what they need of it). The only writer of a store
- * is its one publisher; any number of servers may read the store meanwhile.
+ * is its one publisher (pulse_pub_create refuses a second one); any number
+ * of servers may read the store meanwhile.
  * */
 #ifndef PULSE_PUBLISHER_H
 #define PULSE_PUBLISHER_H
@@ -167,12 +168,18 @@ void pulse_pub_opts_init(pulse_pub_opts *opts);
 typedef struct pulse_pub pulse_pub;
 
 /** Opens the store folder `dir` (created when missing) for publishing.
- * Recovers it (pulse_store_recover) and, when it has a head, rebuilds the
- * snapshot at the head and checks it against the head's state digest.
+ * Takes the store's writer lock for the publisher's life (one writer per
+ * store, PROTOCOL.md "Writing a store": a store another publisher holds,
+ * in this process or any other, on this host or another one sharing the
+ * folder, is refused with PULSE_ERR_IO naming the holder, before anything
+ * is written), recovers it (pulse_store_recover) and, when it has a head,
+ * rebuilds the snapshot at the head and checks it against the head's state
+ * digest.
  * @return PULSE_OK and *out (free with pulse_pub_free); PULSE_ERR_ARG (bad
  * options; a new store without a table; opts.key is the key the store's
- * head rotated away from); PULSE_ERR_SIZE_MISMATCH (a table
- * that differs from the store's); any error of pulse_store_recover and
+ * head rotated away from, checked before the lock); PULSE_ERR_IO (another
+ * writer holds the store; the detail names it); PULSE_ERR_SIZE_MISMATCH (a
+ * table that differs from the store's); any error of pulse_store_recover and
  * pulse_store_state_rebuild; PULSE_ERR_NOMEM. */
 pulse_status pulse_pub_create(const char *dir, const pulse_pub_opts *opts,
                               pulse_pub **out);

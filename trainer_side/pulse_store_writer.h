@@ -33,8 +33,12 @@ typedef struct {
  * does not name and the catch-up cache; checks that every object the head
  * names exists with its size. Never touches head.json or a named object.
  * `out` may be NULL.
+ * Takes the store's writer lock (PROTOCOL.md, "Writing a store") for the
+ * call: a store held by a live publisher is refused (PULSE_ERR_IO, the
+ * detail naming the holder) and nothing is removed.
  * @return PULSE_OK; PULSE_ERR_CORRUPT (a named object missing or of the
- * wrong size: the store needs attention, nothing was removed); any error of
+ * wrong size: the store needs attention, nothing was removed); PULSE_ERR_IO
+ * (another writer holds the store); any error of
  * pulse_store_head_load but PULSE_ERR_NOT_FOUND (an empty store is fine);
  * PULSE_ERR_IO. */
 pulse_status pulse_store_recover(const char *dir, pulse_store_recovery *out);

@@ -102,7 +102,9 @@ cp -r "$work/store" "$work/store.before"
 publish "$(ck 5)" >"$work/pub3.out" 2>&1 &
 p=$!
 sleep 0.4
-kill -9 $p 2>/dev/null
+# $p is the subshell running the function: the publisher is its child (left
+# running, it held the store, one writer per store, while the next run came)
+kill -9 $(pgrep -P $p) $p 2>/dev/null
 wait $p 2>/dev/null
 check_bucket "after kill -9"
 publish "$(ck 6)" >"$work/pub4.out" 2>&1 || bad "publish after the kill: $(cat "$work/pub4.out")"

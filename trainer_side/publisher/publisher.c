@@ -9,6 +9,7 @@
 #include "pulse_store_writer.h"
 #include "status_impl.h"
 #include "store_impl.h"
+#include "writer_lock_impl.h"
 
 static pulse_status copy_table(pulse_pub *pub, const pulse_tensor_info *t,
                                size_t n) {
@@ -123,10 +124,27 @@ pulse_status pulse_pub_create(const char *dir, const pulse_pub_opts *opts,
     free(pub);
     return pulse_fail(PULSE_ERR_NOMEM, "publisher");
   }
+  pub->lock_fd = -1;
   pthread_mutex_init(&pub->moved_mu, NULL);
   pthread_cond_init(&pub->moved_cv, NULL);
   pub->opts = *opts;
-  pulse_status st = pulse_store_recover_grace(dir, opts->grace_seconds, NULL);
+  /* The key the head rotated away from is refused whoever holds the store
+   * (reading the head writes nothing); then one writer per store, refused
+   * before anything is written. */
+  pulse_status st = pub_store_dirs(dir);
+  if (st == PULSE_OK) {
+    st = pulse_store_head_load(dir, &pub->head);
+    if (st == PULSE_OK)
+      st = pub_key_check(pub);
+    pulse_store_head_free(pub->head);
+    pub->head = NULL;
+    if (st == PULSE_ERR_NOT_FOUND)
+      st = PULSE_OK;
+  }
+  if (st == PULSE_OK)
+    st = pub_writer_lock(dir, &pub->lock_fd);
+  if (st == PULSE_OK)
+    st = pub_store_recover_held(dir, opts->grace_seconds, NULL);
   if (st == PULSE_OK) {
     st = pulse_store_head_load(dir, &pub->head);
     if (st == PULSE_OK)
@@ -177,6 +195,7 @@ void pulse_pub_free(pulse_pub *pub) {
   pulse_store_head_free(pub->head);
   pthread_mutex_destroy(&pub->moved_mu);
   pthread_cond_destroy(&pub->moved_cv);
+  pub_writer_unlock(pub->lock_fd); /* last: the store is left as it is */
   free(pub->dir);
   free(pub);
 }

@@ -119,6 +119,9 @@ struct pulse_pub {
    * signs the rotation record of the head being written (opts.key is then
    * the new key already). NULL otherwise. */
   const pulse_sign_key *rotating_from;
+  /* The store's writer lock (writer_lock_impl.h), held for the
+   * publisher's life; -1 before it is taken. */
+  int lock_fd;
 };
 
 /** The key rotation record of the next head (publisher_rotate.c): a new

@@ -13,6 +13,7 @@
 #include "pulse_store_writer.h"
 #include "status_impl.h"
 #include "store_impl.h"
+#include "writer_lock_impl.h"
 
 static pulse_status ensure_dir(const char *path) {
   if (mkdir(path, 0755) == 0 || errno == EEXIST) {
@@ -67,11 +68,7 @@ pulse_status pulse_store_recover(const char *dir, pulse_store_recovery *out) {
   return pulse_store_recover_grace(dir, 0, out);
 }
 
-pulse_status pulse_store_recover_grace(const char *dir, double grace_seconds,
-                                       pulse_store_recovery *out) {
-  if (dir == NULL || !(grace_seconds >= 0))
-    return pulse_fail(PULSE_ERR_ARG,
-                      "store: NULL folder or negative grace period");
+pulse_status pub_store_dirs(const char *dir) {
   char path[4096];
   PULSE_TRY(ensure_dir(dir));
   if (store_join(path, sizeof path, dir, PULSE_STORE_OBJECTS_DIR) != 0)
@@ -79,7 +76,27 @@ pulse_status pulse_store_recover_grace(const char *dir, double grace_seconds,
   PULSE_TRY(ensure_dir(path));
   if (store_join(path, sizeof path, dir, PULSE_STORE_CATCHUP_DIR) != 0)
     return pulse_fail(PULSE_ERR_ARG, "store: folder name too long");
-  PULSE_TRY(ensure_dir(path));
+  return ensure_dir(path);
+}
+
+pulse_status pulse_store_recover_grace(const char *dir, double grace_seconds,
+                                       pulse_store_recovery *out) {
+  if (dir == NULL || !(grace_seconds >= 0))
+    return pulse_fail(PULSE_ERR_ARG,
+                      "store: NULL folder or negative grace period");
+  PULSE_TRY(pub_store_dirs(dir));
+  /* A live publisher's temporaries are not a crash's: refused while one
+   * holds the store. */
+  int lock = -1;
+  PULSE_TRY(pub_writer_lock(dir, &lock));
+  pulse_status st = pub_store_recover_held(dir, grace_seconds, out);
+  pub_writer_unlock(lock);
+  return st;
+}
+
+pulse_status pub_store_recover_held(const char *dir, double grace_seconds,
+                                    pulse_store_recovery *out) {
+  PULSE_TRY(pub_store_dirs(dir));
 
   pulse_store_head *head = NULL;
   pulse_status st = pulse_store_head_load(dir, &head);
