@@ -254,6 +254,13 @@ static pulse_status load_from(pulse_sub *sub, int in_memory) {
   pulse_status st = file_open(sub, 1, &missing, &writable);
   if (st == PULSE_OK)
     st = pulse_st_open_memory(f->map, (size_t)f->size, &sf);
+  if (st != PULSE_OK && !missing && in_memory &&
+      access(f->journal_path, F_OK) == 0) {
+    /* A step stopped in the middle leaves the header closed (sub_journal.c:
+     * a loader must not read the mix): the journal completes it. */
+    file_unmap(f);
+    return load_from(sub, 0);
+  }
   if (st != PULSE_OK) {
     if (!missing) /* missing: made from the first anchor */
       warn(sub, "%s cannot be read (%s): it will be replaced from an anchor",

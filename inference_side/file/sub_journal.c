@@ -184,11 +184,34 @@ void sub_journal_apply_window(uint8_t *win, uint64_t at, uint64_t n, const uint8
     memcpy(win, t + TXN_FIXED + at, (size_t)(hsize - at < n ? hsize - at : n));
 }
 
+/* While the file holds pages of two steps, its first 8 bytes (the header's
+ * length) are all 0xFF: a length past the end of any file, so that no
+ * safetensors loader opens a mix. Written before the first page of a step
+ * (or of a repair), and the real length goes back last, after the rest of
+ * the header: a write stopped anywhere in those 8 bytes leaves their high
+ * bytes 0xFF, still too long. The next attach repairs the file from its
+ * journal (sub_journal_recover), which restores the length last too. */
+static const uint8_t header_closed[8] = {0xFF, 0xFF, 0xFF, 0xFF,
+                                         0xFF, 0xFF, 0xFF, 0xFF};
+
+static pulse_status header_close(pulse_sub *sub, int fd) {
+  return sub_file_pwrite(sub, fd, header_closed, 8, 0, sub->file_path);
+}
+
+/* Writes the header (n >= 8 bytes): the JSON first, its length last. */
+static pulse_status header_open(pulse_sub *sub, int fd, const uint8_t *header, uint64_t n) {
+  if (n > 8)
+    PULSE_TRY(sub_file_pwrite(sub, fd, header + 8, n - 8, 8, sub->file_path));
+  return sub_file_pwrite(sub, fd, header, 8, 0, sub->file_path);
+}
+
 /* The file's pages that hold the transaction's changes, from the targets
  * (which hold the step the transaction brings the file to; the pages'
  * other elements are what the file holds already), in coalesced runs
- * split at the tensors' ends, then the header. A crash in between leaves
- * pages of both steps, which the replay completes. */
+ * split at the tensors' ends, then the header, its length last. A crash in
+ * between leaves pages of both steps, which the replay completes; the
+ * caller closed the header before (header_close), so that nothing reads
+ * them meanwhile. */
 static pulse_status write_pages(pulse_sub *sub, const sub_target *tg, size_t ntg,
                                 const uint8_t *header) {
   struct sub_file *f = sub->file;
@@ -213,8 +236,7 @@ static pulse_status write_pages(pulse_sub *sub, const sub_target *tg, size_t ntg
     }
   }
   /* The header goes last: when it is in place already, so was the rest. */
-  return header == NULL ? PULSE_OK
-                        : sub_file_pwrite(sub, f->fd, header, f->header_size, 0, sub->file_path);
+  return header == NULL ? PULSE_OK : header_open(sub, f->fd, header, f->header_size);
 }
 
 /* ---------------------------------------------------------------- syncing */
@@ -314,7 +336,9 @@ pulse_status sub_journal_commit(pulse_sub *sub, const uint8_t *header) {
   f->journal_size += size;
   /* Durable from here: a crash in what follows is repaired by a replay. */
   sub_file_kill_point();
-  st = write_pages(sub, sub->targets, sub->ntargets, header);
+  st = header_close(sub, f->fd);
+  if (st == PULSE_OK)
+    st = write_pages(sub, sub->targets, sub->ntargets, header);
   if (st != PULSE_OK)
     return st; /* the journal has the step: the next attach finishes it */
   if (f->dirty != NULL)
@@ -402,6 +426,15 @@ static pulse_status replay(pulse_sub *sub, int fd, uint64_t size, const uint8_t 
       used = (size_t)pulse_load_le64(j + at + 8);
       sub_journal_apply_window(win, from, len, j + at, used);
     }
+    /* The header's length goes last (header_close): the pages below keep
+     * the file's own 8 bytes, whatever they are, until every other byte is
+     * written. */
+    uint8_t length[8];
+    int length_last = from == 0 && len >= 8 && memcmp(win, orig, 8) != 0;
+    if (length_last) {
+      memcpy(length, win, 8);
+      memcpy(win, orig, 8);
+    }
     for (uint64_t pg = 0; pg < len && st == PULSE_OK;) {
       uint64_t end = pg + 4096 < len ? pg + 4096 : len;
       if (memcmp(win + pg, orig + pg, (size_t)(end - pg)) == 0) {
@@ -418,6 +451,10 @@ static pulse_status replay(pulse_sub *sub, int fd, uint64_t size, const uint8_t 
       st = sub_file_pwrite(sub, fd, win + pg, run - pg, from + pg, sub->file_path);
       *changed += run - pg;
       pg = run;
+    }
+    if (st == PULSE_OK && length_last) {
+      st = sub_file_pwrite(sub, fd, length, 8, 0, sub->file_path);
+      *changed += 8;
     }
   }
   free(win);
@@ -578,9 +615,16 @@ pulse_status sub_journal_replay_loaded(pulse_sub *sub, sub_target *t, size_t n, 
     u = (size_t)pulse_load_le64(j + x + 8);
     records_walk(f, t, n, j + x, u, 1, &changed);
   }
+  /* Pages the kernel lost (a power cut after the last run wrote them), with
+   * the header closed meanwhile and put back (the file's own, which the
+   * last claim is) at the end. */
+  pulse_status st = PULSE_OK;
+  if (changed > 0) {
+    st = header_close(sub, f->fd);
+    if (st == PULSE_OK)
+      st = write_pages(sub, t, n, j + last + TXN_FIXED);
+  }
   free(j);
-  /* Pages the kernel lost (a power cut after the last run wrote them): */
-  pulse_status st = changed > 0 ? write_pages(sub, t, n, NULL) : PULSE_OK;
   memset(f->dirty, 0, (size_t)words * sizeof *f->dirty);
   if (st == PULSE_OK && fdatasync(f->fd) != 0)
     st = pulse_fail(PULSE_ERR_IO, "%s: fsync: %s", sub->file_path, strerror(errno));
