@@ -72,6 +72,10 @@
 extern "C" {
 #endif
 
+/* How far in the future a head's publication time may lie (the clocks of
+ * trainer and worker differ) when a maximum age is set (max_head_age_s). */
+#define PULSE_SUB_CLOCK_SKEW_S 60u
+
 /* A step that is not known (no state yet, or a state that failed a check). */
 #define PULSE_SUB_NO_STEP UINT64_MAX
 
@@ -206,8 +210,10 @@ typedef struct {
    * the cache's head, the head it follows or a file target's metadata), or
    * of no run (format 1), is refused; 1: it is taken, from its anchor. */
   int switch_run;
-  /* Refuse heads published more than this many seconds ago, and heads that
-   * do not say when (format 1); 0 (default): no limit. */
+  /* Refuse heads published more than this many seconds ago, heads that
+   * do not say when (format 1), and heads dated more than
+   * PULSE_SUB_CLOCK_SKEW_S in the future (a head from the future would
+   * pass any age); 0 (default): no limit. */
   uint32_t max_head_age_s;
   /* Version 4: each object's download from one URL has a deadline of
    * download_grace_ms plus its size at min_bytes_per_s (defaults 30000 ms
@@ -228,9 +234,23 @@ typedef struct {
    * options of versions 1 to 5): a subscriber without public_key is
    * refused, unless allow_unsigned. Trust on first use is never implied. */
   int trust_first_use;
+  /* Version 7: redirects are followed within the origin (scheme, host,
+   * port) of the source asked only; a redirect to another origin, or from
+   * https to http, fails with an error naming its target (mirrors are
+   * named in urls, not reached by redirect), unless its origin is listed
+   * here: "HOST[:PORT]" (https, or http when the source is http; no PORT:
+   * the scheme's default) or "SCHEME://HOST[:PORT]" (that scheme only, the
+   * way to allow a downgrade). NULL/0 (default): none. Copied. */
+  const char *const *redirect_origins;
+  size_t redirect_origin_count;
+  /* Version 7: the largest object a head may name that is downloaded;
+   * a larger one is refused before any byte of it is fetched or any memory
+   * reserved for it (a head is signed, but a signing key can leak or be
+   * misused). Default 2^40 (1 TiB); at most 2^63 - 1. */
+  uint64_t max_object_bytes;
 } pulse_sub_opts;
 
-#define PULSE_SUB_OPTS_VERSION 6u
+#define PULSE_SUB_OPTS_VERSION 7u
 /** Sets every field of *opts to its default (struct_version included):
  * the one way to start options; then set the fields you need. */
 void pulse_sub_opts_init(pulse_sub_opts *opts);

@@ -11,10 +11,12 @@
  * Bytes decoded early are untrusted: the decoder checks every bound and
  * writes only staging, and an object that does not verify is dropped with
  * whatever was made of it (on_restart) before it is fetched again. */
+#include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "pulse_log.h"
 #include "status_impl.h"
@@ -248,10 +250,18 @@ pulse_status sub_apply_patch_streamed(pulse_sub *sub,
   ps.sink.on_prefix = ps_on_prefix;
   ps.sink.on_restart = ps_on_restart;
   ps.sink.on_verified = ps_on_verified;
-  ps.sink.buf = malloc(o->size ? (size_t)o->size : 1);
-  if (ps.sink.buf == NULL)
-    return pulse_fail(PULSE_ERR_NOMEM, "%s: %" PRIu64 " bytes", o->path,
-                      o->size);
+  /* Address space, not memory: a page takes memory when the bytes for it
+   * arrive, so a head naming a huge object costs nothing before its bytes
+   * do (and one over the limit is refused first). */
+  PULSE_TRY(sub_object_size_check(sub, o));
+  size_t reserved = o->size ? (size_t)o->size : 1;
+  void *buf = mmap(NULL, reserved, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (buf == MAP_FAILED)
+    return pulse_fail(PULSE_ERR_NOMEM,
+                      "%s: %" PRIu64 " bytes of address space: %s", o->path,
+                      o->size, strerror(errno));
+  ps.sink.buf = buf;
   pulse_status st = sub_object_fetch_sink(sub, o, src, &ps.sink);
   if (ps.finished && ps.fst == PULSE_OK && st != PULSE_OK) {
     /* Applied from verified bytes; only the cache copy failed. */
@@ -263,6 +273,7 @@ pulse_status sub_apply_patch_streamed(pulse_sub *sub,
   if (st == PULSE_OK)
     st = ps_apply_verified(&ps);
   ps_reset(&ps);
-  free(ps.tg), free(ps.ht), free(ps.ct), free(ps.sink.buf);
+  free(ps.tg), free(ps.ht), free(ps.ct);
+  munmap(ps.sink.buf, reserved);
   return st;
 }

@@ -19,7 +19,9 @@ pulse_fetch_opts sub_http_opts(const pulse_sub_opts *o, atomic_int *stop) {
   f.backoff_ms = o->backoff_ms;
   f.backoff_max_ms = o->backoff_max_ms;
   f.user_agent = "pulse-subscriber/1";
-  f.max_redirects = 5;
+  f.max_redirects = 5; /* within the source's origin, or those allowed */
+  f.redirect_origins = o->redirect_origins;
+  f.redirect_origin_count = o->redirect_origin_count;
   f.https = 1;
   f.stop = stop;
   f.cacert = o->cacert;

@@ -52,8 +52,13 @@ typedef struct {
   EVP_MD_CTX *md;
   uint64_t hashed; /* bytes of buf hashed so far (the prefix fed) */
   /* The download deadline from the URL being tried (opts.min_bytes_per_s,
-   * opts.download_grace_ms): monotonic seconds, INFINITY for none. */
+   * opts.download_grace_ms): monotonic seconds, INFINITY for none; how it
+   * may move with the rate measured (deadline_extend): the rate asked,
+   * the slowest rate that still moves it, the latest it can be, and the
+   * bytes this URL delivered since url_t0. */
   double deadline, allowed_s;
+  double min_rate, floor_rate, hard_deadline, url_t0;
+  uint64_t url_bytes;
 } fetch_ctx;
 
 static void sha_hex(const pulse_store_object *o, char hex[65]) {
@@ -287,26 +292,73 @@ static pulse_status sink_restart(fetch_ctx *c, int tell) {
   return PULSE_OK;
 }
 
+/* Past its deadline a download goes on while the source's measured rate
+ * is at least this fraction of the minimum rate: the link is slow, the
+ * source is not dripping (a worker at 50 KB/s under the default 256 KB/s
+ * once had every anchor cut at 38 s of its 40, and never synced). */
+#define SUB_DEADLINE_FLOOR_DIV 8.0
+
 /* Starts the download deadline for one URL: the grace plus the object's
- * size at the minimum rate. */
+ * size at the minimum rate (at most half the worker's own rate limit: a
+ * worker that limits itself is not a slow source). */
 static void deadline_start(fetch_ctx *c) {
   const pulse_sub_opts *o = &c->sub->opts;
-  c->deadline = INFINITY;
+  c->deadline = c->hard_deadline = INFINITY;
+  c->url_t0 = sub_now();
+  c->url_bytes = 0;
   if (o->min_bytes_per_s == 0)
     return;
-  c->allowed_s = o->download_grace_ms / 1000.0 +
-                 (double)c->o->size / (double)o->min_bytes_per_s;
-  c->deadline = sub_now() + c->allowed_s;
+  double rate = (double)o->min_bytes_per_s;
+  if (o->max_recv_bytes_per_s != 0 && (double)o->max_recv_bytes_per_s / 2 < rate)
+    rate = (double)o->max_recv_bytes_per_s / 2;
+  if (rate < 1)
+    rate = 1;
+  double grace = o->download_grace_ms / 1000.0;
+  c->min_rate = rate;
+  c->floor_rate = rate / SUB_DEADLINE_FLOOR_DIV;
+  c->allowed_s = grace + (double)c->o->size / rate;
+  c->deadline = c->url_t0 + c->allowed_s;
+  c->hard_deadline = c->url_t0 + grace + (double)c->o->size / c->floor_rate;
+}
+
+/* At the deadline: 1 when it moves, to when the rest would arrive at the
+ * rate this URL delivered so far (plus the grace), because that rate is at
+ * least floor_rate; never past hard_deadline. */
+static int deadline_extend(fetch_ctx *c, uint64_t held) {
+  double now = sub_now(), took = now - c->url_t0;
+  double rate = took > 0 ? (double)c->url_bytes / took : 0;
+  if (now >= c->hard_deadline || rate < c->floor_rate || held >= c->o->size)
+    return 0;
+  double next = now + c->sub->opts.download_grace_ms / 1000.0 +
+                (double)(c->o->size - held) / rate;
+  c->deadline = next < c->hard_deadline ? next : c->hard_deadline;
+  c->allowed_s = c->deadline - c->url_t0;
+  PULSE_LOG_AT(PULSE_LOG_INFO,
+               "subscriber: %s: slower than %.0f B/s (%.0f B/s measured): its "
+               "deadline moves to %.0f s",
+               c->o->path, c->min_rate, rate, c->allowed_s);
+  return 1;
+}
+
+/* Bytes of the object held in the segments' files. */
+static uint64_t held_bytes(const fetch_ctx *c) {
+  uint64_t h = 0;
+  for (size_t k = 0; k < c->n; k++)
+    h += c->segs[k].have;
+  return h;
 }
 
 static pulse_status deadline_passed(const fetch_ctx *c, const char *url) {
+  double took = sub_now() - c->url_t0;
   return pulse_fail(PULSE_ERR_IO,
                     "%s: %s: not downloaded within its deadline of %.0f s "
-                    "(%" PRIu64 " bytes at %" PRIu32 " B/s, plus %" PRIu32
-                    " ms): the source is too slow (the bytes held are kept)",
-                    c->o->path, url, c->allowed_s, c->o->size,
-                    c->sub->opts.min_bytes_per_s,
-                    c->sub->opts.download_grace_ms);
+                    "(%" PRIu64 " bytes at %.0f B/s, plus %" PRIu32
+                    " ms; %.0f B/s measured, under the %.0f B/s that move it):"
+                    " the source is too slow (the bytes held are kept)",
+                    c->o->path, url, c->allowed_s, c->o->size, c->min_rate,
+                    c->sub->opts.download_grace_ms,
+                    took > 0 ? (double)c->url_bytes / took : 0.0,
+                    c->floor_rate);
 }
 
 /* Downloads every missing segment byte from URL `url`, with retries, until
@@ -350,8 +402,9 @@ static pulse_status download(fetch_ctx *c, size_t url) {
     if (nrun == 0)
       return PULSE_OK;
     double left = c->deadline - sub_now();
-    if (left <= 0)
+    if (left <= 0 && !deadline_extend(c, held_bytes(c)))
       return deadline_passed(c, objurl);
+    left = c->deadline - sub_now();
     if (left < 4e6) /* each try ends at the deadline at the latest */
       for (size_t k = 0; k < nrun; k++)
         run[k]->timeout_ms = (uint32_t)(left * 1000.0) + 1;
@@ -363,6 +416,7 @@ static pulse_status download(fetch_ctx *c, size_t url) {
       if (s->have >= s->len)
         continue;
       s->have += s->x.received;
+      c->url_bytes += s->x.received;
       progressed |= s->x.received > 0;
       s->x.received = 0; /* counted in have now (sink_prefix) */
       if (pulse_fetch_xfer_ok(&s->x) && s->have >= s->len)
@@ -384,7 +438,7 @@ static pulse_status download(fetch_ctx *c, size_t url) {
       sink_advance(c);
     if (st == PULSE_OK)
       return PULSE_OK;
-    if (sub_now() >= c->deadline)
+    if (sub_now() >= c->deadline && !deadline_extend(c, held_bytes(c)))
       return deadline_passed(c, objurl);
     if (progressed)
       attempt = 0; /* a flaky link that moves forward is not given up */
@@ -609,12 +663,55 @@ static pulse_status sink_from_cache(pulse_sub *sub, const pulse_store_object *o,
   return PULSE_OK;
 }
 
-static pulse_status fetch(pulse_sub *sub, const pulse_store_object *o,
-                          const sub_source *src, sub_sink *sink) {
+pulse_status sub_object_size_check(const pulse_sub *sub,
+                                   const pulse_store_object *o) {
   if (o->size > SUB_OBJECT_MAX_BYTES)
     return pulse_fail(PULSE_ERR_OVERFLOW,
                       "%s: %" PRIu64 " bytes: larger than any file, refused",
                       o->path, o->size);
+  if (o->size > sub->opts.max_object_bytes)
+    return pulse_fail(PULSE_ERR_OVERFLOW,
+                      "%s: the head names %" PRIu64
+                      " bytes, more than the largest object allowed (%" PRIu64
+                      " bytes: max_object_bytes, pulse-pull --max-object-size): "
+                      "refused before downloading it",
+                      o->path, o->size, sub->opts.max_object_bytes);
+  return PULSE_OK;
+}
+
+/* 1 when source `url` served bytes of o that did not verify under the
+ * current head. */
+static int served_bad(const pulse_sub *sub, const pulse_store_object *o,
+                      size_t url) {
+  for (size_t i = 0; i < sub->nbad; i++)
+    if (sub->bad[i].url == url &&
+        memcmp(sub->bad[i].sha256, o->sha256, 32) == 0 &&
+        strcmp(sub->bad[i].head_etag, sub->head_etag) == 0)
+      return 1;
+  return 0;
+}
+
+/* Source `url` served bytes of o that did not verify, twice: it is not
+ * asked for o again until the head changes (a follower once fetched such
+ * an anchor 40 times a minute). */
+static void note_bad(pulse_sub *sub, const pulse_store_object *o, size_t url) {
+  if (served_bad(sub, o, url))
+    return;
+  if (sub->nbad == SUB_BAD_MAX) { /* full: the oldest goes */
+    memmove(&sub->bad[0], &sub->bad[1],
+            (SUB_BAD_MAX - 1) * sizeof sub->bad[0]);
+    sub->nbad--;
+  }
+  size_t k = sub->nbad++;
+  memcpy(sub->bad[k].sha256, o->sha256, 32);
+  sub->bad[k].url = url;
+  snprintf(sub->bad[k].head_etag, sizeof sub->bad[k].head_etag, "%s",
+           sub->head_etag);
+}
+
+static pulse_status fetch(pulse_sub *sub, const pulse_store_object *o,
+                          const sub_source *src, sub_sink *sink) {
+  PULSE_TRY(sub_object_size_check(sub, o));
   char final[4096];
   sub_object_path(sub, o, final, sizeof final);
   if (sink != NULL && file_size(final) == o->size && access(final, R_OK) == 0) {
@@ -677,6 +774,15 @@ static pulse_status fetch(pulse_sub *sub, const pulse_store_object *o,
   size_t u0 = src != NULL ? src->url : 0;
   size_t u1 = src != NULL ? src->url + 1 : sub->nurls;
   for (size_t u = u0; u < u1 && st == PULSE_OK; u++) {
+    if (served_bad(sub, o, u)) {
+      st = pulse_fail(PULSE_ERR_CORRUPT,
+                      "%s: %s served bytes that do not verify (twice): not "
+                      "asked for it again until the head changes",
+                      o->path, sub->urls[u]);
+      if (u + 1 < u1)
+        st = PULSE_OK;
+      continue;
+    }
     deadline_start(c);
     for (int again = 0; again < 2; again++) {
       st = download(c, u);
@@ -698,6 +804,8 @@ static pulse_status fetch(pulse_sub *sub, const pulse_store_object *o,
       if (st != PULSE_ERR_CORRUPT)
         break;
       reject(sub, o->path, st);
+      if (again == 1)
+        note_bad(sub, o, u);
       if (open_segs(c) != PULSE_OK)
         break;
       if (sink != NULL && sink_restart(c, 1) != PULSE_OK)

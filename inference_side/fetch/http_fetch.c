@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -20,9 +21,18 @@
 #define FETCH_POOL 16 /* idle easy handles kept for reuse */
 #define TICK_MS 100u  /* tick callbacks, and the longest wait between polls */
 
+/* An origin a redirect may go to (pulse_fetch_opts.redirect_origins). */
+typedef struct {
+  char scheme[8]; /* "" when the entry named none */
+  char host[256];
+  long port; /* 0 when the entry named none */
+} redirect_origin;
+
 struct pulse_fetch {
   pulse_fetch_opts opts; /* user_agent, cacert point at the copies below */
   char *user_agent, *cacert;
+  redirect_origin *origins; /* opts.redirect_origins, parsed */
+  size_t norigins;
   CURLM *multi;
   CURL *idle[FETCH_POOL];
   size_t nidle;
@@ -81,6 +91,73 @@ void pulse_fetch_count_retry(pulse_fetch *f) {
   count(f, 0, 0, 1, 0);
 }
 
+/* ----------------------------------------------------------- redirects */
+
+static long default_port(const char *scheme) {
+  return strcmp(scheme, "https") == 0 ? 443 : 80;
+}
+
+/* Scheme, host and port of an absolute http(s) URL. 0 when it is not one. */
+static int url_origin(const char *url, redirect_origin *o, int *named_port) {
+  memset(o, 0, sizeof *o);
+  CURLU *u = curl_url();
+  char *scheme = NULL, *host = NULL, *port = NULL;
+  int ok = u != NULL && curl_url_set(u, CURLUPART_URL, url, 0) == CURLUE_OK &&
+           curl_url_get(u, CURLUPART_SCHEME, &scheme, 0) == CURLUE_OK &&
+           curl_url_get(u, CURLUPART_HOST, &host, 0) == CURLUE_OK &&
+           (strcmp(scheme, "http") == 0 || strcmp(scheme, "https") == 0) &&
+           strlen(host) < sizeof o->host;
+  if (ok) {
+    snprintf(o->scheme, sizeof o->scheme, "%s", scheme);
+    snprintf(o->host, sizeof o->host, "%s", host);
+    int has = curl_url_get(u, CURLUPART_PORT, &port, 0) == CURLUE_OK;
+    o->port = has ? strtol(port, NULL, 10) : default_port(scheme);
+    if (named_port != NULL)
+      *named_port = has;
+  }
+  curl_free(scheme), curl_free(host), curl_free(port);
+  curl_url_cleanup(u);
+  return ok;
+}
+
+/* Parses "HOST[:PORT]" or "SCHEME://HOST[:PORT]". */
+static int origin_parse(const char *entry, redirect_origin *o) {
+  char url[600];
+  int has_scheme = strstr(entry, "://") != NULL;
+  if (strlen(entry) > 500 || (strchr(entry, '/') != NULL && !has_scheme))
+    return 0;
+  snprintf(url, sizeof url, "%s%s", has_scheme ? "" : "http://", entry);
+  int named_port = 0;
+  if (!url_origin(url, o, &named_port))
+    return 0;
+  if (!has_scheme)
+    o->scheme[0] = '\0';
+  if (!named_port)
+    o->port = 0;
+  return 1;
+}
+
+int pulse_fetch_redirect_allowed(const pulse_fetch *f, const char *from,
+                                 const char *to) {
+  redirect_origin a, b;
+  if (!url_origin(from, &a, NULL) || !url_origin(to, &b, NULL))
+    return 0;
+  if (strcmp(a.scheme, b.scheme) == 0 && strcasecmp(a.host, b.host) == 0 &&
+      a.port == b.port)
+    return 1;
+  for (size_t i = 0; f != NULL && i < f->norigins; i++) {
+    const redirect_origin *o = &f->origins[i];
+    long port = o->port != 0 ? o->port : default_port(b.scheme);
+    /* No scheme named: the one asked, or an upgrade to https. */
+    int scheme = o->scheme[0] ? strcmp(o->scheme, b.scheme) == 0
+                              : strcmp(b.scheme, "https") == 0 ||
+                                    strcmp(a.scheme, "http") == 0;
+    if (scheme && strcasecmp(o->host, b.host) == 0 && port == b.port)
+      return 1;
+  }
+  return 0;
+}
+
 /* -------------------------------------------------------------- engine */
 
 pulse_status pulse_fetch_create(const pulse_fetch_opts *opts,
@@ -108,6 +185,29 @@ pulse_status pulse_fetch_create(const pulse_fetch_opts *opts,
   if (opts->cacert != NULL)
     f->cacert = strdup(opts->cacert);
   f->opts.cacert = f->cacert;
+  f->opts.redirect_origins = NULL; /* parsed into f->origins */
+  f->opts.redirect_origin_count = 0;
+  if (opts->redirect_origin_count > 0) {
+    if (opts->redirect_origins == NULL) {
+      pulse_fetch_free(f);
+      return pulse_fail(PULSE_ERR_ARG, "fetch: NULL redirect origins");
+    }
+    f->origins = calloc(opts->redirect_origin_count, sizeof *f->origins);
+    if (f->origins == NULL) {
+      pulse_fetch_free(f);
+      return pulse_fail(PULSE_ERR_NOMEM, "fetch engine");
+    }
+    for (size_t i = 0; i < opts->redirect_origin_count; i++) {
+      const char *e = opts->redirect_origins[i];
+      if (e == NULL || !origin_parse(e, &f->origins[f->norigins++])) {
+        pulse_fetch_free(f);
+        return pulse_fail(PULSE_ERR_ARG,
+                          "fetch: redirect origin '%s' is not HOST[:PORT] or "
+                          "http(s)://HOST[:PORT]",
+                          e ? e : "(null)");
+      }
+    }
+  }
   f->multi = curl_multi_init();
   if (f->multi == NULL || (opts->user_agent != NULL && f->user_agent == NULL) ||
       (opts->cacert != NULL && f->cacert == NULL)) {
@@ -127,6 +227,7 @@ void pulse_fetch_free(pulse_fetch *f) {
     curl_multi_cleanup(f->multi);
   free(f->user_agent);
   free(f->cacert);
+  free(f->origins);
   free(f);
 }
 
@@ -193,6 +294,9 @@ static void reset_answer(pulse_fetch_xfer *x) {
   x->received = x->wire = 0;
   x->body_us = x->end_us = 0;
   x->enough = x->too_long = x->io_failed = x->bad_range = x->changed = 0;
+  x->redirect_refused = x->cut_at_end = 0;
+  x->hdr_status = 0;
+  x->redirect_to[0] = x->write_error[0] = '\0';
   x->headers_len = x->error_len = 0;
   x->headers[0] = x->error_body[0] = x->curl_error[0] = '\0';
   x->sink_decided = x->discard = 0;
@@ -303,6 +407,7 @@ static pulse_status setup(pulse_fetch *f, pulse_fetch_xfer *x,
   if (e == NULL)
     return pulse_fail(PULSE_ERR_NOMEM, "curl: no handle for %s", x->url);
   x->easy = e;
+  x->engine = f;
   reset_answer(x);
   x->attempt++;
   x->rate = f->opts.max_recv_bytes_per_s;

@@ -78,7 +78,18 @@ typedef struct {
   uint32_t backoff_ms;           /* first retry delay, doubled per retry ... */
   uint32_t backoff_max_ms;       /* ... up to this */
   const char *user_agent;        /* NULL: no User-Agent header; copied */
-  int max_redirects;             /* 0: redirects are not followed */
+  /* Redirects (at most max_redirects of them; 0: none is followed) are
+   * followed within the origin (scheme, host and port) of the URL asked
+   * only; one to another origin, an https -> http downgrade included, ends
+   * the try with an error naming its target (not retried), unless its
+   * origin is listed in redirect_origins: "HOST[:PORT]" (the target's
+   * scheme may be the one asked or https; no PORT: the scheme's default
+   * port) or "SCHEME://HOST[:PORT]" (that scheme only: how a downgrade is
+   * allowed). Mirrors are named as sources, not reached by redirect.
+   * Copied. */
+  int max_redirects;
+  const char *const *redirect_origins;
+  size_t redirect_origin_count;
   int https;                     /* https:// allowed besides http:// */
   int no_proxy;                  /* ignore proxies from the environment */
   atomic_int *stop;              /* a stop flag the caller owns and watches too
@@ -201,6 +212,11 @@ typedef struct pulse_fetch_xfer {
   int io_failed;      /* a write (or an allocation) failed */
   int bad_range;      /* a 206 for another range or object size */
   int changed;        /* the resource changed (if_range): not retried */
+  int redirect_refused; /* a redirect to another origin: not followed */
+  char redirect_to[512]; /* ... its target */
+  /* A write that failed: the system's reason (libcurl overwrites
+   * curl_error with its own generic text). */
+  char write_error[160];
   char headers[4096]; /* the final answer's header lines */
   size_t headers_len;
   char error_body[256]; /* start of a non-2xx body */
@@ -208,6 +224,11 @@ typedef struct pulse_fetch_xfer {
   char curl_error[256]; /* libcurl's detail (CURL_ERROR_SIZE) */
   /* ---- engine */
   void *easy; /* the easy handle while the try runs, else NULL */
+  struct pulse_fetch *engine; /* the engine running it */
+  long hdr_status;      /* status of the answer whose headers arrive */
+  /* The answer announced more body than the bytes the range (or the
+   * known object size) holds: the try ends once those arrived. */
+  int cut_at_end;
   void *slist;
   uint64_t abs; /* object offset of the next body byte */
   int sink_decided;

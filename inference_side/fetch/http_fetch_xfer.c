@@ -82,11 +82,11 @@ int pulse_fetch_xfer_ok(const pulse_fetch_xfer *x) {
   int good = (x->status >= 200 && x->status < 300) ||
              (x->status == 304 && x->if_none_match[0]);
   return done && good && !x->too_long && !x->io_failed && !x->bad_range &&
-         !x->changed;
+         !x->changed && !x->redirect_refused;
 }
 
 int pulse_fetch_xfer_retryable(const pulse_fetch_xfer *x) {
-  if (x->io_failed || x->too_long || x->changed)
+  if (x->io_failed || x->too_long || x->changed || x->redirect_refused)
     return 0;
   if (x->bad_range)
     return 1;
@@ -121,10 +121,19 @@ static const char *method_name(pulse_fetch_method m) {
 pulse_status pulse_fetch_xfer_fail(const pulse_fetch_xfer *x,
                                    const char *what) {
   const char *method = method_name(x->method);
+  if (x->redirect_refused)
+    return pulse_fail(PULSE_ERR_IO,
+                      "%s: %s %s: redirected to %s, another origin (or an "
+                      "https -> http downgrade): not followed (mirrors are "
+                      "named as sources; to follow it, allow its origin: "
+                      "pulse-pull --follow-redirects-to HOST[:PORT], "
+                      "pulse_sub_opts.redirect_origins)",
+                      what, method, x->url, x->redirect_to);
   if (x->io_failed)
     return pulse_fail(PULSE_ERR_IO,
                       "%s: %s %s: writing the download failed: %s", what,
-                      method, x->url, x->curl_error);
+                      method, x->url,
+                      x->write_error[0] ? x->write_error : x->curl_error);
   if (x->too_long)
     return pulse_fail(PULSE_ERR_CORRUPT,
                       "%s: %s %s: the body is longer than expected", what,
@@ -151,15 +160,49 @@ pulse_status pulse_fetch_xfer_fail(const pulse_fetch_xfer *x,
 
 /* ------------------------------------------------------------ callbacks */
 
+/* At the end of a 3xx answer's headers: 1 when its Location may be
+ * followed (pulse_fetch_redirect_allowed), else 0 with the target kept. */
+static int redirect_ok(pulse_fetch_xfer *x) {
+  char loc[sizeof x->redirect_to];
+  if (!pulse_fetch_xfer_header(x, "Location", loc, sizeof loc) || loc[0] == 0)
+    return 1; /* nothing to follow: the 3xx is the answer */
+  /* Relative to the URL this answer came from. */
+  const char *base = NULL;
+  curl_easy_getinfo(x->easy, CURLINFO_EFFECTIVE_URL, &base);
+  CURLU *u = curl_url();
+  char *abs = NULL;
+  int ok = u != NULL &&
+           curl_url_set(u, CURLUPART_URL, base ? base : x->url, 0) == CURLUE_OK &&
+           curl_url_set(u, CURLUPART_URL, loc, 0) == CURLUE_OK &&
+           curl_url_get(u, CURLUPART_URL, &abs, 0) == CURLUE_OK;
+  snprintf(x->redirect_to, sizeof x->redirect_to, "%s", ok ? abs : loc);
+  ok = ok && pulse_fetch_redirect_allowed(x->engine, x->url, abs);
+  curl_free(abs);
+  curl_url_cleanup(u);
+  return ok;
+}
+
 size_t pulse_fetch_on_header(char *p, size_t size, size_t n, void *ctx) {
   pulse_fetch_xfer *x = ctx;
   size_t len = size * n;
-  if (len >= 5 && memcmp(p, "HTTP/", 5) == 0)
+  if (len >= 5 && memcmp(p, "HTTP/", 5) == 0) {
     x->headers_len = 0; /* a new answer (after a redirect or a 100) */
+    const char *sp = memchr(p, ' ', len);
+    x->hdr_status = sp != NULL ? strtol(sp + 1, NULL, 10) : 0;
+  }
   if (x->headers_len + len < sizeof x->headers) {
     memcpy(x->headers + x->headers_len, p, len);
     x->headers_len += len;
     x->headers[x->headers_len] = '\0';
+  }
+  /* The blank line ending a redirect's headers: libcurl follows it next,
+   * unless it is refused here (another origin, a downgrade). */
+  int blank = (len == 2 && p[0] == '\r' && p[1] == '\n') ||
+              (len == 1 && p[0] == '\n');
+  if (blank && x->hdr_status >= 300 && x->hdr_status < 400 &&
+      !redirect_ok(x)) {
+    x->redirect_refused = 1;
+    return 0;
   }
   return len;
 }
@@ -222,6 +265,17 @@ static int decide(pulse_fetch_xfer *x) {
     }
     x->abs = a;
   }
+  /* A file sink knows where its body ends (the range, or the object's
+   * signed size): an answer announcing more than that is ended once those
+   * bytes arrived, not waited on for bytes that are not the object. */
+  uint64_t end = x->ranged && x->range_to != UINT64_MAX ? x->range_to + 1
+                                                        : x->expect_total;
+  curl_off_t cl = -1;
+  if (x->fd >= 0 && end != 0 && end >= x->abs &&
+      curl_easy_getinfo(x->easy, CURLINFO_CONTENT_LENGTH_DOWNLOAD_T, &cl) ==
+          CURLE_OK &&
+      cl >= 0 && (uint64_t)cl > end - x->abs)
+    x->cut_at_end = 1;
   return 0;
 }
 
@@ -244,7 +298,7 @@ static size_t to_memory(pulse_fetch_xfer *x, const char *p, size_t len) {
   /* Doubling from 64 KiB; a buffer the body still fits in stays put. */
   if (!pulse_bytebuf_reserve(&x->mem, len, 65536)) {
     x->io_failed = 1;
-    snprintf(x->curl_error, sizeof x->curl_error, "out of memory");
+    snprintf(x->write_error, sizeof x->write_error, "out of memory");
     return 0;
   }
   pulse_bytebuf_put(&x->mem, p, len);
@@ -259,8 +313,9 @@ static size_t to_file(pulse_fetch_xfer *x, const char *p, size_t len) {
   uint64_t from = x->abs, to = x->abs + len; /* object offsets */
   x->abs = to;
   uint64_t lo = x->ranged ? x->range_from : 0;
-  uint64_t hi =
-      x->ranged && x->range_to != UINT64_MAX ? x->range_to + 1 : UINT64_MAX;
+  uint64_t hi = x->ranged && x->range_to != UINT64_MAX ? x->range_to + 1
+                : x->expect_total != 0              ? x->expect_total
+                                                    : UINT64_MAX;
   if (x->expect_total != 0 && to > x->expect_total) {
     x->too_long = 1;
     return 0;
@@ -274,8 +329,11 @@ static size_t to_file(pulse_fetch_xfer *x, const char *p, size_t len) {
     if (w < 0 && errno == EINTR)
       continue;
     if (w <= 0) {
+      int e = w < 0 ? errno : ENOSPC; /* a write of 0 bytes: no room */
       x->io_failed = 1;
-      snprintf(x->curl_error, sizeof x->curl_error, "%s", strerror(errno));
+      snprintf(x->write_error, sizeof x->write_error,
+               "%s (errno %d) at byte %" PRIu64 " of the file", strerror(e),
+               e, a - x->fd_origin);
       return 0;
     }
     a += (uint64_t)w;
@@ -285,7 +343,7 @@ static size_t to_file(pulse_fetch_xfer *x, const char *p, size_t len) {
     x->on_data(x);
   if (to >= hi) { /* a whole body for a range: the range is complete */
     x->enough = 1;
-    return to == hi ? len : 0;
+    return to == hi && !x->cut_at_end ? len : 0;
   }
   return len;
 }

@@ -17,4 +17,10 @@ size_t pulse_fetch_on_header(char *p, size_t size, size_t n, void *ctx);
  * too long, wrong range, a failed write, or a range complete). */
 size_t pulse_fetch_on_body(char *p, size_t size, size_t n, void *ctx);
 
+/** 1 when the engine may follow a redirect of a try of `from` to `to`
+ * (absolute URLs): same origin, or an origin its options allow (see
+ * pulse_fetch_opts.redirect_origins). */
+int pulse_fetch_redirect_allowed(const pulse_fetch *f, const char *from,
+                                 const char *to);
+
 #endif /* PULSE_HTTP_FETCH_XFER_IMPL_H */

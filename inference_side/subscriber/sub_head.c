@@ -195,6 +195,18 @@ static pulse_status head_fresh(const pulse_sub *sub,
                         " s is set",
                         step, max_age);
     uint64_t now = (uint64_t)time(NULL);
+    /* A head from the future would pass any age limit for as long as
+     * its date lies ahead: past the clocks' allowed skew it is refused. */
+    if (published > now && published - now > PULSE_SUB_CLOCK_SKEW_S)
+      return pulse_fail(PULSE_ERR_STALE,
+                        "head refused: step %" PRIu64
+                        " says it was published %" PRIu64
+                        " s in the future (at %" PRIu64
+                        " Unix time), beyond the %u s of clock skew allowed "
+                        "under a maximum age of %" PRIu32
+                        " s: a forged or misdated head, or a clock to fix",
+                        step, published - now, published,
+                        (unsigned)PULSE_SUB_CLOCK_SKEW_S, max_age);
     uint64_t age = now > published ? now - published : 0;
     if (age > max_age)
       return pulse_fail(PULSE_ERR_STALE,

@@ -100,6 +100,7 @@ typedef struct {
 } sub_plan;
 
 /* Routes a sync does not take again (they failed): bits 1 << route. */
+#define SUB_BAD_MAX 16
 #define SUB_AVOID(route) (1u << (unsigned)(route))
 
 struct pulse_sub {
@@ -141,6 +142,15 @@ struct pulse_sub {
   char warned[256];
   double warned_at;
   unsigned warned_more;
+  /* Objects a source served bytes of that did not verify, twice (sha,
+   * URL, and the head they were named by): not asked of that source again
+   * until the head changes (sub_object.c); the oldest entry gives way. */
+  struct {
+    uint8_t sha256[32];
+    size_t url;
+    char head_etag[100];
+  } bad[SUB_BAD_MAX];
+  size_t nbad;
 
   /* targets */
   sub_mem mem;
@@ -212,6 +222,12 @@ void sub_file_note_patch(pulse_sub *sub, const pulse_patch *p, sub_target **tg,
 /** Path of the cache copy of an object. */
 void sub_object_path(const pulse_sub *sub, const pulse_store_object *o,
                      char *out, size_t cap);
+/** PULSE_OK when an object of o->size bytes may be downloaded: no larger
+ * than a file can be, nor than opts.max_object_bytes; else
+ * PULSE_ERR_OVERFLOW saying so. Checked before anything is fetched or
+ * reserved for it. */
+pulse_status sub_object_size_check(const pulse_sub *sub,
+                                   const pulse_store_object *o);
 /** Bytes of the object already in the cache (whole or partial). */
 uint64_t sub_object_have(const pulse_sub *sub, const pulse_store_object *o);
 /** Makes sure the object is in the cache, verified: downloads what is
@@ -225,7 +241,9 @@ pulse_status sub_object_fetch_from(pulse_sub *sub, const pulse_store_object *o,
                                    const sub_source *src);
 /* Takes an object's bytes while they are downloaded. */
 typedef struct sub_sink {
-  uint8_t *buf; /* the object's size (at least 1 byte), the caller's */
+  /* The object's size (at least 1 byte), the caller's: address space
+   * reserved, whose pages take memory only as bytes arrive there. */
+  uint8_t *buf;
   /* Bytes [0, prefix) of buf are the object's as received: not verified
    * yet. Called on the syncing thread, from download callbacks. */
   void (*on_prefix)(struct sub_sink *sink, uint64_t prefix);

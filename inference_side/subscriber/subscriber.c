@@ -64,6 +64,12 @@ static pulse_status check_opts(const pulse_sub_opts *o) {
         "(public_key; pulse-pull --key HEX, the head's \"public_key\"), or "
         "trust the first head's key explicitly (trust_first_use; pulse-pull "
         "--trust-first-use)");
+  if (o->redirect_origin_count > 0 && o->redirect_origins == NULL)
+    return pulse_fail(PULSE_ERR_ARG,
+                      "subscriber: redirect_origin_count without origins");
+  if (o->max_object_bytes == 0 || o->max_object_bytes > (uint64_t)INT64_MAX)
+    return pulse_fail(PULSE_ERR_ARG,
+                      "subscriber: max_object_bytes must be 1..2^63-1");
   if (o->parallel > 16 || o->retries > 1000 || o->poll_timeout_ms == 0 ||
       o->poll_timeout_ms > 3600000 || o->backoff_max_ms < o->backoff_ms)
     return pulse_fail(
@@ -89,6 +95,7 @@ void pulse_sub_opts_init(pulse_sub_opts *o) {
   o->poll_timeout_ms = 30000;
   o->min_bytes_per_s = 262144;
   o->download_grace_ms = 30000;
+  o->max_object_bytes = (uint64_t)1 << 40;
 }
 
 pulse_status pulse_sub_create(const pulse_sub_opts *opts, pulse_sub **out) {
@@ -142,7 +149,9 @@ pulse_status pulse_sub_create(const pulse_sub_opts *opts, pulse_sub **out) {
   if (st == PULSE_OK) {
     pulse_fetch_opts fo = sub_http_opts(&sub->opts, &sub->stop);
     st = pulse_fetch_create(&fo, &sub->http);
-    sub->opts.cacert = NULL; /* the engine keeps its copy */
+    sub->opts.cacert = NULL; /* the engine keeps its copies */
+    sub->opts.redirect_origins = NULL;
+    sub->opts.redirect_origin_count = 0;
   }
   if (st == PULSE_OK)
     st = sub_cache_open(sub);

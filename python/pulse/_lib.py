@@ -232,7 +232,10 @@ class SubOpts(ctypes.Structure):
                 ("no_class_index", ctypes.c_int), ("allow_rollback", ctypes.c_int),
                 ("switch_run", ctypes.c_int), ("max_head_age_s", ctypes.c_uint32),
                 ("min_bytes_per_s", ctypes.c_uint32), ("download_grace_ms", ctypes.c_uint32),
-                ("cacert", ctypes.c_char_p), ("trust_first_use", ctypes.c_int)]
+                ("cacert", ctypes.c_char_p), ("trust_first_use", ctypes.c_int),
+                ("redirect_origins", ctypes.POINTER(ctypes.c_char_p)),
+                ("redirect_origin_count", ctypes.c_size_t),
+                ("max_object_bytes", ctypes.c_uint64)]
 
     def __init__(self):
         super().__init__()

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "json_impl.h"
@@ -85,6 +86,17 @@ static void usage(FILE *f) {
       "                      certificates are always verified\n"
       "  --limit-rate BYTES  download at most BYTES per second per request "
       "(e.g. 2M)\n"
+      "  --max-object-size BYTES  refuse, before downloading it, an object "
+      "the head says is\n"
+      "                      larger (default 1 TiB: 1099511627776; e.g. 200G)\n"
+      "  --follow-redirects-to HOST[:PORT]  follow a source's redirects to "
+      "this origin too\n"
+      "                      (repeatable; by default a redirect is followed "
+      "within the source's\n"
+      "                      own scheme, host and port only, never to http "
+      "from https;\n"
+      "                      http://HOST[:PORT] allows that downgrade); name "
+      "mirrors as URLs\n"
       "  --no-catchup        never use the server's squashed catch-up patches\n"
       "  --insecure-unsigned accept heads that are not signed, and signed "
       "ones by any key\n"
@@ -93,7 +105,8 @@ static void usage(FILE *f) {
       "                      kept and required)\n"
       "  --max-age SECONDS   refuse a head published longer ago than this "
       "(or one that\n"
-      "                      does not say when: format 1)\n"
+      "                      does not say when: format 1, or one dated more "
+      "than 60 s ahead)\n"
       "  --allow-rollback    take a head older than the step FILE or the "
       "cache holds\n"
       "                      (default: refused)\n"
@@ -114,11 +127,62 @@ static void usage(FILE *f) {
       "Exit status: 0 synced (or stopped cleanly), 1 error, 2 usage.\n");
 }
 
+/* The same message again within PULL_REPEAT_S is counted, not printed
+ * (a source alternating a good head with a foreign one once printed two
+ * lines per refusal, several a second): the first time, then once per
+ * PULL_REPEAT_S with how many were held back, as the library's own log
+ * does. The last PULL_RECENT messages are remembered. */
+#define PULL_REPEAT_S 30.0
+#define PULL_RECENT 8
+
+typedef struct {
+  char detail[512]; /* "" when free */
+  double at;        /* when it was last printed */
+  unsigned held;    /* repeats not printed since */
+} recent_line;
+
 typedef struct {
   int json, tty, bar_shown;
   pulse_server *srv;
   pulse_sub *sub;
+  recent_line recent[PULL_RECENT];
 } out_ctx;
+
+static double mono_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* Prints "pulse-pull: KIND: DETAIL" on stderr unless the same detail (of
+ * whatever kind: a refusal and the sync error it causes say the same) was
+ * printed less than PULL_REPEAT_S ago. */
+static void say_throttled(out_ctx *c, const char *kind, const char *detail) {
+  double now = mono_s();
+  recent_line *r = NULL, *oldest = &c->recent[0];
+  for (int i = 0; i < PULL_RECENT; i++) {
+    recent_line *l = &c->recent[i];
+    if (l->detail[0] != '\0' && strncmp(l->detail, detail, sizeof l->detail - 1) == 0)
+      r = l;
+    if (l->detail[0] == '\0' || l->at < oldest->at)
+      oldest = l;
+  }
+  if (r != NULL && now - r->at < PULL_REPEAT_S) {
+    r->held++;
+    return;
+  }
+  if (r != NULL && r->held > 0)
+    fprintf(stderr, "pulse-pull: %s: %s (%u more times in %.0f s)\n", kind,
+            detail, r->held, now - r->at);
+  else
+    fprintf(stderr, "pulse-pull: %s: %s\n", kind, detail);
+  if (r == NULL) {
+    r = oldest;
+    snprintf(r->detail, sizeof r->detail, "%s", detail);
+  }
+  r->at = now;
+  r->held = 0;
+}
 
 static void json_str(const char *key, const char *s) {
   size_t n = strlen(s);
@@ -293,8 +357,7 @@ static void on_event(void *ctx, const pulse_sub_event *ev) {
   case PULSE_SUB_EV_ERROR:
     clear_bar(c);
     fflush(stdout);
-    fprintf(stderr, "pulse-pull: %s: %s\n", ev_name(ev->type),
-            ev->detail ? ev->detail : "");
+    say_throttled(c, ev_name(ev->type), ev->detail ? ev->detail : "");
     break;
   case PULSE_SUB_EV_SYNCED: {
     clear_bar(c);
@@ -348,6 +411,9 @@ typedef struct {
   int min_rate, grace_s; /* the download deadline */
   const char *cacert;
   uint64_t rate, snapshot_every;
+  uint64_t max_object; /* 0: the library's default */
+  const char *redirect_to[64]; /* --follow-redirects-to */
+  size_t nredirect;
   const char *urls[64];
   size_t nurls;
   uint8_t key[PULSE_KEY_BYTES];
@@ -432,6 +498,24 @@ static int parse_args(int argc, char **argv, pull_args *a) {
         return fprintf(stderr,
                        "pulse-pull: --max-age needs a number of seconds\n"),
                2;
+    } else if ((r = pulse_cli_opt_value(argc, argv, &i, "--follow-redirects-to",
+                                        &v)) != 0) {
+      if (r < 0 || v[0] == '\0')
+        return fprintf(stderr, "pulse-pull: --follow-redirects-to needs "
+                               "HOST[:PORT]\n"),
+               2;
+      if (a->nredirect == sizeof a->redirect_to / sizeof a->redirect_to[0])
+        return fprintf(stderr, "pulse-pull: at most 64 "
+                               "--follow-redirects-to\n"),
+               2;
+      a->redirect_to[a->nredirect++] = v;
+    } else if ((r = pulse_cli_opt_value(argc, argv, &i, "--max-object-size",
+                                        &v)) != 0) {
+      if (r < 0 || pulse_cli_parse_u64(v, &a->max_object) != 0 ||
+          a->max_object == 0 || a->max_object > (uint64_t)INT64_MAX)
+        return fprintf(stderr, "pulse-pull: --max-object-size needs a byte "
+                               "count (e.g. 200G)\n"),
+               2;
     } else if (pulse_cli_opt_flag(argv[i], "--allow-rollback")) {
       a->allow_rollback = 1;
     } else if (pulse_cli_opt_flag(argv[i], "--switch-run")) {
@@ -513,6 +597,10 @@ static pulse_sub_opts sub_opts_of(const pull_args *a, out_ctx *oc) {
   o.allow_rollback = a->allow_rollback;
   o.switch_run = a->switch_run;
   o.max_head_age_s = (uint32_t)a->max_age_s;
+  o.redirect_origins = a->redirect_to;
+  o.redirect_origin_count = a->nredirect;
+  if (a->max_object != 0)
+    o.max_object_bytes = a->max_object;
   o.on_event = on_event;
   o.on_event_ctx = oc;
   return o;
@@ -602,7 +690,10 @@ int main(int argc, char **argv) {
   pthread_sigmask(SIG_BLOCK, &stop.set, NULL);
   signal(SIGPIPE, SIG_IGN);
 
-  out_ctx oc = {a.json, isatty(STDOUT_FILENO), 0, NULL, NULL};
+  out_ctx oc;
+  memset(&oc, 0, sizeof oc);
+  oc.json = a.json;
+  oc.tty = isatty(STDOUT_FILENO);
   pulse_sub_opts o = sub_opts_of(&a, &oc);
   pulse_sub *sub = NULL;
   pulse_status st = pulse_sub_create(&o, &sub);
