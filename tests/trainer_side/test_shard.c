@@ -1,0 +1,492 @@
+/* Sharded publish (pulse_pub_shard.h): 4 ranks, each holding only its
+ * blocks, make the very bytes of the patch a single publisher of the
+ * gathered FP32 weights writes, step after step, for every sharding (flat
+ * ranges, dim-0 blocks, rectangular column/row blocks, tensor sets, a mix);
+ * the tiling is checked (overlaps, gaps, blocks outside their tensor,
+ * unknown names refused with the tensor named); a failed step is retried. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pulse_codec.h"
+#include "files_testutil.h"
+#include "pulse_pub_shard.h"
+#include "pulse_safetensors.h"
+
+#define RANKS 4
+#define NT 4
+#define LOG2 10u /* 1024-element chunks: blocks straddle chunks */
+
+static const char *names[NT] = {"attn.w", "embed", "mlp.w3", "norm"};
+static const uint32_t ndims[NT] = {2, 1, 3, 1};
+static const uint64_t shapes[NT][3] = {{96, 40}, {5000}, {24, 30, 7}, {64}};
+
+typedef struct {
+  pulse_tensor_info info[NT];
+  uint64_t numel[NT];
+  float *w[NT];       /* FP32 master weights */
+  uint16_t *snap[NT]; /* the single publisher's BF16 snapshot */
+  uint64_t seed;
+} model;
+
+static double rnd(model *m) {
+  m->seed = m->seed * 6364136223846793005ull + 1442695040888963407ull;
+  return (double)(m->seed >> 11) / 9007199254740992.0;
+}
+
+static void model_init(model *m, uint64_t seed) {
+  memset(m, 0, sizeof *m);
+  m->seed = seed;
+  for (int t = 0; t < NT; t++) {
+    m->info[t].name = names[t];
+    m->info[t].dtype = PULSE_DTYPE_F32;
+    m->info[t].ndim = ndims[t];
+    m->numel[t] = 1;
+    for (uint32_t k = 0; k < ndims[t]; k++)
+      m->info[t].shape[k] = shapes[t][k], m->numel[t] *= shapes[t][k];
+    m->w[t] = malloc(m->numel[t] * 4);
+    m->snap[t] = malloc(m->numel[t] * 2);
+    for (uint64_t i = 0; i < m->numel[t]; i++)
+      m->w[t][i] = (float)((rnd(m) - 0.5) * (t == 3 ? 2.0 : 0.08));
+    pulse_bf16_cast_f32(m->w[t], m->snap[t], m->numel[t]);
+  }
+}
+
+static void model_free(model *m) {
+  for (int t = 0; t < NT; t++)
+    free(m->w[t]), free(m->snap[t]);
+}
+
+/* An Adam-like step: most weights move by about lr, which changes some
+ * BF16 values and moves a few across exponent classes. */
+static void model_step(model *m) {
+  for (int t = 0; t < NT; t++)
+    for (uint64_t i = 0; i < m->numel[t]; i++)
+      if (rnd(m) < 0.3)
+        m->w[t][i] += (float)((rnd(m) - 0.5) * 2e-3);
+}
+
+/* The single publisher's patch of the step, from the gathered weights. */
+static pulse_buffer single_patch(model *m, uint64_t step) {
+  pulse_changes ch[NT];
+  pulse_encode_tensor enc[NT];
+  memset(enc, 0, sizeof enc);
+  uint16_t *base[NT];
+  for (int t = 0; t < NT; t++) {
+    ch[t] = (pulse_changes)PULSE_CHANGES_INIT;
+    base[t] = malloc(m->numel[t] * 2);
+    memcpy(base[t], m->snap[t], m->numel[t] * 2);
+    cr_assert_eq(pulse_detect_ref(m->w[t], PULSE_DTYPE_F32, m->snap[t], m->numel[t], 1, &ch[t]),
+                 PULSE_OK);
+    enc[t].info = m->info[t];
+    enc[t].info.dtype = PULSE_DTYPE_BF16;
+    enc[t].base = base[t];
+    enc[t].changes = &ch[t];
+  }
+  pulse_encode_opts o;
+  pulse_encode_opts_init(&o);
+  o.step = step, o.base_step = step - 1, o.chunk_log2 = LOG2, o.threads = 1;
+  pulse_buffer out = {0};
+  cr_assert_eq(pulse_patch_encode(&o, enc, NT, &out), PULSE_OK, "%s", pulse_error_detail());
+  for (int t = 0; t < NT; t++)
+    pulse_changes_free(&ch[t]), free(base[t]);
+  return out;
+}
+
+typedef struct {
+  pulse_pub_block b[3 * NT];
+  size_t n;
+} rank_blocks;
+
+static void add_rect(rank_blocks *r, int t, const uint64_t *start, const uint64_t *ext) {
+  pulse_pub_block *b = &r->b[r->n++];
+  memset(b, 0, sizeof *b);
+  b->name = names[t];
+  b->kind = PULSE_PUB_BLOCK_RECT;
+  for (uint32_t k = 0; k < ndims[t]; k++)
+    b->start[k] = start[k], b->extent[k] = ext[k];
+}
+
+static void add_flat(rank_blocks *r, int t, uint64_t lo, uint64_t n) {
+  pulse_pub_block *b = &r->b[r->n++];
+  memset(b, 0, sizeof *b);
+  b->name = names[t];
+  b->kind = PULSE_PUB_BLOCK_FLAT;
+  b->start[0] = lo, b->extent[0] = n;
+}
+
+/* Dimension d of tensor t split into RANKS parts (uneven), rank r's. */
+static void split_dim(rank_blocks *r, int rank, int t, uint32_t d) {
+  uint64_t start[3] = {0}, ext[3];
+  for (uint32_t k = 0; k < ndims[t]; k++)
+    ext[k] = shapes[t][k];
+  uint64_t n = shapes[t][d], lo = n * (uint64_t)rank / RANKS, hi = n * (uint64_t)(rank + 1) / RANKS;
+  start[d] = lo, ext[d] = hi - lo;
+  if (hi > lo)
+    add_rect(r, t, start, ext);
+}
+
+typedef enum { FLAT, DIM0, RECT, SETS, MIX } sharding;
+
+static void blocks_of(sharding s, const model *m, rank_blocks *rb) {
+  memset(rb, 0, sizeof(rank_blocks) * RANKS);
+  if (s == FLAT) { /* FSDP1: the concatenation of every tensor, in 4 ranges */
+    uint64_t total = 0;
+    for (int t = 0; t < NT; t++)
+      total += m->numel[t];
+    for (int r = 0; r < RANKS; r++) {
+      uint64_t lo = total * r / RANKS + 37 * (r > 0), hi = r + 1 < RANKS ? total * (r + 1) / RANKS + 37 : total;
+      uint64_t at = 0;
+      for (int t = 0; t < NT; t++) {
+        uint64_t a = lo > at ? lo : at, e = hi < at + m->numel[t] ? hi : at + m->numel[t];
+        if (a < e)
+          add_flat(&rb[r], t, a - at, e - a);
+        at += m->numel[t];
+      }
+    }
+  }
+  for (int r = 0; r < RANKS && s == DIM0; r++)
+    for (int t = 0; t < NT; t++)
+      split_dim(&rb[r], r, t, 0);
+  for (int r = 0; r < RANKS && s == RECT; r++) {
+    /* attn.w: a 2x2 grid; embed: column-parallel (dim 0); mlp.w3:
+     * row-parallel (dim 1); norm: replicated on no one but rank 0 */
+    uint64_t st[2] = {(uint64_t)(r / 2) * 48, (uint64_t)(r % 2) * 17};
+    uint64_t ex[2] = {48, r % 2 ? 23 : 17};
+    add_rect(&rb[r], 0, st, ex);
+    split_dim(&rb[r], r, 1, 0);
+    split_dim(&rb[r], r, 2, 1);
+    if (r == 0) {
+      uint64_t z[1] = {0}, n[1] = {64};
+      add_rect(&rb[r], 3, z, n);
+    }
+  }
+  for (int t = 0; t < NT && s == SETS; t++) { /* pipeline stages */
+    uint64_t z[3] = {0}, e[3];
+    for (uint32_t k = 0; k < ndims[t]; k++)
+      e[k] = shapes[t][k];
+    add_rect(&rb[(t + 1) % RANKS], t, z, e);
+  }
+  if (s == MIX) {
+    for (int r = 0; r < RANKS; r++) {
+      uint64_t st[2] = {(uint64_t)(r / 2) * 50, (uint64_t)(r % 2) * 20};
+      uint64_t ex[2] = {r / 2 ? 46 : 50, 20};
+      add_rect(&rb[r], 0, st, ex);
+      add_flat(&rb[r], 1, 1250 * (uint64_t)r + 3 * (r > 0), r == 3 ? 1250 - 3 : 1250 + 3 * (r < 3) - 3 * (r > 0));
+      split_dim(&rb[r], r, 3, 0);
+    }
+    uint64_t z[3] = {0}, e[3] = {24, 30, 7};
+    add_rect(&rb[2], 2, z, e);
+  }
+}
+
+/* Rank r's tensor of block b: the block's elements of the FP32 weights. */
+static float *block_data(const model *m, const pulse_pub_block *b, uint64_t *n) {
+  int t = 0;
+  while (strcmp(names[t], b->name) != 0)
+    t++;
+  if (b->kind == PULSE_PUB_BLOCK_FLAT) {
+    float *d = malloc((b->extent[0] ? b->extent[0] : 1) * 4);
+    memcpy(d, m->w[t] + b->start[0], b->extent[0] * 4);
+    *n = b->extent[0];
+    return d;
+  }
+  uint64_t count = 1;
+  for (uint32_t k = 0; k < ndims[t]; k++)
+    count *= b->extent[k];
+  float *d = malloc(count * 4);
+  for (uint64_t i = 0; i < count; i++) {
+    uint64_t rest = i, pos = 0, stride = 1;
+    for (uint32_t k = ndims[t]; k-- > 0;) {
+      pos += (b->start[k] + rest % b->extent[k]) * stride;
+      rest /= b->extent[k];
+      stride *= shapes[t][k];
+    }
+    d[i] = m->w[t][pos];
+  }
+  *n = count;
+  return d;
+}
+
+static void detect_all(pulse_pub_shard **sh, const rank_blocks *rb, const model *m,
+                       pulse_buffer *parts) {
+  for (int r = 0; r < RANKS; r++) {
+    pulse_pub_tensor t[3 * NT];
+    float *d[3 * NT];
+    for (size_t b = 0; b < rb[r].n; b++) {
+      uint64_t n;
+      d[b] = block_data(m, &rb[r].b[b], &n);
+      t[b] = (pulse_pub_tensor){d[b], PULSE_DTYPE_F32, PULSE_PUB_HOST};
+    }
+    cr_assert_eq(pulse_pub_shard_detect(sh[r], t, rb[r].n, &parts[r]), PULSE_OK, "%s",
+                 pulse_error_detail());
+    for (size_t b = 0; b < rb[r].n; b++)
+      free(d[b]);
+  }
+}
+
+static void run_sharding(sharding s, uint64_t seed) {
+  model m;
+  model_init(&m, seed);
+  rank_blocks rb[RANKS];
+  blocks_of(s, &m, rb);
+  const pulse_pub_block *bl[RANKS];
+  size_t bc[RANKS];
+  for (int r = 0; r < RANKS; r++)
+    bl[r] = rb[r].b, bc[r] = rb[r].n;
+  cr_assert_eq(pulse_pub_blocks_check(m.info, NT, bl, bc, RANKS), PULSE_OK, "%s",
+               pulse_error_detail());
+  pulse_pub_shard *sh[RANKS];
+  for (int r = 0; r < RANKS; r++) {
+    pulse_pub_shard_opts o;
+    pulse_pub_shard_opts_init(&o);
+    o.tensors = m.info, o.tensor_count = NT;
+    o.blocks = rb[r].b, o.block_count = rb[r].n;
+    o.chunk_log2 = LOG2;
+    cr_assert_eq(pulse_pub_shard_create(&o, &sh[r]), PULSE_OK, "%s", pulse_error_detail());
+  }
+  pulse_buffer parts[RANKS], counts[RANKS];
+  detect_all(sh, rb, &m, parts); /* step 0: the snapshot */
+  for (int r = 0; r < RANKS; r++)
+    pulse_buffer_free(&parts[r]);
+  uint64_t total_changes = 0;
+  for (uint64_t step = 1; step <= 5; step++) {
+    model_step(&m);
+    pulse_state_digest want_base;
+    pulse_tensor_digest d[NT];
+    for (int t = 0; t < NT; t++)
+      d[t] = pulse_digest_bf16(m.snap[t], m.numel[t]);
+    pulse_tensor_info bf[NT];
+    memcpy(bf, m.info, sizeof bf);
+    for (int t = 0; t < NT; t++)
+      bf[t].dtype = PULSE_DTYPE_BF16;
+    cr_assert_eq(pulse_state_digest_compute(bf, d, NT, &want_base), PULSE_OK);
+    pulse_buffer want = single_patch(&m, step);
+    detect_all(sh, rb, &m, parts);
+    for (int r = 0; r < RANKS; r++)
+      cr_assert_eq(pulse_pub_shard_count(sh[r], parts, RANKS, &counts[r]), PULSE_OK, "%s",
+                   pulse_error_detail());
+    pulse_encode_opts eo;
+    pulse_encode_opts_init(&eo);
+    eo.step = step, eo.base_step = step - 1, eo.chunk_log2 = LOG2, eo.threads = 1;
+    pulse_buffer got = {0};
+    pulse_state_digest base;
+    /* counts in another order than the parts: they add up */
+    pulse_buffer rev[RANKS];
+    for (int r = 0; r < RANKS; r++)
+      rev[r] = counts[RANKS - 1 - r];
+    cr_assert_eq(pulse_pub_shard_encode(m.info, NT, &eo, parts, RANKS, rev, RANKS, &base, &got),
+                 PULSE_OK, "%s", pulse_error_detail());
+    cr_assert_eq(memcmp(base.bytes, want_base.bytes, 32), 0, "base state digest, step %llu",
+                 (unsigned long long)step);
+    cr_assert_eq(got.size, want.size, "sharding %d step %llu: %zu bytes, single %zu", (int)s,
+                 (unsigned long long)step, got.size, want.size);
+    cr_assert_eq(memcmp(got.data, want.data, got.size), 0,
+                 "sharding %d step %llu: the bytes of the single publish", (int)s,
+                 (unsigned long long)step);
+    pulse_patch *p = NULL;
+    cr_assert_eq(pulse_patch_open(got.data, got.size, &p), PULSE_OK);
+    total_changes += pulse_patch_total_changed(p);
+    pulse_patch_free(p);
+    for (int r = 0; r < RANKS; r++) {
+      pulse_pub_shard_advance(sh[r]);
+      pulse_buffer_free(&parts[r]);
+      pulse_buffer_free(&counts[r]);
+    }
+    pulse_buffer_free(&got);
+    pulse_buffer_free(&want);
+  }
+  cr_assert_gt(total_changes, 1000, "the steps changed something: %llu",
+               (unsigned long long)total_changes);
+  /* Each rank's snapshot is the published BF16 of its blocks. */
+  for (int r = 0; r < RANKS; r++) {
+    for (size_t b = 0; b < rb[r].n; b++) {
+      uint64_t n;
+      float *d = block_data(&m, &rb[r].b[b], &n);
+      uint16_t *bits = malloc(n * 2 + 2);
+      pulse_bf16_cast_f32(d, bits, n);
+      cr_assert_eq(memcmp(bits, pulse_pub_shard_snapshot(sh[r], b), n * 2), 0);
+      free(d), free(bits);
+    }
+    pulse_pub_shard_free(sh[r]);
+  }
+  model_free(&m);
+}
+
+Test(shard, flat_ranges_make_the_single_publishers_bytes) { run_sharding(FLAT, 1); }
+Test(shard, dim0_blocks_make_the_single_publishers_bytes) { run_sharding(DIM0, 2); }
+Test(shard, rectangular_blocks_make_the_single_publishers_bytes) { run_sharding(RECT, 3); }
+Test(shard, tensor_sets_make_the_single_publishers_bytes) { run_sharding(SETS, 4); }
+Test(shard, a_mix_makes_the_single_publishers_bytes) { run_sharding(MIX, 5); }
+
+static pulse_status check_dim0_with(void (*edit)(rank_blocks *)) {
+  model m;
+  model_init(&m, 9);
+  rank_blocks rb[RANKS];
+  blocks_of(DIM0, &m, rb);
+  edit(rb);
+  const pulse_pub_block *bl[RANKS];
+  size_t bc[RANKS];
+  for (int r = 0; r < RANKS; r++)
+    bl[r] = rb[r].b, bc[r] = rb[r].n;
+  pulse_status st = pulse_pub_blocks_check(m.info, NT, bl, bc, RANKS);
+  model_free(&m);
+  return st;
+}
+
+static void overlap(rank_blocks *rb) { rb[1].b[2].start[0] -= 1, rb[1].b[2].extent[0] += 1; }
+static void gap(rank_blocks *rb) { rb[3].b[0].extent[0] -= 1; }
+static void outside(rank_blocks *rb) { rb[3].b[1].extent[0] += 1; }
+static void unknown(rank_blocks *rb) { rb[2].b[3].name = "mlp.w4"; }
+static void other_shape(rank_blocks *rb) { rb[0].b[2].extent[1] = 31; }
+
+Test(shard, overlapping_missing_and_inconsistent_blocks_are_refused_naming_the_tensor) {
+  cr_assert_eq(check_dim0_with(overlap), PULSE_ERR_ARG);
+  cr_assert(strstr(pulse_error_detail(), "'mlp.w3'") && strstr(pulse_error_detail(), "overlap"),
+            "%s", pulse_error_detail());
+  cr_assert_eq(check_dim0_with(gap), PULSE_ERR_ARG);
+  cr_assert(strstr(pulse_error_detail(), "'attn.w'") &&
+                strstr(pulse_error_detail(), "in no rank's block"),
+            "%s", pulse_error_detail());
+  cr_assert_eq(check_dim0_with(outside), PULSE_ERR_ARG);
+  cr_assert(strstr(pulse_error_detail(), "'embed'") && strstr(pulse_error_detail(), "outside"),
+            "%s", pulse_error_detail());
+  cr_assert_eq(check_dim0_with(unknown), PULSE_ERR_NOT_FOUND);
+  cr_assert(strstr(pulse_error_detail(), "'mlp.w4'"), "%s", pulse_error_detail());
+  cr_assert_eq(check_dim0_with(other_shape), PULSE_ERR_ARG);
+  cr_assert(strstr(pulse_error_detail(), "'mlp.w3'"), "%s", pulse_error_detail());
+}
+
+Test(shard, a_part_of_another_table_is_refused_and_a_failed_step_is_retried) {
+  model m;
+  model_init(&m, 11);
+  rank_blocks rb[RANKS];
+  blocks_of(SETS, &m, rb);
+  pulse_pub_shard *sh[RANKS];
+  for (int r = 0; r < RANKS; r++) {
+    pulse_pub_shard_opts o;
+    pulse_pub_shard_opts_init(&o);
+    o.tensors = m.info, o.tensor_count = NT;
+    o.blocks = rb[r].b, o.block_count = rb[r].n;
+    o.chunk_log2 = LOG2;
+    cr_assert_eq(pulse_pub_shard_create(&o, &sh[r]), PULSE_OK, "%s", pulse_error_detail());
+  }
+  pulse_buffer parts[RANKS], again[RANKS], counts[RANKS];
+  detect_all(sh, rb, &m, parts);
+  for (int r = 0; r < RANKS; r++)
+    pulse_buffer_free(&parts[r]);
+  model_step(&m);
+  detect_all(sh, rb, &m, parts);
+  /* The step fails somewhere: every rank aborts, then retries it. */
+  for (int r = 0; r < RANKS; r++)
+    pulse_pub_shard_abort(sh[r]);
+  detect_all(sh, rb, &m, again);
+  for (int r = 0; r < RANKS; r++)
+    cr_assert(parts[r].size == again[r].size &&
+                  memcmp(parts[r].data, again[r].data, parts[r].size) == 0,
+              "rank %d: the retried part is the first one", r);
+  for (int r = 0; r < RANKS; r++)
+    cr_assert_eq(pulse_pub_shard_count(sh[r], again, RANKS, &counts[r]), PULSE_OK);
+  /* A rank that describes another table: its part is refused. */
+  pulse_tensor_info other[NT];
+  memcpy(other, m.info, sizeof other);
+  other[2].shape[2] = 8;
+  pulse_encode_opts eo;
+  pulse_encode_opts_init(&eo);
+  eo.chunk_log2 = LOG2;
+  pulse_buffer out = {0};
+  cr_assert_eq(pulse_pub_shard_encode(other, NT, &eo, again, RANKS, counts, RANKS, NULL, &out),
+               PULSE_ERR_CORRUPT);
+  cr_assert(strstr(pulse_error_detail(), "another table"), "%s", pulse_error_detail());
+  /* Counts of a part set that is not these parts: refused. */
+  cr_assert_eq(pulse_pub_shard_encode(m.info, NT, &eo, again, RANKS - 1, counts, RANKS, NULL,
+                                      &out),
+               PULSE_ERR_ARG); /* tensors without their blocks */
+  /* A truncated part. */
+  again[1].size -= 1;
+  cr_assert_eq(pulse_pub_shard_count(sh[0], again, RANKS, &out), PULSE_ERR_CORRUPT);
+  again[1].size += 1;
+  for (int r = 0; r < RANKS; r++) {
+    pulse_buffer_free(&parts[r]), pulse_buffer_free(&again[r]), pulse_buffer_free(&counts[r]);
+    pulse_pub_shard_free(sh[r]);
+  }
+  model_free(&m);
+}
+
+/* The single publisher's anchor of the model's BF16 snapshot. */
+static uint8_t *single_anchor(const model *m, uint64_t step, pulse_state_digest *digest,
+                              size_t *size, const char *path) {
+  pulse_st_write_tensor t[NT];
+  pulse_tensor_digest d[NT];
+  pulse_tensor_info bf[NT];
+  for (int i = 0; i < NT; i++) {
+    memset(&t[i], 0, sizeof t[i]);
+    t[i].name = names[i];
+    t[i].dtype = PULSE_DTYPE_BF16;
+    t[i].ndim = ndims[i];
+    memcpy(t[i].shape, m->info[i].shape, sizeof t[i].shape);
+    t[i].data = m->snap[i];
+    d[i] = pulse_digest_bf16(m->snap[i], m->numel[i]);
+    bf[i] = m->info[i], bf[i].dtype = PULSE_DTYPE_BF16;
+  }
+  cr_assert_eq(pulse_state_digest_compute(bf, d, NT, digest), PULSE_OK);
+  char step_s[32], hex[65];
+  snprintf(step_s, sizeof step_s, "%llu", (unsigned long long)step);
+  pulse_state_digest_hex(digest, hex);
+  pulse_st_kv meta[2] = {{"step", step_s}, {"state_digest", hex}};
+  cr_assert_eq(pulse_st_write(path, t, NT, meta, 2), PULSE_OK, "%s", pulse_error_detail());
+  return tu_read(path, size);
+}
+
+Test(shard, every_rank_writes_its_blocks_of_the_single_publishers_anchor) {
+  char *dir = tu_make_dir();
+  char want_path[4096], got_path[4096];
+  snprintf(want_path, sizeof want_path, "%s/want.safetensors", dir);
+  model m;
+  model_init(&m, 21);
+  rank_blocks rb[RANKS];
+  blocks_of(MIX, &m, rb);
+  pulse_pub_shard *sh[RANKS];
+  for (int r = 0; r < RANKS; r++) {
+    pulse_pub_shard_opts o;
+    pulse_pub_shard_opts_init(&o);
+    o.tensors = m.info, o.tensor_count = NT;
+    o.blocks = rb[r].b, o.block_count = rb[r].n;
+    o.chunk_log2 = LOG2;
+    cr_assert_eq(pulse_pub_shard_create(&o, &sh[r]), PULSE_OK, "%s", pulse_error_detail());
+  }
+  pulse_buffer parts[RANKS];
+  for (uint64_t step = 0; step < 3; step++) {
+    if (step > 0)
+      model_step(&m);
+    detect_all(sh, rb, &m, parts);
+    if (step > 0) { /* the single publisher's snapshot moves to the step */
+      pulse_buffer p = single_patch(&m, step);
+      pulse_buffer_free(&p);
+    }
+    pulse_state_digest want_d, got_d;
+    size_t want_n = 0, got_n = 0;
+    uint8_t *want = single_anchor(&m, step, &want_d, &want_n, want_path);
+    cr_assert_eq(pulse_pub_shard_state_digest(m.info, NT, LOG2, parts, RANKS, 1, &got_d), PULSE_OK,
+                 "%s", pulse_error_detail());
+    cr_assert_eq(memcmp(got_d.bytes, want_d.bytes, 32), 0, "the step's state digest");
+    snprintf(got_path, sizeof got_path, "%s/got-%llu.safetensors", dir, (unsigned long long)step);
+    for (int r = RANKS; r-- > 0;) /* any order */
+      cr_assert_eq(pulse_pub_shard_anchor_write(sh[r], got_path, step, &got_d, step > 0),
+                   PULSE_OK, "%s", pulse_error_detail());
+    uint8_t *got = tu_read(got_path, &got_n);
+    cr_assert(got_n == want_n && memcmp(got, want, got_n) == 0,
+              "step %llu: the anchor's bytes are the single publisher's (%zu, %zu)",
+              (unsigned long long)step, got_n, want_n);
+    free(got), free(want);
+    for (int r = 0; r < RANKS; r++) {
+      pulse_pub_shard_advance(sh[r]);
+      pulse_buffer_free(&parts[r]);
+    }
+  }
+  for (int r = 0; r < RANKS; r++)
+    pulse_pub_shard_free(sh[r]);
+  model_free(&m);
+  tu_rm_rf(dir);
+}

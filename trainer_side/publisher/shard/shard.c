@@ -1,0 +1,410 @@
+/* shard.c - a rank's shard of a sharded publish: block geometry, the
+ * tiling check, the snapshot of its blocks and change detection
+ * (pulse_pub_shard.h). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "endian_impl.h"
+#include "pulse_elem.h"
+#include "shard_impl.h"
+#include "status_impl.h"
+
+size_t shard_find(const pulse_tensor_info *table, size_t count, const char *name) {
+  for (size_t i = 0; name != NULL && i < count; i++)
+    if (strcmp(table[i].name, name) == 0)
+      return i;
+  return (size_t)-1;
+}
+
+pulse_status shard_table_id(const pulse_tensor_info *table, size_t count, uint8_t out[32]) {
+  /* The published table: every tensor BF16, whatever the caller's dtype. */
+  pulse_tensor_digest *zero = calloc(count ? count : 1, sizeof *zero);
+  pulse_tensor_info *info = malloc((count ? count : 1) * sizeof *info);
+  if (zero == NULL || info == NULL) {
+    free(zero), free(info);
+    return pulse_fail(PULSE_ERR_NOMEM, "shard: table id");
+  }
+  for (size_t i = 0; i < count; i++)
+    info[i] = table[i], info[i].dtype = PULSE_DTYPE_BF16;
+  pulse_state_digest d;
+  pulse_status st = pulse_state_digest_compute(info, zero, count, &d);
+  free(zero), free(info);
+  if (st == PULSE_OK)
+    memcpy(out, d.bytes, 32);
+  return st;
+}
+
+pulse_status shard_geom_make(const pulse_tensor_info *info, size_t tensor,
+                             const pulse_pub_block *b, shard_geom *g) {
+  memset(g, 0, sizeof *g);
+  g->tensor = tensor;
+  uint64_t numel = 0;
+  PULSE_TRY(pulse_shape_numel(info->shape, info->ndim, &numel));
+  if (b->kind == PULSE_PUB_BLOCK_FLAT) {
+    if (b->start[0] > numel || b->extent[0] > numel - b->start[0])
+      return pulse_fail(PULSE_ERR_ARG,
+                        "shard: tensor '%s': elements [%llu, +%llu) are outside its %llu",
+                        info->name, (unsigned long long)b->start[0],
+                        (unsigned long long)b->extent[0], (unsigned long long)numel);
+    g->elems = g->run_len = b->extent[0];
+    g->runs = b->extent[0] > 0;
+    g->base = b->start[0];
+    return PULSE_OK;
+  }
+  if (b->kind != PULSE_PUB_BLOCK_RECT)
+    return pulse_fail(PULSE_ERR_ARG, "shard: tensor '%s': unknown block kind %d", info->name,
+                      (int)b->kind);
+  uint32_t nd = info->ndim;
+  uint64_t stride = 1, elems = 1;
+  for (uint32_t k = nd; k-- > 0;) {
+    if (b->start[k] > info->shape[k] || b->extent[k] > info->shape[k] - b->start[k])
+      return pulse_fail(PULSE_ERR_ARG,
+                        "shard: tensor '%s': block [%llu, +%llu) of dimension %u is outside "
+                        "its %llu",
+                        info->name, (unsigned long long)b->start[k],
+                        (unsigned long long)b->extent[k], k,
+                        (unsigned long long)info->shape[k]);
+    if (k + 1 < nd) {
+      g->lead_ext[k] = b->extent[k];
+      g->lead_start[k] = b->start[k];
+      g->stride[k] = stride;
+    }
+    elems *= b->extent[k]; /* <= numel: no overflow */
+    stride *= info->shape[k];
+  }
+  g->elems = elems;
+  if (nd == 0) {
+    g->runs = g->run_len = 1;
+    return PULSE_OK;
+  }
+  g->lead = nd - 1;
+  g->run_len = b->extent[nd - 1];
+  g->base = b->start[nd - 1];
+  g->runs = g->run_len ? elems / g->run_len : 0;
+  return PULSE_OK;
+}
+
+uint64_t shard_run_pos(const shard_geom *g, uint64_t r) {
+  uint64_t pos = g->base;
+  for (uint32_t k = g->lead; k-- > 0;) {
+    uint64_t idx = r % g->lead_ext[k];
+    r /= g->lead_ext[k];
+    pos += (g->lead_start[k] + idx) * g->stride[k];
+  }
+  return pos;
+}
+
+/* ------------------------------------------------------------ the tiling */
+
+typedef struct {
+  size_t tensor;
+  uint64_t lo, hi;
+  size_t rank;
+} tile_run;
+
+static int run_cmp(const void *a, const void *b) {
+  const tile_run *x = a, *y = b;
+  if (x->tensor != y->tensor)
+    return x->tensor < y->tensor ? -1 : 1;
+  return x->lo < y->lo ? -1 : x->lo > y->lo;
+}
+
+pulse_status pulse_pub_blocks_check(const pulse_tensor_info *table, size_t tensor_count,
+                                    const pulse_pub_block *const *blocks, const size_t *counts,
+                                    size_t ranks) {
+  if (table == NULL || (ranks > 0 && (blocks == NULL || counts == NULL)))
+    return pulse_fail(PULSE_ERR_ARG, "shard: NULL argument");
+  uint64_t total = 0;
+  for (size_t r = 0; r < ranks; r++)
+    for (size_t i = 0; i < counts[r]; i++) {
+      const pulse_pub_block *b = &blocks[r][i];
+      size_t t = shard_find(table, tensor_count, b->name);
+      if (t == (size_t)-1)
+        return pulse_fail(PULSE_ERR_NOT_FOUND, "shard: rank %zu: tensor '%s' is not in the table",
+                          r, b->name ? b->name : "(null)");
+      shard_geom g;
+      PULSE_TRY(shard_geom_make(&table[t], t, b, &g));
+      total += g.runs;
+    }
+  tile_run *runs = malloc((total ? total : 1) * sizeof *runs);
+  if (runs == NULL)
+    return pulse_fail(PULSE_ERR_NOMEM, "shard: blocks check");
+  size_t n = 0;
+  for (size_t r = 0; r < ranks; r++)
+    for (size_t i = 0; i < counts[r]; i++) {
+      shard_geom g;
+      size_t t = shard_find(table, tensor_count, blocks[r][i].name);
+      (void)shard_geom_make(&table[t], t, &blocks[r][i], &g);
+      for (uint64_t k = 0; k < g.runs; k++) {
+        uint64_t p = shard_run_pos(&g, k);
+        runs[n++] = (tile_run){t, p, p + g.run_len, r};
+      }
+    }
+  qsort(runs, n, sizeof *runs, run_cmp);
+  pulse_status st = PULSE_OK;
+  size_t j = 0;
+  for (size_t t = 0; t < tensor_count && st == PULSE_OK; t++) {
+    uint64_t numel = 0, at = 0;
+    if ((st = pulse_shape_numel(table[t].shape, table[t].ndim, &numel)) != PULSE_OK)
+      break;
+    size_t last_rank = (size_t)-1;
+    for (; j < n && runs[j].tensor == t; j++) {
+      if (runs[j].lo < at) {
+        st = pulse_fail(PULSE_ERR_ARG,
+                        "shard: tensor '%s': element %llu is in a block of rank %zu and one "
+                        "of rank %zu (blocks overlap)",
+                        table[t].name, (unsigned long long)runs[j].lo, last_rank, runs[j].rank);
+        break;
+      }
+      if (runs[j].lo > at) {
+        st = pulse_fail(PULSE_ERR_ARG,
+                        "shard: tensor '%s': elements [%llu, %llu) are in no rank's block",
+                        table[t].name, (unsigned long long)at, (unsigned long long)runs[j].lo);
+        break;
+      }
+      at = runs[j].hi;
+      last_rank = runs[j].rank;
+    }
+    if (st == PULSE_OK && at < numel)
+      st = pulse_fail(PULSE_ERR_ARG,
+                      "shard: tensor '%s': elements [%llu, %llu) are in no rank's block",
+                      table[t].name, (unsigned long long)at, (unsigned long long)numel);
+  }
+  free(runs);
+  return st;
+}
+
+/* ------------------------------------------------------------- the shard */
+
+void pulse_pub_shard_opts_init(pulse_pub_shard_opts *o) {
+  memset(o, 0, sizeof *o);
+  o->struct_version = PULSE_PUB_SHARD_OPTS_VERSION;
+  o->chunk_log2 = PULSE_CHUNK_LOG2_DEFAULT;
+}
+
+void pulse_pub_shard_free(pulse_pub_shard *s) {
+  if (s == NULL)
+    return;
+  for (size_t i = 0; s->info && i < s->count; i++)
+    free((char *)s->info[i].name);
+  for (size_t b = 0; b < s->nblocks; b++) {
+    if (s->snap)
+      free(s->snap[b]);
+    if (s->changes)
+      pulse_changes_free(&s->changes[b]);
+    if (s->local)
+      free(s->local[b]);
+  }
+  free(s->info), free(s->geom), free(s->snap), free(s->digest);
+  free(s->changes), free(s->local), free(s->target);
+  free(s);
+}
+
+pulse_status pulse_pub_shard_create(const pulse_pub_shard_opts *o, pulse_pub_shard **out) {
+  if (o == NULL || out == NULL)
+    return pulse_fail(PULSE_ERR_ARG, "shard: NULL argument");
+  *out = NULL;
+  PULSE_TRY(PULSE_OPTS_CHECK("shard", o, PULSE_PUB_SHARD_OPTS_VERSION));
+  if (o->tensors == NULL || o->tensor_count == 0 || (o->blocks == NULL && o->block_count) ||
+      o->chunk_log2 < 10 || o->chunk_log2 > 30)
+    return pulse_fail(PULSE_ERR_ARG, "shard: a table, blocks and chunk_log2 in 10..30");
+  pulse_pub_shard *s = calloc(1, sizeof *s);
+  if (s == NULL)
+    return pulse_fail(PULSE_ERR_NOMEM, "shard");
+  s->count = o->tensor_count;
+  s->chunk_log2 = o->chunk_log2;
+  s->nblocks = o->block_count;
+  size_t nb = s->nblocks ? s->nblocks : 1;
+  s->info = calloc(s->count, sizeof *s->info);
+  s->geom = calloc(nb, sizeof *s->geom);
+  s->snap = calloc(nb, sizeof *s->snap);
+  s->digest = calloc(nb, sizeof *s->digest);
+  s->target = calloc(nb, sizeof *s->target);
+  s->changes = calloc(nb, sizeof *s->changes);
+  s->local = calloc(nb, sizeof *s->local);
+  pulse_status st = PULSE_OK;
+  if (!s->info || !s->geom || !s->snap || !s->digest || !s->target || !s->changes || !s->local)
+    st = pulse_fail(PULSE_ERR_NOMEM, "shard");
+  for (size_t i = 0; st == PULSE_OK && i < s->count; i++) {
+    s->info[i] = o->tensors[i];
+    s->info[i].dtype = PULSE_DTYPE_BF16;
+    if (o->tensors[i].name == NULL || (s->info[i].name = strdup(o->tensors[i].name)) == NULL)
+      st = pulse_fail(PULSE_ERR_ARG, "shard: tensor %zu has no name", i);
+  }
+  if (st == PULSE_OK)
+    st = shard_table_id(s->info, s->count, s->table_id);
+  for (size_t b = 0; st == PULSE_OK && b < s->nblocks; b++) {
+    size_t t = shard_find(s->info, s->count, o->blocks[b].name);
+    if (t == (size_t)-1)
+      st = pulse_fail(PULSE_ERR_NOT_FOUND, "shard: block %zu: tensor '%s' is not in the table", b,
+                      o->blocks[b].name ? o->blocks[b].name : "(null)");
+    else
+      st = shard_geom_make(&s->info[t], t, &o->blocks[b], &s->geom[b]);
+  }
+  if (st != PULSE_OK) {
+    pulse_pub_shard_free(s);
+    return st;
+  }
+  *out = s;
+  return PULSE_OK;
+}
+
+static uint16_t bits_at(const pulse_pub_tensor *t, uint64_t i) {
+  if (t->dtype == PULSE_DTYPE_F32) {
+    uint32_t u;
+    memcpy(&u, (const uint8_t *)t->data + 4 * i, 4);
+    return pulse_bf16_from_f32_bits(u);
+  }
+  return ((const uint16_t *)t->data)[i];
+}
+
+/* The block's digest: the sum of its runs' (positions in the tensor). */
+static pulse_tensor_digest block_digest(const shard_geom *g, const uint16_t *bits) {
+  pulse_tensor_digest d = {0, 0};
+  for (uint64_t r = 0; r < g->runs; r++) {
+    pulse_tensor_digest x;
+    if (pulse_digest_bf16_block(bits + r * g->run_len, 1, g->run_len, g->run_len,
+                                shard_run_pos(g, r), g->run_len, &x) == PULSE_OK)
+      d.a += x.a, d.b += x.b;
+  }
+  return d;
+}
+
+void pulse_pub_shard_abort(pulse_pub_shard *s) {
+  if (s == NULL)
+    return;
+  for (size_t b = 0; b < s->nblocks; b++)
+    s->changes[b].count = 0;
+  s->pending = 0;
+}
+
+void pulse_pub_shard_advance(pulse_pub_shard *s) {
+  if (s == NULL || !s->pending)
+    return;
+  for (size_t b = 0; b < s->nblocks; b++) {
+    const pulse_changes *c = &s->changes[b];
+    for (uint64_t j = 0; j < c->count; j++)
+      s->snap[b][s->local[b][j]] = c->new_bits[j];
+    s->digest[b] = s->target[b];
+  }
+  pulse_pub_shard_abort(s);
+}
+
+const uint16_t *pulse_pub_shard_snapshot(const pulse_pub_shard *s, size_t i) {
+  return s != NULL && s->have_snapshot && i < s->nblocks ? s->snap[i] : NULL;
+}
+
+static void put_block(uint8_t *p, const pulse_pub_shard *s, size_t b) {
+  const shard_geom *g = &s->geom[b];
+  const pulse_changes *c = &s->changes[b];
+  pulse_store_le64(p, g->tensor);
+  pulse_store_le64(p + 8, g->elems);
+  pulse_store_le64(p + 16, s->digest[b].a);
+  pulse_store_le64(p + 24, s->digest[b].b);
+  pulse_store_le64(p + 32, s->target[b].a);
+  pulse_store_le64(p + 40, s->target[b].b);
+  pulse_store_le64(p + 48, c->count);
+  p += SHARD_BLOCK_HEADER;
+  for (uint64_t j = 0; j < c->count; j++)
+    pulse_store_le64(p + 8 * j, c->pos[j]);
+  p += 8 * c->count;
+  for (uint64_t j = 0; j < c->count; j++)
+    pulse_store_le16(p + 2 * j, c->old_bits[j]);
+  p += 2 * c->count;
+  for (uint64_t j = 0; j < c->count; j++)
+    pulse_store_le16(p + 2 * j, c->new_bits[j]);
+}
+
+static pulse_status detect_block(pulse_pub_shard *s, size_t b, const pulse_pub_tensor *t) {
+  const shard_geom *g = &s->geom[b];
+  pulse_changes *c = &s->changes[b];
+  uint64_t cap = 0;
+  for (uint64_t r = 0; r < g->runs; r++) {
+    uint64_t pos = shard_run_pos(g, r), at = r * g->run_len;
+    for (uint64_t i = 0; i < g->run_len; i++) {
+      uint16_t nb = bits_at(t, at + i), ob = s->snap[b][at + i];
+      if (!pulse_bf16_changed(ob, nb))
+        continue;
+      if (c->count == cap) {
+        cap = cap ? 2 * cap : 1024;
+        uint64_t *l = realloc(s->local[b], cap * sizeof *l);
+        if (l == NULL || pulse_changes_reserve(c, cap) != PULSE_OK) {
+          if (l != NULL)
+            s->local[b] = l;
+          return pulse_fail(PULSE_ERR_NOMEM, "shard: changes");
+        }
+        s->local[b] = l;
+      }
+      s->local[b][c->count] = at + i;
+      PULSE_TRY(pulse_changes_push(c, pos + i, ob, nb));
+    }
+  }
+  s->target[b] = pulse_digest_apply_changes(s->digest[b], c);
+  return PULSE_OK;
+}
+
+pulse_status pulse_pub_shard_detect(pulse_pub_shard *s, const pulse_pub_tensor *data, size_t count,
+                                    pulse_buffer *part) {
+  if (s == NULL || part == NULL || (data == NULL && count > 0) || count != s->nblocks)
+    return pulse_fail(PULSE_ERR_ARG, "shard: detect needs one tensor per block (%zu)",
+                      s ? s->nblocks : 0);
+  part->data = NULL, part->size = 0;
+  for (size_t b = 0; b < count; b++) {
+    if ((data[b].data == NULL && s->geom[b].elems > 0) || data[b].memory != PULSE_PUB_HOST)
+      return pulse_fail(PULSE_ERR_ARG, "shard: block %zu: NULL or not host memory", b);
+    if (data[b].dtype != PULSE_DTYPE_F32 && data[b].dtype != PULSE_DTYPE_BF16)
+      return pulse_fail(PULSE_ERR_DTYPE, "shard: block %zu: FP32 or BF16, not %s", b,
+                        pulse_dtype_name(data[b].dtype));
+  }
+  pulse_pub_shard_abort(s);
+  pulse_status st = PULSE_OK;
+  if (!s->have_snapshot) {
+    for (size_t b = 0; b < count && st == PULSE_OK; b++) {
+      const shard_geom *g = &s->geom[b];
+      if ((s->snap[b] = malloc((g->elems ? g->elems : 1) * 2)) == NULL) {
+        st = pulse_fail(PULSE_ERR_NOMEM, "shard: snapshot");
+        break;
+      }
+      if (data[b].dtype == PULSE_DTYPE_F32)
+        pulse_bf16_cast_f32(data[b].data, s->snap[b], g->elems);
+      else if (g->elems > 0)
+        memcpy(s->snap[b], data[b].data, g->elems * 2);
+      s->target[b] = s->digest[b] = block_digest(g, s->snap[b]);
+    }
+    if (st != PULSE_OK) {
+      for (size_t b = 0; b < count; b++)
+        free(s->snap[b]), s->snap[b] = NULL;
+      return st;
+    }
+    s->have_snapshot = 1;
+  } else {
+    for (size_t b = 0; b < count && st == PULSE_OK; b++)
+      st = detect_block(s, b, &data[b]);
+    if (st != PULSE_OK) {
+      pulse_pub_shard_abort(s);
+      return st;
+    }
+    s->pending = 1;
+  }
+  size_t size = SHARD_PART_HEADER;
+  for (size_t b = 0; b < count; b++)
+    size += SHARD_BLOCK_HEADER + 12 * (size_t)s->changes[b].count;
+  uint8_t *p = malloc(size);
+  if (p == NULL) {
+    pulse_pub_shard_abort(s);
+    return pulse_fail(PULSE_ERR_NOMEM, "shard: part");
+  }
+  memcpy(p, SHARD_PART_MAGIC, 8);
+  pulse_store_le32(p + 8, SHARD_WIRE_VERSION);
+  pulse_store_le32(p + 12, s->chunk_log2);
+  memcpy(p + 16, s->table_id, 32);
+  pulse_store_le64(p + 48, count);
+  size_t at = SHARD_PART_HEADER;
+  for (size_t b = 0; b < count; b++) {
+    put_block(p + at, s, b);
+    at += SHARD_BLOCK_HEADER + 12 * (size_t)s->changes[b].count;
+  }
+  part->data = p;
+  part->size = size;
+  return PULSE_OK;
+}

@@ -1,0 +1,67 @@
+/* shard_impl.h - private to the sharded publish (pulse_pub_shard.h): a
+ * block's geometry as runs of consecutive positions of its tensor, and the
+ * byte layout of parts and counts. */
+#ifndef PULSE_SHARD_IMPL_H
+#define PULSE_SHARD_IMPL_H
+
+#include "pulse_pub_shard.h"
+
+/* A block as `runs` runs of `run_len` consecutive tensor positions, in
+ * increasing position order; the block's element i is run i / run_len. */
+typedef struct {
+  size_t tensor;
+  uint64_t elems, runs, run_len;
+  uint32_t lead; /* dimensions of the run grid */
+  uint64_t lead_ext[PULSE_MAX_DIMS], lead_start[PULSE_MAX_DIMS];
+  uint64_t stride[PULSE_MAX_DIMS]; /* the tensor's, per grid dimension */
+  uint64_t base;                   /* position offset of the last dimension */
+} shard_geom;
+
+/** The geometry of block b of tensor `info` (index `tensor`).
+ * @return PULSE_OK; PULSE_ERR_ARG (outside the tensor, unknown kind);
+ * PULSE_ERR_OVERFLOW. */
+pulse_status shard_geom_make(const pulse_tensor_info *info, size_t tensor,
+                             const pulse_pub_block *b, shard_geom *g);
+
+/** The tensor position of run r's first element. */
+uint64_t shard_run_pos(const shard_geom *g, uint64_t r);
+
+/** Index of `name` in the table, or (size_t)-1. */
+size_t shard_find(const pulse_tensor_info *table, size_t count, const char *name);
+
+/** The table's fingerprint: its state digest with every tensor digest 0. */
+pulse_status shard_table_id(const pulse_tensor_info *table, size_t count,
+                            uint8_t out[32]);
+
+#define SHARD_PART_MAGIC "PULSESHP"
+#define SHARD_COUNT_MAGIC "PULSESHC"
+#define SHARD_WIRE_VERSION 1u
+/* Part: magic, u32 version, u32 chunk_log2, 32-byte table id, u64 blocks;
+ * per block: u64 tensor, u64 elements, u64 base digest a, b, u64 target
+ * digest a, b, u64 changes k, k u64 positions, k u16 old bits, k u16 new
+ * bits (little-endian). */
+#define SHARD_PART_HEADER 56u
+#define SHARD_BLOCK_HEADER 56u
+/* Counts: magic, u32 version, u32 chunk_log2, 32-byte table id, u64 changes
+ * n, u64 chunk slots m, n u32 rank contributions (the parts' changes in
+ * part, block, change order), m * 256 u32 class counts (tensor order, then
+ * changed chunk order). */
+#define SHARD_COUNT_HEADER 64u
+
+struct pulse_pub_shard {
+  size_t count;
+  pulse_tensor_info *info; /* names owned */
+  uint8_t table_id[32];
+  uint32_t chunk_log2;
+  size_t nblocks;
+  shard_geom *geom;
+  uint16_t **snap; /* per block, NULL before the first detect */
+  pulse_tensor_digest *digest;
+  int have_snapshot;
+  int pending;
+  pulse_changes *changes; /* per block: tensor positions, pending step */
+  uint64_t **local;       /* per block: each pending change's block index */
+  pulse_tensor_digest *target;
+};
+
+#endif

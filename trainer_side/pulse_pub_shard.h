@@ -1,0 +1,189 @@
+/* pulse_pub_shard.h - the encoding half of a sharded publish: each rank of a
+ * sharded trainer (FSDP/ZeRO-3 flat ranges, FSDP2/DTensor dim-0 blocks,
+ * Megatron column/row blocks, pipeline stages' tensor sets, and mixes)
+ * detects the changes of the blocks it owns against its own BF16 snapshot of
+ * them, and the ranks together make the one patch that a single publisher
+ * of the gathered weights would write, byte for byte, without any rank
+ * holding a tensor or a snapshot of what it does not own.
+ *
+ * A step, on every rank, with any transport between them (a
+ * torch.distributed group, files in the store):
+ *
+ *   1. pulse_pub_shard_detect(shard, data, &part)   this rank's part:
+ *      its blocks' changes (O(changes)) and digests
+ *   2. exchange: every rank gets every part (all-gather of bytes)
+ *   3. pulse_pub_shard_count(shard, parts, &counts)  this rank's counts:
+ *      for each change of every part, how many elements of this rank's
+ *      blocks precede it in its chunk within its position class, and the
+ *      class counts of the changed chunks (FORMAT.md "Position classes":
+ *      the class model ranks a change among the base elements of its class
+ *      in the whole chunk, which a rank sees only in part)
+ *   4. the encoding rank gathers every rank's counts and calls
+ *      pulse_pub_shard_encode(parts, counts, &patch): the sums are the
+ *      ranks and class counts of the whole chunk, and the patch comes out
+ *      of pulse_patch_encode's rank form, the bytes of a single publish
+ *   5. once the step is durable, every rank calls pulse_pub_shard_advance
+ *      (its snapshot moves to the step); on failure pulse_pub_shard_abort
+ *      (or the next detect) drops the step and it can be retried.
+ *
+ * Memory per rank: the BF16 snapshot of its blocks, the parts (O(changes)
+ * of the step) and, on the encoding rank, the patch and 1 KiB of class
+ * counts per changed chunk. The per-tensor digests of the patch are the
+ * sums of the blocks' digests (FORMAT.md "Digests" is additive).
+ *
+ * Parts and counts are opaque bytes to carry between ranks of one job, built
+ * by one library version; they are checked (magic, version, table,
+ * lengths) but are not a stored format.
+ *
+ * Thread-safety: a shard is driven by one thread at a time; the free
+ * functions are reentrant. Nothing here prints to stdout. */
+#ifndef PULSE_PUB_SHARD_H
+#define PULSE_PUB_SHARD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "pulse_codec.h"
+#include "pulse_publisher.h"
+#include "pulse_status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* How a block is described. */
+typedef enum {
+  /* A rectangular block: ndim (the tensor's) starts and extents; the block
+   * is row-major in the rank's memory. Dim-0 blocks (FSDP2/DTensor),
+   * column-parallel (dim 0) and row-parallel (dim 1) Megatron blocks, and a
+   * whole tensor (start 0, extent = shape) are all of this kind. */
+  PULSE_PUB_BLOCK_RECT = 0,
+  /* An element range of the flattened tensor (FSDP1/ZeRO-3 flat
+   * parameters): start[0] its first element, extent[0] its length. */
+  PULSE_PUB_BLOCK_FLAT = 1
+} pulse_pub_block_kind;
+
+/* One block of one published tensor that a rank owns. */
+typedef struct {
+  const char *name; /* the tensor's name in the table; borrowed */
+  pulse_pub_block_kind kind;
+  uint64_t start[PULSE_MAX_DIMS];
+  uint64_t extent[PULSE_MAX_DIMS];
+} pulse_pub_block;
+
+/** Checks that the blocks of every rank tile the table exactly: every
+ * block names a tensor of the table and lies inside it, no two blocks
+ * (of one rank or of two) share an element, and every element of every
+ * tensor is in a block. `blocks[r]` holds `counts[r]` blocks of rank r.
+ * @return PULSE_OK; PULSE_ERR_NOT_FOUND (a name not in the table);
+ * PULSE_ERR_ARG (a block outside its tensor, two blocks overlapping, an
+ * element no block holds, NULL): the detail names the tensor (and the
+ * ranks); PULSE_ERR_OVERFLOW; PULSE_ERR_NOMEM. */
+pulse_status pulse_pub_blocks_check(const pulse_tensor_info *table, size_t tensor_count,
+                                    const pulse_pub_block *const *blocks, const size_t *counts,
+                                    size_t ranks);
+
+/* Options of a rank's shard; start from pulse_pub_shard_opts_init. */
+typedef struct {
+  uint32_t struct_version; /* PULSE_PUB_SHARD_OPTS_VERSION */
+  /* The whole table, in the trainer's order, the same on every rank (a
+   * part of a rank with another table is refused). Copied. */
+  const pulse_tensor_info *tensors;
+  size_t tensor_count;
+  /* This rank's blocks (the ranks' blocks together tile the table:
+   * pulse_pub_blocks_check). Copied. */
+  const pulse_pub_block *blocks;
+  size_t block_count;
+  uint32_t chunk_log2; /* default PULSE_CHUNK_LOG2_DEFAULT */
+} pulse_pub_shard_opts;
+
+#define PULSE_PUB_SHARD_OPTS_VERSION 1u
+/** Sets every field of *opts to its default (struct_version included). */
+void pulse_pub_shard_opts_init(pulse_pub_shard_opts *opts);
+
+typedef struct pulse_pub_shard pulse_pub_shard;
+
+/** A rank's shard, without a snapshot yet.
+ * @return PULSE_OK and *out (free with pulse_pub_shard_free); PULSE_ERR_ARG
+ * (bad options or block); PULSE_ERR_VERSION; PULSE_ERR_NOT_FOUND (a block's
+ * name not in the table); PULSE_ERR_OVERFLOW; PULSE_ERR_NOMEM. */
+pulse_status pulse_pub_shard_create(const pulse_pub_shard_opts *opts, pulse_pub_shard **out);
+
+/** NULL is fine. */
+void pulse_pub_shard_free(pulse_pub_shard *shard);
+
+/** This rank's part of a step: `data` holds one host tensor per block
+ * (block order; the block's elements row-major, FP32 or BF16; memory must be
+ * PULSE_PUB_HOST). The first call takes the snapshot and its part has no
+ * changes (the state a first step's anchor holds); later calls find the
+ * BF16 values that differ from the snapshot and keep them pending (a
+ * pending step of an earlier call is dropped). The snapshot does not move
+ * until pulse_pub_shard_advance. `part` is filled (free with
+ * pulse_buffer_free).
+ * @return PULSE_OK; PULSE_ERR_ARG (count, NULL data, device memory);
+ * PULSE_ERR_DTYPE; PULSE_ERR_NOMEM. */
+pulse_status pulse_pub_shard_detect(pulse_pub_shard *shard, const pulse_pub_tensor *data,
+                                    size_t count, pulse_buffer *part);
+
+/** This rank's counts for the step whose parts (every rank's, any order
+ * but the same on every rank) are given: see the top of this file. Reads
+ * the snapshot (the base), not the pending changes. `counts` is filled (free
+ * with pulse_buffer_free).
+ * @return PULSE_OK; PULSE_ERR_CORRUPT (a part that does not parse, or of
+ * another table or chunk size); PULSE_ERR_NOMEM. */
+pulse_status pulse_pub_shard_count(const pulse_pub_shard *shard, const pulse_buffer *parts,
+                                   size_t nparts, pulse_buffer *counts);
+
+/** The patch of the step from every rank's part and counts (parts in the
+ * order given to pulse_pub_shard_count, counts in any order): the bytes
+ * pulse_patch_encode writes for the gathered weights with the same
+ * options. Needs no shard: any rank, or a process that is not one, can
+ * encode. `base_digest` (may be NULL) receives the state digest of the
+ * base, which must be the store head's.
+ * @return PULSE_OK and *patch; PULSE_ERR_CORRUPT (parts or counts that
+ * do not parse or do not fit together: another table, a count of another
+ * step); PULSE_ERR_ARG (blocks that overlap or leave elements out, bad
+ * options); the errors of pulse_patch_encode. */
+pulse_status pulse_pub_shard_encode(const pulse_tensor_info *table, size_t tensor_count,
+                                    const pulse_encode_opts *opts, const pulse_buffer *parts,
+                                    size_t nparts, const pulse_buffer *counts, size_t ncounts,
+                                    pulse_state_digest *base_digest, pulse_buffer *patch);
+
+/** The state digest of a step from every rank's part: `target` 0 gives
+ * the base's (the snapshots the parts were detected against), 1 the
+ * step's. Any rank can compute it.
+ * @return PULSE_OK; PULSE_ERR_CORRUPT (parts that do not parse, of
+ * another table); PULSE_ERR_ARG; PULSE_ERR_NOMEM. */
+pulse_status pulse_pub_shard_state_digest(const pulse_tensor_info *table, size_t tensor_count,
+                                          uint32_t chunk_log2, const pulse_buffer *parts,
+                                          size_t nparts, int target, pulse_state_digest *out);
+
+/** Writes this rank's blocks of an anchor (PROTOCOL.md: the whole BF16
+ * state as safetensors, metadata step and state_digest) into `path`, a file
+ * every rank of the step writes into on a shared folder: each rank writes
+ * the same header and its own blocks' bytes (the snapshot, or the pending
+ * step's values when `pending` is 1) at their places, sizes the file and
+ * syncs it; the file is whole once every rank has returned PULSE_OK, and is
+ * then byte for byte the anchor a single publisher writes of that state
+ * (hash it, name it objects/<sha256>.safetensors). No rank holds more than
+ * its blocks. `digest` is the state's (pulse_pub_shard_state_digest).
+ * @return PULSE_OK; PULSE_ERR_ARG (NULL, no snapshot, nothing pending when
+ * asked); PULSE_ERR_IO; the errors of the safetensors header. */
+pulse_status pulse_pub_shard_anchor_write(const pulse_pub_shard *shard, const char *path,
+                                          uint64_t step, const pulse_state_digest *digest,
+                                          int pending);
+
+/** Moves the snapshot (and the blocks' digests) to the pending step. */
+void pulse_pub_shard_advance(pulse_pub_shard *shard);
+
+/** Drops the pending step: the snapshot stays at the last advanced one. */
+void pulse_pub_shard_abort(pulse_pub_shard *shard);
+
+/** The BF16 snapshot of block i (block order), borrowed until the next
+ * advance; NULL before the first detect or out of range. */
+const uint16_t *pulse_pub_shard_snapshot(const pulse_pub_shard *shard, size_t i);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* PULSE_PUB_SHARD_H */
