@@ -50,7 +50,13 @@ typedef struct {
   uint16_t port;            /* 0: any free port (see pulse_server_port) */
   int threads; /* HTTP worker threads; 0 = one per core (never fewer than 2:
                   a slow client must not hold the only one) */
-  unsigned max_connections; /* at once, long-polls included */
+  unsigned max_connections; /* at once, long-polls included; past it a new
+                               connection evicts the one that has waited
+                               longest with no request running (headers
+                               still coming, or idle), or is closed when
+                               every other one runs a request. Lowered
+                               (logged) when RLIMIT_NOFILE allows fewer
+                               than about twice as many descriptors */
   unsigned max_per_ip;      /* connections from one address; 0: no limit */
   unsigned idle_timeout_s;  /* closes idle connections */
   unsigned max_waiters;     /* long-polls at once; more get 503 */

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include "pulse_server.h"
 #include "pulse_sign.h"
@@ -23,7 +24,10 @@ static void usage(FILE *f) {
       "  --threads N            worker threads (default: one per CPU, at least "
       "2)\n"
       "  --max-connections N    connections at once, long-polls included "
-      "(default 1024)\n"
+      "(default 1024);\n"
+      "                         past it a new one evicts the one waiting "
+      "longest\n"
+      "                         with no request running\n"
       "  --max-per-ip N         connections from one address (default 128; "
       "0: no limit;\n"
       "                         behind a relay, the relay's own limit)\n"
@@ -173,6 +177,13 @@ int main(int argc, char **argv) {
   sigaddset(&stop, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop, NULL);
   signal(SIGPIPE, SIG_IGN);
+  /* Room for the connection cap (the server needs about 2 descriptors per
+   * connection allowed, and lowers the cap when it has fewer). */
+  struct rlimit rl;
+  if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+    rl.rlim_cur = rl.rlim_max;
+    (void)setrlimit(RLIMIT_NOFILE, &rl);
+  }
 
   pulse_server *srv = NULL;
   st = pulse_server_create(&o, &srv);

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -112,6 +113,37 @@ static pulse_status check_opts(const pulse_serve_opts *o) {
   return PULSE_OK;
 }
 
+/* The cap on connections (http_serve_deadline.c enforces it) and what
+ * microhttpd may hold: twice the cap, so that it keeps accepting while the
+ * cap evicts (its limit is split between the pool's threads, each of which
+ * stops accepting at its share), within the descriptors the process may
+ * open (RLIMIT_NOFILE, less 64 and 4 per thread for files being served,
+ * epoll and the rest). With too few descriptors the cap is lowered, and
+ * said. */
+static void set_limits(pulse_serve *s, unsigned threads) {
+  unsigned cap = s->opts.max_connections;
+  uint64_t room = UINT32_MAX, want = 2 * (uint64_t)cap + threads;
+  unsigned long long nofile = 0;
+  struct rlimit rl;
+  if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) {
+    uint64_t spare = 64 + 4 * (uint64_t)threads;
+    nofile = (unsigned long long)rl.rlim_cur;
+    room = nofile > spare + 16 ? nofile - spare : 16;
+  }
+  if (want > room) {
+    want = room;
+    if (cap > room * 2 / 3) {
+      cap = (unsigned)(room * 2 / 3);
+      PULSE_LOG_AT(PULSE_LOG_WARN,
+                   "%s: %u connections at once, not %u: the process may "
+                   "open %llu descriptors (raise ulimit -n)",
+                   s->opts.name, cap, s->opts.max_connections, nofile);
+    }
+  }
+  s->cap = cap;
+  s->mhd_limit = (unsigned)want;
+}
+
 void pulse_serve_opts_init(pulse_serve_opts *o) {
   memset(o, 0, sizeof *o);
   o->name = "server";
@@ -152,13 +184,14 @@ pulse_status pulse_serve_create(const pulse_serve_opts *opts,
   unsigned threads = o.threads ? o.threads : (unsigned)pulse_cpu_count();
   if (threads < 2)
     threads = 2;
+  set_limits(s, threads);
   unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL |
                    MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG |
                    MHD_USE_TURBO | (ipv6 ? MHD_USE_IPv6 : 0);
   s->daemon = MHD_start_daemon(
       flags, 0, NULL, NULL, serve_access, s, MHD_OPTION_SOCK_ADDR,
       (struct sockaddr *)&ss, MHD_OPTION_THREAD_POOL_SIZE, threads,
-      MHD_OPTION_CONNECTION_LIMIT, o.max_connections,
+      MHD_OPTION_CONNECTION_LIMIT, s->mhd_limit,
       MHD_OPTION_PER_IP_CONNECTION_LIMIT, o.max_per_ip,
       MHD_OPTION_CONNECTION_TIMEOUT, o.idle_timeout_s,
       MHD_OPTION_LISTEN_BACKLOG_SIZE, 1024u, MHD_OPTION_CONNECTION_MEMORY_LIMIT,

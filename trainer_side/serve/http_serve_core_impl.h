@@ -18,6 +18,8 @@ typedef struct {
   atomic_ullong bytes[SERVE_LABELS];
   pulse_serve_histogram duration[SERVE_LABELS];
   atomic_ullong header_timeouts; /* connections closed for slow headers */
+  atomic_ullong evictions;       /* closed to make room (near the cap) */
+  atomic_ullong refused;         /* closed at once: full of busy ones */
 } serve_metrics;
 
 /* A connection the header deadline watches (http_serve_deadline.c). */
@@ -39,6 +41,10 @@ struct pulse_serve {
   pthread_mutex_t conns_lock;
   pthread_cond_t watch_cv;
   serve_conn *conns; /* open connections, under conns_lock */
+  size_t nlive;      /* of them, not shut down yet */
+  unsigned cap;      /* connections at once (opts.max_connections, or fewer
+                        when the descriptors allow fewer) */
+  unsigned mhd_limit; /* what microhttpd may hold: cap and room to evict */
   pthread_t watcher;
   int watcher_running, watch_stop;
 };
@@ -77,9 +83,9 @@ void serve_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
 /* "GET, HEAD, POST" for a set of method bits (a static string). */
 const char *serve_allow_text(unsigned methods);
 
-/* http_serve_deadline.c: the header deadline. start: 0, or -1 when the
- * watcher cannot start; stop after the daemon stopped. The others are
- * called by the request's callbacks. */
+/* http_serve_deadline.c: the header deadline and the connection cap.
+ * start: 0, or -1 when the watcher cannot start; stop after the daemon
+ * stopped. The others are called by the request's callbacks. */
 int serve_deadline_start(pulse_serve *s);
 void serve_deadline_stop(pulse_serve *s);
 void serve_conn_notify(void *cls, struct MHD_Connection *conn,

@@ -104,7 +104,10 @@ typedef struct {
   const char *host; /* NULL: 127.0.0.1; "": every address; "[::1]" too */
   uint16_t port;    /* 0: a free one (pulse_serve_port) */
   unsigned threads; /* 0: one per CPU, at least 2 */
-  unsigned max_connections;        /* at once, suspended ones included (> 0) */
+  /* At once, suspended ones included (> 0); past it a new connection
+   * evicts the one that has waited longest with no request running, or is
+   * closed when every other one runs a request (http_serve_deadline.c). */
+  unsigned max_connections;
   unsigned max_per_ip;             /* 0: no limit */
   unsigned idle_timeout_s;         /* 0: none */
   const pulse_serve_route *routes; /* borrowed: must outlive the server */

@@ -116,8 +116,19 @@ pulse_status pulse_serve_metrics_text(pulse_serve *s, pulse_buffer *out) {
       "# HELP pulse_http_header_timeouts_total Connections closed because "
       "a request's headers did not arrive in time.\n"
       "# TYPE pulse_http_header_timeouts_total counter\n"
-      "pulse_http_header_timeouts_total %llu\n",
-      (unsigned long long)atomic_load(&m->header_timeouts));
+      "pulse_http_header_timeouts_total %llu\n"
+      "# HELP pulse_http_evicted_connections_total Connections closed to make "
+      "room for a new one at the cap (the one waiting longest with no "
+      "request running).\n"
+      "# TYPE pulse_http_evicted_connections_total counter\n"
+      "pulse_http_evicted_connections_total %llu\n"
+      "# HELP pulse_http_refused_connections_total New connections closed at "
+      "the cap, every other one running a request.\n"
+      "# TYPE pulse_http_refused_connections_total counter\n"
+      "pulse_http_refused_connections_total %llu\n",
+      (unsigned long long)atomic_load(&m->header_timeouts),
+      (unsigned long long)atomic_load(&m->evictions),
+      (unsigned long long)atomic_load(&m->refused));
   if (s->opts.metrics != NULL)
     s->opts.metrics(s->opts.user, &b);
   if (pulse_bytebuf_take(&b, out) != PULSE_OK)

@@ -1,0 +1,245 @@
+/* A slowloris spread over many source addresses (issue "Reliability and
+ * security", finding 2): 20 attacker addresses x 55 slow connections,
+ * reconnecting as the server closed them, left 2 of 10 probes from a fresh
+ * address answered: the per-address limit held for each address, and
+ * together they held every connection. Now a connection past the cap evicts
+ * the one that has waited longest with no request running. Here, scaled
+ * down to run in a few seconds: a cap of 60 connections, 8 per address,
+ * attackers on 127.0.0.2..127.0.0.21 (up to 160 slow connections, each
+ * reopened at once when closed) against probes from 127.0.0.1, each of
+ * which must be answered within 1 s. The header deadline (10 s) never
+ * fires during the test: only the cap frees connections. */
+#include <arpa/inet.h>
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "files_testutil.h"
+#include "pulse_server.h"
+#include "store_impl.h"
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* A store whose head names one (absent) anchor. */
+static char *store_with_head(void) {
+  char *dir = tu_make_dir();
+  pulse_store_object a;
+  memset(&a, 0, sizeof a);
+  a.kind = PULSE_STORE_ANCHOR;
+  a.size = 1000;
+  a.sha256[0] = 1;
+  store_object_set_path(&a);
+  store_head_fields f;
+  memset(&f, 0, sizeof f);
+  f.anchors = &a;
+  f.nanchors = 1;
+  f.version = 2;
+  f.run[0] = 7;
+  f.published = 1764633600;
+  pulse_buffer json = {NULL, 0};
+  cr_assert_eq(store_head_serialize(&f, NULL, &json), PULSE_OK, "%s",
+               pulse_error_detail());
+  char path[4096];
+  snprintf(path, sizeof path, "%s/head.json", dir);
+  cr_assert_eq(tu_write(path, json.data, json.size), 0);
+  pulse_buffer_free(&json);
+  return dir;
+}
+
+/* A non-blocking TCP connection to 127.0.0.1:port from `from`; -1 when
+ * none can be made now. */
+static int open_from(const char *from, uint16_t port) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0)
+    return -1;
+  struct sockaddr_in src = {0}, dst = {0};
+  src.sin_family = dst.sin_family = AF_INET;
+  inet_pton(AF_INET, from, &src.sin_addr);
+  inet_pton(AF_INET, "127.0.0.1", &dst.sin_addr);
+  dst.sin_port = htons(port);
+  if (bind(fd, (struct sockaddr *)&src, sizeof src) != 0 ||
+      (connect(fd, (struct sockaddr *)&dst, sizeof dst) != 0 &&
+       errno != EINPROGRESS)) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+/* One request from 127.0.0.1: 1 when a "200" status line came back within
+ * `limit_s`. */
+static int answered(uint16_t port, const char *path, double limit_s) {
+  double t0 = now_s();
+  int fd = open_from("127.0.0.1", port);
+  if (fd < 0)
+    return 0;
+  char req[256], buf[512];
+  int n = snprintf(req, sizeof req,
+                   "GET %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+                   path);
+  size_t sent = 0, got = 0;
+  while (now_s() - t0 < limit_s) {
+    struct pollfd p = {fd, (short)(sent < (size_t)n ? POLLOUT : POLLIN), 0};
+    if (poll(&p, 1, 50) <= 0)
+      continue;
+    if (sent < (size_t)n) {
+      ssize_t w = send(fd, req + sent, (size_t)n - sent, MSG_NOSIGNAL);
+      if (w > 0)
+        sent += (size_t)w;
+      else if (errno != EAGAIN)
+        break;
+      continue;
+    }
+    ssize_t r = recv(fd, buf + got, sizeof buf - 1 - got, 0);
+    if (r <= 0)
+      break;
+    got += (size_t)r;
+    buf[got] = '\0';
+    if (strstr(buf, "\r\n") != NULL)
+      break;
+  }
+  close(fd);
+  buf[got] = '\0';
+  return got > 0 && strncmp(buf, "HTTP/1.1 200", 12) == 0 &&
+         now_s() - t0 < limit_s;
+}
+
+enum { ADDRS = 20, PER_ADDR = 8, SLOTS = ADDRS * PER_ADDR };
+
+typedef struct {
+  uint16_t port;
+  atomic_int stop;
+  double until; /* stops by itself then, whatever happens */
+  long opened, reopened;
+  int held_max; /* most connections open at once seen */
+} attack;
+
+/* Each slot keeps a slow connection: opens it, sends a request line and a
+ * header byte every 200 ms, never the end of the headers; reopens it as
+ * soon as the server closes it (at most 40 reopens per 5 ms round). */
+static void *attack_main(void *arg) {
+  attack *a = arg;
+  static int fd[SLOTS];
+  static double last[SLOTS];
+  static int started[SLOTS];
+  const char *start = "GET /v1/head HTTP/1.1\r\nHost: x\r\nX-Slow: ";
+  for (int i = 0; i < SLOTS; i++)
+    fd[i] = -1;
+  while (!atomic_load(&a->stop) && now_s() < a->until) {
+    int reopen = 40, open_now = 0;
+    for (int i = 0; i < SLOTS; i++) {
+      if (fd[i] >= 0) {
+        char c[64];
+        ssize_t r = recv(fd[i], c, sizeof c, 0);
+        if (r == 0 || (r < 0 && errno != EAGAIN && errno != ENOTCONN)) {
+          close(fd[i]);
+          fd[i] = -1;
+        }
+      }
+      if (fd[i] < 0 && reopen > 0) {
+        char from[32];
+        snprintf(from, sizeof from, "127.0.0.%d", 2 + i / PER_ADDR);
+        fd[i] = open_from(from, a->port);
+        reopen--;
+        started[i] = 0;
+        last[i] = now_s();
+        if (fd[i] >= 0)
+          a->opened++;
+      }
+      if (fd[i] < 0)
+        continue;
+      open_now++;
+      double t = now_s();
+      if (!started[i]) {
+        if (send(fd[i], start, strlen(start), MSG_NOSIGNAL) > 0)
+          started[i] = 1;
+      } else if (t - last[i] > 0.2) {
+        (void)send(fd[i], "a", 1, MSG_NOSIGNAL);
+        last[i] = t;
+      }
+    }
+    if (open_now > a->held_max)
+      a->held_max = open_now;
+    usleep(5000);
+  }
+  for (int i = 0; i < SLOTS; i++)
+    if (fd[i] >= 0)
+      close(fd[i]);
+  return NULL;
+}
+
+static unsigned long long metric(pulse_server *srv, const char *name) {
+  pulse_buffer text = {NULL, 0};
+  cr_assert_eq(pulse_server_metrics(srv, &text), PULSE_OK);
+  char *s = strndup((const char *)text.data, text.size);
+  pulse_buffer_free(&text);
+  char line[128];
+  snprintf(line, sizeof line, "\n%s ", name); /* the value, not its HELP */
+  const char *p = strstr(s, line);
+  unsigned long long v = p ? strtoull(p + strlen(line), NULL, 10) : 0;
+  free(s);
+  return v;
+}
+
+Test(hostile_serve, a_slowloris_from_many_addresses_leaves_a_new_client_served,
+     .timeout = 30) {
+  char *dir = store_with_head();
+  pulse_server_opts so;
+  pulse_server_opts_init(&so);
+  so.store_dir = dir;
+  so.threads = 2;
+  so.watch = 0;
+  so.max_connections = 60;
+  so.max_per_ip = PER_ADDR;
+  pulse_server *srv;
+  cr_assert_eq(pulse_server_create(&so, &srv), PULSE_OK, "%s",
+               pulse_error_detail());
+  attack a;
+  memset(&a, 0, sizeof a);
+  a.port = pulse_server_port(srv);
+  a.until = now_s() + 8;
+  pthread_t th;
+  cr_assert_eq(pthread_create(&th, NULL, attack_main, &a), 0);
+  usleep(700 * 1000); /* every slot taken, and retaken */
+  int ok = 0, asked = 0;
+  double worst = 0;
+  for (int k = 0; k < 10; k++, asked++) {
+    double t0 = now_s();
+    ok += answered(a.port, k % 2 ? "/v1/head" : "/healthz", 1.0);
+    double dt = now_s() - t0;
+    worst = dt > worst ? dt : worst;
+    usleep(100 * 1000);
+  }
+  atomic_store(&a.stop, 1);
+  pthread_join(th, NULL);
+  unsigned long long evicted =
+      metric(srv, "pulse_http_evicted_connections_total");
+  cr_expect_eq(ok, asked,
+               "%d of %d probes answered within 1 s (slowest %.2f s; the "
+               "attack opened %ld connections, held up to %d at once; %llu "
+               "evicted)",
+               ok, asked, worst, a.opened, a.held_max, evicted);
+  cr_log_info("%d of %d probes answered, slowest %.3f s; the attack opened "
+              "%ld connections, held up to %d; %llu evicted",
+              ok, asked, worst, a.opened, a.held_max, evicted);
+  /* The attack was one: more slow connections than the cap, and churn. */
+  cr_expect_gt(a.held_max, 60, "the attackers held only %d", a.held_max);
+  cr_expect_gt(evicted, 0);
+  /* And once it is over the server still answers. */
+  cr_expect(answered(pulse_server_port(srv), "/healthz", 1.0));
+  pulse_server_free(srv);
+  tu_rm_rf(dir);
+}
