@@ -22,18 +22,7 @@ static int object_request(void *user, pulse_serve_request *rq,
   uint8_t sha[32];
   if (!store_parse_object_name(name, &kind, sha))
     return pulse_serve_reply_error(rq, 404, "no such object");
-  if (srv->objects_fd < 0) {
-    char objs[4096];
-    snprintf(objs, sizeof objs, "%s/" PULSE_STORE_OBJECTS_DIR, srv->dir);
-    int fd = open(objs, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd >= 0) {
-      int expected = -1;
-      /* Another thread may have opened it meanwhile: keep one. */
-      if (!__atomic_compare_exchange_n(&srv->objects_fd, &expected, fd, 0,
-                                       __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
-        close(fd);
-    }
-  }
+  srv_objects_dir(srv);
   /* The name was checked to be 64 hex digits and an extension: openat
    * cannot leave objects/, and O_NOFOLLOW refuses a planted link. */
   int fd = srv->objects_fd >= 0 ? openat(srv->objects_fd, name,
@@ -45,6 +34,12 @@ static int object_request(void *user, pulse_serve_request *rq,
   if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
     close(fd);
     return pulse_serve_reply_error(rq, 404, "no such object");
+  }
+  /* A file that changed since it was seen is hashed again first. */
+  if (!srv_object_check(srv, fd, sha, &sb)) {
+    close(fd);
+    return pulse_serve_reply_error(
+        rq, 500, "the object's file no longer matches its name (SHA-256)");
   }
   char hex[65], etag[67];
   store_hex(sha, 32, hex);

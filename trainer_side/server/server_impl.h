@@ -8,6 +8,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 #include <time.h>
 
@@ -27,6 +28,8 @@ typedef struct {
   atomic_ullong catchup_builds, catchup_build_us, catchup_cache_hits;
   atomic_ullong catchup_refused;  /* 503: queue full, or waited too long */
   atomic_ullong catchup_corrupt;  /* cached files that failed their hash */
+  atomic_ullong objects_rehashed; /* object files hashed again (changed) */
+  atomic_ullong objects_corrupt;  /* of them, no longer their name's bytes */
 } srv_metrics;
 
 /* ------------------------------------------------------------------- head */
@@ -44,6 +47,7 @@ void srv_head_release(srv_head *h);
 /* ----------------------------------------------------------------- server */
 
 typedef struct srv_waiter srv_waiter;
+typedef struct srv_object_seen srv_object_seen; /* server_objects.c */
 
 /* A catch-up patch ready to serve: in memory (memfd), or a file of
  * catchup/ whose bytes were checked against its name (sha256) while it had
@@ -97,6 +101,12 @@ struct pulse_server {
   int objects_fd; /* the objects/ folder, for openat */
   pulse_serve *http;
   srv_metrics metrics;
+
+  /* The identity of each object file when first seen or last checked
+   * (server_objects.c): an open-addressing table, under objects_lock. */
+  pthread_mutex_t objects_lock;
+  srv_object_seen *objects;
+  size_t objects_cap, nobjects;
 
   pthread_mutex_t lock; /* head, head_id, waiters, stopping */
   srv_head *head;       /* NULL while the store has no head */
@@ -196,6 +206,21 @@ int srv_build_wait(pulse_server *srv, pulse_serve_request *rq, srv_head *h,
 double srv_build_expire(pulse_server *srv, double now, int all);
 /* Builds queued and running now. */
 size_t srv_build_count(pulse_server *srv);
+
+/* server_objects.c: checking the object files served. */
+/* Opens srv->objects_fd once objects/ exists (it stays -1 until then). */
+void srv_objects_dir(pulse_server *srv);
+/* Takes the identity of every object h names that has none yet. */
+void srv_objects_note_head(pulse_server *srv, const pulse_store_head *h);
+/* Records sb as the identity of object sha256 unless it has one. */
+void srv_objects_note(pulse_server *srv, const uint8_t sha256[32],
+                      const struct stat *sb);
+/* 1 when the object file behind fd (its fstat in sb) may be served: the
+ * identity it had when first seen, or its bytes hash to sha256 again; 0
+ * (logged once per identity) when they do not. */
+int srv_object_check(pulse_server *srv, int fd, const uint8_t sha256[32],
+                     const struct stat *sb);
+void srv_objects_free(pulse_server *srv);
 
 /* server_metrics.c: the serving layer's hooks. */
 void srv_metrics_text(void *srv, pulse_bytebuf *text);

@@ -80,7 +80,17 @@ void srv_metrics_text(void *server, pulse_bytebuf *b) {
       "# HELP pulse_catchup_corrupt_total Cached catch-ups whose bytes did not "
       "match their SHA-256 (dropped and rebuilt).\n"
       "# TYPE pulse_catchup_corrupt_total counter\n"
-      "pulse_catchup_corrupt_total %llu\n",
+      "pulse_catchup_corrupt_total %llu\n"
+      "# HELP pulse_objects_rehashed_total Object files hashed again before "
+      "being served, because they changed on disk since first seen.\n"
+      "# TYPE pulse_objects_rehashed_total counter\n"
+      "pulse_objects_rehashed_total %llu\n"
+      "# HELP pulse_objects_corrupt_total Of them, files that no longer "
+      "matched their name (SHA-256): refused with 500.\n"
+      "# TYPE pulse_objects_corrupt_total counter\n"
+      "pulse_objects_corrupt_total %llu\n",
       srv_build_count(srv), (unsigned long long)atomic_load(&m->catchup_refused),
-      (unsigned long long)atomic_load(&m->catchup_corrupt));
+      (unsigned long long)atomic_load(&m->catchup_corrupt),
+      (unsigned long long)atomic_load(&m->objects_rehashed),
+      (unsigned long long)atomic_load(&m->objects_corrupt));
 }

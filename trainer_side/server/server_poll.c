@@ -115,6 +115,9 @@ void srv_reload(pulse_server *srv, int force) {
   store_hex(sha, 32, hex);
   snprintf(h->etag, sizeof h->etag, "\"%s\"", hex);
 
+  /* The identities its objects have now (server_objects.c), before any
+   * request can name them. */
+  srv_objects_note_head(srv, parsed);
   pthread_mutex_lock(&srv->lock);
   srv_head *old = srv->head;
   int moved = old == NULL || old->step != h->step;
