@@ -5,8 +5,8 @@
  * together they held every connection. Now a connection past the cap evicts
  * the one that has waited longest with no request running. Here, scaled
  * down to run in a few seconds: a cap of 60 connections, 8 per address,
- * attackers on 127.0.0.2..127.0.0.21 (up to 160 slow connections, each
- * reopened at once when closed) against probes from 127.0.0.1, each of
+ * attackers on 127.0.0.2..127.0.0.21 (up to 160 slow or idle connections,
+ * each reopened at once when closed) against probes from 127.0.0.1, each of
  * which must be answered within 1 s. The header deadline (10 s) never
  * fires during the test: only the cap frees connections. */
 #include <arpa/inet.h>
@@ -128,8 +128,9 @@ typedef struct {
 } attack;
 
 /* Each slot keeps a slow connection: opens it, sends a request line and a
- * header byte every 200 ms, never the end of the headers; reopens it as
- * soon as the server closes it (at most 40 reopens per 5 ms round). */
+ * header byte every 200 ms, never the end of the headers (a quarter of the
+ * slots stay idle: not a byte); reopens it as soon as the server closes it
+ * (at most 40 reopens per 5 ms round). */
 static void *attack_main(void *arg) {
   attack *a = arg;
   static int fd[SLOTS];
@@ -163,6 +164,8 @@ static void *attack_main(void *arg) {
         continue;
       open_now++;
       double t = now_s();
+      if (i % 4 == 3) /* a quarter of them idle: never a byte */
+        continue;
       if (!started[i]) {
         if (send(fd[i], start, strlen(start), MSG_NOSIGNAL) > 0)
           started[i] = 1;
