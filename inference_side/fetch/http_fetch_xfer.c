@@ -160,6 +160,21 @@ pulse_status pulse_fetch_xfer_fail(const pulse_fetch_xfer *x,
 
 /* ------------------------------------------------------------ callbacks */
 
+int pulse_fetch_redirect_target(const char *base, const char *location,
+                                char *out, size_t cap) {
+  CURLU *u = curl_url();
+  char *abs = NULL;
+  int ok = u != NULL && curl_url_set(u, CURLUPART_URL, base, 0) == CURLUE_OK &&
+           curl_url_set(u, CURLUPART_URL, location, 0) == CURLUE_OK &&
+           curl_url_get(u, CURLUPART_URL, &abs, 0) == CURLUE_OK &&
+           strlen(abs) < cap;
+  if (cap > 0)
+    snprintf(out, cap, "%s", ok ? abs : location);
+  curl_free(abs);
+  curl_url_cleanup(u);
+  return ok;
+}
+
 /* At the end of a 3xx answer's headers: 1 when its Location may be
  * followed (pulse_fetch_redirect_allowed), else 0 with the target kept. */
 static int redirect_ok(pulse_fetch_xfer *x) {
@@ -169,17 +184,9 @@ static int redirect_ok(pulse_fetch_xfer *x) {
   /* Relative to the URL this answer came from. */
   const char *base = NULL;
   curl_easy_getinfo(x->easy, CURLINFO_EFFECTIVE_URL, &base);
-  CURLU *u = curl_url();
-  char *abs = NULL;
-  int ok = u != NULL &&
-           curl_url_set(u, CURLUPART_URL, base ? base : x->url, 0) == CURLUE_OK &&
-           curl_url_set(u, CURLUPART_URL, loc, 0) == CURLUE_OK &&
-           curl_url_get(u, CURLUPART_URL, &abs, 0) == CURLUE_OK;
-  snprintf(x->redirect_to, sizeof x->redirect_to, "%s", ok ? abs : loc);
-  ok = ok && pulse_fetch_redirect_allowed(x->engine, x->url, abs);
-  curl_free(abs);
-  curl_url_cleanup(u);
-  return ok;
+  int ok = pulse_fetch_redirect_target(base ? base : x->url, loc,
+                                       x->redirect_to, sizeof x->redirect_to);
+  return ok && pulse_fetch_redirect_allowed(x->engine, x->url, x->redirect_to);
 }
 
 size_t pulse_fetch_on_header(char *p, size_t size, size_t n, void *ctx) {

@@ -17,6 +17,12 @@ size_t pulse_fetch_on_header(char *p, size_t size, size_t n, void *ctx);
  * too long, wrong range, a failed write, or a range complete). */
 size_t pulse_fetch_on_body(char *p, size_t size, size_t n, void *ctx);
 
+/** The absolute URL a redirect's Location (absolute or relative) names
+ * from `base`, into out (cap bytes). @return 1 when it resolves and fits;
+ * else 0 with out holding the Location as it came (cut to cap). */
+int pulse_fetch_redirect_target(const char *base, const char *location,
+                                char *out, size_t cap);
+
 /** 1 when the engine may follow a redirect of a try of `from` to `to`
  * (absolute URLs): same origin, or an origin its options allow (see
  * pulse_fetch_opts.redirect_origins). */
