@@ -5,7 +5,11 @@
 # bits (data split, initial weights, every round), another seed another
 # start, --text learns a named file, a missing file is a clear error (exit
 # 1, its path named), and over lossy datagrams the drift over all trainer
-# pairs equals the replay's. Skips (77) where the licences are missing.
+# pairs equals the replay's. --problem text-sft pretrains first (once: the
+# checkpoint is cached and reused, a damaged cache file is trained again to
+# the same bits), fine-tunes on unseen text at an RL-like rate, where
+# PULSELoCo sends a small part of the entries, and reports the pretraining.
+# Skips (77) where the licences are missing.
 # usage: bash tests/cli/loco_text.sh BIN_DIR
 source "$(dirname "$0")/lib/common.sh"
 BENCH="$bin/pulse-bench"
@@ -71,6 +75,33 @@ expect "pairwise drift = the replay's" "$(json_val "$e" max_replay_drift)" "$(js
 awk -v d="$(json_val "$e" max_drift)" -v b="$(json_val "$e" drift_budget)" 'BEGIN { exit !(d > 0 && d <= b) }' &&
   ok || bad "max drift $(json_val "$e" max_drift) not in (0, budget]"
 expect "udp replicas identical" true "$(json_val "$e" replicas_identical)"
+
+# 5. Text SFT: pretrained once (the cache in PULSE_CACHE_DIR), then the
+# same bits from the cache; a damaged cache file is trained again.
+export PULSE_CACHE_DIR="$work/cache"
+sft() { "$BENCH" loco --problem text-sft --trainers 2 --rounds 3 --inner 10 --params 30000 --json "$@"; }
+sft >"$work/f.json" 2>"$work/err" || bad "text-sft run: $(cat "$work/err")"
+f=$(grep '^{"summary":true' "$work/f.json")
+grep -q '"problem":"text-sft"' <<<"$f" && ok || bad "the summary does not say problem text-sft"
+expect "pretrain steps" 3000 "$(json_val "$f" pretrain_steps)"
+expect "start = the pretrained checkpoint" "$(json_val "$f" pretrain_loss)" "$(json_val "$f" initial_loss)"
+# Pretrained: well below ln 256; fine-tuned at an RL-like rate, PULSELoCo
+# sends a small part of the entries.
+awk -v l="$(json_val "$f" pretrain_loss)" 'BEGIN { exit !(l > 0 && l < 3.5) }' && ok ||
+  bad "pretrained loss $(json_val "$f" pretrain_loss)"
+awk -v d="$(json_val "$f" density_pulseloco)" 'BEGIN { exit !(d > 0 && d < 0.2) }' && ok ||
+  bad "text-sft density $(json_val "$f" density_pulseloco): not the sparse regime"
+cached=$(ls "$PULSE_CACHE_DIR"/text-pretrained-*.bin 2>/dev/null | wc -l)
+expect "one cached checkpoint" 1 "$cached"
+sft >"$work/g.json" 2>"$work/err" || bad "text-sft from the cache: $(cat "$work/err")"
+g=$(grep '^{"summary":true' "$work/g.json")
+expect "cached: same pretrained loss" "$(json_val "$f" pretrain_loss)" "$(json_val "$g" pretrain_loss)"
+expect "cached: same final loss" "$(json_val "$f" final_loss)" "$(json_val "$g" final_loss)"
+for c in "$PULSE_CACHE_DIR"/text-pretrained-*.bin; do truncate -s 1000 "$c"; done
+sft >"$work/h.json" 2>"$work/err" || bad "text-sft over a damaged cache: $(cat "$work/err")"
+h=$(grep '^{"summary":true' "$work/h.json")
+expect "damaged cache: trained again, same bits" "$(json_val "$f" final_loss)" "$(json_val "$h" final_loss)"
+unset PULSE_CACHE_DIR
 
 echo "$test_name: $pass passed, $failures failed"
 [ "$failures" -eq 0 ]

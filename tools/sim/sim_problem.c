@@ -10,6 +10,7 @@
 #include "rng_impl.h"
 #include "status_impl.h"
 #include "sim_mlp_impl.h"
+#include "sim_pretrain.h"
 #include "sim_problem.h"
 #include "sim_text.h"
 
@@ -24,7 +25,9 @@ struct pulse_sim_problem {
   float *test_p;    /* test_count x classes: B's probabilities */
   uint32_t *test_y; /* B's argmax */
   double floor;
-  pulse_sim_text *text; /* PULSE_SIM_PROBLEM_TEXT: the rest is unused */
+  pulse_sim_text *text; /* the text problems: the rest is unused */
+  float *pretrained;    /* text SFT: the checkpoint, P floats */
+  double pretrain_loss; /* its held-out loss */
 };
 
 struct pulse_sim_learner {
@@ -88,7 +91,7 @@ static void draw(const pulse_sim_problem *p, uint64_t *s, size_t n, float *x,
 
 uint32_t pulse_sim_problem_hidden_for(const pulse_sim_problem_opts *o,
                                      uint64_t params) {
-  if (o->kind == PULSE_SIM_PROBLEM_TEXT)
+  if (pulse_sim_problem_is_text(o->kind))
     return pulse_sim_text_hidden_for(o, params);
   uint64_t per = (uint64_t)o->inputs + 1u + o->classes;
   uint64_t h = params > o->classes ? (params - o->classes) / per : 1;
@@ -114,6 +117,41 @@ void pulse_sim_problem_opts_init(pulse_sim_problem_opts *o) {
   o->kind = PULSE_SIM_PROBLEM_TEACHER;
   o->context = 8;
   o->embed = 64;
+  o->pretrain_steps = 3000;
+  o->pretrain_lr = PULSE_SIM_TEXT_LR;
+}
+
+/* Text SFT: the checkpoint the learners start from. The model is trained
+ * from its random start (pulse_sim_text_init) by one learner of its own
+ * stream at pretrain_lr on the pretraining blocks, or read from the cache
+ * (sim_pretrain.h); then the text's learners move to the fine-tuning
+ * blocks. */
+static pulse_status pretrain(pulse_sim_problem *p) {
+  size_t P = (size_t)p->P;
+  p->pretrained = malloc(P * sizeof *p->pretrained);
+  if (p->pretrained == NULL)
+    return pulse_fail(PULSE_ERR_NOMEM, "text SFT: %zu parameters", P);
+  uint64_t key =
+      pulse_sim_pretrain_key(&p->o, p->P, pulse_sim_text_digest(p->text));
+  if (!pulse_sim_pretrain_load(key, p->P, p->pretrained, &p->pretrain_loss)) {
+    pulse_sim_text_set_phase(p->text, 0);
+    pulse_sim_text_init(p->text, p->pretrained);
+    /* A learner of the pretraining's rate, over this problem's text. */
+    pulse_sim_problem pre = *p;
+    pre.o.lr = p->o.pretrain_lr;
+    pre.pretrained = NULL;
+    pulse_sim_learner *l = NULL;
+    pulse_status st = pulse_sim_learner_create(&pre, UINT32_MAX - 1u, &l);
+    if (st != PULSE_OK)
+      return st;
+    for (uint32_t s = 0; s < p->o.pretrain_steps; s++)
+      pulse_sim_learner_step(l, p->pretrained);
+    pulse_sim_learner_free(l);
+    pulse_sim_text_eval(p->text, p->pretrained, &p->pretrain_loss, NULL);
+    pulse_sim_pretrain_save(key, p->P, p->pretrained, p->pretrain_loss);
+  }
+  pulse_sim_text_set_phase(p->text, 1);
+  return PULSE_OK;
 }
 
 pulse_status pulse_sim_problem_create(const pulse_sim_problem_opts *o,
@@ -130,19 +168,28 @@ pulse_status pulse_sim_problem_create(const pulse_sim_problem_opts *o,
       o->test_count > 1u << 24 || !(o->lr > 0.0f) || !isfinite(o->shift) ||
       !isfinite(o->init_scale) || !isfinite(o->logit_scale))
     return pulse_fail(PULSE_ERR_ARG, "loco problem: bad sizes or rates");
-  if (o->kind != PULSE_SIM_PROBLEM_TEACHER && o->kind != PULSE_SIM_PROBLEM_TEXT)
+  if (o->kind != PULSE_SIM_PROBLEM_TEACHER && !pulse_sim_problem_is_text(o->kind))
     return pulse_fail(PULSE_ERR_ARG, "loco problem: unknown kind %u", o->kind);
+  if (o->kind == PULSE_SIM_PROBLEM_TEXT_SFT &&
+      (o->pretrain_steps == 0 || !(o->pretrain_lr > 0.0f)))
+    return pulse_fail(PULSE_ERR_ARG, "loco problem: text SFT needs pretraining "
+                      "steps and a rate");
   pulse_sim_problem *p = calloc(1, sizeof *p);
   if (p == NULL)
     return pulse_fail(PULSE_ERR_NOMEM, "loco problem");
   p->o = *o;
-  if (o->kind == PULSE_SIM_PROBLEM_TEXT) {
+  if (pulse_sim_problem_is_text(o->kind)) {
     pulse_status st = pulse_sim_text_create(o, &p->text);
     if (st != PULSE_OK) {
       free(p);
       return st;
     }
     p->P = pulse_sim_text_param_count(p->text);
+    if (o->kind == PULSE_SIM_PROBLEM_TEXT_SFT &&
+        (st = pretrain(p)) != PULSE_OK) {
+      pulse_sim_problem_free(p);
+      return st;
+    }
     *out = p;
     return PULSE_OK;
   }
@@ -200,6 +247,7 @@ void pulse_sim_problem_free(pulse_sim_problem *p) {
   if (p == NULL)
     return;
   free(p->teacher), free(p->test_x), free(p->test_p), free(p->test_y);
+  free(p->pretrained);
   pulse_sim_text_free(p->text);
   free(p);
 }
@@ -210,6 +258,16 @@ uint64_t pulse_sim_problem_param_count(const pulse_sim_problem *p) {
 
 double pulse_sim_problem_floor(const pulse_sim_problem *p) {
   return p->floor;
+}
+
+double pulse_sim_problem_lr(const pulse_sim_problem *p) { return p->o.lr; }
+
+double pulse_sim_problem_pretrain_loss(const pulse_sim_problem *p) {
+  return p->pretrained ? p->pretrain_loss : 0.0;
+}
+
+uint32_t pulse_sim_problem_pretrain_steps(const pulse_sim_problem *p) {
+  return p->pretrained ? p->o.pretrain_steps : 0;
 }
 
 uint32_t pulse_sim_problem_batch(const pulse_sim_problem *p) {
@@ -223,6 +281,10 @@ void pulse_sim_problem_data(const pulse_sim_problem *p, uint64_t *bytes,
 }
 
 void pulse_sim_problem_init(const pulse_sim_problem *p, float *theta) {
+  if (p->pretrained) {
+    memcpy(theta, p->pretrained, (size_t)p->P * sizeof *theta);
+    return;
+  }
   if (p->text) {
     pulse_sim_text_init(p->text, theta);
     return;

@@ -54,18 +54,38 @@ typedef struct {
   float lr, beta1, beta2, eps; /* inner Adam */
   /* Which problem; the text problem ignores inputs, classes, shift and
    * logit_scale, and its loss floor is unknown (reported as 0). */
-  uint32_t kind;         /* PULSE_SIM_PROBLEM_TEACHER or _TEXT */
+  uint32_t kind;         /* PULSE_SIM_PROBLEM_TEACHER, _TEXT or _TEXT_SFT */
   const char *text_path; /* text: one file to learn; NULL: base-files' */
   uint32_t context;      /* text: bytes of context k */
   uint32_t embed;        /* text: embedding width d */
+  /* Text SFT: the model is first pretrained from its random start for
+   * pretrain_steps Adam steps at pretrain_lr on the pretraining part of
+   * the text (deterministic in the seed; the checkpoint is cached in a
+   * file, sim_pretrain.c), then the learners fine-tune it at `lr` on the
+   * fine-tuning part, which pretraining never saw. */
+  uint32_t pretrain_steps;
+  float pretrain_lr;
 } pulse_sim_problem_opts;
 
-enum { PULSE_SIM_PROBLEM_TEACHER = 0, PULSE_SIM_PROBLEM_TEXT = 1 };
+enum {
+  PULSE_SIM_PROBLEM_TEACHER = 0,
+  PULSE_SIM_PROBLEM_TEXT = 1,     /* next byte, from a random start */
+  PULSE_SIM_PROBLEM_TEXT_SFT = 2  /* the same model, fine-tuned from a
+                                     pretrained checkpoint on unseen text */
+};
 
-/* Text problem defaults: a learning rate for its O(1) weights. */
+/* Whether a kind is one of the text problems. */
+static inline int pulse_sim_problem_is_text(uint32_t kind) {
+  return kind == PULSE_SIM_PROBLEM_TEXT || kind == PULSE_SIM_PROBLEM_TEXT_SFT;
+}
+
+/* Text problem defaults: a learning rate for its O(1) weights, and the
+ * fine-tuning rate of text SFT (an RL-like rate: most of an outer round's
+ * pseudo-gradient does not move a BF16 weight). */
 #define PULSE_SIM_TEXT_LR 2e-3f
+#define PULSE_SIM_TEXT_SFT_LR 5e-6f
 
-#define PULSE_SIM_PROBLEM_OPTS_VERSION 1u
+#define PULSE_SIM_PROBLEM_OPTS_VERSION 2u
 /* Sets every field of *opts to its default (struct_version included). */
 void pulse_sim_problem_opts_init(pulse_sim_problem_opts *opts);
 
@@ -84,6 +104,14 @@ uint32_t pulse_sim_problem_batch(const pulse_sim_problem *p);
  * options of opts (at least 1). */
 uint32_t pulse_sim_problem_hidden_for(const pulse_sim_problem_opts *opts,
                                      uint64_t params);
+
+/** The learners' Adam rate. */
+double pulse_sim_problem_lr(const pulse_sim_problem *p);
+
+/** Text SFT: the held-out loss the pretraining reached and its steps (0
+ * and 0 for the other problems). */
+double pulse_sim_problem_pretrain_loss(const pulse_sim_problem *p);
+uint32_t pulse_sim_problem_pretrain_steps(const pulse_sim_problem *p);
 
 /** The text problem's text: bytes read and their digest (both 0 for the
  * teacher problem). */

@@ -22,6 +22,9 @@ struct pulse_sim_text {
   uint64_t len, digest;
   uint32_t *train; /* positions (of the predicted byte) in training blocks */
   uint64_t ntrain;
+  uint32_t *tune; /* text SFT: positions in the fine-tuning blocks */
+  uint64_t ntune;
+  int phase_tune; /* learners draw from tune (pulse_sim_text_set_phase) */
   uint32_t *test; /* test_count held-out positions */
   uint32_t k, d, H, kd;
   uint64_t P, e, w1, b1, w2, b2; /* offsets in theta */
@@ -116,14 +119,21 @@ static pulse_status split(pulse_sim_text *t) {
   uint64_t nblocks = (t->len + PULSE_SIM_TEXT_BLOCK - 1) / PULSE_SIM_TEXT_BLOCK;
   uint32_t *test_pos = malloc((size_t)t->len * sizeof *test_pos);
   t->train = malloc((size_t)t->len * sizeof *t->train);
+  t->tune = malloc((size_t)t->len * sizeof *t->tune);
   t->test = malloc((size_t)t->o.test_count * sizeof *t->test);
-  if (!test_pos || !t->train || !t->test) {
+  int sft = t->o.kind == PULSE_SIM_PROBLEM_TEXT_SFT;
+  if (!test_pos || !t->train || !t->tune || !t->test) {
     free(test_pos);
     return pulse_fail(PULSE_ERR_NOMEM, "text problem: split");
   }
   uint64_t ntest = 0;
   for (uint64_t b = 0; b < nblocks; b++) {
     int out = held_out(t, b, nblocks, ntest > 0, t->ntrain > 0);
+    /* Text SFT: a third of the others is left for fine-tuning (the last
+     * block when the draw left none). */
+    int tune = sft && !out &&
+               (pulse_rng_at(t->o.seed ^ 0x5F75ull, b) % 3u == 0 ||
+                (t->ntune == 0 && b + 2 >= nblocks));
     uint64_t end = (b + 1) * PULSE_SIM_TEXT_BLOCK;
     if (end > t->len)
       end = t->len;
@@ -133,11 +143,13 @@ static pulse_status split(pulse_sim_text *t) {
         continue;
       if (out)
         test_pos[ntest++] = (uint32_t)i;
+      else if (tune)
+        t->tune[t->ntune++] = (uint32_t)i;
       else
         t->train[t->ntrain++] = (uint32_t)i;
     }
   }
-  if (ntest == 0 || t->ntrain == 0) {
+  if (ntest == 0 || t->ntrain == 0 || (sft && t->ntune == 0)) {
     free(test_pos);
     return pulse_fail(PULSE_ERR_ARG, "text problem: text too short to split");
   }
@@ -146,6 +158,10 @@ static pulse_status split(pulse_sim_text *t) {
     t->test[i] = test_pos[pulse_rng_below(&s, ntest)];
   free(test_pos);
   return PULSE_OK;
+}
+
+void pulse_sim_text_set_phase(pulse_sim_text *t, int tune) {
+  t->phase_tune = tune && t->ntune > 0;
 }
 
 /* ---------------------------------------------------------------- model */
@@ -194,7 +210,7 @@ pulse_status pulse_sim_text_create(const pulse_sim_problem_opts *o,
 void pulse_sim_text_free(pulse_sim_text *t) {
   if (t == NULL)
     return;
-  free(t->text), free(t->train), free(t->test);
+  free(t->text), free(t->train), free(t->tune), free(t->test);
   free(t);
 }
 
@@ -340,8 +356,10 @@ TEXT_SIMD double pulse_sim_text_grad(const pulse_sim_text *t,
                                     pulse_sim_text_scratch *s, uint64_t *rng,
                                     const float *theta, float *grad) {
   uint32_t B = t->o.batch, H = t->H, kd = t->kd, d = t->d;
+  const uint32_t *from = t->phase_tune ? t->tune : t->train;
+  uint64_t n = t->phase_tune ? t->ntune : t->ntrain;
   for (uint32_t b = 0; b < B; b++)
-    s->pos[b] = t->train[pulse_rng_below(rng, t->ntrain)];
+    s->pos[b] = from[pulse_rng_below(rng, n)];
   forward(t, theta, s->pos, B, s->x, s->z, s->h, s->l);
   memset(grad, 0, (size_t)t->P * sizeof *grad);
   float *gE = grad + t->e, *gW1 = grad + t->w1, *gB1 = grad + t->b1,

@@ -53,6 +53,13 @@ void pulse_sim_text_free(pulse_sim_text *t); /* NULL is fine */
 
 uint64_t pulse_sim_text_param_count(const pulse_sim_text *t);
 
+/** Which training blocks the learners draw from: 0 all of them (the text
+ * problem) or, for text SFT, the pretraining part; 1 the fine-tuning part
+ * (a third of the blocks that are not held out, chosen by the seed; only
+ * for PULSE_SIM_PROBLEM_TEXT_SFT, which splits them). The held-out set is
+ * the same in both. Not while learners draw. */
+void pulse_sim_text_set_phase(pulse_sim_text *t, int tune);
+
 /** Hidden width H of the smallest model of at least `params` parameters. */
 uint32_t pulse_sim_text_hidden_for(const pulse_sim_problem_opts *opts,
                                   uint64_t params);

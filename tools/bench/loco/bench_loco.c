@@ -102,7 +102,9 @@ int bench_loco_main(int argc, char **argv) {
   if (rc >= 0)
     return rc;
   uint64_t P = 0;
-  if (bench_loco_check_problem(&b.a, &b.text_bytes, &b.text_digest, &P) != 0)
+  if (bench_loco_check_problem(&b.a, &b.text_bytes, &b.text_digest, &P,
+                               &b.pretrain_loss, &b.pretrain_steps,
+                               &b.lr) != 0)
     return 1;
   /* Before any fork: every trainer writes its theta_g there. */
   bench_pair_drift_open(&b.pd, b.a.trainers + (b.a.join_round > 0), P);

@@ -45,12 +45,19 @@ void bench_loco_usage(FILE *out) {
       "base-files'\n"
       "                   licences in /usr/share/common-licenses, a held-out "
       "tenth for\n"
-      "                   the loss) or teacher (distillation towards a "
-      "nearby teacher)\n"
+      "                   the loss), text-sft (the same model pretrained first,"
+      "\n"
+      "                   deterministic in the seed, the checkpoint cached in "
+      "\n"
+      "                   $PULSE_CACHE_DIR or ~/.cache/pulse, then fine-tuned "
+      "on text\n"
+      "                   pretraining never saw, at an RL-like rate) or teacher"
+      "\n"
+      "                   (distillation towards a nearby teacher)\n"
       "  --text FILE      text: learn this file instead\n"
       "  --lr X           inner Adam learning rate (default: the problem's, "
       "2e-3 for\n"
-      "                   text, 2e-5 for teacher)\n"
+      "                   text, 5e-6 for text-sft, 2e-5 for teacher)\n"
       "  --drop-rate X    probability that a PULSELoCo payload is lost in a "
       "round\n"
       "                   (the coordinator treats the fetch as failed; default "
@@ -219,11 +226,14 @@ int bench_loco_parse(int argc, char **argv, loco_args *a) {
                            m < 0 ? "" : v);
     } else if ((m = pulse_cli_opt_value(argc, argv, &i, "--problem", &v)) !=
                0) {
-      if (m < 0 || (strcmp(v, "text") != 0 && strcmp(v, "teacher") != 0))
-        return usage_error("--problem needs text or teacher, got '%s'",
+      if (m < 0 || (strcmp(v, "text") != 0 && strcmp(v, "text-sft") != 0 &&
+                    strcmp(v, "teacher") != 0))
+        return usage_error("--problem needs text, text-sft or teacher, got "
+                           "'%s'",
                            m < 0 ? "" : v);
-      a->problem = strcmp(v, "text") == 0 ? PULSE_SIM_PROBLEM_TEXT
-                                          : PULSE_SIM_PROBLEM_TEACHER;
+      a->problem = strcmp(v, "text") == 0       ? PULSE_SIM_PROBLEM_TEXT
+                   : strcmp(v, "text-sft") == 0 ? PULSE_SIM_PROBLEM_TEXT_SFT
+                                                : PULSE_SIM_PROBLEM_TEACHER;
     } else if ((m = pulse_cli_opt_value(argc, argv, &i, "--text", &v)) != 0) {
       if (m < 0 || *v == '\0')
         return usage_error("--text needs a file%s", "");
@@ -250,8 +260,8 @@ int bench_loco_parse(int argc, char **argv, loco_args *a) {
   }
   if (a->join_round >= (int)a->rounds)
     return usage_error("--join-round must be below --rounds%s", "");
-  if (a->text_path != NULL && a->problem != PULSE_SIM_PROBLEM_TEXT)
-    return usage_error("--text needs --problem text%s", "");
+  if (a->text_path != NULL && !pulse_sim_problem_is_text(a->problem))
+    return usage_error("--text needs --problem text or text-sft%s", "");
   if (a->transport == PULSE_LOCO_TRANSPORT_UDP &&
       (a->rule != PULSE_LOCO_RULE_DROP || a->drop_rate > 0))
     return usage_error("--transport udp needs --rule drop and loses datagrams "

@@ -118,6 +118,9 @@ typedef struct {
   int failed;
   uint64_t auth_accepted, auth_refused; /* over every trainer and round */
   uint64_t text_bytes, text_digest;     /* the text problem's data */
+  double pretrain_loss;                 /* text-sft: the checkpoint's */
+  uint32_t pretrain_steps;              /* (0: no pretraining) */
+  double lr;                            /* the inner rate the run used */
   bench_pair_drift pd;                  /* drift over all trainer pairs */
 } bench;
 
@@ -155,8 +158,11 @@ pulse_sim_problem *bench_loco_make_problem(const loco_args *a);
 
 /** Checks, before any process starts, that the problem can be built (its
  * data's size and digest, its parameter count). @return 0 when it can. */
+const char *bench_loco_problem_name(uint32_t kind);
 int bench_loco_check_problem(const loco_args *a, uint64_t *bytes,
-                             uint64_t *digest, uint64_t *P);
+                             uint64_t *digest, uint64_t *P,
+                             double *pretrain_loss, uint32_t *pretrain_steps,
+                             double *lr);
 
 /** A child's "error" line for a failed call. @return 1. */
 int bench_loco_child_fail(int out, const char *what, pulse_status st);

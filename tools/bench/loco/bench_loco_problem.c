@@ -17,6 +17,8 @@ pulse_sim_problem *bench_loco_make_problem(const loco_args *a) {
     po.lr = (float)a->lr;
   else if (a->problem == PULSE_SIM_PROBLEM_TEXT)
     po.lr = PULSE_SIM_TEXT_LR;
+  else if (a->problem == PULSE_SIM_PROBLEM_TEXT_SFT)
+    po.lr = PULSE_SIM_TEXT_SFT_LR;
   po.hidden = pulse_sim_problem_hidden_for(&po, a->params);
   pulse_sim_problem *p = NULL;
   if (pulse_sim_problem_create(&po, &p) != PULSE_OK)
@@ -26,17 +28,30 @@ pulse_sim_problem *bench_loco_make_problem(const loco_args *a) {
 
 /* Checks, before any process starts, that the problem can be built: the
  * text problem reads files that may be missing. @return 0 when it can. */
+const char *bench_loco_problem_name(uint32_t kind) {
+  return kind == PULSE_SIM_PROBLEM_TEXT       ? "text"
+         : kind == PULSE_SIM_PROBLEM_TEXT_SFT ? "text-sft"
+                                              : "teacher";
+}
+
 int bench_loco_check_problem(const loco_args *a, uint64_t *bytes,
-                             uint64_t *digest, uint64_t *P) {
+                             uint64_t *digest, uint64_t *P,
+                             double *pretrain_loss, uint32_t *pretrain_steps,
+                             double *lr) {
   pulse_sim_problem *p = bench_loco_make_problem(a);
   if (p == NULL) {
     fprintf(stderr, PROG ": cannot build the %s problem: %s\n",
-            a->problem == PULSE_SIM_PROBLEM_TEXT ? "text" : "teacher",
+            bench_loco_problem_name(a->problem),
             pulse_error_detail());
     return 1;
   }
   pulse_sim_problem_data(p, bytes, digest);
   *P = pulse_sim_problem_param_count(p);
+  /* Text SFT: this build pretrained (or read the cached checkpoint), so
+   * every child reads the cache. */
+  *pretrain_loss = pulse_sim_problem_pretrain_loss(p);
+  *pretrain_steps = pulse_sim_problem_pretrain_steps(p);
+  *lr = pulse_sim_problem_lr(p);
   pulse_sim_problem_free(p);
   return 0;
 }

@@ -103,7 +103,7 @@ void bench_loco_print_summary_json(const bench *b, const totals *t,
          "\"drift_rounds_measured\":%u,\"max_ref_drift\":%.6g,"
          "\"round_ms_median\":%.1f,\"round_ms_p10\":%.1f,"
          "\"round_ms_p90\":%.1f,\"exchange_ms_median\":%.1f",
-         a->problem == PULSE_SIM_PROBLEM_TEXT ? "text" : "teacher",
+         bench_loco_problem_name(a->problem),
          b->text_bytes, b->text_digest, t->max_pair_drift, t->pair_rounds,
          t->max_drift, t->round_t.median, t->round_t.p10, t->round_t.p90,
          t->exchange_t.median);
@@ -119,6 +119,18 @@ void bench_loco_print_summary_json(const bench *b, const totals *t,
          t->max_replay_drift, a->drift_budget, a->resync_period,
          t->resynced_ranges, t->resync_bytes, t->dgram_sent, t->dgram_dropped,
          t->chunks_accepted, t->chunks_refused, t->round_ms, t->exchange_ms);
+  /* The regime: the rate, the pretraining (text-sft) and how dense
+   * PULSELoCo's messages were (entries sent over P, every trainer and
+   * round; the dense methods send every entry: 1). */
+  /* Fine-tuning barely moves the loss, so final losses within 1% say
+   * little: how much of DiLoCo-BF16's decrease PULSELoCo made says more. */
+  double dec_ref = b->init_loss - t->final_loss[DILOCO_BF16];
+  double dec_pulse = b->init_loss - t->final_loss[PULSELOCO];
+  printf(",\"lr\":%g,\"pretrain_steps\":%u,\"pretrain_loss\":%.6f,"
+         "\"density_pulseloco\":%.5f,\"loss_decrease_vs_diloco_bf16\":%.4f",
+         b->lr, b->pretrain_steps, b->pretrain_loss,
+         (double)t->entries / ((double)b->P * per),
+         dec_ref != 0.0 ? dec_pulse / dec_ref : 0.0);
   printf(",\"bytes_per_entry_pulseloco\":%.3f,\"initial_loss\":%.6f,"
          "\"loss_floor\":%.6f,\"target_10x_diloco_bf16\":%s,"
          "\"target_100x_ddp_fp32\":%s,\"target_loss_2pct_diloco_bf16\":%s,"
@@ -158,6 +170,11 @@ void bench_loco_print_summary_text(const bench *b, const totals *t,
          b->P, a->trainers, a->rounds, a->inner, a->seed, b->init_loss,
          b->floor, "method", "bytes sent", "on the wire",
          "wire B/trainer/round", "final loss");
+  if (b->pretrain_steps > 0)
+    printf("  pretrained: %u Adam steps at %g, held-out loss %.5f; fine-tuned "
+           "at %g on unseen text; PULSELoCo sent %.2f%% of the entries\n",
+           b->pretrain_steps, PULSE_SIM_TEXT_LR, b->pretrain_loss, b->lr,
+           100.0 * (double)t->entries / ((double)b->P * per));
   /* --only-pulseloco: the baselines did not run; leave them out. */
   for (int m = a->only_pulseloco ? PULSELOCO : 0; m < METHODS; m++)
     printf("  %-12s %14" PRIu64 " %14" PRIu64 " %20.0f %11.5f\n",
