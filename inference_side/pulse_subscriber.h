@@ -217,11 +217,15 @@ typedef struct {
   uint32_t max_head_age_s;
   /* Version 4: each object's download from one URL has a deadline of
    * download_grace_ms plus its size at min_bytes_per_s (defaults 30000 ms
-   * and 262144 B/s: 38 s for 2 MB, 15 h for 14 GB); past it, the next URL
-   * is tried (the bytes held are kept and resumed), then the sync fails
-   * saying so. A slow drip that the low-speed limit lets through cannot
-   * hold a worker for ever. min_bytes_per_s 0: no deadline. Options of
-   * versions 1 to 3 get the defaults. */
+   * and 262144 B/s: 38 s for 2 MB, 15 h for 14 GB; the rate is at most
+   * half max_recv_bytes_per_s when that is set). Past it, a URL that
+   * delivered at least an eighth of that rate goes on, its deadline moved
+   * to when the rest arrives at the rate measured plus the grace (at most
+   * the size at an eighth of the rate plus the grace): a slow link is not
+   * a dripping source. Else the next URL is tried (the bytes held are kept
+   * and resumed), then the sync fails saying so. A slow drip that the
+   * low-speed limit lets through cannot hold a worker for ever.
+   * min_bytes_per_s 0: no deadline. */
   uint32_t min_bytes_per_s;
   uint32_t download_grace_ms;
   /* Version 5: PEM file of the CAs that https:// sources' certificates
