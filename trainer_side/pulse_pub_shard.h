@@ -173,6 +173,16 @@ pulse_status pulse_pub_shard_anchor_write(const pulse_pub_shard *shard, const ch
                                           uint64_t step, const pulse_state_digest *digest,
                                           int pending);
 
+/** Takes the snapshot of this rank's blocks at the head of the store `dir`
+ * (a restarted job resumes from the store as a single publisher does), so
+ * that the next step is a patch from the head. Costs, for now, the whole
+ * state transiently: it is rebuilt (pulse_store_state_rebuild: the newest
+ * anchor and the patches after it) and only the blocks are kept.
+ * @return PULSE_OK; PULSE_ERR_NOT_FOUND (no head: the first step is then
+ * an anchor); PULSE_ERR_SIZE_MISMATCH (the store holds another table); the
+ * errors of pulse_store_state_rebuild; PULSE_ERR_NOMEM. */
+pulse_status pulse_pub_shard_resume(pulse_pub_shard *shard, const char *dir);
+
 /** Moves the snapshot (and the blocks' digests) to the pending step. */
 void pulse_pub_shard_advance(pulse_pub_shard *shard);
 
@@ -182,6 +192,45 @@ void pulse_pub_shard_abort(pulse_pub_shard *shard);
 /** The BF16 snapshot of block i (block order), borrowed until the next
  * advance; NULL before the first detect or out of range. */
 const uint16_t *pulse_pub_shard_snapshot(const pulse_pub_shard *shard, size_t i);
+
+/* ------------------------------------------- a step through the store */
+
+/* Options of pulse_pub_shard_step; start from pulse_pub_shard_step_opts_init. */
+typedef struct {
+  uint32_t struct_version; /* PULSE_PUB_SHARD_STEP_OPTS_VERSION */
+  int rank, world;         /* this rank of world ranks (0 <= rank < world) */
+  /* Rank 0: the store's committer (pulse_pub_create_committer, the same
+   * chunk_log2 as the shards'); NULL on every other rank. */
+  pulse_pub *committer;
+  int timeout_ms; /* waiting for the other ranks; default 60000 */
+} pulse_pub_shard_step_opts;
+
+#define PULSE_PUB_SHARD_STEP_OPTS_VERSION 1u
+/** Sets every field of *opts to its default (struct_version included). */
+void pulse_pub_shard_step_opts_init(pulse_pub_shard_step_opts *opts);
+
+/** One collective step of a sharded trainer through the store folder `dir`
+ * (shared by every rank: a shared filesystem), for a trainer without any
+ * other channel between its ranks (PROTOCOL.md, "Sharded trainers"). Every
+ * rank calls it with the same step and its blocks' tensors (as
+ * pulse_pub_shard_detect). Rank 0 opens the step (shard/<step>.go: a nonce,
+ * the head's step, whether an anchor is due); each rank writes its part,
+ * reads every part, writes its blocks of the anchor when one is due and its
+ * counts; rank 0 encodes the patch and commits it with its committer: the
+ * head moves once, after every rank's part of the step is durable. Every
+ * rank's snapshot moves to the step once it sees the head of the step;
+ * on any failure (a rank that errs, crashes or is late past timeout_ms) no
+ * head names the step, every snapshot stays at the head and the step can
+ * be called again. `figures` (may be NULL) is the committer's on rank 0;
+ * on the others its step and state digest.
+ * @return PULSE_OK; PULSE_ERR_BASE_STEP (step not above the head);
+ * PULSE_ERR_IO (a rank did not answer within timeout_ms, or a write
+ * failed); PULSE_ERR_ARG; the errors of detect, count, encode and
+ * pulse_pub_commit_made. */
+pulse_status pulse_pub_shard_step(pulse_pub_shard *shard, const char *dir,
+                                  const pulse_pub_shard_step_opts *opts, uint64_t step,
+                                  const pulse_pub_tensor *data, size_t count,
+                                  pulse_pub_figures *figures);
 
 #ifdef __cplusplus
 }

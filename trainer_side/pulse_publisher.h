@@ -205,6 +205,37 @@ pulse_status pulse_pub_commit(pulse_pub *pub, uint64_t step,
                               const pulse_pub_tensor *tensors, size_t count,
                               pulse_pub_figures *figures);
 
+/** Opens `dir` as pulse_pub_create does (writer lock, recovery), as the
+ * **committer** of a sharded trainer (pulse_pub_shard.h): it holds no
+ * snapshot and never rebuilds one; its steps are made by the ranks and
+ * given to pulse_pub_commit_made (pulse_pub_commit refuses it). opts.tensors
+ * is required (the whole table); the head's state digest, which every
+ * patch must start from, checks that it is the store's.
+ * @return as pulse_pub_create. */
+pulse_status pulse_pub_create_committer(const char *dir, const pulse_pub_opts *opts,
+                                        pulse_pub **out);
+
+/** Commits a step that the ranks of a sharded trainer made: `patch` (from
+ * the head's state to `state`, pulse_pub_shard_encode; NULL for a store's
+ * first step) and `anchor_staged` (NULL, or a file in objects/ named
+ * ".NAME.tmp-*" that the ranks wrote, pulse_pub_shard_anchor_write: hashed
+ * and renamed here; required for the first step). Both are durable under
+ * their names before the head that names them moves; on failure the head
+ * stays (what was written is unnamed, removed by retention or recovery).
+ * Retention, the grace period, signing and the head hook are as for
+ * pulse_pub_commit. `figures` may be NULL.
+ * @return PULSE_OK; PULSE_ERR_ARG (not a committer, a missing patch or
+ * anchor); PULSE_ERR_BASE_STEP; PULSE_ERR_BASE_DIGEST (a patch not from
+ * the head's state to `state`, or of another step); PULSE_ERR_IO; the
+ * patch's parse errors; PULSE_ERR_NOMEM. */
+pulse_status pulse_pub_commit_made(pulse_pub *pub, uint64_t step, const pulse_buffer *patch,
+                                   const char *anchor_staged, const pulse_state_digest *state,
+                                   pulse_pub_figures *figures);
+
+/** 1 when a commit of `step` must name an anchor (the first step, or
+ * opts.anchor_every steps past the last anchor), else 0. */
+int pulse_pub_anchor_due(const pulse_pub *pub, uint64_t step);
+
 /** Waits for a background anchor and, when it succeeded, writes a head that
  * names it (same step). `figures` (may be NULL) says what was written;
  * without a pending anchor nothing happens.

@@ -490,3 +490,249 @@ Test(shard, every_rank_writes_its_blocks_of_the_single_publishers_anchor) {
   model_free(&m);
   tu_rm_rf(dir);
 }
+
+/* ------------------------------------------ steps through the store */
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "pulse_publisher.h"
+#include "pulse_store.h"
+
+static void pub_opts(pulse_pub_opts *o, const model *m) {
+  pulse_pub_opts_init(o);
+  o->tensors = m->info;
+  o->tensor_count = NT;
+  o->chunk_log2 = LOG2;
+  o->anchor_every = 2;
+  o->keep_patches = 3;
+  o->keep_anchors = 2;
+  o->anchor_sync = 1;
+  o->threads = 1;
+  o->grace_seconds = 0;
+}
+
+/* The single publisher of the gathered weights, steps 0..last. */
+static void publish_single(const char *dir, uint64_t seed, uint64_t last) {
+  model m;
+  model_init(&m, seed);
+  pulse_pub_opts o;
+  pub_opts(&o, &m);
+  pulse_pub *pub = NULL;
+  cr_assert_eq(pulse_pub_create(dir, &o, &pub), PULSE_OK, "%s", pulse_error_detail());
+  for (uint64_t step = 0; step <= last; step++) {
+    if (step > 0)
+      model_step(&m);
+    pulse_pub_tensor t[NT];
+    for (int i = 0; i < NT; i++)
+      t[i] = (pulse_pub_tensor){m.w[i], PULSE_DTYPE_F32, PULSE_PUB_HOST};
+    cr_assert_eq(pulse_pub_commit(pub, step, t, NT, NULL), PULSE_OK, "%s", pulse_error_detail());
+  }
+  pulse_pub_free(pub);
+  model_free(&m);
+}
+
+/* One rank of a sharded job (a child process): steps first..last, from the
+ * store when it has a head. fail_step: the step at which this rank dies
+ * (_exit, before it writes anything of it), 0 for none; err_step: a step it
+ * skips once (an error in the trainer) and then retries. Exit status 0 when
+ * every step it took published, 3 when a step failed as it should. */
+static int run_rank(const char *dir, sharding s, uint64_t seed, int rank, uint64_t first,
+                    uint64_t last, uint64_t fail_step, uint64_t err_step, int timeout_ms) {
+  model m;
+  model_init(&m, seed);
+  rank_blocks rb[RANKS];
+  blocks_of(s, &m, rb);
+  pulse_pub_shard_opts so;
+  pulse_pub_shard_opts_init(&so);
+  so.tensors = m.info, so.tensor_count = NT;
+  so.blocks = rb[rank].b, so.block_count = rb[rank].n;
+  so.chunk_log2 = LOG2;
+  pulse_pub_shard *sh = NULL;
+  if (pulse_pub_shard_create(&so, &sh) != PULSE_OK)
+    return 10;
+  pulse_pub *committer = NULL;
+  if (rank == 0) {
+    pulse_pub_opts o;
+    pub_opts(&o, &m);
+    if (pulse_pub_create_committer(dir, &o, &committer) != PULSE_OK) {
+      fprintf(stderr, "rank 0: %s\n", pulse_error_detail());
+      return 11;
+    }
+  }
+  if (first > 0 && pulse_pub_shard_resume(sh, dir) != PULSE_OK) {
+    fprintf(stderr, "rank %d: resume: %s\n", rank, pulse_error_detail());
+    return 12;
+  }
+  for (uint64_t k = 1; k < first; k++) /* the weights of the steps before */
+    model_step(&m);
+  pulse_pub_shard_step_opts po;
+  pulse_pub_shard_step_opts_init(&po);
+  po.rank = rank, po.world = RANKS, po.committer = committer, po.timeout_ms = timeout_ms;
+  int rc = 0;
+  for (uint64_t step = first; step <= last && rc == 0; step++) {
+    if (step > 0)
+      model_step(&m);
+    if (fail_step > 0 && step == fail_step)
+      _exit(4); /* killed mid-step: the others have started it */
+    pulse_pub_tensor t[3 * NT];
+    float *d[3 * NT];
+    for (size_t b = 0; b < rb[rank].n; b++) {
+      uint64_t n;
+      d[b] = block_data(&m, &rb[rank].b[b], &n);
+      t[b] = (pulse_pub_tensor){d[b], PULSE_DTYPE_F32, PULSE_PUB_HOST};
+    }
+    for (int attempt = 0; attempt < 2; attempt++) {
+      if (err_step > 0 && step == err_step && attempt == 0) {
+        /* This rank raised: the others' attempt fails with a timeout. */
+        if (rank == 1) {
+          usleep((useconds_t)timeout_ms * 1500);
+          continue;
+        }
+        pulse_status st = pulse_pub_shard_step(sh, dir, &po, step, t, rb[rank].n, NULL);
+        if (st == PULSE_OK) {
+          rc = 20;
+          break;
+        }
+        int has = 0;
+        uint64_t hs = 0;
+        pulse_store_head *h = NULL;
+        if (pulse_store_head_load(dir, &h) == PULSE_OK)
+          has = 1, hs = pulse_store_head_step(h);
+        pulse_store_head_free(h);
+        if (!has || hs != step - 1)
+          rc = 21; /* the previous step stays */
+        continue;
+      }
+      pulse_status st = pulse_pub_shard_step(sh, dir, &po, step, t, rb[rank].n, NULL);
+      if (st != PULSE_OK) {
+        fprintf(stderr, "rank %d step %llu: %s\n", rank, (unsigned long long)step,
+                pulse_error_detail());
+        rc = 3;
+      }
+      break;
+    }
+    for (size_t b = 0; b < rb[rank].n; b++)
+      free(d[b]);
+  }
+  pulse_pub_free(committer);
+  pulse_pub_shard_free(sh);
+  model_free(&m);
+  return rc;
+}
+
+static void run_job(const char *dir, sharding s, uint64_t seed, uint64_t first, uint64_t last,
+                    int dying_rank, uint64_t fail_step, uint64_t err_step, int want[RANKS]) {
+  pid_t pid[RANKS];
+  for (int r = 0; r < RANKS; r++) {
+    pid[r] = fork();
+    cr_assert(pid[r] >= 0);
+    if (pid[r] == 0)
+      _exit(run_rank(dir, s, seed, r, first, last, r == dying_rank ? fail_step : 0, err_step,
+                     fail_step || err_step ? 1500 : 20000));
+  }
+  for (int r = 0; r < RANKS; r++) {
+    int status = 0;
+    cr_assert_eq(waitpid(pid[r], &status, 0), pid[r]);
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == want[r], "rank %d exited %d, not %d", r,
+              WIFEXITED(status) ? WEXITSTATUS(status) : -1, want[r]);
+  }
+}
+
+/* The two stores name the same objects (the same bytes) at the head. */
+static void assert_same_store(const char *a, const char *b, uint64_t step) {
+  pulse_store_head *x = NULL, *y = NULL;
+  cr_assert_eq(pulse_store_head_load(a, &x), PULSE_OK);
+  cr_assert_eq(pulse_store_head_load(b, &y), PULSE_OK);
+  cr_assert_eq(pulse_store_head_step(x), step);
+  cr_assert_eq(pulse_store_head_step(y), step);
+  cr_assert_eq(memcmp(pulse_store_head_state_digest(x), pulse_store_head_state_digest(y), 32), 0);
+  cr_assert_eq(pulse_store_head_patch_count(x), pulse_store_head_patch_count(y));
+  cr_assert_eq(pulse_store_head_anchor_count(x), pulse_store_head_anchor_count(y));
+  for (size_t i = 0; i < pulse_store_head_patch_count(x); i++)
+    cr_assert_eq(memcmp(pulse_store_head_patch(x, i)->sha256, pulse_store_head_patch(y, i)->sha256,
+                        32), 0, "patch %zu", i);
+  for (size_t i = 0; i < pulse_store_head_anchor_count(x); i++)
+    cr_assert_eq(memcmp(pulse_store_head_anchor(x, i)->sha256,
+                        pulse_store_head_anchor(y, i)->sha256, 32), 0, "anchor %zu", i);
+  pulse_store_head_free(x), pulse_store_head_free(y);
+  cr_assert_eq(pulse_store_verify(a, PULSE_STORE_VERIFY_HASHES | PULSE_STORE_VERIFY_STATE, NULL,
+                                  NULL), PULSE_OK, "%s", pulse_error_detail());
+}
+
+static void store_job(sharding s, uint64_t seed) {
+  char *dir = tu_make_dir();
+  char single[4096], sharded[4096];
+  snprintf(single, sizeof single, "%s/single", dir);
+  snprintf(sharded, sizeof sharded, "%s/sharded", dir);
+  publish_single(single, seed, 5);
+  int ok[RANKS] = {0, 0, 0, 0};
+  run_job(sharded, s, seed, 0, 5, -1, 0, 0, ok);
+  assert_same_store(sharded, single, 5);
+  tu_rm_rf(dir);
+}
+
+Test(shard_store, four_processes_publish_flat_ranges_as_one_publisher, .timeout = 120) {
+  store_job(FLAT, 31);
+}
+Test(shard_store, four_processes_publish_rectangular_blocks_as_one_publisher, .timeout = 120) {
+  store_job(RECT, 32);
+}
+Test(shard_store, four_processes_publish_a_mix_as_one_publisher, .timeout = 120) {
+  store_job(MIX, 33);
+}
+
+Test(shard_store, a_rank_killed_mid_step_leaves_the_previous_step_and_a_restarted_job_goes_on,
+     .timeout = 120) {
+  char *dir = tu_make_dir();
+  char single[4096], sharded[4096];
+  snprintf(single, sizeof single, "%s/single", dir);
+  snprintf(sharded, sizeof sharded, "%s/sharded", dir);
+  publish_single(single, 41, 5);
+  /* Rank 2 dies in step 3; the others give the step up. */
+  int want[RANKS] = {3, 3, 4, 3};
+  run_job(sharded, DIM0, 41, 0, 5, 2, 3, 0, want);
+  pulse_store_head *h = NULL;
+  cr_assert_eq(pulse_store_head_load(sharded, &h), PULSE_OK);
+  cr_assert_eq(pulse_store_head_step(h), 2, "the head stays at the previous step");
+  pulse_store_head_free(h);
+  cr_assert_eq(pulse_store_verify(sharded, PULSE_STORE_VERIFY_HASHES | PULSE_STORE_VERIFY_STATE,
+                                  NULL, NULL), PULSE_OK, "%s", pulse_error_detail());
+  /* A restarted job resumes from the store. */
+  int ok[RANKS] = {0, 0, 0, 0};
+  run_job(sharded, DIM0, 41, 3, 5, -1, 0, 0, ok);
+  assert_same_store(sharded, single, 5);
+  tu_rm_rf(dir);
+}
+
+Test(shard_store, a_rank_that_raises_leaves_the_previous_step_and_the_retry_publishes,
+     .timeout = 120) {
+  char *dir = tu_make_dir();
+  char single[4096], sharded[4096];
+  snprintf(single, sizeof single, "%s/single", dir);
+  snprintf(sharded, sizeof sharded, "%s/sharded", dir);
+  publish_single(single, 51, 4);
+  int ok[RANKS] = {0, 0, 0, 0};
+  run_job(sharded, SETS, 51, 0, 4, -1, 0, 2, ok);
+  assert_same_store(sharded, single, 4);
+  tu_rm_rf(dir);
+}
+
+Test(shard_store, a_second_committer_on_a_live_store_is_refused) {
+  char *dir = tu_make_dir();
+  model m;
+  model_init(&m, 61);
+  pulse_pub_opts o;
+  pub_opts(&o, &m);
+  pulse_pub *a = NULL, *b = NULL;
+  cr_assert_eq(pulse_pub_create_committer(dir, &o, &a), PULSE_OK, "%s", pulse_error_detail());
+  cr_assert_eq(pulse_pub_create_committer(dir, &o, &b), PULSE_ERR_IO);
+  cr_assert_eq(pulse_pub_create(dir, &o, &b), PULSE_ERR_IO);
+  pulse_pub_tensor t[NT];
+  for (int i = 0; i < NT; i++)
+    t[i] = (pulse_pub_tensor){m.w[i], PULSE_DTYPE_F32, PULSE_PUB_HOST};
+  cr_assert_eq(pulse_pub_commit(a, 0, t, NT, NULL), PULSE_ERR_ARG, "a committer commits made steps");
+  pulse_pub_free(a);
+  model_free(&m);
+  tu_rm_rf(dir);
+}

@@ -103,8 +103,32 @@ void pulse_pub_opts_init(pulse_pub_opts *o) {
   o->grace_seconds = 600.0;
 }
 
+/* A committer's resume: the head's digest and anchor step, no state. */
+static pulse_status resume_committer(pulse_pub *pub) {
+  if (pub->opts.tensors == NULL || pub->opts.tensor_count == 0)
+    return pulse_fail(PULSE_ERR_ARG, "publisher: a committer needs the table");
+  PULSE_TRY(copy_table(pub, pub->opts.tensors, pub->opts.tensor_count));
+  pub->state_digest = *pulse_store_head_state_digest(pub->head);
+  size_t na = pulse_store_head_anchor_count(pub->head);
+  pub->last_anchor_step = pulse_store_head_anchor(pub->head, na - 1)->step;
+  return PULSE_OK;
+}
+
+static pulse_status pub_open(const char *dir, const pulse_pub_opts *opts, int committer,
+                             pulse_pub **out);
+
 pulse_status pulse_pub_create(const char *dir, const pulse_pub_opts *opts,
                               pulse_pub **out) {
+  return pub_open(dir, opts, 0, out);
+}
+
+pulse_status pulse_pub_create_committer(const char *dir, const pulse_pub_opts *opts,
+                                        pulse_pub **out) {
+  return pub_open(dir, opts, 1, out);
+}
+
+static pulse_status pub_open(const char *dir, const pulse_pub_opts *opts, int committer,
+                             pulse_pub **out) {
   if (dir == NULL || dir[0] == '\0' || opts == NULL || out == NULL)
     return pulse_fail(PULSE_ERR_ARG, "publisher: NULL argument");
   *out = NULL;
@@ -149,8 +173,9 @@ pulse_status pulse_pub_create(const char *dir, const pulse_pub_opts *opts,
     st = pulse_store_head_load(dir, &pub->head);
     if (st == PULSE_OK)
       st = pub_key_check(pub);
+    pub->committer = committer;
     if (st == PULSE_OK)
-      st = resume(pub);
+      st = committer ? resume_committer(pub) : resume(pub);
     if (st == PULSE_OK)
       st = pub_gc_open(pub);
     else if (st == PULSE_ERR_NOT_FOUND)

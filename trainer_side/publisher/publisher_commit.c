@@ -419,8 +419,9 @@ pulse_status pulse_pub_commit(pulse_pub *pub, uint64_t step,
                               const pulse_pub_tensor *tensors, size_t count,
                               pulse_pub_figures *figures) {
   double t0 = now_s();
-  if (pub == NULL)
-    return pulse_fail(PULSE_ERR_ARG, "publisher: NULL");
+  if (pub == NULL || pub->committer)
+    return pulse_fail(PULSE_ERR_ARG, "publisher: NULL, or a committer "
+                                     "(pulse_pub_commit_made)");
   int on_device = 0;
   PULSE_TRY(check_inputs(pub, tensors, count, &on_device));
   uint64_t head;

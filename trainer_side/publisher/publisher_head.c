@@ -55,18 +55,27 @@ pulse_status pub_anchor_write(const char *dir, const pulse_tensor_info *info,
   snprintf(folder, sizeof folder, "%s/" PULSE_STORE_OBJECTS_DIR, dir);
   pulse_status st = pulse_st_write(staged, t, count, meta, 2);
   free(t);
+  (void)folder, (void)final;
   if (st != PULSE_OK)
     return pulse_fail_context(st, "publisher: anchor of step %s", step_s);
+  return pub_anchor_name(dir, staged, step, out);
+}
+
+pulse_status pub_anchor_name(const char *dir, const char *staged, uint64_t step,
+                             pulse_store_object *out) {
+  char folder[4096], final[4096];
+  snprintf(folder, sizeof folder, "%s/" PULSE_STORE_OBJECTS_DIR, dir);
   memset(out, 0, sizeof *out);
   out->kind = PULSE_STORE_ANCHOR;
   out->step = out->base_step = step;
-  st = pulse_store_file_sha256(staged, out->sha256, &out->size);
+  pulse_status st = pulse_store_file_sha256(staged, out->sha256, &out->size);
   if (st == PULSE_OK) {
     store_object_set_path(out);
     if (store_join(final, sizeof final, dir, out->path) != 0 ||
         rename(staged, final) != 0)
-      st = pulse_fail(PULSE_ERR_IO, "publisher: anchor of step %s: rename: %s",
-                      step_s, strerror(errno));
+      st = pulse_fail(PULSE_ERR_IO,
+                      "publisher: anchor of step %" PRIu64 ": rename: %s", step,
+                      strerror(errno));
   }
   if (st != PULSE_OK) {
     unlink(staged);

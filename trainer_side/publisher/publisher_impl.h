@@ -122,6 +122,9 @@ struct pulse_pub {
   /* The store's writer lock (writer_lock_impl.h), held for the
    * publisher's life; -1 before it is taken. */
   int lock_fd;
+  /* pulse_pub_create_committer: no snapshot; commits what the ranks of a
+   * sharded step made (pulse_pub_commit_made). */
+  int committer;
 };
 
 /** The key rotation record of the next head (publisher_rotate.c): a new
@@ -133,6 +136,12 @@ pulse_status pub_rotation_fields(const pulse_pub *pub, store_head_fields *f);
 /** PULSE_ERR_ARG when opts.key is the key the store's head rotated away
  * from (a publisher restarted with the old key by mistake). */
 pulse_status pub_key_check(const pulse_pub *pub);
+
+/** Hashes the anchor file `staged` (in objects/), renames it to
+ * objects/<sha256>.safetensors and fsyncs the folder; removes it on
+ * failure. */
+pulse_status pub_anchor_name(const char *dir, const char *staged, uint64_t step,
+                             pulse_store_object *out);
 
 /** Writes the state (table order) as an anchor object: staged under a
  * temporary name, hashed, renamed to objects/<sha256>.safetensors. */

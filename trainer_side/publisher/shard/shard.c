@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "endian_impl.h"
+#include "pulse_store.h"
 #include "pulse_elem.h"
 #include "shard_impl.h"
 #include "status_impl.h"
@@ -361,6 +362,7 @@ pulse_status pulse_pub_shard_detect(pulse_pub_shard *s, const pulse_pub_tensor *
   if (!s->have_snapshot) {
     for (size_t b = 0; b < count && st == PULSE_OK; b++) {
       const shard_geom *g = &s->geom[b];
+      free(s->snap[b]); /* a failed resume's */
       if ((s->snap[b] = malloc((g->elems ? g->elems : 1) * 2)) == NULL) {
         st = pulse_fail(PULSE_ERR_NOMEM, "shard: snapshot");
         break;
@@ -407,4 +409,36 @@ pulse_status pulse_pub_shard_detect(pulse_pub_shard *s, const pulse_pub_tensor *
   part->data = p;
   part->size = size;
   return PULSE_OK;
+}
+
+pulse_status pulse_pub_shard_resume(pulse_pub_shard *s, const char *dir) {
+  if (s == NULL || dir == NULL)
+    return pulse_fail(PULSE_ERR_ARG, "shard: NULL argument");
+  pulse_store_head *head = NULL;
+  PULSE_TRY(pulse_store_head_load(dir, &head));
+  pulse_store_state state = PULSE_STORE_STATE_INIT;
+  pulse_status st =
+      pulse_store_state_rebuild(dir, head, pulse_store_head_step(head), 0, &state);
+  pulse_store_head_free(head);
+  uint8_t id[32];
+  if (st == PULSE_OK && (st = shard_table_id(state.info, state.count, id)) == PULSE_OK &&
+      (state.count != s->count || memcmp(id, s->table_id, 32) != 0))
+    st = pulse_fail(PULSE_ERR_SIZE_MISMATCH, "shard: %s holds another table", dir);
+  pulse_pub_shard_abort(s);
+  for (size_t b = 0; st == PULSE_OK && b < s->nblocks; b++) {
+    const shard_geom *g = &s->geom[b];
+    uint16_t *snap = realloc(s->snap[b], (g->elems ? g->elems : 1) * 2);
+    if (snap == NULL) {
+      st = pulse_fail(PULSE_ERR_NOMEM, "shard: snapshot");
+      break;
+    }
+    s->snap[b] = snap;
+    for (uint64_t r = 0; r < g->runs; r++)
+      memcpy(snap + r * g->run_len, state.bits[g->tensor] + shard_run_pos(g, r),
+             g->run_len * 2);
+    s->digest[b] = s->target[b] = block_digest(g, snap);
+  }
+  s->have_snapshot = st == PULSE_OK;
+  pulse_store_state_free(&state);
+  return st;
 }
