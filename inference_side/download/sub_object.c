@@ -10,7 +10,9 @@
  * the others are appended to the first, its size and SHA-256 are checked
  * against the signed head, and only then is it fsynced and renamed to
  * objects/<sha>.<ext>. Bytes that do not verify are deleted and fetched
- * again once, then from the next URL. */
+ * again once, then from the next URL; a URL that served them wrong twice
+ * is not asked for that object again until the head changes. Nothing is
+ * fetched of an object larger than opts.max_object_bytes. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>

@@ -9,8 +9,12 @@
  *             capped at backoff_max_ms, times a random factor in [0.5, 1];
  *   errors:   PULSE_ERR_NOT_FOUND for 404/410 and for a resource that
  *             changed under a resumed download, PULSE_ERR_CORRUPT for a
- *             body that broke its range or length, PULSE_ERR_IO otherwise,
- *             each with a message naming the method, the URL and the cause.
+ *             body that broke its range or length, PULSE_ERR_IO otherwise
+ *             (a redirect to another origin, not retried, included), each
+ *             with a message naming the method, the URL and the cause (a
+ *             failed write: the system's reason).
+ *   redirects: followed within the origin asked, or to origins allowed
+ *             (pulse_fetch_opts.redirect_origins).
  *
  * Rate limit (max_recv_bytes_per_s): done here, not by libcurl, whose
  * limiter reads whatever the socket holds (up to 100 reads of its buffer,
