@@ -26,10 +26,15 @@
  *      (its snapshot moves to the step); on failure pulse_pub_shard_abort
  *      (or the next detect) drops the step and it can be retried.
  *
- * Memory per rank: the BF16 snapshot of its blocks, the parts (O(changes)
- * of the step) and, on the encoding rank, the patch and 1 KiB of class
- * counts per changed chunk. The per-tensor digests of the patch are the
- * sums of the blocks' digests (FORMAT.md "Digests" is additive).
+ * Memory per rank: the BF16 snapshot of its blocks, every rank's parts (12
+ * bytes per change of the step: the exchange is all-to-all) and its counts,
+ * which are sparse: only changes and chunks that its own blocks meet (a
+ * rank of dim-0 or flat blocks counts its own changes and those of the
+ * chunks at its boundaries; a rank of a column block meets every chunk of
+ * the tensor). The encoding rank also holds every rank's counts, the
+ * patch and 1 KiB of class counts per chunk. The per-tensor digests of the
+ * patch are the sums of the blocks' digests (FORMAT.md "Digests" is
+ * additive).
  *
  * Parts and counts are opaque bytes to carry between ranks of one job, built
  * by one library version; they are checked (magic, version, table,

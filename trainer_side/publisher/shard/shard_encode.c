@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bytebuf_impl.h"
 #include "endian_impl.h"
 #include "pulse_elem.h"
 #include "shard_impl.h"
@@ -101,8 +102,8 @@ static step_change change_at(const part_block *x, uint64_t j) {
  * PULSE_ERR_CORRUPT); the blocks' lists are merged: blocks that do not
  * interleave (flat ranges, dim-0 blocks, whole tensors) are concatenated,
  * others (column blocks) merged head by head. */
-static pulse_status tensor_changes(const parts_view *v, uint64_t t, step_change **out,
-                                   uint64_t *n) {
+static pulse_status tensor_changes(const parts_view *v, uint64_t t, const uint8_t *mark,
+                                   uint32_t log2, step_change **out, uint64_t *n) {
   uint64_t k = 0;
   size_t nb = 0;
   for (size_t b = 0; b < v->nblocks; b++)
@@ -137,13 +138,19 @@ static pulse_status tensor_changes(const parts_view *v, uint64_t t, step_change 
   for (size_t b = 1; b < nb; b++)
     if (pulse_load_le64(bl[b]->pos) <= pulse_load_le64(bl[b - 1]->pos + 8 * (bl[b - 1]->k - 1)))
       disjoint = 0;
-  uint64_t m = 0;
+  uint64_t m = 0, seen = 0;
+#define KEEP(x)                                                                      \
+  do {                                                                               \
+    step_change x_ = (x);                                                            \
+    if (mark == NULL || (mark[(x_.pos >> log2) >> 3] >> ((x_.pos >> log2) & 7) & 1)) \
+      c[m++] = x_;                                                                   \
+  } while (0)
   if (st == PULSE_OK && disjoint) {
     for (size_t b = 0; b < nb; b++)
       for (uint64_t j = 0; j < bl[b]->k; j++)
-        c[m++] = change_at(bl[b], j);
+        KEEP(change_at(bl[b], j));
   } else if (st == PULSE_OK) {
-    while (m < k) {
+    while (seen++ < k) {
       size_t best = nb;
       uint64_t bp = 0;
       for (size_t b = 0; b < nb; b++) {
@@ -153,16 +160,17 @@ static pulse_status tensor_changes(const parts_view *v, uint64_t t, step_change 
         if (best == nb || p < bp)
           best = b, bp = p;
       }
-      c[m++] = change_at(bl[best], head[best]++);
+      KEEP(change_at(bl[best], head[best]++));
     }
   }
+#undef KEEP
   free(bl), free(head);
   if (st != PULSE_OK) {
     free(c);
     return st;
   }
   *out = c;
-  *n = k;
+  *n = m;
   return PULSE_OK;
 }
 
@@ -201,7 +209,7 @@ static void count_block(const shard_geom *g, const uint16_t *snap, const step_ch
 #define EMIT_BEFORE(limit)                                                           \
   for (; ci < n && c[ci].pos < (limit); ci++)                                        \
     if ((c[ci].pos >> log2) == cur)                                                  \
-      contrib[c[ci].index] += cnt[pulse_bf16_class(c[ci].old_bits)];
+      contrib[ci] += cnt[pulse_bf16_class(c[ci].old_bits)];
 #define CLOSE_CHUNK()                                                                \
   do {                                                                               \
     if (cur != UINT64_MAX) {                                                         \
@@ -247,60 +255,95 @@ pulse_status pulse_pub_shard_count(const pulse_pub_shard *s, const pulse_buffer 
     return pulse_fail(PULSE_ERR_ARG, "shard: count before the first detect");
   parts_view v;
   PULSE_TRY(view_parts(parts, nparts, s->count, s->table_id, s->chunk_log2, &v));
-  /* Slots: changed chunks of every tensor, in tensor order. */
-  step_change **tc = calloc(s->count, sizeof *tc);
-  uint64_t *tn = calloc(s->count, sizeof *tn), *tm = calloc(s->count, sizeof *tm);
-  uint64_t **tchunks = calloc(s->count, sizeof *tchunks);
-  pulse_status st = tc && tn && tm && tchunks ? PULSE_OK : pulse_fail(PULSE_ERR_NOMEM, "shard");
-  uint64_t slots = 0;
-  for (size_t t = 0; st == PULSE_OK && t < s->count; t++) {
-    if ((st = tensor_changes(&v, t, &tc[t], &tn[t])) != PULSE_OK)
-      break;
-    if ((tchunks[t] = malloc((tn[t] ? tn[t] : 1) * sizeof **tchunks)) == NULL) {
-      st = pulse_fail(PULSE_ERR_NOMEM, "shard");
-      break;
-    }
-    tm[t] = changed_chunks(tc[t], tn[t], s->chunk_log2, tchunks[t]);
-    slots += tm[t];
-  }
-  uint8_t *out = NULL;
-  size_t size = SHARD_COUNT_HEADER + 4 * (size_t)v.changes + 4 * PULSE_CLASS_COUNT * (size_t)slots;
-  uint32_t *contrib = NULL, *hist = NULL;
-  if (st == PULSE_OK) {
-    contrib = calloc(v.changes ? v.changes : 1, 4);
-    hist = calloc(slots ? slots * PULSE_CLASS_COUNT : 1, 4);
-    out = malloc(size);
-    if (!contrib || !hist || !out)
+  uint32_t log2 = s->chunk_log2;
+  pulse_bytebuf out = PULSE_BYTEBUF_INIT, hist_out = PULSE_BYTEBUF_INIT;
+  uint8_t head[SHARD_COUNT_HEADER];
+  memset(head, 0, sizeof head);
+  pulse_bytebuf_put(&out, head, sizeof head);
+  uint64_t ncontrib = 0, nhist = 0;
+  pulse_status st = PULSE_OK;
+  for (size_t t = 0; t < s->count && st == PULSE_OK; t++) {
+    int owned = 0;
+    for (size_t b = 0; b < s->nblocks; b++)
+      owned |= s->geom[b].tensor == t && s->geom[b].elems > 0;
+    if (!owned)
+      continue;
+    /* Only the chunks this rank's blocks meet: its counts elsewhere are 0. */
+    uint64_t numel = 0;
+    (void)pulse_shape_numel(s->info[t].shape, s->info[t].ndim, &numel);
+    uint64_t nck = ((numel - 1) >> log2) + 1;
+    uint8_t *mark = calloc((size_t)(nck / 8 + 1), 1);
+    step_change *c = NULL;
+    uint64_t n = 0, m = 0, *chunks = NULL;
+    uint32_t *contrib = NULL, *hist = NULL;
+    if (mark == NULL)
       st = pulse_fail(PULSE_ERR_NOMEM, "shard: counts");
-  }
-  if (st == PULSE_OK) {
-    uint64_t slot0 = 0;
-    for (size_t t = 0; t < s->count; t++) {
-      for (size_t b = 0; b < s->nblocks; b++)
-        if (s->geom[b].tensor == t && tm[t] > 0)
-          count_block(&s->geom[b], s->snap[b], tc[t], tn[t], tchunks[t], tm[t], s->chunk_log2,
-                      contrib, hist + slot0 * PULSE_CLASS_COUNT);
-      slot0 += tm[t];
+    for (size_t b = 0; b < s->nblocks && st == PULSE_OK; b++) {
+      const shard_geom *g = &s->geom[b];
+      if (g->tensor != t)
+        continue;
+      for (uint64_t r = 0; r < g->runs; r++) {
+        uint64_t at = shard_run_pos(g, r);
+        for (uint64_t k = at >> log2; k <= (at + g->run_len - 1) >> log2; k++)
+          mark[k >> 3] |= (uint8_t)(1u << (k & 7));
+      }
     }
-    memcpy(out, SHARD_COUNT_MAGIC, 8);
-    pulse_store_le32(out + 8, SHARD_WIRE_VERSION);
-    pulse_store_le32(out + 12, s->chunk_log2);
-    memcpy(out + 16, s->table_id, 32);
-    pulse_store_le64(out + 48, v.changes);
-    pulse_store_le64(out + 56, slots);
-    uint8_t *p = out + SHARD_COUNT_HEADER;
-    for (uint64_t j = 0; j < v.changes; j++, p += 4)
-      pulse_store_le32(p, contrib[j]);
-    for (uint64_t j = 0; j < slots * PULSE_CLASS_COUNT; j++, p += 4)
-      pulse_store_le32(p, hist[j]);
-    counts->data = out, counts->size = size;
-    out = NULL;
+    if (st == PULSE_OK)
+      st = tensor_changes(&v, t, mark, log2, &c, &n);
+    if (st == PULSE_OK) {
+      chunks = malloc((n ? n : 1) * sizeof *chunks);
+      contrib = calloc(n ? n : 1, 4);
+      if (chunks == NULL || contrib == NULL)
+        st = pulse_fail(PULSE_ERR_NOMEM, "shard: counts");
+    }
+    if (st == PULSE_OK) {
+      m = changed_chunks(c, n, log2, chunks);
+      if ((hist = calloc(m ? m * PULSE_CLASS_COUNT : 1, 4)) == NULL)
+        st = pulse_fail(PULSE_ERR_NOMEM, "shard: counts");
+    }
+    for (size_t b = 0; b < s->nblocks && st == PULSE_OK && m > 0; b++)
+      if (s->geom[b].tensor == t)
+        count_block(&s->geom[b], s->snap[b], c, n, chunks, m, log2, contrib, hist);
+    uint8_t e[12];
+    for (uint64_t j = 0; j < n && st == PULSE_OK; j++)
+      if (contrib[j] > 0) {
+        pulse_store_le64(e, c[j].index);
+        pulse_store_le32(e + 8, contrib[j]);
+        pulse_bytebuf_put(&out, e, 12);
+        ncontrib++;
+      }
+    for (uint64_t q = 0; q < m && st == PULSE_OK; q++) {
+      uint8_t h[16 + 4 * PULSE_CLASS_COUNT];
+      pulse_store_le64(h, t);
+      pulse_store_le64(h + 8, chunks[q]);
+      for (unsigned k = 0; k < PULSE_CLASS_COUNT; k++)
+        pulse_store_le32(h + 16 + 4 * k, hist[q * PULSE_CLASS_COUNT + k]);
+      pulse_bytebuf_put(&hist_out, h, sizeof h);
+      nhist++;
+    }
+    free(mark), free(c), free(chunks), free(contrib), free(hist);
   }
-  for (size_t t = 0; tc && t < s->count; t++)
-    free(tc[t]), free(tchunks[t]);
-  free(tc), free(tn), free(tm), free(tchunks), free(contrib), free(hist), free(out);
+  if (st == PULSE_OK && !hist_out.failed && hist_out.size > 0)
+    pulse_bytebuf_put(&out, hist_out.data, hist_out.size);
+  if (st == PULSE_OK && (out.failed || hist_out.failed))
+    st = pulse_fail(PULSE_ERR_NOMEM, "shard: counts");
+  free(hist_out.data);
+  if (st != PULSE_OK) {
+    free(out.data);
+    view_free(&v);
+    return st;
+  }
+  memcpy(out.data, SHARD_COUNT_MAGIC, 8);
+  pulse_store_le32(out.data + 8, SHARD_WIRE_VERSION);
+  pulse_store_le32(out.data + 12, log2);
+  memcpy(out.data + 16, s->table_id, 32);
+  pulse_store_le64(out.data + 48, v.changes);
+  pulse_store_le64(out.data + 56, ncontrib);
+  pulse_store_le64(out.data + 64, nhist);
+  counts->data = out.data;
+  counts->size = out.size;
   view_free(&v);
-  return st;
+  return PULSE_OK;
 }
 
 pulse_status pulse_pub_shard_encode(const pulse_tensor_info *table, size_t tensor_count,
@@ -323,15 +366,12 @@ pulse_status pulse_pub_shard_encode(const pulse_tensor_info *table, size_t tenso
   pulse_encode_tensor *enc = calloc(n, sizeof *enc);
   pulse_changes *ch = calloc(n, sizeof *ch);
   pulse_tensor_digest *bd = calloc(n, sizeof *bd);
-  uint64_t *elems = calloc(n, sizeof *elems), *slot0 = calloc(n + 1, sizeof *slot0);
+  uint64_t *elems = calloc(n, sizeof *elems);
   uint8_t **cls = calloc(n, sizeof *cls);
   uint32_t **rank = calloc(n, sizeof *rank), **hist = calloc(n, sizeof *hist);
-  uint64_t **chunks = calloc(n, sizeof *chunks);
-  uint64_t *nchunk = calloc(n, sizeof *nchunk);
   step_change **tc = calloc(n, sizeof *tc);
   uint32_t *contrib = calloc(v.changes ? v.changes : 1, 4);
-  pulse_status st = enc && ch && bd && elems && slot0 && cls && rank && hist && chunks &&
-                            nchunk && tc && contrib
+  pulse_status st = enc && ch && bd && elems && cls && rank && hist && tc && contrib
                         ? PULSE_OK
                         : pulse_fail(PULSE_ERR_NOMEM, "shard: encode");
   for (size_t b = 0; st == PULSE_OK && b < v.nblocks; b++) {
@@ -350,7 +390,7 @@ pulse_status pulse_pub_shard_encode(const pulse_tensor_info *table, size_t tenso
       break;
     }
     uint64_t k = 0;
-    if ((st = tensor_changes(&v, t, &tc[t], &k)) != PULSE_OK)
+    if ((st = tensor_changes(&v, t, NULL, log2, &tc[t], &k)) != PULSE_OK)
       break;
     for (uint64_t j = 1; j < k && st == PULSE_OK; j++)
       if (tc[t][j].pos == tc[t][j - 1].pos)
@@ -359,41 +399,54 @@ pulse_status pulse_pub_shard_encode(const pulse_tensor_info *table, size_t tenso
     if (st != PULSE_OK)
       break;
     uint64_t nck = numel ? ((numel - 1) >> log2) + 1 : 0;
-    chunks[t] = malloc((k ? k : 1) * sizeof **chunks);
     cls[t] = malloc(k ? k : 1);
     rank[t] = malloc((k ? k : 1) * 4);
     hist[t] = calloc(nck ? nck * PULSE_CLASS_COUNT : 1, 4);
-    if (!chunks[t] || !cls[t] || !rank[t] || !hist[t] ||
+    if (!cls[t] || !rank[t] || !hist[t] ||
         (k && pulse_changes_reserve(&ch[t], k) != PULSE_OK)) {
       st = pulse_fail(PULSE_ERR_NOMEM, "shard: encode");
       break;
     }
-    nchunk[t] = changed_chunks(tc[t], k, log2, chunks[t]);
-    slot0[t + 1] = slot0[t] + nchunk[t];
     for (uint64_t j = 0; j < k; j++)
       (void)pulse_changes_push(&ch[t], tc[t][j].pos, tc[t][j].old_bits, tc[t][j].new_bits);
   }
   /* Every rank's counts: rank contributions and class counts add up. */
   for (size_t i = 0; st == PULSE_OK && i < ncounts; i++) {
     const uint8_t *p = counts[i].data;
+    uint64_t nc = 0, nh = 0;
+    const uint64_t hentry = 16 + 4 * PULSE_CLASS_COUNT;
+    if (p != NULL && counts[i].size >= SHARD_COUNT_HEADER)
+      nc = pulse_load_le64(p + 56), nh = pulse_load_le64(p + 64);
     if (p == NULL || counts[i].size < SHARD_COUNT_HEADER ||
         memcmp(p, SHARD_COUNT_MAGIC, 8) != 0 || pulse_load_le32(p + 8) != SHARD_WIRE_VERSION ||
         pulse_load_le32(p + 12) != log2 || memcmp(p + 16, id, 32) != 0 ||
-        pulse_load_le64(p + 48) != v.changes || pulse_load_le64(p + 56) != slot0[n] ||
-        counts[i].size != SHARD_COUNT_HEADER + 4 * (size_t)v.changes +
-                              4 * PULSE_CLASS_COUNT * (size_t)slot0[n]) {
+        pulse_load_le64(p + 48) != v.changes || nc > counts[i].size / 12 ||
+        nh > counts[i].size / hentry ||
+        counts[i].size != SHARD_COUNT_HEADER + 12 * nc + hentry * nh) {
       st = pulse_fail(PULSE_ERR_CORRUPT, "shard: counts %zu are not of these parts", i);
       break;
     }
     p += SHARD_COUNT_HEADER;
-    for (uint64_t j = 0; j < v.changes; j++, p += 4)
-      contrib[j] += pulse_load_le32(p);
-    for (size_t t = 0; t < n; t++)
-      for (uint64_t q = 0; q < nchunk[t]; q++) {
-        uint32_t *h = hist[t] + chunks[t][q] * PULSE_CLASS_COUNT;
-        for (unsigned c = 0; c < PULSE_CLASS_COUNT; c++, p += 4)
-          h[c] += pulse_load_le32(p);
+    for (uint64_t j = 0; j < nc && st == PULSE_OK; j++, p += 12) {
+      uint64_t at = pulse_load_le64(p);
+      if (at >= v.changes)
+        st = pulse_fail(PULSE_ERR_CORRUPT, "shard: counts %zu name change %llu", i,
+                        (unsigned long long)at);
+      else
+        contrib[at] += pulse_load_le32(p + 8);
+    }
+    for (uint64_t j = 0; j < nh && st == PULSE_OK; j++, p += hentry) {
+      uint64_t t = pulse_load_le64(p), k = pulse_load_le64(p + 8), numel = 0;
+      if (t < n)
+        (void)pulse_shape_numel(table[t].shape, table[t].ndim, &numel);
+      if (t >= n || numel == 0 || k > (numel - 1) >> log2) {
+        st = pulse_fail(PULSE_ERR_CORRUPT, "shard: counts %zu name a chunk out of range", i);
+        break;
       }
+      uint32_t *h = hist[t] + k * PULSE_CLASS_COUNT;
+      for (unsigned c = 0; c < PULSE_CLASS_COUNT; c++)
+        h[c] += pulse_load_le32(p + 16 + 4 * c);
+    }
   }
   for (size_t t = 0; st == PULSE_OK && t < n; t++) {
     for (uint64_t j = 0; j < ch[t].count; j++) {
@@ -430,13 +483,11 @@ pulse_status pulse_pub_shard_encode(const pulse_tensor_info *table, size_t tenso
       free(rank[t]);
     if (hist)
       free(hist[t]);
-    if (chunks)
-      free(chunks[t]);
     if (tc)
       free(tc[t]);
   }
-  free(enc), free(ch), free(bd), free(elems), free(slot0), free(cls), free(rank), free(hist);
-  free(chunks), free(nchunk), free(tc), free(contrib);
+  free(enc), free(ch), free(bd), free(elems), free(cls), free(rank), free(hist);
+  free(tc), free(contrib);
   view_free(&v);
   return st;
 }

@@ -42,11 +42,12 @@ pulse_status shard_table_id(const pulse_tensor_info *table, size_t count,
  * bits (little-endian). */
 #define SHARD_PART_HEADER 56u
 #define SHARD_BLOCK_HEADER 56u
-/* Counts: magic, u32 version, u32 chunk_log2, 32-byte table id, u64 changes
- * n, u64 chunk slots m, n u32 rank contributions (the parts' changes in
- * part, block, change order), m * 256 u32 class counts (tensor order, then
- * changed chunk order). */
-#define SHARD_COUNT_HEADER 64u
+/* Counts (sparse: only what the rank's own chunks can hold): magic, u32
+ * version, u32 chunk_log2, 32-byte table id, u64 changes of the parts, u64
+ * entries nc, u64 chunk entries nh; nc entries of u64 change index (in
+ * part, block, change order) and u32 rank contribution (non-zero); nh
+ * entries of u64 tensor, u64 chunk and 256 u32 class counts. */
+#define SHARD_COUNT_HEADER 72u
 
 struct pulse_pub_shard {
   size_t count;
