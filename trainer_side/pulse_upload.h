@@ -98,8 +98,13 @@ void pulse_upload_free(pulse_upload *up);
  * uploads under the prefix (ListMultipartUploads) and aborts them
  * (AbortMultipartUpload): an upload killed mid-part leaves one, whose parts
  * the service keeps (and bills) until it is aborted; a service that does
- * not list them (HTTP 501 or 405) is logged and skipped. figures may be
- * NULL.
+ * not list them (HTTP 501 or 405) is logged and skipped. One writer per
+ * bucket prefix: before anything is put, the bucket's head.json (when
+ * there is one) must be a head of this store's run at or below its step;
+ * a prefix holding another run's head (another store, as on another host)
+ * or a head ahead of this store is refused with PULSE_ERR_IO saying so
+ * (check then write: two new runs that start at the same moment on an
+ * empty prefix are not told apart). figures may be NULL.
  * @return PULSE_OK; PULSE_ERR_NOT_FOUND (no head, or an object the head
  * names is missing locally); PULSE_ERR_IO (a request that failed after its
  * retries, with the method, key, status and the store's error message in

@@ -125,7 +125,9 @@ publish --new-key "$(ck 0)" >"$work/pub1.out" 2>&1 &
 ppid=$!
 for _ in $(seq 1 600); do grep -q PART-STARTED "$work/s3.log" 2>/dev/null && break; sleep 0.05; done
 grep -q PART-STARTED "$work/s3.log" && ok || bad "the publish reached a part: $(cat "$work/pub1.out")"
-kill -9 "$ppid"; wait "$ppid" 2>/dev/null
+# $ppid is the subshell running the function: the publisher is its child (left
+# running, it holds the store, one writer per store, when the next run comes)
+kill -9 $(pgrep -P "$ppid") "$ppid"; wait "$ppid" 2>/dev/null
 rm -f "$work/slow"
 expect "the killed upload left an incomplete multipart upload" 1 "$(uploads_under runs/a/)"
 stale=$(curl -s "$endpoint/bkt?prefix=runs/a/&uploads=" | sed -n 's/.*<UploadId>\([0-9a-f]*\)<.*/\1/p')

@@ -340,6 +340,49 @@ static pulse_status retain(pulse_upload *up, const pulse_store_head *h) {
 
 /* ----------------------------------------------------------------- store */
 
+/* One writer per bucket prefix: the bucket's head, when there is one, must
+ * be of this store's run and not ahead of it. A second publisher (another
+ * store, another host) uploading to the prefix is refused before anything
+ * is put. */
+static pulse_status check_writer(pulse_upload *up, const pulse_store_head *h) {
+  upload_req r;
+  upload_req_init(&r, "GET");
+  key_of(up, "head.json", r.key, sizeof r.key);
+  upload_req *one = &r;
+  pulse_status st = upload_run(up, &one, 1);
+  if (st == PULSE_OK && r.status == 404) {
+    upload_req_release(&r);
+    return PULSE_OK;
+  }
+  if (st == PULSE_OK && !ok_status(r.status))
+    st = upload_req_fail(&r, "reading the bucket's head");
+  pulse_store_head *theirs = NULL;
+  if (st == PULSE_OK && pulse_store_head_parse(r.reply.data, r.reply.size, &theirs) != PULSE_OK)
+    st = pulse_fail(PULSE_ERR_IO,
+                    "upload: s3://%s/%shead.json is not a pulse head: one writer per bucket "
+                    "prefix; refused before uploading anything",
+                    up->bucket, up->prefix);
+  upload_req_release(&r);
+  if (st != PULSE_OK)
+    return st;
+  uint8_t mine[PULSE_STORE_RUN_BYTES], other[PULSE_STORE_RUN_BYTES];
+  int have_mine = pulse_store_head_run(h, mine), have_other = pulse_store_head_run(theirs, other);
+  uint64_t step = pulse_store_head_step(theirs);
+  pulse_store_head_free(theirs);
+  if (have_mine && (!have_other || memcmp(mine, other, sizeof mine) != 0))
+    return pulse_fail(PULSE_ERR_IO,
+                      "upload: s3://%s/%s already holds the head of another run (step %" PRIu64
+                      "): one writer per bucket prefix; refused before uploading anything "
+                      "(remove the prefix's head.json to start a new run there)",
+                      up->bucket, up->prefix, step);
+  if (step > pulse_store_head_step(h))
+    return pulse_fail(PULSE_ERR_IO,
+                      "upload: s3://%s/%s holds step %" PRIu64 " of this run, ahead of this "
+                      "store's %" PRIu64 ": another writer; refused before uploading anything",
+                      up->bucket, up->prefix, step, pulse_store_head_step(h));
+  return PULSE_OK;
+}
+
 pulse_status pulse_upload_store(pulse_upload *up, const char *store_dir,
                                 pulse_upload_figures *figures) {
   if (up == NULL || store_dir == NULL)
@@ -357,6 +400,8 @@ pulse_status pulse_upload_store(pulse_upload *up, const char *store_dir,
     PULSE_LOG_AT(PULSE_LOG_WARN, "upload: %s", pulse_error_detail());
     st = PULSE_OK;
   }
+  if (st == PULSE_OK)
+    st = check_writer(up, h);
   if (st == PULSE_OK)
     st = put_objects(up, store_dir, h);
   if (st == PULSE_OK) { /* the head last: everything it names is there */
