@@ -226,7 +226,9 @@ void pulse_pub_shard_step_opts_init(pulse_pub_shard_step_opts *opts);
  * rank's snapshot moves to the step once it sees the head of the step;
  * on any failure (a rank that errs, crashes or is late past timeout_ms) no
  * head names the step, every snapshot stays at the head and the step can
- * be called again. `figures` (may be NULL) is the committer's on rank 0;
+ * be called again. A rank that fails inside the call stops the others at
+ * once (shard/S.N.fail-R; rank 0 removes its go); one that dies or never
+ * calls costs them timeout_ms. `figures` (may be NULL) is the committer's on rank 0;
  * on the others its step and state digest.
  * @return PULSE_OK; PULSE_ERR_BASE_STEP (step not above the head);
  * PULSE_ERR_IO (a rank did not answer within timeout_ms, or a write

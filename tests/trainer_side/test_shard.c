@@ -8,6 +8,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "pulse_codec.h"
 #include "files_testutil.h"
@@ -585,15 +586,18 @@ static int run_rank(const char *dir, sharding s, uint64_t seed, int rank, uint64
     for (int attempt = 0; attempt < 2; attempt++) {
       if (err_step > 0 && step == err_step && attempt == 0) {
         /* This rank raised: the others' attempt fails with a timeout. */
-        if (rank == 1) {
+        if (rank == 1 && timeout_ms < 10000) {
           usleep((useconds_t)timeout_ms * 1500);
           continue;
         }
-        pulse_status st = pulse_pub_shard_step(sh, dir, &po, step, t, rb[rank].n, NULL);
-        if (st == PULSE_OK) {
-          rc = 20;
-          break;
+        if (rank == 1) { /* fails inside the step: the others stop at once */
+          if (pulse_pub_shard_step(sh, dir, &po, step, t, rb[rank].n - 1, NULL) == PULSE_OK)
+            rc = 22;
+          continue;
         }
+        pulse_status st = pulse_pub_shard_step(sh, dir, &po, step, t, rb[rank].n, NULL);
+        if (st == PULSE_OK)
+          break; /* a late rank that came into the retry at once */
         int has = 0;
         uint64_t hs = 0;
         pulse_store_head *h = NULL;
@@ -629,7 +633,7 @@ static void run_job(const char *dir, sharding s, uint64_t seed, uint64_t first, 
     cr_assert(pid[r] >= 0);
     if (pid[r] == 0)
       _exit(run_rank(dir, s, seed, r, first, last, r == dying_rank ? fail_step : 0, err_step,
-                     fail_step || err_step ? 1500 : 20000));
+                     dying_rank == -2 ? 30000 : fail_step || err_step ? 1500 : 20000));
   }
   for (int r = 0; r < RANKS; r++) {
     int status = 0;
@@ -734,5 +738,23 @@ Test(shard_store, a_second_committer_on_a_live_store_is_refused) {
   cr_assert_eq(pulse_pub_commit(a, 0, t, NT, NULL), PULSE_ERR_ARG, "a committer commits made steps");
   pulse_pub_free(a);
   model_free(&m);
+  tu_rm_rf(dir);
+}
+
+Test(shard_store, a_rank_that_fails_inside_a_step_stops_the_others_at_once, .timeout = 120) {
+  char *dir = tu_make_dir();
+  char single[4096], sharded[4096];
+  snprintf(single, sizeof single, "%s/single", dir);
+  snprintf(sharded, sizeof sharded, "%s/sharded", dir);
+  publish_single(single, 71, 3);
+  int ok[RANKS] = {0, 0, 0, 0};
+  struct timespec a, b;
+  clock_gettime(CLOCK_MONOTONIC, &a);
+  /* dying_rank -2: no death, a 30 s timeout; rank 1 fails step 2 inside */
+  run_job(sharded, MIX, 71, 0, 3, -2, 0, 2, ok);
+  clock_gettime(CLOCK_MONOTONIC, &b);
+  double took = (double)(b.tv_sec - a.tv_sec) + 1e-9 * (double)(b.tv_nsec - a.tv_nsec);
+  cr_assert_lt(took, 15.0, "the others did not wait out the 30 s timeout (%.1f s)", took);
+  assert_same_store(sharded, single, 3);
   tu_rm_rf(dir);
 }

@@ -145,12 +145,46 @@ static int go_parse(const pulse_buffer *b, step_go *g) {
 }
 
 /* Waits for every rank's file "S.N.KIND-R"; all[r] filled. */
+/* The rank that gave attempt N of step S up ("S.N.fail-R"), or -1. */
+static int failed_rank(const char *folder, uint64_t step, uint64_t nonce, int world) {
+  for (int r = 0; r < world; r++) {
+    char path[4352];
+    snprintf(path, sizeof path, "%s/%" PRIu64 ".%016" PRIx64 ".fail-%d", folder, step, nonce, r);
+    if (access(path, F_OK) == 0)
+      return r;
+  }
+  return -1;
+}
+
+/* 1 while rank 0's go of step S still names attempt N. */
+static int go_open(const char *folder, uint64_t step, uint64_t nonce) {
+  char name[64], text[64];
+  snprintf(name, sizeof name, "%" PRIu64 ".go", step);
+  pulse_buffer b = {0};
+  if (!file_get(folder, name, &b))
+    return 0;
+  size_t n = b.size < sizeof text - 1 ? b.size : sizeof text - 1;
+  memcpy(text, b.data, n);
+  text[n] = '\0';
+  pulse_buffer_free(&b);
+  uint64_t got = 0;
+  return sscanf(text, "%" SCNx64, &got) == 1 && got == nonce;
+}
+
 static pulse_status wait_all(const char *folder, uint64_t step, uint64_t nonce, const char *kind,
-                             int world, double deadline, pulse_buffer *all) {
+                             int world, int rank, double deadline, pulse_buffer *all) {
   for (int r = 0; r < world; r++) {
     char name[128];
     snprintf(name, sizeof name, "%" PRIu64 ".%016" PRIx64 ".%s-%d", step, nonce, kind, r);
     while (!file_get(folder, name, &all[r])) {
+      int failed = failed_rank(folder, step, nonce, world);
+      if (failed >= 0)
+        return pulse_fail(PULSE_ERR_IO, "shard: step %" PRIu64 ": rank %d gave it up", step,
+                          failed);
+      /* Rank 0 removes (or replaces) its go when it gives the attempt up. */
+      if (rank != 0 && !go_open(folder, step, nonce))
+        return pulse_fail(PULSE_ERR_IO, "shard: step %" PRIu64 ": rank 0 gave the step up",
+                          step);
       if (mono() > deadline)
         return pulse_fail(PULSE_ERR_IO, "shard: step %" PRIu64 ": rank %d's %s did not come",
                           step, r, kind);
@@ -243,7 +277,7 @@ pulse_status pulse_pub_shard_step(pulse_pub_shard *s, const char *dir,
     st = file_put(folder, name, mine.data, mine.size);
   }
   if (st == PULSE_OK)
-    st = wait_all(folder, step, go.nonce, "part", world, deadline, parts);
+    st = wait_all(folder, step, go.nonce, "part", world, rank, deadline, parts);
   if (st == PULSE_OK)
     st = pulse_pub_shard_state_digest(s->info, s->count, s->chunk_log2, parts, (size_t)world, 1,
                                       &target);
@@ -262,7 +296,7 @@ pulse_status pulse_pub_shard_step(pulse_pub_shard *s, const char *dir,
   pulse_pub_figures f;
   memset(&f, 0, sizeof f);
   if (st == PULSE_OK && rank == 0) {
-    st = wait_all(folder, step, go.nonce, "count", world, deadline, counts);
+    st = wait_all(folder, step, go.nonce, "count", world, rank, deadline, counts);
     if (st == PULSE_OK && go.has_base) {
       pulse_encode_opts eo;
       pulse_encode_opts_init(&eo);
@@ -291,9 +325,7 @@ pulse_status pulse_pub_shard_step(pulse_pub_shard *s, const char *dir,
                           "shard: the head moved to step %" PRIu64 ", not this one's", hs);
         break;
       }
-      pulse_buffer b = {0};
-      int open = st == PULSE_OK && file_get(folder, go_name, &b);
-      pulse_buffer_free(&b);
+      int open = st == PULSE_OK && go_open(folder, step, go.nonce);
       if (st == PULSE_OK && !open) {
         /* Rank 0 removes the go after its commit too: the head says which. */
         st = head_now(dir, &h, &hs, &hd);
@@ -326,6 +358,13 @@ pulse_status pulse_pub_shard_step(pulse_pub_shard *s, const char *dir,
       files_drop(folder, step, -1);
       if (staged[0] != '\0')
         unlink(staged);
+    } else {
+      /* The others stop waiting for this rank (rank 0 says so by removing
+       * its go). */
+      char fail_name[128];
+      snprintf(fail_name, sizeof fail_name, "%" PRIu64 ".%016" PRIx64 ".fail-%d", step, go.nonce,
+               rank);
+      (void)file_put(folder, fail_name, "", 0);
     }
   }
   if (st == PULSE_OK && figures != NULL)
