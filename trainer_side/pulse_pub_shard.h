@@ -227,8 +227,11 @@ void pulse_pub_shard_step_opts_init(pulse_pub_shard_step_opts *opts);
  * on any failure (a rank that errs, crashes or is late past timeout_ms) no
  * head names the step, every snapshot stays at the head and the step can
  * be called again. A rank that fails inside the call stops the others at
- * once (shard/S.N.fail-R; rank 0 removes its go); one that dies or never
- * calls costs them timeout_ms. `figures` (may be NULL) is the committer's on rank 0;
+ * once, with its reason (shard/S.N.fail-R; rank 0 removes its go); one that
+ * dies or never calls costs them timeout_ms. Every rank checks every rank's
+ * blocks (pulse_pub_blocks_check, from the parts) before anything is
+ * written: ranks that do not tile the table fail the step, naming the
+ * tensor. `figures` (may be NULL) is the committer's on rank 0;
  * on the others its step and state digest.
  * @return PULSE_OK; PULSE_ERR_BASE_STEP (step not above the head);
  * PULSE_ERR_IO (a rank did not answer within timeout_ms, or a write

@@ -12,6 +12,7 @@
 
 #include "pulse_codec.h"
 #include "files_testutil.h"
+#include "trainer_testutil.h"
 #include "pulse_pub_shard.h"
 #include "pulse_safetensors.h"
 
@@ -538,12 +539,16 @@ static void publish_single(const char *dir, uint64_t seed, uint64_t last) {
  * (_exit, before it writes anything of it), 0 for none; err_step: a step it
  * skips once (an error in the trainer) and then retries. Exit status 0 when
  * every step it took published, 3 when a step failed as it should. */
+static int g_overlap; /* rank 3 describes a block one row into rank 2's */
+
 static int run_rank(const char *dir, sharding s, uint64_t seed, int rank, uint64_t first,
                     uint64_t last, uint64_t fail_step, uint64_t err_step, int timeout_ms) {
   model m;
   model_init(&m, seed);
   rank_blocks rb[RANKS];
   blocks_of(s, &m, rb);
+  if (g_overlap && rank == 3)
+    rb[3].b[0].start[0] -= 1, rb[3].b[0].extent[0] += 1;
   pulse_pub_shard_opts so;
   pulse_pub_shard_opts_init(&so);
   so.tensors = m.info, so.tensor_count = NT;
@@ -612,7 +617,9 @@ static int run_rank(const char *dir, sharding s, uint64_t seed, int rank, uint64
       if (st != PULSE_OK) {
         fprintf(stderr, "rank %d step %llu: %s\n", rank, (unsigned long long)step,
                 pulse_error_detail());
-        rc = 3;
+        rc = strstr(pulse_error_detail(), "'attn.w'") && strstr(pulse_error_detail(), "overlap")
+                 ? 5
+                 : 3;
       }
       break;
     }
@@ -756,5 +763,21 @@ Test(shard_store, a_rank_that_fails_inside_a_step_stops_the_others_at_once, .tim
   double took = (double)(b.tv_sec - a.tv_sec) + 1e-9 * (double)(b.tv_nsec - a.tv_nsec);
   cr_assert_lt(took, 15.0, "the others did not wait out the 30 s timeout (%.1f s)", took);
   assert_same_store(sharded, single, 3);
+  tu_rm_rf(dir);
+}
+
+Test(shard_store, overlapping_blocks_are_refused_by_every_rank_before_anything_is_written,
+     .timeout = 120) {
+  char *dir = tu_make_dir();
+  char sharded[4096], objects[4200];
+  snprintf(sharded, sizeof sharded, "%s/sharded", dir);
+  g_overlap = 1;
+  int want[RANKS] = {5, 5, 5, 5};
+  run_job(sharded, DIM0, 81, 0, 2, -1, 0, 0, want);
+  g_overlap = 0;
+  pulse_store_head *h = NULL;
+  cr_assert_eq(pulse_store_head_load(sharded, &h), PULSE_ERR_NOT_FOUND, "no head");
+  snprintf(objects, sizeof objects, "%s/objects", sharded);
+  cr_assert_eq(tt_count(objects), 0, "nothing written");
   tu_rm_rf(dir);
 }

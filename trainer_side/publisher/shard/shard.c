@@ -196,7 +196,7 @@ void pulse_pub_shard_free(pulse_pub_shard *s) {
     if (s->local)
       free(s->local[b]);
   }
-  free(s->info), free(s->geom), free(s->snap), free(s->digest);
+  free(s->info), free(s->geom), free(s->blocks), free(s->snap), free(s->digest);
   free(s->changes), free(s->local), free(s->target);
   free(s);
 }
@@ -218,13 +218,14 @@ pulse_status pulse_pub_shard_create(const pulse_pub_shard_opts *o, pulse_pub_sha
   size_t nb = s->nblocks ? s->nblocks : 1;
   s->info = calloc(s->count, sizeof *s->info);
   s->geom = calloc(nb, sizeof *s->geom);
+  s->blocks = calloc(nb, sizeof *s->blocks);
   s->snap = calloc(nb, sizeof *s->snap);
   s->digest = calloc(nb, sizeof *s->digest);
   s->target = calloc(nb, sizeof *s->target);
   s->changes = calloc(nb, sizeof *s->changes);
   s->local = calloc(nb, sizeof *s->local);
   pulse_status st = PULSE_OK;
-  if (!s->info || !s->geom || !s->snap || !s->digest || !s->target || !s->changes || !s->local)
+  if (!s->info || !s->geom || !s->blocks || !s->snap || !s->digest || !s->target || !s->changes || !s->local)
     st = pulse_fail(PULSE_ERR_NOMEM, "shard");
   for (size_t i = 0; st == PULSE_OK && i < s->count; i++) {
     s->info[i] = o->tensors[i];
@@ -241,6 +242,10 @@ pulse_status pulse_pub_shard_create(const pulse_pub_shard_opts *o, pulse_pub_sha
                       o->blocks[b].name ? o->blocks[b].name : "(null)");
     else
       st = shard_geom_make(&s->info[t], t, &o->blocks[b], &s->geom[b]);
+    if (st == PULSE_OK) {
+      s->blocks[b] = o->blocks[b];
+      s->blocks[b].name = s->info[t].name;
+    }
   }
   if (st != PULSE_OK) {
     pulse_pub_shard_free(s);
@@ -305,6 +310,11 @@ static void put_block(uint8_t *p, const pulse_pub_shard *s, size_t b) {
   pulse_store_le64(p + 32, s->target[b].a);
   pulse_store_le64(p + 40, s->target[b].b);
   pulse_store_le64(p + 48, c->count);
+  pulse_store_le64(p + 56, (uint64_t)s->blocks[b].kind);
+  for (int k = 0; k < PULSE_MAX_DIMS; k++) {
+    pulse_store_le64(p + 64 + 8 * k, s->blocks[b].start[k]);
+    pulse_store_le64(p + 128 + 8 * k, s->blocks[b].extent[k]);
+  }
   p += SHARD_BLOCK_HEADER;
   for (uint64_t j = 0; j < c->count; j++)
     pulse_store_le64(p + 8 * j, c->pos[j]);

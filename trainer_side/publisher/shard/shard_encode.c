@@ -491,3 +491,40 @@ pulse_status pulse_pub_shard_encode(const pulse_tensor_info *table, size_t tenso
   view_free(&v);
   return st;
 }
+
+pulse_status shard_parts_check(const pulse_tensor_info *table, size_t count,
+                               const pulse_buffer *parts, size_t nparts) {
+  pulse_pub_block **blocks = calloc(nparts ? nparts : 1, sizeof *blocks);
+  size_t *counts = calloc(nparts ? nparts : 1, sizeof *counts);
+  pulse_status st = blocks && counts ? PULSE_OK : pulse_fail(PULSE_ERR_NOMEM, "shard: check");
+  for (size_t i = 0; i < nparts && st == PULSE_OK; i++) {
+    const uint8_t *p = parts[i].data;
+    size_t size = parts[i].size, at = SHARD_PART_HEADER;
+    uint64_t nb = pulse_load_le64(p + 48); /* parts already read by view_parts */
+    if ((blocks[i] = calloc(nb ? nb : 1, sizeof **blocks)) == NULL) {
+      st = pulse_fail(PULSE_ERR_NOMEM, "shard: check");
+      break;
+    }
+    counts[i] = (size_t)nb;
+    for (uint64_t b = 0; b < nb && at + SHARD_BLOCK_HEADER <= size; b++) {
+      const uint8_t *q = p + at;
+      uint64_t t = pulse_load_le64(q), k = pulse_load_le64(q + 48);
+      pulse_pub_block *x = &blocks[i][b];
+      x->name = t < count ? table[t].name : NULL;
+      x->kind = pulse_load_le64(q + 56) == PULSE_PUB_BLOCK_FLAT ? PULSE_PUB_BLOCK_FLAT
+                                                                : PULSE_PUB_BLOCK_RECT;
+      for (int d = 0; d < PULSE_MAX_DIMS; d++) {
+        x->start[d] = pulse_load_le64(q + 64 + 8 * d);
+        x->extent[d] = pulse_load_le64(q + 128 + 8 * d);
+      }
+      at += SHARD_BLOCK_HEADER + 12 * (size_t)k;
+    }
+  }
+  if (st == PULSE_OK)
+    st = pulse_pub_blocks_check(table, count, (const pulse_pub_block *const *)blocks, counts,
+                                nparts);
+  for (size_t i = 0; blocks && i < nparts; i++)
+    free(blocks[i]);
+  free(blocks), free(counts);
+  return st;
+}

@@ -29,6 +29,11 @@ uint64_t shard_run_pos(const shard_geom *g, uint64_t r);
 /** Index of `name` in the table, or (size_t)-1. */
 size_t shard_find(const pulse_tensor_info *table, size_t count, const char *name);
 
+/** pulse_pub_blocks_check of the blocks the parts describe (every rank's,
+ * the table's names). */
+pulse_status shard_parts_check(const pulse_tensor_info *table, size_t count,
+                               const pulse_buffer *parts, size_t nparts);
+
 /** The table's fingerprint: its state digest with every tensor digest 0. */
 pulse_status shard_table_id(const pulse_tensor_info *table, size_t count,
                             uint8_t out[32]);
@@ -38,10 +43,11 @@ pulse_status shard_table_id(const pulse_tensor_info *table, size_t count,
 #define SHARD_WIRE_VERSION 1u
 /* Part: magic, u32 version, u32 chunk_log2, 32-byte table id, u64 blocks;
  * per block: u64 tensor, u64 elements, u64 base digest a, b, u64 target
- * digest a, b, u64 changes k, k u64 positions, k u16 old bits, k u16 new
- * bits (little-endian). */
+ * digest a, b, u64 changes k, u64 kind, 8 u64 starts, 8 u64 extents (the
+ * block as its rank described it), k u64 positions, k u16 old bits, k u16
+ * new bits (little-endian). */
 #define SHARD_PART_HEADER 56u
-#define SHARD_BLOCK_HEADER 56u
+#define SHARD_BLOCK_HEADER 192u
 /* Counts (sparse: only what the rank's own chunks can hold): magic, u32
  * version, u32 chunk_log2, 32-byte table id, u64 changes of the parts, u64
  * entries nc, u64 chunk entries nh; nc entries of u64 change index (in
@@ -56,6 +62,7 @@ struct pulse_pub_shard {
   uint32_t chunk_log2;
   size_t nblocks;
   shard_geom *geom;
+  pulse_pub_block *blocks; /* as given; names point into info */
   uint16_t **snap; /* per block, NULL before the first detect */
   pulse_tensor_digest *digest;
   int have_snapshot;

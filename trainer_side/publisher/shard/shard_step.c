@@ -84,7 +84,7 @@ static int file_get(const char *folder, const char *name, pulse_buffer *out) {
 }
 
 /* Removes every file of step `step` (all ranks' when rank < 0). */
-static void files_drop(const char *folder, uint64_t step, int rank) {
+static void files_drop(const char *folder, uint64_t step, int rank, int keep_fail) {
   DIR *d = opendir(folder);
   if (d == NULL)
     return;
@@ -97,7 +97,8 @@ static void files_drop(const char *folder, uint64_t step, int rank) {
     if (strncmp(e->d_name, prefix, strlen(prefix)) != 0 ||
         (rank >= 0 && (n < m || strcmp(e->d_name + n - m, mine) != 0)))
       continue;
-    if (rank >= 0 && strstr(e->d_name, ".go") != NULL)
+    if ((rank >= 0 && strstr(e->d_name, ".go") != NULL) ||
+        (keep_fail && strstr(e->d_name, ".fail-") != NULL))
       continue;
     char path[4352];
     snprintf(path, sizeof path, "%s/%s", folder, e->d_name);
@@ -145,13 +146,21 @@ static int go_parse(const pulse_buffer *b, step_go *g) {
 }
 
 /* Waits for every rank's file "S.N.KIND-R"; all[r] filled. */
-/* The rank that gave attempt N of step S up ("S.N.fail-R"), or -1. */
-static int failed_rank(const char *folder, uint64_t step, uint64_t nonce, int world) {
+/* The rank that gave attempt N of step S up ("S.N.fail-R", holding its
+ * reason), or -1; its reason in why. */
+static int failed_rank(const char *folder, uint64_t step, uint64_t nonce, int world, char *why,
+                       size_t cap) {
   for (int r = 0; r < world; r++) {
-    char path[4352];
-    snprintf(path, sizeof path, "%s/%" PRIu64 ".%016" PRIx64 ".fail-%d", folder, step, nonce, r);
-    if (access(path, F_OK) == 0)
+    char name[128];
+    snprintf(name, sizeof name, "%" PRIu64 ".%016" PRIx64 ".fail-%d", step, nonce, r);
+    pulse_buffer b = {0};
+    if (file_get(folder, name, &b)) {
+      size_t n = b.size < cap - 1 ? b.size : cap - 1;
+      memcpy(why, b.data, n);
+      why[n] = '\0';
+      pulse_buffer_free(&b);
       return r;
+    }
   }
   return -1;
 }
@@ -177,14 +186,17 @@ static pulse_status wait_all(const char *folder, uint64_t step, uint64_t nonce, 
     char name[128];
     snprintf(name, sizeof name, "%" PRIu64 ".%016" PRIx64 ".%s-%d", step, nonce, kind, r);
     while (!file_get(folder, name, &all[r])) {
-      int failed = failed_rank(folder, step, nonce, world);
+      char why[512];
+      int failed = failed_rank(folder, step, nonce, world, why, sizeof why);
       if (failed >= 0)
-        return pulse_fail(PULSE_ERR_IO, "shard: step %" PRIu64 ": rank %d gave it up", step,
-                          failed);
+        return pulse_fail(PULSE_ERR_IO, "shard: step %" PRIu64 ": rank %d gave it up: %s", step,
+                          failed, why);
       /* Rank 0 removes (or replaces) its go when it gives the attempt up. */
-      if (rank != 0 && !go_open(folder, step, nonce))
-        return pulse_fail(PULSE_ERR_IO, "shard: step %" PRIu64 ": rank 0 gave the step up",
-                          step);
+      if (rank != 0 && !go_open(folder, step, nonce)) {
+        failed = failed_rank(folder, step, nonce, world, why, sizeof why);
+        return pulse_fail(PULSE_ERR_IO, "shard: step %" PRIu64 ": rank %d gave it up: %s", step,
+                          failed >= 0 ? failed : 0, failed >= 0 ? why : "(no reason left)");
+      }
       if (mono() > deadline)
         return pulse_fail(PULSE_ERR_IO, "shard: step %" PRIu64 ": rank %d's %s did not come",
                           step, r, kind);
@@ -233,7 +245,7 @@ pulse_status pulse_pub_shard_step(pulse_pub_shard *s, const char *dir,
     return pulse_fail(PULSE_ERR_BASE_STEP, "shard: step %" PRIu64 " is not above the head's %" PRIu64,
                       step, head);
   if (rank == 0) {
-    files_drop(folder, step, -1);
+    files_drop(folder, step, -1, 0);
     uint64_t nonce = 0;
     FILE *u = fopen("/dev/urandom", "rb");
     if (u == NULL || fread(&nonce, sizeof nonce, 1, u) != 1)
@@ -278,9 +290,14 @@ pulse_status pulse_pub_shard_step(pulse_pub_shard *s, const char *dir,
   }
   if (st == PULSE_OK)
     st = wait_all(folder, step, go.nonce, "part", world, rank, deadline, parts);
+  /* Every rank checks the blocks of every rank before anything is written:
+   * they must tile the table (the first step of a job checks what
+   * pulse_pub_shard_create could not see alone). */
   if (st == PULSE_OK)
     st = pulse_pub_shard_state_digest(s->info, s->count, s->chunk_log2, parts, (size_t)world, 1,
                                       &target);
+  if (st == PULSE_OK)
+    st = shard_parts_check(s->info, s->count, parts, (size_t)world);
   if (st == PULSE_OK && go.due) {
     snprintf(staged, sizeof staged, "%s/" PULSE_STORE_OBJECTS_DIR "/.anchor-%" PRIu64 "-%016" PRIx64 ".tmp-shard",
              dir, step, go.nonce);
@@ -311,7 +328,8 @@ pulse_status pulse_pub_shard_step(pulse_pub_shard *s, const char *dir,
     if (st == PULSE_OK)
       st = pulse_pub_commit_made(o->committer, step, go.has_base ? &patch : NULL,
                                  go.due ? staged : NULL, &target, &f);
-    files_drop(folder, step, -1);
+    if (st == PULSE_OK)
+      files_drop(folder, step, -1, 0);
   } else if (st == PULSE_OK) {
     /* The head of this step, or rank 0 gave up (its go is gone). */
     for (;;) {
@@ -332,9 +350,15 @@ pulse_status pulse_pub_shard_step(pulse_pub_shard *s, const char *dir,
         if (st == PULSE_OK && h && hs == step && memcmp(&hd, &target, 32) == 0)
           break;
       }
-      if (st == PULSE_OK && (!open || mono() > deadline))
-        st = pulse_fail(PULSE_ERR_IO, "shard: step %" PRIu64 ": %s", step,
-                        open ? "no head within the timeout" : "rank 0 gave the step up");
+      if (st == PULSE_OK && !open) {
+        char why[512];
+        int failed = failed_rank(folder, step, go.nonce, world, why, sizeof why);
+        st = pulse_fail(PULSE_ERR_IO, "shard: step %" PRIu64 ": rank %d gave it up: %s", step,
+                        failed >= 0 ? failed : 0, failed >= 0 ? why : "(no reason left)");
+      } else if (st == PULSE_OK && mono() > deadline) {
+        st = pulse_fail(PULSE_ERR_IO, "shard: step %" PRIu64 ": no head within the timeout",
+                        step);
+      }
       if (st != PULSE_OK)
         break;
       nap();
@@ -353,19 +377,20 @@ pulse_status pulse_pub_shard_step(pulse_pub_shard *s, const char *dir,
     pulse_pub_shard_abort(s);
     if (!go.has_base)
       snapshot_reset(s);
-    files_drop(folder, step, rank);
+    /* The others stop waiting for this rank, and learn why: rank 0 then
+     * gives the attempt up by removing its go (after its reason is there). */
+    char fail_name[128], why[512];
+    snprintf(fail_name, sizeof fail_name, "%" PRIu64 ".%016" PRIx64 ".fail-%d", step, go.nonce,
+             rank);
+    snprintf(why, sizeof why, "%s", pulse_error_detail());
+    files_drop(folder, step, rank, 0);
+    (void)file_put(folder, fail_name, why, strlen(why));
     if (rank == 0) {
-      files_drop(folder, step, -1);
+      files_drop(folder, step, -1, 1);
       if (staged[0] != '\0')
         unlink(staged);
-    } else {
-      /* The others stop waiting for this rank (rank 0 says so by removing
-       * its go). */
-      char fail_name[128];
-      snprintf(fail_name, sizeof fail_name, "%" PRIu64 ".%016" PRIx64 ".fail-%d", step, go.nonce,
-               rank);
-      (void)file_put(folder, fail_name, "", 0);
     }
+    pulse_fail(st, "%s", why); /* the detail stays this rank's reason */
   }
   if (st == PULSE_OK && figures != NULL)
     *figures = f;
