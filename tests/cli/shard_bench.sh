@@ -12,6 +12,11 @@ source "$(dirname "$0")/lib/common.sh"
 command -v cc >/dev/null || { echo "skipped: no C compiler"; exit 77; }
 top=$(cd "$bin/.." && pwd)
 [ -f "$top/libpulse.so" ] || { echo "skipped: no libpulse.so beside $bin"; exit 77; }
+# A sanitizer build's library needs its runtime first in the process: the
+# bench's plain program cannot load it (as Python cannot).
+if ldd "$top/libpulse.so" 2>/dev/null | grep -q 'libasan\|libubsan'; then
+  echo "skipped: libpulse.so is a sanitizer build"; exit 77
+fi
 cc -O2 -std=c11 -D_GNU_SOURCE -I"$top/include/pulse_codec" -I"$top/include/pulse_trainer" \
   "$(dirname "$0")/lib/shard_bench.c" -L"$top" -lpulse -Wl,-rpath,"$top" -o "$work/shard_bench" \
   >"$work/cc.out" 2>&1 || { bad "the bench does not build"; cat "$work/cc.out"; finish; }
