@@ -246,8 +246,14 @@ Test(loco, late_joiner_over_http_ends_with_the_same_global_weights,
             "joiner ran %u rounds", t[3].rounds_done);
   cr_assert(t[4].rounds_done >= 3, "second joiner ran %u rounds",
             t[4].rounds_done);
-  cr_assert_eq(pulse_loco_round(t[1].ctx), 8u,
-               "the leaver stops after its round");
+  /* The leaver runs rounds 0..7 and stops. Its context is then at round 8,
+   * or later when it missed payloads in its last round on a loaded machine
+   * and re-synced from the coordinator's newest state (seen in CI: a
+   * re-sync of round 7 that found round 9's state). */
+  cr_assert_eq(t[1].rounds_done, 8u, "the leaver ran %u rounds, not 0..7",
+               t[1].rounds_done);
+  cr_assert_geq(pulse_loco_round(t[1].ctx), 8u,
+                "the leaver stops after its round");
   for (size_t i = 0; i < 5; i++) {
     if (i == 1)
       continue;
