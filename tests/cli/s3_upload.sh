@@ -15,19 +15,8 @@ source "$(dirname "$0")/lib/common.sh"
 command -v s3rver >/dev/null || { echo "FAIL: s3rver is not installed (tools/install-deps.sh: npm install -g s3rver)"; exit 1; }
 command -v aws >/dev/null || { echo "FAIL: the AWS CLI is not installed (tools/install-deps.sh: awscli)"; exit 1; }
 
-s3rver -d "$work/s3" -a 127.0.0.1 -p 0 --configure-bucket bkt >"$work/s3.log" 2>&1 &
-pids+=($!)
-port=
-for _ in $(seq 1 200); do
-  port=$(sed -n 's/.*listening on 127.0.0.1:\([0-9]*\).*/\1/p' "$work/s3.log" | head -1)
-  [ -n "$port" ] && break
-  sleep 0.05
-done
-[ -n "$port" ] || { echo "FAIL: s3rver did not start"; cat "$work/s3.log"; exit 1; }
-export AWS_ENDPOINT_URL=http://127.0.0.1:$port AWS_ACCESS_KEY_ID=S3RVER \
-  AWS_SECRET_ACCESS_KEY=S3RVER AWS_REGION=us-east-1 AWS_CONFIG_FILE=/dev/null \
-  AWS_SHARED_CREDENTIALS_FILE=/dev/null
-s3() { aws --endpoint-url "$AWS_ENDPOINT_URL" "$@"; }
+source "$(dirname "$0")/lib/s3rver.sh"
+start_s3rver
 
 # 2.7M parameters: a 5.4 MB anchor, over --multipart-mb 5: two parts of 5 MiB.
 "$bin/pulse-bench" trajectory --out "$work/traj" --params 2700000 --steps 6 --seed 5 >/dev/null || exit 1
