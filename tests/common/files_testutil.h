@@ -14,10 +14,18 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "pulse_codec.h"
 #include "rng_impl.h"
+
+/* Seconds on the monotonic clock (for time bounds and rates). */
+static inline double tu_now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
 
 static inline void *tu_alloc(size_t n) {
   void *p = calloc(n ? n : 1, 1);

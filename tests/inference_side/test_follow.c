@@ -8,12 +8,6 @@
 
 #include "inf_testutil.h"
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static void sleep_ms(int ms) {
   struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
   nanosleep(&ts, NULL);
@@ -26,8 +20,8 @@ static void *follow_thread(void *arg) {
 }
 
 static int wait_step(pulse_sub *sub, uint64_t step, double seconds) {
-  double end = now_s() + seconds;
-  while (now_s() < end) {
+  double end = tu_now_s() + seconds;
+  while (tu_now_s() < end) {
     uint64_t s = pulse_sub_step(sub);
     if (s != PULSE_SUB_NO_STEP && s >= step)
       return 1;
@@ -57,10 +51,10 @@ Test(inference_side, follow_keeps_up_with_new_steps_through_long_polls,
     sleep_ms(30); /* let the follower reach its long-poll */
     tu_model_step(&t.m, 0.01);
     it_trainer_commit(&t, s);
-    double t0 = now_s();
+    double t0 = tu_now_s();
     cr_assert(wait_step(sub, s, 10), "step %" PRIu64 " never arrived", s);
-    if (now_s() - t0 > worst)
-      worst = now_s() - t0;
+    if (tu_now_s() - t0 > worst)
+      worst = tu_now_s() - t0;
   }
   pulse_sub_stop(sub);
   void *ret;
@@ -174,12 +168,12 @@ Test(inference_side, stop_ends_a_waiting_long_poll_at_once) {
   pthread_create(&th, NULL, follow_thread, sub);
   cr_assert(wait_step(sub, 1, 10));
   sleep_ms(100); /* inside the long-poll now */
-  double t0 = now_s();
+  double t0 = tu_now_s();
   pulse_sub_stop(sub);
   void *ret;
   pthread_join(th, &ret);
   free(ret);
-  cr_assert_lt(now_s() - t0, 1.0);
+  cr_assert_lt(tu_now_s() - t0, 1.0);
   pulse_sub_free(sub);
   it_targets_free(&tg);
   it_trainer_down(&t);

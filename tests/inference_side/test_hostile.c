@@ -4,42 +4,9 @@
  * the planner covers every size exactly. */
 #include <inttypes.h>
 
-#include "inf_testutil.h"
-#include "store_impl.h"
+#include "forge_testutil.h"
 #include "sub_segments_impl.h"
 
-/* Rewrites the head of store `dir`: every anchor's size becomes
- * `anchor_size`, signed again by `key`. */
-static void forge_anchor_size(const char *dir, const pulse_sign_key *key,
-                              uint64_t anchor_size) {
-  pulse_store_head *h;
-  cr_assert_eq(pulse_store_head_load(dir, &h), PULSE_OK, "%s",
-               pulse_error_detail());
-  store_head_fields f;
-  memset(&f, 0, sizeof f);
-  f.step = h->step;
-  f.digest = h->digest;
-  f.patches = h->patches;
-  f.npatches = h->npatches;
-  for (size_t i = 0; i < h->nanchors; i++)
-    h->anchors[i].size = anchor_size;
-  f.anchors = h->anchors;
-  f.nanchors = h->nanchors;
-  f.version = h->version;
-  memcpy(f.run, h->run, sizeof f.run);
-  f.published = h->published;
-  f.has_previous = h->has_previous;
-  f.previous_step = h->previous_step;
-  memcpy(f.previous_sha256, h->previous_sha256, 32);
-  pulse_buffer json = {NULL, 0};
-  cr_assert_eq(store_head_serialize(&f, key, &json), PULSE_OK, "%s",
-               pulse_error_detail());
-  char path[4096];
-  snprintf(path, sizeof path, "%s/head.json", dir);
-  cr_assert_eq(tu_write(path, json.data, json.size), 0);
-  pulse_buffer_free(&json);
-  pulse_store_head_free(h);
-}
 
 Test(hostile, a_head_naming_an_object_near_2_64_bytes_is_refused_not_a_crash) {
   it_trainer t;
@@ -49,7 +16,7 @@ Test(hostile, a_head_naming_an_object_near_2_64_bytes_is_refused_not_a_crash) {
                             UINT64_MAX - ((uint64_t)1 << 20) + 1,
                             (uint64_t)INT64_MAX + 1};
   for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++) {
-    forge_anchor_size(t.dir, t.key, sizes[s]);
+    forge_object_sizes(t.dir, t.key, 0, sizes[s]);
     pulse_server_notify(t.srv, 0);
     char *work = tu_make_dir(), cache[4096], out[4096];
     snprintf(cache, sizeof cache, "%s/cache", work);

@@ -19,12 +19,6 @@
 #include "inf_testutil.h"
 #include "store_impl.h"
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 typedef enum { ALTERNATE = 1, RETRY_AFTER, DRIP } script;
 
 typedef struct {
@@ -203,12 +197,12 @@ Test(hostile_follow, a_source_alternating_a_foreign_head_is_backed_off) {
   dup2(fd, 2);
   pulse_log_level_set(PULSE_LOG_WARN);
   pthread_t th;
-  double t0 = now_s();
+  double t0 = tu_now_s();
   pthread_create(&th, NULL, follow_thread, sub);
   sleep(4);
   pulse_sub_stop(sub);
   pthread_join(th, NULL);
-  double dt = now_s() - t0;
+  double dt = tu_now_s() - t0;
   fflush(stderr);
   dup2(saved, 2);
   close(fd), close(saved);
@@ -244,9 +238,9 @@ Test(hostile_follow, retry_after_is_honoured) {
   o.backoff_ms = 10;
   pulse_sub *sub;
   cr_assert_eq(pulse_sub_create(&o, &sub), PULSE_OK);
-  double t0 = now_s();
+  double t0 = tu_now_s();
   cr_expect_eq(pulse_sub_sync(sub), PULSE_OK, "%s", pulse_sub_error(sub));
-  double dt = now_s() - t0;
+  double dt = tu_now_s() - t0;
   cr_expect_geq(dt, 0.9, "retried after %.3f s, not after Retry-After: 1", dt);
   cr_expect_lt(dt, 5.0);
   pulse_sub_free(sub);
@@ -296,9 +290,9 @@ Test(hostile_follow, a_dripping_object_is_given_up_at_its_deadline) {
   pulse_sub *sub;
   cr_assert_eq(pulse_sub_create(&o, &sub), PULSE_OK);
   cr_assert_eq(pulse_sub_attach_file(sub, out), PULSE_OK);
-  double t0 = now_s();
+  double t0 = tu_now_s();
   pulse_status st = pulse_sub_sync(sub);
-  double dt = now_s() - t0;
+  double dt = tu_now_s() - t0;
   cr_expect_neq(st, PULSE_OK);
   cr_expect(strstr(pulse_sub_error(sub), "deadline") != NULL, "%s",
             pulse_sub_error(sub));

@@ -28,16 +28,11 @@
 #include <time.h>
 
 #include "http_fetch_impl.h"
+#include "forge_testutil.h"
 #include "http_fetch_xfer_impl.h"
 #include "inf_testutil.h"
 #include "script_server.h"
 #include "store_impl.h"
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 typedef enum {
   SERVE = 1,   /* the head, and the object's bytes */
@@ -299,40 +294,6 @@ Test(hostile_net, the_redirect_rule_names_origins_and_refuses_downgrades) {
 
 /* ---------------------------------------------------------- huge objects */
 
-/* Rewrites the head of store `dir`: every object's size becomes `size`,
- * signed again by `key`. */
-static void forge_sizes(const char *dir, const pulse_sign_key *key,
-                        uint64_t size) {
-  pulse_store_head *h;
-  cr_assert_eq(pulse_store_head_load(dir, &h), PULSE_OK, "%s",
-               pulse_error_detail());
-  store_head_fields f;
-  memset(&f, 0, sizeof f);
-  f.step = h->step;
-  f.digest = h->digest;
-  for (size_t i = 0; i < h->npatches; i++)
-    h->patches[i].size = size;
-  for (size_t i = 0; i < h->nanchors; i++)
-    h->anchors[i].size = size;
-  f.patches = h->patches;
-  f.npatches = h->npatches;
-  f.anchors = h->anchors;
-  f.nanchors = h->nanchors;
-  f.version = h->version;
-  memcpy(f.run, h->run, sizeof f.run);
-  f.published = h->published;
-  f.has_previous = h->has_previous;
-  f.previous_step = h->previous_step;
-  memcpy(f.previous_sha256, h->previous_sha256, 32);
-  pulse_buffer json = {NULL, 0};
-  cr_assert_eq(store_head_serialize(&f, key, &json), PULSE_OK, "%s",
-               pulse_error_detail());
-  char path[4096];
-  snprintf(path, sizeof path, "%s/head.json", dir);
-  cr_assert_eq(tu_write(path, json.data, json.size), 0);
-  pulse_buffer_free(&json);
-  pulse_store_head_free(h);
-}
 
 typedef struct {
   int nomem;
@@ -366,7 +327,7 @@ Test(hostile_net, a_head_naming_a_huge_object_is_refused_before_any_memory) {
   const uint64_t sizes[] = {(uint64_t)1 << 63, ((uint64_t)1 << 40) + 1,
                             (uint64_t)2 << 20};
   for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++) {
-    forge_sizes(t.dir, t.key, sizes[s]);
+    forge_object_sizes(t.dir, t.key, 1, sizes[s]);
     pulse_server_notify(t.srv, 0);
     char *work = tu_make_dir(), cache[4096];
     snprintf(cache, sizeof cache, "%s/cache", work);
@@ -385,9 +346,9 @@ Test(hostile_net, a_head_naming_a_huge_object_is_refused_before_any_memory) {
     for (int i = 0; i < TU_TENSORS; i++)
       memcpy(tg.data[i], t.bits[0][i], t.m.numel[i] * 2);
     cr_assert_eq(pulse_sub_assume_step(sub, 0), PULSE_OK);
-    double t0 = now_s();
+    double t0 = tu_now_s();
     pulse_status st = pulse_sub_sync(sub);
-    double dt = now_s() - t0;
+    double dt = tu_now_s() - t0;
     cr_expect_neq(st, PULSE_OK, "size %" PRIu64 " was taken", sizes[s]);
     cr_expect_eq(log.nomem, 0, "size %" PRIu64 ": memory was asked for it",
                  sizes[s]);
@@ -504,9 +465,9 @@ Test(hostile_net, a_long_content_length_ends_when_the_signed_bytes_arrived) {
   o.low_speed_seconds = 8;
   pulse_sub *sub;
   cr_assert_eq(pulse_sub_create(&o, &sub), PULSE_OK);
-  double t0 = now_s();
+  double t0 = tu_now_s();
   pulse_status st = pulse_sub_sync(sub);
-  double dt = now_s() - t0;
+  double dt = tu_now_s() - t0;
   cr_expect_eq(st, PULSE_OK, "%s", pulse_sub_error(sub));
   cr_expect_lt(dt, 3.0, "the pull took %.1f s for %u bytes", dt, OBJ_SIZE);
   pulse_sub_figures f;

@@ -11,12 +11,6 @@
 
 #include "inf_testutil.h"
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 Test(slow_link, a_worker_at_50_kb_per_s_syncs_with_the_default_deadline,
      .timeout = 120) {
   it_trainer t;
@@ -38,9 +32,9 @@ Test(slow_link, a_worker_at_50_kb_per_s_syncs_with_the_default_deadline,
   cr_assert_eq(pulse_sub_create(&o, &sub), PULSE_OK);
   it_targets tg;
   it_targets_attach(&tg, &t, sub);
-  double t0 = now_s();
+  double t0 = tu_now_s();
   pulse_status st = pulse_sub_sync(sub);
-  double dt = now_s() - t0;
+  double dt = tu_now_s() - t0;
   cr_expect_eq(st, PULSE_OK, "after %.1f s: %s", dt, pulse_sub_error(sub));
   cr_expect(it_targets_equal(&tg, &t, 2), "the targets are not step 2");
   cr_expect_lt(dt, 60.0, "synced in %.1f s", dt);

@@ -14,12 +14,6 @@
 #include "pulse_safetensors.h"
 #include "store_impl.h"
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static void sleep_ms(int ms) {
   struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
   nanosleep(&ts, NULL);
@@ -329,8 +323,8 @@ static void *follow_thread(void *arg) {
 }
 
 static int wait_step(pulse_sub *sub, uint64_t step, double seconds) {
-  double end = now_s() + seconds;
-  while (now_s() < end) {
+  double end = tu_now_s() + seconds;
+  while (tu_now_s() < end) {
     uint64_t s = pulse_sub_step(sub);
     if (s != PULSE_SUB_NO_STEP && s >= step)
       return 1;
@@ -369,15 +363,15 @@ Test(trust, a_follower_leaves_a_stale_mirror_listed_first_for_the_trainer,
   sleep_ms(50); /* the follower waits on a long-poll now */
   /* The trainer moves on; the mirror does not. */
   it_trainer_run(&t, 6, 7, 0.01);
-  double t0 = now_s();
+  double t0 = tu_now_s();
   int reached = wait_step(sub, 7, 2.0 * interval_ms / 1000.0);
-  double took = now_s() - t0;
+  double took = tu_now_s() - t0;
   cr_assert(reached, "the trainer's step 7 not reached in two poll intervals "
                      "(%.2f s)", took);
   cr_assert(it_targets_equal(&tg, &t, 7));
   /* The mirror is reported as lagging, once for its step. */
-  double end = now_s() + 2.0;
-  while (atomic_load(&seen.lagging) == 0 && now_s() < end)
+  double end = tu_now_s() + 2.0;
+  while (atomic_load(&seen.lagging) == 0 && tu_now_s() < end)
     sleep_ms(10);
   pulse_sub_stop(sub);
   void *ret;

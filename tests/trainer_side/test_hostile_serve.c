@@ -18,41 +18,9 @@
 #include <unistd.h>
 
 #include "files_testutil.h"
+#include "serve_testutil.h"
 #include "pulse_server.h"
 #include "store_impl.h"
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-/* A store whose head names one (absent) anchor: the server serves heads
- * without looking at objects. */
-static char *store_with_head(void) {
-  char *dir = tu_make_dir();
-  pulse_store_object a;
-  memset(&a, 0, sizeof a);
-  a.kind = PULSE_STORE_ANCHOR;
-  a.size = 1000;
-  a.sha256[0] = 1;
-  store_object_set_path(&a);
-  store_head_fields f;
-  memset(&f, 0, sizeof f);
-  f.anchors = &a;
-  f.nanchors = 1;
-  f.version = 2;
-  f.run[0] = 7;
-  f.published = 1764633600;
-  pulse_buffer json = {NULL, 0};
-  cr_assert_eq(store_head_serialize(&f, NULL, &json), PULSE_OK, "%s",
-               pulse_error_detail());
-  char path[4096];
-  snprintf(path, sizeof path, "%s/head.json", dir);
-  cr_assert_eq(tu_write(path, json.data, json.size), 0);
-  pulse_buffer_free(&json);
-  return dir;
-}
 
 /* A non-blocking TCP connection to port from source address `from`. */
 static int open_from(const char *from, uint16_t port) {
@@ -73,14 +41,14 @@ static int open_from(const char *from, uint16_t port) {
 /* One request from 127.0.0.1: 1 when a "200" status line came back within
  * `limit_s`. */
 static int answered(uint16_t port, const char *path, double limit_s) {
-  double t0 = now_s();
+  double t0 = tu_now_s();
   int fd = open_from("127.0.0.1", port);
   char req[256], buf[512];
   int n = snprintf(req, sizeof req,
                    "GET %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
                    path);
   size_t sent = 0, got = 0;
-  while (now_s() - t0 < limit_s) {
+  while (tu_now_s() - t0 < limit_s) {
     struct pollfd p = {fd, (short)(sent < (size_t)n ? POLLOUT : POLLIN), 0};
     if (poll(&p, 1, 50) <= 0)
       continue;
@@ -103,7 +71,7 @@ static int answered(uint16_t port, const char *path, double limit_s) {
   close(fd);
   buf[got] = '\0';
   return got > 0 && strncmp(buf, "HTTP/1.1 200", 12) == 0 &&
-         now_s() - t0 < limit_s;
+         tu_now_s() - t0 < limit_s;
 }
 
 static void raise_fd_limit(rlim_t want) {
@@ -120,7 +88,7 @@ static void raise_fd_limit(rlim_t want) {
 
 Test(hostile_serve, idle_and_slowloris_connections_leave_others_served) {
   raise_fd_limit(8192);
-  char *dir = store_with_head();
+  char *dir = ts_store_with_head();
   pulse_server_opts so;
   pulse_server_opts_init(&so); /* the defaults defend */
   so.store_dir = dir;
@@ -144,9 +112,9 @@ Test(hostile_serve, idle_and_slowloris_connections_leave_others_served) {
     for (int i = IDLE; i < IDLE + SLOW; i++)
       (void)send(fds[i], "a", 1, MSG_NOSIGNAL);
     for (int k = 0; k < 5; k++, asked++) {
-      double t0 = now_s();
+      double t0 = tu_now_s();
       ok += answered(port, k % 2 ? "/v1/head" : "/healthz", 1.0);
-      double dt = now_s() - t0;
+      double dt = tu_now_s() - t0;
       worst = dt > worst ? dt : worst;
     }
   }
@@ -160,7 +128,7 @@ Test(hostile_serve, idle_and_slowloris_connections_leave_others_served) {
 }
 
 Test(hostile_serve, a_slow_client_is_cut_off_at_the_header_deadline) {
-  char *dir = store_with_head();
+  char *dir = ts_store_with_head();
   pulse_server_opts so;
   pulse_server_opts_init(&so);
   so.store_dir = dir;
@@ -172,19 +140,19 @@ Test(hostile_serve, a_slow_client_is_cut_off_at_the_header_deadline) {
                pulse_error_detail());
   int fd = open_from("127.0.0.1", pulse_server_port(srv));
   const char *start = "GET /v1/head HTTP/1.1\r\nHost: x\r\nX-Slow: ";
-  double t0 = now_s(), closed_at = 0;
+  double t0 = tu_now_s(), closed_at = 0;
   (void)send(fd, start, strlen(start), MSG_NOSIGNAL);
-  while (now_s() - t0 < 4 && closed_at == 0) {
+  while (tu_now_s() - t0 < 4 && closed_at == 0) {
     struct pollfd p = {fd, POLLIN, 0};
     if (poll(&p, 1, 200) > 0) {
       char c;
       ssize_t r = recv(fd, &c, 1, 0);
       if (r <= 0 && !(r < 0 && errno == EAGAIN))
-        closed_at = now_s() - t0;
+        closed_at = tu_now_s() - t0;
     }
     if (send(fd, "a", 1, MSG_NOSIGNAL) < 0 && errno != EAGAIN &&
         closed_at == 0)
-      closed_at = now_s() - t0;
+      closed_at = tu_now_s() - t0;
   }
   close(fd);
   cr_expect(closed_at > 0.5 && closed_at < 2.5,

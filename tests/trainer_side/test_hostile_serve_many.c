@@ -24,40 +24,9 @@
 #include <unistd.h>
 
 #include "files_testutil.h"
+#include "serve_testutil.h"
 #include "pulse_server.h"
 #include "store_impl.h"
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-/* A store whose head names one (absent) anchor. */
-static char *store_with_head(void) {
-  char *dir = tu_make_dir();
-  pulse_store_object a;
-  memset(&a, 0, sizeof a);
-  a.kind = PULSE_STORE_ANCHOR;
-  a.size = 1000;
-  a.sha256[0] = 1;
-  store_object_set_path(&a);
-  store_head_fields f;
-  memset(&f, 0, sizeof f);
-  f.anchors = &a;
-  f.nanchors = 1;
-  f.version = 2;
-  f.run[0] = 7;
-  f.published = 1764633600;
-  pulse_buffer json = {NULL, 0};
-  cr_assert_eq(store_head_serialize(&f, NULL, &json), PULSE_OK, "%s",
-               pulse_error_detail());
-  char path[4096];
-  snprintf(path, sizeof path, "%s/head.json", dir);
-  cr_assert_eq(tu_write(path, json.data, json.size), 0);
-  pulse_buffer_free(&json);
-  return dir;
-}
 
 /* A non-blocking TCP connection to 127.0.0.1:port from `from`; -1 when
  * none can be made now. */
@@ -82,7 +51,7 @@ static int open_from(const char *from, uint16_t port) {
 /* One request from 127.0.0.1: 1 when a "200" status line came back within
  * `limit_s`. */
 static int answered(uint16_t port, const char *path, double limit_s) {
-  double t0 = now_s();
+  double t0 = tu_now_s();
   int fd = open_from("127.0.0.1", port);
   if (fd < 0)
     return 0;
@@ -91,7 +60,7 @@ static int answered(uint16_t port, const char *path, double limit_s) {
                    "GET %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
                    path);
   size_t sent = 0, got = 0;
-  while (now_s() - t0 < limit_s) {
+  while (tu_now_s() - t0 < limit_s) {
     struct pollfd p = {fd, (short)(sent < (size_t)n ? POLLOUT : POLLIN), 0};
     if (poll(&p, 1, 50) <= 0)
       continue;
@@ -114,7 +83,7 @@ static int answered(uint16_t port, const char *path, double limit_s) {
   close(fd);
   buf[got] = '\0';
   return got > 0 && strncmp(buf, "HTTP/1.1 200", 12) == 0 &&
-         now_s() - t0 < limit_s;
+         tu_now_s() - t0 < limit_s;
 }
 
 enum { ADDRS = 20, PER_ADDR = 8, SLOTS = ADDRS * PER_ADDR };
@@ -139,7 +108,7 @@ static void *attack_main(void *arg) {
   const char *start = "GET /v1/head HTTP/1.1\r\nHost: x\r\nX-Slow: ";
   for (int i = 0; i < SLOTS; i++)
     fd[i] = -1;
-  while (!atomic_load(&a->stop) && now_s() < a->until) {
+  while (!atomic_load(&a->stop) && tu_now_s() < a->until) {
     int reopen = 40, open_now = 0;
     for (int i = 0; i < SLOTS; i++) {
       if (fd[i] >= 0) {
@@ -156,14 +125,14 @@ static void *attack_main(void *arg) {
         fd[i] = open_from(from, a->port);
         reopen--;
         started[i] = 0;
-        last[i] = now_s();
+        last[i] = tu_now_s();
         if (fd[i] >= 0)
           a->opened++;
       }
       if (fd[i] < 0)
         continue;
       open_now++;
-      double t = now_s();
+      double t = tu_now_s();
       if (i % 4 == 3) /* a quarter of them idle: never a byte */
         continue;
       if (!started[i]) {
@@ -199,7 +168,7 @@ static unsigned long long metric(pulse_server *srv, const char *name) {
 
 Test(hostile_serve, a_slowloris_from_many_addresses_leaves_a_new_client_served,
      .timeout = 30) {
-  char *dir = store_with_head();
+  char *dir = ts_store_with_head();
   pulse_server_opts so;
   pulse_server_opts_init(&so);
   so.store_dir = dir;
@@ -213,16 +182,16 @@ Test(hostile_serve, a_slowloris_from_many_addresses_leaves_a_new_client_served,
   attack a;
   memset(&a, 0, sizeof a);
   a.port = pulse_server_port(srv);
-  a.until = now_s() + 8;
+  a.until = tu_now_s() + 8;
   pthread_t th;
   cr_assert_eq(pthread_create(&th, NULL, attack_main, &a), 0);
   usleep(700 * 1000); /* every slot taken, and retaken */
   int ok = 0, asked = 0;
   double worst = 0;
   for (int k = 0; k < 10; k++, asked++) {
-    double t0 = now_s();
+    double t0 = tu_now_s();
     ok += answered(a.port, k % 2 ? "/v1/head" : "/healthz", 1.0);
-    double dt = now_s() - t0;
+    double dt = tu_now_s() - t0;
     worst = dt > worst ? dt : worst;
     usleep(100 * 1000);
   }

@@ -14,12 +14,6 @@
 #include "store_impl.h"
 #include "trainer_testutil.h"
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static pulse_pub *open_pub(const char *dir, tu_model *m, pulse_server *srv,
                            double grace) {
   pulse_pub_opts o;
@@ -105,7 +99,7 @@ Test(publisher_grace, an_object_that_left_the_head_is_served_until_its_grace_end
   for (; step <= 6; step++) {
     commit(pub, &m, step);
     if (left == 0 && !head_names(dir, x.sha256))
-      left = now_s();
+      left = tu_now_s();
   }
   cr_assert_gt(left, 0, "retention kept the patch of step 1");
   cr_assert_eq(fetch(port, url, x.sha256), 200,
@@ -114,11 +108,11 @@ Test(publisher_grace, an_object_that_left_the_head_is_served_until_its_grace_end
   pulse_pub_free(pub);
   pub = open_pub(dir, &m, srv, grace);
   commit(pub, &m, step++);
-  cr_assert_lt(now_s() - left, grace, "the test ran too slowly to check");
+  cr_assert_lt(tu_now_s() - left, grace, "the test ran too slowly to check");
   cr_assert_eq(fetch(port, url, x.sha256), 200,
                "the restarted publisher removed an object in its grace");
   /* After the grace, the next commit removes it. */
-  while (now_s() < left + grace + 0.2)
+  while (tu_now_s() < left + grace + 0.2)
     usleep(20000);
   commit(pub, &m, step++);
   cr_assert_eq(fetch(port, url, x.sha256), 404,

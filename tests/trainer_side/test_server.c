@@ -16,12 +16,6 @@
 #include "store_impl.h"
 #include "trainer_testutil.h"
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 typedef ht_reply reply;
 
 /* GET (or another method) with extra request headers; path taken as is;
@@ -278,7 +272,7 @@ typedef struct {
 static void *poll_main(void *arg) {
   poll_job *j = arg;
   j->r = get(j->port, j->path, NULL, NULL);
-  j->done = now_s();
+  j->done = tu_now_s();
   return NULL;
 }
 
@@ -300,7 +294,7 @@ Test(server, a_long_poll_wakes_within_milliseconds_of_an_in_process_commit) {
     pthread_create(&th, NULL, poll_main, &j);
     wait_waiters(f.srv, 1);
     commit_next(&f, step);
-    double moved = now_s();
+    double moved = tu_now_s();
     pthread_join(th, NULL);
     cr_assert_eq(j.r.status, 200);
     pulse_store_head *h = NULL;
@@ -337,7 +331,7 @@ Test(server, a_long_poll_follows_a_publisher_it_is_not_wired_to) {
   pthread_create(&th, NULL, poll_main, &j);
   wait_waiters(f.srv, 1);
   commit_next(&f, 2);
-  double moved = now_s();
+  double moved = tu_now_s();
   pthread_join(th, NULL);
   cr_assert_eq(j.r.status, 200);
   cr_assert(strstr(j.r.body, "\"step\":2,") != NULL);
@@ -352,9 +346,9 @@ Test(server, a_long_poll_times_out_with_the_current_head_and_limits_hold) {
   pulse_server_opts so;
   pulse_server_opts_init(&so);
   fixture_up(&f, 1, 1, 0);
-  double t0 = now_s();
+  double t0 = tu_now_s();
   reply r = get(f.port, "/v1/head?after=1&timeout_ms=300", NULL, NULL);
-  double took = now_s() - t0;
+  double took = tu_now_s() - t0;
   cr_assert_eq(r.status, 200);
   cr_assert(strstr(r.body, "\"step\":1,") != NULL);
   cr_assert_geq(took, 0.29);
@@ -383,7 +377,7 @@ Test(server, a_long_poll_times_out_with_the_current_head_and_limits_hold) {
   cr_assert_str_eq(ht_header(&busy, "Retry-After", v, sizeof v), "1");
   free_reply(&busy);
   /* Stopping answers the waiter at once. */
-  double stop0 = now_s();
+  double stop0 = tu_now_s();
   pulse_server_free(small);
   pthread_join(th, NULL);
   cr_assert_eq(j.r.status, 200);

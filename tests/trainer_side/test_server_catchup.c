@@ -16,12 +16,6 @@
 #include "store_impl.h"
 #include "trainer_testutil.h"
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* A store of steps 0..steps (one anchor, at 0) written by a publisher
  * signing with `key`, closed again. */
 static char *make_store(int steps, uint64_t scale, const pulse_sign_key *key) {
@@ -116,17 +110,17 @@ Test(server_catchup, health_and_head_answer_within_100_ms_while_ten_build) {
     cr_assert_eq(pthread_create(&tid[i], NULL, catchup_main, &calls[i]), 0);
   }
   /* Until the builds are under way. */
-  double t0 = now_s();
-  while (metric(srv, "pulse_catchup_builds_pending") < 5 && now_s() - t0 < 5)
+  double t0 = tu_now_s();
+  while (metric(srv, "pulse_catchup_builds_pending") < 5 && tu_now_s() - t0 < 5)
     usleep(2000);
   double worst = 0, took_all[20];
   int taken = 0;
   for (int k = 0; k < 10; k++) {
     const char *paths[2] = {"/healthz", "/v1/head"};
     for (int p = 0; p < 2; p++) {
-      double t = now_s();
+      double t = tu_now_s();
       ht_reply r = ht_request(port, NULL, paths[p], NULL, NULL);
-      double took = now_s() - t;
+      double took = tu_now_s() - t;
       cr_assert_eq(r.status, 200, "%s: %ld", paths[p], r.status);
       ht_reply_free(&r);
       took_all[taken++] = took;
@@ -186,13 +180,13 @@ Test(server_catchup, a_full_queue_answers_503_with_retry_after) {
   cr_assert_not_null(ht_header(&r, "Retry-After", v, sizeof v));
   ht_reply_free(&r);
   /* The build went on: a retry finds it. */
-  double t0 = now_s();
+  double t0 = tu_now_s();
   do {
     usleep(10000);
     r = ht_request(port, NULL, "/v1/catchup/1", NULL, NULL);
     if (r.status != 200)
       ht_reply_free(&r);
-  } while (r.status != 200 && now_s() - t0 < 10);
+  } while (r.status != 200 && tu_now_s() - t0 < 10);
   cr_assert_eq(r.status, 200);
   ht_reply_free(&r);
   cr_assert_eq(metric(srv, "pulse_catchup_builds_total"), 1);
