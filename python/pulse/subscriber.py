@@ -143,16 +143,18 @@ class Subscriber(Closing):
         table = self._table(sub)
         shapes = {name: tuple(t.shape) for name, t in targets.items()}
         regions = []
-        for target, source, sr, sc, dr, dc, rows, cols in mapping.plan(table, shapes):
-            dst = targets[target]
-            dst_cols = dst.numel() // dst.shape[0] if dst.dim() > 0 and dst.shape[0] else 1
-            region = Region(source.encode(), sr, rows, sc, cols,
-                            dst.data_ptr() + 2 * (dr * dst_cols + dc), dst_cols)
-            shape = table[source]
+        for c in mapping.plan(table, shapes):
+            # The block's rows lie dst_cols elements apart in the target
+            # (a fused or sharded weight: its 2-D view; an expert stack:
+            # its last dimension).
+            dst = targets[c.target]
+            region = Region(c.source.encode(), c.src_row0, c.rows, c.src_col0, c.cols,
+                            dst.data_ptr() + 2 * (c.dst_row0 * c.dst_cols + c.dst_col0), c.dst_cols)
+            shape = table[c.source]
             dims = (ctypes.c_uint64 * max(1, len(shape)))(*shape)
             status = lib.pulse_sub_attach_region(sub, len(shape), dims, ctypes.byref(region))
             if status != 0:
-                check(status, f"target '{target}': " + lib.pulse_sub_error(sub).decode(errors="replace"))
+                check(status, f"target '{c.target}': " + lib.pulse_sub_error(sub).decode(errors="replace"))
             regions.append(region)
         return regions
 
