@@ -45,18 +45,37 @@ class Publisher(Closing):
     positions (PULSE_POS_PLAIN, pulse-publish --plain: about 40% more
     position bytes), decoded without base bits; tensor-parallel workers
     (pulse.Mapping) apply either kind into their part of a tensor.
+    chunk_log2: elements per patch chunk, 2**chunk_log2 (None: the
+    library's default).
+
+    Sharded trainers (trainer_side/pulse_pub_shard.h): with world > 1, or
+    a torch.distributed `group` of more than one rank, this publisher is
+    rank `rank` of a sharded trainer; every rank passes the same store and
+    key, and publish is collective (see publish). Over a group the ranks
+    talk through its object collectives (gloo on CPU, NCCL on GPU);
+    without one, through files in the store folder (timeout: seconds a
+    rank waits for the others). Either way every rank must see the store
+    folder (each writes its blocks of the anchors there); rank 0 holds the
+    key, commits, and with upload= uploads the store after each step. The
+    store is the one a single publisher of the gathered weights makes,
+    byte for byte, when the table's order is the same (a tensor's place
+    is its first mention: rank 0's blocks first, each rank's in its order).
     """
 
-    def __init__(self, store_dir, key=None, upload=None, *, anchor_every=16, keep_patches=32,
-                 keep_anchors=3, threads=0, plain=False):
+    def __init__(self, store_dir, key=None, upload=None, rank=None, world=None, group=None, *,
+                 anchor_every=16, keep_patches=32, keep_anchors=3, threads=0, plain=False,
+                 chunk_log2=None, timeout=60.0):
         self._pub = None
         self._key = None
         self._upload = None
+        self._sharded = None
+        rank, world = _rank_world(rank, world, group)
         # What the last upload did (pulse_upload_figures), with upload=.
         self.last_upload = None
-        if upload is not None:
-            if not isinstance(upload, str):
-                raise fail("Publisher: upload must be a str (s3://BUCKET/PREFIX)")
+        if upload is not None and not isinstance(upload, str):
+            raise fail("Publisher: upload must be a str (s3://BUCKET/PREFIX)")
+        # A sharded trainer's rank 0 signs, commits and uploads.
+        if upload is not None and rank == 0:
             self._upload_target = upload.encode()
             opts = UploadOpts()
             opts.target = self._upload_target
@@ -65,7 +84,7 @@ class Publisher(Closing):
             self._upload = handle
         self.store_dir = os.fspath(store_dir)
         os.makedirs(self.store_dir, exist_ok=True)
-        self._key = load_or_create_key(self.store_dir, key)
+        self._key = load_or_create_key(self.store_dir, key) if rank == 0 else None
         self._opts = PubOpts()
         self._opts.anchor_every = anchor_every
         self._opts.keep_patches = keep_patches
@@ -73,12 +92,34 @@ class Publisher(Closing):
         self._opts.threads = threads
         self._opts.pos_model = 0 if plain else 1
         self._opts.key = self._key
+        if chunk_log2 is not None:
+            self._opts.chunk_log2 = chunk_log2
         self._table = None  # [(name, shape)] in the store's order
         # What the last publish did (pulse_pub_figures: changed, patch_bytes,
         # the C commit's own total_seconds, ...).
         self.last_figures = None
-        if os.path.exists(os.path.join(self.store_dir, "head.json")):
+        if world > 1:
+            self._sharded = self._shard_rank(rank, world, group, timeout)
+        elif os.path.exists(os.path.join(self.store_dir, "head.json")):
             self._open(None)
+
+    def _shard_rank(self, rank, world, group, timeout):
+        """One rank of a sharded trainer (pulse.shard_group, pulse.shard_store)."""
+        from . import shard, shard_group, shard_store
+
+        def make_committer(table):
+            committer = shard.Committer(self.store_dir, table, self._opts)
+            committer.public_key = self.public_key
+            return committer
+
+        upload = self._upload_figures if self._upload is not None else None
+        if group is not None:
+            return shard_group.GroupPublisher(self.store_dir, group, make_committer, upload,
+                                              self._opts.chunk_log2)
+        if not isinstance(timeout, (int, float)) or not 0 < timeout < 2 ** 31 / 1000:
+            raise fail(f"Publisher: timeout {timeout!r} is not a positive number of seconds")
+        return shard_store.StorePublisher(self.store_dir, rank, world, make_committer, upload,
+                                          self._opts.chunk_log2, float(timeout))
 
     def _open(self, table, stream=None):
         names = [name.encode() for name, _ in table] if table else []
@@ -106,14 +147,20 @@ class Publisher(Closing):
     @property
     def public_key(self):
         """The publisher's Ed25519 public key, 64 hex digits (what a
-        Subscriber pins)."""
+        Subscriber pins). On a sharded trainer's other ranks: rank 0's,
+        once the publisher is made (over a group), else None."""
+        if self._key is None:
+            return self._sharded.public_key if self._sharded is not None else None
         raw = (ctypes.c_char * 32)()
         lib.pulse_sign_key_public(self._key, raw)
         return bytes(raw).hex()
 
     @property
     def step(self):
-        """The head's step, or None before the first publish."""
+        """The head's step, or None before the first publish (a sharded
+        rank: the head it last saw)."""
+        if self._sharded is not None:
+            return self._sharded.head
         if self._pub is None:
             return None
         step = ctypes.c_uint64()
@@ -127,7 +174,28 @@ class Publisher(Closing):
         names must be the store's table (the first publish of a new store
         makes it), in any order. `step`: above the head's (default: the
         head's + 1, or 1). Returns the step. The tensors are only read,
-        during the call. A failure raises Error and publishes nothing."""
+        during the call. A failure raises Error and publishes nothing.
+
+        A sharded trainer's rank (see the class) gives the blocks it owns:
+        a mapping (or pairs) of published names to pulse.Block(tensor,
+        full_shape, start), or to a plain tensor for a tensor it owns
+        whole; every rank calls publish for every step, with the same
+        blocks each time, and every rank returns the same step. The first
+        publish checks that the ranks' blocks tile every tensor exactly
+        (overlaps, gaps, full shapes that disagree between ranks are refused
+        on every rank, naming the tensor, before anything is written).
+        Over a group, a rank that raises inside publish makes every rank
+        raise with its reason, and nothing is published; the next publish
+        retries. A rank that dies leaves the previous step in the store;
+        the others raise, and a restarted job resumes from the store."""
+        if self._sharded is not None:
+            step = self._sharded.publish(tensors, step)
+            self.last_figures = self._sharded.last_figures
+            self.last_upload = self._sharded.last_upload
+            return step
+        return self._publish_whole(tensors, step)
+
+    def _publish_whole(self, tensors, step=None):
         pairs = _tensors.items(tensors, "publish")
         checked = {}
         device = None
@@ -178,15 +246,18 @@ class Publisher(Closing):
         is missing."""
         if self._upload is None:
             return
+        self.last_upload = self._upload_figures()
+
+    def _upload_figures(self):
         figures = UploadFigures()
         check(lib.pulse_upload_store(self._upload, os.fsencode(self.store_dir),
                                      ctypes.byref(figures)))
-        self.last_upload = figures_dict(figures)
+        return figures_dict(figures)
 
     def flush(self):
         """Waits for an anchor written in the background and names it in
         the head (and, with upload=, uploads that head)."""
-        if self._pub is not None:
+        if self._pub is not None:  # a sharded rank's anchors are written in the step
             figures = PubFigures()
             check(lib.pulse_pub_flush(self._pub, ctypes.byref(figures)))
             if figures.flush:
@@ -203,6 +274,9 @@ class Publisher(Closing):
             self._free()
 
     def _free(self):
+        if self._sharded is not None:
+            self._sharded.close()
+            self._sharded = None
         if self._upload is not None:
             lib.pulse_upload_free(self._upload)
             self._upload = None
@@ -212,3 +286,30 @@ class Publisher(Closing):
         if self._key is not None:
             lib.pulse_sign_key_free(self._key)
             self._key = None
+
+
+def _rank_world(rank, world, group):
+    """(rank, world) of a Publisher: a group's (rank and world, if given,
+    must agree), else the given ones, else (0, 1)."""
+    for what, value in (("rank", rank), ("world", world)):
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+            raise fail(f"Publisher: {what} must be an int, not {type(value).__name__}")
+    if group is not None:
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            raise fail("Publisher: group= given and torch.distributed is not initialized")
+        g_rank, g_world = dist.get_rank(group), dist.get_world_size(group)
+        if g_rank < 0:
+            raise fail("Publisher: this process is not in the group")
+        if (rank is not None and rank != g_rank) or (world is not None and world != g_world):
+            raise fail(f"Publisher: rank {rank}, world {world} disagree with the group's "
+                       f"rank {g_rank} of {g_world}")
+        return g_rank, g_world
+    if world is None:
+        if rank not in (None, 0):
+            raise fail("Publisher: rank given without world")
+        return 0, 1
+    if world < 1 or rank is None or not 0 <= rank < world:
+        raise fail(f"Publisher: rank {rank} of world {world}: 0 <= rank < world >= 1 expected")
+    return rank, world

@@ -1,0 +1,288 @@
+"""One rank of a sharded publisher whose ranks talk over a torch.distributed
+process group (gloo on CPU, NCCL on GPU): the steps of pulse_pub_shard.h
+driven from Python, parts and counts carried by the group's object
+collectives, the anchor written by every rank into one file of the store
+folder (which every rank must see), the head moved by the group's rank 0.
+
+Every collective carries each rank's status, so a rank that raises inside
+publish makes every rank raise (with its reason) and nothing is published;
+a rank that dies makes the group's collectives fail on the others (gloo: at
+once; else the group's timeout), the publisher is then unusable and a
+restarted job resumes from the store."""
+
+import os
+
+from . import shard
+from ._lib import Error, fail
+from .server import notify_store
+
+
+def _dist():
+    import torch.distributed as dist  # only with a group
+
+    return dist
+
+
+class GroupPublisher:
+    """See pulse.Publisher: rank `rank` of `world`, over `group`."""
+
+    def __init__(self, store_dir, group, make_committer, upload, chunk_log2):
+        dist = _dist()
+        self.store_dir = store_dir
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.world = dist.get_world_size(group)
+        if group is None or group is dist.group.WORLD:
+            self._root = 0
+        else:
+            self._root = dist.get_global_rank(group, 0)
+        self._make_committer = make_committer  # (table) -> shard.Committer, rank 0
+        self._upload = upload  # () -> figures dict, rank 0 (None: no upload)
+        self._chunk_log2 = chunk_log2
+        self._table = None
+        self._shard = None
+        self._committer = None
+        self._broken = None
+        self.head = None
+        self.public_key = None
+        self.last_figures = None
+        self.last_upload = None
+
+    # ----------------------------------------------------- collectives
+    def _collective(self, what, fn, *args):
+        try:
+            return fn(*args)
+        except Exception as exc:  # a rank died, the group timed out
+            self._broken = (f"sharded publish: the group failed during {what} ({exc}); this "
+                            "publisher is unusable: restart the job (it resumes from the store)")
+            raise Error("PULSE_ERR_IO", self._broken) from exc
+
+    def _all_gather(self, what, obj):
+        dist = _dist()
+        out = [None] * self.world
+        self._collective(what, dist.all_gather_object, out, obj, self.group)
+        return out
+
+    def _gather(self, what, obj):
+        dist = _dist()
+        out = [None] * self.world if self.rank == 0 else None
+        self._collective(what, lambda: dist.gather_object(obj, out, dst=self._root,
+                                                          group=self.group))
+        return out
+
+    def _broadcast(self, what, obj):
+        dist = _dist()
+        box = [obj]
+        self._collective(what, dist.broadcast_object_list, box, self._root, self.group)
+        return box[0]
+
+    @staticmethod
+    def _raise_first(entries, mine, what):
+        """Raises when a rank failed: this rank's own exception when it was
+        one of them, else an Error naming the first rank that failed."""
+        for rank, entry in enumerate(entries):
+            if entry is not None and entry[0] is not None:
+                if mine is not None:
+                    raise mine
+                status, detail = entry[0]
+                raise Error(status, f"{what}: rank {rank} gave it up: {detail}")
+
+    # -------------------------------------------------------- creation
+    def _create(self, parsed, err):
+        """Collective: every rank's blocks gathered, the table built and the
+        tiling checked on every rank; rank 0 opens the store's committer and
+        checks that every rank sees the store folder; every rank makes its
+        shard, from the head when the store has one."""
+        descs = [d for d, _ in parsed] if err is None else None
+        entries = self._all_gather("the blocks' exchange",
+                                   (shard.error_text(err) if err else None, descs))
+        self._raise_first(entries, err, "publish (creation)")
+        mine, info = None, None
+        try:
+            rank_descs = [e[1] for e in entries]
+            table = shard.Table(shard.build_table(rank_descs))
+            shard.check_tiling(table, rank_descs)
+            if self.rank == 0:
+                self._committer = self._make_committer(table)
+                marker = os.path.join(self.store_dir, "shard", f".group-{os.urandom(8).hex()}")
+                os.makedirs(os.path.dirname(marker), exist_ok=True)
+                with open(marker, "w"):
+                    pass
+                info = (self._committer.head_step(), marker, self._committer.public_key)
+        except Exception as exc:
+            mine = exc
+        entries = self._all_gather("the table's check", (shard.error_text(mine) if mine else None,
+                                                         info))
+        try:
+            self._raise_first(entries, mine, "publish (creation)")
+            head, marker, self.public_key = entries[0][1]
+            mine = None
+            try:
+                if not os.path.exists(marker):
+                    raise fail(f"rank {self.rank} does not see the store folder {self.store_dir} "
+                               "that rank 0 writes (the ranks of a sharded publisher share it: "
+                               "each writes its blocks of the anchors there)", "PULSE_ERR_IO")
+                self._shard = shard.RankShard(table, descs, self._chunk_log2)
+                if head is not None:
+                    self._shard.resume(self.store_dir)
+            except Exception as exc:
+                mine = exc
+            entries = self._all_gather("the shards' creation",
+                                       (shard.error_text(mine) if mine else None,))
+            if self.rank == 0:
+                os.unlink(marker)
+            self._raise_first(entries, mine, "publish (creation)")
+        except BaseException:
+            self._free_parts()
+            raise
+        self._table = table
+        self.head = head
+
+    # ------------------------------------------------------------- step
+    def publish(self, blocks, step):
+        if self._broken:
+            raise Error("PULSE_ERR_IO", self._broken)
+        err, parsed = None, None
+        try:
+            parsed = shard.parse_blocks(blocks)
+        except Exception as exc:
+            err = exc
+        if self._shard is None:
+            self._create(parsed or [], err)
+        return self._step(parsed, err, step)
+
+    def _plan(self, step):
+        """Rank 0's plan of the step: (step, base or None, anchor due, nonce)."""
+        head = self._committer.head_step()
+        if step is None:
+            step = 1 if head is None else head + 1
+        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+            raise fail(f"publish: step {step!r} is not a non-negative int")
+        if head is not None and step <= head:
+            raise fail(f"publish: step {step} is not above the head's {head}",
+                       "PULSE_ERR_BASE_STEP")
+        return step, head, self._committer.anchor_due(step), os.urandom(8).hex()
+
+    def _step(self, parsed, err, asked):
+        # 1. every rank's part, and rank 0's plan
+        part, plan = None, None
+        try:
+            if err is not None:
+                raise err
+            array, alive = self._shard.host_tensors(parsed)
+            if self.rank == 0:
+                plan = self._plan(asked)
+            part = self._shard.detect(array)
+            del alive
+        except Exception as exc:
+            err = exc
+        entries = self._all_gather("the parts' exchange",
+                                   (shard.error_text(err) if err else None, part, asked, plan))
+        plan = entries[0][3]
+        try:
+            self._raise_first(entries, err, "publish")
+            for rank, entry in enumerate(entries):
+                if entry[2] is not None and entry[2] != plan[0]:
+                    raise fail(f"publish: rank {rank} asked for step {entry[2]}, rank 0 "
+                               f"publishes {plan[0]} (every rank passes the same step, or none)")
+        except BaseException:
+            self._drop(plan)
+            raise
+        step, base, due, nonce = plan
+        parts = [e[1] for e in entries]
+        del entries
+        # 2. the anchor's blocks and the counts
+        staged = os.path.join(self.store_dir, "objects", f".anchor-{step}-{nonce}.tmp-shard")
+        counts, target = None, None
+        try:
+            target = self._shard.state_digest(parts, True)
+            if due:
+                self._shard.anchor_write(staged, step, target, base is not None)
+            if base is not None:
+                counts = self._shard.count(parts)
+        except Exception as exc:
+            err = exc
+        gathered = self._gather("the counts' exchange",
+                                (shard.error_text(err) if err else None, counts))
+        # 3. rank 0 encodes and commits; every rank learns the outcome
+        outcome = None
+        if self.rank == 0:
+            outcome = self._commit(gathered, plan, parts, target, staged if due else None)
+        del gathered, counts
+        outcome = self._broadcast("the commit's outcome", outcome)
+        failure, figures, upload = outcome
+        if failure is not None:
+            self._drop(plan)
+            if err is not None:
+                raise err
+            status, detail = failure
+            raise Error(status, detail)
+        if base is not None:
+            self._shard.advance()
+        self.head = step
+        self.last_figures = figures
+        if upload is not None:
+            if isinstance(upload, dict):
+                self.last_upload = upload
+            else:
+                status, detail = upload
+                raise Error(status, f"publish: step {step} is committed; its upload failed: "
+                                    f"{detail}")
+        return step
+
+    def _commit(self, gathered, plan, parts, target, staged):
+        """Rank 0: (failure, figures, upload figures or failure)."""
+        step, base, _, _ = plan
+        for rank, entry in enumerate(gathered):
+            if entry[0] is not None:
+                if staged:
+                    _unlink(staged)
+                status, detail = entry[0]
+                return (status, f"publish: rank {rank} gave it up: {detail}"), None, None
+        try:
+            patch = None
+            if base is not None:
+                opts = self._committer.encode_opts(step, base, self._chunk_log2)
+                patch = shard.encode(self._table, opts, parts, [e[1] for e in gathered])
+            figures = self._committer.commit(step, patch, staged, target)
+        except Exception as exc:
+            if staged:
+                _unlink(staged)
+            return shard.error_text(exc), None, None
+        notify_store(self.store_dir)
+        upload = None
+        if self._upload is not None:
+            try:
+                upload = self._upload()
+            except Exception as exc:
+                upload = shard.error_text(exc)
+        return None, figures, upload
+
+    def _drop(self, plan):
+        """The step failed: the snapshot stays (a store's first step that
+        failed is taken again by its retry)."""
+        if self._shard is None:
+            return
+        if self.head is None:
+            self._shard.reset()
+        else:
+            self._shard.abort()
+
+    # ----------------------------------------------------------- close
+    def _free_parts(self):
+        if self._shard is not None:
+            self._shard.free()
+            self._shard = None
+        if self._committer is not None:
+            self._committer.free()
+            self._committer = None
+
+    def close(self):
+        self._free_parts()
+
+
+def _unlink(path):
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass

@@ -1,0 +1,146 @@
+"""One rank of a sharded publisher whose ranks share the store folder and
+nothing else (no process group): each step is pulse_pub_shard_step
+(trainer_side/pulse_pub_shard.h, PROTOCOL.md "Sharded trainers"), which
+coordinates through files in STORE/shard/.
+
+Before the first step the ranks need the whole table (names and full
+shapes of every tensor, also those a rank has no block of): each rank
+writes its block descriptions to STORE/shard/blocks-R.json and reads every
+rank's. The tiling is checked on every rank from the same files, so every
+rank refuses the same blocks; the C step checks them again from the parts.
+A file left by an earlier job that died before its first step can make
+the table of a rank that reads it first disagree with the others': the C
+step then refuses the parts of another table on every rank, nothing is
+written, and the next publish reads the files again."""
+
+import json
+import os
+import time
+
+from . import shard
+from ._lib import PubFigures, check, fail, figures_dict
+from ._shard_lib import PubShardStepOpts, declared
+from .server import notify_store
+
+
+class StorePublisher:
+    """See pulse.Publisher: rank `rank` of `world`, through the store."""
+
+    def __init__(self, store_dir, rank, world, make_committer, upload, chunk_log2, timeout):
+        self.store_dir = store_dir
+        self.rank = rank
+        self.world = world
+        self._folder = os.path.join(store_dir, "shard")
+        self._make_committer = make_committer
+        self._upload = upload
+        self._chunk_log2 = chunk_log2
+        self._timeout = timeout
+        self._shard = None
+        self._committer = None
+        self._published = False
+        self.head = None
+        self.public_key = None
+        self.last_figures = None
+        self.last_upload = None
+
+    def _blocks_file(self, rank):
+        return os.path.join(self._folder, f"blocks-{rank}.json")
+
+    def _read_blocks(self, rank):
+        """Rank `rank`'s descriptions, or None while its file is not there."""
+        try:
+            with open(self._blocks_file(rank)) as f:
+                doc = json.load(f)
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as exc:
+            raise fail(f"{self._blocks_file(rank)}: {exc}", "PULSE_ERR_CORRUPT") from None
+        if doc.get("world") != self.world:
+            return None  # another job's
+        return [(d[0], tuple(d[1]), d[2], tuple(d[3]), tuple(d[4])) for d in doc["blocks"]]
+
+    def _create(self, descs):
+        os.makedirs(self._folder, exist_ok=True)
+        tmp = self._blocks_file(self.rank) + f".tmp-{os.getpid()}"
+        with open(tmp, "w") as f:
+            json.dump({"world": self.world, "rank": self.rank, "blocks": descs}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self._blocks_file(self.rank))
+        deadline = time.monotonic() + self._timeout
+        rank_descs = []
+        for rank in range(self.world):
+            while True:
+                got = self._read_blocks(rank)
+                if got is not None:
+                    break
+                if time.monotonic() > deadline:
+                    raise fail(f"publish: rank {rank}'s blocks ({self._blocks_file(rank)}) did not "
+                               f"come within {self._timeout} s", "PULSE_ERR_IO")
+                time.sleep(0.005)
+            rank_descs.append(got)
+        table = shard.Table(shard.build_table(rank_descs))
+        shard.check_tiling(table, rank_descs)
+        mine = shard.RankShard(table, descs, self._chunk_log2)
+        try:
+            if self.rank == 0:
+                self._committer = self._make_committer(table)
+                self.public_key = self._committer.public_key
+            mine.resume(self.store_dir)
+        except BaseException:
+            mine.free()
+            if self._committer is not None:
+                self._committer.free()
+                self._committer = None
+            raise
+        self._shard = mine
+
+    def publish(self, blocks, step):
+        parsed = shard.parse_blocks(blocks)
+        if self._shard is None:
+            self._create([d for d, _ in parsed])
+        array, alive = self._shard.host_tensors(parsed)
+        if step is None:
+            head = shard.store_head_step(self.store_dir)
+            step = 1 if head is None else head + 1
+        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+            raise fail(f"publish: step {step!r} is not a non-negative int")
+        opts = PubShardStepOpts()
+        opts.rank = self.rank
+        opts.world = self.world
+        opts.committer = self._committer.handle if self._committer is not None else None
+        opts.timeout_ms = int(self._timeout * 1000)
+        figures = PubFigures()
+        status = declared().pulse_pub_shard_step(self._shard.handle, os.fsencode(self.store_dir),
+                                                 opts, step, array, len(self._shard.descs),
+                                                 figures)
+        del alive
+        if status != 0 and not self._published:
+            # The table may have come from another job's file: read them again.
+            self._free_parts()
+        check(status)
+        self.head = step
+        self.last_figures = figures_dict(figures)
+        if self.rank == 0:
+            if not self._published:
+                for rank in range(self.world):  # every rank has read them
+                    try:
+                        os.unlink(self._blocks_file(rank))
+                    except FileNotFoundError:
+                        pass
+            notify_store(self.store_dir)
+            if self._upload is not None:
+                self.last_upload = self._upload()
+        self._published = True
+        return step
+
+    def _free_parts(self):
+        if self._shard is not None:
+            self._shard.free()
+            self._shard = None
+        if self._committer is not None:
+            self._committer.free()
+            self._committer = None
+
+    def close(self):
+        self._free_parts()

@@ -1,0 +1,436 @@
+"""Sharded trainers publish without a gather (pulse.Publisher with a
+torch.distributed group, gloo, 4 processes; pulse.Block): for flat element
+ranges (FSDP1/ZeRO-3), dim-0 blocks (FSDP2/DTensor), rectangular
+column/row blocks (Megatron), tensor sets (pipeline stages) and a mix, 5
+steps each: after every step the store holds the very objects (sha256
+names) a single-process publish of the gathered FP32 weights writes, the
+patch bytes are that publish's, and a worker pulling the store (Python
+pulse.Subscriber over pulse.Server, and the pulse-pull CLI) holds the
+trainer's BF16 weights bit for bit. Then the faults: a rank that raises in
+a step (bad input before detection; an exception in the counting phase)
+makes every rank raise naming it, the previous step stays on every rank and
+in the store, and the retry publishes; overlapping, missing and
+inconsistent blocks are refused at creation on every rank with the tensor
+named, before anything is written; a rank killed mid-step (os._exit) makes
+the others raise, the store keeps the previous step, and a restarted job
+resumes from the store and publishes the next steps. The same sharded
+publish without a group (rank=, world=: through the store folder, the C
+pulse_pub_shard_step) closes the second job. Exit 77: no torch."""
+
+import datetime
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+
+try:
+    import torch
+    import torch.distributed as dist
+except ImportError:
+    print("skipped: python3-torch is not installed")
+    sys.exit(77)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
+sys.path.insert(0, os.path.join(ROOT, "python"))
+import pulse  # noqa: E402
+from pulse import shard as pulse_shard  # noqa: E402
+
+WORLD = 4
+STEPS = 5
+SHAPES = {"attn.w": (96, 40), "embed": (5000,), "mlp.w3": (24, 30, 7), "norm": (64,)}
+OPTS = dict(chunk_log2=10, anchor_every=2, keep_patches=8, keep_anchors=4, threads=1)
+
+
+class Model:
+    """The trainer's FP32 weights, the same on every rank (seeded): each
+    rank cuts its blocks out of them, the single publisher publishes them
+    whole."""
+
+    def __init__(self, seed):
+        self.gen = torch.Generator().manual_seed(seed)
+        self.w = {name: (torch.rand(shape, generator=self.gen) - 0.5) * (2.0 if name == "norm" else 0.08)
+                  for name, shape in SHAPES.items()}
+
+    def step(self):
+        """An Adam-like step: some weights move by about 1e-3, which changes
+        some BF16 values and moves a few across exponent classes."""
+        for w in self.w.values():
+            mask = torch.rand(w.shape, generator=self.gen) < 0.3
+            w += mask * (torch.rand(w.shape, generator=self.gen) - 0.5) * 2e-3
+
+
+def split(n, rank):
+    return n * rank // WORLD, n * (rank + 1) // WORLD
+
+
+def dim_block(w, rank, d):
+    lo, hi = split(w.shape[d], rank)
+    index = [slice(None)] * w.dim()
+    index[d] = slice(lo, hi)
+    start = [0] * w.dim()
+    start[d] = lo
+    return pulse.Block(w[tuple(index)].contiguous().clone(), tuple(w.shape), tuple(start))
+
+
+def blocks_of(sharding, w, rank):
+    """Rank `rank`'s blocks of the weights `w` under `sharding`."""
+    out = {}
+    if sharding == "flat":  # FSDP1: the concatenation in 4 uneven ranges
+        total = sum(t.numel() for t in w.values())
+        lo = total * rank // WORLD + 37 * (rank > 0)
+        hi = total * (rank + 1) // WORLD + 37 if rank + 1 < WORLD else total
+        at = 0
+        for name, t in w.items():
+            a, e = max(lo, at), min(hi, at + t.numel())
+            if a < e:
+                out[name] = pulse.Block(t.reshape(-1)[a - at:e - at].clone(), tuple(t.shape), a - at)
+            at += t.numel()
+    elif sharding == "dim0":  # FSDP2/DTensor
+        for name, t in w.items():
+            out[name] = dim_block(t, rank, 0)
+    elif sharding == "rect":  # Megatron: a 2x2 grid, column- and row-parallel
+        r0, c0 = (rank // 2) * 48, (rank % 2) * 17
+        out["attn.w"] = pulse.Block(w["attn.w"][r0:r0 + 48, c0:c0 + (23 if rank % 2 else 17)]
+                                    .contiguous().clone(), (96, 40), (r0, c0))
+        out["embed"] = dim_block(w["embed"], rank, 0)
+        out["mlp.w3"] = dim_block(w["mlp.w3"], rank, 1)
+        if rank == 0:
+            out["norm"] = w["norm"].clone()
+    elif sharding == "sets":  # pipeline stages: tensor t on rank (t + 1) % 4
+        for t, name in enumerate(SHAPES):
+            if (t + 1) % WORLD == rank:
+                out[name] = w[name].clone()
+    elif sharding == "mix":
+        r0, c0 = (rank // 2) * 50, (rank % 2) * 20
+        out["attn.w"] = pulse.Block(w["attn.w"][r0:r0 + (46 if rank // 2 else 50), c0:c0 + 20]
+                                    .contiguous().clone(), (96, 40), (r0, c0))
+        lo, hi = split(5000, rank)
+        out["embed"] = pulse.Block(w["embed"][lo:hi].clone(), (5000,), lo)
+        if rank == 2:
+            out["mlp.w3"] = w["mlp.w3"].clone()
+        out["norm"] = dim_block(w["norm"], rank, 0)
+    return out
+
+
+def table_order(sharding):
+    """The table's order a sharded publisher makes: first mention, rank 0's
+    blocks first (a single publisher given this order writes the same
+    bytes)."""
+    order = []
+    model = Model(0)
+    for rank in range(WORLD):
+        for name in blocks_of(sharding, model.w, rank):
+            if name not in order:
+                order.append(name)
+    return order
+
+
+def objects(store):
+    return sorted(n for n in os.listdir(os.path.join(store, "objects")) if not n.startswith("."))
+
+
+def read_safetensors_bf16(path):
+    """{name: int16 tensor of the BF16 bits} of a safetensors file."""
+    with open(path, "rb") as f:
+        data = f.read()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    out = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        assert entry["dtype"] == "BF16", entry
+        a, b = entry["data_offsets"]
+        raw = bytearray(data[8 + n + a:8 + n + b])
+        out[name] = torch.frombuffer(raw, dtype=torch.int16).reshape(entry["shape"])
+    return out
+
+
+def bits(t):
+    return t.to(torch.bfloat16).view(torch.int16)
+
+
+class Worker:
+    """Rank 0's inference worker of a store: pulse.Subscriber over
+    pulse.Server, and the pulse-pull CLI into a file."""
+
+    def __init__(self, store, key, work):
+        self.server = pulse.Server(store)
+        self.key = key
+        self.sub = pulse.Subscriber(self.server.url, key=key, retries=1)
+        self.targets = {n: torch.zeros(s, dtype=torch.bfloat16) for n, s in SHAPES.items()}
+        self.out = os.path.join(work, "pulled.safetensors")
+        self.cli = os.path.join(os.path.dirname(os.environ["PULSE_LIBRARY"]), "tools", "pulse-pull")
+
+    def check(self, step, model):
+        got = self.sub.pull(self.targets, timeout=60)
+        assert got == step, f"the subscriber holds step {got}, not {step}"
+        run = subprocess.run([self.cli, self.server.url, "--out", self.out, "--key", self.key,
+                              "--threads", "1", "--retries", "1"], capture_output=True, text=True,
+                             timeout=60)
+        assert run.returncode == 0, f"pulse-pull: {run.stdout}{run.stderr}"
+        pulled = read_safetensors_bf16(self.out)
+        for name, w in model.w.items():
+            assert torch.equal(self.targets[name].view(torch.int16), bits(w)), \
+                f"step {step}: the subscriber's '{name}' is not the trainer's BF16 weights"
+            assert torch.equal(pulled[name], bits(w)), \
+                f"step {step}: pulse-pull's '{name}' is not the trainer's BF16 weights"
+
+    def close(self):
+        self.sub.close()
+        self.server.close()
+
+
+def expect_error(fn, *words):
+    """The pulse.Error fn raises; every word must be in its message."""
+    try:
+        fn()
+    except pulse.Error as e:
+        for word in words:
+            assert word in str(e), f"'{word}' is not in: {e}"
+        return e
+    raise AssertionError(f"not refused (expected {words})")
+
+
+class Single:
+    """Rank 0's single publisher of the gathered FP32 weights."""
+
+    def __init__(self, store, order):
+        self.pub = pulse.Publisher(store, **OPTS)
+        self.store = store
+        self.order = order
+
+    def publish(self, model, step):
+        assert self.pub.publish({n: model.w[n] for n in self.order}, step) == step
+        figures = self.pub.last_figures
+        self.pub.flush()  # its anchors are written in the background
+        return figures
+
+
+def same_store(sharded, single, step, figures, single_figures):
+    got, want = objects(sharded), objects(single)
+    assert got == want, f"step {step}: the sharded store's objects {got} are not the single " \
+                        f"publisher's {want}"
+    a, b = figures["patch_bytes"], single_figures["patch_bytes"]
+    assert abs(a - b) <= 0.01 * max(b, 1), f"step {step}: patch bytes {a}, single {b}"
+    return a
+
+
+def publish_job(rank, work, name, sharding, seed, first=1, last=STEPS, faults=False, group=True):
+    """Steps first..last of `sharding` into work/<name>/sharded (resumed
+    from its head when first > 1), checked against a single publisher of
+    steps 1..last (rank 0) after every step."""
+    model = Model(seed)
+    for _ in range(2, first):
+        model.step()
+    sharded = os.path.join(work, name, "sharded")
+    where = dict(group=dist.group.WORLD) if group else dict(rank=rank, world=WORLD)
+    pub = pulse.Publisher(sharded, **where, **OPTS, timeout=30)
+    single = worker = None
+    if rank == 0:
+        single_dir = os.path.join(work, name, "single")
+        shutil.rmtree(single_dir, ignore_errors=True)
+        single = Single(single_dir, table_order(sharding))
+        replay = Model(seed)
+        for step in range(1, first):
+            if step > 1:
+                replay.step()
+            single.publish(replay, step)
+    sizes = []
+    for step in range(first, last + 1):
+        if step > 1:
+            model.step()
+        blocks = blocks_of(sharding, model.w, rank)
+        if faults and step == 3:
+            # rank 1 gives an FP16 block: every rank raises, naming it
+            bad = dict(blocks)
+            if rank == 1:
+                bad["embed"] = pulse.Block(bad["embed"].tensor.half(), (5000,), (1250,))
+            e = expect_error(lambda: pub.publish(bad), "embed" if rank == 1 else "rank 1")
+            assert rank != 1 or e.status == "PULSE_ERR_DTYPE", e
+            assert pub.step == 2, f"rank {rank} holds step {pub.step} after a failed step 3"
+            assert pulse_shard.store_head_step(sharded) == 2
+        if faults and step == 4:
+            # rank 2 raises while counting: it raises its own exception,
+            # every other rank a pulse.Error naming it
+            saved = pulse_shard.RankShard.count
+            if rank == 2:
+                def boom(self, parts):
+                    raise RuntimeError("the trainer failed while counting")
+                pulse_shard.RankShard.count = boom
+                try:
+                    pub.publish(blocks)
+                    raise AssertionError("rank 2's failure did not raise")
+                except RuntimeError as e:
+                    assert "counting" in str(e)
+                finally:
+                    pulse_shard.RankShard.count = saved
+            else:
+                expect_error(lambda: pub.publish(blocks), "rank 2", "counting")
+            assert pub.step == 3 and pulse_shard.store_head_step(sharded) == 3
+        assert pub.publish(blocks) == step
+        assert pub.step == step
+        if rank == 0:
+            single_figures = single.publish(model, step)
+            sizes.append(same_store(sharded, single.store, step, pub.last_figures, single_figures))
+            if worker is None:
+                worker = Worker(sharded, pub.public_key, os.path.join(work, name))
+            worker.check(step, model)
+        elif group:
+            assert pub.public_key is not None and len(pub.public_key) == 64
+    if worker is not None:
+        worker.close()
+    pub.close()
+    if single is not None:
+        single.pub.close()
+    return sizes
+
+
+def refused_at_creation(rank, work, name, change, *words):
+    """A job whose blocks `change` spoils: every rank refuses the first
+    publish naming the tensor; no head, no object."""
+    store = os.path.join(work, "refused-" + name)
+    model = Model(91)
+    blocks = change(blocks_of("dim0", model.w, rank))
+    pub = pulse.Publisher(store, group=dist.group.WORLD, **OPTS)
+    expect_error(lambda: pub.publish(blocks), *words)
+    dist.barrier()
+    assert pulse_shard.store_head_step(store) is None, "a head was written"
+    folder = os.path.join(store, "objects")
+    assert not os.path.isdir(folder) or not os.listdir(folder), "an object was written"
+    pub.close()
+
+
+def overlap(rank):
+    def change(blocks):
+        if rank == 3:  # one row into rank 2's block
+            t = blocks["attn.w"]
+            full = Model(91).w["attn.w"]
+            blocks["attn.w"] = pulse.Block(full[71:96].clone(), t.full_shape, (71, 0))
+        return blocks
+    return change
+
+
+def missing(rank):
+    def change(blocks):
+        if rank == 3:
+            del blocks["norm"]
+        return blocks
+    return change
+
+
+def inconsistent(rank):
+    def change(blocks):
+        if rank == 1:
+            t = blocks["embed"]
+            blocks["embed"] = pulse.Block(t.tensor, (5001,), t.start)
+        return blocks
+    return change
+
+
+def kill_mid_step(rank, work):
+    """dim0 steps 1 and 2, then rank 2 dies in step 3 after the parts'
+    exchange: the others raise, the store keeps step 2."""
+    sharded = os.path.join(work, "killed", "sharded")
+    model = Model(71)
+    pub = pulse.Publisher(sharded, group=dist.group.WORLD, **OPTS)
+    for step in (1, 2):
+        if step > 1:
+            model.step()
+        assert pub.publish(blocks_of("dim0", model.w, rank)) == step
+    model.step()
+    if rank == 2:
+        def die(self, parts):
+            os._exit(3)
+        pulse_shard.RankShard.count = die
+    began = time.monotonic()
+    e = expect_error(lambda: pub.publish(blocks_of("dim0", model.w, rank)))
+    assert e.status == "PULSE_ERR_IO", e
+    assert pub.step == 2
+    assert pulse_shard.store_head_step(sharded) == 2
+    print(f"ok rank {rank}: a dead rank failed step 3 in {time.monotonic() - began:.1f} s: "
+          f"{e.detail[:90]}", flush=True)
+    expect_error(lambda: pub.publish(blocks_of("dim0", model.w, rank)), "restart the job")
+
+
+def worker_main(rank, port, work, phase):
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=WORLD, timeout=datetime.timedelta(seconds=30))
+    torch.set_num_threads(1)
+    if phase == "main":
+        for seed, sharding in enumerate(("flat", "dim0", "rect", "sets", "mix")):
+            began = time.monotonic()
+            sizes = publish_job(rank, work, sharding, sharding, 10 + seed,
+                                faults=sharding == "mix")
+            print(f"ok rank {rank} {sharding}: {time.monotonic() - began:.1f} s, patch bytes "
+                  f"{sizes} (= the single publish's)", flush=True)
+        refused_at_creation(rank, work, "overlap", overlap(rank), "attn.w", "overlap")
+        refused_at_creation(rank, work, "missing", missing(rank), "norm")
+        refused_at_creation(rank, work, "inconsistent", inconsistent(rank), "embed", "5001")
+        print(f"ok rank {rank} refusals", flush=True)
+        kill_mid_step(rank, work)
+        os._exit(0)  # the group lost a rank: no orderly shutdown
+    # A restarted job resumes from the killed store and publishes 3..5;
+    # then the same sharded publish without a group, through the store.
+    publish_job(rank, work, "killed", "dim0", 71, first=3)
+    print(f"ok rank {rank} resumed", flush=True)
+    sizes = publish_job(rank, work, "mix-store", "mix", 81, group=False)
+    print(f"ok rank {rank} through the store: patch bytes {sizes}", flush=True)
+    dist.destroy_process_group()
+
+
+def spawn(work, phase, timeout):
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
+    procs = [subprocess.Popen([sys.executable, __file__, "worker", str(r), str(port), work, phase],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+             for r in range(WORLD)]
+    outs = []
+    for p in procs:
+        try:
+            out, _ = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise AssertionError(f"phase {phase}: a rank hung past {timeout} s")
+        outs.append((p.returncode, out))
+    return outs
+
+
+def main():
+    if len(sys.argv) > 1 and sys.argv[1] == "worker":
+        worker_main(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5])
+        return
+    if "PULSE_LIBRARY" not in os.environ:
+        print("PULSE_LIBRARY must name the build's libpulse.so (ctest sets it)")
+        sys.exit(1)
+    work = tempfile.mkdtemp(prefix="pulse-shard-")
+    failed = 0
+    try:
+        for rank, (rc, out) in enumerate(spawn(work, "main", 300)):
+            print(out.strip())
+            want = 3 if rank == 2 else 0
+            if rc != want or (rank != 2 and out.count("ok ") < 7):
+                print(f"FAIL: rank {rank} exited {rc} (want {want})")
+                failed += 1
+        for rank, (rc, out) in enumerate(spawn(work, "resume", 300)):
+            print(out.strip())
+            if rc != 0 or out.count("ok ") < 2:
+                print(f"FAIL: rank {rank} of the restarted job exited {rc}")
+                failed += 1
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"{2 - (failed > 0)} passed, {int(failed > 0)} failed")
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
