@@ -20,7 +20,8 @@ from ._version import __version__
 from .mapping import Mapping
 from .publisher import Publisher
 from .server import Server
+from .shard import Block
 from .subscriber import Subscriber
 from . import loco
 
-__all__ = ["Error", "Mapping", "Publisher", "Server", "Subscriber", "loco", "__version__"]
+__all__ = ["Block", "Error", "Mapping", "Publisher", "Server", "Subscriber", "loco", "__version__"]
