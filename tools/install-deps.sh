@@ -9,6 +9,7 @@ packages=(
   libcriterion-dev
   clang libclang-rt-14-dev   # the libFuzzer targets and sanitizer runs
   curl python3-numpy         # integration tests and data tools
+  python3-venv python3-pip python3-setuptools python3-wheel  # pip install ./python
   python3-torch              # tests against PyTorch's own BF16 rounding, make_trajectory.py
   nginx                      # pulse-bench serve: the reference file server
   awscli                     # tests/cli/s3_*.sh: the AWS CLI reads back uploads

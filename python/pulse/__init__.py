@@ -11,11 +11,13 @@ inference worker's tensors, in place, bit for bit (README "From PyTorch").
     sub.pull(worker_model.state_dict())     # BF16 tensors, updated in place
 
 A thin ctypes layer over libpulse.so (found through PULSE_LIBRARY, else
-beside this package once installed, else in the checkout's build/): every
-loop over elements runs in C. Torch is needed only once tensors are given.
+where pip or cmake --install put it, else in the checkout's build/), loaded
+here: importing pulse fails with pulse.Error when the library is missing or
+of another version than this package. Every loop over elements runs in C.
+Torch is needed only once tensors are given.
 """
 
-from ._lib import Error
+from ._lib import Error, lib as _libpulse
 from ._version import __version__
 from .mapping import Mapping
 from .publisher import Publisher
@@ -23,5 +25,7 @@ from .server import Server
 from .shard import Block
 from .subscriber import Subscriber
 from . import loco
+
+_libpulse.load()
 
 __all__ = ["Block", "Error", "Mapping", "Publisher", "Server", "Subscriber", "loco", "__version__"]

@@ -307,8 +307,9 @@ _PROTOS = {
 
 
 class _Library:
-    """Loads libpulse.so at first use, so that `import pulse` works (and
-    says what is missing) without it."""
+    """libpulse.so, loaded by `import pulse` (so that a missing library, or
+    one of another version, is said at once), or at first use by a module
+    imported alone."""
 
     def __init__(self):
         self._dll = None
@@ -350,6 +351,12 @@ class _Library:
         raise Error("PULSE_ERR_NOT_FOUND",
                     "libpulse.so not found (set PULSE_LIBRARY to its path; tried "
                     + ", ".join(tried) + ")")
+
+    def load(self):
+        """Loads the library now (import pulse does): its path."""
+        if self._dll is None:
+            self._load()
+        return self.path
 
     def __getattr__(self, name):
         if self._dll is None:

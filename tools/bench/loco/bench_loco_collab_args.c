@@ -56,6 +56,12 @@ void bench_loco_collab_usage(FILE *out) {
           "                     (made by `ip netns add`) and listens on its "
           "address A\n"
           "                     (root; throttle a link with tc there)\n"
+          "  --claim-timeout-ms M  a writer that does not answer this long "
+          "is taken\n"
+          "                     for dead, the next takes over (default 1500)\n"
+          "  --round-timeout-ms M  how long a ready writer waits for the other "
+          "members\n"
+          "                     to be ready (default 5000)\n"
           "  --rounds R --seed S --params P --json --report DIR as above\n");
 }
 
