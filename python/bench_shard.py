@@ -1,0 +1,320 @@
+"""The sharded publish's bench (python/bench.py --ranks N, or this file):
+N processes over torch.distributed (gloo), each holding only its shard of
+the FP32 master weights, publish S steps with pulse.Publisher(group=...)
+(pulse.Block), against the same steps gathered onto rank 0 (dist.gather)
+and published there by one pulse.Publisher, in the same run (two launches
+of N processes, one per mode, on the same weights). The weights are a
+function of each element's position and the step, so a rank makes its
+shard without ever holding the model.
+
+Per rank and mode: the publish time per step (barrier, then the call; the
+gather mode's is the gather plus rank 0's publish), and the peak extra
+memory: the process's peak RSS during the publish calls (VmHWM, reset
+before each call through /proc/self/clear_refs) above its RSS before the
+first publish; for the sharded mode against the rank's shard's BF16 bytes.
+Bytes: each step's patch bytes of both modes, and whether both stores end
+with the same objects (SHA-256 names: the same bytes).
+
+Targets (issue "Sharded trainers publish without a gather", 4 ranks): each
+rank's extra memory <= its shard's BF16 bytes + 10% + the patch; no rank's
+publish slower than the gather-then-publish step; patch bytes within 1%.
+Prints one JSON object (the summary; per-rank figures inside); exit 0 when
+the bench ran (the targets' verdicts are fields, not the exit status)."""
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ranks", type=int, default=4, help="processes (default 4)")
+    p.add_argument("--rows", type=int, default=2048, help="rows of each tensor (default 2048)")
+    p.add_argument("--cols", type=int, default=4096, help="columns of each tensor (default 4096)")
+    p.add_argument("--tensors", type=int, default=2, help="tensors (default 2)")
+    p.add_argument("--steps", type=int, default=6, help="steps, the first an anchor (default 6)")
+    p.add_argument("--per1024", type=int, default=26,
+                   help="elements moved per 1024 per step (default 26: about 1%% BF16 changes)")
+    p.add_argument("--mode", choices=("dim0", "flat", "rect"), default="dim0",
+                   help="sharding: dim-0 blocks, flat ranges, or a column/row mix")
+    p.add_argument("--threads", type=int, default=1, help="publisher threads per rank (default 1)")
+    p.add_argument("--work", help="folder for the stores (default: a temporary one, removed)")
+    return p.parse_args(argv)
+
+
+# ------------------------------------------------------------ the weights
+def _hash(torch, pos, salt):
+    """A 31-bit hash of int64 positions (multiply-xorshift, wrapping)."""
+    h = pos * 2654435761 + salt * 40503
+    h = h ^ (h >> 15)
+    h = (h * 2246822519) & 0x7FFFFFFF
+    return h ^ (h >> 13)
+
+
+def _positions(torch, args, block):
+    """The flat positions of a block (kind, start, extent) in its tensor."""
+    kind, start, extent = block
+    if kind == "flat":
+        return torch.arange(start[0], start[0] + extent[0], dtype=torch.int64)
+    rows = torch.arange(start[0], start[0] + extent[0], dtype=torch.int64)
+    cols = torch.arange(start[1], start[1] + extent[1], dtype=torch.int64)
+    return (rows[:, None] * args.cols + cols[None, :]).reshape(-1)
+
+
+def weights(torch, args, t, block, step):
+    """The FP32 values of block `block` of tensor t at `step` (1: the start)."""
+    pos = _positions(torch, args, block) + t * args.rows * args.cols
+    w = (_hash(torch, pos, 7).to(torch.float32) / 2 ** 31 - 0.5) * 0.08
+    for s in range(2, step + 1):
+        h = _hash(torch, pos, 1000 + s)
+        moved = (h & 1023) < args.per1024
+        w += moved * (((h >> 10) & 1023).to(torch.float32) / 1024 - 0.5) * 2e-3
+    return w
+
+
+def blocks_of(args, rank):
+    """[(tensor index, (kind, start, extent))] of rank `rank`."""
+    out = []
+    n = args.ranks
+    for t in range(args.tensors):
+        mode = args.mode if args.mode != "rect" else ("col" if t % 2 == 0 else "row")
+        if mode == "flat":
+            total = args.rows * args.cols
+            lo, hi = total * rank // n, total * (rank + 1) // n
+            out.append((t, ("flat", (lo,), (hi - lo,))))
+        elif mode in ("dim0", "col"):
+            lo, hi = args.rows * rank // n, args.rows * (rank + 1) // n
+            out.append((t, ("rect", (lo, 0), (hi - lo, args.cols))))
+        else:  # row-parallel: a block of columns
+            lo, hi = args.cols * rank // n, args.cols * (rank + 1) // n
+            out.append((t, ("rect", (0, lo), (args.rows, hi - lo))))
+    return out
+
+
+# ---------------------------------------------------------------- memory
+def rss_bytes():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def hwm_reset():
+    """Resets the peak RSS (VmHWM); False where the kernel refuses."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def hwm_bytes():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+# ----------------------------------------------------------------- ranks
+def rank_main(rank, port, args, mode, out_path):
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    sys.path.insert(0, HERE)
+    import pulse
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=args.ranks, timeout=datetime.timedelta(seconds=600))
+    names = [f"layer{t}.w" for t in range(args.tensors)]
+    full = (args.rows, args.cols)
+    mine = blocks_of(args, rank)
+    store = os.path.join(args.work, mode)
+    pub = None
+    if mode == "sharded":
+        pub = pulse.Publisher(store, group=dist.group.WORLD, threads=args.threads)
+    elif rank == 0:
+        pub = pulse.Publisher(store, threads=args.threads)
+    shard_bf16 = 2 * sum(_numel(b) for _, b in mine)
+    peaks, times, patch_bytes = [], [], []
+    base = None
+    can_reset = True
+    for step in range(1, args.steps + 1):
+        local = [(t, b, weights(torch, args, t, b, step)) for t, b in mine]
+        dist.barrier()
+        if base is None:
+            base = rss_bytes()
+        can_reset = hwm_reset() and can_reset
+        began = time.perf_counter()
+        if mode == "sharded":
+            blocks = {}
+            for t, (kind, start, extent), w in local:
+                if kind == "flat":
+                    blocks[names[t]] = pulse.Block(w, full, start[0])
+                else:
+                    blocks[names[t]] = pulse.Block(w.reshape(extent), full, start)
+            pub.publish(blocks)
+        else:
+            gather_publish(torch, dist, args, rank, pub, names, local)
+        times.append(time.perf_counter() - began)
+        peaks.append(hwm_bytes() - base)
+        if pub is not None:
+            patch_bytes.append(pub.last_figures["patch_bytes"])
+        del local
+    if pub is not None:
+        pub.close()
+    with open(out_path, "w") as f:
+        json.dump({"rank": rank, "mode": mode, "times_s": times, "peak_extra_bytes": peaks,
+                   "shard_bf16_bytes": shard_bf16, "patch_bytes": patch_bytes,
+                   "hwm_reset": can_reset}, f)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _numel(block):
+    n = 1
+    for e in block[2]:
+        n *= e
+    return n
+
+
+def gather_publish(torch, dist, args, rank, pub, names, local):
+    """The baseline: every rank's FP32 blocks gathered onto rank 0 (padded
+    to one size, as dist.gather needs), the tensors assembled there and
+    published whole."""
+    n = args.ranks
+    per_rank = [blocks_of(args, r) for r in range(n)]
+    size = max(sum(_numel(b) for _, b in blocks) for blocks in per_rank)
+    flat = torch.zeros(size, dtype=torch.float32)
+    at = 0
+    for _, b, w in local:
+        flat[at:at + w.numel()] = w
+        at += w.numel()
+    got = [torch.empty(size, dtype=torch.float32) for _ in range(n)] if rank == 0 else None
+    dist.gather(flat, got, dst=0)
+    if rank != 0:
+        return
+    model = {name: torch.empty(args.rows, args.cols, dtype=torch.float32) for name in names}
+    for r in range(n):
+        at = 0
+        for t, block in per_rank[r]:
+            kind, start, extent = block
+            count = _numel(block)
+            part = got[r][at:at + count]
+            if kind == "flat":
+                model[names[t]].view(-1)[start[0]:start[0] + count] = part
+            else:
+                model[names[t]][start[0]:start[0] + extent[0],
+                                start[1]:start[1] + extent[1]] = part.view(extent)
+            at += count
+    del got
+    pub.publish(model)
+
+
+# ----------------------------------------------------------------- driver
+def launch(args, mode, work):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    outs = [os.path.join(work, f"{mode}-{r}.json") for r in range(args.ranks)]
+    argv = [f"--{k}={getattr(args, k)}" for k in ("ranks", "rows", "cols", "tensors", "steps",
+                                                   "per1024", "mode", "threads")]
+    procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--rank-of", str(r),
+                               str(port), mode, outs[r], "--work", work] + argv)
+             for r in range(args.ranks)]
+    for p in procs:
+        if p.wait() != 0:
+            raise SystemExit(f"bench_shard: a {mode} rank exited {p.returncode}")
+    results = []
+    for path in outs:
+        with open(path) as f:
+            results.append(json.load(f))
+    return results
+
+
+def objects(store):
+    return sorted(n for n in os.listdir(os.path.join(store, "objects")) if not n.startswith("."))
+
+
+def run(args):
+    own = args.work is None
+    work = args.work = args.work or tempfile.mkdtemp(prefix="pulse-bench-shard-")
+    try:
+        for mode in ("sharded", "gathered"):
+            shutil.rmtree(os.path.join(work, mode), ignore_errors=True)
+        sharded = launch(args, "sharded", work)
+        gathered = launch(args, "gathered", work)
+        return summary(args, sharded, gathered, work)
+    finally:
+        if own:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def summary(args, sharded, gathered, work):
+    def mean(xs):
+        return sum(xs) / len(xs) if xs else 0.0
+
+    single = gathered[0]
+    patches = single["patch_bytes"]
+    gather_step_s = mean(single["times_s"][1:])
+    ranks = []
+    for r in sharded:
+        patch = max(r["patch_bytes"] or [0])
+        peak = max(r["peak_extra_bytes"])
+        budget = r["shard_bf16_bytes"] * 1.1 + max(patches)
+        ranks.append({
+            "rank": r["rank"], "shard_bf16_bytes": r["shard_bf16_bytes"],
+            "peak_extra_bytes": peak, "memory_target_bytes": int(budget),
+            "memory_ok": peak <= budget,
+            "publish_s_per_step": mean(r["times_s"][1:]), "first_step_s": r["times_s"][0],
+            "patch_bytes_seen": patch})
+    sharded_bytes = sharded[0]["patch_bytes"]
+    same_bytes = all(abs(a - b) <= 0.01 * max(b, 1) for a, b in zip(sharded_bytes, patches))
+    return {
+        "bench": "shard", "ranks": args.ranks, "mode": args.mode,
+        "params": args.tensors * args.rows * args.cols, "steps": args.steps,
+        "per1024": args.per1024, "threads": args.threads,
+        "hwm_reset": all(r["hwm_reset"] for r in sharded + gathered),
+        "sharded": ranks,
+        "gathered": {"publish_s_per_step": gather_step_s, "first_step_s": single["times_s"][0],
+                     "rank0_peak_extra_bytes": max(single["peak_extra_bytes"]),
+                     "patch_bytes": patches},
+        "sharded_patch_bytes": sharded_bytes,
+        "bytes_within_1pct": same_bytes,
+        "same_objects": objects(os.path.join(work, "sharded")) ==
+        objects(os.path.join(work, "gathered")),
+        "memory_ok": all(r["memory_ok"] for r in ranks),
+        "no_rank_slower": all(r["publish_s_per_step"] <= gather_step_s for r in ranks),
+    }
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "--rank-of":
+        rank, port, mode, out = int(argv[1]), int(argv[2]), argv[3], argv[4]
+        args = parse_args(argv[5:])
+        rank_main(rank, port, args, mode, out)
+        return 0
+    args = parse_args(argv)
+    if args.ranks < 2:
+        raise SystemExit("bench_shard: --ranks must be at least 2")
+    print(json.dumps(run(args), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
