@@ -19,6 +19,11 @@ targets, README "From PyTorch"):
            shard's bytes, the halo it keeps (the tensor's bits around its
            blocks that class-model patches need) and the patch bytes.
            --plain: the publisher writes plain positions.
+  --ranks N  instead: the sharded publish (python/bench_shard.py: N gloo
+           processes publish their shards with pulse.Block, against the
+           same steps gathered onto rank 0 and published there; per rank
+           time per step and peak extra memory against its shard's BF16
+           bytes; its own options: python3 python/bench_shard.py --help).
 
     PYTHONPATH=python python3 python/bench.py [--params 16e6]
         [--tensors 16] [--steps 8] [--density 0.01] [--tp 2 [--split rows]
@@ -109,6 +114,10 @@ def worker(args):
 
 
 def main():
+    if any(a == "--ranks" or a.startswith("--ranks=") for a in sys.argv[1:]):
+        import bench_shard  # the sharded publish's bench (python/bench_shard.py)
+
+        return bench_shard.main(sys.argv[1:])
     ap = argparse.ArgumentParser()
     ap.add_argument("--params", type=float, default=16e6)
     ap.add_argument("--tensors", type=int, default=16)
