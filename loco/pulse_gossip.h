@@ -1,6 +1,6 @@
 /* pulse_gossip.h - decentralized training: trainers average only with their
- * neighbours in a communication graph (DESIGN.md, "Decentralized topology";
- * issue 18), with compressed gossip in the CHOCO pattern (Koloskova et al.
+ * neighbours in a communication graph (docs/design.md), with
+ * compressed gossip in the CHOCO pattern (Koloskova et al.
  * 2019) over PULSELoCo's payload format (PAYLOAD.md).
  *
  * Graphs. A pulse_gossip_graph is an undirected graph on N nodes and its

@@ -470,7 +470,7 @@ pulse_status pulse_loco_resync_range(pulse_loco *ctx, uint64_t start,
                                      uint64_t length, const float *theta_g,
                                      const float *b);
 
-/** ||a - b|| / ||a|| over n floats (the drift issue 16 reports, max over
+/** ||a - b|| / ||a|| over n floats (the drift that lossy rounds report, max over
  * pairs); 0 when both are 0. */
 double pulse_loco_drift(const float *theta_a, const float *theta_b, uint64_t n);
 

@@ -1,4 +1,4 @@
-/* pulse_loco_auth.h - authenticated PULSELoCo (issue 15): every round
+/* pulse_loco_auth.h - authenticated PULSELoCo: every round
  * payload and manifest is signed by its trainer's Ed25519 key
  * (pulse_sign.h); the collaboration's members are pinned (a key list given
  * at start, or admitted by a member's signature when they join); an

@@ -1,4 +1,4 @@
-/* pulse_loco_collab.h - PULSELoCo as an open collaboration (issue 17;
+/* pulse_loco_collab.h - PULSELoCo as an open collaboration (
  * PAYLOAD.md "Collaboration"): rounds end at a target global batch, peers
  * of any speed join and leave at any round, and no peer is special.
  *
@@ -82,7 +82,7 @@ typedef struct {
    * setting are refused. Set it with partitioned averaging (pulse-bench
    * does by default): the owners then write only the means that move a
    * weight or that 2 peers sent, about 2.7x a member's own payload in
-   * per round at 8 members instead of 3.4x (README, "Collaboration");
+   * per round at 8 members instead of 3.4x (docs/benchmarks/collaboration.md);
    * all-to-all it only makes the payloads larger. */
   int partitioned;
   /* Client mode (a peer that cannot accept connections, behind NAT): the

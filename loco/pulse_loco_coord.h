@@ -185,7 +185,7 @@ typedef struct {
   uint32_t resynced_ranges; /* ranges copied from the reference */
   uint64_t resync_bytes;    /* HTTP bodies of the drift check and re-sync */
   uint64_t wait_ms;         /* time spent receiving the round's chunks */
-  /* Authentication (issue 15): what this step's checks accepted and
+  /* Authentication: what this step's checks accepted and
    * refused (payloads, manifests and UDP chunk lists, by reason), and the
    * datagrams refused for want of a place in their sender's signed chunk
    * list (or of an older round). A refused contribution is left out. */

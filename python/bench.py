@@ -1,5 +1,5 @@
-"""Bench of the Python package against the C library under it (issue 14's
-targets, README "From PyTorch"):
+"""Bench of the Python package against the C library under it (the
+targets in docs/benchmarks/python.md):
 
   publish  Publisher.publish(state_dict) wall time per step, against the
            C publisher's own time for the same commit of the same tensors

@@ -58,7 +58,7 @@ float pulse_loco_mean_(double acc, double wsum);
  * round"): a mean that at least this many contributors sent an entry to is
  * applied whatever its size (so its senders' e are cleared, as without the
  * option); only the means fewer sent need to pass the gate. 2, measured
- * against half the contributors (README, "Collaboration", --gate-mean):
+ * against half the contributors (docs/benchmarks/collaboration.md, --gate-mean):
  * with more, the entries a few peers push with opposite signs wait in e
  * round after round and the payloads grow. */
 #define LOCO_GATE_QUORUM 2u

@@ -1,4 +1,4 @@
-"""The trainer of the example (README "From PyTorch"): a small Llama-shaped
+"""The trainer of the example (docs/guides/trainer.md): a small Llama-shaped
 model learns a text with AdamW and publishes its FP32 weights after every
 optimizer step; a pulse server in this process serves the store.
 

@@ -1,4 +1,4 @@
-"""The inference worker of the example (README "From PyTorch"): a BF16
+"""The inference worker of the example (docs/guides/inference-worker.md): a BF16
 model in an inference engine's layout (q, k and v fused into qkv_proj, gate
 and up into gate_up_proj) whose weights pulse keeps equal to the trainer's
 newest step, in place; after each step it generates a line of text.

@@ -1,5 +1,5 @@
 """pulse from PyTorch: publish a training loop's weights, pull them into an
-inference worker's tensors, in place, bit for bit (README "From PyTorch").
+inference worker's tensors, in place, bit for bit (docs/guides/).
 
     pub = pulse.Publisher("/data/store")
     with pulse.Server("/data/store", listen="0.0.0.0:8080") as server:

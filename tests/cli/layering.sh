@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The layering of the libraries (README "Layers"), one direction only:
+# The layering of the libraries (docs/design.md, "Layers"), one direction only:
 #
 #   codec <- cuda <- trainer_side   <- loco <- tools
 #                 <- inference_side <-

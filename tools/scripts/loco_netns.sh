@@ -2,8 +2,8 @@
 # loco_netns.sh up [RATE] | down - four network namespaces pbw1..pbw4
 # (10.215.0.1-4/24) on a bridge, for `pulse-bench loco --netns`; with RATE
 # (a tc rate, e.g. 8mbit) peer 4's link is limited to it both ways by a
-# token bucket (tc tbf). As root. The README's bandwidth-proportional
-# ranges figures were measured on it:
+# token bucket (tc tbf). As root. The bandwidth-proportional
+# ranges figures (docs/benchmarks/collaboration.md) were measured on it:
 #   bash tools/scripts/loco_netns.sh up 8mbit
 #   pulse-bench loco ... --netns pbw1=10.215.0.1,pbw2=10.215.0.2,pbw3=10.215.0.3,pbw4=10.215.0.4
 #   bash tools/scripts/loco_netns.sh down
