@@ -64,6 +64,7 @@
 #include <stdint.h>
 
 #include "pulse_codec.h"
+#include "pulse_fp8.h"
 #include "pulse_region.h"
 #include "pulse_sign.h" /* PULSE_KEY_BYTES */
 #include "pulse_status.h"
@@ -491,6 +492,31 @@ void pulse_sub_read_unlock(pulse_sub *sub);
  * PULSE_ERR_UNSUPPORTED (device targets); PULSE_ERR_ARG. */
 pulse_status pulse_sub_tensor(pulse_sub *sub, const char *name,
                               const uint16_t **data, uint64_t *numel);
+
+/** Keeps an FP8 tensor of the engine equal, bit for bit, to the reference
+ * block quantizer (pulse_fp8.h) of the trainer's weights at every step, in
+ * the engine's layout: `shadow` is a BF16 tensor of fp8->rows x fp8->cols
+ * elements (row-major, host memory) that the attached targets cover
+ * exactly, one host target of that many elements (pulse_sub_attach_host)
+ * or region blocks that tile it (pulse_sub_attach_region: a fused,
+ * tensor-parallel weight as the engine loads it), attached before this
+ * call. The shadow is quantized into fp8->q and fp8->scale_inv now (the
+ * FP8 tensor is the shadow's quantization from then on); every later step
+ * requantizes only the blocks its changes touch (a block whose scale stays,
+ * only its changed elements), staged with the step and committed with it
+ * under the writers' lock: whatever fails, shadow, q and scales hold the
+ * same step. A step or anchor that would put a NaN or an infinity into a
+ * shadow is refused (PULSE_ERR_UNSUPPORTED, the element named), nothing
+ * changed. q and scale_inv are borrowed until pulse_sub_free and written
+ * by the subscriber only; the shadow is the targets' memory (same rules).
+ * Memory besides the shadow (2 bytes per element): 2 bytes per scale
+ * block (each block's amax), and per step the staged FP8 bytes. Host and
+ * region targets only (device FP8 targets: not yet).
+ * @return PULSE_OK; PULSE_ERR_ARG (NULL, no or other targets, a shadow the
+ * targets do not cover exactly, one overlapping another shadow, an unknown
+ * scale kind); PULSE_ERR_UNSUPPORTED (the shadow holds a NaN or infinity:
+ * nothing written); PULSE_ERR_OVERFLOW; PULSE_ERR_NOMEM. */
+pulse_status pulse_sub_bind_fp8(pulse_sub *sub, uint16_t *shadow, const pulse_fp8_tensor *fp8);
 
 /** Parses 64 hex digits into a 32-byte public key.
  * @return PULSE_OK or PULSE_ERR_ARG. */

@@ -6,6 +6,7 @@
 
 #include "pulse_codec.h"
 #include "pulse_codec_stream.h"
+#include "pulse_region.h"
 
 /** The changes staged for tensor `i` of the patch's table (positions
  * strictly increasing, old and new bits), once finish returned PULSE_OK
@@ -15,5 +16,13 @@ const pulse_changes *patch_stream_changes(const pulse_patch_stream *s, size_t i)
 
 /** The same for a pulse_patch_stage result. */
 const pulse_changes *patch_staged_changes(const pulse_patch_staged *s, size_t i);
+
+/** The changes staged for region k's block (pulse_region_stage's
+ * regions[k]): *count of them, each an index into the region's data (in
+ * increasing order) and its new bits; valid until the staged changes are
+ * freed. For a caller that follows the blocks with something of its own
+ * (the subscriber's FP8 targets). */
+void patch_region_staged_block(const pulse_region_staged *s, size_t k, uint64_t *count,
+                               const uint64_t **at, const uint16_t **new_bits);
 
 #endif

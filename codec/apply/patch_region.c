@@ -11,6 +11,7 @@
 #include "chunk_impl.h"
 #include "digest_impl.h"
 #include "parallel_impl.h"
+#include "patch_changes_impl.h"
 #include "patch_impl.h"
 #include "pulse_elem.h"
 #include "pulse_region.h"
@@ -501,4 +502,16 @@ void pulse_region_staged_commit(pulse_region_staged *s) {
 
 uint64_t pulse_region_staged_changes(const pulse_region_staged *s) {
   return s != NULL ? s->changes : 0;
+}
+
+void patch_region_staged_block(const pulse_region_staged *s, size_t k, uint64_t *count,
+                               const uint64_t **at, const uint16_t **new_bits) {
+  *count = 0;
+  *at = NULL;
+  *new_bits = NULL;
+  if (s == NULL || k >= s->count)
+    return;
+  *count = s->jobs[k].count;
+  *at = s->jobs[k].at;
+  *new_bits = s->jobs[k].new_bits;
 }

@@ -150,6 +150,7 @@ void sub_apply_commit(pulse_sub *sub, const pulse_patch *p, sub_target **tg, int
     pulse_patch_staged_commit_data(staged);
   else
     pulse_patch_stream_commit_data(stream);
+  sub_fp8_commit(sub); /* the FP8 targets' half, staged with the patch */
   now_at_target(sub, p, tg, full);
   pthread_rwlock_unlock(&sub->rw);
   /* The class indexes follow with readers back in: only the next patch
@@ -230,6 +231,12 @@ pulse_status sub_apply_patch(pulse_sub *sub, const pulse_patch *p) {
   pulse_patch_stage_figures times = pulse_patch_staged_figures_get(staged);
   sub->t_verify += times.verify_seconds;
   sub->t_decode += times.decode_seconds;
+  if ((st = sub_fp8_stage_patch(sub, p, tg, staged, NULL)) != PULSE_OK) {
+    pulse_patch_staged_free(staged);
+    st = pulse_fail(st, "patch to step %" PRIu64 ": %s: nothing applied", pulse_patch_step(p),
+                    pulse_error_detail());
+    goto done;
+  }
 
   sub_apply_commit(sub, p, tg, full, staged, NULL);
   pulse_patch_staged_free(staged);
@@ -394,6 +401,12 @@ pulse_status sub_apply_anchor(pulse_sub *sub, const pulse_store_object *o) {
     goto done;
   size_t count = sub->mem == SUB_MEM_FILE ? n : sub->ntargets;
   int full = sub->mem == SUB_MEM_FILE || count == n;
+  /* What goes into FP8 targets' shadows must quantize: checked first. */
+  for (size_t k = 0; k < count && st == PULSE_OK && sub->mem == SUB_MEM_HOST; k++)
+    st = sub_fp8_anchor_check(sub, &sub->targets[k], t[from[k]].data, 1, sub->targets[k].numel,
+                              sub->targets[k].numel);
+  if (st != PULSE_OK)
+    goto done;
 
   t0 = sub_now();
   pthread_rwlock_wrlock(&sub->rw);
@@ -418,6 +431,8 @@ pulse_status sub_apply_anchor(pulse_sub *sub, const pulse_store_object *o) {
       memcpy(tt->data, src->data, (size_t)src->nbytes);
     tt->digest = d[from[k]];
   }
+  if (st == PULSE_OK && sub->mem == SUB_MEM_HOST)
+    st = sub_fp8_requantize(sub);
   /* A device copy that failed halfway leaves no known step. */
   sub_set_step(sub, st == PULSE_OK ? o->step : PULSE_SUB_NO_STEP,
                st == PULSE_OK && full ? &sd : NULL);

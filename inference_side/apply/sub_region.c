@@ -155,6 +155,8 @@ pulse_status sub_region_apply_patch(pulse_sub *sub, const pulse_patch *p) {
   if (st == PULSE_OK)
     st = pulse_region_stage(p, rg, sub->ntargets, sub->opts.threads, &staged);
   sub->t_decode += sub_now() - t0;
+  if (st == PULSE_OK && (st = sub_fp8_stage_regions(sub, staged)) != PULSE_OK)
+    pulse_region_staged_free(staged); /* FP8 targets: a NaN, nothing staged */
   if (st != PULSE_OK) {
     st = pulse_fail(st, "patch to step %" PRIu64 ": %s: nothing applied", pulse_patch_step(p),
                     pulse_error_detail());
@@ -164,6 +166,7 @@ pulse_status sub_region_apply_patch(pulse_sub *sub, const pulse_patch *p) {
   t0 = sub_now();
   pthread_rwlock_wrlock(&sub->rw);
   pulse_region_staged_commit(staged);
+  sub_fp8_commit(sub);
   for (size_t k = 0; k < sub->ntargets; k++)
     sub->targets[k].digest = rg[k].digest, sub->targets[k].halo_digest = rg[k].halo_digest;
   sub_set_step(sub, pulse_patch_step(p), NULL);
@@ -211,6 +214,17 @@ pulse_status sub_region_apply_anchor(pulse_sub *sub, const pulse_store_object *o
                       tg->name);
     from[k] = i;
   }
+  /* What goes into FP8 targets' shadows must quantize: checked first. */
+  for (size_t k = 0; k < sub->ntargets && st == PULSE_OK; k++) {
+    const sub_target *tg = &sub->targets[k];
+    pulse_st_tensor src;
+    uint64_t rows, cols;
+    if (pulse_st_tensor_find(f, tg->name, &src) != PULSE_OK) /* found above */
+      continue;
+    pulse_region_view(src.shape, src.ndim, &rows, &cols); /* checked at attach */
+    st = sub_fp8_anchor_check(sub, tg, (const uint16_t *)src.data + tg->row0 * cols + tg->col0,
+                              tg->rows, tg->cols, cols);
+  }
   if (st != PULSE_OK)
     goto done;
   t0 = sub_now();
@@ -232,7 +246,8 @@ pulse_status sub_region_apply_anchor(pulse_sub *sub, const pulse_store_object *o
       tg->halo_digest = g.halo_digest;
     }
   }
-  sub_set_step(sub, o->step, NULL);
+  st = sub_fp8_requantize(sub); /* the FP8 targets, from the new shadows */
+  sub_set_step(sub, st == PULSE_OK ? o->step : PULSE_SUB_NO_STEP, NULL);
   pthread_rwlock_unlock(&sub->rw);
   sub->t_apply += sub_now() - t0;
 

@@ -204,6 +204,8 @@ static void ps_finish(patch_sink *ps) {
                "last chunk, %.4f s after the last byte; finish waited %.4f s",
                ps->o->path, t.decode_seconds, t.decode_wall_seconds,
                t.tail_seconds, wall);
+  if (st == PULSE_OK) /* the FP8 targets' half of the step */
+    st = sub_fp8_stage_patch(sub, ps->p, ps->tg, NULL, ps->s);
   if (st != PULSE_OK) {
     ps->fst = pulse_fail(st, "patch to step %" PRIu64 ": %s: nothing applied",
                          ps->o->step, pulse_error_detail());

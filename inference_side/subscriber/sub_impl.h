@@ -16,6 +16,8 @@
  *   sub_region.c   region targets (blocks of tensors, pulse_region.h) and
  *                  the publisher's table
  *   sub_stream.c   applying a patch while it downloads
+ *   sub_fp8.c      FP8 targets: quantizations of BF16 shadows kept with
+ *                  every step (pulse_sub_bind_fp8)
  *   sub_sync.c     sync and follow
  *   sub_util.c     hex, SHA-256 of files, clocks */
 #ifndef PULSE_SUB_IMPL_H
@@ -160,6 +162,7 @@ struct pulse_sub {
   int file_dirty; /* the file must be written whole (an anchor, a new table) */
   struct sub_file *file; /* the file target's writer (sub_file_impl.h) */
   pulse_cuda_workspace *ws;
+  struct sub_fp8 *fp8; /* FP8 targets over shadows (sub_fp8.c), or NULL */
   uint64_t step;            /* PULSE_SUB_NO_STEP: unknown */
   int step_claimed;         /* step not yet checked against the publisher */
   pulse_state_digest state; /* of step, when have_state */
@@ -388,6 +391,27 @@ pulse_status sub_anchor_verify(pulse_sub *sub, const pulse_store_object *o,
 /** sub_apply_patch and sub_apply_anchor for region targets. */
 pulse_status sub_region_apply_patch(pulse_sub *sub, const pulse_patch *p);
 pulse_status sub_region_apply_anchor(pulse_sub *sub, const pulse_store_object *o);
+
+/* -------------------------------------------------------------- sub_fp8.c */
+
+/* The FP8 half of each step (no-ops without FP8 targets). A step stages
+ * the FP8 bytes of the changes that fall in shadows after the BF16 stage
+ * passed (an error, e.g. a NaN, leaves nothing staged), and commits them
+ * under the writers' lock with the BF16 changes; sub_fp8_drop forgets a
+ * stage that is not committed. An anchor checks every value that goes
+ * into a shadow before its copy (sub_fp8_anchor_check: src, rows x cols
+ * with row stride `stride`, is what target t takes), then requantizes the
+ * shadows whole under the lock. */
+pulse_status sub_fp8_stage_patch(pulse_sub *sub, const pulse_patch *p, sub_target **tg,
+                                 const pulse_patch_staged *staged,
+                                 const pulse_patch_stream *stream);
+pulse_status sub_fp8_stage_regions(pulse_sub *sub, const pulse_region_staged *staged);
+void sub_fp8_commit(pulse_sub *sub);
+void sub_fp8_drop(pulse_sub *sub);
+pulse_status sub_fp8_anchor_check(pulse_sub *sub, const sub_target *t, const uint16_t *src,
+                                  uint64_t rows, uint64_t cols, uint64_t stride);
+pulse_status sub_fp8_requantize(pulse_sub *sub);
+void sub_fp8_free(pulse_sub *sub);
 
 /* ------------------------------------------------------------ sub_util.c */
 

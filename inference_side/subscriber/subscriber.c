@@ -167,6 +167,7 @@ void pulse_sub_free(pulse_sub *sub) {
   if (sub == NULL)
     return;
   sub_index_stop(sub);
+  sub_fp8_free(sub);
   pulse_fetch_free(sub->http);
   sub_file_free(sub);
   for (size_t i = 0; i < sub->ntargets; i++) {

@@ -9,6 +9,7 @@ import tempfile
 import threading
 
 from . import _tensors
+from . import fp8 as _fp8
 from ._lib import (Closing, SUB_EV_SYNCED, SUB_NO_STEP, Error, Region, SubEventFn, SubFigures, SubOpts,
                    TensorInfo, check, fail, figures_dict, lib)
 from .mapping import Mapping
@@ -70,6 +71,7 @@ class Subscriber(Closing):
         self._layout = None  # what is attached: ((name, ptr, shape), ...)
         self._targets = None  # the attached tensors, kept alive
         self._device = None  # a CUDA target when the targets are on a device
+        self._fp8_shadows = {}  # FP8 targets' BF16 shadows, kept across pulls
 
     # ------------------------------------------------------------ targets
     def _attach(self, targets, mapping):
@@ -78,6 +80,8 @@ class Subscriber(Closing):
         pairs = _tensors.items(targets, "targets")
         if not pairs:
             raise fail("pull: no targets")
+        # FP8 targets: their BF16 shadows take their place (pulse.fp8).
+        pairs, fp8 = _fp8.split(pairs, self._fp8_shadows)
         layout = []
         device = None
         for name, tensor in pairs:
@@ -90,7 +94,8 @@ class Subscriber(Closing):
             raise fail("pull: host and CUDA targets do not mix")
         if mapping is not None and device is not None:
             raise fail("pull: a mapping into CUDA targets is not supported yet", "PULSE_ERR_UNSUPPORTED")
-        layout = (mapping.key() if mapping is not None else None, tuple(layout))
+        layout = (mapping.key() if mapping is not None else None, tuple(layout),
+                  tuple(b.key() for b in fp8))
         if layout == self._layout and self._sub is not None:
             return
         self._free_sub()
@@ -106,12 +111,15 @@ class Subscriber(Closing):
                 status = attach(sub, name.encode(), len(shape), dims, ptr)
                 if status != 0:
                     check(status, f"target '{name}': " + lib.pulse_error_detail().decode())
+            for binding in fp8:  # quantizes the shadow into the FP8 target now
+                binding.bind(sub)
         except Error:
             lib.pulse_sub_free(sub)
             raise
         self._sub = sub
         self._layout = layout
-        self._targets = [tensor for _, tensor in pairs]
+        self._targets = [tensor for _, tensor in pairs] + [(b.q, b.scale) for b in fp8]
+        self._fp8_shadows = {b.key(): b.shadow for b in fp8}
         self._device = device  # a CUDA target, for the stream order
 
     def _free_sub(self):
