@@ -169,7 +169,7 @@ static pulse_status check_changes(const pulse_fp8_track *tr, const uint64_t *off
     if (!pulse_fp8_bf16_finite(new_bits[i]))
       return pulse_fail(PULSE_ERR_UNSUPPORTED,
                         "fp8: element (%" PRIu64 ", %" PRIu64 ") would be %s (BF16 0x%04x): "
-                        "E4M3FN weights take finite values only; nothing applied",
+                        "E4M3FN weights take finite values only",
                         offset[i] / tr->g.cols, offset[i] % tr->g.cols,
                         (new_bits[i] & 0x7Fu) ? "NaN" : "infinite", (unsigned)new_bits[i]);
   }
