@@ -76,9 +76,8 @@ static pulse_tensor_digest digest_add(pulse_tensor_digest a, pulse_tensor_digest
   return (pulse_tensor_digest){a.a + b.a, a.b + b.b};
 }
 
-/* Block elements at positions below p (C: the tensor's columns). */
-static uint64_t block_before(const pulse_region *r, uint64_t C, uint64_t p) {
-  uint64_t row = p / C, col = p % C;
+/* Block elements before row `row`, column `col` of the 2-D view. */
+static uint64_t block_before_at(const pulse_region *r, uint64_t row, uint64_t col) {
   if (row < r->row0)
     return 0;
   if (row - r->row0 >= r->rows)
@@ -87,10 +86,9 @@ static uint64_t block_before(const pulse_region *r, uint64_t C, uint64_t p) {
   return (row - r->row0) * r->cols + in;
 }
 
-static int in_block(const pulse_region *r, uint64_t C, uint64_t p) {
-  uint64_t row = p / C, col = p % C;
-  return row >= r->row0 && row - r->row0 < r->rows && col >= r->col0 &&
-         col - r->col0 < r->cols;
+/* Block elements at positions below p (C: the tensor's columns). */
+static uint64_t block_before(const pulse_region *r, uint64_t C, uint64_t p) {
+  return block_before_at(r, p / C, p % C);
 }
 
 /* Checked: the block inside a rows x C view of numel elements. */
@@ -295,8 +293,11 @@ static pulse_status stage_changes(const pulse_patch *p, region_job *j) {
                         " past its %" PRIu64 " elements", t->info.name, pos[e], t->numel);
         break;
       }
-      if (in_block(r, C, pos[e])) {
-        uint64_t at = (pos[e] / C - r->row0) * r->stride + (pos[e] % C - r->col0);
+      /* One division per change: a patch brings millions of them. */
+      uint64_t row = pos[e] / C, col = pos[e] - row * C;
+      if (row >= r->row0 && row - r->row0 < r->rows && col >= r->col0 &&
+          col - r->col0 < r->cols) {
+        uint64_t at = (row - r->row0) * r->stride + (col - r->col0);
         uint16_t old = r->data[at];
         j->at[j->count] = at;
         tpos[j->count] = pos[e];
@@ -304,7 +305,7 @@ static pulse_status stage_changes(const pulse_patch *p, region_job *j) {
         j->new_bits[j->count] = pulse_bf16_undelta(old, delta[e]);
         j->count++;
       } else if (r->halo_log2 != 0 && pos[e] >= j->klo && pos[e] < j->khi) {
-        uint64_t at = halo_index(j, pos[e]);
+        uint64_t at = pos[e] - j->klo - (block_before_at(r, row, col) - j->hfirst);
         uint16_t old = r->halo[at];
         j->hat[j->hcount] = at;
         hpos[j->hcount] = pos[e];

@@ -35,6 +35,7 @@ struct pulse_patch {
   size_t count;
   patch_tensor *tensors;
   char *names;             /* NUL-terminated copies of every name */
+  const patch_tensor **by_name; /* the tensors in name order (pulse_patch_tensor_find) */
   uint64_t chunks;         /* entries in the chunk arrays */
   uint32_t *chunk_changed; /* changes in each chunk */
   uint64_t *chunk_offset;  /* from the start of the patch */

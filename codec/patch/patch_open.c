@@ -39,6 +39,7 @@ void pulse_patch_free(pulse_patch *p) {
     return;
   free(p->tensors);
   free(p->names);
+  free(p->by_name);
   free(p->chunk_changed);
   free(p->chunk_offset);
   free(p->chunk_size);
@@ -203,21 +204,21 @@ static pulse_status parse_table(pulse_patch *p, const uint8_t *table, size_t tab
   return index_chunks(p);
 }
 
-static pulse_status check_unique_names(pulse_patch *p) {
-  if (p->count < 2)
-    return PULSE_OK;
-  const patch_tensor **sorted = malloc(p->count * sizeof *sorted);
-  if (sorted == NULL)
+/* Sorts the table into p->by_name, which refuses a name twice and keeps
+ * pulse_patch_tensor_find O(log n): a worker that looks up each of its
+ * thousands of expert tensors must not pay O(n) for each. */
+static pulse_status index_names(pulse_patch *p) {
+  p->by_name = malloc((p->count + 1) * sizeof *p->by_name);
+  if (p->by_name == NULL)
     return pulse_fail(PULSE_ERR_NOMEM, "patch: name index");
   for (size_t i = 0; i < p->count; i++)
-    sorted[i] = &p->tensors[i];
-  qsort(sorted, p->count, sizeof *sorted, name_cmp);
-  pulse_status st = PULSE_OK;
-  for (size_t i = 1; i < p->count && st == PULSE_OK; i++)
-    if (strcmp(sorted[i - 1]->info.name, sorted[i]->info.name) == 0)
-      st = pulse_fail(PULSE_ERR_DUPLICATE, "patch: tensor '%s' appears twice", sorted[i]->info.name);
-  free(sorted);
-  return st;
+    p->by_name[i] = &p->tensors[i];
+  qsort(p->by_name, p->count, sizeof *p->by_name, name_cmp);
+  for (size_t i = 1; i < p->count; i++)
+    if (strcmp(p->by_name[i - 1]->info.name, p->by_name[i]->info.name) == 0)
+      return pulse_fail(PULSE_ERR_DUPLICATE, "patch: tensor '%s' appears twice",
+                        p->by_name[i]->info.name);
+  return PULSE_OK;
 }
 
 pulse_status pulse_patch_open(const uint8_t *bytes, size_t size, pulse_patch **out) {
@@ -274,7 +275,7 @@ pulse_status pulse_patch_open(const uint8_t *bytes, size_t size, pulse_patch **o
     st = parse_table(p, r.p, (size_t)table_size, PULSE_PATCH_FIXED_HEADER + table_size, body_size);
   }
   if (st == PULSE_OK)
-    st = check_unique_names(p);
+    st = index_names(p);
   if (st != PULSE_OK) {
     pulse_patch_free(p);
     return st;
@@ -310,10 +311,18 @@ pulse_status pulse_patch_tensor_get(const pulse_patch *p, size_t i, pulse_patch_
 pulse_status pulse_patch_tensor_find(const pulse_patch *p, const char *name, size_t *index) {
   if (p == NULL || name == NULL || index == NULL)
     return pulse_fail(PULSE_ERR_ARG, "patch: NULL argument");
-  for (size_t i = 0; i < p->count; i++)
-    if (strcmp(p->tensors[i].info.name, name) == 0) {
-      *index = i;
+  size_t lo = 0, hi = p->count;
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    int c = strcmp(p->by_name[mid]->info.name, name);
+    if (c == 0) {
+      *index = (size_t)(p->by_name[mid] - p->tensors);
       return PULSE_OK;
     }
+    if (c < 0)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
   return pulse_fail(PULSE_ERR_NOT_FOUND, "patch: no tensor '%s'", name);
 }

@@ -39,12 +39,6 @@ static pulse_region region_of(const sub_target *t) {
                         t->digest, t->halo_log2, t->halo, t->halo_digest};
 }
 
-/* The bytes a block spans in memory: [lo, hi). */
-static void block_span(const sub_target *t, uintptr_t *lo, uintptr_t *hi) {
-  *lo = (uintptr_t)t->data;
-  *hi = t->rows && t->cols ? (uintptr_t)(t->data + (t->rows - 1) * t->stride + t->cols) : *lo;
-}
-
 static pulse_status add_region(pulse_sub *sub, uint32_t ndim, const uint64_t *shape,
                                const pulse_region *r) {
   if (r->name == NULL || r->name[0] == '\0' || strlen(r->name) > PULSE_MAX_NAME)
@@ -71,17 +65,8 @@ static pulse_status add_region(pulse_sub *sub, uint32_t ndim, const uint64_t *sh
   nt.stride = r->stride;
   nt.data = r->data;
   uintptr_t lo, hi;
-  block_span(&nt, &lo, &hi);
-  for (size_t i = 0; i < sub->ntargets; i++) {
-    const sub_target *o = &sub->targets[i];
-    if (strcmp(o->name, r->name) == 0)
-      return pulse_fail(PULSE_ERR_ARG, "attach region: '%s' is attached already", r->name);
-    uintptr_t olo, ohi;
-    block_span(o, &olo, &ohi);
-    if (lo < hi && olo < ohi && lo < ohi && olo < hi)
-      return pulse_fail(PULSE_ERR_ARG, "attach region '%s': its block overlaps the one of '%s'",
-                        r->name, o->name);
-  }
+  sub_region_block_span(&nt, &lo, &hi);
+  PULSE_TRY(sub_region_index_check(sub, r->name, lo, hi));
   if (sub->ntargets == sub->cap) {
     size_t cap = sub->cap ? 2 * sub->cap : 16;
     sub_target *t = realloc(sub->targets, cap * sizeof *t);
@@ -113,6 +98,7 @@ static pulse_status add_region(pulse_sub *sub, uint32_t ndim, const uint64_t *sh
     return st;
   }
   sub->targets[sub->ntargets++] = nt;
+  sub_region_index_note(sub);
   sub->mem = SUB_MEM_REGION;
   sub_forget_step(sub); /* new contents of unknown step */
   return PULSE_OK;
@@ -191,7 +177,7 @@ pulse_status sub_region_apply_anchor(pulse_sub *sub, const pulse_store_object *o
   pulse_st_tensor *t = calloc(n + 1, sizeof *t);
   pulse_tensor_info *info = calloc(n + 1, sizeof *info);
   pulse_tensor_digest *d = calloc(n + 1, sizeof *d);
-  size_t *from = calloc(sub->ntargets + 1, sizeof *from);
+  pulse_st_tensor *from = calloc(sub->ntargets + 1, sizeof *from);
   if (t == NULL || info == NULL || d == NULL || from == NULL) {
     st = pulse_fail(PULSE_ERR_NOMEM, "anchor of %zu tensors", n);
     goto done;
@@ -200,19 +186,16 @@ pulse_status sub_region_apply_anchor(pulse_sub *sub, const pulse_store_object *o
   /* Verified whole, as every anchor (sub_apply.c); all of it is verify time here. */
   pulse_state_digest sd;
   st = sub_anchor_verify(sub, o, f, n, t, info, d, &sd, &sub->t_verify, &sub->t_verify);
-  /* Which anchor tensor each block comes from, all checked before any copy. */
+  /* Which anchor tensor each block comes from (the file's name index: no
+   * scan of the table per block), all checked before any copy. */
   for (size_t k = 0; k < sub->ntargets && st == PULSE_OK; k++) {
     const sub_target *tg = &sub->targets[k];
-    size_t i = 0;
-    while (i < n && strcmp(t[i].name, tg->name) != 0)
-      i++;
-    if (i == n)
+    if (pulse_st_tensor_find(f, tg->name, &from[k]) != PULSE_OK)
       st = pulse_fail(PULSE_ERR_NOT_FOUND, "target '%s' is not in the publisher's table",
                       tg->name);
-    else if (!shape_is(tg, t[i].ndim, t[i].shape))
+    else if (!shape_is(tg, from[k].ndim, from[k].shape))
       st = pulse_fail(PULSE_ERR_SIZE_MISMATCH, "target '%s': its shape is not the publisher's",
                       tg->name);
-    from[k] = i;
   }
   /* What goes into FP8 targets' shadows must quantize: checked first. */
   for (size_t k = 0; k < sub->ntargets && st == PULSE_OK; k++) {
@@ -231,7 +214,7 @@ pulse_status sub_region_apply_anchor(pulse_sub *sub, const pulse_store_object *o
   pthread_rwlock_wrlock(&sub->rw);
   for (size_t k = 0; k < sub->ntargets; k++) {
     sub_target *tg = &sub->targets[k];
-    const pulse_st_tensor *src = &t[from[k]];
+    const pulse_st_tensor *src = &from[k];
     uint64_t rows, cols;
     pulse_region_view(src->shape, src->ndim, &rows, &cols); /* checked at attach */
     const uint16_t *bits = (const uint16_t *)src->data + tg->row0 * cols + tg->col0;

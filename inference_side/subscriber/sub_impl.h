@@ -158,6 +158,7 @@ struct pulse_sub {
   sub_mem mem;
   sub_target *targets;
   size_t ntargets, cap;
+  struct sub_region_index *region_index; /* region targets' names and spans (sub_region_index.c) */
   char *file_path;
   int file_dirty; /* the file must be written whole (an anchor, a new table) */
   struct sub_file *file; /* the file target's writer (sub_file_impl.h) */
@@ -391,6 +392,19 @@ pulse_status sub_anchor_verify(pulse_sub *sub, const pulse_store_object *o,
 /** sub_apply_patch and sub_apply_anchor for region targets. */
 pulse_status sub_region_apply_patch(pulse_sub *sub, const pulse_patch *p);
 pulse_status sub_region_apply_anchor(pulse_sub *sub, const pulse_store_object *o);
+
+/* ----------------------------------------------------- sub_region_index.c */
+
+/** The bytes region target t's block spans: [lo, hi), empty for an empty block. */
+void sub_region_block_span(const sub_target *t, uintptr_t *lo, uintptr_t *hi);
+/** PULSE_ERR_ARG when `name` is attached already or bytes [lo, hi) overlap
+ * an attached block; O(log n) plus a short scan. */
+pulse_status sub_region_index_check(const pulse_sub *sub, const char *name, uintptr_t lo,
+                                    uintptr_t hi);
+/** Takes the targets appended since the last call into the index (cannot
+ * fail: short of memory, the next check scans them). */
+void sub_region_index_note(pulse_sub *sub);
+void sub_region_index_free(struct sub_region_index *ix); /* NULL is fine */
 
 /* -------------------------------------------------------------- sub_fp8.c */
 

@@ -178,6 +178,7 @@ void pulse_sub_free(pulse_sub *sub) {
       free(sub->targets[i].data);
   }
   free(sub->targets);
+  sub_region_index_free(sub->region_index);
   pulse_cuda_workspace_free(sub->ws);
   pulse_store_head_free(sub->head);
   for (size_t i = 0; i < sub->nurls; i++)
