@@ -204,6 +204,7 @@ void pulse_pub_free(pulse_pub *pub) {
                  pub->dir, pulse_error_detail());
   pub_anchor_join(pub);
   pub_device_free(pub);
+  pub_detect_free(pub);
   for (size_t i = 0; i < pub->count; i++) {
     if (pub->info)
       free((char *)pub->info[i].name);

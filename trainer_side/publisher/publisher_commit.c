@@ -254,7 +254,9 @@ static pulse_status commit_write(pulse_pub *pub, uint64_t step,
   obj.step = step;
   obj.base_step = f->base_step;
   obj.size = patch->size;
+  double t0 = now_s();
   store_sha256(patch->data, patch->size, obj.sha256);
+  pub->split.hash = now_s() - t0;
   store_object_set_path(&obj);
   if (store_join(path, sizeof path, pub->dir, obj.path) != 0)
     st = pulse_fail(PULSE_ERR_ARG, "publisher: folder name too long");
@@ -306,17 +308,23 @@ static pulse_status commit_write(pulse_pub *pub, uint64_t step,
   }
   pub_head_txn txn;
   memset(&txn, 0, sizeof txn);
+  double t1 = now_s();
   if (st == PULSE_OK)
     st = pub_head_prepare(pub, step, next, p, np, a, na, &txn);
+  double t2 = now_s();
   /* The patch durable under its name before the head that names it. */
   if (st == PULSE_OK)
     st = pub_stage_finish(&job);
   else
     pub_stage_cancel(&job);
+  double t3 = now_s();
   if (st == PULSE_OK)
     st = pub_head_publish(pub, &txn, p, np, a, na);
   else
     pub_head_abort(&txn);
+  pub->split.head = t2 - t1;
+  pub->split.durable = t3 - t2;
+  pub->split.publish = now_s() - t3;
   free(p), free(a);
   if (st != PULSE_OK) {
     if (moved)
@@ -384,18 +392,11 @@ static pulse_status commit_next(pulse_pub *pub, uint64_t step,
   } else {
     /* After device commits, the host copy catches up first. */
     PULSE_TRY(pub_host_current(pub));
-    for (size_t i = 0; i < pub->count && st == PULSE_OK; i++) {
-      pub->changes[i].count = 0;
-      /* update_snapshot 0: the snapshot moves only once the patch exists. */
-      st = pulse_detect_fast(t[i].data, t[i].dtype, pub->snap[i], pub->numel[i],
-                             0, pub->opts.threads, &pub->changes[i]);
-      pub->enc[i].info = pub->info[i];
-      pub->enc[i].base = pub->snap[i];
-      pub->enc[i].changes = &pub->changes[i];
-      pub->enc[i].base_digest = &pub->digests[i];
-    }
+    /* The snapshot moves only once the patch exists. */
+    st = pub_detect(pub, t);
     t1 = now_s();
     f->detect_seconds = t1 - t0;
+    pub->split.detect = f->detect_seconds;
     if (st == PULSE_OK)
       st = pulse_patch_encode(&eo, pub->enc, pub->count, &patch);
   }
@@ -403,9 +404,11 @@ static pulse_status commit_next(pulse_pub *pub, uint64_t step,
     return st;
   double t2 = now_s();
   f->encode_seconds = t2 - t1;
+  pub->split.encode = f->encode_seconds;
   pulse_state_digest next;
   st = patch_digests(pub, &patch, on_device ? NULL : pub->changes, &next,
                      &f->changed);
+  pub->split.digests = now_s() - t2;
   if (st == PULSE_OK)
     st = commit_write(pub, step, &patch, &next, on_device, f);
   else if (on_device)
@@ -432,6 +435,7 @@ pulse_status pulse_pub_commit(pulse_pub *pub, uint64_t step,
                       step, head);
   pulse_pub_figures f;
   figures_init(pub, step, &f);
+  memset(&pub->split, 0, sizeof pub->split);
   pulse_status st = pub->head == NULL
                         ? commit_first(pub, step, tensors, &f, t0)
                         : commit_next(pub, step, tensors, on_device, &f, t0);

@@ -89,7 +89,9 @@ static void *anchor_main(void *arg) {
   pub_anchor_job *job = arg;
   pulse_pub *pub = job->pub;
   if (job->move) {
+    double t0 = now_s();
     pub_snapshot_move(pub, 0);
+    job->move_seconds = now_s() - t0;
     pthread_mutex_lock(&pub->moved_mu);
     job->moved = 1;
     pthread_cond_broadcast(&pub->moved_cv);

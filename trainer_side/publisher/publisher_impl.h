@@ -60,7 +60,8 @@ typedef struct {
   pulse_status status;
   char detail[512];
   pulse_store_object obj;
-  double seconds;
+  double seconds;      /* the anchor's write */
+  double move_seconds; /* the snapshot's move */
 } pub_anchor_job;
 
 /* An object the head stopped naming, removed once its grace period is
@@ -69,6 +70,18 @@ typedef struct {
   char path[PULSE_STORE_PATH_MAX]; /* relative to the store */
   double since;                    /* wall-clock seconds it left the head */
 } pub_retired;
+
+/* Where the last host commit's time went, finer than pulse_pub_figures
+ * (wall-clock seconds; what `pulse-bench codec --commit` prints). */
+typedef struct {
+  double detect;  /* change detection over every tensor */
+  double encode;  /* pulse_patch_encode (its own split: pulse_encode_times) */
+  double digests; /* the target digests read back from the patch's table */
+  double hash;    /* SHA-256 of the patch (its object name) */
+  double head;    /* the head built, signed, checked and staged */
+  double durable; /* then waiting for the patch to be durable under its name */
+  double publish; /* the head renamed over head.json, the folder fsynced */
+} pub_commit_split;
 
 struct pulse_pub {
   char *dir;
@@ -125,6 +138,17 @@ struct pulse_pub {
   /* pulse_pub_create_committer: no snapshot; commits what the ranks of a
    * sharded step made (pulse_pub_commit_made). */
   int committer;
+  /* The last commit's time split (the snapshot's move after it:
+   * job.move_seconds, once pulse_pub_wait returned). */
+  pub_commit_split split;
+  /* Host detection (publisher_detect.c): one item per chunk, kept from
+   * commit to commit, and per tensor the rank form given to the encoder. */
+  struct pub_detect_item *det;
+  size_t det_items;
+  uint32_t **det_hist; /* per tensor: chunks x PULSE_CLASS_COUNT counts */
+  uint8_t **det_cls;   /* per tensor: each change's class */
+  uint32_t **det_rank; /* per tensor: each change's rank in its class */
+  uint64_t *det_cap;   /* per tensor: room in det_cls and det_rank */
 };
 
 /** The key rotation record of the next head (publisher_rotate.c): a new
@@ -169,6 +193,16 @@ void pub_anchor_join(pulse_pub *pub);
 /** Waits until the background job has moved the snapshot (then pub->snap
  * and pub->changes may be read; only after pub_anchor_join written). */
 void pub_snapshot_wait(pulse_pub *pub);
+
+/** Detects the changes of a host commit's tensors against the host
+ * snapshot (not written) on the publisher's threads into pub->changes, and
+ * points pub->enc at them in the rank form (base NULL: the encoder takes
+ * each change's class and rank, which detection found from the same pass
+ * over the snapshot). */
+pulse_status pub_detect(pulse_pub *pub, const pulse_pub_tensor *t);
+
+/** Frees what pub_detect keeps between commits. */
+void pub_detect_free(pulse_pub *pub);
 
 /** Writes every change's new (old: 1) bits into the host snapshot. */
 void pub_snapshot_move(pulse_pub *pub, int old);

@@ -61,6 +61,17 @@ void bench_codec_usage(FILE *out) {
       "apply_noindex_mchanges_per_s\n"
       "                 (without) are these\n"
       "  --json         one JSON object per step, then a summary object\n"
+      "  --commit       instead: the publisher's commit (pulse_pub_commit) of\n"
+      "                 FP32 master weights in memory, split where its time\n"
+      "                 goes, against one pass over what it must read; then\n"
+      "                 a receiver applies each patch (no index, one thread;\n"
+      "                 class index, two threads and one) and is checked bit\n"
+      "                 for bit. The model: --params (default 1e9) in\n"
+      "                 --tensors T (default 128) of rows x 1024, --density D\n"
+      "                 (default 0.01) of each moved per step, --steps\n"
+      "                 (default 3), --seed; --threads T: the publisher's\n"
+      "                 (default 0, one per core). About 10.1 bytes per\n"
+      "                 parameter (1e9: 10 GB).\n"
       "  --report DIR   also write DIR/steps.csv, DIR/per_changed.csv and\n"
       "                 DIR/report.html (charts)\n"
       "  --help         this text\n"
@@ -84,7 +95,10 @@ int bench_codec_main(int argc, char **argv) {
                   .lr = 2e-6,
                   .threads = 0,
                   .apply_threads = 1,
-                  .reps = 5};
+                  .reps = 5,
+                  .density = 0.01,
+                  .tensors = 128};
+  int density_given = 0, params_given = 0, steps_given = 0;
   for (int i = 1; i < argc; i++) {
     const char *arg = argv[i], *v = NULL;
     int m;
@@ -93,6 +107,18 @@ int bench_codec_main(int argc, char **argv) {
       return 0;
     } else if (pulse_cli_opt_flag(arg, "--json")) {
       a.json = 1;
+    } else if (pulse_cli_opt_flag(arg, "--commit")) {
+      a.commit = 1;
+    } else if ((m = pulse_cli_opt_value(argc, argv, &i, "--density", &v)) != 0) {
+      if (m < 0 || pulse_cli_parse_double(v, &a.density) != 0 || !(a.density > 0) ||
+          a.density > 1)
+        return usage_error("--density needs a fraction in (0, 1], got '%s'", m < 0 ? "" : v);
+      density_given = 1;
+    } else if ((m = pulse_cli_opt_value(argc, argv, &i, "--tensors", &v)) != 0) {
+      int t = 0;
+      if (m < 0 || pulse_cli_parse_int(v, 1, 100000, &t) != 0)
+        return usage_error("--tensors needs 1..100000, got '%s'", m < 0 ? "" : v);
+      a.tensors = (size_t)t;
     } else if ((m = pulse_cli_opt_value(argc, argv, &i, "--report", &v)) != 0) {
       if (m < 0)
         return usage_error("--report needs a folder%s", "");
@@ -101,12 +127,14 @@ int bench_codec_main(int argc, char **argv) {
       if (m < 0 || pulse_cli_parse_u64(v, &a.params) != 0)
         return usage_error("--params needs a count, got '%s'", m < 0 ? "" : v);
       a.synth_opts_given = 1;
+      params_given = 1;
     } else if ((m = pulse_cli_opt_value(argc, argv, &i, "--steps", &v)) != 0) {
       if (m < 0 || pulse_cli_parse_u64(v, &a.steps) != 0 || a.steps == 0 ||
           a.steps > 1000000)
         return usage_error("--steps needs a count from 1, got '%s'",
                            m < 0 ? "" : v);
       a.synth_opts_given = 1;
+      steps_given = 1;
     } else if ((m = pulse_cli_opt_value(argc, argv, &i, "--lr", &v)) != 0) {
       if (m < 0 || pulse_cli_parse_double(v, &a.lr) != 0 || a.lr < 0)
         return usage_error("--lr needs a non-negative number, got '%s'",
@@ -140,6 +168,19 @@ int bench_codec_main(int argc, char **argv) {
       return usage_error("unknown option '%s'", arg);
     }
   }
+  if (a.commit) {
+    if (a.snapshots != NULL || a.report != NULL)
+      return usage_error("%s measures its own model: no --snapshots or --report", "--commit");
+    if (!params_given)
+      a.params = 1000000000;
+    if (!steps_given)
+      a.steps = 3;
+    if (a.params < 1024)
+      return usage_error("--params must be at least %s with --commit", "1024");
+    return bench_codec_run_commit(&a);
+  }
+  if (density_given || a.tensors != 128)
+    return usage_error("%s: --density and --tensors describe --commit's model", "--density");
   if (a.snapshots != NULL && a.synth_opts_given)
     return usage_error("%s: --params, --steps, --lr and --seed describe the "
                        "synthetic input, not snapshots",

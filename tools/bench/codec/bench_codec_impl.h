@@ -30,6 +30,9 @@ typedef struct {
   int threads, reps, json;
   int apply_threads;    /* decode + apply threads (a receiver's opts.threads) */
   int synth_opts_given; /* any of --params --steps --lr --seed */
+  int commit;           /* --commit: the publisher's commit at scale */
+  double density;       /* --commit: fraction of weights moved per step */
+  size_t tensors;       /* --commit: tensors of the model */
   char **snapshots;
   int snapshot_count;
   const char *report;      /* --report DIR */
@@ -151,5 +154,9 @@ void bench_codec_report_step(const codec_args *a, summary *s,
 int bench_codec_run_synthetic(const codec_args *a);
 int bench_codec_run_snapshots(const codec_args *a);
 int bench_codec_run_with_report(codec_args *a, int argc, char **argv);
+
+/** --commit: the publisher's commit of FP32 master weights and a
+ * receiver's apply of its patches (bench_codec_commit.c). */
+int bench_codec_run_commit(const codec_args *a);
 
 #endif /* PULSE_BENCH_CODEC_IMPL_H */

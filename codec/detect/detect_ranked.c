@@ -1,0 +1,271 @@
+/* detect_ranked.c - change detection of one chunk that also gives the
+ * encoder each change's position class and rank (detect_ranked_impl.h).
+ *
+ * The class-model encoder needs, per change, how many base elements of its
+ * class come before it in its chunk: a histogram pass over every base
+ * element, which at 1 B parameters cost more than reading the weights
+ * (about 1 ns an element: increments of the few classes that hold most
+ * weights wait on each other). Detection already has the base (the
+ * snapshot) in registers, so here the counts come from the same pass, and
+ * mostly without a histogram: per block of 64 elements, the 8 classes
+ * most frequent in the chunk's first elements are counted with a byte
+ * compare each (into byte counters); only elements of other classes (a few
+ * percent of a model's weights) are counted one by one. A change's rank
+ * is its class's count before the block plus the popcount of its class's
+ * mask below it. The result is the reference's, bit for bit: positions and
+ * bits as pulse_detect_ref, classes, ranks and counts as
+ * pulse_chunk_classify (tests compare them). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "detect_impl.h"
+#include "detect_ranked_impl.h"
+#include "pulse_elem.h"
+#include "status_impl.h"
+
+#define RANKED_BLOCK 64u
+#define RANKED_HOT 8u
+/* Elements counted one by one before the hot classes are chosen. */
+#define RANKED_SAMPLE 256u
+
+void pulse_detect_chunk_free(pulse_detect_chunk *c) {
+  if (c == NULL)
+    return;
+  pulse_changes_free(&c->changes);
+  free(c->cls);
+  free(c->rank);
+  c->cls = NULL;
+  c->rank = NULL;
+  c->rank_capacity = 0;
+}
+
+/* Room for `extra` more changes in every array. */
+static pulse_status chunk_room(pulse_detect_chunk *c, uint64_t extra) {
+  pulse_changes *ch = &c->changes;
+  if (ch->capacity - ch->count >= extra && c->rank_capacity - ch->count >= extra)
+    return PULSE_OK;
+  uint64_t want = ch->capacity < 1024 ? 1024 : ch->capacity;
+  while (want < ch->count + extra)
+    want *= 2;
+  PULSE_TRY(pulse_changes_reserve(ch, want));
+  if (c->rank_capacity < want) {
+    uint8_t *cls = realloc(c->cls, (size_t)want);
+    if (cls != NULL)
+      c->cls = cls;
+    uint32_t *rank = realloc(c->rank, (size_t)want * sizeof *rank);
+    if (rank != NULL)
+      c->rank = rank;
+    if (cls == NULL || rank == NULL)
+      return pulse_fail(PULSE_ERR_NOMEM, "detect: %llu changes", (unsigned long long)want);
+    c->rank_capacity = want;
+  }
+  return PULSE_OK;
+}
+
+static inline void push(pulse_detect_chunk *c, uint64_t pos, uint16_t old, uint16_t fresh,
+                        unsigned cls, uint32_t rank) {
+  uint64_t k = c->changes.count++;
+  c->changes.pos[k] = pos;
+  c->changes.old_bits[k] = old;
+  c->changes.new_bits[k] = fresh;
+  c->cls[k] = (uint8_t)cls;
+  c->rank[k] = rank;
+}
+
+static inline uint16_t new_bits_at(const void *cur, pulse_dtype dtype, uint64_t i) {
+  const unsigned char *bytes = cur;
+  if (dtype == PULSE_DTYPE_F32) {
+    uint32_t u;
+    memcpy(&u, bytes + i * 4, sizeof u);
+    return pulse_bf16_from_f32_bits(u);
+  }
+  uint16_t b;
+  memcpy(&b, bytes + i * 2, sizeof b);
+  return b;
+}
+
+/* Elements [lo, hi) of the chunk at `first`, one by one. */
+static pulse_status scan_scalar(const void *cur, pulse_dtype dtype, const uint16_t *snap,
+                                uint64_t first, uint32_t lo, uint32_t hi,
+                                pulse_detect_chunk *out) {
+  for (uint32_t j = lo; j < hi; j++) {
+    uint16_t old = snap[first + j];
+    uint16_t fresh = new_bits_at(cur, dtype, first + j);
+    unsigned c = pulse_bf16_class(old);
+    if (pulse_bf16_changed(old, fresh)) {
+      PULSE_TRY(chunk_room(out, 1));
+      push(out, first + j, old, fresh, c, out->hist[c]);
+    }
+    out->hist[c]++;
+  }
+  return PULSE_OK;
+}
+
+/* The RANKED_HOT classes with the largest counts so far (distinct). */
+static void choose_hot(const uint32_t *hist, uint8_t *hot) {
+  uint8_t taken[PULSE_CLASS_COUNT] = {0};
+  for (unsigned k = 0; k < RANKED_HOT; k++) {
+    unsigned best = 0;
+    int found = 0;
+    for (unsigned c = 0; c < PULSE_CLASS_COUNT; c++)
+      if (!taken[c] && (!found || hist[c] > hist[best])) {
+        best = c;
+        found = 1;
+      }
+    taken[best] = 1;
+    hot[k] = (uint8_t)best;
+  }
+}
+
+#if PULSE_HAVE_X86_DISPATCH
+#define RANKED_AVX2 __attribute__((target("avx2,bmi,popcnt")))
+
+/* Class bytes (BF16 exponent fields) of 32 elements in order. */
+RANKED_AVX2 static inline __m256i classes32(__m256i a, __m256i b) {
+  const __m256i low = _mm256_set1_epi16(0xFF);
+  __m256i ca = _mm256_and_si256(_mm256_srli_epi16(a, 7), low);
+  __m256i cb = _mm256_and_si256(_mm256_srli_epi16(b, 7), low);
+  return _mm256_permute4x64_epi64(_mm256_packus_epi16(ca, cb), 0xD8);
+}
+
+/* Bit j set where class byte j of (e0, e1) is c. */
+RANKED_AVX2 static inline uint64_t class_mask(__m256i e0, __m256i e1, __m256i c) {
+  uint32_t m0 = (uint32_t)_mm256_movemask_epi8(_mm256_cmpeq_epi8(e0, c));
+  uint32_t m1 = (uint32_t)_mm256_movemask_epi8(_mm256_cmpeq_epi8(e1, c));
+  return (uint64_t)m1 << 32 | m0;
+}
+
+RANKED_AVX2 static inline __m256i load16(const uint16_t *p) {
+  return _mm256_loadu_si256((const __m256i *)(const void *)p);
+}
+
+/* Bit j set where lane j of (n0, n1) differs from lane j of (s0, s1). */
+RANKED_AVX2 static inline uint32_t diff32(__m256i n0, __m256i n1, __m256i s0, __m256i s1) {
+  __m256i e0 = _mm256_cmpeq_epi16(n0, s0);
+  __m256i e1 = _mm256_cmpeq_epi16(n1, s1);
+  __m256i e = _mm256_permute4x64_epi64(_mm256_packs_epi16(e0, e1), 0xD8);
+  return ~(uint32_t)_mm256_movemask_epi8(e);
+}
+
+/* Adds the hot classes' byte counters (each below 256) to hist. */
+RANKED_AVX2 static inline void flush_hot(__m256i *acc, const uint8_t *hot, uint32_t *hist) {
+  for (unsigned k = 0; k < RANKED_HOT; k++) {
+    __m256i sums = _mm256_sad_epu8(acc[k], _mm256_setzero_si256());
+    hist[hot[k]] += (uint32_t)(_mm256_extract_epi64(sums, 0) + _mm256_extract_epi64(sums, 1) +
+                               _mm256_extract_epi64(sums, 2) + _mm256_extract_epi64(sums, 3));
+    acc[k] = _mm256_setzero_si256();
+  }
+}
+
+/* Whole blocks of 64 from lo to hi (hi - lo a multiple of 64). The hot
+ * classes count in byte lanes (a compare gives -1 where the class is,
+ * subtracted), added to hist every 255 blocks and before a change reads
+ * hist. Inlined per dtype so the loop has no dtype branch. */
+__attribute__((always_inline)) RANKED_AVX2 static inline pulse_status
+scan_avx2(const void *cur, const pulse_dtype dtype, const uint16_t *snap, uint64_t first,
+          uint32_t lo, uint32_t hi, const uint8_t *hot, pulse_detect_chunk *out) {
+  uint32_t *hist = out->hist;
+  __m256i hv[RANKED_HOT], acc[RANKED_HOT];
+  for (unsigned k = 0; k < RANKED_HOT; k++) {
+    hv[k] = _mm256_set1_epi8((char)hot[k]);
+    acc[k] = _mm256_setzero_si256();
+  }
+  unsigned pending = 0; /* blocks in acc */
+  _Alignas(32) uint16_t fresh[RANKED_BLOCK];
+  for (uint32_t j = lo; j < hi; j += RANKED_BLOCK) {
+    uint64_t i = first + j;
+    const uint16_t *s = snap + i;
+    __m256i s0 = load16(s), s1 = load16(s + 16), s2 = load16(s + 32), s3 = load16(s + 48);
+    __m256i n0, n1, n2, n3;
+    if (dtype == PULSE_DTYPE_F32) {
+      const float *f = (const float *)cur + i;
+      n0 = pulse_bf16x16_from_f32_avx2(f);
+      n1 = pulse_bf16x16_from_f32_avx2(f + 16);
+      n2 = pulse_bf16x16_from_f32_avx2(f + 32);
+      n3 = pulse_bf16x16_from_f32_avx2(f + 48);
+    } else {
+      const uint16_t *b = (const uint16_t *)cur + i;
+      n0 = load16(b), n1 = load16(b + 16), n2 = load16(b + 32), n3 = load16(b + 48);
+    }
+    uint64_t diff = diff32(n0, n1, s0, s1) | (uint64_t)diff32(n2, n3, s2, s3) << 32;
+    __m256i e0 = classes32(s0, s1), e1 = classes32(s2, s3);
+    if (diff != 0) {
+      PULSE_TRY(chunk_room(out, (uint64_t)__builtin_popcountll(diff)));
+      flush_hot(acc, hot, hist);
+      pending = 0;
+      _mm256_store_si256((__m256i *)(void *)fresh, n0);
+      _mm256_store_si256((__m256i *)(void *)(fresh + 16), n1);
+      _mm256_store_si256((__m256i *)(void *)(fresh + 32), n2);
+      _mm256_store_si256((__m256i *)(void *)(fresh + 48), n3);
+      /* Ranks from the counts before this block: changes first. */
+      for (uint64_t m = diff; m != 0; m = _blsr_u64(m)) {
+        unsigned b = (unsigned)_tzcnt_u64(m);
+        unsigned c = pulse_bf16_class(s[b]);
+        uint64_t same = class_mask(e0, e1, _mm256_set1_epi8((char)c));
+        uint32_t below = (uint32_t)__builtin_popcountll(same & ((1ull << b) - 1u));
+        push(out, i + b, s[b], fresh[b], c, hist[c] + below);
+      }
+    }
+    __m256i seen0 = _mm256_setzero_si256(), seen1 = _mm256_setzero_si256();
+    for (unsigned k = 0; k < RANKED_HOT; k++) {
+      __m256i m0 = _mm256_cmpeq_epi8(e0, hv[k]), m1 = _mm256_cmpeq_epi8(e1, hv[k]);
+      acc[k] = _mm256_sub_epi8(_mm256_sub_epi8(acc[k], m0), m1);
+      seen0 = _mm256_or_si256(seen0, m0);
+      seen1 = _mm256_or_si256(seen1, m1);
+    }
+    if (++pending == 127) { /* two per block: at most 254 a lane */
+      flush_hot(acc, hot, hist);
+      pending = 0;
+    }
+    uint64_t seen = (uint64_t)(uint32_t)_mm256_movemask_epi8(seen1) << 32 |
+                    (uint32_t)_mm256_movemask_epi8(seen0);
+    for (uint64_t m = ~seen; m != 0; m = _blsr_u64(m))
+      hist[pulse_bf16_class(s[_tzcnt_u64(m)])]++;
+  }
+  flush_hot(acc, hot, hist);
+  return PULSE_OK;
+}
+
+RANKED_AVX2 static pulse_status scan_avx2_f32(const void *cur, const uint16_t *snap,
+                                              uint64_t first, uint32_t lo, uint32_t hi,
+                                              const uint8_t *hot, pulse_detect_chunk *out) {
+  return scan_avx2(cur, PULSE_DTYPE_F32, snap, first, lo, hi, hot, out);
+}
+
+RANKED_AVX2 static pulse_status scan_avx2_bf16(const void *cur, const uint16_t *snap,
+                                               uint64_t first, uint32_t lo, uint32_t hi,
+                                               const uint8_t *hot, pulse_detect_chunk *out) {
+  return scan_avx2(cur, PULSE_DTYPE_BF16, snap, first, lo, hi, hot, out);
+}
+#endif
+
+pulse_status pulse_detect_chunk_ranked(const void *cur, pulse_dtype dtype,
+                                       const uint16_t *snapshot, uint64_t first, uint32_t n,
+                                       pulse_isa isa, pulse_detect_chunk *out) {
+  if (out == NULL || (n > 0 && (cur == NULL || snapshot == NULL)))
+    return pulse_fail(PULSE_ERR_ARG, "detect: NULL argument");
+  if (dtype != PULSE_DTYPE_F32 && dtype != PULSE_DTYPE_BF16)
+    return pulse_fail(PULSE_ERR_DTYPE, "detect: input dtype %s (want F32 or BF16)",
+                      pulse_dtype_name(dtype));
+  if (!pulse_isa_available(isa))
+    return pulse_fail(PULSE_ERR_UNSUPPORTED, "detect: instruction set %d not available", isa);
+  if (isa == PULSE_ISA_AUTO)
+    isa = pulse_isa_available(PULSE_ISA_AVX2) ? PULSE_ISA_AVX2 : PULSE_ISA_SCALAR;
+  out->changes.count = 0;
+  memset(out->hist, 0, sizeof out->hist);
+  uint32_t done = n;
+#if PULSE_HAVE_X86_DISPATCH
+  if (isa == PULSE_ISA_AVX2 && n >= RANKED_SAMPLE + RANKED_BLOCK) {
+    PULSE_TRY(scan_scalar(cur, dtype, snapshot, first, 0, RANKED_SAMPLE, out));
+    uint8_t hot[RANKED_HOT];
+    choose_hot(out->hist, hot);
+    done = RANKED_SAMPLE + (n - RANKED_SAMPLE) / RANKED_BLOCK * RANKED_BLOCK;
+    PULSE_TRY(dtype == PULSE_DTYPE_F32
+                  ? scan_avx2_f32(cur, snapshot, first, RANKED_SAMPLE, done, hot, out)
+                  : scan_avx2_bf16(cur, snapshot, first, RANKED_SAMPLE, done, hot, out));
+    return scan_scalar(cur, dtype, snapshot, first, done, n, out);
+  }
+#endif
+  (void)done;
+  return scan_scalar(cur, dtype, snapshot, first, 0, n, out);
+}
