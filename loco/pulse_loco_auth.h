@@ -7,7 +7,8 @@
  *
  * What is signed (one text per kind, "\n" one LF byte, hex lower-case):
  *
- *   pulse-loco-payload/1\n   or   pulse-loco-manifest/1\n
+ *   pulse-loco-<kind>/1\n     <kind>: payload, manifest, state, members,
+ *                             leave, done, digests, sync, sketch
  *   round <round>\n
  *   signer <64 hex: public key>\n
  *   size <bytes>\n
@@ -37,12 +38,21 @@ extern "C" {
 
 #define PULSE_LOCO_AUTH_MAX_MEMBERS 4096u
 
-/* What a signature covers: a round payload or a round manifest. A
- * signature of one kind never passes as the other. */
+/* What a signature covers (PAYLOAD.md "Authentication" says what each
+ * body is). A signature of one kind never passes as another. */
 typedef enum {
-  PULSE_LOCO_AUTH_PAYLOAD = 1,
-  PULSE_LOCO_AUTH_MANIFEST = 2
+  PULSE_LOCO_AUTH_PAYLOAD = 1,  /* a round payload (or its chunk list) */
+  PULSE_LOCO_AUTH_MANIFEST = 2, /* a round manifest */
+  PULSE_LOCO_AUTH_STATE = 3,    /* a state a joiner or re-syncing member
+                                   loads (/v1/loco/state/R) */
+  PULSE_LOCO_AUTH_MEMBERS = 4,  /* a membership view (/v1/loco/members) */
+  PULSE_LOCO_AUTH_LEAVE = 5,    /* a leave request */
+  PULSE_LOCO_AUTH_DONE = 6,     /* a member's "round R done" */
+  PULSE_LOCO_AUTH_DIGESTS = 7,  /* the reference's range digests */
+  PULSE_LOCO_AUTH_SYNC = 8,     /* the SHA-256 of each re-sync range */
+  PULSE_LOCO_AUTH_SKETCH = 9    /* the reference's range sketches */
 } pulse_loco_auth_kind;
+#define PULSE_LOCO_AUTH_KINDS 9u /* the largest kind */
 
 /* Why bodies were refused, since create (for the metrics). */
 typedef struct {

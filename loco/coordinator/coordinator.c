@@ -109,12 +109,15 @@ void loco_node_set_members(pulse_loco_coord *n, const pulse_loco_member *m,
   n->nmembers = count;
 }
 
+/* Both signed by this node when it authenticates (auth hooks). */
 static pulse_status publish_view(pulse_loco_coord *n) {
-  return loco_serve_view(n->srv, pulse_loco_round(n->ctx), n->nmembers ? n->members[0].id : n->id,
-                         n->members, n->nmembers);
+  return loco_auth_put_view(n, pulse_loco_round(n->ctx),
+                            n->nmembers ? n->members[0].id : n->id);
 }
 
-pulse_status loco_node_publish_state(pulse_loco_coord *n) { return loco_serve_state(n->srv, n->ctx); }
+pulse_status loco_node_publish_state(pulse_loco_coord *n) {
+  return loco_auth_put_state(n);
+}
 
 void loco_node_url_fmt(char *dst, size_t cap, const char *base, const char *fmt,
                     ...) {
@@ -283,15 +286,19 @@ pulse_status loco_node_catch_up(pulse_loco_coord *n, const char *coord,
   for (;;) {
     loco_manifest view;
     loco_node_url_fmt(url, sizeof url, coord, "/v1/loco/members");
-    PULSE_TRY(loco_node_get_json(url, left_ms(end), &view, &n->fetched));
+    /* Signed by the coordinator it names (auth hook). */
+    PULSE_TRY(loco_auth_get_view(n, url, left_ms(end), 1, &view));
     if (view.round >= min_round &&
         loco_member_find(view.members, view.nmembers, view.coordinator) >= 0) {
       loco_node_url_fmt(url, sizeof url, coord, "/v1/loco/state/%llu",
               (unsigned long long)view.round);
       pulse_bytebuf b = PULSE_BYTEBUF_INIT;
       unsigned wait = left_ms(end);
-      st =
-          loco_http_wait(url, wait < 500u ? wait : 500u, loco_state_cap(n->ctx->n), &b);
+      /* Signed by that coordinator for that round (auth hook): a state of
+       * another round, or not its, is refused before it is imported. */
+      st = loco_auth_get(n, url, wait < 500u ? wait : 500u,
+                         loco_state_cap(n->ctx->n), PULSE_LOCO_AUTH_STATE,
+                         view.round, view.round, view.coordinator, &b);
       if (st == PULSE_OK) {
         n->fetched += b.size;
         st = pulse_loco_state_import(n->ctx, b.data, b.size, theta_r);
@@ -320,7 +327,8 @@ static pulse_status join_via(pulse_loco_coord *n, const char *seed,
   char url[160];
   loco_manifest view;
   loco_node_url_fmt(url, sizeof url, seed, "/v1/loco/members");
-  PULSE_TRY(loco_node_get_json(url, left_ms(end), &view, &n->fetched));
+  /* Signed by the seed, any member (auth hook). */
+  PULSE_TRY(loco_auth_get_view(n, url, left_ms(end), 0, &view));
   int c = loco_member_find(view.members, view.nmembers, view.coordinator);
   char coord[64];
   if (c < 0) {
@@ -378,9 +386,7 @@ static pulse_status join_via(pulse_loco_coord *n, const char *seed,
     return pulse_fail(PULSE_ERR_IO,
                       "loco join: dropped again before the first round");
   round = pulse_loco_round(n->ctx);
-  loco_node_url_fmt(url, sizeof url, coord, "/v1/loco/round/%llu/done?id=%u",
-          (unsigned long long)(round - 1), n->id);
-  loco_http_post(url, left_ms(end), &status);
+  loco_auth_post(n, coord, PULSE_LOCO_AUTH_DONE, round - 1, left_ms(end));
   PULSE_TRY(loco_node_publish_state(n));
   return publish_view(n);
 }
@@ -641,7 +647,7 @@ static uint64_t group_round(pulse_loco_coord *n, const char *coord) {
   char url[160];
   loco_manifest view;
   loco_node_url_fmt(url, sizeof url, coord, "/v1/loco/members");
-  if (loco_node_get_json(url, n->opts.deadline_ms, &view, &n->fetched) != PULSE_OK)
+  if (loco_auth_get_view(n, url, n->opts.deadline_ms, 1, &view) != PULSE_OK)
     return 0;
   uint64_t r = view.round;
   loco_manifest_free(&view);
@@ -732,11 +738,9 @@ static pulse_status follow(pulse_loco_coord *n, uint64_t r, const uint8_t *own,
   char coord[sizeof n->members[0].url];
   snprintf(coord, sizeof coord, "%s", n->members[0].url);
   char url[160];
-  long status;
-  if (leaving) {
-    snprintf(url, sizeof url, "%s/v1/loco/leave?id=%u", coord, n->id);
-    loco_http_post(url, n->opts.manifest_timeout_ms, &status);
-  }
+  if (leaving) /* signed (auth hook) */
+    loco_auth_post(n, coord, PULSE_LOCO_AUTH_LEAVE, r,
+                   n->opts.manifest_timeout_ms);
   loco_node_url_fmt(url, sizeof url, coord, "/v1/loco/round/%llu/manifest",
           (unsigned long long)r);
   loco_manifest man;
@@ -806,11 +810,9 @@ static pulse_status follow(pulse_loco_coord *n, uint64_t r, const uint8_t *own,
   }
   if (st == PULSE_OK)
     st = loco_node_publish_state(n); /* for joiners that ask this member */
-  if (st == PULSE_OK) {
-    loco_node_url_fmt(url, sizeof url, coord, "/v1/loco/round/%llu/done?id=%u",
-            (unsigned long long)r, n->id);
-    loco_http_post(url, n->opts.manifest_timeout_ms, &status);
-  }
+  if (st == PULSE_OK) /* signed (auth hook) */
+    loco_auth_post(n, coord, PULSE_LOCO_AUTH_DONE, r,
+                   n->opts.manifest_timeout_ms);
 done:
   for (size_t k = 0; t && k < C; k++)
     pulse_bytebuf_free(&t[k].body);

@@ -58,6 +58,8 @@ struct loco_node_auth {
   pulse_loco_auth_figures extra;
   uint64_t datagrams_refused, joins_refused;
   uint64_t datagrams_replayed; /* of datagrams_refused: an older round's */
+  uint64_t refused_kind[PULSE_LOCO_AUTH_KINDS]; /* refusals by kind - 1 */
+  uint64_t round; /* the round being run (the handle's floor) */
   pulse_loco_auth_figures step_base; /* totals when the step began */
   uint64_t step_datagrams;
   loco_sig own_payload; /* this round's, for the relay of it */
@@ -69,10 +71,15 @@ struct loco_node_auth {
   unsigned tamper, tamper_kinds;
   pulse_sign_key *stranger_key;
   pulse_loco_auth *stranger;
-  kept_body last[2]; /* payload, manifest */
+  kept_body last[PULSE_LOCO_AUTH_KINDS]; /* by kind - 1 */
   pulse_buffer chunks_prev, chunks_cur;
   uint64_t nchunks_prev, nchunks_cur;
 };
+
+/* What each kind is called in logs and in /metrics (by kind - 1). */
+static const char *const kind_words[PULSE_LOCO_AUTH_KINDS] = {
+    "payload", "manifest", "state", "members", "leave",
+    "done",    "digests",  "sync",  "sketch"};
 
 /* ------------------------------------------------------------ bindings */
 
@@ -130,6 +137,8 @@ static void metrics(void *user, pulse_bytebuf *text) {
   totals(a, &c);
   uint64_t datagrams = a->datagrams_refused, joins = a->joins_refused;
   uint64_t replayed = a->datagrams_replayed;
+  uint64_t by_kind[PULSE_LOCO_AUTH_KINDS];
+  memcpy(by_kind, a->refused_kind, sizeof by_kind);
   pthread_mutex_unlock(&a->lock);
   pulse_bytebuf_printf(
       text,
@@ -163,6 +172,14 @@ static void metrics(void *user, pulse_bytebuf *text) {
       (unsigned long long)c.foreign, (unsigned long long)c.admitted,
       (unsigned long long)joins,
       (unsigned long long)(datagrams - replayed), (unsigned long long)replayed);
+  pulse_bytebuf_printf(text,
+                       "# HELP pulse_loco_auth_refused_kind_total The same "
+                       "refusals by what was refused.\n"
+                       "# TYPE pulse_loco_auth_refused_kind_total counter\n");
+  for (unsigned k = 0; k < PULSE_LOCO_AUTH_KINDS; k++)
+    pulse_bytebuf_printf(text,
+                         "pulse_loco_auth_refused_kind_total{kind=\"%s\"} %llu\n",
+                         kind_words[k], (unsigned long long)by_kind[k]);
 }
 
 /* ------------------------------------------------------------ key blob */
@@ -262,17 +279,33 @@ static int learn_key(pulse_loco_coord *n, uint32_t id) {
 
 /* ------------------------------------------------------------- joins */
 
-/* The coordinator's check of a join POST (server thread): the joiner's key
- * is the one bound to its id, or a member's admission of it verifies. */
-static unsigned join_gate(void *user, const char *path,
+static unsigned signed_post_gate(pulse_loco_coord *n, const char *path,
+                                 pulse_loco_auth_kind kind, uint32_t id,
+                                 const char *(*query)(void *rq,
+                                                      const char *key),
+                                 void *rq, char *reply, size_t cap);
+
+/* The checks of a POST (server thread): a join's key is the one bound to
+ * its id, or a member's admission of it verifies; a leave or a done is
+ * signed by the key bound to the id it speaks for. */
+static unsigned post_gate(void *user, const char *path,
                           const char *(*query)(void *rq, const char *key),
                           void *rq, char *reply, size_t cap) {
   pulse_loco_coord *n = user;
   loco_node_auth *a = n->auth;
   uint32_t id;
-  if (strcmp(path, "/v1/loco/join") != 0 ||
-      !loco_parse_id(query(rq, "id"), &id))
-    return 0; /* not a join, or the callback's 400 */
+  if (!loco_parse_id(query(rq, "id"), &id))
+    return 0; /* the callback's 400 */
+  size_t len = strlen(path);
+  if (strcmp(path, "/v1/loco/leave") == 0)
+    return signed_post_gate(n, path, PULSE_LOCO_AUTH_LEAVE, id, query, rq,
+                            reply, cap);
+  if (strncmp(path, "/v1/loco/round/", 15) == 0 && len > 20 &&
+      strcmp(path + len - 5, "/done") == 0)
+    return signed_post_gate(n, path, PULSE_LOCO_AUTH_DONE, id, query, rq,
+                            reply, cap);
+  if (strcmp(path, "/v1/loco/join") != 0)
+    return 0; /* the callback answers (404) */
   uint8_t key[32];
   pulse_loco_admission adm;
   const char *until = query(rq, "until");
@@ -316,6 +349,51 @@ static unsigned join_gate(void *user, const char *path,
   return status;
 }
 
+/* A leave or done POST (server thread): signed (query round, key, sig)
+ * over its path and id, "PATH?id=ID", by the key bound to that id. A leave
+ * older than the round being run, or a done older than the round before
+ * it, is a replay: the coordinator acts on neither. Refused: 403, counted
+ * as any refused body. */
+static unsigned signed_post_gate(pulse_loco_coord *n, const char *path,
+                                 pulse_loco_auth_kind kind, uint32_t id,
+                                 const char *(*query)(void *rq,
+                                                      const char *key),
+                                 void *rq, char *reply, size_t cap) {
+  loco_node_auth *a = n->auth;
+  char text[160];
+  int len = snprintf(text, sizeof text, "%s?id=%s", path, query(rq, "id"));
+  if (len < 0 || (size_t)len >= sizeof text)
+    return 0; /* no such path: the callback's 404 */
+  loco_sig sig;
+  memset(&sig, 0, sizeof sig);
+  const char *round = query(rq, "round");
+  char *end = NULL;
+  unsigned long long rv = round ? strtoull(round, &end, 10) : 0;
+  sig.present = round != NULL && end != round && *end == '\0' &&
+                unhex_exact(query(rq, "key"), sig.key, 32) &&
+                unhex_exact(query(rq, "sig"), sig.sig, 64);
+  sig.round = rv;
+  /* No key learning here (the server thread does not fetch): the
+   * coordinator bound every member it admitted. */
+  pthread_mutex_lock(&a->lock);
+  uint64_t floor = a->round;
+  int stranger = sig.present && bound_id(a, id) == NULL;
+  if (stranger) {
+    a->extra.foreign++;
+    a->refused_kind[kind - 1]++;
+  }
+  pthread_mutex_unlock(&a->lock);
+  if (kind == PULSE_LOCO_AUTH_DONE && floor > 0)
+    floor--; /* a member acknowledges a round after the coordinator closed it */
+  if (!stranger && loco_auth_accept_window(n, kind, floor, UINT64_MAX, id,
+                                           &sig, text, (size_t)len, NULL))
+    return 0;
+  snprintf(reply, cap, "{\"error\":\"%s refused: not signed by trainer %u "
+                       "for this round\"}",
+           kind == PULSE_LOCO_AUTH_LEAVE ? "leave" : "done", id);
+  return 403;
+}
+
 void loco_auth_join_query(const pulse_loco_coord *n, char *dst, size_t cap) {
   const loco_node_auth *a = n->auth;
   if (a == NULL || cap == 0)
@@ -330,6 +408,29 @@ void loco_auth_join_query(const pulse_loco_coord *n, char *dst, size_t cap) {
   store_hex(a->admission.sig, 64, sig);
   snprintf(dst, cap, "&key=%s&sponsor=%s&until=%llu&sig=%s", key, sponsor,
            (unsigned long long)a->admission.round, sig);
+}
+
+void loco_auth_sign_query(const pulse_loco_coord *n, pulse_loco_auth_kind kind,
+                          uint64_t r, const char *text, char *dst,
+                          size_t cap) {
+  loco_node_auth *a = n->auth;
+  if (cap == 0)
+    return;
+  dst[0] = '\0';
+  if (a == NULL)
+    return;
+  uint8_t sig[64], pub[32];
+  pthread_mutex_lock(&a->lock);
+  pulse_status st =
+      pulse_loco_auth_sign(a->auth, kind, r, text, strlen(text), sig, pub);
+  pthread_mutex_unlock(&a->lock);
+  if (st != PULSE_OK)
+    return; /* sent unsigned: refused, as any unsigned request */
+  char key[65], sh[129];
+  store_hex(pub, 32, key);
+  store_hex(sig, 64, sh);
+  snprintf(dst, cap, "&round=%llu&key=%s&sig=%s", (unsigned long long)r, key,
+           sh);
 }
 
 pulse_status pulse_loco_coord_admit(const pulse_loco_coord *n,
@@ -416,7 +517,7 @@ pulse_status loco_auth_start(pulse_loco_coord *n,
     loco_auth_stop(n);
     return st;
   }
-  loco_server_set_gate(n->srv, join_gate, n);
+  loco_server_set_gate(n->srv, post_gate, n);
   loco_server_set_metrics(n->srv, metrics, n);
   PULSE_LOG_AT(PULSE_LOG_INFO,
                "loco auth: trainer %u signs and checks (%zu pinned keys%s)",
@@ -444,7 +545,7 @@ void loco_auth_stop(pulse_loco_coord *n) {
   pulse_loco_auth_free(a->stranger);
   pulse_sign_key_free(a->stranger_key);
   lists_clear(a);
-  for (int k = 0; k < 2; k++)
+  for (unsigned k = 0; k < PULSE_LOCO_AUTH_KINDS; k++)
     pulse_bytebuf_free(&a->last[k].body);
   pulse_buffer_free(&a->chunks_prev);
   pulse_buffer_free(&a->chunks_cur);
@@ -480,9 +581,20 @@ void loco_auth_begin_step(pulse_loco_coord *n, uint64_t r) {
     return;
   pthread_mutex_lock(&a->lock);
   pulse_loco_auth_round(a->auth, r);
+  a->round = r;
   totals(a, &a->step_base);
   a->step_datagrams = a->datagrams_refused;
   pthread_mutex_unlock(&a->lock);
+}
+
+uint64_t loco_auth_round_now(pulse_loco_coord *n) {
+  loco_node_auth *a = n->auth;
+  if (a == NULL)
+    return 0;
+  pthread_mutex_lock(&a->lock);
+  uint64_t r = a->round;
+  pthread_mutex_unlock(&a->lock);
+  return r;
 }
 
 void loco_auth_end_step(pulse_loco_coord *n, pulse_loco_coord_step_figures *info) {
@@ -532,11 +644,12 @@ pulse_status loco_auth_put(pulse_loco_coord *n, const char *path,
     return st;
   if (kind == PULSE_LOCO_AUTH_PAYLOAD)
     a->own_payload = sig;
-  if (a->tamper == LOCO_AUTH_TAMPER_NONE || !(a->tamper_kinds & (unsigned)kind))
+  if (a->tamper == LOCO_AUTH_TAMPER_NONE ||
+      !(a->tamper_kinds & LOCO_AUTH_TAMPER_KIND(kind)))
     return loco_server_put_signed(n->srv, path, data, size, &sig);
   /* Fault injection (tests): what a hostile or broken trainer serves. */
   loco_sig bad = sig;
-  kept_body *k = &a->last[kind == PULSE_LOCO_AUTH_MANIFEST];
+  kept_body *k = &a->last[kind - 1];
   switch (a->tamper) {
   case LOCO_AUTH_TAMPER_UNSIGNED:
     bad.present = 0;
@@ -573,28 +686,33 @@ pulse_status loco_auth_relay(pulse_loco_coord *n, const char *path,
 
 /* ------------------------------------------------------ checking bodies */
 
-int loco_auth_accept(pulse_loco_coord *n, pulse_loco_auth_kind kind, uint64_t r,
-                     uint32_t id, const loco_sig *sig, const void *data,
-                     size_t size) {
+int loco_auth_accept_window(pulse_loco_coord *n, pulse_loco_auth_kind kind,
+                            uint64_t floor, uint64_t ceiling, uint32_t id,
+                            const loco_sig *sig, const void *data, size_t size,
+                            uint32_t *signer) {
   loco_node_auth *a = n->auth;
+  if (signer != NULL)
+    *signer = id;
   if (a == NULL)
     return 1;
-  const char *what = kind == PULSE_LOCO_AUTH_MANIFEST ? "manifest" : "payload";
+  const char *what = kind_words[kind - 1];
+  int any = id == LOCO_AUTH_ANY_SIGNER, present = sig != NULL && sig->present;
   pthread_mutex_lock(&a->lock);
-  int known = bound_id(a, id) != NULL;
+  int known = any || bound_id(a, id) != NULL;
   pthread_mutex_unlock(&a->lock);
   /* A member admitted after this node started: learn its key (not for an
    * unsigned body: nothing to check it with anyway). */
-  if (!known && sig != NULL && sig->present)
+  if (!known && present)
     known = learn_key(n, id);
   pulse_status st;
   pthread_mutex_lock(&a->lock);
-  binding *b = bound_id(a, id);
+  binding *b = any ? (present ? bound_key(a, sig->key) : NULL) : bound_id(a, id);
   uint8_t key[32];
+  uint32_t bound = 0;
   if (b != NULL)
-    memcpy(key, b->key, 32);
-  if (sig == NULL || !sig->present) {
-    st = pulse_loco_auth_check(a->auth, kind, r, NULL, data, size, NULL);
+    memcpy(key, b->key, 32), bound = b->id;
+  if (!present) {
+    st = pulse_loco_auth_check(a->auth, kind, floor, NULL, data, size, NULL);
   } else if (!pulse_loco_auth_is_member(a->auth, sig->key)) {
     /* Signed by a stranger: counted as foreign by the handle. */
     st = pulse_loco_auth_check(a->auth, kind, sig->round, sig->key, data, size,
@@ -604,27 +722,42 @@ int loco_auth_accept(pulse_loco_coord *n, pulse_loco_auth_kind kind, uint64_t r,
     st = pulse_fail(PULSE_ERR_CORRUPT,
                     "loco auth: a %s of round %llu from trainer %u, whose key "
                     "is unknown: refused",
-                    what, (unsigned long long)r, id);
-  } else if (sig->round > r) {
+                    what, (unsigned long long)floor, id);
+  } else if (sig->round > ceiling) {
     a->extra.forged++;
     st = pulse_fail(PULSE_ERR_CORRUPT,
                     "loco auth: a %s of round %llu served for round %llu: "
                     "refused",
                     what, (unsigned long long)sig->round,
-                    (unsigned long long)r);
+                    (unsigned long long)ceiling);
   } else {
     /* Checked against the key bound to the id it comes from: another
-     * member's signature does not verify under it (forged). */
+     * member's signature does not verify under it (forged). Below the
+     * floor, or below a round of this kind already accepted from the
+     * signer: a replay (the handle's floor is the window's for this
+     * check, the round being run again after). */
+    pulse_loco_auth_round(a->auth, floor);
     st = pulse_loco_auth_check(a->auth, kind, sig->round, key, data, size,
                                sig->sig);
+    pulse_loco_auth_round(a->auth, a->round);
   }
+  if (st != PULSE_OK)
+    a->refused_kind[kind - 1]++;
   pthread_mutex_unlock(&a->lock);
   if (st != PULSE_OK) {
     PULSE_LOG_AT(PULSE_LOG_WARN, "loco round %llu: trainer %u's %s: %s",
-                 (unsigned long long)r, id, what, pulse_error_detail());
+                 (unsigned long long)floor, id, what, pulse_error_detail());
     return 0;
   }
+  if (signer != NULL)
+    *signer = bound;
   return 1;
+}
+
+int loco_auth_accept(pulse_loco_coord *n, pulse_loco_auth_kind kind, uint64_t r,
+                     uint32_t id, const loco_sig *sig, const void *data,
+                     size_t size) {
+  return loco_auth_accept_window(n, kind, r, r, id, sig, data, size, NULL);
 }
 
 pulse_status loco_auth_get_manifest(pulse_loco_coord *n, const char *url,
@@ -662,10 +795,11 @@ static int digest_cmp(const void *x, const void *y) {
 
 pulse_status loco_auth_udp_publish(pulse_loco_coord *n, uint64_t r,
                                    const pulse_buffer *chunks,
-                                   uint64_t nchunks) {
+                                   uint64_t nchunks, const uint8_t *end,
+                                   size_t end_size) {
   if (n->auth == NULL)
     return PULSE_OK;
-  uint8_t *list = malloc(nchunks ? (size_t)nchunks * 32u : 1u);
+  uint8_t *list = malloc(((size_t)nchunks + 1u) * 32u);
   if (list == NULL)
     return pulse_fail(PULSE_ERR_NOMEM, "loco auth: chunk list");
   const uint8_t *p = chunks->data;
@@ -678,12 +812,13 @@ pulse_status loco_auth_udp_publish(pulse_loco_coord *n, uint64_t r,
       loco_sha256(p, cs, list + 32u * k);
     p += cs, left -= cs;
   }
+  loco_sha256(end, end_size, list + 32u * nchunks);
   char path[64];
   snprintf(path, sizeof path, "/v1/loco/round/%llu/chunks",
            (unsigned long long)r);
   if (st == PULSE_OK)
     st = loco_auth_put(n, path, PULSE_LOCO_AUTH_PAYLOAD, r, list,
-                       (size_t)nchunks * 32u);
+                       ((size_t)nchunks + 1u) * 32u);
   free(list);
   return st;
 }
@@ -741,14 +876,22 @@ static const chunk_list *list_of(pulse_loco_coord *n, uint64_t r, int m) {
 int loco_auth_udp_admit(pulse_loco_coord *n, uint64_t r,
                         const loco_datagram *d) {
   loco_node_auth *a = n->auth;
-  if (a == NULL || d->size < PULSE_LOCO_CHUNK_HEADER ||
-      pulse_load_le32(d->data) != 0x4B434C50u /* "PLCK" */)
-    return 1; /* not a chunk: the inbox counts it */
+  int end = d->size == LOCO_END_SIZE &&
+            pulse_load_le32(d->data) == LOCO_END_MAGIC;
+  if (a == NULL || ((d->size < PULSE_LOCO_CHUNK_HEADER ||
+                     pulse_load_le32(d->data) != 0x4B434C50u /* "PLCK" */) &&
+                    !end))
+    return 1; /* neither a chunk nor an end marker: the inbox counts it */
   uint32_t sender = pulse_load_le32(d->data + 8);
   uint64_t round = pulse_load_le64(d->data + 12);
   int m = loco_member_find(n->members, n->nmembers, sender);
   if (round > r || m < 0 || sender == n->id)
     return 1; /* checked in its round; the inbox counts strangers */
+  /* The last round's end markers come late whenever a receiver had every
+   * chunk before them: they say nothing (the caller ignores them), and
+   * are not counted as replays. */
+  if (end && round + 1 == r)
+    return 1;
   int ok = 0;
   if (round == r) {
     const chunk_list *l = list_of(n, r, m);
@@ -783,6 +926,11 @@ pulse_status loco_auth_tamper(pulse_loco_coord *n, unsigned mode,
   a->tamper = mode;
   a->tamper_kinds = kinds;
   return PULSE_OK;
+}
+
+unsigned loco_auth_tamper_end(const pulse_loco_coord *n) {
+  const loco_node_auth *a = n->auth;
+  return a != NULL && (a->tamper_kinds & LOCO_AUTH_TAMPER_END) ? a->tamper : 0;
 }
 
 const pulse_buffer *loco_auth_udp_outgoing(pulse_loco_coord *n,

@@ -47,6 +47,8 @@ pulse_status loco_auth_check_founders(const pulse_loco_coord *n,
  * on); it ended: info->auth and info->datagrams_refused_auth get what this
  * step refused. */
 void loco_auth_begin_step(pulse_loco_coord *n, uint64_t r);
+/* The round of the step being run (0 before the first, or unauthenticated). */
+uint64_t loco_auth_round_now(pulse_loco_coord *n);
 void loco_auth_end_step(pulse_loco_coord *n, pulse_loco_coord_step_figures *info);
 
 /* Publishes a body of this node (kind, round r) signed. */
@@ -60,6 +62,23 @@ pulse_status loco_auth_relay(pulse_loco_coord *n, const char *path,
                              const void *data, size_t size,
                              const loco_sig *sig);
 
+/* Any member's key may have signed the body (a seed's membership view). */
+#define LOCO_AUTH_ANY_SIGNER UINT32_MAX
+
+/* 1 when a body of kind `kind` that came with `sig` passes (always when the
+ * node does not authenticate): signed by the key bound to trainer `id`
+ * (LOCO_AUTH_ANY_SIGNER: by any member's bound key; *signer, when not
+ * NULL, gets its id), its signed round at most `ceiling` (above: forged,
+ * served for another round) and at least `floor` and not older than one
+ * of this kind already accepted from the signer (else a replay). 0 when
+ * refused (counted by reason and kind, logged). May fetch the key of a
+ * newly admitted member (not with LOCO_AUTH_ANY_SIGNER). */
+int loco_auth_accept_window(pulse_loco_coord *n, pulse_loco_auth_kind kind,
+                            uint64_t floor, uint64_t ceiling, uint32_t id,
+                            const loco_sig *sig, const void *data, size_t size,
+                            uint32_t *signer);
+
+/* loco_auth_accept_window for a body of round r exactly. */
 /* 1 when a body that came with `sig` from trainer `id` for round r passes
  * (always when the node does not authenticate); 0 when refused (counted,
  * logged). May fetch the key of a newly admitted member. */
@@ -78,29 +97,79 @@ pulse_status loco_auth_get_manifest(pulse_loco_coord *n, const char *url,
  * key and its admission ("&key=...&sponsor=...&until=...&sig=..."). */
 void loco_auth_join_query(const pulse_loco_coord *n, char *dst, size_t cap);
 
+/* The query a signed POST carries ("&round=R&key=HEX&sig=HEX", nothing
+ * when the node does not authenticate): this node's signature of kind
+ * `kind` for round r over `text`, the request's "PATH?id=ID". */
+void loco_auth_sign_query(const pulse_loco_coord *n, pulse_loco_auth_kind kind,
+                          uint64_t r, const char *text, char *dst, size_t cap);
+
+/* Signed messages other than payloads and manifests
+ * (coordinator_auth_msgs.c). Each is the unauthenticated call when the
+ * node does not authenticate. */
+
+/* POSTs this node's leave (kind LEAVE, round r, path "/v1/loco/leave") or
+ * done (kind DONE, round r, ".../round/R/done") to `coord`. */
+void loco_auth_post(pulse_loco_coord *n, const char *coord,
+                    pulse_loco_auth_kind kind, uint64_t r, unsigned timeout_ms);
+
+/* GETs url (loco_http_wait, at most cap bytes) and accepts the body as
+ * loco_auth_accept_window does. @return PULSE_OK; PULSE_ERR_CORRUPT when
+ * refused; a fetch error. */
+pulse_status loco_auth_get(pulse_loco_coord *n, const char *url,
+                           unsigned timeout_ms, size_t cap,
+                           pulse_loco_auth_kind kind, uint64_t floor,
+                           uint64_t ceiling, uint32_t id, pulse_bytebuf *body);
+
+/* A membership view from url, signed by the coordinator it names
+ * (from_coordinator) or by any member (a seed's), of a round not older
+ * than the one being run; its bytes are added to n->fetched.
+ * @return PULSE_OK; PULSE_ERR_CORRUPT when refused or malformed; a fetch
+ * error. */
+pulse_status loco_auth_get_view(pulse_loco_coord *n, const char *url,
+                                unsigned timeout_ms, int from_coordinator,
+                                loco_manifest *view);
+
+/* Publishes this node's membership view (kind MEMBERS) and its state
+ * (kind STATE, /v1/loco/state/R; older states dropped), signed, for
+ * round `round` (the context's). */
+pulse_status loco_auth_put_view(pulse_loco_coord *n, uint64_t round,
+                                uint32_t coordinator);
+pulse_status loco_auth_put_state(pulse_loco_coord *n);
+
 /* UDP: publishes this node's signed chunk list of round r (before the
- * chunks are sent). */
+ * chunks are sent): the SHA-256 of each chunk, then of its end marker. */
 pulse_status loco_auth_udp_publish(pulse_loco_coord *n, uint64_t r,
                                    const pulse_buffer *chunks,
-                                   uint64_t nchunks);
-/* UDP: 1 when a datagram (a chunk naming a member `sender`) of the round
- * being received (r) may go on: its digest is in the sender's signed list
- * of its round; later rounds are checked in their round; older rounds are
- * replays. 0: refused and counted. */
+                                   uint64_t nchunks, const uint8_t *end,
+                                   size_t end_size);
+/* UDP: 1 when a datagram (a chunk or an end marker naming a member) of
+ * the round being received (r) may go on: its digest is in the sender's
+ * signed list of its round; later rounds are checked in their round; older
+ * rounds are replays (except the last round's end markers: late copies,
+ * let through to be ignored). 0: refused and counted. */
 int loco_auth_udp_admit(pulse_loco_coord *n, uint64_t r, const loco_datagram *d);
 
 /* Fault injection for tests (tests/loco/test_auth_node.c): what this node
- * serves of the kinds `kinds` (bit 1 payloads and chunk lists, bit 2
- * manifests) is unsigned, forged (a flipped signature bit), replayed (the
- * previous round's body and signature; over UDP the previous round's
- * datagrams) or signed by a stranger's key. */
+ * serves of the kinds `kinds` (LOCO_AUTH_TAMPER_KIND of each: bit 1
+ * payloads and chunk lists, bit 2 manifests, ...) is unsigned, forged (a
+ * flipped signature bit), replayed (the previous round's body and
+ * signature; over UDP the previous round's datagrams) or signed by a
+ * stranger's key. With LOCO_AUTH_TAMPER_END, it also sends, after its end
+ * markers of round r, one that is not in its signed list (FORGED: a
+ * well-formed marker claiming one chunk more), of round r - 2 (REPLAYED),
+ * or naming a trainer that is no member (FOREIGN). */
 #define LOCO_AUTH_TAMPER_NONE 0u
 #define LOCO_AUTH_TAMPER_UNSIGNED 1u
 #define LOCO_AUTH_TAMPER_FORGED 2u
 #define LOCO_AUTH_TAMPER_REPLAYED 3u
 #define LOCO_AUTH_TAMPER_FOREIGN 4u
+/* The bit of `kinds` for a kind; end markers (datagrams) have their own. */
+#define LOCO_AUTH_TAMPER_KIND(kind) (1u << ((unsigned)(kind) - 1u))
+#define LOCO_AUTH_TAMPER_END (1u << 15)
 pulse_status loco_auth_tamper(pulse_loco_coord *n, unsigned mode,
                               unsigned kinds);
+/* The tamper mode when it covers end markers (LOCO_AUTH_TAMPER_END), else 0. */
+unsigned loco_auth_tamper_end(const pulse_loco_coord *n);
 /* UDP, under REPLAYED: the chunks to send instead of this round's (the
  * previous round's, kept), else `chunks` itself; keeps this round's. */
 const pulse_buffer *loco_auth_udp_outgoing(pulse_loco_coord *n,

@@ -13,6 +13,12 @@
 #include "status_impl.h"
 #include "udp_impl.h"
 
+/* A datagram end marker (coordinator_udp.c, PAYLOAD.md "Exchange over
+ * datagrams"): "PLCE", 36 bytes, sender at byte 8 and round at byte 12 as
+ * in a chunk. */
+#define LOCO_END_MAGIC 0x45434C50u
+#define LOCO_END_SIZE 36u
+
 typedef struct {
   uint64_t round;
   uint32_t id;

@@ -39,8 +39,8 @@
 
 #define EARLY_MAX 16384u /* datagrams of later rounds kept */
 #define DIGESTS_HEADER 24u
-#define END_MAGIC 0x45434C50u /* "PLCE" */
-#define END_SIZE 36u
+#define END_MAGIC LOCO_END_MAGIC /* "PLCE" */
+#define END_SIZE LOCO_END_SIZE
 #define END_COPIES 3u /* all lost at 10% loss: once in 1,000 */
 #define YIELD_EVERY 8u /* chunks sent to every member between yields */
 
@@ -134,12 +134,16 @@ static int datagram_admit(pulse_loco_coord *n, uint64_t r,
   *auth_refused = 0;
   if (d->cut)
     return 0;
-  if (d->size < PULSE_LOCO_CHUNK_HEADER)
+  /* End markers pass the same checks as chunks: a marker from anyone
+   * else's socket, or not in its sender's signed list, would end a wait
+   * for chunks still on their way. */
+  int end = d->size == END_SIZE && pulse_load_le32(d->data) == END_MAGIC;
+  if (d->size < PULSE_LOCO_CHUNK_HEADER && !end)
     return 1;
   uint32_t sender = pulse_load_le32(d->data + 8);
   const loco_udp_peer *p = known_peer(n, sender);
-  if (p == NULL)
-    return 1; /* not a member: the inbox counts an unknown sender */
+  if (p == NULL) /* not a member: the inbox counts a chunk's unknown sender */
+    return !end;
   if (d->addr != p->addr || d->port != p->port)
     return 0;
   if (!loco_auth_udp_admit(n, r, d))
@@ -164,7 +168,9 @@ static uint64_t chunk_round(const loco_datagram *d) {
  * all `nchunks` chunks of round r to this receiver. 36 bytes: "PLCE",
  * version 1, 3 zero bytes, u32 sender, u64 round, u64 chunks, u64 the
  * first 8 bytes (LE) of SHA-256 of the marker with this field zeroed. It
- * changes no weight: a forged one can only end a wait early, as loss. */
+ * changes no weight, but one forged and sent first would end a wait for
+ * chunks still on their way: with authentication its SHA-256 is the last
+ * entry of its sender's signed chunk list. */
 static void end_marker(uint8_t out[END_SIZE], uint32_t id, uint64_t r,
                        uint64_t nchunks) {
   uint8_t sha[32];
@@ -236,7 +242,8 @@ static int take_datagram(pulse_loco_coord *n, pulse_loco_inbox *in, uint64_t r,
  * loss nobody injected; at 1M parameters, 8 trainers on 2 cores, 31% of
  * the datagrams of a lossless run when sent member after member). */
 static pulse_status send_chunks(pulse_loco_coord *n, uint64_t r,
-                                const pulse_buffer *chunks, uint64_t nchunks,
+                                uint64_t end_round, const pulse_buffer *chunks,
+                                uint64_t nchunks,
                                 pulse_loco_coord_step_figures *info) {
   size_t M = n->nmembers, self = 0;
   uint32_t *addr = calloc(M ? M : 1, sizeof *addr);
@@ -264,8 +271,25 @@ static pulse_status send_chunks(pulse_loco_coord *n, uint64_t r,
   /* Datagrams nchunks, nchunks + 1, ... of each receiver are the end
    * markers: a receiver missing some chunks need not wait to learn that
    * they were lost. */
-  uint8_t end[END_SIZE];
-  end_marker(end, n->id, r, nchunks);
+  uint8_t end[END_SIZE], bad[END_SIZE];
+  end_marker(end, n->id, end_round, nchunks);
+  /* Fault injection (tests): a marker the receivers must refuse, first,
+   * where it would end their wait before any chunk came. */
+  unsigned tamper = loco_auth_tamper_end(n);
+  if (tamper == LOCO_AUTH_TAMPER_REPLAYED && r >= 3)
+    end_marker(bad, n->id, r - 3, nchunks);
+  else if (tamper == LOCO_AUTH_TAMPER_FOREIGN)
+    end_marker(bad, 0xFFFFFFF0u, r, nchunks);
+  else if (tamper != 0 && tamper != LOCO_AUTH_TAMPER_REPLAYED)
+    end_marker(bad, n->id, r, nchunks + 1);
+  else
+    tamper = 0;
+  for (size_t t = 1; t < M && tamper != 0 && st == PULSE_OK; t++) {
+    size_t j = (self + t) % M;
+    int lost = 0;
+    if (port[j] != 0)
+      st = loco_udp_send(n->udp, addr[j], port[j], bad, END_SIZE, &lost);
+  }
   for (uint64_t k = 0; k < nchunks + END_COPIES && st == PULSE_OK; k++) {
     size_t cs = END_SIZE;
     const uint8_t *data = end;
@@ -438,6 +462,36 @@ static pulse_status receive_round(pulse_loco_coord *n, uint64_t r,
 
 /* ------------------------------------------------- drift and re-sync */
 
+/* Range k's bytes in the sync blob (theta_g then b of the range, LE FP32):
+ * where they start and how many. */
+static void sync_span(uint64_t k, uint64_t L, uint64_t P, uint64_t *from,
+                      uint64_t *len) {
+  *from = 8u * k * L;
+  *len = 8u * (P - k * L < L ? P - k * L : L);
+}
+
+/* The signed list of the SHA-256 of each range of the sync blob of round
+ * r (/v1/loco/round/R/syncsums): what a member checks each range it
+ * copies against. */
+static pulse_status publish_sync_sums(pulse_loco_coord *n, uint64_t r,
+                                      const uint8_t *sync, uint64_t count) {
+  uint8_t *sums = malloc((size_t)count * 32u);
+  if (sums == NULL)
+    return pulse_fail(PULSE_ERR_NOMEM, "loco udp: sync sums");
+  for (uint64_t k = 0; k < count; k++) {
+    uint64_t from, len;
+    sync_span(k, n->opts.resync_range, n->ctx->n, &from, &len);
+    loco_sha256(sync + from, (size_t)len, sums + 32u * k);
+  }
+  char path[96];
+  snprintf(path, sizeof path, "/v1/loco/round/%llu/syncsums",
+           (unsigned long long)r);
+  pulse_status st = loco_auth_put(n, path, PULSE_LOCO_AUTH_SYNC, r, sums,
+                                  (size_t)count * 32u);
+  free(sums);
+  return st;
+}
+
 /* The reference replica's view of its state after round r: the digest of
  * every range (and of its whole theta_g: the next round's base), every
  * range's theta_g then b (LE FP32), back to back, so a run of ranges is one
@@ -484,10 +538,13 @@ static pulse_status publish_reference(pulse_loco_coord *n, uint64_t r) {
         pulse_store_le32(q, bits);
       }
   }
+  /* Digests and sketches signed as they are; the sync blob is read by
+   * ranges, so the SHA-256 of each range's bytes is signed instead, in
+   * one list (auth hooks). */
   char path[96];
   snprintf(path, sizeof path, "/v1/loco/round/%llu/digests",
            (unsigned long long)r);
-  st = loco_server_put(n->srv, path, dg, dsize);
+  st = loco_auth_put(n, path, PULSE_LOCO_AUTH_DIGESTS, r, dg, dsize);
   snprintf(path, sizeof path, "/v1/loco/round/%llu/sync",
            (unsigned long long)r);
   if (st == PULSE_OK)
@@ -495,7 +552,9 @@ static pulse_status publish_reference(pulse_loco_coord *n, uint64_t r) {
   snprintf(path, sizeof path, "/v1/loco/round/%llu/sketch",
            (unsigned long long)r);
   if (st == PULSE_OK && sketched)
-    st = loco_server_put(n->srv, path, sk, ssize);
+    st = loco_auth_put(n, path, PULSE_LOCO_AUTH_SKETCH, r, sk, ssize);
+  if (st == PULSE_OK && n->auth != NULL)
+    st = publish_sync_sums(n, r, sync, count);
   free(dg), free(sync), free(sk);
   return st;
 }
@@ -510,14 +569,16 @@ static double sum_sq(const float *x, uint64_t n) {
 /* The reference's sketches of round r (PULSE_LOCO_SKETCH doubles a range,
  * count ranges) into out. */
 static pulse_status fetch_sketch(pulse_loco_coord *n, const char *coord,
-                                 uint64_t r, uint64_t count, double *out,
-                                 uint64_t *fetched) {
+                                 uint32_t coord_id, uint64_t r, uint64_t count,
+                                 double *out, uint64_t *fetched) {
   char url[160];
   loco_node_url_fmt(url, sizeof url, coord, "/v1/loco/round/%llu/sketch",
                     (unsigned long long)r);
   size_t want = 8u * PULSE_LOCO_SKETCH * (size_t)count;
   pulse_bytebuf b = PULSE_BYTEBUF_INIT;
-  pulse_status st = loco_http_wait(url, n->opts.manifest_timeout_ms, want, &b);
+  pulse_status st =
+      loco_auth_get(n, url, n->opts.manifest_timeout_ms, want,
+                    PULSE_LOCO_AUTH_SKETCH, r, r, coord_id, &b); /* auth hook */
   if (st == PULSE_OK) {
     *fetched += b.size;
     if (b.size != want)
@@ -542,7 +603,7 @@ static pulse_status fetch_sketch(pulse_loco_coord *n, const char *coord,
  * reference's digest, and those ranges are flagged), unless the estimate
  * exceeds the budget, which re-syncs as in a re-sync round. */
 static pulse_status check_drift(pulse_loco_coord *n, const char *coord,
-                                uint64_t r, float *theta_r,
+                                uint32_t coord_id, uint64_t r, float *theta_r,
                                 pulse_loco_coord_step_figures *info) {
   pulse_loco *ctx = n->ctx;
   uint64_t L = n->opts.resync_range, P = ctx->n;
@@ -557,8 +618,11 @@ static pulse_status check_drift(pulse_loco_coord *n, const char *coord,
   float *ref = NULL;
   double *sketch = NULL;
   uint64_t fetched = 0;
-  pulse_status st = loco_http_wait(url, n->opts.manifest_timeout_ms,
-                                   DIGESTS_HEADER + 8u * (size_t)count, &b);
+  uint8_t *sums = NULL; /* the signed SHA-256 of each sync range */
+  pulse_status st = loco_auth_get(n, url, n->opts.manifest_timeout_ms,
+                                  DIGESTS_HEADER + 8u * (size_t)count,
+                                  PULSE_LOCO_AUTH_DIGESTS, r, r, coord_id,
+                                  &b); /* auth hook */
   if (st != PULSE_OK)
     goto done;
   fetched += b.size;
@@ -590,7 +654,7 @@ static pulse_status check_drift(pulse_loco_coord *n, const char *coord,
     goto done; /* the same bits as the reference */
   if ((r + 1) % n->opts.resync_period != 0) {
     sketch = malloc((size_t)count * PULSE_LOCO_SKETCH * sizeof *sketch);
-    st = sketch ? fetch_sketch(n, coord, r, count, sketch, &fetched)
+    st = sketch ? fetch_sketch(n, coord, coord_id, r, count, sketch, &fetched)
                 : pulse_fail(PULSE_ERR_NOMEM, "loco udp: drift check");
     if (st != PULSE_OK)
       goto done;
@@ -607,6 +671,24 @@ static pulse_status check_drift(pulse_loco_coord *n, const char *coord,
     st = pulse_fail(PULSE_ERR_NOMEM, "loco udp: drift check");
     goto done;
   }
+  if (n->auth != NULL) { /* auth hook: the ranges' signed SHA-256 */
+    loco_node_url_fmt(url, sizeof url, coord, "/v1/loco/round/%llu/syncsums",
+                      (unsigned long long)r);
+    st = loco_auth_get(n, url, n->opts.manifest_timeout_ms,
+                       (size_t)count * 32u, PULSE_LOCO_AUTH_SYNC, r, r,
+                       coord_id, &b);
+    if (st == PULSE_OK && b.size != count * 32u)
+      st = pulse_fail(PULSE_ERR_CORRUPT,
+                      "loco udp: the reference's sync sums do not fit");
+    if (st == PULSE_OK)
+      sums = malloc((size_t)count * 32u);
+    if (st == PULSE_OK && sums == NULL)
+      st = pulse_fail(PULSE_ERR_NOMEM, "loco udp: drift check");
+    if (st != PULSE_OK)
+      goto done;
+    fetched += b.size;
+    memcpy(sums, b.data, (size_t)count * 32u);
+  }
   /* Each run of differing ranges in one request of the sync blob. */
   loco_node_url_fmt(url, sizeof url, coord, "/v1/loco/round/%llu/sync",
                     (unsigned long long)r);
@@ -621,6 +703,18 @@ static pulse_status check_drift(pulse_loco_coord *n, const char *coord,
     uint64_t from = 8u * k * L, to = 8u * (k1 * L < P ? k1 * L : P);
     st = loco_http_get_range(url, from, to - from, n->opts.manifest_timeout_ms,
                              &b);
+    /* Each range's bytes are the ones the reference signed (auth). */
+    for (uint64_t j = k; st == PULSE_OK && sums != NULL && j < k1; j++) {
+      uint64_t at, len;
+      uint8_t sha[32];
+      sync_span(j, L, P, &at, &len);
+      loco_sha256(b.data + (at - from), (size_t)len, sha);
+      if (memcmp(sha, sums + 32u * j, 32) != 0)
+        st = pulse_fail(PULSE_ERR_CORRUPT,
+                        "loco udp: re-sync range %llu of round %llu is not "
+                        "the one the reference signed: refused",
+                        (unsigned long long)j, (unsigned long long)r);
+    }
     if (st == PULSE_OK) {
       fetched += b.size;
       for (uint64_t i = 0; i < (to - from) / 4u; i++) {
@@ -659,7 +753,7 @@ done:
   info->resync_bytes += fetched;
   n->fetched += fetched;
   pulse_bytebuf_free(&b);
-  free(differ), free(ref), free(sketch);
+  free(differ), free(ref), free(sketch), free(sums);
   return st;
 }
 
@@ -737,7 +831,7 @@ static pulse_status follow_round(pulse_loco_coord *n, const char *coord,
     for (size_t k = 0; k < man.ncontrib; k++)
       info->self_included |= man.contrib[k].id == n->id;
     loco_node_set_members(n, man.members, man.nmembers);
-    st = check_drift(n, coord, r, theta_r, info);
+    st = check_drift(n, coord, man.coordinator, r, theta_r, info);
   }
   loco_manifest_free(&man);
   if (st != PULSE_OK) {
@@ -754,12 +848,9 @@ static pulse_status follow_round(pulse_loco_coord *n, const char *coord,
   }
   if (st == PULSE_OK)
     st = loco_node_publish_state(n); /* for joiners that ask this member */
-  if (st == PULSE_OK) {
-    long status;
-    loco_node_url_fmt(url, sizeof url, coord, "/v1/loco/round/%llu/done?id=%u",
-                      (unsigned long long)r, n->id);
-    loco_http_post(url, n->opts.manifest_timeout_ms, &status);
-  }
+  if (st == PULSE_OK) /* signed (auth hook) */
+    loco_auth_post(n, coord, PULSE_LOCO_AUTH_DONE, r,
+                   n->opts.manifest_timeout_ms);
   return st;
 }
 
@@ -769,12 +860,9 @@ pulse_status loco_node_udp_round(pulse_loco_coord *n, uint64_t r, int leaving,
   char coord[sizeof n->members[0].url];
   snprintf(coord, sizeof coord, "%s", n->members[0].url);
   int coordinator = n->members[0].id == n->id;
-  if (leaving && !coordinator) {
-    char url[160];
-    long status;
-    snprintf(url, sizeof url, "%s/v1/loco/leave?id=%u", coord, n->id);
-    loco_http_post(url, n->opts.manifest_timeout_ms, &status);
-  }
+  if (leaving && !coordinator) /* signed (auth hook) */
+    loco_auth_post(n, coord, PULSE_LOCO_AUTH_LEAVE, r,
+                   n->opts.manifest_timeout_ms);
   /* The prepared payload's entries as chunks. */
   pulse_loco_payload_header h;
   pulse_buffer chunks = {NULL, 0};
@@ -806,12 +894,17 @@ pulse_status loco_node_udp_round(pulse_loco_coord *n, uint64_t r, int leaving,
                                     n->opts.resync_range);
   /* The signed list of the chunks' digests goes first: a receiver checks
    * every chunk against it (auth hook). */
-  if (st == PULSE_OK)
-    st = loco_auth_udp_publish(n, r, &chunks, nchunks);
+  if (st == PULSE_OK) {
+    uint8_t end[END_SIZE];
+    end_marker(end, n->id, r, nchunks); /* listed too: sent after them */
+    st = loco_auth_udp_publish(n, r, &chunks, nchunks, end, END_SIZE);
+  }
   if (st == PULSE_OK) {
     uint64_t nsend = nchunks;
     const pulse_buffer *out = loco_auth_udp_outgoing(n, &chunks, &nsend);
-    st = send_chunks(n, r, out, nsend, info);
+    /* Under the REPLAYED fault, the last round's datagrams, its end
+     * markers included. */
+    st = send_chunks(n, r, out == &chunks ? r : r - 1, out, nsend, info);
   }
   if (st == PULSE_OK) {
     /* Sent (some maybe lost): a receiver that heard nothing from this

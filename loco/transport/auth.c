@@ -14,7 +14,7 @@
 /* A member and the newest round accepted from it, per kind. */
 typedef struct {
   uint8_t pub[PULSE_KEY_BYTES];
-  uint64_t newest[2]; /* payload, manifest; UINT64_MAX: none yet */
+  uint64_t newest[PULSE_LOCO_AUTH_KINDS]; /* by kind - 1; UINT64_MAX: none */
 } auth_member;
 
 struct pulse_loco_auth {
@@ -49,8 +49,22 @@ static pulse_status add(pulse_loco_auth *a, const uint8_t *pub) {
   }
   auth_member *m = &a->members[a->count++];
   memcpy(m->pub, pub, PULSE_KEY_BYTES);
-  m->newest[0] = m->newest[1] = UINT64_MAX;
+  for (unsigned k = 0; k < PULSE_LOCO_AUTH_KINDS; k++)
+    m->newest[k] = UINT64_MAX;
   return PULSE_OK;
+}
+
+static int kind_valid(pulse_loco_auth_kind kind) {
+  return kind >= PULSE_LOCO_AUTH_PAYLOAD &&
+         (unsigned)kind <= PULSE_LOCO_AUTH_KINDS;
+}
+
+/* The word naming a kind in its signed text. */
+static const char *kind_name(pulse_loco_auth_kind kind) {
+  static const char *const names[PULSE_LOCO_AUTH_KINDS] = {
+      "payload", "manifest", "state",   "members", "leave",
+      "done",    "digests",  "sync",    "sketch"};
+  return names[kind - 1];
 }
 
 /* The signed text of a body (pulse_loco_auth.h). */
@@ -65,8 +79,7 @@ static int body_text(pulse_loco_auth_kind kind, uint64_t round,
   return snprintf(out, 400,
                   "pulse-loco-%s/1\nround %" PRIu64 "\nsigner %s\nsize %zu\n"
                   "sha256 %s\n",
-                  kind == PULSE_LOCO_AUTH_MANIFEST ? "manifest" : "payload",
-                  round, pub_hex, n, sha_hex);
+                  kind_name(kind), round, pub_hex, n, sha_hex);
 }
 
 static int admit_text(uint64_t round, const uint8_t *sponsor,
@@ -132,7 +145,7 @@ pulse_status pulse_loco_auth_sign(const pulse_loco_auth *auth,
                                   uint8_t sig[PULSE_SIGN_SIGNATURE_BYTES],
                                   uint8_t pub[PULSE_KEY_BYTES]) {
   if (auth == NULL || sig == NULL || (bytes == NULL && n > 0) ||
-      (kind != PULSE_LOCO_AUTH_PAYLOAD && kind != PULSE_LOCO_AUTH_MANIFEST))
+      !kind_valid(kind))
     return pulse_fail(PULSE_ERR_ARG, "loco auth: sign: bad argument");
   char text[400];
   int len = body_text(kind, round, auth->own, bytes, n, text);
@@ -146,9 +159,9 @@ pulse_status pulse_loco_auth_check(pulse_loco_auth *auth,
                                    const uint8_t *signer, const void *bytes,
                                    size_t n, const uint8_t *sig) {
   if (auth == NULL || (bytes == NULL && n > 0) ||
-      (kind != PULSE_LOCO_AUTH_PAYLOAD && kind != PULSE_LOCO_AUTH_MANIFEST))
+      !kind_valid(kind))
     return pulse_fail(PULSE_ERR_ARG, "loco auth: check: bad argument");
-  const char *what = kind == PULSE_LOCO_AUTH_MANIFEST ? "manifest" : "payload";
+  const char *what = kind_name(kind);
   if (signer == NULL || sig == NULL) {
     auth->c.unsigned_bodies++;
     return pulse_fail(PULSE_ERR_CORRUPT,
@@ -175,7 +188,7 @@ pulse_status pulse_loco_auth_check(pulse_loco_auth *auth,
                       " whose signature by %s does not verify: refused",
                       what, round, hex);
   }
-  uint64_t *newest = &m->newest[kind == PULSE_LOCO_AUTH_MANIFEST];
+  uint64_t *newest = &m->newest[kind - 1];
   if (round < auth->round || (*newest != UINT64_MAX && round < *newest)) {
     auth->c.replayed++;
     return pulse_fail(PULSE_ERR_BASE_STEP,
