@@ -1,6 +1,8 @@
 /* cuda_stub.c - the CUDA entry points of a build without CUDA: each says so
  * with PULSE_ERR_NOT_BUILT (the CPU references in loco_ref.c and the host
  * helpers in chunks.c are built in both). */
+#include <string.h>
+
 #include "cuda_impl.h"
 #include "pulse_cuda.h"
 #include "status_impl.h"
@@ -236,6 +238,51 @@ pulse_status pulse_cuda_loco_gate(pulse_cuda_workspace *ws,
     *sent = 0;
   return NOT_BUILT("cuda loco gate");
 }
+
+pulse_status pulse_cuda_fp8_quantize(pulse_cuda_workspace *ws,
+                                     const uint16_t *bf16_d,
+                                     const pulse_cuda_fp8_tensor *t,
+                                     void *stream) {
+  (void)ws, (void)bf16_d, (void)t, (void)stream;
+  return NOT_BUILT("cuda fp8 quantize");
+}
+
+pulse_status pulse_cuda_fp8_track_create(const uint16_t *bf16_d,
+                                         const pulse_cuda_fp8_tensor *t,
+                                         void *stream,
+                                         pulse_cuda_fp8_track **out) {
+  (void)bf16_d, (void)t, (void)stream;
+  if (out != NULL)
+    *out = NULL;
+  return NOT_BUILT("cuda fp8 track");
+}
+
+void pulse_cuda_fp8_track_free(pulse_cuda_fp8_track *track) { (void)track; }
+
+pulse_status pulse_cuda_fp8_track_requantize(pulse_cuda_fp8_track *track,
+                                             void *stream) {
+  (void)track, (void)stream;
+  return NOT_BUILT("cuda fp8 requantize");
+}
+
+pulse_status pulse_cuda_fp8_track_stage(pulse_cuda_fp8_track *track,
+                                        const uint64_t *pos_d,
+                                        const uint16_t *new_d, uint64_t count,
+                                        void *stream) {
+  (void)track, (void)pos_d, (void)new_d, (void)count, (void)stream;
+  return NOT_BUILT("cuda fp8 stage");
+}
+
+pulse_status pulse_cuda_fp8_track_commit(pulse_cuda_fp8_track *track,
+                                         void *stream,
+                                         pulse_fp8_stage_figures *figures) {
+  (void)track, (void)stream;
+  if (figures != NULL)
+    memset(figures, 0, sizeof *figures);
+  return NOT_BUILT("cuda fp8 commit");
+}
+
+void pulse_cuda_fp8_track_drop(pulse_cuda_fp8_track *track) { (void)track; }
 
 /* The device stages of an apply, one by one (cuda_impl.h): pulse-bench gpu
  * times them, and links in every build. */

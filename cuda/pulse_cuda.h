@@ -25,7 +25,8 @@
  * references (pulse_loco_gate_ref) work in both builds.
  *
  * Results are bit-identical to the CPU reference in codec/: kernels call the
- * same PULSE_HD element functions (pulse_elem.h, pulse_loco_elem.h).
+ * same PULSE_HD element functions (pulse_elem.h, pulse_loco_elem.h,
+ * pulse_fp8_elem.h).
  *
  * Errors: a pulse_status, details in pulse_error_detail(). Nothing aborts the
  * process or prints. Synchronization: a function that returns sizes, digests
@@ -41,6 +42,7 @@
 #include <stdint.h>
 
 #include "pulse_codec.h"
+#include "pulse_fp8.h"
 #include "pulse_status.h"
 
 #ifdef __cplusplus
@@ -392,6 +394,109 @@ pulse_status pulse_cuda_loco_gate(pulse_cuda_workspace *ws,
                                   uint64_t n, uint64_t capacity,
                                   uint64_t *pos_d, float *value_d,
                                   uint64_t *sent, void *stream);
+
+
+/* -------------------------------------- FP8 targets (codec/pulse_fp8.h) */
+
+/* An FP8 tensor in device memory, the quantization of a rows x cols BF16
+ * tensor laid out as pulse_fp8_tensor: q_d rows * cols E4M3FN bytes
+ * (row-major), scale_inv_d pulse_fp8_scale_count FP32 scales (4-byte
+ * aligned), dequantized as q * scale_inv. */
+typedef struct {
+  uint64_t rows, cols;
+  uint8_t *q_d;
+  float *scale_inv_d;
+  pulse_fp8_scale scale;
+} pulse_cuda_fp8_tensor;
+
+/** pulse_fp8_quantize_ref on the device, bit-identical to it: writes t->q_d
+ * and t->scale_inv_d from bf16_d (t->rows * t->cols BF16 bits, row-major,
+ * 2-byte aligned, on the device of t's arrays). Every value is checked on
+ * the device first (a flag read back): nothing is written when one is NaN
+ * or infinite. Scratch in `ws` (NULL: a temporary one). Synchronizes
+ * `stream`.
+ * @return PULSE_OK; PULSE_ERR_ARG (NULL, misaligned or foreign memory, an
+ * unknown scale); PULSE_ERR_UNSUPPORTED (a NaN or infinity: the first in
+ * row-major order, its row and column in the detail); PULSE_ERR_OVERFLOW;
+ * PULSE_ERR_NOMEM; PULSE_ERR_CUDA; PULSE_ERR_NOT_BUILT. */
+pulse_status pulse_cuda_fp8_quantize(pulse_cuda_workspace *ws,
+                                     const uint16_t *bf16_d,
+                                     const pulse_cuda_fp8_tensor *t,
+                                     void *stream);
+
+/* A device BF16 tensor and its FP8 quantization followed step by step, as
+ * pulse_fp8_track does in host memory: each block's amax is kept on the
+ * device, and a step requantizes only the blocks its changes touch (a block
+ * whose scale stays gets its changed elements requantized; one whose
+ * largest element went down is read again; one whose scale moves is
+ * requantized whole). A step is staged before the BF16 tensor takes its
+ * changes and committed after, on one stream:
+ *
+ *   pulse_cuda_fp8_track_stage(tr, pos_d, new_d, n, s, NULL)   checks
+ *   pulse_cuda_scatter(..., pos_d, new_d, s)     the caller's BF16 writes
+ *   pulse_cuda_fp8_track_commit(tr, s, NULL)    FP8 bytes, scales, amax
+ *
+ * A stage that fails (a NaN or infinity, a position outside the tensor)
+ * writes nothing, so the caller refuses the step with the BF16 and FP8
+ * tensors as they were. Device memory of its own: 24 bytes per scale
+ * block and 64 bytes, allocated by create (a step allocates nothing).
+ * Bound to the device of its tensors; one thread at a time. */
+typedef struct pulse_cuda_fp8_track pulse_cuda_fp8_track;
+
+/** Starts following bf16_d (borrowed: the caller writes the changes it
+ * stages into it, and nothing else) and its quantization t (copied; q_d and
+ * scale_inv_d borrowed, written by quantizations and commits only):
+ * quantizes bf16_d into t now, as pulse_cuda_fp8_quantize (the same checks;
+ * nothing written on an error). Synchronizes `stream`.
+ * @return PULSE_OK and *out (free with pulse_cuda_fp8_track_free); the
+ * errors of pulse_cuda_fp8_quantize. */
+pulse_status pulse_cuda_fp8_track_create(const uint16_t *bf16_d,
+                                         const pulse_cuda_fp8_tensor *t,
+                                         void *stream,
+                                         pulse_cuda_fp8_track **out);
+
+/** Frees a track and its device memory (its tensors are left as they are;
+ * the caller has waited for its commits). NULL is fine. */
+void pulse_cuda_fp8_track_free(pulse_cuda_fp8_track *track);
+
+/** The caller replaced the BF16 tensor whole (an anchor): quantizes it
+ * again, every block, with pulse_cuda_fp8_quantize's checks (nothing
+ * written on an error); drops a staged step. Synchronizes `stream`. */
+pulse_status pulse_cuda_fp8_track_requantize(pulse_cuda_fp8_track *track,
+                                             void *stream);
+
+/** First half of a step: the BF16 tensor is about to take new_d[i] at
+ * element pos_d[i] (device arrays of count entries, row-major offsets,
+ * each at most once, any order). On the device: checks every position and
+ * every new value, and records for each block the step touches its
+ * largest new magnitude and whether an element holding its amax goes
+ * down. The FP8 tensor, its scales and the kept amax are not written; the
+ * flag is read back (synchronizes `stream`). pos_d and new_d must stay
+ * unchanged until the commit. A stage replaces a stage not committed.
+ * @return PULSE_OK; PULSE_ERR_ARG (NULL, foreign memory, a position
+ * outside the tensor: the lowest such entry in the detail);
+ * PULSE_ERR_UNSUPPORTED (a new value that is NaN or infinite, its row and
+ * column in the detail); PULSE_ERR_CUDA. On an error nothing is staged. */
+pulse_status pulse_cuda_fp8_track_stage(pulse_cuda_fp8_track *track,
+                                        const uint64_t *pos_d,
+                                        const uint16_t *new_d, uint64_t count,
+                                        void *stream);
+
+/** Second half: queued on `stream` after the caller's BF16 writes of the
+ * staged changes. Finds each touched block's new amax (from the kept one
+ * and the changes; a block is read whole only when its largest element
+ * went down) and scale, requantizes the blocks whose scale moved and the
+ * changed elements of the others, and writes their scales and amax.
+ * Asynchronous when `figures` is NULL; otherwise it synchronizes and
+ * fills *figures as pulse_fp8_staged_figures_get does for the same step.
+ * @return PULSE_OK; PULSE_ERR_ARG (nothing staged); PULSE_ERR_CUDA (the
+ * FP8 tensor's contents are then unknown: requantize it). */
+pulse_status pulse_cuda_fp8_track_commit(pulse_cuda_fp8_track *track,
+                                         void *stream,
+                                         pulse_fp8_stage_figures *figures);
+
+/** Forgets a staged step (the BF16 writes did not happen). NULL is fine. */
+void pulse_cuda_fp8_track_drop(pulse_cuda_fp8_track *track);
 
 #ifdef __cplusplus
 }

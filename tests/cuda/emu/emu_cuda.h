@@ -193,6 +193,17 @@ static inline unsigned atomicOr(unsigned *p, unsigned v) {
   *p = old | v;
   return old;
 }
+static inline unsigned atomicMax(unsigned *p, unsigned v) {
+  unsigned old = *p;
+  *p = old > v ? old : v;
+  return old;
+}
+static inline unsigned long long atomicMin(unsigned long long *p,
+                                           unsigned long long v) {
+  unsigned long long old = *p;
+  *p = old < v ? old : v;
+  return old;
+}
 
 /* Work queued on `stream`: counts the NULL stream, aborts on a stream of
  * another device. */
