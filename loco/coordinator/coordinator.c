@@ -280,25 +280,26 @@ static unsigned left_ms(uint64_t end) {
  * so the state it names is there unless the group moved on meanwhile:
  * then read the view again. */
 pulse_status loco_node_catch_up(pulse_loco_coord *n, const char *coord,
-                             uint64_t min_round, float *theta_r, uint64_t end) {
+                                uint32_t coord_id, uint64_t min_round,
+                                float *theta_r, uint64_t end) {
   char url[160];
   pulse_status st;
   for (;;) {
     loco_manifest view;
     loco_node_url_fmt(url, sizeof url, coord, "/v1/loco/members");
-    /* Signed by the coordinator it names (auth hook). */
-    PULSE_TRY(loco_auth_get_view(n, url, left_ms(end), 1, &view));
+    /* Signed by the node at coord (auth hook). */
+    PULSE_TRY(loco_auth_get_view(n, url, left_ms(end), coord_id, &view));
     if (view.round >= min_round &&
         loco_member_find(view.members, view.nmembers, view.coordinator) >= 0) {
       loco_node_url_fmt(url, sizeof url, coord, "/v1/loco/state/%llu",
               (unsigned long long)view.round);
       pulse_bytebuf b = PULSE_BYTEBUF_INIT;
       unsigned wait = left_ms(end);
-      /* Signed by that coordinator for that round (auth hook): a state of
+      /* Signed by that node for that round (auth hook): a state of
        * another round, or not its, is refused before it is imported. */
       st = loco_auth_get(n, url, wait < 500u ? wait : 500u,
                          loco_state_cap(n->ctx->n), PULSE_LOCO_AUTH_STATE,
-                         view.round, view.round, view.coordinator, &b);
+                         view.round, view.round, coord_id, &b);
       if (st == PULSE_OK) {
         n->fetched += b.size;
         st = pulse_loco_state_import(n->ctx, b.data, b.size, theta_r);
@@ -328,7 +329,8 @@ static pulse_status join_via(pulse_loco_coord *n, const char *seed,
   loco_manifest view;
   loco_node_url_fmt(url, sizeof url, seed, "/v1/loco/members");
   /* Signed by the seed, any member (auth hook). */
-  PULSE_TRY(loco_auth_get_view(n, url, left_ms(end), 0, &view));
+  PULSE_TRY(loco_auth_get_view(n, url, left_ms(end), LOCO_AUTH_ANY_SIGNER,
+                               &view));
   int c = loco_member_find(view.members, view.nmembers, view.coordinator);
   char coord[64];
   if (c < 0) {
@@ -337,6 +339,7 @@ static pulse_status join_via(pulse_loco_coord *n, const char *seed,
                       "loco join: the coordinator is not a member");
   }
   snprintf(coord, sizeof coord, "%s", view.members[c].url);
+  uint32_t coord_id = view.coordinator;
   loco_manifest_free(&view);
   char join[640]; /* the auth hook adds the key and the admission */
   snprintf(join, sizeof join, "%s/v1/loco/join?id=%u&url=%s", coord, n->id,
@@ -381,7 +384,7 @@ static pulse_status join_via(pulse_loco_coord *n, const char *seed,
     return st;
   /* The state of the admission round, or a later one when the group moved
    * on meanwhile; the members come with it. */
-  PULSE_TRY(loco_node_catch_up(n, coord, round, theta_r, end));
+  PULSE_TRY(loco_node_catch_up(n, coord, coord_id, round, theta_r, end));
   if (loco_member_find(n->members, n->nmembers, n->id) < 0)
     return pulse_fail(PULSE_ERR_IO,
                       "loco join: dropped again before the first round");
@@ -643,11 +646,13 @@ done:
 
 /* The round the coordinator at `coord` is at (its view), 0 when it does
  * not answer within the deadline. */
-static uint64_t group_round(pulse_loco_coord *n, const char *coord) {
+static uint64_t group_round(pulse_loco_coord *n, const char *coord,
+                            uint32_t coord_id) {
   char url[160];
   loco_manifest view;
   loco_node_url_fmt(url, sizeof url, coord, "/v1/loco/members");
-  if (loco_auth_get_view(n, url, n->opts.deadline_ms, 1, &view) != PULSE_OK)
+  if (loco_auth_get_view(n, url, n->opts.deadline_ms, coord_id, &view) !=
+      PULSE_OK)
     return 0;
   uint64_t r = view.round;
   loco_manifest_free(&view);
@@ -687,7 +692,7 @@ static pulse_status fetch_contributions(pulse_loco_coord *n, uint64_t r,
     }
     if (want == 0)
       break;
-    if (pass == 1 && group_round(n, coord) > r + 2)
+    if (pass == 1 && group_round(n, coord, man->coordinator) > r + 2)
       break; /* the coordinator moved on and dropped its relays of r */
     /* The pending ones only: a gather over a compacted copy. */
     loco_fetch *w = calloc(want, sizeof *w);
@@ -737,6 +742,7 @@ static pulse_status follow(pulse_loco_coord *n, uint64_t r, const uint8_t *own,
   /* A copy: the members (and so members[0]) change when the round ends. */
   char coord[sizeof n->members[0].url];
   snprintf(coord, sizeof coord, "%s", n->members[0].url);
+  uint32_t coord_id = n->members[0].id;
   char url[160];
   if (leaving) /* signed (auth hook) */
     loco_auth_post(n, coord, PULSE_LOCO_AUTH_LEAVE, r,
@@ -799,7 +805,7 @@ static pulse_status follow(pulse_loco_coord *n, uint64_t r, const uint8_t *own,
      * after applying the error-feedback rule. */
     if (n->ctx->prepared)
       pulse_loco_abandon(n->ctx, self_included);
-    st = loco_node_catch_up(n, coord, r + 1, theta_r,
+    st = loco_node_catch_up(n, coord, coord_id, r + 1, theta_r,
                   loco_now_ms() + n->opts.manifest_timeout_ms);
     if (st == PULSE_OK) {
       info->resynced = 1;

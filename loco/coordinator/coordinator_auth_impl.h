@@ -120,13 +120,13 @@ pulse_status loco_auth_get(pulse_loco_coord *n, const char *url,
                            pulse_loco_auth_kind kind, uint64_t floor,
                            uint64_t ceiling, uint32_t id, pulse_bytebuf *body);
 
-/* A membership view from url, signed by the coordinator it names
- * (from_coordinator) or by any member (a seed's), of a round not older
- * than the one being run; its bytes are added to n->fetched.
+/* A membership view from url, signed by trainer `signer` (the node at
+ * url) or, LOCO_AUTH_ANY_SIGNER, by any member (a seed's), of a round not
+ * older than the one being run; its bytes are added to n->fetched.
  * @return PULSE_OK; PULSE_ERR_CORRUPT when refused or malformed; a fetch
  * error. */
 pulse_status loco_auth_get_view(pulse_loco_coord *n, const char *url,
-                                unsigned timeout_ms, int from_coordinator,
+                                unsigned timeout_ms, uint32_t signer,
                                 loco_manifest *view);
 
 /* Publishes this node's membership view (kind MEMBERS) and its state

@@ -49,7 +49,7 @@ pulse_status loco_auth_get(pulse_loco_coord *n, const char *url,
 }
 
 pulse_status loco_auth_get_view(pulse_loco_coord *n, const char *url,
-                                unsigned timeout_ms, int from_coordinator,
+                                unsigned timeout_ms, uint32_t signer,
                                 loco_manifest *view) {
   if (n->auth == NULL)
     return loco_node_get_json(url, timeout_ms, view, &n->fetched);
@@ -61,15 +61,13 @@ pulse_status loco_auth_get_view(pulse_loco_coord *n, const char *url,
     return st;
   }
   n->fetched += b.size;
-  /* Parsed first (checked, nothing taken from it yet) for the round and
-   * the coordinator it names; the signature then binds both. */
+  /* Parsed first (checked, nothing taken from it yet) for the round it
+   * names; the signature then binds it. */
   st = loco_manifest_parse(b.data, b.size, view);
   uint64_t floor = loco_auth_round_now(n);
   if (st == PULSE_OK &&
       !loco_auth_accept_window(n, PULSE_LOCO_AUTH_MEMBERS, floor, view->round,
-                               from_coordinator ? view->coordinator
-                                                : LOCO_AUTH_ANY_SIGNER,
-                               &sig, b.data, b.size, NULL)) {
+                               signer, &sig, b.data, b.size, NULL)) {
     char why[256];
     snprintf(why, sizeof why, "%s", pulse_error_detail());
     st = pulse_fail(PULSE_ERR_CORRUPT, "loco node: the view at %s is refused "

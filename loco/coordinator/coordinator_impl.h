@@ -95,10 +95,12 @@ void loco_node_url_fmt(char *dst, size_t cap, const char *base,
 pulse_status loco_node_get_json(const char *url, unsigned timeout_ms,
                                 loco_manifest *m, uint64_t *fetched);
 /* Imports the newest state of round min_round or later from the
- * coordinator at `coord` (and its members), before `end`. */
+ * coordinator at `coord`, trainer `coord_id` (and its members), before
+ * `end`. Authenticating, its view and its state must be signed by
+ * coord_id (a leaving coordinator's view names its successor). */
 pulse_status loco_node_catch_up(pulse_loco_coord *n, const char *coord,
-                                uint64_t min_round, float *theta_r,
-                                uint64_t end);
+                                uint32_t coord_id, uint64_t min_round,
+                                float *theta_r, uint64_t end);
 /* The coordinator's end of round r: the members of round r + 1 (minus
  * leavers and the long silent; n->misses must be up to date; plus the
  * pending joiners), their admissions and the manifest with the

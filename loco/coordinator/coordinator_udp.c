@@ -813,6 +813,7 @@ static pulse_status close_round(pulse_loco_coord *n, uint64_t r, int leaving,
 static pulse_status follow_round(pulse_loco_coord *n, const char *coord,
                                  uint64_t r, float *theta_r,
                                  pulse_loco_coord_step_figures *info) {
+  uint32_t coord_id = n->members[0].id; /* before the members change */
   char url[160];
   loco_node_url_fmt(url, sizeof url, coord, "/v1/loco/round/%llu/manifest",
                     (unsigned long long)r);
@@ -842,7 +843,7 @@ static pulse_status follow_round(pulse_loco_coord *n, const char *coord,
                  (unsigned long long)r, n->id, pulse_error_detail());
     free(n->drifted); /* the reference's state */
     n->drifted = NULL;
-    st = loco_node_catch_up(n, coord, r + 1, theta_r,
+    st = loco_node_catch_up(n, coord, coord_id, r + 1, theta_r,
                             loco_now_ms() + n->opts.manifest_timeout_ms);
     info->resynced = st == PULSE_OK;
   }

@@ -144,7 +144,7 @@ Test(loco_auth_msgs, a_joiner_refuses_a_hostile_servers_views_and_states,
     cr_assert_eq(loco_server_put_signed(srv, "/v1/loco/members", body->data,
                                         body->size, &bad),
                  PULSE_OK);
-    cr_assert_neq(loco_auth_get_view(n5, members, 3000, 1, &view), PULSE_OK,
+    cr_assert_neq(loco_auth_get_view(n5, members, 3000, 0, &view), PULSE_OK,
                   "view %d taken", k);
     cr_assert_eq(refused_reason(n5, why[k]), was + 1, "view %d", k);
   }
@@ -152,7 +152,7 @@ Test(loco_auth_msgs, a_joiner_refuses_a_hostile_servers_views_and_states,
   cr_assert_eq(loco_server_put_signed(srv, "/v1/loco/members", v2.data,
                                       v2.size, &good),
                PULSE_OK);
-  cr_assert_eq(loco_auth_get_view(n5, members, 3000, 1, &view), PULSE_OK, "%s",
+  cr_assert_eq(loco_auth_get_view(n5, members, 3000, 0, &view), PULSE_OK, "%s",
                pulse_error_detail());
   cr_assert_eq(view.round, 2);
   loco_manifest_free(&view);
@@ -190,7 +190,7 @@ Test(loco_auth_msgs, a_joiner_refuses_a_hostile_servers_views_and_states,
                                         &bad),
                  PULSE_OK);
     float *local = malloc(P * sizeof *local);
-    cr_assert_neq(loco_node_catch_up(n5, url, 1, local, loco_now_ms() + 3000),
+    cr_assert_neq(loco_node_catch_up(n5, url, 0, 1, local, loco_now_ms() + 3000),
                   PULSE_OK, "state %d imported", k);
     free(local);
     cr_assert_eq(refused_reason(n5, swhy[k]), was + 1, "state %d", k);
@@ -203,7 +203,7 @@ Test(loco_auth_msgs, a_joiner_refuses_a_hostile_servers_views_and_states,
                                       state[2].size, &sgood),
                PULSE_OK);
   float *local = malloc(P * sizeof *local);
-  cr_assert_eq(loco_node_catch_up(n5, url, 1, local, loco_now_ms() + 3000),
+  cr_assert_eq(loco_node_catch_up(n5, url, 0, 1, local, loco_now_ms() + 3000),
                PULSE_OK, "%s", pulse_error_detail());
   cr_assert_eq(pulse_loco_round(c5), 2);
   cr_assert_eq(pulse_loco_global_digest(c5), pulse_loco_global_digest(c0));
@@ -424,4 +424,43 @@ Test(loco_auth_msgs, replayed_end_markers_are_refused, .timeout = 120) {
 }
 Test(loco_auth_msgs, foreign_end_markers_are_refused, .timeout = 120) {
   bad_end_markers(LOCO_AUTH_TAMPER_FOREIGN);
+}
+
+/* The coordinator leaves: its last view names its successor, the others go
+ * on under trainer 1, and nobody refuses anything of an honest run. */
+static void coordinator_leaves(uint32_t transport) {
+  pulse_sim_problem *p = aproblem();
+  atrainer t[AT];
+  pulse_loco_member m[AT];
+  pulse_loco_member_key pins[AT];
+  astart(t, AT, p, aopts(transport), m, pins);
+  for (int i = 0; i < AT; i++)
+    t[i].rounds = 4;
+  t[0].leave_at = 1;
+  arun(t, AT);
+  for (int i = 0; i < AT; i++) {
+    cr_assert_eq(t[i].st, PULSE_OK, "trainer %d: %s", i, t[i].detail);
+    cr_assert_eq(t[i].auth.unsigned_bodies + t[i].auth.forged +
+                     t[i].auth.replayed + t[i].auth.foreign,
+                 0, "trainer %d refused something", i);
+  }
+  cr_assert_eq(pulse_loco_round(t[1].ctx), 4);
+  cr_assert_eq(pulse_loco_global_digest(t[2].ctx),
+               pulse_loco_global_digest(t[1].ctx));
+  pulse_loco_member left[AT];
+  size_t count = 0;
+  pulse_loco_coord_members(t[1].node, left, AT, &count);
+  cr_assert_eq(count, 2);
+  cr_assert_eq(left[0].id, 1);
+  afree(t, AT);
+  pulse_sim_problem_free(p);
+}
+
+Test(loco_auth_msgs, a_leaving_coordinator_hands_over_over_http,
+     .timeout = 120) {
+  coordinator_leaves(PULSE_LOCO_TRANSPORT_HTTP);
+}
+Test(loco_auth_msgs, a_leaving_coordinator_hands_over_over_udp,
+     .timeout = 120) {
+  coordinator_leaves(PULSE_LOCO_TRANSPORT_UDP);
 }
