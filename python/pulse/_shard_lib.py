@@ -115,18 +115,24 @@ def declared():
 
 
 def take(buf):
-    """The bytes of a filled pulse_buffer, which is freed."""
+    """The bytes of a filled pulse_buffer as a uint8 CPU tensor; the buffer
+    is freed."""
+    import torch  # the sharded publish is given torch tensors
+
     try:
-        return ctypes.string_at(buf.data, buf.size) if buf.size else b""
+        out = torch.empty(buf.size, dtype=torch.uint8)
+        if buf.size:
+            ctypes.memmove(out.data_ptr(), buf.data, buf.size)
+        return out
     finally:
         declared().pulse_buffer_free(ctypes.byref(buf))
 
 
 def buffers(chunks):
-    """A pulse_buffer array over bytes objects (borrowed: the caller keeps
-    `chunks` alive while C reads them)."""
+    """A pulse_buffer array over contiguous uint8 CPU tensors (borrowed:
+    the caller keeps `chunks` alive while C reads them)."""
     array = (Buffer * max(1, len(chunks)))()
     for i, chunk in enumerate(chunks):
-        array[i].data = ctypes.cast(ctypes.c_char_p(chunk), ctypes.c_void_p)
-        array[i].size = len(chunk)
+        array[i].data = chunk.data_ptr() if chunk.numel() else None
+        array[i].size = chunk.numel()
     return array

@@ -237,13 +237,15 @@ class RankShard:
         return array, alive
 
     def detect(self, array):
-        """This rank's part of the step (bytes)."""
+        """This rank's part of the step (a uint8 tensor)."""
         out = Buffer()
         check(declared().pulse_pub_shard_detect(self._handle, array, len(self.descs),
                                                 ctypes.byref(out)))
         return take(out)
 
     def count(self, parts):
+        """This rank's counts of the step (a uint8 tensor) from every rank's
+        part (uint8 tensors, rank order)."""
         out = Buffer()
         check(declared().pulse_pub_shard_count(self._handle, buffers(parts), len(parts),
                                                ctypes.byref(out)))
@@ -330,8 +332,7 @@ class Committer:
         figures as a dict."""
         figures = PubFigures()
         if patch is not None:
-            chunks = [patch]
-            buf = buffers(chunks)
+            buf = buffers([patch])
             patch_arg = ctypes.cast(buf, ctypes.POINTER(Buffer))
         else:
             patch_arg = None

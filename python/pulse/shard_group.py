@@ -23,6 +23,12 @@ def _dist():
     return dist
 
 
+def _torch():
+    import torch
+
+    return torch
+
+
 class GroupPublisher:
     """See pulse.Publisher: rank `rank` of `world`, over `group`."""
 
@@ -36,6 +42,10 @@ class GroupPublisher:
             self._root = 0
         else:
             self._root = dist.get_global_rank(group, 0)
+        # NCCL carries tensors on the device; gloo on the CPU.
+        self._device = "cpu"
+        if dist.get_backend(group) == "nccl":
+            self._device = f"cuda:{_torch().cuda.current_device()}"
         self._make_committer = make_committer  # (table) -> shard.Committer, rank 0
         self._upload = upload  # () -> figures dict, rank 0 (None: no upload)
         self._chunk_log2 = chunk_log2
@@ -69,6 +79,33 @@ class GroupPublisher:
         self._collective(what, lambda: dist.gather_object(obj, out, dst=self._root,
                                                           group=self.group))
         return out
+
+    def _bytes_exchange(self, what, metas, payload, to_root):
+        """Every rank's payload (bytes from the C shard: a part, counts),
+        carried as uint8 tensors, not pickled (they are O(changes)): to
+        every rank, or to rank 0 only (to_root; the others get None).
+        `metas` are every rank's small entries, already exchanged: each
+        entry's [1] is its payload's length. Returns uint8 CPU tensors."""
+        torch = _torch()
+        dist = _dist()
+        sizes = [m[1] for m in metas]
+        size = max(max(sizes), 1)
+        mine = torch.zeros(size, dtype=torch.uint8, device=self._device)
+        if payload is not None and payload.numel():
+            mine[:payload.numel()] = payload
+        if to_root:
+            out = [torch.empty(size, dtype=torch.uint8, device=self._device)
+                   for _ in range(self.world)] if self.rank == 0 else None
+            self._collective(what, lambda: dist.gather(mine, out, dst=self._root,
+                                                       group=self.group))
+        else:
+            out = [torch.empty(size, dtype=torch.uint8, device=self._device)
+                   for _ in range(self.world)]
+            self._collective(what, dist.all_gather, out, mine, self.group)
+        del mine
+        if out is None:
+            return None
+        return [t[:n].cpu() for t, n in zip(out, sizes)]
 
     def _broadcast(self, what, obj):
         dist = _dist()
@@ -177,7 +214,8 @@ class GroupPublisher:
         except Exception as exc:
             err = exc
         entries = self._all_gather("the parts' exchange",
-                                   (shard.error_text(err) if err else None, part, asked, plan))
+                                   (shard.error_text(err) if err else None,
+                                    part.numel() if part is not None else 0, asked, plan))
         plan = entries[0][3]
         try:
             self._raise_first(entries, err, "publish")
@@ -189,8 +227,8 @@ class GroupPublisher:
             self._drop(plan)
             raise
         step, base, due, nonce = plan
-        parts = [e[1] for e in entries]
-        del entries
+        parts = self._bytes_exchange("the parts' exchange", entries, part, False)
+        del entries, part
         # 2. the anchor's blocks and the counts
         staged = os.path.join(self.store_dir, "objects", f".anchor-{step}-{nonce}.tmp-shard")
         counts, target = None, None
@@ -202,13 +240,19 @@ class GroupPublisher:
                 counts = self._shard.count(parts)
         except Exception as exc:
             err = exc
-        gathered = self._gather("the counts' exchange",
-                                (shard.error_text(err) if err else None, counts))
+        metas = self._all_gather("the counts' exchange",
+                                 (shard.error_text(err) if err else None,
+                                  counts.numel() if counts is not None else 0))
+        gathered = None
+        if all(m[0] is None for m in metas) and base is not None:
+            gathered = self._bytes_exchange("the counts' exchange", metas, counts, True)
+        del counts
         # 3. rank 0 encodes and commits; every rank learns the outcome
         outcome = None
         if self.rank == 0:
-            outcome = self._commit(gathered, plan, parts, target, staged if due else None)
-        del gathered, counts
+            outcome = self._commit(metas, gathered, plan, parts, target,
+                                   staged if due else None)
+        del gathered, parts
         outcome = self._broadcast("the commit's outcome", outcome)
         failure, figures, upload = outcome
         if failure is not None:
@@ -230,10 +274,10 @@ class GroupPublisher:
                                     f"{detail}")
         return step
 
-    def _commit(self, gathered, plan, parts, target, staged):
+    def _commit(self, metas, counts, plan, parts, target, staged):
         """Rank 0: (failure, figures, upload figures or failure)."""
         step, base, _, _ = plan
-        for rank, entry in enumerate(gathered):
+        for rank, entry in enumerate(metas):
             if entry[0] is not None:
                 if staged:
                     _unlink(staged)
@@ -243,7 +287,7 @@ class GroupPublisher:
             patch = None
             if base is not None:
                 opts = self._committer.encode_opts(step, base, self._chunk_log2)
-                patch = shard.encode(self._table, opts, parts, [e[1] for e in gathered])
+                patch = shard.encode(self._table, opts, parts, counts)
             figures = self._committer.commit(step, patch, staged, target)
         except Exception as exc:
             if staged:

@@ -15,7 +15,9 @@ named, before anything is written; a rank killed mid-step (os._exit) makes
 the others raise, the store keeps the previous step, and a restarted job
 resumes from the store and publishes the next steps. The same sharded
 publish without a group (rank=, world=: through the store folder, the C
-pulse_pub_shard_step) closes the second job. Exit 77: no torch."""
+pulse_pub_shard_step) closes the second job. Blocks in GPU memory are
+published too where torch sees a CUDA device (skipped, saying so, where
+not). Exit 77: no torch."""
 
 import datetime
 import json
@@ -221,7 +223,14 @@ def same_store(sharded, single, step, figures, single_figures):
     return a
 
 
-def publish_job(rank, work, name, sharding, seed, first=1, last=STEPS, faults=False, group=True):
+def on_device(blocks, device):
+    """The blocks with their tensors on `device`."""
+    return {n: pulse.Block(b.tensor.to(device), b.full_shape, b.start) if isinstance(b, pulse.Block)
+            else b.to(device) for n, b in blocks.items()}
+
+
+def publish_job(rank, work, name, sharding, seed, first=1, last=STEPS, faults=False, group=True,
+                device=None):
     """Steps first..last of `sharding` into work/<name>/sharded (resumed
     from its head when first > 1), checked against a single publisher of
     steps 1..last (rank 0) after every step."""
@@ -246,11 +255,13 @@ def publish_job(rank, work, name, sharding, seed, first=1, last=STEPS, faults=Fa
         if step > 1:
             model.step()
         blocks = blocks_of(sharding, model.w, rank)
+        if device is not None:
+            blocks = on_device(blocks, device)
         if faults and step == 3:
             # rank 1 gives an FP16 block: every rank raises, naming it
             bad = dict(blocks)
             if rank == 1:
-                bad["embed"] = pulse.Block(bad["embed"].tensor.half(), (5000,), (1250,))
+                bad["embed"] = pulse.Block(bad["embed"].tensor.half(), (5000,), bad["embed"].start)
             e = expect_error(lambda: pub.publish(bad), "embed" if rank == 1 else "rank 1")
             assert rank != 1 or e.status == "PULSE_ERR_DTYPE", e
             assert pub.step == 2, f"rank {rank} holds step {pub.step} after a failed step 3"
@@ -369,6 +380,11 @@ def worker_main(rank, port, work, phase):
                                 faults=sharding == "mix")
             print(f"ok rank {rank} {sharding}: {time.monotonic() - began:.1f} s, patch bytes "
                   f"{sizes} (= the single publish's)", flush=True)
+        if torch.cuda.is_available():  # blocks in GPU memory: cast there, copied to the host
+            sizes = publish_job(rank, work, "dim0-cuda", "dim0", 16, device="cuda")
+            print(f"ok rank {rank} dim0 CUDA blocks: patch bytes {sizes}", flush=True)
+        else:
+            print(f"rank {rank}: CUDA blocks skipped: torch sees no CUDA device", flush=True)
         refused_at_creation(rank, work, "overlap", overlap(rank), "attn.w", "overlap")
         refused_at_creation(rank, work, "missing", missing(rank), "norm")
         refused_at_creation(rank, work, "inconsistent", inconsistent(rank), "embed", "5001")
