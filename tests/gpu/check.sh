@@ -43,6 +43,13 @@
 #              locate, gather, digest moves, scatter; target < 2 ms)
 #   publisher  the publisher's device commits (same bytes as host commits)
 #   subscriber a subscriber syncing device targets from a server
+#   fp8        the FP8 kernels (cuda_fp8: quantize and the per-step
+#              track) = the CPU reference; the device quantizer = torch's
+#              own float8_e4m3fn conversion of the same formula, bytes and
+#              scales; a 1% step on 8 tensors of 4096x4096 requantizing the
+#              touched blocks against requantizing every block (target:
+#              faster), the two FP8 copies identical (tests/gpu/fp8_torch.py;
+#              skipped where torch has no CUDA)
 #   memcheck, racecheck, synccheck
 #              compute-sanitizer over the CUDA suite (default sizes);
 #              UNSUPPORTED, not FAIL, where the machine refuses the tool
@@ -301,7 +308,7 @@ if timeout "$(limit "$build_s")" cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE
   -DPKG_CONFIG_EXECUTABLE="$pkgconfig" -DCMAKE_EXE_LINKER_FLAGS="$link_extra" \
   > "$logs/build.log" 2>&1 &&
   timeout "$(limit "$build_s")" cmake --build "$build" -j "$jobs" --target test_cuda \
-    test_trainer_side test_inference_side pulse-bench >> "$logs/build.log" 2>&1; then
+    test_trainer_side test_inference_side pulse-bench pulse >> "$logs/build.log" 2>&1; then
   row "build" PASS "$(elapsed "$t") s, $("$nvcc" --version | tail -n 1 | sed 's/^Build //'), sm_${archs}, $(grep -c 'warning' "$logs/build.log") warning lines"
 else
   rc=$?
@@ -381,6 +388,36 @@ fi
 # ---------------------------------------- publisher and subscriber
 suite publisher "publisher device commits" 120 "$publisher_tests" --filter 'publisher_device/*'
 suite subscriber "subscriber device targets" 120 "$subscriber_tests" --filter 'inference_side_device/*'
+
+# ------------------------------------------------------------ FP8 targets
+suite fp8 "FP8 kernels = CPU reference" 60 "$tests" --filter 'cuda_fp8/*'
+t=$(date +%s)
+timeout "$(limit 120)" python3 "$root/tests/gpu/fp8_torch.py" "$build" > "$logs/fp8.log" 2>&1
+rc=$?
+fp8_torch=$(sed -n 's/^fp8 torch: //p' "$logs/fp8.log" | head -n 1)
+fp8_timing=$(sed -n 's/^fp8 timing: //p' "$logs/fp8.log" | head -n 1)
+fp8_touched=$(sed -nE 's/.*touched blocks ([0-9.]+) ms.*/\1/p' <<<"$fp8_timing")
+fp8_whole=$(sed -nE 's/.*every block ([0-9.]+) ms.*/\1/p' <<<"$fp8_timing")
+fp8_why="exit $rc$([ "$rc" = 124 ] && echo ' (timed out)'): $(tail -n 2 "$logs/fp8.log" | tr '\n' ' ' | cut -c1-200)"
+if [ "$rc" = 77 ] || [ "$mode" = dry ]; then
+  # 77: torch without CUDA (Debian's python3-torch) or no device.
+  row "FP8 = torch float8_e4m3fn" SKIPPED "$(tail -n 1 "$logs/fp8.log" | cut -c1-200)"
+  row "FP8 1% step: touched vs all blocks" SKIPPED "dry run or no torch CUDA"
+else
+  case "$fp8_torch" in
+  "") row "FP8 = torch float8_e4m3fn" FAIL "$fp8_why" ;;
+  skipped*) row "FP8 = torch float8_e4m3fn" SKIPPED "$fp8_torch" ;;
+  FAIL*) row "FP8 = torch float8_e4m3fn" FAIL "$fp8_torch" ;;
+  *) row "FP8 = torch float8_e4m3fn" PASS "$fp8_torch" ;;
+  esac
+  if [ -z "$fp8_touched" ] || [ -z "$fp8_whole" ] || ! grep -q 'identical FP8 copies' <<<"$fp8_timing"; then
+    row "FP8 1% step: touched vs all blocks" FAIL "${fp8_timing:-$fp8_why}"
+  else
+    row "FP8 1% step: touched vs all blocks" \
+      "$(awk -v a="$fp8_touched" -v b="$fp8_whole" 'BEGIN {print (a < b) ? "MET" : "MISSED"}')" \
+      "${fp8_timing}, $(elapsed "$t") s run"
+  fi
+fi
 
 # ------------------------------------------------------------- sanitizers
 # Each forked test process prints its own "ERROR SUMMARY: N errors". A tool
