@@ -19,6 +19,10 @@ targets in docs/benchmarks/python.md):
            shard's bytes, the halo it keeps (the tensor's bits around its
            blocks that class-model patches need) and the patch bytes.
            --plain: the publisher writes plain positions.
+  --moe    instead: one TP x EP rank's fused expert stacks
+           (python/bench_moe.py: pull of a ~1% patch against a dense refit
+           of the same stacks from the BF16 checkpoint in memory, and the
+           bytes the rank fetches; its own options: --help).
   --ranks N  instead: the sharded publish (python/bench_shard.py: N gloo
            processes publish their shards with pulse.Block, against the
            same steps gathered onto rank 0 and published there; per rank
@@ -118,6 +122,10 @@ def main():
         import bench_shard  # the sharded publish's bench (python/bench_shard.py)
 
         return bench_shard.main(sys.argv[1:])
+    if "--moe" in sys.argv[1:]:
+        import bench_moe  # mixture-of-experts stacks (python/bench_moe.py)
+
+        return bench_moe.main(sys.argv[1:])
     ap = argparse.ArgumentParser()
     ap.add_argument("--params", type=float, default=16e6)
     ap.add_argument("--tensors", type=int, default=16)
