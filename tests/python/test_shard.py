@@ -15,7 +15,9 @@ named, before anything is written; a rank killed mid-step (os._exit) makes
 the others raise, the store keeps the previous step, and a restarted job
 resumes from the store and publishes the next steps. The same sharded
 publish without a group (rank=, world=: through the store folder, the C
-pulse_pub_shard_step) closes the second job. Blocks in GPU memory are
+pulse_pub_shard_step) closes the second job, and then (where s3rver is
+installed) a sharded job with upload="s3://..." whose every step a worker
+pulls from the bucket. Blocks in GPU memory are
 published too where torch sees a CUDA device (skipped, saying so, where
 not). Exit 77: no torch."""
 
@@ -369,6 +371,33 @@ def kill_mid_step(rank, work):
     expect_error(lambda: pub.publish(blocks_of("dim0", model.w, rank)), "restart the job")
 
 
+def s3_job(rank, work, endpoint):
+    """upload="s3://...": rank 0 uploads the store after each commit; every
+    rank learns the upload's figures; a worker pulls each step from the
+    bucket itself."""
+    store = os.path.join(work, "s3", "sharded")
+    model = Model(61)
+    pub = pulse.Publisher(store, upload="s3://bkt/runs/shard", group=dist.group.WORLD, **OPTS)
+    sub = targets = None
+    for step in range(1, 4):
+        if step > 1:
+            model.step()
+        assert pub.publish(blocks_of("rect", model.w, rank)) == step
+        assert pub.last_upload["head_step"] == step, pub.last_upload
+        if rank == 0:
+            if sub is None:
+                sub = pulse.Subscriber(f"{endpoint}/bkt/runs/shard", key=pub.public_key, retries=1)
+                targets = {n: torch.zeros(s, dtype=torch.bfloat16) for n, s in SHAPES.items()}
+            assert sub.pull(targets, timeout=60) == step
+            for name, w in model.w.items():
+                assert torch.equal(targets[name].view(torch.int16), bits(w)), \
+                    f"step {step}: '{name}' pulled from the bucket differs"
+    if sub is not None:
+        sub.close()
+    pub.close()
+    dist.barrier()
+
+
 def worker_main(rank, port, work, phase):
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=WORLD, timeout=datetime.timedelta(seconds=30))
@@ -397,6 +426,11 @@ def worker_main(rank, port, work, phase):
     print(f"ok rank {rank} resumed", flush=True)
     sizes = publish_job(rank, work, "mix-store", "mix", 81, group=False)
     print(f"ok rank {rank} through the store: patch bytes {sizes}", flush=True)
+    if os.environ.get("AWS_ENDPOINT_URL"):
+        s3_job(rank, work, os.environ["AWS_ENDPOINT_URL"])
+        print(f"ok rank {rank} upload to s3rver: each step pulled from the bucket", flush=True)
+    else:
+        print(f"rank {rank}: the S3 upload skipped: s3rver is not installed", flush=True)
     dist.destroy_process_group()
 
 
@@ -430,7 +464,14 @@ def main():
         sys.exit(1)
     work = tempfile.mkdtemp(prefix="pulse-shard-")
     failed = 0
+    s3 = None
     try:
+        if shutil.which("s3rver"):
+            sys.path.insert(0, HERE)
+            from test_upload import start_s3rver
+            s3, port = start_s3rver(work)
+            os.environ.update(AWS_ENDPOINT_URL=f"http://127.0.0.1:{port}", AWS_ACCESS_KEY_ID="S3RVER",
+                              AWS_SECRET_ACCESS_KEY="S3RVER", AWS_REGION="us-east-1")
         for rank, (rc, out) in enumerate(spawn(work, "main", 300)):
             print(out.strip())
             want = 3 if rank == 2 else 0
@@ -439,10 +480,13 @@ def main():
                 failed += 1
         for rank, (rc, out) in enumerate(spawn(work, "resume", 300)):
             print(out.strip())
-            if rc != 0 or out.count("ok ") < 2:
+            if rc != 0 or out.count("ok ") < 2 + bool(s3):
                 print(f"FAIL: rank {rank} of the restarted job exited {rc}")
                 failed += 1
     finally:
+        if s3 is not None:
+            s3.kill()
+            s3.wait()
         shutil.rmtree(work, ignore_errors=True)
     print(f"{2 - (failed > 0)} passed, {int(failed > 0)} failed")
     sys.exit(1 if failed else 0)
