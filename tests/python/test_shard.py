@@ -398,6 +398,33 @@ def s3_job(rank, work, endpoint):
     dist.barrier()
 
 
+def subgroup_job(rank, work):
+    """Two jobs at once over subgroups ({0, 1} and {2, 3}): each splits every
+    tensor's dim 0 in two and publishes into its own store; the group's rank
+    0 (global rank 0 or 2) commits, and its store is a single publisher's."""
+    groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+    group, mine = groups[rank // 2], rank % 2
+    name = f"subgroup-{rank // 2}"
+    sharded = os.path.join(work, name, "sharded")
+    model = Model(51 + rank // 2)
+    pub = pulse.Publisher(sharded, group=group, **OPTS)
+    single = Single(os.path.join(work, name, "single"), list(SHAPES)) if mine == 0 else None
+    for step in range(1, 4):
+        if step > 1:
+            model.step()
+        blocks = {}
+        for n, w in model.w.items():
+            lo, hi = (0, w.shape[0] // 2) if mine == 0 else (w.shape[0] // 2, w.shape[0])
+            blocks[n] = pulse.Block(w[lo:hi].clone(), tuple(w.shape), (lo,) + (0,) * (w.dim() - 1))
+        assert pub.publish(blocks) == step
+        if single is not None:
+            same_store(sharded, single.store, step, pub.last_figures, single.publish(model, step))
+    pub.close()
+    if single is not None:
+        single.pub.close()
+    dist.barrier()
+
+
 def worker_main(rank, port, work, phase):
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=WORLD, timeout=datetime.timedelta(seconds=30))
@@ -424,6 +451,8 @@ def worker_main(rank, port, work, phase):
     # then the same sharded publish without a group, through the store.
     publish_job(rank, work, "killed", "dim0", 71, first=3)
     print(f"ok rank {rank} resumed", flush=True)
+    subgroup_job(rank, work)
+    print(f"ok rank {rank} two jobs over subgroups", flush=True)
     sizes = publish_job(rank, work, "mix-store", "mix", 81, group=False)
     print(f"ok rank {rank} through the store: patch bytes {sizes}", flush=True)
     if os.environ.get("AWS_ENDPOINT_URL"):
@@ -480,7 +509,7 @@ def main():
                 failed += 1
         for rank, (rc, out) in enumerate(spawn(work, "resume", 300)):
             print(out.strip())
-            if rc != 0 or out.count("ok ") < 2 + bool(s3):
+            if rc != 0 or out.count("ok ") < 3 + bool(s3):
                 print(f"FAIL: rank {rank} of the restarted job exited {rc}")
                 failed += 1
     finally:
