@@ -41,6 +41,7 @@
 #include <stdint.h>
 
 #include "pulse_loco.h"
+#include "pulse_loco_auth.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -113,9 +114,26 @@ typedef struct {
    * this peer reports none, and a manifest listing none gives equal
    * ranges (every member the same, for comparisons). */
   int equal_ranges;
+  /* Authentication, its first part (PAYLOAD.md "Authentication",
+   * "Collaboration"): with a key, this peer signs the membership views and
+   * the states it serves, and checks those it loads (a join, a catch-up)
+   * against the members' keys before it takes anything from them: an
+   * unsigned, forged, replayed (another round's state, a view older than
+   * this peer's round) or foreign one is refused and counted
+   * (pulse_loco_auth_refused_total at /metrics). Any member's signature
+   * holds (every member that finished a round holds the same state). The
+   * rest of the collaboration (claims, grants, payloads, manifests,
+   * partitioned ranges, verdicts) is not signed yet. NULL: none of it;
+   * every member must agree. Borrowed, must outlive the peer. */
+  const pulse_sign_key *sign_key;
+  /* The members' keys (copied): a peer checks what it loads against
+   * these and its own; a joiner's key must be here at every member that
+   * may load its state, and the members' at the joiner. */
+  const pulse_loco_member_key *member_keys;
+  size_t member_key_count;
 } pulse_loco_collab_opts;
 
-#define PULSE_LOCO_COLLAB_OPTS_VERSION 4u
+#define PULSE_LOCO_COLLAB_OPTS_VERSION 5u
 /** Sets every field of *opts to its default (struct_version included):
  * the one way to start options; then set the fields you need. */
 void pulse_loco_collab_opts_init(pulse_loco_collab_opts *opts);

@@ -36,14 +36,39 @@ static unsigned left_ms(uint64_t end) {
 /* ------------------------------------------------------------ publishing */
 
 /* The members of the next round, as the view joiners read
- * (GET /v1/loco/members: round, the writer at rank 0, members). */
+ * (GET /v1/loco/members: round, the writer at rank 0, members); signed
+ * when the peer has a key (auth hook). */
 pulse_status collab_publish_view(pulse_loco_collab *c) {
   uint64_t r = pulse_loco_round(c->ctx);
-  return loco_serve_view(c->srv, r, pulse_loco_collab_writer(c->members, c->nmembers, r, 0),
-                         c->members, c->nmembers);
+  loco_manifest v;
+  memset(&v, 0, sizeof v);
+  v.round = r;
+  v.coordinator = pulse_loco_collab_writer(c->members, c->nmembers, r, 0);
+  v.members = c->members;
+  v.nmembers = c->nmembers;
+  pulse_bytebuf b = PULSE_BYTEBUF_INIT;
+  pulse_status st = loco_manifest_write(&v, &b);
+  if (st == PULSE_OK)
+    st = collab_auth_put(c, "/v1/loco/members", PULSE_LOCO_AUTH_MEMBERS, r,
+                         b.data, b.size);
+  pulse_bytebuf_free(&b);
+  return st;
 }
 
-pulse_status collab_publish_state(pulse_loco_collab *c) { return loco_serve_state(c->srv, c->ctx); }
+/* The context's state (/v1/loco/state/ROUND, the round before kept),
+ * signed when the peer has a key (auth hook). */
+pulse_status collab_publish_state(pulse_loco_collab *c) {
+  pulse_buffer state = {NULL, 0};
+  PULSE_TRY(pulse_loco_state_export(c->ctx, &state));
+  char path[64];
+  uint64_t r = pulse_loco_round(c->ctx);
+  snprintf(path, sizeof path, "/v1/loco/state/%" PRIu64, r);
+  pulse_status st =
+      collab_auth_put(c, path, PULSE_LOCO_AUTH_STATE, r, state.data, state.size);
+  pulse_buffer_free(&state);
+  loco_server_drop(c->srv, "/v1/loco/state/", r > 0 ? r - 1 : 0);
+  return st;
+}
 
 /* This peer's own progress record (GET /v1/loco/progress). */
 void collab_publish_own_progress(pulse_loco_collab *c, uint64_t r, uint64_t done,
@@ -90,6 +115,7 @@ static void hosted_metrics(void *user, pulse_bytebuf *text) {
                        "pulse_loco_hosted_uploads_total{result=\"refused\"} "
                        "%llu\n",
                        (unsigned long long)stored, (unsigned long long)refused);
+  collab_auth_metrics(user, text);
 }
 
 void pulse_loco_collab_opts_init(pulse_loco_collab_opts *o) {
@@ -142,14 +168,21 @@ pulse_status pulse_loco_collab_create(const pulse_loco_collab_opts *opts,
   c->opts = *opts;
   c->opts.host = NULL;
   c->opts.client_of = NULL;
+  c->opts.member_keys = NULL; /* copied into the handle */
+  c->opts.member_key_count = 0;
   c->ctx = ctx;
   c->id = pulse_loco_trainer_id(ctx);
   pthread_mutex_init(&c->lock, NULL);
+  pulse_status st = collab_auth_start(c, opts);
+  if (st != PULSE_OK) {
+    pulse_loco_collab_free(c);
+    return st;
+  }
   /* A serving peer takes uploads of one payload at most; a client's table
    * listens nowhere. */
-  pulse_status st = loco_server_start_uploads(
-      client_of ? NULL : host, collab_on_post, collab_on_upload, c,
-      loco_payload_cap(ctx->n), &c->srv);
+  st = loco_server_start_uploads(client_of ? NULL : host, collab_on_post,
+                                 collab_on_upload, c, loco_payload_cap(ctx->n),
+                                 &c->srv);
   if (st != PULSE_OK) {
     pulse_loco_collab_free(c);
     return st;
@@ -171,6 +204,7 @@ void pulse_loco_collab_free(pulse_loco_collab *c) {
   if (c == NULL)
     return;
   loco_server_stop(c->srv);
+  collab_auth_stop(c);
   pthread_mutex_destroy(&c->lock);
   free(c->members), free(c->rec), free(c->pending);
   free(c);
@@ -218,13 +252,26 @@ static pulse_status get_view(pulse_loco_collab *c, const char *base,
   url_fmt(url, sizeof url, base, "/v1/loco/members");
   pulse_bytebuf b = PULSE_BYTEBUF_INIT;
   long status = 0;
-  pulse_status st = loco_http_get(url, timeout_ms, MANIFEST_CAP, &b, &status);
+  loco_sig sig;
+  pulse_status st =
+      loco_http_get_signed(url, timeout_ms, MANIFEST_CAP, &b, &status, &sig);
   if (st == PULSE_OK && status != 200)
     st = pulse_fail(PULSE_ERR_IO, "loco collab: GET %s: HTTP %ld", url,
                     status);
   if (st == PULSE_OK) {
     c->fetched += b.size;
     st = loco_manifest_parse(b.data, b.size, view);
+  }
+  /* Any member's signature of the round it names, not older than this
+   * peer's round (auth hook); parsed first, nothing taken from it yet. */
+  if (st == PULSE_OK &&
+      (!collab_auth_accept(c, PULSE_LOCO_AUTH_MEMBERS, pulse_loco_round(c->ctx),
+                           view->round, &sig, b.data, b.size) ||
+       (c->auth != NULL && sig.round != view->round))) {
+    loco_manifest_free(view);
+    st = pulse_fail(PULSE_ERR_CORRUPT, "loco collab: the view at %s is "
+                                       "refused",
+                    url);
   }
   pulse_bytebuf_free(&b);
   return st;
@@ -240,8 +287,10 @@ pulse_status pulse_loco_collab_import(pulse_loco_collab *c, const char *base,
   url_fmt(url, sizeof url, base, "/v1/loco/state/%" PRIu64, round);
   pulse_bytebuf b = PULSE_BYTEBUF_INIT;
   long status = 0;
-  pulse_status st =
-      loco_http_get(url, timeout_ms, loco_state_cap(c->ctx->n), &b, &status);
+  loco_sig sig;
+  pulse_status st = loco_http_get_signed(url, timeout_ms,
+                                         loco_state_cap(c->ctx->n), &b,
+                                         &status, &sig);
   if (st == PULSE_OK && status == 404) {
     /* Say where that peer is: its states are the last two rounds. */
     loco_manifest view;
@@ -265,6 +314,16 @@ pulse_status pulse_loco_collab_import(pulse_loco_collab *c, const char *base,
   }
   if (st == PULSE_OK) {
     c->fetched += b.size;
+    /* Signed by a member for that round (auth hook): refused, nothing is
+     * imported. */
+    if (!collab_auth_accept(c, PULSE_LOCO_AUTH_STATE, round, round, &sig,
+                            b.data, b.size))
+      st = pulse_fail(PULSE_ERR_CORRUPT,
+                      "loco collab: the state of round %" PRIu64
+                      " at %s is refused",
+                      round, base);
+  }
+  if (st == PULSE_OK) {
     /* The state's own digests are checked by the import; its round must
      * be the one asked for. */
     uint64_t had = pulse_loco_round(c->ctx);

@@ -80,6 +80,11 @@ struct pulse_loco_collab {
   uint64_t max_step; /* largest step granted in it */
   collab_pending *pending;
   size_t npending;
+  /* Authentication (collab_auth.c; NULL: off): the handle, and refusals
+   * decided here (a body of a later round: forged), under lock. */
+  pulse_loco_auth *auth;
+  uint64_t auth_forged_extra;
+  uint64_t auth_refused_kind[PULSE_LOCO_AUTH_KINDS];
   /* Acknowledgements of round ends ("done"), the latest ones. */
   struct {
     uint64_t round;
@@ -98,6 +103,26 @@ void collab_publish_own_progress(pulse_loco_collab *c, uint64_t r,
                                  uint64_t done, uint64_t busy_ms);
 void collab_set_members(pulse_loco_collab *c, const pulse_loco_member *m,
                         size_t count);
+
+/* Authentication (collab_auth.c): views and states signed by the peer
+ * that serves them, checked before use. Each is the unauthenticated call
+ * when the peer has no key. */
+pulse_status collab_auth_start(pulse_loco_collab *c,
+                               const pulse_loco_collab_opts *opts);
+void collab_auth_stop(pulse_loco_collab *c);
+/* Publishes a body of kind `kind` for round r, signed. */
+pulse_status collab_auth_put(pulse_loco_collab *c, const char *path,
+                             pulse_loco_auth_kind kind, uint64_t r,
+                             const void *data, size_t size);
+/* 1 when a body that came with `sig` is signed by a member's key for a
+ * round in [floor, ceiling] (below: a replay, above: forged), not older
+ * than one of its kind accepted from that member; 0 when refused (counted,
+ * logged). Always 1 without a key. */
+int collab_auth_accept(pulse_loco_collab *c, pulse_loco_auth_kind kind,
+                       uint64_t floor, uint64_t ceiling, const loco_sig *sig,
+                       const void *data, size_t size);
+/* The counters, for /metrics (server thread). */
+void collab_auth_metrics(pulse_loco_collab *c, pulse_bytebuf *text);
 
 /* Client mode (collab.c): hosting a client's uploads (the server's upload
  * callback), and a client's upload of its payload of round r to its host.

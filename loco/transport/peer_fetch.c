@@ -140,10 +140,11 @@ static void give_body(pulse_fetch_xfer *x, pulse_bytebuf *body) {
 
 /* One try (a POST with `post` bytes of body when post_size > 0); *status
  * as loco_http_get says. */
-static pulse_status request(const char *url, unsigned timeout_ms, size_t max,
-                            pulse_fetch_method method, const void *post,
-                            size_t post_size, pulse_bytebuf *body,
-                            long *status) {
+static pulse_status request_signed(const char *url, unsigned timeout_ms,
+                                   size_t max, pulse_fetch_method method,
+                                   const void *post, size_t post_size,
+                                   pulse_bytebuf *body, long *status,
+                                   loco_sig *sig) {
   *status = 0;
   pulse_fetch *f;
   PULSE_TRY(engine(&f));
@@ -159,10 +160,27 @@ static pulse_status request(const char *url, unsigned timeout_ms, size_t max,
   int oom = x.io_failed;
   if (pulse_fetch_xfer_answered(&x))
     *status = x.status;
+  if (sig != NULL)
+    loco_sig_from_answer(&x, sig);
   give_body(&x, body);
   if (st == PULSE_OK && oom)
     st = pulse_fail(PULSE_ERR_NOMEM, "loco http: response of %s", url);
   return st;
+}
+
+static pulse_status request(const char *url, unsigned timeout_ms, size_t max,
+                            pulse_fetch_method method, const void *post,
+                            size_t post_size, pulse_bytebuf *body,
+                            long *status) {
+  return request_signed(url, timeout_ms, max, method, post, post_size, body,
+                        status, NULL);
+}
+
+pulse_status loco_http_get_signed(const char *url, unsigned timeout_ms,
+                                  size_t max_bytes, pulse_bytebuf *body,
+                                  long *status, loco_sig *sig) {
+  return request_signed(url, timeout_ms, max_bytes, PULSE_FETCH_GET, NULL, 0,
+                        body, status, sig);
 }
 
 pulse_status loco_http_get(const char *url, unsigned timeout_ms,

@@ -126,6 +126,10 @@ void loco_sleep_ms(unsigned ms);
 pulse_status loco_http_get(const char *url, unsigned timeout_ms,
                            size_t max_bytes, pulse_bytebuf *body, long *status);
 pulse_status loco_http_post(const char *url, unsigned timeout_ms, long *status);
+/* loco_http_get keeping the answer's signature headers in *sig. */
+pulse_status loco_http_get_signed(const char *url, unsigned timeout_ms,
+                                  size_t max_bytes, pulse_bytebuf *body,
+                                  long *status, loco_sig *sig);
 /* One POST of size bytes of body (data, the caller's); the answer's body
  * (at most 4 KiB) into *reply when reply is not NULL. *status as above. */
 pulse_status loco_http_post_body(const char *url, unsigned timeout_ms,

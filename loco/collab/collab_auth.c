@@ -1,0 +1,157 @@
+/* collab_auth.c - authenticated collaboration, its first part (issue 35
+ * item 7; PAYLOAD.md "Authentication"): the membership views and states a
+ * peer serves are signed with its key; those a joiner or a catching-up
+ * member loads are checked against the members' keys before anything is
+ * taken from them. Refusals are counted by reason and kind for /metrics.
+ * The main thread signs and checks; the server thread reads the counters:
+ * both under the peer's lock. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "collab_impl.h"
+#include "pulse_log.h"
+
+static const char *const kind_words[PULSE_LOCO_AUTH_KINDS] = {
+    "payload", "manifest", "state", "members", "leave",
+    "done",    "digests",  "sync",  "sketch"};
+
+pulse_status collab_auth_start(pulse_loco_collab *c,
+                               const pulse_loco_collab_opts *o) {
+  c->auth = NULL;
+  if (o->sign_key == NULL) {
+    if (o->member_key_count > 0)
+      return pulse_fail(PULSE_ERR_ARG,
+                        "loco collab: members' keys but no key of this peer: "
+                        "the others could not check what it serves");
+    return PULSE_OK;
+  }
+  if ((o->member_keys == NULL && o->member_key_count > 0) ||
+      o->member_key_count >= PULSE_LOCO_AUTH_MAX_MEMBERS)
+    return pulse_fail(PULSE_ERR_ARG, "loco collab: at most %u members' keys",
+                      PULSE_LOCO_AUTH_MAX_MEMBERS - 1u);
+  uint8_t own[PULSE_KEY_BYTES];
+  pulse_sign_key_public(o->sign_key, own);
+  uint8_t *keys = malloc((o->member_key_count + 1) * PULSE_KEY_BYTES);
+  if (keys == NULL)
+    return pulse_fail(PULSE_ERR_NOMEM, "loco collab: keys");
+  for (size_t i = 0; i < o->member_key_count; i++) {
+    /* A config that cannot be verified: this peer's id under another key,
+     * or one key for two ids. */
+    int clash = o->member_keys[i].id == c->id &&
+                memcmp(o->member_keys[i].key, own, PULSE_KEY_BYTES) != 0;
+    for (size_t j = 0; j < i && !clash; j++)
+      clash = (o->member_keys[j].id == o->member_keys[i].id) !=
+              (memcmp(o->member_keys[j].key, o->member_keys[i].key,
+                      PULSE_KEY_BYTES) == 0);
+    if (clash) {
+      free(keys);
+      return pulse_fail(PULSE_ERR_ARG,
+                        "loco collab: members' keys cannot be verified: a "
+                        "trainer id with two keys (this peer's own "
+                        "included), or one key for two ids");
+    }
+    memcpy(keys + PULSE_KEY_BYTES * i, o->member_keys[i].key, PULSE_KEY_BYTES);
+  }
+  pulse_loco_auth_opts ao;
+  pulse_loco_auth_opts_init(&ao);
+  ao.key = o->sign_key;
+  ao.members = keys;
+  ao.member_count = o->member_key_count;
+  pulse_status st = pulse_loco_auth_create(&ao, &c->auth);
+  free(keys);
+  return st;
+}
+
+void collab_auth_stop(pulse_loco_collab *c) {
+  pulse_loco_auth_free(c->auth);
+  c->auth = NULL;
+}
+
+pulse_status collab_auth_put(pulse_loco_collab *c, const char *path,
+                             pulse_loco_auth_kind kind, uint64_t r,
+                             const void *data, size_t size) {
+  if (c->auth == NULL)
+    return loco_server_put(c->srv, path, data, size);
+  loco_sig sig;
+  memset(&sig, 0, sizeof sig);
+  sig.present = 1;
+  sig.round = r;
+  pthread_mutex_lock(&c->lock);
+  pulse_status st =
+      pulse_loco_auth_sign(c->auth, kind, r, data, size, sig.sig, sig.key);
+  pthread_mutex_unlock(&c->lock);
+  return st == PULSE_OK ? loco_server_put_signed(c->srv, path, data, size, &sig)
+                        : st;
+}
+
+int collab_auth_accept(pulse_loco_collab *c, pulse_loco_auth_kind kind,
+                       uint64_t floor, uint64_t ceiling, const loco_sig *sig,
+                       const void *data, size_t size) {
+  if (c->auth == NULL)
+    return 1;
+  int present = sig != NULL && sig->present;
+  pulse_status st;
+  pthread_mutex_lock(&c->lock);
+  if (present && sig->round > ceiling &&
+      pulse_loco_auth_is_member(c->auth, sig->key)) {
+    c->auth_forged_extra++;
+    st = pulse_fail(PULSE_ERR_CORRUPT,
+                    "loco auth: a %s of round %llu served for round %llu: "
+                    "refused",
+                    kind_words[kind - 1], (unsigned long long)sig->round,
+                    (unsigned long long)ceiling);
+  } else {
+    /* Any member's key (the handle's set); older than the floor, or than
+     * one of this kind accepted from that member: a replay. */
+    pulse_loco_auth_round(c->auth, floor);
+    st = pulse_loco_auth_check(c->auth, kind, present ? sig->round : floor,
+                               present ? sig->key : NULL, data, size,
+                               present ? sig->sig : NULL);
+  }
+  if (st != PULSE_OK)
+    c->auth_refused_kind[kind - 1]++;
+  pthread_mutex_unlock(&c->lock);
+  if (st != PULSE_OK) {
+    PULSE_LOG_AT(PULSE_LOG_WARN, "loco collab: peer %u: %s", c->id,
+                 pulse_error_detail());
+    return 0;
+  }
+  return 1;
+}
+
+void collab_auth_metrics(pulse_loco_collab *c, pulse_bytebuf *text) {
+  if (c->auth == NULL)
+    return;
+  pulse_loco_auth_figures f;
+  uint64_t by_kind[PULSE_LOCO_AUTH_KINDS];
+  pthread_mutex_lock(&c->lock);
+  pulse_loco_auth_figures_get(c->auth, &f);
+  f.forged += c->auth_forged_extra;
+  memcpy(by_kind, c->auth_refused_kind, sizeof by_kind);
+  pthread_mutex_unlock(&c->lock);
+  pulse_bytebuf_printf(
+      text,
+      "# HELP pulse_loco_auth_accepted_total Signed views and states that "
+      "passed.\n"
+      "# TYPE pulse_loco_auth_accepted_total counter\n"
+      "pulse_loco_auth_accepted_total %llu\n"
+      "# HELP pulse_loco_auth_refused_total Views and states refused, by "
+      "reason.\n"
+      "# TYPE pulse_loco_auth_refused_total counter\n"
+      "pulse_loco_auth_refused_total{reason=\"unsigned\"} %llu\n"
+      "pulse_loco_auth_refused_total{reason=\"forged\"} %llu\n"
+      "pulse_loco_auth_refused_total{reason=\"replayed\"} %llu\n"
+      "pulse_loco_auth_refused_total{reason=\"foreign\"} %llu\n"
+      "# HELP pulse_loco_auth_refused_kind_total The same refusals by what "
+      "was refused.\n"
+      "# TYPE pulse_loco_auth_refused_kind_total counter\n",
+      (unsigned long long)f.accepted, (unsigned long long)f.unsigned_bodies,
+      (unsigned long long)f.forged, (unsigned long long)f.replayed,
+      (unsigned long long)f.foreign);
+  for (unsigned k = 0; k < PULSE_LOCO_AUTH_KINDS; k++)
+    pulse_bytebuf_printf(text,
+                         "pulse_loco_auth_refused_kind_total{kind=\"%s\"} "
+                         "%llu\n",
+                         kind_words[k], (unsigned long long)by_kind[k]);
+}

@@ -1,0 +1,370 @@
+/* test_collab_auth.c - the collaboration's authentication, its first part
+ * (issue 35 item 7; PAYLOAD.md "Authentication"): a hostile seed feeds a
+ * joining peer membership views and states that are unsigned, forged,
+ * replayed (another round's) or signed by a stranger: the peer refuses
+ * each before it takes anything (its weights unchanged, the refusal
+ * counted by reason and kind at /metrics), then takes the honest ones.
+ * Peers with keys run rounds and admit a joiner, every view and state
+ * signed and checked, nothing refused, the same bits at the end. */
+#include <pthread.h>
+#include <stdio.h>
+#include <time.h>
+
+#include "loco_testutil.h"
+#include "manifest_impl.h"
+#include "peer_http_impl.h"
+#include "pulse_loco_collab.h"
+
+#define CA_P 3000u
+
+static unsigned no_post(void *user, const char *path, const char *id,
+                        const char *url, char *reply, size_t cap) {
+  (void)user, (void)path, (void)id, (void)url;
+  snprintf(reply, cap, "{}");
+  return 404;
+}
+
+static pulse_loco *ca_ctx(uint32_t id, const float *theta) {
+  pulse_loco_opts o;
+  pulse_loco_opts_init(&o);
+  o.param_count = CA_P;
+  o.trainer_id = id;
+  o.rule = PULSE_LOCO_RULE_KEEP;
+  pulse_loco *ctx;
+  cr_assert_eq(pulse_loco_create(&o, theta, &ctx), PULSE_OK, "%s",
+               pulse_error_detail());
+  return ctx;
+}
+
+static pulse_loco_collab *ca_peer(pulse_loco *ctx, const pulse_sign_key *k,
+                                  const pulse_loco_member_key *pins,
+                                  size_t npins) {
+  pulse_loco_collab_opts co;
+  pulse_loco_collab_opts_init(&co);
+  co.target_batch = 64;
+  co.claim_timeout_ms = 2000;
+  co.round_timeout_ms = 8000;
+  co.sign_key = k;
+  co.member_keys = pins;
+  co.member_key_count = npins;
+  pulse_loco_collab *c;
+  cr_assert_eq(pulse_loco_collab_create(&co, ctx, &c), PULSE_OK, "%s",
+               pulse_error_detail());
+  return c;
+}
+
+static loco_sig ca_sign(const pulse_sign_key *k, pulse_loco_auth_kind kind,
+                        uint64_t round, const void *data, size_t size) {
+  pulse_loco_auth_opts o;
+  pulse_loco_auth_opts_init(&o);
+  o.key = k;
+  pulse_loco_auth *h;
+  cr_assert_eq(pulse_loco_auth_create(&o, &h), PULSE_OK);
+  loco_sig s;
+  memset(&s, 0, sizeof s);
+  s.present = 1;
+  s.round = round;
+  cr_assert_eq(pulse_loco_auth_sign(h, kind, round, data, size, s.sig, s.key),
+               PULSE_OK);
+  pulse_loco_auth_free(h);
+  return s;
+}
+
+/* A line of a peer's /metrics ("NAME{LABELS}"). */
+static uint64_t ca_metric(const pulse_loco_collab *c, const char *name) {
+  char url[160];
+  snprintf(url, sizeof url, "%s/metrics", pulse_loco_collab_url(c));
+  pulse_bytebuf b = PULSE_BYTEBUF_INIT;
+  long status = 0;
+  cr_assert_eq(loco_http_get(url, 5000, 1u << 20, &b, &status), PULSE_OK);
+  cr_assert_eq(status, 200);
+  pulse_bytebuf_put(&b, "", 1);
+  char pattern[160];
+  snprintf(pattern, sizeof pattern, "\n%s ", name);
+  const char *at = strstr((const char *)b.data, pattern);
+  cr_assert(at != NULL, "no %s in /metrics", name);
+  unsigned long long v = strtoull(at + strlen(pattern), NULL, 10);
+  pulse_bytebuf_free(&b);
+  return v;
+}
+
+static uint64_t ca_refused(const pulse_loco_collab *c, const char *why) {
+  char line[96];
+  snprintf(line, sizeof line, "pulse_loco_auth_refused_total{reason=\"%s\"}",
+           why);
+  return ca_metric(c, line);
+}
+
+static uint64_t ca_refused_kind(const pulse_loco_collab *c, const char *kind) {
+  char line[96];
+  snprintf(line, sizeof line, "pulse_loco_auth_refused_kind_total{kind=\"%s\"}",
+           kind);
+  return ca_metric(c, line);
+}
+
+Test(loco_collab_auth, a_joiner_refuses_a_hostile_seeds_views_and_states,
+     .timeout = 60) {
+  pulse_sign_key *k0, *k5, *kx;
+  cr_assert_eq(pulse_sign_key_generate(&k0), PULSE_OK);
+  cr_assert_eq(pulse_sign_key_generate(&k5), PULSE_OK);
+  cr_assert_eq(pulse_sign_key_generate(&kx), PULSE_OK);
+  pulse_loco_member_key pins[2] = {{0, {0}}, {5, {0}}};
+  pulse_sign_key_public(k0, pins[0].key);
+  pulse_sign_key_public(k5, pins[1].key);
+  /* Member 0's states of rounds 1 and 2. */
+  float *theta = malloc(CA_P * sizeof *theta);
+  for (uint32_t i = 0; i < CA_P; i++)
+    theta[i] = 0.01f * (float)(i % 89) - 0.4f;
+  pulse_loco *c0 = ca_ctx(0, theta);
+  pulse_buffer state[3] = {{NULL, 0}, {NULL, 0}, {NULL, 0}};
+  for (int r = 0; r < 2; r++) {
+    for (uint32_t i = 0; i < CA_P; i += 3)
+      theta[i] += 0.003f;
+    const uint8_t *pl;
+    size_t sz;
+    cr_assert_eq(pulse_loco_prepare(c0, theta, 32, 0, &pl, &sz, NULL),
+                 PULSE_OK);
+    pulse_loco_contribution own = {pl, sz};
+    cr_assert_eq(pulse_loco_finish(c0, &own, 1, theta, NULL), PULSE_OK);
+    cr_assert_eq(pulse_loco_state_export(c0, &state[r + 1]), PULSE_OK);
+  }
+  pulse_loco *c5ctx = ca_ctx(5, NULL);
+  uint64_t before = pulse_loco_global_digest(c5ctx);
+  pulse_loco_collab *c5 = ca_peer(c5ctx, k5, pins, 2);
+  loco_server *srv;
+  cr_assert_eq(loco_server_start(no_post, NULL, &srv), PULSE_OK);
+  char url[64];
+  snprintf(url, sizeof url, "http://127.0.0.1:%u", loco_server_port(srv));
+  /* The view a seed serves: round 2, member 0 (the seed) and the joiner. */
+  pulse_loco_member m[2] = {{0, ""}, {5, ""}};
+  snprintf(m[0].url, sizeof m[0].url, "%s", url);
+  snprintf(m[1].url, sizeof m[1].url, "%s", pulse_loco_collab_url(c5));
+  loco_manifest v;
+  memset(&v, 0, sizeof v);
+  v.round = 2;
+  v.members = m;
+  v.nmembers = 2;
+  pulse_bytebuf view = PULSE_BYTEBUF_INIT;
+  cr_assert_eq(loco_manifest_write(&v, &view), PULSE_OK);
+  loco_sig good = ca_sign(k0, PULSE_LOCO_AUTH_MEMBERS, 2, view.data, view.size);
+  loco_sig sgood = ca_sign(k0, PULSE_LOCO_AUTH_STATE, 2, state[2].data,
+                           state[2].size);
+  float *local = malloc(CA_P * sizeof *local);
+
+  /* Views: a join through the seed takes nothing from a bad one. */
+  const char *why[] = {"unsigned", "forged", "foreign"};
+  for (int k = 0; k < 3; k++) {
+    loco_sig bad = good;
+    if (k == 0)
+      bad.present = 0;
+    else if (k == 1)
+      bad.sig[9] ^= 4;
+    else
+      bad = ca_sign(kx, PULSE_LOCO_AUTH_MEMBERS, 2, view.data, view.size);
+    cr_assert_eq(loco_server_put_signed(srv, "/v1/loco/members", view.data,
+                                        view.size, &bad),
+                 PULSE_OK);
+    uint64_t was = ca_refused(c5, why[k]);
+    cr_assert_neq(pulse_loco_collab_join(c5, url, local, 300), PULSE_OK,
+                  "view %d taken", k);
+    cr_assert_gt(ca_refused(c5, why[k]), was, "view %d", k);
+    cr_assert_eq(pulse_loco_round(c5ctx), 0);
+  }
+  cr_assert_geq(ca_refused_kind(c5, "members"), 3);
+
+  /* States of round 2: unsigned, its bytes changed under its signature, a
+   * stranger's, round 1's with its signature. Nothing is imported. */
+  uint8_t *flipped = malloc(state[2].size);
+  memcpy(flipped, state[2].data, state[2].size);
+  flipped[state[2].size / 3] ^= 0x20;
+  const char *swhy[] = {"unsigned", "forged", "foreign", "replayed"};
+  for (int k = 0; k < 4; k++) {
+    const void *body = state[2].data;
+    size_t size = state[2].size;
+    loco_sig bad = sgood;
+    if (k == 0) {
+      bad.present = 0;
+    } else if (k == 1) {
+      body = flipped;
+    } else if (k == 2) {
+      bad = ca_sign(kx, PULSE_LOCO_AUTH_STATE, 2, body, size);
+    } else {
+      body = state[1].data;
+      size = state[1].size;
+      bad = ca_sign(k0, PULSE_LOCO_AUTH_STATE, 1, body, size);
+    }
+    cr_assert_eq(loco_server_put_signed(srv, "/v1/loco/state/2", body, size,
+                                        &bad),
+                 PULSE_OK);
+    uint64_t was = ca_refused(c5, swhy[k]);
+    cr_assert_neq(pulse_loco_collab_import(c5, url, 2, local, 3000), PULSE_OK,
+                  "state %d imported", k);
+    cr_assert_eq(ca_refused(c5, swhy[k]), was + 1, "state %d", k);
+    cr_assert_eq(pulse_loco_global_digest(c5ctx), before, "state %d", k);
+    cr_assert_eq(pulse_loco_round(c5ctx), 0);
+  }
+  cr_assert_eq(ca_refused_kind(c5, "state"), 4);
+
+  /* The honest view and state: the join goes through, with member 0's
+   * bits. */
+  cr_assert_eq(loco_server_put_signed(srv, "/v1/loco/members", view.data,
+                                      view.size, &good),
+               PULSE_OK);
+  cr_assert_eq(loco_server_put_signed(srv, "/v1/loco/state/2", state[2].data,
+                                      state[2].size, &sgood),
+               PULSE_OK);
+  cr_assert_eq(pulse_loco_collab_join(c5, url, local, 5000), PULSE_OK, "%s",
+               pulse_error_detail());
+  cr_assert_eq(pulse_loco_round(c5ctx), 2);
+  cr_assert_eq(pulse_loco_global_digest(c5ctx), pulse_loco_global_digest(c0));
+  cr_assert_eq(ca_refused_kind(c5, "state"), 4);
+
+  free(local);
+  free(flipped);
+  pulse_bytebuf_free(&view);
+  loco_server_stop(srv);
+  pulse_loco_collab_free(c5);
+  for (int r = 0; r < 3; r++)
+    pulse_buffer_free(&state[r]);
+  pulse_loco_free(c0);
+  pulse_loco_free(c5ctx);
+  free(theta);
+  pulse_sign_key_free(k0);
+  pulse_sign_key_free(k5);
+  pulse_sign_key_free(kx);
+}
+
+/* ------------------------------------------------- an honest collaboration */
+
+typedef struct {
+  pulse_loco_collab *c;
+  pulse_loco *ctx;
+  float *theta;
+  uint64_t rounds;
+  const char *join_seed; /* NULL: a founder */
+  volatile uint64_t *round_of_0;
+  pulse_status st;
+  char detail[256];
+} ca_runner;
+
+static int ca_step(void *user, float *theta, uint64_t samples) {
+  uint32_t id = *(const uint32_t *)user;
+  for (uint32_t i = 0; i < CA_P; i += 7)
+    theta[i] -= 1e-4f * (float)((i + id) % 5) * (float)samples;
+  return 0;
+}
+
+static void *ca_run(void *arg) {
+  ca_runner *r = arg;
+  uint32_t id = pulse_loco_trainer_id(r->ctx);
+  r->st = PULSE_OK;
+  if (r->join_seed != NULL) {
+    while (*r->round_of_0 < 2)
+      loco_sleep_ms(2);
+    r->st = pulse_loco_collab_join(r->c, r->join_seed, r->theta, 30000);
+  }
+  while (r->st == PULSE_OK && pulse_loco_round(r->ctx) < r->rounds) {
+    pulse_loco_collab_figures info;
+    r->st = pulse_loco_collab_round(r->c, r->theta, 16, ca_step, &id, 0,
+                                    &info);
+    if (r->round_of_0 != NULL && r->join_seed == NULL)
+      *r->round_of_0 = pulse_loco_round(r->ctx);
+  }
+  if (r->st != PULSE_OK)
+    snprintf(r->detail, sizeof r->detail, "%s", pulse_error_detail());
+  return NULL;
+}
+
+Test(loco_collab_auth, signed_peers_admit_a_joiner_and_refuse_nothing,
+     .timeout = 120) {
+  pulse_sign_key *k[3];
+  pulse_loco_member_key pins[3];
+  for (uint32_t i = 0; i < 3; i++) {
+    cr_assert_eq(pulse_sign_key_generate(&k[i]), PULSE_OK);
+    pins[i].id = i;
+    pulse_sign_key_public(k[i], pins[i].key);
+  }
+  float *init = malloc(CA_P * sizeof *init);
+  for (uint32_t i = 0; i < CA_P; i++)
+    init[i] = 0.02f * (float)(i % 61) - 0.5f;
+  ca_runner r[3];
+  memset(r, 0, sizeof r);
+  volatile uint64_t round0 = 0;
+  pulse_loco_member m[2];
+  for (uint32_t i = 0; i < 3; i++) {
+    r[i].ctx = ca_ctx(i, i < 2 ? init : NULL);
+    r[i].c = ca_peer(r[i].ctx, k[i], pins, 3);
+    r[i].theta = malloc(CA_P * sizeof(float));
+    memcpy(r[i].theta, init, CA_P * sizeof(float));
+    r[i].rounds = 6;
+    r[i].round_of_0 = &round0;
+    if (i < 2) {
+      m[i].id = i;
+      snprintf(m[i].url, sizeof m[i].url, "%s", pulse_loco_collab_url(r[i].c));
+    }
+  }
+  for (int i = 0; i < 2; i++)
+    cr_assert_eq(pulse_loco_collab_start(r[i].c, m, 2), PULSE_OK, "%s",
+                 pulse_error_detail());
+  r[2].join_seed = m[1].url;
+  pthread_t th[3];
+  for (int i = 0; i < 3; i++)
+    pthread_create(&th[i], NULL, ca_run, &r[i]);
+  for (int i = 0; i < 3; i++)
+    pthread_join(th[i], NULL);
+  for (int i = 0; i < 3; i++) {
+    cr_assert_eq(r[i].st, PULSE_OK, "peer %d: %s", i, r[i].detail);
+    cr_assert_eq(pulse_loco_round(r[i].ctx), 6, "peer %d", i);
+    cr_assert_eq(pulse_loco_global_digest(r[i].ctx),
+                 pulse_loco_global_digest(r[0].ctx), "peer %d", i);
+    for (int w = 0; w < 4; w++)
+      cr_assert_eq(ca_refused(r[i].c, (const char *[]){"unsigned", "forged",
+                                                        "replayed",
+                                                        "foreign"}[w]),
+                   0, "peer %d", i);
+  }
+  /* The joiner checked the view and the state it loaded. */
+  cr_assert_geq(ca_metric(r[2].c, "pulse_loco_auth_accepted_total"), 2);
+  for (int i = 0; i < 3; i++) {
+    pulse_loco_collab_free(r[i].c);
+    pulse_loco_free(r[i].ctx);
+    free(r[i].theta);
+    pulse_sign_key_free(k[i]);
+  }
+  free(init);
+}
+
+Test(loco_collab_auth, configurations_that_cannot_be_verified_are_refused) {
+  pulse_loco *ctx = ca_ctx(1, NULL);
+  pulse_sign_key *k, *other;
+  cr_assert_eq(pulse_sign_key_generate(&k), PULSE_OK);
+  cr_assert_eq(pulse_sign_key_generate(&other), PULSE_OK);
+  pulse_loco_member_key pins[2] = {{1, {0}}, {2, {0}}};
+  pulse_sign_key_public(other, pins[0].key);
+  pulse_sign_key_public(other, pins[1].key);
+  pulse_loco_collab_opts co;
+  pulse_loco_collab_opts_init(&co);
+  pulse_loco_collab *c = NULL;
+  /* Members' keys, none of its own. */
+  co.member_keys = pins;
+  co.member_key_count = 1;
+  cr_assert_eq(pulse_loco_collab_create(&co, ctx, &c), PULSE_ERR_ARG);
+  /* Its own id pinned with another key. */
+  co.sign_key = k;
+  cr_assert_eq(pulse_loco_collab_create(&co, ctx, &c), PULSE_ERR_ARG);
+  /* One key for two ids. */
+  pins[0].id = 3;
+  co.member_key_count = 2;
+  cr_assert_eq(pulse_loco_collab_create(&co, ctx, &c), PULSE_ERR_ARG);
+  /* An older options version. */
+  co.member_key_count = 1;
+  co.struct_version = 4;
+  cr_assert_eq(pulse_loco_collab_create(&co, ctx, &c), PULSE_ERR_VERSION);
+  co.struct_version = PULSE_LOCO_COLLAB_OPTS_VERSION;
+  cr_assert_eq(pulse_loco_collab_create(&co, ctx, &c), PULSE_OK, "%s",
+               pulse_error_detail());
+  pulse_loco_collab_free(c);
+  pulse_loco_free(ctx);
+  pulse_sign_key_free(k);
+  pulse_sign_key_free(other);
+}
