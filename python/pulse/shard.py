@@ -9,8 +9,8 @@ import ctypes
 import os
 
 from . import _tensors
-from ._lib import (DTYPE_BF16, PULSE_MAX_DIMS, PUB_HOST, Error, PubFigures, PubOpts, PubTensor,
-                   TensorInfo, check, fail, figures_dict)
+from ._lib import (DTYPE_BF16, PULSE_MAX_DIMS, PUB_HOST, Error, PubFigures, PubTensor, TensorInfo,
+                   check, fail, figures_dict)
 from ._shard_lib import (BLOCK_FLAT, BLOCK_RECT, EncodeOpts, PubBlock, PubShardOpts, StateDigest,
                          buffers, declared, take, Buffer)
 

@@ -73,13 +73,6 @@ class GroupPublisher:
         self._collective(what, dist.all_gather_object, out, obj, self.group)
         return out
 
-    def _gather(self, what, obj):
-        dist = _dist()
-        out = [None] * self.world if self.rank == 0 else None
-        self._collective(what, lambda: dist.gather_object(obj, out, dst=self._root,
-                                                          group=self.group))
-        return out
-
     def _bytes_exchange(self, what, metas, payload, to_root):
         """Every rank's payload (bytes from the C shard: a part, counts),
         carried as uint8 tensors, not pickled (they are O(changes)): to
@@ -96,8 +89,7 @@ class GroupPublisher:
         if to_root:
             out = [torch.empty(size, dtype=torch.uint8, device=self._device)
                    for _ in range(self.world)] if self.rank == 0 else None
-            self._collective(what, lambda: dist.gather(mine, out, dst=self._root,
-                                                       group=self.group))
+            self._collective(what, dist.gather, mine, out, self._root, self.group)
         else:
             out = [torch.empty(size, dtype=torch.uint8, device=self._device)
                    for _ in range(self.world)]

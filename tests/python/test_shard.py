@@ -57,8 +57,8 @@ class Model:
 
     def __init__(self, seed):
         self.gen = torch.Generator().manual_seed(seed)
-        self.w = {name: (torch.rand(shape, generator=self.gen) - 0.5) * (2.0 if name == "norm" else 0.08)
-                  for name, shape in SHAPES.items()}
+        self.w = {name: (torch.rand(shape, generator=self.gen) - 0.5) *
+                  (2.0 if name == "norm" else 0.08) for name, shape in SHAPES.items()}
 
     def step(self):
         """An Adam-like step: some weights move by about 1e-3, which changes
@@ -92,7 +92,8 @@ def blocks_of(sharding, w, rank):
         for name, t in w.items():
             a, e = max(lo, at), min(hi, at + t.numel())
             if a < e:
-                out[name] = pulse.Block(t.reshape(-1)[a - at:e - at].clone(), tuple(t.shape), a - at)
+                part = t.reshape(-1)[a - at:e - at].clone()
+                out[name] = pulse.Block(part, tuple(t.shape), a - at)
             at += t.numel()
     elif sharding == "dim0":  # FSDP2/DTensor
         for name, t in w.items():
@@ -499,8 +500,9 @@ def main():
             sys.path.insert(0, HERE)
             from test_upload import start_s3rver
             s3, port = start_s3rver(work)
-            os.environ.update(AWS_ENDPOINT_URL=f"http://127.0.0.1:{port}", AWS_ACCESS_KEY_ID="S3RVER",
-                              AWS_SECRET_ACCESS_KEY="S3RVER", AWS_REGION="us-east-1")
+            os.environ.update(AWS_ENDPOINT_URL=f"http://127.0.0.1:{port}",
+                              AWS_ACCESS_KEY_ID="S3RVER", AWS_SECRET_ACCESS_KEY="S3RVER",
+                              AWS_REGION="us-east-1")
         for rank, (rc, out) in enumerate(spawn(work, "main", 300)):
             print(out.strip())
             want = 3 if rank == 2 else 0
