@@ -56,6 +56,7 @@ static void reference(const uint16_t *x, uint64_t rows, uint64_t cols,
 
 typedef struct {
   uint64_t rows, cols, numel, scales;
+  int device; /* where its memory is */
   pulse_fp8_scale scale;
   uint16_t *x_d;
   uint8_t *q_d;
@@ -69,6 +70,7 @@ static dev_fp8 dev_make(const uint16_t *x, uint64_t rows, uint64_t cols,
                         pulse_fp8_scale scale) {
   dev_fp8 d;
   d.rows = rows, d.cols = cols, d.numel = rows * cols, d.scale = scale;
+  OK(pulse_cuda_get_device(&d.device));
   OK(pulse_fp8_scale_count(rows, cols, scale, &d.scales));
   d.x_d = dev_upload(x, (size_t)d.numel * 2);
   d.q_d = dev_alloc((size_t)d.numel);
@@ -306,8 +308,14 @@ static void run_step(pulse_fp8_track *host, uint16_t *x, const uint8_t *q,
   for (uint64_t k = 0; k < st->n; k++)
     x[st->off[k]] = st->bits[k];
 
+  /* The change arrays on the tensor's device; the caller's current device
+   * stays what it was for the calls. */
+  int current = 0;
+  OK(pulse_cuda_get_device(&current));
+  OK(pulse_cuda_set_device(d->device));
   uint64_t *pos_d = dev_upload(st->off, (size_t)st->n * 8);
   uint16_t *new_d = dev_upload(st->bits, (size_t)st->n * 2);
+  OK(pulse_cuda_set_device(current));
   OK(pulse_cuda_fp8_track_stage(dev, pos_d, new_d, st->n, stream));
   pulse_cuda_bf16_tensor table = {d->x_d, d->numel};
   uint64_t first[2] = {0, st->n};
@@ -330,6 +338,9 @@ static void run_step(pulse_fp8_track *host, uint16_t *x, const uint8_t *q,
             (unsigned long long)got.elements_quantized,
             (unsigned long long)want.elements_quantized);
   OK(pulse_cuda_sync(stream));
+  int after = -1;
+  OK(pulse_cuda_get_device(&after));
+  cr_assert_eq(after, current, "%s: the calls left device %d current", what, after);
   expect_fp8(d, q, s, what);
   pulse_cuda_free(pos_d), pulse_cuda_free(new_d);
 }
@@ -485,4 +496,58 @@ Test(cuda_fp8, bad_arguments_are_refused) {
   cr_assert_eq(pulse_cuda_fp8_track_stage(NULL, NULL, NULL, 0, NULL), PULSE_ERR_ARG);
   expect_untouched(&d, "bad arguments");
   dev_free(&d);
+}
+
+/* One track per device (a tensor-parallel rank each), driven from a thread
+ * whose current device stays 0; memory of two devices in one call is
+ * refused. */
+Test(cuda_fp8, tracks_run_on_the_device_that_owns_the_memory) {
+  GPU_TEST_START();
+  if (pulse_cuda_device_count() < 2)
+    cr_skip_test("one device (the emulator fakes two)");
+  const uint64_t rows = 150, cols = 140, n = rows * cols;
+  uint64_t scales = 0;
+  OK(pulse_fp8_scale_count(rows, cols, PULSE_FP8_SCALE_BLOCK, &scales));
+  uint16_t *x[2];
+  uint8_t *q[2];
+  float *s[2];
+  pulse_fp8_track *host[2];
+  dev_fp8 d[2];
+  pulse_cuda_fp8_track *dev[2];
+  for (int r = 0; r < 2; r++) {
+    x[r] = tu_alloc(n * 2), q[r] = tu_alloc(n), s[r] = tu_alloc(scales * 4);
+    make_weights(30 + (uint64_t)r, rows, cols, x[r]);
+    pulse_fp8_tensor t = {rows, cols, q[r], s[r], PULSE_FP8_SCALE_BLOCK};
+    OK(pulse_fp8_track_create(x[r], &t, 1, &host[r]));
+    OK(pulse_cuda_set_device(r));
+    d[r] = dev_make(x[r], rows, cols, PULSE_FP8_SCALE_BLOCK);
+    OK(pulse_cuda_set_device(0));
+    OK(pulse_cuda_fp8_track_create(d[r].x_d, &d[r].t, NULL, &dev[r]));
+    expect_fp8(&d[r], q[r], s[r], "create on a rank's device");
+  }
+  for (int k = 0; k < 4; k++)
+    for (int r = 0; r < 2; r++) {
+      step st;
+      make_step(70 + (uint64_t)(10 * k + r), k % STEP_KINDS, x[r], rows, cols, &st);
+      run_step(host[r], x[r], q[r], s[r], dev[r], &d[r], &st, NULL, "a rank's step");
+      step_free(&st);
+    }
+  pulse_cuda_fp8_tensor mixed = d[1].t;
+  mixed.q_d = d[0].q_d; /* bytes of device 0 for a tensor on device 1 */
+  cr_assert_eq(pulse_cuda_fp8_quantize(NULL, d[1].x_d, &mixed, NULL), PULSE_ERR_ARG);
+  cr_assert_not_null(strstr(pulse_error_detail(), "device"), "%s", pulse_error_detail());
+  uint64_t off = 5;
+  uint16_t bits = 0x3F80;
+  uint64_t *pos_d = dev_upload(&off, 8); /* on device 0 */
+  uint16_t *new_d = dev_upload(&bits, 2);
+  cr_assert_eq(pulse_cuda_fp8_track_stage(dev[1], pos_d, new_d, 1, NULL), PULSE_ERR_ARG);
+  cr_assert_eq(pulse_cuda_fp8_track_commit(dev[1], NULL, NULL), PULSE_ERR_ARG);
+  expect_fp8(&d[1], q[1], s[1], "after a refused stage");
+  pulse_cuda_free(pos_d), pulse_cuda_free(new_d);
+  for (int r = 0; r < 2; r++) {
+    pulse_cuda_fp8_track_free(dev[r]);
+    pulse_fp8_track_free(host[r]);
+    dev_free(&d[r]);
+    free(x[r]), free(q[r]), free(s[r]);
+  }
 }
