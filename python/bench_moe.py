@@ -193,15 +193,17 @@ def main(argv):
                     for other, what in ((dense, "dense refit"), (loader, "vLLM-style loader")):
                         if not torch.equal(t.view(torch.int16), other[name].view(torch.int16)):
                             raise SystemExit(f"bench_moe: '{name}' differs from the {what}")
-                mine = None
+                mine = coded = None
                 if tool is not None:
                     sections = section_bytes(tool, store, fig["patch_bytes"])
+                    coded = sum(sections.values())
                     mine = sum(b for n, b in sections.items()
                                if first <= int(n.split(".experts.")[1].split(".")[0]) < first + local)
                 rows.append({"pulse": wall, "decode": sf["last_decode_s"], "apply": sf["last_apply_s"],
                              "verify": sf["last_verify_s"], "transfer": sf["last_transfer_s"],
                              "c": sf["last_total_s"], "reload": dense_s, "loader": loader_s, "changed": fig["changed"],
-                             "patch": fig["patch_bytes"], "fetched": sf["last_bytes"], "mine": mine})
+                             "patch": fig["patch_bytes"], "fetched": sf["last_bytes"], "mine": mine,
+                             "coded": coded})
     med = lambda key: statistics.median(r[key] for r in rows)  # noqa: E731
     rank_bytes = sum(t.numel() * 2 for t in stacks.values())
     print(f"model: {args.layers} MoE layers x {args.experts} experts (H {args.hidden}, I {args.inter}), "
@@ -223,9 +225,10 @@ def main(argv):
     line = (f"bytes/step    fetched {med('fetched') / 2**20:.2f} MiB, the whole patch "
             f"{med('patch') / 2**20:.2f} MiB")
     if tool is not None:
-        line += (f"; the sections of the rank's experts are {med('mine') / 2**20:.2f} MiB "
-                 f"({med('mine') / med('patch'):.0%}): objects are verified whole against the "
-                 f"signed SHA-256, so every rank fetches them whole")
+        line += (f"; its sections {med('coded') / 2**20:.2f} MiB (the rest: header and table), "
+                 f"those of the rank's experts {med('mine') / 2**20:.2f} MiB "
+                 f"({med('mine') / med('patch'):.0%} of the patch): objects are verified whole "
+                 f"against the signed SHA-256, so every rank fetches them whole")
     else:
         line += " (pulse-inspect not found: no per-section figure)"
     print(line)
