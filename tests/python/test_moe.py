@@ -125,6 +125,40 @@ def bad_mappings(url, key, sd):
                 mapping(0, 0, experts=sixteen), "expert 8's w1", "PULSE_ERR_NOT_FOUND")
 
 
+def plan_of_sixteen_experts():
+    """The plan alone (no network) for 16 experts, where expert 1's
+    weight_name 'experts.1.gate_proj.' must not catch expert 11's tensors:
+    rank (tp 1, ep 1) holds experts 8..15, each block where vLLM's
+    weight_loader puts it, and no block of another rank's expert."""
+    hidden, inter, layers = 64, 32, 2
+    mapping16 = moe_model.make_expert_params_mapping("gate_proj", "down_proj", "up_proj", 16)
+    table = {}
+    for layer in range(layers):
+        for e in range(16):
+            for p in ("gate_proj", "up_proj", "down_proj"):
+                shape = (hidden, inter) if p == "down_proj" else (inter, hidden)
+                table[f"model.layers.{layer}.mlp.experts.{e}.{p}.weight"] = shape
+    targets = {}
+    for layer in range(layers):
+        targets[f"model.layers.{layer}.mlp.experts.w13_weight"] = (8, inter, hidden)
+        targets[f"model.layers.{layer}.mlp.experts.w2_weight"] = (8, hidden, inter // 2)
+    copies = mapping(1, 1, experts=mapping16).plan(table, targets)
+    assert len(copies) == layers * 8 * 3, f"{len(copies)} blocks, not one per held expert tensor"
+    half = inter // 2
+    for c in copies:
+        e = int(c.source.split(".experts.")[1].split(".")[0])
+        assert 8 <= e < 16, f"'{c.source}' is another rank's expert"
+        local = e - 8
+        if ".down_proj." in c.source:
+            want = (0, half, local * hidden, 0, hidden, half, half)  # columns [16, 32)
+        else:
+            row = local * inter + (0 if ".gate_proj." in c.source else half)
+            want = (half, 0, row, 0, half, hidden, hidden)  # rows [16, 32)
+        assert (c.src_row0, c.src_col0, c.dst_row0, c.dst_col0, c.rows, c.cols, c.dst_cols) == want, \
+            f"'{c.source}': {c}"
+    print(f"plan of 16 experts for rank (tp 1, ep 1): {len(copies)} blocks, experts 8..15 only")
+
+
 def unsplit_experts(url, key, sd, step):
     """vLLM's own expert parallelism keeps each expert whole (its MoE
     tensor-parallel size is 1) while attention stays split: one rank of
@@ -139,6 +173,7 @@ def unsplit_experts(url, key, sd, step):
 
 
 def main():
+    plan_of_sixteen_experts()
     torch.manual_seed(0)
     trainer = moe_model.Moe(CONFIG)
     with tempfile.TemporaryDirectory(prefix="pulse-moe-") as work:
