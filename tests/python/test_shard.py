@@ -426,6 +426,15 @@ def subgroup_job(rank, work):
     dist.barrier()
 
 
+def outside(rank):
+    def change(blocks):
+        if rank == 0:  # 24 rows from row 90 of 96
+            t = blocks["attn.w"]
+            blocks["attn.w"] = pulse.Block(t.tensor, t.full_shape, (90, 0))
+        return blocks
+    return change
+
+
 def worker_main(rank, port, work, phase):
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=WORLD, timeout=datetime.timedelta(seconds=30))
@@ -445,6 +454,8 @@ def worker_main(rank, port, work, phase):
         refused_at_creation(rank, work, "overlap", overlap(rank), "attn.w", "overlap")
         refused_at_creation(rank, work, "missing", missing(rank), "norm")
         refused_at_creation(rank, work, "inconsistent", inconsistent(rank), "embed", "5001")
+        refused_at_creation(rank, work, "outside", outside(rank), "attn.w", "outside",
+                            "rank 0" if rank else "attn.w")
         print(f"ok rank {rank} refusals", flush=True)
         kill_mid_step(rank, work)
         os._exit(0)  # the group lost a rank: no orderly shutdown
