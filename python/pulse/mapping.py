@@ -89,7 +89,6 @@ class _Experts:
         self.num = num_experts
         self.local = num_experts // ep_size
         self.first = ep_rank * self.local
-        self.where = where
         self.lengths = sorted({len(w) for w in self.by_weight})
         # The start every weight_name shares, to find candidates fast.
         names = list(self.by_weight)
