@@ -14,7 +14,6 @@ import glob
 import importlib
 import os
 import pkgutil
-import re
 import shutil
 import subprocess
 import sys
@@ -136,10 +135,11 @@ def check_layouts():
 
 
 def check_version():
+    # One number: CMakeLists.txt reads project(VERSION) from _version.py.
     with open(os.path.join(ROOT, "CMakeLists.txt")) as f:
-        project = re.search(r"project\(pulse VERSION ([0-9.]+)", f.read()).group(1)
-    expect(pulse.__version__ == project,
-           f"pulse.__version__ {pulse.__version__}, CMakeLists.txt {project}")
+        cmake = f.read()
+    expect("project(pulse VERSION ${pulse_version}" in cmake and "python/pulse/_version.py" in cmake,
+           "CMakeLists.txt does not take its version from python/pulse/_version.py")
     expect(_lib.lib.pulse_version().decode() == pulse.__version__,
            "the library loaded is of another version")
     # A library of another version is refused: the package pretends to be
