@@ -438,9 +438,12 @@ pulse_status pulse_cuda_fp8_quantize(pulse_cuda_workspace *ws,
  *
  * A stage that fails (a NaN or infinity, a position outside the tensor)
  * writes nothing, so the caller refuses the step with the BF16 and FP8
- * tensors as they were. Device memory of its own: 24 bytes per scale
- * block and 64 bytes, allocated by create (a step allocates nothing).
- * Bound to the device of its tensors; one thread at a time. */
+ * tensors as they were. Readers of the FP8 tensor order their work after
+ * the commit on its stream; a step on another stream than the last one's
+ * is ordered after it by the caller (the track's device state is reused
+ * step after step). Device memory of its own: 24 bytes per scale block and
+ * 64 bytes, allocated by create (a step allocates nothing). Bound to the
+ * device of its tensors; one thread at a time. */
 typedef struct pulse_cuda_fp8_track pulse_cuda_fp8_track;
 
 /** Starts following bf16_d (borrowed: the caller writes the changes it
@@ -474,9 +477,9 @@ pulse_status pulse_cuda_fp8_track_requantize(pulse_cuda_fp8_track *track,
  * flag is read back (synchronizes `stream`). pos_d and new_d must stay
  * unchanged until the commit. A stage replaces a stage not committed.
  * @return PULSE_OK; PULSE_ERR_ARG (NULL, foreign memory, a position
- * outside the tensor: the lowest such entry in the detail);
- * PULSE_ERR_UNSUPPORTED (a new value that is NaN or infinite, its row and
- * column in the detail); PULSE_ERR_CUDA. On an error nothing is staged. */
+ * outside the tensor); PULSE_ERR_UNSUPPORTED (a new value that is NaN or
+ * infinite, its row and column in the detail); the lowest bad entry is the
+ * one reported; PULSE_ERR_CUDA. On an error nothing is staged. */
 pulse_status pulse_cuda_fp8_track_stage(pulse_cuda_fp8_track *track,
                                         const uint64_t *pos_d,
                                         const uint16_t *new_d, uint64_t count,
