@@ -217,6 +217,10 @@ typedef struct {
   uint64_t payload_bytes; /* its own payload's size (0: none) */
   uint64_t busy_ms;   /* in local steps */
   uint64_t wall_ms;   /* the whole call */
+  /* Bytes received this call only because the peer authenticates: the
+   * signature headers of the views and states it loaded (260 bytes and the
+   * round's digits each). 0 without a key. */
+  uint64_t auth_bytes;
 } pulse_loco_collab_figures;
 
 /** Runs round pulse_loco_round(ctx): claims steps of step_samples (>= 1)

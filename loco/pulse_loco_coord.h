@@ -191,6 +191,12 @@ typedef struct {
    * list (or of an older round). A refused contribution is left out. */
   pulse_loco_auth_figures auth;
   uint64_t datagrams_refused_auth;
+  /* The bytes this trainer received this step only because it
+   * authenticates (PAYLOAD.md "Authentication", sizes): the signature
+   * headers of every signed answer it fetched, the signed query values of
+   * the POSTs it answered, its senders' chunk lists and the re-sync sums.
+   * 0 when it does not authenticate. */
+  uint64_t auth_bytes;
 } pulse_loco_coord_step_figures;
 
 /** One outer step over HTTP: prepare, publish, exchange (coordinator:

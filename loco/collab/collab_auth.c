@@ -91,6 +91,12 @@ int collab_auth_accept(pulse_loco_collab *c, pulse_loco_auth_kind kind,
   if (c->auth == NULL)
     return 1;
   int present = sig != NULL && sig->present;
+  if (present) { /* its three header lines, each with CRLF */
+    uint64_t d = 1;
+    for (uint64_t v = sig->round; v >= 10; v /= 10)
+      d++;
+    c->auth_bytes += 260u + d;
+  }
   pulse_status st;
   pthread_mutex_lock(&c->lock);
   if (present && sig->round > ceiling &&

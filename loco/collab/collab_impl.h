@@ -84,6 +84,7 @@ struct pulse_loco_collab {
    * decided here (a body of a later round: forged), under lock. */
   pulse_loco_auth *auth;
   uint64_t auth_forged_extra;
+  uint64_t auth_bytes; /* signature headers received, main thread */
   uint64_t auth_refused_kind[PULSE_LOCO_AUTH_KINDS];
   /* Acknowledgements of round ends ("done"), the latest ones. */
   struct {

@@ -246,6 +246,7 @@ typedef struct {
   float *theta_r;
   pulse_loco_collab_figures *info;
   uint64_t t0, served0; /* the round's start: its wall time, bytes served */
+  uint64_t auth0;       /* and the signature bytes received */
   uint32_t k;           /* the writer's rank */
   uint64_t done;        /* samples accumulated */
   int leaving;
@@ -518,6 +519,7 @@ static pulse_status round_tail(round_state *s, pulse_status st) {
     loco_server_drop(c->srv, "/v1/loco/round/", r - MANIFESTS_KEPT);
   info->bytes_in = c->fetched;
   info->bytes_out = loco_server_bytes_served(c->srv) - s->served0 + c->pushed;
+  info->auth_bytes = c->auth_bytes - s->auth0;
   update_bandwidth(c);
   info->wall_ms = loco_now_ms() - s->t0;
   if (info->max_step == 0) {
@@ -542,6 +544,7 @@ pulse_status pulse_loco_collab_round(pulse_loco_collab *c, float *theta_r,
   memset(info, 0, sizeof *info);
   uint64_t t0 = loco_now_ms();
   uint64_t served0 = loco_server_bytes_served(c->srv);
+  uint64_t auth0 = c->auth_bytes;
   c->fetched = 0;
   c->pushed = 0;
   uint64_t r = pulse_loco_round(c->ctx);
@@ -553,6 +556,7 @@ pulse_status pulse_loco_collab_round(pulse_loco_collab *c, float *theta_r,
     info->dropped = st != PULSE_OK;
     info->resynced = st == PULSE_OK;
     info->bytes_in = c->fetched;
+    info->auth_bytes = c->auth_bytes - auth0;
     info->wall_ms = loco_now_ms() - t0;
     return st;
   }
@@ -563,7 +567,7 @@ pulse_status pulse_loco_collab_round(pulse_loco_collab *c, float *theta_r,
   round_state s;
   memset(&s, 0, sizeof s);
   s.c = c, s.r = r, s.theta_r = theta_r, s.info = info;
-  s.t0 = t0, s.served0 = served0;
+  s.t0 = t0, s.served0 = served0, s.auth0 = auth0;
   if (pulse_loco_collab_writer(c->members, c->nmembers, r, 0) == c->id) {
     pthread_mutex_lock(&c->lock);
     collab_open_table(c, r, 0);

@@ -60,6 +60,7 @@ struct loco_node_auth {
   uint64_t datagrams_replayed; /* of datagrams_refused: an older round's */
   uint64_t refused_kind[PULSE_LOCO_AUTH_KINDS]; /* refusals by kind - 1 */
   uint64_t round; /* the round being run (the handle's floor) */
+  uint64_t overhead, step_overhead; /* bytes authentication added, received */
   pulse_loco_auth_figures step_base; /* totals when the step began */
   uint64_t step_datagrams;
   loco_sig own_payload; /* this round's, for the relay of it */
@@ -80,6 +81,19 @@ struct loco_node_auth {
 static const char *const kind_words[PULSE_LOCO_AUTH_KINDS] = {
     "payload", "manifest", "state", "members", "leave",
     "done",    "digests",  "sync",  "sketch"};
+
+/* The digits of a round in decimal. */
+static unsigned digits(uint64_t v) {
+  unsigned d = 1;
+  while (v >= 10)
+    v /= 10, d++;
+  return d;
+}
+
+static int accept_core(pulse_loco_coord *n, pulse_loco_auth_kind kind,
+                       uint64_t floor, uint64_t ceiling, uint32_t id,
+                       const loco_sig *sig, const void *data, size_t size,
+                       uint32_t *signer);
 
 /* ------------------------------------------------------------ bindings */
 
@@ -377,6 +391,8 @@ static unsigned signed_post_gate(pulse_loco_coord *n, const char *path,
    * coordinator bound every member it admitted. */
   pthread_mutex_lock(&a->lock);
   uint64_t floor = a->round;
+  if (sig.present) /* "&round=R&key=" 64 hex "&sig=" 128 hex */
+    a->overhead += 209u + digits(sig.round);
   int stranger = sig.present && bound_id(a, id) == NULL;
   if (stranger) {
     a->extra.foreign++;
@@ -385,8 +401,8 @@ static unsigned signed_post_gate(pulse_loco_coord *n, const char *path,
   pthread_mutex_unlock(&a->lock);
   if (kind == PULSE_LOCO_AUTH_DONE && floor > 0)
     floor--; /* a member acknowledges a round after the coordinator closed it */
-  if (!stranger && loco_auth_accept_window(n, kind, floor, UINT64_MAX, id,
-                                           &sig, text, (size_t)len, NULL))
+  if (!stranger && accept_core(n, kind, floor, UINT64_MAX, id, &sig, text,
+                               (size_t)len, NULL))
     return 0;
   snprintf(reply, cap, "{\"error\":\"%s refused: not signed by trainer %u "
                        "for this round\"}",
@@ -584,6 +600,7 @@ void loco_auth_begin_step(pulse_loco_coord *n, uint64_t r) {
   a->round = r;
   totals(a, &a->step_base);
   a->step_datagrams = a->datagrams_refused;
+  a->step_overhead = a->overhead;
   pthread_mutex_unlock(&a->lock);
 }
 
@@ -605,6 +622,7 @@ void loco_auth_end_step(pulse_loco_coord *n, pulse_loco_coord_step_figures *info
   pthread_mutex_lock(&a->lock);
   totals(a, &c);
   info->datagrams_refused_auth = a->datagrams_refused - a->step_datagrams;
+  info->auth_bytes = a->overhead - a->step_overhead;
   pthread_mutex_unlock(&a->lock);
   const pulse_loco_auth_figures *b = &a->step_base;
   info->auth.accepted = c.accepted - b->accepted;
@@ -686,10 +704,31 @@ pulse_status loco_auth_relay(pulse_loco_coord *n, const char *path,
 
 /* ------------------------------------------------------ checking bodies */
 
+void loco_auth_count_bytes(pulse_loco_coord *n, uint64_t bytes) {
+  loco_node_auth *a = n->auth;
+  if (a == NULL)
+    return;
+  pthread_mutex_lock(&a->lock);
+  a->overhead += bytes;
+  pthread_mutex_unlock(&a->lock);
+}
+
 int loco_auth_accept_window(pulse_loco_coord *n, pulse_loco_auth_kind kind,
                             uint64_t floor, uint64_t ceiling, uint32_t id,
                             const loco_sig *sig, const void *data, size_t size,
                             uint32_t *signer) {
+  /* A fetched answer: its three signature header lines, each with CRLF
+   * ("X-Pulse-Loco-Round: R", "X-Pulse-Loco-Key: " and 64 hex,
+   * "X-Pulse-Loco-Signature: " and 128 hex). */
+  if (n->auth != NULL && sig != NULL && sig->present)
+    loco_auth_count_bytes(n, 260u + digits(sig->round));
+  return accept_core(n, kind, floor, ceiling, id, sig, data, size, signer);
+}
+
+static int accept_core(pulse_loco_coord *n, pulse_loco_auth_kind kind,
+                       uint64_t floor, uint64_t ceiling, uint32_t id,
+                       const loco_sig *sig, const void *data, size_t size,
+                       uint32_t *signer) {
   loco_node_auth *a = n->auth;
   if (signer != NULL)
     *signer = id;
@@ -853,6 +892,7 @@ static const chunk_list *list_of(pulse_loco_coord *n, uint64_t r, int m) {
   if (loco_http_wait_signed(url, n->opts.deadline_ms, cap, &b, &sig) ==
       PULSE_OK) {
     n->fetched += b.size;
+    loco_auth_count_bytes(n, b.size); /* the list exists for the checks */
     if (b.size % 32u == 0 &&
         loco_auth_accept(n, PULSE_LOCO_AUTH_PAYLOAD, r, id, &sig, b.data,
                          b.size)) {

@@ -78,6 +78,12 @@ int loco_auth_accept_window(pulse_loco_coord *n, pulse_loco_auth_kind kind,
                             const loco_sig *sig, const void *data, size_t size,
                             uint32_t *signer);
 
+/* Adds to the bytes authentication added to what this node received
+ * (pulse_loco_coord_step_figures.auth_bytes); the signature headers of the
+ * bodies loco_auth_accept_window sees, and the signed POSTs' query values,
+ * are counted there. */
+void loco_auth_count_bytes(pulse_loco_coord *n, uint64_t bytes);
+
 /* loco_auth_accept_window for a body of round r exactly. */
 /* 1 when a body that came with `sig` from trainer `id` for round r passes
  * (always when the node does not authenticate); 0 when refused (counted,

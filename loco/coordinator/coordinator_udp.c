@@ -687,6 +687,7 @@ static pulse_status check_drift(pulse_loco_coord *n, const char *coord,
     if (st != PULSE_OK)
       goto done;
     fetched += b.size;
+    loco_auth_count_bytes(n, b.size);
     memcpy(sums, b.data, (size_t)count * 32u);
   }
   /* Each run of differing ranges in one request of the sync blob. */

@@ -40,6 +40,7 @@ typedef struct {
   pulse_loco_auth_figures auth; /* summed over its steps */
   uint64_t datagrams_refused_auth, datagrams_refused_source;
   uint32_t resynced; /* steps that took the coordinator's whole state */
+  uint64_t auth_bytes; /* received only because of authentication */
 } atrainer;
 
 static inline void sleep_ms(unsigned ms) {
@@ -77,6 +78,7 @@ static inline void *run_atrainer(void *arg) {
     t->datagrams_refused_auth += info.datagrams_refused_auth;
     t->datagrams_refused_source += info.datagrams_refused_source;
     t->resynced += info.resynced;
+    t->auth_bytes += info.auth_bytes;
     if (t->st != PULSE_OK)
       break;
     t->rounds_done++;

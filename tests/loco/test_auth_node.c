@@ -84,6 +84,11 @@ Test(loco_auth_node, an_honest_run_accepts_everything_and_refuses_nothing,
     cr_assert_eq(pulse_loco_global_digest(t[i].ctx),
                  pulse_loco_global_digest(t[0].ctx));
   }
+  /* What signing added: the coordinator fetched 2 signed payloads a
+   * round, a member the manifest and 2 payloads (261 bytes of signature
+   * headers each at a one-digit round). */
+  cr_assert_geq(t[0].auth_bytes, ROUNDS * 2u * 261u);
+  cr_assert_geq(t[1].auth_bytes, ROUNDS * 3u * 261u);
   afree(t, AT);
   pulse_sim_problem_free(p);
 }

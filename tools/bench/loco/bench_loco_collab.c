@@ -47,6 +47,13 @@ int bench_loco_collab_main(int argc, char **argv) {
     return rc;
   b.rng = b.a.seed ^ 0xC011ABull;
   signal(SIGPIPE, SIG_IGN);
+  /* Every id a peer may have (joiners included): keys before any fork. */
+  for (uint32_t id = 1; !b.a.no_auth && id <= MAXP; id++) {
+    if (pulse_sign_key_generate(&b.a.keys[id]) != PULSE_OK)
+      return fprintf(stderr, PROG ": key: %s\n", pulse_error_detail()), 1;
+    b.a.pins[id - 1].id = id;
+    pulse_sign_key_public(b.a.keys[id], b.a.pins[id - 1].key);
+  }
   uint32_t serving = b.a.trainers - b.a.clients;
   for (uint32_t i = 0; i < b.a.trainers; i++) {
     /* Clients after every serving founder is up: each names one. */
@@ -100,7 +107,12 @@ int bench_loco_collab_main(int argc, char **argv) {
   double sps = t_end > 0 ? (double)samples / t_end : 0;
   in_ratios q = bench_loco_collab_ratios_of(&b, last);
   if (b.a.json) {
-    printf("{\"summary\":true,\"final_loss\":%.9g,\"samples\":%" PRIu64
+    printf("{\"summary\":true,\"auth\":%s,\"auth_bytes\":%" PRIu64
+           ",\"auth_bytes_per_peer_round\":%.1f,",
+           b.a.no_auth ? "false" : "true", b.auth_bytes,
+           b.auth_reports ? (double)b.auth_bytes / (double)b.auth_reports
+                          : 0.0);
+    printf("\"final_loss\":%.9g,\"samples\":%" PRIu64
            ",\"samples_per_s\":%.2f,\"rounds\":%u,\"wall_s\":%.3f,"
            "\"target_batch\":%" PRIu64 ",\"gate_mean\":%s,\"identical\":%s,"
            "\"in_over_payload\":{\"mean\":%.3f,\"worst_peer\":%.3f,"
@@ -109,6 +121,13 @@ int bench_loco_collab_main(int argc, char **argv) {
            b.a.gate_mean ? "true" : "false", identical ? "true" : "false",
            q.mean, q.worst_peer, q.worst_peer_round, q.writer);
   } else {
+    if (b.a.no_auth)
+      printf("authentication off (--no-auth)\n");
+    else
+      printf("authentication on (Ed25519, every peer's key pinned; views "
+             "and states): signing added %.1f bytes per peer and round\n",
+             b.auth_reports ? (double)b.auth_bytes / (double)b.auth_reports
+                            : 0.0);
     printf("rounds %u  samples %" PRIu64 "  samples/s %.1f  final loss %.6f"
            "  survivors identical: %s\nmean gate %s; bytes in / own payload: "
            "mean %.2fx, worst peer %.2fx, worst peer-round %.2fx, writers "
@@ -134,6 +153,8 @@ int bench_loco_collab_main(int argc, char **argv) {
     printf("},\"busy_min\":%.4f}\n", busy_min);
   else
     printf("  (min %.1f%%)\n", 100 * busy_min);
+  for (uint32_t id = 1; id <= MAXP; id++)
+    pulse_sign_key_free(b.a.keys[id]);
   if (b.a.report && bench_loco_collab_write_report(&b, last, argc, argv) != 0)
     return 1;
   if (b.failed || last < b.a.rounds) {

@@ -37,6 +37,13 @@ void bench_loco_collab_usage(FILE *out) {
           "                     --averaging partitioned\n"
           "  --no-gate-mean     every entry of the mean applied (the default "
           "all-to-all)\n"
+          "  --no-auth          peers neither sign nor check (by default each "
+          "signs\n"
+          "                     the views and states it serves and checks "
+          "those it\n"
+          "                     loads, every peer's key pinned; the rest of "
+          "the\n"
+          "                     collaboration is not signed yet)\n"
           "  --trainers N       founding peers (default: the speeds given, "
           "else 3)\n"
           "  --clients K        the last K founders are client-mode peers "
@@ -88,6 +95,10 @@ int bench_loco_collab_parse(int argc, char **argv, collab_args *a) {
     uint64_t x;
     if (strcmp(f, "--json") == 0) {
       a->json = 1;
+      continue;
+    }
+    if (strcmp(f, "--no-auth") == 0) {
+      a->no_auth = 1;
       continue;
     }
     if (strcmp(f, "--gate-mean") == 0 || strcmp(f, "--no-gate-mean") == 0) {

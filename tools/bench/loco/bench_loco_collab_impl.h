@@ -11,6 +11,7 @@
 #include <sys/types.h>
 
 #include "bench_netns.h"
+#include "pulse_loco_auth.h"
 #include "sim_problem.h"
 
 #define PROG "pulse-bench loco"
@@ -46,6 +47,11 @@ typedef struct {
    * netns[(i - 1) % nnetns] (/run/netns/NAME) and listens on ADDR. */
   pulse_sim_netns netns[MAXP];
   uint32_t nnetns;
+  /* Authentication (on unless --no-auth): every peer id's key, made
+   * before the peers fork, every one pinned at every peer. */
+  int no_auth;
+  pulse_sign_key *keys[MAXP + 1];
+  pulse_loco_member_key pins[MAXP];
 } collab_args;
 
 typedef struct {
@@ -79,6 +85,7 @@ typedef struct {
   double start;
   uint64_t rng;
   int failed;
+  uint64_t auth_bytes, auth_reports; /* summed over the peers' rounds */
 } collab_bench;
 
 /* Bytes in over the peer's own payload, the issue's measure of

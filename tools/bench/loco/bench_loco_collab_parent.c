@@ -115,6 +115,11 @@ static void on_line(collab_bench *b, peer *q, char *line) {
       bench_loco_collab_fire_events(b, (uint32_t)r);
     return;
   }
+  if (sscanf(line, "auth %" SCNu64, &r) == 1) {
+    b->auth_bytes += r;
+    b->auth_reports++;
+    return;
+  }
   if (sscanf(line, "loss %" SCNu64 " %lf", &r, &loss) == 2) {
     if (r < MAXR && !isnan(loss))
       b->rows[r].loss = loss;

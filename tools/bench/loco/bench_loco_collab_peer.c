@@ -86,6 +86,11 @@ int bench_loco_collab_run_peer(const collab_args *a, uint32_t id, double speed,
   co.client_of = client_of;
   co.host = host;
   co.equal_ranges = a->equal_ranges;
+  if (!a->no_auth) {
+    co.sign_key = a->keys[id];
+    co.member_keys = a->pins;
+    co.member_key_count = MAXP;
+  }
   if (pulse_sim_learner_create(p, id, &st.l) != PULSE_OK ||
       pulse_loco_create(&o, theta, &ctx) != PULSE_OK ||
       pulse_loco_collab_create(&co, ctx, &c) != PULSE_OK)
@@ -151,6 +156,7 @@ int bench_loco_collab_run_peer(const collab_args *a, uint32_t id, double speed,
             info.writer, info.takeovers, info.bytes_in, info.bytes_out,
             info.busy_ms, info.wall_ms, NAN, nm ? ids : "-", info.payload_bytes,
             info.partitioned);
+    dprintf(out, "auth %" PRIu64 "\n", info.auth_bytes);
     /* After the round's line: the parent takes a loss for a round it has. */
     if (!left && nm > 0 && m[0].id == id)
       bench_loco_collab_evaluator_post(&losses, info.round,

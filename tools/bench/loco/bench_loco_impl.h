@@ -117,6 +117,7 @@ typedef struct {
   uint32_t pacer_rounds;
   int failed;
   uint64_t auth_accepted, auth_refused; /* over every trainer and round */
+  uint64_t auth_bytes; /* received only because of authentication, all */
   uint64_t text_bytes, text_digest;     /* the text problem's data */
   double pretrain_loss;                 /* text-sft: the checkpoint's */
   uint32_t pretrain_steps;              /* (0: no pretraining) */

@@ -49,9 +49,12 @@ static void on_trainer_line(bench *b, child *c, const char *line) {
   int resynced;
   if (sscanf(line, "url %u %63s", &u1, c->url) == 2)
     return;
-  if (sscanf(line, "auth %" SCNu64 " %" SCNu64, &v1, &v2) == 2) {
+  int k = sscanf(line, "auth %" SCNu64 " %" SCNu64 " %" SCNu64, &v1, &v2, &v3);
+  if (k >= 2) {
     b->auth_accepted += v1;
     b->auth_refused += v2;
+    if (k == 3)
+      b->auth_bytes += v3;
     return;
   }
   if (sscanf(line, "round %u %" SCNu64 " %" SCNu64 " %u %u %" SCNu64 " %d %lf",

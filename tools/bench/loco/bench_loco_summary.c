@@ -109,6 +109,14 @@ void bench_loco_print_summary_json(const bench *b, const totals *t,
          t->exchange_t.median);
   printf(",\"auth\":%s,\"auth_accepted\":%" PRIu64 ",\"auth_refused\":%" PRIu64,
          a->no_auth ? "false" : "true", b->auth_accepted, b->auth_refused);
+  /* What signing adds: headers, signed queries, chunk lists, sums
+   * (pulse_loco_coord_step_figures.auth_bytes), against the bytes received. */
+  printf(",\"auth_bytes\":%" PRIu64 ",\"auth_bytes_per_trainer_round\":%.1f"
+         ",\"auth_bytes_share\":%.5f",
+         b->auth_bytes,
+         (double)b->auth_bytes / ((double)a->trainers * (a->rounds ? a->rounds : 1)),
+         t->wire[PULSELOCO] ? (double)b->auth_bytes / (double)t->wire[PULSELOCO]
+                            : 0.0);
   printf(",\"transport\":\"%s\",\"drop\":%g,"
          "\"max_replay_drift\":%.6g,\"drift_budget\":%g,\"resync_period\":%u,"
          "\"resynced_ranges\":%" PRIu64 ",\"resync_bytes\":%" PRIu64
@@ -210,8 +218,15 @@ void bench_loco_print_summary_text(const bench *b, const totals *t,
     printf("  authentication off (--no-auth)\n");
   else
     printf("  authentication on (Ed25519, every trainer's key pinned): %" PRIu64
-           " bodies accepted, %" PRIu64 " bodies or datagrams refused\n",
-           b->auth_accepted, b->auth_refused);
+           " bodies accepted, %" PRIu64 " bodies or datagrams refused; "
+           "signing added %.0f bytes per trainer and round (%.2f%% of the "
+           "bytes received)\n",
+           b->auth_accepted, b->auth_refused,
+           (double)b->auth_bytes /
+               ((double)a->trainers * (a->rounds ? a->rounds : 1)),
+           t->wire[PULSELOCO]
+               ? 100.0 * (double)b->auth_bytes / (double)t->wire[PULSELOCO]
+               : 0.0);
   printf("  replicas identical at the end: %s; %.1f s\n",
          identical ? "yes" : "NO", seconds);
 }

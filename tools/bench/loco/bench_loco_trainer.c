@@ -171,9 +171,11 @@ int bench_loco_run_trainer(const loco_args *a, uint32_t id, int founder,
     double loss = -1.0;
     if (pacer)
       pulse_sim_problem_eval(p, pulse_loco_global(ctx), &loss, NULL);
-    dprintf(out, "auth %" PRIu64 " %" PRIu64 "\n", info.auth.accepted,
+    dprintf(out, "auth %" PRIu64 " %" PRIu64 " %" PRIu64 "\n",
+            info.auth.accepted,
             info.auth.unsigned_bodies + info.auth.forged + info.auth.replayed +
-                info.auth.foreign + info.datagrams_refused_auth);
+                info.auth.foreign + info.datagrams_refused_auth,
+            info.auth_bytes);
     dprintf(out,
             "round %" PRIu64 " %" PRIu64 " %" PRIu64 " %u %u %" PRIu64
             " %d %.9g\n",
