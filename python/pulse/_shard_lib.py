@@ -86,6 +86,7 @@ _PROTOS = {
                                             ctypes.POINTER(StateDigest), _int]),
     "pulse_pub_shard_resume": (_int, [_p, ctypes.c_char_p]),
     "pulse_pub_shard_advance": (None, [_p]),
+    "pulse_pub_shard_snapshot": (ctypes.c_void_p, [_p, _size]),
     "pulse_pub_shard_abort": (None, [_p]),
     "pulse_pub_shard_step": (_int, [_p, ctypes.c_char_p, ctypes.POINTER(PubShardStepOpts), _u64,
                                     ctypes.POINTER(PubTensor), _size, ctypes.POINTER(PubFigures)]),

@@ -53,10 +53,12 @@ class Publisher(Closing):
     rank `rank` of a sharded trainer; every rank passes the same store and
     key, and publish is collective (see publish). Over a group the ranks
     talk through its object collectives (gloo on CPU, NCCL on GPU);
-    without one, through files in the store folder (timeout: seconds a
-    rank waits for the others). Either way every rank must see the store
-    folder (each writes its blocks of the anchors there); rank 0 holds the
-    key, commits, and with upload= uploads the store after each step. The
+    without one, through files in the store folder, which every rank must
+    then see (timeout: seconds a rank waits for the others). Over a group
+    only rank 0 needs the store: a rank whose store_dir is not rank 0's
+    folder (another node) sends rank 0 its blocks of each anchor (BF16, at
+    anchor steps) and gets its blocks of the head on a resume. Rank 0 holds
+    the key, commits, and with upload= uploads the store after each step. The
     store is the one a single publisher of the gathered weights makes,
     byte for byte, when the table's order is the same (a tensor's place
     is its first mention: rank 0's blocks first, each rank's in its order).

@@ -272,6 +272,20 @@ class RankShard:
         check(status)
         return True
 
+    def snapshot(self, i):
+        """A copy of block i's BF16 snapshot (a CPU tensor)."""
+        torch = _tensors._torch()
+        desc = self.descs[i]
+        count = 1
+        for e in desc[4]:
+            count *= e
+        bits = declared().pulse_pub_shard_snapshot(self._handle, i)
+        if not bits:
+            raise fail(f"block '{desc[0]}': no snapshot yet")
+        out = torch.empty(count, dtype=torch.bfloat16)
+        ctypes.memmove(out.data_ptr(), bits, 2 * count)
+        return out
+
     def advance(self):
         declared().pulse_pub_shard_advance(self._handle)
 

@@ -1,8 +1,11 @@
 """One rank of a sharded publisher whose ranks talk over a torch.distributed
 process group (gloo on CPU, NCCL on GPU): the steps of pulse_pub_shard.h
-driven from Python, parts and counts carried by the group's object
-collectives, the anchor written by every rank into one file of the store
-folder (which every rank must see), the head moved by the group's rank 0.
+driven from Python, parts and counts carried by the group (uint8 tensors;
+statuses as objects), the head moved by the group's rank 0. A rank that
+sees the store folder (a shared filesystem) writes its blocks of each
+anchor into it; one that does not (another node) sends them to rank 0,
+which writes them, and on a resume gets its blocks of the head from rank
+0: only rank 0 needs the store.
 
 Every collective carries each rank's status, so a rank that raises inside
 publish makes every rank raise (with its reason) and nothing is published;
@@ -50,6 +53,8 @@ class GroupPublisher:
         self._upload = upload  # () -> figures dict, rank 0 (None: no upload)
         self._chunk_log2 = chunk_log2
         self._table = None
+        self._remote = []  # ranks that do not see the store folder
+        self._rank_descs = None
         self._shard = None
         self._committer = None
         self._broken = None
@@ -120,8 +125,8 @@ class GroupPublisher:
     def _create(self, parsed, err):
         """Collective: every rank's blocks gathered, the table built and the
         tiling checked on every rank; rank 0 opens the store's committer and
-        checks that every rank sees the store folder; every rank makes its
-        shard, from the head when the store has one."""
+        every rank learns whether it sees the store folder; every rank makes
+        its shard, from the head when the store has one."""
         descs = [d for d, _ in parsed] if err is None else None
         entries = self._all_gather("the blocks' exchange",
                                    (shard.error_text(err) if err else None, descs))
@@ -133,9 +138,9 @@ class GroupPublisher:
             shard.check_tiling(table, rank_descs)
             if self.rank == 0:
                 self._committer = self._make_committer(table)
-                marker = os.path.join(self.store_dir, "shard", f".group-{os.urandom(8).hex()}")
-                os.makedirs(os.path.dirname(marker), exist_ok=True)
-                with open(marker, "w"):
+                marker = f".group-{os.urandom(8).hex()}"
+                os.makedirs(os.path.join(self.store_dir, "shard"), exist_ok=True)
+                with open(os.path.join(self.store_dir, "shard", marker), "w"):
                     pass
                 info = (self._committer.head_step(), marker, self._committer.public_key)
         except Exception as exc:
@@ -145,27 +150,133 @@ class GroupPublisher:
         try:
             self._raise_first(entries, mine, "publish (creation)")
             head, marker, self.public_key = entries[0][1]
+            # Does this rank's store_dir name rank 0's store (a shared
+            # folder)? A rank that does not see it (another node) reads and
+            # writes nothing there: rank 0 writes its blocks of the anchors
+            # and hands it its blocks of the head on a resume.
+            sees = os.path.exists(os.path.join(self.store_dir, "shard", marker))
             mine = None
             try:
-                if not os.path.exists(marker):
-                    raise fail(f"rank {self.rank} does not see the store folder {self.store_dir} "
-                               "that rank 0 writes (the ranks of a sharded publisher share it: "
-                               "each writes its blocks of the anchors there)", "PULSE_ERR_IO")
                 self._shard = shard.RankShard(table, descs, self._chunk_log2)
-                if head is not None:
+                if head is not None and sees:
                     self._shard.resume(self.store_dir)
             except Exception as exc:
                 mine = exc
             entries = self._all_gather("the shards' creation",
-                                       (shard.error_text(mine) if mine else None,))
+                                       (shard.error_text(mine) if mine else None, sees))
             if self.rank == 0:
-                os.unlink(marker)
+                os.unlink(os.path.join(self.store_dir, "shard", marker))
             self._raise_first(entries, mine, "publish (creation)")
+            self._remote = [r for r, e in enumerate(entries) if not e[1]]
+            self._rank_descs = rank_descs
+            self._table = table
+            if head is not None and self._remote:
+                self._resume_remote()
         except BaseException:
             self._free_parts()
             raise
         self._table = table
         self.head = head
+
+    # -------------------------------------- ranks without the store folder
+    def _global(self, rank):
+        dist = _dist()
+        if self.group is None or self.group is dist.group.WORLD:
+            return rank
+        return dist.get_global_rank(self.group, rank)
+
+    def _send(self, what, tensors, to_rank):
+        """BF16 tensors to group rank `to_rank`, as bytes (point to point)."""
+        dist = _dist()
+        for t in tensors:
+            self._collective(what, dist.send, t.view(_torch().uint8).to(self._device),
+                             self._global(to_rank), self.group)
+
+    def _recv(self, what, descs, from_rank):
+        """The BF16 tensors of `descs` (non-empty blocks) from group rank
+        `from_rank`."""
+        torch = _torch()
+        dist = _dist()
+        out = []
+        for desc in descs:
+            count = 1
+            for e in desc[4]:
+                count *= e
+            got = torch.empty(2 * count, dtype=torch.uint8, device=self._device)
+            self._collective(what, dist.recv, got, self._global(from_rank), self.group)
+            out.append(got.cpu().view(torch.bfloat16))
+        return out
+
+    def _resume_remote(self):
+        """Creation on a store with a head: each rank that does not see the
+        store gets its blocks of the head's state from rank 0 (which
+        rebuilds them, one rank at a time) and takes them as its snapshot."""
+        for r in self._remote:
+            proxy, mine = None, None
+            if self.rank == 0:
+                try:
+                    proxy = shard.RankShard(self._table, self._rank_descs[r], self._chunk_log2)
+                    proxy.resume(self.store_dir)
+                except Exception as exc:
+                    mine = exc
+            entries = self._all_gather("the resume's exchange",
+                                       (shard.error_text(mine) if mine else None,))
+            try:
+                self._raise_first(entries[:1], mine, "publish (creation)")
+                if self.rank == 0:
+                    self._send("the resume's exchange",
+                               [proxy.snapshot(i) for i in range(len(proxy.descs))], r)
+                elif self.rank == r:
+                    got = self._recv("the resume's exchange", self._shard.descs, 0)
+                    try:
+                        array, alive = self._shard.host_tensors(list(zip(self._shard.descs,
+                                                                         got)))
+                        self._shard.detect(array)  # the first: the snapshot
+                    except Exception as exc:
+                        mine = exc
+            finally:
+                if proxy is not None:
+                    proxy.free()
+            entries = self._all_gather("the resume's exchange",
+                                       (shard.error_text(mine) if mine else None,))
+            self._raise_first(entries, mine, "publish (creation)")
+
+    def _anchor_remote(self, alive, staged, step, target):
+        """An anchor step with ranks that do not see the store: each sends
+        rank 0 its blocks' BF16 values of the step, which rank 0 writes into
+        the anchor, one rank at a time (through a shard of that rank's
+        blocks). Sends and receives happen whatever fails, so that no rank
+        waits for ever; the failure is returned (rank 0's write, this
+        rank's values)."""
+        torch = _torch()
+        err = None
+        if self.rank in self._remote:
+            values = []
+            for desc, t in zip(self._shard.descs, alive):
+                try:
+                    values.append(t if t.dtype == torch.bfloat16 else t.to(torch.bfloat16))
+                except Exception as exc:  # sent anyway: the step fails on err
+                    err = err or exc
+                    values.append(torch.zeros(t.numel(), dtype=torch.bfloat16))
+            self._send("the anchor's exchange", [v.reshape(-1) for v in values], 0)
+        elif self.rank == 0:
+            for r in self._remote:
+                got = self._recv("the anchor's exchange",
+                                 [d for d in self._rank_descs[r] if any(d[4])], r)
+                if err is not None:
+                    continue
+                proxy = None
+                try:
+                    proxy = shard.RankShard(self._table, self._rank_descs[r], self._chunk_log2)
+                    array, keep = proxy.host_tensors(list(zip(proxy.descs, got)))
+                    proxy.detect(array)  # the first: the step's values as its snapshot
+                    proxy.anchor_write(staged, step, target, False)
+                except Exception as exc:
+                    err = exc
+                finally:
+                    if proxy is not None:
+                        proxy.free()
+        return err
 
     # ------------------------------------------------------------- step
     def publish(self, blocks, step):
@@ -202,7 +313,6 @@ class GroupPublisher:
             if self.rank == 0:
                 plan = self._plan(asked)
             part = self._shard.detect(array)
-            del alive
         except Exception as exc:
             err = exc
         entries = self._all_gather("the parts' exchange",
@@ -226,12 +336,15 @@ class GroupPublisher:
         counts, target = None, None
         try:
             target = self._shard.state_digest(parts, True)
-            if due:
+            if due and self.rank not in self._remote:
                 self._shard.anchor_write(staged, step, target, base is not None)
             if base is not None:
                 counts = self._shard.count(parts)
         except Exception as exc:
             err = exc
+        if due and self._remote:
+            err = self._anchor_remote(alive, staged, step, target) or err
+        del alive
         metas = self._all_gather("the counts' exchange",
                                  (shard.error_text(err) if err else None,
                                   counts.numel() if counts is not None else 0))

@@ -13,7 +13,10 @@ in the store, and the retry publishes; overlapping, missing and
 inconsistent blocks are refused at creation on every rank with the tensor
 named, before anything is written; a rank killed mid-step (os._exit) makes
 the others raise, the store keeps the previous step, and a restarted job
-resumes from the store and publishes the next steps. The same sharded
+resumes from the store and publishes the next steps. Two jobs over
+subgroups; a job whose ranks 2 and 3 do not see the store folder (as on
+other nodes: rank 0 writes their blocks of the anchors, and hands them
+their blocks of the head when the job resumes). The same sharded
 publish without a group (rank=, world=: through the store folder, the C
 pulse_pub_shard_step) closes the second job, and then (where s3rver is
 installed) a sharded job with upload="s3://..." whose every step a worker
@@ -233,7 +236,7 @@ def on_device(blocks, device):
 
 
 def publish_job(rank, work, name, sharding, seed, first=1, last=STEPS, faults=False, group=True,
-                device=None):
+                device=None, private=()):
     """Steps first..last of `sharding` into work/<name>/sharded (resumed
     from its head when first > 1), checked against a single publisher of
     steps 1..last (rank 0) after every step."""
@@ -242,7 +245,10 @@ def publish_job(rank, work, name, sharding, seed, first=1, last=STEPS, faults=Fa
         model.step()
     sharded = os.path.join(work, name, "sharded")
     where = dict(group=dist.group.WORLD) if group else dict(rank=rank, world=WORLD)
-    pub = pulse.Publisher(sharded, **where, **OPTS, timeout=30)
+    # A rank in `private` sees another folder (as on another node): rank 0
+    # writes its blocks of the anchors and hands it the head's on a resume.
+    mine = os.path.join(work, name, f"private-{rank}") if rank in private else sharded
+    pub = pulse.Publisher(mine, **where, **OPTS, timeout=30)
     single = worker = None
     if rank == 0:
         single_dir = os.path.join(work, name, "single")
@@ -465,6 +471,9 @@ def worker_main(rank, port, work, phase):
     print(f"ok rank {rank} resumed", flush=True)
     subgroup_job(rank, work)
     print(f"ok rank {rank} two jobs over subgroups", flush=True)
+    publish_job(rank, work, "private", "mix", 91, private=(2, 3))
+    publish_job(rank, work, "private", "mix", 91, first=6, last=7, private=(2, 3))
+    print(f"ok rank {rank} ranks 2 and 3 without the store folder, and their resume", flush=True)
     sizes = publish_job(rank, work, "mix-store", "mix", 81, group=False)
     print(f"ok rank {rank} through the store: patch bytes {sizes}", flush=True)
     if os.environ.get("AWS_ENDPOINT_URL"):
@@ -522,7 +531,7 @@ def main():
                 failed += 1
         for rank, (rc, out) in enumerate(spawn(work, "resume", 300)):
             print(out.strip())
-            if rc != 0 or out.count("ok ") < 3 + bool(s3):
+            if rc != 0 or out.count("ok ") < 4 + bool(s3):
                 print(f"FAIL: rank {rank} of the restarted job exited {rc}")
                 failed += 1
     finally:
