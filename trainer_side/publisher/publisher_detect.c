@@ -101,7 +101,9 @@ static pulse_status plan_items(pulse_pub *pub) {
 static pulse_status tensor_room(pulse_pub *pub, size_t i, uint64_t n) {
   if (pub->changes[i].capacity < n)
     PULSE_TRY(pulse_changes_reserve(&pub->changes[i], n + n / 8));
-  if (pub->det_cap[i] >= n)
+  /* A tensor without changes still needs its (empty) rank form: the
+   * encoder takes a NULL array for "no rank form". */
+  if (pub->det_cap[i] >= n && pub->det_cls[i] != NULL && pub->det_rank[i] != NULL)
     return PULSE_OK;
   n += n / 8;
   uint8_t *cls = realloc(pub->det_cls[i], (size_t)n + 1);
