@@ -1,27 +1,30 @@
 """Sharded trainers publish without a gather (pulse.Publisher with a
-torch.distributed group, gloo, 4 processes; pulse.Block): for flat element
-ranges (FSDP1/ZeRO-3), dim-0 blocks (FSDP2/DTensor), rectangular
-column/row blocks (Megatron), tensor sets (pipeline stages) and a mix, 5
-steps each: after every step the store holds the very objects (sha256
-names) a single-process publish of the gathered FP32 weights writes, the
-patch bytes are that publish's, and a worker pulling the store (Python
-pulse.Subscriber over pulse.Server, and the pulse-pull CLI) holds the
-trainer's BF16 weights bit for bit. Then the faults: a rank that raises in
-a step (bad input before detection; an exception in the counting phase)
-makes every rank raise naming it, the previous step stays on every rank and
-in the store, and the retry publishes; overlapping, missing and
-inconsistent blocks are refused at creation on every rank with the tensor
-named, before anything is written; a rank killed mid-step (os._exit) makes
-the others raise, the store keeps the previous step, and a restarted job
-resumes from the store and publishes the next steps. Two jobs over
-subgroups; a job whose ranks 2 and 3 do not see the store folder (as on
-other nodes: rank 0 writes their blocks of the anchors, and hands them
-their blocks of the head when the job resumes). The same sharded
-publish without a group (rank=, world=: through the store folder, the C
-pulse_pub_shard_step) closes the second job, and then (where s3rver is
-installed) a sharded job with upload="s3://..." whose every step a worker
-pulls from the bucket. Blocks in GPU memory are
-published too where torch sees a CUDA device (skipped, saying so, where
+torch.distributed group, gloo, 4 processes; pulse.Block).
+
+For flat element ranges (FSDP1/ZeRO-3), dim-0 blocks (FSDP2/DTensor),
+rectangular column/row blocks (Megatron), tensor sets (pipeline stages)
+and a mix, 5 steps each: after every step the store holds the very objects
+(sha256 names) a single-process publish of the gathered FP32 weights
+writes, the patch bytes are that publish's, and a worker pulling the store
+(Python pulse.Subscriber over pulse.Server, and the pulse-pull CLI) holds
+the trainer's BF16 weights bit for bit.
+
+Faults: a rank that raises in a step (the store's first; bad input before
+detection; an exception in the counting phase) makes every rank raise
+naming it, the previous step stays on every rank and in the store, and the
+retry publishes; overlapping, missing, inconsistent and out-of-range blocks
+are refused at creation on every rank with the tensor named, before
+anything is written; a rank killed mid-step (os._exit) makes the others
+raise, the store keeps the previous step, and a restarted job resumes from
+the store and publishes the next steps.
+
+Also: two jobs over subgroups; a job whose ranks 2 and 3 do not see the
+store folder (as on other nodes: rank 0 writes their blocks of the anchors
+and hands them their blocks of the head when the job resumes); the same
+sharded publish without a group (rank=, world=: through the store folder,
+the C pulse_pub_shard_step); where s3rver is installed, a sharded job with
+upload="s3://..." whose every step a worker pulls from the bucket; where
+torch sees a CUDA device, blocks in GPU memory (skipped, saying so, where
 not). Exit 77: no torch."""
 
 import datetime
@@ -266,6 +269,19 @@ def publish_job(rank, work, name, sharding, seed, first=1, last=STEPS, faults=Fa
         blocks = blocks_of(sharding, model.w, rank)
         if device is not None:
             blocks = on_device(blocks, device)
+        if faults and step == 1:
+            # rank 3 raises in the store's first step: every rank raises, no
+            # head; the retry takes every snapshot again
+            saved = pulse_shard.RankShard.state_digest
+            if rank == 3:
+                def boom(self, parts, target):
+                    raise pulse.Error("PULSE_ERR_IO", "the first step failed on purpose")
+                pulse_shard.RankShard.state_digest = boom
+            try:
+                expect_error(lambda: pub.publish(blocks), "on purpose")
+            finally:
+                pulse_shard.RankShard.state_digest = saved
+            assert pub.step is None and pulse_shard.store_head_step(sharded) is None
         if faults and step == 3:
             # rank 1 gives an FP16 block: every rank raises, naming it
             bad = dict(blocks)
