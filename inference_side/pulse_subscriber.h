@@ -34,8 +34,9 @@
  * there, on opts.threads threads, into staging only; for device targets the
  * device then places and checks the changes) and committed once the whole
  * object matched its signed SHA-256 and the staged changes the target
- * digests; opts.no_streaming turns this off. Host targets keep a class
- * index of their weights (opts.no_class_index). A patch
+ * digests; opts.no_streaming turns this off. Host and file targets may
+ * keep a class index of their weights (opts.class_index: by default only
+ * where it fits opts.memory_budget_bytes). A patch
  * whose base does not match the targets is never applied: the sync then takes
  * the anchor route. Whatever fails, the targets either hold exactly the
  * trainer's weights of a step or keep their previous step, and the status and
@@ -139,6 +140,25 @@ typedef struct {
  * pulse_sub_step, pulse_sub_figures_get and pulse_sub_stop. */
 typedef void (*pulse_sub_event_fn)(void *ctx, const pulse_sub_event *event);
 
+/* Whether host and file targets keep a class index of their weights
+ * (pulse_class_index: 2.13 bytes per element, more than the weights' own
+ * 2). Through it a class-model patch (the publisher's default) decodes
+ * without a pass over the weights; without it each changed chunk's base
+ * is read once. Either way the result is the same, bit for bit. */
+typedef enum {
+  /* Decided per step (the synced event's detail and
+   * pulse_sub_figures.class_index_why say what and why): kept only when it
+   * fits opts.memory_budget_bytes (by default a tenth of the targets'
+   * bytes: so by default never) and the patches are sparse enough for its
+   * build to pay back (at most 5% of the weights changed); built in the
+   * background between steps, and a step never waits for a build. */
+  PULSE_SUB_CLASS_INDEX_AUTO = 0,
+  PULSE_SUB_CLASS_INDEX_OFF = 1, /* never */
+  /* Always, whatever it costs: a step that arrives while the index is
+   * being built waits for the build. */
+  PULSE_SUB_CLASS_INDEX_ON = 2
+} pulse_sub_class_index;
+
 /* Subscriber options; start from pulse_sub_opts_init. Strings and arrays are
  * copied by pulse_sub_create. */
 typedef struct {
@@ -192,14 +212,13 @@ typedef struct {
    * and writes), and committed once the whole object verified; 1: each
    * patch is downloaded whole first. */
   int no_streaming;
-  /* Version 2. 0 (default): host targets keep a class index
-   * (pulse_class_index, 2.13 bytes per element) so that class-model
-   * patches decode without a pass over the weights. It is built in the
-   * background after the first such patch (which decodes by the pass) and
-   * after an anchor, on half the threads, while the receiver waits for its
-   * next step; a patch that arrives before the build is done waits for its
-   * rest. 1: no index. Options of version 1 get the default. */
-  int no_class_index;
+  /* Version 8 (an int no_class_index before, whose 1 is OFF's value):
+   * whether host and file targets keep a class index (see the type;
+   * default PULSE_SUB_CLASS_INDEX_AUTO). It is built in the background
+   * after the first class-model patch (which decodes by the pass) and after
+   * an anchor, on half the threads, while the receiver waits for its next
+   * step. */
+  pulse_sub_class_index class_index;
   /* Version 3: what a head must be besides signed (PROTOCOL.md, "What a
    * subscriber refuses"). Options of versions 1 and 2 get the defaults. */
   /* 0 (default): a head older than the newest step the worker knows (the
@@ -253,9 +272,16 @@ typedef struct {
    * reserved for it (a head is signed, but a signing key can leak or be
    * misused). Default 2^40 (1 TiB); at most 2^63 - 1. */
   uint64_t max_object_bytes;
+  /* Version 8: memory the subscriber may keep, beside its targets and the
+   * step it applies (whose staging is the size of the patch), for what
+   * only makes it faster: the class index (class_index AUTO). 0 (default):
+   * a tenth of the targets' bytes, so that a worker's peak resident memory
+   * stays within its targets' bytes + 10% + the patch; UINT64_MAX: no
+   * limit. */
+  uint64_t memory_budget_bytes;
 } pulse_sub_opts;
 
-#define PULSE_SUB_OPTS_VERSION 7u
+#define PULSE_SUB_OPTS_VERSION 8u
 /** Sets every field of *opts to its default (struct_version included):
  * the one way to start options; then set the fields you need. */
 void pulse_sub_opts_init(pulse_sub_opts *opts);
@@ -458,7 +484,7 @@ typedef struct {
   /* Decoding (wall time) that ran while patches were still downloading,
    * hidden behind the transfer and not in last_decode_s. */
   double last_decode_overlap_s;
-  uint64_t class_index_builds; /* class indexes built (opts.no_class_index) */
+  uint64_t class_index_builds; /* class indexes built (opts.class_index) */
   uint64_t class_index_bytes;  /* memory the targets' class indexes hold */
   /* The file target: time the last sync spent making it durable (its
    * journal and in-place writes, or a whole rewrite after an anchor), and
@@ -468,6 +494,12 @@ typedef struct {
   /* Sources whose head was older than the newest at the last time every
    * source was asked (PULSE_SUB_EV_LAGGING). */
   uint64_t lagging_sources;
+  /* The class index's choice at the last patch (opts.class_index): 1 when
+   * the targets keep class indexes (held, or built between steps), 0 when
+   * not; class_index_why says why in words (also the detail of the synced
+   * event), "" before the first patch. */
+  int class_index_kept;
+  char class_index_why[192];
 } pulse_sub_figures;
 
 /** Copies the current figures. Thread-safe. */

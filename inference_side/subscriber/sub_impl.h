@@ -2,6 +2,8 @@
  * functions its files share. Module map:
  *   subscriber.c   create/free, options, figures, events, the readers' lock
  *   sub_targets.c  attaching host and device targets, pulse_sub_tensor
+ *   sub_index.c    the targets' class indexes: kept or not (per step), built
+ *                  in the background
  *   sub_file.c     the safetensors file target (load, save; sub_file_impl.h)
  *   sub_journal.c  its in-place writer and journal
  *   sub_file_snapshot.c  its optional consistent snapshot
@@ -54,7 +56,7 @@ typedef struct {
   uint16_t *data;   /* host memory (the caller's, or owned for a file) */
   uint16_t *data_d; /* device memory (the caller's) */
   pulse_tensor_digest digest; /* of the current contents, kept current */
-  pulse_class_index *index;   /* host targets: class index (sub_targets.c),
+  pulse_class_index *index;   /* host targets: class index (sub_index.c),
                                  rebuilt when its digest is not `digest` */
   /* Region targets: data holds this block of the tensor (element (r, c)
    * at data[r * stride + c]) and digest is the block's (pulse_region.h);
@@ -169,11 +171,11 @@ struct pulse_sub {
   pulse_state_digest state; /* of step, when have_state */
   int have_state;
   pthread_rwlock_t rw; /* readers vs commits */
-  /* class indexes built in the background (sub_targets.c) */
+  /* class indexes built in the background (sub_index.c) */
   pthread_t indexer;
   int indexer_running;  /* started and not yet joined */
   atomic_int indexer_stop;
-  int index_wanted; /* the last host patch could decode through indexes */
+  int index_wanted; /* the last decision keeps indexes (sub_index.c) */
 
   /* figures, read from any thread */
   pthread_mutex_t fig_lock;
@@ -333,21 +335,22 @@ int sub_catchup_probe(pulse_sub *sub, uint64_t from, pulse_store_object *o,
  * checked, then committed under the writers' lock. */
 pulse_status sub_apply_patch(pulse_sub *sub, const pulse_patch *p);
 
-/* Class indexes (sub_targets.c). A build reads the whole model, so no
+/* Class indexes (sub_index.c). A build reads the whole model, so no
  * step waits for one that has not started: a patch decodes through the
  * indexes that are current and by a pass over the base elsewhere, and
  * after a commit the missing ones are built in the background, while the
  * receiver waits for its next step.
  * sub_targets_index, before a host-target patch p: ends a background build
- * (waits for it: at most one build's time, once after a start or an
- * anchor) and notes whether p's coding can use indexes.
+ * (opts.class_index ON waits for it, at most one build's time once after a
+ * start or an anchor; AUTO stops it, keeping the tensors indexed so far)
+ * and decides whether the targets keep indexes from p on (the rule,
+ * reported in the figures).
  * sub_index_wait: the first half of sub_targets_index, before a download
  * starts (a download callback must not wait).
  * sub_index_start, after a host commit: starts building the targets'
- * missing indexes, when the last patch could use them and
- * opts.no_class_index is off. sub_index_stop: stops a build (before the
- * targets' data or table change, or the subscriber goes). Called on the
- * sync's thread. */
+ * missing indexes, when the last decision kept them. sub_index_stop: stops
+ * a build (before the targets' data or table change, or the subscriber
+ * goes). Called on the sync's thread. */
 void sub_targets_index(pulse_sub *sub, const pulse_patch *p);
 void sub_index_wait(pulse_sub *sub);
 void sub_index_start(pulse_sub *sub);

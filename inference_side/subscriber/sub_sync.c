@@ -364,13 +364,16 @@ static pulse_status sync_run(pulse_sub *sub, int head_ready) {
   sub->fig.last_apply_s = sub->t_apply;
   sub->fig.last_write_s = sub->t_write;
   sub->fig.last_total_s = sub_now() - t0;
+  /* A synced event says what the class index rule chose (sub_index.c). */
+  char why[sizeof sub->fig.class_index_why];
+  snprintf(why, sizeof why, "%s", sub->fig.class_index_why);
   pthread_mutex_unlock(&sub->fig_lock);
   pulse_sub_event ev = {0};
   ev.type = st == PULSE_OK ? PULSE_SUB_EV_SYNCED : PULSE_SUB_EV_ERROR;
   ev.status = st;
   ev.route = plan.route;
   ev.from_step = plan.from;
-  ev.detail = st == PULSE_OK ? "" : detail;
+  ev.detail = st == PULSE_OK ? why : detail;
   sub_emit(sub, &ev);
   if (st != PULSE_OK)
     pulse_fail(st, "%s", detail);

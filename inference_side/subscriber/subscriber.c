@@ -67,6 +67,11 @@ static pulse_status check_opts(const pulse_sub_opts *o) {
   if (o->redirect_origin_count > 0 && o->redirect_origins == NULL)
     return pulse_fail(PULSE_ERR_ARG,
                       "subscriber: redirect_origin_count without origins");
+  if (o->class_index != PULSE_SUB_CLASS_INDEX_AUTO && o->class_index != PULSE_SUB_CLASS_INDEX_OFF &&
+      o->class_index != PULSE_SUB_CLASS_INDEX_ON)
+    return pulse_fail(PULSE_ERR_ARG,
+                      "subscriber: class_index %d is not PULSE_SUB_CLASS_INDEX_AUTO, _OFF or _ON",
+                      (int)o->class_index);
   if (o->max_object_bytes == 0 || o->max_object_bytes > (uint64_t)INT64_MAX)
     return pulse_fail(PULSE_ERR_ARG,
                       "subscriber: max_object_bytes must be 1..2^63-1");

@@ -198,7 +198,8 @@ class SubFigures(ctypes.Structure):
                 ("last_total_s", ctypes.c_double), ("last_decode_overlap_s", ctypes.c_double),
                 ("class_index_builds", ctypes.c_uint64), ("class_index_bytes", ctypes.c_uint64),
                 ("last_write_s", ctypes.c_double), ("file_bytes_written", ctypes.c_uint64),
-                ("lagging_sources", ctypes.c_uint64)]
+                ("lagging_sources", ctypes.c_uint64), ("class_index_kept", ctypes.c_int),
+                ("class_index_why", ctypes.c_char * 192)]
 
 
 def figures_dict(figures):
@@ -211,6 +212,8 @@ def figures_dict(figures):
 
 
 SUB_EV_APPLIED, SUB_EV_SYNCED, SUB_EV_ERROR = 8, 9, 10
+# pulse_sub_class_index, as pulse_subscriber.h numbers it
+SUB_CLASS_INDEX_AUTO, SUB_CLASS_INDEX_OFF, SUB_CLASS_INDEX_ON = 0, 1, 2
 SubEventFn = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.POINTER(SubEvent))
 
 
@@ -229,13 +232,13 @@ class SubOpts(ctypes.Structure):
                 ("threads", ctypes.c_int), ("poll_timeout_ms", ctypes.c_uint32),
                 ("cuda_stream", ctypes.c_void_p), ("on_event", SubEventFn),
                 ("on_event_ctx", ctypes.c_void_p), ("no_streaming", ctypes.c_int),
-                ("no_class_index", ctypes.c_int), ("allow_rollback", ctypes.c_int),
+                ("class_index", ctypes.c_int), ("allow_rollback", ctypes.c_int),
                 ("switch_run", ctypes.c_int), ("max_head_age_s", ctypes.c_uint32),
                 ("min_bytes_per_s", ctypes.c_uint32), ("download_grace_ms", ctypes.c_uint32),
                 ("cacert", ctypes.c_char_p), ("trust_first_use", ctypes.c_int),
                 ("redirect_origins", ctypes.POINTER(ctypes.c_char_p)),
                 ("redirect_origin_count", ctypes.c_size_t),
-                ("max_object_bytes", ctypes.c_uint64)]
+                ("max_object_bytes", ctypes.c_uint64), ("memory_budget_bytes", ctypes.c_uint64)]
 
     def __init__(self):
         super().__init__()

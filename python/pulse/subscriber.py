@@ -10,7 +10,8 @@ import threading
 
 from . import _tensors
 from . import fp8 as _fp8
-from ._lib import (Closing, SUB_EV_SYNCED, SUB_NO_STEP, Error, Region, SubEventFn, SubFigures, SubOpts,
+from ._lib import (Closing, SUB_CLASS_INDEX_AUTO, SUB_CLASS_INDEX_OFF, SUB_CLASS_INDEX_ON,
+                   SUB_EV_SYNCED, SUB_NO_STEP, Error, Region, SubEventFn, SubFigures, SubOpts,
                    TensorInfo, check, fail, figures_dict, lib)
 from .mapping import Mapping
 
@@ -24,14 +25,20 @@ class Subscriber(Closing):
     and keeps it in the cache (a warning says so). cache_dir:
     where verified objects are kept (a store's layout; default a temporary
     folder removed by close()). retries, threads, timeouts: as in
-    pulse_sub_opts. class_index: keep a class index of host targets (2.13
-    bytes a parameter, faster patches; False keeps a pull's extra memory
-    O(patch)).
+    pulse_sub_opts. class_index: whether host targets keep a class index
+    (2.13 bytes a parameter: class-model patches then decode without a pass
+    over the weights; the same result either way): "auto" (the default:
+    decided per step, only where it fits memory_budget and patches are
+    sparse; figures()["class_index_why"] says what and why), True (always)
+    or False (never). memory_budget: bytes the subscriber may keep beside
+    its targets and the step it applies (None: a tenth of the targets'
+    bytes, which the index never fits, so that a pull's peak stays within
+    the targets + 10% + the patch).
     """
 
     def __init__(self, url, key=None, *, cache_dir=None, retries=None, threads=0,
                  connect_timeout_ms=None, request_timeout_ms=None, poll_timeout_ms=None,
-                 class_index=True, trust_first_use=False):
+                 class_index="auto", memory_budget=None, trust_first_use=False):
         self._sub = None
         self._own_cache = None
         urls = [url] if isinstance(url, str) else list(url)
@@ -58,7 +65,15 @@ class Subscriber(Closing):
         self._opts.cache_dir = self._cache_bytes
         self._opts.public_key = ctypes.cast(self._key, ctypes.c_void_p) if self._key else None
         self._opts.threads = threads
-        self._opts.no_class_index = 0 if class_index else 1
+        modes = {"auto": SUB_CLASS_INDEX_AUTO, True: SUB_CLASS_INDEX_ON, False: SUB_CLASS_INDEX_OFF}
+        if not any(class_index is mode for mode in (True, False)) and class_index != "auto":
+            raise fail('Subscriber: class_index must be "auto", True or False')
+        self._opts.class_index = modes[class_index]
+        if memory_budget is not None:
+            if isinstance(memory_budget, bool) or not isinstance(memory_budget, int) \
+                    or not 0 < memory_budget < 2**64:
+                raise fail("Subscriber: memory_budget must be a byte count of at least 1 (an int)")
+            self._opts.memory_budget_bytes = memory_budget
         self._opts.trust_first_use = 1 if trust_first_use else 0
         for field, value in (("retries", retries), ("connect_timeout_ms", connect_timeout_ms),
                              ("request_timeout_ms", request_timeout_ms),

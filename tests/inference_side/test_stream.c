@@ -110,7 +110,7 @@ Test(inference_side, class_indexes_are_kept_across_patches_and_anchors) {
       pulse_sub_opts o = it_sub_opts(&t, cache, urls);
       o.use_catchup = 0;
       o.no_streaming = whole;
-      o.no_class_index = no_index;
+      o.class_index = no_index ? PULSE_SUB_CLASS_INDEX_OFF : PULSE_SUB_CLASS_INDEX_ON;
       pulse_sub *sub;
       it_targets tg;
       cr_assert_eq(pulse_sub_create(&o, &sub), PULSE_OK);

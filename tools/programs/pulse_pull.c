@@ -121,12 +121,21 @@ static void usage(FILE *f) {
       "  --no-stream         download each patch whole before decoding it "
       "(default: decode\n"
       "                      while it downloads, commit once it verified)\n"
-      "  --no-class-index    keep no class index of the weights (saves about 2.1\n"
-      "                      bytes per parameter of memory; class-model patches\n"
-      "                      then decode with a pass over the weights, ~3x slower;\n"
-      "                      always so without --follow or --serve: one step\n"
-      "                      decodes by the pass, and an index would be built for\n"
-      "                      no next one)\n"
+      "  --class-index MODE  auto, on or off: whether to keep a class index of the\n"
+      "                      weights (2.13 bytes per parameter: class-model patches\n"
+      "                      then decode without a pass over the weights, 1.2-6x\n"
+      "                      faster once built; same result). auto (the default with\n"
+      "                      --follow or --serve): only where it fits --memory-budget\n"
+      "                      and the patches change at most 5%% of the weights, built\n"
+      "                      between steps, never waited for; each synced event says\n"
+      "                      what was chosen and why. Without --follow or --serve the\n"
+      "                      default is off: one step, no next one to index for\n"
+      "  --no-class-index    the same as --class-index off\n"
+      "  --memory-budget BYTES  memory the worker may keep beside FILE's weights and the\n"
+      "                      step it applies, for the class index (default a tenth of\n"
+      "                      the weights' bytes, which the index never fits: peak\n"
+      "                      memory stays within the weights + 10%% + the patch;\n"
+      "                      e.g. 4G)\n"
       "Exit status: 0 synced (or stopped cleanly), 1 error, 2 usage.\n");
 }
 
@@ -243,11 +252,13 @@ static void print_figures_json(const pulse_sub_figures *f) {
          ",\"rejected\":%" PRIu64
          ",\"transfer_s\":%.6f,\"verify_s\":%.6f,\"decode_s\":%.6f"
          ",\"apply_s\":%.6f,\"write_s\":%.6f,\"total_s\":%.6f"
-         ",\"file_bytes_written\":%" PRIu64,
+         ",\"file_bytes_written\":%" PRIu64 ",\"class_index\":\"%s\"",
          f->state_digest, pulse_sub_route_name(f->last_route), f->last_bytes,
          f->bytes_downloaded, f->bytes_resumed, f->objects_fetched, f->retries,
          f->rejected, f->last_transfer_s, f->last_verify_s, f->last_decode_s,
-         f->last_apply_s, f->last_write_s, f->last_total_s, f->file_bytes_written);
+         f->last_apply_s, f->last_write_s, f->last_total_s, f->file_bytes_written,
+         f->class_index_kept ? "on" : "off");
+  json_str("class_index_why", f->class_index_why);
 }
 
 static void clear_bar(out_ctx *c) {
@@ -371,11 +382,12 @@ static void on_event(void *ctx, const pulse_sub_event *ev) {
       snprintf(from, sizeof from, "%" PRIu64, ev->from_step);
     printf("pulse-pull: step %" PRIu64
            " (%s route from %s, %.3f MB in %.3f s: transfer %.3f s, "
-           "verify %.3f s, decode %.3f s, apply %.3f s, write %.3f s), state %s\n",
+           "verify %.3f s, decode %.3f s, apply %.3f s, write %.3f s; class index %s), "
+           "state %s\n",
            ev->step, pulse_sub_route_name(f.last_route), from,
            (double)f.last_bytes / 1e6, f.last_total_s, f.last_transfer_s,
            f.last_verify_s, f.last_decode_s, f.last_apply_s, f.last_write_s,
-           f.state_digest);
+           f.class_index_kept ? "on" : "off", f.state_digest);
     fflush(stdout);
     break;
   }
@@ -407,8 +419,9 @@ static void *stop_wait(void *arg) {
 /* The command line, read by parse_args. */
 typedef struct {
   const char *out, *cache, *key_hex, *serve;
-  int follow, json, unsigned_, tofu, no_catchup, threads, no_stream,
-      no_index;
+  int follow, json, unsigned_, tofu, no_catchup, threads, no_stream;
+  int index_mode; /* --class-index: -1 not given, else pulse_sub_class_index */
+  uint64_t memory_budget; /* 0: the library's default */
   int allow_rollback, switch_run, max_age_s;
   int retries, parallel, timeout_s;
   int min_rate, grace_s; /* the download deadline */
@@ -428,6 +441,7 @@ typedef struct {
 static int parse_args(int argc, char **argv, pull_args *a) {
   const char *v;
   memset(a, 0, sizeof *a);
+  a->index_mode = -1;
   a->retries = 6, a->parallel = 4, a->timeout_s = 30;
   a->min_rate = 262144, a->grace_s = 30;
   for (int i = 1; i < argc; i++) {
@@ -532,7 +546,21 @@ static int parse_args(int argc, char **argv, pull_args *a) {
     } else if (pulse_cli_opt_flag(argv[i], "--no-stream")) {
       a->no_stream = 1;
     } else if (pulse_cli_opt_flag(argv[i], "--no-class-index")) {
-      a->no_index = 1;
+      a->index_mode = PULSE_SUB_CLASS_INDEX_OFF;
+    } else if ((r = pulse_cli_opt_value(argc, argv, &i, "--class-index", &v)) != 0) {
+      if (r >= 0 && strcmp(v, "auto") == 0)
+        a->index_mode = PULSE_SUB_CLASS_INDEX_AUTO;
+      else if (r >= 0 && strcmp(v, "on") == 0)
+        a->index_mode = PULSE_SUB_CLASS_INDEX_ON;
+      else if (r >= 0 && strcmp(v, "off") == 0)
+        a->index_mode = PULSE_SUB_CLASS_INDEX_OFF;
+      else
+        return fprintf(stderr, "pulse-pull: --class-index needs auto, on or off\n"), 2;
+    } else if ((r = pulse_cli_opt_value(argc, argv, &i, "--memory-budget", &v)) != 0) {
+      if (r < 0 || pulse_cli_parse_u64(v, &a->memory_budget) != 0 || a->memory_budget == 0)
+        return fprintf(stderr, "pulse-pull: --memory-budget needs a byte count of at least 1 "
+                               "(e.g. 4G)\n"),
+               2;
     } else if (pulse_cli_opt_flag(argv[i], "--insecure-unsigned")) {
       a->unsigned_ = 1;
     } else if (pulse_cli_opt_flag(argv[i], "--trust-first-use")) {
@@ -596,7 +624,11 @@ static pulse_sub_opts sub_opts_of(const pull_args *a, out_ctx *oc) {
   o.no_streaming = a->no_stream;
   /* A one-shot pull has no next patch to decode faster with an index it
    * would build in the background, against the step's own writing. */
-  o.no_class_index = a->no_index || (!a->follow && a->serve == NULL);
+  if (a->index_mode >= 0)
+    o.class_index = (pulse_sub_class_index)a->index_mode;
+  else if (!a->follow && a->serve == NULL)
+    o.class_index = PULSE_SUB_CLASS_INDEX_OFF;
+  o.memory_budget_bytes = a->memory_budget;
   o.allow_rollback = a->allow_rollback;
   o.switch_run = a->switch_run;
   o.max_head_age_s = (uint32_t)a->max_age_s;

@@ -70,9 +70,17 @@ void bench_sync_usage(FILE *out) {
       "                     exponent, as under Adam; uniform leaves the class "
       "model\n"
       "                     nothing to use)\n"
-      "  --no-index         the workers keep no class index (class-model "
-      "patches then\n"
-      "                     decode with a pass over the weights)\n"
+      "  --index MODE       the workers' class index: auto (the default: "
+      "kept only where it\n"
+      "                     fits the memory budget and patches are sparse; "
+      "pulse_sub_opts),\n"
+      "                     on or off (class-model patches then decode with "
+      "a pass over\n"
+      "                     the weights); each worker's choice is printed\n"
+      "  --no-index         the same as --index off\n"
+      "  --memory-budget B  the workers' memory budget beside their targets "
+      "(default: the\n"
+      "                     library's, a tenth of the targets' bytes; e.g. 4G)\n"
       "  --no-stream        download each patch whole before decoding it (the "
       "workers\n"
       "                     otherwise decode chunks while the patch "
@@ -211,6 +219,18 @@ static int bs_parse_value(int argc, char **argv, int *i, bs_args *a,
   } else if ((r = pulse_cli_opt_value(argc, argv, i, "--threads", &v)) != 0) {
     if (r < 0 || pulse_cli_parse_int(v, 0, 256, &a->threads) != 0)
       return BS_BAD("--threads needs 0..256");
+  } else if ((r = pulse_cli_opt_value(argc, argv, i, "--index", &v)) != 0) {
+    if (r >= 0 && strcmp(v, "auto") == 0)
+      a->index = PULSE_SUB_CLASS_INDEX_AUTO;
+    else if (r >= 0 && strcmp(v, "on") == 0)
+      a->index = PULSE_SUB_CLASS_INDEX_ON;
+    else if (r >= 0 && strcmp(v, "off") == 0)
+      a->index = PULSE_SUB_CLASS_INDEX_OFF;
+    else
+      return BS_BAD("--index needs auto, on or off");
+  } else if ((r = pulse_cli_opt_value(argc, argv, i, "--memory-budget", &v)) != 0) {
+    if (r < 0 || pulse_cli_parse_u64(v, &a->memory_budget) != 0 || a->memory_budget == 0)
+      return BS_BAD("--memory-budget needs a byte count of at least 1 (e.g. 4G)");
   } else if ((r = pulse_cli_opt_value(argc, argv, i, "--seed", &v)) != 0) {
     if (r < 0 || pulse_cli_parse_u64(v, &a->seed) != 0)
       return BS_BAD("--seed needs an integer");
@@ -254,7 +274,7 @@ int bs_parse_args(int argc, char **argv, bs_args *a) {
     } else if (pulse_cli_opt_flag(argv[i], "--no-stream")) {
       a->no_stream = 1;
     } else if (pulse_cli_opt_flag(argv[i], "--no-index")) {
-      a->no_index = 1;
+      a->index = PULSE_SUB_CLASS_INDEX_OFF;
     } else if (pulse_cli_opt_flag(argv[i], "--uniform")) {
       a->uniform = 1;
     } else if (pulse_cli_opt_flag(argv[i], "--device")) {

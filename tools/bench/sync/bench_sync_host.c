@@ -26,7 +26,8 @@ int bs_host_first_sync(bs_run *r) {
   o.threads = a->threads;
   o.parallel = 4;
   o.no_streaming = a->no_stream;
-  o.no_class_index = a->no_index;
+  o.class_index = a->index;
+  o.memory_budget_bytes = a->memory_budget;
   r->o = o;
   r->targets = calloc(m->count, sizeof *r->targets);
   for (size_t i = 0; r->targets && i < m->count; i++)
@@ -89,9 +90,17 @@ int bs_host_steps(bs_run *r, const bs_link *lk, const char *base, bs_sample *s,
     st = bs_commit_next(r, &pf);
     if (st != PULSE_OK)
       break;
+    /* Its memory during the sync: the rise of this process's peak over
+     * what it held before (the publisher is idle), plus the class indexes
+     * the subscriber held then (resident since their build). */
+    pulse_sub_figures f0;
+    pulse_sub_figures_get(r->sub, &f0);
+    int mem_ok = bs_mem_reset_peak(0) == 0;
+    uint64_t rss0 = bs_mem_kib(0, "VmRSS");
     st = pulse_sub_sync(r->sub);
     if (st != PULSE_OK)
       break;
+    uint64_t hwm = bs_mem_kib(0, "VmHWM");
     pulse_sub_figures f;
     pulse_sub_figures_get(r->sub, &f);
     r->host_step = r->step;
@@ -109,6 +118,11 @@ int bs_host_steps(bs_run *r, const bs_link *lk, const char *base, bs_sample *s,
     x->bytes = f.last_bytes;
     x->patch_bytes = pf.patch_bytes;
     x->changed = pf.changed;
+    if (mem_ok && hwm >= rss0 && !a->device)
+      x->peak_extra = (hwm - rss0) * 1024 + (f0.class_index_bytes > f.class_index_bytes
+                                                  ? f0.class_index_bytes
+                                                  : f.class_index_bytes);
+    x->class_index = f.class_index_kept;
   }
   atomic_store(&bs_current, NULL);
   pulse_sub_free(r->sub);

@@ -99,7 +99,9 @@ typedef struct {
   uint64_t dense_sample; /* --dense-sample: 0 = not given */
   int dense_full;
   double density;
-  int json, threads, plain, no_stream, no_index, device, uniform;
+  int json, threads, plain, no_stream, device, uniform;
+  pulse_sub_class_index index;  /* --index (--no-index: OFF) */
+  uint64_t memory_budget;       /* --memory-budget, 0: the library's */
   const char *links_spec, *burst, *report;
   const char *pull; /* --pull: the pulse-pull program, NULL = beside us */
   bs_link links[8];
@@ -155,6 +157,16 @@ typedef struct {
   double first_step_s; /* the long-lived worker's untimed first step */
 } bs_run;
 
+/* ------------------------------------------------------------- memory */
+
+/** A field of /proc/PID/status in KiB (VmRSS, VmHWM; pid 0: this
+ * process), 0 when it cannot be read. */
+uint64_t bs_mem_kib(int pid, const char *field);
+
+/** Sets the peak (VmHWM) of process pid (0: this one) back to its resident
+ * memory now. @return 0 or -1. */
+int bs_mem_reset_peak(int pid);
+
 /* One synced step. */
 typedef struct {
   double commit;      /* the publisher's commit */
@@ -165,6 +177,10 @@ typedef struct {
   double transfer, verify, decode, apply, overlap;
   double write; /* making the file durable; -1: not reported */
   uint64_t bytes, patch_bytes, changed;
+  /* The worker's peak resident memory above its targets during the step
+   * (see bs_figures.peak_extra); 0: not measured. */
+  uint64_t peak_extra;
+  int class_index; /* the worker kept class indexes (its choice) */
 } bs_sample;
 
 /* A link's figures for one worker: medians over its steps, and the dense
@@ -186,6 +202,14 @@ typedef struct {
   double dense_measured_s; /* the bytes actually timed */
   uint64_t dense_timed_bytes, anchor_size;
   size_t steps;
+  /* The largest over the steps of the worker's peak resident memory above
+   * its targets' bytes (host: the rise of this process's VmHWM during each
+   * sync over its VmRSS before it, plus the class indexes it held then;
+   * long-lived: pulse-pull's VmHWM over its timed steps less the file's
+   * tensors, which it holds in memory; one-shot: its maximum RSS, loading
+   * the file included, less the same). 0: not measured. */
+  uint64_t peak_extra;
+  int class_index; /* the worker's choice at its last step */
 } bs_figures;
 
 /* Set by a stop signal (SIGINT, SIGTERM): every loop ends early. */

@@ -54,6 +54,11 @@ void bs_figures_of(const bs_sample *s, size_t n, bs_figures *f) {
   f->patch_bytes = median_u64(s, n, offsetof(bs_sample, patch_bytes));
   f->changed = median_u64(s, n, offsetof(bs_sample, changed));
   f->steps = n;
+  f->peak_extra = 0;
+  for (size_t i = 0; i < n; i++)
+    if (s[i].peak_extra > f->peak_extra)
+      f->peak_extra = s[i].peak_extra;
+  f->class_index = n > 0 ? s[n - 1].class_index : 0;
 }
 
 static double bs_ratio(double baseline, double x) {
@@ -111,6 +116,8 @@ static void bs_print_json(const bs_run *r, const bs_link *lk,
               f->worker == BS_WORKER_ONE_SHOT ? f->sync - f->worker_sync : -1);
   bs_json_opt("first_step_s",
               f->worker == BS_WORKER_LONG_LIVED ? r->first_step_s : -1);
+  printf(",\"peak_extra_bytes\":%" PRIu64 ",\"class_index\":\"%s\"", f->peak_extra,
+         f->class_index ? "on" : "off");
   printf(",\"seen_s\":%.6f,\"streamed\":%s,\"steps\":%zu,\"positions\":"
          "\"%s\",\"targets\":\"%s\"}\n",
          f->seen, a->no_stream ? "false" : "true", f->steps,
@@ -145,8 +152,18 @@ static void bs_print_dense_note(const bs_figures *f) {
            "", f->dense_timed_bytes, f->anchor_size, f->dense_measured_s);
 }
 
+/* The worker's peak memory above its targets, against the bound of the
+ * default (the targets' bytes x 1.1 + the patch: pulse_sub_opts). */
+static void bs_print_memory(const bs_run *r, const bs_figures *f) {
+  double mib = 1.0 / (1 << 20), model = (double)r->m.total * 2.0;
+  printf("%-10s   peak memory above the targets: %.1f MiB (targets %.1f MiB, patch %.1f MiB; "
+         "bound of the default 10%% + patch: %.1f MiB), class index %s\n",
+         "", (double)f->peak_extra * mib, model * mib, (double)f->patch_bytes * mib,
+         (model / 10 + (double)f->patch_bytes) * mib, f->class_index ? "on" : "off");
+}
+
 /* The host-only table (the default): bytes, sync and end to end. */
-static void bs_print_row(const bs_link *lk, const bs_figures *f) {
+static void bs_print_row(const bs_run *r, const bs_link *lk, const bs_figures *f) {
   int prefix = f->dense_timed_bytes < f->anchor_size;
   char r1[32], r2[32], r3[32];
   printf("%-10s %12" PRIu64 " %11" PRIu64 " %8s %9.3f%s %9.4f %9.4f "
@@ -160,6 +177,7 @@ static void bs_print_row(const bs_link *lk, const bs_figures *f) {
   printf("%-10s   sync split: transfer %.4f / verify %.4f / decode %.4f / "
          "apply %.4f s (+%.4f s decoding hidden behind the transfer)\n",
          "", f->transfer, f->verify, f->decode, f->apply, f->overlap);
+  bs_print_memory(r, f);
   bs_print_dense_note(f);
 }
 
@@ -190,6 +208,7 @@ static void bs_print_worker_row(const bs_run *r, const bs_link *lk,
            "event; its first step\n%-10s   after its start (untimed, builds "
            "the class index): %.3f s\n",
            "", f->seen, "", r->first_step_s);
+  bs_print_memory(r, f);
   bs_print_dense_note(f);
 }
 
@@ -200,7 +219,7 @@ void bs_print_link(bs_run *r, const bs_link *lk, const bs_figures *f) {
   else if (r->a->file_workers)
     bs_print_worker_row(r, lk, f);
   else
-    bs_print_row(lk, f);
+    bs_print_row(r, lk, f);
   fflush(stdout);
   char name[64];
   snprintf(name, sizeof name, "%s%s%s", lk->name,

@@ -23,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -41,6 +42,7 @@ typedef struct {
   char buf[1 << 16];
   size_t len;
   int eof;
+  uint64_t maxrss_kib; /* its peak resident memory, once reaped (wait4) */
 } bs_child;
 
 /* What a `synced` event says. */
@@ -48,6 +50,7 @@ typedef struct {
   uint64_t step, bytes;
   double transfer, verify, decode, apply, total;
   double write; /* -1: the event has no write_s */
+  int class_index; /* its "class_index" was "on" */
 } bs_synced;
 
 int bs_pull_find(bs_run *r) {
@@ -82,9 +85,11 @@ int bs_pull_find(bs_run *r) {
 static int bs_child_start(bs_child *c, const bs_run *r, const char *url,
                           int follow) {
   const bs_args *a = r->a;
-  char threads[16];
+  char threads[16], budget[32];
   snprintf(threads, sizeof threads, "%d", a->threads);
-  const char *argv[24];
+  snprintf(budget, sizeof budget, "%" PRIu64, a->memory_budget);
+  static const char *index_mode[] = {"auto", "off", "on"}; /* pulse_sub_class_index */
+  const char *argv[28];
   size_t n = 0;
   argv[n++] = r->pull_bin;
   argv[n++] = url;
@@ -101,8 +106,11 @@ static int bs_child_start(bs_child *c, const bs_run *r, const char *url,
     argv[n++] = "--threads", argv[n++] = threads;
   if (a->no_stream)
     argv[n++] = "--no-stream";
-  if (a->no_index)
-    argv[n++] = "--no-class-index";
+  /* The mode asked (auto by default, as the library's: a one-shot pull
+   * otherwise keeps none). */
+  argv[n++] = "--class-index", argv[n++] = index_mode[a->index];
+  if (a->memory_budget > 0)
+    argv[n++] = "--memory-budget", argv[n++] = budget;
   argv[n] = NULL;
 
   int p[2];
@@ -183,14 +191,16 @@ static int bs_child_end(bs_child *c, int terminate) {
   if (terminate)
     kill(c->pid, SIGTERM);
   int status = 0;
+  struct rusage ru;
+  memset(&ru, 0, sizeof ru);
   double t0 = pulse_cli_now();
   for (;;) {
-    pid_t w = waitpid(c->pid, &status, WNOHANG);
+    pid_t w = wait4(c->pid, &status, WNOHANG, &ru);
     if (w == c->pid || (w < 0 && errno != EINTR))
       break;
     if (pulse_cli_since(t0) > 30) {
       kill(c->pid, SIGKILL);
-      waitpid(c->pid, &status, 0);
+      wait4(c->pid, &status, 0, &ru);
       break;
     }
     /* drain its output, so that it never blocks writing it */
@@ -208,6 +218,7 @@ static int bs_child_end(bs_child *c, int terminate) {
     close(c->fd);
   c->fd = -1;
   c->pid = 0;
+  c->maxrss_kib = (uint64_t)ru.ru_maxrss;
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
@@ -242,6 +253,9 @@ static int bs_event_parse(const char *line, bs_synced *out) {
       out->apply = bs_json_num(o, "apply_s", 0);
       out->total = bs_json_num(o, "total_s", 0);
       out->write = bs_json_num(o, "write_s", -1);
+      const char *ci = "";
+      pulse_json_string(pulse_json_get(o, "class_index"), &ci, NULL);
+      out->class_index = strcmp(ci, "on") == 0;
       rc = 1;
     }
   }
@@ -274,7 +288,7 @@ static int bs_child_wait_step(bs_child *c, uint64_t want, bs_synced *out,
  * synced event in *out, its time from start to exit in *wall_s.
  * @return 0 or 1 (printed). */
 static int bs_pull_once(bs_run *r, const char *url, bs_synced *out,
-                        double *wall_s) {
+                        double *wall_s, uint64_t *maxrss) {
   bs_child c;
   if (bs_child_start(&c, r, url, 0) != 0)
     return 1;
@@ -286,6 +300,8 @@ static int bs_pull_once(bs_run *r, const char *url, bs_synced *out,
     ; /* the exit event */
   int status = bs_child_end(&c, rc != 0 || atomic_load(&bs_stop));
   *wall_s = pulse_cli_since(t0);
+  if (maxrss != NULL)
+    *maxrss = c.maxrss_kib * 1024;
   if (rc == 0 && status != 0) {
     fprintf(stderr, "pulse-bench sync: pulse-pull exited %d\n", status);
     rc = 1;
@@ -301,7 +317,14 @@ int bs_pull_prepare(bs_run *r) {
   r->file_step = UINT64_MAX;
   bs_synced s;
   double wall;
-  return bs_pull_once(r, r->url0, &s, &wall);
+  return bs_pull_once(r, r->url0, &s, &wall, NULL);
+}
+
+/* A pulse-pull worker's peak resident bytes less the file's tensors it
+ * holds in memory (0 when not measured). */
+static uint64_t bs_above_targets(const bs_run *r, uint64_t peak) {
+  uint64_t targets = r->m.total * 2;
+  return peak > targets ? peak - targets : 0;
 }
 
 static bs_sample bs_sample_of(const pulse_pub_figures *pf, const bs_synced *s,
@@ -322,6 +345,7 @@ static bs_sample bs_sample_of(const pulse_pub_figures *pf, const bs_synced *s,
   x.bytes = s->bytes;
   x.patch_bytes = pf->patch_bytes;
   x.changed = pf->changed;
+  x.class_index = s->class_index;
   return x;
 }
 
@@ -331,7 +355,7 @@ int bs_pull_one_shot_steps(bs_run *r, const bs_link *lk, const char *base,
   double wall;
   *ns = 0;
   /* The file behind the head (other workers ran): brought there, untimed. */
-  if (r->file_step != r->step && bs_pull_once(r, base, &ev, &wall) != 0)
+  if (r->file_step != r->step && bs_pull_once(r, base, &ev, &wall, NULL) != 0)
     return fprintf(stderr, "pulse-bench sync: %s: one-shot catch-up failed\n",
                    lk->name),
            1;
@@ -340,12 +364,15 @@ int bs_pull_one_shot_steps(bs_run *r, const bs_link *lk, const char *base,
     pulse_status st = bs_commit_next(r, &pf);
     if (st != PULSE_OK)
       return bs_fail(lk->name, st);
-    if (bs_pull_once(r, base, &ev, &wall) != 0)
+    uint64_t maxrss = 0;
+    if (bs_pull_once(r, base, &ev, &wall, &maxrss) != 0)
       return fprintf(stderr,
                      "pulse-bench sync: %s: one-shot step %" PRIu64 " failed\n",
                      lk->name, r->step),
              1;
-    s[(*ns)++] = bs_sample_of(&pf, &ev, wall, wall, pf.total_seconds + wall);
+    bs_sample *x = &s[(*ns)++];
+    *x = bs_sample_of(&pf, &ev, wall, wall, pf.total_seconds + wall);
+    x->peak_extra = bs_above_targets(r, maxrss);
   }
   return 0;
 }
@@ -355,6 +382,7 @@ int bs_pull_long_lived_steps(bs_run *r, const bs_link *lk, const char *base,
   bs_child c;
   bs_synced ev;
   size_t consumed = 0;
+  int peak_ok = 0;
   *ns = 0;
   if (bs_child_start(&c, r, base, 1) != 0)
     return 1;
@@ -378,13 +406,19 @@ int bs_pull_long_lived_steps(bs_run *r, const bs_link *lk, const char *base,
       break;
     double now = pulse_cli_now();
     r->file_step = r->step;
-    if (k == 0)
+    if (k == 0) {
       r->first_step_s = ev.total;
-    else
+      /* Its peak from here on: the timed steps' (not loading the file). */
+      peak_ok = bs_mem_reset_peak((int)c.pid) == 0;
+    } else {
       s[(*ns)++] =
           bs_sample_of(&pf, &ev, ev.total, now - atomic_load(&r->head_at),
                        now - r->commit_at);
+    }
   }
+  uint64_t peak = peak_ok ? bs_mem_kib((int)c.pid, "VmHWM") * 1024 : 0;
+  for (size_t i = 0; i < *ns; i++)
+    s[i].peak_extra = bs_above_targets(r, peak);
   int status = bs_child_end(&c, 1);
   if (rc == 0 && status != 0) {
     fprintf(stderr, "pulse-bench sync: pulse-pull --follow exited %d\n",
