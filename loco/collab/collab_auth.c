@@ -53,6 +53,17 @@ pulse_status collab_auth_start(pulse_loco_collab *c,
     }
     memcpy(keys + PULSE_KEY_BYTES * i, o->member_keys[i].key, PULSE_KEY_BYTES);
   }
+  /* By id, this peer's own included (for what a named trainer signs). */
+  c->auth_pins = malloc((o->member_key_count + 1) * sizeof *c->auth_pins);
+  if (c->auth_pins == NULL) {
+    free(keys);
+    return pulse_fail(PULSE_ERR_NOMEM, "loco collab: keys");
+  }
+  c->auth_pins[0].id = c->id;
+  memcpy(c->auth_pins[0].key, own, PULSE_KEY_BYTES);
+  c->auth_npins = 1;
+  for (size_t i = 0; i < o->member_key_count; i++)
+    c->auth_pins[c->auth_npins++] = o->member_keys[i];
   pulse_loco_auth_opts ao;
   pulse_loco_auth_opts_init(&ao);
   ao.key = o->sign_key;
@@ -66,6 +77,97 @@ pulse_status collab_auth_start(pulse_loco_collab *c,
 void collab_auth_stop(pulse_loco_collab *c) {
   pulse_loco_auth_free(c->auth);
   c->auth = NULL;
+  free(c->auth_pins);
+  c->auth_pins = NULL;
+  c->auth_npins = 0;
+  pulse_loco_auth_free(c->stranger);
+  pulse_sign_key_free(c->stranger_key);
+  c->stranger = NULL;
+  c->stranger_key = NULL;
+  pulse_bytebuf_free(&c->tamper_last);
+}
+
+pulse_status collab_auth_tamper(pulse_loco_collab *c, unsigned mode,
+                                unsigned kinds) {
+  if (c->auth == NULL || mode < 1 || mode > 4)
+    return pulse_fail(PULSE_ERR_ARG, "loco collab: tamper needs a key");
+  if (mode == 4 && c->stranger == NULL) {
+    PULSE_TRY(pulse_sign_key_generate(&c->stranger_key));
+    pulse_loco_auth_opts o;
+    pulse_loco_auth_opts_init(&o);
+    o.key = c->stranger_key;
+    PULSE_TRY(pulse_loco_auth_create(&o, &c->stranger));
+  }
+  c->tamper = mode;
+  c->tamper_kinds = kinds;
+  return PULSE_OK;
+}
+
+/* What a hostile or broken peer serves instead of `sig` over data. */
+static pulse_status put_tampered(pulse_loco_collab *c, const char *path,
+                                 pulse_loco_auth_kind kind, uint64_t r,
+                                 const void *data, size_t size,
+                                 const loco_sig *sig) {
+  loco_sig bad = *sig;
+  pulse_status st = PULSE_OK;
+  if (c->tamper == 1) {
+    bad.present = 0;
+  } else if (c->tamper == 2) {
+    bad.sig[21] ^= 0x08;
+  } else if (c->tamper == 4) {
+    st = pulse_loco_auth_sign(c->stranger, kind, r, data, size, bad.sig,
+                              bad.key);
+  } else if (c->tamper_last.size > 0) { /* 3: the last one again */
+    pulse_bytebuf old = c->tamper_last;
+    loco_sig old_sig = c->tamper_last_sig;
+    c->tamper_last = (pulse_bytebuf)PULSE_BYTEBUF_INIT;
+    pulse_bytebuf_put(&c->tamper_last, data, size);
+    c->tamper_last_sig = *sig;
+    st = loco_server_put_signed(c->srv, path, old.data, old.size, &old_sig);
+    pulse_bytebuf_free(&old);
+    return st;
+  } else { /* the first: kept, served as is */
+    pulse_bytebuf_put(&c->tamper_last, data, size);
+    c->tamper_last_sig = *sig;
+  }
+  return st == PULSE_OK ? loco_server_put_signed(c->srv, path, data, size, &bad)
+                        : st;
+}
+
+int collab_auth_accept_by(pulse_loco_collab *c, pulse_loco_auth_kind kind,
+                          uint64_t r, uint32_t id, const loco_sig *sig,
+                          const void *data, size_t size) {
+  if (c->auth == NULL)
+    return 1;
+  const uint8_t *key = NULL;
+  for (size_t i = 0; i < c->auth_npins && key == NULL; i++)
+    if (c->auth_pins[i].id == id)
+      key = c->auth_pins[i].key;
+  loco_sig bound;
+  if (sig != NULL && sig->present) {
+    pthread_mutex_lock(&c->lock);
+    int member = pulse_loco_auth_is_member(c->auth, sig->key);
+    if (member && key == NULL) {
+      c->auth_foreign_extra++;
+      c->auth_refused_kind[kind - 1]++;
+    }
+    pthread_mutex_unlock(&c->lock);
+    if (member && key == NULL) {
+      PULSE_LOG_AT(PULSE_LOG_WARN,
+                   "loco collab: peer %u: a %s of round %llu from trainer "
+                   "%u, whose key is not pinned: refused",
+                   c->id, kind_words[kind - 1], (unsigned long long)r, id);
+      return 0;
+    }
+    /* Checked under the key pinned for that id: another member's
+     * signature does not verify under it (forged). A stranger's key stays
+     * as it came: foreign. */
+    bound = *sig;
+    if (member)
+      memcpy(bound.key, key, PULSE_KEY_BYTES);
+    sig = &bound;
+  }
+  return collab_auth_accept(c, kind, r, r, sig, data, size);
 }
 
 pulse_status collab_auth_put(pulse_loco_collab *c, const char *path,
@@ -81,6 +183,9 @@ pulse_status collab_auth_put(pulse_loco_collab *c, const char *path,
   pulse_status st =
       pulse_loco_auth_sign(c->auth, kind, r, data, size, sig.sig, sig.key);
   pthread_mutex_unlock(&c->lock);
+  if (st == PULSE_OK && c->tamper != 0 &&
+      (c->tamper_kinds & (1u << (kind - 1))))
+    return put_tampered(c, path, kind, r, data, size, &sig);
   return st == PULSE_OK ? loco_server_put_signed(c->srv, path, data, size, &sig)
                         : st;
 }
@@ -134,6 +239,7 @@ void collab_auth_metrics(pulse_loco_collab *c, pulse_bytebuf *text) {
   pthread_mutex_lock(&c->lock);
   pulse_loco_auth_figures_get(c->auth, &f);
   f.forged += c->auth_forged_extra;
+  f.foreign += c->auth_foreign_extra;
   memcpy(by_kind, c->auth_refused_kind, sizeof by_kind);
   pthread_mutex_unlock(&c->lock);
   pulse_bytebuf_printf(

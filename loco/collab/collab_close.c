@@ -50,9 +50,12 @@ static pulse_status make_manifest(uint64_t r, uint32_t writer,
 }
 
 /* A taken-over writer: a manifest of r some member already has (from the
- * dead writer). *found is its source's index, -1 when none. */
+ * dead writer), signed by the writer it names (auth hook; its bytes and
+ * signature into raw and sig). *found is its source's index, -1 when
+ * none. */
 static void look_for_manifest(pulse_loco_collab *c, uint64_t r, uint32_t k,
-                              loco_manifest *m, int *found) {
+                              loco_manifest *m, pulse_bytebuf *raw,
+                              loco_sig *sig, int *found) {
   *found = -1;
   size_t M = c->nmembers;
   loco_fetch *t = calloc(M, sizeof *t);
@@ -77,9 +80,16 @@ static void look_for_manifest(pulse_loco_collab *c, uint64_t r, uint32_t k,
       loco_manifest x;
       if (loco_manifest_parse(t[j].body.data, t[j].body.size, &x) ==
           PULSE_OK) {
-        if (x.round == r && x.has_contributors && x.ncontrib > 0) {
+        if (x.round == r && x.has_contributors && x.ncontrib > 0 &&
+            collab_auth_accept_by(c, PULSE_LOCO_AUTH_MANIFEST, r,
+                                  x.coordinator, &t[j].sig, t[j].body.data,
+                                  t[j].body.size)) {
           *m = x;
           *found = (int)idx[j];
+          pulse_bytebuf_free(raw);
+          *raw = t[j].body;
+          t[j].body = (pulse_bytebuf)PULSE_BYTEBUF_INIT;
+          *sig = t[j].sig;
         } else {
           loco_manifest_free(&x);
         }
@@ -93,9 +103,10 @@ static void look_for_manifest(pulse_loco_collab *c, uint64_t r, uint32_t k,
 /* A taken-over writer (k > 0) adopts a manifest of r some member already
  * has (into *man, its source's URL into src): 1 when it did. */
 static int adopt_manifest(pulse_loco_collab *c, uint64_t r, uint32_t k,
-                          loco_manifest *man, char *src, size_t src_cap) {
+                          loco_manifest *man, char *src, size_t src_cap,
+                          pulse_bytebuf *raw, loco_sig *sig) {
   int found;
-  look_for_manifest(c, r, k, man, &found);
+  look_for_manifest(c, r, k, man, raw, sig, &found);
   if (found < 0)
     return 0;
   snprintf(src, src_cap, "%s", c->members[found].url);
@@ -317,8 +328,9 @@ static pulse_status write_round(pulse_loco_collab *c, uint64_t r, uint32_t k,
                                 const uint8_t *own, size_t own_size,
                                 uint64_t own_samples, int leaving,
                                 loco_manifest *man, char *src, size_t src_cap,
+                                pulse_bytebuf *raw, loco_sig *sig,
                                 pulse_loco_collab_figures *info) {
-  if (k > 0 && adopt_manifest(c, r, k, man, src, src_cap))
+  if (k > 0 && adopt_manifest(c, r, k, man, src, src_cap, raw, sig))
     return PULSE_OK;
   snprintf(src, src_cap, "%s", c->url);
   pthread_mutex_lock(&c->lock);
@@ -377,6 +389,7 @@ pulse_status collab_get_manifest(pulse_loco_collab *c, uint64_t r,
                                  uint32_t *k, const uint8_t *own,
                                  size_t own_size, uint64_t done, int leaving,
                                  loco_manifest *man, char *src, size_t cap,
+                                 pulse_bytebuf *raw, loco_sig *sig,
                                  pulse_loco_collab_figures *info) {
   uint32_t told = UINT32_MAX;
   uint64_t dead_since = 0, start = loco_now_ms();
@@ -386,7 +399,7 @@ pulse_status collab_get_manifest(pulse_loco_collab *c, uint64_t r,
     uint32_t w = pulse_loco_collab_writer(c->members, c->nmembers, r, *k);
     if (w == c->id)
       return write_round(c, r, *k, own, own_size, done, leaving, man, src, cap,
-                         info);
+                         raw, sig, info);
     const char *wurl = collab_url_of(c, w);
     int gone = 0;
     if (told != *k) {
@@ -403,8 +416,8 @@ pulse_status collab_get_manifest(pulse_loco_collab *c, uint64_t r,
       pulse_bytebuf b = PULSE_BYTEBUF_INIT;
       long status = 0;
       pulse_status st =
-          loco_http_get(url, c->opts.claim_timeout_ms, MANIFEST_CAP, &b,
-                        &status);
+          loco_http_get_signed(url, c->opts.claim_timeout_ms, MANIFEST_CAP, &b,
+                               &status, sig);
       if (st != PULSE_OK) {
         pulse_bytebuf_free(&b);
         return st;
@@ -412,7 +425,18 @@ pulse_status collab_get_manifest(pulse_loco_collab *c, uint64_t r,
       if (status == 200) {
         c->fetched += b.size;
         st = loco_manifest_parse(b.data, b.size, man);
-        pulse_bytebuf_free(&b);
+        /* Signed by the writer it names, for this round (auth hook; before
+         * anything else is read from it: another round's is a replay):
+         * refused, nothing of it is used (as no manifest at all). */
+        if (st == PULSE_OK &&
+            !collab_auth_accept_by(c, PULSE_LOCO_AUTH_MANIFEST, r,
+                                   man->coordinator, sig, b.data, b.size)) {
+          loco_manifest_free(man);
+          st = pulse_fail(PULSE_ERR_CORRUPT,
+                          "loco collab: the manifest of round %" PRIu64
+                          " from %s is refused",
+                          r, wurl);
+        }
         if (st == PULSE_OK &&
             (man->round != r || !man->has_contributors || man->ncontrib == 0)) {
           loco_manifest_free(man);
@@ -421,6 +445,12 @@ pulse_status collab_get_manifest(pulse_loco_collab *c, uint64_t r,
                           " does not fit",
                           r);
         }
+        if (st == PULSE_OK) {
+          pulse_bytebuf_free(raw);
+          *raw = b;
+          b = (pulse_bytebuf)PULSE_BYTEBUF_INIT;
+        }
+        pulse_bytebuf_free(&b);
         if (st == PULSE_OK)
           snprintf(src, cap, "%s", wurl);
         return st;

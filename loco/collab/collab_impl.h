@@ -83,7 +83,15 @@ struct pulse_loco_collab {
   /* Authentication (collab_auth.c; NULL: off): the handle, and refusals
    * decided here (a body of a later round: forged), under lock. */
   pulse_loco_auth *auth;
-  uint64_t auth_forged_extra;
+  uint64_t auth_forged_extra, auth_foreign_extra;
+  pulse_loco_member_key *auth_pins; /* the members' keys by id (copied) */
+  size_t auth_npins;
+  /* Fault injection (tests, collab_auth_tamper). */
+  unsigned tamper, tamper_kinds;
+  pulse_sign_key *stranger_key;
+  pulse_loco_auth *stranger;
+  pulse_bytebuf tamper_last; /* the last body served of a tampered kind */
+  loco_sig tamper_last_sig;
   uint64_t auth_bytes; /* signature headers received, main thread */
   uint64_t auth_refused_kind[PULSE_LOCO_AUTH_KINDS];
   /* Acknowledgements of round ends ("done"), the latest ones. */
@@ -122,6 +130,18 @@ pulse_status collab_auth_put(pulse_loco_collab *c, const char *path,
 int collab_auth_accept(pulse_loco_collab *c, pulse_loco_auth_kind kind,
                        uint64_t floor, uint64_t ceiling, const loco_sig *sig,
                        const void *data, size_t size);
+/* collab_auth_accept for a body of round r that trainer `id` must have
+ * signed (a manifest, by the writer it names): another member's
+ * signature is forged, a key not pinned for that id foreign. */
+int collab_auth_accept_by(pulse_loco_collab *c, pulse_loco_auth_kind kind,
+                          uint64_t r, uint32_t id, const loco_sig *sig,
+                          const void *data, size_t size);
+/* Fault injection (tests/loco/test_collab_auth.c): what this peer signs
+ * of the kinds `kinds` (bit 1 << (kind - 1)) is served unsigned (1),
+ * forged (2: a flipped signature bit), replayed (3: the previous body of
+ * that kind with its signature) or signed by a stranger's key (4). */
+pulse_status collab_auth_tamper(pulse_loco_collab *c, unsigned mode,
+                                unsigned kinds);
 /* The counters, for /metrics (server thread). */
 void collab_auth_metrics(pulse_loco_collab *c, pulse_bytebuf *text);
 
@@ -202,7 +222,11 @@ pulse_status collab_get_manifest(pulse_loco_collab *c, uint64_t r,
                                  uint32_t *k, const uint8_t *own,
                                  size_t own_size, uint64_t done, int leaving,
                                  loco_manifest *man, char *src, size_t cap,
+                                 pulse_bytebuf *raw, loco_sig *sig,
                                  pulse_loco_collab_figures *info);
+/* (raw, sig: the manifest's bytes and its writer's signature as they came,
+ * for this peer to serve them again; raw left empty when this peer wrote
+ * it.) */
 
 /* collab_fetch.c: the all-to-all finish of round r over man's
  * contributors: their payloads into t (by man's order; urls the same

@@ -253,6 +253,8 @@ typedef struct {
   uint8_t *own; /* this peer's payload (a copy), NULL when none */
   size_t size;
   loco_manifest man;
+  pulse_bytebuf man_raw; /* its bytes as they came, with its writer's */
+  loco_sig man_sig;      /* signature (empty: this peer wrote it) */
   char src[64]; /* the manifest's source */
   /* The finish: the listed payloads (man's order), whether this peer is
    * listed, settled a failed exchange, served the state of r + 1. */
@@ -312,7 +314,7 @@ static pulse_status close_round(round_state *s, pulse_status st) {
   if (st == PULSE_OK)
     st = collab_get_manifest(c, s->r, &s->k, s->own, s->size,
                              s->own ? s->done : 0, s->leaving, &s->man, s->src,
-                             sizeof s->src, info);
+                             sizeof s->src, &s->man_raw, &s->man_sig, info);
   info->takeovers = s->k;
   if (st == PULSE_OK) {
     const loco_manifest *man = &s->man;
@@ -329,17 +331,24 @@ static pulse_status close_round(round_state *s, pulse_status st) {
 }
 
 /* Re-serve the manifest at once: a writer taking over if the source dies
- * adopts it from here. */
+ * adopts it from here. The bytes and the writer's signature as they came;
+ * this peer's own, signed by it (auth hook). */
 static pulse_status serve_manifest(round_state *s) {
   pulse_loco_collab *c = s->c;
   pulse_bytebuf mb = PULSE_BYTEBUF_INIT;
   char path[96];
   snprintf(path, sizeof path, "/v1/loco/round/%" PRIu64 "/manifest", s->r);
-  pulse_status st = loco_manifest_write(&s->man, &mb);
+  pulse_status st = PULSE_OK;
+  if (s->man_raw.size == 0)
+    st = loco_manifest_write(&s->man, &mb);
   int writer = s->man.coordinator == c->id && strcmp(s->src, c->url) == 0;
   test_stall(c, s->r, writer, 1);
-  if (st == PULSE_OK)
-    st = loco_server_put(c->srv, path, mb.data, mb.size);
+  if (st == PULSE_OK && s->man_raw.size > 0)
+    st = loco_server_put_signed(c->srv, path, s->man_raw.data,
+                                s->man_raw.size, &s->man_sig);
+  else if (st == PULSE_OK)
+    st = collab_auth_put(c, path, PULSE_LOCO_AUTH_MANIFEST, s->r, mb.data,
+                         mb.size);
   pulse_bytebuf_free(&mb);
   test_stall(c, s->r, writer, 2);
   return st;
@@ -594,6 +603,7 @@ pulse_status pulse_loco_collab_round(pulse_loco_collab *c, float *theta_r,
       pulse_loco_abandon(c->ctx, 0); /* keep rule: all of s stays in e */
     free(s.own);
     loco_manifest_free(&s.man);
+    pulse_bytebuf_free(&s.man_raw);
     return st;
   }
   st = serve_manifest(&s);
@@ -603,9 +613,11 @@ pulse_status pulse_loco_collab_round(pulse_loco_collab *c, float *theta_r,
     pulse_loco_abandon(c->ctx, 0);
   if (st != PULSE_OK) {
     loco_manifest_free(&s.man);
+    pulse_bytebuf_free(&s.man_raw);
     return st;
   }
   st = end_round(&s);
   loco_manifest_free(&s.man);
+  pulse_bytebuf_free(&s.man_raw);
   return round_tail(&s, st);
 }

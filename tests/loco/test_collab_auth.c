@@ -3,9 +3,10 @@
  * joining peer membership views and states that are unsigned, forged,
  * replayed (another round's) or signed by a stranger: the peer refuses
  * each before it takes anything (its weights unchanged, the refusal
- * counted by reason and kind at /metrics), then takes the honest ones.
- * Peers with keys run rounds and admit a joiner, every view and state
- * signed and checked, nothing refused, the same bits at the end. */
+ * counted by reason and kind at /metrics), then takes the honest ones. A
+ * writer serving such manifests: the others refuse them, apply nothing
+ * and end with the same bits. Peers with keys run rounds and admit a
+ * joiner, everything signed checked, nothing refused, the same bits. */
 #include <pthread.h>
 #include <stdio.h>
 #include <time.h>
@@ -13,6 +14,7 @@
 #include "loco_testutil.h"
 #include "manifest_impl.h"
 #include "peer_http_impl.h"
+#include "collab_impl.h"
 #include "pulse_loco_collab.h"
 
 #define CA_P 3000u
@@ -367,4 +369,72 @@ Test(loco_collab_auth, configurations_that_cannot_be_verified_are_refused) {
   pulse_loco_free(ctx);
   pulse_sign_key_free(k);
   pulse_sign_key_free(other);
+}
+
+/* Peer 0 writes rounds 0 and 3 (of 3 peers) and serves its manifests in
+ * `mode`: the others refuse the bad one (their round fails, nothing of it
+ * applied) and count it; they end with the same bits. */
+static void bad_manifests(unsigned mode, const char *why) {
+  pulse_sign_key *k[3];
+  pulse_loco_member_key pins[3];
+  for (uint32_t i = 0; i < 3; i++) {
+    cr_assert_eq(pulse_sign_key_generate(&k[i]), PULSE_OK);
+    pins[i].id = i;
+    pulse_sign_key_public(k[i], pins[i].key);
+  }
+  float *init = malloc(CA_P * sizeof *init);
+  for (uint32_t i = 0; i < CA_P; i++)
+    init[i] = 0.02f * (float)(i % 61) - 0.5f;
+  ca_runner r[3];
+  memset(r, 0, sizeof r);
+  pulse_loco_member m[3];
+  /* A replay needs a manifest of peer 0's before: rounds 0 to 3. */
+  uint64_t bad_round = mode == 3 ? 3 : 0;
+  for (uint32_t i = 0; i < 3; i++) {
+    r[i].ctx = ca_ctx(i, init);
+    r[i].c = ca_peer(r[i].ctx, k[i], pins, 3);
+    r[i].theta = malloc(CA_P * sizeof(float));
+    memcpy(r[i].theta, init, CA_P * sizeof(float));
+    r[i].rounds = bad_round + 1;
+    m[i].id = i;
+    snprintf(m[i].url, sizeof m[i].url, "%s", pulse_loco_collab_url(r[i].c));
+  }
+  for (int i = 0; i < 3; i++)
+    cr_assert_eq(pulse_loco_collab_start(r[i].c, m, 3), PULSE_OK);
+  cr_assert_eq(collab_auth_tamper(r[0].c, mode,
+                                  1u << (PULSE_LOCO_AUTH_MANIFEST - 1)),
+               PULSE_OK);
+  pthread_t th[3];
+  for (int i = 0; i < 3; i++)
+    pthread_create(&th[i], NULL, ca_run, &r[i]);
+  for (int i = 0; i < 3; i++)
+    pthread_join(th[i], NULL);
+  for (int i = 1; i < 3; i++) {
+    cr_assert_neq(r[i].st, PULSE_OK, "%s: peer %d took the manifest", why, i);
+    cr_assert_eq(pulse_loco_round(r[i].ctx), bad_round, "%s: peer %d", why, i);
+    cr_assert_geq(ca_refused(r[i].c, why), 1, "%s: peer %d", why, i);
+    cr_assert_geq(ca_refused_kind(r[i].c, "manifest"), 1, "%s", why);
+  }
+  cr_assert_eq(pulse_loco_global_digest(r[1].ctx),
+               pulse_loco_global_digest(r[2].ctx), "%s", why);
+  for (int i = 0; i < 3; i++) {
+    pulse_loco_collab_free(r[i].c);
+    pulse_loco_free(r[i].ctx);
+    free(r[i].theta);
+    pulse_sign_key_free(k[i]);
+  }
+  free(init);
+}
+
+Test(loco_collab_auth, unsigned_manifests_are_refused, .timeout = 120) {
+  bad_manifests(1, "unsigned");
+}
+Test(loco_collab_auth, forged_manifests_are_refused, .timeout = 120) {
+  bad_manifests(2, "forged");
+}
+Test(loco_collab_auth, replayed_manifests_are_refused, .timeout = 120) {
+  bad_manifests(3, "replayed");
+}
+Test(loco_collab_auth, foreign_manifests_are_refused, .timeout = 120) {
+  bad_manifests(4, "foreign");
 }

@@ -124,8 +124,9 @@ int bench_loco_collab_main(int argc, char **argv) {
     if (b.a.no_auth)
       printf("authentication off (--no-auth)\n");
     else
-      printf("authentication on (Ed25519, every peer's key pinned; views "
-             "and states): signing added %.1f bytes per peer and round\n",
+      printf("authentication on (Ed25519, every peer's key pinned; views, "
+             "states, manifests): signing added %.1f bytes per peer and "
+             "round\n",
              b.auth_reports ? (double)b.auth_bytes / (double)b.auth_reports
                             : 0.0);
     printf("rounds %u  samples %" PRIu64 "  samples/s %.1f  final loss %.6f"
