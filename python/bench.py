@@ -9,9 +9,13 @@ targets in docs/benchmarks/python.md):
            tensors, against the C subscriber's own time for the same sync
            (pulse_sub_figures.last_total_s).
   memory   a worker process's peak resident memory (VmHWM, reset before the
-           measured pulls) above its resident memory before them, during
-           patch pulls, with and without the class index; against the
-           model's BF16 bytes and the patch bytes.
+           measured pulls) above its resident memory before them (its
+           targets, filled by the anchor), during patch pulls, plus the
+           class index it held before them: for the default (class_index
+           "auto", --memory-budget), with the class index (True) and
+           without (False); against the model's BF16 bytes and the patch
+           bytes, and the bound of the default (model's bytes x 1.1 + the
+           patch). Each worker says what its rule chose and why.
   --tp N   instead: the patches pulled by rank 0 of N through pulse.Mapping
            (--split cols: each tensor split on its columns, as row-parallel
            weights are; --split rows: on its rows, as column-parallel ones;
@@ -94,7 +98,9 @@ def worker(args):
         halo = sum(halo_elems(s[0], s[1], 0, s[0] // args.tp, 0, s[1]) for s in shapes.values())
         shapes = {n.replace("layers", "rows"): [s[0] // args.tp, s[1]] for n, s in shapes.items()}
     targets = {n: torch.zeros(s, dtype=torch.bfloat16) for n, s in shapes.items()}
-    sub = pulse.Subscriber(args.url, key=args.key, class_index=not args.no_class_index)
+    index = {"auto": "auto", "on": True, "off": False}[args.class_index]
+    sub = pulse.Subscriber(args.url, key=args.key, class_index=index,
+                           memory_budget=int(args.memory_budget) if args.memory_budget else None)
     sub.pull(targets, mapping=mapping)  # the anchor
     out = {"model_bytes": sum(t.numel() * 2 for t in targets.values()), "steps": [],
            "halo_bytes": 2 * halo}
@@ -102,6 +108,7 @@ def worker(args):
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # resets VmHWM to the current RSS
     base = rss_kib("VmRSS")
+    held = sub.figures()["class_index_bytes"]  # resident already (built after the anchor)
     for line in sys.stdin:
         if line.strip() == "quit":
             break
@@ -112,8 +119,10 @@ def worker(args):
         out["steps"].append({"step": step, "wall": wall, "c": fig["last_total_s"],
                              "bytes": fig["last_bytes"]})
         print("pulled", step, flush=True)
-    out["peak_extra_bytes"] = (rss_kib("VmHWM") - base) * 1024
-    out["class_index_bytes"] = sub.figures()["class_index_bytes"]
+    out["peak_extra_bytes"] = (rss_kib("VmHWM") - base) * 1024 + held
+    fig = sub.figures()
+    out["class_index_bytes"] = fig["class_index_bytes"]
+    out["class_index_why"] = fig["class_index_why"]
     print("result " + json.dumps(out), flush=True)
 
 
@@ -135,7 +144,11 @@ def main():
     ap.add_argument("--url")
     ap.add_argument("--key")
     ap.add_argument("--shapes")
-    ap.add_argument("--no-class-index", action="store_true")
+    ap.add_argument("--class-index", choices=("auto", "on", "off"), default="auto",
+                    help=argparse.SUPPRESS)  # the worker's
+    ap.add_argument("--memory-budget", type=float, default=0,
+                    help="the default worker's memory_budget in bytes (default: the library's, "
+                         "a tenth of the targets' bytes)")
     ap.add_argument("--tp", type=int, default=1)
     ap.add_argument("--split", choices=("cols", "rows"), default="cols")
     ap.add_argument("--plain", action="store_true")
@@ -153,20 +166,20 @@ def main():
         pub.publish(sd)
         shapes = json.dumps({n: list(t.shape) for n, t in sd.items()})
         workers = []
-        kinds = ((False, True) if args.tp == 1 else (True,))
-        labels = (("class index", "no class index") if args.tp == 1
+        kinds = (("auto", "on", "off") if args.tp == 1 else ("off",))
+        labels = (("default", "class index", "no class index") if args.tp == 1
                   else (f"rank 0 of {args.tp} {args.split}",))
-        for no_index in kinds:
+        for mode in kinds:
             cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--url", server.url,
                    "--key", pub.public_key, "--shapes", shapes, "--tp", str(args.tp),
-                   "--split", args.split]
-            if no_index:
-                cmd.append("--no-class-index")
+                   "--split", args.split, "--class-index", mode]
+            if args.memory_budget and mode == "auto":
+                cmd += ["--memory-budget", str(int(args.memory_budget))]
             p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
             assert p.stdout.readline().strip() == "ready"
             workers.append(p)
         pub_ratio, pub_wall, pub_c, patch = [], [], [], []
-        for _ in range(args.steps):
+        for step in range(args.steps):
             perturb(sd, args.density, g)
             t0 = time.perf_counter()
             pub.publish(sd)
@@ -176,7 +189,10 @@ def main():
             pub_c.append(fig["total_seconds"])
             pub_ratio.append(wall / fig["total_seconds"])
             patch.append(fig["patch_bytes"])
-            for p in workers:
+            # Each step in another order: the first to pull after a publish
+            # finds the machine busiest (the store's writes), so no worker
+            # is always first.
+            for p in workers[step % len(workers):] + workers[:step % len(workers)]:
                 p.stdin.write("pull\n")
                 p.stdin.flush()
                 assert p.stdout.readline().startswith("pulled")
@@ -204,6 +220,16 @@ def main():
               f"max {max(ratio):.3f}   peak extra memory {res['peak_extra_bytes'] / 2**20:.1f} MiB "
               f"(targets {res['model_bytes'] / 2**20:.0f} MiB, class index "
               f"{res['class_index_bytes'] / 2**20:.1f} MiB, halo {res['halo_bytes'] / 2**20:.1f} MiB)")
+        if res.get("class_index_why"):
+            print(f"    {label}: {res['class_index_why']}")
+    if args.tp == 1:
+        default, on, off = (med(s["wall"] for s in res["steps"]) for res in results)
+        bound = results[0]["model_bytes"] * 0.1 + med(patch)
+        print(f"default pull / the better of index and no index: {default / min(on, off):.3f} "
+              f"(within 5%: {'yes' if default <= 1.05 * min(on, off) else 'NO'}); default peak "
+              f"extra memory {results[0]['peak_extra_bytes'] / 2**20:.1f} MiB against the bound "
+              f"10% of the model + the patch = {bound / 2**20:.1f} MiB "
+              f"({'within' if results[0]['peak_extra_bytes'] <= bound else 'ABOVE'})")
 
 
 if __name__ == "__main__":
