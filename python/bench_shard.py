@@ -12,8 +12,11 @@ gather mode's is the gather plus rank 0's publish), and the peak extra
 memory: the process's peak RSS during the publish calls (VmHWM, reset
 before each call through /proc/self/clear_refs) above its RSS before the
 first publish; for the sharded mode against the rank's shard's BF16 bytes.
-Bytes: each step's patch bytes of both modes, and whether both stores end
-with the same objects (SHA-256 names: the same bytes).
+The peak is split into what the rank holds between steps (its snapshot,
+the publisher's state; RSS before the last publish above the baseline) and
+the most a step adds on top. Bytes: each step's patch bytes of both modes,
+and whether both stores end with the same objects (SHA-256 names: the same
+bytes).
 
 Targets (issue "Sharded trainers publish without a gather", 4 ranks): each
 rank's extra memory <= its shard's BF16 bytes + 10% + the patch; no rank's
@@ -308,9 +311,14 @@ def summary(args, sharded, gathered, work):
         patch = max(r["patch_bytes"] or [0])
         peak = max(r["peak_extra_bytes"])
         budget = r["shard_bf16_bytes"] * 1.1 + max(patches)
+        held = r["rss_before_extra_bytes"][-1]  # the snapshot and what stays between steps
         ranks.append({
             "rank": r["rank"], "shard_bf16_bytes": r["shard_bf16_bytes"],
-            "peak_extra_bytes": peak, "memory_target_bytes": int(budget),
+            "peak_extra_bytes": peak, "held_between_steps_bytes": held,
+            # a patch step's own (the first step takes the snapshot)
+            "peak_within_step_bytes": max(p - b for p, b in zip(r["peak_extra_bytes"][1:],
+                                                                 r["rss_before_extra_bytes"][1:])),
+            "memory_target_bytes": int(budget),
             "memory_ok": peak <= budget,
             "publish_s_per_step": mean(r["times_s"][1:]), "first_step_s": r["times_s"][0],
             "patch_bytes_seen": patch})
