@@ -82,11 +82,12 @@ static uint64_t choose_m(uint64_t gap_sum, uint64_t k) {
   return m > M_MAX ? M_MAX : m;
 }
 
-static void put_gap(pulse_bitwriter *w, uint64_t gap, uint64_t m, unsigned b, uint64_t u) {
-  uint64_t q = gap / m, r = gap - q * m;
-  if (q < QUOTIENT_MAX) {
-    pulse_bw_ones(w, (unsigned)q);
-    pulse_bw_put(w, 0, 1);
+/* Gaps are rank differences and m <= M_MAX: both fit 32 bits, whose
+ * division is the cheaper one. */
+static void put_gap(pulse_bitwriter *w, uint32_t gap, uint32_t m, unsigned b, uint32_t u) {
+  uint32_t q = gap / m, r = gap - q * m;
+  if (q < QUOTIENT_MAX) { /* q ones, then the zero: one append */
+    pulse_bw_put(w, (1u << q) - 1u, q + 1u);
   } else {
     pulse_bw_ones(w, QUOTIENT_MAX);
     put_gamma(w, q - QUOTIENT_MAX + 1u);
@@ -96,7 +97,7 @@ static void put_gap(pulse_bitwriter *w, uint64_t gap, uint64_t m, unsigned b, ui
   if (r < u) {
     pulse_bw_put(w, r, b - 1u);
   } else {
-    uint64_t x = r + u;
+    uint32_t x = r + u;
     pulse_bw_put(w, x >> 1, b - 1u);
     pulse_bw_put(w, x & 1u, 1);
   }
@@ -226,7 +227,7 @@ static void put_class(pulse_bitwriter *w, pulse_bitwriter *wv, const uint32_t *r
   for (uint32_t t = 0; t < k; t++) {
     uint32_t j = order ? order[t] : t;
     if (m > 0)
-      put_gap(w, rank[j] - prev, m, b, u);
+      put_gap(w, (uint32_t)(rank[j] - prev), (uint32_t)m, b, (uint32_t)u);
     prev = (uint64_t)rank[j] + 1u;
     unsigned tok = value_token(delta[j]);
     if (constant == TOKENS)

@@ -1,5 +1,6 @@
 /* patch_encode.c - writes a patch (FORMAT.md): checks the input, derives the
  * digests, codes the chunks in parallel and lays out header, table and body. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -93,19 +94,25 @@ typedef struct {
   const pulse_encode_tensor *tensors;
   const uint64_t *numel;
   pulse_tensor_digest *digest;
+  const pulse_tensor_digest *target_in; /* the caller's, or NULL */
+  pulse_tensor_digest *target;
 } digest_job;
 
+/* Tensor i's base digest and, from its changes, its target digest (a pass
+ * over millions of changes at model scale: on the threads too). */
 static void digest_one(void *ctx, size_t i) {
   digest_job *job = ctx;
   const pulse_encode_tensor *t = &job->tensors[i];
   job->digest[i] = t->base_digest ? *t->base_digest : pulse_digest_bf16(t->base, job->numel[i]);
+  job->target[i] = job->target_in ? job->target_in[i]
+                                  : pulse_digest_apply_changes(job->digest[i], t->changes);
 }
 
 static int name_cmp(const void *a, const void *b) {
   return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
 
-/* Rejects what would make a patch that no decoder accepts. */
+/* Rejects a table entry that would make a patch no decoder accepts. */
 static pulse_status check_tensor(const pulse_encode_tensor *t, size_t i,
                                  pulse_pos_model model, uint64_t *numel) {
   const char *name = t->info.name;
@@ -118,15 +125,21 @@ static pulse_status check_tensor(const pulse_encode_tensor *t, size_t i,
   if (t->info.ndim > PULSE_MAX_DIMS)
     return pulse_fail(PULSE_ERR_ARG, "encode: tensor '%s': %u dimensions", name, t->info.ndim);
   PULSE_TRY(pulse_shape_numel(t->info.shape, t->info.ndim, numel));
-  const pulse_changes *ch = t->changes;
-  uint64_t k = ch ? ch->count : 0;
   int rank_form = t->chunk_hist != NULL && t->change_class != NULL && t->change_rank != NULL;
   if (t->base == NULL && *numel > 0 &&
       ((model == PULSE_POS_CLASS && !rank_form) || t->base_digest == NULL))
     return pulse_fail(PULSE_ERR_ARG, "encode: tensor '%s': no base (nor its digest and rank form)",
                       name);
+  return PULSE_OK;
+}
+
+/* Rejects changes that would make a patch no decoder accepts. */
+static pulse_status check_changes(const pulse_encode_tensor *t, uint64_t numel) {
+  const char *name = t->info.name;
+  const pulse_changes *ch = t->changes;
+  uint64_t k = ch ? ch->count : 0;
   for (uint64_t j = 0; j < k; j++) {
-    if (ch->pos[j] >= *numel || (j > 0 && ch->pos[j] <= ch->pos[j - 1]))
+    if (ch->pos[j] >= numel || (j > 0 && ch->pos[j] <= ch->pos[j - 1]))
       return pulse_fail(PULSE_ERR_POSITION, "encode: tensor '%s': change %llu at %llu",
                         name, (unsigned long long)j, (unsigned long long)ch->pos[j]);
     if (ch->old_bits[j] == ch->new_bits[j])
@@ -138,6 +151,20 @@ static pulse_status check_tensor(const pulse_encode_tensor *t, size_t i,
                         (unsigned long long)ch->pos[j]);
   }
   return PULSE_OK;
+}
+
+typedef struct {
+  const pulse_encode_tensor *tensors;
+  const uint64_t *numel;
+  pulse_status *status;
+  char (*detail)[160];
+} check_job;
+
+static void check_one(void *ctx, size_t i) {
+  check_job *job = ctx;
+  job->status[i] = check_changes(&job->tensors[i], job->numel[i]);
+  if (job->status[i] != PULSE_OK)
+    snprintf(job->detail[i], sizeof job->detail[i], "%s", pulse_error_detail());
 }
 
 void pulse_encode_opts_init(pulse_encode_opts *o) {
@@ -206,16 +233,45 @@ static pulse_status plan_tensors(encode_plan *pl) {
   pl->names = calloc(count + 1, sizeof *pl->names);
   if (!pl->numel || !pl->infos || !pl->base_d || !pl->target_d || !pl->names)
     return pulse_fail(PULSE_ERR_NOMEM, "encode: table of %zu tensors", count);
-  for (size_t i = 0; i < count; i++) {
-    const pulse_encode_tensor *t = &pl->tensors[i];
-    PULSE_TRY(check_tensor(t, i, pl->opts->pos_model, &pl->numel[i]));
-    pl->infos[i] = t->info;
-    pl->names[i] = t->info.name;
+  /* The table serially up to its first bad entry; the changes of the
+   * entries before it on the threads (millions of them at model scale).
+   * The first error in table order is reported, as one pass would. */
+  size_t good = 0;
+  pulse_status table_st = PULSE_OK;
+  char table_detail[160] = "";
+  for (; good < count; good++) {
+    const pulse_encode_tensor *t = &pl->tensors[good];
+    table_st = check_tensor(t, good, pl->opts->pos_model, &pl->numel[good]);
+    if (table_st != PULSE_OK) {
+      snprintf(table_detail, sizeof table_detail, "%s", pulse_error_detail());
+      break;
+    }
+    pl->infos[good] = t->info;
+    pl->names[good] = t->info.name;
     uint64_t k = t->changes ? t->changes->count : 0;
     pl->total_changed += k;
     if (k > 0)
-      pl->chunk_entries += ((pl->numel[i] - 1) >> pl->opts->chunk_log2) + 1;
+      pl->chunk_entries += ((pl->numel[good] - 1) >> pl->opts->chunk_log2) + 1;
   }
+  pulse_status *status = calloc(good + 1, sizeof *status);
+  char(*detail)[160] = calloc(good + 1, sizeof *detail);
+  if (status == NULL || detail == NULL) {
+    free(status), free(detail);
+    return pulse_fail(PULSE_ERR_NOMEM, "encode: table of %zu tensors", count);
+  }
+  check_job cj = {pl->tensors, pl->numel, status, detail};
+  pulse_parallel_for(pl->opts->threads, good, check_one, &cj);
+  size_t bad = 0;
+  while (bad < good && status[bad] == PULSE_OK)
+    bad++;
+  pulse_status st = PULSE_OK;
+  if (bad < good)
+    st = pulse_fail(status[bad], "%s", detail[bad]);
+  else if (table_st != PULSE_OK)
+    st = pulse_fail(table_st, "%s", table_detail);
+  free(status), free(detail);
+  if (st != PULSE_OK)
+    return st;
   qsort(pl->names, count, sizeof *pl->names, name_cmp);
   for (size_t i = 1; i < count; i++)
     if (strcmp(pl->names[i - 1], pl->names[i]) == 0)
@@ -225,12 +281,8 @@ static pulse_status plan_tensors(encode_plan *pl) {
 }
 
 static void plan_digests(encode_plan *pl, const pulse_tensor_digest *target_digests) {
-  digest_job dj = {pl->tensors, pl->numel, pl->base_d};
+  digest_job dj = {pl->tensors, pl->numel, pl->base_d, target_digests, pl->target_d};
   pulse_parallel_for(pl->opts->threads, pl->count, digest_one, &dj);
-  for (size_t i = 0; i < pl->count; i++)
-    pl->target_d[i] = target_digests
-                          ? target_digests[i]
-                          : pulse_digest_apply_changes(pl->base_d[i], pl->tensors[i].changes);
 }
 
 /* One work item per chunk that holds changes, coded in parallel. */
