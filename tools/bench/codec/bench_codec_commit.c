@@ -17,7 +17,12 @@
  * the wait for the patch's durable write, the head's rename), the snapshot
  * move the publisher does afterwards in the background, and "reads": one
  * pass over the master weights and the snapshot on the commit's threads,
- * the floor a commit that reads both cannot go below. Then the receiver
+ * the floor a commit that reads both cannot go below. Before the commit,
+ * on the same snapshot, the reference path's compute is timed (detection
+ * per tensor, then the encoder classifying from the base: what a commit did
+ * before detection found the ranks); its patch must be the commit's, byte
+ * for byte, and the ratio of the two, taken in the same step, is the
+ * figure a busy machine does not blur. Then the receiver
  * applies the patch from the store three ways: without a class index on
  * one thread, through its class indexes on two threads and on one (each
  * apply but the last is undone, untimed, from its own staged changes), and
