@@ -181,7 +181,8 @@ pulse_status pulse_loco_collab_create(const pulse_loco_collab_opts *opts,
   /* A serving peer takes uploads of one payload at most; a client's table
    * listens nowhere. */
   st = loco_server_start_uploads(client_of ? NULL : host, collab_on_post,
-                                 collab_on_upload, c, loco_payload_cap(ctx->n),
+                                 collab_on_upload, c,
+                                 loco_payload_cap(ctx->n) + COLLAB_SIG_TRAILER,
                                  &c->srv);
   if (st != PULSE_OK) {
     pulse_loco_collab_free(c);
@@ -512,10 +513,30 @@ unsigned collab_on_upload(void *user, const char *path, const char *id_text,
   pulse_loco_collab *c = user;
   upload_path u;
   unsigned status;
+  loco_sig sig;
+  memset(&sig, 0, sizeof sig);
   pthread_mutex_lock(&c->lock);
   const char *why = "no such upload path";
   status = 404;
-  if (parse_upload_path(path, &u))
+  int parsed = parse_upload_path(path, &u);
+  /* Authenticating, a payload comes with its signature after it (the
+   * trailer): served with the payload, for the writer to check. */
+  if (parsed && u.kind == UP_PAYLOAD && c->auth != NULL) {
+    if (size < COLLAB_SIG_TRAILER) {
+      parsed = 0;
+      why = "a payload without its signature";
+      status = 403;
+    } else {
+      size -= COLLAB_SIG_TRAILER;
+      const uint8_t *t = body + size;
+      sig.present = 1;
+      for (int i = 0; i < 8; i++)
+        sig.round |= (uint64_t)t[i] << (8 * i);
+      memcpy(sig.key, t + 8, 32);
+      memcpy(sig.sig, t + 40, 64);
+    }
+  }
+  if (parsed)
     why = upload_refusal(c, id_text, body, size, &u, &status);
   if (why != NULL)
     c->hosted_refused++;
@@ -526,7 +547,7 @@ unsigned collab_on_upload(void *user, const char *path, const char *id_text,
   }
   /* Served from here as if it were this peer's own: the same path under
    * the client's URL; its uploads of older rounds go. */
-  if (loco_server_put(c->srv, path, body, size) != PULSE_OK) {
+  if (loco_server_put_signed(c->srv, path, body, size, &sig) != PULSE_OK) {
     snprintf(reply, cap, "{\"error\":\"out of memory\"}");
     pthread_mutex_lock(&c->lock);
     c->hosted_refused++;
@@ -585,16 +606,31 @@ pulse_status collab_client_push(pulse_loco_collab *c, uint64_t r,
   uint64_t end = loco_now_ms() + c->opts.claim_timeout_ms;
   long status = 0;
   pulse_bytebuf reply = PULSE_BYTEBUF_INIT;
+  /* Authenticating, the signature goes after the payload (auth hook): the
+   * host serves it with the payload. */
+  uint8_t trailer[COLLAB_SIG_TRAILER];
+  uint8_t *body = NULL;
+  if (collab_auth_trailer(c, r, payload, size, trailer)) {
+    body = malloc(size + COLLAB_SIG_TRAILER);
+    if (body == NULL)
+      return pulse_fail(PULSE_ERR_NOMEM, "loco collab: upload");
+    memcpy(body, payload, size);
+    memcpy(body + size, trailer, COLLAB_SIG_TRAILER);
+    payload = body;
+    size += COLLAB_SIG_TRAILER;
+  }
   do {
     pulse_bytebuf_free(&reply);
     pulse_status st = loco_http_post_body(url, left_ms(end), payload, size,
                                           &reply, &status);
     if (st != PULSE_OK) {
       pulse_bytebuf_free(&reply);
+      free(body);
       return st;
     }
     if (status == 200) {
       pulse_bytebuf_free(&reply);
+      free(body);
       c->pushed += size;
       return PULSE_OK;
     }
@@ -607,6 +643,7 @@ pulse_status collab_client_push(pulse_loco_collab *c, uint64_t r,
     snprintf(said, sizeof said, ": %.*s",
              (int)(reply.size < 120 ? reply.size : 120), (const char *)reply.data);
   pulse_bytebuf_free(&reply);
+  free(body);
   char old[64];
   snprintf(old, sizeof old, "%s", c->host_url);
   c->dropped = 1;

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "auth_impl.h"
 #include "collab_impl.h"
 #include "pulse_log.h"
 
@@ -87,6 +88,19 @@ void collab_auth_stop(pulse_loco_collab *c) {
   pulse_bytebuf_free(&c->tamper_last);
 }
 
+int collab_auth_trailer(pulse_loco_collab *c, uint64_t r, const void *data,
+                        size_t size, uint8_t trailer[COLLAB_SIG_TRAILER]) {
+  if (c->auth == NULL)
+    return 0;
+  pthread_mutex_lock(&c->lock);
+  pulse_status st = pulse_loco_auth_sign(c->auth, PULSE_LOCO_AUTH_PAYLOAD, r,
+                                         data, size, trailer + 40, trailer + 8);
+  pthread_mutex_unlock(&c->lock);
+  for (int i = 0; i < 8; i++)
+    trailer[i] = (uint8_t)(r >> (8 * i));
+  return st == PULSE_OK;
+}
+
 pulse_status collab_auth_tamper(pulse_loco_collab *c, unsigned mode,
                                 unsigned kinds) {
   if (c->auth == NULL || mode < 1 || mode > 4)
@@ -139,6 +153,17 @@ int collab_auth_accept_by(pulse_loco_collab *c, pulse_loco_auth_kind kind,
                           const void *data, size_t size) {
   if (c->auth == NULL)
     return 1;
+  uint8_t sha[32];
+  loco_sha256(data, size, sha);
+  return collab_auth_accept_by_digest(c, kind, r, id, sig, size, sha);
+}
+
+int collab_auth_accept_by_digest(pulse_loco_collab *c,
+                                 pulse_loco_auth_kind kind, uint64_t r,
+                                 uint32_t id, const loco_sig *sig,
+                                 uint64_t size, const uint8_t sha[32]) {
+  if (c->auth == NULL)
+    return 1;
   const uint8_t *key = NULL;
   for (size_t i = 0; i < c->auth_npins && key == NULL; i++)
     if (c->auth_pins[i].id == id)
@@ -167,7 +192,7 @@ int collab_auth_accept_by(pulse_loco_collab *c, pulse_loco_auth_kind kind,
       memcpy(bound.key, key, PULSE_KEY_BYTES);
     sig = &bound;
   }
-  return collab_auth_accept(c, kind, r, r, sig, data, size);
+  return collab_auth_accept_digest(c, kind, r, r, sig, size, sha);
 }
 
 pulse_status collab_auth_put(pulse_loco_collab *c, const char *path,
@@ -195,6 +220,17 @@ int collab_auth_accept(pulse_loco_collab *c, pulse_loco_auth_kind kind,
                        const void *data, size_t size) {
   if (c->auth == NULL)
     return 1;
+  uint8_t sha[32];
+  loco_sha256(data, size, sha);
+  return collab_auth_accept_digest(c, kind, floor, ceiling, sig, size, sha);
+}
+
+int collab_auth_accept_digest(pulse_loco_collab *c, pulse_loco_auth_kind kind,
+                              uint64_t floor, uint64_t ceiling,
+                              const loco_sig *sig, uint64_t size,
+                              const uint8_t sha[32]) {
+  if (c->auth == NULL)
+    return 1;
   int present = sig != NULL && sig->present;
   if (present) { /* its three header lines, each with CRLF */
     uint64_t d = 1;
@@ -216,9 +252,9 @@ int collab_auth_accept(pulse_loco_collab *c, pulse_loco_auth_kind kind,
     /* Any member's key (the handle's set); older than the floor, or than
      * one of this kind accepted from that member: a replay. */
     pulse_loco_auth_round(c->auth, floor);
-    st = pulse_loco_auth_check(c->auth, kind, present ? sig->round : floor,
-                               present ? sig->key : NULL, data, size,
-                               present ? sig->sig : NULL);
+    st = loco_auth_check_digest(c->auth, kind, present ? sig->round : floor,
+                                present ? sig->key : NULL, size, sha,
+                                present ? sig->sig : NULL);
   }
   if (st != PULSE_OK)
     c->auth_refused_kind[kind - 1]++;

@@ -267,6 +267,26 @@ static void collect_contributions(close_state *s, const uint8_t *own,
     c->fetched += t[i].body.size;
     int head_only = t[i].head > 0;
     pulse_loco_payload_header h;
+    /* Signed by its sender for this round (auth hook): the whole body, or
+     * the size and digest its server gave for a header-only read (the
+     * manifest lists them: every reader checks the bytes against them).
+     * Refused, it is left out of this round like a lost one (counted);
+     * its sender stays a member: a hostile host on the path must not
+     * evict it. */
+    if (!(head_only && !t[i].has_sha256) && /* payload_fault drops it */
+        !(head_only
+              ? collab_auth_accept_by_digest(c, PULSE_LOCO_AUTH_PAYLOAD, s->r,
+                                             id, &t[i].sig, t[i].total,
+                                             t[i].sha256)
+              : collab_auth_accept_by(c, PULSE_LOCO_AUTH_PAYLOAD, s->r, id,
+                                      &t[i].sig, t[i].body.data,
+                                      t[i].body.size))) {
+      PULSE_LOG_AT(PULSE_LOG_WARN,
+                   "loco collab round %" PRIu64 ": %u left out (its payload "
+                   "is not signed by it for this round)",
+                   s->r, id);
+      continue;
+    }
     const char *why = payload_fault(s, i, &h);
     if (why != NULL) {
       PULSE_LOG_AT(PULSE_LOG_WARN,

@@ -136,6 +136,23 @@ int collab_auth_accept(pulse_loco_collab *c, pulse_loco_auth_kind kind,
 int collab_auth_accept_by(pulse_loco_collab *c, pulse_loco_auth_kind kind,
                           uint64_t r, uint32_t id, const loco_sig *sig,
                           const void *data, size_t size);
+/* The same two for a body known by its size and SHA-256 (a payload whose
+ * header only was read, its digest from its server's answer). */
+int collab_auth_accept_digest(pulse_loco_collab *c, pulse_loco_auth_kind kind,
+                              uint64_t floor, uint64_t ceiling,
+                              const loco_sig *sig, uint64_t size,
+                              const uint8_t sha[32]);
+int collab_auth_accept_by_digest(pulse_loco_collab *c,
+                                 pulse_loco_auth_kind kind, uint64_t r,
+                                 uint32_t id, const loco_sig *sig,
+                                 uint64_t size, const uint8_t sha[32]);
+/* A client-mode peer's upload of its payload carries its signature after
+ * the payload: u64 LE round, the 32-byte key, the 64-byte signature. */
+#define COLLAB_SIG_TRAILER 104u
+/* The payload of round r signed into trailer (COLLAB_SIG_TRAILER bytes);
+ * 0 when the peer has no key (nothing written). */
+int collab_auth_trailer(pulse_loco_collab *c, uint64_t r, const void *data,
+                        size_t size, uint8_t trailer[COLLAB_SIG_TRAILER]);
 /* Fault injection (tests/loco/test_collab_auth.c): what this peer signs
  * of the kinds `kinds` (bit 1 << (kind - 1)) is served unsigned (1),
  * forged (2: a flipped signature bit), replayed (3: the previous body of

@@ -300,7 +300,9 @@ static pulse_status serve_own(round_state *s) {
   pulse_loco_collab *c = s->c;
   char path[64];
   snprintf(path, sizeof path, "/v1/loco/round/%" PRIu64, s->r);
-  pulse_status st = loco_server_put(c->srv, path, s->own, s->size);
+  /* Signed (auth hook): the writer checks it before it lists it. */
+  pulse_status st =
+      collab_auth_put(c, path, PULSE_LOCO_AUTH_PAYLOAD, s->r, s->own, s->size);
   if (st == PULSE_OK && c->host_url[0] != '\0') /* client mode */
     st = collab_client_push(c, s->r, s->own, s->size);
   return st;

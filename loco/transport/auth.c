@@ -10,6 +10,7 @@
 #include "store_impl.h"
 
 #include "pulse_loco_auth.h"
+#include "auth_impl.h"
 
 /* A member and the newest round accepted from it, per kind. */
 typedef struct {
@@ -67,17 +68,16 @@ static const char *kind_name(pulse_loco_auth_kind kind) {
   return names[kind - 1];
 }
 
-/* The signed text of a body (pulse_loco_auth.h). */
+/* The signed text of a body of n bytes whose SHA-256 is sha
+ * (pulse_loco_auth.h). */
 static int body_text(pulse_loco_auth_kind kind, uint64_t round,
-                     const uint8_t *signer, const void *bytes, size_t n,
+                     const uint8_t *signer, uint64_t n, const uint8_t sha[32],
                      char out[400]) {
-  uint8_t sha[32];
   char pub_hex[65], sha_hex[65];
-  store_sha256(bytes, n, sha);
   store_hex(sha, 32, sha_hex);
   store_hex(signer, PULSE_KEY_BYTES, pub_hex);
   return snprintf(out, 400,
-                  "pulse-loco-%s/1\nround %" PRIu64 "\nsigner %s\nsize %zu\n"
+                  "pulse-loco-%s/1\nround %" PRIu64 "\nsigner %s\nsize %" PRIu64 "\n"
                   "sha256 %s\n",
                   kind_name(kind), round, pub_hex, n, sha_hex);
 }
@@ -148,7 +148,9 @@ pulse_status pulse_loco_auth_sign(const pulse_loco_auth *auth,
       !kind_valid(kind))
     return pulse_fail(PULSE_ERR_ARG, "loco auth: sign: bad argument");
   char text[400];
-  int len = body_text(kind, round, auth->own, bytes, n, text);
+  uint8_t sha[32];
+  store_sha256(bytes, n, sha);
+  int len = body_text(kind, round, auth->own, n, sha, text);
   if (pub != NULL)
     memcpy(pub, auth->own, PULSE_KEY_BYTES);
   return pulse_sign(auth->key, text, (size_t)len, sig);
@@ -160,6 +162,17 @@ pulse_status pulse_loco_auth_check(pulse_loco_auth *auth,
                                    size_t n, const uint8_t *sig) {
   if (auth == NULL || (bytes == NULL && n > 0) ||
       !kind_valid(kind))
+    return pulse_fail(PULSE_ERR_ARG, "loco auth: check: bad argument");
+  uint8_t sha[32];
+  store_sha256(bytes, n, sha);
+  return loco_auth_check_digest(auth, kind, round, signer, n, sha, sig);
+}
+
+pulse_status loco_auth_check_digest(pulse_loco_auth *auth,
+                                    pulse_loco_auth_kind kind, uint64_t round,
+                                    const uint8_t *signer, uint64_t n,
+                                    const uint8_t sha[32], const uint8_t *sig) {
+  if (auth == NULL || sha == NULL || !kind_valid(kind))
     return pulse_fail(PULSE_ERR_ARG, "loco auth: check: bad argument");
   const char *what = kind_name(kind);
   if (signer == NULL || sig == NULL) {
@@ -180,7 +193,7 @@ pulse_status pulse_loco_auth_check(pulse_loco_auth *auth,
                       what, round, hex);
   }
   char text[400];
-  int len = body_text(kind, round, signer, bytes, n, text);
+  int len = body_text(kind, round, signer, n, sha, text);
   if (pulse_sign_verify(signer, text, (size_t)len, sig) != PULSE_OK) {
     auth->c.forged++;
     return pulse_fail(PULSE_ERR_CORRUPT,

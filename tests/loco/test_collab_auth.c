@@ -251,6 +251,7 @@ typedef struct {
 
 static int ca_step(void *user, float *theta, uint64_t samples) {
   uint32_t id = *(const uint32_t *)user;
+  loco_sleep_ms(3); /* a step takes time: the peers share each round */
   for (uint32_t i = 0; i < CA_P; i += 7)
     theta[i] -= 1e-4f * (float)((i + id) % 5) * (float)samples;
   return 0;
@@ -437,4 +438,78 @@ Test(loco_collab_auth, replayed_manifests_are_refused, .timeout = 120) {
 }
 Test(loco_collab_auth, foreign_manifests_are_refused, .timeout = 120) {
   bad_manifests(4, "foreign");
+}
+
+/* Peer 1 serves its payloads in `mode`: the writers (peers 0 and 2) leave
+ * them out, count them and keep peer 1 a member; everyone ends with the
+ * same bits (a left-out payload stays in its sender's error feedback). */
+static void bad_payloads(unsigned mode, const char *why) {
+  pulse_sign_key *k[3];
+  pulse_loco_member_key pins[3];
+  for (uint32_t i = 0; i < 3; i++) {
+    cr_assert_eq(pulse_sign_key_generate(&k[i]), PULSE_OK);
+    pins[i].id = i;
+    pulse_sign_key_public(k[i], pins[i].key);
+  }
+  float *init = malloc(CA_P * sizeof *init);
+  for (uint32_t i = 0; i < CA_P; i++)
+    init[i] = 0.02f * (float)(i % 61) - 0.5f;
+  ca_runner r[3];
+  memset(r, 0, sizeof r);
+  pulse_loco_member m[3];
+  for (uint32_t i = 0; i < 3; i++) {
+    r[i].ctx = ca_ctx(i, init);
+    r[i].c = ca_peer(r[i].ctx, k[i], pins, 3);
+    r[i].theta = malloc(CA_P * sizeof(float));
+    memcpy(r[i].theta, init, CA_P * sizeof(float));
+    r[i].rounds = 4; /* writers 0, 1, 2, 0; a replay from round 1 on */
+    m[i].id = i;
+    snprintf(m[i].url, sizeof m[i].url, "%s", pulse_loco_collab_url(r[i].c));
+  }
+  for (int i = 0; i < 3; i++)
+    cr_assert_eq(pulse_loco_collab_start(r[i].c, m, 3), PULSE_OK);
+  cr_assert_eq(collab_auth_tamper(r[1].c, mode,
+                                  1u << (PULSE_LOCO_AUTH_PAYLOAD - 1)),
+               PULSE_OK);
+  pthread_t th[3];
+  for (int i = 0; i < 3; i++)
+    pthread_create(&th[i], NULL, ca_run, &r[i]);
+  for (int i = 0; i < 3; i++)
+    pthread_join(th[i], NULL);
+  uint64_t refused = 0;
+  for (int i = 0; i < 3; i++) {
+    cr_assert_eq(r[i].st, PULSE_OK, "%s: peer %d: %s", why, i, r[i].detail);
+    cr_assert_eq(pulse_loco_round(r[i].ctx), 4, "%s: peer %d", why, i);
+    cr_assert_eq(pulse_loco_global_digest(r[i].ctx),
+                 pulse_loco_global_digest(r[0].ctx), "%s: peer %d", why, i);
+    refused += ca_refused_kind(r[i].c, "payload");
+  }
+  cr_assert_geq(refused, 1, "%s", why);
+  cr_assert_geq(ca_refused(r[0].c, why) + ca_refused(r[2].c, why), 1, "%s",
+                why);
+  /* Still a member: the next round lists it. */
+  pulse_loco_member next[3];
+  size_t count = 0;
+  pulse_loco_collab_members(r[0].c, next, 3, &count);
+  cr_assert_eq(count, 3, "%s", why);
+  for (int i = 0; i < 3; i++) {
+    pulse_loco_collab_free(r[i].c);
+    pulse_loco_free(r[i].ctx);
+    free(r[i].theta);
+    pulse_sign_key_free(k[i]);
+  }
+  free(init);
+}
+
+Test(loco_collab_auth, unsigned_payloads_are_left_out, .timeout = 120) {
+  bad_payloads(1, "unsigned");
+}
+Test(loco_collab_auth, forged_payloads_are_left_out, .timeout = 120) {
+  bad_payloads(2, "forged");
+}
+Test(loco_collab_auth, replayed_payloads_are_left_out, .timeout = 120) {
+  bad_payloads(3, "replayed");
+}
+Test(loco_collab_auth, foreign_payloads_are_left_out, .timeout = 120) {
+  bad_payloads(4, "foreign");
 }
