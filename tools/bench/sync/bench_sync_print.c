@@ -152,14 +152,17 @@ static void bs_print_dense_note(const bs_figures *f) {
            "", f->dense_timed_bytes, f->anchor_size, f->dense_measured_s);
 }
 
-/* The worker's peak memory above its targets, against the bound of the
- * default (the targets' bytes x 1.1 + the patch: pulse_sub_opts). */
+/* The worker's peak memory above its targets, against the bound stated
+ * for the default (no class index): 16 bytes per changed weight (the
+ * staged changes) + the patch + 64 MiB (threads, buffers); and against a
+ * tenth of the targets' bytes + the patch. */
 static void bs_print_memory(const bs_run *r, const bs_figures *f) {
   double mib = 1.0 / (1 << 20), model = (double)r->m.total * 2.0;
-  printf("%-10s   peak memory above the targets: %.1f MiB (targets %.1f MiB, patch %.1f MiB; "
-         "bound of the default 10%% + patch: %.1f MiB), class index %s\n",
-         "", (double)f->peak_extra * mib, model * mib, (double)f->patch_bytes * mib,
-         (model / 10 + (double)f->patch_bytes) * mib, f->class_index ? "on" : "off");
+  double bound = 16.0 * (double)f->changed + (double)f->patch_bytes + 64.0 * (1 << 20);
+  printf("%-10s   peak memory above the targets %.1f MiB, class index %s (targets %.1f MiB; "
+         "16 B x changed + patch + 64 MiB = %.1f MiB; 10%% of the targets + patch = %.1f MiB)\n",
+         "", (double)f->peak_extra * mib, f->class_index ? "on" : "off", model * mib,
+         bound * mib, (model / 10 + (double)f->patch_bytes) * mib);
 }
 
 /* The host-only table (the default): bytes, sync and end to end. */
@@ -205,8 +208,8 @@ static void bs_print_worker_row(const bs_run *r, const bs_link *lk,
            "", f->sync - f->worker_sync, f->worker_sync);
   else if (f->worker == BS_WORKER_LONG_LIVED)
     printf("%-10s   long-lived: %.3f s from the head's move to its synced "
-           "event; its first step\n%-10s   after its start (untimed, builds "
-           "the class index): %.3f s\n",
+           "event; its first step\n%-10s   after its start (untimed; a class index, when "
+           "kept, is built after it): %.3f s\n",
            "", f->seen, "", r->first_step_s);
   bs_print_memory(r, f);
   bs_print_dense_note(f);
