@@ -250,7 +250,7 @@ int bs_pull_prepare(bs_run *r);
 
 /** The long-lived worker on a link: one `pulse-pull --follow` started in
  * the calling thread's namespace, one untimed step (its total_s in
- * r->first_step_s: it builds the class index), then `steps` commits and
+ * r->first_step_s: a class index it keeps is built after it), then `steps` commits and
  * its synced events; one sample per timed step in s[]. It is stopped before
  * the return.
  * @return 0 or 1 (printed). */

@@ -388,8 +388,8 @@ int bs_pull_long_lived_steps(bs_run *r, const bs_link *lk, const char *base,
     return 1;
   /* Its first sync: it loaded the file and holds the head. Then one step
    * untimed (its total in r->first_step_s): the first patch after a start
-   * builds the class index, which a worker that has been following pays
-   * no more. */
+   * decodes by the pass and, where the rule keeps one, starts the class
+   * index's build, which a worker that has been following pays no more. */
   int rc = bs_child_wait_step(&c, r->step, &ev, &consumed);
   if (rc == 0)
     r->file_step = r->step;
