@@ -8,7 +8,8 @@
  * What is signed (one text per kind, "\n" one LF byte, hex lower-case):
  *
  *   pulse-loco-<kind>/1\n     <kind>: payload, manifest, state, members,
- *                             leave, done, digests, sync, sketch
+ *                             leave, done, digests, sync, sketch, slice,
+ *                             reduced, verdict
  *   round <round>\n
  *   signer <64 hex: public key>\n
  *   size <bytes>\n
@@ -50,9 +51,12 @@ typedef enum {
   PULSE_LOCO_AUTH_DONE = 6,     /* a member's "round R done" */
   PULSE_LOCO_AUTH_DIGESTS = 7,  /* the reference's range digests */
   PULSE_LOCO_AUTH_SYNC = 8,     /* the SHA-256 of each re-sync range */
-  PULSE_LOCO_AUTH_SKETCH = 9    /* the reference's range sketches */
+  PULSE_LOCO_AUTH_SKETCH = 9,   /* the reference's range sketches */
+  PULSE_LOCO_AUTH_SLICE = 10,   /* a partitioned slice (collaboration) */
+  PULSE_LOCO_AUTH_REDUCED = 11, /* an owner's reduced range */
+  PULSE_LOCO_AUTH_VERDICT = 12  /* a peer's verdict on the reduced ranges */
 } pulse_loco_auth_kind;
-#define PULSE_LOCO_AUTH_KINDS 9u /* the largest kind */
+#define PULSE_LOCO_AUTH_KINDS 12u /* the largest kind */
 
 /* Why bodies were refused, since create (for the metrics). */
 typedef struct {

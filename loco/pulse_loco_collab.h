@@ -116,17 +116,17 @@ typedef struct {
   int equal_ranges;
   /* Authentication, its first part (PAYLOAD.md "Authentication",
    * "Collaboration"): with a key, this peer signs the membership views and
-   * the states it serves, the manifests it writes and its payloads, and
-   * checks those it loads (a join, a catch-up, a round's manifest, as a
-   * writer the payloads) against the members' keys before it takes
-   * anything from them: an unsigned, forged, replayed (another round's)
-   * or foreign one is refused and counted (pulse_loco_auth_refused_total
-   * at /metrics). Views and states: any member's signature holds (every
-   * member that finished a round holds the same state); a manifest: its
-   * writer's; a payload: its sender's. The rest of the collaboration
-   * (claims, grants, partitioned slices and ranges, verdicts) is not
-   * signed yet. NULL: none of it; every member must agree. Borrowed, must
-   * outlive the peer. */
+   * the states it serves, the manifests it writes, its payloads and its
+   * partitioned slices, reduced ranges and verdicts, and checks those it
+   * loads (a join, a catch-up, a round's manifest, as a writer the
+   * payloads, the partitioned blobs) against the members' keys before it
+   * takes anything from them: an unsigned, forged, replayed (another
+   * round's) or foreign one is refused and counted
+   * (pulse_loco_auth_refused_total at /metrics). Views and states: any
+   * member's signature holds (every member that finished a round holds the
+   * same state); anything else: the key pinned for the trainer it comes
+   * from. Claims and grants are not signed yet. NULL: none of it; every
+   * member must agree. Borrowed, must outlive the peer. */
   const pulse_sign_key *sign_key;
   /* The members' keys (copied): a peer checks what it loads against
    * these and its own; a joiner's key must be here at every member that

@@ -519,12 +519,12 @@ unsigned collab_on_upload(void *user, const char *path, const char *id_text,
   const char *why = "no such upload path";
   status = 404;
   int parsed = parse_upload_path(path, &u);
-  /* Authenticating, a payload comes with its signature after it (the
-   * trailer): served with the payload, for the writer to check. */
-  if (parsed && u.kind == UP_PAYLOAD && c->auth != NULL) {
+  /* Authenticating, an upload comes with its signature after it (the
+   * trailer): served with the blob, for its readers to check. */
+  if (parsed && c->auth != NULL) { /* a payload, a slice, a verdict */
     if (size < COLLAB_SIG_TRAILER) {
       parsed = 0;
-      why = "a payload without its signature";
+      why = "an upload without its signature";
       status = 403;
     } else {
       size -= COLLAB_SIG_TRAILER;
@@ -657,10 +657,26 @@ pulse_status collab_client_push(pulse_loco_collab *c, uint64_t r,
 }
 
 pulse_status collab_client_upload(void *user, const char *path,
-                                  const uint8_t *data, size_t size) {
+                                  const uint8_t *data, size_t size,
+                                  const loco_sig *sig) {
   pulse_loco_collab *c = user;
   char url[256];
   url_fmt(url, sizeof url, c->url, "%s?id=%u", path, c->id);
+  /* Authenticating, its signature after it (the trailer, as a payload's):
+   * the host serves the blob with it. */
+  uint8_t *body = NULL;
+  if (c->auth != NULL && sig != NULL && sig->present) {
+    body = malloc(size + COLLAB_SIG_TRAILER);
+    if (body == NULL)
+      return pulse_fail(PULSE_ERR_NOMEM, "loco collab: upload");
+    memcpy(body, data, size);
+    for (int i = 0; i < 8; i++)
+      body[size + (size_t)i] = (uint8_t)(sig->round >> (8 * i));
+    memcpy(body + size + 8, sig->key, 32);
+    memcpy(body + size + 40, sig->sig, 64);
+    data = body;
+    size += COLLAB_SIG_TRAILER;
+  }
   /* Within the exchange: a transport error is tried again for as long as
    * a claim may take; a refusal fails this exchange (the round then ends
    * as PAYLOAD.md says for a client whose exchange failed). */
@@ -669,10 +685,15 @@ pulse_status collab_client_upload(void *user, const char *path,
   pulse_bytebuf reply = PULSE_BYTEBUF_INIT;
   do {
     pulse_bytebuf_free(&reply);
-    PULSE_TRY(loco_http_post_body(url, left_ms(end), data, size, &reply,
-                                  &status));
+    pulse_status st =
+        loco_http_post_body(url, left_ms(end), data, size, &reply, &status);
+    if (st != PULSE_OK) {
+      free(body);
+      return st;
+    }
     if (status == 200) {
       pulse_bytebuf_free(&reply);
+      free(body);
       c->pushed += size;
       return PULSE_OK;
     }
@@ -681,6 +702,7 @@ pulse_status collab_client_upload(void *user, const char *path,
     loco_sleep_ms(5);
   } while (loco_now_ms() < end);
   pulse_bytebuf_free(&reply);
+  free(body);
   return pulse_fail(PULSE_ERR_IO,
                     "loco collab client %u: host %s took no %s (HTTP %ld)",
                     c->id, c->host_url, path, status);

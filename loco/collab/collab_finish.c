@@ -131,6 +131,11 @@ pulse_status collab_reduce_partitioned(pulse_loco_collab *c, uint64_t r,
   in.weights = weights;
   in.relay_url = src;
   in.srv = c->srv;
+  if (c->auth != NULL) { /* every blob signed and checked (auth hooks) */
+    in.sign = collab_auth_sign_blob;
+    in.accept = collab_auth_accept_blob;
+    in.auth_user = c;
+  }
   if (c->host_url[0] != '\0') { /* client mode: blobs through its host */
     in.upload = collab_client_upload;
     in.upload_user = c;
@@ -155,7 +160,7 @@ pulse_status collab_reduce_partitioned(pulse_loco_collab *c, uint64_t r,
     /* What a takeover writer adopting this manifest relays from here. */
     char path[96];
     snprintf(path, sizeof path, "/v1/loco/round/%" PRIu64 "/from/%u", r, c->id);
-    loco_server_put(c->srv, path, own, size);
+    collab_auth_put(c, path, PULSE_LOCO_AUTH_PAYLOAD, r, own, size);
     info->partitioned = 1;
     uint64_t owned = out.range_end - out.range_start; /* for the log */
     PULSE_LOG_AT(PULSE_LOG_DEBUG,

@@ -146,6 +146,14 @@ int collab_auth_accept_by_digest(pulse_loco_collab *c,
                                  pulse_loco_auth_kind kind, uint64_t r,
                                  uint32_t id, const loco_sig *sig,
                                  uint64_t size, const uint8_t sha[32]);
+/* The partitioned exchange's hooks (loco_partition_in.sign and .accept,
+ * user the peer). */
+int collab_auth_sign_blob(void *user, pulse_loco_auth_kind kind,
+                          uint64_t round, const void *data, size_t size,
+                          loco_sig *sig);
+int collab_auth_accept_blob(void *user, pulse_loco_auth_kind kind,
+                            uint64_t round, uint32_t id, const loco_sig *sig,
+                            const void *data, size_t size);
 /* A client-mode peer's upload of its payload carries its signature after
  * the payload: u64 LE round, the 32-byte key, the 64-byte signature. */
 #define COLLAB_SIG_TRAILER 104u
@@ -176,7 +184,8 @@ pulse_status collab_client_push(pulse_loco_collab *c, uint64_t r,
  * user the peer: to its host, which serves it under the client's URL
  * (loco_partition_in.upload). */
 pulse_status collab_client_upload(void *user, const char *path,
-                                  const uint8_t *data, size_t size);
+                                  const uint8_t *data, size_t size,
+                                  const loco_sig *sig);
 
 /* The writer's side (collab_writer.c). */
 unsigned collab_on_post(void *user, const char *path, const char *id,

@@ -408,7 +408,8 @@ static pulse_status finish_all_to_all(round_state *s) {
     char path[96];
     snprintf(path, sizeof path, "/v1/loco/round/%" PRIu64 "/from/%u", s->r,
              c->id);
-    st = loco_server_put(c->srv, path, s->own, s->size);
+    st = collab_auth_put(c, path, PULSE_LOCO_AUTH_PAYLOAD, s->r, s->own,
+                         s->size);
   }
   if (st == PULSE_OK)
     test_stall(c, s->r, 0, 3);

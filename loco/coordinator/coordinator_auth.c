@@ -10,6 +10,7 @@
 
 #include "pulse_loco_coord.h"
 #include "endian_impl.h"
+#include "auth_impl.h"
 #include "coordinator_auth_impl.h"
 #include "coordinator_impl.h"
 #include "pulse_log.h"
@@ -77,10 +78,6 @@ struct loco_node_auth {
   uint64_t nchunks_prev, nchunks_cur;
 };
 
-/* What each kind is called in logs and in /metrics (by kind - 1). */
-static const char *const kind_words[PULSE_LOCO_AUTH_KINDS] = {
-    "payload", "manifest", "state", "members", "leave",
-    "done",    "digests",  "sync",  "sketch"};
 
 /* The digits of a round in decimal. */
 static unsigned digits(uint64_t v) {
@@ -193,7 +190,7 @@ static void metrics(void *user, pulse_bytebuf *text) {
   for (unsigned k = 0; k < PULSE_LOCO_AUTH_KINDS; k++)
     pulse_bytebuf_printf(text,
                          "pulse_loco_auth_refused_kind_total{kind=\"%s\"} %llu\n",
-                         kind_words[k], (unsigned long long)by_kind[k]);
+                         loco_auth_kind_word((pulse_loco_auth_kind)(k + 1)), (unsigned long long)by_kind[k]);
 }
 
 /* ------------------------------------------------------------ key blob */
@@ -734,7 +731,7 @@ static int accept_core(pulse_loco_coord *n, pulse_loco_auth_kind kind,
     *signer = id;
   if (a == NULL)
     return 1;
-  const char *what = kind_words[kind - 1];
+  const char *what = loco_auth_kind_word(kind);
   int any = id == LOCO_AUTH_ANY_SIGNER, present = sig != NULL && sig->present;
   pthread_mutex_lock(&a->lock);
   int known = any || bound_id(a, id) != NULL;

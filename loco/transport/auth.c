@@ -63,9 +63,13 @@ static int kind_valid(pulse_loco_auth_kind kind) {
 /* The word naming a kind in its signed text. */
 static const char *kind_name(pulse_loco_auth_kind kind) {
   static const char *const names[PULSE_LOCO_AUTH_KINDS] = {
-      "payload", "manifest", "state",   "members", "leave",
-      "done",    "digests",  "sync",    "sketch"};
+      "payload", "manifest", "state", "members", "leave",   "done",
+      "digests", "sync",     "sketch", "slice",  "reduced", "verdict"};
   return names[kind - 1];
+}
+
+const char *loco_auth_kind_word(pulse_loco_auth_kind kind) {
+  return kind_valid(kind) ? kind_name(kind) : "?";
 }
 
 /* The signed text of a body of n bytes whose SHA-256 is sha

@@ -16,4 +16,7 @@ pulse_status loco_auth_check_digest(pulse_loco_auth *auth,
                                     const uint8_t *signer, uint64_t n,
                                     const uint8_t sha[32], const uint8_t *sig);
 
+/* The word of a kind in its signed text and in /metrics ("payload", ...). */
+const char *loco_auth_kind_word(pulse_loco_auth_kind kind);
+
 #endif

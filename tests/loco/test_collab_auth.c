@@ -38,14 +38,20 @@ static pulse_loco *ca_ctx(uint32_t id, const float *theta) {
   return ctx;
 }
 
+/* opts.partitioned and the timeouts (0: 2000 and 8000 ms) of the peers
+ * made after they are set. */
+static int ca_partitioned;
+static uint32_t ca_claim_ms, ca_round_ms;
+
 static pulse_loco_collab *ca_peer(pulse_loco *ctx, const pulse_sign_key *k,
                                   const pulse_loco_member_key *pins,
                                   size_t npins) {
   pulse_loco_collab_opts co;
   pulse_loco_collab_opts_init(&co);
+  co.partitioned = ca_partitioned;
   co.target_batch = 64;
-  co.claim_timeout_ms = 2000;
-  co.round_timeout_ms = 8000;
+  co.claim_timeout_ms = ca_claim_ms ? ca_claim_ms : 2000;
+  co.round_timeout_ms = ca_round_ms ? ca_round_ms : 8000;
   co.sign_key = k;
   co.member_keys = pins;
   co.member_key_count = npins;
@@ -512,4 +518,87 @@ Test(loco_collab_auth, replayed_payloads_are_left_out, .timeout = 120) {
 }
 Test(loco_collab_auth, foreign_payloads_are_left_out, .timeout = 120) {
   bad_payloads(4, "foreign");
+}
+
+/* Partitioned, peer 1 serves its blobs of `kind` (slices, its reduced
+ * range, its verdict) unsigned, forged or signed by a stranger (the
+ * faults in `modes`, bit 1 << mode): the others
+ * refuse them (as blobs that never came: the exchange fails and the round
+ * ends as for a peer that died in it), count them, and every peer ends
+ * with the same bits. */
+static void bad_blobs(pulse_loco_auth_kind kind, const char *word,
+                      unsigned modes) {
+  static const char *const why[] = {"", "unsigned", "forged", "", "foreign"};
+  for (unsigned mode = 1; mode <= 4; mode++) {
+    /* (3, a blob's replay: its body is not the signer's to choose) */
+    if (!(modes & (1u << mode)))
+      continue;
+    pulse_sign_key *k[3];
+    pulse_loco_member_key pins[3];
+    for (uint32_t i = 0; i < 3; i++) {
+      cr_assert_eq(pulse_sign_key_generate(&k[i]), PULSE_OK);
+      pins[i].id = i;
+      pulse_sign_key_public(k[i], pins[i].key);
+    }
+    float *init = malloc(CA_P * sizeof *init);
+    for (uint32_t i = 0; i < CA_P; i++)
+      init[i] = 0.02f * (float)(i % 61) - 0.5f;
+    ca_runner r[3];
+    memset(r, 0, sizeof r);
+    pulse_loco_member m[3];
+    ca_partitioned = 1;
+    /* A refused blob fails the exchange: its deadline is waited out. */
+    ca_claim_ms = 1000;
+    ca_round_ms = 2000;
+    for (uint32_t i = 0; i < 3; i++) {
+      r[i].ctx = ca_ctx(i, init);
+      r[i].c = ca_peer(r[i].ctx, k[i], pins, 3);
+      r[i].theta = malloc(CA_P * sizeof(float));
+      memcpy(r[i].theta, init, CA_P * sizeof(float));
+      r[i].rounds = 3;
+      m[i].id = i;
+      snprintf(m[i].url, sizeof m[i].url, "%s", pulse_loco_collab_url(r[i].c));
+    }
+    ca_partitioned = 0;
+    ca_claim_ms = ca_round_ms = 0;
+    for (int i = 0; i < 3; i++)
+      cr_assert_eq(pulse_loco_collab_start(r[i].c, m, 3), PULSE_OK);
+    cr_assert_eq(collab_auth_tamper(r[1].c, mode, 1u << (kind - 1)), PULSE_OK);
+    pthread_t th[3];
+    for (int i = 0; i < 3; i++)
+      pthread_create(&th[i], NULL, ca_run, &r[i]);
+    for (int i = 0; i < 3; i++)
+      pthread_join(th[i], NULL);
+    uint64_t refused = 0, reason = 0;
+    for (int i = 0; i < 3; i++) {
+      cr_assert_eq(r[i].st, PULSE_OK, "%s %s: peer %d: %s", word, why[mode], i,
+                   r[i].detail);
+      cr_assert_eq(pulse_loco_round(r[i].ctx), 3);
+      cr_assert_eq(pulse_loco_global_digest(r[i].ctx),
+                   pulse_loco_global_digest(r[0].ctx), "%s %s: peer %d", word,
+                   why[mode], i);
+      refused += ca_refused_kind(r[i].c, word);
+      reason += ca_refused(r[i].c, why[mode]);
+    }
+    cr_assert_geq(refused, 1, "%s %s", word, why[mode]);
+    cr_assert_geq(reason, 1, "%s %s", word, why[mode]);
+    for (int i = 0; i < 3; i++) {
+      pulse_loco_collab_free(r[i].c);
+      pulse_loco_free(r[i].ctx);
+      free(r[i].theta);
+      pulse_sign_key_free(k[i]);
+    }
+    free(init);
+  }
+}
+
+Test(loco_collab_auth, bad_slices_are_refused, .timeout = 120) {
+  /* Each refusal waits the exchange's deadline out: two faults. */
+  bad_blobs(PULSE_LOCO_AUTH_SLICE, "slice", 1u << 2 | 1u << 4);
+}
+Test(loco_collab_auth, bad_reduced_ranges_are_refused, .timeout = 120) {
+  bad_blobs(PULSE_LOCO_AUTH_REDUCED, "reduced", 1u << 1 | 1u << 2);
+}
+Test(loco_collab_auth, bad_verdicts_are_refused, .timeout = 120) {
+  bad_blobs(PULSE_LOCO_AUTH_VERDICT, "verdict", 1u << 1 | 1u << 2 | 1u << 4);
 }

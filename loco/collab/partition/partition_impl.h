@@ -7,6 +7,7 @@
 #define PULSE_LOCO_PARTITION_IMPL_H
 
 #include "peer_http_impl.h"
+#include "pulse_loco_auth.h"
 #include "pulse_loco_partition.h"
 
 typedef struct {
@@ -32,11 +33,22 @@ typedef struct {
                                 that listens nowhere in client mode):
                                 blobs go under /v1/loco/part/R/ */
   /* Client mode with a hosted URL: puts this trainer's blob (path as on
-   * a server, "/v1/loco/part/R/A/...") at its host; called in place of
-   * loco_server_put. */
+   * a server, "/v1/loco/part/R/A/...") at its host, with its signature
+   * (sig not present: none); called in place of loco_server_put. */
   pulse_status (*upload)(void *user, const char *path, const uint8_t *data,
-                         size_t size);
+                         size_t size, const loco_sig *sig);
   void *upload_user;
+  /* Authentication (NULL: none; the collaboration's, collab_auth.c):
+   * sign fills *sig for a blob of `kind` this trainer publishes for the
+   * round (0: it could not, the blob goes unsigned); accept says whether a
+   * fetched blob of `kind` carries trainer id's signature for the round
+   * (refusals counted there). A refused blob is as one that never came. */
+  int (*sign)(void *user, pulse_loco_auth_kind kind, uint64_t round,
+              const void *data, size_t size, loco_sig *sig);
+  int (*accept)(void *user, pulse_loco_auth_kind kind, uint64_t round,
+                uint32_t id, const loco_sig *sig, const void *data,
+                size_t size);
+  void *auth_user;
   uint32_t timeout_ms;       /* the whole exchange */
   uint32_t check_period;     /* 0 or 1: every range recomputed by another
                                 trainer every round (the default); p > 1:

@@ -94,13 +94,26 @@ static int publishes(const attempt_state *s, uint32_t j) {
   return s->c.urls[j][0] != '\0';
 }
 
-static pulse_status publish(attempt_state *s, const char *what,
-                            const pulse_buffer *b) {
+static pulse_status publish(attempt_state *s, pulse_loco_auth_kind kind,
+                            const char *what, const pulse_buffer *b) {
   char path[URL_CAP];
   path_of(path, sizeof path, "", s, what);
+  loco_sig sig;
+  memset(&sig, 0, sizeof sig);
+  if (s->in->sign != NULL) /* auth hook */
+    s->in->sign(s->in->auth_user, kind, s->round, b->data, b->size, &sig);
   if (!s->c.serving[s->self])
-    return s->in->upload(s->in->upload_user, path, b->data, b->size);
-  return loco_server_put(s->in->srv, path, b->data, b->size);
+    return s->in->upload(s->in->upload_user, path, b->data, b->size, &sig);
+  return loco_server_put_signed(s->in->srv, path, b->data, b->size, &sig);
+}
+
+/* Whether a fetched blob of `kind` is trainer id's, signed for the round
+ * (always without authentication). */
+static int signed_by(const attempt_state *s, pulse_loco_auth_kind kind,
+                     uint32_t id, const loco_fetch *f) {
+  return s->in->accept == NULL ||
+         s->in->accept(s->in->auth_user, kind, s->round, id, &f->sig,
+                       f->body.data, f->body.size);
 }
 
 /* Who recomputes range k this round (-1: nobody). */
@@ -127,7 +140,7 @@ static pulse_status exchange_slices(attempt_state *s,
     char what[48];
     snprintf(what, sizeof what, "slice/%u", s->plan.ids[k]);
     if (st == PULSE_OK)
-      st = publish(s, what, &b);
+      st = publish(s, PULSE_LOCO_AUTH_SLICE, what, &b);
     /* This trainer's own part of the ranges it reduces or checks. */
     pulse_loco_reducer *r = (int)k == s->self ? own : s->chk[k];
     if (st == PULSE_OK && r)
@@ -147,8 +160,9 @@ static pulse_status exchange_slices(attempt_state *s,
   loco_fetch *f = calloc(cap ? cap : 1, sizeof *f);
   char(*urls)[URL_CAP] = calloc(cap ? cap : 1, sizeof *urls);
   pulse_loco_reducer **into = calloc(cap ? cap : 1, sizeof *into);
-  if (!f || !urls || !into) {
-    free(f), free(urls), free(into);
+  uint32_t *from = calloc(cap ? cap : 1, sizeof *from);
+  if (!f || !urls || !into || !from) {
+    free(f), free(urls), free(into), free(from);
     return pulse_fail(PULSE_ERR_NOMEM, "loco partition: fetch list");
   }
   for (uint32_t k = 0; k < N; k++) {
@@ -170,6 +184,7 @@ static pulse_status exchange_slices(attempt_state *s,
                  s->plan.ids[j]);
       f[t].url = urls[t];
       f[t].max_bytes = slice_cap(in->ctx);
+      from[t] = j;
       into[t++] = r;
     }
   }
@@ -188,12 +203,23 @@ static pulse_status exchange_slices(attempt_state *s,
       s->out->slice_bytes_in += f[i].body.size;
     else
       s->out->check_bytes_in += f[i].body.size;
+    /* Its sender's (auth hook): a slice it published, or its whole
+     * payload at the relay. Refused: as one that never came. */
+    uint32_t j = from[i];
+    if (st == PULSE_OK &&
+        !signed_by(s, publishes(s, j) ? PULSE_LOCO_AUTH_SLICE
+                                      : PULSE_LOCO_AUTH_PAYLOAD,
+                   s->plan.ids[j], &f[i]))
+      st = pulse_fail(PULSE_ERR_IO,
+                      "loco partition: round %llu: the slice from %s is "
+                      "refused",
+                      (unsigned long long)s->round, f[i].url);
     if (st == PULSE_OK)
       st = pulse_loco_reducer_add(into[i], f[i].body.data, f[i].body.size);
   }
   for (size_t i = 0; i < t; i++)
     pulse_bytebuf_free(&f[i].body);
-  free(f), free(urls), free(into);
+  free(f), free(urls), free(into), free(from);
   return st;
 }
 
@@ -227,7 +253,8 @@ static pulse_status exchange_blobs(attempt_state *s, pulse_loco_reducer *own) {
     PULSE_TRY(pulse_loco_reducer_finish(own, &s->blobs[s->self]));
     if (in->test_wrong_reduction)
       PULSE_TRY(falsify(s, (uint32_t)s->self, &s->blobs[s->self]));
-    PULSE_TRY(publish(s, "reduced", &s->blobs[s->self]));
+    PULSE_TRY(publish(s, PULSE_LOCO_AUTH_REDUCED, "reduced",
+                      &s->blobs[s->self]));
     test_stall(s, 2);
   }
   test_stall(s, 3);
@@ -254,7 +281,16 @@ static pulse_status exchange_blobs(attempt_state *s, pulse_loco_reducer *own) {
   if (st == PULSE_OK && t > 0)
     st = loco_http_gather(f, t, s->deadline);
   for (size_t i = 0; i < t; i++) {
-    if (f[i].done) {
+    /* Its owner's (auth hook); refused: as one that never came. */
+    if (f[i].done &&
+        !signed_by(s, PULSE_LOCO_AUTH_REDUCED, s->plan.ids[idx[i]], &f[i])) {
+      s->out->bytes_in += f[i].body.size;
+      if (st == PULSE_OK)
+        st = pulse_fail(PULSE_ERR_IO,
+                        "loco partition: round %llu: the reduced range of "
+                        "owner %u is refused",
+                        (unsigned long long)s->round, s->plan.ids[idx[i]]);
+    } else if (f[i].done) {
       s->out->bytes_in += f[i].body.size;
       s->out->reduced_bytes_in += f[i].body.size;
       s->blobs[idx[i]] = (pulse_buffer){f[i].body.data, f[i].body.size};
@@ -327,15 +363,16 @@ static pulse_status exchange_verdicts(attempt_state *s) {
   if (publishes(s, (uint32_t)s->self)) {
     pulse_buffer b;
     PULSE_TRY(pulse_loco_verdict_encode(own, &b));
-    pulse_status st = publish(s, "verdict", &b);
+    pulse_status st = publish(s, PULSE_LOCO_AUTH_VERDICT, "verdict", &b);
     pulse_buffer_free(&b);
     PULSE_TRY(st);
     s->nverdicts++;
   }
   loco_fetch *f = calloc(N, sizeof *f);
   char(*urls)[URL_CAP] = calloc(N, sizeof *urls);
-  if (!f || !urls) {
-    free(f), free(urls);
+  uint32_t *who = calloc(N ? N : 1, sizeof *who);
+  if (!f || !urls || !who) {
+    free(f), free(urls), free(who);
     return pulse_fail(PULSE_ERR_NOMEM, "loco partition: fetch list");
   }
   size_t t = 0;
@@ -345,10 +382,17 @@ static pulse_status exchange_verdicts(attempt_state *s) {
     path_of(urls[t], URL_CAP, s->c.urls[j], s, "verdict");
     f[t].url = urls[t];
     f[t].max_bytes = VERDICT_CAP;
+    who[t] = j;
     t++;
   }
   pulse_status st = t ? loco_http_gather(f, t, s->deadline) : PULSE_OK;
   for (size_t i = 0; i < t; i++) {
+    /* Its peer's (auth hook); refused: as one that never came. */
+    if (f[i].done &&
+        !signed_by(s, PULSE_LOCO_AUTH_VERDICT, s->plan.ids[who[i]], &f[i])) {
+      s->out->bytes_in += f[i].body.size;
+      f[i].done = 0;
+    }
     if (!f[i].done) {
       if (s->in->lenient_verdicts) {
         s->missing++;
@@ -369,7 +413,7 @@ static pulse_status exchange_verdicts(attempt_state *s) {
     }
     pulse_bytebuf_free(&f[i].body);
   }
-  free(f), free(urls);
+  free(f), free(urls), free(who);
   return st;
 }
 
