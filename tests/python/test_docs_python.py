@@ -111,7 +111,11 @@ def check_block(code, where, errors):
         if target is False:
             errors.append(f"{line}: {ast.unparse(node.func)} is not in the package")
         elif target is not None and callable(target):
-            check_call(node, target, line, errors)
+            # pulse.Class.method(...), as the reference writes a method:
+            # the call it stands for is on an instance.
+            owner = resolve(node.func.value) if isinstance(node.func, ast.Attribute) else None
+            on_instance = inspect.isclass(owner) and inspect.isfunction(target)
+            check_call(node, target, line, errors, bound_self=on_instance)
             checked += 1
         elif isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name) and \
                 node.func.value.id in classes:
