@@ -164,6 +164,21 @@ pulse_status pulse_cuda_scatter_in_(pulse_cuda_workspace *ws,
                                     const uint64_t *pos_d,
                                     const uint16_t *new_d, void *stream);
 
+/** Between pulse_cuda_patch_stream_finish (successful) and _commit: the
+ * device change list of patch tensor `tensor` (its index in the patch's
+ * table), for work that must see the step before the scatter writes it
+ * (an FP8 target's stage, inference_side/apply/sub_fp8.c): *pos_d gets
+ * the positions within the tensor, *new_d the new bits, *count their
+ * number (0 and NULL arrays for a tensor the patch does not change or
+ * that is not a target). The arrays belong to the stream's workspace and
+ * stay unchanged until the stream is freed or the workspace used again;
+ * work queued on the stream's stream before the commit reads them in
+ * order. @return PULSE_OK; PULSE_ERR_ARG (NULL, not finished, a tensor
+ * outside the table). */
+pulse_status pulse_cuda_patch_stream_changes_(const pulse_cuda_patch_stream *s, size_t tensor,
+                                              const uint64_t **pos_d, const uint16_t **new_d,
+                                              uint64_t *count);
+
 /** A class index whose device state lives in `ws` (its IDX slots), which
  * it borrows: freeing it frees no device memory. */
 pulse_status pulse_cuda_class_index_build_in_(

@@ -226,6 +226,19 @@ pulse_status pulse_cuda_patch_stream_commit(pulse_cuda_patch_stream *s,
 
 void pulse_cuda_patch_stream_free(pulse_cuda_patch_stream *s) { (void)s; }
 
+pulse_status pulse_cuda_patch_stream_changes_(const pulse_cuda_patch_stream *s, size_t tensor,
+                                              const uint64_t **pos_d, const uint16_t **new_d,
+                                              uint64_t *count) {
+  (void)s, (void)tensor;
+  if (pos_d != NULL)
+    *pos_d = NULL;
+  if (new_d != NULL)
+    *new_d = NULL;
+  if (count != NULL)
+    *count = 0;
+  return NOT_BUILT("cuda apply");
+}
+
 pulse_status pulse_cuda_loco_gate(pulse_cuda_workspace *ws,
                                   const float *theta_g_d,
                                   const float *theta_r_d, float *e_d,

@@ -499,6 +499,29 @@ pulse_status pulse_cuda_patch_stream_commit(pulse_cuda_patch_stream *s,
   return PULSE_OK;
 }
 
+pulse_status pulse_cuda_patch_stream_changes_(const pulse_cuda_patch_stream *s, size_t tensor,
+                                              const uint64_t **pos_d, const uint16_t **new_d,
+                                              uint64_t *count) {
+  if (pos_d == NULL || new_d == NULL || count == NULL)
+    return pulse_fail(PULSE_ERR_ARG, "cuda apply: NULL output");
+  *pos_d = NULL;
+  *new_d = NULL;
+  *count = 0;
+  if (s == NULL || s->state != STREAM_FINISHED || tensor >= s->p->count)
+    return pulse_fail(PULSE_ERR_ARG,
+                      "cuda apply: changes asked of a stream not finished, or of no tensor");
+  for (size_t l = 0; l < s->m; l++)
+    if (s->changed[l] == tensor) {
+      *count = s->entry_first[l + 1] - s->entry_first[l];
+      if (*count > 0) {
+        *pos_d = (const uint64_t *)s->pos_d + s->entry_first[l];
+        *new_d = (const uint16_t *)s->new_d + s->entry_first[l];
+      }
+      break;
+    }
+  return PULSE_OK;
+}
+
 void pulse_cuda_patch_stream_free(pulse_cuda_patch_stream *s) {
   if (s == NULL)
     return;

@@ -129,9 +129,18 @@ static void now_at_target(pulse_sub *sub, const pulse_patch *p, sub_target **tg,
 
 pulse_status sub_apply_commit_device(pulse_sub *sub, const pulse_patch *p, sub_target **tg,
                                      int full, pulse_cuda_patch_stream *cs) {
+  /* The FP8 targets' stage reads the shadows' old bits, so it precedes
+   * the scatter; a refusal (a NaN) leaves everything as it was. */
+  pulse_status st = sub_fp8_stage_device(sub, p, tg, cs);
+  if (st != PULSE_OK)
+    return st;
   double t0 = sub_now();
   pthread_rwlock_wrlock(&sub->rw);
-  pulse_status st = pulse_cuda_patch_stream_commit(cs, NULL);
+  st = pulse_cuda_patch_stream_commit(cs, NULL);
+  if (st == PULSE_OK)
+    st = sub_fp8_commit_device(sub); /* queued after the scatter */
+  else
+    sub_fp8_drop(sub);
   if (st == PULSE_OK)
     now_at_target(sub, p, tg, full);
   else
@@ -402,7 +411,7 @@ pulse_status sub_apply_anchor(pulse_sub *sub, const pulse_store_object *o) {
   size_t count = sub->mem == SUB_MEM_FILE ? n : sub->ntargets;
   int full = sub->mem == SUB_MEM_FILE || count == n;
   /* What goes into FP8 targets' shadows must quantize: checked first. */
-  for (size_t k = 0; k < count && st == PULSE_OK && sub->mem == SUB_MEM_HOST; k++)
+  for (size_t k = 0; k < count && st == PULSE_OK && sub->mem != SUB_MEM_FILE; k++)
     st = sub_fp8_anchor_check(sub, &sub->targets[k], t[from[k]].data, 1, sub->targets[k].numel,
                               sub->targets[k].numel);
   if (st != PULSE_OK)
@@ -431,8 +440,8 @@ pulse_status sub_apply_anchor(pulse_sub *sub, const pulse_store_object *o) {
       memcpy(tt->data, src->data, (size_t)src->nbytes);
     tt->digest = d[from[k]];
   }
-  if (st == PULSE_OK && sub->mem == SUB_MEM_HOST)
-    st = sub_fp8_requantize(sub);
+  if (st == PULSE_OK && sub->mem != SUB_MEM_FILE)
+    st = sub_fp8_requantize(sub); /* host or device shadows */
   /* A device copy that failed halfway leaves no known step. */
   sub_set_step(sub, st == PULSE_OK ? o->step : PULSE_SUB_NO_STEP,
                st == PULSE_OK && full ? &sd : NULL);

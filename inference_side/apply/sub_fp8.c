@@ -14,23 +14,37 @@
  * anchor checks every value that goes into a shadow before its copy, and
  * requantizes the shadows whole after it.
  *
+ * Device targets: the shadow is one attached device tensor, the FP8 tensor
+ * and its scales device memory on its device, followed by a
+ * pulse_cuda_fp8_track. The device patch's transaction gets the same
+ * second half on the subscriber's stream: once the patch stream finished
+ * (decoded, its target digests checked), the track stages the tensor's
+ * device change list (checks, the touched blocks; nothing written), the
+ * commit scatters the BF16 changes and then queues the track's commit, so
+ * the FP8 bytes and scales follow the scatter in stream order.
+ *
  * Memory: the shadow (2 bytes per element, the caller's), 2 bytes per
  * scale block (the kept amax), and per step the staged FP8 bytes
- * (O(changes), plus the blocks whose scale moved). */
+ * (O(changes), plus the blocks whose scale moved). On the device: 24 bytes
+ * per scale block and nothing per step (the patch's own change list is
+ * staged from). */
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "cuda_impl.h" /* pulse_cuda_patch_stream_changes_ */
 #include "patch_changes_impl.h"
 #include "pulse_fp8.h"
 #include "status_impl.h"
 #include "sub_impl.h"
 
 typedef struct {
-  uint16_t *shadow;
+  uint16_t *shadow; /* host memory, or device memory with track_d */
   uint64_t numel;
   pulse_fp8_tensor fp8;
-  pulse_fp8_track *track;
+  pulse_fp8_track *track;        /* host shadows */
+  pulse_cuda_fp8_track *track_d; /* device shadows */
+  int staged_d;                  /* track_d holds the running step's stage */
   pulse_fp8_staged *staged; /* the running step's, until commit or drop */
   /* the running step's changes in the shadow, gathered from the targets */
   uint64_t *off;
@@ -52,13 +66,15 @@ static void target_span(const sub_target *t, int region, uintptr_t *lo, uintptr_
     *hi = t->rows && t->cols ? (uintptr_t)(t->data + (t->rows - 1) * t->stride + t->cols) : *lo;
 }
 
-/* The binding whose shadow holds target t's memory, or NULL. */
+/* The binding whose shadow holds target t's memory (host or device), or
+ * NULL. */
 static sub_fp8_binding *binding_of(pulse_sub *sub, const sub_target *t) {
-  if (sub->fp8 == NULL || t->data == NULL)
+  const uint16_t *mem = t->data != NULL ? t->data : t->data_d;
+  if (sub->fp8 == NULL || mem == NULL)
     return NULL;
   for (size_t i = 0; i < sub->fp8->n; i++) {
     sub_fp8_binding *b = &sub->fp8->b[i];
-    if (t->data >= b->shadow && t->data < b->shadow + b->numel)
+    if (mem >= b->shadow && mem < b->shadow + b->numel)
       return b;
   }
   return NULL;
@@ -90,13 +106,62 @@ static pulse_status check_cover(pulse_sub *sub, const uint16_t *shadow, uint64_t
   return PULSE_OK;
 }
 
+/* A device shadow is one attached device target, whole: the track stages
+ * from that tensor's device change list as the patch stream leaves it
+ * (positions within the tensor), so a shadow tiled by several targets
+ * would need its positions moved first, which nothing does yet. */
+static pulse_status check_device_shadow(pulse_sub *sub, const uint16_t *shadow, uint64_t numel) {
+  for (size_t k = 0; k < sub->ntargets; k++) {
+    const sub_target *t = &sub->targets[k];
+    if (t->data_d != shadow)
+      continue;
+    if (t->numel != numel)
+      return pulse_fail(PULSE_ERR_SIZE_MISMATCH,
+                        "bind fp8: device target '%s' has %" PRIu64
+                        " elements, the FP8 tensor %" PRIu64,
+                        t->name, t->numel, numel);
+    return PULSE_OK;
+  }
+  return pulse_fail(PULSE_ERR_ARG,
+                    "bind fp8: a device shadow must be one attached device tensor, whole "
+                    "(attach it first; a shadow over several device targets is not supported)");
+}
+
+/* The room for one more binding. */
+static pulse_status grow(pulse_sub *sub) {
+  if (sub->fp8 == NULL && (sub->fp8 = calloc(1, sizeof *sub->fp8)) == NULL)
+    return pulse_fail(PULSE_ERR_NOMEM, "bind fp8");
+  sub_fp8_binding *grown = realloc(sub->fp8->b, (sub->fp8->n + 1) * sizeof *grown);
+  if (grown == NULL)
+    return pulse_fail(PULSE_ERR_NOMEM, "bind fp8");
+  sub->fp8->b = grown;
+  return PULSE_OK;
+}
+
+static pulse_status bind_device(pulse_sub *sub, uint16_t *shadow, const pulse_fp8_tensor *fp8,
+                                uint64_t numel) {
+  PULSE_TRY(check_device_shadow(sub, shadow, numel));
+  PULSE_TRY(grow(sub));
+  sub_fp8_binding nb = {0};
+  nb.shadow = shadow;
+  nb.numel = numel;
+  nb.fp8 = *fp8;
+  pulse_cuda_fp8_tensor t = {fp8->rows, fp8->cols, fp8->q, fp8->scale_inv, fp8->scale};
+  /* Quantizes what the shadow holds now, on the subscriber's stream. */
+  pulse_status st = pulse_cuda_fp8_track_create(shadow, &t, sub->opts.cuda_stream, &nb.track_d);
+  if (st != PULSE_OK)
+    return pulse_fail(st, "bind fp8: %s", pulse_error_detail());
+  sub->fp8->b[sub->fp8->n++] = nb;
+  return PULSE_OK;
+}
+
 pulse_status pulse_sub_bind_fp8(pulse_sub *sub, uint16_t *shadow, const pulse_fp8_tensor *fp8) {
   if (sub == NULL || shadow == NULL || fp8 == NULL || fp8->q == NULL || fp8->scale_inv == NULL)
     return pulse_fail(PULSE_ERR_ARG, "bind fp8: NULL argument");
-  if (sub->mem != SUB_MEM_HOST && sub->mem != SUB_MEM_REGION)
+  if (sub->mem != SUB_MEM_HOST && sub->mem != SUB_MEM_REGION && sub->mem != SUB_MEM_DEVICE)
     return sub_keep_error(sub, pulse_fail(PULSE_ERR_ARG,
-                                          "bind fp8: the shadow must be host or region targets "
-                                          "(attach them first)"));
+                                          "bind fp8: the shadow must be host, region or device "
+                                          "targets (attach them first)"));
   if ((uintptr_t)shadow % 2 != 0 || fp8->rows == 0 || fp8->cols == 0 ||
       fp8->rows > UINT64_MAX / 2 / fp8->cols)
     return sub_keep_error(sub, pulse_fail(PULSE_ERR_ARG,
@@ -110,15 +175,13 @@ pulse_status pulse_sub_bind_fp8(pulse_sub *sub, uint16_t *shadow, const pulse_fp
         return sub_keep_error(sub, pulse_fail(PULSE_ERR_ARG,
                                               "bind fp8: the shadow overlaps another's"));
     }
+  if (sub->mem == SUB_MEM_DEVICE)
+    return sub_keep_error(sub, bind_device(sub, shadow, fp8, numel));
   pulse_status st = check_cover(sub, shadow, numel);
+  if (st == PULSE_OK)
+    st = grow(sub);
   if (st != PULSE_OK)
     return sub_keep_error(sub, st);
-  if (sub->fp8 == NULL && (sub->fp8 = calloc(1, sizeof *sub->fp8)) == NULL)
-    return sub_keep_error(sub, pulse_fail(PULSE_ERR_NOMEM, "bind fp8"));
-  sub_fp8_binding *grown = realloc(sub->fp8->b, (sub->fp8->n + 1) * sizeof *grown);
-  if (grown == NULL)
-    return sub_keep_error(sub, pulse_fail(PULSE_ERR_NOMEM, "bind fp8"));
-  sub->fp8->b = grown;
   sub_fp8_binding nb = {0};
   nb.shadow = shadow;
   nb.numel = numel;
@@ -140,6 +203,8 @@ void sub_fp8_drop(pulse_sub *sub) {
     pulse_fp8_staged_free(b->staged);
     b->staged = NULL;
     b->count = 0;
+    pulse_cuda_fp8_track_drop(b->track_d);
+    b->staged_d = 0;
   }
 }
 
@@ -149,6 +214,7 @@ void sub_fp8_free(pulse_sub *sub) {
   sub_fp8_drop(sub);
   for (size_t i = 0; i < sub->fp8->n; i++) {
     pulse_fp8_track_free(sub->fp8->b[i].track);
+    pulse_cuda_fp8_track_free(sub->fp8->b[i].track_d);
     free(sub->fp8->b[i].off), free(sub->fp8->b[i].bits);
   }
   free(sub->fp8->b);
@@ -160,7 +226,7 @@ void sub_fp8_free(pulse_sub *sub) {
 static pulse_status gather(pulse_sub *sub, const sub_target *t, uint64_t count,
                            const uint64_t *at, const uint16_t *new_bits) {
   sub_fp8_binding *b = binding_of(sub, t);
-  if (b == NULL || count == 0)
+  if (b == NULL || b->track == NULL || count == 0)
     return PULSE_OK;
   if (count > b->cap - b->count) {
     uint64_t cap = b->count + count;
@@ -191,6 +257,8 @@ static pulse_status stage_gathered(pulse_sub *sub) {
   pulse_status st = PULSE_OK;
   for (size_t i = 0; i < sub->fp8->n && st == PULSE_OK; i++) {
     sub_fp8_binding *b = &sub->fp8->b[i];
+    if (b->track == NULL)
+      continue;
     st = pulse_fp8_track_stage(b->track, b->off, b->bits, b->count, &b->staged);
     if (st != PULSE_OK) {
       st = pulse_fail(st, "FP8 target of %" PRIu64 " x %" PRIu64 ": %s", b->fp8.rows,
@@ -251,10 +319,57 @@ void sub_fp8_commit(pulse_sub *sub) {
     return;
   for (size_t i = 0; i < sub->fp8->n; i++) {
     sub_fp8_binding *b = &sub->fp8->b[i];
+    if (b->staged == NULL)
+      continue;
     pulse_fp8_staged_commit(b->staged);
     pulse_fp8_staged_free(b->staged);
     b->staged = NULL;
   }
+}
+
+pulse_status sub_fp8_stage_device(pulse_sub *sub, const pulse_patch *p, sub_target **tg,
+                                  const pulse_cuda_patch_stream *cs) {
+  if (sub->fp8 == NULL || sub->fp8->n == 0)
+    return PULSE_OK;
+  double t0 = sub_now();
+  pulse_status st = PULSE_OK;
+  for (size_t i = 0; i < pulse_patch_tensor_count(p) && st == PULSE_OK; i++) {
+    sub_fp8_binding *b = tg[i] != NULL ? binding_of(sub, tg[i]) : NULL;
+    if (b == NULL || b->track_d == NULL)
+      continue;
+    const uint64_t *pos_d;
+    const uint16_t *new_d;
+    uint64_t count;
+    st = pulse_cuda_patch_stream_changes_(cs, i, &pos_d, &new_d, &count);
+    if (st == PULSE_OK && count > 0) {
+      /* Reads the shadow's old bits: before the scatter, on its stream. */
+      st = pulse_cuda_fp8_track_stage(b->track_d, pos_d, new_d, count, sub->opts.cuda_stream);
+      b->staged_d = st == PULSE_OK;
+    }
+    if (st != PULSE_OK)
+      st = pulse_fail(st, "FP8 target of '%s': %s", tg[i]->name, pulse_error_detail());
+  }
+  if (st != PULSE_OK)
+    sub_fp8_drop(sub);
+  sub->t_decode += sub_now() - t0;
+  return st;
+}
+
+pulse_status sub_fp8_commit_device(pulse_sub *sub) {
+  pulse_status st = PULSE_OK;
+  for (size_t i = 0; sub->fp8 != NULL && i < sub->fp8->n; i++) {
+    sub_fp8_binding *b = &sub->fp8->b[i];
+    if (!b->staged_d)
+      continue;
+    b->staged_d = 0;
+    /* Queued after the scatter on the same stream; the others still
+     * commit after a failure, so that as few as can be are left unknown. */
+    pulse_status one = pulse_cuda_fp8_track_commit(b->track_d, sub->opts.cuda_stream, NULL);
+    if (one != PULSE_OK && st == PULSE_OK)
+      st = pulse_fail(one, "FP8 target of %" PRIu64 " x %" PRIu64 ": %s", b->fp8.rows,
+                      b->fp8.cols, pulse_error_detail());
+  }
+  return st;
 }
 
 pulse_status sub_fp8_anchor_check(pulse_sub *sub, const sub_target *t, const uint16_t *src,
@@ -273,8 +388,12 @@ pulse_status sub_fp8_requantize(pulse_sub *sub) {
   /* Every value was checked before the copy: only memory for the pass (a
    * few bytes per row band) can fail here, and the caller then holds no
    * known step (the next sync takes the anchor again). */
-  for (size_t i = 0; sub->fp8 != NULL && i < sub->fp8->n; i++)
-    if (st == PULSE_OK)
-      st = pulse_fp8_track_requantize(sub->fp8->b[i].track, sub->opts.threads);
+  for (size_t i = 0; sub->fp8 != NULL && i < sub->fp8->n && st == PULSE_OK; i++) {
+    sub_fp8_binding *b = &sub->fp8->b[i];
+    if (b->track_d != NULL)
+      st = pulse_cuda_fp8_track_requantize(b->track_d, sub->opts.cuda_stream);
+    else
+      st = pulse_fp8_track_requantize(b->track, sub->opts.threads);
+  }
   return st;
 }

@@ -429,6 +429,14 @@ pulse_status sub_fp8_anchor_check(pulse_sub *sub, const sub_target *t, const uin
                                   uint64_t rows, uint64_t cols, uint64_t stride);
 pulse_status sub_fp8_requantize(pulse_sub *sub);
 void sub_fp8_free(pulse_sub *sub);
+/* Device targets: the stage of every device shadow the patch changes, from
+ * the finished patch stream's change lists (before its commit; an error
+ * leaves nothing staged), and the commit queued after the stream's
+ * scatter, under the writers' lock (a failure leaves the FP8 tensor's
+ * contents unknown). */
+pulse_status sub_fp8_stage_device(pulse_sub *sub, const pulse_patch *p, sub_target **tg,
+                                  const pulse_cuda_patch_stream *cs);
+pulse_status sub_fp8_commit_device(pulse_sub *sub);
 
 /* ------------------------------------------------------------ sub_util.c */
 

@@ -6,14 +6,17 @@ reference block quantizer of the trainer's BF16 weights (codec/pulse_fp8.h):
 amax per block, s = amax / 448 in FP32, q = E4M3FN(x / s) with ties to
 even, saturating at 448.
 
-The Subscriber keeps a BF16 shadow of each FP8 target (host memory, 2 bytes
-a weight: the price of recomputing a block's amax without asking the
-trainer), attaches the shadow where the FP8 target was (whole, or through a
-pulse.Mapping as the engine fuses and shards it) and binds it to the FP8
-tensor and its scales (pulse_sub_bind_fp8): the C library requantizes only
-the blocks each step touches, all or nothing with the step. Every check
-here runs before the first C call, so a bad scale is refused before
-anything is written."""
+The Subscriber keeps a BF16 shadow of each FP8 target (2 bytes a weight, on
+the FP8 target's device: host memory, or the CUDA device of an FP8 target
+and its scales there; the price of recomputing a block's amax without
+asking the trainer), attaches the shadow where the FP8 target was (whole,
+or, in host memory, through a pulse.Mapping as the engine fuses and shards
+it) and binds it to the FP8 tensor and its scales (pulse_sub_bind_fp8): the
+C library requantizes only the blocks each step touches, all or nothing
+with the step (on a CUDA device, on the pull's stream, with 24 bytes of
+device memory per scale block besides the shadow). Every check here runs
+before the first C call, so a bad scale is refused before anything is
+written."""
 
 import ctypes
 
@@ -100,11 +103,14 @@ def _check_pair(name, q, scale, torch):
     if not isinstance(scale, torch.Tensor):
         raise fail(f"'{sname}': a torch.Tensor expected")
     for what, t in ((name, q), (sname, scale)):
-        if t.device.type != "cpu":
-            raise fail(f"FP8 target '{what}' is on {t.device}: FP8 targets on a device are not "
-                       "supported yet (keep them in host memory)", "PULSE_ERR_UNSUPPORTED")
+        if t.device.type not in ("cpu", "cuda"):
+            raise fail(f"FP8 target '{what}' is on {t.device}: host or CUDA memory only",
+                       "PULSE_ERR_UNSUPPORTED")
         if not t.is_contiguous():
             raise fail(f"FP8 target '{what}': not contiguous")
+    if scale.device != q.device:
+        raise fail(f"'{sname}' is on {scale.device}, '{name}' on {q.device}: an FP8 target and "
+                   "its scales must be on one device")
     if scale.dtype != torch.float32:
         raise fail(f"'{sname}': dtype {scale.dtype}, expected torch.float32", "PULSE_ERR_DTYPE")
     if q.dim() == 0 or q.numel() == 0:
@@ -152,7 +158,8 @@ def split(pairs, shadows):
         binding = Binding(name, tensor, scale, mode, None)
         shadow = shadows.get(binding.key())
         if shadow is None:
-            shadow = torch.zeros(tuple(tensor.shape), dtype=torch.bfloat16)
+            # Beside the FP8 target: a CUDA one is followed on its device.
+            shadow = torch.zeros(tuple(tensor.shape), dtype=torch.bfloat16, device=tensor.device)
         binding.shadow = shadow
         bindings.append(binding)
         bf16_pairs.append((name, shadow))

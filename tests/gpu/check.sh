@@ -49,7 +49,11 @@
 #              scales; a 1% step on 8 tensors of 4096x4096 requantizing the
 #              touched blocks against requantizing every block (target:
 #              faster), the two FP8 copies identical (tests/gpu/fp8_torch.py;
-#              skipped where torch has no CUDA)
+#              skipped where torch has no CUDA); the subscriber's FP8
+#              targets over device shadows (inference_side_device_fp8: the
+#              CPU reference after every step, a NaN refused); a pull into
+#              CUDA FP8 torch targets = a CPU pull = torch's float8_e4m3fn
+#              of the formula (tests/gpu/fp8_pull.py; skipped likewise)
 #   memcheck, racecheck, synccheck
 #              compute-sanitizer over the CUDA suite (default sizes);
 #              UNSUPPORTED, not FAIL, where the machine refuses the tool
@@ -417,6 +421,21 @@ else
       "$(awk -v a="$fp8_touched" -v b="$fp8_whole" 'BEGIN {print (a < b) ? "MET" : "MISSED"}')" \
       "${fp8_timing}, $(elapsed "$t") s run"
   fi
+fi
+
+suite subscriber_fp8 "subscriber device FP8 targets" 120 "$subscriber_tests" \
+  --filter 'inference_side_device_fp8/*'
+t=$(date +%s)
+timeout "$(limit 90)" python3 "$root/tests/gpu/fp8_pull.py" "$build" > "$logs/fp8_pull.log" 2>&1
+rc=$?
+fp8_pull=$(sed -n 's/^fp8 pull: //p' "$logs/fp8_pull.log" | tail -n 1 | cut -c1-200)
+if [ "$rc" = 77 ] || [ "$mode" = dry ]; then
+  row "pull into CUDA FP8 = CPU = torch" SKIPPED "${fp8_pull:-$(tail -n 1 "$logs/fp8_pull.log" | cut -c1-200)}"
+elif [ "$rc" = 0 ]; then
+  row "pull into CUDA FP8 = CPU = torch" PASS "$fp8_pull, $(elapsed "$t") s"
+else
+  row "pull into CUDA FP8 = CPU = torch" FAIL \
+    "exit $rc$([ "$rc" = 124 ] && echo ' (timed out)'): $(tail -n 2 "$logs/fp8_pull.log" | tr '\n' ' ' | cut -c1-200)"
 fi
 
 # ------------------------------------------------------------- sanitizers

@@ -7,8 +7,8 @@
 # speed or the real compiler, which tests/gpu/check.sh covers on a GPU.
 # Then the publisher's device commits (tests/trainer_side/
 # test_publisher_device.c, trainer_side without its HTTP server) and the
-# subscriber's device targets (tests/inference_side/test_device_sync.c, with
-# the server) run on the same emulated kernels, and once more with the device hidden
+# subscriber's device targets (tests/inference_side/test_device_sync.c and
+# test_device_fp8.c, with the server) run on the same emulated kernels, and once more with the device hidden
 # (PULSE_EMU_NO_DEVICE=1) for the "no CUDA device" error.
 #   tests/cuda/emu/run.sh [criterion options, e.g. --filter 'cuda_detect/*']
 # Environment: PULSE_EMU_BUILD (build folder, default build-emu), PULSE_JOBS,
@@ -69,7 +69,7 @@ done
 # The subscriber with device targets, against a publisher and its server.
 sub_objs=()
 for src in "$root"/trainer_side/{server,serve}/*.c \
-  $(find "$root"/inference_side -name '*.c') "$root"/tests/inference_side/test_device_sync.c; do
+  $(find "$root"/inference_side -name '*.c') "$root"/tests/inference_side/test_device_{sync,fp8}.c; do
   obj="$out/obj/sub_$(basename "$src").o"; sub_objs+=("$obj")
   compile "$obj" gcc -std=c11 -DPULSE_HAVE_CUDA=1 $common $inc $(incdirs "$root/trainer_side") \
     $(incdirs "$root/inference_side") -I"$root/tests/inference_side" -I"$root/tests/common" \
