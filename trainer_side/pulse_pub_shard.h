@@ -11,7 +11,11 @@
  *
  *   1. pulse_pub_shard_detect(shard, data, &part)   this rank's part:
  *      its blocks' changes (O(changes)) and digests
- *   2. exchange: every rank gets every part (all-gather of bytes)
+ *   2. exchange: the encoding rank gets every part; every other rank
+ *      gets, from each rank, that rank's part cut to what its counts read
+ *      (pulse_pub_shard_part_for: the changes in the chunks its blocks
+ *      meet; nothing but block headers for dim-0 or flat blocks that fill
+ *      whole chunks)
  *   3. pulse_pub_shard_count(shard, parts, &counts)  this rank's counts:
  *      for each change of every part, how many elements of this rank's
  *      blocks precede it in its chunk within its position class, and the
@@ -26,13 +30,14 @@
  *      (its snapshot moves to the step); on failure pulse_pub_shard_abort
  *      (or the next detect) drops the step and it can be retried.
  *
- * Memory per rank: the BF16 snapshot of its blocks, every rank's parts (12
- * bytes per change of the step: the exchange is all-to-all) and its counts,
- * which are sparse: only changes and chunks that its own blocks meet (a
- * rank of dim-0 or flat blocks counts its own changes and those of the
- * chunks at its boundaries; a rank of a column block meets every chunk of
- * the tensor). The encoding rank also holds every rank's counts, the
- * patch and 1 KiB of class counts per chunk. The per-tensor digests of the
+ * Memory per rank: the BF16 snapshot of its blocks; during a step its own
+ * changes (20 bytes each, freed by advance and abort), its part (12 bytes
+ * per change), the parts cut for it and its counts, which are sparse: only
+ * changes and chunks that its own blocks meet (a rank of dim-0 or flat
+ * blocks counts its own changes and those of the chunks at its boundaries;
+ * a rank of a column block meets every chunk of the tensor). The encoding
+ * rank also holds every rank's whole part and counts, the patch and 1 KiB
+ * of class counts per chunk. The per-tensor digests of the
  * patch are the sums of the blocks' digests (FORMAT.md "Digests" is
  * additive).
  *
@@ -130,8 +135,23 @@ void pulse_pub_shard_free(pulse_pub_shard *shard);
 pulse_status pulse_pub_shard_detect(pulse_pub_shard *shard, const pulse_pub_tensor *data,
                                     size_t count, pulse_buffer *part);
 
-/** This rank's counts for the step whose parts (every rank's, any order
- * but the same on every rank) are given: see the top of this file. Reads
+/** `part` (a part of this step, this rank's or any rank's of the same
+ * table) cut to what a rank whose blocks are `blocks` (block_count of
+ * them) reads in pulse_pub_shard_count: every block with its digests and
+ * description, and only the changes in the chunks those blocks meet.
+ * `out` is filled (free with pulse_buffer_free). Counts made from parts
+ * cut for the counting rank are the counts made from the whole parts.
+ * @return PULSE_OK; PULSE_ERR_CORRUPT (a part that does not parse, or of
+ * another table or chunk size); PULSE_ERR_NOT_FOUND (a block's name not in
+ * the table); PULSE_ERR_ARG (a block outside its tensor, NULL);
+ * PULSE_ERR_NOMEM. */
+pulse_status pulse_pub_shard_part_for(const pulse_pub_shard *shard, const pulse_buffer *part,
+                                      const pulse_pub_block *blocks, size_t block_count,
+                                      pulse_buffer *out);
+
+/** This rank's counts for the step whose parts (every rank's, whole or cut
+ * for this rank by pulse_pub_shard_part_for, in any order) are given: see
+ * the top of this file. Changes are named by position. Reads
  * the snapshot (the base), not the pending changes. `counts` is filled (free
  * with pulse_buffer_free).
  * @return PULSE_OK; PULSE_ERR_CORRUPT (a part that does not parse, or of
@@ -139,22 +159,22 @@ pulse_status pulse_pub_shard_detect(pulse_pub_shard *shard, const pulse_pub_tens
 pulse_status pulse_pub_shard_count(const pulse_pub_shard *shard, const pulse_buffer *parts,
                                    size_t nparts, pulse_buffer *counts);
 
-/** The patch of the step from every rank's part and counts (parts in the
- * order given to pulse_pub_shard_count, counts in any order): the bytes
+/** The patch of the step from every rank's whole part and counts (both in
+ * any order): the bytes
  * pulse_patch_encode writes for the gathered weights with the same
  * options. Needs no shard: any rank, or a process that is not one, can
  * encode. `base_digest` (may be NULL) receives the state digest of the
  * base, which must be the store head's.
  * @return PULSE_OK and *patch; PULSE_ERR_CORRUPT (parts or counts that
- * do not parse or do not fit together: another table, a count of another
- * step); PULSE_ERR_ARG (blocks that overlap or leave elements out, bad
+ * do not parse or do not fit together: another table, counts of another
+ * step or naming an element no part changes); PULSE_ERR_ARG (blocks that overlap or leave elements out, bad
  * options); the errors of pulse_patch_encode. */
 pulse_status pulse_pub_shard_encode(const pulse_tensor_info *table, size_t tensor_count,
                                     const pulse_encode_opts *opts, const pulse_buffer *parts,
                                     size_t nparts, const pulse_buffer *counts, size_t ncounts,
                                     pulse_state_digest *base_digest, pulse_buffer *patch);
 
-/** The state digest of a step from every rank's part: `target` 0 gives
+/** The state digest of a step from every rank's part (whole or cut): `target` 0 gives
  * the base's (the snapshots the parts were detected against), 1 the
  * step's. Any rank can compute it.
  * @return PULSE_OK; PULSE_ERR_CORRUPT (parts that do not parse, of

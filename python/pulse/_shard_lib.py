@@ -78,6 +78,7 @@ _PROTOS = {
     "pulse_pub_shard_free": (None, [_p]),
     "pulse_pub_shard_detect": (_int, [_p, ctypes.POINTER(PubTensor), _size, _BUF]),
     "pulse_pub_shard_count": (_int, [_p, _BUF, _size, _BUF]),
+    "pulse_pub_shard_part_for": (_int, [_p, _BUF, ctypes.POINTER(PubBlock), _size, _BUF]),
     "pulse_pub_shard_encode": (_int, [_INFO, _size, ctypes.POINTER(EncodeOpts), _BUF, _size,
                                       _BUF, _size, ctypes.POINTER(StateDigest), _BUF]),
     "pulse_pub_shard_state_digest": (_int, [_INFO, _size, ctypes.c_uint32, _BUF, _size, _int,
@@ -115,18 +116,34 @@ def declared():
     return lib
 
 
+class _Owned:
+    """A filled pulse_buffer, freed when the last tensor over it is gone."""
+
+    __slots__ = ("buf",)
+
+    def __init__(self, buf):
+        self.buf = buf
+
+    def __del__(self):
+        try:
+            declared().pulse_buffer_free(ctypes.byref(self.buf))
+        except Exception:  # interpreter shutdown: the process frees it
+            pass
+
+
 def take(buf):
-    """The bytes of a filled pulse_buffer as a uint8 CPU tensor; the buffer
-    is freed."""
+    """The bytes of a filled pulse_buffer as a uint8 CPU tensor over the C
+    memory, not a copy (parts and counts are O(changes): a copy would hold
+    them twice); the buffer is freed once the tensor and every view of it
+    are gone."""
     import torch  # the sharded publish is given torch tensors
 
-    try:
-        out = torch.empty(buf.size, dtype=torch.uint8)
-        if buf.size:
-            ctypes.memmove(out.data_ptr(), buf.data, buf.size)
-        return out
-    finally:
+    if not buf.size:
         declared().pulse_buffer_free(ctypes.byref(buf))
+        return torch.empty(0, dtype=torch.uint8)
+    array = (ctypes.c_uint8 * buf.size).from_address(buf.data)
+    array._owner = _Owned(buf)  # torch.frombuffer keeps the array alive
+    return torch.frombuffer(array, dtype=torch.uint8)
 
 
 def buffers(chunks):

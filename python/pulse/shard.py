@@ -243,6 +243,16 @@ class RankShard:
                                                 ctypes.byref(out)))
         return take(out)
 
+    def part_for(self, part, descs):
+        """`part` (a uint8 tensor) cut to what a rank whose blocks are `descs`
+        reads when it counts (pulse_pub_shard_part_for)."""
+        kept = [d for d in descs if any(d[4])]
+        blocks = c_blocks(kept)
+        out = Buffer()
+        check(declared().pulse_pub_shard_part_for(self._handle, buffers([part]), blocks,
+                                                  len(kept), ctypes.byref(out)))
+        return take(out)
+
     def count(self, parts):
         """This rank's counts of the step (a uint8 tensor) from every rank's
         part (uint8 tensors, rank order)."""

@@ -78,31 +78,71 @@ class GroupPublisher:
         self._collective(what, dist.all_gather_object, out, obj, self.group)
         return out
 
-    def _bytes_exchange(self, what, metas, payload, to_root):
-        """Every rank's payload (bytes from the C shard: a part, counts),
-        carried as uint8 tensors, not pickled (they are O(changes)): to
-        every rank, or to rank 0 only (to_root; the others get None).
-        `metas` are every rank's small entries, already exchanged: each
-        entry's [1] is its payload's length. Returns uint8 CPU tensors."""
-        torch = _torch()
+    def _p2p(self, what, send, to, recv, frm):
+        """Sends `send` to group rank `to` while `recv` is received from group
+        rank `frm` (either may be None; an empty tensor does not travel)."""
         dist = _dist()
-        sizes = [m[1] for m in metas]
-        size = max(max(sizes), 1)
-        mine = torch.zeros(size, dtype=torch.uint8, device=self._device)
-        if payload is not None and payload.numel():
-            mine[:payload.numel()] = payload
-        if to_root:
-            out = [torch.empty(size, dtype=torch.uint8, device=self._device)
-                   for _ in range(self.world)] if self.rank == 0 else None
-            self._collective(what, dist.gather, mine, out, self._root, self.group)
-        else:
-            out = [torch.empty(size, dtype=torch.uint8, device=self._device)
-                   for _ in range(self.world)]
-            self._collective(what, dist.all_gather, out, mine, self.group)
-        del mine
-        if out is None:
+
+        def run():
+            reqs = []
+            if send is not None and send.numel():
+                reqs.append(dist.isend(send, self._global(to), self.group))
+            if recv is not None and recv.numel():
+                reqs.append(dist.irecv(recv, self._global(frm), self.group))
+            for req in reqs:
+                req.wait()
+
+        self._collective(what, run)
+
+    def _parts_exchange(self, part):
+        """Rank 0 (it encodes) gets every rank's whole part; every other rank
+        gets each rank's part cut to the chunks its own blocks meet
+        (pulse_pub_shard_part_for: all its counts read; for dim-0 or flat
+        blocks that fill their chunks, the blocks' headers only). Point to
+        point in world - 1 rounds (round d: to rank + d, from rank - d),
+        one part out and one in at a time, each at its size: no rank holds
+        every rank's parts but rank 0. Returns (the parts, this rank's own
+        included, as uint8 CPU tensors; this rank's failure or None): a
+        rank whose cut fails sends an empty part, and its receivers fail
+        the step naming it."""
+        torch = _torch()
+        parts = [None] * self.world
+        parts[self.rank] = part
+        err = None
+        for d in range(1, self.world):
+            to, frm = (self.rank + d) % self.world, (self.rank - d) % self.world
+            out = part
+            if to != 0:
+                try:
+                    out = self._shard.part_for(part, self._rank_descs[to])
+                except Exception as exc:
+                    err = err or exc
+                    out = torch.empty(0, dtype=torch.uint8)
+            size_out = torch.tensor([out.numel()], dtype=torch.int64, device=self._device)
+            size_in = torch.empty(1, dtype=torch.int64, device=self._device)
+            self._p2p("the parts' exchange", size_out, to, size_in, frm)
+            got = torch.empty(int(size_in.item()), dtype=torch.uint8, device=self._device)
+            self._p2p("the parts' exchange", out.to(self._device), to, got, frm)
+            del out
+            parts[frm] = got.cpu()
+            if err is None and not got.numel():
+                err = fail(f"publish: rank {frm} sent no part of the step (it failed making it)")
+        return parts, err
+
+    def _counts_to_root(self, metas, counts):
+        """Every rank's counts to rank 0, at their sizes (metas[r][1]); None
+        on the other ranks."""
+        torch = _torch()
+        if self.rank != 0:
+            if counts is not None:
+                self._p2p("the counts' exchange", counts.to(self._device), 0, None, None)
             return None
-        return [t[:n].cpu() for t, n in zip(out, sizes)]
+        gathered = [counts]
+        for r in range(1, self.world):
+            got = torch.empty(metas[r][1], dtype=torch.uint8, device=self._device)
+            self._p2p("the counts' exchange", None, None, got, r)
+            gathered.append(got.cpu())
+        return gathered
 
     def _broadcast(self, what, obj):
         dist = _dist()
@@ -329,12 +369,15 @@ class GroupPublisher:
             self._drop(plan)
             raise
         step, base, due, nonce = plan
-        parts = self._bytes_exchange("the parts' exchange", entries, part, False)
-        del entries, part
+        del entries
+        parts, err = self._parts_exchange(part)
+        del part
         # 2. the anchor's blocks and the counts
         staged = os.path.join(self.store_dir, "objects", f".anchor-{step}-{nonce}.tmp-shard")
         counts, target = None, None
         try:
+            if err is not None:
+                raise err
             target = self._shard.state_digest(parts, True)
             if due and self.rank not in self._remote:
                 self._shard.anchor_write(staged, step, target, base is not None)
@@ -342,6 +385,8 @@ class GroupPublisher:
                 counts = self._shard.count(parts)
         except Exception as exc:
             err = exc
+        if self.rank != 0:
+            parts = None  # only the encoding rank reads them again
         if due and self._remote:
             err = self._anchor_remote(alive, staged, step, target) or err
         del alive
@@ -350,7 +395,7 @@ class GroupPublisher:
                                   counts.numel() if counts is not None else 0))
         gathered = None
         if all(m[0] is None for m in metas) and base is not None:
-            gathered = self._bytes_exchange("the counts' exchange", metas, counts, True)
+            gathered = self._counts_to_root(metas, counts)
         del counts
         # 3. rank 0 encodes and commits; every rank learns the outcome
         outcome = None
@@ -393,6 +438,8 @@ class GroupPublisher:
             if base is not None:
                 opts = self._committer.encode_opts(step, base, self._chunk_log2)
                 patch = shard.encode(self._table, opts, parts, counts)
+                parts.clear()  # the caller's lists: freed before the commit's memory
+                counts.clear()
             figures = self._committer.commit(step, patch, staged, target)
         except Exception as exc:
             if staged:

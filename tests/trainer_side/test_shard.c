@@ -252,7 +252,7 @@ static void run_sharding(sharding s, uint64_t seed) {
   detect_all(sh, rb, &m, parts); /* step 0: the snapshot */
   for (int r = 0; r < RANKS; r++)
     pulse_buffer_free(&parts[r]);
-  uint64_t total_changes = 0;
+  uint64_t total_changes = 0, whole_bytes = 0, cut_bytes = 0;
   for (uint64_t step = 1; step <= 5; step++) {
     model_step(&m);
     pulse_state_digest want_base;
@@ -266,9 +266,26 @@ static void run_sharding(sharding s, uint64_t seed) {
     cr_assert_eq(pulse_state_digest_compute(bf, d, NT, &want_base), PULSE_OK);
     pulse_buffer want = single_patch(&m, step);
     detect_all(sh, rb, &m, parts);
-    for (int r = 0; r < RANKS; r++)
-      cr_assert_eq(pulse_pub_shard_count(sh[r], parts, RANKS, &counts[r]), PULSE_OK, "%s",
+    /* Each rank counts from its own part and the others' cut for it (what
+     * a rank other than the encoding one receives): the same counts. */
+    for (int r = 0; r < RANKS; r++) {
+      pulse_buffer cut[RANKS];
+      for (int q = 0; q < RANKS; q++) {
+        if (q == r) {
+          cut[q] = parts[q];
+          continue;
+        }
+        cr_assert_eq(pulse_pub_shard_part_for(sh[q], &parts[q], rb[r].b, rb[r].n, &cut[q]),
+                     PULSE_OK, "%s", pulse_error_detail());
+        cr_assert_leq(cut[q].size, parts[q].size);
+        whole_bytes += parts[q].size, cut_bytes += cut[q].size;
+      }
+      cr_assert_eq(pulse_pub_shard_count(sh[r], cut, RANKS, &counts[r]), PULSE_OK, "%s",
                    pulse_error_detail());
+      for (int q = 0; q < RANKS; q++)
+        if (q != r)
+          pulse_buffer_free(&cut[q]);
+    }
     pulse_encode_opts eo;
     pulse_encode_opts_init(&eo);
     eo.step = step, eo.base_step = step - 1, eo.chunk_log2 = LOG2, eo.threads = 1;
@@ -301,6 +318,9 @@ static void run_sharding(sharding s, uint64_t seed) {
   }
   cr_assert_gt(total_changes, 1000, "the steps changed something: %llu",
                (unsigned long long)total_changes);
+  if (s == FLAT || s == DIM0 || s == SETS) /* blocks meet few of the others' chunks */
+    cr_assert_lt(cut_bytes, whole_bytes / 2, "cut parts: %llu of %llu bytes",
+                 (unsigned long long)cut_bytes, (unsigned long long)whole_bytes);
   /* Each rank's snapshot is the published BF16 of its blocks. */
   for (int r = 0; r < RANKS; r++) {
     for (size_t b = 0; b < rb[r].n; b++) {

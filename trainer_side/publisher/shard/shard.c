@@ -279,8 +279,13 @@ static pulse_tensor_digest block_digest(const shard_geom *g, const uint16_t *bit
 void pulse_pub_shard_abort(pulse_pub_shard *s) {
   if (s == NULL)
     return;
-  for (size_t b = 0; b < s->nblocks; b++)
-    s->changes[b].count = 0;
+  /* Freed, not kept for the next step: between steps a rank holds its
+   * snapshot and nothing else O(changes). */
+  for (size_t b = 0; b < s->nblocks; b++) {
+    pulse_changes_free(&s->changes[b]);
+    free(s->local[b]);
+    s->local[b] = NULL;
+  }
   s->pending = 0;
 }
 

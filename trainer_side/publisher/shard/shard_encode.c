@@ -10,90 +10,14 @@
 #include "shard_impl.h"
 #include "status_impl.h"
 
-/* One block of a part, read in place. */
-typedef struct {
-  uint64_t tensor, elems, k;
-  pulse_tensor_digest base, target;
-  const uint8_t *pos, *old_bits, *new_bits;
-  uint64_t first; /* index of its first change in the step's enumeration */
-} part_block;
-
-typedef struct {
-  part_block *blocks;
-  size_t nblocks;
-  uint64_t changes; /* over every part */
-} parts_view;
-
-static void view_free(parts_view *v) {
-  free(v->blocks);
-  memset(v, 0, sizeof *v);
-}
-
-static pulse_status view_parts(const pulse_buffer *parts, size_t nparts, size_t tensor_count,
-                               const uint8_t table_id[32], uint32_t chunk_log2, parts_view *v) {
-  memset(v, 0, sizeof *v);
-  size_t total = 0;
-  for (size_t i = 0; i < nparts; i++) {
-    const uint8_t *p = parts[i].data;
-    if (p == NULL || parts[i].size < SHARD_PART_HEADER || memcmp(p, SHARD_PART_MAGIC, 8) != 0 ||
-        pulse_load_le32(p + 8) != SHARD_WIRE_VERSION)
-      return pulse_fail(PULSE_ERR_CORRUPT, "shard: part %zu is not a shard part", i);
-    if (pulse_load_le32(p + 12) != chunk_log2 || memcmp(p + 16, table_id, 32) != 0)
-      return pulse_fail(PULSE_ERR_CORRUPT,
-                        "shard: part %zu describes another table or chunk size", i);
-    uint64_t nb = pulse_load_le64(p + 48);
-    if (nb > (parts[i].size - SHARD_PART_HEADER) / SHARD_BLOCK_HEADER)
-      return pulse_fail(PULSE_ERR_CORRUPT, "shard: part %zu: %llu blocks", i,
-                        (unsigned long long)nb);
-    total += (size_t)nb;
-  }
-  v->blocks = calloc(total ? total : 1, sizeof *v->blocks);
-  if (v->blocks == NULL)
-    return pulse_fail(PULSE_ERR_NOMEM, "shard: parts");
-  for (size_t i = 0; i < nparts; i++) {
-    const uint8_t *p = parts[i].data;
-    size_t size = parts[i].size, at = SHARD_PART_HEADER;
-    uint64_t nb = pulse_load_le64(p + 48);
-    for (uint64_t b = 0; b < nb; b++) {
-      if (size - at < SHARD_BLOCK_HEADER)
-        goto short_part;
-      part_block *x = &v->blocks[v->nblocks++];
-      const uint8_t *q = p + at;
-      x->tensor = pulse_load_le64(q);
-      x->elems = pulse_load_le64(q + 8);
-      x->base.a = pulse_load_le64(q + 16), x->base.b = pulse_load_le64(q + 24);
-      x->target.a = pulse_load_le64(q + 32), x->target.b = pulse_load_le64(q + 40);
-      x->k = pulse_load_le64(q + 48);
-      at += SHARD_BLOCK_HEADER;
-      if (x->tensor >= tensor_count || x->k > x->elems || x->k > (size - at) / 12)
-        goto short_part;
-      x->pos = p + at;
-      x->old_bits = x->pos + 8 * x->k;
-      x->new_bits = x->old_bits + 2 * x->k;
-      at += 12 * (size_t)x->k;
-      x->first = v->changes;
-      v->changes += x->k;
-    }
-    if (at != size)
-      goto short_part;
-    continue;
-  short_part:
-    view_free(v);
-    return pulse_fail(PULSE_ERR_CORRUPT, "shard: part %zu is cut short or inconsistent", i);
-  }
-  return PULSE_OK;
-}
-
 /* One change of the step, for sorting by position within its tensor. */
 typedef struct {
   uint64_t pos;
-  uint64_t index; /* in the step's enumeration */
   uint16_t old_bits, new_bits;
 } step_change;
 
-static step_change change_at(const part_block *x, uint64_t j) {
-  return (step_change){pulse_load_le64(x->pos + 8 * j), x->first + j,
-                       pulse_load_le16(x->old_bits + 2 * j),
+static step_change change_at(const shard_part_block *x, uint64_t j) {
+  return (step_change){pulse_load_le64(x->pos + 8 * j), pulse_load_le16(x->old_bits + 2 * j),
                        pulse_load_le16(x->new_bits + 2 * j)};
 }
 
@@ -102,7 +26,7 @@ static step_change change_at(const part_block *x, uint64_t j) {
  * PULSE_ERR_CORRUPT); the blocks' lists are merged: blocks that do not
  * interleave (flat ranges, dim-0 blocks, whole tensors) are concatenated,
  * others (column blocks) merged head by head. */
-static pulse_status tensor_changes(const parts_view *v, uint64_t t, const uint8_t *mark,
+static pulse_status tensor_changes(const shard_parts_view *v, uint64_t t, const uint8_t *mark,
                                    uint32_t log2, step_change **out, uint64_t *n) {
   uint64_t k = 0;
   size_t nb = 0;
@@ -110,7 +34,7 @@ static pulse_status tensor_changes(const parts_view *v, uint64_t t, const uint8_
     if (v->blocks[b].tensor == t && v->blocks[b].k > 0)
       k += v->blocks[b].k, nb++;
   step_change *c = malloc((k ? k : 1) * sizeof *c);
-  const part_block **bl = malloc((nb ? nb : 1) * sizeof *bl);
+  const shard_part_block **bl = malloc((nb ? nb : 1) * sizeof *bl);
   uint64_t *head = calloc(nb ? nb : 1, sizeof *head);
   if (c == NULL || bl == NULL || head == NULL) {
     free(c), free(bl), free(head);
@@ -131,7 +55,7 @@ static pulse_status tensor_changes(const parts_view *v, uint64_t t, const uint8_
   for (size_t b = 1; b < nb; b++)
     for (size_t a = b; a > 0 && pulse_load_le64(bl[a]->pos) < pulse_load_le64(bl[a - 1]->pos);
          a--) {
-      const part_block *x = bl[a];
+      const shard_part_block *x = bl[a];
       bl[a] = bl[a - 1], bl[a - 1] = x;
     }
   int disjoint = 1;
@@ -253,14 +177,14 @@ pulse_status pulse_pub_shard_count(const pulse_pub_shard *s, const pulse_buffer 
   counts->data = NULL, counts->size = 0;
   if (!s->have_snapshot)
     return pulse_fail(PULSE_ERR_ARG, "shard: count before the first detect");
-  parts_view v;
-  PULSE_TRY(view_parts(parts, nparts, s->count, s->table_id, s->chunk_log2, &v));
+  shard_parts_view v;
+  PULSE_TRY(shard_view_parts(parts, nparts, s->count, s->table_id, s->chunk_log2, &v));
   uint32_t log2 = s->chunk_log2;
-  pulse_bytebuf out = PULSE_BYTEBUF_INIT, hist_out = PULSE_BYTEBUF_INIT;
+  pulse_bytebuf out = PULSE_BYTEBUF_INIT;
   uint8_t head[SHARD_COUNT_HEADER];
   memset(head, 0, sizeof head);
   pulse_bytebuf_put(&out, head, sizeof head);
-  uint64_t ncontrib = 0, nhist = 0;
+  uint64_t nsections = 0;
   pulse_status st = PULSE_OK;
   for (size_t t = 0; t < s->count && st == PULSE_OK; t++) {
     int owned = 0;
@@ -271,23 +195,12 @@ pulse_status pulse_pub_shard_count(const pulse_pub_shard *s, const pulse_buffer 
     /* Only the chunks this rank's blocks meet: its counts elsewhere are 0. */
     uint64_t numel = 0;
     (void)pulse_shape_numel(s->info[t].shape, s->info[t].ndim, &numel);
-    uint64_t nck = ((numel - 1) >> log2) + 1;
-    uint8_t *mark = calloc((size_t)(nck / 8 + 1), 1);
+    uint8_t *mark = shard_chunk_marks(s->geom, s->nblocks, t, numel, log2);
     step_change *c = NULL;
     uint64_t n = 0, m = 0, *chunks = NULL;
     uint32_t *contrib = NULL, *hist = NULL;
     if (mark == NULL)
       st = pulse_fail(PULSE_ERR_NOMEM, "shard: counts");
-    for (size_t b = 0; b < s->nblocks && st == PULSE_OK; b++) {
-      const shard_geom *g = &s->geom[b];
-      if (g->tensor != t)
-        continue;
-      for (uint64_t r = 0; r < g->runs; r++) {
-        uint64_t at = shard_run_pos(g, r);
-        for (uint64_t k = at >> log2; k <= (at + g->run_len - 1) >> log2; k++)
-          mark[k >> 3] |= (uint8_t)(1u << (k & 7));
-      }
-    }
     if (st == PULSE_OK)
       st = tensor_changes(&v, t, mark, log2, &c, &n);
     if (st == PULSE_OK) {
@@ -304,45 +217,113 @@ pulse_status pulse_pub_shard_count(const pulse_pub_shard *s, const pulse_buffer 
     for (size_t b = 0; b < s->nblocks && st == PULSE_OK && m > 0; b++)
       if (s->geom[b].tensor == t)
         count_block(&s->geom[b], s->snap[b], c, n, chunks, m, log2, contrib, hist);
+    uint64_t nc = 0;
+    for (uint64_t j = 0; j < n && st == PULSE_OK; j++)
+      nc += contrib[j] > 0;
+    if (st == PULSE_OK) {
+      uint8_t sec[SHARD_COUNT_SECTION];
+      pulse_store_le64(sec, t);
+      pulse_store_le64(sec + 8, nc);
+      pulse_store_le64(sec + 16, m);
+      pulse_bytebuf_put(&out, sec, sizeof sec);
+      nsections++;
+    }
     uint8_t e[12];
     for (uint64_t j = 0; j < n && st == PULSE_OK; j++)
       if (contrib[j] > 0) {
-        pulse_store_le64(e, c[j].index);
+        pulse_store_le64(e, c[j].pos);
         pulse_store_le32(e + 8, contrib[j]);
         pulse_bytebuf_put(&out, e, 12);
-        ncontrib++;
       }
     for (uint64_t q = 0; q < m && st == PULSE_OK; q++) {
-      uint8_t h[16 + 4 * PULSE_CLASS_COUNT];
-      pulse_store_le64(h, t);
-      pulse_store_le64(h + 8, chunks[q]);
+      uint8_t h[8 + 4 * PULSE_CLASS_COUNT];
+      pulse_store_le64(h, chunks[q]);
       for (unsigned k = 0; k < PULSE_CLASS_COUNT; k++)
-        pulse_store_le32(h + 16 + 4 * k, hist[q * PULSE_CLASS_COUNT + k]);
-      pulse_bytebuf_put(&hist_out, h, sizeof h);
-      nhist++;
+        pulse_store_le32(h + 8 + 4 * k, hist[q * PULSE_CLASS_COUNT + k]);
+      pulse_bytebuf_put(&out, h, sizeof h);
     }
     free(mark), free(c), free(chunks), free(contrib), free(hist);
   }
-  if (st == PULSE_OK && !hist_out.failed && hist_out.size > 0)
-    pulse_bytebuf_put(&out, hist_out.data, hist_out.size);
-  if (st == PULSE_OK && (out.failed || hist_out.failed))
+  if (st == PULSE_OK && out.failed)
     st = pulse_fail(PULSE_ERR_NOMEM, "shard: counts");
-  free(hist_out.data);
   if (st != PULSE_OK) {
     free(out.data);
-    view_free(&v);
+    shard_view_free(&v);
     return st;
   }
   memcpy(out.data, SHARD_COUNT_MAGIC, 8);
   pulse_store_le32(out.data + 8, SHARD_WIRE_VERSION);
   pulse_store_le32(out.data + 12, log2);
   memcpy(out.data + 16, s->table_id, 32);
-  pulse_store_le64(out.data + 48, v.changes);
-  pulse_store_le64(out.data + 56, ncontrib);
-  pulse_store_le64(out.data + 64, nhist);
+  pulse_store_le64(out.data + 48, v.step.a);
+  pulse_store_le64(out.data + 56, v.step.b);
+  pulse_store_le64(out.data + 64, nsections);
   counts->data = out.data;
   counts->size = out.size;
-  view_free(&v);
+  shard_view_free(&v);
+  return PULSE_OK;
+}
+
+/* The index of the change at `pos` among ch's (sorted), or ch->count. */
+static uint64_t change_index(const pulse_changes *ch, uint64_t pos) {
+  uint64_t lo = 0, hi = ch->count;
+  while (lo < hi) {
+    uint64_t mid = lo + (hi - lo) / 2;
+    if (ch->pos[mid] < pos)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo < ch->count && ch->pos[lo] == pos ? lo : ch->count;
+}
+
+/* Adds one rank's counts (counts index i) to the ranks and class counts of
+ * the step's changes ch (per tensor). */
+static pulse_status add_counts(const pulse_buffer *buf, size_t i, const pulse_tensor_info *table,
+                               size_t n, const uint8_t id[32], uint32_t log2,
+                               const shard_parts_view *v, const pulse_changes *ch,
+                               uint32_t **rank, uint32_t **hist) {
+  const uint8_t *p = buf->data;
+  size_t left = buf->size;
+  const uint64_t hentry = 8 + 4 * PULSE_CLASS_COUNT;
+  if (p == NULL || left < SHARD_COUNT_HEADER || memcmp(p, SHARD_COUNT_MAGIC, 8) != 0 ||
+      pulse_load_le32(p + 8) != SHARD_WIRE_VERSION || pulse_load_le32(p + 12) != log2 ||
+      memcmp(p + 16, id, 32) != 0 || pulse_load_le64(p + 48) != v->step.a ||
+      pulse_load_le64(p + 56) != v->step.b)
+    return pulse_fail(PULSE_ERR_CORRUPT, "shard: counts %zu are not of these parts", i);
+  uint64_t sections = pulse_load_le64(p + 64);
+  p += SHARD_COUNT_HEADER, left -= SHARD_COUNT_HEADER;
+  for (uint64_t q = 0; q < sections; q++) {
+    if (left < SHARD_COUNT_SECTION)
+      return pulse_fail(PULSE_ERR_CORRUPT, "shard: counts %zu are cut short", i);
+    uint64_t t = pulse_load_le64(p), nc = pulse_load_le64(p + 8), nh = pulse_load_le64(p + 16);
+    p += SHARD_COUNT_SECTION, left -= SHARD_COUNT_SECTION;
+    uint64_t numel = 0;
+    if (t < n)
+      (void)pulse_shape_numel(table[t].shape, table[t].ndim, &numel);
+    if (t >= n || numel == 0 || nc > left / 12 || nh > (left - 12 * nc) / hentry)
+      return pulse_fail(PULSE_ERR_CORRUPT, "shard: counts %zu: section %llu is inconsistent",
+                        i, (unsigned long long)q);
+    for (uint64_t j = 0; j < nc; j++, p += 12) {
+      uint64_t at = change_index(&ch[t], pulse_load_le64(p));
+      if (at == ch[t].count)
+        return pulse_fail(PULSE_ERR_CORRUPT,
+                          "shard: counts %zu name element %llu of '%s', which no part changes",
+                          i, (unsigned long long)pulse_load_le64(p), table[t].name);
+      rank[t][at] += pulse_load_le32(p + 8);
+    }
+    for (uint64_t j = 0; j < nh; j++, p += hentry) {
+      uint64_t k = pulse_load_le64(p);
+      if (k > (numel - 1) >> log2)
+        return pulse_fail(PULSE_ERR_CORRUPT, "shard: counts %zu name a chunk out of range", i);
+      uint32_t *h = hist[t] + k * PULSE_CLASS_COUNT;
+      for (unsigned c = 0; c < PULSE_CLASS_COUNT; c++)
+        h[c] += pulse_load_le32(p + 8 + 4 * c);
+    }
+    left -= 12 * nc + hentry * nh;
+  }
+  if (left != 0)
+    return pulse_fail(PULSE_ERR_CORRUPT, "shard: counts %zu have %zu bytes too many", i, left);
   return PULSE_OK;
 }
 
@@ -359,8 +340,8 @@ pulse_status pulse_pub_shard_encode(const pulse_tensor_info *table, size_t tenso
     return pulse_fail(PULSE_ERR_ARG, "shard: chunk_log2 in 10..30");
   uint8_t id[32];
   PULSE_TRY(shard_table_id(table, tensor_count, id));
-  parts_view v;
-  PULSE_TRY(view_parts(parts, nparts, tensor_count, id, opts->chunk_log2, &v));
+  shard_parts_view v;
+  PULSE_TRY(shard_view_parts(parts, nparts, tensor_count, id, opts->chunk_log2, &v));
   uint32_t log2 = opts->chunk_log2;
   size_t n = tensor_count;
   pulse_encode_tensor *enc = calloc(n, sizeof *enc);
@@ -370,12 +351,11 @@ pulse_status pulse_pub_shard_encode(const pulse_tensor_info *table, size_t tenso
   uint8_t **cls = calloc(n, sizeof *cls);
   uint32_t **rank = calloc(n, sizeof *rank), **hist = calloc(n, sizeof *hist);
   step_change **tc = calloc(n, sizeof *tc);
-  uint32_t *contrib = calloc(v.changes ? v.changes : 1, 4);
-  pulse_status st = enc && ch && bd && elems && cls && rank && hist && tc && contrib
+  pulse_status st = enc && ch && bd && elems && cls && rank && hist && tc
                         ? PULSE_OK
                         : pulse_fail(PULSE_ERR_NOMEM, "shard: encode");
   for (size_t b = 0; st == PULSE_OK && b < v.nblocks; b++) {
-    const part_block *x = &v.blocks[b];
+    const shard_part_block *x = &v.blocks[b];
     bd[x->tensor].a += x->base.a, bd[x->tensor].b += x->base.b;
     elems[x->tensor] += x->elems;
   }
@@ -400,7 +380,7 @@ pulse_status pulse_pub_shard_encode(const pulse_tensor_info *table, size_t tenso
       break;
     uint64_t nck = numel ? ((numel - 1) >> log2) + 1 : 0;
     cls[t] = malloc(k ? k : 1);
-    rank[t] = malloc((k ? k : 1) * 4);
+    rank[t] = calloc(k ? k : 1, 4);
     hist[t] = calloc(nck ? nck * PULSE_CLASS_COUNT : 1, 4);
     if (!cls[t] || !rank[t] || !hist[t] ||
         (k && pulse_changes_reserve(&ch[t], k) != PULSE_OK)) {
@@ -409,50 +389,15 @@ pulse_status pulse_pub_shard_encode(const pulse_tensor_info *table, size_t tenso
     }
     for (uint64_t j = 0; j < k; j++)
       (void)pulse_changes_push(&ch[t], tc[t][j].pos, tc[t][j].old_bits, tc[t][j].new_bits);
+    free(tc[t]); /* ch holds them now: the encoder's peak is one copy */
+    tc[t] = NULL;
   }
   /* Every rank's counts: rank contributions and class counts add up. */
-  for (size_t i = 0; st == PULSE_OK && i < ncounts; i++) {
-    const uint8_t *p = counts[i].data;
-    uint64_t nc = 0, nh = 0;
-    const uint64_t hentry = 16 + 4 * PULSE_CLASS_COUNT;
-    if (p != NULL && counts[i].size >= SHARD_COUNT_HEADER)
-      nc = pulse_load_le64(p + 56), nh = pulse_load_le64(p + 64);
-    if (p == NULL || counts[i].size < SHARD_COUNT_HEADER ||
-        memcmp(p, SHARD_COUNT_MAGIC, 8) != 0 || pulse_load_le32(p + 8) != SHARD_WIRE_VERSION ||
-        pulse_load_le32(p + 12) != log2 || memcmp(p + 16, id, 32) != 0 ||
-        pulse_load_le64(p + 48) != v.changes || nc > counts[i].size / 12 ||
-        nh > counts[i].size / hentry ||
-        counts[i].size != SHARD_COUNT_HEADER + 12 * nc + hentry * nh) {
-      st = pulse_fail(PULSE_ERR_CORRUPT, "shard: counts %zu are not of these parts", i);
-      break;
-    }
-    p += SHARD_COUNT_HEADER;
-    for (uint64_t j = 0; j < nc && st == PULSE_OK; j++, p += 12) {
-      uint64_t at = pulse_load_le64(p);
-      if (at >= v.changes)
-        st = pulse_fail(PULSE_ERR_CORRUPT, "shard: counts %zu name change %llu", i,
-                        (unsigned long long)at);
-      else
-        contrib[at] += pulse_load_le32(p + 8);
-    }
-    for (uint64_t j = 0; j < nh && st == PULSE_OK; j++, p += hentry) {
-      uint64_t t = pulse_load_le64(p), k = pulse_load_le64(p + 8), numel = 0;
-      if (t < n)
-        (void)pulse_shape_numel(table[t].shape, table[t].ndim, &numel);
-      if (t >= n || numel == 0 || k > (numel - 1) >> log2) {
-        st = pulse_fail(PULSE_ERR_CORRUPT, "shard: counts %zu name a chunk out of range", i);
-        break;
-      }
-      uint32_t *h = hist[t] + k * PULSE_CLASS_COUNT;
-      for (unsigned c = 0; c < PULSE_CLASS_COUNT; c++)
-        h[c] += pulse_load_le32(p + 16 + 4 * c);
-    }
-  }
+  for (size_t i = 0; st == PULSE_OK && i < ncounts; i++)
+    st = add_counts(&counts[i], i, table, n, id, log2, &v, ch, rank, hist);
   for (size_t t = 0; st == PULSE_OK && t < n; t++) {
-    for (uint64_t j = 0; j < ch[t].count; j++) {
-      cls[t][j] = (uint8_t)pulse_bf16_class(tc[t][j].old_bits);
-      rank[t][j] = contrib[tc[t][j].index];
-    }
+    for (uint64_t j = 0; j < ch[t].count; j++)
+      cls[t][j] = (uint8_t)pulse_bf16_class(ch[t].old_bits[j]);
     enc[t].info = table[t];
     enc[t].info.dtype = PULSE_DTYPE_BF16;
     enc[t].base = NULL;
@@ -487,8 +432,8 @@ pulse_status pulse_pub_shard_encode(const pulse_tensor_info *table, size_t tenso
       free(tc[t]);
   }
   free(enc), free(ch), free(bd), free(elems), free(cls), free(rank), free(hist);
-  free(tc), free(contrib);
-  view_free(&v);
+  free(tc);
+  shard_view_free(&v);
   return st;
 }
 

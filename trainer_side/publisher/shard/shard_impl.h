@@ -38,21 +38,56 @@ pulse_status shard_parts_check(const pulse_tensor_info *table, size_t count,
 pulse_status shard_table_id(const pulse_tensor_info *table, size_t count,
                             uint8_t out[32]);
 
+/** A bitmap (bit k: chunk k) of the chunks of tensor t (numel elements) that
+ * the blocks g (ng of them; other tensors' are skipped) meet; NULL when out
+ * of memory. Free with free(). */
+uint8_t *shard_chunk_marks(const shard_geom *g, size_t ng, size_t t, uint64_t numel,
+                           uint32_t log2);
+
+/* One block of a part, read in place. */
+typedef struct {
+  uint64_t tensor, elems, k;
+  pulse_tensor_digest base, target;
+  const uint8_t *header; /* its SHARD_BLOCK_HEADER bytes */
+  const uint8_t *pos, *old_bits, *new_bits;
+} shard_part_block;
+
+typedef struct {
+  shard_part_block *blocks;
+  size_t nblocks;
+  uint64_t changes;         /* over every part */
+  pulse_tensor_digest step; /* the sums of every block's target digest */
+} shard_parts_view;
+
+/** Reads parts in place (checked: magic, version, table, chunk size,
+ * lengths). @return PULSE_OK; PULSE_ERR_CORRUPT; PULSE_ERR_NOMEM. */
+pulse_status shard_view_parts(const pulse_buffer *parts, size_t nparts, size_t tensor_count,
+                              const uint8_t table_id[32], uint32_t chunk_log2,
+                              shard_parts_view *v);
+void shard_view_free(shard_parts_view *v);
+
 #define SHARD_PART_MAGIC "PULSESHP"
 #define SHARD_COUNT_MAGIC "PULSESHC"
-#define SHARD_WIRE_VERSION 1u
+#define SHARD_WIRE_VERSION 2u
 /* Part: magic, u32 version, u32 chunk_log2, 32-byte table id, u64 blocks;
  * per block: u64 tensor, u64 elements, u64 base digest a, b, u64 target
  * digest a, b, u64 changes k, u64 kind, 8 u64 starts, 8 u64 extents (the
  * block as its rank described it), k u64 positions, k u16 old bits, k u16
- * new bits (little-endian). */
+ * new bits (little-endian). A part cut for another rank
+ * (pulse_pub_shard_part_for) has every block, with only the changes in the
+ * chunks that rank's blocks meet. */
 #define SHARD_PART_HEADER 56u
 #define SHARD_BLOCK_HEADER 192u
 /* Counts (sparse: only what the rank's own chunks can hold): magic, u32
- * version, u32 chunk_log2, 32-byte table id, u64 changes of the parts, u64
- * entries nc, u64 chunk entries nh; nc entries of u64 change index (in
- * part, block, change order) and u32 rank contribution (non-zero); nh
- * entries of u64 tensor, u64 chunk and 256 u32 class counts. */
+ * version, u32 chunk_log2, 32-byte table id, u64 step a, b (the sums of
+ * every part block's target digest: the step the counts are of, the same
+ * from cut parts), u64 sections; per tensor the rank owns elements of:
+ * u64 tensor, u64 entries nc, u64 chunk entries nh, nc entries of u64
+ * position and u32 rank contribution (non-zero; the change at that
+ * position), nh entries of u64 chunk and 256 u32 class counts. Changes are
+ * named by position, not by their place among the parts, so that a rank
+ * can count from parts cut for it. */
+#define SHARD_COUNT_SECTION 24u
 #define SHARD_COUNT_HEADER 72u
 
 struct pulse_pub_shard {
