@@ -282,6 +282,13 @@ static void run_sharding(sharding s, uint64_t seed) {
       }
       cr_assert_eq(pulse_pub_shard_count(sh[r], cut, RANKS, &counts[r]), PULSE_OK, "%s",
                    pulse_error_detail());
+      pulse_buffer whole = {0};
+      cr_assert_eq(pulse_pub_shard_count(sh[r], parts, RANKS, &whole), PULSE_OK);
+      cr_assert(whole.size == counts[r].size &&
+                    memcmp(whole.data, counts[r].data, whole.size) == 0,
+                "rank %d step %llu: the counts from cut parts are those from whole ones", r,
+                (unsigned long long)step);
+      pulse_buffer_free(&whole);
       for (int q = 0; q < RANKS; q++)
         if (q != r)
           pulse_buffer_free(&cut[q]);
@@ -425,6 +432,15 @@ Test(shard, a_part_of_another_table_is_refused_and_a_failed_step_is_retried) {
   cr_assert_eq(pulse_pub_shard_encode(m.info, NT, &eo, again, RANKS - 1, counts, RANKS, NULL,
                                       &out),
                PULSE_ERR_ARG); /* tensors without their blocks */
+  /* Counts of another step (the parts of a step detected again from the
+   * same snapshot, with more changes): refused. */
+  model_step(&m);
+  for (int r = 0; r < RANKS; r++)
+    pulse_buffer_free(&parts[r]);
+  detect_all(sh, rb, &m, parts);
+  cr_assert_eq(pulse_pub_shard_encode(m.info, NT, &eo, parts, RANKS, counts, RANKS, NULL, &out),
+               PULSE_ERR_CORRUPT);
+  cr_assert(strstr(pulse_error_detail(), "not of these parts"), "%s", pulse_error_detail());
   /* A truncated part. */
   again[1].size -= 1;
   cr_assert_eq(pulse_pub_shard_count(sh[0], again, RANKS, &out), PULSE_ERR_CORRUPT);
