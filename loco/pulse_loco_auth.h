@@ -9,7 +9,7 @@
  *
  *   pulse-loco-<kind>/1\n     <kind>: payload, manifest, state, members,
  *                             leave, done, digests, sync, sketch, slice,
- *                             reduced, verdict
+ *                             reduced, verdict, claim, grant
  *   round <round>\n
  *   signer <64 hex: public key>\n
  *   size <bytes>\n
@@ -54,9 +54,11 @@ typedef enum {
   PULSE_LOCO_AUTH_SKETCH = 9,   /* the reference's range sketches */
   PULSE_LOCO_AUTH_SLICE = 10,   /* a partitioned slice (collaboration) */
   PULSE_LOCO_AUTH_REDUCED = 11, /* an owner's reduced range */
-  PULSE_LOCO_AUTH_VERDICT = 12  /* a peer's verdict on the reduced ranges */
+  PULSE_LOCO_AUTH_VERDICT = 12, /* a peer's verdict on the reduced ranges */
+  PULSE_LOCO_AUTH_CLAIM = 13,   /* a claim of samples or a readiness */
+  PULSE_LOCO_AUTH_GRANT = 14    /* a writer's answer to one */
 } pulse_loco_auth_kind;
-#define PULSE_LOCO_AUTH_KINDS 12u /* the largest kind */
+#define PULSE_LOCO_AUTH_KINDS 14u /* the largest kind */
 
 /* Why bodies were refused, since create (for the metrics). */
 typedef struct {

@@ -125,8 +125,10 @@ typedef struct {
    * (pulse_loco_auth_refused_total at /metrics). Views and states: any
    * member's signature holds (every member that finished a round holds the
    * same state); anything else: the key pinned for the trainer it comes
-   * from. Claims and grants are not signed yet. NULL: none of it; every
-   * member must agree. Borrowed, must outlive the peer. */
+   * from. Claims, readinesses and acknowledgements are signed by their
+   * member, checked by the writer (refused: 401), and the writer's answers
+   * signed by it. NULL: none of it; every member must agree. Borrowed,
+   * must outlive the peer. */
   const pulse_sign_key *sign_key;
   /* The members' keys (copied): a peer checks what it loads against
    * these and its own; a joiner's key must be here at every member that
@@ -220,8 +222,9 @@ typedef struct {
   uint64_t busy_ms;   /* in local steps */
   uint64_t wall_ms;   /* the whole call */
   /* Bytes received this call only because the peer authenticates: the
-   * signature headers of the views and states it loaded (260 bytes and the
-   * round's digits each). 0 without a key. */
+   * signature headers of the signed bodies and answers it checked (views,
+   * states, manifests, payloads, partitioned blobs, grants: 260 bytes and
+   * the round's digits each). 0 without a key. */
   uint64_t auth_bytes;
 } pulse_loco_collab_figures;
 

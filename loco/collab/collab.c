@@ -189,6 +189,10 @@ pulse_status pulse_loco_collab_create(const pulse_loco_collab_opts *opts,
     return st;
   }
   loco_server_set_metrics(c->srv, hosted_metrics, c);
+  if (c->auth != NULL) { /* claims, readinesses, acknowledgements checked */
+    loco_server_set_gate(c->srv, collab_auth_gate, c);
+    loco_server_set_reply_signer(c->srv, collab_auth_sign_reply, c);
+  }
   if (client_of != NULL) {
     snprintf(c->host_url, sizeof c->host_url, "%s", client_of);
     snprintf(c->url, sizeof c->url, "%s" LOCO_HOSTED_PREFIX "%u", client_of,

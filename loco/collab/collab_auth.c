@@ -335,3 +335,135 @@ void collab_auth_metrics(pulse_loco_collab *c, pulse_bytebuf *text) {
                          "%llu\n",
                          loco_auth_kind_word((pulse_loco_auth_kind)(k + 1)), (unsigned long long)by_kind[k]);
 }
+
+/* ------------------------------------------------- claims and grants */
+
+static void hex_of(const uint8_t *b, size_t n, char *out) {
+  static const char d[] = "0123456789abcdef";
+  for (size_t i = 0; i < n; i++)
+    out[2 * i] = d[b[i] >> 4], out[2 * i + 1] = d[b[i] & 15];
+  out[2 * n] = '\0';
+}
+
+static int unhex(const char *s, uint8_t *out, size_t n) {
+  if (s == NULL || strlen(s) != 2 * n)
+    return 0;
+  for (size_t i = 0; i < n; i++) {
+    int v = 0;
+    for (int h = 0; h < 2; h++) {
+      char ch = s[2 * i + (size_t)h];
+      int x = ch >= '0' && ch <= '9'   ? ch - '0'
+              : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10
+                                       : -1;
+      if (x < 0)
+        return 0;
+      v = v * 16 + x;
+    }
+    out[i] = (uint8_t)v;
+  }
+  return 1;
+}
+
+void collab_auth_query(pulse_loco_collab *c, pulse_loco_auth_kind kind,
+                       uint64_t r, const char *text, char *dst, size_t cap) {
+  if (cap == 0)
+    return;
+  dst[0] = '\0';
+  loco_sig sig;
+  if (!collab_auth_sign_blob(c, kind, r, text, strlen(text), &sig) ||
+      !sig.present)
+    return;
+  char key[65], sh[129];
+  hex_of(sig.key, 32, key);
+  hex_of(sig.sig, 64, sh);
+  snprintf(dst, cap, "&round=%llu&key=%s&sig=%s", (unsigned long long)r, key,
+           sh);
+}
+
+/* The kind and round of a POST that must be signed: a claim or readiness
+ * ("/v1/collab/claim/R/..." or ".../ready/R/..."), an acknowledgement
+ * ("/v1/loco/round/R/done"); 0 for any other. */
+static pulse_loco_auth_kind signed_post(const char *path, uint64_t *r) {
+  static const char *const prefixes[] = {"/v1/collab/claim/",
+                                         "/v1/collab/ready/",
+                                         "/v1/loco/round/"};
+  for (int i = 0; i < 3; i++) {
+    size_t k = strlen(prefixes[i]);
+    if (strncmp(path, prefixes[i], k) != 0)
+      continue;
+    char *end = NULL;
+    unsigned long long v = strtoull(path + k, &end, 10);
+    if (end == path + k)
+      return 0;
+    *r = v;
+    if (i < 2)
+      return *end == '/' ? PULSE_LOCO_AUTH_CLAIM : 0;
+    return strcmp(end, "/done") == 0 ? PULSE_LOCO_AUTH_DONE : 0;
+  }
+  return 0;
+}
+
+unsigned collab_auth_gate(void *user, const char *path,
+                          const char *(*query)(void *rq, const char *key),
+                          void *rq, char *reply, size_t cap) {
+  pulse_loco_collab *c = user;
+  uint64_t r = 0;
+  pulse_loco_auth_kind kind = signed_post(path, &r);
+  const char *id_text = query(rq, "id");
+  char *end = NULL;
+  unsigned long long id = id_text ? strtoull(id_text, &end, 10) : 0;
+  if (c->auth == NULL || kind == 0 || id_text == NULL || end == id_text ||
+      *end != '\0' || id > UINT32_MAX)
+    return 0; /* not one to check, or the callback's 400 */
+  char text[320];
+  int len = snprintf(text, sizeof text, "%s?id=%s", path, id_text);
+  if (len < 0 || (size_t)len >= sizeof text)
+    return 0;
+  loco_sig sig;
+  memset(&sig, 0, sizeof sig);
+  const char *round = query(rq, "round");
+  char *rend = NULL;
+  unsigned long long rv = round ? strtoull(round, &rend, 10) : 0;
+  sig.present = round != NULL && rend != round && *rend == '\0' &&
+                unhex(query(rq, "key"), sig.key, 32) &&
+                unhex(query(rq, "sig"), sig.sig, 64);
+  sig.round = rv;
+  if (collab_auth_accept_by(c, kind, r, (uint32_t)id, &sig, text,
+                            (size_t)len))
+    return 0;
+  snprintf(reply, cap, "{\"error\":\"not signed by trainer %llu for round "
+                       "%llu\"}",
+           id, (unsigned long long)r);
+  return COLLAB_UNVERIFIED;
+}
+
+void collab_auth_sign_reply(void *user, const char *path, const char *id,
+                            unsigned status, loco_sig *sig) {
+  pulse_loco_collab *c = user;
+  uint64_t r = 0;
+  memset(sig, 0, sizeof *sig);
+  if (c->auth == NULL || id == NULL ||
+      signed_post(path, &r) != PULSE_LOCO_AUTH_CLAIM)
+    return;
+  char text[352];
+  int len = snprintf(text, sizeof text, "%s?id=%s\nstatus %u", path, id,
+                     status);
+  if (len < 0 || (size_t)len >= sizeof text ||
+      !collab_auth_sign_blob(c, PULSE_LOCO_AUTH_GRANT, r, text, (size_t)len,
+                             sig))
+    memset(sig, 0, sizeof *sig); /* unsigned: the member refuses it */
+}
+
+int collab_auth_grant_ok(pulse_loco_collab *c, uint64_t r, uint32_t w,
+                         const char *text, unsigned status,
+                         const loco_sig *sig) {
+  if (c->auth == NULL)
+    return 1;
+  char signed_text[352];
+  int len = snprintf(signed_text, sizeof signed_text, "%s\nstatus %u", text,
+                     status);
+  if (len < 0 || (size_t)len >= sizeof signed_text)
+    return 0;
+  return collab_auth_accept_by(c, PULSE_LOCO_AUTH_GRANT, r, w, sig,
+                               signed_text, (size_t)len);
+}

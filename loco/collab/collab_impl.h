@@ -154,6 +154,31 @@ int collab_auth_sign_blob(void *user, pulse_loco_auth_kind kind,
 int collab_auth_accept_blob(void *user, pulse_loco_auth_kind kind,
                             uint64_t round, uint32_t id, const loco_sig *sig,
                             const void *data, size_t size);
+/* Claims, readinesses and acknowledgements (POSTs to a writer) are signed
+ * by their member over "PATH?id=ID" (query "&round=R&key=HEX&sig=HEX",
+ * written by collab_auth_query; nothing without a key); the writer's
+ * answer to a claim or readiness is signed by it over "PATH?id=ID\n
+ * status S" (in the answer's X-Pulse-Loco-* headers). */
+void collab_auth_query(pulse_loco_collab *c, pulse_loco_auth_kind kind,
+                       uint64_t r, const char *text, char *dst, size_t cap);
+/* The server's POST gate (loco_server_set_gate): refuses (401, counted) a
+ * claim, readiness or acknowledgement not signed by the key pinned for
+ * its id. */
+unsigned collab_auth_gate(void *user, const char *path,
+                          const char *(*query)(void *rq, const char *key),
+                          void *rq, char *reply, size_t cap);
+/* The server's answer signer (loco_server_set_reply_signer): the answer
+ * to a claim or readiness. */
+void collab_auth_sign_reply(void *user, const char *path, const char *id,
+                            unsigned status, loco_sig *sig);
+/* Whether a writer's answer (status, its signature) to the request `text`
+ * of round r is writer w's, signed (always without a key). */
+int collab_auth_grant_ok(pulse_loco_collab *c, uint64_t r, uint32_t w,
+                         const char *text, unsigned status,
+                         const loco_sig *sig);
+/* A claim's answer refused by authentication (not a writer's status). */
+#define COLLAB_UNVERIFIED 401u
+
 /* A client-mode peer's upload of its payload carries its signature after
  * the payload: u64 LE round, the 32-byte key, the 64-byte signature. */
 #define COLLAB_SIG_TRAILER 104u

@@ -138,20 +138,27 @@ unsigned collab_tell_writer(pulse_loco_collab *c, uint64_t r, uint32_t k,
     pthread_mutex_unlock(&c->lock);
     return s;
   }
-  char url[256];
+  char text[256], query[300], url[640];
   if (ready)
-    snprintf(url, sizeof url,
-             "%s/v1/collab/ready/%" PRIu64 "/%u/%" PRIu64 "/%d/%" PRIu64
+    snprintf(text, sizeof text,
+             "/v1/collab/ready/%" PRIu64 "/%u/%" PRIu64 "/%d/%" PRIu64
              "?id=%u",
-             collab_url_of(c, w), r, k, done, leaving,
-             collab_reported_bandwidth(c), c->id);
+             r, k, done, leaving, collab_reported_bandwidth(c), c->id);
   else
-    snprintf(url, sizeof url,
-             "%s/v1/collab/claim/%" PRIu64 "/%u/%" PRIu64 "/%" PRIu64
+    snprintf(text, sizeof text,
+             "/v1/collab/claim/%" PRIu64 "/%u/%" PRIu64 "/%" PRIu64
              "/%" PRIu64 "?id=%u",
-             collab_url_of(c, w), r, k, b, done, rate_milli, c->id);
+             r, k, b, done, rate_milli, c->id);
+  /* Signed by this member, its answer by the writer (auth hooks). */
+  collab_auth_query(c, PULSE_LOCO_AUTH_CLAIM, r, text, query, sizeof query);
+  snprintf(url, sizeof url, "%s%s%s", collab_url_of(c, w), text, query);
   long status = 0;
-  loco_http_post(url, c->opts.claim_timeout_ms, &status);
+  loco_sig sig;
+  memset(&sig, 0, sizeof sig);
+  loco_http_post_signed(url, c->opts.claim_timeout_ms, &status, &sig);
+  if (status != 0 &&
+      !collab_auth_grant_ok(c, r, w, text, (unsigned)status, &sig))
+    status = COLLAB_UNVERIFIED; /* as no decision: asked again */
   return (unsigned)status;
 }
 
@@ -213,10 +220,12 @@ static pulse_status accumulate(pulse_loco_collab *c, uint64_t r, uint32_t *k,
 static void ack_round(pulse_loco_collab *c, const char *src, uint64_t r) {
   if (strcmp(src, c->url) == 0)
     return;
-  char url[160];
+  char text[96], query[300], url[480];
   long status;
-  snprintf(url, sizeof url, "%s/v1/loco/round/%" PRIu64 "/done?id=%u", src, r,
+  snprintf(text, sizeof text, "/v1/loco/round/%" PRIu64 "/done?id=%u", r,
            c->id);
+  collab_auth_query(c, PULSE_LOCO_AUTH_DONE, r, text, query, sizeof query);
+  snprintf(url, sizeof url, "%s%s%s", src, text, query);
   loco_http_post(url, c->opts.claim_timeout_ms, &status);
 }
 

@@ -64,7 +64,8 @@ static int kind_valid(pulse_loco_auth_kind kind) {
 static const char *kind_name(pulse_loco_auth_kind kind) {
   static const char *const names[PULSE_LOCO_AUTH_KINDS] = {
       "payload", "manifest", "state", "members", "leave",   "done",
-      "digests", "sync",     "sketch", "slice",  "reduced", "verdict"};
+      "digests", "sync",     "sketch", "slice",  "reduced", "verdict",
+      "claim",   "grant"};
   return names[kind - 1];
 }
 

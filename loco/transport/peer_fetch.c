@@ -176,6 +176,12 @@ static pulse_status request(const char *url, unsigned timeout_ms, size_t max,
                         status, NULL);
 }
 
+pulse_status loco_http_post_signed(const char *url, unsigned timeout_ms,
+                                   long *status, loco_sig *sig) {
+  return request_signed(url, timeout_ms, 4096, PULSE_FETCH_POST, NULL, 0,
+                        NULL, status, sig);
+}
+
 pulse_status loco_http_get_signed(const char *url, unsigned timeout_ms,
                                   size_t max_bytes, pulse_bytebuf *body,
                                   long *status, loco_sig *sig) {

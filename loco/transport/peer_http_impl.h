@@ -88,6 +88,16 @@ typedef unsigned (*loco_post_gate_fn)(void *user, const char *path,
                                       void *rq, char *reply, size_t cap);
 void loco_server_set_gate(loco_server *s, loco_post_gate_fn gate, void *user);
 
+/* Signs the answer to a POST (the node's authentication): called on the
+ * server thread after the callback with the path, the "id" query value
+ * and the answer's status; fills *sig (left not present: the answer goes
+ * unsigned), sent as the answer's X-Pulse-Loco-* headers. */
+typedef void (*loco_reply_sign_fn)(void *user, const char *path,
+                                   const char *id, unsigned status,
+                                   loco_sig *sig);
+void loco_server_set_reply_signer(loco_server *s, loco_reply_sign_fn fn,
+                                  void *user);
+
 /* More Prometheus text after the server's own at /metrics (the node's
  * authentication counters); called on a server thread. */
 void loco_server_set_metrics(loco_server *s,
@@ -126,6 +136,9 @@ void loco_sleep_ms(unsigned ms);
 pulse_status loco_http_get(const char *url, unsigned timeout_ms,
                            size_t max_bytes, pulse_bytebuf *body, long *status);
 pulse_status loco_http_post(const char *url, unsigned timeout_ms, long *status);
+/* loco_http_post keeping the answer's signature headers in *sig. */
+pulse_status loco_http_post_signed(const char *url, unsigned timeout_ms,
+                                   long *status, loco_sig *sig);
 /* loco_http_get keeping the answer's signature headers in *sig. */
 pulse_status loco_http_get_signed(const char *url, unsigned timeout_ms,
                                   size_t max_bytes, pulse_bytebuf *body,

@@ -37,6 +37,8 @@ struct loco_server {
   pulse_serve_route routes[3]; /* the table this server's layer uses */
   loco_post_gate_fn gate;
   void *gate_user;
+  loco_reply_sign_fn reply_sign;
+  void *reply_sign_user;
   void (*more_metrics)(void *user, pulse_bytebuf *text);
   void *metrics_user;
 };
@@ -98,7 +100,23 @@ static int post(void *user, pulse_serve_request *rq, const char *path) {
   }
   unsigned status = s->on_post(s->user, path, pulse_serve_query(rq, "id"),
                                pulse_serve_query(rq, "url"), text, sizeof text);
-  pulse_serve_meta m = {status, "application/json", NULL, NULL, NULL};
+  /* The answer signed in its headers (whatever its status: an error
+   * answer's body may not reach the asker). */
+  loco_sig sig;
+  memset(&sig, 0, sizeof sig);
+  if (s->reply_sign != NULL)
+    s->reply_sign(s->reply_sign_user, path, pulse_serve_query(rq, "id"),
+                  status, &sig);
+  char round[24], key[65], sh[129];
+  const char *hdr[] = {"X-Pulse-Loco-Round", round, "X-Pulse-Loco-Key", key,
+                       "X-Pulse-Loco-Signature", sh, NULL};
+  if (sig.present) {
+    snprintf(round, sizeof round, "%llu", (unsigned long long)sig.round);
+    store_hex(sig.key, sizeof sig.key, key);
+    store_hex(sig.sig, sizeof sig.sig, sh);
+  }
+  pulse_serve_meta m = {status, "application/json", NULL, NULL,
+                        sig.present ? hdr : NULL};
   return pulse_serve_reply_bytes(rq, &m, text, strnlen(text, sizeof text));
 }
 
@@ -137,6 +155,12 @@ static void fetch_metrics(void *user, pulse_bytebuf *text) {
                          (unsigned long long)value[i]);
   if (s->more_metrics != NULL)
     s->more_metrics(s->metrics_user, text);
+}
+
+void loco_server_set_reply_signer(loco_server *s, loco_reply_sign_fn fn,
+                                  void *user) {
+  s->reply_sign_user = user;
+  s->reply_sign = fn;
 }
 
 void loco_server_set_gate(loco_server *s, loco_post_gate_fn gate, void *user) {

@@ -125,7 +125,8 @@ int bench_loco_collab_main(int argc, char **argv) {
       printf("authentication off (--no-auth)\n");
     else
       printf("authentication on (Ed25519, every peer's key pinned; views, "
-             "states, manifests, payloads, partitioned blobs): signing added "
+             "states, manifests, payloads, partitioned blobs, claims, "
+             "grants): signing added "
              "%.1f bytes per peer and "
              "round\n",
              b.auth_reports ? (double)b.auth_bytes / (double)b.auth_reports
