@@ -432,6 +432,26 @@ Test(shard, a_part_of_another_table_is_refused_and_a_failed_step_is_retried) {
   cr_assert_eq(pulse_pub_shard_encode(m.info, NT, &eo, again, RANKS - 1, counts, RANKS, NULL,
                                       &out),
                PULSE_ERR_ARG); /* tensors without their blocks */
+  /* Hostile counts: cut short, they are refused; any byte changed, they
+   * are refused or read within their bounds (an ASan build checks the
+   * reads). */
+  for (size_t cut = 0; cut < counts[1].size; cut += 7) {
+    pulse_buffer c = {counts[1].data, cut};
+    pulse_buffer set[RANKS] = {counts[0], c, counts[2], counts[3]};
+    cr_assert_eq(pulse_pub_shard_encode(m.info, NT, &eo, again, RANKS, set, RANKS, NULL, &out),
+                 PULSE_ERR_CORRUPT, "counts cut to %zu bytes", cut);
+  }
+  for (size_t at = 0; at < counts[1].size; at++) {
+    uint8_t *b = counts[1].data;
+    b[at] ^= 0xA5;
+    pulse_status got = pulse_pub_shard_encode(m.info, NT, &eo, again, RANKS, counts, RANKS,
+                                              NULL, &out);
+    b[at] ^= 0xA5;
+    /* class counts that cannot be the chunk's: the patch coder refuses them */
+    cr_assert(got == PULSE_OK || got == PULSE_ERR_CORRUPT || got == PULSE_ERR_ARG,
+              "byte %zu: %s: %s", at, pulse_status_name(got), pulse_error_detail());
+    pulse_buffer_free(&out);
+  }
   /* Counts of another step (the parts of a step detected again from the
    * same snapshot, with more changes): refused. */
   model_step(&m);

@@ -220,21 +220,26 @@ pulse_status pulse_pub_shard_count(const pulse_pub_shard *s, const pulse_buffer 
     uint64_t nc = 0;
     for (uint64_t j = 0; j < n && st == PULSE_OK; j++)
       nc += contrib[j] > 0;
+    size_t sec_at = out.size;
     if (st == PULSE_OK) {
       uint8_t sec[SHARD_COUNT_SECTION];
       pulse_store_le64(sec, t);
       pulse_store_le64(sec + 8, nc);
       pulse_store_le64(sec + 16, m);
+      pulse_store_le64(sec + 24, 0); /* entry bytes: set below */
       pulse_bytebuf_put(&out, sec, sizeof sec);
       nsections++;
     }
-    uint8_t e[12];
+    uint64_t prev = 0;
+    int first = 1;
     for (uint64_t j = 0; j < n && st == PULSE_OK; j++)
       if (contrib[j] > 0) {
-        pulse_store_le64(e, c[j].pos);
-        pulse_store_le32(e + 8, contrib[j]);
-        pulse_bytebuf_put(&out, e, 12);
+        pulse_bytebuf_varint(&out, first ? c[j].pos : c[j].pos - prev - 1);
+        pulse_bytebuf_varint(&out, contrib[j]);
+        prev = c[j].pos, first = 0;
       }
+    if (st == PULSE_OK && !out.failed)
+      pulse_store_le64(out.data + sec_at + 24, out.size - sec_at - SHARD_COUNT_SECTION);
     for (uint64_t q = 0; q < m && st == PULSE_OK; q++) {
       uint8_t h[8 + 4 * PULSE_CLASS_COUNT];
       pulse_store_le64(h, chunks[q]);
@@ -292,36 +297,47 @@ static pulse_status add_counts(const pulse_buffer *buf, size_t i, const pulse_te
       pulse_load_le64(p + 56) != v->step.b)
     return pulse_fail(PULSE_ERR_CORRUPT, "shard: counts %zu are not of these parts", i);
   uint64_t sections = pulse_load_le64(p + 64);
-  p += SHARD_COUNT_HEADER, left -= SHARD_COUNT_HEADER;
+  pulse_reader r = pulse_reader_make(p + SHARD_COUNT_HEADER, left - SHARD_COUNT_HEADER);
   for (uint64_t q = 0; q < sections; q++) {
-    if (left < SHARD_COUNT_SECTION)
-      return pulse_fail(PULSE_ERR_CORRUPT, "shard: counts %zu are cut short", i);
-    uint64_t t = pulse_load_le64(p), nc = pulse_load_le64(p + 8), nh = pulse_load_le64(p + 16);
-    p += SHARD_COUNT_SECTION, left -= SHARD_COUNT_SECTION;
+    uint64_t t = pulse_reader_le(&r, 8), nc = pulse_reader_le(&r, 8);
+    uint64_t nh = pulse_reader_le(&r, 8), eb = pulse_reader_le(&r, 8);
+    const uint8_t *ep = r.ok && eb <= r.left ? pulse_reader_span(&r, (size_t)eb) : NULL;
     uint64_t numel = 0;
     if (t < n)
       (void)pulse_shape_numel(table[t].shape, table[t].ndim, &numel);
-    if (t >= n || numel == 0 || nc > left / 12 || nh > (left - 12 * nc) / hentry)
+    if (!r.ok || ep == NULL || t >= n || numel == 0 || nc > eb / 2 || nh > r.left / hentry)
       return pulse_fail(PULSE_ERR_CORRUPT, "shard: counts %zu: section %llu is inconsistent",
                         i, (unsigned long long)q);
-    for (uint64_t j = 0; j < nc; j++, p += 12) {
-      uint64_t at = change_index(&ch[t], pulse_load_le64(p));
+    pulse_reader e = pulse_reader_make(ep, (size_t)eb);
+    uint64_t pos = 0;
+    for (uint64_t j = 0; j < nc; j++) {
+      uint64_t gap = pulse_reader_varint(&e), contrib = pulse_reader_varint(&e);
+      uint64_t room = j == 0 ? numel : numel - pos - 1; /* positions after the last */
+      if (!e.ok || gap >= room || contrib == 0 || contrib > UINT32_MAX)
+        return pulse_fail(PULSE_ERR_CORRUPT, "shard: counts %zu: section %llu: entry %llu is "
+                          "inconsistent", i, (unsigned long long)q, (unsigned long long)j);
+      pos = j == 0 ? gap : pos + 1 + gap;
+      uint64_t at = change_index(&ch[t], pos);
       if (at == ch[t].count)
         return pulse_fail(PULSE_ERR_CORRUPT,
                           "shard: counts %zu name element %llu of '%s', which no part changes",
-                          i, (unsigned long long)pulse_load_le64(p), table[t].name);
-      rank[t][at] += pulse_load_le32(p + 8);
+                          i, (unsigned long long)pos, table[t].name);
+      rank[t][at] += (uint32_t)contrib;
     }
-    for (uint64_t j = 0; j < nh; j++, p += hentry) {
-      uint64_t k = pulse_load_le64(p);
+    if (e.left != 0)
+      return pulse_fail(PULSE_ERR_CORRUPT, "shard: counts %zu: section %llu has %zu bytes too "
+                        "many", i, (unsigned long long)q, e.left);
+    for (uint64_t j = 0; j < nh; j++) {
+      const uint8_t *h = pulse_reader_span(&r, hentry);
+      uint64_t k = pulse_load_le64(h);
       if (k > (numel - 1) >> log2)
         return pulse_fail(PULSE_ERR_CORRUPT, "shard: counts %zu name a chunk out of range", i);
-      uint32_t *h = hist[t] + k * PULSE_CLASS_COUNT;
+      uint32_t *dst = hist[t] + k * PULSE_CLASS_COUNT;
       for (unsigned c = 0; c < PULSE_CLASS_COUNT; c++)
-        h[c] += pulse_load_le32(p + 8 + 4 * c);
+        dst[c] += pulse_load_le32(h + 8 + 4 * c);
     }
-    left -= 12 * nc + hentry * nh;
   }
+  left = r.left;
   if (left != 0)
     return pulse_fail(PULSE_ERR_CORRUPT, "shard: counts %zu have %zu bytes too many", i, left);
   return PULSE_OK;

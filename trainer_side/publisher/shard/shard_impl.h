@@ -82,12 +82,15 @@ void shard_view_free(shard_parts_view *v);
  * version, u32 chunk_log2, 32-byte table id, u64 step a, b (the sums of
  * every part block's target digest: the step the counts are of, the same
  * from cut parts), u64 sections; per tensor the rank owns elements of:
- * u64 tensor, u64 entries nc, u64 chunk entries nh, nc entries of u64
- * position and u32 rank contribution (non-zero; the change at that
- * position), nh entries of u64 chunk and 256 u32 class counts. Changes are
- * named by position, not by their place among the parts, so that a rank
- * can count from parts cut for it. */
-#define SHARD_COUNT_SECTION 24u
+ * u64 tensor, u64 entries nc, u64 chunk entries nh, u64 entry bytes eb;
+ * eb bytes holding nc entries of two LEB128 varints, the position's gap
+ * (the first entry's position, then position - previous - 1) and the rank
+ * contribution (non-zero; of the change at that position); nh entries of
+ * u64 chunk and 256 u32 class counts. Changes are named by position, not
+ * by their place among the parts, so that a rank can count from parts cut
+ * for it; the gaps make an entry 2-4 bytes, not 12 (the encoding rank
+ * receives every rank's). */
+#define SHARD_COUNT_SECTION 32u
 #define SHARD_COUNT_HEADER 72u
 
 struct pulse_pub_shard {
