@@ -55,7 +55,7 @@ static void run(pulse_pos_model model, uint32_t chunk_log2, int threads) {
   cr_assert_eq(pulse_pub_commit(pub, 0, t, TU_TENSORS, NULL), PULSE_OK);
   uint64_t total;
   uint16_t *base = tt_model_bf16(&m, &total);
-  static const double density[] = {0.02, 0.0, 0.3, 0.005};
+  static const double density[] = {0.0, 0.02, 0.3, 0.005}; /* a first step without changes too */
   for (uint64_t step = 1; step <= 4; step++) {
     tu_model_step(&m, density[step - 1]);
     cr_assert_eq(pulse_pub_commit(pub, step, t, TU_TENSORS, NULL), PULSE_OK, "%s",
