@@ -6,9 +6,13 @@
  * that move a block's amax up and down, and a step refused for a NaN
  * (nothing written, BF16 or FP8). Runs on a GPU and on the CPU emulator of
  * the kernels (tests/cuda/emu/run.sh); elsewhere it skips, saying why. */
+#include "../cuda/emu/emu_counts.h"
 #include "inf_testutil.h"
 #include "pulse_cuda.h"
 #include "pulse_fp8.h"
+
+/* Defined by the CPU emulator of the runtime only (counts of its calls). */
+#pragma weak pulse_emu_counts_get
 
 #define DEVICE_TEST_START()                                                    \
   do {                                                                         \
@@ -103,7 +107,7 @@ typedef struct {
   dev_fp8 f[FP8_COUNT];
 } fp8_rig;
 
-static void rig_up(fp8_rig *r, int whole) {
+static void rig_up(fp8_rig *r, int whole, void *stream) {
   it_trainer_up(&r->t, 100, 32, 20);
   it_trainer_run(&r->t, 0, 3, 0.02);
   r->cache = tu_make_dir();
@@ -112,6 +116,7 @@ static void rig_up(fp8_rig *r, int whole) {
   o.use_catchup = 0;
   o.no_streaming = whole;
   o.threads = 2;
+  o.cuda_stream = stream;
   cr_assert_eq(pulse_sub_create(&o, &r->sub), PULSE_OK);
   attach_device(&r->t, r->sub, r->d);
   fp8_make(&r->t, FP8_BLOCKED, PULSE_FP8_SCALE_BLOCK, &r->f[0]);
@@ -143,7 +148,7 @@ Test(inference_side_device_fp8, device_fp8_targets_equal_the_reference_at_every_
   DEVICE_TEST_START();
   for (int whole = 0; whole < 2; whole++) {
     fp8_rig r;
-    rig_up(&r, whole);
+    rig_up(&r, whole, NULL);
     /* The anchor (step 0) into the shadows, requantized whole, then
      * patches. */
     cr_assert_eq(pulse_sub_sync(r.sub), PULSE_OK, "%s", pulse_sub_error(r.sub));
@@ -178,7 +183,7 @@ Test(inference_side_device_fp8, a_nan_into_a_device_shadow_is_refused_with_nothi
   DEVICE_TEST_START();
   for (int whole = 0; whole < 2; whole++) {
     fp8_rig r;
-    rig_up(&r, whole);
+    rig_up(&r, whole, NULL);
     cr_assert_eq(pulse_sub_sync(r.sub), PULSE_OK, "%s", pulse_sub_error(r.sub));
     rig_check(&r, 3, whole);
     tu_model_step(&r.t.m, 0.02);
@@ -200,7 +205,7 @@ Test(inference_side_device_fp8, a_nan_into_a_device_shadow_is_refused_with_nothi
 Test(inference_side_device_fp8, a_device_shadow_must_be_one_attached_tensor_whole) {
   DEVICE_TEST_START();
   fp8_rig r;
-  rig_up(&r, 0);
+  rig_up(&r, 0, NULL);
   /* Half of a target's memory (one not bound): no target starts there
    * whole. */
   uint64_t rows = r.t.m.info[0].shape[0] / 2, cols = r.t.m.info[0].shape[1];
@@ -214,4 +219,33 @@ Test(inference_side_device_fp8, a_device_shadow_must_be_one_attached_tensor_whol
   /* A shadow bound already. */
   cr_assert_eq(pulse_sub_bind_fp8(r.sub, r.d[FP8_BLOCKED], &r.f[0].t), PULSE_ERR_ARG);
   rig_down(&r);
+}
+
+/* The FP8 work (binding, anchors, stages, commits) goes on opts.cuda_stream
+ * with the patches', never on the legacy NULL stream, and nothing
+ * synchronizes the whole device (counted by the emulator; on a GPU only
+ * the results are checked). */
+Test(inference_side_device_fp8, device_fp8_work_goes_on_the_given_stream) {
+  DEVICE_TEST_START();
+  void *stream = NULL;
+  cr_assert_eq(pulse_cuda_stream_create(&stream), PULSE_OK);
+  pulse_emu_counts c0, c1;
+  memset(&c0, 0, sizeof c0);
+  if (pulse_emu_counts_get != NULL)
+    pulse_emu_counts_get(&c0);
+  fp8_rig r;
+  rig_up(&r, 0, stream);
+  cr_assert_eq(pulse_sub_sync(r.sub), PULSE_OK, "%s", pulse_sub_error(r.sub));
+  rig_check(&r, 3, 0);
+  it_trainer_run(&r.t, 4, 5, 0.02);
+  cr_assert_eq(pulse_sub_sync(r.sub), PULSE_OK, "%s", pulse_sub_error(r.sub));
+  rig_check(&r, 5, 0);
+  if (pulse_emu_counts_get != NULL) {
+    pulse_emu_counts_get(&c1);
+    cr_assert_eq(c1.null_stream, c0.null_stream, "%llu uses of the legacy NULL stream",
+                 (unsigned long long)(c1.null_stream - c0.null_stream));
+    cr_assert_eq(c1.device_syncs, c0.device_syncs, "cudaDeviceSynchronize");
+  }
+  rig_down(&r);
+  pulse_cuda_stream_free(stream);
 }
