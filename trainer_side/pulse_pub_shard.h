@@ -31,7 +31,7 @@
  *      (or the next detect) drops the step and it can be retried.
  *
  * Memory per rank: the BF16 snapshot of its blocks; during a step its own
- * changes (20 bytes each, freed by advance and abort), its part (12 bytes
+ * changes (12 bytes each, freed by advance and abort), its part (12 bytes
  * per change), the parts cut for it and its counts, which are sparse: only
  * changes and chunks that its own blocks meet (a rank of dim-0 or flat
  * blocks counts its own changes and those of the chunks at its boundaries;

@@ -193,11 +193,9 @@ void pulse_pub_shard_free(pulse_pub_shard *s) {
       free(s->snap[b]);
     if (s->changes)
       pulse_changes_free(&s->changes[b]);
-    if (s->local)
-      free(s->local[b]);
   }
   free(s->info), free(s->geom), free(s->blocks), free(s->snap), free(s->digest);
-  free(s->changes), free(s->local), free(s->target);
+  free(s->changes), free(s->target);
   free(s);
 }
 
@@ -223,9 +221,8 @@ pulse_status pulse_pub_shard_create(const pulse_pub_shard_opts *o, pulse_pub_sha
   s->digest = calloc(nb, sizeof *s->digest);
   s->target = calloc(nb, sizeof *s->target);
   s->changes = calloc(nb, sizeof *s->changes);
-  s->local = calloc(nb, sizeof *s->local);
   pulse_status st = PULSE_OK;
-  if (!s->info || !s->geom || !s->blocks || !s->snap || !s->digest || !s->target || !s->changes || !s->local)
+  if (!s->info || !s->geom || !s->blocks || !s->snap || !s->digest || !s->target || !s->changes)
     st = pulse_fail(PULSE_ERR_NOMEM, "shard");
   for (size_t i = 0; st == PULSE_OK && i < s->count; i++) {
     s->info[i] = o->tensors[i];
@@ -281,11 +278,8 @@ void pulse_pub_shard_abort(pulse_pub_shard *s) {
     return;
   /* Freed, not kept for the next step: between steps a rank holds its
    * snapshot and nothing else O(changes). */
-  for (size_t b = 0; b < s->nblocks; b++) {
+  for (size_t b = 0; b < s->nblocks; b++)
     pulse_changes_free(&s->changes[b]);
-    free(s->local[b]);
-    s->local[b] = NULL;
-  }
   s->pending = 0;
 }
 
@@ -293,9 +287,16 @@ void pulse_pub_shard_advance(pulse_pub_shard *s) {
   if (s == NULL || !s->pending)
     return;
   for (size_t b = 0; b < s->nblocks; b++) {
+    /* Changes are in position order, which is the block's run order: walk
+     * both (no per-change block index kept). */
     const pulse_changes *c = &s->changes[b];
-    for (uint64_t j = 0; j < c->count; j++)
-      s->snap[b][s->local[b][j]] = c->new_bits[j];
+    const shard_geom *g = &s->geom[b];
+    uint64_t j = 0;
+    for (uint64_t r = 0; r < g->runs && j < c->count; r++) {
+      uint64_t at = shard_run_pos(g, r);
+      for (; j < c->count && c->pos[j] < at + g->run_len; j++)
+        s->snap[b][r * g->run_len + (c->pos[j] - at)] = c->new_bits[j];
+    }
     s->digest[b] = s->target[b];
   }
   pulse_pub_shard_abort(s);
@@ -334,24 +335,12 @@ static void put_block(uint8_t *p, const pulse_pub_shard *s, size_t b) {
 static pulse_status detect_block(pulse_pub_shard *s, size_t b, const pulse_pub_tensor *t) {
   const shard_geom *g = &s->geom[b];
   pulse_changes *c = &s->changes[b];
-  uint64_t cap = 0;
   for (uint64_t r = 0; r < g->runs; r++) {
     uint64_t pos = shard_run_pos(g, r), at = r * g->run_len;
     for (uint64_t i = 0; i < g->run_len; i++) {
       uint16_t nb = bits_at(t, at + i), ob = s->snap[b][at + i];
       if (!pulse_bf16_changed(ob, nb))
         continue;
-      if (c->count == cap) {
-        cap = cap ? 2 * cap : 1024;
-        uint64_t *l = realloc(s->local[b], cap * sizeof *l);
-        if (l == NULL || pulse_changes_reserve(c, cap) != PULSE_OK) {
-          if (l != NULL)
-            s->local[b] = l;
-          return pulse_fail(PULSE_ERR_NOMEM, "shard: changes");
-        }
-        s->local[b] = l;
-      }
-      s->local[b][c->count] = at + i;
       PULSE_TRY(pulse_changes_push(c, pos + i, ob, nb));
     }
   }

@@ -127,10 +127,11 @@ pulse_status pulse_pub_shard_anchor_write(const pulse_pub_shard *s, const char *
     }
     for (uint64_t r = 0; r < g->runs && st == PULSE_OK; r++) {
       const uint16_t *src = s->snap[b] + r * g->run_len;
-      if (pending) {
+      if (pending) { /* the changes are in position order: run order */
+        uint64_t at = shard_run_pos(g, r);
         memcpy(buf, src, g->run_len * 2);
-        for (; j < c->count && s->local[b][j] < (r + 1) * g->run_len; j++)
-          buf[s->local[b][j] - r * g->run_len] = c->new_bits[j];
+        for (; j < c->count && c->pos[j] < at + g->run_len; j++)
+          buf[c->pos[j] - at] = c->new_bits[j];
         src = buf;
       }
       st = pwrite_all(fd, src, g->run_len * 2,

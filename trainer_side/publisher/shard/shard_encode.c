@@ -10,34 +10,24 @@
 #include "shard_impl.h"
 #include "status_impl.h"
 
-/* One change of the step, for sorting by position within its tensor. */
-typedef struct {
-  uint64_t pos;
-  uint16_t old_bits, new_bits;
-} step_change;
-
-static step_change change_at(const shard_part_block *x, uint64_t j) {
-  return (step_change){pulse_load_le64(x->pos + 8 * j), pulse_load_le16(x->old_bits + 2 * j),
-                       pulse_load_le16(x->new_bits + 2 * j)};
-}
-
-/* The changes of tensor t over every part, sorted by position; *n of them.
+/* The changes of tensor t over every part (those in the chunks marked,
+ * when mark is not NULL), sorted by position, into *out (empty: filled
+ * straight from the parts, no intermediate list).
  * Each block's changes are in increasing position order (else
  * PULSE_ERR_CORRUPT); the blocks' lists are merged: blocks that do not
  * interleave (flat ranges, dim-0 blocks, whole tensors) are concatenated,
  * others (column blocks) merged head by head. */
 static pulse_status tensor_changes(const shard_parts_view *v, uint64_t t, const uint8_t *mark,
-                                   uint32_t log2, step_change **out, uint64_t *n) {
+                                   uint32_t log2, pulse_changes *out) {
   uint64_t k = 0;
   size_t nb = 0;
   for (size_t b = 0; b < v->nblocks; b++)
     if (v->blocks[b].tensor == t && v->blocks[b].k > 0)
       k += v->blocks[b].k, nb++;
-  step_change *c = malloc((k ? k : 1) * sizeof *c);
   const shard_part_block **bl = malloc((nb ? nb : 1) * sizeof *bl);
   uint64_t *head = calloc(nb ? nb : 1, sizeof *head);
-  if (c == NULL || bl == NULL || head == NULL) {
-    free(c), free(bl), free(head);
+  if (bl == NULL || head == NULL || (k > 0 && pulse_changes_reserve(out, k) != PULSE_OK)) {
+    free(bl), free(head);
     return pulse_fail(PULSE_ERR_NOMEM, "shard: changes");
   }
   nb = 0;
@@ -63,16 +53,19 @@ static pulse_status tensor_changes(const shard_parts_view *v, uint64_t t, const 
     if (pulse_load_le64(bl[b]->pos) <= pulse_load_le64(bl[b - 1]->pos + 8 * (bl[b - 1]->k - 1)))
       disjoint = 0;
   uint64_t m = 0, seen = 0;
-#define KEEP(x)                                                                      \
+#define KEEP(x, j)                                                                   \
   do {                                                                               \
-    step_change x_ = (x);                                                            \
-    if (mark == NULL || (mark[(x_.pos >> log2) >> 3] >> ((x_.pos >> log2) & 7) & 1)) \
-      c[m++] = x_;                                                                   \
+    uint64_t p_ = pulse_load_le64((x)->pos + 8 * (j));                               \
+    if (mark == NULL || (mark[(p_ >> log2) >> 3] >> ((p_ >> log2) & 7) & 1)) {       \
+      out->pos[m] = p_;                                                              \
+      out->old_bits[m] = pulse_load_le16((x)->old_bits + 2 * (j));                   \
+      out->new_bits[m++] = pulse_load_le16((x)->new_bits + 2 * (j));                 \
+    }                                                                                \
   } while (0)
   if (st == PULSE_OK && disjoint) {
     for (size_t b = 0; b < nb; b++)
       for (uint64_t j = 0; j < bl[b]->k; j++)
-        KEEP(change_at(bl[b], j));
+        KEEP(bl[b], j);
   } else if (st == PULSE_OK) {
     while (seen++ < k) {
       size_t best = nb;
@@ -84,27 +77,22 @@ static pulse_status tensor_changes(const shard_parts_view *v, uint64_t t, const 
         if (best == nb || p < bp)
           best = b, bp = p;
       }
-      KEEP(change_at(bl[best], head[best]++));
+      KEEP(bl[best], head[best]);
+      head[best]++;
     }
   }
 #undef KEEP
   free(bl), free(head);
-  if (st != PULSE_OK) {
-    free(c);
-    return st;
-  }
-  *out = c;
-  *n = m;
-  return PULSE_OK;
+  out->count = m;
+  return st;
 }
 
 /* Distinct chunks of sorted changes c (n), into chunks (room for n). */
-static uint64_t changed_chunks(const step_change *c, uint64_t n, uint32_t log2,
-                               uint64_t *chunks) {
+static uint64_t changed_chunks(const pulse_changes *c, uint32_t log2, uint64_t *chunks) {
   uint64_t m = 0;
-  for (uint64_t j = 0; j < n; j++)
-    if (m == 0 || chunks[m - 1] != c[j].pos >> log2)
-      chunks[m++] = c[j].pos >> log2;
+  for (uint64_t j = 0; j < c->count; j++)
+    if (m == 0 || chunks[m - 1] != c->pos[j] >> log2)
+      chunks[m++] = c->pos[j] >> log2;
   return m;
 }
 
@@ -124,16 +112,16 @@ static uint64_t chunk_slot(const uint64_t *chunks, uint64_t m, uint64_t k) {
  * the sorted changes c: each change gets the count of the block's elements
  * of its class before it in its chunk, and each changed chunk the block's
  * class counts (hist, m * 256). */
-static void count_block(const shard_geom *g, const uint16_t *snap, const step_change *c,
-                        uint64_t n, const uint64_t *chunks, uint64_t m, uint32_t log2,
+static void count_block(const shard_geom *g, const uint16_t *snap, const pulse_changes *c,
+                        const uint64_t *chunks, uint64_t m, uint32_t log2,
                         uint32_t *contrib, uint32_t *hist) {
   uint32_t cnt[PULSE_CLASS_COUNT];
   memset(cnt, 0, sizeof cnt);
   uint64_t cur = UINT64_MAX, ci = 0;
 #define EMIT_BEFORE(limit)                                                           \
-  for (; ci < n && c[ci].pos < (limit); ci++)                                        \
-    if ((c[ci].pos >> log2) == cur)                                                  \
-      contrib[ci] += cnt[pulse_bf16_class(c[ci].old_bits)];
+  for (; ci < c->count && c->pos[ci] < (limit); ci++)                                \
+    if ((c->pos[ci] >> log2) == cur)                                                 \
+      contrib[ci] += cnt[pulse_bf16_class(c->old_bits[ci])];
 #define CLOSE_CHUNK()                                                                \
   do {                                                                               \
     if (cur != UINT64_MAX) {                                                         \
@@ -196,13 +184,14 @@ pulse_status pulse_pub_shard_count(const pulse_pub_shard *s, const pulse_buffer 
     uint64_t numel = 0;
     (void)pulse_shape_numel(s->info[t].shape, s->info[t].ndim, &numel);
     uint8_t *mark = shard_chunk_marks(s->geom, s->nblocks, t, numel, log2);
-    step_change *c = NULL;
+    pulse_changes c = PULSE_CHANGES_INIT;
     uint64_t n = 0, m = 0, *chunks = NULL;
     uint32_t *contrib = NULL, *hist = NULL;
     if (mark == NULL)
       st = pulse_fail(PULSE_ERR_NOMEM, "shard: counts");
     if (st == PULSE_OK)
-      st = tensor_changes(&v, t, mark, log2, &c, &n);
+      st = tensor_changes(&v, t, mark, log2, &c);
+    n = c.count;
     if (st == PULSE_OK) {
       chunks = malloc((n ? n : 1) * sizeof *chunks);
       contrib = calloc(n ? n : 1, 4);
@@ -210,13 +199,13 @@ pulse_status pulse_pub_shard_count(const pulse_pub_shard *s, const pulse_buffer 
         st = pulse_fail(PULSE_ERR_NOMEM, "shard: counts");
     }
     if (st == PULSE_OK) {
-      m = changed_chunks(c, n, log2, chunks);
+      m = changed_chunks(&c, log2, chunks);
       if ((hist = calloc(m ? m * PULSE_CLASS_COUNT : 1, 4)) == NULL)
         st = pulse_fail(PULSE_ERR_NOMEM, "shard: counts");
     }
     for (size_t b = 0; b < s->nblocks && st == PULSE_OK && m > 0; b++)
       if (s->geom[b].tensor == t)
-        count_block(&s->geom[b], s->snap[b], c, n, chunks, m, log2, contrib, hist);
+        count_block(&s->geom[b], s->snap[b], &c, chunks, m, log2, contrib, hist);
     uint64_t nc = 0;
     for (uint64_t j = 0; j < n && st == PULSE_OK; j++)
       nc += contrib[j] > 0;
@@ -234,9 +223,9 @@ pulse_status pulse_pub_shard_count(const pulse_pub_shard *s, const pulse_buffer 
     int first = 1;
     for (uint64_t j = 0; j < n && st == PULSE_OK; j++)
       if (contrib[j] > 0) {
-        pulse_bytebuf_varint(&out, first ? c[j].pos : c[j].pos - prev - 1);
+        pulse_bytebuf_varint(&out, first ? c.pos[j] : c.pos[j] - prev - 1);
         pulse_bytebuf_varint(&out, contrib[j]);
-        prev = c[j].pos, first = 0;
+        prev = c.pos[j], first = 0;
       }
     if (st == PULSE_OK && !out.failed)
       pulse_store_le64(out.data + sec_at + 24, out.size - sec_at - SHARD_COUNT_SECTION);
@@ -247,7 +236,8 @@ pulse_status pulse_pub_shard_count(const pulse_pub_shard *s, const pulse_buffer 
         pulse_store_le32(h + 8 + 4 * k, hist[q * PULSE_CLASS_COUNT + k]);
       pulse_bytebuf_put(&out, h, sizeof h);
     }
-    free(mark), free(c), free(chunks), free(contrib), free(hist);
+    pulse_changes_free(&c);
+    free(mark), free(chunks), free(contrib), free(hist);
   }
   if (st == PULSE_OK && out.failed)
     st = pulse_fail(PULSE_ERR_NOMEM, "shard: counts");
@@ -366,8 +356,7 @@ pulse_status pulse_pub_shard_encode(const pulse_tensor_info *table, size_t tenso
   uint64_t *elems = calloc(n, sizeof *elems);
   uint8_t **cls = calloc(n, sizeof *cls);
   uint32_t **rank = calloc(n, sizeof *rank), **hist = calloc(n, sizeof *hist);
-  step_change **tc = calloc(n, sizeof *tc);
-  pulse_status st = enc && ch && bd && elems && cls && rank && hist && tc
+  pulse_status st = enc && ch && bd && elems && cls && rank && hist
                         ? PULSE_OK
                         : pulse_fail(PULSE_ERR_NOMEM, "shard: encode");
   for (size_t b = 0; st == PULSE_OK && b < v.nblocks; b++) {
@@ -385,28 +374,23 @@ pulse_status pulse_pub_shard_encode(const pulse_tensor_info *table, size_t tenso
                       (unsigned long long)numel);
       break;
     }
-    uint64_t k = 0;
-    if ((st = tensor_changes(&v, t, NULL, log2, &tc[t], &k)) != PULSE_OK)
+    if ((st = tensor_changes(&v, t, NULL, log2, &ch[t])) != PULSE_OK)
       break;
+    uint64_t k = ch[t].count;
     for (uint64_t j = 1; j < k && st == PULSE_OK; j++)
-      if (tc[t][j].pos == tc[t][j - 1].pos)
+      if (ch[t].pos[j] == ch[t].pos[j - 1])
         st = pulse_fail(PULSE_ERR_ARG, "shard: tensor '%s': two parts change element %llu "
-                        "(blocks overlap)", table[t].name, (unsigned long long)tc[t][j].pos);
+                        "(blocks overlap)", table[t].name, (unsigned long long)ch[t].pos[j]);
     if (st != PULSE_OK)
       break;
     uint64_t nck = numel ? ((numel - 1) >> log2) + 1 : 0;
     cls[t] = malloc(k ? k : 1);
     rank[t] = calloc(k ? k : 1, 4);
     hist[t] = calloc(nck ? nck * PULSE_CLASS_COUNT : 1, 4);
-    if (!cls[t] || !rank[t] || !hist[t] ||
-        (k && pulse_changes_reserve(&ch[t], k) != PULSE_OK)) {
+    if (!cls[t] || !rank[t] || !hist[t]) {
       st = pulse_fail(PULSE_ERR_NOMEM, "shard: encode");
       break;
     }
-    for (uint64_t j = 0; j < k; j++)
-      (void)pulse_changes_push(&ch[t], tc[t][j].pos, tc[t][j].old_bits, tc[t][j].new_bits);
-    free(tc[t]); /* ch holds them now: the encoder's peak is one copy */
-    tc[t] = NULL;
   }
   /* Every rank's counts: rank contributions and class counts add up. */
   for (size_t i = 0; st == PULSE_OK && i < ncounts; i++)
@@ -444,11 +428,8 @@ pulse_status pulse_pub_shard_encode(const pulse_tensor_info *table, size_t tenso
       free(rank[t]);
     if (hist)
       free(hist[t]);
-    if (tc)
-      free(tc[t]);
   }
   free(enc), free(ch), free(bd), free(elems), free(cls), free(rank), free(hist);
-  free(tc);
   shard_view_free(&v);
   return st;
 }

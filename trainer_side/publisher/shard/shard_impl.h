@@ -106,7 +106,6 @@ struct pulse_pub_shard {
   int have_snapshot;
   int pending;
   pulse_changes *changes; /* per block: tensor positions, pending step */
-  uint64_t **local;       /* per block: each pending change's block index */
   pulse_tensor_digest *target;
   /* The last failed attempt (pulse_pub_shard_step): its go is stale. */
   uint64_t failed_step, failed_nonce;
