@@ -83,8 +83,11 @@ def worker_targets(dev):
     return t
 
 
-def fp8_bits(t):
-    return t.view(torch.uint8) if t.dtype == FP8 else t
+def raw(t):
+    """The bytes of a tensor (FP8, BF16 or FP32, any number of dimensions:
+    torch views a 0-d tensor only as a dtype of its own size)."""
+    t = t.view(torch.uint8) if t.dtype == FP8 else t
+    return t.reshape(-1).view(torch.uint8)
 
 
 def train_step(state, gen, k):
@@ -118,20 +121,20 @@ def main():
                 assert sub_cpu.pull(cpu, timeout=60) == step
                 with torch.cuda.stream(stream):
                     assert sub_gpu.pull(gpu, timeout=60) == step
-                    back = {n: fp8_bits(t).cpu() for n, t in gpu.items()}
+                    back = {n: raw(t).cpu() for n, t in gpu.items()}
                 for n in cpu:
-                    assert torch.equal(back[n].view(torch.uint8), fp8_bits(cpu[n]).view(torch.uint8)), \
+                    assert torch.equal(back[n], raw(cpu[n])), \
                         f"step {step}: '{n}' on the device differs from the CPU pull"
                 for n in (BLOCKED, PER_TENSOR):
                     q, s = reference(state[n].to(torch.bfloat16), n == PER_TENSOR)
-                    assert torch.equal(back[n].view(torch.uint8), q), \
+                    assert torch.equal(back[n], raw(q)), \
                         f"step {step}: '{n}' differs from torch's float8_e4m3fn of the formula"
-                    assert torch.equal(back[n + "_scale_inv"].view(torch.int32), s.view(torch.int32)), \
+                    assert torch.equal(back[n + "_scale_inv"], raw(s)), \
                         f"step {step}: '{n}_scale_inv' differs from the formula's"
                     checked += 1
                 print(f"step {step}: CUDA FP8 targets = CPU pull = torch float8_e4m3fn")
             # A NaN into an FP8 weight: refused, nothing written, step kept.
-            before = {n: fp8_bits(t).clone() for n, t in gpu.items()}
+            before = {n: raw(t).clone() for n, t in gpu.items()}
             poisoned = {n: t.clone() for n, t in state.items()}
             poisoned[BLOCKED][200, 150] = float("nan")
             bad = pub.publish(poisoned)
@@ -144,7 +147,7 @@ def main():
             assert sub_gpu.step == bad - 1, f"step {sub_gpu.step} after a refused step {bad}"
             torch.cuda.synchronize(dev)
             for n, t in gpu.items():
-                assert torch.equal(fp8_bits(t), before[n]), f"'{n}' changed by a refused step"
+                assert torch.equal(raw(t), before[n]), f"'{n}' changed by a refused step"
     print(f"fp8 pull: {checked} FP8 tensors bit-identical over 5 steps (amax up and down); "
           "a NaN refused, nothing written")
 
