@@ -11,7 +11,9 @@ Per rank and mode: the publish time per step (barrier, then the call; the
 gather mode's is the gather plus rank 0's publish), and the peak extra
 memory: the process's peak RSS during the publish calls (VmHWM, reset
 before each call through /proc/self/clear_refs) above its RSS before the
-first publish; for the sharded mode against the rank's shard's BF16 bytes.
+first publish (once the library, the modules and the code of the
+torch.distributed calls the publishes make are loaded: warm_collectives);
+for the sharded mode against the rank's shard's BF16 bytes.
 The peak is split into what the rank holds between steps (its snapshot,
 the publisher's state; RSS before the last publish above the baseline) and
 the most a step adds on top. Bytes: each step's patch bytes of both modes,
@@ -172,6 +174,7 @@ def rank_main(rank, port, args, mode, out_path):
     # they are not the publish's memory.
     pulse._lib.lib.pulse_version()
     importlib.import_module("pulse.shard_group")
+    warm_collectives(torch, dist, rank, args.ranks)
     shard_bf16 = 2 * sum(_numel(b) for _, b in mine)
     peaks, times, patch_bytes, changed, before = [], [], [], [], []
     base = None
@@ -214,6 +217,25 @@ def rank_main(rank, port, args, mode, out_path):
                    "hwm_reset": can_reset}, f)
     dist.barrier()
     dist.destroy_process_group()
+
+
+def warm_collectives(torch, dist, rank, world):
+    """Runs, once, each kind of torch.distributed call the publishes make
+    (object all-gather and broadcast, point to point, gather), so that
+    their code is paged in before the baseline, as the library's is: on
+    gloo the first object collectives page in about 1.8 MiB of torch's and
+    gloo's code (file-backed pages, shared by every process), which the
+    first publish would otherwise count as its memory."""
+    box = [None] * world
+    dist.all_gather_object(box, rank)
+    dist.broadcast_object_list([rank], 0)
+    one, got = torch.ones(1, dtype=torch.int64), torch.empty(1, dtype=torch.int64)
+    reqs = [dist.isend(one, (rank + 1) % world), dist.irecv(got, (rank - 1) % world)]
+    for req in reqs:
+        req.wait()
+    dist.gather(one, [torch.empty(1, dtype=torch.int64) for _ in range(world)]
+                if rank == 0 else None, dst=0)
+    dist.barrier()
 
 
 def _numel(block):
