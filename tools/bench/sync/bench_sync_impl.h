@@ -206,7 +206,7 @@ typedef struct {
    * its targets' bytes (host: the rise of this process's VmHWM during each
    * sync over its VmRSS before it, plus the class indexes it held then;
    * long-lived: pulse-pull's VmHWM over its timed steps less the file's
-   * tensors, which it holds in memory; one-shot: its maximum RSS, loading
+   * tensors, which it holds in memory; one-shot: its VmHWM at its synced event, loading
    * the file included, less the same). 0: not measured. */
   uint64_t peak_extra;
   int class_index; /* the worker's choice at its last step */

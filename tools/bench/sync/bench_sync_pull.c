@@ -23,7 +23,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -42,7 +41,6 @@ typedef struct {
   char buf[1 << 16];
   size_t len;
   int eof;
-  uint64_t maxrss_kib; /* its peak resident memory, once reaped (wait4) */
 } bs_child;
 
 /* What a `synced` event says. */
@@ -191,16 +189,14 @@ static int bs_child_end(bs_child *c, int terminate) {
   if (terminate)
     kill(c->pid, SIGTERM);
   int status = 0;
-  struct rusage ru;
-  memset(&ru, 0, sizeof ru);
   double t0 = pulse_cli_now();
   for (;;) {
-    pid_t w = wait4(c->pid, &status, WNOHANG, &ru);
+    pid_t w = waitpid(c->pid, &status, WNOHANG);
     if (w == c->pid || (w < 0 && errno != EINTR))
       break;
     if (pulse_cli_since(t0) > 30) {
       kill(c->pid, SIGKILL);
-      wait4(c->pid, &status, 0, &ru);
+      waitpid(c->pid, &status, 0);
       break;
     }
     /* drain its output, so that it never blocks writing it */
@@ -218,7 +214,6 @@ static int bs_child_end(bs_child *c, int terminate) {
     close(c->fd);
   c->fd = -1;
   c->pid = 0;
-  c->maxrss_kib = (uint64_t)ru.ru_maxrss;
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
@@ -288,20 +283,23 @@ static int bs_child_wait_step(bs_child *c, uint64_t want, bs_synced *out,
  * synced event in *out, its time from start to exit in *wall_s.
  * @return 0 or 1 (printed). */
 static int bs_pull_once(bs_run *r, const char *url, bs_synced *out,
-                        double *wall_s, uint64_t *maxrss) {
+                        double *wall_s, uint64_t *peak) {
   bs_child c;
   if (bs_child_start(&c, r, url, 0) != 0)
     return 1;
   double t0 = pulse_cli_now();
   size_t consumed = 0;
   int rc = bs_child_wait_step(&c, r->step, out, &consumed);
+  /* Its peak so far (loading the file, the sync, the file's write: all
+   * done before the synced event). Not its rusage: a child forked from
+   * this process counts this process's pages until its exec. */
+  if (peak != NULL)
+    *peak = rc == 0 ? bs_mem_kib((int)c.pid, "VmHWM") * 1024 : 0;
   char *line;
   while (rc == 0 && bs_child_line(&c, BS_PULL_WAIT_S, &line, &consumed) == 1)
     ; /* the exit event */
   int status = bs_child_end(&c, rc != 0 || atomic_load(&bs_stop));
   *wall_s = pulse_cli_since(t0);
-  if (maxrss != NULL)
-    *maxrss = c.maxrss_kib * 1024;
   if (rc == 0 && status != 0) {
     fprintf(stderr, "pulse-bench sync: pulse-pull exited %d\n", status);
     rc = 1;
@@ -364,15 +362,15 @@ int bs_pull_one_shot_steps(bs_run *r, const bs_link *lk, const char *base,
     pulse_status st = bs_commit_next(r, &pf);
     if (st != PULSE_OK)
       return bs_fail(lk->name, st);
-    uint64_t maxrss = 0;
-    if (bs_pull_once(r, base, &ev, &wall, &maxrss) != 0)
+    uint64_t peak = 0;
+    if (bs_pull_once(r, base, &ev, &wall, &peak) != 0)
       return fprintf(stderr,
                      "pulse-bench sync: %s: one-shot step %" PRIu64 " failed\n",
                      lk->name, r->step),
              1;
     bs_sample *x = &s[(*ns)++];
     *x = bs_sample_of(&pf, &ev, wall, wall, pf.total_seconds + wall);
-    x->peak_extra = bs_above_targets(r, maxrss);
+    x->peak_extra = bs_above_targets(r, peak);
   }
   return 0;
 }
