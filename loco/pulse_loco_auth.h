@@ -1,9 +1,11 @@
-/* pulse_loco_auth.h - authenticated PULSELoCo: every round
- * payload and manifest is signed by its trainer's Ed25519 key
- * (pulse_sign.h); the collaboration's members are pinned (a key list given
- * at start, or admitted by a member's signature when they join); an
- * unsigned, forged, replayed (older round) or foreign payload is refused
- * and counted, so the round proceeds without it.
+/* pulse_loco_auth.h - authenticated PULSELoCo: every message a trainer
+ * acts on (payloads, manifests, states, membership views, leaves and
+ * dones, drift digests, the collaboration's claims, grants and
+ * partitioned blobs: the kinds below) is signed by its sender's Ed25519
+ * key (pulse_sign.h); the members are pinned (a key list given at start,
+ * or admitted by a member's signature when they join); an unsigned,
+ * forged, replayed (older round) or foreign message is refused and
+ * counted, and the round proceeds without it.
  *
  * What is signed (one text per kind, "\n" one LF byte, hex lower-case):
  *
@@ -17,10 +19,13 @@
  *
  *   pulse-loco-admit/1\n  round <round>\n  sponsor <hex>\n  member <hex>\n
  *
- * Transport (for the exchange's HTTP answers): X-Pulse-Loco-Round,
- * X-Pulse-Loco-Key (64 hex) and X-Pulse-Loco-Signature (128 hex) next to
- * the body. This module checks; the exchange (pulse_loco_coord, coordinator_auth.c)
- * calls it on every body before decoding it.
+ * Transport: for HTTP answers X-Pulse-Loco-Round, X-Pulse-Loco-Key (64
+ * hex) and X-Pulse-Loco-Signature (128 hex) next to the body; a POST's as
+ * its query values round, key and sig over "PATH?id=ID"; datagrams
+ * through their sender's signed chunk list; a client-mode peer's uploads
+ * as a 104-byte trailer (PAYLOAD.md "Authentication"). This module checks;
+ * the exchange (pulse_loco_coord, coordinator_auth.c) and the
+ * collaboration (collab_auth.c) call it on every message before using it.
  *
  * Thread-safety: a handle is used by one thread at a time. Nothing here
  * prints to stdout. */
