@@ -372,6 +372,13 @@ static pulse_status plan_write_patch(const encode_plan *pl, unsigned version,
   pulse_state_digest base_state, target_state;
   PULSE_TRY(pulse_state_digest_compute(pl->infos, pl->base_d, pl->count, &base_state));
   PULSE_TRY(pulse_state_digest_compute(pl->infos, pl->target_d, pl->count, &target_state));
+  /* The whole patch at once: grown by doubling, a 12 MB patch was copied
+   * twice over and faulted in page by page. */
+  size_t head = PULSE_PATCH_FIXED_HEADER + table->size;
+  if (body_size <= (uint64_t)(SIZE_MAX / 2 - head)) { /* else the puts fail */
+    size_t whole = head + (size_t)body_size;
+    (void)pulse_bytebuf_reserve(buf, whole, whole); /* a failure shows below */
+  }
   pulse_bytebuf_put(buf, PULSE_PATCH_MAGIC, 8);
   pulse_bytebuf_u16(buf, (uint16_t)version);
   pulse_bytebuf_byte(buf, (uint8_t)opts->pos_model);
