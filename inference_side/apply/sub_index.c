@@ -30,9 +30,9 @@
  * on an AdamW trajectory: 4% changed, 32.8 M changes/s by the pass, 63.5
  * through the index, built in 0.4 s.) Where python/bench.py once found the
  * index slower at 1 B params (822 vs 587 ms a step, an idle machine), its
- * steps waited for the build: on this machine, loaded, the same bench gave
- * 1131 ms a step with ON (waits), 1208 ms with AUTO and room (never waits)
- * and 2780 ms without an index.
+ * steps waited for the build: on this machine, loaded, one run of the same
+ * bench gave 1424 ms a step with ON (waits), 1208 ms with AUTO and room
+ * (never waits) and 3118 ms without an index (medians of 8 steps).
  *
  * Hence the rule of PULSE_SUB_CLASS_INDEX_AUTO, per step, before a patch
  * is decoded:
