@@ -137,12 +137,18 @@ class GroupPublisher:
             if counts is not None:
                 self._p2p("the counts' exchange", counts.to(self._device), 0, None, None)
             return None
-        gathered = [counts]
-        for r in range(1, self.world):
-            got = torch.empty(metas[r][1], dtype=torch.uint8, device=self._device)
-            self._p2p("the counts' exchange", None, None, got, r)
-            gathered.append(got.cpu())
-        return gathered
+        dist = _dist()
+        got = [torch.empty(metas[r][1], dtype=torch.uint8, device=self._device)
+               for r in range(1, self.world)]
+
+        def run():  # every receive posted at once: the ranks send together
+            reqs = [dist.irecv(t, self._global(r), self.group)
+                    for r, t in enumerate(got, start=1) if t.numel()]
+            for req in reqs:
+                req.wait()
+
+        self._collective("the counts' exchange", run)
+        return [counts] + [t.cpu() for t in got]
 
     def _broadcast(self, what, obj):
         dist = _dist()
