@@ -179,6 +179,15 @@ pulse_status pulse_cuda_patch_stream_changes_(const pulse_cuda_patch_stream *s, 
                                               const uint64_t **pos_d, const uint16_t **new_d,
                                               uint64_t *count);
 
+/** Queues on `stream` (NULL: pulse's own stream of the arrays' device):
+ * out_pos_d[i] = pos_d[i] + base and out_new_d[i] = new_d[i] for i <
+ * count (device arrays on one device; asynchronous). A tensor's change
+ * list moved into a larger tensor that holds it at element `base`
+ * (shift.cu). @return PULSE_OK; PULSE_ERR_ARG; PULSE_ERR_CUDA. */
+pulse_status pulse_cuda_changes_shift_(const uint64_t *pos_d, const uint16_t *new_d,
+                                       uint64_t count, uint64_t base, uint64_t *out_pos_d,
+                                       uint16_t *out_new_d, void *stream);
+
 /** A class index whose device state lives in `ws` (its IDX slots), which
  * it borrows: freeing it frees no device memory. */
 pulse_status pulse_cuda_class_index_build_in_(

@@ -226,6 +226,14 @@ pulse_status pulse_cuda_patch_stream_commit(pulse_cuda_patch_stream *s,
 
 void pulse_cuda_patch_stream_free(pulse_cuda_patch_stream *s) { (void)s; }
 
+pulse_status pulse_cuda_changes_shift_(const uint64_t *pos_d, const uint16_t *new_d,
+                                       uint64_t count, uint64_t base, uint64_t *out_pos_d,
+                                       uint16_t *out_new_d, void *stream) {
+  (void)pos_d, (void)new_d, (void)count, (void)base, (void)out_pos_d, (void)out_new_d,
+      (void)stream;
+  return NOT_BUILT("cuda shift changes");
+}
+
 pulse_status pulse_cuda_patch_stream_changes_(const pulse_cuda_patch_stream *s, size_t tensor,
                                               const uint64_t **pos_d, const uint16_t **new_d,
                                               uint64_t *count) {

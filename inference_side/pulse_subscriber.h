@@ -544,20 +544,20 @@ pulse_status pulse_sub_tensor(pulse_sub *sub, const char *name,
  * by the subscriber only; the shadow is the targets' memory (same rules).
  * Memory besides the shadow (2 bytes per element): 2 bytes per scale
  * block (each block's amax), and per step the staged FP8 bytes.
- * Device targets (pulse_sub_attach_device): `shadow` is one attached device
- * tensor of fp8->rows x fp8->cols elements, whole, and fp8->q and
- * fp8->scale_inv are device memory on its device (pulse_cuda_fp8_track,
- * pulse_cuda.h: 24 bytes of device memory per scale block); the FP8 work
- * of a step is staged before the patch's scatter and queued after it on
- * opts.cuda_stream, so readers order after the step as for the BF16
- * targets. A device shadow over several targets (a fused weight) is not
- * supported.
+ * Device targets (pulse_sub_attach_device): `shadow` is device memory of
+ * fp8->rows x fp8->cols elements that attached device targets cover
+ * exactly (one tensor, or several side by side: a fused weight), and
+ * fp8->q and fp8->scale_inv are device memory on its device
+ * (pulse_cuda_fp8_track, pulse_cuda.h: 24 bytes of device memory per scale
+ * block; a shadow of several targets also keeps 10 bytes per change of
+ * the largest step so far); the FP8 work of a step is staged before the
+ * patch's scatter and queued after it on opts.cuda_stream, so readers
+ * order after the step as for the BF16 targets.
  * @return PULSE_OK; PULSE_ERR_ARG (NULL, no or other targets, a shadow the
  * targets do not cover exactly, one overlapping another shadow, an unknown
- * scale kind, device memory on another device); PULSE_ERR_SIZE_MISMATCH (a
- * device shadow of another size); PULSE_ERR_UNSUPPORTED (the shadow holds
- * a NaN or infinity: nothing written); PULSE_ERR_OVERFLOW; PULSE_ERR_NOMEM;
- * PULSE_ERR_CUDA. */
+ * scale kind, device memory on another device); PULSE_ERR_UNSUPPORTED (the
+ * shadow holds a NaN or infinity: nothing written); PULSE_ERR_OVERFLOW;
+ * PULSE_ERR_NOMEM; PULSE_ERR_CUDA. */
 pulse_status pulse_sub_bind_fp8(pulse_sub *sub, uint16_t *shadow, const pulse_fp8_tensor *fp8);
 
 /** Parses 64 hex digits into a 32-byte public key.

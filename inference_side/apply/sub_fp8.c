@@ -14,20 +14,25 @@
  * anchor checks every value that goes into a shadow before its copy, and
  * requantizes the shadows whole after it.
  *
- * Device targets: the shadow is one attached device tensor, the FP8 tensor
- * and its scales device memory on its device, followed by a
- * pulse_cuda_fp8_track. The device patch's transaction gets the same
- * second half on the subscriber's stream: once the patch stream finished
- * (decoded, its target digests checked), the track stages the tensor's
- * device change list (checks, the touched blocks; nothing written), the
- * commit scatters the BF16 changes and then queues the track's commit, so
- * the FP8 bytes and scales follow the scatter in stream order.
+ * Device targets: the shadow is device memory that attached device
+ * targets cover exactly (one tensor, or several side by side: a fused
+ * weight), the FP8 tensor and its scales device memory on its device,
+ * followed by a pulse_cuda_fp8_track. The device patch's transaction gets
+ * the same second half on the subscriber's stream: once the patch stream
+ * finished (decoded, its target digests checked), the track stages the
+ * shadow's changes (checks, the touched blocks; nothing written): the
+ * tensor's device change list itself when the shadow is one target, else
+ * the lists of its targets shifted to their offsets in the shadow into a
+ * device list of the binding's; the commit scatters the BF16 changes and
+ * then queues the track's commit, so the FP8 bytes and scales follow the
+ * scatter in stream order.
  *
  * Memory: the shadow (2 bytes per element, the caller's), 2 bytes per
  * scale block (the kept amax), and per step the staged FP8 bytes
  * (O(changes), plus the blocks whose scale moved). On the device: 24 bytes
- * per scale block and nothing per step (the patch's own change list is
- * staged from). */
+ * per scale block, and for a shadow of several targets 10 bytes per change
+ * of the largest step so far (a shadow of one target stages from the
+ * patch's own change list). */
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,6 +50,9 @@ typedef struct {
   pulse_fp8_track *track;        /* host shadows */
   pulse_cuda_fp8_track *track_d; /* device shadows */
   int staged_d;                  /* track_d holds the running step's stage */
+  uint64_t *off_d;               /* a tiled device shadow's changes, shifted */
+  uint16_t *bits_d;
+  uint64_t cap_d;
   pulse_fp8_staged *staged; /* the running step's, until commit or drop */
   /* the running step's changes in the shadow, gathered from the targets */
   uint64_t *off;
@@ -106,25 +114,26 @@ static pulse_status check_cover(pulse_sub *sub, const uint16_t *shadow, uint64_t
   return PULSE_OK;
 }
 
-/* A device shadow is one attached device target, whole: the track stages
- * from that tensor's device change list as the patch stream leaves it
- * (positions within the tensor), so a shadow tiled by several targets
- * would need its positions moved first, which nothing does yet. */
+/* A device shadow is covered exactly by device targets, each whole inside
+ * it (one, or several side by side). */
 static pulse_status check_device_shadow(pulse_sub *sub, const uint16_t *shadow, uint64_t numel) {
+  uint64_t covered = 0;
   for (size_t k = 0; k < sub->ntargets; k++) {
     const sub_target *t = &sub->targets[k];
-    if (t->data_d != shadow)
+    if (t->data_d == NULL || t->numel == 0 || t->data_d + t->numel <= shadow ||
+        t->data_d >= shadow + numel)
       continue;
-    if (t->numel != numel)
-      return pulse_fail(PULSE_ERR_SIZE_MISMATCH,
-                        "bind fp8: device target '%s' has %" PRIu64
-                        " elements, the FP8 tensor %" PRIu64,
-                        t->name, t->numel, numel);
-    return PULSE_OK;
+    if (t->data_d < shadow || t->data_d + t->numel > shadow + numel)
+      return pulse_fail(PULSE_ERR_ARG,
+                        "bind fp8: device target '%s' lies partly outside the shadow", t->name);
+    covered += t->numel;
   }
-  return pulse_fail(PULSE_ERR_ARG,
-                    "bind fp8: a device shadow must be one attached device tensor, whole "
-                    "(attach it first; a shadow over several device targets is not supported)");
+  if (covered != numel)
+    return pulse_fail(PULSE_ERR_ARG,
+                      "bind fp8: the attached device targets cover %" PRIu64
+                      " of the shadow's %" PRIu64 " elements (attach its tensors first)",
+                      covered, numel);
+  return PULSE_OK;
 }
 
 /* The room for one more binding. */
@@ -215,6 +224,8 @@ void sub_fp8_free(pulse_sub *sub) {
   for (size_t i = 0; i < sub->fp8->n; i++) {
     pulse_fp8_track_free(sub->fp8->b[i].track);
     pulse_cuda_fp8_track_free(sub->fp8->b[i].track_d);
+    pulse_cuda_free(sub->fp8->b[i].off_d);
+    pulse_cuda_free(sub->fp8->b[i].bits_d);
     free(sub->fp8->b[i].off), free(sub->fp8->b[i].bits);
   }
   free(sub->fp8->b);
@@ -327,27 +338,87 @@ void sub_fp8_commit(pulse_sub *sub) {
   }
 }
 
+/* Room for `count` shifted changes in b's device lists, allocated on the
+ * shadow's device (a quarter to spare). */
+static pulse_status reserve_device(sub_fp8_binding *b, uint64_t count) {
+  if (count <= b->cap_d)
+    return PULSE_OK;
+  uint64_t cap = count + count / 4;
+  if (cap > SIZE_MAX / sizeof *b->off_d)
+    return pulse_fail(PULSE_ERR_OVERFLOW, "fp8 stage: %" PRIu64 " changes", cap);
+  int device = -1, previous = -1;
+  PULSE_TRY(pulse_cuda_device_of(b->shadow, &device));
+  PULSE_TRY(pulse_cuda_get_device(&previous));
+  PULSE_TRY(pulse_cuda_set_device(device));
+  pulse_cuda_free(b->off_d);
+  pulse_cuda_free(b->bits_d);
+  b->off_d = NULL;
+  b->bits_d = NULL;
+  b->cap_d = 0;
+  pulse_status st = pulse_cuda_alloc((void **)&b->off_d, (size_t)cap * sizeof *b->off_d);
+  if (st == PULSE_OK)
+    st = pulse_cuda_alloc((void **)&b->bits_d, (size_t)cap * sizeof *b->bits_d);
+  if (st == PULSE_OK)
+    b->cap_d = cap;
+  pulse_cuda_set_device(previous);
+  return st;
+}
+
+/* Stages binding b's changes of the finished patch stream: one target's
+ * list as it is, several shifted into b's device lists. */
+static pulse_status stage_one_device(pulse_sub *sub, sub_fp8_binding *b, const pulse_patch *p,
+                                     sub_target **tg, const pulse_cuda_patch_stream *cs) {
+  size_t n = pulse_patch_tensor_count(p), lists = 0, only = 0;
+  uint64_t total = 0;
+  const uint64_t *pos_d;
+  const uint16_t *new_d;
+  uint64_t count;
+  for (size_t i = 0; i < n; i++) {
+    if (tg[i] == NULL || binding_of(sub, tg[i]) != b)
+      continue;
+    PULSE_TRY(pulse_cuda_patch_stream_changes_(cs, i, &pos_d, &new_d, &count));
+    if (count > 0)
+      lists++, only = i, total += count;
+  }
+  if (total == 0)
+    return PULSE_OK;
+  if (lists == 1 && tg[only]->data_d == b->shadow) {
+    PULSE_TRY(pulse_cuda_patch_stream_changes_(cs, only, &pos_d, &new_d, &count));
+  } else {
+    PULSE_TRY(reserve_device(b, total));
+    uint64_t at = 0;
+    for (size_t i = 0; i < n; i++) {
+      if (tg[i] == NULL || binding_of(sub, tg[i]) != b)
+        continue;
+      PULSE_TRY(pulse_cuda_patch_stream_changes_(cs, i, &pos_d, &new_d, &count));
+      PULSE_TRY(pulse_cuda_changes_shift_(pos_d, new_d, count, (uint64_t)(tg[i]->data_d - b->shadow),
+                                          b->off_d + at, b->bits_d + at, sub->opts.cuda_stream));
+      at += count;
+    }
+    pos_d = b->off_d;
+    new_d = b->bits_d;
+    count = total;
+  }
+  /* Reads the shadow's old bits: before the scatter, on its stream. */
+  PULSE_TRY(pulse_cuda_fp8_track_stage(b->track_d, pos_d, new_d, count, sub->opts.cuda_stream));
+  b->staged_d = 1;
+  return PULSE_OK;
+}
+
 pulse_status sub_fp8_stage_device(pulse_sub *sub, const pulse_patch *p, sub_target **tg,
                                   const pulse_cuda_patch_stream *cs) {
   if (sub->fp8 == NULL || sub->fp8->n == 0)
     return PULSE_OK;
   double t0 = sub_now();
   pulse_status st = PULSE_OK;
-  for (size_t i = 0; i < pulse_patch_tensor_count(p) && st == PULSE_OK; i++) {
-    sub_fp8_binding *b = tg[i] != NULL ? binding_of(sub, tg[i]) : NULL;
-    if (b == NULL || b->track_d == NULL)
+  for (size_t k = 0; k < sub->fp8->n && st == PULSE_OK; k++) {
+    sub_fp8_binding *b = &sub->fp8->b[k];
+    if (b->track_d == NULL)
       continue;
-    const uint64_t *pos_d;
-    const uint16_t *new_d;
-    uint64_t count;
-    st = pulse_cuda_patch_stream_changes_(cs, i, &pos_d, &new_d, &count);
-    if (st == PULSE_OK && count > 0) {
-      /* Reads the shadow's old bits: before the scatter, on its stream. */
-      st = pulse_cuda_fp8_track_stage(b->track_d, pos_d, new_d, count, sub->opts.cuda_stream);
-      b->staged_d = st == PULSE_OK;
-    }
+    st = stage_one_device(sub, b, p, tg, cs);
     if (st != PULSE_OK)
-      st = pulse_fail(st, "FP8 target of '%s': %s", tg[i]->name, pulse_error_detail());
+      st = pulse_fail(st, "FP8 target of %" PRIu64 " x %" PRIu64 ": %s", b->fp8.rows,
+                      b->fp8.cols, pulse_error_detail());
   }
   if (st != PULSE_OK)
     sub_fp8_drop(sub);
