@@ -13,7 +13,6 @@
 #include "collab_impl.h"
 #include "pulse_log.h"
 
-
 pulse_status collab_auth_start(pulse_loco_collab *c,
                                const pulse_loco_collab_opts *o) {
   c->auth = NULL;
@@ -85,16 +84,15 @@ void collab_auth_stop(pulse_loco_collab *c) {
   pulse_bytebuf_free(&c->tamper_last);
 }
 
-int collab_auth_sign_blob(void *user, pulse_loco_auth_kind kind,
-                          uint64_t round, const void *data, size_t size,
-                          loco_sig *sig) {
+int collab_auth_sign_blob(void *user, pulse_loco_auth_kind kind, uint64_t round,
+                          const void *data, size_t size, loco_sig *sig) {
   pulse_loco_collab *c = user;
   memset(sig, 0, sizeof *sig);
   if (c->auth == NULL)
     return 0;
   pthread_mutex_lock(&c->lock);
-  pulse_status st =
-      pulse_loco_auth_sign(c->auth, kind, round, data, size, sig->sig, sig->key);
+  pulse_status st = pulse_loco_auth_sign(c->auth, kind, round, data, size,
+                                         sig->sig, sig->key);
   pthread_mutex_unlock(&c->lock);
   if (st != PULSE_OK)
     return 0;
@@ -333,7 +331,8 @@ void collab_auth_metrics(pulse_loco_collab *c, pulse_bytebuf *text) {
     pulse_bytebuf_printf(text,
                          "pulse_loco_auth_refused_kind_total{kind=\"%s\"} "
                          "%llu\n",
-                         loco_auth_kind_word((pulse_loco_auth_kind)(k + 1)), (unsigned long long)by_kind[k]);
+                         loco_auth_kind_word((pulse_loco_auth_kind)(k + 1)),
+                         (unsigned long long)by_kind[k]);
 }
 
 /* ------------------------------------------------- claims and grants */
@@ -384,9 +383,8 @@ void collab_auth_query(pulse_loco_collab *c, pulse_loco_auth_kind kind,
  * ("/v1/collab/claim/R/..." or ".../ready/R/..."), an acknowledgement
  * ("/v1/loco/round/R/done"); 0 for any other. */
 static pulse_loco_auth_kind signed_post(const char *path, uint64_t *r) {
-  static const char *const prefixes[] = {"/v1/collab/claim/",
-                                         "/v1/collab/ready/",
-                                         "/v1/loco/round/"};
+  static const char *const prefixes[] = {
+      "/v1/collab/claim/", "/v1/collab/ready/", "/v1/loco/round/"};
   for (int i = 0; i < 3; i++) {
     size_t k = strlen(prefixes[i]);
     if (strncmp(path, prefixes[i], k) != 0)
@@ -428,11 +426,11 @@ unsigned collab_auth_gate(void *user, const char *path,
                 unhex(query(rq, "key"), sig.key, 32) &&
                 unhex(query(rq, "sig"), sig.sig, 64);
   sig.round = rv;
-  if (collab_auth_accept_by(c, kind, r, (uint32_t)id, &sig, text,
-                            (size_t)len))
+  if (collab_auth_accept_by(c, kind, r, (uint32_t)id, &sig, text, (size_t)len))
     return 0;
-  snprintf(reply, cap, "{\"error\":\"not signed by trainer %llu for round "
-                       "%llu\"}",
+  snprintf(reply, cap,
+           "{\"error\":\"not signed by trainer %llu for round "
+           "%llu\"}",
            id, (unsigned long long)r);
   return COLLAB_UNVERIFIED;
 }
@@ -446,8 +444,8 @@ void collab_auth_sign_reply(void *user, const char *path, const char *id,
       signed_post(path, &r) != PULSE_LOCO_AUTH_CLAIM)
     return;
   char text[352];
-  int len = snprintf(text, sizeof text, "%s?id=%s\nstatus %u", path, id,
-                     status);
+  int len =
+      snprintf(text, sizeof text, "%s?id=%s\nstatus %u", path, id, status);
   if (len < 0 || (size_t)len >= sizeof text ||
       !collab_auth_sign_blob(c, PULSE_LOCO_AUTH_GRANT, r, text, (size_t)len,
                              sig))
@@ -460,10 +458,10 @@ int collab_auth_grant_ok(pulse_loco_collab *c, uint64_t r, uint32_t w,
   if (c->auth == NULL)
     return 1;
   char signed_text[352];
-  int len = snprintf(signed_text, sizeof signed_text, "%s\nstatus %u", text,
-                     status);
+  int len =
+      snprintf(signed_text, sizeof signed_text, "%s\nstatus %u", text, status);
   if (len < 0 || (size_t)len >= sizeof signed_text)
     return 0;
-  return collab_auth_accept_by(c, PULSE_LOCO_AUTH_GRANT, r, w, sig,
-                               signed_text, (size_t)len);
+  return collab_auth_accept_by(c, PULSE_LOCO_AUTH_GRANT, r, w, sig, signed_text,
+                               (size_t)len);
 }

@@ -44,8 +44,7 @@ pulse_status loco_auth_get(pulse_loco_coord *n, const char *url,
     return PULSE_OK;
   char why[256];
   snprintf(why, sizeof why, "%s", pulse_error_detail());
-  return pulse_fail(PULSE_ERR_CORRUPT, "loco node: %s refused (%s)", url,
-                    why);
+  return pulse_fail(PULSE_ERR_CORRUPT, "loco node: %s refused (%s)", url, why);
 }
 
 pulse_status loco_auth_get_view(pulse_loco_coord *n, const char *url,
@@ -70,12 +69,14 @@ pulse_status loco_auth_get_view(pulse_loco_coord *n, const char *url,
                                signer, &sig, b.data, b.size, NULL)) {
     char why[256];
     snprintf(why, sizeof why, "%s", pulse_error_detail());
-    st = pulse_fail(PULSE_ERR_CORRUPT, "loco node: the view at %s is refused "
-                                       "(%s)",
+    st = pulse_fail(PULSE_ERR_CORRUPT,
+                    "loco node: the view at %s is refused "
+                    "(%s)",
                     url, why);
   } else if (st == PULSE_OK && sig.round != view->round) {
-    st = pulse_fail(PULSE_ERR_CORRUPT, "loco node: the view at %s names round "
-                                       "%llu, its signature round %llu",
+    st = pulse_fail(PULSE_ERR_CORRUPT,
+                    "loco node: the view at %s names round "
+                    "%llu, its signature round %llu",
                     url, (unsigned long long)view->round,
                     (unsigned long long)sig.round);
   }

@@ -47,7 +47,7 @@ struct loco_node_auth {
   uint64_t datagrams_replayed; /* of datagrams_refused: an older round's */
   uint64_t refused_kind[PULSE_LOCO_AUTH_KINDS]; /* refusals by kind - 1 */
   uint64_t round; /* the round being run (the handle's floor) */
-  uint64_t overhead, step_overhead; /* bytes authentication added, received */
+  uint64_t overhead, step_overhead;  /* bytes authentication added, received */
   pulse_loco_auth_figures step_base; /* totals when the step began */
   uint64_t step_datagrams;
   loco_sig own_payload; /* this round's, for the relay of it */
@@ -63,7 +63,6 @@ struct loco_node_auth {
   pulse_buffer chunks_prev, chunks_cur;
   uint64_t nchunks_prev, nchunks_cur;
 };
-
 
 /* Frees the senders' chunk lists (coordinator_auth_udp.c). */
 void loco_auth_lists_clear(loco_node_auth *a);

@@ -30,9 +30,8 @@ static int digest_cmp(const void *x, const void *y) {
 }
 
 pulse_status loco_auth_udp_publish(pulse_loco_coord *n, uint64_t r,
-                                   const pulse_buffer *chunks,
-                                   uint64_t nchunks, const uint8_t *end,
-                                   size_t end_size) {
+                                   const pulse_buffer *chunks, uint64_t nchunks,
+                                   const uint8_t *end, size_t end_size) {
   if (n->auth == NULL)
     return PULSE_OK;
   uint8_t *list = malloc(((size_t)nchunks + 1u) * 32u);
@@ -90,9 +89,8 @@ static const chunk_list *list_of(pulse_loco_coord *n, uint64_t r, int m) {
       PULSE_OK) {
     n->fetched += b.size;
     loco_auth_count_bytes(n, b.size); /* the list exists for the checks */
-    if (b.size % 32u == 0 &&
-        loco_auth_accept(n, PULSE_LOCO_AUTH_PAYLOAD, r, id, &sig, b.data,
-                         b.size)) {
+    if (b.size % 32u == 0 && loco_auth_accept(n, PULSE_LOCO_AUTH_PAYLOAD, r, id,
+                                              &sig, b.data, b.size)) {
       l->digests = malloc(b.size ? b.size : 1u);
       if (l->digests != NULL) {
         memcpy(l->digests, b.data, b.size);
@@ -113,8 +111,8 @@ static const chunk_list *list_of(pulse_loco_coord *n, uint64_t r, int m) {
 int loco_auth_udp_admit(pulse_loco_coord *n, uint64_t r,
                         const loco_datagram *d) {
   loco_node_auth *a = n->auth;
-  int end = d->size == LOCO_END_SIZE &&
-            pulse_load_le32(d->data) == LOCO_END_MAGIC;
+  int end =
+      d->size == LOCO_END_SIZE && pulse_load_le32(d->data) == LOCO_END_MAGIC;
   if (a == NULL || ((d->size < PULSE_LOCO_CHUNK_HEADER ||
                      pulse_load_le32(d->data) != 0x4B434C50u /* "PLCK" */) &&
                     !end))

@@ -9,10 +9,10 @@
 #include <stdio.h>
 #include <time.h>
 
-#include "pulse_loco_coord.h"
-#include "peer_http_impl.h"
-#include "loco_testutil.h"
 #include "coordinator_auth_impl.h"
+#include "loco_testutil.h"
+#include "peer_http_impl.h"
+#include "pulse_loco_coord.h"
 #include "sim_trainers.h"
 
 #define AT 3
@@ -39,7 +39,7 @@ typedef struct {
   uint32_t rounds_done, min_contributors;
   pulse_loco_auth_figures auth; /* summed over its steps */
   uint64_t datagrams_refused_auth, datagrams_refused_source;
-  uint32_t resynced; /* steps that took the coordinator's whole state */
+  uint32_t resynced;   /* steps that took the coordinator's whole state */
   uint64_t auth_bytes; /* received only because of authentication */
 } atrainer;
 
@@ -122,8 +122,8 @@ static inline pulse_loco_coord_opts aopts(uint32_t transport) {
 
 /* n trainers 0..n-1 with keys, every key pinned on every node. */
 static inline void astart(atrainer *t, size_t n, const pulse_sim_problem *p,
-                   pulse_loco_coord_opts no, pulse_loco_member *m,
-                   pulse_loco_member_key *pins) {
+                          pulse_loco_coord_opts no, pulse_loco_member *m,
+                          pulse_loco_member_key *pins) {
   uint64_t P = pulse_sim_problem_param_count(p);
   float *init = malloc(P * sizeof *init);
   pulse_sim_problem_init(p, init);
@@ -186,7 +186,8 @@ static inline uint64_t metric(const pulse_loco_coord *node, const char *name) {
   return v;
 }
 
-static inline uint64_t refused(const pulse_loco_auth_figures *c, unsigned mode) {
+static inline uint64_t refused(const pulse_loco_auth_figures *c,
+                               unsigned mode) {
   switch (mode) {
   case LOCO_AUTH_TAMPER_UNSIGNED:
     return c->unsigned_bodies;
@@ -199,7 +200,7 @@ static inline uint64_t refused(const pulse_loco_auth_figures *c, unsigned mode) 
   }
 }
 
-static const char *const reason[] __attribute__((unused)) = {"", "unsigned", "forged", "replayed",
-                                     "foreign"};
+static const char *const reason[]
+    __attribute__((unused)) = {"", "unsigned", "forged", "replayed", "foreign"};
 
 #endif

@@ -149,9 +149,9 @@ Test(loco_auth_msgs, a_joiner_refuses_a_hostile_servers_views_and_states,
     cr_assert_eq(refused_reason(n5, why[k]), was + 1, "view %d", k);
   }
   cr_assert_eq(refused_kind(n5, "members"), 5);
-  cr_assert_eq(loco_server_put_signed(srv, "/v1/loco/members", v2.data,
-                                      v2.size, &good),
-               PULSE_OK);
+  cr_assert_eq(
+      loco_server_put_signed(srv, "/v1/loco/members", v2.data, v2.size, &good),
+      PULSE_OK);
   cr_assert_eq(loco_auth_get_view(n5, members, 3000, 0, &view), PULSE_OK, "%s",
                pulse_error_detail());
   cr_assert_eq(view.round, 2);
@@ -160,8 +160,8 @@ Test(loco_auth_msgs, a_joiner_refuses_a_hostile_servers_views_and_states,
   /* States of round 2 (the view's): unsigned, its bytes changed under its
    * signature, a stranger's, round 1's with its own signature. The joiner
    * refuses each before it imports anything. */
-  loco_sig sgood = sign_as(h0, PULSE_LOCO_AUTH_STATE, 2, state[2].data,
-                           state[2].size);
+  loco_sig sgood =
+      sign_as(h0, PULSE_LOCO_AUTH_STATE, 2, state[2].data, state[2].size);
   uint8_t *flipped = malloc(state[2].size);
   memcpy(flipped, state[2].data, state[2].size);
   flipped[state[2].size / 2] ^= 0x40;
@@ -186,12 +186,13 @@ Test(loco_auth_msgs, a_joiner_refuses_a_hostile_servers_views_and_states,
       bad = sign_as(h0, PULSE_LOCO_AUTH_STATE, 1, body, size);
     }
     uint64_t was = refused_reason(n5, swhy[k]);
-    cr_assert_eq(loco_server_put_signed(srv, "/v1/loco/state/2", body, size,
-                                        &bad),
-                 PULSE_OK);
+    cr_assert_eq(
+        loco_server_put_signed(srv, "/v1/loco/state/2", body, size, &bad),
+        PULSE_OK);
     float *local = malloc(P * sizeof *local);
-    cr_assert_neq(loco_node_catch_up(n5, url, 0, 1, local, loco_now_ms() + 3000),
-                  PULSE_OK, "state %d imported", k);
+    cr_assert_neq(
+        loco_node_catch_up(n5, url, 0, 1, local, loco_now_ms() + 3000),
+        PULSE_OK, "state %d imported", k);
     free(local);
     cr_assert_eq(refused_reason(n5, swhy[k]), was + 1, "state %d", k);
     cr_assert_eq(pulse_loco_global_digest(c5), before, "state %d", k);
@@ -278,11 +279,12 @@ Test(loco_auth_msgs, leaves_and_dones_not_signed_by_their_trainer_are_refused,
   const pulse_loco_coord *c = t[0].node;
   const char *leave = "/v1/loco/leave?id=1";
   const char *done = "/v1/loco/round/2/done?id=1";
-  const pulse_loco_auth_kind L = PULSE_LOCO_AUTH_LEAVE, D = PULSE_LOCO_AUTH_DONE;
+  const pulse_loco_auth_kind L = PULSE_LOCO_AUTH_LEAVE,
+                             D = PULSE_LOCO_AUTH_DONE;
   cr_assert_eq(post_as(c, NULL, L, 2, leave, leave, 0), 403);
-  cr_assert_eq(post_as(c, h1, L, 2, leave, leave, 1), 403);     /* forged */
-  cr_assert_eq(post_as(c, hx, L, 2, leave, leave, 0), 403);     /* foreign */
-  cr_assert_eq(post_as(c, h1, L, 1, leave, leave, 0), 403);     /* replayed */
+  cr_assert_eq(post_as(c, h1, L, 2, leave, leave, 1), 403); /* forged */
+  cr_assert_eq(post_as(c, hx, L, 2, leave, leave, 0), 403); /* foreign */
+  cr_assert_eq(post_as(c, h1, L, 1, leave, leave, 0), 403); /* replayed */
   cr_assert_eq(post_as(c, NULL, D, 2, done, done, 0), 403);
   cr_assert_eq(post_as(c, h1, D, 1, done, "/v1/loco/round/1/done?id=1", 0),
                403); /* round 1's done posted as round 2's: forged */
@@ -350,14 +352,13 @@ static void bad_reference(pulse_loco_auth_kind kind, unsigned mode,
     t[i].rounds = 4;
   arun(t, 2);
   for (int i = 0; i < 2; i++)
-    cr_assert_eq(t[i].st, PULSE_OK, "%s %s: trainer %d: %s", word,
-                 reason[mode], i, t[i].detail);
+    cr_assert_eq(t[i].st, PULSE_OK, "%s %s: trainer %d: %s", word, reason[mode],
+                 i, t[i].detail);
   cr_assert_geq(refused_kind(t[1].node, word), 1, "%s %s", word, reason[mode]);
   cr_assert_geq(refused_reason(t[1].node, reason[mode]), 1, "%s", word);
   cr_assert_geq(t[1].resynced, 1, "%s %s", word, reason[mode]);
   cr_assert_eq(pulse_loco_global_digest(t[1].ctx),
-               pulse_loco_global_digest(t[0].ctx), "%s %s", word,
-               reason[mode]);
+               pulse_loco_global_digest(t[0].ctx), "%s %s", word, reason[mode]);
   afree(t, 2);
   pulse_sim_problem_free(p);
 }
@@ -399,10 +400,12 @@ static void bad_end_markers(unsigned mode) {
     cr_assert_eq(t[i].min_contributors, AT, "trainer %d", i);
   }
   for (int i = 0; i < 2; i++) {
-    uint64_t unlisted = metric(
-        t[i].node, "pulse_loco_auth_datagrams_refused_total{reason=\"unlisted\"}");
-    uint64_t replayed = metric(
-        t[i].node, "pulse_loco_auth_datagrams_refused_total{reason=\"replayed\"}");
+    uint64_t unlisted =
+        metric(t[i].node,
+               "pulse_loco_auth_datagrams_refused_total{reason=\"unlisted\"}");
+    uint64_t replayed =
+        metric(t[i].node,
+               "pulse_loco_auth_datagrams_refused_total{reason=\"replayed\"}");
     if (mode == LOCO_AUTH_TAMPER_FORGED)
       cr_assert_geq(unlisted, 1, "trainer %d", i);
     else if (mode == LOCO_AUTH_TAMPER_REPLAYED)
