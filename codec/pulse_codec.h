@@ -39,12 +39,12 @@ const char *pulse_dtype_name(pulse_dtype dtype);
 pulse_status pulse_shape_numel(const uint64_t *shape, uint32_t ndim,
                                uint64_t *numel);
 
-/* Additive 128-bit digest of one BF16 tensor (pulse_elem.h, FORMAT.md). */
+/* Additive 128-bit digest of one BF16 tensor (pulse_elem.h, docs/formats/patch.md). */
 typedef struct {
   uint64_t a, b;
 } pulse_tensor_digest;
 
-/* SHA-256 over the tensor table and its tensor digests (FORMAT.md). */
+/* SHA-256 over the tensor table and its tensor digests (docs/formats/patch.md). */
 typedef struct {
   uint8_t bytes[32];
 } pulse_state_digest;
@@ -144,13 +144,13 @@ void pulse_state_digest_hex(const pulse_state_digest *d, char hex[65]);
 
 /* ----------------------------------------------------------- patch format */
 
-/* Format versions this library writes and reads (FORMAT.md). Version 2 (the
+/* Format versions this library writes and reads (docs/formats/patch.md). Version 2 (the
  * default) decodes several times faster than version 1 at about the same
  * size; version 1 stays readable and writable. */
 #define PULSE_PATCH_VERSION 2
 #define PULSE_PATCH_VERSION_MIN 1
 
-/* Position models (FORMAT.md). Values are part of the format. */
+/* Position models (docs/formats/patch.md). Values are part of the format. */
 typedef enum {
   /* Positions as gaps in storage order; decodes without the base weights
    * (except to turn deltas into new bits) in time proportional to changes. */

@@ -2,7 +2,7 @@
  *
  * The transaction of pulse_patch_stage / pulse_patch_staged_commit, with the
  * decode overlapped with the download: a patch's header and tensor table
- * come first (FORMAT.md, "Layout") and its body is a run of independently
+ * come first (docs/formats/patch.md, "Layout") and its body is a run of independently
  * decodable chunk streams in table order, so every chunk can be decoded as
  * soon as its own bytes are there.
  *

@@ -42,7 +42,7 @@ PULSE_HD static inline int pulse_bf16_changed(uint16_t old_bits,
   return old_bits != new_bits;
 }
 
-/* Number of position classes of the class position model (FORMAT.md). */
+/* Number of position classes of the class position model (docs/formats/patch.md). */
 #define PULSE_CLASS_COUNT 256u
 
 /* Position class of an element: its BF16 exponent field. Small weights change
@@ -76,7 +76,7 @@ PULSE_HD static inline uint16_t pulse_unzigzag16(uint32_t z) {
   return (uint16_t)d;
 }
 
-/* Element hash of the additive state digest (FORMAT.md, "Digests"). Two
+/* Element hash of the additive state digest (docs/formats/patch.md, "Digests"). Two
  * independent 64-bit lanes over x = index << 16 | bits; a tensor digest is the
  * lane-wise sum modulo 2^64 over all elements, so replacing one element's bits
  * updates the digest in O(1) and partial sums combine in any order. */

@@ -1,5 +1,5 @@
 /* pulse_loco_elem.h - per-element PULSELoCo logic shared by the CPU reference
- * and the CUDA kernels (DESIGN.md, "PULSELoCo"):
+ * and the CUDA kernels (docs/design.md, "PULSELoCo"):
  *
  *   s    = e + delta                       delta = theta_g - theta_r
  *   mask = bf16(theta_g) != bf16(theta_g - s)   (the BF16 visibility gate)

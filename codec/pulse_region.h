@@ -11,7 +11,7 @@
  *
  * Class-model patches (the codec's default) code a change by its rank
  * among the elements of its exponent class in the whole chunk
- * (FORMAT.md), so decoding a chunk needs the base bits of every element of
+ * (docs/formats/patch.md), so decoding a chunk needs the base bits of every element of
  * it, also those outside the block. A region may therefore keep a *halo*:
  * the bits of the tensor outside the block inside its *span*, the block's
  * positions [row0 * C + col0, last + 1) widened to multiples of
@@ -26,7 +26,7 @@
  * plain-position patches, or class-model patches into a block whose
  * positions are contiguous, can be decoded; the others are refused.
  *
- * Verification: a region's digest is the additive tensor digest (FORMAT.md)
+ * Verification: a region's digest is the additive tensor digest (docs/formats/patch.md)
  * of the block alone, each element counted at its position in the whole
  * tensor (pulse_region_digest), so the blocks of every rank add up to
  * the tensor's digest; halo_digest is the same for the halo. Both are kept

@@ -2,12 +2,12 @@
  * subscribers read: its wire format (head, object naming, signatures,
  * layout), which both sides must agree on, so it lives in codec/.
  *
- * A store is a folder (trainer_side/PROTOCOL.md has the full layout):
+ * A store is a folder (docs/protocols/sync.md has the full layout):
  *
  *   head.json                        the one mutable file: newest step, its
  *                                    state digest, the retained objects, and
  *                                    an Ed25519 signature over them
- *   objects/<sha256>.pulse           patches (codec/FORMAT.md), immutable
+ *   objects/<sha256>.pulse           patches (docs/formats/patch.md), immutable
  *   objects/<sha256>.safetensors     anchors: whole BF16 states, immutable
  *   catchup/                         cache of squashed catch-up patches
  *
@@ -41,7 +41,7 @@ extern "C" {
 #define PULSE_STORE_OBJECTS_DIR "objects"
 #define PULSE_STORE_CATCHUP_DIR "catchup"
 /* Heads are written in format 2; format 1 (no run, time or link) is still
- * read (trainer_side/PROTOCOL.md, "Head versions"). */
+ * read (docs/protocols/sync.md, "Head versions"). */
 #define PULSE_STORE_HEAD_FORMAT "pulse-head/2"
 #define PULSE_STORE_HEAD_FORMAT_V1 "pulse-head/1"
 /* Bytes of a run identity (random, made with a store's first head). */
@@ -77,7 +77,7 @@ typedef struct pulse_store_head pulse_store_head;
  * hex spellings, object paths (content-addressed, never leaving objects/),
  * a patch chain that ends at the head step, anchors placed on retained
  * steps, and, when the head carries a public key, the Ed25519 signature over
- * its canonical form (trainer_side/PROTOCOL.md), and a key rotation record's
+ * its canonical form (docs/protocols/sync.md), and a key rotation record's
  * signature by the old key when there is one. The bytes are copied.
  * @return PULSE_OK and *out (free with pulse_store_head_free);
  * PULSE_ERR_OVERFLOW (larger than PULSE_STORE_MAX_HEAD_BYTES or too many
@@ -99,7 +99,7 @@ void pulse_store_head_free(pulse_store_head *head);
 /** The newest step. */
 uint64_t pulse_store_head_step(const pulse_store_head *head);
 
-/** State digest of the newest step (FORMAT.md), borrowed from the head. */
+/** State digest of the newest step (docs/formats/patch.md), borrowed from the head. */
 const pulse_state_digest *
 pulse_store_head_state_digest(const pulse_store_head *head);
 
@@ -109,7 +109,7 @@ pulse_store_head_state_digest(const pulse_store_head *head);
 int pulse_store_head_signer(const pulse_store_head *head,
                             uint8_t pub[PULSE_KEY_BYTES]);
 
-/** 1 when the head carries a key rotation record (trainer_side/PROTOCOL.md,
+/** 1 when the head carries a key rotation record (docs/protocols/sync.md,
  * "Key rotation"), checked by parse: the key `from` (may be NULL) signed
  * that the head's signer succeeds it for the head's run from `*step` (may
  * be NULL) on. A worker that trusts `from` may then trust the signer, and

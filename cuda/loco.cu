@@ -1,4 +1,4 @@
-/* loco.cu - the PULSELoCo gate and error feedback on the device (DESIGN.md,
+/* loco.cu - the PULSELoCo gate and error feedback on the device (docs/design.md,
  * "PULSELoCo"), elementwise over FP32 arrays: s = e + (theta_g - theta_r),
  * send (pos, s) where bf16(theta_g) != bf16(theta_g - s), in increasing
  * position, and keep e = s elsewhere (0 where sent). Two passes, as the

@@ -197,7 +197,7 @@ typedef struct {
   uint64_t numel;
 } pulse_cuda_bf16_tensor;
 
-/** The additive digest (FORMAT.md) of every tensor of a table, equal to
+/** The additive digest (docs/formats/patch.md) of every tensor of a table, equal to
  * pulse_digest_bf16 on each, into digests[count] (host). One launch for the
  * table; no weights leave the device. Synchronizes `stream`. */
 pulse_status pulse_cuda_digest(pulse_cuda_workspace *ws,
@@ -232,7 +232,7 @@ pulse_status pulse_cuda_scatter(pulse_cuda_workspace *ws,
  */
 
 /* The class counts of a device base, per chunk and per tile, that decoding
- * a PULSE_POS_CLASS patch needs (FORMAT.md, "Position classes"). Valid while
+ * a PULSE_POS_CLASS patch needs (docs/formats/patch.md, "Position classes"). Valid while
  * the base tensors keep their bits. */
 typedef struct pulse_cuda_class_index pulse_cuda_class_index;
 
@@ -369,7 +369,7 @@ pulse_status pulse_cuda_patch_stream_commit(pulse_cuda_patch_stream *s,
 /** Stops the decode threads and frees the stream. NULL is fine. */
 void pulse_cuda_patch_stream_free(pulse_cuda_patch_stream *s);
 
-/* ------------------------------------------------ PULSELoCo gate (DESIGN.md)
+/* ------------------------------------------------ PULSELoCo gate (docs/design.md)
  */
 
 /** CPU reference of the LoCo gate over n FP32 elements (a plain loop over

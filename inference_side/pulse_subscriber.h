@@ -1,5 +1,5 @@
 /* pulse_subscriber.h - the inference side of pulse: follow a publisher over
- * HTTP(S) (trainer_side/PROTOCOL.md) and keep BF16 target tensors equal, bit
+ * HTTP(S) (docs/protocols/sync.md) and keep BF16 target tensors equal, bit
  * for bit, to the trainer's newest published step.
  *
  *   static const char *urls[] = {"https://trainer.example:8080"};
@@ -42,7 +42,7 @@
  * trainer's weights of a step or keep their previous step, and the status and
  * pulse_sub_error() say why.
  *
- * The cache folder is laid out as a store (PROTOCOL.md): objects/<sha256>.*
+ * The cache folder is laid out as a store (docs/protocols/sync.md): objects/<sha256>.*
  * as downloaded and verified, head.json as fetched with its signature intact,
  * so a pulse server can re-serve it (a relay; see opts.mirror). Partial
  * downloads live in objects/.<sha256>.part* and survive restarts. Also kept
@@ -173,7 +173,7 @@ typedef struct {
   /* The publisher's Ed25519 public key (32 bytes), pinned. NULL is refused
    * by pulse_sub_create unless trust_first_use (version 6) or
    * allow_unsigned says otherwise. A head that rotates the key
-   * (PROTOCOL.md, "Key rotation") moves the key required from then on. */
+   * (docs/protocols/sync.md, "Key rotation") moves the key required from then on. */
   const uint8_t *public_key;
   int allow_unsigned;            /* accept unsigned heads (no authenticity) */
   int allow_unsigned_catchup;    /* use catch-ups a server did not sign
@@ -219,7 +219,7 @@ typedef struct {
    * an anchor, on half the threads, while the receiver waits for its next
    * step. */
   pulse_sub_class_index class_index;
-  /* Version 3: what a head must be besides signed (PROTOCOL.md, "What a
+  /* Version 3: what a head must be besides signed (docs/protocols/sync.md, "What a
    * subscriber refuses"). Options of versions 1 and 2 get the defaults. */
   /* 0 (default): a head older than the newest step the worker knows (the
    * cache's head, the head it follows, the step its targets hold, e.g. a

@@ -1,7 +1,7 @@
 /* pulse_gossip.h - decentralized training: trainers average only with their
  * neighbours in a communication graph (docs/design.md), with
  * compressed gossip in the CHOCO pattern (Koloskova et al.
- * 2019) over PULSELoCo's payload format (PAYLOAD.md).
+ * 2019) over PULSELoCo's payload format (docs/formats/loco-payload.md).
  *
  * Graphs. A pulse_gossip_graph is an undirected graph on N nodes and its
  * mixing matrix W: symmetric, doubly stochastic, w_ij > 0 exactly on the

@@ -1,5 +1,5 @@
 /* pulse_loco.h - PULSELoCo: DiLoCo between trainers with BF16-gated sparse
- * pseudo-gradients and FP32 error feedback (DESIGN.md, "PULSELoCo").
+ * pseudo-gradients and FP32 error feedback (docs/design.md, "PULSELoCo").
  *
  * One pulse_loco context per trainer holds, over a flat vector of P FP32
  * parameters, the global copy theta_g (identical on every trainer, bit for
@@ -9,7 +9,7 @@
  *   pulse_loco_prepare(ctx, theta_r)   s = e + (theta_g - theta_r); the gate
  *                                      picks the entries that would change
  *                                      bf16(theta_g); they become this
- *                                      trainer's payload (PAYLOAD.md)
+ *                                      trainer's payload (docs/formats/loco-payload.md)
  *   ... exchange: every trainer must end up with the same contributor set
  *       (the coordinator exchange does it over HTTP or datagrams,
  *       pulse_loco_coord.h; the collaboration, pulse_loco_collab.h; gossip,
@@ -21,7 +21,7 @@
  *
  * Error feedback rule: when this trainer's own payload is in the contributor
  * set, e = s where not sent and 0 where sent. When it is not (lost, late),
- * the loss rule decides (pulse_loco_rule, PAYLOAD.md "Loss rules"): by
+ * the loss rule decides (pulse_loco_rule, docs/formats/loco-payload.md "Loss rules"): by
  * default the sent part goes (the others' mean did not need it), or it is
  * kept in e to be sent again.
  *
@@ -57,14 +57,14 @@ typedef enum {
   PULSE_LOCO_GATE_NONE = 1
 } pulse_loco_gate_mode;
 
-/* How a payload codes its FP32 values (PAYLOAD.md). Part of the format. */
+/* How a payload codes its FP32 values (docs/formats/loco-payload.md). Part of the format. */
 typedef enum {
   PULSE_LOCO_VALUES_RAW = 0,    /* 4 bytes little-endian each */
   PULSE_LOCO_VALUES_MODELED = 1 /* sign/exponent modeled, range coded */
 } pulse_loco_value_coding;
 
 /* What a round does with a contribution that did not arrive (lost, late,
- * invalid); PAYLOAD.md "Loss rules" has the measurements behind the
+ * invalid); docs/formats/loco-payload.md "Loss rules" has the measurements behind the
  * default. */
 typedef enum {
   /* Divide by the contributions that arrived, let the lost part go (its
@@ -103,7 +103,7 @@ typedef struct {
    * mean); elsewhere it applies 0, and every contributor whose payload is
    * in the set keeps the entries it sent there in its error feedback
    * (e = s: deferred, not lost). Partitioned, the reduced
-   * ranges then carry only those entries (fewer bytes in: PAYLOAD.md "The
+   * ranges then carry only those entries (fewer bytes in: docs/formats/loco-payload.md "The
    * round", "Reduced range"). Every trainer of a run must use the same
    * setting: a reduced range of the other setting is refused; all-to-all
    * cannot tell, and the trainers' theta_g part (the next round's
@@ -210,7 +210,7 @@ typedef struct {
  * payloads, any order; this trainer's own counts when its sender id is
  * there, and must then be byte-identical to the prepared payload). Every
  * payload is decoded and checked (round, parameter count, base digest,
- * distinct senders, PAYLOAD.md rules) before anything changes; then
+ * distinct senders, docs/formats/loco-payload.md rules) before anything changes; then
  * avg[i] = (sum over senders in increasing id of samples * value) / (sum of
  * samples; under PULSE_LOCO_RULE_KEEP scaled to every member of the round),
  * accumulated in double and rounded once to float (0 where nobody sent
@@ -238,7 +238,7 @@ pulse_status pulse_loco_check(const pulse_loco *ctx, const uint8_t *data,
 pulse_status pulse_loco_abandon(pulse_loco *ctx, int self_included);
 
 /** Serializes the global state a joiner needs (round, alpha, mu, theta_g, b;
- * PAYLOAD.md "State") into out (owned by the caller). Not while a round is
+ * docs/formats/loco-state.md "State") into out (owned by the caller). Not while a round is
  * prepared. @return PULSE_OK, PULSE_ERR_ARG or PULSE_ERR_NOMEM. */
 pulse_status pulse_loco_state_export(const pulse_loco *ctx, pulse_buffer *out);
 
@@ -257,7 +257,7 @@ pulse_status pulse_loco_state_import(pulse_loco *ctx, const uint8_t *data,
 #define PULSE_LOCO_PAYLOAD_VERSION 1u
 #define PULSE_LOCO_STATE_VERSION 1u
 
-/* Payload flags (PAYLOAD.md). */
+/* Payload flags (docs/formats/loco-payload.md). */
 #define PULSE_LOCO_PAYLOAD_GATED 1u   /* every entry passed the BF16 gate */
 #define PULSE_LOCO_PAYLOAD_LEAVING 2u /* the sender's last round */
 
@@ -327,7 +327,7 @@ pulse_status pulse_loco_payload_decode(const uint8_t *data, size_t size,
 /* ------------------------------------------------------------ chunks */
 
 /* A payload as independently decodable chunks, each small enough for one
- * datagram (PAYLOAD.md "Chunks"): a lost datagram loses one range of one
+ * datagram (docs/formats/loco-chunks.md "Chunks"): a lost datagram loses one range of one
  * sender. Ranges are whole cells of PULSE_LOCO_CHUNK_CELL parameters; a
  * receiver aggregates per cell. Raw values (8 bytes an entry). */
 #define PULSE_LOCO_CHUNK_VERSION 1u
@@ -423,7 +423,7 @@ pulse_status pulse_loco_inbox_add(pulse_loco_inbox *in, const uint8_t *data,
 void pulse_loco_inbox_figures_get(const pulse_loco_inbox *in,
                             pulse_loco_inbox_figures *stats);
 
-/** Between re-syncs (PAYLOAD.md "Drift"): chunks must name base_digest
+/** Between re-syncs (docs/formats/loco-chunks.md "Drift"): chunks must name base_digest
  * (the reference replica's theta_g digest, which every member learned
  * with its digests) instead of this replica's own, and the gate is not
  * checked in the ranges of range_len parameters flagged in drifted (where
@@ -440,7 +440,7 @@ pulse_status pulse_loco_inbox_set_drift(pulse_loco_inbox *in,
  * weights, sums in increasing sender id), then the Nesterov step; error
  * feedback by the drop rule (the only one a sender can apply without
  * learning which of its ranges arrived). Trainers that got the same chunks
- * end with the same bits; others drift (PAYLOAD.md "Chunks").
+ * end with the same bits; others drift (docs/formats/loco-chunks.md "Chunks").
  * @return PULSE_OK; PULSE_ERR_ARG; PULSE_ERR_UNSUPPORTED (keep or legacy
  * rule); PULSE_ERR_NOMEM. */
 pulse_status pulse_loco_finish_inbox(pulse_loco *ctx, pulse_loco_inbox *in,
@@ -450,7 +450,7 @@ pulse_status pulse_loco_finish_inbox(pulse_loco *ctx, pulse_loco_inbox *in,
 /* ------------------------------------------------------------- drift */
 
 /* Trainers that received different chunks end a round with different
- * theta_g (and b). These find where and bring the ranges back (PAYLOAD.md
+ * theta_g (and b). These find where and bring the ranges back (docs/formats/loco-payload.md
  * "Drift"): each replica publishes a digest per range; a range whose digest
  * differs from the reference replica's is copied from it over the reliable
  * path. */
@@ -478,7 +478,7 @@ double pulse_loco_drift(const float *theta_a, const float *theta_b, uint64_t n);
  * under signs drawn from each parameter's index (the same on every
  * replica). Two replicas' sketches of a range estimate the squared distance
  * between them there without its values: 8 doubles instead of 4 bytes a
- * parameter (PAYLOAD.md "Drift"). */
+ * parameter (docs/formats/loco-chunks.md "Drift"). */
 #define PULSE_LOCO_SKETCH 8u
 
 /** The sketch of theta_g over [start, start + length).

@@ -23,7 +23,7 @@
  * hex) and X-Pulse-Loco-Signature (128 hex) next to the body; a POST's as
  * its query values round, key and sig over "PATH?id=ID"; datagrams
  * through their sender's signed chunk list; a client-mode peer's uploads
- * as a 104-byte trailer (PAYLOAD.md "Authentication"). This module checks;
+ * as a 104-byte trailer (docs/protocols/loco-exchange.md "Authentication"). This module checks;
  * the exchange (pulse_loco_coord, coordinator_auth.c) and the
  * collaboration (collab_auth.c) call it on every message before using it.
  *
@@ -44,7 +44,7 @@ extern "C" {
 
 #define PULSE_LOCO_AUTH_MAX_MEMBERS 4096u
 
-/* What a signature covers (PAYLOAD.md "Authentication" says what each
+/* What a signature covers (docs/protocols/loco-exchange.md "Authentication" says what each
  * body is). A signature of one kind never passes as another. */
 typedef enum {
   PULSE_LOCO_AUTH_PAYLOAD = 1,  /* a round payload (or its chunk list) */

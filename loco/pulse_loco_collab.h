@@ -1,5 +1,5 @@
 /* pulse_loco_collab.h - PULSELoCo as an open collaboration (
- * PAYLOAD.md "Collaboration"): rounds end at a target global batch, peers
+ * docs/protocols/loco-collaboration.md "Collaboration"): rounds end at a target global batch, peers
  * of any speed join and leave at any round, and no peer is special.
  *
  * A collaboration peer wraps a pulse_loco context (borrowed; created with
@@ -71,13 +71,13 @@ typedef struct {
   const char *host;
   /* 0: every member fetches every listed payload and finishes (all-to-all).
    * 1: the members reduce disjoint parameter ranges and fetch the reduced
-   * ranges back (pulse_loco_partition.h, PAYLOAD.md "Partitioned
+   * ranges back (pulse_loco_partition.h, docs/protocols/loco-collaboration.md "Partitioned
    * averaging"): the same theta_g bit for bit, near 2-3x its own payload
    * in and out per member as the collaboration grows. Every member must
    * use the same setting. A member whose partitioned exchange fails (a
    * peer killed mid-exchange) imports the state of a member that
    * finished it, or, when none did, finishes all-to-all over the
-   * contributors that answered (PAYLOAD.md "Collaboration"). The mean
+   * contributors that answered (docs/protocols/loco-collaboration.md "Collaboration"). The mean
    * gate is the context's (pulse_loco_opts.gate_mean), either way; every
    * member must have the same: partitioned, the reduced ranges of another
    * setting are refused. Set it with partitioned averaging (pulse-bench
@@ -97,10 +97,10 @@ typedef struct {
    * Partitioned, it owns no range and publishes no verdict or outcome:
    * the owners reduce its range out of its uploaded payload, fetched from
    * its host, and it fetches the reduced ranges and verdicts like any
-   * member (PAYLOAD.md "Collaboration"). Borrowed. */
+   * member (docs/protocols/loco-collaboration.md "Collaboration"). Borrowed. */
   const char *client_of;
   /* Partitioned: how the owners' reductions are checked besides each
-   * sender's receipts (PAYLOAD.md "Partitioned averaging"; every member
+   * sender's receipts (docs/protocols/loco-collaboration.md "Partitioned averaging"; every member
    * the same). PULSE_LOCO_COLLAB_CHECK_ROTATING (0, the default): one
    * range recomputed by another member per round, in rotation, so a wrong
    * average (right inputs, wrong arithmetic) is caught within as many
@@ -110,11 +110,11 @@ typedef struct {
   pulse_loco_collab_check partition_check;
   /* Partitioned: 0 (the default) sizes each member's range in proportion
    * to its measured download rate, which it reports to the writer and the
-   * manifest lists (PAYLOAD.md "Collaboration", range sizes); non-zero:
+   * manifest lists (docs/protocols/loco-collaboration.md "Collaboration", range sizes); non-zero:
    * this peer reports none, and a manifest listing none gives equal
    * ranges (every member the same, for comparisons). */
   int equal_ranges;
-  /* Authentication, its first part (PAYLOAD.md "Authentication",
+  /* Authentication, its first part (docs/protocols/loco-exchange.md "Authentication",
    * "Collaboration"): with a key, this peer signs the membership views and
    * the states it serves, the manifests it writes, its payloads and its
    * partitioned slices, reduced ranges and verdicts, and checks those it
@@ -145,7 +145,7 @@ void pulse_loco_collab_opts_init(pulse_loco_collab_opts *opts);
 /** Starts the peer's server for ctx (borrowed, must outlive the peer; its
  * rule must be PULSE_LOCO_RULE_KEEP); a client-mode peer (opts.client_of)
  * starts none. Every serving peer hosts the client-mode members that name
- * it (PAYLOAD.md "Collaboration").
+ * it (docs/protocols/loco-collaboration.md "Collaboration").
  * @return PULSE_OK; PULSE_ERR_ARG (options, rule, client_of not a URL or
  * with partitioned); PULSE_ERR_IO; PULSE_ERR_NOMEM. */
 pulse_status pulse_loco_collab_create(const pulse_loco_collab_opts *opts,

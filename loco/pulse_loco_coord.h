@@ -1,7 +1,7 @@
 /* pulse_loco_coord.h - the coordinator exchange of PULSELoCo: trainers of a
  * known group run rounds in step, and each round's coordinator (the lowest
  * member id) gathers the payloads and publishes the round's manifest
- * (PAYLOAD.md, "Exchange"); contributions travel over HTTP or as datagrams.
+ * (docs/protocols/loco-exchange.md, "Exchange"); contributions travel over HTTP or as datagrams.
  * A pulse_loco_coord is one trainer's member of it, over its pulse_loco
  * context (pulse_loco.h).
  *
@@ -23,7 +23,7 @@
 extern "C" {
 #endif
 
-/* A trainer's side of the exchange over HTTP (PAYLOAD.md, "Exchange"):
+/* A trainer's side of the exchange over HTTP (docs/protocols/loco-exchange.md, "Exchange"):
  * a libmicrohttpd server on 127.0.0.1 (port 0: the kernel picks) that serves
  * this trainer's round payloads, the state, and, on the round's coordinator
  * (the lowest member id), the round manifest; and libcurl fetches from peers
@@ -56,7 +56,7 @@ typedef struct {
   /* Consecutive missed rounds after which the coordinator drops a member
    * (it re-joins by itself if it is still alive). */
   uint32_t max_misses;
-  /* How the round's contributions travel (PAYLOAD.md "Exchange over
+  /* How the round's contributions travel (docs/protocols/loco-datagrams.md "Exchange over
    * datagrams"): PULSE_LOCO_TRANSPORT_HTTP (whole payloads through the
    * coordinator) or PULSE_LOCO_TRANSPORT_UDP (every trainer sends its
    * chunks to every other as datagrams, no retransmission; the manifest,
@@ -75,7 +75,7 @@ typedef struct {
    * with r + 1 a multiple of resync_period it fetches the ranges that
    * differ, measures its drift and copies them; after the others it
    * estimates its drift from the reference's range sketches and keeps its
-   * differing ranges (PAYLOAD.md "Drift") unless the estimate exceeds
+   * differing ranges (docs/formats/loco-chunks.md "Drift") unless the estimate exceeds
    * drift_budget, which re-syncs them. */
   uint32_t resync_range;
   uint32_t resync_period;
@@ -84,7 +84,7 @@ typedef struct {
    * NULL: 127.0.0.1): an address of this machine its peers reach (trainers
    * on other hosts or network namespaces). Borrowed during create. */
   const char *host;
-  /* Authentication (pulse_loco_auth.h, PAYLOAD.md "Authentication"). This trainer's Ed25519 key signs its payloads,
+  /* Authentication (pulse_loco_auth.h, docs/protocols/loco-exchange.md "Authentication"). This trainer's Ed25519 key signs its payloads,
    * manifests (and UDP chunk lists); borrowed, must outlive the node. NULL:
    * no key. */
   const pulse_sign_key *sign_key;
@@ -192,7 +192,7 @@ typedef struct {
   pulse_loco_auth_figures auth;
   uint64_t datagrams_refused_auth;
   /* The bytes this trainer received this step only because it
-   * authenticates (PAYLOAD.md "Authentication", sizes): the signature
+   * authenticates (docs/protocols/loco-exchange.md "Authentication", sizes): the signature
    * headers of every signed answer it fetched, the signed query values of
    * the POSTs it answered, its senders' chunk lists and the re-sync sums.
    * 0 when it does not authenticate. */
@@ -218,7 +218,7 @@ pulse_status pulse_loco_coord_step(pulse_loco_coord *node, float *theta_r,
  * it (they fetch its manifest, relays and state), at most timeout_ms.
  * Returns at once otherwise: a member that did not coordinate learns
  * nothing of the others' progress, and over datagrams with authentication
- * the others still fetch its signed chunk list of the last round (PAYLOAD.md
+ * the others still fetch its signed chunk list of the last round (docs/formats/loco-payload.md
  * "Exchange over datagrams"), so the caller keeps every node up until all
  * trainers of the run are done (pulse-bench loco does: its parent says
  * when); freed early, a slower trainer refuses that member's chunks of the

@@ -1,4 +1,4 @@
-/* pulse_loco_partition.h - partitioned averaging for PULSELoCo (PAYLOAD.md
+/* pulse_loco_partition.h - partitioned averaging for PULSELoCo (docs/formats/loco-payload.md
  * "Partitioned averaging"): instead of every trainer fetching every other
  * trainer's payload, the parameter vector is cut into disjoint ranges, one
  * per owner, sized in proportion to the owners' bandwidth; every trainer
@@ -177,7 +177,7 @@ pulse_status pulse_loco_reducer_add(pulse_loco_reducer *r, const uint8_t *data,
 /** Whether every contributor was added. */
 int pulse_loco_reducer_complete(const pulse_loco_reducer *r);
 
-/** The reduced range (PLRD, PAYLOAD.md): for every position where some
+/** The reduced range (PLRD, docs/formats/loco-payload.md): for every position where some
  * contributor has an entry, avg = (sum in increasing sender id of samples *
  * value, in double) / pulse_loco_finish's denominator, rounded once; and
  * each contributor's id, samples, entry count and receipt digest. The same

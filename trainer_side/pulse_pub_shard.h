@@ -19,7 +19,7 @@
  *   3. pulse_pub_shard_count(shard, parts, &counts)  this rank's counts:
  *      for each change of every part, how many elements of this rank's
  *      blocks precede it in its chunk within its position class, and the
- *      class counts of the changed chunks (FORMAT.md "Position classes":
+ *      class counts of the changed chunks (docs/formats/patch.md "Position classes":
  *      the class model ranks a change among the base elements of its class
  *      in the whole chunk, which a rank sees only in part)
  *   4. the encoding rank gathers every rank's counts and calls
@@ -38,7 +38,7 @@
  * a rank of a column block meets every chunk of the tensor). The encoding
  * rank also holds every rank's whole part and counts, the patch and 1 KiB
  * of class counts per chunk. The per-tensor digests of the
- * patch are the sums of the blocks' digests (FORMAT.md "Digests" is
+ * patch are the sums of the blocks' digests (docs/formats/patch.md "Digests" is
  * additive).
  *
  * Parts and counts are opaque bytes to carry between ranks of one job, built
@@ -183,7 +183,7 @@ pulse_status pulse_pub_shard_state_digest(const pulse_tensor_info *table, size_t
                                           uint32_t chunk_log2, const pulse_buffer *parts,
                                           size_t nparts, int target, pulse_state_digest *out);
 
-/** Writes this rank's blocks of an anchor (PROTOCOL.md: the whole BF16
+/** Writes this rank's blocks of an anchor (docs/protocols/sync.md: the whole BF16
  * state as safetensors, metadata step and state_digest) into `path`, a file
  * every rank of the step writes into on a shared folder: each rank writes
  * the same header and its own blocks' bytes (the snapshot, or the pending
@@ -236,7 +236,7 @@ void pulse_pub_shard_step_opts_init(pulse_pub_shard_step_opts *opts);
 
 /** One collective step of a sharded trainer through the store folder `dir`
  * (shared by every rank: a shared filesystem), for a trainer without any
- * other channel between its ranks (PROTOCOL.md, "Sharded trainers"). Every
+ * other channel between its ranks (docs/protocols/sync.md, "Sharded trainers"). Every
  * rank calls it with the same step and its blocks' tensors (as
  * pulse_pub_shard_detect). Rank 0 opens the step (shard/<step>.go: a nonce,
  * the head's step, whether an anchor is due); each rank writes its part,

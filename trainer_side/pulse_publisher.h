@@ -109,7 +109,7 @@ typedef struct {
                             host snapshot moves after the call, in the
                             background) */
   double total_seconds;  /* the whole call */
-  char state_digest[65]; /* hex state digest of the step (FORMAT.md) */
+  char state_digest[65]; /* hex state digest of the step (docs/formats/patch.md) */
 } pulse_pub_figures;
 
 /* Called on the committing thread each time the head has moved (after the
@@ -123,7 +123,7 @@ typedef struct {
   /* Anchor when the step is at least this far past the last anchor
    * (0: only the first state). The first commit is always an anchor. */
   uint64_t anchor_every;
-  /* Retention (PROTOCOL.md): at least the newest keep_patches (>= 1)
+  /* Retention (docs/protocols/sync.md): at least the newest keep_patches (>= 1)
    * patches stay, extended back to the newest anchor at or below the oldest
    * one's base (the floor) so that every retained step can be rebuilt; of
    * the anchors, the floor, the first one above it (the next floor) and the
@@ -152,7 +152,7 @@ typedef struct {
   void *cuda_stream;
   /* Objects the head stops naming stay downloadable for at least this many
    * seconds (>= 0; default 600) before they are removed, so that a worker
-   * that planned from an older head can still finish (PROTOCOL.md,
+   * that planned from an older head can still finish (docs/protocols/sync.md,
    * "Retention"). The time an object left the head is its file's
    * modification time, set when it leaves: it survives a restart of the
    * publisher. Removal happens in a later commit's background work (or when
@@ -169,7 +169,7 @@ typedef struct pulse_pub pulse_pub;
 
 /** Opens the store folder `dir` (created when missing) for publishing.
  * Takes the store's writer lock for the publisher's life (one writer per
- * store, PROTOCOL.md "Writing a store": a store another publisher holds,
+ * store, docs/protocols/sync.md "Writing a store": a store another publisher holds,
  * in this process or any other, on this host or another one sharing the
  * folder, is refused with PULSE_ERR_IO naming the holder, before anything
  * is written), recovers it (pulse_store_recover) and, when it has a head,
@@ -243,7 +243,7 @@ int pulse_pub_anchor_due(const pulse_pub *pub, uint64_t step);
  * stays as it was). */
 pulse_status pulse_pub_flush(pulse_pub *pub, pulse_pub_figures *figures);
 
-/** Rotates the signing key (PROTOCOL.md, "Key rotation"): names a pending
+/** Rotates the signing key (docs/protocols/sync.md, "Key rotation"): names a pending
  * background anchor (pulse_pub_flush), then writes a head at the same step
  * signed by `new_key` that carries a rotation record signed by the current
  * key (opts.key) naming new_key as its successor. Every later head is

@@ -1,7 +1,7 @@
 /* pulse_server.h - the HTTP server of a pulse store (libmicrohttpd, a pool
  * of epoll threads). It serves any store folder (pulse_store.h), with or
  * without a publisher in the same process, read-only but for its catch-up
- * cache. The protocol is in PROTOCOL.md:
+ * cache. The protocol is in docs/protocols/sync.md:
  *
  *   GET /v1/head                       the head (JSON), ETag, no-cache
  *   GET /v1/head?after=S&timeout_ms=T  long-poll: answers as soon as the
@@ -62,7 +62,7 @@ typedef struct {
   unsigned max_waiters;     /* long-polls at once; more get 503 */
   uint32_t max_poll_ms;     /* cap on a long-poll's timeout_ms */
   int watch;                /* follow head.json written by another process */
-  /* Signs catch-up patches (PROTOCOL.md) when not NULL; borrowed, must
+  /* Signs catch-up patches (docs/protocols/sync.md) when not NULL; borrowed, must
    * outlive the server. A server serving a signed head builds catch-ups
    * only with the head's own key (nobody could verify others: a relay
    * without the key answers 404 and clients fetch the signed patches); for

@@ -33,7 +33,7 @@ typedef struct {
  * does not name and the catch-up cache; checks that every object the head
  * names exists with its size. Never touches head.json or a named object.
  * `out` may be NULL.
- * Takes the store's writer lock (PROTOCOL.md, "Writing a store") for the
+ * Takes the store's writer lock (docs/protocols/sync.md, "Writing a store") for the
  * call: a store held by a live publisher is refused (PULSE_ERR_IO, the
  * detail naming the holder) and nothing is removed.
  * @return PULSE_OK; PULSE_ERR_CORRUPT (a named object missing or of the
@@ -47,7 +47,7 @@ pulse_status pulse_store_recover(const char *dir, pulse_store_recovery *out);
  * less than `grace_seconds` ago stays: the publisher stamps an object's
  * modification time when the head stops naming it, and keeps it
  * downloadable for its grace period (pulse_pub_opts.grace_seconds,
- * PROTOCOL.md "Retention"). A grace of 0 is pulse_store_recover.
+ * docs/protocols/sync.md "Retention"). A grace of 0 is pulse_store_recover.
  * @return as pulse_store_recover; PULSE_ERR_ARG for a negative grace. */
 pulse_status pulse_store_recover_grace(const char *dir, double grace_seconds,
                                        pulse_store_recovery *out);

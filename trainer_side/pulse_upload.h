@@ -1,6 +1,6 @@
 /* pulse_upload.h - publishing a store to an S3-compatible object store
  * (AWS S3, R2, GCS's XML API, MinIO, ...), so that workers pull it from the
- * bucket or a CDN in front of it (trainer_side/PROTOCOL.md, "Store layout":
+ * bucket or a CDN in front of it (docs/protocols/sync.md, "Store layout":
  * a bucket holds <prefix>/head.json and <prefix>/objects/...).
  *
  *   pulse_upload_opts o; pulse_upload_opts_init(&o);

@@ -1,5 +1,5 @@
 /* bitio_impl.h - little-endian bit packing for the version 2 chunk streams
- * (FORMAT.md, "Version 2 chunk streams"): bits fill each byte from its least
+ * (docs/formats/patch.md, "Version 2 chunk streams"): bits fill each byte from its least
  * significant bit up, fields are written least significant bit first.
  *
  * The reader keeps 56..63 bits in a 64-bit buffer and refills with one

@@ -1,4 +1,4 @@
-/* chunk_coder.c - entropy coding of one chunk (FORMAT.md, "Chunk streams").
+/* chunk_coder.c - entropy coding of one chunk (docs/formats/patch.md, "Chunk streams").
  *
  * A chunk's changes are coded class by class: for every position class the
  * number of changed elements, then for each change the gap to the previous

@@ -1,4 +1,4 @@
-/* chunk_fast.c - the version 2 chunk streams (FORMAT.md, "Version 2 chunk
+/* chunk_fast.c - the version 2 chunk streams (docs/formats/patch.md, "Version 2 chunk
  * streams"): the same class-rank transform as version 1, coded with static
  * codes a decoder reads with a few table lookups per change instead of one
  * adaptive binary decision per bit.

@@ -1,4 +1,4 @@
-/* chunk_impl.h - coding of one chunk of one tensor (FORMAT.md, "Chunk
+/* chunk_impl.h - coding of one chunk of one tensor (docs/formats/patch.md, "Chunk
  * streams"): the class-rank transform and the two coders, version 1's
  * adaptive range coder (chunk_coder.c) and version 2's static codes
  * (chunk_fast.c). `version` is the patch format version (1 or 2). */

@@ -1,7 +1,7 @@
 /* class_index.c - a receiver's index of its weights by position class.
  *
  * Class-model patches code each change as a rank among the base elements of
- * its class (FORMAT.md, "Position classes"). Without help a decoder finds positions
+ * its class (docs/formats/patch.md, "Position classes"). Without help a decoder finds positions
  * with a pass over every base element of a changed chunk: at RL densities
  * (1-3%) that pass, not the entropy decode, sets the speed. A receiver that
  * applies patch after patch can keep this index instead: it is derived from

@@ -1,4 +1,4 @@
-/* patch_encode.c - writes a patch (FORMAT.md): checks the input, derives the
+/* patch_encode.c - writes a patch (docs/formats/patch.md): checks the input, derives the
  * digests, codes the chunks in parallel and lays out header, table and body. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -318,7 +318,7 @@ static pulse_status plan_code_chunks(encode_plan *pl, unsigned version) {
   return PULSE_OK;
 }
 
-/* The tensor table (FORMAT.md); *body_size gets the sum of the sections. */
+/* The tensor table (docs/formats/patch.md); *body_size gets the sum of the sections. */
 static pulse_status plan_write_table(const encode_plan *pl, pulse_bytebuf *table,
                                      uint64_t *body_size) {
   const encode_item *items = pl->items;

@@ -1,4 +1,4 @@
-/* patch_impl.h - the parsed form of a patch (FORMAT.md). */
+/* patch_impl.h - the parsed form of a patch (docs/formats/patch.md). */
 #ifndef PULSE_PATCH_IMPL_H
 #define PULSE_PATCH_IMPL_H
 

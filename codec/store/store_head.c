@@ -1,5 +1,5 @@
 /* store_head.c - the head: parsing and checking, canonical form, JSON
- * writer, signatures (pulse_store.h, trainer_side/PROTOCOL.md). */
+ * writer, signatures (pulse_store.h, docs/protocols/sync.md). */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -66,7 +66,7 @@ pulse_status store_head_canonical(const store_head_fields *f,
   return PULSE_OK;
 }
 
-/* The head's layout (trainer_side/PROTOCOL.md): one top-level member per line,
+/* The head's layout (docs/protocols/sync.md): one top-level member per line,
  * one object per line in the lists. */
 static void write_objects(pulse_json_writer *w, const char *name,
                           const pulse_store_object *objs, size_t n) {
@@ -164,7 +164,7 @@ pulse_status store_rotation_sign(const pulse_sign_key *from,
   return PULSE_OK;
 }
 
-/* "rotation": {"step", "from", "to", "signature"} (PROTOCOL.md). */
+/* "rotation": {"step", "from", "to", "signature"} (docs/protocols/sync.md). */
 static void write_rotation(pulse_json_writer *w, const store_rotation *r,
                            const uint8_t to[PULSE_KEY_BYTES]) {
   char hex[129];
@@ -422,7 +422,7 @@ static pulse_status parse_identity(const pulse_json *root,
 }
 
 /* The key rotation record, read after the head's own signature checked
- * (PROTOCOL.md, "Key rotation"): only in a signed version-2 head, naming
+ * (docs/protocols/sync.md, "Key rotation"): only in a signed version-2 head, naming
  * the head's signer as the new key, at most at the head's step, and signed
  * by the old key over the run, the step and both keys. */
 static pulse_status parse_rotation(const pulse_json *root,

@@ -1,7 +1,7 @@
 /* store_impl.h - internal to pulse (pulse_codec_internal: the trainer and
  * inference sides share it): the head's in-memory form, its canonical
  * serialization and JSON writer, hex and SHA-256 helpers, path building and
- * the layout checks of a store folder (trainer_side/PROTOCOL.md). */
+ * the layout checks of a store folder (docs/protocols/sync.md). */
 #ifndef PULSE_STORE_IMPL_H
 #define PULSE_STORE_IMPL_H
 
@@ -12,7 +12,7 @@
 #include "pulse_sign.h"
 #include "pulse_store.h"
 
-/* A key rotation record (PROTOCOL.md, "Key rotation"): the key `from`
+/* A key rotation record (docs/protocols/sync.md, "Key rotation"): the key `from`
  * names the head's signing key as its successor, for the run of the head,
  * from step `step` on; `signature` is from's over store_rotation_canonical. */
 typedef struct {
@@ -63,7 +63,7 @@ typedef struct {
 } store_head_fields;
 
 /** The text a key rotation's signature covers: the run, the step, the old
- * and the new public key (PROTOCOL.md, "Key rotation"). Returns its length
+ * and the new public key (docs/protocols/sync.md, "Key rotation"). Returns its length
  * (at most STORE_ROTATION_CANON_MAX - 1). */
 #define STORE_ROTATION_CANON_MAX 320
 int store_rotation_canonical(const uint8_t run[PULSE_STORE_RUN_BYTES],
@@ -91,7 +91,7 @@ pulse_status store_head_serialize(const store_head_fields *f,
                                   const pulse_sign_key *key, pulse_buffer *out);
 
 /** The canonical byte string a head signature covers
- * (trainer_side/PROTOCOL.md). */
+ * (docs/protocols/sync.md). */
 pulse_status store_head_canonical(const store_head_fields *f,
                                   const uint8_t *pub, pulse_buffer *out);
 
@@ -142,7 +142,7 @@ typedef pulse_status (*store_stray_fn)(void *ctx, const char *folder,
 pulse_status store_strays(const char *dir, const pulse_store_head *head,
                           int catchups, store_stray_fn fn, void *ctx);
 
-/* The text a catch-up's signature covers (PROTOCOL.md, "Catch-ups"): version
+/* The text a catch-up's signature covers (docs/protocols/sync.md, "Catch-ups"): version
  * 2 with the run of a format-2 head, version 1 otherwise. The server signs
  * it, the subscriber verifies it. Returns its length, or -1 when `cap` is
  * too small. */

@@ -1,5 +1,5 @@
 /* Digest of a block of a tensor (pulse_digest_bf16_block): the terms of the
- * whole tensor's digest (FORMAT.md "Digests") for the elements of the block
+ * whole tensor's digest (docs/formats/patch.md "Digests") for the elements of the block
  * only, at their positions in the whole tensor. The digest is a sum over
  * elements, so the digests of blocks that tile a tensor add up to the
  * tensor's: a tensor-parallel rank that holds a shard in another layout

@@ -1,4 +1,4 @@
-/* sub_cache.c - the cache folder, laid out as a store (PROTOCOL.md) so that
+/* sub_cache.c - the cache folder, laid out as a store (docs/protocols/sync.md) so that
  * a pulse server can serve it: objects/<sha256>.* (verified downloads),
  * head.json (the newest verified head, bytes as fetched, written after the
  * objects it needs and atomically), plus trusted-key (trust on first use)

@@ -1,5 +1,5 @@
 /* sub_catchup.c - what a server says about its catch-up from a step to the
- * head (/v1/catchup/<from>, trainer_side/PROTOCOL.md), checked before a
+ * head (/v1/catchup/<from>, docs/protocols/sync.md), checked before a
  * byte of it is fetched: a HEAD request gives its size, the steps and the
  * state it goes between, its SHA-256 (its strong ETag) and the
  * publisher's signature over all of them. A catch-up that passes is then
@@ -31,7 +31,7 @@ static int header_u64(const pulse_fetch_xfer *x, const char *name,
   return end != NULL && *end == '\0';
 }
 
-/* The publisher's signature over what the probe said (PROTOCOL.md). */
+/* The publisher's signature over what the probe said (docs/protocols/sync.md). */
 static pulse_status check_signature(pulse_sub *sub, const pulse_fetch_xfer *x,
                                     uint64_t from, uint64_t to,
                                     const char *digest, const char *sha_hex,
@@ -87,7 +87,7 @@ static pulse_status describe(pulse_sub *sub, const pulse_fetch_xfer *x,
                       " -> %" PRIu64 " (state %s), the head is %" PRIu64
                       " (state %s)",
                       from, f, t, d, head, digest);
-  /* Its strong ETag is the SHA-256 of its bytes (PROTOCOL.md). */
+  /* Its strong ETag is the SHA-256 of its bytes (docs/protocols/sync.md). */
   if (!pulse_fetch_xfer_header(x, "ETag", etag, sizeof etag) ||
       strlen(etag) != 66 || etag[0] != '"' || etag[65] != '"' ||
       sub_unhex(etag + 1, 64, o->sha256, 32) != 0)

@@ -152,7 +152,7 @@ static void run_hex(const uint8_t *run, int have, char *out) {
 }
 
 /* Is a trusted head one to follow: of the worker's run, not older than
- * what it knows, and not older than the maximum age (PROTOCOL.md, "What a
+ * what it knows, and not older than the maximum age (docs/protocols/sync.md, "What a
  * subscriber refuses")? */
 static pulse_status head_fresh(const pulse_sub *sub,
                                const pulse_store_head *h) {

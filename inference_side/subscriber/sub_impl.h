@@ -287,7 +287,7 @@ pulse_status sub_head_fetch(pulse_sub *sub, int *moved);
 void sub_head_hold_run(pulse_sub *sub, const pulse_store_head *h);
 /** Whether a signed head's key is the one to trust: the pinned or
  * trusted key, or a key that a rotation record in the head names as the
- * successor of that key (PROTOCOL.md, "Key rotation"). PULSE_OK, or
+ * successor of that key (docs/protocols/sync.md, "Key rotation"). PULSE_OK, or
  * PULSE_ERR_CORRUPT with the detail set. */
 pulse_status sub_head_key_check(const pulse_sub *sub,
                                 const pulse_store_head *h);

@@ -1,5 +1,5 @@
 /* collab.c - a peer of an open PULSELoCo collaboration
- * (pulse_loco_collab.h, PAYLOAD.md "Collaboration"): create, start, join,
+ * (pulse_loco_collab.h, docs/protocols/loco-collaboration.md "Collaboration"): create, start, join,
  * and the round (accumulate against the writer's grants, contribute, close
  * or follow the manifest, finish). The writer's table and the POST routes
  * are collab_writer.c. */
@@ -412,7 +412,7 @@ void pulse_loco_collab_hosted(const pulse_loco_collab *c, uint64_t *stored,
   pthread_mutex_unlock(lock);
 }
 
-/* What a client uploads to its host (PAYLOAD.md "Collaboration"). */
+/* What a client uploads to its host (docs/protocols/loco-collaboration.md "Collaboration"). */
 typedef enum { UP_PAYLOAD, UP_SLICE, UP_VERDICT } upload_kind;
 
 typedef struct {
@@ -683,7 +683,7 @@ pulse_status collab_client_upload(void *user, const char *path,
   }
   /* Within the exchange: a transport error is tried again for as long as
    * a claim may take; a refusal fails this exchange (the round then ends
-   * as PAYLOAD.md says for a client whose exchange failed). */
+   * as docs/formats/loco-payload.md says for a client whose exchange failed). */
   uint64_t end = loco_now_ms() + c->opts.claim_timeout_ms;
   long status = 0;
   pulse_bytebuf reply = PULSE_BYTEBUF_INIT;

@@ -1,5 +1,5 @@
 /* collab_auth.c - authenticated collaboration, its first part (issue 35
- * item 7; PAYLOAD.md "Authentication"): the membership views and states a
+ * item 7; docs/protocols/loco-exchange.md "Authentication"): the membership views and states a
  * peer serves are signed with its key; those a joiner or a catching-up
  * member loads are checked against the members' keys before anything is
  * taken from them. Refusals are counted by reason and kind for /metrics.

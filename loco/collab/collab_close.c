@@ -1,5 +1,5 @@
 /* collab_close.c - the close of a collaboration round (collab_round.c,
- * PAYLOAD.md "Collaboration"): the writer of round r at rank k waits for
+ * docs/protocols/loco-collaboration.md "Collaboration"): the writer of round r at rank k waits for
  * every member's readiness, fetches and checks their payloads, serves the
  * relays and writes the manifest (a taken-over writer first adopts a
  * manifest some member already has); every other member says ready and

@@ -1,5 +1,5 @@
 /* collab_fetch.c - the all-to-all finish of a collaboration round
- * (collab_round.c, PAYLOAD.md "Collaboration"): every member fetches the
+ * (collab_round.c, docs/protocols/loco-collaboration.md "Collaboration"): every member fetches the
  * payloads the manifest lists, from their senders and then from any member
  * that re-serves them (relays, put as soon as fetched), and finishes with
  * exactly them. */

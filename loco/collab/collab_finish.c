@@ -1,5 +1,5 @@
 /* collab_finish.c - how a collaboration round ends when the all-to-all
- * fetch is not the whole story (collab_round.c, PAYLOAD.md
+ * fetch is not the whole story (collab_round.c, docs/formats/loco-payload.md
  * "Collaboration"): the partitioned finish (loco_partition_round over the
  * manifest's contributors), each contributor's outcome ("finished" or
  * "failed"), the settling of one that failed, and catching up: importing
@@ -110,7 +110,7 @@ pulse_status collab_reduce_partitioned(pulse_loco_collab *c, uint64_t r,
     bw[j] = collab_serves(urls[j]) ? man->contrib[j].bandwidth : 0;
   }
   /* Range sizes in proportion to the manifest's rates, within the plan's
-   * bound (PAYLOAD.md "Collaboration"): every member reads the same
+   * bound (docs/protocols/loco-collaboration.md "Collaboration"): every member reads the same
    * manifest, so every member plans the same ranges. */
   if (st == PULSE_OK) {
     pulse_loco_plan_weights(bw, C, weights);
@@ -229,7 +229,7 @@ static int settle(pulse_loco_collab *c, uint64_t r, const loco_manifest *man,
     size_t q = 0, left = 0;
     for (size_t j = 0; j < C; j++) {
       const char *u = collab_url_of(c, man->contrib[j].id);
-      /* Client-mode contributors publish no outcome (PAYLOAD.md). */
+      /* Client-mode contributors publish no outcome (docs/formats/loco-payload.md). */
       if (man->contrib[j].id == c->id || answered[j] || u[0] == '\0' ||
           loco_url_hosted(u, NULL, 0, NULL))
         continue;

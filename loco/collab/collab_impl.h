@@ -1,5 +1,5 @@
 /* collab_impl.h - private to loco/: the collaboration peer
- * (pulse_loco_collab.h, PAYLOAD.md "Collaboration"): its fields, shared by
+ * (pulse_loco_collab.h, docs/protocols/loco-collaboration.md "Collaboration"): its fields, shared by
  * the peer's setup, publishing and client mode (collab.c), the writer's
  * table and the POST routes (collab_writer.c), and one round: the round
  * and accumulating (collab_round.c), the close (collab_close.c), the

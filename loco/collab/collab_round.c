@@ -1,5 +1,5 @@
 /* collab_round.c - one round of a collaboration peer
- * (pulse_loco_collab.h, PAYLOAD.md "Collaboration"):
+ * (pulse_loco_collab.h, docs/protocols/loco-collaboration.md "Collaboration"):
  *
  *   accumulate  claim a step from the writer W(r, k), run it, again, until
  *               the writer says the round is full

@@ -1,5 +1,5 @@
 /* collab_writer.c - the writer's side of a collaboration round
- * (pulse_loco_collab.h, PAYLOAD.md "Collaboration"): the table of claims
+ * (pulse_loco_collab.h, docs/protocols/loco-collaboration.md "Collaboration"): the table of claims
  * and readiness it keeps for its round, and the POST routes every peer
  * serves (claims, readiness, joins, acknowledgements). All of it runs on
  * the server thread under the peer's lock; the main thread opens the table

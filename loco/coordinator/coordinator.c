@@ -1,5 +1,5 @@
 /* coordinator.c - a trainer's side of the PULSELoCo exchange over HTTP
- * (pulse_loco.h, PAYLOAD.md "Exchange"). One round, for the members M of
+ * (pulse_loco.h, docs/protocols/loco-exchange.md "Exchange"). One round, for the members M of
  * round r and coordinator c = min(M):
  *
  *   every member   prepares its payload and serves it at /v1/loco/round/r
@@ -768,7 +768,7 @@ static pulse_status follow(pulse_loco_coord *n, uint64_t r, const uint8_t *own,
   if (st != PULSE_OK) {
     /* No usable manifest: nobody can say whether this payload was used.
      * The caller abandons the round, keeping all of s (a coordinator that
-     * crashes is not survived: PAYLOAD.md). */
+     * crashes is not survived: docs/formats/loco-payload.md). */
     loco_manifest_free(&man);
     return st;
   }

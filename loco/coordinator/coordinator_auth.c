@@ -1,5 +1,5 @@
 /* coordinator_auth.c - authenticated PULSELoCo in the exchange (coordinator_auth_impl.h,
- * PAYLOAD.md "Authentication"): signing what this node serves, checking
+ * docs/protocols/loco-exchange.md "Authentication"): signing what this node serves, checking
  * what it fetches and the POSTs it answers against the keys bound to the
  * members' trainer ids, joins gated by pinned keys or admissions, the
  * counters in /metrics and in the step info. Datagrams:

@@ -1,5 +1,5 @@
 /* coordinator_auth_impl.h - private to loco/: authenticated PULSELoCo in the
- * exchange (issue 15; pulse_loco_auth.h checks, PAYLOAD.md
+ * exchange (issue 15; pulse_loco_auth.h checks, docs/formats/loco-payload.md
  * "Authentication" says what travels). The node calls these hooks; each is
  * a no-op (or the unauthenticated call) when the node does not
  * authenticate (no key, or PULSE_LOCO_AUTH_OFF):

@@ -1,5 +1,5 @@
 /* coordinator_auth_msgs.c - the exchange's signed messages other than
- * payloads and manifests (coordinator_auth_impl.h, PAYLOAD.md
+ * payloads and manifests (coordinator_auth_impl.h, docs/formats/loco-payload.md
  * "Authentication"): the membership view and the state a joiner or a
  * re-syncing member loads, signed by the node that serves them; leave and
  * done POSTs, signed by the trainer they speak for. Each is checked before

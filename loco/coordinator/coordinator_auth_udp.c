@@ -1,5 +1,5 @@
 /* coordinator_auth_udp.c - authenticated PULSELoCo over datagrams
- * (coordinator_auth_impl.h, PAYLOAD.md "Authentication", Datagrams): each
+ * (coordinator_auth_impl.h, docs/protocols/loco-exchange.md "Authentication", Datagrams): each
  * sender's signed list of the SHA-256 of its chunks and its end marker,
  * fetched once a round per sender; a datagram admitted only when its
  * digest is in its sender's list; the datagram faults of the tests. */

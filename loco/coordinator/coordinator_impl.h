@@ -1,5 +1,5 @@
 /* coordinator_impl.h - private to loco/: the node of the exchange (pulse_loco.h,
- * PAYLOAD.md "Exchange") shared by its HTTP round (coordinator.c) and its
+ * docs/protocols/loco-exchange.md "Exchange") shared by its HTTP round (coordinator.c) and its
  * datagram round (coordinator_udp.c). */
 #ifndef PULSE_LOCO_COORD_IMPL_H
 #define PULSE_LOCO_COORD_IMPL_H
@@ -13,7 +13,7 @@
 #include "status_impl.h"
 #include "udp_impl.h"
 
-/* A datagram end marker (coordinator_udp.c, PAYLOAD.md "Exchange over
+/* A datagram end marker (coordinator_udp.c, docs/protocols/loco-datagrams.md "Exchange over
  * datagrams"): "PLCE", 36 bytes, sender at byte 8 and round at byte 12 as
  * in a chunk. */
 #define LOCO_END_MAGIC 0x45434C50u

@@ -1,5 +1,5 @@
 /* coordinator_udp.c - the exchange's round over datagrams (pulse_loco.h
- * PULSE_LOCO_TRANSPORT_UDP, PAYLOAD.md "Exchange over datagrams"). For the
+ * PULSE_LOCO_TRANSPORT_UDP, docs/protocols/loco-datagrams.md "Exchange over datagrams"). For the
  * members M of round r and coordinator c = min(M):
  *
  *   every member   cuts its payload into PLCK chunks (one datagram each)
@@ -164,7 +164,7 @@ static uint64_t chunk_round(const loco_datagram *d) {
 
 /* ------------------------------------------------------- end markers */
 
-/* An end marker (PAYLOAD.md "Exchange over datagrams"): sender `id` sent
+/* An end marker (docs/protocols/loco-datagrams.md "Exchange over datagrams"): sender `id` sent
  * all `nchunks` chunks of round r to this receiver. 36 bytes: "PLCE",
  * version 1, 3 zero bytes, u32 sender, u64 round, u64 chunks, u64 the
  * first 8 bytes (LE) of SHA-256 of the marker with this field zeroed. It
@@ -875,7 +875,7 @@ pulse_status loco_node_udp_round(pulse_loco_coord *n, uint64_t r, int leaving,
       ids ? pulse_loco_payload_peek(ctx->payload.data, ctx->payload.size, &h)
           : pulse_fail(PULSE_ERR_NOMEM, "loco udp: members");
   /* A replica left drifted since its last re-sync names the reference's
-   * base and flags the ranges where it differs (PAYLOAD.md "Drift"). */
+   * base and flags the ranges where it differs (docs/formats/loco-chunks.md "Drift"). */
   if (st == PULSE_OK && n->drifted)
     h.base_digest = n->ref_base;
   if (st == PULSE_OK)

@@ -1,6 +1,6 @@
 /* gossip.c - compressed gossip between graph neighbours (pulse_gossip.h):
  * per-edge public copies, the BF16 gate on the change relative to the copy
- * the neighbour holds, PULSELoCo payloads (PAYLOAD.md) through their API,
+ * the neighbour holds, PULSELoCo payloads (docs/formats/loco-payload.md) through their API,
  * and the CHOCO mixing step. */
 #include <math.h>
 #include <stdlib.h>

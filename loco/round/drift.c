@@ -1,4 +1,4 @@
-/* drift.c - replicas that received different chunks (PAYLOAD.md "Chunks",
+/* drift.c - replicas that received different chunks (docs/formats/loco-chunks.md "Chunks",
  * "Drift"): a digest per range of theta_g and b to find where two replicas
  * differ, the drift between two replicas, and the re-synchronization of a
  * range from a reference replica's values (carried over the reliable

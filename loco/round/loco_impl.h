@@ -54,7 +54,7 @@ double pulse_loco_denominator_(const pulse_loco *ctx, uint64_t weight,
  * it, so they give the same bits. */
 float pulse_loco_mean_(double acc, double wsum);
 
-/* The mean gate's quorum (pulse_loco_opts.gate_mean, PAYLOAD.md "The
+/* The mean gate's quorum (pulse_loco_opts.gate_mean, docs/formats/loco-payload.md "The
  * round"): a mean that at least this many contributors sent an entry to is
  * applied whatever its size (so its senders' e are cleared, as without the
  * option); only the means fewer sent need to pass the gate. 2, measured
@@ -91,7 +91,7 @@ void pulse_loco_conclude_(pulse_loco *ctx, const float *avg, const double *acc,
                           int self_included, float *theta_r);
 
 /* An inbox's senders (the others), how many were heard from (a chunk
- * kept) and how many sent every cell (PAYLOAD.md "Exchange over
+ * kept) and how many sent every cell (docs/protocols/loco-datagrams.md "Exchange over
  * datagrams": a receiver waits no longer once all are complete). */
 void loco_inbox_progress(const pulse_loco_inbox *in, size_t *senders,
                          size_t *heard, size_t *complete);

@@ -1,4 +1,4 @@
-/* outer_elem_impl.h - the per-element Nesterov outer step (DESIGN.md,
+/* outer_elem_impl.h - the per-element Nesterov outer step (docs/design.md,
  * "PULSELoCo"), written like codec/pulse_loco_elem.h (PULSE_HD, single
  * rounded operations) so a CUDA kernel can share it; it moves there once the
  * GPU outer step exists. */

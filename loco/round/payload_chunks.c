@@ -1,5 +1,5 @@
 /* payload_chunks.c - PULSELoCo payloads as independently decodable chunks
- * (PAYLOAD.md "Chunks"): each covers a range of whole cells of the flat
+ * (docs/formats/loco-chunks.md "Chunks"): each covers a range of whole cells of the flat
  * parameter vector, fits one datagram, and names its sender, round, base
  * and range, under a checksum; a receiver aggregates per cell, over the
  * senders whose chunk for that cell arrived, so a lost datagram loses one

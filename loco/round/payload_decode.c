@@ -1,4 +1,4 @@
-/* payload_decode.c - reads a round payload (PAYLOAD.md) from untrusted
+/* payload_decode.c - reads a round payload (docs/formats/loco-payload.md) from untrusted
  * bytes: every field, count, size, position and value is checked, and a bad
  * payload gives an error, never a crash or a partial result. */
 #include <stdlib.h>

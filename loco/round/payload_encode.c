@@ -1,4 +1,4 @@
-/* payload_encode.c - a trainer's round payload (PAYLOAD.md): header, chunk
+/* payload_encode.c - a trainer's round payload (docs/formats/loco-payload.md): header, chunk
  * table, then per chunk the positions (codec/coding/chunk_coder.c, the codec's
  * position coder, over the BF16 bits of theta_g) and the FP32 values. */
 #include <math.h>

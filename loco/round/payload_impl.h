@@ -1,4 +1,4 @@
-/* payload_impl.h - private to loco/: the payload layout (PAYLOAD.md) and the
+/* payload_impl.h - private to loco/: the payload layout (docs/formats/loco-payload.md) and the
  * FP32 value model, shared by the encoder and the decoder so that both
  * read the same contexts in the same order. */
 #ifndef PULSE_LOCO_PAYLOAD_IMPL_H
@@ -27,12 +27,12 @@ static inline size_t loco_payload_cap(uint64_t n) {
 }
 
 /* The largest state (PLCS) of n parameters: a header and two FP32 vectors
- * (PAYLOAD.md "State"). */
+ * (docs/formats/loco-state.md "State"). */
 static inline size_t loco_state_cap(uint64_t n) {
   return (size_t)(64u + 8u * n);
 }
 
-/* The value model (PAYLOAD.md, "Values"). A pseudo-gradient entry is
+/* The value model (docs/formats/loco-payload.md, "Values"). A pseudo-gradient entry is
  * s = e + (theta_g - theta_r): a difference of two nearby floats of
  * theta_g's magnitude, so s lies on theta_g's FP32 grid and its low
  * mantissa bits are zero, about (exponent of theta_g - exponent of s) of

@@ -1,4 +1,4 @@
-/* state.c - the global state a joining trainer loads (PAYLOAD.md, "State"):
+/* state.c - the global state a joining trainer loads (docs/formats/loco-state.md, "State"):
  * round, alpha, mu, theta_g and b, with digests. */
 #include <stdlib.h>
 #include <string.h>

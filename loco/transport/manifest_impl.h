@@ -1,5 +1,5 @@
 /* manifest_impl.h - private to loco/: the JSON documents of the exchange
- * (PAYLOAD.md, "Exchange"): a round's manifest, decided by its coordinator
+ * (docs/protocols/loco-exchange.md, "Exchange"): a round's manifest, decided by its coordinator
  * (who contributed, with sizes and SHA-256 of their payloads, and the
  * members of the next round), and a node's view of the membership. */
 #ifndef PULSE_LOCO_MANIFEST_IMPL_H
@@ -23,7 +23,7 @@ typedef struct {
    * ranges check slices against it); 0 when absent. */
   uint64_t samples;
   /* The contributor's download rate in bytes per second as its writer
-   * lists it ("bandwidth", PAYLOAD.md "Collaboration"): what partitioned
+   * lists it ("bandwidth", docs/protocols/loco-collaboration.md "Collaboration"): what partitioned
    * range sizes follow; loco_bandwidth_quantize's form, 0 when absent. */
   uint64_t bandwidth;
 } loco_contrib_ref;
@@ -54,7 +54,7 @@ typedef struct {
  * addresses of other hosts or network namespaces). */
 int loco_url_valid(const char *url);
 
-/* A collaboration member in client mode (PAYLOAD.md "Collaboration"):
+/* A collaboration member in client mode (docs/protocols/loco-collaboration.md "Collaboration"):
  * "http://A.B.C.D:PORT/v1/hosted/ID", the URL of the serving member that
  * hosts it (into base, cap bytes, when not NULL) and its id (*id). 0 for
  * anything else. */

@@ -42,7 +42,7 @@ typedef unsigned (*loco_post_fn)(void *user, const char *path, const char *id,
                                  const char *url, char *reply, size_t cap);
 
 /* Called on the server thread for each POST with a body under
- * LOCO_HOSTED_PREFIX (a client-mode collaboration peer's upload, PAYLOAD.md
+ * LOCO_HOSTED_PREFIX (a client-mode collaboration peer's upload, docs/formats/loco-payload.md
  * "Collaboration"): the path, its "id" query value (NULL when absent) and
  * the whole body (size bytes, at most the server's max_body; a body cut
  * short or too large never gets here). Reply and status as loco_post_fn. */
@@ -191,7 +191,7 @@ typedef struct {
 pulse_status loco_http_gather(loco_fetch *targets, size_t count,
                               uint64_t deadline_ms);
 
-/* The calling thread's download rate, measured per transfer (PAYLOAD.md
+/* The calling thread's download rate, measured per transfer (docs/formats/loco-payload.md
  * "Collaboration", bandwidth): the transfers that brought at least
  * LOCO_RATE_MIN_BYTES of body (smaller ones are latency-bound), over
  * their body time (first answer byte to end, no waiting for a blob to

@@ -1,5 +1,5 @@
 /* udp_impl.h - private to loco/: the datagram socket of the exchange over
- * UDP (PAYLOAD.md "Exchange over datagrams"). One socket per node, bound to
+ * UDP (docs/protocols/loco-datagrams.md "Exchange over datagrams"). One socket per node, bound to
  * the node's address with a kernel-chosen port; a thread drains it into a queue as
  * fast as datagrams come (a node busy with HTTP or its inner steps must
  * not let the kernel's small buffer overflow: that would be loss nobody

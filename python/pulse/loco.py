@@ -1,6 +1,6 @@
 """PULSELoCo from PyTorch: a DiLoCo-shaped outer optimizer whose trainers
 exchange BF16-gated sparse pseudo-gradients with FP32 error feedback
-(loco/PAYLOAD.md).
+(docs/formats/loco-payload.md).
 
     outer = pulse.loco.DiLoCo(model.parameters())   # torch.distributed group
     for round in range(R):

@@ -1,6 +1,6 @@
 """One rank of a sharded publisher whose ranks share the store folder and
 nothing else (no process group): each step is pulse_pub_shard_step
-(trainer_side/pulse_pub_shard.h, PROTOCOL.md "Sharded trainers"), which
+(trainer_side/pulse_pub_shard.h, docs/protocols/sync.md "Sharded trainers"), which
 coordinates through files in STORE/shard/.
 
 Before the first step the ranks need the whole table (names and full

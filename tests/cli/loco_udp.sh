@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `pulse-bench loco --transport udp` briefly: PULSELoCo over datagrams
-# (loco/PAYLOAD.md "Exchange over datagrams") on 127.0.0.1. Without loss it
+# (docs/protocols/loco-datagrams.md "Exchange over datagrams") on 127.0.0.1. Without loss it
 # ends where the HTTP run ends (the same final loss, bit-identical runs);
 # with --drop it loses datagrams, reports them, keeps the drift under its
 # budget and every replica identical (re-synced every round), and its

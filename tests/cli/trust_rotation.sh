@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Key rotation with the real programs (issue 15; trainer_side/PROTOCOL.md,
+# Key rotation with the real programs (issue 15; docs/protocols/sync.md,
 # "Key rotation"): a `pulse-pull --follow` pinned to the old key follows
 # `pulse-publish --rotate-key` without a restart and reaches the new key's
 # steps; the publisher then refuses the old key; a rotation signed by a key

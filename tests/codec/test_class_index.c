@@ -380,7 +380,7 @@ Test(class_index, commit_halves_repeat_harmlessly) {
   }
 }
 
-/* The memory stated in pulse_codec.h and FORMAT.md: 2 bytes per element
+/* The memory stated in pulse_codec.h and docs/formats/patch.md: 2 bytes per element
  * plus 528 per block of 4096, at most 2.2 bytes per element from 10,000
  * elements up. */
 Test(class_index, holds_at_most_2_2_bytes_per_element_from_10000_elements) {

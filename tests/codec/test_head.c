@@ -1,4 +1,4 @@
-/* test_head.c - the head's version 2 (trainer_side/PROTOCOL.md): the run
+/* test_head.c - the head's version 2 (docs/protocols/sync.md): the run
  * identity, publication time and link to the previous head are signed (an
  * edit of any of them fails the signature), version-1 heads still parse
  * and verify, and what a version-1 head does not sign is never read. */

@@ -1,6 +1,6 @@
 /* test_json_write.c - the JSON writer (codec/store/json_impl.h) and the documents
  * written with it whose bytes must never change: the store's head (its
- * layout is specified in trainer_side/PROTOCOL.md) and safetensors headers. */
+ * layout is specified in docs/protocols/sync.md) and safetensors headers. */
 #include <criterion/criterion.h>
 
 #include <math.h>

@@ -1,5 +1,5 @@
 /* fuzz_loco_chunk.c - libFuzzer target for the PULSELoCo chunk decoder and
- * the inbox a trainer feeds with every datagram it receives (PAYLOAD.md
+ * the inbox a trainer feeds with every datagram it receives (docs/formats/loco-payload.md
  * "Chunks"). The input is a sequence of datagrams, each a 2-byte
  * little-endian length then its bytes, offered to the inbox of a prepared
  * round of P_FUZZ parameters (members 1, 2, 3; this trainer 0, round 0).

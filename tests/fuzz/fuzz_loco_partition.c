@@ -1,12 +1,12 @@
 /* fuzz_loco_partition.c - libFuzzer target for the decoders of a
- * partitioned round (PAYLOAD.md "Partitioned averaging"): the reduced-range
+ * partitioned round (docs/protocols/loco-collaboration.md "Partitioned averaging"): the reduced-range
  * blob (PLRD) a trainer fetches from each owner, read by
  * pulse_loco_finish_reduced, and the verdict (PLVD) it fetches from every
  * other trainer. The input is a 1-byte selector then the bytes: selector
  * odd, a verdict; even, a blob for range ((selector & 0x7f) / 2) % 3 of a
  * prepared round of three trainers (the other ranges' blobs honest), whose
  * trainers have the mean gate (pulse_loco_opts.gate_mean) off when the
- * selector's bit 7 is clear and on when it is set (PAYLOAD.md "The round",
+ * selector's bit 7 is clear and on when it is set (docs/formats/loco-payload.md "The round",
  * "Gated means": the honest blobs then carry only the accepted means).
  *
  * Besides memory errors it traps on broken promises: a blob that decodes
@@ -35,7 +35,7 @@
 #include "rng_impl.h"
 
 #define P_FUZZ 700u
-/* PAYLOAD.md "Reduced range": byte 6 holds the flags, bit 0 GATED_MEANS. */
+/* docs/protocols/loco-collaboration.md "Reduced range": byte 6 holds the flags, bit 0 GATED_MEANS. */
 #define FLAGS_AT 6u
 #define GATED_MEANS 1u
 /* The selector's bit that picks the gated round. */
@@ -362,7 +362,7 @@ static void write_seed(const char *dir, const char *name, uint8_t sel,
  * numbers (coded with q = 0: it does not fit scaled), which the finish
  * must refuse, naming owner 6. */
 static pulse_buffer overflowing_blob(const fuzz_round *r) {
-  size_t head = 64u + 28u * 3u; /* PAYLOAD.md "Reduced range" */
+  size_t head = 64u + 28u * 3u; /* docs/protocols/loco-collaboration.md "Reduced range" */
   uint64_t pos = r->plan.start[2] + 5u, weight = 0;
   float val = 3e38f;
   for (uint32_t i = 0; i < 3; i++)

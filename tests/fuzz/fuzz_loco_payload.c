@@ -1,5 +1,5 @@
 /* fuzz_loco_payload.c - libFuzzer target for what a PULSELoCo trainer reads
- * from its peers (loco/PAYLOAD.md), chosen by the input's first bytes:
+ * from its peers (docs/formats/loco-payload.md), chosen by the input's first bytes:
  *   "PLCO..."  a round payload, decoded against a deterministic theta_g of
  *              the header's parameter count (at most MAX_P)
  *   "PLCS..."  a global state, imported into a context of its size

@@ -1,5 +1,5 @@
 /* What a worker refuses besides a bad signature (issue 20, findings 1-3;
- * trainer_side/PROTOCOL.md, "What a subscriber refuses"): a head older than
+ * docs/protocols/sync.md, "What a subscriber refuses"): a head older than
  * the step its file holds, even with its cache gone (unless rolling back is
  * asked for); a head older than the maximum age; a head of another run
  * under the same key (unless switching is asked for); and with a stale

@@ -1,4 +1,4 @@
-/* Key rotation (issue 15; trainer_side/PROTOCOL.md, "Key rotation"): a
+/* Key rotation (issue 15; docs/protocols/sync.md, "Key rotation"): a
  * worker that trusts the old key takes the head that rotates it, without a
  * restart, and from then on requires the new key: heads signed by the old
  * key alone are refused, even newer ones; a rotation signed by another key

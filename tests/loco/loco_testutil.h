@@ -59,7 +59,7 @@ static inline uint16_t lt_ref_bf16(float x) {
   return sign | (uint16_t)(lt_bits((float)r) >> 16);
 }
 
-/* The gate by its definition (DESIGN.md). */
+/* The gate by its definition (docs/design.md). */
 static inline int lt_ref_gate(float theta_g, float s) {
   volatile float moved = theta_g - s;
   return lt_ref_bf16(theta_g) != lt_ref_bf16(moved);

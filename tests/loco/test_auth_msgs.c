@@ -1,5 +1,5 @@
 /* test_auth_msgs.c - the exchange's signed messages beyond payloads and
- * manifests (issue 35 item 7, PAYLOAD.md "Authentication"): a hostile
+ * manifests (issue 35 item 7, docs/protocols/loco-exchange.md "Authentication"): a hostile
  * server feeds a joiner a membership view or a state that is unsigned,
  * forged, of an older round or signed by a stranger, and the joiner
  * refuses each before taking anything from it (counted by reason and

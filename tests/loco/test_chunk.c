@@ -1,4 +1,4 @@
-/* test_chunk.c - PULSELoCo payloads as datagram-sized chunks (PAYLOAD.md
+/* test_chunk.c - PULSELoCo payloads as datagram-sized chunks (docs/formats/loco-payload.md
  * "Chunks"): they round-trip and cover every cell once; with every chunk
  * arriving the round ends with the same bits as the whole-payload round;
  * a lost chunk takes out exactly its sender's range (per-cell means over
@@ -326,7 +326,7 @@ Test(loco, chunked_rounds_need_the_drop_rule) {
   pulse_loco_free(ctx);
 }
 
-/* Between re-syncs (PAYLOAD.md "Drift", "Between re-syncs"): a GATED chunk
+/* Between re-syncs (docs/formats/loco-chunks.md "Drift", "Between re-syncs"): a GATED chunk
  * whose entry does not pass the gate on the receiver's theta_g (as one
  * built on a drifted base may not) is refused from a sender and a receiver
  * that both hold the reference's bits, taken when the sender flags the

@@ -1,5 +1,5 @@
 /* test_collab_auth.c - the collaboration's authentication, its first part
- * (issue 35 item 7; PAYLOAD.md "Authentication"): a hostile seed feeds a
+ * (issue 35 item 7; docs/protocols/loco-exchange.md "Authentication"): a hostile seed feeds a
  * joining peer membership views and states that are unsigned, forged,
  * replayed (another round's) or signed by a stranger: the peer refuses
  * each before it takes anything (its weights unchanged, the refusal

@@ -1,5 +1,5 @@
 /* test_collab_client.c - client-mode peers of a PULSELoCo collaboration
- * (pulse_loco_collab.h opts.client_of, PAYLOAD.md "Collaboration"): a peer
+ * (pulse_loco_collab.h opts.client_of, docs/protocols/loco-collaboration.md "Collaboration"): a peer
  * that listens nowhere uploads its payload to a serving member, which
  * serves it to the others under the client's URL; the client is otherwise
  * a full member. Peers are child processes on loopback

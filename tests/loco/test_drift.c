@@ -1,4 +1,4 @@
-/* test_drift.c - replicas that received different chunks (PAYLOAD.md
+/* test_drift.c - replicas that received different chunks (docs/formats/loco-payload.md
  * "Drift"): with chunks lost independently per receiver the replicas
  * drift apart; the drift stays under its budget, per-range digests find
  * every range that differs, and after re-synchronizing those ranges from
@@ -150,7 +150,7 @@ Test(loco, resync_refuses_bad_ranges_and_non_finite_values) {
 }
 
 /* Between re-syncs a member estimates its drift from the reference's range
- * sketches instead of its values (PAYLOAD.md "Drift"): close to the exact
+ * sketches instead of its values (docs/formats/loco-chunks.md "Drift"): close to the exact
  * drift when ranges differ, and exactly 0 over ranges flagged as equal. */
 Test(loco, sketch_estimates_the_drift_without_the_values, .timeout = 60) {
   enum { SP = 65536, SR = 1024, SC = SP / SR };

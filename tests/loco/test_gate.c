@@ -222,7 +222,7 @@ Test(loco, non_finite_pseudo_gradient_is_refused) {
   pulse_loco_free(ctx);
 }
 
-/* The mean gate (pulse_loco_opts.gate_mean, PAYLOAD.md "The round"): the
+/* The mean gate (pulse_loco_opts.gate_mean, docs/formats/loco-payload.md "The round"): the
  * step applies a mean where it passes the gate on theta_g or where a
  * quorum of the contributors (LOCO_GATE_QUORUM, 2) sent an entry; elsewhere
  * nothing moves and every contributor keeps what it sent there in e.

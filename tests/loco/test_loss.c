@@ -1,4 +1,4 @@
-/* test_loss.c - PULSELoCo's loss rules (pulse_loco_rule, PAYLOAD.md "Loss
+/* test_loss.c - PULSELoCo's loss rules (pulse_loco_rule, docs/formats/loco-payload.md "Loss
  * rules") on contexts in memory, over many seeded trials of random loss:
  * every rule kept is unbiased (the mean aggregate over trials equals the
  * lossless one within its statistical error), and mass is conserved

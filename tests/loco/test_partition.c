@@ -1,4 +1,4 @@
-/* test_partition.c - partitioned averaging in memory (PAYLOAD.md
+/* test_partition.c - partitioned averaging in memory (docs/formats/loco-payload.md
  * "Partitioned averaging"): the plan, and a partitioned round equal bit for
  * bit to pulse_loco_finish over the same contributors (theta_g, b, e, round)
  * across seeds, member counts, bandwidths, empty ranges and silent ranges. */

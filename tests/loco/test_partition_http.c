@@ -1,5 +1,5 @@
 /* test_partition_http.c - partitioned rounds over HTTP on loopback
- * (loco_partition_round, PAYLOAD.md "Partitioned averaging"): N trainers
+ * (loco_partition_round, docs/protocols/loco-collaboration.md "Partitioned averaging"): N trainers
  * in threads, each with its own server, against the same rounds finished
  * all-to-all in memory: the same bits; a wrong reduction is caught, its
  * owner dropped, and the round equals all-to-all without it; and the bytes
@@ -191,7 +191,7 @@ Test(partition_http, equals_all_to_all_bit_for_bit, .timeout = 120) {
   }
 }
 
-/* The exchange cuts the active plan (PAYLOAD.md "Active plan") of the
+/* The exchange cuts the active plan (docs/protocols/loco-collaboration.md "Active plan") of the
  * replicated theta_g and b: with the last half of the vector moving more,
  * after round 0 the owners of the last ranges own fewer parameters than
  * the parameter cut gives them, and each trainer's range is the plan's. */
@@ -249,7 +249,7 @@ Test(partition_http, a_wrong_reduction_is_caught_and_its_owner_dropped,
   group_free(&g);
 }
 
-/* The figure of PAYLOAD.md: bytes in and out per trainer and round at 8
+/* The figure of docs/formats/loco-payload.md: bytes in and out per trainer and round at 8
  * trainers, against its own payload (all-to-all: 7 payloads in), with and
  * without the recomputation checks. */
 static void measure(int receipts_only, double *mean_in, double *mean_out) {

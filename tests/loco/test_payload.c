@@ -1,4 +1,4 @@
-/* test_payload.c - the payload format (loco/PAYLOAD.md): round trips over
+/* test_payload.c - the payload format (docs/formats/loco-payload.md): round trips over
  * sizes, densities, position models and value codings, and hostile bytes:
  * truncation, bad magic and version, out-of-range positions, counts that
  * overflow, flipped bits. A bad payload is an error, never a crash. */

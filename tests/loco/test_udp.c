@@ -1,5 +1,5 @@
 /* test_udp.c - PULSELoCo over datagrams (pulse_loco_coord_opts.transport
- * UDP, PAYLOAD.md "Exchange over datagrams") between trainers in threads of
+ * UDP, docs/protocols/loco-datagrams.md "Exchange over datagrams") between trainers in threads of
  * this process, each with its HTTP server and its datagram socket on
  * 127.0.0.1 (port 0): without loss the run equals the in-process HTTP run
  * bit for bit; with datagrams lost it equals the in-process chunked replay

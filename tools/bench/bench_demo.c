@@ -36,7 +36,7 @@ void bench_demo_usage(FILE *out) {
                "  --steps S     optimizer steps after the initial state (default 10)\n"
                "  --pullers P   inference pullers (default 2, at most 16)\n"
                "  --lr X        Adam learning rate (default 1e-6: about 1-2%% of BF16\n"
-               "                weights change per step, as DESIGN.md reports for RL runs)\n"
+               "                weights change per step, as docs/design.md reports for RL runs)\n"
                "  --seed N      trajectory seed (default 1)\n"
                "  --keep DIR    keep the store and the pullers' caches in DIR\n"
                "  --json        one JSON object per step, then a summary object\n"

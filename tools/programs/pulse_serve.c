@@ -1,5 +1,5 @@
 /* pulse-serve --store DIR --listen HOST:PORT: serves a pulse store folder
- * over HTTP (trainer_side/PROTOCOL.md) until SIGINT or SIGTERM, following
+ * over HTTP (docs/protocols/sync.md) until SIGINT or SIGTERM, following
  * the head that a publisher in another process moves. */
 #include <pthread.h>
 #include <signal.h>

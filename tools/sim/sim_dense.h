@@ -2,7 +2,7 @@
  * loco` runs beside PULSELoCo (DDP's gradients, DiLoCo's pseudo-gradients):
  * all P values of a vector, FP32 or BF16, behind a small header. They are
  * encoded, sent over HTTP and decoded like PULSELoCo's payloads
- * (loco/PAYLOAD.md), so the bench counts their bytes instead of computing
+ * (docs/formats/loco-payload.md), so the bench counts their bytes instead of computing
  * them. A bench format, not one of any pulse library.
  *
  * Layout, little-endian, exactly PULSE_SIM_DENSE_HEADER + P * width bytes:

@@ -219,7 +219,7 @@ static pulse_status run_diloco(run *r) {
   return st;
 }
 
-/* The largest payload a context of P parameters can send (loco/PAYLOAD.md:
+/* The largest payload a context of P parameters can send (docs/formats/loco-payload.md:
  * header, chunk table, streams; with room to spare). */
 static size_t payload_cap(uint64_t P) {
   return (size_t)(1024u + 32u * ((P >> 10) + 1u) + 16u * P);

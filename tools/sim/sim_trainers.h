@@ -18,7 +18,7 @@
  *              bit for bit, with BF16 it rounds every value before it is
  *              sent
  *   PULSELoCo  every round, each trainer's gated sparse payload
- *              (pulse_loco contexts, loco/PAYLOAD.md), error feedback
+ *              (pulse_loco contexts, docs/formats/loco-payload.md), error feedback
  *
  * Thread-safety: a run uses only its own state; a problem may be shared. */
 #ifndef PULSE_SIM_TRAINERS_H
@@ -63,7 +63,7 @@ typedef struct {
    * each receiver when pulse_loco_datagram_draw(drop_seed, round, sender,
    * receiver, index) < datagram_drop; every receiver aggregates what it
    * got (pulse_loco_finish_inbox), then re-syncs to trainer 0 (the
-   * reference) as the node does (PAYLOAD.md "Drift"): the ranges of
+   * reference) as the node does (docs/formats/loco-chunks.md "Drift"): the ranges of
    * resync_range parameters that differ, in every round r with (r + 1) a
    * multiple of resync_period, and in between when the drift estimated
    * from the sketches exceeds drift_budget; a replica left drifted names

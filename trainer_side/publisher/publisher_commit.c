@@ -218,7 +218,7 @@ static pulse_status patch_digests(pulse_pub *pub, const pulse_buffer *patch,
 }
 
 /* Writes the patch of `step` and the head naming it, durably and in that
- * order (PROTOCOL.md). The patch's bytes go to a temporary file on a
+ * order (docs/protocols/sync.md). The patch's bytes go to a temporary file on a
  * thread of their own, which, once they are durable, renames the file to
  * the name this thread meanwhile found by hashing them and fsyncs objects/;
  * the head is built, staged the same way on another thread and checked

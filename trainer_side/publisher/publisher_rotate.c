@@ -1,4 +1,4 @@
-/* publisher_rotate.c - key rotation (trainer_side/PROTOCOL.md, "Key
+/* publisher_rotate.c - key rotation (docs/protocols/sync.md, "Key
  * rotation"): the key that signed the store's heads names a new key as its
  * successor in a record it signs, and every head from then on is signed by
  * the new key and carries that record, so a worker that trusts the old key

@@ -1,4 +1,4 @@
-/* writer_lock_impl.h - one writer per store (PROTOCOL.md, "Writing a store
+/* writer_lock_impl.h - one writer per store (docs/protocols/sync.md, "Writing a store
  * (one writer)"): a lock on STORE/writer.lock that a publisher holds for its
  * life and recovery holds while it removes files, so that a second
  * publisher, on this host or another one sharing the folder, is refused

@@ -1,6 +1,6 @@
 /* http_serve_impl.h - the project's one HTTP serving layer (libmicrohttpd),
  * private to pulse_trainer and to the libraries above it (loco/). Both the
- * store server (server*.c, PROTOCOL.md) and PULSELoCo's blob server
+ * store server (server*.c, docs/protocols/sync.md) and PULSELoCo's blob server
  * (loco/transport/peer_server.c) are route tables on it.
  *
  * What it does, so that its users do not:

@@ -1,4 +1,4 @@
-/* server_http.c - the store server's routes (PROTOCOL.md) on the serving
+/* server_http.c - the store server's routes (docs/protocols/sync.md) on the serving
  * layer: objects, catch-up paths and /healthz. The head and its long-polls
  * are server_poll.c's, catch-ups server_catchup.c's; refusals, Range,
  * conditionals and /metrics are the layer's. */
@@ -81,7 +81,7 @@ const pulse_serve_route srv_routes[] = {
 };
 const size_t srv_route_count = sizeof srv_routes / sizeof srv_routes[0];
 
-/* The order /metrics lists routes in (PROTOCOL.md). */
+/* The order /metrics lists routes in (docs/protocols/sync.md). */
 const char *const srv_labels[] = {"head",    "head_poll", "object", "catchup",
                                   "metrics", "healthz",   "other"};
 const size_t srv_label_count = sizeof srv_labels / sizeof srv_labels[0];

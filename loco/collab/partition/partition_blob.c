@@ -1,4 +1,4 @@
-/* partition_blob.c - the reduced-range blob (PLRD, PAYLOAD.md "Partitioned
+/* partition_blob.c - the reduced-range blob (PLRD, docs/protocols/loco-collaboration.md "Partitioned
  * averaging"): written by a range owner, read from untrusted bytes by
  * every trainer of the round. */
 #include <math.h>
@@ -12,7 +12,7 @@
 #include "pulse_loco_elem.h"
 #include "status_impl.h"
 
-/* The averages' scale q (PAYLOAD.md "Reduced range"): a mean is
+/* The averages' scale q (docs/protocols/loco-collaboration.md "Reduced range"): a mean is
  * sum(s_c v_c) / W with each v_c on theta_g's FP32 grid, so with W / G a
  * power of two 2^q (G the samples' gcd) the mean sits on that grid over
  * 2^q. The value model predicts zero low bits from the exponent gap to

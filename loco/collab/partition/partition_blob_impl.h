@@ -1,5 +1,5 @@
 /* partition_blob_impl.h - private to loco/: the reduced-range blob (PLRD,
- * PAYLOAD.md "Partitioned averaging") shared by the reducer that writes it
+ * docs/protocols/loco-collaboration.md "Partitioned averaging") shared by the reducer that writes it
  * and the finish that reads it. */
 #ifndef PULSE_LOCO_PARTITION_BLOB_IMPL_H
 #define PULSE_LOCO_PARTITION_BLOB_IMPL_H

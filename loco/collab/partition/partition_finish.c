@@ -1,4 +1,4 @@
-/* partition_finish.c - the end of a partitioned round (PAYLOAD.md
+/* partition_finish.c - the end of a partitioned round (docs/formats/loco-payload.md
  * "Partitioned averaging"): the reduced ranges of every owner checked, put
  * together, then the same Nesterov step and error feedback as
  * pulse_loco_finish (pulse_loco_conclude_). */

@@ -1,5 +1,5 @@
 /* partition_impl.h - private to loco/: a partitioned round over HTTP
- * (PAYLOAD.md "Partitioned averaging"), one call for a node's round loop:
+ * (docs/protocols/loco-collaboration.md "Partitioned averaging"), one call for a node's round loop:
  * slices out, ranges reduced by their owners, every range recomputed by one
  * other trainer, verdicts, offenders dropped and the round run again
  * without them, then pulse_loco_finish_reduced. */

@@ -1,5 +1,5 @@
 /* partition_plan.c - who reduces which range of a partitioned round
- * (PAYLOAD.md "Partitioned averaging"): boundaries in proportion to the
+ * (docs/protocols/loco-collaboration.md "Partitioned averaging"): boundaries in proportion to the
  * owners' bandwidth, on cell multiples, counted in parameters or in the
  * replicated momentum's active entries, from integers and replicated bits
  * only so that every trainer computes the same plan; and the rotation of

@@ -1,6 +1,6 @@
 /* partition_reduce.c - the slices a trainer sends to range owners, the
  * owner's reduction of its range and the reduced-range blob (PLRD,
- * PAYLOAD.md "Partitioned averaging"). The reduction sums in increasing
+ * docs/protocols/loco-collaboration.md "Partitioned averaging"). The reduction sums in increasing
  * sender id in double and rounds once through pulse_loco_mean_, as
  * pulse_loco_finish does, so a partitioned round gives its bits. */
 #include <stdlib.h>

@@ -1,4 +1,4 @@
-/* partition_round.c - a partitioned round over HTTP (PAYLOAD.md
+/* partition_round.c - a partitioned round over HTTP (docs/formats/loco-payload.md
  * "Partitioned averaging", partition_impl.h). Per attempt, three phases so
  * that nobody waits on a blob that waits on it:
  *

@@ -1,5 +1,5 @@
 /* partition_verdict.c - what each trainer saw of each reduced range of a
- * partitioned round (PLVD, PAYLOAD.md "Partitioned averaging"), and the
+ * partitioned round (PLVD, docs/protocols/loco-collaboration.md "Partitioned averaging"), and the
  * rule every trainer applies to all of them to drop the same owners. */
 #include <stdlib.h>
 #include <string.h>

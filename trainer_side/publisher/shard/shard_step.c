@@ -1,5 +1,5 @@
 /* shard_step.c - one collective step of a sharded trainer through the store
- * folder (pulse_pub_shard_step, pulse_pub_shard.h; PROTOCOL.md "Sharded
+ * folder (pulse_pub_shard_step, pulse_pub_shard.h; docs/protocols/sync.md "Sharded
  * trainers"). Files of step S in STORE/shard/: "S.go" (rank 0: nonce, base,
  * anchor due), "S.N.part-R" and "S.N.count-R" (rank R, attempt N), each
  * written under a temporary name and renamed. */
