@@ -11,6 +11,9 @@ import os
 import re
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import docs_page  # noqa: E402
+
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 DEFAULT_OUT = os.path.join(ROOT, "docs", "reference", "c.md")
 MODULES = ["codec", "cuda", "trainer_side", "inference_side", "loco"]
@@ -87,21 +90,11 @@ def render():
             fns = functions(text)
             if fns:
                 lines += ["Functions: " + ", ".join(f"`{f}`" for f in fns) + ".", ""]
-    while lines and lines[-1] == "":
-        lines.pop()
-    return "\n".join(lines) + "\n"
+    return docs_page.join(lines)
 
 
 def main():
-    out = sys.argv[1] if len(sys.argv) > 1 else DEFAULT_OUT
-    text = render()
-    if out == "-":
-        sys.stdout.write(text)
-        return
-    os.makedirs(os.path.dirname(out), exist_ok=True)
-    with open(out + ".tmp", "w") as f:
-        f.write(text)
-    os.replace(out + ".tmp", out)
+    docs_page.write(render, DEFAULT_OUT)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,9 @@ when the page and the code differ.
 import inspect
 import os
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import docs_page  # noqa: E402
 import types
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
@@ -120,21 +123,11 @@ def render():
         if isinstance(obj, types.ModuleType):
             lines += [f"## `pulse.{name}`", "", doc(obj), ""]
             lines += render_module(f"pulse.{name}.", obj)
-    while lines and lines[-1] == "":
-        lines.pop()
-    return "\n".join(lines) + "\n"
+    return docs_page.join(lines)
 
 
 def main():
-    out = sys.argv[1] if len(sys.argv) > 1 else DEFAULT_OUT
-    text = render()
-    if out == "-":
-        sys.stdout.write(text)
-        return
-    os.makedirs(os.path.dirname(out), exist_ok=True)
-    with open(out + ".tmp", "w") as f:
-        f.write(text)
-    os.replace(out + ".tmp", out)
+    docs_page.write(render, DEFAULT_OUT)
 
 
 if __name__ == "__main__":
