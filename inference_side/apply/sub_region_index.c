@@ -76,7 +76,8 @@ pulse_status sub_region_index_check(const pulse_sub *sub, const char *name, uint
   const struct sub_region_index *ix = sub->region_index;
   size_t merged = ix != NULL ? ix->merged : 0;
   key k = {name_hash(name), name};
-  if (ix != NULL && bsearch(&k, ix->names, merged, sizeof *ix->names, key_cmp) != NULL)
+  if (ix != NULL && merged > 0 &&
+      bsearch(&k, ix->names, merged, sizeof *ix->names, key_cmp) != NULL)
     return pulse_fail(PULSE_ERR_ARG, "attach region: '%s' is attached already", name);
   if (ix != NULL && lo < hi) {
     size_t a = 0, b = ix->nspans; /* the first span starting after lo */
@@ -111,7 +112,8 @@ pulse_status sub_region_index_check(const pulse_sub *sub, const char *name, uint
  * sorted `base` (n entries) into `out` (room for n + count). */
 static void merge(char *out, const char *base, size_t n, char *tail, size_t count, size_t size,
                   int (*cmp)(const void *, const void *)) {
-  qsort(tail, count, size, cmp);
+  if (count > 1)
+    qsort(tail, count, size, cmp);
   size_t i = 0, j = 0, k = 0;
   while (i < n || j < count) {
     int from_base = j == count || (i < n && cmp(base + i * size, tail + j * size) <= 0);

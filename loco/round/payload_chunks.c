@@ -543,7 +543,8 @@ pulse_status pulse_loco_finish_inbox(pulse_loco *ctx, pulse_loco_inbox *in,
   /* Every sender's cells in increasing sender id, this trainer's own among
    * them (its chunks never travel): the same sums on every trainer that
    * got the same chunks. Chunks of one sender cover disjoint cells. */
-  qsort(in->held, in->nheld, sizeof *in->held, held_by_sender);
+  if (in->nheld > 0) /* held may be NULL then, which qsort may not take */
+    qsort(in->held, in->nheld, sizeof *in->held, held_by_sender);
   uint32_t self = ctx->opts.trainer_id;
   int self_done = 0;
   uint64_t entries = 0, wsum = ctx->samples;
