@@ -313,11 +313,16 @@ Test(loco_auth_msgs, leaves_and_dones_not_signed_by_their_trainer_are_refused,
   cr_assert_eq(pulse_loco_round(t[0].ctx), 5);
   cr_assert_eq(pulse_loco_global_digest(t[1].ctx),
                pulse_loco_global_digest(t[0].ctx));
-  /* Trainer 2's own leave was taken: it is gone. */
+  /* Trainer 2's own leave was taken (its step would have failed on a
+   * 403, and no fifth leave was refused). Whether the last view already
+   * lists it as gone depends on whether its leave reached the coordinator
+   * before round 4's manifest (a loaded machine runs it after): the view
+   * holds 2 members, or 3 with trainer 2 still among them. */
   pulse_loco_member left[AT];
   size_t count = 0;
   pulse_loco_coord_members(t[0].node, left, AT, &count);
-  cr_assert_eq(count, 2);
+  cr_assert(count == 2 || count == 3, "%zu members", count);
+  cr_assert_eq(t[2].st, PULSE_OK, "%s", t[2].detail);
   cr_assert_eq(refused_kind(c, "leave"), 4);
   pulse_loco_auth_free(h1);
   pulse_loco_auth_free(h2);
