@@ -18,11 +18,12 @@ typedef struct {
   atomic_ullong bytes[SERVE_LABELS];
   pulse_serve_histogram duration[SERVE_LABELS];
   atomic_ullong header_timeouts; /* connections closed for slow headers */
+  atomic_ullong body_timeouts;   /* and for a request body too slow */
   atomic_ullong evictions;       /* closed to make room (near the cap) */
   atomic_ullong refused;         /* closed at once: full of busy ones */
 } serve_metrics;
 
-/* A connection the header deadline watches (http_serve_deadline.c). */
+/* A connection the deadlines watch (http_serve_deadline.c). */
 typedef struct serve_conn serve_conn;
 
 struct pulse_serve {
@@ -83,9 +84,11 @@ void serve_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
 /* "GET, HEAD, POST" for a set of method bits (a static string). */
 const char *serve_allow_text(unsigned methods);
 
-/* http_serve_deadline.c: the header deadline and the connection cap.
- * start: 0, or -1 when the watcher cannot start; stop after the daemon
- * stopped. The others are called by the request's callbacks. */
+/* http_serve_deadline.c: the header and body deadlines and the connection
+ * cap. start: 0, or -1 when the watcher cannot start; stop after the daemon
+ * stopped. The others are called by the request's callbacks, in this
+ * order: the request line, the headers in, body data (n bytes, any number
+ * of times), the request read whole (it runs from then on), done. */
 int serve_deadline_start(pulse_serve *s);
 void serve_deadline_stop(pulse_serve *s);
 void serve_conn_notify(void *cls, struct MHD_Connection *conn,
@@ -93,6 +96,9 @@ void serve_conn_notify(void *cls, struct MHD_Connection *conn,
                        enum MHD_ConnectionNotificationCode code);
 void serve_conn_request_line(pulse_serve *s, struct MHD_Connection *conn);
 void serve_conn_headers_done(pulse_serve *s, struct MHD_Connection *conn);
+void serve_conn_body_data(pulse_serve *s, struct MHD_Connection *conn,
+                          size_t n);
+void serve_conn_request_read(pulse_serve *s, struct MHD_Connection *conn);
 void serve_conn_request_done(pulse_serve *s, struct MHD_Connection *conn);
 
 /* http_serve_reply.c: queues resp (takes it; NULL: out of memory). */

@@ -106,7 +106,8 @@ typedef struct {
   unsigned threads; /* 0: one per CPU, at least 2 */
   /* At once, suspended ones included (> 0); past it a new connection
    * evicts the one that has waited longest with no request running, or is
-   * closed when every other one runs a request (http_serve_deadline.c). */
+   * closed when every other one runs a request (http_serve_deadline.c):
+   * one still receiving a request's headers or body runs none yet. */
   unsigned max_connections;
   unsigned max_per_ip;             /* 0: no limit */
   unsigned idle_timeout_s;         /* 0: none */
@@ -129,8 +130,10 @@ typedef struct {
   void (*wake_all)(void *user);
   /* A connection whose request headers are not complete this many seconds
    * after it opened (or after its request line, on a kept-alive
-   * connection) is closed, however slowly it keeps sending (slowloris);
-   * 0: no deadline (the idle timeout only). */
+   * connection) is closed, however slowly it keeps sending (slowloris).
+   * So is one whose request body, after this grace from the end of the
+   * headers, averages under 16 KiB/s (a body dripped a byte at a time;
+   * http_serve_deadline.c). 0: neither deadline (the idle timeout only). */
   unsigned header_timeout_s;
 } pulse_serve_opts;
 

@@ -117,6 +117,11 @@ pulse_status pulse_serve_metrics_text(pulse_serve *s, pulse_buffer *out) {
       "a request's headers did not arrive in time.\n"
       "# TYPE pulse_http_header_timeouts_total counter\n"
       "pulse_http_header_timeouts_total %llu\n"
+      "# HELP pulse_http_body_timeouts_total Connections closed because "
+      "a request's body arrived too slowly (under the minimum rate once "
+      "the header timeout's grace was over).\n"
+      "# TYPE pulse_http_body_timeouts_total counter\n"
+      "pulse_http_body_timeouts_total %llu\n"
       "# HELP pulse_http_evicted_connections_total Connections closed to make "
       "room for a new one at the cap (the one waiting longest with no "
       "request running).\n"
@@ -127,6 +132,7 @@ pulse_status pulse_serve_metrics_text(pulse_serve *s, pulse_buffer *out) {
       "# TYPE pulse_http_refused_connections_total counter\n"
       "pulse_http_refused_connections_total %llu\n",
       (unsigned long long)atomic_load(&m->header_timeouts),
+      (unsigned long long)atomic_load(&m->body_timeouts),
       (unsigned long long)atomic_load(&m->evictions),
       (unsigned long long)atomic_load(&m->refused));
   if (s->opts.metrics != NULL)

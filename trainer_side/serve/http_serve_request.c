@@ -200,6 +200,7 @@ enum MHD_Result serve_access(void *cls, struct MHD_Connection *conn,
   if (*upload_data_size != 0) {
     /* On GET and HEAD a body is ignored and the answer follows; a POST's
      * is kept for a route that takes one, else refused once it is read. */
+    serve_conn_body_data(rq->srv, conn, *upload_data_size);
     if (method_bit(method) == PULSE_SERVE_POST)
       take_body(rq, upload_data, *upload_data_size);
     *upload_data_size = 0;
@@ -218,6 +219,9 @@ enum MHD_Result serve_access(void *cls, struct MHD_Connection *conn,
       return dispatch(rq, url, method) ? MHD_YES : MHD_NO;
     return MHD_YES;
   }
+  /* The request is in whole: from here it runs (is answered, or waits on
+   * the server's own event), with no deadline and never evicted. */
+  serve_conn_request_read(rq->srv, conn);
   return dispatch(rq, url, method) ? MHD_YES : MHD_NO;
 }
 
