@@ -81,8 +81,10 @@ typedef struct {
   uint32_t catchup_wait_ms;
   /* Version 2: a connection whose request headers take longer than this
    * (from its start, or from the request line on a kept-alive one) is
-   * closed, however slowly it keeps sending; 0: no deadline. Options of
-   * version 1 get 10. */
+   * closed, however slowly it keeps sending; so is one whose POST body
+   * then arrives slower than 16 KiB/s on average after this many seconds
+   * of grace (pulse_http_body_timeouts_total); 0: neither deadline.
+   * Options of version 1 get 10. */
   unsigned header_timeout_s;
 } pulse_server_opts;
 
