@@ -22,56 +22,12 @@
 #include "pulse_server.h"
 #include "store_impl.h"
 
-/* A non-blocking TCP connection to port from source address `from`. */
+/* A non-blocking TCP connection to port from source address `from`: the
+ * attacks here need every one they ask for. */
 static int open_from(const char *from, uint16_t port) {
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  cr_assert_geq(fd, 0, "socket: %s", strerror(errno));
-  struct sockaddr_in src = {0}, dst = {0};
-  src.sin_family = dst.sin_family = AF_INET;
-  inet_pton(AF_INET, from, &src.sin_addr);
-  inet_pton(AF_INET, "127.0.0.1", &dst.sin_addr);
-  dst.sin_port = htons(port);
-  cr_assert_eq(bind(fd, (struct sockaddr *)&src, sizeof src), 0, "bind %s: %s",
-               from, strerror(errno));
-  int rc = connect(fd, (struct sockaddr *)&dst, sizeof dst);
-  cr_assert(rc == 0 || errno == EINPROGRESS, "connect: %s", strerror(errno));
+  int fd = ts_open_from(from, port);
+  cr_assert_geq(fd, 0, "connect from %s: %s", from, strerror(errno));
   return fd;
-}
-
-/* One request from 127.0.0.1: 1 when a "200" status line came back within
- * `limit_s`. */
-static int answered(uint16_t port, const char *path, double limit_s) {
-  double t0 = tu_now_s();
-  int fd = open_from("127.0.0.1", port);
-  char req[256], buf[512];
-  int n = snprintf(req, sizeof req,
-                   "GET %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
-                   path);
-  size_t sent = 0, got = 0;
-  while (tu_now_s() - t0 < limit_s) {
-    struct pollfd p = {fd, (short)(sent < (size_t)n ? POLLOUT : POLLIN), 0};
-    if (poll(&p, 1, 50) <= 0)
-      continue;
-    if (sent < (size_t)n) {
-      ssize_t w = send(fd, req + sent, (size_t)n - sent, MSG_NOSIGNAL);
-      if (w > 0)
-        sent += (size_t)w;
-      else if (errno != EAGAIN)
-        break;
-      continue;
-    }
-    ssize_t r = recv(fd, buf + got, sizeof buf - 1 - got, 0);
-    if (r <= 0)
-      break;
-    got += (size_t)r;
-    buf[got] = '\0';
-    if (strstr(buf, "\r\n") != NULL)
-      break;
-  }
-  close(fd);
-  buf[got] = '\0';
-  return got > 0 && strncmp(buf, "HTTP/1.1 200", 12) == 0 &&
-         tu_now_s() - t0 < limit_s;
 }
 
 static void raise_fd_limit(rlim_t want) {
@@ -113,7 +69,7 @@ Test(hostile_serve, idle_and_slowloris_connections_leave_others_served) {
       (void)send(fds[i], "a", 1, MSG_NOSIGNAL);
     for (int k = 0; k < 5; k++, asked++) {
       double t0 = tu_now_s();
-      ok += answered(port, k % 2 ? "/v1/head" : "/healthz", 1.0);
+      ok += ts_get_answered(port, k % 2 ? "/v1/head" : "/healthz", 1.0);
       double dt = tu_now_s() - t0;
       worst = dt > worst ? dt : worst;
     }
@@ -167,7 +123,7 @@ Test(hostile_serve, a_slow_client_is_cut_off_at_the_header_deadline) {
     found = memcmp(text.data + i, want, strlen(want)) == 0;
   cr_expect(found, "no header timeout counted: %.*s", (int)text.size, (const char *)text.data);
   pulse_buffer_free(&text);
-  cr_expect(answered(pulse_server_port(srv), "/healthz", 1.0));
+  cr_expect(ts_get_answered(pulse_server_port(srv), "/healthz", 1.0));
   pulse_server_free(srv);
   tu_rm_rf(dir);
 }

@@ -24,26 +24,7 @@
 
 #include "files_testutil.h"
 #include "http_serve_impl.h"
-
-/* A non-blocking TCP connection to 127.0.0.1:port from `from`; -1 when
- * none can be made now. */
-static int open_from(const char *from, uint16_t port) {
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (fd < 0)
-    return -1;
-  struct sockaddr_in src = {0}, dst = {0};
-  src.sin_family = dst.sin_family = AF_INET;
-  inet_pton(AF_INET, from, &src.sin_addr);
-  inet_pton(AF_INET, "127.0.0.1", &dst.sin_addr);
-  dst.sin_port = htons(port);
-  if (bind(fd, (struct sockaddr *)&src, sizeof src) != 0 ||
-      (connect(fd, (struct sockaddr *)&dst, sizeof dst) != 0 &&
-       errno != EINPROGRESS)) {
-    close(fd);
-    return -1;
-  }
-  return fd;
-}
+#include "serve_testutil.h"
 
 /* Sends `req` whole from 127.0.0.1, in pieces of `piece` bytes `gap_s`
  * apart (0: at once), and reads the answer until `want` appears in it: 1
@@ -51,7 +32,7 @@ static int open_from(const char *from, uint16_t port) {
 static int answered(uint16_t port, const char *req, size_t piece, double gap_s,
                     const char *want, double limit_s) {
   double t0 = tu_now_s(), last = 0;
-  int fd = open_from("127.0.0.1", port);
+  int fd = ts_open_from("127.0.0.1", port);
   if (fd < 0)
     return 0;
   char buf[1024];
@@ -202,7 +183,7 @@ static void *attack_main(void *arg) {
       if (fd[i] < 0 && reopen > 0) {
         char from[32];
         snprintf(from, sizeof from, "127.0.0.%d", 2 + i / PER_ADDR);
-        fd[i] = open_from(from, a->port);
+        fd[i] = ts_open_from(from, a->port);
         reopen--;
         started[i] = 0;
         last[i] = tu_now_s();
@@ -300,7 +281,7 @@ Test(hostile_serve, a_dripping_post_body_is_cut_off_at_its_deadline,
      .timeout = 30) {
   pulse_serve *s = start(64, 0, 1);
   uint16_t port = pulse_serve_port(s);
-  int fd = open_from("127.0.0.1", port);
+  int fd = ts_open_from("127.0.0.1", port);
   cr_assert_geq(fd, 0);
   double t0 = tu_now_s(), closed_at = 0;
   (void)send(fd, drip_headers, strlen(drip_headers), MSG_NOSIGNAL);

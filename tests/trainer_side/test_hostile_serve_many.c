@@ -28,64 +28,6 @@
 #include "pulse_server.h"
 #include "store_impl.h"
 
-/* A non-blocking TCP connection to 127.0.0.1:port from `from`; -1 when
- * none can be made now. */
-static int open_from(const char *from, uint16_t port) {
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (fd < 0)
-    return -1;
-  struct sockaddr_in src = {0}, dst = {0};
-  src.sin_family = dst.sin_family = AF_INET;
-  inet_pton(AF_INET, from, &src.sin_addr);
-  inet_pton(AF_INET, "127.0.0.1", &dst.sin_addr);
-  dst.sin_port = htons(port);
-  if (bind(fd, (struct sockaddr *)&src, sizeof src) != 0 ||
-      (connect(fd, (struct sockaddr *)&dst, sizeof dst) != 0 &&
-       errno != EINPROGRESS)) {
-    close(fd);
-    return -1;
-  }
-  return fd;
-}
-
-/* One request from 127.0.0.1: 1 when a "200" status line came back within
- * `limit_s`. */
-static int answered(uint16_t port, const char *path, double limit_s) {
-  double t0 = tu_now_s();
-  int fd = open_from("127.0.0.1", port);
-  if (fd < 0)
-    return 0;
-  char req[256], buf[512];
-  int n = snprintf(req, sizeof req,
-                   "GET %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
-                   path);
-  size_t sent = 0, got = 0;
-  while (tu_now_s() - t0 < limit_s) {
-    struct pollfd p = {fd, (short)(sent < (size_t)n ? POLLOUT : POLLIN), 0};
-    if (poll(&p, 1, 50) <= 0)
-      continue;
-    if (sent < (size_t)n) {
-      ssize_t w = send(fd, req + sent, (size_t)n - sent, MSG_NOSIGNAL);
-      if (w > 0)
-        sent += (size_t)w;
-      else if (errno != EAGAIN)
-        break;
-      continue;
-    }
-    ssize_t r = recv(fd, buf + got, sizeof buf - 1 - got, 0);
-    if (r <= 0)
-      break;
-    got += (size_t)r;
-    buf[got] = '\0';
-    if (strstr(buf, "\r\n") != NULL)
-      break;
-  }
-  close(fd);
-  buf[got] = '\0';
-  return got > 0 && strncmp(buf, "HTTP/1.1 200", 12) == 0 &&
-         tu_now_s() - t0 < limit_s;
-}
-
 enum { ADDRS = 20, PER_ADDR = 8, SLOTS = ADDRS * PER_ADDR };
 
 typedef struct {
@@ -122,7 +64,7 @@ static void *attack_main(void *arg) {
       if (fd[i] < 0 && reopen > 0) {
         char from[32];
         snprintf(from, sizeof from, "127.0.0.%d", 2 + i / PER_ADDR);
-        fd[i] = open_from(from, a->port);
+        fd[i] = ts_open_from(from, a->port);
         reopen--;
         started[i] = 0;
         last[i] = tu_now_s();
@@ -190,7 +132,7 @@ Test(hostile_serve, a_slowloris_from_many_addresses_leaves_a_new_client_served,
   double worst = 0;
   for (int k = 0; k < 10; k++, asked++) {
     double t0 = tu_now_s();
-    ok += answered(a.port, k % 2 ? "/v1/head" : "/healthz", 1.0);
+    ok += ts_get_answered(a.port, k % 2 ? "/v1/head" : "/healthz", 1.0);
     double dt = tu_now_s() - t0;
     worst = dt > worst ? dt : worst;
     usleep(100 * 1000);
@@ -211,7 +153,7 @@ Test(hostile_serve, a_slowloris_from_many_addresses_leaves_a_new_client_served,
   cr_expect_gt(a.held_max, 60, "the attackers held only %d", a.held_max);
   cr_expect_gt(evicted, 0);
   /* And once it is over the server still answers. */
-  cr_expect(answered(pulse_server_port(srv), "/healthz", 1.0));
+  cr_expect(ts_get_answered(pulse_server_port(srv), "/healthz", 1.0));
   pulse_server_free(srv);
   tu_rm_rf(dir);
 }
