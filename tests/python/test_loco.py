@@ -15,7 +15,6 @@ pulse.Error within the exchange's timeout, never hang. Exit 77: no torch."""
 import datetime
 import hashlib
 import os
-import subprocess
 import sys
 import tempfile
 
@@ -30,6 +29,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "python"))
 import pulse  # noqa: E402
+from ranks_testutil import spawn_ranks  # noqa: E402
 
 WORLD = 4
 ROUNDS = 20
@@ -181,24 +181,7 @@ def worker(rank, port, phase):
 
 
 def spawn(phase, timeout):
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
-    procs = [subprocess.Popen([sys.executable, __file__, "worker", str(r), str(port), phase],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-             for r in range(WORLD)]
-    outs = []
-    for p in procs:
-        try:
-            out, _ = p.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            raise AssertionError(f"phase {phase}: a trainer hung past {timeout} s")
-        outs.append((p.returncode, out))
-    return outs
+    return spawn_ranks(__file__, WORLD, [phase], timeout, f"phase {phase}: a trainer")
 
 
 def main():

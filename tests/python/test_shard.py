@@ -49,6 +49,7 @@ ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "python"))
 import pulse  # noqa: E402
 from pulse import shard as pulse_shard  # noqa: E402
+from ranks_testutil import spawn_ranks  # noqa: E402
 
 WORLD = 4
 STEPS = 5
@@ -501,24 +502,7 @@ def worker_main(rank, port, work, phase):
 
 
 def spawn(work, phase, timeout):
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
-    procs = [subprocess.Popen([sys.executable, __file__, "worker", str(r), str(port), work, phase],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-             for r in range(WORLD)]
-    outs = []
-    for p in procs:
-        try:
-            out, _ = p.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            raise AssertionError(f"phase {phase}: a rank hung past {timeout} s")
-        outs.append((p.returncode, out))
-    return outs
+    return spawn_ranks(__file__, WORLD, [work, phase], timeout, f"phase {phase}: a rank")
 
 
 def main():
