@@ -46,10 +46,9 @@ def is_checkout():
 def build_with_cmake(out_dir):
     """Builds libpulse from the checkout; copies it to out_dir as its
     SONAME (libpulse.so.<ABI>); returns that file name."""
-    for tool in ("cmake",):
-        if shutil.which(tool) is None:
-            raise SystemExit(f"pulse setup: {tool} is not installed (apt-get install cmake); "
-                             "tools/install-deps.sh installs everything libpulse needs")
+    if shutil.which("cmake") is None:
+        raise SystemExit("pulse setup: cmake is not installed (apt-get install cmake); "
+                         "tools/install-deps.sh installs everything libpulse needs")
     build = os.environ.get("PULSE_CMAKE_BUILD_DIR") or tempfile.mkdtemp(prefix="pulse-pip-build-")
     jobs = str(os.cpu_count() or 1)
     args = ["cmake", "-S", CHECKOUT, "-B", build, "-DCMAKE_BUILD_TYPE=Release", "-DPULSE_TESTS=OFF"]
