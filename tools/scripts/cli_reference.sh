@@ -16,7 +16,9 @@ help_of() { # program args...: its --help, which must exit 0
   printf '%s\n' "$text"
 }
 modes() { # pulse-bench's modes, from the "modes:" list of its --help
-  help_of "$bin/pulse-bench" | awk '/^modes:/ {on = 1; next} on && /^  [a-z]/ {print $1} on && /^$/ {exit}'
+  # awk reads to the end: an early exit would cut the pipe under the help's
+  # writer (SIGPIPE, which pipefail makes a failure).
+  help_of "$bin/pulse-bench" | awk '/^modes:/ {on = 1; next} /^$/ {on = 0} on && /^  [a-z]/ {print $1}'
 }
 
 render() {
