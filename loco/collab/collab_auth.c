@@ -77,11 +77,7 @@ void collab_auth_stop(pulse_loco_collab *c) {
   free(c->auth_pins);
   c->auth_pins = NULL;
   c->auth_npins = 0;
-  pulse_loco_auth_free(c->stranger);
-  pulse_sign_key_free(c->stranger_key);
-  c->stranger = NULL;
-  c->stranger_key = NULL;
-  pulse_bytebuf_free(&c->tamper_last);
+  loco_tamper_clear(&c->tamper);
 }
 
 int collab_auth_sign_blob(void *user, pulse_loco_auth_kind kind, uint64_t round,
@@ -98,17 +94,9 @@ int collab_auth_sign_blob(void *user, pulse_loco_auth_kind kind, uint64_t round,
     return 0;
   sig->present = 1;
   sig->round = round;
-  /* Fault injection (tests): a replay needs the old body, which a blob's
-   * signer does not choose; the other faults are the signature's. */
-  if (c->tamper != 0 && (c->tamper_kinds & (1u << (kind - 1)))) {
-    if (c->tamper == 1)
-      sig->present = 0;
-    else if (c->tamper == 2)
-      sig->sig[21] ^= 0x08;
-    else if (c->tamper == 4)
-      pulse_loco_auth_sign(c->stranger, kind, round, data, size, sig->sig,
-                           sig->key);
-  }
+  /* A test's fault: a replay needs the old body, which a blob's signer
+   * does not choose; the other faults are the signature's. */
+  loco_tamper_sign(&c->tamper, kind, round, data, size, sig);
   return 1;
 }
 
@@ -133,49 +121,9 @@ int collab_auth_trailer(pulse_loco_collab *c, uint64_t r, const void *data,
 
 pulse_status collab_auth_tamper(pulse_loco_collab *c, unsigned mode,
                                 unsigned kinds) {
-  if (c->auth == NULL || mode < 1 || mode > 4)
+  if (c->auth == NULL)
     return pulse_fail(PULSE_ERR_ARG, "loco collab: tamper needs a key");
-  if (mode == 4 && c->stranger == NULL) {
-    PULSE_TRY(pulse_sign_key_generate(&c->stranger_key));
-    pulse_loco_auth_opts o;
-    pulse_loco_auth_opts_init(&o);
-    o.key = c->stranger_key;
-    PULSE_TRY(pulse_loco_auth_create(&o, &c->stranger));
-  }
-  c->tamper = mode;
-  c->tamper_kinds = kinds;
-  return PULSE_OK;
-}
-
-/* What a hostile or broken peer serves instead of `sig` over data. */
-static pulse_status put_tampered(pulse_loco_collab *c, const char *path,
-                                 pulse_loco_auth_kind kind, uint64_t r,
-                                 const void *data, size_t size,
-                                 const loco_sig *sig) {
-  loco_sig bad = *sig;
-  pulse_status st = PULSE_OK;
-  if (c->tamper == 1) {
-    bad.present = 0;
-  } else if (c->tamper == 2) {
-    bad.sig[21] ^= 0x08;
-  } else if (c->tamper == 4) {
-    st = pulse_loco_auth_sign(c->stranger, kind, r, data, size, bad.sig,
-                              bad.key);
-  } else if (c->tamper_last.size > 0) { /* 3: the last one again */
-    pulse_bytebuf old = c->tamper_last;
-    loco_sig old_sig = c->tamper_last_sig;
-    c->tamper_last = (pulse_bytebuf)PULSE_BYTEBUF_INIT;
-    pulse_bytebuf_put(&c->tamper_last, data, size);
-    c->tamper_last_sig = *sig;
-    st = loco_server_put_signed(c->srv, path, old.data, old.size, &old_sig);
-    pulse_bytebuf_free(&old);
-    return st;
-  } else { /* the first: kept, served as is */
-    pulse_bytebuf_put(&c->tamper_last, data, size);
-    c->tamper_last_sig = *sig;
-  }
-  return st == PULSE_OK ? loco_server_put_signed(c->srv, path, data, size, &bad)
-                        : st;
+  return loco_tamper_set(&c->tamper, mode, kinds);
 }
 
 int collab_auth_accept_by(pulse_loco_collab *c, pulse_loco_auth_kind kind,
@@ -238,11 +186,11 @@ pulse_status collab_auth_put(pulse_loco_collab *c, const char *path,
   pulse_status st =
       pulse_loco_auth_sign(c->auth, kind, r, data, size, sig.sig, sig.key);
   pthread_mutex_unlock(&c->lock);
-  if (st == PULSE_OK && c->tamper != 0 &&
-      (c->tamper_kinds & (1u << (kind - 1))))
-    return put_tampered(c, path, kind, r, data, size, &sig);
-  return st == PULSE_OK ? loco_server_put_signed(c->srv, path, data, size, &sig)
-                        : st;
+  /* Under a test's fault, what a hostile or broken peer serves. */
+  return st == PULSE_OK
+             ? loco_tamper_put(&c->tamper, c->srv, path, kind, r, data, size,
+                               &sig)
+             : st;
 }
 
 int collab_auth_accept(pulse_loco_collab *c, pulse_loco_auth_kind kind,

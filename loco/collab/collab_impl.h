@@ -10,6 +10,7 @@
 
 #include <pthread.h>
 
+#include "auth_tamper_impl.h"
 #include "peer_http_impl.h"
 #include "loco_impl.h"
 #include "manifest_impl.h"
@@ -86,12 +87,7 @@ struct pulse_loco_collab {
   uint64_t auth_forged_extra, auth_foreign_extra;
   pulse_loco_member_key *auth_pins; /* the members' keys by id (copied) */
   size_t auth_npins;
-  /* Fault injection (tests, collab_auth_tamper). */
-  unsigned tamper, tamper_kinds;
-  pulse_sign_key *stranger_key;
-  pulse_loco_auth *stranger;
-  pulse_bytebuf tamper_last; /* the last body served of a tampered kind */
-  loco_sig tamper_last_sig;
+  loco_tamper tamper; /* fault injection (tests, collab_auth_tamper) */
   uint64_t auth_bytes; /* signature headers received, main thread */
   uint64_t auth_refused_kind[PULSE_LOCO_AUTH_KINDS];
   /* Acknowledgements of round ends ("done"), the latest ones. */
@@ -186,10 +182,11 @@ int collab_auth_grant_ok(pulse_loco_collab *c, uint64_t r, uint32_t w,
  * 0 when the peer has no key (nothing written). */
 int collab_auth_trailer(pulse_loco_collab *c, uint64_t r, const void *data,
                         size_t size, uint8_t trailer[COLLAB_SIG_TRAILER]);
-/* Fault injection (tests/loco/test_collab_auth.c): what this peer signs
- * of the kinds `kinds` (bit 1 << (kind - 1)) is served unsigned (1),
- * forged (2: a flipped signature bit), replayed (3: the previous body of
- * that kind with its signature) or signed by a stranger's key (4). */
+/* Fault injection (tests/loco/test_collab_auth*.c, auth_tamper_impl.h):
+ * what this peer signs of the kinds `kinds` (LOCO_AUTH_TAMPER_KIND bits)
+ * gets fault `mode` (LOCO_AUTH_TAMPER_*): unsigned, forged, replayed
+ * (the previous round's body of that kind with its signature; a blob's or
+ * a POST's is not the signer's to replay) or a stranger's. */
 pulse_status collab_auth_tamper(pulse_loco_collab *c, unsigned mode,
                                 unsigned kinds);
 /* The counters, for /metrics (server thread). */

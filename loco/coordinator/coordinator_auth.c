@@ -378,16 +378,18 @@ void loco_auth_sign_query(const pulse_loco_coord *n, pulse_loco_auth_kind kind,
   dst[0] = '\0';
   if (a == NULL)
     return;
-  uint8_t sig[64], pub[32];
+  loco_sig sig = {1, r, {0}, {0}};
   pthread_mutex_lock(&a->lock);
-  pulse_status st =
-      pulse_loco_auth_sign(a->auth, kind, r, text, strlen(text), sig, pub);
+  pulse_status st = pulse_loco_auth_sign(a->auth, kind, r, text, strlen(text),
+                                         sig.sig, sig.key);
   pthread_mutex_unlock(&a->lock);
-  if (st != PULSE_OK)
+  if (st == PULSE_OK) /* a test's fault: what a hostile trainer posts */
+    st = loco_tamper_sign(&a->tamper, kind, r, text, strlen(text), &sig);
+  if (st != PULSE_OK || !sig.present)
     return; /* sent unsigned: refused, as any unsigned request */
   char key[65], sh[129];
-  store_hex(pub, 32, key);
-  store_hex(sig, 64, sh);
+  store_hex(sig.key, 32, key);
+  store_hex(sig.sig, 64, sh);
   snprintf(dst, cap, "&round=%llu&key=%s&sig=%s", (unsigned long long)r, key,
            sh);
 }
@@ -493,11 +495,8 @@ void loco_auth_stop(pulse_loco_coord *n) {
     return;
   n->auth = NULL;
   pulse_loco_auth_free(a->auth);
-  pulse_loco_auth_free(a->stranger);
-  pulse_sign_key_free(a->stranger_key);
+  loco_tamper_clear(&a->tamper);
   loco_auth_lists_clear(a);
-  for (unsigned k = 0; k < PULSE_LOCO_AUTH_KINDS; k++)
-    pulse_bytebuf_free(&a->last[k].body);
   pulse_buffer_free(&a->chunks_prev);
   pulse_buffer_free(&a->chunks_cur);
   free(a->ids);
@@ -570,18 +569,6 @@ void loco_auth_end_step(pulse_loco_coord *n, pulse_loco_coord_step_figures *info
 
 /* ------------------------------------------------------- serving bodies */
 
-static pulse_status keep_body(kept_body *k, uint64_t r, const void *data,
-                              size_t size, const loco_sig *sig) {
-  pulse_bytebuf_free(&k->body);
-  pulse_bytebuf_put(&k->body, data, size);
-  if (k->body.failed || (size > 0 && k->body.data == NULL))
-    return pulse_fail(PULSE_ERR_NOMEM, "loco auth: kept body");
-  k->have = 1;
-  k->round = r;
-  k->sig = *sig;
-  return PULSE_OK;
-}
-
 pulse_status loco_auth_put(pulse_loco_coord *n, const char *path,
                            pulse_loco_auth_kind kind, uint64_t r,
                            const void *data, size_t size) {
@@ -597,34 +584,8 @@ pulse_status loco_auth_put(pulse_loco_coord *n, const char *path,
     return st;
   if (kind == PULSE_LOCO_AUTH_PAYLOAD)
     a->own_payload = sig;
-  if (a->tamper == LOCO_AUTH_TAMPER_NONE ||
-      !(a->tamper_kinds & LOCO_AUTH_TAMPER_KIND(kind)))
-    return loco_server_put_signed(n->srv, path, data, size, &sig);
-  /* Fault injection (tests): what a hostile or broken trainer serves. */
-  loco_sig bad = sig;
-  kept_body *k = &a->last[kind - 1];
-  switch (a->tamper) {
-  case LOCO_AUTH_TAMPER_UNSIGNED:
-    bad.present = 0;
-    break;
-  case LOCO_AUTH_TAMPER_FORGED:
-    bad.sig[17] ^= 0x10;
-    break;
-  case LOCO_AUTH_TAMPER_FOREIGN:
-    st = pulse_loco_auth_sign(a->stranger, kind, r, data, size, bad.sig,
-                              bad.key);
-    break;
-  case LOCO_AUTH_TAMPER_REPLAYED:
-    if (k->have && k->round < r) {
-      st = loco_server_put_signed(n->srv, path, k->body.data, k->body.size,
-                                  &k->sig);
-      return st == PULSE_OK ? keep_body(k, r, data, size, &sig) : st;
-    }
-    st = keep_body(k, r, data, size, &sig); /* the first: served as is */
-    break;
-  }
-  return st == PULSE_OK ? loco_server_put_signed(n->srv, path, data, size, &bad)
-                        : st;
+  /* Under a test's fault, what a hostile or broken trainer serves. */
+  return loco_tamper_put(&a->tamper, n->srv, path, kind, r, data, size, &sig);
 }
 
 pulse_status loco_auth_relay(pulse_loco_coord *n, const char *path,
@@ -765,17 +726,7 @@ pulse_status loco_auth_get_manifest(pulse_loco_coord *n, const char *url,
 
 pulse_status loco_auth_tamper(pulse_loco_coord *n, unsigned mode,
                               unsigned kinds) {
-  loco_node_auth *a = n->auth;
-  if (a == NULL || mode > LOCO_AUTH_TAMPER_FOREIGN)
+  if (n->auth == NULL)
     return pulse_fail(PULSE_ERR_ARG, "loco auth: tamper needs a key");
-  if (mode == LOCO_AUTH_TAMPER_FOREIGN && a->stranger == NULL) {
-    PULSE_TRY(pulse_sign_key_generate(&a->stranger_key));
-    pulse_loco_auth_opts o;
-    pulse_loco_auth_opts_init(&o);
-    o.key = a->stranger_key;
-    PULSE_TRY(pulse_loco_auth_create(&o, &a->stranger));
-  }
-  a->tamper = mode;
-  a->tamper_kinds = kinds;
-  return PULSE_OK;
+  return loco_tamper_set(&n->auth->tamper, mode, kinds);
 }

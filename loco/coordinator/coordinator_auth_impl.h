@@ -28,6 +28,7 @@
 #include "pulse_loco.h"
 #include "pulse_loco_auth.h"
 #include "udp_impl.h"
+#include "auth_tamper_impl.h"
 
 typedef struct loco_node_auth loco_node_auth;
 
@@ -155,23 +156,15 @@ pulse_status loco_auth_udp_publish(pulse_loco_coord *n, uint64_t r,
  * let through to be ignored). 0: refused and counted. */
 int loco_auth_udp_admit(pulse_loco_coord *n, uint64_t r, const loco_datagram *d);
 
-/* Fault injection for tests (tests/loco/test_auth_node.c): what this node
- * serves of the kinds `kinds` (LOCO_AUTH_TAMPER_KIND of each: bit 1
- * payloads and chunk lists, bit 2 manifests, ...) is unsigned, forged (a
- * flipped signature bit), replayed (the previous round's body and
- * signature; over UDP the previous round's datagrams) or signed by a
- * stranger's key. With LOCO_AUTH_TAMPER_END, it also sends, after its end
- * markers of round r, one that is not in its signed list (FORGED: a
- * well-formed marker claiming one chunk more), of round r - 2 (REPLAYED),
- * or naming a trainer that is no member (FOREIGN). */
-#define LOCO_AUTH_TAMPER_NONE 0u
-#define LOCO_AUTH_TAMPER_UNSIGNED 1u
-#define LOCO_AUTH_TAMPER_FORGED 2u
-#define LOCO_AUTH_TAMPER_REPLAYED 3u
-#define LOCO_AUTH_TAMPER_FOREIGN 4u
-/* The bit of `kinds` for a kind; end markers (datagrams) have their own. */
-#define LOCO_AUTH_TAMPER_KIND(kind) (1u << ((unsigned)(kind) - 1u))
-#define LOCO_AUTH_TAMPER_END (1u << 15)
+/* Fault injection for tests (tests/loco/test_auth_node.c,
+ * auth_tamper_impl.h): what this node serves or posts of the kinds
+ * `kinds` (LOCO_AUTH_TAMPER_KIND of each) is unsigned, forged, replayed
+ * (the previous round's body and signature; over UDP the previous round's
+ * datagrams) or signed by a stranger's key. With LOCO_AUTH_TAMPER_END, it
+ * also sends, after its end markers of round r, one that is not in its
+ * signed list (FORGED: a well-formed marker claiming one chunk more), of
+ * round r - 2 (REPLAYED), or naming a trainer that is no member
+ * (FOREIGN). */
 pulse_status loco_auth_tamper(pulse_loco_coord *n, unsigned mode,
                               unsigned kinds);
 /* The tamper mode when it covers end markers (LOCO_AUTH_TAMPER_END), else 0. */

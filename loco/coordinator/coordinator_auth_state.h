@@ -22,14 +22,6 @@ typedef struct {
   size_t count;
 } chunk_list;
 
-/* A body kept for the REPLAYED fault (tests). */
-typedef struct {
-  int have;
-  uint64_t round;
-  pulse_bytebuf body;
-  loco_sig sig;
-} kept_body;
-
 struct loco_node_auth {
   /* The handle, the bindings and the counters: the server thread checks
    * joins and reads the metrics while the node's thread checks bodies. */
@@ -55,11 +47,9 @@ struct loco_node_auth {
   uint64_t list_round;
   chunk_list *lists;
   size_t nlists;
-  /* Fault injection (tests). */
-  unsigned tamper, tamper_kinds;
-  pulse_sign_key *stranger_key;
-  pulse_loco_auth *stranger;
-  kept_body last[PULSE_LOCO_AUTH_KINDS]; /* by kind - 1 */
+  /* Fault injection (tests): the faults, and under REPLAYED over UDP the
+   * last two rounds' chunks. */
+  loco_tamper tamper;
   pulse_buffer chunks_prev, chunks_cur;
   uint64_t nchunks_prev, nchunks_cur;
 };

@@ -148,15 +148,16 @@ int loco_auth_udp_admit(pulse_loco_coord *n, uint64_t r,
 
 unsigned loco_auth_tamper_end(const pulse_loco_coord *n) {
   const loco_node_auth *a = n->auth;
-  return a != NULL && (a->tamper_kinds & LOCO_AUTH_TAMPER_END) ? a->tamper : 0;
+  return a != NULL && (a->tamper.kinds & LOCO_AUTH_TAMPER_END) ? a->tamper.mode
+                                                              : 0;
 }
 
 const pulse_buffer *loco_auth_udp_outgoing(pulse_loco_coord *n,
                                            const pulse_buffer *chunks,
                                            uint64_t *nchunks) {
   loco_node_auth *a = n->auth;
-  if (a == NULL || a->tamper != LOCO_AUTH_TAMPER_REPLAYED ||
-      !(a->tamper_kinds & PULSE_LOCO_AUTH_PAYLOAD))
+  if (a == NULL || loco_tamper_mode(&a->tamper, PULSE_LOCO_AUTH_PAYLOAD) !=
+                       LOCO_AUTH_TAMPER_REPLAYED)
     return chunks;
   pulse_buffer_free(&a->chunks_prev);
   a->chunks_prev = a->chunks_cur;

@@ -1,7 +1,9 @@
 /* auth_testutil.h - helpers of the authenticated-exchange tests
- * (test_auth_node.c, test_auth_msgs.c): trainers in threads of this
- * process, each with its key, every key pinned on every node; a node's
- * /metrics read line by line. */
+ * (test_auth_node.c, test_auth_msgs.c): keys and their pins, signatures
+ * and signed POSTs made as a member would, a server's /metrics read line
+ * by line (these shared with the collaboration's, collab_auth_testutil.h);
+ * trainers in threads of this process, each with its key, every key
+ * pinned on every node. */
 #ifndef PULSE_LOCO_AUTH_TESTUTIL_H
 #define PULSE_LOCO_AUTH_TESTUTIL_H
 
@@ -18,6 +20,95 @@
 #define AT 3
 #define ROUNDS 3
 #define INNER 2
+
+/* ------------------------------------- shared by every loco auth test */
+
+/* A POST callback that knows no route (a hostile server's, serving only
+ * what a test puts). */
+static inline unsigned at_no_post(void *user, const char *path, const char *id,
+                                  const char *url, char *reply, size_t cap) {
+  (void)user, (void)path, (void)id, (void)url;
+  snprintf(reply, cap, "{}");
+  return 404;
+}
+
+/* n keys, and their pins: trainer i holds k[i]. */
+static inline void at_keys(size_t n, pulse_sign_key **k,
+                           pulse_loco_member_key *pins) {
+  for (uint32_t i = 0; i < n; i++) {
+    cr_assert_eq(pulse_sign_key_generate(&k[i]), PULSE_OK);
+    pins[i].id = i;
+    pulse_sign_key_public(k[i], pins[i].key);
+  }
+}
+
+static inline void at_keys_free(size_t n, pulse_sign_key **k) {
+  for (size_t i = 0; i < n; i++)
+    pulse_sign_key_free(k[i]);
+}
+
+/* A body's signature by k as a member would make it. */
+static inline loco_sig at_sign(const pulse_sign_key *k,
+                               pulse_loco_auth_kind kind, uint64_t round,
+                               const void *data, size_t size) {
+  pulse_loco_auth_opts o;
+  pulse_loco_auth_opts_init(&o);
+  o.key = k;
+  pulse_loco_auth *h;
+  cr_assert_eq(pulse_loco_auth_create(&o, &h), PULSE_OK);
+  loco_sig s;
+  memset(&s, 0, sizeof s);
+  s.present = 1;
+  s.round = round;
+  cr_assert_eq(pulse_loco_auth_sign(h, kind, round, data, size, s.sig, s.key),
+               PULSE_OK);
+  pulse_loco_auth_free(h);
+  return s;
+}
+
+/* A signed POST's query values, "&round=R&key=HEX&sig=HEX". */
+static inline void at_query(const loco_sig *s, char *dst, size_t cap) {
+  char key[65], sig[129];
+  for (int i = 0; i < 32; i++)
+    snprintf(key + 2 * i, 3, "%02x", s->key[i]);
+  for (int i = 0; i < 64; i++)
+    snprintf(sig + 2 * i, 3, "%02x", s->sig[i]);
+  snprintf(dst, cap, "&round=%llu&key=%s&sig=%s", (unsigned long long)s->round,
+           key, sig);
+}
+
+/* The value of one line ("NAME{LABELS}") of the /metrics at base. */
+static inline uint64_t at_metric(const char *base, const char *name) {
+  char url[160];
+  snprintf(url, sizeof url, "%s/metrics", base);
+  pulse_bytebuf b = PULSE_BYTEBUF_INIT;
+  long status = 0;
+  cr_assert_eq(loco_http_get(url, 5000, 1u << 20, &b, &status), PULSE_OK);
+  cr_assert_eq(status, 200);
+  pulse_bytebuf_put(&b, "", 1);
+  char pattern[160];
+  snprintf(pattern, sizeof pattern, "\n%s ", name);
+  const char *at = strstr((const char *)b.data, pattern);
+  cr_assert(at != NULL, "no %s in /metrics:\n%s", name, (char *)b.data);
+  unsigned long long v = strtoull(at + strlen(pattern), NULL, 10);
+  pulse_bytebuf_free(&b);
+  return v;
+}
+
+/* Refusals at base's /metrics by reason ("unsigned", ...) and by kind. */
+static inline uint64_t at_refused(const char *base, const char *why) {
+  char line[96];
+  snprintf(line, sizeof line, "pulse_loco_auth_refused_total{reason=\"%s\"}",
+           why);
+  return at_metric(base, line);
+}
+
+static inline uint64_t at_refused_kind(const char *base, const char *kind) {
+  char line[96];
+  snprintf(line, sizeof line, "pulse_loco_auth_refused_kind_total{kind=\"%s\"}",
+           kind);
+  return at_metric(base, line);
+}
 
 typedef struct {
   const pulse_sim_problem *p;
@@ -127,13 +218,11 @@ static inline void astart(atrainer *t, size_t n, const pulse_sim_problem *p,
   uint64_t P = pulse_sim_problem_param_count(p);
   float *init = malloc(P * sizeof *init);
   pulse_sim_problem_init(p, init);
+  pulse_sign_key *k[8];
+  at_keys(n, k, pins);
   for (uint32_t i = 0; i < n; i++) {
     memset(&t[i], 0, sizeof t[i]);
-    cr_assert_eq(pulse_sign_key_generate(&t[i].key), PULSE_OK);
-    pins[i].id = i;
-    pulse_sign_key_public(t[i].key, pins[i].key);
-  }
-  for (uint32_t i = 0; i < n; i++) {
+    t[i].key = k[i];
     t[i].p = p;
     t[i].id = i;
     t[i].rounds = ROUNDS;
@@ -168,22 +257,11 @@ static inline void afree(atrainer *t, size_t n) {
   }
 }
 
-/* The value of one line of a node's /metrics ("NAME{LABELS}"). */
+/* ------------------------------------------------- the exchange's nodes */
+
+/* A line of a node's /metrics. */
 static inline uint64_t metric(const pulse_loco_coord *node, const char *name) {
-  char url[160];
-  snprintf(url, sizeof url, "%s/metrics", pulse_loco_coord_url(node));
-  pulse_bytebuf b = PULSE_BYTEBUF_INIT;
-  long status = 0;
-  cr_assert_eq(loco_http_get(url, 5000, 1u << 20, &b, &status), PULSE_OK);
-  cr_assert_eq(status, 200);
-  pulse_bytebuf_put(&b, "", 1);
-  char pattern[160];
-  snprintf(pattern, sizeof pattern, "\n%s ", name);
-  const char *at = strstr((const char *)b.data, pattern);
-  cr_assert(at != NULL, "no %s in /metrics:\n%s", name, (char *)b.data);
-  unsigned long long v = strtoull(at + strlen(pattern), NULL, 10);
-  pulse_bytebuf_free(&b);
-  return v;
+  return at_metric(pulse_loco_coord_url(node), name);
 }
 
 static inline uint64_t refused(const pulse_loco_auth_figures *c,

@@ -1,6 +1,7 @@
 /* collab_auth_testutil.h - helpers of the collaboration's authentication
- * tests (test_collab_auth.c, test_collab_auth_exchange.c): peers with keys
- * in threads of this process, signing as a member would, a peer's
+ * tests (test_collab_auth.c, test_collab_auth_exchange.c), over the ones
+ * every loco auth test shares (auth_testutil.h): peers with keys in
+ * threads of this process, a group of them run for some rounds, a peer's
  * /metrics read line by line. */
 #ifndef PULSE_COLLAB_AUTH_TESTUTIL_H
 #define PULSE_COLLAB_AUTH_TESTUTIL_H
@@ -9,6 +10,7 @@
 #include <stdio.h>
 #include <time.h>
 
+#include "auth_testutil.h"
 #include "collab_impl.h"
 #include "loco_testutil.h"
 #include "manifest_impl.h"
@@ -16,13 +18,6 @@
 #include "pulse_loco_collab.h"
 
 #define CA_P 3000u
-
-static inline unsigned no_post(void *user, const char *path, const char *id,
-                               const char *url, char *reply, size_t cap) {
-  (void)user, (void)path, (void)id, (void)url;
-  snprintf(reply, cap, "{}");
-  return 404;
-}
 
 static inline pulse_loco *ca_ctx(uint32_t id, const float *theta) {
   pulse_loco_opts o;
@@ -61,55 +56,19 @@ static inline pulse_loco_collab *ca_peer(pulse_loco *ctx,
   return c;
 }
 
-static inline loco_sig ca_sign(const pulse_sign_key *k,
-                               pulse_loco_auth_kind kind, uint64_t round,
-                               const void *data, size_t size) {
-  pulse_loco_auth_opts o;
-  pulse_loco_auth_opts_init(&o);
-  o.key = k;
-  pulse_loco_auth *h;
-  cr_assert_eq(pulse_loco_auth_create(&o, &h), PULSE_OK);
-  loco_sig s;
-  memset(&s, 0, sizeof s);
-  s.present = 1;
-  s.round = round;
-  cr_assert_eq(pulse_loco_auth_sign(h, kind, round, data, size, s.sig, s.key),
-               PULSE_OK);
-  pulse_loco_auth_free(h);
-  return s;
-}
-
-/* A line of a peer's /metrics ("NAME{LABELS}"). */
+/* A line of a peer's /metrics ("NAME{LABELS}"), its refusals by reason
+ * and by kind. */
 static inline uint64_t ca_metric(const pulse_loco_collab *c, const char *name) {
-  char url[160];
-  snprintf(url, sizeof url, "%s/metrics", pulse_loco_collab_url(c));
-  pulse_bytebuf b = PULSE_BYTEBUF_INIT;
-  long status = 0;
-  cr_assert_eq(loco_http_get(url, 5000, 1u << 20, &b, &status), PULSE_OK);
-  cr_assert_eq(status, 200);
-  pulse_bytebuf_put(&b, "", 1);
-  char pattern[160];
-  snprintf(pattern, sizeof pattern, "\n%s ", name);
-  const char *at = strstr((const char *)b.data, pattern);
-  cr_assert(at != NULL, "no %s in /metrics", name);
-  unsigned long long v = strtoull(at + strlen(pattern), NULL, 10);
-  pulse_bytebuf_free(&b);
-  return v;
+  return at_metric(pulse_loco_collab_url(c), name);
 }
 
 static inline uint64_t ca_refused(const pulse_loco_collab *c, const char *why) {
-  char line[96];
-  snprintf(line, sizeof line, "pulse_loco_auth_refused_total{reason=\"%s\"}",
-           why);
-  return ca_metric(c, line);
+  return at_refused(pulse_loco_collab_url(c), why);
 }
 
 static inline uint64_t ca_refused_kind(const pulse_loco_collab *c,
                                        const char *kind) {
-  char line[96];
-  snprintf(line, sizeof line, "pulse_loco_auth_refused_kind_total{kind=\"%s\"}",
-           kind);
-  return ca_metric(c, line);
+  return at_refused_kind(pulse_loco_collab_url(c), kind);
 }
 
 /* ------------------------------------------------- an honest collaboration */
@@ -151,6 +110,63 @@ static inline void *ca_run(void *arg) {
   if (r->st != PULSE_OK)
     snprintf(r->detail, sizeof r->detail, "%s", pulse_error_detail());
   return NULL;
+}
+
+/* A group of n peers with keys, every key pinned on every peer, the first
+ * `founders` started as the members of round 0 (the others join through
+ * a founder when the test says so), each to run `rounds` rounds from the
+ * same weights. */
+#define CA_MAX 4
+typedef struct {
+  size_t n;
+  pulse_sign_key *k[CA_MAX];
+  pulse_loco_member_key pins[CA_MAX];
+  pulse_loco_member m[CA_MAX];
+  ca_runner r[CA_MAX];
+  float *init;
+} ca_group;
+
+static inline void ca_group_start(ca_group *g, size_t n, size_t founders,
+                                  uint64_t rounds) {
+  memset(g, 0, sizeof *g);
+  g->n = n;
+  at_keys(n, g->k, g->pins);
+  g->init = malloc(CA_P * sizeof *g->init);
+  for (uint32_t i = 0; i < CA_P; i++)
+    g->init[i] = 0.02f * (float)(i % 61) - 0.5f;
+  for (uint32_t i = 0; i < n; i++) {
+    ca_runner *r = &g->r[i];
+    r->ctx = ca_ctx(i, i < founders ? g->init : NULL);
+    r->c = ca_peer(r->ctx, g->k[i], g->pins, n);
+    r->theta = malloc(CA_P * sizeof(float));
+    memcpy(r->theta, g->init, CA_P * sizeof(float));
+    r->rounds = rounds;
+    g->m[i].id = i;
+    snprintf(g->m[i].url, sizeof g->m[i].url, "%s",
+             pulse_loco_collab_url(r->c));
+  }
+  for (size_t i = 0; i < founders; i++)
+    cr_assert_eq(pulse_loco_collab_start(g->r[i].c, g->m, founders), PULSE_OK,
+                 "%s", pulse_error_detail());
+}
+
+/* Runs every peer's rounds, one thread each, until all returned. */
+static inline void ca_group_run(ca_group *g) {
+  pthread_t th[CA_MAX];
+  for (size_t i = 0; i < g->n; i++)
+    pthread_create(&th[i], NULL, ca_run, &g->r[i]);
+  for (size_t i = 0; i < g->n; i++)
+    pthread_join(th[i], NULL);
+}
+
+static inline void ca_group_free(ca_group *g) {
+  for (size_t i = 0; i < g->n; i++) {
+    pulse_loco_collab_free(g->r[i].c);
+    pulse_loco_free(g->r[i].ctx);
+    free(g->r[i].theta);
+  }
+  at_keys_free(g->n, g->k);
+  free(g->init);
 }
 
 #endif

@@ -1,56 +1,23 @@
 /* test_auth_msgs.c - the exchange's signed messages beyond payloads and
- * manifests (issue 35 item 7, docs/protocols/loco-exchange.md "Authentication"): a hostile
- * server feeds a joiner a membership view or a state that is unsigned,
- * forged, of an older round or signed by a stranger, and the joiner
- * refuses each before taking anything from it (counted by reason and
- * kind), then takes the honest one; leave and done POSTs that are not
- * their trainer's are refused by a live coordinator while an honest leave
- * goes through; over datagrams, a coordinator serving bad drift digests,
- * re-sync sums or sketches makes a member refuse them and take the signed
- * state instead, and a trainer's bad end markers are refused, while the
- * honest trainers end with the same bits. */
+ * manifests (issue 35 item 7, docs/protocols/loco-exchange.md
+ * "Authentication"): a hostile server feeds a joiner a membership view or a
+ * state that is unsigned, forged, of an older round or signed by a stranger,
+ * and the joiner refuses each before taking anything from it (counted by reason
+ * and kind), then takes the honest one; leave and done POSTs that are not their
+ * trainer's are refused by a live coordinator while an honest leave goes
+ * through; over datagrams, a coordinator serving bad drift digests, re-sync
+ * sums or sketches makes a member refuse them and take the signed state
+ * instead, and a trainer's bad end markers are refused, while the honest
+ * trainers end with the same bits. */
 #include "auth_testutil.h"
 #include "coordinator_impl.h"
 
-static unsigned no_post(void *user, const char *path, const char *id,
-                        const char *url, char *reply, size_t cap) {
-  (void)user, (void)path, (void)id, (void)url;
-  snprintf(reply, cap, "{}");
-  return 404;
-}
-
-static loco_sig sign_as(pulse_loco_auth *h, pulse_loco_auth_kind kind,
-                        uint64_t round, const void *data, size_t size) {
-  loco_sig s;
-  memset(&s, 0, sizeof s);
-  s.present = 1;
-  s.round = round;
-  cr_assert_eq(pulse_loco_auth_sign(h, kind, round, data, size, s.sig, s.key),
-               PULSE_OK);
-  return s;
-}
-
-static pulse_loco_auth *signer_of(const pulse_sign_key *k) {
-  pulse_loco_auth_opts o;
-  pulse_loco_auth_opts_init(&o);
-  o.key = k;
-  pulse_loco_auth *h;
-  cr_assert_eq(pulse_loco_auth_create(&o, &h), PULSE_OK);
-  return h;
-}
-
 static uint64_t refused_kind(const pulse_loco_coord *n, const char *kind) {
-  char line[96];
-  snprintf(line, sizeof line, "pulse_loco_auth_refused_kind_total{kind=\"%s\"}",
-           kind);
-  return metric(n, line);
+  return at_refused_kind(pulse_loco_coord_url(n), kind);
 }
 
 static uint64_t refused_reason(const pulse_loco_coord *n, const char *why) {
-  char line[96];
-  snprintf(line, sizeof line, "pulse_loco_auth_refused_total{reason=\"%s\"}",
-           why);
-  return metric(n, line);
+  return at_refused(pulse_loco_coord_url(n), why);
 }
 
 /* The bytes of a view of `round` naming trainer 0 at url its coordinator. */
@@ -73,7 +40,6 @@ Test(loco_auth_msgs, a_joiner_refuses_a_hostile_servers_views_and_states,
   cr_assert_eq(pulse_sign_key_generate(&k0), PULSE_OK);
   cr_assert_eq(pulse_sign_key_generate(&k5), PULSE_OK);
   cr_assert_eq(pulse_sign_key_generate(&kx), PULSE_OK);
-  pulse_loco_auth *h0 = signer_of(k0), *hx = signer_of(kx);
   /* Trainer 0's states of rounds 1 and 2 (one trainer's rounds). */
   float *theta = malloc(P * sizeof *theta);
   for (uint64_t i = 0; i < P; i++)
@@ -105,14 +71,14 @@ Test(loco_auth_msgs, a_joiner_refuses_a_hostile_servers_views_and_states,
   cr_assert_eq(pulse_loco_coord_create(&no, c5, &n5), PULSE_OK, "%s",
                pulse_error_detail());
   loco_server *srv;
-  cr_assert_eq(loco_server_start(no_post, NULL, &srv), PULSE_OK);
+  cr_assert_eq(loco_server_start(at_no_post, NULL, &srv), PULSE_OK);
   char url[64], members[96];
   snprintf(url, sizeof url, "http://127.0.0.1:%u", loco_server_port(srv));
   snprintf(members, sizeof members, "%s/v1/loco/members", url);
   pulse_bytebuf v1 = PULSE_BYTEBUF_INIT, v2 = PULSE_BYTEBUF_INIT;
   view_bytes(1, url, &v1);
   view_bytes(2, url, &v2);
-  loco_sig good = sign_as(h0, PULSE_LOCO_AUTH_MEMBERS, 2, v2.data, v2.size);
+  loco_sig good = at_sign(k0, PULSE_LOCO_AUTH_MEMBERS, 2, v2.data, v2.size);
   loco_sig bad;
   loco_manifest view;
 
@@ -130,15 +96,15 @@ Test(loco_auth_msgs, a_joiner_refuses_a_hostile_servers_views_and_states,
       bad.sig[3] ^= 1;
       break;
     case 2:
-      bad = sign_as(hx, PULSE_LOCO_AUTH_MEMBERS, 2, v2.data, v2.size);
+      bad = at_sign(kx, PULSE_LOCO_AUTH_MEMBERS, 2, v2.data, v2.size);
       break;
     case 3:
       loco_auth_begin_step(n5, 2);
       body = &v1;
-      bad = sign_as(h0, PULSE_LOCO_AUTH_MEMBERS, 1, v1.data, v1.size);
+      bad = at_sign(k0, PULSE_LOCO_AUTH_MEMBERS, 1, v1.data, v1.size);
       break;
     default:
-      bad = sign_as(h0, PULSE_LOCO_AUTH_STATE, 2, v2.data, v2.size);
+      bad = at_sign(k0, PULSE_LOCO_AUTH_STATE, 2, v2.data, v2.size);
     }
     uint64_t was = refused_reason(n5, why[k]);
     cr_assert_eq(loco_server_put_signed(srv, "/v1/loco/members", body->data,
@@ -161,7 +127,7 @@ Test(loco_auth_msgs, a_joiner_refuses_a_hostile_servers_views_and_states,
    * signature, a stranger's, round 1's with its own signature. The joiner
    * refuses each before it imports anything. */
   loco_sig sgood =
-      sign_as(h0, PULSE_LOCO_AUTH_STATE, 2, state[2].data, state[2].size);
+      at_sign(k0, PULSE_LOCO_AUTH_STATE, 2, state[2].data, state[2].size);
   uint8_t *flipped = malloc(state[2].size);
   memcpy(flipped, state[2].data, state[2].size);
   flipped[state[2].size / 2] ^= 0x40;
@@ -178,12 +144,12 @@ Test(loco_auth_msgs, a_joiner_refuses_a_hostile_servers_views_and_states,
       bad = sgood;
       break;
     case 2:
-      bad = sign_as(hx, PULSE_LOCO_AUTH_STATE, 2, body, size);
+      bad = at_sign(kx, PULSE_LOCO_AUTH_STATE, 2, body, size);
       break;
     default:
       body = state[1].data;
       size = state[1].size;
-      bad = sign_as(h0, PULSE_LOCO_AUTH_STATE, 1, body, size);
+      bad = at_sign(k0, PULSE_LOCO_AUTH_STATE, 1, body, size);
     }
     uint64_t was = refused_reason(n5, swhy[k]);
     cr_assert_eq(
@@ -220,29 +186,23 @@ Test(loco_auth_msgs, a_joiner_refuses_a_hostile_servers_views_and_states,
   pulse_loco_free(c0);
   pulse_loco_free(c5);
   free(theta);
-  pulse_loco_auth_free(h0);
-  pulse_loco_auth_free(hx);
   pulse_sign_key_free(k0);
   pulse_sign_key_free(k5);
   pulse_sign_key_free(kx);
 }
 
-/* POSTs `text` ("PATH?id=ID") to node, signed by h (NULL: unsigned) for
- * `round`, the signature's bit 0 flipped when `flip`. @return the status. */
-static long post_as(const pulse_loco_coord *node, pulse_loco_auth *h,
+/* POSTs `text` ("PATH?id=ID") to node, signed by k (NULL: unsigned) for
+ * `round` over signed_text, the signature's bit 0 flipped when `flip`.
+ * @return the status. */
+static long post_as(const pulse_loco_coord *node, const pulse_sign_key *k,
                     pulse_loco_auth_kind kind, uint64_t round, const char *text,
                     const char *signed_text, int flip) {
-  char url[600], key[65], sig[129];
-  int k = snprintf(url, sizeof url, "%s%s", pulse_loco_coord_url(node), text);
-  if (h != NULL) {
-    loco_sig s = sign_as(h, kind, round, signed_text, strlen(signed_text));
+  char url[600];
+  int n = snprintf(url, sizeof url, "%s%s", pulse_loco_coord_url(node), text);
+  if (k != NULL) {
+    loco_sig s = at_sign(k, kind, round, signed_text, strlen(signed_text));
     s.sig[0] ^= (uint8_t)flip;
-    for (int i = 0; i < 32; i++)
-      snprintf(key + 2 * i, 3, "%02x", s.key[i]);
-    for (int i = 0; i < 64; i++)
-      snprintf(sig + 2 * i, 3, "%02x", s.sig[i]);
-    snprintf(url + k, sizeof url - (size_t)k, "&round=%llu&key=%s&sig=%s",
-             (unsigned long long)round, key, sig);
+    at_query(&s, url + n, sizeof url - (size_t)n);
   }
   long status = 0;
   cr_assert_eq(loco_http_post(url, 5000, &status), PULSE_OK);
@@ -274,8 +234,7 @@ Test(loco_auth_msgs, leaves_and_dones_not_signed_by_their_trainer_are_refused,
    * than 1, is a replay. */
   pulse_sign_key *kx;
   cr_assert_eq(pulse_sign_key_generate(&kx), PULSE_OK);
-  pulse_loco_auth *h1 = signer_of(t[1].key), *h2 = signer_of(t[2].key),
-                  *hx = signer_of(kx);
+  const pulse_sign_key *h1 = t[1].key, *h2 = t[2].key, *hx = kx;
   const pulse_loco_coord *c = t[0].node;
   const char *leave = "/v1/loco/leave?id=1";
   const char *done = "/v1/loco/round/2/done?id=1";
@@ -324,9 +283,6 @@ Test(loco_auth_msgs, leaves_and_dones_not_signed_by_their_trainer_are_refused,
   cr_assert(count == 2 || count == 3, "%zu members", count);
   cr_assert_eq(t[2].st, PULSE_OK, "%s", t[2].detail);
   cr_assert_eq(refused_kind(c, "leave"), 4);
-  pulse_loco_auth_free(h1);
-  pulse_loco_auth_free(h2);
-  pulse_loco_auth_free(hx);
   pulse_sign_key_free(kx);
   afree(t, AT);
   pulse_sim_problem_free(p);

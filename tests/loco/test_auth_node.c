@@ -18,7 +18,8 @@ static void bad_payloads(uint32_t transport, unsigned mode) {
   pulse_loco_member m[AT];
   pulse_loco_member_key pins[AT];
   astart(t, AT, p, aopts(transport), m, pins);
-  cr_assert_eq(loco_auth_tamper(t[2].node, mode, PULSE_LOCO_AUTH_PAYLOAD),
+  cr_assert_eq(loco_auth_tamper(t[2].node, mode,
+                                LOCO_AUTH_TAMPER_KIND(PULSE_LOCO_AUTH_PAYLOAD)),
                PULSE_OK);
   arun(t, AT);
   for (size_t i = 0; i < AT; i++)
@@ -41,9 +42,11 @@ static void bad_payloads(uint32_t transport, unsigned mode) {
      * without a look at the list. */
     for (size_t i = 0; i < 2; i++) {
       uint64_t unlisted = metric(
-          t[i].node, "pulse_loco_auth_datagrams_refused_total{reason=\"unlisted\"}");
+          t[i].node,
+          "pulse_loco_auth_datagrams_refused_total{reason=\"unlisted\"}");
       uint64_t replayed = metric(
-          t[i].node, "pulse_loco_auth_datagrams_refused_total{reason=\"replayed\"}");
+          t[i].node,
+          "pulse_loco_auth_datagrams_refused_total{reason=\"replayed\"}");
       cr_assert_gt(t[i].datagrams_refused_auth, 0, "trainer %zu", i);
       cr_assert_eq(unlisted + replayed, t[i].datagrams_refused_auth);
       if (mode == LOCO_AUTH_TAMPER_REPLAYED) {
@@ -52,8 +55,8 @@ static void bad_payloads(uint32_t transport, unsigned mode) {
          * either way (the sum above). */
         cr_assert_gt(replayed, 0, "trainer %zu", i);
       } else {
-        cr_assert_geq(refused(&t[i].auth, mode), bad_rounds,
-                      "trainer %zu: %s", i, line);
+        cr_assert_geq(refused(&t[i].auth, mode), bad_rounds, "trainer %zu: %s",
+                      i, line);
         cr_assert_eq(metric(t[i].node, line), refused(&t[i].auth, mode));
         cr_assert_eq(unlisted, t[i].datagrams_refused_auth, "trainer %zu", i);
       }
@@ -135,8 +138,10 @@ static void bad_manifests(uint32_t transport) {
     pulse_loco_coord_opts no = aopts(transport);
     no.manifest_timeout_ms = 3000; /* the member's catch-up after refusal */
     astart(t, 2, p, no, m, pins);
-    cr_assert_eq(loco_auth_tamper(t[0].node, mode, PULSE_LOCO_AUTH_MANIFEST),
-                 PULSE_OK);
+    cr_assert_eq(
+        loco_auth_tamper(t[0].node, mode,
+                         LOCO_AUTH_TAMPER_KIND(PULSE_LOCO_AUTH_MANIFEST)),
+        PULSE_OK);
     /* One round (a replay needs two). */
     uint32_t rounds = mode == LOCO_AUTH_TAMPER_REPLAYED ? 2 : 1;
     t[0].rounds = t[1].rounds = rounds;
@@ -154,8 +159,8 @@ static void bad_manifests(uint32_t transport) {
     cr_assert_geq(refused(&t[1].auth, mode), 1, "mode %s: %s", reason[mode],
                   t[1].detail);
     char line[96];
-    snprintf(line, sizeof line,
-             "pulse_loco_auth_refused_total{reason=\"%s\"}", reason[mode]);
+    snprintf(line, sizeof line, "pulse_loco_auth_refused_total{reason=\"%s\"}",
+             reason[mode]);
     cr_assert_geq(metric(t[1].node, line), 1);
     afree(t, 2);
     pulse_sim_problem_free(p);
@@ -232,7 +237,8 @@ Test(loco_auth_node, a_joiner_needs_a_members_admission, .timeout = 180) {
   for (int i = 0; i < 2; i++)
     cr_assert_eq(t[i].st, PULSE_OK, "trainer %d: %s", i, t[i].detail);
   cr_assert_eq(pulse_loco_round(c6), 8);
-  cr_assert_eq(pulse_loco_global_digest(c6), pulse_loco_global_digest(t[0].ctx));
+  cr_assert_eq(pulse_loco_global_digest(c6),
+               pulse_loco_global_digest(t[0].ctx));
   cr_assert_eq(pulse_loco_global_digest(t[1].ctx),
                pulse_loco_global_digest(t[0].ctx));
   /* Its payloads counted: the rounds after its join had 3 contributors,

@@ -1,12 +1,12 @@
 /* test_collab_auth.c - the collaboration's authentication, its first part
- * (issue 35 item 7; docs/protocols/loco-exchange.md "Authentication"): a hostile seed feeds a
- * joining peer membership views and states that are unsigned, forged,
- * replayed (another round's) or signed by a stranger: the peer refuses
- * each before it takes anything (its weights unchanged, the refusal
- * counted by reason and kind at /metrics), then takes the honest ones. A
- * writer serving such manifests: the others refuse them, apply nothing
- * and end with the same bits. Peers with keys run rounds and admit a
- * joiner, everything signed checked, nothing refused, the same bits. */
+ * (issue 35 item 7; docs/protocols/loco-exchange.md "Authentication"): a
+ * hostile seed feeds a joining peer membership views and states that are
+ * unsigned, forged, replayed (another round's) or signed by a stranger: the
+ * peer refuses each before it takes anything (its weights unchanged, the
+ * refusal counted by reason and kind at /metrics), then takes the honest ones.
+ * A writer serving such manifests: the others refuse them, apply nothing and
+ * end with the same bits. Peers with keys run rounds and admit a joiner,
+ * everything signed checked, nothing refused, the same bits. */
 #include "collab_auth_testutil.h"
 
 Test(loco_collab_auth, a_joiner_refuses_a_hostile_seeds_views_and_states,
@@ -39,7 +39,7 @@ Test(loco_collab_auth, a_joiner_refuses_a_hostile_seeds_views_and_states,
   uint64_t before = pulse_loco_global_digest(c5ctx);
   pulse_loco_collab *c5 = ca_peer(c5ctx, k5, pins, 2);
   loco_server *srv;
-  cr_assert_eq(loco_server_start(no_post, NULL, &srv), PULSE_OK);
+  cr_assert_eq(loco_server_start(at_no_post, NULL, &srv), PULSE_OK);
   char url[64];
   snprintf(url, sizeof url, "http://127.0.0.1:%u", loco_server_port(srv));
   /* The view a seed serves: round 2, member 0 (the seed) and the joiner. */
@@ -53,9 +53,9 @@ Test(loco_collab_auth, a_joiner_refuses_a_hostile_seeds_views_and_states,
   v.nmembers = 2;
   pulse_bytebuf view = PULSE_BYTEBUF_INIT;
   cr_assert_eq(loco_manifest_write(&v, &view), PULSE_OK);
-  loco_sig good = ca_sign(k0, PULSE_LOCO_AUTH_MEMBERS, 2, view.data, view.size);
+  loco_sig good = at_sign(k0, PULSE_LOCO_AUTH_MEMBERS, 2, view.data, view.size);
   loco_sig sgood =
-      ca_sign(k0, PULSE_LOCO_AUTH_STATE, 2, state[2].data, state[2].size);
+      at_sign(k0, PULSE_LOCO_AUTH_STATE, 2, state[2].data, state[2].size);
   float *local = malloc(CA_P * sizeof *local);
 
   /* Views: a join through the seed takes nothing from a bad one. */
@@ -67,7 +67,7 @@ Test(loco_collab_auth, a_joiner_refuses_a_hostile_seeds_views_and_states,
     else if (k == 1)
       bad.sig[9] ^= 4;
     else
-      bad = ca_sign(kx, PULSE_LOCO_AUTH_MEMBERS, 2, view.data, view.size);
+      bad = at_sign(kx, PULSE_LOCO_AUTH_MEMBERS, 2, view.data, view.size);
     cr_assert_eq(loco_server_put_signed(srv, "/v1/loco/members", view.data,
                                         view.size, &bad),
                  PULSE_OK);
@@ -94,11 +94,11 @@ Test(loco_collab_auth, a_joiner_refuses_a_hostile_seeds_views_and_states,
     } else if (k == 1) {
       body = flipped;
     } else if (k == 2) {
-      bad = ca_sign(kx, PULSE_LOCO_AUTH_STATE, 2, body, size);
+      bad = at_sign(kx, PULSE_LOCO_AUTH_STATE, 2, body, size);
     } else {
       body = state[1].data;
       size = state[1].size;
-      bad = ca_sign(k0, PULSE_LOCO_AUTH_STATE, 1, body, size);
+      bad = at_sign(k0, PULSE_LOCO_AUTH_STATE, 1, body, size);
     }
     cr_assert_eq(
         loco_server_put_signed(srv, "/v1/loco/state/2", body, size, &bad),
@@ -143,61 +143,27 @@ Test(loco_collab_auth, a_joiner_refuses_a_hostile_seeds_views_and_states,
 
 Test(loco_collab_auth, signed_peers_admit_a_joiner_and_refuse_nothing,
      .timeout = 120) {
-  pulse_sign_key *k[3];
-  pulse_loco_member_key pins[3];
-  for (uint32_t i = 0; i < 3; i++) {
-    cr_assert_eq(pulse_sign_key_generate(&k[i]), PULSE_OK);
-    pins[i].id = i;
-    pulse_sign_key_public(k[i], pins[i].key);
-  }
-  float *init = malloc(CA_P * sizeof *init);
-  for (uint32_t i = 0; i < CA_P; i++)
-    init[i] = 0.02f * (float)(i % 61) - 0.5f;
-  ca_runner r[3];
-  memset(r, 0, sizeof r);
+  ca_group g;
+  ca_group_start(&g, 3, 2, 6);
   volatile uint64_t round0 = 0;
-  pulse_loco_member m[2];
-  for (uint32_t i = 0; i < 3; i++) {
-    r[i].ctx = ca_ctx(i, i < 2 ? init : NULL);
-    r[i].c = ca_peer(r[i].ctx, k[i], pins, 3);
-    r[i].theta = malloc(CA_P * sizeof(float));
-    memcpy(r[i].theta, init, CA_P * sizeof(float));
-    r[i].rounds = 6;
-    r[i].round_of_0 = &round0;
-    if (i < 2) {
-      m[i].id = i;
-      snprintf(m[i].url, sizeof m[i].url, "%s", pulse_loco_collab_url(r[i].c));
-    }
-  }
-  for (int i = 0; i < 2; i++)
-    cr_assert_eq(pulse_loco_collab_start(r[i].c, m, 2), PULSE_OK, "%s",
-                 pulse_error_detail());
-  r[2].join_seed = m[1].url;
-  pthread_t th[3];
   for (int i = 0; i < 3; i++)
-    pthread_create(&th[i], NULL, ca_run, &r[i]);
-  for (int i = 0; i < 3; i++)
-    pthread_join(th[i], NULL);
+    g.r[i].round_of_0 = &round0;
+  g.r[2].join_seed = g.m[1].url;
+  ca_group_run(&g);
   for (int i = 0; i < 3; i++) {
-    cr_assert_eq(r[i].st, PULSE_OK, "peer %d: %s", i, r[i].detail);
-    cr_assert_eq(pulse_loco_round(r[i].ctx), 6, "peer %d", i);
-    cr_assert_eq(pulse_loco_global_digest(r[i].ctx),
-                 pulse_loco_global_digest(r[0].ctx), "peer %d", i);
+    ca_runner *r = &g.r[i];
+    cr_assert_eq(r->st, PULSE_OK, "peer %d: %s", i, r->detail);
+    cr_assert_eq(pulse_loco_round(r->ctx), 6, "peer %d", i);
+    cr_assert_eq(pulse_loco_global_digest(r->ctx),
+                 pulse_loco_global_digest(g.r[0].ctx), "peer %d", i);
     for (int w = 0; w < 4; w++)
-      cr_assert_eq(
-          ca_refused(r[i].c, (const char *[]){"unsigned", "forged", "replayed",
-                                              "foreign"}[w]),
-          0, "peer %d", i);
+      cr_assert_eq(ca_refused(r->c, (const char *[]){"unsigned", "forged",
+                                                     "replayed", "foreign"}[w]),
+                   0, "peer %d", i);
   }
   /* The joiner checked the view and the state it loaded. */
-  cr_assert_geq(ca_metric(r[2].c, "pulse_loco_auth_accepted_total"), 2);
-  for (int i = 0; i < 3; i++) {
-    pulse_loco_collab_free(r[i].c);
-    pulse_loco_free(r[i].ctx);
-    free(r[i].theta);
-    pulse_sign_key_free(k[i]);
-  }
-  free(init);
+  cr_assert_geq(ca_metric(g.r[2].c, "pulse_loco_auth_accepted_total"), 2);
+  ca_group_free(&g);
 }
 
 Test(loco_collab_auth, configurations_that_cannot_be_verified_are_refused) {
@@ -239,140 +205,80 @@ Test(loco_collab_auth, configurations_that_cannot_be_verified_are_refused) {
  * `mode`: the others refuse the bad one (their round fails, nothing of it
  * applied) and count it; they end with the same bits. */
 static void bad_manifests(unsigned mode, const char *why) {
-  pulse_sign_key *k[3];
-  pulse_loco_member_key pins[3];
-  for (uint32_t i = 0; i < 3; i++) {
-    cr_assert_eq(pulse_sign_key_generate(&k[i]), PULSE_OK);
-    pins[i].id = i;
-    pulse_sign_key_public(k[i], pins[i].key);
-  }
-  float *init = malloc(CA_P * sizeof *init);
-  for (uint32_t i = 0; i < CA_P; i++)
-    init[i] = 0.02f * (float)(i % 61) - 0.5f;
-  ca_runner r[3];
-  memset(r, 0, sizeof r);
-  pulse_loco_member m[3];
   /* A replay needs a manifest of peer 0's before: rounds 0 to 3. */
-  uint64_t bad_round = mode == 3 ? 3 : 0;
-  for (uint32_t i = 0; i < 3; i++) {
-    r[i].ctx = ca_ctx(i, init);
-    r[i].c = ca_peer(r[i].ctx, k[i], pins, 3);
-    r[i].theta = malloc(CA_P * sizeof(float));
-    memcpy(r[i].theta, init, CA_P * sizeof(float));
-    r[i].rounds = bad_round + 1;
-    m[i].id = i;
-    snprintf(m[i].url, sizeof m[i].url, "%s", pulse_loco_collab_url(r[i].c));
-  }
-  for (int i = 0; i < 3; i++)
-    cr_assert_eq(pulse_loco_collab_start(r[i].c, m, 3), PULSE_OK);
+  uint64_t bad_round = mode == LOCO_AUTH_TAMPER_REPLAYED ? 3 : 0;
+  ca_group g;
+  ca_group_start(&g, 3, 3, bad_round + 1);
   cr_assert_eq(
-      collab_auth_tamper(r[0].c, mode, 1u << (PULSE_LOCO_AUTH_MANIFEST - 1)),
+      collab_auth_tamper(g.r[0].c, mode,
+                         LOCO_AUTH_TAMPER_KIND(PULSE_LOCO_AUTH_MANIFEST)),
       PULSE_OK);
-  pthread_t th[3];
-  for (int i = 0; i < 3; i++)
-    pthread_create(&th[i], NULL, ca_run, &r[i]);
-  for (int i = 0; i < 3; i++)
-    pthread_join(th[i], NULL);
+  ca_group_run(&g);
   for (int i = 1; i < 3; i++) {
-    cr_assert_neq(r[i].st, PULSE_OK, "%s: peer %d took the manifest", why, i);
-    cr_assert_eq(pulse_loco_round(r[i].ctx), bad_round, "%s: peer %d", why, i);
-    cr_assert_geq(ca_refused(r[i].c, why), 1, "%s: peer %d", why, i);
-    cr_assert_geq(ca_refused_kind(r[i].c, "manifest"), 1, "%s", why);
+    cr_assert_neq(g.r[i].st, PULSE_OK, "%s: peer %d took the manifest", why, i);
+    cr_assert_eq(pulse_loco_round(g.r[i].ctx), bad_round, "%s: peer %d", why,
+                 i);
+    cr_assert_geq(ca_refused(g.r[i].c, why), 1, "%s: peer %d", why, i);
+    cr_assert_geq(ca_refused_kind(g.r[i].c, "manifest"), 1, "%s", why);
   }
-  cr_assert_eq(pulse_loco_global_digest(r[1].ctx),
-               pulse_loco_global_digest(r[2].ctx), "%s", why);
-  for (int i = 0; i < 3; i++) {
-    pulse_loco_collab_free(r[i].c);
-    pulse_loco_free(r[i].ctx);
-    free(r[i].theta);
-    pulse_sign_key_free(k[i]);
-  }
-  free(init);
+  cr_assert_eq(pulse_loco_global_digest(g.r[1].ctx),
+               pulse_loco_global_digest(g.r[2].ctx), "%s", why);
+  ca_group_free(&g);
 }
 
 Test(loco_collab_auth, unsigned_manifests_are_refused, .timeout = 120) {
-  bad_manifests(1, "unsigned");
+  bad_manifests(LOCO_AUTH_TAMPER_UNSIGNED, "unsigned");
 }
 Test(loco_collab_auth, forged_manifests_are_refused, .timeout = 120) {
-  bad_manifests(2, "forged");
+  bad_manifests(LOCO_AUTH_TAMPER_FORGED, "forged");
 }
 Test(loco_collab_auth, replayed_manifests_are_refused, .timeout = 120) {
-  bad_manifests(3, "replayed");
+  bad_manifests(LOCO_AUTH_TAMPER_REPLAYED, "replayed");
 }
 Test(loco_collab_auth, foreign_manifests_are_refused, .timeout = 120) {
-  bad_manifests(4, "foreign");
+  bad_manifests(LOCO_AUTH_TAMPER_FOREIGN, "foreign");
 }
 
 /* Peer 1 serves its payloads in `mode`: the writers (peers 0 and 2) leave
  * them out, count them and keep peer 1 a member; everyone ends with the
  * same bits (a left-out payload stays in its sender's error feedback). */
 static void bad_payloads(unsigned mode, const char *why) {
-  pulse_sign_key *k[3];
-  pulse_loco_member_key pins[3];
-  for (uint32_t i = 0; i < 3; i++) {
-    cr_assert_eq(pulse_sign_key_generate(&k[i]), PULSE_OK);
-    pins[i].id = i;
-    pulse_sign_key_public(k[i], pins[i].key);
-  }
-  float *init = malloc(CA_P * sizeof *init);
-  for (uint32_t i = 0; i < CA_P; i++)
-    init[i] = 0.02f * (float)(i % 61) - 0.5f;
-  ca_runner r[3];
-  memset(r, 0, sizeof r);
-  pulse_loco_member m[3];
-  for (uint32_t i = 0; i < 3; i++) {
-    r[i].ctx = ca_ctx(i, init);
-    r[i].c = ca_peer(r[i].ctx, k[i], pins, 3);
-    r[i].theta = malloc(CA_P * sizeof(float));
-    memcpy(r[i].theta, init, CA_P * sizeof(float));
-    r[i].rounds = 4; /* writers 0, 1, 2, 0; a replay from round 1 on */
-    m[i].id = i;
-    snprintf(m[i].url, sizeof m[i].url, "%s", pulse_loco_collab_url(r[i].c));
-  }
-  for (int i = 0; i < 3; i++)
-    cr_assert_eq(pulse_loco_collab_start(r[i].c, m, 3), PULSE_OK);
+  ca_group g;
+  ca_group_start(&g, 3, 3, 4); /* writers 0, 1, 2, 0; a replay from round 1 */
   cr_assert_eq(
-      collab_auth_tamper(r[1].c, mode, 1u << (PULSE_LOCO_AUTH_PAYLOAD - 1)),
+      collab_auth_tamper(g.r[1].c, mode,
+                         LOCO_AUTH_TAMPER_KIND(PULSE_LOCO_AUTH_PAYLOAD)),
       PULSE_OK);
-  pthread_t th[3];
-  for (int i = 0; i < 3; i++)
-    pthread_create(&th[i], NULL, ca_run, &r[i]);
-  for (int i = 0; i < 3; i++)
-    pthread_join(th[i], NULL);
+  ca_group_run(&g);
   uint64_t refused = 0;
   for (int i = 0; i < 3; i++) {
-    cr_assert_eq(r[i].st, PULSE_OK, "%s: peer %d: %s", why, i, r[i].detail);
-    cr_assert_eq(pulse_loco_round(r[i].ctx), 4, "%s: peer %d", why, i);
-    cr_assert_eq(pulse_loco_global_digest(r[i].ctx),
-                 pulse_loco_global_digest(r[0].ctx), "%s: peer %d", why, i);
-    refused += ca_refused_kind(r[i].c, "payload");
+    ca_runner *r = &g.r[i];
+    cr_assert_eq(r->st, PULSE_OK, "%s: peer %d: %s", why, i, r->detail);
+    cr_assert_eq(pulse_loco_round(r->ctx), 4, "%s: peer %d", why, i);
+    cr_assert_eq(pulse_loco_global_digest(r->ctx),
+                 pulse_loco_global_digest(g.r[0].ctx), "%s: peer %d", why, i);
+    refused += ca_refused_kind(r->c, "payload");
   }
   cr_assert_geq(refused, 1, "%s", why);
-  cr_assert_geq(ca_refused(r[0].c, why) + ca_refused(r[2].c, why), 1, "%s",
+  cr_assert_geq(ca_refused(g.r[0].c, why) + ca_refused(g.r[2].c, why), 1, "%s",
                 why);
   /* Still a member: the next round lists it. */
   pulse_loco_member next[3];
   size_t count = 0;
-  pulse_loco_collab_members(r[0].c, next, 3, &count);
+  pulse_loco_collab_members(g.r[0].c, next, 3, &count);
   cr_assert_eq(count, 3, "%s", why);
-  for (int i = 0; i < 3; i++) {
-    pulse_loco_collab_free(r[i].c);
-    pulse_loco_free(r[i].ctx);
-    free(r[i].theta);
-    pulse_sign_key_free(k[i]);
-  }
-  free(init);
+  ca_group_free(&g);
 }
 
 Test(loco_collab_auth, unsigned_payloads_are_left_out, .timeout = 120) {
-  bad_payloads(1, "unsigned");
+  bad_payloads(LOCO_AUTH_TAMPER_UNSIGNED, "unsigned");
 }
 Test(loco_collab_auth, forged_payloads_are_left_out, .timeout = 120) {
-  bad_payloads(2, "forged");
+  bad_payloads(LOCO_AUTH_TAMPER_FORGED, "forged");
 }
 Test(loco_collab_auth, replayed_payloads_are_left_out, .timeout = 120) {
-  bad_payloads(3, "replayed");
+  bad_payloads(LOCO_AUTH_TAMPER_REPLAYED, "replayed");
 }
 Test(loco_collab_auth, foreign_payloads_are_left_out, .timeout = 120) {
-  bad_payloads(4, "foreign");
+  bad_payloads(LOCO_AUTH_TAMPER_FOREIGN, "foreign");
 }

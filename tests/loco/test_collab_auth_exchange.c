@@ -15,100 +15,69 @@
  * with the same bits. */
 static void bad_blobs(pulse_loco_auth_kind kind, const char *word,
                       unsigned modes) {
-  static const char *const why[] = {"", "unsigned", "forged", "", "foreign"};
-  for (unsigned mode = 1; mode <= 4; mode++) {
-    /* (3, a blob's replay: its body is not the signer's to choose) */
+  for (unsigned mode = LOCO_AUTH_TAMPER_UNSIGNED;
+       mode <= LOCO_AUTH_TAMPER_FOREIGN; mode++) {
+    /* (REPLAYED, a blob's replay: its body is not the signer's to choose) */
     if (!(modes & (1u << mode)))
       continue;
-    pulse_sign_key *k[3];
-    pulse_loco_member_key pins[3];
-    for (uint32_t i = 0; i < 3; i++) {
-      cr_assert_eq(pulse_sign_key_generate(&k[i]), PULSE_OK);
-      pins[i].id = i;
-      pulse_sign_key_public(k[i], pins[i].key);
-    }
-    float *init = malloc(CA_P * sizeof *init);
-    for (uint32_t i = 0; i < CA_P; i++)
-      init[i] = 0.02f * (float)(i % 61) - 0.5f;
-    ca_runner r[3];
-    memset(r, 0, sizeof r);
-    pulse_loco_member m[3];
     ca_partitioned = 1;
     /* A refused blob fails the exchange: its deadline is waited out. */
     ca_claim_ms = 1000;
     ca_round_ms = 2000;
-    for (uint32_t i = 0; i < 3; i++) {
-      r[i].ctx = ca_ctx(i, init);
-      r[i].c = ca_peer(r[i].ctx, k[i], pins, 3);
-      r[i].theta = malloc(CA_P * sizeof(float));
-      memcpy(r[i].theta, init, CA_P * sizeof(float));
-      r[i].rounds = 3;
-      m[i].id = i;
-      snprintf(m[i].url, sizeof m[i].url, "%s", pulse_loco_collab_url(r[i].c));
-    }
+    ca_group g;
+    ca_group_start(&g, 3, 3, 3);
     ca_partitioned = 0;
     ca_claim_ms = ca_round_ms = 0;
-    for (int i = 0; i < 3; i++)
-      cr_assert_eq(pulse_loco_collab_start(r[i].c, m, 3), PULSE_OK);
-    cr_assert_eq(collab_auth_tamper(r[1].c, mode, 1u << (kind - 1)), PULSE_OK);
-    pthread_t th[3];
-    for (int i = 0; i < 3; i++)
-      pthread_create(&th[i], NULL, ca_run, &r[i]);
-    for (int i = 0; i < 3; i++)
-      pthread_join(th[i], NULL);
-    uint64_t refused = 0, reason = 0;
+    cr_assert_eq(
+        collab_auth_tamper(g.r[1].c, mode, LOCO_AUTH_TAMPER_KIND(kind)),
+        PULSE_OK);
+    ca_group_run(&g);
+    uint64_t refused = 0, reasons = 0;
     for (int i = 0; i < 3; i++) {
-      cr_assert_eq(r[i].st, PULSE_OK, "%s %s: peer %d: %s", word, why[mode], i,
-                   r[i].detail);
-      cr_assert_eq(pulse_loco_round(r[i].ctx), 3);
-      cr_assert_eq(pulse_loco_global_digest(r[i].ctx),
-                   pulse_loco_global_digest(r[0].ctx), "%s %s: peer %d", word,
-                   why[mode], i);
-      refused += ca_refused_kind(r[i].c, word);
-      reason += ca_refused(r[i].c, why[mode]);
+      ca_runner *r = &g.r[i];
+      cr_assert_eq(r->st, PULSE_OK, "%s %s: peer %d: %s", word, reason[mode], i,
+                   r->detail);
+      cr_assert_eq(pulse_loco_round(r->ctx), 3);
+      cr_assert_eq(pulse_loco_global_digest(r->ctx),
+                   pulse_loco_global_digest(g.r[0].ctx), "%s %s: peer %d", word,
+                   reason[mode], i);
+      refused += ca_refused_kind(r->c, word);
+      reasons += ca_refused(r->c, reason[mode]);
     }
-    cr_assert_geq(refused, 1, "%s %s", word, why[mode]);
-    cr_assert_geq(reason, 1, "%s %s", word, why[mode]);
-    for (int i = 0; i < 3; i++) {
-      pulse_loco_collab_free(r[i].c);
-      pulse_loco_free(r[i].ctx);
-      free(r[i].theta);
-      pulse_sign_key_free(k[i]);
-    }
-    free(init);
+    cr_assert_geq(refused, 1, "%s %s", word, reason[mode]);
+    cr_assert_geq(reasons, 1, "%s %s", word, reason[mode]);
+    ca_group_free(&g);
   }
 }
 
 Test(loco_collab_auth, bad_slices_are_refused, .timeout = 120) {
   /* Each refusal waits the exchange's deadline out: two faults. */
-  bad_blobs(PULSE_LOCO_AUTH_SLICE, "slice", 1u << 2 | 1u << 4);
+  bad_blobs(PULSE_LOCO_AUTH_SLICE, "slice",
+            1u << LOCO_AUTH_TAMPER_FORGED | 1u << LOCO_AUTH_TAMPER_FOREIGN);
 }
 Test(loco_collab_auth, bad_reduced_ranges_are_refused, .timeout = 120) {
-  bad_blobs(PULSE_LOCO_AUTH_REDUCED, "reduced", 1u << 1 | 1u << 2);
+  bad_blobs(PULSE_LOCO_AUTH_REDUCED, "reduced",
+            1u << LOCO_AUTH_TAMPER_UNSIGNED | 1u << LOCO_AUTH_TAMPER_FORGED);
 }
 Test(loco_collab_auth, bad_verdicts_are_refused, .timeout = 120) {
-  bad_blobs(PULSE_LOCO_AUTH_VERDICT, "verdict", 1u << 1 | 1u << 2 | 1u << 4);
+  bad_blobs(PULSE_LOCO_AUTH_VERDICT, "verdict",
+            1u << LOCO_AUTH_TAMPER_UNSIGNED | 1u << LOCO_AUTH_TAMPER_FORGED |
+                1u << LOCO_AUTH_TAMPER_FOREIGN);
 }
 
 /* ------------------------------------------------------ claims and grants */
 
-/* POSTs PATH?id=1 to base, signed by h for `round` (h NULL: unsigned; flip:
- * one signature bit changed). @return the HTTP status. */
+/* POSTs PATH?id=1 to base, signed by k for `round` (k NULL: unsigned;
+ * flip: one signature bit changed). @return the HTTP status. */
 static long ca_post(const char *base, const pulse_sign_key *k, uint64_t round,
                     const char *path_id, int flip) {
   char url[600];
   int n = snprintf(url, sizeof url, "%s%s", base, path_id);
   if (k != NULL) {
     loco_sig s =
-        ca_sign(k, PULSE_LOCO_AUTH_CLAIM, round, path_id, strlen(path_id));
+        at_sign(k, PULSE_LOCO_AUTH_CLAIM, round, path_id, strlen(path_id));
     s.sig[5] ^= (uint8_t)flip;
-    char key[65], sig[129];
-    for (int i = 0; i < 32; i++)
-      snprintf(key + 2 * i, 3, "%02x", s.key[i]);
-    for (int i = 0; i < 64; i++)
-      snprintf(sig + 2 * i, 3, "%02x", s.sig[i]);
-    snprintf(url + n, sizeof url - (size_t)n, "&round=%llu&key=%s&sig=%s",
-             (unsigned long long)round, key, sig);
+    at_query(&s, url + n, sizeof url - (size_t)n);
   }
   long status = 0;
   cr_assert_eq(loco_http_post(url, 5000, &status), PULSE_OK);
@@ -119,11 +88,7 @@ Test(loco_collab_auth, claims_not_signed_by_their_member_are_refused,
      .timeout = 60) {
   pulse_sign_key *k[2], *kx;
   pulse_loco_member_key pins[2];
-  for (uint32_t i = 0; i < 2; i++) {
-    cr_assert_eq(pulse_sign_key_generate(&k[i]), PULSE_OK);
-    pins[i].id = i;
-    pulse_sign_key_public(k[i], pins[i].key);
-  }
+  at_keys(2, k, pins);
   cr_assert_eq(pulse_sign_key_generate(&kx), PULSE_OK);
   pulse_loco *ctx[2];
   pulse_loco_collab *c[2];
@@ -152,14 +117,9 @@ Test(loco_collab_auth, claims_not_signed_by_their_member_are_refused,
   memset(&ans, 0, sizeof ans);
   {
     loco_sig s =
-        ca_sign(k[1], PULSE_LOCO_AUTH_CLAIM, 3, claim3, strlen(claim3));
-    char key[65], sig[129];
-    for (int i = 0; i < 32; i++)
-      snprintf(key + 2 * i, 3, "%02x", s.key[i]);
-    for (int i = 0; i < 64; i++)
-      snprintf(sig + 2 * i, 3, "%02x", s.sig[i]);
-    snprintf(url, sizeof url, "%s%s&round=3&key=%s&sig=%s", base, claim3, key,
-             sig);
+        at_sign(k[1], PULSE_LOCO_AUTH_CLAIM, 3, claim3, strlen(claim3));
+    int n = snprintf(url, sizeof url, "%s%s", base, claim3);
+    at_query(&s, url + n, sizeof url - (size_t)n);
   }
   cr_assert_eq(loco_http_post_signed(url, 5000, &status, &ans), PULSE_OK);
   cr_assert_neq(status, 401);
@@ -190,8 +150,8 @@ Test(loco_collab_auth, claims_not_signed_by_their_member_are_refused,
   for (int i = 0; i < 2; i++) {
     pulse_loco_collab_free(c[i]);
     pulse_loco_free(ctx[i]);
-    pulse_sign_key_free(k[i]);
   }
+  at_keys_free(2, k);
   pulse_sign_key_free(kx);
 }
 
@@ -218,7 +178,7 @@ static void sign_grant(void *user, const char *path, const char *id,
   memset(sig, 0, sizeof *sig);
   if (ca_grant_mode == 1)
     return;
-  *sig = ca_sign(ca_grant_mode == 4 ? ca_grant_stranger : ca_grant_key,
+  *sig = at_sign(ca_grant_mode == 4 ? ca_grant_stranger : ca_grant_key,
                  PULSE_LOCO_AUTH_GRANT, ca_grant_mode == 3 ? r + 1 : r, text,
                  (size_t)len);
   if (ca_grant_mode == 2)
@@ -227,20 +187,17 @@ static void sign_grant(void *user, const char *path, const char *id,
 
 Test(loco_collab_auth, grants_not_signed_by_the_writer_are_refused,
      .timeout = 60) {
-  pulse_sign_key *k0, *k1, *kx;
-  cr_assert_eq(pulse_sign_key_generate(&k0), PULSE_OK);
-  cr_assert_eq(pulse_sign_key_generate(&k1), PULSE_OK);
+  pulse_sign_key *k[2], *kx;
+  pulse_loco_member_key pins[2];
+  at_keys(2, k, pins);
   cr_assert_eq(pulse_sign_key_generate(&kx), PULSE_OK);
-  ca_grant_key = k0;
+  ca_grant_key = k[0];
   ca_grant_stranger = kx;
-  pulse_loco_member_key pins[2] = {{0, {0}}, {1, {0}}};
-  pulse_sign_key_public(k0, pins[0].key);
-  pulse_sign_key_public(k1, pins[1].key);
   loco_server *srv;
   cr_assert_eq(loco_server_start(grant_all, NULL, &srv), PULSE_OK);
   loco_server_set_reply_signer(srv, sign_grant, NULL);
   pulse_loco *ctx = ca_ctx(1, NULL);
-  pulse_loco_collab *c = ca_peer(ctx, k1, pins, 2);
+  pulse_loco_collab *c = ca_peer(ctx, k[1], pins, 2);
   pulse_loco_member m[2] = {{0, ""}, {1, ""}};
   snprintf(m[0].url, sizeof m[0].url, "http://127.0.0.1:%u",
            loco_server_port(srv));
@@ -261,7 +218,6 @@ Test(loco_collab_auth, grants_not_signed_by_the_writer_are_refused,
   pulse_loco_collab_free(c);
   pulse_loco_free(ctx);
   loco_server_stop(srv);
-  pulse_sign_key_free(k0);
-  pulse_sign_key_free(k1);
+  at_keys_free(2, k);
   pulse_sign_key_free(kx);
 }
