@@ -12,16 +12,21 @@ exchange BF16-gated sparse pseudo-gradients with FP32 error feedback
 The gate, the error feedback, the payload coding and the outer Nesterov
 step run in the C library (pulse_loco.h); Python only flattens the
 parameters and moves the payloads. The transport is a torch.distributed
-process group (gloo on CPU, NCCL on GPU): payloads travel as byte tensors
-of their exact sizes. Parameters on a GPU are copied to the host for the
-C context and back after each outer step.
+process group (gloo on CPU, NCCL on GPU: payloads travel as byte tensors
+of their exact sizes), or the project's coordinator exchange for trainers
+across the internet (pulse.loco.Coordinator, pulse_loco_coord.h: HTTP or
+datagrams, joining and leaving, authentication). The C context works on
+host memory (the library has no device PULSELoCo context, only the device
+gate): parameters on a GPU are copied to the host for each outer step and
+the new global weights copied back.
 """
 
 import ctypes
 
 from ._lib import Error, check, fail, lib
+from .loco_coord import Coordinator, new_key
 
-__all__ = ["DiLoCo"]
+__all__ = ["Coordinator", "DiLoCo", "new_key"]
 
 _GATES = {"bf16": 0, "none": 1}  # pulse_loco_gate_mode
 _RULES = {"drop": 0, "keep": 1}  # pulse_loco_rule
@@ -93,33 +98,41 @@ def _torch():
 
 class DiLoCo:
     """One trainer's outer optimizer over `params` (FP32 tensors,
-    contiguous, all on one device), collective over `group` (a
-    torch.distributed process group; None: the default group, or a single
-    trainer when torch.distributed is not initialized).
+    contiguous, all on one device), collective over its transport.
 
-    At construction the trainers agree on the parameter count (a trainer
-    with another count raises pulse.Error on every trainer) and start from
-    rank 0's parameters (broadcast), so that theta_g is the same everywhere.
+    `transport` chooses the exchange. None or "torch": the torch.distributed
+    process group `group` (None: the default group, or a single trainer
+    when torch.distributed is not initialized); at construction the
+    trainers agree on the parameter count (a trainer with another count
+    raises pulse.Error on every trainer) and start from rank 0's
+    parameters (broadcast). A pulse.loco.Coordinator: the coordinator
+    exchange; the founding trainers start from trainer 0's state (a trainer
+    whose count, alpha, mu, gate or rule differs raises pulse.Error on
+    every trainer, before any payload), a joiner from the group's. The
+    collaboration (pulse_loco_collab.h) is not reachable from Python yet.
+
     `gate="bf16"` is PULSELoCo, `gate="none"` dense DiLoCo (the baseline,
     the same code path). `alpha` and `mu` are the outer Nesterov step's.
-    `rule` is the loss rule ("drop" or "keep"; nothing is lost over a
-    torch.distributed group, so both give the same result there).
-
-    `transport` chooses the exchange: None or "torch" (the group). The
-    project's own exchanges across sites (the coordinator exchange and the
-    collaboration, pulse_loco_coord.h and pulse_loco_collab.h) are not yet
-    reachable from Python: asking for them is a pulse.Error."""
+    `rule` is the loss rule for contributions that do not arrive ("drop"
+    or "keep", docs/formats/loco-payload.md "Loss rules"; over a
+    torch.distributed group nothing is lost, so both give the same result
+    there; datagrams need "drop")."""
 
     def __init__(self, params, group=None, alpha=0.7, mu=0.9, gate="bf16", transport=None,
                  rule="drop"):
         torch, dist = _torch()
-        if transport not in (None, "torch"):
-            raise fail(f"transport {transport!r}: only a torch.distributed group (None or "
-                       "'torch') is reachable from Python yet", "PULSE_ERR_NOT_BUILT")
+        self._coord = transport if isinstance(transport, Coordinator) else None
+        if transport not in (None, "torch") and self._coord is None:
+            raise fail(f"transport {transport!r}: None or 'torch' (a torch.distributed group) "
+                       "or a pulse.loco.Coordinator; the collaboration is not reachable from "
+                       "Python yet", "PULSE_ERR_NOT_BUILT")
+        if self._coord is not None and group is not None:
+            raise fail("group= is for the torch.distributed transport, not a Coordinator")
         if gate not in _GATES:
             raise fail(f"gate {gate!r}: 'bf16' or 'none'")
         if rule not in _RULES:
             raise fail(f"rule {rule!r}: 'drop' or 'keep'")
+        self._ctx = None
         self.params = list(params)
         if not self.params:
             raise fail("no parameters")
@@ -136,35 +149,68 @@ class DiLoCo:
                 raise fail(f"parameter {i} is on {p.device}, parameter 0 on {device}")
         self._torch, self._dist = torch, dist
         self.group = group
+        self.param_count = sum(p.numel() for p in self.params)
+        if self.param_count > (1 << 36):
+            raise fail(f"{self.param_count} parameters: at most 2^36")
+        self.gate = gate
+        if self._coord is not None:
+            self._open_coordinator(alpha, mu, rule)
+        else:
+            self._open_group(alpha, mu, rule)
+
+    def _create(self, trainer_id, alpha, mu, rule, theta):
+        _declare()
+        opts = LocoOpts()
+        lib.pulse_loco_opts_init(ctypes.byref(opts))
+        opts.param_count = self.param_count
+        opts.trainer_id = trainer_id
+        opts.alpha = alpha
+        opts.mu = mu
+        opts.gate = _GATES[self.gate]
+        opts.rule = _RULES[rule]
+        ctx = ctypes.c_void_p()
+        check(lib.pulse_loco_create(ctypes.byref(opts), ctypes.c_void_p(theta.data_ptr()),
+                                    ctypes.byref(ctx)))
+        self._ctx = ctx
+
+    def _open_group(self, alpha, mu, rule):
+        dist, group = self._dist, self.group
         self.distributed = dist.is_available() and dist.is_initialized()
         if group is not None and not self.distributed:
             raise fail("a group was given but torch.distributed is not initialized")
         self.world = dist.get_world_size(group) if self.distributed else 1
         self.rank = dist.get_rank(group) if self.distributed else 0
-        self.param_count = sum(p.numel() for p in self.params)
-        if self.param_count > (1 << 36):
-            raise fail(f"{self.param_count} parameters: at most 2^36")
+        # NCCL moves only device tensors: the counts and payloads go through
+        # the current GPU there, through host memory under gloo.
+        nccl = self.distributed and dist.get_backend(group) == "nccl"
+        self._wire = self._torch.device("cuda", self._torch.cuda.current_device()) \
+            if nccl else self._torch.device("cpu")
         counts = self._gather_ints(self.param_count)
         if len(set(counts)) != 1:
             raise fail("trainers disagree on the parameter count: "
                        + ", ".join(f"rank {r}: {c}" for r, c in enumerate(counts)))
         theta = self._flatten()
         if self.world > 1:
-            self._exchange_call(lambda: dist.broadcast(theta, src=self._global(0), group=group))
+            wire = theta.to(self._wire)
+            self._exchange_call(lambda: dist.broadcast(wire, src=self._global(0), group=group))
+            theta.copy_(wire)
             self._unflatten(theta)
-        _declare()
-        opts = LocoOpts()
-        lib.pulse_loco_opts_init(ctypes.byref(opts))
-        opts.param_count = self.param_count
-        opts.trainer_id = self.rank
-        opts.alpha = alpha
-        opts.mu = mu
-        opts.gate = _GATES[gate]
-        opts.rule = _RULES[rule]
-        self._ctx = ctypes.c_void_p()
-        check(lib.pulse_loco_create(ctypes.byref(opts), ctypes.c_void_p(theta.data_ptr()),
-                                    ctypes.byref(self._ctx)))
-        self.gate = gate
+        self._create(self.rank, alpha, mu, rule, theta)
+
+    def _open_coordinator(self, alpha, mu, rule):
+        coord = self._coord
+        self.world, self.rank = None, coord.trainer_id
+        theta = self._flatten()
+        self._create(coord.trainer_id, alpha, mu, rule, theta)
+        config = {"param_count": self.param_count, "alpha": float(ctypes.c_float(alpha).value),
+                  "mu": float(ctypes.c_float(mu).value), "gate": self.gate, "rule": rule,
+                  "datagrams": coord.datagrams}
+        try:
+            coord._open(self._ctx, theta, config)
+        except Exception:
+            self.close()
+            raise
+        self._unflatten(theta)
 
     # ------------------------------------------------------------ helpers
     def _global(self, rank):
@@ -183,8 +229,8 @@ class DiLoCo:
         torch, dist = self._torch, self._dist
         if self.world == 1:
             return [value]
-        mine = torch.tensor([value], dtype=torch.int64)
-        out = [torch.zeros(1, dtype=torch.int64) for _ in range(self.world)]
+        mine = torch.tensor([value], dtype=torch.int64, device=self._wire)
+        out = [torch.zeros(1, dtype=torch.int64, device=self._wire) for _ in range(self.world)]
         self._exchange_call(lambda: dist.all_gather(out, mine, group=self.group))
         return [int(t.item()) for t in out]
 
@@ -213,44 +259,80 @@ class DiLoCo:
         return int(lib.pulse_loco_global_digest(self._ctx))
 
     def step(self, samples=1, leaving=False):
-        """One outer step, collective over the group: pseudo-gradient
+        """One outer step, collective over the trainers: pseudo-gradient
         against theta_g, the gate, error feedback, the exchange, the mean
         (weighted by each trainer's `samples`), the Nesterov step; then
         every trainer's parameters hold theta_g. Returns a dict: round,
-        payload_bytes (this trainer's payload), bytes_sent (its payload
-        times the other trainers), bytes_received (the others' payloads),
+        payload_bytes (this trainer's payload), bytes_sent and
+        bytes_received (over a group: the payloads handed to it and
+        received from it; over a Coordinator: the HTTP bodies this node's
+        server answered since the last step, Coordinator.served_bytes, and
+        those it fetched, the exchange's fetched_bytes; datagrams are
+        counted in `exchange`),
         entries (sent by this trainer), density (entries / parameters),
-        contributors, samples. On a failed exchange the round is abandoned
-        (the error feedback keeps what this trainer sent), the parameters
-        are left as they were, and pulse.Error is raised."""
-        torch, dist = self._torch, self._dist
+        contributors; over a group also samples; over a Coordinator also
+        members, coordinator, self_included, resynced, rejoined (the step
+        only joined again: no round ran) and `exchange`, every figure of
+        pulse_loco_coord_step. On a failed exchange the parameters are left
+        as they were and pulse.Error is raised (over a group the round is
+        abandoned: the error feedback keeps what this trainer sent).
+
+        leaving=True (Coordinator only: a process group has no leaving):
+        this trainer's last round; it flushes its residual and leaves."""
         if self._ctx is None:
             raise fail("the optimizer is closed")
-        if samples < 1:
-            raise fail(f"samples {samples}: at least 1")
+        if not isinstance(samples, int) or samples < 1:
+            raise fail(f"samples {samples!r}: an integer, at least 1")
+        if self._coord is not None:
+            return self._step_coordinator(samples, leaving)
+        if leaving:
+            raise fail("leaving: a torch.distributed group has no leaving (every rank runs "
+                       "every round); leave with transport=pulse.loco.Coordinator",
+                       "PULSE_ERR_UNSUPPORTED")
+        return self._step_group(samples)
+
+    def _step_coordinator(self, samples, leaving):
+        theta = self._flatten()
+        figures = self._coord._step(theta, samples, leaving)
+        self._unflatten(theta)
+        return {
+            "round": figures["round"],
+            "payload_bytes": figures["payload_bytes"],
+            "bytes_sent": figures["served_bytes"],
+            "bytes_received": figures["fetched_bytes"],
+            "entries": figures["sent"],
+            "density": figures["sent"] / self.param_count,
+            "contributors": figures["contributors"],
+            "members": figures["members"],
+            "coordinator": figures["coordinator"],
+            "self_included": bool(figures["self_included"]),
+            "resynced": bool(figures["resynced"]),
+            "rejoined": bool(figures["rejoined"]),
+            "exchange": figures,
+        }
+
+    def _step_group(self, samples):
+        torch, dist = self._torch, self._dist
         theta = self._flatten()
         payload = ctypes.c_void_p()
         size = ctypes.c_size_t()
         prep = LocoPrepareFigures()
-        check(lib.pulse_loco_prepare(self._ctx, ctypes.c_void_p(theta.data_ptr()), samples,
-                                     LEAVING if leaving else 0, ctypes.byref(payload),
-                                     ctypes.byref(size), ctypes.byref(prep)))
+        check(lib.pulse_loco_prepare(self._ctx, ctypes.c_void_p(theta.data_ptr()), samples, 0,
+                                     ctypes.byref(payload), ctypes.byref(size),
+                                     ctypes.byref(prep)))
         own = torch.frombuffer(bytearray(ctypes.string_at(payload.value, size.value)),
                                dtype=torch.uint8) \
             if size.value else torch.zeros(0, dtype=torch.uint8)
         try:
             sizes = self._gather_ints(size.value)
-            bufs = []
-            for r in range(self.world):
-                if r == self.rank:
-                    bufs.append(own)
-                    continue
-                buf = torch.empty(sizes[r], dtype=torch.uint8)
-                bufs.append(buf)
+            bufs = [own.to(self._wire) if r == self.rank
+                    else torch.empty(sizes[r], dtype=torch.uint8, device=self._wire)
+                    for r in range(self.world)]
             for r in range(self.world):
                 if self.world > 1:
                     self._exchange_call(lambda r=r: dist.broadcast(
                         bufs[r], src=self._global(r), group=self.group))
+            bufs = [b.cpu() for b in bufs]
         except Error:
             lib.pulse_loco_abandon(self._ctx, 0)
             raise
@@ -275,7 +357,11 @@ class DiLoCo:
         }
 
     def close(self):
-        """Frees the C context (also when collected)."""
+        """Frees the C context and stops a Coordinator's node (also when
+        collected). A Coordinator's trainer calls transport.linger() first
+        when the run ends (see Coordinator.linger)."""
+        if self._coord is not None:
+            self._coord.close()  # the node borrows the context: first
         if getattr(self, "_ctx", None):
             lib.pulse_loco_free(self._ctx)
         self._ctx = None
