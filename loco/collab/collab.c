@@ -288,6 +288,31 @@ pulse_status pulse_loco_collab_import(pulse_loco_collab *c, const char *base,
   if (c == NULL || base == NULL || !loco_url_valid(base))
     return pulse_fail(PULSE_ERR_ARG,
                       "loco collab: state source must be http://A.B.C.D:PORT");
+  pulse_bytebuf b = PULSE_BYTEBUF_INIT;
+  pulse_status st = collab_get_state(c, base, round, timeout_ms, &b);
+  if (st == PULSE_OK)
+    st = collab_import_state(c, base, round, &b, theta_r);
+  pulse_bytebuf_free(&b);
+  return st;
+}
+
+/* The state's own digests are checked by the import; its round must be
+ * the one asked for. */
+pulse_status collab_import_state(pulse_loco_collab *c, const char *base,
+                                 uint64_t round, const pulse_bytebuf *b,
+                                 float *theta_r) {
+  pulse_status st = pulse_loco_state_import(c->ctx, b->data, b->size, theta_r);
+  if (st == PULSE_OK && pulse_loco_round(c->ctx) != round)
+    st = pulse_fail(PULSE_ERR_CORRUPT,
+                    "loco collab: %s served round %" PRIu64
+                    " for round %" PRIu64,
+                    base, pulse_loco_round(c->ctx), round);
+  return st;
+}
+
+pulse_status collab_get_state(pulse_loco_collab *c, const char *base,
+                              uint64_t round, uint32_t timeout_ms,
+                              pulse_bytebuf *out) {
   char url[160];
   url_fmt(url, sizeof url, base, "/v1/loco/state/%" PRIu64, round);
   pulse_bytebuf b = PULSE_BYTEBUF_INIT;
@@ -329,18 +354,11 @@ pulse_status pulse_loco_collab_import(pulse_loco_collab *c, const char *base,
                       round, base);
   }
   if (st == PULSE_OK) {
-    /* The state's own digests are checked by the import; its round must
-     * be the one asked for. */
-    uint64_t had = pulse_loco_round(c->ctx);
-    (void)had;
-    st = pulse_loco_state_import(c->ctx, b.data, b.size, theta_r);
-    if (st == PULSE_OK && pulse_loco_round(c->ctx) != round)
-      st = pulse_fail(PULSE_ERR_CORRUPT,
-                      "loco collab: %s served round %" PRIu64
-                      " for round %" PRIu64,
-                      base, pulse_loco_round(c->ctx), round);
+    pulse_bytebuf_free(out);
+    *out = b;
+  } else {
+    pulse_bytebuf_free(&b);
   }
-  pulse_bytebuf_free(&b);
   return st;
 }
 

@@ -28,44 +28,67 @@ uint64_t collab_catch_up_window(const pulse_loco_collab *c) {
   return 2u * collab_exchange_ms(c) + 2u * c->opts.claim_timeout_ms;
 }
 
-/* How long one try at a state may take: 500 ms to find it missing or its
- * source gone, plus twice the state's transfer time at this peer's
- * measured download rate (none measured yet: nothing more). A large state
- * over a slow link is then not cut off halfway and started again. */
+/* How long one try at a state may take: a claim timeout to find it
+ * missing or its source gone (a loaded peer answers late: 500 ms found
+ * no server under load), plus twice the state's transfer time at this
+ * peer's measured download rate (none measured yet: nothing more). A large
+ * state over a slow link is then not cut off halfway and started again. */
 static uint32_t state_try_ms(const pulse_loco_collab *c) {
-  uint64_t ms = 500;
+  uint64_t ms = c->opts.claim_timeout_ms;
   if (c->bandwidth > 0)
     ms += 2000u * (uint64_t)loco_state_cap(c->ctx->n) / c->bandwidth;
   return ms > 600000u ? 600000u : (uint32_t)ms;
 }
 
-/* Imports the state of round `round` from the manifest's source or a
- * contributor (they all finished it). */
+/* Whether url is one to ask for a state: not empty, not hosted (a client
+ * serves none), not this peer's, not among the n already listed. */
+static int state_source(const pulse_loco_collab *c, const char *url,
+                        const char **seen, size_t n) {
+  if (!collab_serves(url) || strcmp(url, c->url) == 0)
+    return 0;
+  for (size_t i = 0; i < n; i++)
+    if (strcmp(seen[i], url) == 0)
+      return 0;
+  return 1;
+}
+
+/* Imports the state of round `round` from the manifest's source, a
+ * contributor or any other serving member: every member that finished or
+ * imported it serves the same bytes, so any live holder will do, and one
+ * that died (or does not have it yet) only costs its try. */
 pulse_status collab_catch_up(pulse_loco_collab *c, uint64_t round,
                              const char *src, const loco_manifest *man,
                              float *theta_r, uint64_t window_ms) {
   uint64_t end = loco_now_ms() + window_ms;
-  pulse_status st = PULSE_ERR_IO;
-  while (loco_now_ms() < end) {
-    for (size_t j = 0; j <= (man ? man->ncontrib : 0); j++) {
-      const char *base = src;
-      if (j > 0) {
-        if (man->contrib[j - 1].id == c->id)
-          continue;
-        base = collab_url_of(c, man->contrib[j - 1].id);
-      }
-      if (base[0] == '\0' || strcmp(base, c->url) == 0)
-        continue;
-      st = pulse_loco_collab_import(c, base, round, theta_r,
-                                     state_try_ms(c));
-      if (st == PULSE_OK)
-        return st;
-    }
-    loco_sleep_ms(5);
+  size_t cap = 1 + (man ? man->ncontrib : 0) + c->nmembers, n = 0;
+  const char **urls = calloc(cap, sizeof *urls);
+  if (urls == NULL)
+    return pulse_fail(PULSE_ERR_NOMEM, "loco collab: state sources");
+  if (src != NULL && state_source(c, src, urls, n))
+    urls[n++] = src;
+  for (size_t j = 0; man != NULL && j < man->ncontrib; j++) {
+    const char *u = collab_url_of(c, man->contrib[j].id);
+    if (state_source(c, u, urls, n))
+      urls[n++] = u;
   }
+  for (size_t i = 0; i < c->nmembers; i++)
+    if (state_source(c, c->members[i].url, urls, n))
+      urls[n++] = c->members[i].url;
+  pulse_status st = PULSE_ERR_IO;
+  while (st != PULSE_OK && loco_now_ms() < end) {
+    for (size_t j = 0; j < n && st != PULSE_OK; j++)
+      st = pulse_loco_collab_import(c, urls[j], round, theta_r,
+                                    state_try_ms(c));
+    if (st != PULSE_OK)
+      loco_sleep_ms(5);
+  }
+  free(urls);
+  if (st == PULSE_OK)
+    return st;
   return pulse_fail(PULSE_ERR_IO,
-                    "loco collab: no peer served the state of round %" PRIu64,
-                    round);
+                    "loco collab: no peer served the state of round %" PRIu64
+                    " within %" PRIu64 " ms",
+                    round, window_ms);
 }
 
 /* The partitioned finish of round r (opts.partitioned): the manifest's
@@ -197,43 +220,88 @@ pulse_status collab_reduce_partitioned(pulse_loco_collab *c, uint64_t r,
  * served first) or "failed" (ctx still prepared). */
 pulse_status collab_publish_outcome(pulse_loco_collab *c, uint64_t r,
                                     int finished) {
-  if (finished)
+  /* The test hook's phase 4 (collab_impl.h): the word without the state,
+   * then nothing more, as a finisher killed right after its word. */
+  int dies = finished && loco_collab_test_stall_phase == 4 &&
+             c->id == loco_collab_test_stall_id &&
+             r == loco_collab_test_stall_round;
+  if (finished && !dies)
     PULSE_TRY(collab_publish_state(c));
   char path[96];
   snprintf(path, sizeof path, "/v1/loco/round/%" PRIu64 "/outcome", r);
   const char *text = finished ? "finished" : "failed";
-  return loco_server_put(c->srv, path, text, strlen(text));
+  pulse_status st = loco_server_put(c->srv, path, text, strlen(text));
+  while (dies)
+    loco_sleep_ms(1000);
+  return st;
 }
 
-/* A contributor whose exchange failed: the other contributors' outcomes,
- * until one finished (its URL into `from`: this peer imports its state,
- * so every survivor ends r with the same weights), or every one answered
- * or `end` passed. Then alive[j] says which said "failed": when nobody
- * finished, those (and this peer) finish r all-to-all, the rule every
- * survivor applies to the same answers (a dead peer answers nobody).
- * Returns 1 (found), 0 (nobody finished) or -1 (out of memory). */
+/* What a failed contributor last heard of another's outcome. */
+enum { HEARD_NOTHING = 0, HEARD_FAILED, HEARD_FINISHED };
+
+/* The state of r + 1 from a contributor whose last word is "finished"
+ * (into *state, its URL into from): 1 when one served it. A word is no
+ * served state: one whose state cannot be had (it died after its word,
+ * or serves none) loses it (heard back to nothing) until it says it
+ * again. */
+static int state_of_a_finisher(pulse_loco_collab *c, uint64_t r,
+                               const loco_manifest *man, uint8_t *heard,
+                               uint8_t *warned, pulse_bytebuf *state,
+                               char *from, size_t cap) {
+  for (size_t j = 0; j < man->ncontrib; j++) {
+    if (heard[j] != HEARD_FINISHED)
+      continue;
+    const char *u = collab_url_of(c, man->contrib[j].id);
+    if (collab_get_state(c, u, r + 1, state_try_ms(c), state) == PULSE_OK) {
+      snprintf(from, cap, "%s", u);
+      return 1;
+    }
+    if (!warned[j]) /* once: it is asked again as long as it says so */
+      PULSE_LOG_AT(PULSE_LOG_WARN,
+                   "loco collab round %" PRIu64 ": %s said it finished but "
+                   "serves no state of round %" PRIu64 " (%s)",
+                   r, u, r + 1, pulse_error_detail());
+    warned[j] = 1;
+    heard[j] = HEARD_NOTHING;
+  }
+  return 0;
+}
+
+/* A contributor whose exchange failed: the other serving contributors'
+ * outcomes, read again and again until one that said "finished" serves
+ * its state of r + 1 (into *state, its URL into `from`: this peer imports
+ * it, so every survivor ends r with the same weights, and says "finished"
+ * in its turn), or every one answered and none has a state, or `end`
+ * passed. Then alive[j] says whose last word was "failed": those (and
+ * this peer) finish r all-to-all, the rule every survivor applies to the
+ * same answers (a dead peer answers nobody; a finisher that died after
+ * its word, before anyone imported its state, left it nowhere).
+ * Returns 1 (a state), 0 (nobody's) or -1 (out of memory). */
 static int settle(pulse_loco_collab *c, uint64_t r, const loco_manifest *man,
-                  uint64_t end, char *from, size_t cap, uint8_t *alive) {
+                  uint64_t end, pulse_bytebuf *state, char *from, size_t cap,
+                  uint8_t *alive) {
   size_t C = man->ncontrib;
   loco_fetch *t = calloc(C ? C : 1, sizeof *t);
   char(*urls)[160] = calloc(C ? C : 1, sizeof *urls);
   uint8_t *answered = calloc(C ? C : 1, 1);
+  uint8_t *heard = calloc(C ? C : 1, 2), *warned = heard + C;
   size_t *idx = calloc(C ? C : 1, sizeof *idx);
   int found = 0;
   memset(alive, 0, C);
-  if (!t || !urls || !answered || !idx) {
-    free(t), free(urls), free(answered), free(idx);
+  if (!t || !urls || !answered || !heard || !idx) {
+    free(t), free(urls), free(answered), free(heard), free(idx);
     return -1;
   }
   for (;;) {
-    size_t q = 0, left = 0;
+    size_t q = 0, left = 0, finishers = 0;
     for (size_t j = 0; j < C; j++) {
       const char *u = collab_url_of(c, man->contrib[j].id);
       /* Client-mode contributors publish no outcome (docs/formats/loco-payload.md). */
-      if (man->contrib[j].id == c->id || answered[j] || u[0] == '\0' ||
+      if (man->contrib[j].id == c->id || u[0] == '\0' ||
           loco_url_hosted(u, NULL, 0, NULL))
         continue;
-      left++;
+      left += !answered[j];
+      finishers += heard[j] == HEARD_FINISHED;
       snprintf(urls[q], sizeof urls[q], "%s/v1/loco/round/%" PRIu64 "/outcome",
                u, r);
       t[q] = (loco_fetch){0};
@@ -243,7 +311,7 @@ static int settle(pulse_loco_collab *c, uint64_t r, const loco_manifest *man,
       idx[q++] = j;
     }
     uint64_t now = loco_now_ms();
-    if (left == 0 || now >= end)
+    if ((left == 0 && finishers == 0) || now >= end)
       break;
     loco_http_gather(t, q, now + 50u < end ? now + 50u : end);
     for (size_t a = 0; a < q; a++) {
@@ -251,19 +319,21 @@ static int settle(pulse_loco_collab *c, uint64_t r, const loco_manifest *man,
         size_t j = idx[a];
         c->fetched += t[a].body.size;
         answered[j] = 1;
-        if (t[a].body.size == 8 && memcmp(t[a].body.data, "finished", 8) == 0 &&
-            !found) {
-          found = 1;
-          snprintf(from, cap, "%s", collab_url_of(c, man->contrib[j].id));
-        }
-        alive[j] = t[a].body.size == 6 && memcmp(t[a].body.data, "failed", 6) == 0;
+        if (t[a].body.size == 8 && memcmp(t[a].body.data, "finished", 8) == 0)
+          heard[j] = HEARD_FINISHED;
+        else if (t[a].body.size == 6 &&
+                 memcmp(t[a].body.data, "failed", 6) == 0)
+          heard[j] = HEARD_FAILED;
       }
       pulse_bytebuf_free(&t[a].body);
     }
+    found = state_of_a_finisher(c, r, man, heard, warned, state, from, cap);
     if (found)
       break;
   }
-  free(t), free(urls), free(answered), free(idx);
+  for (size_t j = 0; j < C; j++)
+    alive[j] = heard[j] == HEARD_FAILED;
+  free(t), free(urls), free(answered), free(heard), free(idx);
   return found;
 }
 
@@ -287,7 +357,9 @@ pulse_status collab_settle_failed(pulse_loco_collab *c, uint64_t r,
   pulse_status st = collab_publish_outcome(c, r, 0);
   uint8_t *alive = calloc(C ? C : 1, 1);
   char from[64] = "";
-  int found = alive ? settle(c, r, man, end, from, sizeof from, alive) : -1;
+  pulse_bytebuf state = PULSE_BYTEBUF_INIT;
+  int found =
+      alive ? settle(c, r, man, end, &state, from, sizeof from, alive) : -1;
   if (st == PULSE_OK && found < 0)
     st = pulse_fail(PULSE_ERR_NOMEM, "loco collab: round %" PRIu64, r);
   if (st == PULSE_OK && found > 0) {
@@ -296,8 +368,15 @@ pulse_status collab_settle_failed(pulse_loco_collab *c, uint64_t r,
                  "round %" PRIu64 " from %s, which finished it",
                  r, r + 1, from);
     pulse_loco_abandon(c->ctx, self_in);
-    st = collab_catch_up(c, r + 1, from, man, theta_r,
-                         collab_catch_up_window(c));
+    /* The state in hand; should it not import, any other holder's. */
+    st = collab_import_state(c, from, r + 1, &state, theta_r);
+    if (st != PULSE_OK)
+      st = collab_catch_up(c, r + 1, from, man, theta_r,
+                           collab_catch_up_window(c));
+    /* It serves that state now and says so: a survivor that heard the
+     * same word from a finisher since dead gets it here. */
+    if (st == PULSE_OK)
+      st = collab_publish_outcome(c, r, 1);
     *imported = 1;
     info->resynced = st == PULSE_OK;
     info->contributors = (uint32_t)C;
@@ -342,6 +421,7 @@ pulse_status collab_settle_failed(pulse_loco_collab *c, uint64_t r,
     man->ncontrib = q;
   }
   free(alive);
+  pulse_bytebuf_free(&state);
   return st;
 }
 

@@ -236,7 +236,10 @@ extern uint64_t loco_collab_test_bandwidth_per_id;
  * (sleeps until killed) once it published the manifest, having first
  * dropped its own payload (phase 1: nobody can fetch it, from it or as a
  * relay) or not (phase 2); or (phase 3, any member) waits 1 s before
- * fetching the listed payloads. Phase 0: never (the default). */
+ * fetching the listed payloads; or (phase 4, any member that finishes the
+ * round) says "finished" without serving its state of round + 1 and stops
+ * for good: a finisher that dies after its word, before anyone imported
+ * its state. Phase 0: never (the default). */
 extern uint32_t loco_collab_test_stall_id;
 extern uint64_t loco_collab_test_stall_round;
 extern int loco_collab_test_stall_phase;
@@ -294,8 +297,20 @@ pulse_status collab_finish_listed(pulse_loco_collab *c, uint64_t r,
  * finishes with; how long a member waits for the state of r + 1. */
 uint64_t collab_exchange_ms(const pulse_loco_collab *c);
 uint64_t collab_catch_up_window(const pulse_loco_collab *c);
-/* Imports the state of round `round` from src or one of man's
- * contributors (man may be NULL), trying until window_ms passed. */
+/* The state of `round` served at base, its signature checked (auth
+ * hook), into *out (replaced); nothing imported. PULSE_ERR_NOT_FOUND when
+ * base does not serve it. */
+pulse_status collab_get_state(pulse_loco_collab *c, const char *base,
+                              uint64_t round, uint32_t timeout_ms,
+                              pulse_bytebuf *out);
+/* Imports a state collab_get_state got from base (ctx not prepared); an
+ * error when it is not of `round` or does not import. */
+pulse_status collab_import_state(pulse_loco_collab *c, const char *base,
+                                 uint64_t round, const pulse_bytebuf *b,
+                                 float *theta_r);
+/* Imports the state of round `round` from src, one of man's contributors
+ * (man may be NULL) or any other serving member, trying each in turn until
+ * window_ms passed. */
 pulse_status collab_catch_up(pulse_loco_collab *c, uint64_t round,
                              const char *src, const loco_manifest *man,
                              float *theta_r, uint64_t window_ms);
