@@ -249,14 +249,19 @@ class DiLoCo:
                 at += n
 
     # ---------------------------------------------------------------- API
+    def _live(self):
+        if self._ctx is None:
+            raise fail("the optimizer is closed")
+        return self._ctx
+
     @property
     def round(self):
         """The round the next step() runs (rounds finished so far)."""
-        return int(lib.pulse_loco_round(self._ctx))
+        return int(lib.pulse_loco_round(self._live()))
 
     def global_digest(self):
         """64-bit digest of theta_g's bits: equal on every trainer."""
-        return int(lib.pulse_loco_global_digest(self._ctx))
+        return int(lib.pulse_loco_global_digest(self._live()))
 
     def step(self, samples=1, leaving=False):
         """One outer step, collective over the trainers: pseudo-gradient
@@ -279,8 +284,7 @@ class DiLoCo:
 
         leaving=True (Coordinator only: a process group has no leaving):
         this trainer's last round; it flushes its residual and leaves."""
-        if self._ctx is None:
-            raise fail("the optimizer is closed")
+        self._live()
         if not isinstance(samples, int) or samples < 1:
             raise fail(f"samples {samples!r}: an integer, at least 1")
         if self._coord is not None:

@@ -12,6 +12,8 @@ torch.distributed TCPStore, on the byte model of test_loco.py.
   authenticated: plus the signatures the exchange counts in auth_bytes).
   Then trainer 2 leaves (its last round flushes), and the two left run on
   with every replica identical.
+- join: a trainer whose key is not pinned joins a running group through a
+  member's URL with that member's admission; every replica ends the same.
 - udp: contributions as datagrams, 3 rounds, every payload counted.
 - mismatch: a trainer with another parameter count, or another alpha,
   makes every founding trainer raise pulse.Error before any payload.
@@ -44,6 +46,7 @@ from test_loco import INNER, ByteModel, digest, text_batches  # noqa: E402
 WORLD = 3
 ROUNDS = 8
 MANIFEST_TIMEOUT = 4.0
+JOIN_ROUNDS = 12
 
 
 class Meeting:
@@ -142,6 +145,61 @@ def run_rounds(rank, port, keydir):
            f"{paid})"
 
 
+def run_join(rank, port, keydir):
+    """Trainers 0 and 1 found the group; trainer 2, whose key is not
+    pinned, joins through trainer 0's URL with trainer 0's admission once
+    they ran 2 rounds; all three end at round JOIN_ROUNDS with the same
+    bits."""
+    torch.manual_seed(20 + rank)
+    model = ByteModel()
+    store = make_store(rank, port)
+    meet = Meeting(store, rank)
+    keys = {r: open(os.path.join(keydir, f"{r}.pub")).read() for r in range(WORLD)}
+    key = os.path.join(keydir, f"{rank}.pem")
+    if rank < 2:
+        coord = pulse.loco.Coordinator(rank, 2, store, deadline=10, manifest_timeout=30, key=key,
+                                       member_keys={r: keys[r] for r in range(2)})
+    else:
+        store.wait(["test/seed"])
+        coord = pulse.loco.Coordinator(2, seed_url=store.get("test/seed").decode(),
+                                       admission=store.get("test/admission"), key=key,
+                                       member_keys={r: keys[r] for r in range(2)},
+                                       deadline=10, manifest_timeout=30)
+    outer = pulse.loco.DiLoCo(model.parameters(), transport=coord)
+    joined_at = outer.round
+    if rank == 2:
+        store.add("test/joined", 1 + joined_at)
+    inner = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    next_batch, _ = text_batches(rank)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    most = 0
+    while outer.round < JOIN_ROUNDS:
+        for _ in range(INNER):
+            x, y = next_batch()
+            loss_fn(model(x), y).backward()
+            inner.step()
+            inner.zero_grad()
+        if rank < 2 and store.add("test/joined", 0) == 0:
+            time.sleep(0.2)  # slow enough for the joiner to be admitted
+        info = outer.step()
+        assert not info["rejoined"], info
+        most = max(most, info["contributors"])
+        if rank == 0 and info["round"] == 1:
+            store.set("test/admission", coord.admit(keys[2], JOIN_ROUNDS))
+            store.set("test/seed", coord.url)
+    seen = meet.share("end", (outer.round, digest(list(model.parameters())),
+                              outer.global_digest()))
+    assert len(set(seen.values())) == 1, f"replicas differ after the join: {seen}"
+    assert most == WORLD, f"the joiner never contributed (at most {most} contributors)"
+    if rank < 2:
+        coord.linger()
+    meet.share("done", True)
+    end = outer.round
+    outer.close()
+    meet.leave()
+    return f"joined at round {store.add('test/joined', 0) - 1}, all at round {end}"
+
+
 def run_udp(rank, port):
     torch.manual_seed(7)
     model = ByteModel()
@@ -199,9 +257,10 @@ def run_dead(rank, port):
         os._exit(3)  # a member dies: the others go on without it
     info = outer.step()
     assert info["contributors"] == 2, info
-    store.set(f"test/round1/{rank}", "1")
-    store.wait([f"test/round1/{r}" for r in range(2)])
+    if rank == 1:
+        store.set("test/round1", "1")  # its last use of the store
     if rank == 0:
+        store.wait(["test/round1"])
         os._exit(4)  # the coordinator (and the store) dies: no manifest
     began = time.monotonic()
     try:
@@ -247,6 +306,10 @@ def check_refusals():
     refused(lambda: pulse.loco.DiLoCo(p).step(leaving=True), "leaving a torch group",
             "PULSE_ERR_UNSUPPORTED")
     refused(lambda: pulse.loco.DiLoCo(p).step(samples=0), "0 samples")
+    closed = pulse.loco.DiLoCo(p)
+    closed.close()
+    refused(lambda: closed.round, "a closed optimizer's round")
+    refused(lambda: closed.step(), "a closed optimizer's step")
     # Nothing was sent: a store no founder wrote to holds no key of ours.
     assert store.num_keys() == 0, store.num_keys()
     # A single founding trainer runs rounds alone: its own mean.
@@ -262,6 +325,8 @@ def worker(rank, port, phase, arg):
     torch.set_num_threads(1)
     if phase == "rounds":
         print(f"ok rounds rank {rank}: {run_rounds(rank, port, arg)}", flush=True)
+    elif phase == "join":
+        print(f"ok join rank {rank}: {run_join(rank, port, arg)}", flush=True)
     elif phase == "udp":
         print(f"ok udp rank {rank}: {run_udp(rank, port)}", flush=True)
     elif phase == "mismatch":
@@ -285,7 +350,7 @@ def main():
             pub = pulse.loco.new_key(os.path.join(keydir, f"{r}.pem"))
             with open(os.path.join(keydir, f"{r}.pub"), "w") as f:
                 f.write(pub)
-        runs = [("rounds", keydir), ("udp", "-"), ("mismatch", "count"),
+        runs = [("rounds", keydir), ("join", keydir), ("udp", "-"), ("mismatch", "count"),
                 ("mismatch", "alpha"), ("dead", "-")]
         for phase, arg in runs:
             outs = spawn_ranks(__file__, WORLD, [phase, arg], 300, f"phase {phase}: a trainer")
@@ -296,7 +361,7 @@ def main():
                     failed.append(f"{phase} {arg}: rank {rank} exited {rc} (want {want})")
     for f in failed:
         print("FAIL:", f)
-    print(f"{6 - len(failed)} passed, {len(failed)} failed" if not failed
+    print(f"{1 + len(runs)} passed, {len(failed)} failed" if not failed
           else f"{len(failed)} failed")
     sys.exit(1 if failed else 0)
 
