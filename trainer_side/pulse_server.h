@@ -9,8 +9,9 @@
  *   GET /v1/objects/<sha256>.pulse     patches  } immutable, strong ETag,
  *   GET /v1/objects/<sha256>.safetensors anchors} Range, zero-copy
  *   GET /v1/catchup/<step>             one squashed patch from a retained
- *                                      step to the head, built (off the
- *                                      HTTP threads, bounded) and cached
+ *                                      step (or one earlier heads' objects
+ *                                      still reach) to the head, built (off
+ *                                      the HTTP threads, bounded) and cached
  *   GET /metrics                       Prometheus text
  *   GET /healthz                       liveness
  *

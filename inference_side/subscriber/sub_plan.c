@@ -2,7 +2,8 @@
  * the fewest bytes: (a) the retained patches from the targets' step, (b)
  * one squashed catch-up patch from the server (its size and SHA-256 from a
  * HEAD request, sub_catchup.c; only when the server signs it with the
- * publisher's key, unless unsigned catch-ups are allowed), or (c) an anchor
+ * publisher's key, unless unsigned catch-ups are allowed; also from a step
+ * the head no longer retains), or (c) an anchor
  * and the patches after it. Bytes already in the cache (whole objects, or
  * partial downloads that will resume, catch-ups included) are not counted,
  * so a restarted worker finishes the download it had started. Without a
@@ -75,10 +76,15 @@ pulse_status sub_plan_make(pulse_sub *sub, unsigned avoid, sub_plan *out) {
     out->bytes = best;
   }
   /* A catch-up only pays off over two patches or more (over one, the
-   * server sends that very patch). */
-  if (first >= 0 && np - (size_t)first >= 2 && sub->opts.use_catchup &&
+   * server sends that very patch). From a step the head no longer retains
+   * it is the one route short of an anchor: a server may still reach that
+   * step through objects earlier heads named (a worker whose download
+   * outlasted the retention, docs/protocols/sync.md). */
+  int catchup_worth =
+      first >= 0 ? np - (size_t)first >= 2 && patches_cost(sub, (size_t)first) > 0
+                 : from != PULSE_SUB_NO_STEP && from < head;
+  if (catchup_worth && sub->opts.use_catchup &&
       !(avoid & SUB_AVOID(PULSE_SUB_ROUTE_CATCHUP)) &&
-      patches_cost(sub, (size_t)first) > 0 &&
       sub_catchup_probe(sub, from, &out->catchup, &out->catchup_src)) {
     /* Bytes of it already in the cache (a partial download) are not
      * counted: an interrupted catch-up is finished. */

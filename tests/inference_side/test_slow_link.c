@@ -7,6 +7,8 @@
  * source delivers at least an eighth of the minimum rate. The link is the
  * fetch engine's own rate limit (max_recv_bytes_per_s). About 45 s. */
 #include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <time.h>
 
 #include "inf_testutil.h"
@@ -43,6 +45,118 @@ Test(slow_link, a_worker_at_50_kb_per_s_syncs_with_the_default_deadline,
   /* Every byte of the anchor downloaded once: none thrown away. */
   cr_expect_lt(f.bytes_downloaded, (uint64_t)(2.4e6), "%" PRIu64 " bytes",
                f.bytes_downloaded);
+  pulse_sub_free(sub);
+  it_targets_free(&tg);
+  tu_rm_rf(work);
+  it_trainer_down(&t);
+}
+
+/* The continuous case of the same finding: the trainer keeps stepping while
+ * the worker's anchor download outlasts the steps the head retains (anchor
+ * every 3, keep 2). The worker ends that download at a step the head has
+ * dropped; before, its only route from there was the newest anchor, which
+ * it again finished too late, so it stayed an anchor behind for ever. The
+ * server now squashes a catch-up from that step over the objects earlier
+ * heads named (server_history.c), and the worker reaches the trainer while
+ * it is still stepping, with one anchor downloaded. About 45 s. */
+
+typedef struct {
+  it_trainer *t;
+  atomic_uint_fast64_t head; /* the newest step committed */
+  atomic_int stop;
+} stepping_trainer;
+
+#define LAST_STEP 62
+
+static void *keep_stepping(void *arg) {
+  stepping_trainer *st = arg;
+  for (uint64_t s = st->t->step + 1; s <= LAST_STEP && !atomic_load(&st->stop);
+       s++) {
+    struct timespec pause = {0, 700 * 1000 * 1000};
+    nanosleep(&pause, NULL);
+    tu_model_step(&st->t->m, 0.01);
+    it_trainer_commit(st->t, s);
+    atomic_store(&st->head, s);
+  }
+  return NULL;
+}
+
+/* A counter of the server's /metrics text (its sample line, not HELP). */
+static uint64_t metric(pulse_server *srv, const char *name) {
+  pulse_buffer text = {NULL, 0};
+  cr_assert_eq(pulse_server_metrics(srv, &text), PULSE_OK);
+  char want[128];
+  snprintf(want, sizeof want, "\n%s ", name);
+  const char *line = strstr((const char *)text.data, want);
+  uint64_t v = line != NULL ? strtoull(line + strlen(want), NULL, 10) : 0;
+  pulse_buffer_free(&text);
+  return v;
+}
+
+Test(slow_link, a_worker_whose_anchor_outlasts_retention_still_reaches_the_trainer,
+     .timeout = 180) {
+  it_trainer t;
+  it_trainer_up(&t, 3, 2, 30); /* 0.41 MB of BF16: 21 s at 20 KB/s */
+  it_trainer_run(&t, 0, 2, 0.01);
+  char *work = tu_make_dir(), cache[4096];
+  snprintf(cache, sizeof cache, "%s/cache", work);
+  const char *urls[1];
+  pulse_sub_opts o;
+  pulse_sub_opts_init(&o);
+  urls[0] = t.url;
+  o.urls = urls;
+  o.url_count = 1;
+  o.cache_dir = cache;
+  o.public_key = t.pub;
+  o.threads = 2;
+  o.max_recv_bytes_per_s = 20000;
+  pulse_sub *sub;
+  cr_assert_eq(pulse_sub_create(&o, &sub), PULSE_OK);
+  it_targets tg;
+  it_targets_attach(&tg, &t, sub);
+
+  stepping_trainer st = {&t, 2, 0};
+  pthread_t thread;
+  cr_assert_eq(pthread_create(&thread, NULL, keep_stepping, &st), 0);
+  /* Syncs as pulse-pull --follow would, until the worker is within three
+   * steps of the trainer after its first sync (the anchor). */
+  uint64_t lag_after_first = 0, lag = UINT64_MAX;
+  int syncs = 0, reached = 0;
+  double t0 = tu_now_s();
+  while (tu_now_s() - t0 < 100 && atomic_load(&st.head) < LAST_STEP) {
+    pulse_status s = pulse_sub_sync(sub);
+    cr_assert_eq(s, PULSE_OK, "sync %d: %s", syncs, pulse_sub_error(sub));
+    lag = atomic_load(&st.head) - pulse_sub_step(sub);
+    if (syncs++ == 0)
+      lag_after_first = lag;
+    else if ((reached = lag <= 3))
+      break;
+  }
+  double dt = tu_now_s() - t0;
+  uint64_t trainer_at = atomic_load(&st.head);
+  atomic_store(&st.stop, 1);
+  pthread_join(thread, NULL);
+  cr_log_info("first sync left the worker %" PRIu64 " steps behind; %d syncs,"
+              " %.1f s, lag %" PRIu64 " at trainer step %" PRIu64,
+              lag_after_first, syncs, dt, lag, trainer_at);
+  cr_expect_gt(lag_after_first, 6,
+               "the anchor download did not outlast the retention (lag %" PRIu64
+               "): the test tests nothing",
+               lag_after_first);
+  cr_expect(reached,
+            "still %" PRIu64 " steps behind after %d syncs in %.1f s "
+            "(trainer at %" PRIu64 ", stepping until %d)",
+            lag, syncs, dt, trainer_at, LAST_STEP);
+  pulse_sub_figures f;
+  pulse_sub_figures_get(sub, &f);
+  cr_expect_eq(f.anchors_applied, 1, "%" PRIu64 " anchors", f.anchors_applied);
+  cr_expect_geq(f.catchups_applied, 1);
+  cr_expect_geq(metric(t.srv, "pulse_catchup_history_total"), 1);
+  /* And bit for bit the trainer's: the final step, once it stopped. */
+  cr_assert_eq(pulse_sub_sync(sub), PULSE_OK, "%s", pulse_sub_error(sub));
+  cr_expect_eq(pulse_sub_step(sub), t.step);
+  cr_expect(it_targets_equal(&tg, &t, t.step), "the targets are not step %"
+            PRIu64, t.step);
   pulse_sub_free(sub);
   it_targets_free(&tg);
   tu_rm_rf(work);

@@ -2,6 +2,7 @@
  * nothing (anchor), along the chain, through a signed catch-up, late after
  * retention, from a wrong base, with a subset of the table, and the
  * refusals that leave the targets as they were. */
+#include <dirent.h>
 #include <inttypes.h>
 
 #include "inf_testutil.h"
@@ -132,7 +133,34 @@ Test(inference_side, late_joiner_starts_from_the_newest_anchor) {
   fx_down(&f);
 }
 
-Test(inference_side, worker_behind_retention_catches_up_through_an_anchor) {
+/* Removes the objects the head does not name, as the publisher does once
+ * their grace period is over. */
+static void collect_unnamed(const char *dir) {
+  pulse_store_head *h = NULL;
+  cr_assert_eq(pulse_store_head_load(dir, &h), PULSE_OK);
+  char objects[4096];
+  snprintf(objects, sizeof objects, "%s/objects", dir);
+  DIR *d = opendir(objects);
+  cr_assert_not_null(d);
+  for (struct dirent *e; (e = readdir(d)) != NULL;) {
+    char rel[512];
+    snprintf(rel, sizeof rel, "objects/%s", e->d_name);
+    int named = e->d_name[0] == '.';
+    for (size_t i = 0; i < pulse_store_head_patch_count(h) && !named; i++)
+      named = strcmp(pulse_store_head_patch(h, i)->path, rel) == 0;
+    for (size_t i = 0; i < pulse_store_head_anchor_count(h) && !named; i++)
+      named = strcmp(pulse_store_head_anchor(h, i)->path, rel) == 0;
+    if (!named)
+      unlinkat(dirfd(d), e->d_name, 0);
+  }
+  closedir(d);
+  pulse_store_head_free(h);
+}
+
+/* Behind what the head retains: while the store still holds the objects
+ * earlier heads named, the server squashes a catch-up from the worker's
+ * step (fewer bytes than an anchor); once they are collected, an anchor. */
+Test(inference_side, worker_behind_retention_catches_up_while_objects_last) {
   fx f;
   fx_up(&f, 3, 2, 2);
   pulse_sub_opts o = it_sub_opts(&f.t, f.cache, f.urls);
@@ -140,6 +168,24 @@ Test(inference_side, worker_behind_retention_catches_up_through_an_anchor) {
   cr_assert_eq(pulse_sub_sync(f.sub), PULSE_OK);
   expect_at(&f, 2);
   it_trainer_run(&f.t, 3, 12, 0.01); /* step 2 is no longer retained */
+  cr_assert_eq(pulse_sub_sync(f.sub), PULSE_OK, "%s", pulse_sub_error(f.sub));
+  expect_at(&f, 12);
+  pulse_sub_figures fig;
+  pulse_sub_figures_get(f.sub, &fig);
+  cr_assert_eq(fig.last_route, PULSE_SUB_ROUTE_CATCHUP);
+  cr_assert_eq(fig.anchors_applied, 1, "only the first sync's anchor");
+  fx_down(&f);
+}
+
+Test(inference_side, worker_behind_retention_takes_an_anchor_once_objects_go) {
+  fx f;
+  fx_up(&f, 3, 2, 2);
+  pulse_sub_opts o = it_sub_opts(&f.t, f.cache, f.urls);
+  fx_sub(&f, &o);
+  cr_assert_eq(pulse_sub_sync(f.sub), PULSE_OK);
+  expect_at(&f, 2);
+  it_trainer_run(&f.t, 3, 12, 0.01); /* step 2 is no longer retained */
+  collect_unnamed(f.t.dir);
   cr_assert_eq(pulse_sub_sync(f.sub), PULSE_OK, "%s", pulse_sub_error(f.sub));
   expect_at(&f, 12);
   pulse_sub_figures fig;

@@ -59,6 +59,7 @@ pulse_status pulse_server_create(const pulse_server_opts *opts,
   pthread_cond_init(&srv->build_cv, NULL);
   pthread_mutex_init(&srv->catchup_files_lock, NULL);
   pthread_mutex_init(&srv->objects_lock, NULL);
+  pthread_mutex_init(&srv->history_lock, NULL);
   char objs[4096];
   snprintf(objs, sizeof objs, "%s/" PULSE_STORE_OBJECTS_DIR, srv->dir);
   /* objects/ may not exist yet (an empty store): opened on first use. */
@@ -119,6 +120,8 @@ void pulse_server_free(pulse_server *srv) {
   pthread_mutex_destroy(&srv->catchup_files_lock);
   srv_objects_free(srv);
   pthread_mutex_destroy(&srv->objects_lock);
+  srv_history_free(srv);
+  pthread_mutex_destroy(&srv->history_lock);
   free(srv->dir);
   free(srv);
 }

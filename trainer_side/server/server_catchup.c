@@ -1,8 +1,9 @@
 /* server_catchup.c - GET /v1/catchup/<step>: one patch from a retained step
- * to the head. This file is the route (checks, the cache lookup, the answer
- * and its signature) and the cache's upkeep; the patch is built, kept and
- * checked by server_catchup_build.c on the builder threads of
- * server_catchup_queue.c, never on an HTTP thread. */
+ * (or from one whose objects earlier heads named and the store still holds,
+ * server_history.c) to the head. This file is the route (checks, the cache
+ * lookup, the answer and its signature) and the cache's upkeep; the patch
+ * is built, kept and checked by server_catchup_build.c on the builder
+ * threads of server_catchup_queue.c, never on an HTTP thread. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -155,17 +156,27 @@ int srv_catchup_request(pulse_server *srv, pulse_serve_request *rq,
   srv_head *h = srv_head_get(srv);
   if (h == NULL)
     return pulse_serve_reply_error(rq, 404, "the store has no head yet");
-  if (from >= h->step || !pulse_store_head_has_step(h->head, from)) {
-    uint64_t oldest = pulse_store_head_oldest_step(h->head), to = h->step;
+  if (from >= h->step) {
+    uint64_t to = h->step;
     srv_head_release(h);
     if (from == to)
       return pulse_serve_reply_error(rq, 404, "step %" PRIu64 " is the head",
                                      from);
     return pulse_serve_reply_error(rq, 404,
-                                   "step %" PRIu64
-                                   " is not retained (oldest %" PRIu64
-                                   ", head %" PRIu64 "): start from an anchor",
-                                   from, oldest, to);
+                                   "step %" PRIu64 " is above the head (%" PRIu64
+                                   ")",
+                                   from, to);
+  }
+  if (!pulse_store_head_has_step(h->head, from)) {
+    /* Dropped by the head, but maybe not yet from the store: a follower
+     * whose download outlasted the retention (server_history.c). */
+    srv_chain chain;
+    if (srv_chain_find(srv, h->head, from, &chain) != PULSE_OK) {
+      srv_head_release(h);
+      return pulse_serve_reply_error(rq, 404, "%s", pulse_error_detail());
+    }
+    srv_chain_free(&chain);
+    atomic_fetch_add(&srv->metrics.catchup_history, 1);
   }
   const char *why = NULL;
   if (!may_build(srv, h, &why)) {
@@ -175,8 +186,9 @@ int srv_catchup_request(pulse_server *srv, pulse_serve_request *rq,
   srv_catchup c;
   int fd = -1;
   size_t np = pulse_store_head_patch_count(h->head);
-  const pulse_store_object *last = pulse_store_head_patch(h->head, np - 1);
-  if (last->base_step == from) {
+  const pulse_store_object *last =
+      np > 0 ? pulse_store_head_patch(h->head, np - 1) : NULL;
+  if (last != NULL && last->base_step == from) {
     /* One step behind: the head's own patch is the catch-up. */
     memset(&c, 0, sizeof c);
     c.from = from;

@@ -22,27 +22,41 @@
 #include "store_impl.h"
 #include "store_state_impl.h"
 
-/* Builds the squashed patch from `from` to the head's step. */
+/* The state at `from`: the chain's anchor and its patches up to `from`. */
+static pulse_status state_at(pulse_server *srv, const srv_chain *c,
+                             pulse_store_state *s) {
+  PULSE_TRY(store_anchor_load(srv->dir, &c->anchor, 1, s));
+  pulse_status st = PULSE_OK;
+  for (size_t i = 0; i < c->first && st == PULSE_OK; i++) {
+    pulse_buffer bytes = {NULL, 0};
+    st = store_patch_read(srv->dir, &c->patches[i], &bytes);
+    if (st == PULSE_OK)
+      st = store_state_apply_patch(s, &c->patches[i], bytes.data, bytes.size,
+                                   srv->opts.catchup_threads);
+    pulse_buffer_free(&bytes);
+  }
+  return st;
+}
+
+/* Builds the squashed patch from `from` to the head's step, over the
+ * head's objects or, for a step it no longer retains, those of earlier
+ * heads still in the store (server_history.c). */
 static pulse_status build(pulse_server *srv, const pulse_store_head *head,
                           uint64_t from, pulse_buffer *out) {
+  srv_chain chain;
+  PULSE_TRY(srv_chain_find(srv, head, from, &chain));
   pulse_store_state s = PULSE_STORE_STATE_INIT;
-  PULSE_TRY(pulse_store_state_rebuild(srv->dir, head, from,
-                                      srv->opts.catchup_threads, &s));
-  size_t np = pulse_store_head_patch_count(head), first = np;
-  for (size_t i = 0; i < np; i++)
-    if (pulse_store_head_patch(head, i)->base_step == from) {
-      first = i;
-      break;
-    }
-  size_t count = np - first;
+  size_t count = chain.npatches - chain.first;
   pulse_buffer *bytes = calloc(count + 1, sizeof *bytes);
   pulse_patch **patches = calloc(count + 1, sizeof *patches);
-  const uint16_t **base = calloc(s.count + 1, sizeof *base);
-  pulse_status st = bytes && patches && base
-                        ? PULSE_OK
-                        : pulse_fail(PULSE_ERR_NOMEM, "catch-up");
+  pulse_status st = bytes && patches ? state_at(srv, &chain, &s)
+                                     : pulse_fail(PULSE_ERR_NOMEM, "catch-up");
+  const uint16_t **base =
+      st == PULSE_OK ? calloc(s.count + 1, sizeof *base) : NULL;
+  if (st == PULSE_OK && base == NULL)
+    st = pulse_fail(PULSE_ERR_NOMEM, "catch-up");
   for (size_t i = 0; i < count && st == PULSE_OK; i++) {
-    const pulse_store_object *o = pulse_store_head_patch(head, first + i);
+    const pulse_store_object *o = &chain.patches[chain.first + i];
     st = store_patch_read(srv->dir, o, &bytes[i]);
     if (st == PULSE_OK)
       st = pulse_patch_open(bytes[i].data, bytes[i].size, &patches[i]);
@@ -88,6 +102,7 @@ static pulse_status build(pulse_server *srv, const pulse_store_head *head,
   }
   free(bytes), free(patches), free(base);
   pulse_store_state_free(&s);
+  srv_chain_free(&chain);
   return st;
 }
 

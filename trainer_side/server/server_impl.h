@@ -28,6 +28,7 @@ typedef struct {
   atomic_ullong catchup_builds, catchup_build_us, catchup_cache_hits;
   atomic_ullong catchup_refused;  /* 503: queue full, or waited too long */
   atomic_ullong catchup_corrupt;  /* cached files that failed their hash */
+  atomic_ullong catchup_history;  /* from steps only the history reaches */
   atomic_ullong objects_rehashed; /* object files hashed again (changed) */
   atomic_ullong objects_corrupt;  /* of them, no longer their name's bytes */
 } srv_metrics;
@@ -64,6 +65,17 @@ typedef struct {
 } srv_catchup;
 
 #define SRV_CATCHUP_MEMORY 16
+
+/* Objects of earlier heads kept for catch-ups (server_history.c). */
+#define SRV_HISTORY_MAX 1024
+
+/* The objects a catch-up from `from` is built of: an anchor, the patches
+ * from it to `from` (patches[0..first)) and on to the head. */
+typedef struct {
+  pulse_store_object anchor;
+  pulse_store_object *patches;
+  size_t npatches, first;
+} srv_chain;
 
 /* One catch-up being built (or checked, when another process or an earlier
  * run cached it) on a builder thread, and the requests waiting for it. */
@@ -137,6 +149,14 @@ struct pulse_server {
   size_t ncatchups;
   uint64_t catchup_clean_step; /* the head step the cache was cleaned for */
   srv_build *builds;           /* queued and running, oldest first */
+  /* The objects of earlier heads of this run (server_history.c), under
+   * history_lock (never held with another lock). */
+  pthread_mutex_t history_lock;
+  pulse_store_object *history; /* oldest first */
+  size_t nhistory;
+  uint8_t history_run[PULSE_STORE_RUN_BYTES];
+  int history_has_run;
+  uint64_t history_step;
   size_t builds_queued;
   int builders_stop;
   pthread_t *builders;
@@ -191,6 +211,18 @@ int srv_catchup_path(char *buf, size_t cap, const char *dir, const char *name);
  * @return 1 and *c, or 0. */
 int srv_catchup_find_ref(pulse_server *srv, uint64_t from, uint64_t to,
                          srv_catchup *c);
+
+/* server_history.c: the objects of earlier heads, for catch-ups from steps
+ * the head no longer retains. */
+void srv_history_note(pulse_server *srv, const pulse_store_head *head);
+void srv_history_free(pulse_server *srv);
+/* The chain from the newest usable anchor through `from` to head's step,
+ * from head's objects and the history, every file present.
+ * @return PULSE_OK and *out (free with srv_chain_free); PULSE_ERR_NOT_FOUND
+ * (with the reason) when no whole chain is left; PULSE_ERR_NOMEM. */
+pulse_status srv_chain_find(pulse_server *srv, const pulse_store_head *head,
+                            uint64_t from, srv_chain *out);
+void srv_chain_free(srv_chain *c);
 
 /* server_catchup_queue.c: the builder threads, the bounded queue and the
  * requests waiting on it. */

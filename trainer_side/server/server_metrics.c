@@ -81,6 +81,10 @@ void srv_metrics_text(void *server, pulse_bytebuf *b) {
       "match their SHA-256 (dropped and rebuilt).\n"
       "# TYPE pulse_catchup_corrupt_total counter\n"
       "pulse_catchup_corrupt_total %llu\n"
+      "# HELP pulse_catchup_history_total Catch-up requests from a step the "
+      "head no longer retains that earlier heads' objects still reach.\n"
+      "# TYPE pulse_catchup_history_total counter\n"
+      "pulse_catchup_history_total %llu\n"
       "# HELP pulse_objects_rehashed_total Object files hashed again before "
       "being served, because they changed on disk since first seen.\n"
       "# TYPE pulse_objects_rehashed_total counter\n"
@@ -91,6 +95,7 @@ void srv_metrics_text(void *server, pulse_bytebuf *b) {
       "pulse_objects_corrupt_total %llu\n",
       srv_build_count(srv), (unsigned long long)atomic_load(&m->catchup_refused),
       (unsigned long long)atomic_load(&m->catchup_corrupt),
+      (unsigned long long)atomic_load(&m->catchup_history),
       (unsigned long long)atomic_load(&m->objects_rehashed),
       (unsigned long long)atomic_load(&m->objects_corrupt));
 }

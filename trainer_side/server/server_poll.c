@@ -118,6 +118,7 @@ void srv_reload(pulse_server *srv, int force) {
   /* The identities its objects have now (server_objects.c), before any
    * request can name them. */
   srv_objects_note_head(srv, parsed);
+  srv_history_note(srv, parsed);
   pthread_mutex_lock(&srv->lock);
   srv_head *old = srv->head;
   int moved = old == NULL || old->step != h->step;
