@@ -11,6 +11,13 @@ payloads; a trainer sends its payload to the N-1 others). DiLoCo: the
 FP32 pseudo-gradients averaged by dist.all_reduce (a ring all-reduce moves
 2 (N-1)/N x 4P bytes per trainer) and the same Nesterov outer step in
 torch. Bytes are counted from what each method hands the group.
+
+--transport coordinator runs PULSELoCo over the project's coordinator
+exchange instead (pulse.loco.Coordinator: every trainer's own HTTP server
+on 127.0.0.1, the founding meeting through the job's TCPStore); its bytes
+sent are the HTTP bodies each trainer's server answered in the round
+(payloads, manifests, polls), received the bodies it fetched. The dense
+baseline stays on the gloo group.
 """
 
 import argparse
@@ -51,8 +58,12 @@ def worker(rank, port, args):
     import pulse
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                           world_size=args.procs, timeout=datetime.timedelta(seconds=60))
+    # One TCPStore: the gloo group's rendezvous and the coordinator's
+    # founding meeting.
+    store = dist.TCPStore("127.0.0.1", port, args.procs, rank == 0,
+                          timeout=datetime.timedelta(seconds=60))
+    dist.init_process_group("gloo", store=dist.PrefixStore("gloo", store), rank=rank,
+                            world_size=args.procs, timeout=datetime.timedelta(seconds=60))
     with open(args.text, "rb") as f:
         data = torch.tensor(list(f.read()[:200000]), dtype=torch.long)
     n = data.numel() - CONTEXT - 1
@@ -82,7 +93,11 @@ def worker(rank, port, args):
         model.load_state_dict(start)
         inner = torch.optim.Adam(model.parameters(), lr=args.lr)
         params = list(model.parameters())
-        if method == "pulseloco":
+        if method == "pulseloco" and args.transport == "coordinator":
+            coord = pulse.loco.Coordinator(rank, args.procs, dist.PrefixStore("loco", store),
+                                           deadline=30, manifest_timeout=60)
+            outer = pulse.loco.DiLoCo(params, transport=coord)
+        elif method == "pulseloco":
             outer = pulse.loco.DiLoCo(params)
         else:
             theta_g = [p.detach().clone() for p in params]
@@ -99,6 +114,7 @@ def worker(rank, port, args):
             if method == "pulseloco":
                 info = outer.step()
                 sent = info["bytes_sent"]
+                assert info["contributors"] == args.procs, info
             else:
                 with torch.no_grad():
                     flat = torch.cat([(g - p.detach()).reshape(-1) for g, p in zip(theta_g, params)])
@@ -123,9 +139,12 @@ def worker(rank, port, args):
                            "outer_step_ms_median": 1000 * statistics.median(t for _, t in rows),
                            "final_loss": final}
         if method == "pulseloco":
+            if args.transport == "coordinator":
+                coord.linger()
+                dist.barrier()  # every node up until all are done
             outer.close()
     if rank == 0:
-        print(json.dumps({"procs": args.procs, "params": P, "rounds": args.rounds,
+        print(json.dumps({"procs": args.procs, "transport": args.transport, "params": P, "rounds": args.rounds,
                           "inner": args.inner, "lr": args.lr, "pretrain": args.pretrain,
                           **{f"{m}_{k}": v for m, r in results.items() for k, v in r.items()},
                           "bytes_ratio_diloco_over_pulseloco":
@@ -145,6 +164,8 @@ def main():
     ap.add_argument("--pretrain", type=int, default=300, help="pretraining Adam steps")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--text", default="/usr/share/common-licenses/GPL-3")
+    ap.add_argument("--transport", choices=("torch", "coordinator"), default="torch",
+                    help="PULSELoCo's exchange: the gloo group, or pulse.loco.Coordinator")
     ap.add_argument("--worker", type=int, default=-1, help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
