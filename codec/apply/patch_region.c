@@ -204,6 +204,21 @@ static pulse_status job_fail(region_job *j, pulse_status st, const char *detail)
   return st;
 }
 
+/* The block's own memory when positions [first, first + n) lie in it one
+ * after the other (whole rows at the tensor's stride, or one row): the
+ * decoder reads the base there, with no copy. Else NULL. */
+static const uint16_t *contiguous_base(const region_job *j, uint64_t first, uint32_t n) {
+  const pulse_region *r = j->r;
+  uint64_t C = j->full_cols;
+  if (first < j->blo || first + n > j->bhi)
+    return NULL;
+  uint64_t row = first / C, col = first % C;
+  int rows_whole = r->cols == C && r->stride == C;
+  if (!rows_whole && (col < r->col0 || col - r->col0 + n > r->cols))
+    return NULL; /* not inside one row of a column block */
+  return r->data + (row - r->row0) * r->stride + (col - r->col0);
+}
+
 /* Decodes chunk c (tensor position first, n elements, k changes) into
  * pos/delta, a class-model chunk from its base bits gathered into buf. */
 static pulse_status decode_chunk(const pulse_patch *p, const region_job *j, uint64_t c,
@@ -213,9 +228,12 @@ static pulse_status decode_chunk(const pulse_patch *p, const region_job *j, uint
   uint32_t n = patch_chunk_elems(p, t, c);
   const uint16_t *base = NULL;
   if (p->model == PULSE_POS_CLASS) {
-    gather_ctx g = {j, first, buf};
-    walk(j->r, j->full_cols, first, first + n, gather_piece, &g);
-    base = buf;
+    base = contiguous_base(j, first, n);
+    if (base == NULL) {
+      gather_ctx g = {j, first, buf};
+      walk(j->r, j->full_cols, first, first + n, gather_piece, &g);
+      base = buf;
+    }
   }
   uint64_t at = t->chunk_first + c;
   pulse_status st = pulse_chunk_decode_in(p->version, p->model, base, n, p->bytes + p->chunk_offset[at],

@@ -444,7 +444,7 @@ static pulse_status decode_class(unsigned version, const uint16_t *base,
         ix != NULL
             ? pulse_class_index_locate(ix, first, n, k, start, rank, cdelta, base, pos, delta,
                                        scratch != NULL ? scratch->old_bits : NULL)
-            : pulse_chunk_locate(base, n, k, start, rank, cdelta, first, pos, delta);
+            : pulse_chunk_locate_fast(base, n, k, start, rank, cdelta, first, pos, delta);
     if (found != k)
       st = pulse_fail(PULSE_ERR_POSITION, "chunk: a class rank is past the end of its class");
   }

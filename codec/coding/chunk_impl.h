@@ -62,6 +62,21 @@ uint32_t pulse_chunk_locate(const uint16_t *base, uint32_t n, uint32_t k, const 
                             const uint32_t *rank, const uint16_t *cdelta, uint64_t first,
                             uint64_t *pos, uint16_t *delta);
 
+/* pulse_chunk_locate on the best instruction set this CPU runs
+ * (chunk_locate.c): the same return, positions and deltas, in the same
+ * order, for every input. _isa forces one, for the tests: a pulse_isa of
+ * detect_impl.h (AUTO, SCALAR: the reference, AVX2) or
+ * PULSE_CHUNK_LOCATE_AVX512; one this CPU lacks runs the reference's loop. */
+#define PULSE_CHUNK_LOCATE_AVX512 3
+uint32_t pulse_chunk_locate_fast(const uint16_t *base, uint32_t n, uint32_t k,
+                                 const uint32_t *start, const uint32_t *rank,
+                                 const uint16_t *cdelta, uint64_t first, uint64_t *pos,
+                                 uint16_t *delta);
+uint32_t pulse_chunk_locate_isa(int isa, const uint16_t *base, uint32_t n, uint32_t k,
+                                const uint32_t *start, const uint32_t *rank,
+                                const uint16_t *cdelta, uint64_t first, uint64_t *pos,
+                                uint16_t *delta);
+
 /* Room a class-model decode works in: k class ranks and k class-major
  * deltas. A caller that decodes chunk after chunk passes its own (slices of
  * one staging block) instead of the decoder allocating them per chunk.

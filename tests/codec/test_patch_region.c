@@ -253,6 +253,46 @@ Test(region, class_model_into_blocks_with_halos_ends_at_the_targets_slices) {
         }
 }
 
+Test(region, class_model_chunks_inside_a_blocks_rows_decode_from_the_block_itself) {
+  /* Rows of 4096 elements and chunks of 2^10: most chunks lie inside one
+   * row of the block, where the decoder reads the base from the block's own
+   * memory (padded strides, so a wrong row step would show), the others
+   * straddle block and halo and are gathered. Two patches in a row. */
+  for (unsigned version = 1; version <= 2; version++) {
+    pt_tensor ts[2], next[2];
+    make2(&ts[0], "cols", 6, 4096, 0.02, 71 + version);
+    make2(&ts[1], "rows", 6, 4096, 0.02, 83 + version);
+    pulse_buffer buf = {NULL, 0}, buf2 = {NULL, 0};
+    pulse_patch *p = encode_open(ts, 2, PULSE_POS_CLASS, version, 10, &buf);
+    for (int i = 0; i < 2; i++)
+      next_step(&next[i], &ts[i], i ? "rows" : "cols", 0.02, 97 + version + i);
+    pulse_patch *p2 = encode_open(next, 2, PULSE_POS_CLASS, version, 10, &buf2);
+    uint64_t cstride = 2048 + 13, rstride = 4096 + 7;
+    uint16_t *cmem = pt_alloc(6 * cstride * 2), *rmem = pt_alloc(2 * rstride * 2);
+    pulse_region g[2] = {block_of(&ts[0], ts[0].base, 0, 6, 1000, 2048, cmem, cstride),
+                         block_of(&ts[1], ts[1].base, 2, 2, 0, 4096, rmem, rstride)};
+    with_halo(&g[0], &ts[0], ts[0].base, 10);
+    with_halo(&g[1], &ts[1], ts[1].base, 10);
+    char label[32];
+    snprintf(label, sizeof label, "v%u", version);
+    cr_assert_eq(stage_commit(p, g, 2), PULSE_OK, "%s: %s", label, pulse_error_detail());
+    for (int i = 0; i < 2; i++) {
+      expect_block(&ts[i], ts[i].target, &g[i], label);
+      expect_halo(&ts[i], ts[i].target, &g[i], label);
+    }
+    cr_assert_eq(stage_commit(p2, g, 2), PULSE_OK, "%s, second: %s", label,
+                 pulse_error_detail());
+    for (int i = 0; i < 2; i++) {
+      expect_block(&next[i], next[i].target, &g[i], label);
+      expect_halo(&next[i], next[i].target, &g[i], label);
+    }
+    free(cmem), free(rmem), free(g[0].halo), free(g[1].halo);
+    pulse_patch_free(p), pulse_patch_free(p2);
+    pulse_buffer_free(&buf), pulse_buffer_free(&buf2);
+    pt_tensors_free(ts, 2), pt_tensors_free(next, 2);
+  }
+}
+
 Test(region, class_model_beyond_what_the_region_holds_is_refused) {
   pt_tensor t;
   make2(&t, "w", 50, 60, 0.05, 9);
