@@ -9,6 +9,9 @@
 # checkpoint is cached and reused, a damaged cache file is trained again to
 # the same bits), fine-tunes on unseen text at an RL-like rate, where
 # PULSELoCo sends a small part of the entries, and reports the pretraining.
+# --problem text-rl starts from the same cached checkpoint (no second
+# file), samples and scores continuations, and reports every method's
+# held-out reward and message density; the same seed gives the same bits.
 # Skips (77) where the licences are missing.
 # usage: bash tests/cli/loco_text.sh BIN_DIR
 source "$(dirname "$0")/lib/common.sh"
@@ -101,6 +104,28 @@ for c in "$PULSE_CACHE_DIR"/text-pretrained-*.bin; do truncate -s 1000 "$c"; don
 sft >"$work/h.json" 2>"$work/err" || bad "text-sft over a damaged cache: $(cat "$work/err")"
 h=$(grep '^{"summary":true' "$work/h.json")
 expect "damaged cache: trained again, same bits" "$(json_val "$f" final_loss)" "$(json_val "$h" final_loss)"
+
+# 6. Text RL: the text-sft checkpoint, every method's reward and density.
+rl() { "$BENCH" loco --problem text-rl --trainers 2 --rounds 3 --inner 5 --params 30000 --json "$@"; }
+rl >"$work/i.json" 2>"$work/err" || bad "text-rl run: $(cat "$work/err")"
+rl >"$work/j.json" 2>"$work/err" || bad "second text-rl run: $(cat "$work/err")"
+i=$(grep '^{"summary":true' "$work/i.json")
+j=$(grep '^{"summary":true' "$work/j.json")
+grep -q '"problem":"text-rl"' <<<"$i" && ok || bad "the summary does not say problem text-rl"
+expect "text-rl: text-sft's checkpoint" "$(json_val "$f" pretrain_loss)" "$(json_val "$i" initial_loss)"
+expect "text-rl: no second checkpoint" 1 "$(ls "$PULSE_CACHE_DIR"/text-pretrained-*.bin 2>/dev/null | wc -l)"
+# 4-byte continuations: a reward in (0, 4) at the start and for every method.
+for k in initial_reward reward_ddp_fp32 reward_diloco_bf16 reward_diloco_fp32 reward_pulseloco; do
+  awk -v r="$(json_val "$i" $k)" 'BEGIN { exit !(r > 0 && r < 4) }' && ok || bad "$k $(json_val "$i" $k)"
+done
+expect "dense methods' density" 1.00000 "$(json_val "$i" density_diloco_bf16)"
+awk -v d="$(json_val "$i" density_pulseloco)" 'BEGIN { exit !(d > 0 && d < 0.2) }' && ok ||
+  bad "text-rl density $(json_val "$i" density_pulseloco): not the sparse regime"
+grep -q '"target_reward_1pct_diloco_bf16":' <<<"$i" && ok || bad "no reward target in the summary"
+expect "text-rl replicas identical" true "$(json_val "$i" replicas_identical)"
+expect "text-rl: same seed, same reward" "$(json_val "$i" reward_pulseloco)" "$(json_val "$j" reward_pulseloco)"
+expect "text-rl: same seed, same bytes" "$(json_val "$i" bytes_pulseloco)" "$(json_val "$j" bytes_pulseloco)"
+expect "text-rl: same seed, same DiLoCo reward" "$(json_val "$i" reward_diloco_bf16)" "$(json_val "$j" reward_diloco_bf16)"
 unset PULSE_CACHE_DIR
 
 echo "$test_name: $pass passed, $failures failed"

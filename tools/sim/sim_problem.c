@@ -12,6 +12,7 @@
 #include "sim_mlp_impl.h"
 #include "sim_pretrain.h"
 #include "sim_problem.h"
+#include "sim_rl.h"
 #include "sim_text.h"
 
 struct pulse_sim_problem {
@@ -26,7 +27,7 @@ struct pulse_sim_problem {
   uint32_t *test_y; /* B's argmax */
   double floor;
   pulse_sim_text *text; /* the text problems: the rest is unused */
-  float *pretrained;    /* text SFT: the checkpoint, P floats */
+  float *pretrained;    /* text SFT and RL: the checkpoint, P floats */
   double pretrain_loss; /* its held-out loss */
 };
 
@@ -37,6 +38,7 @@ struct pulse_sim_learner {
   float *m, *v, *grad;
   float *x, *z, *h, *logits, *dz, *tp;
   pulse_sim_text_scratch *ts; /* text problem */
+  pulse_sim_rl_scratch *rs;   /* text RL */
 };
 
 /* The loops that take the time, also built for AVX2 and picked at load time:
@@ -119,18 +121,21 @@ void pulse_sim_problem_opts_init(pulse_sim_problem_opts *o) {
   o->embed = 64;
   o->pretrain_steps = 3000;
   o->pretrain_lr = PULSE_SIM_TEXT_LR;
+  o->rl_group = PULSE_SIM_TEXT_RL_GROUP;
+  o->rl_length = PULSE_SIM_TEXT_RL_LENGTH;
 }
 
-/* Text SFT: the checkpoint the learners start from. The model is trained
- * from its random start (pulse_sim_text_init) by one learner of its own
- * stream at pretrain_lr on the pretraining blocks, or read from the cache
- * (sim_pretrain.h); then the text's learners move to the fine-tuning
+/* Text SFT and RL: the checkpoint the learners start from. The model is
+ * trained from its random start (pulse_sim_text_init) by one supervised
+ * learner of its own stream at pretrain_lr on the pretraining blocks, or
+ * read from the cache (sim_pretrain.h: the key leaves the kind out, so
+ * both read one file); then the text's learners move to the fine-tuning
  * blocks. */
 static pulse_status pretrain(pulse_sim_problem *p) {
   size_t P = (size_t)p->P;
   p->pretrained = malloc(P * sizeof *p->pretrained);
   if (p->pretrained == NULL)
-    return pulse_fail(PULSE_ERR_NOMEM, "text SFT: %zu parameters", P);
+    return pulse_fail(PULSE_ERR_NOMEM, "pretraining: %zu parameters", P);
   uint64_t key =
       pulse_sim_pretrain_key(&p->o, p->P, pulse_sim_text_digest(p->text));
   if (!pulse_sim_pretrain_load(key, p->P, p->pretrained, &p->pretrain_loss)) {
@@ -139,6 +144,7 @@ static pulse_status pretrain(pulse_sim_problem *p) {
     /* A learner of the pretraining's rate, over this problem's text. */
     pulse_sim_problem pre = *p;
     pre.o.lr = p->o.pretrain_lr;
+    pre.o.kind = PULSE_SIM_PROBLEM_TEXT_SFT; /* supervised, for RL too */
     pre.pretrained = NULL;
     pulse_sim_learner *l = NULL;
     pulse_status st = pulse_sim_learner_create(&pre, UINT32_MAX - 1u, &l);
@@ -170,10 +176,10 @@ pulse_status pulse_sim_problem_create(const pulse_sim_problem_opts *o,
     return pulse_fail(PULSE_ERR_ARG, "loco problem: bad sizes or rates");
   if (o->kind != PULSE_SIM_PROBLEM_TEACHER && !pulse_sim_problem_is_text(o->kind))
     return pulse_fail(PULSE_ERR_ARG, "loco problem: unknown kind %u", o->kind);
-  if (o->kind == PULSE_SIM_PROBLEM_TEXT_SFT &&
+  if (pulse_sim_problem_is_pretrained(o->kind) &&
       (o->pretrain_steps == 0 || !(o->pretrain_lr > 0.0f)))
-    return pulse_fail(PULSE_ERR_ARG, "loco problem: text SFT needs pretraining "
-                      "steps and a rate");
+    return pulse_fail(PULSE_ERR_ARG, "loco problem: text SFT and RL need "
+                      "pretraining steps and a rate");
   pulse_sim_problem *p = calloc(1, sizeof *p);
   if (p == NULL)
     return pulse_fail(PULSE_ERR_NOMEM, "loco problem");
@@ -185,7 +191,7 @@ pulse_status pulse_sim_problem_create(const pulse_sim_problem_opts *o,
       return st;
     }
     p->P = pulse_sim_text_param_count(p->text);
-    if (o->kind == PULSE_SIM_PROBLEM_TEXT_SFT &&
+    if (pulse_sim_problem_is_pretrained(o->kind) &&
         (st = pretrain(p)) != PULSE_OK) {
       pulse_sim_problem_free(p);
       return st;
@@ -314,6 +320,13 @@ PROBLEM_SIMD static void forward(const pulse_sim_problem *p, const float *theta,
   }
 }
 
+double pulse_sim_problem_reward(const pulse_sim_problem *p,
+                               const float *theta) {
+  return p->o.kind == PULSE_SIM_PROBLEM_TEXT_RL
+             ? pulse_sim_rl_eval(p->text, theta)
+             : 0.0;
+}
+
 void pulse_sim_problem_eval(const pulse_sim_problem *p, const float *theta,
                            double *loss, double *accuracy) {
   if (p->text) {
@@ -375,9 +388,14 @@ pulse_status pulse_sim_learner_create(const pulse_sim_problem *p,
   l->v = calloc(P, sizeof *l->v);
   l->grad = malloc(P * sizeof *l->grad);
   if (p->text) { /* its own buffers */
+    int rl = p->o.kind == PULSE_SIM_PROBLEM_TEXT_RL;
+    uint32_t rows = rl ? p->o.rl_group * p->o.rl_length : p->o.batch;
     pulse_status st = PULSE_ERR_NOMEM;
     if (!l->m || !l->v || !l->grad ||
-        (st = pulse_sim_text_scratch_create(p->text, &l->ts)) != PULSE_OK) {
+        (st = pulse_sim_text_scratch_create(p->text, rows, &l->ts)) !=
+            PULSE_OK ||
+        (rl && (st = pulse_sim_rl_scratch_create(p->text, &l->rs)) !=
+                   PULSE_OK)) {
       pulse_sim_learner_free(l);
       return st == PULSE_ERR_NOMEM
                  ? pulse_fail(PULSE_ERR_NOMEM, "loco learner: %zu parameters",
@@ -409,12 +427,15 @@ void pulse_sim_learner_free(pulse_sim_learner *l) {
       free(l->dz);
   free(l->logits), free(l->tp);
   pulse_sim_text_scratch_free(l->ts);
+  pulse_sim_rl_scratch_free(l->rs);
   free(l);
 }
 
 PROBLEM_SIMD double pulse_sim_learner_grad(pulse_sim_learner *l,
                                           const float *theta, float *grad) {
   const pulse_sim_problem *p = l->p;
+  if (l->rs)
+    return pulse_sim_rl_grad(p->text, l->ts, l->rs, &l->rng, theta, grad);
   if (p->text)
     return pulse_sim_text_grad(p->text, l->ts, &l->rng, theta, grad);
   uint32_t B = p->o.batch, in = p->o.inputs, hid = p->o.hidden,

@@ -54,7 +54,7 @@ typedef struct {
   float lr, beta1, beta2, eps; /* inner Adam */
   /* Which problem; the text problem ignores inputs, classes, shift and
    * logit_scale, and its loss floor is unknown (reported as 0). */
-  uint32_t kind;         /* PULSE_SIM_PROBLEM_TEACHER, _TEXT or _TEXT_SFT */
+  uint32_t kind; /* PULSE_SIM_PROBLEM_TEACHER, _TEXT, _TEXT_SFT or _TEXT_RL */
   const char *text_path; /* text: one file to learn; NULL: base-files' */
   uint32_t context;      /* text: bytes of context k */
   uint32_t embed;        /* text: embedding width d */
@@ -65,27 +65,44 @@ typedef struct {
    * fine-tuning part, which pretraining never saw. */
   uint32_t pretrain_steps;
   float pretrain_lr;
+  /* Text RL (sim_rl.h): from the same checkpoint, each inner step samples
+   * rl_group continuations of rl_length bytes for each of batch /
+   * rl_group prompts of the fine-tuning part, and takes a policy-gradient
+   * step with group-normalized advantages. */
+  uint32_t rl_group, rl_length;
 } pulse_sim_problem_opts;
 
 enum {
   PULSE_SIM_PROBLEM_TEACHER = 0,
   PULSE_SIM_PROBLEM_TEXT = 1,     /* next byte, from a random start */
-  PULSE_SIM_PROBLEM_TEXT_SFT = 2  /* the same model, fine-tuned from a
+  PULSE_SIM_PROBLEM_TEXT_SFT = 2, /* the same model, fine-tuned from a
                                      pretrained checkpoint on unseen text */
+  PULSE_SIM_PROBLEM_TEXT_RL = 3   /* the same checkpoint, trained by RL on
+                                     prompts of the unseen text */
 };
+
+/* Whether a kind starts from the pretrained checkpoint. */
+static inline int pulse_sim_problem_is_pretrained(uint32_t kind) {
+  return kind == PULSE_SIM_PROBLEM_TEXT_SFT ||
+         kind == PULSE_SIM_PROBLEM_TEXT_RL;
+}
 
 /* Whether a kind is one of the text problems. */
 static inline int pulse_sim_problem_is_text(uint32_t kind) {
-  return kind == PULSE_SIM_PROBLEM_TEXT || kind == PULSE_SIM_PROBLEM_TEXT_SFT;
+  return kind == PULSE_SIM_PROBLEM_TEXT || pulse_sim_problem_is_pretrained(kind);
 }
 
 /* Text problem defaults: a learning rate for its O(1) weights, and the
  * fine-tuning rate of text SFT (an RL-like rate: most of an outer round's
- * pseudo-gradient does not move a BF16 weight). */
+ * pseudo-gradient does not move a BF16 weight) and text RL's rate. */
 #define PULSE_SIM_TEXT_LR 2e-3f
 #define PULSE_SIM_TEXT_SFT_LR 5e-6f
+#define PULSE_SIM_TEXT_RL_LR 5e-6f
+/* Text RL's defaults: samples per prompt, bytes per sample. */
+#define PULSE_SIM_TEXT_RL_GROUP 8u
+#define PULSE_SIM_TEXT_RL_LENGTH 4u
 
-#define PULSE_SIM_PROBLEM_OPTS_VERSION 2u
+#define PULSE_SIM_PROBLEM_OPTS_VERSION 3u
 /* Sets every field of *opts to its default (struct_version included). */
 void pulse_sim_problem_opts_init(pulse_sim_problem_opts *opts);
 
@@ -108,8 +125,8 @@ uint32_t pulse_sim_problem_hidden_for(const pulse_sim_problem_opts *opts,
 /** The learners' Adam rate. */
 double pulse_sim_problem_lr(const pulse_sim_problem *p);
 
-/** Text SFT: the held-out loss the pretraining reached and its steps (0
- * and 0 for the other problems). */
+/** Text SFT and RL: the held-out loss the pretraining reached and its
+ * steps (0 and 0 for the other problems). */
 double pulse_sim_problem_pretrain_loss(const pulse_sim_problem *p);
 uint32_t pulse_sim_problem_pretrain_steps(const pulse_sim_problem *p);
 
@@ -128,6 +145,11 @@ void pulse_sim_problem_init(const pulse_sim_problem *p, float *theta);
 void pulse_sim_problem_eval(const pulse_sim_problem *p, const float *theta,
                            double *loss, double *accuracy);
 
+/** Text RL: the policy theta's expected reward over the held-out prompts,
+ * exact (sim_rl.h); 0 for the other problems. */
+double pulse_sim_problem_reward(const pulse_sim_problem *p,
+                               const float *theta);
+
 /** The loss floor: the teacher's mean entropy on the held-out set (text:
  * 0, unknown). */
 double pulse_sim_problem_floor(const pulse_sim_problem *p);
@@ -139,7 +161,8 @@ pulse_status pulse_sim_learner_create(const pulse_sim_problem *p,
 void pulse_sim_learner_free(pulse_sim_learner *l); /* NULL is fine */
 
 /** Gradient (P floats) of the mean loss over the trainer's next
- * mini-batch at theta; returns that loss. */
+ * mini-batch at theta; returns that loss (text RL: minus the mean reward
+ * of the step's samples). */
 double pulse_sim_learner_grad(pulse_sim_learner *l, const float *theta,
                              float *grad);
 

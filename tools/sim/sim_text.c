@@ -26,14 +26,21 @@ struct pulse_sim_text {
   uint64_t ntune;
   int phase_tune; /* learners draw from tune (pulse_sim_text_set_phase) */
   uint32_t *test; /* test_count held-out positions */
+  /* Text RL: prompts whose rl_length-byte continuation stays in their
+   * block, from the fine-tuning part and (test_count) held out. */
+  uint32_t *rl_train, *rl_test;
+  uint64_t nrl_train;
   uint32_t k, d, H, kd;
   uint64_t P, e, w1, b1, w2, b2; /* offsets in theta */
   float s1, s2;                  /* 1/sqrt(fan-in) */
 };
 
 struct pulse_sim_text_scratch {
-  uint32_t *pos;             /* batch positions */
-  float *x, *z, *h, *l, *dz; /* batch x kd, H, H, V, H */
+  uint32_t rows;             /* capacity */
+  const uint8_t **ctx;       /* rows: each row's k context bytes */
+  uint8_t *y;                /* rows: the byte each row predicts */
+  float *w;                  /* rows: its weight in the loss */
+  float *x, *z, *h, *l, *dz; /* rows x kd, H, H, V; H */
   float *dx;                 /* kd */
 };
 
@@ -121,11 +128,20 @@ static pulse_status split(pulse_sim_text *t) {
   t->train = malloc((size_t)t->len * sizeof *t->train);
   t->tune = malloc((size_t)t->len * sizeof *t->tune);
   t->test = malloc((size_t)t->o.test_count * sizeof *t->test);
-  int sft = t->o.kind == PULSE_SIM_PROBLEM_TEXT_SFT;
-  if (!test_pos || !t->train || !t->tune || !t->test) {
-    free(test_pos);
+  /* Text RL fine-tunes the same checkpoint: the same split. */
+  int sft = pulse_sim_problem_is_pretrained(t->o.kind);
+  int rl = t->o.kind == PULSE_SIM_PROBLEM_TEXT_RL;
+  uint32_t *rl_pool = rl ? malloc((size_t)t->len * sizeof *rl_pool) : NULL;
+  if (rl) {
+    t->rl_train = malloc((size_t)t->len * sizeof *t->rl_train);
+    t->rl_test = malloc((size_t)t->o.test_count * sizeof *t->rl_test);
+  }
+  if (!test_pos || !t->train || !t->tune || !t->test ||
+      (rl && (!rl_pool || !t->rl_train || !t->rl_test))) {
+    free(test_pos), free(rl_pool);
     return pulse_fail(PULSE_ERR_NOMEM, "text problem: split");
   }
+  uint64_t npool = 0;
   uint64_t ntest = 0;
   for (uint64_t b = 0; b < nblocks; b++) {
     int out = held_out(t, b, nblocks, ntest > 0, t->ntrain > 0);
@@ -141,6 +157,13 @@ static pulse_status split(pulse_sim_text *t) {
     for (uint64_t i = b * PULSE_SIM_TEXT_BLOCK; i < end; i++) {
       if (i < t->k)
         continue;
+      /* An RL prompt's continuation text[i .. i + length) is its block's. */
+      if (rl && i + t->o.rl_length <= end) {
+        if (out)
+          rl_pool[npool++] = (uint32_t)i;
+        else if (tune)
+          t->rl_train[t->nrl_train++] = (uint32_t)i;
+      }
       if (out)
         test_pos[ntest++] = (uint32_t)i;
       else if (tune)
@@ -149,14 +172,18 @@ static pulse_status split(pulse_sim_text *t) {
         t->train[t->ntrain++] = (uint32_t)i;
     }
   }
-  if (ntest == 0 || t->ntrain == 0 || (sft && t->ntune == 0)) {
-    free(test_pos);
+  if (ntest == 0 || t->ntrain == 0 || (sft && t->ntune == 0) ||
+      (rl && (npool == 0 || t->nrl_train == 0))) {
+    free(test_pos), free(rl_pool);
     return pulse_fail(PULSE_ERR_ARG, "text problem: text too short to split");
   }
   uint64_t s = t->o.seed ^ 0x7E57ull;
   for (uint32_t i = 0; i < t->o.test_count; i++)
     t->test[i] = test_pos[pulse_rng_below(&s, ntest)];
-  free(test_pos);
+  uint64_t r = t->o.seed ^ 0x7E57D1ull;
+  for (uint32_t i = 0; rl && i < t->o.test_count; i++)
+    t->rl_test[i] = rl_pool[pulse_rng_below(&r, npool)];
+  free(test_pos), free(rl_pool);
   return PULSE_OK;
 }
 
@@ -182,6 +209,13 @@ pulse_status pulse_sim_text_create(const pulse_sim_problem_opts *o,
     return pulse_fail(PULSE_ERR_ARG,
                       "text problem: context 1..64, embed 1..1024, hidden "
                       "up to 2^20");
+  if (o->kind == PULSE_SIM_PROBLEM_TEXT_RL &&
+      (o->rl_length == 0 || o->rl_length > 64 || o->rl_group < 2 ||
+       o->rl_group > o->batch))
+    return pulse_fail(PULSE_ERR_ARG,
+                      "text RL: continuations of 1..64 bytes, groups of 2 "
+                      "to batch (%u) samples",
+                      o->batch);
   pulse_sim_text *t = calloc(1, sizeof *t);
   if (t == NULL)
     return pulse_fail(PULSE_ERR_NOMEM, "text problem");
@@ -211,11 +245,30 @@ void pulse_sim_text_free(pulse_sim_text *t) {
   if (t == NULL)
     return;
   free(t->text), free(t->train), free(t->tune), free(t->test);
+  free(t->rl_train), free(t->rl_test);
   free(t);
 }
 
 uint64_t pulse_sim_text_param_count(const pulse_sim_text *t) {
   return t->P;
+}
+
+const pulse_sim_problem_opts *pulse_sim_text_opts(const pulse_sim_text *t) {
+  return &t->o;
+}
+
+uint32_t pulse_sim_text_context(const pulse_sim_text *t) {
+  return t->k;
+}
+
+const uint8_t *pulse_sim_text_data(const pulse_sim_text *t) {
+  return t->text;
+}
+
+const uint32_t *pulse_sim_text_rl_prompts(const pulse_sim_text *t,
+                                         int held_out, uint64_t *n) {
+  *n = t->rl_train == NULL ? 0 : held_out ? t->o.test_count : t->nrl_train;
+  return held_out ? t->rl_test : t->rl_train;
 }
 
 uint64_t pulse_sim_text_bytes(const pulse_sim_text *t) {
@@ -251,19 +304,18 @@ static inline float dot8(const float *a, const float *b, uint32_t n) {
   return s;
 }
 
-/* Forward of the samples at positions pos[0..n): x (n x kd), z and h
- * (n x H), logits (n x V). */
+/* Forward of n rows, row b predicting from the k bytes at ctx[b]: x
+ * (n x kd), z and h (n x H), logits (n x V). */
 TEXT_SIMD static void forward(const pulse_sim_text *t, const float *theta,
-                              const uint32_t *pos, size_t n, float *x, float *z,
-                              float *h, float *logits) {
+                              const uint8_t *const *ctx, size_t n, float *x,
+                              float *z, float *h, float *logits) {
   uint32_t d = t->d, H = t->H, kd = t->kd;
   const float *E = theta + t->e, *W1 = theta + t->w1, *B1 = theta + t->b1,
               *W2 = theta + t->w2, *B2 = theta + t->b2;
   for (size_t b = 0; b < n; b++) {
     float *xb = x + b * kd;
     for (uint32_t c = 0; c < t->k; c++)
-      memcpy(xb + c * d, E + (size_t)t->text[pos[b] - t->k + c] * d,
-             d * sizeof *xb);
+      memcpy(xb + c * d, E + (size_t)ctx[b][c] * d, d * sizeof *xb);
     pulse_sim_mlp_forward_row(xb, kd, t->s1, W1, B1, H, t->s2, W2, B2, V, z + b * H,
                              h + b * H, logits + b * V);
   }
@@ -297,13 +349,16 @@ void pulse_sim_text_eval(const pulse_sim_text *t, const float *theta,
         *z = malloc((size_t)BLOCK * H * sizeof *z),
         *h = malloc((size_t)BLOCK * H * sizeof *h),
         *l = malloc((size_t)BLOCK * V * sizeof *l);
+  const uint8_t *ctx[BLOCK];
   double total = 0.0;
   uint64_t right = 0;
   uint32_t T = t->o.test_count;
   if (x && z && h && l) {
     for (uint32_t a = 0; a < T; a += BLOCK) {
       size_t n = T - a < BLOCK ? T - a : BLOCK;
-      forward(t, theta, t->test + a, n, x, z, h, l);
+      for (size_t b = 0; b < n; b++)
+        ctx[b] = t->text + t->test[a + b] - t->k;
+      forward(t, theta, ctx, n, x, z, h, l);
       for (size_t b = 0; b < n; b++) {
         uint32_t y = t->text[t->test[a + b]], am;
         total += xent(l + b * V, y, 0, &am);
@@ -323,20 +378,24 @@ void pulse_sim_text_eval(const pulse_sim_text *t, const float *theta,
 /* -------------------------------------------------------------- learner */
 
 pulse_status pulse_sim_text_scratch_create(const pulse_sim_text *t,
+                                          uint32_t rows,
                                           pulse_sim_text_scratch **out) {
   pulse_sim_text_scratch *s = calloc(1, sizeof *s);
-  size_t B = t->o.batch;
+  size_t R = rows;
   if (s != NULL) {
-    s->pos = malloc(B * sizeof *s->pos);
-    s->x = malloc(B * t->kd * sizeof *s->x);
-    s->z = malloc(B * t->H * sizeof *s->z);
-    s->h = malloc(B * t->H * sizeof *s->h);
+    s->rows = rows;
+    s->ctx = malloc(R * sizeof *s->ctx);
+    s->y = malloc(R);
+    s->w = malloc(R * sizeof *s->w);
+    s->x = malloc(R * t->kd * sizeof *s->x);
+    s->z = malloc(R * t->H * sizeof *s->z);
+    s->h = malloc(R * t->H * sizeof *s->h);
     s->dz = malloc(t->H * sizeof *s->dz);
-    s->l = malloc(B * V * sizeof *s->l);
+    s->l = malloc(R * V * sizeof *s->l);
     s->dx = malloc(t->kd * sizeof *s->dx);
   }
-  if (s == NULL || !s->pos || !s->x || !s->z || !s->h || !s->dz || !s->l ||
-      !s->dx) {
+  if (s == NULL || rows == 0 || !s->ctx || !s->y || !s->w || !s->x || !s->z ||
+      !s->h || !s->dz || !s->l || !s->dx) {
     pulse_sim_text_scratch_free(s);
     return pulse_fail(PULSE_ERR_NOMEM, "text problem: learner buffers");
   }
@@ -347,33 +406,40 @@ pulse_status pulse_sim_text_scratch_create(const pulse_sim_text *t,
 void pulse_sim_text_scratch_free(pulse_sim_text_scratch *s) {
   if (s == NULL)
     return;
-  free(s->pos), free(s->x), free(s->z), free(s->h), free(s->dz), free(s->l),
-      free(s->dx);
+  free(s->ctx), free(s->y), free(s->w);
+  free(s->x), free(s->z), free(s->h), free(s->dz), free(s->l), free(s->dx);
   free(s);
 }
 
-TEXT_SIMD double pulse_sim_text_grad(const pulse_sim_text *t,
-                                    pulse_sim_text_scratch *s, uint64_t *rng,
-                                    const float *theta, float *grad) {
-  uint32_t B = t->o.batch, H = t->H, kd = t->kd, d = t->d;
-  const uint32_t *from = t->phase_tune ? t->tune : t->train;
-  uint64_t n = t->phase_tune ? t->ntune : t->ntrain;
-  for (uint32_t b = 0; b < B; b++)
-    s->pos[b] = from[pulse_rng_below(rng, n)];
-  forward(t, theta, s->pos, B, s->x, s->z, s->h, s->l);
-  memset(grad, 0, (size_t)t->P * sizeof *grad);
+float *pulse_sim_text_forward(const pulse_sim_text *t,
+                              pulse_sim_text_scratch *s, const float *theta,
+                              const uint8_t *const *ctx, uint32_t first,
+                              uint32_t n) {
+  forward(t, theta, ctx, n, s->x + (size_t)first * t->kd,
+          s->z + (size_t)first * t->H, s->h + (size_t)first * t->H,
+          s->l + (size_t)first * V);
+  return s->l + (size_t)first * V;
+}
+
+TEXT_SIMD double pulse_sim_text_backward(const pulse_sim_text *t,
+                                        pulse_sim_text_scratch *s,
+                                        const float *theta,
+                                        const uint8_t *const *ctx,
+                                        const uint8_t *y, const float *w,
+                                        uint32_t n, float *grad) {
+  uint32_t H = t->H, kd = t->kd, d = t->d;
   float *gE = grad + t->e, *gW1 = grad + t->w1, *gB1 = grad + t->b1,
         *gW2 = grad + t->w2, *gB2 = grad + t->b2;
   const float *W1 = theta + t->w1, *W2 = theta + t->w2;
-  float invB = 1.0f / (float)B;
   double loss = 0.0;
-  for (uint32_t b = 0; b < B; b++) {
-    uint32_t y = t->text[s->pos[b]];
+  for (uint32_t b = 0; b < n; b++) {
+    if (w[b] == 0.0f) /* adds nothing: skipped */
+      continue;
     float *lb = s->l + (size_t)b * V; /* becomes d loss / d logits */
-    loss += xent(lb, y, 1, NULL);
-    lb[y] -= 1.0f;
+    loss += xent(lb, y[b], 1, NULL);
+    lb[y[b]] -= 1.0f;
     for (uint32_t c = 0; c < V; c++) {
-      lb[c] *= invB;
+      lb[c] *= w[b];
       gB2[c] += lb[c];
     }
     const float *hb = s->h + (size_t)b * H, *xb = s->x + (size_t)b * kd;
@@ -397,10 +463,28 @@ TEXT_SIMD double pulse_sim_text_grad(const pulse_sim_text *t,
       s->dx[i] = t->s1 * dot8(W1 + (size_t)i * H, s->dz, H);
     }
     for (uint32_t c = 0; c < t->k; c++) {
-      float *ge = gE + (size_t)t->text[s->pos[b] - t->k + c] * d;
+      float *ge = gE + (size_t)ctx[b][c] * d;
       for (uint32_t i = 0; i < d; i++)
         ge[i] += s->dx[c * d + i];
     }
   }
-  return loss / B;
+  return loss;
+}
+
+double pulse_sim_text_grad(const pulse_sim_text *t, pulse_sim_text_scratch *s,
+                          uint64_t *rng, const float *theta, float *grad) {
+  uint32_t B = t->o.batch;
+  const uint32_t *from = t->phase_tune ? t->tune : t->train;
+  uint64_t n = t->phase_tune ? t->ntune : t->ntrain;
+  float invB = 1.0f / (float)B;
+  for (uint32_t b = 0; b < B; b++) {
+    uint32_t pos = from[pulse_rng_below(rng, n)];
+    s->ctx[b] = t->text + pos - t->k;
+    s->y[b] = t->text[pos];
+    s->w[b] = invB;
+  }
+  pulse_sim_text_forward(t, s, theta, s->ctx, 0, B);
+  memset(grad, 0, (size_t)t->P * sizeof *grad);
+  return pulse_sim_text_backward(t, s, theta, s->ctx, s->y, s->w, B, grad) /
+         B;
 }

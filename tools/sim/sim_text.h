@@ -18,10 +18,13 @@
  * with E[V][d], W1[k d][H], b1[H], W2[H][V], b2[V] in that order in theta;
  * E, W1 and W2 start ~ N(0, init_scale^2), the biases at 0.
  *
+ * Text SFT and text RL (sim_rl.h) start from a pretrained checkpoint
+ * and learn from a fine-tuning part of the text (pulse_sim_text_set_phase).
+ *
  * Every loop is either an axpy over a contiguous row or a dot product
  * with 8 fixed lanes, so the compiler vectorizes them without reordering
  * any sum: the bits do not depend on the machine (sim_problem.c).
- * Internal to tools/: sim_problem.c is its only user. */
+ * Internal to tools/: sim_problem.c and sim_rl.c are its users. */
 #ifndef PULSE_SIM_TEXT_H
 #define PULSE_SIM_TEXT_H
 
@@ -54,9 +57,10 @@ void pulse_sim_text_free(pulse_sim_text *t); /* NULL is fine */
 uint64_t pulse_sim_text_param_count(const pulse_sim_text *t);
 
 /** Which training blocks the learners draw from: 0 all of them (the text
- * problem) or, for text SFT, the pretraining part; 1 the fine-tuning part
- * (a third of the blocks that are not held out, chosen by the seed; only
- * for PULSE_SIM_PROBLEM_TEXT_SFT, which splits them). The held-out set is
+ * problem) or, for text SFT and RL, the pretraining part; 1 the
+ * fine-tuning part (a third of the blocks that are not held out, chosen by
+ * the seed; only for PULSE_SIM_PROBLEM_TEXT_SFT and _RL, which split
+ * them alike). The held-out set is
  * the same in both. Not while learners draw. */
 void pulse_sim_text_set_phase(pulse_sim_text *t, int tune);
 
@@ -74,8 +78,10 @@ void pulse_sim_text_init(const pulse_sim_text *t, float *theta);
 void pulse_sim_text_eval(const pulse_sim_text *t, const float *theta,
                         double *loss, double *accuracy);
 
-/** Per-learner buffers for `batch` samples. */
+/** Per-learner buffers for `rows` rows (the batch; text RL: a group's
+ * samples times their length). */
 pulse_status pulse_sim_text_scratch_create(const pulse_sim_text *t,
+                                          uint32_t rows,
                                           pulse_sim_text_scratch **out);
 void pulse_sim_text_scratch_free(pulse_sim_text_scratch *s); /* NULL is fine */
 
@@ -83,6 +89,40 @@ void pulse_sim_text_scratch_free(pulse_sim_text_scratch *s); /* NULL is fine */
  * from *rng's stream; returns that loss. */
 double pulse_sim_text_grad(const pulse_sim_text *t, pulse_sim_text_scratch *s,
                           uint64_t *rng, const float *theta, float *grad);
+
+/* Rows, for the problems built on the model (text RL, sim_rl.h): a row
+ * predicts one byte from the k bytes at ctx[row] (anywhere: in the text or
+ * in a sample). */
+
+/** The problem's options, its context k and its text (borrowed: they live
+ * as long as t). */
+const pulse_sim_problem_opts *pulse_sim_text_opts(const pulse_sim_text *t);
+uint32_t pulse_sim_text_context(const pulse_sim_text *t);
+const uint8_t *pulse_sim_text_data(const pulse_sim_text *t);
+
+/** Text RL's prompts (positions of a continuation's first byte, which with
+ * the rest of the continuation lies in one block): the fine-tuning part's
+ * (held_out 0) or test_count held-out ones (1). *n = 0 and NULL for the
+ * other problems. */
+const uint32_t *pulse_sim_text_rl_prompts(const pulse_sim_text *t,
+                                         int held_out, uint64_t *n);
+
+/** Forward of n rows (ctx[0..n)) into the scratch's rows [first, first +
+ * n), first + n <= its rows; returns their logits (n x 256, in s, valid
+ * until the rows are used again). */
+float *pulse_sim_text_forward(const pulse_sim_text *t,
+                              pulse_sim_text_scratch *s, const float *theta,
+                              const uint8_t *const *ctx, uint32_t first,
+                              uint32_t n);
+
+/** Adds to grad the gradient of sum_b w[b] * -log p(y[b] | ctx[b]) over
+ * the scratch's rows [0, n), forwarded at theta from the same ctx (their
+ * logits are used up). Rows of weight 0 are skipped. Returns the sum of
+ * -log p(y[b] | ctx[b]) over the rows not skipped. */
+double pulse_sim_text_backward(const pulse_sim_text *t,
+                              pulse_sim_text_scratch *s, const float *theta,
+                              const uint8_t *const *ctx, const uint8_t *y,
+                              const float *w, uint32_t n, float *grad);
 
 #ifdef __cplusplus
 }

@@ -48,6 +48,7 @@ static void report(run *r, pulse_sim_round *rr, const float *theta) {
   rr->wire_bytes = b.served - r->served;
   r->served = b.served;
   pulse_sim_problem_eval(r->p, theta, &rr->loss, &rr->accuracy);
+  rr->reward = pulse_sim_problem_reward(r->p, theta);
   if (r->cb)
     r->cb(r->user, rr);
 }
@@ -117,7 +118,7 @@ static pulse_status run_ddp(run *r) {
     st = pulse_fail(PULSE_ERR_NOMEM, "loco sim: gradients");
   uint64_t batch = pulse_sim_problem_batch(r->p);
   for (uint32_t round = 1; round <= r->o->rounds && st == PULSE_OK; round++) {
-    pulse_sim_round rr = {round, 0, 0, 0, 0, 0, 0, 0, 0, N, 1.0, 0.0};
+    pulse_sim_round rr = {round, 0, 0, 0, 0, 0, 0, 0, 0, N, 1.0, 0.0, 0.0};
     memset(sent, 0, N * sizeof *sent);
     for (uint32_t h = 0; h < r->o->inner && st == PULSE_OK; h++) {
       uint64_t step = (uint64_t)(round - 1) * r->o->inner + h;
@@ -191,7 +192,7 @@ static pulse_status run_diloco(run *r) {
   }
   uint64_t samples = (uint64_t)r->o->inner * pulse_sim_problem_batch(r->p);
   for (uint32_t round = 1; round <= r->o->rounds && st == PULSE_OK; round++) {
-    pulse_sim_round rr = {round, 0, 0, 0, 0, 0, 0, 0, 0, N, 1.0, 0.0};
+    pulse_sim_round rr = {round, 0, 0, 0, 0, 0, 0, 0, 0, N, 1.0, 0.0, 0.0};
     uint64_t seq = round - 1u;
     memset(sent, 0, N * sizeof *sent);
     for (uint32_t i = 0; i < N && st == PULSE_OK; i++) {
@@ -394,7 +395,7 @@ static pulse_status run_pulseloco(run *r) {
   if (drifted == NULL)
     st = pulse_fail(PULSE_ERR_NOMEM, "loco sim: trainers");
   for (uint32_t round = 1; round <= r->o->rounds && st == PULSE_OK; round++) {
-    pulse_sim_round rr = {round, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1.0, 0.0};
+    pulse_sim_round rr = {round, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1.0, 0.0, 0.0};
     uint64_t seq = round - 1u;
     memset(sent, 0, N * sizeof *sent);
     memset(acc, 0, P * sizeof *acc);
@@ -530,7 +531,7 @@ pulse_status pulse_sim_run(const pulse_sim_problem *p,
       pulse_sim_problem_init(p, r.replica[i]);
   }
   if (st == PULSE_OK) {
-    pulse_sim_round r0 = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1.0, 0.0};
+    pulse_sim_round r0 = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1.0, 0.0, 0.0};
     report(&r, &r0, r.replica[0]);
     st = o->method == PULSE_SIM_DDP      ? run_ddp(&r)
          : o->method == PULSE_SIM_DILOCO ? run_diloco(&r)

@@ -106,6 +106,9 @@ typedef struct {
   /* chunked: the max over trainer pairs of ||theta_a - theta_b|| /
    * ||theta_a|| after the round, before the re-syncs (0 otherwise). */
   double drift;
+  /* Text RL: the held-out expected reward of trainer 0's global parameters
+   * (pulse_sim_problem_reward; 0 for the other problems). */
+  double reward;
 } pulse_sim_round;
 
 typedef void (*pulse_sim_cb)(void *user, const pulse_sim_round *r);

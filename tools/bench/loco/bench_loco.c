@@ -14,12 +14,15 @@
  * Processes are forked before any of them starts a thread; each child
  * speaks to this parent through two pipes, one line per message:
  *   trainer -> parent  "url ID URL", "round R BYTES SENT CONTRIB MEMBERS
- *                      FETCHED RESYNCED LOSS", "done ID ROUND DIGEST",
+ *                      FETCHED RESYNCED LOSS REWARD", "done ID ROUND DIGEST",
  *                      "error TEXT"
  *   parent -> trainer  "start N ID URL ID URL ...", "join URL", "quit"
  *                      (every trainer is done or gone: end)
- *   baseline -> parent "init LOSS FLOOR P" (the first baseline only),
- *                      "arm R LOSS BYTES WIRE MAX_TRAINER MAX_MESSAGE",
+ *   baseline -> parent "init LOSS FLOOR P REWARD" (the first baseline
+ *                      only), "arm R LOSS BYTES WIRE MAX_TRAINER
+ *                      MAX_MESSAGE REWARD" (REWARD: text RL's held-out
+ *                      reward, 0 for the other problems; -1 where a
+ *                      trainer did not evaluate),
  *                      "error TEXT"
  *
  * This file: the methods and the run from the command line to the exit

@@ -51,13 +51,24 @@ void bench_loco_usage(FILE *out) {
       "\n"
       "                   $PULSE_CACHE_DIR or ~/.cache/pulse, then fine-tuned "
       "on text\n"
-      "                   pretraining never saw, at an RL-like rate) or teacher"
+      "                   pretraining never saw, at an RL-like rate), text-rl"
       "\n"
-      "                   (distillation towards a nearby teacher)\n"
+      "                   (the same checkpoint trained by RL: per inner step "
+      "8 sampled\n"
+      "                   4-byte continuations for each of 4 prompts of that "
+      "text,\n"
+      "                   rewarded by the prefix that matches the true one, "
+      "group-\n"
+      "                   normalized advantages; the summary adds each "
+      "method's\n"
+      "                   held-out expected reward over the last fifth of the "
+      "rounds)\n"
+      "                   or teacher (distillation towards a nearby teacher)\n"
       "  --text FILE      text: learn this file instead\n"
       "  --lr X           inner Adam learning rate (default: the problem's, "
       "2e-3 for\n"
-      "                   text, 5e-6 for text-sft, 2e-5 for teacher)\n"
+      "                   text, 5e-6 for text-sft and text-rl, 2e-5 for "
+      "teacher)\n"
       "  --drop-rate X    probability that a PULSELoCo payload is lost in a "
       "round\n"
       "                   (the coordinator treats the fetch as failed; default "
@@ -231,12 +242,13 @@ int bench_loco_parse(int argc, char **argv, loco_args *a) {
     } else if ((m = pulse_cli_opt_value(argc, argv, &i, "--problem", &v)) !=
                0) {
       if (m < 0 || (strcmp(v, "text") != 0 && strcmp(v, "text-sft") != 0 &&
-                    strcmp(v, "teacher") != 0))
-        return usage_error("--problem needs text, text-sft or teacher, got "
-                           "'%s'",
+                    strcmp(v, "text-rl") != 0 && strcmp(v, "teacher") != 0))
+        return usage_error("--problem needs text, text-sft, text-rl or "
+                           "teacher, got '%s'",
                            m < 0 ? "" : v);
       a->problem = strcmp(v, "text") == 0       ? PULSE_SIM_PROBLEM_TEXT
                    : strcmp(v, "text-sft") == 0 ? PULSE_SIM_PROBLEM_TEXT_SFT
+                   : strcmp(v, "text-rl") == 0  ? PULSE_SIM_PROBLEM_TEXT_RL
                                                 : PULSE_SIM_PROBLEM_TEACHER;
     } else if ((m = pulse_cli_opt_value(argc, argv, &i, "--text", &v)) != 0) {
       if (m < 0 || *v == '\0')
@@ -265,7 +277,8 @@ int bench_loco_parse(int argc, char **argv, loco_args *a) {
   if (a->join_round >= (int)a->rounds)
     return usage_error("--join-round must be below --rounds%s", "");
   if (a->text_path != NULL && !pulse_sim_problem_is_text(a->problem))
-    return usage_error("--text needs --problem text or text-sft%s", "");
+    return usage_error("--text needs --problem text, text-sft or text-rl%s",
+                       "");
   if (a->transport == PULSE_LOCO_TRANSPORT_UDP &&
       (a->rule != PULSE_LOCO_RULE_DROP || a->drop_rate > 0))
     return usage_error("--transport udp needs --rule drop and loses datagrams "

@@ -16,9 +16,9 @@ typedef struct {
 static void baseline_round(void *user, const pulse_sim_round *r) {
   baseline_sink *s = user;
   dprintf(s->out,
-          "%s %u %.9g %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 "\n",
+          "%s %u %.9g %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 " %.9g\n",
           s->key, r->round, r->loss, r->bytes, r->wire_bytes,
-          r->max_trainer_bytes, r->max_message_bytes);
+          r->max_trainer_bytes, r->max_message_bytes, r->reward);
 }
 
 /* One baseline method over HTTP (bench_loco_method[which]). */
@@ -34,8 +34,8 @@ int bench_loco_run_baseline(const loco_args *a, int which, int out) {
     pulse_sim_problem_init(p, theta);
     double loss;
     pulse_sim_problem_eval(p, theta, &loss, NULL);
-    dprintf(out, "init %.9g %.9g %" PRIu64 "\n", loss,
-            pulse_sim_problem_floor(p), P);
+    dprintf(out, "init %.9g %.9g %" PRIu64 " %.9g\n", loss,
+            pulse_sim_problem_floor(p), P, pulse_sim_problem_reward(p, theta));
     free(theta);
   }
   pulse_sim_opts so;
@@ -91,8 +91,8 @@ int bench_loco_run_replay(const loco_args *a, int out) {
   pulse_sim_problem_init(p, theta);
   double loss;
   pulse_sim_problem_eval(p, theta, &loss, NULL);
-  dprintf(out, "init %.9g %.9g %" PRIu64 "\n", loss, pulse_sim_problem_floor(p),
-          P);
+  dprintf(out, "init %.9g %.9g %" PRIu64 " %.9g\n", loss,
+          pulse_sim_problem_floor(p), P, pulse_sim_problem_reward(p, theta));
   free(theta);
   replay_sink s = {out};
   pulse_status st = pulse_sim_run(p, &so, replay_round, &s, NULL);

@@ -87,6 +87,7 @@ typedef struct {
  * bodies its trainers downloaded, message = the largest payload. */
 typedef struct {
   double loss[METHODS];
+  double reward[METHODS]; /* text RL: held-out expected reward */
   uint64_t bytes[METHODS], wire[METHODS];
   uint64_t max_trainer[METHODS], message[METHODS];
   int have[METHODS];
@@ -113,6 +114,7 @@ typedef struct {
   size_t nkids;
   round_row *rows; /* rows[0..rounds] */
   double init_loss, floor;
+  double init_reward; /* text RL: the checkpoint's held-out reward */
   uint64_t P;
   uint32_t pacer_rounds;
   int failed;
@@ -129,11 +131,17 @@ typedef struct {
 typedef struct {
   uint64_t bytes[METHODS], wire[METHODS], message[METHODS];
   double final_loss[METHODS];
+  /* Text RL: each method's held-out reward, mean over the last rounds
+   * (reward_rounds of them), and PULSELoCo's against it. */
+  double last_reward[METHODS], reward_gap[METHODS];
+  uint32_t reward_rounds;
+  double density[METHODS]; /* entries sent / (P x messages): dense 1 */
   double reduction[METHODS]; /* method's wire bytes / PULSELoCo's */
   double gap[METHODS];       /* PULSELoCo's final loss / method's - 1 */
   uint64_t entries;          /* PULSELoCo */
   double update_bias;        /* PULSELoCo, mean over rounds */
   int t10, t100, t2;
+  int t_reward; /* text RL: last rounds' reward within 1% of DiLoCo-BF16's */
   /* PULSELoCo exchange */
   double max_drift, max_replay_drift, round_ms, exchange_ms;
   uint64_t resynced_ranges, resync_bytes, dgram_sent, dgram_dropped;

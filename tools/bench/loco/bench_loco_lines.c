@@ -12,19 +12,22 @@ static void on_baseline_line(bench *b, const child *c, const char *line) {
   int m = c->baseline - 1;
   size_t klen = strlen(bench_loco_method[m].key);
   unsigned r;
-  double loss;
+  double loss, reward;
   uint64_t v[4];
-  if (sscanf(line, "init %lf %lf %" SCNu64, &loss, &b->floor, &v[0]) == 3) {
-    b->init_loss = loss;
+  if (sscanf(line, "init %lf %lf %" SCNu64 " %lf", &loss, &b->floor, &v[0],
+             &reward) == 4) {
+    b->init_loss = loss, b->init_reward = reward;
     b->P = v[0];
   } else if (strncmp(line, bench_loco_method[m].key, klen) == 0 &&
              line[klen] == ' ' &&
              sscanf(line + klen,
-                    " %u %lf %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64, &r,
-                    &loss, &v[0], &v[1], &v[2], &v[3]) == 6 &&
+                    " %u %lf %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64
+                    " %lf",
+                    &r, &loss, &v[0], &v[1], &v[2], &v[3], &reward) == 7 &&
              r <= b->a.rounds) {
     round_row *w = &b->rows[r];
-    w->loss[m] = loss, w->bytes[m] = v[0], w->wire[m] = v[1];
+    w->loss[m] = loss, w->reward[m] = reward;
+    w->bytes[m] = v[0], w->wire[m] = v[1];
     w->max_trainer[m] = v[2], w->message[m] = v[3], w->have[m] = 1;
   }
 }
@@ -44,7 +47,7 @@ static void measure_pair_drift(bench *b, uint32_t r) {
 
 static void on_trainer_line(bench *b, child *c, const char *line) {
   unsigned r, u1, u2;
-  double loss;
+  double loss, reward;
   uint64_t v1, v2, v3;
   int resynced;
   if (sscanf(line, "url %u %63s", &u1, c->url) == 2)
@@ -57,8 +60,9 @@ static void on_trainer_line(bench *b, child *c, const char *line) {
       b->auth_bytes += v3;
     return;
   }
-  if (sscanf(line, "round %u %" SCNu64 " %" SCNu64 " %u %u %" SCNu64 " %d %lf",
-             &r, &v1, &v2, &u1, &u2, &v3, &resynced, &loss) == 8 &&
+  if (sscanf(line,
+             "round %u %" SCNu64 " %" SCNu64 " %u %u %" SCNu64 " %d %lf %lf",
+             &r, &v1, &v2, &u1, &u2, &v3, &resynced, &loss, &reward) == 9 &&
       r >= 1 && r <= b->a.rounds) {
     round_row *w = &b->rows[r];
     w->bytes[PULSELOCO] += v1;
@@ -69,6 +73,7 @@ static void on_trainer_line(bench *b, child *c, const char *line) {
     w->reports++;
     if (c->id == 0) {
       w->loss[PULSELOCO] = loss, w->have[PULSELOCO] = 1;
+      w->reward[PULSELOCO] = reward;
       w->contributors = u1, w->members = u2;
       b->pacer_rounds = r;
       measure_pair_drift(b, r);
@@ -109,8 +114,9 @@ void bench_loco_on_line(bench *b, child *c, char *line) {
         r <= b->a.rounds)
       b->rows[r].bias = v, b->rows[r].replay_drift = d,
       b->rows[r].have_bias = 1;
-    else if (sscanf(line, "init %lf %lf %" SCNu64, &v, &b->floor, &P) == 3)
-      b->init_loss = v, b->P = P;
+    else if (sscanf(line, "init %lf %lf %" SCNu64 " %lf", &v, &b->floor, &P,
+                    &d) == 4)
+      b->init_loss = v, b->P = P, b->init_reward = d;
     return;
   }
   if (strncmp(line, "error ", 6) == 0) {

@@ -16,6 +16,9 @@ static void print_round_json(const bench *b, uint32_t r) {
   printf("{\"round\":%u", r);
   for (int m = 0; m < METHODS; m++)
     printf(",\"loss_%s\":%.6f", bench_loco_method[m].key, w->loss[m]);
+  if (b->a.problem == PULSE_SIM_PROBLEM_TEXT_RL)
+    for (int m = 0; m < METHODS; m++)
+      printf(",\"reward_%s\":%.6f", bench_loco_method[m].key, w->reward[m]);
   for (int m = 0; m < METHODS; m++)
     printf(",\"bytes_%s\":%" PRIu64 ",\"wire_bytes_%s\":%" PRIu64,
            bench_loco_method[m].key, w->bytes[m], bench_loco_method[m].key,
@@ -55,17 +58,21 @@ static void print_round_text(const bench *b, uint32_t r) {
     return;
   }
   const round_row *w = &b->rows[r];
+  /* Text RL: the reward it optimizes, in the place of the loss. */
+  int rl = b->a.problem == PULSE_SIM_PROBLEM_TEXT_RL;
+  const double *q = rl ? w->reward : w->loss;
   if (r == 1)
-    printf("      ------------- held-out loss --------------   ------ bytes "
+    printf("      ------------ held-out %s ------------   ------ bytes "
            "sent per trainer (mean) ------\n"
            "round  DDP-FP32 DiLoCo-BF16 DiLoCo-FP32 PULSELoCo     DDP-FP32 "
-           "DiLoCo-BF16 DiLoCo-FP32 PULSELoCo  density contrib\n");
+           "DiLoCo-BF16 DiLoCo-FP32 PULSELoCo  density contrib\n",
+           rl ? "reward" : "-loss-");
   uint32_t n[METHODS] = {b->a.trainers, b->a.trainers, b->a.trainers,
                          w->reports ? w->reports : 1};
   printf("%5u %9.5f %11.5f %11.5f %9.5f   %10" PRIu64 " %11" PRIu64
          " %11" PRIu64 " %9" PRIu64 " %7.2f%% %3u/%u\n",
-         r, w->loss[DDP_FP32], w->loss[DILOCO_BF16], w->loss[DILOCO_FP32],
-         w->loss[PULSELOCO], w->bytes[DDP_FP32] / n[DDP_FP32],
+         r, q[DDP_FP32], q[DILOCO_BF16], q[DILOCO_FP32], q[PULSELOCO],
+         w->bytes[DDP_FP32] / n[DDP_FP32],
          w->bytes[DILOCO_BF16] / n[DILOCO_BF16],
          w->bytes[DILOCO_FP32] / n[DILOCO_FP32],
          w->bytes[PULSELOCO] / n[PULSELOCO], 100.0 * density(b, w),

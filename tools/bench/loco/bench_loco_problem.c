@@ -19,6 +19,8 @@ pulse_sim_problem *bench_loco_make_problem(const loco_args *a) {
     po.lr = PULSE_SIM_TEXT_LR;
   else if (a->problem == PULSE_SIM_PROBLEM_TEXT_SFT)
     po.lr = PULSE_SIM_TEXT_SFT_LR;
+  else if (a->problem == PULSE_SIM_PROBLEM_TEXT_RL)
+    po.lr = PULSE_SIM_TEXT_RL_LR;
   po.hidden = pulse_sim_problem_hidden_for(&po, a->params);
   pulse_sim_problem *p = NULL;
   if (pulse_sim_problem_create(&po, &p) != PULSE_OK)
@@ -31,6 +33,7 @@ pulse_sim_problem *bench_loco_make_problem(const loco_args *a) {
 const char *bench_loco_problem_name(uint32_t kind) {
   return kind == PULSE_SIM_PROBLEM_TEXT       ? "text"
          : kind == PULSE_SIM_PROBLEM_TEXT_SFT ? "text-sft"
+         : kind == PULSE_SIM_PROBLEM_TEXT_RL  ? "text-rl"
                                               : "teacher";
 }
 
@@ -47,8 +50,8 @@ int bench_loco_check_problem(const loco_args *a, uint64_t *bytes,
   }
   pulse_sim_problem_data(p, bytes, digest);
   *P = pulse_sim_problem_param_count(p);
-  /* Text SFT: this build pretrained (or read the cached checkpoint), so
-   * every child reads the cache. */
+  /* Text SFT and RL: this build pretrained (or read the cached
+   * checkpoint), so every child reads the cache. */
   *pretrain_loss = pulse_sim_problem_pretrain_loss(p);
   *pretrain_steps = pulse_sim_problem_pretrain_steps(p);
   *lr = pulse_sim_problem_lr(p);

@@ -33,6 +33,27 @@ static void sum_up_pairs_and_times(const bench *b, totals *t) {
   free(rt), free(xt);
 }
 
+/* Text RL: each method's held-out reward over the last fifth of the rounds
+ * (one at least), where a single round's figure would be noisy; and the
+ * density of each method's messages. */
+static void sum_up_rewards_and_density(const bench *b, totals *t) {
+  uint32_t R = b->a.rounds;
+  t->reward_rounds = R / 5 > 0 ? R / 5 : 1;
+  for (int m = 0; m < METHODS; m++) {
+    for (uint32_t r = R - t->reward_rounds + 1; r <= R; r++)
+      t->last_reward[m] += b->rows[r].reward[m] / t->reward_rounds;
+    t->density[m] = 1.0; /* dense messages carry every entry */
+  }
+  double messages = (double)b->a.trainers * R;
+  t->density[PULSELOCO] =
+      b->P ? (double)t->entries / ((double)b->P * messages) : 0.0;
+  for (int m = 0; m < METHODS; m++)
+    t->reward_gap[m] = t->last_reward[m] > 0
+                           ? t->last_reward[PULSELOCO] / t->last_reward[m] - 1.0
+                           : 0.0;
+  t->t_reward = t->reward_gap[REFERENCE] >= -0.01;
+}
+
 void bench_loco_sum_up(const bench *b, totals *t) {
   memset(t, 0, sizeof *t);
   const round_row *last = &b->rows[b->a.rounds];
@@ -64,6 +85,7 @@ void bench_loco_sum_up(const bench *b, totals *t) {
         last->loss[m] > 0 ? last->loss[PULSELOCO] / last->loss[m] - 1.0 : 0.0;
   }
   sum_up_pairs_and_times(b, t);
+  sum_up_rewards_and_density(b, t);
   t->t10 = t->wire[PULSELOCO] * 10 <= t->wire[REFERENCE];
   t->t100 = t->wire[PULSELOCO] * 100 <= t->wire[DDP_FP32];
   t->t2 = t->gap[REFERENCE] <= 0.02;
@@ -71,6 +93,15 @@ void bench_loco_sum_up(const bench *b, totals *t) {
 
 static const char *yes(int v) {
   return v ? "true" : "false";
+}
+
+/* Text RL: PULSELoCo's reward gain over the start as a share of
+ * DiLoCo-BF16's (a small step moves the reward little, so the shares say
+ * more than the final figures). */
+static double reward_gain_share(const bench *b, const totals *t) {
+  double ref = t->last_reward[DILOCO_BF16] - b->init_reward;
+  return ref != 0.0 ? (t->last_reward[PULSELOCO] - b->init_reward) / ref
+                    : 0.0;
 }
 
 void bench_loco_print_summary_json(const bench *b, const totals *t,
@@ -139,6 +170,23 @@ void bench_loco_print_summary_json(const bench *b, const totals *t,
          b->lr, b->pretrain_steps, b->pretrain_loss,
          (double)t->entries / ((double)b->P * per),
          dec_ref != 0.0 ? dec_pulse / dec_ref : 0.0);
+  for (int m = 0; m < METHODS; m++)
+    printf(",\"density_%s\":%.5f", bench_loco_method[m].key, t->density[m]);
+  if (a->problem == PULSE_SIM_PROBLEM_TEXT_RL) {
+    /* Text RL: what it optimizes, held out, over the last rounds. */
+    printf(",\"initial_reward\":%.6f,\"reward_rounds\":%u", b->init_reward,
+           t->reward_rounds);
+    for (int m = 0; m < METHODS; m++)
+      printf(",\"reward_%s\":%.6f", bench_loco_method[m].key,
+             t->last_reward[m]);
+    printf(",\"pulseloco_vs_diloco_bf16_reward\":%.5f,"
+           "\"reward_gain_vs_diloco_bf16\":%.4f,"
+           "\"target_reward_1pct_diloco_bf16\":%s",
+           t->reward_gap[REFERENCE], reward_gain_share(b, t),
+           yes(t->t_reward));
+  }
+  printf(",\"target_loss_1pct_diloco_bf16\":%s",
+         yes(t->gap[REFERENCE] <= 0.01));
   printf(",\"bytes_per_entry_pulseloco\":%.3f,\"initial_loss\":%.6f,"
          "\"loss_floor\":%.6f,\"target_10x_diloco_bf16\":%s,"
          "\"target_100x_ddp_fp32\":%s,\"target_loss_2pct_diloco_bf16\":%s,"
@@ -164,30 +212,47 @@ static void print_versus_text(const bench *b, const totals *t) {
          "DDP-FP32: %s; final loss within 2%% of DiLoCo-BF16's: %s\n",
          t->t10 ? "met" : "MISSED", t->t100 ? "met" : "MISSED",
          t->t2 ? "met" : "MISSED");
+  if (a->problem == PULSE_SIM_PROBLEM_TEXT_RL)
+    printf("  PULSELoCo's reward %+.2f%% vs DiLoCo-BF16 (%+.2f%% vs "
+           "DiLoCo-FP32), target within 1%%: %s; its gain over the start "
+           "%.2f of DiLoCo-BF16's\n",
+           100.0 * t->reward_gap[DILOCO_BF16],
+           100.0 * t->reward_gap[DILOCO_FP32], t->t_reward ? "met" : "MISSED",
+           reward_gain_share(b, t));
 }
 
 void bench_loco_print_summary_text(const bench *b, const totals *t,
                                    double seconds, int identical) {
   const loco_args *a = &b->a;
   double per = (double)a->trainers * a->rounds;
+  int rl = a->problem == PULSE_SIM_PROBLEM_TEXT_RL;
   printf("\nsummary: %" PRIu64
          " parameters, %u trainers, %u rounds x %u inner steps, seed %" PRIu64
          "\n  held-out loss: start %.5f, floor %.5f (the teacher's entropy; "
-         "text: 0, unknown)\n"
-         "  %-12s %14s %14s %20s %11s\n",
+         "text: 0, unknown)\n",
          b->P, a->trainers, a->rounds, a->inner, a->seed, b->init_loss,
-         b->floor, "method", "bytes sent", "on the wire",
-         "wire B/trainer/round", "final loss");
+         b->floor);
   if (b->pretrain_steps > 0)
-    printf("  pretrained: %u Adam steps at %g, held-out loss %.5f; fine-tuned "
-           "at %g on unseen text; PULSELoCo sent %.2f%% of the entries\n",
-           b->pretrain_steps, PULSE_SIM_TEXT_LR, b->pretrain_loss, b->lr,
-           100.0 * (double)t->entries / ((double)b->P * per));
+    printf("  pretrained: %u Adam steps at %g, held-out loss %.5f; %s at %g "
+           "on unseen text\n",
+           b->pretrain_steps, PULSE_SIM_TEXT_LR, b->pretrain_loss,
+           rl ? "trained by RL" : "fine-tuned", b->lr);
+  if (rl)
+    printf("  held-out reward (expected matching prefix of %u bytes): start "
+           "%.5f; per method the mean over the last %u rounds\n",
+           PULSE_SIM_TEXT_RL_LENGTH, b->init_reward, t->reward_rounds);
+  printf("  %-12s %14s %14s %20s %11s %8s%s\n", "method", "bytes sent",
+         "on the wire", "wire B/trainer/round", "final loss", "density",
+         rl ? "   reward" : "");
   /* --only-pulseloco: the baselines did not run; leave them out. */
-  for (int m = a->only_pulseloco ? PULSELOCO : 0; m < METHODS; m++)
-    printf("  %-12s %14" PRIu64 " %14" PRIu64 " %20.0f %11.5f\n",
+  for (int m = a->only_pulseloco ? PULSELOCO : 0; m < METHODS; m++) {
+    printf("  %-12s %14" PRIu64 " %14" PRIu64 " %20.0f %11.5f %7.3f%%",
            bench_loco_method[m].name, t->bytes[m], t->wire[m],
-           (double)t->wire[m] / per, t->final_loss[m]);
+           (double)t->wire[m] / per, t->final_loss[m], 100.0 * t->density[m]);
+    if (rl)
+      printf(" %8.5f", t->last_reward[m]);
+    printf("\n");
+  }
   if (a->only_pulseloco)
     printf("  PULSELoCo: %.2f B per sent entry, %.2f%% of the entries sent "
            "(baselines not run)\n",

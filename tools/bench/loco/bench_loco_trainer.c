@@ -168,9 +168,11 @@ int bench_loco_run_trainer(const loco_args *a, uint32_t id, int founder,
             info.round + 1, t2 - t1, t2 - t0, info.drift, info.drift_ranges,
             info.resynced_ranges, info.resync_bytes, info.datagrams_sent,
             info.datagrams_dropped, info.chunks.accepted, refused);
-    double loss = -1.0;
-    if (pacer)
+    double loss = -1.0, reward = -1.0;
+    if (pacer) {
       pulse_sim_problem_eval(p, pulse_loco_global(ctx), &loss, NULL);
+      reward = pulse_sim_problem_reward(p, pulse_loco_global(ctx));
+    }
     dprintf(out, "auth %" PRIu64 " %" PRIu64 " %" PRIu64 "\n",
             info.auth.accepted,
             info.auth.unsigned_bodies + info.auth.forged + info.auth.replayed +
@@ -178,9 +180,9 @@ int bench_loco_run_trainer(const loco_args *a, uint32_t id, int founder,
             info.auth_bytes);
     dprintf(out,
             "round %" PRIu64 " %" PRIu64 " %" PRIu64 " %u %u %" PRIu64
-            " %d %.9g\n",
+            " %d %.9g %.9g\n",
             info.round + 1, info.payload_bytes, info.sent, info.contributors,
-            info.members, info.fetched_bytes, info.resynced, loss);
+            info.members, info.fetched_bytes, info.resynced, loss, reward);
     if (leaving)
       break;
   }
