@@ -10,36 +10,43 @@
  * torch.distributed group, files in the store):
  *
  *   1. pulse_pub_shard_detect(shard, data, &part)   this rank's part:
- *      its blocks' changes (O(changes)) and digests
+ *      its blocks' digests and the changes of the chunks its blocks do
+ *      not cover entirely (those it shares with other ranks; for dim-0 or
+ *      flat blocks that fill whole chunks, none)
  *   2. exchange: the encoding rank gets every part; every other rank
  *      gets, from each rank, that rank's part cut to what its counts read
  *      (pulse_pub_shard_part_for: the changes in the chunks its blocks
- *      meet; nothing but block headers for dim-0 or flat blocks that fill
- *      whole chunks)
+ *      meet)
  *   3. pulse_pub_shard_count(shard, parts, &counts)  this rank's counts:
- *      for each change of every part, how many elements of this rank's
- *      blocks precede it in its chunk within its position class, and the
- *      class counts of the changed chunks (docs/formats/patch.md "Position classes":
- *      the class model ranks a change among the base elements of its class
- *      in the whole chunk, which a rank sees only in part)
+ *      for each change of every part in a chunk its blocks meet, how many
+ *      elements of this rank's blocks precede it in its chunk within its
+ *      position class, and the class counts of those changed chunks
+ *      (docs/formats/patch.md "Position classes": the class model ranks a
+ *      change among the base elements of its class in the whole chunk,
+ *      which a rank sees only in part); and the coded chunk streams of the
+ *      changed chunks its blocks cover entirely, which it alone sees whole
  *   4. the encoding rank gathers every rank's counts and calls
- *      pulse_pub_shard_encode(parts, counts, &patch): the sums are the
- *      ranks and class counts of the whole chunk, and the patch comes out
- *      of pulse_patch_encode's rank form, the bytes of a single publish
+ *      pulse_pub_shard_encode(parts, counts, &patch): the shared chunks
+ *      are coded from the summed counts, the others are the ranks'
+ *      streams, and the patch is the bytes of a single publish
  *   5. once the step is durable, every rank calls pulse_pub_shard_advance
  *      (its snapshot moves to the step); on failure pulse_pub_shard_abort
  *      (or the next detect) drops the step and it can be retried.
  *
  * Memory per rank: the BF16 snapshot of its blocks; during a step its own
  * changes (12 bytes each, freed by advance and abort), its part (12 bytes
- * per change), the parts cut for it and its counts, which are sparse: only
- * changes and chunks that its own blocks meet (a rank of dim-0 or flat
- * blocks counts its own changes and those of the chunks at its boundaries;
- * a rank of a column block meets every chunk of the tensor). The encoding
- * rank also holds every rank's whole part and counts, the patch and 1 KiB
- * of class counts per chunk. The per-tensor digests of the
- * patch are the sums of the blocks' digests (docs/formats/patch.md "Digests" is
- * additive).
+ * per change of a shared chunk), the parts cut for it, and its counts:
+ * entries for the changes of shared chunks and the streams of its own
+ * chunks (about the patch's bytes for those chunks). Coding a chunk holds
+ * that chunk's changes, about 20 bytes each, one chunk at a time. The
+ * encoding rank also holds every rank's part and counts (the shared
+ * chunks' changes, every rank's streams) and the patch, or with
+ * pulse_pub_shard_encode_file the received streams, then the patch: for
+ * blocks that meet few chunks of other ranks (dim-0 blocks, flat ranges,
+ * tensor sets), about the patch's bytes; a rank of column blocks shares
+ * every chunk, and the encoding rank then receives every change. The per-tensor digests of
+ * the patch are the sums of the blocks' digests (docs/formats/patch.md
+ * "Digests" is additive).
  *
  * Parts and counts are opaque bytes to carry between ranks of one job, built
  * by one library version; they are checked (magic, version, table,
@@ -105,9 +112,16 @@ typedef struct {
   const pulse_pub_block *blocks;
   size_t block_count;
   uint32_t chunk_log2; /* default PULSE_CHUNK_LOG2_DEFAULT */
+  /* How this rank codes the chunks its blocks cover entirely (see
+   * pulse_pub_shard_count): the committer's position model (default
+   * PULSE_POS_CLASS) and patch format version (0, the default:
+   * PULSE_PATCH_VERSION); pulse_pub_shard_encode refuses counts coded
+   * otherwise than its options say. */
+  pulse_pos_model pos_model;
+  uint32_t format_version;
 } pulse_pub_shard_opts;
 
-#define PULSE_PUB_SHARD_OPTS_VERSION 1u
+#define PULSE_PUB_SHARD_OPTS_VERSION 2u
 /** Sets every field of *opts to its default (struct_version included). */
 void pulse_pub_shard_opts_init(pulse_pub_shard_opts *opts);
 
@@ -151,28 +165,46 @@ pulse_status pulse_pub_shard_part_for(const pulse_pub_shard *shard, const pulse_
 
 /** This rank's counts for the step whose parts (every rank's, whole or cut
  * for this rank by pulse_pub_shard_part_for, in any order) are given: see
- * the top of this file. Changes are named by position. Reads
- * the snapshot (the base), not the pending changes. `counts` is filled (free
- * with pulse_buffer_free).
- * @return PULSE_OK; PULSE_ERR_CORRUPT (a part that does not parse, or of
- * another table or chunk size); PULSE_ERR_NOMEM. */
+ * the top of this file. Changes are named by position. Counts from the
+ * snapshot (the base); codes the pending changes of the chunks this rank's
+ * blocks cover entirely with the options' position model and format
+ * version. `counts` is filled (free with pulse_buffer_free).
+ * @return PULSE_OK; PULSE_ERR_ARG (before the first detect); PULSE_ERR_CORRUPT
+ * (a part that does not parse, or of another table or chunk size); the
+ * errors of coding a chunk; PULSE_ERR_NOMEM. */
 pulse_status pulse_pub_shard_count(const pulse_pub_shard *shard, const pulse_buffer *parts,
                                    size_t nparts, pulse_buffer *counts);
 
 /** The patch of the step from every rank's whole part and counts (both in
- * any order): the bytes
- * pulse_patch_encode writes for the gathered weights with the same
- * options. Needs no shard: any rank, or a process that is not one, can
- * encode. `base_digest` (may be NULL) receives the state digest of the
- * base, which must be the store head's.
+ * any order): the bytes pulse_patch_encode writes for the gathered
+ * weights with the same options. The chunks that parts carry changes of
+ * are coded here from the summed counts; every other changed chunk is a
+ * stream from one rank's counts, laid out in its place. Needs no shard:
+ * any rank, or a process that is not one, can encode. `base_digest` (may
+ * be NULL) receives the state digest of the base, which must be the store
+ * head's.
  * @return PULSE_OK and *patch; PULSE_ERR_CORRUPT (parts or counts that
  * do not parse or do not fit together: another table, counts of another
- * step or naming an element no part changes); PULSE_ERR_ARG (blocks that overlap or leave elements out, bad
- * options); the errors of pulse_patch_encode. */
+ * step, naming an element no part changes, a chunk coded twice);
+ * PULSE_ERR_ARG (blocks that overlap or leave elements out, bad options,
+ * counts coded with another position model or format version than opts);
+ * the errors of coding a chunk; PULSE_ERR_NOMEM. */
 pulse_status pulse_pub_shard_encode(const pulse_tensor_info *table, size_t tensor_count,
                                     const pulse_encode_opts *opts, const pulse_buffer *parts,
                                     size_t nparts, const pulse_buffer *counts, size_t ncounts,
                                     pulse_state_digest *base_digest, pulse_buffer *patch);
+
+/** pulse_pub_shard_encode into the file `path` (created or truncated,
+ * synced; removed on failure) instead of memory: the patch's bytes go out
+ * as they are laid out, so the encoding rank holds the streams it received
+ * but never the patch beside them (map the file to commit it). *size gets
+ * the patch's size.
+ * @return as pulse_pub_shard_encode; PULSE_ERR_IO. */
+pulse_status pulse_pub_shard_encode_file(const pulse_tensor_info *table, size_t tensor_count,
+                                         const pulse_encode_opts *opts,
+                                         const pulse_buffer *parts, size_t nparts,
+                                         const pulse_buffer *counts, size_t ncounts,
+                                         const char *path, uint64_t *size);
 
 /** The state digest of a step from every rank's part (whole or cut): `target` 0 gives
  * the base's (the snapshots the parts were detected against), 1 the

@@ -21,7 +21,8 @@ class PubShardOpts(ctypes.Structure):
     _c_name_ = "pulse_pub_shard_opts"
     _fields_ = [("struct_version", ctypes.c_uint32), ("tensors", ctypes.POINTER(TensorInfo)),
                 ("tensor_count", ctypes.c_size_t), ("blocks", ctypes.POINTER(PubBlock)),
-                ("block_count", ctypes.c_size_t), ("chunk_log2", ctypes.c_uint32)]
+                ("block_count", ctypes.c_size_t), ("chunk_log2", ctypes.c_uint32),
+                ("pos_model", ctypes.c_int), ("format_version", ctypes.c_uint32)]
 
     def __init__(self):
         super().__init__()
@@ -81,6 +82,9 @@ _PROTOS = {
     "pulse_pub_shard_part_for": (_int, [_p, _BUF, ctypes.POINTER(PubBlock), _size, _BUF]),
     "pulse_pub_shard_encode": (_int, [_INFO, _size, ctypes.POINTER(EncodeOpts), _BUF, _size,
                                       _BUF, _size, ctypes.POINTER(StateDigest), _BUF]),
+    "pulse_pub_shard_encode_file": (_int, [_INFO, _size, ctypes.POINTER(EncodeOpts), _BUF, _size,
+                                           _BUF, _size, ctypes.c_char_p,
+                                           ctypes.POINTER(_u64)]),
     "pulse_pub_shard_state_digest": (_int, [_INFO, _size, ctypes.c_uint32, _BUF, _size, _int,
                                             ctypes.POINTER(StateDigest)]),
     "pulse_pub_shard_anchor_write": (_int, [_p, ctypes.c_char_p, _u64,

@@ -115,13 +115,14 @@ class Publisher(Closing):
             return committer
 
         upload = self._upload_figures if self._upload is not None else None
+        coding = (self._opts.chunk_log2, self._opts.pos_model)  # every rank codes chunks
         if group is not None:
             return shard_group.GroupPublisher(self.store_dir, group, make_committer, upload,
-                                              self._opts.chunk_log2)
+                                              coding)
         if not isinstance(timeout, (int, float)) or not 0 < timeout < 2 ** 31 / 1000:
             raise fail(f"Publisher: timeout {timeout!r} is not a positive number of seconds")
         return shard_store.StorePublisher(self.store_dir, rank, world, make_committer, upload,
-                                          self._opts.chunk_log2, float(timeout))
+                                          coding, float(timeout))
 
     def _open(self, table, stream=None):
         names = [name.encode() for name, _ in table] if table else []

@@ -173,12 +173,14 @@ def check_tiling(table, rank_descs):
 
 class RankShard:
     """This rank's C shard (pulse_pub_shard): the BF16 snapshot of its
-    blocks and the pending step."""
+    blocks and the pending step. pos_model: the committer's (the rank codes
+    the chunks its blocks cover entirely itself)."""
 
-    def __init__(self, table, descs, chunk_log2):
+    def __init__(self, table, descs, chunk_log2, pos_model):
         self.table = table
         self.descs = [d for d in descs if any(d[4])]
         self.chunk_log2 = chunk_log2
+        self.pos_model = pos_model
         self._blocks = c_blocks(self.descs)
         self._handle = None
         self._make()
@@ -190,6 +192,7 @@ class RankShard:
         opts.blocks = self._blocks
         opts.block_count = len(self.descs)
         opts.chunk_log2 = self.chunk_log2
+        opts.pos_model = self.pos_model
         handle = ctypes.c_void_p()
         check(declared().pulse_pub_shard_create(ctypes.byref(opts), ctypes.byref(handle)))
         self._handle = handle
@@ -315,6 +318,31 @@ def encode(table, opts, parts, counts):
                                             buffers(parts), len(parts), buffers(counts),
                                             len(counts), None, ctypes.byref(out)))
     return take(out)
+
+
+def encode_file(table, opts, parts, counts, path):
+    """The step's patch from every rank's part and counts, written into the
+    file `path` (pulse_pub_shard_encode_file: the encoding rank never holds
+    the streams it received and the patch together); its size."""
+    size = ctypes.c_uint64()
+    check(declared().pulse_pub_shard_encode_file(table.infos, len(table), ctypes.byref(opts),
+                                                 buffers(parts), len(parts), buffers(counts),
+                                                 len(counts), os.fsencode(path),
+                                                 ctypes.byref(size)))
+    return size.value
+
+
+def mapped(path):
+    """(a uint8 CPU tensor over the file's bytes, mapped copy-on-write: its
+    pages are the file's until written; the map, to close once the tensor
+    is gone)."""
+    import mmap
+
+    import torch
+
+    with open(path, "rb") as f:
+        view = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+    return torch.frombuffer(view, dtype=torch.uint8), view
 
 
 class Committer:

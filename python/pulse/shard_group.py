@@ -35,7 +35,7 @@ def _torch():
 class GroupPublisher:
     """See pulse.Publisher: rank `rank` of `world`, over `group`."""
 
-    def __init__(self, store_dir, group, make_committer, upload, chunk_log2):
+    def __init__(self, store_dir, group, make_committer, upload, coding):
         dist = _dist()
         self.store_dir = store_dir
         self.group = group
@@ -51,7 +51,7 @@ class GroupPublisher:
             self._device = f"cuda:{_torch().cuda.current_device()}"
         self._make_committer = make_committer  # (table) -> shard.Committer, rank 0
         self._upload = upload  # () -> figures dict, rank 0 (None: no upload)
-        self._chunk_log2 = chunk_log2
+        self._chunk_log2, self._pos_model = coding  # (chunk_log2, pos_model)
         self._table = None
         self._remote = []  # ranks that do not see the store folder
         self._rank_descs = None
@@ -62,6 +62,9 @@ class GroupPublisher:
         self.public_key = None
         self.last_figures = None
         self.last_upload = None
+
+    def _rank_shard(self, table, descs):
+        return shard.RankShard(table, descs, self._chunk_log2, self._pos_model)
 
     # ----------------------------------------------------- collectives
     def _collective(self, what, fn, *args):
@@ -138,8 +141,7 @@ class GroupPublisher:
                 self._p2p("the counts' exchange", counts.to(self._device), 0, None, None)
             return None
         dist = _dist()
-        got = [torch.empty(metas[r][1], dtype=torch.uint8, device=self._device)
-               for r in range(1, self.world)]
+        got = [self._landing(metas[r][1]) for r in range(1, self.world)]
 
         def run():  # every receive posted at once: the ranks send together
             reqs = [dist.irecv(t, self._global(r), self.group)
@@ -149,6 +151,19 @@ class GroupPublisher:
 
         self._collective("the counts' exchange", run)
         return [counts] + [t.cpu() for t in got]
+
+    def _landing(self, size):
+        """A uint8 tensor of `size` bytes to receive a rank's counts into. On
+        the CPU an anonymous mapping of its own, unmapped once the tensor is
+        gone: the counts (mostly chunk streams, about the patch's bytes) are
+        freed before the commit reads the patch, where a heap block of
+        their size would stay resident."""
+        torch = _torch()
+        if self._device != "cpu" or size == 0:
+            return torch.empty(size, dtype=torch.uint8, device=self._device)
+        import mmap
+
+        return torch.frombuffer(mmap.mmap(-1, size), dtype=torch.uint8)
 
     def _broadcast(self, what, obj):
         dist = _dist()
@@ -203,7 +218,7 @@ class GroupPublisher:
             sees = os.path.exists(os.path.join(self.store_dir, "shard", marker))
             mine = None
             try:
-                self._shard = shard.RankShard(table, descs, self._chunk_log2)
+                self._shard = self._rank_shard(table, descs)
                 if head is not None and sees:
                     self._shard.resume(self.store_dir)
             except Exception as exc:
@@ -261,7 +276,7 @@ class GroupPublisher:
             proxy, mine = None, None
             if self.rank == 0:
                 try:
-                    proxy = shard.RankShard(self._table, self._rank_descs[r], self._chunk_log2)
+                    proxy = self._rank_shard(self._table, self._rank_descs[r])
                     proxy.resume(self.store_dir)
                 except Exception as exc:
                     mine = exc
@@ -313,7 +328,7 @@ class GroupPublisher:
                     continue
                 proxy = None
                 try:
-                    proxy = shard.RankShard(self._table, self._rank_descs[r], self._chunk_log2)
+                    proxy = self._rank_shard(self._table, self._rank_descs[r])
                     array, keep = proxy.host_tensors(list(zip(proxy.descs, got)))
                     proxy.detect(array)  # the first: the step's values as its snapshot
                     proxy.anchor_write(staged, step, target, False)
@@ -439,18 +454,27 @@ class GroupPublisher:
                     _unlink(staged)
                 status, detail = entry[0]
                 return (status, f"publish: rank {rank} gave it up: {detail}"), None, None
+        made = os.path.join(self.store_dir, "objects", f".patch-{step}-{plan[3]}.tmp-shard")
+        patch, view = None, None
         try:
-            patch = None
             if base is not None:
+                # The patch goes to a file while the ranks' streams are held,
+                # and is mapped once they are freed: never both in memory.
                 opts = self._committer.encode_opts(step, base, self._chunk_log2)
-                patch = shard.encode(self._table, opts, parts, counts)
-                parts.clear()  # the caller's lists: freed before the commit's memory
+                shard.encode_file(self._table, opts, parts, counts, made)
+                parts.clear()  # the caller's lists
                 counts.clear()
+                patch, view = shard.mapped(made)
             figures = self._committer.commit(step, patch, staged, target)
         except Exception as exc:
             if staged:
                 _unlink(staged)
             return shard.error_text(exc), None, None
+        finally:
+            del patch
+            if view is not None:
+                view.close()
+            _unlink(made)
         notify_store(self.store_dir)
         upload = None
         if self._upload is not None:

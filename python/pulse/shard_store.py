@@ -26,14 +26,14 @@ from .server import notify_store
 class StorePublisher:
     """See pulse.Publisher: rank `rank` of `world`, through the store."""
 
-    def __init__(self, store_dir, rank, world, make_committer, upload, chunk_log2, timeout):
+    def __init__(self, store_dir, rank, world, make_committer, upload, coding, timeout):
         self.store_dir = store_dir
         self.rank = rank
         self.world = world
         self._folder = os.path.join(store_dir, "shard")
         self._make_committer = make_committer
         self._upload = upload
-        self._chunk_log2 = chunk_log2
+        self._chunk_log2, self._pos_model = coding  # (chunk_log2, pos_model)
         self._timeout = timeout
         self._shard = None
         self._committer = None
@@ -81,7 +81,7 @@ class StorePublisher:
             rank_descs.append(got)
         table = shard.Table(shard.build_table(rank_descs))
         shard.check_tiling(table, rank_descs)
-        mine = shard.RankShard(table, descs, self._chunk_log2)
+        mine = shard.RankShard(table, descs, self._chunk_log2, self._pos_model)
         try:
             if self.rank == 0:
                 self._committer = self._make_committer(table)

@@ -252,7 +252,7 @@ static void run_sharding(sharding s, uint64_t seed) {
   detect_all(sh, rb, &m, parts); /* step 0: the snapshot */
   for (int r = 0; r < RANKS; r++)
     pulse_buffer_free(&parts[r]);
-  uint64_t total_changes = 0, whole_bytes = 0, cut_bytes = 0;
+  uint64_t total_changes = 0, part_bytes = 0;
   for (uint64_t step = 1; step <= 5; step++) {
     model_step(&m);
     pulse_state_digest want_base;
@@ -266,6 +266,8 @@ static void run_sharding(sharding s, uint64_t seed) {
     cr_assert_eq(pulse_state_digest_compute(bf, d, NT, &want_base), PULSE_OK);
     pulse_buffer want = single_patch(&m, step);
     detect_all(sh, rb, &m, parts);
+    for (int r = 0; r < RANKS; r++)
+      part_bytes += parts[r].size;
     /* Each rank counts from its own part and the others' cut for it (what
      * a rank other than the encoding one receives): the same counts. */
     for (int r = 0; r < RANKS; r++) {
@@ -278,7 +280,6 @@ static void run_sharding(sharding s, uint64_t seed) {
         cr_assert_eq(pulse_pub_shard_part_for(sh[q], &parts[q], rb[r].b, rb[r].n, &cut[q]),
                      PULSE_OK, "%s", pulse_error_detail());
         cr_assert_leq(cut[q].size, parts[q].size);
-        whole_bytes += parts[q].size, cut_bytes += cut[q].size;
       }
       cr_assert_eq(pulse_pub_shard_count(sh[r], cut, RANKS, &counts[r]), PULSE_OK, "%s",
                    pulse_error_detail());
@@ -325,9 +326,16 @@ static void run_sharding(sharding s, uint64_t seed) {
   }
   cr_assert_gt(total_changes, 1000, "the steps changed something: %llu",
                (unsigned long long)total_changes);
-  if (s == FLAT || s == DIM0 || s == SETS) /* blocks meet few of the others' chunks */
-    cr_assert_lt(cut_bytes, whole_bytes / 2, "cut parts: %llu of %llu bytes",
-                 (unsigned long long)cut_bytes, (unsigned long long)whole_bytes);
+  /* Parts carry the changes of chunks that several ranks meet; a rank
+   * codes the chunks its blocks cover, whose changes never leave it. */
+  uint64_t headers = 5 * RANKS * 56, change_bytes = 12 * total_changes;
+  for (int r = 0; r < RANKS; r++)
+    headers += 5 * 192 * rb[r].n;
+  if (s == SETS) /* every chunk is one rank's */
+    cr_assert_eq(part_bytes, headers, "parts: %llu bytes", (unsigned long long)part_bytes);
+  if (s == FLAT || s == DIM0) /* 1024-element chunks: most straddle blocks here */
+    cr_assert_lt(part_bytes - headers, change_bytes, "parts carry %llu of %llu change bytes",
+                 (unsigned long long)(part_bytes - headers), (unsigned long long)change_bytes);
   /* Each rank's snapshot is the published BF16 of its blocks. */
   for (int r = 0; r < RANKS; r++) {
     for (size_t b = 0; b < rb[r].n; b++) {
@@ -452,6 +460,19 @@ Test(shard, a_part_of_another_table_is_refused_and_a_failed_step_is_retried) {
               "byte %zu: %s: %s", at, pulse_status_name(got), pulse_error_detail());
     pulse_buffer_free(&out);
   }
+  /* Every chunk here is one rank's: its stream comes in its counts. The
+   * same counts twice name their chunks twice: refused. */
+  pulse_buffer twice[RANKS + 1] = {counts[0], counts[1], counts[2], counts[3], counts[1]};
+  cr_assert_eq(pulse_pub_shard_encode(m.info, NT, &eo, again, RANKS, twice, RANKS + 1, NULL,
+                                      &out),
+               PULSE_ERR_CORRUPT);
+  cr_assert(strstr(pulse_error_detail(), "coded twice"), "%s", pulse_error_detail());
+  /* Streams coded with another position model than the encoder's. */
+  eo.pos_model = PULSE_POS_PLAIN;
+  cr_assert_eq(pulse_pub_shard_encode(m.info, NT, &eo, again, RANKS, counts, RANKS, NULL, &out),
+               PULSE_ERR_ARG);
+  cr_assert(strstr(pulse_error_detail(), "position model"), "%s", pulse_error_detail());
+  eo.pos_model = PULSE_POS_CLASS;
   /* Counts of another step (the parts of a step detected again from the
    * same snapshot, with more changes): refused. */
   model_step(&m);

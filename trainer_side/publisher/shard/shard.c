@@ -181,6 +181,52 @@ void pulse_pub_shard_opts_init(pulse_pub_shard_opts *o) {
   memset(o, 0, sizeof *o);
   o->struct_version = PULSE_PUB_SHARD_OPTS_VERSION;
   o->chunk_log2 = PULSE_CHUNK_LOG2_DEFAULT;
+  o->pos_model = PULSE_POS_CLASS;
+}
+
+int shard_chunk_whole(const pulse_pub_shard *s, size_t t, uint64_t pos) {
+  uint64_t k = pos >> s->chunk_log2;
+  return s->whole[t] != NULL && (s->whole[t][k >> 3] >> (k & 7) & 1);
+}
+
+/* The chunks of each tensor that the shard's blocks cover entirely: the
+ * elements its runs put in each chunk, against the chunk's size. */
+static pulse_status whole_chunks(pulse_pub_shard *s) {
+  uint32_t log2 = s->chunk_log2;
+  for (size_t t = 0; t < s->count; t++) {
+    int has = 0;
+    for (size_t b = 0; b < s->nblocks; b++)
+      has |= s->geom[b].tensor == t && s->geom[b].elems > 0;
+    if (!has)
+      continue;
+    uint64_t numel = 0;
+    (void)pulse_shape_numel(s->info[t].shape, s->info[t].ndim, &numel);
+    uint64_t nck = ((numel - 1) >> log2) + 1;
+    uint64_t *held = calloc((size_t)nck, sizeof *held);
+    if (held == NULL || (s->whole[t] = calloc((size_t)(nck / 8 + 1), 1)) == NULL) {
+      free(held);
+      return pulse_fail(PULSE_ERR_NOMEM, "shard: chunks");
+    }
+    for (size_t b = 0; b < s->nblocks; b++) {
+      const shard_geom *g = &s->geom[b];
+      for (uint64_t r = 0; g->tensor == t && r < g->runs; r++) {
+        uint64_t at = shard_run_pos(g, r), end = at + g->run_len;
+        while (at < end) {
+          uint64_t k = at >> log2, stop = (k + 1) << log2;
+          stop = stop < end ? stop : end;
+          held[k] += stop - at;
+          at = stop;
+        }
+      }
+    }
+    for (uint64_t k = 0; k < nck; k++) {
+      uint64_t size = k + 1 < nck ? (uint64_t)1 << log2 : numel - (k << log2);
+      if (held[k] == size) /* more (blocks that overlap) is no tiling at all */
+        s->whole[t][k >> 3] |= (uint8_t)(1u << (k & 7));
+    }
+    free(held);
+  }
+  return PULSE_OK;
 }
 
 void pulse_pub_shard_free(pulse_pub_shard *s) {
@@ -188,6 +234,9 @@ void pulse_pub_shard_free(pulse_pub_shard *s) {
     return;
   for (size_t i = 0; s->info && i < s->count; i++)
     free((char *)s->info[i].name);
+  for (size_t i = 0; s->whole && i < s->count; i++)
+    free(s->whole[i]);
+  free(s->whole);
   for (size_t b = 0; b < s->nblocks; b++) {
     if (s->snap)
       free(s->snap[b]);
@@ -205,13 +254,19 @@ pulse_status pulse_pub_shard_create(const pulse_pub_shard_opts *o, pulse_pub_sha
   *out = NULL;
   PULSE_TRY(PULSE_OPTS_CHECK("shard", o, PULSE_PUB_SHARD_OPTS_VERSION));
   if (o->tensors == NULL || o->tensor_count == 0 || (o->blocks == NULL && o->block_count) ||
-      o->chunk_log2 < 10 || o->chunk_log2 > 30)
-    return pulse_fail(PULSE_ERR_ARG, "shard: a table, blocks and chunk_log2 in 10..30");
+      o->chunk_log2 < 10 || o->chunk_log2 > 30 ||
+      (o->pos_model != PULSE_POS_PLAIN && o->pos_model != PULSE_POS_CLASS) ||
+      o->format_version > PULSE_PATCH_VERSION ||
+      (o->format_version != 0 && o->format_version < PULSE_PATCH_VERSION_MIN))
+    return pulse_fail(PULSE_ERR_ARG, "shard: a table, blocks, chunk_log2 in 10..30, a position "
+                                     "model and a patch format version this library writes");
   pulse_pub_shard *s = calloc(1, sizeof *s);
   if (s == NULL)
     return pulse_fail(PULSE_ERR_NOMEM, "shard");
   s->count = o->tensor_count;
   s->chunk_log2 = o->chunk_log2;
+  s->pos_model = o->pos_model;
+  s->format_version = o->format_version ? o->format_version : PULSE_PATCH_VERSION;
   s->nblocks = o->block_count;
   size_t nb = s->nblocks ? s->nblocks : 1;
   s->info = calloc(s->count, sizeof *s->info);
@@ -221,8 +276,10 @@ pulse_status pulse_pub_shard_create(const pulse_pub_shard_opts *o, pulse_pub_sha
   s->digest = calloc(nb, sizeof *s->digest);
   s->target = calloc(nb, sizeof *s->target);
   s->changes = calloc(nb, sizeof *s->changes);
+  s->whole = calloc(s->count, sizeof *s->whole);
   pulse_status st = PULSE_OK;
-  if (!s->info || !s->geom || !s->blocks || !s->snap || !s->digest || !s->target || !s->changes)
+  if (!s->info || !s->geom || !s->blocks || !s->snap || !s->digest || !s->target || !s->changes ||
+      !s->whole)
     st = pulse_fail(PULSE_ERR_NOMEM, "shard");
   for (size_t i = 0; st == PULSE_OK && i < s->count; i++) {
     s->info[i] = o->tensors[i];
@@ -244,6 +301,8 @@ pulse_status pulse_pub_shard_create(const pulse_pub_shard_opts *o, pulse_pub_sha
       s->blocks[b].name = s->info[t].name;
     }
   }
+  if (st == PULSE_OK)
+    st = whole_chunks(s);
   if (st != PULSE_OK) {
     pulse_pub_shard_free(s);
     return st;
@@ -306,7 +365,17 @@ const uint16_t *pulse_pub_shard_snapshot(const pulse_pub_shard *s, size_t i) {
   return s != NULL && s->have_snapshot && i < s->nblocks ? s->snap[i] : NULL;
 }
 
-static void put_block(uint8_t *p, const pulse_pub_shard *s, size_t b) {
+/* Block b's changes that its part carries: those of chunks the shard does
+ * not cover entirely (it codes the others itself). */
+static uint64_t shared_changes(const pulse_pub_shard *s, size_t b) {
+  const pulse_changes *c = &s->changes[b];
+  uint64_t k = 0;
+  for (uint64_t j = 0; j < c->count; j++)
+    k += !shard_chunk_whole(s, s->geom[b].tensor, c->pos[j]);
+  return k;
+}
+
+static void put_block(uint8_t *p, const pulse_pub_shard *s, size_t b, uint64_t k) {
   const shard_geom *g = &s->geom[b];
   const pulse_changes *c = &s->changes[b];
   pulse_store_le64(p, g->tensor);
@@ -315,21 +384,22 @@ static void put_block(uint8_t *p, const pulse_pub_shard *s, size_t b) {
   pulse_store_le64(p + 24, s->digest[b].b);
   pulse_store_le64(p + 32, s->target[b].a);
   pulse_store_le64(p + 40, s->target[b].b);
-  pulse_store_le64(p + 48, c->count);
+  pulse_store_le64(p + 48, k);
   pulse_store_le64(p + 56, (uint64_t)s->blocks[b].kind);
-  for (int k = 0; k < PULSE_MAX_DIMS; k++) {
-    pulse_store_le64(p + 64 + 8 * k, s->blocks[b].start[k]);
-    pulse_store_le64(p + 128 + 8 * k, s->blocks[b].extent[k]);
+  for (int d = 0; d < PULSE_MAX_DIMS; d++) {
+    pulse_store_le64(p + 64 + 8 * d, s->blocks[b].start[d]);
+    pulse_store_le64(p + 128 + 8 * d, s->blocks[b].extent[d]);
   }
   p += SHARD_BLOCK_HEADER;
-  for (uint64_t j = 0; j < c->count; j++)
-    pulse_store_le64(p + 8 * j, c->pos[j]);
-  p += 8 * c->count;
-  for (uint64_t j = 0; j < c->count; j++)
-    pulse_store_le16(p + 2 * j, c->old_bits[j]);
-  p += 2 * c->count;
-  for (uint64_t j = 0; j < c->count; j++)
-    pulse_store_le16(p + 2 * j, c->new_bits[j]);
+  uint64_t m = 0;
+  for (uint64_t j = 0; j < c->count; j++) {
+    if (shard_chunk_whole(s, g->tensor, c->pos[j]))
+      continue;
+    pulse_store_le64(p + 8 * m, c->pos[j]);
+    pulse_store_le16(p + 8 * k + 2 * m, c->old_bits[j]);
+    pulse_store_le16(p + 10 * k + 2 * m, c->new_bits[j]);
+    m++;
+  }
 }
 
 static pulse_status detect_block(pulse_pub_shard *s, size_t b, const pulse_pub_tensor *t) {
@@ -393,10 +463,14 @@ pulse_status pulse_pub_shard_detect(pulse_pub_shard *s, const pulse_pub_tensor *
     s->pending = 1;
   }
   size_t size = SHARD_PART_HEADER;
-  for (size_t b = 0; b < count; b++)
-    size += SHARD_BLOCK_HEADER + 12 * (size_t)s->changes[b].count;
-  uint8_t *p = malloc(size);
+  uint64_t *kept = calloc(count ? count : 1, sizeof *kept);
+  for (size_t b = 0; kept != NULL && b < count; b++) {
+    kept[b] = shared_changes(s, b);
+    size += SHARD_BLOCK_HEADER + 12 * (size_t)kept[b];
+  }
+  uint8_t *p = kept != NULL ? malloc(size) : NULL;
   if (p == NULL) {
+    free(kept);
     pulse_pub_shard_abort(s);
     return pulse_fail(PULSE_ERR_NOMEM, "shard: part");
   }
@@ -407,9 +481,10 @@ pulse_status pulse_pub_shard_detect(pulse_pub_shard *s, const pulse_pub_tensor *
   pulse_store_le64(p + 48, count);
   size_t at = SHARD_PART_HEADER;
   for (size_t b = 0; b < count; b++) {
-    put_block(p + at, s, b);
-    at += SHARD_BLOCK_HEADER + 12 * (size_t)s->changes[b].count;
+    put_block(p + at, s, b, kept[b]);
+    at += SHARD_BLOCK_HEADER + 12 * (size_t)kept[b];
   }
+  free(kept);
   part->data = p;
   part->size = size;
   return PULSE_OK;

@@ -108,11 +108,7 @@ static uint64_t chunk_slot(const uint64_t *chunks, uint64_t m, uint64_t k) {
   return lo < m && chunks[lo] == k ? lo : m;
 }
 
-/* Walks block g's elements in the changed chunks in position order beside
- * the sorted changes c: each change gets the count of the block's elements
- * of its class before it in its chunk, and each changed chunk the block's
- * class counts (hist, m * 256). */
-static void count_block(const shard_geom *g, const uint16_t *snap, const pulse_changes *c,
+void shard_count_block(const shard_geom *g, const uint16_t *snap, const pulse_changes *c,
                         const uint64_t *chunks, uint64_t m, uint32_t log2,
                         uint32_t *contrib, uint32_t *hist) {
   uint32_t cnt[PULSE_CLASS_COUNT];
@@ -205,7 +201,7 @@ pulse_status pulse_pub_shard_count(const pulse_pub_shard *s, const pulse_buffer 
     }
     for (size_t b = 0; b < s->nblocks && st == PULSE_OK && m > 0; b++)
       if (s->geom[b].tensor == t)
-        count_block(&s->geom[b], s->snap[b], &c, chunks, m, log2, contrib, hist);
+        shard_count_block(&s->geom[b], s->snap[b], &c, chunks, m, log2, contrib, hist);
     uint64_t nc = 0;
     for (uint64_t j = 0; j < n && st == PULSE_OK; j++)
       nc += contrib[j] > 0;
@@ -239,6 +235,14 @@ pulse_status pulse_pub_shard_count(const pulse_pub_shard *s, const pulse_buffer 
     pulse_changes_free(&c);
     free(mark), free(chunks), free(contrib), free(hist);
   }
+  /* The chunks this rank's blocks cover entirely: coded here, sent as
+   * streams (their changes are in no part). */
+  size_t items_at = out.size;
+  uint64_t items = 0;
+  if (st == PULSE_OK) {
+    pulse_bytebuf_u64(&out, 0);
+    st = shard_code_whole(s, &out, &items);
+  }
   if (st == PULSE_OK && out.failed)
     st = pulse_fail(PULSE_ERR_NOMEM, "shard: counts");
   if (st != PULSE_OK) {
@@ -246,6 +250,7 @@ pulse_status pulse_pub_shard_count(const pulse_pub_shard *s, const pulse_buffer 
     shard_view_free(&v);
     return st;
   }
+  pulse_store_le64(out.data + items_at, items);
   memcpy(out.data, SHARD_COUNT_MAGIC, 8);
   pulse_store_le32(out.data + 8, SHARD_WIRE_VERSION);
   pulse_store_le32(out.data + 12, log2);
@@ -253,6 +258,8 @@ pulse_status pulse_pub_shard_count(const pulse_pub_shard *s, const pulse_buffer 
   pulse_store_le64(out.data + 48, v.step.a);
   pulse_store_le64(out.data + 56, v.step.b);
   pulse_store_le64(out.data + 64, nsections);
+  pulse_store_le32(out.data + 72, (uint32_t)s->pos_model);
+  pulse_store_le32(out.data + 76, s->format_version);
   counts->data = out.data;
   counts->size = out.size;
   shard_view_free(&v);
@@ -274,10 +281,55 @@ static uint64_t change_index(const pulse_changes *ch, uint64_t pos) {
 
 /* Adds one rank's counts (counts index i) to the ranks and class counts of
  * the step's changes ch (per tensor). */
+typedef struct {
+  shard_coded *v;
+  size_t n, cap;
+} coded_list;
+
+static int coded_push(coded_list *l, shard_coded c) {
+  if (l->n == l->cap) {
+    size_t cap = l->cap ? 2 * l->cap : 64;
+    shard_coded *more = realloc(l->v, cap * sizeof *more);
+    if (more == NULL)
+      return 0;
+    l->v = more, l->cap = cap;
+  }
+  l->v[l->n++] = c;
+  return 1;
+}
+
+/* The coded chunks at the end of one rank's counts (counts index i), into
+ * the list (borrowing their bytes). */
+static pulse_status read_coded(pulse_reader *r, size_t i, const pulse_tensor_info *table,
+                               size_t n, uint32_t log2, coded_list *out) {
+  uint64_t items = pulse_reader_le(r, 8);
+  if (!r->ok)
+    return pulse_fail(PULSE_ERR_CORRUPT, "shard: counts %zu end before their coded chunks", i);
+  for (uint64_t j = 0; j < items; j++) {
+    uint64_t t = pulse_reader_le(r, 8), k = pulse_reader_le(r, 8);
+    uint64_t nc = pulse_reader_le(r, 8), nb = pulse_reader_le(r, 8);
+    const uint8_t *bytes = r->ok && nb <= r->left ? pulse_reader_span(r, (size_t)nb) : NULL;
+    uint64_t numel = 0;
+    if (t < n)
+      (void)pulse_shape_numel(table[t].shape, table[t].ndim, &numel);
+    uint64_t size = numel == 0 || k > (numel - 1) >> log2 ? 0
+                    : numel - (k << log2) < ((uint64_t)1 << log2) ? numel - (k << log2)
+                                                                 : (uint64_t)1 << log2;
+    if (bytes == NULL || t >= n || size == 0 || nc == 0 || nc > size || nb == 0)
+      return pulse_fail(PULSE_ERR_CORRUPT, "shard: counts %zu: coded chunk %llu is inconsistent",
+                        i, (unsigned long long)j);
+    if (!coded_push(out, (shard_coded){t, k, nc, bytes, (size_t)nb}))
+      return pulse_fail(PULSE_ERR_NOMEM, "shard: encode");
+  }
+  return PULSE_OK;
+}
+
 static pulse_status add_counts(const pulse_buffer *buf, size_t i, const pulse_tensor_info *table,
-                               size_t n, const uint8_t id[32], uint32_t log2,
-                               const shard_parts_view *v, const pulse_changes *ch,
-                               uint32_t **rank, uint32_t **hist) {
+                               size_t n, const uint8_t id[32], const pulse_encode_opts *opts,
+                               unsigned version, const shard_parts_view *v,
+                               const pulse_changes *ch, uint32_t **rank, uint32_t **hist,
+                               coded_list *coded) {
+  uint32_t log2 = opts->chunk_log2;
   const uint8_t *p = buf->data;
   size_t left = buf->size;
   const uint64_t hentry = 8 + 4 * PULSE_CLASS_COUNT;
@@ -286,6 +338,11 @@ static pulse_status add_counts(const pulse_buffer *buf, size_t i, const pulse_te
       memcmp(p + 16, id, 32) != 0 || pulse_load_le64(p + 48) != v->step.a ||
       pulse_load_le64(p + 56) != v->step.b)
     return pulse_fail(PULSE_ERR_CORRUPT, "shard: counts %zu are not of these parts", i);
+  if (pulse_load_le32(p + 72) != (uint32_t)opts->pos_model || pulse_load_le32(p + 76) != version)
+    return pulse_fail(PULSE_ERR_ARG, "shard: counts %zu were coded with position model %u and "
+                      "format version %u, the encoder's are %u and %u (every rank's shard needs "
+                      "the committer's)", i, pulse_load_le32(p + 72), pulse_load_le32(p + 76),
+                      (unsigned)opts->pos_model, version);
   uint64_t sections = pulse_load_le64(p + 64);
   pulse_reader r = pulse_reader_make(p + SHARD_COUNT_HEADER, left - SHARD_COUNT_HEADER);
   for (uint64_t q = 0; q < sections; q++) {
@@ -327,41 +384,82 @@ static pulse_status add_counts(const pulse_buffer *buf, size_t i, const pulse_te
         dst[c] += pulse_load_le32(h + 8 + 4 * c);
     }
   }
+  PULSE_TRY(read_coded(&r, i, table, n, log2, coded));
   left = r.left;
   if (left != 0)
     return pulse_fail(PULSE_ERR_CORRUPT, "shard: counts %zu have %zu bytes too many", i, left);
   return PULSE_OK;
 }
 
-pulse_status pulse_pub_shard_encode(const pulse_tensor_info *table, size_t tensor_count,
-                                    const pulse_encode_opts *opts, const pulse_buffer *parts,
-                                    size_t nparts, const pulse_buffer *counts, size_t ncounts,
-                                    pulse_state_digest *base_digest, pulse_buffer *patch) {
+static int by_chunk(const void *a, const void *b) {
+  const shard_coded *x = a, *y = b;
+  if (x->tensor != y->tensor)
+    return x->tensor < y->tensor ? -1 : 1;
+  return x->chunk < y->chunk ? -1 : x->chunk > y->chunk;
+}
+
+/* Codes the chunks of tensor t that parts carry changes of (several ranks
+ * meet them) from the summed counts, into streams (owned) and the list. */
+static pulse_status code_shared(const pulse_tensor_info *info, size_t t, uint64_t numel,
+                                const pulse_encode_opts *opts, unsigned version,
+                                const pulse_changes *ch, const uint32_t *rank,
+                                const uint32_t *hist, pulse_bytebuf *streams, size_t *nstreams,
+                                coded_list *out) {
+  uint32_t log2 = opts->chunk_log2;
+  for (uint64_t j = 0; j < ch->count;) {
+    uint64_t k = ch->pos[j] >> log2, e = j;
+    while (e < ch->count && (ch->pos[e] >> log2) == k)
+      e++;
+    uint64_t first = k << log2, left = numel - first;
+    uint32_t size = (uint32_t)(left < ((uint64_t)1 << log2) ? left : (uint64_t)1 << log2);
+    pulse_bytebuf *b = &streams[(*nstreams)++];
+    pulse_status st = shard_code_chunk(version, opts->pos_model, hist + k * PULSE_CLASS_COUNT,
+                                       size, first, ch, j, (uint32_t)(e - j), rank + j, b);
+    if (st != PULSE_OK)
+      return pulse_fail(st, "shard: tensor '%s': %s", info->name, pulse_error_detail());
+    if (b->failed || !coded_push(out, (shard_coded){t, k, e - j, b->data, b->size}))
+      return pulse_fail(PULSE_ERR_NOMEM, "shard: encode");
+    j = e;
+  }
+  return PULSE_OK;
+}
+
+static pulse_status shard_encode(const pulse_tensor_info *table, size_t tensor_count,
+                                 const pulse_encode_opts *opts, const pulse_buffer *parts,
+                                 size_t nparts, const pulse_buffer *counts, size_t ncounts,
+                                 pulse_state_digest *base_digest, const char *path,
+                                 pulse_buffer *patch) {
   if (table == NULL || tensor_count == 0 || opts == NULL || patch == NULL ||
       (parts == NULL && nparts) || (counts == NULL && ncounts))
     return pulse_fail(PULSE_ERR_ARG, "shard: NULL argument");
   patch->data = NULL, patch->size = 0;
   PULSE_TRY(PULSE_OPTS_CHECK("shard encode", opts, PULSE_ENCODE_OPTS_VERSION));
-  if (opts->chunk_log2 < 10 || opts->chunk_log2 > 30)
-    return pulse_fail(PULSE_ERR_ARG, "shard: chunk_log2 in 10..30");
+  unsigned version = opts->format_version ? opts->format_version : PULSE_PATCH_VERSION;
+  if (opts->chunk_log2 < 10 || opts->chunk_log2 > 30 ||
+      (opts->pos_model != PULSE_POS_PLAIN && opts->pos_model != PULSE_POS_CLASS) ||
+      version < PULSE_PATCH_VERSION_MIN || version > PULSE_PATCH_VERSION)
+    return pulse_fail(PULSE_ERR_ARG, "shard: chunk_log2 in 10..30, a position model and a "
+                                     "format version this library writes");
   uint8_t id[32];
   PULSE_TRY(shard_table_id(table, tensor_count, id));
   shard_parts_view v;
   PULSE_TRY(shard_view_parts(parts, nparts, tensor_count, id, opts->chunk_log2, &v));
   uint32_t log2 = opts->chunk_log2;
   size_t n = tensor_count;
-  pulse_encode_tensor *enc = calloc(n, sizeof *enc);
   pulse_changes *ch = calloc(n, sizeof *ch);
-  pulse_tensor_digest *bd = calloc(n, sizeof *bd);
+  pulse_tensor_digest *bd = calloc(n, sizeof *bd), *td = calloc(n, sizeof *td);
   uint64_t *elems = calloc(n, sizeof *elems);
-  uint8_t **cls = calloc(n, sizeof *cls);
   uint32_t **rank = calloc(n, sizeof *rank), **hist = calloc(n, sizeof *hist);
-  pulse_status st = enc && ch && bd && elems && cls && rank && hist
+  coded_list coded = {NULL, 0, 0};
+  pulse_bytebuf *streams = NULL;
+  size_t nstreams = 0, shared = 0;
+  pulse_status st = ch && bd && td && elems && rank && hist
                         ? PULSE_OK
                         : pulse_fail(PULSE_ERR_NOMEM, "shard: encode");
   for (size_t b = 0; st == PULSE_OK && b < v.nblocks; b++) {
     const shard_part_block *x = &v.blocks[b];
     bd[x->tensor].a += x->base.a, bd[x->tensor].b += x->base.b;
+    td[x->tensor].a += x->target.a, td[x->tensor].b += x->target.b;
     elems[x->tensor] += x->elems;
   }
   for (size_t t = 0; st == PULSE_OK && t < n; t++) {
@@ -384,29 +482,36 @@ pulse_status pulse_pub_shard_encode(const pulse_tensor_info *table, size_t tenso
     if (st != PULSE_OK)
       break;
     uint64_t nck = numel ? ((numel - 1) >> log2) + 1 : 0;
-    cls[t] = malloc(k ? k : 1);
+    for (uint64_t j = 0; j < k; j++)
+      shared += j == 0 || (ch[t].pos[j] >> log2) != (ch[t].pos[j - 1] >> log2);
     rank[t] = calloc(k ? k : 1, 4);
     hist[t] = calloc(nck ? nck * PULSE_CLASS_COUNT : 1, 4);
-    if (!cls[t] || !rank[t] || !hist[t]) {
+    if (!rank[t] || !hist[t]) {
       st = pulse_fail(PULSE_ERR_NOMEM, "shard: encode");
       break;
     }
   }
-  /* Every rank's counts: rank contributions and class counts add up. */
+  /* Every rank's counts: rank contributions and class counts add up; the
+   * streams of the chunks one rank covers come as they are. */
   for (size_t i = 0; st == PULSE_OK && i < ncounts; i++)
-    st = add_counts(&counts[i], i, table, n, id, log2, &v, ch, rank, hist);
+    st = add_counts(&counts[i], i, table, n, id, opts, version, &v, ch, rank, hist, &coded);
+  if (st == PULSE_OK && (streams = calloc(shared + 1, sizeof *streams)) == NULL)
+    st = pulse_fail(PULSE_ERR_NOMEM, "shard: encode");
   for (size_t t = 0; st == PULSE_OK && t < n; t++) {
-    for (uint64_t j = 0; j < ch[t].count; j++)
-      cls[t][j] = (uint8_t)pulse_bf16_class(ch[t].old_bits[j]);
-    enc[t].info = table[t];
-    enc[t].info.dtype = PULSE_DTYPE_BF16;
-    enc[t].base = NULL;
-    enc[t].changes = &ch[t];
-    enc[t].base_digest = &bd[t];
-    enc[t].chunk_hist = hist[t];
-    enc[t].change_class = cls[t];
-    enc[t].change_rank = rank[t];
+    uint64_t numel = 0;
+    (void)pulse_shape_numel(table[t].shape, table[t].ndim, &numel);
+    st = code_shared(&table[t], t, numel, opts, version, &ch[t], rank[t], hist[t], streams,
+                     &nstreams, &coded);
+    /* The changes are coded: freed before the patch is laid out. */
+    pulse_changes_free(&ch[t]);
   }
+  if (st == PULSE_OK)
+    qsort(coded.v, coded.n, sizeof *coded.v, by_chunk);
+  for (size_t j = 1; st == PULSE_OK && j < coded.n; j++)
+    if (by_chunk(&coded.v[j - 1], &coded.v[j]) == 0)
+      st = pulse_fail(PULSE_ERR_CORRUPT, "shard: chunk %llu of '%s' is coded twice (two ranks "
+                      "claim it whole, or one does and a part changes it)",
+                      (unsigned long long)coded.v[j].chunk, table[coded.v[j].tensor].name);
   if (st == PULSE_OK && base_digest != NULL) {
     pulse_tensor_info *info = malloc(n * sizeof *info);
     if (info == NULL)
@@ -418,19 +523,42 @@ pulse_status pulse_pub_shard_encode(const pulse_tensor_info *table, size_t tenso
     free(info);
   }
   if (st == PULSE_OK)
-    st = pulse_patch_encode(opts, enc, n, patch);
+    st = shard_patch_write(opts, version, table, n, bd, td, coded.v, coded.n, path, patch);
   for (size_t t = 0; t < n; t++) {
     if (ch)
       pulse_changes_free(&ch[t]);
-    if (cls)
-      free(cls[t]);
     if (rank)
       free(rank[t]);
     if (hist)
       free(hist[t]);
   }
-  free(enc), free(ch), free(bd), free(elems), free(cls), free(rank), free(hist);
+  for (size_t i = 0; i < nstreams; i++)
+    pulse_bytebuf_free(&streams[i]);
+  free(streams), free(coded.v);
+  free(ch), free(bd), free(td), free(elems), free(rank), free(hist);
   shard_view_free(&v);
+  return st;
+}
+
+pulse_status pulse_pub_shard_encode(const pulse_tensor_info *table, size_t tensor_count,
+                                    const pulse_encode_opts *opts, const pulse_buffer *parts,
+                                    size_t nparts, const pulse_buffer *counts, size_t ncounts,
+                                    pulse_state_digest *base_digest, pulse_buffer *patch) {
+  return shard_encode(table, tensor_count, opts, parts, nparts, counts, ncounts, base_digest,
+                      NULL, patch);
+}
+
+pulse_status pulse_pub_shard_encode_file(const pulse_tensor_info *table, size_t tensor_count,
+                                         const pulse_encode_opts *opts,
+                                         const pulse_buffer *parts, size_t nparts,
+                                         const pulse_buffer *counts, size_t ncounts,
+                                         const char *path, uint64_t *size) {
+  if (path == NULL || size == NULL)
+    return pulse_fail(PULSE_ERR_ARG, "shard: NULL argument");
+  pulse_buffer patch = {0};
+  pulse_status st = shard_encode(table, tensor_count, opts, parts, nparts, counts, ncounts, NULL,
+                                 path, &patch);
+  *size = st == PULSE_OK ? patch.size : 0;
   return st;
 }
 

@@ -4,6 +4,7 @@
 #ifndef PULSE_SHARD_IMPL_H
 #define PULSE_SHARD_IMPL_H
 
+#include "bytebuf_impl.h"
 #include "pulse_pub_shard.h"
 
 /* A block as `runs` runs of `run_len` consecutive tensor positions, in
@@ -59,6 +60,53 @@ typedef struct {
   pulse_tensor_digest step; /* the sums of every block's target digest */
 } shard_parts_view;
 
+/** Walks block g's elements in the changed chunks (chunks, m of them,
+ * sorted) in position order beside the sorted changes c: each change gets
+ * the count of the block's elements of its class before it in its chunk
+ * (added to contrib), and each changed chunk the block's class counts
+ * (added to hist, m * PULSE_CLASS_COUNT). */
+void shard_count_block(const shard_geom *g, const uint16_t *snap, const pulse_changes *c,
+                       const uint64_t *chunks, uint64_t m, uint32_t log2, uint32_t *contrib,
+                       uint32_t *hist);
+
+/** 1 when position `pos` of tensor t is in a chunk that the shard's own
+ * blocks cover entirely (the shard codes that chunk alone). */
+int shard_chunk_whole(const pulse_pub_shard *s, size_t t, uint64_t pos);
+
+/** Appends the stream of one chunk of n elements starting at tensor
+ * position `first`: its k changes are c's from index `from` (position
+ * order), with their class ranks (rank, k entries) and the chunk's class
+ * counts (hist) for PULSE_POS_CLASS (both unread for PULSE_POS_PLAIN).
+ * @return PULSE_OK; PULSE_ERR_CORRUPT (ranks and counts that are no rank
+ * form: counts that did not add up); the coder's errors. */
+pulse_status shard_code_chunk(unsigned version, pulse_pos_model model, const uint32_t *hist,
+                              uint32_t n, uint64_t first, const pulse_changes *c, uint64_t from,
+                              uint32_t k, const uint32_t *rank, pulse_bytebuf *out);
+
+/** The chunk streams of every changed chunk that the shard's blocks cover
+ * entirely (the pending step's changes), appended to out as coded items
+ * (see the counts' layout below); *items gets how many. */
+pulse_status shard_code_whole(const pulse_pub_shard *s, pulse_bytebuf *out, uint64_t *items);
+
+/* A chunk stream one rank coded, read in place from its counts. */
+typedef struct {
+  uint64_t tensor, chunk, changes;
+  const uint8_t *bytes;
+  size_t size;
+} shard_coded;
+
+/** The patch (docs/formats/patch.md) from every changed chunk's stream:
+ * items sorted by tensor then chunk, each chunk once; base and target the
+ * tensors' digests (count of each). `table` is the whole table. Into
+ * *patch, or with `path` into that file (created or truncated, synced;
+ * removed on failure): patch->data is then NULL and patch->size its size.
+ * @return PULSE_OK and *patch; PULSE_ERR_IO; PULSE_ERR_NOMEM. */
+pulse_status shard_patch_write(const pulse_encode_opts *opts, unsigned version,
+                               const pulse_tensor_info *table, size_t count,
+                               const pulse_tensor_digest *base, const pulse_tensor_digest *target,
+                               const shard_coded *items, size_t nitems, const char *path,
+                               pulse_buffer *patch);
+
 /** Reads parts in place (checked: magic, version, table, chunk size,
  * lengths). @return PULSE_OK; PULSE_ERR_CORRUPT; PULSE_ERR_NOMEM. */
 pulse_status shard_view_parts(const pulse_buffer *parts, size_t nparts, size_t tensor_count,
@@ -68,12 +116,14 @@ void shard_view_free(shard_parts_view *v);
 
 #define SHARD_PART_MAGIC "PULSESHP"
 #define SHARD_COUNT_MAGIC "PULSESHC"
-#define SHARD_WIRE_VERSION 2u
+#define SHARD_WIRE_VERSION 3u
 /* Part: magic, u32 version, u32 chunk_log2, 32-byte table id, u64 blocks;
  * per block: u64 tensor, u64 elements, u64 base digest a, b, u64 target
  * digest a, b, u64 changes k, u64 kind, 8 u64 starts, 8 u64 extents (the
  * block as its rank described it), k u64 positions, k u16 old bits, k u16
- * new bits (little-endian). A part cut for another rank
+ * new bits (little-endian). A part holds only the changes of chunks that
+ * its rank's blocks do not cover entirely (the rank codes those chunks
+ * itself, into its counts); a part cut for another rank
  * (pulse_pub_shard_part_for) has every block, with only the changes in the
  * chunks that rank's blocks meet. */
 #define SHARD_PART_HEADER 56u
@@ -81,7 +131,8 @@ void shard_view_free(shard_parts_view *v);
 /* Counts (sparse: only what the rank's own chunks can hold): magic, u32
  * version, u32 chunk_log2, 32-byte table id, u64 step a, b (the sums of
  * every part block's target digest: the step the counts are of, the same
- * from cut parts), u64 sections; per tensor the rank owns elements of:
+ * from cut parts), u64 sections, u32 position model, u32 patch format
+ * version (the coded chunks'); per tensor the rank owns elements of:
  * u64 tensor, u64 entries nc, u64 chunk entries nh, u64 entry bytes eb;
  * eb bytes holding nc entries of two LEB128 varints, the position's gap
  * (the first entry's position, then position - previous - 1) and the rank
@@ -89,15 +140,24 @@ void shard_view_free(shard_parts_view *v);
  * u64 chunk and 256 u32 class counts. Changes are named by position, not
  * by their place among the parts, so that a rank can count from parts cut
  * for it; the gaps make an entry 2-4 bytes, not 12 (the encoding rank
- * receives every rank's). */
+ * receives every rank's). Then the coded chunks: u64 items; per item u64
+ * tensor, u64 chunk, u64 changes, u64 bytes and the chunk stream's bytes
+ * (every changed chunk the rank's blocks cover entirely, coded by the
+ * rank: the encoding rank receives streams, not changes). */
 #define SHARD_COUNT_SECTION 32u
-#define SHARD_COUNT_HEADER 72u
+#define SHARD_COUNT_HEADER 80u
+#define SHARD_CODED_HEADER 32u
 
 struct pulse_pub_shard {
   size_t count;
   pulse_tensor_info *info; /* names owned */
   uint8_t table_id[32];
   uint32_t chunk_log2;
+  pulse_pos_model pos_model;
+  uint32_t format_version; /* the patch's: 1 or 2 */
+  /* Per tensor, a bitmap of the chunks this rank's blocks cover entirely
+   * (NULL where it has no blocks): their streams are coded here. */
+  uint8_t **whole;
   size_t nblocks;
   shard_geom *geom;
   pulse_pub_block *blocks; /* as given; names point into info */

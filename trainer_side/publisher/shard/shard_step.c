@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -206,6 +207,20 @@ static pulse_status wait_all(const char *folder, uint64_t step, uint64_t nonce, 
   return PULSE_OK;
 }
 
+/* The file's bytes, mapped read-only (munmap when done). */
+static pulse_status map_file(const char *path, size_t size, pulse_buffer *out) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  void *p = fd >= 0 ? mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0) : MAP_FAILED;
+  int err = errno;
+  if (fd >= 0)
+    close(fd);
+  if (p == MAP_FAILED)
+    return pulse_fail(PULSE_ERR_IO, "shard: %s: %s", path, strerror(err));
+  out->data = p;
+  out->size = size;
+  return PULSE_OK;
+}
+
 /* Drops the snapshot, for a first step that is tried again. */
 static void snapshot_reset(pulse_pub_shard *s) {
   for (size_t b = 0; b < s->nblocks; b++)
@@ -278,7 +293,7 @@ pulse_status pulse_pub_shard_step(pulse_pub_shard *s, const char *dir,
   pulse_buffer *parts = calloc((size_t)world, sizeof *parts);
   pulse_buffer *counts = calloc((size_t)world, sizeof *counts);
   pulse_buffer mine = {0}, patch = {0};
-  char name[128], staged[4352] = "";
+  char name[128], staged[4352] = "", made[4352] = "";
   pulse_state_digest target;
   if (parts == NULL || counts == NULL)
     st = pulse_fail(PULSE_ERR_NOMEM, "shard: step");
@@ -322,8 +337,17 @@ pulse_status pulse_pub_shard_step(pulse_pub_shard *s, const char *dir,
       eo.pos_model = o->committer->opts.pos_model;
       eo.chunk_log2 = s->chunk_log2;
       eo.threads = o->committer->opts.threads;
-      st = pulse_pub_shard_encode(s->info, s->count, &eo, parts, (size_t)world, counts,
-                                  (size_t)world, NULL, &patch);
+      /* The patch goes to a file while the ranks' streams are held, and
+       * is mapped once they are freed: never both in memory. */
+      snprintf(made, sizeof made, "%s/" PULSE_STORE_OBJECTS_DIR "/.patch-%" PRIu64
+               "-%016" PRIx64 ".tmp-shard", dir, step, go.nonce);
+      uint64_t size = 0;
+      st = pulse_pub_shard_encode_file(s->info, s->count, &eo, parts, (size_t)world, counts,
+                                       (size_t)world, made, &size);
+      for (int r = 0; r < world; r++)
+        pulse_buffer_free(&parts[r]), pulse_buffer_free(&counts[r]);
+      if (st == PULSE_OK)
+        st = map_file(made, (size_t)size, &patch);
     }
     if (st == PULSE_OK)
       st = pulse_pub_commit_made(o->committer, step, go.has_base ? &patch : NULL,
@@ -400,6 +424,9 @@ pulse_status pulse_pub_shard_step(pulse_pub_shard *s, const char *dir,
     pulse_buffer_free(&counts[r]);
   free(parts), free(counts);
   pulse_buffer_free(&mine);
-  pulse_buffer_free(&patch);
+  if (patch.data != NULL)
+    munmap(patch.data, patch.size);
+  if (made[0] != '\0')
+    unlink(made);
   return st;
 }
