@@ -11,7 +11,8 @@
  *
  *   pulse-loco-<kind>/1\n     <kind>: payload, manifest, state, members,
  *                             leave, done, digests, sync, sketch, slice,
- *                             reduced, verdict, claim, grant
+ *                             reduced, verdict, claim, grant, sent,
+ *                             joined, port, join, progress, outcome
  *   round <round>\n
  *   signer <64 hex: public key>\n
  *   size <bytes>\n
@@ -21,7 +22,9 @@
  *
  * Transport: for HTTP answers X-Pulse-Loco-Round, X-Pulse-Loco-Key (64
  * hex) and X-Pulse-Loco-Signature (128 hex) next to the body; a POST's as
- * its query values round, key and sig over "PATH?id=ID"; datagrams
+ * its query values round, key and sig over "PATH?id=ID&seq=N", N a number
+ * its sender never used before (a POST repeated, in its round or not, is
+ * a replay); datagrams
  * through their sender's signed chunk list; a client-mode peer's uploads
  * as a 104-byte trailer (docs/protocols/loco-exchange.md "Authentication"). This module checks;
  * the exchange (pulse_loco_coord, coordinator_auth.c) and the
@@ -61,9 +64,16 @@ typedef enum {
   PULSE_LOCO_AUTH_REDUCED = 11, /* an owner's reduced range */
   PULSE_LOCO_AUTH_VERDICT = 12, /* a peer's verdict on the reduced ranges */
   PULSE_LOCO_AUTH_CLAIM = 13,   /* a claim of samples or a readiness */
-  PULSE_LOCO_AUTH_GRANT = 14    /* a writer's answer to one */
+  PULSE_LOCO_AUTH_GRANT = 14,   /* a writer's answer to one */
+  PULSE_LOCO_AUTH_SENT = 15,    /* "all my datagrams of round R are sent" */
+  PULSE_LOCO_AUTH_JOINED = 16,  /* a coordinator's answer to a join: the
+                                   round it admits the joiner from */
+  PULSE_LOCO_AUTH_PORT = 17,    /* a trainer's datagram port */
+  PULSE_LOCO_AUTH_JOIN = 18,    /* a join request */
+  PULSE_LOCO_AUTH_PROGRESS = 19, /* a writer's progress record */
+  PULSE_LOCO_AUTH_OUTCOME = 20  /* a contributor's partitioned outcome */
 } pulse_loco_auth_kind;
-#define PULSE_LOCO_AUTH_KINDS 14u /* the largest kind */
+#define PULSE_LOCO_AUTH_KINDS 20u /* the largest kind */
 
 /* Why bodies were refused, since create (for the metrics). */
 typedef struct {

@@ -79,7 +79,8 @@ void collab_publish_own_progress(pulse_loco_collab *c, uint64_t r, uint64_t done
                    ",\"samples_per_s\":%.3f,\"target\":%" PRIu64 "}",
                    c->id, r, done, busy_ms ? done * 1000.0 / busy_ms : 0.0,
                    c->opts.target_batch);
-  loco_server_put(c->srv, "/v1/loco/progress", text, (size_t)k);
+  collab_auth_put(c, "/v1/loco/progress", PULSE_LOCO_AUTH_PROGRESS, r, text,
+                  (size_t)k); /* signed (auth hook) */
 }
 
 /* Members of the round the context is at (main thread; under lock, as the
@@ -400,10 +401,14 @@ pulse_status pulse_loco_collab_join(pulse_loco_collab *c, const char *seed,
       /* Ask every member: whoever writes the next round admits (a
        * client-mode member's URL reaches its host, which ignores it). */
       for (size_t i = 0; i < view.nmembers; i++) {
-        char url[200];
+        char text[160], query[320], url[600];
         long status;
-        snprintf(url, sizeof url, "%s/v1/loco/join?id=%u&url=%s",
-                 view.members[i].url, c->id, c->url);
+        snprintf(text, sizeof text, "/v1/loco/join?id=%u&url=%s", c->id,
+                 c->url);
+        /* Signed by this joiner (auth hook). */
+        collab_auth_query(c, PULSE_LOCO_AUTH_JOIN, pulse_loco_round(c->ctx),
+                          text, query, sizeof query);
+        snprintf(url, sizeof url, "%s%s%s", view.members[i].url, text, query);
         loco_http_post(url, 300, &status);
       }
     }

@@ -13,6 +13,11 @@
 #include "collab_impl.h"
 #include "pulse_log.h"
 
+static int accept_by_window(pulse_loco_collab *c, pulse_loco_auth_kind kind,
+                            uint64_t floor, uint64_t ceiling, uint32_t id,
+                            const loco_sig *sig, uint64_t size,
+                            const uint8_t sha[32]);
+
 pulse_status collab_auth_start(pulse_loco_collab *c,
                                const pulse_loco_collab_opts *o) {
   c->auth = NULL;
@@ -140,6 +145,14 @@ int collab_auth_accept_by_digest(pulse_loco_collab *c,
                                  pulse_loco_auth_kind kind, uint64_t r,
                                  uint32_t id, const loco_sig *sig,
                                  uint64_t size, const uint8_t sha[32]) {
+  return accept_by_window(c, kind, r, r, id, sig, size, sha);
+}
+
+/* collab_auth_accept_by_digest for a round in [floor, ceiling]. */
+static int accept_by_window(pulse_loco_collab *c, pulse_loco_auth_kind kind,
+                            uint64_t floor, uint64_t ceiling, uint32_t id,
+                            const loco_sig *sig, uint64_t size,
+                            const uint8_t sha[32]) {
   if (c->auth == NULL)
     return 1;
   const uint8_t *key = NULL;
@@ -159,7 +172,8 @@ int collab_auth_accept_by_digest(pulse_loco_collab *c,
       PULSE_LOG_AT(PULSE_LOG_WARN,
                    "loco collab: peer %u: a %s of round %llu from trainer "
                    "%u, whose key is not pinned: refused",
-                   c->id, loco_auth_kind_word(kind), (unsigned long long)r, id);
+                   c->id, loco_auth_kind_word(kind),
+                   (unsigned long long)sig->round, id);
       return 0;
     }
     /* Checked under the key pinned for that id: another member's
@@ -170,7 +184,7 @@ int collab_auth_accept_by_digest(pulse_loco_collab *c,
       memcpy(bound.key, key, PULSE_KEY_BYTES);
     sig = &bound;
   }
-  return collab_auth_accept_digest(c, kind, r, r, sig, size, sha);
+  return collab_auth_accept_digest(c, kind, floor, ceiling, sig, size, sha);
 }
 
 pulse_status collab_auth_put(pulse_loco_collab *c, const char *path,
@@ -191,6 +205,72 @@ pulse_status collab_auth_put(pulse_loco_collab *c, const char *path,
              ? loco_tamper_put(&c->tamper, c->srv, path, kind, r, data, size,
                                &sig)
              : st;
+}
+
+pulse_status collab_auth_put_locked(pulse_loco_collab *c, const char *path,
+                                    pulse_loco_auth_kind kind, uint64_t r,
+                                    const void *data, size_t size) {
+  if (c->auth == NULL)
+    return loco_server_put(c->srv, path, data, size);
+  loco_sig sig;
+  memset(&sig, 0, sizeof sig);
+  sig.present = 1;
+  sig.round = r;
+  PULSE_TRY(
+      pulse_loco_auth_sign(c->auth, kind, r, data, size, sig.sig, sig.key));
+  return loco_tamper_put(&c->tamper, c->srv, path, kind, r, data, size, &sig);
+}
+
+/* ------------------------------------------------------------- outcomes */
+
+pulse_status collab_auth_put_outcome(pulse_loco_collab *c, uint64_t r,
+                                     int finished) {
+  char path[96], text[48];
+  snprintf(path, sizeof path, "/v1/loco/round/%llu/outcome",
+           (unsigned long long)r);
+  const char *word = finished ? "finished" : "failed";
+  if (c->auth == NULL)
+    return loco_server_put(c->srv, path, word, strlen(word));
+  /* Numbered: a contributor's "failed" then "finished" in one round; the
+   * first served again after the second is a replay. */
+  int len = snprintf(text, sizeof text, "%s %llu", word,
+                     (unsigned long long)loco_auth_seq_next());
+  return collab_auth_put(c, path, PULSE_LOCO_AUTH_OUTCOME, r, text,
+                         (size_t)len);
+}
+
+int collab_auth_outcome(pulse_loco_collab *c, uint64_t r, uint32_t id,
+                        const loco_fetch *t) {
+  const char *body = (const char *)t->body.data;
+  size_t n = t->body.size;
+  int word = n >= 8 && memcmp(body, "finished", 8) == 0 ? 2
+             : n >= 6 && memcmp(body, "failed", 6) == 0 ? 1
+                                                        : 0;
+  size_t at = word == 2 ? 8 : 6;
+  if (c->auth == NULL)
+    return word != 0 && n == at ? word : 0;
+  /* "WORD N": N its number, signed with it. */
+  char digits[24];
+  uint64_t seq = 0;
+  if (word == 0 || n <= at + 1 || n - at - 1 >= sizeof digits ||
+      body[at] != ' ')
+    word = 0;
+  if (word != 0) {
+    memcpy(digits, body + at + 1, n - at - 1);
+    digits[n - at - 1] = '\0';
+    char *end = NULL;
+    seq = strtoull(digits, &end, 10);
+    if (digits[0] < '0' || digits[0] > '9' || *end != '\0' || seq == 0)
+      word = 0;
+  }
+  loco_sig sig = t->sig;
+  sig.seq = seq;
+  uint8_t sha[32];
+  loco_sha256(t->body.data, n, sha);
+  /* A malformed body is checked all the same (unsigned, forged...), and
+   * then not taken. */
+  int ok = accept_by_window(c, PULSE_LOCO_AUTH_OUTCOME, r, r, id, &sig, n, sha);
+  return ok ? word : 0;
 }
 
 int collab_auth_accept(pulse_loco_collab *c, pulse_loco_auth_kind kind,
@@ -216,6 +296,8 @@ int collab_auth_accept_digest(pulse_loco_collab *c, pulse_loco_auth_kind kind,
       d++;
     c->auth_bytes += 260u + d;
   }
+  /* (A signed POST, with its number, checked at the writer's gate: its
+   * query is what it carries, "&seq=N&round=R&key=HEX&sig=HEX".) */
   pulse_status st;
   pthread_mutex_lock(&c->lock);
   if (present && sig->round > ceiling &&
@@ -230,9 +312,10 @@ int collab_auth_accept_digest(pulse_loco_collab *c, pulse_loco_auth_kind kind,
     /* Any member's key (the handle's set); older than the floor, or than
      * one of this kind accepted from that member: a replay. */
     pulse_loco_auth_round(c->auth, floor);
-    st = loco_auth_check_digest(c->auth, kind, present ? sig->round : floor,
-                                present ? sig->key : NULL, size, sha,
-                                present ? sig->sig : NULL);
+    st = loco_auth_check_seq(c->auth, kind, present ? sig->round : floor,
+                             present ? sig->key : NULL, size, sha,
+                             present ? sig->sig : NULL,
+                             present ? sig->seq : 0);
   }
   if (st != PULSE_OK)
     c->auth_refused_kind[kind - 1]++;
@@ -285,52 +368,33 @@ void collab_auth_metrics(pulse_loco_collab *c, pulse_bytebuf *text) {
 
 /* ------------------------------------------------- claims and grants */
 
-static void hex_of(const uint8_t *b, size_t n, char *out) {
-  static const char d[] = "0123456789abcdef";
-  for (size_t i = 0; i < n; i++)
-    out[2 * i] = d[b[i] >> 4], out[2 * i + 1] = d[b[i] & 15];
-  out[2 * n] = '\0';
-}
-
-static int unhex(const char *s, uint8_t *out, size_t n) {
-  if (s == NULL || strlen(s) != 2 * n)
-    return 0;
-  for (size_t i = 0; i < n; i++) {
-    int v = 0;
-    for (int h = 0; h < 2; h++) {
-      char ch = s[2 * i + (size_t)h];
-      int x = ch >= '0' && ch <= '9'   ? ch - '0'
-              : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10
-                                       : -1;
-      if (x < 0)
-        return 0;
-      v = v * 16 + x;
-    }
-    out[i] = (uint8_t)v;
-  }
-  return 1;
-}
-
-void collab_auth_query(pulse_loco_collab *c, pulse_loco_auth_kind kind,
-                       uint64_t r, const char *text, char *dst, size_t cap) {
+uint64_t collab_auth_query(pulse_loco_collab *c, pulse_loco_auth_kind kind,
+                           uint64_t r, const char *text, char *dst,
+                           size_t cap) {
   if (cap == 0)
-    return;
+    return 0;
   dst[0] = '\0';
+  if (c->auth == NULL)
+    return 0;
+  /* Signed with a number never sent before: a repeat is a replay. */
+  uint64_t seq = loco_auth_seq_next();
+  char signed_text[400];
+  int len = loco_auth_post_text(signed_text, sizeof signed_text, text, seq);
+  int n_seq = snprintf(dst, cap, "&seq=%llu", (unsigned long long)seq);
   loco_sig sig;
-  if (!collab_auth_sign_blob(c, kind, r, text, strlen(text), &sig) ||
-      !sig.present)
-    return;
-  char key[65], sh[129];
-  hex_of(sig.key, 32, key);
-  hex_of(sig.sig, 64, sh);
-  snprintf(dst, cap, "&round=%llu&key=%s&sig=%s", (unsigned long long)r, key,
-           sh);
+  if (len < 0 || n_seq < 0 || (size_t)n_seq >= cap ||
+      !collab_auth_sign_blob(c, kind, r, signed_text, (size_t)len, &sig))
+    return seq; /* sent unsigned: refused, as any unsigned request */
+  loco_auth_post_query(&sig, dst + n_seq, cap - (size_t)n_seq);
+  return seq;
 }
 
 /* The kind and round of a POST that must be signed: a claim or readiness
  * ("/v1/collab/claim/R/..." or ".../ready/R/..."), an acknowledgement
  * ("/v1/loco/round/R/done"); 0 for any other. */
 static pulse_loco_auth_kind signed_post(const char *path, uint64_t *r) {
+  if (strcmp(path, "/v1/loco/join") == 0)
+    return *r = 0, PULSE_LOCO_AUTH_JOIN; /* any round: its signature's */
   static const char *const prefixes[] = {
       "/v1/collab/claim/", "/v1/collab/ready/", "/v1/loco/round/"};
   for (int i = 0; i < 3; i++) {
@@ -361,20 +425,17 @@ unsigned collab_auth_gate(void *user, const char *path,
   if (c->auth == NULL || kind == 0 || id_text == NULL || end == id_text ||
       *end != '\0' || id > UINT32_MAX)
     return 0; /* not one to check, or the callback's 400 */
-  char text[320];
-  int len = snprintf(text, sizeof text, "%s?id=%s", path, id_text);
-  if (len < 0 || (size_t)len >= sizeof text)
-    return 0;
+  char text[400];
   loco_sig sig;
-  memset(&sig, 0, sizeof sig);
-  const char *round = query(rq, "round");
-  char *rend = NULL;
-  unsigned long long rv = round ? strtoull(round, &rend, 10) : 0;
-  sig.present = round != NULL && rend != round && *rend == '\0' &&
-                unhex(query(rq, "key"), sig.key, 32) &&
-                unhex(query(rq, "sig"), sig.sig, 64);
-  sig.round = rv;
-  if (collab_auth_accept_by(c, kind, r, (uint32_t)id, &sig, text, (size_t)len))
+  int len = loco_auth_post_read(path, query, rq, text, sizeof text, &sig);
+  if (len < 0)
+    return 0;
+  uint8_t sha[32];
+  loco_sha256((const uint8_t *)text, (size_t)len, sha);
+  /* A joiner runs no round of the group yet: any round of its own. */
+  uint64_t ceiling = kind == PULSE_LOCO_AUTH_JOIN ? UINT64_MAX : r;
+  if (accept_by_window(c, kind, r, ceiling, (uint32_t)id, &sig, (size_t)len,
+                       sha))
     return 0;
   snprintf(reply, cap,
            "{\"error\":\"not signed by trainer %llu for round "
@@ -401,13 +462,15 @@ void collab_auth_sign_reply(void *user, const char *path, const char *id,
 }
 
 int collab_auth_grant_ok(pulse_loco_collab *c, uint64_t r, uint32_t w,
-                         const char *text, unsigned status,
+                         const char *text, uint64_t seq, unsigned status,
                          const loco_sig *sig) {
   if (c->auth == NULL)
     return 1;
-  char signed_text[352];
-  int len =
-      snprintf(signed_text, sizeof signed_text, "%s\nstatus %u", text, status);
+  /* The answer to this request, numbered: an answer to another one (an
+   * earlier claim of the same samples) replayed is not this one's. */
+  char signed_text[400];
+  int len = snprintf(signed_text, sizeof signed_text, "%s&seq=%llu\nstatus %u",
+                     text, (unsigned long long)seq, status);
   if (len < 0 || (size_t)len >= sizeof signed_text)
     return 0;
   return collab_auth_accept_by(c, PULSE_LOCO_AUTH_GRANT, r, w, sig, signed_text,

@@ -227,10 +227,7 @@ pulse_status collab_publish_outcome(pulse_loco_collab *c, uint64_t r,
              r == loco_collab_test_stall_round;
   if (finished && !dies)
     PULSE_TRY(collab_publish_state(c));
-  char path[96];
-  snprintf(path, sizeof path, "/v1/loco/round/%" PRIu64 "/outcome", r);
-  const char *text = finished ? "finished" : "failed";
-  pulse_status st = loco_server_put(c->srv, path, text, strlen(text));
+  pulse_status st = collab_auth_put_outcome(c, r, finished); /* auth hook */
   while (dies)
     loco_sleep_ms(1000);
   return st;
@@ -319,11 +316,10 @@ static int settle(pulse_loco_collab *c, uint64_t r, const loco_manifest *man,
         size_t j = idx[a];
         c->fetched += t[a].body.size;
         answered[j] = 1;
-        if (t[a].body.size == 8 && memcmp(t[a].body.data, "finished", 8) == 0)
-          heard[j] = HEARD_FINISHED;
-        else if (t[a].body.size == 6 &&
-                 memcmp(t[a].body.data, "failed", 6) == 0)
-          heard[j] = HEARD_FAILED;
+        /* Checked as signed by that contributor (auth hook). */
+        int word = collab_auth_outcome(c, r, man->contrib[j].id, &t[a]);
+        if (word != 0)
+          heard[j] = word == 2 ? HEARD_FINISHED : HEARD_FAILED;
       }
       pulse_bytebuf_free(&t[a].body);
     }

@@ -119,6 +119,19 @@ void collab_auth_stop(pulse_loco_collab *c);
 pulse_status collab_auth_put(pulse_loco_collab *c, const char *path,
                              pulse_loco_auth_kind kind, uint64_t r,
                              const void *data, size_t size);
+/* collab_auth_put for a caller that holds c->lock (the writer's table). */
+pulse_status collab_auth_put_locked(pulse_loco_collab *c, const char *path,
+                                    pulse_loco_auth_kind kind, uint64_t r,
+                                    const void *data, size_t size);
+/* A contributor's partitioned outcome of round r (/v1/loco/round/R/outcome):
+ * "finished" or "failed", with a key "WORD N" signed (kind OUTCOME, N a
+ * number never served before: an earlier word served again is a
+ * replay); and the word read from contributor id's answer t, checked: 2
+ * finished, 1 failed, 0 none (refused, counted, or malformed). */
+pulse_status collab_auth_put_outcome(pulse_loco_collab *c, uint64_t r,
+                                     int finished);
+int collab_auth_outcome(pulse_loco_collab *c, uint64_t r, uint32_t id,
+                        const loco_fetch *t);
 /* 1 when a body that came with `sig` is signed by a member's key for a
  * round in [floor, ceiling] (below: a replay, above: forged), not older
  * than one of its kind accepted from that member; 0 when refused (counted,
@@ -151,12 +164,14 @@ int collab_auth_accept_blob(void *user, pulse_loco_auth_kind kind,
                             uint64_t round, uint32_t id, const loco_sig *sig,
                             const void *data, size_t size);
 /* Claims, readinesses and acknowledgements (POSTs to a writer) are signed
- * by their member over "PATH?id=ID" (query "&round=R&key=HEX&sig=HEX",
- * written by collab_auth_query; nothing without a key); the writer's
- * answer to a claim or readiness is signed by it over "PATH?id=ID\n
- * status S" (in the answer's X-Pulse-Loco-* headers). */
-void collab_auth_query(pulse_loco_collab *c, pulse_loco_auth_kind kind,
-                       uint64_t r, const char *text, char *dst, size_t cap);
+ * by their member over "PATH?id=ID&seq=N" (query "&seq=N&round=R&key=HEX
+ * &sig=HEX", written by collab_auth_query, which returns N, a number
+ * never sent before; nothing without a key); the writer's answer to a
+ * claim or readiness is signed by it over "PATH?id=ID&seq=N\nstatus S"
+ * (in the answer's X-Pulse-Loco-* headers). */
+uint64_t collab_auth_query(pulse_loco_collab *c, pulse_loco_auth_kind kind,
+                           uint64_t r, const char *text, char *dst,
+                           size_t cap);
 /* The server's POST gate (loco_server_set_gate): refuses (401, counted) a
  * claim, readiness or acknowledgement not signed by the key pinned for
  * its id. */
@@ -170,7 +185,7 @@ void collab_auth_sign_reply(void *user, const char *path, const char *id,
 /* Whether a writer's answer (status, its signature) to the request `text`
  * of round r is writer w's, signed (always without a key). */
 int collab_auth_grant_ok(pulse_loco_collab *c, uint64_t r, uint32_t w,
-                         const char *text, unsigned status,
+                         const char *text, uint64_t seq, unsigned status,
                          const loco_sig *sig);
 /* A claim's answer refused by authentication (not a writer's status). */
 #define COLLAB_UNVERIFIED 401u

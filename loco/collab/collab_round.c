@@ -150,14 +150,15 @@ unsigned collab_tell_writer(pulse_loco_collab *c, uint64_t r, uint32_t k,
              "/%" PRIu64 "?id=%u",
              r, k, b, done, rate_milli, c->id);
   /* Signed by this member, its answer by the writer (auth hooks). */
-  collab_auth_query(c, PULSE_LOCO_AUTH_CLAIM, r, text, query, sizeof query);
+  uint64_t seq =
+      collab_auth_query(c, PULSE_LOCO_AUTH_CLAIM, r, text, query, sizeof query);
   snprintf(url, sizeof url, "%s%s%s", collab_url_of(c, w), text, query);
   long status = 0;
   loco_sig sig;
   memset(&sig, 0, sizeof sig);
   loco_http_post_signed(url, c->opts.claim_timeout_ms, &status, &sig);
   if (status != 0 &&
-      !collab_auth_grant_ok(c, r, w, text, (unsigned)status, &sig))
+      !collab_auth_grant_ok(c, r, w, text, seq, (unsigned)status, &sig))
     status = COLLAB_UNVERIFIED; /* as no decision: asked again */
   return (unsigned)status;
 }

@@ -159,7 +159,9 @@ void collab_publish_progress(pulse_loco_collab *c) {
                          c->rec[i].ready ? "true" : "false");
   pulse_bytebuf_printf(&b, "]}");
   if (b.data != NULL)
-    loco_server_put(c->srv, "/v1/loco/progress/round", b.data, b.size);
+    collab_auth_put_locked(c, "/v1/loco/progress/round",
+                           PULSE_LOCO_AUTH_PROGRESS, c->table_round, b.data,
+                           b.size); /* signed (auth hook) */
   pulse_bytebuf_free(&b);
 }
 

@@ -341,45 +341,39 @@ static pulse_status join_via(pulse_loco_coord *n, const char *seed,
   snprintf(coord, sizeof coord, "%s", view.members[c].url);
   uint32_t coord_id = view.coordinator;
   loco_manifest_free(&view);
-  char join[640]; /* the auth hook adds the key and the admission */
-  snprintf(join, sizeof join, "%s/v1/loco/join?id=%u&url=%s", coord, n->id,
+  char join[800]; /* the auth hook adds the signature and the admission */
+  size_t at = (size_t)snprintf(join, sizeof join, "%s", coord);
+  snprintf(join + at, sizeof join - at, "/v1/loco/join?id=%u&url=%s", n->id,
            n->url);
-  loco_auth_join_query(n, join + strlen(join), sizeof join - strlen(join));
+  uint64_t seq = loco_auth_join_query(n, join + at, join + strlen(join),
+                                      sizeof join - strlen(join));
   long status;
   PULSE_TRY(loco_http_post(join, left_ms(end), &status));
   if (status != 202)
     return pulse_fail(PULSE_ERR_IO, "loco join: %s answered %ld", coord,
                       status);
   loco_node_url_fmt(url, sizeof url, coord, "/v1/loco/join/%u", n->id);
-  pulse_bytebuf b = PULSE_BYTEBUF_INIT;
   pulse_status st;
   uint64_t round = 0;
   for (;;) {
-    st = loco_http_wait(url, left_ms(end), 256, &b);
-    if (st != PULSE_OK)
+    /* Signed by the coordinator for this join (auth hook). */
+    st = loco_auth_get_admission(n, url, left_ms(end), coord_id, seq, &round);
+    if (st == PULSE_OK && round > pulse_loco_round(n->ctx))
       break;
-    char text[64];
-    size_t k = b.size < sizeof text - 1 ? b.size : sizeof text - 1;
-    memcpy(text, b.data, k);
-    text[k] = '\0';
-    if (sscanf(text, "{\"round\":%llu}", (unsigned long long *)&round) != 1 ||
-        round == 0) {
-      st = pulse_fail(PULSE_ERR_CORRUPT, "loco join: bad admission");
-      break;
-    }
-    if (round > pulse_loco_round(n->ctx))
+    if (st != PULSE_OK && st != PULSE_ERR_CORRUPT)
       break;
     /* An admission of an earlier join under this id (the coordinator
-     * drops it when this join arrives; this guards an older coordinator):
-     * not this join's, poll again until the next manifest admits. */
+     * drops it when this join arrives; this guards an older coordinator,
+     * or one served by a hostile host: refused): not this join's, poll
+     * again until the next manifest admits. */
     if (loco_now_ms() >= end) {
-      st = pulse_fail(PULSE_ERR_IO, "loco join: only a stale admission (%llu)",
-                      (unsigned long long)round);
+      if (st == PULSE_OK)
+        st = pulse_fail(PULSE_ERR_IO, "loco join: only a stale admission (%llu)",
+                        (unsigned long long)round);
       break;
     }
     loco_sleep_ms(5);
   }
-  pulse_bytebuf_free(&b);
   if (st != PULSE_OK)
     return st;
   /* The state of the admission round, or a later one when the group moved
@@ -514,13 +508,8 @@ pulse_status loco_node_close_round(pulse_loco_coord *n, uint64_t r,
   /* Admissions, then the manifest: once it is visible, all it names can
    * be fetched (an HTTP coordinator published its relays before). */
   char path[96];
-  for (size_t k = 0; k < na && st == PULSE_OK; k++) {
-    char text[64];
-    int len = snprintf(text, sizeof text, "{\"round\":%llu}",
-                       (unsigned long long)(r + 1));
-    snprintf(path, sizeof path, "/v1/loco/join/%u", admitted[k].id);
-    st = loco_server_put(n->srv, path, text, (size_t)len);
-  }
+  for (size_t k = 0; k < na && st == PULSE_OK; k++) /* signed (auth hook) */
+    st = loco_auth_put_admission(n, admitted[k].id, r + 1);
   loco_manifest man = {r, n->id, 1, (loco_contrib_ref *)refs, c, next, nn};
   pulse_bytebuf mb = PULSE_BYTEBUF_INIT;
   if (st == PULSE_OK)

@@ -236,6 +236,38 @@ static int learn_key(pulse_loco_coord *n, uint32_t id) {
 
 /* ------------------------------------------------------------- joins */
 
+/* Remembers joiner id's join number (for its admission). Caller holds
+ * a->lock. @return 0 out of memory. */
+static int join_seq_set(loco_node_auth *a, uint32_t id, uint64_t seq) {
+  for (size_t i = 0; i < a->njoins; i++)
+    if (a->joins[i].id == id)
+      return a->joins[i].seq = seq, 1;
+  if (a->njoins == a->capjoins) {
+    size_t cap = a->capjoins ? 2 * a->capjoins : 16;
+    void *m = realloc(a->joins, cap * sizeof *a->joins);
+    if (m == NULL)
+      return 0;
+    a->joins = m;
+    a->capjoins = cap;
+  }
+  a->joins[a->njoins].id = id;
+  a->joins[a->njoins++].seq = seq;
+  return 1;
+}
+
+uint64_t loco_auth_join_seq(pulse_loco_coord *n, uint32_t id) {
+  loco_node_auth *a = n->auth;
+  uint64_t seq = 0;
+  if (a == NULL)
+    return 0;
+  pthread_mutex_lock(&a->lock);
+  for (size_t i = 0; i < a->njoins; i++)
+    if (a->joins[i].id == id)
+      seq = a->joins[i].seq;
+  pthread_mutex_unlock(&a->lock);
+  return seq;
+}
+
 static unsigned signed_post_gate(pulse_loco_coord *n, const char *path,
                                  pulse_loco_auth_kind kind, uint32_t id,
                                  const char *(*query)(void *rq,
@@ -270,25 +302,38 @@ static unsigned post_gate(void *user, const char *path,
   unsigned long long u = until ? strtoull(until, &end, 10) : 0;
   int has_adm = until != NULL && end != until && *end == '\0' &&
                 unhex_exact(query(rq, "sponsor"), adm.sponsor, 32) &&
-                unhex_exact(query(rq, "sig"), adm.sig, 64);
+                unhex_exact(query(rq, "asig"), adm.sig, 64);
+  /* The join itself, signed by the joiner's key over its id, its URL and
+   * a number it never sent before (checked once the key is bound). */
+  char text[240];
+  loco_sig sig;
+  int tlen = loco_auth_post_read(path, query, rq, text, sizeof text, &sig);
   unsigned status = 0;
   pthread_mutex_lock(&a->lock);
-  if (!unhex_exact(query(rq, "key"), key, 32)) {
-    snprintf(reply, cap, "{\"error\":\"join refused: no key\"}");
+  /* Counted by reason too, as a signed body refused: without a key or
+   * signature (unsigned), a key bound to another trainer (forged), a key
+   * no member pinned or admitted (foreign). */
+  uint64_t *why = NULL;
+  if (!unhex_exact(query(rq, "key"), key, 32) || !sig.present) {
+    snprintf(reply, cap, "{\"error\":\"join refused: no key or signature\"}");
     status = 403;
+    why = &a->extra.unsigned_bodies;
   } else if (bound_id(a, id) != NULL || bound_key(a, key) != NULL) {
+    int known_key = bound_key(a, key) != NULL;
     if (bind(a, id, key) != 1) {
       snprintf(reply, cap,
                "{\"error\":\"join refused: trainer %u has another key, or "
                "this key is another trainer's\"}",
                id);
       status = 403;
+      why = known_key ? &a->extra.forged : &a->extra.foreign;
     }
   } else if (!has_adm) {
     snprintf(reply, cap,
              "{\"error\":\"join refused: the key is not pinned and no "
              "admission came with it\"}");
     status = 403;
+    why = &a->extra.foreign;
   } else if (pulse_loco_auth_admit(a->auth, (uint64_t)u, key, adm.sponsor,
                                    adm.sig) != PULSE_OK) {
     snprintf(reply, cap, "{\"error\":\"join refused: the admission does not "
@@ -298,8 +343,25 @@ static unsigned post_gate(void *user, const char *path,
     snprintf(reply, cap, "{\"error\":\"join refused: no room\"}");
     status = 503;
   }
+  if (why != NULL) {
+    (*why)++;
+    a->refused_kind[PULSE_LOCO_AUTH_JOIN - 1]++;
+  }
+  if (sig.present) /* "&seq=N&round=R&key=" 64 hex "&sig=" 128 hex */
+    a->overhead += 214u + digits(sig.seq) + digits(sig.round);
+  pthread_mutex_unlock(&a->lock);
+  if (status == 0 && (tlen < 0 || !accept_core(n, PULSE_LOCO_AUTH_JOIN, 0,
+                                               UINT64_MAX, id, &sig, text,
+                                               (size_t)tlen, NULL))) {
+    snprintf(reply, cap, "{\"error\":\"join refused: not signed by its "
+                         "trainer's key, or a replay\"}");
+    status = 403;
+  }
+  pthread_mutex_lock(&a->lock);
   if (status != 0)
     a->joins_refused++;
+  else if (!join_seq_set(a, id, sig.seq))
+    status = 503, snprintf(reply, cap, "{\"error\":\"join refused: no room\"}");
   pthread_mutex_unlock(&a->lock);
   if (status != 0)
     PULSE_LOG_AT(PULSE_LOG_WARN, "loco auth: trainer %u: %s", id, reply);
@@ -317,25 +379,17 @@ static unsigned signed_post_gate(pulse_loco_coord *n, const char *path,
                                                       const char *key),
                                  void *rq, char *reply, size_t cap) {
   loco_node_auth *a = n->auth;
-  char text[160];
-  int len = snprintf(text, sizeof text, "%s?id=%s", path, query(rq, "id"));
-  if (len < 0 || (size_t)len >= sizeof text)
-    return 0; /* no such path: the callback's 404 */
+  char text[200];
   loco_sig sig;
-  memset(&sig, 0, sizeof sig);
-  const char *round = query(rq, "round");
-  char *end = NULL;
-  unsigned long long rv = round ? strtoull(round, &end, 10) : 0;
-  sig.present = round != NULL && end != round && *end == '\0' &&
-                unhex_exact(query(rq, "key"), sig.key, 32) &&
-                unhex_exact(query(rq, "sig"), sig.sig, 64);
-  sig.round = rv;
+  int len = loco_auth_post_read(path, query, rq, text, sizeof text, &sig);
+  if (len < 0)
+    return 0; /* no such path: the callback's 404 */
   /* No key learning here (the server thread does not fetch): the
    * coordinator bound every member it admitted. */
   pthread_mutex_lock(&a->lock);
   uint64_t floor = a->round;
-  if (sig.present) /* "&round=R&key=" 64 hex "&sig=" 128 hex */
-    a->overhead += 209u + digits(sig.round);
+  if (sig.present) /* "&seq=N&round=R&key=" 64 hex "&sig=" 128 hex */
+    a->overhead += 214u + digits(sig.seq) + digits(sig.round);
   int stranger = sig.present && bound_id(a, id) == NULL;
   if (stranger) {
     a->extra.foreign++;
@@ -353,45 +407,52 @@ static unsigned signed_post_gate(pulse_loco_coord *n, const char *path,
   return 403;
 }
 
-void loco_auth_join_query(const pulse_loco_coord *n, char *dst, size_t cap) {
-  const loco_node_auth *a = n->auth;
+uint64_t loco_auth_join_query(pulse_loco_coord *n, const char *text,
+                              char *dst, size_t cap) {
+  loco_node_auth *a = n->auth;
   if (a == NULL || cap == 0)
-    return;
-  char key[65], sponsor[65], sig[129];
-  store_hex(a->own, 32, key);
-  if (!a->has_admission) {
-    snprintf(dst, cap, "&key=%s", key);
-    return;
-  }
+    return 0;
+  loco_sig sig;
+  memset(&sig, 0, sizeof sig);
+  loco_auth_sign_query(n, PULSE_LOCO_AUTH_JOIN, pulse_loco_round(n->ctx), text,
+                       dst, cap, &sig.seq);
+  size_t used = strlen(dst);
+  if (!a->has_admission || used >= cap)
+    return sig.seq;
+  char sponsor[65], asig[129];
   store_hex(a->admission.sponsor, 32, sponsor);
-  store_hex(a->admission.sig, 64, sig);
-  snprintf(dst, cap, "&key=%s&sponsor=%s&until=%llu&sig=%s", key, sponsor,
-           (unsigned long long)a->admission.round, sig);
+  store_hex(a->admission.sig, 64, asig);
+  snprintf(dst + used, cap - used, "&sponsor=%s&until=%llu&asig=%s", sponsor,
+           (unsigned long long)a->admission.round, asig);
+  return sig.seq;
 }
 
 void loco_auth_sign_query(const pulse_loco_coord *n, pulse_loco_auth_kind kind,
-                          uint64_t r, const char *text, char *dst,
-                          size_t cap) {
+                          uint64_t r, const char *text, char *dst, size_t cap,
+                          uint64_t *seq) {
   loco_node_auth *a = n->auth;
   if (cap == 0)
     return;
   dst[0] = '\0';
   if (a == NULL)
     return;
-  loco_sig sig = {1, r, {0}, {0}};
+  /* Signed with a number never sent before: a repeat is a replay. */
+  loco_sig sig = {1, r, {0}, {0}, loco_auth_seq_next()};
+  if (seq != NULL)
+    *seq = sig.seq;
+  char signed_text[400];
+  int len = loco_auth_post_text(signed_text, sizeof signed_text, text, sig.seq);
+  int n_seq = snprintf(dst, cap, "&seq=%llu", (unsigned long long)sig.seq);
+  if (len < 0 || n_seq < 0 || (size_t)n_seq >= cap)
+    return; /* sent unsigned: refused, as any unsigned request */
   pthread_mutex_lock(&a->lock);
-  pulse_status st = pulse_loco_auth_sign(a->auth, kind, r, text, strlen(text),
-                                         sig.sig, sig.key);
+  pulse_status st = pulse_loco_auth_sign(a->auth, kind, r, signed_text,
+                                         (size_t)len, sig.sig, sig.key);
   pthread_mutex_unlock(&a->lock);
   if (st == PULSE_OK) /* a test's fault: what a hostile trainer posts */
-    st = loco_tamper_sign(&a->tamper, kind, r, text, strlen(text), &sig);
-  if (st != PULSE_OK || !sig.present)
-    return; /* sent unsigned: refused, as any unsigned request */
-  char key[65], sh[129];
-  store_hex(sig.key, 32, key);
-  store_hex(sig.sig, 64, sh);
-  snprintf(dst, cap, "&round=%llu&key=%s&sig=%s", (unsigned long long)r, key,
-           sh);
+    st = loco_tamper_sign(&a->tamper, kind, r, signed_text, (size_t)len, &sig);
+  if (st == PULSE_OK)
+    loco_auth_post_query(&sig, dst + n_seq, cap - (size_t)n_seq);
 }
 
 pulse_status pulse_loco_coord_admit(const pulse_loco_coord *n,
@@ -497,6 +558,7 @@ void loco_auth_stop(pulse_loco_coord *n) {
   pulse_loco_auth_free(a->auth);
   loco_tamper_clear(&a->tamper);
   loco_auth_lists_clear(a);
+  free(a->joins);
   pulse_buffer_free(&a->chunks_prev);
   pulse_buffer_free(&a->chunks_cur);
   free(a->ids);
@@ -575,7 +637,7 @@ pulse_status loco_auth_put(pulse_loco_coord *n, const char *path,
   loco_node_auth *a = n->auth;
   if (a == NULL)
     return loco_server_put(n->srv, path, data, size);
-  loco_sig sig = {1, r, {0}, {0}};
+  loco_sig sig = {1, r, {0}, {0}, 0};
   pthread_mutex_lock(&a->lock);
   pulse_status st =
       pulse_loco_auth_sign(a->auth, kind, r, data, size, sig.sig, sig.key);
@@ -599,6 +661,17 @@ pulse_status loco_auth_relay(pulse_loco_coord *n, const char *path,
 }
 
 /* ------------------------------------------------------ checking bodies */
+
+void loco_auth_count_replayed(pulse_loco_coord *n, pulse_loco_auth_kind kind) {
+  loco_node_auth *a = n->auth;
+  if (a == NULL)
+    return;
+  pthread_mutex_lock(&a->lock);
+  a->extra.accepted--; /* its signature passed, counted accepted there */
+  a->extra.replayed++;
+  a->refused_kind[kind - 1]++;
+  pthread_mutex_unlock(&a->lock);
+}
 
 void loco_auth_count_bytes(pulse_loco_coord *n, uint64_t bytes) {
   loco_node_auth *a = n->auth;
@@ -671,9 +744,11 @@ static int accept_core(pulse_loco_coord *n, pulse_loco_auth_kind kind,
      * floor, or below a round of this kind already accepted from the
      * signer: a replay (the handle's floor is the window's for this
      * check, the round being run again after). */
+    uint8_t sha[32];
+    loco_sha256(data, size, sha);
     pulse_loco_auth_round(a->auth, floor);
-    st = pulse_loco_auth_check(a->auth, kind, sig->round, key, data, size,
-                               sig->sig);
+    st = loco_auth_check_seq(a->auth, kind, sig->round, key, size, sha,
+                             sig->sig, sig->seq);
     pulse_loco_auth_round(a->auth, a->round);
   }
   if (st != PULSE_OK)
@@ -728,5 +803,9 @@ pulse_status loco_auth_tamper(pulse_loco_coord *n, unsigned mode,
                               unsigned kinds) {
   if (n->auth == NULL)
     return pulse_fail(PULSE_ERR_ARG, "loco auth: tamper needs a key");
-  return loco_tamper_set(&n->auth->tamper, mode, kinds);
+  PULSE_TRY(loco_tamper_set(&n->auth->tamper, mode, kinds));
+  /* The port was served at create: served again, with the fault. */
+  if (n->udp != NULL && (kinds & LOCO_AUTH_TAMPER_KIND(PULSE_LOCO_AUTH_PORT)))
+    return loco_node_udp_publish_port(n);
+  return PULSE_OK;
 }

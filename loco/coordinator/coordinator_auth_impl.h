@@ -85,6 +85,11 @@ int loco_auth_accept_window(pulse_loco_coord *n, pulse_loco_auth_kind kind,
  * are counted there. */
 void loco_auth_count_bytes(pulse_loco_coord *n, uint64_t bytes);
 
+/* A body loco_auth_accept_window accepted turned out to be a signed
+ * message of another exchange (an admission of another join): counted
+ * as replayed instead. */
+void loco_auth_count_replayed(pulse_loco_coord *n, pulse_loco_auth_kind kind);
+
 /* loco_auth_accept_window for a body of round r exactly. */
 /* 1 when a body that came with `sig` from trainer `id` for round r passes
  * (always when the node does not authenticate); 0 when refused (counted,
@@ -100,15 +105,40 @@ pulse_status loco_auth_get_manifest(pulse_loco_coord *n, const char *url,
                                     uint64_t r, uint32_t coordinator,
                                     loco_manifest *m);
 
-/* Appends to a join POST's query what the coordinator checks: this node's
- * key and its admission ("&key=...&sponsor=...&until=...&sig=..."). */
-void loco_auth_join_query(const pulse_loco_coord *n, char *dst, size_t cap);
+/* Appends to a join POST ("/v1/loco/join?id=ID&url=URL", `text`) what
+ * the coordinator checks: its signature by this node's key (kind JOIN,
+ * "&seq=N&round=R&key=HEX&sig=HEX") and this node's admission
+ * ("&sponsor=HEX&until=R&asig=HEX"). @return the join's number N, which
+ * its admission must name (0: the node does not authenticate). */
+uint64_t loco_auth_join_query(pulse_loco_coord *n, const char *text,
+                              char *dst, size_t cap);
 
-/* The query a signed POST carries ("&round=R&key=HEX&sig=HEX", nothing
- * when the node does not authenticate): this node's signature of kind
- * `kind` for round r over `text`, the request's "PATH?id=ID". */
+/* The query a signed POST carries ("&seq=N&round=R&key=HEX&sig=HEX",
+ * nothing when the node does not authenticate): this node's signature of
+ * kind `kind` for round r over `text`, the request's "PATH?id=ID", and a
+ * number it never sent before (into *seq when not NULL). */
 void loco_auth_sign_query(const pulse_loco_coord *n, pulse_loco_auth_kind kind,
-                          uint64_t r, const char *text, char *dst, size_t cap);
+                          uint64_t r, const char *text, char *dst, size_t cap,
+                          uint64_t *seq);
+
+/* The number of the join of trainer id this coordinator accepted last (0:
+ * none, or the node does not authenticate). */
+uint64_t loco_auth_join_seq(pulse_loco_coord *n, uint32_t id);
+
+/* Publishes the admission of joiner id from round r (/v1/loco/join/ID):
+ * {"round":R,"id":ID,"seq":N}, N its join's number, signed (kind JOINED,
+ * round r); {"round":R} when the node does not authenticate. */
+pulse_status loco_auth_put_admission(pulse_loco_coord *n, uint32_t id,
+                                     uint64_t r);
+
+/* Reads this node's admission from url (loco_http_wait), signed by the
+ * coordinator `coordinator`, naming this node and the join numbered seq
+ * (another: a replay, counted). *round: the round it admits from.
+ * @return PULSE_OK; PULSE_ERR_CORRUPT when refused or malformed; a fetch
+ * error. */
+pulse_status loco_auth_get_admission(pulse_loco_coord *n, const char *url,
+                                     unsigned timeout_ms, uint32_t coordinator,
+                                     uint64_t seq, uint64_t *round);
 
 /* Signed messages other than payloads and manifests
  * (coordinator_auth_msgs.c). Each is the unauthenticated call when the
@@ -164,7 +194,7 @@ int loco_auth_udp_admit(pulse_loco_coord *n, uint64_t r, const loco_datagram *d)
  * also sends, after its end markers of round r, one that is not in its
  * signed list (FORGED: a well-formed marker claiming one chunk more), of
  * round r - 2 (REPLAYED), or naming a trainer that is no member
- * (FOREIGN). */
+ * (FOREIGN). A tamper of the port (kind PORT) serves it again at once. */
 pulse_status loco_auth_tamper(pulse_loco_coord *n, unsigned mode,
                               unsigned kinds);
 /* The tamper mode when it covers end markers (LOCO_AUTH_TAMPER_END), else 0. */

@@ -25,7 +25,7 @@ void loco_auth_post(pulse_loco_coord *n, const char *coord,
   else
     snprintf(text, sizeof text, "/v1/loco/round/%llu/done?id=%u",
              (unsigned long long)r, n->id);
-  loco_auth_sign_query(n, kind, r, text, query, sizeof query);
+  loco_auth_sign_query(n, kind, r, text, query, sizeof query, NULL);
   snprintf(url, sizeof url, "%s%s%s", coord, text, query);
   long status;
   loco_http_post(url, timeout_ms, &status);
@@ -114,4 +114,62 @@ pulse_status loco_auth_put_state(pulse_loco_coord *n) {
   pulse_buffer_free(&state);
   loco_server_drop(n->srv, "/v1/loco/state/", r > 0 ? r - 1 : 0);
   return st;
+}
+
+pulse_status loco_auth_put_admission(pulse_loco_coord *n, uint32_t id,
+                                     uint64_t r) {
+  char path[64], text[96];
+  snprintf(path, sizeof path, "/v1/loco/join/%u", id);
+  if (n->auth == NULL) {
+    int len =
+        snprintf(text, sizeof text, "{\"round\":%llu}", (unsigned long long)r);
+    return loco_server_put(n->srv, path, text, (size_t)len);
+  }
+  int len = snprintf(
+      text, sizeof text, "{\"round\":%llu,\"id\":%u,\"seq\":%llu}",
+      (unsigned long long)r, id, (unsigned long long)loco_auth_join_seq(n, id));
+  return loco_auth_put(n, path, PULSE_LOCO_AUTH_JOINED, r, text, (size_t)len);
+}
+
+pulse_status loco_auth_get_admission(pulse_loco_coord *n, const char *url,
+                                     unsigned timeout_ms, uint32_t coordinator,
+                                     uint64_t seq, uint64_t *round) {
+  pulse_bytebuf b = PULSE_BYTEBUF_INIT;
+  /* Any round: a joiner runs none yet (the number binds it to its join). */
+  pulse_status st =
+      loco_auth_get(n, url, timeout_ms, 256, PULSE_LOCO_AUTH_JOINED, 0,
+                    UINT64_MAX, coordinator, &b);
+  char text[257];
+  size_t k = b.size < sizeof text - 1 ? b.size : sizeof text - 1;
+  if (st == PULSE_OK) {
+    memcpy(text, b.data, k);
+    text[k] = '\0';
+  }
+  pulse_bytebuf_free(&b);
+  if (st != PULSE_OK)
+    return st;
+  unsigned long long r = 0, s = 0;
+  unsigned id = 0;
+  if (n->auth == NULL) {
+    if (sscanf(text, "{\"round\":%llu", &r) != 1 || r == 0)
+      return pulse_fail(PULSE_ERR_CORRUPT, "loco join: bad admission");
+    *round = r;
+    return PULSE_OK;
+  }
+  int used = 0;
+  if (sscanf(text, "{\"round\":%llu,\"id\":%u,\"seq\":%llu}%n", &r, &id, &s,
+             &used) != 3 ||
+      used == 0 || text[used] != '\0' || r == 0)
+    return pulse_fail(PULSE_ERR_CORRUPT, "loco join: bad admission");
+  if (id != n->id || s != seq) {
+    /* Signed, but for another join (an earlier one of this trainer, or
+     * another trainer's): not this join's answer. */
+    loco_auth_count_replayed(n, PULSE_LOCO_AUTH_JOINED);
+    return pulse_fail(PULSE_ERR_CORRUPT,
+                      "loco join: an admission for trainer %u's join %llu, "
+                      "not this one's (%u, %llu): a replay, refused",
+                      id, s, n->id, (unsigned long long)seq);
+  }
+  *round = r;
+  return PULSE_OK;
 }

@@ -47,6 +47,12 @@ struct loco_node_auth {
   uint64_t list_round;
   chunk_list *lists;
   size_t nlists;
+  /* Joins accepted: each joiner's number, sent back in its admission. */
+  struct {
+    uint32_t id;
+    uint64_t seq;
+  } * joins;
+  size_t njoins, capjoins;
   /* Fault injection (tests): the faults, and under REPLAYED over UDP the
    * last two rounds' chunks. */
   loco_tamper tamper;

@@ -118,6 +118,8 @@ pulse_status loco_node_udp_round(pulse_loco_coord *n, uint64_t r, int leaving,
                                  float *theta_r, pulse_loco_coord_step_figures *info);
 /* Opens the socket and publishes its port (at create); frees it all. */
 pulse_status loco_node_udp_start(pulse_loco_coord *n);
+/* Serves this node's datagram port again (/v1/loco/udp, signed). */
+pulse_status loco_node_udp_publish_port(pulse_loco_coord *n);
 void loco_node_udp_stop(pulse_loco_coord *n);
 
 #endif

@@ -51,10 +51,17 @@ pulse_status loco_node_udp_start(pulse_loco_coord *n) {
   if (!loco_url_parse(n->url, &addr, NULL))
     return pulse_fail(PULSE_ERR_ARG, "loco udp: %s", n->url);
   PULSE_TRY(loco_udp_open(addr, &n->udp));
-  char text[32];
-  int len = snprintf(text, sizeof text, "{\"port\":%u}",
-                     (unsigned)loco_udp_port(n->udp));
-  return loco_server_put(n->srv, "/v1/loco/udp", text, (size_t)len);
+  return loco_node_udp_publish_port(n);
+}
+
+pulse_status loco_node_udp_publish_port(pulse_loco_coord *n) {
+  /* Signed (auth hook) and naming this trainer and its URL: a port served
+   * for another member, or by an earlier run of this one, is refused. */
+  char text[160];
+  int len = snprintf(text, sizeof text, "{\"port\":%u,\"id\":%u,\"url\":\"%s\"}",
+                     (unsigned)loco_udp_port(n->udp), n->id, n->url);
+  return loco_auth_put(n, "/v1/loco/udp", PULSE_LOCO_AUTH_PORT,
+                       pulse_loco_round(n->ctx), text, (size_t)len);
 }
 
 uint16_t pulse_loco_coord_udp_port(const pulse_loco_coord *n) {
@@ -86,15 +93,32 @@ static pulse_status peer_port(pulse_loco_coord *n, const pulse_loco_member *m,
   char url[160];
   loco_node_url_fmt(url, sizeof url, m->url, "/v1/loco/udp");
   pulse_bytebuf b = PULSE_BYTEBUF_INIT;
-  pulse_status st = loco_http_wait(url, n->opts.manifest_timeout_ms, 64, &b);
-  unsigned p = 0;
+  /* Signed by that member, any round (auth hook). */
+  pulse_status st = loco_auth_get(n, url, n->opts.manifest_timeout_ms, 160,
+                                  PULSE_LOCO_AUTH_PORT, 0, UINT64_MAX, m->id,
+                                  &b);
+  unsigned p = 0, id = 0;
   if (st == PULSE_OK) {
     n->fetched += b.size;
-    char text[65];
+    char text[161], at[72] = "";
     memcpy(text, b.data, b.size);
     text[b.size] = '\0';
-    if (sscanf(text, "{\"port\":%u}", &p) != 1 || p == 0 || p > 65535)
-      st = pulse_fail(PULSE_ERR_CORRUPT, "loco udp: %s: bad port", url);
+    int k = sscanf(text, "{\"port\":%u,\"id\":%u,\"url\":\"%71[^\"]\"}", &p,
+                   &id, at);
+    /* An older node's {"port":P} names nobody: taken unless this node
+     * checks signatures (then it names the member it is for). */
+    int named = k == 3 && id == m->id && strcmp(at, m->url) == 0;
+    if (k < 1 || p == 0 || p > 65535) {
+      st = pulse_fail(PULSE_ERR_CORRUPT, "loco udp: %s: a bad port", url);
+    } else if (n->auth != NULL && !named) {
+      /* Signed, but by another member or for another URL (an earlier
+       * run's): served here again, a replay. */
+      loco_auth_count_replayed(n, PULSE_LOCO_AUTH_PORT);
+      st = pulse_fail(PULSE_ERR_CORRUPT,
+                      "loco udp: %s: a port for another member or URL: a "
+                      "replay, refused",
+                      url);
+    }
   }
   pulse_bytebuf_free(&b);
   if (st != PULSE_OK)
@@ -346,10 +370,16 @@ static int all_sent(pulse_loco_coord *n, uint64_t r, const pulse_loco_inbox *in,
                       "/v1/loco/round/%llu/sent", (unsigned long long)r);
     pulse_bytebuf b = PULSE_BYTEBUF_INIT;
     long status = 0;
-    loco_http_get(url, 200, 64, &b, &status);
+    loco_sig sig;
+    loco_http_get_signed(url, 200, 64, &b, &status, &sig);
     n->fetched += b.size;
+    /* Signed by that member for round r (auth hook): a forged or replayed
+     * one would end the wait for chunks still on their way. */
+    int ok = status == 200 && loco_auth_accept(n, PULSE_LOCO_AUTH_SENT, r,
+                                               n->members[j].id, &sig, b.data,
+                                               b.size);
     pulse_bytebuf_free(&b);
-    if (status != 200)
+    if (!ok)
       return 0;
     known[j] = 1;
   }
@@ -916,7 +946,7 @@ pulse_status loco_node_udp_round(pulse_loco_coord *n, uint64_t r, int leaving,
              (unsigned long long)r);
     int len = snprintf(text, sizeof text, "{\"chunks\":%llu}",
                        (unsigned long long)nchunks);
-    st = loco_server_put(n->srv, path, text, (size_t)len);
+    st = loco_auth_put(n, path, PULSE_LOCO_AUTH_SENT, r, text, (size_t)len);
   }
   if (st == PULSE_OK)
     st = receive_round(n, r, in, info);

@@ -16,6 +16,8 @@
 typedef struct {
   uint8_t pub[PULSE_KEY_BYTES];
   uint64_t newest[PULSE_LOCO_AUTH_KINDS]; /* by kind - 1; UINT64_MAX: none */
+  uint64_t seq[PULSE_LOCO_AUTH_KINDS];    /* a signed POST's, the largest
+                                             accepted; 0: none */
 } auth_member;
 
 struct pulse_loco_auth {
@@ -51,7 +53,7 @@ static pulse_status add(pulse_loco_auth *a, const uint8_t *pub) {
   auth_member *m = &a->members[a->count++];
   memcpy(m->pub, pub, PULSE_KEY_BYTES);
   for (unsigned k = 0; k < PULSE_LOCO_AUTH_KINDS; k++)
-    m->newest[k] = UINT64_MAX;
+    m->newest[k] = UINT64_MAX, m->seq[k] = 0;
   return PULSE_OK;
 }
 
@@ -65,7 +67,8 @@ static const char *kind_name(pulse_loco_auth_kind kind) {
   static const char *const names[PULSE_LOCO_AUTH_KINDS] = {
       "payload", "manifest", "state", "members", "leave",   "done",
       "digests", "sync",     "sketch", "slice",  "reduced", "verdict",
-      "claim",   "grant"};
+      "claim",   "grant",    "sent",   "joined", "port",    "join",
+      "progress", "outcome"};
   return names[kind - 1];
 }
 
@@ -177,6 +180,14 @@ pulse_status loco_auth_check_digest(pulse_loco_auth *auth,
                                     pulse_loco_auth_kind kind, uint64_t round,
                                     const uint8_t *signer, uint64_t n,
                                     const uint8_t sha[32], const uint8_t *sig) {
+  return loco_auth_check_seq(auth, kind, round, signer, n, sha, sig, 0);
+}
+
+pulse_status loco_auth_check_seq(pulse_loco_auth *auth,
+                                 pulse_loco_auth_kind kind, uint64_t round,
+                                 const uint8_t *signer, uint64_t n,
+                                 const uint8_t sha[32], const uint8_t *sig,
+                                 uint64_t seq) {
   if (auth == NULL || sha == NULL || !kind_valid(kind))
     return pulse_fail(PULSE_ERR_ARG, "loco auth: check: bad argument");
   const char *what = kind_name(kind);
@@ -215,6 +226,22 @@ pulse_status loco_auth_check_digest(pulse_loco_auth *auth,
                       what, round, hex,
                       round < auth->round ? auth->round : *newest);
   }
+  /* A message its signer made once (a POST's sequence number), seen
+   * again: a replay within its round, or of an older one. */
+  uint64_t *last = &m->seq[kind - 1];
+  /* An outcome is a served body, read again and again: the same number
+   * again is the same message; only an older one is a replay. */
+  int again = kind == PULSE_LOCO_AUTH_OUTCOME && seq == *last;
+  if (seq != 0 && seq <= *last && !again) {
+    auth->c.replayed++;
+    return pulse_fail(PULSE_ERR_BASE_STEP,
+                      "loco auth: a %s of round %" PRIu64 " by %s, number %" PRIu64
+                      " (not above %" PRIu64 ", the last accepted): a replay, "
+                      "refused",
+                      what, round, hex, seq, *last);
+  }
+  if (seq != 0)
+    *last = seq;
   *newest = round;
   auth->c.accepted++;
   return PULSE_OK;

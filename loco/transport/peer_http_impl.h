@@ -20,6 +20,7 @@ typedef struct {
   uint64_t round;
   uint8_t key[32];
   uint8_t sig[64];
+  uint64_t seq; /* a signed POST's sequence number (0: none; auth_impl.h) */
 } loco_sig;
 
 /* Reads the three headers of a fetched answer (present 0 when any is
@@ -90,7 +91,8 @@ void loco_server_set_gate(loco_server *s, loco_post_gate_fn gate, void *user);
 
 /* Signs the answer to a POST (the node's authentication): called on the
  * server thread after the callback with the path, the "id" query value
- * and the answer's status; fills *sig (left not present: the answer goes
+ * (followed by "&seq=N" when the request carries a number: a signed
+ * POST's, auth_impl.h) and the answer's status; fills *sig (left not present: the answer goes
  * unsigned), sent as the answer's X-Pulse-Loco-* headers. */
 typedef void (*loco_reply_sign_fn)(void *user, const char *path,
                                    const char *id, unsigned status,

@@ -104,9 +104,18 @@ static int post(void *user, pulse_serve_request *rq, const char *path) {
    * answer's body may not reach the asker). */
   loco_sig sig;
   memset(&sig, 0, sizeof sig);
-  if (s->reply_sign != NULL)
-    s->reply_sign(s->reply_sign_user, path, pulse_serve_query(rq, "id"),
-                  status, &sig);
+  if (s->reply_sign != NULL) {
+    /* The request's number goes with its id: an answer signed for one
+     * request does not pass as the answer to another. */
+    const char *id = pulse_serve_query(rq, "id"),
+               *seq = pulse_serve_query(rq, "seq");
+    char id_seq[96];
+    if (id != NULL && seq != NULL &&
+        (size_t)snprintf(id_seq, sizeof id_seq, "%s&seq=%s", id, seq) <
+            sizeof id_seq)
+      id = id_seq;
+    s->reply_sign(s->reply_sign_user, path, id, status, &sig);
+  }
   char round[24], key[65], sh[129];
   const char *hdr[] = {"X-Pulse-Loco-Round", round, "X-Pulse-Loco-Key", key,
                        "X-Pulse-Loco-Signature", sh, NULL};

@@ -11,7 +11,8 @@
 # PULSELoCo sends a small part of the entries, and reports the pretraining.
 # --problem text-rl starts from the same cached checkpoint (no second
 # file), samples and scores continuations, and reports every method's
-# held-out reward and message density; the same seed gives the same bits.
+# held-out reward and message density (--report: a reward table and chart);
+# the same seed gives the same bits.
 # Skips (77) where the licences are missing.
 # usage: bash tests/cli/loco_text.sh BIN_DIR
 source "$(dirname "$0")/lib/common.sh"
@@ -107,7 +108,7 @@ expect "damaged cache: trained again, same bits" "$(json_val "$f" final_loss)" "
 
 # 6. Text RL: the text-sft checkpoint, every method's reward and density.
 rl() { "$BENCH" loco --problem text-rl --trainers 2 --rounds 3 --inner 5 --params 30000 --json "$@"; }
-rl >"$work/i.json" 2>"$work/err" || bad "text-rl run: $(cat "$work/err")"
+rl --report "$work/rl-report" >"$work/i.json" 2>"$work/err" || bad "text-rl run: $(cat "$work/err")"
 rl >"$work/j.json" 2>"$work/err" || bad "second text-rl run: $(cat "$work/err")"
 i=$(grep '^{"summary":true' "$work/i.json")
 j=$(grep '^{"summary":true' "$work/j.json")
@@ -123,6 +124,8 @@ awk -v d="$(json_val "$i" density_pulseloco)" 'BEGIN { exit !(d > 0 && d < 0.2) 
   bad "text-rl density $(json_val "$i" density_pulseloco): not the sparse regime"
 grep -q '"target_reward_1pct_diloco_bf16":' <<<"$i" && ok || bad "no reward target in the summary"
 expect "text-rl replicas identical" true "$(json_val "$i" replicas_identical)"
+expect "--report: a reward row per round" 4 "$(wc -l <"$work/rl-report/rewards.csv")"
+grep -q "Held-out expected reward" "$work/rl-report/report.html" && ok || bad "--report: no reward chart"
 expect "text-rl: same seed, same reward" "$(json_val "$i" reward_pulseloco)" "$(json_val "$j" reward_pulseloco)"
 expect "text-rl: same seed, same bytes" "$(json_val "$i" bytes_pulseloco)" "$(json_val "$j" bytes_pulseloco)"
 expect "text-rl: same seed, same DiLoCo reward" "$(json_val "$i" reward_diloco_bf16)" "$(json_val "$j" reward_diloco_bf16)"

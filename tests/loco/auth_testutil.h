@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <time.h>
 
+#include "auth_impl.h"
 #include "coordinator_auth_impl.h"
 #include "loco_testutil.h"
 #include "peer_http_impl.h"
@@ -66,15 +67,33 @@ static inline loco_sig at_sign(const pulse_sign_key *k,
   return s;
 }
 
-/* A signed POST's query values, "&round=R&key=HEX&sig=HEX". */
-static inline void at_query(const loco_sig *s, char *dst, size_t cap) {
-  char key[65], sig[129];
-  for (int i = 0; i < 32; i++)
-    snprintf(key + 2 * i, 3, "%02x", s->key[i]);
-  for (int i = 0; i < 64; i++)
-    snprintf(sig + 2 * i, 3, "%02x", s->sig[i]);
-  snprintf(dst, cap, "&round=%llu&key=%s&sig=%s", (unsigned long long)s->round,
-           key, sig);
+/* The URL of a POST of `text` ("PATH?id=ID") to base as a member sends
+ * it (auth_impl.h, signed POSTs): numbered `seq`, signed by k (NULL:
+ * unsigned) for `round` over `signed_text` and the number (the text it
+ * claims to be: text itself, or another to forge), one signature bit
+ * flipped when `flip`. */
+static inline void at_post_url(char *url, size_t cap, const char *base,
+                               const char *text, const pulse_sign_key *k,
+                               pulse_loco_auth_kind kind, uint64_t round,
+                               const char *signed_text, uint64_t seq,
+                               int flip) {
+  int n =
+      snprintf(url, cap, "%s%s&seq=%llu", base, text, (unsigned long long)seq);
+  if (k == NULL)
+    return;
+  char what[400];
+  int len = snprintf(what, sizeof what, "%s&seq=%llu", signed_text,
+                     (unsigned long long)seq);
+  loco_sig s = at_sign(k, kind, round, what, (size_t)len);
+  s.sig[5] ^= (uint8_t)flip;
+  loco_auth_post_query(&s, url + n, cap - (size_t)n);
+}
+
+/* POSTs url. @return the HTTP status. */
+static inline long at_post(const char *url) {
+  long status = 0;
+  cr_assert_eq(loco_http_post(url, 5000, &status), PULSE_OK);
+  return status;
 }
 
 /* The value of one line ("NAME{LABELS}") of the /metrics at base. */

@@ -192,21 +192,15 @@ Test(loco_auth_msgs, a_joiner_refuses_a_hostile_servers_views_and_states,
 }
 
 /* POSTs `text` ("PATH?id=ID") to node, signed by k (NULL: unsigned) for
- * `round` over signed_text, the signature's bit 0 flipped when `flip`.
- * @return the status. */
+ * `round` over signed_text, the signature's bit flipped when `flip`, with
+ * a number never used before. @return the status. */
 static long post_as(const pulse_loco_coord *node, const pulse_sign_key *k,
                     pulse_loco_auth_kind kind, uint64_t round, const char *text,
                     const char *signed_text, int flip) {
   char url[600];
-  int n = snprintf(url, sizeof url, "%s%s", pulse_loco_coord_url(node), text);
-  if (k != NULL) {
-    loco_sig s = at_sign(k, kind, round, signed_text, strlen(signed_text));
-    s.sig[0] ^= (uint8_t)flip;
-    at_query(&s, url + n, sizeof url - (size_t)n);
-  }
-  long status = 0;
-  cr_assert_eq(loco_http_post(url, 5000, &status), PULSE_OK);
-  return status;
+  at_post_url(url, sizeof url, pulse_loco_coord_url(node), text, k, kind, round,
+              signed_text, loco_auth_seq_next(), flip);
+  return at_post(url);
 }
 
 Test(loco_auth_msgs, leaves_and_dones_not_signed_by_their_trainer_are_refused,
@@ -253,14 +247,22 @@ Test(loco_auth_msgs, leaves_and_dones_not_signed_by_their_trainer_are_refused,
                        "/v1/loco/round/0/done?id=1", 0),
                403); /* replayed */
   /* What the coordinator checks is a signature, not the query: the same
-   * done, signed, goes through (an acknowledgement repeated is harmless). */
-  cr_assert_eq(post_as(c, h1, D, 2, done, done, 0), 200);
+   * done, signed with a new number, goes through (an acknowledgement
+   * repeated is harmless); the very same POST again, in its round, is a
+   * replay. */
+  char again[600];
+  at_post_url(again, sizeof again, pulse_loco_coord_url(c), done, h1, D, 2,
+              done, loco_auth_seq_next(), 0);
+  cr_assert_eq(at_post(again), 200);
+  uint64_t replays = refused_reason(c, "replayed");
+  cr_assert_eq(at_post(again), 403);
+  cr_assert_eq(refused_reason(c, "replayed"), replays + 1);
   cr_assert_eq(refused_kind(c, "leave"), 4);
-  cr_assert_eq(refused_kind(c, "done"), 5);
+  cr_assert_eq(refused_kind(c, "done"), 6);
   cr_assert_eq(refused_reason(c, "unsigned"), 2);
   cr_assert_eq(refused_reason(c, "foreign"), 2);
   cr_assert_eq(refused_reason(c, "forged"), 3);
-  cr_assert_geq(refused_reason(c, "replayed"), 2);
+  cr_assert_geq(refused_reason(c, "replayed"), 3);
   hold = 0;
   for (int i = 0; i < AT; i++)
     pthread_join(th[i], NULL);

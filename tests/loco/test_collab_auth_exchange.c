@@ -68,20 +68,14 @@ Test(loco_collab_auth, bad_verdicts_are_refused, .timeout = 120) {
 /* ------------------------------------------------------ claims and grants */
 
 /* POSTs PATH?id=1 to base, signed by k for `round` (k NULL: unsigned;
- * flip: one signature bit changed). @return the HTTP status. */
+ * flip: one signature bit changed), with a number never used before.
+ * @return the HTTP status. */
 static long ca_post(const char *base, const pulse_sign_key *k, uint64_t round,
                     const char *path_id, int flip) {
   char url[600];
-  int n = snprintf(url, sizeof url, "%s%s", base, path_id);
-  if (k != NULL) {
-    loco_sig s =
-        at_sign(k, PULSE_LOCO_AUTH_CLAIM, round, path_id, strlen(path_id));
-    s.sig[5] ^= (uint8_t)flip;
-    at_query(&s, url + n, sizeof url - (size_t)n);
-  }
-  long status = 0;
-  cr_assert_eq(loco_http_post(url, 5000, &status), PULSE_OK);
-  return status;
+  at_post_url(url, sizeof url, base, path_id, k, PULSE_LOCO_AUTH_CLAIM, round,
+              path_id, loco_auth_seq_next(), flip);
+  return at_post(url);
 }
 
 Test(loco_collab_auth, claims_not_signed_by_their_member_are_refused,
@@ -115,17 +109,16 @@ Test(loco_collab_auth, claims_not_signed_by_their_member_are_refused,
   long status = 0;
   loco_sig ans;
   memset(&ans, 0, sizeof ans);
-  {
-    loco_sig s =
-        at_sign(k[1], PULSE_LOCO_AUTH_CLAIM, 3, claim3, strlen(claim3));
-    int n = snprintf(url, sizeof url, "%s%s", base, claim3);
-    at_query(&s, url + n, sizeof url - (size_t)n);
-  }
+  uint64_t seq = loco_auth_seq_next();
+  at_post_url(url, sizeof url, base, claim3, k[1], PULSE_LOCO_AUTH_CLAIM, 3,
+              claim3, seq, 0);
   cr_assert_eq(loco_http_post_signed(url, 5000, &status, &ans), PULSE_OK);
   cr_assert_neq(status, 401);
   cr_assert(ans.present, "the answer is not signed");
-  char text[128];
-  int len = snprintf(text, sizeof text, "%s\nstatus %ld", claim3, status);
+  /* The answer names the request's number. */
+  char text[160];
+  int len = snprintf(text, sizeof text, "%s&seq=%llu\nstatus %ld", claim3,
+                     (unsigned long long)seq, status);
   pulse_loco_auth_opts o;
   pulse_loco_auth_opts_init(&o);
   o.key = kx;
@@ -137,13 +130,17 @@ Test(loco_collab_auth, claims_not_signed_by_their_member_are_refused,
                                      ans.key, text, (size_t)len, ans.sig),
                PULSE_OK, "%s", pulse_error_detail());
   pulse_loco_auth_free(check);
+  /* The same claim again, in its round: a replay (the writer would grant
+   * its samples twice). */
+  cr_assert_eq(at_post(url), 401);
+  cr_assert_eq(ca_refused(c[0], "replayed"), 1);
   /* An older round's claim after round 3's: a replay. */
   cr_assert_eq(ca_post(base, k[1], 0, claim0, 0), 401);
   cr_assert_eq(ca_refused(c[0], "unsigned"), 1);
   cr_assert_eq(ca_refused(c[0], "forged"), 2);
   cr_assert_eq(ca_refused(c[0], "foreign"), 1);
-  cr_assert_eq(ca_refused(c[0], "replayed"), 1);
-  cr_assert_eq(ca_refused_kind(c[0], "claim"), 5);
+  cr_assert_eq(ca_refused(c[0], "replayed"), 2);
+  cr_assert_eq(ca_refused_kind(c[0], "claim"), 6);
   /* An acknowledgement unsigned. */
   cr_assert_eq(ca_post(base, NULL, 0, "/v1/loco/round/0/done?id=1", 0), 401);
   cr_assert_eq(ca_refused_kind(c[0], "done"), 1);

@@ -1,5 +1,6 @@
 /* bench_loco_report.c - the --report folder of `pulse-bench loco`: the
- * rounds' losses and bytes on the wire per method, with their charts. */
+ * rounds' losses and bytes on the wire per method (text RL: and held-out
+ * rewards), with their charts. */
 #include <stdio.h>
 
 #include "bench_loco_impl.h"
@@ -57,6 +58,30 @@ int bench_loco_write_report(const bench *b, int argc, char **argv) {
                                 0,
                                 0};
   pulse_report_chart(rep, &c1), pulse_report_chart(rep, &c2);
+  if (b->a.problem == PULSE_SIM_PROBLEM_TEXT_RL) {
+    static const char *const rcols[] = {"round", "reward_DDP-FP32",
+                                        "reward_DiLoCo-BF16",
+                                        "reward_DiLoCo-FP32",
+                                        "reward_PULSELoCo"};
+    pulse_report_table *rt = pulse_report_table_add(rep, "rewards", rcols, 5);
+    for (uint32_t r = 1; r <= b->a.rounds; r++) {
+      pulse_report_row(rt);
+      pulse_report_num(rt, r);
+      for (int m = 0; m < METHODS; m++)
+        pulse_report_num(rt, b->rows[r].reward[m]);
+    }
+    pulse_report_chart_spec c3 = {PULSE_REPORT_LINE,
+                                  "rewards",
+                                  "Held-out expected reward per round",
+                                  "round",
+                                  "round",
+                                  "reward (matching bytes)",
+                                  rcols + 1,
+                                  METHODS,
+                                  0,
+                                  0};
+    pulse_report_chart(rep, &c3);
+  }
   char why[512];
   if (pulse_report_close(rep, why, sizeof why) != PULSE_OK)
     return fprintf(stderr, PROG ": --report: %s\n", why), 1;
