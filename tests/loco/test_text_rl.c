@@ -193,7 +193,8 @@ Test(text_rl, deterministic_in_the_seed_and_the_trainer) {
   pulse_sim_problem_init(a, ta), pulse_sim_problem_init(b, tb);
   pulse_sim_problem_init(c, tc);
   cr_assert_eq(memcmp(ta, tb, P * 4), 0, "same seed, other checkpoint");
-  cr_assert_eq(pulse_sim_problem_reward(a, ta), pulse_sim_problem_reward(b, tb));
+  cr_assert_eq(pulse_sim_problem_reward(a, ta),
+               pulse_sim_problem_reward(b, tb));
   pulse_sim_learner *l1, *l2, *l3, *l4;
   cr_assert_eq(pulse_sim_learner_create(a, 1, &l1), PULSE_OK);
   cr_assert_eq(pulse_sim_learner_create(b, 1, &l2), PULSE_OK);
@@ -219,7 +220,8 @@ Test(text_rl, deterministic_in_the_seed_and_the_trainer) {
   pulse_sim_learner_free(l1), pulse_sim_learner_free(l2);
   pulse_sim_learner_free(l3), pulse_sim_learner_free(l4);
   free(ta), free(tb), free(tc), free(ga), free(gb), free(gc);
-  pulse_sim_problem_free(a), pulse_sim_problem_free(b), pulse_sim_problem_free(c);
+  pulse_sim_problem_free(a), pulse_sim_problem_free(b),
+      pulse_sim_problem_free(c);
   unlink(path);
 }
 
