@@ -211,6 +211,18 @@ static float *block_data(const model *m, const pulse_pub_block *b, uint64_t *n) 
   return d;
 }
 
+/* Every rank's shard of the blocks rb of m's table. */
+static void shards_make(const model *m, const rank_blocks *rb, pulse_pub_shard **sh) {
+  for (int r = 0; r < RANKS; r++) {
+    pulse_pub_shard_opts o;
+    pulse_pub_shard_opts_init(&o);
+    o.tensors = m->info, o.tensor_count = NT;
+    o.blocks = rb[r].b, o.block_count = rb[r].n;
+    o.chunk_log2 = LOG2;
+    cr_assert_eq(pulse_pub_shard_create(&o, &sh[r]), PULSE_OK, "%s", pulse_error_detail());
+  }
+}
+
 static void detect_all(pulse_pub_shard **sh, const rank_blocks *rb, const model *m,
                        pulse_buffer *parts) {
   for (int r = 0; r < RANKS; r++) {
@@ -240,14 +252,7 @@ static void run_sharding(sharding s, uint64_t seed) {
   cr_assert_eq(pulse_pub_blocks_check(m.info, NT, bl, bc, RANKS), PULSE_OK, "%s",
                pulse_error_detail());
   pulse_pub_shard *sh[RANKS];
-  for (int r = 0; r < RANKS; r++) {
-    pulse_pub_shard_opts o;
-    pulse_pub_shard_opts_init(&o);
-    o.tensors = m.info, o.tensor_count = NT;
-    o.blocks = rb[r].b, o.block_count = rb[r].n;
-    o.chunk_log2 = LOG2;
-    cr_assert_eq(pulse_pub_shard_create(&o, &sh[r]), PULSE_OK, "%s", pulse_error_detail());
-  }
+  shards_make(&m, rb, sh);
   pulse_buffer parts[RANKS], counts[RANKS];
   detect_all(sh, rb, &m, parts); /* step 0: the snapshot */
   for (int r = 0; r < RANKS; r++)
@@ -401,14 +406,7 @@ Test(shard, a_part_of_another_table_is_refused_and_a_failed_step_is_retried) {
   rank_blocks rb[RANKS];
   blocks_of(SETS, &m, rb);
   pulse_pub_shard *sh[RANKS];
-  for (int r = 0; r < RANKS; r++) {
-    pulse_pub_shard_opts o;
-    pulse_pub_shard_opts_init(&o);
-    o.tensors = m.info, o.tensor_count = NT;
-    o.blocks = rb[r].b, o.block_count = rb[r].n;
-    o.chunk_log2 = LOG2;
-    cr_assert_eq(pulse_pub_shard_create(&o, &sh[r]), PULSE_OK, "%s", pulse_error_detail());
-  }
+  shards_make(&m, rb, sh);
   pulse_buffer parts[RANKS], again[RANKS], counts[RANKS];
   detect_all(sh, rb, &m, parts);
   for (int r = 0; r < RANKS; r++)
@@ -527,14 +525,7 @@ Test(shard, every_rank_writes_its_blocks_of_the_single_publishers_anchor) {
   rank_blocks rb[RANKS];
   blocks_of(MIX, &m, rb);
   pulse_pub_shard *sh[RANKS];
-  for (int r = 0; r < RANKS; r++) {
-    pulse_pub_shard_opts o;
-    pulse_pub_shard_opts_init(&o);
-    o.tensors = m.info, o.tensor_count = NT;
-    o.blocks = rb[r].b, o.block_count = rb[r].n;
-    o.chunk_log2 = LOG2;
-    cr_assert_eq(pulse_pub_shard_create(&o, &sh[r]), PULSE_OK, "%s", pulse_error_detail());
-  }
+  shards_make(&m, rb, sh);
   pulse_buffer parts[RANKS];
   for (uint64_t step = 0; step < 3; step++) {
     if (step > 0)
