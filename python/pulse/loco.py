@@ -13,9 +13,11 @@ The gate, the error feedback, the payload coding and the outer Nesterov
 step run in the C library (pulse_loco.h); Python only flattens the
 parameters and moves the payloads. The transport is a torch.distributed
 process group (gloo on CPU, NCCL on GPU: payloads travel as byte tensors
-of their exact sizes), or the project's coordinator exchange for trainers
-across the internet (pulse.loco.Coordinator, pulse_loco_coord.h: HTTP or
-datagrams, joining and leaving, authentication). The C context works on
+of their exact sizes), or the project's own exchanges for trainers across
+the internet: the coordinator exchange (pulse.loco.Coordinator,
+pulse_loco_coord.h: HTTP or datagrams, joining and leaving,
+authentication) and the collaboration (pulse.loco.Collaboration,
+pulse_loco_collab.h: peers of any speed, rounds of a target global batch). The C context works on
 host memory (the library has no device PULSELoCo context, only the device
 gate): parameters on a GPU are copied to the host for each outer step and
 the new global weights copied back.
@@ -24,9 +26,11 @@ the new global weights copied back.
 import ctypes
 
 from ._lib import Error, check, fail, lib
-from .loco_coord import Coordinator, new_key
+from .loco_collab import Collaboration
+from .loco_coord import Coordinator
+from .loco_member import new_key
 
-__all__ = ["Coordinator", "DiLoCo", "new_key"]
+__all__ = ["Collaboration", "Coordinator", "DiLoCo", "new_key"]
 
 _GATES = {"bf16": 0, "none": 1}  # pulse_loco_gate_mode
 _RULES = {"drop": 0, "keep": 1}  # pulse_loco_rule
@@ -105,34 +109,38 @@ class DiLoCo:
     when torch.distributed is not initialized); at construction the
     trainers agree on the parameter count (a trainer with another count
     raises pulse.Error on every trainer) and start from rank 0's
-    parameters (broadcast). A pulse.loco.Coordinator: the coordinator
-    exchange; the founding trainers start from trainer 0's state (a trainer
-    whose count, alpha, mu, gate or rule differs raises pulse.Error on
-    every trainer, before any payload), a joiner from the group's. The
-    collaboration (pulse_loco_collab.h) is not reachable from Python yet.
+    parameters (broadcast). A pulse.loco.Coordinator or
+    pulse.loco.Collaboration: the project's exchanges; the founding
+    trainers start from trainer 0's state (a trainer whose count, alpha,
+    mu, gate, rule or exchange settings differ raises pulse.Error on every
+    trainer, before any payload), a joiner from the group's.
 
     `gate="bf16"` is PULSELoCo, `gate="none"` dense DiLoCo (the baseline,
     the same code path). `alpha` and `mu` are the outer Nesterov step's.
     `rule` is the loss rule for contributions that do not arrive ("drop"
-    or "keep", docs/formats/loco-payload.md "Loss rules"; over a
+    or "keep", docs/formats/loco-payload.md "Loss rules"; None: "keep"
+    under a Collaboration, which needs it, else "drop"; over a
     torch.distributed group nothing is lost, so both give the same result
     there; datagrams need "drop")."""
 
     def __init__(self, params, group=None, alpha=0.7, mu=0.9, gate="bf16", transport=None,
-                 rule="drop"):
+                 rule=None):
         torch, dist = _torch()
-        self._coord = transport if isinstance(transport, Coordinator) else None
-        if transport not in (None, "torch") and self._coord is None:
-            raise fail(f"transport {transport!r}: None or 'torch' (a torch.distributed group) "
-                       "or a pulse.loco.Coordinator; the collaboration is not reachable from "
-                       "Python yet", "PULSE_ERR_NOT_BUILT")
-        if self._coord is not None and group is not None:
-            raise fail("group= is for the torch.distributed transport, not a Coordinator")
+        self._ctx = None
+        self._member = transport if isinstance(transport, (Coordinator, Collaboration)) \
+            else None
+        if transport not in (None, "torch") and self._member is None:
+            raise fail(f"transport {transport!r}: None or 'torch' (a torch.distributed group), "
+                       "a pulse.loco.Coordinator or a pulse.loco.Collaboration")
+        if self._member is not None and group is not None:
+            raise fail("group= is for the torch.distributed transport, not "
+                       f"{type(transport).__name__}")
         if gate not in _GATES:
             raise fail(f"gate {gate!r}: 'bf16' or 'none'")
+        if rule is None:
+            rule = "keep" if isinstance(transport, Collaboration) else "drop"
         if rule not in _RULES:
             raise fail(f"rule {rule!r}: 'drop' or 'keep'")
-        self._ctx = None
         self.params = list(params)
         if not self.params:
             raise fail("no parameters")
@@ -153,8 +161,8 @@ class DiLoCo:
         if self.param_count > (1 << 36):
             raise fail(f"{self.param_count} parameters: at most 2^36")
         self.gate = gate
-        if self._coord is not None:
-            self._open_coordinator(alpha, mu, rule)
+        if self._member is not None:
+            self._open_member(alpha, mu, rule)
         else:
             self._open_group(alpha, mu, rule)
 
@@ -197,16 +205,15 @@ class DiLoCo:
             self._unflatten(theta)
         self._create(self.rank, alpha, mu, rule, theta)
 
-    def _open_coordinator(self, alpha, mu, rule):
-        coord = self._coord
-        self.world, self.rank = None, coord.trainer_id
+    def _open_member(self, alpha, mu, rule):
+        member = self._member
+        self.world, self.rank = None, member.trainer_id
         theta = self._flatten()
-        self._create(coord.trainer_id, alpha, mu, rule, theta)
+        self._create(member.trainer_id, alpha, mu, rule, theta)
         config = {"param_count": self.param_count, "alpha": float(ctypes.c_float(alpha).value),
-                  "mu": float(ctypes.c_float(mu).value), "gate": self.gate, "rule": rule,
-                  "datagrams": coord.datagrams}
+                  "mu": float(ctypes.c_float(mu).value), "gate": self.gate, "rule": rule}
         try:
-            coord._open(self._ctx, theta, config)
+            member._open(self._ctx, theta, config)
         except Exception:
             self.close()
             raise
@@ -263,41 +270,88 @@ class DiLoCo:
         """64-bit digest of theta_g's bits: equal on every trainer."""
         return int(lib.pulse_loco_global_digest(self._live()))
 
-    def step(self, samples=1, leaving=False):
+    def step(self, samples=1, leaving=False, inner=None):
         """One outer step, collective over the trainers: pseudo-gradient
         against theta_g, the gate, error feedback, the exchange, the mean
-        (weighted by each trainer's `samples`), the Nesterov step; then
-        every trainer's parameters hold theta_g. Returns a dict: round,
-        payload_bytes (this trainer's payload), bytes_sent and
-        bytes_received (over a group: the payloads handed to it and
-        received from it; over a Coordinator: the HTTP bodies this node's
-        server answered since the last step, Coordinator.served_bytes, and
-        those it fetched, the exchange's fetched_bytes; datagrams are
-        counted in `exchange`),
-        entries (sent by this trainer), density (entries / parameters),
-        contributors; over a group also samples; over a Coordinator also
-        members, coordinator, self_included, resynced, rejoined (the step
-        only joined again: no round ran) and `exchange`, every figure of
-        pulse_loco_coord_step. On a failed exchange the parameters are left
-        as they were and pulse.Error is raised (over a group the round is
-        abandoned: the error feedback keeps what this trainer sent).
+        (weighted by each trainer's samples), the Nesterov step; then
+        every trainer's parameters hold theta_g. `samples`: this trainer's
+        sample weight; under a Collaboration, the samples of each local
+        step, and `inner` (required there, refused elsewhere) is called as
+        inner(samples) for each local step the round's writer grants: one
+        step of the inner optimizer on the parameters, in place.
 
-        leaving=True (Coordinator only: a process group has no leaving):
-        this trainer's last round; it flushes its residual and leaves."""
+        Returns a dict: round, payload_bytes (this trainer's payload),
+        bytes_sent and bytes_received (over a group: the payloads handed to
+        it and received from it; over a Coordinator: the HTTP bodies this
+        node's server answered since the last step, Coordinator.served_bytes,
+        and those it fetched, the exchange's fetched_bytes, datagrams
+        counted in `exchange`; over a Collaboration: the HTTP bodies its
+        server answered and it fetched in the round), entries (sent by this
+        trainer; None over a Collaboration, which does not count them),
+        density (entries / parameters), contributors; over a group also
+        samples; over a Coordinator or a Collaboration also members,
+        self_included, resynced and `exchange`, every figure of the C
+        step (pulse_loco_coord_step_figures, pulse_loco_collab_figures),
+        over a Coordinator also coordinator and rejoined (the step only
+        joined again: no round ran), over a Collaboration samples (the
+        round's, all peers), steps (this trainer's) and left. On a failed
+        exchange the parameters are left as they were and pulse.Error is
+        raised (over a group the round is abandoned: the error feedback
+        keeps what this trainer sent).
+
+        leaving=True (not over a torch.distributed group, where every rank
+        runs every round): this trainer's last round; it flushes its
+        residual and leaves."""
         self._live()
         if not isinstance(samples, int) or samples < 1:
             raise fail(f"samples {samples!r}: an integer, at least 1")
-        if self._coord is not None:
+        collab = isinstance(self._member, Collaboration)
+        if collab and not callable(inner):
+            raise fail("a Collaboration's step runs the local steps: inner= a function of "
+                       "the samples of one step")
+        if inner is not None and not collab:
+            raise fail("inner= is for a Collaboration's step (elsewhere the loop runs the "
+                       "local steps before step())")
+        if collab:
+            return self._step_collaboration(samples, leaving, inner)
+        if self._member is not None:
             return self._step_coordinator(samples, leaving)
         if leaving:
             raise fail("leaving: a torch.distributed group has no leaving (every rank runs "
-                       "every round); leave with transport=pulse.loco.Coordinator",
+                       "every round); leave with a Coordinator or a Collaboration",
                        "PULSE_ERR_UNSUPPORTED")
         return self._step_group(samples)
 
+    def _step_collaboration(self, samples, leaving, inner):
+        theta = self._flatten()
+
+        def local_step(n):  # theta is the library's theta_r
+            self._unflatten(theta)
+            inner(n)
+            theta.copy_(self._flatten())
+
+        figures = self._member._round(theta, samples, local_step, leaving)
+        self._unflatten(theta)
+        return {
+            "round": figures["round"],
+            "payload_bytes": figures["payload_bytes"],
+            "bytes_sent": figures["bytes_out"],
+            "bytes_received": figures["bytes_in"],
+            "entries": None,
+            "density": None,
+            "contributors": figures["contributors"],
+            "members": figures["members"],
+            "self_included": bool(figures["self_included"]),
+            "resynced": bool(figures["resynced"]),
+            "samples": figures["samples"],
+            "steps": figures["steps"],
+            "left": bool(figures["left"]),
+            "exchange": figures,
+        }
+
     def _step_coordinator(self, samples, leaving):
         theta = self._flatten()
-        figures = self._coord._step(theta, samples, leaving)
+        figures = self._member._step(theta, samples, leaving)
         self._unflatten(theta)
         return {
             "round": figures["round"],
@@ -361,11 +415,11 @@ class DiLoCo:
         }
 
     def close(self):
-        """Frees the C context and stops a Coordinator's node (also when
-        collected). A Coordinator's trainer calls transport.linger() first
+        """Frees the C context and stops a Coordinator's or Collaboration's
+        server (also when collected). A Coordinator's trainer calls transport.linger() first
         when the run ends (see Coordinator.linger)."""
-        if self._coord is not None:
-            self._coord.close()  # the node borrows the context: first
+        if getattr(self, "_member", None) is not None:
+            self._member.close()  # it borrows the context: first
         if getattr(self, "_ctx", None):
             lib.pulse_loco_free(self._ctx)
         self._ctx = None

@@ -301,8 +301,7 @@ def check_refusals():
             "datagrams with the keep rule")
     refused(lambda: pulse.loco.DiLoCo(p, transport=C(0, 1, store), group=object()),
             "a group beside a Coordinator")
-    refused(lambda: pulse.loco.DiLoCo(p, transport="collab"), "the collaboration",
-            "PULSE_ERR_NOT_BUILT")
+    refused(lambda: pulse.loco.DiLoCo(p, transport="collab"), "an unknown transport")
     refused(lambda: pulse.loco.DiLoCo(p).step(leaving=True), "leaving a torch group",
             "PULSE_ERR_UNSUPPORTED")
     refused(lambda: pulse.loco.DiLoCo(p).step(samples=0), "0 samples")

@@ -1,0 +1,216 @@
+"""pulse.loco.DiLoCo over the collaboration (transport=
+pulse.loco.Collaboration, loco/pulse_loco_collab.h): 3 processes on
+127.0.0.1, each peer with its own server (port 0), meeting once through a
+torch.distributed TCPStore, on the byte model of test_loco.py. The round
+runs the local steps (outer.step(samples=B, inner=fn)) until the round's
+samples over all peers reach the target.
+
+- rounds: 6 rounds of a 768-sample target in steps of 64; after every
+  round the peers' parameters and theta_g are bit for bit the same, the
+  round's samples are in [target, target + the largest step), each peer's
+  steps times 64 are its own samples, the bytes every peer reports
+  received add up to the bytes every peer reports its server sent (within
+  what a round that ends on one peer before another attributes to the
+  next: checked over the run), and the held-out loss falls. Peer 2 leaves
+  in round 3 (its flush goes out); the two left go on with 2 contributors.
+- dead: a peer that dies between rounds is left out of the next round
+  after the round timeout (2 s), and the others go on.
+- in this process: a lone peer runs target / step local steps a round;
+  an exception in the inner step comes back out of step(); options refused
+  before anything is sent.
+Exit 77: no torch."""
+
+import datetime
+import os
+import sys
+import time
+
+try:
+    import torch
+    import torch.distributed as dist
+except ImportError:
+    print("skipped: python3-torch is not installed")
+    sys.exit(77)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
+sys.path.insert(0, os.path.join(ROOT, "python"))
+import pulse  # noqa: E402
+from ranks_testutil import spawn_ranks  # noqa: E402
+from test_loco import ByteModel, digest, text_batches  # noqa: E402
+from test_loco_coord import Meeting, WORLD, make_store  # noqa: E402
+
+ROUNDS = 6
+STEP = 64
+TARGET = WORLD * 4 * STEP
+LEAVE_AT = 3
+
+
+def trainer(rank):
+    torch.manual_seed(40 + rank)  # different starts: peer 0's state wins
+    model = ByteModel()
+    inner = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    data, (hx, hy) = text_batches(rank)  # batches of 64 = STEP
+    loss_fn = torch.nn.CrossEntropyLoss()
+
+    def step_fn(samples):
+        x, y = data()
+        loss_fn(model(x[:samples]), y[:samples]).backward()
+        inner.step()
+        inner.zero_grad()
+
+    def held_out():
+        with torch.no_grad():
+            return loss_fn(model(hx), hy).item()
+
+    return model, step_fn, held_out
+
+
+def run_rounds(rank, port):
+    model, step_fn, held_out = trainer(rank)
+    store = make_store(rank, port)
+    meet = Meeting(store, rank)
+    collab = pulse.loco.Collaboration(rank, WORLD, store, target_batch=TARGET,
+                                      round_timeout=30, claim_timeout=10)
+    outer = pulse.loco.DiLoCo(model.parameters(), transport=collab)
+    first = held_out()
+    alive = list(range(WORLD))
+    sent = received = 0
+    for r in range(ROUNDS):
+        leaving = rank == 2 and r == LEAVE_AT
+        info = outer.step(samples=STEP, inner=step_fn, leaving=leaving)
+        ex = info["exchange"]
+        assert info["round"] == r and info["contributors"] == len(alive), info
+        assert TARGET <= info["samples"] < TARGET + ex["max_step"] + 1, info
+        assert ex["own_samples"] == info["steps"] * STEP and info["steps"] > 0, info
+        seen = meet.share(f"round{r}", (digest(list(model.parameters())), outer.global_digest(),
+                                        info["bytes_sent"], info["bytes_received"]), alive)
+        assert len({s[:2] for s in seen.values()}) == 1, f"round {r}: replicas differ {seen}"
+        sent += sum(s[2] for s in seen.values())
+        received += sum(s[3] for s in seen.values())
+        if r == LEAVE_AT:
+            alive = [0, 1]
+            if leaving:
+                assert info["left"], info
+                break
+    last = held_out()
+    if rank != 2:
+        assert last < first * 0.95, f"held-out loss {first:.4f} -> {last:.4f}: not falling"
+        assert sorted(collab.members()) == [0, 1], collab.members()
+        # Every body one peer's server answered another fetched; a body of
+        # a round's end may be counted by its receiver in the next call.
+        assert received > 0 and abs(sent - received) <= sent // 10, (sent, received)
+    meet.share("done", True)
+    outer.close()
+    meet.leave()
+    return f"loss {first:.4f} -> {last:.4f} steps {info['steps']} samples {info['samples']} " \
+           f"payload {info['payload_bytes']} all peers sent {sent} received {received}"
+
+
+def run_dead(rank, port):
+    model, step_fn, _ = trainer(rank)
+    store = make_store(rank, port)
+    collab = pulse.loco.Collaboration(rank, WORLD, store, target_batch=TARGET, round_timeout=2,
+                                      claim_timeout=2)
+    outer = pulse.loco.DiLoCo(model.parameters(), transport=collab)
+    info = outer.step(samples=STEP, inner=step_fn)
+    assert info["contributors"] == WORLD, info
+    store.set(f"test/round0/{rank}", "1")
+    store.wait([f"test/round0/{r}" for r in range(WORLD)])
+    if rank == 2:
+        os._exit(3)  # dies between rounds
+    began = time.monotonic()
+    counts = []
+    for _ in range(3):
+        info = outer.step(samples=STEP, inner=step_fn)
+        counts.append(info["contributors"])
+    took = time.monotonic() - began
+    assert counts[-1] == 2, counts
+    store.set(f"test/bye/{rank}", "1")
+    if rank == 0:
+        store.wait(["test/bye/1"])
+    outer.close()
+    return f"contributors after the death {counts} in {took:.1f} s"
+
+
+def check_alone():
+    def refused(fn, what, status="PULSE_ERR_ARG"):
+        try:
+            fn()
+        except pulse.Error as e:
+            assert e.status == status, (what, e)
+            return
+        raise AssertionError(f"{what}: not refused")
+
+    C = pulse.loco.Collaboration
+    store = dist.HashStore()
+    p = [torch.zeros(8)]
+    refused(lambda: C(0, 1, store, target_batch=0), "a target of 0")
+    refused(lambda: C(0, 1, store, target_batch=8, partition_check="some"), "an unknown check")
+    refused(lambda: C(0, 1, store, target_batch=8, client_of="x"), "client_of not a URL")
+    refused(lambda: C(0, 1, store, target_batch=8, client_of="http://127.0.0.1:1",
+                      partitioned=True), "a partitioned client")
+    refused(lambda: pulse.loco.DiLoCo(p, rule="drop", transport=C(0, 1, store, target_batch=8)),
+            "the drop rule")
+    assert store.num_keys() == 0, store.num_keys()  # nothing was sent
+    outer = pulse.loco.DiLoCo([torch.zeros(8)], transport=C(0, 1, dist.HashStore(),
+                                                            target_batch=5 * STEP))
+    refused(lambda: outer.step(samples=STEP), "a Collaboration's step without inner")
+    calls = []
+
+    def add_one(samples):
+        calls.append(samples)
+        with torch.no_grad():
+            outer.params[0].add_(1.0)
+
+    info = outer.step(samples=STEP, inner=add_one)
+    assert calls == [STEP] * 5 and info["steps"] == 5 and info["samples"] == 5 * STEP, info
+    # Alone, the mean is its own pseudo-gradient: theta_g moved toward 5.
+    assert 0 < outer.params[0][0].item() <= 5 * (1 + 0.9) * 0.7 + 1e-5, outer.params[0]
+
+    def broken(samples):
+        raise ValueError("the inner step broke")
+
+    try:
+        outer.step(samples=STEP, inner=broken)
+        raise AssertionError("an inner step's exception was swallowed")
+    except ValueError as e:
+        assert "broke" in str(e)
+    outer.close()
+    group = pulse.loco.DiLoCo([torch.zeros(8)])
+    refused(lambda: group.step(inner=add_one), "inner over a torch group")
+
+
+def worker(rank, port, phase):
+    torch.set_num_threads(1)
+    if phase == "rounds":
+        print(f"ok rounds rank {rank}: {run_rounds(rank, port)}", flush=True)
+    else:
+        print(f"ok dead rank {rank}: {run_dead(rank, port)}", flush=True)
+
+
+def main():
+    if len(sys.argv) > 1 and sys.argv[1] == "worker":
+        worker(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
+        return
+    failed = []
+    try:
+        check_alone()
+        print("ok alone")
+    except AssertionError as e:
+        failed.append(f"alone: {e}")
+    for phase in ("rounds", "dead"):
+        outs = spawn_ranks(__file__, WORLD, [phase], 300, f"phase {phase}: a peer")
+        for rank, (rc, out) in enumerate(outs):
+            print(out.strip()[-1500:])
+            want = 3 if phase == "dead" and rank == 2 else 0
+            if rc != want or (want == 0 and f"ok {phase}" not in out):
+                failed.append(f"{phase}: rank {rank} exited {rc} (want {want})")
+    for f in failed:
+        print("FAIL:", f)
+    print("3 passed, 0 failed" if not failed else f"{len(failed)} failed")
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
