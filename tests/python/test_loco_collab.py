@@ -13,6 +13,9 @@ samples over all peers reach the target.
   what a round that ends on one peer before another attributes to the
   next: checked over the run), and the held-out loss falls. Peer 2 leaves
   in round 3 (its flush goes out); the two left go on with 2 contributors.
+- join: peers 0 and 1 found a partitioned collaboration (members reduce
+  disjoint ranges), peer 2 joins through peer 0's URL after 2 rounds; all
+  three end at round 8 with the same bits, peer 2 among the contributors.
 - dead: a peer that dies between rounds is left out of the next round
   after the round timeout (2 s), and the others go on.
 - in this process: a lone peer runs target / step local steps a round;
@@ -44,6 +47,7 @@ ROUNDS = 6
 STEP = 64
 TARGET = WORLD * 4 * STEP
 LEAVE_AT = 3
+JOIN_ROUNDS = 8
 
 
 def trainer(rank):
@@ -105,6 +109,44 @@ def run_rounds(rank, port):
     meet.leave()
     return f"loss {first:.4f} -> {last:.4f} steps {info['steps']} samples {info['samples']} " \
            f"payload {info['payload_bytes']} all peers sent {sent} received {received}"
+
+
+def run_join(rank, port):
+    """Peers 0 and 1 found a partitioned collaboration; peer 2 joins it
+    through peer 0's URL once they ran 2 rounds; all three end at round
+    JOIN_ROUNDS with the same bits, the joiner having contributed."""
+    model, step_fn, _ = trainer(rank)
+    store = make_store(rank, port)
+    meet = Meeting(store, rank)
+    opts = dict(target_batch=TARGET, partitioned=True, round_timeout=30, claim_timeout=10)
+    if rank < 2:
+        collab = pulse.loco.Collaboration(rank, 2, store, **opts)
+    else:
+        store.wait(["test/seed"])
+        collab = pulse.loco.Collaboration(2, seed_url=store.get("test/seed").decode(), **opts)
+    outer = pulse.loco.DiLoCo(model.parameters(), transport=collab)
+    if rank == 2:
+        store.add("test/joined", 1 + outer.round)
+    most = partitioned = 0
+    while outer.round < JOIN_ROUNDS:
+        if rank < 2 and store.add("test/joined", 0) == 0:
+            time.sleep(0.2)  # slow enough for the joiner to be admitted
+        info = outer.step(samples=STEP, inner=step_fn)
+        most = max(most, info["contributors"])
+        partitioned += info["exchange"]["partitioned"]
+        if rank == 0 and info["round"] == 1:
+            store.set("test/seed", collab.url)
+    seen = meet.share("end", (outer.round, digest(list(model.parameters())),
+                              outer.global_digest()))
+    assert len(set(seen.values())) == 1, f"replicas differ after the join: {seen}"
+    assert most == WORLD, f"the joiner never contributed (at most {most} contributors)"
+    assert partitioned > 0, "no round ran partitioned"
+    meet.share("done", True)
+    end = outer.round
+    outer.close()
+    meet.leave()
+    return f"joined at round {store.add('test/joined', 0) - 1}, all at round {end}, " \
+           f"{partitioned} rounds partitioned here"
 
 
 def run_dead(rank, port):
@@ -185,6 +227,8 @@ def worker(rank, port, phase):
     torch.set_num_threads(1)
     if phase == "rounds":
         print(f"ok rounds rank {rank}: {run_rounds(rank, port)}", flush=True)
+    elif phase == "join":
+        print(f"ok join rank {rank}: {run_join(rank, port)}", flush=True)
     else:
         print(f"ok dead rank {rank}: {run_dead(rank, port)}", flush=True)
 
@@ -199,7 +243,7 @@ def main():
         print("ok alone")
     except AssertionError as e:
         failed.append(f"alone: {e}")
-    for phase in ("rounds", "dead"):
+    for phase in ("rounds", "join", "dead"):
         outs = spawn_ranks(__file__, WORLD, [phase], 300, f"phase {phase}: a peer")
         for rank, (rc, out) in enumerate(outs):
             print(out.strip()[-1500:])
@@ -208,7 +252,7 @@ def main():
                 failed.append(f"{phase}: rank {rank} exited {rc} (want {want})")
     for f in failed:
         print("FAIL:", f)
-    print("3 passed, 0 failed" if not failed else f"{len(failed)} failed")
+    print("4 passed, 0 failed" if not failed else f"{len(failed)} failed")
     sys.exit(1 if failed else 0)
 
 
