@@ -21,7 +21,12 @@ void bench_loco_collab_usage(FILE *out) {
           "  --churn SPEC       comma list of EVENT:ROUND, EVENT join, leave, "
           "kill,\n"
           "                     kill-writer (kill -9 of the writer of that "
-          "round)\n"
+          "round) or\n"
+          "                     kill-finisher (of the first member to say it "
+          "finished\n"
+          "                     that round); events of one round combine "
+          "(two\n"
+          "                     failures: kill-writer:R,kill-finisher:R)\n"
           "  --averaging A      all-to-all (default) or partitioned (peers "
           "reduce\n"
           "                     disjoint ranges; same weights bit for bit)\n"
@@ -191,9 +196,9 @@ int bench_loco_collab_parse(int argc, char **argv, collab_args *a) {
           return bad("--churn event must be EVENT:ROUND, not", t);
         *colon = '\0';
         if (strcmp(t, "join") && strcmp(t, "leave") && strcmp(t, "kill") &&
-            strcmp(t, "kill-writer"))
-          return bad("--churn event must be join, leave, kill or "
-                     "kill-writer, not",
+            strcmp(t, "kill-writer") && strcmp(t, "kill-finisher"))
+          return bad("--churn event must be join, leave, kill, kill-writer "
+                     "or kill-finisher, not",
                      t);
         if (!parse_u(colon + 1, 1, MAXR - 1, &x))
           return bad("--churn round must be 1..999, not", colon + 1);

@@ -1,12 +1,17 @@
 /* bench_loco_collab_churn.c - the churn of `pulse-bench loco` in
  * collaboration mode (--churn): joins through a serving member, clean
- * leaves, kill -9 of a random member or of the round's writer, at given
- * rounds, the victims drawn from the run's seed. */
+ * leaves, kill -9 of a random member, of the round's writer or of the
+ * first member to say it finished the round (a finisher killed after its
+ * word, while others may still be fetching what it served), at given
+ * rounds, the victims drawn from the run's seed. Events of one round
+ * combine: kill-writer:R,kill-finisher:R is two failures in round R. */
+#include <inttypes.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "bench_loco_collab_impl.h"
+#include "peer_http_impl.h"
 
 static uint64_t next_rand(uint64_t *s) {
   *s += 0x9E3779B97F4A7C15ull;
@@ -56,6 +61,11 @@ void bench_loco_collab_fire_events(collab_bench *b, uint32_t reported) {
       dprintf(b->p[b->n - 1].to, "join %s\n", seed->url);
       continue;
     }
+    if (strcmp(ev->kind, "kill-finisher") == 0) {
+      b->finisher_round = reported + 1;
+      b->watching = 1;
+      continue;
+    }
     /* A random live member, not the writer (kill-writer: the writer). */
     peer *v = NULL;
     if (strcmp(ev->kind, "kill-writer") == 0)
@@ -73,5 +83,30 @@ void bench_loco_collab_fire_events(collab_bench *b, uint32_t reported) {
       kill(v->pid, SIGKILL);
       v->alive = 0;
     }
+  }
+}
+
+void bench_loco_collab_watch_finishers(collab_bench *b) {
+  /* Too late once a later round is under way: nobody says it any more. */
+  if (b->finisher_round + 1 < MAXR && b->rows[b->finisher_round + 1].have)
+    b->watching = 0;
+  for (size_t i = 0; b->watching && i < b->n; i++) {
+    peer *q = &b->p[i];
+    /* A client publishes no outcome. */
+    if (!q->alive || q->done || strstr(q->url, "/v1/hosted/") != NULL)
+      continue;
+    char url[160];
+    snprintf(url, sizeof url, "%s/v1/loco/round/%" PRIu64 "/outcome", q->url,
+             b->finisher_round);
+    pulse_bytebuf body = PULSE_BYTEBUF_INIT;
+    long status = 0;
+    if (loco_http_get(url, 200, 64, &body, &status) == PULSE_OK &&
+        status == 200 && body.size == 8 &&
+        memcmp(body.data, "finished", 8) == 0) {
+      kill(q->pid, SIGKILL);
+      q->alive = 0;
+      b->watching = 0;
+    }
+    pulse_bytebuf_free(&body);
   }
 }

@@ -20,7 +20,7 @@
 #define MAXEV 16
 
 typedef struct {
-  char kind[16]; /* join, leave, kill, kill-writer */
+  char kind[16]; /* join, leave, kill, kill-writer, kill-finisher */
   uint32_t round;
   int fired;
 } churn_event;
@@ -86,6 +86,10 @@ typedef struct {
   uint64_t rng;
   int failed;
   uint64_t auth_bytes, auth_reports; /* summed over the peers' rounds */
+  /* kill-finisher: the round whose first member to say "finished" is
+   * killed (watching: 1 until then). */
+  uint64_t finisher_round;
+  int watching;
 } collab_bench;
 
 /* Bytes in over the peer's own payload, the issue's measure of
@@ -157,6 +161,10 @@ void bench_loco_collab_event_loop(collab_bench *b);
 /** The churn events of round reported + 1, once round `reported` is first
  * reported (bench_loco_collab_churn.c). */
 void bench_loco_collab_fire_events(collab_bench *b, uint32_t reported);
+
+/** While a kill-finisher event watches: reads the live serving members'
+ * outcome of its round and kills the first that says "finished". */
+void bench_loco_collab_watch_finishers(collab_bench *b);
 
 /* ----------------------------------------------------------------- output */
 

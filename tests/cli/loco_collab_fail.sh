@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# `pulse-bench loco` in collaboration mode with two failures in one round
+# (issue 35 item 8), twice a run: kill -9 of the round's writer and of the
+# first member to say it finished that round (kill-writer:R,kill-finisher:R),
+# later of a random member and of a finisher, with joins between; all-to-all
+# and partitioned. Every run completes its rounds, the survivors end
+# identical, exactly the killed peers are missing at the end (a finisher
+# was there to kill), and the final loss is within 1% of the same run
+# without churn. A churn event the bench does not know is refused.
+source "$(dirname "$0")/lib/common.sh"
+BENCH="$bin/pulse-bench"
+common=(loco --target-batch 256 --rounds 10 --trainers 6 --peer-speeds 2000
+  --params 3000 --seed 4 --claim-timeout-ms 1000 --round-timeout-ms 2000 --json)
+churn=kill-writer:3,kill-finisher:3,join:5,kill:7,kill-finisher:7
+# The final loss of summary file $1.
+loss_of() { python3 -c 'import json,sys; print([json.loads(l) for l in open(sys.argv[1]) if "\"summary\"" in l][0]["final_loss"])' "$1"; }
+for averaging in all-to-all partitioned; do
+  timeout 120 "$BENCH" "${common[@]}" --averaging "$averaging" \
+    > "$work/free-$averaging.json" 2> "$work/free-$averaging.err"
+  expect "$averaging churn-free exit status" 0 "$?"
+  timeout 300 "$BENCH" "${common[@]}" --averaging "$averaging" --churn "$churn" \
+    > "$work/churn-$averaging.json" 2> "$work/churn-$averaging.err"
+  expect "$averaging two failures a round: exit status" 0 "$?"
+  summary=$(grep '"summary":true' "$work/churn-$averaging.json")
+  case "$summary" in *'"identical":true'*) ok ;; *) bad "$averaging: survivors differ: $summary $(tail -5 "$work/churn-$averaging.err")" ;; esac
+  case "$summary" in *'"rounds":10,'*) ok ;; *) bad "$averaging: rounds missing: $summary" ;; esac
+  # 6 founders and a joiner, 4 killed: 3 finish (the busy figures list them).
+  survivors=$(python3 -c 'import json,sys; print(len([json.loads(l) for l in open(sys.argv[1]) if "\"summary\"" in l][0]["busy"]))' "$work/churn-$averaging.json")
+  expect "$averaging survivors" 3 "$survivors"
+  free=$(loss_of "$work/free-$averaging.json")
+  with=$(loss_of "$work/churn-$averaging.json")
+  python3 -c 'import sys; a, b = map(float, sys.argv[1:]); sys.exit(abs(b - a) > 0.01 * a)' "$free" "$with" \
+    && ok || bad "$averaging: final loss $with with churn, $free without (over 1%)"
+  echo "loco_collab_fail: $averaging final loss $free churn-free, $with with $churn"
+done
+"$BENCH" loco --target-batch 64 --churn kill-finished:3 > /dev/null 2>&1
+expect "an unknown churn event refused" 2 "$?"
+[ "$failures" -eq 0 ] || exit 1
+echo "loco_collab_fail: ok ($pass checks)"
