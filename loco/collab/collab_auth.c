@@ -85,9 +85,11 @@ void collab_auth_stop(pulse_loco_collab *c) {
   loco_tamper_clear(&c->tamper);
 }
 
-int collab_auth_sign_blob(void *user, pulse_loco_auth_kind kind, uint64_t round,
-                          const void *data, size_t size, loco_sig *sig) {
-  pulse_loco_collab *c = user;
+/* Signs n bytes of kind `kind` for round with this peer's key, under a
+ * test's fault. 0: it could not (the message goes unsigned). */
+static int sign_bytes(pulse_loco_collab *c, pulse_loco_auth_kind kind,
+                      uint64_t round, const void *data, size_t size,
+                      loco_sig *sig) {
   memset(sig, 0, sizeof *sig);
   if (c->auth == NULL)
     return 0;
@@ -105,10 +107,46 @@ int collab_auth_sign_blob(void *user, pulse_loco_auth_kind kind, uint64_t round,
   return 1;
 }
 
+/* What a partitioned blob's signature covers: its path (round, attempt,
+ * what it is: "/v1/loco/part/R/A/WHAT") and the SHA-256 of its bytes, so
+ * that a blob of another attempt of the round, or another of the
+ * signer's blobs, served in its place does not verify. */
+static int part_text(const char *path, const void *data, size_t size,
+                     char out[400]) {
+  uint8_t sha[32];
+  char hex[65];
+  loco_sha256(data, size, sha);
+  for (int i = 0; i < 32; i++)
+    snprintf(hex + 2 * i, 3, "%02x", sha[i]);
+  int len = snprintf(out, 400, "pulse-loco-part/1\npath %s\nsha256 %s\n",
+                     path, hex);
+  return len > 0 && len < 400 ? len : -1;
+}
+
+int collab_auth_sign_blob(void *user, pulse_loco_auth_kind kind, uint64_t round,
+                          const char *path, const void *data, size_t size,
+                          loco_sig *sig) {
+  if (path == NULL)
+    return sign_bytes(user, kind, round, data, size, sig);
+  char text[400];
+  int len = part_text(path, data, size, text);
+  if (len < 0) {
+    memset(sig, 0, sizeof *sig);
+    return 0;
+  }
+  return sign_bytes(user, kind, round, text, (size_t)len, sig);
+}
+
 int collab_auth_accept_blob(void *user, pulse_loco_auth_kind kind,
-                            uint64_t round, uint32_t id, const loco_sig *sig,
-                            const void *data, size_t size) {
-  return collab_auth_accept_by(user, kind, round, id, sig, data, size);
+                            uint64_t round, uint32_t id, const char *path,
+                            const loco_sig *sig, const void *data,
+                            size_t size) {
+  if (path == NULL) /* a client's whole payload: its bytes, as uploaded */
+    return collab_auth_accept_by(user, kind, round, id, sig, data, size);
+  char text[400];
+  int len = part_text(path, data, size, text);
+  return collab_auth_accept_by(user, kind, round, id, sig, text,
+                               len < 0 ? 0 : (size_t)len);
 }
 
 int collab_auth_trailer(pulse_loco_collab *c, uint64_t r, const void *data,
@@ -383,7 +421,7 @@ uint64_t collab_auth_query(pulse_loco_collab *c, pulse_loco_auth_kind kind,
   int n_seq = snprintf(dst, cap, "&seq=%llu", (unsigned long long)seq);
   loco_sig sig;
   if (len < 0 || n_seq < 0 || (size_t)n_seq >= cap ||
-      !collab_auth_sign_blob(c, kind, r, signed_text, (size_t)len, &sig))
+      !sign_bytes(c, kind, r, signed_text, (size_t)len, &sig))
     return seq; /* sent unsigned: refused, as any unsigned request */
   loco_auth_post_query(&sig, dst + n_seq, cap - (size_t)n_seq);
   return seq;
@@ -456,8 +494,7 @@ void collab_auth_sign_reply(void *user, const char *path, const char *id,
   int len =
       snprintf(text, sizeof text, "%s?id=%s\nstatus %u", path, id, status);
   if (len < 0 || (size_t)len >= sizeof text ||
-      !collab_auth_sign_blob(c, PULSE_LOCO_AUTH_GRANT, r, text, (size_t)len,
-                             sig))
+      !sign_bytes(c, PULSE_LOCO_AUTH_GRANT, r, text, (size_t)len, sig))
     memset(sig, 0, sizeof *sig); /* unsigned: the member refuses it */
 }
 

@@ -158,11 +158,12 @@ int collab_auth_accept_by_digest(pulse_loco_collab *c,
 /* The partitioned exchange's hooks (loco_partition_in.sign and .accept,
  * user the peer). */
 int collab_auth_sign_blob(void *user, pulse_loco_auth_kind kind,
-                          uint64_t round, const void *data, size_t size,
-                          loco_sig *sig);
+                          uint64_t round, const char *path, const void *data,
+                          size_t size, loco_sig *sig);
 int collab_auth_accept_blob(void *user, pulse_loco_auth_kind kind,
-                            uint64_t round, uint32_t id, const loco_sig *sig,
-                            const void *data, size_t size);
+                            uint64_t round, uint32_t id, const char *path,
+                            const loco_sig *sig, const void *data,
+                            size_t size);
 /* Claims, readinesses and acknowledgements (POSTs to a writer) are signed
  * by their member over "PATH?id=ID&seq=N" (query "&seq=N&round=R&key=HEX
  * &sig=HEX", written by collab_auth_query, which returns N, a number

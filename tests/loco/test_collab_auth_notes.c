@@ -4,8 +4,9 @@
  * unsigned, forged, another member's or a stranger's, or the same POST
  * again; a contributor that settles refuses partitioned outcomes that are
  * unsigned, forged, a stranger's, of another round or older than one it
- * took; progress records carry their writer's signature. Each refusal is
- * counted by reason and kind at /metrics. */
+ * took; progress records carry their writer's signature; a partitioned
+ * blob signed for one attempt or place is refused in another. Each refusal
+ * is counted by reason and kind at /metrics. */
 #include "collab_auth_testutil.h"
 
 Test(loco_collab_auth, joins_not_signed_by_their_joiner_are_refused,
@@ -142,4 +143,40 @@ Test(loco_collab_auth, outcomes_not_signed_by_their_contributor_are_refused,
   pulse_loco_free(ctx);
   at_keys_free(2, k);
   pulse_sign_key_free(kx);
+}
+
+/* A partitioned blob's signature covers its path: the same signed bytes
+ * served for another attempt of the round, or as another of its signer's
+ * blobs, are refused (forged); in their place they pass. */
+Test(loco_collab_auth, blobs_served_for_another_attempt_are_refused,
+     .timeout = 60) {
+  pulse_sign_key *k[2];
+  pulse_loco_member_key pins[2];
+  at_keys(2, k, pins);
+  pulse_loco *ctx[2];
+  pulse_loco_collab *c[2];
+  for (uint32_t i = 0; i < 2; i++) {
+    ctx[i] = ca_ctx(i, NULL);
+    c[i] = ca_peer(ctx[i], k[i], pins, 2);
+  }
+  const pulse_loco_auth_kind R = PULSE_LOCO_AUTH_REDUCED;
+  const char *path = "/v1/loco/part/3/0/reduced";
+  const uint8_t blob[] = "a reduced range";
+  loco_sig sig;
+  cr_assert(collab_auth_sign_blob(c[0], R, 3, path, blob, sizeof blob, &sig));
+  const char *elsewhere[] = {"/v1/loco/part/3/1/reduced",
+                             "/v1/loco/part/3/0/verdict"};
+  for (int i = 0; i < 2; i++)
+    cr_assert_not(collab_auth_accept_blob(c[1], R, 3, 0, elsewhere[i], &sig,
+                                          blob, sizeof blob),
+                  "%s", elsewhere[i]);
+  cr_assert_eq(ca_refused(c[1], "forged"), 2);
+  cr_assert(
+      collab_auth_accept_blob(c[1], R, 3, 0, path, &sig, blob, sizeof blob),
+      "%s", pulse_error_detail());
+  for (int i = 0; i < 2; i++) {
+    pulse_loco_collab_free(c[i]);
+    pulse_loco_free(ctx[i]);
+  }
+  at_keys_free(2, k);
 }

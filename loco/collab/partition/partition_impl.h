@@ -40,14 +40,17 @@ typedef struct {
   void *upload_user;
   /* Authentication (NULL: none; the collaboration's, collab_auth.c):
    * sign fills *sig for a blob of `kind` this trainer publishes for the
-   * round (0: it could not, the blob goes unsigned); accept says whether a
-   * fetched blob of `kind` carries trainer id's signature for the round
-   * (refusals counted there). A refused blob is as one that never came. */
+   * round at `path` ("/v1/loco/part/R/A/WHAT": the signature covers it, so
+   * a blob of another attempt or place does not pass; 0: it could not,
+   * the blob goes unsigned); accept says whether a fetched blob of `kind`
+   * from `path` (NULL: a client's whole payload, its bytes alone) carries
+   * trainer id's signature for the round (refusals counted there). A
+   * refused blob is as one that never came. */
   int (*sign)(void *user, pulse_loco_auth_kind kind, uint64_t round,
-              const void *data, size_t size, loco_sig *sig);
+              const char *path, const void *data, size_t size, loco_sig *sig);
   int (*accept)(void *user, pulse_loco_auth_kind kind, uint64_t round,
-                uint32_t id, const loco_sig *sig, const void *data,
-                size_t size);
+                uint32_t id, const char *path, const loco_sig *sig,
+                const void *data, size_t size);
   void *auth_user;
   uint32_t timeout_ms;       /* the whole exchange */
   uint32_t check_period;     /* 0 or 1: every range recomputed by another

@@ -101,7 +101,8 @@ static pulse_status publish(attempt_state *s, pulse_loco_auth_kind kind,
   loco_sig sig;
   memset(&sig, 0, sizeof sig);
   if (s->in->sign != NULL) /* auth hook */
-    s->in->sign(s->in->auth_user, kind, s->round, b->data, b->size, &sig);
+    s->in->sign(s->in->auth_user, kind, s->round, path, b->data, b->size,
+                &sig);
   if (!s->c.serving[s->self])
     return s->in->upload(s->in->upload_user, path, b->data, b->size, &sig);
   return loco_server_put_signed(s->in->srv, path, b->data, b->size, &sig);
@@ -111,8 +112,11 @@ static pulse_status publish(attempt_state *s, pulse_loco_auth_kind kind,
  * (always without authentication). */
 static int signed_by(const attempt_state *s, pulse_loco_auth_kind kind,
                      uint32_t id, const loco_fetch *f) {
+  /* Signed with its path (a client's whole payload: its bytes alone). */
+  const char *path =
+      kind == PULSE_LOCO_AUTH_PAYLOAD ? NULL : strstr(f->url, PART_PREFIX);
   return s->in->accept == NULL ||
-         s->in->accept(s->in->auth_user, kind, s->round, id, &f->sig,
+         s->in->accept(s->in->auth_user, kind, s->round, id, path, &f->sig,
                        f->body.data, f->body.size);
 }
 
