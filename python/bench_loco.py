@@ -17,7 +17,10 @@ exchange instead (pulse.loco.Coordinator: every trainer's own HTTP server
 on 127.0.0.1, the founding meeting through the job's TCPStore); its bytes
 sent are the HTTP bodies each trainer's server answered in the round
 (payloads, manifests, polls), received the bodies it fetched. The dense
-baseline stays on the gloo group.
+baseline stays on the gloo group. --transport collaboration runs it over
+pulse.loco.Collaboration (rounds of procs x inner x 64 samples, the local
+steps granted by the round's writer: a faster trainer runs more of them);
+its outer step time is the round's less its local steps'.
 """
 
 import argparse
@@ -97,13 +100,34 @@ def worker(rank, port, args):
             coord = pulse.loco.Coordinator(rank, args.procs, dist.PrefixStore("loco", store),
                                            deadline=30, manifest_timeout=60)
             outer = pulse.loco.DiLoCo(params, transport=coord)
+        elif method == "pulseloco" and args.transport == "collaboration":
+            collab = pulse.loco.Collaboration(rank, args.procs, dist.PrefixStore("loco", store),
+                                              target_batch=args.procs * args.inner * 64,
+                                              round_timeout=60, claim_timeout=30)
+            outer = pulse.loco.DiLoCo(params, transport=collab)
         elif method == "pulseloco":
             outer = pulse.loco.DiLoCo(params)
         else:
             theta_g = [p.detach().clone() for p in params]
             b = [torch.zeros_like(p) for p in params]
         rows = []
+
+        def local_step(samples):
+            x, y = batch()
+            loss_fn(model(x), y).backward()
+            inner.step()
+            inner.zero_grad()
+
         for r in range(args.rounds):
+            if method == "pulseloco" and args.transport == "collaboration":
+                # The round runs the local steps: its outer time is the
+                # call's less its steps'.
+                dist.barrier()
+                info = outer.step(samples=64, inner=local_step)
+                assert info["contributors"] == args.procs, info
+                ex = info["exchange"]
+                rows.append((info["bytes_sent"], (ex["wall_ms"] - ex["busy_ms"]) / 1000))
+                continue
             for _ in range(args.inner):
                 x, y = batch()
                 loss_fn(model(x), y).backward()
@@ -141,7 +165,7 @@ def worker(rank, port, args):
         if method == "pulseloco":
             if args.transport == "coordinator":
                 coord.linger()
-                dist.barrier()  # every node up until all are done
+            dist.barrier()  # every server up until all are done
             outer.close()
     if rank == 0:
         print(json.dumps({"procs": args.procs, "transport": args.transport, "params": P, "rounds": args.rounds,
@@ -164,8 +188,9 @@ def main():
     ap.add_argument("--pretrain", type=int, default=300, help="pretraining Adam steps")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--text", default="/usr/share/common-licenses/GPL-3")
-    ap.add_argument("--transport", choices=("torch", "coordinator"), default="torch",
-                    help="PULSELoCo's exchange: the gloo group, or pulse.loco.Coordinator")
+    ap.add_argument("--transport", choices=("torch", "coordinator", "collaboration"),
+                    default="torch", help="PULSELoCo's exchange: the gloo group, "
+                    "pulse.loco.Coordinator or pulse.loco.Collaboration")
     ap.add_argument("--worker", type=int, default=-1, help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
