@@ -98,8 +98,10 @@ class GroupPublisher:
         self._collective(what, run)
 
     def _parts_exchange(self, part):
-        """Rank 0 (it encodes) gets every rank's whole part; every other rank
-        gets each rank's part cut to the chunks its own blocks meet
+        """Rank 0 (it encodes) gets every rank's whole part (its blocks'
+        headers and the changes of the chunks several ranks meet: a rank
+        codes the chunks it covers itself); every other rank gets each
+        rank's part cut to the chunks its own blocks meet
         (pulse_pub_shard_part_for: all its counts read; for dim-0 or flat
         blocks that fill their chunks, the blocks' headers only). Point to
         point in world - 1 rounds (round d: to rank + d, from rank - d),
