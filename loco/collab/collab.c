@@ -290,7 +290,7 @@ pulse_status pulse_loco_collab_import(pulse_loco_collab *c, const char *base,
     return pulse_fail(PULSE_ERR_ARG,
                       "loco collab: state source must be http://A.B.C.D:PORT");
   pulse_bytebuf b = PULSE_BYTEBUF_INIT;
-  pulse_status st = collab_get_state(c, base, round, timeout_ms, &b);
+  pulse_status st = collab_get_state(c, base, round, timeout_ms, &b, NULL);
   if (st == PULSE_OK)
     st = collab_import_state(c, base, round, &b, theta_r);
   pulse_bytebuf_free(&b);
@@ -313,7 +313,7 @@ pulse_status collab_import_state(pulse_loco_collab *c, const char *base,
 
 pulse_status collab_get_state(pulse_loco_collab *c, const char *base,
                               uint64_t round, uint32_t timeout_ms,
-                              pulse_bytebuf *out) {
+                              pulse_bytebuf *out, uint64_t *at) {
   char url[160];
   url_fmt(url, sizeof url, base, "/v1/loco/state/%" PRIu64, round);
   pulse_bytebuf b = PULSE_BYTEBUF_INIT;
@@ -326,7 +326,10 @@ pulse_status collab_get_state(pulse_loco_collab *c, const char *base,
     /* Say where that peer is: its states are the last two rounds. */
     loco_manifest view;
     memset(&view, 0, sizeof view);
-    if (get_view(c, base, timeout_ms, &view) == PULSE_OK)
+    int have_view = get_view(c, base, timeout_ms, &view) == PULSE_OK;
+    if (have_view && at != NULL)
+      *at = view.round;
+    if (have_view)
       st = pulse_fail(PULSE_ERR_NOT_FOUND,
                       "loco collab: %s does not serve the state of round "
                       "%" PRIu64 " (it is at round %" PRIu64

@@ -27,6 +27,27 @@ static int dead_writer(const pulse_loco_collab *c, uint64_t r, uint32_t k,
   return 0;
 }
 
+/* Whether a takeover of round r at rank k is backed, from the table's
+ * records (rec, n of them, by member): more than half of the round's
+ * members that are not its dead writers (ranks below k) said something to
+ * this table, each having found W(r, k - 1) dead by itself, this peer
+ * counting itself when `self`. A member cut off from a live writer by a
+ * partition backs no takeover alone: the others still hear that writer,
+ * and its manifest is what this peer follows. */
+int collab_takeover_backed(const pulse_loco_collab *c, uint64_t r, uint32_t k,
+                           const collab_record *rec, size_t n, int self) {
+  size_t eligible = 0, backers = self ? 1u : 0u;
+  for (size_t i = 0; i < c->nmembers; i++) {
+    uint32_t id = c->members[i].id;
+    if (dead_writer(c, r, k, id))
+      continue;
+    eligible++;
+    for (size_t j = 0; j < n && id != c->id; j++)
+      backers += rec[j].id == id && rec[j].contacted;
+  }
+  return 2 * backers > eligible;
+}
+
 /* Copies what a manifest names into m (owned arrays). */
 static pulse_status make_manifest(uint64_t r, uint32_t writer,
                                   const loco_contrib_ref *refs, size_t c,
@@ -114,6 +135,33 @@ static int adopt_manifest(pulse_loco_collab *c, uint64_t r, uint32_t k,
                "loco collab round %" PRIu64 ": adopted %u's manifest", r,
                c->members[found].id);
   return 1;
+}
+
+/* A takeover that most members did not back: the writer below is alive
+ * to them, so this peer writes nothing and adopts the manifest they get
+ * from it (they re-serve it), within a round timeout and a claim timeout
+ * of its own deadline; else an error: nobody wrote round r that this peer
+ * can reach, and it writes no manifest of its own beside theirs. */
+static pulse_status follow_live_writer(pulse_loco_collab *c, uint64_t r,
+                                       uint32_t k, loco_manifest *man,
+                                       char *src, size_t src_cap,
+                                       pulse_bytebuf *raw, loco_sig *sig) {
+  uint64_t end = loco_now_ms() + c->opts.round_timeout_ms +
+                 c->opts.claim_timeout_ms;
+  PULSE_LOG_AT(PULSE_LOG_WARN,
+               "loco collab round %" PRIu64 ": writer %u is gone for this "
+               "peer only; following the others' manifest",
+               r, pulse_loco_collab_writer(c->members, c->nmembers, r, k - 1));
+  do {
+    if (adopt_manifest(c, r, k, man, src, src_cap, raw, sig))
+      return PULSE_OK;
+    loco_sleep_ms(100);
+  } while (loco_now_ms() < end);
+  return pulse_fail(PULSE_ERR_IO,
+                    "loco collab: round %" PRIu64 ": its writer is out of "
+                    "reach from here while most members still hear it, and "
+                    "no member serves its manifest",
+                    r);
 }
 
 /* The writer's close, passed between its parts: the table's records as it
@@ -380,6 +428,10 @@ static pulse_status write_round(pulse_loco_collab *c, uint64_t r, uint32_t k,
     goto done;
   }
   info->max_step = wait_readiness(&s, end);
+  if (k > 0 && !collab_takeover_backed(c, r, k, s.rec, M, 1)) {
+    st = follow_live_writer(c, r, k, man, src, src_cap, raw, sig);
+    goto done;
+  }
   st = fetch_payloads(&s);
   if (st != PULSE_OK)
     goto done;

@@ -75,16 +75,32 @@ pulse_status collab_catch_up(pulse_loco_collab *c, uint64_t round,
     if (state_source(c, c->members[i].url, urls, n))
       urls[n++] = c->members[i].url;
   pulse_status st = PULSE_ERR_IO;
-  while (st != PULSE_OK && loco_now_ms() < end) {
-    for (size_t j = 0; j < n && st != PULSE_OK; j++)
-      st = pulse_loco_collab_import(c, urls[j], round, theta_r,
-                                    state_try_ms(c));
+  /* A pass where nobody served it and some member is two rounds past it
+   * (it keeps the state of its round and the one before): that state is
+   * gone, waiting longer brings nothing. */
+  uint64_t past = 0;
+  while (st != PULSE_OK && loco_now_ms() < end && past < round + 2) {
+    pulse_bytebuf b = PULSE_BYTEBUF_INIT;
+    for (size_t j = 0; j < n && st != PULSE_OK; j++) {
+      uint64_t at = 0;
+      st = collab_get_state(c, urls[j], round, state_try_ms(c), &b, &at);
+      if (st == PULSE_OK)
+        st = collab_import_state(c, urls[j], round, &b, theta_r);
+      past = at > past ? at : past;
+    }
+    pulse_bytebuf_free(&b);
     if (st != PULSE_OK)
       loco_sleep_ms(5);
   }
   free(urls);
   if (st == PULSE_OK)
     return st;
+  if (past >= round + 2)
+    return pulse_fail(PULSE_ERR_NOT_FOUND,
+                      "loco collab: no peer serves the state of round "
+                      "%" PRIu64 " any more (a member is at round %" PRIu64
+                      ")",
+                      round, past);
   return pulse_fail(PULSE_ERR_IO,
                     "loco collab: no peer served the state of round %" PRIu64
                     " within %" PRIu64 " ms",
@@ -249,7 +265,8 @@ static int state_of_a_finisher(pulse_loco_collab *c, uint64_t r,
     if (heard[j] != HEARD_FINISHED)
       continue;
     const char *u = collab_url_of(c, man->contrib[j].id);
-    if (collab_get_state(c, u, r + 1, state_try_ms(c), state) == PULSE_OK) {
+    if (collab_get_state(c, u, r + 1, state_try_ms(c), state, NULL) ==
+        PULSE_OK) {
       snprintf(from, cap, "%s", u);
       return 1;
     }
@@ -421,6 +438,24 @@ pulse_status collab_settle_failed(pulse_loco_collab *c, uint64_t r,
   return st;
 }
 
+pulse_status collab_catch_up_or_rejoin(pulse_loco_collab *c, uint64_t r,
+                                       const char *src,
+                                       const loco_manifest *man,
+                                       float *theta_r,
+                                       pulse_loco_collab_figures *info) {
+  pulse_status st =
+      collab_catch_up(c, r + 1, src, man, theta_r, collab_catch_up_window(c));
+  info->resynced = st == PULSE_OK;
+  if (st == PULSE_OK ||
+      loco_member_find(man->members, man->nmembers, c->id) >= 0)
+    return st;
+  PULSE_LOG_AT(PULSE_LOG_WARN,
+               "loco collab round %" PRIu64 ": the others are past round "
+               "%" PRIu64 " (%s); this peer, left out of it, joins again",
+               r, r + 1, pulse_error_detail());
+  return PULSE_OK; /* end_round: not a member of r + 1, so it rejoins */
+}
+
 /* No payload of its own, or not every listed one (and no settling left):
  * the state of r + 1 from a peer that finished (the keep rule kept all of
  * s in e unless the manifest used it). */
@@ -430,9 +465,7 @@ pulse_status collab_import_finished(pulse_loco_collab *c, uint64_t r,
                                     pulse_loco_collab_figures *info) {
   if (c->ctx->prepared)
     pulse_loco_abandon(c->ctx, info->self_included);
-  pulse_status st =
-      collab_catch_up(c, r + 1, src, man, theta_r, collab_catch_up_window(c));
-  info->resynced = st == PULSE_OK;
+  pulse_status st = collab_catch_up_or_rejoin(c, r, src, man, theta_r, info);
   for (size_t j = 0; j < man->ncontrib; j++)
     if (t[j].done && t[j].body.size >= LOCO_HEADER_SIZE) {
       pulse_loco_payload_header h;

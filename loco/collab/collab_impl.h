@@ -260,6 +260,13 @@ extern uint32_t loco_collab_test_stall_id;
 extern uint64_t loco_collab_test_stall_round;
 extern int loco_collab_test_stall_phase;
 
+/* Whether a takeover of round r at rank k is backed by more than half of
+ * the members that are not its dead writers (collab_close.c), from the
+ * table's records (rec, n); self: this peer counts itself. Caller holds
+ * lock when rec is the table's. */
+int collab_takeover_backed(const pulse_loco_collab *c, uint64_t r, uint32_t k,
+                           const collab_record *rec, size_t n, int self);
+
 /* Publishes the table as GET /v1/loco/progress/round (JSON). */
 void collab_publish_progress(pulse_loco_collab *c);
 
@@ -315,10 +322,12 @@ uint64_t collab_exchange_ms(const pulse_loco_collab *c);
 uint64_t collab_catch_up_window(const pulse_loco_collab *c);
 /* The state of `round` served at base, its signature checked (auth
  * hook), into *out (replaced); nothing imported. PULSE_ERR_NOT_FOUND when
- * base does not serve it. */
+ * base does not serve it (*at, when not NULL: the round its view says it
+ * is at, when it gave one; it keeps the states of that round and the one
+ * before). */
 pulse_status collab_get_state(pulse_loco_collab *c, const char *base,
                               uint64_t round, uint32_t timeout_ms,
-                              pulse_bytebuf *out);
+                              pulse_bytebuf *out, uint64_t *at);
 /* Imports a state collab_get_state got from base (ctx not prepared); an
  * error when it is not of `round` or does not import. */
 pulse_status collab_import_state(pulse_loco_collab *c, const char *base,
@@ -354,6 +363,16 @@ pulse_status collab_settle_failed(pulse_loco_collab *c, uint64_t r,
                                   uint64_t end, float *theta_r,
                                   pulse_loco_collab_figures *info,
                                   int *imported);
+/* The state of r + 1 (collab_catch_up, info->resynced); when no member
+ * serves it any more and man's next round does not list this peer (it was
+ * cut off from the writer: a partition), PULSE_OK all the same: the round
+ * ends with this peer dropped, and its next call joins again and imports
+ * the state the others are at. */
+pulse_status collab_catch_up_or_rejoin(pulse_loco_collab *c, uint64_t r,
+                                       const char *src,
+                                       const loco_manifest *man,
+                                       float *theta_r,
+                                       pulse_loco_collab_figures *info);
 /* Without its own payload or every listed one: the state of r + 1 from a
  * member that finished; info counts the samples it knows were in it. */
 pulse_status collab_import_finished(pulse_loco_collab *c, uint64_t r,

@@ -105,12 +105,15 @@ const char *collab_url_of(const pulse_loco_collab *c, uint32_t id) {
   return i < 0 ? "" : c->members[i].url;
 }
 
-/* A member told this peer it writes round r at a higher rank than the one
- * this peer uses: move to that rank. Past the last rank, every writer of
- * the round is gone: an error. */
+/* Members told this peer it writes round r at a higher rank than the one
+ * this peer uses: move to that rank once more than half of the members
+ * did (one member cut off from a live writer is a partition, not a dead
+ * writer: this peer keeps it, and the member follows its manifest). Past
+ * the last rank, every writer of the round is gone: an error. */
 pulse_status collab_sync_rank(pulse_loco_collab *c, uint64_t r, uint32_t *k) {
   pthread_mutex_lock(&c->lock);
-  if (c->table_open && c->table_round == r && c->table_k > *k)
+  if (c->table_open && c->table_round == r && c->table_k > *k &&
+      collab_takeover_backed(c, r, c->table_k, c->rec, c->nrec, 0))
     *k = c->table_k;
   pthread_mutex_unlock(&c->lock);
   if (*k >= c->nmembers)
@@ -378,9 +381,7 @@ static pulse_status finish_partitioned(round_state *s, int *over) {
      * contributor, without fetching their payloads. */
     if (c->ctx->prepared)
       pulse_loco_abandon(c->ctx, 0);
-    st = collab_catch_up(c, s->r + 1, s->src, &s->man, s->theta_r,
-                         collab_catch_up_window(c));
-    info->resynced = st == PULSE_OK;
+    st = collab_catch_up_or_rejoin(c, s->r, s->src, &s->man, s->theta_r, info);
     info->contributors = (uint32_t)s->C;
     for (size_t j = 0; j < s->C; j++)
       info->samples += s->man.contrib[j].samples;

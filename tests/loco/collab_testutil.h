@@ -56,6 +56,13 @@ static int ct_partitioned;
 static char ct_client_of[64];
 /* Their round timeout (0: 3000 ms). */
 static uint32_t ct_round_timeout_ms;
+/* Non-zero: each child runs as user ct_uid_base + its id once its server
+ * listens, so that a packet filter tells its packets apart from the
+ * others' (nft `meta skuid`: every peer is on 127.0.0.1). */
+static uid_t ct_uid_base;
+/* How long ct_collect waits for the children, in 10 ms spins (0: 3000,
+ * about 30 s). */
+static int ct_collect_spins;
 /* pulse_loco_opts.gate_mean of the children spawned after it is set, and
  * of ct_replay_all_to_all's contexts. */
 static int ct_gate_mean;
@@ -138,6 +145,13 @@ static inline void ct_child_main(const ct_peer_cfg *cfg, int in, int out) {
   if (pulse_loco_create(&o, theta, &ctx) != PULSE_OK ||
       pulse_loco_collab_create(&co, ctx, &c) != PULSE_OK) {
     dprintf(out, "error create: %s\n", pulse_error_detail());
+    _exit(1);
+  }
+  /* A change of user clears the parent-death signal: set it again. */
+  if (ct_uid_base != 0 && (setresuid(ct_uid_base + cfg->id, ct_uid_base + cfg->id,
+                                     ct_uid_base + cfg->id) != 0 ||
+                           prctl(PR_SET_PDEATHSIG, SIGKILL) != 0)) {
+    dprintf(out, "error setresuid: %s\n", strerror(errno));
     _exit(1);
   }
   dprintf(out, "url %u %s\n", cfg->id, pulse_loco_collab_url(c));
@@ -325,7 +339,8 @@ typedef void (*ct_on_round)(ct_child *ks, size_t n, size_t i,
  * NULL. A child that errors fails the test. */
 static inline void ct_collect(ct_child *ks, size_t n, ct_log *log,
                               ct_on_round on_round, void *user) {
-  for (int spins = 0; spins < 3000; spins++) {
+  int max_spins = ct_collect_spins ? ct_collect_spins : 3000;
+  for (int spins = 0; spins < max_spins; spins++) {
     int pending = 0;
     for (size_t i = 0; i < n; i++) {
       if (ks[i].pid <= 0 || log->done[i])
