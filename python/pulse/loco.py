@@ -28,6 +28,7 @@ import ctypes
 from ._lib import Error, check, fail, lib
 from .loco_collab import Collaboration
 from .loco_coord import Coordinator
+from .loco_group import TorchGroup
 from .loco_member import new_key
 
 __all__ = ["Collaboration", "Coordinator", "DiLoCo", "new_key"]
@@ -182,32 +183,15 @@ class DiLoCo:
         self._ctx = ctx
 
     def _open_group(self, alpha, mu, rule):
-        dist, group = self._dist, self.group
-        self.distributed = dist.is_available() and dist.is_initialized()
-        if group is not None and not self.distributed:
-            raise fail("a group was given but torch.distributed is not initialized")
-        self.world = dist.get_world_size(group) if self.distributed else 1
-        self.rank = dist.get_rank(group) if self.distributed else 0
-        # NCCL moves only device tensors: the counts and payloads go through
-        # the current GPU there, through host memory under gloo.
-        nccl = self.distributed and dist.get_backend(group) == "nccl"
-        self._wire = self._torch.device("cuda", self._torch.cuda.current_device()) \
-            if nccl else self._torch.device("cpu")
-        counts = self._gather_ints(self.param_count)
-        if len(set(counts)) != 1:
-            raise fail("trainers disagree on the parameter count: "
-                       + ", ".join(f"rank {r}: {c}" for r, c in enumerate(counts)))
+        self._group = TorchGroup(self._torch, self._dist, self.group)
+        self._group.agree(self.param_count)
         theta = self._flatten()
-        if self.world > 1:
-            wire = theta.to(self._wire)
-            self._exchange_call(lambda: dist.broadcast(wire, src=self._global(0), group=group))
-            theta.copy_(wire)
-            self._unflatten(theta)
-        self._create(self.rank, alpha, mu, rule, theta)
+        self._group.broadcast_start(theta)
+        self._unflatten(theta)
+        self._create(self._group.rank, alpha, mu, rule, theta)
 
     def _open_member(self, alpha, mu, rule):
         member = self._member
-        self.world, self.rank = None, member.trainer_id
         theta = self._flatten()
         self._create(member.trainer_id, alpha, mu, rule, theta)
         config = {"param_count": self.param_count, "alpha": float(ctypes.c_float(alpha).value),
@@ -220,27 +204,6 @@ class DiLoCo:
         self._unflatten(theta)
 
     # ------------------------------------------------------------ helpers
-    def _global(self, rank):
-        if self.group is None:
-            return rank
-        return self._dist.get_global_rank(self.group, rank)
-
-    def _exchange_call(self, fn):
-        try:
-            return fn()
-        except Exception as exc:  # gloo/NCCL: a peer died, a timeout
-            raise Error("PULSE_ERR_IO", f"trainer exchange over torch.distributed failed: "
-                        f"{exc}") from exc
-
-    def _gather_ints(self, value):
-        torch, dist = self._torch, self._dist
-        if self.world == 1:
-            return [value]
-        mine = torch.tensor([value], dtype=torch.int64, device=self._wire)
-        out = [torch.zeros(1, dtype=torch.int64, device=self._wire) for _ in range(self.world)]
-        self._exchange_call(lambda: dist.all_gather(out, mine, group=self.group))
-        return [int(t.item()) for t in out]
-
     def _flatten(self):
         torch = self._torch
         with torch.no_grad():
@@ -370,7 +333,7 @@ class DiLoCo:
         }
 
     def _step_group(self, samples):
-        torch, dist = self._torch, self._dist
+        torch, group = self._torch, self._group
         theta = self._flatten()
         payload = ctypes.c_void_p()
         size = ctypes.c_size_t()
@@ -382,31 +345,23 @@ class DiLoCo:
                                dtype=torch.uint8) \
             if size.value else torch.zeros(0, dtype=torch.uint8)
         try:
-            sizes = self._gather_ints(size.value)
-            bufs = [own.to(self._wire) if r == self.rank
-                    else torch.empty(sizes[r], dtype=torch.uint8, device=self._wire)
-                    for r in range(self.world)]
-            for r in range(self.world):
-                if self.world > 1:
-                    self._exchange_call(lambda r=r: dist.broadcast(
-                        bufs[r], src=self._global(r), group=self.group))
-            bufs = [b.cpu() for b in bufs]
+            bufs = group.exchange(own)
         except Error:
             lib.pulse_loco_abandon(self._ctx, 0)
             raise
-        contributions = (LocoContribution * self.world)()
+        contributions = (LocoContribution * group.world)()
         for r, buf in enumerate(bufs):
             contributions[r].data = buf.data_ptr() if buf.numel() else None
             contributions[r].size = buf.numel()
         done = LocoFinishFigures()
-        check(lib.pulse_loco_finish(self._ctx, contributions, self.world,
+        check(lib.pulse_loco_finish(self._ctx, contributions, group.world,
                                     ctypes.c_void_p(theta.data_ptr()), ctypes.byref(done)))
         self._unflatten(theta)
-        received = sum(s for r, s in enumerate(sizes) if r != self.rank)
+        received = sum(b.numel() for r, b in enumerate(bufs) if r != group.rank)
         return {
             "round": int(done.round),
             "payload_bytes": int(size.value),
-            "bytes_sent": int(size.value) * (self.world - 1),
+            "bytes_sent": int(size.value) * (group.world - 1),
             "bytes_received": int(received),
             "entries": int(prep.sent),
             "density": prep.sent / self.param_count,

@@ -16,7 +16,6 @@ import datetime
 import hashlib
 import os
 import sys
-import tempfile
 
 try:
     import torch

@@ -23,7 +23,6 @@ samples over all peers reach the target.
   before anything is sent.
 Exit 77: no torch."""
 
-import datetime
 import os
 import sys
 import time

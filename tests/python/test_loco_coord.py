@@ -23,6 +23,7 @@ torch.distributed TCPStore, on the byte model of test_loco.py.
 - options refused in this process, before anything is sent.
 Exit 77: no torch."""
 
+import ast
 import datetime
 import os
 import sys
@@ -58,7 +59,7 @@ class Meeting:
 
     def share(self, name, value, ranks=range(WORLD)):
         self.store.set(f"test/{name}/{self.rank}", repr(value))
-        return {r: eval(self.store.get(f"test/{name}/{r}").decode()) for r in ranks}
+        return {r: ast.literal_eval(self.store.get(f"test/{name}/{r}").decode()) for r in ranks}
 
     def leave(self):
         """Trainer 0 holds the store: it waits until the others are done
