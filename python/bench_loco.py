@@ -168,8 +168,8 @@ def worker(rank, port, args):
             dist.barrier()  # every server up until all are done
             outer.close()
     if rank == 0:
-        print(json.dumps({"procs": args.procs, "transport": args.transport, "params": P, "rounds": args.rounds,
-                          "inner": args.inner, "lr": args.lr, "pretrain": args.pretrain,
+        print(json.dumps({"procs": args.procs, "transport": args.transport, "params": P,
+                          "rounds": args.rounds, "inner": args.inner, "lr": args.lr, "pretrain": args.pretrain,
                           **{f"{m}_{k}": v for m, r in results.items() for k, v in r.items()},
                           "bytes_ratio_diloco_over_pulseloco":
                               results["diloco"]["bytes_per_round"]

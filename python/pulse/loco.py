@@ -17,11 +17,12 @@ of their exact sizes), or the project's own exchanges for trainers across
 the internet: the coordinator exchange (pulse.loco.Coordinator,
 pulse_loco_coord.h: HTTP or datagrams, joining and leaving,
 authentication) and the collaboration (pulse.loco.Collaboration,
-pulse_loco_collab.h: peers of any speed, rounds of a target global batch). The C context works on
-host memory (the library has no device PULSELoCo context, only the device
-gate): parameters on a GPU are copied to the host for each outer step and
-the new global weights copied back; under a Collaboration, whose round
-runs the local steps, also around each local step.
+pulse_loco_collab.h: peers of any speed, rounds of a target global
+batch). The C context works on host memory (the library has no device
+PULSELoCo context, only the device gate): parameters on a GPU are copied
+to the host for each outer step and the new global weights copied back;
+under a Collaboration, whose round runs the local steps, also around each
+local step.
 """
 
 import ctypes
