@@ -115,7 +115,13 @@ class Coordinator(Member):
     out of the round); manifest_timeout: seconds a member waits for the
     manifest and each payload before it gives the round up (its step then
     raises pulse.Error); max_misses: missed rounds before the coordinator
-    drops a member (it joins again by itself). key: this trainer's Ed25519
+    drops a member (it joins again by itself). Datagrams only (None: the
+    library's default): max_datagram, the largest datagram in bytes;
+    quiet, seconds without a new datagram after which a receiver that
+    heard from every sender stops waiting; resync_range (parameters, a
+    multiple of 128), resync_period (rounds) and drift_budget: how the
+    replicas' drift is checked and repaired (pulse_loco_coord.h).
+    key: this trainer's Ed25519
     key file (PKCS#8 PEM, pulse.loco.new_key); member_keys: {id: 64 hex
     digits} of the pinned members; auth: "auto" (on with a key), "on"
     (refuse to start without a key) or "off" (comparisons only). join_timeout:
@@ -129,7 +135,8 @@ class Coordinator(Member):
 
     def __init__(self, trainer_id, trainers=None, store=None, *, seed_url=None, admission=None,
                  host=None, datagrams=False, deadline=2.0, manifest_timeout=10.0, max_misses=3,
-                 key=None, member_keys=None, auth="auto", join_timeout=60.0):
+                 max_datagram=None, quiet=None, resync_range=None, resync_period=None,
+                 drift_budget=None, key=None, member_keys=None, auth="auto", join_timeout=60.0):
         declare(_PROTOS)
         if auth not in _AUTH:
             raise fail(f"Coordinator: auth {auth!r}: 'auto', 'on' or 'off'")
@@ -149,6 +156,23 @@ class Coordinator(Member):
         o.transport = _TRANSPORT_UDP if datagrams else _TRANSPORT_HTTP
         o.auth = _AUTH[auth]
         self.datagrams = bool(datagrams)
+        udp = {"max_datagram": max_datagram, "quiet": quiet, "resync_range": resync_range,
+               "resync_period": resync_period, "drift_budget": drift_budget}
+        given = [name for name, value in udp.items() if value is not None]
+        if given and not datagrams:
+            raise fail(f"Coordinator: {', '.join(given)}: options of datagrams=True")
+        if max_datagram is not None:
+            o.max_datagram = count(max_datagram, "max_datagram")
+        if quiet is not None:
+            o.quiet_ms = ms(quiet, "quiet")
+        if resync_range is not None:
+            o.resync_range = count(resync_range, "resync_range")
+        if resync_period is not None:
+            o.resync_period = count(resync_period, "resync_period")
+        if drift_budget is not None:
+            if not isinstance(drift_budget, (int, float)) or not drift_budget >= 0:
+                raise fail(f"Coordinator: drift_budget {drift_budget!r}: a number >= 0")
+            o.drift_budget = drift_budget
         self._admission = None
         if admission is not None:
             self._admission = LocoAdmission.from_buffer_copy(admission)

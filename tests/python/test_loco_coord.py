@@ -207,7 +207,7 @@ def run_udp(rank, port):
     store = make_store(rank, port)
     meet = Meeting(store, rank)
     coord = pulse.loco.Coordinator(rank, WORLD, store, datagrams=True, deadline=10,
-                                   manifest_timeout=30)
+                                   manifest_timeout=30, max_datagram=1200, quiet=0.05)
     outer = pulse.loco.DiLoCo(model.parameters(), transport=coord)
     inner = torch.optim.AdamW(model.parameters(), lr=3e-3)
     next_batch, _ = text_batches(rank)
@@ -297,9 +297,17 @@ def check_refusals():
     refused(lambda: C(0, 2, store, member_keys={1: "ab"}), "a short key")
     refused(lambda: C(0, 2, store, key="/nonexistent/key.pem"), "a missing key file",
             "PULSE_ERR_NOT_FOUND")
+    refused(lambda: C(0, 2, store, quiet=0.1), "a datagram option over HTTP")
+    refused(lambda: C(0, 2, store, datagrams=True, drift_budget=-1), "a negative drift budget")
     p = [torch.zeros(8)]
     refused(lambda: pulse.loco.DiLoCo(p, rule="keep", transport=C(0, 1, store, datagrams=True)),
             "datagrams with the keep rule")
+    # What only the library knows: a datagram below a chunk, a range that
+    # is not whole cells; refused at create, before the meeting.
+    refused(lambda: pulse.loco.DiLoCo(p, transport=C(0, 1, store, datagrams=True,
+                                                     max_datagram=64)), "a 64-byte datagram")
+    refused(lambda: pulse.loco.DiLoCo(p, transport=C(0, 1, store, datagrams=True,
+                                                     resync_range=100)), "a range of 100")
     refused(lambda: pulse.loco.DiLoCo(p, transport=C(0, 1, store), group=object()),
             "a group beside a Coordinator")
     refused(lambda: pulse.loco.DiLoCo(p, transport="collab"), "an unknown transport")
