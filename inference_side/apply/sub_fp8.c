@@ -184,6 +184,7 @@ pulse_status pulse_sub_bind_fp8(pulse_sub *sub, uint16_t *shadow, const pulse_fp
         return sub_keep_error(sub, pulse_fail(PULSE_ERR_ARG,
                                               "bind fp8: the shadow overlaps another's"));
     }
+  sub->have_refused = 0; /* other FP8 targets: a step refused may go now */
   if (sub->mem == SUB_MEM_DEVICE)
     return sub_keep_error(sub, bind_device(sub, shadow, fp8, numel));
   pulse_status st = check_cover(sub, shadow, numel);
@@ -271,6 +272,9 @@ static pulse_status stage_gathered(pulse_sub *sub) {
     if (b->track == NULL)
       continue;
     st = pulse_fp8_track_stage(b->track, b->off, b->bits, b->count, &b->staged);
+    /* A value the step brings cannot be quantized: the step is refused
+     * (sub_sync.c does not retry it by another route). */
+    sub->refusing |= st == PULSE_ERR_UNSUPPORTED;
     if (st != PULSE_OK) {
       st = pulse_fail(st, "FP8 target of %" PRIu64 " x %" PRIu64 ": %s", b->fp8.rows,
                       b->fp8.cols, pulse_error_detail());
@@ -416,6 +420,7 @@ pulse_status sub_fp8_stage_device(pulse_sub *sub, const pulse_patch *p, sub_targ
     if (b->track_d == NULL)
       continue;
     st = stage_one_device(sub, b, p, tg, cs);
+    sub->refusing |= st == PULSE_ERR_UNSUPPORTED; /* a NaN or infinity */
     if (st != PULSE_OK)
       st = pulse_fail(st, "FP8 target of %" PRIu64 " x %" PRIu64 ": %s", b->fp8.rows,
                       b->fp8.cols, pulse_error_detail());
@@ -448,6 +453,7 @@ pulse_status sub_fp8_anchor_check(pulse_sub *sub, const sub_target *t, const uin
   if (binding_of(sub, t) == NULL)
     return PULSE_OK;
   pulse_status st = pulse_fp8_check_finite(src, rows, cols, stride, t->name);
+  sub->refusing |= st == PULSE_ERR_UNSUPPORTED;
   if (st != PULSE_OK)
     return pulse_fail(st, "anchor into the FP8 target's shadow: %s; nothing applied",
                       pulse_error_detail());

@@ -168,6 +168,18 @@ struct pulse_sub {
   struct sub_fp8 *fp8; /* FP8 targets over shadows (sub_fp8.c), or NULL */
   uint64_t step;            /* PULSE_SUB_NO_STEP: unknown */
   int step_claimed;         /* step not yet checked against the publisher */
+  /* A step whose weights these targets refuse (a NaN or infinity bound for
+   * an FP8 target: sub_fp8.c sets `refusing` when it refuses a value while
+   * the route applies `applying_step`). Routes through it are not planned
+   * (sub_plan.c): the targets keep the step before it, a sync to the same
+   * head ends at once with the refusal, and the follower waits for a newer
+   * head (sub_sync.c). Until the targets pass it or FP8 targets are bound. */
+  int have_refused, refusing;
+  uint64_t refused_step, applying_step;
+  uint8_t refused_run[PULSE_STORE_RUN_BYTES]; /* of the run it was refused in */
+  int refused_have_run;
+  pulse_status refused_status;
+  char refused_detail[1024];
   pulse_state_digest state; /* of step, when have_state */
   int have_state;
   pthread_rwlock_t rw; /* readers vs commits */
@@ -314,9 +326,12 @@ pulse_status sub_cache_save_head(pulse_sub *sub);
 /* ------------------------------------------------------------ sub_plan.c */
 
 /** Chooses the cheapest route from the targets' step to the head, among
- * those not in `avoid` (SUB_AVOID bits). PULSE_ERR_NOT_FOUND when none is
- * left. */
+ * those not in `avoid` (SUB_AVOID bits) and not through a refused step.
+ * PULSE_ERR_NOT_FOUND when none is left; the refusal's status when only
+ * routes through the refused step were. */
 pulse_status sub_plan_make(pulse_sub *sub, unsigned avoid, sub_plan *out);
+/** Whether the step the targets refused, in this run, is in [lo, hi]. */
+int sub_plan_refused(const pulse_sub *sub, uint64_t lo, uint64_t hi);
 
 /* --------------------------------------------------------- sub_catchup.c */
 

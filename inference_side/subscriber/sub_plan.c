@@ -8,7 +8,8 @@
  * partial downloads that will resume, catch-ups included) are not counted,
  * so a restarted worker finishes the download it had started. Without a
  * known step only (c) is possible. Routes that failed during a sync are
- * left out when it plans again. */
+ * left out when it plans again, and so are routes through a step the
+ * targets refused (sub_impl.h), in every sync. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
@@ -40,6 +41,13 @@ static long patch_after(const pulse_store_head *h, uint64_t step) {
   return -1;
 }
 
+int sub_plan_refused(const pulse_sub *sub, uint64_t lo, uint64_t hi) {
+  if (!sub->have_refused || sub->refused_have_run != sub->have_run ||
+      (sub->have_run && memcmp(sub->refused_run, sub->run, sizeof sub->run) != 0))
+    return 0; /* none, or refused in another run */
+  return sub->refused_step >= lo && sub->refused_step <= hi;
+}
+
 pulse_status sub_plan_make(pulse_sub *sub, unsigned avoid, sub_plan *out) {
   memset(out, 0, sizeof *out);
   const pulse_store_head *h = sub->head;
@@ -65,9 +73,16 @@ pulse_status sub_plan_make(pulse_sub *sub, unsigned avoid, sub_plan *out) {
   }
   uint64_t best = UINT64_MAX;
   size_t np = pulse_store_head_patch_count(h);
+  /* Routes through a step the targets refused end there again (sub_impl.h):
+   * only those past it are planned. */
+  int refused = 0;
   long first = from != PULSE_SUB_NO_STEP && pulse_store_head_has_step(h, from)
                    ? patch_after(h, from)
                    : -1;
+  if (first >= 0 && sub_plan_refused(sub, from + 1, head)) {
+    refused = 1;
+    first = -1;
+  }
   if (first >= 0 && !(avoid & SUB_AVOID(PULSE_SUB_ROUTE_CHAIN))) {
     best = patches_cost(sub, (size_t)first);
     out->route = PULSE_SUB_ROUTE_CHAIN;
@@ -83,6 +98,8 @@ pulse_status sub_plan_make(pulse_sub *sub, unsigned avoid, sub_plan *out) {
   int catchup_worth =
       first >= 0 ? np - (size_t)first >= 2 && patches_cost(sub, (size_t)first) > 0
                  : from != PULSE_SUB_NO_STEP && from < head;
+  if (catchup_worth && sub_plan_refused(sub, head, head))
+    refused = 1, catchup_worth = 0;
   if (catchup_worth && sub->opts.use_catchup &&
       !(avoid & SUB_AVOID(PULSE_SUB_ROUTE_CATCHUP)) &&
       sub_catchup_probe(sub, from, &out->catchup, &out->catchup_src)) {
@@ -102,6 +119,10 @@ pulse_status sub_plan_make(pulse_sub *sub, unsigned avoid, sub_plan *out) {
     long after = patch_after(h, o->step);
     if (after < 0 || o->step > head)
       continue;
+    if (sub_plan_refused(sub, o->step, head)) {
+      refused = 1;
+      continue;
+    }
     uint64_t cost = sub_add_sat(o->size - sub_object_have(sub, o),
                                 patches_cost(sub, (size_t)after));
     if (cost < best || (cost == best && out->route == PULSE_SUB_ROUTE_ANCHOR)) {
@@ -113,6 +134,11 @@ pulse_status sub_plan_make(pulse_sub *sub, unsigned avoid, sub_plan *out) {
       out->bytes = cost;
     }
   }
+  if (best == UINT64_MAX && refused)
+    return pulse_fail(sub->refused_status,
+                      "step %" PRIu64 " was refused (%s): no route to the head (step %" PRIu64
+                      ") passes it; the targets stay at their step until a newer head gives one",
+                      sub->refused_step, sub->refused_detail, head);
   if (best == UINT64_MAX)
     return pulse_fail(PULSE_ERR_NOT_FOUND,
                       "no route from step %" PRIu64 " to the head (%" PRIu64

@@ -71,6 +71,7 @@ static pulse_status apply_patches(pulse_sub *sub, size_t first) {
   size_t np = pulse_store_head_patch_count(sub->head);
   for (size_t i = first; i < np; i++) {
     const pulse_store_object *o = pulse_store_head_patch(sub->head, i);
+    sub->applying_step = o->step;
     if (streaming(sub) && sub_object_have(sub, o) < o->size) {
       PULSE_TRY(sub_apply_patch_streamed(sub, o, NULL));
       applied(sub, PULSE_SUB_ROUTE_CHAIN, &sub->fig.patches_applied);
@@ -100,6 +101,7 @@ static pulse_status run_catchup(pulse_sub *sub, const sub_plan *plan) {
   const pulse_store_object *o = &plan->catchup;
   const sub_source *src = &plan->catchup_src;
   pulse_status st;
+  sub->applying_step = o->step;
   if (streaming(sub)) {
     st = sub_apply_patch_streamed(sub, o, src);
   } else {
@@ -211,6 +213,7 @@ static pulse_status run_route(pulse_sub *sub, const sub_plan *plan) {
   for (size_t i = plan->first_patch; i < np && !streaming(sub); i++)
     PULSE_TRY(sub_object_fetch(sub, pulse_store_head_patch(sub->head, i)));
   if (plan->route == PULSE_SUB_ROUTE_ANCHOR) {
+    sub->applying_step = plan->anchor->step;
     PULSE_TRY(sub_apply_anchor(sub, plan->anchor));
     applied(sub, PULSE_SUB_ROUTE_ANCHOR, &sub->fig.anchors_applied);
   }
@@ -257,6 +260,29 @@ static void fall_back(pulse_sub *sub, const sub_plan *plan, pulse_status st,
   sub_emit_simple(sub, PULSE_SUB_EV_WARNING, st, msg);
 }
 
+/* The route was refused a step's weights (sub_impl.h): any route through
+ * that step ends the same way, so none is taken again. The targets keep
+ * the step before it (every apply is all or nothing); the refusal is
+ * reported here once, and later syncs to the same head end at the plan
+ * with its status, with nothing fetched. */
+static pulse_status refuse_step(pulse_sub *sub, pulse_status st, const char *detail) {
+  sub->have_refused = 1;
+  sub->refused_step = sub->applying_step;
+  sub->refused_status = st;
+  sub->refused_have_run = sub->have_run;
+  memcpy(sub->refused_run, sub->run, sizeof sub->run);
+  snprintf(sub->refused_detail, sizeof sub->refused_detail, "%s", detail);
+  char at[64] = "no known step";
+  if (sub->step != PULSE_SUB_NO_STEP)
+    snprintf(at, sizeof at, "step %" PRIu64, sub->step);
+  pulse_fail(st,
+             "step %" PRIu64 " refused: %s; the targets stay at %s, and no route through "
+             "step %" PRIu64 " is taken again",
+             sub->refused_step, detail, at, sub->refused_step);
+  rejected(sub, "step", st);
+  return st;
+}
+
 /* Plans and runs routes until the targets reach the head. A route that
  * fails is not taken again in this sync (catch-up, then the chain, then an
  * anchor), except when an object it needed was collected while the head
@@ -271,10 +297,15 @@ static pulse_status reach_head(pulse_sub *sub, sub_plan *plan) {
     if (pst != PULSE_OK)
       return avoid == 0 ? pst : pulse_fail(st, "%s", detail);
     emit_plan(sub, plan);
+    sub->refusing = 0;
     st = run_route(sub, plan);
+    if (st == PULSE_OK && sub_plan_refused(sub, 0, sub->step))
+      sub->have_refused = 0; /* past it (a catch-up or a later anchor) */
     if (st == PULSE_OK || !route_failure(sub, st))
       return st;
     snprintf(detail, sizeof detail, "%s", pulse_error_detail());
+    if (sub->refusing)
+      return refuse_step(sub, st, detail);
     if (is_wrong_base(st) && plan->route != PULSE_SUB_ROUTE_ANCHOR) {
       /* Never applied: the targets are not what the publisher had at their
        * step. Start again from an anchor. */
@@ -402,6 +433,13 @@ static void follow_pause(pulse_sub *sub, unsigned failures) {
   sub_sleep_ms(sub, ms);
 }
 
+/* The head is at or past a step the targets refused: waiting for a newer
+ * one is all a follower can do. */
+static int refusal_stands(const pulse_sub *sub) {
+  return sub->head != NULL &&
+         sub_plan_refused(sub, 0, pulse_store_head_step(sub->head));
+}
+
 pulse_status pulse_sub_follow(pulse_sub *sub) {
   if (sub == NULL)
     return pulse_fail(PULSE_ERR_ARG, "follow: NULL subscriber");
@@ -414,11 +452,13 @@ pulse_status pulse_sub_follow(pulse_sub *sub) {
       head_ready = 0;
       if (st == PULSE_ERR_ARG || st == PULSE_ERR_NOMEM)
         break;
-      if (st != PULSE_OK) {
+      if (st != PULSE_OK && !refusal_stands(sub)) {
         follow_pause(sub, failures);
         failures++;
         continue;
       }
+      /* Synced, or as far as the targets take: a refused step is not
+       * fetched again until the head moves on. */
       failures = 0;
       need_sync = 0;
     }

@@ -218,14 +218,21 @@ Test(inference_side_device_fp8, a_nan_into_a_device_shadow_is_refused_with_nothi
     tu_model_step(&r.t.m, 0.02);
     r.t.m.w[FP8_BLOCKED][5] = NAN;
     it_trainer_commit(&r.t, 4);
+    pulse_sub_figures before, fig;
+    pulse_sub_figures_get(r.sub, &before);
     pulse_status st = pulse_sub_sync(r.sub);
     cr_assert_neq(st, PULSE_OK, "whole %d: a NaN step applied", whole);
     cr_assert(strstr(pulse_sub_error(r.sub), "NaN") != NULL, "whole %d: %s", whole,
               pulse_sub_error(r.sub));
+    /* Refused once, by no other route (no anchor rewrote the targets), and
+     * not fetched or reported again for the same head. */
+    cr_assert_eq(pulse_sub_sync(r.sub), st, "whole %d: %s", whole, pulse_sub_error(r.sub));
+    pulse_sub_figures_get(r.sub, &fig);
+    cr_assert_eq(fig.anchors_applied, before.anchors_applied, "whole %d", whole);
+    cr_assert_eq(fig.rejected, before.rejected + 1, "whole %d", whole);
+    cr_assert_eq(fig.objects_fetched, before.objects_fetched + 1, "whole %d", whole);
     /* Shadows and FP8 tensors all hold step 3, and so does the subscriber. */
     rig_check(&r, 3, whole);
-    pulse_sub_figures fig;
-    pulse_sub_figures_get(r.sub, &fig);
     cr_assert_str_eq(fig.state_digest, r.t.digest[3]);
     rig_down(&r);
   }

@@ -7,13 +7,16 @@ with numpy, over the worker's own local tensor (also a fused, TP-sharded
 qkv through pulse.Mapping). Steps move a block's amax up and down. A
 `_scale_inv` of the wrong shape or dtype is refused before anything is
 written; a NaN or infinity published into an FP8 weight is refused with
-the worker's FP8 tensors, scales and step unchanged, and the next good
-step goes on. Where torch has float8_e4m3fn, its own conversion agrees
+the worker's FP8 tensors, scales and step unchanged, reported once and
+not fetched again for the same head (a follower waits for the next head),
+and the next good step goes on. Where torch has float8_e4m3fn, its own conversion agrees
 with the numpy quantizer. Exit 77: no torch."""
 
 import os
 import sys
 import tempfile
+import threading
+import time
 
 try:
     import numpy as np
@@ -166,10 +169,14 @@ def refused_before_writing(url, key, state):
             assert "a.weight_scale_inv" in str(e), str(e)
 
 
-def nan_refused(pub, pub_url, sub, targets, state, gen, step):
+def nan_refused(pub, sub, targets, state, gen, step):
     """A NaN (then an infinity) into an FP8 weight: the pull fails, the FP8
-    tensors, scales and step stay; the next good step is applied (from its
-    anchor: the chain goes through the bad step)."""
+    tensors, scales and step stay; the refusal is counted once, and pulling
+    the same head again fails at once with nothing fetched or rewritten (no
+    route through the refused step: before, the anchor route rewrote the
+    targets back to the step before and failed again). The next good step
+    is applied by the same worker, from its anchor (the chain goes through
+    the bad step)."""
     for bad in (float("nan"), float("inf")):
         before = {n: t.view(torch.uint8).clone() if t.dtype == FP8 else t.clone()
                   for n, t in targets.items()}
@@ -177,6 +184,7 @@ def nan_refused(pub, pub_url, sub, targets, state, gen, step):
         poisoned["b.weight"][200, 300] = bad
         step += 1
         assert pub.publish(poisoned) == step
+        rejected = sub.figures()["rejected"]
         try:
             sub.pull(targets, timeout=60)
             raise AssertionError(f"a {bad} weight went into an FP8 target")
@@ -185,6 +193,21 @@ def nan_refused(pub, pub_url, sub, targets, state, gen, step):
             assert "(200, 300)" in str(e), str(e)
             print(f"{bad} into an FP8 target: pulse.Error {e}")
         assert sub.step == step - 1
+        fig = sub.figures()
+        assert fig["rejected"] == rejected + 1, fig
+        for again in range(2):
+            anchors, objects = fig["anchors_applied"], fig["objects_fetched"]
+            try:
+                sub.pull(targets, timeout=60)
+                raise AssertionError(f"a {bad} weight went into an FP8 target (pull {again + 2})")
+            except pulse.Error as e:
+                assert e.status == "PULSE_ERR_UNSUPPORTED", str(e)
+                assert f"step {step} was refused" in str(e), str(e)
+            fig = sub.figures()
+            assert fig["anchors_applied"] == anchors, "the anchor route ran again"
+            assert fig["objects_fetched"] == objects, "the refused step was fetched again"
+            assert fig["rejected"] == rejected + 1, "the refusal was reported again"
+        assert sub.step == step - 1
         for n, t in targets.items():
             now = t.view(torch.uint8) if t.dtype == FP8 else t
             assert torch.equal(now, before[n]), f"'{n}' changed"
@@ -192,15 +215,53 @@ def nan_refused(pub, pub_url, sub, targets, state, gen, step):
         step += 1
         assert pub.publish(state) == step
         pub.flush()  # its anchor is in the head
-        # A new worker (the old one's cached anchor routes through the bad
-        # step: its planner does not know that patch is refused) takes the
-        # new anchor: its FP8 tensors are the reference's again.
-        sub.close()
-        sub = pulse.Subscriber(pub_url, key=pub.public_key, retries=0)
         assert sub.pull(targets, timeout=60) == step
         expect_worker(targets, state)
     sub.close()
     return step
+
+def follow_past_refused(pub, url, targets, state, gen, step):
+    """A follower whose head is a refused step waits for the next head: in
+    the second it waits, the refusal is counted once, the sync failed once
+    and no anchor was taken again (before: it retried with a backoff, and
+    each retry's anchor route rewrote the targets); the next good step is
+    the first it yields."""
+    with pulse.Subscriber(url, key=pub.public_key, retries=0) as sub:
+        assert sub.pull(targets, timeout=60) == step
+        poisoned = {n: t.clone() for n, t in state.items()}
+        poisoned["b.weight"][7, 9] = float("nan")
+        step += 1
+        assert pub.publish(poisoned) == step
+        before, seen, yielded = sub.figures(), [], threading.Event()
+
+        def later():
+            time.sleep(1.0)
+            seen.append(sub.figures())
+            train_step(state, gen, 98)
+            pub.publish(state)
+            pub.flush()
+            if not yielded.wait(60):  # a follower stuck on the refused step
+                pulse._lib.lib.pulse_sub_stop(sub._sub)  # ends follow: no yield
+
+        follow = sub.follow(targets)
+        thread = threading.Thread(target=later)
+        thread.start()
+        try:
+            got = next(follow, None)
+            yielded.set()
+        finally:
+            follow.close()
+            thread.join()
+        assert got is not None, "the follower never got past the refused step"
+        fig = seen[0]
+        assert fig["rejected"] == before["rejected"] + 1, fig
+        assert fig["sync_failures"] == before["sync_failures"] + 1, fig
+        assert fig["anchors_applied"] == before["anchors_applied"], fig
+        assert fig["step"] == step - 1, fig
+        assert got == step + 1, got
+        expect_worker(targets, state)
+        print(f"follower: step {step} refused once, then step {got} applied")
+    return step + 1
 
 
 def fused_tp(work):
@@ -280,7 +341,8 @@ def main():
                     assert sub.pull(targets, timeout=60) == step
                     expect_worker(targets, state)
                 print(f"FP8 targets bit-identical to the reference at steps 1..{step}")
-                nan_refused(pub, server.url, sub, targets, state, gen, step)
+                step = nan_refused(pub, sub, targets, state, gen, step)
+            follow_past_refused(pub, server.url, targets, state, gen, step)
         fused_tp(work)
     print("ok")
 
