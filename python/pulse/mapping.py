@@ -339,3 +339,37 @@ class Mapping:
                 raise fail(f"target '{target}' has shape {list(shape)}, this rank's layout "
                            f"gives {want}", "PULSE_ERR_SIZE_MISMATCH")
         return copies
+
+
+DeviceTarget = namedtuple("DeviceTarget", "source shape target offset")
+DeviceTarget.__doc__ = """A published tensor `source` of `shape` held whole
+at element `offset` of the engine's tensor `target`, its rows one after the
+other: what pulse_sub_attach_device takes."""
+
+
+def device_targets(copies, table):
+    """The blocks of a plan (Mapping.plan) as whole device tensors: the C
+    library applies patches into CUDA memory only as whole tensors
+    (pulse_sub_attach_device; its regions, pulse_region.h, are host
+    memory). A plan that only fuses and stacks (tp_size 1: fused qkv and
+    gate_up, expert stacks split over ranks by whole experts) is that; a
+    block that is part of a published tensor (a tensor-parallel split) or
+    whose rows lie apart is refused here, naming it, before anything is
+    attached."""
+    out = []
+    for c in copies:
+        shape = tuple(table[c.source])
+        rows = shape[0] if shape else 1
+        cols = _view_cols(shape) if shape else 1
+        if (c.src_row0, c.src_col0, c.rows, c.cols) != (0, 0, rows, cols):
+            raise fail(f"target '{c.target}': rows [{c.src_row0}, {c.src_row0 + c.rows}) columns "
+                       f"[{c.src_col0}, {c.src_col0 + c.cols}) of '{c.source}' are part of it: "
+                       f"the C library applies patches into CUDA memory only as whole tensors "
+                       f"(no device regions); hold tensor-parallel splits in host tensors",
+                       "PULSE_ERR_UNSUPPORTED")
+        if c.rows > 1 and (c.dst_col0 != 0 or c.cols != c.dst_cols):
+            raise fail(f"target '{c.target}': the rows of '{c.source}' lie {c.dst_cols} elements "
+                       f"apart in it, not one after the other: not a device tensor",
+                       "PULSE_ERR_UNSUPPORTED")
+        out.append(DeviceTarget(c.source, shape, c.target, c.dst_row0 * c.dst_cols + c.dst_col0))
+    return out

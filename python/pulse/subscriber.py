@@ -13,7 +13,7 @@ from . import fp8 as _fp8
 from ._lib import (Closing, SUB_CLASS_INDEX_AUTO, SUB_CLASS_INDEX_OFF, SUB_CLASS_INDEX_ON,
                    SUB_EV_SYNCED, SUB_NO_STEP, Error, Region, SubEventFn, SubFigures, SubOpts,
                    TensorInfo, check, fail, figures_dict, lib)
-from .mapping import Mapping
+from .mapping import Mapping, device_targets
 
 class Subscriber(Closing):
     """Follows the publisher at `url` (a base URL, or a list of them: the
@@ -107,8 +107,6 @@ class Subscriber(Closing):
             layout.append((name, tensor.data_ptr(), shape, is_cuda))
         if len({entry[3] for entry in layout}) > 1:
             raise fail("pull: host and CUDA targets do not mix")
-        if mapping is not None and device is not None:
-            raise fail("pull: a mapping into CUDA targets is not supported yet", "PULSE_ERR_UNSUPPORTED")
         layout = (mapping.key() if mapping is not None else None, tuple(layout),
                   tuple(b.key() for b in fp8))
         if layout == self._layout and self._sub is not None:
@@ -119,7 +117,7 @@ class Subscriber(Closing):
         check(lib.pulse_sub_create(ctypes.byref(self._opts), ctypes.byref(sub)))
         try:
             if mapping is not None:
-                self._attach_mapped(sub, mapping, dict(pairs))
+                self._attach_mapped(sub, mapping, dict(pairs), device is not None)
             for name, ptr, shape, is_cuda in (() if mapping is not None else layout[1]):
                 dims = (ctypes.c_uint64 * len(shape))(*shape)
                 attach = lib.pulse_sub_attach_device if is_cuda else lib.pulse_sub_attach_host
@@ -158,15 +156,26 @@ class Subscriber(Closing):
         finally:
             lib.pulse_sub_table_free(table)
 
-    def _attach_mapped(self, sub, mapping, targets):
+    def _attach_mapped(self, sub, mapping, targets, on_device):
         """Attaches this rank's blocks of the published tensors, each where
         the mapping puts it in the engine's tensors (pulse_sub_attach_region:
-        the C library applies and verifies each block). The whole plan is
-        checked before the first attach, and attaching writes nothing."""
+        the C library applies and verifies each block; in CUDA targets, whole
+        tensors only: pulse_sub_attach_device). The whole plan is checked
+        before the first attach, and attaching writes nothing."""
         table = self._table(sub)
         shapes = {name: tuple(t.shape) for name, t in targets.items()}
+        copies = mapping.plan(table, shapes)
+        if on_device:
+            for d in device_targets(copies, table):
+                dims = (ctypes.c_uint64 * max(1, len(d.shape)))(*d.shape)
+                ptr = targets[d.target].data_ptr() + 2 * d.offset
+                status = lib.pulse_sub_attach_device(sub, d.source.encode(), len(d.shape), dims, ptr)
+                if status != 0:
+                    detail = lib.pulse_sub_error(sub).decode(errors="replace")
+                    check(status, f"target '{d.target}': {detail}")
+            return []
         regions = []
-        for c in mapping.plan(table, shapes):
+        for c in copies:
             # The block's rows lie dst_cols elements apart in the target
             # (a fused or sharded weight: its 2-D view; an expert stack:
             # its last dimension).

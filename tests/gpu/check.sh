@@ -60,6 +60,10 @@
 #   torch      a pull into CUDA torch tensors equal to a CPU pull, on the
 #              caller's streams (tests/gpu/torch_pull.py; skipped where
 #              torch has no CUDA)
+#   moe        a pull through pulse.Mapping into CUDA expert stacks and
+#              fused tensors (tp_size 1, EP=2) equal to a CPU pull and to
+#              the trainer's weights; tp_size 2 into CUDA refused
+#              (tests/gpu/moe_pull.py; skipped likewise)
 # Exit status: 0 when nothing FAILed (a speed target MISSED is reported, and
 # fails the check only with PULSE_GPU_STRICT=1).
 #
@@ -496,5 +500,17 @@ if [ -f "$root/python/pulse/__init__.py" ] && [ -f "$root/tests/gpu/torch_pull.p
   fi
 else
   row "pull into CUDA torch = CPU pull" SKIPPED "skipped: no Python binding"
+fi
+if [ -f "$root/python/pulse/__init__.py" ] && [ -f "$root/tests/gpu/moe_pull.py" ]; then
+  t=$(date +%s)
+  timeout "$(limit 90)" python3 "$root/tests/gpu/moe_pull.py" "$build" > "$logs/moe.log" 2>&1
+  rc=$?
+  if [ "$rc" = 0 ]; then
+    row "mapped pull into CUDA expert stacks = CPU" PASS "$(elapsed "$t") s"
+  elif [ "$rc" = 77 ] || [ "$mode" = dry ]; then
+    row "mapped pull into CUDA expert stacks = CPU" SKIPPED "$(tail -n 1 "$logs/moe.log")"
+  else
+    row "mapped pull into CUDA expert stacks = CPU" FAIL "$(tail -n 2 "$logs/moe.log" | tr '\n' ' ' | cut -c1-200)"
+  fi
 fi
 finish

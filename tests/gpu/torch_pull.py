@@ -5,8 +5,8 @@ stream of the caller's (and, for the last steps, on another one, which the
 binding orders against the stream the library was given), another into
 CPU tensors, and the device tensors copied back equal the CPU ones bit for
 bit. A publisher fed the same weights as CUDA tensors commits the same
-state digests as the CPU one. A mapping into CUDA tensors is refused
-(pulse.Error, not supported yet). Usage: torch_pull.py BUILD_DIR. Exit 77:
+state digests as the CPU one. A pull through pulse.Mapping into CUDA
+tensors (whole tensors) equals it too. Usage: torch_pull.py BUILD_DIR. Exit 77:
 torch without CUDA or no device (a skip, with the reason)."""
 
 import os
@@ -74,11 +74,13 @@ def main():
             step_once(0)
             for k, _ in enumerate(llama.train_steps(trainer, STEPS)):
                 step_once(k + 1)
-            try:
-                sub_gpu.pull(gpu, mapping=pulse.Mapping(tp_size=1))
-                raise AssertionError("a mapping into CUDA targets was not refused")
-            except pulse.Error as e:
-                assert e.status == "PULSE_ERR_UNSUPPORTED", str(e)
+            # Through a mapping (whole tensors: device targets at their
+            # places; splits are refused, tests/gpu/moe_pull.py).
+            assert sub_gpu.pull(gpu, mapping=pulse.Mapping(tp_size=1), timeout=60) == sub_cpu.step
+            for n, t in gpu.items():
+                assert torch.equal(t.cpu().view(torch.int16), cpu[n].view(torch.int16)), \
+                    f"'{n}' pulled through a mapping differs from the CPU pull"
+            print("a pull through pulse.Mapping into CUDA targets equals the CPU pull")
     print("ok")
 
 

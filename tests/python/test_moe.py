@@ -159,6 +159,39 @@ def plan_of_sixteen_experts():
     print(f"plan of 16 experts for rank (tp 1, ep 1): {len(copies)} blocks, experts 8..15 only")
 
 
+def device_plan():
+    """CUDA targets take whole published tensors only (no device regions in
+    the C library): at tp_size 1 every block of an EP=2 rank's plan (fused
+    qkv and gate_up, expert stacks) is a whole tensor at the offset where
+    the engine keeps it, its rows one after the other; at tp_size 2 the
+    plan is refused, naming a split tensor, before anything is attached.
+    (A pull into CUDA targets through such a plan: tests/gpu/moe_pull.py.)"""
+    from pulse.mapping import device_targets
+    sd = moe_model.Moe(CONFIG).state_dict()
+    table = {n: tuple(t.shape) for n, t in sd.items()}
+    want = moe_model.engine_tensors(sd, 0, 1, 1, EP, CONFIG.experts)
+    layout = pulse.Mapping(stacked=moe_model.STACKED, tp_rank=0, tp_size=1,
+                           head_dim=CONFIG.head_dim, experts=EXPERTS, ep_rank=1, ep_size=EP)
+    blocks = device_targets(layout.plan(table, {n: tuple(t.shape) for n, t in want.items()}),
+                            table)
+    covered = {}
+    for d in blocks:
+        whole = want[d.target].reshape(-1)
+        got = whole[d.offset:d.offset + sd[d.source].numel()].view(d.shape)
+        assert torch.equal(got.view(torch.int16), sd[d.source].to(torch.bfloat16).view(torch.int16)), \
+            f"'{d.source}' is not at element {d.offset} of '{d.target}'"
+        covered[d.target] = covered.get(d.target, 0) + sd[d.source].numel()
+    for name, t in want.items():
+        assert covered.get(name) == t.numel(), f"'{name}' is not covered by whole tensors"
+    try:
+        device_targets(mapping(0, 1).plan(table, {n: tuple(t.shape) for n, t in
+                                                 expected(sd, 0, 1).items()}), table)
+        raise AssertionError("a tensor-parallel split into CUDA targets was not refused")
+    except pulse.Error as e:
+        assert e.status == "PULSE_ERR_UNSUPPORTED" and "no device regions" in str(e), str(e)
+    print(f"device plan at tp 1, ep 1 of 2: {len(blocks)} whole tensors; at tp 2 refused")
+
+
 def unsplit_experts(url, key, sd, step):
     """vLLM's own expert parallelism keeps each expert whole (its MoE
     tensor-parallel size is 1) while attention stays split: one rank of
@@ -174,6 +207,7 @@ def unsplit_experts(url, key, sd, step):
 
 def main():
     plan_of_sixteen_experts()
+    device_plan()
     torch.manual_seed(0)
     trainer = moe_model.Moe(CONFIG)
     with tempfile.TemporaryDirectory(prefix="pulse-moe-") as work:
