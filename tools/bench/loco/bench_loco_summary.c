@@ -51,7 +51,9 @@ static void sum_up_rewards_and_density(const bench *b, totals *t) {
     t->reward_gap[m] = t->last_reward[m] > 0
                            ? t->last_reward[PULSELOCO] / t->last_reward[m] - 1.0
                            : 0.0;
-  t->t_reward = t->reward_gap[REFERENCE] >= -0.01;
+  /* Not met when the baseline did not run (--only-pulseloco). */
+  t->t_reward = t->last_reward[REFERENCE] > 0 &&
+                t->reward_gap[REFERENCE] >= -0.01;
 }
 
 void bench_loco_sum_up(const bench *b, totals *t) {
