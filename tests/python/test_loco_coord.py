@@ -3,7 +3,7 @@ pulse.loco.Coordinator, loco/pulse_loco_coord.h): 3 processes on
 127.0.0.1, each with its own node (port 0), meeting once through a
 torch.distributed TCPStore, on the byte model of test_loco.py.
 
-- rounds: signed (every trainer's key pinned by the others), 8 outer
+- rounds: signed (every trainer's key pinned by the others), 6 outer
   rounds; after every outer.step() the trainers' parameters and theta_g
   are bit for bit the same, the held-out loss falls, and the bytes each
   reports received are the payloads of the round that the HTTP exchange
@@ -45,9 +45,9 @@ from ranks_testutil import spawn_ranks  # noqa: E402
 from test_loco import INNER, ByteModel, digest, text_batches  # noqa: E402
 
 WORLD = 3
-ROUNDS = 8
+ROUNDS = 6
 MANIFEST_TIMEOUT = 4.0
-JOIN_ROUNDS = 12
+JOIN_ROUNDS = 8
 
 
 class Meeting:
