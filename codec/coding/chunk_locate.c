@@ -25,9 +25,11 @@
 typedef struct {
   unsigned count;
   uint8_t cls[LOCATE_MAX_ACTIVE];
-  uint32_t seen[LOCATE_MAX_ACTIVE];   /* elements of the class passed so far */
-  uint32_t want[LOCATE_MAX_ACTIVE];   /* class rank of its next change */
-  uint32_t cursor[LOCATE_MAX_ACTIVE]; /* that change's entry in rank/cdelta */
+  /* Elements of the class to pass before its next change: that change's
+   * class rank minus the elements passed so far (one number to load, test
+   * and store per class and block). UINT32_MAX once all are found. */
+  uint32_t skip[LOCATE_MAX_ACTIVE];
+  uint32_t cursor[LOCATE_MAX_ACTIVE]; /* the next change's entry in rank/cdelta */
   uint32_t end[LOCATE_MAX_ACTIVE];    /* after the class's last entry */
 } locate_state;
 
@@ -42,10 +44,9 @@ static int locate_init(locate_state *st, const uint32_t *start, const uint32_t *
       return 0;
     unsigned a = st->count++;
     st->cls[a] = (uint8_t)c;
-    st->seen[a] = 0;
+    st->skip[a] = rank[start[c]];
     st->cursor[a] = start[c];
     st->end[a] = start[c + 1];
-    st->want[a] = rank[start[c]];
   }
   return 1;
 }
@@ -56,11 +57,26 @@ static void locate_compact(locate_state *st) {
   for (unsigned a = 0; a < st->count; a++) {
     if (st->cursor[a] == st->end[a])
       continue;
-    st->cls[kept] = st->cls[a], st->seen[kept] = st->seen[a], st->want[kept] = st->want[a];
+    st->cls[kept] = st->cls[a], st->skip[kept] = st->skip[a];
     st->cursor[kept] = st->cursor[a], st->end[kept] = st->end[a];
     kept++;
   }
   st->count = kept;
+}
+
+/* Class a's change at its cursor was found: moves to the next one. Ranks
+ * strictly increase within a class (a decoded gap is >= 0), so the skip to
+ * the next is their difference less one; ranks that do not increase give a
+ * skip that never runs out, as the reference never finds them. Returns
+ * non-zero when the class has no change left. */
+static inline int locate_next(locate_state *st, unsigned a, const uint32_t *rank) {
+  uint32_t c = st->cursor[a]++;
+  if (st->cursor[a] == st->end[a]) {
+    st->skip[a] = UINT32_MAX;
+    return 1;
+  }
+  st->skip[a] = rank[c + 1] - rank[c] - 1;
+  return 0;
 }
 
 /* The reference's loop over base[i0, n), from the state the blocks left. */
@@ -73,39 +89,43 @@ static uint32_t locate_tail(locate_state *st, const uint16_t *base, uint32_t i0,
     slot[st->cls[a]] = (uint8_t)a;
   for (uint32_t i = i0; i < n && out < k; i++) {
     unsigned a = slot[pulse_bf16_class(base[i])];
-    if (a == 0xFF || st->seen[a]++ != st->want[a])
+    if (a == 0xFF || st->cursor[a] == st->end[a] || st->skip[a]-- != 0)
       continue;
     pos[out] = first + i;
     delta[out] = cdelta[st->cursor[a]];
     out++;
-    st->cursor[a]++;
-    st->want[a] = st->cursor[a] < st->end[a] ? rank[st->cursor[a]] : UINT32_MAX;
+    locate_next(st, a, rank);
   }
   return out;
 }
 
 /* Active class a has the elements of mask m in the block: finds its wanted
- * ranks among them (hits, with their deltas at their lanes), then counts
- * them as seen. Returns non-zero when the class has no change left. */
+ * changes among them (hits, with their deltas at their lanes) and passes
+ * the rest. Returns non-zero when the class has no change left. */
 static inline int locate_class(locate_state *st, unsigned a, uint64_t m, uint64_t *hits,
                                uint16_t *hit_delta, const uint32_t *rank,
                                const uint16_t *cdelta) {
-  uint32_t cnt = (uint32_t)__builtin_popcountll(m);
-  int done = 0;
-  /* want >= seen always: every rank below seen was found already. */
-  while (st->want[a] - st->seen[a] < cnt) {
-    uint64_t left = m;
-    for (uint32_t r = st->want[a] - st->seen[a]; r > 0; r--)
-      left &= left - 1;
-    unsigned lane = (unsigned)__builtin_ctzll(left);
+  uint32_t cnt = (uint32_t)__builtin_popcountll(m), skip = st->skip[a];
+  if (skip >= cnt) { /* the common case: no change of the class here */
+    st->skip[a] = skip - cnt;
+    return 0;
+  }
+  for (;;) {
+    for (; skip > 0; skip--)
+      m &= m - 1;
+    unsigned lane = (unsigned)__builtin_ctzll(m);
+    m &= m - 1;
     *hits |= 1ull << lane;
     hit_delta[lane] = cdelta[st->cursor[a]];
-    st->cursor[a]++;
-    st->want[a] = st->cursor[a] < st->end[a] ? rank[st->cursor[a]] : UINT32_MAX;
-    done |= st->cursor[a] == st->end[a];
+    if (locate_next(st, a, rank))
+      return 1;
+    skip = st->skip[a];
+    cnt = (uint32_t)__builtin_popcountll(m);
+    if (skip >= cnt) {
+      st->skip[a] = skip - cnt;
+      return 0;
+    }
   }
-  st->seen[a] += cnt;
-  return done;
 }
 
 /* Appends the hits of the block at i in element order, as the reference
