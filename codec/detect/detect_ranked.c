@@ -252,23 +252,51 @@ RANKED_AVX512 static inline __m512i join256(__m256i lo, __m256i hi) {
   return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
 }
 
+static int have_avx512_bf16(void) { return __builtin_cpu_supports("avx512bf16"); }
+
+/* 32 FP32 values to BF16 bits in order, by the CPU's own rounding
+ * (VCVTNE2PS2BF16, AVX512_BF16): ties to even like pulse_bf16_from_f32_bits
+ * for finite normal results, at a third of the software form's cost (it
+ * was the largest part of the scan). The two differ only where the result
+ * has exponent field 0 or 0xFF (the instruction flushes denormal inputs,
+ * keeps NaN payloads): those 32 lanes take the software form instead, so
+ * the bits are the reference's. Written in asm because the intrinsic needs
+ * the avx512bf16 target on the shared scan body, which also runs on CPUs
+ * without it. */
+RANKED_AVX512 static inline __m512i bf16x32_hw(const float *src) {
+  __m512 lo = _mm512_loadu_ps(src), hi = _mm512_loadu_ps(src + 16);
+  __m512i r;
+  __asm__("vcvtne2ps2bf16 %2, %1, %0" : "=v"(r) : "v"(hi), "v"(lo));
+  const __m512i exp_field = _mm512_set1_epi16(0x7F80);
+  __m512i e = _mm512_and_si512(r, exp_field);
+  __mmask32 special = _mm512_testn_epi16_mask(r, exp_field) | _mm512_cmpeq_epi16_mask(e, exp_field);
+  if (__builtin_expect(special != 0, 0))
+    r = join256(bf16x16_avx512(src), bf16x16_avx512(src + 16));
+  return r;
+}
+
 #define HOT_COUNT512(k)                                                        \
   do {                                                                         \
-    __mmask64 mk = _mm512_cmpeq_epi8_mask(e, _mm512_set1_epi8((char)hot[k]));  \
+    __mmask64 mk = _mm512_cmpeq_epi8_mask(e, hot_v[k]);                        \
     hc[k] += (uint32_t)__builtin_popcountll(mk);                               \
     seen |= mk;                                                                \
   } while (0)
 
 /* scan_avx2 on 64 lanes: the compares give masks, no movemask. */
 __attribute__((always_inline)) RANKED_AVX512 static inline pulse_status
-scan_avx512(const void *cur, const pulse_dtype dtype, const uint16_t *snap, uint64_t first,
-            uint32_t lo, uint32_t hi, const uint8_t *hot, pulse_detect_chunk *out) {
+scan_avx512(const void *cur, const pulse_dtype dtype, const int hw_round, const uint16_t *snap,
+            uint64_t first, uint32_t lo, uint32_t hi, const uint8_t *hot,
+            pulse_detect_chunk *out) {
   uint32_t *hist = out->hist;
   uint32_t hc[RANKED_HOT];
   uint8_t is_hot[PULSE_CLASS_COUNT] = {0};
+  /* Broadcast once: the loop's byte stores (classes) may alias `hot`, so
+   * the compiler would read and broadcast it again every block. */
+  __m512i hot_v[RANKED_HOT];
   for (unsigned k = 0; k < RANKED_HOT; k++) {
     hc[k] = hist[hot[k]];
     is_hot[hot[k]] = 1;
+    hot_v[k] = _mm512_set1_epi8((char)hot[k]);
   }
   _Alignas(64) uint16_t fresh[RANKED_BLOCK];
   uint8_t cold[COLD_BATCH + 2 * RANKED_BLOCK];
@@ -285,7 +313,11 @@ scan_avx512(const void *cur, const pulse_dtype dtype, const uint16_t *snap, uint
     __m512i sa = _mm512_loadu_si512((const void *)s);
     __m512i sb = _mm512_loadu_si512((const void *)(s + 32));
     __m512i na, nb;
-    if (dtype == PULSE_DTYPE_F32) {
+    if (dtype == PULSE_DTYPE_F32 && hw_round) {
+      const float *f = (const float *)cur + i;
+      na = bf16x32_hw(f);
+      nb = bf16x32_hw(f + 32);
+    } else if (dtype == PULSE_DTYPE_F32) {
       const float *f = (const float *)cur + i;
       na = join256(bf16x16_avx512(f), bf16x16_avx512(f + 16));
       nb = join256(bf16x16_avx512(f + 32), bf16x16_avx512(f + 48));
@@ -344,13 +376,20 @@ scan_avx512(const void *cur, const pulse_dtype dtype, const uint16_t *snap, uint
 RANKED_AVX512 static pulse_status scan_avx512_f32(const void *cur, const uint16_t *snap,
                                                   uint64_t first, uint32_t lo, uint32_t hi,
                                                   const uint8_t *hot, pulse_detect_chunk *out) {
-  return scan_avx512(cur, PULSE_DTYPE_F32, snap, first, lo, hi, hot, out);
+  return scan_avx512(cur, PULSE_DTYPE_F32, 0, snap, first, lo, hi, hot, out);
+}
+
+RANKED_AVX512 static pulse_status scan_avx512_f32_hw(const void *cur, const uint16_t *snap,
+                                                     uint64_t first, uint32_t lo, uint32_t hi,
+                                                     const uint8_t *hot,
+                                                     pulse_detect_chunk *out) {
+  return scan_avx512(cur, PULSE_DTYPE_F32, 1, snap, first, lo, hi, hot, out);
 }
 
 RANKED_AVX512 static pulse_status scan_avx512_bf16(const void *cur, const uint16_t *snap,
                                                    uint64_t first, uint32_t lo, uint32_t hi,
                                                    const uint8_t *hot, pulse_detect_chunk *out) {
-  return scan_avx512(cur, PULSE_DTYPE_BF16, snap, first, lo, hi, hot, out);
+  return scan_avx512(cur, PULSE_DTYPE_BF16, 0, snap, first, lo, hi, hot, out);
 }
 
 RANKED_AVX2 static pulse_status scan_avx2_f32(const void *cur, const uint16_t *snap,
@@ -374,9 +413,11 @@ pulse_status pulse_detect_chunk_ranked(const void *cur, pulse_dtype dtype,
   if (dtype != PULSE_DTYPE_F32 && dtype != PULSE_DTYPE_BF16)
     return pulse_fail(PULSE_ERR_DTYPE, "detect: input dtype %s (want F32 or BF16)",
                       pulse_dtype_name(dtype));
+  pulse_isa requested = isa;
+  if (isa == PULSE_DETECT_RANKED_AVX512) /* AVX2 where the CPU has no AVX-512 */
+    isa = PULSE_ISA_AUTO;
   if (!pulse_isa_available(isa))
     return pulse_fail(PULSE_ERR_UNSUPPORTED, "detect: instruction set %d not available", isa);
-  pulse_isa requested = isa;
   if (isa == PULSE_ISA_AUTO)
     isa = pulse_isa_available(PULSE_ISA_AVX2) ? PULSE_ISA_AVX2 : PULSE_ISA_SCALAR;
   out->changes.count = 0;
@@ -388,9 +429,15 @@ pulse_status pulse_detect_chunk_ranked(const void *cur, pulse_dtype dtype,
     uint8_t hot[RANKED_HOT];
     choose_hot(out->hist, hot);
     done = RANKED_SAMPLE + (n - RANKED_SAMPLE) / RANKED_BLOCK * RANKED_BLOCK;
-    /* AUTO takes 64-lane masks where the CPU has them (AVX-512BW); AVX2
-     * asks for the 32-lane form (tests reach both). */
-    if (requested == PULSE_ISA_AUTO && have_avx512())
+    /* AUTO takes 64-lane masks where the CPU has them (AVX-512BW), and
+     * the CPU's BF16 rounding where it has that too (AVX512_BF16);
+     * PULSE_DETECT_RANKED_AVX512 the masks with the software rounding,
+     * AVX2 the 32-lane form (tests reach all three). */
+    int avx512 = (requested == PULSE_ISA_AUTO || requested == PULSE_DETECT_RANKED_AVX512) &&
+                 have_avx512();
+    if (avx512 && dtype == PULSE_DTYPE_F32 && requested == PULSE_ISA_AUTO && have_avx512_bf16())
+      PULSE_TRY(scan_avx512_f32_hw(cur, snapshot, first, RANKED_SAMPLE, done, hot, out));
+    else if (avx512)
       PULSE_TRY(dtype == PULSE_DTYPE_F32
                     ? scan_avx512_f32(cur, snapshot, first, RANKED_SAMPLE, done, hot, out)
                     : scan_avx512_bf16(cur, snapshot, first, RANKED_SAMPLE, done, hot, out));

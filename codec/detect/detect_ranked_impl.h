@@ -23,12 +23,18 @@ typedef struct {
   uint32_t hist[PULSE_CLASS_COUNT]; /* the chunk's base elements per class */
 } pulse_detect_chunk;
 
+/* An `isa` for pulse_detect_chunk_ranked beside pulse_isa's: the AVX-512
+ * form with the software rounding of FP32 (AUTO takes the CPU's BF16
+ * rounding where it has AVX512_BF16), so tests reach both; AVX2 or scalar
+ * on a CPU without AVX-512. */
+#define PULSE_DETECT_RANKED_AVX512 ((pulse_isa)3)
+
 /** Detects the changes of the n elements from `first` of a tensor (cur: its
  * new values, F32 or BF16; snapshot: its BF16 base, both from element 0)
  * into out (emptied first): positions and bits as pulse_detect_ref finds
  * them, classes, ranks and hist as pulse_chunk_classify gives them for the
  * chunk's base. The snapshot is not written. `isa` as for
- * pulse_detect_fast_tuned. On error out's content is unspecified. */
+ * pulse_detect_fast_tuned, or PULSE_DETECT_RANKED_AVX512. On error out's content is unspecified. */
 pulse_status pulse_detect_chunk_ranked(const void *cur, pulse_dtype dtype,
                                        const uint16_t *snapshot, uint64_t first, uint32_t n,
                                        pulse_isa isa, pulse_detect_chunk *out);

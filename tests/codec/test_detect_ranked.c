@@ -2,7 +2,8 @@
  * bit for bit against the reference pieces it replaces: pulse_detect_ref
  * for positions and bits, pulse_chunk_classify for classes, ranks and
  * class counts; on every instruction set, for chunks inside a tensor, with
- * few or many classes (the fast path counts 8 of them by mask). */
+ * few or many classes (the fast path counts 8 of them by mask), and FP32
+ * values whose rounding a CPU's BF16 instruction does otherwise. */
 #include "chunk_impl.h"
 #include "detect_impl.h"
 #include "detect_ranked_impl.h"
@@ -121,7 +122,8 @@ Test(detect_ranked, matches_the_reference_detection_and_classification) {
   static const uint64_t sizes[] = {1, 63, 255, 256, 320, 321, 1024, 5000, 70001};
   static const double densities[] = {0.0, 0.01, 0.3, 1.0};
   static const pulse_dtype dtypes[] = {PULSE_DTYPE_F32, PULSE_DTYPE_BF16};
-  static const pulse_isa isas[] = {PULSE_ISA_SCALAR, PULSE_ISA_AVX2, PULSE_ISA_AUTO};
+  static const pulse_isa isas[] = {PULSE_ISA_SCALAR, PULSE_ISA_AVX2,
+                                   PULSE_DETECT_RANKED_AVX512, PULSE_ISA_AUTO};
   uint64_t seed = 1;
   for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++)
     for (size_t d = 0; d < sizeof densities / sizeof *densities; d++)
@@ -130,13 +132,60 @@ Test(detect_ranked, matches_the_reference_detection_and_classification) {
           ranked_case c;
           case_make(&c, dtypes[t], sizes[s], densities[d], (class_mix)mix, seed++);
           for (size_t i = 0; i < sizeof isas / sizeof *isas; i++) {
-            if (!pulse_isa_available(isas[i]))
+            if (isas[i] != PULSE_DETECT_RANKED_AVX512 && !pulse_isa_available(isas[i]))
               continue;
             check_case(&c, 10, isas[i]);
             check_case(&c, 16, isas[i]);
           }
           case_free(&c);
         }
+}
+
+/* FP32 bits where a CPU's own BF16 rounding (AUTO takes VCVTNE2PS2BF16
+ * where the CPU has it) is not pulse_bf16_from_f32_bits: denormals (flushed
+ * by the instruction), NaNs of any payload and sign (kept by it, 0x7FC0 in
+ * the reference), infinities, values that round to infinity, zeros; each
+ * planted alone or in runs among weight-like values, at every lane of the
+ * 64-element blocks, so every block form meets them. */
+static uint32_t special_f32(uint64_t r) {
+  static const uint32_t fixed[] = {0x00000000u, 0x80000000u, 0x00000001u, 0x807FFFFFu,
+                                   0x00400000u, 0x00008000u, 0x7F800000u, 0xFF800000u,
+                                   0x7F800001u, 0xFFC00000u, 0x7FFFFFFFu, 0x7F7FFFFFu,
+                                   0xFF7F8000u, 0x7F7F7FFFu, 0x00800000u, 0x0080FFFFu};
+  if (r & 1u)
+    return fixed[(r >> 1) % (sizeof fixed / sizeof *fixed)];
+  uint32_t u = (uint32_t)(r >> 16);
+  return (r & 2u) ? (u & 0x807FFFFFu) : (u | 0x7F800000u); /* denormal or Inf/NaN */
+}
+
+Test(detect_ranked, rounds_special_f32_values_as_the_reference) {
+  static const pulse_isa isas[] = {PULSE_ISA_SCALAR, PULSE_ISA_AVX2,
+                                   PULSE_DETECT_RANKED_AVX512, PULSE_ISA_AUTO};
+  static const double rates[] = {0.001, 0.02, 0.5};
+  for (size_t k = 0; k < sizeof rates / sizeof *rates; k++) {
+    ranked_case c;
+    case_make(&c, PULSE_DTYPE_F32, 20000, 0.01, CLASSES_WEIGHTS, 40 + k);
+    uint32_t *u = c.cur;
+    uint64_t state = 99 + k;
+    for (uint64_t i = 0; i < c.n; i++) {
+      if (pulse_rng_uniform(&state) >= rates[k])
+        continue;
+      uint64_t run = 1 + pulse_rng_next(&state) % 40u; /* a run, up to a block's width */
+      for (uint64_t j = i; j < i + run && j < c.n; j++) {
+        u[j] = special_f32(pulse_rng_next(&state));
+        if (j % 3u == 0) /* the snapshot sometimes already holds the rounding */
+          c.snap[j] = pulse_bf16_from_f32_bits(u[j]);
+      }
+      i += run;
+    }
+    for (size_t i = 0; i < sizeof isas / sizeof *isas; i++) {
+      if (isas[i] != PULSE_DETECT_RANKED_AVX512 && !pulse_isa_available(isas[i]))
+        continue;
+      check_case(&c, 10, isas[i]);
+      check_case(&c, 14, isas[i]);
+    }
+    case_free(&c);
+  }
 }
 
 Test(detect_ranked, keeps_its_arrays_and_refuses_bad_input) {
