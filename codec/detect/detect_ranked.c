@@ -9,7 +9,8 @@
  * snapshot) in registers, so here the counts come from the same pass, and
  * mostly without a histogram: per block of 64 elements, the 8 classes
  * most frequent in the chunk's first elements are counted with a byte
- * compare and a popcount each; only elements of other classes (a few
+ * compare and a popcount each (with AVX-512, all eight at once through a
+ * bit transpose: hot_counts); only elements of other classes (a few
  * percent of a model's weights) are counted one by one (with AVX-512, the
  * class bytes of those are packed aside without a branch and counted in
  * batches). A change's rank is its class's count before the block plus
@@ -225,12 +226,14 @@ scan_avx2(const void *cur, const pulse_dtype dtype, const uint16_t *snap, uint64
 }
 #undef HOT_COUNT
 
-#define RANKED_AVX512 __attribute__((target("avx512f,avx512bw,avx512vbmi2,bmi,popcnt")))
+#define RANKED_AVX512                                                          \
+  __attribute__((target("avx512f,avx512bw,avx512vbmi,avx512vbmi2,avx512bitalg,gfni,bmi,popcnt")))
 
 static int have_avx512(void) {
   return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vbmi2") && __builtin_cpu_supports("bmi") &&
-         __builtin_cpu_supports("popcnt");
+         __builtin_cpu_supports("avx512vbmi") && __builtin_cpu_supports("avx512vbmi2") &&
+         __builtin_cpu_supports("avx512bitalg") && __builtin_cpu_supports("gfni") &&
+         __builtin_cpu_supports("bmi") && __builtin_cpu_supports("popcnt");
 }
 
 /* Cold class bytes waiting to be counted (see scan_avx512). */
@@ -275,29 +278,61 @@ RANKED_AVX512 static inline __m512i bf16x32_hw(const float *src) {
   return r;
 }
 
-#define HOT_COUNT512(k)                                                        \
-  do {                                                                         \
-    __mmask64 mk = _mm512_cmpeq_epi8_mask(e, hot_v[k]);                        \
-    hc[k] += (uint32_t)__builtin_popcountll(mk);                               \
-    seen |= mk;                                                                \
-  } while (0)
+/* The hot classes' counts of one block of 64 class bytes e, all eight at
+ * once (eight byte compares and popcounts cost twice as much): a table
+ * lookup turns each byte into one bit, bit k for hot class k (0 for the
+ * others, which *cold gets); GF2P8AFFINEQB with the matrix of a qword's
+ * eight bytes and the bytes 1 << j transposes them, so that the popcount
+ * of byte j is how many of the eight hold bit j; a byte permute puts the
+ * eight qwords' counts of class j in qword j, which a sum of absolute
+ * differences adds. The table covers the 128 classes from `base` (a byte
+ * subtraction); hot classes outside it are left to the cold count. */
+RANKED_AVX512 static inline __m512i hot_counts(__m512i e, __m512i base, __m512i tab_lo,
+                                               __m512i tab_hi, __mmask64 *cold) {
+  const __m512i unit = _mm512_set1_epi64((long long)0x8040201008040201ull);
+  const __m512i by_class = _mm512_set_epi8(
+      63, 55, 47, 39, 31, 23, 15, 7, 62, 54, 46, 38, 30, 22, 14, 6, 61, 53, 45, 37, 29, 21, 13, 5,
+      60, 52, 44, 36, 28, 20, 12, 4, 59, 51, 43, 35, 27, 19, 11, 3, 58, 50, 42, 34, 26, 18, 10, 2,
+      57, 49, 41, 33, 25, 17, 9, 1, 56, 48, 40, 32, 24, 16, 8, 0);
+  __m512i d = _mm512_sub_epi8(e, base);
+  __mmask64 outside = _mm512_movepi8_mask(d);
+  __m512i bit = _mm512_maskz_permutex2var_epi8(~outside, tab_lo, d, tab_hi);
+  *cold = _mm512_testn_epi8_mask(bit, bit);
+  __m512i per_qword = _mm512_popcnt_epi8(_mm512_gf2p8affine_epi64_epi8(unit, bit, 0));
+  return _mm512_sad_epu8(_mm512_permutexvar_epi8(by_class, per_qword), _mm512_setzero_si512());
+}
 
-/* scan_avx2 on 64 lanes: the compares give masks, no movemask. */
+/* scan_avx2 on 64 lanes: the compares give masks, no movemask. The hot
+ * counts live in `acc` (lane k: hot class k, when the table has it). */
 __attribute__((always_inline)) RANKED_AVX512 static inline pulse_status
 scan_avx512(const void *cur, const pulse_dtype dtype, const int hw_round, const uint16_t *snap,
             uint64_t first, uint32_t lo, uint32_t hi, const uint8_t *hot,
             pulse_detect_chunk *out) {
   uint32_t *hist = out->hist;
-  uint32_t hc[RANKED_HOT];
-  uint8_t is_hot[PULSE_CLASS_COUNT] = {0};
-  /* Broadcast once: the loop's byte stores (classes) may alias `hot`, so
-   * the compiler would read and broadcast it again every block. */
-  __m512i hot_v[RANKED_HOT];
+  uint8_t is_hot[PULSE_CLASS_COUNT] = {0}, in_table[RANKED_HOT] = {0};
+  _Alignas(64) uint8_t tab[128] = {0};
+  _Alignas(64) uint64_t counts[RANKED_HOT] = {0};
+  uint8_t base = (uint8_t)(hot[0] - 64u); /* the table around the most frequent */
   for (unsigned k = 0; k < RANKED_HOT; k++) {
-    hc[k] = hist[hot[k]];
-    is_hot[hot[k]] = 1;
-    hot_v[k] = _mm512_set1_epi8((char)hot[k]);
+    uint8_t d = (uint8_t)(hot[k] - base);
+    if (d < 128) {
+      tab[d] = (uint8_t)(1u << k);
+      in_table[k] = 1;
+      is_hot[hot[k]] = 1;
+      counts[k] = hist[hot[k]];
+    }
   }
+  const __m512i tab_lo = _mm512_load_si512((const void *)tab);
+  const __m512i tab_hi = _mm512_load_si512((const void *)(tab + 64));
+  const __m512i base_v = _mm512_set1_epi8((char)base);
+  __m512i acc = _mm512_load_si512((const void *)counts);
+#define HOT_STORE()                                                            \
+  do {                                                                         \
+    _mm512_store_si512((void *)counts, acc);                                   \
+    for (unsigned k = 0; k < RANKED_HOT; k++)                                  \
+      if (in_table[k])                                                         \
+        hist[hot[k]] = (uint32_t)counts[k];                                    \
+  } while (0)
   _Alignas(64) uint16_t fresh[RANKED_BLOCK];
   uint8_t cold[COLD_BATCH + 2 * RANKED_BLOCK];
   unsigned ncold = 0;
@@ -333,8 +368,7 @@ scan_avx512(const void *cur, const pulse_dtype dtype, const int hw_round, const 
                         _mm512_cvtepi16_epi8(_mm512_srli_epi16(sb, 7)));
     if (diff != 0) {
       PULSE_TRY(chunk_room(out, (uint64_t)__builtin_popcountll(diff)));
-      for (unsigned k = 0; k < RANKED_HOT; k++)
-        hist[hot[k]] = hc[k];
+      HOT_STORE();
       _mm512_store_si512((void *)fresh, na);
       _mm512_store_si512((void *)(fresh + 32), nb);
       /* Ranks from the counts before this block: changes first. */
@@ -348,30 +382,22 @@ scan_avx512(const void *cur, const pulse_dtype dtype, const int hw_round, const 
         push(out, i + b, s[b], fresh[b], c, hist[c] + below);
       }
     }
-    uint64_t seen = 0;
-    HOT_COUNT512(0);
-    HOT_COUNT512(1);
-    HOT_COUNT512(2);
-    HOT_COUNT512(3);
-    HOT_COUNT512(4);
-    HOT_COUNT512(5);
-    HOT_COUNT512(6);
-    HOT_COUNT512(7);
+    __mmask64 others;
+    acc = _mm512_add_epi64(acc, hot_counts(e, base_v, tab_lo, tab_hi, &others));
     /* The other classes' bytes are packed into `cold` without a branch
      * (about half the blocks of a model hold one or two: a branch on them
      * was a third of the loop's time) and counted in batches. */
-    _mm512_storeu_si512((void *)(cold + ncold), _mm512_maskz_compress_epi8(~seen, e));
-    ncold += (unsigned)__builtin_popcountll(~seen);
+    _mm512_storeu_si512((void *)(cold + ncold), _mm512_maskz_compress_epi8(others, e));
+    ncold += (unsigned)__builtin_popcountll(others);
     if (__builtin_expect(ncold > COLD_BATCH, 0))
       COLD_DRAIN();
   }
   COLD_DRAIN();
-  for (unsigned k = 0; k < RANKED_HOT; k++)
-    hist[hot[k]] = hc[k];
+  HOT_STORE();
   return PULSE_OK;
 }
 #undef COLD_DRAIN
-#undef HOT_COUNT512
+#undef HOT_STORE
 
 RANKED_AVX512 static pulse_status scan_avx512_f32(const void *cur, const uint16_t *snap,
                                                   uint64_t first, uint32_t lo, uint32_t hi,
