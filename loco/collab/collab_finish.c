@@ -443,17 +443,22 @@ pulse_status collab_catch_up_or_rejoin(pulse_loco_collab *c, uint64_t r,
                                        const loco_manifest *man,
                                        float *theta_r,
                                        pulse_loco_collab_figures *info) {
+  if (loco_member_find(man->members, man->nmembers, c->id) < 0) {
+    /* Not a member of r + 1 (cut off from the writer): its next call joins
+     * again and imports the state the others are at then, which the
+     * state of r + 1 would only delay (under a partition the others may
+     * be rounds past it by the time it came). */
+    PULSE_LOG_AT(PULSE_LOG_WARN,
+                 "loco collab round %" PRIu64 ": left out of round %" PRIu64
+                 "; this peer joins again",
+                 r, r + 1);
+    info->resynced = 0;
+    return PULSE_OK; /* end_round marks it dropped */
+  }
   pulse_status st =
       collab_catch_up(c, r + 1, src, man, theta_r, collab_catch_up_window(c));
   info->resynced = st == PULSE_OK;
-  if (st == PULSE_OK ||
-      loco_member_find(man->members, man->nmembers, c->id) >= 0)
-    return st;
-  PULSE_LOG_AT(PULSE_LOG_WARN,
-               "loco collab round %" PRIu64 ": the others are past round "
-               "%" PRIu64 " (%s); this peer, left out of it, joins again",
-               r, r + 1, pulse_error_detail());
-  return PULSE_OK; /* end_round: not a member of r + 1, so it rejoins */
+  return st;
 }
 
 /* No payload of its own, or not every listed one (and no settling left):

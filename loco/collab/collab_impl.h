@@ -363,11 +363,10 @@ pulse_status collab_settle_failed(pulse_loco_collab *c, uint64_t r,
                                   uint64_t end, float *theta_r,
                                   pulse_loco_collab_figures *info,
                                   int *imported);
-/* The state of r + 1 (collab_catch_up, info->resynced); when no member
- * serves it any more and man's next round does not list this peer (it was
- * cut off from the writer: a partition), PULSE_OK all the same: the round
- * ends with this peer dropped, and its next call joins again and imports
- * the state the others are at. */
+/* The state of r + 1 (collab_catch_up, info->resynced); when man's next
+ * round does not list this peer (it was cut off from the writer: a
+ * partition), none: PULSE_OK, the round ends with this peer dropped, and
+ * its next call joins again and imports the state the others are at. */
 pulse_status collab_catch_up_or_rejoin(pulse_loco_collab *c, uint64_t r,
                                        const char *src,
                                        const loco_manifest *man,

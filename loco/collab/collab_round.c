@@ -424,6 +424,12 @@ static pulse_status finish_all_to_all(round_state *s) {
   }
   if (st == PULSE_OK)
     test_stall(c, s->r, 0, 3);
+  /* Nothing of its own in the round and no member of the next: it joins
+   * again (collab_catch_up_or_rejoin), the listed payloads are no use. */
+  if (st == PULSE_OK && (s->own == NULL || !s->listed) &&
+      loco_member_find(s->man.members, s->man.nmembers, c->id) < 0)
+    return collab_import_finished(c, s->r, s->src, &s->man, s->t, s->theta_r,
+                                  s->info);
   while (st == PULSE_OK) {
     int complete = 0, imported = 0;
     st = collab_finish_listed(c, s->r, s->src, &s->man, s->t, s->urls, s->set,

@@ -70,6 +70,7 @@ int bench_loco_collab_main(int argc, char **argv) {
   for (size_t i = 0; i < b.n; i++)
     dprintf(b.p[i].to, "%s\n", line);
   bench_loco_collab_event_loop(&b);
+  bench_loco_collab_heal(&b, 1);
   double wall = pulse_cli_since(b.start);
   for (size_t i = 0; i < b.n; i++)
     if (b.p[i].alive)

@@ -26,7 +26,13 @@ void bench_loco_collab_usage(FILE *out) {
           "finished\n"
           "                     that round); events of one round combine "
           "(two\n"
-          "                     failures: kill-writer:R,kill-finisher:R)\n"
+          "                     failures: kill-writer:R,kill-finisher:R);\n"
+          "                     partition (two members cut from each other "
+          "for a\n"
+          "                     round timeout and two claim timeouts, then "
+          "healed:\n"
+          "                     root and nft, each peer runs as its own "
+          "user)\n"
           "  --averaging A      all-to-all (default) or partitioned (peers "
           "reduce\n"
           "                     disjoint ranges; same weights bit for bit)\n"
@@ -196,10 +202,13 @@ int bench_loco_collab_parse(int argc, char **argv, collab_args *a) {
           return bad("--churn event must be EVENT:ROUND, not", t);
         *colon = '\0';
         if (strcmp(t, "join") && strcmp(t, "leave") && strcmp(t, "kill") &&
-            strcmp(t, "kill-writer") && strcmp(t, "kill-finisher"))
-          return bad("--churn event must be join, leave, kill, kill-writer "
-                     "or kill-finisher, not",
+            strcmp(t, "kill-writer") && strcmp(t, "kill-finisher") &&
+            strcmp(t, "partition"))
+          return bad("--churn event must be join, leave, kill, kill-writer, "
+                     "kill-finisher or partition, not",
                      t);
+        if (strcmp(t, "partition") == 0)
+          a->uid_base = BENCH_CUT_UID_BASE; /* packets told apart by user */
         if (!parse_u(colon + 1, 1, MAXR - 1, &x))
           return bad("--churn round must be 1..999, not", colon + 1);
         snprintf(a->ev[a->nev].kind, sizeof a->ev[a->nev].kind, "%s", t);
@@ -214,6 +223,10 @@ int bench_loco_collab_parse(int argc, char **argv, collab_args *a) {
     a->trainers = a->nspeeds ? a->nspeeds : 3;
   if (a->gate_mean < 0)
     a->gate_mean = a->partitioned;
+  if (a->uid_base != 0 && a->nnetns > 0) {
+    fprintf(stderr, PROG ": --churn partition does not go with --netns\n");
+    return 2;
+  }
   if (a->clients >= a->trainers) {
     fprintf(stderr,
             PROG ": --clients %u wants fewer than the %u founders "

@@ -4,13 +4,20 @@
  * first member to say it finished the round (a finisher killed after its
  * word, while others may still be fetching what it served), at given
  * rounds, the victims drawn from the run's seed. Events of one round
- * combine: kill-writer:R,kill-finisher:R is two failures in round R. */
+ * combine: kill-writer:R,kill-finisher:R is two failures in round R. A
+ * partition cuts two members from each other (nft drops what each one's
+ * user sends to the other's port) for a round timeout and two claim
+ * timeouts, then heals. */
 #include <inttypes.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "bench_loco_collab_impl.h"
+#include "cli_time.h"
 #include "peer_http_impl.h"
 
 static uint64_t next_rand(uint64_t *s) {
@@ -26,6 +33,59 @@ static peer *live_member(collab_bench *b, uint32_t id) {
     if (b->p[i].id == id && b->p[i].alive && !b->p[i].done)
       return &b->p[i];
   return NULL;
+}
+
+static int sh(const char *cmd) {
+  int rc = system(cmd);
+  return rc == -1 ? -1 : WEXITSTATUS(rc);
+}
+
+static unsigned port_of(const peer *q) {
+  const char *colon = strrchr(q->url, ':');
+  return colon ? (unsigned)strtoul(colon + 1, NULL, 10) : 0;
+}
+
+/* Two distinct live serving members, drawn from the run's seed, cut from
+ * each other. */
+static int cut(collab_bench *b, const round_row *row) {
+  peer *v[2] = {NULL, NULL};
+  for (size_t t = 0; t < 8 * MAXP && v[1] == NULL && row->nnext; t++) {
+    peer *q = live_member(b, row->next[next_rand(&b->rng) % row->nnext]);
+    if (q == NULL || strstr(q->url, "/v1/hosted/") != NULL || q == v[0])
+      continue;
+    v[v[0] == NULL ? 0 : 1] = q;
+  }
+  if (v[1] == NULL || b->cut_until > 0)
+    return 0; /* nobody to cut, or a cut under way */
+  snprintf(b->cut_table, sizeof b->cut_table, "pulse_bench_cut_%d",
+           (int)getpid());
+  char cmd[1024];
+  snprintf(cmd, sizeof cmd,
+           "nft add table inet %1$s && nft add chain inet %1$s out "
+           "'{ type filter hook output priority 0; }' && "
+           "nft add rule inet %1$s out meta skuid %2$u tcp dport %3$u drop && "
+           "nft add rule inet %1$s out meta skuid %4$u tcp dport %5$u drop",
+           b->cut_table, b->a.uid_base + v[0]->id, port_of(v[1]),
+           b->a.uid_base + v[1]->id, port_of(v[0]));
+  if (sh(cmd) != 0) {
+    fprintf(stderr, PROG ": partition: nft failed (root and nft needed)\n");
+    return -1;
+  }
+  fprintf(stderr, PROG ": members %u and %u cut from each other\n", v[0]->id,
+          v[1]->id);
+  b->cut_until = pulse_cli_now() +
+                 (b->a.round_ms + 2.0 * b->a.claim_ms) / 1000.0;
+  return 0;
+}
+
+void bench_loco_collab_heal(collab_bench *b, int now) {
+  if (b->cut_until <= 0 || (!now && pulse_cli_now() < b->cut_until))
+    return;
+  char cmd[128];
+  snprintf(cmd, sizeof cmd, "nft delete table inet %s", b->cut_table);
+  sh(cmd);
+  b->cut_until = 0;
+  fprintf(stderr, PROG ": the partition healed\n");
 }
 
 /* Events of round R fire when round R - 1 is first reported: the peers
@@ -61,6 +121,11 @@ void bench_loco_collab_fire_events(collab_bench *b, uint32_t reported) {
       dprintf(b->p[b->n - 1].to, "join %s\n", seed->url);
       continue;
     }
+    if (strcmp(ev->kind, "partition") == 0) {
+      if (cut(b, row) != 0)
+        b->failed = 1;
+      continue;
+    }
     if (strcmp(ev->kind, "kill-finisher") == 0) {
       b->finisher_round = reported + 1;
       b->watching = 1;
@@ -82,6 +147,8 @@ void bench_loco_collab_fire_events(collab_bench *b, uint32_t reported) {
     } else {
       kill(v->pid, SIGKILL);
       v->alive = 0;
+      fprintf(stderr, PROG ": killed member %u (%s:%u)\n", v->id, ev->kind,
+              ev->round);
     }
   }
 }
@@ -100,12 +167,16 @@ void bench_loco_collab_watch_finishers(collab_bench *b) {
              b->finisher_round);
     pulse_bytebuf body = PULSE_BYTEBUF_INIT;
     long status = 0;
+    /* "finished", or "finished N" where peers sign their outcomes. */
     if (loco_http_get(url, 200, 64, &body, &status) == PULSE_OK &&
-        status == 200 && body.size == 8 &&
-        memcmp(body.data, "finished", 8) == 0) {
+        status == 200 && body.size >= 8 &&
+        memcmp(body.data, "finished", 8) == 0 &&
+        (body.size == 8 || body.data[8] == ' ')) {
       kill(q->pid, SIGKILL);
       q->alive = 0;
       b->watching = 0;
+      fprintf(stderr, PROG ": killed member %u (it said it finished round %" PRIu64
+              ")\n", q->id, b->finisher_round);
     }
     pulse_bytebuf_free(&body);
   }

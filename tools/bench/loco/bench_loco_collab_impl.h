@@ -20,7 +20,8 @@
 #define MAXEV 16
 
 typedef struct {
-  char kind[16]; /* join, leave, kill, kill-writer, kill-finisher */
+  char kind[16]; /* join, leave, kill, kill-writer, kill-finisher,
+                    partition */
   uint32_t round;
   int fired;
 } churn_event;
@@ -52,7 +53,13 @@ typedef struct {
   int no_auth;
   pulse_sign_key *keys[MAXP + 1];
   pulse_loco_member_key pins[MAXP];
+  /* --churn partition: peer i runs as user uid_base + i once it listens,
+   * so that nft tells its packets apart (every peer is on 127.0.0.1);
+   * 0: none. */
+  uint32_t uid_base;
 } collab_args;
+
+#define BENCH_CUT_UID_BASE 62000u
 
 typedef struct {
   pid_t pid;
@@ -90,6 +97,10 @@ typedef struct {
    * killed (watching: 1 until then). */
   uint64_t finisher_round;
   int watching;
+  /* partition: the nft table that cuts two members, until cut_until
+   * (pulse_cli_now seconds; 0: no cut). */
+  char cut_table[48];
+  double cut_until;
 } collab_bench;
 
 /* Bytes in over the peer's own payload, the issue's measure of
@@ -165,6 +176,9 @@ void bench_loco_collab_fire_events(collab_bench *b, uint32_t reported);
 /** While a kill-finisher event watches: reads the live serving members'
  * outcome of its round and kills the first that says "finished". */
 void bench_loco_collab_watch_finishers(collab_bench *b);
+
+/** Ends a partition whose time is up (now: the run is over). */
+void bench_loco_collab_heal(collab_bench *b, int now);
 
 /* ----------------------------------------------------------------- output */
 

@@ -142,11 +142,14 @@ void bench_loco_collab_event_loop(collab_bench *b) {
       }
     if (k == 0 || b->failed)
       return;
-    /* A finisher is killed within about 20 ms of its word. */
-    if (poll(pf, k, b->watching ? 20 : 1000) < 0 && errno != EINTR)
+    /* A finisher is killed within about 20 ms of its word; a partition
+     * heals within 100 ms of its time. */
+    int wait_ms = b->watching ? 20 : b->cut_until > 0 ? 100 : 1000;
+    if (poll(pf, k, wait_ms) < 0 && errno != EINTR)
       return;
     if (b->watching)
       bench_loco_collab_watch_finishers(b);
+    bench_loco_collab_heal(b, 0);
     for (size_t j = 0; j < k; j++) {
       if (!(pf[j].revents & (POLLIN | POLLHUP)))
         continue;

@@ -95,6 +95,11 @@ int bench_loco_collab_run_peer(const collab_args *a, uint32_t id, double speed,
       pulse_loco_create(&o, theta, &ctx) != PULSE_OK ||
       pulse_loco_collab_create(&co, ctx, &c) != PULSE_OK)
     return peer_fail(out, "create");
+  /* --churn partition: this peer's packets by its own user (its server
+   * listens already). */
+  if (a->uid_base != 0 &&
+      setresuid(a->uid_base + id, a->uid_base + id, a->uid_base + id) != 0)
+    return peer_fail(out, "setresuid (--churn partition needs root)");
   dprintf(out, "url %u %s\n", id, pulse_loco_collab_url(c));
   char line[8192];
   if (!fgets(line, sizeof line, fin))
