@@ -180,28 +180,56 @@ LOCATE_AVX2 static uint32_t locate_avx2(locate_state *st, const uint16_t *base, 
   return out;
 }
 
+/* The classes of 64 elements as bytes: (bits >> 7) narrowed to its low
+ * byte. */
+LOCATE_AVX512 static inline __m512i classes64(const uint16_t *p) {
+  __m512i a = _mm512_loadu_si512((const void *)p);
+  __m512i b = _mm512_loadu_si512((const void *)(p + 32));
+  return _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi16_epi8(_mm512_srli_epi16(a, 7))),
+                            _mm512_cvtepi16_epi8(_mm512_srli_epi16(b, 7)), 1);
+}
+
+/* Two blocks per pass over the classes: a class without a change in
+ * either costs one test of its skip for 128 elements. */
 LOCATE_AVX512 static uint32_t locate_avx512(locate_state *st, const uint16_t *base, uint32_t n,
                                             uint32_t k, const uint32_t *rank,
                                             const uint16_t *cdelta, uint64_t first,
                                             uint64_t *pos, uint16_t *delta, uint32_t *next) {
   uint32_t out = 0, i = 0;
-  uint16_t hit_delta[LOCATE_BLOCK];
-  for (; i + LOCATE_BLOCK <= n && out < k; i += LOCATE_BLOCK) {
-    /* 64 classes as bytes: (bits >> 7) narrowed to its low byte. */
-    __m512i a = _mm512_loadu_si512((const void *)(base + i));
-    __m512i b = _mm512_loadu_si512((const void *)(base + i + 32));
-    __m512i cls = _mm512_inserti64x4(
-        _mm512_castsi256_si512(_mm512_cvtepi16_epi8(_mm512_srli_epi16(a, 7))),
-        _mm512_cvtepi16_epi8(_mm512_srli_epi16(b, 7)), 1);
-    uint64_t hits = 0;
+  uint16_t hit_delta[2 * LOCATE_BLOCK];
+  for (; i + 2 * LOCATE_BLOCK <= n && out < k; i += 2 * LOCATE_BLOCK) {
+    __m512i lo = classes64(base + i), hi = classes64(base + i + LOCATE_BLOCK);
+    uint64_t hits_lo = 0, hits_hi = 0;
     int done = 0;
     for (unsigned j = 0; j < st->count; j++) {
-      uint64_t m = _mm512_cmpeq_epi8_mask(cls, _mm512_set1_epi8((char)st->cls[j]));
-      done |= locate_class(st, j, m, &hits, hit_delta, rank, cdelta);
+      __m512i c = _mm512_set1_epi8((char)st->cls[j]);
+      uint64_t m_lo = _mm512_cmpeq_epi8_mask(lo, c), m_hi = _mm512_cmpeq_epi8_mask(hi, c);
+      uint32_t cnt = (uint32_t)(__builtin_popcountll(m_lo) + __builtin_popcountll(m_hi));
+      if (st->skip[j] >= cnt) { /* the common case: no change of the class here */
+        st->skip[j] -= cnt;
+        continue;
+      }
+      int d = locate_class(st, j, m_lo, &hits_lo, hit_delta, rank, cdelta);
+      if (!d)
+        d = locate_class(st, j, m_hi, &hits_hi, hit_delta + LOCATE_BLOCK, rank, cdelta);
+      done |= d;
     }
+    out = locate_emit(hits_lo, hit_delta, first + i, pos, delta, out);
+    out = locate_emit(hits_hi, hit_delta + LOCATE_BLOCK, first + i + LOCATE_BLOCK, pos, delta, out);
+    if (done)
+      locate_compact(st);
+  }
+  if (i + LOCATE_BLOCK <= n && out < k) { /* one block left */
+    __m512i cls = classes64(base + i);
+    uint64_t hits = 0;
+    int done = 0;
+    for (unsigned j = 0; j < st->count; j++)
+      done |= locate_class(st, j, _mm512_cmpeq_epi8_mask(cls, _mm512_set1_epi8((char)st->cls[j])),
+                           &hits, hit_delta, rank, cdelta);
     out = locate_emit(hits, hit_delta, first + i, pos, delta, out);
     if (done)
       locate_compact(st);
+    i += LOCATE_BLOCK;
   }
   *next = i;
   return out;
