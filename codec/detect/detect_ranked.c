@@ -309,7 +309,9 @@ scan_avx512(const void *cur, const pulse_dtype dtype, const int hw_round, const 
             uint64_t first, uint32_t lo, uint32_t hi, const uint8_t *hot,
             pulse_detect_chunk *out) {
   uint32_t *hist = out->hist;
-  uint8_t is_hot[PULSE_CLASS_COUNT] = {0}, in_table[RANKED_HOT] = {0};
+  uint8_t in_table[RANKED_HOT] = {0};
+  uint8_t hot_of[PULSE_CLASS_COUNT]; /* lane of acc counting the class, or RANKED_HOT */
+  memset(hot_of, RANKED_HOT, sizeof hot_of);
   _Alignas(64) uint8_t tab[128] = {0};
   _Alignas(64) uint64_t counts[RANKED_HOT] = {0};
   uint8_t base = (uint8_t)(hot[0] - 64u); /* the table around the most frequent */
@@ -318,7 +320,7 @@ scan_avx512(const void *cur, const pulse_dtype dtype, const int hw_round, const 
     if (d < 128) {
       tab[d] = (uint8_t)(1u << k);
       in_table[k] = 1;
-      is_hot[hot[k]] = 1;
+      hot_of[hot[k]] = (uint8_t)k;
       counts[k] = hist[hot[k]];
     }
   }
@@ -367,20 +369,39 @@ scan_avx512(const void *cur, const pulse_dtype dtype, const int hw_round, const 
     __m512i e = join256(_mm512_cvtepi16_epi8(_mm512_srli_epi16(sa, 7)),
                         _mm512_cvtepi16_epi8(_mm512_srli_epi16(sb, 7)));
     if (diff != 0) {
+      /* At 1% density half the blocks hold a change, and this part was
+       * two thirds of the scan's work: the arrays are read into locals
+       * once a block (a byte store may alias any field of *out) and a hot
+       * class's count comes from acc's lane, not from hist. */
       PULSE_TRY(chunk_room(out, (uint64_t)__builtin_popcountll(diff)));
-      HOT_STORE();
+      _mm512_store_si512((void *)counts, acc);
       _mm512_store_si512((void *)fresh, na);
       _mm512_store_si512((void *)(fresh + 32), nb);
+      pulse_changes *ch = &out->changes;
+      uint64_t *pos = ch->pos, at = ch->count;
+      uint16_t *old_bits = ch->old_bits, *new_bits = ch->new_bits;
+      uint8_t *cls = out->cls;
+      uint32_t *rank = out->rank;
       /* Ranks from the counts before this block: changes first. */
-      for (uint64_t m = diff; m != 0; m = _blsr_u64(m)) {
+      for (uint64_t m = diff; m != 0; m = _blsr_u64(m), at++) {
         unsigned b = (unsigned)_tzcnt_u64(m);
-        unsigned c = pulse_bf16_class(s[b]);
-        if (!is_hot[c]) /* its count waits in `cold` */
+        uint16_t was = s[b];
+        unsigned c = pulse_bf16_class(was), h = hot_of[c];
+        uint32_t before;
+        if (h < RANKED_HOT) {
+          before = (uint32_t)counts[h];
+        } else { /* its count waits in `cold` */
           COLD_DRAIN();
+          before = hist[c];
+        }
         uint64_t same = _mm512_cmpeq_epi8_mask(e, _mm512_set1_epi8((char)c));
-        uint32_t below = (uint32_t)__builtin_popcountll(same & ((1ull << b) - 1u));
-        push(out, i + b, s[b], fresh[b], c, hist[c] + below);
+        pos[at] = i + b;
+        old_bits[at] = was;
+        new_bits[at] = fresh[b];
+        cls[at] = (uint8_t)c;
+        rank[at] = before + (uint32_t)__builtin_popcountll(same & ((1ull << b) - 1u));
       }
+      ch->count = at;
     }
     __mmask64 others;
     acc = _mm512_add_epi64(acc, hot_counts(e, base_v, tab_lo, tab_hi, &others));
