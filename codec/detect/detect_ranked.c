@@ -344,6 +344,39 @@ scan_avx512(const void *cur, const pulse_dtype dtype, const int hw_round, const 
       hist[cold[x]]++;                                                         \
     ncold = 0;                                                                 \
   } while (0)
+  uint64_t *pos, at = out->changes.count, room;
+  uint16_t *old_bits, *new_bits;
+  uint8_t *cls;
+  uint32_t *rank;
+#define ARRAYS()                                                               \
+  do {                                                                         \
+    pos = out->changes.pos, old_bits = out->changes.old_bits;                  \
+    new_bits = out->changes.new_bits, cls = out->cls, rank = out->rank;        \
+    room = out->changes.capacity < out->rank_capacity ? out->changes.capacity  \
+                                                      : out->rank_capacity;    \
+  } while (0)
+  PULSE_TRY(chunk_room(out, RANKED_BLOCK));
+  ARRAYS();
+  /* Entry at + r for the lowest set bit of m, ranked from the counts before
+   * the block; when m is 0, lane 0's, as scratch (its cold count is not
+   * needed then). */
+#define EMIT(r)                                                                \
+  do {                                                                         \
+    unsigned b = (unsigned)_tzcnt_u64(m) & 63u;                                \
+    uint16_t was = s[b];                                                       \
+    unsigned c = pulse_bf16_class(was), h = hot_of[c];                         \
+    uint32_t before = (uint32_t)counts[h & (RANKED_HOT - 1u)];                 \
+    if (__builtin_expect(h >= RANKED_HOT && m != 0, 0)) {                      \
+      COLD_DRAIN(); /* its count waits in `cold` */                            \
+      before = hist[c];                                                        \
+    }                                                                          \
+    uint64_t same = _mm512_cmpeq_epi8_mask(e, _mm512_set1_epi8((char)c));      \
+    pos[at + (r)] = i + b;                                                     \
+    old_bits[at + (r)] = was;                                                  \
+    new_bits[at + (r)] = fresh[b];                                             \
+    cls[at + (r)] = (uint8_t)c;                                                \
+    rank[at + (r)] = before + (uint32_t)__builtin_popcountll(same & ((1ull << b) - 1u)); \
+  } while (0)
   for (uint32_t j = lo; j < hi; j += RANKED_BLOCK) {
     uint64_t i = first + j;
     const uint16_t *s = snap + i;
@@ -368,41 +401,29 @@ scan_avx512(const void *cur, const pulse_dtype dtype, const int hw_round, const 
     /* The class is the low byte of bits >> 7: the narrowing keeps it. */
     __m512i e = join256(_mm512_cvtepi16_epi8(_mm512_srli_epi16(sa, 7)),
                         _mm512_cvtepi16_epi8(_mm512_srli_epi16(sb, 7)));
-    if (diff != 0) {
-      /* At 1% density half the blocks hold a change, and this part was
-       * two thirds of the scan's work: the arrays are read into locals
-       * once a block (a byte store may alias any field of *out) and a hot
-       * class's count comes from acc's lane, not from hist. */
-      PULSE_TRY(chunk_room(out, (uint64_t)__builtin_popcountll(diff)));
-      _mm512_store_si512((void *)counts, acc);
-      _mm512_store_si512((void *)fresh, na);
-      _mm512_store_si512((void *)(fresh + 32), nb);
-      pulse_changes *ch = &out->changes;
-      uint64_t *pos = ch->pos, at = ch->count;
-      uint16_t *old_bits = ch->old_bits, *new_bits = ch->new_bits;
-      uint8_t *cls = out->cls;
-      uint32_t *rank = out->rank;
-      /* Ranks from the counts before this block: changes first. */
-      for (uint64_t m = diff; m != 0; m = _blsr_u64(m), at++) {
-        unsigned b = (unsigned)_tzcnt_u64(m);
-        uint16_t was = s[b];
-        unsigned c = pulse_bf16_class(was), h = hot_of[c];
-        uint32_t before;
-        if (h < RANKED_HOT) {
-          before = (uint32_t)counts[h];
-        } else { /* its count waits in `cold` */
-          COLD_DRAIN();
-          before = hist[c];
-        }
-        uint64_t same = _mm512_cmpeq_epi8_mask(e, _mm512_set1_epi8((char)c));
-        pos[at] = i + b;
-        old_bits[at] = was;
-        new_bits[at] = fresh[b];
-        cls[at] = (uint8_t)c;
-        rank[at] = before + (uint32_t)__builtin_popcountll(same & ((1ull << b) - 1u));
-      }
-      ch->count = at;
+    /* At 1% density half the blocks hold a change, one or two mostly: a
+     * branch on whether there is one, and on how many, missed often enough
+     * to be most of the scan's work. So the first two entries are written
+     * at every block (past the count when the block has fewer: scratch,
+     * the room is there), the rest in a loop that blocks rarely enter. The
+     * arrays are read into locals (a byte store may alias any field of
+     * *out) and a hot class's count comes from acc's lane. */
+    if (__builtin_expect(room - at < RANKED_BLOCK, 0)) {
+      out->changes.count = at;
+      PULSE_TRY(chunk_room(out, RANKED_BLOCK));
+      ARRAYS();
     }
+    _mm512_store_si512((void *)counts, acc);
+    _mm512_store_si512((void *)fresh, na);
+    _mm512_store_si512((void *)(fresh + 32), nb);
+    uint64_t m = diff;
+    EMIT(0);
+    m = _blsr_u64(m);
+    EMIT(1);
+    m = _blsr_u64(m);
+    for (unsigned r = 2; __builtin_expect(m != 0, 0); r++, m = _blsr_u64(m))
+      EMIT(r);
+    at += (uint64_t)__builtin_popcountll(diff);
     __mmask64 others;
     acc = _mm512_add_epi64(acc, hot_counts(e, base_v, tab_lo, tab_hi, &others));
     /* The other classes' bytes are packed into `cold` without a branch
@@ -413,12 +434,15 @@ scan_avx512(const void *cur, const pulse_dtype dtype, const int hw_round, const 
     if (__builtin_expect(ncold > COLD_BATCH, 0))
       COLD_DRAIN();
   }
+  out->changes.count = at;
   COLD_DRAIN();
   HOT_STORE();
   return PULSE_OK;
 }
 #undef COLD_DRAIN
 #undef HOT_STORE
+#undef ARRAYS
+#undef EMIT
 
 RANKED_AVX512 static pulse_status scan_avx512_f32(const void *cur, const uint16_t *snap,
                                                   uint64_t first, uint32_t lo, uint32_t hi,
