@@ -5,14 +5,18 @@
 # later of a random member and of a finisher, with joins between; all-to-all
 # and partitioned. Every run completes its rounds, the survivors end
 # identical, exactly the killed peers are missing at the end (a finisher
-# was there to kill), and the final loss is within 1% of the same run
+# was there to kill), and the final loss is at most 1% above the same run
 # without churn. As root with nft, the same with two partitions that heal
 # (--churn partition:R: two members cut from each other for a round
 # timeout and two claim timeouts): every peer alive at the end, identical.
 # A churn event the bench does not know is refused.
+# T is 64 steps of the problem's batch (32): a taken-over round has many
+# contributors. With 8 steps one peer could take them all before the others
+# found the writer dead, and a finisher killed after its word was then the
+# only holder of that round's state (a limit the protocol page states).
 source "$(dirname "$0")/lib/common.sh"
 BENCH="$bin/pulse-bench"
-common=(loco --target-batch 256 --rounds 10 --trainers 6 --peer-speeds 2000
+common=(loco --target-batch 2048 --rounds 20 --trainers 6 --peer-speeds 4000
   --params 3000 --seed 4 --claim-timeout-ms 1000 --round-timeout-ms 2000 --json)
 churn=kill-writer:3,kill-finisher:3,join:5,kill:7,kill-finisher:7
 # The final loss of summary file $1.
@@ -26,7 +30,7 @@ for averaging in all-to-all partitioned; do
   expect "$averaging two failures a round: exit status" 0 "$?"
   summary=$(grep '"summary":true' "$work/churn-$averaging.json")
   case "$summary" in *'"identical":true'*) ok ;; *) bad "$averaging: survivors differ: $summary $(tail -5 "$work/churn-$averaging.err")" ;; esac
-  case "$summary" in *'"rounds":10,'*) ok ;; *) bad "$averaging: rounds missing: $summary" ;; esac
+  case "$summary" in *'"rounds":20,'*) ok ;; *) bad "$averaging: rounds missing: $summary" ;; esac
   # 6 founders and a joiner: those killed are missing at the end (the busy
   # figures list who finished), the writer and a random member always, a
   # finisher when the bench caught one's word (20 ms polls: at least once).
@@ -37,8 +41,10 @@ for averaging in all-to-all partitioned; do
   [ "$finishers" -ge 1 ] && [ "$killed" -ge 3 ] && ok || bad "$averaging: $killed killed, $finishers after their word"
   free=$(loss_of "$work/free-$averaging.json")
   with=$(loss_of "$work/churn-$averaging.json")
-  python3 -c 'import sys; a, b = map(float, sys.argv[1:]); sys.exit(abs(b - a) > 0.01 * a)' "$free" "$with" \
-    && ok || bad "$averaging: final loss $with with churn, $free without (over 1%)"
+  # No more than 1% above (a taken-over round counts the steps done under
+  # the dead writer too: more samples, often a lower loss).
+  python3 -c 'import sys; a, b = map(float, sys.argv[1:]); sys.exit(b > 1.01 * a)' "$free" "$with" \
+    && ok || bad "$averaging: final loss $with with churn, $free without (over 1% above)"
   echo "loco_collab_fail: $averaging final loss $free churn-free, $with with $churn"
 done
 if [ "$(id -u)" = 0 ] && nft list tables > /dev/null 2>&1; then
