@@ -302,11 +302,18 @@ static pulse_status plan_code_chunks(encode_plan *pl, unsigned version) {
     uint64_t k = ch ? ch->count : 0;
     for (uint64_t j = 0; j < k;) {
       uint64_t chunk = ch->pos[j] >> opts->chunk_log2;
-      uint64_t e = j;
-      while (e < k && (ch->pos[e] >> opts->chunk_log2) == chunk)
-        e++;
-      pl->items[pl->item_count++] = (encode_item){i, chunk, j, (uint32_t)(e - j)};
-      j = e;
+      /* The chunk's end by bisection (positions increase): a walk over
+       * every change was a serial pass of 10 M at 1 B parameters. */
+      uint64_t lo = j + 1, hi = k;
+      while (lo < hi) {
+        uint64_t mid = lo + (hi - lo) / 2;
+        if ((ch->pos[mid] >> opts->chunk_log2) == chunk)
+          lo = mid + 1;
+        else
+          hi = mid;
+      }
+      pl->items[pl->item_count++] = (encode_item){i, chunk, j, (uint32_t)(lo - j)};
+      j = lo;
     }
   }
   pl->streams = calloc(pl->item_count + 1, sizeof *pl->streams);
