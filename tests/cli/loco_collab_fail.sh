@@ -1,30 +1,37 @@
 #!/usr/bin/env bash
 # `pulse-bench loco` in collaboration mode with two failures in one round
-# (issue 35 item 8), twice a run: kill -9 of the round's writer and of the
-# first member to say it finished that round (kill-writer:R,kill-finisher:R),
-# later of a random member and of a finisher, with joins between; all-to-all
-# and partitioned. Every run completes its rounds, the survivors end
-# identical, exactly the killed peers are missing at the end (a finisher
-# was there to kill), and the final loss is at most 1% above the same run
-# without churn. As root with nft, the same with two partitions that heal
+# (issue 35 item 8), twice a run, with joins between (the patterns below):
+# kill -9 of the round's writer, of a random member and of the first member
+# to say it finished the round (kill-finisher:R); all-to-all and
+# partitioned. Every run completes its rounds, the survivors end identical,
+# exactly the killed peers are missing at the end (a finisher was there to
+# kill), and the final loss is at most 1% above the same run without
+# churn. As root with nft, the same with two partitions that heal
 # (--churn partition:R: two members cut from each other for a round
 # timeout and two claim timeouts): every peer alive at the end, identical.
-# A churn event the bench does not know is refused.
-# T is 64 steps of the problem's batch (32): a taken-over round has many
-# contributors. With 8 steps one peer could take them all before the others
-# found the writer dead, and a finisher killed after its word was then the
-# only holder of that round's state (a limit the protocol page states).
+# A churn event the bench does not know is refused. T is 64 steps of the
+# problem's batch (32), so that most rounds have several contributors.
 source "$(dirname "$0")/lib/common.sh"
 BENCH="$bin/pulse-bench"
 common=(loco --target-batch 2048 --rounds 20 --trainers 6 --peer-speeds 4000
   --params 3000 --seed 4 --claim-timeout-ms 1000 --round-timeout-ms 2000 --json)
-churn=kill-writer:3,kill-finisher:3,join:5,kill:7,kill-finisher:7
+# Partitioned: the writer and a finisher in round 3, a member and a
+# finisher in round 7. All-to-all the writer of round 2 holds every payload
+# and starts round 3 a claim timeout before the others (they first ask the
+# dead writer for its payload): it takes every step of the taken-over
+# round, and a finisher killed after its word would be that round's only
+# holder (the limit the protocol page states); there, a member and a
+# finisher in round 3, the writer and a member in round 7.
+churn_partitioned=kill-writer:3,kill-finisher:3,join:5,kill:7,kill-finisher:7
+churn_all_to_all=kill:3,kill-finisher:3,join:5,kill-writer:7,kill:7
 # The final loss of summary file $1.
 loss_of() { python3 -c 'import json,sys; print([json.loads(l) for l in open(sys.argv[1]) if "\"summary\"" in l][0]["final_loss"])' "$1"; }
 for averaging in all-to-all partitioned; do
   timeout 120 "$BENCH" "${common[@]}" --averaging "$averaging" \
     > "$work/free-$averaging.json" 2> "$work/free-$averaging.err"
   expect "$averaging churn-free exit status" 0 "$?"
+  churn=churn_${averaging//-/_}
+  churn=${!churn}
   timeout 300 "$BENCH" "${common[@]}" --averaging "$averaging" --churn "$churn" \
     > "$work/churn-$averaging.json" 2> "$work/churn-$averaging.err"
   expect "$averaging two failures a round: exit status" 0 "$?"
@@ -32,7 +39,7 @@ for averaging in all-to-all partitioned; do
   case "$summary" in *'"identical":true'*) ok ;; *) bad "$averaging: survivors differ: $summary $(tail -5 "$work/churn-$averaging.err")" ;; esac
   case "$summary" in *'"rounds":20,'*) ok ;; *) bad "$averaging: rounds missing: $summary" ;; esac
   # 6 founders and a joiner: those killed are missing at the end (the busy
-  # figures list who finished), the writer and a random member always, a
+  # figures list who finished), the writer and random members always, a
   # finisher when the bench caught one's word (20 ms polls: at least once).
   killed=$(grep -c 'killed member' "$work/churn-$averaging.err")
   finishers=$(grep -c 'said it finished' "$work/churn-$averaging.err")
