@@ -8,8 +8,8 @@
  * hook delays their fetch), read the word "finished" and find its state
  * nowhere: they must end the round alike, and every later one, with no
  * error and within the stated bound. */
-#include "collab_testutil.h"
 #include "collab_impl.h"
+#include "collab_testutil.h"
 #include "partition_impl.h"
 
 #define CF_N 4
@@ -69,8 +69,7 @@ static void owner_and_finisher_killed(size_t owner) {
   /* Peer 1 finishes at the exchange's deadline, as the others fail; they
    * read outcomes every 50 ms: a second gives them its word before it
    * dies. */
-  snprintf(url, sizeof url, "%s/v1/loco/round/%d/outcome", ks[0].url,
-           CF_ROUND);
+  snprintf(url, sizeof url, "%s/v1/loco/round/%d/outcome", ks[0].url, CF_ROUND);
   ct_wait_for(url, "finished");
   usleep(1000000);
   ct_kill(&ks[0]);
@@ -95,8 +94,7 @@ static void owner_and_finisher_killed(size_t owner) {
    * neither finished it over the whole set: nobody they can reach holds
    * that state. */
   for (size_t s = 0; s < 2; s++) {
-    cr_assert_gt(row[s][CF_ROUND].own, 0, "peer %zu did no step",
-                 surv[s] + 1);
+    cr_assert_gt(row[s][CF_ROUND].own, 0, "peer %zu did no step", surv[s] + 1);
     cr_assert_lt(row[s][CF_ROUND].contrib, CF_N);
   }
   ct_quit(ks, CF_N);

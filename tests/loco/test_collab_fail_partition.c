@@ -52,7 +52,8 @@ static void cut_when(ct_child *ks, size_t n, size_t i, const ct_round *r,
   char cmd[1024];
   snprintf(cmd, sizeof cmd,
            "nft add table inet %1$s && "
-           "nft add chain inet %1$s out '{ type filter hook output priority 0; }' && "
+           "nft add chain inet %1$s out '{ type filter hook output priority 0; "
+           "}' && "
            "nft add rule inet %1$s out meta skuid %2$u tcp dport %3$u drop && "
            "nft add rule inet %1$s out meta skuid %4$u tcp dport %5$u drop",
            cp_table, CP_UID + ks[p->a].id, cp_port(&ks[p->b]),
@@ -108,6 +109,6 @@ Test(collab_fail, a_partition_that_heals_leaves_no_fork, .timeout = 240) {
 }
 
 Test(collab_fail, a_partition_that_heals_leaves_no_fork_partitioned,
-       .timeout = 240) {
+     .timeout = 240) {
   partition_heals(1);
 }
