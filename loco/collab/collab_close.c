@@ -159,8 +159,9 @@ static pulse_status follow_live_writer(pulse_loco_collab *c, uint64_t r,
   } while (loco_now_ms() < end);
   return pulse_fail(PULSE_ERR_IO,
                     "loco collab: round %" PRIu64 ": its writer is out of "
-                    "reach from here while most members still hear it, and "
-                    "no member serves its manifest",
+                    "reach, and so are more than half of the members or "
+                    "they still hear it; no member serves its manifest (a "
+                    "partition, or more than half of the members dead)",
                     r);
 }
 
