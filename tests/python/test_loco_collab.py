@@ -158,10 +158,12 @@ def run_join(rank, port):
     assert partitioned > 0, "no round ran partitioned"
     meet.share("done", True)
     end = outer.round
+    # Read while every rank is still here: rank 0 hosts the store and may be
+    # gone once the meeting is left.
+    joined = store.add("test/joined", 0) - 1
     outer.close()
     meet.leave()
-    return f"joined at round {store.add('test/joined', 0) - 1}, all at round {end}, " \
-           f"{partitioned} rounds partitioned here"
+    return f"joined at round {joined}, all at round {end}, {partitioned} rounds partitioned here"
 
 
 def run_dead(rank, port):
