@@ -1,9 +1,9 @@
 /* http_fetch.c - the trainer exchange's fetches (peer_http_impl.h) on the
  * project's fetching layer (inference_side/fetch/http_fetch_impl.h): each thread
  * that fetches gets its own engine (kept for the thread's life, so its
- * connections to the peers are reused), whose counters add up in one set
- * for the process. Loopback and peer URLs only: http:// alone, and proxies
- * from the environment are ignored.
+ * connections to the peers are reused; never those of a parent process),
+ * whose counters add up in one set for the process. Loopback and peer URLs
+ * only: http:// alone, and proxies from the environment are ignored.
  *
  * Waits and gathers retry until their deadline: a blob that is not there
  * yet (404), a peer that is not up (no connection), 5xx, 408, 429 and
@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "http_fetch_impl.h"
 #include "peer_http_impl.h"
@@ -29,6 +30,7 @@ static pulse_fetch_counters counters; /* every loco engine of the process */
 static pthread_key_t engine_key;
 static pthread_once_t engine_once = PTHREAD_ONCE_INIT;
 static int engine_key_ok;
+static _Thread_local pid_t engine_pid; /* the process that made it */
 
 static void engine_free(void *f) {
   pulse_fetch_free(f);
@@ -45,6 +47,17 @@ static pulse_status engine(pulse_fetch **out) {
   if (!engine_key_ok)
     return pulse_fail(PULSE_ERR_INTERNAL, "loco http: no thread key");
   pulse_fetch *f = pthread_getspecific(engine_key);
+  if (f != NULL && engine_pid != getpid()) {
+    /* A child forked by this thread holds a copy of its parent's engine,
+     * whose kept connections are sockets the parent still uses: a request
+     * on one of them can read the answer to the parent's (a collaboration
+     * member took its parent's signed outcome for a grant). Those copies
+     * are closed here (plain HTTP: nothing is sent, the parent's stay
+     * open) and the child makes its own. */
+    pthread_setspecific(engine_key, NULL);
+    pulse_fetch_free(f);
+    f = NULL;
+  }
   if (f == NULL) {
     pulse_fetch_opts o;
     memset(&o, 0, sizeof o);
@@ -57,6 +70,7 @@ static pulse_status engine(pulse_fetch **out) {
       pulse_fetch_free(f);
       return pulse_fail(PULSE_ERR_NOMEM, "loco http: thread engine");
     }
+    engine_pid = getpid();
   }
   *out = f;
   return PULSE_OK;
