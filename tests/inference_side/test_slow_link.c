@@ -13,27 +13,38 @@
 
 #include "inf_testutil.h"
 
+/* A worker of t with the default options (deadline, retries, backoff) on
+ * a link of `rate` bytes/s (the fetch engine's own limit), its targets
+ * attached; *work is its folder. */
+static pulse_sub *slow_worker(const it_trainer *t, uint64_t rate, char **work,
+                              it_targets *tg) {
+  static const char *urls[1];
+  static char cache[4096];
+  *work = tu_make_dir();
+  snprintf(cache, sizeof cache, "%s/cache", *work);
+  pulse_sub_opts o;
+  pulse_sub_opts_init(&o);
+  urls[0] = t->url;
+  o.urls = urls;
+  o.url_count = 1;
+  o.cache_dir = cache;
+  o.public_key = t->pub;
+  o.threads = 2;
+  o.max_recv_bytes_per_s = rate;
+  pulse_sub *sub;
+  cr_assert_eq(pulse_sub_create(&o, &sub), PULSE_OK);
+  it_targets_attach(tg, t, sub);
+  return sub;
+}
+
 Test(slow_link, a_worker_at_50_kb_per_s_syncs_with_the_default_deadline,
      .timeout = 120) {
   it_trainer t;
   it_trainer_up(&t, 3, 2, 152); /* 2.1 MB of BF16; anchor every 3, keep 2 */
   it_trainer_run(&t, 0, 2, 0.01);
-  char *work = tu_make_dir(), cache[4096];
-  snprintf(cache, sizeof cache, "%s/cache", work);
-  const char *urls[1];
-  pulse_sub_opts o;
-  pulse_sub_opts_init(&o); /* the defaults: deadline, retries, backoff */
-  urls[0] = t.url;
-  o.urls = urls;
-  o.url_count = 1;
-  o.cache_dir = cache;
-  o.public_key = t.pub;
-  o.threads = 2;
-  o.max_recv_bytes_per_s = 50000;
-  pulse_sub *sub;
-  cr_assert_eq(pulse_sub_create(&o, &sub), PULSE_OK);
+  char *work;
   it_targets tg;
-  it_targets_attach(&tg, &t, sub);
+  pulse_sub *sub = slow_worker(&t, 50000, &work, &tg);
   double t0 = tu_now_s();
   pulse_status st = pulse_sub_sync(sub);
   double dt = tu_now_s() - t0;
@@ -98,22 +109,9 @@ Test(slow_link, a_worker_whose_anchor_outlasts_retention_still_reaches_the_train
   it_trainer t;
   it_trainer_up(&t, 3, 2, 30); /* 0.41 MB of BF16: 21 s at 20 KB/s */
   it_trainer_run(&t, 0, 2, 0.01);
-  char *work = tu_make_dir(), cache[4096];
-  snprintf(cache, sizeof cache, "%s/cache", work);
-  const char *urls[1];
-  pulse_sub_opts o;
-  pulse_sub_opts_init(&o);
-  urls[0] = t.url;
-  o.urls = urls;
-  o.url_count = 1;
-  o.cache_dir = cache;
-  o.public_key = t.pub;
-  o.threads = 2;
-  o.max_recv_bytes_per_s = 20000;
-  pulse_sub *sub;
-  cr_assert_eq(pulse_sub_create(&o, &sub), PULSE_OK);
+  char *work;
   it_targets tg;
-  it_targets_attach(&tg, &t, sub);
+  pulse_sub *sub = slow_worker(&t, 20000, &work, &tg);
 
   stepping_trainer st = {&t, 2, 0};
   pthread_t thread;

@@ -157,17 +157,22 @@ static void collect_unnamed(const char *dir) {
   pulse_store_head_free(h);
 }
 
+/* A worker at step 2 of a trainer at step 12 that retains 2 patches. */
+static void fall_behind_retention(fx *f) {
+  fx_up(f, 3, 2, 2);
+  pulse_sub_opts o = it_sub_opts(&f->t, f->cache, f->urls);
+  fx_sub(f, &o);
+  cr_assert_eq(pulse_sub_sync(f->sub), PULSE_OK);
+  expect_at(f, 2);
+  it_trainer_run(&f->t, 3, 12, 0.01); /* step 2 is no longer retained */
+}
+
 /* Behind what the head retains: while the store still holds the objects
  * earlier heads named, the server squashes a catch-up from the worker's
  * step (fewer bytes than an anchor); once they are collected, an anchor. */
 Test(inference_side, worker_behind_retention_catches_up_while_objects_last) {
   fx f;
-  fx_up(&f, 3, 2, 2);
-  pulse_sub_opts o = it_sub_opts(&f.t, f.cache, f.urls);
-  fx_sub(&f, &o);
-  cr_assert_eq(pulse_sub_sync(f.sub), PULSE_OK);
-  expect_at(&f, 2);
-  it_trainer_run(&f.t, 3, 12, 0.01); /* step 2 is no longer retained */
+  fall_behind_retention(&f);
   cr_assert_eq(pulse_sub_sync(f.sub), PULSE_OK, "%s", pulse_sub_error(f.sub));
   expect_at(&f, 12);
   pulse_sub_figures fig;
@@ -179,12 +184,7 @@ Test(inference_side, worker_behind_retention_catches_up_while_objects_last) {
 
 Test(inference_side, worker_behind_retention_takes_an_anchor_once_objects_go) {
   fx f;
-  fx_up(&f, 3, 2, 2);
-  pulse_sub_opts o = it_sub_opts(&f.t, f.cache, f.urls);
-  fx_sub(&f, &o);
-  cr_assert_eq(pulse_sub_sync(f.sub), PULSE_OK);
-  expect_at(&f, 2);
-  it_trainer_run(&f.t, 3, 12, 0.01); /* step 2 is no longer retained */
+  fall_behind_retention(&f);
   collect_unnamed(f.t.dir);
   cr_assert_eq(pulse_sub_sync(f.sub), PULSE_OK, "%s", pulse_sub_error(f.sub));
   expect_at(&f, 12);
