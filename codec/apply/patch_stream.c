@@ -491,6 +491,13 @@ static void index_item(void *ctx, size_t i) {
                          ch->new_bits + at, k);
 }
 
+/* The indexes describe the committed data from now on. */
+static void indexes_follow(pulse_patch_stream *s) {
+  for (size_t i = 0; i < s->p->count; i++)
+    if (s->index[i] != NULL)
+      s->index[i]->digest = s->p->tensors[i].target_digest;
+}
+
 void pulse_patch_stream_commit_data(pulse_patch_stream *s) {
   if (s == NULL || !s->finished)
     return;
@@ -510,14 +517,30 @@ void pulse_patch_stream_commit_indexes(pulse_patch_stream *s) {
   if (s->p->chunk_log2 < PULSE_CLASS_BLOCK_LOG2)
     threads = 1;
   pulse_parallel_for_affine(threads, s->nitems, s->decoder, index_item, s);
-  for (size_t i = 0; i < s->p->count; i++)
-    if (s->index[i] != NULL)
-      s->index[i]->digest = s->p->tensors[i].target_digest;
+  indexes_follow(s);
+}
+
+/* Writes item i's changes and moves them in its index at once: the moves
+ * read the chunk's staging while the writes have just brought it into
+ * cache (as two passes, the moves read every change's bits back from
+ * memory to find the few whose class changes). */
+static void commit_and_index_item(void *ctx, size_t i) {
+  commit_item(ctx, i);
+  index_item(ctx, i);
 }
 
 void pulse_patch_stream_commit(pulse_patch_stream *s) {
-  pulse_patch_stream_commit_data(s);
-  pulse_patch_stream_commit_indexes(s);
+  if (s == NULL || s->finished != 1 || s->p->chunk_log2 < PULSE_CLASS_BLOCK_LOG2) {
+    /* Committed already, or chunks that share an index block: in turn. */
+    pulse_patch_stream_commit_data(s);
+    pulse_patch_stream_commit_indexes(s);
+    return;
+  }
+  int threads = s->p->total_changed >= ((uint64_t)1 << 16) ? s->threads : 1;
+  pulse_parallel_for_affine(threads, s->nitems, s->decoder, commit_and_index_item, s);
+  s->finished = 2;
+  s->indexes_done = 1;
+  indexes_follow(s);
 }
 
 pulse_patch_stream_figures

@@ -370,6 +370,16 @@ void pulse_class_index_move(pulse_class_index *ix, const uint64_t *pos, const ui
   pending_move m[MOVE_BATCH];
   uint32_t n = 0;
   for (uint64_t j = 0; j < k; j++) {
+    /* Few changes cross an exponent: four at a time past those that keep
+     * their class (bits 7-14 of each lane). */
+    for (uint64_t o, w; j + 4 <= k; j += 4) {
+      memcpy(&o, old_bits + j, sizeof o);
+      memcpy(&w, new_bits + j, sizeof w);
+      if (((o ^ w) & 0x7F807F807F807F80u) != 0)
+        break;
+    }
+    if (j == k)
+      break;
     unsigned a = pulse_bf16_class(old_bits[j]), b = pulse_bf16_class(new_bits[j]);
     if (a == b)
       continue;
