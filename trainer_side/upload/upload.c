@@ -343,14 +343,19 @@ static pulse_status retain(pulse_upload *up, const pulse_store_head *h) {
 /* One writer per bucket prefix: the bucket's head, when there is one, must
  * be of this store's run and not ahead of it. A second publisher (another
  * store, another host) uploading to the prefix is refused before anything
- * is put. */
+ * is put. What was seen (the head's ETag, or no head) makes the head's
+ * own write conditional (put_head), so two writers that both passed this
+ * check cannot both move the head. */
 static pulse_status check_writer(pulse_upload *up, const pulse_store_head *h) {
   upload_req r;
   upload_req_init(&r, "GET");
   key_of(up, "head.json", r.key, sizeof r.key);
   upload_req *one = &r;
   pulse_status st = upload_run(up, &one, 1);
-  if (st == PULSE_OK && r.status == 404) {
+  up->head_absent = st == PULSE_OK && r.status == 404;
+  snprintf(up->head_etag, sizeof up->head_etag, "%s",
+           st == PULSE_OK && ok_status(r.status) ? r.etag : "");
+  if (up->head_absent) {
     upload_req_release(&r);
     return PULSE_OK;
   }
@@ -383,6 +388,55 @@ static pulse_status check_writer(pulse_upload *up, const pulse_store_head *h) {
   return PULSE_OK;
 }
 
+/* 1 when the prefix's head now holds exactly h's bytes. */
+static int head_is(pulse_upload *up, const pulse_store_head *h) {
+  upload_req r;
+  upload_req_init(&r, "GET");
+  key_of(up, "head.json", r.key, sizeof r.key);
+  upload_req *one = &r;
+  size_t len = 0;
+  const uint8_t *mine = pulse_store_head_bytes(h, &len);
+  int same = upload_run(up, &one, 1) == PULSE_OK && ok_status(r.status) &&
+             r.reply.size == len && memcmp(r.reply.data, mine, len) == 0;
+  upload_req_release(&r);
+  return same;
+}
+
+/* Puts the head, on the condition that the prefix's head is still what
+ * check_writer saw (If-Match its ETag, or If-None-Match: * when there was
+ * none): S3 answers 412 when another writer moved it in between, and the
+ * step is refused. A service that ignores the condition gives the check's
+ * protection alone. A 412 for a retry of our own write that had landed
+ * (its answer lost) is told apart by the bytes. */
+static pulse_status put_head(pulse_upload *up, const pulse_store_head *h) {
+  upload_req r;
+  upload_req_init(&r, "PUT");
+  key_of(up, "head.json", r.key, sizeof r.key);
+  size_t len = 0;
+  r.body = pulse_store_head_bytes(h, &len);
+  r.body_len = len;
+  r.cache_control = "no-cache";
+  r.content_type = "application/json";
+  if (up->head_absent)
+    r.if_none_match = "*";
+  else if (up->head_etag[0] != '\0')
+    r.if_match = up->head_etag;
+  upload_req *one = &r;
+  pulse_status st = upload_run(up, &one, 1);
+  if (st == PULSE_OK && r.status == 412 && !head_is(up, h))
+    st = pulse_fail(PULSE_ERR_IO,
+                    "upload: another writer put s3://%s/%shead.json between this "
+                    "publisher's check and its write (%s): one writer per bucket prefix; "
+                    "step %" PRIu64 " refused, its objects left unnamed",
+                    up->bucket, up->prefix,
+                    up->head_absent ? "the prefix had no head" : "its ETag changed",
+                    pulse_store_head_step(h));
+  else if (st == PULSE_OK && r.status != 412 && !ok_status(r.status))
+    st = upload_req_fail(&r, "putting the head");
+  upload_req_release(&r);
+  return st;
+}
+
 pulse_status pulse_upload_store(pulse_upload *up, const char *store_dir,
                                 pulse_upload_figures *figures) {
   if (up == NULL || store_dir == NULL)
@@ -404,21 +458,8 @@ pulse_status pulse_upload_store(pulse_upload *up, const char *store_dir,
     st = check_writer(up, h);
   if (st == PULSE_OK)
     st = put_objects(up, store_dir, h);
-  if (st == PULSE_OK) { /* the head last: everything it names is there */
-    upload_req r;
-    upload_req_init(&r, "PUT");
-    key_of(up, "head.json", r.key, sizeof r.key);
-    size_t len = 0;
-    r.body = pulse_store_head_bytes(h, &len);
-    r.body_len = len;
-    r.cache_control = "no-cache";
-    r.content_type = "application/json";
-    upload_req *one = &r;
-    st = upload_run(up, &one, 1);
-    if (st == PULSE_OK && !ok_status(r.status))
-      st = upload_req_fail(&r, "putting the head");
-    upload_req_release(&r);
-  }
+  if (st == PULSE_OK) /* the head last: everything it names is there */
+    st = put_head(up, h);
   if (st == PULSE_OK && !up->opts.no_retention)
     st = retain(up, h);
   /* After a failure (a part killed, a network cut), the next call looks

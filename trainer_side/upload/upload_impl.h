@@ -22,6 +22,10 @@ struct pulse_upload {
    * call and by the call after a failed one; aborted so far. */
   int stale_due;
   uint64_t stale_aborted;
+  /* The prefix's head as the writer check saw it, for the head's
+   * conditional write: its ETag, or absent (upload.c). */
+  char head_etag[256];
+  int head_absent;
 };
 
 /** Lists the incomplete multipart uploads under the prefix and aborts each
@@ -46,6 +50,10 @@ typedef struct {
   char payload_sha256[65];
   const char *cache_control; /* NULL: none */
   const char *content_type;  /* NULL: none */
+  /* A conditional write (S3's If-Match / If-None-Match on PutObject): the
+   * ETag the object must still have, or "*" for an object that must not
+   * exist; NULL: none. */
+  const char *if_match, *if_none_match;
   /* ---- answer */
   long status;
   pulse_bytebuf reply; /* the body of the answer */

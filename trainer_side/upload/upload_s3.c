@@ -355,6 +355,14 @@ static int start(CURLM *m, job *j) {
     snprintf(line, sizeof line, "Content-Type: %s", r->content_type);
     j->headers = curl_slist_append(j->headers, line);
   }
+  if (r->if_match != NULL) {
+    snprintf(line, sizeof line, "If-Match: %s", r->if_match);
+    j->headers = curl_slist_append(j->headers, line);
+  }
+  if (r->if_none_match != NULL) {
+    snprintf(line, sizeof line, "If-None-Match: %s", r->if_none_match);
+    j->headers = curl_slist_append(j->headers, line);
+  }
   j->headers = curl_slist_append(j->headers, "Expect:");
   curl_easy_setopt(h, CURLOPT_URL, url);
   curl_easy_setopt(h, CURLOPT_HTTPHEADER, j->headers);
