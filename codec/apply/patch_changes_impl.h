@@ -8,8 +8,9 @@
 #include "pulse_codec_stream.h"
 #include "pulse_region.h"
 
-/** The changes staged for tensor `i` of the patch's table (positions
- * strictly increasing, old and new bits), once finish returned PULSE_OK
+/** The changes staged for tensor `i` of the patch's table (each position
+ * once, in no promised order: through a class index they come class by
+ * class within each chunk; old and new bits), once finish returned PULSE_OK
  * and until the stream is freed; NULL for a tensor no target holds, or
  * before that. */
 const pulse_changes *patch_stream_changes(const pulse_patch_stream *s, size_t i);
