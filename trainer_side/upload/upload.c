@@ -340,6 +340,15 @@ static pulse_status retain(pulse_upload *up, const pulse_store_head *h) {
 
 /* ----------------------------------------------------------------- store */
 
+/* GETs the prefix's head.json into r (release it); PULSE_OK when an
+ * answer came, whatever its status. */
+static pulse_status get_head(pulse_upload *up, upload_req *r) {
+  upload_req_init(r, "GET");
+  key_of(up, "head.json", r->key, sizeof r->key);
+  upload_req *one = r;
+  return upload_run(up, &one, 1);
+}
+
 /* One writer per bucket prefix: the bucket's head, when there is one, must
  * be of this store's run and not ahead of it. A second publisher (another
  * store, another host) uploading to the prefix is refused before anything
@@ -348,10 +357,7 @@ static pulse_status retain(pulse_upload *up, const pulse_store_head *h) {
  * check cannot both move the head. */
 static pulse_status check_writer(pulse_upload *up, const pulse_store_head *h) {
   upload_req r;
-  upload_req_init(&r, "GET");
-  key_of(up, "head.json", r.key, sizeof r.key);
-  upload_req *one = &r;
-  pulse_status st = upload_run(up, &one, 1);
+  pulse_status st = get_head(up, &r);
   up->head_absent = st == PULSE_OK && r.status == 404;
   snprintf(up->head_etag, sizeof up->head_etag, "%s",
            st == PULSE_OK && ok_status(r.status) ? r.etag : "");
@@ -391,12 +397,9 @@ static pulse_status check_writer(pulse_upload *up, const pulse_store_head *h) {
 /* 1 when the prefix's head now holds exactly h's bytes. */
 static int head_is(pulse_upload *up, const pulse_store_head *h) {
   upload_req r;
-  upload_req_init(&r, "GET");
-  key_of(up, "head.json", r.key, sizeof r.key);
-  upload_req *one = &r;
   size_t len = 0;
   const uint8_t *mine = pulse_store_head_bytes(h, &len);
-  int same = upload_run(up, &one, 1) == PULSE_OK && ok_status(r.status) &&
+  int same = get_head(up, &r) == PULSE_OK && ok_status(r.status) &&
              r.reply.size == len && memcmp(r.reply.data, mine, len) == 0;
   upload_req_release(&r);
   return same;
