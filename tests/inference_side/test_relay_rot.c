@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 
 #include "inf_testutil.h"
+#include "metrics_testutil.h"
 #include "store_impl.h"
 
 typedef struct {
@@ -61,19 +62,6 @@ static rot_reply rot_get(uint16_t port, const char *path) {
   }
   free(buf);
   return r;
-}
-
-/* The relay's metric NAME, or -1. */
-static long long rot_metric(pulse_server *srv, const char *name) {
-  pulse_buffer text = {NULL, 0};
-  cr_assert_eq(pulse_server_metrics(srv, &text), PULSE_OK);
-  char *s = strndup((const char *)text.data, text.size), line[128];
-  pulse_buffer_free(&text);
-  snprintf(line, sizeof line, "\n%s ", name);
-  const char *p = strstr(s, line);
-  long long v = p ? strtoll(p + strlen(line), NULL, 10) : -1;
-  free(s);
-  return v;
 }
 
 /* 200 and bytes that hash to the object's name. */
@@ -147,8 +135,8 @@ Test(inference_side, a_relay_that_does_not_follow_never_serves_a_rotted_object,
   struct timespec times[2] = {before.st_atim, before.st_mtim};
   cr_assert_eq(utimensat(AT_FDCWD, ppath, times, 0), 0);
   cr_expect_eq(refused(port, &patch), 500);
-  cr_expect_eq(rot_metric(srv, "pulse_objects_corrupt_total"), 2);
-  cr_expect_eq(rot_metric(srv, "pulse_objects_rehashed_total"), 2);
+  cr_expect_eq(tu_server_metric(srv, "pulse_objects_corrupt_total"), 2);
+  cr_expect_eq(tu_server_metric(srv, "pulse_objects_rehashed_total"), 2);
 
   /* The relay's next sync finds both, fetches them again: served again. */
   cr_assert_eq(pulse_sub_sync(relay), PULSE_OK, "%s", pulse_sub_error(relay));
@@ -160,7 +148,7 @@ Test(inference_side, a_relay_that_does_not_follow_never_serves_a_rotted_object,
   cr_assert_eq(tu_flip(apath, 100), 0);
   cr_assert_eq(tu_flip(apath, 100), 0);
   served_whole(port, &anchor);
-  cr_expect_eq(rot_metric(srv, "pulse_objects_corrupt_total"), 2);
+  cr_expect_eq(tu_server_metric(srv, "pulse_objects_corrupt_total"), 2);
 
   pulse_server_free(srv);
   pulse_sub_free(relay);

@@ -11,6 +11,7 @@
 #include <time.h>
 
 #include "inf_testutil.h"
+#include "metrics_testutil.h"
 
 /* A worker of t with the default options (deadline, retries, backoff) on
  * a link of `rate` bytes/s (the fetch engine's own limit), its targets
@@ -87,18 +88,6 @@ static void *keep_stepping(void *arg) {
   return NULL;
 }
 
-/* A counter of the server's /metrics text (its sample line, not HELP). */
-static uint64_t metric(pulse_server *srv, const char *name) {
-  pulse_buffer text = {NULL, 0};
-  cr_assert_eq(pulse_server_metrics(srv, &text), PULSE_OK);
-  char want[128];
-  snprintf(want, sizeof want, "\n%s ", name);
-  const char *line = strstr((const char *)text.data, want);
-  uint64_t v = line != NULL ? strtoull(line + strlen(want), NULL, 10) : 0;
-  pulse_buffer_free(&text);
-  return v;
-}
-
 Test(slow_link, a_worker_whose_anchor_outlasts_retention_catches_up_from_there,
      .timeout = 180) {
   it_trainer t;
@@ -131,7 +120,7 @@ Test(slow_link, a_worker_whose_anchor_outlasts_retention_catches_up_from_there,
   pulse_sub_figures_get(sub, &f);
   cr_expect_eq(f.anchors_applied, 1, "%" PRIu64 " anchors", f.anchors_applied);
   cr_expect_geq(f.catchups_applied, 1);
-  cr_expect_geq(metric(t.srv, "pulse_catchup_history_total"), 1);
+  cr_expect_geq(tu_server_metric(t.srv, "pulse_catchup_history_total"), 1);
   /* And bit for bit the trainer's last step. */
   cr_expect_eq(pulse_sub_step(sub), t.step);
   cr_expect(it_targets_equal(&tg, &t, t.step), "the targets are not step %"

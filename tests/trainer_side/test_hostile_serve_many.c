@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "files_testutil.h"
+#include "metrics_testutil.h"
 #include "serve_testutil.h"
 #include "pulse_server.h"
 #include "store_impl.h"
@@ -95,19 +96,6 @@ static void *attack_main(void *arg) {
   return NULL;
 }
 
-static unsigned long long metric(pulse_server *srv, const char *name) {
-  pulse_buffer text = {NULL, 0};
-  cr_assert_eq(pulse_server_metrics(srv, &text), PULSE_OK);
-  char *s = strndup((const char *)text.data, text.size);
-  pulse_buffer_free(&text);
-  char line[128];
-  snprintf(line, sizeof line, "\n%s ", name); /* the value, not its HELP */
-  const char *p = strstr(s, line);
-  unsigned long long v = p ? strtoull(p + strlen(line), NULL, 10) : 0;
-  free(s);
-  return v;
-}
-
 Test(hostile_serve, a_slowloris_from_many_addresses_leaves_a_new_client_served,
      .timeout = 30) {
   char *dir = ts_store_with_head();
@@ -139,15 +127,15 @@ Test(hostile_serve, a_slowloris_from_many_addresses_leaves_a_new_client_served,
   }
   atomic_store(&a.stop, 1);
   pthread_join(th, NULL);
-  unsigned long long evicted =
-      metric(srv, "pulse_http_evicted_connections_total");
+  long long evicted =
+      tu_server_metric(srv, "pulse_http_evicted_connections_total");
   cr_expect_eq(ok, asked,
                "%d of %d probes answered within 1 s (slowest %.2f s; the "
-               "attack opened %ld connections, held up to %d at once; %llu "
+               "attack opened %ld connections, held up to %d at once; %lld "
                "evicted)",
                ok, asked, worst, a.opened, a.held_max, evicted);
   cr_log_info("%d of %d probes answered, slowest %.3f s; the attack opened "
-              "%ld connections, held up to %d; %llu evicted",
+              "%ld connections, held up to %d; %lld evicted",
               ok, asked, worst, a.opened, a.held_max, evicted);
   /* The attack was one: more slow connections than the cap, and churn. */
   cr_expect_gt(a.held_max, 60, "the attackers held only %d", a.held_max);

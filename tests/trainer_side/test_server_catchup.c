@@ -9,6 +9,7 @@
 #include <time.h>
 
 #include "http_testutil.h"
+#include "metrics_testutil.h"
 #include "pulse_publisher.h"
 #include "pulse_server.h"
 #include "pulse_sign.h"
@@ -63,18 +64,6 @@ static pulse_server *serve(const char *dir, const pulse_sign_key *key) {
   return srv;
 }
 
-static unsigned long long metric(pulse_server *srv, const char *name) {
-  pulse_buffer m = {NULL, 0};
-  cr_assert_eq(pulse_server_metrics(srv, &m), PULSE_OK);
-  char key[128];
-  snprintf(key, sizeof key, "\n%s ", name);
-  const char *at = strstr((const char *)m.data, key);
-  cr_assert_not_null(at, "no metric %s", name);
-  unsigned long long v = strtoull(at + strlen(key), NULL, 10);
-  pulse_buffer_free(&m);
-  return v;
-}
-
 typedef struct {
   uint16_t port;
   uint64_t from;
@@ -113,7 +102,8 @@ Test(server_catchup, health_and_head_answer_within_100_ms_while_ten_build) {
   }
   /* Until the builds are under way. */
   double t0 = tu_now_s();
-  while (metric(srv, "pulse_catchup_builds_pending") < 5 && tu_now_s() - t0 < 5)
+  while (tu_server_metric(srv, "pulse_catchup_builds_pending") < 5 &&
+         tu_now_s() - t0 < 5)
     usleep(2000);
   double worst = 0, took_all[20];
   int taken = 0;
@@ -132,7 +122,7 @@ Test(server_catchup, health_and_head_answer_within_100_ms_while_ten_build) {
     usleep(20000);
   }
   /* The measurements were taken while builds were still waiting. */
-  unsigned long long pending = metric(srv, "pulse_catchup_builds_pending");
+  long long pending = tu_server_metric(srv, "pulse_catchup_builds_pending");
   for (int i = 0; i < 10; i++)
     pthread_join(tid[i], NULL);
   cr_assert_gt(pending, 0, "the builds ended before the measurements did");
@@ -157,7 +147,7 @@ Test(server_catchup, health_and_head_answer_within_100_ms_while_ten_build) {
     pulse_patch_free(p);
     ht_reply_free(&calls[i].r);
   }
-  cr_assert_eq(metric(srv, "pulse_catchup_builds_total"), 10);
+  cr_assert_eq(tu_server_metric(srv, "pulse_catchup_builds_total"), 10);
   pulse_server_free(srv);
   pulse_sign_key_free(key);
   tu_rm_rf(dir);
@@ -191,7 +181,7 @@ Test(server_catchup, a_full_queue_answers_503_with_retry_after) {
   } while (r.status != 200 && tu_now_s() - t0 < 10);
   cr_assert_eq(r.status, 200);
   ht_reply_free(&r);
-  cr_assert_eq(metric(srv, "pulse_catchup_builds_total"), 1);
+  cr_assert_eq(tu_server_metric(srv, "pulse_catchup_builds_total"), 1);
   pulse_server_free(srv);
   pulse_sign_key_free(key);
   tu_rm_rf(dir);
@@ -210,7 +200,7 @@ Test(server_catchup, a_server_without_the_heads_key_builds_no_catchups) {
     cr_assert_eq(r.status, 404, "%s key: %ld", k ? "another" : "no", r.status);
     cr_assert(r.body != NULL && strstr(r.body, "key") != NULL, "%s", r.body);
     ht_reply_free(&r);
-    cr_assert_eq(metric(srv, "pulse_catchup_builds_total"), 0);
+    cr_assert_eq(tu_server_metric(srv, "pulse_catchup_builds_total"), 0);
     pulse_server_free(srv);
   }
   /* With the head's key it builds; an unsigned store needs none. */
@@ -280,7 +270,7 @@ Test(server_catchup, a_corrupted_cache_entry_is_never_served) {
   get_good_catchup(port, sha, &again);
   cr_assert_eq(memcmp(sha, first, 32), 0);
   cr_assert_eq(again, size);
-  cr_assert_eq(metric(srv, "pulse_catchup_corrupt_total"), 1);
+  cr_assert_eq(tu_server_metric(srv, "pulse_catchup_corrupt_total"), 1);
   get_good_catchup(port, sha, &again);
   pulse_server_free(srv);
   /* ... and before a restart: the new server checks the file first. */
@@ -289,14 +279,14 @@ Test(server_catchup, a_corrupted_cache_entry_is_never_served) {
   port = pulse_server_port(srv);
   get_good_catchup(port, sha, &again);
   cr_assert_eq(memcmp(sha, first, 32), 0);
-  cr_assert_eq(metric(srv, "pulse_catchup_corrupt_total"), 1);
-  cr_assert_eq(metric(srv, "pulse_catchup_builds_total"), 1);
+  cr_assert_eq(tu_server_metric(srv, "pulse_catchup_corrupt_total"), 1);
+  cr_assert_eq(tu_server_metric(srv, "pulse_catchup_builds_total"), 1);
   /* A good cached file is taken as it is. */
   pulse_server_free(srv);
   srv = serve(dir, key);
   get_good_catchup(pulse_server_port(srv), sha, &again);
-  cr_assert_eq(metric(srv, "pulse_catchup_builds_total"), 0);
-  cr_assert_eq(metric(srv, "pulse_catchup_cache_hits_total"), 1);
+  cr_assert_eq(tu_server_metric(srv, "pulse_catchup_builds_total"), 0);
+  cr_assert_eq(tu_server_metric(srv, "pulse_catchup_cache_hits_total"), 1);
   pulse_server_free(srv);
   pulse_sign_key_free(key);
   tu_rm_rf(dir);
