@@ -32,6 +32,7 @@ for averaging in all-to-all partitioned; do
   expect "$averaging churn-free exit status" 0 "$?"
   churn=churn_${averaging//-/_}
   churn=${!churn}
+  failed_before=$failures
   timeout 300 "$BENCH" "${common[@]}" --averaging "$averaging" --churn "$churn" \
     > "$work/churn-$averaging.json" 2> "$work/churn-$averaging.err"
   expect "$averaging two failures a round: exit status" 0 "$?"
@@ -53,6 +54,8 @@ for averaging in all-to-all partitioned; do
   python3 -c 'import sys; a, b = map(float, sys.argv[1:]); sys.exit(b > 1.01 * a)' "$free" "$with" \
     && ok || bad "$averaging: final loss $with with churn, $free without (over 1% above)"
   echo "loco_collab_fail: $averaging final loss $free churn-free, $with with $churn"
+  # What the bench and the peers said, when a check of this run failed.
+  [ "$failures" -eq "$failed_before" ] || tail -8 "$work/churn-$averaging.err"
 done
 if [ "$(id -u)" = 0 ] && nft list tables > /dev/null 2>&1; then
   # Rounds enough after each cut for the member cut off to join again.

@@ -131,13 +131,20 @@ void bench_loco_collab_fire_events(collab_bench *b, uint32_t reported) {
       b->watching = 1;
       continue;
     }
-    /* A random live member, not the writer (kill-writer: the writer). */
+    /* A random live member, neither the writer of round R nor that of
+     * R - 1 (kill-writer: the writer of R). The first report of R - 1
+     * fires the event while others may still be finishing R - 1, whose
+     * writer then serves what they lack: killing it there is a writer's
+     * death in R - 1 and leaves R to the member that finished R - 1
+     * first, its only contributor (the limit the protocol page states
+     * when that member dies after its word, as kill-finisher:R does). */
     peer *v = NULL;
+    uint32_t before = row->contributors > 0 ? row->writer : 0;
     if (strcmp(ev->kind, "kill-writer") == 0)
       v = live_member(b, writer);
     for (size_t t = 0; t < 4 * MAXP && v == NULL && row->nnext; t++) {
       uint32_t id = row->next[next_rand(&b->rng) % row->nnext];
-      if (id != writer)
+      if (id != writer && id != before)
         v = live_member(b, id);
     }
     if (v == NULL)
