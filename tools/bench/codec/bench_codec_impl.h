@@ -55,6 +55,10 @@ typedef struct {
    * the timing, as a receiver holds it from the previous step; the commit's
    * index upkeep is timed); 0 for plain codings. */
   double apply_indexed_s[CODINGS];
+  /* The default coding's applies (plain, through the index) in process CPU
+   * time, every thread's: on a shared machine wall-clock figures mostly
+   * measure the scheduler, CPU time what the apply costs. */
+  double apply_cpu_s, apply_indexed_cpu_s;
   double index_build_s; /* building the indexes of the base, one thread */
   uint64_t index_bytes; /* the indexes' memory */
   double generate_s;    /* synthetic: time of the optimizer step; else 0 */
@@ -81,6 +85,7 @@ typedef struct summary {
   step_result sum;
   double encode_bps, memcpy_bps, apply_cps[CODINGS], decode_cps[CODINGS];
   double indexed_cps[CODINGS];
+  double cpu_cps, indexed_cpu_cps; /* default coding, per CPU second */
   uint64_t within[CODINGS]; /* steps inside the bound's allowance */
   uint64_t steps;
 } summary;

@@ -5,6 +5,7 @@
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include "bench_codec_impl.h"
 #include "cli_time.h"
@@ -62,19 +63,27 @@ static void free_indexes(codec_ctx *c) {
   }
 }
 
+/* This process's CPU time, every thread's, in seconds. */
+static double cpu_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
 /* Opens and applies `patch` to a copy of the base, `reps` times; checks
  * that the result equals new_bf16 bit for bit. indexed: through class
  * indexes of the base, built before each timed apply (r->index_build_s and
  * r->index_bytes get the build's figures). */
 static int apply_patch(codec_ctx *c, step_result *r, const pulse_buffer *patch,
                        const char *label, const uint16_t *new_bf16, int reps,
-                       int threads, int indexed, double *secs) {
+                       int threads, int indexed, double *secs,
+                       double *cpu_secs) {
   const bench_table *tb = &c->table;
   pulse_apply_opts opts;
   pulse_apply_opts_init(&opts);
   opts.threads = threads;
   opts.class_index = c->index; /* NULL entries unless indexed */
-  double t[MAX_REPS];
+  double t[MAX_REPS], cpu[MAX_REPS];
   for (int k = 0; k < reps; k++) {
     memcpy(c->work, c->old_bf16, (size_t)tb->total * 2);
     for (size_t i = 0; i < tb->count; i++) {
@@ -99,11 +108,12 @@ static int apply_patch(codec_ctx *c, step_result *r, const pulse_buffer *patch,
       r->index_build_s = pulse_cli_since(b0);
     }
     pulse_patch *p = NULL;
-    double t0 = pulse_cli_now();
+    double c0 = cpu_now(), t0 = pulse_cli_now();
     pulse_status st = pulse_patch_open(patch->data, patch->size, &p);
     if (st == PULSE_OK)
       st = pulse_patch_apply(p, c->targets, tb->count, &opts);
     t[k] = pulse_cli_since(t0);
+    cpu[k] = cpu_now() - c0;
     uint64_t total_changed = p ? pulse_patch_total_changed(p) : 0;
     pulse_patch_free(p);
     if (indexed && st == PULSE_OK) /* the commits kept each index exact */
@@ -126,6 +136,7 @@ static int apply_patch(codec_ctx *c, step_result *r, const pulse_buffer *patch,
     }
   }
   *secs = pulse_cli_median(t, (size_t)reps);
+  *cpu_secs = pulse_cli_median(cpu, (size_t)reps);
   if (memcmp(c->work, new_bf16, (size_t)tb->total * 2) != 0) {
     uint64_t first = 0;
     while (c->work[first] == new_bf16[first])
@@ -199,15 +210,19 @@ int bench_codec_measure_step(codec_ctx *c, const codec_args *a,
   }
   for (int k = 0; k < CODINGS; k++) {
     pulse_buffer patch = {NULL, 0};
+    double cpu = 0, indexed_cpu = 0;
     int rc = encode_patch(c, r, k, a->reps, &r->encode_s[k], &patch);
     r->bytes[k] = patch.size;
     if (rc == 0)
       rc = apply_patch(c, r, &patch, bench_codec_codings[k].label, new_bf16,
-                       a->reps, a->apply_threads, 0, &r->apply_s[k]);
+                       a->reps, a->apply_threads, 0, &r->apply_s[k], &cpu);
     r->apply_indexed_s[k] = 0;
     if (rc == 0 && bench_codec_codings[k].model == PULSE_POS_CLASS)
       rc = apply_patch(c, r, &patch, bench_codec_codings[k].label, new_bf16,
-                       a->reps, a->apply_threads, 1, &r->apply_indexed_s[k]);
+                       a->reps, a->apply_threads, 1, &r->apply_indexed_s[k],
+                       &indexed_cpu);
+    if (k == 0)
+      r->apply_cpu_s = cpu, r->apply_indexed_cpu_s = indexed_cpu;
     if (rc == 0)
       rc = decode_streams(&patch, bench_codec_codings[k].label, a->reps,
                           &r->decode_s[k]);

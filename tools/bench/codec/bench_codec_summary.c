@@ -20,6 +20,9 @@ void bench_codec_summary_add(summary *s, const step_result *r) {
         bench_codec_per((double)r->changed, r->apply_indexed_s[k]);
     s->within[k] += (double)r->bytes[k] <= bench_codec_allowance_bytes(r);
   }
+  s->cpu_cps += bench_codec_per((double)r->changed, r->apply_cpu_s);
+  s->indexed_cpu_cps +=
+      bench_codec_per((double)r->changed, r->apply_indexed_cpu_s);
   t->base.dense += r->base.dense;
   t->base.int32_bf16 += r->base.int32_bf16;
   t->base.dense_z19_read += r->base.dense_z19_read;
@@ -75,6 +78,10 @@ void bench_codec_print_summary_text(const summary *s) {
       printf(", decode alone %7.1f M/s", s->decode_cps[k] / n / 1e6);
     printf("\n");
   }
+  printf("  %-36s apply in CPU time (every thread's): %.1f M changed/s "
+         "plain, %.1f indexed\n",
+         bench_codec_codings[0].label, s->cpu_cps / n / 1e6,
+         s->indexed_cpu_cps / n / 1e6);
   printf("  verify OK: %s changes over %" PRIu64 " steps rebuilt bit for bit\n",
          bench_codec_fmt_u64(t->changed, b1), s->steps);
   double dense_z = (double)t->base.zstd[BENCH_DENSE_Z][0];
@@ -130,8 +137,11 @@ void bench_codec_print_summary_json(const summary *s, const char *source,
       printf(",\"apply_%s_indexed_changed_per_s\":%.6g",
              bench_codec_codings[k].key, s->indexed_cps[k] / n);
   printf(",\"apply_threads\":%d,\"apply_mchanges_per_s\":%.6g"
-         ",\"apply_noindex_mchanges_per_s\":%.6g",
-         apply_threads, s->indexed_cps[0] / n / 1e6, s->apply_cps[0] / n / 1e6);
+         ",\"apply_noindex_mchanges_per_s\":%.6g"
+         ",\"apply_cpu_mchanges_per_s\":%.6g"
+         ",\"apply_noindex_cpu_mchanges_per_s\":%.6g",
+         apply_threads, s->indexed_cps[0] / n / 1e6, s->apply_cps[0] / n / 1e6,
+         s->indexed_cpu_cps / n / 1e6, s->cpu_cps / n / 1e6);
   printf(",\"bound_per_changed\":%.6g", bench_codec_per(bound, c));
   bench_codec_print_baselines_json(&t->base, &c);
   printf(",\"encode_bytes_per_s\":%.6g,\"memcpy_bytes_per_s\":%.6g"
