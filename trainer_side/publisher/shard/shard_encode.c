@@ -87,15 +87,6 @@ static pulse_status tensor_changes(const shard_parts_view *v, uint64_t t, const 
   return st;
 }
 
-/* Distinct chunks of sorted changes c (n), into chunks (room for n). */
-static uint64_t changed_chunks(const pulse_changes *c, uint32_t log2, uint64_t *chunks) {
-  uint64_t m = 0;
-  for (uint64_t j = 0; j < c->count; j++)
-    if (m == 0 || chunks[m - 1] != c->pos[j] >> log2)
-      chunks[m++] = c->pos[j] >> log2;
-  return m;
-}
-
 static uint64_t chunk_slot(const uint64_t *chunks, uint64_t m, uint64_t k) {
   uint64_t lo = 0, hi = m;
   while (lo < hi) {
@@ -127,8 +118,21 @@ void shard_count_block(const shard_geom *g, const uint16_t *snap, const pulse_ch
           hist[s_ * PULSE_CLASS_COUNT + q_] += cnt[q_];                              \
     }                                                                                \
   } while (0)
-  for (uint64_t r = 0; r < g->runs; r++) {
+  /* Runs are in position order: only those that reach the chunks are walked
+   * (a chunk at a time is one chunk's runs, not the block's). */
+  uint64_t lo = m > 0 ? chunks[0] << log2 : 0, r0 = 0, rn = g->runs;
+  uint64_t hi = m > 0 ? (chunks[m - 1] + 1) << log2 : 0;
+  while (r0 < rn) {
+    uint64_t mid = r0 + (rn - r0) / 2;
+    if (shard_run_pos(g, mid) + g->run_len <= lo)
+      r0 = mid + 1;
+    else
+      rn = mid;
+  }
+  for (uint64_t r = r0; r < g->runs; r++) {
     uint64_t pos = shard_run_pos(g, r), end = pos + g->run_len;
+    if (pos >= hi)
+      break;
     const uint16_t *bits = snap + r * g->run_len - pos;
     while (pos < end) {
       uint64_t k = pos >> log2, seg = (k + 1) << log2;
@@ -152,6 +156,154 @@ void shard_count_block(const shard_geom *g, const uint16_t *snap, const pulse_ch
   CLOSE_CHUNK();
 #undef EMIT_BEFORE
 #undef CLOSE_CHUNK
+}
+
+/* One part block's changes of a tensor, read from where `j` stands. */
+typedef struct {
+  uint64_t pos;
+  uint16_t old_bits, new_bits;
+} one_change;
+
+
+typedef struct {
+  const shard_part_block *b;
+  uint64_t j;
+} part_cursor;
+
+static int by_change_pos(const void *a, const void *b) {
+  uint64_t x = ((const one_change *)a)->pos, y = ((const one_change *)b)->pos;
+  return x < y ? -1 : x > y;
+}
+
+/* The changes of chunk k over the cursors (every cursor stands at its first
+ * change of chunk k or after), in position order, into c (emptied first);
+ * the cursors move past them. */
+static pulse_status chunk_gather(part_cursor *cur, size_t ncur, uint64_t k, uint32_t log2,
+                                 pulse_changes *c, one_change **tmp, uint64_t *tmp_cap) {
+  c->count = 0;
+  size_t holders = 0;
+  for (size_t i = 0; i < ncur; i++) {
+    const shard_part_block *b = cur[i].b;
+    uint64_t before = c->count;
+    for (; cur[i].j < b->k; cur[i].j++) {
+      uint64_t p = pulse_load_le64(b->pos + 8 * cur[i].j);
+      if (p >> log2 != k)
+        break;
+      PULSE_TRY(pulse_changes_push(c, p, pulse_load_le16(b->old_bits + 2 * cur[i].j),
+                                   pulse_load_le16(b->new_bits + 2 * cur[i].j)));
+    }
+    holders += c->count > before;
+  }
+  if (holders < 2)
+    return PULSE_OK;
+  if (*tmp_cap < c->count) {
+    one_change *more = realloc(*tmp, (size_t)c->count * sizeof *more);
+    if (more == NULL)
+      return pulse_fail(PULSE_ERR_NOMEM, "shard: a chunk's changes");
+    *tmp = more, *tmp_cap = c->count;
+  }
+  one_change *v = *tmp;
+  for (uint64_t j = 0; j < c->count; j++)
+    v[j] = (one_change){c->pos[j], c->old_bits[j], c->new_bits[j]};
+  qsort(v, (size_t)c->count, sizeof *v, by_change_pos);
+  for (uint64_t j = 0; j < c->count; j++)
+    c->pos[j] = v[j].pos, c->old_bits[j] = v[j].old_bits, c->new_bits[j] = v[j].new_bits;
+  return PULSE_OK;
+}
+
+/* Tensor t's section of this rank's counts, appended to out: the parts'
+ * changes are walked one changed chunk at a time (those the rank's blocks
+ * meet, `mark`), so that a step holds one chunk's changes and ranks, not
+ * the tensor's; the class counts of each chunk wait in `hists` (1 KiB a
+ * changed chunk) until the entries are out. */
+static pulse_status count_tensor(const pulse_pub_shard *s, const shard_parts_view *v, size_t t,
+                                 const uint8_t *mark, pulse_bytebuf *out) {
+  uint32_t log2 = s->chunk_log2;
+  size_t ncur = 0;
+  for (size_t b = 0; b < v->nblocks; b++)
+    ncur += v->blocks[b].tensor == t && v->blocks[b].k > 0;
+  part_cursor *cur = calloc(ncur ? ncur : 1, sizeof *cur);
+  if (cur == NULL)
+    return pulse_fail(PULSE_ERR_NOMEM, "shard: counts");
+  ncur = 0;
+  for (size_t b = 0; b < v->nblocks; b++)
+    if (v->blocks[b].tensor == t && v->blocks[b].k > 0)
+      cur[ncur++] = (part_cursor){&v->blocks[b], 0};
+  pulse_status st = PULSE_OK;
+  for (size_t i = 0; i < ncur && st == PULSE_OK; i++)
+    for (uint64_t j = 1; j < cur[i].b->k; j++)
+      if (pulse_load_le64(cur[i].b->pos + 8 * j) <= pulse_load_le64(cur[i].b->pos + 8 * (j - 1))) {
+        st = pulse_fail(PULSE_ERR_CORRUPT, "shard: a part's changes are not in position order");
+        break;
+      }
+  size_t sec_at = out->size;
+  uint8_t sec[SHARD_COUNT_SECTION];
+  memset(sec, 0, sizeof sec);
+  pulse_store_le64(sec, t);
+  pulse_bytebuf_put(out, sec, sizeof sec);
+  pulse_bytebuf hists = PULSE_BYTEBUF_INIT;
+  pulse_changes c = PULSE_CHANGES_INIT;
+  one_change *tmp = NULL;
+  uint64_t tmp_cap = 0, nc = 0, m = 0, prev = 0;
+  uint32_t *contrib = NULL, hist[PULSE_CLASS_COUNT];
+  uint64_t contrib_cap = 0;
+  int first = 1;
+  while (st == PULSE_OK) {
+    /* The next changed chunk the rank's blocks meet. */
+    uint64_t k = UINT64_MAX;
+    for (size_t i = 0; i < ncur; i++) {
+      const shard_part_block *b = cur[i].b;
+      for (; cur[i].j < b->k; cur[i].j++) {
+        uint64_t ck = pulse_load_le64(b->pos + 8 * cur[i].j) >> log2;
+        if (mark[ck >> 3] >> (ck & 7) & 1) {
+          k = ck < k ? ck : k;
+          break;
+        }
+      }
+    }
+    if (k == UINT64_MAX)
+      break;
+    if ((st = chunk_gather(cur, ncur, k, log2, &c, &tmp, &tmp_cap)) != PULSE_OK)
+      break;
+    if (contrib_cap < c.count) {
+      uint32_t *more = realloc(contrib, (size_t)c.count * sizeof *more);
+      if (more == NULL) {
+        st = pulse_fail(PULSE_ERR_NOMEM, "shard: counts");
+        break;
+      }
+      contrib = more, contrib_cap = c.count;
+    }
+    memset(contrib, 0, (size_t)c.count * sizeof *contrib);
+    memset(hist, 0, sizeof hist);
+    for (size_t b = 0; b < s->nblocks; b++)
+      if (s->geom[b].tensor == t)
+        shard_count_block(&s->geom[b], s->snap[b], &c, &k, 1, log2, contrib, hist);
+    for (uint64_t j = 0; j < c.count; j++)
+      if (contrib[j] > 0) {
+        pulse_bytebuf_varint(out, first ? c.pos[j] : c.pos[j] - prev - 1);
+        pulse_bytebuf_varint(out, contrib[j]);
+        prev = c.pos[j], first = 0, nc++;
+      }
+    uint8_t h[8 + 4 * PULSE_CLASS_COUNT];
+    pulse_store_le64(h, k);
+    for (unsigned q = 0; q < PULSE_CLASS_COUNT; q++)
+      pulse_store_le32(h + 8 + 4 * q, hist[q]);
+    pulse_bytebuf_put(&hists, h, sizeof h);
+    m++;
+  }
+  if (st == PULSE_OK && !out->failed) {
+    pulse_store_le64(out->data + sec_at + 8, nc);
+    pulse_store_le64(out->data + sec_at + 16, m);
+    pulse_store_le64(out->data + sec_at + 24, out->size - sec_at - SHARD_COUNT_SECTION);
+  }
+  if (st == PULSE_OK && hists.failed)
+    st = pulse_fail(PULSE_ERR_NOMEM, "shard: counts");
+  if (st == PULSE_OK && hists.size > 0)
+    pulse_bytebuf_put(out, hists.data, hists.size);
+  pulse_bytebuf_free(&hists);
+  pulse_changes_free(&c);
+  free(tmp), free(contrib), free(cur);
+  return st;
 }
 
 pulse_status pulse_pub_shard_count(const pulse_pub_shard *s, const pulse_buffer *parts,
@@ -180,60 +332,10 @@ pulse_status pulse_pub_shard_count(const pulse_pub_shard *s, const pulse_buffer 
     uint64_t numel = 0;
     (void)pulse_shape_numel(s->info[t].shape, s->info[t].ndim, &numel);
     uint8_t *mark = shard_chunk_marks(s->geom, s->nblocks, t, numel, log2);
-    pulse_changes c = PULSE_CHANGES_INIT;
-    uint64_t n = 0, m = 0, *chunks = NULL;
-    uint32_t *contrib = NULL, *hist = NULL;
-    if (mark == NULL)
-      st = pulse_fail(PULSE_ERR_NOMEM, "shard: counts");
-    if (st == PULSE_OK)
-      st = tensor_changes(&v, t, mark, log2, &c);
-    n = c.count;
-    if (st == PULSE_OK) {
-      chunks = malloc((n ? n : 1) * sizeof *chunks);
-      contrib = calloc(n ? n : 1, 4);
-      if (chunks == NULL || contrib == NULL)
-        st = pulse_fail(PULSE_ERR_NOMEM, "shard: counts");
-    }
-    if (st == PULSE_OK) {
-      m = changed_chunks(&c, log2, chunks);
-      if ((hist = calloc(m ? m * PULSE_CLASS_COUNT : 1, 4)) == NULL)
-        st = pulse_fail(PULSE_ERR_NOMEM, "shard: counts");
-    }
-    for (size_t b = 0; b < s->nblocks && st == PULSE_OK && m > 0; b++)
-      if (s->geom[b].tensor == t)
-        shard_count_block(&s->geom[b], s->snap[b], &c, chunks, m, log2, contrib, hist);
-    uint64_t nc = 0;
-    for (uint64_t j = 0; j < n && st == PULSE_OK; j++)
-      nc += contrib[j] > 0;
-    size_t sec_at = out.size;
-    if (st == PULSE_OK) {
-      uint8_t sec[SHARD_COUNT_SECTION];
-      pulse_store_le64(sec, t);
-      pulse_store_le64(sec + 8, nc);
-      pulse_store_le64(sec + 16, m);
-      pulse_store_le64(sec + 24, 0); /* entry bytes: set below */
-      pulse_bytebuf_put(&out, sec, sizeof sec);
-      nsections++;
-    }
-    uint64_t prev = 0;
-    int first = 1;
-    for (uint64_t j = 0; j < n && st == PULSE_OK; j++)
-      if (contrib[j] > 0) {
-        pulse_bytebuf_varint(&out, first ? c.pos[j] : c.pos[j] - prev - 1);
-        pulse_bytebuf_varint(&out, contrib[j]);
-        prev = c.pos[j], first = 0;
-      }
-    if (st == PULSE_OK && !out.failed)
-      pulse_store_le64(out.data + sec_at + 24, out.size - sec_at - SHARD_COUNT_SECTION);
-    for (uint64_t q = 0; q < m && st == PULSE_OK; q++) {
-      uint8_t h[8 + 4 * PULSE_CLASS_COUNT];
-      pulse_store_le64(h, chunks[q]);
-      for (unsigned k = 0; k < PULSE_CLASS_COUNT; k++)
-        pulse_store_le32(h + 8 + 4 * k, hist[q * PULSE_CLASS_COUNT + k]);
-      pulse_bytebuf_put(&out, h, sizeof h);
-    }
-    pulse_changes_free(&c);
-    free(mark), free(chunks), free(contrib), free(hist);
+    st = mark == NULL ? pulse_fail(PULSE_ERR_NOMEM, "shard: counts")
+                      : count_tensor(s, &v, t, mark, &out);
+    nsections += st == PULSE_OK;
+    free(mark);
   }
   /* The chunks this rank's blocks cover entirely: coded here, sent as
    * streams (their changes are in no part). */
