@@ -1,13 +1,21 @@
 /* sub_catchup.c - what a server says about its catch-up from a step to the
- * head (/v1/catchup/<from>, docs/protocols/sync.md), checked before a
- * byte of it is fetched: a HEAD request gives its size, the steps and the
- * state it goes between, its SHA-256 (its strong ETag) and the
- * publisher's signature over all of them. A catch-up that passes is then
- * an object like any patch: downloaded into the cache under its SHA-256
+ * head (/v1/catchup/<from>?to=<head step>, docs/protocols/sync.md),
+ * checked before a byte of it is fetched: a HEAD request gives its size,
+ * the steps and the state it goes between, its SHA-256 (its strong ETag)
+ * and the publisher's signature over all of them. A catch-up that passes
+ * is then an object like any patch: downloaded into the cache under its SHA-256
  * (objects/.<sha256>.part while partial), so a cut, a retry, a failed sync
  * or a restart resumes it with a Range request (If-Range: its ETag, so the
  * bytes of a newer catch-up never continue an older one), and checked
- * against the signed SHA-256 before anything is committed. */
+ * against the signed SHA-256 before anything is committed.
+ *
+ * The catch-up is pinned to the step of the head the plan was made
+ * against (?to=): its bytes stay the same while the trainer steps on, so a
+ * download that outlasts the next head still resumes (finding 9 of issue
+ * 35). A server from before ?to= ignores the query and answers with the
+ * catch-up to its own head: when that is another step, the probe's
+ * X-Pulse-To-Step says so and the catch-up is not used (the unpinned URL
+ * would give the same one, so there is nothing to fall back to). */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -101,8 +109,9 @@ static pulse_status describe(pulse_sub *sub, const pulse_fetch_xfer *x,
   o->size = size;
   snprintf(o->path, sizeof o->path, PULSE_STORE_OBJECTS_DIR "/%s.pulse",
            sha_hex);
-  src->url = 0;
-  snprintf(src->rel, sizeof src->rel, "v1/catchup/%" PRIu64, from);
+  src->url = sub->head_url; /* the server asked, which knows that head */
+  snprintf(src->rel, sizeof src->rel, "v1/catchup/%" PRIu64 "?to=%" PRIu64,
+           from, head);
   snprintf(src->etag, sizeof src->etag, "%s", etag);
   src->target = *state;
   return PULSE_OK;
@@ -114,8 +123,9 @@ int sub_catchup_probe(pulse_sub *sub, uint64_t from, pulse_store_object *o,
   memset(src, 0, sizeof *src);
   if (sub->url_static[sub->head_url])
     return 0; /* a static copy builds nothing: the patches */
-  char rel[64];
-  snprintf(rel, sizeof rel, "v1/catchup/%" PRIu64, from);
+  char rel[sizeof src->rel];
+  snprintf(rel, sizeof rel, "v1/catchup/%" PRIu64 "?to=%" PRIu64, from,
+           pulse_store_head_step(sub->head));
   pulse_fetch_xfer x;
   pulse_fetch_xfer_init(&x, NULL);
   x.method = PULSE_FETCH_HEAD;

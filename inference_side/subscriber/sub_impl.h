@@ -79,10 +79,12 @@ typedef struct {
 
 /* Where an object is downloaded from when it is not the store's
  * v1/<path> on every URL: a catch-up (sub_catchup.c), which one server
- * builds at v1/catchup/<from> and which changes when the head moves. */
+ * builds at v1/catchup/<from>?to=<step>, pinned to the step the plan was
+ * made against (a server from before ?to= ignores it: its catch-up then
+ * changes when its head moves, which the ETag tells). */
 typedef struct {
   size_t url;     /* the only URL asked */
-  char rel[64];   /* "v1/catchup/<from>" */
+  char rel[64];   /* "v1/catchup/<from>?to=<step>" */
   char etag[100]; /* the version the probe saw: ranged tries carry If-Range
                      with it, and an answer under another ETag is a newer
                      catch-up (PULSE_ERR_NOT_FOUND: plan again) */
@@ -335,10 +337,11 @@ int sub_plan_refused(const pulse_sub *sub, uint64_t lo, uint64_t hi);
 
 /* --------------------------------------------------------- sub_catchup.c */
 
-/** Asks the first URL (HEAD) for the catch-up from `from` to the head and
- * checks what it says: the steps and state digest of the head, a strong
- * ETag naming its SHA-256, and the publisher's signature over them
- * (unless unsigned catch-ups are allowed). @return 1 with *o (a patch
+/** Asks the head's URL (HEAD) for the catch-up from `from` to the head,
+ * pinned to the head's step (?to=), and checks what it says: the steps
+ * and state digest of the head, a strong ETag naming its SHA-256, and the
+ * publisher's signature over them (unless unsigned catch-ups are
+ * allowed). @return 1 with *o (a patch
  * object of the catch-up's signed SHA-256 and size) and *src filled when
  * it can be used, else 0. */
 int sub_catchup_probe(pulse_sub *sub, uint64_t from, pulse_store_object *o,

@@ -3,7 +3,9 @@
  * one squashed catch-up patch from the server (its size and SHA-256 from a
  * HEAD request, sub_catchup.c; only when the server signs it with the
  * publisher's key, unless unsigned catch-ups are allowed; also from a step
- * the head no longer retains), or (c) an anchor
+ * the head no longer retains; pinned to the head's step, so that the
+ * trainer stepping on during its download does not change it: the next
+ * sync plans again from the step it reached), or (c) an anchor
  * and the patches after it. Bytes already in the cache (whole objects, or
  * partial downloads that will resume, catch-ups included) are not counted,
  * so a restarted worker finishes the download it had started. Without a

@@ -291,3 +291,221 @@ Test(server_catchup, a_corrupted_cache_entry_is_never_served) {
   pulse_sign_key_free(key);
   tu_rm_rf(dir);
 }
+
+/* ----------------------------------------------------------------- pinned */
+
+/* A live trainer: a publisher committing into a store its server follows
+ * in-process, so the server sees every head. */
+typedef struct {
+  char *dir;
+  tu_model m;
+  pulse_sign_key *key;
+  pulse_server *srv;
+  pulse_pub *pub;
+  uint16_t port;
+  int step;
+  char digest[64][65]; /* the state digest of each step */
+} live_store;
+
+static void live_step(live_store *ls) {
+  pulse_pub_tensor t[TU_TENSORS];
+  tt_model_tensors(&ls->m, t);
+  int s = ++ls->step;
+  if (s)
+    tu_model_step(&ls->m, 0.01);
+  pulse_pub_figures fig;
+  cr_assert_eq(pulse_pub_commit(ls->pub, (uint64_t)s, t, TU_TENSORS, &fig),
+               PULSE_OK, "%s", pulse_error_detail());
+  cr_assert_lt(s, 64);
+  snprintf(ls->digest[s], sizeof ls->digest[s], "%s", fig.state_digest);
+}
+
+static void live_up(live_store *ls, int steps) {
+  memset(ls, 0, sizeof *ls);
+  ls->dir = tu_make_dir();
+  tu_model_init(&ls->m, 33, 2);
+  cr_assert_eq(pulse_sign_key_generate(&ls->key), PULSE_OK);
+  ls->srv = serve(ls->dir, ls->key);
+  ls->port = pulse_server_port(ls->srv);
+  pulse_pub_opts o;
+  pulse_pub_opts_init(&o);
+  o.tensors = ls->m.info;
+  o.tensor_count = TU_TENSORS;
+  o.key = ls->key;
+  o.anchor_every = 0;
+  o.keep_patches = 4; /* the earlier heads' patches leave the head */
+  o.threads = 2;
+  o.on_head = pulse_server_on_head;
+  o.on_head_ctx = ls->srv;
+  cr_assert_eq(pulse_pub_create(ls->dir, &o, &ls->pub), PULSE_OK, "%s",
+               pulse_error_detail());
+  ls->step = -1;
+  while (ls->step < steps)
+    live_step(ls);
+}
+
+static void live_down(live_store *ls) {
+  pulse_server_free(ls->srv);
+  pulse_pub_free(ls->pub);
+  pulse_sign_key_free(ls->key);
+  tu_model_free(&ls->m);
+  tu_rm_rf(ls->dir);
+}
+
+static ht_reply catchup_get(uint16_t port, const char *method,
+                            const char *path, const char *const *hdrs) {
+  return ht_request(port, method, path, hdrs, NULL);
+}
+
+/* The answer's X-Pulse-Signature verifies over from, to, the state digest of
+ * step `to`, the body's SHA-256 and size. */
+static void check_signed(const live_store *ls, const ht_reply *r, uint64_t from,
+                         uint64_t to) {
+  char sig_hex[200], digest[80], canon[600];
+  cr_assert_not_null(
+      ht_header(r, "X-Pulse-Signature", sig_hex, sizeof sig_hex));
+  cr_assert_not_null(
+      ht_header(r, "X-Pulse-State-Digest", digest, sizeof digest));
+  cr_assert_str_eq(digest, ls->digest[to]);
+  uint8_t sha[32], sig[64], pub[32];
+  char sha_hex[65];
+  store_sha256(r->body, r->size, sha);
+  store_hex(sha, 32, sha_hex);
+  cr_assert_eq(store_unhex(sig_hex, strlen(sig_hex), sig, 64), 0);
+  pulse_store_head *head = NULL; /* for the run: every head of the store's */
+  cr_assert_eq(pulse_store_head_load(ls->dir, &head), PULSE_OK);
+  int len = store_catchup_canon(head, from, to, ls->digest[to], sha_hex,
+                                r->size, canon, sizeof canon);
+  pulse_store_head_free(head);
+  cr_assert_gt(len, 0);
+  pulse_sign_key_public(ls->key, pub);
+  cr_assert_eq(pulse_sign_verify(pub, canon, (size_t)len, sig), PULSE_OK,
+               "the pinned catch-up's signature does not verify with to=%"
+               PRIu64, to);
+}
+
+Test(server_catchup, a_pinned_catchup_keeps_its_bytes_while_the_head_moves) {
+  live_store ls;
+  live_up(&ls, 6);
+  /* From 2 to the head (6), as an unpinned client had it then. */
+  ht_reply then = catchup_get(ls.port, NULL, "/v1/catchup/2", NULL);
+  cr_assert_eq(then.status, 200, "%ld %s", then.status, then.body);
+  char etag[80], again[80], v[128];
+  cr_assert_not_null(ht_header(&then, "ETag", etag, sizeof etag));
+  /* The trainer steps on: step 6 leaves the head's retention (keep 4). */
+  for (int i = 0; i < 5; i++)
+    live_step(&ls);
+  ht_reply r = catchup_get(ls.port, NULL, "/v1/catchup/2?to=6", NULL);
+  cr_assert_eq(r.status, 200, "%ld %s", r.status, r.body);
+  cr_assert_eq(r.size, then.size);
+  cr_assert_eq(memcmp(r.body, then.body, r.size), 0,
+               "the pinned catch-up is not the bytes served at step 6");
+  cr_assert_not_null(ht_header(&r, "ETag", again, sizeof again));
+  cr_assert_str_eq(again, etag);
+  cr_assert_not_null(ht_header(&r, "X-Pulse-To-Step", v, sizeof v));
+  cr_assert_str_eq(v, "6");
+  cr_assert_not_null(ht_header(&r, "Cache-Control", v, sizeof v));
+  cr_assert(strstr(v, "immutable") != NULL, "Cache-Control: %s", v);
+  check_signed(&ls, &r, 2, 6);
+  /* The unpinned URL follows the head, as before. */
+  ht_reply head = catchup_get(ls.port, NULL, "/v1/catchup/2", NULL);
+  cr_assert_eq(head.status, 200);
+  cr_assert_not_null(ht_header(&head, "X-Pulse-To-Step", v, sizeof v));
+  cr_assert_str_eq(v, "11");
+  cr_assert_not_null(ht_header(&head, "Cache-Control", v, sizeof v));
+  cr_assert_str_eq(v, "no-cache");
+  ht_reply_free(&head);
+
+  /* A download resumed after another head: the ETag and the bytes hold. */
+  const char *first_half[] = {"Range: bytes=0-99", NULL};
+  ht_reply a = catchup_get(ls.port, NULL, "/v1/catchup/2?to=6", first_half);
+  cr_assert_eq(a.status, 206);
+  live_step(&ls);
+  char if_range[120], *rest[] = {"Range: bytes=100-", if_range, NULL};
+  snprintf(if_range, sizeof if_range, "If-Range: %s", etag);
+  ht_reply b = catchup_get(ls.port, NULL, "/v1/catchup/2?to=6",
+                           (const char *const *)rest);
+  cr_assert_eq(b.status, 206, "a resumed range got %ld", b.status);
+  cr_assert_eq(a.size + b.size, then.size);
+  cr_assert_eq(memcmp(a.body, then.body, a.size), 0);
+  cr_assert_eq(memcmp(b.body, then.body + a.size, b.size), 0);
+  cr_assert_not_null(ht_header(&b, "ETag", again, sizeof again));
+  cr_assert_str_eq(again, etag);
+  ht_reply_free(&a);
+  ht_reply_free(&b);
+
+  /* Pinned to an earlier head from a step that head does not retain (0,
+   * through the history), and to the head itself. */
+  ht_reply_free(&r);
+  r = catchup_get(ls.port, "HEAD", "/v1/catchup/0?to=8", NULL);
+  cr_assert_eq(r.status, 200, "%ld", r.status);
+  ht_reply_free(&r);
+  char path[64];
+  snprintf(path, sizeof path, "/v1/catchup/9?to=%d", ls.step);
+  r = catchup_get(ls.port, NULL, path, NULL);
+  cr_assert_eq(r.status, 200, "%ld %s", r.status, r.body);
+  check_signed(&ls, &r, 9, (uint64_t)ls.step);
+  ht_reply_free(&r);
+  cr_assert_geq(tu_server_metric(ls.srv, "pulse_catchup_pinned_total"), 5);
+  ht_reply_free(&then);
+  live_down(&ls);
+}
+
+Test(server_catchup, bad_pinned_targets_are_refused_with_a_reason) {
+  live_store ls;
+  live_up(&ls, 8);
+  struct {
+    const char *path;
+    long status;
+    const char *says; /* in the body */
+  } bad[] = {
+      {"/v1/catchup/2?to=9", 404, "above the head"},
+      {"/v1/catchup/2?to=2", 404, "forward"},
+      {"/v1/catchup/5?to=3", 404, "forward"},
+      {"/v1/catchup/2?to=", 400, "?to="},
+      {"/v1/catchup/2?to=x", 400, "?to="},
+      {"/v1/catchup/2?to=07", 400, "?to="},
+      {"/v1/catchup/2?to=-1", 400, "?to="},
+      {"/v1/catchup/2?to=99999999999999999999999", 400, "?to="},
+      {"/v1/catchup/2?to=18446744073709551615", 400, "?to="},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    ht_reply r = catchup_get(ls.port, NULL, bad[i].path, NULL);
+    cr_assert_eq(r.status, bad[i].status, "%s: %ld %s", bad[i].path, r.status,
+                 r.body);
+    cr_assert(r.body != NULL && strstr(r.body, bad[i].says) != NULL,
+              "%s: %s", bad[i].path, r.body);
+    ht_reply_free(&r);
+  }
+  /* A step this server never saw as a head: a new server on the store
+   * remembers only the head it found. */
+  pulse_server *fresh = serve(ls.dir, ls.key);
+  ht_reply r =
+      catchup_get(pulse_server_port(fresh), NULL, "/v1/catchup/2?to=6", NULL);
+  cr_assert_eq(r.status, 404, "%ld", r.status);
+  cr_assert(strstr(r.body, "not a head this server remembers") != NULL, "%s",
+            r.body);
+  ht_reply_free(&r);
+  pulse_server_free(fresh);
+  /* An earlier head whose objects are gone (the grace period over): the
+   * patch 4 -> 5 deleted. */
+  pulse_store_head *head = NULL;
+  cr_assert_eq(pulse_store_head_load(ls.dir, &head), PULSE_OK);
+  char gone[600];
+  for (size_t i = 0; i < pulse_store_head_patch_count(head); i++)
+    if (pulse_store_head_patch(head, i)->step == 5) {
+      tt_path(gone, sizeof gone, ls.dir, pulse_store_head_patch(head, i)->path);
+      cr_assert_eq(unlink(gone), 0, "%s", gone);
+    }
+  pulse_store_head_free(head);
+  r = catchup_get(ls.port, NULL, "/v1/catchup/3?to=6", NULL);
+  cr_assert_eq(r.status, 404, "%ld %s", r.status, r.body);
+  cr_assert(strstr(r.body, "gone") != NULL, "%s", r.body);
+  ht_reply_free(&r);
+  /* The server still answers. */
+  r = catchup_get(ls.port, NULL, "/healthz", NULL);
+  cr_assert_eq(r.status, 200);
+  ht_reply_free(&r);
+  cr_assert_eq(tu_server_metric(ls.srv, "pulse_catchup_pinned_total"), 0);
+  live_down(&ls);
+}

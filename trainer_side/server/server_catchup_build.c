@@ -118,6 +118,7 @@ static pulse_status keep(pulse_server *srv, uint64_t from, uint64_t to,
   memset(c, 0, sizeof *c);
   c->from = from;
   c->to = to;
+  memcpy(c->target, b->data + 64, 32); /* build() checked it is the head's */
   c->size = b->size;
   c->memfd = -1;
   store_sha256(b->data, b->size, c->sha256);
@@ -201,7 +202,9 @@ static int note_identity(int fd, srv_catchup *c) {
 }
 
 /* 1 when the file behind fd holds exactly the bytes c names (size and
- * SHA-256). */
+ * SHA-256) and leads to c->target (a patch's target state digest is at
+ * bytes 64..96, docs/formats/patch.md): a catch-up of this range cached
+ * before a rollback or by another timeline is another step's. */
 static int bytes_match(int fd, const srv_catchup *c) {
   struct stat sb;
   if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode) ||
@@ -213,8 +216,10 @@ static int bytes_match(int fd, const srv_catchup *c) {
     return 0;
   uint8_t sha[32];
   store_sha256(map, (size_t)c->size, sha);
+  int ok = memcmp(sha, c->sha256, 32) == 0 && c->size >= 96 &&
+           memcmp((const uint8_t *)map + 64, c->target, 32) == 0;
   munmap(map, (size_t)c->size);
-  return memcmp(sha, c->sha256, 32) == 0;
+  return ok;
 }
 
 /* Removes a cached catch-up whose bytes do not match its name: its ref and
@@ -232,10 +237,12 @@ static void drop_cached(pulse_server *srv, const srv_catchup *c) {
 
 /* The cached catch-up of this range, checked against its hash: its fd, or
  * -1 (none, or a bad one, which is dropped). */
-static int cached_checked(pulse_server *srv, uint64_t from, uint64_t to,
-                          srv_catchup *c) {
-  if (!srv_catchup_find_ref(srv, from, to, c))
+static int cached_checked(pulse_server *srv, const srv_head *h,
+                          uint64_t from, srv_catchup *c) {
+  if (!srv_catchup_find_ref(srv, from, h->step, c))
     return -1;
+  memcpy(c->target, pulse_store_head_state_digest(h->head)->bytes, 32);
+  uint64_t to = h->step;
   char hex[65], name[80], path[4096];
   store_hex(c->sha256, 32, hex);
   snprintf(name, sizeof name, "%s.pulse", hex);
@@ -250,7 +257,8 @@ static int cached_checked(pulse_server *srv, uint64_t from, uint64_t to,
   atomic_fetch_add(&srv->metrics.catchup_corrupt, 1);
   PULSE_LOG_AT(PULSE_LOG_WARN,
                "server: cached catch-up %" PRIu64 "-%" PRIu64
-               " (%s) does not match its SHA-256: dropped, rebuilding",
+               " (%s) does not match its SHA-256 or does not lead to the "
+               "head's state: dropped, rebuilding",
                from, to, name);
   drop_cached(srv, c);
   return -1;
@@ -258,7 +266,7 @@ static int cached_checked(pulse_server *srv, uint64_t from, uint64_t to,
 
 pulse_status srv_catchup_produce(pulse_server *srv, const srv_head *h,
                                  uint64_t from, srv_catchup *c, int *fd) {
-  *fd = cached_checked(srv, from, h->step, c);
+  *fd = cached_checked(srv, h, from, c);
   if (*fd >= 0) {
     atomic_fetch_add(&srv->metrics.catchup_cache_hits, 1);
     return PULSE_OK;

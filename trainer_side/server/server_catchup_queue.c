@@ -165,7 +165,7 @@ static int server_stopping(pulse_server *srv) {
 }
 
 int srv_build_wait(pulse_server *srv, pulse_serve_request *rq, srv_head *h,
-                   uint64_t from) {
+                   uint64_t from, int pinned) {
   srv_build *b = srv->builds;
   while (b != NULL && !(b->from == from && b->head->step == h->step))
     b = b->next;
@@ -211,6 +211,7 @@ int srv_build_wait(pulse_server *srv, pulse_serve_request *rq, srv_head *h,
   w->srv = srv;
   w->rq = rq;
   w->build = b;
+  w->pinned = pinned;
   b->refs++;
   w->deadline =
       pulse_serve_now() + (double)srv->opts.catchup_wait_ms / 1000.0;

@@ -17,7 +17,14 @@
  * first. A chain is used only when every object it needs is still a file
  * of objects/; each object is checked against its SHA-256 as it is read,
  * and the squashed result against the head's state digest, as for any
- * catch-up. */
+ * catch-up.
+ *
+ * The heads themselves are remembered too (the newest SRV_HISTORY_HEADS,
+ * as parsed copies), so that a catch-up can end at one of them
+ * (/v1/catchup/<from>?to=<step>): its bytes then never change, whatever
+ * the head does, and a worker whose download outlasts the next head
+ * resumes it instead of starting over (finding 9, the trainer that never
+ * pauses). */
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -39,6 +46,56 @@ static int has_path(const pulse_store_object *list, size_t n,
   return 0;
 }
 
+static void drop_heads(pulse_server *srv) {
+  for (size_t i = 0; i < srv->nhistory_heads; i++)
+    srv_head_release(srv->history_heads[i]);
+  srv->nhistory_heads = 0;
+}
+
+/* A copy of head of its own, or NULL (then not remembered: a catch-up
+ * pinned to it is refused). */
+static srv_head *copy_head(const pulse_store_head *head) {
+  size_t n;
+  const uint8_t *bytes = pulse_store_head_bytes(head, &n);
+  srv_head *h = calloc(1, sizeof *h);
+  if (h == NULL || pulse_store_head_parse(bytes, n, &h->head) != PULSE_OK) {
+    free(h);
+    return NULL;
+  }
+  atomic_init(&h->refs, 1);
+  h->step = pulse_store_head_step(head);
+  return h;
+}
+
+/* Remembers h (its step replaces an earlier head of the same step: an
+ * anchor added). history_lock held. */
+static void add_head(pulse_server *srv, srv_head *h) {
+  if (srv->nhistory_heads > 0 &&
+      srv->history_heads[srv->nhistory_heads - 1]->step == h->step)
+    srv_head_release(srv->history_heads[--srv->nhistory_heads]);
+  if (srv->nhistory_heads == SRV_HISTORY_HEADS) {
+    srv_head_release(srv->history_heads[0]);
+    memmove(srv->history_heads, srv->history_heads + 1,
+            (SRV_HISTORY_HEADS - 1) * sizeof *srv->history_heads);
+    srv->nhistory_heads--;
+  }
+  srv->history_heads[srv->nhistory_heads++] = h;
+}
+
+srv_head *srv_history_head(pulse_server *srv, uint64_t step,
+                           uint64_t *oldest) {
+  srv_head *found = NULL;
+  pthread_mutex_lock(&srv->history_lock);
+  *oldest = srv->nhistory_heads > 0 ? srv->history_heads[0]->step : UINT64_MAX;
+  for (size_t i = srv->nhistory_heads; i-- > 0 && found == NULL;)
+    if (srv->history_heads[i]->step == step) {
+      found = srv->history_heads[i];
+      atomic_fetch_add(&found->refs, 1);
+    }
+  pthread_mutex_unlock(&srv->history_lock);
+  return found;
+}
+
 static void add(pulse_server *srv, const pulse_store_object *o) {
   if (has_path(srv->history, srv->nhistory, o))
     return;
@@ -54,6 +111,7 @@ void srv_history_note(pulse_server *srv, const pulse_store_head *head) {
   uint8_t run[PULSE_STORE_RUN_BYTES] = {0};
   int has_run = pulse_store_head_run(head, run);
   uint64_t step = pulse_store_head_step(head);
+  srv_head *copy = copy_head(head); /* parsed (and verified) unlocked */
   pthread_mutex_lock(&srv->history_lock);
   if (srv->history == NULL)
     srv->history = calloc(SRV_HISTORY_MAX, sizeof *srv->history);
@@ -61,11 +119,17 @@ void srv_history_note(pulse_server *srv, const pulse_store_head *head) {
    * state): the old objects are another timeline's. */
   if (srv->history == NULL || has_run != srv->history_has_run ||
       memcmp(run, srv->history_run, sizeof run) != 0 ||
-      step < srv->history_step)
+      step < srv->history_step) {
     srv->nhistory = 0;
+    drop_heads(srv);
+  }
   memcpy(srv->history_run, run, sizeof run);
   srv->history_has_run = has_run;
   srv->history_step = step;
+  if (srv->history != NULL && copy != NULL) {
+    add_head(srv, copy);
+    copy = NULL;
+  }
   if (srv->history != NULL) {
     for (size_t i = 0; i < pulse_store_head_anchor_count(head); i++)
       add(srv, pulse_store_head_anchor(head, i));
@@ -73,9 +137,11 @@ void srv_history_note(pulse_server *srv, const pulse_store_head *head) {
       add(srv, pulse_store_head_patch(head, i));
   }
   pthread_mutex_unlock(&srv->history_lock);
+  srv_head_release(copy);
 }
 
 void srv_history_free(pulse_server *srv) {
+  drop_heads(srv);
   free(srv->history);
   srv->history = NULL;
   srv->nhistory = 0;

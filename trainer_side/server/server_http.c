@@ -56,13 +56,21 @@ static int parse_step(const char *s, uint64_t *out) {
   return serve_parse_digits(s, n, out);
 }
 
+/* /v1/catchup/<from>, to the head; /v1/catchup/<from>?to=<step>, pinned
+ * to that step (server_catchup.c). Servers from before ?to= ignore the
+ * query (the path alone is routed) and answer to the head, which the
+ * X-Pulse-To-Step header tells. */
 static int catchup_route(void *user, pulse_serve_request *rq,
                          const char *path) {
-  uint64_t from;
+  uint64_t from, to = 0;
   if (parse_step(path + strlen("/v1/catchup/"), &from) != 0)
     return pulse_serve_reply_error(rq, 404,
                                    "catch-up paths are /v1/catchup/<step>");
-  return srv_catchup_request(user, rq, from);
+  const char *pin = pulse_serve_query(rq, "to");
+  if (pin != NULL && parse_step(pin, &to) != 0)
+    return pulse_serve_reply_error(
+        rq, 400, "?to= takes a step (decimal digits, no leading zero)");
+  return srv_catchup_request(user, rq, from, pin != NULL, to);
 }
 
 void srv_healthz(void *user, char *body, size_t cap) {

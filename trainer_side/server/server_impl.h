@@ -29,6 +29,7 @@ typedef struct {
   atomic_ullong catchup_refused;  /* 503: queue full, or waited too long */
   atomic_ullong catchup_corrupt;  /* cached files that failed their hash */
   atomic_ullong catchup_history;  /* from steps only the history reaches */
+  atomic_ullong catchup_pinned;   /* ?to= requests answered with one */
   atomic_ullong objects_rehashed; /* object files hashed again (changed) */
   atomic_ullong objects_corrupt;  /* of them, no longer their name's bytes */
 } srv_metrics;
@@ -56,6 +57,7 @@ typedef struct srv_object_seen srv_object_seen; /* server_objects.c */
  * is checked again before it is served (finding 7 of issue 20). */
 typedef struct {
   uint64_t from, to;
+  uint8_t target[32]; /* the state digest at `to` it was built for */
   uint8_t sha256[32];
   uint64_t size;
   int memfd; /* >= 0 when held in memory only (read-only store) */
@@ -68,6 +70,19 @@ typedef struct {
 
 /* Objects of earlier heads kept for catch-ups (server_history.c). */
 #define SRV_HISTORY_MAX 1024
+/* Earlier heads remembered, so that a catch-up can be pinned to their
+ * step (GET /v1/catchup/<from>?to=<step>). */
+#define SRV_HISTORY_HEADS 256
+
+/* Pinned catch-ups (from, to) asked for lately: their cached files outlive
+ * the head's moves for SRV_PIN_KEEP_S after the last request, so that a
+ * worker's resumed ranges find them (server_catchup.c). */
+#define SRV_PINS_MAX 64
+#define SRV_PIN_KEEP_S 600.0
+typedef struct {
+  uint64_t from, to;
+  double asked; /* pulse_serve_now() of the last request */
+} srv_pin;
 
 /* The objects a catch-up from `from` is built of: an anchor, the patches
  * from it to `from` (patches[0..first)) and on to the head. */
@@ -102,6 +117,7 @@ struct srv_build_waiter {
   pulse_server *srv;
   pulse_serve_request *rq;
   srv_build *build; /* a reference */
+  int pinned;       /* asked with ?to= (answered immutable) */
   double deadline;
   int woken; /* SRV_WAIT_*: taken off the build's list and resumed */
   srv_build_waiter *prev, *next;
@@ -148,6 +164,8 @@ struct pulse_server {
   srv_catchup catchups[SRV_CATCHUP_MEMORY];
   size_t ncatchups;
   uint64_t catchup_clean_step; /* the head step the cache was cleaned for */
+  srv_pin pins[SRV_PINS_MAX];  /* under catchup_lock */
+  size_t npins;
   srv_build *builds;           /* queued and running, oldest first */
   /* The objects of earlier heads of this run (server_history.c), under
    * history_lock (never held with another lock). */
@@ -157,6 +175,8 @@ struct pulse_server {
   uint8_t history_run[PULSE_STORE_RUN_BYTES];
   int history_has_run;
   uint64_t history_step;
+  srv_head *history_heads[SRV_HISTORY_HEADS]; /* references, oldest first */
+  size_t nhistory_heads;
   size_t builds_queued;
   int builders_stop;
   pthread_t *builders;
@@ -189,9 +209,10 @@ pulse_status srv_watcher_start(pulse_server *srv);
 void srv_watcher_stop(pulse_server *srv);
 void srv_wake_all(void *srv);
 
-/* server_catchup.c: the route and the cache. */
+/* server_catchup.c: the route and the cache. pinned: the request named
+ * its target step `to` (?to=); else the catch-up ends at the head. */
 int srv_catchup_request(pulse_server *srv, pulse_serve_request *rq,
-                        uint64_t from);
+                        uint64_t from, int pinned, uint64_t to);
 void srv_catchup_clean(pulse_server *srv);
 void srv_catchup_free(pulse_server *srv);
 /* An fd of a remembered catch-up (caller closes), or -1 when its file is
@@ -216,6 +237,9 @@ int srv_catchup_find_ref(pulse_server *srv, uint64_t from, uint64_t to,
  * the head no longer retains. */
 void srv_history_note(pulse_server *srv, const pulse_store_head *head);
 void srv_history_free(pulse_server *srv);
+/* A reference to the remembered head of `step` (release it), or NULL;
+ * *oldest: the oldest step remembered (UINT64_MAX when none). */
+srv_head *srv_history_head(pulse_server *srv, uint64_t step, uint64_t *oldest);
 /* The chain from the newest usable anchor through `from` to head's step,
  * from head's objects and the history, every file present.
  * @return PULSE_OK and *out (free with srv_chain_free); PULSE_ERR_NOT_FOUND
@@ -232,7 +256,7 @@ void srv_builders_stop(pulse_server *srv);
  * suspends rq until it is done or rq's wait is over; answers 503 when the
  * queue is full. catchup_lock held; it is released on return. */
 int srv_build_wait(pulse_server *srv, pulse_serve_request *rq, srv_head *h,
-                   uint64_t from);
+                   uint64_t from, int pinned);
 /* Resumes the waiters whose wait is over (all of them with `all`); returns
  * the earliest deadline of those left (INFINITY when none). */
 double srv_build_expire(pulse_server *srv, double now, int all);

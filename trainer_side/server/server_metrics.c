@@ -85,6 +85,10 @@ void srv_metrics_text(void *server, pulse_bytebuf *b) {
       "head no longer retains that earlier heads' objects still reach.\n"
       "# TYPE pulse_catchup_history_total counter\n"
       "pulse_catchup_history_total %llu\n"
+      "# HELP pulse_catchup_pinned_total Catch-up requests pinned to a "
+      "target step (?to=) answered with the catch-up.\n"
+      "# TYPE pulse_catchup_pinned_total counter\n"
+      "pulse_catchup_pinned_total %llu\n"
       "# HELP pulse_objects_rehashed_total Object files hashed again before "
       "being served, because they changed on disk since first seen.\n"
       "# TYPE pulse_objects_rehashed_total counter\n"
@@ -96,6 +100,7 @@ void srv_metrics_text(void *server, pulse_bytebuf *b) {
       srv_build_count(srv), (unsigned long long)atomic_load(&m->catchup_refused),
       (unsigned long long)atomic_load(&m->catchup_corrupt),
       (unsigned long long)atomic_load(&m->catchup_history),
+      (unsigned long long)atomic_load(&m->catchup_pinned),
       (unsigned long long)atomic_load(&m->objects_rehashed),
       (unsigned long long)atomic_load(&m->objects_corrupt));
 }
