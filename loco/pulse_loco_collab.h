@@ -4,7 +4,8 @@
  *
  * A collaboration peer wraps a pulse_loco context (borrowed; created with
  * PULSE_LOCO_RULE_KEEP: a payload left out of a round stays in its
- * sender's error feedback) and an HTTP server on 127.0.0.1 (or opts.host).
+ * sender's error feedback) and an HTTP server on 127.0.0.1 (or opts.host;
+ * port opts.port, 0 by default: the kernel picks).
  * One round, on every member:
  *
  *   accumulate   before each local step of b samples the peer claims b
@@ -69,6 +70,11 @@ typedef struct {
   uint32_t round_timeout_ms;
   /* The IPv4 address to listen on (NULL: 127.0.0.1). Borrowed. */
   const char *host;
+  /* The TCP port to listen on (0, the default: the kernel picks a free
+   * one; pulse_loco_collab_url says which). A port that is taken fails the
+   * create (PULSE_ERR_IO); a client-mode peer (client_of) listens nowhere
+   * and must leave it 0. */
+  uint16_t port;
   /* 0: every member fetches every listed payload and finishes (all-to-all).
    * 1: the members reduce disjoint parameter ranges and fetch the reduced
    * ranges back (pulse_loco_partition.h, docs/protocols/loco-collaboration.md "Partitioned
@@ -137,7 +143,7 @@ typedef struct {
   size_t member_key_count;
 } pulse_loco_collab_opts;
 
-#define PULSE_LOCO_COLLAB_OPTS_VERSION 5u
+#define PULSE_LOCO_COLLAB_OPTS_VERSION 6u
 /** Sets every field of *opts to its default (struct_version included):
  * the one way to start options; then set the fields you need. */
 void pulse_loco_collab_opts_init(pulse_loco_collab_opts *opts);
@@ -147,7 +153,9 @@ void pulse_loco_collab_opts_init(pulse_loco_collab_opts *opts);
  * starts none. Every serving peer hosts the client-mode members that name
  * it (docs/protocols/loco-collaboration.md "Collaboration").
  * @return PULSE_OK; PULSE_ERR_ARG (options, rule, client_of not a URL or
- * with partitioned); PULSE_ERR_IO; PULSE_ERR_NOMEM. */
+ * with partitioned or a port); PULSE_ERR_VERSION; PULSE_ERR_IO (cannot
+ * listen: the port is taken, the address is not this machine's);
+ * PULSE_ERR_NOMEM. */
 pulse_status pulse_loco_collab_create(const pulse_loco_collab_opts *opts,
                                       pulse_loco *ctx,
                                       pulse_loco_collab **out);
@@ -226,6 +234,10 @@ typedef struct {
    * states, manifests, payloads, partitioned blobs, grants: 260 bytes and
    * the round's digits each). 0 without a key. */
   uint64_t auth_bytes;
+  /* Entries in its own payload (0: none), as the coordinator exchange's
+   * pulse_loco_coord_step_figures.sent: what its gate let through this
+   * round (sent / the parameter count is its density). */
+  uint64_t sent;
 } pulse_loco_collab_figures;
 
 /** Runs round pulse_loco_round(ctx): claims steps of step_samples (>= 1)

@@ -24,7 +24,8 @@ extern "C" {
 #endif
 
 /* A trainer's side of the exchange over HTTP (docs/protocols/loco-exchange.md, "Exchange"):
- * a libmicrohttpd server on 127.0.0.1 (port 0: the kernel picks) that serves
+ * a libmicrohttpd server on 127.0.0.1 (or opts.host; port opts.port, by
+ * default 0: the kernel picks) that serves
  * this trainer's round payloads, the state, and, on the round's coordinator
  * (the lowest member id), the round manifest; and libcurl fetches from peers
  * with a per-round deadline. The node borrows the context: both live on one
@@ -84,6 +85,14 @@ typedef struct {
    * NULL: 127.0.0.1): an address of this machine its peers reach (trainers
    * on other hosts or network namespaces). Borrowed during create. */
   const char *host;
+  /* The TCP port of its HTTP server on host (0, the default: the kernel
+   * picks a free one; pulse_loco_coord_url says which). A port that is
+   * taken fails the create (PULSE_ERR_IO). */
+  uint16_t port;
+  /* UDP transport: the port of its datagram socket on host (0, the
+   * default: the kernel picks; pulse_loco_coord_udp_port says which); must
+   * be 0 under HTTP. A port that is taken fails the create (PULSE_ERR_IO). */
+  uint16_t udp_port;
   /* Authentication (pulse_loco_auth.h, docs/protocols/loco-exchange.md "Authentication"). This trainer's Ed25519 key signs its payloads,
    * manifests (and UDP chunk lists); borrowed, must outlive the node. NULL:
    * no key. */
@@ -106,7 +115,7 @@ typedef struct {
   const struct pulse_loco_test_hooks *test_hooks;
 } pulse_loco_coord_opts;
 
-#define PULSE_LOCO_COORD_OPTS_VERSION 4u
+#define PULSE_LOCO_COORD_OPTS_VERSION 5u
 /** Sets every field of *opts to its default (struct_version included):
  * the one way to start options; then set the fields you need. */
 void pulse_loco_coord_opts_init(pulse_loco_coord_opts *opts);
@@ -117,10 +126,12 @@ pulse_status pulse_loco_transport_parse(const char *name,
                                         pulse_loco_transport *out);
 
 /** Starts the node's HTTP server for ctx (borrowed; must outlive the node)
- * on opts->host (127.0.0.1 by default), port chosen by the kernel (and its
- * datagram socket on the same address under the UDP transport).
- * @return PULSE_OK; PULSE_ERR_IO (the server could not start);
- * PULSE_ERR_NOMEM. */
+ * on opts->host (127.0.0.1 by default) and opts->port (0: chosen by the
+ * kernel), and its datagram socket on the same address under the UDP
+ * transport (opts->udp_port, 0: chosen by the kernel).
+ * @return PULSE_OK; PULSE_ERR_ARG (options); PULSE_ERR_VERSION;
+ * PULSE_ERR_IO (the server could not start: a port taken, an address not
+ * of this machine); PULSE_ERR_NOMEM. */
 pulse_status pulse_loco_coord_create(const pulse_loco_coord_opts *opts,
                                     pulse_loco *ctx, pulse_loco_coord **out);
 
@@ -167,7 +178,9 @@ typedef struct {
   int resynced;  /* could not get every payload: state re-imported */
   uint64_t sent; /* entries in this node's payload */
   uint64_t payload_bytes;
-  uint64_t fetched_bytes; /* HTTP bodies downloaded this round */
+  /* Bytes received this step: the HTTP bodies it downloaded and, under
+   * UDP, the datagrams it took from its socket (whatever became of them). */
+  uint64_t fetched_bytes;
   int rejoined; /* this step only joined again (the node had been dropped
                    after missed rounds): no round ran; the context is at
                    the admission round */
@@ -197,6 +210,18 @@ typedef struct {
    * the POSTs it answered, its senders' chunk lists and the re-sync sums.
    * 0 when it does not authenticate. */
   uint64_t auth_bytes;
+  /* Bytes this node put on the wire since its previous step returned (the
+   * first step: since create): the bodies of the HTTP answers its server
+   * completed (payloads, relays, manifests, states, views, the answers to
+   * POSTs and the 404s of polls; /metrics left out; its own POSTs carry no
+   * body) and under UDP the datagrams its socket took (chunks and end
+   * markers to every receiver; not those the simulated datagram_drop
+   * withheld or the path refused). An answer still on its way when the
+   * step returns counts in the next step; summed over a run's steps it is
+   * everything the node sent but what it served after its last step (to a
+   * linger, a late joiner). Counted where the bytes leave, not from
+   * payload sizes. */
+  uint64_t bytes_sent;
 } pulse_loco_coord_step_figures;
 
 /** One outer step over HTTP: prepare, publish, exchange (coordinator:

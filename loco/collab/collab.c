@@ -154,6 +154,10 @@ pulse_status pulse_loco_collab_create(const pulse_loco_collab_opts *opts,
     return pulse_fail(PULSE_ERR_ARG,
                       "loco collab: client_of '%s' is not http://A.B.C.D:PORT",
                       client_of);
+  if (client_of != NULL && opts->port != 0)
+    return pulse_fail(PULSE_ERR_ARG,
+                      "loco collab: port %u with client_of (a client-mode "
+                      "peer listens nowhere)", (unsigned)opts->port);
   pulse_loco_collab *c = calloc(1, sizeof *c);
   if (c != NULL) {
     c->members = calloc(LOCO_MAX_MEMBERS, sizeof *c->members);
@@ -181,10 +185,10 @@ pulse_status pulse_loco_collab_create(const pulse_loco_collab_opts *opts,
   }
   /* A serving peer takes uploads of one payload at most; a client's table
    * listens nowhere. */
-  st = loco_server_start_uploads(client_of ? NULL : host, collab_on_post,
-                                 collab_on_upload, c,
-                                 loco_payload_cap(ctx->n) + COLLAB_SIG_TRAILER,
-                                 &c->srv);
+  st = loco_server_start_port(client_of ? NULL : host, opts->port,
+                              collab_on_post, collab_on_upload, c,
+                              loco_payload_cap(ctx->n) + COLLAB_SIG_TRAILER,
+                              &c->srv);
   if (st != PULSE_OK) {
     pulse_loco_collab_free(c);
     return st;

@@ -294,9 +294,10 @@ static void mark_dropped(round_state *s) {
 static pulse_status prepare_own(round_state *s) {
   pulse_loco_collab *c = s->c;
   const uint8_t *payload = NULL;
+  pulse_loco_prepare_figures pi;
   PULSE_TRY(pulse_loco_prepare(c->ctx, s->theta_r, s->done,
                                s->leaving ? PULSE_LOCO_LEAVING : 0, &payload,
-                               &s->size, NULL));
+                               &s->size, &pi));
   s->own = malloc(s->size);
   if (s->own == NULL) {
     pulse_loco_abandon(c->ctx, 0);
@@ -304,6 +305,7 @@ static pulse_status prepare_own(round_state *s) {
   }
   memcpy(s->own, payload, s->size);
   s->info->payload_bytes = s->size;
+  s->info->sent = pi.sent;
   return PULSE_OK;
 }
 

@@ -178,6 +178,9 @@ pulse_status pulse_loco_coord_create(const pulse_loco_coord_opts *opts,
                       "loco node: bad UDP options (datagram %zu..%u bytes, "
                       "ranges of whole cells, the drop rule, no gate_mean)",
                       pulse_loco_chunk_bound(), LOCO_UDP_MAX);
+  if (opts->transport != PULSE_LOCO_TRANSPORT_UDP && opts->udp_port != 0)
+    return pulse_fail(PULSE_ERR_ARG, "loco node: udp_port %u without the UDP "
+                      "transport", (unsigned)opts->udp_port);
   pulse_loco_coord *n = calloc(1, sizeof *n);
   if (n == NULL)
     return pulse_fail(PULSE_ERR_NOMEM, "loco node");
@@ -195,7 +198,8 @@ pulse_status pulse_loco_coord_create(const pulse_loco_coord_opts *opts,
     return pulse_fail(PULSE_ERR_ARG, "loco node: host '%s' is not an IPv4 "
                       "address", host);
   }
-  pulse_status st = loco_server_start_on(host, on_post, n, &n->srv);
+  pulse_status st =
+      loco_server_start_port(host, opts->port, on_post, NULL, n, 0, &n->srv);
   if (st != PULSE_OK) {
     pthread_mutex_destroy(&n->lock);
     free(n);
@@ -816,6 +820,16 @@ done:
   return st;
 }
 
+/* What the node sent since the last step returned (server answers
+ * completed, datagrams taken by the socket), and the mark moved on. */
+static uint64_t take_bytes_sent(pulse_loco_coord *n) {
+  uint64_t now = loco_server_bytes_sent(n->srv) +
+                 (n->udp != NULL ? loco_udp_bytes_sent(n->udp) : 0);
+  uint64_t d = now - n->sent_mark;
+  n->sent_mark = now;
+  return d;
+}
+
 pulse_status pulse_loco_coord_step(pulse_loco_coord *n, float *theta_r,
                                   uint64_t samples, uint32_t flags,
                                   pulse_loco_coord_step_figures *info) {
@@ -838,6 +852,7 @@ pulse_status pulse_loco_coord_step(pulse_loco_coord *n, float *theta_r,
     info->members = (uint32_t)n->nmembers;
     info->coordinator = n->members[0].id;
     info->fetched_bytes = n->fetched;
+    info->bytes_sent = take_bytes_sent(n);
     return PULSE_OK;
   }
   if (n->nmembers == 0 || loco_member_find(n->members, n->nmembers, n->id) < 0)
@@ -886,6 +901,7 @@ pulse_status pulse_loco_coord_step(pulse_loco_coord *n, float *theta_r,
   free(own);
 ended:
   info->fetched_bytes = n->fetched;
+  info->bytes_sent = take_bytes_sent(n);
   loco_auth_end_step(n, info); /* auth hook */
   if (n->ctx->prepared)
     pulse_loco_abandon(n->ctx, 0); /* failed before finishing: keep all of s */

@@ -45,6 +45,9 @@ struct pulse_loco_coord {
   uint32_t misses[LOCO_MAX_MEMBERS];
   size_t nmembers;
   uint64_t fetched; /* bytes of bodies fetched this round */
+  /* Bytes sent (server answers and datagrams) when the last step returned:
+   * the next step's bytes_sent starts there. */
+  uint64_t sent_mark;
   /* Dropped by the group after missed rounds: the next step joins again
    * through rejoin_url (the coordinator that dropped this node). */
   int dropped;

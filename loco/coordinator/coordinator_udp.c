@@ -50,7 +50,7 @@ pulse_status loco_node_udp_start(pulse_loco_coord *n) {
   uint32_t addr;
   if (!loco_url_parse(n->url, &addr, NULL))
     return pulse_fail(PULSE_ERR_ARG, "loco udp: %s", n->url);
-  PULSE_TRY(loco_udp_open(addr, &n->udp));
+  PULSE_TRY(loco_udp_open(addr, n->opts.udp_port, &n->udp));
   return loco_node_udp_publish_port(n);
 }
 

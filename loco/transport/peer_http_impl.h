@@ -66,6 +66,12 @@ pulse_status loco_server_start_on(const char *host, loco_post_fn on_post,
 pulse_status loco_server_start_uploads(const char *host, loco_post_fn on_post,
                                        loco_upload_fn on_upload, void *user,
                                        size_t max_bytes, loco_server **out);
+/* loco_server_start_uploads on a given TCP port (0: the kernel picks);
+ * PULSE_ERR_IO when it cannot listen there (the port is taken). */
+pulse_status loco_server_start_port(const char *host, uint16_t port,
+                                    loco_post_fn on_post,
+                                    loco_upload_fn on_upload, void *user,
+                                    size_t max_bytes, loco_server **out);
 void loco_server_stop(loco_server *s); /* NULL is fine */
 uint16_t loco_server_port(const loco_server *s);
 
@@ -122,6 +128,12 @@ int loco_server_copy(loco_server *s, const char *path, pulse_bytebuf *out);
 
 /* Body bytes of the blobs answered so far (200 and 206; not HEAD or 304). */
 uint64_t loco_server_bytes_served(const loco_server *s);
+
+/* Body bytes of every answer completed so far, whatever its route and
+ * status (blobs, POST answers, the 404s of polls, uploads' answers), but
+ * /metrics: what this server put on the wire (0 for a table that does not
+ * listen). */
+uint64_t loco_server_bytes_sent(const loco_server *s);
 
 /* ---------------------------------------------------------------- fetches */
 /* On the project's fetching layer (inference_side/fetch/http_fetch_impl.h): one

@@ -199,6 +199,14 @@ pulse_status loco_server_start_on(const char *host, loco_post_fn on_post,
 pulse_status loco_server_start_uploads(const char *host, loco_post_fn on_post,
                                        loco_upload_fn on_upload, void *user,
                                        size_t max_bytes, loco_server **out) {
+  return loco_server_start_port(host, 0, on_post, on_upload, user, max_bytes,
+                                out);
+}
+
+pulse_status loco_server_start_port(const char *host, uint16_t port,
+                                    loco_post_fn on_post,
+                                    loco_upload_fn on_upload, void *user,
+                                    size_t max_bytes, loco_server **out) {
   *out = NULL;
   if (on_upload != NULL && max_bytes == 0)
     return pulse_fail(PULSE_ERR_ARG, "loco server: uploads of 0 bytes");
@@ -227,6 +235,7 @@ pulse_status loco_server_start_uploads(const char *host, loco_post_fn on_post,
   pulse_serve_opts_init(&o);
   o.name = "loco server";
   o.host = host;
+  o.port = port;
   o.threads = 2;
   o.max_connections = 256;
   o.idle_timeout_s = 30;
@@ -262,6 +271,10 @@ uint16_t loco_server_port(const loco_server *s) {
 
 uint64_t loco_server_bytes_served(const loco_server *s) {
   return atomic_load(&((loco_server *)s)->served);
+}
+
+uint64_t loco_server_bytes_sent(const loco_server *s) {
+  return s->http != NULL ? pulse_serve_response_bytes(s->http) : 0;
 }
 
 int loco_server_copy(loco_server *s, const char *path, pulse_bytebuf *out) {

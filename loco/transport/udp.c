@@ -31,6 +31,7 @@ struct loco_udp {
   loco_datagram *head, *tail; /* under lock */
   size_t queued;              /* bytes, under lock */
   uint64_t overflow;          /* under lock */
+  uint64_t sent;              /* bytes sent; the sending thread's */
   volatile int stop;
 };
 
@@ -90,7 +91,7 @@ void loco_udp_flush(loco_udp *u) {
     ;
 }
 
-pulse_status loco_udp_open(uint32_t addr, loco_udp **out) {
+pulse_status loco_udp_open(uint32_t addr, uint16_t port, loco_udp **out) {
   *out = NULL;
   loco_udp *u = calloc(1, sizeof *u);
   if (u == NULL)
@@ -116,15 +117,16 @@ pulse_status loco_udp_open(uint32_t addr, loco_udp **out) {
   memset(&a, 0, sizeof a);
   a.sin_family = AF_INET;
   a.sin_addr.s_addr = htonl(addr);
-  a.sin_port = 0;
+  a.sin_port = htons(port);
   socklen_t alen = sizeof a;
   if (bind(u->fd, (struct sockaddr *)&a, sizeof a) != 0 ||
       getsockname(u->fd, (struct sockaddr *)&a, &alen) != 0) {
     int err = errno;
     close(u->fd);
     free(u);
-    return pulse_fail(PULSE_ERR_IO, "loco udp: bind %08x: %s", addr,
-                      strerror(err));
+    return pulse_fail(PULSE_ERR_IO, "loco udp: cannot bind %u.%u.%u.%u:%u: %s",
+                      addr >> 24, (addr >> 16) & 255u, (addr >> 8) & 255u,
+                      addr & 255u, (unsigned)port, strerror(err));
   }
   u->port = ntohs(a.sin_port);
   pthread_mutex_init(&u->lock, NULL);
@@ -175,8 +177,10 @@ pulse_status loco_udp_send(loco_udp *u, uint32_t addr, uint16_t port,
   for (int tries = 0;; tries++) {
     ssize_t k =
         sendto(u->fd, data, size, 0, (struct sockaddr *)&to, sizeof to);
-    if (k == (ssize_t)size)
+    if (k == (ssize_t)size) {
+      u->sent += size;
       return PULSE_OK;
+    }
     /* A full socket buffer: wait for it rather than lose on our side. */
     if (k < 0 && (errno == ENOBUFS || errno == EAGAIN || errno == EINTR) &&
         tries < 100) {
@@ -218,6 +222,10 @@ loco_datagram *loco_udp_take(loco_udp *u, uint64_t deadline_ms) {
   }
   pthread_mutex_unlock(&u->lock);
   return d;
+}
+
+uint64_t loco_udp_bytes_sent(const loco_udp *u) {
+  return u->sent;
 }
 
 uint64_t loco_udp_overflow(const loco_udp *u) {

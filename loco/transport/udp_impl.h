@@ -1,9 +1,10 @@
 /* udp_impl.h - private to loco/: the datagram socket of the exchange over
  * UDP (docs/protocols/loco-datagrams.md "Exchange over datagrams"). One socket per node, bound to
- * the node's address with a kernel-chosen port; a thread drains it into a queue as
- * fast as datagrams come (a node busy with HTTP or its inner steps must
- * not let the kernel's small buffer overflow: that would be loss nobody
- * chose), and the node takes them from the queue with a deadline. */
+ * the node's address with a given or kernel-chosen port; a thread drains
+ * it into a queue as fast as datagrams come (a node busy with HTTP or its
+ * inner steps must not let the kernel's small buffer overflow: that would
+ * be loss nobody chose), and the node takes them from the queue with a
+ * deadline. */
 #ifndef PULSE_LOCO_UDP_IMPL_H
 #define PULSE_LOCO_UDP_IMPL_H
 
@@ -27,9 +28,10 @@ typedef struct loco_datagram {
 typedef struct loco_udp loco_udp;
 
 /** Opens a socket on the IPv4 address addr (host order; 127.0.0.1 in
- * tests), port chosen by the kernel, and starts its receiving thread.
- * @return PULSE_OK, PULSE_ERR_IO, PULSE_ERR_NOMEM. */
-pulse_status loco_udp_open(uint32_t addr, loco_udp **out);
+ * tests) and port (0: chosen by the kernel), and starts its receiving
+ * thread.
+ * @return PULSE_OK, PULSE_ERR_IO (the port is taken, ...), PULSE_ERR_NOMEM. */
+pulse_status loco_udp_open(uint32_t addr, uint16_t port, loco_udp **out);
 
 /** Stops the thread, closes the socket, frees what is queued. NULL is
  * fine. */
@@ -46,6 +48,10 @@ uint16_t loco_udp_port(const loco_udp *u);
  * @return PULSE_OK, or PULSE_ERR_IO for a socket that cannot send at all. */
 pulse_status loco_udp_send(loco_udp *u, uint32_t addr, uint16_t port,
                            const uint8_t *data, size_t size, int *lost);
+
+/** Bytes of the datagrams sent so far (those sendto took whole; not the
+ * ones *lost on the path). Called by the sending thread. */
+uint64_t loco_udp_bytes_sent(const loco_udp *u);
 
 /** Takes the oldest queued datagram, waiting until deadline (loco_now_ms()
  * value) at most; NULL when none came. The caller frees it with free(). */

@@ -207,11 +207,11 @@ static inline void ct_child_main(const ct_peer_cfg *cfg, int in, int out) {
     left = info.left;
     dprintf(out,
             "round %" PRIu64 " %" PRIu64 " %" PRIu64 " %u %u %u %016" PRIx64
-            " %" PRIu64 " %d %d %d %d\n",
+            " %" PRIu64 " %d %d %d %" PRIu64 " %" PRIu64 " %d\n",
             info.round, info.samples, info.own_samples, info.contributors,
             info.writer, info.takeovers, pulse_loco_global_digest(ctx),
             info.max_step, info.left, info.resynced, info.self_included,
-            info.partitioned);
+            info.sent, info.payload_bytes, info.partitioned);
   }
   uint64_t stored = 0, refused = 0;
   pulse_loco_collab_hosted(c, &stored, &refused);
@@ -305,15 +305,17 @@ typedef struct {
   unsigned contrib, writer, takeovers;
   uint64_t digest, max_step;
   int left, resynced, included;
+  uint64_t sent, payload_bytes; /* entries and bytes of its own payload */
 } ct_round;
 
 static inline int ct_parse_round(const char *line, ct_round *r) {
   return sscanf(line,
                 "round %" SCNu64 " %" SCNu64 " %" SCNu64 " %u %u %u %" SCNx64
-                " %" SCNu64 " %d %d %d",
+                " %" SCNu64 " %d %d %d %" SCNu64 " %" SCNu64,
                 &r->round, &r->samples, &r->own, &r->contrib, &r->writer,
                 &r->takeovers, &r->digest, &r->max_step, &r->left,
-                &r->resynced, &r->included) == 11;
+                &r->resynced, &r->included, &r->sent,
+                &r->payload_bytes) == 13;
 }
 
 /* What the children said: rows[i][r] child i's report of round r (have
@@ -514,16 +516,24 @@ static inline void ct_replay_all_to_all(const ct_log *log, size_t n,
       cr_assert_eq(x->own % step, 0);
       cr_assert_eq(x->resynced, x->own == 0, "round %" PRIu64 ": peer %zu",
                    r, i + 1);
-      if (x->own == 0)
+      if (x->own == 0) {
+        cr_assert_eq(x->sent, 0); /* no payload */
         continue;
+      }
       cr_assert(x->included);
       for (uint64_t s = 0; s < x->own / step; s++)
         ct_step(&st[i], theta[i], step);
       const uint8_t *data;
       size_t size;
+      pulse_loco_prepare_figures pi;
       cr_assert_eq(pulse_loco_prepare(ctx[i], theta[i], x->own, 0, &data,
-                                      &size, NULL),
+                                      &size, &pi),
                    PULSE_OK);
+      /* The peer's figures name its payload: its entries and size. */
+      cr_assert_eq(x->sent, pi.sent, "round %" PRIu64 ": peer %zu sent %"
+                   PRIu64 " entries, its replay %" PRIu64, r, i + 1, x->sent,
+                   pi.sent);
+      cr_assert_eq(x->payload_bytes, size);
       set[k++] = (pulse_loco_contribution){data, size};
     }
     cr_assert_gt(k, 1, "round %" PRIu64 ": one contributor proves nothing", r);

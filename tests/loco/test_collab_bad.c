@@ -4,6 +4,10 @@
  * and readiness from a peer that is not a member of the round, and a
  * joiner asking for a state no peer keeps. The honest peers are child processes (collab_testutil.h);
  * the offender is this process, speaking the protocol by hand. */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
 #include "collab_testutil.h"
 #include "peer_http_impl.h"
 #include "manifest_impl.h"
@@ -268,6 +272,68 @@ Test(collab_bad, options_and_rules_are_checked) {
   cr_assert_eq(pulse_loco_collab_writer(s, 3, 4, 1), 9);
   cr_assert_eq(pulse_loco_collab_writer(s, 3, 4, 2), 2);
   cr_assert_eq(pulse_loco_collab_writer(s, 0, 4, 2), UINT32_MAX);
+}
+
+/* A TCP port of 127.0.0.1 free a moment ago (bound with port 0, closed). */
+static uint16_t free_tcp_port(void) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  cr_assert_geq(fd, 0);
+  struct sockaddr_in a;
+  memset(&a, 0, sizeof a);
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  cr_assert_eq(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
+  cr_assert_eq(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+Test(collab_bad, a_listen_port_is_honoured_and_a_taken_one_refused) {
+  pulse_loco_opts o;
+  pulse_loco_opts_init(&o);
+  o.param_count = 64;
+  o.rule = PULSE_LOCO_RULE_KEEP;
+  pulse_loco *ctx = NULL, *ctx2 = NULL;
+  cr_assert_eq(pulse_loco_create(&o, NULL, &ctx), PULSE_OK);
+  o.trainer_id = 1;
+  cr_assert_eq(pulse_loco_create(&o, NULL, &ctx2), PULSE_OK);
+  pulse_loco_collab_opts co;
+  pulse_loco_collab_opts_init(&co);
+  cr_assert_eq(co.port, 0, "the kernel's choice by default");
+  co.port = free_tcp_port();
+  pulse_loco_collab *c = NULL, *c2 = NULL;
+  cr_assert_eq(pulse_loco_collab_create(&co, ctx, &c), PULSE_OK, "%s",
+               pulse_error_detail());
+  char want[64];
+  snprintf(want, sizeof want, "http://127.0.0.1:%u", (unsigned)co.port);
+  cr_assert_str_eq(pulse_loco_collab_url(c), want);
+  /* It answers there. */
+  char url[96];
+  snprintf(url, sizeof url, "%s/healthz", want);
+  pulse_bytebuf b = PULSE_BYTEBUF_INIT;
+  long status = 0;
+  cr_assert_eq(loco_http_get(url, 10000, 4096, &b, &status), PULSE_OK);
+  cr_assert_eq(status, 200);
+  pulse_bytebuf_free(&b);
+  /* A second peer on the same port: a clear error naming it. */
+  cr_assert_eq(pulse_loco_collab_create(&co, ctx2, &c2), PULSE_ERR_IO);
+  cr_assert_null(c2);
+  snprintf(want, sizeof want, ":%u", (unsigned)co.port);
+  cr_assert(strstr(pulse_error_detail(), want) != NULL, "%s",
+            pulse_error_detail());
+  /* A client-mode peer listens nowhere: a port is refused. */
+  co.client_of = pulse_loco_collab_url(c);
+  cr_assert_eq(pulse_loco_collab_create(&co, ctx2, &c2), PULSE_ERR_ARG);
+  cr_assert_null(c2);
+  co.client_of = NULL;
+  co.port = 0;
+  cr_assert_eq(pulse_loco_collab_create(&co, ctx2, &c2), PULSE_OK);
+  cr_assert_neq(strcmp(pulse_loco_collab_url(c2), pulse_loco_collab_url(c)), 0);
+  pulse_loco_collab_free(c2);
+  pulse_loco_collab_free(c);
+  pulse_loco_free(ctx2);
+  pulse_loco_free(ctx);
 }
 
 /* Every number in a collaboration's paths, URLs and ids follows one rule

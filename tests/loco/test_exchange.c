@@ -9,6 +9,7 @@
 
 #include "pulse_loco_testing.h"
 #include "loco_testutil.h"
+#include "peer_http_impl.h"
 #include "sim_trainers.h"
 
 #define MAX_T 6
@@ -51,6 +52,9 @@ typedef struct {
   pulse_status st;
   char detail[256];
   uint32_t contributors_min, rounds_done, resynced, rejoins;
+  /* Bytes over the run's steps: sent, received (all, and of the last
+   * step), this trainer's payload of the last step. */
+  uint64_t bytes_sent, fetched, fetched_last, payload_last;
 } trainer;
 
 static void *run_trainer(void *arg) {
@@ -84,6 +88,10 @@ static void *run_trainer(void *arg) {
         pulse_loco_coord_step(t->node, local, 32u * t->inner, leaving, &info);
     if (t->st != PULSE_OK)
       break;
+    t->bytes_sent += info.bytes_sent;
+    t->fetched += info.fetched_bytes;
+    t->fetched_last = info.fetched_bytes;
+    t->payload_last = info.payload_bytes;
     if (info.rejoined) { /* a join, no round */
       t->rejoins++;
       since_join = 0;
@@ -172,6 +180,35 @@ static void run_all(trainer *t, size_t n) {
                  pulse_status_name(t[i].st), t[i].detail);
 }
 
+/* What a node's server completed so far, every route but /metrics (its
+ * /metrics text, pulse_http_response_bytes_total summed): what
+ * pulse.loco.Coordinator read before the step counted it. */
+static uint64_t served_per_metrics(pulse_loco_coord *node) {
+  char url[96];
+  snprintf(url, sizeof url, "%s/metrics", pulse_loco_coord_url(node));
+  pulse_bytebuf b = PULSE_BYTEBUF_INIT;
+  long status = 0;
+  cr_assert_eq(loco_http_get(url, 10000, 1 << 20, &b, &status), PULSE_OK);
+  cr_assert_eq(status, 200);
+  char *text = strndup((const char *)b.data, b.size);
+  cr_assert_not_null(text);
+  pulse_bytebuf_free(&b);
+  uint64_t total = 0;
+  int lines = 0;
+  static const char want[] = "\npulse_http_response_bytes_total{route=\"";
+  for (const char *p = strstr(text, want); p != NULL;
+       p = strstr(p + 1, want)) {
+    const char *route = p + strlen(want), *value = strchr(route, ' ');
+    cr_assert_not_null(value);
+    if (strncmp(route, "metrics\"", 8) != 0)
+      total += strtoull(value + 1, NULL, 10);
+    lines++;
+  }
+  free(text);
+  cr_assert_gt(lines, 1, "no pulse_http_response_bytes_total at %s", url);
+  return total;
+}
+
 static void teardown(trainer *t, size_t n) {
   for (size_t i = 0; i < n; i++) {
     pulse_loco_coord_free(t[i].node);
@@ -214,6 +251,42 @@ Test(loco, http_run_equals_the_in_process_run_bit_for_bit, .timeout = 300) {
   cr_assert_eq(memcmp(want, pulse_loco_global(t[0].ctx), P * 4), 0,
                "HTTP and in-process runs differ");
   free(want);
+  /* bytes_sent: what each server completed by the end of each step, so
+   * its sum over the steps is what /metrics counted, less what was served
+   * after the last step (at most the last round's payloads and manifest to
+   * each other member). And what every trainer fetched was sent by
+   * another: the sum of bytes_sent is at least the sum of fetched_bytes
+   * (the last step's fetches may be served after the server's last step),
+   * and above it only by the small answers nobody keeps (POSTs', polls'
+   * 404s). */
+  uint64_t sent = 0, fetched = 0, fetched_last = 0, last_payloads = 0;
+  for (uint32_t i = 0; i < 3; i++) {
+    sent += t[i].bytes_sent;
+    fetched += t[i].fetched;
+    fetched_last += t[i].fetched_last;
+    last_payloads += t[i].payload_last;
+  }
+  for (uint32_t i = 0; i < 3; i++) {
+    uint64_t served = served_per_metrics(t[i].node);
+    cr_log_info("trainer %u: bytes_sent %llu over the steps, /metrics %llu",
+                i, (unsigned long long)t[i].bytes_sent,
+                (unsigned long long)served);
+    cr_assert_gt(t[i].bytes_sent, 0);
+    cr_assert_leq(t[i].bytes_sent, served, "trainer %u: %llu > %llu", i,
+                  (unsigned long long)t[i].bytes_sent,
+                  (unsigned long long)served);
+    cr_assert_leq(served - t[i].bytes_sent, 3 * (last_payloads + 4096),
+                  "trainer %u: steps %llu, /metrics %llu", i,
+                  (unsigned long long)t[i].bytes_sent,
+                  (unsigned long long)served);
+  }
+  cr_log_info("all: sent %llu, fetched %llu (last step %llu)",
+              (unsigned long long)sent, (unsigned long long)fetched,
+              (unsigned long long)fetched_last);
+  cr_assert_geq(sent + fetched_last, fetched, "sent %llu, fetched %llu",
+                (unsigned long long)sent, (unsigned long long)fetched);
+  cr_assert_leq(sent, fetched + 4096u * 6u * 3u, "sent %llu, fetched %llu",
+                (unsigned long long)sent, (unsigned long long)fetched);
   teardown(t, 3);
   pulse_sim_problem_free(p);
 }

@@ -38,6 +38,8 @@ typedef struct {
   uint64_t dropped, sent, accepted, refused, resynced;
   pulse_loco_inbox_figures why; /* summed over rounds */
   uint64_t refused_source;
+  /* Bytes over the steps: sent, received, received in the last step. */
+  uint64_t bytes_sent, fetched, fetched_last;
 } utrainer;
 
 static void *run_utrainer(void *arg) {
@@ -58,6 +60,9 @@ static void *run_utrainer(void *arg) {
                                  0, &info);
     if (t->st != PULSE_OK)
       break;
+    t->bytes_sent += info.bytes_sent;
+    t->fetched += info.fetched_bytes;
+    t->fetched_last = info.fetched_bytes;
     t->drift[r] = info.drift;
     t->resync_bytes[r] = info.resync_bytes;
     t->digest[r] = pulse_loco_global_digest(t->ctx);
@@ -202,6 +207,25 @@ Test(loco, udp_run_without_loss_equals_the_http_run_bit_for_bit,
     cr_assert(t[i].sent > 3 * ROUNDS, "%llu datagrams",
               (unsigned long long)t[i].sent);
   }
+  /* bytes_sent counts the datagrams where they leave (each at least an
+   * end marker's 36 bytes) and the HTTP answers: what the others took in
+   * (fetched_bytes: HTTP bodies and datagrams) was sent by someone, and
+   * little else was (POSTs' answers, polls' 404s, end markers not taken);
+   * the last step's intake may be served after the server's last step. */
+  uint64_t sent = 0, fetched = 0, fetched_last = 0;
+  for (uint32_t i = 0; i < UT; i++) {
+    cr_assert_geq(t[i].bytes_sent, 36u * t[i].sent);
+    sent += t[i].bytes_sent;
+    fetched += t[i].fetched;
+    fetched_last += t[i].fetched_last;
+  }
+  cr_log_info("all: sent %llu, fetched %llu (last step %llu)",
+              (unsigned long long)sent, (unsigned long long)fetched,
+              (unsigned long long)fetched_last);
+  cr_assert_geq(sent + fetched_last, fetched, "sent %llu, fetched %llu",
+                (unsigned long long)sent, (unsigned long long)fetched);
+  cr_assert_leq(sent, fetched + 4096u * ROUNDS * UT, "sent %llu, fetched %llu",
+                (unsigned long long)sent, (unsigned long long)fetched);
   free(want);
   ufree(t, UT);
   pulse_sim_problem_free(p);
@@ -456,6 +480,68 @@ Test(loco, udp_options_are_checked) {
   cr_assert(strncmp(pulse_loco_coord_url(n), "http://127.0.0.1:", 17) == 0);
   pulse_loco_coord_free(n);
   pulse_loco_free(ctx);
+}
+
+/* A port of 127.0.0.1 free a moment ago (bound with port 0, closed):
+ * SOCK_STREAM or SOCK_DGRAM. */
+static uint16_t free_port(int type) {
+  int fd = socket(AF_INET, type, 0);
+  cr_assert_geq(fd, 0);
+  struct sockaddr_in a;
+  memset(&a, 0, sizeof a);
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  cr_assert_eq(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
+  cr_assert_eq(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+Test(loco, listen_ports_are_honoured_and_a_taken_one_is_refused) {
+  pulse_loco *ctx = lt_ctx(1000, 0, NULL), *ctx2 = lt_ctx(1000, 1, NULL);
+  pulse_loco_coord *n = NULL, *n2 = NULL;
+  pulse_loco_coord_opts no = udp_opts(0.0);
+  no.port = free_port(SOCK_STREAM);
+  no.udp_port = free_port(SOCK_DGRAM);
+  cr_assert_eq(pulse_loco_coord_create(&no, ctx, &n), PULSE_OK, "%s",
+               pulse_error_detail());
+  char want[64];
+  snprintf(want, sizeof want, "http://127.0.0.1:%u", (unsigned)no.port);
+  cr_assert_str_eq(pulse_loco_coord_url(n), want);
+  cr_assert_eq(pulse_loco_coord_udp_port(n), no.udp_port);
+  /* A second member on the same HTTP port, then on the same datagram
+   * port: a clear error, nothing left behind. */
+  cr_assert_eq(pulse_loco_coord_create(&no, ctx2, &n2), PULSE_ERR_IO);
+  cr_assert_null(n2);
+  snprintf(want, sizeof want, ":%u", (unsigned)no.port);
+  cr_assert(strstr(pulse_error_detail(), want) != NULL, "%s",
+            pulse_error_detail());
+  uint16_t http = no.port;
+  no.port = 0;
+  cr_assert_eq(pulse_loco_coord_create(&no, ctx2, &n2), PULSE_ERR_IO);
+  cr_assert_null(n2);
+  snprintf(want, sizeof want, ":%u", (unsigned)no.udp_port);
+  cr_assert(strstr(pulse_error_detail(), want) != NULL, "%s",
+            pulse_error_detail());
+  /* Port 0 (the default): the kernel's choice, another one. */
+  no.udp_port = 0;
+  cr_assert_eq(pulse_loco_coord_create(&no, ctx2, &n2), PULSE_OK);
+  cr_assert_neq(strcmp(pulse_loco_coord_url(n2), pulse_loco_coord_url(n)), 0);
+  pulse_loco_coord_free(n2);
+  /* A datagram port without datagrams: refused. */
+  pulse_loco_coord_opts_init(&no);
+  no.udp_port = 9;
+  cr_assert_eq(pulse_loco_coord_create(&no, ctx2, &n2), PULSE_ERR_ARG);
+  /* The HTTP port is free again once its node is freed. */
+  pulse_loco_coord_free(n);
+  pulse_loco_coord_opts_init(&no);
+  no.port = http;
+  cr_assert_eq(pulse_loco_coord_create(&no, ctx2, &n2), PULSE_OK, "%s",
+               pulse_error_detail());
+  pulse_loco_coord_free(n2);
+  pulse_loco_free(ctx);
+  pulse_loco_free(ctx2);
 }
 
 Test(loco, member_urls_are_plain_ipv4_literals) {

@@ -170,6 +170,11 @@ pulse_status pulse_serve_parse_listen(const char *spec, char *host, size_t cap,
  * buffer (pulse_buffer_free). @return PULSE_OK or PULSE_ERR_NOMEM. */
 pulse_status pulse_serve_metrics_text(pulse_serve *s, pulse_buffer *out);
 
+/** Body bytes of the responses completed so far, every route but /metrics
+ * (pulse_http_response_bytes_total summed, route "metrics" left out): what
+ * the server sent, a monitor's scrapes aside. Lock-free. */
+uint64_t pulse_serve_response_bytes(const pulse_serve *s);
+
 /** Monotonic seconds. */
 double pulse_serve_now(void);
 

@@ -141,3 +141,12 @@ pulse_status pulse_serve_metrics_text(pulse_serve *s, pulse_buffer *out) {
     return pulse_fail(PULSE_ERR_NOMEM, "%s: metrics", s->opts.name);
   return PULSE_OK;
 }
+
+uint64_t pulse_serve_response_bytes(const pulse_serve *s) {
+  serve_metrics *m = (serve_metrics *)&s->metrics; /* atomic loads */
+  uint64_t total = 0;
+  for (unsigned r = 0; r < s->nlabels; r++)
+    if (r != s->label_metrics)
+      total += atomic_load(&m->bytes[r]);
+  return total;
+}
