@@ -247,13 +247,13 @@ class DiLoCo:
 
         Returns a dict: round, payload_bytes (this trainer's payload),
         bytes_sent and bytes_received (over a group: the payloads handed to
-        it and received from it; over a Coordinator: the HTTP bodies this
-        node's server answered since the last step, Coordinator.served_bytes,
-        and those it fetched, the exchange's fetched_bytes, datagrams
-        counted in `exchange`; over a Collaboration: the HTTP bodies its
-        server answered and it fetched in the round), entries (sent by this
-        trainer; None over a Collaboration, which does not count them),
-        density (entries / parameters), contributors; over a group also
+        it and received from it; over a Coordinator: the exchange's
+        bytes_sent, the HTTP bodies this node's server answered since the
+        last step and the datagrams it sent, and fetched_bytes, the HTTP
+        bodies it fetched and the datagrams it received; over a
+        Collaboration: the HTTP bodies its server answered and it fetched
+        in the round), entries (sent by this trainer: the entries of its
+        payload), density (entries / parameters), contributors; over a group also
         samples; over a Coordinator or a Collaboration also members,
         self_included, resynced and `exchange`, every figure of the C
         step (pulse_loco_coord_step_figures, pulse_loco_collab_figures),
@@ -302,8 +302,8 @@ class DiLoCo:
             "payload_bytes": figures["payload_bytes"],
             "bytes_sent": figures["bytes_out"],
             "bytes_received": figures["bytes_in"],
-            "entries": None,
-            "density": None,
+            "entries": figures["sent"],
+            "density": figures["sent"] / self.param_count,
             "contributors": figures["contributors"],
             "members": figures["members"],
             "self_included": bool(figures["self_included"]),
@@ -321,7 +321,7 @@ class DiLoCo:
         return {
             "round": figures["round"],
             "payload_bytes": figures["payload_bytes"],
-            "bytes_sent": figures["served_bytes"],
+            "bytes_sent": figures["bytes_sent"],
             "bytes_received": figures["fetched_bytes"],
             "entries": figures["sent"],
             "density": figures["sent"] / self.param_count,

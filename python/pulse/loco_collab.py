@@ -30,7 +30,8 @@ class LocoCollabOpts(ctypes.Structure):
     _c_name_ = "pulse_loco_collab_opts"
     _fields_ = [("struct_version", ctypes.c_uint32), ("target_batch", ctypes.c_uint64),
                 ("claim_timeout_ms", ctypes.c_uint32), ("round_timeout_ms", ctypes.c_uint32),
-                ("host", ctypes.c_char_p), ("partitioned", ctypes.c_int),
+                ("host", ctypes.c_char_p), ("port", ctypes.c_uint16),
+                ("partitioned", ctypes.c_int),
                 ("client_of", ctypes.c_char_p), ("partition_check", ctypes.c_int),
                 ("equal_ranges", ctypes.c_int), ("sign_key", ctypes.c_void_p),
                 ("member_keys", ctypes.POINTER(LocoMemberKey)),
@@ -48,7 +49,7 @@ class LocoCollabFigures(ctypes.Structure):
                 ("partitioned", ctypes.c_int), ("bytes_in", ctypes.c_uint64),
                 ("bytes_out", ctypes.c_uint64), ("payload_bytes", ctypes.c_uint64),
                 ("busy_ms", ctypes.c_uint64), ("wall_ms", ctypes.c_uint64),
-                ("auth_bytes", ctypes.c_uint64)]
+                ("auth_bytes", ctypes.c_uint64), ("sent", ctypes.c_uint64)]
 
 
 StepFn = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(ctypes.c_float),
@@ -78,7 +79,7 @@ class Collaboration(Member):
     rule="keep" (its default under a Collaboration: a payload left out of
     a round stays in its sender's error feedback).
 
-    trainer_id, trainers, store, seed_url, host, key, member_keys and
+    trainer_id, trainers, store, seed_url, host, port, key, member_keys and
     join_timeout as for pulse.loco.Coordinator (a joiner's key must be in
     every member's member_keys: the collaboration has no admissions).
     target_batch: the samples of a round over all peers. claim_timeout:
@@ -90,7 +91,7 @@ class Collaboration(Member):
     "rotating", "full" or "receipts" (how the reduced ranges are checked).
     equal_ranges: equal ranges instead of ranges sized by download rate.
     client_of: the URL of a serving member that hosts this peer (a peer
-    that cannot accept connections; not with partitioned).
+    that cannot accept connections, so no port; not with partitioned).
 
     Besides the methods below: public_key (this trainer's, 64 hex digits;
     None without a key) and close() (stops the server; the DiLoCo using it
@@ -99,7 +100,7 @@ class Collaboration(Member):
     _what = "Collaboration"
 
     def __init__(self, trainer_id, trainers=None, store=None, *, target_batch, seed_url=None,
-                 host=None, claim_timeout=5.0, round_timeout=30.0, partitioned=False,
+                 host=None, port=0, claim_timeout=5.0, round_timeout=30.0, partitioned=False,
                  partition_check="rotating", equal_ranges=False, client_of=None, key=None,
                  member_keys=None, join_timeout=60.0):
         declare(_PROTOS)
@@ -111,12 +112,15 @@ class Collaboration(Member):
             raise fail(f"Collaboration: client_of {client_of!r} is not an http:// URL")
         if client_of is not None and partitioned:
             raise fail("Collaboration: a client-mode peer (client_of) cannot run partitioned")
+        if client_of is not None and port != 0:
+            raise fail("Collaboration: a client-mode peer (client_of) listens nowhere: no port")
         self._opts = LocoCollabOpts()
         lib.pulse_loco_collab_opts_init(ctypes.byref(self._opts))
         o = self._opts
         o.target_batch = count(target_batch, "target_batch", 1, 2 ** 64)
         o.claim_timeout_ms = ms(claim_timeout, "claim_timeout")
         o.round_timeout_ms = ms(round_timeout, "round_timeout")
+        o.port = count(port, "port", 0, 2 ** 16)
         o.partitioned = 1 if partitioned else 0
         o.partition_check = _CHECKS[partition_check]
         o.equal_ranges = 1 if equal_ranges else 0

@@ -56,7 +56,8 @@ class LocoCoordOpts(ctypes.Structure):
                 ("transport", ctypes.c_int), ("max_datagram", ctypes.c_uint32),
                 ("quiet_ms", ctypes.c_uint32), ("resync_range", ctypes.c_uint32),
                 ("resync_period", ctypes.c_uint32), ("drift_budget", ctypes.c_double),
-                ("host", ctypes.c_char_p), ("sign_key", ctypes.c_void_p),
+                ("host", ctypes.c_char_p), ("port", ctypes.c_uint16),
+                ("udp_port", ctypes.c_uint16), ("sign_key", ctypes.c_void_p),
                 ("member_keys", ctypes.POINTER(LocoMemberKey)),
                 ("member_key_count", ctypes.c_size_t), ("auth", ctypes.c_int),
                 ("admission", ctypes.POINTER(LocoAdmission)), ("test_hooks", ctypes.c_void_p)]
@@ -76,7 +77,8 @@ class LocoCoordStepFigures(ctypes.Structure):
                 ("drift", ctypes.c_double), ("drift_ranges", ctypes.c_uint32),
                 ("resynced_ranges", ctypes.c_uint32), ("resync_bytes", ctypes.c_uint64),
                 ("wait_ms", ctypes.c_uint64), ("auth", LocoAuthFigures),
-                ("datagrams_refused_auth", ctypes.c_uint64), ("auth_bytes", ctypes.c_uint64)]
+                ("datagrams_refused_auth", ctypes.c_uint64), ("auth_bytes", ctypes.c_uint64),
+                ("bytes_sent", ctypes.c_uint64)]
 
 
 _p = ctypes.c_void_p
@@ -108,7 +110,9 @@ class Coordinator(Member):
     start. Joining a running group instead: `seed_url` (any member's URL),
     with `admission` (from a member's Coordinator.admit) when this key is
     not pinned. host: the IPv4 address this node listens on and the others
-    reach (None: 127.0.0.1). datagrams: contributions as UDP datagrams,
+    reach (None: 127.0.0.1); port: the TCP port of its HTTP server there
+    (0: a free one, which `url` names; a port that is taken raises
+    pulse.Error PULSE_ERR_IO). datagrams: contributions as UDP datagrams,
     all to all, no retransmission (drop rule only; the manifest, joins and
     re-syncs stay on HTTP). deadline: seconds the coordinator waits for
     the members' payloads after its own is ready (a late member is left
@@ -118,7 +122,8 @@ class Coordinator(Member):
     drops a member (it joins again by itself). Datagrams only (None: the
     library's default): max_datagram, the largest datagram in bytes;
     quiet, seconds without a new datagram after which a receiver that
-    heard from every sender stops waiting; resync_range (parameters, a
+    heard from every sender stops waiting; udp_port, the port of the
+    datagram socket (0: a free one); resync_range (parameters, a
     multiple of 128), resync_period (rounds) and drift_budget: how the
     replicas' drift is checked and repaired (pulse_loco_coord.h).
     key: this trainer's Ed25519
@@ -134,8 +139,9 @@ class Coordinator(Member):
     _what = "Coordinator"
 
     def __init__(self, trainer_id, trainers=None, store=None, *, seed_url=None, admission=None,
-                 host=None, datagrams=False, deadline=2.0, manifest_timeout=10.0, max_misses=3,
-                 max_datagram=None, quiet=None, resync_range=None, resync_period=None,
+                 host=None, port=0, datagrams=False, deadline=2.0, manifest_timeout=10.0,
+                 max_misses=3, max_datagram=None, quiet=None, udp_port=None,
+                 resync_range=None, resync_period=None,
                  drift_budget=None, key=None, member_keys=None, auth="auto", join_timeout=60.0):
         declare(_PROTOS)
         if auth not in _AUTH:
@@ -153,10 +159,12 @@ class Coordinator(Member):
         o.deadline_ms = ms(deadline, "deadline")
         o.manifest_timeout_ms = ms(manifest_timeout, "manifest_timeout")
         o.max_misses = count(max_misses, "max_misses")
+        o.port = count(port, "port", 0, 2 ** 16)
         o.transport = _TRANSPORT_UDP if datagrams else _TRANSPORT_HTTP
         o.auth = _AUTH[auth]
         self.datagrams = bool(datagrams)
-        udp = {"max_datagram": max_datagram, "quiet": quiet, "resync_range": resync_range,
+        udp = {"max_datagram": max_datagram, "quiet": quiet, "udp_port": udp_port,
+               "resync_range": resync_range,
                "resync_period": resync_period, "drift_budget": drift_budget}
         given = [name for name, value in udp.items() if value is not None]
         if given and not datagrams:
@@ -165,6 +173,8 @@ class Coordinator(Member):
             o.max_datagram = count(max_datagram, "max_datagram")
         if quiet is not None:
             o.quiet_ms = ms(quiet, "quiet")
+        if udp_port is not None:
+            o.udp_port = count(udp_port, "udp_port", 0, 2 ** 16)
         if resync_range is not None:
             o.resync_range = count(resync_range, "resync_range")
         if resync_period is not None:
@@ -197,7 +207,6 @@ class Coordinator(Member):
         node = ctypes.c_void_p()
         check(lib.pulse_loco_coord_create(ctypes.byref(self._opts), ctx, ctypes.byref(node)))
         self._handle = node
-        self._served = 0
         if self.seed_url is not None:
             check(lib.pulse_loco_coord_join(node, self.seed_url.encode(),
                                             ctypes.c_void_p(theta.data_ptr()), self._join_ms))
@@ -213,9 +222,6 @@ class Coordinator(Member):
         info = figures_dict(figures)
         info["chunks"] = figures_dict(figures.chunks)
         info["auth"] = figures_dict(figures.auth)
-        served = self.served_bytes()
-        info["served_bytes"] = served - self._served
-        self._served = served
         return info
 
     def _free_handle(self):
@@ -235,8 +241,10 @@ class Coordinator(Member):
         (payloads, relays, manifests, states, error bodies of polls; every
         route of its /metrics, pulse_http_response_bytes_total, but
         /metrics itself): what this trainer sent over HTTP. A response
-        counts once it completed. Datagrams are not in it (their count is
-        in a step's exchange figures)."""
+        counts once it completed. Datagrams are not in it. A step's
+        bytes_sent (the C figure) counts the same answers, since the last
+        step, and the datagrams; this total also has what was served after
+        the last step."""
         if self._handle is None:
             return 0
         # No proxy: the node is this process's own server.

@@ -26,6 +26,7 @@ samples over all peers reach the target.
 Exit 77: no torch."""
 
 import os
+import socket
 import sys
 import tempfile
 import time
@@ -92,6 +93,10 @@ def run_rounds(rank, port, keydir):
         assert TARGET <= info["samples"] < TARGET + ex["max_step"] + 1, info
         assert ex["own_samples"] == info["steps"] * STEP and info["steps"] > 0, info
         assert ex["auth_bytes"] > 0, info  # signed and checked
+        # The entries of its payload, counted in C (pulse_loco_collab_figures.sent).
+        assert isinstance(info["entries"], int) and 0 <= info["entries"] <= outer.param_count
+        assert info["entries"] == ex["sent"] and info["payload_bytes"] > 0, info
+        assert info["density"] == info["entries"] / outer.param_count, info
         seen = meet.share(f"round{r}", (digest(list(model.parameters())), outer.global_digest(),
                                         info["bytes_sent"], info["bytes_received"],
                                         info["payload_bytes"]), alive)
@@ -211,6 +216,22 @@ def check_alone():
                       partitioned=True), "a partitioned client")
     refused(lambda: pulse.loco.DiLoCo(p, rule="drop", transport=C(0, 1, store, target_batch=8)),
             "the drop rule")
+    refused(lambda: C(0, 1, store, target_batch=8, port=70000), "a port past 65535")
+    refused(lambda: C(0, 1, store, target_batch=8, port=-1), "a negative port")
+    refused(lambda: C(0, 1, store, target_batch=8, client_of="http://127.0.0.1:1", port=1),
+            "a port for a client-mode peer")
+    # The port asked for is the one it listens on; a second peer there is
+    # refused with a clear error.
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    free = probe.getsockname()[1]
+    probe.close()
+    first = pulse.loco.DiLoCo([torch.zeros(8)], transport=C(0, 1, dist.HashStore(),
+                                                            target_batch=8, port=free))
+    assert first._member.url == f"http://127.0.0.1:{free}", first._member.url
+    refused(lambda: pulse.loco.DiLoCo([torch.zeros(8)], transport=C(
+        0, 1, dist.HashStore(), target_batch=8, port=free)), "a port in use", "PULSE_ERR_IO")
+    first.close()
     assert store.num_keys() == 0, store.num_keys()  # nothing was sent
     outer = pulse.loco.DiLoCo([torch.zeros(8)], transport=C(0, 1, dist.HashStore(),
                                                             target_batch=5 * STEP))
@@ -224,6 +245,8 @@ def check_alone():
 
     info = outer.step(samples=STEP, inner=add_one)
     assert calls == [STEP] * 5 and info["steps"] == 5 and info["samples"] == 5 * STEP, info
+    # Every parameter moved by 5: all 8 entries pass the gate.
+    assert info["entries"] == 8 and info["density"] == 1.0, info
     # Alone, the mean is its own pseudo-gradient: theta_g moved toward 5.
     assert 0 < outer.params[0][0].item() <= 5 * (1 + 0.9) * 0.7 + 1e-5, outer.params[0]
 

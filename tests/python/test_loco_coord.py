@@ -26,6 +26,7 @@ Exit 77: no torch."""
 import ast
 import datetime
 import os
+import socket
 import sys
 import tempfile
 import time
@@ -107,6 +108,7 @@ def run_rounds(rank, port, keydir):
     alive = list(range(WORLD))
     sent = 0
     paid = 0  # this trainer's payloads, each fetched by the others of its round
+    early = 0  # of them, those of the rounds before the last two
     for r in range(ROUNDS):
         for _ in range(INNER):
             x, y = next_batch()
@@ -121,6 +123,9 @@ def run_rounds(rank, port, keydir):
                                         info["payload_bytes"]), alive)
         assert len({s[:2] for s in seen.values()}) == 1, f"round {r}: replicas differ {seen}"
         check_bytes(info, {t: s[2] for t, s in seen.items()}, rank)
+        assert isinstance(info["bytes_sent"], int) and info["entries"] == info["exchange"]["sent"]
+        if r < ROUNDS - 3:  # answered by the end of its next step
+            early += info["payload_bytes"] * (len(alive) - 1)
         paid += info["payload_bytes"] * (len(alive) - 1)
         sent += info["bytes_sent"]
         if r == ROUNDS - 3:
@@ -136,9 +141,11 @@ def run_rounds(rank, port, keydir):
     meet.share("done", True)  # every node up until all are done
     # What this node's server sent: every payload once to each other
     # trainer of its round, plus manifests and the 404s of polls. The
-    # steps counted what had completed by their end.
+    # steps (bytes_sent, counted in C) counted what had completed by their
+    # end: everything of a round by the end of the next step.
     total = coord.served_bytes()
-    assert sent <= total and paid <= total <= paid + 4096 * ROUNDS, (paid, sent, total)
+    assert early <= sent <= total and paid <= total <= paid + 4096 * ROUNDS, \
+        (early, paid, sent, total)
     outer.close()
     meet.leave()
     return f"loss {first:.4f} -> {last:.4f} density {info['density']:.3f} payload " \
@@ -222,6 +229,10 @@ def run_udp(rank, port):
         ex = info["exchange"]
         assert info["round"] == r and ex["datagrams_sent"] > 0, info
         assert ex["chunks"]["accepted"] > 0, info
+        # Datagrams count where they leave: each at least an end marker's
+        # 36 bytes; received, each chunk as taken.
+        assert info["bytes_sent"] >= 36 * ex["datagrams_sent"], info
+        assert info["bytes_received"] >= 36 * ex["datagrams_received"], info
     coord.linger()
     meet.share("done", True)
     outer.close()
@@ -298,6 +309,9 @@ def check_refusals():
     refused(lambda: C(0, 2, store, key="/nonexistent/key.pem"), "a missing key file",
             "PULSE_ERR_NOT_FOUND")
     refused(lambda: C(0, 2, store, quiet=0.1), "a datagram option over HTTP")
+    refused(lambda: C(0, 2, store, udp_port=5000), "a datagram port over HTTP")
+    refused(lambda: C(0, 2, store, port=65536), "a port past 65535")
+    refused(lambda: C(0, 2, store, port="80"), "a port that is not an integer")
     refused(lambda: C(0, 2, store, datagrams=True, drift_budget=-1), "a negative drift budget")
     p = [torch.zeros(8)]
     refused(lambda: pulse.loco.DiLoCo(p, rule="keep", transport=C(0, 1, store, datagrams=True)),
@@ -326,7 +340,27 @@ def check_refusals():
         outer.params[0].add_(1.0)
     info = outer.step()
     assert info["contributors"] == 1 and info["entries"] == 8, info
+    assert isinstance(info["bytes_sent"], int), info
     outer.close()
+    # The ports asked for are the ones it listens on; a second node on the
+    # same port is refused with a clear error.
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    free = probe.getsockname()[1]
+    probe.close()
+    udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    udp.bind(("127.0.0.1", 0))
+    free_udp = udp.getsockname()[1]
+    udp.close()
+    first = pulse.loco.DiLoCo([torch.zeros(8)], transport=C(0, 1, dist.HashStore(), port=free,
+                                                            datagrams=True, udp_port=free_udp))
+    assert first._member.url == f"http://127.0.0.1:{free}", first._member.url
+    for what, kw in (("an HTTP port in use", dict(port=free)),
+                     ("a datagram port in use", dict(datagrams=True, udp_port=free_udp))):
+        refused(lambda: pulse.loco.DiLoCo([torch.zeros(8)], transport=C(0, 1, dist.HashStore(),
+                                                                       **kw)),
+                what, "PULSE_ERR_IO")
+    first.close()
 
 
 def worker(rank, port, phase, arg):
