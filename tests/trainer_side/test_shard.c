@@ -491,6 +491,64 @@ Test(shard, a_part_of_another_table_is_refused_and_a_failed_step_is_retried) {
   model_free(&m);
 }
 
+/* Counts of column and row blocks carry entries and class counts of shared
+ * chunks, which the encoder sums chunk by chunk as it codes: counts cut
+ * short are refused, any byte changed is refused or read within bounds (an
+ * ASan build checks the reads), and a rank's counts left out (ranks that do
+ * not add up) or given twice are refused. */
+Test(shard, hostile_counts_of_shared_chunks_are_refused_or_read_within_bounds) {
+  model m;
+  model_init(&m, 13);
+  rank_blocks rb[RANKS];
+  blocks_of(RECT, &m, rb);
+  pulse_pub_shard *sh[RANKS];
+  shards_make(&m, rb, sh);
+  pulse_buffer parts[RANKS], counts[RANKS];
+  detect_all(sh, rb, &m, parts);
+  for (int r = 0; r < RANKS; r++)
+    pulse_buffer_free(&parts[r]);
+  model_step(&m);
+  detect_all(sh, rb, &m, parts);
+  for (int r = 0; r < RANKS; r++)
+    cr_assert_eq(pulse_pub_shard_count(sh[r], parts, RANKS, &counts[r]), PULSE_OK);
+  pulse_encode_opts eo;
+  pulse_encode_opts_init(&eo);
+  eo.step = 1, eo.base_step = 0, eo.chunk_log2 = LOG2, eo.threads = 1;
+  pulse_buffer out = {0};
+  cr_assert_eq(pulse_pub_shard_encode(m.info, NT, &eo, parts, RANKS, counts, RANKS, NULL, &out),
+               PULSE_OK, "%s", pulse_error_detail());
+  pulse_buffer_free(&out);
+  cr_assert_gt(counts[1].size, 2000, "counts of shared chunks: %zu bytes", counts[1].size);
+  for (size_t cut = 0; cut < counts[1].size; cut += 5) {
+    pulse_buffer set[RANKS] = {counts[0], {counts[1].data, cut}, counts[2], counts[3]};
+    cr_assert_eq(pulse_pub_shard_encode(m.info, NT, &eo, parts, RANKS, set, RANKS, NULL, &out),
+                 PULSE_ERR_CORRUPT, "counts cut to %zu bytes", cut);
+  }
+  for (size_t at = 0; at < counts[1].size; at++) {
+    uint8_t *b = counts[1].data;
+    b[at] ^= 0x5A;
+    pulse_status got = pulse_pub_shard_encode(m.info, NT, &eo, parts, RANKS, counts, RANKS,
+                                              NULL, &out);
+    b[at] ^= 0x5A;
+    cr_assert(got == PULSE_OK || got == PULSE_ERR_CORRUPT || got == PULSE_ERR_ARG,
+              "byte %zu: %s: %s", at, pulse_status_name(got), pulse_error_detail());
+    pulse_buffer_free(&out);
+  }
+  cr_assert_eq(pulse_pub_shard_encode(m.info, NT, &eo, parts, RANKS, counts, RANKS - 1, NULL,
+                                      &out),
+               PULSE_ERR_CORRUPT, "three ranks' counts do not add up");
+  cr_assert(strstr(pulse_error_detail(), "add up"), "%s", pulse_error_detail());
+  pulse_buffer twice[RANKS + 1] = {counts[0], counts[1], counts[2], counts[3], counts[2]};
+  cr_assert_neq(pulse_pub_shard_encode(m.info, NT, &eo, parts, RANKS, twice, RANKS + 1, NULL,
+                                       &out),
+                PULSE_OK);
+  for (int r = 0; r < RANKS; r++) {
+    pulse_buffer_free(&parts[r]), pulse_buffer_free(&counts[r]);
+    pulse_pub_shard_free(sh[r]);
+  }
+  model_free(&m);
+}
+
 /* The single publisher's anchor of the model's BF16 snapshot. */
 static uint8_t *single_anchor(const model *m, uint64_t step, pulse_state_digest *digest,
                               size_t *size, const char *path) {

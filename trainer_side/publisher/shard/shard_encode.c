@@ -10,83 +10,6 @@
 #include "shard_impl.h"
 #include "status_impl.h"
 
-/* The changes of tensor t over every part (those in the chunks marked,
- * when mark is not NULL), sorted by position, into *out (empty: filled
- * straight from the parts, no intermediate list).
- * Each block's changes are in increasing position order (else
- * PULSE_ERR_CORRUPT); the blocks' lists are merged: blocks that do not
- * interleave (flat ranges, dim-0 blocks, whole tensors) are concatenated,
- * others (column blocks) merged head by head. */
-static pulse_status tensor_changes(const shard_parts_view *v, uint64_t t, const uint8_t *mark,
-                                   uint32_t log2, pulse_changes *out) {
-  uint64_t k = 0;
-  size_t nb = 0;
-  for (size_t b = 0; b < v->nblocks; b++)
-    if (v->blocks[b].tensor == t && v->blocks[b].k > 0)
-      k += v->blocks[b].k, nb++;
-  const shard_part_block **bl = malloc((nb ? nb : 1) * sizeof *bl);
-  uint64_t *head = calloc(nb ? nb : 1, sizeof *head);
-  if (bl == NULL || head == NULL || (k > 0 && pulse_changes_reserve(out, k) != PULSE_OK)) {
-    free(bl), free(head);
-    return pulse_fail(PULSE_ERR_NOMEM, "shard: changes");
-  }
-  nb = 0;
-  for (size_t b = 0; b < v->nblocks; b++)
-    if (v->blocks[b].tensor == t && v->blocks[b].k > 0)
-      bl[nb++] = &v->blocks[b];
-  pulse_status st = PULSE_OK;
-  for (size_t b = 0; b < nb && st == PULSE_OK; b++)
-    for (uint64_t j = 1; j < bl[b]->k; j++)
-      if (pulse_load_le64(bl[b]->pos + 8 * j) <= pulse_load_le64(bl[b]->pos + 8 * (j - 1))) {
-        st = pulse_fail(PULSE_ERR_CORRUPT, "shard: a part's changes are not in position order");
-        break;
-      }
-  /* Blocks by first position (insertion sort: a handful per tensor). */
-  for (size_t b = 1; b < nb; b++)
-    for (size_t a = b; a > 0 && pulse_load_le64(bl[a]->pos) < pulse_load_le64(bl[a - 1]->pos);
-         a--) {
-      const shard_part_block *x = bl[a];
-      bl[a] = bl[a - 1], bl[a - 1] = x;
-    }
-  int disjoint = 1;
-  for (size_t b = 1; b < nb; b++)
-    if (pulse_load_le64(bl[b]->pos) <= pulse_load_le64(bl[b - 1]->pos + 8 * (bl[b - 1]->k - 1)))
-      disjoint = 0;
-  uint64_t m = 0, seen = 0;
-#define KEEP(x, j)                                                                   \
-  do {                                                                               \
-    uint64_t p_ = pulse_load_le64((x)->pos + 8 * (j));                               \
-    if (mark == NULL || (mark[(p_ >> log2) >> 3] >> ((p_ >> log2) & 7) & 1)) {       \
-      out->pos[m] = p_;                                                              \
-      out->old_bits[m] = pulse_load_le16((x)->old_bits + 2 * (j));                   \
-      out->new_bits[m++] = pulse_load_le16((x)->new_bits + 2 * (j));                 \
-    }                                                                                \
-  } while (0)
-  if (st == PULSE_OK && disjoint) {
-    for (size_t b = 0; b < nb; b++)
-      for (uint64_t j = 0; j < bl[b]->k; j++)
-        KEEP(bl[b], j);
-  } else if (st == PULSE_OK) {
-    while (seen++ < k) {
-      size_t best = nb;
-      uint64_t bp = 0;
-      for (size_t b = 0; b < nb; b++) {
-        if (head[b] == bl[b]->k)
-          continue;
-        uint64_t p = pulse_load_le64(bl[b]->pos + 8 * head[b]);
-        if (best == nb || p < bp)
-          best = b, bp = p;
-      }
-      KEEP(bl[best], head[best]);
-      head[best]++;
-    }
-  }
-#undef KEEP
-  free(bl), free(head);
-  out->count = m;
-  return st;
-}
-
 static uint64_t chunk_slot(const uint64_t *chunks, uint64_t m, uint64_t k) {
   uint64_t lo = 0, hi = m;
   while (lo < hi) {
@@ -368,21 +291,6 @@ pulse_status pulse_pub_shard_count(const pulse_pub_shard *s, const pulse_buffer 
   return PULSE_OK;
 }
 
-/* The index of the change at `pos` among ch's (sorted), or ch->count. */
-static uint64_t change_index(const pulse_changes *ch, uint64_t pos) {
-  uint64_t lo = 0, hi = ch->count;
-  while (lo < hi) {
-    uint64_t mid = lo + (hi - lo) / 2;
-    if (ch->pos[mid] < pos)
-      lo = mid + 1;
-    else
-      hi = mid;
-  }
-  return lo < ch->count && ch->pos[lo] == pos ? lo : ch->count;
-}
-
-/* Adds one rank's counts (counts index i) to the ranks and class counts of
- * the step's changes ch (per tensor). */
 typedef struct {
   shard_coded *v;
   size_t n, cap;
@@ -426,15 +334,44 @@ static pulse_status read_coded(pulse_reader *r, size_t i, const pulse_tensor_inf
   return PULSE_OK;
 }
 
-static pulse_status add_counts(const pulse_buffer *buf, size_t i, const pulse_tensor_info *table,
-                               size_t n, const uint8_t id[32], const pulse_encode_opts *opts,
-                               unsigned version, const shard_parts_view *v,
-                               const pulse_changes *ch, uint32_t **rank, uint32_t **hist,
-                               coded_list *coded) {
+/* One rank's section of one tensor in its counts, walked chunk by chunk
+ * while the tensor is coded: `e` reads its entries (the next one's
+ * position and contribution in pos, contrib while ej < nc), `h` its class
+ * counts (hj of nh read). */
+typedef struct {
+  size_t counts; /* index of the counts it is in */
+  uint64_t tensor, nc, nh, ej, hj, pos, contrib;
+  pulse_reader e;
+  const uint8_t *h;
+} count_section;
+
+typedef struct {
+  count_section *v;
+  size_t n, cap;
+} section_list;
+
+#define SHARD_HIST_ENTRY (8u + 4u * PULSE_CLASS_COUNT)
+
+/* Reads section s's entry ej into s->pos, s->contrib (entries were checked
+ * by check_counts). */
+static void section_next(count_section *s) {
+  uint64_t gap = pulse_reader_varint(&s->e), contrib = pulse_reader_varint(&s->e);
+  s->pos = s->ej == 0 ? gap : s->pos + 1 + gap;
+  s->contrib = contrib;
+}
+
+/* Checks one rank's counts (counts index i: header, sections, entries,
+ * class counts, coded chunks), records its sections into the list and its
+ * coded chunks (borrowing their bytes); nothing is summed yet. */
+static pulse_status check_counts(const pulse_buffer *buf, size_t i,
+                                 const pulse_tensor_info *table, size_t n, const uint8_t id[32],
+                                 const pulse_encode_opts *opts, unsigned version,
+                                 const shard_parts_view *v, section_list *secs,
+                                 coded_list *coded) {
   uint32_t log2 = opts->chunk_log2;
   const uint8_t *p = buf->data;
   size_t left = buf->size;
-  const uint64_t hentry = 8 + 4 * PULSE_CLASS_COUNT;
+  const uint64_t hentry = SHARD_HIST_ENTRY;
   if (p == NULL || left < SHARD_COUNT_HEADER || memcmp(p, SHARD_COUNT_MAGIC, 8) != 0 ||
       pulse_load_le32(p + 8) != SHARD_WIRE_VERSION || pulse_load_le32(p + 12) != log2 ||
       memcmp(p + 16, id, 32) != 0 || pulse_load_le64(p + 48) != v->step.a ||
@@ -466,25 +403,29 @@ static pulse_status add_counts(const pulse_buffer *buf, size_t i, const pulse_te
         return pulse_fail(PULSE_ERR_CORRUPT, "shard: counts %zu: section %llu: entry %llu is "
                           "inconsistent", i, (unsigned long long)q, (unsigned long long)j);
       pos = j == 0 ? gap : pos + 1 + gap;
-      uint64_t at = change_index(&ch[t], pos);
-      if (at == ch[t].count)
-        return pulse_fail(PULSE_ERR_CORRUPT,
-                          "shard: counts %zu name element %llu of '%s', which no part changes",
-                          i, (unsigned long long)pos, table[t].name);
-      rank[t][at] += (uint32_t)contrib;
     }
     if (e.left != 0)
       return pulse_fail(PULSE_ERR_CORRUPT, "shard: counts %zu: section %llu has %zu bytes too "
                         "many", i, (unsigned long long)q, e.left);
+    const uint8_t *h = pulse_reader_span(&r, (size_t)(nh * hentry));
     for (uint64_t j = 0; j < nh; j++) {
-      const uint8_t *h = pulse_reader_span(&r, hentry);
-      uint64_t k = pulse_load_le64(h);
-      if (k > (numel - 1) >> log2)
-        return pulse_fail(PULSE_ERR_CORRUPT, "shard: counts %zu name a chunk out of range", i);
-      uint32_t *dst = hist[t] + k * PULSE_CLASS_COUNT;
-      for (unsigned c = 0; c < PULSE_CLASS_COUNT; c++)
-        dst[c] += pulse_load_le32(h + 8 + 4 * c);
+      uint64_t k = pulse_load_le64(h + j * hentry);
+      /* in chunk order, each once: they are summed as the chunks are coded */
+      if (k > (numel - 1) >> log2 || (j > 0 && k <= pulse_load_le64(h + (j - 1) * hentry)))
+        return pulse_fail(PULSE_ERR_CORRUPT, "shard: counts %zu name a chunk out of range or "
+                          "out of order", i);
     }
+    if (secs->n == secs->cap) {
+      size_t cap = secs->cap ? 2 * secs->cap : 16;
+      count_section *more = realloc(secs->v, cap * sizeof *more);
+      if (more == NULL)
+        return pulse_fail(PULSE_ERR_NOMEM, "shard: encode");
+      secs->v = more, secs->cap = cap;
+    }
+    count_section *sec = &secs->v[secs->n++];
+    *sec = (count_section){i, t, nc, nh, 0, 0, 0, 0, pulse_reader_make(ep, (size_t)eb), h};
+    if (nc > 0)
+      section_next(sec);
   }
   PULSE_TRY(read_coded(&r, i, table, n, log2, coded));
   left = r.left;
@@ -500,30 +441,138 @@ static int by_chunk(const void *a, const void *b) {
   return x->chunk < y->chunk ? -1 : x->chunk > y->chunk;
 }
 
+typedef struct {
+  pulse_bytebuf *v;
+  size_t n, cap;
+} stream_list;
+
+/* The index of the change at `pos` among c's (sorted), or c->count. */
+static uint64_t change_at(const pulse_changes *c, uint64_t pos) {
+  uint64_t lo = 0, hi = c->count;
+  while (lo < hi) {
+    uint64_t mid = lo + (hi - lo) / 2;
+    if (c->pos[mid] < pos)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo < c->count && c->pos[lo] == pos ? lo : c->count;
+}
+
 /* Codes the chunks of tensor t that parts carry changes of (several ranks
- * meet them) from the summed counts, into streams (owned) and the list. */
+ * meet them), one chunk at a time: its changes merged from the parts, the
+ * ranks' contributions and class counts summed from the sections of t
+ * (walked in position order beside it), the stream into streams (owned)
+ * and the list. Holds one chunk's changes, not the tensor's. */
 static pulse_status code_shared(const pulse_tensor_info *info, size_t t, uint64_t numel,
                                 const pulse_encode_opts *opts, unsigned version,
-                                const pulse_changes *ch, const uint32_t *rank,
-                                const uint32_t *hist, pulse_bytebuf *streams, size_t *nstreams,
-                                coded_list *out) {
+                                const shard_parts_view *v, section_list *secs,
+                                stream_list *streams, coded_list *out) {
   uint32_t log2 = opts->chunk_log2;
-  for (uint64_t j = 0; j < ch->count;) {
-    uint64_t k = ch->pos[j] >> log2, e = j;
-    while (e < ch->count && (ch->pos[e] >> log2) == k)
-      e++;
+  size_t ncur = 0;
+  for (size_t b = 0; b < v->nblocks; b++)
+    ncur += v->blocks[b].tensor == t && v->blocks[b].k > 0;
+  part_cursor *cur = calloc(ncur ? ncur : 1, sizeof *cur);
+  if (cur == NULL)
+    return pulse_fail(PULSE_ERR_NOMEM, "shard: encode");
+  ncur = 0;
+  for (size_t b = 0; b < v->nblocks; b++)
+    if (v->blocks[b].tensor == t && v->blocks[b].k > 0)
+      cur[ncur++] = (part_cursor){&v->blocks[b], 0};
+  pulse_status st = PULSE_OK;
+  for (size_t i = 0; i < ncur && st == PULSE_OK; i++)
+    for (uint64_t j = 1; j < cur[i].b->k; j++)
+      if (pulse_load_le64(cur[i].b->pos + 8 * j) <= pulse_load_le64(cur[i].b->pos + 8 * (j - 1))) {
+        st = pulse_fail(PULSE_ERR_CORRUPT, "shard: a part's changes are not in position order");
+        break;
+      }
+  pulse_changes c = PULSE_CHANGES_INIT;
+  one_change *tmp = NULL;
+  uint64_t tmp_cap = 0, rank_cap = 0;
+  uint32_t *rank = NULL, hist[PULSE_CLASS_COUNT];
+  while (st == PULSE_OK) {
+    uint64_t k = UINT64_MAX;
+    for (size_t i = 0; i < ncur; i++)
+      if (cur[i].j < cur[i].b->k) {
+        uint64_t ck = pulse_load_le64(cur[i].b->pos + 8 * cur[i].j) >> log2;
+        k = ck < k ? ck : k;
+      }
+    if (k == UINT64_MAX)
+      break;
+    if ((st = chunk_gather(cur, ncur, k, log2, &c, &tmp, &tmp_cap)) != PULSE_OK)
+      break;
+    for (uint64_t j = 1; j < c.count && st == PULSE_OK; j++)
+      if (c.pos[j] == c.pos[j - 1])
+        st = pulse_fail(PULSE_ERR_ARG, "shard: tensor '%s': two parts change element %llu "
+                        "(blocks overlap)", info->name, (unsigned long long)c.pos[j]);
+    if (st == PULSE_OK && rank_cap < c.count) {
+      uint32_t *more = realloc(rank, (size_t)c.count * sizeof *more);
+      if (more == NULL)
+        st = pulse_fail(PULSE_ERR_NOMEM, "shard: encode");
+      else
+        rank = more, rank_cap = c.count;
+    }
+    if (st != PULSE_OK)
+      break;
+    memset(rank, 0, (size_t)c.count * sizeof *rank);
+    memset(hist, 0, sizeof hist);
+    /* Every rank's entries and class counts of this chunk. */
+    for (size_t q = 0; q < secs->n && st == PULSE_OK; q++) {
+      count_section *x = &secs->v[q];
+      if (x->tensor != t)
+        continue;
+      while (x->ej < x->nc && x->pos >> log2 <= k) {
+        uint64_t at = x->pos >> log2 == k ? change_at(&c, x->pos) : c.count;
+        if (at == c.count) {
+          st = pulse_fail(PULSE_ERR_CORRUPT, "shard: counts %zu name element %llu of '%s', "
+                          "which no part changes", x->counts, (unsigned long long)x->pos,
+                          info->name);
+          break;
+        }
+        rank[at] += (uint32_t)x->contrib;
+        if (++x->ej < x->nc)
+          section_next(x);
+      }
+      for (; x->hj < x->nh; x->hj++) {
+        const uint8_t *h = x->h + x->hj * SHARD_HIST_ENTRY;
+        uint64_t hk = pulse_load_le64(h);
+        if (hk > k)
+          break;
+        for (unsigned cl = 0; hk == k && cl < PULSE_CLASS_COUNT; cl++)
+          hist[cl] += pulse_load_le32(h + 8 + 4 * cl);
+      }
+    }
+    if (st != PULSE_OK)
+      break;
+    if (streams->n == streams->cap) {
+      size_t cap = streams->cap ? 2 * streams->cap : 64;
+      pulse_bytebuf *more = realloc(streams->v, cap * sizeof *more);
+      if (more == NULL) {
+        st = pulse_fail(PULSE_ERR_NOMEM, "shard: encode");
+        break;
+      }
+      streams->v = more, streams->cap = cap;
+    }
+    pulse_bytebuf *b = &streams->v[streams->n++];
+    *b = (pulse_bytebuf)PULSE_BYTEBUF_INIT;
     uint64_t first = k << log2, left = numel - first;
     uint32_t size = (uint32_t)(left < ((uint64_t)1 << log2) ? left : (uint64_t)1 << log2);
-    pulse_bytebuf *b = &streams[(*nstreams)++];
-    pulse_status st = shard_code_chunk(version, opts->pos_model, hist + k * PULSE_CLASS_COUNT,
-                                       size, first, ch, j, (uint32_t)(e - j), rank + j, b);
+    st = shard_code_chunk(version, opts->pos_model, hist, size, first, &c, 0,
+                          (uint32_t)c.count, rank, b);
     if (st != PULSE_OK)
-      return pulse_fail(st, "shard: tensor '%s': %s", info->name, pulse_error_detail());
-    if (b->failed || !coded_push(out, (shard_coded){t, k, e - j, b->data, b->size}))
-      return pulse_fail(PULSE_ERR_NOMEM, "shard: encode");
-    j = e;
+      st = pulse_fail(st, "shard: tensor '%s': %s", info->name, pulse_error_detail());
+    else if (b->failed || !coded_push(out, (shard_coded){t, k, c.count, b->data, b->size}))
+      st = pulse_fail(PULSE_ERR_NOMEM, "shard: encode");
   }
-  return PULSE_OK;
+  /* Entries past the tensor's last changed chunk name what no part changes. */
+  for (size_t q = 0; q < secs->n && st == PULSE_OK; q++)
+    if (secs->v[q].tensor == t && secs->v[q].ej < secs->v[q].nc)
+      st = pulse_fail(PULSE_ERR_CORRUPT, "shard: counts %zu name element %llu of '%s', which "
+                      "no part changes", secs->v[q].counts, (unsigned long long)secs->v[q].pos,
+                      info->name);
+  pulse_changes_free(&c);
+  free(tmp), free(rank), free(cur);
+  return st;
 }
 
 static pulse_status shard_encode(const pulse_tensor_info *table, size_t tensor_count,
@@ -546,18 +595,13 @@ static pulse_status shard_encode(const pulse_tensor_info *table, size_t tensor_c
   PULSE_TRY(shard_table_id(table, tensor_count, id));
   shard_parts_view v;
   PULSE_TRY(shard_view_parts(parts, nparts, tensor_count, id, opts->chunk_log2, &v));
-  uint32_t log2 = opts->chunk_log2;
   size_t n = tensor_count;
-  pulse_changes *ch = calloc(n, sizeof *ch);
   pulse_tensor_digest *bd = calloc(n, sizeof *bd), *td = calloc(n, sizeof *td);
   uint64_t *elems = calloc(n, sizeof *elems);
-  uint32_t **rank = calloc(n, sizeof *rank), **hist = calloc(n, sizeof *hist);
   coded_list coded = {NULL, 0, 0};
-  pulse_bytebuf *streams = NULL;
-  size_t nstreams = 0, shared = 0;
-  pulse_status st = ch && bd && td && elems && rank && hist
-                        ? PULSE_OK
-                        : pulse_fail(PULSE_ERR_NOMEM, "shard: encode");
+  section_list secs = {NULL, 0, 0};
+  stream_list streams = {NULL, 0, 0};
+  pulse_status st = bd && td && elems ? PULSE_OK : pulse_fail(PULSE_ERR_NOMEM, "shard: encode");
   for (size_t b = 0; st == PULSE_OK && b < v.nblocks; b++) {
     const shard_part_block *x = &v.blocks[b];
     bd[x->tensor].a += x->base.a, bd[x->tensor].b += x->base.b;
@@ -568,44 +612,19 @@ static pulse_status shard_encode(const pulse_tensor_info *table, size_t tensor_c
     uint64_t numel = 0;
     if ((st = pulse_shape_numel(table[t].shape, table[t].ndim, &numel)) != PULSE_OK)
       break;
-    if (elems[t] != numel) {
+    if (elems[t] != numel)
       st = pulse_fail(PULSE_ERR_ARG, "shard: tensor '%s': the parts' blocks hold %llu of %llu "
                       "elements", table[t].name, (unsigned long long)elems[t],
                       (unsigned long long)numel);
-      break;
-    }
-    if ((st = tensor_changes(&v, t, NULL, log2, &ch[t])) != PULSE_OK)
-      break;
-    uint64_t k = ch[t].count;
-    for (uint64_t j = 1; j < k && st == PULSE_OK; j++)
-      if (ch[t].pos[j] == ch[t].pos[j - 1])
-        st = pulse_fail(PULSE_ERR_ARG, "shard: tensor '%s': two parts change element %llu "
-                        "(blocks overlap)", table[t].name, (unsigned long long)ch[t].pos[j]);
-    if (st != PULSE_OK)
-      break;
-    uint64_t nck = numel ? ((numel - 1) >> log2) + 1 : 0;
-    for (uint64_t j = 0; j < k; j++)
-      shared += j == 0 || (ch[t].pos[j] >> log2) != (ch[t].pos[j - 1] >> log2);
-    rank[t] = calloc(k ? k : 1, 4);
-    hist[t] = calloc(nck ? nck * PULSE_CLASS_COUNT : 1, 4);
-    if (!rank[t] || !hist[t]) {
-      st = pulse_fail(PULSE_ERR_NOMEM, "shard: encode");
-      break;
-    }
   }
-  /* Every rank's counts: rank contributions and class counts add up; the
-   * streams of the chunks one rank covers come as they are. */
+  /* Every rank's counts checked; the streams of the chunks one rank covers
+   * come as they are, the shared chunks are summed as they are coded. */
   for (size_t i = 0; st == PULSE_OK && i < ncounts; i++)
-    st = add_counts(&counts[i], i, table, n, id, opts, version, &v, ch, rank, hist, &coded);
-  if (st == PULSE_OK && (streams = calloc(shared + 1, sizeof *streams)) == NULL)
-    st = pulse_fail(PULSE_ERR_NOMEM, "shard: encode");
+    st = check_counts(&counts[i], i, table, n, id, opts, version, &v, &secs, &coded);
   for (size_t t = 0; st == PULSE_OK && t < n; t++) {
     uint64_t numel = 0;
     (void)pulse_shape_numel(table[t].shape, table[t].ndim, &numel);
-    st = code_shared(&table[t], t, numel, opts, version, &ch[t], rank[t], hist[t], streams,
-                     &nstreams, &coded);
-    /* The changes are coded: freed before the patch is laid out. */
-    pulse_changes_free(&ch[t]);
+    st = code_shared(&table[t], t, numel, opts, version, &v, &secs, &streams, &coded);
   }
   if (st == PULSE_OK)
     qsort(coded.v, coded.n, sizeof *coded.v, by_chunk);
@@ -626,18 +645,10 @@ static pulse_status shard_encode(const pulse_tensor_info *table, size_t tensor_c
   }
   if (st == PULSE_OK)
     st = shard_patch_write(opts, version, table, n, bd, td, coded.v, coded.n, path, patch);
-  for (size_t t = 0; t < n; t++) {
-    if (ch)
-      pulse_changes_free(&ch[t]);
-    if (rank)
-      free(rank[t]);
-    if (hist)
-      free(hist[t]);
-  }
-  for (size_t i = 0; i < nstreams; i++)
-    pulse_bytebuf_free(&streams[i]);
-  free(streams), free(coded.v);
-  free(ch), free(bd), free(td), free(elems), free(rank), free(hist);
+  for (size_t i = 0; i < streams.n; i++)
+    pulse_bytebuf_free(&streams.v[i]);
+  free(streams.v), free(coded.v), free(secs.v);
+  free(bd), free(td), free(elems);
   shard_view_free(&v);
   return st;
 }
