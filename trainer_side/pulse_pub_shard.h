@@ -37,8 +37,9 @@
  * changes (12 bytes each, freed by advance and abort), its part (12 bytes
  * per change of a shared chunk), the parts cut for it, and its counts:
  * entries for the changes of shared chunks and the streams of its own
- * chunks (about the patch's bytes for those chunks). Coding a chunk holds
- * that chunk's changes, about 20 bytes each, one chunk at a time. The
+ * chunks (about the patch's bytes for those chunks). Counting and coding
+ * walk the parts one changed chunk at a time: beyond the parts and
+ * counts, they hold one chunk's changes, about 20 bytes each. The
  * encoding rank also holds every rank's part and counts (the shared
  * chunks' changes, every rank's streams) and the patch, or with
  * pulse_pub_shard_encode_file the received streams, then the patch: for
