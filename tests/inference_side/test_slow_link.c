@@ -76,9 +76,8 @@ Test(slow_link, a_worker_at_50_kb_per_s_syncs_with_the_default_deadline,
  * trainer that kept stepping, an anchor behind for ever). The server now
  * squashes a catch-up from that step over the objects earlier heads named
  * (server_history.c), and the worker reaches the trainer with one anchor.
- * The trainer pauses after its steps: a catch-up's URL follows the head, so
- * one still downloading when the head moves is abandoned (a catch-up pinned
- * to its target step is not built). About 25 s. */
+ * The trainer pauses after its steps, so the worker's last step is the
+ * trainer's; one that never pauses is the next test's. About 25 s. */
 
 #define LAST_STEP 27
 
