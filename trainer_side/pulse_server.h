@@ -12,6 +12,9 @@
  *                                      step (or one earlier heads' objects
  *                                      still reach) to the head, built (off
  *                                      the HTTP threads, bounded) and cached
+ *   GET /v1/catchup/<step>?to=<s>      the same, pinned to end at step s
+ *                                      (the head or an earlier head it
+ *                                      remembers): immutable
  *   GET /metrics                       Prometheus text
  *   GET /healthz                       liveness
  *
