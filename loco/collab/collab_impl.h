@@ -255,7 +255,10 @@ extern uint64_t loco_collab_test_bandwidth_per_id;
  * fetching the listed payloads; or (phase 4, any member that finishes the
  * round) says "finished" without serving its state of round + 1 and stops
  * for good: a finisher that dies after its word, before anyone imported
- * its state. Phase 0: never (the default). */
+ * its state; or (phase 5, a member that does not write the round) waits
+ * a round timeout and two claim timeouts before it says it is ready, so
+ * the writer leaves it out, and waits 2 s before it joins again. Phase 0:
+ * never (the default). */
 extern uint32_t loco_collab_test_stall_id;
 extern uint64_t loco_collab_test_stall_round;
 extern int loco_collab_test_stall_phase;

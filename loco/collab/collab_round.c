@@ -47,7 +47,7 @@ int loco_collab_test_stall_phase;
 
 /* The test hook (collab_impl.h) at `point` of round r: 1 the writer about
  * to publish its manifest, 2 the writer once it did, 3 a member about to
- * fetch the listed payloads. */
+ * fetch the listed payloads, 4 a member about to say it is ready. */
 static void test_stall(pulse_loco_collab *c, uint64_t r, int writer,
                        int point) {
   int phase = loco_collab_test_stall_phase;
@@ -67,6 +67,9 @@ static void test_stall(pulse_loco_collab *c, uint64_t r, int writer,
       loco_sleep_ms(1000);
   } else if (point == 3 && phase == 3) {
     loco_sleep_ms(1000);
+  } else if (point == 4 && phase == 5 && !writer) {
+    /* Past the writer's wait: left out of the round. */
+    loco_sleep_ms(c->opts.round_timeout_ms + 2u * c->opts.claim_timeout_ms);
   }
 }
 
@@ -278,6 +281,44 @@ typedef struct {
   int listed, settled, state_served;
   uint64_t ex_end;
 } round_state;
+
+/* Whether a serving member answers at base (its view, within a claim
+ * timeout). */
+static int seed_answers(const pulse_loco_collab *c, const char *base) {
+  char url[160];
+  snprintf(url, sizeof url, "%s/v1/loco/members", base);
+  pulse_bytebuf b = PULSE_BYTEBUF_INIT;
+  long status = 0;
+  loco_http_get(url, c->opts.claim_timeout_ms,
+                (size_t)LOCO_MAX_MEMBERS * 256u + 4096u, &b, &status);
+  pulse_bytebuf_free(&b);
+  return status == 200;
+}
+
+/* The seed of a rejoin into buf: rejoin_url when it answers, else the
+ * first serving member of the last view this peer had that answers (the
+ * writer or source that dropped it may have died since, as a finisher
+ * killed right after its word does), else rejoin_url all the same. A
+ * client rejoins through its host (moving to another is its own path). */
+static const char *rejoin_seed(const pulse_loco_collab *c, char *buf,
+                               size_t cap) {
+  snprintf(buf, cap, "%s", c->rejoin_url);
+  if (c->host_url[0] != '\0' || seed_answers(c, c->rejoin_url))
+    return buf;
+  for (size_t i = 0; i < c->nmembers; i++) {
+    const char *u = c->members[i].url;
+    if (c->members[i].id != c->id && strcmp(u, c->rejoin_url) != 0 &&
+        !loco_url_hosted(u, NULL, 0, NULL) && seed_answers(c, u)) {
+      PULSE_LOG_AT(PULSE_LOG_WARN,
+                   "loco collab: %s does not answer; joining again through "
+                   "%s",
+                   c->rejoin_url, u);
+      snprintf(buf, cap, "%s", u);
+      break;
+    }
+  }
+  return buf;
+}
 
 /* Not a member of round r (its writer said so): dropped, rejoining through
  * that writer. */
@@ -581,8 +622,13 @@ pulse_status pulse_loco_collab_round(pulse_loco_collab *c, float *theta_r,
   uint64_t r = pulse_loco_round(c->ctx);
   info->round = r;
   if (c->dropped) {
+    /* Test hook (phase 5, collab_impl.h): time for a test to kill the
+     * member this peer would rejoin through. */
+    if (loco_collab_test_stall_phase == 5 && c->id == loco_collab_test_stall_id)
+      loco_sleep_ms(2000);
+    char seed[sizeof c->rejoin_url];
     pulse_status st = pulse_loco_collab_join(
-        c, c->rejoin_url, theta_r,
+        c, rejoin_seed(c, seed, sizeof seed), theta_r,
         4u * c->opts.round_timeout_ms + 4u * c->opts.claim_timeout_ms);
     info->dropped = st != PULSE_OK;
     info->resynced = st == PULSE_OK;
@@ -619,6 +665,9 @@ pulse_status pulse_loco_collab_round(pulse_loco_collab *c, float *theta_r,
     PULSE_TRY(prepare_own(&s));
     st = serve_own(&s);
   }
+  test_stall(c, r, pulse_loco_collab_writer(c->members, c->nmembers, r, 0) ==
+                      c->id,
+             4);
   st = close_round(&s, st);
   if (st != PULSE_OK) {
     if (c->ctx->prepared)

@@ -109,3 +109,68 @@ Test(collab_fail, an_owner_and_a_finisher_after_its_word_killed_in_one_round,
      .timeout = 120) {
   owner_and_finisher_killed(2);
 }
+
+/* A member left out of a round rejoins through the member that wrote it
+ * (the manifest's source); when that member died since, it rejoins
+ * through another member of its last view instead of ending with an
+ * error. Peer 4 says it is ready past round 1's wait (test hook, phase 5)
+ * and is left out; once it reported round 1, peer 2 (round 1's writer) is
+ * killed, while peer 4 waits 2 s before joining again. */
+#define CF_REJOIN_ROUNDS 60
+
+typedef struct {
+  int killed, left_out, rejoined;
+} cf_rejoin;
+
+static void kill_source_when_left_out(ct_child *ks, size_t n, size_t i,
+                                      const ct_round *r, void *user) {
+  (void)n;
+  cf_rejoin *w = user;
+  if (i != 3)
+    return;
+  if (!w->killed && r->round == CF_ROUND) {
+    w->left_out = !r->included;
+    ct_kill(&ks[1]);
+    w->killed = 1;
+  } else if (w->killed && r->resynced) {
+    w->rejoined = 1;
+  }
+}
+
+Test(collab_fail, a_member_left_out_rejoins_through_another_when_its_source_died,
+     .timeout = 180) {
+  ct_child ks[CF_N];
+  ct_partitioned = 0;
+  ct_round_timeout_ms = CT_KILL_ROUND_TIMEOUT_MS;
+  loco_collab_test_stall_id = 4;
+  loco_collab_test_stall_round = CF_ROUND;
+  loco_collab_test_stall_phase = 5;
+  for (uint32_t i = 0; i < CF_N; i++) {
+    ct_peer_cfg cfg = {i + 1, 4, 96, CF_REJOIN_ROUNDS, -1, CT_KILL_STEP_US};
+    ct_spawn(&ks[i], &cfg);
+  }
+  loco_collab_test_stall_phase = 0;
+  ct_round_timeout_ms = 0;
+  for (size_t i = 0; i < CF_N; i++)
+    ct_hello(&ks[i]);
+  ct_start(ks, CF_N);
+  static ct_log log;
+  memset(&log, 0, sizeof log);
+  cf_rejoin w = {0, 0, 0};
+  /* A dead member costs the survivors a wait; the rejoin a round or two:
+   * a minute and a half at most, loaded. */
+  ct_collect_spins = 9000;
+  ct_collect(ks, CF_N, &log, kill_source_when_left_out, &w);
+  ct_collect_spins = 0;
+  cr_assert(w.killed, "peer 4 never reported round %d", CF_ROUND);
+  cr_assert(w.left_out, "peer 4 was not left out of round %d", CF_ROUND);
+  cr_assert(w.rejoined, "peer 4 did not join again");
+  size_t alive[] = {0, 2, 3};
+  for (size_t a = 0; a < 3; a++) {
+    size_t i = alive[a];
+    cr_assert_eq(log.final_round[i], CF_REJOIN_ROUNDS, "peer %zu", i + 1);
+    cr_assert_eq(log.final_digest[i], log.final_digest[0],
+                 "peer %zu ends apart from peer 1", i + 1);
+  }
+  ct_quit(ks, CF_N);
+}
