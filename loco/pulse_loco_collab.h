@@ -137,13 +137,26 @@ typedef struct {
    * must outlive the peer. */
   const pulse_sign_key *sign_key;
   /* The members' keys (copied): a peer checks what it loads against
-   * these and its own; a joiner's key must be here at every member that
-   * may load its state, and the members' at the joiner. */
+   * these and its own. A joiner's key is here at the members, or the
+   * joiner brings an admission (below). A joiner pins the keys of the
+   * members it checks (the founders', or at least its sponsor's and its
+   * seed's, as a joiner of the coordinator exchange does); members
+   * admitted since are learned from their key blobs. */
   const pulse_loco_member_key *member_keys;
   size_t member_key_count;
+  /* A joiner whose key is pinned nowhere: a member's admission of it
+   * (pulse_loco_collab_admit), sent with its signed join and served in its
+   * key blob (GET /v1/loco/key). The member that takes the join and the
+   * writer that lists it check it (the sponsor a member of the current
+   * round, the signature, the round not past); the others learn the key
+   * from the blob when they first meet the new member's signed bodies and
+   * check the admission themselves (docs/protocols/loco-exchange.md
+   * "Authentication"). NULL: none. Copied; must be for sign_key's public
+   * key (PULSE_ERR_ARG otherwise). */
+  const pulse_loco_admission *admission;
 } pulse_loco_collab_opts;
 
-#define PULSE_LOCO_COLLAB_OPTS_VERSION 6u
+#define PULSE_LOCO_COLLAB_OPTS_VERSION 7u
 /** Sets every field of *opts to its default (struct_version included):
  * the one way to start options; then set the fields you need. */
 void pulse_loco_collab_opts_init(pulse_loco_collab_opts *opts);
@@ -180,6 +193,17 @@ void pulse_loco_collab_hosted(const pulse_loco_collab *c, uint64_t *stored,
 pulse_status pulse_loco_collab_start(pulse_loco_collab *c,
                                      const pulse_loco_member *members,
                                      size_t count);
+
+/** Admits the key `newcomer` (a peer that will join with this admission
+ * in its options, its key pinned nowhere) on behalf of this member, valid
+ * while the collaboration has not passed round `until_round`. The peer
+ * must authenticate (sign_key). The same admission as the coordinator
+ * exchange's (pulse_loco_coord_admit, the pulse-loco-admit/1 text).
+ * @return PULSE_OK; PULSE_ERR_ARG (no key, NULL); PULSE_ERR_INTERNAL. */
+pulse_status pulse_loco_collab_admit(const pulse_loco_collab *c,
+                                     const uint8_t newcomer[PULSE_KEY_BYTES],
+                                     uint64_t until_round,
+                                     pulse_loco_admission *out);
 
 /** Joins through any member at seed_url (a client-mode member's URL: through
  * its host): asks every member to admit it,

@@ -91,6 +91,7 @@ void collab_set_members(pulse_loco_collab *c, const pulse_loco_member *m,
   memmove(c->members, m, count * sizeof *m);
   c->nmembers = count;
   c->cur_round = pulse_loco_round(c->ctx);
+  collab_auth_listed_locked(c, m, count);
   /* Joiners the members now list are no longer pending. */
   size_t q = 0;
   for (size_t i = 0; i < c->npending; i++)
@@ -175,6 +176,7 @@ pulse_status pulse_loco_collab_create(const pulse_loco_collab_opts *opts,
   c->opts.client_of = NULL;
   c->opts.member_keys = NULL; /* copied into the handle */
   c->opts.member_key_count = 0;
+  c->opts.admission = NULL; /* copied too */
   c->ctx = ctx;
   c->id = pulse_loco_trainer_id(ctx);
   pthread_mutex_init(&c->lock, NULL);
@@ -197,6 +199,11 @@ pulse_status pulse_loco_collab_create(const pulse_loco_collab_opts *opts,
   if (c->auth != NULL) { /* claims, readinesses, acknowledgements checked */
     loco_server_set_gate(c->srv, collab_auth_gate, c);
     loco_server_set_reply_signer(c->srv, collab_auth_sign_reply, c);
+  }
+  st = collab_auth_publish_key(c); /* what the others learn its key from */
+  if (st != PULSE_OK) {
+    pulse_loco_collab_free(c);
+    return st;
   }
   if (client_of != NULL) {
     snprintf(c->host_url, sizeof c->host_url, "%s", client_of);
@@ -276,12 +283,14 @@ static pulse_status get_view(pulse_loco_collab *c, const char *base,
    * peer's round (auth hook); parsed first, nothing taken from it yet. */
   if (st == PULSE_OK &&
       (!collab_auth_accept(c, PULSE_LOCO_AUTH_MEMBERS, pulse_loco_round(c->ctx),
-                           view->round, &sig, b.data, b.size) ||
+                           view->round, base, &sig, b.data, b.size) ||
        (c->auth != NULL && sig.round != view->round))) {
     loco_manifest_free(view);
     st = pulse_fail(PULSE_ERR_CORRUPT, "loco collab: the view at %s is "
                                        "refused",
                     url);
+  } else if (st == PULSE_OK) {
+    collab_auth_note_view(c, view); /* where its members' keys are learned */
   }
   pulse_bytebuf_free(&b);
   return st;
@@ -354,8 +363,8 @@ pulse_status collab_get_state(pulse_loco_collab *c, const char *base,
     c->fetched += b.size;
     /* Signed by a member for that round (auth hook): refused, nothing is
      * imported. */
-    if (!collab_auth_accept(c, PULSE_LOCO_AUTH_STATE, round, round, &sig,
-                            b.data, b.size))
+    if (!collab_auth_accept(c, PULSE_LOCO_AUTH_STATE, round, round, base,
+                            &sig, b.data, b.size))
       st = pulse_fail(PULSE_ERR_CORRUPT,
                       "loco collab: the state of round %" PRIu64
                       " at %s is refused",
@@ -408,13 +417,13 @@ pulse_status pulse_loco_collab_join(pulse_loco_collab *c, const char *seed,
       /* Ask every member: whoever writes the next round admits (a
        * client-mode member's URL reaches its host, which ignores it). */
       for (size_t i = 0; i < view.nmembers; i++) {
-        char text[160], query[320], url[600];
+        char text[160], query[640], url[900];
         long status;
         snprintf(text, sizeof text, "/v1/loco/join?id=%u&url=%s", c->id,
                  c->url);
-        /* Signed by this joiner (auth hook). */
-        collab_auth_query(c, PULSE_LOCO_AUTH_JOIN, pulse_loco_round(c->ctx),
-                          text, query, sizeof query);
+        /* Signed by this joiner, with its admission when it has one (auth
+         * hook). */
+        collab_auth_join_query(c, text, query, sizeof query);
         snprintf(url, sizeof url, "%s%s%s", view.members[i].url, text, query);
         loco_http_post(url, 300, &status);
       }

@@ -17,15 +17,198 @@ static int accept_by_window(pulse_loco_collab *c, pulse_loco_auth_kind kind,
                             uint64_t floor, uint64_t ceiling, uint32_t id,
                             const loco_sig *sig, uint64_t size,
                             const uint8_t sha[32]);
+static int pinned_key_locked(const pulse_loco_collab *c, uint32_t id,
+                             uint8_t key[PULSE_KEY_BYTES]);
+static int learn_key(pulse_loco_collab *c, uint32_t id, const char *base);
+
+/* ------------------------------------------------------------ pinned keys */
+
+/* The key bound to trainer id into key. Caller holds lock. @return 1 when
+ * there is one. */
+static int pinned_key_locked(const pulse_loco_collab *c, uint32_t id,
+                             uint8_t key[PULSE_KEY_BYTES]) {
+  for (size_t i = 0; i < c->auth_npins; i++)
+    if (c->auth_pins[i].id == id) {
+      memcpy(key, c->auth_pins[i].key, PULSE_KEY_BYTES);
+      return 1;
+    }
+  return 0;
+}
+
+/* Binds id to key, listable through round `until`. Caller holds lock.
+ * @return 1 when bound (or already so), 0 when the id has another key or
+ * the key speaks for another id, -1 out of memory. */
+static int pin_locked(pulse_loco_collab *c, uint32_t id, const uint8_t *key,
+                      uint64_t until) {
+  for (size_t i = 0; i < c->auth_npins; i++) {
+    int same_id = c->auth_pins[i].id == id;
+    int same_key = memcmp(c->auth_pins[i].key, key, PULSE_KEY_BYTES) == 0;
+    if (same_id && same_key) {
+      if (c->auth_until[i] != UINT64_MAX && until > c->auth_until[i])
+        c->auth_until[i] = until;
+      return 1;
+    }
+    if (same_id || same_key)
+      return 0;
+  }
+  if (c->auth_npins == c->auth_cappins) {
+    size_t cap = 2 * c->auth_cappins;
+    pulse_loco_member_key *p = realloc(c->auth_pins, cap * sizeof *p);
+    if (p == NULL)
+      return -1;
+    c->auth_pins = p;
+    uint64_t *u = realloc(c->auth_until, cap * sizeof *u);
+    if (u == NULL)
+      return -1;
+    c->auth_until = u;
+    c->auth_cappins = cap;
+  }
+  c->auth_pins[c->auth_npins].id = id;
+  memcpy(c->auth_pins[c->auth_npins].key, key, PULSE_KEY_BYTES);
+  c->auth_until[c->auth_npins++] = until;
+  return 1;
+}
+
+void collab_auth_listed_locked(pulse_loco_collab *c,
+                               const pulse_loco_member *m, size_t count) {
+  for (size_t i = 0; c->auth != NULL && i < c->auth_npins; i++)
+    if (c->auth_until[i] != UINT64_MAX &&
+        loco_member_find(m, count, c->auth_pins[i].id) >= 0)
+      c->auth_until[i] = UINT64_MAX;
+}
+
+int collab_auth_listable_locked(const pulse_loco_collab *c, uint32_t id,
+                                uint64_t r) {
+  if (c->auth == NULL)
+    return 1;
+  for (size_t i = 0; i < c->auth_npins; i++)
+    if (c->auth_pins[i].id == id)
+      return r <= c->auth_until[i];
+  return 0;
+}
+
+/* Learns the key of trainer id, a member of the current round admitted
+ * after this peer started, from its key blob (GET /v1/loco/key at its
+ * URL; at `base` when id is UINT32_MAX: the member serving there): bound
+ * when a member's admission of it holds (the sponsor a member, the
+ * signature verifies; its round window was the admitting member's check).
+ * As the coordinator exchange does (coordinator_auth.c). @return 1 when
+ * a key was bound. */
+static int learn_key(pulse_loco_collab *c, uint32_t id, const char *base) {
+  char url[160];
+  url[0] = '\0';
+  pthread_mutex_lock(&c->lock);
+  for (size_t i = 0; i < c->nmembers; i++) {
+    const pulse_loco_member *m = &c->members[i];
+    if (m->id == c->id || (id != UINT32_MAX ? m->id != id
+                                            : base == NULL ||
+                                                  strcmp(m->url, base) != 0))
+      continue;
+    id = m->id;
+    /* A client-mode member's URL is its host's: no key blob of its own. */
+    if (!loco_url_hosted(m->url, NULL, 0, NULL))
+      snprintf(url, sizeof url, "%s/v1/loco/key", m->url);
+    break;
+  }
+  /* Not a member of this peer's round yet (a joiner addressed as a
+   * writer before its first round): the last signed view it accepted. */
+  for (size_t i = 0; i < c->auth_nview && url[0] == '\0' && id != UINT32_MAX;
+       i++) {
+    const pulse_loco_member *m = &c->auth_view[i];
+    if (m->id == id && m->id != c->id &&
+        !loco_url_hosted(m->url, NULL, 0, NULL))
+      snprintf(url, sizeof url, "%s/v1/loco/key", m->url);
+  }
+  uint8_t key[PULSE_KEY_BYTES];
+  int known = id != UINT32_MAX && pinned_key_locked(c, id, key);
+  pthread_mutex_unlock(&c->lock);
+  if (url[0] == '\0' || known)
+    return 0;
+  pulse_bytebuf b = PULSE_BYTEBUF_INIT;
+  long status = 0;
+  pulse_status st = loco_http_get(url, c->opts.claim_timeout_ms,
+                                  LOCO_AUTH_KEY_BLOB_MAX, &b, &status);
+  uint32_t claimed = 0;
+  int admitted = 0, ok = 0;
+  pulse_loco_admission adm;
+  if (st == PULSE_OK && status == 200)
+    ok = loco_auth_key_blob_parse(b.data, b.size, &claimed, key, &admitted,
+                                  &adm) &&
+         claimed == id && admitted;
+  pulse_bytebuf_free(&b);
+  if (!ok)
+    return 0;
+  pthread_mutex_lock(&c->lock);
+  /* Its admission's sponsor must be a member this peer knows; a key that
+   * speaks for another id, or an id with another key, is not bound. */
+  ok = pulse_loco_auth_admit_seen(c->auth, adm.round, key, adm.sponsor,
+                                  adm.sig) == PULSE_OK &&
+       pin_locked(c, id, key, UINT64_MAX) == 1;
+  pthread_mutex_unlock(&c->lock);
+  if (ok)
+    PULSE_LOG_AT(PULSE_LOG_INFO,
+                 "loco collab: peer %u: learned trainer %u's key (admitted "
+                 "until round %llu)",
+                 c->id, id, (unsigned long long)adm.round);
+  return ok;
+}
+
+void collab_auth_note_view(pulse_loco_collab *c, const loco_manifest *view) {
+  if (c->auth == NULL || view->nmembers == 0)
+    return;
+  pthread_mutex_lock(&c->lock);
+  pulse_loco_member *m =
+      realloc(c->auth_view, view->nmembers * sizeof *c->auth_view);
+  if (m != NULL) { /* else the last one stays */
+    memcpy(m, view->members, view->nmembers * sizeof *m);
+    c->auth_view = m;
+    c->auth_nview = view->nmembers;
+  }
+  pthread_mutex_unlock(&c->lock);
+}
+
+pulse_status collab_auth_publish_key(pulse_loco_collab *c) {
+  if (c->auth == NULL)
+    return PULSE_OK;
+  char text[LOCO_AUTH_KEY_BLOB_MAX];
+  pthread_mutex_lock(&c->lock);
+  int len = loco_auth_key_blob_write(text, sizeof text, c->id,
+                                     c->auth_pins[0].key, /* its own */
+                                     c->has_admission ? &c->admission : NULL);
+  pthread_mutex_unlock(&c->lock);
+  if (len < 0)
+    return pulse_fail(PULSE_ERR_INTERNAL, "loco collab: key blob");
+  return loco_server_put(c->srv, "/v1/loco/key", text, (size_t)len);
+}
+
+pulse_status pulse_loco_collab_admit(const pulse_loco_collab *c,
+                                     const uint8_t newcomer[PULSE_KEY_BYTES],
+                                     uint64_t until_round,
+                                     pulse_loco_admission *out) {
+  if (c == NULL || newcomer == NULL || out == NULL || c->auth == NULL)
+    return pulse_fail(PULSE_ERR_ARG,
+                      "loco collab: admit needs a peer that authenticates "
+                      "(sign_key)");
+  pthread_mutex_t *lock = (pthread_mutex_t *)&c->lock;
+  memcpy(out->key, newcomer, PULSE_KEY_BYTES);
+  out->round = until_round;
+  pthread_mutex_lock(lock);
+  memcpy(out->sponsor, c->auth_pins[0].key, PULSE_KEY_BYTES); /* its own */
+  pulse_status st =
+      pulse_loco_auth_admit_sign(c->auth, until_round, newcomer, out->sig);
+  pthread_mutex_unlock(lock);
+  return st;
+}
 
 pulse_status collab_auth_start(pulse_loco_collab *c,
                                const pulse_loco_collab_opts *o) {
   c->auth = NULL;
   if (o->sign_key == NULL) {
-    if (o->member_key_count > 0)
+    if (o->member_key_count > 0 || o->admission != NULL)
       return pulse_fail(PULSE_ERR_ARG,
-                        "loco collab: members' keys but no key of this peer: "
-                        "the others could not check what it serves");
+                        "loco collab: members' keys or an admission but no "
+                        "key of this peer: the others could not check what "
+                        "it serves");
     return PULSE_OK;
   }
   if ((o->member_keys == NULL && o->member_key_count > 0) ||
@@ -55,9 +238,22 @@ pulse_status collab_auth_start(pulse_loco_collab *c,
     }
     memcpy(keys + PULSE_KEY_BYTES * i, o->member_keys[i].key, PULSE_KEY_BYTES);
   }
+  if (o->admission != NULL &&
+      memcmp(o->admission->key, own, PULSE_KEY_BYTES) != 0) {
+    free(keys);
+    return pulse_fail(PULSE_ERR_ARG,
+                      "loco collab: the admission is for another key than "
+                      "this peer's");
+  }
+  if (o->admission != NULL) {
+    c->has_admission = 1;
+    c->admission = *o->admission;
+  }
   /* By id, this peer's own included (for what a named trainer signs). */
-  c->auth_pins = malloc((o->member_key_count + 1) * sizeof *c->auth_pins);
-  if (c->auth_pins == NULL) {
+  c->auth_cappins = o->member_key_count + 1 + 16;
+  c->auth_pins = malloc(c->auth_cappins * sizeof *c->auth_pins);
+  c->auth_until = malloc(c->auth_cappins * sizeof *c->auth_until);
+  if (c->auth_pins == NULL || c->auth_until == NULL) {
     free(keys);
     return pulse_fail(PULSE_ERR_NOMEM, "loco collab: keys");
   }
@@ -66,6 +262,8 @@ pulse_status collab_auth_start(pulse_loco_collab *c,
   c->auth_npins = 1;
   for (size_t i = 0; i < o->member_key_count; i++)
     c->auth_pins[c->auth_npins++] = o->member_keys[i];
+  for (size_t i = 0; i < c->auth_npins; i++)
+    c->auth_until[i] = UINT64_MAX;
   pulse_loco_auth_opts ao;
   pulse_loco_auth_opts_init(&ao);
   ao.key = o->sign_key;
@@ -80,8 +278,13 @@ void collab_auth_stop(pulse_loco_collab *c) {
   pulse_loco_auth_free(c->auth);
   c->auth = NULL;
   free(c->auth_pins);
+  free(c->auth_until);
+  free(c->auth_view);
+  c->auth_view = NULL;
+  c->auth_nview = 0;
   c->auth_pins = NULL;
-  c->auth_npins = 0;
+  c->auth_until = NULL;
+  c->auth_npins = c->auth_cappins = 0;
   loco_tamper_clear(&c->tamper);
 }
 
@@ -193,20 +396,27 @@ static int accept_by_window(pulse_loco_collab *c, pulse_loco_auth_kind kind,
                             const uint8_t sha[32]) {
   if (c->auth == NULL)
     return 1;
-  const uint8_t *key = NULL;
-  for (size_t i = 0; i < c->auth_npins && key == NULL; i++)
-    if (c->auth_pins[i].id == id)
-      key = c->auth_pins[i].key;
   loco_sig bound;
   if (sig != NULL && sig->present) {
+    uint8_t key[PULSE_KEY_BYTES];
+    pthread_mutex_lock(&c->lock);
+    int have = pinned_key_locked(c, id, key);
+    pthread_mutex_unlock(&c->lock);
+    /* A member admitted after this peer started: learn its key (not for
+     * an unsigned body: nothing to check it with anyway). */
+    if (!have && learn_key(c, id, NULL)) {
+      pthread_mutex_lock(&c->lock);
+      have = pinned_key_locked(c, id, key);
+      pthread_mutex_unlock(&c->lock);
+    }
     pthread_mutex_lock(&c->lock);
     int member = pulse_loco_auth_is_member(c->auth, sig->key);
-    if (member && key == NULL) {
+    if (member && !have) {
       c->auth_foreign_extra++;
       c->auth_refused_kind[kind - 1]++;
     }
     pthread_mutex_unlock(&c->lock);
-    if (member && key == NULL) {
+    if (member && !have) {
       PULSE_LOG_AT(PULSE_LOG_WARN,
                    "loco collab: peer %u: a %s of round %llu from trainer "
                    "%u, whose key is not pinned: refused",
@@ -312,10 +522,19 @@ int collab_auth_outcome(pulse_loco_collab *c, uint64_t r, uint32_t id,
 }
 
 int collab_auth_accept(pulse_loco_collab *c, pulse_loco_auth_kind kind,
-                       uint64_t floor, uint64_t ceiling, const loco_sig *sig,
-                       const void *data, size_t size) {
+                       uint64_t floor, uint64_t ceiling, const char *base,
+                       const loco_sig *sig, const void *data, size_t size) {
   if (c->auth == NULL)
     return 1;
+  if (sig != NULL && sig->present && base != NULL) {
+    pthread_mutex_lock(&c->lock);
+    int member = pulse_loco_auth_is_member(c->auth, sig->key);
+    pthread_mutex_unlock(&c->lock);
+    /* Any member's signature holds: the member serving at base, admitted
+     * after this peer started, is learned first. */
+    if (!member)
+      learn_key(c, UINT32_MAX, base);
+  }
   uint8_t sha[32];
   loco_sha256(data, size, sha);
   return collab_auth_accept_digest(c, kind, floor, ceiling, sig, size, sha);
@@ -376,6 +595,7 @@ void collab_auth_metrics(pulse_loco_collab *c, pulse_bytebuf *text) {
   f.forged += c->auth_forged_extra;
   f.foreign += c->auth_foreign_extra;
   memcpy(by_kind, c->auth_refused_kind, sizeof by_kind);
+  uint64_t joins_refused = c->auth_joins_refused;
   pthread_mutex_unlock(&c->lock);
   pulse_bytebuf_printf(
       text,
@@ -390,12 +610,21 @@ void collab_auth_metrics(pulse_loco_collab *c, pulse_bytebuf *text) {
       "pulse_loco_auth_refused_total{reason=\"forged\"} %llu\n"
       "pulse_loco_auth_refused_total{reason=\"replayed\"} %llu\n"
       "pulse_loco_auth_refused_total{reason=\"foreign\"} %llu\n"
+      "# HELP pulse_loco_auth_admitted_total Members admitted by a member's "
+      "signature.\n"
+      "# TYPE pulse_loco_auth_admitted_total counter\n"
+      "pulse_loco_auth_admitted_total %llu\n"
+      "# HELP pulse_loco_auth_joins_refused_total Joins refused (no pinned "
+      "key, no valid admission).\n"
+      "# TYPE pulse_loco_auth_joins_refused_total counter\n"
+      "pulse_loco_auth_joins_refused_total %llu\n"
       "# HELP pulse_loco_auth_refused_kind_total The same refusals by what "
       "was refused.\n"
       "# TYPE pulse_loco_auth_refused_kind_total counter\n",
       (unsigned long long)f.accepted, (unsigned long long)f.unsigned_bodies,
       (unsigned long long)f.forged, (unsigned long long)f.replayed,
-      (unsigned long long)f.foreign);
+      (unsigned long long)f.foreign, (unsigned long long)f.admitted,
+      (unsigned long long)joins_refused);
   for (unsigned k = 0; k < PULSE_LOCO_AUTH_KINDS; k++)
     pulse_bytebuf_printf(text,
                          "pulse_loco_auth_refused_kind_total{kind=\"%s\"} "
@@ -451,6 +680,93 @@ static pulse_loco_auth_kind signed_post(const char *path, uint64_t *r) {
   return 0;
 }
 
+/* A join (server thread) of trainer id whose key (sig->key) nobody
+ * pinned here, with a member's admission of that key in its query: the
+ * join's own signature must verify under the key, the sponsor be a member
+ * of the current round, the admission's signature verify and its round
+ * not be past (pulse_loco_auth_admit); then the key is bound to id,
+ * listable while the admission holds. The join is then checked as any
+ * (its number). @return 0: nothing to admit here (a pinned id, no
+ * signature, no admission: the join's own check decides, a key no member
+ * pinned or admitted being foreign); 1: admitted; -1: refused (counted by
+ * reason and kind). */
+static int join_admission(pulse_loco_collab *c, uint32_t id,
+                          const loco_sig *sig, size_t len,
+                          const uint8_t sha[32],
+                          const char *(*query)(void *rq, const char *key),
+                          void *rq) {
+  uint8_t key[PULSE_KEY_BYTES];
+  pulse_loco_admission adm;
+  if (!sig->present)
+    return 0;
+  pthread_mutex_lock(&c->lock);
+  int pinned = pinned_key_locked(c, id, key);
+  /* Pinned, or listed once (for good, as a pinned key); or a key that is
+   * another trainer's. An admitted joiner not listed yet may bring a
+   * newer admission of the same key. */
+  int known = pinned ? collab_auth_listable_locked(c, id, UINT64_MAX) ||
+                           memcmp(key, sig->key, PULSE_KEY_BYTES) != 0
+                     : pulse_loco_auth_is_member(c->auth, sig->key);
+  pthread_mutex_unlock(&c->lock);
+  if (known || !loco_auth_admission_read(query, rq, sig->key, &adm))
+    return 0;
+  const char *why = NULL;
+  pulse_status st = PULSE_OK;
+  /* Its own signature first: a join that its key did not sign (another
+   * trainer's admission replayed under this id) binds nothing. */
+  int signed_ok = loco_auth_verify_body(PULSE_LOCO_AUTH_JOIN, sig->round,
+                                        sig->key, len, sha, sig->sig);
+  pthread_mutex_lock(&c->lock);
+  uint32_t sponsor = UINT32_MAX;
+  for (size_t i = 0; i < c->auth_npins && sponsor == UINT32_MAX; i++)
+    if (memcmp(c->auth_pins[i].key, adm.sponsor, PULSE_KEY_BYTES) == 0)
+      sponsor = c->auth_pins[i].id;
+  if (!signed_ok) {
+    c->auth_forged_extra++;
+    why = "the join's signature does not verify under its key";
+  } else if (sponsor == UINT32_MAX ||
+             loco_member_find(c->members, c->nmembers, sponsor) < 0) {
+    c->auth_foreign_extra++;
+    why = "its sponsor is no member of this round";
+  } else {
+    /* Valid while the group has not passed its round (older: a replay). */
+    pulse_loco_auth_round(c->auth, c->cur_round);
+    st = pulse_loco_auth_admit(c->auth, adm.round, sig->key, adm.sponsor,
+                               adm.sig);
+    if (st != PULSE_OK)
+      why = "the admission does not hold";
+    else if (pin_locked(c, id, sig->key, adm.round) != 1)
+      why = "no room, or the key is another trainer's";
+  }
+  if (why != NULL)
+    c->auth_refused_kind[PULSE_LOCO_AUTH_JOIN - 1]++;
+  uint64_t round = c->cur_round;
+  pthread_mutex_unlock(&c->lock);
+  if (why != NULL) {
+    PULSE_LOG_AT(PULSE_LOG_WARN,
+                 "loco collab: peer %u: trainer %u's join refused at round "
+                 "%llu: %s%s%s",
+                 c->id, id, (unsigned long long)round, why,
+                 st != PULSE_OK ? ": " : "",
+                 st != PULSE_OK ? pulse_error_detail() : "");
+    return -1;
+  }
+  PULSE_LOG_AT(PULSE_LOG_INFO,
+               "loco collab: peer %u: trainer %u admitted by trainer %u's "
+               "admission (until round %llu)",
+               c->id, id, sponsor, (unsigned long long)adm.round);
+  return 1;
+}
+
+void collab_auth_join_query(pulse_loco_collab *c, const char *text, char *dst,
+                            size_t cap) {
+  collab_auth_query(c, PULSE_LOCO_AUTH_JOIN, pulse_loco_round(c->ctx), text,
+                    dst, cap);
+  size_t used = strlen(dst);
+  if (c->auth != NULL && c->has_admission && used > 0 && used < cap)
+    loco_auth_admission_query(&c->admission, dst + used, cap - used);
+}
+
 unsigned collab_auth_gate(void *user, const char *path,
                           const char *(*query)(void *rq, const char *key),
                           void *rq, char *reply, size_t cap) {
@@ -470,11 +786,32 @@ unsigned collab_auth_gate(void *user, const char *path,
     return 0;
   uint8_t sha[32];
   loco_sha256((const uint8_t *)text, (size_t)len, sha);
+  if (kind == PULSE_LOCO_AUTH_JOIN) {
+    /* A key nobody pinned comes in on a member's admission, or not at
+     * all. */
+    int admitted = join_admission(c, (uint32_t)id, &sig, (size_t)len, sha,
+                                  query, rq);
+    if (admitted < 0) {
+      pthread_mutex_lock(&c->lock);
+      c->auth_joins_refused++;
+      pthread_mutex_unlock(&c->lock);
+      snprintf(reply, cap,
+               "{\"error\":\"join refused: the admission of trainer %llu "
+               "does not hold\"}",
+               id);
+      return COLLAB_UNVERIFIED;
+    }
+  }
   /* A joiner runs no round of the group yet: any round of its own. */
   uint64_t ceiling = kind == PULSE_LOCO_AUTH_JOIN ? UINT64_MAX : r;
   if (accept_by_window(c, kind, r, ceiling, (uint32_t)id, &sig, (size_t)len,
                        sha))
     return 0;
+  if (kind == PULSE_LOCO_AUTH_JOIN) {
+    pthread_mutex_lock(&c->lock);
+    c->auth_joins_refused++;
+    pthread_mutex_unlock(&c->lock);
+  }
   snprintf(reply, cap,
            "{\"error\":\"not signed by trainer %llu for round "
            "%llu\"}",

@@ -201,7 +201,8 @@ static uint64_t wait_readiness(close_state *s, uint64_t end) {
       c->closed = 1;
       memcpy(s->rec, c->rec, s->M * sizeof *s->rec);
       for (size_t i = 0; i < c->npending; i++)
-        if (loco_member_find(c->members, c->nmembers, c->pending[i].id) < 0) {
+        if (loco_member_find(c->members, c->nmembers, c->pending[i].id) < 0 &&
+            collab_auth_listable_locked(c, c->pending[i].id, s->r)) {
           s->pend[s->npend].id = c->pending[i].id;
           snprintf(s->pend[s->npend].url, sizeof s->pend[s->npend].url, "%s",
                    c->pending[i].url);

@@ -85,8 +85,24 @@ struct pulse_loco_collab {
    * decided here (a body of a later round: forged), under lock. */
   pulse_loco_auth *auth;
   uint64_t auth_forged_extra, auth_foreign_extra;
-  pulse_loco_member_key *auth_pins; /* the members' keys by id (copied) */
-  size_t auth_npins;
+  /* The members' keys by id (copied), and the keys learned since: a
+   * joiner admitted here, a member's key read from its key blob. Under
+   * lock (the server thread adds and reads them too). auth_until: for
+   * each, the last round its admission lets it be listed in (UINT64_MAX:
+   * pinned, or learned from a member that is listed already). */
+  pulse_loco_member_key *auth_pins;
+  uint64_t *auth_until;
+  size_t auth_npins, auth_cappins;
+  /* This peer's admission (opts.admission), sent with its joins and
+   * served in its key blob. */
+  int has_admission;
+  pulse_loco_admission admission;
+  uint64_t auth_joins_refused; /* under lock */
+  /* The members of the last signed view this peer accepted (a joiner's,
+   * before it runs a round), under lock: where it learns the key of a
+   * member that claims at it before it holds the members of a round. */
+  pulse_loco_member *auth_view;
+  size_t auth_nview;
   loco_tamper tamper; /* fault injection (tests, collab_auth_tamper) */
   uint64_t auth_bytes; /* signature headers received, main thread */
   uint64_t auth_refused_kind[PULSE_LOCO_AUTH_KINDS];
@@ -132,16 +148,23 @@ pulse_status collab_auth_put_outcome(pulse_loco_collab *c, uint64_t r,
                                      int finished);
 int collab_auth_outcome(pulse_loco_collab *c, uint64_t r, uint32_t id,
                         const loco_fetch *t);
-/* 1 when a body that came with `sig` is signed by a member's key for a
+/* 1 when a body that came with `sig` (from the peer at base; NULL: not
+ * known) is signed by a member's key for a
  * round in [floor, ceiling] (below: a replay, above: forged), not older
  * than one of its kind accepted from that member; 0 when refused (counted,
- * logged). Always 1 without a key. */
+ * logged). A signer this peer does not know yet, when base is a member
+ * of the current round: its key blob is read there and its admission
+ * checked first (learned, as for a body of a named trainer). Always 1
+ * without a key. */
 int collab_auth_accept(pulse_loco_collab *c, pulse_loco_auth_kind kind,
-                       uint64_t floor, uint64_t ceiling, const loco_sig *sig,
-                       const void *data, size_t size);
+                       uint64_t floor, uint64_t ceiling, const char *base,
+                       const loco_sig *sig, const void *data, size_t size);
 /* collab_auth_accept for a body of round r that trainer `id` must have
  * signed (a manifest, by the writer it names): another member's
- * signature is forged, a key not pinned for that id foreign. */
+ * signature is forged, a key not pinned for that id foreign. The key of
+ * a member of the current round that was admitted after this peer started
+ * is learned from its key blob (GET /v1/loco/key) when its admission
+ * holds (the sponsor a member, the signature verifies). */
 int collab_auth_accept_by(pulse_loco_collab *c, pulse_loco_auth_kind kind,
                           uint64_t r, uint32_t id, const loco_sig *sig,
                           const void *data, size_t size);
@@ -164,6 +187,25 @@ int collab_auth_accept_blob(void *user, pulse_loco_auth_kind kind,
                             uint64_t round, uint32_t id, const char *path,
                             const loco_sig *sig, const void *data,
                             size_t size);
+/* Notes the members of a signed view this peer accepted (auth_view). */
+void collab_auth_note_view(pulse_loco_collab *c, const loco_manifest *view);
+/* Publishes this peer's key blob (GET /v1/loco/key, with its admission
+ * when it has one), once its server runs. */
+pulse_status collab_auth_publish_key(pulse_loco_collab *c);
+/* The join query's signature and admission ("&seq=N&round=R&key=HEX&sig=HEX
+ * [&sponsor=HEX&until=R&asig=HEX]") after text "/v1/loco/join?id=ID&url=U". */
+void collab_auth_join_query(pulse_loco_collab *c, const char *text, char *dst,
+                            size_t cap);
+/* Members listed by a manifest or view this peer took (m, count): an
+ * admitted key among them is bound for good from now on (it rejoins as a
+ * pinned one would). Caller holds lock. */
+void collab_auth_listed_locked(pulse_loco_collab *c,
+                               const pulse_loco_member *m, size_t count);
+/* Whether pending joiner id may be listed in round r: its key pinned, or
+ * admitted here by an admission valid through r (always without a key).
+ * Caller holds lock. */
+int collab_auth_listable_locked(const pulse_loco_collab *c, uint32_t id,
+                                uint64_t r);
 /* Claims, readinesses and acknowledgements (POSTs to a writer) are signed
  * by their member over "PATH?id=ID&seq=N" (query "&seq=N&round=R&key=HEX
  * &sig=HEX", written by collab_auth_query, which returns N, a number

@@ -101,6 +101,16 @@ static int admit_text(uint64_t round, const uint8_t *sponsor,
                   round, s, m);
 }
 
+int loco_auth_verify_body(pulse_loco_auth_kind kind, uint64_t round,
+                          const uint8_t signer[32], uint64_t n,
+                          const uint8_t sha[32], const uint8_t sig[64]) {
+  if (!kind_valid(kind) || signer == NULL || sha == NULL || sig == NULL)
+    return 0;
+  char text[400];
+  int len = body_text(kind, round, signer, n, sha, text);
+  return pulse_sign_verify(signer, text, (size_t)len, sig) == PULSE_OK;
+}
+
 void pulse_loco_auth_opts_init(pulse_loco_auth_opts *o) {
   memset(o, 0, sizeof *o);
   o->struct_version = PULSE_LOCO_AUTH_OPTS_VERSION;

@@ -61,4 +61,43 @@ int loco_auth_post_read(const char *path,
                         const char *(*query)(void *rq, const char *key),
                         void *rq, char *text, size_t cap, loco_sig *sig);
 
+/* 1 when sig is signer's signature over the text of a body of kind `kind`
+ * and round (n bytes, SHA-256 sha): no membership, no replay window,
+ * nothing counted (a joiner's join checked before its admission admits its
+ * key). */
+int loco_auth_verify_body(pulse_loco_auth_kind kind, uint64_t round,
+                          const uint8_t signer[32], uint64_t n,
+                          const uint8_t sha[32], const uint8_t sig[64]);
+
+/* ------------------------------------------------------------ admissions
+ * (auth_key.c) One text in both parts of the exchange: a member's key
+ * blob, served at GET /v1/loco/key, {"id":I,"key":"HEX"} or, admitted,
+ * {"id":I,"key":"HEX","sponsor":"HEX","until":R,"sig":"HEX"}; and the
+ * admission a joiner appends to its signed join,
+ * "&sponsor=HEX&until=R&asig=HEX" (not in the join's signed text: the
+ * admission is signed by its sponsor). */
+#define LOCO_AUTH_KEY_BLOB_MAX 512u
+
+/* Writes the key blob of (id, key), with adm when not NULL. @return its
+ * length, -1 when it does not fit. */
+int loco_auth_key_blob_write(char *dst, size_t cap, uint32_t id,
+                             const uint8_t key[32],
+                             const pulse_loco_admission *adm);
+
+/* Parses a key blob (untrusted): 1 when well-formed, *admitted 1 and *adm
+ * filled (its key the blob's) when it carries an admission. */
+int loco_auth_key_blob_parse(const uint8_t *data, size_t size, uint32_t *id,
+                             uint8_t key[32], int *admitted,
+                             pulse_loco_admission *adm);
+
+/* The query values of adm ("" for NULL). */
+void loco_auth_admission_query(const pulse_loco_admission *adm, char *dst,
+                               size_t cap);
+
+/* Reads a join's admission of `key` from its query values: 1 when sponsor,
+ * until and asig are all there and well-formed (nothing checked yet). */
+int loco_auth_admission_read(const char *(*query)(void *rq, const char *key),
+                             void *rq, const uint8_t key[32],
+                             pulse_loco_admission *adm);
+
 #endif

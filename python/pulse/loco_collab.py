@@ -18,8 +18,9 @@ as for pulse.loco.Coordinator.
 
 import ctypes
 
-from ._lib import check, fail, figures_dict, lib
-from .loco_member import LocoMember, LocoMemberKey, Member, count, declare, ms
+from ._lib import KEY_BYTES, check, fail, figures_dict, lib
+from .loco_coord import LocoAdmission
+from .loco_member import LocoMember, LocoMemberKey, Member, count, declare, key_bytes, ms
 
 __all__ = ["Collaboration"]
 
@@ -35,7 +36,8 @@ class LocoCollabOpts(ctypes.Structure):
                 ("client_of", ctypes.c_char_p), ("partition_check", ctypes.c_int),
                 ("equal_ranges", ctypes.c_int), ("sign_key", ctypes.c_void_p),
                 ("member_keys", ctypes.POINTER(LocoMemberKey)),
-                ("member_key_count", ctypes.c_size_t)]
+                ("member_key_count", ctypes.c_size_t),
+                ("admission", ctypes.POINTER(LocoAdmission))]
 
 
 class LocoCollabFigures(ctypes.Structure):
@@ -70,6 +72,8 @@ _PROTOS = {
                                                ctypes.POINTER(LocoCollabFigures)]),
     "pulse_loco_collab_members": (None, [_p, ctypes.POINTER(LocoMember), ctypes.c_size_t,
                                          ctypes.POINTER(ctypes.c_size_t)]),
+    "pulse_loco_collab_admit": (ctypes.c_int, [_p, ctypes.c_uint8 * KEY_BYTES, ctypes.c_uint64,
+                                               ctypes.POINTER(LocoAdmission)]),
 }
 
 
@@ -79,9 +83,11 @@ class Collaboration(Member):
     rule="keep" (its default under a Collaboration: a payload left out of
     a round stays in its sender's error feedback).
 
-    trainer_id, trainers, store, seed_url, host, port, key, member_keys and
-    join_timeout as for pulse.loco.Coordinator (a joiner's key must be in
-    every member's member_keys: the collaboration has no admissions).
+    trainer_id, trainers, store, seed_url, admission, host, port, key,
+    member_keys and join_timeout as for pulse.loco.Coordinator: a joiner's
+    key is in every member's member_keys, or it brings `admission` (the
+    bytes a member's Collaboration.admit returned); a joiner pins the keys
+    of the founders (or of its sponsor and its seed) in its member_keys.
     target_batch: the samples of a round over all peers. claim_timeout:
     seconds after which a writer that does not answer is taken for dead
     (the next one takes over). round_timeout: seconds the writer waits,
@@ -102,8 +108,15 @@ class Collaboration(Member):
     def __init__(self, trainer_id, trainers=None, store=None, *, target_batch, seed_url=None,
                  host=None, port=0, claim_timeout=5.0, round_timeout=30.0, partitioned=False,
                  partition_check="rotating", equal_ranges=False, client_of=None, key=None,
-                 member_keys=None, join_timeout=60.0):
+                 member_keys=None, join_timeout=60.0, admission=None):
         declare(_PROTOS)
+        if admission is not None and not isinstance(admission, bytes):
+            raise fail("Collaboration: admission is the bytes a member's admit() returned")
+        if admission is not None and len(admission) != ctypes.sizeof(LocoAdmission):
+            raise fail(f"Collaboration: an admission is {ctypes.sizeof(LocoAdmission)} "
+                       f"bytes, not {len(admission)}")
+        if admission is not None and seed_url is None:
+            raise fail("Collaboration: an admission is for a joiner (seed_url)")
         if partition_check not in _CHECKS:
             raise fail(f"Collaboration: partition_check {partition_check!r}: 'rotating', "
                        "'full' or 'receipts'")
@@ -126,6 +139,10 @@ class Collaboration(Member):
         o.equal_ranges = 1 if equal_ranges else 0
         self._client_of = client_of.encode() if client_of is not None else None
         o.client_of = self._client_of
+        self._admission = None
+        if admission is not None:
+            self._admission = LocoAdmission.from_buffer_copy(admission)
+            o.admission = ctypes.pointer(self._admission)
         super().__init__(trainer_id, trainers, store, seed_url, key, member_keys, host,
                          join_timeout)
         o.host = self._host
@@ -194,3 +211,17 @@ class Collaboration(Member):
     def members(self):
         """The members of the next round: {id: url}."""
         return self._members(lib.pulse_loco_collab_members)
+
+    def admit(self, newcomer_key, until_round):
+        """This member's admission of the public key `newcomer_key` (64
+        hex digits), valid until the collaboration passes round
+        `until_round`: bytes to hand to the newcomer (its Collaboration's
+        admission=). Needs a key."""
+        if self._handle is None:
+            raise fail("Collaboration: admit needs a running member")
+        raw = (ctypes.c_uint8 * KEY_BYTES)(*key_bytes(newcomer_key, "admit"))
+        out = LocoAdmission()
+        check(lib.pulse_loco_collab_admit(self._handle, raw,
+                                          count(until_round, "until_round", 0, 2 ** 64),
+                                          ctypes.byref(out)))
+        return bytes(out)

@@ -15,9 +15,11 @@ samples over all peers reach the target.
   a server whose last answers completed after its call returned), and
   the held-out loss falls. Peer 2 leaves
   in round 3 (its flush goes out); the two left go on with 2 contributors.
-- join: peers 0 and 1 found a partitioned collaboration (members reduce
-  disjoint ranges), peer 2 joins through peer 0's URL after 2 rounds; all
-  three end at round 8 with the same bits, peer 2 among the contributors.
+- join: peers 0 and 1 found a signed, partitioned collaboration (members
+  reduce disjoint ranges), peer 2, whose key nobody pinned, joins through
+  peer 0's URL with peer 1's admission (Collaboration.admit) after 2
+  rounds; all three end at round 8 with the same bits, peer 2 among the
+  contributors, nothing refused, the founders counting one admission.
 - dead: a peer that dies between rounds is left out of the next round
   after the round timeout (2 s), and the others go on.
 - in this process: a lone peer runs target / step local steps a round;
@@ -30,6 +32,7 @@ import socket
 import sys
 import tempfile
 import time
+import urllib.request
 
 try:
     import torch
@@ -131,19 +134,26 @@ def run_rounds(rank, port, keydir):
            f"payload {info['payload_bytes']} all peers sent {sent} received {received}"
 
 
-def run_join(rank, port):
-    """Peers 0 and 1 found a partitioned collaboration; peer 2 joins it
-    through peer 0's URL once they ran 2 rounds; all three end at round
-    JOIN_ROUNDS with the same bits, the joiner having contributed."""
+def run_join(rank, port, keydir):
+    """Peers 0 and 1 found a signed, partitioned collaboration (each
+    pinning the other's key); peer 2, whose key nobody pinned, joins it
+    through peer 0's URL with peer 1's admission once they ran 2 rounds
+    (it pins the founders' keys); all three end at round JOIN_ROUNDS with
+    the same bits, the joiner having contributed, and nobody refused
+    anything."""
     model, step_fn, _ = trainer(rank)
     store = make_store(rank, port)
     meet = Meeting(store, rank)
-    opts = dict(target_batch=TARGET, partitioned=True, round_timeout=30, claim_timeout=10)
+    keys = {r: open(os.path.join(keydir, f"{r}.pub")).read() for r in range(WORLD)}
+    opts = dict(target_batch=TARGET, partitioned=True, round_timeout=30, claim_timeout=10,
+                key=os.path.join(keydir, f"{rank}.pem"),
+                member_keys={r: keys[r] for r in range(2)})
     if rank < 2:
         collab = pulse.loco.Collaboration(rank, 2, store, **opts)
     else:
-        store.wait(["test/seed"])
-        collab = pulse.loco.Collaboration(2, seed_url=store.get("test/seed").decode(), **opts)
+        store.wait(["test/seed", "test/admission"])
+        collab = pulse.loco.Collaboration(2, seed_url=store.get("test/seed").decode(),
+                                          admission=store.get("test/admission"), **opts)
     outer = pulse.loco.DiLoCo(model.parameters(), transport=collab)
     if rank == 2:
         store.add("test/joined", 1 + outer.round)
@@ -154,6 +164,8 @@ def run_join(rank, port):
         info = outer.step(samples=STEP, inner=step_fn)
         most = max(most, info["contributors"])
         partitioned += info["exchange"]["partitioned"]
+        if rank == 1 and info["round"] == 1:
+            store.set("test/admission", collab.admit(keys[2], JOIN_ROUNDS))
         if rank == 0 and info["round"] == 1:
             store.set("test/seed", collab.url)
     seen = meet.share("end", (outer.round, digest(list(model.parameters())),
@@ -161,6 +173,14 @@ def run_join(rank, port):
     assert len(set(seen.values())) == 1, f"replicas differ after the join: {seen}"
     assert most == WORLD, f"the joiner never contributed (at most {most} contributors)"
     assert partitioned > 0, "no round ran partitioned"
+    metrics = urllib.request.urlopen(collab.url + "/metrics", timeout=10).read().decode()
+    refusals = [line for line in metrics.splitlines()
+                if line.startswith("pulse_loco_auth_refused_total") and not line.endswith(" 0")]
+    assert not refusals, refusals
+    admitted = [line for line in metrics.splitlines()
+                if line.startswith("pulse_loco_auth_admitted_total ")]
+    # The founders took the joiner's join on its admission.
+    assert rank == 2 or admitted == ["pulse_loco_auth_admitted_total 1"], admitted
     meet.share("done", True)
     end = outer.round
     # Read while every rank is still here: rank 0 hosts the store and may be
@@ -216,6 +236,11 @@ def check_alone():
                       partitioned=True), "a partitioned client")
     refused(lambda: pulse.loco.DiLoCo(p, rule="drop", transport=C(0, 1, store, target_batch=8)),
             "the drop rule")
+    refused(lambda: C(0, 1, store, target_batch=8, admission=b"x", seed_url="http://127.0.0.1:1"),
+            "an admission of another size")
+    refused(lambda: C(0, 1, store, target_batch=8, admission=bytes(136)),
+            "an admission without a seed_url")
+    refused(lambda: C(0, 1, store, target_batch=8).admit("00" * 32, 5), "admit before running")
     refused(lambda: C(0, 1, store, target_batch=8, port=70000), "a port past 65535")
     refused(lambda: C(0, 1, store, target_batch=8, port=-1), "a negative port")
     refused(lambda: C(0, 1, store, target_batch=8, client_of="http://127.0.0.1:1", port=1),
@@ -268,7 +293,7 @@ def worker(rank, port, phase, keydir):
     if phase == "rounds":
         print(f"ok rounds rank {rank}: {run_rounds(rank, port, keydir)}", flush=True)
     elif phase == "join":
-        print(f"ok join rank {rank}: {run_join(rank, port)}", flush=True)
+        print(f"ok join rank {rank}: {run_join(rank, port, keydir)}", flush=True)
     else:
         print(f"ok dead rank {rank}: {run_dead(rank, port)}", flush=True)
 
