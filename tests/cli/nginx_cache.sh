@@ -2,7 +2,8 @@
 # 20 pulse-pull workers at once through nginx with the shipped caching
 # configuration (tools/nginx/pulse-cache.conf) in front of pulse-serve: every
 # worker ends bit for bit at the trainer's step, and the origin's own
-# counters show that each immutable object left it once. Usage:
+# counters show that each immutable object left it once, a catch-up pinned
+# to its target step too, and an unpinned one is asked each time. Usage:
 # nginx_cache.sh BIN_DIR
 source "$(dirname "$0")/lib/common.sh"
 src=$(cd "$(dirname "$0")/../.." && pwd)
@@ -60,5 +61,21 @@ sent=$(echo "$metrics" | awk -F' ' '/^pulse_http_requests_total\{route="object",
 objects=$(cat "$work"/w*.out | grep -o 'objects/[0-9a-f]*\.[a-z]*' | sort -u | wc -l)
 [ "$objects" -ge 1 ] || objects=$(ls "$work/w1.safetensors.pulse-cache/objects" | grep -vc '^\.')
 expect "object answers from the origin (each object once)" "$objects" "$sent"
+
+# Catch-ups: one pinned to step 2 asked 5 times through nginx leaves the
+# origin once, the same bytes each time; an unpinned one goes to the
+# origin every time (no-cache).
+catchups() { curl -s "http://127.0.0.1:$port/metrics" | awk '/^pulse_http_requests_total\{route="catchup",code="200"\}/ {s += $2} END {print s + 0}'; }
+before=$(catchups)
+for i in 1 2 3 4 5; do
+  curl -s -o "$work/pinned$i" -w '%{http_code}\n' "http://127.0.0.1:$nport/v1/catchup/0?to=2" >>"$work/pinned.codes"
+done
+expect "pinned catch-ups answered" "200 200 200 200 200" "$(tr '\n' ' ' <"$work/pinned.codes" | sed 's/ $//')"
+expect "a pinned catch-up leaves the origin once" 1 $(($(catchups) - before))
+same=$(for i in 2 3 4 5; do cmp -s "$work/pinned1" "$work/pinned$i" && echo y; done | wc -l)
+expect "the cached answers are the origin's bytes" 4 "$same"
+before=$(catchups)
+for i in 1 2; do curl -s -o /dev/null "http://127.0.0.1:$nport/v1/catchup/0"; done
+expect "unpinned catch-ups go to the origin each time" 2 $(($(catchups) - before))
 
 finish "20 workers, $sent object answers from the origin for $objects objects"
