@@ -23,7 +23,6 @@
 #define KEY_PATH "/v1/loco/key"
 /* As coordinator.c's MANIFEST_CAP: the largest manifest fetched. */
 #define MANIFEST_MAX ((size_t)LOCO_MAX_MEMBERS * 256u + 4096u)
-#define KEY_BLOB_MAX 512u
 
 /* The digits of a round in decimal. */
 static unsigned digits(uint64_t v) {
@@ -141,62 +140,20 @@ static void metrics(void *user, pulse_bytebuf *text) {
 
 /* ------------------------------------------------------------ key blob */
 
-/* {"id":I,"key":"HEX"} or, admitted, {"id":I,"key":"HEX","sponsor":"HEX",
- * "until":R,"sig":"HEX"}: what a member tells the others of its key. */
+/* What a member tells the others of its key (auth_key.c: its key blob,
+ * with its admission when it has one). */
 static pulse_status publish_key(pulse_loco_coord *n) {
   loco_node_auth *a = n->auth;
-  char text[KEY_BLOB_MAX], key[65], sponsor[65], sig[129];
-  store_hex(a->own, 32, key);
-  int len;
-  if (a->has_admission) {
-    store_hex(a->admission.sponsor, 32, sponsor);
-    store_hex(a->admission.sig, 64, sig);
-    len = snprintf(text, sizeof text,
-                   "{\"id\":%u,\"key\":\"%s\",\"sponsor\":\"%s\",\"until\":%llu,"
-                   "\"sig\":\"%s\"}",
-                   n->id, key, sponsor,
-                   (unsigned long long)a->admission.round, sig);
-  } else {
-    len = snprintf(text, sizeof text, "{\"id\":%u,\"key\":\"%s\"}", n->id, key);
-  }
+  char text[LOCO_AUTH_KEY_BLOB_MAX];
+  int len = loco_auth_key_blob_write(text, sizeof text, n->id, a->own,
+                                     a->has_admission ? &a->admission : NULL);
+  if (len < 0)
+    return pulse_fail(PULSE_ERR_INTERNAL, "loco node: key blob too long");
   return loco_server_put(n->srv, KEY_PATH, text, (size_t)len);
 }
 
 static int unhex_exact(const char *s, uint8_t *out, size_t n) {
   return s != NULL && strlen(s) == 2 * n && store_unhex(s, 2 * n, out, n) == 0;
-}
-
-/* Parses a key blob (untrusted). @return 1 when well-formed. */
-static int parse_key_blob(const uint8_t *data, size_t size, uint32_t *id,
-                          uint8_t key[32], int *admitted,
-                          pulse_loco_admission *adm) {
-  char text[KEY_BLOB_MAX], k[65], s[65], g[129];
-  if (size == 0 || size >= sizeof text || memchr(data, '\0', size) != NULL)
-    return 0;
-  memcpy(text, data, size);
-  text[size] = '\0';
-  unsigned long long idv, until;
-  int used = 0, more = 0;
-  if (sscanf(text, "{\"id\":%llu,\"key\":\"%64[0-9a-f]\"%n", &idv, k, &used) !=
-          2 ||
-      used == 0 || idv > UINT32_MAX || !unhex_exact(k, key, 32))
-    return 0;
-  *id = (uint32_t)idv;
-  const char *rest = text + used;
-  *admitted = 0;
-  if (strcmp(rest, "}") == 0)
-    return 1;
-  if (sscanf(rest,
-             ",\"sponsor\":\"%64[0-9a-f]\",\"until\":%llu,\"sig\":\"%128[0-9a-f]"
-             "\"}%n",
-             s, &until, g, &more) != 3 ||
-      more == 0 || rest[more] != '\0' || !unhex_exact(s, adm->sponsor, 32) ||
-      !unhex_exact(g, adm->sig, 64))
-    return 0;
-  memcpy(adm->key, key, 32);
-  adm->round = until;
-  *admitted = 1;
-  return 1;
 }
 
 /* Learns the key of member `id` (admitted after this node started) from
@@ -210,14 +167,16 @@ static int learn_key(pulse_loco_coord *n, uint32_t id) {
   char url[160];
   loco_node_url_fmt(url, sizeof url, n->members[m].url, KEY_PATH);
   pulse_bytebuf b = PULSE_BYTEBUF_INIT;
-  pulse_status st = loco_http_wait(url, n->opts.deadline_ms, KEY_BLOB_MAX, &b);
+  pulse_status st =
+      loco_http_wait(url, n->opts.deadline_ms, LOCO_AUTH_KEY_BLOB_MAX, &b);
   uint32_t claimed = 0;
   uint8_t key[32];
   int admitted = 0, ok = 0;
   pulse_loco_admission adm;
   if (st == PULSE_OK) {
     n->fetched += b.size;
-    ok = parse_key_blob(b.data, b.size, &claimed, key, &admitted, &adm) &&
+    ok = loco_auth_key_blob_parse(b.data, b.size, &claimed, key, &admitted,
+                                  &adm) &&
          claimed == id;
   }
   pulse_bytebuf_free(&b);
@@ -417,13 +376,8 @@ uint64_t loco_auth_join_query(pulse_loco_coord *n, const char *text,
   loco_auth_sign_query(n, PULSE_LOCO_AUTH_JOIN, pulse_loco_round(n->ctx), text,
                        dst, cap, &sig.seq);
   size_t used = strlen(dst);
-  if (!a->has_admission || used >= cap)
-    return sig.seq;
-  char sponsor[65], asig[129];
-  store_hex(a->admission.sponsor, 32, sponsor);
-  store_hex(a->admission.sig, 64, asig);
-  snprintf(dst + used, cap - used, "&sponsor=%s&until=%llu&asig=%s", sponsor,
-           (unsigned long long)a->admission.round, asig);
+  if (a->has_admission && used < cap)
+    loco_auth_admission_query(&a->admission, dst + used, cap - used);
   return sig.seq;
 }
 
