@@ -53,7 +53,7 @@ pulse_status shard_code_chunk(unsigned version, pulse_pos_model model, const uin
   return st;
 }
 
-static uint64_t first_at(const pulse_changes *c, uint64_t pos) {
+uint64_t shard_first_change(const pulse_changes *c, uint64_t pos) {
   uint64_t lo = 0, hi = c->count;
   while (lo < hi) {
     uint64_t mid = lo + (hi - lo) / 2;
@@ -85,14 +85,14 @@ static pulse_status chunk_changes(const pulse_pub_shard *s, size_t t, uint64_t l
   size_t holders = 0, one = 0;
   for (size_t b = 0; b < s->nblocks; b++) {
     const pulse_changes *c = &s->changes[b];
-    uint64_t j = s->geom[b].tensor == t ? first_at(c, lo) : c->count;
+    uint64_t j = s->geom[b].tensor == t ? shard_first_change(c, lo) : c->count;
     if (j < c->count && c->pos[j] < hi)
       holders++, one = b;
   }
   *owned = holders > 1;
   if (holders == 1) {
     const pulse_changes *c = &s->changes[one];
-    uint64_t j = first_at(c, lo), e = first_at(c, hi);
+    uint64_t j = shard_first_change(c, lo), e = shard_first_change(c, hi);
     *out = (pulse_changes)PULSE_CHANGES_INIT;
     out->pos = c->pos + j, out->old_bits = c->old_bits + j, out->new_bits = c->new_bits + j;
     out->count = e - j;
@@ -103,7 +103,7 @@ static pulse_status chunk_changes(const pulse_pub_shard *s, size_t t, uint64_t l
     const pulse_changes *c = &s->changes[b];
     if (s->geom[b].tensor != t)
       continue;
-    for (uint64_t j = first_at(c, lo); j < c->count && c->pos[j] < hi; j++) {
+    for (uint64_t j = shard_first_change(c, lo); j < c->count && c->pos[j] < hi; j++) {
       sorted &= out->count == 0 || out->pos[out->count - 1] < c->pos[j];
       PULSE_TRY(pulse_changes_push(out, c->pos[j], c->old_bits[j], c->new_bits[j]));
     }

@@ -98,6 +98,32 @@ static int by_change_pos(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
+/* Cursors (*cur, *ncur of them; free them) on the blocks of tensor t in
+ * the parts that carry changes, each checked to list its changes in
+ * position order. *cur NULL: out of memory (the status says so); else the
+ * status is the order check's. */
+static pulse_status open_cursors(const shard_parts_view *v, size_t t,
+                                 const char *what, part_cursor **cur,
+                                 size_t *ncur) {
+  size_t n = 0;
+  for (size_t b = 0; b < v->nblocks; b++)
+    n += v->blocks[b].tensor == t && v->blocks[b].k > 0;
+  part_cursor *c = calloc(n ? n : 1, sizeof *c);
+  *cur = c, *ncur = 0;
+  if (c == NULL)
+    return pulse_fail(PULSE_ERR_NOMEM, "shard: %s", what);
+  n = 0;
+  for (size_t b = 0; b < v->nblocks; b++)
+    if (v->blocks[b].tensor == t && v->blocks[b].k > 0)
+      c[n++] = (part_cursor){&v->blocks[b], 0};
+  *ncur = n;
+  for (size_t i = 0; i < n; i++)
+    for (uint64_t j = 1; j < c[i].b->k; j++)
+      if (pulse_load_le64(c[i].b->pos + 8 * j) <= pulse_load_le64(c[i].b->pos + 8 * (j - 1)))
+        return pulse_fail(PULSE_ERR_CORRUPT, "shard: a part's changes are not in position order");
+  return PULSE_OK;
+}
+
 /* The changes of chunk k over the cursors (every cursor stands at its first
  * change of chunk k or after), in position order, into c (emptied first);
  * the cursors move past them. */
@@ -143,22 +169,10 @@ static pulse_status count_tensor(const pulse_pub_shard *s, const shard_parts_vie
                                  const uint8_t *mark, pulse_bytebuf *out) {
   uint32_t log2 = s->chunk_log2;
   size_t ncur = 0;
-  for (size_t b = 0; b < v->nblocks; b++)
-    ncur += v->blocks[b].tensor == t && v->blocks[b].k > 0;
-  part_cursor *cur = calloc(ncur ? ncur : 1, sizeof *cur);
+  part_cursor *cur = NULL;
+  pulse_status st = open_cursors(v, t, "counts", &cur, &ncur);
   if (cur == NULL)
-    return pulse_fail(PULSE_ERR_NOMEM, "shard: counts");
-  ncur = 0;
-  for (size_t b = 0; b < v->nblocks; b++)
-    if (v->blocks[b].tensor == t && v->blocks[b].k > 0)
-      cur[ncur++] = (part_cursor){&v->blocks[b], 0};
-  pulse_status st = PULSE_OK;
-  for (size_t i = 0; i < ncur && st == PULSE_OK; i++)
-    for (uint64_t j = 1; j < cur[i].b->k; j++)
-      if (pulse_load_le64(cur[i].b->pos + 8 * j) <= pulse_load_le64(cur[i].b->pos + 8 * (j - 1))) {
-        st = pulse_fail(PULSE_ERR_CORRUPT, "shard: a part's changes are not in position order");
-        break;
-      }
+    return st;
   size_t sec_at = out->size;
   uint8_t sec[SHARD_COUNT_SECTION];
   memset(sec, 0, sizeof sec);
@@ -448,15 +462,8 @@ typedef struct {
 
 /* The index of the change at `pos` among c's (sorted), or c->count. */
 static uint64_t change_at(const pulse_changes *c, uint64_t pos) {
-  uint64_t lo = 0, hi = c->count;
-  while (lo < hi) {
-    uint64_t mid = lo + (hi - lo) / 2;
-    if (c->pos[mid] < pos)
-      lo = mid + 1;
-    else
-      hi = mid;
-  }
-  return lo < c->count && c->pos[lo] == pos ? lo : c->count;
+  uint64_t i = shard_first_change(c, pos);
+  return i < c->count && c->pos[i] == pos ? i : c->count;
 }
 
 /* Codes the chunks of tensor t that parts carry changes of (several ranks
@@ -470,22 +477,10 @@ static pulse_status code_shared(const pulse_tensor_info *info, size_t t, uint64_
                                 stream_list *streams, coded_list *out) {
   uint32_t log2 = opts->chunk_log2;
   size_t ncur = 0;
-  for (size_t b = 0; b < v->nblocks; b++)
-    ncur += v->blocks[b].tensor == t && v->blocks[b].k > 0;
-  part_cursor *cur = calloc(ncur ? ncur : 1, sizeof *cur);
+  part_cursor *cur = NULL;
+  pulse_status st = open_cursors(v, t, "encode", &cur, &ncur);
   if (cur == NULL)
-    return pulse_fail(PULSE_ERR_NOMEM, "shard: encode");
-  ncur = 0;
-  for (size_t b = 0; b < v->nblocks; b++)
-    if (v->blocks[b].tensor == t && v->blocks[b].k > 0)
-      cur[ncur++] = (part_cursor){&v->blocks[b], 0};
-  pulse_status st = PULSE_OK;
-  for (size_t i = 0; i < ncur && st == PULSE_OK; i++)
-    for (uint64_t j = 1; j < cur[i].b->k; j++)
-      if (pulse_load_le64(cur[i].b->pos + 8 * j) <= pulse_load_le64(cur[i].b->pos + 8 * (j - 1))) {
-        st = pulse_fail(PULSE_ERR_CORRUPT, "shard: a part's changes are not in position order");
-        break;
-      }
+    return st;
   pulse_changes c = PULSE_CHANGES_INIT;
   one_change *tmp = NULL;
   uint64_t tmp_cap = 0, rank_cap = 0;

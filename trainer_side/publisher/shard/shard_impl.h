@@ -69,6 +69,10 @@ void shard_count_block(const shard_geom *g, const uint16_t *snap, const pulse_ch
                        const uint64_t *chunks, uint64_t m, uint32_t log2, uint32_t *contrib,
                        uint32_t *hist);
 
+/** The index of the first of c's changes (sorted) at or after `pos`, or
+ * c->count. */
+uint64_t shard_first_change(const pulse_changes *c, uint64_t pos);
+
 /** 1 when position `pos` of tensor t is in a chunk that the shard's own
  * blocks cover entirely (the shard codes that chunk alone). */
 int shard_chunk_whole(const pulse_pub_shard *s, size_t t, uint64_t pos);
