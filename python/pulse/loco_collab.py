@@ -19,8 +19,8 @@ as for pulse.loco.Coordinator.
 import ctypes
 
 from ._lib import KEY_BYTES, check, fail, figures_dict, lib
-from .loco_coord import LocoAdmission
-from .loco_member import LocoMember, LocoMemberKey, Member, count, declare, key_bytes, ms
+from .loco_member import (LocoAdmission, LocoMember, LocoMemberKey, Member, admission_of, count,
+                          declare, ms)
 
 __all__ = ["Collaboration"]
 
@@ -97,26 +97,17 @@ class Collaboration(Member):
     "rotating", "full" or "receipts" (how the reduced ranges are checked).
     equal_ranges: equal ranges instead of ranges sized by download rate.
     client_of: the URL of a serving member that hosts this peer (a peer
-    that cannot accept connections, so no port; not with partitioned).
-
-    Besides the methods below: public_key (this trainer's, 64 hex digits;
-    None without a key) and close() (stops the server; the DiLoCo using it
-    closes it too)."""
+    that cannot accept connections, so no port; not with partitioned)."""
 
     _what = "Collaboration"
+    _c_url, _c_admit = "pulse_loco_collab_url", "pulse_loco_collab_admit"
 
     def __init__(self, trainer_id, trainers=None, store=None, *, target_batch, seed_url=None,
                  host=None, port=0, claim_timeout=5.0, round_timeout=30.0, partitioned=False,
                  partition_check="rotating", equal_ranges=False, client_of=None, key=None,
                  member_keys=None, join_timeout=60.0, admission=None):
         declare(_PROTOS)
-        if admission is not None and not isinstance(admission, bytes):
-            raise fail("Collaboration: admission is the bytes a member's admit() returned")
-        if admission is not None and len(admission) != ctypes.sizeof(LocoAdmission):
-            raise fail(f"Collaboration: an admission is {ctypes.sizeof(LocoAdmission)} "
-                       f"bytes, not {len(admission)}")
-        if admission is not None and seed_url is None:
-            raise fail("Collaboration: an admission is for a joiner (seed_url)")
+        admission = admission_of(self._what, admission, seed_url)
         if partition_check not in _CHECKS:
             raise fail(f"Collaboration: partition_check {partition_check!r}: 'rotating', "
                        "'full' or 'receipts'")
@@ -139,17 +130,9 @@ class Collaboration(Member):
         o.equal_ranges = 1 if equal_ranges else 0
         self._client_of = client_of.encode() if client_of is not None else None
         o.client_of = self._client_of
-        self._admission = None
-        if admission is not None:
-            self._admission = LocoAdmission.from_buffer_copy(admission)
-            o.admission = ctypes.pointer(self._admission)
         super().__init__(trainer_id, trainers, store, seed_url, key, member_keys, host,
                          join_timeout)
-        o.host = self._host
-        o.sign_key = self._key
-        if self._keys is not None:
-            o.member_keys = self._keys
-            o.member_key_count = len(self._keys)
+        self._fill_opts(o, admission)
         self.partitioned = bool(partitioned)
 
     # ------------------------------------------------- what DiLoCo calls
@@ -200,28 +183,7 @@ class Collaboration(Member):
         lib.pulse_loco_collab_free(self._handle)
 
     # ---------------------------------------------------------------- API
-    @property
-    def url(self):
-        """This peer's URL (a client-mode peer's at its host). None before
-        the DiLoCo that uses it is made."""
-        if self._handle is None:
-            return None
-        return lib.pulse_loco_collab_url(self._handle).decode()
-
     def members(self):
         """The members of the next round: {id: url}."""
         return self._members(lib.pulse_loco_collab_members)
 
-    def admit(self, newcomer_key, until_round):
-        """This member's admission of the public key `newcomer_key` (64
-        hex digits), valid until the collaboration passes round
-        `until_round`: bytes to hand to the newcomer (its Collaboration's
-        admission=). Needs a key."""
-        if self._handle is None:
-            raise fail("Collaboration: admit needs a running member")
-        raw = (ctypes.c_uint8 * KEY_BYTES)(*key_bytes(newcomer_key, "admit"))
-        out = LocoAdmission()
-        check(lib.pulse_loco_collab_admit(self._handle, raw,
-                                          count(until_round, "until_round", 0, 2 ** 64),
-                                          ctypes.byref(out)))
-        return bytes(out)

@@ -21,19 +21,13 @@ import ctypes
 import urllib.request
 
 from ._lib import Error, KEY_BYTES, check, fail, figures_dict, lib
-from .loco_member import LocoMember, LocoMemberKey, Member, count, declare, key_bytes, ms
+from .loco_member import (LocoAdmission, LocoMember, LocoMemberKey, Member, admission_of, count,
+                          declare, ms)
 
 __all__ = ["Coordinator"]
 
-_SIG_BYTES = 64  # PULSE_SIGN_SIGNATURE_BYTES
 _AUTH = {"auto": 0, "on": 1, "off": 2}  # pulse_loco_auth_mode
 _TRANSPORT_HTTP, _TRANSPORT_UDP = 0, 1  # pulse_loco_transport
-
-
-class LocoAdmission(ctypes.Structure):
-    _c_name_ = "pulse_loco_admission"
-    _fields_ = [("key", ctypes.c_uint8 * KEY_BYTES), ("sponsor", ctypes.c_uint8 * KEY_BYTES),
-                ("round", ctypes.c_uint64), ("sig", ctypes.c_uint8 * _SIG_BYTES)]
 
 
 class LocoAuthFigures(ctypes.Structure):
@@ -130,13 +124,10 @@ class Coordinator(Member):
     key file (PKCS#8 PEM, pulse.loco.new_key); member_keys: {id: 64 hex
     digits} of the pinned members; auth: "auto" (on with a key), "on"
     (refuse to start without a key) or "off" (comparisons only). join_timeout:
-    seconds for the founding meeting or the join.
-
-    Besides the methods below: public_key (this trainer's, 64 hex digits;
-    None without a key) and close() (stops the server; the DiLoCo using it
-    closes it too)."""
+    seconds for the founding meeting or the join."""
 
     _what = "Coordinator"
+    _c_url, _c_admit = "pulse_loco_coord_url", "pulse_loco_coord_admit"
 
     def __init__(self, trainer_id, trainers=None, store=None, *, seed_url=None, admission=None,
                  host=None, port=0, datagrams=False, deadline=2.0, manifest_timeout=10.0,
@@ -144,15 +135,11 @@ class Coordinator(Member):
                  resync_range=None, resync_period=None,
                  drift_budget=None, key=None, member_keys=None, auth="auto", join_timeout=60.0):
         declare(_PROTOS)
+        admission = admission_of(self._what, admission, seed_url)
         if auth not in _AUTH:
             raise fail(f"Coordinator: auth {auth!r}: 'auto', 'on' or 'off'")
         if auth == "on" and key is None:
             raise fail("Coordinator: auth='on' needs key= (this trainer's key file)")
-        if admission is not None and not isinstance(admission, bytes):
-            raise fail("Coordinator: admission is the bytes a member's admit() returned")
-        if admission is not None and len(admission) != ctypes.sizeof(LocoAdmission):
-            raise fail(f"Coordinator: an admission is {ctypes.sizeof(LocoAdmission)} "
-                       f"bytes, not {len(admission)}")
         self._opts = LocoCoordOpts()
         lib.pulse_loco_coord_opts_init(ctypes.byref(self._opts))
         o = self._opts
@@ -183,17 +170,9 @@ class Coordinator(Member):
             if not isinstance(drift_budget, (int, float)) or not drift_budget >= 0:
                 raise fail(f"Coordinator: drift_budget {drift_budget!r}: a number >= 0")
             o.drift_budget = drift_budget
-        self._admission = None
-        if admission is not None:
-            self._admission = LocoAdmission.from_buffer_copy(admission)
-            o.admission = ctypes.pointer(self._admission)
         super().__init__(trainer_id, trainers, store, seed_url, key, member_keys, host,
                          join_timeout)
-        o.host = self._host
-        o.sign_key = self._key
-        if self._keys is not None:
-            o.member_keys = self._keys
-            o.member_key_count = len(self._keys)
+        self._fill_opts(o, admission)
 
     # ------------------------------------------------- what DiLoCo calls
     def _open(self, ctx, theta, config):
@@ -228,14 +207,6 @@ class Coordinator(Member):
         lib.pulse_loco_coord_free(self._handle)
 
     # ---------------------------------------------------------------- API
-    @property
-    def url(self):
-        """This node's base URL ("http://HOST:PORT"): what a joiner's
-        seed_url names. None before the DiLoCo that uses it is made."""
-        if self._handle is None:
-            return None
-        return lib.pulse_loco_coord_url(self._handle).decode()
-
     def served_bytes(self):
         """HTTP body bytes this node's server has answered since it started
         (payloads, relays, manifests, states, error bodies of polls; every
@@ -264,20 +235,6 @@ class Coordinator(Member):
     def members(self):
         """The members of the next round: {id: url}."""
         return self._members(lib.pulse_loco_coord_members)
-
-    def admit(self, newcomer_key, until_round):
-        """This member's admission of the public key `newcomer_key` (64
-        hex digits), valid until the group passes round `until_round`:
-        bytes to hand to the newcomer (its Coordinator's admission=).
-        Needs a key."""
-        if self._handle is None:
-            raise fail("Coordinator: admit needs a running member")
-        raw = (ctypes.c_uint8 * KEY_BYTES)(*key_bytes(newcomer_key, "admit"))
-        out = LocoAdmission()
-        check(lib.pulse_loco_coord_admit(self._handle, raw,
-                                         count(until_round, "until_round", 0, 2 ** 64),
-                                         ctypes.byref(out)))
-        return bytes(out)
 
     def linger(self, timeout=30.0):
         """At the end of a run, before closing: when this node coordinated

@@ -19,6 +19,7 @@ import json
 from ._lib import Error, KEY_BYTES, check, fail, lib
 
 _PREFIX = "pulse-loco/"
+_SIG_BYTES = 64  # PULSE_SIGN_SIGNATURE_BYTES
 
 
 class LocoMember(ctypes.Structure):
@@ -29,6 +30,12 @@ class LocoMember(ctypes.Structure):
 class LocoMemberKey(ctypes.Structure):
     _c_name_ = "pulse_loco_member_key"
     _fields_ = [("id", ctypes.c_uint32), ("key", ctypes.c_uint8 * KEY_BYTES)]
+
+
+class LocoAdmission(ctypes.Structure):
+    _c_name_ = "pulse_loco_admission"
+    _fields_ = [("key", ctypes.c_uint8 * KEY_BYTES), ("sponsor", ctypes.c_uint8 * KEY_BYTES),
+                ("round", ctypes.c_uint64), ("sig", ctypes.c_uint8 * _SIG_BYTES)]
 
 
 class Buffer(ctypes.Structure):
@@ -83,6 +90,22 @@ def count(value, what, low=1, high=2 ** 32):
     return value
 
 
+def admission_of(what, admission, seed_url):
+    """The LocoAdmission struct of `admission` (the bytes a member's
+    admit() returned), None for None; checked first, before any other
+    option."""
+    if admission is None:
+        return None
+    if not isinstance(admission, bytes):
+        raise fail(f"{what}: admission is the bytes a member's admit() returned")
+    if len(admission) != ctypes.sizeof(LocoAdmission):
+        raise fail(f"{what}: an admission is {ctypes.sizeof(LocoAdmission)} "
+                   f"bytes, not {len(admission)}")
+    if seed_url is None:
+        raise fail(f"{what}: an admission is for a joiner (seed_url)")
+    return LocoAdmission.from_buffer_copy(admission)
+
+
 def new_key(path):
     """Makes an Ed25519 signing key, saved to `path` (PKCS#8 PEM; an
     existing file is an error), and returns its public key (64 hex
@@ -101,9 +124,12 @@ def new_key(path):
 class Member:
     """A trainer's side of one of the project's exchanges: founding
     (trainers, store) or joining (seed_url), its key and the pinned keys.
-    Subclasses create the C handle and name it in `_handle`."""
+    Subclasses create the C handle and name it in `_handle`, and name
+    their C functions: `_c_url` (pulse_loco_*_url) and `_c_admit`
+    (pulse_loco_*_admit)."""
 
     _what = "exchange"
+    _c_url = _c_admit = None
 
     def __init__(self, trainer_id, trainers, store, seed_url, key, member_keys, host,
                  join_timeout):
@@ -143,6 +169,40 @@ class Member:
             handle = ctypes.c_void_p()
             check(lib.pulse_sign_key_load(str(key).encode(), ctypes.byref(handle)))
             self._key = handle
+
+    def _fill_opts(self, opts, admission):
+        """The options every exchange shares: host, signing key, pinned
+        keys and the joiner's admission (kept alive with this member)."""
+        opts.host = self._host
+        opts.sign_key = self._key
+        if self._keys is not None:
+            opts.member_keys = self._keys
+            opts.member_key_count = len(self._keys)
+        self._admission = admission
+        if admission is not None:
+            opts.admission = ctypes.pointer(admission)
+
+    @property
+    def url(self):
+        """This member's base URL ("http://HOST:PORT"; a client-mode
+        collaboration peer's at its host): what a joiner's seed_url names.
+        None before the DiLoCo that uses it is made."""
+        if self._handle is None:
+            return None
+        return getattr(lib, self._c_url)(self._handle).decode()
+
+    def admit(self, newcomer_key, until_round):
+        """This member's admission of the public key `newcomer_key` (64
+        hex digits), valid until the group passes round `until_round`:
+        bytes to hand to the newcomer (its `admission=`). Needs a key."""
+        if self._handle is None:
+            raise fail(f"{self._what}: admit needs a running member")
+        raw = (ctypes.c_uint8 * KEY_BYTES)(*key_bytes(newcomer_key, "admit"))
+        out = LocoAdmission()
+        check(getattr(lib, self._c_admit)(self._handle, raw,
+                                          count(until_round, "until_round", 0, 2 ** 64),
+                                          ctypes.byref(out)))
+        return bytes(out)
 
     @property
     def public_key(self):

@@ -310,6 +310,9 @@ def check_refusals():
             "PULSE_ERR_NOT_FOUND")
     refused(lambda: C(0, 2, store, quiet=0.1), "a datagram option over HTTP")
     refused(lambda: C(0, 2, store, udp_port=5000), "a datagram port over HTTP")
+    refused(lambda: C(0, seed_url="http://127.0.0.1:1", admission=b"x"),
+            "an admission of another size")
+    refused(lambda: C(0, 2, store, admission=bytes(136)), "an admission without a seed_url")
     refused(lambda: C(0, 2, store, port=65536), "a port past 65535")
     refused(lambda: C(0, 2, store, port="80"), "a port that is not an integer")
     refused(lambda: C(0, 2, store, datagrams=True, drift_budget=-1), "a negative drift budget")

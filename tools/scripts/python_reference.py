@@ -47,12 +47,24 @@ def signature(obj):
 
 
 def members(cls):
-    """Public methods and properties defined by the class itself, in
-    source order."""
+    """Public methods and properties of the class, in source order: its
+    own, then those it inherits from the package's own base classes (a
+    user calls both alike)."""
+    out, seen = [], set()
+    for klass in cls.__mro__:
+        if klass is cls or (klass.__module__ or "").startswith("pulse."):
+            out += own_members(klass, seen)
+    return out
+
+
+def own_members(cls, seen):
+    """Public methods and properties defined by `cls` itself, less the
+    names in `seen` (overridden below), which it extends."""
     out = []
     for name, value in cls.__dict__.items():
-        if name.startswith("_"):
+        if name.startswith("_") or name in seen:
             continue
+        seen.add(name)
         if isinstance(value, property):
             out.append((name, "property", value.fget))
         elif isinstance(value, (staticmethod, classmethod)):
