@@ -310,6 +310,12 @@ static int sign_bytes(pulse_loco_collab *c, pulse_loco_auth_kind kind,
   return 1;
 }
 
+int collab_auth_sign(pulse_loco_collab *c, pulse_loco_auth_kind kind,
+                     uint64_t r, const void *data, size_t size,
+                     loco_sig *sig) {
+  return sign_bytes(c, kind, r, data, size, sig);
+}
+
 /* What a partitioned blob's signature covers: its path (round, attempt,
  * what it is: "/v1/loco/part/R/A/WHAT") and the SHA-256 of its bytes, so
  * that a blob of another attempt of the round, or another of the
@@ -656,15 +662,17 @@ uint64_t collab_auth_query(pulse_loco_collab *c, pulse_loco_auth_kind kind,
   return seq;
 }
 
-/* The kind and round of a POST that must be signed: a claim or readiness
- * ("/v1/collab/claim/R/..." or ".../ready/R/..."), an acknowledgement
+/* The kind and round of a POST that must be signed: a claim, readiness or
+ * acceptance ("/v1/collab/claim/R/...", ".../ready/R/...",
+ * ".../accept/R/K"), an acknowledgement
  * ("/v1/loco/round/R/done"); 0 for any other. */
 static pulse_loco_auth_kind signed_post(const char *path, uint64_t *r) {
   if (strcmp(path, "/v1/loco/join") == 0)
     return *r = 0, PULSE_LOCO_AUTH_JOIN; /* any round: its signature's */
   static const char *const prefixes[] = {
-      "/v1/collab/claim/", "/v1/collab/ready/", "/v1/loco/round/"};
-  for (int i = 0; i < 3; i++) {
+      "/v1/collab/claim/", "/v1/collab/ready/", "/v1/collab/accept/",
+      "/v1/loco/round/"};
+  for (int i = 0; i < 4; i++) {
     size_t k = strlen(prefixes[i]);
     if (strncmp(path, prefixes[i], k) != 0)
       continue;
@@ -673,7 +681,7 @@ static pulse_loco_auth_kind signed_post(const char *path, uint64_t *r) {
     if (end == path + k)
       return 0;
     *r = v;
-    if (i < 2)
+    if (i < 3)
       return *end == '/' ? PULSE_LOCO_AUTH_CLAIM : 0;
     return strcmp(end, "/done") == 0 ? PULSE_LOCO_AUTH_DONE : 0;
   }

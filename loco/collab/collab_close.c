@@ -2,9 +2,11 @@
  * docs/protocols/loco-collaboration.md "Collaboration"): the writer of round r at rank k waits for
  * every member's readiness, fetches and checks their payloads, serves the
  * relays and writes the manifest (a taken-over writer first adopts a
- * manifest some member already has); every other member says ready and
- * polls the writer for the manifest, moving to the next rank when the
- * writer is gone. */
+ * manifest some member already has, then proposes again what its backers
+ * accepted), which counts once more than half of the members accepted it
+ * (collab_commit.c); every other member says ready, accepts the writer's
+ * proposal and polls the writer for the manifest, moving to the next rank
+ * when the writer is gone. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,23 +31,25 @@ static int dead_writer(const pulse_loco_collab *c, uint64_t r, uint32_t k,
 
 /* Whether a takeover of round r at rank k is backed, from the table's
  * records (rec, n of them, by member): more than half of the round's
- * members that are not its dead writers (ranks below k) said something to
- * this table, each having found W(r, k - 1) dead by itself, this peer
- * counting itself when `self`. A member cut off from a live writer by a
- * partition backs no takeover alone: the others still hear that writer,
- * and its manifest is what this peer follows. */
+ * serving members (the acceptors of the commit step, collab_commit.c)
+ * sent this table a message at rank k, each having found W(r, k - 1) dead
+ * by itself and promised k first, this peer counting itself when `self`.
+ * A member cut off from a live writer by a partition backs no takeover
+ * alone: the others still hear that writer, and its manifest is what this
+ * peer follows. */
 int collab_takeover_backed(const pulse_loco_collab *c, uint64_t r, uint32_t k,
                            const collab_record *rec, size_t n, int self) {
-  size_t eligible = 0, backers = self ? 1u : 0u;
+  (void)k;
+  size_t backers = self ? 1u : 0u;
   for (size_t i = 0; i < c->nmembers; i++) {
     uint32_t id = c->members[i].id;
-    if (dead_writer(c, r, k, id))
+    if (id == c->id || !collab_serves(c->members[i].url) ||
+        collab_found_dead(c, r, id))
       continue;
-    eligible++;
-    for (size_t j = 0; j < n && id != c->id; j++)
+    for (size_t j = 0; j < n; j++)
       backers += rec[j].id == id && rec[j].contacted;
   }
-  return 2 * backers > eligible;
+  return 2 * backers > collab_acceptors(c, r);
 }
 
 /* Copies what a manifest names into m (owned arrays). */
@@ -122,8 +126,9 @@ static void look_for_manifest(pulse_loco_collab *c, uint64_t r, uint32_t k,
 }
 
 /* A taken-over writer (k > 0) adopts a manifest of r some member already
- * has (into *man, its source's URL into src): 1 when it did. */
-static int adopt_manifest(pulse_loco_collab *c, uint64_t r, uint32_t k,
+ * has (into *man, its source's URL into src): 1 when it did. A manifest a
+ * member serves there is committed (collab_commit.c): the round's. */
+int collab_adopt_manifest(pulse_loco_collab *c, uint64_t r, uint32_t k,
                           loco_manifest *man, char *src, size_t src_cap,
                           pulse_bytebuf *raw, loco_sig *sig) {
   int found;
@@ -153,7 +158,7 @@ static pulse_status follow_live_writer(pulse_loco_collab *c, uint64_t r,
                "peer only; following the others' manifest",
                r, pulse_loco_collab_writer(c->members, c->nmembers, r, k - 1));
   do {
-    if (adopt_manifest(c, r, k, man, src, src_cap, raw, sig))
+    if (collab_adopt_manifest(c, r, k, man, src, src_cap, raw, sig))
       return PULSE_OK;
     loco_sleep_ms(100);
   } while (loco_now_ms() < end);
@@ -400,7 +405,8 @@ static pulse_status write_round(pulse_loco_collab *c, uint64_t r, uint32_t k,
                                 loco_manifest *man, char *src, size_t src_cap,
                                 pulse_bytebuf *raw, loco_sig *sig,
                                 pulse_loco_collab_figures *info) {
-  if (k > 0 && adopt_manifest(c, r, k, man, src, src_cap, raw, sig))
+  collab_promise(c, r, k);
+  if (k > 0 && collab_adopt_manifest(c, r, k, man, src, src_cap, raw, sig))
     return PULSE_OK;
   snprintf(src, src_cap, "%s", c->url);
   pthread_mutex_lock(&c->lock);
@@ -430,9 +436,37 @@ static pulse_status write_round(pulse_loco_collab *c, uint64_t r, uint32_t k,
     goto done;
   }
   info->max_step = wait_readiness(&s, end);
+  if (k > 0) {
+    /* Those that did not back it: a dead one is no acceptor. */
+    uint32_t *heard = calloc(M + 1u, sizeof *heard);
+    size_t nh = 0;
+    for (size_t i = 0; heard && i < M; i++)
+      if (s.rec[i].contacted)
+        heard[nh++] = s.rec[i].id;
+    if (heard)
+      collab_probe_dead(c, r, heard, nh);
+    free(heard);
+  }
   if (k > 0 && !collab_takeover_backed(c, r, k, s.rec, M, 1)) {
     st = follow_live_writer(c, r, k, man, src, src_cap, raw, sig);
     goto done;
+  }
+  if (k > 0) {
+    /* The commit step's first phase: what the members that promised k
+     * accepted; the highest-ranked is proposed again, not a new one. */
+    int found = 0;
+    size_t answered =
+        collab_read_accepted(c, r, k, s.rec, M, man, raw, sig, &found);
+    if (2u * answered <= collab_acceptors(c, r)) {
+      if (found)
+        loco_manifest_free(man), pulse_bytebuf_free(raw);
+      st = follow_live_writer(c, r, k, man, src, src_cap, raw, sig);
+      goto done;
+    }
+    if (found) {
+      st = collab_commit(c, r, k, man, raw, sig, src, src_cap);
+      goto done;
+    }
   }
   st = fetch_payloads(&s);
   if (st != PULSE_OK)
@@ -447,6 +481,9 @@ static pulse_status write_round(pulse_loco_collab *c, uint64_t r, uint32_t k,
   st = serve_relays(&s);
   if (st == PULSE_OK)
     st = make_manifest(r, c->id, s.refs, s.nc, s.next, s.nn, man);
+  /* Acted on only once more than half of the members accepted it. */
+  if (st == PULSE_OK)
+    st = collab_commit(c, r, k, man, raw, sig, src, src_cap);
 done:
   for (size_t i = 0; s.t && i < M; i++)
     pulse_bytebuf_free(&s.t[i].body);
@@ -465,8 +502,13 @@ pulse_status collab_get_manifest(pulse_loco_collab *c, uint64_t r,
                                  loco_manifest *man, char *src, size_t cap,
                                  pulse_bytebuf *raw, loco_sig *sig,
                                  pulse_loco_collab_figures *info) {
-  uint32_t told = UINT32_MAX;
+  uint32_t told = UINT32_MAX, accepted_k = UINT32_MAX;
+  int accept_told = 0;
   uint64_t dead_since = 0, start = loco_now_ms();
+  /* Past the writer's wait, the manifest is looked for at every member
+   * too: a writer cut off from most of them commits nothing, and the
+   * others commit the round at another rank. */
+  uint64_t look = start + c->opts.round_timeout_ms + c->opts.claim_timeout_ms;
   uint64_t limit = 4u * c->opts.claim_timeout_ms + 4u * c->opts.round_timeout_ms;
   for (;;) {
     PULSE_TRY(collab_sync_rank(c, r, k));
@@ -531,8 +573,20 @@ pulse_status collab_get_manifest(pulse_loco_collab *c, uint64_t r,
       }
       pulse_bytebuf_free(&b);
       gone = status == 0;
+      /* The writer's proposal, accepted (a client is no acceptor). */
+      if (!gone && c->host_url[0] == '\0') {
+        if (accepted_k != *k)
+          accepted_k = *k, accept_told = 0;
+        PULSE_TRY(collab_follow_proposal(c, r, *k, wurl, &accept_told));
+      }
     }
     uint64_t now = loco_now_ms();
+    if (now >= look) {
+      if (collab_adopt_manifest(c, r, 0, man, src, cap, raw, sig))
+        return PULSE_OK;
+      look = loco_now_ms() + 250u;
+      now = loco_now_ms();
+    }
     if (gone) {
       if (dead_since == 0)
         dead_since = now;

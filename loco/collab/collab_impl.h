@@ -2,8 +2,8 @@
  * (pulse_loco_collab.h, docs/protocols/loco-collaboration.md "Collaboration"): its fields, shared by
  * the peer's setup, publishing and client mode (collab.c), the writer's
  * table and the POST routes (collab_writer.c), and one round: the round
- * and accumulating (collab_round.c), the close (collab_close.c), the
- * all-to-all finish (collab_fetch.c), the partitioned finish, outcomes,
+ * and accumulating (collab_round.c), the close (collab_close.c) and its
+ * commit step (collab_commit.c), the all-to-all finish (collab_fetch.c), the partitioned finish, outcomes,
  * settling and catching up (collab_finish.c). */
 #ifndef PULSE_LOCO_COLLAB_IMPL_H
 #define PULSE_LOCO_COLLAB_IMPL_H
@@ -17,6 +17,9 @@
 #include "payload_impl.h"
 #include "pulse_loco_collab.h"
 #include "status_impl.h"
+
+/* Members a peer notes dead in one round (collab_commit.c). */
+#define LOCO_PX_DEAD_MAX 64u
 
 /* Claim answers (HTTP statuses of POST /v1/collab/claim/...). */
 #define COLLAB_GRANTED 200u
@@ -38,6 +41,8 @@ typedef struct {
   uint64_t rate_milli;    /* its samples per second, times 1000 */
   uint64_t bandwidth;     /* its download rate (bytes/s) with its
                              readiness; 0: not measured */
+  uint32_t accepted_k1;   /* 1 + the rank at which it accepted this
+                             writer's proposal (collab_commit.c); 0: none */
 } collab_record;
 
 /* A joiner waiting for admission. */
@@ -104,6 +109,18 @@ struct pulse_loco_collab {
   pulse_loco_member *auth_view;
   size_t auth_nview;
   loco_tamper tamper; /* fault injection (tests, collab_auth_tamper) */
+  /* The commit step (collab_commit.c), this peer as an acceptor of round
+   * px_round: the highest rank it sent a message at (a promise: it accepts
+   * no proposal of a lower rank), and the rank of the proposal it accepted
+   * last (px_accepted 0: none). Main thread only. */
+  uint64_t px_round;
+  uint32_t px_promised;
+  int px_accepted;
+  uint32_t px_rank;
+  /* Members of px_round found dead by this peer (their port refuses
+   * connections): not counted among the acceptors. */
+  uint32_t px_dead[LOCO_PX_DEAD_MAX];
+  size_t px_ndead;
   uint64_t auth_bytes; /* signature headers received, main thread */
   uint64_t auth_refused_kind[PULSE_LOCO_AUTH_KINDS];
   /* Acknowledgements of round ends ("done"), the latest ones. */
@@ -280,6 +297,11 @@ unsigned collab_claim_locked(pulse_loco_collab *c, uint64_t r, uint32_t k,
                              uint64_t rate_milli);
 unsigned collab_ready_locked(pulse_loco_collab *c, uint64_t r, uint32_t k,
                              uint32_t id, uint64_t samples, int leaving);
+/* An acceptance by member id of the proposal of round r at rank k
+ * (POST /v1/collab/accept/R/K): 200, or a COLLAB_* refusal. Caller holds
+ * lock. */
+unsigned collab_accept_locked(pulse_loco_collab *c, uint64_t r, uint32_t k,
+                              uint32_t id);
 /* Notes the download rate member id reported with its readiness (bytes/s,
  * 0: none) in the open table. Caller holds lock. */
 void collab_bandwidth_locked(pulse_loco_collab *c, uint32_t id, uint64_t bw);
@@ -311,6 +333,66 @@ extern int loco_collab_test_stall_phase;
  * lock when rec is the table's. */
 int collab_takeover_backed(const pulse_loco_collab *c, uint64_t r, uint32_t k,
                            const collab_record *rec, size_t n, int self);
+
+/* A manifest of r some member re-serves (one committed, from the writer
+ * it names or a later rank), looked for at every serving member but this
+ * one and the dead writers below rank k (collab_close.c): into *man, its
+ * bytes and signature into raw and sig, its source's URL into src; 1 when
+ * found. */
+int collab_adopt_manifest(pulse_loco_collab *c, uint64_t r, uint32_t k,
+                          loco_manifest *man, char *src, size_t src_cap,
+                          pulse_bytebuf *raw, loco_sig *sig);
+
+/* ---------------------------------- the commit step (collab_commit.c)
+ *
+ * A round's manifest counts (is served at /v1/loco/round/R/manifest, and
+ * acted on) only once more than half of the round's serving members
+ * accepted it at the rank it was proposed at; an acceptor that sent a
+ * message at rank k (promised k) accepts no proposal of a lower rank; a
+ * writer taking over at rank k reads, from more than half of the serving
+ * members that promised k, the manifest each accepted last
+ * (/v1/loco/round/R/accepted) and proposes the highest-ranked one instead
+ * of its own. So at most one manifest per round is ever committed. */
+
+/* The acceptors of round r: the serving members of the context's round
+ * but those this peer found dead (their port refuses connections: a
+ * killed peer; a partitioned one drops or times out, and counts). */
+size_t collab_acceptors(const pulse_loco_collab *c, uint64_t r);
+int collab_found_dead(const pulse_loco_collab *c, uint64_t r, uint32_t id);
+/* Probes every serving member of round r but this peer, the dead ones and
+ * the skip list (a TCP connection, 250 ms at most): those that refuse are
+ * noted dead. */
+void collab_probe_dead(pulse_loco_collab *c, uint64_t r, const uint32_t *skip,
+                       size_t nskip);
+/* This peer promises rank k in round r (before any message at rank k). */
+void collab_promise(pulse_loco_collab *c, uint64_t r, uint32_t k);
+/* A follower at rank k: W(r, k)'s proposal (at wurl), checked (signed by
+ * the writer it names, of round r), accepted when no higher rank was
+ * promised, and the acceptance told to the writer (*told). An error when
+ * the proposal is refused (as a refused manifest). */
+pulse_status collab_follow_proposal(pulse_loco_collab *c, uint64_t r,
+                                    uint32_t k, const char *wurl, int *told);
+/* A writer taking over at rank k > 0: the highest-ranked manifest
+ * accepted by the members that promised k (those the table's records rec,
+ * n of them, say contacted it) and this peer, into man, raw and sig
+ * (*found); @return how many of them answered (this peer included). */
+size_t collab_read_accepted(pulse_loco_collab *c, uint64_t r, uint32_t k,
+                            const collab_record *rec, size_t n,
+                            loco_manifest *man, pulse_bytebuf *raw,
+                            loco_sig *sig, int *found);
+/* The writer of round r at rank k proposes man (raw and sig: its bytes
+ * and signature as they came when it re-proposes one it read; raw empty:
+ * its own), accepts it and waits for more than half of the serving members
+ * to accept: PULSE_OK, committed. Without that many, the manifest some
+ * member re-serves (committed at another rank) replaces man (src: its
+ * source); none within the bound: an error naming the partition. */
+pulse_status collab_commit(pulse_loco_collab *c, uint64_t r, uint32_t k,
+                           loco_manifest *man, pulse_bytebuf *raw,
+                           loco_sig *sig, char *src, size_t src_cap);
+/* A body signed as the auth hooks sign (collab_auth.c; 0 without a key,
+ * nothing signed). */
+int collab_auth_sign(pulse_loco_collab *c, pulse_loco_auth_kind kind,
+                     uint64_t r, const void *data, size_t size, loco_sig *sig);
 
 /* Publishes the table as GET /v1/loco/progress/round (JSON). */
 void collab_publish_progress(pulse_loco_collab *c);

@@ -131,6 +131,8 @@ unsigned collab_tell_writer(pulse_loco_collab *c, uint64_t r, uint32_t k,
                             int ready, uint64_t b, uint64_t done,
                             uint64_t rate_milli, int leaving) {
   uint32_t w = pulse_loco_collab_writer(c->members, c->nmembers, r, k);
+  /* A message at rank k promises k (collab_commit.c). */
+  collab_promise(c, r, k);
   if (w == c->id) {
     pthread_mutex_lock(&c->lock);
     collab_open_table(c, r, k);

@@ -128,6 +128,18 @@ unsigned collab_ready_locked(pulse_loco_collab *c, uint64_t r, uint32_t k,
   return 200;
 }
 
+unsigned collab_accept_locked(pulse_loco_collab *c, uint64_t r, uint32_t k,
+                              uint32_t id) {
+  unsigned s = route(c, r, k);
+  if (s != 0)
+    return s;
+  collab_record *x = record_of(c, id);
+  if (x == NULL)
+    return COLLAB_NOT_MEMBER;
+  x->accepted_k1 = k + 1u;
+  return 200;
+}
+
 void collab_bandwidth_locked(pulse_loco_collab *c, uint32_t id, uint64_t bw) {
   collab_record *x = record_of(c, id);
   if (x != NULL)
@@ -207,6 +219,11 @@ unsigned collab_on_post(void *user, const char *path, const char *id_text,
                                        (int)v[3]);
     if (status == 200)
       collab_bandwidth_locked(c, id, v[4]);
+  } else if (path_numbers(path, "/v1/collab/accept/", v, 2)) {
+    /* ROUND/RANK: the sender accepted this writer's proposal. */
+    status = v[1] > UINT32_MAX
+                 ? 400u
+                 : collab_accept_locked(c, v[0], (uint32_t)v[1], id);
   } else if (strcmp(path, "/v1/loco/join") == 0) {
     if (url == NULL || !loco_member_url_valid(url, id) || strlen(url) >= 64) {
       status = 400;
