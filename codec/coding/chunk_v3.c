@@ -18,7 +18,8 @@
 #define Q_SLOPE 5u  /* index steps per class step: density halves per class */
 #define COUNT_FIRST 4u /* prediction of a chunk's first count's bit length */
 #define PROB_SCALE (1u << PULSE_V3_PROB_BITS)
-#define RANS_LOW (1u << 16) /* the state stays in [2^16, 2^24), renormalized by bytes */
+#define RANS_LOW                                                               \
+  (1u << 16) /* the state stays in [2^16, 2^24), renormalized by bytes */
 
 struct pulse_v3_model {
   uint8_t weight[PULSE_CLASS_COUNT][PULSE_V3_TOKENS];
@@ -33,21 +34,30 @@ struct pulse_v3_model {
 
 /* Half-octave weights: round(2^((w - 1) / 2)), w = 1..31; 0 absent. */
 static const uint16_t weight_value[PULSE_V3_WEIGHT_MAX + 1] = {
-    0,    1,    1,    2,    3,    4,    6,     8,     11,    16,    23,
-    32,   45,   64,   91,   128,  181,  256,   362,   512,   724,   1024,
+    0,    1,    1,    2,    3,    4,    6,     8,     11,    16,   23,
+    32,   45,   64,   91,   128,  181,  256,   362,   512,   724,  1024,
     1448, 2048, 2896, 4096, 5793, 8192, 11585, 16384, 23170, 32768};
 
-static unsigned bit_length(uint64_t v) { return v ? 64u - (unsigned)__builtin_clzll(v) : 0u; }
+static unsigned bit_length(uint64_t v) {
+  return v ? 64u - (unsigned)__builtin_clzll(v) : 0u;
+}
 
-static unsigned gamma_len(uint64_t v) { return 2u * bit_length(v) - 1u; }
+static unsigned gamma_len(uint64_t v) {
+  return 2u * bit_length(v) - 1u;
+}
 
-static uint32_t zigzag(int32_t d) { return d >= 0 ? (uint32_t)d << 1 : ((uint32_t)(-d) << 1) - 1u; }
+static uint32_t zigzag(int32_t d) {
+  return d >= 0 ? (uint32_t)d << 1 : ((uint32_t)(-d) << 1) - 1u;
+}
 
-static int32_t unzigzag(uint32_t z) { return (z & 1u) ? -(int32_t)((z + 1u) >> 1) : (int32_t)(z >> 1); }
+static int32_t unzigzag(uint32_t z) {
+  return (z & 1u) ? -(int32_t)((z + 1u) >> 1) : (int32_t)(z >> 1);
+}
 
 /* Golomb parameter of index q: 0, then quarter octaves from 1 to 2^31. */
 static uint64_t m_of(unsigned q) {
-  static const uint32_t mant[4] = {65536u, 77936u, 92682u, 110218u}; /* 2^(i/4), 16.16 */
+  static const uint32_t mant[4] = {65536u, 77936u, 92682u,
+                                   110218u}; /* 2^(i/4), 16.16 */
   if (q == 0)
     return 0;
   unsigned e = (q - 1u) >> 2;
@@ -79,8 +89,8 @@ static unsigned token_raw_bits(unsigned tok) {
   return tok < PULSE_V3_LITERALS ? 0u : 2u + ((tok - PULSE_V3_LITERALS) >> 1);
 }
 
-void pulse_v3_count(pulse_v3_counts *counts, const uint8_t *cls, const uint16_t *delta,
-                    uint64_t k) {
+void pulse_v3_count(pulse_v3_counts *counts, const uint8_t *cls,
+                    const uint16_t *delta, uint64_t k) {
   for (uint64_t j = 0; j < k; j++) {
     uint32_t raw;
     unsigned nraw;
@@ -109,8 +119,10 @@ static void class_tables(pulse_v3_model *m, unsigned c, uint32_t *lut) {
     m->freq[c][t] = (uint16_t)f;
     total += (int32_t)f;
   }
-  /* At most 33 tokens were raised to 1; the top one holds >= 4096/34. */
-  m->freq[c][top] = (uint16_t)((int32_t)m->freq[c][top] + (int32_t)PROB_SCALE - total);
+  /* At most 33 tokens were raised to 1; the top one, at least 1/34 of the
+   * weight, holds >= 2048/34 = 60, so it stays positive for any weights. */
+  m->freq[c][top] =
+      (uint16_t)((int32_t)m->freq[c][top] + (int32_t)PROB_SCALE - total);
   m->cum[c][0] = 0;
   for (unsigned t = 0; t < PULSE_V3_TOKENS; t++) {
     m->cum[c][t + 1] = (uint16_t)(m->cum[c][t] + m->freq[c][t]);
@@ -149,7 +161,8 @@ static uint8_t weight_for(uint64_t count, uint64_t cmax) {
   return (uint8_t)(PULSE_V3_WEIGHT_MAX - j);
 }
 
-pulse_status pulse_v3_model_build(const pulse_v3_counts *counts, pulse_v3_model **out) {
+pulse_status pulse_v3_model_build(const pulse_v3_counts *counts,
+                                  pulse_v3_model **out) {
   *out = NULL;
   pulse_v3_model *m = calloc(1, sizeof *m);
   if (m == NULL)
@@ -180,9 +193,11 @@ void pulse_v3_model_free(pulse_v3_model *model) {
   free(model);
 }
 
-unsigned pulse_v3_model_freq(const pulse_v3_model *model, unsigned c, unsigned t) {
-  return c < PULSE_CLASS_COUNT && t < PULSE_V3_TOKENS && model->present[c] ? model->freq[c][t]
-                                                                            : 0u;
+unsigned pulse_v3_model_freq(const pulse_v3_model *model, unsigned c,
+                             unsigned t) {
+  return c < PULSE_CLASS_COUNT && t < PULSE_V3_TOKENS && model->present[c]
+             ? model->freq[c][t]
+             : 0u;
 }
 
 static void put_gamma(pulse_bitwriter *w, uint64_t v) { /* v >= 1 */
@@ -239,7 +254,8 @@ pulse_status pulse_v3_model_write(const pulse_v3_model *m, pulse_bytebuf *out) {
     }
   }
   pulse_bw_flush(&w);
-  return out->failed ? pulse_fail(PULSE_ERR_NOMEM, "v3 model: output") : PULSE_OK;
+  return out->failed ? pulse_fail(PULSE_ERR_NOMEM, "v3 model: output")
+                     : PULSE_OK;
 }
 
 pulse_status pulse_v3_model_read(const uint8_t *data, size_t size, size_t *used,
@@ -319,7 +335,9 @@ bad:
 
 static uint64_t golomb_len(uint64_t gap, uint64_t m) {
   uint64_t q = gap / m, r = gap - q * m;
-  uint64_t n = q < QUOTIENT_MAX ? q + 1u : QUOTIENT_MAX + gamma_len(q - QUOTIENT_MAX + 1u);
+  uint64_t n = q < QUOTIENT_MAX
+                   ? q + 1u
+                   : QUOTIENT_MAX + gamma_len(q - QUOTIENT_MAX + 1u);
   if (m >= 2) {
     unsigned b = bit_length(m - 1u);
     uint64_t u = (1ull << b) - m;
@@ -359,7 +377,8 @@ static void put_gap(pulse_bitwriter *w, uint64_t gap, uint64_t m) {
  * come first (o = 0), which tend to follow each other. */
 #define O_MIN (-(int32_t)Q_MAX - 1)
 
-static int32_t predict_o(int first, int32_t o_prev, unsigned c_prev, unsigned c) {
+static int32_t predict_o(int first, int32_t o_prev, unsigned c_prev,
+                         unsigned c) {
   if (first)
     return 0;
   if (o_prev == 0)
@@ -406,8 +425,8 @@ static unsigned choose_q(const uint32_t *g, uint32_t n, uint64_t *bits) {
 
 /* Gaps between changes (g, k entries) and, while fewer than k, between
  * holes (hg; *h of them; *h = UINT32_MAX when there are k or more). */
-static void class_gaps(const uint32_t *rank, const uint32_t *order, uint32_t k, uint32_t *g,
-                       uint32_t *hg, uint32_t *h) {
+static void class_gaps(const uint32_t *rank, const uint32_t *order, uint32_t k,
+                       uint32_t *g, uint32_t *hg, uint32_t *h) {
   uint64_t prev = 0;
   uint32_t nh = 0, run = 0; /* changes since the last hole */
   for (uint32_t t = 0; t < k; t++) {
@@ -431,7 +450,8 @@ static void class_gaps(const uint32_t *rank, const uint32_t *order, uint32_t k, 
 
 pulse_status pulse_chunk3_encode_ranks(const pulse_v3_model *model, uint32_t k,
                                        const uint8_t *cls, const uint32_t *rank,
-                                       const uint16_t *delta, pulse_bytebuf *out,
+                                       const uint16_t *delta,
+                                       pulse_bytebuf *out,
                                        pulse_v3_stats *stats) {
   pulse_bytebuf part_a = {0}, part_c = {0};
   pulse_bitwriter wa, wc;
@@ -449,7 +469,8 @@ pulse_status pulse_chunk3_encode_ranks(const pulse_v3_model *model, uint32_t k,
     goto done;
   }
   unsigned active = pulse_chunk_class_order(k, cls, kc, start, order);
-  uint64_t raw_total = 0, a_bits = 0, m_bits = 0, count_bits = 0, class_bits = gamma_len(active);
+  uint64_t raw_total = 0, a_bits = 0, m_bits = 0, count_bits = 0,
+           class_bits = gamma_len(active);
   put_gamma(&wa, active);
   unsigned next = 0, c_prev = 0, len_prev = COUNT_FIRST;
   int32_t o_prev = 0;
@@ -458,7 +479,8 @@ pulse_status pulse_chunk3_encode_ranks(const pulse_v3_model *model, uint32_t k,
     if (kc[c] == 0)
       continue;
     if (!model->present[c]) {
-      st = pulse_fail(PULSE_ERR_ARG, "chunk v3 encode: class %u is not in the model", c);
+      st = pulse_fail(PULSE_ERR_ARG,
+                      "chunk v3 encode: class %u is not in the model", c);
       goto done;
     }
     put_gamma(&wa, c + 1u - next);
@@ -507,8 +529,10 @@ pulse_status pulse_chunk3_encode_ranks(const pulse_v3_model *model, uint32_t k,
       uint32_t raw;
       unsigned nraw, tok = pulse_v3_token(delta[j], &raw, &nraw);
       if (model->freq[c][tok] == 0) {
-        st = pulse_fail(PULSE_ERR_ARG, "chunk v3 encode: token %u of class %u is not in the model",
-                        tok, c);
+        st = pulse_fail(
+            PULSE_ERR_ARG,
+            "chunk v3 encode: token %u of class %u is not in the model", tok,
+            c);
         goto done;
       }
       pulse_bw_put(&wc, raw, nraw);
@@ -524,7 +548,8 @@ pulse_status pulse_chunk3_encode_ranks(const pulse_v3_model *model, uint32_t k,
     uint32_t raw;
     unsigned nraw, tok = pulse_v3_token(delta[j], &raw, &nraw);
     uint32_t f = model->freq[c][tok], cum = model->cum[c][tok];
-    while (x >= f << (24u - PULSE_V3_PROB_BITS)) { /* (RANS_LOW / scale) * 2^8 * f */
+    while (x >=
+           f << (24u - PULSE_V3_PROB_BITS)) { /* (RANS_LOW / scale) * 2^8 * f */
       bytes[nb++] = (uint8_t)x;
       x >>= 8;
     }
@@ -550,7 +575,8 @@ pulse_status pulse_chunk3_encode_ranks(const pulse_v3_model *model, uint32_t k,
     stats->m_bits += m_bits;
     stats->gap_bits += a_bits;
     stats->value_bytes += b_size;
-    stats->pad_bits += 8u * a_size - (class_bits + count_bits + m_bits + a_bits);
+    stats->pad_bits +=
+        8u * a_size - (class_bits + count_bits + m_bits + a_bits);
     stats->pad_bits += 8u * part_c.size - raw_total;
     stats->raw_bits += raw_total;
     stats->frame_bytes += out->size - out_start - a_size - b_size - part_c.size;
@@ -567,7 +593,8 @@ done:
 
 /* ------------------------------------------------------------ decoding */
 
-static int read_varint(const uint8_t *s, size_t size, size_t *i, uint64_t *out) {
+static int read_varint(const uint8_t *s, size_t size, size_t *i,
+                       uint64_t *out) {
   uint64_t a = 0;
   size_t start = *i;
   for (unsigned shift = 0;; shift += 7) {
@@ -587,8 +614,9 @@ static int read_varint(const uint8_t *s, size_t size, size_t *i, uint64_t *out) 
 
 /* One Golomb gap (parameter m > 0; b1, u, lomask derived from it); 0 when
  * malformed or when the quotient alone reaches `limit`. */
-static inline int get_gap(pulse_bitreader *ra, uint64_t m, unsigned b1, uint64_t u,
-                          uint64_t lomask, uint64_t limit, uint64_t *gap) {
+static inline int get_gap(pulse_bitreader *ra, uint64_t m, unsigned b1,
+                          uint64_t u, uint64_t lomask, uint64_t limit,
+                          uint64_t *gap) {
   pulse_br_refill(ra);
   unsigned qq = (unsigned)__builtin_ctzll(~ra->buf | (1ull << QUOTIENT_MAX));
   uint64_t quot = qq;
@@ -657,8 +685,8 @@ typedef struct {
 } rans_reader;
 
 /* One value of a class's slot table; 0 when malformed. */
-static inline int get_value(rans_reader *rr, back_reader *rc, const uint32_t *lut,
-                            uint16_t *out) {
+static inline int get_value(rans_reader *rr, back_reader *rc,
+                            const uint32_t *lut, uint16_t *out) {
   uint32_t x = rr->x, e = lut[x & (PROB_SCALE - 1u)];
   unsigned tok = e & 63u;
   x = (e >> 18) * (x >> PULSE_V3_PROB_BITS) + ((e >> 6) & (PROB_SCALE - 1u));
@@ -679,22 +707,25 @@ static inline int get_value(rans_reader *rr, back_reader *rc, const uint32_t *lu
   return 1;
 }
 
-pulse_status pulse_chunk3_decode_ranks(const pulse_v3_model *model, const uint32_t *hist,
-                                       uint32_t n, const uint8_t *stream, size_t size,
-                                       uint32_t k, uint32_t *start, uint32_t *rank,
-                                       uint16_t *delta) {
+pulse_status pulse_chunk3_decode_ranks(const pulse_v3_model *model,
+                                       const uint32_t *hist, uint32_t n,
+                                       const uint8_t *stream, size_t size,
+                                       uint32_t k, uint32_t *start,
+                                       uint32_t *rank, uint16_t *delta) {
   if (k == 0 || k > n)
-    return pulse_fail(PULSE_ERR_CORRUPT, "chunk v3: %u changes in %u elements", k, n);
+    return pulse_fail(PULSE_ERR_CORRUPT, "chunk v3: %u changes in %u elements",
+                      k, n);
   size_t i = 0;
   uint64_t a_size;
-  if (!read_varint(stream, size, &i, &a_size) || a_size == 0 || a_size > size - i ||
-      size - i - a_size < 3)
+  if (!read_varint(stream, size, &i, &a_size) || a_size == 0 ||
+      a_size > size - i || size - i - a_size < 3)
     return pulse_fail(PULSE_ERR_CORRUPT, "chunk v3: bad part sizes");
   pulse_bitreader ra;
   pulse_br_init(&ra, stream + i, (size_t)a_size);
   const uint8_t *pb = stream + i + a_size, *end = stream + size;
   back_reader rc = {pb + 3, end, 0, 0, 0, 0};
-  rans_reader rr = {pb[0] | (uint32_t)pb[1] << 8 | (uint32_t)pb[2] << 16, pb + 3, end};
+  rans_reader rr = {pb[0] | (uint32_t)pb[1] << 8 | (uint32_t)pb[2] << 16,
+                    pb + 3, end};
   if (rr.x < RANS_LOW)
     return pulse_fail(PULSE_ERR_CORRUPT, "chunk v3: bad value coder state");
   uint64_t active, total = 0, next = 0;
@@ -706,36 +737,42 @@ pulse_status pulse_chunk3_decode_ranks(const pulse_v3_model *model, const uint32
   int32_t o_prev = 0;
   for (uint64_t a = 0; a < active; a++) {
     uint64_t step, lz, oz;
-    if (!get_gamma(&ra, &step) || step > PULSE_CLASS_COUNT - next || !get_gamma(&ra, &lz) ||
-        lz - 1u > 64u)
-      return pulse_fail(PULSE_ERR_CORRUPT, "chunk v3: bad class or class count");
+    if (!get_gamma(&ra, &step) || step > PULSE_CLASS_COUNT - next ||
+        !get_gamma(&ra, &lz) || lz - 1u > 64u)
+      return pulse_fail(PULSE_ERR_CORRUPT,
+                        "chunk v3: bad class or class count");
     unsigned c = (unsigned)(next + step - 1u);
     next = c + 1u;
     int32_t len = (int32_t)len_prev + unzigzag((uint32_t)(lz - 1u));
     if (len < 1 || len > (int32_t)bit_length(k - total))
-      return pulse_fail(PULSE_ERR_CORRUPT, "chunk v3: class %u count too large", c);
+      return pulse_fail(PULSE_ERR_CORRUPT, "chunk v3: class %u count too large",
+                        c);
     len_prev = (unsigned)len;
     pulse_br_refill(&ra);
     uint64_t kc = (1ull << (len - 1)) | pulse_br_peek(&ra, (unsigned)len - 1u);
     pulse_br_skip(&ra, (unsigned)len - 1u);
     const uint64_t limit = hist ? hist[c] : n;
     if (kc > k - total || kc > limit)
-      return pulse_fail(PULSE_ERR_CORRUPT, "chunk v3: class %u count too large", c);
+      return pulse_fail(PULSE_ERR_CORRUPT, "chunk v3: class %u count too large",
+                        c);
     if (!model->present[c])
-      return pulse_fail(PULSE_ERR_CORRUPT, "chunk v3: class %u is not in the model", c);
+      return pulse_fail(PULSE_ERR_CORRUPT,
+                        "chunk v3: class %u is not in the model", c);
     int32_t pred = predict_o(a == 0, o_prev, c_prev, c);
     if (!get_gamma(&ra, &oz) || oz - 1u > 4u * Q_MAX + 4u)
       return pulse_fail(PULSE_ERR_CORRUPT, "chunk v3: bad Golomb parameter");
     int32_t o = pred + unzigzag((uint32_t)(oz - 1u));
     if (o < O_MIN || o > (int32_t)Q_MAX)
-      return pulse_fail(PULSE_ERR_CORRUPT, "chunk v3: Golomb parameter out of range");
+      return pulse_fail(PULSE_ERR_CORRUPT,
+                        "chunk v3: Golomb parameter out of range");
     o_prev = o, c_prev = c;
     uint64_t holes = 0;
     if (o < 0 && (!get_gamma(&ra, &holes) || holes > limit - kc))
       return pulse_fail(PULSE_ERR_CORRUPT, "chunk v3: bad hole count");
     const uint64_t m = m_of(o < 0 ? (unsigned)(-1 - o) : (unsigned)o);
     const unsigned b1 = m >= 2 ? bit_length(m - 1u) - 1u : 0u;
-    const uint64_t u = m >= 2 ? (2ull << b1) - m : 1u, lomask = (1ull << b1) - 1u;
+    const uint64_t u = m >= 2 ? (2ull << b1) - m : 1u,
+                   lomask = (1ull << b1) - 1u;
     const uint32_t *lut = model->lut + (size_t)model->lut_of[c] * PROB_SCALE;
     uint32_t *rk = rank + total;
     uint16_t *dl = delta + total;
@@ -760,7 +797,8 @@ pulse_status pulse_chunk3_decode_ranks(const pulse_v3_model *model, const uint32
             pulse_br_refill(&ra);
             LOAD_A();
           }
-          unsigned qq = (unsigned)__builtin_ctzll(~buf | (1ull << QUOTIENT_MAX));
+          unsigned qq =
+              (unsigned)__builtin_ctzll(~buf | (1ull << QUOTIENT_MAX));
           if (__builtin_expect(qq < QUOTIENT_MAX, 1)) {
             buf >>= qq + 1u;
             bits -= qq + 1u;
@@ -783,7 +821,8 @@ pulse_status pulse_chunk3_decode_ranks(const pulse_v3_model *model, const uint32
         rk[t] = (uint32_t)pos++;
         uint32_t e = lut[x & (PROB_SCALE - 1u)];
         unsigned tok = e & 63u;
-        x = (e >> 18) * (x >> PULSE_V3_PROB_BITS) + ((e >> 6) & (PROB_SCALE - 1u));
+        x = (e >> 18) * (x >> PULSE_V3_PROB_BITS) +
+            ((e >> 6) & (PROB_SCALE - 1u));
         if (x < RANS_LOW) { /* one byte, or two: the second is rare */
           if (wp >= wend)
             goto out_normal;
@@ -810,14 +849,16 @@ pulse_status pulse_chunk3_decode_ranks(const pulse_v3_model *model, const uint32
 #undef LOAD_A
       rr.x = x, rr.p = wp;
       if (!ok)
-        return pulse_fail(PULSE_ERR_POSITION, "chunk v3: class %u change or value badly coded", c);
+        return pulse_fail(PULSE_ERR_POSITION,
+                          "chunk v3: class %u change or value badly coded", c);
     } else { /* gaps between holes: the changes fill the rest up to the last */
       const uint64_t span = kc + holes; /* <= limit */
       uint64_t left = holes, hole = UINT64_MAX, r = 0;
       if (left > 0) {
         uint64_t gap = 0;
         if (m > 0 && !get_gap(&ra, m, b1, u, lomask, span, &gap))
-          return pulse_fail(PULSE_ERR_POSITION, "chunk v3: bad hole gap in class %u", c);
+          return pulse_fail(PULSE_ERR_POSITION,
+                            "chunk v3: bad hole gap in class %u", c);
         hole = gap, left--;
       }
       for (uint64_t t = 0; t < kc; t++) {
@@ -827,29 +868,35 @@ pulse_status pulse_chunk3_decode_ranks(const pulse_v3_model *model, const uint32
           if (left > 0) {
             uint64_t gap = 0;
             if (m > 0 && !get_gap(&ra, m, b1, u, lomask, span, &gap))
-              return pulse_fail(PULSE_ERR_POSITION, "chunk v3: bad hole gap in class %u", c);
+              return pulse_fail(PULSE_ERR_POSITION,
+                                "chunk v3: bad hole gap in class %u", c);
             if (gap >= span - r)
-              return pulse_fail(PULSE_ERR_POSITION, "chunk v3: class %u hole out of range", c);
+              return pulse_fail(PULSE_ERR_POSITION,
+                                "chunk v3: class %u hole out of range", c);
             hole = r + gap, left--;
           }
         }
         rk[t] = (uint32_t)r++;
         if (!get_value(&rr, &rc, lut, dl + t))
-          return pulse_fail(PULSE_ERR_CORRUPT, "chunk v3: bad value in class %u", c);
+          return pulse_fail(PULSE_ERR_CORRUPT,
+                            "chunk v3: bad value in class %u", c);
       }
       if (left > 0 || hole != UINT64_MAX) /* a hole after the last change */
-        return pulse_fail(PULSE_ERR_POSITION, "chunk v3: class %u holes past its changes", c);
+        return pulse_fail(PULSE_ERR_POSITION,
+                          "chunk v3: class %u holes past its changes", c);
     }
     start[c + 1] = (uint32_t)kc;
     total += kc;
   }
   if (total != k)
-    return pulse_fail(PULSE_ERR_CORRUPT, "chunk v3: classes hold %llu changes, table says %u",
+    return pulse_fail(PULSE_ERR_CORRUPT,
+                      "chunk v3: classes hold %llu changes, table says %u",
                       (unsigned long long)total, k);
   for (unsigned c = 0; c < PULSE_CLASS_COUNT; c++)
     start[c + 1] += start[c];
-  if (!pulse_br_finished_exactly(&ra) || !back_finished_exactly(&rc, (size_t)(end - rr.p)) ||
-      rr.x != RANS_LOW)
-    return pulse_fail(PULSE_ERR_CORRUPT, "chunk v3: stream length does not match its content");
+  if (!pulse_br_finished_exactly(&ra) ||
+      !back_finished_exactly(&rc, (size_t)(end - rr.p)) || rr.x != RANS_LOW)
+    return pulse_fail(PULSE_ERR_CORRUPT,
+                      "chunk v3: stream length does not match its content");
   return PULSE_OK;
 }

@@ -10,9 +10,12 @@
  *   octave with the bits below the top two sent raw). Version 2 sent a
  *   value code per class per chunk (2-70 bits each, 2.2% of a patch) and
  *   Huffman codes lose 6% against the class entropy; here the model costs
- *   a few hundred bytes per patch and values are rANS-coded (12-bit
+ *   a few hundred bytes per patch and values are rANS-coded (11-bit
  *   probabilities, a state in [2^16, 2^24), byte renormalization), whose
- *   decode is one table lookup, one multiply and a shift per change.
+ *   decode is one table lookup, one multiply and a shift per change. 11
+ *   bits give the same bytes as 12 to 9 on both trajectories and an 8 KiB
+ *   table per class (12 bits: 16 KiB, decode 1.31x v2's CPU time against
+ *   1.13x).
  * - Per class a chunk sends its class step and count as version 2 does
  *   (the count in an order-3 Exp-Golomb code), and the Golomb parameter as
  *   an index into a quarter-octave table of parameters, coded against the
@@ -41,8 +44,11 @@
 
 #define PULSE_V3_TOKENS 34u
 #define PULSE_V3_LITERALS 8u
-#define PULSE_V3_PROB_BITS 12u
-#define PULSE_V3_WEIGHT_MAX 31u /* weights are half-octave steps, 0 = absent */
+/* 11 or 12: below 11 the top token of a class could be left with no
+ * frequency (it keeps >= 60 - 33 at 11), above 12 slot entries overflow. */
+#define PULSE_V3_PROB_BITS 11u
+#define PULSE_V3_WEIGHT_MAX 31u /* weights are half-octave steps, 0 = absent   \
+                                 */
 
 /* Token counts of a patch's changes by old exponent class: the encoder's
  * first pass, before it can write the model. */
@@ -58,15 +64,17 @@ typedef struct pulse_v3_model pulse_v3_model;
 unsigned pulse_v3_token(uint16_t delta, uint32_t *raw, unsigned *nraw);
 
 /* Adds k changes (class, delta) to the counts. */
-void pulse_v3_count(pulse_v3_counts *counts, const uint8_t *cls, const uint16_t *delta,
-                    uint64_t k);
+void pulse_v3_count(pulse_v3_counts *counts, const uint8_t *cls,
+                    const uint16_t *delta, uint64_t k);
 
 /* The model the encoder writes for these counts. *out is freed with
  * pulse_v3_model_free. @return PULSE_OK or PULSE_ERR_NOMEM. */
-pulse_status pulse_v3_model_build(const pulse_v3_counts *counts, pulse_v3_model **out);
+pulse_status pulse_v3_model_build(const pulse_v3_counts *counts,
+                                  pulse_v3_model **out);
 
 /* Appends the model's serialized form (a bit stream, padded to a byte). */
-pulse_status pulse_v3_model_write(const pulse_v3_model *model, pulse_bytebuf *out);
+pulse_status pulse_v3_model_write(const pulse_v3_model *model,
+                                  pulse_bytebuf *out);
 
 /* Parses a serialized model from the start of `size` bytes; *used gets its
  * length. Untrusted input: PULSE_ERR_CORRUPT on anything malformed (class
@@ -78,7 +86,8 @@ pulse_status pulse_v3_model_read(const uint8_t *data, size_t size, size_t *used,
 void pulse_v3_model_free(pulse_v3_model *model);
 
 /* Normalized frequency of token t of class c (0: the model has none). */
-unsigned pulse_v3_model_freq(const pulse_v3_model *model, unsigned c, unsigned t);
+unsigned pulse_v3_model_freq(const pulse_v3_model *model, unsigned c,
+                             unsigned t);
 
 /* Bits of a chunk stream by what they carry, for the benches. */
 typedef struct {
@@ -98,16 +107,18 @@ typedef struct {
  * stats (or NULL) is added to. k > 0. */
 pulse_status pulse_chunk3_encode_ranks(const pulse_v3_model *model, uint32_t k,
                                        const uint8_t *cls, const uint32_t *rank,
-                                       const uint16_t *delta, pulse_bytebuf *out,
+                                       const uint16_t *delta,
+                                       pulse_bytebuf *out,
                                        pulse_v3_stats *stats);
 
 /* Decodes to the class-major rank form of pulse_chunk_decode_ranks (start:
  * PULSE_CLASS_COUNT + 1 entries; ranks checked against hist[c], or against
  * n when hist is NULL). Untrusted input: every field is checked and the
  * stream consumed exactly. */
-pulse_status pulse_chunk3_decode_ranks(const pulse_v3_model *model, const uint32_t *hist,
-                                       uint32_t n, const uint8_t *stream, size_t size,
-                                       uint32_t k, uint32_t *start, uint32_t *rank,
-                                       uint16_t *delta);
+pulse_status pulse_chunk3_decode_ranks(const pulse_v3_model *model,
+                                       const uint32_t *hist, uint32_t n,
+                                       const uint8_t *stream, size_t size,
+                                       uint32_t k, uint32_t *start,
+                                       uint32_t *rank, uint16_t *delta);
 
 #endif

@@ -18,18 +18,20 @@
 #include "chunk_v3_impl.h"
 #include "pulse_elem.h"
 
-#define CHECK(cond)                                                                            \
-  do {                                                                                         \
-    if (!(cond)) {                                                                             \
-      fprintf(stderr, "fuzz_chunk_v3: %s failed at line %d\n", #cond, __LINE__);              \
-      __builtin_trap();                                                                        \
-    }                                                                                          \
+#define CHECK(cond)                                                            \
+  do {                                                                         \
+    if (!(cond)) {                                                             \
+      fprintf(stderr, "fuzz_chunk_v3: %s failed at line %d\n", #cond,          \
+              __LINE__);                                                       \
+      __builtin_trap();                                                        \
+    }                                                                          \
   } while (0)
 
 #define N_MAX 16384u
 
-static uint32_t rank_[N_MAX], rank2[N_MAX], order[N_MAX], start[PULSE_CLASS_COUNT + 1],
-    start2[PULSE_CLASS_COUNT + 1], pos[N_MAX], hist[PULSE_CLASS_COUNT];
+static uint32_t rank_[N_MAX], rank2[N_MAX], order[N_MAX],
+    start[PULSE_CLASS_COUNT + 1], start2[PULSE_CLASS_COUNT + 1], pos[N_MAX],
+    hist[PULSE_CLASS_COUNT];
 static uint16_t delta[N_MAX], delta2[N_MAX], cdelta[N_MAX], base[N_MAX];
 static uint8_t cls[N_MAX];
 
@@ -41,9 +43,10 @@ static void reencode(const pulse_v3_model *m, uint32_t n, uint32_t k) {
     for (uint32_t t = start[c]; t < start[c + 1]; t++)
       cls[t] = (uint8_t)c;
   pulse_bytebuf s = {0};
-  CHECK(pulse_chunk3_encode_ranks(m, k, cls, rank_, delta, &s, NULL) == PULSE_OK);
-  CHECK(pulse_chunk3_decode_ranks(m, NULL, n, s.data, s.size, k, start2, rank2, delta2) ==
+  CHECK(pulse_chunk3_encode_ranks(m, k, cls, rank_, delta, &s, NULL) ==
         PULSE_OK);
+  CHECK(pulse_chunk3_decode_ranks(m, NULL, n, s.data, s.size, k, start2, rank2,
+                                  delta2) == PULSE_OK);
   CHECK(memcmp(start, start2, sizeof start) == 0);
   CHECK(memcmp(rank_, rank2, k * sizeof *rank_) == 0);
   CHECK(memcmp(delta, delta2, k * sizeof *delta) == 0);
@@ -62,7 +65,8 @@ static void hostile(const uint8_t *data, size_t size) {
   CHECK(used <= size - 5);
   const uint8_t *s = data + 5 + used;
   size_t ss = size - 5 - used;
-  if (pulse_chunk3_decode_ranks(m, NULL, n, s, ss, k, start, rank_, delta) == PULSE_OK) {
+  if (pulse_chunk3_decode_ranks(m, NULL, n, s, ss, k, start, rank_, delta) ==
+      PULSE_OK) {
     CHECK(start[0] == 0 && start[PULSE_CLASS_COUNT] == k);
     for (unsigned c = 0; c < PULSE_CLASS_COUNT; c++)
       for (uint32_t t = start[c]; t < start[c + 1]; t++) {
@@ -102,9 +106,10 @@ static void built(const uint8_t *data, size_t size) {
   CHECK(pulse_v3_model_build(counts, &m) == PULSE_OK);
   free(counts);
   pulse_bytebuf s = {0};
-  CHECK(pulse_chunk3_encode_ranks(m, k, cls, rank_, delta, &s, NULL) == PULSE_OK);
-  CHECK(pulse_chunk3_decode_ranks(m, hist, n, s.data, s.size, k, start, rank2, delta2) ==
+  CHECK(pulse_chunk3_encode_ranks(m, k, cls, rank_, delta, &s, NULL) ==
         PULSE_OK);
+  CHECK(pulse_chunk3_decode_ranks(m, hist, n, s.data, s.size, k, start, rank2,
+                                  delta2) == PULSE_OK);
   uint32_t kc[PULSE_CLASS_COUNT] = {0};
   pulse_chunk_class_order(k, cls, kc, start2, order);
   CHECK(memcmp(start, start2, sizeof start) == 0);

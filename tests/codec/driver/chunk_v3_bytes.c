@@ -2,7 +2,7 @@
  * format version 2 and the entropy bound, per step of a trajectory of BF16
  * safetensors snapshots (same tensors in the same order):
  *
- *   chunk_v3_bytes [--chunk-log2 N] [--reps R] step0.safetensors step1... 
+ *   chunk_v3_bytes [--chunk-log2 N] [--reps R] step0.safetensors step1...
  *
  * Per step: changes; the real version 2 patch (pulse_patch_encode, class
  * model) and its parts (tensor table and header, chunk streams); the v3
@@ -79,9 +79,12 @@ int main(int argc, char **argv) {
       DIE("unknown option %s", argv[a]);
   }
   if (argc - a < 2)
-    DIE("usage: chunk_v3_bytes [--chunk-log2 N] [--reps R] step0.safetensors step1...");
-  printf("step changed | v2 patch (table+hdr, streams) | v3 patch (model, streams) | bound "
-         "(pos|class, val|class) | v2/bound v3/bound v3 streams+model/bound | v3 fields B/chg: "
+    DIE("usage: chunk_v3_bytes [--chunk-log2 N] [--reps R] step0.safetensors "
+        "step1...");
+  printf("step changed | v2 patch (table+hdr, streams) | v3 patch (model, "
+         "streams) | bound "
+         "(pos|class, val|class) | v2/bound v3/bound v3 streams+model/bound | "
+         "v3 fields B/chg: "
          "class count M gaps values raw pad+frame | decode Mchg/cpu-s v2 v3\n");
   pulse_st_file *prev = NULL;
   if (pulse_st_open(argv[a], &prev) != PULSE_OK)
@@ -99,7 +102,8 @@ int main(int argc, char **argv) {
     size_t nchunks = 0, cap = 0;
     pulse_v3_counts *counts = calloc(1, sizeof *counts);
     double pos_bits = 0;
-    uint64_t changed = 0, *val_class = calloc((size_t)PULSE_CLASS_COUNT << 17, sizeof *val_class);
+    uint64_t changed = 0, *val_class = calloc((size_t)PULSE_CLASS_COUNT << 17,
+                                              sizeof *val_class);
     uint64_t class_total[PULSE_CLASS_COUNT] = {0};
     /* the chunk-entry and section-size varints v3 changes */
     int64_t table_delta = 0;
@@ -136,7 +140,8 @@ int main(int argc, char **argv) {
         unsigned cl = pulse_bf16_class(c->old_bits[j]);
         kc[cl]++;
         class_total[cl]++;
-        val_class[(size_t)cl << 17 | pulse_zigzag16(pulse_bf16_delta(c->old_bits[j], c->new_bits[j]))]++;
+        val_class[(size_t)cl << 17 | pulse_zigzag16(pulse_bf16_delta(
+                                         c->old_bits[j], c->new_bits[j]))]++;
       }
       for (unsigned cl = 0; cl < PULSE_CLASS_COUNT; cl++)
         pos_bits += h2_bits(nc[cl], kc[cl]);
@@ -144,7 +149,8 @@ int main(int argc, char **argv) {
       uint64_t csize = 1ull << chunk_log2, j = 0;
       uint64_t sec_v2 = 0;
       for (uint64_t first = 0; first < tn.numel; first += csize) {
-        uint32_t n = (uint32_t)(tn.numel - first < csize ? tn.numel - first : csize);
+        uint32_t n =
+            (uint32_t)(tn.numel - first < csize ? tn.numel - first : csize);
         uint64_t j0 = j;
         while (j < c->count && c->pos[j] < first + n)
           j++;
@@ -162,13 +168,14 @@ int main(int argc, char **argv) {
         uint32_t *cpos = malloc(4u * k), hist[PULSE_CLASS_COUNT];
         for (uint32_t t = 0; t < k; t++) {
           cpos[t] = (uint32_t)(c->pos[j0 + t] - first);
-          q->delta[t] = pulse_bf16_delta(c->old_bits[j0 + t], c->new_bits[j0 + t]);
+          q->delta[t] =
+              pulse_bf16_delta(c->old_bits[j0 + t], c->new_bits[j0 + t]);
         }
         pulse_chunk_classify(o + first, n, cpos, k, hist, q->rank, q->cls);
         free(cpos);
         pulse_v3_count(counts, q->cls, q->delta, k);
-        if (pulse_chunk2_encode_ranks(PULSE_POS_CLASS, k, q->cls, q->rank, q->delta, &q->v2) !=
-            PULSE_OK)
+        if (pulse_chunk2_encode_ranks(PULSE_POS_CLASS, k, q->cls, q->rank,
+                                      q->delta, &q->v2) != PULSE_OK)
           DIE("v2 encode failed");
         sec_v2 += q->v2.size;
       }
@@ -196,7 +203,8 @@ int main(int argc, char **argv) {
     pulse_v3_model_write(model, &mb);
     size_t used;
     pulse_v3_model *model2;
-    if (pulse_v3_model_read(mb.data, mb.size, &used, &model2) != PULSE_OK || used != mb.size)
+    if (pulse_v3_model_read(mb.data, mb.size, &used, &model2) != PULSE_OK ||
+        used != mb.size)
       DIE("model read back failed");
     pulse_v3_stats stats = {0};
     uint64_t v3_streams = 0;
@@ -211,56 +219,65 @@ int main(int argc, char **argv) {
     uint32_t start2[PULSE_CLASS_COUNT + 1];
     for (size_t q = 0; q < nchunks; q++) {
       chunk *c = &chunks[q];
-      if (pulse_chunk3_encode_ranks(model, c->k, c->cls, c->rank, c->delta, &c->v3, &stats) !=
-          PULSE_OK)
+      if (pulse_chunk3_encode_ranks(model, c->k, c->cls, c->rank, c->delta,
+                                    &c->v3, &stats) != PULSE_OK)
         DIE("v3 encode failed");
       v3_streams += c->v3.size;
-      table_delta += (int64_t)varint_len(c->v3.size) - (int64_t)varint_len(c->v2.size);
-      if (pulse_chunk2_decode_ranks(PULSE_POS_CLASS, NULL, c->n, c->v2.data, c->v2.size, c->k,
-                                    start, rk, dl) != PULSE_OK ||
-          pulse_chunk3_decode_ranks(model2, NULL, c->n, c->v3.data, c->v3.size, c->k, start2, rk2,
-                                    dl2) != PULSE_OK)
+      table_delta +=
+          (int64_t)varint_len(c->v3.size) - (int64_t)varint_len(c->v2.size);
+      if (pulse_chunk2_decode_ranks(PULSE_POS_CLASS, NULL, c->n, c->v2.data,
+                                    c->v2.size, c->k, start, rk,
+                                    dl) != PULSE_OK ||
+          pulse_chunk3_decode_ranks(model2, NULL, c->n, c->v3.data, c->v3.size,
+                                    c->k, start2, rk2, dl2) != PULSE_OK)
         DIE("decode failed");
       if (memcmp(start, start2, sizeof start2) || memcmp(rk, rk2, 4u * c->k) ||
           memcmp(dl, dl2, 2u * c->k))
         DIE("v3 decode differs from v2's");
     }
     /* section sizes: approximate per chunk (one chunk per tensor here) */
-    uint64_t v3_total = (uint64_t)((int64_t)table + table_delta) + mb.size + v3_streams;
+    uint64_t v3_total =
+        (uint64_t)((int64_t)table + table_delta) + mb.size + v3_streams;
     /* the bound's value part */
     double val_bits = 0;
     for (size_t x = 0; x < ((size_t)PULSE_CLASS_COUNT << 17); x++)
       if (val_class[x])
-        val_bits -= (double)val_class[x] * log2((double)val_class[x] / (double)class_total[x >> 17]);
+        val_bits -= (double)val_class[x] *
+                    log2((double)val_class[x] / (double)class_total[x >> 17]);
     double bound = (pos_bits + val_bits) / 8.0;
     /* decode speed, alternating */
     double *t2 = malloc(reps * sizeof *t2), *t3 = malloc(reps * sizeof *t3);
     for (unsigned r = 0; r < reps; r++) {
       double s = cpu_now();
       for (size_t q = 0; q < nchunks; q++)
-        pulse_chunk2_decode_ranks(PULSE_POS_CLASS, NULL, chunks[q].n, chunks[q].v2.data,
-                                  chunks[q].v2.size, chunks[q].k, start, rk, dl);
+        pulse_chunk2_decode_ranks(PULSE_POS_CLASS, NULL, chunks[q].n,
+                                  chunks[q].v2.data, chunks[q].v2.size,
+                                  chunks[q].k, start, rk, dl);
       double m = cpu_now();
       for (size_t q = 0; q < nchunks; q++)
         pulse_chunk3_decode_ranks(model2, NULL, chunks[q].n, chunks[q].v3.data,
-                                  chunks[q].v3.size, chunks[q].k, start2, rk2, dl2);
+                                  chunks[q].v3.size, chunks[q].k, start2, rk2,
+                                  dl2);
       t2[r] = m - s;
       t3[r] = cpu_now() - m;
     }
     qsort(t2, reps, sizeof *t2, cmp_double);
     qsort(t3, reps, sizeof *t3, cmp_double);
     double N = (double)changed;
-    printf("%d %llu | %llu (%llu, %llu) | %llu (%zu, %llu) | %.0f (%.0f, %.0f) | %.3f %.3f %.3f | "
+    printf("%d %llu | %llu (%llu, %llu) | %llu (%zu, %llu) | %.0f (%.0f, %.0f) "
+           "| %.3f %.3f %.3f | "
            "%.4f %.4f %.4f %.4f %.4f %.4f %.4f | %.1f %.1f\n",
            f - a, (unsigned long long)changed, (unsigned long long)patch.size,
            (unsigned long long)table, (unsigned long long)v2_streams,
-           (unsigned long long)v3_total, mb.size, (unsigned long long)v3_streams, bound,
-           pos_bits / 8, val_bits / 8, (double)patch.size / bound, (double)v3_total / bound,
+           (unsigned long long)v3_total, mb.size,
+           (unsigned long long)v3_streams, bound, pos_bits / 8, val_bits / 8,
+           (double)patch.size / bound, (double)v3_total / bound,
            (double)(v3_streams + mb.size) / bound, stats.class_bits / 8.0 / N,
-           stats.count_bits / 8.0 / N, stats.m_bits / 8.0 / N, stats.gap_bits / 8.0 / N,
-           (double)stats.value_bytes / N, stats.raw_bits / 8.0 / N,
-           (stats.pad_bits / 8.0 + (double)stats.frame_bytes) / N, N / t2[reps / 2] / 1e6,
-           N / t3[reps / 2] / 1e6);
+           stats.count_bits / 8.0 / N, stats.m_bits / 8.0 / N,
+           stats.gap_bits / 8.0 / N, (double)stats.value_bytes / N,
+           stats.raw_bits / 8.0 / N,
+           (stats.pad_bits / 8.0 + (double)stats.frame_bytes) / N,
+           N / t2[reps / 2] / 1e6, N / t3[reps / 2] / 1e6);
     fflush(stdout);
     free(t2), free(t3), free(start), free(rk), free(rk2), free(dl), free(dl2);
     for (size_t q = 0; q < nchunks; q++) {
