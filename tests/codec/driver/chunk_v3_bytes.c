@@ -85,7 +85,8 @@ int main(int argc, char **argv) {
          "streams) | bound "
          "(pos|class, val|class) | v2/bound v3/bound v3 streams+model/bound | "
          "v3 fields B/chg: "
-         "class count M gaps values raw pad+frame | decode Mchg/cpu-s v2 v3\n");
+         "class count M gaps values raw pad+frame | decode Mchg/cpu-s v2 v3 | "
+         "v1 streams, v1 with v2's table / bound\n");
   pulse_st_file *prev = NULL;
   if (pulse_st_open(argv[a], &prev) != PULSE_OK)
     DIE("cannot open %s", argv[a]);
@@ -102,8 +103,9 @@ int main(int argc, char **argv) {
     size_t nchunks = 0, cap = 0;
     pulse_v3_counts *counts = calloc(1, sizeof *counts);
     double pos_bits = 0;
-    uint64_t changed = 0, *val_class = calloc((size_t)PULSE_CLASS_COUNT << 17,
-                                              sizeof *val_class);
+    uint64_t v1_streams = 0, changed = 0,
+             *val_class =
+                 calloc((size_t)PULSE_CLASS_COUNT << 17, sizeof *val_class);
     uint64_t class_total[PULSE_CLASS_COUNT] = {0};
     /* the chunk-entry and section-size varints v3 changes */
     int64_t table_delta = 0;
@@ -178,6 +180,12 @@ int main(int argc, char **argv) {
                                       q->delta, &q->v2) != PULSE_OK)
           DIE("v2 encode failed");
         sec_v2 += q->v2.size;
+        pulse_bytebuf v1 = {0};
+        if (pulse_chunk_encode_ranks(1, PULSE_POS_CLASS, hist, n, k, q->cls,
+                                     q->rank, q->delta, &v1) != PULSE_OK)
+          DIE("v1 encode failed");
+        v1_streams += v1.size;
+        pulse_bytebuf_free(&v1);
       }
       (void)sec_v2;
     }
@@ -264,20 +272,21 @@ int main(int argc, char **argv) {
     qsort(t2, reps, sizeof *t2, cmp_double);
     qsort(t3, reps, sizeof *t3, cmp_double);
     double N = (double)changed;
-    printf("%d %llu | %llu (%llu, %llu) | %llu (%zu, %llu) | %.0f (%.0f, %.0f) "
-           "| %.3f %.3f %.3f | "
-           "%.4f %.4f %.4f %.4f %.4f %.4f %.4f | %.1f %.1f\n",
-           f - a, (unsigned long long)changed, (unsigned long long)patch.size,
-           (unsigned long long)table, (unsigned long long)v2_streams,
-           (unsigned long long)v3_total, mb.size,
-           (unsigned long long)v3_streams, bound, pos_bits / 8, val_bits / 8,
-           (double)patch.size / bound, (double)v3_total / bound,
-           (double)(v3_streams + mb.size) / bound, stats.class_bits / 8.0 / N,
-           stats.count_bits / 8.0 / N, stats.m_bits / 8.0 / N,
-           stats.gap_bits / 8.0 / N, (double)stats.value_bytes / N,
-           stats.raw_bits / 8.0 / N,
-           (stats.pad_bits / 8.0 + (double)stats.frame_bytes) / N,
-           N / t2[reps / 2] / 1e6, N / t3[reps / 2] / 1e6);
+    printf(
+        "%d %llu | %llu (%llu, %llu) | %llu (%zu, %llu) | %.0f (%.0f, %.0f) "
+        "| %.3f %.3f %.3f | "
+        "%.4f %.4f %.4f %.4f %.4f %.4f %.4f | %.1f %.1f | %llu %.3f\n",
+        f - a, (unsigned long long)changed, (unsigned long long)patch.size,
+        (unsigned long long)table, (unsigned long long)v2_streams,
+        (unsigned long long)v3_total, mb.size, (unsigned long long)v3_streams,
+        bound, pos_bits / 8, val_bits / 8, (double)patch.size / bound,
+        (double)v3_total / bound, (double)(v3_streams + mb.size) / bound,
+        stats.class_bits / 8.0 / N, stats.count_bits / 8.0 / N,
+        stats.m_bits / 8.0 / N, stats.gap_bits / 8.0 / N,
+        (double)stats.value_bytes / N, stats.raw_bits / 8.0 / N,
+        (stats.pad_bits / 8.0 + (double)stats.frame_bytes) / N,
+        N / t2[reps / 2] / 1e6, N / t3[reps / 2] / 1e6,
+        (unsigned long long)v1_streams, (double)(table + v1_streams) / bound);
     fflush(stdout);
     free(t2), free(t3), free(start), free(rk), free(rk2), free(dl), free(dl2);
     for (size_t q = 0; q < nchunks; q++) {
