@@ -34,24 +34,28 @@
  *      (or the next detect) drops the step and it can be retried.
  *
  * Memory per rank: the BF16 snapshot of its blocks; during a step its own
- * changes (12 bytes each, freed by advance and abort), its part (12 bytes
- * per change of a shared chunk), the parts cut for it, and its counts:
- * entries for the changes of shared chunks and the streams of its own
- * chunks (about the patch's bytes for those chunks). Counting and coding
- * walk the parts one changed chunk at a time: beyond the parts and
- * counts, they hold one chunk's changes, about 20 bytes each. The
- * encoding rank also holds every rank's part and counts (the shared
- * chunks' changes, every rank's streams) and the patch, or with
- * pulse_pub_shard_encode_file the received streams, then the patch: for
- * blocks that meet few chunks of other ranks (dim-0 blocks, flat ranges,
- * tensor sets), about the patch's bytes; a rank of column blocks shares
- * every chunk, and the encoding rank then receives every change. The per-tensor digests of
- * the patch are the sums of the blocks' digests (docs/formats/patch.md
- * "Digests" is additive).
+ * changes (about 3.5 bytes each: a position gap and the new bits, freed
+ * by advance and abort), its part (3-4 bytes per change of a shared
+ * chunk: a position gap, the old bits' class and the delta), the parts
+ * cut for it (2-3 bytes a change: no deltas), and its counts: an entry
+ * for each change of the shared chunks its blocks meet (mostly one byte:
+ * the growth of its contribution since the last change of that class)
+ * and the streams of its own chunks (about the patch's bytes for those
+ * chunks). Counting and coding walk the parts one changed chunk at a
+ * time: beyond the parts and counts, they hold one chunk's changes, about
+ * 15 bytes each. The encoding rank also holds every rank's part and
+ * counts (the shared chunks' changes, every rank's streams) and the
+ * patch, or with pulse_pub_shard_encode_file the received streams, then
+ * the patch: for blocks that meet few chunks of other ranks (dim-0
+ * blocks, flat ranges, tensor sets), about the patch's bytes; a rank of
+ * column blocks shares every chunk, and the encoding rank then receives
+ * every change (3-4 bytes) and every rank's entry for it. The per-tensor
+ * digests of the patch are the sums of the blocks' digests
+ * (docs/formats/patch.md "Digests" is additive).
  *
  * Parts and counts are opaque bytes to carry between ranks of one job, built
  * by one library version; they are checked (magic, version, table,
- * lengths) but are not a stored format.
+ * lengths, positions) but are not a stored format.
  *
  * Thread-safety: a shard is driven by one thread at a time; the free
  * functions are reentrant. Nothing here prints to stdout. */

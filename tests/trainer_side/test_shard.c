@@ -15,6 +15,7 @@
 #include "trainer_testutil.h"
 #include "pulse_pub_shard.h"
 #include "pulse_safetensors.h"
+#include "shard_impl.h"
 
 #define RANKS 4
 #define NT 4
@@ -333,9 +334,10 @@ static void run_sharding(sharding s, uint64_t seed) {
                (unsigned long long)total_changes);
   /* Parts carry the changes of chunks that several ranks meet; a rank
    * codes the chunks its blocks cover, whose changes never leave it. */
-  uint64_t headers = 5 * RANKS * 56, change_bytes = 12 * total_changes;
+  /* (a change in a whole part takes 3 bytes or more) */
+  uint64_t headers = 5 * RANKS * 64, change_bytes = 3 * total_changes;
   for (int r = 0; r < RANKS; r++)
-    headers += 5 * 192 * rb[r].n;
+    headers += 5 * 200 * rb[r].n;
   if (s == SETS) /* every chunk is one rank's */
     cr_assert_eq(part_bytes, headers, "parts: %llu bytes", (unsigned long long)part_bytes);
   if (s == FLAT || s == DIM0) /* 1024-element chunks: most straddle blocks here */
@@ -542,6 +544,139 @@ Test(shard, hostile_counts_of_shared_chunks_are_refused_or_read_within_bounds) {
   cr_assert_neq(pulse_pub_shard_encode(m.info, NT, &eo, parts, RANKS, twice, RANKS + 1, NULL,
                                        &out),
                 PULSE_OK);
+  for (int r = 0; r < RANKS; r++) {
+    pulse_buffer_free(&parts[r]), pulse_buffer_free(&counts[r]);
+    pulse_pub_shard_free(sh[r]);
+  }
+  model_free(&m);
+}
+
+static uint64_t le64(const uint8_t *p) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; i--)
+    v = v << 8 | p[i];
+  return v;
+}
+
+static void put_le64(uint8_t *p, uint64_t v) {
+  for (int i = 0; i < 8; i++)
+    p[i] = (uint8_t)(v >> (8 * i));
+}
+
+/* A part's deltas travel as signed steps (zigzag): every delta a change
+ * can have comes back, the small steps Adam makes in one byte. */
+Test(shard, every_delta_survives_its_zigzag) {
+  for (uint32_t d = 1; d <= 0xFFFF; d++) {
+    uint64_t z = shard_zigzag((uint16_t)d);
+    cr_assert(z != 0 && z <= 0xFFFF && shard_unzigzag(z) == d, "delta %u: %llu", d,
+              (unsigned long long)z);
+  }
+  cr_assert_eq(shard_zigzag(1), 2);
+  cr_assert_eq(shard_zigzag(0xFFFF), 1);  /* -1 */
+  cr_assert_lt(shard_zigzag(0xFFC1), 128); /* -63: one LEB128 byte */
+}
+
+/* Parts carry LEB128 position gaps, classes and deltas: a part cut short
+ * is refused by every reader (count, encode, part_for, the state digest);
+ * any byte changed is refused or read within bounds (an ASan build checks
+ * the reads); a part cut for counting (no deltas) cannot be encoded. */
+Test(shard, hostile_parts_are_refused_or_read_within_bounds) {
+  model m;
+  model_init(&m, 17);
+  rank_blocks rb[RANKS];
+  blocks_of(RECT, &m, rb);
+  pulse_pub_shard *sh[RANKS];
+  shards_make(&m, rb, sh);
+  pulse_buffer parts[RANKS], counts[RANKS], cut = {0}, out = {0};
+  detect_all(sh, rb, &m, parts);
+  for (int r = 0; r < RANKS; r++)
+    pulse_buffer_free(&parts[r]);
+  model_step(&m);
+  detect_all(sh, rb, &m, parts);
+  for (int r = 0; r < RANKS; r++)
+    cr_assert_eq(pulse_pub_shard_count(sh[r], parts, RANKS, &counts[r]), PULSE_OK);
+  pulse_encode_opts eo;
+  pulse_encode_opts_init(&eo);
+  eo.step = 1, eo.base_step = 0, eo.chunk_log2 = LOG2, eo.threads = 1;
+  cr_assert_eq(pulse_pub_shard_part_for(sh[1], &parts[1], rb[0].b, rb[0].n, &cut), PULSE_OK);
+  cr_assert_gt(parts[1].size, 3000, "a part of shared chunks: %zu bytes", parts[1].size);
+  pulse_state_digest dg;
+  for (size_t len = 0; len < parts[1].size; len += 3) {
+    pulse_buffer set[RANKS] = {parts[0], {parts[1].data, len}, parts[2], parts[3]};
+    cr_assert_eq(pulse_pub_shard_count(sh[0], set, RANKS, &out), PULSE_ERR_CORRUPT, "%zu", len);
+    cr_assert_eq(pulse_pub_shard_encode(m.info, NT, &eo, set, RANKS, counts, RANKS, NULL, &out),
+                 PULSE_ERR_CORRUPT, "part cut to %zu bytes", len);
+    cr_assert_eq(pulse_pub_shard_part_for(sh[1], &set[1], rb[0].b, rb[0].n, &out),
+                 PULSE_ERR_CORRUPT, "%zu", len);
+    cr_assert_eq(pulse_pub_shard_state_digest(m.info, NT, LOG2, set, RANKS, 1, &dg),
+                 PULSE_ERR_CORRUPT, "%zu", len);
+  }
+  for (size_t at = 0; at < parts[1].size; at++) {
+    uint8_t *b = parts[1].data;
+    b[at] ^= 0x3C;
+    pulse_status got = pulse_pub_shard_count(sh[0], parts, RANKS, &out);
+    pulse_buffer_free(&out);
+    cr_assert(got == PULSE_OK || got == PULSE_ERR_CORRUPT, "byte %zu: %s: %s", at,
+              pulse_status_name(got), pulse_error_detail());
+    got = pulse_pub_shard_encode(m.info, NT, &eo, parts, RANKS, counts, RANKS, NULL, &out);
+    pulse_buffer_free(&out);
+    cr_assert(got == PULSE_OK || got == PULSE_ERR_CORRUPT || got == PULSE_ERR_ARG,
+              "byte %zu: %s: %s", at, pulse_status_name(got), pulse_error_detail());
+    got = pulse_pub_shard_part_for(sh[1], &parts[1], rb[0].b, rb[0].n, &out);
+    pulse_buffer_free(&out);
+    cr_assert(got == PULSE_OK || got == PULSE_ERR_CORRUPT, "byte %zu: %s", at,
+              pulse_status_name(got));
+    b[at] ^= 0x3C;
+  }
+  /* The same for a cut part, which counting reads. */
+  for (size_t at = 0; at < cut.size; at++) {
+    cut.data[at] ^= 0x3C;
+    pulse_buffer set[RANKS] = {parts[0], cut, parts[2], parts[3]};
+    pulse_status got = pulse_pub_shard_count(sh[0], set, RANKS, &out);
+    pulse_buffer_free(&out);
+    cr_assert(got == PULSE_OK || got == PULSE_ERR_CORRUPT, "byte %zu: %s", at,
+              pulse_status_name(got));
+    cut.data[at] ^= 0x3C;
+  }
+  pulse_buffer set[RANKS] = {parts[0], cut, parts[2], parts[3]};
+  cr_assert_eq(pulse_pub_shard_encode(m.info, NT, &eo, set, RANKS, counts, RANKS, NULL, &out),
+               PULSE_ERR_CORRUPT);
+  cr_assert(strstr(pulse_error_detail(), "no deltas"), "%s", pulse_error_detail());
+  /* The first block with changes (64-byte part header, 200-byte block
+   * headers: u64 changes at 48, u64 change bytes at 192): one change more
+   * than its bytes hold, a delta of 0, a position past the tensor's end. */
+  uint8_t *p = parts[1].data, *blk = p + 64;
+  while (le64(blk + 48) == 0)
+    blk += 200 + le64(blk + 192);
+  uint8_t *ch = blk + 200;
+  put_le64(blk + 48, le64(blk + 48) + 1);
+  cr_assert_eq(pulse_pub_shard_count(sh[0], parts, RANKS, &out), PULSE_ERR_CORRUPT);
+  put_le64(blk + 48, le64(blk + 48) - 1);
+  size_t gap_len = 1;
+  while (ch[gap_len - 1] & 0x80)
+    gap_len++;
+  uint8_t keep = ch[gap_len + 1]; /* after the gap and the class: the delta */
+  ch[gap_len + 1] = 0;
+  cr_assert_eq(pulse_pub_shard_encode(m.info, NT, &eo, parts, RANKS, counts, RANKS, NULL, &out),
+               PULSE_ERR_CORRUPT);
+  ch[gap_len + 1] = keep;
+  /* A block whose first change is past element 127 (a gap of 2 bytes or
+   * more), its gap's last byte made 0x7F: a position past its tensor. */
+  uint8_t *far = NULL;
+  for (uint8_t *x = p + 64; far == NULL && x < p + parts[1].size; x += 200 + le64(x + 192))
+    if (le64(x + 48) > 0 && (x[200] & 0x80))
+      far = x + 201;
+  cr_assert_not_null(far);
+  while (*far & 0x80)
+    far++;
+  uint8_t g0 = *far;
+  *far = 0x7F;
+  cr_assert_eq(pulse_pub_shard_count(sh[0], parts, RANKS, &out), PULSE_ERR_CORRUPT);
+  *far = g0;
+  /* Untouched, they still make the patch. */
+  cr_assert_eq(pulse_pub_shard_encode(m.info, NT, &eo, parts, RANKS, counts, RANKS, NULL, &out),
+               PULSE_OK, "%s", pulse_error_detail());
+  pulse_buffer_free(&out), pulse_buffer_free(&cut);
   for (int r = 0; r < RANKS; r++) {
     pulse_buffer_free(&parts[r]), pulse_buffer_free(&counts[r]);
     pulse_pub_shard_free(sh[r]);

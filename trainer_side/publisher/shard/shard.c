@@ -241,7 +241,7 @@ void pulse_pub_shard_free(pulse_pub_shard *s) {
     if (s->snap)
       free(s->snap[b]);
     if (s->changes)
-      pulse_changes_free(&s->changes[b]);
+      pulse_bytebuf_free(&s->changes[b].bytes);
   }
   free(s->info), free(s->geom), free(s->blocks), free(s->snap), free(s->digest);
   free(s->changes), free(s->target);
@@ -337,25 +337,46 @@ void pulse_pub_shard_abort(pulse_pub_shard *s) {
     return;
   /* Freed, not kept for the next step: between steps a rank holds its
    * snapshot and nothing else O(changes). */
-  for (size_t b = 0; b < s->nblocks; b++)
-    pulse_changes_free(&s->changes[b]);
+  for (size_t b = 0; b < s->nblocks; b++) {
+    pulse_bytebuf_free(&s->changes[b].bytes);
+    s->changes[b].count = 0;
+  }
   s->pending = 0;
+}
+
+void shard_own_open(shard_own_cursor *c, const shard_geom *g, const uint16_t *snap,
+                    const shard_pending *pd) {
+  c->g = g, c->snap = snap;
+  c->p = pd->bytes.data, c->end = pd->bytes.data + pd->bytes.size;
+  c->has = 0, c->idx = 0;
+  shard_own_next(c);
+}
+
+void shard_own_next(shard_own_cursor *c) {
+  pulse_reader r = pulse_reader_make(c->p, c->p != NULL ? (size_t)(c->end - c->p) : 0);
+  uint64_t gap = pulse_reader_varint(&r);
+  uint16_t nb = (uint16_t)pulse_reader_le(&r, 2);
+  if (!r.ok) {
+    c->has = 0;
+    return;
+  }
+  c->p = r.p;
+  c->idx = c->has ? c->idx + 1 + gap : gap;
+  c->new_bits = nb;
+  uint64_t len = c->g->run_len;
+  c->pos = shard_run_pos(c->g, c->idx / len) + c->idx % len;
+  c->old_bits = c->snap[c->idx];
+  c->has = 1;
 }
 
 void pulse_pub_shard_advance(pulse_pub_shard *s) {
   if (s == NULL || !s->pending)
     return;
   for (size_t b = 0; b < s->nblocks; b++) {
-    /* Changes are in position order, which is the block's run order: walk
-     * both (no per-change block index kept). */
-    const pulse_changes *c = &s->changes[b];
-    const shard_geom *g = &s->geom[b];
-    uint64_t j = 0;
-    for (uint64_t r = 0; r < g->runs && j < c->count; r++) {
-      uint64_t at = shard_run_pos(g, r);
-      for (; j < c->count && c->pos[j] < at + g->run_len; j++)
-        s->snap[b][r * g->run_len + (c->pos[j] - at)] = c->new_bits[j];
-    }
+    shard_own_cursor c;
+    for (shard_own_open(&c, &s->geom[b], s->snap[b], &s->changes[b]); c.has;
+         shard_own_next(&c))
+      s->snap[b][c.idx] = c.new_bits;
     s->digest[b] = s->target[b];
   }
   pulse_pub_shard_abort(s);
@@ -365,56 +386,62 @@ const uint16_t *pulse_pub_shard_snapshot(const pulse_pub_shard *s, size_t i) {
   return s != NULL && s->have_snapshot && i < s->nblocks ? s->snap[i] : NULL;
 }
 
-/* Block b's changes that its part carries: those of chunks the shard does
- * not cover entirely (it codes the others itself). */
-static uint64_t shared_changes(const pulse_pub_shard *s, size_t b) {
-  const pulse_changes *c = &s->changes[b];
-  uint64_t k = 0;
-  for (uint64_t j = 0; j < c->count; j++)
-    k += !shard_chunk_whole(s, s->geom[b].tensor, c->pos[j]);
-  return k;
-}
-
-static void put_block(uint8_t *p, const pulse_pub_shard *s, size_t b, uint64_t k) {
+/* Block b's header, then the changes its part carries (those of chunks
+ * the shard does not cover entirely: it codes the others itself), with
+ * their deltas. */
+static void put_block(pulse_bytebuf *out, const pulse_pub_shard *s, size_t b) {
   const shard_geom *g = &s->geom[b];
-  const pulse_changes *c = &s->changes[b];
+  uint8_t p[SHARD_BLOCK_HEADER];
+  memset(p, 0, sizeof p);
   pulse_store_le64(p, g->tensor);
   pulse_store_le64(p + 8, g->elems);
   pulse_store_le64(p + 16, s->digest[b].a);
   pulse_store_le64(p + 24, s->digest[b].b);
   pulse_store_le64(p + 32, s->target[b].a);
   pulse_store_le64(p + 40, s->target[b].b);
-  pulse_store_le64(p + 48, k);
   pulse_store_le64(p + 56, (uint64_t)s->blocks[b].kind);
   for (int d = 0; d < PULSE_MAX_DIMS; d++) {
     pulse_store_le64(p + 64 + 8 * d, s->blocks[b].start[d]);
     pulse_store_le64(p + 128 + 8 * d, s->blocks[b].extent[d]);
   }
-  p += SHARD_BLOCK_HEADER;
-  uint64_t m = 0;
-  for (uint64_t j = 0; j < c->count; j++) {
-    if (shard_chunk_whole(s, g->tensor, c->pos[j]))
+  size_t at = out->size;
+  pulse_bytebuf_put(out, p, sizeof p);
+  uint64_t k = 0, prev = 0;
+  shard_own_cursor c;
+  for (shard_own_open(&c, g, s->snap[b], &s->changes[b]); c.has; shard_own_next(&c)) {
+    if (shard_chunk_whole(s, g->tensor, c.pos))
       continue;
-    pulse_store_le64(p + 8 * m, c->pos[j]);
-    pulse_store_le16(p + 8 * k + 2 * m, c->old_bits[j]);
-    pulse_store_le16(p + 10 * k + 2 * m, c->new_bits[j]);
-    m++;
+    pulse_bytebuf_varint(out, k == 0 ? c.pos : c.pos - prev - 1);
+    pulse_bytebuf_byte(out, (uint8_t)pulse_bf16_class(c.old_bits));
+    pulse_bytebuf_varint(out, shard_zigzag(pulse_bf16_delta(c.old_bits, c.new_bits)));
+    prev = c.pos, k++;
+  }
+  if (!out->failed) {
+    pulse_store_le64(out->data + at + 48, k);
+    pulse_store_le64(out->data + at + 192, out->size - at - SHARD_BLOCK_HEADER);
   }
 }
 
 static pulse_status detect_block(pulse_pub_shard *s, size_t b, const pulse_pub_tensor *t) {
   const shard_geom *g = &s->geom[b];
-  pulse_changes *c = &s->changes[b];
+  shard_pending *pd = &s->changes[b];
+  pulse_tensor_digest d = s->digest[b];
+  uint64_t prev = 0;
   for (uint64_t r = 0; r < g->runs; r++) {
     uint64_t pos = shard_run_pos(g, r), at = r * g->run_len;
     for (uint64_t i = 0; i < g->run_len; i++) {
       uint16_t nb = bits_at(t, at + i), ob = s->snap[b][at + i];
       if (!pulse_bf16_changed(ob, nb))
         continue;
-      PULSE_TRY(pulse_changes_push(c, pos + i, ob, nb));
+      pulse_bytebuf_varint(&pd->bytes, pd->count == 0 ? at + i : at + i - prev - 1);
+      pulse_bytebuf_u16(&pd->bytes, nb);
+      pulse_digest_replace(&d, pos + i, ob, nb);
+      prev = at + i, pd->count++;
     }
   }
-  s->target[b] = pulse_digest_apply_changes(s->digest[b], c);
+  if (pd->bytes.failed)
+    return pulse_fail(PULSE_ERR_NOMEM, "shard: a block's changes");
+  s->target[b] = d;
   return PULSE_OK;
 }
 
@@ -462,31 +489,22 @@ pulse_status pulse_pub_shard_detect(pulse_pub_shard *s, const pulse_pub_tensor *
     }
     s->pending = 1;
   }
-  size_t size = SHARD_PART_HEADER;
-  uint64_t *kept = calloc(count ? count : 1, sizeof *kept);
-  for (size_t b = 0; kept != NULL && b < count; b++) {
-    kept[b] = shared_changes(s, b);
-    size += SHARD_BLOCK_HEADER + 12 * (size_t)kept[b];
-  }
-  uint8_t *p = kept != NULL ? malloc(size) : NULL;
-  if (p == NULL) {
-    free(kept);
+  pulse_bytebuf out = PULSE_BYTEBUF_INIT;
+  uint8_t head[SHARD_PART_HEADER];
+  memset(head, 0, sizeof head);
+  memcpy(head, SHARD_PART_MAGIC, 8);
+  pulse_store_le32(head + 8, SHARD_WIRE_VERSION);
+  pulse_store_le32(head + 12, s->chunk_log2);
+  memcpy(head + 16, s->table_id, 32);
+  pulse_store_le64(head + 48, count);
+  pulse_store_le32(head + 56, SHARD_PART_DELTAS);
+  pulse_bytebuf_put(&out, head, sizeof head);
+  for (size_t b = 0; b < count; b++)
+    put_block(&out, s, b);
+  if (pulse_bytebuf_take(&out, part) != PULSE_OK) {
     pulse_pub_shard_abort(s);
     return pulse_fail(PULSE_ERR_NOMEM, "shard: part");
   }
-  memcpy(p, SHARD_PART_MAGIC, 8);
-  pulse_store_le32(p + 8, SHARD_WIRE_VERSION);
-  pulse_store_le32(p + 12, s->chunk_log2);
-  memcpy(p + 16, s->table_id, 32);
-  pulse_store_le64(p + 48, count);
-  size_t at = SHARD_PART_HEADER;
-  for (size_t b = 0; b < count; b++) {
-    put_block(p + at, s, b, kept[b]);
-    at += SHARD_BLOCK_HEADER + 12 * (size_t)kept[b];
-  }
-  free(kept);
-  part->data = p;
-  part->size = size;
   return PULSE_OK;
 }
 

@@ -27,29 +27,15 @@ pulse_status pulse_pub_shard_state_digest(const pulse_tensor_info *table, size_t
     free(d), free(info);
     return pulse_fail(PULSE_ERR_NOMEM, "shard: state digest");
   }
-  pulse_status st = PULSE_OK;
-  for (size_t i = 0; i < nparts && st == PULSE_OK; i++) {
-    const uint8_t *p = parts[i].data;
-    size_t size = parts[i].size, at = SHARD_PART_HEADER;
-    if (p == NULL || size < SHARD_PART_HEADER || memcmp(p, SHARD_PART_MAGIC, 8) != 0 ||
-        pulse_load_le32(p + 8) != SHARD_WIRE_VERSION || pulse_load_le32(p + 12) != chunk_log2 ||
-        memcmp(p + 16, id, 32) != 0) {
-      st = pulse_fail(PULSE_ERR_CORRUPT, "shard: part %zu is not of this table", i);
-      break;
-    }
-    uint64_t nb = pulse_load_le64(p + 48);
-    for (uint64_t b = 0; b < nb; b++) {
-      uint64_t t, k;
-      if (size - at < SHARD_BLOCK_HEADER || (t = pulse_load_le64(p + at)) >= tensor_count ||
-          (k = pulse_load_le64(p + at + 48)) > (size - at - SHARD_BLOCK_HEADER) / 12) {
-        st = pulse_fail(PULSE_ERR_CORRUPT, "shard: part %zu is cut short", i);
-        break;
-      }
-      d[t].a += pulse_load_le64(p + at + (target ? 32 : 16));
-      d[t].b += pulse_load_le64(p + at + (target ? 40 : 24));
-      at += SHARD_BLOCK_HEADER + 12 * (size_t)k;
-    }
+  shard_parts_view v;
+  pulse_status st = shard_view_parts(parts, nparts, table, tensor_count, id, chunk_log2, &v);
+  for (size_t b = 0; st == PULSE_OK && b < v.nblocks; b++) {
+    const shard_part_block *x = &v.blocks[b];
+    d[x->tensor].a += target ? x->target.a : x->base.a;
+    d[x->tensor].b += target ? x->target.b : x->base.b;
   }
+  if (st == PULSE_OK)
+    shard_view_free(&v);
   for (size_t t = 0; t < tensor_count; t++)
     info[t] = table[t], info[t].dtype = PULSE_DTYPE_BF16;
   if (st == PULSE_OK)
@@ -118,8 +104,8 @@ pulse_status pulse_pub_shard_anchor_write(const pulse_pub_shard *s, const char *
   uint16_t *buf = NULL;
   for (size_t b = 0; b < s->nblocks && st == PULSE_OK; b++) {
     const shard_geom *g = &s->geom[b];
-    const pulse_changes *c = &s->changes[b];
-    uint64_t j = 0;
+    shard_own_cursor c;
+    shard_own_open(&c, g, s->snap[b], &s->changes[b]);
     if (pending && g->run_len > 0 &&
         (buf = realloc(buf, g->run_len * 2)) == NULL) {
       st = pulse_fail(PULSE_ERR_NOMEM, "shard: anchor");
@@ -127,11 +113,11 @@ pulse_status pulse_pub_shard_anchor_write(const pulse_pub_shard *s, const char *
     }
     for (uint64_t r = 0; r < g->runs && st == PULSE_OK; r++) {
       const uint16_t *src = s->snap[b] + r * g->run_len;
-      if (pending) { /* the changes are in position order: run order */
-        uint64_t at = shard_run_pos(g, r);
+      if (pending) { /* the changes are in block order: run order */
+        uint64_t at = r * g->run_len;
         memcpy(buf, src, g->run_len * 2);
-        for (; j < c->count && c->pos[j] < at + g->run_len; j++)
-          buf[c->pos[j] - at] = c->new_bits[j];
+        for (; c.has && c.idx < at + g->run_len; shard_own_next(&c))
+          buf[c.idx - at] = c.new_bits;
         src = buf;
       }
       st = pwrite_all(fd, src, g->run_len * 2,

@@ -22,7 +22,7 @@ static uint64_t chunk_slot(const uint64_t *chunks, uint64_t m, uint64_t k) {
   return lo < m && chunks[lo] == k ? lo : m;
 }
 
-void shard_count_block(const shard_geom *g, const uint16_t *snap, const pulse_changes *c,
+void shard_count_block(const shard_geom *g, const uint16_t *snap, const shard_chunk *c,
                         const uint64_t *chunks, uint64_t m, uint32_t log2,
                         uint32_t *contrib, uint32_t *hist) {
   uint32_t cnt[PULSE_CLASS_COUNT];
@@ -31,7 +31,7 @@ void shard_count_block(const shard_geom *g, const uint16_t *snap, const pulse_ch
 #define EMIT_BEFORE(limit)                                                           \
   for (; ci < c->count && c->pos[ci] < (limit); ci++)                                \
     if ((c->pos[ci] >> log2) == cur)                                                 \
-      contrib[ci] += cnt[pulse_bf16_class(c->old_bits[ci])];
+      contrib[ci] += cnt[c->cls[ci]];
 #define CLOSE_CHUNK()                                                                \
   do {                                                                               \
     if (cur != UINT64_MAX) {                                                         \
@@ -81,97 +81,54 @@ void shard_count_block(const shard_geom *g, const uint16_t *snap, const pulse_ch
 #undef CLOSE_CHUNK
 }
 
-/* One part block's changes of a tensor, read from where `j` stands. */
-typedef struct {
-  uint64_t pos;
-  uint16_t old_bits, new_bits;
-} one_change;
-
-
-typedef struct {
-  const shard_part_block *b;
-  uint64_t j;
-} part_cursor;
-
-static int by_change_pos(const void *a, const void *b) {
-  uint64_t x = ((const one_change *)a)->pos, y = ((const one_change *)b)->pos;
-  return x < y ? -1 : x > y;
-}
-
 /* Cursors (*cur, *ncur of them; free them) on the blocks of tensor t in
- * the parts that carry changes, each checked to list its changes in
- * position order. *cur NULL: out of memory (the status says so); else the
- * status is the order check's. */
-static pulse_status open_cursors(const shard_parts_view *v, size_t t,
-                                 const char *what, part_cursor **cur,
-                                 size_t *ncur) {
+ * the parts that carry changes. */
+static pulse_status open_cursors(const shard_parts_view *v, size_t t, const char *what,
+                                 shard_part_cursor **cur, size_t *ncur) {
   size_t n = 0;
   for (size_t b = 0; b < v->nblocks; b++)
     n += v->blocks[b].tensor == t && v->blocks[b].k > 0;
-  part_cursor *c = calloc(n ? n : 1, sizeof *c);
+  shard_part_cursor *c = calloc(n ? n : 1, sizeof *c);
   *cur = c, *ncur = 0;
   if (c == NULL)
     return pulse_fail(PULSE_ERR_NOMEM, "shard: %s", what);
-  n = 0;
   for (size_t b = 0; b < v->nblocks; b++)
     if (v->blocks[b].tensor == t && v->blocks[b].k > 0)
-      c[n++] = (part_cursor){&v->blocks[b], 0};
-  *ncur = n;
-  for (size_t i = 0; i < n; i++)
-    for (uint64_t j = 1; j < c[i].b->k; j++)
-      if (pulse_load_le64(c[i].b->pos + 8 * j) <= pulse_load_le64(c[i].b->pos + 8 * (j - 1)))
-        return pulse_fail(PULSE_ERR_CORRUPT, "shard: a part's changes are not in position order");
+      shard_cursor_open(&c[(*ncur)++], &v->blocks[b]);
   return PULSE_OK;
 }
 
 /* The changes of chunk k over the cursors (every cursor stands at its first
- * change of chunk k or after), in position order, into c (emptied first);
- * the cursors move past them. */
-static pulse_status chunk_gather(part_cursor *cur, size_t ncur, uint64_t k, uint32_t log2,
-                                 pulse_changes *c, one_change **tmp, uint64_t *tmp_cap) {
+ * change of chunk k or after), merged in position order into c (emptied
+ * first); the cursors move past them. */
+static pulse_status chunk_gather(shard_part_cursor *cur, size_t ncur, uint64_t k, uint32_t log2,
+                                 shard_chunk *c) {
   c->count = 0;
-  size_t holders = 0;
-  for (size_t i = 0; i < ncur; i++) {
-    const shard_part_block *b = cur[i].b;
-    uint64_t before = c->count;
-    for (; cur[i].j < b->k; cur[i].j++) {
-      uint64_t p = pulse_load_le64(b->pos + 8 * cur[i].j);
-      if (p >> log2 != k)
-        break;
-      PULSE_TRY(pulse_changes_push(c, p, pulse_load_le16(b->old_bits + 2 * cur[i].j),
-                                   pulse_load_le16(b->new_bits + 2 * cur[i].j)));
-    }
-    holders += c->count > before;
+  for (;;) {
+    size_t best = ncur;
+    for (size_t i = 0; i < ncur; i++)
+      if (cur[i].j < cur[i].b->k && cur[i].pos >> log2 == k &&
+          (best == ncur || cur[i].pos < cur[best].pos))
+        best = i;
+    if (best == ncur)
+      return PULSE_OK;
+    PULSE_TRY(shard_chunk_push(c, cur[best].pos, cur[best].cls, cur[best].delta));
+    shard_cursor_next(&cur[best]);
   }
-  if (holders < 2)
-    return PULSE_OK;
-  if (*tmp_cap < c->count) {
-    one_change *more = realloc(*tmp, (size_t)c->count * sizeof *more);
-    if (more == NULL)
-      return pulse_fail(PULSE_ERR_NOMEM, "shard: a chunk's changes");
-    *tmp = more, *tmp_cap = c->count;
-  }
-  one_change *v = *tmp;
-  for (uint64_t j = 0; j < c->count; j++)
-    v[j] = (one_change){c->pos[j], c->old_bits[j], c->new_bits[j]};
-  qsort(v, (size_t)c->count, sizeof *v, by_change_pos);
-  for (uint64_t j = 0; j < c->count; j++)
-    c->pos[j] = v[j].pos, c->old_bits[j] = v[j].old_bits, c->new_bits[j] = v[j].new_bits;
-  return PULSE_OK;
 }
 
 /* Tensor t's section of this rank's counts, appended to out: the parts'
  * changes are walked one changed chunk at a time (those the rank's blocks
  * meet, `mark`), so that a step holds one chunk's changes and ranks, not
- * the tensor's; the class counts of each chunk wait in `hists` (1 KiB a
- * changed chunk) until the entries are out. */
+ * the tensor's; the class counts of each chunk wait in `hists` (about 300
+ * bytes a changed chunk) until the entries are out. */
 static pulse_status count_tensor(const pulse_pub_shard *s, const shard_parts_view *v, size_t t,
                                  const uint8_t *mark, pulse_bytebuf *out) {
   uint32_t log2 = s->chunk_log2;
   size_t ncur = 0;
-  part_cursor *cur = NULL;
+  shard_part_cursor *cur = NULL;
   pulse_status st = open_cursors(v, t, "counts", &cur, &ncur);
-  if (cur == NULL)
+  if (st != PULSE_OK)
     return st;
   size_t sec_at = out->size;
   uint8_t sec[SHARD_COUNT_SECTION];
@@ -179,19 +136,15 @@ static pulse_status count_tensor(const pulse_pub_shard *s, const shard_parts_vie
   pulse_store_le64(sec, t);
   pulse_bytebuf_put(out, sec, sizeof sec);
   pulse_bytebuf hists = PULSE_BYTEBUF_INIT;
-  pulse_changes c = PULSE_CHANGES_INIT;
-  one_change *tmp = NULL;
-  uint64_t tmp_cap = 0, nc = 0, m = 0, prev = 0;
-  uint32_t *contrib = NULL, hist[PULSE_CLASS_COUNT];
-  uint64_t contrib_cap = 0;
-  int first = 1;
+  shard_chunk c = SHARD_CHUNK_INIT;
+  uint64_t m = 0, prev = 0, contrib_cap = 0;
+  uint32_t *contrib = NULL, hist[PULSE_CLASS_COUNT], last[PULSE_CLASS_COUNT];
   while (st == PULSE_OK) {
     /* The next changed chunk the rank's blocks meet. */
     uint64_t k = UINT64_MAX;
     for (size_t i = 0; i < ncur; i++) {
-      const shard_part_block *b = cur[i].b;
-      for (; cur[i].j < b->k; cur[i].j++) {
-        uint64_t ck = pulse_load_le64(b->pos + 8 * cur[i].j) >> log2;
+      for (; cur[i].j < cur[i].b->k; shard_cursor_next(&cur[i])) {
+        uint64_t ck = cur[i].pos >> log2;
         if (mark[ck >> 3] >> (ck & 7) & 1) {
           k = ck < k ? ck : k;
           break;
@@ -200,7 +153,7 @@ static pulse_status count_tensor(const pulse_pub_shard *s, const shard_parts_vie
     }
     if (k == UINT64_MAX)
       break;
-    if ((st = chunk_gather(cur, ncur, k, log2, &c, &tmp, &tmp_cap)) != PULSE_OK)
+    if ((st = chunk_gather(cur, ncur, k, log2, &c)) != PULSE_OK)
       break;
     if (contrib_cap < c.count) {
       uint32_t *more = realloc(contrib, (size_t)c.count * sizeof *more);
@@ -212,34 +165,30 @@ static pulse_status count_tensor(const pulse_pub_shard *s, const shard_parts_vie
     }
     memset(contrib, 0, (size_t)c.count * sizeof *contrib);
     memset(hist, 0, sizeof hist);
+    memset(last, 0, sizeof last);
     for (size_t b = 0; b < s->nblocks; b++)
       if (s->geom[b].tensor == t)
         shard_count_block(&s->geom[b], s->snap[b], &c, &k, 1, log2, contrib, hist);
-    for (uint64_t j = 0; j < c.count; j++)
-      if (contrib[j] > 0) {
-        pulse_bytebuf_varint(out, first ? c.pos[j] : c.pos[j] - prev - 1);
-        pulse_bytebuf_varint(out, contrib[j]);
-        prev = c.pos[j], first = 0, nc++;
-      }
-    uint8_t h[8 + 4 * PULSE_CLASS_COUNT];
-    pulse_store_le64(h, k);
+    for (uint64_t j = 0; j < c.count; j++) {
+      pulse_bytebuf_varint(out, contrib[j] - last[c.cls[j]]);
+      last[c.cls[j]] = contrib[j];
+    }
+    pulse_bytebuf_varint(&hists, m == 0 ? k : k - prev - 1);
     for (unsigned q = 0; q < PULSE_CLASS_COUNT; q++)
-      pulse_store_le32(h + 8 + 4 * q, hist[q]);
-    pulse_bytebuf_put(&hists, h, sizeof h);
-    m++;
+      pulse_bytebuf_varint(&hists, hist[q]);
+    prev = k, m++;
   }
-  if (st == PULSE_OK && !out->failed) {
-    pulse_store_le64(out->data + sec_at + 8, nc);
-    pulse_store_le64(out->data + sec_at + 16, m);
-    pulse_store_le64(out->data + sec_at + 24, out->size - sec_at - SHARD_COUNT_SECTION);
-  }
-  if (st == PULSE_OK && hists.failed)
+  if (st == PULSE_OK && (out->failed || hists.failed))
     st = pulse_fail(PULSE_ERR_NOMEM, "shard: counts");
-  if (st == PULSE_OK && hists.size > 0)
+  if (st == PULSE_OK) {
+    pulse_store_le64(out->data + sec_at + 8, m);
+    pulse_store_le64(out->data + sec_at + 16, out->size - sec_at - SHARD_COUNT_SECTION);
+    pulse_store_le64(out->data + sec_at + 24, hists.size);
     pulse_bytebuf_put(out, hists.data, hists.size);
+  }
   pulse_bytebuf_free(&hists);
-  pulse_changes_free(&c);
-  free(tmp), free(contrib), free(cur);
+  shard_chunk_free(&c);
+  free(contrib), free(cur);
   return st;
 }
 
@@ -251,7 +200,7 @@ pulse_status pulse_pub_shard_count(const pulse_pub_shard *s, const pulse_buffer 
   if (!s->have_snapshot)
     return pulse_fail(PULSE_ERR_ARG, "shard: count before the first detect");
   shard_parts_view v;
-  PULSE_TRY(shard_view_parts(parts, nparts, s->count, s->table_id, s->chunk_log2, &v));
+  PULSE_TRY(shard_view_parts(parts, nparts, s->info, s->count, s->table_id, s->chunk_log2, &v));
   uint32_t log2 = s->chunk_log2;
   pulse_bytebuf out = PULSE_BYTEBUF_INIT;
   uint8_t head[SHARD_COUNT_HEADER];
@@ -349,14 +298,12 @@ static pulse_status read_coded(pulse_reader *r, size_t i, const pulse_tensor_inf
 }
 
 /* One rank's section of one tensor in its counts, walked chunk by chunk
- * while the tensor is coded: `e` reads its entries (the next one's
- * position and contribution in pos, contrib while ej < nc), `h` its class
- * counts (hj of nh read). */
+ * while the tensor is coded: `e` reads its entries, `h` its class counts
+ * (hj of nh chunks read; `chunk` is the next one's while hj < nh). */
 typedef struct {
   size_t counts; /* index of the counts it is in */
-  uint64_t tensor, nc, nh, ej, hj, pos, contrib;
-  pulse_reader e;
-  const uint8_t *h;
+  uint64_t tensor, nh, hj, chunk;
+  pulse_reader e, h;
 } count_section;
 
 typedef struct {
@@ -364,19 +311,28 @@ typedef struct {
   size_t n, cap;
 } section_list;
 
-#define SHARD_HIST_ENTRY (8u + 4u * PULSE_CLASS_COUNT)
-
-/* Reads section s's entry ej into s->pos, s->contrib (entries were checked
- * by check_counts). */
-static void section_next(count_section *s) {
-  uint64_t gap = pulse_reader_varint(&s->e), contrib = pulse_reader_varint(&s->e);
-  s->pos = s->ej == 0 ? gap : s->pos + 1 + gap;
-  s->contrib = contrib;
+/* The chunk size of chunk k of a tensor of numel elements (0: none). */
+static uint64_t chunk_size(uint64_t numel, uint64_t k, uint32_t log2) {
+  if (numel == 0 || k > (numel - 1) >> log2)
+    return 0;
+  uint64_t left = numel - (k << log2);
+  return left < ((uint64_t)1 << log2) ? left : (uint64_t)1 << log2;
 }
 
-/* Checks one rank's counts (counts index i: header, sections, entries,
- * class counts, coded chunks), records its sections into the list and its
- * coded chunks (borrowing their bytes); nothing is summed yet. */
+/* Reads the next chunk index of section x's class counts into x->chunk
+ * (checked by check_counts). */
+static void section_chunk(count_section *x) {
+  if (x->hj < x->nh) {
+    uint64_t gap = pulse_reader_varint(&x->h);
+    x->chunk = x->hj == 0 ? gap : x->chunk + 1 + gap;
+  }
+}
+
+/* Checks one rank's counts (counts index i: header, sections, class
+ * counts, coded chunks), records its sections into the list and its coded
+ * chunks (borrowing their bytes); nothing is summed yet. The entries are
+ * read, and checked, as the chunks are coded (how many a chunk has is the
+ * parts'). */
 static pulse_status check_counts(const pulse_buffer *buf, size_t i,
                                  const pulse_tensor_info *table, size_t n, const uint8_t id[32],
                                  const pulse_encode_opts *opts, unsigned version,
@@ -385,7 +341,6 @@ static pulse_status check_counts(const pulse_buffer *buf, size_t i,
   uint32_t log2 = opts->chunk_log2;
   const uint8_t *p = buf->data;
   size_t left = buf->size;
-  const uint64_t hentry = SHARD_HIST_ENTRY;
   if (p == NULL || left < SHARD_COUNT_HEADER || memcmp(p, SHARD_COUNT_MAGIC, 8) != 0 ||
       pulse_load_le32(p + 8) != SHARD_WIRE_VERSION || pulse_load_le32(p + 12) != log2 ||
       memcmp(p + 16, id, 32) != 0 || pulse_load_le64(p + 48) != v->step.a ||
@@ -399,36 +354,37 @@ static pulse_status check_counts(const pulse_buffer *buf, size_t i,
   uint64_t sections = pulse_load_le64(p + 64);
   pulse_reader r = pulse_reader_make(p + SHARD_COUNT_HEADER, left - SHARD_COUNT_HEADER);
   for (uint64_t q = 0; q < sections; q++) {
-    uint64_t t = pulse_reader_le(&r, 8), nc = pulse_reader_le(&r, 8);
-    uint64_t nh = pulse_reader_le(&r, 8), eb = pulse_reader_le(&r, 8);
+    uint64_t t = pulse_reader_le(&r, 8), nh = pulse_reader_le(&r, 8);
+    uint64_t eb = pulse_reader_le(&r, 8), hb = pulse_reader_le(&r, 8);
     const uint8_t *ep = r.ok && eb <= r.left ? pulse_reader_span(&r, (size_t)eb) : NULL;
+    const uint8_t *hp = r.ok && hb <= r.left ? pulse_reader_span(&r, (size_t)hb) : NULL;
     uint64_t numel = 0;
     if (t < n)
       (void)pulse_shape_numel(table[t].shape, table[t].ndim, &numel);
-    if (!r.ok || ep == NULL || t >= n || numel == 0 || nc > eb / 2 || nh > r.left / hentry)
+    if (!r.ok || ep == NULL || hp == NULL || t >= n || numel == 0 ||
+        nh > hb / (1 + PULSE_CLASS_COUNT))
       return pulse_fail(PULSE_ERR_CORRUPT, "shard: counts %zu: section %llu is inconsistent",
                         i, (unsigned long long)q);
-    pulse_reader e = pulse_reader_make(ep, (size_t)eb);
-    uint64_t pos = 0;
-    for (uint64_t j = 0; j < nc; j++) {
-      uint64_t gap = pulse_reader_varint(&e), contrib = pulse_reader_varint(&e);
-      uint64_t room = j == 0 ? numel : numel - pos - 1; /* positions after the last */
-      if (!e.ok || gap >= room || contrib == 0 || contrib > UINT32_MAX)
-        return pulse_fail(PULSE_ERR_CORRUPT, "shard: counts %zu: section %llu: entry %llu is "
-                          "inconsistent", i, (unsigned long long)q, (unsigned long long)j);
-      pos = j == 0 ? gap : pos + 1 + gap;
-    }
-    if (e.left != 0)
-      return pulse_fail(PULSE_ERR_CORRUPT, "shard: counts %zu: section %llu has %zu bytes too "
-                        "many", i, (unsigned long long)q, e.left);
-    const uint8_t *h = pulse_reader_span(&r, (size_t)(nh * hentry));
+    pulse_reader h = pulse_reader_make(hp, (size_t)hb);
+    uint64_t k = 0;
     for (uint64_t j = 0; j < nh; j++) {
-      uint64_t k = pulse_load_le64(h + j * hentry);
+      uint64_t gap = pulse_reader_varint(&h);
+      uint64_t room = j == 0 ? ((numel - 1) >> log2) + 1 : (numel - 1) >> log2 > k
+                                                               ? ((numel - 1) >> log2) - k : 0;
       /* in chunk order, each once: they are summed as the chunks are coded */
-      if (k > (numel - 1) >> log2 || (j > 0 && k <= pulse_load_le64(h + (j - 1) * hentry)))
+      if (!h.ok || gap >= room)
         return pulse_fail(PULSE_ERR_CORRUPT, "shard: counts %zu name a chunk out of range or "
                           "out of order", i);
+      k = j == 0 ? gap : k + 1 + gap;
+      uint64_t size = chunk_size(numel, k, log2);
+      for (unsigned cl = 0; cl < PULSE_CLASS_COUNT; cl++)
+        if (pulse_reader_varint(&h) > size || !h.ok)
+          return pulse_fail(PULSE_ERR_CORRUPT, "shard: counts %zu: class counts of chunk %llu "
+                            "of '%s' are inconsistent", i, (unsigned long long)k, table[t].name);
     }
+    if (h.left != 0)
+      return pulse_fail(PULSE_ERR_CORRUPT, "shard: counts %zu: section %llu has %zu bytes too "
+                        "many", i, (unsigned long long)q, h.left);
     if (secs->n == secs->cap) {
       size_t cap = secs->cap ? 2 * secs->cap : 16;
       count_section *more = realloc(secs->v, cap * sizeof *more);
@@ -437,9 +393,9 @@ static pulse_status check_counts(const pulse_buffer *buf, size_t i,
       secs->v = more, secs->cap = cap;
     }
     count_section *sec = &secs->v[secs->n++];
-    *sec = (count_section){i, t, nc, nh, 0, 0, 0, 0, pulse_reader_make(ep, (size_t)eb), h};
-    if (nc > 0)
-      section_next(sec);
+    *sec = (count_section){i, t, nh, 0, 0, pulse_reader_make(ep, (size_t)eb),
+                           pulse_reader_make(hp, (size_t)hb)};
+    section_chunk(sec);
   }
   PULSE_TRY(read_coded(&r, i, table, n, log2, coded));
   left = r.left;
@@ -460,41 +416,62 @@ typedef struct {
   size_t n, cap;
 } stream_list;
 
-/* The index of the change at `pos` among c's (sorted), or c->count. */
-static uint64_t change_at(const pulse_changes *c, uint64_t pos) {
-  uint64_t i = shard_first_change(c, pos);
-  return i < c->count && c->pos[i] == pos ? i : c->count;
+/* Adds section x's class counts and contributions of chunk k (size
+ * elements; c its changes) to hist and rank, moving x to its next chunk.
+ * @return PULSE_OK; PULSE_ERR_CORRUPT (entries that run out or sum past
+ * the chunk). */
+static pulse_status section_add(count_section *x, const shard_chunk *c, uint64_t size,
+                                const char *name, uint64_t *hist, uint32_t *rank) {
+  for (unsigned cl = 0; cl < PULSE_CLASS_COUNT; cl++)
+    hist[cl] += pulse_reader_varint(&x->h); /* each <= size: checked */
+  uint64_t last[PULSE_CLASS_COUNT];
+  memset(last, 0, sizeof last);
+  for (uint64_t j = 0; j < c->count; j++) {
+    uint64_t d = pulse_reader_varint(&x->e);
+    uint64_t got = last[c->cls[j]] + d;
+    if (!x->e.ok || d > size || got > size || rank[j] + got > size)
+      return pulse_fail(PULSE_ERR_CORRUPT, "shard: counts %zu: the entries of chunk %llu of "
+                        "'%s' are inconsistent", x->counts, (unsigned long long)x->chunk, name);
+    last[c->cls[j]] = got;
+    rank[j] += (uint32_t)got;
+  }
+  x->hj++;
+  section_chunk(x);
+  return PULSE_OK;
 }
 
 /* Codes the chunks of tensor t that parts carry changes of (several ranks
  * meet them), one chunk at a time: its changes merged from the parts, the
  * ranks' contributions and class counts summed from the sections of t
- * (walked in position order beside it), the stream into streams (owned)
- * and the list. Holds one chunk's changes, not the tensor's. */
+ * (walked chunk by chunk beside it), the stream into streams (owned) and
+ * the list. Holds one chunk's changes, not the tensor's. */
 static pulse_status code_shared(const pulse_tensor_info *info, size_t t, uint64_t numel,
                                 const pulse_encode_opts *opts, unsigned version,
                                 const shard_parts_view *v, section_list *secs,
                                 stream_list *streams, coded_list *out) {
   uint32_t log2 = opts->chunk_log2;
   size_t ncur = 0;
-  part_cursor *cur = NULL;
+  shard_part_cursor *cur = NULL;
   pulse_status st = open_cursors(v, t, "encode", &cur, &ncur);
-  if (cur == NULL)
+  if (st != PULSE_OK)
     return st;
-  pulse_changes c = PULSE_CHANGES_INIT;
-  one_change *tmp = NULL;
-  uint64_t tmp_cap = 0, rank_cap = 0;
+  for (size_t i = 0; i < ncur && st == PULSE_OK; i++)
+    if (!cur[i].b->deltas)
+      st = pulse_fail(PULSE_ERR_CORRUPT, "shard: a part cut for counting has no deltas to "
+                      "code (the encoder needs every rank's whole part)");
+  shard_chunk c = SHARD_CHUNK_INIT;
+  uint64_t rank_cap = 0, hsum[PULSE_CLASS_COUNT];
   uint32_t *rank = NULL, hist[PULSE_CLASS_COUNT];
   while (st == PULSE_OK) {
     uint64_t k = UINT64_MAX;
     for (size_t i = 0; i < ncur; i++)
       if (cur[i].j < cur[i].b->k) {
-        uint64_t ck = pulse_load_le64(cur[i].b->pos + 8 * cur[i].j) >> log2;
+        uint64_t ck = cur[i].pos >> log2;
         k = ck < k ? ck : k;
       }
     if (k == UINT64_MAX)
       break;
-    if ((st = chunk_gather(cur, ncur, k, log2, &c, &tmp, &tmp_cap)) != PULSE_OK)
+    if ((st = chunk_gather(cur, ncur, k, log2, &c)) != PULSE_OK)
       break;
     for (uint64_t j = 1; j < c.count && st == PULSE_OK; j++)
       if (c.pos[j] == c.pos[j - 1])
@@ -509,33 +486,26 @@ static pulse_status code_shared(const pulse_tensor_info *info, size_t t, uint64_
     }
     if (st != PULSE_OK)
       break;
+    uint64_t size = chunk_size(numel, k, log2);
     memset(rank, 0, (size_t)c.count * sizeof *rank);
-    memset(hist, 0, sizeof hist);
+    memset(hsum, 0, sizeof hsum);
     /* Every rank's entries and class counts of this chunk. */
     for (size_t q = 0; q < secs->n && st == PULSE_OK; q++) {
       count_section *x = &secs->v[q];
-      if (x->tensor != t)
+      if (x->tensor != t || x->hj >= x->nh || x->chunk > k)
         continue;
-      while (x->ej < x->nc && x->pos >> log2 <= k) {
-        uint64_t at = x->pos >> log2 == k ? change_at(&c, x->pos) : c.count;
-        if (at == c.count) {
-          st = pulse_fail(PULSE_ERR_CORRUPT, "shard: counts %zu name element %llu of '%s', "
-                          "which no part changes", x->counts, (unsigned long long)x->pos,
-                          info->name);
-          break;
-        }
-        rank[at] += (uint32_t)x->contrib;
-        if (++x->ej < x->nc)
-          section_next(x);
-      }
-      for (; x->hj < x->nh; x->hj++) {
-        const uint8_t *h = x->h + x->hj * SHARD_HIST_ENTRY;
-        uint64_t hk = pulse_load_le64(h);
-        if (hk > k)
-          break;
-        for (unsigned cl = 0; hk == k && cl < PULSE_CLASS_COUNT; cl++)
-          hist[cl] += pulse_load_le32(h + 8 + 4 * cl);
-      }
+      if (x->chunk < k)
+        st = pulse_fail(PULSE_ERR_CORRUPT, "shard: counts %zu name chunk %llu of '%s', which no "
+                        "part changes", x->counts, (unsigned long long)x->chunk, info->name);
+      else
+        st = section_add(x, &c, size, info->name, hsum, rank);
+    }
+    for (unsigned cl = 0; st == PULSE_OK && cl < PULSE_CLASS_COUNT; cl++) {
+      if (hsum[cl] > size)
+        st = pulse_fail(PULSE_ERR_CORRUPT, "shard: the counts of the chunk at element %llu of "
+                        "'%s' do not add up to its class ranks", (unsigned long long)(k << log2),
+                        info->name);
+      hist[cl] = (uint32_t)hsum[cl];
     }
     if (st != PULSE_OK)
       break;
@@ -550,23 +520,23 @@ static pulse_status code_shared(const pulse_tensor_info *info, size_t t, uint64_
     }
     pulse_bytebuf *b = &streams->v[streams->n++];
     *b = (pulse_bytebuf)PULSE_BYTEBUF_INIT;
-    uint64_t first = k << log2, left = numel - first;
-    uint32_t size = (uint32_t)(left < ((uint64_t)1 << log2) ? left : (uint64_t)1 << log2);
-    st = shard_code_chunk(version, opts->pos_model, hist, size, first, &c, 0,
-                          (uint32_t)c.count, rank, b);
+    st = shard_code_chunk(version, opts->pos_model, hist, (uint32_t)size, k << log2, &c, rank, b);
     if (st != PULSE_OK)
       st = pulse_fail(st, "shard: tensor '%s': %s", info->name, pulse_error_detail());
     else if (b->failed || !coded_push(out, (shard_coded){t, k, c.count, b->data, b->size}))
       st = pulse_fail(PULSE_ERR_NOMEM, "shard: encode");
   }
-  /* Entries past the tensor's last changed chunk name what no part changes. */
-  for (size_t q = 0; q < secs->n && st == PULSE_OK; q++)
-    if (secs->v[q].tensor == t && secs->v[q].ej < secs->v[q].nc)
-      st = pulse_fail(PULSE_ERR_CORRUPT, "shard: counts %zu name element %llu of '%s', which "
-                      "no part changes", secs->v[q].counts, (unsigned long long)secs->v[q].pos,
+  /* What is left of a section names chunks past the tensor's last changed
+   * one, or entries no change has. */
+  for (size_t q = 0; q < secs->n && st == PULSE_OK; q++) {
+    const count_section *x = &secs->v[q];
+    if (x->tensor == t && (x->hj < x->nh || x->e.left != 0))
+      st = pulse_fail(PULSE_ERR_CORRUPT, "shard: counts %zu name chunk %llu of '%s' or entries "
+                      "that no part changes", x->counts, (unsigned long long)x->chunk,
                       info->name);
-  pulse_changes_free(&c);
-  free(tmp), free(rank), free(cur);
+  }
+  shard_chunk_free(&c);
+  free(rank), free(cur);
   return st;
 }
 
@@ -589,7 +559,7 @@ static pulse_status shard_encode(const pulse_tensor_info *table, size_t tensor_c
   uint8_t id[32];
   PULSE_TRY(shard_table_id(table, tensor_count, id));
   shard_parts_view v;
-  PULSE_TRY(shard_view_parts(parts, nparts, tensor_count, id, opts->chunk_log2, &v));
+  PULSE_TRY(shard_view_parts(parts, nparts, table, tensor_count, id, opts->chunk_log2, &v));
   size_t n = tensor_count;
   pulse_tensor_digest *bd = calloc(n, sizeof *bd), *td = calloc(n, sizeof *td);
   uint64_t *elems = calloc(n, sizeof *elems);
@@ -672,31 +642,35 @@ pulse_status pulse_pub_shard_encode_file(const pulse_tensor_info *table, size_t 
 
 pulse_status shard_parts_check(const pulse_tensor_info *table, size_t count,
                                const pulse_buffer *parts, size_t nparts) {
+  uint8_t id[32];
+  PULSE_TRY(shard_table_id(table, count, id));
+  pulse_status st = PULSE_OK;
   pulse_pub_block **blocks = calloc(nparts ? nparts : 1, sizeof *blocks);
   size_t *counts = calloc(nparts ? nparts : 1, sizeof *counts);
-  pulse_status st = blocks && counts ? PULSE_OK : pulse_fail(PULSE_ERR_NOMEM, "shard: check");
+  if (blocks == NULL || counts == NULL)
+    st = pulse_fail(PULSE_ERR_NOMEM, "shard: check");
   for (size_t i = 0; i < nparts && st == PULSE_OK; i++) {
-    const uint8_t *p = parts[i].data;
-    size_t size = parts[i].size, at = SHARD_PART_HEADER;
-    uint64_t nb = pulse_load_le64(p + 48); /* parts already read by view_parts */
-    if ((blocks[i] = calloc(nb ? nb : 1, sizeof **blocks)) == NULL) {
-      st = pulse_fail(PULSE_ERR_NOMEM, "shard: check");
+    /* parts already read by view_parts: viewed again one at a time */
+    shard_parts_view v;
+    uint32_t log2 = parts[i].data != NULL && parts[i].size >= SHARD_PART_HEADER
+                        ? pulse_load_le32(parts[i].data + 12) : 0;
+    if ((st = shard_view_parts(&parts[i], 1, table, count, id, log2, &v)) != PULSE_OK)
       break;
-    }
-    counts[i] = (size_t)nb;
-    for (uint64_t b = 0; b < nb && at + SHARD_BLOCK_HEADER <= size; b++) {
-      const uint8_t *q = p + at;
-      uint64_t t = pulse_load_le64(q), k = pulse_load_le64(q + 48);
+    if ((blocks[i] = calloc(v.nblocks ? v.nblocks : 1, sizeof **blocks)) == NULL)
+      st = pulse_fail(PULSE_ERR_NOMEM, "shard: check");
+    counts[i] = v.nblocks;
+    for (size_t b = 0; st == PULSE_OK && b < v.nblocks; b++) {
+      const uint8_t *q = v.blocks[b].header;
       pulse_pub_block *x = &blocks[i][b];
-      x->name = t < count ? table[t].name : NULL;
+      x->name = table[v.blocks[b].tensor].name;
       x->kind = pulse_load_le64(q + 56) == PULSE_PUB_BLOCK_FLAT ? PULSE_PUB_BLOCK_FLAT
                                                                 : PULSE_PUB_BLOCK_RECT;
       for (int d = 0; d < PULSE_MAX_DIMS; d++) {
         x->start[d] = pulse_load_le64(q + 64 + 8 * d);
         x->extent[d] = pulse_load_le64(q + 128 + 8 * d);
       }
-      at += SHARD_BLOCK_HEADER + 12 * (size_t)k;
     }
+    shard_view_free(&v);
   }
   if (st == PULSE_OK)
     st = pulse_pub_blocks_check(table, count, (const pulse_pub_block *const *)blocks, counts,

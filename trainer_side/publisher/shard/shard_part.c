@@ -14,7 +14,78 @@ void shard_view_free(shard_parts_view *v) {
   memset(v, 0, sizeof *v);
 }
 
-pulse_status shard_view_parts(const pulse_buffer *parts, size_t nparts, size_t tensor_count,
+pulse_status shard_chunk_push(shard_chunk *c, uint64_t pos, uint8_t cls, uint16_t delta) {
+  if (c->count == c->cap) {
+    uint64_t cap = c->cap < 256 ? 256 : 2 * c->cap;
+    uint64_t *p = realloc(c->pos, (size_t)cap * sizeof *p);
+    if (p != NULL)
+      c->pos = p;
+    uint8_t *q = p != NULL ? realloc(c->cls, (size_t)cap) : NULL;
+    if (q != NULL)
+      c->cls = q;
+    uint16_t *d = q != NULL ? realloc(c->delta, (size_t)cap * sizeof *d) : NULL;
+    if (d == NULL)
+      return pulse_fail(PULSE_ERR_NOMEM, "shard: a chunk's changes");
+    c->delta = d, c->cap = cap;
+  }
+  c->pos[c->count] = pos, c->cls[c->count] = cls, c->delta[c->count] = delta;
+  c->count++;
+  return PULSE_OK;
+}
+
+void shard_chunk_free(shard_chunk *c) {
+  free(c->pos), free(c->cls), free(c->delta);
+  *c = (shard_chunk)SHARD_CHUNK_INIT;
+}
+
+/* Reads change j of the cursor's block (the view checked the bytes). */
+static void cursor_load(shard_part_cursor *c) {
+  if (c->j >= c->b->k)
+    return;
+  uint64_t gap = pulse_reader_varint(&c->r);
+  c->pos = c->j == 0 ? gap : c->pos + 1 + gap;
+  c->cls = pulse_reader_u8(&c->r);
+  c->delta = c->b->deltas ? shard_unzigzag(pulse_reader_varint(&c->r)) : 0;
+  if (!c->r.ok) /* not after the view's check: read as the end */
+    c->j = c->b->k;
+}
+
+void shard_cursor_open(shard_part_cursor *c, const shard_part_block *b) {
+  c->b = b, c->j = 0, c->pos = 0;
+  c->r = pulse_reader_make(b->ch, b->ch_size);
+  cursor_load(c);
+}
+
+void shard_cursor_next(shard_part_cursor *c) {
+  if (c->j < c->b->k) {
+    c->j++;
+    cursor_load(c);
+  }
+}
+
+/* Checks block x's changes: k of them exactly fill its bytes, positions
+ * increase inside the tensor's numel elements, deltas are not 0. */
+static int changes_ok(const shard_part_block *x, uint64_t numel) {
+  pulse_reader r = pulse_reader_make(x->ch, x->ch_size);
+  uint64_t pos = 0;
+  for (uint64_t j = 0; j < x->k; j++) {
+    uint64_t gap = pulse_reader_varint(&r);
+    uint64_t room = j == 0 ? numel : numel - pos - 1; /* positions after the last */
+    if (!r.ok || gap >= room)
+      return 0;
+    pos = j == 0 ? gap : pos + 1 + gap;
+    (void)pulse_reader_u8(&r);
+    if (x->deltas) {
+      uint64_t z = pulse_reader_varint(&r);
+      if (z == 0 || z > 0xFFFF) /* a delta is never 0 */
+        return 0;
+    }
+  }
+  return r.ok && r.left == 0;
+}
+
+pulse_status shard_view_parts(const pulse_buffer *parts, size_t nparts,
+                              const pulse_tensor_info *table, size_t tensor_count,
                               const uint8_t table_id[32], uint32_t chunk_log2,
                               shard_parts_view *v) {
   memset(v, 0, sizeof *v);
@@ -28,9 +99,10 @@ pulse_status shard_view_parts(const pulse_buffer *parts, size_t nparts, size_t t
       return pulse_fail(PULSE_ERR_CORRUPT,
                         "shard: part %zu describes another table or chunk size", i);
     uint64_t nb = pulse_load_le64(p + 48);
-    if (nb > (parts[i].size - SHARD_PART_HEADER) / SHARD_BLOCK_HEADER)
-      return pulse_fail(PULSE_ERR_CORRUPT, "shard: part %zu: %llu blocks", i,
-                        (unsigned long long)nb);
+    if (nb > (parts[i].size - SHARD_PART_HEADER) / SHARD_BLOCK_HEADER ||
+        (pulse_load_le32(p + 56) & ~SHARD_PART_DELTAS) != 0 || pulse_load_le32(p + 60) != 0)
+      return pulse_fail(PULSE_ERR_CORRUPT, "shard: part %zu: %llu blocks, flags %#x", i,
+                        (unsigned long long)nb, pulse_load_le32(p + 56));
     total += (size_t)nb;
   }
   v->blocks = calloc(total ? total : 1, sizeof *v->blocks);
@@ -40,6 +112,7 @@ pulse_status shard_view_parts(const pulse_buffer *parts, size_t nparts, size_t t
     const uint8_t *p = parts[i].data;
     size_t size = parts[i].size, at = SHARD_PART_HEADER;
     uint64_t nb = pulse_load_le64(p + 48);
+    int deltas = (pulse_load_le32(p + 56) & SHARD_PART_DELTAS) != 0;
     for (uint64_t b = 0; b < nb; b++) {
       if (size - at < SHARD_BLOCK_HEADER)
         goto short_part;
@@ -51,13 +124,19 @@ pulse_status shard_view_parts(const pulse_buffer *parts, size_t nparts, size_t t
       x->base.a = pulse_load_le64(q + 16), x->base.b = pulse_load_le64(q + 24);
       x->target.a = pulse_load_le64(q + 32), x->target.b = pulse_load_le64(q + 40);
       x->k = pulse_load_le64(q + 48);
+      uint64_t bytes = pulse_load_le64(q + 192);
       at += SHARD_BLOCK_HEADER;
-      if (x->tensor >= tensor_count || x->k > x->elems || x->k > (size - at) / 12)
+      uint64_t numel = 0;
+      if (x->tensor >= tensor_count ||
+          pulse_shape_numel(table[x->tensor].shape, table[x->tensor].ndim, &numel) != PULSE_OK ||
+          x->k > x->elems || x->k > numel || bytes > size - at || x->k > bytes / 2)
         goto short_part;
-      x->pos = p + at;
-      x->old_bits = x->pos + 8 * x->k;
-      x->new_bits = x->old_bits + 2 * x->k;
-      at += 12 * (size_t)x->k;
+      x->ch = p + at;
+      x->ch_size = (size_t)bytes;
+      x->deltas = deltas;
+      if (!changes_ok(x, numel))
+        goto short_part;
+      at += (size_t)bytes;
       v->changes += x->k;
       v->step.a += x->target.a, v->step.b += x->target.b;
     }
@@ -92,23 +171,25 @@ static int marked(const uint8_t *mark, uint64_t pos, uint32_t log2) {
   return mark[k >> 3] >> (k & 7) & 1;
 }
 
-/* Block x's changes in the chunks marked (k of them written at out when
- * out is not NULL: positions, old bits, new bits). */
-static uint64_t cut_block(const shard_part_block *x, const uint8_t *mark, uint32_t log2,
-                          uint8_t *out, uint64_t k) {
-  uint64_t m = 0;
-  for (uint64_t j = 0; j < x->k; j++) {
-    uint64_t pos = pulse_load_le64(x->pos + 8 * j);
-    if (!marked(mark, pos, log2))
+/* Block x's header and its changes in the chunks marked, without deltas,
+ * appended to out. */
+static void cut_block(const shard_part_block *x, const uint8_t *mark, uint32_t log2,
+                      pulse_bytebuf *out) {
+  size_t at = out->size;
+  pulse_bytebuf_put(out, x->header, SHARD_BLOCK_HEADER);
+  uint64_t m = 0, prev = 0;
+  shard_part_cursor c;
+  for (shard_cursor_open(&c, x); c.j < x->k; shard_cursor_next(&c)) {
+    if (!marked(mark, c.pos, log2))
       continue;
-    if (out != NULL) {
-      memcpy(out + 8 * m, x->pos + 8 * j, 8);
-      memcpy(out + 8 * k + 2 * m, x->old_bits + 2 * j, 2);
-      memcpy(out + 10 * k + 2 * m, x->new_bits + 2 * j, 2);
-    }
-    m++;
+    pulse_bytebuf_varint(out, m == 0 ? c.pos : c.pos - prev - 1);
+    pulse_bytebuf_byte(out, c.cls);
+    prev = c.pos, m++;
   }
-  return m;
+  if (!out->failed) {
+    pulse_store_le64(out->data + at + 48, m);
+    pulse_store_le64(out->data + at + 192, out->size - at - SHARD_BLOCK_HEADER);
+  }
 }
 
 pulse_status pulse_pub_shard_part_for(const pulse_pub_shard *s, const pulse_buffer *part,
@@ -131,42 +212,28 @@ pulse_status pulse_pub_shard_part_for(const pulse_pub_shard *s, const pulse_buff
   }
   shard_parts_view v = {0};
   if (st == PULSE_OK)
-    st = shard_view_parts(part, 1, s->count, s->table_id, s->chunk_log2, &v);
-  uint64_t *kept = st == PULSE_OK ? calloc(v.nblocks ? v.nblocks : 1, sizeof *kept) : NULL;
-  uint8_t **marks = st == PULSE_OK ? calloc(v.nblocks ? v.nblocks : 1, sizeof *marks) : NULL;
-  if (st == PULSE_OK && (kept == NULL || marks == NULL))
-    st = pulse_fail(PULSE_ERR_NOMEM, "shard: part_for");
-  /* First the sizes (the cut part is written once, at its size). */
-  size_t size = SHARD_PART_HEADER;
+    st = shard_view_parts(part, 1, s->info, s->count, s->table_id, s->chunk_log2, &v);
+  pulse_bytebuf cut = PULSE_BYTEBUF_INIT;
+  if (st == PULSE_OK) {
+    pulse_bytebuf_put(&cut, part->data, SHARD_PART_HEADER);
+    if (!cut.failed)
+      pulse_store_le32(cut.data + 56, 0); /* counting reads no deltas */
+  }
   for (size_t b = 0; b < v.nblocks && st == PULSE_OK; b++) {
     const shard_part_block *x = &v.blocks[b];
     uint64_t numel = 0;
     (void)pulse_shape_numel(s->info[x->tensor].shape, s->info[x->tensor].ndim, &numel);
-    if ((marks[b] = shard_chunk_marks(g, block_count, x->tensor, numel, s->chunk_log2)) == NULL)
+    uint8_t *mark = shard_chunk_marks(g, block_count, x->tensor, numel, s->chunk_log2);
+    if (mark == NULL)
       st = pulse_fail(PULSE_ERR_NOMEM, "shard: part_for");
     else
-      kept[b] = cut_block(x, marks[b], s->chunk_log2, NULL, 0);
-    size += SHARD_BLOCK_HEADER + 12 * (size_t)kept[b];
+      cut_block(x, mark, s->chunk_log2, &cut);
+    free(mark);
   }
-  uint8_t *p = st == PULSE_OK ? malloc(size) : NULL;
-  if (st == PULSE_OK && p == NULL)
+  if (st == PULSE_OK && pulse_bytebuf_take(&cut, out) != PULSE_OK)
     st = pulse_fail(PULSE_ERR_NOMEM, "shard: part_for");
-  if (st == PULSE_OK) {
-    memcpy(p, part->data, SHARD_PART_HEADER);
-    size_t at = SHARD_PART_HEADER;
-    for (size_t b = 0; b < v.nblocks; b++) {
-      memcpy(p + at, v.blocks[b].header, SHARD_BLOCK_HEADER);
-      pulse_store_le64(p + at + 48, kept[b]);
-      at += SHARD_BLOCK_HEADER;
-      (void)cut_block(&v.blocks[b], marks[b], s->chunk_log2, p + at, kept[b]);
-      at += 12 * (size_t)kept[b];
-    }
-    out->data = p;
-    out->size = size;
-  }
-  for (size_t b = 0; marks != NULL && b < v.nblocks; b++)
-    free(marks[b]);
-  free(marks), free(kept), free(g);
+  pulse_bytebuf_free(&cut);
+  free(g);
   shard_view_free(&v);
   return st;
 }
