@@ -16,6 +16,7 @@
 #include "pulse_log.h"
 #include "status_impl.h"
 #include "store_impl.h"
+#include "store_sections_impl.h"
 #include "store_state_impl.h"
 
 pulse_status pulse_store_head_load(const char *dir, pulse_store_head **out) {
@@ -146,6 +147,24 @@ static pulse_status walk_objects(void *vctx, const char *folder,
   return w->fn(w->ctx, folder, name, STORE_STRAY_ORPHAN);
 }
 
+/* A patch's section index is kept while its patch is named. */
+static pulse_status walk_sections(void *vctx, const char *folder,
+                                  const char *name) {
+  stray_walk *w = vctx;
+  uint8_t sha[32];
+  if (store_is_temp_name(name))
+    return w->fn(w->ctx, folder, name, STORE_STRAY_TEMPORARY);
+  if (!store_sections_parse_name(name, sha)) {
+    PULSE_LOG_AT(PULSE_LOG_WARN,
+                 "store: %s/%s is not a section index name; left alone",
+                 folder, name);
+    return PULSE_OK;
+  }
+  if (head_names(w->head, PULSE_STORE_PATCH, sha))
+    return PULSE_OK;
+  return w->fn(w->ctx, folder, name, STORE_STRAY_ORPHAN);
+}
+
 static pulse_status walk_catchup(void *vctx, const char *folder,
                                  const char *name) {
   stray_walk *w = vctx;
@@ -158,6 +177,8 @@ pulse_status store_strays(const char *dir, const pulse_store_head *head,
   pulse_status st = scan(dir, ".", walk_root, &w);
   if (st == PULSE_OK)
     st = scan(dir, PULSE_STORE_OBJECTS_DIR, walk_objects, &w);
+  if (st == PULSE_OK)
+    st = scan(dir, STORE_SECTIONS_DIR, walk_sections, &w);
   if (st == PULSE_OK && catchups)
     st = scan(dir, PULSE_STORE_CATCHUP_DIR, walk_catchup, &w);
   return st;
@@ -174,6 +195,67 @@ static pulse_status check_hash(const char *dir, const pulse_store_object *o) {
     return pulse_fail(PULSE_ERR_CORRUPT,
                       "store: %s: content does not match its SHA-256 name",
                       o->path);
+  return PULSE_OK;
+}
+
+/* A patch's section index, when there is one: signed by the head's key
+ * (or the key the head rotated from), naming the patch, and every hash
+ * right. *checked counts those found. */
+static pulse_status check_sections(const char *dir, const pulse_store_head *h,
+                                   const pulse_store_object *o, size_t *checked) {
+  char rel[PULSE_STORE_PATH_MAX + 16], path[4096];
+  store_sections_path(o->sha256, rel, sizeof rel);
+  if (store_join(path, sizeof path, dir, rel) != 0)
+    return pulse_fail(PULSE_ERR_ARG, "store: folder name too long");
+  FILE *f = fopen(path, "rb");
+  if (f == NULL)
+    return PULSE_OK; /* optional: workers fetch the patch whole */
+  /* A table entry takes more than 32 bytes: no index is larger than this. */
+  size_t cap = store_sections_size(o->size / 32 + 1);
+  uint8_t *b = cap != 0 ? malloc(cap + 1) : NULL, *pb = NULL;
+  size_t n = b != NULL ? fread(b, 1, cap + 1, f) : 0;
+  fclose(f);
+  store_sections s;
+  memset(&s, 0, sizeof s);
+  pulse_status st = b == NULL ? pulse_fail(PULSE_ERR_NOMEM, "store: %s", rel)
+                              : store_sections_parse(b, n, &s);
+  if (st == PULSE_OK && h->is_signed && !s.is_signed)
+    st = pulse_fail(PULSE_ERR_CORRUPT, "unsigned in a signed store");
+  /* Signed by a key the head does not name (two rotations ago): workers
+   * refuse it and fetch the patch whole, which is not a fault. */
+  if (st == PULSE_OK && h->is_signed &&
+      memcmp(s.pub, h->pub, PULSE_KEY_BYTES) != 0 &&
+      !(h->rotation.present &&
+        memcmp(s.pub, h->rotation.from, PULSE_KEY_BYTES) == 0))
+    PULSE_LOG_AT(PULSE_LOG_WARN,
+                 "store: %s is signed by a key the head does not name: "
+                 "workers fetch its patch whole",
+                 rel);
+  if (st == PULSE_OK && (memcmp(s.patch_sha256, o->sha256, 32) != 0 ||
+                         s.patch_size != o->size))
+    st = pulse_fail(PULSE_ERR_CORRUPT, "it names another patch");
+  if (st == PULSE_OK && (uint64_t)o->size > SIZE_MAX)
+    st = pulse_fail(PULSE_ERR_OVERFLOW, "patch too large");
+  if (st == PULSE_OK && (pb = malloc((size_t)o->size + 1)) == NULL)
+    st = pulse_fail(PULSE_ERR_NOMEM, "store: %s", o->path);
+  if (st == PULSE_OK) {
+    char ppath[4096];
+    FILE *pf = store_join(ppath, sizeof ppath, dir, o->path) == 0 ? fopen(ppath, "rb") : NULL;
+    size_t got = pf != NULL ? fread(pb, 1, (size_t)o->size + 1, pf) : 0;
+    if (pf != NULL)
+      fclose(pf);
+    st = got == o->size ? store_sections_check_patch(&s, pb, got)
+                        : pulse_fail(PULSE_ERR_IO, "cannot read %s", o->path);
+  }
+  free(pb);
+  free(b);
+  store_sections_free(&s);
+  if (st != PULSE_OK) {
+    char why[512];
+    snprintf(why, sizeof why, "%s", pulse_error_detail());
+    return pulse_fail(PULSE_ERR_CORRUPT, "store: %s: %s", rel, why);
+  }
+  ++*checked;
   return PULSE_OK;
 }
 
@@ -229,6 +311,7 @@ pulse_status pulse_store_verify(const char *dir, unsigned flags,
        memcmp(pinned, head->pub, PULSE_KEY_BYTES) != 0))
     st = pulse_fail(PULSE_ERR_CORRUPT, "store: the head is %s",
                     head->is_signed ? "signed by another key" : "not signed");
+  size_t nsections = 0; /* section indexes checked */
   const pulse_store_object *lists[2] = {head->patches, head->anchors};
   size_t counts[2] = {head->npatches, head->nanchors};
   for (int l = 0; l < 2; l++)
@@ -236,6 +319,8 @@ pulse_status pulse_store_verify(const char *dir, unsigned flags,
       st = store_check_named(dir, &lists[l][i]);
       if (st == PULSE_OK && (flags & PULSE_STORE_VERIFY_HASHES))
         st = check_hash(dir, &lists[l][i]);
+      if (st == PULSE_OK && l == 0 && (flags & PULSE_STORE_VERIFY_HASHES))
+        st = check_sections(dir, head, &lists[l][i], &nsections);
       r.object_bytes += lists[l][i].size;
     }
   if (st == PULSE_OK && (flags & PULSE_STORE_VERIFY_STATE)) {
@@ -249,6 +334,8 @@ pulse_status pulse_store_verify(const char *dir, unsigned flags,
   }
   if (st == PULSE_OK)
     st = store_strays(dir, head, 0, count_stray, &r.strays);
+  if (st == PULSE_OK && (flags & PULSE_STORE_VERIFY_HASHES))
+    PULSE_LOG_AT(PULSE_LOG_INFO, "store: %zu section indexes checked", nsections);
   pulse_store_head_free(head);
   if (out != NULL)
     *out = r;

@@ -123,6 +123,14 @@ static void prune(pulse_sub *sub) {
       unlinkat(dirfd(d), name, 0);
   }
   closedir(d);
+  /* A relay's section indexes (sections/<sha256>, sub_partial.c). */
+  snprintf(dir, sizeof dir, "%s/sections", sub->cache_dir);
+  if ((d = opendir(dir)) != NULL) {
+    for (struct dirent *e; (e = readdir(d)) != NULL;)
+      if (strlen(e->d_name) == 64 && is_hex64(e->d_name) && !named_hex(sub->head, e->d_name))
+        unlinkat(dirfd(d), e->d_name, 0);
+    closedir(d);
+  }
   sub_object_forget(sub);
 }
 

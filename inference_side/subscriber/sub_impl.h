@@ -20,6 +20,8 @@
  *   sub_stream.c   applying a patch while it downloads
  *   sub_fp8.c      FP8 targets: quantizations of BF16 shadows kept with
  *                  every step (pulse_sub_bind_fp8)
+ *   sub_partial.c  the partial route: only the sections of the tensors
+ *                  the targets hold, each verified (sub_partial_impl.h)
  *   sub_sync.c     sync and follow
  *   sub_util.c     hex, SHA-256 of files, clocks */
 #ifndef PULSE_SUB_IMPL_H
@@ -203,6 +205,10 @@ struct pulse_sub {
   double t_cb; /* spent in download callbacks (hashing, opening, feeding
                   a streamed patch): not counted as transfer */
   uint64_t sync_bytes_start;
+  /* the partial route (sub_partial.c): patches to fetch whole before
+   * asking again, and patches taken partially */
+  unsigned partial_skip;
+  uint64_t partial_fetches;
 };
 
 /* ---------------------------------------------------------- subscriber.c */

@@ -9,6 +9,7 @@
 #include "status_impl.h"
 #include "sub_http_impl.h"
 #include "sub_impl.h"
+#include "sub_partial_impl.h"
 
 static void rejected(pulse_sub *sub, const char *object, pulse_status st) {
   sub_count(sub, &sub->fig.rejected, 1);
@@ -72,6 +73,17 @@ static pulse_status apply_patches(pulse_sub *sub, size_t first) {
   for (size_t i = first; i < np; i++) {
     const pulse_store_object *o = pulse_store_head_patch(sub->head, i);
     sub->applying_step = o->step;
+    sub_partial part;
+    pulse_patch *pp = NULL;
+    if (sub_partial_wanted(sub, o, 1) && sub_partial_open(sub, o, &part, &pp)) {
+      pulse_status st = sub_apply_patch(sub, pp);
+      pulse_patch_free(pp);
+      sub_partial_free(&part);
+      if (st != PULSE_OK)
+        return st;
+      applied(sub, PULSE_SUB_ROUTE_CHAIN, &sub->fig.patches_applied);
+      continue;
+    }
     if (streaming(sub) && sub_object_have(sub, o) < o->size) {
       PULSE_TRY(sub_apply_patch_streamed(sub, o, NULL));
       applied(sub, PULSE_SUB_ROUTE_CHAIN, &sub->fig.patches_applied);
@@ -79,8 +91,8 @@ static pulse_status apply_patches(pulse_sub *sub, size_t first) {
     }
     pulse_buffer b = {NULL, 0};
     pulse_patch *p = NULL;
-    if (streaming(sub))
-      PULSE_TRY(sub_object_fetch(sub, o));
+    /* Fetched by run_route unless it was left to the partial route. */
+    PULSE_TRY(sub_object_fetch(sub, o));
     PULSE_TRY(open_patch(sub, o, &b, &p));
     pulse_status st = sub_apply_patch(sub, p);
     pulse_patch_free(p);
@@ -196,8 +208,13 @@ static pulse_status check_claim(pulse_sub *sub) {
 static pulse_status mirror_all(pulse_sub *sub) {
   for (size_t i = 0; i < pulse_store_head_anchor_count(sub->head); i++)
     PULSE_TRY(sub_object_fetch(sub, pulse_store_head_anchor(sub->head, i)));
-  for (size_t i = 0; i < pulse_store_head_patch_count(sub->head); i++)
-    PULSE_TRY(sub_object_fetch(sub, pulse_store_head_patch(sub->head, i)));
+  for (size_t i = 0; i < pulse_store_head_patch_count(sub->head); i++) {
+    const pulse_store_object *o = pulse_store_head_patch(sub->head, i);
+    int missing = sub_object_have(sub, o) < o->size;
+    PULSE_TRY(sub_object_fetch(sub, o));
+    if (missing) /* asked once, with its patch */
+      sub_partial_mirror(sub, o);
+  }
   return PULSE_OK;
 }
 
@@ -210,8 +227,10 @@ static pulse_status run_route(pulse_sub *sub, const sub_plan *plan) {
     return run_catchup(sub, plan);
   if (plan->route == PULSE_SUB_ROUTE_ANCHOR)
     PULSE_TRY(sub_object_fetch(sub, plan->anchor));
+  /* Patches the partial route may take are fetched when applied. */
   for (size_t i = plan->first_patch; i < np && !streaming(sub); i++)
-    PULSE_TRY(sub_object_fetch(sub, pulse_store_head_patch(sub->head, i)));
+    if (!sub_partial_wanted(sub, pulse_store_head_patch(sub->head, i), 0))
+      PULSE_TRY(sub_object_fetch(sub, pulse_store_head_patch(sub->head, i)));
   if (plan->route == PULSE_SUB_ROUTE_ANCHOR) {
     sub->applying_step = plan->anchor->step;
     PULSE_TRY(sub_apply_anchor(sub, plan->anchor));

@@ -10,8 +10,9 @@ rank equals the trainer's BF16 weights sliced the engine's way by plain
 torch. Bad mappings (expert ids out of range or listed twice, an ep_size
 that does not divide E, a stack of the wrong shape, an intermediate size
 that does not split, experts the publisher does not have) are refused
-with pulse.Error and the reason, before anything is written. Exit 77: no
-torch."""
+with pulse.Error and the reason, before anything is written. Each rank
+fetches less than the whole patch at every step: the sections of the
+tensors it holds (issue 34). Exit 77: no torch."""
 
 import os
 import subprocess
@@ -60,6 +61,7 @@ def rank_main(tp_rank, ep_rank, url, key, work):
     with pulse.Subscriber(url, key=key, retries=1) as sub:
         for line in sys.stdin:
             step = int(line.split()[1])
+            before = sub.figures()['bytes_downloaded']
             held = sub.pull(engine, mapping=layout, timeout=60)
             assert held == step, f"{who}: pulled {held}, published {step}"
             want = expected(torch.load(os.path.join(work, f"state-{step}.pt")), tp_rank, ep_rank)
@@ -68,7 +70,8 @@ def rank_main(tp_rank, ep_rank, url, key, work):
                 assert torch.equal(t.view(torch.int16), want[name].view(torch.int16)), \
                     f"{who} step {step}: '{name}' differs from the trainer's slice"
             stacks = sum(1 for n in engine if ".experts.w" in n)
-            print(f"ok {step} {len(engine)} {stacks} {sub.figures()['bytes_downloaded']}", flush=True)
+            fetched = sub.figures()['bytes_downloaded'] - before
+            print(f"ok {step} {len(engine)} {stacks} {fetched}", flush=True)
 
 
 def refused(what, sub, engine, layout, needle, status=None):
@@ -226,11 +229,21 @@ def main():
             for p in ranks.values():
                 p.stdin.write(f"pull {step}\n")
                 p.stdin.flush()
+            fetched = {}
             for who, p in ranks.items():
                 line = p.stdout.readline()
                 assert line.startswith(f"ok {step}"), f"rank (tp, ep) {who} at step {step}: {line!r}"
+                fetched[who] = int(line.split()[4])
             print(f"step {step}: 4 ranks (TP=2 x EP=2) hold the trainer's BF16 weights, "
                   f"experts stacked; {line.split()[3]} of their tensors are expert stacks")
+            patch = pub.last_figures["patch_bytes"]
+            if patch:
+                # Each rank fetches the sections of its tensors (issue 34):
+                # less than the whole patch, head and section index included.
+                for who, n in fetched.items():
+                    assert n < patch, f"rank (tp, ep) {who} fetched {n} bytes, the patch is {patch}"
+                print(f"step {step}: bytes fetched per rank " +
+                      ", ".join(f"{n}" for n in fetched.values()) + f" against the whole patch {patch}")
             return step
 
         publish()

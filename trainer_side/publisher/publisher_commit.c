@@ -8,6 +8,7 @@
 
 #include "parallel_impl.h"
 #include "publisher_impl.h"
+#include "publisher_sections_impl.h"
 #include "pulse_cuda.h"
 #include "pulse_log.h"
 #include "status_impl.h"
@@ -312,6 +313,9 @@ static pulse_status commit_write(pulse_pub *pub, uint64_t step,
   if (st == PULSE_OK)
     st = pub_head_prepare(pub, step, next, p, np, a, na, &txn);
   double t2 = now_s();
+  /* Its section index too (while the patch's bytes are written). */
+  if (st == PULSE_OK)
+    st = pub_sections_write(pub, patch, &obj);
   /* The patch durable under its name before the head that names it. */
   if (st == PULSE_OK)
     st = pub_stage_finish(&job);

@@ -24,6 +24,7 @@
 #include "pulse_log.h"
 #include "status_impl.h"
 #include "store_impl.h"
+#include "store_sections_impl.h"
 
 static double wall_now(void) {
   struct timespec ts;
@@ -41,6 +42,19 @@ static void remove_object(const char *dir, const char *rel) {
   if (unlink(path) != 0 && errno != ENOENT)
     PULSE_LOG_AT(PULSE_LOG_WARN, "publisher: removing %s: %s", path,
                  strerror(errno));
+  /* A patch's section index goes with it. */
+  pulse_store_kind kind;
+  uint8_t sha[32];
+  const char *name = strrchr(rel, '/');
+  char srel[PULSE_STORE_PATH_MAX + 16];
+  if (name != NULL && store_parse_object_name(name + 1, &kind, sha) &&
+      kind == PULSE_STORE_PATCH) {
+    store_sections_path(sha, srel, sizeof srel);
+    if (store_join(path, sizeof path, dir, srel) == 0 && unlink(path) != 0 &&
+        errno != ENOENT)
+      PULSE_LOG_AT(PULSE_LOG_WARN, "publisher: removing %s: %s", path,
+                   strerror(errno));
+  }
 }
 
 static int list_add(pulse_pub *pub, const char *rel, double since) {
@@ -115,7 +129,9 @@ static pulse_status add_kept(void *ctx, const char *folder, const char *name,
   if (store_join(path, sizeof path, folder, name) != 0 ||
       lstat(path, &sb) != 0 || !S_ISREG(sb.st_mode))
     return PULSE_OK;
-  snprintf(rel, sizeof rel, PULSE_STORE_OBJECTS_DIR "/%s", name);
+  /* objects/ or sections/ (an index whose patch left before a restart) */
+  const char *sub = strrchr(folder, '/');
+  snprintf(rel, sizeof rel, "%s/%s", sub != NULL ? sub + 1 : folder, name);
   double since = (double)sb.st_mtim.tv_sec + 1e-9 * (double)sb.st_mtim.tv_nsec;
   if (list_add(pub, rel, since) != 0)
     return pulse_fail(PULSE_ERR_NOMEM, "publisher: retired objects");

@@ -13,6 +13,39 @@
 #include "http_serve_parse_impl.h"
 #include "server_impl.h"
 #include "store_impl.h"
+#include "store_sections_impl.h"
+
+/* A patch's section index, served like an object: it is not named by its
+ * own hash (workers check its signature and the hashes it names), and its
+ * bytes do not change once written, so it is immutable under a strong ETag
+ * of its patch's name. Stores from before it answer 404: workers then
+ * fetch the patch whole. */
+static int sections_request(void *user, pulse_serve_request *rq,
+                            const char *path) {
+  pulse_server *srv = user;
+  const char *name = path + strlen("/v1/" STORE_SECTIONS_DIR "/");
+  uint8_t sha[32];
+  char file[4096];
+  /* 64 hex digits: it cannot leave sections/; O_NOFOLLOW refuses a
+   * planted link. */
+  if (!store_sections_parse_name(name, sha) ||
+      snprintf(file, sizeof file, "%s/" STORE_SECTIONS_DIR "/%s", srv->dir, name) >=
+          (int)sizeof file)
+    return pulse_serve_reply_error(rq, 404, "no such section index");
+  int fd = open(file, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0)
+    return pulse_serve_reply_error(rq, 404, "no such section index");
+  struct stat sb;
+  if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+    close(fd);
+    return pulse_serve_reply_error(rq, 404, "no such section index");
+  }
+  char hex[65], etag[80];
+  store_hex(sha, 32, hex);
+  snprintf(etag, sizeof etag, "\"%s-sections\"", hex);
+  pulse_serve_meta m = {0, NULL, PULSE_SERVE_IMMUTABLE, etag, NULL};
+  return pulse_serve_reply_fd(rq, &m, fd, (uint64_t)sb.st_size);
+}
 
 static int object_request(void *user, pulse_serve_request *rq,
                           const char *path) {
@@ -85,6 +118,7 @@ void srv_healthz(void *user, char *body, size_t cap) {
 const pulse_serve_route srv_routes[] = {
     {"/v1/head", 0, PULSE_SERVE_READ, "head", srv_head_request, 0},
     {"/v1/objects/", 1, PULSE_SERVE_READ, "object", object_request, 0},
+    {"/v1/" STORE_SECTIONS_DIR "/", 1, PULSE_SERVE_READ, "sections", sections_request, 0},
     {"/v1/catchup/", 1, PULSE_SERVE_READ, "catchup", catchup_route, 0},
 };
 const size_t srv_route_count = sizeof srv_routes / sizeof srv_routes[0];

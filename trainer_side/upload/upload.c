@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -14,6 +15,7 @@
 #include "pulse_store.h"
 #include "status_impl.h"
 #include "store_impl.h"
+#include "store_sections_impl.h"
 #include "upload_impl.h"
 
 #define IMMUTABLE "public, max-age=31536000, immutable"
@@ -204,6 +206,58 @@ static pulse_status put_objects(pulse_upload *up, const char *dir,
   return st;
 }
 
+/* Uploads the section indexes of the head's patches (sections/<sha256>,
+ * store_sections_impl.h) that the store has and the bucket lacks, after
+ * the patches and before the head. A store without them uploads none:
+ * workers then fetch patches whole. */
+static pulse_status put_sections(pulse_upload *up, const char *dir,
+                                 const pulse_store_head *h) {
+  size_t np = pulse_store_head_patch_count(h);
+  pulse_status st = PULSE_OK;
+  for (size_t i = 0; i < np && st == PULSE_OK; i++) {
+    char rel[PULSE_STORE_PATH_MAX + 16], path[4096];
+    store_sections_path(pulse_store_head_patch(h, i)->sha256, rel, sizeof rel);
+    snprintf(path, sizeof path, "%s/%s", dir, rel);
+    size_t n = 0;
+    uint8_t *bytes = NULL;
+    FILE *f = fopen(path, "rb");
+    if (f == NULL)
+      continue;
+    struct stat sb;
+    if (fstat(fileno(f), &sb) == 0 && sb.st_size > 0 &&
+        (bytes = malloc((size_t)sb.st_size)) != NULL)
+      n = fread(bytes, 1, (size_t)sb.st_size, f);
+    fclose(f);
+    if (bytes == NULL || n != (size_t)sb.st_size) {
+      free(bytes);
+      continue; /* optional: a worker falls back */
+    }
+    upload_req r;
+    upload_req *one = &r;
+    upload_req_init(&r, "HEAD");
+    key_of(up, rel, r.key, sizeof r.key);
+    st = upload_run(up, &one, 1);
+    int present = st == PULSE_OK && r.status == 200 && r.length == n;
+    if (st == PULSE_OK && r.status != 404 && r.status != 200)
+      st = upload_req_fail(&r, "checking a section index");
+    upload_req_release(&r);
+    if (st == PULSE_OK && !present) {
+      upload_req_init(&r, "PUT");
+      key_of(up, rel, r.key, sizeof r.key);
+      r.body = bytes;
+      r.body_len = n;
+      r.cache_control = IMMUTABLE;
+      r.content_type = "application/octet-stream";
+      st = upload_run(up, &one, 1);
+      if (st == PULSE_OK && !ok_status(r.status))
+        st = upload_req_fail(&r, "putting a section index");
+      upload_req_release(&r);
+    }
+    free(bytes);
+  }
+  return st;
+}
+
 /* ------------------------------------------------------------ retention */
 
 typedef struct {
@@ -241,15 +295,25 @@ static int named_by(const pulse_upload *up, const pulse_store_head *h,
     key_of(up, o->path, k, sizeof k);
     if (strcmp(k, key) == 0)
       return 1;
+    if (i < np) { /* and its section index */
+      char rel[PULSE_STORE_PATH_MAX + 16];
+      store_sections_path(o->sha256, rel, sizeof rel);
+      key_of(up, rel, k, sizeof k);
+      if (strcmp(k, key) == 0)
+        return 1;
+    }
   }
   return 0;
 }
 
-static pulse_status retain(pulse_upload *up, const pulse_store_head *h) {
+/* Deletes what the head does not name under the folder `sub`
+ * (objects/ or sections/), past the grace period. */
+static pulse_status retain_under(pulse_upload *up, const pulse_store_head *h,
+                                 const char *sub) {
   listed *all = NULL;
   size_t n = 0, cap = 0;
   char prefix[1200], penc[3700], token[1100] = "", tenc[3400];
-  key_of(up, PULSE_STORE_OBJECTS_DIR "/", prefix, sizeof prefix);
+  key_of(up, sub, prefix, sizeof prefix);
   upload_uri_encode(prefix, 0, penc, sizeof penc);
   pulse_status st = PULSE_OK;
   for (int page = 0; st == PULSE_OK && page < 100000; page++) {
@@ -336,6 +400,11 @@ static pulse_status retain(pulse_upload *up, const pulse_store_head *h) {
   up->fig.deleted += st == PULSE_OK ? ndel : 0;
   free(dels), free(ptrs), free(all);
   return st;
+}
+
+static pulse_status retain(pulse_upload *up, const pulse_store_head *h) {
+  PULSE_TRY(retain_under(up, h, PULSE_STORE_OBJECTS_DIR "/"));
+  return retain_under(up, h, STORE_SECTIONS_DIR "/");
 }
 
 /* ----------------------------------------------------------------- store */
@@ -461,6 +530,8 @@ pulse_status pulse_upload_store(pulse_upload *up, const char *store_dir,
     st = check_writer(up, h);
   if (st == PULSE_OK)
     st = put_objects(up, store_dir, h);
+  if (st == PULSE_OK)
+    st = put_sections(up, store_dir, h);
   if (st == PULSE_OK) /* the head last: everything it names is there */
     st = put_head(up, h);
   if (st == PULSE_OK && !up->opts.no_retention)
