@@ -14,10 +14,10 @@ pulse.Mapping(experts=...).
           through vLLM's load_weights loop (every checkpoint tensor matched
           against the expert params mapping, then FusedMoE.weight_loader's
           narrow and copy_).
-  bytes   what the rank downloaded per step against the whole patch and
-          against the sections of its own experts' tensors in it (the
-          least a fetch by byte ranges could take; pulse-inspect gives the
-          section sizes).
+  bytes   what the rank downloaded per step (the patch's signed section
+          index, its header and table, and the sections of the rank's own
+          experts, each verified: issue 34) against the whole patch and
+          against those sections alone (pulse-inspect gives their sizes).
 
 Both refits are checked equal, bit for bit, every step. Medians over the
 steps.
@@ -227,8 +227,9 @@ def main(argv):
     if tool is not None:
         line += (f"; its sections {med('coded') / 2**20:.2f} MiB (the rest: header and table), "
                  f"those of the rank's experts {med('mine') / 2**20:.2f} MiB "
-                 f"({med('mine') / med('patch'):.0%} of the patch): objects are verified whole "
-                 f"against the signed SHA-256, so every rank fetches them whole")
+                 f"({med('mine') / med('patch'):.0%} of the patch); fetched "
+                 f"{med('fetched') / med('patch'):.0%} of the patch: the rank's sections, "
+                 f"each verified against the patch's signed section index")
     else:
         line += " (pulse-inspect not found: no per-section figure)"
     print(line)
