@@ -298,3 +298,29 @@ Test(partial, a_relay_mirrors_the_indexes_and_its_workers_take_the_partial_route
   tu_rm_rf(relay_cache);
   it_trainer_down(&t);
 }
+
+Test(partial, an_index_signed_before_a_key_rotation_is_taken_under_the_new_head) {
+  /* Patch 1 and its index are signed by the first key; the head that
+   * names it then rotates to a second key (its record signed by the
+   * first): the worker that pinned the first key follows the rotation and
+   * takes the index of the rotated-from key. */
+  fx f;
+  fx_up(&f, RANGE_PROXY_PASS);
+  it_trainer_run(&f.t, 1, 1, 0.05);
+  pulse_sign_key *k2 = NULL;
+  cr_assert_eq(pulse_sign_key_generate(&k2), PULSE_OK);
+  cr_assert_eq(pulse_pub_rotate_key(f.t.pub_, k2, NULL), PULSE_OK, "%s", pulse_error_detail());
+  uint64_t size = newest_patch(&f).size, before = range_proxy_bytes(f.proxy);
+  cr_assert_eq(pulse_sub_sync(f.sub), PULSE_OK, "%s", pulse_sub_error(f.sub));
+  expect_step(&f, 1, "across the rotation");
+  cr_assert_lt(range_proxy_bytes(f.proxy) - before, size, "the patch came whole");
+  cr_assert_geq(range_proxy_partials(f.proxy), 1);
+  /* Patch 2 and its index under the new key. */
+  uint64_t got = step_and_sync(&f, 2, &size);
+  expect_step(&f, 2, "after the rotation");
+  cr_assert_lt(got, size, "the patch came whole");
+  pulse_pub_free(f.t.pub_); /* before the key it borrows */
+  f.t.pub_ = NULL;
+  pulse_sign_key_free(k2);
+  fx_down(&f);
+}
