@@ -34,8 +34,8 @@
  *      (or the next detect) drops the step and it can be retried.
  *
  * Memory per rank: the BF16 snapshot of its blocks; during a step its own
- * changes (about 3.5 bytes each: a position gap and the new bits, freed
- * by advance and abort), its part (3-4 bytes per change of a shared
+ * changes (about 3 bytes each: a position gap, the old bits' class and
+ * the delta, freed by advance and abort), its part (3-4 bytes per change of a shared
  * chunk: a position gap, the old bits' class and the delta), the parts
  * cut for it (2-3 bytes a change: no deltas), and its counts: an entry
  * for each change of the shared chunks its blocks meet (mostly one byte:

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "digest_impl.h"
 #include "endian_impl.h"
 #include "pulse_store.h"
 #include "pulse_elem.h"
@@ -344,9 +345,8 @@ void pulse_pub_shard_abort(pulse_pub_shard *s) {
   s->pending = 0;
 }
 
-void shard_own_open(shard_own_cursor *c, const shard_geom *g, const uint16_t *snap,
-                    const shard_pending *pd) {
-  c->g = g, c->snap = snap;
+void shard_own_open(shard_own_cursor *c, const shard_geom *g, const shard_pending *pd) {
+  c->g = g;
   c->p = pd->bytes.data, c->end = pd->bytes.data + pd->bytes.size;
   c->has = 0, c->idx = 0;
   shard_own_next(c);
@@ -355,17 +355,22 @@ void shard_own_open(shard_own_cursor *c, const shard_geom *g, const uint16_t *sn
 void shard_own_next(shard_own_cursor *c) {
   pulse_reader r = pulse_reader_make(c->p, c->p != NULL ? (size_t)(c->end - c->p) : 0);
   uint64_t gap = pulse_reader_varint(&r);
-  uint16_t nb = (uint16_t)pulse_reader_le(&r, 2);
+  uint8_t cls = pulse_reader_u8(&r);
+  uint64_t z = pulse_reader_varint(&r);
   if (!r.ok) {
     c->has = 0;
     return;
   }
   c->p = r.p;
-  c->idx = c->has ? c->idx + 1 + gap : gap;
-  c->new_bits = nb;
-  uint64_t len = c->g->run_len;
-  c->pos = shard_run_pos(c->g, c->idx / len) + c->idx % len;
-  c->old_bits = c->snap[c->idx];
+  uint64_t idx = c->has ? c->idx + 1 + gap : gap, len = c->g->run_len;
+  /* in the run of the last change: no run position to work out */
+  if (c->has && idx / len == c->idx / len)
+    c->pos += idx - c->idx;
+  else
+    c->pos = shard_run_pos(c->g, idx / len) + idx % len;
+  c->idx = idx;
+  c->cls = cls;
+  c->delta = shard_unzigzag(z);
   c->has = 1;
 }
 
@@ -374,9 +379,9 @@ void pulse_pub_shard_advance(pulse_pub_shard *s) {
     return;
   for (size_t b = 0; b < s->nblocks; b++) {
     shard_own_cursor c;
-    for (shard_own_open(&c, &s->geom[b], s->snap[b], &s->changes[b]); c.has;
+    for (shard_own_open(&c, &s->geom[b], &s->changes[b]); c.has;
          shard_own_next(&c))
-      s->snap[b][c.idx] = c.new_bits;
+      s->snap[b][c.idx] = (uint16_t)(s->snap[b][c.idx] + c.delta);
     s->digest[b] = s->target[b];
   }
   pulse_pub_shard_abort(s);
@@ -408,12 +413,12 @@ static void put_block(pulse_bytebuf *out, const pulse_pub_shard *s, size_t b) {
   pulse_bytebuf_put(out, p, sizeof p);
   uint64_t k = 0, prev = 0;
   shard_own_cursor c;
-  for (shard_own_open(&c, g, s->snap[b], &s->changes[b]); c.has; shard_own_next(&c)) {
+  for (shard_own_open(&c, g, &s->changes[b]); c.has; shard_own_next(&c)) {
     if (shard_chunk_whole(s, g->tensor, c.pos))
       continue;
     pulse_bytebuf_varint(out, k == 0 ? c.pos : c.pos - prev - 1);
-    pulse_bytebuf_byte(out, (uint8_t)pulse_bf16_class(c.old_bits));
-    pulse_bytebuf_varint(out, shard_zigzag(pulse_bf16_delta(c.old_bits, c.new_bits)));
+    pulse_bytebuf_byte(out, c.cls);
+    pulse_bytebuf_varint(out, shard_zigzag(c.delta));
     prev = c.pos, k++;
   }
   if (!out->failed) {
@@ -422,26 +427,53 @@ static void put_block(pulse_bytebuf *out, const pulse_pub_shard *s, size_t b) {
   }
 }
 
+/* The changes detect_block finds, and the digest's batch (moved by
+ * batches: the vector path of pulse_digest_change_sum). */
+enum { DIGEST_BATCH = 256 };
+typedef struct {
+  shard_pending *pd;
+  pulse_tensor_digest d;
+  uint64_t prev;
+  uint64_t pos[DIGEST_BATCH];
+  uint16_t old_bits[DIGEST_BATCH], new_bits[DIGEST_BATCH];
+  unsigned n;
+} detect_state;
+
+static void batch_flush(detect_state *x) {
+  pulse_tensor_digest d = pulse_digest_change_sum(x->pos, x->old_bits, x->new_bits, x->n);
+  x->d.a += d.a, x->d.b += d.b, x->n = 0;
+}
+
+/* Out of the element loop (1% of the elements take it), which stays tight. */
+static __attribute__((noinline)) void detect_push(detect_state *x, uint64_t idx,
+                                                  uint64_t pos, uint16_t ob, uint16_t nw) {
+  shard_pending *pd = x->pd;
+  pulse_bytebuf_varint(&pd->bytes, pd->count == 0 ? idx : idx - x->prev - 1);
+  pulse_bytebuf_byte(&pd->bytes, (uint8_t)pulse_bf16_class(ob));
+  pulse_bytebuf_varint(&pd->bytes, shard_zigzag(pulse_bf16_delta(ob, nw)));
+  x->prev = idx, pd->count++;
+  x->pos[x->n] = pos, x->old_bits[x->n] = ob, x->new_bits[x->n] = nw;
+  if (++x->n == DIGEST_BATCH)
+    batch_flush(x);
+}
+
 static pulse_status detect_block(pulse_pub_shard *s, size_t b, const pulse_pub_tensor *t) {
   const shard_geom *g = &s->geom[b];
-  shard_pending *pd = &s->changes[b];
-  pulse_tensor_digest d = s->digest[b];
-  uint64_t prev = 0;
+  detect_state x;
+  x.pd = &s->changes[b], x.d = s->digest[b], x.prev = 0, x.n = 0;
+  const uint16_t *snap = s->snap[b];
   for (uint64_t r = 0; r < g->runs; r++) {
     uint64_t pos = shard_run_pos(g, r), at = r * g->run_len;
     for (uint64_t i = 0; i < g->run_len; i++) {
-      uint16_t nb = bits_at(t, at + i), ob = s->snap[b][at + i];
-      if (!pulse_bf16_changed(ob, nb))
-        continue;
-      pulse_bytebuf_varint(&pd->bytes, pd->count == 0 ? at + i : at + i - prev - 1);
-      pulse_bytebuf_u16(&pd->bytes, nb);
-      pulse_digest_replace(&d, pos + i, ob, nb);
-      prev = at + i, pd->count++;
+      uint16_t nw = bits_at(t, at + i), ob = snap[at + i];
+      if (pulse_bf16_changed(ob, nw))
+        detect_push(&x, at + i, pos + i, ob, nw);
     }
   }
-  if (pd->bytes.failed)
+  batch_flush(&x);
+  if (x.pd->bytes.failed)
     return pulse_fail(PULSE_ERR_NOMEM, "shard: a block's changes");
-  s->target[b] = d;
+  s->target[b] = x.d;
   return PULSE_OK;
 }
 

@@ -105,7 +105,7 @@ pulse_status pulse_pub_shard_anchor_write(const pulse_pub_shard *s, const char *
   for (size_t b = 0; b < s->nblocks && st == PULSE_OK; b++) {
     const shard_geom *g = &s->geom[b];
     shard_own_cursor c;
-    shard_own_open(&c, g, s->snap[b], &s->changes[b]);
+    shard_own_open(&c, g, &s->changes[b]);
     if (pending && g->run_len > 0 &&
         (buf = realloc(buf, g->run_len * 2)) == NULL) {
       st = pulse_fail(PULSE_ERR_NOMEM, "shard: anchor");
@@ -117,7 +117,7 @@ pulse_status pulse_pub_shard_anchor_write(const pulse_pub_shard *s, const char *
         uint64_t at = r * g->run_len;
         memcpy(buf, src, g->run_len * 2);
         for (; c.has && c.idx < at + g->run_len; shard_own_next(&c))
-          buf[c.idx - at] = c.new_bits;
+          buf[c.idx - at] = (uint16_t)(buf[c.idx - at] + c.delta);
         src = buf;
       }
       st = pwrite_all(fd, src, g->run_len * 2,

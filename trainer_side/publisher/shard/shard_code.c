@@ -68,8 +68,7 @@ static pulse_status code_one(const pulse_pub_shard *s, size_t t, uint64_t numel,
     if (best == s->nblocks)
       break;
     shard_own_cursor *x = &cur[best];
-    PULSE_TRY(shard_chunk_push(c, x->pos, (uint8_t)pulse_bf16_class(x->old_bits),
-                               pulse_bf16_delta(x->old_bits, x->new_bits)));
+    PULSE_TRY(shard_chunk_push(c, x->pos, x->cls, x->delta));
     shard_own_next(x);
   }
   if (c->count == 0)
@@ -118,7 +117,7 @@ pulse_status shard_code_whole(const pulse_pub_shard *s, pulse_bytebuf *out, uint
     (void)pulse_shape_numel(s->info[t].shape, s->info[t].ndim, &numel);
     for (size_t b = 0; b < s->nblocks; b++)
       if (s->geom[b].tensor == t)
-        shard_own_open(&cur[b], &s->geom[b], s->snap[b], &s->changes[b]);
+        shard_own_open(&cur[b], &s->geom[b], &s->changes[b]);
     /* The whole chunks that hold changes, each coded in chunk order; the
      * changes of shared chunks (in the part) are stepped over. */
     while (st == PULSE_OK) {

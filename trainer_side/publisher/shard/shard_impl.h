@@ -90,27 +90,27 @@ void shard_cursor_next(shard_part_cursor *c);
 
 /* A block's pending changes as a rank holds them during a step: per
  * change, in block element order, the LEB128 gap of its element index in
- * the block (the first's index, then index - previous - 1) and its new
- * BF16 bits (u16 LE), about 3.5 bytes instead of pulse_changes' 12 (the
- * old bits are the snapshot's). */
+ * the block (the first's index, then index - previous - 1), the class of
+ * its old bits (a byte) and its delta (shard_zigzag, LEB128): about 3
+ * bytes instead of pulse_changes' 12, and what parts and streams carry,
+ * so that they are made without reading the snapshot at each change (a
+ * cache miss each); the new bits are the snapshot's plus the delta. */
 typedef struct {
   pulse_bytebuf bytes;
   uint64_t count;
 } shard_pending;
 
-/* Reads a block's pending changes in order, with their tensor positions
- * and old bits (from the snapshot). */
+/* Reads a block's pending changes in order, with their tensor positions. */
 typedef struct {
   const shard_geom *g;
-  const uint16_t *snap;
   const uint8_t *p, *end;
   int has; /* a change is loaded below */
   uint64_t idx, pos;
-  uint16_t old_bits, new_bits;
+  uint8_t cls;
+  uint16_t delta;
 } shard_own_cursor;
 
-void shard_own_open(shard_own_cursor *c, const shard_geom *g, const uint16_t *snap,
-                    const shard_pending *pd);
+void shard_own_open(shard_own_cursor *c, const shard_geom *g, const shard_pending *pd);
 void shard_own_next(shard_own_cursor *c);
 
 /** Walks block g's elements in the changed chunks (chunks, m of them,
