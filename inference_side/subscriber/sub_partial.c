@@ -47,8 +47,9 @@
 #define PARTIAL_MIN_BYTES ((uint64_t)16 << 10)
 /* Range requests in flight at once. */
 #define PARTIAL_PARALLEL 4u
-/* After a patch whose needed share was over the threshold, the next ones
- * are fetched whole without asking (the targets did not change). */
+/* After a patch whose needed share was over the threshold (or whose table
+ * the targets may hold whole), the next ones are fetched whole without
+ * asking for their index (the targets did not change). */
 #define PARTIAL_SKIP_AFTER_DECLINE 16u
 
 int sub_partial_wanted(pulse_sub *sub, const pulse_store_object *o, int count_down) {
@@ -246,6 +247,7 @@ static pulse_status partial(pulse_sub *sub, const pulse_store_object *o,
   part_range *r = NULL;
   if (sub->ntargets >= s.count) {
     *declined = 1; /* the targets may hold every tensor */
+    sub->partial_skip = PARTIAL_SKIP_AFTER_DECLINE;
     goto done;
   }
   if ((uint64_t)(size_t)o->size != o->size) {

@@ -221,6 +221,8 @@ Test(partial, a_worker_holding_every_tensor_fetches_whole_patches) {
   cr_assert_eq(pulse_sub_sync(sub), PULSE_OK, "%s", pulse_sub_error(sub));
   cr_assert(it_targets_equal(&tg, &t, 2));
   cr_assert_eq(range_proxy_partials(proxy), 0, "ranges asked by a worker holding everything");
+  /* The first patch's index told it; the next patches are not asked. */
+  cr_assert_leq(range_proxy_sections(proxy), 1, "%d indexes asked", range_proxy_sections(proxy));
   pulse_sub_free(sub);
   range_proxy_stop(proxy);
   it_targets_free(&tg);
