@@ -50,30 +50,32 @@ extern "C" {
 /* What a signature covers (docs/protocols/loco-exchange.md "Authentication" says what each
  * body is). A signature of one kind never passes as another. */
 typedef enum {
-  PULSE_LOCO_AUTH_PAYLOAD = 1,  /* a round payload (or its chunk list) */
-  PULSE_LOCO_AUTH_MANIFEST = 2, /* a round manifest */
-  PULSE_LOCO_AUTH_STATE = 3,    /* a state a joiner or re-syncing member
-                                   loads (/v1/loco/state/R) */
-  PULSE_LOCO_AUTH_MEMBERS = 4,  /* a membership view (/v1/loco/members) */
-  PULSE_LOCO_AUTH_LEAVE = 5,    /* a leave request */
-  PULSE_LOCO_AUTH_DONE = 6,     /* a member's "round R done" */
-  PULSE_LOCO_AUTH_DIGESTS = 7,  /* the reference's range digests */
-  PULSE_LOCO_AUTH_SYNC = 8,     /* the SHA-256 of each re-sync range */
-  PULSE_LOCO_AUTH_SKETCH = 9,   /* the reference's range sketches */
-  PULSE_LOCO_AUTH_SLICE = 10,   /* a partitioned slice (collaboration) */
-  PULSE_LOCO_AUTH_REDUCED = 11, /* an owner's reduced range */
-  PULSE_LOCO_AUTH_VERDICT = 12, /* a peer's verdict on the reduced ranges */
-  PULSE_LOCO_AUTH_CLAIM = 13,   /* a claim of samples or a readiness */
-  PULSE_LOCO_AUTH_GRANT = 14,   /* a writer's answer to one */
-  PULSE_LOCO_AUTH_SENT = 15,    /* "all my datagrams of round R are sent" */
-  PULSE_LOCO_AUTH_JOINED = 16,  /* a coordinator's answer to a join: the
-                                   round it admits the joiner from */
-  PULSE_LOCO_AUTH_PORT = 17,    /* a trainer's datagram port */
-  PULSE_LOCO_AUTH_JOIN = 18,    /* a join request */
+  PULSE_LOCO_AUTH_PAYLOAD = 1,   /* a round payload (or its chunk list) */
+  PULSE_LOCO_AUTH_MANIFEST = 2,  /* a round manifest */
+  PULSE_LOCO_AUTH_STATE = 3,     /* a state a joiner or re-syncing member
+                                    loads (/v1/loco/state/R) */
+  PULSE_LOCO_AUTH_MEMBERS = 4,   /* a membership view (/v1/loco/members) */
+  PULSE_LOCO_AUTH_LEAVE = 5,     /* a leave request */
+  PULSE_LOCO_AUTH_DONE = 6,      /* a member's "round R done" */
+  PULSE_LOCO_AUTH_DIGESTS = 7,   /* the reference's range digests */
+  PULSE_LOCO_AUTH_SYNC = 8,      /* the SHA-256 of each re-sync range */
+  PULSE_LOCO_AUTH_SKETCH = 9,    /* the reference's range sketches */
+  PULSE_LOCO_AUTH_SLICE = 10,    /* a partitioned slice (collaboration) */
+  PULSE_LOCO_AUTH_REDUCED = 11,  /* an owner's reduced range */
+  PULSE_LOCO_AUTH_VERDICT = 12,  /* a peer's verdict on the reduced ranges */
+  PULSE_LOCO_AUTH_CLAIM = 13,    /* a claim of samples or a readiness */
+  PULSE_LOCO_AUTH_GRANT = 14,    /* a writer's answer to one */
+  PULSE_LOCO_AUTH_SENT = 15,     /* "all my datagrams of round R are sent" */
+  PULSE_LOCO_AUTH_JOINED = 16,   /* a coordinator's answer to a join: the
+                                    round it admits the joiner from */
+  PULSE_LOCO_AUTH_PORT = 17,     /* a trainer's datagram port */
+  PULSE_LOCO_AUTH_JOIN = 18,     /* a join request */
   PULSE_LOCO_AUTH_PROGRESS = 19, /* a writer's progress record */
-  PULSE_LOCO_AUTH_OUTCOME = 20  /* a contributor's partitioned outcome */
+  PULSE_LOCO_AUTH_OUTCOME = 20,  /* a contributor's partitioned outcome */
+  PULSE_LOCO_AUTH_PROMISE = 21   /* the rank a member promised in a round
+                                    and what it accepted (collaboration) */
 } pulse_loco_auth_kind;
-#define PULSE_LOCO_AUTH_KINDS 20u /* the largest kind */
+#define PULSE_LOCO_AUTH_KINDS 21u /* the largest kind */
 
 /* Why bodies were refused, since create (for the metrics). */
 typedef struct {

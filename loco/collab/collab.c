@@ -224,6 +224,7 @@ void pulse_loco_collab_free(pulse_loco_collab *c) {
   collab_auth_stop(c);
   pthread_mutex_destroy(&c->lock);
   free(c->members), free(c->rec), free(c->pending);
+  pulse_bytebuf_free(&c->px_raw);
   free(c);
 }
 

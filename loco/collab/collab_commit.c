@@ -9,8 +9,7 @@
  *             re-proposes with that writer's signature)
  *   accept    a serving member that promised no rank above k (it sent no
  *             message at a higher rank) stores it, serves it at
- *             /v1/loco/round/R/accepted ("K\n", then the manifest's bytes,
- *             with their writer's signature) and says
+ *             /v1/loco/round/R/accepted (below) and says
  *             POST W/v1/collab/accept/R/K?id=ID (signed as a claim)
  *   commit    with more than half of the serving members accepted (itself
  *             included), the writer serves /v1/loco/round/R/manifest: the
@@ -22,7 +21,18 @@
  *
  * Two majorities share a member, so a manifest committed at rank k is
  * what every later rank proposes, and a writer cut off from more than
- * half of the members commits nothing. */
+ * half of the members commits nothing.
+ *
+ * /v1/loco/round/R/accepted is a member's promise, signed by it (kind
+ * "promise", round R): "pulse-promise/1 R P none\n", or
+ * "pulse-promise/1 R P K S\n" then, when S is 1, the 64-byte signature
+ * and 32-byte key of the accepted manifest's writer, then the manifest's
+ * bytes. P is the highest rank the member promised: it is served again
+ * with every higher promise, before the message that makes it. A writer
+ * taking over at rank k' takes only a statement with P >= k' (one served
+ * before the promise, replayed by a hostile path, could hide an
+ * acceptance); since the member accepts nothing below P, such a
+ * statement is final for every rank below k'. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <inttypes.h>
@@ -55,16 +65,54 @@ size_t collab_acceptors(const pulse_loco_collab *c, uint64_t r) {
   return n;
 }
 
+/* Serves this peer's statement of round px_round (the file's comment):
+ * what it accepted and the rank it promised, signed. 0: not served (no
+ * memory; the statement served before stays, with its lower promise). */
+static int serve_accepted(pulse_loco_collab *c) {
+  pulse_bytebuf b = PULSE_BYTEBUF_INIT;
+  char head[96];
+  int n;
+  if (c->px_accepted) {
+    int s = c->px_wsig.present != 0;
+    n = snprintf(head, sizeof head, "pulse-promise/1 %" PRIu64 " %u %u %d\n",
+                 c->px_round, c->px_promised, c->px_rank, s);
+    pulse_bytebuf_put(&b, head, (size_t)n);
+    if (s) {
+      pulse_bytebuf_put(&b, c->px_wsig.sig, sizeof c->px_wsig.sig);
+      pulse_bytebuf_put(&b, c->px_wsig.key, sizeof c->px_wsig.key);
+    }
+    pulse_bytebuf_put(&b, c->px_raw.data, c->px_raw.size);
+  } else {
+    n = snprintf(head, sizeof head, "pulse-promise/1 %" PRIu64 " %u none\n",
+                 c->px_round, c->px_promised);
+    pulse_bytebuf_put(&b, head, (size_t)n);
+  }
+  char path[96];
+  snprintf(path, sizeof path, "/v1/loco/round/%" PRIu64 "/accepted",
+           c->px_round);
+  int ok =
+      !b.failed && collab_auth_put(c, path, PULSE_LOCO_AUTH_PROMISE,
+                                   c->px_round, b.data, b.size) == PULSE_OK;
+  pulse_bytebuf_free(&b);
+  return ok;
+}
+
 void collab_promise(pulse_loco_collab *c, uint64_t r, uint32_t k) {
+  int changed = 0;
   if (c->px_round != r) {
     c->px_round = r;
     c->px_promised = 0;
     c->px_accepted = 0;
     c->px_rank = 0;
     c->px_ndead = 0;
+    pulse_bytebuf_free(&c->px_raw);
+    c->px_raw = (pulse_bytebuf)PULSE_BYTEBUF_INIT;
+    changed = 1;
   }
   if (k > c->px_promised)
-    c->px_promised = k;
+    c->px_promised = k, changed = 1;
+  if (changed)
+    serve_accepted(c);
 }
 
 /* A TCP connection to url's host and port ("http://A.B.C.D:PORT..."),
@@ -172,24 +220,20 @@ static int accept_proposal(pulse_loco_collab *c, uint64_t r, uint32_t k,
   if (c->px_promised > k)
     return 0;
   pulse_bytebuf b = PULSE_BYTEBUF_INIT;
-  char head[16];
-  int n = snprintf(head, sizeof head, "%u\n", k);
-  pulse_bytebuf_put(&b, head, (size_t)n);
   pulse_bytebuf_put(&b, raw, size);
   if (b.failed || b.data == NULL) {
     pulse_bytebuf_free(&b);
     return 0;
   }
-  char path[96];
-  snprintf(path, sizeof path, "/v1/loco/round/%" PRIu64 "/accepted", r);
-  pulse_status st = loco_server_put_signed(c->srv, path, b.data, b.size, sig);
-  pulse_bytebuf_free(&b);
-  if (st != PULSE_OK)
-    return 0;
+  pulse_bytebuf_free(&c->px_raw);
+  c->px_raw = b;
+  c->px_wsig = *sig;
   c->px_promised = k;
   c->px_accepted = 1;
   c->px_rank = k;
-  return 1;
+  /* Unserved, the acceptance is not told: a takeover that cannot read it
+   * must not have been counted on for it. */
+  return serve_accepted(c);
 }
 
 /* A manifest's bytes checked for round r: parsed into *man, signed by the
@@ -272,35 +316,58 @@ pulse_status collab_follow_proposal(pulse_loco_collab *c, uint64_t r,
   return PULSE_OK;
 }
 
-/* What member base accepted last in round r, below rank k: 1 answered
- * (*have: a manifest, into man, raw and sig, its rank into *rank), 0 no
- * answer or one that does not check. */
-static int read_one(pulse_loco_collab *c, uint64_t r, uint32_t k,
+/* What member id at base accepted last in round r, as of a promise of
+ * rank k or above: 1 answered (*have: a manifest, accepted below k, into
+ * man, raw and sig, its rank into *rank), 0 no answer, or one that does
+ * not check (unsigned, another signer, promised below k, malformed). */
+static int read_one(pulse_loco_collab *c, uint64_t r, uint32_t k, uint32_t id,
                     const char *base, int *have, uint32_t *rank,
                     loco_manifest *man, pulse_bytebuf *raw, loco_sig *sig) {
   char url[160];
   snprintf(url, sizeof url, "%s/v1/loco/round/%" PRIu64 "/accepted", base, r);
   pulse_bytebuf b = PULSE_BYTEBUF_INIT;
   long status = 0;
+  loco_sig outer;
   *have = 0;
-  if (loco_http_get_signed(url, c->opts.claim_timeout_ms, MANIFEST_CAP + 16u,
-                           &b, &status, sig) != PULSE_OK ||
-      (status != 200 && status != 404)) {
+  if (loco_http_get_signed(url, c->opts.claim_timeout_ms, MANIFEST_CAP + 256u,
+                           &b, &status, &outer) != PULSE_OK ||
+      status != 200 ||
+      !collab_auth_accept_by(c, PULSE_LOCO_AUTH_PROMISE, r, id, &outer, b.data,
+                             b.size)) {
     pulse_bytebuf_free(&b);
     return 0;
   }
-  if (status == 404) {
-    pulse_bytebuf_free(&b);
-    return 1; /* nothing accepted */
-  }
   c->fetched += b.size;
-  const uint8_t *nl = b.size ? memchr(b.data, '\n', b.size < 12 ? b.size : 12)
-                             : NULL;
+  /* "pulse-promise/1 R P none\n" or "pulse-promise/1 R P K S\n"... */
+  static const char magic[] = "pulse-promise/1 ";
+  const uint8_t *nl =
+      b.size ? memchr(b.data, '\n', b.size < 96 ? b.size : 96) : NULL;
   const char *p = (const char *)b.data;
-  uint64_t k_at = 0;
-  int ok = nl != NULL && loco_take_decimal(&p, 10, '\n', &k_at) &&
-           k_at < k && (const uint8_t *)p == nl + 1;
+  uint64_t rr = 0, promised = 0, k_at = 0, s = 0;
+  int ok = nl != NULL && b.size > sizeof magic - 1 &&
+           memcmp(p, magic, sizeof magic - 1) == 0;
+  p += ok ? sizeof magic - 1 : 0;
+  /* The digits end before nl: loco_take_decimal stays inside the body. */
+  ok = ok && loco_take_decimal(&p, 20, ' ', &rr) && rr == r &&
+       loco_take_decimal(&p, 10, ' ', &promised) && promised >= k;
+  if (ok && (const uint8_t *)p + 4 == nl && memcmp(p, "none", 4) == 0) {
+    pulse_bytebuf_free(&b);
+    return 1; /* nothing accepted below its promise */
+  }
+  ok = ok && loco_take_decimal(&p, 10, ' ', &k_at) && k_at < k &&
+       loco_take_decimal(&p, 1, '\n', &s) && s <= 1 &&
+       (const uint8_t *)p == nl + 1;
   size_t off = ok ? (size_t)(nl + 1 - b.data) : 0;
+  size_t need = s ? sizeof sig->sig + sizeof sig->key : 0;
+  ok = ok && b.size - off >= need;
+  memset(sig, 0, sizeof *sig);
+  if (ok && s) {
+    sig->present = 1;
+    sig->round = r;
+    memcpy(sig->sig, b.data + off, sizeof sig->sig);
+    memcpy(sig->key, b.data + off + sizeof sig->sig, sizeof sig->key);
+  }
+  off += need;
   if (ok && check_manifest(c, r, b.data + off, b.size - off, sig, man) ==
                 PULSE_OK) {
     *have = 1;
@@ -335,7 +402,7 @@ size_t collab_read_accepted(pulse_loco_collab *c, uint64_t r, uint32_t k,
     loco_manifest x;
     pulse_bytebuf b = PULSE_BYTEBUF_INIT;
     loco_sig s;
-    answered += read_one(c, r, k, c->url, &have, &rank, &x, &b, &s);
+    answered += read_one(c, r, k, c->id, c->url, &have, &rank, &x, &b, &s);
     if (have) {
       *man = x, *raw = b, *sig = s, *found = 1, best = rank;
     } else {
@@ -356,7 +423,7 @@ size_t collab_read_accepted(pulse_loco_collab *c, uint64_t r, uint32_t k,
     loco_manifest x;
     pulse_bytebuf b = PULSE_BYTEBUF_INIT;
     loco_sig s;
-    answered += read_one(c, r, k, m->url, &have, &rank, &x, &b, &s);
+    answered += read_one(c, r, k, m->id, m->url, &have, &rank, &x, &b, &s);
     if (have && (!*found || rank > best)) {
       if (*found) {
         loco_manifest_free(man);

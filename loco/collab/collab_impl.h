@@ -117,6 +117,10 @@ struct pulse_loco_collab {
   uint32_t px_promised;
   int px_accepted;
   uint32_t px_rank;
+  /* The proposal accepted last: its manifest's bytes and its writer's
+   * signature, served again with every new promise. */
+  pulse_bytebuf px_raw;
+  loco_sig px_wsig;
   /* Members of px_round found dead by this peer (their port refuses
    * connections): not counted among the acceptors. */
   uint32_t px_dead[LOCO_PX_DEAD_MAX];
@@ -364,7 +368,9 @@ int collab_found_dead(const pulse_loco_collab *c, uint64_t r, uint32_t id);
  * noted dead. */
 void collab_probe_dead(pulse_loco_collab *c, uint64_t r, const uint32_t *skip,
                        size_t nskip);
-/* This peer promises rank k in round r (before any message at rank k). */
+/* This peer promises rank k in round r (before any message at rank k):
+ * a higher promise is served at /v1/loco/round/R/accepted at once, so a
+ * writer it tells at rank k reads a statement at k or above. */
 void collab_promise(pulse_loco_collab *c, uint64_t r, uint32_t k);
 /* A follower at rank k: W(r, k)'s proposal (at wurl), checked (signed by
  * the writer it names, of round r), accepted when no higher rank was

@@ -65,10 +65,10 @@ static int kind_valid(pulse_loco_auth_kind kind) {
 /* The word naming a kind in its signed text. */
 static const char *kind_name(pulse_loco_auth_kind kind) {
   static const char *const names[PULSE_LOCO_AUTH_KINDS] = {
-      "payload", "manifest", "state", "members", "leave",   "done",
-      "digests", "sync",     "sketch", "slice",  "reduced", "verdict",
-      "claim",   "grant",    "sent",   "joined", "port",    "join",
-      "progress", "outcome"};
+      "payload",  "manifest", "state",  "members", "leave",   "done",
+      "digests",  "sync",     "sketch", "slice",   "reduced", "verdict",
+      "claim",    "grant",    "sent",   "joined",  "port",    "join",
+      "progress", "outcome",  "promise"};
   return names[kind - 1];
 }
 
