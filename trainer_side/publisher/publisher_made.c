@@ -7,6 +7,7 @@
 #include <time.h>
 
 #include "publisher_impl.h"
+#include "publisher_sections_impl.h"
 #include "pulse_log.h"
 #include "status_impl.h"
 #include "store_impl.h"
@@ -81,6 +82,11 @@ pulse_status pulse_pub_commit_made(pulse_pub *pub, uint64_t step, const pulse_bu
       st = pub_staged_write(objects, "patch", patch->data, patch->size, &staged);
     if (st == PULSE_OK)
       st = pub_staged_publish(&staged, path, &renamed);
+    /* Its section index, durable before the head names the patch, as a
+     * single publisher writes it (workers that hold some tensors fetch
+     * only theirs). */
+    if (st == PULSE_OK)
+      st = pub_sections_write(pub, patch, &obj);
   }
   int with_anchor = 0;
   if (st == PULSE_OK && anchor_staged != NULL) {
