@@ -3,6 +3,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "chunk_fast_impl.h"
 #include "chunk_impl.h"
 #include "class_index_impl.h"
 #include "digest_impl.h"
@@ -35,12 +36,18 @@ pulse_status patch_decode_chunk_in(const pulse_patch *p, size_t t, uint64_t j,
   const uint8_t *stream = p->bytes + p->chunk_offset[c];
   size_t size = (size_t)p->chunk_size[c];
   uint32_t n = patch_chunk_elems(p, tt, j);
-  pulse_status st =
-      ix != NULL && patch_can_use_index(p)
-          ? pulse_chunk_decode_indexed(p->version, ix, base, first, n, stream, size, k, pos,
-                                       delta, scratch)
-          : pulse_chunk_decode_in(p->version, p->model, base ? base + first : NULL, n, stream,
-                                  size, k, first, pos, delta, scratch);
+  pulse_status st;
+  if (ix != NULL && patch_can_use_index(p) && p->version == 2)
+    /* Decode and locate in one pass (chunk_fast.c): the same results as
+     * the two-pass path below, which stays the reference. */
+    st = pulse_chunk2_decode_indexed(ix, base, first, n, stream, size, k, pos, delta,
+                                     scratch != NULL ? scratch->old_bits : NULL, scratch);
+  else if (ix != NULL && patch_can_use_index(p))
+    st = pulse_chunk_decode_indexed(p->version, ix, base, first, n, stream, size, k, pos, delta,
+                                    scratch);
+  else
+    st = pulse_chunk_decode_in(p->version, p->model, base ? base + first : NULL, n, stream,
+                               size, k, first, pos, delta, scratch);
   if (st != PULSE_OK)
     return pulse_fail(st, "tensor '%s' chunk %llu: %s", tt->info.name, (unsigned long long)j,
                       pulse_error_detail());
