@@ -1,0 +1,13 @@
+/* chunk_locate_impl.h - what the tests force of chunk_locate.c beside
+ * chunk_impl.h's instruction sets. */
+#ifndef PULSE_CHUNK_LOCATE_IMPL_H
+#define PULSE_CHUNK_LOCATE_IMPL_H
+
+#include "chunk_impl.h"
+
+/* pulse_chunk_locate_isa's two-pass windows (AVX-512BW and BMI2): the
+ * default where the CPU runs them; on one that does not, the reference's
+ * loop. */
+#define PULSE_CHUNK_LOCATE_WINDOW 4
+
+#endif
