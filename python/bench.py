@@ -7,7 +7,10 @@ targets in docs/benchmarks/python.md):
            pulse_pub_commit): the ratio is what the binding adds.
   pull     Subscriber.pull(targets) wall time per step into BF16 torch
            tensors, against the C subscriber's own time for the same sync
-           (pulse_sub_figures.last_total_s).
+           (pulse_sub_figures.last_total_s), and the worker process's CPU
+           time during the pull (every thread's: on a loaded machine it
+           moves less than the wall time; a class index built in the
+           background between pulls is not in it).
   memory   a worker process's peak resident memory (VmHWM, reset before the
            measured pulls) above its resident memory before them (its
            targets, filled by the anchor), during patch pulls, plus the
@@ -112,11 +115,11 @@ def worker(args):
     for line in sys.stdin:
         if line.strip() == "quit":
             break
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         step = sub.pull(targets, mapping=mapping)
-        wall = time.perf_counter() - t0
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
         fig = sub.figures()
-        out["steps"].append({"step": step, "wall": wall, "c": fig["last_total_s"],
+        out["steps"].append({"step": step, "wall": wall, "cpu": cpu, "c": fig["last_total_s"],
                              "bytes": fig["last_bytes"]})
         print("pulled", step, flush=True)
     out["peak_extra_bytes"] = (rss_kib("VmHWM") - base) * 1024 + held
@@ -217,6 +220,7 @@ def main():
         steps = res["steps"]
         ratio = [s["wall"] / s["c"] for s in steps if s["c"] > 0]
         print(f"pull(targets) [{label:14s}] median {med(s['wall'] for s in steps) * 1e3:6.1f} ms   "
+              f"CPU {med(s['cpu'] for s in steps) * 1e3:6.1f} ms   "
               f"C sync {med(s['c'] for s in steps) * 1e3:6.1f} ms   ratio median {med(ratio):.3f} "
               f"max {max(ratio):.3f}   peak extra memory {res['peak_extra_bytes'] / 2**20:.1f} MiB "
               f"(targets {res['model_bytes'] / 2**20:.0f} MiB, class index "
@@ -225,6 +229,7 @@ def main():
             print(f"    {label}: {res['class_index_why']}")
     if args.tp == 1:
         default, on, off = (med(s["wall"] for s in res["steps"]) for res in results)
+        cpu_default, cpu_on, cpu_off = (med(s["cpu"] for s in res["steps"]) for res in results)
         extra = results[0]["peak_extra_bytes"]
         tenth = results[0]["model_bytes"] * 0.1 + med(patch)
         # The bound stated for the default (no class index): the staged
@@ -232,7 +237,9 @@ def main():
         # part (threads, buffers).
         bound = 32 * max(changed) + 64 * 2**20
         print(f"default pull / the better of index and no index: {default / min(on, off):.3f} "
-              f"(within 5%: {'yes' if default <= 1.05 * min(on, off) else 'NO'})")
+              f"(within 5%: {'yes' if default <= 1.05 * min(on, off) else 'NO'}); in CPU time "
+              f"{cpu_default / min(cpu_on, cpu_off):.3f} "
+              f"(within 5%: {'yes' if cpu_default <= 1.05 * min(cpu_on, cpu_off) else 'NO'})")
         print(f"default peak extra memory {extra / 2**20:.1f} MiB: "
               f"{'within' if extra <= bound else 'ABOVE'} its bound 32 B x {max(changed):,} changed "
               f"+ 64 MiB = {bound / 2**20:.1f} MiB; "
