@@ -501,6 +501,10 @@ typedef struct {
    * (which keep none). */
   int class_index_kept;
   char class_index_why[192];
+  /* Patches fetched by their sections alone, each checked against the
+   * patch's signed section index (docs/protocols/sync.md "Partial
+   * fetches"): targets that hold some of the published tensors. */
+  uint64_t partial_fetches;
 } pulse_sub_figures;
 
 /** Copies the current figures. Thread-safe. */

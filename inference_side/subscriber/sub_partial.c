@@ -319,6 +319,7 @@ static pulse_status partial(pulse_sub *sub, const pulse_store_object *o,
     goto done;
   }
   st = get_ranges(sub, u, o, &s, off, r, nr, part, 0, &whole);
+  part->sections = st == PULSE_OK;
   if (st == PULSE_OK)
     PULSE_LOG_AT(PULSE_LOG_INFO,
                  "subscriber: %s: %" PRIu64 " of %" PRIu64 " bytes fetched (%zu ranges)",
@@ -357,7 +358,12 @@ int sub_partial_open(pulse_sub *sub, const pulse_store_object *o, sub_partial *p
   }
   if (*p == NULL)
     return decline(o, "the targets need most of it");
-  sub->partial_fetches++;
+  if (part->sections) {
+    sub->partial_fetches++;
+    pthread_mutex_lock(&sub->fig_lock);
+    sub->fig.partial_fetches = sub->partial_fetches;
+    pthread_mutex_unlock(&sub->fig_lock);
+  }
   return 1;
 }
 

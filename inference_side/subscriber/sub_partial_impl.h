@@ -14,6 +14,8 @@
 typedef struct {
   uint8_t *map;
   size_t size;
+  int sections; /* fetched by its sections (not sent whole by a server
+                   that ignored the Range) */
 } sub_partial;
 
 /** Whether patch o may take the partial route: host or region targets,

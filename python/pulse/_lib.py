@@ -199,7 +199,7 @@ class SubFigures(ctypes.Structure):
                 ("class_index_builds", ctypes.c_uint64), ("class_index_bytes", ctypes.c_uint64),
                 ("last_write_s", ctypes.c_double), ("file_bytes_written", ctypes.c_uint64),
                 ("lagging_sources", ctypes.c_uint64), ("class_index_kept", ctypes.c_int),
-                ("class_index_why", ctypes.c_char * 192)]
+                ("class_index_why", ctypes.c_char * 192), ("partial_fetches", ctypes.c_uint64)]
 
 
 def figures_dict(figures):

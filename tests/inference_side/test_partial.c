@@ -105,6 +105,9 @@ Test(partial, a_worker_holding_some_tensors_fetches_their_sections_and_ends_iden
                 s, got, size, 100.0 * (double)mine / (double)all);
   }
   cr_assert_geq(range_proxy_partials(f.proxy), 4);
+  pulse_sub_figures fig;
+  pulse_sub_figures_get(f.sub, &fig);
+  cr_assert_eq(fig.partial_fetches, 4, "%" PRIu64 " partial fetches", fig.partial_fetches);
   fx_down(&f);
 }
 
@@ -118,6 +121,9 @@ Test(partial, a_server_that_ignores_range_sends_the_patch_whole_and_the_worker_e
     cr_assert_lt(got, 2 * size, "the patch came once: %" PRIu64 " bytes", got);
   }
   cr_assert_eq(range_proxy_partials(f.proxy), 0);
+  pulse_sub_figures fig;
+  pulse_sub_figures_get(f.sub, &fig);
+  cr_assert_eq(fig.partial_fetches, 0, "a whole patch counted as partial");
   fx_down(&f);
 }
 
