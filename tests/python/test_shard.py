@@ -146,6 +146,19 @@ def objects(store):
     return sorted(n for n in os.listdir(os.path.join(store, "objects")) if not n.startswith("."))
 
 
+def section_indexes(store):
+    """{name: bytes} of the store's patch section indexes (sections/)."""
+    folder = os.path.join(store, "sections")
+    if not os.path.isdir(folder):
+        return {}
+    out = {}
+    for n in os.listdir(folder):
+        if not n.startswith("."):
+            with open(os.path.join(folder, n), "rb") as f:
+                out[n] = f.read()
+    return out
+
+
 def read_safetensors_bf16(path):
     """{name: int16 tensor of the BF16 bits} of a safetensors file."""
     with open(path, "rb") as f:
@@ -228,6 +241,15 @@ def same_store(sharded, single, step, figures, single_figures):
     got, want = objects(sharded), objects(single)
     assert got == want, f"step {step}: the sharded store's objects {got} are not the single " \
                         f"publisher's {want}"
+    # The patches' section indexes too, so a worker holding some tensors
+    # fetches only theirs from a sharded trainer's store: the same bytes
+    # but the last 96, the signer's key and signature (each store has its
+    # own key).
+    got_ix, want_ix = section_indexes(sharded), section_indexes(single)
+    assert sorted(got_ix) == sorted(want_ix), \
+        f"step {step}: section indexes {sorted(got_ix)}, single publisher {sorted(want_ix)}"
+    for name, data in got_ix.items():
+        assert data[:-96] == want_ix[name][:-96], f"step {step}: section index {name} differs"
     a, b = figures["patch_bytes"], single_figures["patch_bytes"]
     assert abs(a - b) <= 0.01 * max(b, 1), f"step {step}: patch bytes {a}, single {b}"
     return a
