@@ -93,9 +93,10 @@ pulse_status pulse_class_index_build_until(const uint16_t *data, uint64_t numel,
                       (unsigned long long)numel);
   pulse_class_index *ix = calloc(1, sizeof *ix);
   if (ix != NULL) {
-    /* Read at random by every decode and moved in by every commit. */
+    /* Both read at random by every decode and moved in by every commit
+     * (the runs are 129 MB at 10^9 elements): huge pages. */
     ix->offset = pulse_hugepage_alloc((size_t)numel * sizeof *ix->offset + 2);
-    ix->run = malloc((size_t)blocks * PULSE_CLASS_RUNS * sizeof *ix->run + 2);
+    ix->run = pulse_hugepage_alloc((size_t)blocks * PULSE_CLASS_RUNS * sizeof *ix->run + 2);
   }
   if (ix == NULL || ix->offset == NULL || ix->run == NULL) {
     pulse_class_index_free(ix);
