@@ -387,6 +387,34 @@ static int read_one(pulse_loco_collab *c, uint64_t r, uint32_t k, uint32_t id,
   return ok;
 }
 
+/* read_one of member id at base, kept in man, raw and sig when it is the
+ * highest-ranked manifest found so far (*found, *best); @return 1 when it
+ * answered. */
+static size_t take_one(pulse_loco_collab *c, uint64_t r, uint32_t k,
+                       uint32_t id, const char *base, loco_manifest *man,
+                       pulse_bytebuf *raw, loco_sig *sig, int *found,
+                       uint32_t *best) {
+  int have = 0;
+  uint32_t rank = 0;
+  loco_manifest x;
+  pulse_bytebuf b = PULSE_BYTEBUF_INIT;
+  loco_sig s;
+  size_t answered =
+      (size_t)read_one(c, r, k, id, base, &have, &rank, &x, &b, &s);
+  if (have && (!*found || rank > *best)) {
+    if (*found) {
+      loco_manifest_free(man);
+      pulse_bytebuf_free(raw);
+    }
+    *man = x, *raw = b, *sig = s, *found = 1, *best = rank;
+  } else {
+    if (have)
+      loco_manifest_free(&x);
+    pulse_bytebuf_free(&b);
+  }
+  return answered;
+}
+
 size_t collab_read_accepted(pulse_loco_collab *c, uint64_t r, uint32_t k,
                             const collab_record *rec, size_t n,
                             loco_manifest *man, pulse_bytebuf *raw,
@@ -396,21 +424,10 @@ size_t collab_read_accepted(pulse_loco_collab *c, uint64_t r, uint32_t k,
   size_t answered = 0;
   /* This peer's own, as any member's (it promised k before it wrote). */
   collab_promise(c, r, k);
-  if (c->px_accepted && c->px_rank < k) {
-    int have = 0;
-    uint32_t rank = 0;
-    loco_manifest x;
-    pulse_bytebuf b = PULSE_BYTEBUF_INIT;
-    loco_sig s;
-    answered += read_one(c, r, k, c->id, c->url, &have, &rank, &x, &b, &s);
-    if (have) {
-      *man = x, *raw = b, *sig = s, *found = 1, best = rank;
-    } else {
-      pulse_bytebuf_free(&b);
-    }
-  } else {
+  if (c->px_accepted && c->px_rank < k)
+    answered += take_one(c, r, k, c->id, c->url, man, raw, sig, found, &best);
+  else
     answered++;
-  }
   for (size_t i = 0; i < c->nmembers; i++) {
     const pulse_loco_member *m = &c->members[i];
     int promised = 0;
@@ -418,23 +435,7 @@ size_t collab_read_accepted(pulse_loco_collab *c, uint64_t r, uint32_t k,
       promised |= rec[j].id == m->id && rec[j].contacted;
     if (m->id == c->id || !promised || !collab_serves(m->url))
       continue;
-    int have = 0;
-    uint32_t rank = 0;
-    loco_manifest x;
-    pulse_bytebuf b = PULSE_BYTEBUF_INIT;
-    loco_sig s;
-    answered += read_one(c, r, k, m->id, m->url, &have, &rank, &x, &b, &s);
-    if (have && (!*found || rank > best)) {
-      if (*found) {
-        loco_manifest_free(man);
-        pulse_bytebuf_free(raw);
-      }
-      *man = x, *raw = b, *sig = s, *found = 1, best = rank;
-    } else {
-      if (have)
-        loco_manifest_free(&x);
-      pulse_bytebuf_free(&b);
-    }
+    answered += take_one(c, r, k, m->id, m->url, man, raw, sig, found, &best);
   }
   if (*found)
     PULSE_LOG_AT(PULSE_LOG_INFO,
