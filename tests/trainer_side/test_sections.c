@@ -5,6 +5,9 @@
  * hostile indexes (truncated, oversized, another magic or version, a
  * flipped byte) are refused with a clear error. */
 #include <criterion/criterion.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <time.h>
 
 #include "http_testutil.h"
 #include "pulse_publisher.h"
@@ -24,6 +27,8 @@ typedef struct {
 
 /* A publisher keeping `keep` patches and an anchor every `anchor_every`
  * steps, removing what leaves the head at once (no grace). */
+static double fx_grace = 0; /* grace_seconds of the next fx_up_anchors */
+
 static void fx_up_anchors(fx *f, uint64_t keep, uint64_t anchor_every) {
   memset(f, 0, sizeof *f);
   f->dir = tu_make_dir();
@@ -40,8 +45,9 @@ static void fx_up_anchors(fx *f, uint64_t keep, uint64_t anchor_every) {
   o.anchor_sync = 1;
   o.threads = 1;
   o.key = f->key;
-  o.grace_seconds = 0;
-  cr_assert_eq(pulse_pub_create(f->dir, &o, &f->p), PULSE_OK, "%s", pulse_error_detail());
+  o.grace_seconds = fx_grace;
+  cr_assert_eq(pulse_pub_create(f->dir, &o, &f->p), PULSE_OK, "%s",
+               pulse_error_detail());
 }
 
 static void fx_up(fx *f, uint64_t keep) {
@@ -53,8 +59,8 @@ static void fx_commit(fx *f, uint64_t step) {
   if (step > 0)
     tu_model_step(&f->m, 0.05);
   tt_model_tensors(&f->m, t);
-  cr_assert_eq(pulse_pub_commit(f->p, step, t, TU_TENSORS, NULL), PULSE_OK, "%s",
-               pulse_error_detail());
+  cr_assert_eq(pulse_pub_commit(f->p, step, t, TU_TENSORS, NULL), PULSE_OK,
+               "%s", pulse_error_detail());
   pulse_pub_wait(f->p);
 }
 
@@ -90,13 +96,15 @@ Test(sections, every_patch_has_a_signed_index_that_matches_it) {
     tt_path(pp, sizeof pp, f.dir, o->path);
     uint8_t *patch = tu_read(pp, &pn);
     store_sections s;
-    cr_assert_eq(store_sections_parse(b, n, &s), PULSE_OK, "%s", pulse_error_detail());
+    cr_assert_eq(store_sections_parse(b, n, &s), PULSE_OK, "%s",
+                 pulse_error_detail());
     cr_assert(s.is_signed);
     cr_assert_eq(memcmp(s.pub, f.pub, 32), 0, "signed by another key");
     cr_assert_eq(memcmp(s.patch_sha256, o->sha256, 32), 0);
     cr_assert_eq(s.patch_size, o->size);
     cr_assert_eq(s.count, TU_TENSORS);
-    cr_assert_eq(store_sections_check_patch(&s, patch, pn), PULSE_OK, "%s", pulse_error_detail());
+    cr_assert_eq(store_sections_check_patch(&s, patch, pn), PULSE_OK, "%s",
+                 pulse_error_detail());
     /* A flipped byte in any section, or in the table, is found. */
     for (size_t at = 120; at < pn; at += pn / 7) {
       patch[at] ^= 0x10;
@@ -110,8 +118,8 @@ Test(sections, every_patch_has_a_signed_index_that_matches_it) {
   }
   pulse_store_head_free(h);
   pulse_store_verify_figures vf;
-  cr_assert_eq(pulse_store_verify(f.dir, PULSE_STORE_VERIFY_HASHES, f.pub, &vf), PULSE_OK, "%s",
-               pulse_error_detail());
+  cr_assert_eq(pulse_store_verify(f.dir, PULSE_STORE_VERIFY_HASHES, f.pub, &vf),
+               PULSE_OK, "%s", pulse_error_detail());
   cr_assert_eq(vf.strays, 0, "the indexes count as strays");
   fx_down(&f);
 }
@@ -129,12 +137,14 @@ Test(sections, verify_refuses_an_index_that_does_not_match_its_patch) {
   for (size_t at = 0; at < n; at += 29) {
     b[at] ^= 4;
     cr_assert_eq(tu_write(path, b, n), 0);
-    cr_assert_eq(pulse_store_verify(f.dir, PULSE_STORE_VERIFY_HASHES, NULL, NULL),
-                 PULSE_ERR_CORRUPT, "byte %zu of the index flipped went unseen", at);
+    cr_assert_eq(
+        pulse_store_verify(f.dir, PULSE_STORE_VERIFY_HASHES, NULL, NULL),
+        PULSE_ERR_CORRUPT, "byte %zu of the index flipped went unseen", at);
     b[at] ^= 4;
   }
   cr_assert_eq(tu_write(path, b, n), 0);
-  cr_assert_eq(pulse_store_verify(f.dir, PULSE_STORE_VERIFY_HASHES, NULL, NULL), PULSE_OK);
+  cr_assert_eq(pulse_store_verify(f.dir, PULSE_STORE_VERIFY_HASHES, NULL, NULL),
+               PULSE_OK);
   free(b);
   pulse_store_head_free(h);
   fx_down(&f);
@@ -148,7 +158,8 @@ Test(sections, hostile_indexes_are_refused_with_clear_errors) {
   pulse_store_head *h = NULL;
   cr_assert_eq(pulse_store_head_load(f.dir, &h), PULSE_OK);
   size_t n = 0;
-  uint8_t *b = tu_read(index_path(&f, pulse_store_head_patch(h, 0)->sha256), &n);
+  uint8_t *b =
+      tu_read(index_path(&f, pulse_store_head_patch(h, 0)->sha256), &n);
   pulse_store_head_free(h);
   store_sections s;
   uint8_t *big = tu_alloc(n + 32);
@@ -181,14 +192,16 @@ Test(sections, hostile_indexes_are_refused_with_clear_errors) {
       continue; /* the count: sizes, above */
     memcpy(big, b, n);
     big[at] ^= 0x40;
-    cr_assert_neq(store_sections_parse(big, n, &s), PULSE_OK, "byte %zu flipped went unseen", at);
+    cr_assert_neq(store_sections_parse(big, n, &s), PULSE_OK,
+                  "byte %zu flipped went unseen", at);
   }
   /* Unsigned, with a key left in: refused; unsigned and clean: parses. */
   memcpy(big, b, n);
   big[10] = 0;
   cr_assert_eq(store_sections_parse(big, n, &s), PULSE_ERR_CORRUPT);
   memset(big + n - 96, 0, 96);
-  cr_assert_eq(store_sections_parse(big, n, &s), PULSE_OK, "%s", pulse_error_detail());
+  cr_assert_eq(store_sections_parse(big, n, &s), PULSE_OK, "%s",
+               pulse_error_detail());
   cr_assert(!s.is_signed);
   store_sections_free(&s);
   free(big);
@@ -210,19 +223,60 @@ Test(sections, an_index_goes_with_its_patch) {
       cr_assert_eq(access(index_path(&f, first), F_OK), 0, "no index written");
     }
   }
-  cr_assert_neq(access(index_path(&f, first), F_OK), 0, "the index outlived its patch");
+  cr_assert_neq(access(index_path(&f, first), F_OK), 0,
+                "the index outlived its patch");
   /* Those of the patches still named are there, and nothing else. */
   pulse_store_head *h = NULL;
   cr_assert_eq(pulse_store_head_load(f.dir, &h), PULSE_OK);
-  size_t np = pulse_store_head_patch_count(h), na = pulse_store_head_anchor_count(h);
+  size_t np = pulse_store_head_patch_count(h),
+         na = pulse_store_head_anchor_count(h);
   for (size_t i = 0; i < np; i++)
-    cr_assert_eq(access(index_path(&f, pulse_store_head_patch(h, i)->sha256), F_OK), 0);
+    cr_assert_eq(
+        access(index_path(&f, pulse_store_head_patch(h, i)->sha256), F_OK), 0);
   char objects[4096];
   tt_path(objects, sizeof objects, f.dir, "objects");
   cr_assert_eq(tt_count(objects), (int)(np + na));
   tt_path(objects, sizeof objects, f.dir, "sections");
   cr_assert_eq(tt_count(objects), (int)np);
   pulse_store_head_free(h);
+  fx_down(&f);
+}
+
+/* With a grace period, a patch that leaves the head is kept until its
+ * mtime (when it left) plus the grace, and a restarted publisher goes by
+ * that mtime: its index must say the same, or a restart would remove the
+ * index first (workers would then fetch that patch whole). */
+Test(sections, a_retired_index_keeps_its_patch_s_time) {
+  fx f;
+  fx_grace = 3600;
+  fx_up_anchors(&f, 1, 2);
+  fx_grace = 0;
+  fx_commit(&f, 0);
+  fx_commit(&f, 1);
+  pulse_store_head *h = NULL;
+  cr_assert_eq(pulse_store_head_load(f.dir, &h), PULSE_OK);
+  pulse_store_object first = *pulse_store_head_patch(h, 0);
+  pulse_store_head_free(h);
+  /* Made an hour ago, as far as the files say. */
+  char patch[4096];
+  tt_path(patch, sizeof patch, f.dir, first.path);
+  struct timespec old[2] = {{0, UTIME_OMIT}, {time(NULL) - 3600, 0}};
+  cr_assert_eq(utimensat(AT_FDCWD, patch, old, 0), 0);
+  cr_assert_eq(utimensat(AT_FDCWD, index_path(&f, first.sha256), old, 0), 0);
+  /* Anchors at 2 and 4, one patch kept: step 1's patch leaves the head. */
+  for (uint64_t s = 2; s <= 4; s++)
+    fx_commit(&f, s);
+  cr_assert_eq(pulse_store_head_load(f.dir, &h), PULSE_OK);
+  for (size_t i = 0; i < pulse_store_head_patch_count(h); i++)
+    cr_assert_neq(pulse_store_head_patch(h, i)->step, 1,
+                  "step 1 is still named");
+  pulse_store_head_free(h);
+  struct stat ps, is;
+  cr_assert_eq(stat(patch, &ps), 0, "the patch is in its grace period");
+  cr_assert_eq(stat(index_path(&f, first.sha256), &is), 0);
+  cr_assert_geq(ps.st_mtime, time(NULL) - 60, "the patch's retirement time");
+  cr_assert_geq(is.st_mtime, ps.st_mtime - 1,
+                "the index kept its creation time");
   fx_down(&f);
 }
 
@@ -237,7 +291,8 @@ Test(sections, the_server_serves_an_index_and_404s_one_that_is_not_there) {
   so.threads = 1;
   so.watch = 0;
   pulse_server *srv = NULL;
-  cr_assert_eq(pulse_server_create(&so, &srv), PULSE_OK, "%s", pulse_error_detail());
+  cr_assert_eq(pulse_server_create(&so, &srv), PULSE_OK, "%s",
+               pulse_error_detail());
   pulse_store_head *h = NULL;
   cr_assert_eq(pulse_store_head_load(f.dir, &h), PULSE_OK);
   const pulse_store_object *o = pulse_store_head_patch(h, 0);
@@ -251,7 +306,8 @@ Test(sections, the_server_serves_an_index_and_404s_one_that_is_not_there) {
   cr_assert_eq(r.size, n);
   cr_assert_eq(memcmp(r.body, b, n), 0);
   char v[256];
-  cr_assert(ht_header(&r, "Cache-Control", v, sizeof v) != NULL && strstr(v, "immutable"));
+  cr_assert(ht_header(&r, "Cache-Control", v, sizeof v) != NULL &&
+            strstr(v, "immutable"));
   ht_reply_free(&r);
   /* A Range of it, as of any object. */
   const char *range[] = {"Range: bytes=16-47", NULL};
@@ -264,7 +320,8 @@ Test(sections, the_server_serves_an_index_and_404s_one_that_is_not_there) {
   r = ht_request(pulse_server_port(srv), "GET", url, NULL, NULL);
   cr_assert_eq(r.status, 404);
   ht_reply_free(&r);
-  r = ht_request(pulse_server_port(srv), "GET", "/v1/sections/../head.json", NULL, NULL);
+  r = ht_request(pulse_server_port(srv), "GET", "/v1/sections/../head.json",
+                 NULL, NULL);
   cr_assert(r.status == 404 || r.status == 400, "HTTP %ld", r.status);
   ht_reply_free(&r);
   free(b);

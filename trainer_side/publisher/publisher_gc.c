@@ -35,6 +35,20 @@ static double wall_now(void) {
 /* Removes an object file. A reader that has it open keeps reading; a crash
  * before this point leaves an unnamed object that a later recovery removes
  * once its grace is over. */
+/* The path of the section index of the patch at rel (objects/...) into
+ * path; 0 when rel is not a patch. */
+static int index_of(const char *dir, const char *rel, char *path, size_t cap) {
+  pulse_store_kind kind;
+  uint8_t sha[32];
+  const char *name = strrchr(rel, '/');
+  char srel[PULSE_STORE_PATH_MAX + 16];
+  if (name == NULL || !store_parse_object_name(name + 1, &kind, sha) ||
+      kind != PULSE_STORE_PATCH)
+    return 0;
+  store_sections_path(sha, srel, sizeof srel);
+  return store_join(path, cap, dir, srel) == 0;
+}
+
 static void remove_object(const char *dir, const char *rel) {
   char path[4096];
   if (store_join(path, sizeof path, dir, rel) != 0)
@@ -43,18 +57,10 @@ static void remove_object(const char *dir, const char *rel) {
     PULSE_LOG_AT(PULSE_LOG_WARN, "publisher: removing %s: %s", path,
                  strerror(errno));
   /* A patch's section index goes with it. */
-  pulse_store_kind kind;
-  uint8_t sha[32];
-  const char *name = strrchr(rel, '/');
-  char srel[PULSE_STORE_PATH_MAX + 16];
-  if (name != NULL && store_parse_object_name(name + 1, &kind, sha) &&
-      kind == PULSE_STORE_PATCH) {
-    store_sections_path(sha, srel, sizeof srel);
-    if (store_join(path, sizeof path, dir, srel) == 0 && unlink(path) != 0 &&
-        errno != ENOENT)
-      PULSE_LOG_AT(PULSE_LOG_WARN, "publisher: removing %s: %s", path,
-                   strerror(errno));
-  }
+  if (index_of(dir, rel, path, sizeof path) && unlink(path) != 0 &&
+      errno != ENOENT)
+    PULSE_LOG_AT(PULSE_LOG_WARN, "publisher: removing %s: %s", path,
+                 strerror(errno));
 }
 
 static int list_add(pulse_pub *pub, const char *rel, double since) {
@@ -102,7 +108,9 @@ void pub_gc_retire(pulse_pub *pub, const pulse_store_object *list, size_t n) {
     char path[4096];
     if (store_join(path, sizeof path, pub->dir, list[i].path) != 0)
       continue;
-    /* The mtime says when it left the head (the atime is left alone). */
+    /* The mtime says when it left the head (the atime is left alone); its
+     * section index's too, so that after a restart the index is kept as
+     * long as its patch (a later recovery goes by the files' mtimes). */
     struct timespec times[2] = {{0, UTIME_OMIT}, {0, UTIME_NOW}};
     if (utimensat(AT_FDCWD, path, times, AT_SYMLINK_NOFOLLOW) != 0) {
       if (errno != ENOENT)
@@ -110,6 +118,8 @@ void pub_gc_retire(pulse_pub *pub, const pulse_store_object *list, size_t n) {
                      strerror(errno));
       continue;
     }
+    if (index_of(pub->dir, list[i].path, path, sizeof path))
+      (void)utimensat(AT_FDCWD, path, times, AT_SYMLINK_NOFOLLOW);
     if (list_add(pub, list[i].path, now) != 0)
       PULSE_LOG_AT(PULSE_LOG_WARN,
                    "publisher: out of memory: %s stays until the next "
