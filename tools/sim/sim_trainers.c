@@ -95,7 +95,7 @@ static pulse_status mean_gradient(run *r, uint32_t to, uint64_t step,
   PULSE_TRY(pulse_sim_exchange_receive(r->x, to, step, size, r->msgs));
   memset(sum, 0, r->P * sizeof *sum);
   for (uint32_t j = 0; j < r->N; j++) {
-    uint64_t samples;
+    uint64_t samples = 0;
     PULSE_TRY(read_dense(r, &r->msgs[j], j, step, tmp, &samples));
     for (uint64_t k = 0; k < r->P; k++)
       sum[k] += tmp[k];
@@ -154,7 +154,7 @@ static pulse_status diloco_finish(run *r, uint32_t to, uint64_t round,
   memset(acc, 0, r->P * sizeof *acc);
   uint64_t weight = 0;
   for (uint32_t j = 0; j < r->N; j++) {
-    uint64_t samples;
+    uint64_t samples = 0;
     PULSE_TRY(read_dense(r, &r->msgs[j], j, round, tmp, &samples));
     if (samples > UINT64_MAX - weight)
       return pulse_fail(PULSE_ERR_OVERFLOW, "loco sim: sample counts");
