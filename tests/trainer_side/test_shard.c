@@ -241,6 +241,20 @@ static void detect_all(pulse_pub_shard **sh, const rank_blocks *rb, const model 
   }
 }
 
+/* A model of `seed` tiled by `s` over the ranks, its snapshot taken (step
+ * 0), then one step: the ranks' parts of step 1. */
+static void second_step_parts(model *m, unsigned seed, sharding s, rank_blocks *rb,
+                              pulse_pub_shard **sh, pulse_buffer *parts) {
+  model_init(m, seed);
+  blocks_of(s, m, rb);
+  shards_make(m, rb, sh);
+  detect_all(sh, rb, m, parts);
+  for (int r = 0; r < RANKS; r++)
+    pulse_buffer_free(&parts[r]);
+  model_step(m);
+  detect_all(sh, rb, m, parts);
+}
+
 static void run_sharding(sharding s, uint64_t seed) {
   model m;
   model_init(&m, seed);
@@ -404,17 +418,10 @@ Test(shard, overlapping_missing_and_inconsistent_blocks_are_refused_naming_the_t
 
 Test(shard, a_part_of_another_table_is_refused_and_a_failed_step_is_retried) {
   model m;
-  model_init(&m, 11);
   rank_blocks rb[RANKS];
-  blocks_of(SETS, &m, rb);
   pulse_pub_shard *sh[RANKS];
-  shards_make(&m, rb, sh);
   pulse_buffer parts[RANKS], again[RANKS], counts[RANKS];
-  detect_all(sh, rb, &m, parts);
-  for (int r = 0; r < RANKS; r++)
-    pulse_buffer_free(&parts[r]);
-  model_step(&m);
-  detect_all(sh, rb, &m, parts);
+  second_step_parts(&m, 11, SETS, rb, sh, parts);
   /* The step fails somewhere: every rank aborts, then retries it. */
   for (int r = 0; r < RANKS; r++)
     pulse_pub_shard_abort(sh[r]);
@@ -500,17 +507,10 @@ Test(shard, a_part_of_another_table_is_refused_and_a_failed_step_is_retried) {
  * not add up) or given twice are refused. */
 Test(shard, hostile_counts_of_shared_chunks_are_refused_or_read_within_bounds) {
   model m;
-  model_init(&m, 13);
   rank_blocks rb[RANKS];
-  blocks_of(RECT, &m, rb);
   pulse_pub_shard *sh[RANKS];
-  shards_make(&m, rb, sh);
   pulse_buffer parts[RANKS], counts[RANKS];
-  detect_all(sh, rb, &m, parts);
-  for (int r = 0; r < RANKS; r++)
-    pulse_buffer_free(&parts[r]);
-  model_step(&m);
-  detect_all(sh, rb, &m, parts);
+  second_step_parts(&m, 13, RECT, rb, sh, parts);
   for (int r = 0; r < RANKS; r++)
     cr_assert_eq(pulse_pub_shard_count(sh[r], parts, RANKS, &counts[r]), PULSE_OK);
   pulse_encode_opts eo;
@@ -582,17 +582,10 @@ Test(shard, every_delta_survives_its_zigzag) {
  * the reads); a part cut for counting (no deltas) cannot be encoded. */
 Test(shard, hostile_parts_are_refused_or_read_within_bounds) {
   model m;
-  model_init(&m, 17);
   rank_blocks rb[RANKS];
-  blocks_of(RECT, &m, rb);
   pulse_pub_shard *sh[RANKS];
-  shards_make(&m, rb, sh);
   pulse_buffer parts[RANKS], counts[RANKS], cut = {0}, out = {0};
-  detect_all(sh, rb, &m, parts);
-  for (int r = 0; r < RANKS; r++)
-    pulse_buffer_free(&parts[r]);
-  model_step(&m);
-  detect_all(sh, rb, &m, parts);
+  second_step_parts(&m, 17, RECT, rb, sh, parts);
   for (int r = 0; r < RANKS; r++)
     cr_assert_eq(pulse_pub_shard_count(sh[r], parts, RANKS, &counts[r]), PULSE_OK);
   pulse_encode_opts eo;
