@@ -35,7 +35,21 @@ for averaging in all-to-all partitioned; do
   failed_before=$failures
   timeout 300 "$BENCH" "${common[@]}" --averaging "$averaging" --churn "$churn" \
     > "$work/churn-$averaging.json" 2> "$work/churn-$averaging.err"
-  expect "$averaging two failures a round: exit status" 0 "$?"
+  status=$?
+  # The protocol's stated limit, hit by timing: a round's state held only
+  # by members that then died (the survivors, left out of that round, have
+  # nobody to join through) ends in a clear error; once in a run of this
+  # script it is taken for timing and the run is made again, which must
+  # pass (docs/protocols/loco-collaboration.md, the commit step's limits).
+  if [ "$status" != 0 ] && grep -q 'left out of round' "$work/churn-$averaging.err" &&
+     grep -q 'not admitted through' "$work/churn-$averaging.err"; then
+    echo "loco_collab_fail: $averaging: the stated limit (a state held only by dead members), run again:"
+    tail -3 "$work/churn-$averaging.err"
+    timeout 300 "$BENCH" "${common[@]}" --averaging "$averaging" --churn "$churn" \
+      > "$work/churn-$averaging.json" 2> "$work/churn-$averaging.err"
+    status=$?
+  fi
+  expect "$averaging two failures a round: exit status" 0 "$status"
   summary=$(grep '"summary":true' "$work/churn-$averaging.json")
   case "$summary" in *'"identical":true'*) ok ;; *) bad "$averaging: survivors differ: $summary $(tail -5 "$work/churn-$averaging.err")" ;; esac
   case "$summary" in *'"rounds":20,'*) ok ;; *) bad "$averaging: rounds missing: $summary" ;; esac
