@@ -366,7 +366,7 @@ static pulse_status retain_under(pulse_upload *up, const pulse_store_head *h,
     if (!more)
       break;
   }
-  if (st == PULSE_OK) {
+  if (st == PULSE_OK && n > 0) { /* qsort takes no NULL, even for 0 */
     qsort(all, n, sizeof *all, newer_first);
     unsigned anchors = 0;
     for (size_t i = 0; i < n; i++) {
