@@ -12,7 +12,7 @@
 #include "chunk_fast_impl.h"
 #include "chunk_impl.h"
 #include "class_index_impl.h"
-#include "patch_testutil.h"
+#include "rank_form_testutil.h"
 
 #include <criterion/criterion.h>
 
@@ -25,17 +25,6 @@ typedef struct {
   pulse_class_index *ix;
   pulse_bytebuf stream;
 } chunk_case;
-
-/* k distinct chunk positions (increasing; every element when density is 1). */
-static uint32_t positions(uint32_t n, double density, uint64_t *s, uint32_t *pos) {
-  uint32_t k = 0;
-  for (uint32_t i = 0; i < n; i++)
-    if (density >= 1.0 || pulse_rng_uniform(s) < density)
-      pos[k++] = i;
-  if (k == 0 && n > 0)
-    pos[k++] = (uint32_t)pulse_rng_below(s, n);
-  return k;
-}
 
 /* Codes changes at pos of the chunk `base` (n elements) as a version 2
  * class-model stream. */
@@ -62,7 +51,7 @@ static void case_make(chunk_case *c, uint64_t numel, uint64_t first, uint32_t n,
   for (uint64_t i = 0; i < numel; i++)
     c->data[i] = pt_weight(s, kind);
   uint32_t *pos = pt_alloc((size_t)n * 4 + 4);
-  c->k = positions(n, density, s, pos);
+  c->k = pt_positions(n, density, s, pos);
   encode(c->data + first, n, pos, c->k, s, &c->stream);
   free(pos);
   c->ix = NULL;

@@ -8,36 +8,12 @@
  * find the same fewer). */
 #include "chunk_impl.h"
 #include "detect_impl.h"
-#include "patch_testutil.h"
+#include "rank_form_testutil.h"
 
 #include <criterion/criterion.h>
 
-/* The class-major rank form of changes at `pos` (k, increasing) of `base`,
- * as a decoder hands it to locate. */
-typedef struct {
-  uint32_t start[PULSE_CLASS_COUNT + 1];
-  uint32_t *rank;
-  uint16_t *cdelta;
-} rank_form;
-
-static void rank_form_make(const uint16_t *base, uint32_t n, const uint32_t *pos, uint32_t k,
-                           uint64_t *s, rank_form *f) {
-  uint32_t hist[PULSE_CLASS_COUNT], kc[PULSE_CLASS_COUNT] = {0};
-  uint32_t *rank = pt_alloc((size_t)k * 4 + 4), *order = pt_alloc((size_t)k * 4 + 4);
-  uint8_t *cls = pt_alloc((size_t)k + 1);
-  pulse_chunk_classify(base, n, pos, k, hist, rank, cls);
-  pulse_chunk_class_order(k, cls, kc, f->start, order);
-  f->rank = pt_alloc((size_t)k * 4 + 4);
-  f->cdelta = pt_alloc((size_t)k * 2 + 2);
-  for (uint32_t j = 0; j < k; j++) {
-    f->rank[j] = rank[order[j]];
-    f->cdelta[j] = pt_delta(s);
-  }
-  free(rank), free(order), free(cls);
-}
-
 /* Every instruction set against the reference on one rank form. */
-static void assert_same(const uint16_t *base, uint32_t n, uint32_t k, const rank_form *f,
+static void assert_same(const uint16_t *base, uint32_t n, uint32_t k, const pt_rank_form *f,
                         const char *label) {
   uint64_t *want_pos = pt_alloc((size_t)k * 8 + 8), *pos = pt_alloc((size_t)k * 8 + 8);
   uint16_t *want_delta = pt_alloc((size_t)k * 2 + 2), *delta = pt_alloc((size_t)k * 2 + 2);
@@ -63,17 +39,6 @@ static void assert_same(const uint16_t *base, uint32_t n, uint32_t k, const rank
   free(want_pos), free(pos), free(want_delta), free(delta);
 }
 
-/* k distinct positions of n, increasing (every element when k == n). */
-static uint32_t positions(uint32_t n, double density, uint64_t *s, uint32_t *pos) {
-  uint32_t k = 0;
-  for (uint32_t i = 0; i < n; i++)
-    if (density >= 1.0 || pulse_rng_uniform(s) < density)
-      pos[k++] = i;
-  if (k == 0 && n > 0)
-    pos[k++] = (uint32_t)pulse_rng_below(s, n);
-  return k;
-}
-
 Test(chunk_locate, every_instruction_set_finds_what_the_reference_finds) {
   static const uint32_t sizes[] = {1, 63, 64, 65, 127, 128, 1000, 4096, 65536};
   static const double densities[] = {0.0, 0.001, 0.01, 0.1, 1.0};
@@ -88,9 +53,9 @@ Test(chunk_locate, every_instruction_set_finds_what_the_reference_finds) {
         uint32_t *pos = pt_alloc((size_t)n * 4 + 4);
         for (uint32_t i = 0; i < n; i++)
           base[i] = pt_weight(&s, kinds[w]);
-        uint32_t k = positions(n, densities[d], &s, pos);
-        rank_form f;
-        rank_form_make(base, n, pos, k, &s, &f);
+        uint32_t k = pt_positions(n, densities[d], &s, pos);
+        pt_rank_form f;
+        pt_rank_form_make(base, n, pos, k, &s, &f);
         char label[96];
         snprintf(label, sizeof label, "%u elements, density %g, weights %zu, %u changes", n,
                  densities[d], w, k);
@@ -106,9 +71,9 @@ Test(chunk_locate, ranks_past_their_class_are_found_as_short_as_by_the_reference
   uint32_t *pos = pt_alloc(n * 4);
   for (uint32_t i = 0; i < n; i++)
     base[i] = pt_weight(&s, PT_WEIGHTS_NORMAL);
-  uint32_t k = positions(n, 0.02, &s, pos);
-  rank_form f;
-  rank_form_make(base, n, pos, k, &s, &f);
+  uint32_t k = pt_positions(n, 0.02, &s, pos);
+  pt_rank_form f;
+  pt_rank_form_make(base, n, pos, k, &s, &f);
   /* The last change of each of a few classes moved past its class's end,
    * the first class's first change too (later ones then are never wanted). */
   unsigned moved = 0;

@@ -13,46 +13,21 @@
 #include "chunk_impl.h"
 #include "chunk_locate_impl.h"
 #include "detect_impl.h"
-#include "patch_testutil.h"
+#include "rank_form_testutil.h"
 
 #include <criterion/criterion.h>
-
-typedef struct {
-  uint32_t start[PULSE_CLASS_COUNT + 1];
-  uint32_t *rank;
-  uint16_t *cdelta;
-  uint32_t k;
-} ranks;
 
 /* The class-major rank form of the elements of base picked with
  * probability `density` (at least one), as a decoder hands it to locate. */
 static void ranks_make(const uint16_t *base, uint32_t n, double density, uint64_t *s,
-                       ranks *f) {
-  uint32_t *pos = pt_alloc((size_t)n * 4 + 4), k = 0;
-  for (uint32_t i = 0; i < n; i++)
-    if (density >= 1.0 || pulse_rng_uniform(s) < density)
-      pos[k++] = i;
-  if (k == 0)
-    pos[k++] = (uint32_t)pulse_rng_below(s, n);
-  uint32_t hist[PULSE_CLASS_COUNT], kc[PULSE_CLASS_COUNT] = {0};
-  uint32_t *rank = pt_alloc((size_t)k * 4 + 4), *order = pt_alloc((size_t)k * 4 + 4);
-  uint8_t *cls = pt_alloc((size_t)k + 1);
-  pulse_chunk_classify(base, n, pos, k, hist, rank, cls);
-  pulse_chunk_class_order(k, cls, kc, f->start, order);
-  f->rank = pt_alloc((size_t)k * 4 + 4);
-  f->cdelta = pt_alloc((size_t)k * 2 + 2);
-  for (uint32_t j = 0; j < k; j++) {
-    f->rank[j] = rank[order[j]];
-    f->cdelta[j] = pt_delta(s);
-  }
-  f->k = k;
-  free(pos), free(rank), free(order), free(cls);
+                       pt_rank_form *f) {
+  uint32_t *pos = pt_alloc((size_t)n * 4 + 4);
+  pt_rank_form_make(base, n, pos, pt_positions(n, density, s, pos), s, f);
+  free(pos);
 }
 
-static void ranks_free(ranks *f) { free(f->rank), free(f->cdelta); }
-
 /* Every instruction set against the reference; returns what it found. */
-static uint32_t assert_same(const uint16_t *base, uint32_t n, const ranks *f, const char *label) {
+static uint32_t assert_same(const uint16_t *base, uint32_t n, const pt_rank_form *f, const char *label) {
   uint32_t k = f->k;
   uint64_t *want_pos = pt_alloc((size_t)k * 8 + 8), *pos = pt_alloc((size_t)k * 8 + 8);
   uint16_t *want_delta = pt_alloc((size_t)k * 2 + 2), *delta = pt_alloc((size_t)k * 2 + 2);
@@ -102,7 +77,7 @@ Test(chunk_locate_ranks, ranks_that_repeat_or_go_back_stall_their_class_as_in_th
         uint16_t *base = pt_alloc((size_t)n * 2);
         for (uint32_t i = 0; i < n; i++)
           base[i] = pt_weight(&s, kinds[w]);
-        ranks f;
+        pt_rank_form f;
         ranks_make(base, n, 0.05, &s, &f);
         /* In every class with two changes or more, the second takes the
          * first's rank (how 0), one less (1), or 0 (2). */
@@ -119,7 +94,7 @@ Test(chunk_locate_ranks, ranks_that_repeat_or_go_back_stall_their_class_as_in_th
         uint32_t found = assert_same(base, n, &f, label);
         if (bent > 0)
           cr_assert_lt(found, f.k, "%s: a stalled class leaves changes unfound", label);
-        ranks_free(&f);
+        pt_rank_form_free(&f);
         free(base);
       }
 }
@@ -132,7 +107,7 @@ Test(chunk_locate_ranks, a_rank_one_past_its_class_is_never_found) {
     base[i] = pt_weight(&s, PT_WEIGHTS_NORMAL);
   uint32_t hist[PULSE_CLASS_COUNT];
   pulse_chunk_classify(base, n, NULL, 0, hist, NULL, NULL);
-  ranks f;
+  pt_rank_form f;
   ranks_make(base, n, 0.03, &s, &f);
   /* Each class's last change at its class's element count: the first rank
    * a decoder without the counts lets through and the base lacks. */
@@ -144,7 +119,7 @@ Test(chunk_locate_ranks, a_rank_one_past_its_class_is_never_found) {
     }
   uint32_t found = assert_same(base, n, &f, "last ranks at their class's count");
   cr_assert_eq(found, f.k - moved, "every change but the moved ones is found");
-  ranks_free(&f);
+  pt_rank_form_free(&f);
   free(base);
 }
 
@@ -162,13 +137,13 @@ Test(chunk_locate_ranks, any_number_of_classes_with_changes_finds_what_the_refer
         uint16_t *base = pt_alloc((size_t)n * 2);
         for (uint32_t i = 0; i < n; i++)
           base[i] = spread_weight(&s, classes[c]);
-        ranks f;
+        pt_rank_form f;
         ranks_make(base, n, densities[d], &s, &f);
         char label[96];
         snprintf(label, sizeof label, "%u classes, density %g, %u elements, %u changes",
                  classes[c], densities[d], n, f.k);
         cr_assert_eq(assert_same(base, n, &f, label), f.k, "%s: every change found", label);
-        ranks_free(&f);
+        pt_rank_form_free(&f);
         free(base);
       }
 }
