@@ -71,6 +71,16 @@ static void fx_down(fx *f) {
   tu_rm_rf(f->dir);
 }
 
+/* The oldest patch the store's head names. */
+static pulse_store_object first_patch(const fx *f) {
+  pulse_store_head *h = NULL;
+  cr_assert_eq(pulse_store_head_load(f->dir, &h), PULSE_OK, "%s",
+               pulse_error_detail());
+  pulse_store_object o = *pulse_store_head_patch(h, 0);
+  pulse_store_head_free(h);
+  return o;
+}
+
 static char *index_path(const fx *f, const uint8_t sha[32]) {
   static char path[4096];
   char rel[160];
@@ -129,9 +139,8 @@ Test(sections, verify_refuses_an_index_that_does_not_match_its_patch) {
   fx_up(&f, 8);
   fx_commit(&f, 0);
   fx_commit(&f, 1);
-  pulse_store_head *h = NULL;
-  cr_assert_eq(pulse_store_head_load(f.dir, &h), PULSE_OK);
-  const char *path = index_path(&f, pulse_store_head_patch(h, 0)->sha256);
+  pulse_store_object first = first_patch(&f);
+  const char *path = index_path(&f, first.sha256);
   size_t n = 0;
   uint8_t *b = tu_read(path, &n);
   for (size_t at = 0; at < n; at += 29) {
@@ -146,7 +155,6 @@ Test(sections, verify_refuses_an_index_that_does_not_match_its_patch) {
   cr_assert_eq(pulse_store_verify(f.dir, PULSE_STORE_VERIFY_HASHES, NULL, NULL),
                PULSE_OK);
   free(b);
-  pulse_store_head_free(h);
   fx_down(&f);
 }
 
@@ -155,12 +163,9 @@ Test(sections, hostile_indexes_are_refused_with_clear_errors) {
   fx_up(&f, 8);
   fx_commit(&f, 0);
   fx_commit(&f, 1);
-  pulse_store_head *h = NULL;
-  cr_assert_eq(pulse_store_head_load(f.dir, &h), PULSE_OK);
+  pulse_store_object first = first_patch(&f);
   size_t n = 0;
-  uint8_t *b =
-      tu_read(index_path(&f, pulse_store_head_patch(h, 0)->sha256), &n);
-  pulse_store_head_free(h);
+  uint8_t *b = tu_read(index_path(&f, first.sha256), &n);
   store_sections s;
   uint8_t *big = tu_alloc(n + 32);
   memcpy(big, b, n);
@@ -216,10 +221,7 @@ Test(sections, an_index_goes_with_its_patch) {
   for (uint64_t s = 0; s <= 5; s++) {
     fx_commit(&f, s);
     if (s == 1) {
-      pulse_store_head *h = NULL;
-      cr_assert_eq(pulse_store_head_load(f.dir, &h), PULSE_OK);
-      memcpy(first, pulse_store_head_patch(h, 0)->sha256, 32);
-      pulse_store_head_free(h);
+      memcpy(first, first_patch(&f).sha256, 32);
       cr_assert_eq(access(index_path(&f, first), F_OK), 0, "no index written");
     }
   }
@@ -253,10 +255,7 @@ Test(sections, a_retired_index_keeps_its_patch_s_time) {
   fx_grace = 0;
   fx_commit(&f, 0);
   fx_commit(&f, 1);
-  pulse_store_head *h = NULL;
-  cr_assert_eq(pulse_store_head_load(f.dir, &h), PULSE_OK);
-  pulse_store_object first = *pulse_store_head_patch(h, 0);
-  pulse_store_head_free(h);
+  pulse_store_object first = first_patch(&f);
   /* Made an hour ago, as far as the files say. */
   char patch[4096];
   tt_path(patch, sizeof patch, f.dir, first.path);
@@ -266,6 +265,7 @@ Test(sections, a_retired_index_keeps_its_patch_s_time) {
   /* Anchors at 2 and 4, one patch kept: step 1's patch leaves the head. */
   for (uint64_t s = 2; s <= 4; s++)
     fx_commit(&f, s);
+  pulse_store_head *h = NULL;
   cr_assert_eq(pulse_store_head_load(f.dir, &h), PULSE_OK);
   for (size_t i = 0; i < pulse_store_head_patch_count(h); i++)
     cr_assert_neq(pulse_store_head_patch(h, i)->step, 1,
