@@ -92,15 +92,24 @@ static unsigned route(pulse_loco_collab *c, uint64_t r, uint32_t k) {
   return 0;
 }
 
-unsigned collab_claim_locked(pulse_loco_collab *c, uint64_t r, uint32_t k,
-                             uint32_t id, uint64_t b, uint64_t done,
-                             uint64_t rate_milli) {
+/* Member id's record at W(r, k)'s table into *x: 0, or the answer when
+ * this peer is not that writer or id is not a member. */
+static unsigned table_record(pulse_loco_collab *c, uint64_t r, uint32_t k,
+                             uint32_t id, collab_record **x) {
   unsigned s = route(c, r, k);
   if (s != 0)
     return s;
-  collab_record *x = record_of(c, id);
-  if (x == NULL)
-    return COLLAB_NOT_MEMBER;
+  *x = record_of(c, id);
+  return *x == NULL ? COLLAB_NOT_MEMBER : 0;
+}
+
+unsigned collab_claim_locked(pulse_loco_collab *c, uint64_t r, uint32_t k,
+                             uint32_t id, uint64_t b, uint64_t done,
+                             uint64_t rate_milli) {
+  collab_record *x;
+  unsigned s = table_record(c, r, k, id, &x);
+  if (s != 0)
+    return s;
   first_contact(c, x, done);
   x->done = done;
   x->rate_milli = rate_milli;
@@ -115,12 +124,10 @@ unsigned collab_claim_locked(pulse_loco_collab *c, uint64_t r, uint32_t k,
 
 unsigned collab_ready_locked(pulse_loco_collab *c, uint64_t r, uint32_t k,
                              uint32_t id, uint64_t samples, int leaving) {
-  unsigned s = route(c, r, k);
+  collab_record *x;
+  unsigned s = table_record(c, r, k, id, &x);
   if (s != 0)
     return s;
-  collab_record *x = record_of(c, id);
-  if (x == NULL)
-    return COLLAB_NOT_MEMBER;
   first_contact(c, x, samples);
   x->ready = 1;
   x->ready_samples = samples;
@@ -130,12 +137,10 @@ unsigned collab_ready_locked(pulse_loco_collab *c, uint64_t r, uint32_t k,
 
 unsigned collab_accept_locked(pulse_loco_collab *c, uint64_t r, uint32_t k,
                               uint32_t id) {
-  unsigned s = route(c, r, k);
+  collab_record *x;
+  unsigned s = table_record(c, r, k, id, &x);
   if (s != 0)
     return s;
-  collab_record *x = record_of(c, id);
-  if (x == NULL)
-    return COLLAB_NOT_MEMBER;
   x->accepted_k1 = k + 1u;
   return 200;
 }
