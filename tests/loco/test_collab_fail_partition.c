@@ -7,31 +7,13 @@
  * last round with no error and end with the same weights as the others:
  * a member cut off imports the state when it can again, it does not fork.
  * Needs root and nft; skipped otherwise. */
-#include "collab_testutil.h"
+#include "nft_cut_testutil.h"
 
 #define CP_N 4
 #define CP_ROUNDS 60
 #define CP_UID 61000u
 
-/* The test's own nft table (its pid in the name: runs beside it keep
- * theirs). */
 static char cp_table[64];
-
-static int cp_sh(const char *cmd) {
-  int rc = system(cmd);
-  return rc == -1 ? -1 : WEXITSTATUS(rc);
-}
-
-static void cp_heal(void) {
-  char cmd[160];
-  snprintf(cmd, sizeof cmd, "nft delete table inet %s 2>/dev/null", cp_table);
-  cp_sh(cmd);
-}
-
-static unsigned cp_port(const ct_child *k) {
-  const char *colon = strrchr(k->url, ':');
-  return colon ? (unsigned)strtoul(colon + 1, NULL, 10) : 0;
-}
 
 typedef struct {
   size_t a, b;     /* the two members cut from each other (indexes) */
@@ -49,28 +31,16 @@ static void cut_when(ct_child *ks, size_t n, size_t i, const ct_round *r,
   if (p->started || r->round < 2)
     return;
   p->started = 1;
-  char cmd[1024];
-  snprintf(cmd, sizeof cmd,
-           "nft add table inet %1$s && "
-           "nft add chain inet %1$s out '{ type filter hook output priority 0; "
-           "}' && "
-           "nft add rule inet %1$s out meta skuid %2$u tcp dport %3$u drop && "
-           "nft add rule inet %1$s out meta skuid %4$u tcp dport %5$u drop",
-           cp_table, CP_UID + ks[p->a].id, cp_port(&ks[p->b]),
-           CP_UID + ks[p->b].id, cp_port(&ks[p->a]));
-  cr_assert_eq(cp_sh(cmd), 0, "nft: %s", cmd);
-  snprintf(cmd, sizeof cmd,
-           "(sleep %u.%03u; nft delete table inet %s) >/dev/null 2>&1 &",
-           p->cut_ms / 1000, p->cut_ms % 1000, cp_table);
-  cr_assert_eq(cp_sh(cmd), 0);
+  const size_t cut[][2] = {{p->a, p->b}};
+  ct_nft_cut(cp_table, ks, CP_UID, cut, 1, p->cut_ms);
   cr_log_info("members %u and %u cut from each other for %u ms", ks[p->a].id,
               ks[p->b].id, p->cut_ms);
 }
 
 static void partition_heals(int partitioned) {
-  if (geteuid() != 0 || cp_sh("nft list tables >/dev/null 2>&1") != 0)
+  if (!ct_nft_usable())
     cr_skip_test("needs root and nft");
-  snprintf(cp_table, sizeof cp_table, "pulse_collab_cut_%d", (int)getpid());
+  ct_nft_table(cp_table, sizeof cp_table, "cut");
   ct_child ks[CP_N];
   ct_partitioned = partitioned;
   ct_round_timeout_ms = CT_KILL_ROUND_TIMEOUT_MS;
@@ -94,7 +64,7 @@ static void partition_heals(int partitioned) {
   ct_collect_spins = 9000;
   ct_collect(ks, CP_N, &log, cut_when, &plan);
   ct_collect_spins = 0;
-  cp_heal();
+  ct_nft_heal(cp_table);
   cr_assert(plan.started);
   for (size_t i = 0; i < CP_N; i++) {
     cr_assert_eq(log.final_round[i], CP_ROUNDS, "peer %zu", i + 1);

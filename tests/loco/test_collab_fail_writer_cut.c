@@ -11,7 +11,7 @@
  * (peer 5 at once, the writer once the partition heals), join again and
  * end with the same weights as the others. Needs root and nft; skipped
  * otherwise. */
-#include "collab_testutil.h"
+#include "nft_cut_testutil.h"
 
 #define WC_N 5
 #define WC_ROUNDS 24
@@ -19,16 +19,6 @@
 #define WC_WRITER 2u /* index of peer 3, the writer of round 2 */
 
 static char wc_table[64];
-
-static int wc_sh(const char *cmd) {
-  int rc = system(cmd);
-  return rc == -1 ? -1 : WEXITSTATUS(rc);
-}
-
-static unsigned wc_port(const ct_child *k) {
-  const char *colon = strrchr(k->url, ':');
-  return colon ? (unsigned)strtoul(colon + 1, NULL, 10) : 0;
-}
 
 typedef struct {
   unsigned cut_ms;
@@ -45,34 +35,18 @@ static void wc_cut(ct_child *ks, size_t n, size_t i, const ct_round *r,
   if (p->started || i != WC_WRITER || r->round < 1)
     return;
   p->started = 1;
+  /* Peer 3 from peers 1, 2 and 4. */
+  static const size_t cut[][2] = {
+      {WC_WRITER, 0}, {WC_WRITER, 1}, {WC_WRITER, 3}};
+  ct_nft_cut(wc_table, ks, WC_UID, cut, 3, p->cut_ms);
   const ct_child *w = &ks[WC_WRITER];
-  char cmd[2048];
-  int off = snprintf(cmd, sizeof cmd,
-                     "nft add table inet %1$s && nft add chain inet %1$s out "
-                     "'{ type filter hook output priority 0; }'",
-                     wc_table);
-  static const size_t cut[] = {0, 1, 3};
-  for (size_t j = 0; j < 3; j++) {
-    const ct_child *m = &ks[cut[j]];
-    off += snprintf(cmd + off, sizeof cmd - (size_t)off,
-                    " && nft add rule inet %1$s out meta skuid %2$u tcp dport "
-                    "%3$u drop && nft add rule inet %1$s out meta skuid %4$u "
-                    "tcp dport %5$u drop",
-                    wc_table, WC_UID + w->id, wc_port(m), WC_UID + m->id,
-                    wc_port(w));
-  }
-  cr_assert_eq(wc_sh(cmd), 0, "nft: %s", cmd);
-  snprintf(cmd, sizeof cmd,
-           "(sleep %u.%03u; nft delete table inet %s) >/dev/null 2>&1 &",
-           p->cut_ms / 1000, p->cut_ms % 1000, wc_table);
-  cr_assert_eq(wc_sh(cmd), 0);
   cr_log_info("peer %u cut from peers 1, 2 and 4 for %u ms", w->id, p->cut_ms);
 }
 
 static void writer_cut(int partitioned) {
-  if (geteuid() != 0 || wc_sh("nft list tables >/dev/null 2>&1") != 0)
+  if (!ct_nft_usable())
     cr_skip_test("needs root and nft");
-  snprintf(wc_table, sizeof wc_table, "pulse_collab_wcut_%d", (int)getpid());
+  ct_nft_table(wc_table, sizeof wc_table, "wcut");
   ct_child ks[WC_N];
   ct_partitioned = partitioned;
   ct_uid_base = WC_UID;
@@ -90,9 +64,7 @@ static void writer_cut(int partitioned) {
   ct_collect_spins = 12000;
   ct_collect(ks, WC_N, &log, wc_cut, &plan);
   ct_collect_spins = 0;
-  char cmd[160];
-  snprintf(cmd, sizeof cmd, "nft delete table inet %s 2>/dev/null", wc_table);
-  wc_sh(cmd);
+  ct_nft_heal(wc_table);
   cr_assert(plan.started);
   /* One history: round 2 as the majority closed it, then every peer at the
    * last round with the same weights. */
