@@ -144,11 +144,22 @@ void pulse_state_digest_hex(const pulse_state_digest *d, char hex[65]);
 
 /* ----------------------------------------------------------- patch format */
 
-/* Format versions this library writes and reads (docs/formats/patch.md). Version 2 (the
- * default) decodes several times faster than version 1 at about the same
- * size; version 1 stays readable and writable. */
+/* Format versions this library writes and reads (docs/formats/patch.md):
+ * PULSE_PATCH_VERSION_MIN..PULSE_PATCH_VERSION_MAX. Version 2 (the default,
+ * PULSE_PATCH_VERSION) decodes several times faster than version 1 at about
+ * the same size; version 3 codes values against a value model per patch
+ * and is about 4-5% smaller than version 2; 1 and 3 are written on request
+ * (pulse_encode_opts.format_version). */
 #define PULSE_PATCH_VERSION 2
 #define PULSE_PATCH_VERSION_MIN 1
+#define PULSE_PATCH_VERSION_MAX 3
+
+/** The patch format versions the loaded library decodes and encodes, which
+ * may differ from the headers' PULSE_PATCH_VERSION_MIN/_MAX: a program
+ * built against older headers asks the library it loaded. Either pointer
+ * may be NULL. A patch of a newer version is refused with
+ * PULSE_ERR_VERSION ("format version N is newer than this decoder"). */
+void pulse_patch_versions_supported(unsigned *oldest, unsigned *newest);
 
 /* Position models (docs/formats/patch.md). Values are part of the format. */
 typedef enum {
@@ -171,7 +182,7 @@ typedef struct {
   pulse_pos_model pos_model;
   uint32_t chunk_log2; /* elements per chunk = 2^chunk_log2, 10..30 */
   int threads;         /* 0 = one per core */
-  uint32_t format_version; /* 0 = PULSE_PATCH_VERSION; or 1 */
+  uint32_t format_version; /* 0 = PULSE_PATCH_VERSION; or 1..3 */
 } pulse_encode_opts;
 
 #define PULSE_ENCODE_OPTS_VERSION 2u
@@ -225,6 +236,9 @@ void pulse_patch_free(pulse_patch *patch); /* NULL is fine */
 uint64_t pulse_patch_step(const pulse_patch *patch);
 uint64_t pulse_patch_base_step(const pulse_patch *patch);
 unsigned pulse_patch_format_version(const pulse_patch *patch);
+/* Bytes of the version 3 value model at the end of the tensor table (0 for
+ * versions 1 and 2). */
+size_t pulse_patch_value_model_size(const pulse_patch *patch);
 pulse_pos_model pulse_patch_pos_model(const pulse_patch *patch);
 uint32_t pulse_patch_chunk_log2(const pulse_patch *patch);
 const pulse_state_digest *pulse_patch_base_digest(const pulse_patch *patch);

@@ -109,12 +109,12 @@ static int decode_one(void *ctx, size_t i) {
                             s->delta + it->at);
   } else {
     uint32_t start[PULSE_CLASS_COUNT + 1];
-    st = pulse_chunk_decode_ranks(s->p->version, PULSE_POS_CLASS,
+    st = pulse_chunk_decode_ranks(s->p->version, s->p->values, PULSE_POS_CLASS,
                                   s->hist + it->hist_at * PULSE_CLASS_COUNT,
                                   patch_chunk_elems(s->p, tt, it->chunk),
                                   s->p->bytes + s->p->chunk_offset[c],
-                                  (size_t)s->p->chunk_size[c], k, start, s->rank + it->at,
-                                  s->delta + it->at);
+                                  (size_t)s->p->chunk_size[c], k, start,
+                                  s->rank + it->at, s->delta + it->at);
     if (st == PULSE_OK) {
       for (unsigned cl = 0; cl < PULSE_CLASS_COUNT; cl++)
         for (uint32_t e = start[cl]; e < start[cl + 1]; e++)

@@ -120,7 +120,9 @@ typedef struct {
   /* How this rank codes the chunks its blocks cover entirely (see
    * pulse_pub_shard_count): the committer's position model (default
    * PULSE_POS_CLASS) and patch format version (0, the default:
-   * PULSE_PATCH_VERSION); pulse_pub_shard_encode refuses counts coded
+   * PULSE_PATCH_VERSION; 1 or 2: version 3's value model counts the whole
+   * patch's changes, which no rank holds, so create and encode refuse it
+   * with PULSE_ERR_UNSUPPORTED); pulse_pub_shard_encode refuses counts coded
    * otherwise than its options say. */
   pulse_pos_model pos_model;
   uint32_t format_version;
@@ -134,8 +136,9 @@ typedef struct pulse_pub_shard pulse_pub_shard;
 
 /** A rank's shard, without a snapshot yet.
  * @return PULSE_OK and *out (free with pulse_pub_shard_free); PULSE_ERR_ARG
- * (bad options or block); PULSE_ERR_VERSION; PULSE_ERR_NOT_FOUND (a block's
- * name not in the table); PULSE_ERR_OVERFLOW; PULSE_ERR_NOMEM. */
+ * (bad options or block); PULSE_ERR_VERSION; PULSE_ERR_UNSUPPORTED (format
+ * version 3); PULSE_ERR_NOT_FOUND (a block's name not in the table);
+ * PULSE_ERR_OVERFLOW; PULSE_ERR_NOMEM. */
 pulse_status pulse_pub_shard_create(const pulse_pub_shard_opts *opts, pulse_pub_shard **out);
 
 /** NULL is fine. */
@@ -193,7 +196,8 @@ pulse_status pulse_pub_shard_count(const pulse_pub_shard *shard, const pulse_buf
  * step, naming an element no part changes, a chunk coded twice);
  * PULSE_ERR_ARG (blocks that overlap or leave elements out, bad options,
  * counts coded with another position model or format version than opts);
- * the errors of coding a chunk; PULSE_ERR_NOMEM. */
+ * PULSE_ERR_UNSUPPORTED (format version 3); the errors of coding a chunk;
+ * PULSE_ERR_NOMEM. */
 pulse_status pulse_pub_shard_encode(const pulse_tensor_info *table, size_t tensor_count,
                                     const pulse_encode_opts *opts, const pulse_buffer *parts,
                                     size_t nparts, const pulse_buffer *counts, size_t ncounts,

@@ -43,11 +43,12 @@ pulse_status patch_decode_chunk_in(const pulse_patch *p, size_t t, uint64_t j,
     st = pulse_chunk2_decode_indexed(ix, base, first, n, stream, size, k, pos, delta,
                                      scratch != NULL ? scratch->old_bits : NULL, scratch);
   else if (ix != NULL && patch_can_use_index(p))
-    st = pulse_chunk_decode_indexed(p->version, ix, base, first, n, stream, size, k, pos, delta,
-                                    scratch);
+    st = pulse_chunk_decode_indexed(p->version, p->values, ix, base, first, n,
+                                    stream, size, k, pos, delta, scratch);
   else
-    st = pulse_chunk_decode_in(p->version, p->model, base ? base + first : NULL, n, stream,
-                               size, k, first, pos, delta, scratch);
+    st = pulse_chunk_decode_in(p->version, p->values, p->model,
+                               base ? base + first : NULL, n, stream, size, k,
+                               first, pos, delta, scratch);
   if (st != PULSE_OK)
     return pulse_fail(st, "tensor '%s' chunk %llu: %s", tt->info.name, (unsigned long long)j,
                       pulse_error_detail());

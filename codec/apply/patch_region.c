@@ -236,8 +236,9 @@ static pulse_status decode_chunk(const pulse_patch *p, const region_job *j, uint
     }
   }
   uint64_t at = t->chunk_first + c;
-  pulse_status st = pulse_chunk_decode_in(p->version, p->model, base, n, p->bytes + p->chunk_offset[at],
-                                          (size_t)p->chunk_size[at], k, first, pos, delta, NULL);
+  pulse_status st = pulse_chunk_decode_in(
+      p->version, p->values, p->model, base, n, p->bytes + p->chunk_offset[at],
+      (size_t)p->chunk_size[at], k, first, pos, delta, NULL);
   if (st != PULSE_OK)
     return pulse_fail(st, "tensor '%s' chunk %" PRIu64 ": %s", t->info.name, c,
                       pulse_error_detail());

@@ -24,12 +24,6 @@
 #include "slab_cache_impl.h"
 #include "status_impl.h"
 
-#ifdef PULSE_PATCH_VERSION_MIN
-#define STREAM_VERSION_MIN PULSE_PATCH_VERSION_MIN
-#else
-#define STREAM_VERSION_MIN PULSE_PATCH_VERSION
-#endif
-
 typedef struct {
   size_t tensor;
   uint64_t chunk;
@@ -98,11 +92,17 @@ pulse_status pulse_patch_stream_need(const uint8_t *bytes, size_t avail,
     return pulse_fail(PULSE_ERR_MAGIC, "patch: bad magic (not a pulse patch)");
   if (avail >= 10) {
     unsigned version = (unsigned)bytes[8] | (unsigned)bytes[9] << 8;
-    if (version < STREAM_VERSION_MIN || version > PULSE_PATCH_VERSION)
+    if (version > PULSE_PATCH_VERSION_MAX)
+      return pulse_fail(
+          PULSE_ERR_VERSION,
+          "patch: format version %u is newer than this decoder (%u..%u)",
+          version, (unsigned)PULSE_PATCH_VERSION_MIN,
+          (unsigned)PULSE_PATCH_VERSION_MAX);
+    if (version < PULSE_PATCH_VERSION_MIN)
       return pulse_fail(PULSE_ERR_VERSION,
                         "patch: format version %u, this decoder knows %u..%u",
-                        version, (unsigned)STREAM_VERSION_MIN,
-                        (unsigned)PULSE_PATCH_VERSION);
+                        version, (unsigned)PULSE_PATCH_VERSION_MIN,
+                        (unsigned)PULSE_PATCH_VERSION_MAX);
   }
   if (avail < PULSE_PATCH_FIXED_HEADER) {
     *need = PULSE_PATCH_FIXED_HEADER;

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "chunk_impl.h"
+#include "chunk_v3_impl.h"
 #include "class_index_impl.h"
 #include "pulse_elem.h"
 #include "rangecoder_impl.h"
@@ -207,23 +208,47 @@ static pulse_status v1_encode_ranks(pulse_pos_model model, const uint32_t *hist,
   return PULSE_OK;
 }
 
-pulse_status pulse_chunk_encode_ranks(unsigned version, pulse_pos_model model,
-                                      const uint32_t *hist, uint32_t n, uint32_t k,
-                                      const uint8_t *cls, const uint32_t *rank,
-                                      const uint16_t *delta, pulse_bytebuf *out) {
+/* Version 3 codes the plain model as one class, class 0, which the
+ * patch's value model then describes. */
+static pulse_status v3_encode_ranks(const pulse_v3_model *values,
+                                    pulse_pos_model model, uint32_t k,
+                                    const uint8_t *cls, const uint32_t *rank,
+                                    const uint16_t *delta, pulse_bytebuf *out) {
+  if (values == NULL)
+    return pulse_fail(PULSE_ERR_ARG,
+                      "chunk encode: format version 3 needs the value model");
+  if (model == PULSE_POS_CLASS)
+    return pulse_chunk3_encode_ranks(values, k, cls, rank, delta, out, NULL);
+  uint8_t *zeros = calloc((size_t)k + 1, 1);
+  if (zeros == NULL)
+    return pulse_fail(PULSE_ERR_NOMEM, "chunk encode: %u changes", k);
+  pulse_status st =
+      pulse_chunk3_encode_ranks(values, k, zeros, rank, delta, out, NULL);
+  free(zeros);
+  return st;
+}
+
+pulse_status pulse_chunk_encode_ranks(
+    unsigned version, const pulse_v3_model *values, pulse_pos_model model,
+    const uint32_t *hist, uint32_t n, uint32_t k, const uint8_t *cls,
+    const uint32_t *rank, const uint16_t *delta, pulse_bytebuf *out) {
   if (version == 2)
     return pulse_chunk2_encode_ranks(model, k, cls, rank, delta, out);
+  if (version == 3)
+    return v3_encode_ranks(values, model, k, cls, rank, delta, out);
   if (version != 1)
     return pulse_fail(PULSE_ERR_VERSION, "chunk encode: no format version %u", version);
   return v1_encode_ranks(model, hist, n, k, cls, rank, delta, out);
 }
 
-pulse_status pulse_chunk_encode(unsigned version, pulse_pos_model model, const uint16_t *base,
+pulse_status pulse_chunk_encode(unsigned version, const pulse_v3_model *values,
+                                pulse_pos_model model, const uint16_t *base,
                                 uint32_t n, const uint32_t *pos,
                                 const uint16_t *delta, uint32_t k,
                                 pulse_bytebuf *out) {
   if (model == PULSE_POS_PLAIN)
-    return pulse_chunk_encode_ranks(version, model, NULL, n, k, NULL, pos, delta, out);
+    return pulse_chunk_encode_ranks(version, values, model, NULL, n, k, NULL,
+                                    pos, delta, out);
   uint32_t hist[PULSE_CLASS_COUNT];
   uint32_t *rank = malloc((size_t)k * sizeof *rank);
   uint8_t *cls = malloc((size_t)k);
@@ -232,7 +257,8 @@ pulse_status pulse_chunk_encode(unsigned version, pulse_pos_model model, const u
     st = pulse_fail(PULSE_ERR_NOMEM, "chunk encode: %u changes", k);
   } else {
     pulse_chunk_classify(base, n, pos, k, hist, rank, cls);
-    st = pulse_chunk_encode_ranks(version, model, hist, n, k, cls, rank, delta, out);
+    st = pulse_chunk_encode_ranks(version, values, model, hist, n, k, cls, rank,
+                                  delta, out);
   }
   free(rank), free(cls);
   return st;
@@ -379,12 +405,37 @@ done:
   return st;
 }
 
-pulse_status pulse_chunk_decode_ranks(unsigned version, pulse_pos_model model,
-                                      const uint32_t *hist, uint32_t n, const uint8_t *stream,
-                                      size_t size, uint32_t k, uint32_t *start, uint32_t *rank,
-                                      uint16_t *delta) {
+/* A plain-model stream of version 3 must hold class 0 alone: its ranks are
+ * then positions in storage order. */
+static pulse_status v3_decode_ranks(const pulse_v3_model *values,
+                                    pulse_pos_model model, const uint32_t *hist,
+                                    uint32_t n, const uint8_t *stream,
+                                    size_t size, uint32_t k, uint32_t *start,
+                                    uint32_t *rank, uint16_t *delta) {
+  if (values == NULL)
+    return pulse_fail(PULSE_ERR_ARG,
+                      "chunk decode: format version 3 needs the value model");
+  uint32_t own[PULSE_CLASS_COUNT + 1];
+  uint32_t *st_at = start != NULL ? start : own;
+  PULSE_TRY(pulse_chunk3_decode_ranks(values,
+                                      model == PULSE_POS_CLASS ? hist : NULL, n,
+                                      stream, size, k, st_at, rank, delta));
+  if (model == PULSE_POS_PLAIN && st_at[1] != k)
+    return pulse_fail(
+        PULSE_ERR_CORRUPT,
+        "chunk v3: a plain-model chunk codes a class other than 0");
+  return PULSE_OK;
+}
+
+pulse_status pulse_chunk_decode_ranks(
+    unsigned version, const pulse_v3_model *values, pulse_pos_model model,
+    const uint32_t *hist, uint32_t n, const uint8_t *stream, size_t size,
+    uint32_t k, uint32_t *start, uint32_t *rank, uint16_t *delta) {
   if (version == 2)
     return pulse_chunk2_decode_ranks(model, hist, n, stream, size, k, start, rank, delta);
+  if (version == 3)
+    return v3_decode_ranks(values, model, hist, n, stream, size, k, start, rank,
+                           delta);
   if (version != 1)
     return pulse_fail(PULSE_ERR_VERSION, "chunk decode: no format version %u", version);
   return v1_decode_ranks(model, hist, n, stream, size, k, start, rank, delta);
@@ -419,10 +470,12 @@ uint32_t pulse_chunk_locate(const uint16_t *base, uint32_t n, uint32_t k, const 
  * chunk's). Version 1 decodes with the class counts, version 2 without:
  * there a rank past its class is caught by locate, which then finds fewer
  * than k (version 1 ranks were checked against the counts). */
-static pulse_status decode_class(unsigned version, const uint16_t *base,
-                                 const pulse_class_index *ix, uint64_t first, uint32_t n,
-                                 const uint8_t *stream, size_t size, uint32_t k, uint64_t *pos,
-                                 uint16_t *delta, const pulse_chunk_scratch *scratch) {
+static pulse_status decode_class(unsigned version, const pulse_v3_model *values,
+                                 const uint16_t *base,
+                                 const pulse_class_index *ix, uint64_t first,
+                                 uint32_t n, const uint8_t *stream, size_t size,
+                                 uint32_t k, uint64_t *pos, uint16_t *delta,
+                                 const pulse_chunk_scratch *scratch) {
   uint32_t hist[PULSE_CLASS_COUNT], start[PULSE_CLASS_COUNT + 1];
   int own = scratch == NULL;
   uint32_t *rank = own ? malloc((size_t)k * sizeof *rank + 4) : scratch->rank;
@@ -437,8 +490,9 @@ static pulse_status decode_class(unsigned version, const uint16_t *base,
       pulse_chunk_classify(base, n, NULL, 0, hist, NULL, NULL); /* counts only */
   }
   if (st == PULSE_OK)
-    st = pulse_chunk_decode_ranks(version, PULSE_POS_CLASS, version == 1 ? hist : NULL, n,
-                                  stream, size, k, start, rank, cdelta);
+    st = pulse_chunk_decode_ranks(version, values, PULSE_POS_CLASS,
+                                  version == 1 ? hist : NULL, n, stream, size,
+                                  k, start, rank, cdelta);
   if (st == PULSE_OK) {
     uint32_t found =
         ix != NULL
@@ -453,16 +507,21 @@ static pulse_status decode_class(unsigned version, const uint16_t *base,
   return st;
 }
 
-pulse_status pulse_chunk_decode(unsigned version, pulse_pos_model model, const uint16_t *base,
+pulse_status pulse_chunk_decode(unsigned version, const pulse_v3_model *values,
+                                pulse_pos_model model, const uint16_t *base,
                                 uint32_t n, const uint8_t *stream, size_t size,
                                 uint32_t k, uint64_t first, uint64_t *pos,
                                 uint16_t *delta) {
-  return pulse_chunk_decode_in(version, model, base, n, stream, size, k, first, pos, delta, NULL);
+  return pulse_chunk_decode_in(version, values, model, base, n, stream, size, k,
+                               first, pos, delta, NULL);
 }
 
-pulse_status pulse_chunk_decode_in(unsigned version, pulse_pos_model model, const uint16_t *base,
-                                   uint32_t n, const uint8_t *stream, size_t size, uint32_t k,
-                                   uint64_t first, uint64_t *pos, uint16_t *delta,
+pulse_status pulse_chunk_decode_in(unsigned version,
+                                   const pulse_v3_model *values,
+                                   pulse_pos_model model, const uint16_t *base,
+                                   uint32_t n, const uint8_t *stream,
+                                   size_t size, uint32_t k, uint64_t first,
+                                   uint64_t *pos, uint16_t *delta,
                                    const pulse_chunk_scratch *scratch) {
   if (model == PULSE_POS_PLAIN && version == 2)
     return pulse_chunk2_decode_plain(base, n, stream, size, k, first, pos, delta);
@@ -470,8 +529,8 @@ pulse_status pulse_chunk_decode_in(unsigned version, pulse_pos_model model, cons
     uint32_t *rank = malloc((size_t)k * sizeof *rank + 4);
     if (rank == NULL)
       return pulse_fail(PULSE_ERR_NOMEM, "chunk decode: %u changes", k);
-    pulse_status st =
-        pulse_chunk_decode_ranks(version, model, NULL, n, stream, size, k, NULL, rank, delta);
+    pulse_status st = pulse_chunk_decode_ranks(
+        version, values, model, NULL, n, stream, size, k, NULL, rank, delta);
     for (uint32_t j = 0; st == PULSE_OK && j < k; j++)
       pos[j] = first + rank[j];
     free(rank);
@@ -479,13 +538,15 @@ pulse_status pulse_chunk_decode_in(unsigned version, pulse_pos_model model, cons
   }
   if (base == NULL)
     return pulse_fail(PULSE_ERR_ARG, "chunk: the class model needs the base");
-  return decode_class(version, base, NULL, first, n, stream, size, k, pos, delta, scratch);
+  return decode_class(version, values, base, NULL, first, n, stream, size, k,
+                      pos, delta, scratch);
 }
 
-pulse_status pulse_chunk_decode_indexed(unsigned version, const pulse_class_index *ix,
-                                        const uint16_t *data, uint64_t first, uint32_t n,
-                                        const uint8_t *stream, size_t size, uint32_t k,
-                                        uint64_t *pos, uint16_t *delta,
-                                        const pulse_chunk_scratch *scratch) {
-  return decode_class(version, data, ix, first, n, stream, size, k, pos, delta, scratch);
+pulse_status pulse_chunk_decode_indexed(
+    unsigned version, const pulse_v3_model *values, const pulse_class_index *ix,
+    const uint16_t *data, uint64_t first, uint32_t n, const uint8_t *stream,
+    size_t size, uint32_t k, uint64_t *pos, uint16_t *delta,
+    const pulse_chunk_scratch *scratch) {
+  return decode_class(version, values, data, ix, first, n, stream, size, k, pos,
+                      delta, scratch);
 }

@@ -719,5 +719,6 @@ pulse_status pulse_chunk2_decode_indexed(const pulse_class_index *ix, const uint
       sink_resolve(&sink, sink.resolved++);
     return PULSE_OK;
   }
-  return pulse_chunk_decode_indexed(2, ix, data, first, n, stream, size, k, pos, delta, scratch);
+  return pulse_chunk_decode_indexed(2, NULL, ix, data, first, n, stream, size,
+                                    k, pos, delta, scratch);
 }

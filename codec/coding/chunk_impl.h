@@ -1,7 +1,10 @@
-/* chunk_impl.h - coding of one chunk of one tensor (docs/formats/patch.md, "Chunk
- * streams"): the class-rank transform and the two coders, version 1's
+/* chunk_impl.h - coding of one chunk of one tensor (docs/formats/patch.md,
+ * "Chunk streams"): the class-rank transform and the two coders, version 1's
  * adaptive range coder (chunk_coder.c) and version 2's static codes
- * (chunk_fast.c). `version` is the patch format version (1 or 2). */
+ * (chunk_fast.c), and version 3's (chunk_v3.c). `version` is the patch
+ * format version (1..3); `values` is a version 3 patch's value model
+ * (chunk_v3_impl.h), which every version 3 chunk is coded against, and
+ * ignored (may be NULL) by versions 1 and 2. */
 #ifndef PULSE_CHUNK_IMPL_H
 #define PULSE_CHUNK_IMPL_H
 
@@ -9,6 +12,8 @@
 
 #include "bytebuf_impl.h"
 #include "pulse_codec.h"
+
+struct pulse_v3_model; /* chunk_v3_impl.h */
 
 /* Counts the base elements of each position class (hist[PULSE_CLASS_COUNT])
  * and gives each changed position (pos, strictly increasing, < n) its class
@@ -29,7 +34,9 @@ unsigned pulse_chunk_class_order(uint32_t k, const uint8_t *cls, uint32_t *kc, u
 /* Encodes k changes (chunk-relative positions, strictly increasing, and
  * non-zero deltas) of a chunk of n elements, appending the stream to out.
  * base (the chunk's base bits) is read only by PULSE_POS_CLASS. k > 0. */
-pulse_status pulse_chunk_encode(unsigned version, pulse_pos_model model, const uint16_t *base,
+pulse_status pulse_chunk_encode(unsigned version,
+                                const struct pulse_v3_model *values,
+                                pulse_pos_model model, const uint16_t *base,
                                 uint32_t n, const uint32_t *pos,
                                 const uint16_t *delta, uint32_t k,
                                 pulse_bytebuf *out);
@@ -38,10 +45,12 @@ pulse_status pulse_chunk_encode(unsigned version, pulse_pos_model model, const u
  * changes in position order with each one's class (cls, ignored and may be
  * NULL for PULSE_POS_PLAIN) and rank within it (plain: the chunk position),
  * and hist the class counts of the base (plain: NULL). */
-pulse_status pulse_chunk_encode_ranks(unsigned version, pulse_pos_model model,
-                                      const uint32_t *hist, uint32_t n, uint32_t k,
-                                      const uint8_t *cls, const uint32_t *rank,
-                                      const uint16_t *delta, pulse_bytebuf *out);
+pulse_status
+pulse_chunk_encode_ranks(unsigned version, const struct pulse_v3_model *values,
+                         pulse_pos_model model, const uint32_t *hist,
+                         uint32_t n, uint32_t k, const uint8_t *cls,
+                         const uint32_t *rank, const uint16_t *delta,
+                         pulse_bytebuf *out);
 
 /* Decodes a stream to the rank form, class-major: the changes of class c are
  * entries start[c]..start[c+1]-1 (start has PULSE_CLASS_COUNT + 1 entries;
@@ -49,10 +58,13 @@ pulse_status pulse_chunk_encode_ranks(unsigned version, pulse_pos_model model,
  * increasing ranks, each checked to be below its class count (hist, the
  * base's class counts; version 2 accepts NULL and then checks ranks only
  * against n, leaving the rest to pulse_chunk_locate). */
-pulse_status pulse_chunk_decode_ranks(unsigned version, pulse_pos_model model,
-                                      const uint32_t *hist, uint32_t n, const uint8_t *stream,
-                                      size_t size, uint32_t k, uint32_t *start, uint32_t *rank,
-                                      uint16_t *delta);
+pulse_status pulse_chunk_decode_ranks(unsigned version,
+                                      const struct pulse_v3_model *values,
+                                      pulse_pos_model model,
+                                      const uint32_t *hist, uint32_t n,
+                                      const uint8_t *stream, size_t size,
+                                      uint32_t k, uint32_t *start,
+                                      uint32_t *rank, uint16_t *delta);
 
 /* Turns the class-major rank form back into positions (first + chunk
  * position) in storage order with one pass over the chunk's base. Returns
@@ -92,15 +104,20 @@ typedef struct pulse_chunk_scratch {
  * delta (k entries each, storage order; pos[j] = first + chunk position).
  * base is required by PULSE_POS_CLASS and ignored by PULSE_POS_PLAIN. Every
  * count, gap and value is checked; the stream must be consumed exactly. */
-pulse_status pulse_chunk_decode(unsigned version, pulse_pos_model model, const uint16_t *base,
+pulse_status pulse_chunk_decode(unsigned version,
+                                const struct pulse_v3_model *values,
+                                pulse_pos_model model, const uint16_t *base,
                                 uint32_t n, const uint8_t *stream, size_t size,
                                 uint32_t k, uint64_t first, uint64_t *pos,
                                 uint16_t *delta);
 
 /* pulse_chunk_decode working in `scratch` (NULL: its own allocation). */
-pulse_status pulse_chunk_decode_in(unsigned version, pulse_pos_model model, const uint16_t *base,
-                                   uint32_t n, const uint8_t *stream, size_t size, uint32_t k,
-                                   uint64_t first, uint64_t *pos, uint16_t *delta,
+pulse_status pulse_chunk_decode_in(unsigned version,
+                                   const struct pulse_v3_model *values,
+                                   pulse_pos_model model, const uint16_t *base,
+                                   uint32_t n, const uint8_t *stream,
+                                   size_t size, uint32_t k, uint64_t first,
+                                   uint64_t *pos, uint16_t *delta,
                                    const pulse_chunk_scratch *scratch);
 
 /* pulse_chunk_decode of a PULSE_POS_CLASS stream through a receiver's class
@@ -109,11 +126,11 @@ pulse_status pulse_chunk_decode_in(unsigned version, pulse_pos_model model, cons
  * block size. Positions (first + chunk position) come out class-major, not
  * in storage order. data (the whole tensor the index describes, or NULL)
  * is only prefetched at each change, for a caller that reads it next. */
-pulse_status pulse_chunk_decode_indexed(unsigned version, const pulse_class_index *ix,
-                                        const uint16_t *data, uint64_t first, uint32_t n,
-                                        const uint8_t *stream, size_t size, uint32_t k,
-                                        uint64_t *pos, uint16_t *delta,
-                                        const pulse_chunk_scratch *scratch);
+pulse_status pulse_chunk_decode_indexed(
+    unsigned version, const struct pulse_v3_model *values,
+    const pulse_class_index *ix, const uint16_t *data, uint64_t first,
+    uint32_t n, const uint8_t *stream, size_t size, uint32_t k, uint64_t *pos,
+    uint16_t *delta, const pulse_chunk_scratch *scratch);
 
 /* The version 2 coder behind the two functions above (chunk_fast.c). */
 pulse_status pulse_chunk2_encode_ranks(pulse_pos_model model, uint32_t k, const uint8_t *cls,

@@ -6,6 +6,7 @@
 
 #include "bytebuf_impl.h"
 #include "chunk_impl.h"
+#include "chunk_v3_impl.h"
 #include "parallel_impl.h"
 #include "patch_impl.h"
 #include "pulse_elem.h"
@@ -20,6 +21,7 @@ typedef struct {
 
 typedef struct {
   unsigned version;
+  const pulse_v3_model *values; /* version 3 */
   pulse_pos_model model;
   uint32_t chunk_log2;
   const pulse_encode_tensor *tensors;
@@ -78,12 +80,15 @@ static void encode_one(void *ctx, size_t i) {
     for (uint32_t j = 0; pos != NULL && j < it->changes; j++)
       pos[j] = (uint32_t)(ch->pos[it->first_change + j] - first);
     if (!rank_form)
-      st = pulse_chunk_encode(job->version, job->model, t->base ? t->base + first : NULL, n, pos, delta,
+      st = pulse_chunk_encode(job->version, job->values, job->model,
+                              t->base ? t->base + first : NULL, n, pos, delta,
                               it->changes, &job->streams[i]);
     else if ((st = check_rank_form(t, it, n)) == PULSE_OK)
-      st = pulse_chunk_encode_ranks(job->version, job->model, t->chunk_hist + it->chunk * PULSE_CLASS_COUNT, n,
-                                    it->changes, t->change_class + it->first_change,
-                                    t->change_rank + it->first_change, delta, &job->streams[i]);
+      st = pulse_chunk_encode_ranks(
+          job->version, job->values, job->model,
+          t->chunk_hist + it->chunk * PULSE_CLASS_COUNT, n, it->changes,
+          t->change_class + it->first_change, t->change_rank + it->first_change,
+          delta, &job->streams[i]);
   }
   job->status[i] = st;
   if (st != PULSE_OK)
@@ -195,9 +200,11 @@ static pulse_status check_opts(const pulse_encode_opts *opts, const pulse_encode
   if (opts->pos_model != PULSE_POS_PLAIN && opts->pos_model != PULSE_POS_CLASS)
     return pulse_fail(PULSE_ERR_ARG, "encode: unknown position model %d", (int)opts->pos_model);
   *version = opts->format_version ? opts->format_version : PULSE_PATCH_VERSION;
-  if (*version < PULSE_PATCH_VERSION_MIN || *version > PULSE_PATCH_VERSION)
-    return pulse_fail(PULSE_ERR_ARG, "encode: no format version %u (this library writes %u..%u)",
-                      *version, PULSE_PATCH_VERSION_MIN, PULSE_PATCH_VERSION);
+  if (*version < PULSE_PATCH_VERSION_MIN || *version > PULSE_PATCH_VERSION_MAX)
+    return pulse_fail(
+        PULSE_ERR_ARG,
+        "encode: no format version %u (this library writes %u..%u)", *version,
+        PULSE_PATCH_VERSION_MIN, PULSE_PATCH_VERSION_MAX);
   if (opts->chunk_log2 < PULSE_CHUNK_LOG2_MIN || opts->chunk_log2 > PULSE_CHUNK_LOG2_MAX)
     return pulse_fail(PULSE_ERR_ARG, "encode: chunk_log2 %u outside %u..%u", opts->chunk_log2,
                       PULSE_CHUNK_LOG2_MIN, PULSE_CHUNK_LOG2_MAX);
@@ -222,12 +229,14 @@ typedef struct {
   pulse_bytebuf *streams;
   pulse_status *item_st;
   char (*detail)[160];
+  pulse_v3_model *values; /* version 3: built from every change's token */
 } encode_plan;
 
 static void plan_free(encode_plan *pl) {
   for (size_t i = 0; pl->streams && i < pl->item_count; i++)
     pulse_bytebuf_free(&pl->streams[i]);
   free(pl->streams), free(pl->item_st), free(pl->detail), free(pl->items);
+  pulse_v3_model_free(pl->values);
   free(pl->numel), free(pl->infos), free(pl->base_d), free(pl->target_d), free(pl->names);
 }
 
@@ -290,6 +299,34 @@ static pulse_status plan_tensors(encode_plan *pl, const pulse_tensor_digest *tar
   return PULSE_OK;
 }
 
+/* Version 3's value model: the tokens of every change by the class its
+ * chunk codes it in (the old exponent's, or 0 in the plain model), so that
+ * the CPU path (classes from the base) and the rank form (classes given,
+ * the device publisher's) build the same model from the same changes. */
+static pulse_status plan_value_model(encode_plan *pl) {
+  pulse_v3_counts *counts = calloc(1, sizeof *counts);
+  if (counts == NULL)
+    return pulse_fail(PULSE_ERR_NOMEM, "encode: value model counts");
+  for (size_t i = 0; i < pl->count; i++) {
+    const pulse_encode_tensor *t = &pl->tensors[i];
+    const pulse_changes *ch = t->changes;
+    uint64_t k = ch ? ch->count : 0;
+    int rank_form = t->base == NULL && pl->opts->pos_model == PULSE_POS_CLASS;
+    for (uint64_t j = 0; j < k; j++) {
+      uint32_t raw;
+      unsigned nraw;
+      unsigned c = pl->opts->pos_model == PULSE_POS_PLAIN ? 0u
+                   : rank_form                            ? t->change_class[j]
+                               : pulse_bf16_class(ch->old_bits[j]);
+      counts->count[c][pulse_v3_token(
+          pulse_bf16_delta(ch->old_bits[j], ch->new_bits[j]), &raw, &nraw)]++;
+    }
+  }
+  pulse_status st = pulse_v3_model_build(counts, &pl->values);
+  free(counts);
+  return st;
+}
+
 /* One work item per chunk that holds changes, coded in parallel. */
 static pulse_status plan_code_chunks(encode_plan *pl, unsigned version) {
   const pulse_encode_opts *opts = pl->opts;
@@ -321,8 +358,11 @@ static pulse_status plan_code_chunks(encode_plan *pl, unsigned version) {
   pl->detail = calloc(pl->item_count + 1, sizeof *pl->detail);
   if (!pl->streams || !pl->item_st || !pl->detail)
     return pulse_fail(PULSE_ERR_NOMEM, "encode: %zu chunk streams", pl->item_count);
-  encode_job job = {version,   opts->pos_model, opts->chunk_log2, pl->tensors, pl->numel,
-                    pl->items, pl->streams,     pl->item_st,      pl->detail};
+  if (version == 3 && pl->total_changed > 0) /* no changes, no model */
+    PULSE_TRY(plan_value_model(pl));
+  encode_job job = {version,     pl->values, opts->pos_model, opts->chunk_log2,
+                    pl->tensors, pl->numel,  pl->items,       pl->streams,
+                    pl->item_st, pl->detail};
   pulse_parallel_for(opts->threads, pl->item_count, encode_one, &job);
   for (size_t i = 0; i < pl->item_count; i++)
     if (pl->item_st[i] != PULSE_OK)
@@ -371,6 +411,8 @@ static pulse_status plan_write_table(const encode_plan *pl, pulse_bytebuf *table
     }
     *body_size += section;
   }
+  if (pl->values != NULL) /* version 3: the value model closes the table */
+    PULSE_TRY(pulse_v3_model_write(pl->values, table));
   if (table->failed || table->size > UINT32_MAX)
     return pulse_fail(PULSE_ERR_NOMEM, "encode: tensor table");
   return PULSE_OK;

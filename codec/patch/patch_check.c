@@ -31,9 +31,10 @@ static void check_one(void *ctx, size_t i) {
   if (rank == NULL || delta == NULL)
     st = pulse_fail(PULSE_ERR_NOMEM, "check: chunk of %u changes", k);
   else
-    st = pulse_chunk_decode_ranks(p->version, p->model, NULL, patch_chunk_elems(p, t, j),
-                                  p->bytes + p->chunk_offset[c], (size_t)p->chunk_size[c], k,
-                                  start, rank, delta);
+    st = pulse_chunk_decode_ranks(
+        p->version, p->values, p->model, NULL, patch_chunk_elems(p, t, j),
+        p->bytes + p->chunk_offset[c], (size_t)p->chunk_size[c], k, start, rank,
+        delta);
   if (st != PULSE_OK && st != PULSE_ERR_NOMEM)
     st = pulse_fail(st, "tensor '%s' chunk %llu: %s", t->info.name, (unsigned long long)j,
                     pulse_error_detail());

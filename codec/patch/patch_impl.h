@@ -5,6 +5,7 @@
 #include "pulse_codec.h"
 
 struct pulse_chunk_scratch; /* chunk_impl.h */
+struct pulse_v3_model;      /* chunk_v3_impl.h */
 
 #define PULSE_PATCH_MAGIC "PULSEPCH"
 #define PULSE_PATCH_FIXED_HEADER 120u
@@ -41,6 +42,8 @@ struct pulse_patch {
   uint64_t *chunk_offset;  /* from the start of the patch */
   uint64_t *chunk_size;
   uint64_t *chunk_before;  /* changes in earlier chunks of the same tensor */
+  struct pulse_v3_model *values; /* version 3: the value model, else NULL */
+  size_t values_size;            /* its bytes at the end of the table */
 };
 
 /* Elements in chunk j of tensor t. */

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "bytebuf_impl.h"
+#include "chunk_v3_impl.h"
 #include "patch_impl.h"
 #include "status_impl.h"
 
@@ -44,6 +45,7 @@ void pulse_patch_free(pulse_patch *p) {
   free(p->chunk_offset);
   free(p->chunk_size);
   free(p->chunk_before);
+  pulse_v3_model_free(p->values);
   free(p);
 }
 
@@ -143,6 +145,23 @@ static pulse_status index_chunks(pulse_patch *p) {
   return PULSE_OK;
 }
 
+/* Version 3's value model: the rest of the table, parsed whole before any
+ * chunk decodes against it (every chunk of the patch codes its values with
+ * it, so a receiver reading some sections has it with the table). */
+static pulse_status parse_value_model(pulse_patch *p, pulse_reader *r) {
+  size_t used = 0;
+  pulse_status st = pulse_v3_model_read(r->p, r->left, &used, &p->values);
+  if (st != PULSE_OK)
+    return pulse_fail(st, "patch: %s", pulse_error_detail());
+  if (used > r->left) /* the reader never says more than it was given */
+    return pulse_fail(PULSE_ERR_TRUNCATED,
+                      "patch: value model runs past the table");
+  p->values_size = used;
+  r->p += used;
+  r->left -= used;
+  return PULSE_OK;
+}
+
 /* Every tensor entry, then checks that the sections tile the body and the
  * change counts add up to the header's. */
 static pulse_status parse_entries(pulse_patch *p, pulse_reader *r, uint64_t body_offset,
@@ -168,6 +187,9 @@ static pulse_status parse_entries(pulse_patch *p, pulse_reader *r, uint64_t body
     }
     PULSE_TRY(parse_chunk_entries(p, r, i, changed, size));
   }
+  /* Version 3: the value model closes the table of a patch with changes. */
+  if (p->version == 3 && p->total_changed > 0)
+    PULSE_TRY(parse_value_model(p, r));
   if (r->left != 0)
     return pulse_fail(PULSE_ERR_TRAILING, "patch: %zu bytes after the tensor table", r->left);
   if (section_at - body_offset != body_size)
@@ -232,9 +254,16 @@ pulse_status pulse_patch_open(const uint8_t *bytes, size_t size, pulse_patch **o
   if (memcmp(magic, PULSE_PATCH_MAGIC, 8) != 0)
     return pulse_fail(PULSE_ERR_MAGIC, "patch: bad magic (not a pulse patch)");
   uint16_t version = (uint16_t)pulse_reader_le(&r, 2);
-  if (r.ok && (version < PULSE_PATCH_VERSION_MIN || version > PULSE_PATCH_VERSION))
-    return pulse_fail(PULSE_ERR_VERSION, "patch: format version %u, this decoder knows %u..%u",
-                      version, PULSE_PATCH_VERSION_MIN, PULSE_PATCH_VERSION);
+  if (r.ok && version > PULSE_PATCH_VERSION_MAX)
+    return pulse_fail(
+        PULSE_ERR_VERSION,
+        "patch: format version %u is newer than this decoder (%u..%u)", version,
+        PULSE_PATCH_VERSION_MIN, PULSE_PATCH_VERSION_MAX);
+  if (r.ok && version < PULSE_PATCH_VERSION_MIN)
+    return pulse_fail(PULSE_ERR_VERSION,
+                      "patch: format version %u, this decoder knows %u..%u",
+                      version, PULSE_PATCH_VERSION_MIN,
+                      PULSE_PATCH_VERSION_MAX);
   pulse_patch *p = calloc(1, sizeof *p);
   if (p == NULL)
     return pulse_fail(PULSE_ERR_NOMEM, "patch: handle");
@@ -287,6 +316,16 @@ pulse_status pulse_patch_open(const uint8_t *bytes, size_t size, pulse_patch **o
 uint64_t pulse_patch_step(const pulse_patch *p) { return p->step; }
 uint64_t pulse_patch_base_step(const pulse_patch *p) { return p->base_step; }
 unsigned pulse_patch_format_version(const pulse_patch *p) { return p->version; }
+size_t pulse_patch_value_model_size(const pulse_patch *p) {
+  return p->values_size;
+}
+
+void pulse_patch_versions_supported(unsigned *oldest, unsigned *newest) {
+  if (oldest != NULL)
+    *oldest = PULSE_PATCH_VERSION_MIN;
+  if (newest != NULL)
+    *newest = PULSE_PATCH_VERSION_MAX;
+}
 pulse_pos_model pulse_patch_pos_model(const pulse_patch *p) { return p->model; }
 uint32_t pulse_patch_chunk_log2(const pulse_patch *p) { return p->chunk_log2; }
 const pulse_state_digest *pulse_patch_base_digest(const pulse_patch *p) { return &p->base_digest; }

@@ -233,9 +233,9 @@ pulse_status pulse_loco_payload_decode(const uint8_t *data, size_t size,
     const uint16_t *tb = theta_bf16 ? theta_bf16 + first : base;
     if (theta_bf16 == NULL)
       pulse_bf16_cast_f32(theta_g + first, base, n);
-    st = pulse_chunk_decode(1, (pulse_pos_model)h.pos_model, tb, (uint32_t)n,
-                            streams, ps, (uint32_t)kc, first, e.pos + off,
-                            delta);
+    st = pulse_chunk_decode(1, NULL, (pulse_pos_model)h.pos_model, tb,
+                            (uint32_t)n, streams, ps, (uint32_t)kc, first,
+                            e.pos + off, delta);
     if (st != PULSE_OK)
       goto done;
     streams += ps;

@@ -105,8 +105,8 @@ static pulse_status encode_with(const pulse_loco_payload_header *h,
       }
     }
     size_t before = data.size;
-    st = pulse_chunk_encode(1, (pulse_pos_model)h->pos_model, tb, (uint32_t)n,
-                            sc->rel, sc->delta, kc, &data);
+    st = pulse_chunk_encode(1, NULL, (pulse_pos_model)h->pos_model, tb,
+                            (uint32_t)n, sc->rel, sc->delta, kc, &data);
     if (st != PULSE_OK)
       break;
     size_t mid = data.size;

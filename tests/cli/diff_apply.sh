@@ -41,7 +41,13 @@ check "inspect says version 1" grep -q "pulse patch v1" <("$bin/pulse-inspect" "
 check "default patch is version 2" grep -q "pulse patch v2" <("$bin/pulse-inspect" "$work/p2.pulse")
 check "format 1 patch applies" "$bin/pulse-apply" "$b/step0001.safetensors" "$work/v1.pulse" -o "$work/v1.safetensors"
 check "format 1 result bit for bit" test "$(digest_of "$work/v1.safetensors")" = "$(digest_of "$b/step0002.safetensors")"
-refuse "format 3 is refused" "$bin/pulse-diff" "$b/step0001.safetensors" "$b/step0002.safetensors" --format 3 -o "$work/v3.pulse"
+check "format 3 patch" "$bin/pulse-diff" "$b/step0001.safetensors" "$b/step0002.safetensors" --format 3 -o "$work/v3.pulse"
+check "inspect says version 3 and its value model" grep -q "value model [0-9]* bytes" <("$bin/pulse-inspect" "$work/v3.pulse")
+check "format 3 patch applies" "$bin/pulse-apply" "$b/step0001.safetensors" "$work/v3.pulse" -o "$work/v3.safetensors"
+check "format 3 result bit for bit" test "$(digest_of "$work/v3.safetensors")" = "$(digest_of "$b/step0002.safetensors")"
+check "format 3 patch is smaller than the default" test "$(stat -c %s "$work/v3.pulse")" -lt "$(stat -c %s "$work/p2.pulse")"
+check "inspect --version names the formats it reads" grep -q "patch format versions 1\.\.3" <("$bin/pulse-inspect" --version)
+refuse "format 4 is refused" "$bin/pulse-diff" "$b/step0001.safetensors" "$b/step0002.safetensors" --format 4 -o "$work/v4.pulse"
 
 # Refusals: exit non-zero, say why, and write nothing.
 refuse "apply to the wrong base" "$bin/pulse-apply" "$b/step0001.safetensors" "$work/p1.pulse" -o "$work/bad1.safetensors"
@@ -59,7 +65,7 @@ refuse "apply a patch with a flipped body byte" "$bin/pulse-apply" "$b/step0000.
 check "corrupt patch leaves no output" test ! -e "$work/bad3.safetensors"
 printf 'PULSEPCH\x63\x00' >"$work/v99.pulse"; head -c 200 /dev/zero >>"$work/v99.pulse"
 refuse "inspect an unknown version" "$bin/pulse-inspect" "$work/v99.pulse"
-check "unknown version is explained" grep -q "version" "$work/refused.txt"
+check "unknown version is explained" grep -q "format version 99 is newer than this decoder (1..3)" "$work/refused.txt"
 head -c 100 /dev/urandom >"$work/garbage.bin"
 refuse "inspect garbage" "$bin/pulse-inspect" "$work/garbage.bin"
 "$bin/pulse-bench" trajectory --out "$work/other" --params 20000 --steps 0 >/dev/null

@@ -324,6 +324,8 @@ typedef struct {
   pt_raw_tensor *tensors;
   uint8_t *body;
   size_t body_len;
+  uint8_t *values; /* version 3: the value model closing the table, as is */
+  size_t values_len;
   uint8_t *extra_table; /* appended to the table as is */
   size_t extra_table_len;
 } pt_raw_patch;
@@ -388,6 +390,7 @@ static inline void pt_raw_free(pt_raw_patch *raw) {
     free(raw->tensors[i].chunks);
   free(raw->tensors);
   free(raw->body);
+  free(raw->values);
   free(raw->extra_table);
   memset(raw, 0, sizeof *raw);
 }
@@ -445,6 +448,12 @@ static inline int pt_raw_parse(const uint8_t *bytes, size_t size,
         e->chunks[c].bytes = pt_rd_varint(&t);
       }
     }
+  }
+  if (t.ok && raw->version == 3 &&
+      raw->total_changed > 0) { /* the value model: the rest */
+    raw->values_len = t.left;
+    raw->values = pt_alloc(raw->values_len + 1);
+    pt_rd_bytes(&t, raw->values, raw->values_len);
   }
   if (!t.ok || t.left != 0)
     return 0;
@@ -514,6 +523,7 @@ static inline pt_wr pt_raw_table(const pt_raw_patch *raw) {
       pt_wr_varint(&w, e->chunks[c].bytes);
     }
   }
+  pt_wr_put(&w, raw->values, raw->values_len);
   pt_wr_put(&w, raw->extra_table, raw->extra_table_len);
   return w;
 }

@@ -18,15 +18,15 @@
 
 #include <criterion/criterion.h>
 
-enum { CODINGS = 4, TENSORS = 3 };
+enum { CODINGS = 6, TENSORS = 3 };
 static const struct {
   unsigned version;
   pulse_pos_model model;
   const char *name;
-} codings[CODINGS] = {{2, PULSE_POS_CLASS, "v2 class"},
-                      {2, PULSE_POS_PLAIN, "v2 plain"},
-                      {1, PULSE_POS_CLASS, "v1 class"},
-                      {1, PULSE_POS_PLAIN, "v1 plain"}};
+} codings[CODINGS] = {
+    {2, PULSE_POS_CLASS, "v2 class"}, {2, PULSE_POS_PLAIN, "v2 plain"},
+    {1, PULSE_POS_CLASS, "v1 class"}, {1, PULSE_POS_PLAIN, "v1 plain"},
+    {3, PULSE_POS_CLASS, "v3 class"}, {3, PULSE_POS_PLAIN, "v3 plain"}};
 
 /* Three tensors: a large one at high density (most of the changes, many
  * chunks), a small one, and one without changes. */

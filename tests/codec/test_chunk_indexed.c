@@ -75,8 +75,9 @@ static pulse_status assert_same(const chunk_case *c, const uint8_t *stream, size
   uint32_t *rank = pt_alloc(cap * 4);
   uint16_t *cdelta = pt_alloc(cap * 2);
   pulse_chunk_scratch want_scratch = {rank, cdelta, with_old ? want_old : NULL};
-  pulse_status want = pulse_chunk_decode_indexed(2, c->ix, c->data, c->first, c->n, stream, size,
-                                                 k, want_pos, want_delta, &want_scratch);
+  pulse_status want = pulse_chunk_decode_indexed(
+      2, NULL, c->ix, c->data, c->first, c->n, stream, size, k, want_pos,
+      want_delta, &want_scratch);
   char want_detail[256];
   snprintf(want_detail, sizeof want_detail, "%s", want != PULSE_OK ? pulse_error_detail() : "");
   pulse_chunk_scratch scratch = {rank, cdelta, with_old ? old : NULL};

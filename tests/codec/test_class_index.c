@@ -13,14 +13,15 @@
 
 #include <criterion/criterion.h>
 
-/* Codings: the class model in both versions (the index's users) and plain,
+/* Codings: the class model in every version (the index's users) and plain,
  * which must leave the index current without using it. */
-enum { CODINGS = 3 };
-static const char *const coding_names[CODINGS] = {"class", "class v1", "plain"};
+enum { CODINGS = 4 };
+static const char *const coding_names[CODINGS] = {"class", "class v1", "plain",
+                                                  "class v3"};
 
 static pulse_encode_opts coding_opts(int coding, uint32_t chunk_log2) {
   pulse_encode_opts o = pt_opts(coding == 2 ? PULSE_POS_PLAIN : PULSE_POS_CLASS, chunk_log2, 2);
-  o.format_version = coding == 1 ? 1 : PULSE_PATCH_VERSION;
+  o.format_version = coding == 1 ? 1 : coding == 3 ? 3 : PULSE_PATCH_VERSION;
   return o;
 }
 

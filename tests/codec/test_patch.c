@@ -14,14 +14,16 @@ static const uint64_t sizes[] = {0,   1, 2, 7, 1023, 1024, 1025, 3 * 1024 + 7,
 static const pulse_pos_model models[] = {PULSE_POS_PLAIN, PULSE_POS_CLASS};
 static const char *const model_names[] = {"plain", "class"};
 
-/* The round trips run over every coding: both position models in both
- * format versions. */
-enum { CODINGS = 4 };
-static const char *const coding_names[CODINGS] = {"plain", "class", "plain v1", "class v1"};
+/* The round trips run over every coding: both position models in every
+ * format version. */
+enum { CODINGS = 6 };
+static const char *const coding_names[CODINGS] = {
+    "plain", "class", "plain v1", "class v1", "plain v3", "class v3"};
 
 static pulse_encode_opts coding_opts(int coding, uint32_t chunk_log2, int threads) {
+  static const uint32_t versions[CODINGS / 2] = {PULSE_PATCH_VERSION, 1, 3};
   pulse_encode_opts o = pt_opts(models[coding % 2], chunk_log2, threads);
-  o.format_version = coding < 2 ? PULSE_PATCH_VERSION : 1;
+  o.format_version = versions[coding / 2];
   return o;
 }
 
@@ -497,7 +499,7 @@ Test(patch, encoder_rejects_inconsistent_input) {
   o.struct_version = PULSE_ENCODE_OPTS_VERSION - 1;
   cr_assert_eq(encode_one(&t, &o), PULSE_ERR_VERSION, "opts version");
   o.struct_version = PULSE_ENCODE_OPTS_VERSION;
-  o.format_version = PULSE_PATCH_VERSION + 1;
+  o.format_version = PULSE_PATCH_VERSION_MAX + 1;
   cr_assert_eq(encode_one(&t, &o), PULSE_ERR_ARG, "format version");
   o.format_version = 0;
   o.struct_version = PULSE_ENCODE_OPTS_VERSION;

@@ -7,17 +7,25 @@
  * Patches are made by the encoder, parsed by the hand-written reader of
  * patch_testutil.h, edited, and written back. */
 #include "patch_testutil.h"
+#include "pulse_codec_stream.h"
 
 #include <criterion/criterion.h>
 #include <dirent.h>
 
 /* Every hostile case runs over both position models in both format
  * versions. */
-enum { CODING_PLAIN = 0, CODING_CLASS = 1, CODINGS = 4 }; /* the first two: default version */
-static const pulse_pos_model models[CODINGS] = {PULSE_POS_PLAIN, PULSE_POS_CLASS,
-                                                PULSE_POS_PLAIN, PULSE_POS_CLASS};
-static const unsigned versions[CODINGS] = {PULSE_PATCH_VERSION, PULSE_PATCH_VERSION, 1, 1};
-static const char *const model_names[CODINGS] = {"plain", "class", "plain v1", "class v1"};
+enum {
+  CODING_PLAIN = 0,
+  CODING_CLASS = 1,
+  CODINGS = 6
+}; /* the first two: default version */
+static const pulse_pos_model models[CODINGS] = {
+    PULSE_POS_PLAIN, PULSE_POS_CLASS, PULSE_POS_PLAIN,
+    PULSE_POS_CLASS, PULSE_POS_PLAIN, PULSE_POS_CLASS};
+static const unsigned versions[CODINGS] = {
+    PULSE_PATCH_VERSION, PULSE_PATCH_VERSION, 1, 1, 3, 3};
+static const char *const model_names[CODINGS] = {
+    "plain", "class", "plain v1", "class v1", "plain v3", "class v3"};
 
 /* A small valid patch: "w" (3000 elements, 3 chunks of 2^10), "v" (7) and
  * "z" (no changes). */
@@ -206,7 +214,7 @@ Test(patch, header_fields_out_of_range) {
   for (size_t k = 0; k < 8; k++)
     EDIT(k, f.buf.data[k] ^ 0x20u, 1, PULSE_ERR_MAGIC);
   EDIT(PT_OFF_VERSION, 0, 2, PULSE_ERR_VERSION);
-  EDIT(PT_OFF_VERSION, PULSE_PATCH_VERSION + 1, 2, PULSE_ERR_VERSION);
+  EDIT(PT_OFF_VERSION, PULSE_PATCH_VERSION_MAX + 1, 2, PULSE_ERR_VERSION);
   EDIT(PT_OFF_VERSION, 0x100, 2, PULSE_ERR_VERSION);
   EDIT(PT_OFF_VERSION, 0xFFFF, 2, PULSE_ERR_VERSION);
   EDIT(PT_OFF_MODEL, 2, 1, PULSE_ERR_VERSION);
@@ -643,7 +651,7 @@ Test(patch, fuzz_seeds_apply_to_the_fuzz_base) {
   snprintf(cut, sizeof dir - (size_t)(cut - dir), "/fuzz/corpus/patch");
   DIR *d = opendir(dir);
   cr_assert_not_null(d, "corpus folder %s", dir);
-  size_t files = 0, models_seen[2] = {0, 0};
+  size_t files = 0, models_seen[2] = {0, 0}, versions_seen[4] = {0, 0, 0, 0};
   struct dirent *ent;
   while ((ent = readdir(d)) != NULL) {
     if (strncmp(ent->d_name, "seed-", 5) != 0)
@@ -660,6 +668,14 @@ Test(patch, fuzz_seeds_apply_to_the_fuzz_base) {
     uint32_t want_log2 = strstr(ent->d_name, "index-blocks") != NULL ? 12 : 10;
     cr_assert_eq(pulse_patch_chunk_log2(p), want_log2, "%s", ent->d_name);
     models_seen[pulse_patch_pos_model(p) == PULSE_POS_CLASS]++;
+    /* Stored bytes, written by the encoder of their day: older versions
+     * must keep applying ("seed-v1-", "seed-v3-", the rest version 2). */
+    unsigned want_version = strncmp(ent->d_name, "seed-v1-", 8) == 0   ? 1
+                            : strncmp(ent->d_name, "seed-v3-", 8) == 0 ? 3
+                                                                       : 2;
+    cr_assert_eq(pulse_patch_format_version(p), want_version, "%s",
+                 ent->d_name);
+    versions_seen[want_version]++;
     size_t n = pulse_patch_tensor_count(p);
     pulse_host_tensor *h = pt_alloc((n + 1) * sizeof *h);
     for (size_t i = 0; i < n; i++) {
@@ -683,4 +699,36 @@ Test(patch, fuzz_seeds_apply_to_the_fuzz_base) {
   closedir(d);
   cr_assert_geq(files, 5, "only %zu seeds in %s", files, dir);
   cr_assert(models_seen[0] > 0 && models_seen[1] > 0, "both models seeded");
+  for (unsigned v = 1; v <= 3; v++)
+    cr_assert_geq(versions_seen[v], 10, "version %u: %zu seeds", v,
+                  versions_seen[v]);
+}
+
+/* A decoder announces what it reads, and a patch of a newer version says
+ * so, on every way in (whole patch, the stream's header check). */
+Test(patch, a_newer_format_version_is_refused_as_newer) {
+  unsigned oldest = 0, newest = 0;
+  pulse_patch_versions_supported(&oldest, &newest);
+  cr_assert_eq(oldest, PULSE_PATCH_VERSION_MIN);
+  cr_assert_eq(newest, PULSE_PATCH_VERSION_MAX);
+  cr_assert_geq(newest, 3u);
+  pulse_patch_versions_supported(NULL, NULL);
+  hostile_fixture f;
+  fixture_make(&f, CODING_CLASS, 12);
+  char want[96];
+  snprintf(want, sizeof want,
+           "format version %u is newer than this decoder (%u..%u)", newest + 1,
+           oldest, newest);
+  pt_put_le(f.buf.data, PT_OFF_VERSION, newest + 1, 2);
+  pulse_patch *p = NULL;
+  cr_assert_eq(pulse_patch_open(f.buf.data, f.buf.size, &p), PULSE_ERR_VERSION);
+  cr_assert_null(p);
+  cr_assert_not_null(strstr(pulse_error_detail(), want), "%s",
+                     pulse_error_detail());
+  size_t need = 0;
+  cr_assert_eq(pulse_patch_stream_need(f.buf.data, f.buf.size, &need),
+               PULSE_ERR_VERSION);
+  cr_assert_not_null(strstr(pulse_error_detail(), want), "%s",
+                     pulse_error_detail());
+  fixture_free(&f);
 }

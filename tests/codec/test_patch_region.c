@@ -71,7 +71,7 @@ static pulse_status stage_commit(const pulse_patch *p, pulse_region *g, size_t n
 Test(region, row_and_column_blocks_end_at_the_targets_slices) {
   static const double densities[] = {0.0, 0.01, 0.3, 1.0};
   static const uint32_t chunk_logs[] = {10, 12, 20};
-  for (unsigned version = 1; version <= 2; version++)
+  for (unsigned version = 1; version <= 3; version++)
     for (size_t di = 0; di < PT_COUNT_OF(densities); di++)
       for (size_t ci = 0; ci < PT_COUNT_OF(chunk_logs); ci++) {
         pt_tensor ts[2];
@@ -210,7 +210,7 @@ Test(region, class_model_into_blocks_with_halos_ends_at_the_targets_slices) {
    * halo is the rest of the tensor: checked against the patch's digests).
    * Two patches in a row: the halo follows the first. */
   static const double densities[] = {0.01, 0.3, 1.0};
-  for (unsigned version = 1; version <= 2; version++)
+  for (unsigned version = 1; version <= 3; version++)
     for (size_t di = 0; di < PT_COUNT_OF(densities); di++)
       for (uint64_t tp = 1; tp <= 4; tp *= 2)
         for (uint64_t rank = 0; rank < tp; rank++) {
@@ -258,7 +258,7 @@ Test(region, class_model_chunks_inside_a_blocks_rows_decode_from_the_block_itsel
    * row of the block, where the decoder reads the base from the block's own
    * memory (padded strides, so a wrong row step would show), the others
    * straddle block and halo and are gathered. Two patches in a row. */
-  for (unsigned version = 1; version <= 2; version++) {
+  for (unsigned version = 1; version <= 3; version++) {
     pt_tensor ts[2], next[2];
     make2(&ts[0], "cols", 6, 4096, 0.02, 71 + version);
     make2(&ts[1], "rows", 6, 4096, 0.02, 83 + version);

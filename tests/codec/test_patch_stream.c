@@ -9,8 +9,13 @@
 
 #include <criterion/criterion.h>
 
-static const pulse_pos_model models[] = {PULSE_POS_PLAIN, PULSE_POS_CLASS};
-static const char *const model_names[] = {"plain", "class"};
+/* Both position models in the default format version and in version 3. */
+enum { CODINGS = 4 };
+static const pulse_pos_model models[CODINGS] = {
+    PULSE_POS_PLAIN, PULSE_POS_CLASS, PULSE_POS_PLAIN, PULSE_POS_CLASS};
+static const unsigned versions[CODINGS] = {0, 0, 3, 3};
+static const char *const model_names[CODINGS] = {"plain", "class", "plain v3",
+                                                 "class v3"};
 
 /* Tensors over several chunks of 2^10, one without changes, one tiny. */
 static size_t make_tensors(pt_tensor *ts, double density, uint64_t seed) {
@@ -111,13 +116,14 @@ static void assert_same(const pt_tensor *ts, size_t n,
 Test(patch_stream, random_slices_give_what_stage_gives) {
   static const int threads[] = {1, 2, 4, 0};
   static const double densities[] = {0.001, 0.02, 0.3};
-  for (int m = 0; m < 2; m++)
+  for (int m = 0; m < CODINGS; m++)
     for (size_t d = 0; d < PT_COUNT_OF(densities); d++)
       for (size_t k = 0; k < PT_COUNT_OF(threads); k++) {
         pt_tensor ts[5];
         uint64_t seed = 100 + 10 * (uint64_t)d + (uint64_t)k;
         size_t n = make_tensors(ts, densities[d], seed);
         pulse_encode_opts o = pt_opts(models[m], 10, 1);
+        o.format_version = versions[m];
         pulse_buffer buf = {NULL, 0};
         cr_assert_eq(pt_encode(&o, ts, n, &buf), PULSE_OK);
         char label[96];
@@ -232,10 +238,11 @@ Test(patch_stream, need_reads_the_table_size_and_rejects_non_patches) {
  * (16..31) are not covered by anything inside a patch: the object's
  * SHA-256 is (the subscriber checks it before it commits). */
 Test(patch_stream, flipped_byte_anywhere_is_rejected_as_stage_rejects_it) {
-  for (int m = 0; m < 2; m++) {
+  for (int m = 0; m < CODINGS; m++) {
     pt_tensor ts[5];
     size_t n = make_tensors(ts, 0.01, 20);
     pulse_encode_opts o = pt_opts(models[m], 10, 1);
+    o.format_version = versions[m];
     pulse_buffer buf = {NULL, 0};
     cr_assert_eq(pt_encode(&o, ts, n, &buf), PULSE_OK);
     uint8_t *b = pt_alloc(buf.size);
@@ -282,10 +289,11 @@ Test(patch_stream, flipped_byte_anywhere_is_rejected_as_stage_rejects_it) {
 }
 
 Test(patch_stream, truncated_object_never_commits) {
-  for (int m = 0; m < 2; m++) {
+  for (int m = 0; m < CODINGS; m++) {
     pt_tensor ts[5];
     size_t n = make_tensors(ts, 0.02, 30);
     pulse_encode_opts o = pt_opts(models[m], 10, 1);
+    o.format_version = versions[m];
     pulse_buffer buf = {NULL, 0};
     cr_assert_eq(pt_encode(&o, ts, n, &buf), PULSE_OK);
     static const size_t short_by[] = {1, 2, 5, 100, 1000};

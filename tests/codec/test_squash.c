@@ -24,8 +24,10 @@ static const uint64_t first_step = 100;
 /* Each step changes elements at `density`; an element that changed in the
  * previous step goes back to its older bits half of the time (so chains
  * hold changes that cancel out), through a plain revert or two +0x8000. */
-static void trajectory_make(trajectory *tr, size_t steps, uint64_t seed,
-                            const pulse_pos_model *models, double density) {
+static void trajectory_make_versions(trajectory *tr, size_t steps,
+                                     uint64_t seed,
+                                     const pulse_pos_model *models,
+                                     const unsigned *versions, double density) {
   memset(tr, 0, sizeof *tr);
   tr->steps = steps;
   static const struct {
@@ -71,6 +73,7 @@ static void trajectory_make(trajectory *tr, size_t steps, uint64_t seed,
       tr->changes_sum += ts[t].changes.count;
     }
     pulse_encode_opts o = pt_opts(models[k - 1], 10 + (uint32_t)(k % 2), 1);
+    o.format_version = versions ? versions[k - 1] : 0;
     o.base_step = first_step + k - 1;
     o.step = first_step + k;
     cr_assert_eq(pt_encode(&o, ts, TENSORS, &tr->buf[k]), PULSE_OK);
@@ -82,6 +85,11 @@ static void trajectory_make(trajectory *tr, size_t steps, uint64_t seed,
   }
 }
 
+static void trajectory_make(trajectory *tr, size_t steps, uint64_t seed,
+                            const pulse_pos_model *models, double density) {
+  trajectory_make_versions(tr, steps, seed, models, NULL, density);
+}
+
 static void trajectory_free(trajectory *tr) {
   for (size_t k = 0; k <= tr->steps; k++) {
     for (size_t t = 0; t < TENSORS; t++)
@@ -91,11 +99,12 @@ static void trajectory_free(trajectory *tr) {
   }
 }
 
-/* Squashes patches from..to (1-based, inclusive) and checks the result
- * against the states. */
-static void check_squash(const trajectory *tr, size_t from, size_t to,
-                         pulse_pos_model out_model, int with_base,
-                         const char *label) {
+/* Squashes patches from..to (1-based, inclusive) into format version
+ * out_version (0: the default) and checks the result against the states. */
+static void check_squash_version(const trajectory *tr, size_t from, size_t to,
+                                 pulse_pos_model out_model,
+                                 unsigned out_version, int with_base,
+                                 const char *label) {
   const pulse_patch *chain[MAX_STEPS];
   for (size_t k = from; k <= to; k++)
     chain[k - from] = tr->patch[k];
@@ -103,6 +112,7 @@ static void check_squash(const trajectory *tr, size_t from, size_t to,
   for (size_t t = 0; t < TENSORS; t++)
     base[t] = tr->state[from - 1][t];
   pulse_encode_opts o = pt_opts(out_model, 10, 3);
+  o.format_version = out_version;
   pulse_buffer out = {NULL, 0};
   pulse_status st = pulse_patch_squash(chain, to - from + 1,
                                        with_base ? base : NULL, &o, &out);
@@ -113,6 +123,8 @@ static void check_squash(const trajectory *tr, size_t from, size_t to,
   cr_assert_eq(pulse_patch_base_step(p), first_step + from - 1, "%s", label);
   cr_assert_eq(pulse_patch_step(p), first_step + to, "%s", label);
   cr_assert_eq(pulse_patch_pos_model(p), out_model, "%s", label);
+  cr_assert_eq(pulse_patch_format_version(p),
+               out_version ? out_version : PULSE_PATCH_VERSION, "%s", label);
   cr_assert_arr_eq(pulse_patch_base_digest(p)->bytes,
                    pulse_patch_base_digest(tr->patch[from])->bytes, 32);
   cr_assert_arr_eq(pulse_patch_target_digest(p)->bytes,
@@ -176,7 +188,44 @@ static void check_squash(const trajectory *tr, size_t from, size_t to,
   pulse_buffer_free(&out);
 }
 
+static void check_squash(const trajectory *tr, size_t from, size_t to,
+                         pulse_pos_model out_model, int with_base,
+                         const char *label) {
+  check_squash_version(tr, from, to, out_model, 0, with_base, label);
+}
+
 static const char *const model_names[] = {"plain", "class"};
+
+/* A chain of patches in every format version squashes into the version
+ * the options ask for (the inputs' versions do not matter: each is
+ * decoded by its own version, the result encoded anew). */
+Test(squash, a_chain_of_mixed_versions_squashes_into_the_version_asked) {
+  static const unsigned versions[MAX_STEPS] = {3, 1, 2, 3, 3, 2};
+  for (uint64_t seed = 0; seed < 3; seed++)
+    for (int mix = 0; mix < 3; mix++) {
+      pulse_pos_model models[MAX_STEPS];
+      for (size_t k = 0; k < MAX_STEPS; k++)
+        models[k] = mix == 2 ? (pulse_pos_model)(k % 2) : (pulse_pos_model)mix;
+      trajectory tr;
+      trajectory_make_versions(&tr, MAX_STEPS, 40 + seed * 3 + (uint64_t)mix,
+                               models, versions, seed % 2 ? 0.05 : 0.3);
+      for (unsigned out_version = 1; out_version <= 3; out_version++)
+        for (int out = 0; out < 2; out++) {
+          char label[128];
+          snprintf(label, sizeof label, "seed %llu mix %d -> %s v%u",
+                   (unsigned long long)seed, mix, model_names[out],
+                   out_version);
+          check_squash_version(&tr, 1, MAX_STEPS, (pulse_pos_model)out,
+                               out_version, 1, label);
+          check_squash_version(&tr, 4, 5, (pulse_pos_model)out, out_version, 1,
+                               label);
+          if (mix == 0 && out == 0) /* plain needs no weights */
+            check_squash_version(&tr, 2, 5, PULSE_POS_PLAIN, out_version, 0,
+                                 label);
+        }
+      trajectory_free(&tr);
+    }
+}
 
 Test(squash, equals_sequential_apply_over_random_chains) {
   /* Input models: all plain, all class, alternating. */

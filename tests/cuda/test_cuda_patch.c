@@ -150,6 +150,8 @@ Test(cuda_patch, encode_gives_the_cpu_bytes) {
         pulse_encode_opts o;
         pulse_encode_opts_init(&o);
         o.pos_model = model ? PULSE_POS_CLASS : PULSE_POS_PLAIN;
+        o.format_version =
+            kind == 2 ? 3 : 0; /* version 3's model from the rank form */
         o.chunk_log2 = (di + (size_t)kind) % 2 ? 10 : 14;
         o.threads = 0;
         o.step = 7 + di;
@@ -466,11 +468,14 @@ static void reset_device(apply_case *ac) {
  * fails, writing nothing, and otherwise ends where the CPU ends. */
 Test(cuda_patch, streamed_apply_gives_the_cpu_result_and_refuses_what_it_refuses) {
   GPU_TEST_START();
-  static const char *const names[] = {"plain", "class", "class v1"};
-  for (int coding = 0; coding < 3; coding++) {
+  static const char *const names[] = {"plain", "class", "class v1", "class v3",
+                                      "plain v3"};
+  static const unsigned versions[] = {0, 0, 1, 3, 3};
+  for (int coding = 0; coding < 5; coding++) {
     apply_case ac = apply_make_version(
-        1300 + (uint64_t)coding, COUNT_OF(apply_sizes), apply_sizes, TU_NORMAL, 0.03,
-        coding ? PULSE_POS_CLASS : PULSE_POS_PLAIN, 10, coding == 2 ? 1 : 0);
+        1300 + (uint64_t)coding, COUNT_OF(apply_sizes), apply_sizes, TU_NORMAL,
+        0.03, coding == 0 || coding == 4 ? PULSE_POS_PLAIN : PULSE_POS_CLASS,
+        10, versions[coding]);
     size_t n = ac.base.count;
     uint16_t **want = tu_alloc((n + 1) * sizeof *want);
     OK(cpu_result(&ac, ac.bytes.data, want));

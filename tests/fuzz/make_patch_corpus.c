@@ -62,11 +62,13 @@ static void seed(const char *name, pulse_pos_model model, pt_tensor *ts, size_t 
 }
 
 static void write_seeds(void) {
-  for (int m = 0; m < 4; m++) {
+  for (int m = 0; m < 6; m++) {
     pulse_pos_model model = m % 2 ? PULSE_POS_CLASS : PULSE_POS_PLAIN;
-    static const char *const tags[] = {"plain", "class", "v1-plain", "v1-class"};
+    static const char *const tags[] = {"plain",    "class",    "v1-plain",
+                                       "v1-class", "v3-plain", "v3-class"};
+    static const unsigned versions[] = {0, 0, 1, 1, 3, 3};
     const char *tag = tags[m];
-    format_version = m < 2 ? 0 : 1;
+    format_version = versions[m];
     char name[64];
     pt_tensor ts[3];
     uint64_t w = 1500, b[2] = {2, 3}, e = 0;
@@ -177,7 +179,7 @@ static void write_rejects(void) {
   pulse_buffer_free(&b);
 
   reject_header("PULSE_ERR_MAGIC--bad-magic.bin", 0, 0x50554C5345504348ull, 8);
-  reject_header("PULSE_ERR_VERSION--version-3.bin", PT_OFF_VERSION, 3, 2);
+  reject_header("PULSE_ERR_VERSION--version-4.bin", PT_OFF_VERSION, 4, 2);
   reject_header("PULSE_ERR_VERSION--position-model-2.bin", PT_OFF_MODEL, 2, 1);
   reject_header("PULSE_ERR_CORRUPT--chunk-log2-9.bin", PT_OFF_CHUNK_LOG2, 9, 1);
   reject_header("PULSE_ERR_CORRUPT--chunk-log2-31.bin", PT_OFF_CHUNK_LOG2, 31,
@@ -252,6 +254,24 @@ static void write_rejects(void) {
     c->bytes++, r.tensors[0].section_size++;
   }
   reject_raw("PULSE_ERR_CORRUPT--stream-longer-than-its-content.bin", &r, 1);
+
+  /* Version 3: the value model that closes the table. */
+  format_version = 3;
+  r = raw_of(PULSE_POS_CLASS);
+  r.values_len = 0;
+  reject_raw("PULSE_ERR_CORRUPT--v3-value-model-missing.bin", &r, 1);
+  r = raw_of(PULSE_POS_CLASS);
+  r.values_len--; /* its last byte holds at least one bit of the model */
+  reject_raw("PULSE_ERR_CORRUPT--v3-value-model-cut-short.bin", &r, 1);
+  r = raw_of(PULSE_POS_CLASS);
+  r.values[0] = 0x00, r.values_len = 1; /* a valid model of no class */
+  reject_raw("PULSE_ERR_CORRUPT--v3-value-model-without-the-chunks-class.bin",
+             &r, 1);
+  r = raw_of(PULSE_POS_PLAIN);
+  r.values[r.values_len - 1] |=
+      0x80; /* a padding bit (the model ends short of it) */
+  reject_raw("PULSE_ERR_CORRUPT--v3-value-model-padding-bit-set.bin", &r, 1);
+  format_version = 0;
 }
 
 int main(int argc, char **argv) {

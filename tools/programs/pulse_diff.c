@@ -15,17 +15,28 @@
 
 static void usage(FILE *f) {
   fprintf(f, "usage: pulse-diff BASE NEW -o PATCH [options]\n"
-             "  BASE, NEW        safetensors checkpoints (a file, a model.safetensors.index.json,\n"
-             "                   or a directory); BASE is the state receivers hold (BF16, or F32\n"
-             "                   cast to BF16), NEW may be BF16 or FP32 master weights\n"
+             "  BASE, NEW        safetensors checkpoints (a file, a "
+             "model.safetensors.index.json,\n"
+             "                   or a directory); BASE is the state receivers "
+             "hold (BF16, or F32\n"
+             "                   cast to BF16), NEW may be BF16 or FP32 master "
+             "weights\n"
              "  -o PATCH         where to write the patch (atomically)\n"
-             "  --step N         step of NEW (default: NEW's metadata 'step', else BASE's + 1)\n"
-             "  --base-step N    step of BASE (default: BASE's metadata 'step', else 0)\n"
-             "  --plain          plain position model: about 40%% more bytes, applied about 5x\n"
-             "                   faster on a CPU (no pass over the base), squashes without weights\n"
+             "  --step N         step of NEW (default: NEW's metadata 'step', "
+             "else BASE's + 1)\n"
+             "  --base-step N    step of BASE (default: BASE's metadata "
+             "'step', else 0)\n"
+             "  --plain          plain position model: about 40%% more bytes, "
+             "applied about 5x\n"
+             "                   faster on a CPU (no pass over the base), "
+             "squashes without weights\n"
              "  --chunk-log2 N   elements per chunk 2^N (10..30, default 20)\n"
-             "  --format N       patch format version: 2 (default; fast static codes) or 1\n"
-             "                   (adaptive range coder: about 2%% smaller, 3-7x slower to decode)\n"
+             "  --format N       patch format version: 2 (default; fast static "
+             "codes), 3\n"
+             "                   (values against a per-patch model, ~4%% "
+             "smaller) or 1\n"
+             "                   (adaptive range coder: about 2%% smaller, "
+             "3-7x slower to decode)\n"
              "  --threads N      threads (default: one per core)\n");
 }
 
@@ -68,9 +79,11 @@ static int parse_args(int argc, char **argv, diff_args *a) {
         return fprintf(stderr, "pulse-diff: --chunk-log2 needs an integer in 10..30\n"), 2;
     } else if ((r = pulse_cli_opt_value(argc, argv, &i, "--format", &v)) != 0) {
       if (r < 0 ||
-          pulse_cli_parse_int(v, PULSE_PATCH_VERSION_MIN, PULSE_PATCH_VERSION, &a->format) != 0)
-        return fprintf(stderr, "pulse-diff: --format needs %d or %d\n", PULSE_PATCH_VERSION_MIN,
-                       PULSE_PATCH_VERSION),
+          pulse_cli_parse_int(v, PULSE_PATCH_VERSION_MIN,
+                              PULSE_PATCH_VERSION_MAX, &a->format) != 0)
+        return fprintf(stderr,
+                       "pulse-diff: --format needs an integer in %d..%d\n",
+                       PULSE_PATCH_VERSION_MIN, PULSE_PATCH_VERSION_MAX),
                2;
     } else if ((r = pulse_cli_opt_value(argc, argv, &i, "--threads", &v)) != 0) {
       if (r < 0 || pulse_cli_parse_int(v, 0, 256, &a->threads) != 0)

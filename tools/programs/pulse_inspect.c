@@ -8,17 +8,23 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "pulse_codec.h"
-#include "pulse_safetensors.h"
 #include "cli_args.h"
 #include "cli_files.h"
+#include "pulse_codec.h"
+#include "pulse_safetensors.h"
+#include "pulse_version.h"
 
 static void usage(FILE *f) {
   fprintf(f, "usage: pulse-inspect FILE [--base BASE] [--quiet]\n"
-             "  FILE         a pulse patch, a .safetensors file, a model.safetensors.index.json\n"
+             "       pulse-inspect --version\n"
+             "  FILE         a pulse patch, a .safetensors file, a "
+             "model.safetensors.index.json\n"
              "               or a model directory\n"
-             "  --base BASE  for a patch: apply it to a copy of BASE and check every digest\n"
-             "  --quiet      print only errors\n");
+             "  --base BASE  for a patch: apply it to a copy of BASE and check "
+             "every digest\n"
+             "  --quiet      print only errors\n"
+             "  --version    the library's version and the patch format "
+             "versions it reads\n");
 }
 
 static int fail(const char *what, pulse_status st) {
@@ -45,6 +51,9 @@ static int inspect_patch(const char *path, const pulse_buffer *bytes, const char
   pulse_state_digest_hex(pulse_patch_target_digest(p), target_hex);
   if (!quiet) {
     printf("pulse patch v%u, %zu bytes\n", pulse_patch_format_version(p), bytes->size);
+    if (pulse_patch_value_model_size(p) > 0)
+      printf("  value model %zu bytes (in the tensor table)\n",
+             pulse_patch_value_model_size(p));
     printf("  step %" PRIu64 " <- base step %" PRIu64 "\n", pulse_patch_step(p), pulse_patch_base_step(p));
     printf("  position model %s, chunks of 2^%u elements\n",
            pulse_patch_pos_model(p) == PULSE_POS_CLASS ? "class (old exponent)" : "plain",
@@ -173,6 +182,12 @@ int main(int argc, char **argv) {
     int r;
     if (pulse_cli_opt_flag(argv[i], "--help") || pulse_cli_opt_flag(argv[i], "-h")) {
       usage(stdout);
+      return 0;
+    } else if (pulse_cli_opt_flag(argv[i], "--version")) {
+      unsigned oldest, newest;
+      pulse_patch_versions_supported(&oldest, &newest);
+      printf("pulse %s, patch format versions %u..%u (writes %u by default)\n",
+             pulse_version(), oldest, newest, PULSE_PATCH_VERSION);
       return 0;
     } else if ((r = pulse_cli_opt_value(argc, argv, &i, "--base", &v)) != 0) {
       if (r < 0)

@@ -181,8 +181,9 @@ int main(int argc, char **argv) {
           DIE("v2 encode failed");
         sec_v2 += q->v2.size;
         pulse_bytebuf v1 = {0};
-        if (pulse_chunk_encode_ranks(1, PULSE_POS_CLASS, hist, n, k, q->cls,
-                                     q->rank, q->delta, &v1) != PULSE_OK)
+        if (pulse_chunk_encode_ranks(1, NULL, PULSE_POS_CLASS, hist, n, k,
+                                     q->cls, q->rank, q->delta,
+                                     &v1) != PULSE_OK)
           DIE("v1 encode failed");
         v1_streams += v1.size;
         pulse_bytebuf_free(&v1);

@@ -254,13 +254,19 @@ pulse_status pulse_pub_shard_create(const pulse_pub_shard_opts *o, pulse_pub_sha
     return pulse_fail(PULSE_ERR_ARG, "shard: NULL argument");
   *out = NULL;
   PULSE_TRY(PULSE_OPTS_CHECK("shard", o, PULSE_PUB_SHARD_OPTS_VERSION));
-  if (o->tensors == NULL || o->tensor_count == 0 || (o->blocks == NULL && o->block_count) ||
-      o->chunk_log2 < 10 || o->chunk_log2 > 30 ||
+  if (o->tensors == NULL || o->tensor_count == 0 ||
+      (o->blocks == NULL && o->block_count) || o->chunk_log2 < 10 ||
+      o->chunk_log2 > 30 ||
       (o->pos_model != PULSE_POS_PLAIN && o->pos_model != PULSE_POS_CLASS) ||
-      o->format_version > PULSE_PATCH_VERSION ||
+      o->format_version > PULSE_PATCH_VERSION_MAX ||
       (o->format_version != 0 && o->format_version < PULSE_PATCH_VERSION_MIN))
     return pulse_fail(PULSE_ERR_ARG, "shard: a table, blocks, chunk_log2 in 10..30, a position "
                                      "model and a patch format version this library writes");
+  if (o->format_version == 3)
+    return pulse_fail(
+        PULSE_ERR_UNSUPPORTED,
+        "shard: format version 3 codes values against a "
+        "model of the whole patch's changes, which no rank has: use 1 or 2");
   pulse_pub_shard *s = calloc(1, sizeof *s);
   if (s == NULL)
     return pulse_fail(PULSE_ERR_NOMEM, "shard");

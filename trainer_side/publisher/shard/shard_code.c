@@ -42,8 +42,10 @@ pulse_status shard_code_chunk(unsigned version, pulse_pos_model model, const uin
   }
   if (st == PULSE_OK)
     st = model == PULSE_POS_PLAIN
-             ? pulse_chunk_encode(version, model, NULL, n, pos, c->delta, k, out)
-             : pulse_chunk_encode_ranks(version, model, hist, n, k, c->cls, rank, c->delta, out);
+             ? pulse_chunk_encode(version, NULL, model, NULL, n, pos, c->delta,
+                                  k, out)
+             : pulse_chunk_encode_ranks(version, NULL, model, hist, n, k,
+                                        c->cls, rank, c->delta, out);
   free(pos);
   return st;
 }

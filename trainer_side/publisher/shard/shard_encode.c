@@ -552,10 +552,16 @@ static pulse_status shard_encode(const pulse_tensor_info *table, size_t tensor_c
   PULSE_TRY(PULSE_OPTS_CHECK("shard encode", opts, PULSE_ENCODE_OPTS_VERSION));
   unsigned version = opts->format_version ? opts->format_version : PULSE_PATCH_VERSION;
   if (opts->chunk_log2 < 10 || opts->chunk_log2 > 30 ||
-      (opts->pos_model != PULSE_POS_PLAIN && opts->pos_model != PULSE_POS_CLASS) ||
-      version < PULSE_PATCH_VERSION_MIN || version > PULSE_PATCH_VERSION)
+      (opts->pos_model != PULSE_POS_PLAIN &&
+       opts->pos_model != PULSE_POS_CLASS) ||
+      version < PULSE_PATCH_VERSION_MIN || version > PULSE_PATCH_VERSION_MAX)
     return pulse_fail(PULSE_ERR_ARG, "shard: chunk_log2 in 10..30, a position model and a "
                                      "format version this library writes");
+  if (version == 3)
+    return pulse_fail(
+        PULSE_ERR_UNSUPPORTED,
+        "shard: format version 3 codes values against a "
+        "model of the whole patch's changes, which no rank has: use 1 or 2");
   uint8_t id[32];
   PULSE_TRY(shard_table_id(table, tensor_count, id));
   shard_parts_view v;
