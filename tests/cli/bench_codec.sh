@@ -44,7 +44,7 @@ grep -q '^{"summary":true' "$TMP/a.json" || fail "no summary object"
 
 required="step params changed bytes_v1 bytes_int32_bf16_zstd bound_bytes
 encode_bytes_per_s memcpy_bytes_per_s apply_changed_per_s bytes_v1_plain
-bytes_v2 bytes_v2_plain apply_v2_changed_per_s apply_v1_changed_per_s
+bytes_v2 bytes_v2_plain bytes_v3 apply_v2_changed_per_s apply_v1_changed_per_s apply_v3_changed_per_s
 bytes_dense bytes_dense_zstd bytes_int32_bf16 bytes_delta_abs_zstd
 bound_positions_bytes bound_values_bytes patch_encode_s density
 bytes_dense_zstd3 bytes_dense_zstd19 bytes_int32_bf16_zstd3 bytes_int32_bf16_zstd19

@@ -18,10 +18,10 @@ check "demo steps.csv header" \
   '[ "$(head -1 "$TMP/demo/steps.csv")" = "step,changed,density_pct,pulse_bytes_per_puller,dense_bf16_bytes,reduction_x,sync_ms" ]'
 check "demo steps.csv: 4 rows (anchor + 3 steps)" '[ "$(tail -n +2 "$TMP/demo/steps.csv" | wc -l)" -eq 4 ]'
 check "codec steps.csv header" \
-  '[ "$(head -1 "$TMP/codec/steps.csv")" = "step,changed,density_pct,v2_class,v2_plain,v1_class,v1_plain,entropy_bound,dense_bf16,dense_zstd1,dense_zstd3,dense_zstd19,int32_bf16,int32_bf16_zstd1,int32_bf16_zstd3,int32_bf16_zstd19,gap_abs_zstd1,gap_abs_zstd3,gap_abs_zstd19,gap_xor_zstd1,gap_xor_zstd3,gap_xor_zstd19" ]'
+  '[ "$(head -1 "$TMP/codec/steps.csv")" = "step,changed,density_pct,v2_class,v2_plain,v1_class,v1_plain,v3_class,entropy_bound,dense_bf16,dense_zstd1,dense_zstd3,dense_zstd19,int32_bf16,int32_bf16_zstd1,int32_bf16_zstd3,int32_bf16_zstd19,gap_abs_zstd1,gap_abs_zstd3,gap_abs_zstd19,gap_xor_zstd1,gap_xor_zstd3,gap_xor_zstd19" ]'
 check "codec steps.csv: 3 rows" '[ "$(tail -n +2 "$TMP/codec/steps.csv" | wc -l)" -eq 3 ]'
-check "codec per_changed.csv: 19 encodings" \
-  '[ "$(head -1 "$TMP/codec/per_changed.csv")" = "encoding,bytes_per_changed" ] && [ "$(tail -n +2 "$TMP/codec/per_changed.csv" | wc -l)" -eq 19 ]'
+check "codec per_changed.csv: 20 encodings" \
+  '[ "$(head -1 "$TMP/codec/per_changed.csv")" = "encoding,bytes_per_changed" ] && [ "$(tail -n +2 "$TMP/codec/per_changed.csv" | wc -l)" -eq 20 ]'
 for m in demo:3 codec:3; do
   d=$TMP/${m%%:*} n=${m##*:} html=$TMP/${m%%:*}/report.html
   check "${m%%:*}: report.html has $n charts" '[ "$(grep -o "<svg" "$html" | wc -l)" -eq "$n" ]'

@@ -21,12 +21,15 @@
 #include "cli_args.h"
 #include "sim_synth.h"
 
-/* Both position models in both format versions; the first is the default. */
+/* Both position models in versions 2 and 1, then version 3 (class
+ * positions, values against the patch's value model); the first is the
+ * default. */
 const bench_codec_coding bench_codec_codings[CODINGS] = {
     {2, PULSE_POS_CLASS, "v2, class positions (default)", "v2"},
     {2, PULSE_POS_PLAIN, "v2, plain positions", "v2_plain"},
     {1, PULSE_POS_CLASS, "v1, class positions (range coder)", "v1"},
     {1, PULSE_POS_PLAIN, "v1, plain positions (range coder)", "v1_plain"},
+    {3, PULSE_POS_CLASS, "v3, class positions (value model)", "v3"},
 };
 
 void bench_codec_usage(FILE *out) {
@@ -34,6 +37,7 @@ void bench_codec_usage(FILE *out) {
       out,
       "usage: pulse-bench codec [options]\n"
       "  Patch sizes of format versions 2 and 1 (class and plain positions)\n"
+      "  and 3 (class positions)\n"
       "  against dense, int32+BF16, varint-gap baselines (through zstd at\n"
       "  levels 1, 3 and 19; the smallest is \"the baseline\", named; dense\n"
       "  BF16 at level 19 on 16 slices of 512 KiB above 8 MiB, scaled) and\n"

@@ -13,9 +13,9 @@
 #define PROG "pulse-bench codec"
 #define MAX_REPS 1000
 
-/* The codings measured: both position models in both format versions;
- * the first is the default (bench_codec.c). */
-enum { CODINGS = 4 };
+/* The codings measured: both position models in versions 2 and 1, and
+ * version 3's class positions; the first is the default (bench_codec.c). */
+enum { CODINGS = 5 };
 typedef struct {
   unsigned version;
   pulse_pos_model model;

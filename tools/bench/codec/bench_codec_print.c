@@ -44,11 +44,12 @@ static size_t baseline_rows(const bench_baseline_bytes *b, row *rows,
 }
 
 void bench_codec_print_rows(const step_result *r, double divide) {
-  row rows[9 + 2 + BENCH_ZKINDS * BENCH_ZSTD_LEVELS] = {
+  row rows[10 + 2 + BENCH_ZKINDS * BENCH_ZSTD_LEVELS] = {
       {bench_codec_codings[0].label, (double)r->bytes[0]},
       {bench_codec_codings[1].label, (double)r->bytes[1]},
       {bench_codec_codings[2].label, (double)r->bytes[2]},
       {bench_codec_codings[3].label, (double)r->bytes[3]},
+      {bench_codec_codings[4].label, (double)r->bytes[4]},
       {"entropy bound (positions|class + values)",
        bench_codec_bound_bytes(&r->ent)},
       {"  positions | tensor, old exponent class",
@@ -58,7 +59,7 @@ void bench_codec_print_rows(const step_result *r, double divide) {
       {"  values | old exponent class", r->ent.values_class_bits / 8.0},
   };
   char labels[sizeof rows / sizeof rows[0]][96];
-  size_t n = 9 + baseline_rows(&r->base, rows + 9, labels + 9);
+  size_t n = 10 + baseline_rows(&r->base, rows + 10, labels + 10);
   printf("  %-44s %14s %10s\n", "encoding", "bytes", "B/changed");
   for (size_t i = 0; i < n; i++) {
     char b[32];

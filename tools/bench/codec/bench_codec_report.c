@@ -33,6 +33,7 @@ void bench_codec_report_step(const codec_args *a, summary *s,
         (double)r->bytes[1],
         (double)r->bytes[2],
         (double)r->bytes[3],
+        (double)r->bytes[4],
         bench_codec_bound_bytes(&r->ent)};
     pulse_report_row(a->rt);
     for (size_t i = 0; i < sizeof v / sizeof v[0]; i++)
@@ -54,6 +55,7 @@ static const char *const report_cols[] = {"step",
                                           "v2_plain",
                                           "v1_class",
                                           "v1_plain",
+                                          "v3_class",
                                           "entropy_bound",
                                           "dense_bf16",
                                           "dense_zstd1",
@@ -92,6 +94,7 @@ int bench_codec_run_with_report(codec_args *a, int argc, char **argv) {
                         (double)t->bytes[1],
                         (double)t->bytes[2],
                         (double)t->bytes[3],
+                        (double)t->bytes[4],
                         bench_codec_bound_bytes(&t->ent),
                         (double)b->dense,
                         (double)b->zstd[BENCH_DENSE_Z][0],

@@ -57,15 +57,18 @@ void bench_codec_print_summary_text(const summary *s) {
          best, bench_codec_per(def, bb),
          bench_codec_per(def, (double)t->base.zstd[BENCH_INT32_Z][0]),
          bench_codec_per(def, (double)t->base.zstd[BENCH_GAP_ABS_Z][0]));
-  printf("  to the bound: v2 %.3f, v2 plain %.3f, v1 %.3f, v1 plain %.3f\n",
+  printf("  to the bound: v2 %.3f, v2 plain %.3f, v1 %.3f, v1 plain %.3f, v3 "
+         "%.3f\n",
          bench_codec_per(def, bound),
          bench_codec_per((double)t->bytes[1], bound),
          bench_codec_per((double)t->bytes[2], bound),
-         bench_codec_per((double)t->bytes[3], bound));
+         bench_codec_per((double)t->bytes[3], bound),
+         bench_codec_per((double)t->bytes[4], bound));
   printf("  steps within 5%% + 96 B/tensor of the bound: v2 %" PRIu64
          "/%" PRIu64 ", v2 plain %" PRIu64 ", v1 %" PRIu64 ", v1 plain %" PRIu64
-         "\n",
-         s->within[0], s->steps, s->within[1], s->within[2], s->within[3]);
+         ", v3 %" PRIu64 "\n",
+         s->within[0], s->steps, s->within[1], s->within[2], s->within[3],
+         s->within[4]);
   printf("  mean per step: detect %.2f GB/s, memcpy %.2f GB/s\n",
          s->encode_bps / n / 1e9, s->memcpy_bps / n / 1e9);
   for (int k = 0; k < CODINGS; k++) {
