@@ -86,7 +86,8 @@ int main(int argc, char **argv) {
          "(pos|class, val|class) | v2/bound v3/bound v3 streams+model/bound | "
          "v3 fields B/chg: "
          "class count M gaps values raw pad+frame | decode Mchg/cpu-s v2 v3 | "
-         "v1 streams, v1 with v2's table / bound\n");
+         "v1 streams, v1 with v2's table / bound | the real v3 patch "
+         "(format_version 3), / bound\n");
   pulse_st_file *prev = NULL;
   if (pulse_st_open(argv[a], &prev) != PULSE_OK)
     DIE("cannot open %s", argv[a]);
@@ -244,6 +245,13 @@ int main(int argc, char **argv) {
           memcmp(dl, dl2, 2u * c->k))
         DIE("v3 decode differs from v2's");
     }
+    /* The real version 3 patch (format_version 3), which must hold these
+     * very streams and model: its size is the estimate's but for the
+     * section sizes' varints. */
+    opts.format_version = 3;
+    pulse_buffer patch3 = {0};
+    if (pulse_patch_encode(&opts, et, nt, &patch3) != PULSE_OK)
+      DIE("v3 patch encode failed: %s", pulse_error_detail());
     /* section sizes: approximate per chunk (one chunk per tensor here) */
     uint64_t v3_total =
         (uint64_t)((int64_t)table + table_delta) + mb.size + v3_streams;
@@ -273,21 +281,23 @@ int main(int argc, char **argv) {
     qsort(t2, reps, sizeof *t2, cmp_double);
     qsort(t3, reps, sizeof *t3, cmp_double);
     double N = (double)changed;
-    printf(
-        "%d %llu | %llu (%llu, %llu) | %llu (%zu, %llu) | %.0f (%.0f, %.0f) "
-        "| %.3f %.3f %.3f | "
-        "%.4f %.4f %.4f %.4f %.4f %.4f %.4f | %.1f %.1f | %llu %.3f\n",
-        f - a, (unsigned long long)changed, (unsigned long long)patch.size,
-        (unsigned long long)table, (unsigned long long)v2_streams,
-        (unsigned long long)v3_total, mb.size, (unsigned long long)v3_streams,
-        bound, pos_bits / 8, val_bits / 8, (double)patch.size / bound,
-        (double)v3_total / bound, (double)(v3_streams + mb.size) / bound,
-        stats.class_bits / 8.0 / N, stats.count_bits / 8.0 / N,
-        stats.m_bits / 8.0 / N, stats.gap_bits / 8.0 / N,
-        (double)stats.value_bytes / N, stats.raw_bits / 8.0 / N,
-        (stats.pad_bits / 8.0 + (double)stats.frame_bytes) / N,
-        N / t2[reps / 2] / 1e6, N / t3[reps / 2] / 1e6,
-        (unsigned long long)v1_streams, (double)(table + v1_streams) / bound);
+    printf("%d %llu | %llu (%llu, %llu) | %llu (%zu, %llu) | %.0f (%.0f, %.0f) "
+           "| %.3f %.3f %.3f | "
+           "%.4f %.4f %.4f %.4f %.4f %.4f %.4f | %.1f %.1f | %llu %.3f | "
+           "%zu %.3f\n",
+           f - a, (unsigned long long)changed, (unsigned long long)patch.size,
+           (unsigned long long)table, (unsigned long long)v2_streams,
+           (unsigned long long)v3_total, mb.size,
+           (unsigned long long)v3_streams, bound, pos_bits / 8, val_bits / 8,
+           (double)patch.size / bound, (double)v3_total / bound,
+           (double)(v3_streams + mb.size) / bound, stats.class_bits / 8.0 / N,
+           stats.count_bits / 8.0 / N, stats.m_bits / 8.0 / N,
+           stats.gap_bits / 8.0 / N, (double)stats.value_bytes / N,
+           stats.raw_bits / 8.0 / N,
+           (stats.pad_bits / 8.0 + (double)stats.frame_bytes) / N,
+           N / t2[reps / 2] / 1e6, N / t3[reps / 2] / 1e6,
+           (unsigned long long)v1_streams, (double)(table + v1_streams) / bound,
+           patch3.size, (double)patch3.size / bound);
     fflush(stdout);
     free(t2), free(t3), free(start), free(rk), free(rk2), free(dl), free(dl2);
     for (size_t q = 0; q < nchunks; q++) {
@@ -298,6 +308,7 @@ int main(int argc, char **argv) {
     pulse_bytebuf_free(&mb);
     pulse_v3_model_free(model), pulse_v3_model_free(model2);
     pulse_buffer_free(&patch);
+    pulse_buffer_free(&patch3);
     for (size_t i = 0; i < nt; i++)
       free(ch[i].pos), free(ch[i].old_bits), free(ch[i].new_bits);
     free(ch), free(et), free(counts), free(val_class);
