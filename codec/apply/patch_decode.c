@@ -5,6 +5,7 @@
 
 #include "chunk_fast_impl.h"
 #include "chunk_impl.h"
+#include "chunk_v3_impl.h"
 #include "class_index_impl.h"
 #include "digest_impl.h"
 #include "patch_changes_impl.h"
@@ -42,6 +43,10 @@ pulse_status patch_decode_chunk_in(const pulse_patch *p, size_t t, uint64_t j,
      * the two-pass path below, which stays the reference. */
     st = pulse_chunk2_decode_indexed(ix, base, first, n, stream, size, k, pos, delta,
                                      scratch != NULL ? scratch->old_bits : NULL, scratch);
+  else if (ix != NULL && patch_can_use_index(p) && p->version == 3)
+    st = pulse_chunk3_decode_indexed(
+        p->values, ix, base, first, n, stream, size, k, pos, delta,
+        scratch != NULL ? scratch->old_bits : NULL, scratch);
   else if (ix != NULL && patch_can_use_index(p))
     st = pulse_chunk_decode_indexed(p->version, p->values, ix, base, first, n,
                                     stream, size, k, pos, delta, scratch);

@@ -16,6 +16,7 @@
 #include "bitio_impl.h"
 #include "chunk_fast_impl.h"
 #include "chunk_impl.h"
+#include "chunk_sink_impl.h"
 #include "class_index_impl.h"
 #include "pulse_elem.h"
 #include "status_impl.h"
@@ -372,48 +373,6 @@ static int get_value_code(pulse_bitreader *r, value_code *vc) {
   vc->bits = value_table(len, vc->own);
   vc->table = vc->own;
   return vc->bits != 0;
-}
-
-/* The locate through a class index fused into the decode
- * (pulse_chunk2_decode_indexed): pulse_class_index_locate's work, change by
- * change as each rank is decoded, so the decode's arithmetic runs while the
- * index and target lines it asks for are on their way. Its counters run
- * across the classes of the chunk. */
-typedef struct {
-  const pulse_class_index *ix;
-  const uint16_t *data; /* the tensor: old bits (NULL: none read) */
-  uint64_t b0, bend;    /* the chunk's index blocks */
-  uint64_t *pos;        /* the chunk's staging: slots, then positions */
-  uint16_t *delta;      /* deltas, then new bits (with old_bits) */
-  uint16_t *old_bits;   /* NULL: deltas stay deltas */
-  uint32_t out, done, resolved; /* changes decoded, located, resolved */
-  unsigned cls;         /* the class being decoded */
-} index_sink;
-
-/* How far an offset's load trails its slot's prefetch, and an old bits'
- * load its position's prefetch, in changes. Both prefetches ask for L2
- * only (prefetcht2): into L1, each line held one of L1's few miss buffers
- * until it came, and with two lines asked per change the prefetches
- * themselves stalled the loop once those ran out (5e7 synthetic, one
- * thread: 24 -> 20 ms CPU an apply, with the commit's own). */
-#define SINK_LOCATE_LAG 64u
-#define SINK_RESOLVE_LAG 48u
-
-/* Change j's slot in the offsets becomes its position; its old bits are
- * prefetched (class_index.c's locate_finish, into L2). */
-static inline void sink_finish(index_sink *s, uint32_t j) {
-  const uint64_t block_mask = ~(uint64_t)(PULSE_CLASS_BLOCK - 1);
-  uint64_t slot = s->pos[j];
-  s->pos[j] = (slot & block_mask) + s->ix->offset[slot];
-  if (s->data != NULL)
-    __builtin_prefetch(s->data + s->pos[j], 0, 1);
-}
-
-/* Change j's old bits, and its delta turned into its new bits. */
-static inline void sink_resolve(index_sink *s, uint32_t j) {
-  uint16_t old = s->data[s->pos[j]];
-  s->old_bits[j] = old;
-  s->delta[j] = pulse_bf16_undelta(old, s->delta[j]);
 }
 
 /* Decodes k changes of one class into delta and, ranks below `limit`, either

@@ -7,6 +7,7 @@
 
 #include "bitio_impl.h"
 #include "chunk_impl.h"
+#include "chunk_sink_impl.h"
 #include "chunk_v3_impl.h"
 #include "pulse_elem.h"
 #include "status_impl.h"
@@ -707,11 +708,15 @@ static inline int get_value(rans_reader *rr, back_reader *rc,
   return 1;
 }
 
-pulse_status pulse_chunk3_decode_ranks(const pulse_v3_model *model,
-                                       const uint32_t *hist, uint32_t n,
-                                       const uint8_t *stream, size_t size,
-                                       uint32_t k, uint32_t *start,
-                                       uint32_t *rank, uint16_t *delta) {
+/* The decode to the class-major rank form, or (sink non-NULL, rank NULL)
+ * through a receiver's class index to positions, change by change
+ * (chunk_sink_impl.h). Inlined into both, so the rank form's loop has no
+ * sink branches. */
+__attribute__((always_inline)) static inline pulse_status
+decode3(const pulse_v3_model *model, const uint32_t *hist, uint32_t n,
+        const uint8_t *stream, size_t size, uint32_t k, uint32_t *start,
+        uint32_t *rank, uint16_t *delta, index_sink *sink) {
+  const int resolve = sink && sink->old_bits != NULL && sink->data != NULL;
   if (k == 0 || k > n)
     return pulse_fail(PULSE_ERR_CORRUPT, "chunk v3: %u changes in %u elements",
                       k, n);
@@ -774,8 +779,14 @@ pulse_status pulse_chunk3_decode_ranks(const pulse_v3_model *model,
     const uint64_t u = m >= 2 ? (2ull << b1) - m : 1u,
                    lomask = (1ull << b1) - 1u;
     const uint32_t *lut = model->lut + (size_t)model->lut_of[c] * PROB_SCALE;
-    uint32_t *rk = rank + total;
+    uint32_t *rk = sink ? NULL : rank + total;
     uint16_t *dl = delta + total;
+    sink_walk walk = {0};
+    uint64_t *spos = NULL;
+    if (sink) {
+      sink_walk_start(sink, c, &walk);
+      spos = sink->pos + total;
+    }
     if (o >= 0) { /* gaps between changes: the hot loop, readers in locals */
       uint64_t pos = 0, buf = ra.buf;
       unsigned bits = ra.bits;
@@ -818,7 +829,13 @@ pulse_status pulse_chunk3_decode_ranks(const pulse_v3_model *model,
         if (gap >= limit - pos)
           goto out_normal;
         pos += gap;
-        rk[t] = (uint32_t)pos++;
+        if (sink) {
+          if (!sink_walk_slot(sink, &walk, (uint32_t)pos, spos + t))
+            goto out_normal; /* past the end of its class */
+        } else {
+          rk[t] = (uint32_t)pos;
+        }
+        pos++;
         uint32_t e = lut[x & (PROB_SCALE - 1u)];
         unsigned tok = e & 63u;
         x = (e >> 18) * (x >> PULSE_V3_PROB_BITS) +
@@ -841,6 +858,8 @@ pulse_status pulse_chunk3_decode_ranks(const pulse_v3_model *model,
             goto out_normal;
           dl[t] = pulse_unzigzag16(v + 1u);
         }
+        if (sink)
+          sink_push(sink, resolve);
       }
       ok = 1;
     out_normal:
@@ -876,10 +895,19 @@ pulse_status pulse_chunk3_decode_ranks(const pulse_v3_model *model,
             hole = r + gap, left--;
           }
         }
-        rk[t] = (uint32_t)r++;
+        if (sink) {
+          if (!sink_walk_slot(sink, &walk, (uint32_t)r, spos + t))
+            return pulse_fail(PULSE_ERR_POSITION,
+                              "chunk v3: class %u rank past its end", c);
+        } else {
+          rk[t] = (uint32_t)r;
+        }
+        r++;
         if (!get_value(&rr, &rc, lut, dl + t))
           return pulse_fail(PULSE_ERR_CORRUPT,
                             "chunk v3: bad value in class %u", c);
+        if (sink)
+          sink_push(sink, resolve);
       }
       if (left > 0 || hole != UINT64_MAX) /* a hole after the last change */
         return pulse_fail(PULSE_ERR_POSITION,
@@ -899,4 +927,40 @@ pulse_status pulse_chunk3_decode_ranks(const pulse_v3_model *model,
     return pulse_fail(PULSE_ERR_CORRUPT,
                       "chunk v3: stream length does not match its content");
   return PULSE_OK;
+}
+
+pulse_status pulse_chunk3_decode_ranks(const pulse_v3_model *model,
+                                       const uint32_t *hist, uint32_t n,
+                                       const uint8_t *stream, size_t size,
+                                       uint32_t k, uint32_t *start,
+                                       uint32_t *rank, uint16_t *delta) {
+  return decode3(model, hist, n, stream, size, k, start, rank, delta, NULL);
+}
+
+/* Any failure (a bad stream, a rank past the end of its class) returns the
+ * reference's status: the chunk is decoded again the two-pass way, which
+ * reports the error it meets first (a hostile patch pays). */
+pulse_status pulse_chunk3_decode_indexed(const pulse_v3_model *model,
+                                         const pulse_class_index *ix,
+                                         const uint16_t *data, uint64_t first,
+                                         uint32_t n, const uint8_t *stream,
+                                         size_t size, uint32_t k, uint64_t *pos,
+                                         uint16_t *delta, uint16_t *old_bits,
+                                         const pulse_chunk_scratch *scratch) {
+  uint32_t start[PULSE_CLASS_COUNT + 1];
+  index_sink sink = {.ix = ix,
+                     .data = data,
+                     .b0 = first >> PULSE_CLASS_BLOCK_LOG2,
+                     .bend = (first + n + PULSE_CLASS_BLOCK - 1) >>
+                             PULSE_CLASS_BLOCK_LOG2,
+                     .pos = pos,
+                     .delta = delta,
+                     .old_bits = old_bits};
+  if (decode3(model, NULL, n, stream, size, k, start, NULL, delta, &sink) ==
+      PULSE_OK) {
+    sink_drain(&sink);
+    return PULSE_OK;
+  }
+  return pulse_chunk_decode_indexed(3, model, ix, data, first, n, stream, size,
+                                    k, pos, delta, scratch);
 }

@@ -39,6 +39,7 @@
 #include <stdint.h>
 
 #include "bytebuf_impl.h"
+#include "chunk_impl.h"
 #include "pulse_codec.h"
 #include "pulse_elem.h"
 
@@ -120,5 +121,20 @@ pulse_status pulse_chunk3_decode_ranks(const pulse_v3_model *model,
                                        const uint8_t *stream, size_t size,
                                        uint32_t k, uint32_t *start,
                                        uint32_t *rank, uint16_t *delta);
+
+/* pulse_chunk_decode_indexed of a version 3 class-model stream in one
+ * pass, as pulse_chunk2_decode_indexed does for version 2 (chunk_fast_impl.h):
+ * the same results in the same order (positions class-major; with data and
+ * old_bits, old_bits[j] = data[pos[j]] and delta[j] the new bits). On any
+ * error the chunk is decoded again by pulse_chunk_decode_indexed with
+ * scratch, so the status and message are the reference's; pos, delta and
+ * old_bits hold garbage then. */
+pulse_status pulse_chunk3_decode_indexed(const pulse_v3_model *model,
+                                         const pulse_class_index *ix,
+                                         const uint16_t *data, uint64_t first,
+                                         uint32_t n, const uint8_t *stream,
+                                         size_t size, uint32_t k, uint64_t *pos,
+                                         uint16_t *delta, uint16_t *old_bits,
+                                         const pulse_chunk_scratch *scratch);
 
 #endif

@@ -1,7 +1,8 @@
-/* test_chunk_indexed.c - the version 2 class-model decode fused with the
- * locate through a class index (pulse_chunk2_decode_indexed, chunk_fast.c)
- * against the two passes it replaces (pulse_chunk_decode_indexed, the
- * reference): the same status, message, positions, old bits and new bits
+/* test_chunk_indexed.c - the version 2 and 3 class-model decodes fused
+ * with the locate through a class index (pulse_chunk2_decode_indexed,
+ * chunk_fast.c; pulse_chunk3_decode_indexed, chunk_v3.c) against the two
+ * passes they replace (pulse_chunk_decode_indexed, the reference): the
+ * same status, message, positions, old bits and new bits
  * in the same order, for chunks of one or several index blocks, the
  * tensor's first or a later chunk, a short last chunk, densities from one
  * change to every element, bases of one class to any bits; and for hostile
@@ -11,6 +12,7 @@
 #include "bytebuf_impl.h"
 #include "chunk_fast_impl.h"
 #include "chunk_impl.h"
+#include "chunk_v3_impl.h"
 #include "class_index_impl.h"
 #include "rank_form_testutil.h"
 
@@ -19,6 +21,8 @@
 /* A chunk of n elements from `first` in a tensor of numel elements, its
  * changes coded against `coded_base` (the tensor's data when honest). */
 typedef struct {
+  unsigned version;       /* 2 or 3 */
+  pulse_v3_model *values; /* version 3: the model the stream is coded against */
   uint64_t numel, first;
   uint32_t n, k;
   uint16_t *data;
@@ -26,9 +30,11 @@ typedef struct {
   pulse_bytebuf stream;
 } chunk_case;
 
-/* Codes changes at pos of the chunk `base` (n elements) as a version 2
- * class-model stream. */
-static void encode(const uint16_t *base, uint32_t n, const uint32_t *pos, uint32_t k, uint64_t *s,
+/* Codes changes at pos of the chunk `base` (n elements) as a class-model
+ * stream of c's version (version 3: against a model of these changes, which
+ * replaces c->values). */
+static void encode(chunk_case *c, const uint16_t *base, uint32_t n,
+                   const uint32_t *pos, uint32_t k, uint64_t *s,
                    pulse_bytebuf *out) {
   uint32_t hist[PULSE_CLASS_COUNT];
   uint32_t *rank = pt_alloc((size_t)k * 4 + 4);
@@ -38,12 +44,30 @@ static void encode(const uint16_t *base, uint32_t n, const uint32_t *pos, uint32
   for (uint32_t j = 0; j < k; j++)
     delta[j] = pt_delta(s);
   memset(out, 0, sizeof *out);
-  cr_assert_eq(pulse_chunk2_encode_ranks(PULSE_POS_CLASS, k, cls, rank, delta, out), PULSE_OK);
+  if (c->version == 2) {
+    cr_assert_eq(
+        pulse_chunk2_encode_ranks(PULSE_POS_CLASS, k, cls, rank, delta, out),
+        PULSE_OK);
+  } else {
+    pulse_v3_counts *counts = pt_alloc(sizeof *counts);
+    memset(counts, 0, sizeof *counts);
+    pulse_v3_count(counts, cls, delta, k);
+    pulse_v3_model_free(c->values);
+    cr_assert_eq(pulse_v3_model_build(counts, &c->values), PULSE_OK);
+    free(counts);
+    if (k > 0)
+      cr_assert_eq(
+          pulse_chunk3_encode_ranks(c->values, k, cls, rank, delta, out, NULL),
+          PULSE_OK);
+  }
   free(rank), free(cls), free(delta);
 }
 
-static void case_make(chunk_case *c, uint64_t numel, uint64_t first, uint32_t n, double density,
+static void case_make(chunk_case *c, unsigned version, uint64_t numel,
+                      uint64_t first, uint32_t n, double density,
                       pt_weights kind, uint64_t *s) {
+  c->version = version;
+  c->values = NULL;
   c->numel = numel;
   c->first = first;
   c->n = n;
@@ -52,7 +76,7 @@ static void case_make(chunk_case *c, uint64_t numel, uint64_t first, uint32_t n,
     c->data[i] = pt_weight(s, kind);
   uint32_t *pos = pt_alloc((size_t)n * 4 + 4);
   c->k = pt_positions(n, density, s, pos);
-  encode(c->data + first, n, pos, c->k, s, &c->stream);
+  encode(c, c->data + first, n, pos, c->k, s, &c->stream);
   free(pos);
   c->ix = NULL;
   cr_assert_eq(pulse_class_index_build(c->data, numel, 1, &c->ix), PULSE_OK);
@@ -60,6 +84,7 @@ static void case_make(chunk_case *c, uint64_t numel, uint64_t first, uint32_t n,
 
 static void case_free(chunk_case *c) {
   free(c->data);
+  pulse_v3_model_free(c->values);
   pulse_class_index_free(c->ix);
   pulse_bytebuf_free(&c->stream);
 }
@@ -76,14 +101,19 @@ static pulse_status assert_same(const chunk_case *c, const uint8_t *stream, size
   uint16_t *cdelta = pt_alloc(cap * 2);
   pulse_chunk_scratch want_scratch = {rank, cdelta, with_old ? want_old : NULL};
   pulse_status want = pulse_chunk_decode_indexed(
-      2, NULL, c->ix, c->data, c->first, c->n, stream, size, k, want_pos,
-      want_delta, &want_scratch);
+      c->version, c->values, c->ix, c->data, c->first, c->n, stream, size, k,
+      want_pos, want_delta, &want_scratch);
   char want_detail[256];
   snprintf(want_detail, sizeof want_detail, "%s", want != PULSE_OK ? pulse_error_detail() : "");
   pulse_chunk_scratch scratch = {rank, cdelta, with_old ? old : NULL};
   pulse_status got =
-      pulse_chunk2_decode_indexed(c->ix, c->data, c->first, c->n, stream, size, k, pos, delta,
-                                  with_old ? old : NULL, &scratch);
+      c->version == 2
+          ? pulse_chunk2_decode_indexed(c->ix, c->data, c->first, c->n, stream,
+                                        size, k, pos, delta,
+                                        with_old ? old : NULL, &scratch)
+          : pulse_chunk3_decode_indexed(c->values, c->ix, c->data, c->first,
+                                        c->n, stream, size, k, pos, delta,
+                                        with_old ? old : NULL, &scratch);
   cr_assert_eq(got, want, "%s: status %s, the reference %s (%s)", label, pulse_status_name(got),
                pulse_status_name(want), want_detail);
   if (want != PULSE_OK) {
@@ -118,28 +148,37 @@ Test(chunk_indexed, one_pass_gives_what_decode_then_locate_gives) {
   static const pt_weights kinds[] = {PT_WEIGHTS_NORMAL, PT_WEIGHTS_EDGE, PT_WEIGHTS_ANY,
                                      PT_WEIGHTS_CONST};
   uint64_t s = 36;
-  for (size_t z = 0; z < PT_COUNT_OF(shapes); z++)
-    for (size_t d = 0; d < PT_COUNT_OF(densities); d++)
-      for (size_t w = 0; w < PT_COUNT_OF(kinds); w++) {
-        chunk_case c;
-        case_make(&c, shapes[z].numel, shapes[z].first, shapes[z].n, densities[d], kinds[w], &s);
-        char label[128];
-        snprintf(label, sizeof label,
-                 "chunk at %llu of %u elements, density %g, weights %zu, %u changes",
-                 (unsigned long long)c.first, c.n, densities[d], w, c.k);
-        for (int with_old = 0; with_old < 2; with_old++)
-          cr_assert_eq(assert_same(&c, c.stream.data, c.stream.size, c.k, with_old, label),
-                       PULSE_OK, "%s: an honest stream decodes", label);
-        case_free(&c);
-      }
+  for (unsigned v = 2; v <= 3; v++)
+    for (size_t z = 0; z < PT_COUNT_OF(shapes); z++)
+      for (size_t d = 0; d < PT_COUNT_OF(densities); d++)
+        for (size_t w = 0; w < PT_COUNT_OF(kinds); w++) {
+          chunk_case c;
+          case_make(&c, v, shapes[z].numel, shapes[z].first, shapes[z].n,
+                    densities[d], kinds[w], &s);
+          if (c.k == 0 && v == 3) { /* version 3 codes no stream of no change */
+            case_free(&c);
+            continue;
+          }
+          char label[128];
+          snprintf(label, sizeof label,
+                   "v%u chunk at %llu of %u elements, density %g, weights %zu, "
+                   "%u changes",
+                   v, (unsigned long long)c.first, c.n, densities[d], w, c.k);
+          for (int with_old = 0; with_old < 2; with_old++)
+            cr_assert_eq(assert_same(&c, c.stream.data, c.stream.size, c.k,
+                                     with_old, label),
+                         PULSE_OK, "%s: an honest stream decodes", label);
+          case_free(&c);
+        }
 }
 
 Test(chunk_indexed, hostile_streams_fail_as_the_reference_fails) {
   uint64_t s = 7;
   unsigned failed = 0, cases = 0;
-  for (int round = 0; round < 40; round++) {
+  for (int round = 0; round < 80; round++) {
     chunk_case c;
-    case_make(&c, 3 * 16384, 16384, 16384, round % 2 ? 0.02 : 0.2,
+    case_make(&c, round < 40 ? 2 : 3, 3 * 16384, 16384, 16384,
+              round % 2 ? 0.02 : 0.2,
               round % 4 < 2 ? PT_WEIGHTS_NORMAL : PT_WEIGHTS_EDGE, &s);
     uint8_t *bytes = pt_alloc(c.stream.size + 8);
     char label[96];
@@ -178,9 +217,10 @@ Test(chunk_indexed, ranks_past_their_class_fail_as_the_reference_fails) {
   /* Changes coded against another base, with more elements in the classes
    * that have changes, land past the ends of those classes in this one. */
   uint64_t s = 11;
-  for (int round = 0; round < 12; round++) {
+  for (int round = 0; round < 24; round++) {
     chunk_case c;
-    case_make(&c, 2 * 16384, 0, 16384, 0.05, PT_WEIGHTS_NORMAL, &s);
+    case_make(&c, round < 12 ? 2 : 3, 2 * 16384, 0, 16384, 0.05,
+              PT_WEIGHTS_NORMAL, &s);
     uint16_t *other = pt_alloc((size_t)c.n * 2);
     memcpy(other, c.data, (size_t)c.n * 2);
     /* The other base: a run of one value at the end (one class many times
@@ -190,10 +230,10 @@ Test(chunk_indexed, ranks_past_their_class_fail_as_the_reference_fails) {
       other[i] = v;
     uint32_t pos[64];
     uint32_t k = 0;
-    for (uint32_t i = c.n - 64 + (uint32_t)round; i < c.n; i += 4)
+    for (uint32_t i = c.n - 64 + (uint32_t)(round % 12); i < c.n; i += 4)
       pos[k++] = i;
     pulse_bytebuf stream;
-    encode(other, c.n, pos, k, &s, &stream);
+    encode(&c, other, c.n, pos, k, &s, &stream);
     char label[64];
     snprintf(label, sizeof label, "round %d", round);
     cr_assert_eq(assert_same(&c, stream.data, stream.size, k, 1, label), PULSE_ERR_POSITION,
