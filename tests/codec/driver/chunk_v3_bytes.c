@@ -23,6 +23,7 @@
 #include "bytebuf_impl.h"
 #include "chunk_impl.h"
 #include "chunk_v3_impl.h"
+#include "patch_impl.h"
 #include "pulse_codec.h"
 #include "pulse_elem.h"
 #include "pulse_safetensors.h"
@@ -60,6 +61,41 @@ typedef struct {
   pulse_bytebuf v2, v3;
 } chunk;
 
+/* Where the real v3 patch's table goes (bytes): what table savings for
+ * small steps could take back. */
+typedef struct {
+  uint64_t names, shapes, counts, digests, chunk_entries, single_chunk_entries,
+      model, unchanged, unchanged_target_digests;
+} table_parts;
+
+static table_parts table_parts_of(const pulse_patch *p) {
+  table_parts t = {0};
+  t.model = p->values_size;
+  for (size_t i = 0; i < p->count; i++) {
+    const patch_tensor *e = &p->tensors[i];
+    size_t len = strlen(e->info.name);
+    t.names += varint_len(len) + len;
+    t.shapes += 2; /* dtype, ndim */
+    for (uint32_t d = 0; d < e->info.ndim; d++)
+      t.shapes += varint_len(e->info.shape[d]);
+    t.counts += varint_len(e->changed) + varint_len(e->section_size);
+    t.digests += 32;
+    if (e->changed == 0) {
+      t.unchanged++;
+      t.unchanged_target_digests += 16;
+      continue;
+    }
+    uint64_t bytes = 0;
+    for (uint64_t c = 0; c < e->chunk_count; c++)
+      bytes += varint_len(p->chunk_changed[e->chunk_first + c]) +
+               varint_len(p->chunk_size[e->chunk_first + c]);
+    t.chunk_entries += bytes;
+    if (e->chunk_count == 1) /* the entry repeats changed and section size */
+      t.single_chunk_entries += bytes;
+  }
+  return t;
+}
+
 static int cmp_double(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
   return (x > y) - (x < y);
@@ -87,7 +123,9 @@ int main(int argc, char **argv) {
          "v3 fields B/chg: "
          "class count M gaps values raw pad+frame | decode Mchg/cpu-s v2 v3 | "
          "v1 streams, v1 with v2's table / bound | the real v3 patch "
-         "(format_version 3), / bound\n");
+         "(format_version 3), / bound | its table: names shapes "
+         "counts digests chunk-entries (of single-chunk tensors) model, "
+         "unchanged tensors\n");
   pulse_st_file *prev = NULL;
   if (pulse_st_open(argv[a], &prev) != PULSE_OK)
     DIE("cannot open %s", argv[a]);
@@ -252,6 +290,11 @@ int main(int argc, char **argv) {
     pulse_buffer patch3 = {0};
     if (pulse_patch_encode(&opts, et, nt, &patch3) != PULSE_OK)
       DIE("v3 patch encode failed: %s", pulse_error_detail());
+    pulse_patch *p3 = NULL;
+    if (pulse_patch_open(patch3.data, patch3.size, &p3) != PULSE_OK)
+      DIE("v3 patch open failed: %s", pulse_error_detail());
+    table_parts tp = table_parts_of(p3);
+    pulse_patch_free(p3);
     /* section sizes: approximate per chunk (one chunk per tensor here) */
     uint64_t v3_total =
         (uint64_t)((int64_t)table + table_delta) + mb.size + v3_streams;
@@ -281,23 +324,27 @@ int main(int argc, char **argv) {
     qsort(t2, reps, sizeof *t2, cmp_double);
     qsort(t3, reps, sizeof *t3, cmp_double);
     double N = (double)changed;
-    printf("%d %llu | %llu (%llu, %llu) | %llu (%zu, %llu) | %.0f (%.0f, %.0f) "
-           "| %.3f %.3f %.3f | "
-           "%.4f %.4f %.4f %.4f %.4f %.4f %.4f | %.1f %.1f | %llu %.3f | "
-           "%zu %.3f\n",
-           f - a, (unsigned long long)changed, (unsigned long long)patch.size,
-           (unsigned long long)table, (unsigned long long)v2_streams,
-           (unsigned long long)v3_total, mb.size,
-           (unsigned long long)v3_streams, bound, pos_bits / 8, val_bits / 8,
-           (double)patch.size / bound, (double)v3_total / bound,
-           (double)(v3_streams + mb.size) / bound, stats.class_bits / 8.0 / N,
-           stats.count_bits / 8.0 / N, stats.m_bits / 8.0 / N,
-           stats.gap_bits / 8.0 / N, (double)stats.value_bytes / N,
-           stats.raw_bits / 8.0 / N,
-           (stats.pad_bits / 8.0 + (double)stats.frame_bytes) / N,
-           N / t2[reps / 2] / 1e6, N / t3[reps / 2] / 1e6,
-           (unsigned long long)v1_streams, (double)(table + v1_streams) / bound,
-           patch3.size, (double)patch3.size / bound);
+    printf(
+        "%d %llu | %llu (%llu, %llu) | %llu (%zu, %llu) | %.0f (%.0f, %.0f) "
+        "| %.3f %.3f %.3f | "
+        "%.4f %.4f %.4f %.4f %.4f %.4f %.4f | %.1f %.1f | %llu %.3f | "
+        "%zu %.3f | %llu %llu %llu %llu %llu (%llu) %llu, %llu\n",
+        f - a, (unsigned long long)changed, (unsigned long long)patch.size,
+        (unsigned long long)table, (unsigned long long)v2_streams,
+        (unsigned long long)v3_total, mb.size, (unsigned long long)v3_streams,
+        bound, pos_bits / 8, val_bits / 8, (double)patch.size / bound,
+        (double)v3_total / bound, (double)(v3_streams + mb.size) / bound,
+        stats.class_bits / 8.0 / N, stats.count_bits / 8.0 / N,
+        stats.m_bits / 8.0 / N, stats.gap_bits / 8.0 / N,
+        (double)stats.value_bytes / N, stats.raw_bits / 8.0 / N,
+        (stats.pad_bits / 8.0 + (double)stats.frame_bytes) / N,
+        N / t2[reps / 2] / 1e6, N / t3[reps / 2] / 1e6,
+        (unsigned long long)v1_streams, (double)(table + v1_streams) / bound,
+        patch3.size, (double)patch3.size / bound, (unsigned long long)tp.names,
+        (unsigned long long)tp.shapes, (unsigned long long)tp.counts,
+        (unsigned long long)tp.digests, (unsigned long long)tp.chunk_entries,
+        (unsigned long long)tp.single_chunk_entries,
+        (unsigned long long)tp.model, (unsigned long long)tp.unchanged);
     fflush(stdout);
     free(t2), free(t3), free(start), free(rk), free(rk2), free(dl), free(dl2);
     for (size_t q = 0; q < nchunks; q++) {
