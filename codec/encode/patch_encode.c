@@ -230,6 +230,7 @@ typedef struct {
   pulse_status *item_st;
   char (*detail)[160];
   pulse_v3_model *values; /* version 3: built from every change's token */
+  unsigned version;       /* the format version written */
 } encode_plan;
 
 static void plan_free(encode_plan *pl) {
@@ -391,22 +392,30 @@ static pulse_status plan_write_table(const encode_plan *pl, pulse_bytebuf *table
     uint64_t section = 0;
     for (size_t it = next_item; it < item_count && items[it].tensor == i; it++)
       section += pl->streams[it].size;
-    pulse_bytebuf_varint(table, section);
+    uint64_t chunks = k > 0 ? ((pl->numel[i] - 1) >> chunk_log2) + 1 : 0;
+    /* Version 3 leaves out what the decoder derives: the section size but
+     * of one chunk with changes, the target digest of no change, and the
+     * one chunk's entry (the tensor's counts). */
+    const int v3 = pl->version == 3;
+    if (!v3 || chunks == 1)
+      pulse_bytebuf_varint(table, section);
     pulse_bytebuf_u64(table, pl->base_d[i].a);
     pulse_bytebuf_u64(table, pl->base_d[i].b);
-    pulse_bytebuf_u64(table, pl->target_d[i].a);
-    pulse_bytebuf_u64(table, pl->target_d[i].b);
-    if (k > 0) {
-      uint64_t chunks = ((pl->numel[i] - 1) >> chunk_log2) + 1;
-      for (uint64_t c = 0; c < chunks; c++) {
-        if (next_item < item_count && items[next_item].tensor == i && items[next_item].chunk == c) {
+    if (!v3 || k > 0) {
+      pulse_bytebuf_u64(table, pl->target_d[i].a);
+      pulse_bytebuf_u64(table, pl->target_d[i].b);
+    }
+    const int entries = !v3 || chunks > 1;
+    for (uint64_t c = 0; c < chunks; c++) {
+      if (next_item < item_count && items[next_item].tensor == i && items[next_item].chunk == c) {
+        if (entries) {
           pulse_bytebuf_varint(table, items[next_item].changes);
           pulse_bytebuf_varint(table, pl->streams[next_item].size);
-          next_item++;
-        } else {
-          pulse_bytebuf_varint(table, 0);
-          pulse_bytebuf_varint(table, 0);
         }
+        next_item++;
+      } else if (entries) {
+        pulse_bytebuf_varint(table, 0);
+        pulse_bytebuf_varint(table, 0);
       }
     }
     *body_size += section;
@@ -466,6 +475,7 @@ pulse_status patch_encode_digests(const pulse_encode_opts *opts,
   encode_plan pl;
   memset(&pl, 0, sizeof pl);
   pl.opts = opts;
+  pl.version = version;
   pl.tensors = tensors;
   pl.count = count;
   pulse_bytebuf table = PULSE_BYTEBUF_INIT, buf = PULSE_BYTEBUF_INIT;

@@ -49,6 +49,43 @@ void pulse_patch_free(pulse_patch *p) {
   free(p);
 }
 
+/* numel from the shape, and the change count within it. */
+static pulse_status check_counts(patch_tensor *t, size_t i) {
+  if (pulse_shape_numel(t->info.shape, t->info.ndim, &t->numel) != PULSE_OK)
+    return pulse_fail(PULSE_ERR_OVERFLOW, "patch: tensor %zu: element count overflows", i);
+  if (t->changed > t->numel)
+    return pulse_fail(PULSE_ERR_OVERFLOW, "patch: tensor %zu: %llu changes in %llu elements", i,
+                      (unsigned long long)t->changed, (unsigned long long)t->numel);
+  return PULSE_OK;
+}
+
+/* Chunks of tensor t (0 for an empty one). */
+static uint64_t tensor_chunks(const pulse_patch *p, const patch_tensor *t) {
+  return t->numel ? ((t->numel - 1) >> p->chunk_log2) + 1 : 0;
+}
+
+/* Version 3 sends what a receiver can derive only once: the section size
+ * only for a tensor of one chunk with changes (of several, it is the sum of
+ * the chunk entries; without changes, 0), and the target digest only when
+ * there are changes (without, it is the base's). */
+static pulse_status parse_tensor_rest_v3(const pulse_patch *p, pulse_reader *r, size_t i,
+                                         patch_tensor *t) {
+  if (!r->ok)
+    return pulse_fail(PULSE_ERR_TRUNCATED, "patch: tensor table ends inside tensor %zu", i);
+  PULSE_TRY(check_counts(t, i));
+  t->section_size = t->changed > 0 && tensor_chunks(p, t) == 1 ? pulse_reader_varint(r) : 0;
+  t->base_digest.a = pulse_reader_le(r, 8);
+  t->base_digest.b = pulse_reader_le(r, 8);
+  t->target_digest = t->base_digest;
+  if (t->changed > 0) {
+    t->target_digest.a = pulse_reader_le(r, 8);
+    t->target_digest.b = pulse_reader_le(r, 8);
+  }
+  if (!r->ok)
+    return pulse_fail(PULSE_ERR_TRUNCATED, "patch: tensor table ends inside tensor %zu", i);
+  return PULSE_OK;
+}
+
 /* One tensor's fixed fields: name (copied into p->names at *names_used;
  * info.name holds its offset until parse_table fixes it up), dtype, shape,
  * change count, section size and digests. */
@@ -78,6 +115,8 @@ static pulse_status parse_tensor_head(pulse_patch *p, pulse_reader *r, size_t i,
   for (unsigned d = 0; d < ndim; d++)
     t->info.shape[d] = pulse_reader_varint(r);
   t->changed = pulse_reader_varint(r);
+  if (p->version == 3)
+    return parse_tensor_rest_v3(p, r, i, t);
   t->section_size = pulse_reader_varint(r);
   t->base_digest.a = pulse_reader_le(r, 8);
   t->base_digest.b = pulse_reader_le(r, 8);
@@ -85,22 +124,24 @@ static pulse_status parse_tensor_head(pulse_patch *p, pulse_reader *r, size_t i,
   t->target_digest.b = pulse_reader_le(r, 8);
   if (!r->ok)
     return pulse_fail(PULSE_ERR_TRUNCATED, "patch: tensor table ends inside tensor %zu", i);
-  if (pulse_shape_numel(t->info.shape, ndim, &t->numel) != PULSE_OK)
-    return pulse_fail(PULSE_ERR_OVERFLOW, "patch: tensor %zu: element count overflows", i);
-  if (t->changed > t->numel)
-    return pulse_fail(PULSE_ERR_OVERFLOW, "patch: tensor %zu: %llu changes in %llu elements", i,
-                      (unsigned long long)t->changed, (unsigned long long)t->numel);
-  return PULSE_OK;
+  return check_counts(t, i);
 }
 
 /* One tensor's chunk entries: every one is read (so a claimed count must be
  * backed by bytes) before its arrays grow. */
-static pulse_status parse_chunk_entries(const pulse_patch *p, pulse_reader *r, size_t i,
-                                        grow_array *changed, grow_array *size) {
-  const patch_tensor *t = &p->tensors[i];
+static pulse_status parse_chunk_entries(pulse_patch *p, pulse_reader *r, size_t i,
+                                        uint64_t body_left, grow_array *changed,
+                                        grow_array *size) {
+  patch_tensor *t = &p->tensors[i];
   uint64_t k_sum = 0, bytes_sum = 0;
+  /* Version 3: one chunk's entry is the tensor's counts; several chunks'
+   * bytes make the section, bounded by the body left. */
+  const int v3_one = p->version == 3 && t->chunk_count == 1;
+  if (p->version == 3 && !v3_one)
+    t->section_size = body_left;
   for (uint64_t c = 0; c < t->chunk_count; c++) {
-    uint64_t k = pulse_reader_varint(r), bytes = pulse_reader_varint(r);
+    uint64_t k = v3_one ? t->changed : pulse_reader_varint(r);
+    uint64_t bytes = v3_one ? t->section_size : pulse_reader_varint(r);
     if (!r->ok)
       return pulse_fail(PULSE_ERR_TRUNCATED, "patch: tensor %zu: chunk table truncated", i);
     uint32_t elems = (uint32_t)(((t->numel - (c << p->chunk_log2)) < (1ull << p->chunk_log2))
@@ -115,6 +156,8 @@ static pulse_status parse_chunk_entries(const pulse_patch *p, pulse_reader *r, s
     k_sum += k;
     bytes_sum += bytes;
   }
+  if (p->version == 3 && !v3_one)
+    t->section_size = bytes_sum;
   if (k_sum != t->changed || bytes_sum != t->section_size)
     return pulse_fail(PULSE_ERR_CORRUPT,
                       "patch: tensor %zu: chunks hold %llu changes in %llu bytes, table says %llu in %llu",
@@ -171,21 +214,22 @@ static pulse_status parse_entries(pulse_patch *p, pulse_reader *r, uint64_t body
   for (size_t i = 0; i < p->count; i++) {
     patch_tensor *t = &p->tensors[i];
     PULSE_TRY(parse_tensor_head(p, r, i, &names_used));
-    if (t->section_size > body_size - (section_at - body_offset))
+    const uint64_t body_left = body_size - (section_at - body_offset);
+    if (t->section_size > body_left)
       return pulse_fail(PULSE_ERR_OVERFLOW, "patch: tensor %zu: section runs past the body", i);
     t->section_offset = section_at;
-    section_at += t->section_size;
     total_changed += t->changed; /* <= sum of numel; overflow checked below */
     if (total_changed < t->changed)
       return pulse_fail(PULSE_ERR_OVERFLOW, "patch: total change count overflows");
-    t->chunk_count = t->numel ? ((t->numel - 1) >> p->chunk_log2) + 1 : 0;
+    t->chunk_count = tensor_chunks(p, t);
     t->chunk_first = changed->count;
     if (t->changed == 0) {
       if (t->section_size != 0)
         return pulse_fail(PULSE_ERR_CORRUPT, "patch: tensor %zu: bytes but no changes", i);
       continue;
     }
-    PULSE_TRY(parse_chunk_entries(p, r, i, changed, size));
+    PULSE_TRY(parse_chunk_entries(p, r, i, body_left, changed, size));
+    section_at += t->section_size; /* version 3: known only now */
   }
   /* Version 3: the value model closes the table of a patch with changes. */
   if (p->version == 3 && p->total_changed > 0)
@@ -204,9 +248,9 @@ static pulse_status parse_entries(pulse_patch *p, pulse_reader *r, uint64_t body
 static pulse_status parse_table(pulse_patch *p, const uint8_t *table, size_t table_size,
                                 uint64_t body_offset, uint64_t body_size) {
   pulse_reader r = pulse_reader_make(table, table_size);
-  /* A tensor entry takes at least 38 bytes, so the count is bounded by the
-   * table before anything is allocated for it. */
-  if (p->count > table_size / 38)
+  /* A tensor entry takes at least 38 bytes (version 3: 21), so the count is
+   * bounded by the table before anything is allocated for it. */
+  if (p->count > table_size / (p->version == 3 ? 21u : 38u))
     return pulse_fail(PULSE_ERR_TRUNCATED, "patch: %zu tensors cannot fit a %zu-byte table",
                       p->count, table_size);
   p->tensors = calloc(p->count + 1, sizeof *p->tensors);

@@ -434,18 +434,28 @@ static inline int pt_raw_parse(const uint8_t *bytes, size_t size,
       numel *= e->dims[d];
     }
     e->changed = pt_rd_varint(&t);
-    e->section_size = pt_rd_varint(&t);
+    uint64_t chunks = e->changed > 0 ? ((numel - 1) >> raw->chunk_log2) + 1 : 0;
+    /* Version 3: a section size only for one chunk with changes, a target
+     * digest only with changes, chunk entries only for several chunks. */
+    int v3 = raw->version == 3;
+    e->section_size = !v3 || chunks == 1 ? pt_rd_varint(&t) : 0;
     for (int k = 0; k < 4; k++)
-      e->digest[k] = pt_rd_le(&t, 8);
+      e->digest[k] = !v3 || k < 2 || e->changed > 0 ? pt_rd_le(&t, 8) : e->digest[k - 2];
     if (e->changed > 0) {
-      uint64_t chunks = ((numel - 1) >> raw->chunk_log2) + 1;
-      if (chunks > t.left)
+      if (chunks > t.left + 1)
         return 0;
       e->chunk_count = (size_t)chunks;
       e->chunks = pt_alloc(e->chunk_count * sizeof *e->chunks);
-      for (size_t c = 0; c < e->chunk_count; c++) {
-        e->chunks[c].changed = pt_rd_varint(&t);
-        e->chunks[c].bytes = pt_rd_varint(&t);
+      if (v3 && chunks == 1) {
+        e->chunks[0].changed = e->changed;
+        e->chunks[0].bytes = e->section_size;
+      } else {
+        for (size_t c = 0; c < e->chunk_count; c++) {
+          e->chunks[c].changed = pt_rd_varint(&t);
+          e->chunks[c].bytes = pt_rd_varint(&t);
+          if (v3)
+            e->section_size += e->chunks[c].bytes;
+        }
       }
     }
   }
@@ -515,10 +525,13 @@ static inline pt_wr pt_raw_table(const pt_raw_patch *raw) {
     for (unsigned d = 0; d < e->ndim && d < PT_RAW_DIMS; d++)
       pt_wr_varint(&w, e->dims[d]);
     pt_wr_varint(&w, e->changed);
-    pt_wr_varint(&w, e->section_size);
+    int v3 = raw->version == 3; /* what pt_raw_parse leaves out, left out */
+    if (!v3 || (e->changed > 0 && e->chunk_count == 1))
+      pt_wr_varint(&w, e->section_size);
     for (int k = 0; k < 4; k++)
-      pt_wr_le(&w, e->digest[k], 8);
-    for (size_t c = 0; c < e->chunk_count; c++) {
+      if (!v3 || k < 2 || e->changed > 0)
+        pt_wr_le(&w, e->digest[k], 8);
+    for (size_t c = 0; !(v3 && e->chunk_count == 1) && c < e->chunk_count; c++) {
       pt_wr_varint(&w, e->chunks[c].changed);
       pt_wr_varint(&w, e->chunks[c].bytes);
     }

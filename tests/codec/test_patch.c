@@ -395,6 +395,63 @@ Test(patch, empty_table_roundtrips) {
   }
 }
 
+static uint64_t pt_varint_len(uint64_t v) {
+  uint64_t n = 1;
+  while (v >= 0x80)
+    v >>= 7, n++;
+  return n;
+}
+
+/* Version 3's table leaves out what a decoder derives: the target digest
+ * and section size of a tensor without changes, the chunk entry of a
+ * tensor of one chunk (its counts are the tensor's), the section size of
+ * one of several chunks (the entries' sum); the value model closes it. */
+Test(patch, version_3_table_leaves_out_what_the_decoder_derives) {
+  pt_tensor ts[3];
+  pt_tensor_make1(&ts[0], "one", 1000, PT_WEIGHTS_NORMAL, 0.05, 1,
+                  1); /* 1 chunk */
+  pt_tensor_make1(&ts[1], "none", 40, PT_WEIGHTS_NORMAL, 0.0, 0,
+                  2); /* no change */
+  pt_tensor_make1(&ts[2], "three", 3000, PT_WEIGHTS_NORMAL, 0.05, 1,
+                  3);                          /* 3 chunks */
+  pulse_encode_opts o = coding_opts(5, 10, 1); /* class v3 */
+  pulse_buffer b = {NULL, 0};
+  cr_assert_eq(pt_encode(&o, ts, 3, &b), PULSE_OK);
+  pulse_patch *p = NULL;
+  cr_assert_eq(pulse_patch_open(b.data, b.size, &p), PULSE_OK, "%s",
+               pulse_error_detail());
+  pt_raw_patch raw;
+  cr_assert(pt_raw_parse(b.data, b.size, &raw));
+  uint64_t want = pulse_patch_value_model_size(p);
+  cr_assert_gt(want, 0);
+  for (size_t i = 0; i < 3; i++) {
+    pulse_patch_tensor e;
+    cr_assert_eq(pulse_patch_tensor_get(p, i, &e), PULSE_OK);
+    uint64_t head = 1 + strlen(e.info.name) + 2 +
+                    pt_varint_len(e.info.shape[0]) + pt_varint_len(e.changed) +
+                    16; /* name, dtype, ndim, shape, base digest */
+    if (i == 0)
+      want += head + pt_varint_len(e.section_size) + 16;
+    else if (i == 1)
+      want += head;
+    else
+      for (size_t c = 0; c < raw.tensors[2].chunk_count; c++)
+        want += pt_varint_len(raw.tensors[2].chunks[c].changed) +
+                pt_varint_len(raw.tensors[2].chunks[c].bytes);
+    if (i == 2)
+      want += head + 16;
+  }
+  cr_assert_eq(raw.tensors[2].chunk_count, 3);
+  pt_raw_free(&raw);
+  uint64_t table = 0;
+  for (int k = 0; k < 4; k++)
+    table |= (uint64_t)b.data[PT_OFF_TABLE_SIZE + k] << (8 * k);
+  cr_assert_eq(table, want);
+  pulse_patch_free(p);
+  pulse_buffer_free(&b);
+  pt_tensors_free(ts, 3);
+}
+
 /* ---------------------------------------------------------- determinism */
 
 Test(patch, encoder_is_deterministic_for_any_thread_count) {

@@ -372,8 +372,11 @@ Test(patch, chunk_entries_inconsistent_with_the_tensor) {
     CHECK("chunk changes sum above the tensor's", PULSE_ERR_CORRUPT);
     w->chunks[1].changed--;
     CHECK("chunk changes sum below the tensor's", PULSE_ERR_CORRUPT);
+    /* Version 3 sends no section size of several chunks (their bytes make
+     * it): the next section then runs past the body. */
     w->chunks[1].bytes++;
-    CHECK("chunk bytes sum above the section", PULSE_ERR_CORRUPT);
+    CHECK("chunk bytes sum above the section",
+          versions[m] == 3 ? PULSE_ERR_OVERFLOW : PULSE_ERR_CORRUPT);
     w->chunks[1].bytes--;
     CHECK("chunk bytes sum below the section", PULSE_ERR_CORRUPT);
     /* The last chunk holds 3000 - 2048 = 952 elements. */

@@ -61,8 +61,8 @@ typedef struct {
   pulse_bytebuf v2, v3;
 } chunk;
 
-/* Where the real v3 patch's table goes (bytes): what table savings for
- * small steps could take back. */
+/* Where a patch's table goes (bytes), field by field as version 2 sends
+ * them: what table savings for small steps could take back. */
 typedef struct {
   uint64_t names, shapes, counts, digests, chunk_entries, single_chunk_entries,
       model, unchanged, unchanged_target_digests;
@@ -123,7 +123,9 @@ int main(int argc, char **argv) {
          "v3 fields B/chg: "
          "class count M gaps values raw pad+frame | decode Mchg/cpu-s v2 v3 | "
          "v1 streams, v1 with v2's table / bound | the real v3 patch "
-         "(format_version 3), / bound | its table: names shapes "
+         "(format_version 3), / bound | table fields as version 2 sends "
+         "them (version 3 leaves out single-chunk entries, and the target "
+         "digest and section size of unchanged tensors): names shapes "
          "counts digests chunk-entries (of single-chunk tensors) model, "
          "unchanged tensors\n");
   pulse_st_file *prev = NULL;
