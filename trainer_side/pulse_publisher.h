@@ -158,9 +158,13 @@ typedef struct {
    * publisher. Removal happens in a later commit's background work (or when
    * the publisher is opened or freed); 0 removes at once. */
   double grace_seconds;
+  /* The patch format version written (docs/formats/patch.md): 0 (the
+   * default) PULSE_PATCH_VERSION, or 1..PULSE_PATCH_VERSION_MAX; host and
+   * device commits write the same bytes in every version. */
+  uint32_t format_version;
 } pulse_pub_opts;
 
-#define PULSE_PUB_OPTS_VERSION 1u
+#define PULSE_PUB_OPTS_VERSION 2u
 /** Sets every field of *opts to its default (struct_version included):
  * the one way to start options; then set the fields you need. */
 void pulse_pub_opts_init(pulse_pub_opts *opts);

@@ -93,7 +93,7 @@ class PubOpts(ctypes.Structure):
                 ("chunk_log2", ctypes.c_uint32), ("threads", ctypes.c_int),
                 ("anchor_sync", ctypes.c_int), ("on_head", PubHeadFn),
                 ("on_head_ctx", ctypes.c_void_p), ("cuda_stream", ctypes.c_void_p),
-                ("grace_seconds", ctypes.c_double)]
+                ("grace_seconds", ctypes.c_double), ("format_version", ctypes.c_uint32)]
 
     def __init__(self):
         super().__init__()

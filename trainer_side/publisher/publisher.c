@@ -138,11 +138,15 @@ static pulse_status pub_open(const char *dir, const pulse_pub_opts *opts, int co
        opts->pos_model != PULSE_POS_CLASS) ||
       opts->chunk_log2 < 10 || opts->chunk_log2 > 30 ||
       (opts->tensors == NULL && opts->tensor_count > 0) ||
-      !(opts->grace_seconds >= 0))
+      !(opts->grace_seconds >= 0) ||
+      opts->format_version > PULSE_PATCH_VERSION_MAX ||
+      (opts->format_version != 0 &&
+       opts->format_version < PULSE_PATCH_VERSION_MIN))
     return pulse_fail(
         PULSE_ERR_ARG,
         "publisher: keep_patches must be >= 1, keep_anchors >= 2, "
-        "chunk_log2 in 10..30, a known position model, grace_seconds >= 0");
+        "chunk_log2 in 10..30, a known position model, grace_seconds >= 0, "
+        "a patch format version this library writes");
   pulse_pub *pub = calloc(1, sizeof *pub);
   if (pub == NULL || (pub->dir = strdup(dir)) == NULL) {
     free(pub);

@@ -387,6 +387,7 @@ static pulse_status commit_next(pulse_pub *pub, uint64_t step,
   eo.pos_model = pub->opts.pos_model;
   eo.chunk_log2 = pub->opts.chunk_log2;
   eo.threads = pub->opts.threads;
+  eo.format_version = pub->opts.format_version;
   pulse_buffer patch = {NULL, 0};
   pulse_status st = PULSE_OK;
   double t1 = t0;
