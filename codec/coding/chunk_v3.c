@@ -65,18 +65,6 @@ static uint64_t m_of(unsigned q) {
   return (((uint64_t)mant[(q - 1u) & 3u] << e) + 32768u) >> 16;
 }
 
-unsigned pulse_v3_token(uint16_t delta, uint32_t *raw, unsigned *nraw) {
-  uint32_t v = pulse_zigzag16(delta) - 1u; /* 0..65534 */
-  if (v < PULSE_V3_LITERALS) {
-    *raw = 0;
-    *nraw = 0;
-    return v;
-  }
-  unsigned l = bit_length(v); /* 4..16 */
-  *nraw = l - 2u;
-  *raw = v & ((1u << (l - 2u)) - 1u);
-  return PULSE_V3_LITERALS + 2u * (l - 4u) + ((v >> (l - 2u)) & 1u);
-}
 
 /* Token and raw bits back to zig-zag - 1. */
 static uint32_t token_value(unsigned tok, uint32_t raw) {

@@ -61,8 +61,22 @@ typedef struct {
  * frequencies both sides derive from them, and decode tables. */
 typedef struct pulse_v3_model pulse_v3_model;
 
-/* The token of a delta (non-zero) and its raw bits (count *nraw). */
-unsigned pulse_v3_token(uint16_t delta, uint32_t *raw, unsigned *nraw);
+/* The token of a delta (non-zero) and its raw bits (count *nraw). Inline:
+ * the encoder asks it three times a change (the model's counts, the raw
+ * bits, the rANS pass). */
+static inline unsigned pulse_v3_token(uint16_t delta, uint32_t *raw,
+                                      unsigned *nraw) {
+  uint32_t v = pulse_zigzag16(delta) - 1u; /* 0..65534 */
+  if (v < PULSE_V3_LITERALS) {
+    *raw = 0;
+    *nraw = 0;
+    return v;
+  }
+  unsigned l = 32u - (unsigned)__builtin_clz(v); /* 4..16 */
+  *nraw = l - 2u;
+  *raw = v & ((1u << (l - 2u)) - 1u);
+  return PULSE_V3_LITERALS + 2u * (l - 4u) + ((v >> (l - 2u)) & 1u);
+}
 
 /* Adds k changes (class, delta) to the counts. */
 void pulse_v3_count(pulse_v3_counts *counts, const uint8_t *cls,
