@@ -80,8 +80,11 @@ static pulse_status build(pulse_server *srv, const pulse_store_head *head,
   if (st == PULSE_OK) {
     pulse_encode_opts eo;
     pulse_encode_opts_init(&eo);
+    /* As the store's newest patch: its model, chunks and format version (a
+     * worker that reads the store's patches reads its catch-ups). */
     eo.pos_model = pulse_patch_pos_model(patches[count - 1]);
     eo.chunk_log2 = pulse_patch_chunk_log2(patches[count - 1]);
+    eo.format_version = pulse_patch_format_version(patches[count - 1]);
     eo.threads = srv->opts.catchup_threads;
     st = pulse_patch_squash((const pulse_patch *const *)patches, count, base,
                             &eo, out);
