@@ -1,6 +1,6 @@
-/* chunk_v3.c - prototype third chunk coding (chunk_v3_impl.h says what and
- * why): a value model per patch, values rANS-coded against it, class
- * headers and Golomb gaps as in version 2 with cheaper counts and
+/* chunk_v3.c - the chunk coding of format version 3 (chunk_v3_impl.h says
+ * what and why): a value model per patch, values rANS-coded against it,
+ * class headers and Golomb gaps as in version 2 with cheaper counts and
  * parameters. */
 #include <stdlib.h>
 #include <string.h>
@@ -64,7 +64,6 @@ static uint64_t m_of(unsigned q) {
   unsigned e = (q - 1u) >> 2;
   return (((uint64_t)mant[(q - 1u) & 3u] << e) + 32768u) >> 16;
 }
-
 
 /* Token and raw bits back to zig-zag - 1. */
 static uint32_t token_value(unsigned tok, uint32_t raw) {

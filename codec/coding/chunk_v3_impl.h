@@ -1,6 +1,8 @@
-/* chunk_v3_impl.h - prototype of a third chunk coding (issue 36, "fewer
- * bytes"): not part of the patch format yet, nothing in the encoder, the
- * receivers or CUDA calls it. It closes most of the gap between version 2
+/* chunk_v3_impl.h - the chunk coding of patch format version 3 (issue 36,
+ * "fewer bytes"; docs/formats/patch.md): the patch encoder writes it with
+ * format_version 3, with the value model at the end of the tensor table
+ * (patch_open.c reads it), and every decoder of chunk_impl.h dispatches
+ * to it. It closes most of the gap between version 2
  * and the entropy bound H(position | tensor, old exponent class) +
  * H(value | old exponent class), measured on real AdamW trajectories:
  *

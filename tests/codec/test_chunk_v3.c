@@ -1,4 +1,4 @@
-/* The v3 chunk coding prototype (codec/coding/chunk_v3_impl.h): round trips
+/* The v3 chunk coding (codec/coding/chunk_v3_impl.h): round trips
  * on random and Adam-shaped chunks, dense classes coded by their holes, the
  * patch value model's serialization, and hostile streams and models. */
 #include <criterion/criterion.h>

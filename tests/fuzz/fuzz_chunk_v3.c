@@ -1,4 +1,4 @@
-/* fuzz_chunk_v3.c - libFuzzer target for the v3 chunk coding prototype
+/* fuzz_chunk_v3.c - libFuzzer target for the v3 chunk coding
  * (codec/coding/chunk_v3_impl.h). The first byte picks a mode:
  *
  * even: hostile bytes. Bytes 1-2 give n - 1, bytes 3-4 k - 1 (mod n), then a
