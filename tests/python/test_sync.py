@@ -251,7 +251,42 @@ def run(work):
     sub.close()
     server.close()
     pub.close()
+    format_3(work, config)
     print("ok")
+
+
+def format_3(work, config):
+    """A publisher of format version 3 writes version 3 patches, which a
+    subscriber applies bit for bit."""
+    trainer = llama.Llama(config)
+    store = os.path.join(work, "store3")
+    pub = pulse.Publisher(store, format_version=3)
+    server = pulse.Server(store)
+    targets = dict(bf16_worker(config, seed=2).state_dict())
+    sub = pulse.Subscriber(server.url, key=pub.public_key, retries=1)
+    pub.publish(trainer.state_dict())
+    for step, _ in llama.train_steps(trainer, 2):
+        published = pub.publish(trainer.state_dict())
+        assert sub.pull(targets, timeout=60) == published
+        want = trainer.state_dict()
+        for name, t in targets.items():
+            assert torch.equal(bits(t), bits(want[name].to(torch.bfloat16))), \
+                f"format 3, step {published}: '{name}' differs"
+    objects = os.path.join(store, "objects")
+    versions = set()
+    for name in os.listdir(objects):
+        if name.endswith(".pulse"):
+            with open(os.path.join(objects, name), "rb") as f:
+                head = f.read(10)
+            versions.add(int.from_bytes(head[8:10], "little"))
+    assert versions == {3}, versions
+    expect_error("format_version 4", lambda: pulse.Publisher(os.path.join(work, "store4"),
+                                                             format_version=4).publish(
+        trainer.state_dict()), "PULSE_ERR_ARG")
+    sub.close()
+    server.close()
+    pub.close()
+    print("format 3: patches of version 3, pulled bit for bit")
 
 
 if __name__ == "__main__":
