@@ -26,40 +26,62 @@
 #include "http_serve_impl.h"
 #include "serve_testutil.h"
 
+/* Probes the server closed before they had an answer and that connected
+ * again (see answered). */
+static atomic_int probe_reconnects;
+
 /* Sends `req` whole from 127.0.0.1, in pieces of `piece` bytes `gap_s`
  * apart (0: at once), and reads the answer until `want` appears in it: 1
- * when it did within limit_s. */
+ * when it did within limit_s. A connection the server closes before any
+ * answer (evicted at the cap: under a flood of new connections, a probe
+ * the loaded scheduler leaves waiting a few milliseconds can be the
+ * connection that waited longest) connects again once within limit_s, as
+ * every HTTP client does; a refusal, which is what a server whose slots
+ * are all held gives, is refused again. */
 static int answered(uint16_t port, const char *req, size_t piece, double gap_s,
                     const char *want, double limit_s) {
-  double t0 = tu_now_s(), last = 0;
-  int fd = ts_open_from("127.0.0.1", port);
-  if (fd < 0)
-    return 0;
-  char buf[1024];
-  size_t n = strlen(req), sent = 0, got = 0;
+  double t0 = tu_now_s();
   int found = 0;
-  if (piece == 0)
-    piece = n;
-  while (!found && tu_now_s() - t0 < limit_s) {
-    struct pollfd p = {fd, POLLIN, 0};
-    if (sent < n && tu_now_s() - last >= gap_s) {
-      size_t k = n - sent < piece ? n - sent : piece;
-      ssize_t w = send(fd, req + sent, k, MSG_NOSIGNAL);
-      if (w < 0 && errno != EAGAIN)
+  for (int attempt = 0; attempt < 2 && !found && tu_now_s() - t0 < limit_s;
+       attempt++) {
+    int fd = ts_open_from("127.0.0.1", port);
+    if (fd < 0)
+      return 0;
+    if (attempt > 0)
+      atomic_fetch_add(&probe_reconnects, 1);
+    char buf[1024];
+    size_t n = strlen(req), sent = 0, got = 0;
+    double last = 0;
+    int closed = 0;
+    if (piece == 0)
+      piece = n;
+    while (!found && !closed && tu_now_s() - t0 < limit_s) {
+      struct pollfd p = {fd, POLLIN, 0};
+      if (sent < n && tu_now_s() - last >= gap_s) {
+        size_t k = n - sent < piece ? n - sent : piece;
+        ssize_t w = send(fd, req + sent, k, MSG_NOSIGNAL);
+        if (w < 0 && errno != EAGAIN) {
+          closed = 1;
+          break;
+        }
+        sent += w > 0 ? (size_t)w : 0;
+        last = tu_now_s();
+      }
+      if (poll(&p, 1, 10) <= 0)
+        continue;
+      ssize_t r = recv(fd, buf + got, sizeof buf - 1 - got, 0);
+      if (r <= 0) {
+        closed = 1;
         break;
-      sent += w > 0 ? (size_t)w : 0;
-      last = tu_now_s();
+      }
+      got += (size_t)r;
+      buf[got] = '\0';
+      found = strstr(buf, want) != NULL;
     }
-    if (poll(&p, 1, 10) <= 0)
-      continue;
-    ssize_t r = recv(fd, buf + got, sizeof buf - 1 - got, 0);
-    if (r <= 0)
-      break;
-    got += (size_t)r;
-    buf[got] = '\0';
-    found = strstr(buf, want) != NULL;
+    close(fd);
+    if (!closed || got > 0)
+      break; /* answered, answered otherwise, or out of time */
   }
-  close(fd);
   return found && tu_now_s() - t0 < limit_s;
 }
 
@@ -246,14 +268,16 @@ Test(hostile_serve,
       metric(s, "pulse_http_evicted_connections_total");
   unsigned long long refused =
       metric(s, "pulse_http_refused_connections_total");
+  int again = atomic_load(&probe_reconnects);
   cr_expect_eq(ok, asked,
-               "%d of %d probes answered within 1 s (slowest %.2f s; the "
-               "attack opened %ld connections, held up to %d at once; %llu "
-               "evicted, %llu refused)",
-               ok, asked, worst, a.opened, a.held_max, evicted, refused);
-  cr_log_info("%d of %d probes answered, slowest %.3f s; the attack opened "
-              "%ld connections, held up to %d; %llu evicted, %llu refused",
-              ok, asked, worst, a.opened, a.held_max, evicted, refused);
+               "%d of %d probes answered within 1 s (slowest %.2f s, %d "
+               "connected again; the attack opened %ld connections, held up "
+               "to %d at once; %llu evicted, %llu refused)",
+               ok, asked, worst, again, a.opened, a.held_max, evicted, refused);
+  cr_log_info("%d of %d probes answered, slowest %.3f s, %d connected again; "
+              "the attack opened %ld connections, held up to %d; %llu "
+              "evicted, %llu refused",
+              ok, asked, worst, again, a.opened, a.held_max, evicted, refused);
   /* The attack was one: more dripping connections than the cap. */
   cr_expect_gt(a.held_max, CAP, "the attackers held only %d", a.held_max);
   cr_expect_gt(evicted, 0);
