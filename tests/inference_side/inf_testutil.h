@@ -40,6 +40,10 @@ typedef struct {
   char digest[64][65];
 } it_trainer;
 
+/* The patch format the next it_trainer_up's publisher writes (0: the
+ * default); a test that sets it sets it back. */
+static uint32_t it_format_version;
+
 /* A store with a publisher (anchor every `anchor_every`, keep `keep`
  * patches), served on 127.0.0.1 (catch-ups signed). Publishes step 0. */
 static inline void it_trainer_up(it_trainer *t, uint64_t anchor_every,
@@ -70,6 +74,7 @@ static inline void it_trainer_up(it_trainer *t, uint64_t anchor_every,
   po.tensor_count = TU_TENSORS;
   po.threads = 1;
   po.anchor_sync = 1;
+  po.format_version = it_format_version;
   po.on_head = pulse_server_on_head;
   po.on_head_ctx = t->srv;
   cr_assert_eq(pulse_pub_create(t->dir, &po, &t->pub_), PULSE_OK, "%s",
