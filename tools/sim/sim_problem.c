@@ -7,13 +7,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "pulse_elem.h"
 #include "rng_impl.h"
-#include "status_impl.h"
 #include "sim_mlp_impl.h"
 #include "sim_pretrain.h"
 #include "sim_problem.h"
 #include "sim_rl.h"
 #include "sim_text.h"
+#include "status_impl.h"
 
 struct pulse_sim_problem {
   pulse_sim_problem_opts o;
@@ -36,6 +37,7 @@ struct pulse_sim_learner {
   uint64_t rng;
   uint64_t t; /* Adam steps taken */
   float *m, *v, *grad;
+  float *at; /* PULSE_SIM_COMPUTE_BF16: bf16(theta), what it computes with */
   float *x, *z, *h, *logits, *dz, *tp;
   pulse_sim_text_scratch *ts; /* text problem */
   pulse_sim_rl_scratch *rs;   /* text RL */
@@ -54,6 +56,33 @@ struct pulse_sim_learner {
 static void forward(const pulse_sim_problem *p, const float *theta,
                     const float *x, size_t n, float *z, float *h,
                     float *logits);
+
+/* ------------------------------------------------------------- precision */
+
+/* out[i] = bf16(in[i]) as FP32: the project's one rounding (round to
+ * nearest even, pulse_elem.h), on bits, so it is the same on every
+ * machine. */
+static void round_to_bf16(const float *in, float *out, uint64_t n) {
+  for (uint64_t i = 0; i < n; i++) {
+    uint32_t u;
+    memcpy(&u, &in[i], sizeof u);
+    u = pulse_f32_bits_from_bf16(pulse_bf16_from_f32_bits(u));
+    memcpy(&out[i], &u, sizeof u);
+  }
+}
+
+/* The weights a problem computes with: theta itself (FP32), or its BF16
+ * rounding in *owned (freed by the caller; NULL when out of memory). */
+static const float *compute_weights(const pulse_sim_problem *p,
+                                    const float *theta, float **owned) {
+  *owned = NULL;
+  if (p->o.compute != PULSE_SIM_COMPUTE_BF16)
+    return theta;
+  *owned = malloc((size_t)p->P * sizeof **owned);
+  if (*owned != NULL)
+    round_to_bf16(theta, *owned, p->P);
+  return *owned;
+}
 
 /* ------------------------------------------------------------ generators */
 
@@ -145,6 +174,7 @@ static pulse_status pretrain(pulse_sim_problem *p) {
     pulse_sim_problem pre = *p;
     pre.o.lr = p->o.pretrain_lr;
     pre.o.kind = PULSE_SIM_PROBLEM_TEXT_SFT; /* supervised, for RL too */
+    pre.o.compute = PULSE_SIM_COMPUTE_FP32;  /* one checkpoint for all */
     pre.pretrained = NULL;
     pulse_sim_learner *l = NULL;
     pulse_status st = pulse_sim_learner_create(&pre, UINT32_MAX - 1u, &l);
@@ -174,6 +204,19 @@ pulse_status pulse_sim_problem_create(const pulse_sim_problem_opts *o,
       o->test_count > 1u << 24 || !(o->lr > 0.0f) || !isfinite(o->shift) ||
       !isfinite(o->init_scale) || !isfinite(o->logit_scale))
     return pulse_fail(PULSE_ERR_ARG, "loco problem: bad sizes or rates");
+  if (o->compute != PULSE_SIM_COMPUTE_FP32 &&
+      o->compute != PULSE_SIM_COMPUTE_BF16)
+    return pulse_fail(PULSE_ERR_ARG,
+                      "loco problem: compute %u is neither FP32 (0) nor "
+                      "BF16 (1)",
+                      o->compute);
+  if (o->parametrization != PULSE_SIM_PARAM_SCALED &&
+      (o->parametrization != PULSE_SIM_PARAM_STANDARD ||
+       !pulse_sim_problem_is_text(o->kind)))
+    return pulse_fail(PULSE_ERR_ARG,
+                      "loco problem: parametrization %u: scaled (0), or "
+                      "standard (1) for the text problems",
+                      o->parametrization);
   if (o->kind != PULSE_SIM_PROBLEM_TEACHER && !pulse_sim_problem_is_text(o->kind))
     return pulse_fail(PULSE_ERR_ARG, "loco problem: unknown kind %u", o->kind);
   if (pulse_sim_problem_is_pretrained(o->kind) &&
@@ -196,6 +239,14 @@ pulse_status pulse_sim_problem_create(const pulse_sim_problem_opts *o,
       pulse_sim_problem_free(p);
       return st;
     }
+    /* Pretrained as the cache holds it (scaled, FP32), then converted. */
+    if (o->parametrization == PULSE_SIM_PARAM_STANDARD)
+      pulse_sim_text_unfold(p->text, p->pretrained);
+    /* The cache holds the loss of the scaled FP32 model; the learners
+     * start from the loss of what they compute with. */
+    if (p->pretrained != NULL && (o->compute != PULSE_SIM_COMPUTE_FP32 ||
+                                  o->parametrization != PULSE_SIM_PARAM_SCALED))
+      pulse_sim_problem_eval(p, p->pretrained, &p->pretrain_loss, NULL);
     *out = p;
     return PULSE_OK;
   }
@@ -322,13 +373,36 @@ PROBLEM_SIMD static void forward(const pulse_sim_problem *p, const float *theta,
 
 double pulse_sim_problem_reward(const pulse_sim_problem *p,
                                const float *theta) {
-  return p->o.kind == PULSE_SIM_PROBLEM_TEXT_RL
-             ? pulse_sim_rl_eval(p->text, theta)
-             : 0.0;
+  if (p->o.kind != PULSE_SIM_PROBLEM_TEXT_RL)
+    return 0.0;
+  float *owned;
+  const float *at = compute_weights(p, theta, &owned);
+  double r = at != NULL ? pulse_sim_rl_eval(p->text, at) : NAN;
+  free(owned);
+  return r;
 }
+
+static void eval_at(const pulse_sim_problem *p, const float *theta,
+                    double *loss, double *accuracy);
 
 void pulse_sim_problem_eval(const pulse_sim_problem *p, const float *theta,
                            double *loss, double *accuracy) {
+  float *owned;
+  const float *at = compute_weights(p, theta, &owned);
+  if (at != NULL) {
+    eval_at(p, at, loss, accuracy);
+  } else {
+    if (loss)
+      *loss = NAN;
+    if (accuracy)
+      *accuracy = NAN;
+  }
+  free(owned);
+}
+
+/* Held-out loss and accuracy of the weights computed with. */
+static void eval_at(const pulse_sim_problem *p, const float *theta,
+                    double *loss, double *accuracy) {
   if (p->text) {
     pulse_sim_text_eval(p->text, theta, loss, accuracy);
     return;
@@ -387,6 +461,11 @@ pulse_status pulse_sim_learner_create(const pulse_sim_problem *p,
   l->m = calloc(P, sizeof *l->m);
   l->v = calloc(P, sizeof *l->v);
   l->grad = malloc(P * sizeof *l->grad);
+  if (p->o.compute == PULSE_SIM_COMPUTE_BF16 &&
+      (l->at = malloc(P * sizeof *l->at)) == NULL) {
+    pulse_sim_learner_free(l);
+    return pulse_fail(PULSE_ERR_NOMEM, "loco learner: %zu parameters", P);
+  }
   if (p->text) { /* its own buffers */
     int rl = p->o.kind == PULSE_SIM_PROBLEM_TEXT_RL;
     uint32_t rows = rl ? p->o.rl_group * p->o.rl_length : p->o.batch;
@@ -423,16 +502,29 @@ pulse_status pulse_sim_learner_create(const pulse_sim_problem *p,
 void pulse_sim_learner_free(pulse_sim_learner *l) {
   if (l == NULL)
     return;
-  free(l->m), free(l->v), free(l->grad), free(l->x), free(l->z), free(l->h),
-      free(l->dz);
+  free(l->m), free(l->v), free(l->grad), free(l->at), free(l->x), free(l->z),
+      free(l->h), free(l->dz);
   free(l->logits), free(l->tp);
   pulse_sim_text_scratch_free(l->ts);
   pulse_sim_rl_scratch_free(l->rs);
   free(l);
 }
 
-PROBLEM_SIMD double pulse_sim_learner_grad(pulse_sim_learner *l,
-                                          const float *theta, float *grad) {
+static double grad_at(pulse_sim_learner *l, const float *theta, float *grad);
+
+double pulse_sim_learner_grad(pulse_sim_learner *l, const float *theta,
+                              float *grad) {
+  if (l->at == NULL) /* PULSE_SIM_COMPUTE_FP32 */
+    return grad_at(l, theta, grad);
+  /* Mixed precision: forward, backward (and text RL's sampling) at the
+   * BF16 weights; the gradient goes to the FP32 master (Adam). */
+  round_to_bf16(theta, l->at, l->p->P);
+  return grad_at(l, l->at, grad);
+}
+
+/* The gradient at the weights computed with. */
+PROBLEM_SIMD static double grad_at(pulse_sim_learner *l, const float *theta,
+                                   float *grad) {
   const pulse_sim_problem *p = l->p;
   if (l->rs)
     return pulse_sim_rl_grad(p->text, l->ts, l->rs, &l->rng, theta, grad);

@@ -70,6 +70,25 @@ typedef struct {
    * rl_group prompts of the fine-tuning part, and takes a policy-gradient
    * step with group-normalized advantages. */
   uint32_t rl_group, rl_length;
+  /* What the learners compute with: PULSE_SIM_COMPUTE_FP32, the FP32
+   * weights themselves, or _BF16, their BF16 rounding (pulse_elem.h, the
+   * project's one rounding), as RL runs in practice: an inference engine
+   * holding BF16 weights samples the rollouts, and a mixed-precision
+   * trainer (FSDP param_dtype=bf16, autocast) runs forward and backward on
+   * the BF16 rounding of its FP32 master weights. With _BF16 the gradient,
+   * text RL's samples, the held-out loss and the reward all see
+   * bf16(theta), while Adam updates the FP32 theta; the arithmetic stays
+   * FP32 (weights are rounded, activations are not). Pretraining computes
+   * in FP32 in both modes, so both start from one cached checkpoint. */
+  uint32_t compute;
+  /* Where the text problems keep their layers' scale (sim_text.h):
+   * PULSE_SIM_PARAM_SCALED, 1/sqrt(fan-in) multipliers in the forward and
+   * O(1) weights (median |w| about 0.8), or _STANDARD, as LLMs: no
+   * multipliers, W1 and W2 that much smaller. Adam moves a weight by about
+   * lr whatever its size, and a BF16 ulp is relative, so the choice sets
+   * how many BF16 weights a rate moves. Text SFT and RL pretrain scaled
+   * (one cached checkpoint) and convert it: the same function. */
+  uint32_t parametrization;
 } pulse_sim_problem_opts;
 
 enum {
@@ -98,11 +117,26 @@ static inline int pulse_sim_problem_is_text(uint32_t kind) {
 #define PULSE_SIM_TEXT_LR 2e-3f
 #define PULSE_SIM_TEXT_SFT_LR 5e-6f
 #define PULSE_SIM_TEXT_RL_LR 5e-6f
+/* What text SFT and text RL compute with by default (`pulse-bench loco`;
+ * the sim's own default is FP32), and the help text that says so. */
+#define PULSE_SIM_TEXT_SFT_COMPUTE PULSE_SIM_COMPUTE_FP32
+#define PULSE_SIM_TEXT_RL_COMPUTE PULSE_SIM_COMPUTE_FP32
+#define PULSE_SIM_TEXT_COMPUTE_HELP "fp32"
 /* Text RL's defaults: samples per prompt, bytes per sample. */
 #define PULSE_SIM_TEXT_RL_GROUP 8u
 #define PULSE_SIM_TEXT_RL_LENGTH 4u
 
-#define PULSE_SIM_PROBLEM_OPTS_VERSION 3u
+enum {
+  PULSE_SIM_COMPUTE_FP32 = 0, /* the FP32 weights (the default) */
+  PULSE_SIM_COMPUTE_BF16 = 1  /* their BF16 rounding; Adam keeps FP32 */
+};
+
+enum {
+  PULSE_SIM_PARAM_SCALED = 0,  /* multipliers in the forward (the default) */
+  PULSE_SIM_PARAM_STANDARD = 1 /* in the weights, as LLMs */
+};
+
+#define PULSE_SIM_PROBLEM_OPTS_VERSION 4u
 /* Sets every field of *opts to its default (struct_version included). */
 void pulse_sim_problem_opts_init(pulse_sim_problem_opts *opts);
 
@@ -125,8 +159,9 @@ uint32_t pulse_sim_problem_hidden_for(const pulse_sim_problem_opts *opts,
 /** The learners' Adam rate. */
 double pulse_sim_problem_lr(const pulse_sim_problem *p);
 
-/** Text SFT and RL: the held-out loss the pretraining reached and its
- * steps (0 and 0 for the other problems). */
+/** Text SFT and RL: the held-out loss the pretraining reached (evaluated
+ * as the options' compute says, so it is the learners' starting loss) and
+ * its steps (0 and 0 for the other problems). */
 double pulse_sim_problem_pretrain_loss(const pulse_sim_problem *p);
 uint32_t pulse_sim_problem_pretrain_steps(const pulse_sim_problem *p);
 
@@ -141,12 +176,15 @@ void pulse_sim_problem_init(const pulse_sim_problem *p, float *theta);
 /** Held-out mean cross-entropy against the teacher's probabilities (nats),
  * and accuracy (student's argmax = teacher's argmax), of theta; text: the
  * cross-entropy of the held-out characters (nats per character) and the
- * share predicted right. */
+ * share predicted right. Computed at bf16(theta) when the options' compute
+ * is PULSE_SIM_COMPUTE_BF16; a NAN loss when out of memory. */
 void pulse_sim_problem_eval(const pulse_sim_problem *p, const float *theta,
                            double *loss, double *accuracy);
 
 /** Text RL: the policy theta's expected reward over the held-out prompts,
- * exact (sim_rl.h); 0 for the other problems. */
+ * exact (sim_rl.h); 0 for the other problems. Like eval, at the weights
+ * the options' `compute` says (bf16(theta) for _BF16); NAN when out of
+ * memory. */
 double pulse_sim_problem_reward(const pulse_sim_problem *p,
                                const float *theta);
 
@@ -161,12 +199,15 @@ pulse_status pulse_sim_learner_create(const pulse_sim_problem *p,
 void pulse_sim_learner_free(pulse_sim_learner *l); /* NULL is fine */
 
 /** Gradient (P floats) of the mean loss over the trainer's next
- * mini-batch at theta; returns that loss (text RL: minus the mean reward
- * of the step's samples). */
+ * mini-batch at theta (at bf16(theta) under PULSE_SIM_COMPUTE_BF16: the
+ * gradient with respect to the rounded weights, as mixed precision
+ * computes it); returns that loss (text RL: minus the mean reward of the
+ * step's samples). */
 double pulse_sim_learner_grad(pulse_sim_learner *l, const float *theta,
                              float *grad);
 
-/** One Adam step of theta along grad with the learner's moments. */
+/** One Adam step of theta along grad with the learner's moments (theta
+ * stays FP32 in both compute modes: the master weights). */
 void pulse_sim_learner_adam(pulse_sim_learner *l, float *theta,
                            const float *grad);
 

@@ -32,7 +32,10 @@ struct pulse_sim_text {
   uint64_t nrl_train;
   uint32_t k, d, H, kd;
   uint64_t P, e, w1, b1, w2, b2; /* offsets in theta */
-  float s1, s2;                  /* 1/sqrt(fan-in) */
+  float s1, s2;                  /* the forward's multipliers of W1, W2 */
+  /* What pulse_sim_text_unfold moved into W1 and W2 (1 before): the
+   * random start draws them this much smaller. */
+  float fold1, fold2;
 };
 
 struct pulse_sim_text_scratch {
@@ -230,6 +233,7 @@ pulse_status pulse_sim_text_create(const pulse_sim_problem_opts *o,
   t->P = t->b2 + V;
   t->s1 = 1.0f / sqrtf((float)t->kd);
   t->s2 = 1.0f / sqrtf((float)t->H);
+  t->fold1 = t->fold2 = 1.0f;
   pulse_status st = load_text(t);
   if (st == PULSE_OK)
     st = split(t);
@@ -279,6 +283,15 @@ uint64_t pulse_sim_text_digest(const pulse_sim_text *t) {
   return t->digest;
 }
 
+/* W1 *= a, W2 *= b (no copy when 1: the scaled start keeps its bits). */
+static void scale_weights(const pulse_sim_text *t, float *theta, float a,
+                          float b) {
+  for (uint64_t i = t->w1; a != 1.0f && i < t->b1; i++)
+    theta[i] *= a;
+  for (uint64_t i = t->w2; b != 1.0f && i < t->b2; i++)
+    theta[i] *= b;
+}
+
 void pulse_sim_text_init(const pulse_sim_text *t, float *theta) {
   uint64_t s = t->o.seed ^ 0x7E47141ull;
   pulse_sim_normals(&s, theta + t->e, t->b1 - t->e);        /* E, W1 */
@@ -287,6 +300,16 @@ void pulse_sim_text_init(const pulse_sim_text *t, float *theta) {
     theta[i] *= t->o.init_scale;
   memset(theta + t->b1, 0, t->H * sizeof *theta);
   memset(theta + t->b2, 0, V * sizeof *theta);
+  scale_weights(t, theta, t->fold1, t->fold2);
+}
+
+void pulse_sim_text_unfold(pulse_sim_text *t, float *theta) {
+  if (t->fold1 != 1.0f || t->fold2 != 1.0f)
+    return; /* once */
+  t->fold1 = t->s1, t->fold2 = t->s2;
+  if (theta != NULL)
+    scale_weights(t, theta, t->s1, t->s2);
+  t->s1 = t->s2 = 1.0f;
 }
 
 /* Sum of a[i] b[i] in 8 fixed lanes, added in a fixed tree: the same bits

@@ -16,7 +16,10 @@
  *   h = ReLU(b1 + W1^T x / sqrt(k d))  hidden layer
  *   logits = b2 + W2^T h / sqrt(H)     softmax over the next byte
  * with E[V][d], W1[k d][H], b1[H], W2[H][V], b2[V] in that order in theta;
- * E, W1 and W2 start ~ N(0, init_scale^2), the biases at 0.
+ * E, W1 and W2 start ~ N(0, init_scale^2), the biases at 0. That folds
+ * the layers' scale into the forward (weights O(1)); the standard
+ * parametrization of LLMs keeps it in the weights (pulse_sim_text_unfold:
+ * the same model with multipliers 1 and W1, W2 that much smaller).
  *
  * Text SFT and text RL (sim_rl.h) start from a pretrained checkpoint
  * and learn from a fine-tuning part of the text (pulse_sim_text_set_phase).
@@ -67,6 +70,14 @@ void pulse_sim_text_set_phase(pulse_sim_text *t, int tune);
 /** Hidden width H of the smallest model of at least `params` parameters. */
 uint32_t pulse_sim_text_hidden_for(const pulse_sim_problem_opts *opts,
                                   uint64_t params);
+
+/** The standard parametrization (PULSE_SIM_PARAM_STANDARD): moves the
+ * forward's 1/sqrt(fan-in) multipliers into the weights, W1 *= 1/sqrt(k
+ * d) and W2 *= 1/sqrt(H) in theta (NULL: none to convert), and sets them
+ * to 1, so the model computes the same function (up to FP32 rounding) from
+ * weights of LLM-like size, and pulse_sim_text_init draws its start that
+ * much smaller. Once; later calls do nothing. Not while learners draw. */
+void pulse_sim_text_unfold(pulse_sim_text *t, float *theta);
 
 /** Bytes of text read, and a digest of them (to compare machines). */
 uint64_t pulse_sim_text_bytes(const pulse_sim_text *t);
