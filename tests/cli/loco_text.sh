@@ -12,7 +12,9 @@
 # --problem text-rl starts from the same cached checkpoint (no second
 # file), samples and scores continuations, and reports every method's
 # held-out reward and message density (--report: a reward table and chart);
-# the same seed gives the same bits.
+# the same seed gives the same bits. --compute fp32 and bf16 fine-tune
+# that one checkpoint, each from its own start; --param standard starts
+# from the same model with the scale in the weights; bad values exit 2.
 # Skips (77) where the licences are missing.
 # usage: bash tests/cli/loco_text.sh BIN_DIR
 source "$(dirname "$0")/lib/common.sh"
@@ -129,6 +131,32 @@ grep -q "Held-out expected reward" "$work/rl-report/report.html" && ok || bad "-
 expect "text-rl: same seed, same reward" "$(json_val "$i" reward_pulseloco)" "$(json_val "$j" reward_pulseloco)"
 expect "text-rl: same seed, same bytes" "$(json_val "$i" bytes_pulseloco)" "$(json_val "$j" bytes_pulseloco)"
 expect "text-rl: same seed, same DiLoCo reward" "$(json_val "$i" reward_diloco_bf16)" "$(json_val "$j" reward_diloco_bf16)"
+
+# 7. --compute: both modes fine-tune the one cached checkpoint, each from
+# its own held-out loss (bf16: of the rounded weights); --param standard
+# is the same model with the scale in the weights; bad values exit 2.
+one() { "$BENCH" loco --only-pulseloco --problem text-rl --trainers 2 --rounds 1 --inner 2 --params 30000 --json "$@"; }
+one --compute fp32 >"$work/k.json" 2>"$work/err" || bad "--compute fp32: $(cat "$work/err")"
+one --compute bf16 >"$work/l.json" 2>"$work/err" || bad "--compute bf16: $(cat "$work/err")"
+one --compute fp32 --param standard >"$work/m.json" 2>"$work/err" || bad "--param standard: $(cat "$work/err")"
+k=$(grep '^{"summary":true' "$work/k.json")
+l=$(grep '^{"summary":true' "$work/l.json")
+m=$(grep '^{"summary":true' "$work/m.json")
+expect "--compute fp32" '"fp32"' "$(json_val "$k" compute)"
+expect "--compute bf16" '"bf16"' "$(json_val "$l" compute)"
+expect "--param standard" '"standard"' "$(json_val "$m" param)"
+expect "fp32: its start is its pretrain_loss" "$(json_val "$k" pretrain_loss)" "$(json_val "$k" initial_loss)"
+expect "bf16: its start is its pretrain_loss" "$(json_val "$l" pretrain_loss)" "$(json_val "$l" initial_loss)"
+[ "$(json_val "$l" initial_loss)" != "$(json_val "$k" initial_loss)" ] && ok ||
+  bad "bf16 and fp32 compute start from the same loss: nothing rounded"
+awk -v a="$(json_val "$k" initial_loss)" -v b="$(json_val "$m" initial_loss)" \
+  'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a > 0 && d < 1e-4 * a) }' && ok ||
+  bad "--param standard starts at $(json_val "$m" initial_loss), scaled at $(json_val "$k" initial_loss)"
+expect "--compute and --param: still one checkpoint" 1 "$(ls "$PULSE_CACHE_DIR"/text-pretrained-*.bin 2>/dev/null | wc -l)"
+"$BENCH" loco --compute fp16 >/dev/null 2>"$work/err"
+expect "--compute fp16 exit status" 2 "$?"
+"$BENCH" loco --param standard --problem teacher >/dev/null 2>"$work/err"
+expect "--param standard on teacher exit status" 2 "$?"
 unset PULSE_CACHE_DIR
 
 echo "$test_name: $pass passed, $failures failed"

@@ -97,6 +97,8 @@ int bench_loco_main(int argc, char **argv) {
                     0,
                     PULSE_SIM_PROBLEM_TEXT,
                     NULL,
+                    -1,
+                    PULSE_SIM_PARAM_SCALED,
                     0,
                     {NULL},
                     {{0, {0}}},

@@ -65,6 +65,22 @@ void bench_loco_usage(FILE *out) {
       "rounds)\n"
       "                   or teacher (distillation towards a nearby teacher)\n"
       "  --text FILE      text: learn this file instead\n"
+      "  --compute M      what the trainers compute with: fp32 (the FP32 "
+      "weights) or\n"
+      "                   bf16 (their BF16 rounding, as mixed-precision "
+      "trainers and a\n"
+      "                   BF16 inference engine do: forward, backward, RL "
+      "sampling,\n"
+      "                   held-out loss and reward; Adam updates the FP32 "
+      "weights).\n"
+      "                   Default: " PULSE_SIM_TEXT_COMPUTE_HELP "\n"
+      "  --param P        text problems: where the layers' 1/sqrt(fan-in) "
+      "scale lives:\n"
+      "                   scaled (default: multipliers in the forward, "
+      "weights O(1))\n"
+      "                   or standard (in the weights, as in LLMs; text-sft "
+      "and text-rl\n"
+      "                   convert the cached checkpoint: the same function)\n"
       "  --lr X           inner Adam learning rate (default: the problem's, "
       "2e-3 for\n"
       "                   text, 5e-6 for text-sft and text-rl, 2e-5 for "
@@ -76,7 +92,8 @@ void bench_loco_usage(FILE *out) {
       "  --deadline-ms D  per-round payload deadline (default 2000)\n"
       "  --rule NAME      what a round does with a payload that did not arrive "
       "(loco/\n"
-      "                   docs/formats/loco-payload.md \"Loss rules\"): drop (default: divide by "
+      "                   docs/formats/loco-payload.md \"Loss rules\"): drop "
+      "(default: divide by "
       "what\n"
       "                   arrived, the lost part goes), keep (divide by every "
       "trainer,\n"
@@ -251,6 +268,19 @@ int bench_loco_parse(int argc, char **argv, loco_args *a) {
                    : strcmp(v, "text-sft") == 0 ? PULSE_SIM_PROBLEM_TEXT_SFT
                    : strcmp(v, "text-rl") == 0  ? PULSE_SIM_PROBLEM_TEXT_RL
                                                 : PULSE_SIM_PROBLEM_TEACHER;
+    } else if ((m = pulse_cli_opt_value(argc, argv, &i, "--compute", &v)) !=
+               0) {
+      if (m < 0 || (strcmp(v, "fp32") != 0 && strcmp(v, "bf16") != 0))
+        return usage_error("--compute needs fp32 or bf16, got '%s'",
+                           m < 0 ? "" : v);
+      a->compute = strcmp(v, "bf16") == 0 ? PULSE_SIM_COMPUTE_BF16
+                                          : PULSE_SIM_COMPUTE_FP32;
+    } else if ((m = pulse_cli_opt_value(argc, argv, &i, "--param", &v)) != 0) {
+      if (m < 0 || (strcmp(v, "scaled") != 0 && strcmp(v, "standard") != 0))
+        return usage_error("--param needs scaled or standard, got '%s'",
+                           m < 0 ? "" : v);
+      a->parametrization = strcmp(v, "standard") == 0 ? PULSE_SIM_PARAM_STANDARD
+                                                      : PULSE_SIM_PARAM_SCALED;
     } else if ((m = pulse_cli_opt_value(argc, argv, &i, "--text", &v)) != 0) {
       if (m < 0 || *v == '\0')
         return usage_error("--text needs a file%s", "");
@@ -275,8 +305,15 @@ int bench_loco_parse(int argc, char **argv, loco_args *a) {
       return usage_error("unknown option '%s'", arg);
     }
   }
+  if (a->compute < 0)
+    a->compute = bench_loco_default_compute(a->problem);
   if (a->join_round >= (int)a->rounds)
     return usage_error("--join-round must be below --rounds%s", "");
+  if (a->parametrization == PULSE_SIM_PARAM_STANDARD &&
+      !pulse_sim_problem_is_text(a->problem))
+    return usage_error("--param standard needs --problem text, text-sft or "
+                       "text-rl%s",
+                       "");
   if (a->text_path != NULL && !pulse_sim_problem_is_text(a->problem))
     return usage_error("--text needs --problem text, text-sft or text-rl%s",
                        "");

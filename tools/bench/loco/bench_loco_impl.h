@@ -59,6 +59,10 @@ typedef struct {
   uint32_t nnetns;
   uint32_t problem;      /* PULSE_SIM_PROBLEM_TEXT (default) or _TEACHER */
   const char *text_path; /* --text FILE; NULL: base-files' licences */
+  /* --compute: PULSE_SIM_COMPUTE_*; -1 until parsed, then the problem's
+   * default (bench_loco_default_compute) when not given. */
+  int compute;
+  uint32_t parametrization; /* --param: PULSE_SIM_PARAM_* */
   /* Authentication (issue 15): every trainer signs with its key (made for
    * the run, before the trainers fork) and pins every trainer's; --no-auth
    * turns it off to compare. */
@@ -168,6 +172,10 @@ pulse_sim_problem *bench_loco_make_problem(const loco_args *a);
 /** Checks, before any process starts, that the problem can be built (its
  * data's size and digest, its parameter count). @return 0 when it can. */
 const char *bench_loco_problem_name(uint32_t kind);
+/** What a problem computes with when --compute is not given, and the
+ * option's name of a mode ("fp32", "bf16"). */
+int bench_loco_default_compute(uint32_t kind);
+const char *bench_loco_compute_name(int compute);
 int bench_loco_check_problem(const loco_args *a, uint64_t *bytes,
                              uint64_t *digest, uint64_t *P,
                              double *pretrain_loss, uint32_t *pretrain_steps,

@@ -21,6 +21,8 @@ pulse_sim_problem *bench_loco_make_problem(const loco_args *a) {
     po.lr = PULSE_SIM_TEXT_SFT_LR;
   else if (a->problem == PULSE_SIM_PROBLEM_TEXT_RL)
     po.lr = PULSE_SIM_TEXT_RL_LR;
+  po.compute = (uint32_t)a->compute;
+  po.parametrization = a->parametrization;
   po.hidden = pulse_sim_problem_hidden_for(&po, a->params);
   pulse_sim_problem *p = NULL;
   if (pulse_sim_problem_create(&po, &p) != PULSE_OK)
@@ -35,6 +37,16 @@ const char *bench_loco_problem_name(uint32_t kind) {
          : kind == PULSE_SIM_PROBLEM_TEXT_SFT ? "text-sft"
          : kind == PULSE_SIM_PROBLEM_TEXT_RL  ? "text-rl"
                                               : "teacher";
+}
+
+int bench_loco_default_compute(uint32_t kind) {
+  return kind == PULSE_SIM_PROBLEM_TEXT_SFT  ? PULSE_SIM_TEXT_SFT_COMPUTE
+         : kind == PULSE_SIM_PROBLEM_TEXT_RL ? PULSE_SIM_TEXT_RL_COMPUTE
+                                             : PULSE_SIM_COMPUTE_FP32;
+}
+
+const char *bench_loco_compute_name(int compute) {
+  return compute == PULSE_SIM_COMPUTE_BF16 ? "bf16" : "fp32";
 }
 
 int bench_loco_check_problem(const loco_args *a, uint64_t *bytes,

@@ -167,9 +167,12 @@ void bench_loco_print_summary_json(const bench *b, const totals *t,
    * little: how much of DiLoCo-BF16's decrease PULSELoCo made says more. */
   double dec_ref = b->init_loss - t->final_loss[DILOCO_BF16];
   double dec_pulse = b->init_loss - t->final_loss[PULSELOCO];
-  printf(",\"lr\":%g,\"pretrain_steps\":%u,\"pretrain_loss\":%.6f,"
+  printf(",\"lr\":%g,\"compute\":\"%s\",\"param\":\"%s\","
+         "\"pretrain_steps\":%u,\"pretrain_loss\":%.6f,"
          "\"density_pulseloco\":%.5f,\"loss_decrease_vs_diloco_bf16\":%.4f",
-         b->lr, b->pretrain_steps, b->pretrain_loss,
+         b->lr, bench_loco_compute_name(a->compute),
+         a->parametrization == PULSE_SIM_PARAM_STANDARD ? "standard" : "scaled",
+         b->pretrain_steps, b->pretrain_loss,
          (double)t->entries / ((double)b->P * per),
          dec_ref != 0.0 ? dec_pulse / dec_ref : 0.0);
   for (int m = 0; m < METHODS; m++)
@@ -234,6 +237,14 @@ void bench_loco_print_summary_text(const bench *b, const totals *t,
          "text: 0, unknown)\n",
          b->P, a->trainers, a->rounds, a->inner, a->seed, b->init_loss,
          b->floor);
+  printf("  trainers compute with the %s weights%s; %s parametrization\n",
+         a->compute == PULSE_SIM_COMPUTE_BF16 ? "BF16-rounded" : "FP32",
+         a->compute == PULSE_SIM_COMPUTE_BF16
+             ? " (Adam updates FP32 master weights; --compute)"
+             : " (--compute)",
+         a->parametrization == PULSE_SIM_PARAM_STANDARD
+             ? "standard (scale in the weights; --param)"
+             : "scaled (scale in the forward; --param)");
   if (b->pretrain_steps > 0)
     printf("  pretrained: %u Adam steps at %g, held-out loss %.5f; %s at %g "
            "on unseen text\n",
