@@ -380,6 +380,27 @@ pulse_status collab_get_state(pulse_loco_collab *c, const char *base,
   return st;
 }
 
+/* The serving member after `via` (cyclically) in the last view the join
+ * had (`known`; none yet: this peer's own), other than this peer, into
+ * via: 1 when there is another one. */
+static int next_seed(const pulse_loco_collab *c, const loco_manifest *known,
+                     char *via, size_t cap) {
+  const pulse_loco_member *m = known->nmembers ? known->members : c->members;
+  size_t n = known->nmembers ? known->nmembers : c->nmembers, from = 0;
+  for (size_t i = 0; i < n; i++)
+    if (strcmp(m[i].url, via) == 0)
+      from = i + 1;
+  for (size_t k = 0; k < n; k++) {
+    const pulse_loco_member *x = &m[(from + k) % n];
+    if (x->id != c->id && strcmp(x->url, via) != 0 &&
+        !loco_url_hosted(x->url, NULL, 0, NULL)) {
+      snprintf(via, cap, "%s", x->url);
+      return 1;
+    }
+  }
+  return 0;
+}
+
 pulse_status pulse_loco_collab_join(pulse_loco_collab *c, const char *seed,
                                     float *theta_r, uint32_t timeout_ms) {
   /* A client-mode member's URL names its host: the join goes there (a
@@ -393,10 +414,31 @@ pulse_status pulse_loco_collab_join(pulse_loco_collab *c, const char *seed,
                       "(or a client-mode member's URL)");
   uint64_t end = loco_now_ms() + timeout_ms;
   pulse_status st = PULSE_OK;
+  /* The seed may die while this peer waits to be admitted (a member killed
+   * right after it answered): then the join goes on through the next
+   * serving member of the last view it had (a client joins through its
+   * host only: moving to another is its own path). */
+  char via[64];
+  snprintf(via, sizeof via, "%s", seed);
+  loco_manifest known;
+  memset(&known, 0, sizeof known);
+  int moved = 0; /* said once */
   do {
     loco_manifest view;
     memset(&view, 0, sizeof view);
-    st = get_view(c, seed, left_ms(end), &view);
+    st = get_view(c, via, left_ms(end), &view);
+    if (st != PULSE_OK && st != PULSE_ERR_CORRUPT && c->host_url[0] == '\0' &&
+        next_seed(c, &known, via, sizeof via) && !moved++)
+      PULSE_LOG_AT(PULSE_LOG_WARN,
+                   "loco collab join: %s (%s); joining through %s and the "
+                   "other members",
+                   seed, pulse_error_detail(), via);
+    int got = st == PULSE_OK;
+    /* Test hook (phase 6, collab_impl.h): time for a test to kill the seed
+     * while this peer waits to be admitted. */
+    if (got && known.nmembers == 0 && loco_collab_test_stall_phase == 6 &&
+        c->id == loco_collab_test_stall_id)
+      loco_sleep_ms(2000);
     int at = st == PULSE_OK ? loco_member_find(view.members, view.nmembers, c->id)
                             : -1;
     /* Listed under another URL (a client that moved to another host, not
@@ -404,7 +446,7 @@ pulse_status pulse_loco_collab_join(pulse_loco_collab *c, const char *seed,
     if (at >= 0 && strcmp(view.members[at].url, c->url) != 0)
       at = -1;
     if (at >= 0) {
-      st = pulse_loco_collab_import(c, seed, view.round, theta_r, left_ms(end));
+      st = pulse_loco_collab_import(c, via, view.round, theta_r, left_ms(end));
       if (st == PULSE_OK) {
         collab_set_members(c, view.members, view.nmembers);
         c->dropped = 0;
@@ -412,6 +454,7 @@ pulse_status pulse_loco_collab_join(pulse_loco_collab *c, const char *seed,
         if (st == PULSE_OK)
           st = collab_publish_view(c);
         loco_manifest_free(&view);
+        loco_manifest_free(&known);
         return st;
       }
     } else if (st == PULSE_OK) {
@@ -429,14 +472,20 @@ pulse_status pulse_loco_collab_join(pulse_loco_collab *c, const char *seed,
         loco_http_post(url, 300, &status);
       }
     }
-    loco_manifest_free(&view);
+    if (got) { /* the last view it had, where another seed is found */
+      loco_manifest_free(&known);
+      known = view;
+    } else {
+      loco_manifest_free(&view);
+    }
     loco_sleep_ms(20);
   } while (loco_now_ms() < end);
+  loco_manifest_free(&known);
   return st != PULSE_OK ? st
                         : pulse_fail(PULSE_ERR_IO,
                                      "loco collab join: not admitted through "
                                      "%s in %u ms",
-                                     seed, timeout_ms);
+                                     via, timeout_ms);
 }
 
 /* ------------------------------------------------------------ client mode */

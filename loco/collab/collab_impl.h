@@ -325,7 +325,9 @@ extern uint64_t loco_collab_test_bandwidth_per_id;
  * for good: a finisher that dies after its word, before anyone imported
  * its state; or (phase 5, a member that does not write the round) waits
  * a round timeout and two claim timeouts before it says it is ready, so
- * the writer leaves it out, and waits 2 s before it joins again. Phase 0:
+ * the writer leaves it out, and waits 2 s before it joins again; or
+ * (phase 6) is left out as in phase 5 and waits 2 s once its join had the
+ * first view from its seed (time to kill the seed mid-join). Phase 0:
  * never (the default). */
 extern uint32_t loco_collab_test_stall_id;
 extern uint64_t loco_collab_test_stall_round;

@@ -67,7 +67,7 @@ static void test_stall(pulse_loco_collab *c, uint64_t r, int writer,
       loco_sleep_ms(1000);
   } else if (point == 3 && phase == 3) {
     loco_sleep_ms(1000);
-  } else if (point == 4 && phase == 5 && !writer) {
+  } else if (point == 4 && (phase == 5 || phase == 6) && !writer) {
     /* Past the writer's wait: left out of the round. */
     loco_sleep_ms(c->opts.round_timeout_ms + 2u * c->opts.claim_timeout_ms);
   }

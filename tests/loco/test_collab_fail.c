@@ -174,3 +174,61 @@ Test(collab_fail, a_member_left_out_rejoins_through_another_when_its_source_died
   }
   ct_quit(ks, CF_N);
 }
+
+/* A member left out of a round joins again through the member that wrote
+ * it; when that member dies while the joiner waits to be admitted (it
+ * answered the joiner's first request: test hook, phase 6, peer 4 then
+ * waits 2 s), the join goes on through another member of the view it had
+ * instead of ending with an error after its timeout. */
+static void kill_source_mid_join(ct_child *ks, size_t n, size_t i,
+                                 const ct_round *r, void *user) {
+  (void)n;
+  cf_rejoin *w = user;
+  if (i != 3)
+    return;
+  if (!w->killed && r->round == CF_ROUND) {
+    w->left_out = !r->included;
+    /* Peer 4 chooses its seed and asks it once, then waits 2 s. */
+    usleep(1000 * 1000);
+    ct_kill(&ks[1]);
+    w->killed = 1;
+  } else if (w->killed && r->resynced) {
+    w->rejoined = 1;
+  }
+}
+
+Test(collab_fail, a_member_joining_again_goes_on_when_its_seed_dies_mid_join,
+     .timeout = 180) {
+  ct_child ks[CF_N];
+  ct_partitioned = 0;
+  ct_round_timeout_ms = CT_KILL_ROUND_TIMEOUT_MS;
+  loco_collab_test_stall_id = 4;
+  loco_collab_test_stall_round = CF_ROUND;
+  loco_collab_test_stall_phase = 6;
+  for (uint32_t i = 0; i < CF_N; i++) {
+    ct_peer_cfg cfg = {i + 1, 4, 96, CF_REJOIN_ROUNDS, -1, CT_KILL_STEP_US};
+    ct_spawn(&ks[i], &cfg);
+  }
+  loco_collab_test_stall_phase = 0;
+  ct_round_timeout_ms = 0;
+  for (size_t i = 0; i < CF_N; i++)
+    ct_hello(&ks[i]);
+  ct_start(ks, CF_N);
+  static ct_log log;
+  memset(&log, 0, sizeof log);
+  cf_rejoin w = {0, 0, 0};
+  ct_collect_spins = 9000;
+  ct_collect(ks, CF_N, &log, kill_source_mid_join, &w);
+  ct_collect_spins = 0;
+  cr_assert(w.killed, "peer 4 never reported round %d", CF_ROUND);
+  cr_assert(w.left_out, "peer 4 was not left out of round %d", CF_ROUND);
+  cr_assert(w.rejoined, "peer 4 did not join again");
+  size_t alive[] = {0, 2, 3};
+  for (size_t a = 0; a < 3; a++) {
+    size_t i = alive[a];
+    cr_assert_eq(log.final_round[i], CF_REJOIN_ROUNDS, "peer %zu", i + 1);
+    cr_assert_eq(log.final_digest[i], log.final_digest[0],
+                 "peer %zu ends apart from peer 1", i + 1);
+  }
+  ct_quit(ks, CF_N);
+}
