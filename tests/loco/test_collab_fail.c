@@ -137,14 +137,16 @@ static void kill_source_when_left_out(ct_child *ks, size_t n, size_t i,
   }
 }
 
-Test(collab_fail, a_member_left_out_rejoins_through_another_when_its_source_died,
-     .timeout = 180) {
+/* CF_N peers; peer 4 is left out of round CF_ROUND (test hook `phase`) and
+ * `kill` kills its source; every survivor reaches the last round with the
+ * same weights, and peer 4 joined again. */
+static void rejoin_when_source_dies(int phase, ct_on_round kill) {
   ct_child ks[CF_N];
   ct_partitioned = 0;
   ct_round_timeout_ms = CT_KILL_ROUND_TIMEOUT_MS;
   loco_collab_test_stall_id = 4;
   loco_collab_test_stall_round = CF_ROUND;
-  loco_collab_test_stall_phase = 5;
+  loco_collab_test_stall_phase = phase;
   for (uint32_t i = 0; i < CF_N; i++) {
     ct_peer_cfg cfg = {i + 1, 4, 96, CF_REJOIN_ROUNDS, -1, CT_KILL_STEP_US};
     ct_spawn(&ks[i], &cfg);
@@ -160,7 +162,7 @@ Test(collab_fail, a_member_left_out_rejoins_through_another_when_its_source_died
   /* A dead member costs the survivors a wait; the rejoin a round or two:
    * a minute and a half at most, loaded. */
   ct_collect_spins = 9000;
-  ct_collect(ks, CF_N, &log, kill_source_when_left_out, &w);
+  ct_collect(ks, CF_N, &log, kill, &w);
   ct_collect_spins = 0;
   cr_assert(w.killed, "peer 4 never reported round %d", CF_ROUND);
   cr_assert(w.left_out, "peer 4 was not left out of round %d", CF_ROUND);
@@ -173,6 +175,12 @@ Test(collab_fail, a_member_left_out_rejoins_through_another_when_its_source_died
                  "peer %zu ends apart from peer 1", i + 1);
   }
   ct_quit(ks, CF_N);
+}
+
+Test(collab_fail,
+     a_member_left_out_rejoins_through_another_when_its_source_died,
+     .timeout = 180) {
+  rejoin_when_source_dies(5, kill_source_when_left_out);
 }
 
 /* A member left out of a round joins again through the member that wrote
@@ -199,36 +207,5 @@ static void kill_source_mid_join(ct_child *ks, size_t n, size_t i,
 
 Test(collab_fail, a_member_joining_again_goes_on_when_its_seed_dies_mid_join,
      .timeout = 180) {
-  ct_child ks[CF_N];
-  ct_partitioned = 0;
-  ct_round_timeout_ms = CT_KILL_ROUND_TIMEOUT_MS;
-  loco_collab_test_stall_id = 4;
-  loco_collab_test_stall_round = CF_ROUND;
-  loco_collab_test_stall_phase = 6;
-  for (uint32_t i = 0; i < CF_N; i++) {
-    ct_peer_cfg cfg = {i + 1, 4, 96, CF_REJOIN_ROUNDS, -1, CT_KILL_STEP_US};
-    ct_spawn(&ks[i], &cfg);
-  }
-  loco_collab_test_stall_phase = 0;
-  ct_round_timeout_ms = 0;
-  for (size_t i = 0; i < CF_N; i++)
-    ct_hello(&ks[i]);
-  ct_start(ks, CF_N);
-  static ct_log log;
-  memset(&log, 0, sizeof log);
-  cf_rejoin w = {0, 0, 0};
-  ct_collect_spins = 9000;
-  ct_collect(ks, CF_N, &log, kill_source_mid_join, &w);
-  ct_collect_spins = 0;
-  cr_assert(w.killed, "peer 4 never reported round %d", CF_ROUND);
-  cr_assert(w.left_out, "peer 4 was not left out of round %d", CF_ROUND);
-  cr_assert(w.rejoined, "peer 4 did not join again");
-  size_t alive[] = {0, 2, 3};
-  for (size_t a = 0; a < 3; a++) {
-    size_t i = alive[a];
-    cr_assert_eq(log.final_round[i], CF_REJOIN_ROUNDS, "peer %zu", i + 1);
-    cr_assert_eq(log.final_digest[i], log.final_digest[0],
-                 "peer %zu ends apart from peer 1", i + 1);
-  }
-  ct_quit(ks, CF_N);
+  rejoin_when_source_dies(6, kill_source_mid_join);
 }
