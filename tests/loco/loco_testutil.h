@@ -5,15 +5,33 @@
 #define PULSE_LOCO_TESTUTIL_H
 
 #include <criterion/criterion.h>
+#include <errno.h>
 #include <float.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "pulse_loco.h"
 #include "rng_impl.h"
 
+/* A text of n bytes in a new file (path: a mkstemp template, filled in):
+ * the eight words drawn in a seeded order, so that within a word every
+ * byte follows from the ones before and a continuation can be learnt. */
+static inline void lt_write_words(char *path, const char *const words[8],
+                                  uint64_t seed, size_t n) {
+  int fd = mkstemp(path);
+  cr_assert(fd >= 0, "mkstemp: %s", strerror(errno));
+  FILE *f = fdopen(fd, "w");
+  for (size_t out = 0; out < n;) {
+    const char *w = words[pulse_rng_below(&seed, 8)];
+    size_t len = strlen(w) < n - out ? strlen(w) : n - out;
+    fwrite(w, 1, len, f);
+    out += len;
+  }
+  fclose(f);
+}
 
 static inline float lt_normal(uint64_t *s) {
   double u = pulse_rng_uniform(s), v = pulse_rng_uniform(s);

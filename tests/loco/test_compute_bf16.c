@@ -18,20 +18,11 @@
 
 /* n bytes of a few words in a seeded order (a learnable continuation). */
 static void write_words(char *path, size_t cap, size_t n) {
+  static const char *const words[8] = {"weight ", "master ", "round ",
+                                       "even ",   "half ",   "the ",
+                                       "ulp ",    "moves "};
   snprintf(path, cap, "/tmp/pulse_bf16_XXXXXX");
-  int fd = mkstemp(path);
-  cr_assert(fd >= 0, "mkstemp: %s", strerror(errno));
-  static const char *words[] = {"weight ", "master ", "round ", "even ",
-                                "half ",   "the ",    "ulp ",   "moves "};
-  uint64_t s = 7;
-  FILE *f = fdopen(fd, "w");
-  for (size_t out = 0; out < n;) {
-    const char *w = words[pulse_rng_below(&s, 8)];
-    size_t len = strlen(w) < n - out ? strlen(w) : n - out;
-    fwrite(w, 1, len, f);
-    out += len;
-  }
-  fclose(f);
+  lt_write_words(path, words, 7, n);
 }
 
 static pulse_sim_problem_opts small_opts(const char *path, uint32_t kind,

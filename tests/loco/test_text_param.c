@@ -19,20 +19,10 @@ enum { K = 3, D = 4, H = 16, V = 256 };
 #define W2_AT (W1_AT + (uint64_t)K * D * H + H)
 
 static void write_words(char *path, size_t cap, size_t n) {
+  static const char *const words[8] = {"scale ", "fan ", "in ",      "weight ",
+                                       "layer ", "the ", "forward ", "of "};
   snprintf(path, cap, "/tmp/pulse_param_XXXXXX");
-  int fd = mkstemp(path);
-  cr_assert(fd >= 0, "mkstemp: %s", strerror(errno));
-  static const char *words[] = {"scale ", "fan ", "in ",      "weight ",
-                                "layer ", "the ", "forward ", "of "};
-  uint64_t s = 3;
-  FILE *f = fdopen(fd, "w");
-  for (size_t out = 0; out < n;) {
-    const char *w = words[pulse_rng_below(&s, 8)];
-    size_t len = strlen(w) < n - out ? strlen(w) : n - out;
-    fwrite(w, 1, len, f);
-    out += len;
-  }
-  fclose(f);
+  lt_write_words(path, words, 3, n);
 }
 
 static pulse_sim_problem *make(const char *path, uint32_t kind,

@@ -18,20 +18,11 @@
 /* n bytes of a few words in a seeded order: within a word every byte
  * follows from the ones before, so a continuation can be learnt. */
 static void write_words(char *path, size_t cap, size_t n) {
+  static const char *const words[8] = {"reward ", "policy ", "sample ",
+                                       "group ",  "mean ",   "the ",
+                                       "of ",     "step "};
   snprintf(path, cap, "/tmp/pulse_rl_XXXXXX");
-  int fd = mkstemp(path);
-  cr_assert(fd >= 0, "mkstemp: %s", strerror(errno));
-  static const char *words[] = {"reward ", "policy ", "sample ", "group ",
-                                "mean ",   "the ",    "of ",     "step "};
-  uint64_t s = 11;
-  FILE *f = fdopen(fd, "w");
-  for (size_t out = 0; out < n;) {
-    const char *w = words[pulse_rng_below(&s, 8)];
-    size_t len = strlen(w) < n - out ? strlen(w) : n - out;
-    fwrite(w, 1, len, f);
-    out += len;
-  }
-  fclose(f);
+  lt_write_words(path, words, 11, n);
 }
 
 static pulse_sim_problem_opts rl_opts(const char *path) {
