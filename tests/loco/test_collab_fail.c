@@ -119,17 +119,21 @@ Test(collab_fail, an_owner_and_a_finisher_after_its_word_killed_in_one_round,
 #define CF_REJOIN_ROUNDS 60
 
 typedef struct {
+  unsigned kill_after_ms; /* from peer 4's report of round CF_ROUND */
   int killed, left_out, rejoined;
 } cf_rejoin;
 
-static void kill_source_when_left_out(ct_child *ks, size_t n, size_t i,
-                                      const ct_round *r, void *user) {
+/* Once peer 4 reported round CF_ROUND: kill_after_ms later, peer 2 (its
+ * source) is killed; then peer 4 must resync. */
+static void kill_source(ct_child *ks, size_t n, size_t i, const ct_round *r,
+                        void *user) {
   (void)n;
   cf_rejoin *w = user;
   if (i != 3)
     return;
   if (!w->killed && r->round == CF_ROUND) {
     w->left_out = !r->included;
+    usleep(w->kill_after_ms * 1000u);
     ct_kill(&ks[1]);
     w->killed = 1;
   } else if (w->killed && r->resynced) {
@@ -138,9 +142,10 @@ static void kill_source_when_left_out(ct_child *ks, size_t n, size_t i,
 }
 
 /* CF_N peers; peer 4 is left out of round CF_ROUND (test hook `phase`) and
- * `kill` kills its source; every survivor reaches the last round with the
- * same weights, and peer 4 joined again. */
-static void rejoin_when_source_dies(int phase, ct_on_round kill) {
+ * its source is killed kill_after_ms after peer 4 reported that round; every
+ * survivor reaches the last round with the same weights, and peer 4 joined
+ * again. */
+static void rejoin_when_source_dies(int phase, unsigned kill_after_ms) {
   ct_child ks[CF_N];
   ct_partitioned = 0;
   ct_round_timeout_ms = CT_KILL_ROUND_TIMEOUT_MS;
@@ -158,11 +163,11 @@ static void rejoin_when_source_dies(int phase, ct_on_round kill) {
   ct_start(ks, CF_N);
   static ct_log log;
   memset(&log, 0, sizeof log);
-  cf_rejoin w = {0, 0, 0};
+  cf_rejoin w = {kill_after_ms, 0, 0, 0};
   /* A dead member costs the survivors a wait; the rejoin a round or two:
    * a minute and a half at most, loaded. */
   ct_collect_spins = 9000;
-  ct_collect(ks, CF_N, &log, kill, &w);
+  ct_collect(ks, CF_N, &log, kill_source, &w);
   ct_collect_spins = 0;
   cr_assert(w.killed, "peer 4 never reported round %d", CF_ROUND);
   cr_assert(w.left_out, "peer 4 was not left out of round %d", CF_ROUND);
@@ -180,7 +185,7 @@ static void rejoin_when_source_dies(int phase, ct_on_round kill) {
 Test(collab_fail,
      a_member_left_out_rejoins_through_another_when_its_source_died,
      .timeout = 180) {
-  rejoin_when_source_dies(5, kill_source_when_left_out);
+  rejoin_when_source_dies(5, 0);
 }
 
 /* A member left out of a round joins again through the member that wrote
@@ -188,24 +193,8 @@ Test(collab_fail,
  * answered the joiner's first request: test hook, phase 6, peer 4 then
  * waits 2 s), the join goes on through another member of the view it had
  * instead of ending with an error after its timeout. */
-static void kill_source_mid_join(ct_child *ks, size_t n, size_t i,
-                                 const ct_round *r, void *user) {
-  (void)n;
-  cf_rejoin *w = user;
-  if (i != 3)
-    return;
-  if (!w->killed && r->round == CF_ROUND) {
-    w->left_out = !r->included;
-    /* Peer 4 chooses its seed and asks it once, then waits 2 s. */
-    usleep(1000 * 1000);
-    ct_kill(&ks[1]);
-    w->killed = 1;
-  } else if (w->killed && r->resynced) {
-    w->rejoined = 1;
-  }
-}
-
 Test(collab_fail, a_member_joining_again_goes_on_when_its_seed_dies_mid_join,
      .timeout = 180) {
-  rejoin_when_source_dies(6, kill_source_mid_join);
+  /* Peer 4 chooses its seed and asks it once, then waits 2 s. */
+  rejoin_when_source_dies(6, 1000);
 }
