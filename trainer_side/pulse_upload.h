@@ -118,6 +118,82 @@ pulse_status pulse_upload_store(pulse_upload *up, const char *store_dir,
  * aborted, over all its calls (see pulse_upload_store). 0 for NULL. */
 uint64_t pulse_upload_stale_aborted(const pulse_upload *up);
 
+/* ---- One object, its parts put by several handles.
+ *
+ * A sharded trainer's ranks (on hosts without a shared filesystem) upload
+ * the parts of one object, an anchor, as ONE S3 multipart upload: one rank
+ * begins it and sends the upload id to the others, each puts its parts
+ * (any handle with the same target may put parts of an upload begun by
+ * another, in another process), one completes it with every part's ETag.
+ * The object appears whole at completion or not at all. rel is a path of
+ * the store ("objects/<sha256>.safetensors"), under the target's prefix.
+ * Requests are signed and retried as pulse_upload_store's. S3 refuses, at
+ * completion, parts other than the last under 5 MiB (some services do
+ * not): sizes are the caller's choice, not checked here. An upload left
+ * incomplete is aborted by the next pulse_upload_store of a handle that
+ * looks for stale uploads (see there): begin, put and finish after that
+ * call, not around it. Errors name the method, key, HTTP status and the
+ * service's message (pulse_error_detail()). */
+
+/** Begins a multipart upload of rel (CreateMultipartUpload; Cache-Control
+ * and content type as pulse_upload_store's objects): its id, NUL-ended, in
+ * upload_id (cap bytes; 1024 hold any).
+ * @return PULSE_OK; PULSE_ERR_ARG (NULL, a rel that is not a relative
+ * path, an id over cap); PULSE_ERR_IO (a request that failed after its
+ * retries); PULSE_ERR_CORRUPT (no UploadId in the answer);
+ * PULSE_ERR_NOMEM. */
+pulse_status pulse_upload_part_begin(pulse_upload *up, const char *rel,
+                                     char *upload_id, size_t cap);
+
+/** Puts part `number` (1..10000) of upload_id, len bytes of data (borrowed
+ * for the call), retried; its ETag, as the service sent it, NUL-ended, in
+ * etag (cap bytes; 256 hold any). Putting a number again replaces it.
+ * @return PULSE_OK; PULSE_ERR_ARG; PULSE_ERR_IO (an unknown upload id
+ * included: HTTP 404 NoSuchUpload); PULSE_ERR_NOMEM. */
+pulse_status pulse_upload_part_put(pulse_upload *up, const char *rel,
+                                   const char *upload_id, uint32_t number,
+                                   const void *data, size_t len, char *etag,
+                                   size_t cap);
+
+/** Completes upload_id with parts 1..n, part k+1's ETag in etags[k]
+ * (CompleteMultipartUpload): rel then holds the parts' bytes in order. An
+ * error the service gives inside a 200 answer is a failure too.
+ * @return PULSE_OK; PULSE_ERR_ARG (n of 0 or over 10,000, an ETag that is
+ * not printable text); PULSE_ERR_IO (a wrong or missing part: HTTP 400
+ * InvalidPart, ...); PULSE_ERR_NOMEM. After a failure the upload is still
+ * open: complete it again or abort it. */
+pulse_status pulse_upload_part_finish(pulse_upload *up, const char *rel,
+                                      const char *upload_id,
+                                      const char *const *etags, size_t n);
+
+/** Aborts upload_id (AbortMultipartUpload): its parts are dropped, rel is
+ * not written. @return PULSE_OK; PULSE_ERR_NOT_FOUND (no such upload:
+ * completed, aborted, or never begun); PULSE_ERR_ARG; PULSE_ERR_IO. */
+pulse_status pulse_upload_part_abort(pulse_upload *up, const char *rel,
+                                     const char *upload_id);
+
+/** The size of the bucket's object rel (HEAD) in *size.
+ * @return PULSE_OK; PULSE_ERR_NOT_FOUND (no such object); PULSE_ERR_ARG;
+ * PULSE_ERR_IO. */
+pulse_status pulse_upload_object_size(pulse_upload *up, const char *rel,
+                                      uint64_t *size);
+
+/** Fetches into the store folder store_dir the objects its head.json names
+ * that are missing from it (a staging store whose head names anchors only
+ * the bucket holds; run before the store is opened, as its recovery refuses
+ * a head naming a missing object). Each is streamed from the bucket into a
+ * temporary file in objects/ (never held in memory), fsynced and renamed
+ * only when its bytes hash to its name (SHA-256) and number the head's
+ * size. Objects present are not checked here. fetched (may be NULL): how
+ * many were fetched.
+ * @return PULSE_OK; PULSE_ERR_NOT_FOUND (no head, or an object neither the
+ * store nor the bucket holds); PULSE_ERR_CORRUPT (the bucket's bytes are
+ * not the object's: refused, nothing left in the store; or a head that
+ * does not parse); PULSE_ERR_IO; PULSE_ERR_NOMEM. The objects fetched
+ * before a failure stay (each whole and checked). */
+pulse_status pulse_upload_fetch_missing(pulse_upload *up, const char *store_dir,
+                                        size_t *fetched);
+
 #ifdef __cplusplus
 }
 #endif

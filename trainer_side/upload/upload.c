@@ -48,81 +48,42 @@ static pulse_status put_multipart(pulse_upload *up, const pulse_store_object *o,
     part = (part + ((uint64_t)1 << 20) - 1) & ~(((uint64_t)1 << 20) - 1);
   }
   size_t nparts = (size_t)((o->size + part - 1) / part);
-  upload_req c;
-  upload_req_init(&c, "POST");
-  snprintf(c.key, sizeof c.key, "%s", key);
-  snprintf(c.query, sizeof c.query, "uploads=");
-  c.cache_control = IMMUTABLE;
-  c.content_type = "application/octet-stream";
-  upload_req *one = &c;
-  pulse_status st = upload_run(up, &one, 1);
-  char id[1024] = "", idq[3100];
-  size_t at = 0;
-  if (st == PULSE_OK && !ok_status(c.status))
-    st = upload_req_fail(&c, "starting a multipart upload");
-  if (st == PULSE_OK &&
-      !upload_xml_tag((const char *)c.reply.data, c.reply.size, &at,
-                      "UploadId", id, sizeof id))
-    st = pulse_fail(PULSE_ERR_CORRUPT, "upload: %s: no UploadId in the answer",
-                    key);
-  upload_req_release(&c);
-  if (st != PULSE_OK)
-    return st;
-  upload_uri_encode(id, 0, idq, sizeof idq);
+  char id[1024];
+  PULSE_TRY(upload_mp_create(up, key, id, sizeof id));
   upload_req *parts = calloc(nparts, sizeof *parts);
   upload_req **ptrs = calloc(nparts, sizeof *ptrs);
-  if (parts == NULL || ptrs == NULL) {
-    free(parts), free(ptrs);
-    return pulse_fail(PULSE_ERR_NOMEM, "upload: %s", key);
-  }
-  for (size_t i = 0; i < nparts; i++) {
+  const char **etags = calloc(nparts, sizeof *etags);
+  pulse_status st = PULSE_OK;
+  if (parts == NULL || ptrs == NULL || etags == NULL)
+    st = pulse_fail(PULSE_ERR_NOMEM, "upload: %s", key);
+  for (size_t i = 0; st == PULSE_OK && i < nparts; i++) {
     upload_req *r = &parts[i];
-    upload_req_init(r, "PUT");
-    snprintf(r->key, sizeof r->key, "%s", key);
-    snprintf(r->query, sizeof r->query, "partNumber=%zu&uploadId=%s", i + 1,
-             idq);
+    upload_mp_part_req(r, key, id, (uint32_t)(i + 1));
     r->fd = fd;
     r->offset = (uint64_t)i * part;
     r->body_len = o->size - r->offset < part ? o->size - r->offset : part;
     ptrs[i] = r;
   }
-  st = upload_run(up, ptrs, nparts);
-  pulse_bytebuf xml = PULSE_BYTEBUF_INIT;
-  pulse_bytebuf_str(&xml, "<CompleteMultipartUpload>");
-  for (size_t i = 0; i < nparts && st == PULSE_OK; i++) {
+  if (st == PULSE_OK)
+    st = upload_run(up, ptrs, nparts);
+  for (size_t i = 0; st == PULSE_OK && i < nparts; i++) {
     if (!ok_status(parts[i].status) || parts[i].etag[0] == '\0')
       st = upload_req_fail(&parts[i], "a part");
-    pulse_bytebuf_printf(&xml,
-                         "<Part><PartNumber>%zu</PartNumber><ETag>%s</ETag>"
-                         "</Part>",
-                         i + 1, parts[i].etag);
+    etags[i] = parts[i].etag;
   }
-  pulse_bytebuf_str(&xml, "</CompleteMultipartUpload>");
-  up->fig.parts += nparts;
-  for (size_t i = 0; i < nparts; i++)
-    upload_req_release(&parts[i]);
-  free(parts), free(ptrs);
-  upload_req done;
-  upload_req_init(&done, st == PULSE_OK ? "POST" : "DELETE");
-  snprintf(done.key, sizeof done.key, "%s", key);
-  snprintf(done.query, sizeof done.query, "uploadId=%s", idq);
-  if (st == PULSE_OK) {
-    done.body = xml.data;
-    done.body_len = xml.failed ? 0 : xml.size;
-    done.content_type = "application/xml";
-  }
-  one = &done;
-  pulse_status cst = upload_run(up, &one, 1);
-  /* A completion can fail inside a 200 answer (S3 says so in its body). */
-  if (st == PULSE_OK && cst == PULSE_OK &&
-      (!ok_status(done.status) ||
-       (done.reply.size >= 7 &&
-        memmem(done.reply.data, done.reply.size, "<Error>", 7) != NULL)))
-    cst = upload_req_fail(&done, "completing a multipart upload");
+  if (parts != NULL)
+    up->fig.parts += nparts;
   if (st == PULSE_OK)
-    st = cst;
-  upload_req_release(&done);
-  pulse_bytebuf_free(&xml);
+    st = upload_mp_complete(up, key, id, etags, nparts);
+  else { /* what the service keeps of the parts is billed until aborted */
+    char why[1024];
+    snprintf(why, sizeof why, "%s", pulse_error_detail());
+    if (upload_mp_abort(up, key, id) != PULSE_OK)
+      pulse_fail(st, "%s", why); /* the part's failure is the one to say */
+  }
+  for (size_t i = 0; parts != NULL && i < nparts; i++)
+    upload_req_release(&parts[i]);
+  free(parts), free(ptrs), free((void *)etags);
   return st;
 }
 

@@ -54,6 +54,14 @@ typedef struct {
    * ETag the object must still have, or "*" for an object that must not
    * exist; NULL: none. */
   const char *if_match, *if_none_match;
+  /* A GET whose 2xx body is streamed here instead of into reply (an object
+   * never held in memory): restart is called before each try (a retry
+   * starts the body over), sink with each piece; a non-zero return from
+   * either stops the request for good (no retry). NULL: into reply. */
+  int (*sink_restart)(void *ctx);
+  int (*sink)(void *ctx, const void *data, size_t n);
+  void *sink_ctx;
+  int sink_refused; /* the sink stopped the request */
   /* ---- answer */
   long status;
   pulse_bytebuf reply; /* the body of the answer */
@@ -79,6 +87,34 @@ pulse_status upload_run(pulse_upload *up, upload_req **reqs, size_t n);
 /** pulse_fail(PULSE_ERR_IO) naming the request, its status and the
  * store's <Code>/<Message>; returns PULSE_ERR_IO. */
 pulse_status upload_req_fail(const upload_req *r, const char *what);
+
+/* ---- multipart uploads (upload_parts.c), shared by put_multipart and the
+ * part API of pulse_upload.h. key: the whole object key (prefix included);
+ * id: the UploadId as the service gave it (encoded here). */
+
+/** CreateMultipartUpload of key (Cache-Control immutable, octet-stream):
+ * its UploadId in id. @return PULSE_OK; PULSE_ERR_IO; PULSE_ERR_CORRUPT
+ * (no UploadId in the answer, or one over cap); PULSE_ERR_NOMEM. */
+pulse_status upload_mp_create(pulse_upload *up, const char *key, char *id,
+                              size_t cap);
+
+/** Prepares r as UploadPart `number` of upload id (the body is the
+ * caller's to set). */
+void upload_mp_part_req(upload_req *r, const char *key, const char *id,
+                        uint32_t number);
+
+/** CompleteMultipartUpload with parts 1..n of the ETags given (as the
+ * service sent them); an error inside a 200 answer is a failure too.
+ * @return PULSE_OK; PULSE_ERR_ARG (an ETag that is not plain text);
+ * PULSE_ERR_IO; PULSE_ERR_NOMEM. */
+pulse_status upload_mp_complete(pulse_upload *up, const char *key,
+                                const char *id, const char *const *etags,
+                                size_t n);
+
+/** AbortMultipartUpload. @return PULSE_OK; PULSE_ERR_NOT_FOUND (the
+ * service knows no such upload: completed, aborted, or never begun);
+ * PULSE_ERR_IO. */
+pulse_status upload_mp_abort(pulse_upload *up, const char *key, const char *id);
 
 /** S3 URI encoding (RFC 3986 unreserved kept; '/' kept when keep_slash). */
 void upload_uri_encode(const char *s, int keep_slash, char *out, size_t cap);

@@ -263,6 +263,16 @@ static size_t on_read(char *buf, size_t size, size_t nmemb, void *ctx) {
 static size_t on_write(char *data, size_t size, size_t nmemb, void *ctx) {
   job *j = ctx;
   size_t n = size * nmemb;
+  long status = 0;
+  if (j->r->sink != NULL &&
+      curl_easy_getinfo(j->h, CURLINFO_RESPONSE_CODE, &status) == CURLE_OK &&
+      status >= 200 && status < 300) {
+    if (j->r->sink(j->r->sink_ctx, data, n) != 0) {
+      j->r->sink_refused = 1;
+      return 0;
+    }
+    return n;
+  }
   if (j->r->reply.size + n > (64u << 20)) /* listings are paged: never this */
     return 0;
   pulse_bytebuf_put(&j->r->reply, data, n);
@@ -323,6 +333,10 @@ static int start(CURLM *m, job *j) {
       store_sha256(r->body, (size_t)r->body_len, sha);
       store_hex(sha, 32, r->payload_sha256);
     }
+  }
+  if (r->sink_restart != NULL && r->sink_restart(r->sink_ctx) != 0) {
+    r->sink_refused = 1;
+    return -1;
   }
   char url[16384], key[3700];
   upload_uri_encode(r->key, 1, key, sizeof key);
@@ -423,8 +437,9 @@ static void finish(CURLM *m, job *j, CURLcode cc) {
   j->h = NULL;
   j->headers = NULL;
   j->running = 0;
-  int retry = r->status == 0 || r->status >= 500 || r->status == 429 ||
-              r->status == 408;
+  int retry = (r->status == 0 || r->status >= 500 || r->status == 429 ||
+               r->status == 408) &&
+              !r->sink_refused;
   if (!retry || r->tries > j->up->opts.retries) {
     j->done = 1;
     return;
