@@ -129,6 +129,11 @@ class UploadFigures(ctypes.Structure):
                 ("head_step", ctypes.c_uint64), ("seconds", ctypes.c_double)]
 
 
+class Sha256State(ctypes.Structure):
+    _c_name_ = "pulse_sha256_state"
+    _fields_ = [("bytes", ctypes.c_uint8 * 128)]  # PULSE_SHA256_STATE_BYTES
+
+
 class TensorDigest(ctypes.Structure):
     _c_name_ = "pulse_tensor_digest"
     _fields_ = [("a", ctypes.c_uint64), ("b", ctypes.c_uint64)]
@@ -270,6 +275,17 @@ _PROTOS = {
     "pulse_upload_create": (_int, [ctypes.POINTER(UploadOpts), ctypes.POINTER(_p)]),
     "pulse_upload_free": (None, [_p]),
     "pulse_upload_store": (_int, [_p, ctypes.c_char_p, ctypes.POINTER(UploadFigures)]),
+    "pulse_upload_part_begin": (_int, [_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t]),
+    "pulse_upload_part_put": (_int, [_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_uint32, _p,
+                                     ctypes.c_size_t, ctypes.c_char_p, ctypes.c_size_t]),
+    "pulse_upload_part_finish": (_int, [_p, ctypes.c_char_p, ctypes.c_char_p,
+                                        ctypes.POINTER(ctypes.c_char_p), ctypes.c_size_t]),
+    "pulse_upload_part_abort": (_int, [_p, ctypes.c_char_p, ctypes.c_char_p]),
+    "pulse_upload_object_size": (_int, [_p, ctypes.c_char_p, ctypes.POINTER(_u64)]),
+    "pulse_upload_fetch_missing": (_int, [_p, ctypes.c_char_p, ctypes.POINTER(ctypes.c_size_t)]),
+    "pulse_sha256_begin": (None, [ctypes.POINTER(Sha256State)]),
+    "pulse_sha256_add": (_int, [ctypes.POINTER(Sha256State), _p, ctypes.c_size_t]),
+    "pulse_sha256_end": (_int, [ctypes.POINTER(Sha256State), ctypes.c_uint8 * 32]),
     "pulse_pub_head_step": (_int, [_p, ctypes.POINTER(_u64)]),
     "pulse_pub_tensor_count": (ctypes.c_size_t, [_p]),
     "pulse_pub_tensor_info": (ctypes.POINTER(TensorInfo), [_p, ctypes.c_size_t]),

@@ -1,0 +1,85 @@
+// s3rver with the multipart upload calls it lacks or takes too easily, as
+// S3 answers them: AbortMultipartUpload (s3rver: 405) drops the upload's
+// parts (204; 404 NoSuchUpload for an unknown upload);
+// CompleteMultipartUpload refuses a part that was not put or whose ETag is
+// not the one given (400 InvalidPart; s3rver concatenates whatever part
+// files it finds), and an unknown upload (404 NoSuchUpload); UploadPart of
+// an unknown upload is 404 NoSuchUpload (s3rver creates it). No
+// authentication on the abort (a test stand-in). Everything else is
+// s3rver's. Usage: node s3rver_multipart.js DIR
+// (prints "listening on 127.0.0.1:PORT")
+const fs = require('fs');
+const path = require('path');
+const S3rver = require('s3rver');
+const S3Error = require('s3rver/lib/models/error');
+
+const dir = process.argv[2];
+const server = new S3rver({
+  address: '127.0.0.1', port: 0, directory: dir, silent: true,
+  configureBuckets: [{ name: 'bkt' }],
+});
+const store = server.store;
+
+// The folder s3rver keeps an upload's key and parts in; null when the id
+// is not one (no path tricks) or the upload is not there.
+function uploadDir(bucket, uploadId) {
+  if (!/^[0-9A-Za-z_-]+$/.test(String(uploadId))) return null;
+  const d = path.join(store.getResourcePath(bucket, undefined, 'uploads'), uploadId);
+  return fs.existsSync(path.join(d, 'key')) ? d : null;
+}
+
+function noSuchUpload() {
+  return new S3Error('NoSuchUpload', 'The specified upload does not exist. The upload ID ' +
+    'may be invalid, or the upload may have been aborted or completed.');
+}
+
+const putPart = store.putPart.bind(store);
+store.putPart = async (bucket, uploadId, partNumber, content) => {
+  if (uploadDir(bucket, uploadId) === null) {
+    content.resume(); // drain the body
+    throw noSuchUpload();
+  }
+  return putPart(bucket, uploadId, partNumber, content);
+};
+
+const complete = store.putObjectMultipart.bind(store);
+store.putObjectMultipart = async (bucket, uploadId, parts) => {
+  const d = uploadDir(bucket, uploadId);
+  if (d === null) throw noSuchUpload();
+  for (const part of parts) {
+    let md5 = null;
+    try {
+      md5 = fs.readFileSync(path.join(d, `${part.number}.md5`)).toString().trim();
+    } catch (err) {
+      md5 = null;
+    }
+    if (md5 === null || md5 !== part.etag) {
+      throw new S3Error('InvalidPart', 'One or more of the specified parts could not be ' +
+        "found. The part may not have been uploaded, or the specified entity tag may not " +
+        "match the part's entity tag.", { PartNumber: part.number, ETag: part.etag });
+    }
+  }
+  return complete(bucket, uploadId, parts);
+};
+
+server.middleware.unshift(async (ctx, next) => {
+  if (ctx.method !== 'DELETE' || !('uploadId' in ctx.query)) return next();
+  const [, bucket] = ctx.path.split('/');
+  const d = uploadDir(bucket, ctx.query.uploadId);
+  if (d === null) {
+    const err = noSuchUpload();
+    ctx.status = err.status;
+    ctx.type = 'application/xml';
+    ctx.body = err.toXML();
+    return;
+  }
+  fs.rmSync(d, { recursive: true, force: true });
+  ctx.status = 204;
+});
+
+server.run().then(addr => {
+  console.log(`listening on 127.0.0.1:${addr.port}`);
+}, err => {
+  console.error(err);
+  process.exit(1);
+});
