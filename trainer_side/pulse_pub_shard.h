@@ -239,6 +239,78 @@ pulse_status pulse_pub_shard_anchor_write(const pulse_pub_shard *shard, const ch
                                           uint64_t step, const pulse_state_digest *digest,
                                           int pending);
 
+/* ----------------------------------- an anchor uploaded part by part */
+
+/* An anchor's file (the bytes pulse_pub_shard_anchor_write makes) cut
+ * into parts of any sizes, in file order, for a multipart upload without
+ * a shared filesystem and without a rank holding the whole file: every
+ * rank knows the header (pulse_pub_shard_anchor_header, the same on every
+ * rank) and every rank's blocks; the rank assembling a part copies the
+ * header's bytes in it, gets from each rank that rank's bytes of it
+ * (pulse_pub_shard_anchor_read, pulse_pub_anchor_owned bytes) and places
+ * them (pulse_pub_anchor_place): the part is then exactly that range of
+ * the file. Each costs about a copy of the part's bytes (runs of blocks,
+ * not elements, are walked) beside O(tensors + blocks) of layout. */
+
+/** The anchor's header (everything before the first tensor's data: the
+ * safetensors length prefix and JSON, metadata step and state_digest, as
+ * pulse_pub_shard_anchor_write writes it) into `header` (free with
+ * pulse_buffer_free) and the whole file's size into *file_size. The same
+ * on every rank of a table; needs no snapshot.
+ * @return PULSE_OK; PULSE_ERR_ARG (NULL); PULSE_ERR_OVERFLOW; the errors
+ * of the safetensors header; PULSE_ERR_NOMEM. */
+pulse_status pulse_pub_shard_anchor_header(const pulse_pub_shard *shard,
+                                           uint64_t step,
+                                           const pulse_state_digest *digest,
+                                           pulse_buffer *header,
+                                           uint64_t *file_size);
+
+/** The bytes of this rank's blocks (the snapshot, or the pending step's
+ * values when `pending` is 1, as pulse_pub_shard_anchor_write) that lie
+ * in the anchor file's range [off, off + len), concatenated in file order
+ * (the header, header_size bytes, is no rank's), into `out` (free with
+ * pulse_buffer_free; its size is pulse_pub_anchor_owned of this rank's
+ * blocks). Holds O(len) beyond the shard. With `pending`, the pending
+ * changes of a block before the range are skipped over (a varint walk).
+ * @return PULSE_OK; PULSE_ERR_ARG (NULL, no snapshot, nothing pending when
+ * asked, a range past the file's end); PULSE_ERR_OVERFLOW;
+ * PULSE_ERR_NOMEM. */
+pulse_status pulse_pub_shard_anchor_read(const pulse_pub_shard *shard,
+                                         int pending, uint64_t header_size,
+                                         uint64_t off, uint64_t len,
+                                         pulse_buffer *out);
+
+/** How many bytes of the anchor file's range [off, off + len) the blocks
+ * (any rank's: nblocks of them, of the table of `count` tensors) own: the
+ * size of that rank's pulse_pub_shard_anchor_read of the range. The
+ * blocks are checked one by one (names, bounds), not for tiling
+ * (pulse_pub_blocks_check).
+ * @return PULSE_OK and *bytes; PULSE_ERR_ARG (NULL, a block outside its
+ * tensor, a range past the file's end); PULSE_ERR_NOT_FOUND (a block's
+ * name not in the table); PULSE_ERR_OVERFLOW; PULSE_ERR_NOMEM. */
+pulse_status pulse_pub_anchor_owned(const pulse_tensor_info *table,
+                                    size_t count, const pulse_pub_block *blocks,
+                                    size_t nblocks, uint64_t header_size,
+                                    uint64_t off, uint64_t len,
+                                    uint64_t *bytes);
+
+/** Writes a rank's pulse_pub_shard_anchor_read bytes of the range [off,
+ * off + len) (`bytes`, nbytes of them; `blocks` that rank's) at their
+ * places in `dst` (len bytes: dst[0] is file offset off); the other bytes
+ * of dst are left as they are. With the header's bytes (copied by the
+ * caller where the range meets it) and every rank's bytes placed, dst is
+ * exactly that range of the file pulse_pub_shard_anchor_write makes.
+ * Nothing is written on failure.
+ * @return PULSE_OK; PULSE_ERR_ARG (NULL, nbytes not the blocks' bytes in
+ * the range, as pulse_pub_anchor_owned); the errors of
+ * pulse_pub_anchor_owned. */
+pulse_status pulse_pub_anchor_place(const pulse_tensor_info *table,
+                                    size_t count, const pulse_pub_block *blocks,
+                                    size_t nblocks, uint64_t header_size,
+                                    uint64_t off, uint64_t len,
+                                    const uint8_t *bytes, size_t nbytes,
+                                    uint8_t *dst);
+
 /** Takes the snapshot of this rank's blocks at the head of the store `dir`
  * (a restarted job resumes from the store as a single publisher does), so
  * that the next step is a patch from the head. Costs, for now, the whole

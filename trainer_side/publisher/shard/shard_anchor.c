@@ -1,5 +1,7 @@
-/* shard_anchor.c - a sharded step's state digest and its anchor, written
- * by every rank into one file (pulse_pub_shard.h). */
+/* shard_anchor.c - a sharded step's state digest and its anchor: written
+ * by every rank into one file, or read by every rank part by part (its
+ * bytes of each part of the file, for a multipart upload), both along the
+ * one layout of shard_anchor_impl.h (pulse_pub_shard.h). */
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -9,8 +11,7 @@
 #include <unistd.h>
 
 #include "bytebuf_impl.h"
-#include "endian_impl.h"
-#include "safetensors_impl.h"
+#include "shard_anchor_impl.h"
 #include "shard_impl.h"
 #include "status_impl.h"
 
@@ -44,6 +45,59 @@ pulse_status pulse_pub_shard_state_digest(const pulse_tensor_info *table, size_t
   return st;
 }
 
+/* Where this rank's bytes come from: the snapshot, with the pending
+ * step's deltas over it where asked (one cursor per block: a block's
+ * pieces come in increasing order, so each cursor only moves forward). */
+typedef struct {
+  const pulse_pub_shard *s;
+  int pending;
+  shard_own_cursor *cur;
+} anchor_source;
+
+static pulse_status source_open(anchor_source *src, const pulse_pub_shard *s,
+                                int pending) {
+  src->s = s;
+  src->pending = pending;
+  src->cur = NULL;
+  if (!pending)
+    return PULSE_OK;
+  src->cur = malloc((s->nblocks ? s->nblocks : 1) * sizeof *src->cur);
+  if (src->cur == NULL)
+    return pulse_fail(PULSE_ERR_NOMEM, "shard: anchor");
+  for (size_t b = 0; b < s->nblocks; b++)
+    shard_own_open(&src->cur[b], &s->geom[b], &s->changes[b]);
+  return PULSE_OK;
+}
+
+/* Bytes [byte, byte + size) of block b's elements (row-major, as the
+ * file holds them) into dst. */
+static void source_fill(anchor_source *src, size_t b, uint64_t byte,
+                        uint64_t size, uint8_t *dst) {
+  const uint16_t *snap = src->s->snap[b];
+  memcpy(dst, (const uint8_t *)snap + byte, size);
+  if (!src->pending)
+    return;
+  shard_own_cursor *c = &src->cur[b];
+  uint64_t end = byte + size;
+  while (c->has && 2 * c->idx + 2 <= byte)
+    shard_own_next(c);
+  for (; c->has && 2 * c->idx < end; shard_own_next(c)) {
+    uint16_t v = (uint16_t)(snap[c->idx] + c->delta);
+    uint8_t two[2];
+    memcpy(two, &v, 2); /* the snapshot's byte order, as copied above */
+    for (uint64_t k = 0; k < 2; k++)
+      if (2 * c->idx + k >= byte && 2 * c->idx + k < end)
+        dst[2 * c->idx + k - byte] = two[k];
+    if (2 * c->idx + 2 > end)
+      break; /* its other byte starts the next piece */
+  }
+}
+
+static void source_close(anchor_source *src) {
+  free(src->cur);
+  src->cur = NULL;
+}
+
 static pulse_status pwrite_all(int fd, const void *data, size_t n, uint64_t off,
                                const char *path) {
   const uint8_t *p = data;
@@ -58,77 +112,153 @@ static pulse_status pwrite_all(int fd, const void *data, size_t n, uint64_t off,
   return PULSE_OK;
 }
 
+/* The pending step's values go out through a buffer of at most this. */
+#define ANCHOR_WRITE_WINDOW ((uint64_t)4 << 20)
+
+typedef struct {
+  anchor_source src;
+  int fd;
+  const char *path;
+  uint8_t *buf;
+} anchor_writer;
+
+static pulse_status write_piece(void *ctx, const shard_anchor_piece *p) {
+  anchor_writer *w = ctx;
+  if (!w->src.pending)
+    return pwrite_all(w->fd,
+                      (const uint8_t *)w->src.s->snap[p->block] + p->byte,
+                      p->size, p->file_at, w->path);
+  for (uint64_t done = 0; done < p->size;) {
+    uint64_t n = p->size - done < ANCHOR_WRITE_WINDOW ? p->size - done
+                                                      : ANCHOR_WRITE_WINDOW;
+    source_fill(&w->src, p->block, p->byte + done, n, w->buf);
+    PULSE_TRY(pwrite_all(w->fd, w->buf, n, p->file_at + done, w->path));
+    done += n;
+  }
+  return PULSE_OK;
+}
+
+static pulse_status anchor_args(const pulse_pub_shard *s, int pending) {
+  if (s == NULL || !s->have_snapshot || (pending && !s->pending))
+    return pulse_fail(PULSE_ERR_ARG,
+                      "shard: anchor: NULL, no snapshot or nothing pending");
+  return PULSE_OK;
+}
+
 pulse_status pulse_pub_shard_anchor_write(const pulse_pub_shard *s, const char *path,
                                           uint64_t step, const pulse_state_digest *digest,
                                           int pending) {
-  if (s == NULL || path == NULL || digest == NULL || !s->have_snapshot ||
-      (pending && !s->pending))
-    return pulse_fail(PULSE_ERR_ARG, "shard: anchor: NULL, no snapshot or nothing pending");
-  /* The header of the single publisher's anchor (publisher_head.c). */
-  static const uint16_t dummy = 0;
-  pulse_st_write_tensor *t = calloc(s->count, sizeof *t);
-  uint64_t *offset = calloc(s->count, sizeof *offset);
-  if (t == NULL || offset == NULL) {
-    free(t), free(offset);
-    return pulse_fail(PULSE_ERR_NOMEM, "shard: anchor");
-  }
-  uint64_t at = 0;
-  for (size_t i = 0; i < s->count; i++) {
-    t[i].name = s->info[i].name;
-    t[i].dtype = PULSE_DTYPE_BF16;
-    t[i].ndim = s->info[i].ndim;
-    memcpy(t[i].shape, s->info[i].shape, sizeof t[i].shape);
-    t[i].data = &dummy; /* not read */
-    uint64_t n = 0;
-    (void)pulse_shape_numel(s->info[i].shape, s->info[i].ndim, &n);
-    offset[i] = at;
-    at += 2 * n;
-  }
-  char step_s[32], digest_s[65];
-  snprintf(step_s, sizeof step_s, "%" PRIu64, step);
-  pulse_state_digest_hex(digest, digest_s);
-  pulse_st_kv meta[2] = {{"step", step_s}, {"state_digest", digest_s}};
+  if (path == NULL || digest == NULL)
+    return pulse_fail(PULSE_ERR_ARG, "shard: anchor: NULL path or digest");
+  PULSE_TRY(anchor_args(s, pending));
   pulse_bytebuf head = PULSE_BYTEBUF_INIT;
   uint64_t data_size = 0;
-  pulse_status st = st_header_build(t, s->count, meta, 2, 0, &head, &data_size);
-  free(t);
-  int fd = -1;
-  if (st == PULSE_OK && (fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0644)) < 0)
+  shard_anchor_layout l;
+  PULSE_TRY(shard_anchor_header_build(s->info, s->count, step, digest, &head,
+                                      &data_size));
+  pulse_status st =
+      shard_anchor_layout_make(s->info, s->count, s->geom, s->nblocks, &l);
+  if (st != PULSE_OK) {
+    pulse_bytebuf_free(&head);
+    return st;
+  }
+  anchor_writer w = {{0}, -1, path, NULL};
+  st = source_open(&w.src, s, pending);
+  if (st == PULSE_OK && pending &&
+      (w.buf = malloc(ANCHOR_WRITE_WINDOW)) == NULL)
+    st = pulse_fail(PULSE_ERR_NOMEM, "shard: anchor");
+  if (st == PULSE_OK &&
+      (w.fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0644)) < 0)
     st = pulse_fail(PULSE_ERR_IO, "shard: anchor %s: %s", path, strerror(errno));
-  if (st == PULSE_OK && ftruncate(fd, (off_t)(head.size + data_size)) != 0)
+  if (st == PULSE_OK && ftruncate(w.fd, (off_t)(head.size + data_size)) != 0)
     st = pulse_fail(PULSE_ERR_IO, "shard: anchor %s: %s", path, strerror(errno));
   if (st == PULSE_OK)
-    st = pwrite_all(fd, head.data, head.size, 0, path);
-  /* This rank's blocks, run by run; the pending step's values over the
-   * snapshot's where asked (a run is copied to a buffer first). */
-  uint16_t *buf = NULL;
-  for (size_t b = 0; b < s->nblocks && st == PULSE_OK; b++) {
-    const shard_geom *g = &s->geom[b];
-    shard_own_cursor c;
-    shard_own_open(&c, g, &s->changes[b]);
-    if (pending && g->run_len > 0 &&
-        (buf = realloc(buf, g->run_len * 2)) == NULL) {
-      st = pulse_fail(PULSE_ERR_NOMEM, "shard: anchor");
-      break;
-    }
-    for (uint64_t r = 0; r < g->runs && st == PULSE_OK; r++) {
-      const uint16_t *src = s->snap[b] + r * g->run_len;
-      if (pending) { /* the changes are in block order: run order */
-        uint64_t at = r * g->run_len;
-        memcpy(buf, src, g->run_len * 2);
-        for (; c.has && c.idx < at + g->run_len; shard_own_next(&c))
-          buf[c.idx - at] = (uint16_t)(buf[c.idx - at] + c.delta);
-        src = buf;
-      }
-      st = pwrite_all(fd, src, g->run_len * 2,
-                      head.size + offset[g->tensor] + 2 * shard_run_pos(g, r), path);
-    }
-  }
-  free(buf);
-  if (st == PULSE_OK && fdatasync(fd) != 0)
+    st = pwrite_all(w.fd, head.data, head.size, 0, path);
+  /* This rank's blocks, run by run, at their places. */
+  if (st == PULSE_OK)
+    st =
+        shard_anchor_walk(&l, head.size, head.size, data_size, write_piece, &w);
+  if (st == PULSE_OK && fdatasync(w.fd) != 0)
     st = pulse_fail(PULSE_ERR_IO, "shard: anchor %s: %s", path, strerror(errno));
-  if (fd >= 0)
-    close(fd);
-  free(head.data), free(offset);
+  if (w.fd >= 0)
+    close(w.fd);
+  free(w.buf);
+  source_close(&w.src);
+  shard_anchor_layout_free(&l);
+  pulse_bytebuf_free(&head);
   return st;
+}
+
+pulse_status pulse_pub_shard_anchor_header(const pulse_pub_shard *s,
+                                           uint64_t step,
+                                           const pulse_state_digest *digest,
+                                           pulse_buffer *header,
+                                           uint64_t *file_size) {
+  if (s == NULL || digest == NULL || header == NULL || file_size == NULL)
+    return pulse_fail(PULSE_ERR_ARG, "shard: anchor header: NULL argument");
+  pulse_bytebuf head = PULSE_BYTEBUF_INIT;
+  uint64_t data_size = 0;
+  PULSE_TRY(shard_anchor_header_build(s->info, s->count, step, digest, &head,
+                                      &data_size));
+  if (data_size > UINT64_MAX - head.size) {
+    pulse_bytebuf_free(&head);
+    return pulse_fail(PULSE_ERR_OVERFLOW,
+                      "shard: anchor of more than 2^64 bytes");
+  }
+  *file_size = head.size + data_size;
+  return pulse_bytebuf_take(&head, header);
+}
+
+typedef struct {
+  anchor_source src;
+  uint64_t size; /* counted, then filled */
+  uint8_t *out;
+} anchor_reader;
+
+static pulse_status count_piece(void *ctx, const shard_anchor_piece *p) {
+  ((anchor_reader *)ctx)->size += p->size;
+  return PULSE_OK;
+}
+
+static pulse_status read_piece(void *ctx, const shard_anchor_piece *p) {
+  anchor_reader *r = ctx;
+  source_fill(&r->src, p->block, p->byte, p->size, r->out + r->size);
+  r->size += p->size;
+  return PULSE_OK;
+}
+
+pulse_status pulse_pub_shard_anchor_read(const pulse_pub_shard *s, int pending,
+                                         uint64_t header_size, uint64_t off,
+                                         uint64_t len, pulse_buffer *out) {
+  if (out == NULL)
+    return pulse_fail(PULSE_ERR_ARG, "shard: anchor read: NULL out");
+  PULSE_TRY(anchor_args(s, pending));
+  shard_anchor_layout l;
+  PULSE_TRY(
+      shard_anchor_layout_make(s->info, s->count, s->geom, s->nblocks, &l));
+  anchor_reader r;
+  memset(&r, 0, sizeof r);
+  pulse_status st =
+      shard_anchor_walk(&l, header_size, off, len, count_piece, &r);
+  if (st == PULSE_OK && r.size > SIZE_MAX)
+    st = pulse_fail(PULSE_ERR_OVERFLOW,
+                    "shard: anchor read of %" PRIu64 " bytes", r.size);
+  uint64_t size = r.size;
+  if (st == PULSE_OK && (r.out = malloc(size ? (size_t)size : 1)) == NULL)
+    st = pulse_fail(PULSE_ERR_NOMEM, "shard: anchor read of %" PRIu64 " bytes",
+                    size);
+  if (st == PULSE_OK)
+    st = source_open(&r.src, s, pending);
+  r.size = 0;
+  if (st == PULSE_OK)
+    st = shard_anchor_walk(&l, header_size, off, len, read_piece, &r);
+  source_close(&r.src);
+  shard_anchor_layout_free(&l);
+  if (st != PULSE_OK) {
+    free(r.out);
+    return st;
+  }
+  out->data = r.out;
+  out->size = (size_t)size;
+  return PULSE_OK;
 }

@@ -1,0 +1,506 @@
+/* test_shard_anchor_parts.c - an anchor cut into parts of any size: the
+ * header and every rank's bytes of a part, placed, are exactly that range
+ * of the file every rank's pulse_pub_shard_anchor_write makes
+ * (pulse_pub_shard_anchor_header, _read, pulse_pub_anchor_owned, _place). */
+#include <criterion/criterion.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "files_testutil.h"
+#include "pulse_codec.h"
+#include "pulse_pub_shard.h"
+#include "pulse_safetensors.h"
+
+#define AP_RANKS 4
+#define AP_NT 4
+#define AP_MAXB 8
+
+static const char *ap_names[AP_NT] = {"attn.w", "embed", "mlp.w3", "norm"};
+static const uint32_t ap_ndims[AP_NT] = {2, 1, 3, 1};
+static const uint64_t ap_shapes[AP_NT][3] = {{37, 29}, {1000}, {6, 10, 7}, {5}};
+
+typedef struct {
+  pulse_tensor_info info[AP_NT];
+  uint64_t numel[AP_NT];
+  float *w[AP_NT];
+  uint64_t seed;
+} ap_model;
+
+static double ap_rnd(uint64_t *s) {
+  *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+  return (double)(*s >> 11) / 9007199254740992.0;
+}
+
+static void ap_model_init(ap_model *m, uint64_t seed) {
+  memset(m, 0, sizeof *m);
+  m->seed = seed;
+  for (int t = 0; t < AP_NT; t++) {
+    m->info[t].name = ap_names[t];
+    m->info[t].dtype = PULSE_DTYPE_F32;
+    m->info[t].ndim = ap_ndims[t];
+    m->numel[t] = 1;
+    for (uint32_t k = 0; k < ap_ndims[t]; k++)
+      m->info[t].shape[k] = ap_shapes[t][k], m->numel[t] *= ap_shapes[t][k];
+    m->w[t] = malloc(m->numel[t] * 4);
+    for (uint64_t i = 0; i < m->numel[t]; i++)
+      m->w[t][i] = (float)(ap_rnd(&m->seed) - 0.5);
+  }
+}
+
+/* Moves a third of the weights far enough to change their BF16 values. */
+static void ap_model_step(ap_model *m) {
+  for (int t = 0; t < AP_NT; t++)
+    for (uint64_t i = 0; i < m->numel[t]; i++)
+      if (ap_rnd(&m->seed) < 0.3)
+        m->w[t][i] += (float)((ap_rnd(&m->seed) - 0.5) * 0.1);
+}
+
+static void ap_model_free(ap_model *m) {
+  for (int t = 0; t < AP_NT; t++)
+    free(m->w[t]);
+}
+
+typedef struct {
+  pulse_pub_block b[AP_MAXB];
+  size_t n;
+} ap_blocks;
+
+static void ap_rect(ap_blocks *r, int t, uint64_t s0, uint64_t e0, uint64_t s1,
+                    uint64_t e1, uint64_t s2, uint64_t e2) {
+  pulse_pub_block *b = &r->b[r->n++];
+  memset(b, 0, sizeof *b);
+  b->name = ap_names[t];
+  b->kind = PULSE_PUB_BLOCK_RECT;
+  uint64_t s[3] = {s0, s1, s2}, e[3] = {e0, e1, e2};
+  for (uint32_t k = 0; k < ap_ndims[t]; k++)
+    b->start[k] = s[k], b->extent[k] = e[k];
+}
+
+static void ap_flat(ap_blocks *r, int t, uint64_t lo, uint64_t n) {
+  pulse_pub_block *b = &r->b[r->n++];
+  memset(b, 0, sizeof *b);
+  b->name = ap_names[t];
+  b->kind = PULSE_PUB_BLOCK_FLAT;
+  b->start[0] = lo, b->extent[0] = n;
+}
+
+typedef enum { AP_FLAT, AP_DIM0, AP_ROWPAR, AP_MIX } ap_tiling;
+
+/* Dimension d of tensor t cut at the given points, piece i to rank i. */
+static void ap_split(ap_blocks *rb, int t, uint32_t d, const uint64_t *cut,
+                     int ranks) {
+  for (int r = 0; r < ranks; r++) {
+    uint64_t s[3] = {0, 0, 0}, e[3];
+    for (uint32_t k = 0; k < 3; k++)
+      e[k] = ap_shapes[t][k];
+    s[d] = cut[r], e[d] = cut[r + 1] - cut[r];
+    ap_rect(&rb[r], t, s[0], e[0], s[1], e[1], s[2], e[2]);
+  }
+}
+
+static int ap_blocks_of(ap_tiling s, ap_blocks *rb) {
+  memset(rb, 0, sizeof(ap_blocks) * AP_RANKS);
+  if (s == AP_FLAT) { /* FSDP1: the table's elements in 4 uneven ranges */
+    static const uint64_t cut[AP_RANKS + 1] = {0, 401, 1700, 2000, 2498};
+    uint64_t at = 0;
+    for (int t = 0; t < AP_NT; t++) {
+      uint64_t n = 1;
+      for (uint32_t k = 0; k < ap_ndims[t]; k++)
+        n *= ap_shapes[t][k];
+      for (int r = 0; r < AP_RANKS; r++) {
+        uint64_t a = cut[r] > at ? cut[r] : at,
+                 e = cut[r + 1] < at + n ? cut[r + 1] : at + n;
+        if (a < e)
+          ap_flat(&rb[r], t, a - at, e - a);
+      }
+      at += n;
+    }
+    return AP_RANKS;
+  }
+  if (s == AP_DIM0) { /* FSDP2: dim-0 blocks, 3 ranks */
+    static const uint64_t a[4] = {0, 13, 25, 37}, e[4] = {0, 333, 334, 1000},
+                          c[4] = {0, 1, 4, 6}, n[4] = {0, 2, 3, 5};
+    ap_split(rb, 0, 0, a, 3), ap_split(rb, 1, 0, e, 3);
+    ap_split(rb, 2, 0, c, 3), ap_split(rb, 3, 0, n, 3);
+    return 3;
+  }
+  if (s == AP_ROWPAR) { /* Megatron row-parallel: runs of a few elements */
+    static const uint64_t c3[4] = {0, 3, 4, 7}, e[4] = {0, 500, 900, 1000},
+                          n[4] = {0, 1, 2, 5};
+    /* attn.w: rank 1 holds two column bands that interleave row by row */
+    ap_rect(&rb[0], 0, 0, 37, 5, 10, 0, 0);
+    ap_rect(&rb[1], 0, 0, 37, 0, 5, 0, 0);
+    ap_rect(&rb[1], 0, 0, 37, 20, 9, 0, 0);
+    ap_rect(&rb[2], 0, 0, 37, 15, 5, 0, 0);
+    ap_split(rb, 1, 0, e, 3);
+    ap_split(rb, 2, 2, c3, 3); /* 3-D: the last dimension, runs of 3, 1, 3 */
+    ap_split(rb, 3, 0, n, 3);
+    return 3;
+  }
+  /* A mix: a 2x2 grid, flat ranges listed out of file order, a 3-D
+   * tensor's middle dimension, a whole tensor, an empty block. */
+  for (int r = 0; r < AP_RANKS; r++) {
+    uint64_t s0 = r / 2 ? 20 : 0, s1 = r % 2 ? 11 : 0;
+    ap_flat(&rb[r], 1, 250 * (uint64_t)r, 250);
+    ap_rect(&rb[r], 0, s0, r / 2 ? 17 : 20, s1, r % 2 ? 18 : 11, 0, 0);
+  }
+  static const uint64_t c1[5] = {0, 2, 5, 9, 10};
+  ap_split(rb, 2, 1, c1, AP_RANKS);
+  ap_rect(&rb[3], 3, 0, 5, 0, 0, 0, 0); /* norm, whole, on rank 3 */
+  ap_flat(&rb[2], 3, 5, 0);             /* nothing of norm */
+  return AP_RANKS;
+}
+
+static float *ap_block_data(const ap_model *m, const pulse_pub_block *b) {
+  int t = 0;
+  while (strcmp(ap_names[t], b->name) != 0)
+    t++;
+  if (b->kind == PULSE_PUB_BLOCK_FLAT) {
+    float *d = malloc((b->extent[0] ? b->extent[0] : 1) * 4);
+    memcpy(d, m->w[t] + b->start[0], b->extent[0] * 4);
+    return d;
+  }
+  uint64_t count = 1;
+  for (uint32_t k = 0; k < ap_ndims[t]; k++)
+    count *= b->extent[k];
+  float *d = malloc((count ? count : 1) * 4);
+  for (uint64_t i = 0; i < count; i++) {
+    uint64_t rest = i, pos = 0, stride = 1;
+    for (uint32_t k = ap_ndims[t]; k-- > 0;) {
+      pos += (b->start[k] + rest % b->extent[k]) * stride;
+      rest /= b->extent[k];
+      stride *= ap_shapes[t][k];
+    }
+    d[i] = m->w[t][pos];
+  }
+  return d;
+}
+
+static void ap_detect(pulse_pub_shard **sh, const ap_blocks *rb, int ranks,
+                      const ap_model *m, pulse_buffer *parts) {
+  for (int r = 0; r < ranks; r++) {
+    pulse_pub_tensor t[AP_MAXB];
+    float *d[AP_MAXB];
+    for (size_t b = 0; b < rb[r].n; b++) {
+      d[b] = ap_block_data(m, &rb[r].b[b]);
+      t[b] = (pulse_pub_tensor){d[b], PULSE_DTYPE_F32, PULSE_PUB_HOST};
+    }
+    cr_assert_eq(pulse_pub_shard_detect(sh[r], t, rb[r].n, &parts[r]), PULSE_OK,
+                 "%s", pulse_error_detail());
+    for (size_t b = 0; b < rb[r].n; b++)
+      free(d[b]);
+  }
+}
+
+/* The file every rank's anchor_write makes, and its size. */
+static uint8_t *ap_written(pulse_pub_shard **sh, int ranks, const char *dir,
+                           uint64_t step, const pulse_state_digest *d,
+                           int pending, size_t *size) {
+  char path[4096];
+  snprintf(path, sizeof path, "%s/anchor-%llu-%d", dir,
+           (unsigned long long)step, pending);
+  for (int r = ranks; r-- > 0;)
+    cr_assert_eq(pulse_pub_shard_anchor_write(sh[r], path, step, d, pending),
+                 PULSE_OK, "%s", pulse_error_detail());
+  return tu_read(path, size);
+}
+
+/* The BF16 values of the gathered weights (a single publisher's state). */
+static void ap_cast(const ap_model *m, uint16_t **bf) {
+  for (int t = 0; t < AP_NT; t++) {
+    bf[t] = malloc(m->numel[t] * 2);
+    pulse_bf16_cast_f32(m->w[t], bf[t], m->numel[t]);
+  }
+}
+
+/* The anchor a single publisher writes of the state bf (independent of
+ * the shards): what every rank's bytes must make. */
+static uint8_t *ap_single(const ap_model *m, uint16_t **bf, const char *dir,
+                          uint64_t step, const pulse_state_digest *d,
+                          size_t *size) {
+  pulse_st_write_tensor t[AP_NT];
+  memset(t, 0, sizeof t);
+  for (int i = 0; i < AP_NT; i++) {
+    t[i].name = ap_names[i];
+    t[i].dtype = PULSE_DTYPE_BF16;
+    t[i].ndim = ap_ndims[i];
+    memcpy(t[i].shape, m->info[i].shape, sizeof t[i].shape);
+    t[i].data = bf[i];
+  }
+  char step_s[32], hex[65], path[4096];
+  snprintf(step_s, sizeof step_s, "%llu", (unsigned long long)step);
+  pulse_state_digest_hex(d, hex);
+  pulse_st_kv meta[2] = {{"step", step_s}, {"state_digest", hex}};
+  snprintf(path, sizeof path, "%s/single.safetensors", dir);
+  cr_assert_eq(pulse_st_write(path, t, AP_NT, meta, 2), PULSE_OK, "%s",
+               pulse_error_detail());
+  return tu_read(path, size);
+}
+
+/* Every part of size `part` of the file, rebuilt from the header and
+ * every rank's bytes of it. */
+static void ap_check_parts(pulse_pub_shard **sh, const ap_blocks *rb, int ranks,
+                           const ap_model *m, const pulse_buffer *header,
+                           const uint8_t *file, uint64_t file_size,
+                           uint64_t part, uint64_t seed, int pending) {
+  uint64_t hs = header->size;
+  uint8_t *dst = malloc(part < file_size ? part : file_size);
+  for (uint64_t off = 0, n = 0; off < file_size; off += n) {
+    n = part;
+    if (part == 0) /* random sizes, 1 to 3000 */
+      n = 1 + (uint64_t)(ap_rnd(&seed) * 3000);
+    if (n > file_size - off)
+      n = file_size - off;
+    if (part == 0)
+      dst = realloc(dst, n);
+    memset(dst, 0xA5, n);
+    if (off < hs)
+      memcpy(dst, header->data + off, (hs - off < n ? hs - off : n));
+    uint64_t owned_sum = 0;
+    for (int r = 0; r < ranks; r++) {
+      pulse_buffer got = {0};
+      cr_assert_eq(
+          pulse_pub_shard_anchor_read(sh[r], pending, hs, off, n, &got),
+          PULSE_OK, "%s", pulse_error_detail());
+      uint64_t owned = 0;
+      cr_assert_eq(pulse_pub_anchor_owned(m->info, AP_NT, rb[r].b, rb[r].n, hs,
+                                          off, n, &owned),
+                   PULSE_OK, "%s", pulse_error_detail());
+      cr_assert_eq(owned, got.size,
+                   "rank %d owns what it reads of [%llu, +%llu)", r,
+                   (unsigned long long)off, (unsigned long long)n);
+      cr_assert_eq(pulse_pub_anchor_place(m->info, AP_NT, rb[r].b, rb[r].n, hs,
+                                          off, n, got.data, got.size, dst),
+                   PULSE_OK, "%s", pulse_error_detail());
+      owned_sum += owned;
+      pulse_buffer_free(&got);
+    }
+    uint64_t in_header = off < hs ? (hs - off < n ? hs - off : n) : 0;
+    cr_assert_eq(owned_sum, n - in_header,
+                 "the ranks own the part's data bytes [%llu, +%llu)",
+                 (unsigned long long)off, (unsigned long long)n);
+    cr_assert(
+        memcmp(dst, file + off, n) == 0,
+        "part [%llu, +%llu) of %llu (parts of %llu, pending %d) is the file's",
+        (unsigned long long)off, (unsigned long long)n,
+        (unsigned long long)file_size, (unsigned long long)part, pending);
+  }
+  free(dst);
+}
+
+static void ap_run(ap_tiling s, uint64_t seed) {
+  char *dir = tu_make_dir();
+  ap_model m;
+  ap_model_init(&m, seed);
+  ap_blocks rb[AP_RANKS];
+  int ranks = ap_blocks_of(s, rb);
+  const pulse_pub_block *bl[AP_RANKS];
+  size_t nb[AP_RANKS];
+  for (int r = 0; r < ranks; r++)
+    bl[r] = rb[r].b, nb[r] = rb[r].n;
+  cr_assert_eq(pulse_pub_blocks_check(m.info, AP_NT, bl, nb, (size_t)ranks),
+               PULSE_OK, "%s", pulse_error_detail());
+  pulse_pub_shard *sh[AP_RANKS];
+  for (int r = 0; r < ranks; r++) {
+    pulse_pub_shard_opts o;
+    pulse_pub_shard_opts_init(&o);
+    o.tensors = m.info, o.tensor_count = AP_NT;
+    o.blocks = rb[r].b, o.block_count = rb[r].n;
+    o.chunk_log2 = 10;
+    cr_assert_eq(pulse_pub_shard_create(&o, &sh[r]), PULSE_OK, "%s",
+                 pulse_error_detail());
+  }
+  pulse_buffer parts[AP_RANKS];
+  uint16_t *before[AP_NT], *now[AP_NT];
+  ap_cast(&m, before);
+  for (int step = 0; step < 2; step++) {
+    if (step > 0)
+      ap_model_step(&m);
+    ap_cast(&m, now);
+    ap_detect(sh, rb, ranks, &m, parts);
+    pulse_state_digest d;
+    cr_assert_eq(pulse_pub_shard_state_digest(m.info, AP_NT, 10, parts,
+                                              (size_t)ranks, step > 0, &d),
+                 PULSE_OK, "%s", pulse_error_detail());
+    /* step 0: the snapshot; step 1: the pending step's values, and the
+     * snapshot (still step 0's) beside them */
+    for (int pending = step > 0; pending >= 0; pending--) {
+      size_t size = 0;
+      uint8_t *file =
+          ap_written(sh, ranks, dir, (uint64_t)step, &d, pending, &size);
+      size_t want_n = 0;
+      uint8_t *want = ap_single(&m, pending ? now : before, dir, (uint64_t)step,
+                                &d, &want_n);
+      cr_assert(
+          want_n == size && memcmp(want, file, size) == 0,
+          "step %d, pending %d: the ranks' anchor is the single publisher's",
+          step, pending);
+      free(want);
+      for (int r = 0; r < ranks; r++) {
+        pulse_buffer header = {0};
+        uint64_t file_size = 0;
+        cr_assert_eq(pulse_pub_shard_anchor_header(sh[r], (uint64_t)step, &d,
+                                                   &header, &file_size),
+                     PULSE_OK, "%s", pulse_error_detail());
+        cr_assert_eq(file_size, size, "rank %d: the file's size", r);
+        cr_assert(header.size > 8 &&
+                      memcmp(header.data, file, header.size) == 0,
+                  "rank %d: the header is the file's first bytes", r);
+        if (r == ranks - 1) {
+          const uint64_t sizes[] = {1, 7, 4096, 0 /* random */, file_size + 5};
+          for (size_t k = 0; k < sizeof sizes / sizeof *sizes; k++)
+            ap_check_parts(sh, rb, ranks, &m, &header, file, file_size,
+                           sizes[k], seed + k, pending);
+        }
+        pulse_buffer_free(&header);
+      }
+      free(file);
+      if (step == 0)
+        break;
+    }
+    for (int r = 0; r < ranks; r++) {
+      pulse_pub_shard_advance(sh[r]);
+      pulse_buffer_free(&parts[r]);
+    }
+    for (int t = 0; t < AP_NT; t++)
+      free(before[t]), before[t] = now[t];
+  }
+  for (int t = 0; t < AP_NT; t++)
+    free(before[t]);
+  for (int r = 0; r < ranks; r++)
+    pulse_pub_shard_free(sh[r]);
+  ap_model_free(&m);
+  tu_rm_rf(dir);
+}
+
+Test(shard_anchor_parts, flat_ranges_rebuild_every_part_of_the_anchor) {
+  ap_run(AP_FLAT, 11);
+}
+Test(shard_anchor_parts, dim0_blocks_rebuild_every_part_of_the_anchor) {
+  ap_run(AP_DIM0, 12);
+}
+Test(shard_anchor_parts,
+     row_parallel_and_3d_blocks_rebuild_every_part_of_the_anchor) {
+  ap_run(AP_ROWPAR, 13);
+}
+Test(shard_anchor_parts,
+     a_mix_with_a_whole_tensor_and_an_empty_block_rebuilds_every_part) {
+  ap_run(AP_MIX, 14);
+}
+
+Test(shard_anchor_parts,
+     bad_ranges_sizes_and_nulls_are_refused_and_nothing_is_placed) {
+  ap_model m;
+  ap_model_init(&m, 15);
+  ap_blocks rb[AP_RANKS];
+  ap_blocks_of(AP_DIM0, rb);
+  pulse_pub_shard_opts o;
+  pulse_pub_shard_opts_init(&o);
+  o.tensors = m.info, o.tensor_count = AP_NT;
+  o.blocks = rb[1].b, o.block_count = rb[1].n;
+  pulse_pub_shard *sh = NULL;
+  cr_assert_eq(pulse_pub_shard_create(&o, &sh), PULSE_OK, "%s",
+               pulse_error_detail());
+  pulse_state_digest d;
+  memset(&d, 7, sizeof d);
+  pulse_buffer header = {0}, got = {0};
+  uint64_t file_size = 0;
+  /* the header needs no snapshot; reading does */
+  cr_assert_eq(pulse_pub_shard_anchor_header(sh, 3, &d, &header, &file_size),
+               PULSE_OK);
+  uint64_t hs = header.size;
+  cr_assert_eq(pulse_pub_shard_anchor_read(sh, 0, hs, 0, 10, &got),
+               PULSE_ERR_ARG);
+  pulse_buffer part = {0};
+  ap_detect(&sh, &rb[1], 1, &m, &part);
+  pulse_buffer_free(&part);
+  cr_assert_eq(pulse_pub_shard_anchor_read(sh, 1, hs, 0, 10, &got),
+               PULSE_ERR_ARG, "nothing is pending after the first detect");
+  /* ranges past the file's end, and one whose end overflows */
+  cr_assert_eq(pulse_pub_shard_anchor_read(sh, 0, hs, file_size, 1, &got),
+               PULSE_ERR_ARG);
+  cr_assert(strstr(pulse_error_detail(), "past the end") != NULL, "%s",
+            pulse_error_detail());
+  cr_assert_eq(pulse_pub_shard_anchor_read(sh, 0, hs, 5, UINT64_MAX, &got),
+               PULSE_ERR_ARG);
+  uint64_t owned = 0;
+  cr_assert_eq(pulse_pub_anchor_owned(m.info, AP_NT, rb[1].b, rb[1].n, hs,
+                                      file_size - 3, 4, &owned),
+               PULSE_ERR_ARG);
+  cr_assert_eq(pulse_pub_anchor_owned(m.info, AP_NT, rb[1].b, rb[1].n,
+                                      UINT64_MAX, 0, 1, &owned),
+               PULSE_ERR_OVERFLOW);
+  /* the whole file's last byte is fine; an empty range at the end too */
+  cr_assert_eq(pulse_pub_shard_anchor_read(sh, 0, hs, file_size - 1, 1, &got),
+               PULSE_OK);
+  pulse_buffer_free(&got);
+  cr_assert_eq(pulse_pub_shard_anchor_read(sh, 0, hs, file_size, 0, &got),
+               PULSE_OK);
+  cr_assert_eq(got.size, 0);
+  pulse_buffer_free(&got);
+  /* NULLs */
+  cr_assert_eq(pulse_pub_shard_anchor_header(NULL, 3, &d, &header, &file_size),
+               PULSE_ERR_ARG);
+  cr_assert_eq(pulse_pub_shard_anchor_header(sh, 3, NULL, &header, &file_size),
+               PULSE_ERR_ARG);
+  cr_assert_eq(pulse_pub_shard_anchor_header(sh, 3, &d, NULL, &file_size),
+               PULSE_ERR_ARG);
+  cr_assert_eq(pulse_pub_shard_anchor_header(sh, 3, &d, &header, NULL),
+               PULSE_ERR_ARG);
+  cr_assert_eq(pulse_pub_shard_anchor_read(NULL, 0, hs, 0, 1, &got),
+               PULSE_ERR_ARG);
+  cr_assert_eq(pulse_pub_shard_anchor_read(sh, 0, hs, 0, 1, NULL),
+               PULSE_ERR_ARG);
+  cr_assert_eq(
+      pulse_pub_anchor_owned(NULL, AP_NT, rb[1].b, rb[1].n, hs, 0, 1, &owned),
+      PULSE_ERR_ARG);
+  cr_assert_eq(pulse_pub_anchor_owned(m.info, AP_NT, NULL, 2, hs, 0, 1, &owned),
+               PULSE_ERR_ARG);
+  cr_assert_eq(
+      pulse_pub_anchor_owned(m.info, AP_NT, rb[1].b, rb[1].n, hs, 0, 1, NULL),
+      PULSE_ERR_ARG);
+  /* a part of rank 1's bytes: the wrong count places nothing */
+  uint64_t off = hs + 100, len = 2000;
+  cr_assert_eq(pulse_pub_shard_anchor_read(sh, 0, hs, off, len, &got),
+               PULSE_OK);
+  cr_assert_eq(pulse_pub_anchor_owned(m.info, AP_NT, rb[1].b, rb[1].n, hs, off,
+                                      len, &owned),
+               PULSE_OK);
+  cr_assert(owned == got.size && owned > 0 && owned < len);
+  uint8_t *dst = malloc(len), *same = malloc(len);
+  memset(dst, 0x5A, len), memset(same, 0x5A, len);
+  cr_assert_eq(pulse_pub_anchor_place(m.info, AP_NT, rb[1].b, rb[1].n, hs, off,
+                                      len, got.data, got.size - 1, dst),
+               PULSE_ERR_ARG);
+  cr_assert(strstr(pulse_error_detail(), "own") != NULL, "%s",
+            pulse_error_detail());
+  cr_assert_eq(pulse_pub_anchor_place(m.info, AP_NT, rb[2].b, rb[2].n, hs, off,
+                                      len, got.data, got.size, dst),
+               PULSE_ERR_ARG, "another rank's blocks own another count");
+  cr_assert_eq(memcmp(dst, same, len), 0, "nothing was placed");
+  cr_assert_eq(pulse_pub_anchor_place(m.info, AP_NT, rb[1].b, rb[1].n, hs, off,
+                                      len, NULL, got.size, dst),
+               PULSE_ERR_ARG);
+  cr_assert_eq(pulse_pub_anchor_place(m.info, AP_NT, rb[1].b, rb[1].n, hs, off,
+                                      len, got.data, got.size, NULL),
+               PULSE_ERR_ARG);
+  /* blocks of a name not in the table, or outside their tensor */
+  pulse_pub_block bad = rb[1].b[0];
+  bad.name = "nope";
+  cr_assert_eq(
+      pulse_pub_anchor_owned(m.info, AP_NT, &bad, 1, hs, off, len, &owned),
+      PULSE_ERR_NOT_FOUND);
+  bad = rb[1].b[0], bad.extent[0] += 100;
+  cr_assert_eq(pulse_pub_anchor_place(m.info, AP_NT, &bad, 1, hs, off, len,
+                                      got.data, got.size, dst),
+               PULSE_ERR_ARG);
+  cr_assert_eq(memcmp(dst, same, len), 0, "nothing was placed");
+  cr_assert_eq(pulse_pub_anchor_place(m.info, AP_NT, rb[1].b, rb[1].n, hs, off,
+                                      len, got.data, got.size, dst),
+               PULSE_OK);
+  cr_assert_neq(memcmp(dst, same, len), 0);
+  free(dst), free(same);
+  pulse_buffer_free(&got), pulse_buffer_free(&header);
+  pulse_pub_shard_free(sh);
+  ap_model_free(&m);
+}
