@@ -236,6 +236,28 @@ pulse_status pulse_pub_commit_made(pulse_pub *pub, uint64_t step, const pulse_bu
                                    const char *anchor_staged, const pulse_state_digest *state,
                                    pulse_pub_figures *figures);
 
+/** pulse_pub_commit_made for an anchor that is already in the bucket the
+ * store folder is the staging copy of (the ranks uploaded it part by part,
+ * pulse_pub_shard_anchor_read): it is named by its SHA-256 `anchor_sha256`
+ * and size `anchor_size` (the caller completed the upload and checked the
+ * size there; nothing here reads it) and is not in the local store. The
+ * head names objects/<sha256>.safetensors with that size and step; later
+ * commits, retention and removals (a named object absent here is skipped)
+ * and pulse_pub_anchor_due go on as with a local anchor. `patch` as
+ * pulse_pub_commit_made (NULL for the store's first step).
+ * Such a store cannot be served (pulse_server) or resumed from
+ * (pulse_pub_shard_resume, reopening: recovery refuses a head naming a
+ * missing object) until its missing objects are fetched back from the
+ * bucket (pulse_upload_fetch_missing).
+ * @return as pulse_pub_commit_made; PULSE_ERR_ARG also for a NULL
+ * anchor_sha256 or a size of 0. */
+pulse_status pulse_pub_commit_made_uploaded(pulse_pub *pub, uint64_t step,
+                                            const pulse_buffer *patch,
+                                            const uint8_t anchor_sha256[32],
+                                            uint64_t anchor_size,
+                                            const pulse_state_digest *state,
+                                            pulse_pub_figures *figures);
+
 /** 1 when a commit of `step` must name an anchor (the first step, or
  * opts.anchor_every steps past the last anchor), else 0. */
 int pulse_pub_anchor_due(const pulse_pub *pub, uint64_t step);

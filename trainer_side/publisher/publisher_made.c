@@ -1,6 +1,8 @@
 /* publisher_made.c - a committer commits what the ranks of a sharded step
- * made: their patch and, when due, the anchor they wrote together
- * (pulse_pub_commit_made, pulse_publisher.h). */
+ * made: their patch and, when due, the anchor they wrote together into
+ * the store (pulse_pub_commit_made) or uploaded part by part into the
+ * bucket the store is the staging copy of (pulse_pub_commit_made_uploaded,
+ * pulse_publisher.h). */
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,12 +40,37 @@ static pulse_status check_patch(const pulse_pub *pub, uint64_t step, const pulse
   return st;
 }
 
-pulse_status pulse_pub_commit_made(pulse_pub *pub, uint64_t step, const pulse_buffer *patch,
-                                   const char *anchor_staged, const pulse_state_digest *state,
-                                   pulse_pub_figures *figures) {
+/* The anchor a made step names: a file the ranks wrote into objects/
+ * (hashed and renamed here), or one already in the bucket, named by its
+ * SHA-256 and size; NULL when the step has none. */
+typedef struct {
+  const char *staged;
+  const uint8_t *sha256;
+  uint64_t size;
+} made_anchor;
+
+static pulse_status anchor_object(const pulse_pub *pub, uint64_t step,
+                                  const made_anchor *m,
+                                  pulse_store_object *out) {
+  if (m->staged != NULL)
+    return pub_anchor_name(pub->dir, m->staged, step, out);
+  memset(out, 0, sizeof *out);
+  out->kind = PULSE_STORE_ANCHOR;
+  out->step = out->base_step = step;
+  out->size = m->size;
+  memcpy(out->sha256, m->sha256, 32);
+  store_object_set_path(out);
+  return PULSE_OK;
+}
+
+static pulse_status commit_made(pulse_pub *pub, uint64_t step,
+                                const pulse_buffer *patch,
+                                const made_anchor *made,
+                                const pulse_state_digest *state,
+                                pulse_pub_figures *figures) {
   double t0 = made_now();
   if (pub == NULL || !pub->committer || state == NULL ||
-      (pub->head == NULL && (patch != NULL || anchor_staged == NULL)) ||
+      (pub->head == NULL && (patch != NULL || made == NULL)) ||
       (pub->head != NULL && (patch == NULL || patch->data == NULL)))
     return pulse_fail(PULSE_ERR_ARG,
                       "publisher: commit_made needs a committer, the state, and "
@@ -89,8 +116,8 @@ pulse_status pulse_pub_commit_made(pulse_pub *pub, uint64_t step, const pulse_bu
       st = pub_sections_write(pub, patch, &obj);
   }
   int with_anchor = 0;
-  if (st == PULSE_OK && anchor_staged != NULL) {
-    st = pub_anchor_name(pub->dir, anchor_staged, step, &anchor);
+  if (st == PULSE_OK && made != NULL) {
+    st = anchor_object(pub, step, made, &anchor);
     with_anchor = st == PULSE_OK;
   }
   size_t np = pub->head ? pulse_store_head_patch_count(pub->head) : 0,
@@ -114,7 +141,7 @@ pulse_status pulse_pub_commit_made(pulse_pub *pub, uint64_t step, const pulse_bu
     /* What was written is unnamed: the objects wait for retention like any
      * a crash leaves (the patch is the same bytes when the step is
      * retried). */
-    if (with_anchor)
+    if (with_anchor && made->staged != NULL)
       pub_garbage_add(pub, &anchor);
     return st;
   }
@@ -134,6 +161,31 @@ pulse_status pulse_pub_commit_made(pulse_pub *pub, uint64_t step, const pulse_bu
     PULSE_LOG_AT(PULSE_LOG_WARN, "publisher: removals after step %" PRIu64 ": %s", step,
                  pulse_error_detail());
   return PULSE_OK;
+}
+
+pulse_status pulse_pub_commit_made(pulse_pub *pub, uint64_t step,
+                                   const pulse_buffer *patch,
+                                   const char *anchor_staged,
+                                   const pulse_state_digest *state,
+                                   pulse_pub_figures *figures) {
+  made_anchor made = {anchor_staged, NULL, 0};
+  return commit_made(pub, step, patch, anchor_staged != NULL ? &made : NULL,
+                     state, figures);
+}
+
+pulse_status pulse_pub_commit_made_uploaded(pulse_pub *pub, uint64_t step,
+                                            const pulse_buffer *patch,
+                                            const uint8_t anchor_sha256[32],
+                                            uint64_t anchor_size,
+                                            const pulse_state_digest *state,
+                                            pulse_pub_figures *figures) {
+  if (anchor_sha256 == NULL || anchor_size == 0)
+    return pulse_fail(
+        PULSE_ERR_ARG,
+        "publisher: commit_made_uploaded needs the anchor's SHA-256 and its "
+        "size (not 0)");
+  made_anchor made = {NULL, anchor_sha256, anchor_size};
+  return commit_made(pub, step, patch, &made, state, figures);
 }
 
 int pulse_pub_anchor_due(const pulse_pub *pub, uint64_t step) {
