@@ -171,6 +171,41 @@ def check_tiling(table, rank_descs):
     check(lib.pulse_pub_blocks_check(table.infos, len(table), pointers, counts, len(arrays)))
 
 
+def _uint8_cpu(tensor, what):
+    torch = _tensors._torch()
+    if not isinstance(tensor, torch.Tensor) or tensor.dtype != torch.uint8 or \
+            tensor.device.type != "cpu" or not tensor.is_contiguous():
+        raise fail(f"anchor part: {what} must be a contiguous uint8 CPU tensor")
+    return tensor
+
+
+def anchor_owned(table, descs, header_size, off, length):
+    """How many bytes of the anchor file's range [off, off + length) the
+    blocks `descs` (any rank's descriptions, as c_blocks) own
+    (pulse_pub_anchor_owned): the size of that rank's anchor_read."""
+    kept = [d for d in descs if any(d[4])]
+    owned = ctypes.c_uint64()
+    check(declared().pulse_pub_anchor_owned(table.infos, len(table), c_blocks(kept), len(kept),
+                                            header_size, off, length, ctypes.byref(owned)))
+    return owned.value
+
+
+def anchor_place(table, descs, header_size, off, length, data, dst):
+    """Writes a rank's anchor_read bytes `data` of [off, off + length) at
+    their places in `dst` (`length` bytes, dst[0] at file offset off;
+    pulse_pub_anchor_place). Both contiguous uint8 CPU tensors; raises
+    Error (nothing written) when data is not the blocks' bytes count."""
+    _uint8_cpu(data, "data")
+    _uint8_cpu(dst, "dst")
+    if dst.numel() != length:
+        raise fail(f"anchor part: dst holds {dst.numel()} bytes, not the range's {length}")
+    kept = [d for d in descs if any(d[4])]
+    check(declared().pulse_pub_anchor_place(
+        table.infos, len(table), c_blocks(kept), len(kept), header_size, off, length,
+        data.data_ptr() if data.numel() else None, data.numel(),
+        dst.data_ptr() if dst.numel() else None))
+
+
 class RankShard:
     """This rank's C shard (pulse_pub_shard): the BF16 snapshot of its
     blocks and the pending step. pos_model: the committer's (the rank codes
@@ -275,6 +310,27 @@ class RankShard:
     def anchor_write(self, path, step, digest, pending):
         check(declared().pulse_pub_shard_anchor_write(self._handle, os.fsencode(path), step,
                                                       ctypes.byref(digest), 1 if pending else 0))
+
+    def anchor_header(self, step, digest):
+        """(header bytes, file size) of the anchor of `step` with `digest`
+        (pulse_pub_shard_anchor_header): the same on every rank."""
+        out = Buffer()
+        size = ctypes.c_uint64()
+        check(declared().pulse_pub_shard_anchor_header(self._handle, step, ctypes.byref(digest),
+                                                       ctypes.byref(out), ctypes.byref(size)))
+        header = bytes(take(out).numpy()) if out.size else b""
+        return header, size.value
+
+    def anchor_read(self, pending, header_size, off, length):
+        """This rank's bytes of the anchor file's range [off, off + length)
+        in file order (pulse_pub_shard_anchor_read): a uint8 CPU tensor of
+        anchor_owned(table, descs, ...) bytes; `pending` the pending step's
+        values instead of the snapshot's."""
+        out = Buffer()
+        check(declared().pulse_pub_shard_anchor_read(self._handle, 1 if pending else 0,
+                                                     header_size, off, length,
+                                                     ctypes.byref(out)))
+        return take(out)
 
     def resume(self, store_dir):
         """Takes the snapshot at the store's head: True, or False when the
@@ -391,6 +447,26 @@ class Committer:
         check(declared().pulse_pub_commit_made(
             self.handle, step, patch_arg, os.fsencode(staged) if staged else None,
             ctypes.byref(digest), ctypes.byref(figures)))
+        return figures_dict(figures)
+
+    def commit_uploaded(self, step, patch, sha256, size, digest):
+        """Commits the made step whose anchor is already in the bucket,
+        named by its SHA-256 (32 bytes) and size (pulse_pub_commit_made_uploaded:
+        the local store does not hold it); patch None for a store's first
+        step. The figures as a dict."""
+        if not isinstance(sha256, (bytes, bytearray)) or len(sha256) != 32:
+            raise fail("commit_uploaded: sha256 must be the anchor's 32-byte digest")
+        if not isinstance(size, int) or isinstance(size, bool) or not 0 < size < 2 ** 64:
+            raise fail(f"commit_uploaded: size {size!r} is not a positive byte count")
+        figures = PubFigures()
+        if patch is not None:
+            buf = buffers([patch])
+            patch_arg = ctypes.cast(buf, ctypes.POINTER(Buffer))
+        else:
+            patch_arg = None
+        check(declared().pulse_pub_commit_made_uploaded(
+            self.handle, step, patch_arg, bytes(sha256), size, ctypes.byref(digest),
+            ctypes.byref(figures)))
         return figures_dict(figures)
 
     def free(self):
