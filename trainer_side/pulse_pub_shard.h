@@ -270,8 +270,9 @@ pulse_status pulse_pub_shard_anchor_header(const pulse_pub_shard *shard,
  * in the anchor file's range [off, off + len), concatenated in file order
  * (the header, header_size bytes, is no rank's), into `out` (free with
  * pulse_buffer_free; its size is pulse_pub_anchor_owned of this rank's
- * blocks). Holds O(len) beyond the shard. With `pending`, the pending
- * changes of a block before the range are skipped over (a varint walk).
+ * blocks). Holds O(len) beyond the shard. With `pending`, a block's
+ * pending changes are found from a mark kept every 4096 changes (about
+ * 4096 changes decoded to reach the range, then the range's own).
  * @return PULSE_OK; PULSE_ERR_ARG (NULL, no snapshot, nothing pending when
  * asked, a range past the file's end); PULSE_ERR_OVERFLOW;
  * PULSE_ERR_NOMEM. */

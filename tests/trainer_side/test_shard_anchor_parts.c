@@ -504,3 +504,118 @@ Test(shard_anchor_parts,
   pulse_pub_shard_free(sh);
   ap_model_free(&m);
 }
+
+/* Blocks of many changes (beyond the marks a reader seeks by): every part
+ * of the pending step's anchor, from parts that start deep inside them. */
+Test(shard_anchor_parts,
+     parts_deep_inside_blocks_of_many_changes_are_the_pending_steps_bytes) {
+  enum { BIG = 100000, SMALL = 300 };
+  pulse_tensor_info info[2];
+  memset(info, 0, sizeof info);
+  info[0].name = "big", info[0].dtype = PULSE_DTYPE_BF16, info[0].ndim = 1;
+  info[0].shape[0] = BIG;
+  info[1].name = "small", info[1].dtype = PULSE_DTYPE_BF16, info[1].ndim = 1;
+  info[1].shape[0] = SMALL;
+  pulse_pub_block rb[2][2];
+  memset(rb, 0, sizeof rb);
+  rb[0][0] = (pulse_pub_block){"big", PULSE_PUB_BLOCK_FLAT, {0}, {61111}};
+  rb[0][1] = (pulse_pub_block){"small", PULSE_PUB_BLOCK_FLAT, {0}, {SMALL}};
+  rb[1][0] =
+      (pulse_pub_block){"big", PULSE_PUB_BLOCK_FLAT, {61111}, {BIG - 61111}};
+  uint16_t *bf[2][2];
+  for (int v = 0; v < 2; v++) {
+    bf[v][0] = malloc(BIG * 2), bf[v][1] = malloc(SMALL * 2);
+    for (uint64_t i = 0; i < BIG; i++) /* 9 elements in 10 change */
+      bf[v][0][i] =
+          (uint16_t)(0x3c00 + (i % 97) + (v && i % 10 ? 1 + i % 5 : 0));
+    for (uint64_t i = 0; i < SMALL; i++)
+      bf[v][1][i] = (uint16_t)(0x4000 + i + v);
+  }
+  pulse_pub_shard *sh[2];
+  for (int r = 0; r < 2; r++) {
+    pulse_pub_shard_opts o;
+    pulse_pub_shard_opts_init(&o);
+    o.tensors = info, o.tensor_count = 2;
+    o.blocks = rb[r], o.block_count = r == 0 ? 2 : 1;
+    cr_assert_eq(pulse_pub_shard_create(&o, &sh[r]), PULSE_OK, "%s",
+                 pulse_error_detail());
+    for (int v = 0; v < 2; v++) {
+      pulse_pub_tensor t[2] = {
+          {bf[v][0] + rb[r][0].start[0], PULSE_DTYPE_BF16, PULSE_PUB_HOST},
+          {bf[v][1], PULSE_DTYPE_BF16, PULSE_PUB_HOST}};
+      pulse_buffer part = {0};
+      cr_assert_eq(pulse_pub_shard_detect(sh[r], t, r == 0 ? 2 : 1, &part),
+                   PULSE_OK, "%s", pulse_error_detail());
+      pulse_buffer_free(&part);
+    }
+  }
+  pulse_state_digest d;
+  memset(&d, 3, sizeof d);
+  pulse_st_write_tensor w[2];
+  memset(w, 0, sizeof w);
+  for (int i = 0; i < 2; i++) {
+    w[i].name = info[i].name, w[i].dtype = PULSE_DTYPE_BF16, w[i].ndim = 1;
+    w[i].shape[0] = info[i].shape[0], w[i].data = bf[1][i];
+  }
+  char *dir = tu_make_dir(), path[4096], hex[65];
+  snprintf(path, sizeof path, "%s/want.safetensors", dir);
+  pulse_state_digest_hex(&d, hex);
+  pulse_st_kv meta[2] = {{"step", "9"}, {"state_digest", hex}};
+  cr_assert_eq(pulse_st_write(path, w, 2, meta, 2), PULSE_OK);
+  size_t size = 0;
+  uint8_t *want = tu_read(path, &size);
+  pulse_buffer header = {0};
+  uint64_t file_size = 0;
+  cr_assert_eq(pulse_pub_shard_anchor_header(sh[1], 9, &d, &header, &file_size),
+               PULSE_OK);
+  cr_assert_eq(file_size, size);
+  const uint64_t parts[] = {4096, 333, 77777};
+  for (size_t k = 0; k < 3; k++) {
+    uint8_t *dst = malloc(parts[k]);
+    for (uint64_t off = 0, n; off < file_size; off += n) {
+      n = file_size - off < parts[k] ? file_size - off : parts[k];
+      memset(dst, 0, n);
+      if (off < header.size)
+        memcpy(dst, header.data + off,
+               header.size - off < n ? header.size - off : n);
+      for (int r = 0; r < 2; r++) {
+        pulse_buffer got = {0};
+        cr_assert_eq(
+            pulse_pub_shard_anchor_read(sh[r], 1, header.size, off, n, &got),
+            PULSE_OK);
+        cr_assert_eq(pulse_pub_anchor_place(info, 2, rb[r], r == 0 ? 2 : 1,
+                                            header.size, off, n, got.data,
+                                            got.size, dst),
+                     PULSE_OK, "%s", pulse_error_detail());
+        pulse_buffer_free(&got);
+      }
+      cr_assert(memcmp(dst, want + off, n) == 0,
+                "part [%llu, +%llu) is the pending step's",
+                (unsigned long long)off, (unsigned long long)n);
+    }
+    free(dst);
+  }
+  /* Ranges of rank 0 that start at, just before and just after the
+   * changes that come before a mark (change 4096 j - 1, at element
+   * k / 9 * 10 + 1 + k % 9: 9 elements in 10 change), on either byte. */
+  for (uint64_t j = 1; j <= 9; j++) {
+    uint64_t k = 4096 * j - 1, idx = k / 9 * 10 + 1 + k % 9;
+    for (uint64_t at = 2 * idx - 2; at < 2 * idx + 4; at++) {
+      uint64_t off = header.size + at;
+      pulse_buffer got = {0};
+      cr_assert_eq(
+          pulse_pub_shard_anchor_read(sh[0], 1, header.size, off, 5, &got),
+          PULSE_OK);
+      cr_assert(got.size == 5 && memcmp(got.data, want + off, 5) == 0,
+                "element %llu, byte %llu", (unsigned long long)idx,
+                (unsigned long long)at);
+      pulse_buffer_free(&got);
+    }
+  }
+  for (int r = 0; r < 2; r++)
+    pulse_pub_shard_free(sh[r]);
+  for (int v = 0; v < 2; v++)
+    free(bf[v][0]), free(bf[v][1]);
+  free(want), pulse_buffer_free(&header);
+  tu_rm_rf(dir);
+}

@@ -242,7 +242,7 @@ void pulse_pub_shard_free(pulse_pub_shard *s) {
     if (s->snap)
       free(s->snap[b]);
     if (s->changes)
-      pulse_bytebuf_free(&s->changes[b].bytes);
+      shard_pending_clear(&s->changes[b]);
   }
   free(s->info), free(s->geom), free(s->blocks), free(s->snap), free(s->digest);
   free(s->changes), free(s->target);
@@ -344,11 +344,33 @@ void pulse_pub_shard_abort(pulse_pub_shard *s) {
     return;
   /* Freed, not kept for the next step: between steps a rank holds its
    * snapshot and nothing else O(changes). */
-  for (size_t b = 0; b < s->nblocks; b++) {
-    pulse_bytebuf_free(&s->changes[b].bytes);
-    s->changes[b].count = 0;
-  }
+  for (size_t b = 0; b < s->nblocks; b++)
+    shard_pending_clear(&s->changes[b]);
   s->pending = 0;
+}
+
+void shard_pending_clear(shard_pending *pd) {
+  pulse_bytebuf_free(&pd->bytes);
+  free(pd->mark_at), free(pd->mark_idx);
+  memset(pd, 0, sizeof *pd);
+}
+
+int shard_pending_mark(shard_pending *pd, uint64_t prev_idx) {
+  if (pd->nmarks == pd->mark_cap) {
+    size_t cap = pd->mark_cap ? 2 * pd->mark_cap : 16;
+    size_t *at = realloc(pd->mark_at, cap * sizeof *at);
+    if (at == NULL)
+      return -1;
+    pd->mark_at = at;
+    uint64_t *idx = realloc(pd->mark_idx, cap * sizeof *idx);
+    if (idx == NULL)
+      return -1;
+    pd->mark_idx = idx;
+    pd->mark_cap = cap;
+  }
+  pd->mark_at[pd->nmarks] = pd->bytes.size;
+  pd->mark_idx[pd->nmarks++] = prev_idx;
+  return 0;
 }
 
 void shard_own_open(shard_own_cursor *c, const shard_geom *g, const shard_pending *pd) {
@@ -378,6 +400,31 @@ void shard_own_next(shard_own_cursor *c) {
   c->cls = cls;
   c->delta = shard_unzigzag(z);
   c->has = 1;
+}
+
+void shard_own_seek(shard_own_cursor *c, const shard_pending *pd,
+                    uint64_t idx) {
+  if (!c->has || c->idx >= idx)
+    return;
+  /* The last mark after a change of index < idx: every change before it is
+   * before idx. */
+  size_t lo = 0, hi = pd->nmarks;
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    if (pd->mark_idx[mid] < idx)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  if (lo > 0 && pd->bytes.data + pd->mark_at[lo - 1] > c->p) {
+    uint64_t prev = pd->mark_idx[lo - 1], len = c->g->run_len;
+    c->p = pd->bytes.data + pd->mark_at[lo - 1];
+    c->idx = prev;
+    c->pos = shard_run_pos(c->g, prev / len) + prev % len;
+    shard_own_next(c);
+  }
+  while (c->has && c->idx < idx)
+    shard_own_next(c);
 }
 
 void pulse_pub_shard_advance(pulse_pub_shard *s) {
@@ -454,6 +501,9 @@ static void batch_flush(detect_state *x) {
 static __attribute__((noinline)) void detect_push(detect_state *x, uint64_t idx,
                                                   uint64_t pos, uint16_t ob, uint16_t nw) {
   shard_pending *pd = x->pd;
+  if (pd->count > 0 && pd->count % SHARD_PENDING_MARK == 0 &&
+      shard_pending_mark(pd, x->prev) != 0)
+    pd->bytes.failed = 1; /* reported as the bytes' failure */
   pulse_bytebuf_varint(&pd->bytes, pd->count == 0 ? idx : idx - x->prev - 1);
   pulse_bytebuf_byte(&pd->bytes, (uint8_t)pulse_bf16_class(ob));
   pulse_bytebuf_varint(&pd->bytes, shard_zigzag(pulse_bf16_delta(ob, nw)));

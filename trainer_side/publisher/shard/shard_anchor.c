@@ -79,10 +79,14 @@ static void source_fill(anchor_source *src, size_t b, uint64_t byte,
     return;
   shard_own_cursor *c = &src->cur[b];
   uint64_t end = byte + size;
-  while (c->has && 2 * c->idx + 2 <= byte)
-    shard_own_next(c);
+  shard_own_seek(c, &src->s->changes[b], byte / 2);
   for (; c->has && 2 * c->idx < end; shard_own_next(c)) {
     uint16_t v = (uint16_t)(snap[c->idx] + c->delta);
+    if (2 * c->idx >= byte &&
+        2 * c->idx + 2 <= end) { /* the element is whole here */
+      memcpy(dst + 2 * c->idx - byte, &v, 2);
+      continue;
+    }
     uint8_t two[2];
     memcpy(two, &v, 2); /* the snapshot's byte order, as copied above */
     for (uint64_t k = 0; k < 2; k++)

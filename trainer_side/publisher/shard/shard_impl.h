@@ -98,7 +98,23 @@ void shard_cursor_next(shard_part_cursor *c);
 typedef struct {
   pulse_bytebuf bytes;
   uint64_t count;
+  /* Every SHARD_PENDING_MARK changes, where the next change's bytes start
+   * and the index of the change before it: a reader of a range of the
+   * block (pulse_pub_shard_anchor_read) starts near it instead of
+   * decoding every change before it (shard_own_seek). */
+  size_t *mark_at;
+  uint64_t *mark_idx;
+  size_t nmarks, mark_cap;
 } shard_pending;
+
+#define SHARD_PENDING_MARK 4096u
+
+/** Appends a mark (at the current end of pd's bytes, after change
+ * `prev_idx`). @return 0, or -1 out of memory. */
+int shard_pending_mark(shard_pending *pd, uint64_t prev_idx);
+
+/** Frees pd's changes and marks; pd is then empty. */
+void shard_pending_clear(shard_pending *pd);
 
 /* Reads a block's pending changes in order, with their tensor positions. */
 typedef struct {
@@ -112,6 +128,11 @@ typedef struct {
 
 void shard_own_open(shard_own_cursor *c, const shard_geom *g, const shard_pending *pd);
 void shard_own_next(shard_own_cursor *c);
+
+/** Moves c (over pd, as opened) forward to the first change of index
+ * >= idx, through pd's marks: about SHARD_PENDING_MARK changes decoded,
+ * not every one before idx. A cursor already there stays. */
+void shard_own_seek(shard_own_cursor *c, const shard_pending *pd, uint64_t idx);
 
 /** Walks block g's elements in the changed chunks (chunks, m of them,
  * sorted) in position order beside the sorted changes c (their positions
