@@ -83,6 +83,11 @@ def put_parts(target, rel, upload_id, numbers):
                        if k == 3 else part_bytes(k)) for k in numbers]
 
 
+def add_after_digest(h):
+    h.digest()
+    h.add(b"x")
+
+
 def check_parts(work, endpoint):
     """Two processes hash (the SHA-256 state passed from one to the other)
     and put parts 1..3 of one upload, a third handle completes it: the
@@ -99,6 +104,15 @@ def check_parts(work, endpoint):
         state = pickle.loads(pickle.dumps(state))  # plain bytes between processes
         sha = Sha256(pool.apply(hash_parts, (state, [2, 3]))).digest()
         assert sha == hashlib.sha256(whole).digest(), "the chained SHA-256 is not hashlib's"
+        for what, bad in (("a strided tensor", lambda: Sha256().add(torch.zeros(8, dtype=torch.uint8)[::2])),
+                          ("a state of 3 bytes", lambda: Sha256(b"abc")),
+                          ("a damaged state", lambda: Sha256(bytes(len(state)))),
+                          ("an ended state", lambda: add_after_digest(Sha256(state)))):
+            try:
+                bad()
+                raise AssertionError(f"Sha256 took {what}")
+            except pulse.Error as e:
+                assert e.status in ("PULSE_ERR_ARG", "PULSE_ERR_CORRUPT"), str(e)
         rel = f"objects/{sha.hex()}.safetensors"
         with PartUploader(target) as up:
             upload_id = up.begin(rel)

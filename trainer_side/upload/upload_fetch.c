@@ -19,6 +19,7 @@
 /* One object on its way into the store: the sink of its GET. */
 typedef struct {
   const char *dest; /* store_dir/objects/<sha>.<ext> */
+  const char *url;  /* s3://bucket/key, for messages */
   uint64_t want;    /* the head's size */
   uint64_t got;
   pulse_atomic_file *file;
@@ -45,9 +46,9 @@ static int incoming_write(void *ctx, const void *data, size_t n) {
   if (n > in->want - in->got) {
     in->st = PULSE_ERR_CORRUPT;
     snprintf(in->why, sizeof in->why,
-             "upload: fetching %s: the bucket's object is larger than the "
-             "head's %" PRIu64 " bytes",
-             in->dest, in->want);
+             "upload: %s has more bytes than the head's %" PRIu64
+             "; not fetched",
+             in->url, in->want);
     return 1;
   }
   in->st = pulse_atomic_file_write(in->file, data, n);
@@ -71,6 +72,9 @@ static pulse_status fetch_one(pulse_upload *up, const pulse_store_object *o,
   upload_req r;
   upload_req_init(&r, "GET");
   snprintf(r.key, sizeof r.key, "%s%s", up->prefix, o->path);
+  char url[1400];
+  snprintf(url, sizeof url, "s3://%s/%s", up->bucket, r.key);
+  in.url = url;
   r.sink_restart = incoming_restart;
   r.sink = incoming_write;
   r.sink_ctx = &in;
