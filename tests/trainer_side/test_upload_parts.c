@@ -85,11 +85,11 @@ static void s3_stop(void) {
     tu_rm_rf(s3_dir);
 }
 
-static pulse_upload *handle(void) {
+static pulse_upload *handle(unsigned retries) {
   pulse_upload_opts o;
   pulse_upload_opts_init(&o);
   o.target = TARGET;
-  o.retries = 1;
+  o.retries = retries;
   pulse_upload *up = NULL;
   cr_assert_eq(pulse_upload_create(&o, &up), PULSE_OK, "%s",
                pulse_error_detail());
@@ -142,7 +142,7 @@ Test(upload_parts, parts_from_two_handles_and_processes_make_one_object,
   store_hex(sha, 32, hex);
   snprintf(rel, sizeof rel, "objects/%s.safetensors", hex);
 
-  pulse_upload *first = handle(), *third = handle();
+  pulse_upload *first = handle(1), *third = handle(1);
   char id[1024], etags[PARTS][256];
   cr_assert_eq(pulse_upload_part_begin(first, rel, id, sizeof id), PULSE_OK,
                "%s", pulse_error_detail());
@@ -199,7 +199,7 @@ Test(upload_parts, parts_from_two_handles_and_processes_make_one_object,
 
 Test(upload_parts, an_abort_leaves_no_object_and_the_upload_gone,
      .init = s3_start, .fini = s3_stop) {
-  pulse_upload *up = handle();
+  pulse_upload *up = handle(1);
   const char *rel = "objects/aborted.safetensors";
   char id[1024], etag[256];
   uint8_t part[PART];
@@ -227,7 +227,7 @@ Test(upload_parts, an_abort_leaves_no_object_and_the_upload_gone,
 
 Test(upload_parts, a_wrong_etag_fails_the_completion_and_leaves_it_open,
      .init = s3_start, .fini = s3_stop) {
-  pulse_upload *up = handle();
+  pulse_upload *up = handle(1);
   const char *rel = "objects/wrong-etag.safetensors";
   char id[1024], etag[256];
   uint8_t part[PART];
@@ -259,7 +259,7 @@ Test(upload_parts, a_wrong_etag_fails_the_completion_and_leaves_it_open,
 /* No server: each call must refuse before it sends anything. */
 Test(upload_parts, bad_arguments_are_refused_before_any_request) {
   setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:1", 1); /* nothing listens */
-  pulse_upload *up = handle();
+  pulse_upload *up = handle(1);
   char id[1024], etag[256];
   uint8_t part[16] = {0};
   uint64_t size;
@@ -312,9 +312,9 @@ static int hidden_in(const char *dir) {
   return n;
 }
 
-Test(upload_parts, fetch_missing_brings_back_only_the_named_bytes,
-     .init = s3_start, .fini = s3_stop) {
-  /* A store of two steps (an anchor each, and a patch), in the bucket. */
+/* A store of two steps (an anchor each, and a patch), uploaded by up:
+ * its folder (tu_rm_rf). */
+static char *published_store(pulse_upload *up) {
   char *store = tu_make_dir();
   tu_model m;
   tu_model_init(&m, 5, 1);
@@ -337,10 +337,15 @@ Test(upload_parts, fetch_missing_brings_back_only_the_named_bytes,
   cr_assert_eq(pulse_pub_flush(pub, NULL), PULSE_OK);
   pulse_pub_free(pub);
   tu_model_free(&m);
-  pulse_upload *up = handle();
   cr_assert_eq(pulse_upload_store(up, store, NULL), PULSE_OK, "%s",
                pulse_error_detail());
+  return store;
+}
 
+Test(upload_parts, fetch_missing_brings_back_only_the_named_bytes,
+     .init = s3_start, .fini = s3_stop) {
+  pulse_upload *up = handle(1);
+  char *store = published_store(up);
   pulse_store_head *h = NULL;
   cr_assert_eq(pulse_store_head_load(store, &h), PULSE_OK);
   size_t np = pulse_store_head_patch_count(h);
@@ -428,5 +433,65 @@ Test(upload_parts, fetch_missing_brings_back_only_the_named_bytes,
     free(saved[i]);
   pulse_store_head_free(h);
   pulse_upload_free(up);
+  tu_rm_rf(store);
+}
+
+Test(upload_parts, a_completion_failing_inside_a_200_answer_is_a_failure,
+     .init = s3_start, .fini = s3_stop) {
+  pulse_upload *up = handle(1);
+  const char *rel = "objects/error-in-200.safetensors"; /* the stand-in's */
+  char id[1024], etag[256];
+  uint8_t part[PART];
+  part_fill(1, part);
+  cr_assert_eq(pulse_upload_part_begin(up, rel, id, sizeof id), PULSE_OK);
+  cr_assert_eq(
+      pulse_upload_part_put(up, rel, id, 1, part, PART, etag, sizeof etag),
+      PULSE_OK);
+  const char *list[1] = {etag};
+  cr_assert_eq(pulse_upload_part_finish(up, rel, id, list, 1), PULSE_ERR_IO);
+  cr_assert(strstr(pulse_error_detail(), "HTTP 200 InternalError") != NULL,
+            "%s", pulse_error_detail());
+  uint64_t size;
+  cr_assert_eq(pulse_upload_object_size(up, rel, &size), PULSE_ERR_NOT_FOUND);
+  pulse_upload_free(up);
+}
+
+/* The stand-in cuts the first two GETs of objects after half their body. */
+static void s3_start_cutting(void) {
+  setenv("S3_CUT_GETS", "2", 1);
+  s3_start();
+  unsetenv("S3_CUT_GETS");
+}
+
+Test(upload_parts, fetch_missing_starts_over_after_a_cut_answer,
+     .init = s3_start_cutting, .fini = s3_stop) {
+  pulse_upload *up = handle(0), *retrying = handle(1);
+  char *store = published_store(up);
+  pulse_store_head *h = NULL;
+  cr_assert_eq(pulse_store_head_load(store, &h), PULSE_OK);
+  const pulse_store_object *anchor = pulse_store_head_anchor(h, 0);
+  char path[1200], objects[1200];
+  tt_path(path, sizeof path, store, anchor->path);
+  tt_path(objects, sizeof objects, store, PULSE_STORE_OBJECTS_DIR);
+  size_t len = 0, fetched = 9;
+  uint8_t *want = tu_read(path, &len);
+  cr_assert_eq(unlink(path), 0);
+  /* Without retries: the cut is a failure, and nothing is left. */
+  cr_assert_eq(pulse_upload_fetch_missing(up, store, &fetched), PULSE_ERR_IO);
+  cr_assert_eq(fetched, 0);
+  cr_assert_eq(access(path, F_OK), -1);
+  cr_assert_eq(hidden_in(objects), 0, "a temporary was left behind");
+  /* With one: cut again, then whole; the retry starts the file over. */
+  cr_assert_eq(pulse_upload_fetch_missing(retrying, store, &fetched), PULSE_OK,
+               "%s", pulse_error_detail());
+  cr_assert_eq(fetched, 1);
+  size_t got_len = 0;
+  uint8_t *got = tu_read(path, &got_len);
+  cr_assert_eq(got_len, len);
+  cr_assert_arr_eq(got, want, len);
+  cr_assert_eq(hidden_in(objects), 0, "a temporary was left behind");
+  free(got), free(want);
+  pulse_store_head_free(h);
+  pulse_upload_free(up), pulse_upload_free(retrying);
   tu_rm_rf(store);
 }

@@ -5,9 +5,12 @@
 // not the one given (400 InvalidPart; s3rver concatenates whatever part
 // files it finds), and an unknown upload (404 NoSuchUpload); UploadPart of
 // an unknown upload is 404 NoSuchUpload (s3rver creates it). No
-// authentication on the abort (a test stand-in). Everything else is
-// s3rver's. Usage: node s3rver_multipart.js DIR
-// (prints "listening on 127.0.0.1:PORT")
+// authentication on the abort (a test stand-in). Faults on demand: a
+// completion of a key ending in "error-in-200.safetensors" is answered 200
+// with an <Error> body (as S3 may, after it has begun answering); with env
+// S3_CUT_GETS=N, the first N GETs of keys under objects/ send half their
+// body and drop the connection. Everything else is s3rver's.
+// Usage: node s3rver_multipart.js DIR (prints "listening on 127.0.0.1:PORT")
 const fs = require('fs');
 const path = require('path');
 const S3rver = require('s3rver');
@@ -75,6 +78,34 @@ server.middleware.unshift(async (ctx, next) => {
   }
   fs.rmSync(d, { recursive: true, force: true });
   ctx.status = 204;
+});
+
+server.middleware.unshift(async (ctx, next) => {
+  if (ctx.method !== 'POST' || !('uploadId' in ctx.query) ||
+      !ctx.path.endsWith('error-in-200.safetensors'))
+    return next();
+  ctx.status = 200;
+  ctx.type = 'application/xml';
+  ctx.body = '<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>InternalError' +
+    '</Code><Message>We encountered an internal error. Please try again.' +
+    '</Message></Error>';
+});
+
+let cutGets = Number(process.env.S3_CUT_GETS || 0);
+server.middleware.unshift(async (ctx, next) => {
+  if (ctx.method !== 'GET' || cutGets <= 0 || !ctx.path.includes('/objects/'))
+    return next();
+  await next();
+  if (ctx.status !== 200 || ctx.body == null) return;
+  cutGets--;
+  const chunks = [];
+  for await (const chunk of ctx.body) chunks.push(Buffer.from(chunk));
+  const whole = Buffer.concat(chunks);
+  ctx.respond = false; // written here: half, then the connection dropped
+  ctx.res.writeHead(200, { 'Content-Length': whole.length });
+  ctx.res.write(whole.subarray(0, Math.floor(whole.length / 2)), () => {
+    ctx.req.socket.destroy();
+  });
 });
 
 server.run().then(addr => {
