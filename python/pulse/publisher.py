@@ -60,7 +60,15 @@ class Publisher(Closing):
     only rank 0 needs the store: a rank whose store_dir is not rank 0's
     folder (another node) sends rank 0 its blocks of each anchor (BF16, at
     anchor steps) and gets its blocks of the head on a resume. Rank 0 holds
-    the key, commits, and with upload= uploads the store after each step. The
+    the key, commits, and with upload= uploads the store after each step.
+    With upload= and a rank that does not see rank 0's folder, every rank
+    uploads its own parts of each anchor instead (pulse.shard_parts: one
+    multipart upload, parts of upload_part_bytes, at least 5 MiB on AWS S3
+    but the last), and rank 0's folder stays a staging copy whose head
+    names anchors only the bucket holds (it fetches them back when a job
+    resumes; serve the bucket, not that folder). That takes upload= (and
+    credentials for the bucket) on every rank; with upload= on rank 0
+    alone, rank 0 receives the blocks and uploads as above. The
     store is the one a single publisher of the gathered weights makes,
     byte for byte, when the table's order is the same (a tensor's place
     is its first mention: rank 0's blocks first, each rank's in its order).
@@ -68,7 +76,8 @@ class Publisher(Closing):
 
     def __init__(self, store_dir, key=None, upload=None, rank=None, world=None, group=None, *,
                  anchor_every=16, keep_patches=32, keep_anchors=3, threads=0, plain=False,
-                 chunk_log2=None, format_version=None, timeout=60.0):
+                 chunk_log2=None, format_version=None, timeout=60.0,
+                 upload_part_bytes=16 << 20):
         self._pub = None
         self._key = None
         self._upload = None
@@ -76,6 +85,7 @@ class Publisher(Closing):
         rank, world = _rank_world(rank, world, group)
         # What the last upload did (pulse_upload_figures), with upload=.
         self.last_upload = None
+        self.last_anchor_parts = None
         if upload is not None and not isinstance(upload, str):
             raise fail("Publisher: upload must be a str (s3://BUCKET/PREFIX)")
         # A sharded trainer's rank 0 signs, commits and uploads.
@@ -86,6 +96,7 @@ class Publisher(Closing):
             handle = ctypes.c_void_p()
             check(lib.pulse_upload_create(ctypes.byref(opts), ctypes.byref(handle)))
             self._upload = handle
+        self._upload_spec = (upload, upload_part_bytes)
         self.store_dir = os.fspath(store_dir)
         os.makedirs(self.store_dir, exist_ok=True)
         self._key = load_or_create_key(self.store_dir, key) if rank == 0 else None
@@ -116,7 +127,27 @@ class Publisher(Closing):
         """One rank of a sharded trainer (pulse.shard_group, pulse.shard_store)."""
         from . import shard, shard_group, shard_store
 
+        target, part_bytes = self._upload_spec
+        if not isinstance(part_bytes, int) or isinstance(part_bytes, bool) or part_bytes < 1:
+            raise fail(f"Publisher: upload_part_bytes {part_bytes!r} is not a positive int")
+
+        def make_parts():
+            from .s3_parts import PartUploader
+
+            return PartUploader(target), part_bytes
+
         def make_committer(table):
+            if target is not None and os.path.exists(os.path.join(self.store_dir, "head.json")):
+                # Anchors that every rank uploaded in parts are only in the
+                # bucket: they come back before the store opens (recovery
+                # refuses a head naming a missing object).
+                from .s3_parts import PartUploader
+
+                with_bucket = PartUploader(target)
+                try:
+                    with_bucket.fetch_missing(self.store_dir)
+                finally:
+                    with_bucket.close()
             committer = shard.Committer(self.store_dir, table, self._opts)
             committer.public_key = self.public_key
             return committer
@@ -125,7 +156,7 @@ class Publisher(Closing):
         coding = (self._opts.chunk_log2, self._opts.pos_model)  # every rank codes chunks
         if group is not None:
             return shard_group.GroupPublisher(self.store_dir, group, make_committer, upload,
-                                              coding)
+                                              coding, make_parts if target else None)
         if not isinstance(timeout, (int, float)) or not 0 < timeout < 2 ** 31 / 1000:
             raise fail(f"Publisher: timeout {timeout!r} is not a positive number of seconds")
         return shard_store.StorePublisher(self.store_dir, rank, world, make_committer, upload,
@@ -202,6 +233,9 @@ class Publisher(Closing):
             step = self._sharded.publish(tensors, step)
             self.last_figures = self._sharded.last_figures
             self.last_upload = self._sharded.last_upload
+            # With anchors uploaded in parts: this rank's parts of the last
+            # anchor ({"parts", "bytes", "seconds"}; None before one).
+            self.last_anchor_parts = getattr(self._sharded, "last_anchor_parts", None)
             return step
         return self._publish_whole(tensors, step)
 

@@ -5,7 +5,9 @@ statuses as objects), the head moved by the group's rank 0. A rank that
 sees the store folder (a shared filesystem) writes its blocks of each
 anchor into it; one that does not (another node) sends them to rank 0,
 which writes them, and on a resume gets its blocks of the head from rank
-0: only rank 0 needs the store.
+0: only rank 0 needs the store. With upload= on every rank, such a job's
+ranks put their own parts of each anchor into the bucket instead
+(pulse.shard_parts), and rank 0 never holds it.
 
 Every collective carries each rank's status, so a rank that raises inside
 publish makes every rank raise (with its reason) and nothing is published;
@@ -35,7 +37,7 @@ def _torch():
 class GroupPublisher:
     """See pulse.Publisher: rank `rank` of `world`, over `group`."""
 
-    def __init__(self, store_dir, group, make_committer, upload, coding):
+    def __init__(self, store_dir, group, make_committer, upload, coding, parts=None):
         dist = _dist()
         self.store_dir = store_dir
         self.group = group
@@ -52,6 +54,13 @@ class GroupPublisher:
         self._make_committer = make_committer  # (table) -> shard.Committer, rank 0
         self._upload = upload  # () -> figures dict, rank 0 (None: no upload)
         self._chunk_log2, self._pos_model = coding  # (chunk_log2, pos_model)
+        # With upload= on every rank: () -> (pulse.s3_parts.PartUploader,
+        # part bytes). When some rank does not see the store folder, each
+        # rank uploads its parts of the anchors (pulse.shard_parts).
+        self._make_parts = parts
+        self._every_uploads = False  # every rank passed upload= (known at creation)
+        self._parts = None
+        self.last_anchor_parts = None
         self._table = None
         self._remote = []  # ranks that do not see the store folder
         self._rank_descs = None
@@ -154,6 +163,24 @@ class GroupPublisher:
         self._collective("the counts' exchange", run)
         return [counts] + [t.cpu() for t in got]
 
+    def _recv_many(self, what, got, first, first_from):
+        """Receives `first` (may be None) from group rank first_from, then
+        got[r] from each group rank r, every receive posted at once (a rank
+        that sends two of them sends them in this order)."""
+        dist = _dist()
+
+        def run():
+            reqs = []
+            if first is not None and first.numel():
+                reqs.append(dist.irecv(first, self._global(first_from), self.group))
+            for r, t in got.items():
+                if t.numel():
+                    reqs.append(dist.irecv(t, self._global(r), self.group))
+            for req in reqs:
+                req.wait()
+
+        self._collective(what, run)
+
     def _landing(self, size):
         """A uint8 tensor of `size` bytes to receive a rank's counts into. On
         the CPU an anonymous mapping of its own, unmapped once the tensor is
@@ -226,11 +253,13 @@ class GroupPublisher:
             except Exception as exc:
                 mine = exc
             entries = self._all_gather("the shards' creation",
-                                       (shard.error_text(mine) if mine else None, sees))
+                                       (shard.error_text(mine) if mine else None, sees,
+                                        self._make_parts is not None))
             if self.rank == 0:
                 os.unlink(os.path.join(self.store_dir, "shard", marker))
             self._raise_first(entries, mine, "publish (creation)")
             self._remote = [r for r, e in enumerate(entries) if not e[1]]
+            self._every_uploads = all(e[2] for e in entries)
             self._rank_descs = rank_descs
             self._table = table
             if head is not None and self._remote:
@@ -341,6 +370,34 @@ class GroupPublisher:
                         proxy.free()
         return err
 
+    # ------------------------------------------ anchors uploaded in parts
+    def _by_parts(self):
+        """Anchors go up in parts from every rank: when every rank passed
+        upload= and some rank does not see the store folder (rank 0 would
+        otherwise receive every block and upload the whole anchor alone).
+        upload= on rank 0 alone keeps that (a job whose other ranks hold no
+        credentials for the bucket)."""
+        return self._every_uploads and bool(self._remote)
+
+    def _anchor_parts(self, step, target, pending, err):
+        """The step's anchor, put into the bucket by the ranks in parts
+        (pulse.shard_parts). Returns (this rank's failure or err, (sha256,
+        size) on rank 0 when the anchor is there)."""
+        from .shard_parts import AnchorParts
+
+        if self._parts is None:
+            try:
+                uploader, part_bytes = self._make_parts()
+                self._parts = AnchorParts(self, uploader, part_bytes)
+            except Exception as exc:
+                err = err or exc
+        if self._parts is None:  # still takes part in the agreement that skips it
+            self._all_gather("the anchor's plan", (shard.error_text(err),))
+            return err, None
+        mine, uploaded = self._parts.run(step, target, pending, err)
+        self.last_anchor_parts = self._parts.figures
+        return err or mine, uploaded
+
     # ------------------------------------------------------------- step
     def publish(self, blocks, step):
         if self._broken:
@@ -402,7 +459,7 @@ class GroupPublisher:
             if err is not None:
                 raise err
             target = self._shard.state_digest(parts, True)
-            if due and self.rank not in self._remote:
+            if due and self.rank not in self._remote and not self._by_parts():
                 self._shard.anchor_write(staged, step, target, base is not None)
             if base is not None:
                 counts = self._shard.count(parts)
@@ -410,7 +467,10 @@ class GroupPublisher:
             err = exc
         if self.rank != 0:
             parts = None  # only the encoding rank reads them again
-        if due and self._remote:
+        uploaded = None
+        if due and self._by_parts():
+            err, uploaded = self._anchor_parts(step, target, base is not None, err)
+        elif due and self._remote:
             err = self._anchor_remote(alive, staged, step, target) or err
         del alive
         metas = self._all_gather("the counts' exchange",
@@ -424,7 +484,7 @@ class GroupPublisher:
         outcome = None
         if self.rank == 0:
             outcome = self._commit(metas, gathered, plan, parts, target,
-                                   staged if due else None)
+                                   staged if due and uploaded is None else None, uploaded)
         del gathered, parts
         outcome = self._broadcast("the commit's outcome", outcome)
         failure, figures, upload = outcome
@@ -447,8 +507,9 @@ class GroupPublisher:
                                     f"{detail}")
         return step
 
-    def _commit(self, metas, counts, plan, parts, target, staged):
-        """Rank 0: (failure, figures, upload figures or failure)."""
+    def _commit(self, metas, counts, plan, parts, target, staged, uploaded=None):
+        """Rank 0: (failure, figures, upload figures or failure). `uploaded`:
+        (sha256, size) of the step's anchor, already in the bucket."""
         step, base, _, _ = plan
         for rank, entry in enumerate(metas):
             if entry[0] is not None:
@@ -467,7 +528,11 @@ class GroupPublisher:
                 parts.clear()  # the caller's lists
                 counts.clear()
                 patch, view = shard.mapped(made)
-            figures = self._committer.commit(step, patch, staged, target)
+            if uploaded is not None:
+                figures = self._committer.commit_uploaded(step, patch, uploaded[0], uploaded[1],
+                                                          target)
+            else:
+                figures = self._committer.commit(step, patch, staged, target)
         except Exception as exc:
             if staged:
                 _unlink(staged)
@@ -498,6 +563,9 @@ class GroupPublisher:
 
     # ----------------------------------------------------------- close
     def _free_parts(self):
+        if self._parts is not None:
+            self._parts.close()
+            self._parts = None
         if self._shard is not None:
             self._shard.free()
             self._shard = None

@@ -444,6 +444,99 @@ def s3_job(rank, work, endpoint):
     dist.barrier()
 
 
+def bucket_get(endpoint, key):
+    """The bytes of bucket bkt's object `key`, None when it is absent."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"{endpoint}/bkt/{key}", timeout=30) as r:
+            return r.read()
+    except urllib.error.HTTPError as e:
+        if e.code == 404:
+            return None
+        raise
+
+
+def s3_parts_job(rank, work, endpoint, first=1, last=4, fault=False):
+    """upload= with ranks 1-3 on folders of their own (no shared
+    filesystem): every rank puts its parts of each anchor (1 KiB parts, a
+    "mix" tiling: strided rows, flat ranges, a tensor of rank 2's) into one
+    multipart upload, which is byte for byte the single publisher's anchor;
+    rank 0's folder never holds it; a worker pulls each step from the
+    bucket. With fault, rank 2 fails while reading its part of step 3's
+    anchor: every rank raises, the bucket keeps step 2, the retry
+    publishes. A job started later (first > 1) resumes: rank 0 fetches the
+    anchors back from the bucket, ranks 1-3 get their blocks from it."""
+    name = "s3-parts"
+    sharded = os.path.join(work, name, "sharded")
+    mine = sharded if rank == 0 else os.path.join(work, name, f"private-{rank}")
+    prefix = "runs/parts"
+    pub = pulse.Publisher(mine, upload=f"s3://bkt/{prefix}", group=dist.group.WORLD,
+                          upload_part_bytes=1024, **OPTS)
+    model = Model(67)
+    for _ in range(2, first):
+        model.step()
+    single = sub = targets = None
+    if rank == 0:
+        single_dir = os.path.join(work, name, "single")
+        shutil.rmtree(single_dir, ignore_errors=True)
+        single = Single(single_dir, table_order("mix"))
+        replay = Model(67)
+        for step in range(1, first):
+            if step > 1:
+                replay.step()
+            single.publish(replay, step)
+        sub = pulse.Subscriber(f"{endpoint}/bkt/{prefix}", key=pub.public_key, retries=1)
+        targets = {n: torch.zeros(s, dtype=torch.bfloat16) for n, s in SHAPES.items()}
+    for step in range(first, last + 1):
+        if step > 1:
+            model.step()
+        blocks = blocks_of("mix", model.w, rank)
+        if fault and step == 3:
+            saved = pulse_shard.RankShard.anchor_read
+            if rank == 2:
+                def boom(self, *args):
+                    raise pulse.Error("PULSE_ERR_IO", "the anchor's part failed on purpose")
+                pulse_shard.RankShard.anchor_read = boom
+            try:
+                expect_error(lambda: pub.publish(blocks), "on purpose")
+            finally:
+                pulse_shard.RankShard.anchor_read = saved
+            assert pub.step == 2, f"rank {rank} holds step {pub.step} after a failed step 3"
+            if rank == 0:
+                head = json.loads(bucket_get(endpoint, f"{prefix}/head.json"))
+                assert head["step"] == 2, f"the bucket's head is at {head['step']}, not 2"
+        assert pub.publish(blocks) == step
+        if step % 2 == 1:  # an anchor step (anchor_every=2)
+            parts = [None] * WORLD
+            dist.all_gather_object(parts, pub.last_anchor_parts["parts"])
+            assert all(p > 0 for p in parts), f"step {step}: parts put per rank {parts}"
+        if rank == 0:
+            single.publish(model, step)
+            assert sub.pull(targets, timeout=60) == step
+            for n, w in model.w.items():
+                assert torch.equal(targets[n].view(torch.int16), bits(w)), \
+                    f"step {step}: '{n}' pulled from the bucket differs"
+            anchors = [o for o in objects(single.store) if o.endswith(".safetensors")]
+            for o in anchors:
+                with open(os.path.join(single.store, "objects", o), "rb") as f:
+                    want = f.read()
+                got = bucket_get(endpoint, f"{prefix}/objects/{o}")
+                assert got == want, f"step {step}: the bucket's anchor {o} is not the single " \
+                                    f"publisher's ({None if got is None else len(got)} bytes)"
+            if step % 2 == 1:
+                with open(os.path.join(sharded, "head.json")) as f:
+                    newest = [a["path"] for a in json.load(f)["anchors"] if a["step"] == step]
+                assert newest and not os.path.exists(os.path.join(sharded, newest[0])), \
+                    f"step {step}: rank 0's folder holds the anchor {newest}"
+    if rank == 0:
+        sub.close()
+        single.pub.close()
+    pub.close()
+    dist.barrier()
+
+
 def subgroup_job(rank, work):
     """Two jobs at once over subgroups ({0, 1} and {2, 3}): each splits every
     tensor's dim 0 in two and publishes into its own store; the group's rank
@@ -518,6 +611,10 @@ def worker_main(rank, port, work, phase):
     if os.environ.get("AWS_ENDPOINT_URL"):
         s3_job(rank, work, os.environ["AWS_ENDPOINT_URL"])
         print(f"ok rank {rank} upload to s3rver: each step pulled from the bucket", flush=True)
+        s3_parts_job(rank, work, os.environ["AWS_ENDPOINT_URL"], fault=True)
+        s3_parts_job(rank, work, os.environ["AWS_ENDPOINT_URL"], first=5, last=6)
+        print(f"ok rank {rank} anchors uploaded in parts by every rank, a failed part, a resume",
+              flush=True)
     else:
         print(f"rank {rank}: the S3 upload skipped: s3rver is not installed", flush=True)
     dist.destroy_process_group()
@@ -553,7 +650,7 @@ def main():
                 failed += 1
         for rank, (rc, out) in enumerate(spawn(work, "resume", 300)):
             print(out.strip())
-            if rc != 0 or out.count("ok ") < 4 + bool(s3):
+            if rc != 0 or out.count("ok ") < 4 + 2 * bool(s3):
                 print(f"FAIL: rank {rank} of the restarted job exited {rc}")
                 failed += 1
     finally:
