@@ -21,6 +21,18 @@ the most a step adds on top. Bytes: each step's patch bytes of both modes,
 and whether both stores end with the same objects (SHA-256 names: the same
 bytes).
 
+With --s3 (s3rver on PATH, started here on 127.0.0.1): every mode uploads
+to its own prefix of a local bucket after each step, ranks 1..N-1 keep
+folders of their own (as nodes without a shared filesystem), and a third
+launch compares the two ways such a job uploads its anchors: "sharded",
+every rank passes upload= and puts its own parts of each anchor
+(pulse.shard_parts), against "sharded-root", upload= on rank 0 alone,
+which receives every rank's blocks and uploads each anchor whole. Per rank
+and mode, the anchor steps' time and the bytes the rank put into the
+bucket (its parts; rank 0 also the store upload: patches and heads).
+s3rver on one machine is no network: the times say what the ranks' work
+costs here, the bytes where an anchor's upload goes.
+
 Targets (issue "Sharded trainers publish without a gather", 4 ranks): each
 rank's extra memory <= its shard's BF16 bytes + 10% + the patch; no rank's
 publish slower than the gather-then-publish step; patch bytes within 1%.
@@ -55,6 +67,13 @@ def parse_args(argv=None):
                    help="sharding: dim-0 blocks, flat ranges, or a column/row mix")
     p.add_argument("--threads", type=int, default=1, help="publisher threads per rank (default 1)")
     p.add_argument("--work", help="folder for the stores (default: a temporary one, removed)")
+    p.add_argument("--anchor-every", type=int, default=16,
+                   help="an anchor every N steps (default 16, the publisher's)")
+    p.add_argument("--s3", action="store_true",
+                   help="upload to a local s3rver; ranks without a shared folder; compare "
+                        "parts put by every rank with rank 0's upload (see above)")
+    p.add_argument("--part-mb", type=float, default=16.0,
+                   help="with --s3: the anchor's parts (default 16 MiB)")
     return p.parse_args(argv)
 
 
@@ -167,10 +186,16 @@ def rank_main(rank, port, args, mode, out_path):
     mine = blocks_of(args, rank)
     store = os.path.join(args.work, mode)
     pub = None
-    if mode == "sharded":
-        pub = pulse.Publisher(store, group=dist.group.WORLD, threads=args.threads)
+    opts = dict(threads=args.threads, anchor_every=args.anchor_every)
+    upload = f"s3://bkt/{mode}" if args.s3 else None
+    if args.s3 and rank > 0:  # a node of its own: no shared folder
+        store = os.path.join(args.work, f"{mode}-rank{rank}")
+    if mode in ("sharded", "sharded-root"):
+        every = mode == "sharded" or rank == 0
+        pub = pulse.Publisher(store, group=dist.group.WORLD, upload=upload if every else None,
+                              upload_part_bytes=int(args.part_mb * (1 << 20)), **opts)
     elif rank == 0:
-        pub = pulse.Publisher(store, threads=args.threads)
+        pub = pulse.Publisher(store, upload=upload, **opts)
     # The library's code and the modules are loaded before the baseline:
     # they are not the publish's memory.
     pulse._lib.lib.pulse_version()
@@ -179,6 +204,7 @@ def rank_main(rank, port, args, mode, out_path):
     warm_weights(torch, args)
     shard_bf16 = 2 * sum(_numel(b) for _, b in mine)
     peaks, times, patch_bytes, changed, before = [], [], [], [], []
+    anchor_steps, put_bytes = [], []
     base = None
     can_reset = True
     for step in range(1, args.steps + 1):
@@ -194,7 +220,7 @@ def rank_main(rank, port, args, mode, out_path):
         can_reset = hwm_reset() and can_reset
         began = time.perf_counter()
         blocks = None
-        if mode == "sharded":
+        if mode != "gathered":
             blocks = {}
             for t, (kind, start, extent), w in local:
                 if kind == "flat":
@@ -209,6 +235,14 @@ def rank_main(rank, port, args, mode, out_path):
         if pub is not None:
             patch_bytes.append(pub.last_figures["patch_bytes"])
             changed.append(pub.last_figures["changed"])
+            if pub.last_figures["anchor_bytes"]:
+                anchor_steps.append(step)
+        put = 0
+        if pub is not None and pub.last_figures["anchor_bytes"] and pub.last_anchor_parts:
+            put += pub.last_anchor_parts["bytes"]
+        if rank == 0 and pub is not None and pub.last_upload:  # every rank learns rank 0's
+            put += pub.last_upload["bytes_uploaded"]
+        put_bytes.append(put)
         del blocks
     if pub is not None:
         pub.close()
@@ -216,6 +250,7 @@ def rank_main(rank, port, args, mode, out_path):
         json.dump({"rank": rank, "mode": mode, "times_s": times, "peak_extra_bytes": peaks,
                    "shard_bf16_bytes": shard_bf16, "patch_bytes": patch_bytes,
                    "changed": changed, "rss_before_extra_bytes": before,
+                   "anchor_steps": anchor_steps, "put_bytes": put_bytes,
                    "hwm_reset": can_reset}, f)
     dist.barrier()
     dist.destroy_process_group()
@@ -297,8 +332,9 @@ def launch(args, mode, work):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     outs = [os.path.join(work, f"{mode}-{r}.json") for r in range(args.ranks)]
-    argv = [f"--{k}={getattr(args, k)}" for k in ("ranks", "rows", "cols", "tensors", "steps",
-                                                   "per1024", "mode", "threads")]
+    argv = [f"--{k.replace('_', '-')}={getattr(args, k)}"
+            for k in ("ranks", "rows", "cols", "tensors", "steps", "per1024", "mode", "threads",
+                      "anchor_every", "part_mb")] + (["--s3"] if args.s3 else [])
     # glibc's dynamic mmap threshold keeps freed large blocks (the weights'
     # temporaries made between publishes) in the heap, where RSS would count
     # them as the publish's: a fixed threshold returns them to the system.
@@ -316,22 +352,75 @@ def launch(args, mode, work):
     return results
 
 
-def objects(store):
-    return sorted(n for n in os.listdir(os.path.join(store, "objects")) if not n.startswith("."))
+def named(store):
+    """The objects (SHA-256 names) the store's head names: with --s3, rank
+    0's folder of the sharded mode lacks the anchors the ranks put in
+    parts, which its head names all the same."""
+    with open(os.path.join(store, "head.json")) as f:
+        head = json.load(f)
+    return sorted(o["path"] for kind in ("anchors", "patches") for o in head.get(kind, []))
 
 
 def run(args):
     own = args.work is None
     work = args.work = args.work or tempfile.mkdtemp(prefix="pulse-bench-shard-")
+    s3 = None
     try:
-        for mode in ("sharded", "gathered"):
+        for mode in ("sharded", "gathered", "sharded-root"):
             shutil.rmtree(os.path.join(work, mode), ignore_errors=True)
+        if args.s3:
+            s3 = start_s3rver(work)
         sharded = launch(args, "sharded", work)
         gathered = launch(args, "gathered", work)
-        return summary(args, sharded, gathered, work)
+        out = summary(args, sharded, gathered, work)
+        if args.s3:
+            out["s3"] = s3_summary(args, sharded, launch(args, "sharded-root", work))
+        return out
     finally:
+        if s3 is not None:
+            s3.kill()
+            s3.wait()
         if own:
             shutil.rmtree(work, ignore_errors=True)
+
+
+def start_s3rver(work):
+    """s3rver (npm) on 127.0.0.1, bucket bkt, data under work/s3; the
+    environment points the ranks' uploads at it."""
+    import re
+
+    if shutil.which("s3rver") is None:
+        raise SystemExit("bench_shard: --s3 needs s3rver (npm install -g s3rver)")
+    log = open(os.path.join(work, "s3.log"), "w+")
+    proc = subprocess.Popen(["s3rver", "-d", os.path.join(work, "s3"), "-a", "127.0.0.1",
+                             "-p", "0", "--configure-bucket", "bkt"], stdout=log,
+                            stderr=subprocess.STDOUT)
+    for _ in range(400):
+        log.seek(0)
+        m = re.search(r"listening on 127\.0\.0\.1:(\d+)", log.read())
+        if m:
+            os.environ.update(AWS_ENDPOINT_URL=f"http://127.0.0.1:{m.group(1)}",
+                              AWS_ACCESS_KEY_ID="S3RVER", AWS_SECRET_ACCESS_KEY="S3RVER",
+                              AWS_REGION="us-east-1")
+            return proc
+        time.sleep(0.05)
+    proc.kill()
+    raise SystemExit("bench_shard: s3rver did not start")
+
+
+def s3_summary(args, parts, root):
+    """Per rank, the anchor steps' mean time and the bytes put into the
+    bucket over the run, with parts put by every rank against rank 0's
+    upload."""
+    def anchors(r):
+        steps = r["anchor_steps"]
+        return {"anchor_steps": steps,
+                "anchor_step_s": sum(r["times_s"][s - 1] for s in steps) / max(1, len(steps)),
+                "put_bytes": sum(r["put_bytes"]),
+                "peak_extra_bytes": max(r["peak_extra_bytes"])}
+    return {"part_mb": args.part_mb,
+            "parts_by_every_rank": [anchors(r) for r in parts],
+            "rank0_uploads": [anchors(r) for r in root]}
 
 
 def summary(args, sharded, gathered, work):
@@ -372,8 +461,8 @@ def summary(args, sharded, gathered, work):
                      "patch_bytes": patches},
         "sharded_patch_bytes": sharded_bytes,
         "bytes_within_1pct": same_bytes,
-        "same_objects": objects(os.path.join(work, "sharded")) ==
-        objects(os.path.join(work, "gathered")),
+        "same_objects": named(os.path.join(work, "sharded")) ==
+        named(os.path.join(work, "gathered")),
         "memory_ok": all(r["memory_ok"] for r in ranks),
         "no_rank_slower": all(r["publish_s_per_step"] <= gather_step_s for r in ranks),
     }
