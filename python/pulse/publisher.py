@@ -134,7 +134,7 @@ class Publisher(Closing):
         def make_parts():
             from .s3_parts import PartUploader
 
-            return PartUploader(target), part_bytes
+            return (lambda: PartUploader(target)), part_bytes
 
         def make_committer(table):
             if target is not None and os.path.exists(os.path.join(self.store_dir, "head.json")):

@@ -54,8 +54,8 @@ class GroupPublisher:
         self._make_committer = make_committer  # (table) -> shard.Committer, rank 0
         self._upload = upload  # () -> figures dict, rank 0 (None: no upload)
         self._chunk_log2, self._pos_model = coding  # (chunk_log2, pos_model)
-        # With upload= on every rank: () -> (pulse.s3_parts.PartUploader,
-        # part bytes). When some rank does not see the store folder, each
+        # With upload= on every rank: () -> (a maker of
+        # pulse.s3_parts.PartUploader handles, part bytes). When some rank does not see the store folder, each
         # rank uploads its parts of the anchors (pulse.shard_parts).
         self._make_parts = parts
         self._every_uploads = False  # every rank passed upload= (known at creation)
@@ -387,8 +387,8 @@ class GroupPublisher:
 
         if self._parts is None:
             try:
-                uploader, part_bytes = self._make_parts()
-                self._parts = AnchorParts(self, uploader, part_bytes)
+                make_uploader, part_bytes = self._make_parts()
+                self._parts = AnchorParts(self, make_uploader, part_bytes)
             except Exception as exc:
                 err = err or exc
         if self._parts is None:  # still takes part in the agreement that skips it

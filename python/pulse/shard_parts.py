@@ -14,7 +14,8 @@ Two passes over the parts, because S3 names an upload when it begins and
 the name is the hash of every byte: the first hashes the parts in file
 order, the hash's state going from each part's rank to the next part's
 (pulse.s3_parts.Sha256); the second puts them, every rank its own at once
-on a thread (QUEUE parts waiting at most) while the ranks go on assembling.
+from PUTTERS threads (QUEUE parts waiting at most), each with its own
+handle, while the ranks go on assembling.
 Rank 0 completes the upload once every rank's parts are in and checks the
 object's size there; the committer then names it without the file ever
 being on rank 0 (Committer.commit_uploaded). A rank holds a few parts
@@ -32,7 +33,8 @@ import time
 from . import shard
 from ._lib import fail
 
-QUEUE = 2  # parts assembled and waiting for this rank's put
+PUTTERS = 2  # parts of this rank in flight at once (S3 serves parallel puts faster)
+QUEUE = 2  # parts assembled and waiting for this rank's putters
 MAX_PARTS = 10000  # S3's limit on the parts of one upload
 
 
@@ -66,9 +68,11 @@ class Plan:
 class AnchorParts:
     """One rank's side of the upload of a sharded anchor; see the top."""
 
-    def __init__(self, pub, uploader, part_bytes):
+    def __init__(self, pub, make_uploader, part_bytes):
         self._pub = pub  # the GroupPublisher: rank, group, shard, descriptions
-        self._uploader = uploader  # pulse.s3_parts.PartUploader
+        self._make_uploader = make_uploader  # () -> pulse.s3_parts.PartUploader
+        self._uploaders = [make_uploader()]  # the first begins and finishes; more for puts
+        self._uploader = self._uploaders[0]
         self._part_bytes = part_bytes
         self.figures = None
 
@@ -160,7 +164,9 @@ class AnchorParts:
         return None, (sha, size)
 
     def close(self):
-        self._uploader.close()
+        for uploader in self._uploaders:
+            uploader.close()
+        self._uploaders = []
 
     # ------------------------------------------------------------ parts
     def _own_bytes(self, off, n):
@@ -216,14 +222,17 @@ class AnchorParts:
         return err
 
     def _put_parts(self, plan, rel, upload_id):
-        """Pass 2: every part this rank assembles goes to the upload from a
-        thread while the loop goes on. Returns ({part number: ETag}, the
-        failure or None, bytes put)."""
+        """Pass 2: every part this rank assembles goes to the upload from
+        the putters' threads while the loop goes on. Returns ({part number:
+        ETag}, the failure or None, bytes put)."""
         pub = self._pub
+        mine = sum(1 for p in plan.parts if p[3] == pub.rank)
+        while len(self._uploaders) < min(PUTTERS, max(1, mine)):
+            self._uploaders.append(self._make_uploader())
         work = queue.Queue(maxsize=QUEUE)
-        etags, errors, sent = {}, [], [0]
+        etags, errors, sent, lock = {}, [], [0], threading.Lock()
 
-        def putter():
+        def putter(uploader):
             while True:
                 item = work.get()
                 if item is None:
@@ -232,13 +241,18 @@ class AnchorParts:
                 if errors:
                     continue  # the step fails: the rest is not put
                 try:
-                    etags[number] = self._uploader.put(rel, upload_id, number, buf.numpy())
-                    sent[0] += buf.numel()
+                    etag = uploader.put(rel, upload_id, number, buf.numpy())
+                    with lock:
+                        etags[number] = etag
+                        sent[0] += buf.numel()
                 except Exception as exc:
                     errors.append(exc)
 
-        thread = threading.Thread(target=putter, name="pulse-anchor-parts", daemon=True)
-        thread.start()
+        threads = [threading.Thread(target=putter, args=(u,), name="pulse-anchor-parts",
+                                    daemon=True)
+                   for u in self._uploaders[:max(1, min(PUTTERS, mine))]]
+        for thread in threads:
+            thread.start()
         err = None
         try:
             for k, (off, n, owned, up) in enumerate(plan.parts):
@@ -249,8 +263,10 @@ class AnchorParts:
                 elif owned[pub.rank]:
                     err = self._send_owned(k, plan, err)
         finally:
-            work.put(None)
-            thread.join()
+            for thread in threads:
+                work.put(None)
+            for thread in threads:
+                thread.join()
         return etags, err or (errors[0] if errors else None), sent[0]
 
 
