@@ -68,6 +68,7 @@
 #include "pulse_codec.h"
 #include "pulse_publisher.h"
 #include "pulse_status.h"
+#include "pulse_upload.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -342,9 +343,21 @@ typedef struct {
    * chunk_log2 as the shards'); NULL on every other rank. */
   pulse_pub *committer;
   int timeout_ms; /* waiting for the other ranks; default 60000 */
+  /* ---- version 2 (a version 1 struct is still read: without a bucket) */
+  /* This rank's own handle on the store's bucket (every rank passes one,
+   * or none does; borrowed for the call): the step's files go through the
+   * bucket instead of a shared folder (see pulse_pub_shard_step). NULL:
+   * the folder. */
+  pulse_upload *bucket;
+  /* With a bucket: the size of the parts an anchor is uploaded in (the
+   * last may be shorter; raised so that no anchor has over 10,000 parts);
+   * default PULSE_PUB_SHARD_PART_BYTES_DEFAULT. S3 refuses parts other
+   * than the last under 5 MiB; some services (and tests) take smaller. */
+  uint64_t part_bytes;
 } pulse_pub_shard_step_opts;
 
-#define PULSE_PUB_SHARD_STEP_OPTS_VERSION 1u
+#define PULSE_PUB_SHARD_STEP_OPTS_VERSION 2u
+#define PULSE_PUB_SHARD_PART_BYTES_DEFAULT (16u << 20)
 /** Sets every field of *opts to its default (struct_version included). */
 void pulse_pub_shard_step_opts_init(pulse_pub_shard_step_opts *opts);
 

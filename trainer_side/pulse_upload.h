@@ -41,6 +41,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "pulse_codec.h"
 #include "pulse_status.h"
 
 #ifdef __cplusplus
@@ -193,6 +194,51 @@ pulse_status pulse_upload_object_size(pulse_upload *up, const char *rel,
  * before a failure stay (each whole and checked). */
 pulse_status pulse_upload_fetch_missing(pulse_upload *up, const char *store_dir,
                                         size_t *fetched);
+
+/* ---- Small objects by key.
+ *
+ * What the ranks of a sharded trainer without a shared filesystem exchange
+ * during a step (pulse_pub_shard_step with a bucket: its files under
+ * <prefix>/shard/), and a store folder taken from the bucket's head. rel is
+ * a relative path under the target's prefix, checked as for the part API.
+ * Requests are signed and retried as pulse_upload_store's; errors name the
+ * method, key, HTTP status and the service's message. */
+
+/** Puts len bytes of data (borrowed for the call) at rel, replacing what
+ * is there (Cache-Control: no-cache).
+ * @return PULSE_OK; PULSE_ERR_ARG; PULSE_ERR_IO; PULSE_ERR_NOMEM. */
+pulse_status pulse_upload_key_put(pulse_upload *up, const char *rel,
+                                  const void *data, size_t len);
+
+/** Gets the object rel whole into out (free with pulse_buffer_free; meant
+ * for small objects: the answer is held in memory).
+ * @return PULSE_OK; PULSE_ERR_NOT_FOUND (no such object, out empty);
+ * PULSE_ERR_ARG; PULSE_ERR_IO; PULSE_ERR_NOMEM. */
+pulse_status pulse_upload_key_get(pulse_upload *up, const char *rel,
+                                  pulse_buffer *out);
+
+/** Deletes the object rel; one that is not there is no error.
+ * @return PULSE_OK; PULSE_ERR_ARG; PULSE_ERR_IO. */
+pulse_status pulse_upload_key_delete(pulse_upload *up, const char *rel);
+
+/** The objects whose rel starts with rel_prefix (ListObjectsV2, every
+ * page): *count names in `names` (free with pulse_buffer_free), each a rel
+ * (the target's prefix taken off) ended by a NUL, one after the other.
+ * @return PULSE_OK; PULSE_ERR_ARG; PULSE_ERR_IO; PULSE_ERR_NOMEM. */
+pulse_status pulse_upload_key_list(pulse_upload *up, const char *rel_prefix,
+                                   pulse_buffer *names, size_t *count);
+
+/** Makes the folder store_dir a copy of the bucket's store: its head.json
+ * (parsed before it is written, atomically) and, through
+ * pulse_upload_fetch_missing, every object it names that the folder lacks.
+ * For a rank of a sharded trainer that has no store folder and resumes
+ * from the bucket (pulse_pub_shard_resume on the copy; remove it after).
+ * fetched (may be NULL): the objects fetched.
+ * @return PULSE_OK; PULSE_ERR_NOT_FOUND (the bucket has no head, or an
+ * object it names); PULSE_ERR_CORRUPT (a head that does not parse, an
+ * object that is not its name's); PULSE_ERR_IO; PULSE_ERR_NOMEM. */
+pulse_status pulse_upload_fetch_store(pulse_upload *up, const char *store_dir,
+                                      size_t *fetched);
 
 #ifdef __cplusplus
 }

@@ -116,6 +116,12 @@ pulse_status upload_mp_complete(pulse_upload *up, const char *key,
  * PULSE_ERR_IO. */
 pulse_status upload_mp_abort(pulse_upload *up, const char *key, const char *id);
 
+/** The key of rel under the prefix, after checking rel: a relative path
+ * of the store (printable, no spaces, no leading '/', no ".."); `what`
+ * names the call in the error. @return PULSE_OK; PULSE_ERR_ARG. */
+pulse_status upload_key_for(const pulse_upload *up, const char *rel,
+                            const char *what, char key[1200]);
+
 /** S3 URI encoding (RFC 3986 unreserved kept; '/' kept when keep_slash). */
 void upload_uri_encode(const char *s, int keep_slash, char *out, size_t cap);
 

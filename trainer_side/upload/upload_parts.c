@@ -132,7 +132,7 @@ pulse_status upload_mp_abort(pulse_upload *up, const char *key,
 
 /* The key of rel under the prefix, after checking rel: a relative path of
  * the store ("objects/<sha>.safetensors"), no "..", nothing odd. */
-static pulse_status key_for(const pulse_upload *up, const char *rel,
+pulse_status upload_key_for(const pulse_upload *up, const char *rel,
                             const char *what, char key[1200]) {
   if (up == NULL || rel == NULL)
     return pulse_fail(PULSE_ERR_ARG, "upload: %s: NULL argument", what);
@@ -163,7 +163,7 @@ static pulse_status check_id(const char *id, const char *what) {
 pulse_status pulse_upload_part_begin(pulse_upload *up, const char *rel,
                                      char *upload_id, size_t cap) {
   char key[1200];
-  PULSE_TRY(key_for(up, rel, "beginning a multipart upload", key));
+  PULSE_TRY(upload_key_for(up, rel, "beginning a multipart upload", key));
   if (upload_id == NULL || cap == 0)
     return pulse_fail(PULSE_ERR_ARG,
                       "upload: beginning %s: no room for the "
@@ -187,7 +187,7 @@ pulse_status pulse_upload_part_put(pulse_upload *up, const char *rel,
                                    const void *data, size_t len, char *etag,
                                    size_t cap) {
   char key[1200];
-  PULSE_TRY(key_for(up, rel, "putting a part", key));
+  PULSE_TRY(upload_key_for(up, rel, "putting a part", key));
   PULSE_TRY(check_id(upload_id, "putting a part"));
   if (number < 1 || number > MAX_PARTS || (data == NULL && len > 0) ||
       etag == NULL || cap == 0)
@@ -219,7 +219,7 @@ pulse_status pulse_upload_part_finish(pulse_upload *up, const char *rel,
                                       const char *upload_id,
                                       const char *const *etags, size_t n) {
   char key[1200];
-  PULSE_TRY(key_for(up, rel, "completing a multipart upload", key));
+  PULSE_TRY(upload_key_for(up, rel, "completing a multipart upload", key));
   PULSE_TRY(check_id(upload_id, "completing a multipart upload"));
   if (n == 0 || n > MAX_PARTS || etags == NULL)
     return pulse_fail(PULSE_ERR_ARG,
@@ -231,7 +231,7 @@ pulse_status pulse_upload_part_finish(pulse_upload *up, const char *rel,
 pulse_status pulse_upload_part_abort(pulse_upload *up, const char *rel,
                                      const char *upload_id) {
   char key[1200];
-  PULSE_TRY(key_for(up, rel, "aborting a multipart upload", key));
+  PULSE_TRY(upload_key_for(up, rel, "aborting a multipart upload", key));
   PULSE_TRY(check_id(upload_id, "aborting a multipart upload"));
   return upload_mp_abort(up, key, upload_id);
 }
@@ -239,7 +239,7 @@ pulse_status pulse_upload_part_abort(pulse_upload *up, const char *rel,
 pulse_status pulse_upload_object_size(pulse_upload *up, const char *rel,
                                       uint64_t *size) {
   char key[1200];
-  PULSE_TRY(key_for(up, rel, "the size of an object", key));
+  PULSE_TRY(upload_key_for(up, rel, "the size of an object", key));
   if (size == NULL)
     return pulse_fail(PULSE_ERR_ARG, "upload: %s: NULL size", key);
   upload_req r;

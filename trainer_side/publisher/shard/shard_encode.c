@@ -646,8 +646,9 @@ pulse_status pulse_pub_shard_encode_file(const pulse_tensor_info *table, size_t 
   return st;
 }
 
-pulse_status shard_parts_check(const pulse_tensor_info *table, size_t count,
-                               const pulse_buffer *parts, size_t nparts) {
+pulse_status shard_parts_blocks(const pulse_tensor_info *table, size_t count,
+                                const pulse_buffer *parts, size_t nparts,
+                                pulse_pub_block ***blocks_out, size_t **counts_out) {
   uint8_t id[32];
   PULSE_TRY(shard_table_id(table, count, id));
   pulse_status st = PULSE_OK;
@@ -678,11 +679,28 @@ pulse_status shard_parts_check(const pulse_tensor_info *table, size_t count,
     }
     shard_view_free(&v);
   }
-  if (st == PULSE_OK)
-    st = pulse_pub_blocks_check(table, count, (const pulse_pub_block *const *)blocks, counts,
-                                nparts);
+  if (st != PULSE_OK) {
+    shard_parts_blocks_free(blocks, counts, nparts);
+    return st;
+  }
+  *blocks_out = blocks;
+  *counts_out = counts;
+  return PULSE_OK;
+}
+
+void shard_parts_blocks_free(pulse_pub_block **blocks, size_t *counts, size_t nparts) {
   for (size_t i = 0; blocks && i < nparts; i++)
     free(blocks[i]);
   free(blocks), free(counts);
+}
+
+pulse_status shard_parts_check(const pulse_tensor_info *table, size_t count,
+                               const pulse_buffer *parts, size_t nparts) {
+  pulse_pub_block **blocks = NULL;
+  size_t *counts = NULL;
+  PULSE_TRY(shard_parts_blocks(table, count, parts, nparts, &blocks, &counts));
+  pulse_status st = pulse_pub_blocks_check(table, count, (const pulse_pub_block *const *)blocks,
+                                           counts, nparts);
+  shard_parts_blocks_free(blocks, counts, nparts);
   return st;
 }

@@ -35,6 +35,17 @@ size_t shard_find(const pulse_tensor_info *table, size_t count, const char *name
 pulse_status shard_parts_check(const pulse_tensor_info *table, size_t count,
                                const pulse_buffer *parts, size_t nparts);
 
+/** The blocks each part describes (names point into the table):
+ * (*blocks)[i] holds (*counts)[i] blocks of part i. Free with
+ * shard_parts_blocks_free. @return PULSE_OK; a part's parse errors;
+ * PULSE_ERR_NOMEM. */
+pulse_status shard_parts_blocks(const pulse_tensor_info *table, size_t count,
+                                const pulse_buffer *parts, size_t nparts,
+                                pulse_pub_block ***blocks, size_t **counts);
+
+/** Frees shard_parts_blocks' arrays (NULL is fine). */
+void shard_parts_blocks_free(pulse_pub_block **blocks, size_t *counts, size_t nparts);
+
 /** The table's fingerprint: its state digest with every tensor digest 0. */
 pulse_status shard_table_id(const pulse_tensor_info *table, size_t count,
                             uint8_t out[32]);

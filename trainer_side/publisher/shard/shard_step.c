@@ -1,9 +1,11 @@
-/* shard_step.c - one collective step of a sharded trainer through the store
- * folder (pulse_pub_shard_step, pulse_pub_shard.h; docs/protocols/sync.md "Sharded
- * trainers"). Files of step S in STORE/shard/: "S.go" (rank 0: nonce, base,
- * anchor due), "S.N.part-R" and "S.N.count-R" (rank R, attempt N), each
- * written under a temporary name and renamed. */
-#include <dirent.h>
+/* shard_step.c - one collective step of a sharded trainer through a medium
+ * every rank reaches (pulse_pub_shard_step, pulse_pub_shard.h;
+ * docs/protocols/sync.md "Sharded trainers"): the store folder they share,
+ * or the store's bucket (shard_medium.c). Files of step S: "S.go" (rank 0:
+ * nonce, base, anchor due), "S.N.part-R" and "S.N.count-R" (rank R,
+ * attempt N), "S.N.fail-R" (why rank R gave attempt N up), and with a
+ * bucket the anchor's ("bytes-K-R", "sha-K-R", "upload-0", "etags-R":
+ * shard_step_anchor.c). */
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -11,12 +13,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "publisher_impl.h"
 #include "shard_impl.h"
+#include "shard_step_impl.h"
 #include "status_impl.h"
 
 void pulse_pub_shard_step_opts_init(pulse_pub_shard_step_opts *o) {
@@ -24,6 +26,7 @@ void pulse_pub_shard_step_opts_init(pulse_pub_shard_step_opts *o) {
   o->struct_version = PULSE_PUB_SHARD_STEP_OPTS_VERSION;
   o->world = 1;
   o->timeout_ms = 60000;
+  o->part_bytes = PULSE_PUB_SHARD_PART_BYTES_DEFAULT;
 }
 
 static double mono(void) {
@@ -32,98 +35,13 @@ static double mono(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static void nap(void) {
-  struct timespec ts = {0, 2 * 1000 * 1000};
+/* Sleeps *cur seconds, then doubles it up to the medium's most. */
+static void nap(const shard_medium *m, double *cur) {
+  if (*cur < m->nap_first_s)
+    *cur = m->nap_first_s;
+  struct timespec ts = {(time_t)*cur, (long)((*cur - (double)(time_t)*cur) * 1e9)};
   nanosleep(&ts, NULL);
-}
-
-static pulse_status file_put(const char *folder, const char *name, const void *data, size_t n) {
-  char tmp[4352], final[4352];
-  snprintf(tmp, sizeof tmp, "%s/.%s.tmp-%ld", folder, name, (long)getpid());
-  snprintf(final, sizeof final, "%s/%s", folder, name);
-  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  pulse_status st = PULSE_OK;
-  if (fd < 0)
-    return pulse_fail(PULSE_ERR_IO, "shard: %s: %s", tmp, strerror(errno));
-  const uint8_t *p = data;
-  while (n > 0 && st == PULSE_OK) {
-    ssize_t w = write(fd, p, n);
-    if (w < 0 && errno == EINTR)
-      continue;
-    if (w <= 0)
-      st = pulse_fail(PULSE_ERR_IO, "shard: %s: %s", tmp, strerror(errno));
-    else
-      p += w, n -= (size_t)w;
-  }
-  if (st == PULSE_OK && fdatasync(fd) != 0)
-    st = pulse_fail(PULSE_ERR_IO, "shard: %s: %s", tmp, strerror(errno));
-  close(fd);
-  if (st == PULSE_OK && rename(tmp, final) != 0)
-    st = pulse_fail(PULSE_ERR_IO, "shard: %s: %s", final, strerror(errno));
-  if (st != PULSE_OK)
-    unlink(tmp);
-  return st;
-}
-
-/* 1 and the bytes when the file is there, 0 when not (yet). */
-static int file_get(const char *folder, const char *name, pulse_buffer *out) {
-  char path[4352];
-  snprintf(path, sizeof path, "%s/%s", folder, name);
-  FILE *f = fopen(path, "rb");
-  if (f == NULL)
-    return 0;
-  struct stat sb;
-  int ok = fstat(fileno(f), &sb) == 0;
-  size_t n = ok ? (size_t)sb.st_size : 0;
-  out->data = malloc(n ? n : 1);
-  out->size = n;
-  ok = ok && out->data != NULL && fread(out->data, 1, n, f) == n;
-  fclose(f);
-  if (!ok)
-    pulse_buffer_free(out);
-  return ok;
-}
-
-/* Removes every file of step `step` (all ranks' when rank < 0). */
-static void files_drop(const char *folder, uint64_t step, int rank, int keep_fail) {
-  DIR *d = opendir(folder);
-  if (d == NULL)
-    return;
-  char prefix[64], mine[32];
-  snprintf(prefix, sizeof prefix, "%" PRIu64 ".", step);
-  snprintf(mine, sizeof mine, "-%d", rank);
-  struct dirent *e;
-  while ((e = readdir(d)) != NULL) {
-    size_t n = strlen(e->d_name), m = strlen(mine);
-    if (strncmp(e->d_name, prefix, strlen(prefix)) != 0 ||
-        (rank >= 0 && (n < m || strcmp(e->d_name + n - m, mine) != 0)))
-      continue;
-    if ((rank >= 0 && strstr(e->d_name, ".go") != NULL) ||
-        (keep_fail && strstr(e->d_name, ".fail-") != NULL))
-      continue;
-    char path[4352];
-    snprintf(path, sizeof path, "%s/%s", folder, e->d_name);
-    unlink(path);
-  }
-  closedir(d);
-}
-
-/* The head's step (0 and *has 0 when there is none) and digest. */
-static pulse_status head_now(const char *dir, int *has, uint64_t *step,
-                             pulse_state_digest *digest) {
-  pulse_store_head *h = NULL;
-  pulse_status st = pulse_store_head_load(dir, &h);
-  *has = st == PULSE_OK;
-  *step = 0;
-  if (st == PULSE_ERR_NOT_FOUND)
-    return PULSE_OK;
-  if (st != PULSE_OK)
-    return st;
-  *step = pulse_store_head_step(h);
-  if (digest != NULL)
-    *digest = *pulse_store_head_state_digest(h);
-  pulse_store_head_free(h);
-  return PULSE_OK;
+  *cur = *cur * 2 < m->nap_most_s ? *cur * 2 : m->nap_most_s;
 }
 
 typedef struct {
@@ -146,16 +64,15 @@ static int go_parse(const pulse_buffer *b, step_go *g) {
   return 1;
 }
 
-/* Waits for every rank's file "S.N.KIND-R"; all[r] filled. */
 /* The rank that gave attempt N of step S up ("S.N.fail-R", holding its
  * reason), or -1; its reason in why. */
-static int failed_rank(const char *folder, uint64_t step, uint64_t nonce, int world, char *why,
+static int failed_rank(shard_medium *m, uint64_t step, uint64_t nonce, int world, char *why,
                        size_t cap) {
   for (int r = 0; r < world; r++) {
     char name[128];
     snprintf(name, sizeof name, "%" PRIu64 ".%016" PRIx64 ".fail-%d", step, nonce, r);
     pulse_buffer b = {0};
-    if (file_get(folder, name, &b)) {
+    if (m->get(m, name, &b) == 1) {
       size_t n = b.size < cap - 1 ? b.size : cap - 1;
       memcpy(why, b.data, n);
       why[n] = '\0';
@@ -167,11 +84,11 @@ static int failed_rank(const char *folder, uint64_t step, uint64_t nonce, int wo
 }
 
 /* 1 while rank 0's go of step S still names attempt N. */
-static int go_open(const char *folder, uint64_t step, uint64_t nonce) {
+static int go_open(shard_medium *m, uint64_t step, uint64_t nonce) {
   char name[64], text[64];
   snprintf(name, sizeof name, "%" PRIu64 ".go", step);
   pulse_buffer b = {0};
-  if (!file_get(folder, name, &b))
+  if (m->get(m, name, &b) != 1)
     return 0;
   size_t n = b.size < sizeof text - 1 ? b.size : sizeof text - 1;
   memcpy(text, b.data, n);
@@ -181,28 +98,48 @@ static int go_open(const char *folder, uint64_t step, uint64_t nonce) {
   return sscanf(text, "%" SCNx64, &got) == 1 && got == nonce;
 }
 
-static pulse_status wait_all(const char *folder, uint64_t step, uint64_t nonce, const char *kind,
-                             int world, int rank, double deadline, pulse_buffer *all) {
-  for (int r = 0; r < world; r++) {
-    char name[128];
-    snprintf(name, sizeof name, "%" PRIu64 ".%016" PRIx64 ".%s-%d", step, nonce, kind, r);
-    while (!file_get(folder, name, &all[r])) {
-      char why[512];
-      int failed = failed_rank(folder, step, nonce, world, why, sizeof why);
-      if (failed >= 0)
-        return pulse_fail(PULSE_ERR_IO, "shard: step %" PRIu64 ": rank %d gave it up: %s", step,
-                          failed, why);
-      /* Rank 0 removes (or replaces) its go when it gives the attempt up. */
-      if (rank != 0 && !go_open(folder, step, nonce)) {
-        failed = failed_rank(folder, step, nonce, world, why, sizeof why);
-        return pulse_fail(PULSE_ERR_IO, "shard: step %" PRIu64 ": rank %d gave it up: %s", step,
-                          failed >= 0 ? failed : 0, failed >= 0 ? why : "(no reason left)");
-      }
-      if (mono() > deadline)
-        return pulse_fail(PULSE_ERR_IO, "shard: step %" PRIu64 ": rank %d's %s did not come",
-                          step, r, kind);
-      nap();
-    }
+static pulse_status given_up(const shard_attempt *a) {
+  char why[512];
+  int failed = failed_rank(a->m, a->step, a->nonce, a->world, why, sizeof why);
+  return pulse_fail(PULSE_ERR_IO, "shard: step %" PRIu64 ": rank %d gave it up: %s", a->step,
+                    failed >= 0 ? failed : 0, failed >= 0 ? why : "(no reason left)");
+}
+
+void shard_attempt_name(const shard_attempt *a, char *out, size_t cap, const char *what) {
+  snprintf(out, cap, "%" PRIu64 ".%016" PRIx64 ".%s", a->step, a->nonce, what);
+}
+
+pulse_status shard_attempt_wait(const shard_attempt *a, const char *name, pulse_buffer *out) {
+  double pause = 0;
+  for (;;) {
+    int got = a->m->get(a->m, name, out);
+    if (got == 1)
+      return PULSE_OK;
+    if (got < 0)
+      return pulse_fail(PULSE_ERR_IO, "shard: step %" PRIu64 ": reading %s: %s", a->step, name,
+                        pulse_error_detail());
+    char why[512];
+    int failed = failed_rank(a->m, a->step, a->nonce, a->world, why, sizeof why);
+    if (failed >= 0)
+      return pulse_fail(PULSE_ERR_IO, "shard: step %" PRIu64 ": rank %d gave it up: %s",
+                        a->step, failed, why);
+    /* Rank 0 removes (or replaces) its go when it gives the attempt up. */
+    if (a->rank != 0 && !go_open(a->m, a->step, a->nonce))
+      return given_up(a);
+    if (mono() > a->deadline)
+      return pulse_fail(PULSE_ERR_IO, "shard: step %" PRIu64 ": %s did not come", a->step,
+                        name);
+    nap(a->m, &pause);
+  }
+}
+
+/* Waits for every rank's file "S.N.KIND-R"; all[r] filled. */
+static pulse_status wait_all(const shard_attempt *a, const char *kind, pulse_buffer *all) {
+  for (int r = 0; r < a->world; r++) {
+    char what[64], name[128];
+    snprintf(what, sizeof what, "%s-%d", kind, r);
+    shard_attempt_name(a, name, sizeof name, what);
+    PULSE_TRY(shard_attempt_wait(a, name, &all[r]));
   }
   return PULSE_OK;
 }
@@ -228,83 +165,173 @@ static void snapshot_reset(pulse_pub_shard *s) {
   s->have_snapshot = 0;
 }
 
-pulse_status pulse_pub_shard_step(pulse_pub_shard *s, const char *dir,
-                                  const pulse_pub_shard_step_opts *o, uint64_t step,
-                                  const pulse_pub_tensor *data, size_t count,
-                                  pulse_pub_figures *figures) {
-  if (s == NULL || dir == NULL || o == NULL)
-    return pulse_fail(PULSE_ERR_ARG, "shard: NULL argument");
+/* The options as version 2: a version 1 caller's struct (a prefix of
+ * this one) without a bucket. */
+static pulse_status opts_read(const pulse_pub_shard_step_opts *o, pulse_pub_shard_step_opts *v) {
+  if (o != NULL && o->struct_version == 1u) {
+    pulse_pub_shard_step_opts_init(v);
+    v->rank = o->rank;
+    v->world = o->world;
+    v->committer = o->committer;
+    v->timeout_ms = o->timeout_ms;
+    return PULSE_OK;
+  }
   PULSE_TRY(PULSE_OPTS_CHECK("shard step", o, PULSE_PUB_SHARD_STEP_OPTS_VERSION));
-  if (o->world < 1 || o->rank < 0 || o->rank >= o->world || (o->rank == 0) != (o->committer != NULL) ||
-      o->timeout_ms < 0 ||
-      (o->committer != NULL && (!o->committer->committer ||
-                                o->committer->opts.chunk_log2 != s->chunk_log2)))
-    return pulse_fail(PULSE_ERR_ARG, "shard: step: rank 0 and only rank 0 gives its committer "
-                                     "(pulse_pub_create_committer, the shards' chunk_log2)");
-  char folder[4096];
-  snprintf(folder, sizeof folder, "%s/shard", dir);
-  /* A rank may come before rank 0 has made the store. */
-  if ((mkdir(dir, 0755) != 0 && errno != EEXIST) || (mkdir(folder, 0755) != 0 && errno != EEXIST))
-    return pulse_fail(PULSE_ERR_IO, "shard: %s: %s", folder, strerror(errno));
-  double deadline = mono() + o->timeout_ms / 1000.0;
-  int world = o->world, rank = o->rank;
+  *v = *o;
+  return PULSE_OK;
+}
+
+/* Rank 0: opens attempt N of the step (removing what earlier attempts
+ * left) with a fresh nonce; the others wait for a go of this base. */
+static pulse_status go_begin(pulse_pub_shard *s, const shard_attempt *a, pulse_pub *committer,
+                             int has, uint64_t head, step_go *go) {
+  shard_medium *m = a->m;
   char go_name[64];
-  snprintf(go_name, sizeof go_name, "%" PRIu64 ".go", step);
-  step_go go;
-  memset(&go, 0, sizeof go);
-  pulse_status st = PULSE_OK;
-  int has = 0;
-  uint64_t head = 0;
-  PULSE_TRY(head_now(dir, &has, &head, NULL));
-  if (has && step <= head)
-    return pulse_fail(PULSE_ERR_BASE_STEP, "shard: step %" PRIu64 " is not above the head's %" PRIu64,
-                      step, head);
-  if (rank == 0) {
-    files_drop(folder, step, -1, 0);
+  snprintf(go_name, sizeof go_name, "%" PRIu64 ".go", a->step);
+  if (a->rank == 0) {
+    m->drop(m, a->step, -1, 0);
     uint64_t nonce = 0;
     FILE *u = fopen("/dev/urandom", "rb");
     if (u == NULL || fread(&nonce, sizeof nonce, 1, u) != 1)
       nonce = (uint64_t)getpid() * 0x9E3779B97F4A7C15ull ^ (uint64_t)(mono() * 1e9);
     if (u != NULL)
       fclose(u);
-    go = (step_go){nonce, has, head, pulse_pub_anchor_due(o->committer, step)};
+    *go = (step_go){nonce, has, head, pulse_pub_anchor_due(committer, a->step)};
     char text[128];
-    int n = has ? snprintf(text, sizeof text, "%016" PRIx64 " %" PRIu64 " %d\n", nonce, head, go.due)
-                : snprintf(text, sizeof text, "%016" PRIx64 " none %d\n", nonce, go.due);
-    PULSE_TRY(file_put(folder, go_name, text, (size_t)n));
-  } else {
-    /* A go of another base (left by a crashed attempt) is not this one's. */
-    for (;;) {
-      pulse_buffer b = {0};
-      if (file_get(folder, go_name, &b)) {
-        int ok = go_parse(&b, &go) && go.has_base == has && (!has || go.base == head) &&
-                 !(s->failed_step == step && s->failed_nonce == go.nonce);
-        pulse_buffer_free(&b);
-        if (ok)
-          break;
-      }
-      if (mono() > deadline)
-        return pulse_fail(PULSE_ERR_IO, "shard: step %" PRIu64 ": rank 0 did not open it", step);
-      nap();
-    }
+    int n = has ? snprintf(text, sizeof text, "%016" PRIx64 " %" PRIu64 " %d\n", nonce, head,
+                           go->due)
+                : snprintf(text, sizeof text, "%016" PRIx64 " none %d\n", nonce, go->due);
+    return m->put(m, go_name, text, (size_t)n);
   }
+  /* A go of another base (left by a crashed attempt) is not this one's. */
+  double pause = 0;
+  for (;;) {
+    pulse_buffer b = {0};
+    if (m->get(m, go_name, &b) == 1) {
+      int ok = go_parse(&b, go) && go->has_base == has && (!has || go->base == head) &&
+               !(s->failed_step == a->step && s->failed_nonce == go->nonce);
+      pulse_buffer_free(&b);
+      if (ok)
+        return PULSE_OK;
+    }
+    if (mono() > a->deadline)
+      return pulse_fail(PULSE_ERR_IO, "shard: step %" PRIu64 ": rank 0 did not open it",
+                        a->step);
+    nap(m, &pause);
+  }
+}
+
+/* A rank other than 0: waits for the head of this step (the medium's),
+ * or for rank 0 to give the attempt up (its go gone). */
+static pulse_status head_wait(const shard_attempt *a, const pulse_state_digest *target) {
+  double pause = 0;
+  for (;;) {
+    int h = 0;
+    uint64_t hs = 0;
+    pulse_state_digest hd;
+    PULSE_TRY(a->m->head(a->m, &h, &hs, &hd));
+    if (h && hs >= a->step) {
+      if (hs != a->step || memcmp(&hd, target, 32) != 0)
+        return pulse_fail(PULSE_ERR_BASE_DIGEST,
+                          "shard: the head moved to step %" PRIu64 ", not this one's", hs);
+      return PULSE_OK;
+    }
+    if (!go_open(a->m, a->step, a->nonce)) {
+      /* Rank 0 removes the go after its commit too: the head says which. */
+      PULSE_TRY(a->m->head(a->m, &h, &hs, &hd));
+      if (h && hs == a->step && memcmp(&hd, target, 32) == 0)
+        return PULSE_OK;
+      return given_up(a);
+    }
+    if (mono() > a->deadline)
+      return pulse_fail(PULSE_ERR_IO, "shard: step %" PRIu64 ": no head within the timeout",
+                        a->step);
+    nap(a->m, &pause);
+  }
+}
+
+/* Rank 0: the patch of every rank's parts and counts, into a file of the
+ * store folder (made) mapped into *patch; the ranks' streams are freed
+ * first, so the two are never both in memory. */
+static pulse_status patch_make(pulse_pub_shard *s, const char *dir, const shard_attempt *a,
+                               const step_go *go, pulse_pub *committer, pulse_buffer *parts,
+                               pulse_buffer *counts, char *made, size_t cap,
+                               pulse_buffer *patch) {
+  pulse_encode_opts eo;
+  pulse_encode_opts_init(&eo);
+  eo.step = a->step;
+  eo.base_step = go->base;
+  eo.pos_model = committer->opts.pos_model;
+  eo.chunk_log2 = s->chunk_log2;
+  eo.threads = committer->opts.threads;
+  snprintf(made, cap, "%s/" PULSE_STORE_OBJECTS_DIR "/.patch-%" PRIu64 "-%016" PRIx64
+           ".tmp-shard", dir, a->step, go->nonce);
+  uint64_t size = 0;
+  pulse_status st = pulse_pub_shard_encode_file(s->info, s->count, &eo, parts,
+                                                (size_t)a->world, counts, (size_t)a->world,
+                                                made, &size);
+  for (int r = 0; r < a->world; r++)
+    pulse_buffer_free(&parts[r]), pulse_buffer_free(&counts[r]);
+  if (st == PULSE_OK)
+    st = map_file(made, (size_t)size, patch);
+  return st;
+}
+
+pulse_status pulse_pub_shard_step(pulse_pub_shard *s, const char *dir,
+                                  const pulse_pub_shard_step_opts *opts, uint64_t step,
+                                  const pulse_pub_tensor *data, size_t count,
+                                  pulse_pub_figures *figures) {
+  if (s == NULL || dir == NULL || opts == NULL)
+    return pulse_fail(PULSE_ERR_ARG, "shard: NULL argument");
+  pulse_pub_shard_step_opts ov;
+  PULSE_TRY(opts_read(opts, &ov));
+  const pulse_pub_shard_step_opts *o = &ov;
+  if (o->world < 1 || o->rank < 0 || o->rank >= o->world || (o->rank == 0) != (o->committer != NULL) ||
+      o->timeout_ms < 0 ||
+      (o->committer != NULL && (!o->committer->committer ||
+                                o->committer->opts.chunk_log2 != s->chunk_log2)))
+    return pulse_fail(PULSE_ERR_ARG, "shard: step: rank 0 and only rank 0 gives its committer "
+                                     "(pulse_pub_create_committer, the shards' chunk_log2)");
+  shard_medium medium;
+  if (o->bucket != NULL)
+    shard_medium_bucket(&medium, o->bucket);
+  else
+    PULSE_TRY(shard_medium_folder(&medium, dir));
+  shard_attempt at = {&medium, step, 0, o->world, o->rank, mono() + o->timeout_ms / 1000.0};
+  const shard_attempt *a = &at;
+  int world = o->world, rank = o->rank;
+  step_go go;
+  memset(&go, 0, sizeof go);
+  pulse_status st = PULSE_OK;
+  int has = 0;
+  uint64_t head = 0;
+  PULSE_TRY(medium.head(&medium, &has, &head, NULL));
+  if (has && step <= head)
+    return pulse_fail(PULSE_ERR_BASE_STEP, "shard: step %" PRIu64 " is not above the head's %" PRIu64,
+                      step, head);
+  PULSE_TRY(go_begin(s, a, o->committer, has, head, &go));
+  at.nonce = go.nonce;
   if (!go.has_base && s->have_snapshot)
     snapshot_reset(s); /* a first step tried again */
   pulse_buffer *parts = calloc((size_t)world, sizeof *parts);
   pulse_buffer *counts = calloc((size_t)world, sizeof *counts);
   pulse_buffer mine = {0}, patch = {0};
   char name[128], staged[4352] = "", made[4352] = "";
+  shard_bucket_anchor anchor;
+  memset(&anchor, 0, sizeof anchor);
   pulse_state_digest target;
   if (parts == NULL || counts == NULL)
     st = pulse_fail(PULSE_ERR_NOMEM, "shard: step");
   if (st == PULSE_OK)
     st = pulse_pub_shard_detect(s, data, count, &mine);
   if (st == PULSE_OK) {
-    snprintf(name, sizeof name, "%" PRIu64 ".%016" PRIx64 ".part-%d", step, go.nonce, rank);
-    st = file_put(folder, name, mine.data, mine.size);
+    char what[32];
+    snprintf(what, sizeof what, "part-%d", rank);
+    shard_attempt_name(a, name, sizeof name, what);
+    st = medium.put(&medium, name, mine.data, mine.size);
   }
   if (st == PULSE_OK)
-    st = wait_all(folder, step, go.nonce, "part", world, rank, deadline, parts);
+    st = wait_all(a, "part", parts);
   /* Every rank checks the blocks of every rank before anything is written:
    * they must tile the table (the first step of a job checks what
    * pulse_pub_shard_create could not see alone). */
@@ -313,7 +340,11 @@ pulse_status pulse_pub_shard_step(pulse_pub_shard *s, const char *dir,
                                       &target);
   if (st == PULSE_OK)
     st = shard_parts_check(s->info, s->count, parts, (size_t)world);
-  if (st == PULSE_OK && go.due) {
+  if (st == PULSE_OK && go.due && o->bucket != NULL) {
+    /* No rank holds the file: its parts go into the bucket from their ranks. */
+    st = shard_bucket_anchor_make(a, s, o->bucket, o->part_bytes, parts, &target,
+                                  go.has_base, &anchor);
+  } else if (st == PULSE_OK && go.due) {
     snprintf(staged, sizeof staged, "%s/" PULSE_STORE_OBJECTS_DIR "/.anchor-%" PRIu64 "-%016" PRIx64 ".tmp-shard",
              dir, step, go.nonce);
     st = pulse_pub_shard_anchor_write(s, staged, step, &target, go.has_base);
@@ -321,72 +352,32 @@ pulse_status pulse_pub_shard_step(pulse_pub_shard *s, const char *dir,
   if (st == PULSE_OK)
     st = pulse_pub_shard_count(s, parts, (size_t)world, &counts[rank]);
   if (st == PULSE_OK) {
-    snprintf(name, sizeof name, "%" PRIu64 ".%016" PRIx64 ".count-%d", step, go.nonce, rank);
-    st = file_put(folder, name, counts[rank].data, counts[rank].size);
+    char what[32];
+    snprintf(what, sizeof what, "count-%d", rank);
+    shard_attempt_name(a, name, sizeof name, what);
+    st = medium.put(&medium, name, counts[rank].data, counts[rank].size);
     pulse_buffer_free(&counts[rank]);
   }
   pulse_pub_figures f;
   memset(&f, 0, sizeof f);
   if (st == PULSE_OK && rank == 0) {
-    st = wait_all(folder, step, go.nonce, "count", world, rank, deadline, counts);
-    if (st == PULSE_OK && go.has_base) {
-      pulse_encode_opts eo;
-      pulse_encode_opts_init(&eo);
-      eo.step = step;
-      eo.base_step = go.base;
-      eo.pos_model = o->committer->opts.pos_model;
-      eo.chunk_log2 = s->chunk_log2;
-      eo.threads = o->committer->opts.threads;
-      /* The patch goes to a file while the ranks' streams are held, and
-       * is mapped once they are freed: never both in memory. */
-      snprintf(made, sizeof made, "%s/" PULSE_STORE_OBJECTS_DIR "/.patch-%" PRIu64
-               "-%016" PRIx64 ".tmp-shard", dir, step, go.nonce);
-      uint64_t size = 0;
-      st = pulse_pub_shard_encode_file(s->info, s->count, &eo, parts, (size_t)world, counts,
-                                       (size_t)world, made, &size);
-      for (int r = 0; r < world; r++)
-        pulse_buffer_free(&parts[r]), pulse_buffer_free(&counts[r]);
-      if (st == PULSE_OK)
-        st = map_file(made, (size_t)size, &patch);
-    }
+    st = wait_all(a, "count", counts);
+    if (st == PULSE_OK && go.has_base)
+      st = patch_make(s, dir, a, &go, o->committer, parts, counts, made, sizeof made, &patch);
+    const pulse_buffer *p = go.has_base ? &patch : NULL;
+    if (st == PULSE_OK && go.due && o->bucket != NULL)
+      st = pulse_pub_commit_made_uploaded(o->committer, step, p, anchor.sha256, anchor.size,
+                                          &target, &f);
+    else if (st == PULSE_OK)
+      st = pulse_pub_commit_made(o->committer, step, p, go.due ? staged : NULL, &target, &f);
+    /* The others follow the bucket's head: it moves once the store's
+     * objects are there (pulse_upload_store puts the head last). */
+    if (st == PULSE_OK && o->bucket != NULL)
+      st = pulse_upload_store(o->bucket, dir, NULL);
     if (st == PULSE_OK)
-      st = pulse_pub_commit_made(o->committer, step, go.has_base ? &patch : NULL,
-                                 go.due ? staged : NULL, &target, &f);
-    if (st == PULSE_OK)
-      files_drop(folder, step, -1, 0);
+      medium.drop(&medium, step, -1, 0);
   } else if (st == PULSE_OK) {
-    /* The head of this step, or rank 0 gave up (its go is gone). */
-    for (;;) {
-      int h = 0;
-      uint64_t hs = 0;
-      pulse_state_digest hd;
-      st = head_now(dir, &h, &hs, &hd);
-      if (st == PULSE_OK && h && hs >= step) {
-        if (hs != step || memcmp(&hd, &target, 32) != 0)
-          st = pulse_fail(PULSE_ERR_BASE_DIGEST,
-                          "shard: the head moved to step %" PRIu64 ", not this one's", hs);
-        break;
-      }
-      int open = st == PULSE_OK && go_open(folder, step, go.nonce);
-      if (st == PULSE_OK && !open) {
-        /* Rank 0 removes the go after its commit too: the head says which. */
-        st = head_now(dir, &h, &hs, &hd);
-        if (st == PULSE_OK && h && hs == step && memcmp(&hd, &target, 32) == 0)
-          break;
-      }
-      if (st == PULSE_OK && !open) {
-        char why[512];
-        int failed = failed_rank(folder, step, go.nonce, world, why, sizeof why);
-        st = pulse_fail(PULSE_ERR_IO, "shard: step %" PRIu64 ": rank %d gave it up: %s", step,
-                        failed >= 0 ? failed : 0, failed >= 0 ? why : "(no reason left)");
-      } else if (st == PULSE_OK && mono() > deadline) {
-        st = pulse_fail(PULSE_ERR_IO, "shard: step %" PRIu64 ": no head within the timeout",
-                        step);
-      }
-      if (st != PULSE_OK)
-        break;
-      nap();
-    }
+    st = head_wait(a, &target);
     f.step = step;
     pulse_state_digest_hex(&target, f.state_digest);
   }
@@ -403,16 +394,18 @@ pulse_status pulse_pub_shard_step(pulse_pub_shard *s, const char *dir,
       snapshot_reset(s);
     /* The others stop waiting for this rank, and learn why: rank 0 then
      * gives the attempt up by removing its go (after its reason is there). */
-    char fail_name[128], why[512];
-    snprintf(fail_name, sizeof fail_name, "%" PRIu64 ".%016" PRIx64 ".fail-%d", step, go.nonce,
-             rank);
+    char fail_name[128], why[512], what[32];
+    snprintf(what, sizeof what, "fail-%d", rank);
+    shard_attempt_name(a, fail_name, sizeof fail_name, what);
     snprintf(why, sizeof why, "%s", pulse_error_detail());
-    files_drop(folder, step, rank, 0);
-    (void)file_put(folder, fail_name, why, strlen(why));
+    medium.drop(&medium, step, rank, 0);
+    (void)medium.put(&medium, fail_name, why, strlen(why));
     if (rank == 0) {
-      files_drop(folder, step, -1, 1);
+      medium.drop(&medium, step, -1, 1);
       if (staged[0] != '\0')
         unlink(staged);
+      if (anchor.id[0] != '\0') /* the bucket keeps its head, and no part */
+        (void)pulse_upload_part_abort(o->bucket, anchor.rel, anchor.id);
     }
     pulse_fail(st, "%s", why); /* the detail stays this rank's reason */
   }

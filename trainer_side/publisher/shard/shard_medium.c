@@ -1,0 +1,194 @@
+/* shard_medium.c - the two media of the collective step (shard_step_impl.h):
+ * a store folder every rank shares (STORE/shard/, files written under a
+ * temporary name and renamed, the store's head.json), and the store's
+ * bucket (<prefix>/shard/ objects through each rank's own pulse_upload
+ * handle, the bucket's head.json, which rank 0 uploads after its commit). */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "shard_step_impl.h"
+#include "status_impl.h"
+
+#define SHARD_SUB "shard/"
+
+int shard_file_dropped(const char *name, uint64_t step, int rank,
+                       int keep_fail) {
+  char prefix[64], mine[32];
+  snprintf(prefix, sizeof prefix, "%" PRIu64 ".", step);
+  snprintf(mine, sizeof mine, "-%d", rank);
+  size_t n = strlen(name), m = strlen(mine);
+  if (strncmp(name, prefix, strlen(prefix)) != 0 || name[0] == '.' ||
+      (rank >= 0 && (n < m || strcmp(name + n - m, mine) != 0)))
+    return 0;
+  if ((rank >= 0 && strstr(name, ".go") != NULL) ||
+      (keep_fail && strstr(name, ".fail-") != NULL))
+    return 0;
+  return 1;
+}
+
+/* ----------------------------------------------------------------- folder */
+
+static pulse_status folder_put(shard_medium *md, const char *name,
+                               const void *data, size_t n) {
+  char tmp[4352], final[4352];
+  snprintf(tmp, sizeof tmp, "%s/.%s.tmp-%ld", md->folder, name, (long)getpid());
+  snprintf(final, sizeof final, "%s/%s", md->folder, name);
+  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  pulse_status st = PULSE_OK;
+  if (fd < 0)
+    return pulse_fail(PULSE_ERR_IO, "shard: %s: %s", tmp, strerror(errno));
+  const uint8_t *p = data;
+  while (n > 0 && st == PULSE_OK) {
+    ssize_t w = write(fd, p, n);
+    if (w < 0 && errno == EINTR)
+      continue;
+    if (w <= 0)
+      st = pulse_fail(PULSE_ERR_IO, "shard: %s: %s", tmp, strerror(errno));
+    else
+      p += w, n -= (size_t)w;
+  }
+  if (st == PULSE_OK && fdatasync(fd) != 0)
+    st = pulse_fail(PULSE_ERR_IO, "shard: %s: %s", tmp, strerror(errno));
+  close(fd);
+  if (st == PULSE_OK && rename(tmp, final) != 0)
+    st = pulse_fail(PULSE_ERR_IO, "shard: %s: %s", final, strerror(errno));
+  if (st != PULSE_OK)
+    unlink(tmp);
+  return st;
+}
+
+static int folder_get(shard_medium *md, const char *name, pulse_buffer *out) {
+  char path[4352];
+  snprintf(path, sizeof path, "%s/%s", md->folder, name);
+  FILE *f = fopen(path, "rb");
+  if (f == NULL)
+    return 0;
+  struct stat sb;
+  int ok = fstat(fileno(f), &sb) == 0;
+  size_t n = ok ? (size_t)sb.st_size : 0;
+  out->data = malloc(n ? n : 1);
+  out->size = n;
+  ok = ok && out->data != NULL && fread(out->data, 1, n, f) == n;
+  fclose(f);
+  if (!ok)
+    pulse_buffer_free(out);
+  return ok;
+}
+
+static void folder_drop(shard_medium *md, uint64_t step, int rank,
+                        int keep_fail) {
+  DIR *d = opendir(md->folder);
+  if (d == NULL)
+    return;
+  struct dirent *e;
+  while ((e = readdir(d)) != NULL) {
+    if (!shard_file_dropped(e->d_name, step, rank, keep_fail))
+      continue;
+    char path[4352];
+    snprintf(path, sizeof path, "%s/%s", md->folder, e->d_name);
+    unlink(path);
+  }
+  closedir(d);
+}
+
+static pulse_status head_of(pulse_store_head *h, pulse_status st, int *has,
+                            uint64_t *step, pulse_state_digest *digest) {
+  *has = st == PULSE_OK;
+  *step = 0;
+  if (st == PULSE_ERR_NOT_FOUND)
+    return PULSE_OK;
+  if (st != PULSE_OK)
+    return st;
+  *step = pulse_store_head_step(h);
+  if (digest != NULL)
+    *digest = *pulse_store_head_state_digest(h);
+  pulse_store_head_free(h);
+  return PULSE_OK;
+}
+
+static pulse_status folder_head(shard_medium *md, int *has, uint64_t *step,
+                                pulse_state_digest *digest) {
+  pulse_store_head *h = NULL;
+  pulse_status st = pulse_store_head_load(md->store_dir, &h);
+  return head_of(h, st, has, step, digest);
+}
+
+pulse_status shard_medium_folder(shard_medium *md, const char *store_dir) {
+  memset(md, 0, sizeof *md);
+  md->put = folder_put;
+  md->get = folder_get;
+  md->drop = folder_drop;
+  md->head = folder_head;
+  md->nap_first_s = md->nap_most_s = 0.002; /* a local rename is cheap */
+  md->store_dir = store_dir;
+  if ((size_t)snprintf(md->folder, sizeof md->folder, "%s/shard", store_dir) >=
+      sizeof md->folder)
+    return pulse_fail(PULSE_ERR_ARG, "shard: %s: path too long", store_dir);
+  /* A rank may come before rank 0 has made the store. */
+  if ((mkdir(store_dir, 0755) != 0 && errno != EEXIST) ||
+      (mkdir(md->folder, 0755) != 0 && errno != EEXIST))
+    return pulse_fail(PULSE_ERR_IO, "shard: %s: %s", md->folder,
+                      strerror(errno));
+  return PULSE_OK;
+}
+
+/* ----------------------------------------------------------------- bucket */
+
+static pulse_status bucket_put(shard_medium *md, const char *name,
+                               const void *data, size_t n) {
+  char rel[256];
+  snprintf(rel, sizeof rel, SHARD_SUB "%s", name);
+  return pulse_upload_key_put(md->bucket, rel, data, n);
+}
+
+static int bucket_get(shard_medium *md, const char *name, pulse_buffer *out) {
+  char rel[256];
+  snprintf(rel, sizeof rel, SHARD_SUB "%s", name);
+  pulse_status st = pulse_upload_key_get(md->bucket, rel, out);
+  return st == PULSE_OK ? 1 : st == PULSE_ERR_NOT_FOUND ? 0 : -1;
+}
+
+static void bucket_drop(shard_medium *md, uint64_t step, int rank,
+                        int keep_fail) {
+  char prefix[96];
+  snprintf(prefix, sizeof prefix, SHARD_SUB "%" PRIu64 ".", step);
+  pulse_buffer names = {0};
+  size_t n = 0;
+  if (pulse_upload_key_list(md->bucket, prefix, &names, &n) != PULSE_OK)
+    return; /* what stays is dropped by the step's next attempt */
+  const char *rel = (const char *)names.data;
+  for (size_t i = 0; i < n; rel += strlen(rel) + 1, i++)
+    if (shard_file_dropped(rel + strlen(SHARD_SUB), step, rank, keep_fail))
+      (void)pulse_upload_key_delete(md->bucket, rel);
+  pulse_buffer_free(&names);
+}
+
+static pulse_status bucket_head(shard_medium *md, int *has, uint64_t *step,
+                                pulse_state_digest *digest) {
+  pulse_buffer b = {0};
+  pulse_store_head *h = NULL;
+  pulse_status st = pulse_upload_key_get(md->bucket, "head.json", &b);
+  if (st == PULSE_OK)
+    st = pulse_store_head_parse(b.data, b.size, &h);
+  pulse_buffer_free(&b);
+  return head_of(h, st, has, step, digest);
+}
+
+void shard_medium_bucket(shard_medium *md, pulse_upload *bucket) {
+  memset(md, 0, sizeof *md);
+  md->put = bucket_put;
+  md->get = bucket_get;
+  md->drop = bucket_drop;
+  md->head = bucket_head;
+  /* Each look is a request: back off from 5 ms to 200 ms. */
+  md->nap_first_s = 0.005;
+  md->nap_most_s = 0.2;
+  md->bucket = bucket;
+}

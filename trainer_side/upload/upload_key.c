@@ -1,0 +1,183 @@
+/* upload_key.c - small objects of a bucket prefix by key (pulse_upload.h,
+ * "Small objects by key"): put, get, delete and list, for the ranks of a
+ * sharded trainer that exchange a step's files through the bucket
+ * (pulse_pub_shard_step with a bucket), and a store folder taken from the
+ * bucket's head (pulse_upload_fetch_store). */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "pulse_codec.h"
+#include "pulse_file.h"
+#include "pulse_store.h"
+#include "status_impl.h"
+#include "upload_impl.h"
+
+static int ok_status(long s) {
+  return s >= 200 && s < 300;
+}
+
+pulse_status pulse_upload_key_put(pulse_upload *up, const char *rel,
+                                  const void *data, size_t len) {
+  char key[1200];
+  PULSE_TRY(upload_key_for(up, rel, "putting an object", key));
+  if (data == NULL && len > 0)
+    return pulse_fail(PULSE_ERR_ARG, "upload: putting %s: NULL data", key);
+  upload_req r;
+  upload_req_init(&r, "PUT");
+  snprintf(r.key, sizeof r.key, "%s", key);
+  r.body = data;
+  r.body_len = len;
+  r.cache_control = "no-cache"; /* the step's files change between attempts */
+  r.content_type = "application/octet-stream";
+  upload_req *one = &r;
+  pulse_status st = upload_run(up, &one, 1);
+  if (st == PULSE_OK && !ok_status(r.status))
+    st = upload_req_fail(&r, "putting an object");
+  upload_req_release(&r);
+  return st;
+}
+
+pulse_status pulse_upload_key_get(pulse_upload *up, const char *rel,
+                                  pulse_buffer *out) {
+  char key[1200];
+  PULSE_TRY(upload_key_for(up, rel, "getting an object", key));
+  if (out == NULL)
+    return pulse_fail(PULSE_ERR_ARG, "upload: getting %s: NULL out", key);
+  out->data = NULL;
+  out->size = 0;
+  upload_req r;
+  upload_req_init(&r, "GET");
+  snprintf(r.key, sizeof r.key, "%s", key);
+  upload_req *one = &r;
+  pulse_status st = upload_run(up, &one, 1);
+  if (st == PULSE_OK && r.status == 404)
+    st = pulse_fail(PULSE_ERR_NOT_FOUND, "upload: s3://%s/%s: no such object",
+                    up->bucket, key);
+  else if (st == PULSE_OK && !ok_status(r.status))
+    st = upload_req_fail(&r, "getting an object");
+  if (st == PULSE_OK) {
+    out->data = malloc(r.reply.size ? r.reply.size : 1);
+    if (out->data == NULL)
+      st = pulse_fail(PULSE_ERR_NOMEM, "upload: getting %s", key);
+    else if (r.reply.size > 0)
+      memcpy(out->data, r.reply.data, r.reply.size);
+    out->size = out->data != NULL ? r.reply.size : 0;
+  }
+  upload_req_release(&r);
+  return st;
+}
+
+pulse_status pulse_upload_key_delete(pulse_upload *up, const char *rel) {
+  char key[1200];
+  PULSE_TRY(upload_key_for(up, rel, "deleting an object", key));
+  upload_req r;
+  upload_req_init(&r, "DELETE");
+  snprintf(r.key, sizeof r.key, "%s", key);
+  upload_req *one = &r;
+  pulse_status st = upload_run(up, &one, 1);
+  if (st == PULSE_OK && !ok_status(r.status) && r.status != 404)
+    st = upload_req_fail(&r, "deleting an object");
+  upload_req_release(&r);
+  return st;
+}
+
+pulse_status pulse_upload_key_list(pulse_upload *up, const char *rel_prefix,
+                                   pulse_buffer *names, size_t *count) {
+  char prefix[1200];
+  PULSE_TRY(upload_key_for(up, rel_prefix, "listing objects", prefix));
+  if (names == NULL || count == NULL)
+    return pulse_fail(PULSE_ERR_ARG, "upload: listing %s: NULL out", prefix);
+  names->data = NULL;
+  names->size = 0;
+  *count = 0;
+  pulse_bytebuf all = PULSE_BYTEBUF_INIT;
+  size_t n = 0, skip = strlen(up->prefix);
+  char penc[3700], token[1100] = "", tenc[3400];
+  upload_uri_encode(prefix, 0, penc, sizeof penc);
+  pulse_status st = PULSE_OK;
+  for (int page = 0; st == PULSE_OK && page < 100000; page++) {
+    upload_req r;
+    upload_req_init(&r, "GET");
+    upload_uri_encode(token, 0, tenc, sizeof tenc);
+    if (token[0])
+      snprintf(r.query, sizeof r.query,
+               "continuation-token=%s&list-type=2&prefix=%s", tenc, penc);
+    else
+      snprintf(r.query, sizeof r.query, "list-type=2&prefix=%s", penc);
+    upload_req *one = &r;
+    st = upload_run(up, &one, 1);
+    if (st == PULSE_OK && !ok_status(r.status))
+      st = upload_req_fail(&r, "listing objects");
+    const char *xml = (const char *)r.reply.data;
+    size_t len = r.reply.size, at = 0;
+    char block[4096], key[1200];
+    while (st == PULSE_OK &&
+           upload_xml_tag(xml, len, &at, "Contents", block, sizeof block)) {
+      size_t b = 0;
+      if (!upload_xml_tag(block, strlen(block), &b, "Key", key, sizeof key) ||
+          strncmp(key, up->prefix, skip) != 0)
+        continue;
+      pulse_bytebuf_put(&all, key + skip, strlen(key + skip) + 1);
+      n++;
+    }
+    char truncated[16] = "";
+    at = 0;
+    upload_xml_tag(xml, len, &at, "IsTruncated", truncated, sizeof truncated);
+    at = 0;
+    int more = strcmp(truncated, "true") == 0 &&
+               upload_xml_tag(xml, len, &at, "NextContinuationToken", token,
+                              sizeof token);
+    upload_req_release(&r);
+    if (!more)
+      break;
+  }
+  if (st == PULSE_OK && all.failed)
+    st = pulse_fail(PULSE_ERR_NOMEM, "upload: listing %s", prefix);
+  if (st != PULSE_OK) {
+    pulse_bytebuf_free(&all);
+    return st;
+  }
+  names->data = all.data;
+  names->size = all.size;
+  *count = n;
+  return PULSE_OK;
+}
+
+pulse_status pulse_upload_fetch_store(pulse_upload *up, const char *store_dir,
+                                      size_t *fetched) {
+  if (up == NULL || store_dir == NULL)
+    return pulse_fail(PULSE_ERR_ARG, "upload: fetch store: NULL argument");
+  if (fetched != NULL)
+    *fetched = 0;
+  pulse_buffer head = {0};
+  PULSE_TRY(pulse_upload_key_get(up, "head.json", &head));
+  /* The bucket's bytes are checked as any head before they are written. */
+  pulse_store_head *h = NULL;
+  pulse_status st = pulse_store_head_parse(head.data, head.size, &h);
+  pulse_store_head_free(h);
+  char path[4096];
+  pulse_atomic_file *f = NULL;
+  if (st == PULSE_OK && (size_t)snprintf(path, sizeof path, "%s/head.json",
+                                         store_dir) >= sizeof path)
+    st = pulse_fail(PULSE_ERR_ARG, "upload: fetch store: %s: path too long",
+                    store_dir);
+  if (st == PULSE_OK && mkdir(store_dir, 0755) != 0 && errno != EEXIST)
+    st = pulse_fail(PULSE_ERR_IO, "upload: fetch store: %s: %s", store_dir,
+                    strerror(errno));
+  if (st == PULSE_OK)
+    st = pulse_atomic_file_create(path, &f);
+  if (st == PULSE_OK)
+    st = pulse_atomic_file_write(f, head.data, head.size);
+  if (st == PULSE_OK) {
+    st = pulse_atomic_file_commit(f);
+    f = NULL;
+  }
+  pulse_atomic_file_abort(f);
+  pulse_buffer_free(&head);
+  if (st == PULSE_OK)
+    st = pulse_upload_fetch_missing(up, store_dir, fetched);
+  return st;
+}
