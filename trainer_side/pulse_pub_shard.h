@@ -363,8 +363,8 @@ void pulse_pub_shard_step_opts_init(pulse_pub_shard_step_opts *opts);
 
 /** One collective step of a sharded trainer through the store folder `dir`
  * (shared by every rank: a shared filesystem), for a trainer without any
- * other channel between its ranks (docs/protocols/sync.md, "Sharded trainers"). Every
- * rank calls it with the same step and its blocks' tensors (as
+ * other channel between its ranks (docs/protocols/sync.md, "Sharded trainers").
+ * Every rank calls it with the same step and its blocks' tensors (as
  * pulse_pub_shard_detect). Rank 0 opens the step (shard/<step>.go: a nonce,
  * the head's step, whether an anchor is due); each rank writes its part,
  * reads every part, writes its blocks of the anchor when one is due and its
@@ -380,10 +380,40 @@ void pulse_pub_shard_step_opts_init(pulse_pub_shard_step_opts *opts);
  * written: ranks that do not tile the table fail the step, naming the
  * tensor. `figures` (may be NULL) is the committer's on rank 0;
  * on the others its step and state digest.
+ *
+ * With opts.bucket (every rank its own handle on the store's bucket, for
+ * ranks that share no folder) the same files are objects under the
+ * bucket prefix's shard/ (each stored with its SHA-256, read only whole),
+ * polled with a backoff from 5 to 200 ms; `dir` is then this rank's own
+ * folder: rank 0's store (its staging copy), which it commits into and
+ * uploads with pulse_upload_store, head last; the others follow the
+ * bucket's head.json and write nothing into `dir`. No rank writes an
+ * anchor file: each anchor is cut in file order into parts of
+ * opts.part_bytes, each assembled by the rank owning most of its bytes
+ * (rank 0 holds the header, ties to the lowest rank) from what the others
+ * own of it (their files "S.N.bytes-K-R"), hashed as a SHA-256 chain in
+ * file order (the state after part K in "S.N.sha-K-R"), then put by its
+ * rank into one multipart upload rank 0 begins at
+ * objects/<sha256>.safetensors ("S.N.upload-0"); rank 0 completes it once
+ * every rank's ETags are in ("S.N.etags-R"), checks its size and commits
+ * it with pulse_pub_commit_made_uploaded, so rank 0's folder never holds
+ * it. A failed part fails the step on every rank with its reason; rank 0
+ * aborts the upload and the bucket keeps its head. The step's shard/
+ * objects are deleted once it is committed (and, but for the ranks'
+ * reasons, when it is given up; the next attempt removes those). A
+ * restarted job: rank 0 runs pulse_upload_fetch_missing on its folder
+ * before it creates its committer and resumes from it; another rank
+ * resumes from a transient copy of the bucket's store
+ * (pulse_upload_fetch_store into a scratch folder, pulse_pub_shard_resume,
+ * then remove the folder). If rank 0's commit succeeds and its upload
+ * fails, the step fails: its local head is then ahead of the bucket's, and
+ * the store must be uploaded (pulse_upload_store) before the step is
+ * tried again.
  * @return PULSE_OK; PULSE_ERR_BASE_STEP (step not above the head);
- * PULSE_ERR_IO (a rank did not answer within timeout_ms, or a write
- * failed); PULSE_ERR_ARG; the errors of detect, count, encode and
- * pulse_pub_commit_made. */
+ * PULSE_ERR_IO (a rank did not answer within timeout_ms, or a write or a
+ * request failed); PULSE_ERR_ARG; PULSE_ERR_VERSION (options of another
+ * version than 1 or 2); the errors of detect, count, encode,
+ * pulse_pub_commit_made(_uploaded) and pulse_upload_store. */
 pulse_status pulse_pub_shard_step(pulse_pub_shard *shard, const char *dir,
                                   const pulse_pub_shard_step_opts *opts, uint64_t step,
                                   const pulse_pub_tensor *data, size_t count,

@@ -33,7 +33,8 @@ class PubShardStepOpts(ctypes.Structure):
     _c_name_ = "pulse_pub_shard_step_opts"
     _fields_ = [("struct_version", ctypes.c_uint32), ("rank", ctypes.c_int),
                 ("world", ctypes.c_int), ("committer", ctypes.c_void_p),
-                ("timeout_ms", ctypes.c_int)]
+                ("timeout_ms", ctypes.c_int), ("bucket", ctypes.c_void_p),
+                ("part_bytes", ctypes.c_uint64)]
 
     def __init__(self):
         super().__init__()
@@ -110,6 +111,10 @@ _PROTOS = {
                                               ctypes.POINTER(StateDigest),
                                               ctypes.POINTER(PubFigures)]),
     "pulse_pub_anchor_due": (_int, [_p, _u64]),
+    "pulse_upload_key_put": (_int, [_p, ctypes.c_char_p, ctypes.c_char_p, _size]),
+    "pulse_upload_key_get": (_int, [_p, ctypes.c_char_p, _BUF]),
+    "pulse_upload_key_delete": (_int, [_p, ctypes.c_char_p]),
+    "pulse_upload_fetch_store": (_int, [_p, ctypes.c_char_p, ctypes.POINTER(_size)]),
     "pulse_store_head_load": (_int, [ctypes.c_char_p, ctypes.POINTER(_p)]),
     "pulse_store_head_step": (_u64, [_p]),
     "pulse_store_head_free": (None, [_p]),

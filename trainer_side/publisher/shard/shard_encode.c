@@ -648,7 +648,8 @@ pulse_status pulse_pub_shard_encode_file(const pulse_tensor_info *table, size_t 
 
 pulse_status shard_parts_blocks(const pulse_tensor_info *table, size_t count,
                                 const pulse_buffer *parts, size_t nparts,
-                                pulse_pub_block ***blocks_out, size_t **counts_out) {
+                                pulse_pub_block ***blocks_out,
+                                size_t **counts_out) {
   uint8_t id[32];
   PULSE_TRY(shard_table_id(table, count, id));
   pulse_status st = PULSE_OK;
@@ -688,7 +689,8 @@ pulse_status shard_parts_blocks(const pulse_tensor_info *table, size_t count,
   return PULSE_OK;
 }
 
-void shard_parts_blocks_free(pulse_pub_block **blocks, size_t *counts, size_t nparts) {
+void shard_parts_blocks_free(pulse_pub_block **blocks, size_t *counts,
+                             size_t nparts) {
   for (size_t i = 0; blocks && i < nparts; i++)
     free(blocks[i]);
   free(blocks), free(counts);
@@ -699,8 +701,8 @@ pulse_status shard_parts_check(const pulse_tensor_info *table, size_t count,
   pulse_pub_block **blocks = NULL;
   size_t *counts = NULL;
   PULSE_TRY(shard_parts_blocks(table, count, parts, nparts, &blocks, &counts));
-  pulse_status st = pulse_pub_blocks_check(table, count, (const pulse_pub_block *const *)blocks,
-                                           counts, nparts);
+  pulse_status st = pulse_pub_blocks_check(
+      table, count, (const pulse_pub_block *const *)blocks, counts, nparts);
   shard_parts_blocks_free(blocks, counts, nparts);
   return st;
 }

@@ -44,7 +44,8 @@ pulse_status shard_parts_blocks(const pulse_tensor_info *table, size_t count,
                                 pulse_pub_block ***blocks, size_t **counts);
 
 /** Frees shard_parts_blocks' arrays (NULL is fine). */
-void shard_parts_blocks_free(pulse_pub_block **blocks, size_t *counts, size_t nparts);
+void shard_parts_blocks_free(pulse_pub_block **blocks, size_t *counts,
+                             size_t nparts);
 
 /** The table's fingerprint: its state digest with every tensor digest 0. */
 pulse_status shard_table_id(const pulse_tensor_info *table, size_t count,

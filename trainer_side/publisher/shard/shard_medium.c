@@ -11,8 +11,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
+#include "pulse_sha256.h"
 #include "shard_step_impl.h"
 #include "status_impl.h"
 
@@ -141,18 +143,50 @@ pulse_status shard_medium_folder(shard_medium *md, const char *store_dir) {
 
 /* ----------------------------------------------------------------- bucket */
 
+/* A bucket file is its bytes and their SHA-256: a reader takes only a
+ * whole one (a service that writes objects in place, as s3rver does, can
+ * answer a GET with what it has written so far; S3 itself does not). */
 static pulse_status bucket_put(shard_medium *md, const char *name,
                                const void *data, size_t n) {
   char rel[256];
   snprintf(rel, sizeof rel, SHARD_SUB "%s", name);
-  return pulse_upload_key_put(md->bucket, rel, data, n);
+  uint8_t *whole = malloc(n + PULSE_SHA256_BYTES);
+  if (whole == NULL)
+    return pulse_fail(PULSE_ERR_NOMEM, "shard: %s", name);
+  if (n > 0)
+    memcpy(whole, data, n);
+  pulse_sha256_state sha;
+  pulse_sha256_begin(&sha);
+  pulse_status st = pulse_sha256_add(&sha, data, n);
+  if (st == PULSE_OK)
+    st = pulse_sha256_end(&sha, whole + n);
+  if (st == PULSE_OK)
+    st = pulse_upload_key_put(md->bucket, rel, whole, n + PULSE_SHA256_BYTES);
+  free(whole);
+  return st;
 }
 
 static int bucket_get(shard_medium *md, const char *name, pulse_buffer *out) {
   char rel[256];
   snprintf(rel, sizeof rel, SHARD_SUB "%s", name);
   pulse_status st = pulse_upload_key_get(md->bucket, rel, out);
-  return st == PULSE_OK ? 1 : st == PULSE_ERR_NOT_FOUND ? 0 : -1;
+  if (st != PULSE_OK)
+    return st == PULSE_ERR_NOT_FOUND ? 0 : -1;
+  uint8_t sum[PULSE_SHA256_BYTES];
+  pulse_sha256_state sha;
+  pulse_sha256_begin(&sha);
+  size_t n =
+      out->size >= PULSE_SHA256_BYTES ? out->size - PULSE_SHA256_BYTES : 0;
+  int whole = out->size >= PULSE_SHA256_BYTES &&
+              pulse_sha256_add(&sha, out->data, n) == PULSE_OK &&
+              pulse_sha256_end(&sha, sum) == PULSE_OK &&
+              memcmp(sum, out->data + n, sizeof sum) == 0;
+  if (!whole) {
+    pulse_buffer_free(out);
+    return 0; /* not (yet) whole: looked at again */
+  }
+  out->size = n;
+  return 1;
 }
 
 static void bucket_drop(shard_medium *md, uint64_t step, int rank,
@@ -172,12 +206,20 @@ static void bucket_drop(shard_medium *md, uint64_t step, int rank,
 
 static pulse_status bucket_head(shard_medium *md, int *has, uint64_t *step,
                                 pulse_state_digest *digest) {
-  pulse_buffer b = {0};
   pulse_store_head *h = NULL;
-  pulse_status st = pulse_upload_key_get(md->bucket, "head.json", &b);
-  if (st == PULSE_OK)
-    st = pulse_store_head_parse(b.data, b.size, &h);
-  pulse_buffer_free(&b);
+  pulse_status st = PULSE_OK;
+  /* A head caught mid-write (see bucket_put) is read again, a few times. */
+  for (int tries = 0; tries < 20; tries++) {
+    pulse_buffer b = {0};
+    st = pulse_upload_key_get(md->bucket, "head.json", &b);
+    if (st == PULSE_OK)
+      st = pulse_store_head_parse(b.data, b.size, &h);
+    pulse_buffer_free(&b);
+    if (st != PULSE_ERR_CORRUPT && st != PULSE_ERR_JSON)
+      break;
+    struct timespec ts = {0, 50 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+  }
   return head_of(h, st, has, step, digest);
 }
 

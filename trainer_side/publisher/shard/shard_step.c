@@ -39,7 +39,8 @@ static double mono(void) {
 static void nap(const shard_medium *m, double *cur) {
   if (*cur < m->nap_first_s)
     *cur = m->nap_first_s;
-  struct timespec ts = {(time_t)*cur, (long)((*cur - (double)(time_t)*cur) * 1e9)};
+  struct timespec ts = {(time_t)*cur,
+                        (long)((*cur - (double)(time_t)*cur) * 1e9)};
   nanosleep(&ts, NULL);
   *cur = *cur * 2 < m->nap_most_s ? *cur * 2 : m->nap_most_s;
 }
@@ -66,8 +67,8 @@ static int go_parse(const pulse_buffer *b, step_go *g) {
 
 /* The rank that gave attempt N of step S up ("S.N.fail-R", holding its
  * reason), or -1; its reason in why. */
-static int failed_rank(shard_medium *m, uint64_t step, uint64_t nonce, int world, char *why,
-                       size_t cap) {
+static int failed_rank(shard_medium *m, uint64_t step, uint64_t nonce,
+                       int world, char *why, size_t cap) {
   for (int r = 0; r < world; r++) {
     char name[128];
     snprintf(name, sizeof name, "%" PRIu64 ".%016" PRIx64 ".fail-%d", step, nonce, r);
@@ -101,40 +102,47 @@ static int go_open(shard_medium *m, uint64_t step, uint64_t nonce) {
 static pulse_status given_up(const shard_attempt *a) {
   char why[512];
   int failed = failed_rank(a->m, a->step, a->nonce, a->world, why, sizeof why);
-  return pulse_fail(PULSE_ERR_IO, "shard: step %" PRIu64 ": rank %d gave it up: %s", a->step,
-                    failed >= 0 ? failed : 0, failed >= 0 ? why : "(no reason left)");
+  return pulse_fail(
+      PULSE_ERR_IO, "shard: step %" PRIu64 ": rank %d gave it up: %s", a->step,
+      failed >= 0 ? failed : 0, failed >= 0 ? why : "(no reason left)");
 }
 
-void shard_attempt_name(const shard_attempt *a, char *out, size_t cap, const char *what) {
+void shard_attempt_name(const shard_attempt *a, char *out, size_t cap,
+                        const char *what) {
   snprintf(out, cap, "%" PRIu64 ".%016" PRIx64 ".%s", a->step, a->nonce, what);
 }
 
-pulse_status shard_attempt_wait(const shard_attempt *a, const char *name, pulse_buffer *out) {
+pulse_status shard_attempt_wait(const shard_attempt *a, const char *name,
+                                pulse_buffer *out) {
   double pause = 0;
   for (;;) {
     int got = a->m->get(a->m, name, out);
     if (got == 1)
       return PULSE_OK;
     if (got < 0)
-      return pulse_fail(PULSE_ERR_IO, "shard: step %" PRIu64 ": reading %s: %s", a->step, name,
-                        pulse_error_detail());
+      return pulse_fail(PULSE_ERR_IO, "shard: step %" PRIu64 ": reading %s: %s",
+                        a->step, name, pulse_error_detail());
     char why[512];
-    int failed = failed_rank(a->m, a->step, a->nonce, a->world, why, sizeof why);
+    int failed =
+        failed_rank(a->m, a->step, a->nonce, a->world, why, sizeof why);
     if (failed >= 0)
-      return pulse_fail(PULSE_ERR_IO, "shard: step %" PRIu64 ": rank %d gave it up: %s",
+      return pulse_fail(PULSE_ERR_IO,
+                        "shard: step %" PRIu64 ": rank %d gave it up: %s",
                         a->step, failed, why);
     /* Rank 0 removes (or replaces) its go when it gives the attempt up. */
     if (a->rank != 0 && !go_open(a->m, a->step, a->nonce))
       return given_up(a);
     if (mono() > a->deadline)
-      return pulse_fail(PULSE_ERR_IO, "shard: step %" PRIu64 ": %s did not come", a->step,
+      return pulse_fail(PULSE_ERR_IO,
+                        "shard: step %" PRIu64 ": %s did not come", a->step,
                         name);
     nap(a->m, &pause);
   }
 }
 
 /* Waits for every rank's file "S.N.KIND-R"; all[r] filled. */
-static pulse_status wait_all(const shard_attempt *a, const char *kind, pulse_buffer *all) {
+static pulse_status wait_all(const shard_attempt *a, const char *kind,
+                             pulse_buffer *all) {
   for (int r = 0; r < a->world; r++) {
     char what[64], name[128];
     snprintf(what, sizeof what, "%s-%d", kind, r);
@@ -167,7 +175,8 @@ static void snapshot_reset(pulse_pub_shard *s) {
 
 /* The options as version 2: a version 1 caller's struct (a prefix of
  * this one) without a bucket. */
-static pulse_status opts_read(const pulse_pub_shard_step_opts *o, pulse_pub_shard_step_opts *v) {
+static pulse_status opts_read(const pulse_pub_shard_step_opts *o,
+                              pulse_pub_shard_step_opts *v) {
   if (o != NULL && o->struct_version == 1u) {
     pulse_pub_shard_step_opts_init(v);
     v->rank = o->rank;
@@ -176,31 +185,37 @@ static pulse_status opts_read(const pulse_pub_shard_step_opts *o, pulse_pub_shar
     v->timeout_ms = o->timeout_ms;
     return PULSE_OK;
   }
-  PULSE_TRY(PULSE_OPTS_CHECK("shard step", o, PULSE_PUB_SHARD_STEP_OPTS_VERSION));
+  PULSE_TRY(
+      PULSE_OPTS_CHECK("shard step", o, PULSE_PUB_SHARD_STEP_OPTS_VERSION));
   *v = *o;
   return PULSE_OK;
 }
 
 /* Rank 0: opens attempt N of the step (removing what earlier attempts
  * left) with a fresh nonce; the others wait for a go of this base. */
-static pulse_status go_begin(pulse_pub_shard *s, const shard_attempt *a, pulse_pub *committer,
-                             int has, uint64_t head, step_go *go) {
+static pulse_status go_begin(pulse_pub_shard *s, const shard_attempt *a,
+                             pulse_pub *committer, int has, uint64_t head,
+                             step_go *go) {
   shard_medium *m = a->m;
   char go_name[64];
   snprintf(go_name, sizeof go_name, "%" PRIu64 ".go", a->step);
   if (a->rank == 0) {
-    m->drop(m, a->step, -1, 0);
+    /* Earlier attempts' reasons stay until the step is committed: a rank
+     * still in one learns why it ended. */
+    m->drop(m, a->step, -1, 1);
     uint64_t nonce = 0;
     FILE *u = fopen("/dev/urandom", "rb");
     if (u == NULL || fread(&nonce, sizeof nonce, 1, u) != 1)
-      nonce = (uint64_t)getpid() * 0x9E3779B97F4A7C15ull ^ (uint64_t)(mono() * 1e9);
+      nonce =
+          (uint64_t)getpid() * 0x9E3779B97F4A7C15ull ^ (uint64_t)(mono() * 1e9);
     if (u != NULL)
       fclose(u);
     *go = (step_go){nonce, has, head, pulse_pub_anchor_due(committer, a->step)};
     char text[128];
-    int n = has ? snprintf(text, sizeof text, "%016" PRIx64 " %" PRIu64 " %d\n", nonce, head,
-                           go->due)
-                : snprintf(text, sizeof text, "%016" PRIx64 " none %d\n", nonce, go->due);
+    int n = has ? snprintf(text, sizeof text, "%016" PRIx64 " %" PRIu64 " %d\n",
+                           nonce, head, go->due)
+                : snprintf(text, sizeof text, "%016" PRIx64 " none %d\n", nonce,
+                           go->due);
     return m->put(m, go_name, text, (size_t)n);
   }
   /* A go of another base (left by a crashed attempt) is not this one's. */
@@ -208,14 +223,16 @@ static pulse_status go_begin(pulse_pub_shard *s, const shard_attempt *a, pulse_p
   for (;;) {
     pulse_buffer b = {0};
     if (m->get(m, go_name, &b) == 1) {
-      int ok = go_parse(&b, go) && go->has_base == has && (!has || go->base == head) &&
+      int ok = go_parse(&b, go) && go->has_base == has &&
+               (!has || go->base == head) &&
                !(s->failed_step == a->step && s->failed_nonce == go->nonce);
       pulse_buffer_free(&b);
       if (ok)
         return PULSE_OK;
     }
     if (mono() > a->deadline)
-      return pulse_fail(PULSE_ERR_IO, "shard: step %" PRIu64 ": rank 0 did not open it",
+      return pulse_fail(PULSE_ERR_IO,
+                        "shard: step %" PRIu64 ": rank 0 did not open it",
                         a->step);
     nap(m, &pause);
   }
@@ -223,7 +240,8 @@ static pulse_status go_begin(pulse_pub_shard *s, const shard_attempt *a, pulse_p
 
 /* A rank other than 0: waits for the head of this step (the medium's),
  * or for rank 0 to give the attempt up (its go gone). */
-static pulse_status head_wait(const shard_attempt *a, const pulse_state_digest *target) {
+static pulse_status head_wait(const shard_attempt *a,
+                              const pulse_state_digest *target) {
   double pause = 0;
   for (;;) {
     int h = 0;
@@ -232,8 +250,9 @@ static pulse_status head_wait(const shard_attempt *a, const pulse_state_digest *
     PULSE_TRY(a->m->head(a->m, &h, &hs, &hd));
     if (h && hs >= a->step) {
       if (hs != a->step || memcmp(&hd, target, 32) != 0)
-        return pulse_fail(PULSE_ERR_BASE_DIGEST,
-                          "shard: the head moved to step %" PRIu64 ", not this one's", hs);
+        return pulse_fail(
+            PULSE_ERR_BASE_DIGEST,
+            "shard: the head moved to step %" PRIu64 ", not this one's", hs);
       return PULSE_OK;
     }
     if (!go_open(a->m, a->step, a->nonce)) {
@@ -244,7 +263,8 @@ static pulse_status head_wait(const shard_attempt *a, const pulse_state_digest *
       return given_up(a);
     }
     if (mono() > a->deadline)
-      return pulse_fail(PULSE_ERR_IO, "shard: step %" PRIu64 ": no head within the timeout",
+      return pulse_fail(PULSE_ERR_IO,
+                        "shard: step %" PRIu64 ": no head within the timeout",
                         a->step);
     nap(a->m, &pause);
   }
@@ -253,8 +273,9 @@ static pulse_status head_wait(const shard_attempt *a, const pulse_state_digest *
 /* Rank 0: the patch of every rank's parts and counts, into a file of the
  * store folder (made) mapped into *patch; the ranks' streams are freed
  * first, so the two are never both in memory. */
-static pulse_status patch_make(pulse_pub_shard *s, const char *dir, const shard_attempt *a,
-                               const step_go *go, pulse_pub *committer, pulse_buffer *parts,
+static pulse_status patch_make(pulse_pub_shard *s, const char *dir,
+                               const shard_attempt *a, const step_go *go,
+                               pulse_pub *committer, pulse_buffer *parts,
                                pulse_buffer *counts, char *made, size_t cap,
                                pulse_buffer *patch) {
   pulse_encode_opts eo;
@@ -264,12 +285,14 @@ static pulse_status patch_make(pulse_pub_shard *s, const char *dir, const shard_
   eo.pos_model = committer->opts.pos_model;
   eo.chunk_log2 = s->chunk_log2;
   eo.threads = committer->opts.threads;
-  snprintf(made, cap, "%s/" PULSE_STORE_OBJECTS_DIR "/.patch-%" PRIu64 "-%016" PRIx64
-           ".tmp-shard", dir, a->step, go->nonce);
+  snprintf(made, cap,
+           "%s/" PULSE_STORE_OBJECTS_DIR "/.patch-%" PRIu64 "-%016" PRIx64
+           ".tmp-shard",
+           dir, a->step, go->nonce);
   uint64_t size = 0;
   pulse_status st = pulse_pub_shard_encode_file(s->info, s->count, &eo, parts,
-                                                (size_t)a->world, counts, (size_t)a->world,
-                                                made, &size);
+                                                (size_t)a->world, counts,
+                                                (size_t)a->world, made, &size);
   for (int r = 0; r < a->world; r++)
     pulse_buffer_free(&parts[r]), pulse_buffer_free(&counts[r]);
   if (st == PULSE_OK)
@@ -278,9 +301,9 @@ static pulse_status patch_make(pulse_pub_shard *s, const char *dir, const shard_
 }
 
 pulse_status pulse_pub_shard_step(pulse_pub_shard *s, const char *dir,
-                                  const pulse_pub_shard_step_opts *opts, uint64_t step,
-                                  const pulse_pub_tensor *data, size_t count,
-                                  pulse_pub_figures *figures) {
+                                  const pulse_pub_shard_step_opts *opts,
+                                  uint64_t step, const pulse_pub_tensor *data,
+                                  size_t count, pulse_pub_figures *figures) {
   if (s == NULL || dir == NULL || opts == NULL)
     return pulse_fail(PULSE_ERR_ARG, "shard: NULL argument");
   pulse_pub_shard_step_opts ov;
@@ -297,7 +320,8 @@ pulse_status pulse_pub_shard_step(pulse_pub_shard *s, const char *dir,
     shard_medium_bucket(&medium, o->bucket);
   else
     PULSE_TRY(shard_medium_folder(&medium, dir));
-  shard_attempt at = {&medium, step, 0, o->world, o->rank, mono() + o->timeout_ms / 1000.0};
+  shard_attempt at = {&medium,  step,    0,
+                      o->world, o->rank, mono() + o->timeout_ms / 1000.0};
   const shard_attempt *a = &at;
   int world = o->world, rank = o->rank;
   step_go go;
@@ -342,8 +366,8 @@ pulse_status pulse_pub_shard_step(pulse_pub_shard *s, const char *dir,
     st = shard_parts_check(s->info, s->count, parts, (size_t)world);
   if (st == PULSE_OK && go.due && o->bucket != NULL) {
     /* No rank holds the file: its parts go into the bucket from their ranks. */
-    st = shard_bucket_anchor_make(a, s, o->bucket, o->part_bytes, parts, &target,
-                                  go.has_base, &anchor);
+    st = shard_bucket_anchor_make(a, s, o->bucket, o->part_bytes, parts,
+                                  &target, go.has_base, &anchor);
   } else if (st == PULSE_OK && go.due) {
     snprintf(staged, sizeof staged, "%s/" PULSE_STORE_OBJECTS_DIR "/.anchor-%" PRIu64 "-%016" PRIx64 ".tmp-shard",
              dir, step, go.nonce);
@@ -363,13 +387,15 @@ pulse_status pulse_pub_shard_step(pulse_pub_shard *s, const char *dir,
   if (st == PULSE_OK && rank == 0) {
     st = wait_all(a, "count", counts);
     if (st == PULSE_OK && go.has_base)
-      st = patch_make(s, dir, a, &go, o->committer, parts, counts, made, sizeof made, &patch);
+      st = patch_make(s, dir, a, &go, o->committer, parts, counts, made,
+                      sizeof made, &patch);
     const pulse_buffer *p = go.has_base ? &patch : NULL;
     if (st == PULSE_OK && go.due && o->bucket != NULL)
-      st = pulse_pub_commit_made_uploaded(o->committer, step, p, anchor.sha256, anchor.size,
-                                          &target, &f);
+      st = pulse_pub_commit_made_uploaded(o->committer, step, p, anchor.sha256,
+                                          anchor.size, &target, &f);
     else if (st == PULSE_OK)
-      st = pulse_pub_commit_made(o->committer, step, p, go.due ? staged : NULL, &target, &f);
+      st = pulse_pub_commit_made(o->committer, step, p, go.due ? staged : NULL,
+                                 &target, &f);
     /* The others follow the bucket's head: it moves once the store's
      * objects are there (pulse_upload_store puts the head last). */
     if (st == PULSE_OK && o->bucket != NULL)

@@ -59,24 +59,28 @@ static pulse_status plan_make(anchor_job *j, uint64_t part_bytes) {
     part_bytes = min;
   j->nparts = (size_t)((j->file_size + part_bytes - 1) / part_bytes);
   j->parts = calloc(j->nparts ? j->nparts : 1, sizeof *j->parts);
-  j->owned = calloc(j->nparts ? j->nparts * (size_t)world : 1, sizeof *j->owned);
+  j->owned =
+      calloc(j->nparts ? j->nparts * (size_t)world : 1, sizeof *j->owned);
   if (j->parts == NULL || j->owned == NULL)
     return pulse_fail(PULSE_ERR_NOMEM, "shard: the anchor's plan");
   for (size_t k = 0; k < j->nparts; k++) {
     anchor_part *p = &j->parts[k];
     p->off = (uint64_t)k * part_bytes;
-    p->len = j->file_size - p->off < part_bytes ? j->file_size - p->off : part_bytes;
+    p->len =
+        j->file_size - p->off < part_bytes ? j->file_size - p->off : part_bytes;
     uint64_t *owned = &j->owned[k * (size_t)world], sum = header_in(j, p);
     for (int r = 0; r < world; r++) {
-      PULSE_TRY(pulse_pub_anchor_owned(j->s->info, j->s->count, j->blocks[r], j->nblocks[r],
-                                       j->header.size, p->off, p->len, &owned[r]));
+      PULSE_TRY(pulse_pub_anchor_owned(j->s->info, j->s->count, j->blocks[r],
+                                       j->nblocks[r], j->header.size, p->off,
+                                       p->len, &owned[r]));
       sum += owned[r];
     }
     if (sum != p->len)
-      return pulse_fail(PULSE_ERR_ARG,
-                        "shard: the ranks' blocks own %" PRIu64 " of the %" PRIu64
-                        " bytes of the anchor at %" PRIu64 " (a tiling error)",
-                        sum - header_in(j, p), p->len - header_in(j, p), p->off);
+      return pulse_fail(
+          PULSE_ERR_ARG,
+          "shard: the ranks' blocks own %" PRIu64 " of the %" PRIu64
+          " bytes of the anchor at %" PRIu64 " (a tiling error)",
+          sum - header_in(j, p), p->len - header_in(j, p), p->off);
     p->up = 0;
     for (int r = 1; r < world; r++)
       if (owned[r] > owned[p->up] + (p->up == 0 ? header_in(j, p) : 0))
@@ -86,16 +90,19 @@ static pulse_status plan_make(anchor_job *j, uint64_t part_bytes) {
 }
 
 /* This rank's bytes of part k, checked against the plan. */
-static pulse_status own_bytes(const anchor_job *j, size_t k, pulse_buffer *out) {
+static pulse_status own_bytes(const anchor_job *j, size_t k,
+                              pulse_buffer *out) {
   const anchor_part *p = &j->parts[k];
-  PULSE_TRY(pulse_pub_shard_anchor_read(j->s, j->pending, j->header.size, p->off, p->len, out));
+  PULSE_TRY(pulse_pub_shard_anchor_read(j->s, j->pending, j->header.size,
+                                        p->off, p->len, out));
   uint64_t want = j->owned[k * (size_t)j->a->world + (size_t)j->a->rank];
   if (out->size != want) {
     pulse_buffer_free(out);
-    return pulse_fail(PULSE_ERR_ARG,
-                      "shard: this rank read %zu bytes of the anchor at %" PRIu64
-                      ", its blocks own %" PRIu64,
-                      out->size, p->off, want);
+    return pulse_fail(
+        PULSE_ERR_ARG,
+        "shard: this rank read %zu bytes of the anchor at %" PRIu64
+        ", its blocks own %" PRIu64,
+        out->size, p->off, want);
   }
   return PULSE_OK;
 }
@@ -121,28 +128,31 @@ static pulse_status assemble(const anchor_job *j, size_t k, uint8_t *buf) {
       st = shard_attempt_wait(a, name, &got);
     }
     if (st == PULSE_OK)
-      st = pulse_pub_anchor_place(j->s->info, j->s->count, j->blocks[r], j->nblocks[r],
-                                  j->header.size, p->off, p->len, got.data, got.size, buf);
+      st = pulse_pub_anchor_place(j->s->info, j->s->count, j->blocks[r],
+                                  j->nblocks[r], j->header.size, p->off, p->len,
+                                  got.data, got.size, buf);
     pulse_buffer_free(&got);
   }
   return st;
 }
 
-static pulse_status put_named(const anchor_job *j, const char *what, const void *data,
-                              size_t n) {
+static pulse_status put_named(const anchor_job *j, const char *what,
+                              const void *data, size_t n) {
   char name[128];
   shard_attempt_name(j->a, name, sizeof name, what);
   return j->a->m->put(j->a->m, name, data, n);
 }
 
-static pulse_status get_named(const anchor_job *j, const char *what, pulse_buffer *out) {
+static pulse_status get_named(const anchor_job *j, const char *what,
+                              pulse_buffer *out) {
   char name[128];
   shard_attempt_name(j->a, name, sizeof name, what);
   return shard_attempt_wait(j->a, name, out);
 }
 
 /* Pass 1: the SHA-256 of the file, on rank 0 at the end. */
-static pulse_status hash_parts(const anchor_job *j, uint8_t *buf, uint8_t sha[32]) {
+static pulse_status hash_parts(const anchor_job *j, uint8_t *buf,
+                               uint8_t sha[32]) {
   const shard_attempt *a = j->a;
   pulse_sha256_state state;
   pulse_sha256_begin(&state);
@@ -158,8 +168,10 @@ static pulse_status hash_parts(const anchor_job *j, uint8_t *buf, uint8_t sha[32
       snprintf(what, sizeof what, "sha-%zu-%d", k - 1, j->parts[k - 1].up);
       st = get_named(j, what, &got);
       if (st == PULSE_OK && got.size != sizeof state.bytes)
-        st = pulse_fail(PULSE_ERR_CORRUPT, "shard: the anchor's hash state after part %zu "
-                        "has %zu bytes", k - 1, got.size);
+        st = pulse_fail(PULSE_ERR_CORRUPT,
+                        "shard: the anchor's hash state after part %zu "
+                        "has %zu bytes",
+                        k - 1, got.size);
       if (st == PULSE_OK)
         memcpy(state.bytes, got.data, sizeof state.bytes);
       pulse_buffer_free(&got);
@@ -180,7 +192,8 @@ static pulse_status hash_parts(const anchor_job *j, uint8_t *buf, uint8_t sha[32
       snprintf(what, sizeof what, "sha-%zu-%d", j->nparts - 1, last_up);
       st = get_named(j, what, &got);
       if (st == PULSE_OK && got.size != sizeof state.bytes)
-        st = pulse_fail(PULSE_ERR_CORRUPT, "shard: the anchor's last hash state has %zu bytes",
+        st = pulse_fail(PULSE_ERR_CORRUPT,
+                        "shard: the anchor's last hash state has %zu bytes",
                         got.size);
       if (st == PULSE_OK)
         memcpy(state.bytes, got.data, sizeof state.bytes);
@@ -193,8 +206,8 @@ static pulse_status hash_parts(const anchor_job *j, uint8_t *buf, uint8_t sha[32
 }
 
 /* Pass 2: this rank's parts into the upload; their ETags said. */
-static pulse_status put_parts(const anchor_job *j, uint8_t *buf, const char *rel,
-                              const char *id) {
+static pulse_status put_parts(const anchor_job *j, uint8_t *buf,
+                              const char *rel, const char *id) {
   pulse_bytebuf etags = PULSE_BYTEBUF_INIT;
   pulse_status st = PULSE_OK;
   for (size_t k = 0; k < j->nparts && st == PULSE_OK; k++) {
@@ -216,14 +229,17 @@ static pulse_status put_parts(const anchor_job *j, uint8_t *buf, const char *rel
   char what[32];
   snprintf(what, sizeof what, "etags-%d", j->a->rank);
   if (st == PULSE_OK)
-    st = put_named(j, what, etags.data != NULL ? etags.data : (const uint8_t *)"", etags.size);
+    st = put_named(j, what,
+                   etags.data != NULL ? etags.data : (const uint8_t *)"",
+                   etags.size);
   pulse_bytebuf_free(&etags);
   return st;
 }
 
 /* Rank 0: every rank's ETags into etags[k] (strings in `text`, freed by
  * the caller). */
-static pulse_status gather_etags(const anchor_job *j, char **etags, pulse_buffer *text) {
+static pulse_status gather_etags(const anchor_job *j, char **etags,
+                                 pulse_buffer *text) {
   pulse_status st = PULSE_OK;
   for (int r = 0; r < j->a->world && st == PULSE_OK; r++) {
     char what[32];
@@ -232,13 +248,16 @@ static pulse_status gather_etags(const anchor_job *j, char **etags, pulse_buffer
     /* Lines "K ETAG\n", made NUL-ended in place. */
     char *at = (char *)text[r].data, *end = at + text[r].size;
     while (st == PULSE_OK && at < end) {
-      char *nl = memchr(at, '\n', (size_t)(end - at)), *sp = memchr(at, ' ', (size_t)(end - at));
+      char *nl = memchr(at, '\n', (size_t)(end - at)),
+           *sp = memchr(at, ' ', (size_t)(end - at));
       char *stop = NULL;
       unsigned long long k = sp != NULL ? strtoull(at, &stop, 10) : 0;
-      if (nl == NULL || sp == NULL || sp > nl || stop != sp || k < 1 || k > j->nparts ||
-          j->parts[k - 1].up != r || etags[k - 1] != NULL) {
-        st = pulse_fail(PULSE_ERR_CORRUPT, "shard: rank %d's ETags of the anchor's parts "
-                        "do not parse", r);
+      if (nl == NULL || sp == NULL || sp > nl || stop != sp || k < 1 ||
+          k > j->nparts || j->parts[k - 1].up != r || etags[k - 1] != NULL) {
+        st = pulse_fail(PULSE_ERR_CORRUPT,
+                        "shard: rank %d's ETags of the anchor's parts "
+                        "do not parse",
+                        r);
         break;
       }
       *nl = '\0';
@@ -248,36 +267,41 @@ static pulse_status gather_etags(const anchor_job *j, char **etags, pulse_buffer
   }
   for (size_t k = 0; k < j->nparts && st == PULSE_OK; k++)
     if (etags[k] == NULL)
-      st = pulse_fail(PULSE_ERR_CORRUPT, "shard: no ETag for part %zu of the anchor", k + 1);
+      st = pulse_fail(PULSE_ERR_CORRUPT,
+                      "shard: no ETag for part %zu of the anchor", k + 1);
   return st;
 }
 
 static pulse_status finish(const anchor_job *j, shard_bucket_anchor *out) {
   char **etags = calloc(j->nparts, sizeof *etags);
   pulse_buffer *text = calloc((size_t)j->a->world, sizeof *text);
-  pulse_status st = etags && text ? PULSE_OK : pulse_fail(PULSE_ERR_NOMEM, "shard: finish");
+  pulse_status st =
+      etags && text ? PULSE_OK : pulse_fail(PULSE_ERR_NOMEM, "shard: finish");
   if (st == PULSE_OK)
     st = gather_etags(j, etags, text);
   if (st == PULSE_OK)
-    st = pulse_upload_part_finish(j->bucket, out->rel, out->id, (const char *const *)etags,
-                                  j->nparts);
+    st = pulse_upload_part_finish(j->bucket, out->rel, out->id,
+                                  (const char *const *)etags, j->nparts);
   uint64_t there = 0;
   if (st == PULSE_OK)
     st = pulse_upload_object_size(j->bucket, out->rel, &there);
   if (st == PULSE_OK && there != j->file_size)
-    st = pulse_fail(PULSE_ERR_IO, "shard: the bucket holds %" PRIu64 " bytes of the anchor "
-                    "%s, not %" PRIu64, there, out->rel, j->file_size);
+    st = pulse_fail(PULSE_ERR_IO,
+                    "shard: the bucket holds %" PRIu64 " bytes of the anchor "
+                    "%s, not %" PRIu64,
+                    there, out->rel, j->file_size);
   for (int r = 0; text && r < j->a->world; r++)
     pulse_buffer_free(&text[r]);
   free(text), free(etags);
   return st;
 }
 
-pulse_status shard_bucket_anchor_make(const shard_attempt *a, const pulse_pub_shard *s,
+pulse_status shard_bucket_anchor_make(const shard_attempt *a,
+                                      const pulse_pub_shard *s,
                                       pulse_upload *bucket, uint64_t part_bytes,
                                       const pulse_buffer *parts,
-                                      const pulse_state_digest *target, int pending,
-                                      shard_bucket_anchor *out) {
+                                      const pulse_state_digest *target,
+                                      int pending, shard_bucket_anchor *out) {
   memset(out, 0, sizeof *out);
   anchor_job j;
   memset(&j, 0, sizeof j);
@@ -286,21 +310,27 @@ pulse_status shard_bucket_anchor_make(const shard_attempt *a, const pulse_pub_sh
   j.bucket = bucket;
   j.pending = pending;
   uint8_t *buf = NULL;
-  pulse_status st = pulse_pub_shard_anchor_header(s, a->step, target, &j.header, &j.file_size);
+  pulse_status st = pulse_pub_shard_anchor_header(s, a->step, target, &j.header,
+                                                  &j.file_size);
   if (st == PULSE_OK)
-    st = shard_parts_blocks(s->info, s->count, parts, (size_t)a->world, &j.blocks, &j.nblocks);
+    st = shard_parts_blocks(s->info, s->count, parts, (size_t)a->world,
+                            &j.blocks, &j.nblocks);
   if (st == PULSE_OK)
-    st = plan_make(&j, part_bytes ? part_bytes : PULSE_PUB_SHARD_PART_BYTES_DEFAULT);
+    st = plan_make(&j, part_bytes ? part_bytes
+                                  : PULSE_PUB_SHARD_PART_BYTES_DEFAULT);
   /* Others' bytes first: an assembling rank then waits on no one who waits. */
   for (size_t k = 0; k < j.nparts && st == PULSE_OK; k++) {
-    if (j.parts[k].up == a->rank || j.owned[k * (size_t)a->world + (size_t)a->rank] == 0)
+    if (j.parts[k].up == a->rank ||
+        j.owned[k * (size_t)a->world + (size_t)a->rank] == 0)
       continue;
     pulse_buffer mine = {0};
     char what[64];
     snprintf(what, sizeof what, "bytes-%zu-%d", k, a->rank);
     st = own_bytes(&j, k, &mine);
     if (st == PULSE_OK)
-      st = put_named(&j, what, mine.data != NULL ? mine.data : (const uint8_t *)"", mine.size);
+      st = put_named(&j, what,
+                     mine.data != NULL ? mine.data : (const uint8_t *)"",
+                     mine.size);
     pulse_buffer_free(&mine);
   }
   uint64_t most = 0;
@@ -316,7 +346,8 @@ pulse_status shard_bucket_anchor_make(const shard_attempt *a, const pulse_pub_sh
     static const char hex[] = "0123456789abcdef";
     char sha_hex[65];
     for (int i = 0; i < 32; i++)
-      sha_hex[2 * i] = hex[out->sha256[i] >> 4], sha_hex[2 * i + 1] = hex[out->sha256[i] & 15];
+      sha_hex[2 * i] = hex[out->sha256[i] >> 4],
+                  sha_hex[2 * i + 1] = hex[out->sha256[i] & 15];
     sha_hex[64] = '\0';
     snprintf(out->rel, sizeof out->rel, "objects/%s.safetensors", sha_hex);
     out->size = j.file_size;
@@ -330,9 +361,11 @@ pulse_status shard_bucket_anchor_make(const shard_attempt *a, const pulse_pub_sh
     st = get_named(&j, "upload-0", &id);
     char *sp = st == PULSE_OK ? memchr(id.data, ' ', id.size) : NULL;
     size_t rl = sp != NULL ? (size_t)(sp - (char *)id.data) : 0;
-    if (st == PULSE_OK && (sp == NULL || rl >= sizeof out->rel ||
-                           id.size - rl - 1 >= sizeof out->id || id.size - rl - 1 == 0))
-      st = pulse_fail(PULSE_ERR_CORRUPT, "shard: rank 0's upload of the anchor does not parse");
+    if (st == PULSE_OK &&
+        (sp == NULL || rl >= sizeof out->rel ||
+         id.size - rl - 1 >= sizeof out->id || id.size - rl - 1 == 0))
+      st = pulse_fail(PULSE_ERR_CORRUPT,
+                      "shard: rank 0's upload of the anchor does not parse");
     if (st == PULSE_OK) {
       memcpy(out->rel, id.data, rl);
       memcpy(out->id, sp + 1, id.size - rl - 1);

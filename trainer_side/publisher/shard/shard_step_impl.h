@@ -63,8 +63,8 @@ void shard_attempt_name(const shard_attempt *a, char *out, size_t cap,
 
 /* The bucket's anchor of a step, made in parts (shard_step_anchor.c). */
 typedef struct {
-  char rel[128];     /* objects/<sha256>.safetensors */
-  char id[1024];     /* the multipart upload's, "" before it begins */
+  char rel[128]; /* objects/<sha256>.safetensors */
+  char id[1024]; /* the multipart upload's, "" before it begins */
   uint8_t sha256[32];
   uint64_t size;
 } shard_bucket_anchor;

@@ -1,0 +1,459 @@
+/* test_shard_bucket.c - the collective step with the bucket as its medium
+ * (pulse_pub_shard_step with opts.bucket; pulse_pub_shard.h), against
+ * s3rver with S3's multipart answers (tests/cli/lib/s3rver_multipart.js),
+ * started per test on 127.0.0.1 port 0. Four forked ranks, each with its
+ * own private folder and its own pulse_upload handle (no folder shared),
+ * publish a mix tiling whose anchors (anchor_every 2) are uploaded in 1 KiB
+ * parts assembled on several ranks: after each step the bucket's head and
+ * every object it names are byte for byte a single publisher's of the
+ * gathered weights, rank 0's folder holds none of the anchors, and no file
+ * of the step is left under shard/. A rank that fails a step fails it on
+ * every rank, the bucket keeps its head, the retry publishes; a restarted
+ * job (new shards, rank 0 fetching back its anchors, the others resuming
+ * from a copy of the bucket's store) goes on. Skipped where node or s3rver
+ * is missing. */
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+
+#include <criterion/criterion.h>
+
+#include "files_testutil.h"
+#include "pulse_codec.h"
+#include "pulse_pub_shard.h"
+#include "pulse_publisher.h"
+#include "pulse_store.h"
+#include "pulse_upload.h"
+#include "trainer_testutil.h"
+
+#define TARGET "s3://bkt/runs/shard"
+#define RANKS 4
+#define NT 4
+#define LOG2 10u
+#define PART_BYTES 1024u /* s3rver takes parts under S3's 5 MiB */
+
+/* ---------------------------------------------------------------- server */
+
+static pid_t s3_pid = -1;
+static uint16_t s3_port;
+static char *s3_dir;
+
+/* Starts the stand-in (skips the test where it cannot run) and points the
+ * uploaders' environment at it. */
+static void s3_start(void) {
+  const char *node_path = getenv("NODE_PATH");
+  if (node_path == NULL || node_path[0] == '\0')
+    node_path = "/usr/lib/node_modules";
+  char probe[1024];
+  snprintf(probe, sizeof probe, "%s/s3rver/package.json", node_path);
+  if (system("command -v node >/dev/null 2>&1") != 0 ||
+      access(probe, R_OK) != 0)
+    cr_skip_test("node or s3rver (%s) is not installed", probe);
+  s3_dir = tu_make_dir();
+  char log[1024], data[1024];
+  snprintf(log, sizeof log, "%s/s3.log", s3_dir);
+  snprintf(data, sizeof data, "%s/s3", s3_dir);
+  s3_pid = fork();
+  cr_assert_geq(s3_pid, 0);
+  if (s3_pid == 0) {
+    int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fd, 1), dup2(fd, 2);
+    setenv("NODE_PATH", node_path, 1);
+    execlp("node", "node", PULSE_TEST_S3RVER_MULTIPART, data, (char *)NULL);
+    _exit(127);
+  }
+  for (int i = 0; i < 400 && s3_port == 0; i++) {
+    size_t n = 0;
+    uint8_t *text = tu_read(log, &n);
+    const char *at = text ? strstr((const char *)text, "127.0.0.1:") : NULL;
+    if (at != NULL && strchr(at, '\n') != NULL)
+      s3_port = (uint16_t)atoi(at + 10);
+    free(text);
+    if (s3_port == 0)
+      usleep(50 * 1000);
+  }
+  cr_assert_neq(s3_port, 0, "the S3 stand-in did not start (see %s)", log);
+  char endpoint[64];
+  snprintf(endpoint, sizeof endpoint, "http://127.0.0.1:%u", (unsigned)s3_port);
+  setenv("AWS_ENDPOINT_URL", endpoint, 1);
+  setenv("AWS_ACCESS_KEY_ID", "S3RVER", 1);
+  setenv("AWS_SECRET_ACCESS_KEY", "S3RVER", 1);
+  setenv("AWS_REGION", "us-east-1", 1);
+}
+
+static void s3_stop(void) {
+  if (s3_pid > 0) {
+    kill(s3_pid, SIGKILL);
+    waitpid(s3_pid, NULL, 0);
+  }
+  if (s3_dir != NULL)
+    tu_rm_rf(s3_dir);
+}
+
+static pulse_upload *handle(void) {
+  pulse_upload_opts o;
+  pulse_upload_opts_init(&o);
+  o.target = TARGET;
+  o.retries = 2;
+  o.grace_seconds = 0;
+  pulse_upload *up = NULL;
+  if (pulse_upload_create(&o, &up) != PULSE_OK)
+    return NULL;
+  return up;
+}
+
+/* ----------------------------------------------------------------- model */
+
+static const char *names[NT] = {"attn.w", "embed", "mlp.w3", "norm"};
+static const uint32_t ndims[NT] = {2, 1, 3, 1};
+static const uint64_t shapes[NT][3] = {{96, 40}, {5000}, {24, 30, 7}, {64}};
+
+typedef struct {
+  pulse_tensor_info info[NT];
+  uint64_t numel[NT];
+  float *w[NT];
+  uint64_t seed;
+} model;
+
+static double rnd(model *m) {
+  m->seed = m->seed * 6364136223846793005ull + 1442695040888963407ull;
+  return (double)(m->seed >> 11) / 9007199254740992.0;
+}
+
+static void model_init(model *m, uint64_t seed) {
+  memset(m, 0, sizeof *m);
+  m->seed = seed;
+  for (int t = 0; t < NT; t++) {
+    m->info[t].name = names[t];
+    m->info[t].dtype = PULSE_DTYPE_F32;
+    m->info[t].ndim = ndims[t];
+    m->numel[t] = 1;
+    for (uint32_t k = 0; k < ndims[t]; k++)
+      m->info[t].shape[k] = shapes[t][k], m->numel[t] *= shapes[t][k];
+    m->w[t] = malloc(m->numel[t] * 4);
+    for (uint64_t i = 0; i < m->numel[t]; i++)
+      m->w[t][i] = (float)((rnd(m) - 0.5) * (t == 3 ? 2.0 : 0.08));
+  }
+}
+
+static void model_free(model *m) {
+  for (int t = 0; t < NT; t++)
+    free(m->w[t]);
+}
+
+static void model_step(model *m) {
+  for (int t = 0; t < NT; t++)
+    for (uint64_t i = 0; i < m->numel[t]; i++)
+      if (rnd(m) < 0.3)
+        m->w[t][i] += (float)((rnd(m) - 0.5) * 2e-3);
+}
+
+typedef struct {
+  pulse_pub_block b[3 * NT];
+  size_t n;
+} rank_blocks;
+
+static void add_rect(rank_blocks *r, int t, const uint64_t *start,
+                     const uint64_t *ext) {
+  pulse_pub_block *b = &r->b[r->n++];
+  memset(b, 0, sizeof *b);
+  b->name = names[t];
+  b->kind = PULSE_PUB_BLOCK_RECT;
+  for (uint32_t k = 0; k < ndims[t]; k++)
+    b->start[k] = start[k], b->extent[k] = ext[k];
+}
+
+static void add_flat(rank_blocks *r, int t, uint64_t lo, uint64_t n) {
+  pulse_pub_block *b = &r->b[r->n++];
+  memset(b, 0, sizeof *b);
+  b->name = names[t];
+  b->kind = PULSE_PUB_BLOCK_FLAT;
+  b->start[0] = lo, b->extent[0] = n;
+}
+
+/* A mix: a 2x2 grid, flat ranges, a whole tensor on rank 2, dim-0 rows;
+ * the anchor's 1 KiB parts are then assembled on every rank. */
+static void blocks_of(rank_blocks *rb) {
+  memset(rb, 0, sizeof(rank_blocks) * RANKS);
+  for (int r = 0; r < RANKS; r++) {
+    uint64_t st[2] = {(uint64_t)(r / 2) * 50, (uint64_t)(r % 2) * 20};
+    uint64_t ex[2] = {r / 2 ? 46 : 50, 20};
+    add_rect(&rb[r], 0, st, ex);
+    add_flat(&rb[r], 1, 1250 * (uint64_t)r, 1250);
+    uint64_t rs[1] = {16 * (uint64_t)r}, re[1] = {16};
+    add_rect(&rb[r], 3, rs, re);
+  }
+  uint64_t z[3] = {0}, e[3] = {24, 30, 7};
+  add_rect(&rb[2], 2, z, e);
+}
+
+static float *block_data(const model *m, const pulse_pub_block *b) {
+  int t = 0;
+  while (strcmp(names[t], b->name) != 0)
+    t++;
+  if (b->kind == PULSE_PUB_BLOCK_FLAT) {
+    float *d = malloc(b->extent[0] * 4);
+    memcpy(d, m->w[t] + b->start[0], b->extent[0] * 4);
+    return d;
+  }
+  uint64_t count = 1;
+  for (uint32_t k = 0; k < ndims[t]; k++)
+    count *= b->extent[k];
+  float *d = malloc(count * 4);
+  for (uint64_t i = 0; i < count; i++) {
+    uint64_t rest = i, pos = 0, stride = 1;
+    for (uint32_t k = ndims[t]; k-- > 0;) {
+      pos += (b->start[k] + rest % b->extent[k]) * stride;
+      rest /= b->extent[k];
+      stride *= shapes[t][k];
+    }
+    d[i] = m->w[t][pos];
+  }
+  return d;
+}
+
+static void pub_opts(pulse_pub_opts *o, const model *m) {
+  pulse_pub_opts_init(o);
+  o->tensors = m->info;
+  o->tensor_count = NT;
+  o->chunk_log2 = LOG2;
+  o->anchor_every = 2;
+  o->keep_patches = 3;
+  o->keep_anchors = 2;
+  o->anchor_sync = 1;
+  o->threads = 1;
+  o->grace_seconds = 0;
+}
+
+/* ------------------------------------------------------------------ ranks */
+
+#define FAIL(code, ...)                                                        \
+  do {                                                                         \
+    fprintf(stderr, __VA_ARGS__);                                              \
+    fprintf(stderr, "\n");                                                     \
+    return (code);                                                             \
+  } while (0)
+
+/* Rank 0's checks after step `step`: the bucket's head is the single
+ * publisher's (`single`, published in lockstep) and every object it names
+ * is the single publisher's bytes; rank 0's folder holds none of the
+ * anchors of this job (from `first`; a restarted job fetched the older);
+ * nothing of the step is left under shard/. 0 when all hold. */
+static int check_step(pulse_upload *up, const char *single, const char *mine,
+                      uint64_t first, uint64_t step) {
+  pulse_buffer hb = {0};
+  pulse_store_head *b = NULL, *s = NULL;
+  if (pulse_upload_key_get(up, "head.json", &hb) != PULSE_OK ||
+      pulse_store_head_parse(hb.data, hb.size, &b) != PULSE_OK)
+    FAIL(40, "step %llu: the bucket's head: %s", (unsigned long long)step,
+         pulse_error_detail());
+  pulse_buffer_free(&hb);
+  if (pulse_store_head_load(single, &s) != PULSE_OK)
+    FAIL(41, "the single head: %s", pulse_error_detail());
+  int rc = 0;
+  if (pulse_store_head_step(b) != step ||
+      memcmp(pulse_store_head_state_digest(b), pulse_store_head_state_digest(s),
+             32) != 0 ||
+      pulse_store_head_patch_count(b) != pulse_store_head_patch_count(s) ||
+      pulse_store_head_anchor_count(b) != pulse_store_head_anchor_count(s)) {
+    fprintf(stderr,
+            "step %llu: the bucket's head (step %llu, %zu patches, %zu "
+            "anchors) is not "
+            "the single's (%zu, %zu)\n",
+            (unsigned long long)step,
+            (unsigned long long)pulse_store_head_step(b),
+            pulse_store_head_patch_count(b), pulse_store_head_anchor_count(b),
+            pulse_store_head_patch_count(s), pulse_store_head_anchor_count(s));
+    rc = 42;
+  }
+  size_t np = pulse_store_head_patch_count(s),
+         n = np + pulse_store_head_anchor_count(s);
+  for (size_t i = 0; rc == 0 && i < n; i++) {
+    const pulse_store_object *o = i < np ? pulse_store_head_patch(s, i)
+                                         : pulse_store_head_anchor(s, i - np);
+    const pulse_store_object *x = i < np ? pulse_store_head_patch(b, i)
+                                         : pulse_store_head_anchor(b, i - np);
+    char path[4352];
+    snprintf(path, sizeof path, "%s/%s", single, o->path);
+    size_t len = 0;
+    uint8_t *want = tu_read(path, &len);
+    pulse_buffer got = {0};
+    if (strcmp(o->path, x->path) != 0 || want == NULL ||
+        pulse_upload_key_get(up, o->path, &got) != PULSE_OK ||
+        got.size != len || memcmp(got.data, want, len) != 0)
+      rc = 43;
+    if (rc == 43)
+      fprintf(stderr, "step %llu: %s is not the single publisher's\n",
+              (unsigned long long)step, o->path);
+    free(want);
+    pulse_buffer_free(&got);
+    struct stat sb;
+    snprintf(path, sizeof path, "%s/%s", mine, o->path);
+    if (rc == 0 && i >= np && o->step >= first && stat(path, &sb) == 0)
+      FAIL(44, "step %llu: rank 0's folder holds the anchor %s",
+           (unsigned long long)step, o->path);
+  }
+  pulse_store_head_free(b), pulse_store_head_free(s);
+  if (rc != 0)
+    FAIL(rc, "step %llu: the bucket is not the single publisher's store",
+         (unsigned long long)step);
+  pulse_buffer names_left = {0};
+  size_t left = 0;
+  if (pulse_upload_key_list(up, "shard/", &names_left, &left) != PULSE_OK)
+    FAIL(45, "listing shard/: %s", pulse_error_detail());
+  if (left != 0)
+    fprintf(stderr, "step %llu: %s is left under shard/\n",
+            (unsigned long long)step, (const char *)names_left.data);
+  pulse_buffer_free(&names_left);
+  return left == 0 ? 0 : 46;
+}
+
+/* Rank `rank` of a job, steps first..last, its own folder root/rank-R and
+ * its own bucket handle. err_step: rank 2 fails that step once (an error
+ * in its trainer: a tensor missing) and every rank retries it. */
+static int run_rank(const char *root, uint64_t seed, int rank, uint64_t first,
+                    uint64_t last, uint64_t err_step) {
+  char dir[4096], scratch[4200], single[4096];
+  snprintf(dir, sizeof dir, "%s/rank-%d", root, rank);
+  snprintf(scratch, sizeof scratch, "%s/scratch", dir);
+  /* Reopened by a restarted job too, as rank 0's committer is. */
+  snprintf(single, sizeof single, "%s/single", root);
+  mkdir(dir, 0755);
+  pulse_upload *up = handle();
+  if (up == NULL)
+    FAIL(10, "rank %d: upload: %s", rank, pulse_error_detail());
+  model m;
+  model_init(&m, seed);
+  rank_blocks rb[RANKS];
+  blocks_of(rb);
+  pulse_pub_shard_opts so;
+  pulse_pub_shard_opts_init(&so);
+  so.tensors = m.info, so.tensor_count = NT;
+  so.blocks = rb[rank].b, so.block_count = rb[rank].n;
+  so.chunk_log2 = LOG2;
+  pulse_pub_shard *sh = NULL;
+  if (pulse_pub_shard_create(&so, &sh) != PULSE_OK)
+    FAIL(11, "rank %d: shard: %s", rank, pulse_error_detail());
+  pulse_pub *committer = NULL, *lockstep = NULL;
+  pulse_pub_opts o;
+  pub_opts(&o, &m);
+  if (rank == 0) {
+    /* The staging folder's anchors are only in the bucket. */
+    if (first > 0 && pulse_upload_fetch_missing(up, dir, NULL) != PULSE_OK)
+      FAIL(12, "rank 0: fetch_missing: %s", pulse_error_detail());
+    if (pulse_pub_create_committer(dir, &o, &committer) != PULSE_OK)
+      FAIL(13, "rank 0: committer: %s", pulse_error_detail());
+    if (pulse_pub_create(single, &o, &lockstep) != PULSE_OK)
+      FAIL(14, "rank 0: single: %s", pulse_error_detail());
+  }
+  if (first > 0) {
+    const char *from = dir;
+    if (rank != 0) { /* no store folder: a copy of the bucket's, for the call */
+      if (pulse_upload_fetch_store(up, scratch, NULL) != PULSE_OK)
+        FAIL(15, "rank %d: fetch_store: %s", rank, pulse_error_detail());
+      from = scratch;
+    }
+    if (pulse_pub_shard_resume(sh, from) != PULSE_OK)
+      FAIL(16, "rank %d: resume: %s", rank, pulse_error_detail());
+    if (rank != 0)
+      tu_rm_rf(strdup(scratch)); /* the copy goes: it held the whole state */
+  }
+  pulse_pub_shard_step_opts po;
+  pulse_pub_shard_step_opts_init(&po);
+  po.rank = rank, po.world = RANKS, po.committer = committer,
+  po.timeout_ms = 20000;
+  po.bucket = up;
+  po.part_bytes = PART_BYTES;
+  int rc = 0;
+  for (uint64_t step = 0; step <= last && rc == 0; step++) {
+    if (step > 0)
+      model_step(&m);
+    if (lockstep != NULL &&
+        step >= first) { /* the single publisher of the gathered weights */
+      pulse_pub_tensor all[NT];
+      for (int t = 0; t < NT; t++)
+        all[t] = (pulse_pub_tensor){m.w[t], PULSE_DTYPE_F32, PULSE_PUB_HOST};
+      if (pulse_pub_commit(lockstep, step, all, NT, NULL) != PULSE_OK)
+        FAIL(17, "single step %llu: %s", (unsigned long long)step,
+             pulse_error_detail());
+    }
+    if (step < first)
+      continue;
+    pulse_pub_tensor t[3 * NT];
+    float *d[3 * NT];
+    for (size_t b = 0; b < rb[rank].n; b++) {
+      d[b] = block_data(&m, &rb[rank].b[b]);
+      t[b] = (pulse_pub_tensor){d[b], PULSE_DTYPE_F32, PULSE_PUB_HOST};
+    }
+    if (step == err_step) {
+      /* Rank 2 gives one tensor too few: every rank fails the attempt
+       * with its reason, and the bucket keeps the previous head. */
+      size_t given = rb[rank].n - (rank == 2);
+      if (pulse_pub_shard_step(sh, dir, &po, step, t, given, NULL) == PULSE_OK)
+        rc = 20;
+      else if (rank != 2 && strstr(pulse_error_detail(), "rank 2") == NULL)
+        rc = 21, fprintf(stderr, "rank %d: %s\n", rank, pulse_error_detail());
+      pulse_buffer hb = {0};
+      pulse_store_head *h = NULL;
+      if (rc == 0 &&
+          (pulse_upload_key_get(up, "head.json", &hb) != PULSE_OK ||
+           pulse_store_head_parse(hb.data, hb.size, &h) != PULSE_OK ||
+           pulse_store_head_step(h) != step - 1))
+        rc = 22, fprintf(stderr, "rank %d: the bucket's head moved\n", rank);
+      pulse_store_head_free(h);
+      pulse_buffer_free(&hb);
+    }
+    if (rc == 0 && pulse_pub_shard_step(sh, dir, &po, step, t, rb[rank].n,
+                                        NULL) != PULSE_OK)
+      rc = 3, fprintf(stderr, "rank %d step %llu: %s\n", rank,
+                      (unsigned long long)step, pulse_error_detail());
+    if (rc == 0 && rank == 0)
+      rc = check_step(up, single, dir, first, step);
+    for (size_t b = 0; b < rb[rank].n; b++)
+      free(d[b]);
+  }
+  pulse_pub_free(committer);
+  pulse_pub_free(lockstep);
+  pulse_pub_shard_free(sh);
+  pulse_upload_free(up);
+  model_free(&m);
+  return rc;
+}
+
+static void run_job(const char *root, uint64_t seed, uint64_t first,
+                    uint64_t last, uint64_t err_step) {
+  pid_t pid[RANKS];
+  for (int r = 0; r < RANKS; r++) {
+    pid[r] = fork();
+    cr_assert(pid[r] >= 0);
+    if (pid[r] == 0)
+      _exit(run_rank(root, seed, r, first, last, err_step));
+  }
+  for (int r = 0; r < RANKS; r++) {
+    int status = 0;
+    cr_assert_eq(waitpid(pid[r], &status, 0), pid[r]);
+    cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+              "rank %d exited %d", r,
+              WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+  }
+}
+
+Test(shard_bucket, four_ranks_without_a_shared_folder_publish_as_one_publisher,
+     .init = s3_start, .fini = s3_stop, .timeout = 240) {
+  char *root = tu_make_dir();
+  run_job(root, 91, 0, 4, (uint64_t)-1);
+  tu_rm_rf(root);
+}
+
+Test(shard_bucket,
+     a_failing_rank_fails_the_step_everywhere_and_a_restarted_job_goes_on,
+     .init = s3_start, .fini = s3_stop, .timeout = 240) {
+  char *root = tu_make_dir();
+  /* Step 4 is an anchor's (anchor_every 2): rank 2 fails it once. */
+  run_job(root, 92, 0, 4, 4);
+  /* New shards, a new process per rank: from the bucket. */
+  run_job(root, 92, 5, 6, (uint64_t)-1);
+  tu_rm_rf(root);
+}
