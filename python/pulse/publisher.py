@@ -160,7 +160,7 @@ class Publisher(Closing):
         if not isinstance(timeout, (int, float)) or not 0 < timeout < 2 ** 31 / 1000:
             raise fail(f"Publisher: timeout {timeout!r} is not a positive number of seconds")
         return shard_store.StorePublisher(self.store_dir, rank, world, make_committer, upload,
-                                          coding, float(timeout))
+                                          coding, float(timeout), make_parts if target else None)
 
     def _open(self, table, stream=None):
         names = [name.encode() for name, _ in table] if table else []

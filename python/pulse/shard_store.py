@@ -11,22 +11,93 @@ rank refuses the same blocks; the C step checks them again from the parts.
 A file left by an earlier job that died before its first step can make
 the table of a rank that reads it first disagree with the others': the C
 step then refuses the parts of another table on every rank, nothing is
-written, and the next publish reads the files again."""
+written, and the next publish reads the files again.
 
+With a bucket (upload= on every rank: ranks that share no folder), the
+same exchange goes through the bucket: each rank passes its own handle to
+the C step, whose files are objects under the prefix's shard/, the block
+descriptions too (shard/blocks-R.json), and each anchor is uploaded in
+parts by the ranks that own its bytes. store_dir is then each rank's own
+folder: rank 0's is the store's staging copy (it commits there and
+uploads it; its anchors are only in the bucket, fetched back before a
+restarted job's committer opens it); another rank's holds, for the time of
+a resume, a copy of the bucket's store (pulse_upload_fetch_store), then
+nothing."""
+
+import ctypes
 import json
 import os
+import shutil
+import tempfile
 import time
 
 from . import shard
 from ._lib import PubFigures, check, fail, figures_dict
-from ._shard_lib import PubShardStepOpts, declared
+from ._shard_lib import Buffer, PubShardStepOpts, declared
 from .server import notify_store
+
+
+class _Bucket:
+    """A rank's handle on the store's bucket (pulse.s3_parts.PartUploader)
+    and the part size of its anchors."""
+
+    def __init__(self, make_parts):
+        # make_parts (pulse.Publisher's): a factory of PartUploaders and
+        # the part size.
+        new_uploader, self.part_bytes = make_parts()
+        self.uploader = new_uploader()
+
+    @property
+    def handle(self):
+        return self.uploader._h()
+
+    def put(self, rel, data):
+        check(declared().pulse_upload_key_put(self.handle, rel.encode(), data, len(data)))
+
+    def get(self, rel):
+        """The object's bytes, or None when the bucket has none."""
+        lib = declared()
+        buf = Buffer()
+        status = lib.pulse_upload_key_get(self.handle, rel.encode(), ctypes.byref(buf))
+        if status != 0 and lib.pulse_status_name(status) == b"PULSE_ERR_NOT_FOUND":
+            return None
+        check(status)
+        try:
+            return ctypes.string_at(buf.data, buf.size) if buf.size else b""
+        finally:
+            lib.pulse_buffer_free(ctypes.byref(buf))
+
+    def delete(self, rel):
+        check(declared().pulse_upload_key_delete(self.handle, rel.encode()))
+
+    def head_step(self):
+        """The bucket's head step, or None when it has none."""
+        head = self.get("head.json")
+        return None if head is None else json.loads(head)["step"]
+
+    def resume(self, rank_shard, store_dir):
+        """rank_shard's snapshot at the bucket's head, from a copy of the
+        bucket's store made under store_dir and removed after (the whole
+        state, transiently, as a resume costs)."""
+        if self.get("head.json") is None:
+            return False
+        os.makedirs(store_dir, exist_ok=True)
+        scratch = tempfile.mkdtemp(prefix=".resume-", dir=store_dir)
+        try:
+            check(declared().pulse_upload_fetch_store(self.handle, os.fsencode(scratch), None))
+            return rank_shard.resume(scratch)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+    def close(self):
+        self.uploader.close()
 
 
 class StorePublisher:
     """See pulse.Publisher: rank `rank` of `world`, through the store."""
 
-    def __init__(self, store_dir, rank, world, make_committer, upload, coding, timeout):
+    def __init__(self, store_dir, rank, world, make_committer, upload, coding, timeout,
+                 make_parts=None):
         self.store_dir = store_dir
         self.rank = rank
         self.world = world
@@ -35,6 +106,8 @@ class StorePublisher:
         self._upload = upload
         self._chunk_log2, self._pos_model = coding  # (chunk_log2, pos_model)
         self._timeout = timeout
+        # upload= on this rank: the exchange goes through the bucket.
+        self._bucket = _Bucket(make_parts) if make_parts is not None else None
         self._shard = None
         self._committer = None
         self._published = False
@@ -48,6 +121,15 @@ class StorePublisher:
 
     def _read_blocks(self, rank):
         """Rank `rank`'s descriptions, or None while its file is not there."""
+        if self._bucket is not None:
+            data = self._bucket.get(f"shard/blocks-{rank}.json")
+            try:
+                doc = json.loads(data) if data is not None else None
+            except ValueError:
+                doc = None  # caught mid-write (s3rver writes in place): read again
+            if doc is None or doc.get("world") != self.world:
+                return None
+            return [(d[0], tuple(d[1]), d[2], tuple(d[3]), tuple(d[4])) for d in doc["blocks"]]
         try:
             with open(self._blocks_file(rank)) as f:
                 doc = json.load(f)
@@ -60,13 +142,18 @@ class StorePublisher:
         return [(d[0], tuple(d[1]), d[2], tuple(d[3]), tuple(d[4])) for d in doc["blocks"]]
 
     def _create(self, descs):
-        os.makedirs(self._folder, exist_ok=True)
-        tmp = self._blocks_file(self.rank) + f".tmp-{os.getpid()}"
-        with open(tmp, "w") as f:
-            json.dump({"world": self.world, "rank": self.rank, "blocks": descs}, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self._blocks_file(self.rank))
+        doc = {"world": self.world, "rank": self.rank, "blocks": descs}
+        if self._bucket is not None:
+            os.makedirs(self.store_dir, exist_ok=True)
+            self._bucket.put(f"shard/blocks-{self.rank}.json", json.dumps(doc).encode())
+        else:
+            os.makedirs(self._folder, exist_ok=True)
+            tmp = self._blocks_file(self.rank) + f".tmp-{os.getpid()}"
+            with open(tmp, "w") as f:
+                json.dump(doc, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self._blocks_file(self.rank))
         deadline = time.monotonic() + self._timeout
         rank_descs = []
         for rank in range(self.world):
@@ -75,9 +162,11 @@ class StorePublisher:
                 if got is not None:
                     break
                 if time.monotonic() > deadline:
-                    raise fail(f"publish: rank {rank}'s blocks ({self._blocks_file(rank)}) did not "
+                    where = (f"shard/blocks-{rank}.json in the bucket (with upload=, every rank "
+                             f"passes it)" if self._bucket is not None else self._blocks_file(rank))
+                    raise fail(f"publish: rank {rank}'s blocks ({where}) did not "
                                f"come within {self._timeout} s", "PULSE_ERR_IO")
-                time.sleep(0.005)
+                time.sleep(0.005 if self._bucket is None else 0.05)
             rank_descs.append(got)
         table = shard.Table(shard.build_table(rank_descs))
         shard.check_tiling(table, rank_descs)
@@ -86,7 +175,10 @@ class StorePublisher:
             if self.rank == 0:
                 self._committer = self._make_committer(table)
                 self.public_key = self._committer.public_key
-            mine.resume(self.store_dir)
+            if self._bucket is not None and self.rank != 0:
+                self._bucket.resume(mine, self.store_dir)  # no store folder here
+            else:
+                mine.resume(self.store_dir)
         except BaseException:
             mine.free()
             if self._committer is not None:
@@ -101,7 +193,8 @@ class StorePublisher:
             self._create([d for d, _ in parsed])
         array, alive = self._shard.host_tensors(parsed)
         if step is None:
-            head = shard.store_head_step(self.store_dir)
+            head = (self._bucket.head_step() if self._bucket is not None
+                    else shard.store_head_step(self.store_dir))
             step = 1 if head is None else head + 1
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             raise fail(f"publish: step {step!r} is not a non-negative int")
@@ -110,6 +203,9 @@ class StorePublisher:
         opts.world = self.world
         opts.committer = self._committer.handle if self._committer is not None else None
         opts.timeout_ms = int(self._timeout * 1000)
+        if self._bucket is not None:
+            opts.bucket = self._bucket.handle
+            opts.part_bytes = self._bucket.part_bytes
         figures = PubFigures()
         status = declared().pulse_pub_shard_step(self._shard.handle, os.fsencode(self.store_dir),
                                                  opts, step, array, len(self._shard.descs),
@@ -124,12 +220,17 @@ class StorePublisher:
         if self.rank == 0:
             if not self._published:
                 for rank in range(self.world):  # every rank has read them
+                    if self._bucket is not None:
+                        self._bucket.delete(f"shard/blocks-{rank}.json")
+                        continue
                     try:
                         os.unlink(self._blocks_file(rank))
                     except FileNotFoundError:
                         pass
             notify_store(self.store_dir)
-            if self._upload is not None:
+            # With the bucket the step uploaded the store itself (the others
+            # follow the bucket's head).
+            if self._upload is not None and self._bucket is None:
                 self.last_upload = self._upload()
         self._published = True
         return step
@@ -144,3 +245,6 @@ class StorePublisher:
 
     def close(self):
         self._free_parts()
+        if self._bucket is not None:
+            self._bucket.close()
+            self._bucket = None

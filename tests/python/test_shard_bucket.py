@@ -1,0 +1,150 @@
+"""A sharded publisher whose ranks share no folder and no process group:
+pulse.Publisher(private_dir, rank=r, world=4, upload="s3://...") on 4
+processes, the step exchanged through the bucket (pulse.shard_store over
+pulse_pub_shard_step with a bucket), against s3rver with S3's multipart
+answers (tests/cli/lib/s3rver_multipart.js). Each step, pulled from the
+bucket by pulse.Subscriber, is bit-identical to the gathered weights; the
+anchors (anchor_every 2, 1 KiB parts of a mix tiling) are never in rank 0's
+folder; a restarted job resumes from the bucket and goes on. Exit 77: no
+torch or no s3rver."""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
+sys.path.insert(0, HERE)
+
+try:
+    import torch
+except ImportError:
+    print("skipped: no torch")
+    sys.exit(77)
+
+import pulse  # noqa: E402
+from ranks_testutil import spawn_ranks  # noqa: E402
+
+WORLD = 4
+PREFIX = "runs/shard-bucket"
+SHAPES = {"attn.w": (96, 40), "embed": (5000,), "mlp.w3": (24, 30, 7), "norm": (64,)}
+
+
+def start_s3rver(work):
+    """s3rver with the multipart calls as S3 answers them."""
+    log = open(os.path.join(work, "s3.log"), "w+")
+    node_path = os.environ.get("NODE_PATH") or "/usr/lib/node_modules"
+    script = os.path.join(HERE, "..", "cli", "lib", "s3rver_multipart.js")
+    proc = subprocess.Popen(["node", script, os.path.join(work, "s3")], stdout=log,
+                            stderr=subprocess.STDOUT, env=dict(os.environ, NODE_PATH=node_path))
+    for _ in range(400):
+        log.seek(0)
+        m = re.search(r"listening on 127\.0\.0\.1:(\d+)", log.read())
+        if m:
+            return proc, int(m.group(1))
+        time.sleep(0.05)
+    proc.kill()
+    raise AssertionError("s3rver did not start")
+
+
+class Model:
+    """FP32 master weights, moved like an optimizer step."""
+
+    def __init__(self, seed):
+        self.gen = torch.Generator().manual_seed(seed)
+        self.w = {n: (torch.rand(s, generator=self.gen) - 0.5) * 0.08 for n, s in SHAPES.items()}
+
+    def step(self):
+        for w in self.w.values():
+            moved = torch.rand(w.shape, generator=self.gen) < 0.3
+            w += moved * (torch.rand(w.shape, generator=self.gen) - 0.5) * 2e-3
+
+
+def blocks_of(w, rank):
+    """A mix: a 2x2 grid, flat ranges, dim-0 rows and a whole tensor on
+    rank 2 (the 1 KiB parts of an anchor are then assembled on every rank)."""
+    r0, c0 = (rank // 2) * 48, (rank % 2) * 20
+    blocks = {
+        "attn.w": pulse.Block(w["attn.w"][r0:r0 + 48, c0:c0 + 20].contiguous(), (96, 40),
+                              (r0, c0)),
+        "embed": pulse.Block(w["embed"][rank * 1250:(rank + 1) * 1250].clone(), (5000,),
+                             rank * 1250),
+        "norm": pulse.Block(w["norm"][rank * 16:(rank + 1) * 16].clone(), (64,), (rank * 16,)),
+    }
+    if rank == 2:
+        blocks["mlp.w3"] = w["mlp.w3"].clone()
+    return blocks
+
+
+def worker(rank, work, endpoint, first, last):
+    os.environ.update(AWS_ENDPOINT_URL=endpoint, AWS_ACCESS_KEY_ID="S3RVER",
+                      AWS_SECRET_ACCESS_KEY="S3RVER", AWS_REGION="us-east-1")
+    mine = os.path.join(work, f"rank-{rank}")  # no folder is shared
+    pub = pulse.Publisher(mine, rank=rank, world=WORLD, upload=f"s3://bkt/{PREFIX}",
+                          upload_part_bytes=1024, anchor_every=2, timeout=60)
+    model = Model(17)
+    for _ in range(1, first):  # step k's weights: k - 1 optimizer steps
+        model.step()
+    sub = targets = None
+    if rank == 0:
+        sub = pulse.Subscriber(f"{endpoint}/bkt/{PREFIX}", key=pub.public_key, retries=1)
+        targets = {n: torch.zeros(s, dtype=torch.bfloat16) for n, s in SHAPES.items()}
+    for step in range(first, last + 1):
+        if step > first:
+            model.step()
+        assert pub.publish(blocks_of(model.w, rank)) == step, f"rank {rank}: step {step}"
+        if rank != 0:
+            continue
+        assert sub.pull(targets, timeout=60) == step
+        for n, w in model.w.items():
+            want = w.to(torch.bfloat16).view(torch.int16)
+            assert torch.equal(targets[n].view(torch.int16), want), \
+                f"step {step}: '{n}' pulled from the bucket differs from the weights"
+        with open(os.path.join(mine, "head.json")) as f:
+            anchors = [a["path"] for a in json.load(f)["anchors"] if a["step"] >= first]
+        held = [a for a in anchors if os.path.exists(os.path.join(mine, a))]
+        assert not held, f"step {step}: rank 0's folder holds the anchors {held}"
+    if rank != 0:
+        left = [e for e in os.listdir(mine) if not e.startswith(".")] if os.path.isdir(mine) else []
+        assert not left, f"rank {rank}'s folder holds {left} (a resume's copy is removed)"
+    if sub is not None:
+        sub.close()
+    pub.close()
+
+
+def run_job(work, endpoint, first, last):
+    outs = spawn_ranks(os.path.abspath(__file__), WORLD, [work, endpoint, str(first), str(last)],
+                       240, f"the job of steps {first}..{last}")
+    for rank, (code, out) in enumerate(outs):
+        assert code == 0, f"rank {rank} of steps {first}..{last} exited {code}:\n{out}"
+
+
+def main():
+    if shutil.which("node") is None or not os.path.exists(
+            os.path.join(os.environ.get("NODE_PATH") or "/usr/lib/node_modules", "s3rver")):
+        print("skipped: node or s3rver is not installed")
+        sys.exit(77)
+    work = tempfile.mkdtemp(prefix="pulse-shard-bucket-")
+    proc, port = start_s3rver(work)
+    try:
+        endpoint = f"http://127.0.0.1:{port}"
+        run_job(work, endpoint, 1, 4)
+        # New processes, new shards: resumed from the bucket.
+        run_job(work, endpoint, 5, 6)
+        print("ok")
+    finally:
+        proc.kill()
+        proc.wait()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "worker":
+        worker(int(sys.argv[2]), sys.argv[4], sys.argv[5], int(sys.argv[6]), int(sys.argv[7]))
+    else:
+        main()
