@@ -310,11 +310,48 @@ static int check_step(pulse_upload *up, const char *single, const char *mine,
   return left == 0 ? 0 : 46;
 }
 
+/* Rank 0 after a failed step: the bucket's head is still the previous
+ * step's, and the anchor the step was making (the single publisher's, in
+ * `single`) is not in the bucket: its upload was aborted, not left open. */
+static int check_given_up(pulse_upload *up, const char *single, uint64_t step) {
+  pulse_buffer hb = {0};
+  pulse_store_head *b = NULL, *s = NULL;
+  int rc = 0;
+  if (pulse_upload_key_get(up, "head.json", &hb) != PULSE_OK ||
+      pulse_store_head_parse(hb.data, hb.size, &b) != PULSE_OK ||
+      pulse_store_head_step(b) != step - 1)
+    rc = 50, fprintf(stderr, "step %llu: the bucket's head moved\n",
+                     (unsigned long long)step);
+  pulse_buffer_free(&hb);
+  if (rc == 0 && pulse_store_head_load(single, &s) != PULSE_OK)
+    rc = 51;
+  size_t na = s != NULL ? pulse_store_head_anchor_count(s) : 0;
+  for (size_t i = 0; rc == 0 && i < na; i++) {
+    uint64_t size = 0;
+    const pulse_store_object *o = pulse_store_head_anchor(s, i);
+    if (o->step == step &&
+        pulse_upload_object_size(up, o->path, &size) != PULSE_ERR_NOT_FOUND)
+      rc = 52, fprintf(stderr, "step %llu: the bucket holds its anchor\n",
+                       (unsigned long long)step);
+  }
+  pulse_store_head_free(b), pulse_store_head_free(s);
+  /* Aborted, not left open: s3rver keeps an open upload's parts in a
+   * folder of its own until it is completed or aborted (S3 bills them). */
+  char uploads[1200];
+  snprintf(uploads, sizeof uploads, "%s/s3/bkt/._S3rver_uploads", s3_dir);
+  if (rc == 0 && access(uploads, F_OK) == 0 && tt_count(uploads) != 0)
+    rc = 53, fprintf(stderr, "step %llu: the anchor's upload is still open\n",
+                     (unsigned long long)step);
+  return rc;
+}
+
 /* Rank `rank` of a job, steps first..last, its own folder root/rank-R and
  * its own bucket handle. err_step: rank 2 fails that step once (an error
- * in its trainer: a tensor missing) and every rank retries it. */
+ * in its trainer, a tensor missing: before the anchor) and every rank
+ * retries it; part_step: rank 2 fails its first part of that step's anchor
+ * once the upload has begun, and every rank retries it. */
 static int run_rank(const char *root, uint64_t seed, int rank, uint64_t first,
-                    uint64_t last, uint64_t err_step) {
+                    uint64_t last, uint64_t err_step, uint64_t part_step) {
   char dir[4096], scratch[4200], single[4096];
   snprintf(dir, sizeof dir, "%s/rank-%d", root, rank);
   snprintf(scratch, sizeof scratch, "%s/scratch", dir);
@@ -405,6 +442,18 @@ static int run_rank(const char *root, uint64_t seed, int rank, uint64_t first,
       pulse_store_head_free(h);
       pulse_buffer_free(&hb);
     }
+    if (step == part_step) {
+      if (rank == 2)
+        setenv("PULSE_TEST_SHARD_PART_FAIL", "1", 1);
+      if (pulse_pub_shard_step(sh, dir, &po, step, t, rb[rank].n, NULL) ==
+          PULSE_OK)
+        rc = 23;
+      else if (strstr(pulse_error_detail(), "on purpose") == NULL)
+        rc = 24, fprintf(stderr, "rank %d: %s\n", rank, pulse_error_detail());
+      unsetenv("PULSE_TEST_SHARD_PART_FAIL");
+      if (rc == 0 && rank == 0)
+        rc = check_given_up(up, single, step);
+    }
     if (rc == 0 && pulse_pub_shard_step(sh, dir, &po, step, t, rb[rank].n,
                                         NULL) != PULSE_OK)
       rc = 3, fprintf(stderr, "rank %d step %llu: %s\n", rank,
@@ -423,13 +472,13 @@ static int run_rank(const char *root, uint64_t seed, int rank, uint64_t first,
 }
 
 static void run_job(const char *root, uint64_t seed, uint64_t first,
-                    uint64_t last, uint64_t err_step) {
+                    uint64_t last, uint64_t err_step, uint64_t part_step) {
   pid_t pid[RANKS];
   for (int r = 0; r < RANKS; r++) {
     pid[r] = fork();
     cr_assert(pid[r] >= 0);
     if (pid[r] == 0)
-      _exit(run_rank(root, seed, r, first, last, err_step));
+      _exit(run_rank(root, seed, r, first, last, err_step, part_step));
   }
   for (int r = 0; r < RANKS; r++) {
     int status = 0;
@@ -443,17 +492,19 @@ static void run_job(const char *root, uint64_t seed, uint64_t first,
 Test(shard_bucket, four_ranks_without_a_shared_folder_publish_as_one_publisher,
      .init = s3_start, .fini = s3_stop, .timeout = 240) {
   char *root = tu_make_dir();
-  run_job(root, 91, 0, 4, (uint64_t)-1);
+  run_job(root, 91, 0, 4, (uint64_t)-1, (uint64_t)-1);
   tu_rm_rf(root);
 }
 
-Test(shard_bucket,
-     a_failing_rank_fails_the_step_everywhere_and_a_restarted_job_goes_on,
-     .init = s3_start, .fini = s3_stop, .timeout = 240) {
+Test(
+    shard_bucket,
+    a_failing_rank_or_part_fails_the_step_everywhere_and_a_restarted_job_goes_on,
+    .init = s3_start, .fini = s3_stop, .timeout = 240) {
   char *root = tu_make_dir();
-  /* Step 4 is an anchor's (anchor_every 2): rank 2 fails it once. */
-  run_job(root, 92, 0, 4, 4);
+  /* Steps 2 and 4 are anchors' (anchor_every 2): rank 2 fails a part of
+   * step 2's once the upload has begun, and step 4 before its anchor. */
+  run_job(root, 92, 0, 4, 4, 2);
   /* New shards, a new process per rank: from the bucket. */
-  run_job(root, 92, 5, 6, (uint64_t)-1);
+  run_job(root, 92, 5, 6, (uint64_t)-1, (uint64_t)-1);
   tu_rm_rf(root);
 }

@@ -215,6 +215,12 @@ static pulse_status put_parts(const anchor_job *j, uint8_t *buf,
       continue;
     char etag[256];
     st = assemble(j, k, buf);
+    /* A test's fault: a part that fails once the upload has begun. */
+    if (st == PULSE_OK && getenv("PULSE_TEST_SHARD_PART_FAIL") != NULL)
+      st = pulse_fail(PULSE_ERR_IO,
+                      "shard: part %zu of the anchor failed on purpose "
+                      "(PULSE_TEST_SHARD_PART_FAIL)",
+                      k + 1);
     if (st == PULSE_OK)
       st = pulse_upload_part_put(j->bucket, rel, id, (uint32_t)(k + 1), buf,
                                  (size_t)j->parts[k].len, etag, sizeof etag);
