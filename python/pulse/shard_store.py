@@ -119,9 +119,10 @@ class StorePublisher:
     def _blocks_file(self, rank):
         return os.path.join(self._folder, f"blocks-{rank}.json")
 
-    def _read_blocks(self, rank):
-        """Rank `rank`'s descriptions, or None while its file is not there."""
-        if self._bucket is not None:
+    def _read_blocks(self, rank, bucket):
+        """Rank `rank`'s descriptions, or None while its file is not there
+        (in the bucket, or in the store folder)."""
+        if bucket:
             data = self._bucket.get(f"shard/blocks-{rank}.json")
             try:
                 doc = json.loads(data) if data is not None else None
@@ -146,7 +147,9 @@ class StorePublisher:
         if self._bucket is not None:
             os.makedirs(self.store_dir, exist_ok=True)
             self._bucket.put(f"shard/blocks-{self.rank}.json", json.dumps(doc).encode())
-        else:
+        # Rank 0 with upload= writes its file in the folder too: the others,
+        # without upload=, share that folder (rank 0 alone uploads).
+        if self._bucket is None or self.rank == 0:
             os.makedirs(self._folder, exist_ok=True)
             tmp = self._blocks_file(self.rank) + f".tmp-{os.getpid()}"
             with open(tmp, "w") as f:
@@ -155,19 +158,37 @@ class StorePublisher:
                 os.fsync(f.fileno())
             os.replace(tmp, self._blocks_file(self.rank))
         deadline = time.monotonic() + self._timeout
-        rank_descs = []
+        rank_descs, where = [], set()
         for rank in range(self.world):
             while True:
-                got = self._read_blocks(rank)
+                # A rank with upload= looks in the bucket; rank 0 also in
+                # the folder (the others may share it and have no upload=).
+                got, mode = None, None
+                if self._bucket is not None:
+                    got, mode = self._read_blocks(rank, True), "bucket"
+                if got is None and (self._bucket is None or (self.rank == 0 and rank != 0)):
+                    got, mode = self._read_blocks(rank, False), "folder"
                 if got is not None:
                     break
                 if time.monotonic() > deadline:
-                    where = (f"shard/blocks-{rank}.json in the bucket (with upload=, every rank "
+                    place = (f"shard/blocks-{rank}.json in the bucket (with upload=, every rank "
                              f"passes it)" if self._bucket is not None else self._blocks_file(rank))
-                    raise fail(f"publish: rank {rank}'s blocks ({where}) did not "
+                    raise fail(f"publish: rank {rank}'s blocks ({place}) did not "
                                f"come within {self._timeout} s", "PULSE_ERR_IO")
                 time.sleep(0.005 if self._bucket is None else 0.05)
             rank_descs.append(got)
+            if rank != self.rank:
+                where.add(mode)
+        if self._bucket is not None and self.rank == 0 and where == {"folder"}:
+            # upload= on rank 0 alone: the step goes through the shared
+            # folder and rank 0 uploads the store after it, as before.
+            self._bucket.delete("shard/blocks-0.json")
+            self._bucket.close()
+            self._bucket = None
+        elif len(where) > 1:
+            raise fail("publish: some ranks gave upload= and others did not: with ranks that "
+                       "share no folder every rank passes upload=; with a shared folder, every "
+                       "rank or rank 0 alone", "PULSE_ERR_ARG")
         table = shard.Table(shard.build_table(rank_descs))
         shard.check_tiling(table, rank_descs)
         mine = shard.RankShard(table, descs, self._chunk_log2, self._pos_model)
@@ -222,7 +243,6 @@ class StorePublisher:
                 for rank in range(self.world):  # every rank has read them
                     if self._bucket is not None:
                         self._bucket.delete(f"shard/blocks-{rank}.json")
-                        continue
                     try:
                         os.unlink(self._blocks_file(rank))
                     except FileNotFoundError:

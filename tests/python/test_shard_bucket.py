@@ -5,8 +5,9 @@ pulse_pub_shard_step with a bucket), against s3rver with S3's multipart
 answers (tests/cli/lib/s3rver_multipart.js). Each step, pulled from the
 bucket by pulse.Subscriber, is bit-identical to the gathered weights; the
 anchors (anchor_every 2, 1 KiB parts of a mix tiling) are never in rank 0's
-folder; a restarted job resumes from the bucket and goes on. Exit 77: no
-torch or no s3rver."""
+folder; a restarted job resumes from the bucket and goes on. With a shared
+folder and upload= on rank 0 alone, the step goes through that folder and
+rank 0 uploads, as before. Exit 77: no torch or no s3rver."""
 
 import json
 import os
@@ -81,18 +82,21 @@ def blocks_of(w, rank):
     return blocks
 
 
-def worker(rank, work, endpoint, first, last):
+def worker(rank, work, endpoint, first, last, shared=False):
     os.environ.update(AWS_ENDPOINT_URL=endpoint, AWS_ACCESS_KEY_ID="S3RVER",
                       AWS_SECRET_ACCESS_KEY="S3RVER", AWS_REGION="us-east-1")
-    mine = os.path.join(work, f"rank-{rank}")  # no folder is shared
-    pub = pulse.Publisher(mine, rank=rank, world=WORLD, upload=f"s3://bkt/{PREFIX}",
+    prefix = PREFIX + ("-rank0" if shared else "")
+    # No folder is shared, or (shared) one folder and upload= on rank 0 alone.
+    mine = os.path.join(work, "shared" if shared else f"rank-{rank}")
+    upload = f"s3://bkt/{prefix}" if rank == 0 or not shared else None
+    pub = pulse.Publisher(mine, rank=rank, world=WORLD, upload=upload,
                           upload_part_bytes=1024, anchor_every=2, timeout=60)
     model = Model(17)
     for _ in range(1, first):  # step k's weights: k - 1 optimizer steps
         model.step()
     sub = targets = None
     if rank == 0:
-        sub = pulse.Subscriber(f"{endpoint}/bkt/{PREFIX}", key=pub.public_key, retries=1)
+        sub = pulse.Subscriber(f"{endpoint}/bkt/{prefix}", key=pub.public_key, retries=1)
         targets = {n: torch.zeros(s, dtype=torch.bfloat16) for n, s in SHAPES.items()}
     for step in range(first, last + 1):
         if step > first:
@@ -105,11 +109,13 @@ def worker(rank, work, endpoint, first, last):
             want = w.to(torch.bfloat16).view(torch.int16)
             assert torch.equal(targets[n].view(torch.int16), want), \
                 f"step {step}: '{n}' pulled from the bucket differs from the weights"
+        if shared:
+            continue
         with open(os.path.join(mine, "head.json")) as f:
             anchors = [a["path"] for a in json.load(f)["anchors"] if a["step"] >= first]
         held = [a for a in anchors if os.path.exists(os.path.join(mine, a))]
         assert not held, f"step {step}: rank 0's folder holds the anchors {held}"
-    if rank != 0:
+    if rank != 0 and not shared:
         left = [e for e in os.listdir(mine) if not e.startswith(".")] if os.path.isdir(mine) else []
         assert not left, f"rank {rank}'s folder holds {left} (a resume's copy is removed)"
     if sub is not None:
@@ -117,8 +123,9 @@ def worker(rank, work, endpoint, first, last):
     pub.close()
 
 
-def run_job(work, endpoint, first, last):
-    outs = spawn_ranks(os.path.abspath(__file__), WORLD, [work, endpoint, str(first), str(last)],
+def run_job(work, endpoint, first, last, shared=False):
+    outs = spawn_ranks(os.path.abspath(__file__), WORLD,
+                       [work, endpoint, str(first), str(last), "shared" if shared else "private"],
                        240, f"the job of steps {first}..{last}")
     for rank, (code, out) in enumerate(outs):
         assert code == 0, f"rank {rank} of steps {first}..{last} exited {code}:\n{out}"
@@ -136,6 +143,7 @@ def main():
         run_job(work, endpoint, 1, 4)
         # New processes, new shards: resumed from the bucket.
         run_job(work, endpoint, 5, 6)
+        run_job(work, endpoint, 1, 2, shared=True)
         print("ok")
     finally:
         proc.kill()
@@ -145,6 +153,7 @@ def main():
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "worker":
-        worker(int(sys.argv[2]), sys.argv[4], sys.argv[5], int(sys.argv[6]), int(sys.argv[7]))
+        worker(int(sys.argv[2]), sys.argv[4], sys.argv[5], int(sys.argv[6]), int(sys.argv[7]),
+               sys.argv[8] == "shared")
     else:
         main()
