@@ -55,8 +55,9 @@ class Publisher(Closing):
     rank `rank` of a sharded trainer; every rank passes the same store and
     key, and publish is collective (see publish). Over a group the ranks
     talk through its object collectives (gloo on CPU, NCCL on GPU);
-    without one, through files in the store folder, which every rank must
-    then see (timeout: seconds a rank waits for the others). Over a group
+    without one, through files in the store folder every rank sees, or,
+    with upload= on every rank, through the bucket (ranks on folders of
+    their own) (timeout: seconds a rank waits for the others). Over a group
     only rank 0 needs the store: a rank whose store_dir is not rank 0's
     folder (another node) sends rank 0 its blocks of each anchor (BF16, at
     anchor steps) and gets its blocks of the head on a resume. Rank 0 holds
