@@ -64,6 +64,10 @@
 #              fused tensors (tp_size 1, EP=2) equal to a CPU pull and to
 #              the trainer's weights; tp_size 2 into CUDA refused
 #              (tests/gpu/moe_pull.py; skipped likewise)
+#   shard      a sharded publish (4 gloo ranks) whose blocks are CUDA
+#              tensors, byte for byte a single publish of the gathered
+#              weights (tests/python/test_shard.py's CUDA job; skipped
+#              likewise)
 # Exit status: 0 when nothing FAILed (a speed target MISSED is reported, and
 # fails the check only with PULSE_GPU_STRICT=1).
 #
@@ -511,6 +515,22 @@ if [ -f "$root/python/pulse/__init__.py" ] && [ -f "$root/tests/gpu/moe_pull.py"
     row "mapped pull into CUDA expert stacks = CPU" SKIPPED "$(tail -n 1 "$logs/moe.log")"
   else
     row "mapped pull into CUDA expert stacks = CPU" FAIL "$(tail -n 2 "$logs/moe.log" | tr '\n' ' ' | cut -c1-200)"
+  fi
+fi
+if [ -f "$root/python/pulse/__init__.py" ] && [ -f "$root/tests/python/test_shard.py" ]; then
+  t=$(date +%s)
+  PULSE_LIBRARY="$build/libpulse.so" timeout "$(limit 150)" \
+    python3 "$root/tests/python/test_shard.py" > "$logs/shard.log" 2>&1
+  rc=$?
+  what="sharded publish of CUDA blocks = single publish"
+  if [ "$rc" = 0 ] && grep -q "dim0 CUDA blocks" "$logs/shard.log"; then
+    row "$what" PASS "$(elapsed "$t") s"
+  elif [ "$rc" = 77 ] || [ "$mode" = dry ] ||
+    { [ "$rc" = 0 ] && grep -q "CUDA blocks skipped" "$logs/shard.log"; }; then
+    # 77: no torch; a torch without CUDA says so and runs the rest.
+    row "$what" SKIPPED "$(grep -m1 "skipped" "$logs/shard.log" || tail -n 1 "$logs/shard.log")"
+  else
+    row "$what" FAIL "$(grep -m2 "FAIL\|Error" "$logs/shard.log" | tr '\n' ' ' | cut -c1-200)"
   fi
 fi
 finish
