@@ -406,10 +406,18 @@ void pulse_pub_shard_step_opts_init(pulse_pub_shard_step_opts *opts);
  * resumes from a transient copy of the bucket's store
  * (pulse_upload_fetch_store into a scratch folder, pulse_pub_shard_resume,
  * then remove the folder). If rank 0's commit succeeds and its upload
- * fails, the step fails: its local head is then ahead of the bucket's, and
- * the store must be uploaded (pulse_upload_store) before the step is
- * tried again.
- * @return PULSE_OK; PULSE_ERR_BASE_STEP (step not above the head);
+ * fails, the step fails on every rank with rank 0's reason ("step S is
+ * committed in rank 0's store but its upload to the bucket failed ...");
+ * rank 0's snapshot moves to S, the others' stay. Before the next step
+ * opens, rank 0 uploads what the bucket lacks (a failure then fails that
+ * call on every rank, and nothing else changes), and a rank whose
+ * snapshot is below the bucket's head takes it again from a copy of the
+ * bucket's store (a warning says so). Publishing S again then returns S on
+ * every rank without detecting (the bucket's head, uploaded by rank 0's
+ * call); publishing S+1 goes on from S. A restarted job's first call of
+ * the bucket's head step + 1 (rank 0's store may hold it) does the same.
+ * @return PULSE_OK; PULSE_ERR_BASE_STEP (step not above the head, but
+ * for the retry above);
  * PULSE_ERR_IO (a rank did not answer within timeout_ms, or a write or a
  * request failed); PULSE_ERR_ARG; PULSE_ERR_VERSION (options of another
  * version than 1 or 2); the errors of detect, count, encode,

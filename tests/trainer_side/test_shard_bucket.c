@@ -61,6 +61,9 @@ static void s3_start(void) {
     int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     dup2(fd, 1), dup2(fd, 2);
     setenv("NODE_PATH", node_path, 1);
+    char fault[1100]; /* the head's upload fails while this file exists */
+    snprintf(fault, sizeof fault, "%s/head-fault", s3_dir);
+    setenv("S3_FAIL_HEAD_FILE", fault, 1);
     execlp("node", "node", PULSE_TEST_S3RVER_MULTIPART, data, (char *)NULL);
     _exit(127);
   }
@@ -345,13 +348,67 @@ static int check_given_up(pulse_upload *up, const char *single, uint64_t step) {
   return rc;
 }
 
+/* Faults of a job (a step that is none: (uint64_t)-1). */
+typedef struct {
+  /* rank 2 fails that step once (an error in its trainer, a tensor
+   * missing: before the anchor) and every rank retries it */
+  uint64_t err_step;
+  /* rank 2 fails its first part of that step's anchor once the upload has
+   * begun, and every rank retries it */
+  uint64_t part_step;
+  /* the upload of that step's head fails after rank 0's commit; every
+   * rank then retries the step, or (head_then_stop) the job ends there */
+  uint64_t head_step;
+  int head_then_stop;
+  /* the single publisher commits from this step on (a restarted job's
+   * first step may be one it committed already) */
+  uint64_t single_from;
+} faults;
+
+static const faults no_faults = {(uint64_t)-1, (uint64_t)-1, (uint64_t)-1, 0,
+                                 0};
+
+/* A step whose head upload fails after rank 0's commit: every rank's
+ * error says the step is committed and its upload failed, and the bucket
+ * keeps the previous head (until rank 0's next publish). 0 when all
+ * hold. */
+static int head_upload_fails(pulse_pub_shard *sh, const char *dir,
+                             const pulse_pub_shard_step_opts *po,
+                             pulse_upload *up, int rank, uint64_t step,
+                             const pulse_pub_tensor *t, size_t n) {
+  char fault[1100];
+  snprintf(fault, sizeof fault, "%s/head-fault", s3_dir);
+  if (rank == 0)
+    tu_write(fault, "", 0);
+  int rc = 0;
+  if (pulse_pub_shard_step(sh, dir, po, step, t, n, NULL) == PULSE_OK)
+    rc = 60, fprintf(stderr, "rank %d: step %llu went through\n", rank,
+                     (unsigned long long)step);
+  else if (strstr(pulse_error_detail(), "is committed in rank 0's store") ==
+               NULL ||
+           (rank != 0 &&
+            strstr(pulse_error_detail(), "rank 0 gave it up") == NULL))
+    rc = 61, fprintf(stderr, "rank %d: %s\n", rank, pulse_error_detail());
+  if (rank == 0)
+    unlink(fault);
+  pulse_buffer hb = {0};
+  pulse_store_head *h = NULL;
+  /* Rank 0 looks (the others may look after its retry uploaded it). */
+  if (rc == 0 && rank == 0 &&
+      (pulse_upload_key_get(up, "head.json", &hb) != PULSE_OK ||
+       pulse_store_head_parse(hb.data, hb.size, &h) != PULSE_OK ||
+       pulse_store_head_step(h) != step - 1))
+    rc = 62, fprintf(stderr, "rank %d: the bucket's head moved\n", rank);
+  pulse_store_head_free(h);
+  pulse_buffer_free(&hb);
+  return rc;
+}
+
 /* Rank `rank` of a job, steps first..last, its own folder root/rank-R and
- * its own bucket handle. err_step: rank 2 fails that step once (an error
- * in its trainer, a tensor missing: before the anchor) and every rank
- * retries it; part_step: rank 2 fails its first part of that step's anchor
- * once the upload has begun, and every rank retries it. */
+ * its own bucket handle, with the faults `fx`. */
 static int run_rank(const char *root, uint64_t seed, int rank, uint64_t first,
-                    uint64_t last, uint64_t err_step, uint64_t part_step) {
+                    uint64_t last, const faults *fx) {
+  uint64_t err_step = fx->err_step, part_step = fx->part_step;
   char dir[4096], scratch[4200], single[4096];
   snprintf(dir, sizeof dir, "%s/rank-%d", root, rank);
   snprintf(scratch, sizeof scratch, "%s/scratch", dir);
@@ -407,8 +464,9 @@ static int run_rank(const char *root, uint64_t seed, int rank, uint64_t first,
   for (uint64_t step = 0; step <= last && rc == 0; step++) {
     if (step > 0)
       model_step(&m);
-    if (lockstep != NULL &&
-        step >= first) { /* the single publisher of the gathered weights */
+    if (lockstep != NULL && step >= first &&
+        step >= fx->single_from) { /* the single publisher of the gathered
+                                      weights */
       pulse_pub_tensor all[NT];
       for (int t = 0; t < NT; t++)
         all[t] = (pulse_pub_tensor){m.w[t], PULSE_DTYPE_F32, PULSE_PUB_HOST};
@@ -454,6 +512,15 @@ static int run_rank(const char *root, uint64_t seed, int rank, uint64_t first,
       if (rc == 0 && rank == 0)
         rc = check_given_up(up, single, step);
     }
+    if (rc == 0 && step == fx->head_step) {
+      rc = head_upload_fails(sh, dir, &po, up, rank, step, t, rb[rank].n);
+    }
+    if (rc == 0 && step == fx->head_step && fx->head_then_stop) {
+      /* The job ends right after the failed upload. */
+      for (size_t b = 0; b < rb[rank].n; b++)
+        free(d[b]);
+      break;
+    }
     if (rc == 0 && pulse_pub_shard_step(sh, dir, &po, step, t, rb[rank].n,
                                         NULL) != PULSE_OK)
       rc = 3, fprintf(stderr, "rank %d step %llu: %s\n", rank,
@@ -472,13 +539,13 @@ static int run_rank(const char *root, uint64_t seed, int rank, uint64_t first,
 }
 
 static void run_job(const char *root, uint64_t seed, uint64_t first,
-                    uint64_t last, uint64_t err_step, uint64_t part_step) {
+                    uint64_t last, const faults *fx) {
   pid_t pid[RANKS];
   for (int r = 0; r < RANKS; r++) {
     pid[r] = fork();
     cr_assert(pid[r] >= 0);
     if (pid[r] == 0)
-      _exit(run_rank(root, seed, r, first, last, err_step, part_step));
+      _exit(run_rank(root, seed, r, first, last, fx));
   }
   for (int r = 0; r < RANKS; r++) {
     int status = 0;
@@ -492,7 +559,7 @@ static void run_job(const char *root, uint64_t seed, uint64_t first,
 Test(shard_bucket, four_ranks_without_a_shared_folder_publish_as_one_publisher,
      .init = s3_start, .fini = s3_stop, .timeout = 240) {
   char *root = tu_make_dir();
-  run_job(root, 91, 0, 4, (uint64_t)-1, (uint64_t)-1);
+  run_job(root, 91, 0, 4, &no_faults);
   tu_rm_rf(root);
 }
 
@@ -503,8 +570,43 @@ Test(
   char *root = tu_make_dir();
   /* Steps 2 and 4 are anchors' (anchor_every 2): rank 2 fails a part of
    * step 2's once the upload has begun, and step 4 before its anchor. */
-  run_job(root, 92, 0, 4, 4, 2);
+  faults fx = no_faults;
+  fx.err_step = 4, fx.part_step = 2;
+  run_job(root, 92, 0, 4, &fx);
   /* New shards, a new process per rank: from the bucket. */
-  run_job(root, 92, 5, 6, (uint64_t)-1, (uint64_t)-1);
+  run_job(root, 92, 5, 6, &no_faults);
+  tu_rm_rf(root);
+}
+
+Test(shard_bucket,
+     a_head_upload_failing_after_the_commit_is_retried_and_goes_on,
+     .init = s3_start, .fini = s3_stop, .timeout = 240) {
+  char *root = tu_make_dir();
+  /* Step 2 is an anchor's, made in the bucket before the commit; step 3 a
+   * patch's. Each fails at its head's upload, and every rank retries it:
+   * the retry returns it on every rank, the bucket then holds it, and the
+   * next steps are the single publisher's. */
+  faults fx = no_faults;
+  fx.head_step = 2;
+  run_job(root, 93, 0, 3, &fx);
+  fx.head_step = 5;
+  fx.single_from = 4;
+  run_job(root, 93, 4, 6, &fx);
+  tu_rm_rf(root);
+}
+
+Test(shard_bucket, a_job_restarted_after_a_failed_head_upload_goes_on,
+     .init = s3_start, .fini = s3_stop, .timeout = 240) {
+  char *root = tu_make_dir();
+  /* The job ends right after step 3's failed head upload: rank 0's store
+   * holds step 3, the bucket (which the others resume from) step 2. */
+  faults fx = no_faults;
+  fx.head_step = 3, fx.head_then_stop = 1;
+  run_job(root, 94, 0, 3, &fx);
+  /* The restarted job publishes the bucket's next step, 3 (committed by
+   * the old job, uploaded now: the same on every rank), then 4 and 5. */
+  fx = no_faults;
+  fx.single_from = 4;
+  run_job(root, 94, 3, 5, &fx);
   tu_rm_rf(root);
 }

@@ -9,7 +9,10 @@
 // completion of a key ending in "error-in-200.safetensors" is answered 200
 // with an <Error> body (as S3 may, after it has begun answering); with env
 // S3_CUT_GETS=N, the first N GETs of keys under objects/ send half their
-// body and drop the connection. Everything else is s3rver's.
+// body and drop the connection; with env S3_FAIL_HEAD_FILE=PATH, while the
+// file PATH exists, a PUT of a key ending "/head.json" is answered 500
+// InternalError and nothing is written (a store's upload that fails at its
+// head, after its objects went up). Everything else is s3rver's.
 // Usage: node s3rver_multipart.js DIR (prints "listening on 127.0.0.1:PORT")
 const fs = require('fs');
 const path = require('path');
@@ -106,6 +109,19 @@ server.middleware.unshift(async (ctx, next) => {
   ctx.res.write(whole.subarray(0, Math.floor(whole.length / 2)), () => {
     ctx.req.socket.destroy();
   });
+});
+
+const failHeadFile = process.env.S3_FAIL_HEAD_FILE || '';
+server.middleware.unshift(async (ctx, next) => {
+  if (ctx.method !== 'PUT' || failHeadFile === '' || !ctx.path.endsWith('/head.json') ||
+      !fs.existsSync(failHeadFile))
+    return next();
+  ctx.req.resume(); // drain the body
+  const err = new S3Error('InternalError', 'We encountered an internal error. Please try ' +
+    'again.');
+  ctx.status = 500;
+  ctx.type = 'application/xml';
+  ctx.body = err.toXML();
 });
 
 server.run().then(addr => {

@@ -602,8 +602,8 @@ pulse_status pulse_pub_shard_resume(pulse_pub_shard *s, const char *dir) {
   pulse_store_head *head = NULL;
   PULSE_TRY(pulse_store_head_load(dir, &head));
   pulse_store_state state = PULSE_STORE_STATE_INIT;
-  pulse_status st =
-      pulse_store_state_rebuild(dir, head, pulse_store_head_step(head), 0, &state);
+  uint64_t at = pulse_store_head_step(head);
+  pulse_status st = pulse_store_state_rebuild(dir, head, at, 0, &state);
   pulse_store_head_free(head);
   uint8_t id[32];
   if (st == PULSE_OK && (st = shard_table_id(state.info, state.count, id)) == PULSE_OK &&
@@ -624,6 +624,7 @@ pulse_status pulse_pub_shard_resume(pulse_pub_shard *s, const char *dir) {
     s->digest[b] = s->target[b] = block_digest(g, snap);
   }
   s->have_snapshot = st == PULSE_OK;
+  s->snap_step = at;
   pulse_store_state_free(&state);
   return st;
 }

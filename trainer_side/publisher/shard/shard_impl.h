@@ -285,6 +285,9 @@ struct pulse_pub_shard {
   pulse_tensor_digest *target;
   /* The last failed attempt (pulse_pub_shard_step): its go is stale. */
   uint64_t failed_step, failed_nonce;
+  /* The step the snapshot is of (resume, or the last step taken): a rank
+   * of the bucket exchange below the bucket's head takes it again. */
+  uint64_t snap_step;
 };
 
 #endif

@@ -50,6 +50,9 @@ typedef struct {
   int has_base;
   uint64_t base;
   int due;
+  /* The step is the bucket's head already (committed by an attempt whose
+   * upload failed, uploaded since): every rank returns it as it is. */
+  int done;
 } step_go;
 
 static int go_parse(const pulse_buffer *b, step_go *g) {
@@ -57,9 +60,12 @@ static int go_parse(const pulse_buffer *b, step_go *g) {
   size_t n = b->size < sizeof text - 1 ? b->size : sizeof text - 1;
   memcpy(text, b->data, n);
   text[n] = '\0';
-  char base[32];
-  if (sscanf(text, "%" SCNx64 " %31s %d", &g->nonce, base, &g->due) != 3)
+  char base[32], done[8] = "";
+  int got =
+      sscanf(text, "%" SCNx64 " %31s %d %7s", &g->nonce, base, &g->due, done);
+  if (got < 3)
     return 0;
+  g->done = got == 4 && strcmp(done, "done") == 0;
   g->has_base = strcmp(base, "none") != 0;
   g->base = g->has_base ? strtoull(base, NULL, 10) : 0;
   return 1;
@@ -191,11 +197,38 @@ static pulse_status opts_read(const pulse_pub_shard_step_opts *o,
   return PULSE_OK;
 }
 
+/* A rank that fails the attempt before its part: says why ("S.N.fail-R"),
+ * so that rank 0 stops waiting for it; the detail stays its reason. */
+static pulse_status give_up_early(const shard_attempt *a) {
+  pulse_status st = PULSE_ERR_IO;
+  char why[512], what[32], name[128];
+  snprintf(why, sizeof why, "%s", pulse_error_detail());
+  snprintf(what, sizeof what, "fail-%d", a->rank);
+  shard_attempt_name(a, name, sizeof name, what);
+  (void)a->m->put(a->m, name, why, strlen(why));
+  return pulse_fail(st, "%s", why);
+}
+
+/* A call of the bucket's head step that retries it rather than repeats
+ * it: rank 0 committed the step in an attempt whose upload failed (it
+ * failed here, or the bucket was behind its store), or this rank saw the
+ * step fail, or its snapshot is below the head (a restarted job's rank
+ * that resumed before rank 0 brought the bucket up). */
+static int committed_retry(const pulse_pub_shard *s, int rank, int behind,
+                           uint64_t step, uint64_t head) {
+  int failed = s->failed_nonce != 0 && s->failed_step == step;
+  if (rank == 0)
+    return behind || failed;
+  return failed || !s->have_snapshot || s->snap_step < head;
+}
+
 /* Rank 0: opens attempt N of the step (removing what earlier attempts
- * left) with a fresh nonce; the others wait for a go of this base. */
+ * left) with a fresh nonce (done: the step is the head already); the
+ * others wait for a go of the medium's head, read again while the go
+ * names another (rank 0 may have brought the bucket up since). */
 static pulse_status go_begin(pulse_pub_shard *s, const shard_attempt *a,
-                             pulse_pub *committer, int has, uint64_t head,
-                             step_go *go) {
+                             pulse_pub *committer, int *has, uint64_t *head,
+                             int done, step_go *go) {
   shard_medium *m = a->m;
   char go_name[64];
   snprintf(go_name, sizeof go_name, "%" PRIu64 ".go", a->step);
@@ -210,12 +243,15 @@ static pulse_status go_begin(pulse_pub_shard *s, const shard_attempt *a,
           (uint64_t)getpid() * 0x9E3779B97F4A7C15ull ^ (uint64_t)(mono() * 1e9);
     if (u != NULL)
       fclose(u);
-    *go = (step_go){nonce, has, head, pulse_pub_anchor_due(committer, a->step)};
+    *go = (step_go){nonce, *has, *head,
+                    done ? 0 : pulse_pub_anchor_due(committer, a->step), done};
     char text[128];
-    int n = has ? snprintf(text, sizeof text, "%016" PRIx64 " %" PRIu64 " %d\n",
-                           nonce, head, go->due)
-                : snprintf(text, sizeof text, "%016" PRIx64 " none %d\n", nonce,
-                           go->due);
+    const char *tail = done ? " done" : "";
+    int n =
+        *has ? snprintf(text, sizeof text, "%016" PRIx64 " %" PRIu64 " %d%s\n",
+                        nonce, *head, go->due, tail)
+             : snprintf(text, sizeof text, "%016" PRIx64 " none %d%s\n", nonce,
+                        go->due, tail);
     return m->put(m, go_name, text, (size_t)n);
   }
   /* A go of another base (left by a crashed attempt) is not this one's. */
@@ -223,12 +259,13 @@ static pulse_status go_begin(pulse_pub_shard *s, const shard_attempt *a,
   for (;;) {
     pulse_buffer b = {0};
     if (m->get(m, go_name, &b) == 1) {
-      int ok = go_parse(&b, go) && go->has_base == has &&
-               (!has || go->base == head) &&
-               !(s->failed_step == a->step && s->failed_nonce == go->nonce);
+      int parsed = go_parse(&b, go) &&
+                   !(s->failed_step == a->step && s->failed_nonce == go->nonce);
       pulse_buffer_free(&b);
-      if (ok)
+      if (parsed && go->has_base == *has && (!*has || go->base == *head))
         return PULSE_OK;
+      if (parsed && m->bucket != NULL)
+        PULSE_TRY(m->head(m, has, head, NULL));
     }
     if (mono() > a->deadline)
       return pulse_fail(PULSE_ERR_IO,
@@ -253,12 +290,20 @@ static pulse_status head_wait(const shard_attempt *a,
         return pulse_fail(
             PULSE_ERR_BASE_DIGEST,
             "shard: the head moved to step %" PRIu64 ", not this one's", hs);
+      /* Rank 0 failed this attempt after its commit (its upload) and a
+       * later publish uploaded it: the attempt stays failed here as on
+       * rank 0, and this rank's retry returns the step. */
+      char why[512];
+      if (failed_rank(a->m, a->step, a->nonce, 1, why, sizeof why) == 0)
+        return given_up(a);
       return PULSE_OK;
     }
     if (!go_open(a->m, a->step, a->nonce)) {
       /* Rank 0 removes the go after its commit too: the head says which. */
       PULSE_TRY(a->m->head(a->m, &h, &hs, &hd));
-      if (h && hs == a->step && memcmp(&hd, target, 32) == 0)
+      char why[512];
+      if (h && hs == a->step && memcmp(&hd, target, 32) == 0 &&
+          failed_rank(a->m, a->step, a->nonce, 1, why, sizeof why) != 0)
         return PULSE_OK;
       return given_up(a);
     }
@@ -268,6 +313,33 @@ static pulse_status head_wait(const shard_attempt *a,
                         a->step);
     nap(a->m, &pause);
   }
+}
+
+/* Rank 0 after its commit of the step: uploads the store (the head
+ * last). A failure whose head went up all the same (an answer lost after
+ * the write) is the step published; any other says the step is committed
+ * in rank 0's store and that the next publish uploads it. */
+static pulse_status upload_committed(shard_medium *m, pulse_upload *bucket,
+                                     const char *dir, uint64_t step,
+                                     const pulse_state_digest *target) {
+  pulse_status st = pulse_upload_store(bucket, dir, NULL);
+  if (st == PULSE_OK)
+    return PULSE_OK;
+  char why[512];
+  snprintf(why, sizeof why, "%s", pulse_error_detail());
+  int has = 0;
+  uint64_t there = 0;
+  pulse_state_digest d;
+  if (m->head(m, &has, &there, &d) == PULSE_OK && has && there == step &&
+      memcmp(&d, target, 32) == 0)
+    return PULSE_OK;
+  return pulse_fail(st,
+                    "shard: step %" PRIu64 " is committed in rank 0's store "
+                    "but its upload to the bucket failed (%s): the bucket "
+                    "keeps the previous head; the next publish uploads it "
+                    "first (publishing step %" PRIu64 " again returns it on "
+                    "every rank, or publish step %" PRIu64 ")",
+                    step, why, step, step + 1);
 }
 
 /* Rank 0: the patch of every rank's parts and counts, into a file of the
@@ -327,14 +399,80 @@ pulse_status pulse_pub_shard_step(pulse_pub_shard *s, const char *dir,
   step_go go;
   memset(&go, 0, sizeof go);
   pulse_status st = PULSE_OK;
-  int has = 0;
+  int has = 0, behind = 0;
   uint64_t head = 0;
-  PULSE_TRY(medium.head(&medium, &has, &head, NULL));
-  if (has && step <= head)
+  /* Rank 0 first brings the bucket up to its store: the others follow the
+   * bucket's head. A failure fails the attempt it opens on every rank. */
+  pulse_status caught = PULSE_OK;
+  char caught_why[512] = "";
+  if (o->bucket != NULL && rank == 0) {
+    caught = shard_bucket_catch_up(&medium, dir, &behind);
+    snprintf(caught_why, sizeof caught_why, "%s",
+             caught != PULSE_OK ? pulse_error_detail() : "");
+  }
+  pulse_state_digest head_digest;
+  memset(&head_digest, 0, sizeof head_digest);
+  PULSE_TRY(medium.head(&medium, &has, &head, &head_digest));
+  int done = has && step == head && o->bucket != NULL &&
+             committed_retry(s, rank, behind, step, head);
+  if (has && step <= head && !done && caught == PULSE_OK)
     return pulse_fail(PULSE_ERR_BASE_STEP, "shard: step %" PRIu64 " is not above the head's %" PRIu64,
                       step, head);
-  PULSE_TRY(go_begin(s, a, o->committer, has, head, &go));
+  PULSE_TRY(go_begin(s, a, o->committer, &has, &head, done, &go));
+  char name_done[128];
   at.nonce = go.nonce;
+  if (caught != PULSE_OK) {
+    /* The go stays: a rank that comes late still reads it, then the
+     * reason; the next attempt replaces it. */
+    char fail_name[128];
+    shard_attempt_name(a, fail_name, sizeof fail_name, "fail-0");
+    (void)medium.put(&medium, fail_name, caught_why, strlen(caught_why));
+    return pulse_fail(caught, "%s", caught_why);
+  }
+  if (rank != 0) {
+    char why[512];
+    if (failed_rank(&medium, step, go.nonce, 1, why, sizeof why) == 0)
+      return pulse_fail(PULSE_ERR_IO,
+                        "shard: step %" PRIu64 ": rank 0 gave it up: %s", step,
+                        why);
+  }
+  /* The base is the head on every rank: one that saw a step fail which
+   * rank 0 had committed (and has uploaded since) takes it again. */
+  if (rank != 0 && o->bucket != NULL && go.has_base &&
+      (!s->have_snapshot || s->snap_step < go.base) &&
+      shard_bucket_snapshot(s, o->bucket, dir, go.base) != PULSE_OK)
+    return give_up_early(a);
+  if (go.done) {
+    /* Committed and uploaded by an earlier attempt: nothing to detect.
+     * Each rank says it is done; rank 0 then removes the step's files
+     * (the failed attempt's reasons too). */
+    char what[32];
+    snprintf(what, sizeof what, "done-%d", rank);
+    shard_attempt_name(a, name_done, sizeof name_done, what);
+    if (rank != 0 && medium.put(&medium, name_done, "", 0) != PULSE_OK)
+      return give_up_early(a);
+    pulse_buffer *dones =
+        rank == 0 ? calloc((size_t)world, sizeof *dones) : NULL;
+    if (rank == 0 && dones == NULL)
+      return pulse_fail(PULSE_ERR_NOMEM, "shard: step");
+    for (int r = 1; rank == 0 && r < world && st == PULSE_OK; r++) {
+      snprintf(what, sizeof what, "done-%d", r);
+      shard_attempt_name(a, name_done, sizeof name_done, what);
+      st = shard_attempt_wait(a, name_done, &dones[r]);
+      pulse_buffer_free(&dones[r]);
+    }
+    free(dones);
+    if (st != PULSE_OK)
+      return st;
+    if (rank == 0)
+      medium.drop(&medium, step, -1, 0);
+    if (figures != NULL) {
+      memset(figures, 0, sizeof *figures);
+      figures->step = step;
+      pulse_state_digest_hex(&head_digest, figures->state_digest);
+    }
+    return PULSE_OK;
+  }
   if (!go.has_base && s->have_snapshot)
     snapshot_reset(s); /* a first step tried again */
   pulse_buffer *parts = calloc((size_t)world, sizeof *parts);
@@ -384,6 +522,7 @@ pulse_status pulse_pub_shard_step(pulse_pub_shard *s, const char *dir,
   }
   pulse_pub_figures f;
   memset(&f, 0, sizeof f);
+  int committed = 0; /* rank 0: the step is its store's head */
   if (st == PULSE_OK && rank == 0) {
     st = wait_all(a, "count", counts);
     if (st == PULSE_OK && go.has_base)
@@ -396,12 +535,19 @@ pulse_status pulse_pub_shard_step(pulse_pub_shard *s, const char *dir,
     else if (st == PULSE_OK)
       st = pulse_pub_commit_made(o->committer, step, p, go.due ? staged : NULL,
                                  &target, &f);
+    committed = st == PULSE_OK;
     /* The others follow the bucket's head: it moves once the store's
      * objects are there (pulse_upload_store puts the head last). */
     if (st == PULSE_OK && o->bucket != NULL)
-      st = pulse_upload_store(o->bucket, dir, NULL);
+      st = upload_committed(&medium, o->bucket, dir, step, &target);
     if (st == PULSE_OK)
       medium.drop(&medium, step, -1, 0);
+    /* An earlier step that failed here (its reasons, left for a rank
+     * still in it): every rank has come past it now. */
+    if (st == PULSE_OK && s->failed_nonce != 0 && s->failed_step < step) {
+      medium.drop(&medium, s->failed_step, -1, 0);
+      s->failed_step = s->failed_nonce = 0;
+    }
   } else if (st == PULSE_OK) {
     st = head_wait(a, &target);
     f.step = step;
@@ -410,6 +556,23 @@ pulse_status pulse_pub_shard_step(pulse_pub_shard *s, const char *dir,
   if (st == PULSE_OK) {
     if (go.has_base)
       pulse_pub_shard_advance(s);
+    s->snap_step = step;
+  } else if (committed) {
+    /* Rank 0's store holds the step: its snapshot moves with it, and the
+     * next publish uploads it before anything else (shard_bucket_catch_up);
+     * the others fail the attempt with this reason. */
+    if (go.has_base)
+      pulse_pub_shard_advance(s);
+    s->snap_step = step;
+    s->failed_step = step;
+    s->failed_nonce = go.nonce;
+    char fail_name[128], why[512];
+    shard_attempt_name(a, fail_name, sizeof fail_name, "fail-0");
+    snprintf(why, sizeof why, "%s", pulse_error_detail());
+    medium.drop(&medium, step, 0, 0);
+    (void)medium.put(&medium, fail_name, why, strlen(why));
+    medium.drop(&medium, step, -1, 1);
+    pulse_fail(st, "%s", why);
   } else {
     /* Rank 0 opens the retry with another nonce: this one's go, if still
      * there, is stale. */

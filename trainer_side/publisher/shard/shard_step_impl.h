@@ -43,6 +43,20 @@ void shard_medium_bucket(shard_medium *m, pulse_upload *bucket);
 int shard_file_dropped(const char *name, uint64_t step, int rank,
                        int keep_fail);
 
+/** Rank 0 of the bucket exchange, before a step opens: when the bucket's
+ * head is behind the store in `dir` (an upload that failed after a
+ * commit), uploads what the bucket lacks (pulse_upload_store, the head
+ * last); *behind says it was. A failure says so, and nothing else
+ * changed. */
+pulse_status shard_bucket_catch_up(shard_medium *m, const char *dir,
+                                   int *behind);
+
+/** A rank other than 0 of the bucket exchange whose snapshot is below the
+ * bucket's head `head`: takes it again from a copy of the bucket's store
+ * made under `dir` and removed after (logged, a warning). */
+pulse_status shard_bucket_snapshot(pulse_pub_shard *s, pulse_upload *bucket,
+                                   const char *dir, uint64_t head);
+
 /* One attempt of a step as every waiter sees it. */
 typedef struct {
   shard_medium *m;
