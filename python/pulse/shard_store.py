@@ -22,7 +22,16 @@ folder: rank 0's is the store's staging copy (it commits there and
 uploads it; its anchors are only in the bucket, fetched back before a
 restarted job's committer opens it); another rank's holds, for the time of
 a resume, a copy of the bucket's store (pulse_upload_fetch_store), then
-nothing."""
+nothing.
+
+A step whose upload fails after rank 0's commit fails on every rank with
+an error saying the step is committed in rank 0's store and that the next
+publish uploads it: rank 0 then brings the bucket up to its store before
+the step opens (and, in a restarted job, before it writes its block
+descriptions, so the others resume from the bucket's new head), and a rank
+below the bucket's head takes its snapshot again. publish(step=None) after
+such a failure retries the failed step, which then returns it on every
+rank (nothing detected again); publishing the next step goes on as well."""
 
 import ctypes
 import json
@@ -111,6 +120,7 @@ class StorePublisher:
         self._shard = None
         self._committer = None
         self._published = False
+        self._failed_step = None  # the step of this rank's last failed publish
         self.head = None
         self.public_key = None
         self.last_figures = None
@@ -142,8 +152,25 @@ class StorePublisher:
             return None  # another job's
         return [(d[0], tuple(d[1]), d[2], tuple(d[3]), tuple(d[4])) for d in doc["blocks"]]
 
+    def _catch_up(self):
+        """Rank 0 with the bucket: uploads what the bucket lacks when its
+        head is behind rank 0's store (a step whose upload failed after its
+        commit), before the others resume from the bucket."""
+        local = shard.store_head_step(self.store_dir)
+        there = self._bucket.head_step()
+        if local is None or (there is not None and there >= local):
+            return
+        try:
+            self._upload()
+        except Exception as exc:
+            raise fail(f"publish: rank 0's store holds step {local} and the bucket's head is "
+                       f"{there}: uploading it failed (nothing else changed; the next publish "
+                       f"tries again): {exc}", getattr(exc, "status", "PULSE_ERR_IO")) from None
+
     def _create(self, descs):
         doc = {"world": self.world, "rank": self.rank, "blocks": descs}
+        if self._bucket is not None and self.rank == 0:
+            self._catch_up()
         if self._bucket is not None:
             os.makedirs(self.store_dir, exist_ok=True)
             self._bucket.put(f"shard/blocks-{self.rank}.json", json.dumps(doc).encode())
@@ -217,6 +244,11 @@ class StorePublisher:
             head = (self._bucket.head_step() if self._bucket is not None
                     else shard.store_head_step(self.store_dir))
             step = 1 if head is None else head + 1
+            if self._bucket is not None and head is not None and head == self._failed_step:
+                # The failed step was committed by rank 0 and uploaded
+                # since (by its next publish): retried, it returns on every
+                # rank, as on a rank that read the head before the upload.
+                step = head
         if not isinstance(step, int) or isinstance(step, bool) or step < 0:
             raise fail(f"publish: step {step!r} is not a non-negative int")
         opts = PubShardStepOpts()
@@ -235,6 +267,17 @@ class StorePublisher:
         if status != 0 and not self._published:
             # The table may have come from another job's file: read them again.
             self._free_parts()
+            if self._bucket is not None:
+                # Written again by the next publish; a job that ends here
+                # leaves no file for a restarted job's ranks to read before
+                # rank 0 has brought the bucket up to its store.
+                try:
+                    self._bucket.delete(f"shard/blocks-{self.rank}.json")
+                except Exception:  # noqa: BLE001 - the step's error is the one to raise
+                    pass
+        # (A first publish that failed builds its parts again, and reads
+        # the head again: a failed step committed meanwhile is then behind.)
+        self._failed_step = step if status != 0 and self._published else None
         check(status)
         self.head = step
         self.last_figures = figures_dict(figures)

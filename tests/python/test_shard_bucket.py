@@ -5,7 +5,10 @@ pulse_pub_shard_step with a bucket), against s3rver with S3's multipart
 answers (tests/cli/lib/s3rver_multipart.js). Each step, pulled from the
 bucket by pulse.Subscriber, is bit-identical to the gathered weights; the
 anchors (anchor_every 2, 1 KiB parts of a mix tiling) are never in rank 0's
-folder; a restarted job resumes from the bucket and goes on. With a shared
+folder; a restarted job resumes from the bucket and goes on. A step whose
+head upload fails after rank 0's commit fails on every rank with an error
+that says so; publish() again returns it on every rank and the job goes
+on; a job restarted right after such a failure goes on. With a shared
 folder and upload= on rank 0 alone, the step goes through that folder and
 rank 0 uploads, as before. Exit 77: no torch or no s3rver."""
 
@@ -41,8 +44,11 @@ def start_s3rver(work):
     log = open(os.path.join(work, "s3.log"), "w+")
     node_path = os.environ.get("NODE_PATH") or "/usr/lib/node_modules"
     script = os.path.join(HERE, "..", "cli", "lib", "s3rver_multipart.js")
+    # The store's head upload fails while the file head-fault exists.
+    env = dict(os.environ, NODE_PATH=node_path,
+               S3_FAIL_HEAD_FILE=os.path.join(work, "head-fault"))
     proc = subprocess.Popen(["node", script, os.path.join(work, "s3")], stdout=log,
-                            stderr=subprocess.STDOUT, env=dict(os.environ, NODE_PATH=node_path))
+                            stderr=subprocess.STDOUT, env=env)
     for _ in range(400):
         log.seek(0)
         m = re.search(r"listening on 127\.0\.0\.1:(\d+)", log.read())
@@ -82,7 +88,24 @@ def blocks_of(w, rank):
     return blocks
 
 
-def worker(rank, work, endpoint, first, last, shared=False):
+def head_upload_fails(pub, rank, work, blocks, step):
+    """The publish of `step` whose head upload fails after rank 0's commit:
+    every rank's error says the step is committed and uploaded later."""
+    fault = os.path.join(work, "head-fault")
+    if rank == 0:
+        open(fault, "w").close()
+    try:
+        pub.publish(blocks)
+    except pulse.Error as exc:
+        assert "is committed in rank 0's store" in str(exc), f"rank {rank}: {exc}"
+    else:
+        raise AssertionError(f"rank {rank}: step {step} went through")
+    finally:
+        if rank == 0:
+            os.unlink(fault)
+
+
+def worker(rank, work, endpoint, first, last, shared=False, fault=None, stop=False):
     os.environ.update(AWS_ENDPOINT_URL=endpoint, AWS_ACCESS_KEY_ID="S3RVER",
                       AWS_SECRET_ACCESS_KEY="S3RVER", AWS_REGION="us-east-1")
     prefix = PREFIX + ("-rank0" if shared else "")
@@ -101,6 +124,10 @@ def worker(rank, work, endpoint, first, last, shared=False):
     for step in range(first, last + 1):
         if step > first:
             model.step()
+        if step == fault:
+            head_upload_fails(pub, rank, work, blocks_of(model.w, rank), step)
+            if stop:  # the job ends right after the failed upload
+                break
         assert pub.publish(blocks_of(model.w, rank)) == step, f"rank {rank}: step {step}"
         if rank != 0:
             continue
@@ -115,7 +142,7 @@ def worker(rank, work, endpoint, first, last, shared=False):
             anchors = [a["path"] for a in json.load(f)["anchors"] if a["step"] >= first]
         held = [a for a in anchors if os.path.exists(os.path.join(mine, a))]
         assert not held, f"step {step}: rank 0's folder holds the anchors {held}"
-    if rank != 0 and not shared:
+    if rank != 0 and not shared and not stop:
         left = [e for e in os.listdir(mine) if not e.startswith(".")] if os.path.isdir(mine) else []
         assert not left, f"rank {rank}'s folder holds {left} (a resume's copy is removed)"
     if sub is not None:
@@ -123,9 +150,10 @@ def worker(rank, work, endpoint, first, last, shared=False):
     pub.close()
 
 
-def run_job(work, endpoint, first, last, shared=False):
+def run_job(work, endpoint, first, last, shared=False, fault=None, stop=False):
     outs = spawn_ranks(os.path.abspath(__file__), WORLD,
-                       [work, endpoint, str(first), str(last), "shared" if shared else "private"],
+                       [work, endpoint, str(first), str(last), "shared" if shared else "private",
+                        str(fault or 0), "stop" if stop else "retry"],
                        240, f"the job of steps {first}..{last}")
     for rank, (code, out) in enumerate(outs):
         assert code == 0, f"rank {rank} of steps {first}..{last} exited {code}:\n{out}"
@@ -143,6 +171,13 @@ def main():
         run_job(work, endpoint, 1, 4)
         # New processes, new shards: resumed from the bucket.
         run_job(work, endpoint, 5, 6)
+        # Step 8's head upload fails after rank 0's commit; publish() again
+        # returns it on every rank, and 9 follows.
+        run_job(work, endpoint, 7, 9, fault=8)
+        # The job ends right after step 10's failed head upload (rank 0's
+        # store at 10, the bucket at 9); the restarted job goes on at 11.
+        run_job(work, endpoint, 10, 10, fault=10, stop=True)
+        run_job(work, endpoint, 11, 12)
         run_job(work, endpoint, 1, 2, shared=True)
         print("ok")
     finally:
@@ -154,6 +189,6 @@ def main():
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "worker":
         worker(int(sys.argv[2]), sys.argv[4], sys.argv[5], int(sys.argv[6]), int(sys.argv[7]),
-               sys.argv[8] == "shared")
+               sys.argv[8] == "shared", int(sys.argv[9]) or None, sys.argv[10] == "stop")
     else:
         main()
