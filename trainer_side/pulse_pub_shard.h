@@ -410,7 +410,8 @@ void pulse_pub_shard_step_opts_init(pulse_pub_shard_step_opts *opts);
  * committed in rank 0's store but its upload to the bucket failed ...");
  * rank 0's snapshot moves to S, the others' stay. Before the next step
  * opens, rank 0 uploads what the bucket lacks (a failure then fails that
- * call on every rank, and nothing else changes), and a rank whose
+ * call, with its reason on every rank that read its go, a rank that had
+ * not joins the next attempt; nothing else changes), and a rank whose
  * snapshot is below the bucket's head takes it again from a copy of the
  * bucket's store (a warning says so). Publishing S again then returns S on
  * every rank without detecting (the bucket's head, uploaded by rank 0's

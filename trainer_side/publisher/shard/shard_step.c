@@ -422,19 +422,25 @@ pulse_status pulse_pub_shard_step(pulse_pub_shard *s, const char *dir,
   char name_done[128];
   at.nonce = go.nonce;
   if (caught != PULSE_OK) {
-    /* The go stays: a rank that comes late still reads it, then the
-     * reason; the next attempt replaces it. */
+    /* As any attempt rank 0 gives up: its reason, then its go removed (a
+     * go left would be read as open by a restarted job's ranks). A rank
+     * that has not read the go yet joins the next attempt. */
     char fail_name[128];
     shard_attempt_name(a, fail_name, sizeof fail_name, "fail-0");
     (void)medium.put(&medium, fail_name, caught_why, strlen(caught_why));
+    medium.drop(&medium, step, -1, 1);
     return pulse_fail(caught, "%s", caught_why);
   }
   if (rank != 0) {
     char why[512];
-    if (failed_rank(&medium, step, go.nonce, 1, why, sizeof why) == 0)
+    if (failed_rank(&medium, step, go.nonce, 1, why, sizeof why) == 0) {
+      /* Its go, if still there, is stale for this rank's retry. */
+      s->failed_step = step;
+      s->failed_nonce = go.nonce;
       return pulse_fail(PULSE_ERR_IO,
                         "shard: step %" PRIu64 ": rank 0 gave it up: %s", step,
                         why);
+    }
   }
   /* The base is the head on every rank: one that saw a step fail which
    * rank 0 had committed (and has uploaded since) takes it again. */
