@@ -273,23 +273,14 @@ static pulse_status retain_under(pulse_upload *up, const pulse_store_head *h,
                                  const char *sub) {
   listed *all = NULL;
   size_t n = 0, cap = 0;
-  char prefix[1200], penc[3700], token[1100] = "", tenc[3400];
+  char prefix[1200], token[1100] = "";
   key_of(up, sub, prefix, sizeof prefix);
-  upload_uri_encode(prefix, 0, penc, sizeof penc);
   pulse_status st = PULSE_OK;
   for (int page = 0; st == PULSE_OK && page < 100000; page++) {
     upload_req r;
-    upload_req_init(&r, "GET");
-    upload_uri_encode(token, 0, tenc, sizeof tenc);
-    if (token[0])
-      snprintf(r.query, sizeof r.query,
-               "continuation-token=%s&list-type=2&prefix=%s", tenc, penc);
-    else
-      snprintf(r.query, sizeof r.query, "list-type=2&prefix=%s", penc);
-    upload_req *one = &r;
-    st = upload_run(up, &one, 1);
-    if (st == PULSE_OK && !ok_status(r.status))
-      st = upload_req_fail(&r, "listing the objects");
+    int more = 0;
+    st = upload_list_page(up, prefix, token, sizeof token, &r,
+                          "listing the objects", &more);
     const char *xml = (const char *)r.reply.data;
     size_t len = r.reply.size, at = 0;
     char block[4096];
@@ -316,13 +307,6 @@ static pulse_status retain_under(pulse_upload *up, const pulse_store_head *h,
       e->anchor = kl > 12 && strcmp(e->key + kl - 12, ".safetensors") == 0;
       n++;
     }
-    char truncated[16] = "";
-    at = 0;
-    upload_xml_tag(xml, len, &at, "IsTruncated", truncated, sizeof truncated);
-    at = 0;
-    int more = strcmp(truncated, "true") == 0 &&
-               upload_xml_tag(xml, len, &at, "NextContinuationToken", token,
-                              sizeof token);
     upload_req_release(&r);
     if (!more)
       break;

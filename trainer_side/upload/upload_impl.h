@@ -88,6 +88,28 @@ pulse_status upload_run(pulse_upload *up, upload_req **reqs, size_t n);
  * store's <Code>/<Message>; returns PULSE_ERR_IO. */
 pulse_status upload_req_fail(const upload_req *r, const char *what);
 
+/* ---- requests that several calls run the same way (upload_key.c); the
+ * caller releases r after each. */
+
+/** Runs r alone; an answer other than 2xx is upload_req_fail(r, what).
+ * @return PULSE_OK; PULSE_ERR_IO; PULSE_ERR_NOMEM. */
+pulse_status upload_run_checked(pulse_upload *up, upload_req *r,
+                                const char *what);
+
+/** As upload_run_checked, for a request on one object (GET, HEAD): a 404
+ * is PULSE_ERR_NOT_FOUND ("upload: s3://<bucket>/<key>: no such object"). */
+pulse_status upload_run_object(pulse_upload *up, upload_req *r,
+                               const char *what);
+
+/** Prepares and runs r as one page of ListObjectsV2 of the keys under
+ * prefix (a whole key prefix, the handle's included), checked as
+ * upload_run_checked. token: in, the page's continuation token ("" for
+ * the first); out, the next page's where *more is set (the answer says it
+ * is truncated and names one), token_cap bytes at most. */
+pulse_status upload_list_page(pulse_upload *up, const char *prefix, char *token,
+                              size_t token_cap, upload_req *r, const char *what,
+                              int *more);
+
 /* ---- multipart uploads (upload_parts.c), shared by put_multipart and the
  * part API of pulse_upload.h. key: the whole object key (prefix included);
  * id: the UploadId as the service gave it (encoded here). */

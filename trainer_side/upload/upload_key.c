@@ -19,6 +19,56 @@ static int ok_status(long s) {
   return s >= 200 && s < 300;
 }
 
+/* ------------------------------------------------ requests of several calls */
+
+pulse_status upload_run_checked(pulse_upload *up, upload_req *r,
+                                const char *what) {
+  upload_req *one = r;
+  pulse_status st = upload_run(up, &one, 1);
+  if (st == PULSE_OK && !ok_status(r->status))
+    st = upload_req_fail(r, what);
+  return st;
+}
+
+pulse_status upload_run_object(pulse_upload *up, upload_req *r,
+                               const char *what) {
+  upload_req *one = r;
+  pulse_status st = upload_run(up, &one, 1);
+  if (st == PULSE_OK && r->status == 404)
+    st = pulse_fail(PULSE_ERR_NOT_FOUND, "upload: s3://%s/%s: no such object",
+                    up->bucket, r->key);
+  else if (st == PULSE_OK && !ok_status(r->status))
+    st = upload_req_fail(r, what);
+  return st;
+}
+
+pulse_status upload_list_page(pulse_upload *up, const char *prefix, char *token,
+                              size_t token_cap, upload_req *r, const char *what,
+                              int *more) {
+  char penc[3700], tenc[3400];
+  upload_uri_encode(prefix, 0, penc, sizeof penc);
+  upload_uri_encode(token, 0, tenc, sizeof tenc);
+  upload_req_init(r, "GET");
+  if (token[0])
+    snprintf(r->query, sizeof r->query,
+             "continuation-token=%s&list-type=2&prefix=%s", tenc, penc);
+  else
+    snprintf(r->query, sizeof r->query, "list-type=2&prefix=%s", penc);
+  pulse_status st = upload_run_checked(up, r, what);
+  const char *xml = (const char *)r->reply.data;
+  char truncated[16] = "";
+  size_t at = 0;
+  upload_xml_tag(xml, r->reply.size, &at, "IsTruncated", truncated,
+                 sizeof truncated);
+  at = 0;
+  *more = strcmp(truncated, "true") == 0 &&
+          upload_xml_tag(xml, r->reply.size, &at, "NextContinuationToken",
+                         token, token_cap);
+  return st;
+}
+
+/* ------------------------------------------------------------- public API */
+
 pulse_status pulse_upload_key_put(pulse_upload *up, const char *rel,
                                   const void *data, size_t len) {
   char key[1200];
@@ -32,10 +82,7 @@ pulse_status pulse_upload_key_put(pulse_upload *up, const char *rel,
   r.body_len = len;
   r.cache_control = "no-cache"; /* the step's files change between attempts */
   r.content_type = "application/octet-stream";
-  upload_req *one = &r;
-  pulse_status st = upload_run(up, &one, 1);
-  if (st == PULSE_OK && !ok_status(r.status))
-    st = upload_req_fail(&r, "putting an object");
+  pulse_status st = upload_run_checked(up, &r, "putting an object");
   upload_req_release(&r);
   return st;
 }
@@ -51,13 +98,7 @@ pulse_status pulse_upload_key_get(pulse_upload *up, const char *rel,
   upload_req r;
   upload_req_init(&r, "GET");
   snprintf(r.key, sizeof r.key, "%s", key);
-  upload_req *one = &r;
-  pulse_status st = upload_run(up, &one, 1);
-  if (st == PULSE_OK && r.status == 404)
-    st = pulse_fail(PULSE_ERR_NOT_FOUND, "upload: s3://%s/%s: no such object",
-                    up->bucket, key);
-  else if (st == PULSE_OK && !ok_status(r.status))
-    st = upload_req_fail(&r, "getting an object");
+  pulse_status st = upload_run_object(up, &r, "getting an object");
   if (st == PULSE_OK) {
     out->data = malloc(r.reply.size ? r.reply.size : 1);
     if (out->data == NULL)
@@ -95,22 +136,13 @@ pulse_status pulse_upload_key_list(pulse_upload *up, const char *rel_prefix,
   *count = 0;
   pulse_bytebuf all = PULSE_BYTEBUF_INIT;
   size_t n = 0, skip = strlen(up->prefix);
-  char penc[3700], token[1100] = "", tenc[3400];
-  upload_uri_encode(prefix, 0, penc, sizeof penc);
+  char token[1100] = "";
   pulse_status st = PULSE_OK;
   for (int page = 0; st == PULSE_OK && page < 100000; page++) {
     upload_req r;
-    upload_req_init(&r, "GET");
-    upload_uri_encode(token, 0, tenc, sizeof tenc);
-    if (token[0])
-      snprintf(r.query, sizeof r.query,
-               "continuation-token=%s&list-type=2&prefix=%s", tenc, penc);
-    else
-      snprintf(r.query, sizeof r.query, "list-type=2&prefix=%s", penc);
-    upload_req *one = &r;
-    st = upload_run(up, &one, 1);
-    if (st == PULSE_OK && !ok_status(r.status))
-      st = upload_req_fail(&r, "listing objects");
+    int more = 0;
+    st = upload_list_page(up, prefix, token, sizeof token, &r,
+                          "listing objects", &more);
     const char *xml = (const char *)r.reply.data;
     size_t len = r.reply.size, at = 0;
     char block[4096], key[1200];
@@ -123,13 +155,6 @@ pulse_status pulse_upload_key_list(pulse_upload *up, const char *rel_prefix,
       pulse_bytebuf_put(&all, key + skip, strlen(key + skip) + 1);
       n++;
     }
-    char truncated[16] = "";
-    at = 0;
-    upload_xml_tag(xml, len, &at, "IsTruncated", truncated, sizeof truncated);
-    at = 0;
-    int more = strcmp(truncated, "true") == 0 &&
-               upload_xml_tag(xml, len, &at, "NextContinuationToken", token,
-                              sizeof token);
     upload_req_release(&r);
     if (!more)
       break;

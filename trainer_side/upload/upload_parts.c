@@ -39,11 +39,8 @@ pulse_status upload_mp_create(pulse_upload *up, const char *key, char *id,
   snprintf(c.query, sizeof c.query, "uploads=");
   c.cache_control = IMMUTABLE;
   c.content_type = "application/octet-stream";
-  upload_req *one = &c;
-  pulse_status st = upload_run(up, &one, 1);
+  pulse_status st = upload_run_checked(up, &c, "starting a multipart upload");
   size_t at = 0;
-  if (st == PULSE_OK && !ok_status(c.status))
-    st = upload_req_fail(&c, "starting a multipart upload");
   if (st == PULSE_OK && !upload_xml_tag((const char *)c.reply.data,
                                         c.reply.size, &at, "UploadId", id, cap))
     st = pulse_fail(PULSE_ERR_CORRUPT,
@@ -52,6 +49,16 @@ pulse_status upload_mp_create(pulse_upload *up, const char *key, char *id,
                     key, cap);
   upload_req_release(&c);
   return st;
+}
+
+/* Prepares r as a request on upload id of key ("?uploadId=..."). */
+static void upload_id_req(upload_req *r, const char *method, const char *key,
+                          const char *id) {
+  char idq[3 * ID_MAX + 4];
+  upload_uri_encode(id, 0, idq, sizeof idq);
+  upload_req_init(r, method);
+  snprintf(r->key, sizeof r->key, "%s", key);
+  snprintf(r->query, sizeof r->query, "uploadId=%s", idq);
 }
 
 void upload_mp_part_req(upload_req *r, const char *key, const char *id,
@@ -85,12 +92,8 @@ pulse_status upload_mp_complete(pulse_upload *up, const char *key,
     pulse_bytebuf_free(&xml);
     return pulse_fail(PULSE_ERR_NOMEM, "upload: completing %s", key);
   }
-  char idq[3 * ID_MAX + 4];
-  upload_uri_encode(id, 0, idq, sizeof idq);
   upload_req done;
-  upload_req_init(&done, "POST");
-  snprintf(done.key, sizeof done.key, "%s", key);
-  snprintf(done.query, sizeof done.query, "uploadId=%s", idq);
+  upload_id_req(&done, "POST", key, id);
   done.body = xml.data;
   done.body_len = xml.size;
   done.content_type = "application/xml";
@@ -109,12 +112,8 @@ pulse_status upload_mp_complete(pulse_upload *up, const char *key,
 
 pulse_status upload_mp_abort(pulse_upload *up, const char *key,
                              const char *id) {
-  char idq[3 * ID_MAX + 4];
-  upload_uri_encode(id, 0, idq, sizeof idq);
   upload_req r;
-  upload_req_init(&r, "DELETE");
-  snprintf(r.key, sizeof r.key, "%s", key);
-  snprintf(r.query, sizeof r.query, "uploadId=%s", idq);
+  upload_id_req(&r, "DELETE", key, id);
   upload_req *one = &r;
   pulse_status st = upload_run(up, &one, 1);
   if (st == PULSE_OK && r.status == 404)
@@ -245,13 +244,7 @@ pulse_status pulse_upload_object_size(pulse_upload *up, const char *rel,
   upload_req r;
   upload_req_init(&r, "HEAD");
   snprintf(r.key, sizeof r.key, "%s", key);
-  upload_req *one = &r;
-  pulse_status st = upload_run(up, &one, 1);
-  if (st == PULSE_OK && r.status == 404)
-    st = pulse_fail(PULSE_ERR_NOT_FOUND, "upload: s3://%s/%s: no such object",
-                    up->bucket, key);
-  else if (st == PULSE_OK && !ok_status(r.status))
-    st = upload_req_fail(&r, "the size of an object");
+  pulse_status st = upload_run_object(up, &r, "the size of an object");
   if (st == PULSE_OK)
     *size = r.length;
   upload_req_release(&r);
