@@ -26,6 +26,7 @@
 #include "pulse_publisher.h"
 #include "pulse_store.h"
 #include "pulse_upload.h"
+#include "s3rver_testutil.h"
 #include "trainer_testutil.h"
 
 #define TARGET "s3://bkt/runs/shard"
@@ -36,63 +37,17 @@
 
 /* ---------------------------------------------------------------- server */
 
-static pid_t s3_pid = -1;
-static uint16_t s3_port;
-static char *s3_dir;
+static s3rver_tu s3;
 
 /* Starts the stand-in (skips the test where it cannot run) and points the
- * uploaders' environment at it. */
+ * uploaders' environment at it; the head's upload fails while its head-fault
+ * file exists. */
 static void s3_start(void) {
-  const char *node_path = getenv("NODE_PATH");
-  if (node_path == NULL || node_path[0] == '\0')
-    node_path = "/usr/lib/node_modules";
-  char probe[1024];
-  snprintf(probe, sizeof probe, "%s/s3rver/package.json", node_path);
-  if (system("command -v node >/dev/null 2>&1") != 0 ||
-      access(probe, R_OK) != 0)
-    cr_skip_test("node or s3rver (%s) is not installed", probe);
-  s3_dir = tu_make_dir();
-  char log[1024], data[1024];
-  snprintf(log, sizeof log, "%s/s3.log", s3_dir);
-  snprintf(data, sizeof data, "%s/s3", s3_dir);
-  s3_pid = fork();
-  cr_assert_geq(s3_pid, 0);
-  if (s3_pid == 0) {
-    int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    dup2(fd, 1), dup2(fd, 2);
-    setenv("NODE_PATH", node_path, 1);
-    char fault[1100]; /* the head's upload fails while this file exists */
-    snprintf(fault, sizeof fault, "%s/head-fault", s3_dir);
-    setenv("S3_FAIL_HEAD_FILE", fault, 1);
-    execlp("node", "node", PULSE_TEST_S3RVER_MULTIPART, data, (char *)NULL);
-    _exit(127);
-  }
-  for (int i = 0; i < 400 && s3_port == 0; i++) {
-    size_t n = 0;
-    uint8_t *text = tu_read(log, &n);
-    const char *at = text ? strstr((const char *)text, "127.0.0.1:") : NULL;
-    if (at != NULL && strchr(at, '\n') != NULL)
-      s3_port = (uint16_t)atoi(at + 10);
-    free(text);
-    if (s3_port == 0)
-      usleep(50 * 1000);
-  }
-  cr_assert_neq(s3_port, 0, "the S3 stand-in did not start (see %s)", log);
-  char endpoint[64];
-  snprintf(endpoint, sizeof endpoint, "http://127.0.0.1:%u", (unsigned)s3_port);
-  setenv("AWS_ENDPOINT_URL", endpoint, 1);
-  setenv("AWS_ACCESS_KEY_ID", "S3RVER", 1);
-  setenv("AWS_SECRET_ACCESS_KEY", "S3RVER", 1);
-  setenv("AWS_REGION", "us-east-1", 1);
+  s3rver_tu_start(&s3, "head-fault");
 }
 
 static void s3_stop(void) {
-  if (s3_pid > 0) {
-    kill(s3_pid, SIGKILL);
-    waitpid(s3_pid, NULL, 0);
-  }
-  if (s3_dir != NULL)
-    tu_rm_rf(s3_dir);
+  s3rver_tu_stop(&s3);
 }
 
 static pulse_upload *handle(void) {
@@ -341,7 +296,7 @@ static int check_given_up(pulse_upload *up, const char *single, uint64_t step) {
   /* Aborted, not left open: s3rver keeps an open upload's parts in a
    * folder of its own until it is completed or aborted (S3 bills them). */
   char uploads[1200];
-  snprintf(uploads, sizeof uploads, "%s/s3/bkt/._S3rver_uploads", s3_dir);
+  snprintf(uploads, sizeof uploads, "%s/s3/bkt/._S3rver_uploads", s3.dir);
   if (rc == 0 && access(uploads, F_OK) == 0 && tt_count(uploads) != 0)
     rc = 53, fprintf(stderr, "step %llu: the anchor's upload is still open\n",
                      (unsigned long long)step);
@@ -377,7 +332,7 @@ static int head_upload_fails(pulse_pub_shard *sh, const char *dir,
                              pulse_upload *up, int rank, uint64_t step,
                              const pulse_pub_tensor *t, size_t n) {
   char fault[1100];
-  snprintf(fault, sizeof fault, "%s/head-fault", s3_dir);
+  snprintf(fault, sizeof fault, "%s/head-fault", s3.dir);
   if (rank == 0)
     tu_write(fault, "", 0);
   int rc = 0;

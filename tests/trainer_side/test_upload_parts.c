@@ -22,6 +22,7 @@
 #include "pulse_sha256.h"
 #include "pulse_store.h"
 #include "pulse_upload.h"
+#include "s3rver_testutil.h"
 #include "store_impl.h"
 #include "trainer_testutil.h"
 
@@ -29,60 +30,16 @@
 
 /* ---------------------------------------------------------------- server */
 
-static pid_t s3_pid = -1;
-static uint16_t s3_port;
-static char *s3_dir;
+static s3rver_tu s3;
 
 /* Starts the stand-in (skips the test where it cannot run) and points the
  * uploader's environment at it. */
 static void s3_start(void) {
-  const char *node_path = getenv("NODE_PATH");
-  if (node_path == NULL || node_path[0] == '\0')
-    node_path = "/usr/lib/node_modules";
-  char probe[1024];
-  snprintf(probe, sizeof probe, "%s/s3rver/package.json", node_path);
-  if (system("command -v node >/dev/null 2>&1") != 0 ||
-      access(probe, R_OK) != 0)
-    cr_skip_test("node or s3rver (%s) is not installed", probe);
-  s3_dir = tu_make_dir();
-  char log[1024], data[1024];
-  snprintf(log, sizeof log, "%s/s3.log", s3_dir);
-  snprintf(data, sizeof data, "%s/s3", s3_dir);
-  s3_pid = fork();
-  cr_assert_geq(s3_pid, 0);
-  if (s3_pid == 0) {
-    int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    dup2(fd, 1), dup2(fd, 2);
-    setenv("NODE_PATH", node_path, 1);
-    execlp("node", "node", PULSE_TEST_S3RVER_MULTIPART, data, (char *)NULL);
-    _exit(127);
-  }
-  for (int i = 0; i < 400 && s3_port == 0; i++) {
-    size_t n = 0;
-    uint8_t *text = tu_read(log, &n);
-    const char *at = text ? strstr((const char *)text, "127.0.0.1:") : NULL;
-    if (at != NULL && strchr(at, '\n') != NULL)
-      s3_port = (uint16_t)atoi(at + 10);
-    free(text);
-    if (s3_port == 0)
-      usleep(50 * 1000);
-  }
-  cr_assert_neq(s3_port, 0, "the S3 stand-in did not start (see %s)", log);
-  char endpoint[64];
-  snprintf(endpoint, sizeof endpoint, "http://127.0.0.1:%u", (unsigned)s3_port);
-  setenv("AWS_ENDPOINT_URL", endpoint, 1);
-  setenv("AWS_ACCESS_KEY_ID", "S3RVER", 1);
-  setenv("AWS_SECRET_ACCESS_KEY", "S3RVER", 1);
-  setenv("AWS_REGION", "us-east-1", 1);
+  s3rver_tu_start(&s3, NULL);
 }
 
 static void s3_stop(void) {
-  if (s3_pid > 0) {
-    kill(s3_pid, SIGKILL);
-    waitpid(s3_pid, NULL, 0);
-  }
-  if (s3_dir != NULL)
-    tu_rm_rf(s3_dir);
+  s3rver_tu_stop(&s3);
 }
 
 static pulse_upload *handle(unsigned retries) {
@@ -100,7 +57,7 @@ static pulse_upload *handle(unsigned retries) {
 static ht_reply get_object(const char *rel) {
   char path[1200];
   snprintf(path, sizeof path, "/bkt/runs/c/%s", rel);
-  return ht_request(s3_port, "GET", path, NULL, NULL);
+  return ht_request(s3.port, "GET", path, NULL, NULL);
 }
 
 /* Part k (1-based) of the object of the first test: distinct bytes, the
@@ -419,7 +376,7 @@ Test(upload_parts, fetch_missing_brings_back_only_the_named_bytes,
   if (np > 0) {
     char key[1200];
     snprintf(key, sizeof key, "/bkt/runs/c/%s", patch->path);
-    ht_reply r = ht_request(s3_port, "DELETE", key, NULL, NULL);
+    ht_reply r = ht_request(s3.port, "DELETE", key, NULL, NULL);
     ht_reply_free(&r);
     tt_path(path, sizeof path, store, patch->path);
     cr_assert_eq(unlink(path), 0);
