@@ -14,49 +14,19 @@
 #include "pulse_publisher.h"
 #include "pulse_safetensors.h"
 #include "pulse_store.h"
+#include "shard_testutil.h"
 
 #define CU_NT 2
 static const char *cu_names[CU_NT] = {"w", "b"};
-static const uint64_t cu_numel[CU_NT] = {3000, 40};
+static const uint32_t cu_ndims[CU_NT] = {1, 1};
+static const uint64_t cu_shapes[CU_NT][3] = {{3000}, {40}};
+static const sm_spec cu_spec = {CU_NT, cu_names, cu_ndims, cu_shapes, NULL, 1};
 
-typedef struct {
-  pulse_tensor_info info[CU_NT];
-  float *w[CU_NT];
-  uint16_t *snap[CU_NT];
-  uint64_t seed;
-} cu_model;
-
-static double cu_rnd(cu_model *m) {
-  m->seed = m->seed * 6364136223846793005ull + 1442695040888963407ull;
-  return (double)(m->seed >> 11) / 9007199254740992.0;
-}
-
-static void cu_init(cu_model *m) {
-  memset(m, 0, sizeof *m);
-  m->seed = 31;
-  for (int t = 0; t < CU_NT; t++) {
-    m->info[t].name = cu_names[t];
-    m->info[t].dtype = PULSE_DTYPE_F32;
-    m->info[t].ndim = 1;
-    m->info[t].shape[0] = cu_numel[t];
-    m->w[t] = malloc(cu_numel[t] * 4);
-    m->snap[t] = malloc(cu_numel[t] * 2);
-    for (uint64_t i = 0; i < cu_numel[t]; i++)
-      m->w[t][i] = (float)(cu_rnd(m) - 0.5);
-    pulse_bf16_cast_f32(m->w[t], m->snap[t], cu_numel[t]);
-  }
-}
-
-static void cu_free(cu_model *m) {
-  for (int t = 0; t < CU_NT; t++)
-    free(m->w[t]), free(m->snap[t]);
-}
-
-static pulse_state_digest cu_digest(const cu_model *m) {
+static pulse_state_digest cu_digest(const sm_model *m) {
   pulse_tensor_digest d[CU_NT];
   pulse_tensor_info bf[CU_NT];
   for (int t = 0; t < CU_NT; t++) {
-    d[t] = pulse_digest_bf16(m->snap[t], cu_numel[t]);
+    d[t] = pulse_digest_bf16(m->snap[t], m->numel[t]);
     bf[t] = m->info[t], bf[t].dtype = PULSE_DTYPE_BF16;
   }
   pulse_state_digest out;
@@ -65,40 +35,14 @@ static pulse_state_digest cu_digest(const cu_model *m) {
 }
 
 /* One step of the weights and its patch from the snapshot (which moves). */
-static pulse_buffer cu_step(cu_model *m, uint64_t step) {
-  pulse_changes ch[CU_NT];
-  pulse_encode_tensor enc[CU_NT];
-  uint16_t *base[CU_NT];
-  memset(enc, 0, sizeof enc);
-  for (int t = 0; t < CU_NT; t++) {
-    for (uint64_t i = 0; i < cu_numel[t]; i++)
-      if (cu_rnd(m) < 0.2)
-        m->w[t][i] += (float)((cu_rnd(m) - 0.5) * 0.05);
-    ch[t] = (pulse_changes)PULSE_CHANGES_INIT;
-    base[t] = malloc(cu_numel[t] * 2);
-    memcpy(base[t], m->snap[t], cu_numel[t] * 2);
-    cr_assert_eq(pulse_detect_ref(m->w[t], PULSE_DTYPE_F32, m->snap[t],
-                                  cu_numel[t], 1, &ch[t]),
-                 PULSE_OK);
-    enc[t].info = m->info[t];
-    enc[t].info.dtype = PULSE_DTYPE_BF16;
-    enc[t].base = base[t];
-    enc[t].changes = &ch[t];
-  }
-  pulse_encode_opts o;
-  pulse_encode_opts_init(&o);
-  o.step = step, o.base_step = step - 1, o.threads = 1;
-  pulse_buffer out = {0};
-  cr_assert_eq(pulse_patch_encode(&o, enc, CU_NT, &out), PULSE_OK, "%s",
-               pulse_error_detail());
-  for (int t = 0; t < CU_NT; t++)
-    pulse_changes_free(&ch[t]), free(base[t]);
-  return out;
+static pulse_buffer cu_step(sm_model *m, uint64_t step) {
+  sm_model_step(m, 0.2, 0.05);
+  return sm_single_patch(m, step, 0);
 }
 
 /* The anchor of the state into the "bucket" folder, and its SHA-256 and
  * size (what the ranks' multipart upload leaves there). */
-static void cu_anchor(const cu_model *m, uint64_t step, const char *bucket,
+static void cu_anchor(const sm_model *m, uint64_t step, const char *bucket,
                       uint8_t sha[32], uint64_t *size, char *path, size_t cap) {
   pulse_state_digest d = cu_digest(m);
   pulse_st_write_tensor t[CU_NT];
@@ -107,7 +51,7 @@ static void cu_anchor(const cu_model *m, uint64_t step, const char *bucket,
     t[i].name = cu_names[i];
     t[i].dtype = PULSE_DTYPE_BF16;
     t[i].ndim = 1;
-    t[i].shape[0] = cu_numel[i];
+    t[i].shape[0] = m->numel[i];
     t[i].data = m->snap[i];
   }
   char step_s[32], hex[65];
@@ -128,7 +72,7 @@ static int cu_exists(const char *dir, const char *rel) {
   return stat(path, &sb) == 0;
 }
 
-static void cu_opts(pulse_pub_opts *o, const cu_model *m) {
+static void cu_opts(pulse_pub_opts *o, const sm_model *m) {
   pulse_pub_opts_init(o);
   o->tensors = m->info;
   o->tensor_count = CU_NT;
@@ -170,8 +114,8 @@ static void cu_head_names(const char *dir, uint64_t step, const uint8_t sha[32],
 Test(commit_uploaded,
      the_head_names_anchors_only_the_bucket_holds_and_the_store_goes_on) {
   char *dir = tu_make_dir(), *bucket = tu_make_dir();
-  cu_model m;
-  cu_init(&m);
+  sm_model m;
+  sm_model_init(&m, &cu_spec, 31);
   pulse_pub_opts o;
   cu_opts(&o, &m);
   pulse_pub *pub = NULL;
@@ -250,14 +194,14 @@ Test(commit_uploaded,
   uint64_t head = 0;
   cr_assert(pulse_pub_head_step(pub, &head) && head == 8);
   pulse_pub_free(pub);
-  cu_free(&m);
+  sm_model_free(&m);
   tu_rm_rf(dir), tu_rm_rf(bucket);
 }
 
 Test(commit_uploaded, bad_arguments_are_refused_and_the_head_stays) {
   char *dir = tu_make_dir();
-  cu_model m;
-  cu_init(&m);
+  sm_model m;
+  sm_model_init(&m, &cu_spec, 31);
   pulse_pub_opts o;
   cu_opts(&o, &m);
   pulse_pub *pub = NULL;
@@ -294,6 +238,6 @@ Test(commit_uploaded, bad_arguments_are_refused_and_the_head_stays) {
       PULSE_ERR_TRUNCATED, "%s", pulse_error_detail());
   cu_head_names(dir, 4, sha, 100);
   pulse_pub_free(pub);
-  cu_free(&m);
+  sm_model_free(&m);
   tu_rm_rf(dir);
 }

@@ -10,12 +10,13 @@
 #include <string.h>
 #include <time.h>
 
-#include "pulse_codec.h"
 #include "files_testutil.h"
-#include "trainer_testutil.h"
+#include "pulse_codec.h"
 #include "pulse_pub_shard.h"
 #include "pulse_safetensors.h"
 #include "shard_impl.h"
+#include "shard_testutil.h"
+#include "trainer_testutil.h"
 
 #define RANKS 4
 #define NT 4
@@ -25,76 +26,23 @@ static const char *names[NT] = {"attn.w", "embed", "mlp.w3", "norm"};
 static const uint32_t ndims[NT] = {2, 1, 3, 1};
 static const uint64_t shapes[NT][3] = {{96, 40}, {5000}, {24, 30, 7}, {64}};
 
-typedef struct {
-  pulse_tensor_info info[NT];
-  uint64_t numel[NT];
-  float *w[NT];       /* FP32 master weights */
-  uint16_t *snap[NT]; /* the single publisher's BF16 snapshot */
-  uint64_t seed;
-} model;
+/* The norm's weights start wider than the others'. */
+static const double spreads[NT] = {0.08, 0.08, 0.08, 2.0};
+static const sm_spec spec = {NT, names, ndims, shapes, spreads, 1};
 
-static double rnd(model *m) {
-  m->seed = m->seed * 6364136223846793005ull + 1442695040888963407ull;
-  return (double)(m->seed >> 11) / 9007199254740992.0;
-}
-
-static void model_init(model *m, uint64_t seed) {
-  memset(m, 0, sizeof *m);
-  m->seed = seed;
-  for (int t = 0; t < NT; t++) {
-    m->info[t].name = names[t];
-    m->info[t].dtype = PULSE_DTYPE_F32;
-    m->info[t].ndim = ndims[t];
-    m->numel[t] = 1;
-    for (uint32_t k = 0; k < ndims[t]; k++)
-      m->info[t].shape[k] = shapes[t][k], m->numel[t] *= shapes[t][k];
-    m->w[t] = malloc(m->numel[t] * 4);
-    m->snap[t] = malloc(m->numel[t] * 2);
-    for (uint64_t i = 0; i < m->numel[t]; i++)
-      m->w[t][i] = (float)((rnd(m) - 0.5) * (t == 3 ? 2.0 : 0.08));
-    pulse_bf16_cast_f32(m->w[t], m->snap[t], m->numel[t]);
-  }
-}
-
-static void model_free(model *m) {
-  for (int t = 0; t < NT; t++)
-    free(m->w[t]), free(m->snap[t]);
+static void model_init(sm_model *m, uint64_t seed) {
+  sm_model_init(m, &spec, seed);
 }
 
 /* An Adam-like step: most weights move by about lr, which changes some
  * BF16 values and moves a few across exponent classes. */
-static void model_step(model *m) {
-  for (int t = 0; t < NT; t++)
-    for (uint64_t i = 0; i < m->numel[t]; i++)
-      if (rnd(m) < 0.3)
-        m->w[t][i] += (float)((rnd(m) - 0.5) * 2e-3);
+static void model_step(sm_model *m) {
+  sm_model_step(m, 0.3, 2e-3);
 }
 
 /* The single publisher's patch of the step, from the gathered weights. */
-static pulse_buffer single_patch(model *m, uint64_t step) {
-  pulse_changes ch[NT];
-  pulse_encode_tensor enc[NT];
-  memset(enc, 0, sizeof enc);
-  uint16_t *base[NT];
-  for (int t = 0; t < NT; t++) {
-    ch[t] = (pulse_changes)PULSE_CHANGES_INIT;
-    base[t] = malloc(m->numel[t] * 2);
-    memcpy(base[t], m->snap[t], m->numel[t] * 2);
-    cr_assert_eq(pulse_detect_ref(m->w[t], PULSE_DTYPE_F32, m->snap[t], m->numel[t], 1, &ch[t]),
-                 PULSE_OK);
-    enc[t].info = m->info[t];
-    enc[t].info.dtype = PULSE_DTYPE_BF16;
-    enc[t].base = base[t];
-    enc[t].changes = &ch[t];
-  }
-  pulse_encode_opts o;
-  pulse_encode_opts_init(&o);
-  o.step = step, o.base_step = step - 1, o.chunk_log2 = LOG2, o.threads = 1;
-  pulse_buffer out = {0};
-  cr_assert_eq(pulse_patch_encode(&o, enc, NT, &out), PULSE_OK, "%s", pulse_error_detail());
-  for (int t = 0; t < NT; t++)
-    pulse_changes_free(&ch[t]), free(base[t]);
-  return out;
+static pulse_buffer single_patch(sm_model *m, uint64_t step) {
+  return sm_single_patch(m, step, LOG2);
 }
 
 typedef struct {
@@ -132,7 +80,7 @@ static void split_dim(rank_blocks *r, int rank, int t, uint32_t d) {
 
 typedef enum { FLAT, DIM0, RECT, SETS, MIX } sharding;
 
-static void blocks_of(sharding s, const model *m, rank_blocks *rb) {
+static void blocks_of(sharding s, const sm_model *m, rank_blocks *rb) {
   memset(rb, 0, sizeof(rank_blocks) * RANKS);
   if (s == FLAT) { /* FSDP1: the concatenation of every tensor, in 4 ranges */
     uint64_t total = 0;
@@ -185,7 +133,8 @@ static void blocks_of(sharding s, const model *m, rank_blocks *rb) {
 }
 
 /* Rank r's tensor of block b: the block's elements of the FP32 weights. */
-static float *block_data(const model *m, const pulse_pub_block *b, uint64_t *n) {
+static float *block_data(const sm_model *m, const pulse_pub_block *b,
+                         uint64_t *n) {
   int t = 0;
   while (strcmp(names[t], b->name) != 0)
     t++;
@@ -213,7 +162,8 @@ static float *block_data(const model *m, const pulse_pub_block *b, uint64_t *n) 
 }
 
 /* Every rank's shard of the blocks rb of m's table. */
-static void shards_make(const model *m, const rank_blocks *rb, pulse_pub_shard **sh) {
+static void shards_make(const sm_model *m, const rank_blocks *rb,
+                        pulse_pub_shard **sh) {
   for (int r = 0; r < RANKS; r++) {
     pulse_pub_shard_opts o;
     pulse_pub_shard_opts_init(&o);
@@ -224,8 +174,8 @@ static void shards_make(const model *m, const rank_blocks *rb, pulse_pub_shard *
   }
 }
 
-static void detect_all(pulse_pub_shard **sh, const rank_blocks *rb, const model *m,
-                       pulse_buffer *parts) {
+static void detect_all(pulse_pub_shard **sh, const rank_blocks *rb,
+                       const sm_model *m, pulse_buffer *parts) {
   for (int r = 0; r < RANKS; r++) {
     pulse_pub_tensor t[3 * NT];
     float *d[3 * NT];
@@ -243,8 +193,9 @@ static void detect_all(pulse_pub_shard **sh, const rank_blocks *rb, const model 
 
 /* A model of `seed` tiled by `s` over the ranks, its snapshot taken (step
  * 0), then one step: the ranks' parts of step 1. */
-static void second_step_parts(model *m, unsigned seed, sharding s, rank_blocks *rb,
-                              pulse_pub_shard **sh, pulse_buffer *parts) {
+static void second_step_parts(sm_model *m, unsigned seed, sharding s,
+                              rank_blocks *rb, pulse_pub_shard **sh,
+                              pulse_buffer *parts) {
   model_init(m, seed);
   blocks_of(s, m, rb);
   shards_make(m, rb, sh);
@@ -256,7 +207,7 @@ static void second_step_parts(model *m, unsigned seed, sharding s, rank_blocks *
 }
 
 static void run_sharding(sharding s, uint64_t seed) {
-  model m;
+  sm_model m;
   model_init(&m, seed);
   rank_blocks rb[RANKS];
   blocks_of(s, &m, rb);
@@ -369,7 +320,7 @@ static void run_sharding(sharding s, uint64_t seed) {
     }
     pulse_pub_shard_free(sh[r]);
   }
-  model_free(&m);
+  sm_model_free(&m);
 }
 
 Test(shard, flat_ranges_make_the_single_publishers_bytes) { run_sharding(FLAT, 1); }
@@ -379,7 +330,7 @@ Test(shard, tensor_sets_make_the_single_publishers_bytes) { run_sharding(SETS, 4
 Test(shard, a_mix_makes_the_single_publishers_bytes) { run_sharding(MIX, 5); }
 
 static pulse_status check_dim0_with(void (*edit)(rank_blocks *)) {
-  model m;
+  sm_model m;
   model_init(&m, 9);
   rank_blocks rb[RANKS];
   blocks_of(DIM0, &m, rb);
@@ -389,7 +340,7 @@ static pulse_status check_dim0_with(void (*edit)(rank_blocks *)) {
   for (int r = 0; r < RANKS; r++)
     bl[r] = rb[r].b, bc[r] = rb[r].n;
   pulse_status st = pulse_pub_blocks_check(m.info, NT, bl, bc, RANKS);
-  model_free(&m);
+  sm_model_free(&m);
   return st;
 }
 
@@ -417,7 +368,7 @@ Test(shard, overlapping_missing_and_inconsistent_blocks_are_refused_naming_the_t
 }
 
 Test(shard, a_part_of_another_table_is_refused_and_a_failed_step_is_retried) {
-  model m;
+  sm_model m;
   rank_blocks rb[RANKS];
   pulse_pub_shard *sh[RANKS];
   pulse_buffer parts[RANKS], again[RANKS], counts[RANKS];
@@ -497,7 +448,7 @@ Test(shard, a_part_of_another_table_is_refused_and_a_failed_step_is_retried) {
     pulse_buffer_free(&parts[r]), pulse_buffer_free(&again[r]), pulse_buffer_free(&counts[r]);
     pulse_pub_shard_free(sh[r]);
   }
-  model_free(&m);
+  sm_model_free(&m);
 }
 
 /* Counts of column and row blocks carry entries and class counts of shared
@@ -506,7 +457,7 @@ Test(shard, a_part_of_another_table_is_refused_and_a_failed_step_is_retried) {
  * ASan build checks the reads), and a rank's counts left out (ranks that do
  * not add up) or given twice are refused. */
 Test(shard, hostile_counts_of_shared_chunks_are_refused_or_read_within_bounds) {
-  model m;
+  sm_model m;
   rank_blocks rb[RANKS];
   pulse_pub_shard *sh[RANKS];
   pulse_buffer parts[RANKS], counts[RANKS];
@@ -548,7 +499,7 @@ Test(shard, hostile_counts_of_shared_chunks_are_refused_or_read_within_bounds) {
     pulse_buffer_free(&parts[r]), pulse_buffer_free(&counts[r]);
     pulse_pub_shard_free(sh[r]);
   }
-  model_free(&m);
+  sm_model_free(&m);
 }
 
 static uint64_t le64(const uint8_t *p) {
@@ -581,7 +532,7 @@ Test(shard, every_delta_survives_its_zigzag) {
  * any byte changed is refused or read within bounds (an ASan build checks
  * the reads); a part cut for counting (no deltas) cannot be encoded. */
 Test(shard, hostile_parts_are_refused_or_read_within_bounds) {
-  model m;
+  sm_model m;
   rank_blocks rb[RANKS];
   pulse_pub_shard *sh[RANKS];
   pulse_buffer parts[RANKS], counts[RANKS], cut = {0}, out = {0};
@@ -674,12 +625,13 @@ Test(shard, hostile_parts_are_refused_or_read_within_bounds) {
     pulse_buffer_free(&parts[r]), pulse_buffer_free(&counts[r]);
     pulse_pub_shard_free(sh[r]);
   }
-  model_free(&m);
+  sm_model_free(&m);
 }
 
 /* The single publisher's anchor of the model's BF16 snapshot. */
-static uint8_t *single_anchor(const model *m, uint64_t step, pulse_state_digest *digest,
-                              size_t *size, const char *path) {
+static uint8_t *single_anchor(const sm_model *m, uint64_t step,
+                              pulse_state_digest *digest, size_t *size,
+                              const char *path) {
   pulse_st_write_tensor t[NT];
   pulse_tensor_digest d[NT];
   pulse_tensor_info bf[NT];
@@ -706,7 +658,7 @@ Test(shard, every_rank_writes_its_blocks_of_the_single_publishers_anchor) {
   char *dir = tu_make_dir();
   char want_path[4096], got_path[4096];
   snprintf(want_path, sizeof want_path, "%s/want.safetensors", dir);
-  model m;
+  sm_model m;
   model_init(&m, 21);
   rank_blocks rb[RANKS];
   blocks_of(MIX, &m, rb);
@@ -743,7 +695,7 @@ Test(shard, every_rank_writes_its_blocks_of_the_single_publishers_anchor) {
   }
   for (int r = 0; r < RANKS; r++)
     pulse_pub_shard_free(sh[r]);
-  model_free(&m);
+  sm_model_free(&m);
   tu_rm_rf(dir);
 }
 
@@ -755,7 +707,7 @@ Test(shard, every_rank_writes_its_blocks_of_the_single_publishers_anchor) {
 #include "pulse_publisher.h"
 #include "pulse_store.h"
 
-static void pub_opts(pulse_pub_opts *o, const model *m) {
+static void pub_opts(pulse_pub_opts *o, const sm_model *m) {
   pulse_pub_opts_init(o);
   o->tensors = m->info;
   o->tensor_count = NT;
@@ -770,7 +722,7 @@ static void pub_opts(pulse_pub_opts *o, const model *m) {
 
 /* The single publisher of the gathered weights, steps 0..last. */
 static void publish_single(const char *dir, uint64_t seed, uint64_t last) {
-  model m;
+  sm_model m;
   model_init(&m, seed);
   pulse_pub_opts o;
   pub_opts(&o, &m);
@@ -785,7 +737,7 @@ static void publish_single(const char *dir, uint64_t seed, uint64_t last) {
     cr_assert_eq(pulse_pub_commit(pub, step, t, NT, NULL), PULSE_OK, "%s", pulse_error_detail());
   }
   pulse_pub_free(pub);
-  model_free(&m);
+  sm_model_free(&m);
 }
 
 /* One rank of a sharded job (a child process): steps first..last, from the
@@ -797,7 +749,7 @@ static int g_overlap; /* rank 3 describes a block one row into rank 2's */
 
 static int run_rank(const char *dir, sharding s, uint64_t seed, int rank, uint64_t first,
                     uint64_t last, uint64_t fail_step, uint64_t err_step, int timeout_ms) {
-  model m;
+  sm_model m;
   model_init(&m, seed);
   rank_blocks rb[RANKS];
   blocks_of(s, &m, rb);
@@ -882,7 +834,7 @@ static int run_rank(const char *dir, sharding s, uint64_t seed, int rank, uint64
   }
   pulse_pub_free(committer);
   pulse_pub_shard_free(sh);
-  model_free(&m);
+  sm_model_free(&m);
   return rc;
 }
 
@@ -985,7 +937,7 @@ Test(shard_store, a_rank_that_raises_leaves_the_previous_step_and_the_retry_publ
 
 Test(shard_store, a_second_committer_on_a_live_store_is_refused) {
   char *dir = tu_make_dir();
-  model m;
+  sm_model m;
   model_init(&m, 61);
   pulse_pub_opts o;
   pub_opts(&o, &m);
@@ -998,7 +950,7 @@ Test(shard_store, a_second_committer_on_a_live_store_is_refused) {
     t[i] = (pulse_pub_tensor){m.w[i], PULSE_DTYPE_F32, PULSE_PUB_HOST};
   cr_assert_eq(pulse_pub_commit(a, 0, t, NT, NULL), PULSE_ERR_ARG, "a committer commits made steps");
   pulse_pub_free(a);
-  model_free(&m);
+  sm_model_free(&m);
   tu_rm_rf(dir);
 }
 

@@ -10,6 +10,7 @@
 #include "pulse_codec.h"
 #include "pulse_pub_shard.h"
 #include "pulse_safetensors.h"
+#include "shard_testutil.h"
 
 #define AP_RANKS 4
 #define AP_NT 4
@@ -19,45 +20,11 @@ static const char *ap_names[AP_NT] = {"attn.w", "embed", "mlp.w3", "norm"};
 static const uint32_t ap_ndims[AP_NT] = {2, 1, 3, 1};
 static const uint64_t ap_shapes[AP_NT][3] = {{37, 29}, {1000}, {6, 10, 7}, {5}};
 
-typedef struct {
-  pulse_tensor_info info[AP_NT];
-  uint64_t numel[AP_NT];
-  float *w[AP_NT];
-  uint64_t seed;
-} ap_model;
-
-static double ap_rnd(uint64_t *s) {
-  *s = *s * 6364136223846793005ull + 1442695040888963407ull;
-  return (double)(*s >> 11) / 9007199254740992.0;
-}
-
-static void ap_model_init(ap_model *m, uint64_t seed) {
-  memset(m, 0, sizeof *m);
-  m->seed = seed;
-  for (int t = 0; t < AP_NT; t++) {
-    m->info[t].name = ap_names[t];
-    m->info[t].dtype = PULSE_DTYPE_F32;
-    m->info[t].ndim = ap_ndims[t];
-    m->numel[t] = 1;
-    for (uint32_t k = 0; k < ap_ndims[t]; k++)
-      m->info[t].shape[k] = ap_shapes[t][k], m->numel[t] *= ap_shapes[t][k];
-    m->w[t] = malloc(m->numel[t] * 4);
-    for (uint64_t i = 0; i < m->numel[t]; i++)
-      m->w[t][i] = (float)(ap_rnd(&m->seed) - 0.5);
-  }
-}
+static const sm_spec ap_spec = {AP_NT, ap_names, ap_ndims, ap_shapes, NULL, 0};
 
 /* Moves a third of the weights far enough to change their BF16 values. */
-static void ap_model_step(ap_model *m) {
-  for (int t = 0; t < AP_NT; t++)
-    for (uint64_t i = 0; i < m->numel[t]; i++)
-      if (ap_rnd(&m->seed) < 0.3)
-        m->w[t][i] += (float)((ap_rnd(&m->seed) - 0.5) * 0.1);
-}
-
-static void ap_model_free(ap_model *m) {
-  for (int t = 0; t < AP_NT; t++)
-    free(m->w[t]);
+static void ap_model_step(sm_model *m) {
+  sm_model_step(m, 0.3, 0.1);
 }
 
 typedef struct {
@@ -151,7 +118,7 @@ static int ap_blocks_of(ap_tiling s, ap_blocks *rb) {
   return AP_RANKS;
 }
 
-static float *ap_block_data(const ap_model *m, const pulse_pub_block *b) {
+static float *ap_block_data(const sm_model *m, const pulse_pub_block *b) {
   int t = 0;
   while (strcmp(ap_names[t], b->name) != 0)
     t++;
@@ -177,7 +144,7 @@ static float *ap_block_data(const ap_model *m, const pulse_pub_block *b) {
 }
 
 static void ap_detect(pulse_pub_shard **sh, const ap_blocks *rb, int ranks,
-                      const ap_model *m, pulse_buffer *parts) {
+                      const sm_model *m, pulse_buffer *parts) {
   for (int r = 0; r < ranks; r++) {
     pulse_pub_tensor t[AP_MAXB];
     float *d[AP_MAXB];
@@ -206,7 +173,7 @@ static uint8_t *ap_written(pulse_pub_shard **sh, int ranks, const char *dir,
 }
 
 /* The BF16 values of the gathered weights (a single publisher's state). */
-static void ap_cast(const ap_model *m, uint16_t **bf) {
+static void ap_cast(const sm_model *m, uint16_t **bf) {
   for (int t = 0; t < AP_NT; t++) {
     bf[t] = malloc(m->numel[t] * 2);
     pulse_bf16_cast_f32(m->w[t], bf[t], m->numel[t]);
@@ -215,7 +182,7 @@ static void ap_cast(const ap_model *m, uint16_t **bf) {
 
 /* The anchor a single publisher writes of the state bf (independent of
  * the shards): what every rank's bytes must make. */
-static uint8_t *ap_single(const ap_model *m, uint16_t **bf, const char *dir,
+static uint8_t *ap_single(const sm_model *m, uint16_t **bf, const char *dir,
                           uint64_t step, const pulse_state_digest *d,
                           size_t *size) {
   pulse_st_write_tensor t[AP_NT];
@@ -240,7 +207,7 @@ static uint8_t *ap_single(const ap_model *m, uint16_t **bf, const char *dir,
 /* Every part of size `part` of the file, rebuilt from the header and
  * every rank's bytes of it. */
 static void ap_check_parts(pulse_pub_shard **sh, const ap_blocks *rb, int ranks,
-                           const ap_model *m, const pulse_buffer *header,
+                           const sm_model *m, const pulse_buffer *header,
                            const uint8_t *file, uint64_t file_size,
                            uint64_t part, uint64_t seed, int pending) {
   uint64_t hs = header->size;
@@ -248,7 +215,7 @@ static void ap_check_parts(pulse_pub_shard **sh, const ap_blocks *rb, int ranks,
   for (uint64_t off = 0, n = 0; off < file_size; off += n) {
     n = part;
     if (part == 0) /* random sizes, 1 to 3000 */
-      n = 1 + (uint64_t)(ap_rnd(&seed) * 3000);
+      n = 1 + (uint64_t)(sm_rnd(&seed) * 3000);
     if (n > file_size - off)
       n = file_size - off;
     if (part == 0)
@@ -290,8 +257,8 @@ static void ap_check_parts(pulse_pub_shard **sh, const ap_blocks *rb, int ranks,
 
 static void ap_run(ap_tiling s, uint64_t seed) {
   char *dir = tu_make_dir();
-  ap_model m;
-  ap_model_init(&m, seed);
+  sm_model m;
+  sm_model_init(&m, &ap_spec, seed);
   ap_blocks rb[AP_RANKS];
   int ranks = ap_blocks_of(s, rb);
   const pulse_pub_block *bl[AP_RANKS];
@@ -369,7 +336,7 @@ static void ap_run(ap_tiling s, uint64_t seed) {
     free(before[t]);
   for (int r = 0; r < ranks; r++)
     pulse_pub_shard_free(sh[r]);
-  ap_model_free(&m);
+  sm_model_free(&m);
   tu_rm_rf(dir);
 }
 
@@ -390,8 +357,8 @@ Test(shard_anchor_parts,
 
 Test(shard_anchor_parts,
      bad_ranges_sizes_and_nulls_are_refused_and_nothing_is_placed) {
-  ap_model m;
-  ap_model_init(&m, 15);
+  sm_model m;
+  sm_model_init(&m, &ap_spec, 15);
   ap_blocks rb[AP_RANKS];
   ap_blocks_of(AP_DIM0, rb);
   pulse_pub_shard_opts o;
@@ -502,7 +469,7 @@ Test(shard_anchor_parts,
   free(dst), free(same);
   pulse_buffer_free(&got), pulse_buffer_free(&header);
   pulse_pub_shard_free(sh);
-  ap_model_free(&m);
+  sm_model_free(&m);
 }
 
 /* Blocks of many changes (beyond the marks a reader seeks by): every part

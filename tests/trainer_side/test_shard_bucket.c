@@ -27,6 +27,7 @@
 #include "pulse_store.h"
 #include "pulse_upload.h"
 #include "s3rver_testutil.h"
+#include "shard_testutil.h"
 #include "trainer_testutil.h"
 
 #define TARGET "s3://bkt/runs/shard"
@@ -68,44 +69,11 @@ static const char *names[NT] = {"attn.w", "embed", "mlp.w3", "norm"};
 static const uint32_t ndims[NT] = {2, 1, 3, 1};
 static const uint64_t shapes[NT][3] = {{96, 40}, {5000}, {24, 30, 7}, {64}};
 
-typedef struct {
-  pulse_tensor_info info[NT];
-  uint64_t numel[NT];
-  float *w[NT];
-  uint64_t seed;
-} model;
+static const double spreads[NT] = {0.08, 0.08, 0.08, 2.0};
+static const sm_spec spec = {NT, names, ndims, shapes, spreads, 0};
 
-static double rnd(model *m) {
-  m->seed = m->seed * 6364136223846793005ull + 1442695040888963407ull;
-  return (double)(m->seed >> 11) / 9007199254740992.0;
-}
-
-static void model_init(model *m, uint64_t seed) {
-  memset(m, 0, sizeof *m);
-  m->seed = seed;
-  for (int t = 0; t < NT; t++) {
-    m->info[t].name = names[t];
-    m->info[t].dtype = PULSE_DTYPE_F32;
-    m->info[t].ndim = ndims[t];
-    m->numel[t] = 1;
-    for (uint32_t k = 0; k < ndims[t]; k++)
-      m->info[t].shape[k] = shapes[t][k], m->numel[t] *= shapes[t][k];
-    m->w[t] = malloc(m->numel[t] * 4);
-    for (uint64_t i = 0; i < m->numel[t]; i++)
-      m->w[t][i] = (float)((rnd(m) - 0.5) * (t == 3 ? 2.0 : 0.08));
-  }
-}
-
-static void model_free(model *m) {
-  for (int t = 0; t < NT; t++)
-    free(m->w[t]);
-}
-
-static void model_step(model *m) {
-  for (int t = 0; t < NT; t++)
-    for (uint64_t i = 0; i < m->numel[t]; i++)
-      if (rnd(m) < 0.3)
-        m->w[t][i] += (float)((rnd(m) - 0.5) * 2e-3);
+static void model_step(sm_model *m) {
+  sm_model_step(m, 0.3, 2e-3);
 }
 
 typedef struct {
@@ -147,7 +115,7 @@ static void blocks_of(rank_blocks *rb) {
   add_rect(&rb[2], 2, z, e);
 }
 
-static float *block_data(const model *m, const pulse_pub_block *b) {
+static float *block_data(const sm_model *m, const pulse_pub_block *b) {
   int t = 0;
   while (strcmp(names[t], b->name) != 0)
     t++;
@@ -172,7 +140,7 @@ static float *block_data(const model *m, const pulse_pub_block *b) {
   return d;
 }
 
-static void pub_opts(pulse_pub_opts *o, const model *m) {
+static void pub_opts(pulse_pub_opts *o, const sm_model *m) {
   pulse_pub_opts_init(o);
   o->tensors = m->info;
   o->tensor_count = NT;
@@ -373,8 +341,8 @@ static int run_rank(const char *root, uint64_t seed, int rank, uint64_t first,
   pulse_upload *up = handle();
   if (up == NULL)
     FAIL(10, "rank %d: upload: %s", rank, pulse_error_detail());
-  model m;
-  model_init(&m, seed);
+  sm_model m;
+  sm_model_init(&m, &spec, seed);
   rank_blocks rb[RANKS];
   blocks_of(rb);
   pulse_pub_shard_opts so;
@@ -489,7 +457,7 @@ static int run_rank(const char *root, uint64_t seed, int rank, uint64_t first,
   pulse_pub_free(lockstep);
   pulse_pub_shard_free(sh);
   pulse_upload_free(up);
-  model_free(&m);
+  sm_model_free(&m);
   return rc;
 }
 
