@@ -14,12 +14,9 @@ rank 0 uploads, as before. Exit 77: no torch or no s3rver."""
 
 import json
 import os
-import re
 import shutil
-import subprocess
 import sys
 import tempfile
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
@@ -40,23 +37,14 @@ SHAPES = {"attn.w": (96, 40), "embed": (5000,), "mlp.w3": (24, 30, 7), "norm": (
 
 
 def start_s3rver(work):
-    """s3rver with the multipart calls as S3 answers them."""
-    log = open(os.path.join(work, "s3.log"), "w+")
-    node_path = os.environ.get("NODE_PATH") or "/usr/lib/node_modules"
-    script = os.path.join(HERE, "..", "cli", "lib", "s3rver_multipart.js")
-    # The store's head upload fails while the file head-fault exists.
-    env = dict(os.environ, NODE_PATH=node_path,
-               S3_FAIL_HEAD_FILE=os.path.join(work, "head-fault"))
-    proc = subprocess.Popen(["node", script, os.path.join(work, "s3")], stdout=log,
-                            stderr=subprocess.STDOUT, env=env)
-    for _ in range(400):
-        log.seek(0)
-        m = re.search(r"listening on 127\.0\.0\.1:(\d+)", log.read())
-        if m:
-            return proc, int(m.group(1))
-        time.sleep(0.05)
-    proc.kill()
-    raise AssertionError("s3rver did not start")
+    """test_upload.py's s3rver (S3's multipart answers), whose store head
+    upload fails while the file head-fault exists."""
+    from test_upload import start_s3rver as start_multipart_s3rver
+    os.environ["S3_FAIL_HEAD_FILE"] = os.path.join(work, "head-fault")
+    try:
+        return start_multipart_s3rver(work)
+    finally:
+        del os.environ["S3_FAIL_HEAD_FILE"]
 
 
 class Model:
