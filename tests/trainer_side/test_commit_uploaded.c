@@ -83,6 +83,27 @@ static void cu_opts(pulse_pub_opts *o, const sm_model *m) {
   o->grace_seconds = 0;
 }
 
+/* The committer of a new store in dir, of the model m (seed 31); its
+ * options in o, for opening it again. */
+static pulse_pub *cu_committer(const char *dir, sm_model *m,
+                               pulse_pub_opts *o) {
+  sm_model_init(m, &cu_spec, 31);
+  cu_opts(o, m);
+  pulse_pub *pub = NULL;
+  cr_assert_eq(pulse_pub_create_committer(dir, o, &pub), PULSE_OK, "%s",
+               pulse_error_detail());
+  return pub;
+}
+
+/* The store's path of the anchor whose SHA-256 is sha. */
+static void cu_anchor_rel(const uint8_t sha[32],
+                          char rel[PULSE_STORE_PATH_MAX]) {
+  snprintf(rel, PULSE_STORE_PATH_MAX, "objects/");
+  for (int k = 0; k < 32; k++)
+    snprintf(rel + 8 + 2 * k, 3, "%02x", sha[k]);
+  strcat(rel, ".safetensors");
+}
+
 /* The head is of `step` and names the anchor of that step: the given
  * one, absent from the folder. */
 static void cu_head_names(const char *dir, uint64_t step, const uint8_t sha[32],
@@ -97,10 +118,8 @@ static void cu_head_names(const char *dir, uint64_t step, const uint8_t sha[32],
       a = pulse_store_head_anchor(h, i);
   cr_assert(a != NULL, "the head names an anchor of step %llu",
             (unsigned long long)step);
-  char want[PULSE_STORE_PATH_MAX] = "objects/";
-  for (int k = 0; k < 32; k++)
-    snprintf(want + 8 + 2 * k, 3, "%02x", sha[k]);
-  strcat(want, ".safetensors");
+  char want[PULSE_STORE_PATH_MAX];
+  cu_anchor_rel(sha, want);
   cr_assert_eq(a->kind, PULSE_STORE_ANCHOR);
   cr_assert_eq(a->step, step);
   cr_assert_eq(a->size, size);
@@ -115,12 +134,8 @@ Test(commit_uploaded,
      the_head_names_anchors_only_the_bucket_holds_and_the_store_goes_on) {
   char *dir = tu_make_dir(), *bucket = tu_make_dir();
   sm_model m;
-  sm_model_init(&m, &cu_spec, 31);
   pulse_pub_opts o;
-  cu_opts(&o, &m);
-  pulse_pub *pub = NULL;
-  cr_assert_eq(pulse_pub_create_committer(dir, &o, &pub), PULSE_OK, "%s",
-               pulse_error_detail());
+  pulse_pub *pub = cu_committer(dir, &m, &o);
   uint8_t sha[32];
   uint64_t size = 0;
   char path[4096];
@@ -174,13 +189,11 @@ Test(commit_uploaded,
   for (uint64_t step = 5; step <= 7; step += 2) {
     uint8_t s2[32];
     uint64_t n2 = 0;
-    char from[4096], to[4096], rel[PULSE_STORE_PATH_MAX] = "objects/";
+    char from[4096], to[4096], rel[PULSE_STORE_PATH_MAX];
     snprintf(from, sizeof from, "%s/anchor-%llu.safetensors", bucket,
              (unsigned long long)step);
     cr_assert_eq(pulse_store_file_sha256(from, s2, &n2), PULSE_OK);
-    for (int k = 0; k < 32; k++)
-      snprintf(rel + 8 + 2 * k, 3, "%02x", s2[k]);
-    strcat(rel, ".safetensors");
+    cu_anchor_rel(s2, rel);
     cr_assert(strcmp(rel, named[0]) == 0 || strcmp(rel, named[1]) == 0, "%s",
               rel);
     snprintf(to, sizeof to, "%s/%s", dir, rel);
@@ -201,12 +214,8 @@ Test(commit_uploaded,
 Test(commit_uploaded, bad_arguments_are_refused_and_the_head_stays) {
   char *dir = tu_make_dir();
   sm_model m;
-  sm_model_init(&m, &cu_spec, 31);
   pulse_pub_opts o;
-  cu_opts(&o, &m);
-  pulse_pub *pub = NULL;
-  cr_assert_eq(pulse_pub_create_committer(dir, &o, &pub), PULSE_OK, "%s",
-               pulse_error_detail());
+  pulse_pub *pub = cu_committer(dir, &m, &o);
   pulse_state_digest d = cu_digest(&m);
   uint8_t sha[32];
   memset(sha, 0xab, sizeof sha);

@@ -154,6 +154,16 @@ Test(upload_parts, parts_from_two_handles_and_processes_make_one_object,
   pulse_upload_free(third);
 }
 
+/* Begins an upload of rel (its id in id) and puts part as its part 1 (the
+ * part's ETag in etag). */
+static void begin_with_part_1(pulse_upload *up, const char *rel,
+                              const uint8_t part[PART], char id[1024],
+                              char etag[256]) {
+  cr_assert_eq(pulse_upload_part_begin(up, rel, id, 1024), PULSE_OK);
+  cr_assert_eq(pulse_upload_part_put(up, rel, id, 1, part, PART, etag, 256),
+               PULSE_OK);
+}
+
 Test(upload_parts, an_abort_leaves_no_object_and_the_upload_gone,
      .init = s3_start, .fini = s3_stop) {
   pulse_upload *up = handle(1);
@@ -161,10 +171,7 @@ Test(upload_parts, an_abort_leaves_no_object_and_the_upload_gone,
   char id[1024], etag[256];
   uint8_t part[PART];
   part_fill(1, part);
-  cr_assert_eq(pulse_upload_part_begin(up, rel, id, sizeof id), PULSE_OK);
-  cr_assert_eq(
-      pulse_upload_part_put(up, rel, id, 1, part, PART, etag, sizeof etag),
-      PULSE_OK);
+  begin_with_part_1(up, rel, part, id, etag);
   cr_assert_eq(pulse_upload_part_abort(up, rel, id), PULSE_OK, "%s",
                pulse_error_detail());
   uint64_t size;
@@ -189,10 +196,7 @@ Test(upload_parts, a_wrong_etag_fails_the_completion_and_leaves_it_open,
   char id[1024], etag[256];
   uint8_t part[PART];
   part_fill(2, part);
-  cr_assert_eq(pulse_upload_part_begin(up, rel, id, sizeof id), PULSE_OK);
-  cr_assert_eq(
-      pulse_upload_part_put(up, rel, id, 1, part, PART, etag, sizeof etag),
-      PULSE_OK);
+  begin_with_part_1(up, rel, part, id, etag);
   const char *wrong[1] = {"\"00000000000000000000000000000000\""};
   cr_assert_eq(pulse_upload_part_finish(up, rel, id, wrong, 1), PULSE_ERR_IO);
   const char *why = pulse_error_detail();
@@ -400,10 +404,7 @@ Test(upload_parts, a_completion_failing_inside_a_200_answer_is_a_failure,
   char id[1024], etag[256];
   uint8_t part[PART];
   part_fill(1, part);
-  cr_assert_eq(pulse_upload_part_begin(up, rel, id, sizeof id), PULSE_OK);
-  cr_assert_eq(
-      pulse_upload_part_put(up, rel, id, 1, part, PART, etag, sizeof etag),
-      PULSE_OK);
+  begin_with_part_1(up, rel, part, id, etag);
   const char *list[1] = {etag};
   cr_assert_eq(pulse_upload_part_finish(up, rel, id, list, 1), PULSE_ERR_IO);
   cr_assert(strstr(pulse_error_detail(), "HTTP 200 InternalError") != NULL,
