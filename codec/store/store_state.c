@@ -1,9 +1,13 @@
 /* store_state.c - rebuilding a whole BF16 state from an anchor and the
  * patches after it (pulse_store.h). */
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "fail_impl.h"
 #include "pulse_safetensors.h"
@@ -25,11 +29,11 @@ void pulse_store_state_free(pulse_store_state *s) {
   *s = init;
 }
 
-pulse_status store_anchor_load(const char *dir,
-                               const pulse_store_object *anchor, int keep_bits,
-                               pulse_store_state *out) {
-  pulse_store_state init = PULSE_STORE_STATE_INIT;
-  *out = init;
+pulse_status store_anchor_open(const char *dir,
+                               const pulse_store_object *anchor,
+                               pulse_st_file **file,
+                               pulse_state_digest *named) {
+  *file = NULL;
   char path[4096];
   if (store_join(path, sizeof path, dir, anchor->path) != 0)
     return pulse_fail(PULSE_ERR_ARG, "store: folder name too long");
@@ -41,15 +45,49 @@ pulse_status store_anchor_load(const char *dir,
   const char *digest_s = pulse_st_metadata_get(f, "state_digest");
   char want[32];
   snprintf(want, sizeof want, "%" PRIu64, anchor->step);
-  pulse_state_digest named;
   if (step_s == NULL || strcmp(step_s, want) != 0 || digest_s == NULL ||
-      store_unhex(digest_s, strlen(digest_s), named.bytes, 32) != 0) {
+      store_unhex(digest_s, strlen(digest_s), named->bytes, 32) != 0) {
     pulse_st_close(f);
     return pulse_fail(
         PULSE_ERR_CORRUPT,
         "store: anchor %s: metadata does not name step %s and a state digest",
         anchor->path, want);
   }
+  *file = f;
+  return PULSE_OK;
+}
+
+pulse_status store_anchor_tensor(const pulse_st_file *f,
+                                 const pulse_store_object *anchor, size_t i,
+                                 pulse_st_tensor *t) {
+  PULSE_TRY(pulse_st_tensor_get(f, i, t));
+  if (t->dtype != PULSE_DTYPE_BF16)
+    return pulse_fail(PULSE_ERR_DTYPE,
+                      "store: anchor %s: tensor '%s' is %s, not BF16",
+                      anchor->path, t->name, pulse_dtype_name(t->dtype));
+  return PULSE_OK;
+}
+
+pulse_status store_anchor_digest_check(const pulse_store_object *anchor,
+                                       const pulse_state_digest *computed,
+                                       const pulse_state_digest *named) {
+  if (memcmp(computed, named, sizeof *named) != 0)
+    return pulse_fail(
+        PULSE_ERR_CORRUPT,
+        "store: anchor %s: its tensors do not give the state digest it names",
+        anchor->path);
+  return PULSE_OK;
+}
+
+pulse_status store_anchor_load(const char *dir,
+                               const pulse_store_object *anchor, int keep_bits,
+                               pulse_store_state *out) {
+  pulse_store_state init = PULSE_STORE_STATE_INIT;
+  *out = init;
+  pulse_st_file *f = NULL;
+  pulse_state_digest named;
+  PULSE_TRY(store_anchor_open(dir, anchor, &f, &named));
+  pulse_status st = PULSE_OK;
   size_t n = pulse_st_tensor_count(f);
   out->step = anchor->step;
   out->info = calloc(n + 1, sizeof *out->info);
@@ -64,15 +102,9 @@ pulse_status store_anchor_load(const char *dir,
   out->count = n;
   for (size_t i = 0; i < n && st == PULSE_OK; i++) {
     pulse_st_tensor t;
-    st = pulse_st_tensor_get(f, i, &t);
+    st = store_anchor_tensor(f, anchor, i, &t);
     if (st != PULSE_OK)
       break;
-    if (t.dtype != PULSE_DTYPE_BF16) {
-      st = pulse_fail(PULSE_ERR_DTYPE,
-                      "store: anchor %s: tensor '%s' is %s, not BF16",
-                      anchor->path, t.name, pulse_dtype_name(t.dtype));
-      break;
-    }
     out->info[i].name = strdup(t.name);
     out->info[i].dtype = PULSE_DTYPE_BF16;
     out->info[i].ndim = t.ndim;
@@ -102,11 +134,8 @@ pulse_status store_anchor_load(const char *dir,
   if (st == PULSE_OK)
     st = pulse_state_digest_compute(out->info, out->digests, n,
                                     &out->state_digest);
-  if (st == PULSE_OK && memcmp(&out->state_digest, &named, sizeof named) != 0)
-    st = pulse_fail(
-        PULSE_ERR_CORRUPT,
-        "store: anchor %s: its tensors do not give the state digest it names",
-        anchor->path);
+  if (st == PULSE_OK)
+    st = store_anchor_digest_check(anchor, &out->state_digest, &named);
   if (st != PULSE_OK)
     pulse_store_state_free(out);
   return st;
@@ -151,6 +180,66 @@ pulse_status store_patch_read(const char *dir, const pulse_store_object *o,
   return PULSE_OK;
 }
 
+pulse_status store_patch_map(const char *dir, const pulse_store_object *o,
+                             store_patch_mapping *out) {
+  out->data = NULL;
+  out->size = 0;
+  char path[4096];
+  if (store_join(path, sizeof path, dir, o->path) != 0)
+    return pulse_fail(PULSE_ERR_ARG, "store: folder name too long");
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return pulse_fail(PULSE_ERR_NOT_FOUND,
+                      "store: patch %s (step %" PRIu64 ") is missing", o->path,
+                      o->step);
+  struct stat sb;
+  int sized = fstat(fd, &sb) == 0 && S_ISREG(sb.st_mode) &&
+              (uint64_t)sb.st_size == o->size && o->size <= SIZE_MAX;
+  void *map = NULL;
+  if (sized && o->size > 0) {
+    map = mmap(NULL, (size_t)o->size, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (map == MAP_FAILED) {
+      close(fd);
+      return pulse_fail(PULSE_ERR_IO, "store: patch %s: cannot map it",
+                        o->path);
+    }
+  }
+  close(fd);
+  uint8_t sha[32];
+  if (sized)
+    store_sha256(map, (size_t)o->size, sha);
+  if (!sized || memcmp(sha, o->sha256, 32) != 0) {
+    if (map != NULL)
+      munmap(map, (size_t)o->size);
+    return pulse_fail(PULSE_ERR_CORRUPT,
+                      "store: patch %s does not match its size and SHA-256",
+                      o->path);
+  }
+  out->data = map;
+  out->size = (size_t)o->size;
+  return PULSE_OK;
+}
+
+void store_patch_unmap(store_patch_mapping *m) {
+  if (m != NULL && m->data != NULL)
+    munmap((void *)m->data, m->size);
+  if (m != NULL)
+    m->data = NULL, m->size = 0;
+}
+
+pulse_status store_patch_steps_check(const pulse_store_object *o,
+                                     const pulse_patch *p, uint64_t at) {
+  if (pulse_patch_step(p) != o->step ||
+      pulse_patch_base_step(p) != o->base_step ||
+      pulse_patch_base_step(p) != at)
+    return pulse_fail(PULSE_ERR_BASE_STEP,
+                      "store: patch %s goes %" PRIu64 " -> %" PRIu64
+                      ", expected %" PRIu64 " -> %" PRIu64,
+                      o->path, pulse_patch_base_step(p), pulse_patch_step(p),
+                      at, o->step);
+  return PULSE_OK;
+}
+
 pulse_status store_state_apply_patch(pulse_store_state *s,
                                      const pulse_store_object *o,
                                      const uint8_t *bytes, size_t size,
@@ -159,15 +248,9 @@ pulse_status store_state_apply_patch(pulse_store_state *s,
   pulse_status st = pulse_patch_open(bytes, size, &p);
   if (st != PULSE_OK)
     return pulse_fail_context(st, "store: patch %s", o->path);
-  if (pulse_patch_step(p) != o->step ||
-      pulse_patch_base_step(p) != o->base_step ||
-      pulse_patch_base_step(p) != s->step) {
+  if ((st = store_patch_steps_check(o, p, s->step)) != PULSE_OK) {
     pulse_patch_free(p);
-    return pulse_fail(PULSE_ERR_BASE_STEP,
-                      "store: patch %s goes %" PRIu64 " -> %" PRIu64
-                      ", expected %" PRIu64 " -> %" PRIu64,
-                      o->path, pulse_patch_base_step(p), pulse_patch_step(p),
-                      s->step, o->step);
+    return st;
   }
   pulse_host_tensor *t = calloc(s->count + 1, sizeof *t);
   if (t == NULL) {
@@ -205,6 +288,20 @@ pulse_status store_state_apply_patch(pulse_store_state *s,
   return PULSE_OK;
 }
 
+pulse_status store_replay_end_check(const pulse_store_head *head, uint64_t step,
+                                    uint64_t reached,
+                                    const pulse_state_digest *digest) {
+  if (reached != step)
+    return pulse_fail(PULSE_ERR_NOT_FOUND,
+                      "store: step %" PRIu64 " is not a retained step", step);
+  if (step == head->step &&
+      memcmp(digest, &head->digest, sizeof head->digest) != 0)
+    return pulse_fail(PULSE_ERR_CORRUPT,
+                      "store: the rebuilt head state does not match the "
+                      "head's state digest");
+  return PULSE_OK;
+}
+
 pulse_status store_state_replay(const char *dir, const pulse_store_head *head,
                                 size_t anchor, uint64_t step, int threads,
                                 store_step_hook hook, void *ctx,
@@ -225,17 +322,25 @@ pulse_status store_state_replay(const char *dir, const pulse_store_head *head,
     if (st == PULSE_OK && hook != NULL)
       st = hook(ctx, out);
   }
-  if (st == PULSE_OK && out->step != step)
-    st = pulse_fail(PULSE_ERR_NOT_FOUND,
-                    "store: step %" PRIu64 " is not a retained step", step);
-  if (st == PULSE_OK && step == head->step &&
-      memcmp(&out->state_digest, &head->digest, sizeof head->digest) != 0)
-    st = pulse_fail(PULSE_ERR_CORRUPT,
-                    "store: the rebuilt head state does not match the "
-                    "head's state digest");
+  if (st == PULSE_OK)
+    st = store_replay_end_check(head, step, out->step, &out->state_digest);
   if (st != PULSE_OK)
     pulse_store_state_free(out);
   return st;
+}
+
+pulse_status store_replay_anchor(const pulse_store_head *head, uint64_t step,
+                                 size_t *anchor) {
+  if (!pulse_store_head_has_step(head, step))
+    return pulse_fail(PULSE_ERR_NOT_FOUND,
+                      "store: step %" PRIu64 " is not retained (oldest %" PRIu64
+                      ", head %" PRIu64 ")",
+                      step, pulse_store_head_oldest_step(head), head->step);
+  *anchor = 0;
+  for (size_t i = 0; i < head->nanchors; i++)
+    if (head->anchors[i].step <= step)
+      *anchor = i;
+  return PULSE_OK;
 }
 
 pulse_status pulse_store_state_rebuild(const char *dir,
@@ -246,14 +351,7 @@ pulse_status pulse_store_state_rebuild(const char *dir,
     return pulse_fail(PULSE_ERR_ARG, "store: NULL argument");
   pulse_store_state init = PULSE_STORE_STATE_INIT;
   *out = init;
-  if (!pulse_store_head_has_step(head, step))
-    return pulse_fail(PULSE_ERR_NOT_FOUND,
-                      "store: step %" PRIu64 " is not retained (oldest %" PRIu64
-                      ", head %" PRIu64 ")",
-                      step, pulse_store_head_oldest_step(head), head->step);
   size_t anchor = 0;
-  for (size_t i = 0; i < head->nanchors; i++)
-    if (head->anchors[i].step <= step)
-      anchor = i;
+  PULSE_TRY(store_replay_anchor(head, step, &anchor));
   return store_state_replay(dir, head, anchor, step, threads, NULL, NULL, out);
 }
