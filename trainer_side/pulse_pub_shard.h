@@ -315,9 +315,17 @@ pulse_status pulse_pub_anchor_place(const pulse_tensor_info *table,
 
 /** Takes the snapshot of this rank's blocks at the head of the store `dir`
  * (a restarted job resumes from the store as a single publisher does), so
- * that the next step is a patch from the head. Costs, for now, the whole
- * state transiently: it is rebuilt (pulse_store_state_rebuild: the newest
- * anchor and the patches after it) and only the blocks are kept.
+ * that the next step is a patch from the head. Holds the rank's blocks,
+ * one tensor at a time (the newest anchor's bits of a tensor the rank has
+ * blocks in, brought through every patch after it, then freed; the
+ * anchor's other tensors are read for their digests only, page by page
+ * released), the patches after the anchor (mapped) and a digest per tensor
+ * and patch: not the whole state. Every check of
+ * pulse_store_state_rebuild is made (sizes and SHA-256 against the head,
+ * the anchor's state digest, each patch's steps, table and digests, the
+ * head's state digest) and a bad store gets the error it gives; only the
+ * sections of tensors the rank holds are decoded (the others' bytes are
+ * covered by their object's SHA-256).
  * @return PULSE_OK; PULSE_ERR_NOT_FOUND (no head: the first step is then
  * an anchor); PULSE_ERR_SIZE_MISMATCH (the store holds another table); the
  * errors of pulse_store_state_rebuild; PULSE_ERR_NOMEM. */

@@ -328,7 +328,8 @@ static uint16_t bits_at(const pulse_pub_tensor *t, uint64_t i) {
 }
 
 /* The block's digest: the sum of its runs' (positions in the tensor). */
-static pulse_tensor_digest block_digest(const shard_geom *g, const uint16_t *bits) {
+pulse_tensor_digest shard_block_digest(const shard_geom *g,
+                                       const uint16_t *bits) {
   pulse_tensor_digest d = {0, 0};
   for (uint64_t r = 0; r < g->runs; r++) {
     pulse_tensor_digest x;
@@ -560,7 +561,7 @@ pulse_status pulse_pub_shard_detect(pulse_pub_shard *s, const pulse_pub_tensor *
         pulse_bf16_cast_f32(data[b].data, s->snap[b], g->elems);
       else if (g->elems > 0)
         memcpy(s->snap[b], data[b].data, g->elems * 2);
-      s->target[b] = s->digest[b] = block_digest(g, s->snap[b]);
+      s->target[b] = s->digest[b] = shard_block_digest(g, s->snap[b]);
     }
     if (st != PULSE_OK) {
       for (size_t b = 0; b < count; b++)
@@ -594,37 +595,4 @@ pulse_status pulse_pub_shard_detect(pulse_pub_shard *s, const pulse_pub_tensor *
     return pulse_fail(PULSE_ERR_NOMEM, "shard: part");
   }
   return PULSE_OK;
-}
-
-pulse_status pulse_pub_shard_resume(pulse_pub_shard *s, const char *dir) {
-  if (s == NULL || dir == NULL)
-    return pulse_fail(PULSE_ERR_ARG, "shard: NULL argument");
-  pulse_store_head *head = NULL;
-  PULSE_TRY(pulse_store_head_load(dir, &head));
-  pulse_store_state state = PULSE_STORE_STATE_INIT;
-  uint64_t at = pulse_store_head_step(head);
-  pulse_status st = pulse_store_state_rebuild(dir, head, at, 0, &state);
-  pulse_store_head_free(head);
-  uint8_t id[32];
-  if (st == PULSE_OK && (st = shard_table_id(state.info, state.count, id)) == PULSE_OK &&
-      (state.count != s->count || memcmp(id, s->table_id, 32) != 0))
-    st = pulse_fail(PULSE_ERR_SIZE_MISMATCH, "shard: %s holds another table", dir);
-  pulse_pub_shard_abort(s);
-  for (size_t b = 0; st == PULSE_OK && b < s->nblocks; b++) {
-    const shard_geom *g = &s->geom[b];
-    uint16_t *snap = realloc(s->snap[b], (g->elems ? g->elems : 1) * 2);
-    if (snap == NULL) {
-      st = pulse_fail(PULSE_ERR_NOMEM, "shard: snapshot");
-      break;
-    }
-    s->snap[b] = snap;
-    for (uint64_t r = 0; r < g->runs; r++)
-      memcpy(snap + r * g->run_len, state.bits[g->tensor] + shard_run_pos(g, r),
-             g->run_len * 2);
-    s->digest[b] = s->target[b] = block_digest(g, snap);
-  }
-  s->have_snapshot = st == PULSE_OK;
-  s->snap_step = at;
-  pulse_store_state_free(&state);
-  return st;
 }

@@ -27,6 +27,10 @@ pulse_status shard_geom_make(const pulse_tensor_info *info, size_t tensor,
 /** The tensor position of run r's first element. */
 uint64_t shard_run_pos(const shard_geom *g, uint64_t r);
 
+/** The digest of block g's bits (its runs at their tensor positions). */
+pulse_tensor_digest shard_block_digest(const shard_geom *g,
+                                       const uint16_t *bits);
+
 /** Index of `name` in the table, or (size_t)-1. */
 size_t shard_find(const pulse_tensor_info *table, size_t count, const char *name);
 
