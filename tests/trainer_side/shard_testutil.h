@@ -2,7 +2,8 @@
  * publish (test_shard*.c, test_commit_uploaded.c): tensors of given names
  * and shapes whose weights one seed draws (the same on every rank that
  * makes it), the single publisher's BF16 snapshot where a suite keeps one,
- * the step that moves the weights, and that publisher's patch. */
+ * the step that moves the weights, that publisher's patch, and the blocks
+ * of the tensors each rank holds (sm_blocks) with their weights. */
 #ifndef PULSE_SHARD_TESTUTIL_H
 #define PULSE_SHARD_TESTUTIL_H
 
@@ -12,6 +13,7 @@
 #include <string.h>
 
 #include "pulse_codec.h"
+#include "pulse_pub_shard.h"
 
 #define SM_MAX_TENSORS 4
 
@@ -111,6 +113,70 @@ static inline pulse_buffer sm_single_patch(sm_model *m, uint64_t step,
   for (int t = 0; t < m->count; t++)
     pulse_changes_free(&ch[t]), free(base[t]);
   return out;
+}
+
+/* ---- blocks: a rank's share of the model's tensors */
+
+#define SM_MAX_BLOCKS (3 * SM_MAX_TENSORS)
+
+typedef struct {
+  pulse_pub_block b[SM_MAX_BLOCKS];
+  size_t n;
+} sm_blocks;
+
+/* Adds to r the block of tensor t (of s) from start, ext long, in each of
+ * the tensor's dimensions. */
+static inline void sm_blocks_rect(sm_blocks *r, const sm_spec *s, int t,
+                                  const uint64_t *start, const uint64_t *ext) {
+  cr_assert_lt(r->n, SM_MAX_BLOCKS);
+  pulse_pub_block *b = &r->b[r->n++];
+  memset(b, 0, sizeof *b);
+  b->name = s->names[t];
+  b->kind = PULSE_PUB_BLOCK_RECT;
+  for (uint32_t k = 0; k < s->ndims[t]; k++)
+    b->start[k] = start[k], b->extent[k] = ext[k];
+}
+
+/* Adds to r the flat range [lo, lo + n) of tensor t (of s). */
+static inline void sm_blocks_flat(sm_blocks *r, const sm_spec *s, int t,
+                                  uint64_t lo, uint64_t n) {
+  cr_assert_lt(r->n, SM_MAX_BLOCKS);
+  pulse_pub_block *b = &r->b[r->n++];
+  memset(b, 0, sizeof *b);
+  b->name = s->names[t];
+  b->kind = PULSE_PUB_BLOCK_FLAT;
+  b->start[0] = lo, b->extent[0] = n;
+}
+
+/* A rank's tensor of block b: a new copy (malloc) of the block's elements
+ * of the FP32 weights, row-major; their count in *n unless n is NULL. */
+static inline float *sm_block_data(const sm_model *m, const pulse_pub_block *b,
+                                   uint64_t *n) {
+  int t = 0;
+  while (strcmp(m->info[t].name, b->name) != 0)
+    t++;
+  uint64_t count = 1;
+  if (b->kind == PULSE_PUB_BLOCK_FLAT)
+    count = b->extent[0];
+  else
+    for (uint32_t k = 0; k < m->info[t].ndim; k++)
+      count *= b->extent[k];
+  float *d = malloc((count ? count : 1) * 4);
+  if (b->kind == PULSE_PUB_BLOCK_FLAT)
+    memcpy(d, m->w[t] + b->start[0], count * 4);
+  else
+    for (uint64_t i = 0; i < count; i++) {
+      uint64_t rest = i, pos = 0, stride = 1;
+      for (uint32_t k = m->info[t].ndim; k-- > 0;) {
+        pos += (b->start[k] + rest % b->extent[k]) * stride;
+        rest /= b->extent[k];
+        stride *= m->info[t].shape[k];
+      }
+      d[i] = m->w[t][pos];
+    }
+  if (n != NULL)
+    *n = count;
+  return d;
 }
 
 #endif /* PULSE_SHARD_TESTUTIL_H */

@@ -45,43 +45,21 @@ static pulse_buffer single_patch(sm_model *m, uint64_t step) {
   return sm_single_patch(m, step, LOG2);
 }
 
-typedef struct {
-  pulse_pub_block b[3 * NT];
-  size_t n;
-} rank_blocks;
-
-static void add_rect(rank_blocks *r, int t, const uint64_t *start, const uint64_t *ext) {
-  pulse_pub_block *b = &r->b[r->n++];
-  memset(b, 0, sizeof *b);
-  b->name = names[t];
-  b->kind = PULSE_PUB_BLOCK_RECT;
-  for (uint32_t k = 0; k < ndims[t]; k++)
-    b->start[k] = start[k], b->extent[k] = ext[k];
-}
-
-static void add_flat(rank_blocks *r, int t, uint64_t lo, uint64_t n) {
-  pulse_pub_block *b = &r->b[r->n++];
-  memset(b, 0, sizeof *b);
-  b->name = names[t];
-  b->kind = PULSE_PUB_BLOCK_FLAT;
-  b->start[0] = lo, b->extent[0] = n;
-}
-
 /* Dimension d of tensor t split into RANKS parts (uneven), rank r's. */
-static void split_dim(rank_blocks *r, int rank, int t, uint32_t d) {
+static void split_dim(sm_blocks *r, int rank, int t, uint32_t d) {
   uint64_t start[3] = {0}, ext[3];
   for (uint32_t k = 0; k < ndims[t]; k++)
     ext[k] = shapes[t][k];
   uint64_t n = shapes[t][d], lo = n * (uint64_t)rank / RANKS, hi = n * (uint64_t)(rank + 1) / RANKS;
   start[d] = lo, ext[d] = hi - lo;
   if (hi > lo)
-    add_rect(r, t, start, ext);
+    sm_blocks_rect(r, &spec, t, start, ext);
 }
 
 typedef enum { FLAT, DIM0, RECT, SETS, MIX } sharding;
 
-static void blocks_of(sharding s, const sm_model *m, rank_blocks *rb) {
-  memset(rb, 0, sizeof(rank_blocks) * RANKS);
+static void blocks_of(sharding s, const sm_model *m, sm_blocks *rb) {
+  memset(rb, 0, sizeof(sm_blocks) * RANKS);
   if (s == FLAT) { /* FSDP1: the concatenation of every tensor, in 4 ranges */
     uint64_t total = 0;
     for (int t = 0; t < NT; t++)
@@ -92,7 +70,7 @@ static void blocks_of(sharding s, const sm_model *m, rank_blocks *rb) {
       for (int t = 0; t < NT; t++) {
         uint64_t a = lo > at ? lo : at, e = hi < at + m->numel[t] ? hi : at + m->numel[t];
         if (a < e)
-          add_flat(&rb[r], t, a - at, e - a);
+          sm_blocks_flat(&rb[r], &spec, t, a - at, e - a);
         at += m->numel[t];
       }
     }
@@ -105,64 +83,36 @@ static void blocks_of(sharding s, const sm_model *m, rank_blocks *rb) {
      * row-parallel (dim 1); norm: replicated on no one but rank 0 */
     uint64_t st[2] = {(uint64_t)(r / 2) * 48, (uint64_t)(r % 2) * 17};
     uint64_t ex[2] = {48, r % 2 ? 23 : 17};
-    add_rect(&rb[r], 0, st, ex);
+    sm_blocks_rect(&rb[r], &spec, 0, st, ex);
     split_dim(&rb[r], r, 1, 0);
     split_dim(&rb[r], r, 2, 1);
     if (r == 0) {
       uint64_t z[1] = {0}, n[1] = {64};
-      add_rect(&rb[r], 3, z, n);
+      sm_blocks_rect(&rb[r], &spec, 3, z, n);
     }
   }
   for (int t = 0; t < NT && s == SETS; t++) { /* pipeline stages */
     uint64_t z[3] = {0}, e[3];
     for (uint32_t k = 0; k < ndims[t]; k++)
       e[k] = shapes[t][k];
-    add_rect(&rb[(t + 1) % RANKS], t, z, e);
+    sm_blocks_rect(&rb[(t + 1) % RANKS], &spec, t, z, e);
   }
   if (s == MIX) {
     for (int r = 0; r < RANKS; r++) {
       uint64_t st[2] = {(uint64_t)(r / 2) * 50, (uint64_t)(r % 2) * 20};
       uint64_t ex[2] = {r / 2 ? 46 : 50, 20};
-      add_rect(&rb[r], 0, st, ex);
-      add_flat(&rb[r], 1, 1250 * (uint64_t)r + 3 * (r > 0), r == 3 ? 1250 - 3 : 1250 + 3 * (r < 3) - 3 * (r > 0));
+      sm_blocks_rect(&rb[r], &spec, 0, st, ex);
+      sm_blocks_flat(&rb[r], &spec, 1, 1250 * (uint64_t)r + 3 * (r > 0),
+                     r == 3 ? 1250 - 3 : 1250 + 3 * (r < 3) - 3 * (r > 0));
       split_dim(&rb[r], r, 3, 0);
     }
     uint64_t z[3] = {0}, e[3] = {24, 30, 7};
-    add_rect(&rb[2], 2, z, e);
+    sm_blocks_rect(&rb[2], &spec, 2, z, e);
   }
-}
-
-/* Rank r's tensor of block b: the block's elements of the FP32 weights. */
-static float *block_data(const sm_model *m, const pulse_pub_block *b,
-                         uint64_t *n) {
-  int t = 0;
-  while (strcmp(names[t], b->name) != 0)
-    t++;
-  if (b->kind == PULSE_PUB_BLOCK_FLAT) {
-    float *d = malloc((b->extent[0] ? b->extent[0] : 1) * 4);
-    memcpy(d, m->w[t] + b->start[0], b->extent[0] * 4);
-    *n = b->extent[0];
-    return d;
-  }
-  uint64_t count = 1;
-  for (uint32_t k = 0; k < ndims[t]; k++)
-    count *= b->extent[k];
-  float *d = malloc(count * 4);
-  for (uint64_t i = 0; i < count; i++) {
-    uint64_t rest = i, pos = 0, stride = 1;
-    for (uint32_t k = ndims[t]; k-- > 0;) {
-      pos += (b->start[k] + rest % b->extent[k]) * stride;
-      rest /= b->extent[k];
-      stride *= shapes[t][k];
-    }
-    d[i] = m->w[t][pos];
-  }
-  *n = count;
-  return d;
 }
 
 /* Every rank's shard of the blocks rb of m's table. */
-static void shards_make(const sm_model *m, const rank_blocks *rb,
+static void shards_make(const sm_model *m, const sm_blocks *rb,
                         pulse_pub_shard **sh) {
   for (int r = 0; r < RANKS; r++) {
     pulse_pub_shard_opts o;
@@ -174,14 +124,14 @@ static void shards_make(const sm_model *m, const rank_blocks *rb,
   }
 }
 
-static void detect_all(pulse_pub_shard **sh, const rank_blocks *rb,
+static void detect_all(pulse_pub_shard **sh, const sm_blocks *rb,
                        const sm_model *m, pulse_buffer *parts) {
   for (int r = 0; r < RANKS; r++) {
     pulse_pub_tensor t[3 * NT];
     float *d[3 * NT];
     for (size_t b = 0; b < rb[r].n; b++) {
       uint64_t n;
-      d[b] = block_data(m, &rb[r].b[b], &n);
+      d[b] = sm_block_data(m, &rb[r].b[b], &n);
       t[b] = (pulse_pub_tensor){d[b], PULSE_DTYPE_F32, PULSE_PUB_HOST};
     }
     cr_assert_eq(pulse_pub_shard_detect(sh[r], t, rb[r].n, &parts[r]), PULSE_OK, "%s",
@@ -194,7 +144,7 @@ static void detect_all(pulse_pub_shard **sh, const rank_blocks *rb,
 /* A model of `seed` tiled by `s` over the ranks, its snapshot taken (step
  * 0), then one step: the ranks' parts of step 1. */
 static void second_step_parts(sm_model *m, unsigned seed, sharding s,
-                              rank_blocks *rb, pulse_pub_shard **sh,
+                              sm_blocks *rb, pulse_pub_shard **sh,
                               pulse_buffer *parts) {
   model_init(m, seed);
   blocks_of(s, m, rb);
@@ -209,7 +159,7 @@ static void second_step_parts(sm_model *m, unsigned seed, sharding s,
 static void run_sharding(sharding s, uint64_t seed) {
   sm_model m;
   model_init(&m, seed);
-  rank_blocks rb[RANKS];
+  sm_blocks rb[RANKS];
   blocks_of(s, &m, rb);
   const pulse_pub_block *bl[RANKS];
   size_t bc[RANKS];
@@ -312,7 +262,7 @@ static void run_sharding(sharding s, uint64_t seed) {
   for (int r = 0; r < RANKS; r++) {
     for (size_t b = 0; b < rb[r].n; b++) {
       uint64_t n;
-      float *d = block_data(&m, &rb[r].b[b], &n);
+      float *d = sm_block_data(&m, &rb[r].b[b], &n);
       uint16_t *bits = malloc(n * 2 + 2);
       pulse_bf16_cast_f32(d, bits, n);
       cr_assert_eq(memcmp(bits, pulse_pub_shard_snapshot(sh[r], b), n * 2), 0);
@@ -329,10 +279,10 @@ Test(shard, rectangular_blocks_make_the_single_publishers_bytes) { run_sharding(
 Test(shard, tensor_sets_make_the_single_publishers_bytes) { run_sharding(SETS, 4); }
 Test(shard, a_mix_makes_the_single_publishers_bytes) { run_sharding(MIX, 5); }
 
-static pulse_status check_dim0_with(void (*edit)(rank_blocks *)) {
+static pulse_status check_dim0_with(void (*edit)(sm_blocks *)) {
   sm_model m;
   model_init(&m, 9);
-  rank_blocks rb[RANKS];
+  sm_blocks rb[RANKS];
   blocks_of(DIM0, &m, rb);
   edit(rb);
   const pulse_pub_block *bl[RANKS];
@@ -344,11 +294,21 @@ static pulse_status check_dim0_with(void (*edit)(rank_blocks *)) {
   return st;
 }
 
-static void overlap(rank_blocks *rb) { rb[1].b[2].start[0] -= 1, rb[1].b[2].extent[0] += 1; }
-static void gap(rank_blocks *rb) { rb[3].b[0].extent[0] -= 1; }
-static void outside(rank_blocks *rb) { rb[3].b[1].extent[0] += 1; }
-static void unknown(rank_blocks *rb) { rb[2].b[3].name = "mlp.w4"; }
-static void other_shape(rank_blocks *rb) { rb[0].b[2].extent[1] = 31; }
+static void overlap(sm_blocks *rb) {
+  rb[1].b[2].start[0] -= 1, rb[1].b[2].extent[0] += 1;
+}
+static void gap(sm_blocks *rb) {
+  rb[3].b[0].extent[0] -= 1;
+}
+static void outside(sm_blocks *rb) {
+  rb[3].b[1].extent[0] += 1;
+}
+static void unknown(sm_blocks *rb) {
+  rb[2].b[3].name = "mlp.w4";
+}
+static void other_shape(sm_blocks *rb) {
+  rb[0].b[2].extent[1] = 31;
+}
 
 Test(shard, overlapping_missing_and_inconsistent_blocks_are_refused_naming_the_tensor) {
   cr_assert_eq(check_dim0_with(overlap), PULSE_ERR_ARG);
@@ -369,7 +329,7 @@ Test(shard, overlapping_missing_and_inconsistent_blocks_are_refused_naming_the_t
 
 Test(shard, a_part_of_another_table_is_refused_and_a_failed_step_is_retried) {
   sm_model m;
-  rank_blocks rb[RANKS];
+  sm_blocks rb[RANKS];
   pulse_pub_shard *sh[RANKS];
   pulse_buffer parts[RANKS], again[RANKS], counts[RANKS];
   second_step_parts(&m, 11, SETS, rb, sh, parts);
@@ -458,7 +418,7 @@ Test(shard, a_part_of_another_table_is_refused_and_a_failed_step_is_retried) {
  * not add up) or given twice are refused. */
 Test(shard, hostile_counts_of_shared_chunks_are_refused_or_read_within_bounds) {
   sm_model m;
-  rank_blocks rb[RANKS];
+  sm_blocks rb[RANKS];
   pulse_pub_shard *sh[RANKS];
   pulse_buffer parts[RANKS], counts[RANKS];
   second_step_parts(&m, 13, RECT, rb, sh, parts);
@@ -533,7 +493,7 @@ Test(shard, every_delta_survives_its_zigzag) {
  * the reads); a part cut for counting (no deltas) cannot be encoded. */
 Test(shard, hostile_parts_are_refused_or_read_within_bounds) {
   sm_model m;
-  rank_blocks rb[RANKS];
+  sm_blocks rb[RANKS];
   pulse_pub_shard *sh[RANKS];
   pulse_buffer parts[RANKS], counts[RANKS], cut = {0}, out = {0};
   second_step_parts(&m, 17, RECT, rb, sh, parts);
@@ -660,7 +620,7 @@ Test(shard, every_rank_writes_its_blocks_of_the_single_publishers_anchor) {
   snprintf(want_path, sizeof want_path, "%s/want.safetensors", dir);
   sm_model m;
   model_init(&m, 21);
-  rank_blocks rb[RANKS];
+  sm_blocks rb[RANKS];
   blocks_of(MIX, &m, rb);
   pulse_pub_shard *sh[RANKS];
   shards_make(&m, rb, sh);
@@ -751,7 +711,7 @@ static int run_rank(const char *dir, sharding s, uint64_t seed, int rank, uint64
                     uint64_t last, uint64_t fail_step, uint64_t err_step, int timeout_ms) {
   sm_model m;
   model_init(&m, seed);
-  rank_blocks rb[RANKS];
+  sm_blocks rb[RANKS];
   blocks_of(s, &m, rb);
   if (g_overlap && rank == 3)
     rb[3].b[0].start[0] -= 1, rb[3].b[0].extent[0] += 1;
@@ -791,7 +751,7 @@ static int run_rank(const char *dir, sharding s, uint64_t seed, int rank, uint64
     float *d[3 * NT];
     for (size_t b = 0; b < rb[rank].n; b++) {
       uint64_t n;
-      d[b] = block_data(&m, &rb[rank].b[b], &n);
+      d[b] = sm_block_data(&m, &rb[rank].b[b], &n);
       t[b] = (pulse_pub_tensor){d[b], PULSE_DTYPE_F32, PULSE_PUB_HOST};
     }
     for (int attempt = 0; attempt < 2; attempt++) {

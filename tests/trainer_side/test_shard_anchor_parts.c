@@ -14,7 +14,6 @@
 
 #define AP_RANKS 4
 #define AP_NT 4
-#define AP_MAXB 8
 
 static const char *ap_names[AP_NT] = {"attn.w", "embed", "mlp.w3", "norm"};
 static const uint32_t ap_ndims[AP_NT] = {2, 1, 3, 1};
@@ -27,34 +26,18 @@ static void ap_model_step(sm_model *m) {
   sm_model_step(m, 0.3, 0.1);
 }
 
-typedef struct {
-  pulse_pub_block b[AP_MAXB];
-  size_t n;
-} ap_blocks;
-
-static void ap_rect(ap_blocks *r, int t, uint64_t s0, uint64_t e0, uint64_t s1,
+/* A block of tensor t from (s0, s1, s2), (e0, e1, e2) long (the tensor's
+ * dimensions of them). */
+static void ap_rect(sm_blocks *r, int t, uint64_t s0, uint64_t e0, uint64_t s1,
                     uint64_t e1, uint64_t s2, uint64_t e2) {
-  pulse_pub_block *b = &r->b[r->n++];
-  memset(b, 0, sizeof *b);
-  b->name = ap_names[t];
-  b->kind = PULSE_PUB_BLOCK_RECT;
   uint64_t s[3] = {s0, s1, s2}, e[3] = {e0, e1, e2};
-  for (uint32_t k = 0; k < ap_ndims[t]; k++)
-    b->start[k] = s[k], b->extent[k] = e[k];
-}
-
-static void ap_flat(ap_blocks *r, int t, uint64_t lo, uint64_t n) {
-  pulse_pub_block *b = &r->b[r->n++];
-  memset(b, 0, sizeof *b);
-  b->name = ap_names[t];
-  b->kind = PULSE_PUB_BLOCK_FLAT;
-  b->start[0] = lo, b->extent[0] = n;
+  sm_blocks_rect(r, &ap_spec, t, s, e);
 }
 
 typedef enum { AP_FLAT, AP_DIM0, AP_ROWPAR, AP_MIX } ap_tiling;
 
 /* Dimension d of tensor t cut at the given points, piece i to rank i. */
-static void ap_split(ap_blocks *rb, int t, uint32_t d, const uint64_t *cut,
+static void ap_split(sm_blocks *rb, int t, uint32_t d, const uint64_t *cut,
                      int ranks) {
   for (int r = 0; r < ranks; r++) {
     uint64_t s[3] = {0, 0, 0}, e[3];
@@ -65,8 +48,8 @@ static void ap_split(ap_blocks *rb, int t, uint32_t d, const uint64_t *cut,
   }
 }
 
-static int ap_blocks_of(ap_tiling s, ap_blocks *rb) {
-  memset(rb, 0, sizeof(ap_blocks) * AP_RANKS);
+static int ap_blocks_of(ap_tiling s, sm_blocks *rb) {
+  memset(rb, 0, sizeof(sm_blocks) * AP_RANKS);
   if (s == AP_FLAT) { /* FSDP1: the table's elements in 4 uneven ranges */
     static const uint64_t cut[AP_RANKS + 1] = {0, 401, 1700, 2000, 2498};
     uint64_t at = 0;
@@ -78,7 +61,7 @@ static int ap_blocks_of(ap_tiling s, ap_blocks *rb) {
         uint64_t a = cut[r] > at ? cut[r] : at,
                  e = cut[r + 1] < at + n ? cut[r + 1] : at + n;
         if (a < e)
-          ap_flat(&rb[r], t, a - at, e - a);
+          sm_blocks_flat(&rb[r], &ap_spec, t, a - at, e - a);
       }
       at += n;
     }
@@ -108,48 +91,23 @@ static int ap_blocks_of(ap_tiling s, ap_blocks *rb) {
    * tensor's middle dimension, a whole tensor, an empty block. */
   for (int r = 0; r < AP_RANKS; r++) {
     uint64_t s0 = r / 2 ? 20 : 0, s1 = r % 2 ? 11 : 0;
-    ap_flat(&rb[r], 1, 250 * (uint64_t)r, 250);
+    sm_blocks_flat(&rb[r], &ap_spec, 1, 250 * (uint64_t)r, 250);
     ap_rect(&rb[r], 0, s0, r / 2 ? 17 : 20, s1, r % 2 ? 18 : 11, 0, 0);
   }
   static const uint64_t c1[5] = {0, 2, 5, 9, 10};
   ap_split(rb, 2, 1, c1, AP_RANKS);
   ap_rect(&rb[3], 3, 0, 5, 0, 0, 0, 0); /* norm, whole, on rank 3 */
-  ap_flat(&rb[2], 3, 5, 0);             /* nothing of norm */
+  sm_blocks_flat(&rb[2], &ap_spec, 3, 5, 0); /* nothing of norm */
   return AP_RANKS;
 }
 
-static float *ap_block_data(const sm_model *m, const pulse_pub_block *b) {
-  int t = 0;
-  while (strcmp(ap_names[t], b->name) != 0)
-    t++;
-  if (b->kind == PULSE_PUB_BLOCK_FLAT) {
-    float *d = malloc((b->extent[0] ? b->extent[0] : 1) * 4);
-    memcpy(d, m->w[t] + b->start[0], b->extent[0] * 4);
-    return d;
-  }
-  uint64_t count = 1;
-  for (uint32_t k = 0; k < ap_ndims[t]; k++)
-    count *= b->extent[k];
-  float *d = malloc((count ? count : 1) * 4);
-  for (uint64_t i = 0; i < count; i++) {
-    uint64_t rest = i, pos = 0, stride = 1;
-    for (uint32_t k = ap_ndims[t]; k-- > 0;) {
-      pos += (b->start[k] + rest % b->extent[k]) * stride;
-      rest /= b->extent[k];
-      stride *= ap_shapes[t][k];
-    }
-    d[i] = m->w[t][pos];
-  }
-  return d;
-}
-
-static void ap_detect(pulse_pub_shard **sh, const ap_blocks *rb, int ranks,
+static void ap_detect(pulse_pub_shard **sh, const sm_blocks *rb, int ranks,
                       const sm_model *m, pulse_buffer *parts) {
   for (int r = 0; r < ranks; r++) {
-    pulse_pub_tensor t[AP_MAXB];
-    float *d[AP_MAXB];
+    pulse_pub_tensor t[SM_MAX_BLOCKS];
+    float *d[SM_MAX_BLOCKS];
     for (size_t b = 0; b < rb[r].n; b++) {
-      d[b] = ap_block_data(m, &rb[r].b[b]);
+      d[b] = sm_block_data(m, &rb[r].b[b], NULL);
       t[b] = (pulse_pub_tensor){d[b], PULSE_DTYPE_F32, PULSE_PUB_HOST};
     }
     cr_assert_eq(pulse_pub_shard_detect(sh[r], t, rb[r].n, &parts[r]), PULSE_OK,
@@ -206,7 +164,7 @@ static uint8_t *ap_single(const sm_model *m, uint16_t **bf, const char *dir,
 
 /* Every part of size `part` of the file, rebuilt from the header and
  * every rank's bytes of it. */
-static void ap_check_parts(pulse_pub_shard **sh, const ap_blocks *rb, int ranks,
+static void ap_check_parts(pulse_pub_shard **sh, const sm_blocks *rb, int ranks,
                            const sm_model *m, const pulse_buffer *header,
                            const uint8_t *file, uint64_t file_size,
                            uint64_t part, uint64_t seed, int pending) {
@@ -259,7 +217,7 @@ static void ap_run(ap_tiling s, uint64_t seed) {
   char *dir = tu_make_dir();
   sm_model m;
   sm_model_init(&m, &ap_spec, seed);
-  ap_blocks rb[AP_RANKS];
+  sm_blocks rb[AP_RANKS];
   int ranks = ap_blocks_of(s, rb);
   const pulse_pub_block *bl[AP_RANKS];
   size_t nb[AP_RANKS];
@@ -359,7 +317,7 @@ Test(shard_anchor_parts,
      bad_ranges_sizes_and_nulls_are_refused_and_nothing_is_placed) {
   sm_model m;
   sm_model_init(&m, &ap_spec, 15);
-  ap_blocks rb[AP_RANKS];
+  sm_blocks rb[AP_RANKS];
   ap_blocks_of(AP_DIM0, rb);
   pulse_pub_shard_opts o;
   pulse_pub_shard_opts_init(&o);

@@ -76,68 +76,20 @@ static void model_step(sm_model *m) {
   sm_model_step(m, 0.3, 2e-3);
 }
 
-typedef struct {
-  pulse_pub_block b[3 * NT];
-  size_t n;
-} rank_blocks;
-
-static void add_rect(rank_blocks *r, int t, const uint64_t *start,
-                     const uint64_t *ext) {
-  pulse_pub_block *b = &r->b[r->n++];
-  memset(b, 0, sizeof *b);
-  b->name = names[t];
-  b->kind = PULSE_PUB_BLOCK_RECT;
-  for (uint32_t k = 0; k < ndims[t]; k++)
-    b->start[k] = start[k], b->extent[k] = ext[k];
-}
-
-static void add_flat(rank_blocks *r, int t, uint64_t lo, uint64_t n) {
-  pulse_pub_block *b = &r->b[r->n++];
-  memset(b, 0, sizeof *b);
-  b->name = names[t];
-  b->kind = PULSE_PUB_BLOCK_FLAT;
-  b->start[0] = lo, b->extent[0] = n;
-}
-
 /* A mix: a 2x2 grid, flat ranges, a whole tensor on rank 2, dim-0 rows;
  * the anchor's 1 KiB parts are then assembled on every rank. */
-static void blocks_of(rank_blocks *rb) {
-  memset(rb, 0, sizeof(rank_blocks) * RANKS);
+static void blocks_of(sm_blocks *rb) {
+  memset(rb, 0, sizeof(sm_blocks) * RANKS);
   for (int r = 0; r < RANKS; r++) {
     uint64_t st[2] = {(uint64_t)(r / 2) * 50, (uint64_t)(r % 2) * 20};
     uint64_t ex[2] = {r / 2 ? 46 : 50, 20};
-    add_rect(&rb[r], 0, st, ex);
-    add_flat(&rb[r], 1, 1250 * (uint64_t)r, 1250);
+    sm_blocks_rect(&rb[r], &spec, 0, st, ex);
+    sm_blocks_flat(&rb[r], &spec, 1, 1250 * (uint64_t)r, 1250);
     uint64_t rs[1] = {16 * (uint64_t)r}, re[1] = {16};
-    add_rect(&rb[r], 3, rs, re);
+    sm_blocks_rect(&rb[r], &spec, 3, rs, re);
   }
   uint64_t z[3] = {0}, e[3] = {24, 30, 7};
-  add_rect(&rb[2], 2, z, e);
-}
-
-static float *block_data(const sm_model *m, const pulse_pub_block *b) {
-  int t = 0;
-  while (strcmp(names[t], b->name) != 0)
-    t++;
-  if (b->kind == PULSE_PUB_BLOCK_FLAT) {
-    float *d = malloc(b->extent[0] * 4);
-    memcpy(d, m->w[t] + b->start[0], b->extent[0] * 4);
-    return d;
-  }
-  uint64_t count = 1;
-  for (uint32_t k = 0; k < ndims[t]; k++)
-    count *= b->extent[k];
-  float *d = malloc(count * 4);
-  for (uint64_t i = 0; i < count; i++) {
-    uint64_t rest = i, pos = 0, stride = 1;
-    for (uint32_t k = ndims[t]; k-- > 0;) {
-      pos += (b->start[k] + rest % b->extent[k]) * stride;
-      rest /= b->extent[k];
-      stride *= shapes[t][k];
-    }
-    d[i] = m->w[t][pos];
-  }
-  return d;
+  sm_blocks_rect(&rb[2], &spec, 2, z, e);
 }
 
 static void pub_opts(pulse_pub_opts *o, const sm_model *m) {
@@ -343,7 +295,7 @@ static int run_rank(const char *root, uint64_t seed, int rank, uint64_t first,
     FAIL(10, "rank %d: upload: %s", rank, pulse_error_detail());
   sm_model m;
   sm_model_init(&m, &spec, seed);
-  rank_blocks rb[RANKS];
+  sm_blocks rb[RANKS];
   blocks_of(rb);
   pulse_pub_shard_opts so;
   pulse_pub_shard_opts_init(&so);
@@ -402,7 +354,7 @@ static int run_rank(const char *root, uint64_t seed, int rank, uint64_t first,
     pulse_pub_tensor t[3 * NT];
     float *d[3 * NT];
     for (size_t b = 0; b < rb[rank].n; b++) {
-      d[b] = block_data(&m, &rb[rank].b[b]);
+      d[b] = sm_block_data(&m, &rb[rank].b[b], NULL);
       t[b] = (pulse_pub_tensor){d[b], PULSE_DTYPE_F32, PULSE_PUB_HOST};
     }
     if (step == err_step) {
