@@ -190,10 +190,13 @@ static int holds_tensor(const pulse_pub_shard *s, size_t i) {
   return 0;
 }
 
-/* Brings held tensor i (bits, its anchor digest in digest_at(c, 0, i))
- * through the patches before `upto`, checking each patch's digests. */
-static pulse_status forward_held(resume_ctx *c, size_t i, uint16_t *bits,
-                                 uint64_t numel, size_t upto, size_t *failed) {
+/* Brings tensor i (its anchor digest in digest_at(c, 0, i)) through the
+ * patches before `upto`, checking each patch's base digest. A tensor the
+ * rank holds (bits) is decoded and applied, and its target digest checked;
+ * of one it does not hold (bits NULL) the table's target digest is taken. */
+static pulse_status forward_tensor(resume_ctx *c, size_t i, uint16_t *bits,
+                                   uint64_t numel, size_t upto,
+                                   size_t *failed) {
   pulse_changes ch = PULSE_CHANGES_INIT;
   for (size_t j = 0; j < upto; j++) {
     const resume_patch *p = &c->patches[j];
@@ -207,14 +210,16 @@ static pulse_status forward_held(resume_ctx *c, size_t i, uint16_t *bits,
             PULSE_ERR_BASE_DIGEST,
             "apply: tensor '%s' is not the patch's base (step %" PRIu64 ")",
             c->info[i].name, pulse_patch_base_step(p->patch));
-      if (st == PULSE_OK && pt.changed > 0)
+      if (st == PULSE_OK && bits == NULL)
+        d = pt.target_digest;
+      if (st == PULSE_OK && bits != NULL && pt.changed > 0)
         st = pulse_patch_decode_tensor(p->patch, k, bits, numel, &ch);
-      if (st == PULSE_OK && pt.changed > 0) {
+      if (st == PULSE_OK && bits != NULL && pt.changed > 0) {
         for (uint64_t e = 0; e < ch.count; e++)
           bits[ch.pos[e]] = ch.new_bits[e];
         d = pulse_digest_apply_changes(d, &ch);
       }
-      if (st == PULSE_OK && !same_digest(d, pt.target_digest))
+      if (st == PULSE_OK && bits != NULL && !same_digest(d, pt.target_digest))
         st = pulse_fail(
             PULSE_ERR_TARGET_DIGEST,
             "apply: tensor '%s' would not match the target of step %" PRIu64,
@@ -229,34 +234,6 @@ static pulse_status forward_held(resume_ctx *c, size_t i, uint16_t *bits,
     *digest_at(c, j + 1, i) = d;
   }
   pulse_changes_free(&ch);
-  return PULSE_OK;
-}
-
-/* The digests of tensor i the rank does not hold, through the patches
- * before `upto`: each base digest checked, then the table's target. */
-static pulse_status forward_digests(resume_ctx *c, size_t i, size_t upto,
-                                    size_t *failed) {
-  for (size_t j = 0; j < upto; j++) {
-    const resume_patch *p = &c->patches[j];
-    pulse_tensor_digest d = *digest_at(c, j, i);
-    size_t k = p->entry[i];
-    if (k != SIZE_MAX) {
-      pulse_patch_tensor pt;
-      pulse_status st = pulse_patch_tensor_get(p->patch, k, &pt);
-      if (st == PULSE_OK && !same_digest(d, pt.base_digest))
-        st = pulse_fail(
-            PULSE_ERR_BASE_DIGEST,
-            "apply: tensor '%s' is not the patch's base (step %" PRIu64 ")",
-            c->info[i].name, pulse_patch_base_step(p->patch));
-      if (st != PULSE_OK) {
-        *failed = j;
-        return pulse_fail_context(st, "store: applying %s (step %" PRIu64 ")",
-                                  p->obj->path, p->obj->step);
-      }
-      d = pt.target_digest;
-    }
-    *digest_at(c, j + 1, i) = d;
-  }
   return PULSE_OK;
 }
 
@@ -299,8 +276,8 @@ static pulse_status tensor_pass(resume_ctx *c) {
     if (c->err.patch != SIZE_MAX && c->err.patch + c->err.after_base < upto)
       upto = c->err.patch + c->err.after_base;
     size_t failed = 0;
-    pulse_status st = held ? forward_held(c, i, copy, t.numel, upto, &failed)
-                           : forward_digests(c, i, upto, &failed);
+    pulse_status st =
+        forward_tensor(c, i, held ? copy : NULL, t.numel, upto, &failed);
     if (st != PULSE_OK)
       pass_fail(c, failed, st);
     else if (held)
