@@ -439,11 +439,7 @@ class Committer:
         """Commits the made step (patch None for a store's first); the
         figures as a dict."""
         figures = PubFigures()
-        if patch is not None:
-            buf = buffers([patch])
-            patch_arg = ctypes.cast(buf, ctypes.POINTER(Buffer))
-        else:
-            patch_arg = None
+        buf, patch_arg = _patch_arg(patch)
         check(declared().pulse_pub_commit_made(
             self.handle, step, patch_arg, os.fsencode(staged) if staged else None,
             ctypes.byref(digest), ctypes.byref(figures)))
@@ -459,11 +455,7 @@ class Committer:
         if not isinstance(size, int) or isinstance(size, bool) or not 0 < size < 2 ** 64:
             raise fail(f"commit_uploaded: size {size!r} is not a positive byte count")
         figures = PubFigures()
-        if patch is not None:
-            buf = buffers([patch])
-            patch_arg = ctypes.cast(buf, ctypes.POINTER(Buffer))
-        else:
-            patch_arg = None
+        buf, patch_arg = _patch_arg(patch)
         check(declared().pulse_pub_commit_made_uploaded(
             self.handle, step, patch_arg, bytes(sha256), size, ctypes.byref(digest),
             ctypes.byref(figures)))
@@ -473,6 +465,15 @@ class Committer:
         if self.handle is not None:
             declared().pulse_pub_free(self.handle)
             self.handle = None
+
+
+def _patch_arg(patch):
+    """(the buffer array to keep alive, the pulse_buffer pointer) of a made
+    patch, or (None, None) for a store's first step."""
+    if patch is None:
+        return None, None
+    buf = buffers([patch])
+    return buf, ctypes.cast(buf, ctypes.POINTER(Buffer))
 
 
 def store_head_step(store_dir):
