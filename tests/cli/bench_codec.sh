@@ -197,6 +197,16 @@ fi
 rc=$?
 [ "$rc" -eq 1 ] || fail "missing snapshots exited $rc, expected 1"
 
+# 7. A synthetic trajectory past the machine's memory is refused at once
+# (status 1), with the two commands that measure it from disk instead.
+"$BENCH" codec --params 1e12 --steps 2 --lr 1e-6 >"$TMP/out" 2>"$TMP/err"
+rc=$?
+[ "$rc" -eq 1 ] || fail "--params 1e12 exited $rc, expected 1"
+grep -q "pulse-bench trajectory --out DIR --params 1000000000000 --steps 2" "$TMP/err" ||
+  fail "--params 1e12: no trajectory command in: $(cat "$TMP/err")"
+grep -q "pulse-bench codec --snapshots" "$TMP/err" ||
+  fail "--params 1e12: no --snapshots command in: $(cat "$TMP/err")"
+
 if [ "$failures" -ne 0 ]; then
   echo "bench_codec.sh: $failures failure(s)" >&2
   exit 1

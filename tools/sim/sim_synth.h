@@ -67,6 +67,10 @@ typedef struct {
 
 typedef struct pulse_synth pulse_synth;
 
+/* What a trajectory holds per parameter: the FP32 weights, Adam's two
+ * moments and the gradient's direction, and the BF16 view. */
+#define PULSE_SYNTH_BYTES_PER_PARAM 18u
+
 /** Builds the tensor table and the pretrained state (step 0; the optimizer
  * has taken no step yet).
  * @return PULSE_OK and a new trajectory in *out (free with pulse_synth_free);

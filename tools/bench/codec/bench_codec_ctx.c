@@ -41,8 +41,13 @@ int bench_codec_ctx_alloc(codec_ctx *c) {
   c->index = calloc(n + 1, sizeof *c->index);
   c->cur = calloc(n, sizeof *c->cur);
   c->cur_dtype = calloc(n, sizeof *c->cur_dtype);
-  /* memcpy destination: up to F32 weights plus the BF16 snapshot */
+  /* memcpy destination: the F32 weights plus the BF16 snapshot, written
+   * round a buffer of at most BENCH_COPY_CAP (far past the caches, so the
+   * writes cost what they would into a buffer of the whole size, which at
+   * 1e9 parameters would be 6 GB the bench cannot spare). */
   c->copy_cap = (size_t)total * 6 + 1;
+  if (c->copy_cap > BENCH_COPY_CAP)
+    c->copy_cap = BENCH_COPY_CAP;
   c->copy_dst = malloc(c->copy_cap);
   if (c->old_bf16 == NULL || c->work == NULL || c->changes == NULL ||
       c->digests == NULL || c->enc == NULL || c->targets == NULL ||

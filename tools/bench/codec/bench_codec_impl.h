@@ -12,6 +12,8 @@
 
 #define PROG "pulse-bench codec"
 #define MAX_REPS 1000
+/* The most the memcpy figure writes to before it wraps round. */
+#define BENCH_COPY_CAP ((size_t)256 << 20)
 
 /* The codings measured: both position models in versions 2 and 1, and
  * version 3's class positions; the first is the default (bench_codec.c). */
@@ -69,7 +71,7 @@ typedef struct {
   bench_table table;
   uint16_t *old_bf16; /* base state (table.total values) */
   uint16_t *work;     /* apply target */
-  uint8_t *copy_dst;  /* memcpy destination */
+  uint8_t *copy_dst;  /* memcpy destination, written round (bench_codec_ctx.c) */
   size_t copy_cap;
   pulse_changes *changes;       /* per tensor */
   pulse_tensor_digest *digests; /* per tensor, of old_bf16 */

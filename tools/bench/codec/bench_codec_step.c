@@ -151,6 +151,20 @@ static int apply_patch(codec_ctx *c, step_result *r, const pulse_buffer *patch,
   return 0;
 }
 
+/* Copies n bytes of src into the memcpy buffer from offset `at`, going
+ * round when it is full; returns the offset after them. */
+static size_t copy_round(codec_ctx *c, size_t at, const void *src, size_t n) {
+  const uint8_t *from = src;
+  while (n > 0) {
+    size_t take = c->copy_cap - at < n ? c->copy_cap - at : n;
+    memcpy(c->copy_dst + at, from, take);
+    from += take, n -= take, at += take;
+    if (at == c->copy_cap)
+      at = 0;
+  }
+  return at;
+}
+
 /* Measures one step: the base state is c->old_bf16, the new weights are
  * c->cur / c->cur_dtype per tensor, and their BF16 state is new_bf16. */
 int bench_codec_measure_step(codec_ctx *c, const codec_args *a,
@@ -190,13 +204,11 @@ int bench_codec_measure_step(codec_ctx *c, const codec_args *a,
   /* memcpy of the same bytes, for scale. */
   for (int k = 0; k < a->reps; k++) {
     double t0 = pulse_cli_now();
-    uint8_t *dst = c->copy_dst;
-    for (size_t i = 0; i < tb->count; i++) {
-      size_t n = (size_t)(tb->numel[i] * pulse_dtype_size(c->cur_dtype[i]));
-      memcpy(dst, c->cur[i], n);
-      dst += n;
-    }
-    memcpy(dst, c->old_bf16, (size_t)tb->total * 2);
+    size_t at = 0;
+    for (size_t i = 0; i < tb->count; i++)
+      at = copy_round(c, at, c->cur[i],
+                      (size_t)(tb->numel[i] * pulse_dtype_size(c->cur_dtype[i])));
+    copy_round(c, at, c->old_bf16, (size_t)tb->total * 2);
     t[k] = pulse_cli_since(t0);
   }
   r->memcpy_s = pulse_cli_median(t, (size_t)a->reps);

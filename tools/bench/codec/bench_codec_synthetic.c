@@ -10,7 +10,50 @@
 #include "cli_time.h"
 #include "sim_synth.h"
 
+/* What the bench holds per parameter beside the trajectory: the base and
+ * the receiver's weights (BF16) and a class index (2.13 bytes), rounded
+ * up for the changes and patches of a step. */
+#define BENCH_BYTES_PER_PARAM 7u
+
+/* MemAvailable of /proc/meminfo in bytes; 0 where it cannot be read. */
+static uint64_t mem_available(void) {
+  FILE *f = fopen("/proc/meminfo", "r");
+  if (f == NULL)
+    return 0;
+  char line[128];
+  uint64_t kib = 0;
+  while (fgets(line, sizeof line, f) != NULL)
+    if (sscanf(line, "MemAvailable: %" SCNu64 " kB", &kib) == 1)
+      break;
+  fclose(f);
+  return kib * 1024;
+}
+
+/* A trajectory that cannot fit is refused before it is made, with the way
+ * to measure it anyway: the trajectory's snapshots on disk need only the
+ * bench's share. Past the memory the kernel would kill the bench midway. */
+static int check_memory(const codec_args *a) {
+  uint64_t avail = mem_available();
+  uint64_t need = a->params * (PULSE_SYNTH_BYTES_PER_PARAM + BENCH_BYTES_PER_PARAM);
+  if (avail == 0 || a->params > UINT64_MAX / 64 || need <= avail)
+    return 0;
+  fprintf(stderr,
+          PROG ": %" PRIu64 " parameters need about %.1f GB (%u bytes a parameter for the "
+               "synthetic trajectory's Adam state, %u for the bench) and %.1f GB is "
+               "available; write the trajectory to disk and measure its snapshots, "
+               "which needs about %u bytes a parameter:\n"
+               "  pulse-bench trajectory --out DIR --params %" PRIu64 " --steps %" PRIu64
+               " --lr %g --seed %" PRIu64 "\n"
+               "  pulse-bench codec --snapshots DIR/step*.safetensors\n",
+          a->params, (double)need / 1e9, PULSE_SYNTH_BYTES_PER_PARAM, BENCH_BYTES_PER_PARAM,
+          (double)avail / 1e9, BENCH_BYTES_PER_PARAM + 2, a->params, a->steps, a->lr,
+          a->seed);
+  return 1;
+}
+
 int bench_codec_run_synthetic(const codec_args *a) {
+  if (check_memory(a) != 0)
+    return 1;
   pulse_synth_opts so;
   pulse_synth_opts_init(&so);
   so.params = a->params;
