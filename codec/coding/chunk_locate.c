@@ -8,8 +8,11 @@
  * each of them costs one byte compare, a mask and a popcount per 64
  * elements. The default, where the CPU has AVX-512BW and BMI2, takes
  * windows of 4096 elements in two passes (locate_window: counts per class
- * and block, then each change's block and lane without a branch); the
- * older paths resolve the few blocks where a wanted rank falls bit by bit.
+ * and block, then each change's block and lane without a branch); where it
+ * also has AVX-512 VBMI and BITALG and GFNI, windows from 1/256 to 1/40
+ * changed count eight classes a block at once (locate_groups); the older paths
+ * resolve the few blocks where a wanted rank falls bit by bit.
+ * tests/codec/driver/locate_bench.c times each path.
  * A decode without a class index spends most of its time here
  * (python/bench_moe.py: 80% of a region stage). More active classes than
  * the path takes (LOCATE_MAX_ACTIVE, LOCATE_WINDOW_MAX_ACTIVE), or none of
@@ -151,6 +154,37 @@ static inline uint32_t locate_emit(uint64_t hits, const uint16_t *hit_delta, uin
   return out;
 }
 
+/* Appends a window's hits in element order: only its blocks with hits
+ * (`nonempty`), the first two of a block written without a branch (a slot
+ * past them is written over by the next change, and both lie below k), a
+ * loop for the rest. The blocks' one-by-one emit mispredicted about once a
+ * block (0.2 cycles an element at 1%, measured). Clears the hits. */
+static inline uint32_t locate_emit_window(uint64_t *hits, uint64_t nonempty,
+                                          const uint16_t *hit_delta, uint64_t at0, uint32_t k,
+                                          uint64_t *pos, uint16_t *delta, uint32_t out) {
+  for (; nonempty != 0; nonempty &= nonempty - 1) {
+    unsigned b = (unsigned)__builtin_ctzll(nonempty);
+    uint64_t h = hits[b], at = at0 + (uint64_t)b * LOCATE_BLOCK;
+    const uint16_t *hd = hit_delta + b * LOCATE_BLOCK;
+    hits[b] = 0;
+    if (out + 2 <= k) {
+      unsigned cnt = (unsigned)__builtin_popcountll(h), l0 = (unsigned)__builtin_ctzll(h);
+      uint64_t h1 = h & (h - 1);
+      unsigned l1 = h1 != 0 ? (unsigned)__builtin_ctzll(h1) : 0u;
+      pos[out] = at + l0, delta[out] = hd[l0];
+      pos[out + 1] = at + l1, delta[out + 1] = hd[l1];
+      if (cnt <= 2) {
+        out += cnt;
+        continue;
+      }
+      out += 2;
+      h = h1 & (h1 - 1);
+    }
+    out = locate_emit(h, hd, at, pos, delta, out);
+  }
+  return out;
+}
+
 #if PULSE_HAVE_X86_DISPATCH
 #define LOCATE_AVX2 __attribute__((target("avx2,bmi,popcnt")))
 #define LOCATE_AVX512 __attribute__((target("avx512f,avx512bw,bmi,popcnt")))
@@ -277,6 +311,44 @@ static int have_avx512(void) {
 #define LOCATE_WINDOW (LOCATE_WINDOW_BLOCKS * LOCATE_BLOCK)
 #define LOCATE_WIN __attribute__((target("avx512f,avx512bw,bmi,bmi2,popcnt")))
 
+/* A window's class bytes, nb blocks from base + i, into cls; and the next
+ * window's base lines (32 elements each) asked for while this one's passes
+ * run: the pass reads the base at memory speed, and the hardware's
+ * prefetch alone left it waiting (10% more CPU time per pull at 250 M
+ * parameters, 2%). */
+LOCATE_WIN static inline void window_classes(uint8_t *cls, const uint16_t *base, uint32_t i,
+                                             uint32_t n, uint32_t nb) {
+  for (uint32_t b = 0; b < nb; b++)
+    _mm512_store_si512((void *)(cls + b * LOCATE_BLOCK), classes64(base + i + b * LOCATE_BLOCK));
+  if (i + 2 * LOCATE_WINDOW <= n)
+    for (uint32_t b = 0; b < 2 * LOCATE_WINDOW_BLOCKS; b++)
+      __builtin_prefetch(base + i + LOCATE_WINDOW + b * 32u);
+}
+
+/* The change of class byte c that is element `in` of its class in block b
+ * of the window: its bit in the block's hits, its delta at its lane. */
+LOCATE_WIN static inline void window_hit(const uint8_t *cls, uint32_t b, uint32_t in, uint8_t c,
+                                         uint16_t d, uint64_t *hits, uint64_t *nonempty,
+                                         uint16_t *hit_delta) {
+  uint64_t m = _mm512_cmpeq_epi8_mask(_mm512_load_si512((const void *)(cls + b * LOCATE_BLOCK)),
+                                      _mm512_set1_epi8((char)c));
+  uint64_t bit = _pdep_u64(1ull << in, m);
+  hits[b] |= bit;
+  *nonempty |= 1ull << b;
+  hit_delta[b * LOCATE_BLOCK + (unsigned)_tzcnt_u64(bit)] = d;
+}
+
+/* The state the reference's loop goes on from after the windows: each
+ * active class's elements seen; a stalled class wants nothing more. */
+static inline void window_leave(locate_state *st, const uint32_t *seen, const uint8_t *stalled,
+                                uint32_t *seen_out) {
+  for (unsigned a = 0; a < st->count; a++) {
+    seen_out[a] = seen[a];
+    if (stalled[a])
+      st->cursor[a] = st->end[a];
+  }
+}
+
 LOCATE_WIN static uint32_t locate_window(locate_state *st, const uint16_t *base, uint32_t n,
                                          uint32_t k, const uint32_t *rank,
                                          const uint16_t *cdelta, uint64_t first, uint64_t *pos,
@@ -289,21 +361,13 @@ LOCATE_WIN static uint32_t locate_window(locate_state *st, const uint16_t *base,
   _Alignas(64) uint8_t cls[LOCATE_WINDOW];
   _Alignas(64) uint16_t upto[LOCATE_WINDOW_MAX_ACTIVE][LOCATE_WINDOW_BLOCKS];
   _Alignas(64) uint16_t hit_delta[LOCATE_WINDOW];
-  uint64_t hits[LOCATE_WINDOW_BLOCKS] = {0};
+  uint64_t hits[LOCATE_WINDOW_BLOCKS] = {0}, nonempty = 0;
   uint32_t out = 0, i = 0;
   unsigned count = st->count;
   while (i + LOCATE_BLOCK <= n && out < k) {
     uint32_t nb = (n - i) / LOCATE_BLOCK;
     nb = nb < LOCATE_WINDOW_BLOCKS ? nb : LOCATE_WINDOW_BLOCKS;
-    for (uint32_t b = 0; b < nb; b++)
-      _mm512_store_si512((void *)(cls + b * LOCATE_BLOCK), classes64(base + i + b * LOCATE_BLOCK));
-    /* The next window's base lines (32 elements each), while this one's
-     * two passes run: the pass reads the base at memory speed, and the
-     * hardware's prefetch alone left it waiting (10% more CPU time per
-     * pull at 250 M parameters, 2%). */
-    if (i + 2 * LOCATE_WINDOW <= n)
-      for (uint32_t b = 0; b < 2 * LOCATE_WINDOW_BLOCKS; b++)
-        __builtin_prefetch(base + i + LOCATE_WINDOW + b * 32u);
+    window_classes(cls, base, i, n, nb);
     for (unsigned a = 0; a < count; a++) {
       if (stalled[a] || st->cursor[a] == st->end[a])
         continue;
@@ -335,32 +399,19 @@ LOCATE_WIN static uint32_t locate_window(locate_state *st, const uint16_t *base,
         __m512i rv = _mm512_set1_epi16((short)r);
         uint32_t b = (uint32_t)__builtin_popcount(_mm512_cmple_epu16_mask(u0, rv)) +
                      (uint32_t)__builtin_popcount(_mm512_cmple_epu16_mask(u1, rv));
-        uint32_t in = r - (b > 0 ? u[b - 1] : 0u);
-        uint64_t m = _mm512_cmpeq_epi8_mask(
-            _mm512_load_si512((const void *)(cls + b * LOCATE_BLOCK)), c);
-        uint64_t bit = _pdep_u64(1ull << in, m);
-        hits[b] |= bit;
-        hit_delta[b * LOCATE_BLOCK + (unsigned)_tzcnt_u64(bit)] = cdelta[at];
+        window_hit(cls, b, r - (b > 0 ? u[b - 1] : 0u), st->cls[a], cdelta[at], hits, &nonempty,
+                   hit_delta);
         low = w + 1;
       }
       st->cursor[a] = at;
       seen[a] = s0 + run;
       lo[a] = low;
     }
-    for (uint32_t b = 0; b < nb; b++) {
-      out = locate_emit(hits[b], hit_delta + b * LOCATE_BLOCK, first + i + b * LOCATE_BLOCK, pos,
-                        delta, out);
-      hits[b] = 0;
-    }
+    out = locate_emit_window(hits, nonempty, hit_delta, first + i, k, pos, delta, out);
+    nonempty = 0;
     i += nb * LOCATE_BLOCK;
   }
-  /* The state the reference's loop goes on from: a stalled class wants
-   * nothing more. */
-  for (unsigned a = 0; a < count; a++) {
-    seen_out[a] = seen[a];
-    if (stalled[a])
-      st->cursor[a] = st->end[a];
-  }
+  window_leave(st, seen, stalled, seen_out);
   *next = i;
   return out;
 }
@@ -402,6 +453,165 @@ static int have_window(void) {
 }
 #endif
 
+#if PULSE_HAVE_X86_DISPATCH
+/* ----------------------------------------------------------------- groups
+ * The windows above, with pass 1 taken eight classes at a time: per block,
+ * a byte table turns each class byte into its bit among the group's eight
+ * (zero for other classes), a bit transpose and a byte popcount count
+ * each bit per qword, and a sum of absolute differences adds the qwords:
+ * about ten instructions a block for eight classes, where the windows pay
+ * about five per class (detect_ranked.c counts its hot classes the same
+ * way). The running counts stay in [block][member] order, eight u16 a
+ * block; a change's block is then found with two masked compares of
+ * eight super-blocks of eight blocks, and two of the eight blocks of its
+ * super-block. Each class's changes in the window are listed first, so
+ * that those finds, which do not depend on one another, run in one loop
+ * instead of behind each class's loop exit. tests/codec/driver/
+ * locate_bench.c, CPU ns per element on a quiet machine, blocks / windows
+ * / groups: 0.3% 0.27 / 0.32 / 0.25, 0.5% 0.33 / 0.34 / 0.28, 1% 0.47 /
+ * 0.41 / 0.35, 2% 0.73 / 0.51 / 0.50, 3% 0.95 / 0.58 / 0.60, 5% 1.26 /
+ * 0.68 / 0.77; so the groups take the densities from 1/256 of a chunk
+ * changed to 1/40. */
+#define LOCATE_GROUPS_DENSITY_MIN_INV 256u
+#define LOCATE_GROUPS_DENSITY_INV 40u
+#define LOCATE_GROUP 8u
+#define LOCATE_GROUPS_MAX (LOCATE_WINDOW_MAX_ACTIVE / LOCATE_GROUP)
+#define LOCATE_GRP                                                                                 \
+  __attribute__((target("avx512f,avx512bw,avx512vbmi,avx512bitalg,gfni,bmi,bmi2,popcnt")))
+
+/* One change of the window found in pass 2: its entry in rank/cdelta, its
+ * rank within the window's elements of its class, its active class. */
+typedef struct {
+  uint32_t at;
+  uint16_t r;
+  uint8_t a;
+} locate_todo;
+
+/* The count of each of the group's members in the 64 elements of class
+ * bytes e, in the u64 lanes of the result (lane j: member j). tab0..3:
+ * the group's 256-byte table, class -> its member's bit. */
+LOCATE_GRP static inline __m512i group_counts(__m512i e, __m512i tab0, __m512i tab1, __m512i tab2,
+                                              __m512i tab3) {
+  const __m512i unit = _mm512_set1_epi64((long long)0x8040201008040201ull);
+  const __m512i by_member = _mm512_set_epi8(
+      63, 55, 47, 39, 31, 23, 15, 7, 62, 54, 46, 38, 30, 22, 14, 6, 61, 53, 45, 37, 29, 21, 13, 5,
+      60, 52, 44, 36, 28, 20, 12, 4, 59, 51, 43, 35, 27, 19, 11, 3, 58, 50, 42, 34, 26, 18, 10, 2,
+      57, 49, 41, 33, 25, 17, 9, 1, 56, 48, 40, 32, 24, 16, 8, 0);
+  /* bytes 0..127 through the first two tables, 128..255 the other two */
+  __m512i bit = _mm512_mask_blend_epi8(_mm512_movepi8_mask(e),
+                                       _mm512_permutex2var_epi8(tab0, e, tab1),
+                                       _mm512_permutex2var_epi8(tab2, e, tab3));
+  /* byte j of each qword: how many of its eight elements hold bit j */
+  __m512i per_qword = _mm512_popcnt_epi8(_mm512_gf2p8affine_epi64_epi8(unit, bit, 0));
+  return _mm512_sad_epu8(_mm512_permutexvar_epi8(by_member, per_qword), _mm512_setzero_si512());
+}
+
+LOCATE_GRP static uint32_t locate_groups(locate_state *st, const uint16_t *base, uint32_t n,
+                                         uint32_t k, const uint32_t *rank,
+                                         const uint16_t *cdelta, uint64_t first, uint64_t *pos,
+                                         uint16_t *delta, uint32_t *next, uint32_t *seen_out) {
+  /* seen, lo and stalled as in locate_window. */
+  uint32_t seen[LOCATE_WINDOW_MAX_ACTIVE] = {0}, lo[LOCATE_WINDOW_MAX_ACTIVE] = {0};
+  uint8_t stalled[LOCATE_WINDOW_MAX_ACTIVE] = {0};
+  _Alignas(64) uint8_t cls[LOCATE_WINDOW];
+  _Alignas(64) uint8_t tab[LOCATE_GROUPS_MAX][256];
+  /* upto[g][b][j]: member j's elements before block b (b = 0..64; blocks
+   * past the window's last: 0xFFFF, never at or below a rank); sup[g][s]:
+   * upto[g][8 s + 8], the counts after each super-block. */
+  _Alignas(64) uint16_t upto[LOCATE_GROUPS_MAX][LOCATE_WINDOW_BLOCKS + 1][LOCATE_GROUP];
+  _Alignas(64) uint16_t sup[LOCATE_GROUPS_MAX][LOCATE_WINDOW_BLOCKS / LOCATE_GROUP][LOCATE_GROUP];
+  _Alignas(64) uint16_t hit_delta[LOCATE_WINDOW];
+  locate_todo todo[LOCATE_WINDOW];
+  uint64_t hits[LOCATE_WINDOW_BLOCKS] = {0}, nonempty = 0;
+  uint32_t out = 0, i = 0;
+  unsigned count = st->count, groups = (count + LOCATE_GROUP - 1) / LOCATE_GROUP;
+  memset(tab, 0, sizeof tab);
+  for (unsigned a = 0; a < count; a++)
+    tab[a / LOCATE_GROUP][st->cls[a]] = (uint8_t)(1u << (a % LOCATE_GROUP));
+  for (unsigned g = 0; g < groups; g++)
+    memset(upto[g][0], 0, sizeof upto[g][0]);
+  while (i + LOCATE_BLOCK <= n && out < k) {
+    uint32_t nb = (n - i) / LOCATE_BLOCK;
+    nb = nb < LOCATE_WINDOW_BLOCKS ? nb : LOCATE_WINDOW_BLOCKS;
+    window_classes(cls, base, i, n, nb);
+    /* 1. Each group's running counts, block by block. */
+    for (unsigned g = 0; g < groups; g++) {
+      const uint8_t *t = tab[g];
+      __m512i t0 = _mm512_load_si512((const void *)t), t1 = _mm512_load_si512((const void *)(t + 64));
+      __m512i t2 = _mm512_load_si512((const void *)(t + 128));
+      __m512i t3 = _mm512_load_si512((const void *)(t + 192));
+      __m512i run = _mm512_setzero_si512();
+      for (uint32_t b = 0; b < nb; b++) {
+        __m512i e = _mm512_load_si512((const void *)(cls + b * LOCATE_BLOCK));
+        run = _mm512_add_epi64(run, group_counts(e, t0, t1, t2, t3));
+        _mm_store_si128((__m128i *)(void *)upto[g][b + 1], _mm512_cvtepi64_epi16(run));
+      }
+      for (uint32_t b = nb; b < LOCATE_WINDOW_BLOCKS; b++)
+        _mm_store_si128((__m128i *)(void *)upto[g][b + 1], _mm_set1_epi16(-1));
+      for (unsigned s = 0; s < LOCATE_WINDOW_BLOCKS / LOCATE_GROUP; s++)
+        memcpy(sup[g][s], upto[g][LOCATE_GROUP * s + LOCATE_GROUP], sizeof sup[g][s]);
+    }
+    /* 2. Each class's changes in the window, listed. */
+    uint32_t listed = 0;
+    for (unsigned a = 0; a < count; a++) {
+      if (stalled[a] || st->cursor[a] == st->end[a])
+        continue;
+      uint32_t run = upto[a / LOCATE_GROUP][nb][a % LOCATE_GROUP];
+      uint32_t at = st->cursor[a], end = st->end[a], s0 = seen[a], low = lo[a];
+      for (; at < end; at++) {
+        uint32_t w = rank[at];
+        if (w < low) { /* does not increase: never found, nor any after it */
+          stalled[a] = 1;
+          break;
+        }
+        uint32_t r = w - s0;
+        if (r >= run)
+          break;
+        todo[listed].at = at, todo[listed].r = (uint16_t)r, todo[listed].a = (uint8_t)a;
+        listed++;
+        low = w + 1;
+      }
+      st->cursor[a] = at;
+      seen[a] = s0 + run;
+      lo[a] = low;
+    }
+    /*    Then each listed change's block (the blocks before it hold at
+     * most r of its class), its lane by a pdep of the block's mask. */
+    for (uint32_t t = 0; t < listed; t++) {
+      unsigned a = todo[t].a, g = a / LOCATE_GROUP, j = a % LOCATE_GROUP;
+      uint64_t member = 0x0101010101010101ull << j;
+      __m512i rv = _mm512_set1_epi16((short)todo[t].r);
+      uint32_t s = (uint32_t)__builtin_popcountll(
+          ((uint64_t)_mm512_cmple_epu16_mask(_mm512_load_si512((const void *)sup[g][0]), rv) |
+           (uint64_t)_mm512_cmple_epu16_mask(_mm512_load_si512((const void *)sup[g][4]), rv)
+               << 32) &
+          member);
+      const uint16_t *u = upto[g][LOCATE_GROUP * s + 1];
+      uint32_t b = LOCATE_GROUP * s +
+                   (uint32_t)__builtin_popcountll(
+                       ((uint64_t)_mm512_cmple_epu16_mask(_mm512_loadu_si512((const void *)u), rv) |
+                        (uint64_t)_mm512_cmple_epu16_mask(
+                            _mm512_loadu_si512((const void *)(u + 4 * LOCATE_GROUP)), rv)
+                            << 32) &
+                       member);
+      window_hit(cls, b, todo[t].r - upto[g][b][j], st->cls[a], cdelta[todo[t].at], hits,
+                 &nonempty, hit_delta);
+    }
+    out = locate_emit_window(hits, nonempty, hit_delta, first + i, k, pos, delta, out);
+    nonempty = 0;
+    i += nb * LOCATE_BLOCK;
+  }
+  window_leave(st, seen, stalled, seen_out);
+  *next = i;
+  return out;
+}
+
+static int have_groups(void) {
+  return have_window() && __builtin_cpu_supports("avx512vbmi") &&
+         __builtin_cpu_supports("avx512bitalg") && __builtin_cpu_supports("gfni");
+}
+#endif
+
 uint32_t pulse_chunk_locate_isa(int isa, const uint16_t *base, uint32_t n, uint32_t k,
                                 const uint32_t *start, const uint32_t *rank,
                                 const uint16_t *cdelta, uint64_t first, uint64_t *pos,
@@ -409,6 +619,14 @@ uint32_t pulse_chunk_locate_isa(int isa, const uint16_t *base, uint32_t n, uint3
   locate_state st;
   uint32_t out = 0, next = 0;
 #if PULSE_HAVE_X86_DISPATCH
+  if ((isa == PULSE_ISA_AUTO || isa == PULSE_CHUNK_LOCATE_GROUPS) && have_groups() &&
+      locate_init(&st, start, rank, LOCATE_WINDOW_MAX_ACTIVE) &&
+      (isa == PULSE_CHUNK_LOCATE_GROUPS || ((uint64_t)k * LOCATE_GROUPS_DENSITY_MIN_INV >= n &&
+                                            (uint64_t)k * LOCATE_GROUPS_DENSITY_INV < n))) {
+    uint32_t seen[LOCATE_WINDOW_MAX_ACTIVE];
+    out = locate_groups(&st, base, n, k, rank, cdelta, first, pos, delta, &next, seen);
+    return locate_window_tail(&st, seen, base, next, n, k, rank, cdelta, first, pos, delta, out);
+  }
   if ((isa == PULSE_ISA_AUTO || isa == PULSE_CHUNK_LOCATE_WINDOW) && have_window() &&
       locate_init(&st, start, rank, LOCATE_WINDOW_MAX_ACTIVE) &&
       (isa == PULSE_CHUNK_LOCATE_WINDOW || st.count > LOCATE_MAX_ACTIVE ||
@@ -419,6 +637,7 @@ uint32_t pulse_chunk_locate_isa(int isa, const uint16_t *base, uint32_t n, uint3
   }
 #endif
   if (isa == PULSE_ISA_SCALAR || isa == PULSE_CHUNK_LOCATE_WINDOW ||
+      isa == PULSE_CHUNK_LOCATE_GROUPS ||
       !locate_init(&st, start, rank, LOCATE_MAX_ACTIVE))
     return pulse_chunk_locate(base, n, k, start, rank, cdelta, first, pos, delta);
 #if PULSE_HAVE_X86_DISPATCH

@@ -9,5 +9,9 @@
  * default where the CPU runs them; on one that does not, the reference's
  * loop. */
 #define PULSE_CHUNK_LOCATE_WINDOW 4
+/* The windows with pass 1 eight classes at a time (AVX-512 VBMI and
+ * BITALG, GFNI): the default from 1/256 to 1/40 of a chunk changed;
+ * forced, at any density; on a CPU without them, the reference's loop. */
+#define PULSE_CHUNK_LOCATE_GROUPS 5
 
 #endif

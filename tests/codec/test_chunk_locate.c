@@ -7,6 +7,7 @@
  * takes), and ranks past the end of their class (a corrupt stream: both
  * find the same fewer). */
 #include "chunk_impl.h"
+#include "chunk_locate_impl.h"
 #include "detect_impl.h"
 #include "rank_form_testutil.h"
 
@@ -21,7 +22,8 @@ static void assert_same(const uint16_t *base, uint32_t n, uint32_t k, const pt_r
   uint32_t want = pulse_chunk_locate(base, n, k, f->start, f->rank, f->cdelta, first, want_pos,
                                      want_delta);
   static const int isas[] = {PULSE_ISA_AUTO, PULSE_ISA_SCALAR, PULSE_ISA_AVX2,
-                             PULSE_CHUNK_LOCATE_AVX512};
+                             PULSE_CHUNK_LOCATE_AVX512, PULSE_CHUNK_LOCATE_WINDOW,
+                             PULSE_CHUNK_LOCATE_GROUPS};
   for (size_t i = 0; i < PT_COUNT_OF(isas); i++) {
     memset(pos, 0xAB, (size_t)k * 8 + 8);
     uint32_t got = pulse_chunk_locate_isa(isas[i], base, n, k, f->start, f->rank, f->cdelta,

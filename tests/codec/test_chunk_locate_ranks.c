@@ -7,9 +7,11 @@
  * path's limits: every one of the 256 classes with changes, and just
  * below, at and above the number of classes its blocks compare
  * (LOCATE_MAX_ACTIVE, 32; LOCATE_WINDOW_MAX_ACTIVE, 48, in the two-pass
- * windows), over windows of 4096 elements and tails of one. On every instruction set this CPU runs (the two-pass windows
- * included, PULSE_CHUNK_LOCATE_WINDOW): the same count, positions and
- * deltas in the same order. */
+ * windows), over windows of 4096 elements and tails of one. On every
+ * instruction set this CPU runs (the two-pass windows included,
+ * PULSE_CHUNK_LOCATE_WINDOW, and their eight-class groups,
+ * PULSE_CHUNK_LOCATE_GROUPS): the same count, positions and deltas in the
+ * same order. */
 #include "chunk_impl.h"
 #include "chunk_locate_impl.h"
 #include "detect_impl.h"
@@ -35,7 +37,8 @@ static uint32_t assert_same(const uint16_t *base, uint32_t n, const pt_rank_form
   uint32_t want = pulse_chunk_locate(base, n, k, f->start, f->rank, f->cdelta, first, want_pos,
                                      want_delta);
   static const int isas[] = {PULSE_ISA_AUTO, PULSE_ISA_SCALAR, PULSE_ISA_AVX2,
-                             PULSE_CHUNK_LOCATE_AVX512, PULSE_CHUNK_LOCATE_WINDOW};
+                             PULSE_CHUNK_LOCATE_AVX512, PULSE_CHUNK_LOCATE_WINDOW,
+                             PULSE_CHUNK_LOCATE_GROUPS};
   for (size_t i = 0; i <= PT_COUNT_OF(isas); i++) {
     memset(pos, 0xAB, (size_t)k * 8 + 8);
     memset(delta, 0xAB, (size_t)k * 2 + 2);
