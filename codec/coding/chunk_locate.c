@@ -460,8 +460,8 @@ static int have_window(void) {
  * (zero for other classes), a bit transpose and a byte popcount count
  * each bit per qword, and a sum of absolute differences adds the qwords:
  * about ten instructions a block for eight classes, where the windows pay
- * about five per class (detect_ranked.c counts its hot classes the same
- * way). The running counts stay in [block][member] order, eight u16 a
+ * about five per class (pulse_bit_counts64_avx512, as detect_ranked.c
+ * counts its hot classes). The running counts stay in [block][member] order, eight u16 a
  * block; a change's block is then found with two masked compares of
  * eight super-blocks of eight blocks, and two of the eight blocks of its
  * super-block. Each class's changes in the window are listed first, so
@@ -489,21 +489,14 @@ typedef struct {
 
 /* The count of each of the group's members in the 64 elements of class
  * bytes e, in the u64 lanes of the result (lane j: member j). tab0..3:
- * the group's 256-byte table, class -> its member's bit. */
+ * the group's 256-byte table, class -> its member's bit (bytes 0..127
+ * through the first two, 128..255 the other two). */
 LOCATE_GRP static inline __m512i group_counts(__m512i e, __m512i tab0, __m512i tab1, __m512i tab2,
                                               __m512i tab3) {
-  const __m512i unit = _mm512_set1_epi64((long long)0x8040201008040201ull);
-  const __m512i by_member = _mm512_set_epi8(
-      63, 55, 47, 39, 31, 23, 15, 7, 62, 54, 46, 38, 30, 22, 14, 6, 61, 53, 45, 37, 29, 21, 13, 5,
-      60, 52, 44, 36, 28, 20, 12, 4, 59, 51, 43, 35, 27, 19, 11, 3, 58, 50, 42, 34, 26, 18, 10, 2,
-      57, 49, 41, 33, 25, 17, 9, 1, 56, 48, 40, 32, 24, 16, 8, 0);
-  /* bytes 0..127 through the first two tables, 128..255 the other two */
   __m512i bit = _mm512_mask_blend_epi8(_mm512_movepi8_mask(e),
                                        _mm512_permutex2var_epi8(tab0, e, tab1),
                                        _mm512_permutex2var_epi8(tab2, e, tab3));
-  /* byte j of each qword: how many of its eight elements hold bit j */
-  __m512i per_qword = _mm512_popcnt_epi8(_mm512_gf2p8affine_epi64_epi8(unit, bit, 0));
-  return _mm512_sad_epu8(_mm512_permutexvar_epi8(by_member, per_qword), _mm512_setzero_si512());
+  return pulse_bit_counts64_avx512(bit);
 }
 
 LOCATE_GRP static uint32_t locate_groups(locate_state *st, const uint16_t *base, uint32_t n,
@@ -619,10 +612,10 @@ uint32_t pulse_chunk_locate_isa(int isa, const uint16_t *base, uint32_t n, uint3
   locate_state st;
   uint32_t out = 0, next = 0;
 #if PULSE_HAVE_X86_DISPATCH
-  if ((isa == PULSE_ISA_AUTO || isa == PULSE_CHUNK_LOCATE_GROUPS) && have_groups() &&
-      locate_init(&st, start, rank, LOCATE_WINDOW_MAX_ACTIVE) &&
-      (isa == PULSE_CHUNK_LOCATE_GROUPS || ((uint64_t)k * LOCATE_GROUPS_DENSITY_MIN_INV >= n &&
-                                            (uint64_t)k * LOCATE_GROUPS_DENSITY_INV < n))) {
+  if ((isa == PULSE_CHUNK_LOCATE_GROUPS ||
+       (isa == PULSE_ISA_AUTO && (uint64_t)k * LOCATE_GROUPS_DENSITY_MIN_INV >= n &&
+        (uint64_t)k * LOCATE_GROUPS_DENSITY_INV < n)) &&
+      have_groups() && locate_init(&st, start, rank, LOCATE_WINDOW_MAX_ACTIVE)) {
     uint32_t seen[LOCATE_WINDOW_MAX_ACTIVE];
     out = locate_groups(&st, base, n, k, rank, cdelta, first, pos, delta, &next, seen);
     return locate_window_tail(&st, seen, base, next, n, k, rank, cdelta, first, pos, delta, out);

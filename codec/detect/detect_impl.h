@@ -77,6 +77,25 @@ pulse_bf16x16_from_f32_avx2(const float *src) {
    * 128-bit halves (a0 b0 a1 b1), which the permute puts back in order. */
   return _mm256_permute4x64_epi64(_mm256_packus_epi32(a, b), 0xD8);
 }
+
+/* How many of the 64 bytes of `bit` hold each bit j (0..7), in u64 lane j:
+ * GF2P8AFFINEQB with the matrix of a qword's eight bytes and the bytes
+ * 1 << j transposes them, so that the popcount of byte j is how many of the
+ * eight hold bit j; a byte permute puts the eight qwords' counts of bit j
+ * in qword j, which a sum of absolute differences adds. With one bit per
+ * class byte (a table lookup), eight classes are counted at once: the
+ * ranked detection's hot classes (detect_ranked.c) and the locate's groups
+ * (chunk_locate.c). */
+__attribute__((target("avx512f,avx512bw,avx512vbmi,avx512bitalg,gfni"))) static inline __m512i
+pulse_bit_counts64_avx512(__m512i bit) {
+  const __m512i unit = _mm512_set1_epi64((long long)0x8040201008040201ull);
+  const __m512i by_bit = _mm512_set_epi8(
+      63, 55, 47, 39, 31, 23, 15, 7, 62, 54, 46, 38, 30, 22, 14, 6, 61, 53, 45, 37, 29, 21, 13, 5,
+      60, 52, 44, 36, 28, 20, 12, 4, 59, 51, 43, 35, 27, 19, 11, 3, 58, 50, 42, 34, 26, 18, 10, 2,
+      57, 49, 41, 33, 25, 17, 9, 1, 56, 48, 40, 32, 24, 16, 8, 0);
+  __m512i per_qword = _mm512_popcnt_epi8(_mm512_gf2p8affine_epi64_epi8(unit, bit, 0));
+  return _mm512_sad_epu8(_mm512_permutexvar_epi8(by_bit, per_qword), _mm512_setzero_si512());
+}
 #endif
 
 #endif /* PULSE_DETECT_IMPL_H */

@@ -281,25 +281,16 @@ RANKED_AVX512 static inline __m512i bf16x32_hw(const float *src) {
 /* The hot classes' counts of one block of 64 class bytes e, all eight at
  * once (eight byte compares and popcounts cost twice as much): a table
  * lookup turns each byte into one bit, bit k for hot class k (0 for the
- * others, which *cold gets); GF2P8AFFINEQB with the matrix of a qword's
- * eight bytes and the bytes 1 << j transposes them, so that the popcount
- * of byte j is how many of the eight hold bit j; a byte permute puts the
- * eight qwords' counts of class j in qword j, which a sum of absolute
- * differences adds. The table covers the 128 classes from `base` (a byte
- * subtraction); hot classes outside it are left to the cold count. */
+ * others, which *cold gets), and pulse_bit_counts64_avx512 counts each
+ * bit. The table covers the 128 classes from `base` (a byte subtraction);
+ * hot classes outside it are left to the cold count. */
 RANKED_AVX512 static inline __m512i hot_counts(__m512i e, __m512i base, __m512i tab_lo,
                                                __m512i tab_hi, __mmask64 *cold) {
-  const __m512i unit = _mm512_set1_epi64((long long)0x8040201008040201ull);
-  const __m512i by_class = _mm512_set_epi8(
-      63, 55, 47, 39, 31, 23, 15, 7, 62, 54, 46, 38, 30, 22, 14, 6, 61, 53, 45, 37, 29, 21, 13, 5,
-      60, 52, 44, 36, 28, 20, 12, 4, 59, 51, 43, 35, 27, 19, 11, 3, 58, 50, 42, 34, 26, 18, 10, 2,
-      57, 49, 41, 33, 25, 17, 9, 1, 56, 48, 40, 32, 24, 16, 8, 0);
   __m512i d = _mm512_sub_epi8(e, base);
   __mmask64 outside = _mm512_movepi8_mask(d);
   __m512i bit = _mm512_maskz_permutex2var_epi8(~outside, tab_lo, d, tab_hi);
   *cold = _mm512_testn_epi8_mask(bit, bit);
-  __m512i per_qword = _mm512_popcnt_epi8(_mm512_gf2p8affine_epi64_epi8(unit, bit, 0));
-  return _mm512_sad_epu8(_mm512_permutexvar_epi8(by_class, per_qword), _mm512_setzero_si512());
+  return pulse_bit_counts64_avx512(bit);
 }
 
 /* scan_avx2 on 64 lanes: the compares give masks, no movemask. The hot
