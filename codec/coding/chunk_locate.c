@@ -9,7 +9,7 @@
  * elements. The default, where the CPU has AVX-512BW and BMI2, takes
  * windows of 4096 elements in two passes (locate_window: counts per class
  * and block, then each change's block and lane without a branch); where it
- * also has AVX-512 VBMI and BITALG and GFNI, windows from 1/256 to 1/40
+ * also has AVX-512 VBMI and BITALG and GFNI, windows from 1/256 to 1/68
  * changed count eight classes a block at once (locate_groups); the older paths
  * resolve the few blocks where a wanted rank falls bit by bit.
  * tests/codec/driver/locate_bench.c times each path.
@@ -470,10 +470,12 @@ static int have_window(void) {
  * locate_bench.c, CPU ns per element on a quiet machine, blocks / windows
  * / groups: 0.3% 0.27 / 0.32 / 0.25, 0.5% 0.33 / 0.34 / 0.28, 1% 0.47 /
  * 0.41 / 0.35, 2% 0.73 / 0.51 / 0.50, 3% 0.95 / 0.58 / 0.60, 5% 1.26 /
- * 0.68 / 0.77; so the groups take the densities from 1/256 of a chunk
- * changed to 1/40. */
+ * 0.68 / 0.77. Between 1% and 2% the two cross: windows / groups 1.2%
+ * 0.43 / 0.41, 1.4% 0.46 / 0.44, 1.5% 0.48 / 0.50, 1.8% 0.49 / 0.53,
+ * 2.2% 0.52 / 0.60 (median of 9, 64 chunks, a later quiet run); so the
+ * groups take the densities from 1/256 of a chunk changed to 1/68. */
 #define LOCATE_GROUPS_DENSITY_MIN_INV 256u
-#define LOCATE_GROUPS_DENSITY_INV 40u
+#define LOCATE_GROUPS_DENSITY_INV 68u
 #define LOCATE_GROUP 8u
 #define LOCATE_GROUPS_MAX (LOCATE_WINDOW_MAX_ACTIVE / LOCATE_GROUP)
 #define LOCATE_GRP                                                                                 \

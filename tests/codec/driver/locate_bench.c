@@ -8,7 +8,10 @@
  * Per density: each path's result is checked against the reference on
  * every chunk, then each path is timed R times over all chunks (one
  * thread's CPU time, median), in ns per base element. A path this CPU
- * cannot run times the reference's loop. Not a test: a measuring tool. */
+ * cannot run times the reference's loop. The last column, "read", is the
+ * floor under every path: the same chunks' bytes read once and summed, no
+ * locating (a pass without an index has to read the whole base, since the
+ * classes' elements are spread through it). Not a test: a measuring tool. */
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,9 +41,24 @@ static double cpu_now(void) {
   return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
+/* The sum of a chunk's 64-bit words: a read of its bytes, and nothing else
+ * (returned so that the compiler keeps it). */
+static uint64_t read_chunk(const uint16_t *b) {
+  const uint64_t *w = (const uint64_t *)b;
+  uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+  for (size_t i = 0; i < CHUNK / 4; i += 4)
+    s0 += w[i], s1 += w[i + 1], s2 += w[i + 2], s3 += w[i + 3];
+  return s0 + s1 + s2 + s3;
+}
+
 static int by_value(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
   return (x > y) - (x < y);
+}
+
+static double median(double *t, unsigned n) {
+  qsort(t, n, sizeof *t, by_value);
+  return t[n / 2];
 }
 
 int main(int argc, char **argv) {
@@ -79,7 +97,7 @@ int main(int argc, char **argv) {
   printf("%-8s", "density");
   for (size_t p = 0; p < PT_COUNT_OF(paths); p++)
     printf(" %10s", paths[p].name);
-  printf("\n");
+  printf(" %10s\n", "read");
   for (unsigned d = 0; d < nd; d++) {
     for (unsigned c = 0; c < chunks; c++)
       pt_rank_form_make(base + (size_t)c * CHUNK, CHUNK,
@@ -109,10 +127,17 @@ int main(int argc, char **argv) {
                                  f[c].start, f[c].rank, f[c].cdelta, 0, pos, delta);
         t[r] = cpu_now() - t0;
       }
-      qsort(t, reps, sizeof *t, by_value);
-      printf(" %10.3f", t[reps / 2] * 1e9 / (double)total);
+      printf(" %10.3f", median(t, reps) * 1e9 / (double)total);
     }
-    printf("\n");
+    double t[MAX_REPS];
+    volatile uint64_t sink = 0;
+    for (unsigned r = 0; r < reps; r++) {
+      double t0 = cpu_now();
+      for (unsigned c = 0; c < chunks; c++)
+        sink += read_chunk(base + (size_t)c * CHUNK);
+      t[r] = cpu_now() - t0;
+    }
+    printf(" %10.3f\n", median(t, reps) * 1e9 / (double)total);
     for (unsigned c = 0; c < chunks; c++)
       pt_rank_form_free(&f[c]);
   }
