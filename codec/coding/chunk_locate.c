@@ -9,7 +9,7 @@
  * elements. The default, where the CPU has AVX-512BW and BMI2, takes
  * windows of 4096 elements in two passes (locate_window: counts per class
  * and block, then each change's block and lane without a branch); where it
- * also has AVX-512 VBMI and BITALG and GFNI, windows from 1/256 to 1/68
+ * also has AVX-512 VBMI and BITALG and GFNI, windows from 1/256 to 1/40
  * changed count eight classes a block at once (locate_groups); the older paths
  * resolve the few blocks where a wanted rank falls bit by bit.
  * tests/codec/driver/locate_bench.c times each path.
@@ -311,18 +311,42 @@ static int have_avx512(void) {
 #define LOCATE_WINDOW (LOCATE_WINDOW_BLOCKS * LOCATE_BLOCK)
 #define LOCATE_WIN __attribute__((target("avx512f,avx512bw,bmi,bmi2,popcnt")))
 
-/* A window's class bytes, nb blocks from base + i, into cls; and the next
- * window's base lines (32 elements each) asked for while this one's passes
- * run: the pass reads the base at memory speed, and the hardware's
- * prefetch alone left it waiting (10% more CPU time per pull at 250 M
- * parameters, 2%). */
+/* A window's class bytes, nb blocks from base + i, into cls. */
 LOCATE_WIN static inline void window_classes(uint8_t *cls, const uint16_t *base, uint32_t i,
-                                             uint32_t n, uint32_t nb) {
+                                             uint32_t nb) {
   for (uint32_t b = 0; b < nb; b++)
     _mm512_store_si512((void *)(cls + b * LOCATE_BLOCK), classes64(base + i + b * LOCATE_BLOCK));
+}
+
+/* The next window's base lines (32 elements each), asked for while this
+ * window's passes run: the pass reads the base at memory speed, and the
+ * hardware's prefetch alone left it waiting (10% more CPU time per pull at
+ * 250 M parameters, 2%). Asked for all at once (ahead_rest), the 128
+ * misses queue behind the core's few miss buffers and the pass waits on
+ * its own prefetches; locate_groups asks for one line at a time between
+ * its steps instead (locate_bench, groups at 0.5% / 1% of a chunk changed,
+ * medians of five alternating runs: 0.31 -> 0.21, 0.40 -> 0.33 ns an
+ * element). locate_window's steps showed no clear gain from it. */
+typedef struct {
+  const char *at;
+  uint32_t next, end;
+} window_ahead;
+
+static inline window_ahead ahead_start(const uint16_t *base, uint32_t i, uint32_t n) {
+  window_ahead w = {(const char *)(base + i + LOCATE_WINDOW), 0, 0};
   if (i + 2 * LOCATE_WINDOW <= n)
-    for (uint32_t b = 0; b < 2 * LOCATE_WINDOW_BLOCKS; b++)
-      __builtin_prefetch(base + i + LOCATE_WINDOW + b * 32u);
+    w.end = LOCATE_WINDOW * 2 / 64;
+  return w;
+}
+
+static inline void ahead_one(window_ahead *w) {
+  if (w->next < w->end)
+    __builtin_prefetch(w->at + 64 * w->next++);
+}
+
+static inline void ahead_rest(window_ahead *w) {
+  while (w->next < w->end)
+    __builtin_prefetch(w->at + 64 * w->next++);
 }
 
 /* The change of class byte c that is element `in` of its class in block b
@@ -367,7 +391,9 @@ LOCATE_WIN static uint32_t locate_window(locate_state *st, const uint16_t *base,
   while (i + LOCATE_BLOCK <= n && out < k) {
     uint32_t nb = (n - i) / LOCATE_BLOCK;
     nb = nb < LOCATE_WINDOW_BLOCKS ? nb : LOCATE_WINDOW_BLOCKS;
-    window_classes(cls, base, i, n, nb);
+    window_classes(cls, base, i, nb);
+    window_ahead ahead = ahead_start(base, i, n);
+    ahead_rest(&ahead);
     for (unsigned a = 0; a < count; a++) {
       if (stalled[a] || st->cursor[a] == st->end[a])
         continue;
@@ -470,12 +496,13 @@ static int have_window(void) {
  * locate_bench.c, CPU ns per element on a quiet machine, blocks / windows
  * / groups: 0.3% 0.27 / 0.32 / 0.25, 0.5% 0.33 / 0.34 / 0.28, 1% 0.47 /
  * 0.41 / 0.35, 2% 0.73 / 0.51 / 0.50, 3% 0.95 / 0.58 / 0.60, 5% 1.26 /
- * 0.68 / 0.77. Between 1% and 2% the two cross: windows / groups 1.2%
- * 0.43 / 0.41, 1.4% 0.46 / 0.44, 1.5% 0.48 / 0.50, 1.8% 0.49 / 0.53,
- * 2.2% 0.52 / 0.60 (median of 9, 64 chunks, a later quiet run); so the
- * groups take the densities from 1/256 of a chunk changed to 1/68. */
+ * 0.68 / 0.77. With the next window's lines asked for one at a time
+ * (window_ahead) the two cross between 2.5% and 3%: windows / groups
+ * 1.5% 0.48 / 0.38, 2% 0.52 / 0.48, 2.5% 0.55 / 0.53, 3% 0.59 / 0.59,
+ * 4% 0.64 / 0.69 (medians of three runs of 9); so the groups take the
+ * densities from 1/256 of a chunk changed to 1/40. */
 #define LOCATE_GROUPS_DENSITY_MIN_INV 256u
-#define LOCATE_GROUPS_DENSITY_INV 68u
+#define LOCATE_GROUPS_DENSITY_INV 40u
 #define LOCATE_GROUP 8u
 #define LOCATE_GROUPS_MAX (LOCATE_WINDOW_MAX_ACTIVE / LOCATE_GROUP)
 #define LOCATE_GRP                                                                                 \
@@ -528,7 +555,8 @@ LOCATE_GRP static uint32_t locate_groups(locate_state *st, const uint16_t *base,
   while (i + LOCATE_BLOCK <= n && out < k) {
     uint32_t nb = (n - i) / LOCATE_BLOCK;
     nb = nb < LOCATE_WINDOW_BLOCKS ? nb : LOCATE_WINDOW_BLOCKS;
-    window_classes(cls, base, i, n, nb);
+    window_classes(cls, base, i, nb);
+    window_ahead ahead = ahead_start(base, i, n); /* a line every other block and every change */
     /* 1. Each group's running counts, block by block. */
     for (unsigned g = 0; g < groups; g++) {
       const uint8_t *t = tab[g];
@@ -540,6 +568,8 @@ LOCATE_GRP static uint32_t locate_groups(locate_state *st, const uint16_t *base,
         __m512i e = _mm512_load_si512((const void *)(cls + b * LOCATE_BLOCK));
         run = _mm512_add_epi64(run, group_counts(e, t0, t1, t2, t3));
         _mm_store_si128((__m128i *)(void *)upto[g][b + 1], _mm512_cvtepi64_epi16(run));
+        if (b & 1)
+          ahead_one(&ahead);
       }
       for (uint32_t b = nb; b < LOCATE_WINDOW_BLOCKS; b++)
         _mm_store_si128((__m128i *)(void *)upto[g][b + 1], _mm_set1_epi16(-1));
@@ -591,7 +621,9 @@ LOCATE_GRP static uint32_t locate_groups(locate_state *st, const uint16_t *base,
                        member);
       window_hit(cls, b, todo[t].r - upto[g][b][j], st->cls[a], cdelta[todo[t].at], hits,
                  &nonempty, hit_delta);
+      ahead_one(&ahead);
     }
+    ahead_rest(&ahead);
     out = locate_emit_window(hits, nonempty, hit_delta, first + i, k, pos, delta, out);
     nonempty = 0;
     i += nb * LOCATE_BLOCK;

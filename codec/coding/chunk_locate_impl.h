@@ -10,7 +10,7 @@
  * loop. */
 #define PULSE_CHUNK_LOCATE_WINDOW 4
 /* The windows with pass 1 eight classes at a time (AVX-512 VBMI and
- * BITALG, GFNI): the default from 1/256 to 1/68 of a chunk changed;
+ * BITALG, GFNI): the default from 1/256 to 1/40 of a chunk changed;
  * forced, at any density; on a CPU without them, the reference's loop. */
 #define PULSE_CHUNK_LOCATE_GROUPS 5
 
