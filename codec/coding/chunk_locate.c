@@ -323,10 +323,11 @@ LOCATE_WIN static inline void window_classes(uint8_t *cls, const uint16_t *base,
  * hardware's prefetch alone left it waiting (10% more CPU time per pull at
  * 250 M parameters, 2%). Asked for all at once (ahead_rest), the 128
  * misses queue behind the core's few miss buffers and the pass waits on
- * its own prefetches; locate_groups asks for one line at a time between
- * its steps instead (locate_bench, groups at 0.5% / 1% of a chunk changed,
- * medians of five alternating runs: 0.31 -> 0.21, 0.40 -> 0.33 ns an
- * element). locate_window's steps showed no clear gain from it. */
+ * its own prefetches; both passes ask for one line at a time between their
+ * steps instead (ahead_one), and for what is left at the window's end
+ * (locate_bench, medians of alternating runs on a noisy machine: groups at
+ * 0.5% / 1% of a chunk changed 0.31 -> 0.21, 0.40 -> 0.33 ns an element;
+ * windows at 3% / 5% 0.73 -> 0.67, 0.88 -> 0.84). */
 typedef struct {
   const char *at;
   uint32_t next, end;
@@ -392,8 +393,7 @@ LOCATE_WIN static uint32_t locate_window(locate_state *st, const uint16_t *base,
     uint32_t nb = (n - i) / LOCATE_BLOCK;
     nb = nb < LOCATE_WINDOW_BLOCKS ? nb : LOCATE_WINDOW_BLOCKS;
     window_classes(cls, base, i, nb);
-    window_ahead ahead = ahead_start(base, i, n);
-    ahead_rest(&ahead);
+    window_ahead ahead = ahead_start(base, i, n); /* a line every 8 blocks of a class, every change */
     for (unsigned a = 0; a < count; a++) {
       if (stalled[a] || st->cursor[a] == st->end[a])
         continue;
@@ -406,6 +406,8 @@ LOCATE_WIN static uint32_t locate_window(locate_state *st, const uint16_t *base,
         run += (uint32_t)__builtin_popcountll(
             _mm512_cmpeq_epi8_mask(_mm512_load_si512((const void *)(cls + b * LOCATE_BLOCK)), c));
         u[b] = (uint16_t)run;
+        if ((b & 7) == 7)
+          ahead_one(&ahead);
       }
       for (uint32_t b = nb; b < LOCATE_WINDOW_BLOCKS; b++)
         u[b] = 0xFFFF;
@@ -428,11 +430,13 @@ LOCATE_WIN static uint32_t locate_window(locate_state *st, const uint16_t *base,
         window_hit(cls, b, r - (b > 0 ? u[b - 1] : 0u), st->cls[a], cdelta[at], hits, &nonempty,
                    hit_delta);
         low = w + 1;
+        ahead_one(&ahead);
       }
       st->cursor[a] = at;
       seen[a] = s0 + run;
       lo[a] = low;
     }
+    ahead_rest(&ahead);
     out = locate_emit_window(hits, nonempty, hit_delta, first + i, k, pos, delta, out);
     nonempty = 0;
     i += nb * LOCATE_BLOCK;
@@ -499,7 +503,8 @@ static int have_window(void) {
  * 0.68 / 0.77. With the next window's lines asked for one at a time
  * (window_ahead) the two cross between 2.5% and 3%: windows / groups
  * 1.5% 0.48 / 0.38, 2% 0.52 / 0.48, 2.5% 0.55 / 0.53, 3% 0.59 / 0.59,
- * 4% 0.64 / 0.69 (medians of three runs of 9); so the groups take the
+ * 4% 0.64 / 0.69 (medians of three runs of 9; the windows' own change
+ * after it left the crossing near 2.5%); so the groups take the
  * densities from 1/256 of a chunk changed to 1/40. */
 #define LOCATE_GROUPS_DENSITY_MIN_INV 256u
 #define LOCATE_GROUPS_DENSITY_INV 40u
