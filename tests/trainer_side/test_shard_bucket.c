@@ -238,10 +238,13 @@ typedef struct {
   /* the single publisher commits from this step on (a restarted job's
    * first step may be one it committed already) */
   uint64_t single_from;
+  /* this rank (not 0) reaches err_step 1.5 s late: rank 0 has given the
+   * attempt up by then, and the rank joins its retry (0: none) */
+  int err_late_rank;
 } faults;
 
 static const faults no_faults = {(uint64_t)-1, (uint64_t)-1, (uint64_t)-1, 0,
-                                 0};
+                                 0, 0};
 
 /* A step whose head upload fails after rank 0's commit: every rank's
  * error says the step is committed and its upload failed, and the bucket
@@ -357,20 +360,29 @@ static int run_rank(const char *root, uint64_t seed, int rank, uint64_t first,
       d[b] = sm_block_data(&m, &rb[rank].b[b], NULL);
       t[b] = (pulse_pub_tensor){d[b], PULSE_DTYPE_F32, PULSE_PUB_HOST};
     }
+    int joined_retry = 0;
     if (step == err_step) {
-      /* Rank 2 gives one tensor too few: every rank fails the attempt
-       * with its reason, and the bucket keeps the previous head. */
+      /* Rank 2 gives one tensor too few: every rank in the attempt fails
+       * it with its reason, and the bucket keeps the previous head. A rank
+       * that reaches the step after rank 0 has given the attempt up joins
+       * rank 0's retry instead (shard_step.c), where every rank gives its
+       * whole part: its call returns the step, committed. Ranks 0 (it
+       * opens the attempt) and 2 never do. */
       size_t given = rb[rank].n - (rank == 2);
+      if (fx->err_late_rank != 0 && rank == fx->err_late_rank)
+        usleep(1500000);
       if (pulse_pub_shard_step(sh, dir, &po, step, t, given, NULL) == PULSE_OK)
-        rc = 20;
+        joined_retry = 1;
       else if (rank != 2 && strstr(pulse_error_detail(), "rank 2") == NULL)
         rc = 21, fprintf(stderr, "rank %d: %s\n", rank, pulse_error_detail());
+      if (joined_retry && (rank == 0 || rank == 2))
+        rc = 20;
       pulse_buffer hb = {0};
       pulse_store_head *h = NULL;
       if (rc == 0 &&
           (pulse_upload_key_get(up, "head.json", &hb) != PULSE_OK ||
            pulse_store_head_parse(hb.data, hb.size, &h) != PULSE_OK ||
-           pulse_store_head_step(h) != step - 1))
+           pulse_store_head_step(h) != step - (uint64_t)!joined_retry))
         rc = 22, fprintf(stderr, "rank %d: the bucket's head moved\n", rank);
       pulse_store_head_free(h);
       pulse_buffer_free(&hb);
@@ -396,8 +408,8 @@ static int run_rank(const char *root, uint64_t seed, int rank, uint64_t first,
         free(d[b]);
       break;
     }
-    if (rc == 0 && pulse_pub_shard_step(sh, dir, &po, step, t, rb[rank].n,
-                                        NULL) != PULSE_OK)
+    if (rc == 0 && !joined_retry &&
+        pulse_pub_shard_step(sh, dir, &po, step, t, rb[rank].n, NULL) != PULSE_OK)
       rc = 3, fprintf(stderr, "rank %d step %llu: %s\n", rank,
                       (unsigned long long)step, pulse_error_detail());
     if (rc == 0 && rank == 0)
@@ -446,7 +458,7 @@ Test(
   /* Steps 2 and 4 are anchors' (anchor_every 2): rank 2 fails a part of
    * step 2's once the upload has begun, and step 4 before its anchor. */
   faults fx = no_faults;
-  fx.err_step = 4, fx.part_step = 2;
+  fx.err_step = 4, fx.part_step = 2, fx.err_late_rank = 3;
   run_job(root, 92, 0, 4, &fx);
   /* New shards, a new process per rank: from the bucket. */
   run_job(root, 92, 5, 6, &no_faults);
