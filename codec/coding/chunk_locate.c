@@ -333,10 +333,12 @@ typedef struct {
   uint32_t next, end;
 } window_ahead;
 
+/* Nothing to ask for when the next window does not fit whole in the
+ * chunk (and no pointer past the chunk is formed). */
 static inline window_ahead ahead_start(const uint16_t *base, uint32_t i, uint32_t n) {
-  window_ahead w = {(const char *)(base + i + LOCATE_WINDOW), 0, 0};
+  window_ahead w = {NULL, 0, 0};
   if (i + 2 * LOCATE_WINDOW <= n)
-    w.end = LOCATE_WINDOW * 2 / 64;
+    w.at = (const char *)(base + i + LOCATE_WINDOW), w.end = LOCATE_WINDOW * 2 / 64;
   return w;
 }
 
