@@ -424,7 +424,11 @@ void pulse_pub_shard_step_opts_init(pulse_pub_shard_step_opts *opts);
  * bucket's store (a warning says so). Publishing S again then returns S on
  * every rank without detecting (the bucket's head, uploaded by rank 0's
  * call); publishing S+1 goes on from S. A restarted job's first call of
- * the bucket's head step + 1 (rank 0's store may hold it) does the same.
+ * the bucket's head step + 1 (rank 0's store may hold it) does the same,
+ * whether a rank resumed before rank 0 uploaded it or after. A rank other
+ * than 0 cannot tell such a retry of the bucket's head step from a
+ * repeat: it waits for rank 0's go, and a repeat (refused at once on rank
+ * 0) fails it at timeout_ms, naming the step to publish.
  * @return PULSE_OK; PULSE_ERR_BASE_STEP (step not above the head, but
  * for the retry above);
  * PULSE_ERR_IO (a rank did not answer within timeout_ms, or a write or a

@@ -10,8 +10,9 @@
  * of the step is left under shard/. A rank that fails a step fails it on
  * every rank, the bucket keeps its head, the retry publishes; a restarted
  * job (new shards, rank 0 fetching back its anchors, the others resuming
- * from a copy of the bucket's store) goes on. Skipped where node or s3rver
- * is missing. */
+ * from a copy of the bucket's store, before or after rank 0 brought the
+ * bucket up to its store) goes on; a step published is refused again on
+ * every rank. Skipped where node or s3rver is missing. */
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -241,10 +242,34 @@ typedef struct {
   /* this rank (not 0) reaches err_step 1.5 s late: rank 0 has given the
    * attempt up by then, and the rank joins its retry (0: none) */
   int err_late_rank;
+  /* this rank (not 0) of a restarted job resumes only once rank 0 has
+   * brought the bucket up to its store (the bucket's head at the job's
+   * first step): its snapshot is then that step's (0: none) */
+  int resume_late_rank;
+  /* after the last step, every rank calls it again: rank 0 refuses at
+   * once, the others after a short timeout, saying what to do */
+  int repeat_last;
 } faults;
 
 static const faults no_faults = {(uint64_t)-1, (uint64_t)-1, (uint64_t)-1, 0,
-                                 0, 0};
+                                 0, 0, 0, 0};
+
+/* Waits (up to 20 s) for the bucket's head to reach `step`. */
+static int head_reaches(pulse_upload *up, uint64_t step) {
+  for (int i = 0; i < 2000; i++) {
+    pulse_buffer hb = {0};
+    pulse_store_head *h = NULL;
+    int there = pulse_upload_key_get(up, "head.json", &hb) == PULSE_OK &&
+                pulse_store_head_parse(hb.data, hb.size, &h) == PULSE_OK &&
+                pulse_store_head_step(h) >= step;
+    pulse_store_head_free(h);
+    pulse_buffer_free(&hb);
+    if (there)
+      return 1;
+    usleep(10000);
+  }
+  return 0;
+}
 
 /* A step whose head upload fails after rank 0's commit: every rank's
  * error says the step is committed and its upload failed, and the bucket
@@ -323,6 +348,9 @@ static int run_rank(const char *root, uint64_t seed, int rank, uint64_t first,
   if (first > 0) {
     const char *from = dir;
     if (rank != 0) { /* no store folder: a copy of the bucket's, for the call */
+      if (rank == fx->resume_late_rank && !head_reaches(up, first))
+        FAIL(18, "rank %d: the bucket's head did not reach step %llu", rank,
+             (unsigned long long)first);
       if (pulse_upload_fetch_store(up, scratch, NULL) != PULSE_OK)
         FAIL(15, "rank %d: fetch_store: %s", rank, pulse_error_detail());
       from = scratch;
@@ -417,6 +445,25 @@ static int run_rank(const char *root, uint64_t seed, int rank, uint64_t first,
     for (size_t b = 0; b < rb[rank].n; b++)
       free(d[b]);
   }
+  if (rc == 0 && fx->repeat_last) {
+    pulse_pub_tensor t[3 * NT];
+    float *d[3 * NT];
+    for (size_t b = 0; b < rb[rank].n; b++) {
+      d[b] = sm_block_data(&m, &rb[rank].b[b], NULL);
+      t[b] = (pulse_pub_tensor){d[b], PULSE_DTYPE_F32, PULSE_PUB_HOST};
+    }
+    po.timeout_ms = 1500;
+    const char *want = rank == 0 ? "is not above the head's"
+                                 : "the step is the bucket's head";
+    if (pulse_pub_shard_step(sh, dir, &po, last, t, rb[rank].n, NULL) ==
+        PULSE_OK)
+      rc = 25, fprintf(stderr, "rank %d: step %llu again went through\n",
+                       rank, (unsigned long long)last);
+    else if (strstr(pulse_error_detail(), want) == NULL)
+      rc = 26, fprintf(stderr, "rank %d: %s\n", rank, pulse_error_detail());
+    for (size_t b = 0; b < rb[rank].n; b++)
+      free(d[b]);
+  }
   pulse_pub_free(committer);
   pulse_pub_free(lockstep);
   pulse_pub_shard_free(sh);
@@ -446,7 +493,9 @@ static void run_job(const char *root, uint64_t seed, uint64_t first,
 Test(shard_bucket, four_ranks_without_a_shared_folder_publish_as_one_publisher,
      .init = s3_start, .fini = s3_stop, .timeout = 240) {
   char *root = tu_make_dir();
-  run_job(root, 91, 0, 4, &no_faults);
+  faults fx = no_faults;
+  fx.repeat_last = 1; /* a step published is not published again */
+  run_job(root, 91, 0, 4, &fx);
   tu_rm_rf(root);
 }
 
@@ -491,9 +540,12 @@ Test(shard_bucket, a_job_restarted_after_a_failed_head_upload_goes_on,
   fx.head_step = 3, fx.head_then_stop = 1;
   run_job(root, 94, 0, 3, &fx);
   /* The restarted job publishes the bucket's next step, 3 (committed by
-   * the old job, uploaded now: the same on every rank), then 4 and 5. */
+   * the old job, uploaded now: the same on every rank), then 4 and 5.
+   * Rank 3 resumes after rank 0 has uploaded step 3 (its snapshot is step
+   * 3's, the others' step 2's): its call of step 3 returns it too. */
   fx = no_faults;
   fx.single_from = 4;
+  fx.resume_late_rank = 3;
   run_job(root, 94, 3, 5, &fx);
   tu_rm_rf(root);
 }

@@ -210,16 +210,17 @@ static pulse_status give_up_early(const shard_attempt *a) {
 }
 
 /* A call of the bucket's head step that retries it rather than repeats
- * it: rank 0 committed the step in an attempt whose upload failed (it
- * failed here, or the bucket was behind its store), or this rank saw the
- * step fail, or its snapshot is below the head (a restarted job's rank
- * that resumed before rank 0 brought the bucket up). */
+ * it. Rank 0 knows: it committed the step in an attempt whose upload
+ * failed (it failed here, or the bucket was behind its store). Another
+ * rank cannot tell: it saw the step fail, or resumed before rank 0
+ * brought the bucket up (its snapshot below the head), or after (its
+ * snapshot the head's, though the step is new to its job); it follows
+ * rank 0's go, which says "done" for a retry, and a repeat costs it the
+ * timeout (rank 0 refuses at once). */
 static int committed_retry(const pulse_pub_shard *s, int rank, int behind,
-                           uint64_t step, uint64_t head) {
+                           uint64_t step) {
   int failed = s->failed_nonce != 0 && s->failed_step == step;
-  if (rank == 0)
-    return behind || failed;
-  return failed || !s->have_snapshot || s->snap_step < head;
+  return rank != 0 || behind || failed;
 }
 
 /* Rank 0: opens attempt N of the step (removing what earlier attempts
@@ -267,6 +268,14 @@ static pulse_status go_begin(pulse_pub_shard *s, const shard_attempt *a,
       if (parsed && m->bucket != NULL)
         PULSE_TRY(m->head(m, has, head, NULL));
     }
+    if (mono() > a->deadline && done)
+      return pulse_fail(PULSE_ERR_IO,
+                        "shard: step %" PRIu64 ": rank 0 did not open it "
+                        "(the step is the bucket's head: rank 0 returns it "
+                        "again only when its store committed it in an "
+                        "attempt whose upload failed; else publish step "
+                        "%" PRIu64 ")",
+                        a->step, a->step + 1);
     if (mono() > a->deadline)
       return pulse_fail(PULSE_ERR_IO,
                         "shard: step %" PRIu64 ": rank 0 did not open it",
@@ -414,7 +423,7 @@ pulse_status pulse_pub_shard_step(pulse_pub_shard *s, const char *dir,
   memset(&head_digest, 0, sizeof head_digest);
   PULSE_TRY(medium.head(&medium, &has, &head, &head_digest));
   int done = has && step == head && o->bucket != NULL &&
-             committed_retry(s, rank, behind, step, head);
+             committed_retry(s, rank, behind, step);
   if (has && step <= head && !done && caught == PULSE_OK)
     return pulse_fail(PULSE_ERR_BASE_STEP, "shard: step %" PRIu64 " is not above the head's %" PRIu64,
                       step, head);
