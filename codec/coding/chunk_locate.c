@@ -413,7 +413,10 @@ LOCATE_WIN static uint32_t locate_window(locate_state *st, const uint16_t *base,
       }
       for (uint32_t b = nb; b < LOCATE_WINDOW_BLOCKS; b++)
         u[b] = 0xFFFF;
-      /* 2. Its changes in the window. */
+      /* 2. Its changes in the window, each found as it is walked. (Listing
+       * every class's first and finding them in one loop, as the groups
+       * do, measured slower here: locate_bench at 5%, medians of six
+       * alternating runs, 0.76 -> 0.85 ns an element.) */
       __m512i u0 = _mm512_load_si512((const void *)u);
       __m512i u1 = _mm512_load_si512((const void *)(u + 32));
       uint32_t at = st->cursor[a], end = st->end[a], s0 = seen[a], low = lo[a];
