@@ -221,6 +221,14 @@ pulse_status pulse_upload_key_get(pulse_upload *up, const char *rel,
  * @return PULSE_OK; PULSE_ERR_ARG; PULSE_ERR_IO. */
 pulse_status pulse_upload_key_delete(pulse_upload *up, const char *rel);
 
+/** Deletes the n objects rels[0..n-1] (a step's files), up to
+ * opts.parallel requests at once, each retried as pulse_upload_store's;
+ * one that is not there is no error. Every one is tried; the first
+ * failure is returned (its detail names it).
+ * @return PULSE_OK; PULSE_ERR_ARG; PULSE_ERR_IO; PULSE_ERR_NOMEM. */
+pulse_status pulse_upload_key_delete_many(pulse_upload *up,
+                                          const char *const *rels, size_t n);
+
 /** The objects whose rel starts with rel_prefix (ListObjectsV2, every
  * page): *count names in `names` (free with pulse_buffer_free), each a rel
  * (the target's prefix taken off) ended by a NUL, one after the other.

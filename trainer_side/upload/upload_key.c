@@ -112,17 +112,49 @@ pulse_status pulse_upload_key_get(pulse_upload *up, const char *rel,
 }
 
 pulse_status pulse_upload_key_delete(pulse_upload *up, const char *rel) {
-  char key[1200];
-  PULSE_TRY(upload_key_for(up, rel, "deleting an object", key));
-  upload_req r;
-  upload_req_init(&r, "DELETE");
-  snprintf(r.key, sizeof r.key, "%s", key);
-  upload_req *one = &r;
-  pulse_status st = upload_run(up, &one, 1);
-  if (st == PULSE_OK && !ok_status(r.status) && r.status != 404)
-    st = upload_req_fail(&r, "deleting an object");
-  upload_req_release(&r);
-  return st;
+  return pulse_upload_key_delete_many(up, &rel, 1);
+}
+
+/* Deletes up to this many at a time: each request holds a few KiB. */
+#define DELETE_BATCH 64u
+
+pulse_status pulse_upload_key_delete_many(pulse_upload *up,
+                                          const char *const *rels, size_t n) {
+  if (up == NULL || (rels == NULL && n > 0))
+    return pulse_fail(PULSE_ERR_ARG, "upload: deleting objects: NULL argument");
+  upload_req *reqs = calloc(n < DELETE_BATCH ? n + 1 : DELETE_BATCH, sizeof *reqs);
+  upload_req *ptrs[DELETE_BATCH];
+  if (reqs == NULL)
+    return pulse_fail(PULSE_ERR_NOMEM, "upload: deleting objects");
+  pulse_status first = PULSE_OK;
+  char why[512] = "";
+  for (size_t at = 0; at < n; at += DELETE_BATCH) {
+    size_t m = n - at < DELETE_BATCH ? n - at : DELETE_BATCH, ready = 0;
+    for (size_t i = 0; i < m; i++) {
+      char key[1200];
+      pulse_status bad =
+          upload_key_for(up, rels[at + i], "deleting an object", key);
+      if (bad != PULSE_OK) { /* the rest still go */
+        if (first == PULSE_OK)
+          first = bad, snprintf(why, sizeof why, "%s", pulse_error_detail());
+        continue;
+      }
+      upload_req_init(&reqs[ready], "DELETE");
+      snprintf(reqs[ready].key, sizeof reqs[ready].key, "%s", key);
+      ptrs[ready] = &reqs[ready];
+      ready++;
+    }
+    pulse_status st = upload_run(up, ptrs, ready);
+    for (size_t i = 0; i < ready; i++) {
+      if (st == PULSE_OK && !ok_status(reqs[i].status) && reqs[i].status != 404)
+        st = upload_req_fail(&reqs[i], "deleting an object");
+      upload_req_release(&reqs[i]);
+    }
+    if (first == PULSE_OK && st != PULSE_OK)
+      first = st, snprintf(why, sizeof why, "%s", pulse_error_detail());
+  }
+  free(reqs);
+  return first == PULSE_OK ? PULSE_OK : pulse_fail(first, "%s", why);
 }
 
 pulse_status pulse_upload_key_list(pulse_upload *up, const char *rel_prefix,

@@ -197,10 +197,17 @@ static void bucket_drop(shard_medium *md, uint64_t step, int rank,
   size_t n = 0;
   if (pulse_upload_key_list(md->bucket, prefix, &names, &n) != PULSE_OK)
     return; /* what stays is dropped by the step's next attempt */
+  /* At once, not one request after another: an anchor's step leaves a
+   * few files per part, and rank 0's next step waits for these. */
+  const char **gone = calloc(n + 1, sizeof *gone);
+  size_t ngone = 0;
   const char *rel = (const char *)names.data;
-  for (size_t i = 0; i < n; rel += strlen(rel) + 1, i++)
+  for (size_t i = 0; gone != NULL && i < n; rel += strlen(rel) + 1, i++)
     if (shard_file_dropped(rel + strlen(SHARD_SUB), step, rank, keep_fail))
-      (void)pulse_upload_key_delete(md->bucket, rel);
+      gone[ngone++] = rel;
+  if (gone != NULL)
+    (void)pulse_upload_key_delete_many(md->bucket, gone, ngone);
+  free(gone);
   pulse_buffer_free(&names);
 }
 
