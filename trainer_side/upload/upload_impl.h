@@ -26,6 +26,13 @@ struct pulse_upload {
    * conditional write: its ETag, or absent (upload.c). */
   char head_etag[256];
   int head_absent;
+  /* The requests' multi handle (a CURLM), kept between calls so that its
+   * connections are used again: a poll of the bucket or a step's small
+   * file then costs one round trip, not a TCP and TLS handshake too. Made
+   * by the first request in this process (multi_pid): a child of fork
+   * makes its own, and leaves the parent's connections alone. */
+  void *multi;
+  long multi_pid;
 };
 
 /** Lists the incomplete multipart uploads under the prefix and aborts each

@@ -130,6 +130,8 @@ void pulse_upload_free(pulse_upload *up) {
   free(up->bucket), free(up->prefix), free(up->endpoint), free(up->region);
   free(up->access_key), free(up->secret_key), free(up->session_token);
   free(up->cacert);
+  if (up->multi != NULL && up->multi_pid == (long)getpid())
+    curl_multi_cleanup(up->multi);
   free(up);
 }
 
@@ -455,17 +457,30 @@ static void finish(CURLM *m, job *j, CURLcode cc) {
                r->tries + 1, j->due_ms - now_ms());
 }
 
+/* The handle's multi, made on first use in this process (see
+ * pulse_upload.multi); NULL when it cannot be made. */
+static CURLM *multi_of(pulse_upload *up) {
+  long pid = (long)getpid();
+  if (up->multi != NULL && up->multi_pid == pid)
+    return up->multi;
+  /* Made in a parent before fork: its connections are the parent's. */
+  up->multi = curl_multi_init();
+  up->multi_pid = pid;
+  if (up->multi != NULL)
+    curl_multi_setopt(up->multi, CURLMOPT_MAX_HOST_CONNECTIONS,
+                      (long)up->opts.parallel);
+  return up->multi;
+}
+
 pulse_status upload_run(pulse_upload *up, upload_req **reqs, size_t n) {
   if (n == 0)
     return PULSE_OK;
-  CURLM *m = curl_multi_init();
+  CURLM *m = multi_of(up);
   job *jobs = calloc(n, sizeof *jobs);
   if (m == NULL || jobs == NULL) {
-    curl_multi_cleanup(m);
     free(jobs);
     return pulse_fail(PULSE_ERR_NOMEM, "upload");
   }
-  curl_multi_setopt(m, CURLMOPT_MAX_HOST_CONNECTIONS, (long)up->opts.parallel);
   for (size_t i = 0; i < n; i++) {
     jobs[i].up = up;
     jobs[i].r = reqs[i];
@@ -520,7 +535,6 @@ pulse_status upload_run(pulse_upload *up, upload_req **reqs, size_t n) {
   for (size_t i = 0; i < n && st == PULSE_OK; i++)
     if (reqs[i]->status == 0)
       st = upload_req_fail(reqs[i], "after its retries");
-  curl_multi_cleanup(m);
   free(jobs);
   return st;
 }
