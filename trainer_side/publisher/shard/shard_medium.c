@@ -14,6 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bytebuf_impl.h"
 #include "pulse_sha256.h"
 #include "shard_step_impl.h"
 #include "status_impl.h"
@@ -84,6 +85,33 @@ static int folder_get(shard_medium *md, const char *name, pulse_buffer *out) {
   return ok;
 }
 
+static int folder_list(shard_medium *md, const char *prefix,
+                       pulse_buffer *names, size_t *count) {
+  *count = 0;
+  names->data = NULL, names->size = 0;
+  DIR *d = opendir(md->folder);
+  if (d == NULL)
+    return pulse_fail(PULSE_ERR_IO, "shard: %s: %s", md->folder,
+                      strerror(errno)),
+           -1;
+  pulse_bytebuf all = PULSE_BYTEBUF_INIT;
+  struct dirent *e;
+  size_t pl = strlen(prefix);
+  while ((e = readdir(d)) != NULL)
+    if (e->d_name[0] != '.' && strncmp(e->d_name, prefix, pl) == 0) {
+      pulse_bytebuf_put(&all, e->d_name, strlen(e->d_name) + 1);
+      (*count)++;
+    }
+  closedir(d);
+  if (all.failed) {
+    pulse_bytebuf_free(&all);
+    *count = 0;
+    return pulse_fail(PULSE_ERR_NOMEM, "shard: listing %s", md->folder), -1;
+  }
+  names->data = all.data, names->size = all.size;
+  return *count > 0;
+}
+
 static void folder_drop(shard_medium *md, uint64_t step, int rank,
                         int keep_fail) {
   DIR *d = opendir(md->folder);
@@ -126,6 +154,7 @@ pulse_status shard_medium_folder(shard_medium *md, const char *store_dir) {
   memset(md, 0, sizeof *md);
   md->put = folder_put;
   md->get = folder_get;
+  md->list = folder_list;
   md->drop = folder_drop;
   md->head = folder_head;
   md->nap_first_s = md->nap_most_s = 0.002; /* a local rename is cheap */
@@ -189,6 +218,24 @@ static int bucket_get(shard_medium *md, const char *name, pulse_buffer *out) {
   return 1;
 }
 
+static int bucket_list(shard_medium *md, const char *prefix,
+                       pulse_buffer *names, size_t *count) {
+  char rel[256];
+  snprintf(rel, sizeof rel, SHARD_SUB "%s", prefix);
+  if (pulse_upload_key_list(md->bucket, rel, names, count) != PULSE_OK)
+    return -1;
+  /* The names as the folder's: without shard/ (each listed name has it). */
+  size_t cut = strlen(SHARD_SUB), out = 0;
+  const char *in = (const char *)names->data;
+  for (size_t i = 0; i < *count; i++) {
+    size_t len = strlen(in) + 1;
+    memmove(names->data + out, in + cut, len - cut);
+    out += len - cut, in += len;
+  }
+  names->size = out;
+  return *count > 0;
+}
+
 static void bucket_drop(shard_medium *md, uint64_t step, int rank,
                         int keep_fail) {
   char prefix[96];
@@ -234,6 +281,7 @@ void shard_medium_bucket(shard_medium *md, pulse_upload *bucket) {
   memset(md, 0, sizeof *md);
   md->put = bucket_put;
   md->get = bucket_get;
+  md->list = bucket_list;
   md->drop = bucket_drop;
   md->head = bucket_head;
   /* Each look is a request: back off from 5 ms to 200 ms. */

@@ -72,22 +72,42 @@ static int go_parse(const pulse_buffer *b, step_go *g) {
 }
 
 /* The rank that gave attempt N of step S up ("S.N.fail-R", holding its
- * reason), or -1; its reason in why. */
+ * reason), the lowest where several did, or -1; its reason in why. Of
+ * `world` ranks: one look at the medium (with the bucket a listing, not a
+ * request per rank), then the reason's file. */
 static int failed_rank(shard_medium *m, uint64_t step, uint64_t nonce,
                        int world, char *why, size_t cap) {
-  for (int r = 0; r < world; r++) {
-    char name[128];
-    snprintf(name, sizeof name, "%" PRIu64 ".%016" PRIx64 ".fail-%d", step, nonce, r);
-    pulse_buffer b = {0};
-    if (m->get(m, name, &b) == 1) {
-      size_t n = b.size < cap - 1 ? b.size : cap - 1;
-      memcpy(why, b.data, n);
-      why[n] = '\0';
-      pulse_buffer_free(&b);
-      return r;
+  char prefix[96];
+  size_t pl = (size_t)snprintf(prefix, sizeof prefix,
+                               "%" PRIu64 ".%016" PRIx64 ".fail-", step, nonce);
+  int lowest = -1;
+  pulse_buffer names = {0};
+  size_t n = 0;
+  if (world == 1) { /* rank 0's alone: no listing */
+    lowest = 0;
+  } else if (m->list(m, prefix, &names, &n) == 1) {
+    const char *at = (const char *)names.data;
+    for (size_t i = 0; i < n; at += strlen(at) + 1, i++) {
+      char *end = NULL;
+      long r = strtol(at + pl, &end, 10);
+      if (end != at + pl && *end == '\0' && r >= 0 && r < world &&
+          (lowest < 0 || r < lowest))
+        lowest = (int)r;
     }
   }
-  return -1;
+  pulse_buffer_free(&names);
+  if (lowest < 0)
+    return -1;
+  char name[128];
+  snprintf(name, sizeof name, "%s%d", prefix, lowest);
+  pulse_buffer b = {0};
+  if (m->get(m, name, &b) != 1)
+    return world == 1 ? -1 : (snprintf(why, cap, "(no reason left)"), lowest);
+  size_t len = b.size < cap - 1 ? b.size : cap - 1;
+  memcpy(why, b.data, len);
+  why[len] = '\0';
+  pulse_buffer_free(&b);
+  return lowest;
 }
 
 /* 1 while rank 0's go of step S still names attempt N. */

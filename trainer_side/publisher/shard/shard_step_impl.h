@@ -19,6 +19,11 @@ struct shard_medium {
   /* 1 and its bytes when the file is there, 0 when not (yet), -1 on an
    * error (the detail says it). */
   int (*get)(shard_medium *m, const char *name, pulse_buffer *out);
+  /* 1 and the names of the files that start with `prefix` (each ended by
+   * a NUL, *count of them; free names), 0 when there is none, -1 on an
+   * error (the detail says it). One look, whatever their number. */
+  int (*list)(shard_medium *m, const char *prefix, pulse_buffer *names,
+              size_t *count);
   /* Removes the files of `step`: rank R's own but its go (rank >= 0), or
    * every rank's (rank < 0); keep_fail keeps the ranks' reasons. */
   void (*drop)(shard_medium *m, uint64_t step, int rank, int keep_fail);
