@@ -217,6 +217,15 @@ pulse_status pulse_upload_key_put(pulse_upload *up, const char *rel,
 pulse_status pulse_upload_key_get(pulse_upload *up, const char *rel,
                                   pulse_buffer *out);
 
+/** Gets the n objects rels[0..n-1] (a step's small files) into outs[i],
+ * up to opts.parallel requests at once, each retried as
+ * pulse_upload_store's; outs[i].data is NULL where there is no such object
+ * (free each with pulse_buffer_free). On an error every out is empty.
+ * @return PULSE_OK; PULSE_ERR_ARG; PULSE_ERR_IO; PULSE_ERR_NOMEM. */
+pulse_status pulse_upload_key_get_many(pulse_upload *up,
+                                       const char *const *rels, size_t n,
+                                       pulse_buffer *outs);
+
 /** Deletes the object rel; one that is not there is no error.
  * @return PULSE_OK; PULSE_ERR_ARG; PULSE_ERR_IO. */
 pulse_status pulse_upload_key_delete(pulse_upload *up, const char *rel);

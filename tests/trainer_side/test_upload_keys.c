@@ -1,11 +1,11 @@
 /* test_upload_keys.c - small objects of a bucket prefix by key
  * (pulse_upload.h, "Small objects by key": what the ranks of a sharded
  * trainer exchange through the bucket), against s3rver started per test on
- * 127.0.0.1 port 0: objects put are got back and listed, in key order; a
- * many-object delete crossing its batches removes exactly its names, an
- * absent one being no error; a bad name among them is refused with its
- * reason while the others still go. Skipped where node or s3rver is
- * missing. */
+ * 127.0.0.1 port 0: objects put are got back (one, or several at once,
+ * absent ones empty) and listed, in key order; a many-object delete
+ * crossing its batches removes exactly its names, an absent one being no
+ * error; a bad name among them is refused with its reason while the others
+ * still go. Skipped where node or s3rver is missing. */
 #include <criterion/criterion.h>
 
 #include "pulse_upload.h"
@@ -65,6 +65,23 @@ Test(upload_keys, objects_put_are_listed_and_a_delete_of_many_removes_them,
   cr_assert_eq(b.size, strlen("value 77"));
   cr_assert_arr_eq(b.data, "value 77", b.size);
   pulse_buffer_free(&b);
+
+  /* Got at once: those there whole, none for one that is not. */
+  const char *some[3] = {rels[3], "shard/absent", rels[120]};
+  pulse_buffer outs[3];
+  cr_assert_eq(pulse_upload_key_get_many(up, some, 3, outs), PULSE_OK, "%s",
+               pulse_error_detail());
+  cr_assert(outs[0].data != NULL && outs[0].size == strlen("value 3") &&
+            memcmp(outs[0].data, "value 3", outs[0].size) == 0);
+  cr_assert_null(outs[1].data);
+  cr_assert(outs[2].data != NULL && outs[2].size == strlen("value 120") &&
+            memcmp(outs[2].data, "value 120", outs[2].size) == 0);
+  for (int i = 0; i < 3; i++)
+    pulse_buffer_free(&outs[i]);
+  const char *bad[2] = {rels[3], "/rooted"};
+  cr_assert_eq(pulse_upload_key_get_many(up, bad, 2, outs), PULSE_ERR_ARG);
+  cr_assert(outs[0].data == NULL && outs[1].data == NULL,
+            "a failed call left a buffer");
 
   /* 100 of them and one that is not there: two batches. */
   const char *gone[101];

@@ -115,21 +115,22 @@ pulse_status pulse_upload_key_delete(pulse_upload *up, const char *rel) {
   return pulse_upload_key_delete_many(up, &rel, 1);
 }
 
-/* Deletes up to this many at a time: each request holds a few KiB. */
-#define DELETE_BATCH 64u
+/* The many-object calls run this many requests a batch: each holds a few
+ * KiB. */
+#define KEY_BATCH 64u
 
 pulse_status pulse_upload_key_delete_many(pulse_upload *up,
                                           const char *const *rels, size_t n) {
   if (up == NULL || (rels == NULL && n > 0))
     return pulse_fail(PULSE_ERR_ARG, "upload: deleting objects: NULL argument");
-  upload_req *reqs = calloc(n < DELETE_BATCH ? n + 1 : DELETE_BATCH, sizeof *reqs);
-  upload_req *ptrs[DELETE_BATCH];
+  upload_req *reqs = calloc(n < KEY_BATCH ? n + 1 : KEY_BATCH, sizeof *reqs);
+  upload_req *ptrs[KEY_BATCH];
   if (reqs == NULL)
     return pulse_fail(PULSE_ERR_NOMEM, "upload: deleting objects");
   pulse_status first = PULSE_OK;
   char why[512] = "";
-  for (size_t at = 0; at < n; at += DELETE_BATCH) {
-    size_t m = n - at < DELETE_BATCH ? n - at : DELETE_BATCH, ready = 0;
+  for (size_t at = 0; at < n; at += KEY_BATCH) {
+    size_t m = n - at < KEY_BATCH ? n - at : KEY_BATCH, ready = 0;
     for (size_t i = 0; i < m; i++) {
       char key[1200];
       pulse_status bad =
@@ -155,6 +156,55 @@ pulse_status pulse_upload_key_delete_many(pulse_upload *up,
   }
   free(reqs);
   return first == PULSE_OK ? PULSE_OK : pulse_fail(first, "%s", why);
+}
+
+pulse_status pulse_upload_key_get_many(pulse_upload *up,
+                                       const char *const *rels, size_t n,
+                                       pulse_buffer *outs) {
+  if (up == NULL || ((rels == NULL || outs == NULL) && n > 0))
+    return pulse_fail(PULSE_ERR_ARG, "upload: getting objects: NULL argument");
+  for (size_t i = 0; i < n; i++)
+    outs[i].data = NULL, outs[i].size = 0;
+  upload_req *reqs = calloc(n < KEY_BATCH ? n + 1 : KEY_BATCH, sizeof *reqs);
+  upload_req *ptrs[KEY_BATCH];
+  if (reqs == NULL)
+    return pulse_fail(PULSE_ERR_NOMEM, "upload: getting objects");
+  pulse_status st = PULSE_OK;
+  for (size_t at = 0; at < n && st == PULSE_OK; at += KEY_BATCH) {
+    size_t m = n - at < KEY_BATCH ? n - at : KEY_BATCH, ready = 0;
+    for (size_t i = 0; i < m && st == PULSE_OK; i++) {
+      char key[1200];
+      st = upload_key_for(up, rels[at + i], "getting an object", key);
+      if (st != PULSE_OK)
+        break;
+      upload_req_init(&reqs[ready], "GET");
+      snprintf(reqs[ready].key, sizeof reqs[ready].key, "%s", key);
+      ptrs[ready] = &reqs[ready];
+      ready++;
+    }
+    if (st == PULSE_OK)
+      st = upload_run(up, ptrs, ready);
+    for (size_t i = 0; i < ready; i++) {
+      upload_req *r = &reqs[i];
+      pulse_buffer *out = &outs[at + i];
+      if (st == PULSE_OK && ok_status(r->status)) {
+        out->data = malloc(r->reply.size ? r->reply.size : 1);
+        if (out->data == NULL)
+          st = pulse_fail(PULSE_ERR_NOMEM, "upload: getting %s", r->key);
+        else if (r->reply.size > 0)
+          memcpy(out->data, r->reply.data, r->reply.size);
+        out->size = out->data != NULL ? r->reply.size : 0;
+      } else if (st == PULSE_OK && r->status != 404) {
+        st = upload_req_fail(r, "getting an object");
+      }
+      upload_req_release(r);
+    }
+  }
+  free(reqs);
+  if (st != PULSE_OK)
+    for (size_t i = 0; i < n; i++)
+      pulse_buffer_free(&outs[i]);
+  return st;
 }
 
 pulse_status pulse_upload_key_list(pulse_upload *up, const char *rel_prefix,

@@ -85,6 +85,15 @@ static int folder_get(shard_medium *md, const char *name, pulse_buffer *out) {
   return ok;
 }
 
+static int folder_get_many(shard_medium *md, const char *const *names,
+                           size_t n, pulse_buffer *outs) {
+  for (size_t i = 0; i < n; i++) {
+    outs[i].data = NULL, outs[i].size = 0;
+    (void)folder_get(md, names[i], &outs[i]); /* empty when not there */
+  }
+  return 0;
+}
+
 static int folder_list(shard_medium *md, const char *prefix,
                        pulse_buffer *names, size_t *count) {
   *count = 0;
@@ -154,6 +163,7 @@ pulse_status shard_medium_folder(shard_medium *md, const char *store_dir) {
   memset(md, 0, sizeof *md);
   md->put = folder_put;
   md->get = folder_get;
+  md->get_many = folder_get_many;
   md->list = folder_list;
   md->drop = folder_drop;
   md->head = folder_head;
@@ -195,12 +205,9 @@ static pulse_status bucket_put(shard_medium *md, const char *name,
   return st;
 }
 
-static int bucket_get(shard_medium *md, const char *name, pulse_buffer *out) {
-  char rel[256];
-  snprintf(rel, sizeof rel, SHARD_SUB "%s", name);
-  pulse_status st = pulse_upload_key_get(md->bucket, rel, out);
-  if (st != PULSE_OK)
-    return st == PULSE_ERR_NOT_FOUND ? 0 : -1;
+/* 1 when out, as got, is a whole file (its SHA-256 then taken off);
+ * else 0 and out freed: not (yet) whole, looked at again. */
+static int bucket_whole(pulse_buffer *out) {
   uint8_t sum[PULSE_SHA256_BYTES];
   pulse_sha256_state sha;
   pulse_sha256_begin(&sha);
@@ -212,10 +219,40 @@ static int bucket_get(shard_medium *md, const char *name, pulse_buffer *out) {
               memcmp(sum, out->data + n, sizeof sum) == 0;
   if (!whole) {
     pulse_buffer_free(out);
-    return 0; /* not (yet) whole: looked at again */
+    return 0;
   }
   out->size = n;
   return 1;
+}
+
+static int bucket_get(shard_medium *md, const char *name, pulse_buffer *out) {
+  char rel[256];
+  snprintf(rel, sizeof rel, SHARD_SUB "%s", name);
+  pulse_status st = pulse_upload_key_get(md->bucket, rel, out);
+  if (st != PULSE_OK)
+    return st == PULSE_ERR_NOT_FOUND ? 0 : -1;
+  return bucket_whole(out);
+}
+
+/* The files at once (one round trip for a few, not one each). */
+static int bucket_get_many(shard_medium *md, const char *const *names,
+                           size_t n, pulse_buffer *outs) {
+  char(*rels)[256] = calloc(n + 1, sizeof *rels);
+  const char **ptrs = calloc(n + 1, sizeof *ptrs);
+  int rc = rels != NULL && ptrs != NULL ? 0 : -1;
+  if (rc != 0)
+    pulse_fail(PULSE_ERR_NOMEM, "shard: getting %zu files", n);
+  for (size_t i = 0; rc == 0 && i < n; i++) {
+    snprintf(rels[i], sizeof rels[i], SHARD_SUB "%s", names[i]);
+    ptrs[i] = rels[i];
+  }
+  if (rc == 0 && pulse_upload_key_get_many(md->bucket, ptrs, n, outs) != PULSE_OK)
+    rc = -1;
+  for (size_t i = 0; rc == 0 && i < n; i++)
+    if (outs[i].data != NULL)
+      (void)bucket_whole(&outs[i]);
+  free(rels), free(ptrs);
+  return rc;
 }
 
 static int bucket_list(shard_medium *md, const char *prefix,
@@ -281,6 +318,7 @@ void shard_medium_bucket(shard_medium *md, pulse_upload *bucket) {
   memset(md, 0, sizeof *md);
   md->put = bucket_put;
   md->get = bucket_get;
+  md->get_many = bucket_get_many;
   md->list = bucket_list;
   md->drop = bucket_drop;
   md->head = bucket_head;

@@ -166,16 +166,64 @@ pulse_status shard_attempt_wait(const shard_attempt *a, const char *name,
   }
 }
 
-/* Waits for every rank's file "S.N.KIND-R"; all[r] filled. */
+/* Waits for every rank's file "S.N.KIND-R"; all[r] filled (the caller
+ * frees them, on a failure too). Each look asks for every file still
+ * missing at once; one that found nothing new looks for a rank's reason
+ * (and rank 0's go) as shard_attempt_wait does. */
 static pulse_status wait_all(const shard_attempt *a, const char *kind,
                              pulse_buffer *all) {
-  for (int r = 0; r < a->world; r++) {
-    char what[64], name[128];
-    snprintf(what, sizeof what, "%s-%d", kind, r);
-    shard_attempt_name(a, name, sizeof name, what);
-    PULSE_TRY(shard_attempt_wait(a, name, &all[r]));
+  size_t world = (size_t)a->world;
+  char(*names)[128] = calloc(world, sizeof *names);
+  const char **want = calloc(world, sizeof *want);
+  size_t *rank_of = calloc(world, sizeof *rank_of);
+  pulse_buffer *got = calloc(world, sizeof *got);
+  pulse_status st = PULSE_OK;
+  if (names == NULL || want == NULL || rank_of == NULL || got == NULL)
+    st = pulse_fail(PULSE_ERR_NOMEM, "shard: step %" PRIu64, a->step);
+  for (size_t r = 0; st == PULSE_OK && r < world; r++) {
+    char what[64];
+    snprintf(what, sizeof what, "%s-%zu", kind, r);
+    shard_attempt_name(a, names[r], sizeof names[r], what);
+    all[r].data = NULL, all[r].size = 0;
   }
-  return PULSE_OK;
+  double pause = 0;
+  while (st == PULSE_OK) {
+    size_t k = 0, came = 0;
+    for (size_t r = 0; r < world; r++)
+      if (all[r].data == NULL)
+        want[k] = names[r], rank_of[k++] = r;
+    if (k == 0)
+      break;
+    if (a->m->get_many(a->m, want, k, got) != 0) {
+      st = pulse_fail(PULSE_ERR_IO, "shard: step %" PRIu64 ": reading %s: %s",
+                      a->step, want[0], pulse_error_detail());
+      break;
+    }
+    for (size_t i = 0; i < k; i++)
+      if (got[i].data != NULL)
+        all[rank_of[i]] = got[i], came++;
+    if (came == k)
+      break;
+    if (came > 0) { /* the others may be on their way: look again soon */
+      pause = 0;
+      continue;
+    }
+    char why[512];
+    int failed = failed_rank(a->m, a->step, a->nonce, a->world, why, sizeof why);
+    if (failed >= 0)
+      st = pulse_fail(PULSE_ERR_IO, "shard: step %" PRIu64 ": rank %d gave it up: %s",
+                      a->step, failed, why);
+    /* Rank 0 removes (or replaces) its go when it gives the attempt up. */
+    else if (a->rank != 0 && !go_open(a->m, a->step, a->nonce))
+      st = given_up(a);
+    else if (mono() > a->deadline)
+      st = pulse_fail(PULSE_ERR_IO, "shard: step %" PRIu64 ": %s did not come",
+                      a->step, want[0]);
+    else
+      nap(a->m, &pause);
+  }
+  free(names), free(want), free(rank_of), free(got);
+  return st;
 }
 
 /* The file's bytes, mapped read-only (munmap when done). */

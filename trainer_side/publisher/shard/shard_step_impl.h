@@ -19,6 +19,11 @@ struct shard_medium {
   /* 1 and its bytes when the file is there, 0 when not (yet), -1 on an
    * error (the detail says it). */
   int (*get)(shard_medium *m, const char *name, pulse_buffer *out);
+  /* The n files names[i] as get finds them, at once: outs[i] holds one
+   * that is there (whole), its data NULL for one that is not (yet). 0, or
+   * -1 on an error (the detail says it; every out then empty). */
+  int (*get_many)(shard_medium *m, const char *const *names, size_t n,
+                  pulse_buffer *outs);
   /* 1 and the names of the files that start with `prefix` (each ended by
    * a NUL, *count of them; free names), 0 when there is none, -1 on an
    * error (the detail says it). One look, whatever their number. */
