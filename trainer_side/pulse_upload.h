@@ -246,7 +246,9 @@ pulse_status pulse_upload_key_list(pulse_upload *up, const char *rel_prefix,
                                    pulse_buffer *names, size_t *count);
 
 /** Makes the folder store_dir a copy of the bucket's store: its head.json
- * (parsed before it is written, atomically) and, through
+ * (parsed before it is written, atomically; one that does not parse is
+ * read again for about a second, in case it was caught mid-write) and,
+ * through
  * pulse_upload_fetch_missing, every object it names that the folder lacks.
  * For a rank of a sharded trainer that has no store folder and resumes
  * from the bucket (pulse_pub_shard_resume on the copy; remove it after).

@@ -80,9 +80,21 @@ class _Bucket:
         check(declared().pulse_upload_key_delete(self.handle, rel.encode()))
 
     def head_step(self):
-        """The bucket's head step, or None when it has none."""
-        head = self.get("head.json")
-        return None if head is None else json.loads(head)["step"]
+        """The bucket's head step, or None when it has none. A head caught
+        mid-write (a service that writes objects in place, as s3rver does,
+        answers with what it has so far; S3 does not) is read again, a few
+        times, as the C exchange does (shard_medium.c, bucket_head)."""
+        for tries in range(20):
+            head = self.get("head.json")
+            if head is None:
+                return None
+            try:
+                return int(json.loads(head)["step"])
+            except (ValueError, KeyError, TypeError) as exc:
+                if tries == 19:
+                    raise fail(f"the bucket's head.json does not parse: {exc}",
+                               "PULSE_ERR_JSON") from exc
+                time.sleep(0.05)
 
     def resume(self, rank_shard, store_dir):
         """rank_shard's snapshot at the bucket's head, from a copy of the

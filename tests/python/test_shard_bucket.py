@@ -143,8 +143,9 @@ def run_job(work, endpoint, first, last, shared=False, fault=None, stop=False):
                        [work, endpoint, str(first), str(last), "shared" if shared else "private",
                         str(fault or 0), "stop" if stop else "retry"],
                        240, f"the job of steps {first}..{last}")
-    for rank, (code, out) in enumerate(outs):
-        assert code == 0, f"rank {rank} of steps {first}..{last} exited {code}:\n{out}"
+    failed = [f"rank {rank} exited {code}:\n{out}" for rank, (code, out) in enumerate(outs)
+              if code != 0]
+    assert not failed, f"the job of steps {first}..{last}:\n" + "\n".join(failed)
 
 
 def main():

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 
 #include "pulse_codec.h"
 #include "pulse_file.h"
@@ -260,11 +261,22 @@ pulse_status pulse_upload_fetch_store(pulse_upload *up, const char *store_dir,
   if (fetched != NULL)
     *fetched = 0;
   pulse_buffer head = {0};
-  PULSE_TRY(pulse_upload_key_get(up, "head.json", &head));
-  /* The bucket's bytes are checked as any head before they are written. */
-  pulse_store_head *h = NULL;
-  pulse_status st = pulse_store_head_parse(head.data, head.size, &h);
-  pulse_store_head_free(h);
+  pulse_status st = PULSE_OK;
+  /* The bucket's bytes are checked as any head before they are written.
+   * One caught mid-write (a service that writes objects in place, as
+   * s3rver does, answers with what it has so far; S3 does not) is read
+   * again, a few times, as the bucket exchange reads its head. */
+  for (int tries = 0; tries < 20; tries++) {
+    pulse_buffer_free(&head);
+    PULSE_TRY(pulse_upload_key_get(up, "head.json", &head));
+    pulse_store_head *h = NULL;
+    st = pulse_store_head_parse(head.data, head.size, &h);
+    pulse_store_head_free(h);
+    if (st != PULSE_ERR_CORRUPT && st != PULSE_ERR_JSON)
+      break;
+    struct timespec ts = {0, 50 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+  }
   char path[4096];
   pulse_atomic_file *f = NULL;
   if (st == PULSE_OK && (size_t)snprintf(path, sizeof path, "%s/head.json",
