@@ -166,6 +166,14 @@ static int run_forked_joiner(ca_group *g, const char *seed, int fd) {
 
 Test(loco_collab_auth, a_joiner_forked_by_a_watcher_has_its_grants_verified,
      .timeout = 120) {
+#if defined(__SANITIZE_ADDRESS__)
+  /* The founders' server threads run while the watcher forks: gcc 12's
+   * ASan allocator takes no lock around fork, and the child can block for
+   * good on one a thread held then (seen: 1 run in about 60 under load,
+   * every thread of the child in SizeClassAllocator64::GetFromAllocator).
+   * glibc's malloc is fork-safe; the unsanitized build runs this test. */
+  cr_skip_test("ASan's allocator is not fork-safe while other threads run");
+#endif
   ca_group g;
   ca_group_start(&g, 3, 2, FORK_ROUNDS);
   char views[2][160];
