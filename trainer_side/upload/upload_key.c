@@ -94,22 +94,11 @@ pulse_status pulse_upload_key_get(pulse_upload *up, const char *rel,
   PULSE_TRY(upload_key_for(up, rel, "getting an object", key));
   if (out == NULL)
     return pulse_fail(PULSE_ERR_ARG, "upload: getting %s: NULL out", key);
-  out->data = NULL;
-  out->size = 0;
-  upload_req r;
-  upload_req_init(&r, "GET");
-  snprintf(r.key, sizeof r.key, "%s", key);
-  pulse_status st = upload_run_object(up, &r, "getting an object");
-  if (st == PULSE_OK) {
-    out->data = malloc(r.reply.size ? r.reply.size : 1);
-    if (out->data == NULL)
-      st = pulse_fail(PULSE_ERR_NOMEM, "upload: getting %s", key);
-    else if (r.reply.size > 0)
-      memcpy(out->data, r.reply.data, r.reply.size);
-    out->size = out->data != NULL ? r.reply.size : 0;
-  }
-  upload_req_release(&r);
-  return st;
+  PULSE_TRY(pulse_upload_key_get_many(up, &rel, 1, out));
+  if (out->data == NULL)
+    return pulse_fail(PULSE_ERR_NOT_FOUND, "upload: s3://%s/%s: no such object",
+                      up->bucket, key);
+  return PULSE_OK;
 }
 
 pulse_status pulse_upload_key_delete(pulse_upload *up, const char *rel) {

@@ -138,6 +138,27 @@ void shard_attempt_name(const shard_attempt *a, char *out, size_t cap,
   snprintf(out, cap, "%" PRIu64 ".%016" PRIx64 ".%s", a->step, a->nonce, what);
 }
 
+/* A look that found nothing of what it waits for (`name`, the first of
+ * it): fails with the reason of a rank that gave the attempt up (its fail
+ * file, or rank 0's go gone), or at the deadline; else naps, PULSE_OK. */
+static pulse_status attempt_nap(const shard_attempt *a, const char *name,
+                                double *pause) {
+  char why[512];
+  int failed = failed_rank(a->m, a->step, a->nonce, a->world, why, sizeof why);
+  if (failed >= 0)
+    return pulse_fail(PULSE_ERR_IO,
+                      "shard: step %" PRIu64 ": rank %d gave it up: %s",
+                      a->step, failed, why);
+  /* Rank 0 removes (or replaces) its go when it gives the attempt up. */
+  if (a->rank != 0 && !go_open(a->m, a->step, a->nonce))
+    return given_up(a);
+  if (mono() > a->deadline)
+    return pulse_fail(PULSE_ERR_IO, "shard: step %" PRIu64 ": %s did not come",
+                      a->step, name);
+  nap(a->m, pause);
+  return PULSE_OK;
+}
+
 pulse_status shard_attempt_wait(const shard_attempt *a, const char *name,
                                 pulse_buffer *out) {
   double pause = 0;
@@ -148,28 +169,14 @@ pulse_status shard_attempt_wait(const shard_attempt *a, const char *name,
     if (got < 0)
       return pulse_fail(PULSE_ERR_IO, "shard: step %" PRIu64 ": reading %s: %s",
                         a->step, name, pulse_error_detail());
-    char why[512];
-    int failed =
-        failed_rank(a->m, a->step, a->nonce, a->world, why, sizeof why);
-    if (failed >= 0)
-      return pulse_fail(PULSE_ERR_IO,
-                        "shard: step %" PRIu64 ": rank %d gave it up: %s",
-                        a->step, failed, why);
-    /* Rank 0 removes (or replaces) its go when it gives the attempt up. */
-    if (a->rank != 0 && !go_open(a->m, a->step, a->nonce))
-      return given_up(a);
-    if (mono() > a->deadline)
-      return pulse_fail(PULSE_ERR_IO,
-                        "shard: step %" PRIu64 ": %s did not come", a->step,
-                        name);
-    nap(a->m, &pause);
+    PULSE_TRY(attempt_nap(a, name, &pause));
   }
 }
 
 /* Waits for every rank's file "S.N.KIND-R"; all[r] filled (the caller
  * frees them, on a failure too). Each look asks for every file still
- * missing at once; one that found nothing new looks for a rank's reason
- * (and rank 0's go) as shard_attempt_wait does. */
+ * missing at once; one that found nothing new is attempt_nap's, as in
+ * shard_attempt_wait. */
 static pulse_status wait_all(const shard_attempt *a, const char *kind,
                              pulse_buffer *all) {
   size_t world = (size_t)a->world;
@@ -208,19 +215,7 @@ static pulse_status wait_all(const shard_attempt *a, const char *kind,
       pause = 0;
       continue;
     }
-    char why[512];
-    int failed = failed_rank(a->m, a->step, a->nonce, a->world, why, sizeof why);
-    if (failed >= 0)
-      st = pulse_fail(PULSE_ERR_IO, "shard: step %" PRIu64 ": rank %d gave it up: %s",
-                      a->step, failed, why);
-    /* Rank 0 removes (or replaces) its go when it gives the attempt up. */
-    else if (a->rank != 0 && !go_open(a->m, a->step, a->nonce))
-      st = given_up(a);
-    else if (mono() > a->deadline)
-      st = pulse_fail(PULSE_ERR_IO, "shard: step %" PRIu64 ": %s did not come",
-                      a->step, want[0]);
-    else
-      nap(a->m, &pause);
+    st = attempt_nap(a, want[0], &pause);
   }
   free(names), free(want), free(rank_of), free(got);
   return st;
